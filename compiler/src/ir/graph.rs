@@ -1,0 +1,281 @@
+//! The graph: nodes in an append-only list, so the list order is a topological order and an
+//! operand always precedes its users. Outputs and in-place updates are named in insertion
+//! order (`IndexMap`), which keeps printing, planning and snapshots deterministic.
+
+use super::{infer::infer, LeafKind, Op, Shape, TensorType};
+use crate::error::IrError;
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+use std::fmt;
+
+/// Index of a node in its graph.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Operand lists: almost every op has at most three.
+pub type Operands = SmallVec<[NodeId; 3]>;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Operands,
+    pub ty: TensorType,
+}
+
+impl Node {
+    pub fn shape(&self) -> &Shape {
+        &self.ty.shape
+    }
+}
+
+/// A step writes `value` over the resident leaf `target` when it ends (parameters and optimizer
+/// state are updated in place; the planner gives the new value the leaf's own bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Update {
+    pub target: NodeId,
+    pub value: NodeId,
+}
+
+/// A graph of primitive ops: a model's forward pass, or a whole training step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Graph {
+    nodes: Vec<Node>,
+    /// Named results the caller reads after a step (the loss, for instance).
+    pub outputs: IndexMap<String, NodeId>,
+    /// In-place updates of parameters and optimizer state, in the order they were declared.
+    pub updates: Vec<Update>,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn ty(&self, id: NodeId) -> &TensorType {
+        &self.nodes[id.index()].ty
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (0..self.nodes.len() as u32).map(NodeId)
+    }
+
+    /// Appends a node after checking its operands exist and its types agree.
+    /// `declared` is required for ops whose result type is not implied by their operands.
+    pub fn push(&mut self, op: Op, inputs: &[NodeId], declared: Option<TensorType>) -> Result<NodeId, IrError> {
+        let node = self.nodes.len();
+        for &i in inputs {
+            if i.index() >= node {
+                return Err(IrError::Dangling { op: op.name(), node, operand: i.index(), len: node });
+            }
+        }
+        if let Op::Leaf { name, .. } = &op {
+            if self.leaf(name).is_some() {
+                return Err(IrError::Invalid(format!("two leaves are named {name:?}")));
+            }
+        }
+        let ty = {
+            let operand_types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| self.ty(i)).collect();
+            infer(&op, &operand_types, declared.as_ref(), node)?
+        };
+        self.nodes.push(Node { op, inputs: SmallVec::from_slice(inputs), ty });
+        Ok(NodeId(node as u32))
+    }
+
+    /// The leaf with this name, if any.
+    pub fn leaf(&self, name: &str) -> Option<NodeId> {
+        self.ids().find(|&id| matches!(&self.node(id).op, Op::Leaf { name: n, .. } if n == name))
+    }
+
+    /// Leaves of one kind, in graph order.
+    pub fn leaves(&self, kind: LeafKind) -> Vec<NodeId> {
+        self.ids().filter(|&id| matches!(&self.node(id).op, Op::Leaf { kind: k, .. } if *k == kind)).collect()
+    }
+
+    /// The leaf's name, for leaves.
+    pub fn leaf_name(&self, id: NodeId) -> Option<&str> {
+        match &self.node(id).op {
+            Op::Leaf { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Names a result the caller wants after the step.
+    pub fn set_output(&mut self, name: &str, id: NodeId) -> Result<(), IrError> {
+        if id.index() >= self.len() {
+            return Err(IrError::Invalid(format!("output {name:?} names missing node {id}")));
+        }
+        if self.outputs.insert(name.to_string(), id).is_some() {
+            return Err(IrError::Invalid(format!("output {name:?} is named twice")));
+        }
+        Ok(())
+    }
+
+    /// Declares that the step writes `value` over the parameter or state leaf `target`.
+    pub fn set_update(&mut self, target: NodeId, value: NodeId) -> Result<(), IrError> {
+        check_update(self, Update { target, value })?;
+        if self.updates.iter().any(|u| u.target == target) {
+            return Err(IrError::Invalid(format!("{target} is updated twice")));
+        }
+        self.updates.push(Update { target, value });
+        Ok(())
+    }
+
+    /// For each node, how many times it is used as an operand, plus once per output or update.
+    pub fn use_counts(&self) -> Vec<u32> {
+        let mut uses = vec![0u32; self.len()];
+        for n in &self.nodes {
+            for &i in &n.inputs {
+                uses[i.index()] += 1;
+            }
+        }
+        for &o in self.outputs.values() {
+            uses[o.index()] += 1;
+        }
+        for u in &self.updates {
+            uses[u.value.index()] += 1;
+        }
+        uses
+    }
+
+    /// Nodes that some output or update depends on (the rest is dead code).
+    pub fn live_mask(&self) -> Vec<bool> {
+        let mut live = vec![false; self.len()];
+        let mut stack: Vec<NodeId> = self.outputs.values().copied().collect();
+        stack.extend(self.updates.iter().flat_map(|u| [u.value, u.target]));
+        while let Some(id) = stack.pop() {
+            if !std::mem::replace(&mut live[id.index()], true) {
+                stack.extend(self.node(id).inputs.iter().copied());
+            }
+        }
+        live
+    }
+
+    /// A copy without dead nodes (leaves are always kept: they are the step's interface).
+    /// Returns the new graph and, for each old node, its new id.
+    pub fn without_dead_code(&self) -> (Graph, Vec<Option<NodeId>>) {
+        let live = self.live_mask();
+        let mut map: Vec<Option<NodeId>> = vec![None; self.len()];
+        let mut out = Graph::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !live[i] && !n.op.is_leaf() {
+                continue;
+            }
+            let inputs: Operands = n.inputs.iter().map(|x| map[x.index()].expect("operand of a live node is live")).collect();
+            map[i] = Some(NodeId(out.nodes.len() as u32));
+            out.nodes.push(Node { op: n.op.clone(), inputs, ty: n.ty.clone() });
+        }
+        for (k, v) in &self.outputs {
+            out.outputs.insert(k.clone(), map[v.index()].expect("outputs are live"));
+        }
+        for u in &self.updates {
+            out.updates.push(Update {
+                target: map[u.target.index()].expect("leaves are kept"),
+                value: map[u.value.index()].expect("updates are live"),
+            });
+        }
+        (out, map)
+    }
+
+    /// Counts nodes by op name, in name order (for reports and benchmarks).
+    pub fn op_histogram(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut h = std::collections::BTreeMap::new();
+        for n in &self.nodes {
+            *h.entry(n.op.name()).or_insert(0) += 1;
+        }
+        h
+    }
+
+    /// Checks every structural rule again from scratch: operands precede users, each node's type
+    /// is what inference gives, leaf names are unique, outputs and updates are well formed.
+    pub fn verify(&self) -> Result<(), IrError> {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &x in &n.inputs {
+                if x.index() >= i {
+                    return Err(IrError::Dangling { op: n.op.name(), node: i, operand: x.index(), len: i });
+                }
+            }
+            if let Op::Leaf { name, .. } = &n.op {
+                if !names.insert(name.as_str()) {
+                    return Err(IrError::Invalid(format!("two leaves are named {name:?}")));
+                }
+            }
+            let operand_types: SmallVec<[&TensorType; 3]> = n.inputs.iter().map(|&x| self.ty(x)).collect();
+            infer(&n.op, &operand_types, Some(&n.ty), i)?;
+        }
+        for (name, id) in &self.outputs {
+            if id.index() >= self.len() {
+                return Err(IrError::Invalid(format!("output {name:?} names missing node {id}")));
+            }
+        }
+        let mut targets = std::collections::BTreeSet::new();
+        for &u in &self.updates {
+            check_update(self, u)?;
+            if !targets.insert(u.target) {
+                return Err(IrError::Invalid(format!("{} is updated twice", u.target)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_update(g: &Graph, u: Update) -> Result<(), IrError> {
+    if u.target.index() >= g.len() || u.value.index() >= g.len() {
+        return Err(IrError::Invalid(format!("update {} <- {} names a missing node", u.target, u.value)));
+    }
+    match &g.node(u.target).op {
+        Op::Leaf { kind: LeafKind::Parameter | LeafKind::State, .. } => {}
+        other => {
+            return Err(IrError::Invalid(format!(
+                "update target {} is a {}, not a parameter or state",
+                u.target,
+                other.name()
+            )))
+        }
+    }
+    if g.ty(u.target) != g.ty(u.value) {
+        return Err(IrError::Invalid(format!(
+            "update of {} ({}) by {} ({}): types differ",
+            u.target,
+            g.ty(u.target),
+            u.value,
+            g.ty(u.value)
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! Shape and dtype inference: the single source of truth for what each op accepts. The builder
+//! calls it as each node is added, the verifier calls it again on a finished graph, and the
+//! text parser calls it on every line, so a graph that exists is a graph that type-checks.
+
+use super::{Axes, BinaryOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use crate::error::IrError;
+
+/// Infers the result type of `op` applied to `operands`.
+///
+/// `declared` is the result type the caller states; it is required for ops whose result is not a
+/// function of their operands (leaves, constants, iota, broadcast, reshape, convert) and checked
+/// against the inferred type for every other op.
+pub fn infer(
+    op: &Op,
+    operands: &[&TensorType],
+    declared: Option<&TensorType>,
+    node: usize,
+) -> Result<TensorType, IrError> {
+    let fail = |reason: String| IrError::Type {
+        op: op.name(),
+        node,
+        operands: describe(operands),
+        reason,
+    };
+    let arity = |n: usize| -> Result<(), IrError> {
+        if operands.len() == n {
+            Ok(())
+        } else {
+            Err(fail(format!("takes {n} operand(s), got {}", operands.len())))
+        }
+    };
+    let need_declared = || -> Result<&TensorType, IrError> {
+        declared.ok_or_else(|| fail("needs its result type stated".into()))
+    };
+    let inferred = match op {
+        Op::Leaf { name, .. } => {
+            arity(0)?;
+            if name.is_empty() {
+                return Err(fail("a leaf needs a non-empty name".into()));
+            }
+            need_declared()?.clone()
+        }
+        Op::Full { value } => {
+            arity(0)?;
+            let t = need_declared()?;
+            if !value.is_finite() && !t.dtype.is_float() {
+                return Err(fail(format!("{value} is not representable in {}", t.dtype)));
+            }
+            t.clone()
+        }
+        Op::Iota { axis } => {
+            arity(0)?;
+            let t = need_declared()?;
+            if *axis >= t.shape.rank() {
+                return Err(fail(format!("axis {axis} out of range for {t}")));
+            }
+            if t.dtype == DType::Bool {
+                return Err(fail("iota cannot produce bool".into()));
+            }
+            t.clone()
+        }
+        Op::Unary(u) => {
+            arity(1)?;
+            let a = operands[0];
+            let ok = match u {
+                UnaryOp::Neg => a.dtype != DType::Bool,
+                _ => a.dtype.is_float(),
+            };
+            if !ok {
+                return Err(fail(format!("not defined for {}", a.dtype)));
+            }
+            a.clone()
+        }
+        Op::Binary(b) => {
+            arity(2)?;
+            let (a, c) = (operands[0], operands[1]);
+            same_type(a, c).map_err(&fail)?;
+            if a.dtype == DType::Bool {
+                return Err(fail("arithmetic is not defined for bool".into()));
+            }
+            if matches!(b, BinaryOp::Div) && !a.dtype.is_float() {
+                return Err(fail(format!("div is only defined for floats, not {}", a.dtype)));
+            }
+            a.clone()
+        }
+        Op::Compare(_) => {
+            arity(2)?;
+            same_type(operands[0], operands[1]).map_err(&fail)?;
+            TensorType::new(operands[0].shape.clone(), DType::Bool)
+        }
+        Op::Select => {
+            arity(3)?;
+            let (c, a, b) = (operands[0], operands[1], operands[2]);
+            if c.dtype != DType::Bool {
+                return Err(fail(format!("condition must be bool, got {}", c.dtype)));
+            }
+            if c.shape != a.shape {
+                return Err(fail(format!("condition shape {} differs from {}", c.shape, a.shape)));
+            }
+            same_type(a, b).map_err(&fail)?;
+            a.clone()
+        }
+        Op::Broadcast => {
+            arity(1)?;
+            let a = operands[0];
+            let t = need_declared()?;
+            if t.dtype != a.dtype {
+                return Err(fail(format!("cannot change dtype {} to {}", a.dtype, t.dtype)));
+            }
+            let (src, dst) = (a.shape.dims(), t.shape.dims());
+            if src.len() > dst.len() {
+                return Err(fail(format!("cannot broadcast {} to fewer axes {}", a.shape, t.shape)));
+            }
+            let off = dst.len() - src.len();
+            for (i, &s) in src.iter().enumerate() {
+                if s != 1 && s != dst[off + i] {
+                    return Err(fail(format!(
+                        "cannot broadcast {} to {}: axis {i} has size {s}, target {}",
+                        a.shape,
+                        t.shape,
+                        dst[off + i]
+                    )));
+                }
+            }
+            t.clone()
+        }
+        Op::Reshape => {
+            arity(1)?;
+            let a = operands[0];
+            let t = need_declared()?;
+            if t.dtype != a.dtype {
+                return Err(fail(format!("cannot change dtype {} to {}", a.dtype, t.dtype)));
+            }
+            if t.shape.numel() != a.shape.numel() {
+                return Err(fail(format!(
+                    "cannot reshape {} ({} elements) to {} ({} elements)",
+                    a.shape,
+                    a.shape.numel(),
+                    t.shape,
+                    t.shape.numel()
+                )));
+            }
+            t.clone()
+        }
+        Op::Transpose { perm } => {
+            arity(1)?;
+            let a = operands[0];
+            check_permutation(perm, a.shape.rank()).map_err(&fail)?;
+            let dims: Vec<usize> = perm.iter().map(|&p| a.shape.dims()[p]).collect();
+            TensorType::new(Shape::new(&dims), a.dtype)
+        }
+        Op::Slice { axis, start, end } => {
+            arity(1)?;
+            let a = operands[0];
+            if *axis >= a.shape.rank() {
+                return Err(fail(format!("axis {axis} out of range for {}", a.shape)));
+            }
+            let n = a.shape.dims()[*axis];
+            if start >= end || *end > n {
+                return Err(fail(format!("range [{start}, {end}) is empty or outside axis {axis} of size {n}")));
+            }
+            let mut dims = a.shape.0.clone();
+            dims[*axis] = end - start;
+            TensorType::new(Shape(dims), a.dtype)
+        }
+        Op::Concat { axis } => {
+            if operands.is_empty() {
+                return Err(fail("needs at least one operand".into()));
+            }
+            let first = operands[0];
+            if *axis >= first.shape.rank() {
+                return Err(fail(format!("axis {axis} out of range for {}", first.shape)));
+            }
+            let mut total = 0;
+            for o in operands {
+                let same_other_axes = o.shape.rank() == first.shape.rank()
+                    && (0..o.shape.rank()).all(|i| i == *axis || o.shape.dims()[i] == first.shape.dims()[i]);
+                if o.dtype != first.dtype || !same_other_axes {
+                    return Err(fail(format!("operands must agree on dtype and on every axis but {axis}")));
+                }
+                total += o.shape.dims()[*axis];
+            }
+            let mut dims = first.shape.0.clone();
+            dims[*axis] = total;
+            TensorType::new(Shape(dims), first.dtype)
+        }
+        Op::Reduce { op: r, axes } => {
+            arity(1)?;
+            let a = operands[0];
+            if a.dtype == DType::Bool {
+                return Err(fail("cannot reduce bool".into()));
+            }
+            check_axes(axes, a.shape.rank()).map_err(&fail)?;
+            if axes.is_empty() {
+                return Err(fail("needs at least one axis".into()));
+            }
+            if matches!(r, ReduceOp::Max) && axes.iter().any(|&x| a.shape.dims()[x] == 0) {
+                return Err(fail("max over an empty axis".into()));
+            }
+            let mut dims = a.shape.0.clone();
+            for &x in axes {
+                dims[x] = 1;
+            }
+            TensorType::new(Shape(dims), a.dtype)
+        }
+        Op::MatMul => {
+            arity(2)?;
+            let (a, b) = (operands[0], operands[1]);
+            if !a.dtype.is_float() || a.dtype != b.dtype {
+                return Err(fail("operands must share one float dtype".into()));
+            }
+            let (ra, rb) = (a.shape.rank(), b.shape.rank());
+            if ra < 2 || ra != rb {
+                return Err(fail("operands must have the same rank, at least 2".into()));
+            }
+            let (ad, bd) = (a.shape.dims(), b.shape.dims());
+            if ad[..ra - 2] != bd[..rb - 2] {
+                return Err(fail("batch axes differ".into()));
+            }
+            if ad[ra - 1] != bd[rb - 2] {
+                return Err(fail(format!("inner dimensions {} and {} differ", ad[ra - 1], bd[rb - 2])));
+            }
+            let mut dims = a.shape.0.clone();
+            dims[ra - 1] = bd[rb - 1];
+            TensorType::new(Shape(dims), a.dtype)
+        }
+        Op::Gather => {
+            arity(2)?;
+            let (table, ids) = (operands[0], operands[1]);
+            if !ids.dtype.is_int() {
+                return Err(fail(format!("ids must be i32 or i64, got {}", ids.dtype)));
+            }
+            if table.shape.rank() < 1 {
+                return Err(fail("table must have at least one axis".into()));
+            }
+            let mut dims = ids.shape.0.clone();
+            dims.extend_from_slice(&table.shape.dims()[1..]);
+            TensorType::new(Shape(dims), table.dtype)
+        }
+        Op::ScatterAdd { rows } => {
+            arity(2)?;
+            let (ids, vals) = (operands[0], operands[1]);
+            if !ids.dtype.is_int() {
+                return Err(fail(format!("ids must be i32 or i64, got {}", ids.dtype)));
+            }
+            if vals.dtype == DType::Bool {
+                return Err(fail("cannot accumulate bool".into()));
+            }
+            let k = ids.shape.rank();
+            if vals.shape.rank() < k || vals.shape.dims()[..k] != *ids.shape.dims() {
+                return Err(fail("values must start with the ids' shape".into()));
+            }
+            let mut dims: Axes = Axes::new();
+            dims.push(*rows);
+            dims.extend_from_slice(&vals.shape.dims()[k..]);
+            TensorType::new(Shape(dims), vals.dtype)
+        }
+        Op::Convert => {
+            arity(1)?;
+            let t = need_declared()?;
+            if t.shape != operands[0].shape {
+                return Err(fail(format!("cannot change shape {} to {}", operands[0].shape, t.shape)));
+            }
+            t.clone()
+        }
+    };
+    if let Some(d) = declared {
+        if *d != inferred {
+            return Err(fail(format!("stated result {d} but the op gives {inferred}")));
+        }
+    }
+    Ok(inferred)
+}
+
+fn describe(operands: &[&TensorType]) -> String {
+    if operands.is_empty() {
+        return "none".into();
+    }
+    operands.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn same_type(a: &TensorType, b: &TensorType) -> Result<(), String> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!("operands must have one type, got {a} and {b} (broadcast explicitly)"))
+    }
+}
+
+fn check_permutation(perm: &[usize], rank: usize) -> Result<(), String> {
+    let mut seen = vec![false; rank];
+    if perm.len() != rank {
+        return Err(format!("permutation {perm:?} does not have {rank} axes"));
+    }
+    for &p in perm {
+        if p >= rank || std::mem::replace(&mut seen[p], true) {
+            return Err(format!("{perm:?} is not a permutation of 0..{rank}"));
+        }
+    }
+    Ok(())
+}
+
+fn check_axes(axes: &[usize], rank: usize) -> Result<(), String> {
+    let mut seen = vec![false; rank];
+    for &a in axes {
+        if a >= rank || std::mem::replace(&mut seen[a], true) {
+            return Err(format!("axes {axes:?} are out of range or repeated for rank {rank}"));
+        }
+    }
+    Ok(())
+}

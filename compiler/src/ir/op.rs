@@ -1,0 +1,189 @@
+//! The primitive operations. Everything a training step does (layers, losses, their gradients
+//! and the optimizer update) is spelled in these few ops, so that every later pass (autodiff,
+//! rewriting, fusion, planning) handles a small closed set.
+
+use super::{DType, Shape};
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+/// Axis lists (for reductions and permutations).
+pub type Axes = SmallVec<[usize; 4]>;
+
+/// How a parameter is initialised when no weights file is given.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// Normal(0, std), from the run's seeded generator.
+    Normal { std: f64 },
+}
+
+/// What a leaf tensor is to the step: it decides where the planner puts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LeafKind {
+    /// A trainable parameter: resident, updated in place by the step.
+    Parameter,
+    /// Optimizer state (moments, step counter): resident, updated in place by the step.
+    State,
+    /// A step input (batch): resident, written by the host before each step.
+    Input,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Tanh,
+    Recip,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CmpOp {
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+}
+
+/// One primitive operation. Operands are the node's `inputs`; attributes live here.
+///
+/// Binary, compare and select ops take operands of identical shape: broadcasting is its own op,
+/// so that its cost and its gradient (a sum) are visible to every pass.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    /// A named leaf: parameter, optimizer state or step input. Shape and dtype are the node's.
+    Leaf { kind: LeafKind, name: String, init: Init },
+    /// A constant tensor with every element equal to `value`.
+    Full { value: f64 },
+    /// Each element is its index along `axis` (used for masks and one-hot encodings).
+    Iota { axis: usize },
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// Elementwise comparison; the result is `bool`.
+    Compare(CmpOp),
+    /// `select(cond, a, b)`: `a` where `cond` is true, else `b`.
+    Select,
+    /// NumPy broadcasting: operand axes align to the right; each is equal or 1.
+    Broadcast,
+    /// Same elements, new shape (row-major order kept).
+    Reshape,
+    /// Output axis `i` is operand axis `perm[i]`.
+    Transpose { perm: Axes },
+    /// `[start, end)` along `axis`.
+    Slice { axis: usize, start: usize, end: usize },
+    /// Operands joined along `axis`.
+    Concat { axis: usize },
+    /// Reduces `axes`, keeping each as size 1.
+    Reduce { op: ReduceOp, axes: Axes },
+    /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, equal batch axes.
+    MatMul,
+    /// `gather(table [r, d...], ids [i...]) -> [i..., d...]`: rows of `table` picked by `ids`.
+    Gather,
+    /// `scatter_add(ids [i...], values [i..., d...]) -> [rows, d...]`: the transpose of gather.
+    ScatterAdd { rows: usize },
+    /// Elementwise conversion to the node's dtype.
+    Convert,
+}
+
+impl Op {
+    /// The op's name in the text form and in error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Leaf { kind: LeafKind::Parameter, .. } => "parameter",
+            Op::Leaf { kind: LeafKind::State, .. } => "state",
+            Op::Leaf { kind: LeafKind::Input, .. } => "input",
+            Op::Full { .. } => "full",
+            Op::Iota { .. } => "iota",
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => "neg",
+                UnaryOp::Exp => "exp",
+                UnaryOp::Log => "log",
+                UnaryOp::Sqrt => "sqrt",
+                UnaryOp::Tanh => "tanh",
+                UnaryOp::Recip => "recip",
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "add",
+                BinaryOp::Sub => "sub",
+                BinaryOp::Mul => "mul",
+                BinaryOp::Div => "div",
+                BinaryOp::Max => "max",
+                BinaryOp::Min => "min",
+            },
+            Op::Compare(c) => match c {
+                CmpOp::Lt => "lt",
+                CmpOp::Le => "le",
+                CmpOp::Gt => "gt",
+                CmpOp::Ge => "ge",
+                CmpOp::Eq => "eq",
+                CmpOp::Ne => "ne",
+            },
+            Op::Select => "select",
+            Op::Broadcast => "broadcast",
+            Op::Reshape => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::Reduce { op: ReduceOp::Sum, .. } => "reduce_sum",
+            Op::Reduce { op: ReduceOp::Max, .. } => "reduce_max",
+            Op::MatMul => "matmul",
+            Op::Gather => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::Convert => "convert",
+        }
+    }
+
+    /// True for ops that map each output element from the same-index elements of their operands:
+    /// the ops an output may share memory with a dying operand in, and the ops fusion chains.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert)
+    }
+
+    /// True for leaves (no operands, values supplied from outside the step).
+    pub fn is_leaf(&self) -> bool {
+        matches!(self, Op::Leaf { .. })
+    }
+}
+
+/// The result type of a node: what shape inference computes and the verifier re-checks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorType {
+    pub shape: Shape,
+    pub dtype: DType,
+}
+
+impl TensorType {
+    pub fn new(shape: impl Into<Shape>, dtype: DType) -> TensorType {
+        TensorType { shape: shape.into(), dtype }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.shape.numel() * self.dtype.size()
+    }
+}
+
+impl std::fmt::Display for TensorType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.dtype, self.shape)
+    }
+}

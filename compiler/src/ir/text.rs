@@ -1,0 +1,1 @@
+//! The text form (written by a colleague).

@@ -1,0 +1,9 @@
+//! Ingot's compiler: a training step traced into an IR, differentiated, rewritten, fused,
+//! scheduled and planned into one slab whose peak is known before launch.
+
+pub mod error;
+pub mod ir;
+pub mod trace;
+pub mod plan;
+
+pub use error::{IrError, Result};

@@ -1,0 +1,6 @@
+//! Tracing: building graphs from Rust code. `builder` adds one method per primitive to
+//! [`crate::ir::Graph`]; `nn` composes them into layers; `models` builds the reference models.
+
+mod builder;
+
+pub use builder::broadcast_shapes;

@@ -1,0 +1,1 @@
+//! Snapshot and property tests live under tests/.
