@@ -1,6 +1,10 @@
 //! Reverse-mode automatic differentiation over the IR, and optimizers spelled as IR, so that a
 //! whole training step (forward, backward, update) is one graph.
 
+pub mod grad;
 pub mod optim;
+pub mod step;
 
+pub use grad::grad;
 pub use optim::Optimizer;
+pub use step::{training_step, Phases, Step, LOSS};

@@ -18,3 +18,107 @@ impl Optimizer {
         Optimizer::AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }
     }
 }
+
+use crate::error::{IrError, Result};
+use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Shape};
+
+/// The name of the shared step counter that AdamW keeps as state.
+pub const STEP_COUNTER: &str = "step";
+
+impl Optimizer {
+    /// Appends the update of every parameter (given its gradient) to `g` and declares each new
+    /// value, and each new optimizer state, as an in-place update of its leaf.
+    pub fn apply(&self, g: &mut Graph, params: &[NodeId], grads: &[NodeId]) -> Result<()> {
+        if params.len() != grads.len() {
+            return Err(IrError::Invalid(format!("{} parameters but {} gradients", params.len(), grads.len())));
+        }
+        match *self {
+            Optimizer::Sgd { lr } => {
+                for (&p, &gp) in params.iter().zip(grads) {
+                    // torch: p.add_(g, alpha=-lr)
+                    let step = g.mul_scalar(gp, -lr)?;
+                    let new = g.add(p, step)?;
+                    g.set_update(p, new)?;
+                }
+                Ok(())
+            }
+            Optimizer::AdamW { lr, beta1, beta2, eps, weight_decay } => {
+                adamw(g, params, grads, lr, beta1, beta2, eps, weight_decay)
+            }
+        }
+    }
+}
+
+/// `torch.optim.AdamW` (single-tensor path), with the step counter and the bias corrections
+/// computed in f64 as PyTorch computes them in Python floats, then rounded to the parameter's
+/// dtype once.
+#[allow(clippy::too_many_arguments)]
+fn adamw(
+    g: &mut Graph,
+    params: &[NodeId],
+    grads: &[NodeId],
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+) -> Result<()> {
+    let step = g.state(STEP_COUNTER, Shape::scalar(), DType::F64, Init::Zeros)?;
+    let t = g.add_scalar(step, 1.0)?;
+    g.set_update(step, t)?;
+    // beta^t = exp(t ln beta); bias corrections 1 - beta^t.
+    let pow = |g: &mut Graph, beta: f64| -> Result<NodeId> {
+        let e = g.mul_scalar(t, beta.ln())?;
+        g.exp(e)
+    };
+    let b1t = pow(g, beta1)?;
+    let b2t = pow(g, beta2)?;
+    let one = g.full(1.0, Shape::scalar(), DType::F64)?;
+    let bc1 = g.sub(one, b1t)?;
+    let bc2 = g.sub(one, b2t)?;
+    let lr_k = g.full(-lr, Shape::scalar(), DType::F64)?;
+    let neg_step_size = g.div(lr_k, bc1)?;
+    let bc2_sqrt = g.sqrt(bc2)?;
+    let mut scalars: Vec<(DType, NodeId, NodeId)> = Vec::new();
+    for (&p, &gp) in params.iter().zip(grads) {
+        let name = g.leaf_name(p).ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?.to_string();
+        let ty = g.ty(p).clone();
+        if !matches!(g.node(p).op, crate::ir::Op::Leaf { kind: LeafKind::Parameter, .. }) {
+            return Err(IrError::Invalid(format!("{name} is not a parameter")));
+        }
+        let dt = ty.dtype;
+        let (neg_step, bc2s) = match scalars.iter().find(|s| s.0 == dt) {
+            Some(&(_, a, b)) => (a, b),
+            None => {
+                let a = g.convert(neg_step_size, dt)?;
+                let b = g.convert(bc2_sqrt, dt)?;
+                scalars.push((dt, a, b));
+                (a, b)
+            }
+        };
+        let m = g.state(&format!("{name}.exp_avg"), ty.shape.clone(), dt, Init::Zeros)?;
+        let v = g.state(&format!("{name}.exp_avg_sq"), ty.shape.clone(), dt, Init::Zeros)?;
+        // p *= 1 - lr * wd
+        let decayed = g.mul_scalar(p, 1.0 - lr * weight_decay)?;
+        // m.lerp_(g, 1 - beta1):  m + (1 - beta1) * (g - m)
+        let diff = g.sub(gp, m)?;
+        let diff = g.mul_scalar(diff, 1.0 - beta1)?;
+        let m_new = g.add(m, diff)?;
+        // v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        let vb = g.mul_scalar(v, beta2)?;
+        let gg = g.mul_scalar(gp, 1.0 - beta2)?;
+        let gg = g.mul(gg, gp)?;
+        let v_new = g.add(vb, gg)?;
+        // denom = sqrt(v) / sqrt(bc2) + eps ;  p.addcdiv_(m, denom, value=-lr/bc1)
+        let root = g.sqrt(v_new)?;
+        let denom = g.div(root, bc2s)?;
+        let denom = g.add_scalar(denom, eps)?;
+        let ratio = g.div(m_new, denom)?;
+        let delta = g.mul(ratio, neg_step)?;
+        let p_new = g.add(decayed, delta)?;
+        g.set_update(p, p_new)?;
+        g.set_update(m, m_new)?;
+        g.set_update(v, v_new)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! Reverse mode: walk the graph backwards from the loss, apply each primitive's vector-Jacobian
+//! product (VJP), and sum contributions where a value has several users. The backward pass is
+//! appended to the same graph, built from the same primitives, so every later pass treats it
+//! like the forward pass.
+
+use crate::error::{IrError, Result};
+use crate::ir::{BinaryOp, CmpOp, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
+
+/// Appends the gradient of the scalar `loss` with respect to each node of `wrt` and returns the
+/// gradient nodes in the same order. A `wrt` node the loss does not depend on gets zeros.
+pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> {
+    let lt = g.ty(loss).clone();
+    if lt.shape.rank() != 0 || !lt.dtype.is_float() {
+        return Err(IrError::Invalid(format!("the loss {loss} must be a float scalar, not {lt}")));
+    }
+    for &w in wrt {
+        if !g.ty(w).dtype.is_float() {
+            return Err(IrError::Invalid(format!("cannot differentiate with respect to {w} of type {}", g.ty(w))));
+        }
+    }
+    let wants = needs_gradient(g, loss, wrt);
+    let mut adjoint: Vec<Option<NodeId>> = vec![None; loss.index() + 1];
+    adjoint[loss.index()] = Some(g.full(1.0, Shape::scalar(), lt.dtype)?);
+    for i in (0..=loss.index()).rev() {
+        let Some(gy) = adjoint[i] else { continue };
+        let id = NodeId(i as u32);
+        let node = g.node(id).clone();
+        for (slot, &x) in node.inputs.iter().enumerate() {
+            if !wants[x.index()] {
+                continue;
+            }
+            let gx = vjp(g, id, slot, gy)?;
+            adjoint[x.index()] = Some(match adjoint[x.index()] {
+                None => gx,
+                Some(prev) => g.add(prev, gx)?,
+            });
+        }
+    }
+    wrt.iter().map(|&w| match adjoint.get(w.index()).copied().flatten() {
+        Some(gw) => Ok(gw),
+        None => g.full_like(0.0, w),
+    })
+    .collect()
+}
+
+/// Marks the float nodes that lie on a path from some `wrt` node to `loss`: only they need adjoints.
+fn needs_gradient(g: &Graph, loss: NodeId, wrt: &[NodeId]) -> Vec<bool> {
+    let n = loss.index() + 1;
+    let mut from_wrt = vec![false; n];
+    for &w in wrt {
+        if w.index() < n {
+            from_wrt[w.index()] = true;
+        }
+    }
+    for i in 0..n {
+        let node = g.node(NodeId(i as u32));
+        if !from_wrt[i] && node.ty.dtype.is_float() && differentiable(&node.op) {
+            from_wrt[i] = node.inputs.iter().any(|x| from_wrt[x.index()]);
+        }
+    }
+    let mut to_loss = vec![false; n];
+    to_loss[loss.index()] = true;
+    for i in (0..n).rev() {
+        if to_loss[i] && from_wrt[i] {
+            for x in &g.node(NodeId(i as u32)).inputs {
+                to_loss[x.index()] = true;
+            }
+        }
+    }
+    (0..n).map(|i| from_wrt[i] && to_loss[i]).collect()
+}
+
+/// Ops whose float output carries a gradient to its float operands.
+fn differentiable(op: &Op) -> bool {
+    !matches!(op, Op::Compare(_) | Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. })
+}
+
+/// The gradient contribution of node `y` to its operand number `slot`, given `gy` = dL/dy.
+fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
+    let node = g.node(y).clone();
+    let x = node.inputs[slot];
+    let xs = g.ty(x).shape.clone();
+    match &node.op {
+        Op::Unary(u) => match u {
+            UnaryOp::Neg => g.neg(gy),
+            UnaryOp::Exp => g.mul(gy, y),
+            UnaryOp::Log => g.div(gy, x),
+            UnaryOp::Sqrt => {
+                // d sqrt(x) = 1 / (2 sqrt(x))
+                let two_y = g.mul_scalar(y, 2.0)?;
+                g.div(gy, two_y)
+            }
+            UnaryOp::Tanh => {
+                let yy = g.mul(y, y)?;
+                let one = g.full_like(1.0, y)?;
+                let d = g.sub(one, yy)?;
+                g.mul(gy, d)
+            }
+            UnaryOp::Recip => {
+                let yy = g.mul(y, y)?;
+                let t = g.mul(gy, yy)?;
+                g.neg(t)
+            }
+        },
+        Op::Binary(b) => {
+            let (a, c) = (node.inputs[0], node.inputs[1]);
+            match (b, slot) {
+                (BinaryOp::Add, _) => Ok(gy),
+                (BinaryOp::Sub, 0) => Ok(gy),
+                (BinaryOp::Sub, _) => g.neg(gy),
+                (BinaryOp::Mul, 0) => g.mul(gy, c),
+                (BinaryOp::Mul, _) => g.mul(gy, a),
+                (BinaryOp::Div, 0) => g.div(gy, c),
+                (BinaryOp::Div, _) => {
+                    // d(a/c)/dc = -(a/c)/c
+                    let t = g.div(y, c)?;
+                    let t = g.mul(gy, t)?;
+                    g.neg(t)
+                }
+                // Ties send the gradient to the second operand, so relu(x) = max(x, 0) has
+                // gradient 0 at x = 0, as PyTorch's relu does.
+                (BinaryOp::Max, _) => route(g, CmpOp::Gt, a, c, slot, gy),
+                (BinaryOp::Min, _) => route(g, CmpOp::Lt, a, c, slot, gy),
+            }
+        }
+        Op::Select => {
+            let cond = node.inputs[0];
+            let zero = g.full_like(0.0, gy)?;
+            if slot == 1 {
+                g.select(cond, gy, zero)
+            } else {
+                g.select(cond, zero, gy)
+            }
+        }
+        Op::Broadcast => unbroadcast(g, gy, &xs),
+        Op::Reshape => g.reshape(gy, xs),
+        Op::Transpose { perm } => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            g.transpose(gy, &inverse)
+        }
+        Op::Slice { axis, start, end } => {
+            let (axis, start, end) = (*axis, *start, *end);
+            let dt = g.ty(gy).dtype;
+            let zeros = |g: &mut Graph, len: usize| -> Result<Option<NodeId>> {
+                if len == 0 {
+                    return Ok(None);
+                }
+                let mut dims = xs.0.clone();
+                dims[axis] = len;
+                g.full(0.0, Shape(dims), dt).map(Some)
+            };
+            let before = zeros(g, start)?;
+            let after = zeros(g, xs.dims()[axis] - end)?;
+            let parts: Vec<NodeId> = before.into_iter().chain([gy]).chain(after).collect();
+            if parts.len() == 1 {
+                Ok(gy)
+            } else {
+                g.concat(&parts, axis)
+            }
+        }
+        Op::Concat { axis } => {
+            let start: usize = node.inputs[..slot].iter().map(|&i| g.ty(i).shape.dims()[*axis]).sum();
+            g.slice(gy, *axis, start, start + xs.dims()[*axis])
+        }
+        Op::Reduce { op: ReduceOp::Sum, .. } => g.broadcast_to(gy, xs),
+        Op::Reduce { op: ReduceOp::Max, axes } => {
+            // Ties share the gradient equally, as PyTorch's amax does.
+            let yb = g.broadcast_to(y, xs.clone())?;
+            let hit = g.compare(CmpOp::Eq, x, yb)?;
+            let dt = g.ty(x).dtype;
+            let hits = g.convert(hit, dt)?;
+            let count = g.sum(hits, axes)?;
+            let share = g.div(gy, count)?;
+            let share = g.broadcast_to(share, xs)?;
+            let zero = g.full_like(0.0, share)?;
+            g.select(hit, share, zero)
+        }
+        Op::MatMul => {
+            let (a, b) = (node.inputs[0], node.inputs[1]);
+            if slot == 0 {
+                let bt = g.transpose_last(b)?;
+                g.matmul(gy, bt)
+            } else {
+                let at = g.transpose_last(a)?;
+                g.matmul(at, gy)
+            }
+        }
+        Op::Gather => {
+            let rows = xs.dims()[0];
+            g.scatter_add(node.inputs[1], gy, rows)
+        }
+        Op::ScatterAdd { .. } => g.gather(gy, node.inputs[0]),
+        Op::Convert => {
+            let dt = g.ty(x).dtype;
+            g.convert(gy, dt)
+        }
+        Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Compare(_) => Err(IrError::Invalid(format!(
+            "{} ({y}) carries no gradient; this is a bug in needs_gradient",
+            node.op.name()
+        ))),
+    }
+}
+
+/// Gradient of `max`/`min`: operand 0 takes it where `a cmp c` holds, operand 1 elsewhere.
+fn route(g: &mut Graph, cmp: CmpOp, a: NodeId, c: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
+    let first = g.compare(cmp, a, c)?;
+    let zero = g.full_like(0.0, gy)?;
+    if slot == 0 {
+        g.select(first, gy, zero)
+    } else {
+        g.select(first, zero, gy)
+    }
+}
+
+/// Sums `gy` over the axes a broadcast to its shape created, giving a tensor of shape `to`.
+pub fn unbroadcast(g: &mut Graph, gy: NodeId, to: &Shape) -> Result<NodeId> {
+    let from = g.ty(gy).shape.clone();
+    let off = from.rank() - to.rank();
+    let axes: Vec<usize> = (0..from.rank())
+        .filter(|&i| i < off || (to.dims()[i - off] == 1 && from.dims()[i] != 1))
+        .collect();
+    let summed = if axes.is_empty() { gy } else { g.sum(gy, &axes)? };
+    g.reshape(summed, to.clone())
+}

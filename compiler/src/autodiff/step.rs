@@ -1,0 +1,49 @@
+//! The whole training step as one graph: forward, backward, optimizer update.
+
+use super::{grad, Optimizer};
+use crate::error::{IrError, Result};
+use crate::ir::{Graph, LeafKind};
+use serde::Serialize;
+use std::ops::Range;
+
+/// The name of the forward graph's output that the step minimises.
+pub const LOSS: &str = "loss";
+
+/// A training step graph, with the node ranges of its three phases (for reports and benchmarks).
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub graph: Graph,
+    pub phases: Phases,
+}
+
+/// Node ranges of the forward pass, the backward pass and the optimizer update.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Phases {
+    pub forward: Range<usize>,
+    pub backward: Range<usize>,
+    pub optimizer: Range<usize>,
+}
+
+/// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
+/// gradients of the loss with respect to every parameter, then `optimizer`'s in-place updates.
+pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
+    let loss = *forward
+        .outputs
+        .get(LOSS)
+        .ok_or_else(|| IrError::Invalid(format!("the forward graph has no output named {LOSS:?}")))?;
+    if !forward.updates.is_empty() {
+        return Err(IrError::Invalid("the forward graph already updates leaves; is it a step already?".into()));
+    }
+    let (mut g, map) = forward.without_dead_code();
+    let loss = map[loss.index()].expect("outputs survive dead-code removal");
+    let params = g.leaves(LeafKind::Parameter);
+    if params.is_empty() {
+        return Err(IrError::Invalid("the forward graph has no parameters to train".into()));
+    }
+    let f = g.len();
+    let grads = grad::grad(&mut g, loss, &params)?;
+    let b = g.len();
+    optimizer.apply(&mut g, &params, &grads)?;
+    let n = g.len();
+    Ok(Step { graph: g, phases: Phases { forward: 0..f, backward: f..b, optimizer: b..n } })
+}
