@@ -4,6 +4,7 @@
 pub mod autodiff;
 pub mod error;
 pub mod ir;
+pub mod models;
 pub mod trace;
 pub mod plan;
 

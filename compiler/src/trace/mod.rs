@@ -2,5 +2,6 @@
 //! [`crate::ir::Graph`]; `nn` composes them into layers; `models` builds the reference models.
 
 mod builder;
+pub mod nn;
 
 pub use builder::broadcast_shapes;
