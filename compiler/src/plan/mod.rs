@@ -1,3 +1,176 @@
-//! Memory planning: liveness, offsets in one slab, and a validator that shares no code with it.
+//! Memory planning: a schedule, liveness over it, offsets in one slab, and a validator that
+//! shares no code with the planner.
+//!
+//! The single device allocation is laid out as `[resident region | slab]`. The resident region
+//! holds parameters, optimizer state and inputs, each at a fixed offset, in graph order. The
+//! slab holds everything else at offsets chosen by the [`dsa`] solver from liveness intervals.
 
+pub mod check;
 pub mod dsa;
+pub mod liveness;
+pub mod report;
+
+use crate::ir::{Graph, NodeId};
+use crate::schedule::{self, Strategy};
+use check::{Location, PlanView};
+pub use liveness::{Liveness, Region, Storage};
+use serde::Serialize;
+use std::time::Duration;
+
+/// Every offset in a plan is a multiple of this (what CUDA's allocator and vector loads like).
+pub const ALIGNMENT: usize = 256;
+
+/// Rounds `x` up to a multiple of [`ALIGNMENT`].
+pub fn align_up(x: usize) -> usize {
+    x.div_ceil(ALIGNMENT) * ALIGNMENT
+}
+
+/// Knobs of the planner.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Time the offset solver may spend improving on its greedy placement, per schedule.
+    pub solver_time: Duration,
+    /// Which schedules to try; the smallest plan wins.
+    pub strategies: Vec<Strategy>,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions { solver_time: Duration::from_millis(300), strategies: vec![Strategy::Traced, Strategy::MemoryAware] }
+    }
+}
+
+/// A complete memory plan for one step graph.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryPlan {
+    pub strategy: Strategy,
+    pub liveness: Liveness,
+    /// Absolute offset of each storage in the single allocation.
+    pub storage_offset: Vec<usize>,
+    pub resident_bytes: usize,
+    /// Where the slab starts (the resident region rounded up to the alignment).
+    pub slab_base: usize,
+    pub slab_bytes: usize,
+    /// LOAD: the most slab bytes live at one schedule position, a lower bound on `slab_bytes`.
+    pub load_bytes: usize,
+    /// The schedule position at which LOAD is reached.
+    pub peak_position: usize,
+    pub total_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Solver(#[from] dsa::DsaError),
+    #[error(transparent)]
+    Invalid(#[from] check::PlanViolation),
+    #[error("the graph does not verify: {0}")]
+    Graph(#[from] crate::error::IrError),
+}
+
+impl MemoryPlan {
+    /// Location (absolute offset, bytes) of a node's value.
+    pub fn location(&self, g: &Graph, id: NodeId) -> Location {
+        let s = self.liveness.storage_of[id.index()];
+        Location { offset: self.storage_offset[s], bytes: g.ty(id).bytes() }
+    }
+
+    /// Runs the independent validator over this plan.
+    pub fn validate(&self, g: &Graph) -> Result<(), check::PlanViolation> {
+        let locations: Vec<Location> = g.ids().map(|id| self.location(g, id)).collect();
+        check::validate(&PlanView {
+            graph: g,
+            order: &self.liveness.order,
+            location: &locations,
+            copies: &self.liveness.copies,
+            total_bytes: self.total_bytes,
+            alignment: ALIGNMENT,
+        })
+    }
+}
+
+/// Plans `g` under each strategy of `opts` and keeps the smallest total (ties: the first).
+/// Debug builds validate every plan; release builds validate the one returned.
+pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
+    g.verify()?;
+    let mut best: Option<MemoryPlan> = None;
+    for &strategy in &opts.strategies {
+        let order = match strategy {
+            Strategy::Traced => schedule::traced(g),
+            Strategy::MemoryAware => schedule::memory_aware(g),
+        };
+        let p = plan_order(g, &order, strategy, opts.solver_time)?;
+        if cfg!(debug_assertions) {
+            p.validate(g)?;
+        }
+        if best.as_ref().is_none_or(|b| p.total_bytes < b.total_bytes) {
+            best = Some(p);
+        }
+    }
+    let best = best.ok_or_else(|| crate::error::IrError::Invalid("no scheduling strategy was given".into()))?;
+    best.validate(g)?;
+    Ok(best)
+}
+
+/// Plans `g` for one given schedule.
+pub fn plan_order(g: &Graph, order: &[NodeId], strategy: Strategy, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
+    let liveness = Liveness::analyse(g, order);
+    let mut storage_offset = vec![0usize; liveness.storages.len()];
+    // Resident storages, packed in graph order.
+    let mut resident_bytes = 0usize;
+    for (i, s) in liveness.storages.iter().enumerate() {
+        if s.region == Region::Resident {
+            storage_offset[i] = resident_bytes;
+            resident_bytes += align_up(s.bytes);
+        }
+    }
+    let slab_base = align_up(resident_bytes);
+    let slab: Vec<usize> = (0..liveness.storages.len()).filter(|&i| liveness.storages[i].region == Region::Slab).collect();
+    let problem = dsa::Problem {
+        buffers: slab
+            .iter()
+            .map(|&i| {
+                let s = &liveness.storages[i];
+                dsa::Buffer { id: i as u64, lower: s.start as u64, upper: s.end.max(s.start + 1) as u64, size: s.bytes as u64 }
+            })
+            .collect(),
+        alignment: ALIGNMENT as u64,
+    };
+    let (load_bytes, peak_position) = load_and_peak(&problem);
+    let (solution, _stats) = dsa::solve(&problem, &dsa::SolveOptions { time_limit: solver_time, ..Default::default() })?;
+    for (k, &i) in slab.iter().enumerate() {
+        storage_offset[i] = slab_base + solution.offsets[k] as usize;
+    }
+    let slab_bytes = align_up(solution.peak as usize);
+    Ok(MemoryPlan {
+        strategy,
+        liveness,
+        storage_offset,
+        resident_bytes,
+        slab_base,
+        slab_bytes,
+        load_bytes,
+        peak_position,
+        total_bytes: slab_base + slab_bytes,
+    })
+}
+
+/// LOAD of an interval problem and the first position where it is reached.
+fn load_and_peak(p: &dsa::Problem) -> (usize, usize) {
+    let mut events: Vec<(u64, i64)> = Vec::with_capacity(p.buffers.len() * 2);
+    for b in &p.buffers {
+        events.push((b.lower, b.size as i64));
+        events.push((b.upper, -(b.size as i64)));
+    }
+    // At equal positions, ends come before starts: intervals are half-open.
+    events.sort_by_key(|&(t, d)| (t, d));
+    let (mut live, mut best, mut at) = (0i64, 0i64, 0u64);
+    for (t, d) in events {
+        live += d;
+        if live > best {
+            best = live;
+            at = t;
+        }
+    }
+    (best as usize, at as usize)
+}

@@ -1,0 +1,158 @@
+//! Liveness over a schedule: which storage each value lives in, and from when to when.
+//!
+//! One mechanism covers every case of sharing: a value either gets storage of its own or takes
+//! over the storage of one of its operands.
+//! - a `reshape` is a view: it always shares its operand's storage;
+//! - an elementwise op whose operand dies at that op, with the same byte size, writes over it;
+//! - the new value of a parameter or optimizer state is written over the old one when every
+//!   other reader of the old value has run (the scheduler orders them so).
+//!
+//! A storage's lifetime is the half-open interval of schedule positions `[def, last read + 1)`;
+//! a value named as a step output lives to the end of the step.
+
+use crate::ir::{Graph, NodeId, Op};
+use serde::{Deserialize, Serialize};
+
+/// Where a storage lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Region {
+    /// Parameters, optimizer state and inputs: they outlive the step.
+    Resident,
+    /// Everything the step makes and drops.
+    Slab,
+}
+
+/// A run of bytes some values live in, one after another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Storage {
+    pub region: Region,
+    pub bytes: usize,
+    /// The node whose value first lives here.
+    pub owner: NodeId,
+    /// First schedule position at which it holds a value.
+    pub start: usize,
+    /// One past the last schedule position at which it is read (or the step's length).
+    pub end: usize,
+}
+
+/// The result of liveness analysis: the schedule, and each node's storage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Liveness {
+    pub order: Vec<NodeId>,
+    /// Schedule position of each node.
+    pub position: Vec<usize>,
+    /// Storage index of each node's value.
+    pub storage_of: Vec<usize>,
+    pub storages: Vec<Storage>,
+    /// Updates whose new value could not be written in place: copied over the target at the end.
+    pub copies: Vec<(NodeId, NodeId)>,
+}
+
+impl Liveness {
+    /// Runs the analysis for `order`, which must be a valid schedule of `g`.
+    pub fn analyse(g: &Graph, order: &[NodeId]) -> Liveness {
+        let n = order.len();
+        let mut position = vec![0; g.len()];
+        for (p, &id) in order.iter().enumerate() {
+            position[id.index()] = p;
+        }
+        // The last position each value is read at; outputs are read at the step's end.
+        let mut last_read: Vec<usize> = (0..g.len()).map(|i| position[i]).collect();
+        for id in g.ids() {
+            for &x in &g.node(id).inputs {
+                last_read[x.index()] = last_read[x.index()].max(position[id.index()]);
+            }
+        }
+        for &o in g.outputs.values() {
+            last_read[o.index()] = n;
+        }
+        let update_target: Vec<Option<NodeId>> = {
+            let mut t = vec![None; g.len()];
+            for u in &g.updates {
+                if t[u.value.index()].is_none() {
+                    t[u.value.index()] = Some(u.target);
+                }
+            }
+            t
+        };
+
+        let mut storages: Vec<Storage> = Vec::new();
+        let mut storage_of = vec![usize::MAX; g.len()];
+        let mut copies = Vec::new();
+        let mut holds_output: Vec<bool> = Vec::new();
+        for (p, &id) in order.iter().enumerate() {
+            let node = g.node(id);
+            let bytes = node.ty.bytes();
+            let reuse = if node.op.is_leaf() {
+                None
+            } else if matches!(node.op, Op::Reshape) {
+                Some(storage_of[node.inputs[0].index()])
+            } else if let Some(t) = update_target[id.index()].filter(|&t| can_update_in_place(g, &storages, &storage_of, &last_read, id, t, p)) {
+                Some(storage_of[t.index()])
+            } else if node.op.is_elementwise() {
+                node.inputs.iter().map(|x| storage_of[x.index()]).find(|&s| {
+                    let st = &storages[s];
+                    st.region == Region::Slab && st.bytes == bytes && st.end == p + 1 && !holds_output[s]
+                })
+            } else {
+                None
+            };
+            let s = match reuse {
+                Some(s) => s,
+                None => {
+                    let region = if node.op.is_leaf() { Region::Resident } else { Region::Slab };
+                    storages.push(Storage { region, bytes, owner: id, start: p, end: p + 1 });
+                    storages.len() - 1
+                }
+            };
+            storage_of[id.index()] = s;
+            if holds_output.len() < storages.len() {
+                holds_output.push(false);
+            }
+            let read_until = last_read[id.index()];
+            holds_output[s] |= read_until == n;
+            let st = &mut storages[s];
+            st.end = st.end.max((read_until + 1).min(n));
+        }
+        for u in &g.updates {
+            if storage_of[u.value.index()] != storage_of[u.target.index()] {
+                copies.push((u.value, u.target));
+                // The value must survive until the copy at the step's end.
+                let s = storage_of[u.value.index()];
+                storages[s].end = n;
+            }
+        }
+        for s in &mut storages {
+            if s.region == Region::Resident {
+                s.start = 0;
+                s.end = n;
+            }
+        }
+        Liveness { order: order.to_vec(), position, storage_of, storages, copies }
+    }
+}
+
+/// The new value `v` of leaf `t` may be written over `t` at position `p` when no other node
+/// reads `t`'s bytes after `p`, and `v`'s op reads `t` only elementwise (index for index).
+fn can_update_in_place(
+    g: &Graph,
+    storages: &[Storage],
+    storage_of: &[usize],
+    last_read: &[usize],
+    v: NodeId,
+    t: NodeId,
+    p: usize,
+) -> bool {
+    let st = storage_of[t.index()];
+    if storages[st].region != Region::Resident || g.ty(v).bytes() != storages[st].bytes {
+        return false;
+    }
+    // Every value living in t's storage so far (t and its views) is last read no later than p.
+    let members_done = g
+        .ids()
+        .filter(|x| storage_of[x.index()] == st)
+        .all(|x| last_read[x.index()] <= p);
+    let node = g.node(v);
+    let reads_t = node.inputs.iter().any(|x| storage_of[x.index()] == st);
+    members_done && (!reads_t || node.op.is_elementwise())
+}

@@ -1,0 +1,184 @@
+//! Scheduling: the order kernels run in decides which values are live together, and so the
+//! peak. Two orders are offered: the traced order, and a memory-aware list schedule that at each
+//! step runs the ready op that frees the most bytes. The planner plans both and keeps the smaller.
+//!
+//! Both orders respect data dependences and the anti-dependences of in-place updates: every
+//! reader of a parameter (or optimizer state) runs before the op that produces its new value, so
+//! the new value can be written over the old one.
+
+use crate::ir::{Graph, NodeId, Op};
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::Direction;
+use std::collections::BTreeSet;
+
+/// Which order a schedule was made by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Strategy {
+    Traced,
+    MemoryAware,
+}
+
+/// The dependence graph of a step: an edge `a -> b` means `a` must run before `b`.
+pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
+    let mut d = DiGraph::with_capacity(g.len(), g.len() * 2);
+    for id in g.ids() {
+        d.add_node(id);
+    }
+    for id in g.ids() {
+        for &x in &g.node(id).inputs {
+            d.update_edge(NodeIndex::new(x.index()), NodeIndex::new(id.index()), ());
+        }
+    }
+    for u in &g.updates {
+        let producer = NodeIndex::new(u.value.index());
+        for reader in readers_through_views(g, u.target) {
+            if reader != u.value && reader.index() < g.len() {
+                d.update_edge(NodeIndex::new(reader.index()), producer, ());
+            }
+        }
+    }
+    d
+}
+
+/// Every node reading `x`'s bytes: its users, and the users of reshapes of it (reshape is a view).
+pub fn readers_through_views(g: &Graph, x: NodeId) -> Vec<NodeId> {
+    let users = users(g);
+    let mut out = Vec::new();
+    let mut stack = vec![x];
+    while let Some(v) = stack.pop() {
+        for &u in &users[v.index()] {
+            if matches!(g.node(u).op, Op::Reshape) {
+                stack.push(u);
+            }
+            out.push(u);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// For each node, the nodes using it as an operand (each once, in id order).
+pub fn users(g: &Graph) -> Vec<Vec<NodeId>> {
+    let mut u = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &x in &g.node(id).inputs {
+            if u[x.index()].last() != Some(&id) {
+                u[x.index()].push(id);
+            }
+        }
+    }
+    u
+}
+
+/// The order the graph was traced in (already topological), if it respects the update
+/// anti-dependences; otherwise the first topological order close to it.
+pub fn traced(g: &Graph) -> Vec<NodeId> {
+    let d = dependences(g);
+    if g.ids().all(|id| d.neighbors_directed(NodeIndex::new(id.index()), Direction::Incoming).all(|p| p.index() < id.index())) {
+        return g.ids().collect();
+    }
+    list_schedule(g, &d, false)
+}
+
+/// A list schedule that always runs, among the ready ops, the one with the best
+/// `freed - allocated` byte balance (ties: the earliest traced).
+pub fn memory_aware(g: &Graph) -> Vec<NodeId> {
+    list_schedule(g, &dependences(g), true)
+}
+
+/// Values whose bytes are not the slab's to free: leaves and named outputs.
+fn pinned(g: &Graph) -> Vec<bool> {
+    let mut p: Vec<bool> = g.nodes().iter().map(|n| n.op.is_leaf()).collect();
+    for &o in g.outputs.values() {
+        p[o.index()] = true;
+    }
+    p
+}
+
+/// Bytes a node adds to the slab when it runs (views and leaves add none).
+fn own_bytes(g: &Graph, id: NodeId) -> i64 {
+    match g.node(id).op {
+        Op::Reshape | Op::Leaf { .. } => 0,
+        _ => g.ty(id).bytes() as i64,
+    }
+}
+
+/// List scheduling over the dependence graph. Leaves are taken first (they cost nothing); then,
+/// with `by_memory`, the ready op with the best byte balance ([`peek`]), else the earliest traced.
+fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<NodeId> {
+    let n = g.len();
+    let mut indeg: Vec<usize> = (0..n).map(|i| d.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+    let mut ready: BTreeSet<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    let users = users(g);
+    let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
+    let pinned = pinned(g);
+    let bytes: Vec<i64> = g.ids().map(|id| own_bytes(g, id)).collect();
+    while !ready.is_empty() {
+        // Leaves cost nothing: take them first, in order.
+        let pick = match ready.iter().copied().find(|&i| g.node(NodeId(i)).op.is_leaf()) {
+            Some(leaf) => leaf,
+            None => {
+                let mut best: Option<(i64, u32)> = None;
+                for &i in &ready {
+                    let s = if by_memory { peek(g, NodeId(i), &remaining, &pinned, &bytes) } else { 0 };
+                    if best.is_none_or(|(bs, _)| s > bs) {
+                        best = Some((s, i));
+                    }
+                }
+                best.expect("ready is not empty").1
+            }
+        };
+        ready.remove(&pick);
+        let id = NodeId(pick);
+        let node = g.node(id);
+        let mut seen: Vec<NodeId> = Vec::new();
+        for &x in &node.inputs {
+            if !seen.contains(&x) {
+                seen.push(x);
+                remaining[x.index()] -= 1;
+            }
+        }
+        order.push(id);
+        for s in d.neighbors_directed(NodeIndex::new(pick as usize), Direction::Outgoing) {
+            indeg[s.index()] -= 1;
+            if indeg[s.index()] == 0 {
+                ready.insert(s.index() as u32);
+            }
+        }
+    }
+    order
+}
+
+/// The byte balance of running `id` now: bytes of operands it is the last reader of, minus its
+/// own output's bytes.
+fn peek(g: &Graph, id: NodeId, remaining: &[usize], pinned: &[bool], bytes: &[i64]) -> i64 {
+    let node = g.node(id);
+    let mut gain = -bytes[id.index()];
+    for (k, &x) in node.inputs.iter().enumerate() {
+        if !node.inputs[..k].contains(&x) && remaining[x.index()] == 1 && !pinned[x.index()] {
+            gain += bytes[x.index()];
+        }
+    }
+    gain
+}
+
+/// True when `order` runs every node of `g` exactly once and after all its dependences.
+pub fn is_valid_order(g: &Graph, order: &[NodeId]) -> bool {
+    if order.len() != g.len() {
+        return false;
+    }
+    let mut pos = vec![usize::MAX; g.len()];
+    for (p, &id) in order.iter().enumerate() {
+        if id.index() >= g.len() || pos[id.index()] != usize::MAX {
+            return false;
+        }
+        pos[id.index()] = p;
+    }
+    let d = dependences(g);
+    d.edge_indices().all(|e| {
+        let (a, b) = d.edge_endpoints(e).expect("edge exists");
+        pos[a.index()] < pos[b.index()]
+    })
+}
