@@ -1,1 +1,3 @@
 //! CPU kernels.
+
+pub mod cpu;

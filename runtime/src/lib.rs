@@ -1,1 +1,9 @@
-//! Ingot runtime.
+//! Ingot runtime: host tensors, the CPU executor, and (later) loading executables and the CUDA
+//! backend.
+
+pub mod cpu;
+pub mod error;
+pub mod tensor;
+
+pub use error::ExecError;
+pub use tensor::{Data, Element, Tensor, View, ViewMut};

@@ -1,0 +1,20 @@
+//! CPU kernels on plain row-major slices: matrix products, strided copies (transpose,
+//! broadcast, slice) and reductions. Nothing here knows the IR; shapes are explicit arguments.
+//!
+//! The functions allocate nothing on the heap for ranks up to [`layout::INLINE_RANK`], except
+//! the matrix products, whose packing buffers `matrixmultiply` allocates (see [`matmul`]).
+//! A caller that breaks a documented precondition (a slice of the wrong length) gets a panic
+//! with a message; the runtime checks shapes before it calls in.
+
+pub mod layout;
+pub mod matmul;
+pub mod reduce;
+pub mod scalar;
+
+pub use layout::{
+    broadcast_strides, coalesce, numel, permuted, ravel, row_major_strides, strided_copy,
+    transpose_2d, unravel, Dims, INLINE_RANK,
+};
+pub use matmul::{batched_matmul, gemm, matmul, GemmScalar, MatLayout, Trans};
+pub use reduce::{max_run, reduce, reduce_rows, sum_run, ReduceKind};
+pub use scalar::Scalar;

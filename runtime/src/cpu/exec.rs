@@ -1,0 +1,811 @@
+//! One node at a time: [`exec_node`] computes a node's value from its operands' buffers into a
+//! caller-provided output buffer. Both the reference interpreter ([`super::interp`]) and the
+//! planned executor call it, so they compute the same bits.
+//!
+//! # Semantics (as documented on [`Op`])
+//! - `full`: the value converted with `as` (saturating for integers), nonzero is `true` for bool.
+//! - `iota`: each element's index along the axis, as the output dtype.
+//! - unary ops on floats (`neg` on integers too, wrapping); binary ops on floats and integers
+//!   (integer `add`/`sub`/`mul` wrap; `div` is float-only); float `max`/`min` ignore a NaN
+//!   operand, as [`f32::max`] does.
+//! - `compare` gives bool (0 or 1); NaN compares unequal to everything.
+//! - `broadcast`: NumPy, right-aligned; `transpose`, `slice`, `concat`, `reshape` move elements.
+//! - `reduce`: sum or max over the axes, kept as size 1, in the fixed order documented in
+//!   [`ingot_kernels::cpu::reduce`] (f32 sums accumulate in f32; integer sums wrap).
+//! - `matmul`: batched, through [`ingot_kernels::cpu::matmul`].
+//! - `gather`/`scatter_add`: an id outside `0..rows` is an [`ExecError::IdOutOfRange`] naming
+//!   it; `scatter_add` adds the rows of `values` in row-major order of the ids.
+//! - `convert`: Rust `as` casts (float to integer truncates toward zero and saturates, NaN gives
+//!   0); bool converts to 1 or 0; to bool, nonzero (NaN included) is `true`.
+//!
+//! # Memory
+//! `exec_node` allocates nothing on the heap, for tensors of rank up to
+//! [`ingot_kernels::cpu::INLINE_RANK`], except inside `matmul`, where the `matrixmultiply` crate
+//! allocates its packing buffers on every call (see [`ingot_kernels::cpu::matmul`]). Error
+//! values allocate their messages. No op needs scratch memory from the caller.
+
+use crate::error::ExecError;
+use crate::tensor::{Element, View, ViewMut};
+use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Node, Op, ReduceOp, TensorType, UnaryOp};
+use ingot_kernels::cpu::{self as k, Dims, ReduceKind, Scalar};
+
+/// Calls the generic function `f::<T>(args)` with `T` the Rust type of a dtype.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),*)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::Bool => $f::<u8>($($arg),*),
+        }
+    };
+}
+
+/// As [`by_dtype`], for the numeric dtypes; bool is an error.
+macro_rules! by_num {
+    ($dtype:expr, $op:expr, $f:ident($($arg:expr),*)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::Bool => Err(invalid($op, "not defined for bool")),
+        }
+    };
+}
+
+/// Computes `node` from its operands into `out`.
+///
+/// `inputs[i]` holds the elements of operand `i` (row-major), whose type is `input_types[i]`;
+/// `out` must hold exactly `node.ty`'s elements. Leaves are not executed (their values are
+/// supplied): passing one is an error. Every buffer is checked against its type first, and every
+/// shape relation the op relies on is checked before any element is touched, so inconsistent
+/// arguments give an error, never a panic.
+pub fn exec_node(
+    node: &Node,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+    out: ViewMut<'_>,
+) -> Result<(), ExecError> {
+    let op = node.op.name();
+    if inputs.len() != node.inputs.len() || input_types.len() != node.inputs.len() {
+        return Err(invalid(
+            op,
+            format!(
+                "the node has {} operands, but {} buffers and {} types were given",
+                node.inputs.len(),
+                inputs.len(),
+                input_types.len()
+            ),
+        ));
+    }
+    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
+        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
+            return Err(ExecError::Operand {
+                op,
+                index,
+                expected: (*t).clone(),
+                got_dtype: v.dtype(),
+                got_len: v.len(),
+            });
+        }
+    }
+    if out.dtype() != node.ty.dtype || out.len() != node.ty.shape.numel() {
+        return Err(ExecError::Output {
+            op,
+            expected: node.ty.clone(),
+            got_dtype: out.dtype(),
+            got_len: out.len(),
+        });
+    }
+    let cx = Cx {
+        op,
+        inputs,
+        types: input_types,
+        ty: &node.ty,
+    };
+    match &node.op {
+        Op::Leaf { .. } => Err(invalid(
+            op,
+            "leaves are not executed: their values are supplied",
+        )),
+        Op::Full { value } => {
+            full(*value, out);
+            Ok(())
+        }
+        Op::Iota { axis } => iota(&cx, *axis, out),
+        Op::Unary(u) => {
+            cx.elementwise(1)?;
+            unary(&cx, *u, out)
+        }
+        Op::Binary(b) => {
+            cx.elementwise(2)?;
+            binary(&cx, *b, out)
+        }
+        Op::Compare(c) => {
+            cx.elementwise(2)?;
+            by_dtype!(cx.types[0].dtype, compare(&cx, *c, out))
+        }
+        Op::Select => {
+            cx.elementwise(3)?;
+            by_dtype!(out.dtype(), select(&cx, out))
+        }
+        Op::Convert => {
+            cx.elementwise(1)?;
+            convert(cx.inputs[0], out);
+            Ok(())
+        }
+        Op::Broadcast => {
+            cx.arity(1)?;
+            let (src, dst) = (cx.types[0].shape.dims(), cx.ty.shape.dims());
+            let strides = k::broadcast_strides(src, dst).ok_or_else(|| {
+                invalid(
+                    op,
+                    format!(
+                        "{} does not broadcast to {}",
+                        cx.types[0].shape, cx.ty.shape
+                    ),
+                )
+            })?;
+            by_dtype!(out.dtype(), strided(&cx, 0, dst, &strides, out))
+        }
+        Op::Reshape => {
+            cx.arity(1)?;
+            by_dtype!(
+                out.dtype(),
+                strided(&cx, 0, &[cx.ty.shape.numel()], &[1], out)
+            )
+        }
+        Op::Transpose { perm } => {
+            cx.arity(1)?;
+            let src = cx.types[0].shape.dims();
+            let (dims, strides) = k::permuted(src, perm).ok_or_else(|| {
+                invalid(
+                    op,
+                    format!(
+                        "{perm:?} is not a permutation of the axes of {}",
+                        cx.types[0].shape
+                    ),
+                )
+            })?;
+            cx.expect_dims(&dims)?;
+            by_dtype!(out.dtype(), strided(&cx, 0, &dims, &strides, out))
+        }
+        Op::Slice { axis, start, end } => {
+            cx.arity(1)?;
+            let src = cx.types[0].shape.dims();
+            if *axis >= src.len() || start >= end || *end > src[*axis] {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "range [{start}, {end}) along axis {axis} does not fit {}",
+                        cx.types[0].shape
+                    ),
+                ));
+            }
+            let mut dims: Dims = src.iter().copied().collect();
+            dims[*axis] = end - start;
+            cx.expect_dims(&dims)?;
+            let strides = k::row_major_strides(src);
+            by_dtype!(
+                out.dtype(),
+                strided(&cx, start * strides[*axis], &dims, &strides, out)
+            )
+        }
+        Op::Concat { axis } => by_dtype!(out.dtype(), concat(&cx, *axis, out)),
+        Op::Reduce { op: r, axes } => {
+            cx.arity(1)?;
+            let kind = match r {
+                ReduceOp::Sum => ReduceKind::Sum,
+                ReduceOp::Max => ReduceKind::Max,
+            };
+            by_num!(out.dtype(), op, reduce(&cx, kind, axes, out))
+        }
+        Op::MatMul => match out {
+            ViewMut::F32(o) => matmul(&cx, o),
+            ViewMut::F64(o) => matmul(&cx, o),
+            _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
+        },
+        Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
+        Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
+    }
+}
+
+fn invalid(op: &'static str, reason: impl Into<String>) -> ExecError {
+    ExecError::Invalid {
+        op,
+        reason: reason.into(),
+    }
+}
+
+/// What every op handler needs: the op's name, the operands and their types, the result type.
+struct Cx<'a, 'b> {
+    op: &'static str,
+    inputs: &'a [View<'b>],
+    types: &'a [&'a TensorType],
+    ty: &'a TensorType,
+}
+
+impl<'a, 'b> Cx<'a, 'b> {
+    fn arity(&self, n: usize) -> Result<(), ExecError> {
+        if self.inputs.len() == n {
+            Ok(())
+        } else {
+            Err(invalid(
+                self.op,
+                format!("takes {n} operand(s), got {}", self.inputs.len()),
+            ))
+        }
+    }
+
+    /// Checks an elementwise op: `n` operands, each with the result's shape.
+    fn elementwise(&self, n: usize) -> Result<(), ExecError> {
+        self.arity(n)?;
+        for (i, t) in self.types.iter().enumerate() {
+            if t.shape != self.ty.shape {
+                return Err(invalid(
+                    self.op,
+                    format!(
+                        "operand {i} has shape {}, the result {}",
+                        t.shape, self.ty.shape
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that the result has the shape `dims`.
+    fn expect_dims(&self, dims: &[usize]) -> Result<(), ExecError> {
+        if self.ty.shape.dims() == dims {
+            Ok(())
+        } else {
+            Err(invalid(
+                self.op,
+                format!("the result is {} but the operands give {dims:?}", self.ty),
+            ))
+        }
+    }
+
+    /// Operand `i`'s elements as `T`.
+    fn arg<T: Element>(&self, i: usize) -> Result<&'b [T], ExecError> {
+        T::of(self.inputs[i]).ok_or_else(|| {
+            invalid(
+                self.op,
+                format!(
+                    "operand {i} is {}, expected {}",
+                    self.inputs[i].dtype(),
+                    T::DTYPE
+                ),
+            )
+        })
+    }
+
+    fn out<'o, T: Element>(&self, out: ViewMut<'o>) -> Result<&'o mut [T], ExecError> {
+        let dt = out.dtype();
+        T::of_mut(out).ok_or_else(|| {
+            invalid(
+                self.op,
+                format!("the output is {dt}, expected {}", T::DTYPE),
+            )
+        })
+    }
+}
+
+#[inline(always)]
+fn map<A: Copy, O>(a: &[A], o: &mut [O], f: impl Fn(A) -> O) {
+    for (o, &a) in o.iter_mut().zip(a) {
+        *o = f(a);
+    }
+}
+
+#[inline(always)]
+fn map2<A: Copy, B: Copy, O>(a: &[A], b: &[B], o: &mut [O], f: impl Fn(A, B) -> O) {
+    for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+        *o = f(a, b);
+    }
+}
+
+fn full(value: f64, out: ViewMut<'_>) {
+    match out {
+        ViewMut::F32(o) => o.fill(value as f32),
+        ViewMut::F64(o) => o.fill(value),
+        ViewMut::I32(o) => o.fill(value as i32),
+        ViewMut::I64(o) => o.fill(value as i64),
+        ViewMut::Bool(o) => o.fill((value != 0.0) as u8),
+    }
+}
+
+fn iota(cx: &Cx, axis: usize, out: ViewMut<'_>) -> Result<(), ExecError> {
+    cx.arity(0)?;
+    let dims = cx.ty.shape.dims();
+    if axis >= dims.len() {
+        return Err(invalid(
+            cx.op,
+            format!("axis {axis} out of range for {}", cx.ty.shape),
+        ));
+    }
+    let (d, inner) = (dims[axis], k::numel(&dims[axis + 1..]));
+    fn fill<T: Copy>(o: &mut [T], d: usize, inner: usize, f: impl Fn(usize) -> T) {
+        if d * inner == 0 {
+            return;
+        }
+        for block in o.chunks_exact_mut(d * inner) {
+            for (j, run) in block.chunks_exact_mut(inner).enumerate() {
+                run.fill(f(j));
+            }
+        }
+    }
+    match out {
+        ViewMut::F32(o) => fill(o, d, inner, |j| j as f32),
+        ViewMut::F64(o) => fill(o, d, inner, |j| j as f64),
+        ViewMut::I32(o) => fill(o, d, inner, |j| j as i32),
+        ViewMut::I64(o) => fill(o, d, inner, |j| j as i64),
+        ViewMut::Bool(_) => return Err(invalid(cx.op, "iota cannot produce bool")),
+    }
+    Ok(())
+}
+
+/// The float arithmetic the elementwise ops need.
+trait Float:
+    Element
+    + Scalar
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+{
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn tanh(self) -> Self;
+    fn recip(self) -> Self;
+    fn min(self, other: Self) -> Self;
+}
+
+macro_rules! float {
+    ($t:ty) => {
+        impl Float for $t {
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            #[inline(always)]
+            fn recip(self) -> Self {
+                1.0 / self
+            }
+            #[inline(always)]
+            fn min(self, other: Self) -> Self {
+                <$t>::min(self, other)
+            }
+        }
+    };
+}
+float!(f32);
+float!(f64);
+
+/// The wrapping integer arithmetic the elementwise ops need.
+trait Int: Element + Ord {
+    fn wrapping_add(self, o: Self) -> Self;
+    fn wrapping_sub(self, o: Self) -> Self;
+    fn wrapping_mul(self, o: Self) -> Self;
+    fn wrapping_neg(self) -> Self;
+}
+
+macro_rules! int {
+    ($t:ty) => {
+        impl Int for $t {
+            #[inline(always)]
+            fn wrapping_add(self, o: Self) -> Self {
+                <$t>::wrapping_add(self, o)
+            }
+            #[inline(always)]
+            fn wrapping_sub(self, o: Self) -> Self {
+                <$t>::wrapping_sub(self, o)
+            }
+            #[inline(always)]
+            fn wrapping_mul(self, o: Self) -> Self {
+                <$t>::wrapping_mul(self, o)
+            }
+            #[inline(always)]
+            fn wrapping_neg(self) -> Self {
+                <$t>::wrapping_neg(self)
+            }
+        }
+    };
+}
+int!(i32);
+int!(i64);
+
+fn unary(cx: &Cx, u: UnaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
+    fn float<T: Float>(cx: &Cx, u: UnaryOp, o: &mut [T]) -> Result<(), ExecError> {
+        let a = cx.arg::<T>(0)?;
+        match u {
+            UnaryOp::Neg => map(a, o, |x| -x),
+            UnaryOp::Exp => map(a, o, T::exp),
+            UnaryOp::Log => map(a, o, T::ln),
+            UnaryOp::Sqrt => map(a, o, T::sqrt),
+            UnaryOp::Tanh => map(a, o, T::tanh),
+            UnaryOp::Recip => map(a, o, T::recip),
+        }
+        Ok(())
+    }
+    fn int<T: Int>(cx: &Cx, u: UnaryOp, o: &mut [T]) -> Result<(), ExecError> {
+        let a = cx.arg::<T>(0)?;
+        match u {
+            UnaryOp::Neg => map(a, o, T::wrapping_neg),
+            _ => return Err(invalid(cx.op, format!("not defined for {}", T::DTYPE))),
+        }
+        Ok(())
+    }
+    match out {
+        ViewMut::F32(o) => float(cx, u, o),
+        ViewMut::F64(o) => float(cx, u, o),
+        ViewMut::I32(o) => int(cx, u, o),
+        ViewMut::I64(o) => int(cx, u, o),
+        ViewMut::Bool(_) => Err(invalid(cx.op, "not defined for bool")),
+    }
+}
+
+fn binary(cx: &Cx, b: BinaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
+    fn float<T: Float>(cx: &Cx, b: BinaryOp, o: &mut [T]) -> Result<(), ExecError> {
+        let (x, y) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
+        match b {
+            BinaryOp::Add => map2(x, y, o, |a, b| a + b),
+            BinaryOp::Sub => map2(x, y, o, |a, b| a - b),
+            BinaryOp::Mul => map2(x, y, o, |a, b| a * b),
+            BinaryOp::Div => map2(x, y, o, |a, b| a / b),
+            BinaryOp::Max => map2(x, y, o, Scalar::max),
+            BinaryOp::Min => map2(x, y, o, Float::min),
+        }
+        Ok(())
+    }
+    fn int<T: Int>(cx: &Cx, b: BinaryOp, o: &mut [T]) -> Result<(), ExecError> {
+        let (x, y) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
+        match b {
+            BinaryOp::Add => map2(x, y, o, T::wrapping_add),
+            BinaryOp::Sub => map2(x, y, o, T::wrapping_sub),
+            BinaryOp::Mul => map2(x, y, o, T::wrapping_mul),
+            BinaryOp::Max => map2(x, y, o, Ord::max),
+            BinaryOp::Min => map2(x, y, o, Ord::min),
+            BinaryOp::Div => {
+                return Err(invalid(
+                    cx.op,
+                    format!("div is only defined for floats, not {}", T::DTYPE),
+                ))
+            }
+        }
+        Ok(())
+    }
+    match out {
+        ViewMut::F32(o) => float(cx, b, o),
+        ViewMut::F64(o) => float(cx, b, o),
+        ViewMut::I32(o) => int(cx, b, o),
+        ViewMut::I64(o) => int(cx, b, o),
+        ViewMut::Bool(_) => Err(invalid(cx.op, "arithmetic is not defined for bool")),
+    }
+}
+
+fn compare<T: Element + PartialOrd>(cx: &Cx, c: CmpOp, out: ViewMut<'_>) -> Result<(), ExecError> {
+    let (x, y) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
+    let o = cx.out::<u8>(out)?;
+    match c {
+        CmpOp::Lt => map2(x, y, o, |a, b| (a < b) as u8),
+        CmpOp::Le => map2(x, y, o, |a, b| (a <= b) as u8),
+        CmpOp::Gt => map2(x, y, o, |a, b| (a > b) as u8),
+        CmpOp::Ge => map2(x, y, o, |a, b| (a >= b) as u8),
+        CmpOp::Eq => map2(x, y, o, |a, b| (a == b) as u8),
+        CmpOp::Ne => map2(x, y, o, |a, b| (a != b) as u8),
+    }
+    Ok(())
+}
+
+fn select<T: Element>(cx: &Cx, out: ViewMut<'_>) -> Result<(), ExecError> {
+    let (c, a, b) = (cx.arg::<u8>(0)?, cx.arg::<T>(1)?, cx.arg::<T>(2)?);
+    let o = cx.out::<T>(out)?;
+    for (((o, &c), &a), &b) in o.iter_mut().zip(c).zip(a).zip(b) {
+        *o = if c != 0 { a } else { b };
+    }
+    Ok(())
+}
+
+fn convert(input: View<'_>, out: ViewMut<'_>) {
+    macro_rules! from_num {
+        ($a:expr, $zero:expr) => {
+            match out {
+                ViewMut::F32(o) => map($a, o, |x| x as f32),
+                ViewMut::F64(o) => map($a, o, |x| x as f64),
+                ViewMut::I32(o) => map($a, o, |x| x as i32),
+                ViewMut::I64(o) => map($a, o, |x| x as i64),
+                ViewMut::Bool(o) => map($a, o, |x| (x != $zero) as u8),
+            }
+        };
+    }
+    #[allow(clippy::unnecessary_cast)]
+    match input {
+        View::F32(a) => from_num!(a, 0.0),
+        View::F64(a) => from_num!(a, 0.0),
+        View::I32(a) => from_num!(a, 0),
+        View::I64(a) => from_num!(a, 0),
+        View::Bool(a) => match out {
+            ViewMut::F32(o) => map(a, o, |x| (x != 0) as u8 as f32),
+            ViewMut::F64(o) => map(a, o, |x| (x != 0) as u8 as f64),
+            ViewMut::I32(o) => map(a, o, |x| (x != 0) as i32),
+            ViewMut::I64(o) => map(a, o, |x| (x != 0) as i64),
+            ViewMut::Bool(o) => map(a, o, |x| (x != 0) as u8),
+        },
+    }
+}
+
+/// Copies a strided view of operand 0 (see [`k::strided_copy`]) into the output.
+fn strided<T: Element>(
+    cx: &Cx,
+    offset: usize,
+    dims: &[usize],
+    strides: &[usize],
+    out: ViewMut<'_>,
+) -> Result<(), ExecError> {
+    let a = cx.arg::<T>(0)?;
+    let o = cx.out::<T>(out)?;
+    if dims.len() > 64 {
+        return Err(invalid(cx.op, format!("rank {} exceeds 64", dims.len())));
+    }
+    k::strided_copy(a, offset, dims, strides, o);
+    Ok(())
+}
+
+fn concat<T: Element>(cx: &Cx, axis: usize, out: ViewMut<'_>) -> Result<(), ExecError> {
+    let dims = cx.ty.shape.dims();
+    if cx.inputs.is_empty() || axis >= dims.len() {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "needs at least one operand and axis {axis} inside {}",
+                cx.ty.shape
+            ),
+        ));
+    }
+    let mut total = 0;
+    for (i, t) in cx.types.iter().enumerate() {
+        let d = t.shape.dims();
+        let agrees = d.len() == dims.len() && (0..d.len()).all(|x| x == axis || d[x] == dims[x]);
+        if !agrees {
+            return Err(invalid(
+                cx.op,
+                format!(
+                    "operand {i} ({}) does not fit the result {} along axis {axis}",
+                    t.shape, cx.ty.shape
+                ),
+            ));
+        }
+        total += d[axis];
+    }
+    if total != dims[axis] {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "the operands give {total} along axis {axis}, the result has {}",
+                dims[axis]
+            ),
+        ));
+    }
+    let o = cx.out::<T>(out)?;
+    let inner = k::numel(&dims[axis + 1..]);
+    let row = dims[axis] * inner;
+    let mut at = 0;
+    for (i, t) in cx.types.iter().enumerate() {
+        let a = cx.arg::<T>(i)?;
+        let chunk = t.shape.dims()[axis] * inner;
+        if chunk > 0 {
+            for (src, dst) in a.chunks_exact(chunk).zip(o.chunks_exact_mut(row)) {
+                dst[at..at + chunk].copy_from_slice(src);
+            }
+        }
+        at += chunk;
+    }
+    Ok(())
+}
+
+fn reduce<T: Element + Scalar>(
+    cx: &Cx,
+    kind: ReduceKind,
+    axes: &[usize],
+    out: ViewMut<'_>,
+) -> Result<(), ExecError> {
+    let src = cx.types[0].shape.dims();
+    let dst = cx.ty.shape.dims();
+    let mut seen = 0u64;
+    let mut empty_axis = false;
+    for &a in axes {
+        if a >= src.len() || a >= 64 || seen & (1 << a) != 0 {
+            return Err(invalid(
+                cx.op,
+                format!(
+                    "axes {axes:?} are out of range or repeated for {}",
+                    cx.types[0].shape
+                ),
+            ));
+        }
+        seen |= 1 << a;
+        empty_axis |= src[a] == 0;
+    }
+    let shape_ok = dst.len() == src.len()
+        && (0..src.len()).all(|i| dst[i] == if seen & (1 << i) != 0 { 1 } else { src[i] });
+    if !shape_ok {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "reducing {} over {axes:?} does not give {}",
+                cx.types[0].shape, cx.ty.shape
+            ),
+        ));
+    }
+    if kind == ReduceKind::Max && empty_axis && cx.ty.shape.numel() > 0 {
+        return Err(invalid(cx.op, "max over an empty axis"));
+    }
+    let a = cx.arg::<T>(0)?;
+    let o = cx.out::<T>(out)?;
+    k::reduce(kind, a, src, axes, o);
+    Ok(())
+}
+
+fn matmul<T: Element + k::GemmScalar>(cx: &Cx, o: &mut [T]) -> Result<(), ExecError> {
+    cx.arity(2)?;
+    let (a, b) = (cx.types[0].shape.dims(), cx.types[1].shape.dims());
+    let r = a.len();
+    if r < 2 || b.len() != r || a[..r - 2] != b[..r - 2] || a[r - 1] != b[r - 2] {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "cannot multiply {} by {}",
+                cx.types[0].shape, cx.types[1].shape
+            ),
+        ));
+    }
+    let (m, kk, n) = (a[r - 2], a[r - 1], b[r - 1]);
+    let mut dims: Dims = a.iter().copied().collect();
+    dims[r - 1] = n;
+    cx.expect_dims(&dims)?;
+    let batch = k::numel(&a[..r - 2]);
+    k::matmul(batch, m, kk, n, cx.arg::<T>(0)?, cx.arg::<T>(1)?, o);
+    Ok(())
+}
+
+/// Checks every id against `rows` before anything is written.
+fn check_ids<I: Copy + Into<i64>>(
+    op: &'static str,
+    ids: &[I],
+    rows: usize,
+) -> Result<(), ExecError> {
+    for (position, &id) in ids.iter().enumerate() {
+        let id: i64 = id.into();
+        if id < 0 || id as u64 >= rows as u64 {
+            return Err(ExecError::IdOutOfRange {
+                op,
+                id,
+                position,
+                rows,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn gather<T: Element>(cx: &Cx, out: ViewMut<'_>) -> Result<(), ExecError> {
+    cx.arity(2)?;
+    let (table, ids) = (cx.types[0].shape.dims(), cx.types[1].shape.dims());
+    if table.is_empty() {
+        return Err(invalid(cx.op, "the table needs at least one axis"));
+    }
+    let expected = ids.len() + table.len() - 1;
+    let dst = cx.ty.shape.dims();
+    if dst.len() != expected || dst[..ids.len()] != *ids || dst[ids.len()..] != table[1..] {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "gathering rows of {} by ids {} does not give {}",
+                cx.types[0].shape, cx.types[1].shape, cx.ty.shape
+            ),
+        ));
+    }
+    let rows = table[0];
+    let row = k::numel(&table[1..]);
+    let t = cx.arg::<T>(0)?;
+    let o = cx.out::<T>(out)?;
+    fn copy_rows<T: Copy, I: Copy + Into<i64>>(
+        op: &'static str,
+        t: &[T],
+        ids: &[I],
+        rows: usize,
+        row: usize,
+        o: &mut [T],
+    ) -> Result<(), ExecError> {
+        check_ids(op, ids, rows)?;
+        if row == 0 {
+            return Ok(());
+        }
+        for (&id, dst) in ids.iter().zip(o.chunks_exact_mut(row)) {
+            let s = id.into() as usize * row;
+            dst.copy_from_slice(&t[s..s + row]);
+        }
+        Ok(())
+    }
+    match cx.inputs[1] {
+        View::I32(ids) => copy_rows(cx.op, t, ids, rows, row, o),
+        View::I64(ids) => copy_rows(cx.op, t, ids, rows, row, o),
+        v => Err(invalid(
+            cx.op,
+            format!("ids must be i32 or i64, got {}", v.dtype()),
+        )),
+    }
+}
+
+fn scatter_add<T: Element + Scalar>(
+    cx: &Cx,
+    rows: usize,
+    out: ViewMut<'_>,
+) -> Result<(), ExecError> {
+    cx.arity(2)?;
+    let (ids, vals) = (cx.types[0].shape.dims(), cx.types[1].shape.dims());
+    let dst = cx.ty.shape.dims();
+    let ok = !dst.is_empty()
+        && dst[0] == rows
+        && vals.len() == ids.len() + dst.len() - 1
+        && vals[..ids.len()] == *ids
+        && vals[ids.len()..] == dst[1..];
+    if !ok {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "adding values {} at ids {} into {rows} rows does not give {}",
+                cx.types[1].shape, cx.types[0].shape, cx.ty.shape
+            ),
+        ));
+    }
+    let row = k::numel(&dst[1..]);
+    let v = cx.arg::<T>(1)?;
+    let o = cx.out::<T>(out)?;
+    fn add_rows<T: Scalar, I: Copy + Into<i64>>(
+        op: &'static str,
+        ids: &[I],
+        v: &[T],
+        rows: usize,
+        row: usize,
+        o: &mut [T],
+    ) -> Result<(), ExecError> {
+        check_ids(op, ids, rows)?;
+        o.fill(T::ZERO);
+        if row == 0 {
+            return Ok(());
+        }
+        for (&id, src) in ids.iter().zip(v.chunks_exact(row)) {
+            let s = id.into() as usize * row;
+            for (d, &x) in o[s..s + row].iter_mut().zip(src) {
+                *d = d.add(x);
+            }
+        }
+        Ok(())
+    }
+    match cx.inputs[0] {
+        View::I32(ids) => add_rows(cx.op, ids, v, rows, row, o),
+        View::I64(ids) => add_rows(cx.op, ids, v, rows, row, o),
+        v => Err(invalid(
+            cx.op,
+            format!("ids must be i32 or i64, got {}", v.dtype()),
+        )),
+    }
+}
