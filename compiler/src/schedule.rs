@@ -29,9 +29,10 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
             d.update_edge(NodeIndex::new(x.index()), NodeIndex::new(id.index()), ());
         }
     }
+    let users = users(g);
     for u in &g.updates {
         let producer = NodeIndex::new(u.value.index());
-        for reader in readers_through_views(g, u.target) {
+        for reader in readers_through_views(g, &users, u.target) {
             if reader != u.value && reader.index() < g.len() {
                 d.update_edge(NodeIndex::new(reader.index()), producer, ());
             }
@@ -41,8 +42,8 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
 }
 
 /// Every node reading `x`'s bytes: its users, and the users of reshapes of it (reshape is a view).
-pub fn readers_through_views(g: &Graph, x: NodeId) -> Vec<NodeId> {
-    let users = users(g);
+/// `users` is [`users`]`(g)`.
+pub fn readers_through_views(g: &Graph, users: &[Vec<NodeId>], x: NodeId) -> Vec<NodeId> {
     let mut out = Vec::new();
     let mut stack = vec![x];
     while let Some(v) = stack.pop() {

@@ -131,7 +131,10 @@ pub fn plan_order(g: &Graph, order: &[NodeId], strategy: Strategy, solver_time: 
             .iter()
             .map(|&i| {
                 let s = &liveness.storages[i];
-                dsa::Buffer { id: i as u64, lower: s.start as u64, upper: s.end.max(s.start + 1) as u64, size: s.bytes as u64 }
+                // Sizes are rounded up to the alignment: every storage starts on an aligned offset,
+                // so the bytes up to the next one are unusable by others anyway, and LOAD
+                // computed on these sizes is the bound the solver is measured against.
+                dsa::Buffer { id: i as u64, lower: s.start as u64, upper: s.end.max(s.start + 1) as u64, size: align_up(s.bytes) as u64 }
             })
             .collect(),
         alignment: ALIGNMENT as u64,

@@ -1,0 +1,224 @@
+//! The memory planner: hand-made graphs whose best plan is known, the validator catching broken
+//! plans, random graphs whose plans always validate, and the reference models' plans.
+
+use ingot_compiler::autodiff::{training_step, Optimizer};
+use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
+use ingot_compiler::plan::check::{validate, Location, PlanView};
+use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
+use ingot_compiler::schedule::{self, Strategy};
+use ingot_compiler::models;
+use proptest::prelude::*;
+
+const KIB: usize = 1024;
+
+fn f32s(n: usize) -> Shape {
+    Shape::new(&[n / 4])
+}
+
+#[test]
+fn an_elementwise_chain_reuses_its_dying_input_buffer() {
+    let mut g = Graph::new();
+    let x = g.input("x", f32s(64 * KIB), DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let b = g.neg(a).unwrap();
+    let c = g.tanh(b).unwrap();
+    let d = g.sqrt(c).unwrap();
+    g.set_output("out", d).unwrap();
+    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    // exp needs bytes of its own (x is an input and survives); the rest write over their operand.
+    assert_eq!(p.slab_bytes, 64 * KIB);
+    assert_eq!(p.load_bytes, 64 * KIB);
+    let s = &p.liveness.storage_of;
+    assert!(s[a.index()] == s[b.index()] && s[b.index()] == s[c.index()] && s[c.index()] == s[d.index()]);
+}
+
+#[test]
+fn a_chain_of_buffers_costs_the_peak_not_the_sum() {
+    // x -> m1 -> m2 -> m3 -> m4, each a matmul (never in place): two adjacent values at a time.
+    let mut g = Graph::new();
+    let x = g.input("x", [64, 64], DType::F32).unwrap();
+    let w = g.parameter("w", [64, 64], DType::F32, Init::Zeros).unwrap();
+    let mut v = x;
+    for _ in 0..4 {
+        v = g.matmul(v, w).unwrap();
+    }
+    g.set_output("out", v).unwrap();
+    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    let one = 64 * 64 * 4;
+    assert_eq!(p.load_bytes, 2 * one);
+    assert_eq!(p.slab_bytes, 2 * one, "four 16 KiB values should fit in two slots");
+    assert_eq!(p.resident_bytes, 2 * one);
+    assert_eq!(p.total_bytes, 4 * one);
+}
+
+#[test]
+fn a_reshape_is_a_view_and_takes_no_bytes() {
+    let mut g = Graph::new();
+    let x = g.input("x", [32, 32], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let r = g.reshape(a, [1024]).unwrap();
+    let s = g.sum_all(r).unwrap();
+    g.set_output("s", s).unwrap();
+    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    assert_eq!(p.liveness.storage_of[a.index()], p.liveness.storage_of[r.index()]);
+    assert_eq!(p.load_bytes, 4096 + align_up(4), "exp's value and the sum are live together, the view adds nothing");
+}
+
+#[test]
+fn parameter_updates_are_written_in_place() {
+    for opt in [Optimizer::Sgd { lr: 0.1 }, Optimizer::adamw(1e-3, 0.01)] {
+        let m = models::mlp_with(8, DType::F32).unwrap();
+        let step = training_step(&m.graph, &opt).unwrap();
+        let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
+        assert!(p.liveness.copies.is_empty(), "{opt:?}: every update should land in place, got copies {:?}", p.liveness.copies);
+        for u in &step.graph.updates {
+            let s = p.liveness.storage_of[u.value.index()];
+            assert_eq!(s, p.liveness.storage_of[u.target.index()]);
+            assert_eq!(p.liveness.storages[s].region, Region::Resident);
+        }
+    }
+}
+
+/// A plan of `g` for the traced order, as absolute locations the validator takes.
+fn locations(g: &Graph) -> (Vec<NodeId>, Vec<Location>, usize, Vec<(NodeId, NodeId)>) {
+    let p = plan::plan_order(g, &schedule::traced(g), Strategy::Traced, std::time::Duration::from_millis(100)).unwrap();
+    let locs = g.ids().map(|id| p.location(g, id)).collect();
+    (p.liveness.order.clone(), locs, p.total_bytes, p.liveness.copies.clone())
+}
+
+fn check(g: &Graph, order: &[NodeId], locs: &[Location], total: usize, copies: &[(NodeId, NodeId)]) -> Result<(), String> {
+    validate(&PlanView { graph: g, order, location: locs, copies, total_bytes: total, alignment: ALIGNMENT }).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_validator_rejects_two_live_values_sharing_bytes() {
+    let mut g = Graph::new();
+    let x = g.input("x", [16, 16], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let b = g.matmul(a, x).unwrap();
+    let c = g.add(a, b).unwrap();
+    g.set_output("c", c).unwrap();
+    let (order, mut locs, total, copies) = locations(&g);
+    check(&g, &order, &locs, total, &copies).unwrap();
+    // Put b on a's bytes: a is still needed by c.
+    locs[b.index()] = locs[a.index()];
+    let e = check(&g, &order, &locs, total, &copies).unwrap_err();
+    assert!(e.contains("matmul") || e.contains("no longer hold"), "{e}");
+}
+
+#[test]
+fn the_validator_rejects_misaligned_and_out_of_bounds_offsets() {
+    let mut g = Graph::new();
+    let x = g.input("x", [16], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    g.set_output("a", a).unwrap();
+    let (order, mut locs, total, copies) = locations(&g);
+    locs[a.index()].offset += 4;
+    assert!(check(&g, &order, &locs, total, &copies).unwrap_err().contains("not a multiple of 256"));
+    locs[a.index()].offset = total;
+    assert!(check(&g, &order, &locs, total, &copies).unwrap_err().contains("outside"));
+}
+
+#[test]
+fn the_validator_rejects_a_non_elementwise_op_writing_over_its_operand() {
+    let mut g = Graph::new();
+    let x = g.input("x", [8, 8], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let t = g.transpose(a, &[1, 0]).unwrap();
+    g.set_output("t", t).unwrap();
+    let (order, mut locs, total, copies) = locations(&g);
+    locs[t.index()] = locs[a.index()];
+    assert!(check(&g, &order, &locs, total, &copies).unwrap_err().contains("writes over its operand"));
+}
+
+#[test]
+fn the_validator_rejects_an_update_overwritten_before_the_step_ends() {
+    let mut g = Graph::new();
+    let p = g.parameter("p", [64], DType::F32, Init::Zeros).unwrap();
+    let e = g.exp(p).unwrap();
+    g.set_update(p, e).unwrap();
+    let s = g.sum_all(e).unwrap();
+    g.set_output("s", s).unwrap();
+    let (order, mut locs, total, copies) = locations(&g);
+    check(&g, &order, &locs, total, &copies).unwrap();
+    // Leave the new value in the slab with no copy back: the parameter keeps its old value.
+    locs[e.index()] = Location { offset: total, bytes: 256 };
+    let e = check(&g, &order, &locs, total + 256, &copies).unwrap_err();
+    assert!(e.contains("does not hold its new value") || e.contains("no longer hold"), "{e}");
+}
+
+#[test]
+fn every_reference_model_plan_validates_and_packs_within_one_percent_of_load() {
+    for spec in ["mlp", "gpt-mini", "gpt2", "gpt:vocab=512,d_model=96,layers=3,heads=3,d_ff=200,seq=48,batch=3"] {
+        let m = models::by_name(spec).unwrap();
+        let step = training_step(&m.graph, &m.optimizer).unwrap();
+        let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
+        p.validate(&step.graph).unwrap();
+        let ratio = p.slab_bytes as f64 / p.load_bytes as f64;
+        assert!(ratio <= 1.01, "{spec}: slab {} is {ratio:.4} x LOAD {}", p.slab_bytes, p.load_bytes);
+    }
+}
+
+#[test]
+fn the_same_model_gives_the_same_plan() {
+    let m = models::by_name("gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2").unwrap();
+    let step = training_step(&m.graph, &m.optimizer).unwrap();
+    let a = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
+    let b = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
+    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+}
+
+/// A random graph: a few inputs and parameters, then ops drawn over earlier values, with some
+/// values named as outputs and a parameter updated.
+fn random_graph(ops: &[(u8, usize, usize)], update: bool) -> Graph {
+    let mut g = Graph::new();
+    let p = g.parameter("p", [8, 8], DType::F32, Init::Zeros).unwrap();
+    let mut vals = vec![g.input("x", [8, 8], DType::F32).unwrap(), p];
+    for &(kind, i, j) in ops {
+        let a = vals[i % vals.len()];
+        let b = vals[j % vals.len()];
+        let v = match kind % 9 {
+            0 => g.exp(a),
+            1 => g.add(a, b),
+            2 => g.mul(a, b),
+            3 => g.matmul(a, b),
+            4 => g.transpose(a, &[1, 0]),
+            5 => g.sum(a, &[1]).and_then(|s| g.broadcast_to(s, [8, 8])),
+            6 => g.reshape(a, [64]).and_then(|r| g.neg(r)).and_then(|r| g.reshape(r, [8, 8])),
+            7 => g.tanh(a),
+            _ => g.maximum(a, b),
+        }
+        .unwrap();
+        vals.push(v);
+    }
+    let last = *vals.last().unwrap();
+    g.set_output("out", last).unwrap();
+    if ops.len() > 2 {
+        g.set_output("mid", vals[vals.len() / 2 + 1]).unwrap_or(());
+    }
+    if update {
+        let mid = vals[vals.len() / 2];
+        let t = g.tanh(mid).unwrap();
+        let new = g.add(p, t).unwrap();
+        g.set_update(p, new).unwrap();
+    }
+    g
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn plans_of_random_graphs_always_validate(ops in proptest::collection::vec((0u8..9, 0usize..64, 0usize..64), 1..40), update: bool) {
+        let g = random_graph(&ops, update);
+        let (g, _) = g.without_dead_code();
+        for strategy in [Strategy::Traced, Strategy::MemoryAware] {
+            let order = match strategy { Strategy::Traced => schedule::traced(&g), Strategy::MemoryAware => schedule::memory_aware(&g) };
+            prop_assert!(schedule::is_valid_order(&g, &order));
+            let p = plan::plan_order(&g, &order, strategy, std::time::Duration::from_millis(20)).unwrap();
+            if let Err(e) = p.validate(&g) {
+                return Err(TestCaseError::fail(format!("{strategy:?}: {e}\n{}", ingot_compiler::ir::text::print(&g))));
+            }
+            prop_assert!(p.slab_bytes >= p.load_bytes);
+        }
+    }
+}
