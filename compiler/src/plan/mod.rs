@@ -90,16 +90,31 @@ impl MemoryPlan {
 }
 
 /// Plans `g` under each strategy of `opts` and keeps the smallest total (ties: the first).
-/// Debug builds validate every plan; release builds validate the one returned.
+///
+/// LOAD bounds a schedule's slab from below and costs one sweep, while solving for offsets can
+/// take the solver's whole budget; so schedules are solved in order of LOAD, and one whose LOAD
+/// cannot beat the best slab found is skipped. Debug builds validate every plan; release builds
+/// validate the one returned.
 pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     g.verify()?;
+    let mut candidates: Vec<Prepared> = opts
+        .strategies
+        .iter()
+        .map(|&strategy| {
+            let order = match strategy {
+                Strategy::Traced => schedule::traced(g),
+                Strategy::MemoryAware => schedule::memory_aware(g),
+            };
+            Prepared::new(g, &order, strategy)
+        })
+        .collect();
+    candidates.sort_by_key(|c| c.load_bytes);
     let mut best: Option<MemoryPlan> = None;
-    for &strategy in &opts.strategies {
-        let order = match strategy {
-            Strategy::Traced => schedule::traced(g),
-            Strategy::MemoryAware => schedule::memory_aware(g),
-        };
-        let p = plan_order(g, &order, strategy, opts.solver_time)?;
+    for c in candidates {
+        if best.as_ref().is_some_and(|b| c.load_bytes >= b.slab_bytes) {
+            continue;
+        }
+        let p = c.solve(opts.solver_time)?;
         if cfg!(debug_assertions) {
             p.validate(g)?;
         }
@@ -114,48 +129,70 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
 
 /// Plans `g` for one given schedule.
 pub fn plan_order(g: &Graph, order: &[NodeId], strategy: Strategy, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
-    let liveness = Liveness::analyse(g, order);
-    let mut storage_offset = vec![0usize; liveness.storages.len()];
-    // Resident storages, packed in graph order.
-    let mut resident_bytes = 0usize;
-    for (i, s) in liveness.storages.iter().enumerate() {
-        if s.region == Region::Resident {
-            storage_offset[i] = resident_bytes;
-            resident_bytes += align_up(s.bytes);
+    Prepared::new(g, order, strategy).solve(solver_time)
+}
+
+/// A schedule with its liveness, resident layout and slab problem, before offsets are solved.
+struct Prepared {
+    strategy: Strategy,
+    liveness: Liveness,
+    storage_offset: Vec<usize>,
+    resident_bytes: usize,
+    slab: Vec<usize>,
+    problem: dsa::Problem,
+    load_bytes: usize,
+    peak_position: usize,
+}
+
+impl Prepared {
+    fn new(g: &Graph, order: &[NodeId], strategy: Strategy) -> Prepared {
+        let liveness = Liveness::analyse(g, order);
+        let mut storage_offset = vec![0usize; liveness.storages.len()];
+        // Resident storages, packed in graph order.
+        let mut resident_bytes = 0usize;
+        for (i, s) in liveness.storages.iter().enumerate() {
+            if s.region == Region::Resident {
+                storage_offset[i] = resident_bytes;
+                resident_bytes += align_up(s.bytes);
+            }
         }
+        let slab: Vec<usize> = (0..liveness.storages.len()).filter(|&i| liveness.storages[i].region == Region::Slab).collect();
+        let problem = dsa::Problem {
+            buffers: slab
+                .iter()
+                .map(|&i| {
+                    let s = &liveness.storages[i];
+                    // Sizes are rounded up to the alignment: every storage starts on an aligned
+                    // offset, so the bytes up to the next one are unusable by others anyway, and
+                    // LOAD computed on these sizes is the bound the solver is measured against.
+                    dsa::Buffer { id: i as u64, lower: s.start as u64, upper: s.end.max(s.start + 1) as u64, size: align_up(s.bytes) as u64 }
+                })
+                .collect(),
+            alignment: ALIGNMENT as u64,
+        };
+        let (load_bytes, peak_position) = load_and_peak(&problem);
+        Prepared { strategy, liveness, storage_offset, resident_bytes, slab, problem, load_bytes, peak_position }
     }
-    let slab_base = align_up(resident_bytes);
-    let slab: Vec<usize> = (0..liveness.storages.len()).filter(|&i| liveness.storages[i].region == Region::Slab).collect();
-    let problem = dsa::Problem {
-        buffers: slab
-            .iter()
-            .map(|&i| {
-                let s = &liveness.storages[i];
-                // Sizes are rounded up to the alignment: every storage starts on an aligned offset,
-                // so the bytes up to the next one are unusable by others anyway, and LOAD
-                // computed on these sizes is the bound the solver is measured against.
-                dsa::Buffer { id: i as u64, lower: s.start as u64, upper: s.end.max(s.start + 1) as u64, size: align_up(s.bytes) as u64 }
-            })
-            .collect(),
-        alignment: ALIGNMENT as u64,
-    };
-    let (load_bytes, peak_position) = load_and_peak(&problem);
-    let (solution, _stats) = dsa::solve(&problem, &dsa::SolveOptions { time_limit: solver_time, ..Default::default() })?;
-    for (k, &i) in slab.iter().enumerate() {
-        storage_offset[i] = slab_base + solution.offsets[k] as usize;
+
+    fn solve(mut self, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
+        let slab_base = align_up(self.resident_bytes);
+        let (solution, _stats) = dsa::solve(&self.problem, &dsa::SolveOptions { time_limit: solver_time, ..Default::default() })?;
+        for (k, &i) in self.slab.iter().enumerate() {
+            self.storage_offset[i] = slab_base + solution.offsets[k] as usize;
+        }
+        let slab_bytes = align_up(solution.peak as usize);
+        Ok(MemoryPlan {
+            strategy: self.strategy,
+            liveness: self.liveness,
+            storage_offset: self.storage_offset,
+            resident_bytes: self.resident_bytes,
+            slab_base,
+            slab_bytes,
+            load_bytes: self.load_bytes,
+            peak_position: self.peak_position,
+            total_bytes: slab_base + slab_bytes,
+        })
     }
-    let slab_bytes = align_up(solution.peak as usize);
-    Ok(MemoryPlan {
-        strategy,
-        liveness,
-        storage_offset,
-        resident_bytes,
-        slab_base,
-        slab_bytes,
-        load_bytes,
-        peak_position,
-        total_bytes: slab_base + slab_bytes,
-    })
 }
 
 /// LOAD of an interval problem and the first position where it is reached.
