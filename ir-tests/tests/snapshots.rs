@@ -1,0 +1,51 @@
+//! Snapshots of the memory plan reports: the reference models and small hand-made graphs.
+//! A change in the planner that moves any figure shows up here as a reviewable diff.
+
+use ingot_compiler::ir::{DType, Graph, Init};
+use ingot_compiler::pipeline;
+use ingot_compiler::plan::report::Report;
+use ingot_compiler::plan::{self, PlanOptions};
+
+fn report_of(spec: &str) -> String {
+    let c = pipeline::compile_model(spec, &pipeline::Options::default()).unwrap();
+    c.report.table()
+}
+
+#[test]
+fn mlp_plan_report() {
+    insta::assert_snapshot!(report_of("mlp"));
+}
+
+#[test]
+fn gpt_mini_plan_report() {
+    insta::assert_snapshot!(report_of("gpt-mini"));
+}
+
+#[test]
+fn gpt2_plan_report() {
+    insta::assert_snapshot!(report_of("gpt2"));
+}
+
+#[test]
+fn small_gpt_plan_report_json() {
+    let c = pipeline::compile_model("gpt:vocab=64,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2", &pipeline::Options::default()).unwrap();
+    insta::assert_json_snapshot!(c.report);
+}
+
+/// Two branches off one input joined at the end: the best plan holds both branch values, and
+/// the elementwise ops on each branch write in place.
+#[test]
+fn diamond_plan_report() {
+    let mut g = Graph::new();
+    let x = g.input("x", [64, 64], DType::F32).unwrap();
+    let w = g.parameter("w", [64, 64], DType::F32, Init::Zeros).unwrap();
+    let a = g.matmul(x, w).unwrap();
+    let a = g.tanh(a).unwrap();
+    let b = g.matmul(w, x).unwrap();
+    let b = g.exp(b).unwrap();
+    let c = g.add(a, b).unwrap();
+    let s = g.sum_all(c).unwrap();
+    g.set_output("s", s).unwrap();
+    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    insta::assert_snapshot!(Report::new("diamond", &g, &p, None).table());
+}
