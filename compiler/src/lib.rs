@@ -6,6 +6,8 @@ pub mod error;
 pub mod ir;
 pub mod models;
 pub mod trace;
+pub mod pipeline;
 pub mod plan;
+pub mod schedule;
 
 pub use error::{IrError, Result};
