@@ -1283,3 +1283,181 @@ fn an_error_inside_a_graph_names_the_node_and_op() {
         "{msg}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// exec_node allocates nothing (the planned executor runs it on one preallocated slab).
+
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts allocations per thread, so that tests running in parallel do not see each other's.
+    pub struct Counting;
+
+    fn count() {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+    }
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            count();
+            System.alloc(l)
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            count();
+            System.alloc_zeroed(l)
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            count();
+            System.realloc(p, l, n)
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            System.dealloc(p, l)
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    /// Allocations made on this thread so far.
+    pub fn allocations() -> usize {
+        ALLOCATIONS.with(|c| c.get())
+    }
+}
+
+#[test]
+fn exec_node_allocates_nothing_for_every_op_but_matmul() {
+    let mut rng = Rng(17);
+    let mut g = Graph::new();
+    let x = g.input("x", [2, 3, 4, 5], DType::F32).unwrap();
+    let row = g.input("row", [5], DType::F32).unwrap();
+    let col = g.input("col", [2, 3, 4, 1], DType::F32).unwrap();
+    let ids = g.input("ids", [2, 3], DType::I32).unwrap();
+    let table = g
+        .parameter("table", [7, 5], DType::F32, Init::Zeros)
+        .unwrap();
+    let mut outs = vec![];
+    let a = g.add(x, row).unwrap();
+    let b = g.mul(a, col).unwrap();
+    let c = g.add_scalar(b, 2.0).unwrap();
+    outs.extend([a, b, c]);
+    for u in [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Recip,
+    ] {
+        outs.push(g.unary(u, c).unwrap());
+    }
+    for bo in [BinaryOp::Sub, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min] {
+        outs.push(g.binary(bo, c, x).unwrap());
+    }
+    let m = g.compare(CmpOp::Gt, c, x).unwrap();
+    outs.push(g.select(m, c, x).unwrap());
+    outs.push(g.transpose(c, &[3, 1, 0, 2]).unwrap());
+    outs.push(g.transpose(c, &[0, 1, 3, 2]).unwrap());
+    outs.push(g.slice(c, 2, 1, 3).unwrap());
+    let s1 = g.slice(c, 3, 0, 2).unwrap();
+    outs.push(g.concat(&[c, s1], 3).unwrap());
+    outs.push(g.sum(c, &[3]).unwrap());
+    outs.push(g.sum(c, &[0, 2]).unwrap());
+    outs.push(g.max(c, &[1, 3]).unwrap());
+    outs.push(g.reshape(c, [6, 20]).unwrap());
+    outs.push(g.convert(c, DType::I64).unwrap());
+    outs.push(g.iota([3, 4], 1, DType::I32).unwrap());
+    let gathered = g.gather(table, ids).unwrap();
+    outs.push(gathered);
+    outs.push(g.scatter_add(ids, gathered, 7).unwrap());
+    for (i, o) in outs.iter().enumerate() {
+        g.set_output(&format!("o{i}"), *o).unwrap();
+    }
+
+    let mut leaves: IndexMap<String, Tensor> = IndexMap::new();
+    for (name, dims) in [
+        ("x", vec![2, 3, 4, 5]),
+        ("row", vec![5]),
+        ("col", vec![2, 3, 4, 1]),
+        ("table", vec![7, 5]),
+    ] {
+        let v: Vec<f64> = rng
+            .values(DType::F32, numel(&dims))
+            .iter()
+            .map(|v| v.abs() + 0.1)
+            .collect();
+        leaves.insert(name.to_string(), tensor(DType::F32, &dims, &v));
+    }
+    leaves.insert(
+        "ids".to_string(),
+        tensor(DType::I32, &[2, 3], &[0.0, 6.0, 3.0, 3.0, 1.0, 5.0]),
+    );
+    let reference = run_graph(&g, &leaves).unwrap().outputs;
+
+    // Every node again, each into a preallocated output, counting allocations around the call.
+    let before = counting::allocations();
+    let probe = std::hint::black_box(vec![0u8; 16]);
+    assert!(
+        counting::allocations() > before,
+        "the counter must see allocations"
+    );
+    drop(probe);
+    let mut values: Vec<Option<Tensor>> = vec![None; g.len()];
+    for id in g.ids() {
+        let node = g.node(id);
+        if let Op::Leaf { name, .. } = &node.op {
+            values[id.index()] = Some(leaves[name.as_str()].clone());
+            continue;
+        }
+        let mut out = Tensor::zeros(node.ty.clone());
+        let views: Vec<View> = node
+            .inputs
+            .iter()
+            .map(|i| values[i.index()].as_ref().unwrap().view())
+            .collect();
+        let types: Vec<&TensorType> = node.inputs.iter().map(|&i| g.ty(i)).collect();
+        let before = counting::allocations();
+        exec_node(node, &views, &types, out.view_mut()).unwrap();
+        let made = counting::allocations() - before;
+        assert_eq!(
+            made,
+            0,
+            "{} ({} from {types:?}) allocated {made} times",
+            node.op.name(),
+            node.ty
+        );
+        values[id.index()] = Some(out);
+    }
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(
+            values[o.index()].as_ref().unwrap(),
+            &reference[&format!("o{i}")]
+        );
+    }
+}
+
+#[test]
+fn matmul_allocates_only_the_packing_buffer_once_per_product() {
+    let mut g = Graph::new();
+    let a = g.input("a", [3, 40, 50], DType::F32).unwrap();
+    let b = g.input("b", [3, 50, 60], DType::F32).unwrap();
+    let c = g.matmul(a, b).unwrap();
+    let (x, y) = (vec![0.5f32; 3 * 40 * 50], vec![0.25f32; 3 * 50 * 60]);
+    let mut out = Tensor::zeros(g.ty(c).clone());
+    let (ta, tb) = (g.ty(a).clone(), g.ty(b).clone());
+    let before = counting::allocations();
+    exec_node(
+        g.node(c),
+        &[View::F32(&x), View::F32(&y)],
+        &[&ta, &tb],
+        out.view_mut(),
+    )
+    .unwrap();
+    let made = counting::allocations() - before;
+    assert!(made <= 3, "a batch of 3 products allocated {made} times");
+    assert!(out.as_f32().unwrap().iter().all(|&v| v == 50.0 * 0.125));
+}
