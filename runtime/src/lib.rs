@@ -3,6 +3,9 @@
 
 pub mod cpu;
 pub mod error;
+pub mod init;
+pub mod io;
+pub mod session;
 pub mod tensor;
 
 pub use error::ExecError;

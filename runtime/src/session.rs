@@ -1,0 +1,359 @@
+//! A training session on the CPU: a model's step graph and the values of all its leaves
+//! (parameters, optimizer state, the batch), stepped with the reference interpreter.
+//!
+//! ```no_run
+//! # use ingot_runtime::session::Session;
+//! let model = ingot_compiler::models::by_name("mlp").unwrap();
+//! let mut s = Session::new(&model, 0).unwrap(); // seeded weights and a synthetic batch
+//! for _ in 0..10 {
+//!     let r = s.step().unwrap();
+//!     println!("loss {} in {:.3} s", r.loss, r.seconds);
+//! }
+//! ingot_runtime::io::save("trained.safetensors", &s.parameters()).unwrap();
+//! ```
+
+use crate::cpu::interp::run_graph;
+use crate::error::ExecError;
+use crate::init;
+use crate::tensor::{Data, Tensor};
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::{training_step, LOSS};
+use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
+use ingot_compiler::models::Model;
+use ingot_compiler::IrError;
+use std::time::Instant;
+use thiserror::Error;
+
+/// What can go wrong building, feeding or stepping a session. Each names the tensor at fault.
+#[derive(Debug, Error)]
+pub enum SessionError {
+    /// The model's training step could not be built.
+    #[error("building the training step of {model}: {source}")]
+    Build { model: String, source: IrError },
+    /// A parameter the model needs is not among those given.
+    #[error("parameter {name:?} ({expected}) is missing from the parameters given; the model's parameters are named as PyTorch names them (reference-models.md)")]
+    MissingParameter { name: String, expected: TensorType },
+    /// A given parameter has the wrong shape or dtype.
+    #[error("parameter {name:?} is {got}, but the model needs {expected}")]
+    ParameterType {
+        name: String,
+        expected: TensorType,
+        got: TensorType,
+    },
+    /// Names given that are not parameters of the model.
+    #[error("{} given that the model does not have: {}; its parameters are {}", if .names.len() == 1 { "a tensor is" } else { "tensors are" }, quoted(.names), quoted(.known))]
+    UnknownParameters {
+        names: Vec<String>,
+        known: Vec<String>,
+    },
+    /// A batch tensor with the wrong shape or dtype.
+    #[error("batch input {name:?} is {got}, but the model takes {expected}")]
+    BatchType {
+        name: String,
+        expected: TensorType,
+        got: TensorType,
+    },
+    /// Ids that are not integers.
+    #[error("batch input {name:?} holds {got} ids, but ids must be int32 or int64 (the model takes {expected})")]
+    IdDtype {
+        name: String,
+        expected: DType,
+        got: DType,
+    },
+    /// An id outside the range the model accepts.
+    #[error("batch input {name:?} holds id {id} at position {position}, outside 0..{bound} (the model's {what})")]
+    IdOutOfRange {
+        name: String,
+        id: i64,
+        position: usize,
+        bound: usize,
+        what: &'static str,
+    },
+    /// The batch lacks an input.
+    #[error("the batch has no tensor {name:?} (it holds {}); a batch holds \"x\" and \"y\"", if .given.is_empty() { "nothing".to_string() } else { quoted(.given) })]
+    MissingInput { name: String, given: Vec<String> },
+    /// The step graph has no input of that name.
+    #[error("the model has no input named {name:?}; its inputs are {}", quoted(.known))]
+    UnknownInput { name: String, known: Vec<String> },
+    /// Running the step failed.
+    #[error("running the step: {0}")]
+    Exec(Box<ExecError>),
+}
+
+impl From<ExecError> for SessionError {
+    fn from(e: ExecError) -> SessionError {
+        SessionError::Exec(Box::new(e))
+    }
+}
+
+fn quoted(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What one step reports.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepResult {
+    /// The loss of the batch under the parameters before the update.
+    pub loss: f64,
+    /// Wall-clock seconds the step took.
+    pub seconds: f64,
+}
+
+/// A model's training step with the values of all its leaves.
+#[derive(Clone, Debug)]
+pub struct Session {
+    model: String,
+    graph: Graph,
+    /// Every leaf's value by name: parameters, optimizer state and inputs.
+    values: IndexMap<String, Tensor>,
+    steps: u64,
+}
+
+impl Session {
+    /// Builds `model`'s training step, initialises its parameters and optimizer state from
+    /// `seed` ([`init`]), and sets a synthetic batch from the same seed.
+    pub fn new(model: &Model, seed: u64) -> Result<Session, SessionError> {
+        let step = training_step(&model.graph, &model.optimizer).map_err(|source| {
+            SessionError::Build {
+                model: model.name.clone(),
+                source,
+            }
+        })?;
+        let g = step.graph;
+        let mut values = init::init_leaves(&g, LeafKind::Parameter, seed);
+        values.extend(init::init_leaves(&g, LeafKind::State, seed));
+        values.extend(init::synthetic_batch(&g, seed));
+        Ok(Session {
+            model: model.name.clone(),
+            graph: g,
+            values,
+            steps: 0,
+        })
+    }
+
+    /// The model's name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The training step graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// How many steps have run.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn leaves_of(&self, kind: LeafKind) -> IndexMap<String, Tensor> {
+        self.graph
+            .leaves(kind)
+            .into_iter()
+            .filter_map(|id| {
+                let name = self.graph.leaf_name(id)?;
+                Some((name.to_string(), self.values.get(name)?.clone()))
+            })
+            .collect()
+    }
+
+    /// The parameters by PyTorch name, in the model's order (what `--save` writes).
+    pub fn parameters(&self) -> IndexMap<String, Tensor> {
+        self.leaves_of(LeafKind::Parameter)
+    }
+
+    /// The optimizer state (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step` for AdamW; none for
+    /// SGD).
+    pub fn optimizer_state(&self) -> IndexMap<String, Tensor> {
+        self.leaves_of(LeafKind::State)
+    }
+
+    /// The batch every step trains on: `x` and `y`.
+    pub fn batch(&self) -> IndexMap<String, Tensor> {
+        self.leaves_of(LeafKind::Input)
+    }
+
+    /// Replaces every parameter with the one of the same name in `params`. Every parameter of
+    /// the model must be there with its exact shape and dtype, and nothing else may be: a missing
+    /// or mistyped parameter is an error naming it, and unknown names are an error listing them.
+    /// On error nothing changes. The optimizer state is left as it is.
+    pub fn load_parameters(
+        &mut self,
+        params: &IndexMap<String, Tensor>,
+    ) -> Result<(), SessionError> {
+        let ids = self.graph.leaves(LeafKind::Parameter);
+        let mut known = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            let name = self.graph.leaf_name(id).expect("leaves have names");
+            let expected = self.graph.ty(id);
+            match params.get(name) {
+                None => {
+                    return Err(SessionError::MissingParameter {
+                        name: name.to_string(),
+                        expected: expected.clone(),
+                    })
+                }
+                Some(t)
+                    if t.ty != *expected
+                        || t.data.dtype() != expected.dtype
+                        || t.data.len() != expected.shape.numel() =>
+                {
+                    return Err(SessionError::ParameterType {
+                        name: name.to_string(),
+                        expected: expected.clone(),
+                        got: t.ty.clone(),
+                    })
+                }
+                Some(_) => known.push(name.to_string()),
+            }
+        }
+        let unknown: Vec<String> = params
+            .keys()
+            .filter(|k| !known.contains(k))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownParameters {
+                names: unknown,
+                known,
+            });
+        }
+        for name in known {
+            self.values.insert(name.clone(), params[&name].clone());
+        }
+        Ok(())
+    }
+
+    /// Sets the batch every following step trains on. Integer ids may be i32 or i64 and are
+    /// converted to the model's input dtype; ids are checked against the model's range
+    /// ([`init::id_bound`]). A shape or dtype mismatch is an error naming the input and both types.
+    pub fn set_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<(), SessionError> {
+        let x = self.batch_value("x", x)?;
+        let y = self.batch_value("y", y)?;
+        self.values.insert("x".into(), x);
+        self.values.insert("y".into(), y);
+        Ok(())
+    }
+
+    /// Sets the batch from a map holding exactly `x` and `y` (a batch file's contents).
+    pub fn set_batch_map(&mut self, batch: &IndexMap<String, Tensor>) -> Result<(), SessionError> {
+        let inputs = self.input_names();
+        if let Some(name) = batch.keys().find(|k| !inputs.contains(k)) {
+            return Err(SessionError::UnknownInput {
+                name: name.clone(),
+                known: inputs,
+            });
+        }
+        let get = |name: &str| {
+            batch.get(name).ok_or_else(|| SessionError::MissingInput {
+                name: name.to_string(),
+                given: batch.keys().cloned().collect(),
+            })
+        };
+        self.set_batch(get("x")?, get("y")?)
+    }
+
+    fn input_names(&self) -> Vec<String> {
+        self.graph
+            .leaves(LeafKind::Input)
+            .into_iter()
+            .filter_map(|id| self.graph.leaf_name(id).map(str::to_string))
+            .collect()
+    }
+
+    /// `t` as the value of input `name`: checked, with integer ids converted to the input's dtype.
+    fn batch_value(&self, name: &str, t: &Tensor) -> Result<Tensor, SessionError> {
+        let id = self
+            .graph
+            .leaf(name)
+            .filter(|&id| {
+                matches!(
+                    self.graph.node(id).op,
+                    ingot_compiler::ir::Op::Leaf {
+                        kind: LeafKind::Input,
+                        ..
+                    }
+                )
+            })
+            .ok_or_else(|| SessionError::UnknownInput {
+                name: name.to_string(),
+                known: self.input_names(),
+            })?;
+        let expected = self.graph.ty(id).clone();
+        let mismatch = || SessionError::BatchType {
+            name: name.to_string(),
+            expected: expected.clone(),
+            got: t.ty.clone(),
+        };
+        if t.ty.shape != expected.shape
+            || t.data.len() != expected.shape.numel()
+            || t.data.dtype() != t.ty.dtype
+        {
+            return Err(mismatch());
+        }
+        if expected.dtype.is_float() {
+            return if t.ty.dtype == expected.dtype {
+                Ok(t.clone())
+            } else {
+                Err(mismatch())
+            };
+        }
+        let ids: Vec<i64> = match &t.data {
+            Data::I32(v) => v.iter().map(|&i| i as i64).collect(),
+            Data::I64(v) => v.clone(),
+            _ => {
+                return Err(SessionError::IdDtype {
+                    name: name.to_string(),
+                    expected: expected.dtype,
+                    got: t.ty.dtype,
+                })
+            }
+        };
+        if let Some(bound) = init::id_bound(&self.graph, name) {
+            if let Some(position) = ids.iter().position(|&i| i < 0 || i as u64 >= bound as u64) {
+                let what = if name == "x" {
+                    "embedding rows"
+                } else {
+                    "output classes"
+                };
+                return Err(SessionError::IdOutOfRange {
+                    name: name.to_string(),
+                    id: ids[position],
+                    position,
+                    bound,
+                    what,
+                });
+            }
+        }
+        let data = match expected.dtype {
+            DType::I32 => Data::I32(ids.iter().map(|&i| i as i32).collect()),
+            _ => Data::I64(ids),
+        };
+        Ok(Tensor { ty: expected, data })
+    }
+
+    /// Runs one training step on the current batch: computes the loss, then updates the
+    /// parameters and optimizer state in place. Returns the loss before the update.
+    pub fn step(&mut self) -> Result<StepResult, SessionError> {
+        let start = Instant::now();
+        let mut out = run_graph(&self.graph, &self.values)?;
+        let loss = out
+            .outputs
+            .get(LOSS)
+            .and_then(Tensor::scalar_f64)
+            .ok_or_else(|| ExecError::Invalid {
+                op: "step",
+                reason: format!("the step graph has no scalar output {LOSS:?}"),
+            })?;
+        out.apply_updates(&mut self.values);
+        self.steps += 1;
+        Ok(StepResult {
+            loss,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+}

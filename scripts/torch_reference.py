@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""PyTorch reference of Ingot's training steps, written independently of Ingot from
+docs/reference-models.md, to check Ingot's losses on the same weights and batch.
+
+    python3 scripts/torch_reference.py --model mlp --init P.safetensors --data B.safetensors \
+        --steps 5 [--device cpu|cuda] [--save P2.safetensors]
+
+prints one JSON object per step: {"step": i, "loss": ..., "seconds": ...}; the loss is the loss
+of the batch before that step's update, as `ingot train --json` prints it.
+
+Models: mlp, gpt-mini, gpt2, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+(the batch size and sequence length are taken from the batch file). Everything is float32, with
+TF32 off. Only torch is needed: safetensors files are read and written here by hand (8-byte
+little-endian header length, a JSON header of dtype / shape / data_offsets, raw little-endian
+data).
+"""
+
+import argparse
+import json
+import math
+import struct
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --- safetensors, by hand -----------------------------------------------------------------------
+
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def fail(msg):
+    print(f"torch_reference: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load_safetensors(path):
+    """{name: tensor} of a safetensors file, in the order of the data."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        fail(f"{path}: not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if 8 + n > len(raw):
+        fail(f"{path}: not a safetensors file (header length {n} past the end)")
+    try:
+        header = json.loads(raw[8 : 8 + n].decode("utf-8"))
+    except ValueError as e:
+        fail(f"{path}: not a safetensors file ({e})")
+    header.pop("__metadata__", None)
+    base = 8 + n
+    out = {}
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        if info["dtype"] not in DTYPES:
+            fail(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        dtype = DTYPES[info["dtype"]]
+        shape = [int(d) for d in info["shape"]]
+        start, end = info["data_offsets"]
+        numel = math.prod(shape)
+        size = numel * torch.empty((), dtype=dtype).element_size()
+        if end - start != size or base + end > len(raw):
+            fail(f"{path}: tensor {name!r} has offsets {start}..{end}, not {size} bytes of {shape}")
+        if numel == 0:
+            t = torch.empty(shape, dtype=dtype)
+        else:
+            # A private, aligned copy of the bytes; clone() so the tensor owns its storage.
+            t = torch.frombuffer(bytearray(raw[base + start : base + end]), dtype=dtype).reshape(shape).clone()
+        out[name] = t
+    return out
+
+
+def tensor_bytes(t):
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    if t.numel() == 0:
+        return b""
+    u8 = t.view(torch.uint8)
+    try:
+        return u8.numpy().tobytes()
+    except Exception:  # torch without numpy
+        return bytes(u8.tolist())
+
+
+def save_safetensors(path, tensors):
+    """Writes {name: tensor} as a safetensors file (little-endian; the header padded to 8)."""
+    if sys.byteorder != "little":
+        fail("this script writes safetensors only on little-endian machines")
+    header, chunks, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = tensor_bytes(t)
+        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for c in chunks:
+            f.write(c)
+
+
+# --- the models of reference-models.md ----------------------------------------------------------
+
+
+class MLP(nn.Module):
+    """Linear(784→1024) → ReLU → Linear(1024→1024) → ReLU → Linear(1024→10); mean cross-entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 1024)
+        self.fc2 = nn.Linear(1024, 1024)
+        self.fc3 = nn.Linear(1024, 10)
+
+    def forward(self, x, y):
+        h = F.relu(self.fc1(x))
+        h = F.relu(self.fc2(h))
+        return F.cross_entropy(self.fc3(h), y)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: x + proj(attn(ln1(x))), then x + fc2(gelu_tanh(fc(ln2(x))))."""
+
+    def __init__(self, d, heads, d_ff):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d, eps=1e-5)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d, eps=1e-5)
+        self.fc = nn.Linear(d, d_ff)
+        self.fc2 = nn.Linear(d_ff, d)
+
+    def attn(self, x):
+        b, t, d = x.shape
+        h = self.heads
+        hd = d // h
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q = q.view(b, t, h, hd).transpose(1, 2)  # [b, h, t, hd]
+        k = k.view(b, t, h, hd).transpose(1, 2)
+        v = v.view(b, t, h, hd).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # [b, h, t, t]
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+        att = F.softmax(scores, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
+        return self.proj(y)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        x = x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x
+
+
+class GPT(nn.Module):
+    """Token + learned position embeddings, pre-LN blocks, final LayerNorm, head without bias."""
+
+    def __init__(self, vocab, d_model, layers, heads, d_ff, seq):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d_model)
+        self.wpe = nn.Embedding(seq, d_model)
+        self.blocks = nn.ModuleList([Block(d_model, heads, d_ff) for _ in range(layers)])
+        self.lnf = nn.LayerNorm(d_model, eps=1e-5)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, x, y):
+        b, t = x.shape
+        pos = torch.arange(t, device=x.device)
+        h = self.wte(x) + self.wpe(pos)
+        for block in self.blocks:
+            h = block(h)
+        logits = self.head(self.lnf(h))
+        return F.cross_entropy(logits.view(b * t, -1), y.reshape(b * t))
+
+
+GPT_KEYS = ["vocab", "d_model", "layers", "heads", "d_ff", "seq", "batch"]
+GPT_MINI = dict(vocab=8192, d_model=512, layers=4, heads=8, d_ff=2048, seq=256, batch=16)
+GPT2 = dict(vocab=50304, d_model=768, layers=12, heads=12, d_ff=3072, seq=1024, batch=8)
+
+
+def parse_gpt(body):
+    cfg = {}
+    for item in body.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            fail(f"{item!r} is not key=value (keys: {', '.join(GPT_KEYS)})")
+        k, v = (s.strip() for s in item.split("=", 1))
+        if k not in GPT_KEYS or k in cfg:
+            fail(f"unknown or repeated key {k!r} (keys: {', '.join(GPT_KEYS)})")
+        cfg[k] = int(v)
+    missing = [k for k in GPT_KEYS if k not in cfg]
+    if missing:
+        fail(f"missing keys: {', '.join(missing)}")
+    return cfg
+
+
+def build(spec):
+    """(model, optimizer factory) for a model name as `ingot` takes it."""
+    if spec == "mlp":
+        model = MLP()
+        return model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.0, foreach=False)
+    if spec == "gpt-mini":
+        cfg = GPT_MINI
+    elif spec == "gpt2":
+        cfg = GPT2
+    elif spec.startswith("gpt:"):
+        cfg = parse_gpt(spec[len("gpt:") :])
+    else:
+        fail(f"unknown model {spec!r}; known: mlp, gpt-mini, gpt2, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..")
+    if cfg["d_model"] % cfg["heads"] != 0:
+        fail("d_model must be divisible by heads")
+    model = GPT(cfg["vocab"], cfg["d_model"], cfg["layers"], cfg["heads"], cfg["d_ff"], cfg["seq"])
+    adamw = lambda ps: torch.optim.AdamW(  # noqa: E731
+        ps, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False, fused=False
+    )
+    return model, adamw
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--init", required=True, help="parameters (safetensors, PyTorch names)")
+    ap.add_argument("--data", required=True, help="batch (safetensors with x and y)")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--save", help="write the parameters after the last step here")
+    a = ap.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda, but torch sees no CUDA device")
+    device = torch.device(a.device)
+
+    model, make_optimizer = build(a.model)
+    params = load_safetensors(a.init)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in params]
+    unknown = [k for k in params if k not in expected]
+    if missing or unknown:
+        fail(f"{a.init}: missing parameters {missing}, unknown ones {unknown}")
+    for k, v in expected.items():
+        if tuple(params[k].shape) != tuple(v.shape) or params[k].dtype != torch.float32:
+            fail(f"{a.init}: {k} is {params[k].dtype} {list(params[k].shape)}, the model needs float32 {list(v.shape)}")
+    model.load_state_dict(params, strict=True)
+    model.to(device=device, dtype=torch.float32)
+    model.train()
+
+    batch = load_safetensors(a.data)
+    if "x" not in batch or "y" not in batch:
+        fail(f"{a.data}: a batch holds x and y; this one holds {list(batch)}")
+    x, y = batch["x"], batch["y"]
+    x = x.to(torch.float32) if isinstance(model, MLP) else x.to(torch.int64)
+    x, y = x.to(device), y.to(torch.int64).to(device)
+
+    opt = make_optimizer(model.parameters())
+    for i in range(1, a.steps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        value = loss.item()  # synchronizes
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        print(json.dumps({"step": i, "loss": value, "seconds": seconds}), flush=True)
+
+    if a.save:
+        save_safetensors(a.save, {k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+if __name__ == "__main__":
+    main()
