@@ -1,6 +1,7 @@
 //! Ingot runtime: host tensors, the CPU executor, and (later) loading executables and the CUDA
 //! backend.
 
+pub mod cli;
 pub mod cpu;
 pub mod error;
 pub mod init;

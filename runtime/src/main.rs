@@ -1,1 +1,5 @@
-fn main() {}
+//! The `ingot` command-line program.
+
+fn main() {
+    std::process::exit(ingot_runtime::cli::main());
+}

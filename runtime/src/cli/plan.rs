@@ -1,0 +1,48 @@
+//! `ingot plan`: the memory report of a model's training step, before anything runs.
+
+use super::Failure;
+use ingot_compiler::pipeline;
+use ingot_compiler::plan::report::{human, parse_size};
+
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+    #[arg(long)]
+    pub model: String,
+    /// Print the versioned JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Fail with exit code 3 if the plan needs more than this (e.g. 16GiB, 512MiB, 1000000).
+    #[arg(long, value_parser = parse_size)]
+    pub budget: Option<usize>,
+}
+
+pub fn run(a: &PlanArgs) -> Result<(), Failure> {
+    let compiled = pipeline::compile_model(&a.model, &pipeline::Options::default())?;
+    let report = &compiled.report;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?);
+    } else {
+        print!("{}", report.table());
+    }
+    if let Some(budget) = a.budget {
+        if report.total_bytes > budget {
+            let mut msg = format!(
+                "the plan needs {} ({} bytes), over the budget of {} ({} bytes). At the peak (position {}, {}) live:",
+                human(report.total_bytes),
+                report.total_bytes,
+                human(budget),
+                budget,
+                report.peak_position,
+                report.peak_op
+            );
+            msg.push_str(&format!("\n  resident (parameters, optimizer state, inputs): {}", human(report.resident_bytes)));
+            for b in &report.peak_buffers {
+                msg.push_str(&format!("\n  %{} {} {}{:?} {} ({:?})", b.node, b.op, b.dtype, b.shape, human(b.bytes), b.kind));
+            }
+            msg.push_str("\nlower the batch size or sequence length, or raise --budget");
+            return Err(Failure::new(3, msg));
+        }
+    }
+    Ok(())
+}
