@@ -5,6 +5,11 @@
 //! cargo run --release -p ingot-runtime --example matmul_speed
 //! MATMUL_NUM_THREADS=1 cargo run --release -p ingot-runtime --example matmul_speed   # one thread
 //! ```
+//!
+//! Measured on the 2-vCPU development VM (Xeon, AVX-512 kernel): about 130 GFLOP/s for f32
+//! (best of 10; 15-17 ms), and 50 GFLOP/s for f64, with one thread or two alike: its two vCPUs
+//! share one physical core (two spinning processes each run at half speed), so the second
+//! thread of `matrixmultiply` adds nothing there.
 
 use ingot_kernels::cpu::{batched_matmul, GemmScalar, Trans};
 use std::time::Instant;

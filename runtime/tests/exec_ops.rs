@@ -1461,3 +1461,61 @@ fn matmul_allocates_only_the_packing_buffer_once_per_product() {
     assert!(made <= 3, "a batch of 3 products allocated {made} times");
     assert!(out.as_f32().unwrap().iter().all(|&v| v == 50.0 * 0.125));
 }
+
+#[test]
+fn exec_node_rejects_nodes_whose_shapes_disagree_with_their_operands() {
+    let t = |d: &[usize]| TensorType::new(Shape::new(d), DType::F32);
+    let node = |op: Op, n: usize, ty: TensorType| Node {
+        op,
+        inputs: (0..n as u32).map(NodeId).collect(),
+        ty,
+    };
+    let x = vec![1.0f32; 12];
+    let cases = [
+        (node(Op::Reshape, 1, t(&[13])), t(&[12])),
+        (node(Op::Broadcast, 1, t(&[12, 5])), t(&[3, 4])),
+        (
+            node(
+                Op::Transpose {
+                    perm: [0, 0].into_iter().collect(),
+                },
+                1,
+                t(&[4, 3]),
+            ),
+            t(&[3, 4]),
+        ),
+        (
+            node(
+                Op::Slice {
+                    axis: 1,
+                    start: 2,
+                    end: 5,
+                },
+                1,
+                t(&[3, 3]),
+            ),
+            t(&[3, 4]),
+        ),
+        (
+            node(
+                Op::Reduce {
+                    op: ingot_compiler::ir::ReduceOp::Sum,
+                    axes: [2].into_iter().collect(),
+                },
+                1,
+                t(&[3, 1]),
+            ),
+            t(&[3, 4]),
+        ),
+        (node(Op::Unary(UnaryOp::Exp), 1, t(&[4, 3])), t(&[3, 4])),
+    ];
+    for (n, in_ty) in cases {
+        let mut out = Tensor::zeros(n.ty.clone());
+        let err = exec_node(&n, &[View::F32(&x)], &[&in_ty], out.view_mut()).unwrap_err();
+        assert!(
+            matches!(err, ExecError::Invalid { .. }),
+            "{}: {err}",
+            n.op.name()
+        );
+    }
+}

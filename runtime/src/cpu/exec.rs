@@ -152,6 +152,12 @@ pub fn exec_node(
         }
         Op::Reshape => {
             cx.arity(1)?;
+            if cx.types[0].shape.numel() != cx.ty.shape.numel() {
+                return Err(invalid(
+                    op,
+                    format!("cannot reshape {} to {}", cx.types[0].shape, cx.ty.shape),
+                ));
+            }
             by_dtype!(
                 out.dtype(),
                 strided(&cx, 0, &[cx.ty.shape.numel()], &[1], out)
@@ -630,6 +636,9 @@ fn reduce<T: Element + Scalar>(
     let dst = cx.ty.shape.dims();
     let mut seen = 0u64;
     let mut empty_axis = false;
+    if src.len() > 64 {
+        return Err(invalid(cx.op, format!("rank {} exceeds 64", src.len())));
+    }
     for &a in axes {
         if a >= src.len() || a >= 64 || seen & (1 << a) != 0 {
             return Err(invalid(
