@@ -45,6 +45,26 @@ impl<E: std::error::Error> From<E> for Failure {
     }
 }
 
+/// Writes one line of the program's output. A closed pipe (`ingot ... | head`) ends the program
+/// quietly with code 0 instead of panicking as `println!` would; other write errors are failures.
+pub fn out(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_fmt(text).and_then(|_| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(Failure::new(1, format!("cannot write to standard output: {e}"))),
+    }
+}
+
+/// `println!` through [`out`].
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// Runs the program on the process arguments and returns its exit code.
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {

@@ -21,9 +21,9 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     let compiled = pipeline::compile_model(&a.model, &pipeline::Options::default())?;
     let report = &compiled.report;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?);
+        crate::outln!("{}", serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?)?;
     } else {
-        print!("{}", report.table());
+        crate::cli::out(format_args!("{}", report.table()))?;
     }
     if let Some(budget) = a.budget {
         if report.total_bytes > budget {

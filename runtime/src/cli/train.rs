@@ -83,7 +83,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     }
     if !a.json {
         let params: usize = session.parameters().values().map(|t| t.numel()).sum();
-        println!(
+        crate::outln!(
             "model {}: {} parameters, {} steps on the cpu, {} parameters, {} batch",
             model.name,
             params,
@@ -94,7 +94,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             } else {
                 "synthetic"
             },
-        );
+        )?;
     }
     for i in 1..=a.steps {
         let r = session.step()?;
@@ -104,18 +104,18 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
                 loss: r.loss,
                 seconds: r.seconds,
             };
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string(&line).map_err(|e| Failure::new(1, e.to_string()))?
-            );
+            )?;
         } else {
-            println!("step {i:>5}  loss {:>12.6}  {:>9.3} s", r.loss, r.seconds);
+            crate::outln!("step {i:>5}  loss {:>12.6}  {:>9.3} s", r.loss, r.seconds)?;
         }
     }
     if let Some(path) = &a.save {
         io::save(path, &session.parameters())?;
         if !a.json {
-            println!("saved the parameters to {}", path.display());
+            crate::outln!("saved the parameters to {}", path.display())?;
         }
     }
     Ok(())
