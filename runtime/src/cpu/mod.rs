@@ -3,6 +3,7 @@
 
 pub mod exec;
 pub mod interp;
+pub mod planned;
 
 pub use exec::exec_node;
 pub use interp::{check_leaves, run_graph, LeafValues, Values};

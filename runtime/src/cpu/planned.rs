@@ -1,0 +1,261 @@
+//! Planned execution on the CPU: one allocation when the step is loaded, then steps that
+//! allocate nothing. Every value lives at the offset its [`MemoryPlan`] gives it inside that one
+//! allocation; each node is computed by the same [`exec_node`] the reference interpreter uses, so
+//! the two agree bit for bit.
+//!
+//! # Safety argument
+//! Kernels take typed slices. Slices into the one allocation are made from a raw pointer, and
+//! they are sound because the plan is checked by the independent validator
+//! ([`MemoryPlan::validate`]) before anything runs: a node's output never overlaps an operand it
+//! reads, except for elementwise ops placed exactly on an operand. For those, the aliased
+//! operand is copied a chunk at a time into a stack buffer, and the op runs on the chunk, so no
+//! `&` and `&mut` slice ever cover the same byte.
+
+use super::exec::exec_node;
+use crate::error::ExecError;
+use crate::tensor::{Tensor, View, ViewMut};
+use ingot_compiler::ir::{DType, Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
+use smallvec::SmallVec;
+
+/// One block of the allocation: blocks make the base pointer 256-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(256))]
+struct Block([u8; ALIGNMENT]);
+
+/// Elements per chunk of an in-place elementwise op (the stack buffer holds one chunk of f64).
+const CHUNK: usize = 2048;
+
+#[repr(C, align(64))]
+struct ChunkBuf([u8; CHUNK * 8]);
+
+/// What the step does at one schedule position.
+#[derive(Clone, Debug)]
+enum Instr {
+    /// Compute a node into its own bytes.
+    Exec(NodeId),
+    /// Compute an elementwise node over the bytes of (some of) its operands, chunk by chunk.
+    InPlace(NodeId),
+}
+
+/// A step graph with its memory plan, loaded into one allocation.
+pub struct PlannedStep {
+    graph: Graph,
+    plan: MemoryPlan,
+    memory: Vec<Block>,
+    location: Vec<Location>,
+    program: Vec<Instr>,
+    /// The chunk-sized versions of in-place nodes (full chunk, and the last partial one are
+    /// built on the fly from these without allocating).
+    chunk_node: Vec<Option<Node>>,
+}
+
+impl PlannedStep {
+    /// Checks the plan with the independent validator and makes the step's one allocation.
+    pub fn new(graph: Graph, plan: MemoryPlan) -> Result<PlannedStep, ExecError> {
+        plan.validate(&graph).map_err(|e| ExecError::Invalid { op: "plan", reason: e.to_string() })?;
+        let location: Vec<Location> = graph.ids().map(|id| plan.location(&graph, id)).collect();
+        let mut program = Vec::with_capacity(graph.len());
+        let mut chunk_node = vec![None; graph.len()];
+        for &id in &plan.liveness.order {
+            let node = graph.node(id);
+            if node.op.is_leaf() || matches!(node.op, Op::Reshape) {
+                continue; // leaves are written by the host; a reshape is a view
+            }
+            let here = location[id.index()];
+            let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
+            if aliased {
+                let mut n = node.clone();
+                n.ty = TensorType::new(Shape::new(&[CHUNK]), node.ty.dtype);
+                chunk_node[id.index()] = Some(n);
+                program.push(Instr::InPlace(id));
+            } else {
+                program.push(Instr::Exec(id));
+            }
+        }
+        let blocks = plan.total_bytes.div_ceil(ALIGNMENT);
+        let memory = vec![Block([0; ALIGNMENT]); blocks];
+        Ok(PlannedStep { graph, plan, memory, location, program, chunk_node })
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// Bytes of the one allocation (the plan's total, rounded up to whole 256-byte blocks).
+    pub fn allocated_bytes(&self) -> usize {
+        self.memory.len() * ALIGNMENT
+    }
+
+    /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes.
+    pub fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
+        let id = self.leaf(name)?;
+        let ty = self.graph.ty(id);
+        if value.ty != *ty {
+            return Err(ExecError::Invalid { op: "write_leaf", reason: format!("{name:?} is {ty}, the value given is {}", value.ty) });
+        }
+        let l = self.location[id.index()];
+        let bytes = value.to_le_bytes();
+        self.bytes_mut()[l.offset..l.offset + l.bytes].copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    /// The current value of a leaf.
+    pub fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
+        let id = self.leaf(name)?;
+        self.read(id)
+    }
+
+    /// The value of a named output after the last step.
+    pub fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
+        let id = *self.graph.outputs.get(name).ok_or_else(|| ExecError::Invalid { op: "read_output", reason: format!("the step has no output named {name:?}") })?;
+        self.read(id)
+    }
+
+    /// Names of the leaves of one kind, in graph order.
+    pub fn leaf_names(&self, kind: LeafKind) -> Vec<String> {
+        self.graph.leaves(kind).into_iter().filter_map(|id| self.graph.leaf_name(id).map(str::to_string)).collect()
+    }
+
+    fn leaf(&self, name: &str) -> Result<NodeId, ExecError> {
+        self.graph.leaf(name).ok_or_else(|| ExecError::Invalid { op: "leaf", reason: format!("the step has no leaf named {name:?}") })
+    }
+
+    fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        let l = self.location[id.index()];
+        Tensor::from_le_bytes(self.graph.ty(id).clone(), &self.bytes()[l.offset..l.offset + l.bytes])
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the blocks are plain bytes, contiguous in the vector.
+        unsafe { std::slice::from_raw_parts(self.memory.as_ptr() as *const u8, self.memory.len() * ALIGNMENT) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `self` is borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.memory.as_mut_ptr() as *mut u8, self.memory.len() * ALIGNMENT) }
+    }
+
+    /// Runs one step: every node in schedule order, then the end-of-step copies of updates that
+    /// could not be written in place. Allocates nothing on the heap (for ops with at most eight
+    /// operands of rank at most eight), except inside matmul when its library does.
+    pub fn step(&mut self) -> Result<(), ExecError> {
+        let base = self.memory.as_mut_ptr() as *mut u8;
+        for k in 0..self.program.len() {
+            match self.program[k] {
+                Instr::Exec(id) => self.exec(base, id)?,
+                Instr::InPlace(id) => self.exec_in_place(base, id)?,
+            }
+        }
+        for &(value, target) in &self.plan.liveness.copies {
+            let (from, to) = (self.location[value.index()], self.location[target.index()]);
+            // SAFETY: both ranges lie inside the allocation (validated); `copy` allows overlap.
+            unsafe { std::ptr::copy(base.add(from.offset), base.add(to.offset), from.bytes) };
+        }
+        Ok(())
+    }
+
+    fn exec(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
+        let node = self.graph.node(id);
+        let mut inputs: SmallVec<[View<'_>; 8]> = SmallVec::new();
+        let mut types: SmallVec<[&TensorType; 8]> = SmallVec::new();
+        for &x in &node.inputs {
+            let l = self.location[x.index()];
+            let ty = self.graph.ty(x);
+            // SAFETY: validated plan: operands lie inside the allocation and do not overlap the
+            // output (this node is not in place).
+            inputs.push(unsafe { view(base.add(l.offset), ty.dtype, ty.shape.numel()) });
+            types.push(ty);
+        }
+        let l = self.location[id.index()];
+        // SAFETY: as above.
+        let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
+        exec_node(node, &inputs, &types, out).map_err(|e| at(id, node, e))
+    }
+
+    fn exec_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
+        let node = self.graph.node(id);
+        let full = self.chunk_node[id.index()].as_ref().expect("in-place nodes have a chunk node");
+        let here = self.location[id.index()];
+        let n = node.ty.shape.numel();
+        let mut stash = ChunkBuf([0; CHUNK * 8]);
+        let mut start = 0;
+        while start < n {
+            let len = CHUNK.min(n - start);
+            let last;
+            let chunk = if len == CHUNK {
+                full
+            } else {
+                let mut partial = full.clone();
+                partial.ty.shape.0[0] = len;
+                last = partial;
+                &last
+            };
+            // The aliased operand's chunk, copied aside before the output chunk is written.
+            let aliased_dtype = node.inputs.iter().find(|x| self.location[x.index()] == here).map(|&x| self.graph.ty(x).dtype).expect("in place");
+            let esize = aliased_dtype.size();
+            // SAFETY: the chunk lies inside the aliased operand, which lies inside the allocation.
+            unsafe { std::ptr::copy_nonoverlapping(base.add(here.offset + start * esize), stash.0.as_mut_ptr(), len * esize) };
+            let mut inputs: SmallVec<[View<'_>; 8]> = SmallVec::new();
+            let mut types: SmallVec<[TensorType; 8]> = SmallVec::new();
+            for &x in &node.inputs {
+                let ty = self.graph.ty(x);
+                let l = self.location[x.index()];
+                let size = ty.dtype.size();
+                // SAFETY: an operand placed on the output is read from the stash; any other
+                // operand does not overlap the output (validated) and has the output's length.
+                let v = if l == here {
+                    unsafe { view(stash.0.as_ptr() as *mut u8, ty.dtype, len) }
+                } else {
+                    unsafe { view(base.add(l.offset + start * size), ty.dtype, len) }
+                };
+                inputs.push(v);
+                types.push(TensorType { shape: chunk.ty.shape.clone(), dtype: ty.dtype });
+            }
+            let type_refs: SmallVec<[&TensorType; 8]> = types.iter().collect();
+            // SAFETY: the output chunk lies inside the output; no live slice covers it.
+            let out = unsafe { view_mut(base.add(here.offset + start * node.ty.dtype.size()), node.ty.dtype, len) };
+            exec_node(chunk, &inputs, &type_refs, out).map_err(|e| at(id, node, e))?;
+            start += len;
+        }
+        Ok(())
+    }
+}
+
+fn at(id: NodeId, node: &Node, e: ExecError) -> ExecError {
+    ExecError::AtNode { node: id.index(), op: node.op.name(), source: Box::new(e) }
+}
+
+/// A typed slice of `numel` elements at `p`.
+///
+/// # Safety
+/// `p` must be aligned for `dtype` and point to `numel` initialised elements that nothing
+/// writes while the slice lives.
+unsafe fn view<'a>(p: *mut u8, dtype: DType, numel: usize) -> View<'a> {
+    match dtype {
+        DType::F32 => View::F32(std::slice::from_raw_parts(p as *const f32, numel)),
+        DType::F64 => View::F64(std::slice::from_raw_parts(p as *const f64, numel)),
+        DType::I32 => View::I32(std::slice::from_raw_parts(p as *const i32, numel)),
+        DType::I64 => View::I64(std::slice::from_raw_parts(p as *const i64, numel)),
+        DType::Bool => View::Bool(std::slice::from_raw_parts(p as *const u8, numel)),
+    }
+}
+
+/// A typed mutable slice of `numel` elements at `p`.
+///
+/// # Safety
+/// As [`view`], and no other slice may cover these bytes while this one lives.
+unsafe fn view_mut<'a>(p: *mut u8, dtype: DType, numel: usize) -> ViewMut<'a> {
+    match dtype {
+        DType::F32 => ViewMut::F32(std::slice::from_raw_parts_mut(p as *mut f32, numel)),
+        DType::F64 => ViewMut::F64(std::slice::from_raw_parts_mut(p as *mut f64, numel)),
+        DType::I32 => ViewMut::I32(std::slice::from_raw_parts_mut(p as *mut i32, numel)),
+        DType::I64 => ViewMut::I64(std::slice::from_raw_parts_mut(p as *mut i64, numel)),
+        DType::Bool => ViewMut::Bool(std::slice::from_raw_parts_mut(p, numel)),
+    }
+}
