@@ -16,7 +16,7 @@ fn main() {
         let order = f(g);
         println!("{name}: schedule {:.3}s", t.elapsed().as_secs_f64());
         let t = Instant::now();
-        let lv = plan::Liveness::analyse(g, &order);
+        let lv = plan::Liveness::analyse(g, &order, None);
         println!("{name}: liveness {:.3}s ({} storages)", t.elapsed().as_secs_f64(), lv.storages.len());
         let t = Instant::now();
         let p = plan::plan_order(g, &order, schedule::Strategy::Traced, std::time::Duration::from_millis(300)).unwrap();

@@ -4,6 +4,7 @@
 use ingot_compiler::autodiff::{training_step, Optimizer};
 use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
 use ingot_compiler::plan::check::{validate, Location, PlanView};
+use ingot_compiler::plan::report::Report;
 use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
 use ingot_compiler::schedule::{self, Strategy};
 use ingot_compiler::models;
@@ -87,7 +88,57 @@ fn locations(g: &Graph) -> (Vec<NodeId>, Vec<Location>, usize, Vec<(NodeId, Node
 }
 
 fn check(g: &Graph, order: &[NodeId], locs: &[Location], total: usize, copies: &[(NodeId, NodeId)]) -> Result<(), String> {
-    validate(&PlanView { graph: g, order, location: locs, copies, total_bytes: total, alignment: ALIGNMENT }).map_err(|e| e.to_string())
+    check_ws(g, order, locs, &vec![None; g.len()], total, copies)
+}
+
+fn check_ws(g: &Graph, order: &[NodeId], locs: &[Location], ws: &[Option<Location>], total: usize, copies: &[(NodeId, NodeId)]) -> Result<(), String> {
+    validate(&PlanView { graph: g, order, location: locs, workspace: ws, copies, total_bytes: total, alignment: ALIGNMENT }).map_err(|e| e.to_string())
+}
+
+/// A matmul whose kernel needs 1 KiB of scratch: `x -> exp -> matmul -> add(exp, matmul)`.
+fn matmul_with_workspace() -> (Graph, NodeId, NodeId) {
+    let mut g = Graph::new();
+    let x = g.input("x", [16, 16], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let m = g.matmul(a, x).unwrap();
+    let c = g.add(a, m).unwrap();
+    g.set_output("c", c).unwrap();
+    (g, a, m)
+}
+
+fn kib_for_matmul(g: &Graph, id: NodeId) -> usize {
+    if matches!(g.node(id).op, ingot_compiler::ir::Op::MatMul) {
+        1024
+    } else {
+        0
+    }
+}
+
+#[test]
+fn a_kernel_workspace_is_planned_in_the_slab_only_while_its_op_runs() {
+    let (g, _, m) = matmul_with_workspace();
+    let opts = PlanOptions { workspace: Some(kib_for_matmul), ..PlanOptions::default() };
+    let p = plan::plan(&g, &opts).unwrap();
+    let w = p.workspace(m).expect("the matmul has a workspace");
+    assert_eq!(w.bytes, 1024);
+    let s = p.liveness.workspace_of[m.index()].unwrap();
+    assert_eq!(p.liveness.storages[s].end - p.liveness.storages[s].start, 1);
+    let r = Report::new("ws", &g, &p, None);
+    assert!(r.slab_bytes >= 1024 + 2 * 1024);
+}
+
+#[test]
+fn the_validator_rejects_a_workspace_over_a_live_value() {
+    let (g, a, m) = matmul_with_workspace();
+    let opts = PlanOptions { workspace: Some(kib_for_matmul), ..PlanOptions::default() };
+    let p = plan::plan(&g, &opts).unwrap();
+    let locs: Vec<Location> = g.ids().map(|id| p.location(&g, id)).collect();
+    let mut ws: Vec<Option<Location>> = g.ids().map(|id| p.workspace(id)).collect();
+    check_ws(&g, &p.liveness.order, &locs, &ws, p.total_bytes, &p.liveness.copies).unwrap();
+    // Scratch over `a`, an operand of the matmul.
+    ws[m.index()] = Some(Location { offset: locs[a.index()].offset, bytes: 1024 });
+    let e = check_ws(&g, &p.liveness.order, &locs, &ws, p.total_bytes, &p.liveness.copies).unwrap_err();
+    assert!(e.contains("workspace on its operand"), "{e}");
 }
 
 #[test]

@@ -24,6 +24,8 @@ pub struct PlanView<'a> {
     pub order: &'a [NodeId],
     /// Location of each node's value, indexed by node.
     pub location: &'a [Location],
+    /// Scratch space each node's kernel may overwrite while it runs, indexed by node.
+    pub workspace: &'a [Option<Location>],
     /// `(value, target)` copies done after the last op.
     pub copies: &'a [(NodeId, NodeId)],
     /// Size of the single allocation.
@@ -43,12 +45,15 @@ impl fmt::Display for PlanViolation {
 
 impl std::error::Error for PlanViolation {}
 
+/// The tag of bytes a kernel used as scratch: no value of the graph.
+const SCRATCH: NodeId = NodeId(u32::MAX);
+
 /// Replays the plan and returns the first violation found.
 pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     let g = p.graph;
     let err = |s: String| Err(PlanViolation(s));
-    if p.location.len() != g.len() {
-        return err(format!("{} locations for {} nodes", p.location.len(), g.len()));
+    if p.location.len() != g.len() || p.workspace.len() != g.len() {
+        return err(format!("{} locations and {} workspaces for {} nodes", p.location.len(), p.workspace.len(), g.len()));
     }
     // The order runs each node once, after its operands.
     let mut done = vec![false; g.len()];
@@ -75,6 +80,13 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
         }
         if l.offset + l.bytes > p.total_bytes {
             return err(format!("{id} at [{}, {}) lies outside the {} byte allocation", l.offset, l.offset + l.bytes, p.total_bytes));
+        }
+    }
+    for (i, w) in p.workspace.iter().enumerate() {
+        if let Some(w) = w {
+            if w.offset % p.alignment != 0 || w.offset + w.bytes > p.total_bytes {
+                return err(format!("the workspace of %{i} at [{}, {}) is misaligned or outside the allocation", w.offset, w.offset + w.bytes));
+            }
         }
     }
     // What each value's bytes are: a reshape's are its operand's.
@@ -110,6 +122,17 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
             if overlaps && !in_place_ok {
                 return err(format!("{id} ({}) writes over its operand {x} while reading it", node.op.name()));
             }
+        }
+        if let Some(w) = p.workspace[id.index()] {
+            let overlap = |l: Location| l.bytes > 0 && w.bytes > 0 && l.offset < w.offset + w.bytes && w.offset < l.offset + l.bytes;
+            if let Some(x) = node.inputs.iter().find(|x| overlap(p.location[x.index()])) {
+                return err(format!("{id} ({}) has its workspace on its operand {x}", node.op.name()));
+            }
+            if overlap(here) {
+                return err(format!("{id} ({}) has its workspace on its own output", node.op.name()));
+            }
+            // Whatever lived there is gone: later reads of it must fail.
+            memory.write(w, SCRATCH);
         }
         if matches!(node.op, Op::Reshape) {
             if here != p.location[node.inputs[0].index()] {

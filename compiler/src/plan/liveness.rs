@@ -33,6 +33,8 @@ pub struct Storage {
     pub start: usize,
     /// One past the last schedule position at which it is read (or the step's length).
     pub end: usize,
+    /// Scratch space of the owner's kernel (a library's workspace), live only while it runs.
+    pub workspace: bool,
 }
 
 /// The result of liveness analysis: the schedule, and each node's storage.
@@ -46,11 +48,17 @@ pub struct Liveness {
     pub storages: Vec<Storage>,
     /// Updates whose new value could not be written in place: copied over the target at the end.
     pub copies: Vec<(NodeId, NodeId)>,
+    /// Storage index of each node's kernel workspace, for kernels that need one.
+    pub workspace_of: Vec<Option<usize>>,
 }
 
+/// Bytes of scratch space a node's kernel needs on the target (0 for none).
+pub type WorkspaceFn = fn(&Graph, NodeId) -> usize;
+
 impl Liveness {
-    /// Runs the analysis for `order`, which must be a valid schedule of `g`.
-    pub fn analyse(g: &Graph, order: &[NodeId]) -> Liveness {
+    /// Runs the analysis for `order`, which must be a valid schedule of `g`. `workspace` says
+    /// how much scratch each node's kernel needs; each gets a storage live only at its node.
+    pub fn analyse(g: &Graph, order: &[NodeId], workspace: Option<WorkspaceFn>) -> Liveness {
         let n = order.len();
         let mut position = vec![0; g.len()];
         for (p, &id) in order.iter().enumerate() {
@@ -101,7 +109,7 @@ impl Liveness {
                 Some(s) => s,
                 None => {
                     let region = if node.op.is_leaf() { Region::Resident } else { Region::Slab };
-                    storages.push(Storage { region, bytes, owner: id, start: p, end: p + 1 });
+                    storages.push(Storage { region, bytes, owner: id, start: p, end: p + 1, workspace: false });
                     storages.len() - 1
                 }
             };
@@ -122,13 +130,23 @@ impl Liveness {
                 storages[s].end = n;
             }
         }
+        let mut workspace_of = vec![None; g.len()];
+        if let Some(ws) = workspace {
+            for (p, &id) in order.iter().enumerate() {
+                let bytes = ws(g, id);
+                if bytes > 0 {
+                    storages.push(Storage { region: Region::Slab, bytes, owner: id, start: p, end: p + 1, workspace: true });
+                    workspace_of[id.index()] = Some(storages.len() - 1);
+                }
+            }
+        }
         for s in &mut storages {
             if s.region == Region::Resident {
                 s.start = 0;
                 s.end = n;
             }
         }
-        Liveness { order: order.to_vec(), position, storage_of, storages, copies }
+        Liveness { order: order.to_vec(), position, storage_of, storages, copies, workspace_of }
     }
 }
 

@@ -13,7 +13,7 @@ pub mod report;
 use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
 use check::{Location, PlanView};
-pub use liveness::{Liveness, Region, Storage};
+pub use liveness::{Liveness, Region, Storage, WorkspaceFn};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -32,11 +32,14 @@ pub struct PlanOptions {
     pub solver_time: Duration,
     /// Which schedules to try; the smallest plan wins.
     pub strategies: Vec<Strategy>,
+    /// Scratch bytes each node's kernel needs on the target (the CPU runtime's matmul packs its
+    /// panels there); `None` plans no workspace.
+    pub workspace: Option<WorkspaceFn>,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { solver_time: Duration::from_millis(300), strategies: vec![Strategy::Traced, Strategy::MemoryAware] }
+        PlanOptions { solver_time: Duration::from_millis(300), strategies: vec![Strategy::Traced, Strategy::MemoryAware], workspace: None }
     }
 }
 
@@ -75,13 +78,20 @@ impl MemoryPlan {
         Location { offset: self.storage_offset[s], bytes: g.ty(id).bytes() }
     }
 
+    /// Location of a node's kernel workspace, if it has one.
+    pub fn workspace(&self, id: NodeId) -> Option<Location> {
+        self.liveness.workspace_of[id.index()].map(|s| Location { offset: self.storage_offset[s], bytes: self.liveness.storages[s].bytes })
+    }
+
     /// Runs the independent validator over this plan.
     pub fn validate(&self, g: &Graph) -> Result<(), check::PlanViolation> {
         let locations: Vec<Location> = g.ids().map(|id| self.location(g, id)).collect();
+        let workspace: Vec<Option<Location>> = g.ids().map(|id| self.workspace(id)).collect();
         check::validate(&PlanView {
             graph: g,
             order: &self.liveness.order,
             location: &locations,
+            workspace: &workspace,
             copies: &self.liveness.copies,
             total_bytes: self.total_bytes,
             alignment: ALIGNMENT,
@@ -105,7 +115,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
                 Strategy::Traced => schedule::traced(g),
                 Strategy::MemoryAware => schedule::memory_aware(g),
             };
-            Prepared::new(g, &order, strategy)
+            Prepared::new(g, &order, strategy, opts.workspace)
         })
         .collect();
     candidates.sort_by_key(|c| c.load_bytes);
@@ -129,7 +139,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
 
 /// Plans `g` for one given schedule.
 pub fn plan_order(g: &Graph, order: &[NodeId], strategy: Strategy, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
-    Prepared::new(g, order, strategy).solve(solver_time)
+    Prepared::new(g, order, strategy, None).solve(solver_time)
 }
 
 /// A schedule with its liveness, resident layout and slab problem, before offsets are solved.
@@ -145,8 +155,8 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(g: &Graph, order: &[NodeId], strategy: Strategy) -> Prepared {
-        let liveness = Liveness::analyse(g, order);
+    fn new(g: &Graph, order: &[NodeId], strategy: Strategy, workspace: Option<WorkspaceFn>) -> Prepared {
+        let liveness = Liveness::analyse(g, order, workspace);
         let mut storage_offset = vec![0usize; liveness.storages.len()];
         // Resident storages, packed in graph order.
         let mut resident_bytes = 0usize;

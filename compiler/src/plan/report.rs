@@ -114,7 +114,7 @@ impl Report {
         let mut live: Vec<PeakBuffer> = Vec::new();
         let mut by_kind = KindBytes { saved_activation: 0, gradient: 0, temporary: 0, workspace: 0 };
         for s in lv.storages.iter().filter(|s| s.region == Region::Slab && s.start <= t && t < s.end.max(s.start + 1)) {
-            let kind = kind_of(s.owner, s.end);
+            let kind = if s.workspace { BufferKind::Workspace } else { kind_of(s.owner, s.end) };
             match kind {
                 BufferKind::SavedActivation => by_kind.saved_activation += s.bytes,
                 BufferKind::Gradient => by_kind.gradient += s.bytes,
