@@ -245,3 +245,33 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     }
     Ok(bytes.round() as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_size("16GiB"), Ok(16 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5 KiB"), Ok(1536));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("7b"), Ok(7));
+    }
+
+    #[test]
+    fn a_size_without_a_number_or_with_an_unknown_unit_is_refused() {
+        assert!(parse_size("MiB").unwrap_err().contains("not a size"));
+        assert!(parse_size("3 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("1e999GiB").is_err());
+    }
+
+    #[test]
+    fn human_sizes_use_binary_units() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(1536), "1.50 KiB");
+        assert_eq!(human(3 << 30), "3.00 GiB");
+    }
+}
