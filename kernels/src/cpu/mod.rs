@@ -6,11 +6,13 @@
 //! A caller that breaks a documented precondition (a slice of the wrong length) gets a panic
 //! with a message; the runtime checks shapes before it calls in.
 
+pub mod gemm;
 pub mod layout;
 pub mod matmul;
 pub mod reduce;
 pub mod scalar;
 
+pub use gemm::{batched_matmul_ws, gemm_ws, workspace_len, GemmError};
 pub use layout::{
     broadcast_strides, coalesce, numel, permuted, ravel, row_major_strides, strided_copy,
     transpose_2d, unravel, Dims, INLINE_RANK,

@@ -1,0 +1,1688 @@
+//! A matrix product that packs into caller-provided memory and allocates nothing.
+//!
+//! [`gemm_ws`] computes `C ← α·A·B + β·C` for operands at arbitrary [`MatLayout`]s, like
+//! [`super::matmul::gemm`], but its packing buffers are carved from a workspace slice the
+//! caller passes in (in a training step: from the slab), so a call never touches the heap.
+//! [`workspace_len`] says how long that slice must be; [`batched_matmul_ws`] runs a batch of
+//! products through one workspace.
+//!
+//! # Algorithm
+//! BLIS-style blocking. The columns of `C` are split into blocks of [`NC`], the reduction
+//! dimension into blocks of [`KC`] and the rows into blocks of about [`MC`]. For each
+//! `(column block, k block)` a `KC × NC` panel of `B` is packed into the workspace as
+//! micro-panels of `NR` columns; for each row block an `MC × KC` block of `A` is packed as
+//! micro-panels of `MR` rows; a register-blocked micro-kernel then multiplies one `A`
+//! micro-panel by one `B` micro-panel into an `MR × NR` tile of `C`. Packing reads any strides
+//! (a transposed operand is read in place), so every transpose combination runs at the same
+//! speed. A `C` whose columns are contiguous (`row_stride == 1`) is handled by computing
+//! `Cᵀ = Bᵀ·Aᵀ` instead, so the tile stores are contiguous when they can be, and so is a
+//! narrow `C` whose transposed shape fills the tiles much better (`256 × 10` becomes `10 × 256`).
+//!
+//! The micro-kernel is chosen at run time from the CPU's features:
+//!
+//! | kernel | f32 tile | f64 tile | when |
+//! |---|---|---|---|
+//! | `avx512` | 12 × 32 | 12 × 16 | x86-64 with AVX-512F |
+//! | `avx2+fma` | 6 × 16 | 6 × 8 | x86-64 with AVX2 and FMA |
+//! | `portable` | 4 × 8 | 4 × 4 | everything else (plain Rust the compiler vectorizes) |
+//!
+//! Packing that transposes (the rows of a row-major `A`, the columns of a transposed `B`) moves
+//! 8 × 8 blocks through AVX registers for f32; f64 packs one element at a time.
+//!
+//! Speed, single-threaded, against `matrixmultiply` (the [`mod@super::matmul`] path) with one
+//! thread, f32: 95-100% on 1024³ and 256×784×1024 in every transpose combination (about
+//! 115-125 GFLOP/s on the 2-vCPU development VM, 140-190 on the GPU hosts' Xeons), about 120% on
+//! the narrow 256×1024×10, 85-90% on 64³; f64 about 110%. `cargo run --release -p
+//! ingot-kernels --example gemm_speed` prints the comparison.
+//!
+//! The AVX-512 kernels use `std::arch` intrinsics stable since Rust 1.89.
+//!
+//! # Threads
+//! Single-threaded on purpose: the development machine's two vCPUs share one physical core, so
+//! a second thread adds nothing there, and a step that spawns or wakes threads is harder to
+//! reason about. A caller that wants parallelism can split `C` into row blocks, each with its
+//! own workspace.
+//!
+//! # Determinism
+//! Every element of `C` is summed in one fixed order that depends only on `k`: the products
+//! `A[i,p]·B[p,j]` of one `KC` block are accumulated in increasing `p`, starting from zero,
+//! with a fused multiply-add; the block's sum `s` then updates `C` as `fma(α, s, β·C)` for the
+//! first block and `fma(α, s, C)` for the later ones (`α·s` when `β = 0`). The order does not
+//! depend on `m`, `n`, the strides or the tile shape, so the `avx512` and `avx2+fma` kernels give
+//! bit-identical results, run to run and machine to machine. The `portable` kernel uses the same
+//! order, fused where the target has hardware FMA at compile time (AArch64, or x86 built with
+//! `+fma`) and therefore bit-identical to the others there; on other targets it multiplies and
+//! adds separately and may differ in the last bits.
+//!
+//! # Workspace
+//! [`workspace_len`] is a closed form in `m`, `k`, `n` and the element type, the same on every
+//! machine (it is the maximum over all kernels, not just the one this CPU picks), so a memory
+//! plan that reserves it is identical everywhere. It is bounded by the block sizes whatever the
+//! matrix sizes: at most `(NC + MC)·KC` elements plus 64 bytes, 1.14 MiB for f32 and 2.28 MiB
+//! for f64 (reached at 256×784×1024 and 1024³ alike).
+//!
+//! # Special values
+//! When `β = 0`, `C` is not read (its old contents, NaN included, are ignored). When `α = 0` or
+//! `k = 0`, `A` and `B` are not read and `C ← β·C`.
+
+use super::matmul::{GemmScalar, MatLayout, Trans};
+use std::any::TypeId;
+use std::ops::{Add, Mul};
+
+/// Columns of `C` (and of the packed `B` panel) handled per outer block.
+pub const NC: usize = 1024;
+/// Length of the reduction (`k`) block: each element's sum is split into blocks of `KC` terms.
+pub const KC: usize = 256;
+/// Rows of `C` (and of the packed `A` block) per block, rounded down to the kernel's tile height.
+pub const MC: usize = 144;
+
+/// Why [`gemm_ws`] or [`batched_matmul_ws`] refused to run. Building one never allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GemmError {
+    /// An operand's layout addresses an element past the end of its slice.
+    #[error(
+        "gemm: {operand} ({rows}x{cols} at {layout:?}) reaches index {}, but its slice has {len} elements; pass a longer slice or fix the layout",
+        reach.map_or_else(|| "beyond usize::MAX".to_string(), |r| r.to_string())
+    )]
+    OutOfBounds {
+        operand: &'static str,
+        rows: usize,
+        cols: usize,
+        layout: MatLayout,
+        /// The largest index the layout addresses (`None`: it overflows `usize`).
+        reach: Option<usize>,
+        len: usize,
+    },
+    /// `C`'s strides make two of its elements share an index.
+    #[error("gemm: C's layout {layout:?} makes elements of a {rows}x{cols} matrix share an index; give C distinct elements")]
+    AliasedOutput {
+        rows: usize,
+        cols: usize,
+        layout: MatLayout,
+    },
+    /// The workspace slice is shorter than [`workspace_len`] asks for.
+    #[error("gemm: the workspace has {len} elements, but a {m}x{k}x{n} product needs {need} (workspace_len)")]
+    WorkspaceTooSmall {
+        m: usize,
+        k: usize,
+        n: usize,
+        need: usize,
+        len: usize,
+    },
+    /// A batched operand's slice does not have the length its shape needs.
+    #[error("batched matmul: {operand} has {len} elements, but [{batch}, {rows}, {cols}] needs {}",
+        need.map_or_else(|| "more than usize::MAX".to_string(), |r| r.to_string()))]
+    WrongLength {
+        operand: &'static str,
+        batch: usize,
+        rows: usize,
+        cols: usize,
+        need: Option<usize>,
+        len: usize,
+    },
+    /// The element type is neither `f32` nor `f64`.
+    #[error("gemm: element type {0} is not supported (only f32 and f64)")]
+    UnsupportedType(&'static str),
+}
+
+/// Tile shapes `(MR, NR)` of every kernel for one element type, whether or not this build or
+/// CPU can run it: the workspace bound covers all of them so that it is machine-independent.
+/// The kernels are built from these shapes, so the table and the kernels cannot disagree.
+const F32_TILES: [(usize, usize); 3] = [AVX512_F32, AVX2_F32, PORTABLE_F32];
+const F64_TILES: [(usize, usize); 3] = [AVX512_F64, AVX2_F64, PORTABLE_F64];
+const AVX512_F32: (usize, usize) = (12, 32);
+const AVX512_F64: (usize, usize) = (12, 16);
+const AVX2_F32: (usize, usize) = (6, 16);
+const AVX2_F64: (usize, usize) = (6, 8);
+const PORTABLE_F32: (usize, usize) = (4, 8);
+const PORTABLE_F64: (usize, usize) = (4, 4);
+/// The packed panels start on a 64-byte boundary inside the workspace; this many bytes of
+/// slack let any 4- or 8-byte-aligned slice reach one.
+const ALIGN: usize = 64;
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// Elements of workspace the packed panels take for an `m × k × n` product with tiles `mr × nr`
+/// (`m`, `n` as the driver sees them, after any transposition).
+fn packed_len(m: usize, k: usize, n: usize, mr: usize, nr: usize) -> usize {
+    let kc = k.min(KC);
+    let nc = round_up(n.min(NC / nr * nr), nr);
+    let mc = round_up(m.min(MC / mr * mr), mr);
+    (nc + mc) * kc
+}
+
+/// Elements (not bytes) of workspace that [`gemm_ws`] needs for an `m × k × n` product of `T`s;
+/// [`batched_matmul_ws`] needs the same for each of its products and reuses it. Multiply by
+/// `size_of::<T>()` for bytes ([`workspace_bytes`]).
+///
+/// An upper bound that depends only on `m`, `k`, `n` and `T`, never on the CPU: the maximum over
+/// every kernel and both orientations, plus 64 bytes so the panels can start cache-line aligned.
+/// Zero when the product has no work (`m`, `k` or `n` is zero). Bounded by the block sizes: at
+/// most `(NC + MC)·KC` elements plus 64 bytes: 1.14 MiB for f32, 2.28 MiB for f64.
+pub fn workspace_len<T: GemmScalar>(m: usize, k: usize, n: usize) -> usize {
+    if m == 0 || k == 0 || n == 0 {
+        return 0;
+    }
+    let size = std::mem::size_of::<T>().max(1);
+    let tiles = if TypeId::of::<T>() == TypeId::of::<f32>() {
+        &F32_TILES
+    } else {
+        &F64_TILES
+    };
+    let packed = tiles
+        .iter()
+        .map(|&(mr, nr)| packed_len(m, k, n, mr, nr).max(packed_len(n, k, m, mr, nr)))
+        .max()
+        .unwrap_or(0);
+    packed + ALIGN.div_ceil(size)
+}
+
+/// [`workspace_len`] in bytes.
+pub fn workspace_bytes<T: GemmScalar>(m: usize, k: usize, n: usize) -> usize {
+    workspace_len::<T>(m, k, n) * std::mem::size_of::<T>()
+}
+
+/// The name of the micro-kernel this CPU runs (`"avx512"`, `"avx2+fma"` or `"portable"`).
+pub fn kernel_name() -> &'static str {
+    Isa::detect().name()
+}
+
+/// `C ← α·op(A)·op(B) + β·C` for an `m × k` matrix `A`, a `k × n` matrix `B` and an `m × n`
+/// matrix `C`, each at its own [`MatLayout`] (any non-negative strides; a transposed operand is
+/// just a layout with its strides swapped, read in place). The packing buffers are carved from
+/// `ws`, which must hold at least [`workspace_len::<T>(m, k, n)`](workspace_len) elements (its
+/// contents on entry do not matter; on return they are scratch). Makes no heap allocation.
+///
+/// Summation order is fixed for given sizes (see the [module docs](self#determinism)).
+///
+/// # Errors
+/// Before touching anything: an operand layout reaching outside its slice
+/// ([`GemmError::OutOfBounds`]), a `C` layout whose elements alias ([`GemmError::AliasedOutput`]),
+/// a workspace shorter than [`workspace_len`] ([`GemmError::WorkspaceTooSmall`]), or an element
+/// type other than `f32`/`f64` ([`GemmError::UnsupportedType`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_ws<T: GemmScalar>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    la: MatLayout,
+    b: &[T],
+    lb: MatLayout,
+    beta: T,
+    c: &mut [T],
+    lc: MatLayout,
+    ws: &mut [T],
+) -> Result<(), GemmError> {
+    if let (Some(a), Some(b), Some(c), Some(ws)) = (
+        cast::<T, f32>(a),
+        cast::<T, f32>(b),
+        cast_mut::<T, f32>(c),
+        cast_mut::<T, f32>(ws),
+    ) {
+        let (alpha, beta) = (cast_val::<T, f32>(alpha), cast_val::<T, f32>(beta));
+        return gemm_typed::<f32>(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, Isa::detect());
+    }
+    if let (Some(a), Some(b), Some(c), Some(ws)) = (
+        cast::<T, f64>(a),
+        cast::<T, f64>(b),
+        cast_mut::<T, f64>(c),
+        cast_mut::<T, f64>(ws),
+    ) {
+        let (alpha, beta) = (cast_val::<T, f64>(alpha), cast_val::<T, f64>(beta));
+        return gemm_typed::<f64>(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, Isa::detect());
+    }
+    Err(GemmError::UnsupportedType(std::any::type_name::<T>()))
+}
+
+/// A batch of products `C_i = op(A_i)·op(B_i)` (plus the old `C_i` when `accumulate`), for `i`
+/// in `0..batch`, like [`super::matmul::batched_matmul`] but packing into `ws`, which must hold
+/// [`workspace_len::<T>(m, k, n)`](workspace_len) elements and is reused by every product.
+/// `C` is row-major `[batch, m, n]`; `A` is row-major `[batch, m, k]` for [`Trans::N`] or
+/// `[batch, k, m]` for [`Trans::T`] (read transposed in place); likewise `B` is `[batch, k, n]`
+/// or `[batch, n, k]`. Makes no heap allocation.
+///
+/// # Errors
+/// [`GemmError::WrongLength`] if a slice does not have exactly the length its shape needs, and
+/// the errors of [`gemm_ws`]; nothing is written when it fails.
+#[allow(clippy::too_many_arguments)]
+pub fn batched_matmul_ws<T: GemmScalar>(
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    ta: Trans,
+    b: &[T],
+    tb: Trans,
+    c: &mut [T],
+    accumulate: bool,
+    ws: &mut [T],
+) -> Result<(), GemmError> {
+    for (operand, rows, cols, len) in [
+        ("A", m, k, a.len()),
+        ("B", k, n, b.len()),
+        ("C", m, n, c.len()),
+    ] {
+        let need = batch.checked_mul(rows).and_then(|x| x.checked_mul(cols));
+        if need != Some(len) {
+            return Err(GemmError::WrongLength {
+                operand,
+                batch,
+                rows,
+                cols,
+                need,
+                len,
+            });
+        }
+    }
+    let need = workspace_len::<T>(m, k, n);
+    if ws.len() < need {
+        return Err(GemmError::WorkspaceTooSmall {
+            m,
+            k,
+            n,
+            need,
+            len: ws.len(),
+        });
+    }
+    let beta = if accumulate { T::ONE } else { T::ZERO };
+    let (la, lb, lc) = (
+        MatLayout::stored(ta, m, k),
+        MatLayout::stored(tb, k, n),
+        MatLayout::row_major(n),
+    );
+    for i in 0..batch {
+        // The lengths were checked above, so these layouts fit and only a bug could fail here.
+        gemm_ws(
+            m,
+            k,
+            n,
+            T::ONE,
+            a,
+            la.at(i * m * k),
+            b,
+            lb.at(i * k * n),
+            beta,
+            c,
+            lc.at(i * m * n),
+            ws,
+        )?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Type dispatch: `GemmScalar` is the crate's f32/f64 trait; the kernels need arithmetic, so the
+// public functions downcast to the concrete type (sound: `T: 'static` and the TypeIds match).
+
+fn cast<T: 'static, U: 'static>(x: &[T]) -> Option<&[U]> {
+    if TypeId::of::<T>() == TypeId::of::<U>() {
+        // SAFETY: T and U are the same type.
+        Some(unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<U>(), x.len()) })
+    } else {
+        None
+    }
+}
+
+fn cast_mut<T: 'static, U: 'static>(x: &mut [T]) -> Option<&mut [U]> {
+    if TypeId::of::<T>() == TypeId::of::<U>() {
+        // SAFETY: T and U are the same type.
+        Some(unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<U>(), x.len()) })
+    } else {
+        None
+    }
+}
+
+fn cast_val<T: Copy + 'static, U: Copy + 'static>(x: T) -> U {
+    assert_eq!(TypeId::of::<T>(), TypeId::of::<U>());
+    // SAFETY: T and U are the same type (asserted).
+    unsafe { std::mem::transmute_copy(&x) }
+}
+
+/// The element types the kernels are written for.
+trait Elem: GemmScalar + Add<Output = Self> + Mul<Output = Self> {
+    /// Tile shapes, indexed by [`Isa`].
+    const TILES: [(usize, usize); 3];
+    /// `a·b + c`, fused when the target has hardware FMA at compile time (see the module docs).
+    fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// The blocked product with the given kernel family.
+    ///
+    /// # Safety
+    /// As [`drive`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(isa: Isa, p: &Problem<Self>);
+}
+
+/// Whether `Elem::fma` fuses: only where it compiles to one instruction.
+const HW_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
+
+impl Elem for f32 {
+    const TILES: [(usize, usize); 3] = F32_TILES;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        if HW_FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+    unsafe fn run(isa: Isa, p: &Problem<f32>) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => drive::<f32, x86::Avx512F32>(p),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => drive::<f32, x86::Avx2F32>(p),
+            _ => drive::<f32, Portable<{ PORTABLE_F32.0 }, { PORTABLE_F32.1 }>>(p),
+        }
+    }
+}
+
+impl Elem for f64 {
+    const TILES: [(usize, usize); 3] = F64_TILES;
+    #[inline(always)]
+    fn fma(a: f64, b: f64, c: f64) -> f64 {
+        if HW_FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+    unsafe fn run(isa: Isa, p: &Problem<f64>) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => drive::<f64, x86::Avx512F64>(p),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => drive::<f64, x86::Avx2F64>(p),
+            _ => drive::<f64, Portable<{ PORTABLE_F64.0 }, { PORTABLE_F64.1 }>>(p),
+        }
+    }
+}
+
+/// A kernel family, chosen once per call from the CPU's features.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Avx512 = 0,
+    Avx2 = 1,
+    Portable = 2,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // std caches the answers, so this is a couple of atomic loads, no allocation.
+            if std::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU can run the family.
+    #[cfg(test)]
+    fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            }
+            Isa::Portable => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+}
+
+/// Whether to compute `Cᵀ = Bᵀ·Aᵀ` rather than `C = A·B` with `mr × nr` tiles: when `C`'s
+/// columns are contiguous and its rows are not (so the tile stores are contiguous), unless that
+/// wastes much more of the tiles on padding; or when `C` is row-major but the transposed shape
+/// wastes much less (a narrow `C`, such as `n = 10` with 32-wide tiles).
+fn transpose_pays(m: usize, n: usize, lc: MatLayout, (mr, nr): (usize, usize)) -> bool {
+    let padded = |m: usize, n: usize| round_up(m, mr) as f64 * round_up(n, nr) as f64;
+    let (straight, transposed) = (padded(m, n), padded(n, m));
+    let rows_contiguous = lc.col_stride == 1 || n == 1;
+    let cols_contiguous = lc.row_stride == 1 || m == 1;
+    match (rows_contiguous, cols_contiguous) {
+        (true, false) => transposed < 0.75 * straight,
+        (false, true) => transposed < 1.33 * straight,
+        _ => transposed < straight,
+    }
+}
+
+/// The largest index a `rows × cols` matrix at `l` addresses (`Ok(None)`: it is empty;
+/// `Err(())`: the index overflows `usize`).
+fn reach(l: MatLayout, rows: usize, cols: usize) -> Result<Option<usize>, ()> {
+    if rows == 0 || cols == 0 {
+        return Ok(None);
+    }
+    (rows - 1)
+        .checked_mul(l.row_stride)
+        .and_then(|r| {
+            (cols - 1)
+                .checked_mul(l.col_stride)
+                .and_then(|c| r.checked_add(c))
+        })
+        .and_then(|x| x.checked_add(l.offset))
+        .map(Some)
+        .ok_or(())
+}
+
+fn check_fits(
+    operand: &'static str,
+    len: usize,
+    layout: MatLayout,
+    rows: usize,
+    cols: usize,
+) -> Result<(), GemmError> {
+    match reach(layout, rows, cols) {
+        Ok(None) => Ok(()),
+        Ok(Some(r)) if r < len => Ok(()),
+        Ok(Some(r)) => Err(GemmError::OutOfBounds {
+            operand,
+            rows,
+            cols,
+            layout,
+            reach: Some(r),
+            len,
+        }),
+        Err(()) => Err(GemmError::OutOfBounds {
+            operand,
+            rows,
+            cols,
+            layout,
+            reach: None,
+            len,
+        }),
+    }
+}
+
+/// One product, validated, as raw pointers and strides (in elements) for the driver.
+struct Problem<E> {
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: E,
+    a: *const E,
+    ars: usize,
+    acs: usize,
+    b: *const E,
+    brs: usize,
+    bcs: usize,
+    beta: E,
+    c: *mut E,
+    crs: usize,
+    ccs: usize,
+    /// 64-byte aligned, with room for the packed panels of every kernel.
+    ws: *mut E,
+    /// Elements from `ws` to the end of the workspace slice.
+    ws_len: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_typed<E: Elem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: E,
+    a: &[E],
+    la: MatLayout,
+    b: &[E],
+    lb: MatLayout,
+    beta: E,
+    c: &mut [E],
+    lc: MatLayout,
+    ws: &mut [E],
+    isa: Isa,
+) -> Result<(), GemmError> {
+    check_fits("A", a.len(), la, m, k)?;
+    check_fits("B", b.len(), lb, k, n)?;
+    check_fits("C", c.len(), lc, m, n)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let distinct = m == 1 && (n == 1 || lc.col_stride > 0)
+        || n == 1 && lc.row_stride > 0
+        || lc.col_stride > 0 && lc.row_stride >= n.saturating_mul(lc.col_stride)
+        || lc.row_stride > 0 && lc.col_stride >= m.saturating_mul(lc.row_stride);
+    if !distinct {
+        return Err(GemmError::AliasedOutput {
+            rows: m,
+            cols: n,
+            layout: lc,
+        });
+    }
+    let need = workspace_len::<E>(m, k, n);
+    if ws.len() < need {
+        return Err(GemmError::WorkspaceTooSmall {
+            m,
+            k,
+            n,
+            need,
+            len: ws.len(),
+        });
+    }
+    if k == 0 || alpha == E::ZERO {
+        // C ← β·C, without reading A or B (nor C when β = 0).
+        for i in 0..m {
+            for j in 0..n {
+                let x = &mut c[lc.offset + i * lc.row_stride + j * lc.col_stride];
+                *x = if beta == E::ZERO { E::ZERO } else { *x * beta };
+            }
+        }
+        return Ok(());
+    }
+    // `align_offset` may in principle decline (usize::MAX); then the panels are just unaligned.
+    let skip = match ws.as_ptr().align_offset(ALIGN) {
+        s if s < ALIGN.div_ceil(std::mem::size_of::<E>()) => s,
+        _ => 0,
+    };
+    let mut p = Problem {
+        m,
+        k,
+        n,
+        alpha,
+        a: a[la.offset..].as_ptr(),
+        ars: la.row_stride,
+        acs: la.col_stride,
+        b: b[lb.offset..].as_ptr(),
+        brs: lb.row_stride,
+        bcs: lb.col_stride,
+        beta,
+        c: c[lc.offset..].as_mut_ptr(),
+        crs: lc.row_stride,
+        ccs: lc.col_stride,
+        ws: ws[skip..].as_mut_ptr(),
+        ws_len: ws.len() - skip,
+    };
+    if transpose_pays(m, n, lc, E::TILES[isa as usize]) {
+        // Compute Cᵀ = Bᵀ·Aᵀ instead. The sums are the same sums in the same order, so the
+        // result is bit-identical either way.
+        p = Problem {
+            m: n,
+            n: m,
+            a: p.b,
+            ars: p.bcs,
+            acs: p.brs,
+            b: p.a,
+            brs: p.acs,
+            bcs: p.ars,
+            crs: p.ccs,
+            ccs: p.crs,
+            ..p
+        };
+    }
+    // SAFETY: every element the layouts address lies in its slice (checked above), C's elements
+    // are distinct, C cannot overlap A, B or ws (it is the only &mut), and ws holds at least
+    // workspace_len elements, of which at most ALIGN bytes are skipped for alignment; the rest
+    // covers the packed panels of every kernel (workspace_len is the maximum over all tiles
+    // and both orientations).
+    unsafe { E::run(isa, &p) };
+    Ok(())
+}
+
+/// A micro-kernel: `C[0..mr, 0..nr] ← α·(Ã·B̃) + β·C` for a packed `MR × kc` micro-panel `Ã`
+/// (column after column, `MR` values each) and a packed `kc × NR` micro-panel `B̃` (row after
+/// row, `NR` values each), where only the `mr × nr` corner of the tile is inside `C`.
+trait Kernel<E: Copy> {
+    const MR: usize;
+    const NR: usize;
+    /// # Safety
+    /// `a` and `b` point to `MR·kc` and `kc·NR` readable elements, `kc > 0`, `mr ≤ MR`,
+    /// `nr ≤ NR`, and `c + i·rsc + j·csc` is a writable element of C for `i < mr`, `j < nr`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(
+        kc: usize,
+        a: *const E,
+        b: *const E,
+        c: *mut E,
+        rsc: usize,
+        csc: usize,
+        mr: usize,
+        nr: usize,
+        alpha: E,
+        beta: E,
+    );
+
+    /// Packs `w` contiguous lines of `kc` elements (line `j` at `src + j·ld`) into the
+    /// interleaved layout of a micro-panel of width `p`: `dst[q·p + j] = line_j[q]`. This is the
+    /// transposing case of packing (rows of a row-major A, columns of a transposed B).
+    ///
+    /// # Safety
+    /// The lines are readable, `dst` has room for `kc·p` elements, `w ≤ p`.
+    #[inline(always)]
+    unsafe fn pack_lines(src: *const E, ld: usize, w: usize, kc: usize, dst: *mut E, p: usize) {
+        pack_lines_scalar(src, ld, w, kc, dst, p)
+    }
+}
+
+/// [`Kernel::pack_lines`] one element at a time.
+///
+/// # Safety
+/// As [`Kernel::pack_lines`].
+unsafe fn pack_lines_scalar<E: Copy>(
+    src: *const E,
+    ld: usize,
+    w: usize,
+    kc: usize,
+    dst: *mut E,
+    p: usize,
+) {
+    for j in 0..w {
+        let line = src.add(j * ld);
+        for q in 0..kc {
+            *dst.add(q * p + j) = *line.add(q);
+        }
+    }
+}
+
+/// The five loops around the micro-kernel.
+///
+/// # Safety
+/// `p` describes a valid product (every addressed element in bounds, C not aliased) with
+/// `m, n, k > 0`, and `p.ws` has room for `packed_len(m, k, n, K::MR, K::NR)` elements.
+unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
+    let mc_max = MC / K::MR * K::MR;
+    let nc_max = NC / K::NR * K::NR;
+    let kc_max = p.k.min(KC);
+    debug_assert!(packed_len(p.m, p.k, p.n, K::MR, K::NR) <= p.ws_len);
+    let bpack = p.ws;
+    let apack = p.ws.add(round_up(p.n.min(nc_max), K::NR) * kc_max);
+    let mut jc = 0;
+    while jc < p.n {
+        let nc = nc_max.min(p.n - jc);
+        let mut pc = 0;
+        while pc < p.k {
+            let kc = KC.min(p.k - pc);
+            // Later k blocks add to what the earlier ones left in C.
+            let beta = if pc == 0 { p.beta } else { E::ONE };
+            pack_b::<E, K>(
+                kc,
+                nc,
+                p.b.add(pc * p.brs + jc * p.bcs),
+                p.brs,
+                p.bcs,
+                bpack,
+            );
+            let mut ic = 0;
+            while ic < p.m {
+                let mc = mc_max.min(p.m - ic);
+                pack_a::<E, K>(
+                    mc,
+                    kc,
+                    p.a.add(ic * p.ars + pc * p.acs),
+                    p.ars,
+                    p.acs,
+                    apack,
+                );
+                let mut jr = 0;
+                while jr < nc {
+                    let nr = K::NR.min(nc - jr);
+                    let bp = bpack.add(jr * kc);
+                    let mut ir = 0;
+                    while ir < mc {
+                        let mr = K::MR.min(mc - ir);
+                        let cp = p.c.add((ic + ir) * p.crs + (jc + jr) * p.ccs);
+                        K::tile(
+                            kc,
+                            apack.add(ir * kc),
+                            bp,
+                            cp,
+                            p.crs,
+                            p.ccs,
+                            mr,
+                            nr,
+                            p.alpha,
+                            beta,
+                        );
+                        ir += K::MR;
+                    }
+                    jr += K::NR;
+                }
+                ic += mc_max;
+            }
+            pc += KC;
+        }
+        jc += nc_max;
+    }
+}
+
+/// Packs the `kc × nc` block of B at `src` (strides `rs`, `cs`) as micro-panels of `NR`
+/// columns, `kc` rows of `NR` values each, zero-padding the last panel's missing columns.
+///
+/// # Safety
+/// The block's elements are readable, `dst` has room for `round_up(nc, NR)·kc` elements.
+unsafe fn pack_b<E: Elem, K: Kernel<E>>(
+    kc: usize,
+    nc: usize,
+    src: *const E,
+    rs: usize,
+    cs: usize,
+    dst: *mut E,
+) {
+    let nr = K::NR;
+    let mut jp = 0;
+    while jp < nc {
+        let w = nr.min(nc - jp);
+        let d = dst.add(jp * kc);
+        let s = src.add(jp * cs);
+        if cs == 1 && w == nr {
+            for q in 0..kc {
+                std::ptr::copy_nonoverlapping(s.add(q * rs), d.add(q * nr), nr);
+            }
+        } else {
+            if w < nr {
+                for q in 0..kc {
+                    for j in w..nr {
+                        *d.add(q * nr + j) = E::ZERO;
+                    }
+                }
+            }
+            if rs == 1 {
+                // Each column of B is contiguous.
+                K::pack_lines(s, cs, w, kc, d, nr);
+            } else {
+                for q in 0..kc {
+                    for j in 0..w {
+                        *d.add(q * nr + j) = *s.add(q * rs + j * cs);
+                    }
+                }
+            }
+        }
+        jp += nr;
+    }
+}
+
+/// Packs the `mc × kc` block of A at `src` (strides `rs`, `cs`) as micro-panels of `MR` rows,
+/// `kc` columns of `MR` values each, zero-padding the last panel's missing rows.
+///
+/// # Safety
+/// The block's elements are readable, `dst` has room for `round_up(mc, MR)·kc` elements.
+unsafe fn pack_a<E: Elem, K: Kernel<E>>(
+    mc: usize,
+    kc: usize,
+    src: *const E,
+    rs: usize,
+    cs: usize,
+    dst: *mut E,
+) {
+    let mr = K::MR;
+    let mut ip = 0;
+    while ip < mc {
+        let h = mr.min(mc - ip);
+        let d = dst.add(ip * kc);
+        let s = src.add(ip * rs);
+        if cs == 1 {
+            // Each row of A is contiguous.
+            K::pack_lines(s, rs, h, kc, d, mr);
+        } else {
+            for q in 0..kc {
+                for i in 0..h {
+                    *d.add(q * mr + i) = *s.add(i * rs + q * cs);
+                }
+            }
+        }
+        if h < mr {
+            for q in 0..kc {
+                for i in h..mr {
+                    *d.add(q * mr + i) = E::ZERO;
+                }
+            }
+        }
+        ip += mr;
+    }
+}
+
+/// The plain-Rust kernel (`MR × NR` accumulators in arrays the compiler keeps in vector
+/// registers), for CPUs without AVX2.
+struct Portable<const MR: usize, const NR: usize>;
+
+impl<E: Elem, const MR: usize, const NR: usize> Kernel<E> for Portable<MR, NR> {
+    const MR: usize = MR;
+    const NR: usize = NR;
+    #[inline(never)]
+    unsafe fn tile(
+        kc: usize,
+        a: *const E,
+        b: *const E,
+        c: *mut E,
+        rsc: usize,
+        csc: usize,
+        mr: usize,
+        nr: usize,
+        alpha: E,
+        beta: E,
+    ) {
+        let mut acc = [[E::ZERO; NR]; MR];
+        for q in 0..kc {
+            let av = &*a.add(q * MR).cast::<[E; MR]>();
+            let bv = &*b.add(q * NR).cast::<[E; NR]>();
+            for i in 0..MR {
+                for j in 0..NR {
+                    acc[i][j] = E::fma(av[i], bv[j], acc[i][j]);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate().take(mr) {
+            for (j, &s) in row.iter().enumerate().take(nr) {
+                let x = c.add(i * rsc + j * csc);
+                *x = if beta == E::ZERO {
+                    alpha * s
+                } else {
+                    E::fma(alpha, s, *x * beta)
+                };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{pack_lines_scalar, Kernel};
+    use std::arch::x86_64::*;
+
+    /// Defines a SIMD micro-kernel for a `$tile = (MR, NR)` tile, rows of vectors of `$lanes` lanes, under
+    /// `#[target_feature(enable = $feat)]`, from the given intrinsics.
+    macro_rules! simd_kernel {
+        (
+            $name:ident, $fname:ident, $feat:literal, $t:ty, $v:ty, $lanes:literal, $tile:expr,
+            zero = $zero:ident, set1 = $set1:ident, load = $load:ident, store = $store:ident,
+            fmadd = $fmadd:ident, mul = $mul:ident, pack = $pack:expr
+        ) => {
+            pub(super) struct $name;
+
+            impl Kernel<$t> for $name {
+                const MR: usize = $tile.0;
+                const NR: usize = $tile.1;
+                #[inline(always)]
+                unsafe fn tile(
+                    kc: usize,
+                    a: *const $t,
+                    b: *const $t,
+                    c: *mut $t,
+                    rsc: usize,
+                    csc: usize,
+                    mr: usize,
+                    nr: usize,
+                    alpha: $t,
+                    beta: $t,
+                ) {
+                    $fname(kc, a, b, c, rsc, csc, mr, nr, alpha, beta)
+                }
+                #[inline(always)]
+                unsafe fn pack_lines(
+                    src: *const $t,
+                    ld: usize,
+                    w: usize,
+                    kc: usize,
+                    dst: *mut $t,
+                    p: usize,
+                ) {
+                    $pack(src, ld, w, kc, dst, p)
+                }
+            }
+
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn $fname(
+                kc: usize,
+                mut a: *const $t,
+                mut b: *const $t,
+                c: *mut $t,
+                rsc: usize,
+                csc: usize,
+                mr: usize,
+                nr: usize,
+                alpha: $t,
+                beta: $t,
+            ) {
+                const MR: usize = $tile.0;
+                const L: usize = $lanes;
+                const NV: usize = $tile.1 / L;
+                const _: () = assert!(NV * L == $tile.1, "NR must be a multiple of the lanes");
+                let mut acc = [[$zero(); NV]; MR];
+                for _ in 0..kc {
+                    let mut bv = [$zero(); NV];
+                    for v in 0..NV {
+                        bv[v] = $load(b.add(v * L));
+                    }
+                    for i in 0..MR {
+                        let av = $set1(*a.add(i));
+                        for v in 0..NV {
+                            acc[i][v] = $fmadd(av, bv[v], acc[i][v]);
+                        }
+                    }
+                    a = a.add(MR);
+                    b = b.add(NV * L);
+                }
+                let alphav = $set1(alpha);
+                if mr == MR && nr == NV * L && csc == 1 {
+                    if beta == 0.0 {
+                        for i in 0..MR {
+                            for v in 0..NV {
+                                $store(c.add(i * rsc + v * L), $mul(alphav, acc[i][v]));
+                            }
+                        }
+                    } else {
+                        let betav = $set1(beta);
+                        for i in 0..MR {
+                            for v in 0..NV {
+                                let cp = c.add(i * rsc + v * L);
+                                let cv = $mul($load(cp), betav);
+                                $store(cp, $fmadd(alphav, acc[i][v], cv));
+                            }
+                        }
+                    }
+                } else {
+                    // A partial tile or strided C: the same arithmetic on vectors, moved through
+                    // a buffer on the stack.
+                    let mut buf = [[0.0 as $t; $tile.1]; MR];
+                    for i in 0..MR {
+                        for v in 0..NV {
+                            $store(buf[i].as_mut_ptr().add(v * L), acc[i][v]);
+                        }
+                    }
+                    let betav = $set1(beta);
+                    for (i, row) in buf.iter().enumerate().take(mr) {
+                        let mut cr = [0.0 as $t; $tile.1];
+                        if beta != 0.0 {
+                            for j in 0..nr {
+                                cr[j] = *c.add(i * rsc + j * csc);
+                            }
+                        }
+                        for v in 0..NV {
+                            let s = $load(row.as_ptr().add(v * L));
+                            let r = if beta == 0.0 {
+                                $mul(alphav, s)
+                            } else {
+                                $fmadd(alphav, s, $mul($load(cr.as_ptr().add(v * L)), betav))
+                            };
+                            $store(cr.as_mut_ptr().add(v * L), r);
+                        }
+                        for j in 0..nr {
+                            *c.add(i * rsc + j * csc) = cr[j];
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    simd_kernel!(
+        Avx512F32,
+        avx512_f32,
+        "avx512f",
+        f32,
+        __m512,
+        16,
+        super::AVX512_F32,
+        zero = _mm512_setzero_ps,
+        set1 = _mm512_set1_ps,
+        load = _mm512_loadu_ps,
+        store = _mm512_storeu_ps,
+        fmadd = _mm512_fmadd_ps,
+        mul = _mm512_mul_ps,
+        pack = pack_lines_avx
+    );
+    simd_kernel!(
+        Avx512F64,
+        avx512_f64,
+        "avx512f",
+        f64,
+        __m512d,
+        8,
+        super::AVX512_F64,
+        zero = _mm512_setzero_pd,
+        set1 = _mm512_set1_pd,
+        load = _mm512_loadu_pd,
+        store = _mm512_storeu_pd,
+        fmadd = _mm512_fmadd_pd,
+        mul = _mm512_mul_pd,
+        pack = super::pack_lines_scalar::<f64>
+    );
+    simd_kernel!(
+        Avx2F32,
+        avx2_f32,
+        "avx2,fma",
+        f32,
+        __m256,
+        8,
+        super::AVX2_F32,
+        zero = _mm256_setzero_ps,
+        set1 = _mm256_set1_ps,
+        load = _mm256_loadu_ps,
+        store = _mm256_storeu_ps,
+        fmadd = _mm256_fmadd_ps,
+        mul = _mm256_mul_ps,
+        pack = pack_lines_avx
+    );
+    simd_kernel!(
+        Avx2F64,
+        avx2_f64,
+        "avx2,fma",
+        f64,
+        __m256d,
+        4,
+        super::AVX2_F64,
+        zero = _mm256_setzero_pd,
+        set1 = _mm256_set1_pd,
+        load = _mm256_loadu_pd,
+        store = _mm256_storeu_pd,
+        fmadd = _mm256_fmadd_pd,
+        mul = _mm256_mul_pd,
+        pack = super::pack_lines_scalar::<f64>
+    );
+
+    /// [`Kernel::pack_lines`] for f32 with AVX: blocks of 8 lines × 8 elements are transposed
+    /// in registers (unpack, shuffle, permute), the rest one element at a time.
+    ///
+    /// # Safety
+    /// As [`Kernel::pack_lines`], and the CPU has AVX.
+    #[target_feature(enable = "avx")]
+    unsafe fn pack_lines_avx(
+        src: *const f32,
+        ld: usize,
+        w: usize,
+        kc: usize,
+        dst: *mut f32,
+        p: usize,
+    ) {
+        let (w8, kc8) = (w / 8 * 8, kc / 8 * 8);
+        let mut j = 0;
+        while j < w8 {
+            let l = src.add(j * ld);
+            let mut q = 0;
+            while q < kc8 {
+                let r = |t: usize| _mm256_loadu_ps(l.add(t * ld + q));
+                let (r0, r1, r2, r3) = (r(0), r(1), r(2), r(3));
+                let (r4, r5, r6, r7) = (r(4), r(5), r(6), r(7));
+                // tN: pairs of lines interleaved; uN: four lines, elements q+u | q+4+u.
+                let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+                let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+                let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+                let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let d = dst.add(q * p + j);
+                _mm256_storeu_ps(d, _mm256_permute2f128_ps::<0x20>(u0, u4));
+                _mm256_storeu_ps(d.add(p), _mm256_permute2f128_ps::<0x20>(u1, u5));
+                _mm256_storeu_ps(d.add(2 * p), _mm256_permute2f128_ps::<0x20>(u2, u6));
+                _mm256_storeu_ps(d.add(3 * p), _mm256_permute2f128_ps::<0x20>(u3, u7));
+                _mm256_storeu_ps(d.add(4 * p), _mm256_permute2f128_ps::<0x31>(u0, u4));
+                _mm256_storeu_ps(d.add(5 * p), _mm256_permute2f128_ps::<0x31>(u1, u5));
+                _mm256_storeu_ps(d.add(6 * p), _mm256_permute2f128_ps::<0x31>(u2, u6));
+                _mm256_storeu_ps(d.add(7 * p), _mm256_permute2f128_ps::<0x31>(u3, u7));
+                q += 8;
+            }
+            // The last kc % 8 elements of these 8 lines.
+            pack_lines_scalar(l.add(kc8), ld, 8, kc - kc8, dst.add(kc8 * p + j), p);
+            j += 8;
+        }
+        // The last w % 8 lines.
+        pack_lines_scalar(src.add(w8 * ld), ld, w - w8, kc, dst.add(w8), p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::matmul::batched_matmul;
+    use super::*;
+
+    /// A xorshift stream of values in [-1, 1), or of small integers in -4..=4 (`ints`), whose
+    /// products and sums are exact in f32 and f64.
+    fn data(len: usize, seed: u64, ints: bool) -> Vec<f64> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if ints {
+                    ((x >> 40) % 9) as f64 - 4.0
+                } else {
+                    (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+                }
+            })
+            .collect()
+    }
+
+    fn layout_len(l: MatLayout, rows: usize, cols: usize) -> usize {
+        l.max_index(rows, cols).map_or(l.offset, |x| x + 1)
+    }
+
+    /// One product on operands at arbitrary layouts, checked element by element against the
+    /// triple loop in f64 with the error bound of a reordered sum of `k` terms, and checked to
+    /// leave every element of C's slice outside the matrix, and the workspace's surroundings,
+    /// untouched.
+    struct Case {
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: f64,
+        beta: f64,
+        la: MatLayout,
+        lb: MatLayout,
+        lc: MatLayout,
+    }
+
+    impl Case {
+        /// Row-major or transposed operands, C row-major, each with `pad` extra columns and
+        /// an offset (so every operand is a strided sub-matrix of a larger one).
+        fn plain(m: usize, k: usize, n: usize, ta: Trans, tb: Trans, pad: usize) -> Case {
+            let sub = |t: Trans, rows: usize, cols: usize| match t {
+                Trans::N => MatLayout {
+                    offset: pad,
+                    row_stride: cols + pad,
+                    col_stride: 1,
+                },
+                Trans::T => MatLayout {
+                    offset: pad,
+                    row_stride: 1,
+                    col_stride: rows + pad,
+                },
+            };
+            Case {
+                m,
+                k,
+                n,
+                alpha: 1.0,
+                beta: 0.0,
+                la: sub(ta, m, k),
+                lb: sub(tb, k, n),
+                lc: sub(Trans::N, m, n),
+            }
+        }
+
+        /// Runs the case for `E` with kernel family `isa`; returns C's whole slice.
+        fn run<E: Elem>(
+            &self,
+            isa: Isa,
+            seed: u64,
+            from: fn(f64) -> E,
+            to: fn(E) -> f64,
+        ) -> Vec<f64> {
+            let &Case {
+                m,
+                k,
+                n,
+                alpha,
+                beta,
+                la,
+                lb,
+                lc,
+            } = self;
+            let a64 = data(layout_len(la, m, k), seed, false);
+            let b64 = data(layout_len(lb, k, n), seed + 1, false);
+            // C's elements depend on (i, j) only, not on its layout.
+            let mut c64 = data(layout_len(lc, m, n), seed + 2, false);
+            let cij = data(m * n, seed + 3, false);
+            for i in 0..m {
+                for j in 0..n {
+                    c64[lc.offset + i * lc.row_stride + j * lc.col_stride] = cij[i * n + j];
+                }
+            }
+            let a: Vec<E> = a64.iter().map(|&v| from(v)).collect();
+            let b: Vec<E> = b64.iter().map(|&v| from(v)).collect();
+            let mut c: Vec<E> = c64.iter().map(|&v| from(v)).collect();
+            // The workspace is an exact-length window, at a varying misalignment, of a longer
+            // buffer whose guard elements must survive.
+            let need = workspace_len::<E>(m, k, n);
+            let skew = (seed % 17) as usize;
+            let guard = from(12345.0);
+            let mut wbuf = vec![guard; skew + need + 32];
+            gemm_typed(
+                m,
+                k,
+                n,
+                from(alpha),
+                &a,
+                la,
+                &b,
+                lb,
+                from(beta),
+                &mut c,
+                lc,
+                &mut wbuf[skew..skew + need],
+                isa,
+            )
+            .unwrap();
+            assert!(wbuf[..skew]
+                .iter()
+                .chain(&wbuf[skew + need..])
+                .all(|&g| g == guard));
+            // The reference, from the values as E holds them.
+            let (a64, b64, c64): (Vec<f64>, Vec<f64>, Vec<f64>) = (
+                a.iter().map(|&v| to(v)).collect(),
+                b.iter().map(|&v| to(v)).collect(),
+                c64.iter().map(|&v| to(from(v))).collect(),
+            );
+            let eps = to(from(1.0 + f64::EPSILON)) - 1.0;
+            let eps = if eps == 0.0 { f32::EPSILON as f64 } else { eps };
+            let got: Vec<f64> = c.iter().map(|&v| to(v)).collect();
+            let mut inside = vec![false; c.len()];
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut s, mut mag) = (0.0, 0.0);
+                    for p in 0..k {
+                        let x = a64[la.offset + i * la.row_stride + p * la.col_stride]
+                            * b64[lb.offset + p * lb.row_stride + j * lb.col_stride];
+                        s += x;
+                        mag += x.abs();
+                    }
+                    let ci = lc.offset + i * lc.row_stride + j * lc.col_stride;
+                    inside[ci] = true;
+                    let old = if beta == 0.0 { 0.0 } else { c64[ci] };
+                    let want = alpha * s + beta * old;
+                    let bound =
+                        2.0 * (k + 2) as f64 * eps * (alpha.abs() * mag + beta.abs() * old.abs());
+                    assert!(
+                        (got[ci] - want).abs() <= bound,
+                        "{m}x{k}x{n} {la:?} {lb:?} {lc:?} α={alpha} β={beta} {isa:?}: C[{i},{j}] = {}, want {want} (bound {bound})",
+                        got[ci]
+                    );
+                }
+            }
+            for (ci, &is_in) in inside.iter().enumerate() {
+                if !is_in {
+                    assert_eq!(
+                        got[ci].to_bits(),
+                        to(from(c64[ci])).to_bits(),
+                        "{m}x{k}x{n}: C[{ci}] outside the matrix was written"
+                    );
+                }
+            }
+            got
+        }
+
+        fn check_all_kernels(&self, seed: u64) {
+            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                if isa.available() {
+                    self.run::<f32>(isa, seed, |v| v as f32, |v| v as f64);
+                    self.run::<f64>(isa, seed, |v| v, |v| v);
+                }
+            }
+        }
+    }
+
+    const TRANS: [(Trans, Trans); 4] = [
+        (Trans::N, Trans::N),
+        (Trans::N, Trans::T),
+        (Trans::T, Trans::N),
+        (Trans::T, Trans::T),
+    ];
+
+    #[test]
+    fn matches_the_triple_loop_on_edge_prime_and_beyond_block_sizes() {
+        let sizes = [
+            (0, 0, 0),
+            (0, 5, 3),
+            (4, 0, 3),
+            (3, 5, 0),
+            (1, 1, 1),
+            (1, 7, 1),
+            (1, 13, 37),
+            (37, 13, 1),
+            (2, 3, 5),
+            (7, 11, 13),
+            (12, 5, 32),
+            (13, 31, 33),
+            (31, 97, 17),
+            (53, 257, 41),
+            (MC + 5, 19, 29),
+            (23, KC * 2 + 3, 19),
+            (3, 7, NC + 37),
+            (NC + 11, 9, 3),
+        ];
+        for (s, &(m, k, n)) in sizes.iter().enumerate() {
+            for (t, &(ta, tb)) in TRANS.iter().enumerate() {
+                for pad in [0, 3] {
+                    let case = Case::plain(m, k, n, ta, tb, pad);
+                    case.check_all_kernels((s * 10 + t * 2 + pad) as u64);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn random_sizes_alphas_and_betas_match_the_triple_loop() {
+        let r = data(400, 99, false);
+        let mut r = r.iter().map(|v| (v + 1.0) / 2.0);
+        let mut pick = |hi: usize| (r.next().unwrap() * hi as f64) as usize;
+        for s in 0..40 {
+            let (m, k, n) = (pick(90), pick(300), pick(90));
+            let (ta, tb) = TRANS[pick(4)];
+            let mut case = Case::plain(m, k, n, ta, tb, pick(3));
+            case.alpha = [1.0, -0.5, 2.25, 0.0][pick(4)];
+            case.beta = [0.0, 1.0, -1.5, 0.75][pick(4)];
+            case.check_all_kernels(1000 + s);
+        }
+    }
+
+    #[test]
+    fn strided_and_column_major_outputs_match_the_triple_loop() {
+        // C column-major (computed as Cᵀ = Bᵀ·Aᵀ), C with both strides > 1, and operands with
+        // both strides > 1.
+        let (m, k, n) = (45, 70, 38);
+        let col_major = MatLayout {
+            offset: 2,
+            row_stride: 1,
+            col_stride: m + 3,
+        };
+        let both = MatLayout {
+            offset: 1,
+            row_stride: 2 * n + 5,
+            col_stride: 2,
+        };
+        let a_both = MatLayout {
+            offset: 0,
+            row_stride: 3,
+            col_stride: 3 * m + 1,
+        };
+        for (t, lc) in [col_major, both].into_iter().enumerate() {
+            for (u, &(ta, tb)) in TRANS.iter().enumerate() {
+                let mut case = Case::plain(m, k, n, ta, tb, 1);
+                case.lc = lc;
+                case.beta = 0.5;
+                if u == 3 {
+                    case.la = a_both;
+                }
+                case.check_all_kernels(500 + (t * 4 + u) as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_and_orientation_gives_the_same_bits() {
+        // Same sums in the same order: the AVX-512 and AVX2 kernels agree bit for bit, and a
+        // column-major C (computed transposed) equals a row-major one. The portable kernel
+        // joins in where it fuses.
+        let (m, k, n) = (77, 600, 83);
+        let mut rm = Case::plain(m, k, n, Trans::N, Trans::T, 0);
+        rm.alpha = 0.75;
+        rm.beta = -1.25;
+        let mut cm = Case::plain(m, k, n, Trans::N, Trans::T, 0);
+        cm.alpha = 0.75;
+        cm.beta = -1.25;
+        cm.lc = MatLayout::col_major(m);
+        let mut isas = vec![Isa::Avx512, Isa::Avx2];
+        if HW_FMA {
+            isas.push(Isa::Portable);
+        }
+        let isas: Vec<Isa> = isas.into_iter().filter(|i| i.available()).collect();
+        let first = rm.run::<f32>(isas[0], 7, |v| v as f32, |v| v as f64);
+        let first64 = rm.run::<f64>(isas[0], 7, |v| v, |v| v);
+        for &isa in &isas {
+            for case in [&rm, &cm] {
+                let got = case.run::<f32>(isa, 7, |v| v as f32, |v| v as f64);
+                let got64 = case.run::<f64>(isa, 7, |v| v, |v| v);
+                // Compare element (i, j) of each, wherever the layout put it.
+                for i in 0..m {
+                    for j in 0..n {
+                        let x = rm.lc.offset + i * rm.lc.row_stride + j * rm.lc.col_stride;
+                        let y = case.lc.offset + i * case.lc.row_stride + j * case.lc.col_stride;
+                        assert_eq!(
+                            first[x].to_bits(),
+                            got[y].to_bits(),
+                            "f32 {isa:?} ({i},{j})"
+                        );
+                        assert_eq!(
+                            first64[x].to_bits(),
+                            got64[y].to_bits(),
+                            "f64 {isa:?} ({i},{j})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn batched_products_equal_matrixmultiply_exactly_on_small_integers() {
+        for &(batch, m, k, n) in &[
+            (3, 5, 7, 2),
+            (2, 17, 33, 9),
+            (1, 70, 300, 65),
+            (2, 4, 0, 3),
+            (1, 0, 3, 4),
+            (0, 3, 3, 3),
+        ] {
+            for (ta, tb) in TRANS {
+                for accumulate in [false, true] {
+                    let a = data(batch * m * k, 1, true);
+                    let b = data(batch * k * n, 2, true);
+                    let c0 = data(batch * m * n, 3, true);
+                    let mut want = c0.clone();
+                    batched_matmul(batch, m, k, n, &a, ta, &b, tb, &mut want, accumulate);
+                    let mut got = c0.clone();
+                    let mut ws = vec![0.0; workspace_len::<f64>(m, k, n)];
+                    batched_matmul_ws(
+                        batch, m, k, n, &a, ta, &b, tb, &mut got, accumulate, &mut ws,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        got, want,
+                        "f64 {batch}x{m}x{k}x{n} {ta:?}{tb:?} {accumulate}"
+                    );
+                    let f = |v: &Vec<f64>| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+                    let mut got32 = f(&c0);
+                    let mut ws32 = vec![0f32; workspace_len::<f32>(m, k, n)];
+                    batched_matmul_ws(
+                        batch,
+                        m,
+                        k,
+                        n,
+                        &f(&a),
+                        ta,
+                        &f(&b),
+                        tb,
+                        &mut got32,
+                        accumulate,
+                        &mut ws32,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        got32,
+                        f(&want),
+                        "f32 {batch}x{m}x{k}x{n} {ta:?}{tb:?} {accumulate}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn beta_zero_ignores_nan_in_c_and_alpha_zero_ignores_nan_in_a_and_b() {
+        let (m, k, n) = (9, 4, 35);
+        let mut ws = vec![0f32; workspace_len::<f32>(m, k, n)];
+        let ones = vec![1f32; m * k.max(n)];
+        let mut c = vec![f32::NAN; m * n];
+        let (la, lb, lc) = (
+            MatLayout::row_major(k),
+            MatLayout::row_major(n),
+            MatLayout::row_major(n),
+        );
+        gemm_ws(m, k, n, 1.0, &ones, la, &ones, lb, 0.0, &mut c, lc, &mut ws).unwrap();
+        assert!(c.iter().all(|&x| x == 4.0));
+        let nans = vec![f32::NAN; m * k.max(n)];
+        gemm_ws(m, k, n, 0.0, &nans, la, &nans, lb, 0.5, &mut c, lc, &mut ws).unwrap();
+        assert!(c.iter().all(|&x| x == 2.0));
+        gemm_ws(m, k, n, 0.0, &nans, la, &nans, lb, 0.0, &mut c, lc, &mut ws).unwrap();
+        assert!(c.iter().all(|&x| x == 0.0));
+        gemm_ws(
+            m,
+            0,
+            n,
+            1.0,
+            &[],
+            la,
+            &[],
+            lb,
+            3.0,
+            &mut vec![1f32; m * n],
+            lc,
+            &mut [],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn bad_input_is_an_error_and_writes_nothing() {
+        let (m, k, n) = (4, 5, 6);
+        let a = vec![1f32; m * k];
+        let b = vec![1f32; k * n];
+        let mut c = vec![7f32; m * n];
+        let need = workspace_len::<f32>(m, k, n);
+        let mut ws = vec![0f32; need];
+        let (la, lb, lc) = (
+            MatLayout::row_major(k),
+            MatLayout::row_major(n),
+            MatLayout::row_major(n),
+        );
+        let mut call = |la: MatLayout, a: &[f32], lc: MatLayout, ws_len: usize| {
+            gemm_ws(
+                m,
+                k,
+                n,
+                1.0,
+                a,
+                la,
+                &b,
+                lb,
+                0.0,
+                &mut c,
+                lc,
+                &mut ws[..ws_len],
+            )
+        };
+        assert!(matches!(
+            call(la, &a[1..], lc, need),
+            Err(GemmError::OutOfBounds {
+                operand: "A",
+                reach: Some(19),
+                len: 19,
+                ..
+            })
+        ));
+        assert!(matches!(
+            call(la.at(usize::MAX), &a, lc, need),
+            Err(GemmError::OutOfBounds {
+                operand: "A",
+                reach: None,
+                ..
+            })
+        ));
+        assert!(matches!(
+            call(la, &a, lc.at(1), need),
+            Err(GemmError::OutOfBounds { operand: "C", .. })
+        ));
+        let aliased = MatLayout {
+            offset: 0,
+            row_stride: 1,
+            col_stride: 1,
+        };
+        assert!(matches!(
+            call(la, &a, aliased, need),
+            Err(GemmError::AliasedOutput { .. })
+        ));
+        assert_eq!(
+            call(la, &a, lc, need - 1),
+            Err(GemmError::WorkspaceTooSmall {
+                m,
+                k,
+                n,
+                need,
+                len: need - 1
+            })
+        );
+        let msg = call(la, &a[1..], lc, need).unwrap_err().to_string();
+        assert!(
+            msg.contains("reaches index 19") && msg.contains("19 elements"),
+            "{msg}"
+        );
+        assert!(c.iter().all(|&x| x == 7.0));
+        let e = batched_matmul_ws(
+            2,
+            m,
+            k,
+            n,
+            &a,
+            Trans::N,
+            &b,
+            Trans::N,
+            &mut c,
+            false,
+            &mut ws,
+        );
+        assert!(matches!(
+            e,
+            Err(GemmError::WrongLength {
+                operand: "A",
+                batch: 2,
+                need: Some(40),
+                len: 20,
+                ..
+            })
+        ));
+        let e = batched_matmul_ws(
+            1,
+            m,
+            k,
+            n,
+            &a,
+            Trans::N,
+            &b,
+            Trans::N,
+            &mut c,
+            false,
+            &mut [],
+        );
+        assert!(matches!(e, Err(GemmError::WorkspaceTooSmall { .. })));
+        assert!(c.iter().all(|&x| x == 7.0));
+    }
+
+    #[test]
+    fn the_workspace_is_symmetric_machine_independent_and_bounded() {
+        assert_eq!(workspace_len::<f32>(0, 10, 10), 0);
+        assert_eq!(
+            workspace_len::<f32>(7, 300, 5),
+            workspace_len::<f32>(5, 300, 7)
+        );
+        let cap32 = (NC + MC) * KC + 16;
+        let cap64 = (NC + MC) * KC + 8;
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (100_000, 100_000, 100_000),
+            (256, 784, 1024),
+            (1024, 1024, 1024),
+        ] {
+            assert!(workspace_len::<f32>(m, k, n) <= cap32);
+            assert!(workspace_len::<f64>(m, k, n) <= cap64);
+        }
+        assert_eq!(
+            workspace_bytes::<f64>(3, 4, 5),
+            8 * workspace_len::<f64>(3, 4, 5)
+        );
+    }
+}
