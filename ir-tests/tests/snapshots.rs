@@ -1,13 +1,18 @@
-//! Snapshots of the memory plan reports: the reference models and small hand-made graphs.
+//! Snapshots of the memory plan reports (for the CPU target, as `ingot plan` prints them): the
+//! reference models and small hand-made graphs.
 //! A change in the planner that moves any figure shows up here as a reviewable diff.
 
 use ingot_compiler::ir::{DType, Graph, Init};
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::report::Report;
-use ingot_compiler::plan::{self, PlanOptions};
+use ingot_compiler::plan;
+
+fn cpu_options() -> pipeline::Options {
+    pipeline::Options { plan: ingot_runtime::cpu::plan_options() }
+}
 
 fn report_of(spec: &str) -> String {
-    let c = pipeline::compile_model(spec, &pipeline::Options::default()).unwrap();
+    let c = pipeline::compile_model(spec, &cpu_options()).unwrap();
     c.report.table()
 }
 
@@ -28,7 +33,7 @@ fn gpt2_plan_report() {
 
 #[test]
 fn small_gpt_plan_report_json() {
-    let c = pipeline::compile_model("gpt:vocab=64,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2", &pipeline::Options::default()).unwrap();
+    let c = pipeline::compile_model("gpt:vocab=64,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2", &cpu_options()).unwrap();
     insta::assert_json_snapshot!(c.report);
 }
 
@@ -46,6 +51,6 @@ fn diamond_plan_report() {
     let c = g.add(a, b).unwrap();
     let s = g.sum_all(c).unwrap();
     g.set_output("s", s).unwrap();
-    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
     insta::assert_snapshot!(Report::new("diamond", &g, &p, None).table());
 }

@@ -1,5 +1,6 @@
-//! A training session on the CPU: a model's step graph and the values of all its leaves
-//! (parameters, optimizer state, the batch), stepped with the reference interpreter.
+//! A training session on the CPU: a model's step, planned and loaded into one allocation that
+//! holds the values of all its leaves (parameters, optimizer state, the batch), stepped by the
+//! planned executor ([`PlannedStep`]), which allocates nothing per step.
 //!
 //! ```no_run
 //! # use ingot_runtime::session::Session;
@@ -12,7 +13,7 @@
 //! ingot_runtime::io::save("trained.safetensors", &s.parameters()).unwrap();
 //! ```
 
-use crate::cpu::interp::run_graph;
+use crate::cpu::planned::PlannedStep;
 use crate::error::ExecError;
 use crate::init;
 use crate::tensor::{Data, Tensor};
@@ -30,6 +31,9 @@ pub enum SessionError {
     /// The model's training step could not be built.
     #[error("building the training step of {model}: {source}")]
     Build { model: String, source: IrError },
+    /// The training step's memory could not be planned.
+    #[error("planning the memory of {model}'s training step: {source}")]
+    Plan { model: String, source: ingot_compiler::plan::PlanError },
     /// A parameter the model needs is not among those given.
     #[error("parameter {name:?} ({expected}) is missing from the parameters given; the model's parameters are named as PyTorch names them (reference-models.md)")]
     MissingParameter { name: String, expected: TensorType },
@@ -103,14 +107,22 @@ pub struct StepResult {
     pub seconds: f64,
 }
 
-/// A model's training step with the values of all its leaves.
-#[derive(Clone, Debug)]
+/// A model's training step, loaded with the values of all its leaves.
 pub struct Session {
     model: String,
-    graph: Graph,
-    /// Every leaf's value by name: parameters, optimizer state and inputs.
-    values: IndexMap<String, Tensor>,
+    /// The step and its one allocation, which holds every leaf's value.
+    exe: PlannedStep,
     steps: u64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("model", &self.model)
+            .field("allocated_bytes", &self.exe.allocated_bytes())
+            .field("steps", &self.steps)
+            .finish()
+    }
 }
 
 impl Session {
@@ -127,12 +139,13 @@ impl Session {
         let mut values = init::init_leaves(&g, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(&g, LeafKind::State, seed));
         values.extend(init::synthetic_batch(&g, seed));
-        Ok(Session {
-            model: model.name.clone(),
-            graph: g,
-            values,
-            steps: 0,
-        })
+        let plan = ingot_compiler::plan::plan(&g, &crate::cpu::plan_options())
+            .map_err(|source| SessionError::Plan { model: model.name.clone(), source })?;
+        let mut exe = PlannedStep::new(g, plan)?;
+        for (name, value) in &values {
+            exe.write_leaf(name, value)?;
+        }
+        Ok(Session { model: model.name.clone(), exe, steps: 0 })
     }
 
     /// The model's name.
@@ -142,7 +155,12 @@ impl Session {
 
     /// The training step graph.
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        self.exe.graph()
+    }
+
+    /// The loaded step: its plan and its one allocation.
+    pub fn planned(&self) -> &PlannedStep {
+        &self.exe
     }
 
     /// How many steps have run.
@@ -151,12 +169,12 @@ impl Session {
     }
 
     fn leaves_of(&self, kind: LeafKind) -> IndexMap<String, Tensor> {
-        self.graph
-            .leaves(kind)
+        self.exe
+            .leaf_names(kind)
             .into_iter()
-            .filter_map(|id| {
-                let name = self.graph.leaf_name(id)?;
-                Some((name.to_string(), self.values.get(name)?.clone()))
+            .filter_map(|name| {
+                let value = self.exe.read_leaf(&name).ok()?;
+                Some((name, value))
             })
             .collect()
     }
@@ -185,11 +203,11 @@ impl Session {
         &mut self,
         params: &IndexMap<String, Tensor>,
     ) -> Result<(), SessionError> {
-        let ids = self.graph.leaves(LeafKind::Parameter);
+        let ids = self.exe.graph().leaves(LeafKind::Parameter);
         let mut known = Vec::with_capacity(ids.len());
         for &id in &ids {
-            let name = self.graph.leaf_name(id).expect("leaves have names");
-            let expected = self.graph.ty(id);
+            let name = self.exe.graph().leaf_name(id).expect("leaves have names");
+            let expected = self.exe.graph().ty(id);
             match params.get(name) {
                 None => {
                     return Err(SessionError::MissingParameter {
@@ -223,7 +241,7 @@ impl Session {
             });
         }
         for name in known {
-            self.values.insert(name.clone(), params[&name].clone());
+            self.exe.write_leaf(&name, &params[&name])?;
         }
         Ok(())
     }
@@ -234,8 +252,8 @@ impl Session {
     pub fn set_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<(), SessionError> {
         let x = self.batch_value("x", x)?;
         let y = self.batch_value("y", y)?;
-        self.values.insert("x".into(), x);
-        self.values.insert("y".into(), y);
+        self.exe.write_leaf("x", &x)?;
+        self.exe.write_leaf("y", &y)?;
         Ok(())
     }
 
@@ -258,21 +276,21 @@ impl Session {
     }
 
     fn input_names(&self) -> Vec<String> {
-        self.graph
+        self.graph()
             .leaves(LeafKind::Input)
             .into_iter()
-            .filter_map(|id| self.graph.leaf_name(id).map(str::to_string))
+            .filter_map(|id| self.exe.graph().leaf_name(id).map(str::to_string))
             .collect()
     }
 
     /// `t` as the value of input `name`: checked, with integer ids converted to the input's dtype.
     fn batch_value(&self, name: &str, t: &Tensor) -> Result<Tensor, SessionError> {
         let id = self
-            .graph
+            .graph()
             .leaf(name)
             .filter(|&id| {
                 matches!(
-                    self.graph.node(id).op,
+                    self.exe.graph().node(id).op,
                     ingot_compiler::ir::Op::Leaf {
                         kind: LeafKind::Input,
                         ..
@@ -283,7 +301,7 @@ impl Session {
                 name: name.to_string(),
                 known: self.input_names(),
             })?;
-        let expected = self.graph.ty(id).clone();
+        let expected = self.exe.graph().ty(id).clone();
         let mismatch = || SessionError::BatchType {
             name: name.to_string(),
             expected: expected.clone(),
@@ -313,7 +331,7 @@ impl Session {
                 })
             }
         };
-        if let Some(bound) = init::id_bound(&self.graph, name) {
+        if let Some(bound) = init::id_bound(self.exe.graph(), name) {
             if let Some(position) = ids.iter().position(|&i| i < 0 || i as u64 >= bound as u64) {
                 let what = if name == "x" {
                     "embedding rows"
@@ -340,16 +358,15 @@ impl Session {
     /// parameters and optimizer state in place. Returns the loss before the update.
     pub fn step(&mut self) -> Result<StepResult, SessionError> {
         let start = Instant::now();
-        let mut out = run_graph(&self.graph, &self.values)?;
-        let loss = out
-            .outputs
-            .get(LOSS)
-            .and_then(Tensor::scalar_f64)
+        self.exe.step()?;
+        let loss = self
+            .exe
+            .read_output(LOSS)?
+            .scalar_f64()
             .ok_or_else(|| ExecError::Invalid {
                 op: "step",
                 reason: format!("the step graph has no scalar output {LOSS:?}"),
             })?;
-        out.apply_updates(&mut self.values);
         self.steps += 1;
         Ok(StepResult {
             loss,

@@ -5,7 +5,7 @@ use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::{DType, Graph, LeafKind};
 use ingot_compiler::models;
-use ingot_compiler::plan::{self, PlanOptions};
+use ingot_compiler::plan;
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
@@ -28,7 +28,7 @@ fn planned_matches_reference(spec: &str, steps: usize) {
     let m = models::by_name(spec).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let g = step.graph;
-    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
     let total = p.total_bytes;
     let mut planned = PlannedStep::new(g.clone(), p).unwrap();
     assert_eq!(planned.allocated_bytes(), total, "{spec}: the allocation must be the planned total");
@@ -71,7 +71,7 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     let s = g.sum_all(d).unwrap();
     g.set_output("s", s).unwrap();
     g.set_output("d", d).unwrap();
-    let p = plan::plan(&g, &PlanOptions::default()).unwrap();
+    let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
     let in_place = g.ids().filter(|&id| !g.node(id).op.is_leaf() && p.liveness.storages[p.liveness.storage_of[id.index()]].owner != id).count();
     assert!(in_place >= 2, "the chain should run in place");
     let xs: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.001).sin()).collect();
@@ -90,7 +90,7 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
 fn a_corrupted_plan_is_refused_before_anything_runs() {
     let m = models::mlp_with(4, DType::F32).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
-    let mut p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
+    let mut p = plan::plan(&step.graph, &ingot_runtime::cpu::plan_options()).unwrap();
     // Move every slab storage onto offset of the first: live values now collide.
     let first = p.slab_base;
     for (i, s) in p.liveness.storages.iter().enumerate() {
@@ -106,7 +106,7 @@ fn a_corrupted_plan_is_refused_before_anything_runs() {
 fn writing_a_leaf_of_the_wrong_type_names_it() {
     let m = models::mlp_with(4, DType::F32).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
-    let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
+    let p = plan::plan(&step.graph, &ingot_runtime::cpu::plan_options()).unwrap();
     let mut planned = PlannedStep::new(step.graph, p).unwrap();
     let err = planned.write_leaf("fc1.weight", &Tensor::from_f32([2], vec![0.0, 1.0])).unwrap_err();
     assert!(err.to_string().contains("fc1.weight"), "{err}");

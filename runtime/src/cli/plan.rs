@@ -18,7 +18,8 @@ pub struct PlanArgs {
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
-    let compiled = pipeline::compile_model(&a.model, &pipeline::Options::default())?;
+    let opts = pipeline::Options { plan: crate::cpu::plan_options() };
+    let compiled = pipeline::compile_model(&a.model, &opts)?;
     let report = &compiled.report;
     if a.json {
         crate::outln!("{}", serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?)?;

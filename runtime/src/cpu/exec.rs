@@ -68,6 +68,45 @@ pub fn exec_node(
     input_types: &[&TensorType],
     out: ViewMut<'_>,
 ) -> Result<(), ExecError> {
+    exec_node_with(node, inputs, input_types, out, Scratch::Allocate)
+}
+
+/// Scratch memory for kernels that need it (matmul packs its panels there).
+pub enum Scratch<'a> {
+    /// Bytes planned for this node (256-byte aligned, at least [`workspace_bytes`] long).
+    Given(&'a mut [u8]),
+    /// Allocate what the kernel needs for this call (the reference interpreter's way).
+    Allocate,
+}
+
+/// Bytes of scratch the CPU kernel of node `id` needs: the [`WorkspaceFn`] of the CPU target,
+/// which the planner uses to carve each matmul's packing space from the slab.
+///
+/// [`WorkspaceFn`]: ingot_compiler::plan::WorkspaceFn
+pub fn workspace_bytes(g: &ingot_compiler::ir::Graph, id: ingot_compiler::ir::NodeId) -> usize {
+    let node = g.node(id);
+    if !matches!(node.op, Op::MatMul) {
+        return 0;
+    }
+    let a = g.ty(node.inputs[0]).shape.dims();
+    let n = node.ty.shape.last();
+    let (m, kk) = (a[a.len() - 2], a[a.len() - 1]);
+    match node.ty.dtype {
+        DType::F32 => k::gemm::workspace_bytes::<f32>(m, kk, n),
+        DType::F64 => k::gemm::workspace_bytes::<f64>(m, kk, n),
+        _ => 0,
+    }
+}
+
+/// [`exec_node`] with the kernel's scratch memory given explicitly: planned execution passes
+/// the node's planned workspace, so the call allocates nothing.
+pub fn exec_node_with(
+    node: &Node,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+    out: ViewMut<'_>,
+    scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
     let op = node.op.name();
     if inputs.len() != node.inputs.len() || input_types.len() != node.inputs.len() {
         return Err(invalid(
@@ -209,8 +248,8 @@ pub fn exec_node(
             by_num!(out.dtype(), op, reduce(&cx, kind, axes, out))
         }
         Op::MatMul => match out {
-            ViewMut::F32(o) => matmul(&cx, o),
-            ViewMut::F64(o) => matmul(&cx, o),
+            ViewMut::F32(o) => matmul(&cx, o, scratch),
+            ViewMut::F64(o) => matmul(&cx, o, scratch),
             _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
         },
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
@@ -672,7 +711,7 @@ fn reduce<T: Element + Scalar>(
     Ok(())
 }
 
-fn matmul<T: Element + k::GemmScalar>(cx: &Cx, o: &mut [T]) -> Result<(), ExecError> {
+fn matmul<T: Element + k::GemmScalar>(cx: &Cx, o: &mut [T], scratch: Scratch<'_>) -> Result<(), ExecError> {
     cx.arity(2)?;
     let (a, b) = (cx.types[0].shape.dims(), cx.types[1].shape.dims());
     let r = a.len();
@@ -690,8 +729,25 @@ fn matmul<T: Element + k::GemmScalar>(cx: &Cx, o: &mut [T]) -> Result<(), ExecEr
     dims[r - 1] = n;
     cx.expect_dims(&dims)?;
     let batch = k::numel(&a[..r - 2]);
-    k::matmul(batch, m, kk, n, cx.arg::<T>(0)?, cx.arg::<T>(1)?, o);
-    Ok(())
+    let need = k::gemm::workspace_len::<T>(m, kk, n);
+    let mut owned: Vec<T>;
+    let ws: &mut [T] = match scratch {
+        Scratch::Given(bytes) => {
+            let size = std::mem::size_of::<T>();
+            if bytes.len() < need * size || bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 {
+                return Err(invalid(cx.op, format!("the workspace has {} bytes, the kernel needs {}", bytes.len(), need * size)));
+            }
+            // SAFETY: the bytes are exclusively borrowed, aligned for T (checked) and long enough;
+            // every bit pattern is a valid f32 or f64.
+            unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size) }
+        }
+        Scratch::Allocate => {
+            owned = vec![T::ZERO; need];
+            &mut owned
+        }
+    };
+    k::gemm::batched_matmul_ws(batch, m, kk, n, cx.arg::<T>(0)?, k::Trans::N, cx.arg::<T>(1)?, k::Trans::N, o, false, ws)
+        .map_err(|e| invalid(cx.op, e.to_string()))
 }
 
 /// Checks every id against `rows` before anything is written.

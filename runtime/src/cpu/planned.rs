@@ -11,7 +11,7 @@
 //! operand is copied a chunk at a time into a stack buffer, and the op runs on the chunk, so no
 //! `&` and `&mut` slice ever cover the same byte.
 
-use super::exec::exec_node;
+use super::exec::{exec_node, exec_node_with, Scratch};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
 use ingot_compiler::ir::{DType, Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
@@ -175,7 +175,13 @@ impl PlannedStep {
         let l = self.location[id.index()];
         // SAFETY: as above.
         let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
-        exec_node(node, &inputs, &types, out).map_err(|e| at(id, node, e))
+        let scratch = match self.plan.workspace(id) {
+            // SAFETY: validated plan: the workspace lies inside the allocation and overlaps
+            // neither the operands nor the output of this node.
+            Some(w) => Scratch::Given(unsafe { std::slice::from_raw_parts_mut(base.add(w.offset), w.bytes) }),
+            None => Scratch::Allocate,
+        };
+        exec_node_with(node, &inputs, &types, out, scratch).map_err(|e| at(id, node, e))
     }
 
     fn exec_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {

@@ -1,0 +1,67 @@
+//! The `ingot plan` and `ingot dsa` commands, run as a user would.
+
+use std::process::Command;
+
+fn ingot(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ingot")).args(args).output().expect("run ingot");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn plan_json_is_a_versioned_document_with_the_totals() {
+    let (code, out, err) = ingot(&["plan", "--model", "mlp", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("plan --json prints JSON");
+    assert_eq!(doc["version"], 1);
+    let total = doc["total_bytes"].as_u64().unwrap();
+    let resident = doc["resident_bytes"].as_u64().unwrap();
+    let slab = doc["slab_bytes"].as_u64().unwrap();
+    let lower = doc["lower_bound_bytes"].as_u64().unwrap();
+    assert!(resident > 0 && slab >= lower && lower > 0);
+    assert_eq!(total, resident.div_ceil(256) * 256 + slab);
+}
+
+#[test]
+fn a_budget_the_plan_exceeds_exits_3_and_lists_what_holds_the_peak() {
+    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "4MiB"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("over the budget") && err.contains("f32[1024, 1024]"), "{err}");
+    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "1GiB"]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn a_malformed_budget_or_model_is_a_clear_error() {
+    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "12 parsecs"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown unit"), "{err}");
+    let (code, _, err) = ingot(&["plan", "--model", "resnet"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("resnet") && err.contains("mlp"), "{err}");
+}
+
+#[test]
+fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
+    let dir = std::env::temp_dir().join(format!("ingot-dsa-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("p.csv");
+    let output = dir.join("s.csv");
+    // Three buffers: two overlap in time, the third reuses the first's space.
+    std::fs::write(&input, "id,lower,upper,size\n0,0,2,100\n1,1,3,50\n2,2,4,100\n").unwrap();
+    let (code, _, err) = ingot(&["dsa", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&output).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next().unwrap(), "id,lower,upper,size,offset");
+    let rows: Vec<Vec<u64>> = lines.map(|l| l.split(',').map(|x| x.parse().unwrap()).collect()).collect();
+    assert_eq!(rows.len(), 3);
+    let peak = rows.iter().map(|r| r[4] + r[3]).max().unwrap();
+    assert_eq!(peak, 150, "LOAD is 150 and reachable");
+    let (code, _, err) = ingot(&["dsa", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(), "--capacity", "120", "--time-limit", "0.5"]);
+    assert_eq!(code, 3, "{err}");
+    std::fs::write(&input, "id,lower,upper,size\n0,5,2,100\n").unwrap();
+    let (code, _, err) = ingot(&["dsa", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("line 2"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
