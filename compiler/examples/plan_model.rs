@@ -10,7 +10,12 @@ fn main() {
                 let mut csv = String::from("id,lower,upper,size\n");
                 for (i, s) in c.plan.liveness.storages.iter().enumerate() {
                     if s.region == ingot_compiler::plan::Region::Slab {
-                        csv += &format!("{i},{},{},{}\n", s.start, s.end.max(s.start + 1), ingot_compiler::plan::align_up(s.bytes));
+                        csv += &format!(
+                            "{i},{},{},{}\n",
+                            s.start,
+                            s.end.max(s.start + 1),
+                            ingot_compiler::plan::align_up(s.bytes)
+                        );
                     }
                 }
                 std::fs::write(path, csv).expect("write the dump");

@@ -7,10 +7,20 @@ use thiserror::Error;
 pub enum IrError {
     /// An op was given operands it cannot take (shapes, dtypes, attributes).
     #[error("{op} (node %{node}): {reason}; operands: {operands}")]
-    Type { op: &'static str, node: usize, operands: String, reason: String },
+    Type {
+        op: &'static str,
+        node: usize,
+        operands: String,
+        reason: String,
+    },
     /// An operand refers to a node that does not exist yet.
     #[error("{op} (node %{node}): operand %{operand} does not exist (the graph has {len} nodes; operands must come before their users)")]
-    Dangling { op: &'static str, node: usize, operand: usize, len: usize },
+    Dangling {
+        op: &'static str,
+        node: usize,
+        operand: usize,
+        len: usize,
+    },
     /// The graph breaks a structural rule (duplicate names, bad updates, bad outputs).
     #[error("invalid graph: {0}")]
     Invalid(String),

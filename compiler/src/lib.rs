@@ -5,9 +5,9 @@ pub mod autodiff;
 pub mod error;
 pub mod ir;
 pub mod models;
-pub mod trace;
 pub mod pipeline;
 pub mod plan;
 pub mod schedule;
+pub mod trace;
 
 pub use error::{IrError, Result};

@@ -40,5 +40,10 @@ pub fn compile(model: &Model, opts: &Options) -> Result<Compiled, CompileError> 
     let step = training_step(&model.graph, &model.optimizer)?;
     let plan = plan::plan(&step.graph, &opts.plan)?;
     let report = Report::new(&model.name, &step.graph, &plan, Some(&step.phases));
-    Ok(Compiled { model: model.name.clone(), step, plan, report })
+    Ok(Compiled {
+        model: model.name.clone(),
+        step,
+        plan,
+        report,
+    })
 }

@@ -76,7 +76,10 @@ pub fn users(g: &Graph) -> Vec<Vec<NodeId>> {
 /// anti-dependences; otherwise the first topological order close to it.
 pub fn traced(g: &Graph) -> Vec<NodeId> {
     let d = dependences(g);
-    if g.ids().all(|id| d.neighbors_directed(NodeIndex::new(id.index()), Direction::Incoming).all(|p| p.index() < id.index())) {
+    if g.ids().all(|id| {
+        d.neighbors_directed(NodeIndex::new(id.index()), Direction::Incoming)
+            .all(|p| p.index() < id.index())
+    }) {
         return g.ids().collect();
     }
     list_schedule(g, &d, false)
@@ -109,7 +112,12 @@ fn own_bytes(g: &Graph, id: NodeId) -> i64 {
 /// with `by_memory`, the ready op with the best byte balance ([`peek`]), else the earliest traced.
 fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<NodeId> {
     let n = g.len();
-    let mut indeg: Vec<usize> = (0..n).map(|i| d.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+    let mut indeg: Vec<usize> = (0..n)
+        .map(|i| {
+            d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                .count()
+        })
+        .collect();
     let mut ready: BTreeSet<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
     let mut order = Vec::with_capacity(n);
     let users = users(g);
@@ -118,12 +126,20 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
     let bytes: Vec<i64> = g.ids().map(|id| own_bytes(g, id)).collect();
     while !ready.is_empty() {
         // Leaves cost nothing: take them first, in order.
-        let pick = match ready.iter().copied().find(|&i| g.node(NodeId(i)).op.is_leaf()) {
+        let pick = match ready
+            .iter()
+            .copied()
+            .find(|&i| g.node(NodeId(i)).op.is_leaf())
+        {
             Some(leaf) => leaf,
             None => {
                 let mut best: Option<(i64, u32)> = None;
                 for &i in &ready {
-                    let s = if by_memory { peek(g, NodeId(i), &remaining, &pinned, &bytes) } else { 0 };
+                    let s = if by_memory {
+                        peek(g, NodeId(i), &remaining, &pinned, &bytes)
+                    } else {
+                        0
+                    };
                     if best.is_none_or(|(bs, _)| s > bs) {
                         best = Some((s, i));
                     }

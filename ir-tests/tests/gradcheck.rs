@@ -15,7 +15,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 11) as f64) / ((1u64 << 53) as f64)
     }
     fn uniform(&mut self, lo: f64, hi: f64, n: usize) -> Vec<f64> {
@@ -31,11 +34,19 @@ struct Arg {
 }
 
 fn arg(shape: &[usize]) -> Arg {
-    Arg { shape: shape.to_vec(), lo: -1.0, hi: 1.0 }
+    Arg {
+        shape: shape.to_vec(),
+        lo: -1.0,
+        hi: 1.0,
+    }
 }
 
 fn positive(shape: &[usize]) -> Arg {
-    Arg { shape: shape.to_vec(), lo: 0.5, hi: 2.0 }
+    Arg {
+        shape: shape.to_vec(),
+        lo: 0.5,
+        hi: 2.0,
+    }
 }
 
 /// Extra non-differentiable inputs (ids), by name.
@@ -43,16 +54,27 @@ type Fixed = Vec<(&'static str, Tensor)>;
 
 /// Builds `f` over parameters `p0..`, differentiates `sum(f * w)`, and compares every gradient
 /// element (up to 40 per parameter) with central differences.
-fn check(name: &str, args: &[Arg], fixed: Fixed, f: impl Fn(&mut Graph, &[NodeId]) -> Result<NodeId>) {
+fn check(
+    name: &str,
+    args: &[Arg],
+    fixed: Fixed,
+    f: impl Fn(&mut Graph, &[NodeId]) -> Result<NodeId>,
+) {
     let mut rng = Lcg(0x5eed ^ name.len() as u64 * 7919);
     let mut g = Graph::new();
     let mut leaves: IndexMap<String, Tensor> = IndexMap::new();
     let mut params = Vec::new();
     for (i, a) in args.iter().enumerate() {
         let pname = format!("p{i}");
-        params.push(g.parameter(&pname, Shape::new(&a.shape), DType::F64, Init::Zeros).unwrap());
+        params.push(
+            g.parameter(&pname, Shape::new(&a.shape), DType::F64, Init::Zeros)
+                .unwrap(),
+        );
         let n = a.shape.iter().product();
-        leaves.insert(pname, Tensor::from_f64(Shape::new(&a.shape), rng.uniform(a.lo, a.hi, n)));
+        leaves.insert(
+            pname,
+            Tensor::from_f64(Shape::new(&a.shape), rng.uniform(a.lo, a.hi, n)),
+        );
     }
     for (fname, t) in &fixed {
         g.input(fname, t.shape().clone(), t.dtype()).unwrap();
@@ -64,13 +86,19 @@ fn check(name: &str, args: &[Arg], fixed: Fixed, f: impl Fn(&mut Graph, &[NodeId
         let pname = g.leaf_name(id).unwrap().to_string();
         if !leaves.contains_key(&pname) {
             let s = g.ty(id).shape.clone();
-            leaves.insert(pname, Tensor::from_f64(s.clone(), rng.uniform(-1.0, 1.0, s.numel())));
+            leaves.insert(
+                pname,
+                Tensor::from_f64(s.clone(), rng.uniform(-1.0, 1.0, s.numel())),
+            );
         }
     }
     let params = g.leaves(LeafKind::Parameter);
     let ys = g.ty(y).shape.clone();
     let w = g.input("w", ys.clone(), DType::F64).unwrap();
-    leaves.insert("w".into(), Tensor::from_f64(ys.clone(), rng.uniform(-1.0, 1.0, ys.numel())));
+    leaves.insert(
+        "w".into(),
+        Tensor::from_f64(ys.clone(), rng.uniform(-1.0, 1.0, ys.numel())),
+    );
     let yw = g.mul(y, w).unwrap();
     let loss = g.sum_all(yw).unwrap();
     let grads = grad(&mut g, loss, &params).unwrap();
@@ -81,14 +109,20 @@ fn check(name: &str, args: &[Arg], fixed: Fixed, f: impl Fn(&mut Graph, &[NodeId
     g.verify().unwrap();
     let base = run_graph(&g, &leaves).unwrap_or_else(|e| panic!("{name}: {e}"));
     let loss_at = |leaves: &IndexMap<String, Tensor>| -> f64 {
-        run_graph(&g, leaves).unwrap().outputs["loss"].as_f64().unwrap()[0]
+        run_graph(&g, leaves).unwrap().outputs["loss"]
+            .as_f64()
+            .unwrap()[0]
     };
     let h = 1e-6;
     for (i, &pid) in params.iter().enumerate() {
         let pname = g.leaf_name(pid).unwrap().to_string();
         let analytic = base.outputs[&format!("g{i}")].as_f64().unwrap().to_vec();
         let n = g.ty(pid).shape.numel();
-        assert_eq!(analytic.len(), n, "{name}: gradient of {pname} has the wrong size");
+        assert_eq!(
+            analytic.len(),
+            n,
+            "{name}: gradient of {pname} has the wrong size"
+        );
         let step = (n / 40).max(1);
         for k in (0..n).step_by(step) {
             let mut probe = leaves.clone();
@@ -124,47 +158,93 @@ fn unary_vjps_match_finite_differences() {
 
 #[test]
 fn binary_vjps_match_finite_differences() {
-    check("add", &[arg(&[2, 3]), arg(&[2, 3])], vec![], |g, p| g.add(p[0], p[1]));
-    check("sub", &[arg(&[2, 3]), arg(&[2, 3])], vec![], |g, p| g.sub(p[0], p[1]));
-    check("mul", &[arg(&[2, 3]), arg(&[2, 3])], vec![], |g, p| g.mul(p[0], p[1]));
-    check("div", &[arg(&[2, 3]), positive(&[2, 3])], vec![], |g, p| g.div(p[0], p[1]));
-    check("max", &[arg(&[4, 5]), arg(&[4, 5])], vec![], |g, p| g.maximum(p[0], p[1]));
-    check("min", &[arg(&[4, 5]), arg(&[4, 5])], vec![], |g, p| g.minimum(p[0], p[1]));
+    check("add", &[arg(&[2, 3]), arg(&[2, 3])], vec![], |g, p| {
+        g.add(p[0], p[1])
+    });
+    check("sub", &[arg(&[2, 3]), arg(&[2, 3])], vec![], |g, p| {
+        g.sub(p[0], p[1])
+    });
+    check("mul", &[arg(&[2, 3]), arg(&[2, 3])], vec![], |g, p| {
+        g.mul(p[0], p[1])
+    });
+    check("div", &[arg(&[2, 3]), positive(&[2, 3])], vec![], |g, p| {
+        g.div(p[0], p[1])
+    });
+    check("max", &[arg(&[4, 5]), arg(&[4, 5])], vec![], |g, p| {
+        g.maximum(p[0], p[1])
+    });
+    check("min", &[arg(&[4, 5]), arg(&[4, 5])], vec![], |g, p| {
+        g.minimum(p[0], p[1])
+    });
     // The same operand twice: contributions from both slots add up.
     check("mul self", &[arg(&[5])], vec![], |g, p| g.mul(p[0], p[0]));
 }
 
 #[test]
 fn compare_and_select_vjps_match_finite_differences() {
-    check("select", &[arg(&[3, 4]), arg(&[3, 4]), arg(&[3, 4])], vec![], |g, p| {
-        let c = g.compare(CmpOp::Gt, p[2], p[0])?;
-        g.select(c, p[0], p[1])
-    });
+    check(
+        "select",
+        &[arg(&[3, 4]), arg(&[3, 4]), arg(&[3, 4])],
+        vec![],
+        |g, p| {
+            let c = g.compare(CmpOp::Gt, p[2], p[0])?;
+            g.select(c, p[0], p[1])
+        },
+    );
 }
 
 #[test]
 fn shape_op_vjps_match_finite_differences() {
-    check("broadcast", &[arg(&[3, 1])], vec![], |g, p| g.broadcast_to(p[0], [2, 3, 4]));
-    check("broadcast scalar", &[arg(&[])], vec![], |g, p| g.broadcast_to(p[0], [2, 3]));
-    check("reshape", &[arg(&[2, 6])], vec![], |g, p| g.reshape(p[0], [3, 4]));
-    check("transpose", &[arg(&[2, 3, 4])], vec![], |g, p| g.transpose(p[0], &[2, 0, 1]));
-    check("slice", &[arg(&[4, 5])], vec![], |g, p| g.slice(p[0], 1, 1, 3));
-    check("slice to end", &[arg(&[4, 5])], vec![], |g, p| g.slice(p[0], 0, 2, 4));
-    check("concat", &[arg(&[2, 3]), arg(&[2, 2])], vec![], |g, p| g.concat(&[p[0], p[1]], 1));
+    check("broadcast", &[arg(&[3, 1])], vec![], |g, p| {
+        g.broadcast_to(p[0], [2, 3, 4])
+    });
+    check("broadcast scalar", &[arg(&[])], vec![], |g, p| {
+        g.broadcast_to(p[0], [2, 3])
+    });
+    check("reshape", &[arg(&[2, 6])], vec![], |g, p| {
+        g.reshape(p[0], [3, 4])
+    });
+    check("transpose", &[arg(&[2, 3, 4])], vec![], |g, p| {
+        g.transpose(p[0], &[2, 0, 1])
+    });
+    check("slice", &[arg(&[4, 5])], vec![], |g, p| {
+        g.slice(p[0], 1, 1, 3)
+    });
+    check("slice to end", &[arg(&[4, 5])], vec![], |g, p| {
+        g.slice(p[0], 0, 2, 4)
+    });
+    check("concat", &[arg(&[2, 3]), arg(&[2, 2])], vec![], |g, p| {
+        g.concat(&[p[0], p[1]], 1)
+    });
 }
 
 #[test]
 fn reduction_vjps_match_finite_differences() {
-    check("sum last", &[arg(&[3, 4])], vec![], |g, p| g.sum(p[0], &[1]));
-    check("sum many", &[arg(&[2, 3, 4])], vec![], |g, p| g.sum(p[0], &[0, 2]));
-    check("max last", &[arg(&[3, 5])], vec![], |g, p| g.max(p[0], &[1]));
-    check("max first", &[arg(&[4, 3])], vec![], |g, p| g.max(p[0], &[0]));
+    check("sum last", &[arg(&[3, 4])], vec![], |g, p| {
+        g.sum(p[0], &[1])
+    });
+    check("sum many", &[arg(&[2, 3, 4])], vec![], |g, p| {
+        g.sum(p[0], &[0, 2])
+    });
+    check("max last", &[arg(&[3, 5])], vec![], |g, p| {
+        g.max(p[0], &[1])
+    });
+    check("max first", &[arg(&[4, 3])], vec![], |g, p| {
+        g.max(p[0], &[0])
+    });
 }
 
 #[test]
 fn matmul_vjp_matches_finite_differences() {
-    check("matmul", &[arg(&[3, 4]), arg(&[4, 2])], vec![], |g, p| g.matmul(p[0], p[1]));
-    check("batched matmul", &[arg(&[2, 3, 4]), arg(&[2, 4, 5])], vec![], |g, p| g.matmul(p[0], p[1]));
+    check("matmul", &[arg(&[3, 4]), arg(&[4, 2])], vec![], |g, p| {
+        g.matmul(p[0], p[1])
+    });
+    check(
+        "batched matmul",
+        &[arg(&[2, 3, 4]), arg(&[2, 4, 5])],
+        vec![],
+        |g, p| g.matmul(p[0], p[1]),
+    );
 }
 
 #[test]
@@ -183,13 +263,25 @@ fn gather_and_scatter_add_vjps_match_finite_differences() {
 
 #[test]
 fn nn_layer_gradients_match_finite_differences() {
-    check("linear", &[arg(&[2, 3, 4])], vec![], |g, p| nn::linear(g, "fc", p[0], 4, 5, true));
-    check("layer_norm", &[arg(&[3, 6])], vec![], |g, p| nn::layer_norm(g, "ln", p[0], 1e-5));
-    check("gelu_tanh", &[arg(&[4, 5])], vec![], |g, p| nn::gelu_tanh(g, p[0]));
+    check("linear", &[arg(&[2, 3, 4])], vec![], |g, p| {
+        nn::linear(g, "fc", p[0], 4, 5, true)
+    });
+    check("layer_norm", &[arg(&[3, 6])], vec![], |g, p| {
+        nn::layer_norm(g, "ln", p[0], 1e-5)
+    });
+    check("gelu_tanh", &[arg(&[4, 5])], vec![], |g, p| {
+        nn::gelu_tanh(g, p[0])
+    });
     check("relu", &[arg(&[4, 5])], vec![], |g, p| nn::relu(g, p[0]));
-    check("softmax", &[arg(&[3, 5])], vec![], |g, p| nn::softmax(g, p[0]));
-    check("log_softmax", &[arg(&[3, 5])], vec![], |g, p| nn::log_softmax(g, p[0]));
-    check("attention", &[arg(&[2, 4, 8])], vec![], |g, p| nn::causal_self_attention(g, "attn", p[0], 2));
+    check("softmax", &[arg(&[3, 5])], vec![], |g, p| {
+        nn::softmax(g, p[0])
+    });
+    check("log_softmax", &[arg(&[3, 5])], vec![], |g, p| {
+        nn::log_softmax(g, p[0])
+    });
+    check("attention", &[arg(&[2, 4, 8])], vec![], |g, p| {
+        nn::causal_self_attention(g, "attn", p[0], 2)
+    });
     let targets = vec![("y", ids(&[4], &[0, 3, 2, 3]))];
     check("cross_entropy", &[arg(&[4, 5])], targets, |g, p| {
         let y = g.leaf("y").unwrap();
@@ -222,8 +314,14 @@ fn convert_passes_the_gradient_through_in_the_operand_dtype() {
     g.set_output("g", gp).unwrap();
     let wv = vec![0.1, -2.5, 1.0 / 3.0];
     let leaves: IndexMap<String, Tensor> = [
-        ("p".to_string(), Tensor::from_f64(Shape::new(&[3]), vec![1.0, 2.0, 3.0])),
-        ("w".to_string(), Tensor::from_f64(Shape::new(&[3]), wv.clone())),
+        (
+            "p".to_string(),
+            Tensor::from_f64(Shape::new(&[3]), vec![1.0, 2.0, 3.0]),
+        ),
+        (
+            "w".to_string(),
+            Tensor::from_f64(Shape::new(&[3]), wv.clone()),
+        ),
     ]
     .into_iter()
     .collect();

@@ -3,11 +3,11 @@
 
 use ingot_compiler::autodiff::{training_step, Optimizer};
 use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
+use ingot_compiler::models;
 use ingot_compiler::plan::check::{validate, Location, PlanView};
 use ingot_compiler::plan::report::Report;
 use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
 use ingot_compiler::schedule::{self, Strategy};
-use ingot_compiler::models;
 use proptest::prelude::*;
 
 const KIB: usize = 1024;
@@ -30,7 +30,11 @@ fn an_elementwise_chain_reuses_its_dying_input_buffer() {
     assert_eq!(p.slab_bytes, 64 * KIB);
     assert_eq!(p.load_bytes, 64 * KIB);
     let s = &p.liveness.storage_of;
-    assert!(s[a.index()] == s[b.index()] && s[b.index()] == s[c.index()] && s[c.index()] == s[d.index()]);
+    assert!(
+        s[a.index()] == s[b.index()]
+            && s[b.index()] == s[c.index()]
+            && s[c.index()] == s[d.index()]
+    );
 }
 
 #[test]
@@ -47,7 +51,11 @@ fn a_chain_of_buffers_costs_the_peak_not_the_sum() {
     let p = plan::plan(&g, &PlanOptions::default()).unwrap();
     let one = 64 * 64 * 4;
     assert_eq!(p.load_bytes, 2 * one);
-    assert_eq!(p.slab_bytes, 2 * one, "four 16 KiB values should fit in two slots");
+    assert_eq!(
+        p.slab_bytes,
+        2 * one,
+        "four 16 KiB values should fit in two slots"
+    );
     assert_eq!(p.resident_bytes, 2 * one);
     assert_eq!(p.total_bytes, 4 * one);
 }
@@ -61,8 +69,15 @@ fn a_reshape_is_a_view_and_takes_no_bytes() {
     let s = g.sum_all(r).unwrap();
     g.set_output("s", s).unwrap();
     let p = plan::plan(&g, &PlanOptions::default()).unwrap();
-    assert_eq!(p.liveness.storage_of[a.index()], p.liveness.storage_of[r.index()]);
-    assert_eq!(p.load_bytes, 4096 + align_up(4), "exp's value and the sum are live together, the view adds nothing");
+    assert_eq!(
+        p.liveness.storage_of[a.index()],
+        p.liveness.storage_of[r.index()]
+    );
+    assert_eq!(
+        p.load_bytes,
+        4096 + align_up(4),
+        "exp's value and the sum are live together, the view adds nothing"
+    );
 }
 
 #[test]
@@ -71,7 +86,11 @@ fn parameter_updates_are_written_in_place() {
         let m = models::mlp_with(8, DType::F32).unwrap();
         let step = training_step(&m.graph, &opt).unwrap();
         let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
-        assert!(p.liveness.copies.is_empty(), "{opt:?}: every update should land in place, got copies {:?}", p.liveness.copies);
+        assert!(
+            p.liveness.copies.is_empty(),
+            "{opt:?}: every update should land in place, got copies {:?}",
+            p.liveness.copies
+        );
         for u in &step.graph.updates {
             let s = p.liveness.storage_of[u.value.index()];
             assert_eq!(s, p.liveness.storage_of[u.target.index()]);
@@ -82,17 +101,50 @@ fn parameter_updates_are_written_in_place() {
 
 /// A plan of `g` for the traced order, as absolute locations the validator takes.
 fn locations(g: &Graph) -> (Vec<NodeId>, Vec<Location>, usize, Vec<(NodeId, NodeId)>) {
-    let p = plan::plan_order(g, &schedule::traced(g), Strategy::Traced, std::time::Duration::from_millis(100)).unwrap();
+    let p = plan::plan_order(
+        g,
+        &schedule::traced(g),
+        Strategy::Traced,
+        std::time::Duration::from_millis(100),
+    )
+    .unwrap();
     let locs = g.ids().map(|id| p.location(g, id)).collect();
-    (p.liveness.order.clone(), locs, p.total_bytes, p.liveness.copies.clone())
+    (
+        p.liveness.order.clone(),
+        locs,
+        p.total_bytes,
+        p.liveness.copies.clone(),
+    )
 }
 
-fn check(g: &Graph, order: &[NodeId], locs: &[Location], total: usize, copies: &[(NodeId, NodeId)]) -> Result<(), String> {
+fn check(
+    g: &Graph,
+    order: &[NodeId],
+    locs: &[Location],
+    total: usize,
+    copies: &[(NodeId, NodeId)],
+) -> Result<(), String> {
     check_ws(g, order, locs, &vec![None; g.len()], total, copies)
 }
 
-fn check_ws(g: &Graph, order: &[NodeId], locs: &[Location], ws: &[Option<Location>], total: usize, copies: &[(NodeId, NodeId)]) -> Result<(), String> {
-    validate(&PlanView { graph: g, order, location: locs, workspace: ws, copies, total_bytes: total, alignment: ALIGNMENT }).map_err(|e| e.to_string())
+fn check_ws(
+    g: &Graph,
+    order: &[NodeId],
+    locs: &[Location],
+    ws: &[Option<Location>],
+    total: usize,
+    copies: &[(NodeId, NodeId)],
+) -> Result<(), String> {
+    validate(&PlanView {
+        graph: g,
+        order,
+        location: locs,
+        workspace: ws,
+        copies,
+        total_bytes: total,
+        alignment: ALIGNMENT,
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// A matmul whose kernel needs 1 KiB of scratch: `x -> exp -> matmul -> add(exp, matmul)`.
@@ -117,7 +169,10 @@ fn kib_for_matmul(g: &Graph, id: NodeId) -> usize {
 #[test]
 fn a_kernel_workspace_is_planned_in_the_slab_only_while_its_op_runs() {
     let (g, _, m) = matmul_with_workspace();
-    let opts = PlanOptions { workspace: Some(kib_for_matmul), ..PlanOptions::default() };
+    let opts = PlanOptions {
+        workspace: Some(kib_for_matmul),
+        ..PlanOptions::default()
+    };
     let p = plan::plan(&g, &opts).unwrap();
     let w = p.workspace(m).expect("the matmul has a workspace");
     assert_eq!(w.bytes, 1024);
@@ -130,14 +185,36 @@ fn a_kernel_workspace_is_planned_in_the_slab_only_while_its_op_runs() {
 #[test]
 fn the_validator_rejects_a_workspace_over_a_live_value() {
     let (g, a, m) = matmul_with_workspace();
-    let opts = PlanOptions { workspace: Some(kib_for_matmul), ..PlanOptions::default() };
+    let opts = PlanOptions {
+        workspace: Some(kib_for_matmul),
+        ..PlanOptions::default()
+    };
     let p = plan::plan(&g, &opts).unwrap();
     let locs: Vec<Location> = g.ids().map(|id| p.location(&g, id)).collect();
     let mut ws: Vec<Option<Location>> = g.ids().map(|id| p.workspace(id)).collect();
-    check_ws(&g, &p.liveness.order, &locs, &ws, p.total_bytes, &p.liveness.copies).unwrap();
+    check_ws(
+        &g,
+        &p.liveness.order,
+        &locs,
+        &ws,
+        p.total_bytes,
+        &p.liveness.copies,
+    )
+    .unwrap();
     // Scratch over `a`, an operand of the matmul.
-    ws[m.index()] = Some(Location { offset: locs[a.index()].offset, bytes: 1024 });
-    let e = check_ws(&g, &p.liveness.order, &locs, &ws, p.total_bytes, &p.liveness.copies).unwrap_err();
+    ws[m.index()] = Some(Location {
+        offset: locs[a.index()].offset,
+        bytes: 1024,
+    });
+    let e = check_ws(
+        &g,
+        &p.liveness.order,
+        &locs,
+        &ws,
+        p.total_bytes,
+        &p.liveness.copies,
+    )
+    .unwrap_err();
     assert!(e.contains("workspace on its operand"), "{e}");
 }
 
@@ -165,9 +242,13 @@ fn the_validator_rejects_misaligned_and_out_of_bounds_offsets() {
     g.set_output("a", a).unwrap();
     let (order, mut locs, total, copies) = locations(&g);
     locs[a.index()].offset += 4;
-    assert!(check(&g, &order, &locs, total, &copies).unwrap_err().contains("not a multiple of 256"));
+    assert!(check(&g, &order, &locs, total, &copies)
+        .unwrap_err()
+        .contains("not a multiple of 256"));
     locs[a.index()].offset = total;
-    assert!(check(&g, &order, &locs, total, &copies).unwrap_err().contains("outside"));
+    assert!(check(&g, &order, &locs, total, &copies)
+        .unwrap_err()
+        .contains("outside"));
 }
 
 #[test]
@@ -179,7 +260,9 @@ fn the_validator_rejects_a_non_elementwise_op_writing_over_its_operand() {
     g.set_output("t", t).unwrap();
     let (order, mut locs, total, copies) = locations(&g);
     locs[t.index()] = locs[a.index()];
-    assert!(check(&g, &order, &locs, total, &copies).unwrap_err().contains("writes over its operand"));
+    assert!(check(&g, &order, &locs, total, &copies)
+        .unwrap_err()
+        .contains("writes over its operand"));
 }
 
 #[test]
@@ -193,30 +276,50 @@ fn the_validator_rejects_an_update_overwritten_before_the_step_ends() {
     let (order, mut locs, total, copies) = locations(&g);
     check(&g, &order, &locs, total, &copies).unwrap();
     // Leave the new value in the slab with no copy back: the parameter keeps its old value.
-    locs[e.index()] = Location { offset: total, bytes: 256 };
+    locs[e.index()] = Location {
+        offset: total,
+        bytes: 256,
+    };
     let e = check(&g, &order, &locs, total + 256, &copies).unwrap_err();
-    assert!(e.contains("does not hold its new value") || e.contains("no longer hold"), "{e}");
+    assert!(
+        e.contains("does not hold its new value") || e.contains("no longer hold"),
+        "{e}"
+    );
 }
 
 #[test]
 fn every_reference_model_plan_validates_and_packs_within_one_percent_of_load() {
-    for spec in ["mlp", "gpt-mini", "gpt2", "gpt:vocab=512,d_model=96,layers=3,heads=3,d_ff=200,seq=48,batch=3"] {
+    for spec in [
+        "mlp",
+        "gpt-mini",
+        "gpt2",
+        "gpt:vocab=512,d_model=96,layers=3,heads=3,d_ff=200,seq=48,batch=3",
+    ] {
         let m = models::by_name(spec).unwrap();
         let step = training_step(&m.graph, &m.optimizer).unwrap();
         let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
         p.validate(&step.graph).unwrap();
         let ratio = p.slab_bytes as f64 / p.load_bytes as f64;
-        assert!(ratio <= 1.01, "{spec}: slab {} is {ratio:.4} x LOAD {}", p.slab_bytes, p.load_bytes);
+        assert!(
+            ratio <= 1.01,
+            "{spec}: slab {} is {ratio:.4} x LOAD {}",
+            p.slab_bytes,
+            p.load_bytes
+        );
     }
 }
 
 #[test]
 fn the_same_model_gives_the_same_plan() {
-    let m = models::by_name("gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2").unwrap();
+    let m = models::by_name("gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2")
+        .unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let a = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
     let b = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
-    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
 }
 
 /// A random graph: a few inputs and parameters, then ops drawn over earlier values, with some
@@ -235,7 +338,10 @@ fn random_graph(ops: &[(u8, usize, usize)], update: bool) -> Graph {
             3 => g.matmul(a, b),
             4 => g.transpose(a, &[1, 0]),
             5 => g.sum(a, &[1]).and_then(|s| g.broadcast_to(s, [8, 8])),
-            6 => g.reshape(a, [64]).and_then(|r| g.neg(r)).and_then(|r| g.reshape(r, [8, 8])),
+            6 => g
+                .reshape(a, [64])
+                .and_then(|r| g.neg(r))
+                .and_then(|r| g.reshape(r, [8, 8])),
             7 => g.tanh(a),
             _ => g.maximum(a, b),
         }

@@ -4,11 +4,13 @@
 
 use ingot_compiler::ir::{DType, Graph, Init};
 use ingot_compiler::pipeline;
-use ingot_compiler::plan::report::Report;
 use ingot_compiler::plan;
+use ingot_compiler::plan::report::Report;
 
 fn cpu_options() -> pipeline::Options {
-    pipeline::Options { plan: ingot_runtime::cpu::plan_options() }
+    pipeline::Options {
+        plan: ingot_runtime::cpu::plan_options(),
+    }
 }
 
 fn report_of(spec: &str) -> String {
@@ -33,7 +35,11 @@ fn gpt2_plan_report() {
 
 #[test]
 fn small_gpt_plan_report_json() {
-    let c = pipeline::compile_model("gpt:vocab=64,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2", &cpu_options()).unwrap();
+    let c = pipeline::compile_model(
+        "gpt:vocab=64,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2",
+        &cpu_options(),
+    )
+    .unwrap();
     insta::assert_json_snapshot!(c.report);
 }
 

@@ -9,8 +9,15 @@ fn mlp_loss_falls_on_a_fixed_batch() {
     let m = models::by_name("mlp").unwrap();
     let mut s = Session::new(&m, 7).unwrap();
     let losses: Vec<f64> = (0..8).map(|_| s.step().unwrap().loss).collect();
-    assert!((losses[0] - 10f64.ln()).abs() < 0.05 * 10f64.ln(), "first loss {} is far from ln 10", losses[0]);
-    assert!(losses.windows(2).all(|w| w[1] < w[0]), "loss must fall every step on a fixed batch: {losses:?}");
+    assert!(
+        (losses[0] - 10f64.ln()).abs() < 0.05 * 10f64.ln(),
+        "first loss {} is far from ln 10",
+        losses[0]
+    );
+    assert!(
+        losses.windows(2).all(|w| w[1] < w[0]),
+        "loss must fall every step on a fixed batch: {losses:?}"
+    );
 }
 
 #[test]
@@ -21,6 +28,13 @@ fn a_small_gpt_starts_at_ln_vocab_and_trains() {
     let mut s = Session::new(&m, 1).unwrap();
     let losses: Vec<f64> = (0..10).map(|_| s.step().unwrap().loss).collect();
     let uniform = (vocab as f64).ln();
-    assert!((losses[0] - uniform).abs() <= 0.02 * uniform, "first loss {} is not within 2% of ln({vocab}) = {uniform}", losses[0]);
-    assert!(losses[9] < losses[0] - 0.3, "ten AdamW steps on one batch should lower the loss: {losses:?}");
+    assert!(
+        (losses[0] - uniform).abs() <= 0.02 * uniform,
+        "first loss {} is not within 2% of ln({vocab}) = {uniform}",
+        losses[0]
+    );
+    assert!(
+        losses[9] < losses[0] - 0.3,
+        "ten AdamW steps on one batch should lower the loss: {losses:?}"
+    );
 }

@@ -18,7 +18,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    println!("| model | reference interpreter ms | planned ms | planned / reference | planned bytes |");
+    println!(
+        "| model | reference interpreter ms | planned ms | planned / reference | planned bytes |"
+    );
     println!("|---|---:|---:|---:|---:|");
     for spec in std::env::args().skip(1) {
         let m = models::by_name(&spec).expect("model");
@@ -46,6 +48,12 @@ fn main() {
             }
         }
         let (ma, mb) = (median(a), median(b));
-        println!("| {spec} | {:.1} | {:.1} | {:.2} | {} |", ma * 1e3, mb * 1e3, mb / ma, planned.allocated_bytes());
+        println!(
+            "| {spec} | {:.1} | {:.1} | {:.2} | {} |",
+            ma * 1e3,
+            mb * 1e3,
+            mb / ma,
+            planned.allocated_bytes()
+        );
     }
 }

@@ -33,7 +33,10 @@ pub enum SessionError {
     Build { model: String, source: IrError },
     /// The training step's memory could not be planned.
     #[error("planning the memory of {model}'s training step: {source}")]
-    Plan { model: String, source: ingot_compiler::plan::PlanError },
+    Plan {
+        model: String,
+        source: ingot_compiler::plan::PlanError,
+    },
     /// A parameter the model needs is not among those given.
     #[error("parameter {name:?} ({expected}) is missing from the parameters given; the model's parameters are named as PyTorch names them (reference-models.md)")]
     MissingParameter { name: String, expected: TensorType },
@@ -139,13 +142,22 @@ impl Session {
         let mut values = init::init_leaves(&g, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(&g, LeafKind::State, seed));
         values.extend(init::synthetic_batch(&g, seed));
-        let plan = ingot_compiler::plan::plan(&g, &crate::cpu::plan_options())
-            .map_err(|source| SessionError::Plan { model: model.name.clone(), source })?;
+        let plan =
+            ingot_compiler::plan::plan(&g, &crate::cpu::plan_options()).map_err(|source| {
+                SessionError::Plan {
+                    model: model.name.clone(),
+                    source,
+                }
+            })?;
         let mut exe = PlannedStep::new(g, plan)?;
         for (name, value) in &values {
             exe.write_leaf(name, value)?;
         }
-        Ok(Session { model: model.name.clone(), exe, steps: 0 })
+        Ok(Session {
+            model: model.name.clone(),
+            exe,
+            steps: 0,
+        })
     }
 
     /// The model's name.

@@ -3,8 +3,15 @@
 use std::process::Command;
 
 fn ingot(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ingot")).args(args).output().expect("run ingot");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .output()
+        .expect("run ingot");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -25,7 +32,10 @@ fn plan_json_is_a_versioned_document_with_the_totals() {
 fn a_budget_the_plan_exceeds_exits_3_and_lists_what_holds_the_peak() {
     let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "4MiB"]);
     assert_eq!(code, 3, "{err}");
-    assert!(err.contains("over the budget") && err.contains("f32[1024, 1024]"), "{err}");
+    assert!(
+        err.contains("over the budget") && err.contains("f32[1024, 1024]"),
+        "{err}"
+    );
     let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "1GiB"]);
     assert_eq!(code, 0, "{err}");
 }
@@ -47,20 +57,48 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
     let input = dir.join("p.csv");
     let output = dir.join("s.csv");
     // Three buffers: two overlap in time, the third reuses the first's space.
-    std::fs::write(&input, "id,lower,upper,size\n0,0,2,100\n1,1,3,50\n2,2,4,100\n").unwrap();
-    let (code, _, err) = ingot(&["dsa", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
+    std::fs::write(
+        &input,
+        "id,lower,upper,size\n0,0,2,100\n1,1,3,50\n2,2,4,100\n",
+    )
+    .unwrap();
+    let (code, _, err) = ingot(&[
+        "dsa",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
     let text = std::fs::read_to_string(&output).unwrap();
     let mut lines = text.lines();
     assert_eq!(lines.next().unwrap(), "id,lower,upper,size,offset");
-    let rows: Vec<Vec<u64>> = lines.map(|l| l.split(',').map(|x| x.parse().unwrap()).collect()).collect();
+    let rows: Vec<Vec<u64>> = lines
+        .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+        .collect();
     assert_eq!(rows.len(), 3);
     let peak = rows.iter().map(|r| r[4] + r[3]).max().unwrap();
     assert_eq!(peak, 150, "LOAD is 150 and reachable");
-    let (code, _, err) = ingot(&["dsa", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(), "--capacity", "120", "--time-limit", "0.5"]);
+    let (code, _, err) = ingot(&[
+        "dsa",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--capacity",
+        "120",
+        "--time-limit",
+        "0.5",
+    ]);
     assert_eq!(code, 3, "{err}");
     std::fs::write(&input, "id,lower,upper,size\n0,5,2,100\n").unwrap();
-    let (code, _, err) = ingot(&["dsa", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
+    let (code, _, err) = ingot(&[
+        "dsa",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ]);
     assert_eq!(code, 1);
     assert!(err.contains("line 2"), "{err}");
     std::fs::remove_dir_all(&dir).ok();

@@ -31,7 +31,11 @@ fn planned_matches_reference(spec: &str, steps: usize) {
     let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
     let total = p.total_bytes;
     let mut planned = PlannedStep::new(g.clone(), p).unwrap();
-    assert_eq!(planned.allocated_bytes(), total, "{spec}: the allocation must be the planned total");
+    assert_eq!(
+        planned.allocated_bytes(),
+        total,
+        "{spec}: the allocation must be the planned total"
+    );
     let mut reference = leaves(&g, 3);
     for (name, value) in &reference {
         planned.write_leaf(name, value).unwrap();
@@ -40,11 +44,18 @@ fn planned_matches_reference(spec: &str, steps: usize) {
         let mut values = run_graph(&g, &reference).unwrap();
         planned.step().unwrap();
         let loss = planned.read_output("loss").unwrap();
-        assert!(same_bits(&loss, &values.outputs["loss"]), "{spec} step {s}: planned loss {loss:?} != reference {:?}", values.outputs["loss"]);
+        assert!(
+            same_bits(&loss, &values.outputs["loss"]),
+            "{spec} step {s}: planned loss {loss:?} != reference {:?}",
+            values.outputs["loss"]
+        );
         values.apply_updates(&mut reference);
         for (name, value) in &reference {
             let got = planned.read_leaf(name).unwrap();
-            assert!(same_bits(&got, value), "{spec} step {s}: leaf {name} differs from the reference");
+            assert!(
+                same_bits(&got, value),
+                "{spec} step {s}: leaf {name} differs from the reference"
+            );
         }
     }
 }
@@ -56,7 +67,10 @@ fn planned_mlp_steps_are_bit_identical_to_the_reference_interpreter() {
 
 #[test]
 fn planned_gpt_steps_are_bit_identical_to_the_reference_interpreter() {
-    planned_matches_reference("gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2", 3);
+    planned_matches_reference(
+        "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2",
+        3,
+    );
 }
 
 #[test]
@@ -72,7 +86,13 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     g.set_output("s", s).unwrap();
     g.set_output("d", d).unwrap();
     let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
-    let in_place = g.ids().filter(|&id| !g.node(id).op.is_leaf() && p.liveness.storages[p.liveness.storage_of[id.index()]].owner != id).count();
+    let in_place = g
+        .ids()
+        .filter(|&id| {
+            !g.node(id).op.is_leaf()
+                && p.liveness.storages[p.liveness.storage_of[id.index()]].owner != id
+        })
+        .count();
     assert!(in_place >= 2, "the chain should run in place");
     let xs: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.001).sin()).collect();
     let mut l = IndexMap::new();
@@ -82,7 +102,10 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     planned.write_leaf("x", &l["x"]).unwrap();
     planned.step().unwrap();
     for name in ["s", "d"] {
-        assert!(same_bits(&planned.read_output(name).unwrap(), &want.outputs[name]), "output {name} differs");
+        assert!(
+            same_bits(&planned.read_output(name).unwrap(), &want.outputs[name]),
+            "output {name} differs"
+        );
     }
 }
 
@@ -98,7 +121,9 @@ fn a_corrupted_plan_is_refused_before_anything_runs() {
             p.storage_offset[i] = first;
         }
     }
-    let err = PlannedStep::new(step.graph, p).err().expect("a colliding plan must be refused");
+    let err = PlannedStep::new(step.graph, p)
+        .err()
+        .expect("a colliding plan must be refused");
     assert!(err.to_string().contains("invalid memory plan"), "{err}");
 }
 
@@ -108,7 +133,13 @@ fn writing_a_leaf_of_the_wrong_type_names_it() {
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let p = plan::plan(&step.graph, &ingot_runtime::cpu::plan_options()).unwrap();
     let mut planned = PlannedStep::new(step.graph, p).unwrap();
-    let err = planned.write_leaf("fc1.weight", &Tensor::from_f32([2], vec![0.0, 1.0])).unwrap_err();
+    let err = planned
+        .write_leaf("fc1.weight", &Tensor::from_f32([2], vec![0.0, 1.0]))
+        .unwrap_err();
     assert!(err.to_string().contains("fc1.weight"), "{err}");
-    assert!(planned.write_leaf("nope", &Tensor::from_f32([1], vec![0.0])).unwrap_err().to_string().contains("nope"));
+    assert!(planned
+        .write_leaf("nope", &Tensor::from_f32([1], vec![0.0]))
+        .unwrap_err()
+        .to_string()
+        .contains("nope"));
 }

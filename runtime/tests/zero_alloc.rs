@@ -58,7 +58,14 @@ fn allocations_per_step(spec: &str) -> usize {
 
 #[test]
 fn a_planned_training_step_allocates_nothing_on_the_heap() {
-    for spec in ["mlp", "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2"] {
-        assert_eq!(allocations_per_step(spec), 0, "{spec}: a step allocated on the heap");
+    for spec in [
+        "mlp",
+        "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2",
+    ] {
+        assert_eq!(
+            allocations_per_step(spec),
+            0,
+            "{spec}: a step allocated on the heap"
+        );
     }
 }

@@ -11,11 +11,16 @@ use crate::ir::{BinaryOp, CmpOp, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
 pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> {
     let lt = g.ty(loss).clone();
     if lt.shape.rank() != 0 || !lt.dtype.is_float() {
-        return Err(IrError::Invalid(format!("the loss {loss} must be a float scalar, not {lt}")));
+        return Err(IrError::Invalid(format!(
+            "the loss {loss} must be a float scalar, not {lt}"
+        )));
     }
     for &w in wrt {
         if !g.ty(w).dtype.is_float() {
-            return Err(IrError::Invalid(format!("cannot differentiate with respect to {w} of type {}", g.ty(w))));
+            return Err(IrError::Invalid(format!(
+                "cannot differentiate with respect to {w} of type {}",
+                g.ty(w)
+            )));
         }
     }
     let wants = needs_gradient(g, loss, wrt);
@@ -36,11 +41,12 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
             });
         }
     }
-    wrt.iter().map(|&w| match adjoint.get(w.index()).copied().flatten() {
-        Some(gw) => Ok(gw),
-        None => g.full_like(0.0, w),
-    })
-    .collect()
+    wrt.iter()
+        .map(|&w| match adjoint.get(w.index()).copied().flatten() {
+            Some(gw) => Ok(gw),
+            None => g.full_like(0.0, w),
+        })
+        .collect()
 }
 
 /// Marks the float nodes that lie on a path from some `wrt` node to `loss`: only they need adjoints.
@@ -72,7 +78,10 @@ fn needs_gradient(g: &Graph, loss: NodeId, wrt: &[NodeId]) -> Vec<bool> {
 
 /// Ops whose float output carries a gradient to its float operands.
 fn differentiable(op: &Op) -> bool {
-    !matches!(op, Op::Compare(_) | Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. })
+    !matches!(
+        op,
+        Op::Compare(_) | Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. }
+    )
 }
 
 /// The gradient contribution of node `y` to its operand number `slot`, given `gy` = dL/dy.
@@ -162,11 +171,19 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             }
         }
         Op::Concat { axis } => {
-            let start: usize = node.inputs[..slot].iter().map(|&i| g.ty(i).shape.dims()[*axis]).sum();
+            let start: usize = node.inputs[..slot]
+                .iter()
+                .map(|&i| g.ty(i).shape.dims()[*axis])
+                .sum();
             g.slice(gy, *axis, start, start + xs.dims()[*axis])
         }
-        Op::Reduce { op: ReduceOp::Sum, .. } => g.broadcast_to(gy, xs),
-        Op::Reduce { op: ReduceOp::Max, axes } => {
+        Op::Reduce {
+            op: ReduceOp::Sum, ..
+        } => g.broadcast_to(gy, xs),
+        Op::Reduce {
+            op: ReduceOp::Max,
+            axes,
+        } => {
             // Ties share the gradient equally, as PyTorch's amax does.
             let yb = g.broadcast_to(y, xs.clone())?;
             let hit = g.compare(CmpOp::Eq, x, yb)?;
@@ -197,15 +214,24 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             let dt = g.ty(x).dtype;
             g.convert(gy, dt)
         }
-        Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Compare(_) => Err(IrError::Invalid(format!(
-            "{} ({y}) carries no gradient; this is a bug in needs_gradient",
-            node.op.name()
-        ))),
+        Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Compare(_) => {
+            Err(IrError::Invalid(format!(
+                "{} ({y}) carries no gradient; this is a bug in needs_gradient",
+                node.op.name()
+            )))
+        }
     }
 }
 
 /// Gradient of `max`/`min`: operand 0 takes it where `a cmp c` holds, operand 1 elsewhere.
-fn route(g: &mut Graph, cmp: CmpOp, a: NodeId, c: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
+fn route(
+    g: &mut Graph,
+    cmp: CmpOp,
+    a: NodeId,
+    c: NodeId,
+    slot: usize,
+    gy: NodeId,
+) -> Result<NodeId> {
     let first = g.compare(cmp, a, c)?;
     let zero = g.full_like(0.0, gy)?;
     if slot == 0 {
@@ -222,6 +248,10 @@ pub fn unbroadcast(g: &mut Graph, gy: NodeId, to: &Shape) -> Result<NodeId> {
     let axes: Vec<usize> = (0..from.rank())
         .filter(|&i| i < off || (to.dims()[i - off] == 1 && from.dims()[i] != 1))
         .collect();
-    let summed = if axes.is_empty() { gy } else { g.sum(gy, &axes)? };
+    let summed = if axes.is_empty() {
+        gy
+    } else {
+        g.sum(gy, &axes)?
+    };
     g.reshape(summed, to.clone())
 }

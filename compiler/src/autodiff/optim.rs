@@ -9,13 +9,25 @@ pub enum Optimizer {
     /// Plain SGD without momentum: `p -= lr * g`.
     Sgd { lr: f64 },
     /// AdamW with decoupled weight decay and bias correction, as `torch.optim.AdamW`.
-    AdamW { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    AdamW {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
 }
 
 impl Optimizer {
     /// `torch.optim.AdamW`'s defaults but for the learning rate and weight decay given.
     pub fn adamw(lr: f64, weight_decay: f64) -> Optimizer {
-        Optimizer::AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }
+        Optimizer::AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
     }
 }
 
@@ -30,7 +42,11 @@ impl Optimizer {
     /// value, and each new optimizer state, as an in-place update of its leaf.
     pub fn apply(&self, g: &mut Graph, params: &[NodeId], grads: &[NodeId]) -> Result<()> {
         if params.len() != grads.len() {
-            return Err(IrError::Invalid(format!("{} parameters but {} gradients", params.len(), grads.len())));
+            return Err(IrError::Invalid(format!(
+                "{} parameters but {} gradients",
+                params.len(),
+                grads.len()
+            )));
         }
         match *self {
             Optimizer::Sgd { lr } => {
@@ -42,9 +58,13 @@ impl Optimizer {
                 }
                 Ok(())
             }
-            Optimizer::AdamW { lr, beta1, beta2, eps, weight_decay } => {
-                adamw(g, params, grads, lr, beta1, beta2, eps, weight_decay)
-            }
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => adamw(g, params, grads, lr, beta1, beta2, eps, weight_decay),
         }
     }
 }
@@ -81,9 +101,18 @@ fn adamw(
     let bc2_sqrt = g.sqrt(bc2)?;
     let mut scalars: Vec<(DType, NodeId, NodeId)> = Vec::new();
     for (&p, &gp) in params.iter().zip(grads) {
-        let name = g.leaf_name(p).ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?.to_string();
+        let name = g
+            .leaf_name(p)
+            .ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?
+            .to_string();
         let ty = g.ty(p).clone();
-        if !matches!(g.node(p).op, crate::ir::Op::Leaf { kind: LeafKind::Parameter, .. }) {
+        if !matches!(
+            g.node(p).op,
+            crate::ir::Op::Leaf {
+                kind: LeafKind::Parameter,
+                ..
+            }
+        ) {
             return Err(IrError::Invalid(format!("{name} is not a parameter")));
         }
         let dt = ty.dtype;
@@ -96,8 +125,18 @@ fn adamw(
                 (a, b)
             }
         };
-        let m = g.state(&format!("{name}.exp_avg"), ty.shape.clone(), dt, Init::Zeros)?;
-        let v = g.state(&format!("{name}.exp_avg_sq"), ty.shape.clone(), dt, Init::Zeros)?;
+        let m = g.state(
+            &format!("{name}.exp_avg"),
+            ty.shape.clone(),
+            dt,
+            Init::Zeros,
+        )?;
+        let v = g.state(
+            &format!("{name}.exp_avg_sq"),
+            ty.shape.clone(),
+            dt,
+            Init::Zeros,
+        )?;
         // p *= 1 - lr * wd
         let decayed = g.mul_scalar(p, 1.0 - lr * weight_decay)?;
         // m.lerp_(g, 1 - beta1):  m + (1 - beta1) * (g - m)

@@ -27,23 +27,33 @@ pub struct Phases {
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
 /// gradients of the loss with respect to every parameter, then `optimizer`'s in-place updates.
 pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
-    let loss = *forward
-        .outputs
-        .get(LOSS)
-        .ok_or_else(|| IrError::Invalid(format!("the forward graph has no output named {LOSS:?}")))?;
+    let loss = *forward.outputs.get(LOSS).ok_or_else(|| {
+        IrError::Invalid(format!("the forward graph has no output named {LOSS:?}"))
+    })?;
     if !forward.updates.is_empty() {
-        return Err(IrError::Invalid("the forward graph already updates leaves; is it a step already?".into()));
+        return Err(IrError::Invalid(
+            "the forward graph already updates leaves; is it a step already?".into(),
+        ));
     }
     let (mut g, map) = forward.without_dead_code();
     let loss = map[loss.index()].expect("outputs survive dead-code removal");
     let params = g.leaves(LeafKind::Parameter);
     if params.is_empty() {
-        return Err(IrError::Invalid("the forward graph has no parameters to train".into()));
+        return Err(IrError::Invalid(
+            "the forward graph has no parameters to train".into(),
+        ));
     }
     let f = g.len();
     let grads = grad::grad(&mut g, loss, &params)?;
     let b = g.len();
     optimizer.apply(&mut g, &params, &grads)?;
     let n = g.len();
-    Ok(Step { graph: g, phases: Phases { forward: 0..f, backward: f..b, optimizer: b..n } })
+    Ok(Step {
+        graph: g,
+        phases: Phases {
+            forward: 0..f,
+            backward: f..b,
+            optimizer: b..n,
+        },
+    })
 }

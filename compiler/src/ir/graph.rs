@@ -96,11 +96,21 @@ impl Graph {
 
     /// Appends a node after checking its operands exist and its types agree.
     /// `declared` is required for ops whose result type is not implied by their operands.
-    pub fn push(&mut self, op: Op, inputs: &[NodeId], declared: Option<TensorType>) -> Result<NodeId, IrError> {
+    pub fn push(
+        &mut self,
+        op: Op,
+        inputs: &[NodeId],
+        declared: Option<TensorType>,
+    ) -> Result<NodeId, IrError> {
         let node = self.nodes.len();
         for &i in inputs {
             if i.index() >= node {
-                return Err(IrError::Dangling { op: op.name(), node, operand: i.index(), len: node });
+                return Err(IrError::Dangling {
+                    op: op.name(),
+                    node,
+                    operand: i.index(),
+                    len: node,
+                });
             }
         }
         if let Op::Leaf { name, .. } = &op {
@@ -109,21 +119,29 @@ impl Graph {
             }
         }
         let ty = {
-            let operand_types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| self.ty(i)).collect();
+            let operand_types: SmallVec<[&TensorType; 3]> =
+                inputs.iter().map(|&i| self.ty(i)).collect();
             infer(&op, &operand_types, declared.as_ref(), node)?
         };
-        self.nodes.push(Node { op, inputs: SmallVec::from_slice(inputs), ty });
+        self.nodes.push(Node {
+            op,
+            inputs: SmallVec::from_slice(inputs),
+            ty,
+        });
         Ok(NodeId(node as u32))
     }
 
     /// The leaf with this name, if any.
     pub fn leaf(&self, name: &str) -> Option<NodeId> {
-        self.ids().find(|&id| matches!(&self.node(id).op, Op::Leaf { name: n, .. } if n == name))
+        self.ids()
+            .find(|&id| matches!(&self.node(id).op, Op::Leaf { name: n, .. } if n == name))
     }
 
     /// Leaves of one kind, in graph order.
     pub fn leaves(&self, kind: LeafKind) -> Vec<NodeId> {
-        self.ids().filter(|&id| matches!(&self.node(id).op, Op::Leaf { kind: k, .. } if *k == kind)).collect()
+        self.ids()
+            .filter(|&id| matches!(&self.node(id).op, Op::Leaf { kind: k, .. } if *k == kind))
+            .collect()
     }
 
     /// The leaf's name, for leaves.
@@ -137,7 +155,9 @@ impl Graph {
     /// Names a result the caller wants after the step.
     pub fn set_output(&mut self, name: &str, id: NodeId) -> Result<(), IrError> {
         if id.index() >= self.len() {
-            return Err(IrError::Invalid(format!("output {name:?} names missing node {id}")));
+            return Err(IrError::Invalid(format!(
+                "output {name:?} names missing node {id}"
+            )));
         }
         if self.outputs.insert(name.to_string(), id).is_some() {
             return Err(IrError::Invalid(format!("output {name:?} is named twice")));
@@ -195,12 +215,21 @@ impl Graph {
             if !live[i] && !n.op.is_leaf() {
                 continue;
             }
-            let inputs: Operands = n.inputs.iter().map(|x| map[x.index()].expect("operand of a live node is live")).collect();
+            let inputs: Operands = n
+                .inputs
+                .iter()
+                .map(|x| map[x.index()].expect("operand of a live node is live"))
+                .collect();
             map[i] = Some(NodeId(out.nodes.len() as u32));
-            out.nodes.push(Node { op: n.op.clone(), inputs, ty: n.ty.clone() });
+            out.nodes.push(Node {
+                op: n.op.clone(),
+                inputs,
+                ty: n.ty.clone(),
+            });
         }
         for (k, v) in &self.outputs {
-            out.outputs.insert(k.clone(), map[v.index()].expect("outputs are live"));
+            out.outputs
+                .insert(k.clone(), map[v.index()].expect("outputs are live"));
         }
         for u in &self.updates {
             out.updates.push(Update {
@@ -227,7 +256,12 @@ impl Graph {
         for (i, n) in self.nodes.iter().enumerate() {
             for &x in &n.inputs {
                 if x.index() >= i {
-                    return Err(IrError::Dangling { op: n.op.name(), node: i, operand: x.index(), len: i });
+                    return Err(IrError::Dangling {
+                        op: n.op.name(),
+                        node: i,
+                        operand: x.index(),
+                        len: i,
+                    });
                 }
             }
             if let Op::Leaf { name, .. } = &n.op {
@@ -235,12 +269,15 @@ impl Graph {
                     return Err(IrError::Invalid(format!("two leaves are named {name:?}")));
                 }
             }
-            let operand_types: SmallVec<[&TensorType; 3]> = n.inputs.iter().map(|&x| self.ty(x)).collect();
+            let operand_types: SmallVec<[&TensorType; 3]> =
+                n.inputs.iter().map(|&x| self.ty(x)).collect();
             infer(&n.op, &operand_types, Some(&n.ty), i)?;
         }
         for (name, id) in &self.outputs {
             if id.index() >= self.len() {
-                return Err(IrError::Invalid(format!("output {name:?} names missing node {id}")));
+                return Err(IrError::Invalid(format!(
+                    "output {name:?} names missing node {id}"
+                )));
             }
         }
         let mut targets = std::collections::BTreeSet::new();
@@ -256,10 +293,16 @@ impl Graph {
 
 fn check_update(g: &Graph, u: Update) -> Result<(), IrError> {
     if u.target.index() >= g.len() || u.value.index() >= g.len() {
-        return Err(IrError::Invalid(format!("update {} <- {} names a missing node", u.target, u.value)));
+        return Err(IrError::Invalid(format!(
+            "update {} <- {} names a missing node",
+            u.target, u.value
+        )));
     }
     match &g.node(u.target).op {
-        Op::Leaf { kind: LeafKind::Parameter | LeafKind::State, .. } => {}
+        Op::Leaf {
+            kind: LeafKind::Parameter | LeafKind::State,
+            ..
+        } => {}
         other => {
             return Err(IrError::Invalid(format!(
                 "update target {} is a {}, not a parameter or state",

@@ -26,7 +26,10 @@ pub fn infer(
         if operands.len() == n {
             Ok(())
         } else {
-            Err(fail(format!("takes {n} operand(s), got {}", operands.len())))
+            Err(fail(format!(
+                "takes {n} operand(s), got {}",
+                operands.len()
+            )))
         }
     };
     let need_declared = || -> Result<&TensorType, IrError> {
@@ -79,7 +82,10 @@ pub fn infer(
                 return Err(fail("arithmetic is not defined for bool".into()));
             }
             if matches!(b, BinaryOp::Div) && !a.dtype.is_float() {
-                return Err(fail(format!("div is only defined for floats, not {}", a.dtype)));
+                return Err(fail(format!(
+                    "div is only defined for floats, not {}",
+                    a.dtype
+                )));
             }
             a.clone()
         }
@@ -95,7 +101,10 @@ pub fn infer(
                 return Err(fail(format!("condition must be bool, got {}", c.dtype)));
             }
             if c.shape != a.shape {
-                return Err(fail(format!("condition shape {} differs from {}", c.shape, a.shape)));
+                return Err(fail(format!(
+                    "condition shape {} differs from {}",
+                    c.shape, a.shape
+                )));
             }
             same_type(a, b).map_err(&fail)?;
             a.clone()
@@ -105,11 +114,17 @@ pub fn infer(
             let a = operands[0];
             let t = need_declared()?;
             if t.dtype != a.dtype {
-                return Err(fail(format!("cannot change dtype {} to {}", a.dtype, t.dtype)));
+                return Err(fail(format!(
+                    "cannot change dtype {} to {}",
+                    a.dtype, t.dtype
+                )));
             }
             let (src, dst) = (a.shape.dims(), t.shape.dims());
             if src.len() > dst.len() {
-                return Err(fail(format!("cannot broadcast {} to fewer axes {}", a.shape, t.shape)));
+                return Err(fail(format!(
+                    "cannot broadcast {} to fewer axes {}",
+                    a.shape, t.shape
+                )));
             }
             let off = dst.len() - src.len();
             for (i, &s) in src.iter().enumerate() {
@@ -129,7 +144,10 @@ pub fn infer(
             let a = operands[0];
             let t = need_declared()?;
             if t.dtype != a.dtype {
-                return Err(fail(format!("cannot change dtype {} to {}", a.dtype, t.dtype)));
+                return Err(fail(format!(
+                    "cannot change dtype {} to {}",
+                    a.dtype, t.dtype
+                )));
             }
             if t.shape.numel() != a.shape.numel() {
                 return Err(fail(format!(
@@ -157,7 +175,9 @@ pub fn infer(
             }
             let n = a.shape.dims()[*axis];
             if start >= end || *end > n {
-                return Err(fail(format!("range [{start}, {end}) is empty or outside axis {axis} of size {n}")));
+                return Err(fail(format!(
+                    "range [{start}, {end}) is empty or outside axis {axis} of size {n}"
+                )));
             }
             let mut dims = a.shape.0.clone();
             dims[*axis] = end - start;
@@ -169,14 +189,20 @@ pub fn infer(
             }
             let first = operands[0];
             if *axis >= first.shape.rank() {
-                return Err(fail(format!("axis {axis} out of range for {}", first.shape)));
+                return Err(fail(format!(
+                    "axis {axis} out of range for {}",
+                    first.shape
+                )));
             }
             let mut total = 0;
             for o in operands {
                 let same_other_axes = o.shape.rank() == first.shape.rank()
-                    && (0..o.shape.rank()).all(|i| i == *axis || o.shape.dims()[i] == first.shape.dims()[i]);
+                    && (0..o.shape.rank())
+                        .all(|i| i == *axis || o.shape.dims()[i] == first.shape.dims()[i]);
                 if o.dtype != first.dtype || !same_other_axes {
-                    return Err(fail(format!("operands must agree on dtype and on every axis but {axis}")));
+                    return Err(fail(format!(
+                        "operands must agree on dtype and on every axis but {axis}"
+                    )));
                 }
                 total += o.shape.dims()[*axis];
             }
@@ -218,7 +244,11 @@ pub fn infer(
                 return Err(fail("batch axes differ".into()));
             }
             if ad[ra - 1] != bd[rb - 2] {
-                return Err(fail(format!("inner dimensions {} and {} differ", ad[ra - 1], bd[rb - 2])));
+                return Err(fail(format!(
+                    "inner dimensions {} and {} differ",
+                    ad[ra - 1],
+                    bd[rb - 2]
+                )));
             }
             let mut dims = a.shape.0.clone();
             dims[ra - 1] = bd[rb - 1];
@@ -259,14 +289,19 @@ pub fn infer(
             arity(1)?;
             let t = need_declared()?;
             if t.shape != operands[0].shape {
-                return Err(fail(format!("cannot change shape {} to {}", operands[0].shape, t.shape)));
+                return Err(fail(format!(
+                    "cannot change shape {} to {}",
+                    operands[0].shape, t.shape
+                )));
             }
             t.clone()
         }
     };
     if let Some(d) = declared {
         if *d != inferred {
-            return Err(fail(format!("stated result {d} but the op gives {inferred}")));
+            return Err(fail(format!(
+                "stated result {d} but the op gives {inferred}"
+            )));
         }
     }
     Ok(inferred)
@@ -276,14 +311,20 @@ fn describe(operands: &[&TensorType]) -> String {
     if operands.is_empty() {
         return "none".into();
     }
-    operands.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+    operands
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn same_type(a: &TensorType, b: &TensorType) -> Result<(), String> {
     if a == b {
         Ok(())
     } else {
-        Err(format!("operands must have one type, got {a} and {b} (broadcast explicitly)"))
+        Err(format!(
+            "operands must have one type, got {a} and {b} (broadcast explicitly)"
+        ))
     }
 }
 
@@ -304,7 +345,9 @@ fn check_axes(axes: &[usize], rank: usize) -> Result<(), String> {
     let mut seen = vec![false; rank];
     for &a in axes {
         if a >= rank || std::mem::replace(&mut seen[a], true) {
-            return Err(format!("axes {axes:?} are out of range or repeated for rank {rank}"));
+            return Err(format!(
+                "axes {axes:?} are out of range or repeated for rank {rank}"
+            ));
         }
     }
     Ok(())

@@ -15,7 +15,9 @@ pub enum Init {
     Zeros,
     Ones,
     /// Normal(0, std), from the run's seeded generator.
-    Normal { std: f64 },
+    Normal {
+        std: f64,
+    },
 }
 
 /// What a leaf tensor is to the step: it decides where the planner puts it.
@@ -72,11 +74,19 @@ pub enum ReduceOp {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// A named leaf: parameter, optimizer state or step input. Shape and dtype are the node's.
-    Leaf { kind: LeafKind, name: String, init: Init },
+    Leaf {
+        kind: LeafKind,
+        name: String,
+        init: Init,
+    },
     /// A constant tensor with every element equal to `value`.
-    Full { value: f64 },
+    Full {
+        value: f64,
+    },
     /// Each element is its index along `axis` (used for masks and one-hot encodings).
-    Iota { axis: usize },
+    Iota {
+        axis: usize,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     /// Elementwise comparison; the result is `bool`.
@@ -88,19 +98,32 @@ pub enum Op {
     /// Same elements, new shape (row-major order kept).
     Reshape,
     /// Output axis `i` is operand axis `perm[i]`.
-    Transpose { perm: Axes },
+    Transpose {
+        perm: Axes,
+    },
     /// `[start, end)` along `axis`.
-    Slice { axis: usize, start: usize, end: usize },
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
     /// Operands joined along `axis`.
-    Concat { axis: usize },
+    Concat {
+        axis: usize,
+    },
     /// Reduces `axes`, keeping each as size 1.
-    Reduce { op: ReduceOp, axes: Axes },
+    Reduce {
+        op: ReduceOp,
+        axes: Axes,
+    },
     /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, equal batch axes.
     MatMul,
     /// `gather(table [r, d...], ids [i...]) -> [i..., d...]`: rows of `table` picked by `ids`.
     Gather,
     /// `scatter_add(ids [i...], values [i..., d...]) -> [rows, d...]`: the transpose of gather.
-    ScatterAdd { rows: usize },
+    ScatterAdd {
+        rows: usize,
+    },
     /// Elementwise conversion to the node's dtype.
     Convert,
 }
@@ -109,9 +132,18 @@ impl Op {
     /// The op's name in the text form and in error messages.
     pub fn name(&self) -> &'static str {
         match self {
-            Op::Leaf { kind: LeafKind::Parameter, .. } => "parameter",
-            Op::Leaf { kind: LeafKind::State, .. } => "state",
-            Op::Leaf { kind: LeafKind::Input, .. } => "input",
+            Op::Leaf {
+                kind: LeafKind::Parameter,
+                ..
+            } => "parameter",
+            Op::Leaf {
+                kind: LeafKind::State,
+                ..
+            } => "state",
+            Op::Leaf {
+                kind: LeafKind::Input,
+                ..
+            } => "input",
             Op::Full { .. } => "full",
             Op::Iota { .. } => "iota",
             Op::Unary(u) => match u {
@@ -144,8 +176,12 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
             Op::Concat { .. } => "concat",
-            Op::Reduce { op: ReduceOp::Sum, .. } => "reduce_sum",
-            Op::Reduce { op: ReduceOp::Max, .. } => "reduce_max",
+            Op::Reduce {
+                op: ReduceOp::Sum, ..
+            } => "reduce_sum",
+            Op::Reduce {
+                op: ReduceOp::Max, ..
+            } => "reduce_max",
             Op::MatMul => "matmul",
             Op::Gather => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
@@ -156,7 +192,10 @@ impl Op {
     /// True for ops that map each output element from the same-index elements of their operands:
     /// the ops an output may share memory with a dying operand in, and the ops fusion chains.
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert)
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert
+        )
     }
 
     /// True for leaves (no operands, values supplied from outside the step).
@@ -174,7 +213,10 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(shape: impl Into<Shape>, dtype: DType) -> TensorType {
-        TensorType { shape: shape.into(), dtype }
+        TensorType {
+            shape: shape.into(),
+            dtype,
+        }
     }
 
     pub fn bytes(&self) -> usize {

@@ -53,19 +53,31 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     let g = p.graph;
     let err = |s: String| Err(PlanViolation(s));
     if p.location.len() != g.len() || p.workspace.len() != g.len() {
-        return err(format!("{} locations and {} workspaces for {} nodes", p.location.len(), p.workspace.len(), g.len()));
+        return err(format!(
+            "{} locations and {} workspaces for {} nodes",
+            p.location.len(),
+            p.workspace.len(),
+            g.len()
+        ));
     }
     // The order runs each node once, after its operands.
     let mut done = vec![false; g.len()];
     if p.order.len() != g.len() {
-        return err(format!("the schedule has {} ops, the graph {}", p.order.len(), g.len()));
+        return err(format!(
+            "the schedule has {} ops, the graph {}",
+            p.order.len(),
+            g.len()
+        ));
     }
     for &id in p.order {
         if id.index() >= g.len() || done[id.index()] {
             return err(format!("{id} is scheduled twice or does not exist"));
         }
         if let Some(x) = g.node(id).inputs.iter().find(|x| !done[x.index()]) {
-            return err(format!("{id} ({}) runs before its operand {x}", g.node(id).op.name()));
+            return err(format!(
+                "{id} ({}) runs before its operand {x}",
+                g.node(id).op.name()
+            ));
         }
         done[id.index()] = true;
     }
@@ -73,19 +85,35 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     for id in g.ids() {
         let l = p.location[id.index()];
         if l.bytes != g.ty(id).bytes() {
-            return err(format!("{id} needs {} bytes but is given {}", g.ty(id).bytes(), l.bytes));
+            return err(format!(
+                "{id} needs {} bytes but is given {}",
+                g.ty(id).bytes(),
+                l.bytes
+            ));
         }
         if l.offset % p.alignment != 0 {
-            return err(format!("{id} is at offset {}, not a multiple of {}", l.offset, p.alignment));
+            return err(format!(
+                "{id} is at offset {}, not a multiple of {}",
+                l.offset, p.alignment
+            ));
         }
         if l.offset + l.bytes > p.total_bytes {
-            return err(format!("{id} at [{}, {}) lies outside the {} byte allocation", l.offset, l.offset + l.bytes, p.total_bytes));
+            return err(format!(
+                "{id} at [{}, {}) lies outside the {} byte allocation",
+                l.offset,
+                l.offset + l.bytes,
+                p.total_bytes
+            ));
         }
     }
     for (i, w) in p.workspace.iter().enumerate() {
         if let Some(w) = w {
             if w.offset % p.alignment != 0 || w.offset + w.bytes > p.total_bytes {
-                return err(format!("the workspace of %{i} at [{}, {}) is misaligned or outside the allocation", w.offset, w.offset + w.bytes));
+                return err(format!(
+                    "the workspace of %{i} at [{}, {}) is misaligned or outside the allocation",
+                    w.offset,
+                    w.offset + w.bytes
+                ));
             }
         }
     }
@@ -114,22 +142,39 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                     lx.offset + lx.bytes
                 ));
             }
-            let overlaps = lx.bytes > 0 && here.bytes > 0 && lx.offset < here.offset + here.bytes && here.offset < lx.offset + lx.bytes;
+            let overlaps = lx.bytes > 0
+                && here.bytes > 0
+                && lx.offset < here.offset + here.bytes
+                && here.offset < lx.offset + lx.bytes;
             let in_place_ok = match node.op {
                 Op::Reshape => lx == here,
                 _ => node.op.is_elementwise() && lx == here,
             };
             if overlaps && !in_place_ok {
-                return err(format!("{id} ({}) writes over its operand {x} while reading it", node.op.name()));
+                return err(format!(
+                    "{id} ({}) writes over its operand {x} while reading it",
+                    node.op.name()
+                ));
             }
         }
         if let Some(w) = p.workspace[id.index()] {
-            let overlap = |l: Location| l.bytes > 0 && w.bytes > 0 && l.offset < w.offset + w.bytes && w.offset < l.offset + l.bytes;
+            let overlap = |l: Location| {
+                l.bytes > 0
+                    && w.bytes > 0
+                    && l.offset < w.offset + w.bytes
+                    && w.offset < l.offset + l.bytes
+            };
             if let Some(x) = node.inputs.iter().find(|x| overlap(p.location[x.index()])) {
-                return err(format!("{id} ({}) has its workspace on its operand {x}", node.op.name()));
+                return err(format!(
+                    "{id} ({}) has its workspace on its operand {x}",
+                    node.op.name()
+                ));
             }
             if overlap(here) {
-                return err(format!("{id} ({}) has its workspace on its own output", node.op.name()));
+                return err(format!(
+                    "{id} ({}) has its workspace on its own output",
+                    node.op.name()
+                ));
             }
             // Whatever lived there is gone: later reads of it must fail.
             memory.write(w, SCRATCH);
@@ -144,18 +189,25 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     }
     for (name, &o) in &g.outputs {
         if !memory.holds(p.location[o.index()], content[o.index()]) {
-            return err(format!("output {name:?} ({o}) was overwritten before the step ended"));
+            return err(format!(
+                "output {name:?} ({o}) was overwritten before the step ended"
+            ));
         }
     }
     for &(v, t) in p.copies {
         if !memory.holds(p.location[v.index()], content[v.index()]) {
-            return err(format!("the new value {v} of {t} was overwritten before it was copied"));
+            return err(format!(
+                "the new value {v} of {t} was overwritten before it was copied"
+            ));
         }
         memory.write(p.location[t.index()], content[v.index()]);
     }
     for u in &g.updates {
         if !memory.holds(p.location[u.target.index()], content[u.value.index()]) {
-            return err(format!("{} does not hold its new value {} when the step ends", u.target, u.value));
+            return err(format!(
+                "{} does not hold its new value {} when the step ends",
+                u.target, u.value
+            ));
         }
     }
     Ok(())

@@ -95,21 +95,40 @@ impl Liveness {
                 None
             } else if matches!(node.op, Op::Reshape) {
                 Some(storage_of[node.inputs[0].index()])
-            } else if let Some(t) = update_target[id.index()].filter(|&t| can_update_in_place(g, &storages, &storage_of, &last_read, id, t, p)) {
+            } else if let Some(t) = update_target[id.index()]
+                .filter(|&t| can_update_in_place(g, &storages, &storage_of, &last_read, id, t, p))
+            {
                 Some(storage_of[t.index()])
             } else if node.op.is_elementwise() {
-                node.inputs.iter().map(|x| storage_of[x.index()]).find(|&s| {
-                    let st = &storages[s];
-                    st.region == Region::Slab && st.bytes == bytes && st.end == p + 1 && !holds_output[s]
-                })
+                node.inputs
+                    .iter()
+                    .map(|x| storage_of[x.index()])
+                    .find(|&s| {
+                        let st = &storages[s];
+                        st.region == Region::Slab
+                            && st.bytes == bytes
+                            && st.end == p + 1
+                            && !holds_output[s]
+                    })
             } else {
                 None
             };
             let s = match reuse {
                 Some(s) => s,
                 None => {
-                    let region = if node.op.is_leaf() { Region::Resident } else { Region::Slab };
-                    storages.push(Storage { region, bytes, owner: id, start: p, end: p + 1, workspace: false });
+                    let region = if node.op.is_leaf() {
+                        Region::Resident
+                    } else {
+                        Region::Slab
+                    };
+                    storages.push(Storage {
+                        region,
+                        bytes,
+                        owner: id,
+                        start: p,
+                        end: p + 1,
+                        workspace: false,
+                    });
                     storages.len() - 1
                 }
             };
@@ -135,7 +154,14 @@ impl Liveness {
             for (p, &id) in order.iter().enumerate() {
                 let bytes = ws(g, id);
                 if bytes > 0 {
-                    storages.push(Storage { region: Region::Slab, bytes, owner: id, start: p, end: p + 1, workspace: true });
+                    storages.push(Storage {
+                        region: Region::Slab,
+                        bytes,
+                        owner: id,
+                        start: p,
+                        end: p + 1,
+                        workspace: true,
+                    });
                     workspace_of[id.index()] = Some(storages.len() - 1);
                 }
             }
@@ -146,7 +172,14 @@ impl Liveness {
                 s.end = n;
             }
         }
-        Liveness { order: order.to_vec(), position, storage_of, storages, copies, workspace_of }
+        Liveness {
+            order: order.to_vec(),
+            position,
+            storage_of,
+            storages,
+            copies,
+            workspace_of,
+        }
     }
 }
 

@@ -39,7 +39,11 @@ pub struct PlanOptions {
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { solver_time: Duration::from_millis(300), strategies: vec![Strategy::Traced, Strategy::MemoryAware], workspace: None }
+        PlanOptions {
+            solver_time: Duration::from_millis(300),
+            strategies: vec![Strategy::Traced, Strategy::MemoryAware],
+            workspace: None,
+        }
     }
 }
 
@@ -75,12 +79,18 @@ impl MemoryPlan {
     /// Location (absolute offset, bytes) of a node's value.
     pub fn location(&self, g: &Graph, id: NodeId) -> Location {
         let s = self.liveness.storage_of[id.index()];
-        Location { offset: self.storage_offset[s], bytes: g.ty(id).bytes() }
+        Location {
+            offset: self.storage_offset[s],
+            bytes: g.ty(id).bytes(),
+        }
     }
 
     /// Location of a node's kernel workspace, if it has one.
     pub fn workspace(&self, id: NodeId) -> Option<Location> {
-        self.liveness.workspace_of[id.index()].map(|s| Location { offset: self.storage_offset[s], bytes: self.liveness.storages[s].bytes })
+        self.liveness.workspace_of[id.index()].map(|s| Location {
+            offset: self.storage_offset[s],
+            bytes: self.liveness.storages[s].bytes,
+        })
     }
 
     /// Runs the independent validator over this plan.
@@ -132,13 +142,19 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
             best = Some(p);
         }
     }
-    let best = best.ok_or_else(|| crate::error::IrError::Invalid("no scheduling strategy was given".into()))?;
+    let best = best
+        .ok_or_else(|| crate::error::IrError::Invalid("no scheduling strategy was given".into()))?;
     best.validate(g)?;
     Ok(best)
 }
 
 /// Plans `g` for one given schedule.
-pub fn plan_order(g: &Graph, order: &[NodeId], strategy: Strategy, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
+pub fn plan_order(
+    g: &Graph,
+    order: &[NodeId],
+    strategy: Strategy,
+    solver_time: Duration,
+) -> Result<MemoryPlan, PlanError> {
     Prepared::new(g, order, strategy, None).solve(solver_time)
 }
 
@@ -155,7 +171,12 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(g: &Graph, order: &[NodeId], strategy: Strategy, workspace: Option<WorkspaceFn>) -> Prepared {
+    fn new(
+        g: &Graph,
+        order: &[NodeId],
+        strategy: Strategy,
+        workspace: Option<WorkspaceFn>,
+    ) -> Prepared {
         let liveness = Liveness::analyse(g, order, workspace);
         let mut storage_offset = vec![0usize; liveness.storages.len()];
         // Resident storages, packed in graph order.
@@ -166,7 +187,9 @@ impl Prepared {
                 resident_bytes += align_up(s.bytes);
             }
         }
-        let slab: Vec<usize> = (0..liveness.storages.len()).filter(|&i| liveness.storages[i].region == Region::Slab).collect();
+        let slab: Vec<usize> = (0..liveness.storages.len())
+            .filter(|&i| liveness.storages[i].region == Region::Slab)
+            .collect();
         let problem = dsa::Problem {
             buffers: slab
                 .iter()
@@ -175,18 +198,38 @@ impl Prepared {
                     // Sizes are rounded up to the alignment: every storage starts on an aligned
                     // offset, so the bytes up to the next one are unusable by others anyway, and
                     // LOAD computed on these sizes is the bound the solver is measured against.
-                    dsa::Buffer { id: i as u64, lower: s.start as u64, upper: s.end.max(s.start + 1) as u64, size: align_up(s.bytes) as u64 }
+                    dsa::Buffer {
+                        id: i as u64,
+                        lower: s.start as u64,
+                        upper: s.end.max(s.start + 1) as u64,
+                        size: align_up(s.bytes) as u64,
+                    }
                 })
                 .collect(),
             alignment: ALIGNMENT as u64,
         };
         let (load_bytes, peak_position) = load_and_peak(&problem);
-        Prepared { strategy, liveness, storage_offset, resident_bytes, slab, problem, load_bytes, peak_position }
+        Prepared {
+            strategy,
+            liveness,
+            storage_offset,
+            resident_bytes,
+            slab,
+            problem,
+            load_bytes,
+            peak_position,
+        }
     }
 
     fn solve(mut self, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
         let slab_base = align_up(self.resident_bytes);
-        let (solution, _stats) = dsa::solve(&self.problem, &dsa::SolveOptions { time_limit: solver_time, ..Default::default() })?;
+        let (solution, _stats) = dsa::solve(
+            &self.problem,
+            &dsa::SolveOptions {
+                time_limit: solver_time,
+                ..Default::default()
+            },
+        )?;
         for (k, &i) in self.slab.iter().enumerate() {
             self.storage_offset[i] = slab_base + solution.offsets[k] as usize;
         }

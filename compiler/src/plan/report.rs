@@ -84,7 +84,11 @@ pub const PEAK_BUFFERS_LISTED: usize = 8;
 impl Report {
     pub fn new(model: &str, g: &Graph, plan: &MemoryPlan, phases: Option<&Phases>) -> Report {
         let lv = &plan.liveness;
-        let mut resident = ResidentBytes { parameters: 0, optimizer_state: 0, inputs: 0 };
+        let mut resident = ResidentBytes {
+            parameters: 0,
+            optimizer_state: 0,
+            inputs: 0,
+        };
         for id in g.ids() {
             if let Op::Leaf { kind, .. } = &g.node(id).op {
                 let b = super::align_up(g.ty(id).bytes());
@@ -96,7 +100,13 @@ impl Report {
             }
         }
         // The schedule position after which no forward op runs.
-        let forward_end = phases.map_or(0, |ph| ph.forward.clone().map(|i| lv.position[i]).max().unwrap_or(0));
+        let forward_end = phases.map_or(0, |ph| {
+            ph.forward
+                .clone()
+                .map(|i| lv.position[i])
+                .max()
+                .unwrap_or(0)
+        });
         let kind_of = |owner: NodeId, end: usize| -> BufferKind {
             match phases {
                 Some(ph) if ph.backward.contains(&owner.index()) => BufferKind::Gradient,
@@ -112,9 +122,22 @@ impl Report {
         };
         let t = plan.peak_position;
         let mut live: Vec<PeakBuffer> = Vec::new();
-        let mut by_kind = KindBytes { saved_activation: 0, gradient: 0, temporary: 0, workspace: 0 };
-        for s in lv.storages.iter().filter(|s| s.region == Region::Slab && s.start <= t && t < s.end.max(s.start + 1)) {
-            let kind = if s.workspace { BufferKind::Workspace } else { kind_of(s.owner, s.end) };
+        let mut by_kind = KindBytes {
+            saved_activation: 0,
+            gradient: 0,
+            temporary: 0,
+            workspace: 0,
+        };
+        for s in lv
+            .storages
+            .iter()
+            .filter(|s| s.region == Region::Slab && s.start <= t && t < s.end.max(s.start + 1))
+        {
+            let kind = if s.workspace {
+                BufferKind::Workspace
+            } else {
+                kind_of(s.owner, s.end)
+            };
             match kind {
                 BufferKind::SavedActivation => by_kind.saved_activation += s.bytes,
                 BufferKind::Gradient => by_kind.gradient += s.bytes,
@@ -134,12 +157,18 @@ impl Report {
         }
         live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.node.cmp(&b.node)));
         live.truncate(PEAK_BUFFERS_LISTED);
-        let peak_op = lv.order.get(t).map(|&id| format!("{id} {}", g.node(id).op.name())).unwrap_or_default();
+        let peak_op = lv
+            .order
+            .get(t)
+            .map(|&id| format!("{id} {}", g.node(id).op.name()))
+            .unwrap_or_default();
         let in_place_ops = g
             .ids()
             .filter(|&id| {
                 let n = g.node(id);
-                !n.op.is_leaf() && !matches!(n.op, Op::Reshape) && lv.storages[lv.storage_of[id.index()]].owner != id
+                !n.op.is_leaf()
+                    && !matches!(n.op, Op::Reshape)
+                    && lv.storages[lv.storage_of[id.index()]].owner != id
             })
             .count();
         Report {
@@ -152,20 +181,32 @@ impl Report {
             resident,
             slab_bytes: plan.slab_bytes,
             lower_bound_bytes: plan.load_bytes,
-            slab_over_lower_bound: if plan.load_bytes == 0 { 1.0 } else { plan.slab_bytes as f64 / plan.load_bytes as f64 },
+            slab_over_lower_bound: if plan.load_bytes == 0 {
+                1.0
+            } else {
+                plan.slab_bytes as f64 / plan.load_bytes as f64
+            },
             peak_position: t,
             peak_op,
             peak_by_kind: by_kind,
             peak_buffers: live,
             in_place_ops,
-            slab_buffers: lv.storages.iter().filter(|s| s.region == Region::Slab).count(),
+            slab_buffers: lv
+                .storages
+                .iter()
+                .filter(|s| s.region == Region::Slab)
+                .count(),
         }
     }
 
     /// The report as a plain-text table.
     pub fn table(&self) -> String {
         let mut o = String::new();
-        let _ = writeln!(o, "memory plan for {} ({} ops, {} schedule)", self.model, self.ops, self.schedule);
+        let _ = writeln!(
+            o,
+            "memory plan for {} ({} ops, {} schedule)",
+            self.model, self.ops, self.schedule
+        );
         let row = |o: &mut String, k: &str, v: usize| {
             let _ = writeln!(o, "  {k:<34} {:>16}  {}", v, human(v));
         };
@@ -176,15 +217,32 @@ impl Report {
         row(&mut o, "  inputs", self.resident.inputs);
         row(&mut o, "slab", self.slab_bytes);
         row(&mut o, "lower bound (LOAD)", self.lower_bound_bytes);
-        let _ = writeln!(o, "  {:<34} {:>16.4}", "slab / LOAD", self.slab_over_lower_bound);
-        let _ = writeln!(o, "peak at schedule position {} ({}), live slab bytes by kind:", self.peak_position, self.peak_op);
-        row(&mut o, "  saved activations", self.peak_by_kind.saved_activation);
+        let _ = writeln!(
+            o,
+            "  {:<34} {:>16.4}",
+            "slab / LOAD", self.slab_over_lower_bound
+        );
+        let _ = writeln!(
+            o,
+            "peak at schedule position {} ({}), live slab bytes by kind:",
+            self.peak_position, self.peak_op
+        );
+        row(
+            &mut o,
+            "  saved activations",
+            self.peak_by_kind.saved_activation,
+        );
         row(&mut o, "  gradients", self.peak_by_kind.gradient);
         row(&mut o, "  temporaries", self.peak_by_kind.temporary);
         row(&mut o, "  workspace", self.peak_by_kind.workspace);
         let _ = writeln!(o, "largest buffers live at the peak:");
         for b in &self.peak_buffers {
-            let shape = b.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+            let shape = b
+                .shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
             let kind = format!("{:?}", b.kind);
             let _ = writeln!(
                 o,
@@ -199,7 +257,11 @@ impl Report {
                 b.lifetime[1]
             );
         }
-        let _ = writeln!(o, "in-place ops: {}, slab buffers: {}", self.in_place_ops, self.slab_buffers);
+        let _ = writeln!(
+            o,
+            "in-place ops: {}, slab buffers: {}",
+            self.in_place_ops, self.slab_buffers
+        );
         o
     }
 }
@@ -224,9 +286,15 @@ pub fn human(bytes: usize) -> String {
 /// decimal for `KB`..`TB`, bytes when no unit is given.
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| format!("{s:?} is not a size: expected a number then an optional unit such as 512MiB or 16GiB"))?;
+    let value: f64 = num.parse().map_err(|_| {
+        format!(
+            "{s:?} is not a size: expected a number then an optional unit such as 512MiB or 16GiB"
+        )
+    })?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -237,7 +305,11 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        other => return Err(format!("{s:?}: unknown unit {other:?}; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB")),
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?}; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+            ))
+        }
     };
     let bytes = value * mult;
     if !bytes.is_finite() || bytes < 0.0 || bytes > usize::MAX as f64 {
@@ -263,7 +335,9 @@ mod tests {
     #[test]
     fn a_size_without_a_number_or_with_an_unknown_unit_is_refused() {
         assert!(parse_size("MiB").unwrap_err().contains("not a size"));
-        assert!(parse_size("3 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("3 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_size("").is_err());
         assert!(parse_size("1e999GiB").is_err());
     }

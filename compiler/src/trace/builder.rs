@@ -3,21 +3,51 @@
 //! made of strict primitives. Every method returns an error naming the op and shapes on misuse.
 
 use crate::error::{IrError, Result};
-use crate::ir::{Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use crate::ir::{
+    Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, ReduceOp, Shape, TensorType,
+    UnaryOp,
+};
 use smallvec::SmallVec;
 
 impl Graph {
-    fn add_leaf(&mut self, kind: LeafKind, name: &str, shape: impl Into<Shape>, dtype: DType, init: Init) -> Result<NodeId> {
-        self.push(Op::Leaf { kind, name: name.to_string(), init }, &[], Some(TensorType::new(shape, dtype)))
+    fn add_leaf(
+        &mut self,
+        kind: LeafKind,
+        name: &str,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        init: Init,
+    ) -> Result<NodeId> {
+        self.push(
+            Op::Leaf {
+                kind,
+                name: name.to_string(),
+                init,
+            },
+            &[],
+            Some(TensorType::new(shape, dtype)),
+        )
     }
 
     /// A trainable parameter, initialised by `init` when no weights are given.
-    pub fn parameter(&mut self, name: &str, shape: impl Into<Shape>, dtype: DType, init: Init) -> Result<NodeId> {
+    pub fn parameter(
+        &mut self,
+        name: &str,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        init: Init,
+    ) -> Result<NodeId> {
         self.add_leaf(LeafKind::Parameter, name, shape, dtype, init)
     }
 
     /// Optimizer state (zero-initialised unless `init` says otherwise).
-    pub fn state(&mut self, name: &str, shape: impl Into<Shape>, dtype: DType, init: Init) -> Result<NodeId> {
+    pub fn state(
+        &mut self,
+        name: &str,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        init: Init,
+    ) -> Result<NodeId> {
         self.add_leaf(LeafKind::State, name, shape, dtype, init)
     }
 
@@ -85,7 +115,12 @@ impl Graph {
         self.push(Op::Broadcast, &[a], Some(TensorType::new(shape, dtype)))
     }
 
-    fn broadcast_pair(&mut self, op: &'static str, a: NodeId, b: NodeId) -> Result<(NodeId, NodeId)> {
+    fn broadcast_pair(
+        &mut self,
+        op: &'static str,
+        a: NodeId,
+        b: NodeId,
+    ) -> Result<(NodeId, NodeId)> {
         let s = self.broadcast_shape(op, a, b)?;
         Ok((self.broadcast_to(a, s.clone())?, self.broadcast_to(b, s)?))
     }
@@ -144,7 +179,11 @@ impl Graph {
             operands: format!("{}, {}, {}", self.ty(cond), self.ty(a), self.ty(b)),
             reason,
         })?;
-        let (c, a, b) = (self.broadcast_to(cond, s.clone())?, self.broadcast_to(a, s.clone())?, self.broadcast_to(b, s)?);
+        let (c, a, b) = (
+            self.broadcast_to(cond, s.clone())?,
+            self.broadcast_to(a, s.clone())?,
+            self.broadcast_to(b, s)?,
+        );
         self.push(Op::Select, &[c, a, b], None)
     }
 
@@ -163,7 +202,13 @@ impl Graph {
         if perm.iter().enumerate().all(|(i, &p)| i == p) && perm.len() == self.ty(a).shape.rank() {
             return Ok(a);
         }
-        self.push(Op::Transpose { perm: Axes::from_slice(perm) }, &[a], None)
+        self.push(
+            Op::Transpose {
+                perm: Axes::from_slice(perm),
+            },
+            &[a],
+            None,
+        )
     }
 
     /// Swaps the last two axes.
@@ -191,7 +236,14 @@ impl Graph {
     }
 
     pub fn reduce(&mut self, op: ReduceOp, a: NodeId, axes: &[usize]) -> Result<NodeId> {
-        self.push(Op::Reduce { op, axes: Axes::from_slice(axes) }, &[a], None)
+        self.push(
+            Op::Reduce {
+                op,
+                axes: Axes::from_slice(axes),
+            },
+            &[a],
+            None,
+        )
     }
 
     /// Sum over `axes`, keeping them as size 1.
@@ -207,7 +259,10 @@ impl Graph {
     /// Mean over `axes`, keeping them as size 1.
     pub fn mean(&mut self, a: NodeId, axes: &[usize]) -> Result<NodeId> {
         let s = self.sum(a, axes)?;
-        let n: usize = axes.iter().map(|&x| self.ty(a).shape.dims().get(x).copied().unwrap_or(1)).product();
+        let n: usize = axes
+            .iter()
+            .map(|&x| self.ty(a).shape.dims().get(x).copied().unwrap_or(1))
+            .product();
         self.mul_scalar(s, 1.0 / n as f64)
     }
 
@@ -250,13 +305,25 @@ pub fn broadcast_shapes(a: &Shape, b: &Shape) -> std::result::Result<Shape, Stri
     let rank = sa.len().max(sb.len());
     let mut out: SmallVec<[usize; 4]> = SmallVec::from_elem(1, rank);
     for i in 0..rank {
-        let da = if i + sa.len() >= rank { sa[i + sa.len() - rank] } else { 1 };
-        let db = if i + sb.len() >= rank { sb[i + sb.len() - rank] } else { 1 };
+        let da = if i + sa.len() >= rank {
+            sa[i + sa.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + sb.len() >= rank {
+            sb[i + sb.len() - rank]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => return Err(format!("shapes {a} and {b} do not broadcast: axis {i} has sizes {da} and {db}")),
+            _ => {
+                return Err(format!(
+                    "shapes {a} and {b} do not broadcast: axis {i} has sizes {da} and {db}"
+                ))
+            }
         };
     }
     Ok(Shape(out))

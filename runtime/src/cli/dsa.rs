@@ -22,12 +22,21 @@ pub struct DsaArgs {
 }
 
 pub fn run(a: &DsaArgs) -> Result<(), Failure> {
-    let text = std::fs::read_to_string(&a.input).map_err(|e| Failure::new(1, format!("cannot read {}: {e}", a.input.display())))?;
-    let problem = dsa::read_csv(&text).map_err(|e| Failure::new(1, format!("{}: {e}", a.input.display())))?;
+    let text = std::fs::read_to_string(&a.input)
+        .map_err(|e| Failure::new(1, format!("cannot read {}: {e}", a.input.display())))?;
+    let problem =
+        dsa::read_csv(&text).map_err(|e| Failure::new(1, format!("{}: {e}", a.input.display())))?;
     if !(a.time_limit.is_finite() && a.time_limit >= 0.0) {
-        return Err(Failure::new(2, format!("--time-limit {} is not a number of seconds", a.time_limit)));
+        return Err(Failure::new(
+            2,
+            format!("--time-limit {} is not a number of seconds", a.time_limit),
+        ));
     }
-    let opts = dsa::SolveOptions { capacity: a.capacity, time_limit: Duration::from_secs_f64(a.time_limit), ..Default::default() };
+    let opts = dsa::SolveOptions {
+        capacity: a.capacity,
+        time_limit: Duration::from_secs_f64(a.time_limit),
+        ..Default::default()
+    };
     let (solution, stats) = match dsa::solve(&problem, &opts) {
         Ok(s) => s,
         Err(e) => return Err(Failure::new(3, format!("{}: {e}", a.input.display()))),

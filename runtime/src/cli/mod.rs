@@ -10,7 +10,11 @@ mod train;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "ingot", version, about = "Compile training steps into executables whose memory is planned before launch")]
+#[command(
+    name = "ingot",
+    version,
+    about = "Compile training steps into executables whose memory is planned before launch"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -35,7 +39,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(code: i32, message: impl Into<String>) -> Failure {
-        Failure { code, message: message.into() }
+        Failure {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -53,7 +60,10 @@ pub fn out(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
     match stdout.write_fmt(text).and_then(|_| stdout.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
-        Err(e) => Err(Failure::new(1, format!("cannot write to standard output: {e}"))),
+        Err(e) => Err(Failure::new(
+            1,
+            format!("cannot write to standard output: {e}"),
+        )),
     }
 }
 

@@ -18,11 +18,16 @@ pub struct PlanArgs {
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
-    let opts = pipeline::Options { plan: crate::cpu::plan_options() };
+    let opts = pipeline::Options {
+        plan: crate::cpu::plan_options(),
+    };
     let compiled = pipeline::compile_model(&a.model, &opts)?;
     let report = &compiled.report;
     if a.json {
-        crate::outln!("{}", serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?)?;
+        crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?
+        )?;
     } else {
         crate::cli::out(format_args!("{}", report.table()))?;
     }
@@ -37,9 +42,20 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 report.peak_position,
                 report.peak_op
             );
-            msg.push_str(&format!("\n  resident (parameters, optimizer state, inputs): {}", human(report.resident_bytes)));
+            msg.push_str(&format!(
+                "\n  resident (parameters, optimizer state, inputs): {}",
+                human(report.resident_bytes)
+            ));
             for b in &report.peak_buffers {
-                msg.push_str(&format!("\n  %{} {} {}{:?} {} ({:?})", b.node, b.op, b.dtype, b.shape, human(b.bytes), b.kind));
+                msg.push_str(&format!(
+                    "\n  %{} {} {}{:?} {} ({:?})",
+                    b.node,
+                    b.op,
+                    b.dtype,
+                    b.shape,
+                    human(b.bytes),
+                    b.kind
+                ));
             }
             msg.push_str("\nlower the batch size or sequence length, or raise --budget");
             return Err(Failure::new(3, msg));

@@ -711,7 +711,11 @@ fn reduce<T: Element + Scalar>(
     Ok(())
 }
 
-fn matmul<T: Element + k::GemmScalar>(cx: &Cx, o: &mut [T], scratch: Scratch<'_>) -> Result<(), ExecError> {
+fn matmul<T: Element + k::GemmScalar>(
+    cx: &Cx,
+    o: &mut [T],
+    scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
     cx.arity(2)?;
     let (a, b) = (cx.types[0].shape.dims(), cx.types[1].shape.dims());
     let r = a.len();
@@ -734,20 +738,42 @@ fn matmul<T: Element + k::GemmScalar>(cx: &Cx, o: &mut [T], scratch: Scratch<'_>
     let ws: &mut [T] = match scratch {
         Scratch::Given(bytes) => {
             let size = std::mem::size_of::<T>();
-            if bytes.len() < need * size || bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 {
-                return Err(invalid(cx.op, format!("the workspace has {} bytes, the kernel needs {}", bytes.len(), need * size)));
+            if bytes.len() < need * size || bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0
+            {
+                return Err(invalid(
+                    cx.op,
+                    format!(
+                        "the workspace has {} bytes, the kernel needs {}",
+                        bytes.len(),
+                        need * size
+                    ),
+                ));
             }
             // SAFETY: the bytes are exclusively borrowed, aligned for T (checked) and long enough;
             // every bit pattern is a valid f32 or f64.
-            unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size) }
+            unsafe {
+                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size)
+            }
         }
         Scratch::Allocate => {
             owned = vec![T::ZERO; need];
             &mut owned
         }
     };
-    k::gemm::batched_matmul_ws(batch, m, kk, n, cx.arg::<T>(0)?, k::Trans::N, cx.arg::<T>(1)?, k::Trans::N, o, false, ws)
-        .map_err(|e| invalid(cx.op, e.to_string()))
+    k::gemm::batched_matmul_ws(
+        batch,
+        m,
+        kk,
+        n,
+        cx.arg::<T>(0)?,
+        k::Trans::N,
+        cx.arg::<T>(1)?,
+        k::Trans::N,
+        o,
+        false,
+        ws,
+    )
+    .map_err(|e| invalid(cx.op, e.to_string()))
 }
 
 /// Checks every id against `rows` before anything is written.

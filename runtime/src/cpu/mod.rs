@@ -10,5 +10,8 @@ pub use interp::{check_leaves, run_graph, LeafValues, Values};
 
 /// Planner options for the CPU target: each matmul's packing space is planned in the slab.
 pub fn plan_options() -> ingot_compiler::plan::PlanOptions {
-    ingot_compiler::plan::PlanOptions { workspace: Some(workspace_bytes), ..Default::default() }
+    ingot_compiler::plan::PlanOptions {
+        workspace: Some(workspace_bytes),
+        ..Default::default()
+    }
 }

@@ -54,7 +54,10 @@ pub struct PlannedStep {
 impl PlannedStep {
     /// Checks the plan with the independent validator and makes the step's one allocation.
     pub fn new(graph: Graph, plan: MemoryPlan) -> Result<PlannedStep, ExecError> {
-        plan.validate(&graph).map_err(|e| ExecError::Invalid { op: "plan", reason: e.to_string() })?;
+        plan.validate(&graph).map_err(|e| ExecError::Invalid {
+            op: "plan",
+            reason: e.to_string(),
+        })?;
         let location: Vec<Location> = graph.ids().map(|id| plan.location(&graph, id)).collect();
         let mut program = Vec::with_capacity(graph.len());
         let mut chunk_node = vec![None; graph.len()];
@@ -76,7 +79,14 @@ impl PlannedStep {
         }
         let blocks = plan.total_bytes.div_ceil(ALIGNMENT);
         let memory = vec![Block([0; ALIGNMENT]); blocks];
-        Ok(PlannedStep { graph, plan, memory, location, program, chunk_node })
+        Ok(PlannedStep {
+            graph,
+            plan,
+            memory,
+            location,
+            program,
+            chunk_node,
+        })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -97,7 +107,10 @@ impl PlannedStep {
         let id = self.leaf(name)?;
         let ty = self.graph.ty(id);
         if value.ty != *ty {
-            return Err(ExecError::Invalid { op: "write_leaf", reason: format!("{name:?} is {ty}, the value given is {}", value.ty) });
+            return Err(ExecError::Invalid {
+                op: "write_leaf",
+                reason: format!("{name:?} is {ty}, the value given is {}", value.ty),
+            });
         }
         let l = self.location[id.index()];
         let bytes = value.to_le_bytes();
@@ -113,32 +126,59 @@ impl PlannedStep {
 
     /// The value of a named output after the last step.
     pub fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
-        let id = *self.graph.outputs.get(name).ok_or_else(|| ExecError::Invalid { op: "read_output", reason: format!("the step has no output named {name:?}") })?;
+        let id = *self
+            .graph
+            .outputs
+            .get(name)
+            .ok_or_else(|| ExecError::Invalid {
+                op: "read_output",
+                reason: format!("the step has no output named {name:?}"),
+            })?;
         self.read(id)
     }
 
     /// Names of the leaves of one kind, in graph order.
     pub fn leaf_names(&self, kind: LeafKind) -> Vec<String> {
-        self.graph.leaves(kind).into_iter().filter_map(|id| self.graph.leaf_name(id).map(str::to_string)).collect()
+        self.graph
+            .leaves(kind)
+            .into_iter()
+            .filter_map(|id| self.graph.leaf_name(id).map(str::to_string))
+            .collect()
     }
 
     fn leaf(&self, name: &str) -> Result<NodeId, ExecError> {
-        self.graph.leaf(name).ok_or_else(|| ExecError::Invalid { op: "leaf", reason: format!("the step has no leaf named {name:?}") })
+        self.graph.leaf(name).ok_or_else(|| ExecError::Invalid {
+            op: "leaf",
+            reason: format!("the step has no leaf named {name:?}"),
+        })
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
         let l = self.location[id.index()];
-        Tensor::from_le_bytes(self.graph.ty(id).clone(), &self.bytes()[l.offset..l.offset + l.bytes])
+        Tensor::from_le_bytes(
+            self.graph.ty(id).clone(),
+            &self.bytes()[l.offset..l.offset + l.bytes],
+        )
     }
 
     fn bytes(&self) -> &[u8] {
         // SAFETY: the blocks are plain bytes, contiguous in the vector.
-        unsafe { std::slice::from_raw_parts(self.memory.as_ptr() as *const u8, self.memory.len() * ALIGNMENT) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.memory.as_ptr() as *const u8,
+                self.memory.len() * ALIGNMENT,
+            )
+        }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `bytes`, and `self` is borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.memory.as_mut_ptr() as *mut u8, self.memory.len() * ALIGNMENT) }
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.memory.as_mut_ptr() as *mut u8,
+                self.memory.len() * ALIGNMENT,
+            )
+        }
     }
 
     /// Runs one step: every node in schedule order, then the end-of-step copies of updates that
@@ -178,7 +218,9 @@ impl PlannedStep {
         let scratch = match self.plan.workspace(id) {
             // SAFETY: validated plan: the workspace lies inside the allocation and overlaps
             // neither the operands nor the output of this node.
-            Some(w) => Scratch::Given(unsafe { std::slice::from_raw_parts_mut(base.add(w.offset), w.bytes) }),
+            Some(w) => Scratch::Given(unsafe {
+                std::slice::from_raw_parts_mut(base.add(w.offset), w.bytes)
+            }),
             None => Scratch::Allocate,
         };
         exec_node_with(node, &inputs, &types, out, scratch).map_err(|e| at(id, node, e))
@@ -186,7 +228,9 @@ impl PlannedStep {
 
     fn exec_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
         let node = self.graph.node(id);
-        let full = self.chunk_node[id.index()].as_ref().expect("in-place nodes have a chunk node");
+        let full = self.chunk_node[id.index()]
+            .as_ref()
+            .expect("in-place nodes have a chunk node");
         let here = self.location[id.index()];
         let n = node.ty.shape.numel();
         let mut stash = ChunkBuf([0; CHUNK * 8]);
@@ -203,10 +247,21 @@ impl PlannedStep {
                 &last
             };
             // The aliased operand's chunk, copied aside before the output chunk is written.
-            let aliased_dtype = node.inputs.iter().find(|x| self.location[x.index()] == here).map(|&x| self.graph.ty(x).dtype).expect("in place");
+            let aliased_dtype = node
+                .inputs
+                .iter()
+                .find(|x| self.location[x.index()] == here)
+                .map(|&x| self.graph.ty(x).dtype)
+                .expect("in place");
             let esize = aliased_dtype.size();
             // SAFETY: the chunk lies inside the aliased operand, which lies inside the allocation.
-            unsafe { std::ptr::copy_nonoverlapping(base.add(here.offset + start * esize), stash.0.as_mut_ptr(), len * esize) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.add(here.offset + start * esize),
+                    stash.0.as_mut_ptr(),
+                    len * esize,
+                )
+            };
             let mut inputs: SmallVec<[View<'_>; 8]> = SmallVec::new();
             let mut types: SmallVec<[TensorType; 8]> = SmallVec::new();
             for &x in &node.inputs {
@@ -221,11 +276,20 @@ impl PlannedStep {
                     unsafe { view(base.add(l.offset + start * size), ty.dtype, len) }
                 };
                 inputs.push(v);
-                types.push(TensorType { shape: chunk.ty.shape.clone(), dtype: ty.dtype });
+                types.push(TensorType {
+                    shape: chunk.ty.shape.clone(),
+                    dtype: ty.dtype,
+                });
             }
             let type_refs: SmallVec<[&TensorType; 8]> = types.iter().collect();
             // SAFETY: the output chunk lies inside the output; no live slice covers it.
-            let out = unsafe { view_mut(base.add(here.offset + start * node.ty.dtype.size()), node.ty.dtype, len) };
+            let out = unsafe {
+                view_mut(
+                    base.add(here.offset + start * node.ty.dtype.size()),
+                    node.ty.dtype,
+                    len,
+                )
+            };
             exec_node(chunk, &inputs, &type_refs, out).map_err(|e| at(id, node, e))?;
             start += len;
         }
@@ -234,7 +298,11 @@ impl PlannedStep {
 }
 
 fn at(id: NodeId, node: &Node, e: ExecError) -> ExecError {
-    ExecError::AtNode { node: id.index(), op: node.op.name(), source: Box::new(e) }
+    ExecError::AtNode {
+        node: id.index(),
+        op: node.op.name(),
+        source: Box::new(e),
+    }
 }
 
 /// A typed slice of `numel` elements at `p`.
