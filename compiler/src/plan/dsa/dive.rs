@@ -1,0 +1,742 @@
+//! The capacity-aware dive: the first descent of the [`super::search`] (canonical order,
+//! dominance, section inference) without backtracking, built to scale to tens of thousands of
+//! buffers.
+//!
+//! The recursive search keeps, per node, a sorted copy of the candidates and, per problem, the
+//! pairwise overlap lists and section member lists: quadratic in time and memory for large
+//! problems. The dive instead keeps
+//!
+//! * the exact lowest feasible offset of every unplaced buffer, raised as buffers are placed by
+//!   enumerating the unplaced buffers a placement meets ([`LiveIndex`], an interval index over
+//!   unplaced buffers);
+//! * candidates in a heap keyed by (offset, preorder rank), and the lowest reachable top in a
+//!   heap keyed by offset plus size; both hold lower bounds (offsets only rise in a dive) and
+//!   are corrected lazily when popped;
+//! * per section the floor (in a min tree, to find the sections a placement could lift) and the
+//!   unplaced total (in a max tree, for the capacity test that does not depend on the buffer).
+//!
+//! At each step it takes candidates in order and places the first that passes the inference
+//! (a candidate is rejected when, placed, it would lift some section's floor so high that the
+//! unplaced buffers live there no longer fit). When no candidate passes, the dive fails at this
+//! capacity; the caller tries another preorder or capacity.
+
+use super::greedy::align_up;
+use super::Instance;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+const NONE: u64 = u64::MAX;
+const NO_BUFFER: u32 = u32::MAX;
+
+/// Unplaced buffers, sorted by first slot, with a max tree over their end slots: answers "which
+/// unplaced buffers are live at some moment of `[lo, hi)`" in time proportional to the answer.
+struct LiveIndex {
+    /// Buffers sorted by (first slot, index).
+    by_lo: Vec<u32>,
+    /// First slot of `by_lo[i]`.
+    lo_of: Vec<u32>,
+    /// Position of each buffer in `by_lo`.
+    pos: Vec<u32>,
+    leaves: usize,
+    /// Max tree of end slots; 0 for placed buffers and padding.
+    max_hi: Vec<u32>,
+}
+
+impl LiveIndex {
+    /// Indexes `members`, buffer `b` live over slots `[lo[b], hi[b])`.
+    fn new(lo: &[u32], hi: &[u32], members: &[u32]) -> Self {
+        let mut by_lo = members.to_vec();
+        by_lo.sort_unstable_by_key(|&b| (lo[b as usize], b));
+        let lo_of: Vec<u32> = by_lo.iter().map(|&b| lo[b as usize]).collect();
+        let mut pos = vec![u32::MAX; lo.len()];
+        for (i, &b) in by_lo.iter().enumerate() {
+            pos[b as usize] = i as u32;
+        }
+        let leaves = by_lo.len().max(1).next_power_of_two();
+        let mut max_hi = vec![0u32; 2 * leaves];
+        for (i, &b) in by_lo.iter().enumerate() {
+            max_hi[leaves + i] = hi[b as usize];
+        }
+        for v in (1..leaves).rev() {
+            max_hi[v] = max_hi[2 * v].max(max_hi[2 * v + 1]);
+        }
+        LiveIndex {
+            by_lo,
+            lo_of,
+            pos,
+            leaves,
+            max_hi,
+        }
+    }
+
+    fn remove(&mut self, b: usize) {
+        self.set(b, 0);
+    }
+
+    /// Sets buffer `b`'s end slot in the tree (0: absent).
+    fn set(&mut self, b: usize, hi: u32) {
+        let mut v = self.leaves + self.pos[b] as usize;
+        self.max_hi[v] = hi;
+        v >>= 1;
+        while v >= 1 {
+            self.max_hi[v] = self.max_hi[2 * v].max(self.max_hi[2 * v + 1]);
+            v >>= 1;
+        }
+    }
+
+    /// Number of buffers whose first slot is below `slot`.
+    fn prefix(&self, slot: u32) -> usize {
+        self.lo_of.partition_point(|&l| l < slot)
+    }
+
+    /// Calls `f` on every unplaced buffer live at some slot of `[lo, hi)`, until `f` returns
+    /// `false`.
+    fn for_each_overlapping(
+        &self,
+        lo: u32,
+        hi: u32,
+        stack: &mut Vec<(usize, usize, usize)>,
+        f: impl FnMut(u32) -> bool,
+    ) {
+        self.for_each_overlapping_from(0, lo, hi, stack, false, f)
+    }
+
+    /// As [`Self::for_each_overlapping`], only for buffers starting at `from` or later, and
+    /// latest start first when `reverse`.
+    fn for_each_overlapping_from(
+        &self,
+        from: u32,
+        lo: u32,
+        hi: u32,
+        stack: &mut Vec<(usize, usize, usize)>,
+        reverse: bool,
+        mut f: impl FnMut(u32) -> bool,
+    ) {
+        let start = self.prefix(from);
+        let limit = self.prefix(hi);
+        if limit == 0 {
+            return;
+        }
+        stack.clear();
+        stack.push((1, 0, self.leaves));
+        while let Some((v, nl, nr)) = stack.pop() {
+            if nl >= limit || nr <= start || self.max_hi[v] <= lo {
+                continue;
+            }
+            if nr - nl == 1 {
+                if !f(self.by_lo[nl]) {
+                    return;
+                }
+                continue;
+            }
+            let m = (nl + nr) / 2;
+            // The child to visit first goes on the stack last.
+            if reverse {
+                stack.push((2 * v, nl, m));
+                stack.push((2 * v + 1, m, nr));
+            } else {
+                stack.push((2 * v + 1, m, nr));
+                stack.push((2 * v, nl, m));
+            }
+        }
+    }
+}
+
+/// Section totals: range subtraction, global maximum.
+struct TotalTree {
+    leaves: usize,
+    /// Largest total in the subtree, counting subtractions at this node and below.
+    max: Vec<u64>,
+    /// Subtracted from the whole subtree and not passed down.
+    sub: Vec<u64>,
+}
+
+impl TotalTree {
+    fn new(values: &[u64]) -> Self {
+        let leaves = values.len().max(1).next_power_of_two();
+        let mut max = vec![0u64; 2 * leaves];
+        max[leaves..leaves + values.len()].copy_from_slice(values);
+        for v in (1..leaves).rev() {
+            max[v] = max[2 * v].max(max[2 * v + 1]);
+        }
+        TotalTree {
+            leaves,
+            max,
+            sub: vec![0; 2 * leaves],
+        }
+    }
+
+    fn subtract(&mut self, l: usize, r: usize, d: u64) {
+        self.subtract_rec(1, 0, self.leaves, l, r, d);
+    }
+
+    fn subtract_rec(&mut self, v: usize, nl: usize, nr: usize, l: usize, r: usize, d: u64) {
+        if r <= nl || nr <= l {
+            return;
+        }
+        if l <= nl && nr <= r {
+            self.sub[v] += d;
+            self.max[v] -= d;
+            return;
+        }
+        let m = (nl + nr) / 2;
+        self.subtract_rec(2 * v, nl, m, l, r, d);
+        self.subtract_rec(2 * v + 1, m, nr, l, r, d);
+        self.max[v] = self.max[2 * v].max(self.max[2 * v + 1]) - self.sub[v];
+    }
+
+    fn global_max(&self) -> u64 {
+        self.max[1]
+    }
+}
+
+/// Section witnesses: for each section, an unplaced buffer live there whose lowest feasible
+/// offset is at most the section's floor, proving the floor cannot lift; plus, for each buffer,
+/// the sections it witnesses, and an index of the buffers that witness something.
+struct Witnesses {
+    of: Vec<u32>,
+    /// Sections each buffer witnesses; entries go stale when a witness changes (skipped).
+    lists: Vec<Vec<u32>>,
+    count: Vec<u32>,
+    /// Buffers witnessing at least one section, for overlap queries.
+    index: LiveIndex,
+    hi: Vec<u32>,
+}
+
+impl Witnesses {
+    fn new(inst: &Instance, setup: &DiveSetup) -> Self {
+        let n = inst.n;
+        let mut index = LiveIndex::new(&inst.lo, &inst.hi, &setup.members);
+        let mut lists = vec![Vec::new(); n];
+        let mut count = vec![0u32; n];
+        for (s, &w) in setup.ender.iter().enumerate() {
+            lists[w as usize].push(s as u32);
+            count[w as usize] += 1;
+        }
+        for &b in &setup.members {
+            if count[b as usize] == 0 {
+                index.set(b as usize, 0);
+            }
+        }
+        Witnesses {
+            of: setup.ender.clone(),
+            lists,
+            count,
+            index,
+            hi: inst.hi.clone(),
+        }
+    }
+
+    fn set(&mut self, s: usize, w: u32) {
+        let old = self.of[s];
+        if old == w {
+            return;
+        }
+        self.count[old as usize] -= 1;
+        if self.count[old as usize] == 0 {
+            self.index.set(old as usize, 0);
+        }
+        if self.count[w as usize] == 0 {
+            self.index.set(w as usize, self.hi[w as usize]);
+        }
+        self.count[w as usize] += 1;
+        self.of[s] = w;
+        self.lists[w as usize].push(s as u32);
+    }
+
+    /// Appends (once per `epoch`) the sections `w` witnesses.
+    fn collect(&mut self, w: u32, mark: &mut [u64], epoch: u64, out: &mut Vec<u32>) {
+        let of = &self.of;
+        let list = &mut self.lists[w as usize];
+        list.retain(|&s| of[s as usize] == w);
+        list.dedup();
+        for &s in list.iter() {
+            if mark[s as usize] != epoch {
+                mark[s as usize] = epoch;
+                out.push(s);
+            }
+        }
+    }
+}
+
+/// How a dive ended.
+pub(crate) enum DiveResult {
+    /// Every buffer placed within the capacity (offsets in problem order).
+    Found(Vec<u64>),
+    /// No candidate passed the inference after placing this many buffers.
+    Failed,
+    /// The deadline passed.
+    Aborted,
+}
+
+/// The static data a dive needs, shared by dives at different capacities and preorders.
+pub(crate) struct DiveSetup {
+    /// Buffers with nonzero size.
+    members: Vec<u32>,
+    /// Section index of the first section at or after each slot.
+    first_section: Vec<u32>,
+    /// The slot of each section.
+    section_slot: Vec<u32>,
+    /// Initial unplaced total of each section.
+    total: Vec<u64>,
+    /// A buffer live in each section (one that ends there).
+    ender: Vec<u32>,
+    /// The buffers live in each section, when affordable (see [`MAX_MEMBER_ENTRIES`]).
+    lists: Option<SectionLists>,
+}
+
+/// Most section-membership entries kept as flat lists (beyond, scans use the interval index:
+/// slower, but memory stays linear).
+const MAX_MEMBER_ENTRIES: usize = 40_000_000;
+
+/// The buffers live in each section, twice: by first slot and by last slot (ascending), as
+/// slices `[start[s], start[s + 1])` of one array each.
+struct SectionLists {
+    start: Vec<usize>,
+    by_lo: Vec<u32>,
+    by_hi: Vec<u32>,
+}
+
+impl SectionLists {
+    fn new(inst: &Instance, members: &[u32], first_section: &[u32], nsec: usize) -> Option<Self> {
+        let span = |b: u32| {
+            let b = b as usize;
+            (
+                first_section[inst.lo[b] as usize] as usize,
+                first_section[inst.hi[b] as usize] as usize,
+            )
+        };
+        let mut diff = vec![0i64; nsec + 1];
+        let mut entries = 0usize;
+        for &b in members {
+            let (l, h) = span(b);
+            diff[l] += 1;
+            diff[h] -= 1;
+            entries += h - l;
+        }
+        if entries > MAX_MEMBER_ENTRIES {
+            return None;
+        }
+        let mut start = vec![0usize; nsec + 1];
+        let mut live = 0i64;
+        for s in 0..nsec {
+            live += diff[s];
+            start[s + 1] = start[s] + live as usize;
+        }
+        let fill = |order: &[u32]| {
+            let mut out = vec![0u32; entries];
+            let mut next = start.clone();
+            for &b in order {
+                let (l, h) = span(b);
+                for s in l..h {
+                    out[next[s]] = b;
+                    next[s] += 1;
+                }
+            }
+            out
+        };
+        let mut order = members.to_vec();
+        order.sort_unstable_by_key(|&b| (inst.lo[b as usize], b));
+        let by_lo = fill(&order);
+        order.sort_unstable_by_key(|&b| (inst.hi[b as usize], b));
+        let by_hi = fill(&order);
+        Some(SectionLists {
+            start,
+            by_lo,
+            by_hi,
+        })
+    }
+}
+
+impl DiveSetup {
+    /// `lists`: also build the section member lists (only the capacity tests need them).
+    pub fn new(inst: &Instance, lists: bool) -> Self {
+        let members: Vec<u32> = (0..inst.n as u32)
+            .filter(|&b| inst.size[b as usize] > 0)
+            .collect();
+        let mut ends_at = vec![NO_BUFFER; inst.slots];
+        for &b in &members {
+            ends_at[inst.hi[b as usize] as usize - 1] = b;
+        }
+        let mut first_section = vec![0u32; inst.slots + 1];
+        let mut section_slot = Vec::new();
+        for k in 0..inst.slots {
+            first_section[k] = section_slot.len() as u32;
+            if ends_at[k] != NO_BUFFER {
+                section_slot.push(k as u32);
+            }
+        }
+        first_section[inst.slots] = section_slot.len() as u32;
+        let total: Vec<u64> = section_slot
+            .iter()
+            .map(|&k| inst.slot_load[k as usize])
+            .collect();
+        let ender = section_slot.iter().map(|&k| ends_at[k as usize]).collect();
+        let lists = if lists { SectionLists::new(inst, &members, &first_section, section_slot.len()) } else { None };
+        DiveSetup {
+            members,
+            first_section,
+            section_slot,
+            total,
+            ender,
+            lists,
+        }
+    }
+
+    /// The largest initial section total over each buffer's lifetime (MiniMalloc's `T` key).
+    pub fn section_total(&self, inst: &Instance, b: usize) -> u64 {
+        let (lo, hi) = (
+            self.first_section[inst.lo[b] as usize],
+            self.first_section[inst.hi[b] as usize],
+        );
+        self.total[lo as usize..hi as usize]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Dives at capacity `cap`, candidates tied in offset taken in increasing `rank`.
+///
+/// Section floors are lifted as in the search (a section's floor is at least the lowest
+/// feasible offset of its unplaced buffers), tracked through *witnesses*: each section with
+/// unplaced buffers keeps one whose lowest feasible offset is at most the floor, which proves
+/// the floor cannot lift. A placement can only break the witnesses it raises, so only their
+/// sections are examined: a new witness is searched for and, if none exists, the floor lifts
+/// to the lowest offset there and must still leave room for the section's unplaced total.
+pub(crate) fn dive(
+    inst: &Instance,
+    setup: &DiveSetup,
+    cap: u64,
+    rank: &[u32],
+    deadline: Option<Instant>,
+    steps: &mut u64,
+) -> DiveResult {
+    let n = inst.n;
+    let (lo_of, hi_of, size) = (&inst.lo, &inst.hi, &inst.size);
+    let sec = |slot: u32| setup.first_section[slot as usize] as usize;
+    let nsec = setup.section_slot.len();
+    if setup.total.iter().any(|&t| t > cap) {
+        return DiveResult::Failed;
+    }
+    let mut live = LiveIndex::new(lo_of, hi_of, &setup.members);
+    // The same with time reversed (slot t becomes `slots - 1 - t`), to find buffers that end
+    // before a given slot.
+    let t_end = inst.slots as u32;
+    let rev_lo: Vec<u32> = hi_of.iter().map(|&h| t_end - h).collect();
+    let rev_hi: Vec<u32> = lo_of.iter().map(|&l| t_end - l).collect();
+    let mut live_rev = LiveIndex::new(&rev_lo, &rev_hi, &setup.members);
+    let mut floor = vec![0u64; nsec];
+    let mut total = setup.total.clone();
+    let mut total_tree = TotalTree::new(&total);
+    // Without a capacity (`cap == u64::MAX`) nothing can be rejected: a plain skyline dive.
+    let infer = cap != u64::MAX;
+    let mut wit = Witnesses::new(inst, setup);
+    // This dive's copy of the section lists, compacted as buffers are placed: `len[s]` entries
+    // from `start[s]`, `dead[s]` of them placed.
+    let mut lists = setup
+        .lists
+        .as_ref()
+        .map(|l| (l.by_lo.clone(), l.by_hi.clone()));
+    let mut len: Vec<usize> = setup.lists.as_ref().map_or(Vec::new(), |l| {
+        (0..nsec).map(|s| l.start[s + 1] - l.start[s]).collect()
+    });
+    let mut dead = vec![0usize; len.len()];
+    let mut near: Vec<u32> = Vec::new();
+    let mut min_off = vec![0u64; n];
+    let mut placed = vec![false; n];
+    let mut parked = vec![false; n];
+    let mut offsets = vec![0u64; n];
+    let mut cand: BinaryHeap<Reverse<(u64, u32, u32)>> = setup
+        .members
+        .iter()
+        .map(|&b| Reverse((0, rank[b as usize], b)))
+        .collect();
+    let mut height: BinaryHeap<Reverse<(u64, u32)>> = setup
+        .members
+        .iter()
+        .map(|&b| Reverse((size[b as usize], b)))
+        .collect();
+    let mut stack = Vec::new();
+    let mut at_risk: Vec<u32> = Vec::new();
+    let mut lifted: Vec<(u32, u64, u32)> = Vec::new();
+    let mut rejected: Vec<(u64, u32, u32)> = Vec::new();
+    let mut mark = vec![0u64; nsec];
+    let mut epoch = 0u64;
+    let (mut last_off, mut last_rank) = (0u64, 0u32);
+
+    for _ in 0..setup.members.len() {
+        *steps += 1;
+        if *steps % 256 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            return DiveResult::Aborted;
+        }
+        // The lowest top an unplaced buffer could reach (dominance).
+        let min_height = loop {
+            let Some(&Reverse((key, b))) = height.peek() else {
+                break NONE;
+            };
+            let b = b as usize;
+            if placed[b] {
+                height.pop();
+                continue;
+            }
+            let exact = min_off[b] + size[b];
+            if exact > key {
+                height.pop();
+                height.push(Reverse((exact, b as u32)));
+                continue;
+            }
+            break key;
+        };
+        // Offsets only rise, so every section needs its unplaced total above `off`.
+        let highest = cap.saturating_sub(total_tree.global_max());
+        rejected.clear();
+        let mut chosen = None;
+        let mut attempts = 0u32;
+        while let Some(Reverse((key, r, b))) = cand.pop() {
+            let bi = b as usize;
+            if placed[bi] {
+                continue;
+            }
+            attempts += 1;
+            if attempts % 64 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                return DiveResult::Aborted;
+            }
+            if min_off[bi] > key {
+                cand.push(Reverse((min_off[bi], r, b)));
+                continue;
+            }
+            let off = key;
+            if off >= min_height || off > highest {
+                rejected.push((key, r, b));
+                break;
+            }
+            if off < last_off || (off == last_off && r < last_rank) {
+                // Below the current offset: it can only come back once something placed later
+                // raises it. Park it until then.
+                parked[bi] = true;
+                continue;
+            }
+            if off + size[bi] > cap {
+                rejected.push((key, r, b));
+                continue;
+            }
+            if !infer {
+                chosen = Some((b, off, r));
+                break;
+            }
+            let top = off + size[bi];
+            let raised = align_up(top, inst.align);
+            let (blo, bhi) = (lo_of[bi], hi_of[bi]);
+            let (span_lo, span_hi) = (sec(blo), sec(bhi));
+            let new_m = |o: usize, min_off: &[u64]| {
+                if lo_of[o] < bhi && blo < hi_of[o] {
+                    min_off[o].max(raised)
+                } else {
+                    min_off[o]
+                }
+            };
+            // Sections whose witness this placement breaks: those of `b` itself and of the
+            // buffers it raises.
+            at_risk.clear();
+            epoch += 1;
+            near.clear();
+            wit.index.for_each_overlapping(blo, bhi, &mut stack, |o| {
+                if o != b && min_off[o as usize] < raised {
+                    near.push(o);
+                }
+                true
+            });
+            wit.collect(b, &mut mark, epoch, &mut at_risk);
+            for &o in &near {
+                wit.collect(o, &mut mark, epoch, &mut at_risk);
+            }
+            lifted.clear();
+            let mut ok = true;
+            for &s in &at_risk {
+                let s = s as usize;
+                let in_span = span_lo <= s && s < span_hi;
+                let (f, t) = if in_span {
+                    (floor[s].max(top), total[s] - size[bi])
+                } else {
+                    (floor[s], total[s])
+                };
+                let w = wit.of[s] as usize;
+                if w != bi && new_m(w, &min_off) <= f {
+                    continue;
+                }
+                let slot = setup.section_slot[s];
+                let mut lowest = NONE;
+                let (mut low, mut arg) = (NO_BUFFER, NO_BUFFER);
+                let mut visit = |o: u32| {
+                    if o == b {
+                        return true;
+                    }
+                    let m = new_m(o as usize, &min_off);
+                    if m <= f {
+                        low = o;
+                        return false;
+                    }
+                    if m < lowest {
+                        lowest = m;
+                        arg = o;
+                    }
+                    true
+                };
+                if w == bi {
+                    // `b`'s own section: every buffer there meets `b`; look at all of them.
+                    if let (Some(l), Some((by_lo, _))) = (&setup.lists, &lists) {
+                        for &o in by_lo[l.start[s]..l.start[s] + len[s]].iter().rev() {
+                            if !placed[o as usize] && !visit(o) {
+                                break;
+                            }
+                        }
+                    } else {
+                        live.for_each_overlapping(slot, slot + 1, &mut stack, visit);
+                    }
+                } else {
+                    // The witness meets `b` and rises to exactly `raised`, the least any buffer
+                    // meeting `b` can reach: only the buffers that miss `b` can do better: to the
+                    // right of `b`, those starting after it ends (latest start first); to the
+                    // left, those ending before it starts (earliest end first).
+                    if let (Some(l), Some((by_lo, by_hi))) = (&setup.lists, &lists) {
+                        let range = l.start[s]..l.start[s] + len[s];
+                        if s >= span_hi {
+                            let list = &by_lo[range];
+                            let from = list.partition_point(|&o| lo_of[o as usize] < bhi);
+                            for &o in list[from..].iter().rev() {
+                                if !placed[o as usize] && !visit(o) {
+                                    break;
+                                }
+                            }
+                        } else if s < span_lo {
+                            let list = &by_hi[range];
+                            let to = list.partition_point(|&o| hi_of[o as usize] <= blo);
+                            for &o in &list[..to] {
+                                if !placed[o as usize] && !visit(o) {
+                                    break;
+                                }
+                            }
+                        }
+                    } else if s >= span_hi {
+                        live.for_each_overlapping_from(
+                            bhi,
+                            slot,
+                            slot + 1,
+                            &mut stack,
+                            true,
+                            &mut visit,
+                        );
+                    } else if s < span_lo {
+                        let r = t_end - 1 - slot;
+                        live_rev.for_each_overlapping_from(
+                            t_end - blo,
+                            r,
+                            r + 1,
+                            &mut stack,
+                            true,
+                            &mut visit,
+                        );
+                    }
+                    if low == NO_BUFFER && raised < lowest {
+                        lowest = raised;
+                        arg = w as u32;
+                    }
+                }
+                if low != NO_BUFFER {
+                    // A witness after the placement; also one now (keep it whatever happens)
+                    // if its offset is already within the current floor.
+                    if min_off[low as usize] <= floor[s] {
+                        wit.set(s, low);
+                    } else {
+                        lifted.push((s as u32, 0, low));
+                    }
+                    continue;
+                }
+                if lowest == NONE {
+                    continue; // nothing left to place there
+                }
+                if lowest + t > cap {
+                    ok = false;
+                    break;
+                }
+                lifted.push((s as u32, lowest, arg));
+            }
+            if ok {
+                chosen = Some((b, off, r));
+                break;
+            }
+            rejected.push((key, r, b));
+        }
+        for &(k, r, b) in &rejected {
+            cand.push(Reverse((k, r, b)));
+        }
+        let Some((b, off, r)) = chosen else {
+            return DiveResult::Failed;
+        };
+        // Place it.
+        let bi = b as usize;
+        let top = off + size[bi];
+        let raised = align_up(top, inst.align);
+        placed[bi] = true;
+        offsets[bi] = off;
+        live.remove(bi);
+        live_rev.remove(bi);
+        live.for_each_overlapping(lo_of[bi], hi_of[bi], &mut stack, |o| {
+            let o = o as usize;
+            if min_off[o] < raised {
+                min_off[o] = raised;
+                if parked[o] {
+                    parked[o] = false;
+                    cand.push(Reverse((raised, rank[o], o as u32)));
+                }
+            }
+            true
+        });
+        let (span_lo, span_hi) = (sec(lo_of[bi]), sec(hi_of[bi]));
+        for s in span_lo..span_hi {
+            floor[s] = floor[s].max(top);
+            total[s] -= size[bi];
+        }
+        if let (true, Some(l), Some((by_lo, by_hi))) = (infer, &setup.lists, &mut lists) {
+            for s in span_lo..span_hi {
+                dead[s] += 1;
+                if 2 * dead[s] > len[s] {
+                    let (a, n) = (l.start[s], len[s]);
+                    let mut keep = 0;
+                    for i in 0..n {
+                        if !placed[by_lo[a + i] as usize] {
+                            by_lo[a + keep] = by_lo[a + i];
+                            keep += 1;
+                        }
+                    }
+                    let mut keep2 = 0;
+                    for i in 0..n {
+                        if !placed[by_hi[a + i] as usize] {
+                            by_hi[a + keep2] = by_hi[a + i];
+                            keep2 += 1;
+                        }
+                    }
+                    debug_assert_eq!(keep, keep2);
+                    len[s] = keep;
+                    dead[s] = 0;
+                }
+            }
+        }
+        total_tree.subtract(span_lo, span_hi, size[bi]);
+        for &(s, v, w) in &lifted {
+            let s = s as usize;
+            floor[s] = floor[s].max(v);
+            wit.set(s, w);
+        }
+        if infer {
+            wit.index.remove(bi);
+            wit.lists[bi] = Vec::new();
+        }
+        last_off = off;
+        last_rank = r;
+    }
+    DiveResult::Found(offsets)
+}

@@ -1,0 +1,616 @@
+//! The offset solver: dynamic storage allocation (DSA).
+//!
+//! Every buffer of a step is live over a half-open interval `[lower, upper)` of schedule
+//! positions and needs `size` bytes. The solver gives each one an offset in a single slab so that
+//! two buffers live at the same moment never share a byte, every offset is a multiple of the
+//! problem's alignment, and the peak (the largest `offset + size`) is as small as it can find.
+//!
+//! LOAD, the largest total size live at one moment, is a lower bound on the peak; the solver
+//! reports the peak against it.
+//!
+//! How [`solve`] works:
+//!
+//! 1. **Greedy portfolio** ([`greedy`]): best fit and first fit in the manner of XLA's heap
+//!    simulator over several buffer orders (decreasing size, lifetime, area, contention), plus
+//!    "skyline dives" (the first descent of the search below, no backtracking). The best wins;
+//!    ties go to the earlier strategy in [`Greedy::ALL`].
+//! 2. **Search** ([`search`]) when the best greedy peak is above LOAD (or above the capacity
+//!    asked for): a depth-first search after MiniMalloc (Moffitt, ASPLOS 2023). Buffers are
+//!    placed in canonical order (offsets never decrease, so each buffer sits on the highest
+//!    placed buffer it meets), dominated choices are skipped, a section-wise lower bound cuts off
+//!    partial placements that cannot fit, and the problem splits in time whenever the placed
+//!    buffers separate it. Without a capacity, a decreasing-capacity loop tightens the peak
+//!    toward LOAD until the budget is spent or the peak is proved optimal.
+//! 3. **Validation** ([`validate`]): an independent checker, sharing no code with the solver,
+//!    checks every solution before it is returned.
+//!
+//! Results are deterministic: the same problem and options give the same offsets on every
+//! machine, unless the time limit stops the search (use [`SolveOptions::node_limit`] for a budget
+//! that does not depend on the machine's speed).
+
+mod check;
+mod csv;
+mod dive;
+mod greedy;
+mod search;
+#[cfg(test)]
+mod tests;
+
+pub use check::validate;
+pub use csv::{read_csv, write_csv};
+
+use std::fmt;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// One buffer: live over `[lower, upper)`, needing `size` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Buffer {
+    pub id: u64,
+    pub lower: u64,
+    pub upper: u64,
+    pub size: u64,
+}
+
+/// An offset-assignment problem. Offsets must be multiples of `alignment` (at least 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub buffers: Vec<Buffer>,
+    pub alignment: u64,
+}
+
+/// Offsets in the same order as [`Problem::buffers`], and the resulting peak.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Solution {
+    pub offsets: Vec<u64>,
+    pub peak: u64,
+}
+
+/// What [`solve`] may spend and what it must reach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SolveOptions {
+    /// `Some(c)`: the peak must be at most `c`; solving stops as soon as it is, and fails if the
+    /// budget runs out first. `None`: minimize the peak within the budget.
+    pub capacity: Option<u64>,
+    /// Wall-clock budget for the search (the greedy stage always runs to completion).
+    pub time_limit: Duration,
+    /// Budget of search nodes, independent of the machine: a search stopped by this budget
+    /// gives the same answer everywhere, one stopped by `time_limit` may not.
+    pub node_limit: u64,
+    /// Worker threads for the greedy portfolio (0: use what the machine has). The result does not
+    /// depend on it.
+    pub threads: usize,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        SolveOptions {
+            capacity: None,
+            time_limit: Duration::from_secs(1),
+            node_limit: u64::MAX,
+            threads: 0,
+        }
+    }
+}
+
+/// A buffer order for the greedy heuristics. Ties always fall back to the next key and finally
+/// to the buffer's position in the problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Order {
+    /// Decreasing size, then decreasing lifetime.
+    Size,
+    /// Decreasing lifetime (`upper - lower`), then decreasing size.
+    Lifetime,
+    /// Decreasing `size * lifetime`, then decreasing size.
+    Area,
+    /// Decreasing contention (the largest LOAD over the buffer's lifetime), then decreasing size.
+    Contention,
+}
+
+/// A fit policy: which free gap a buffer goes into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FitPolicy {
+    /// The smallest gap that holds it (XLA's heap simulator).
+    Best,
+    /// The lowest gap that holds it.
+    First,
+}
+
+/// One greedy strategy of the portfolio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Greedy {
+    /// Place buffers one by one in `order`, each into a free gap chosen by `fit`.
+    Fit { fit: FitPolicy, order: Order },
+    /// Place next the buffer with the lowest feasible offset (offsets never decrease), ties
+    /// broken by `order`.
+    Dive { order: Order },
+}
+
+impl Greedy {
+    /// The portfolio, in the order it runs and breaks ties: best fit by size (XLA's default)
+    /// first, then what most often wins on real traces, cheapest first.
+    pub const ALL: [Greedy; 12] = [
+        Greedy::Fit { fit: FitPolicy::Best, order: Order::Size },
+        Greedy::Fit { fit: FitPolicy::Best, order: Order::Contention },
+        Greedy::Dive { order: Order::Area },
+        Greedy::Dive { order: Order::Size },
+        Greedy::Fit { fit: FitPolicy::First, order: Order::Contention },
+        Greedy::Fit { fit: FitPolicy::Best, order: Order::Lifetime },
+        Greedy::Dive { order: Order::Contention },
+        Greedy::Dive { order: Order::Lifetime },
+        Greedy::Fit { fit: FitPolicy::First, order: Order::Size },
+        Greedy::Fit { fit: FitPolicy::Best, order: Order::Area },
+        Greedy::Fit { fit: FitPolicy::First, order: Order::Lifetime },
+        Greedy::Fit { fit: FitPolicy::First, order: Order::Area },
+    ];
+}
+
+impl fmt::Display for Order {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Order::Size => "size",
+            Order::Lifetime => "lifetime",
+            Order::Area => "area",
+            Order::Contention => "contention",
+        })
+    }
+}
+
+impl fmt::Display for Greedy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Greedy::Fit {
+                fit: FitPolicy::Best,
+                order,
+            } => write!(f, "best-fit by {order}"),
+            Greedy::Fit {
+                fit: FitPolicy::First,
+                order,
+            } => write!(f, "first-fit by {order}"),
+            Greedy::Dive { order } => write!(f, "skyline dive by {order}"),
+        }
+    }
+}
+
+/// What happened during a [`solve`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SolveStats {
+    /// LOAD: the largest total size live at one moment (a lower bound on the peak).
+    pub load: u64,
+    /// The best peak of the greedy portfolio.
+    pub greedy_peak: u64,
+    /// The greedy strategy that produced `greedy_peak`.
+    pub greedy: Greedy,
+    /// Time spent in the greedy portfolio (the rest went to the search).
+    pub greedy_elapsed: Duration,
+    /// The peak returned.
+    pub peak: u64,
+    /// The best lower bound known on the peak: LOAD, or more where the search proved it.
+    pub lower_bound: u64,
+    /// `peak == lower_bound`: no valid assignment has a lower peak.
+    pub optimal: bool,
+    /// Whether the search improved on the greedy result.
+    pub improved_by_search: bool,
+    /// Search nodes visited (0 when the greedy result was already good enough).
+    pub nodes_explored: u64,
+    /// Whether the search stopped because the time or node budget ran out.
+    pub budget_exhausted: bool,
+    /// Wall-clock time of the whole solve.
+    pub elapsed: Duration,
+}
+
+/// Everything that can go wrong reading or solving a problem. None of it panics.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DsaError {
+    #[error("the CSV has no header line (expected `id,lower,upper,size`)")]
+    CsvEmpty,
+    #[error("line {line}: the header has no `{column}` column (expected `id,lower,upper,size` in any order); header was `{header}`")]
+    CsvMissingColumn {
+        line: usize,
+        column: &'static str,
+        header: String,
+    },
+    #[error("line {line}: `{column}` must be a non-negative integer, found `{value}`")]
+    CsvNotInteger {
+        line: usize,
+        column: &'static str,
+        value: String,
+    },
+    #[error("line {line}: buffer {id} has upper {upper} <= lower {lower}; a lifetime [lower, upper) must be non-empty")]
+    CsvEmptyLifetime {
+        line: usize,
+        id: u64,
+        lower: u64,
+        upper: u64,
+    },
+    #[error("line {line}: duplicate id {id} (first seen on line {first_line})")]
+    CsvDuplicateId {
+        line: usize,
+        id: u64,
+        first_line: usize,
+    },
+    #[error("line {line}: {message}")]
+    Csv { line: usize, message: String },
+    #[error("buffer {id} (row {row}): {reason}")]
+    InvalidBuffer { row: usize, id: u64, reason: String },
+    #[error("alignment must be at least 1, got 0")]
+    ZeroAlignment,
+    #[error(
+        "the problem is too large: the total of all buffer sizes (aligned) does not fit in 64 bits"
+    )]
+    TooLarge,
+    #[error("capacity {capacity} is below LOAD {load}, the total size live at one moment, so nothing fits; the best peak found is {best_peak}; raise the capacity to at least {load}")]
+    CapacityBelowLoad {
+        capacity: u64,
+        load: u64,
+        best_peak: u64,
+    },
+    #[error("capacity {capacity} cannot be met: the search proved no assignment fits (best peak found {best_peak}, LOAD {load}); raise the capacity to at least {lower_bound}")]
+    CapacityInfeasible {
+        capacity: u64,
+        best_peak: u64,
+        load: u64,
+        lower_bound: u64,
+    },
+    #[error("capacity {capacity} not met within the budget ({elapsed:?}, {nodes} search nodes): best peak found {best_peak}, LOAD {load}; raise the capacity or the time limit")]
+    CapacityNotMet {
+        capacity: u64,
+        best_peak: u64,
+        load: u64,
+        elapsed: Duration,
+        nodes: u64,
+    },
+    #[error("internal error, invalid solution: {message}")]
+    InvalidSolution { message: String },
+}
+
+/// The solver's internal view of a problem: lifetimes compressed to slot indices.
+pub(crate) struct Instance {
+    pub n: usize,
+    /// First slot of each buffer's lifetime.
+    pub lo: Vec<u32>,
+    /// One past the last slot.
+    pub hi: Vec<u32>,
+    pub size: Vec<u64>,
+    /// Original lifetime length, for the orders.
+    pub length: Vec<u64>,
+    pub align: u64,
+    /// Number of elementary time slots (between consecutive distinct endpoints).
+    pub slots: usize,
+    /// Total size live in each slot.
+    pub slot_load: Vec<u64>,
+    pub load: u64,
+}
+
+impl Instance {
+    pub fn new(p: &Problem) -> Result<Instance, DsaError> {
+        if p.alignment == 0 {
+            return Err(DsaError::ZeroAlignment);
+        }
+        let n = p.buffers.len();
+        if n >= u32::MAX as usize {
+            return Err(DsaError::TooLarge);
+        }
+        let mut total: u64 = 0;
+        for (row, b) in p.buffers.iter().enumerate() {
+            if b.upper <= b.lower {
+                return Err(DsaError::InvalidBuffer {
+                    row,
+                    id: b.id,
+                    reason: format!(
+                        "upper {} <= lower {}; a lifetime [lower, upper) must be non-empty",
+                        b.upper, b.lower
+                    ),
+                });
+            }
+            let aligned = b
+                .size
+                .checked_add(p.alignment - 1)
+                .map(|s| s / p.alignment * p.alignment)
+                .ok_or(DsaError::TooLarge)?;
+            total = total.checked_add(aligned).ok_or(DsaError::TooLarge)?;
+        }
+        let mut times: Vec<u64> = p.buffers.iter().flat_map(|b| [b.lower, b.upper]).collect();
+        times.sort_unstable();
+        times.dedup();
+        let slot = |t: u64| times.partition_point(|&x| x < t) as u32;
+        let lo: Vec<u32> = p.buffers.iter().map(|b| slot(b.lower)).collect();
+        let hi: Vec<u32> = p.buffers.iter().map(|b| slot(b.upper)).collect();
+        let slots = times.len().saturating_sub(1);
+        let mut diff = vec![0i128; slots + 1];
+        for (i, b) in p.buffers.iter().enumerate() {
+            diff[lo[i] as usize] += b.size as i128;
+            diff[hi[i] as usize] -= b.size as i128;
+        }
+        let mut slot_load = Vec::with_capacity(slots);
+        let mut cur = 0i128;
+        for d in diff.iter().take(slots) {
+            cur += d;
+            slot_load.push(cur as u64);
+        }
+        let load = slot_load.iter().copied().max().unwrap_or(0);
+        Ok(Instance {
+            n,
+            lo,
+            hi,
+            size: p.buffers.iter().map(|b| b.size).collect(),
+            length: p.buffers.iter().map(|b| b.upper - b.lower).collect(),
+            align: p.alignment,
+            slots,
+            slot_load,
+            load,
+        })
+    }
+
+    /// The largest slot load over each buffer's lifetime.
+    fn contention(&self) -> Vec<u64> {
+        let leaves = self.slots.max(1).next_power_of_two();
+        let mut t = vec![0u64; 2 * leaves];
+        t[leaves..leaves + self.slots].copy_from_slice(&self.slot_load);
+        for v in (1..leaves).rev() {
+            t[v] = t[2 * v].max(t[2 * v + 1]);
+        }
+        (0..self.n)
+            .map(|b| {
+                let (mut l, mut r) = (self.lo[b] as usize + leaves, self.hi[b] as usize + leaves);
+                let mut m = 0;
+                while l < r {
+                    if l & 1 == 1 {
+                        m = m.max(t[l]);
+                        l += 1;
+                    }
+                    if r & 1 == 1 {
+                        r -= 1;
+                        m = m.max(t[r]);
+                    }
+                    l >>= 1;
+                    r >>= 1;
+                }
+                m
+            })
+            .collect()
+    }
+
+    /// Buffer indices sorted by `order` (ties: next key, then index).
+    pub fn order(&self, order: Order, contention: &[u64]) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..self.n as u32).collect();
+        let (s, l) = (&self.size, &self.length);
+        match order {
+            Order::Size => {
+                v.sort_by_key(|&b| (std::cmp::Reverse((s[b as usize], l[b as usize])), b))
+            }
+            Order::Lifetime => {
+                v.sort_by_key(|&b| (std::cmp::Reverse((l[b as usize], s[b as usize])), b))
+            }
+            Order::Area => v.sort_by_key(|&b| {
+                let b_ = b as usize;
+                (std::cmp::Reverse((s[b_] as u128 * l[b_] as u128, s[b_])), b)
+            }),
+            Order::Contention => v.sort_by_key(|&b| {
+                (
+                    std::cmp::Reverse((contention[b as usize], s[b as usize], l[b as usize])),
+                    b,
+                )
+            }),
+        }
+        v
+    }
+}
+
+/// LOAD: the largest total size of buffers live at one moment. A lower bound on any peak.
+/// (Buffers with `upper <= lower` are never live and count for nothing.)
+pub fn load(p: &Problem) -> u64 {
+    let mut events: Vec<(u64, i128)> = Vec::with_capacity(2 * p.buffers.len());
+    for b in p.buffers.iter().filter(|b| b.upper > b.lower) {
+        events.push((b.lower, b.size as i128));
+        events.push((b.upper, -(b.size as i128)));
+    }
+    // Half-open lifetimes: at equal times, ends (negative) come first.
+    events.sort_unstable();
+    let (mut cur, mut best) = (0i128, 0i128);
+    for (_, d) in events {
+        cur += d;
+        best = best.max(cur);
+    }
+    best.min(u64::MAX as i128) as u64
+}
+
+/// Runs one greedy strategy alone (no search), for comparisons. The solution is validated.
+pub fn solve_greedy(p: &Problem, strategy: Greedy) -> Result<Solution, DsaError> {
+    let inst = Instance::new(p)?;
+    let (offsets, peak) = run_strategy(&inst, strategy, &inst.contention(), None)
+        .expect("no deadline, so it finishes");
+    let sol = Solution { offsets, peak };
+    validate(p, &sol)?;
+    Ok(sol)
+}
+
+fn run_strategy(
+    inst: &Instance,
+    g: Greedy,
+    contention: &[u64],
+    deadline: Option<Instant>,
+) -> Option<(Vec<u64>, u64)> {
+    match g {
+        Greedy::Fit { fit, order } => {
+            let policy = match fit {
+                FitPolicy::Best => greedy::Fit::Best,
+                FitPolicy::First => greedy::Fit::First,
+            };
+            greedy::fit(inst, &inst.order(order, contention), policy, deadline)
+        }
+        Greedy::Dive { order } => {
+            let ord = inst.order(order, contention);
+            let mut rank = vec![0u32; inst.n];
+            for (r, &b) in ord.iter().enumerate() {
+                rank[b as usize] = r as u32;
+            }
+            // A dive without a capacity never rejects a candidate: the plain skyline dive.
+            let setup = dive::DiveSetup::new(inst, false);
+            let mut steps = 0;
+            match dive::dive(inst, &setup, u64::MAX, &rank, deadline, &mut steps) {
+                dive::DiveResult::Found(offsets) => {
+                    let peak = (0..inst.n).map(|b| offsets[b] + inst.size[b]).max().unwrap_or(0);
+                    Some((offsets, peak))
+                }
+                dive::DiveResult::Failed | dive::DiveResult::Aborted => None,
+            }
+        }
+    }
+}
+
+/// The best result of the greedy portfolio.
+struct PortfolioResult {
+    offsets: Vec<u64>,
+    peak: u64,
+    strategy: Greedy,
+}
+
+/// Runs the greedy portfolio in waves of `threads` strategies (in the order of
+/// [`Greedy::ALL`]), stopping after a wave once the peak is at most `target` or the deadline
+/// has passed. The first wave always runs to completion; later strategies give up at the
+/// deadline. The winner is the lowest peak, ties to the earlier strategy, so the result does
+/// not depend on the number of threads unless the deadline cut the portfolio short.
+fn run_portfolio(
+    inst: &Instance,
+    threads: usize,
+    target: u64,
+    deadline: Option<Instant>,
+) -> PortfolioResult {
+    let contention = inst.contention();
+    let all = Greedy::ALL;
+    let threads = if threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        threads
+    };
+    // Small problems finish in microseconds: threads would cost more than they save.
+    let threads = if inst.n < 2000 {
+        1
+    } else {
+        threads.clamp(1, all.len())
+    };
+    let mut best: Option<PortfolioResult> = None;
+    for (w, wave) in all.chunks(threads).enumerate() {
+        if w > 0 {
+            let done = best.as_ref().is_some_and(|b| b.peak <= target);
+            if done || deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+        }
+        let limit = if w == 0 { None } else { deadline };
+        let results: Vec<Option<(Vec<u64>, u64)>> = if wave.len() == 1 {
+            vec![run_strategy(inst, wave[0], &contention, limit)]
+        } else {
+            std::thread::scope(|scope| {
+                let contention = &contention;
+                let handles: Vec<_> = wave
+                    .iter()
+                    .map(|&g| scope.spawn(move || run_strategy(inst, g, contention, limit)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
+            })
+        };
+        for (&strategy, r) in wave.iter().zip(results) {
+            if let Some((offsets, peak)) = r {
+                if best.as_ref().is_none_or(|b| peak < b.peak) {
+                    best = Some(PortfolioResult {
+                        offsets,
+                        peak,
+                        strategy,
+                    });
+                }
+            }
+        }
+    }
+    best.expect("the first wave always completes")
+}
+
+/// Solves `p`: see the module documentation for the method.
+///
+/// With `opts.capacity = Some(c)` the result has peak at most `c`, or the error says why not
+/// (LOAD above `c`, proved infeasible, or budget spent) with the best peak found and LOAD.
+/// Without a capacity the peak is minimized within the budget. Every returned solution has
+/// passed [`validate`].
+pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats), DsaError> {
+    let start = Instant::now();
+    let deadline = start.checked_add(opts.time_limit);
+    let inst = Instance::new(p)?;
+    let load = inst.load;
+    let target = opts.capacity.unwrap_or(load);
+    let g = run_portfolio(&inst, opts.threads, target, deadline);
+    let greedy_elapsed = start.elapsed();
+    let (greedy_peak, greedy) = (g.peak, g.strategy);
+    let mut best = Solution {
+        offsets: g.offsets,
+        peak: g.peak,
+    };
+    let mut stats = SolveStats {
+        load,
+        greedy_peak,
+        greedy,
+        greedy_elapsed,
+        peak: greedy_peak,
+        lower_bound: load,
+        optimal: greedy_peak == load,
+        improved_by_search: false,
+        nodes_explored: 0,
+        budget_exhausted: false,
+        elapsed: Duration::ZERO,
+    };
+    if let Some(cap) = opts.capacity {
+        if cap < load {
+            return Err(DsaError::CapacityBelowLoad {
+                capacity: cap,
+                load,
+                best_peak: greedy_peak,
+            });
+        }
+    }
+    if best.peak > target {
+        let outcome = search::improve(&inst, &best, opts.capacity, deadline, opts.node_limit);
+        stats.nodes_explored = outcome.nodes;
+        stats.budget_exhausted = outcome.budget_exhausted;
+        stats.lower_bound = stats.lower_bound.max(outcome.lower_bound);
+        if let Some(sol) = outcome.solution {
+            if sol.peak < best.peak {
+                best = sol;
+                stats.improved_by_search = true;
+            }
+        }
+    }
+    stats.peak = best.peak;
+    stats.lower_bound = stats.lower_bound.min(best.peak);
+    stats.optimal = best.peak == stats.lower_bound;
+    stats.elapsed = start.elapsed();
+    if let Err(e) = validate(p, &best) {
+        debug_assert!(false, "the solver produced an invalid solution: {e}");
+        return Err(e);
+    }
+    if let Some(cap) = opts.capacity {
+        if best.peak > cap {
+            return Err(if stats.lower_bound > cap {
+                DsaError::CapacityInfeasible {
+                    capacity: cap,
+                    best_peak: best.peak,
+                    load,
+                    lower_bound: stats.lower_bound,
+                }
+            } else {
+                DsaError::CapacityNotMet {
+                    capacity: cap,
+                    best_peak: best.peak,
+                    load,
+                    elapsed: stats.elapsed,
+                    nodes: stats.nodes_explored,
+                }
+            });
+        }
+    }
+    Ok((best, stats))
+}

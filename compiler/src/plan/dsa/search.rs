@@ -1,0 +1,848 @@
+//! Exact search for an assignment under a capacity, after MiniMalloc (Moffitt, ASPLOS 2023).
+//!
+//! The search places buffers one at a time, depth first, always at the lowest offset the
+//! buffer can take above the placed buffers it meets, and only in **canonical order**: offsets
+//! never decrease along a branch (ties in offset go in preorder). Every packing can be pushed
+//! down until each buffer rests on one it meets, and then listed by offset, so nothing is lost;
+//! but each packing is visited once instead of `n!` times. On top of that:
+//!
+//! * **Dynamic ordering**: at each node the candidates are the unplaced buffers sorted by lowest
+//!   feasible offset, then by a static preorder (MiniMalloc's `WAT`, `TAW`, `TWA`: lifetime,
+//!   area, section total in some priority).
+//! * **Dominance**: a candidate whose offset is at or above the lowest top any unplaced buffer
+//!   could reach is skipped: that buffer could drop into the gap below it, so some canonical
+//!   packing places it first.
+//! * **Inference**: time is cut into *sections* (the distinct sets of buffers live together just
+//!   before some buffer dies). A section's floor is the top of its placed buffers, raised to the
+//!   lowest feasible offset of its unplaced ones and to the current offset (which never falls).
+//!   Floor plus the unplaced size still live there must fit the capacity, or the branch is cut.
+//! * **Decomposition**: when every buffer spanning a boundary between two sections is placed,
+//!   the two sides are independent and are searched separately.
+//! * **Round robin**: the three preorders take turns under a node limit that doubles, so a bad
+//!   preorder cannot stall the search.
+
+use super::dive::{dive, DiveResult, DiveSetup};
+use super::greedy::align_up;
+use super::{Instance, Solution};
+use std::time::Instant;
+
+const NONE: u64 = u64::MAX;
+
+/// The outcome of improving a solution.
+pub(crate) struct Outcome {
+    /// A solution better than the one given, if one was found.
+    pub solution: Option<Solution>,
+    /// A lower bound on the optimal peak proved along the way (at least LOAD).
+    pub lower_bound: u64,
+    pub nodes: u64,
+    pub budget_exhausted: bool,
+}
+
+/// The time structure the search works on.
+pub(crate) struct Sweep {
+    /// Buffers (with nonzero size) live in each section.
+    sections: Vec<Vec<u32>>,
+    /// Each buffer's section range `[sec_lo, sec_hi)` (empty for zero-size buffers).
+    sec_lo: Vec<u32>,
+    sec_hi: Vec<u32>,
+    /// For each buffer, the buffers live at some common moment.
+    overlaps: Vec<Vec<u32>>,
+}
+
+impl Sweep {
+    /// Builds the sweep, or `None` when the overlap lists would exceed `max_pairs` entries.
+    pub fn new(inst: &Instance, max_pairs: usize) -> Option<Sweep> {
+        let n = inst.n;
+        // Slot k is a section when some buffer's last slot is k.
+        let mut is_section = vec![false; inst.slots];
+        for b in 0..n {
+            if inst.size[b] > 0 {
+                is_section[inst.hi[b] as usize - 1] = true;
+            }
+        }
+        // first_section[k]: index of the first section at or after slot k.
+        let mut first_section = vec![0u32; inst.slots + 1];
+        let mut count = 0u32;
+        for k in 0..inst.slots {
+            first_section[k] = count;
+            if is_section[k] {
+                count += 1;
+            }
+        }
+        first_section[inst.slots] = count;
+        let mut sections: Vec<Vec<u32>> = vec![Vec::new(); count as usize];
+        let mut sec_lo = vec![0u32; n];
+        let mut sec_hi = vec![0u32; n];
+        for b in 0..n {
+            if inst.size[b] == 0 {
+                continue;
+            }
+            sec_lo[b] = first_section[inst.lo[b] as usize];
+            sec_hi[b] = first_section[inst.hi[b] as usize];
+            for s in sec_lo[b]..sec_hi[b] {
+                sections[s as usize].push(b as u32);
+            }
+        }
+        // Overlaps: sweep buffers by start, keeping the live ones.
+        let mut by_lo: Vec<u32> = (0..n as u32)
+            .filter(|&b| inst.size[b as usize] > 0)
+            .collect();
+        by_lo.sort_by_key(|&b| (inst.lo[b as usize], b));
+        let mut overlaps: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut live: Vec<u32> = Vec::new();
+        let mut pairs = 0usize;
+        for &b in &by_lo {
+            let lo = inst.lo[b as usize];
+            live.retain(|&o| inst.hi[o as usize] > lo);
+            pairs += 2 * live.len();
+            if pairs > max_pairs {
+                return None;
+            }
+            for &o in &live {
+                overlaps[b as usize].push(o);
+                overlaps[o as usize].push(b);
+            }
+            live.push(b);
+        }
+        for v in overlaps.iter_mut() {
+            v.sort_unstable();
+        }
+        Some(Sweep {
+            sections,
+            sec_lo,
+            sec_hi,
+            overlaps,
+        })
+    }
+}
+
+/// A static preorder: keys compared in turn, each larger-first; ties by buffer index.
+#[derive(Clone, Copy)]
+enum Key {
+    /// Lifetime length.
+    Width,
+    /// Size times lifetime.
+    Area,
+    /// The largest unplaced total over the sections the buffer spans.
+    Total,
+}
+
+const HEURISTICS: [[Key; 3]; 3] = [
+    [Key::Width, Key::Area, Key::Total],
+    [Key::Total, Key::Area, Key::Width],
+    [Key::Total, Key::Width, Key::Area],
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Status {
+    Found,
+    NotFound,
+    /// Node budget or deadline reached.
+    Aborted,
+}
+
+/// One search at a fixed capacity.
+struct Search<'a> {
+    inst: &'a Instance,
+    sw: &'a Sweep,
+    cap: u64,
+    heuristic: [Key; 3],
+    assigned: Vec<u64>,
+    solution: Vec<u64>,
+    min_off: Vec<u64>,
+    floor: Vec<u64>,
+    total: Vec<u64>,
+    cuts: Vec<u32>,
+    nodes: u64,
+    node_budget: u64,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    /// Per section, a member that last showed the floor cannot rise (a hint, checked on use).
+    witness: Vec<u32>,
+    pool_ordering: Vec<Vec<(u64, u32)>>,
+    pool_log: Vec<Vec<(u32, u64)>>,
+    scratch_raised: Vec<(u64, u32)>,
+}
+
+struct Partition {
+    buffers: Vec<u32>,
+    sec_lo: u32,
+    sec_hi: u32,
+}
+
+impl<'a> Search<'a> {
+    fn new(inst: &'a Instance, sw: &'a Sweep, cap: u64, deadline: Option<Instant>) -> Self {
+        let s = sw.sections.len();
+        let mut total = vec![0u64; s];
+        for (t, sec) in total.iter_mut().zip(&sw.sections) {
+            *t = sec.iter().map(|&b| inst.size[b as usize]).sum();
+        }
+        let mut cuts = vec![0u32; s.saturating_sub(1)];
+        for b in 0..inst.n {
+            for c in sw.sec_lo[b]..sw.sec_hi[b].saturating_sub(1) {
+                cuts[c as usize] += 1;
+            }
+        }
+        Search {
+            inst,
+            sw,
+            cap,
+            heuristic: HEURISTICS[0],
+            assigned: vec![NONE; inst.n],
+            solution: vec![0; inst.n],
+            min_off: vec![0; inst.n],
+            floor: vec![0; s],
+            total,
+            cuts,
+            nodes: 0,
+            node_budget: u64::MAX,
+            deadline,
+            timed_out: false,
+            witness: sw.sections.iter().map(|m| m[0]).collect(),
+            pool_ordering: Vec::new(),
+            pool_log: Vec::new(),
+            scratch_raised: Vec::new(),
+        }
+    }
+
+    /// Solves every buffer (with nonzero size) under the capacity.
+    fn run(&mut self) -> Status {
+        let s = self.sw.sections.len() as u32;
+        if s == 0 {
+            return Status::Found;
+        }
+        // Sections whose own load exceeds the capacity make the problem infeasible at once.
+        if self.total.iter().any(|&t| t > self.cap) {
+            return Status::NotFound;
+        }
+        let all: Vec<u32> = (0..self.inst.n as u32)
+            .filter(|&b| self.inst.size[b as usize] > 0)
+            .collect();
+        let mut cutpoints = vec![0u32];
+        cutpoints.extend(
+            (0..s - 1)
+                .filter(|&c| self.cuts[c as usize] == 0)
+                .map(|c| c + 1),
+        );
+        cutpoints.push(s);
+        self.solve_pieces(&all, &cutpoints)
+    }
+
+    /// Solves the unplaced buffers of `buffers` separately within each range between
+    /// consecutive `cutpoints`.
+    fn solve_pieces(&mut self, buffers: &[u32], cutpoints: &[u32]) -> Status {
+        for w in cutpoints.windows(2) {
+            let (lo, hi) = (w[0], w[1]);
+            let part: Vec<u32> = buffers
+                .iter()
+                .copied()
+                .filter(|&b| {
+                    let b = b as usize;
+                    self.assigned[b] == NONE && self.sw.sec_lo[b] < hi && lo < self.sw.sec_hi[b]
+                })
+                .collect();
+            if part.is_empty() {
+                continue;
+            }
+            let status = self.sub_solve(Partition {
+                buffers: part,
+                sec_lo: lo,
+                sec_hi: hi,
+            });
+            if status != Status::Found {
+                return status;
+            }
+        }
+        Status::Found
+    }
+
+    fn sub_solve(&mut self, part: Partition) -> Status {
+        let inst = self.inst;
+        let keyed: Vec<([u128; 3], u32)> = part
+            .buffers
+            .iter()
+            .map(|&b| {
+                let bi = b as usize;
+                let mut k = [0u128; 3];
+                for (slot, key) in k.iter_mut().zip(self.heuristic) {
+                    *slot = match key {
+                        Key::Width => inst.length[bi] as u128,
+                        Key::Area => inst.length[bi] as u128 * inst.size[bi] as u128,
+                        Key::Total => (self.sw.sec_lo[bi]..self.sw.sec_hi[bi])
+                            .map(|s| self.total[s as usize])
+                            .max()
+                            .unwrap_or(0) as u128,
+                    };
+                }
+                (k, b)
+            })
+            .collect();
+        let mut keyed = keyed;
+        keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let pre: Vec<u32> = keyed.iter().map(|k| k.1).collect();
+        let ordering: Vec<(u64, u32)> = (0..pre.len() as u32).map(|i| (0, i)).collect();
+        self.search(&part, &pre, &ordering, 0, 0)
+    }
+
+    fn out_of_budget(&mut self) -> bool {
+        if self.nodes >= self.node_budget {
+            return true;
+        }
+        if self.nodes % 256 == 0 {
+            if let Some(d) = self.deadline {
+                if Instant::now() >= d {
+                    self.timed_out = true;
+                }
+            }
+        }
+        self.timed_out
+    }
+
+    fn search(
+        &mut self,
+        part: &Partition,
+        pre: &[u32],
+        parent: &[(u64, u32)],
+        last_off: u64,
+        last_pre: u32,
+    ) -> Status {
+        if self.out_of_budget() {
+            return Status::Aborted;
+        }
+        self.nodes += 1;
+        // Scratch vectors come from pools: a search allocates almost nothing per node.
+        let mut ordering = self.pool_ordering.pop().unwrap_or_default();
+        let mut off_log = self.pool_log.pop().unwrap_or_default();
+        let mut sec_log = self.pool_log.pop().unwrap_or_default();
+        let status = self.search_with(
+            part,
+            pre,
+            parent,
+            last_off,
+            last_pre,
+            &mut ordering,
+            &mut off_log,
+            &mut sec_log,
+        );
+        self.pool_ordering.push(ordering);
+        self.pool_log.push(off_log);
+        self.pool_log.push(sec_log);
+        status
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn search_with(
+        &mut self,
+        part: &Partition,
+        pre: &[u32],
+        parent: &[(u64, u32)],
+        last_off: u64,
+        last_pre: u32,
+        ordering: &mut Vec<(u64, u32)>,
+        off_log: &mut Vec<(u32, u64)>,
+        sec_log: &mut Vec<(u32, u64)>,
+    ) -> Status {
+        let inst = self.inst;
+        // The parent's ordering, less the buffer just placed, with raised offsets moved: the
+        // entries that kept their offset stay sorted, the raised ones are sorted apart (few, and
+        // all at one offset) and merged in.
+        ordering.clear();
+        let mut raised = std::mem::take(&mut self.scratch_raised);
+        raised.clear();
+        for &(o, p) in parent {
+            let b = pre[p as usize] as usize;
+            if self.assigned[b] != NONE {
+                continue;
+            }
+            let m = self.min_off[b];
+            if m == o {
+                ordering.push((o, p));
+            } else {
+                raised.push((m, p));
+            }
+        }
+        if !raised.is_empty() {
+            raised.sort_unstable();
+            merge_into(ordering, &raised);
+        }
+        self.scratch_raised = raised;
+        if ordering.is_empty() {
+            return Status::Found;
+        }
+        let min_height = ordering
+            .iter()
+            .map(|&(o, p)| o + inst.size[pre[p as usize] as usize])
+            .min()
+            .unwrap_or(NONE);
+        // Inference, the part that does not depend on which buffer goes next: offsets only
+        // rise, so after placing any buffer at `off`, each section still needs its unplaced
+        // total above `off` (the buffer placed, if it lives there, fills the bottom of it).
+        let max_total = self.total[part.sec_lo as usize..part.sec_hi as usize]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let highest = self.cap.saturating_sub(max_total);
+        for &(off, p) in ordering.iter() {
+            if off >= min_height || off > highest {
+                break; // dominated or over capacity, and so is everything after it
+            }
+            if off < last_off || (off == last_off && p < last_pre) {
+                continue; // not canonical
+            }
+            let b = pre[p as usize] as usize;
+            if off + inst.size[b] > self.cap {
+                continue;
+            }
+            off_log.clear();
+            sec_log.clear();
+            self.place(b, off, off_log, sec_log);
+            let status = if self.check(b, sec_log) {
+                self.descend(part, pre, ordering, off, p, b)
+            } else {
+                Status::NotFound
+            };
+            self.unplace(b, off_log, sec_log);
+            if status != Status::NotFound {
+                return status;
+            }
+        }
+        Status::NotFound
+    }
+
+    /// After placing `b`: split the partition if `b` closed a boundary, else keep searching.
+    fn descend(
+        &mut self,
+        part: &Partition,
+        pre: &[u32],
+        ordering: &[(u64, u32)],
+        off: u64,
+        p: u32,
+        b: usize,
+    ) -> Status {
+        let (lo, hi) = (self.sw.sec_lo[b], self.sw.sec_hi[b]);
+        let mut split = false;
+        for c in lo..hi - 1 {
+            self.cuts[c as usize] -= 1;
+            split |= self.cuts[c as usize] == 0;
+        }
+        let status = if !split {
+            self.search(part, pre, ordering, off, p)
+        } else {
+            let mut cutpoints = vec![part.sec_lo];
+            cutpoints.extend(
+                (lo..hi - 1)
+                    .filter(|&c| self.cuts[c as usize] == 0)
+                    .map(|c| c + 1),
+            );
+            cutpoints.push(part.sec_hi);
+            self.solve_pieces(&part.buffers, &cutpoints)
+        };
+        for c in lo..hi - 1 {
+            self.cuts[c as usize] += 1;
+        }
+        status
+    }
+
+    #[inline(never)]
+    fn place(
+        &mut self,
+        b: usize,
+        off: u64,
+        off_log: &mut Vec<(u32, u64)>,
+        sec_log: &mut Vec<(u32, u64)>,
+    ) {
+        let inst = self.inst;
+        let sw = self.sw;
+        let size = inst.size[b];
+        let top = off + size;
+        self.assigned[b] = off;
+        self.solution[b] = off;
+        let raised = align_up(top, inst.align);
+        // Every buffer raised meets `b`, so the sections whose floor may rise form one range
+        // around `b`'s span: from the lowest raised start to the highest raised end.
+        let (mut lo, mut hi) = (sw.sec_lo[b], sw.sec_hi[b]);
+        for &o in &sw.overlaps[b] {
+            let o = o as usize;
+            if self.assigned[o] == NONE && self.min_off[o] < raised {
+                off_log.push((o as u32, self.min_off[o]));
+                self.min_off[o] = raised;
+                lo = lo.min(sw.sec_lo[o]);
+                hi = hi.max(sw.sec_hi[o]);
+            }
+        }
+        for s in sw.sec_lo[b]..sw.sec_hi[b] {
+            let s = s as usize;
+            sec_log.push((s as u32, self.floor[s]));
+            self.floor[s] = top;
+            self.total[s] -= size;
+        }
+        // A section's floor is at least the lowest feasible offset of its unplaced buffers.
+        // Sections `b` spans now have floor `top`, and their lowest unplaced offset is at most
+        // `raised` (every unplaced one there was raised to it), so unless alignment rounded
+        // `raised` above `top` they cannot rise. Elsewhere, a floor at `raised` or above
+        // cannot rise either.
+        let skip = if raised == top {
+            sw.sec_lo[b]..sw.sec_hi[b]
+        } else {
+            0..0
+        };
+        for s in (lo..hi).filter(|s| !skip.contains(s)) {
+            let s = s as usize;
+            let floor = self.floor[s];
+            if floor >= raised {
+                continue;
+            }
+            // Try last time's witness first: an unplaced member no higher than the floor.
+            let w = self.witness[s] as usize;
+            if self.assigned[w] == NONE && self.min_off[w] <= floor {
+                continue;
+            }
+            let mut lowest = NONE;
+            for &o in &sw.sections[s] {
+                let o = o as usize;
+                if self.assigned[o] == NONE {
+                    let m = self.min_off[o];
+                    if m <= floor {
+                        self.witness[s] = o as u32;
+                        lowest = NONE;
+                        break; // cannot rise
+                    }
+                    lowest = lowest.min(m);
+                }
+            }
+            if lowest != NONE {
+                sec_log.push((s as u32, floor));
+                self.floor[s] = lowest;
+            }
+        }
+    }
+
+    #[inline(never)]
+    fn unplace(&mut self, b: usize, off_log: &[(u32, u64)], sec_log: &[(u32, u64)]) {
+        for &(s, f) in sec_log.iter().rev() {
+            self.floor[s as usize] = f;
+        }
+        let size = self.inst.size[b];
+        for s in self.sw.sec_lo[b]..self.sw.sec_hi[b] {
+            self.total[s as usize] += size;
+        }
+        for &(o, m) in off_log.iter().rev() {
+            self.min_off[o as usize] = m;
+        }
+        self.assigned[b] = NONE;
+    }
+
+    /// The rest of the inference, after placing `b` at `off`: every section must fit its
+    /// floor plus the unplaced size still live there. Sections `b` spans are covered by the
+    /// test in [`Search::search_with`] (floor `off + size`, total down by `size`); sections
+    /// not touched did not change since the parent passed; what is left are the sections whose
+    /// floor this placement raised, logged after `b`'s span.
+    #[inline(never)]
+    fn check(&self, b: usize, sec_log: &[(u32, u64)]) -> bool {
+        let span = (self.sw.sec_hi[b] - self.sw.sec_lo[b]) as usize;
+        sec_log[span..]
+            .iter()
+            .all(|&(s, _)| self.floor[s as usize] + self.total[s as usize] <= self.cap)
+    }
+}
+
+/// Merges sorted `extra` into sorted `v`, from the back, in place.
+fn merge_into(v: &mut Vec<(u64, u32)>, extra: &[(u64, u32)]) {
+    let kept = v.len();
+    v.resize(kept + extra.len(), (0, 0));
+    let (mut i, mut j, mut k) = (kept, extra.len(), v.len());
+    while j > 0 {
+        k -= 1;
+        if i > 0 && v[i - 1] > extra[j - 1] {
+            v[k] = v[i - 1];
+            i -= 1;
+        } else {
+            v[k] = extra[j - 1];
+            j -= 1;
+        }
+    }
+}
+
+/// The result of one capacity probe.
+enum Probe {
+    Found(Vec<u64>),
+    Infeasible,
+    Aborted,
+}
+
+/// Searches for an assignment with peak at most `cap`, the preorders taking turns under a node
+/// limit that doubles from `2n` until `node_budget` nodes are spent in total.
+fn probe(
+    inst: &Instance,
+    sw: &Sweep,
+    cap: u64,
+    node_budget: u64,
+    deadline: Option<Instant>,
+    nodes: &mut u64,
+    timed_out: &mut bool,
+) -> Probe {
+    let mut limit = 2 * inst.n as u64;
+    let mut spent = 0u64;
+    loop {
+        for h in HEURISTICS {
+            let remaining = node_budget.saturating_sub(spent);
+            if remaining == 0 {
+                return Probe::Aborted;
+            }
+            let mut s = Search::new(inst, sw, cap, deadline);
+            s.heuristic = h;
+            s.node_budget = limit.min(remaining);
+            let status = s.run();
+            spent += s.nodes;
+            *nodes += s.nodes;
+            if s.timed_out {
+                *timed_out = true;
+                return Probe::Aborted;
+            }
+            match status {
+                Status::Found => {
+                    let mut offsets = s.solution;
+                    for (b, o) in offsets.iter_mut().enumerate() {
+                        if inst.size[b] == 0 {
+                            *o = 0;
+                        }
+                    }
+                    return Probe::Found(offsets);
+                }
+                Status::NotFound => return Probe::Infeasible,
+                Status::Aborted => {}
+            }
+        }
+        limit = limit.saturating_mul(2);
+    }
+}
+
+fn peak_of(inst: &Instance, offsets: &[u64]) -> u64 {
+    (0..inst.n)
+        .map(|b| offsets[b] + inst.size[b])
+        .max()
+        .unwrap_or(0)
+}
+
+/// Most overlap-list entries the search will build (memory and per-node time grow with it).
+const MAX_PAIRS: usize = 4_000_000;
+/// Larger problems get capacity-aware dives instead of the full search: its per-node cost
+/// and memory grow with the number of buffers.
+const MAX_SEARCH_BUFFERS: usize = 4000;
+
+/// Improvement for large problems: capacity-aware dives ([`dive`]) under the three preorders,
+/// at LOAD first, then bisecting between what failed and the best peak found. A failed dive
+/// proves nothing, so the lower bound stays LOAD.
+fn improve_by_dives(
+    inst: &Instance,
+    best: &Solution,
+    capacity: Option<u64>,
+    deadline: Option<Instant>,
+) -> Outcome {
+    let mut out = Outcome {
+        solution: None,
+        lower_bound: inst.load,
+        nodes: 0,
+        budget_exhausted: false,
+    };
+    let setup = DiveSetup::new(inst, true);
+    let totals: Vec<u64> = (0..inst.n).map(|b| setup.section_total(inst, b)).collect();
+    let ranks: Vec<Vec<u32>> = HEURISTICS
+        .iter()
+        .map(|h| {
+            let mut order: Vec<u32> = (0..inst.n as u32).collect();
+            order.sort_by_cached_key(|&b| {
+                let b_ = b as usize;
+                let key = h.map(|k| match k {
+                    Key::Width => inst.length[b_] as u128,
+                    Key::Area => inst.length[b_] as u128 * inst.size[b_] as u128,
+                    Key::Total => totals[b_] as u128,
+                });
+                (std::cmp::Reverse(key), b)
+            });
+            let mut rank = vec![0u32; inst.n];
+            for (r, &b) in order.iter().enumerate() {
+                rank[b as usize] = r as u32;
+            }
+            rank
+        })
+        .collect();
+    // Tries every preorder at capacity `c`; the first packing found wins.
+    let attempt = |c: u64, out: &mut Outcome| -> Option<Option<Vec<u64>>> {
+        for rank in &ranks {
+            match dive(inst, &setup, c, rank, deadline, &mut out.nodes) {
+                DiveResult::Found(o) => return Some(Some(o)),
+                DiveResult::Failed => {}
+                DiveResult::Aborted => return None,
+            }
+        }
+        Some(None)
+    };
+    let targets: Vec<u64> = match capacity {
+        Some(c) => vec![c],
+        None => vec![],
+    };
+    if !targets.is_empty() {
+        match attempt(targets[0], &mut out) {
+            Some(Some(o)) => {
+                let peak = peak_of(inst, &o);
+                out.solution = Some(Solution { offsets: o, peak });
+            }
+            Some(None) => {}
+            None => out.budget_exhausted = true,
+        }
+        return out;
+    }
+    let mut ub = best.peak;
+    let (mut lo, mut hi) = (inst.load, best.peak.saturating_sub(1));
+    let mut first = true;
+    while lo <= hi && lo < ub {
+        let c = if first { lo } else { lo + (hi - lo) / 2 };
+        first = false;
+        match attempt(c, &mut out) {
+            Some(Some(o)) => {
+                ub = peak_of(inst, &o);
+                out.solution = Some(Solution {
+                    offsets: o,
+                    peak: ub,
+                });
+                if ub == 0 {
+                    break;
+                }
+                hi = hi.min(ub - 1);
+            }
+            Some(None) => lo = c + 1,
+            None => {
+                out.budget_exhausted = true;
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Improves `best`: with a capacity, until its peak fits it; without, toward LOAD.
+pub(crate) fn improve(
+    inst: &Instance,
+    best: &Solution,
+    capacity: Option<u64>,
+    deadline: Option<Instant>,
+    node_limit: u64,
+) -> Outcome {
+    let sweep = if inst.n <= MAX_SEARCH_BUFFERS {
+        Sweep::new(inst, MAX_PAIRS)
+    } else {
+        None
+    };
+    let Some(sw) = sweep else {
+        return improve_by_dives(inst, best, capacity, deadline);
+    };
+    // Deep recursion: run on a thread with a stack sized for the problem.
+    let stack = (64 << 20).max(inst.n * 4096);
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn_scoped(scope, || {
+                improve_with(inst, &sw, best, capacity, deadline, node_limit)
+            })
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .unwrap_or_else(|_| improve_with(inst, &sw, best, capacity, deadline, node_limit))
+    })
+}
+
+fn improve_with(
+    inst: &Instance,
+    sw: &Sweep,
+    best: &Solution,
+    capacity: Option<u64>,
+    deadline: Option<Instant>,
+    node_limit: u64,
+) -> Outcome {
+    let mut out = Outcome {
+        solution: None,
+        lower_bound: inst.load,
+        nodes: 0,
+        budget_exhausted: false,
+    };
+    let mut timed_out = false;
+    let mut ub = best.peak;
+    let mut lb = inst.load;
+    let record = |out: &mut Outcome, offsets: Vec<u64>| -> u64 {
+        let peak = peak_of(inst, &offsets);
+        out.solution = Some(Solution { offsets, peak });
+        peak
+    };
+    if let Some(cap) = capacity {
+        // Fit the capacity; nothing more.
+        let budget = node_limit;
+        match probe(
+            inst,
+            sw,
+            cap,
+            budget,
+            deadline,
+            &mut out.nodes,
+            &mut timed_out,
+        ) {
+            Probe::Found(o) => {
+                record(&mut out, o);
+            }
+            Probe::Infeasible => out.lower_bound = cap + 1,
+            Probe::Aborted => out.budget_exhausted = true,
+        }
+        return out;
+    }
+    // Minimize: rounds of binary search between the bounds, each probe limited to a node
+    // budget that grows by 4x per round. A probe that runs out of nodes counts as "too hard
+    // for now" and sends the search upward.
+    let mut per_probe = 8 * inst.n as u64 + 1024;
+    while lb < ub {
+        let (mut lo, mut hi) = (lb, ub - 1);
+        let mut first = true;
+        while lo <= hi {
+            // The first probe of a round tries the lower bound itself.
+            let c = if first { lo } else { lo + (hi - lo) / 2 };
+            first = false;
+            let budget = per_probe.min(node_limit.saturating_sub(out.nodes));
+            if budget == 0 {
+                out.budget_exhausted = true;
+                break;
+            }
+            match probe(
+                inst,
+                sw,
+                c,
+                budget,
+                deadline,
+                &mut out.nodes,
+                &mut timed_out,
+            ) {
+                Probe::Found(o) => {
+                    ub = record(&mut out, o);
+                    if ub == 0 {
+                        break;
+                    }
+                    hi = hi.min(ub - 1);
+                }
+                Probe::Infeasible => {
+                    lb = lb.max(c + 1);
+                    lo = c + 1;
+                }
+                Probe::Aborted => {
+                    if timed_out {
+                        break;
+                    }
+                    lo = c + 1;
+                }
+            }
+        }
+        if timed_out || out.nodes >= node_limit {
+            out.budget_exhausted = true;
+            break;
+        }
+        per_probe = per_probe.saturating_mul(4);
+    }
+    out.lower_bound = lb;
+    out
+}
