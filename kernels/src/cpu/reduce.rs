@@ -248,30 +248,10 @@ pub fn reduce<T: Scalar>(
     }
 }
 
-/// Visits every multi-index of `dims` in row-major order, passing `Σ index_k * strides[k]`,
-/// maintained incrementally (no divisions).
+/// Visits every multi-index of `dims` in row-major order, passing `Σ index_k * strides[k]`.
 #[inline]
-fn for_each_out_offset(dims: &[usize], strides: &[usize], mut f: impl FnMut(usize)) {
-    let rank = dims.len();
-    let mut counter = [0usize; 64];
-    let mut off = 0;
-    loop {
-        f(off);
-        let mut ax = rank;
-        loop {
-            if ax == 0 {
-                return;
-            }
-            ax -= 1;
-            counter[ax] += 1;
-            off += strides[ax];
-            if counter[ax] < dims[ax] {
-                break;
-            }
-            off -= strides[ax] * dims[ax];
-            counter[ax] = 0;
-        }
-    }
+fn for_each_out_offset(dims: &[usize], strides: &[usize], f: impl FnMut(usize)) {
+    super::layout::for_each_outer(0, dims, strides, f)
 }
 
 #[cfg(test)]
