@@ -21,7 +21,10 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--time-limit" => {
-                let s: f64 = args.next().and_then(|s| s.parse().ok()).expect("--time-limit SECONDS");
+                let s: f64 = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--time-limit SECONDS");
                 time_limit = Duration::from_secs_f64(s);
             }
             "--all-greedy" => all_greedy = true,
@@ -41,8 +44,17 @@ fn main() {
         .collect();
     files.sort();
     println!(
-        "{:<34} {:>7} {:>14} {:>14} {:>14} {:>9} {:>9} {:>8} {:>8} {:>10}  {}",
-        "file", "buffers", "LOAD", "greedy peak", "final peak", "greedy/L", "peak/L", "greedy s", "total s", "nodes", "notes"
+        "{:<34} {:>7} {:>14} {:>14} {:>14} {:>9} {:>9} {:>8} {:>8} {:>10}  notes",
+        "file",
+        "buffers",
+        "LOAD",
+        "greedy peak",
+        "final peak",
+        "greedy/L",
+        "peak/L",
+        "greedy s",
+        "total s",
+        "nodes"
     );
     let mut failures = 0;
     for path in files {
@@ -60,17 +72,30 @@ fn main() {
         if greedy_only {
             println!("{name}");
             for g in Greedy::ALL {
-                if only.as_ref().is_some_and(|o| !g.to_string().contains(o.as_str())) {
+                if only
+                    .as_ref()
+                    .is_some_and(|o| !g.to_string().contains(o.as_str()))
+                {
                     continue;
                 }
                 let t = Instant::now();
                 let sol = dsa::solve_greedy(&problem, g).expect("valid problem");
-                println!("    {:<32} {:>14} {:>9.5} {:>8.3}", g.to_string(), sol.peak, sol.peak as f64 / dsa::load(&problem) as f64, t.elapsed().as_secs_f64());
+                println!(
+                    "    {:<32} {:>14} {:>9.5} {:>8.3}",
+                    g.to_string(),
+                    sol.peak,
+                    sol.peak as f64 / dsa::load(&problem) as f64,
+                    t.elapsed().as_secs_f64()
+                );
             }
             continue;
         }
         let capacity = name.starts_with("minimalloc-").then_some(1_048_576);
-        let opts = SolveOptions { capacity, time_limit, ..SolveOptions::default() };
+        let opts = SolveOptions {
+            capacity,
+            time_limit,
+            ..SolveOptions::default()
+        };
         let result = dsa::solve(&problem, &opts);
         let secs = t0.elapsed().as_secs_f64();
         match result {
@@ -113,7 +138,13 @@ fn main() {
             for g in Greedy::ALL {
                 let t = Instant::now();
                 let sol = dsa::solve_greedy(&problem, g).expect("valid problem");
-                println!("    {:<32} {:>14} {:>9.5} {:>8.3}", g.to_string(), sol.peak, sol.peak as f64 / dsa::load(&problem) as f64, t.elapsed().as_secs_f64());
+                println!(
+                    "    {:<32} {:>14} {:>9.5} {:>8.3}",
+                    g.to_string(),
+                    sol.peak,
+                    sol.peak as f64 / dsa::load(&problem) as f64,
+                    t.elapsed().as_secs_f64()
+                );
             }
         }
     }

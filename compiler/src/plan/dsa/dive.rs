@@ -373,7 +373,11 @@ impl DiveSetup {
             .map(|&k| inst.slot_load[k as usize])
             .collect();
         let ender = section_slot.iter().map(|&k| ends_at[k as usize]).collect();
-        let lists = if lists { SectionLists::new(inst, &members, &first_section, section_slot.len()) } else { None };
+        let lists = if lists {
+            SectionLists::new(inst, &members, &first_section, section_slot.len())
+        } else {
+            None
+        };
         DiveSetup {
             members,
             first_section,
@@ -469,7 +473,7 @@ pub(crate) fn dive(
 
     for _ in 0..setup.members.len() {
         *steps += 1;
-        if *steps % 256 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+        if *steps & 255 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
             return DiveResult::Aborted;
         }
         // The lowest top an unplaced buffer could reach (dominance).
@@ -501,7 +505,7 @@ pub(crate) fn dive(
                 continue;
             }
             attempts += 1;
-            if attempts % 64 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if attempts & 63 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return DiveResult::Aborted;
             }
             if min_off[bi] > key {

@@ -288,7 +288,7 @@ impl<'a> Search<'a> {
         if self.nodes >= self.node_budget {
             return true;
         }
-        if self.nodes % 256 == 0 {
+        if self.nodes & 255 == 0 {
             if let Some(d) = self.deadline {
                 if Instant::now() >= d {
                     self.timed_out = true;
@@ -634,11 +634,12 @@ const MAX_SEARCH_BUFFERS: usize = 4000;
 /// Improvement for large problems: capacity-aware dives ([`dive`]) under the three preorders,
 /// at LOAD first, then bisecting between what failed and the best peak found. A failed dive
 /// proves nothing, so the lower bound stays LOAD.
-fn improve_by_dives(
+pub(crate) fn improve_by_dives(
     inst: &Instance,
     best: &Solution,
     capacity: Option<u64>,
     deadline: Option<Instant>,
+    node_limit: u64,
 ) -> Outcome {
     let mut out = Outcome {
         solution: None,
@@ -671,6 +672,9 @@ fn improve_by_dives(
     // Tries every preorder at capacity `c`; the first packing found wins.
     let attempt = |c: u64, out: &mut Outcome| -> Option<Option<Vec<u64>>> {
         for rank in &ranks {
+            if out.nodes >= node_limit {
+                return None;
+            }
             match dive(inst, &setup, c, rank, deadline, &mut out.nodes) {
                 DiveResult::Found(o) => return Some(Some(o)),
                 DiveResult::Failed => {}
@@ -736,7 +740,7 @@ pub(crate) fn improve(
         None
     };
     let Some(sw) = sweep else {
-        return improve_by_dives(inst, best, capacity, deadline);
+        return improve_by_dives(inst, best, capacity, deadline, node_limit);
     };
     // Deep recursion: run on a thread with a stack sized for the problem.
     let stack = (64 << 20).max(inst.n * 4096);
