@@ -28,7 +28,13 @@ pub fn align_up(x: usize) -> usize {
 /// Knobs of the planner.
 #[derive(Clone, Debug)]
 pub struct PlanOptions {
-    /// Time the offset solver may spend improving on its greedy placement, per schedule.
+    /// Search nodes the offset solver may spend improving on its greedy placement, per
+    /// schedule. This, not time, is what bounds the search, so the same graph gets the same plan
+    /// on every machine (invariant 5).
+    pub solver_nodes: u64,
+    /// A safety net on the solver's wall-clock time per schedule; a search stopped by it (not by
+    /// `solver_nodes`) could differ between machines, so it is set far above what the node
+    /// budget needs.
     pub solver_time: Duration,
     /// Which schedules to try; the smallest plan wins.
     pub strategies: Vec<Strategy>,
@@ -40,7 +46,8 @@ pub struct PlanOptions {
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
-            solver_time: Duration::from_millis(300),
+            solver_nodes: 100_000,
+            solver_time: Duration::from_secs(10),
             strategies: vec![Strategy::Traced, Strategy::MemoryAware],
             workspace: None,
         }
@@ -134,7 +141,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
         if best.as_ref().is_some_and(|b| c.load_bytes >= b.slab_bytes) {
             continue;
         }
-        let p = c.solve(opts.solver_time)?;
+        let p = c.solve(opts.solver_nodes, opts.solver_time)?;
         if cfg!(debug_assertions) {
             p.validate(g)?;
         }
@@ -155,7 +162,7 @@ pub fn plan_order(
     strategy: Strategy,
     solver_time: Duration,
 ) -> Result<MemoryPlan, PlanError> {
-    Prepared::new(g, order, strategy, None).solve(solver_time)
+    Prepared::new(g, order, strategy, None).solve(PlanOptions::default().solver_nodes, solver_time)
 }
 
 /// A schedule with its liveness, resident layout and slab problem, before offsets are solved.
@@ -221,12 +228,13 @@ impl Prepared {
         }
     }
 
-    fn solve(mut self, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
+    fn solve(mut self, solver_nodes: u64, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
         let slab_base = align_up(self.resident_bytes);
         let (solution, _stats) = dsa::solve(
             &self.problem,
             &dsa::SolveOptions {
                 time_limit: solver_time,
+                node_limit: solver_nodes,
                 ..Default::default()
             },
         )?;

@@ -135,7 +135,12 @@ fn max_index(offset: usize, dims: &[usize], strides: &[usize]) -> Option<usize> 
 /// Visits every multi-index of `dims` in row-major order, passing `offset + Σ index_k *
 /// strides[k]` (the odometer keeps it incrementally: no divisions).
 #[inline]
-pub(crate) fn for_each_outer(offset: usize, dims: &[usize], strides: &[usize], mut f: impl FnMut(usize)) {
+pub(crate) fn for_each_outer(
+    offset: usize,
+    dims: &[usize],
+    strides: &[usize],
+    mut f: impl FnMut(usize),
+) {
     let rank = dims.len();
     let mut counter = [0usize; 64];
     let mut off = offset;

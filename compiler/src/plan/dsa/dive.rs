@@ -260,6 +260,108 @@ impl Witnesses {
     }
 }
 
+/// A min-priority queue of `(key, buffer)` for keys that mostly arrive in increasing order, as
+/// they do in a dive (offsets only rise): a radix heap, each entry moving down at most 128
+/// buckets in its life, plus a binary heap for the few keys that arrive below the last one
+/// taken (candidates put back after a rejection).
+struct MonoQueue {
+    last: u128,
+    /// Bucket `i > 0` holds keys whose highest bit differing from `last` is bit `i - 1`;
+    /// bucket 0 holds keys equal to `last`.
+    buckets: Vec<Vec<(u128, u32)>>,
+    /// Bit `i` set when bucket `i` may be non-empty.
+    mask: [u64; 3],
+    below: BinaryHeap<Reverse<(u128, u32)>>,
+}
+
+impl MonoQueue {
+    fn new() -> Self {
+        MonoQueue {
+            last: 0,
+            buckets: vec![Vec::new(); 129],
+            mask: [0; 3],
+            below: BinaryHeap::new(),
+        }
+    }
+
+    fn bucket(&self, key: u128) -> usize {
+        (128 - (key ^ self.last).leading_zeros()) as usize
+    }
+
+    fn push(&mut self, key: u128, b: u32) {
+        if key < self.last {
+            self.below.push(Reverse((key, b)));
+            return;
+        }
+        let i = self.bucket(key);
+        self.buckets[i].push((key, b));
+        self.mask[i / 64] |= 1 << (i % 64);
+    }
+
+    /// Makes bucket 0 hold the smallest radix key, if any. Returns whether it does.
+    fn settle(&mut self) -> bool {
+        if !self.buckets[0].is_empty() {
+            return true;
+        }
+        self.mask[0] &= !1;
+        let Some(i) = (0..3)
+            .find(|&w| self.mask[w] != 0)
+            .map(|w| 64 * w + self.mask[w].trailing_zeros() as usize)
+        else {
+            return false;
+        };
+        let entries = std::mem::take(&mut self.buckets[i]);
+        self.mask[i / 64] &= !(1 << (i % 64));
+        self.last = entries
+            .iter()
+            .map(|e| e.0)
+            .min()
+            .expect("marked buckets are not empty");
+        for (key, b) in entries.iter().copied() {
+            let j = self.bucket(key);
+            self.buckets[j].push((key, b));
+            self.mask[j / 64] |= 1 << (j % 64);
+        }
+        // Keep the allocation of the emptied bucket.
+        let mut entries = entries;
+        entries.clear();
+        if self.buckets[i].is_empty() {
+            self.buckets[i] = entries;
+        }
+        true
+    }
+
+    fn peek(&mut self) -> Option<(u128, u32)> {
+        let radix = if self.settle() {
+            self.buckets[0].last().copied()
+        } else {
+            None
+        };
+        match (radix, self.below.peek()) {
+            (Some(r), Some(&Reverse(b))) => Some(r.min(b)),
+            (r, b) => r.or(b.map(|&Reverse(x)| x)),
+        }
+    }
+
+    fn pop(&mut self) -> Option<(u128, u32)> {
+        let radix = if self.settle() {
+            self.buckets[0].last().copied()
+        } else {
+            None
+        };
+        match (radix, self.below.peek()) {
+            (Some(r), Some(&Reverse(b))) if b < r => self.below.pop().map(|Reverse(x)| x),
+            (Some(_), _) => self.buckets[0].pop(),
+            (None, _) => self.below.pop().map(|Reverse(x)| x),
+        }
+    }
+}
+
+/// Packs an offset and a tie-breaker into one queue key.
+fn key(offset: u64, tie: u32) -> u128 {
+    ((offset as u128) << 32) | tie as u128
+}
+
 /// How a dive ended.
 pub(crate) enum DiveResult {
     /// Every buffer placed within the capacity (offsets in problem order).
@@ -453,16 +555,16 @@ pub(crate) fn dive(
     let mut placed = vec![false; n];
     let mut parked = vec![false; n];
     let mut offsets = vec![0u64; n];
-    let mut cand: BinaryHeap<Reverse<(u64, u32, u32)>> = setup
-        .members
-        .iter()
-        .map(|&b| Reverse((0, rank[b as usize], b)))
-        .collect();
-    let mut height: BinaryHeap<Reverse<(u64, u32)>> = setup
-        .members
-        .iter()
-        .map(|&b| Reverse((size[b as usize], b)))
-        .collect();
+    // Candidates by (lowest feasible offset, rank), and buffers by lowest reachable top; both
+    // keyed by lower bounds, corrected when they come out.
+    let mut cand = MonoQueue::new();
+    let mut height = MonoQueue::new();
+    for &b in &setup.members {
+        cand.push(key(0, rank[b as usize]), b);
+        if infer {
+            height.push(key(size[b as usize], b), b);
+        }
+    }
     let mut stack = Vec::new();
     let mut at_risk: Vec<u32> = Vec::new();
     let mut lifted: Vec<(u32, u64, u32)> = Vec::new();
@@ -478,28 +580,28 @@ pub(crate) fn dive(
         }
         // The lowest top an unplaced buffer could reach (dominance).
         let min_height = loop {
-            let Some(&Reverse((key, b))) = height.peek() else {
+            let Some((k, b)) = height.peek() else {
                 break NONE;
             };
-            let b = b as usize;
-            if placed[b] {
+            let bi = b as usize;
+            if placed[bi] {
                 height.pop();
                 continue;
             }
-            let exact = min_off[b] + size[b];
-            if exact > key {
+            let exact = min_off[bi] + size[bi];
+            if exact > (k >> 32) as u64 {
                 height.pop();
-                height.push(Reverse((exact, b as u32)));
+                height.push(key(exact, b), b);
                 continue;
             }
-            break key;
+            break exact;
         };
         // Offsets only rise, so every section needs its unplaced total above `off`.
         let highest = cap.saturating_sub(total_tree.global_max());
         rejected.clear();
         let mut chosen = None;
         let mut attempts = 0u32;
-        while let Some(Reverse((key, r, b))) = cand.pop() {
+        while let Some((k, b)) = cand.pop() {
             let bi = b as usize;
             if placed[bi] {
                 continue;
@@ -508,10 +610,12 @@ pub(crate) fn dive(
             if attempts & 63 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return DiveResult::Aborted;
             }
-            if min_off[bi] > key {
-                cand.push(Reverse((min_off[bi], r, b)));
+            let (key_off, r) = ((k >> 32) as u64, rank[bi]);
+            if min_off[bi] > key_off {
+                cand.push(key(min_off[bi], r), b);
                 continue;
             }
+            let key = key_off;
             let off = key;
             if off >= min_height || off > highest {
                 rejected.push((key, r, b));
@@ -675,7 +779,7 @@ pub(crate) fn dive(
             rejected.push((key, r, b));
         }
         for &(k, r, b) in &rejected {
-            cand.push(Reverse((k, r, b)));
+            cand.push(key(k, r), b);
         }
         let Some((b, off, r)) = chosen else {
             return DiveResult::Failed;
@@ -694,7 +798,7 @@ pub(crate) fn dive(
                 min_off[o] = raised;
                 if parked[o] {
                     parked[o] = false;
-                    cand.push(Reverse((raised, rank[o], o as u32)));
+                    cand.push(key(raised, rank[o]), o as u32);
                 }
             }
             true
