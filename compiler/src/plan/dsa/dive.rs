@@ -22,8 +22,7 @@
 
 use super::greedy::align_up;
 use super::Instance;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 const NONE: u64 = u64::MAX;
@@ -260,106 +259,203 @@ impl Witnesses {
     }
 }
 
-/// A min-priority queue of `(key, buffer)` for keys that mostly arrive in increasing order, as
-/// they do in a dive (offsets only rise): a radix heap, each entry moving down at most 128
-/// buckets in its life, plus a binary heap for the few keys that arrive below the last one
-/// taken (candidates put back after a rejection).
-struct MonoQueue {
-    last: u128,
-    /// Bucket `i > 0` holds keys whose highest bit differing from `last` is bit `i - 1`;
-    /// bucket 0 holds keys equal to `last`.
-    buckets: Vec<Vec<(u128, u32)>>,
-    /// Bit `i` set when bucket `i` may be non-empty.
-    mask: [u64; 3],
-    below: BinaryHeap<Reverse<(u128, u32)>>,
+/// A set of small integers (`0..n`) with insert, remove and minimum in a few word operations:
+/// a bitset with summary levels (64-ary).
+struct TieSet {
+    levels: Vec<Vec<u64>>,
 }
 
-impl MonoQueue {
-    fn new() -> Self {
-        MonoQueue {
-            last: 0,
-            buckets: vec![Vec::new(); 129],
-            mask: [0; 3],
-            below: BinaryHeap::new(),
+impl TieSet {
+    fn new(n: usize) -> Self {
+        let mut levels = Vec::new();
+        let mut len = n.max(1);
+        loop {
+            let words = len.div_ceil(64);
+            levels.push(vec![0u64; words]);
+            if words == 1 {
+                break;
+            }
+            len = words;
+        }
+        TieSet { levels }
+    }
+
+    fn insert(&mut self, mut t: usize) {
+        for level in self.levels.iter_mut() {
+            let was = level[t / 64];
+            level[t / 64] |= 1 << (t % 64);
+            if was != 0 {
+                break;
+            }
+            t /= 64;
         }
     }
 
-    fn bucket(&self, key: u128) -> usize {
-        (128 - (key ^ self.last).leading_zeros()) as usize
+    fn remove(&mut self, mut t: usize) {
+        for level in self.levels.iter_mut() {
+            level[t / 64] &= !(1 << (t % 64));
+            if level[t / 64] != 0 {
+                break;
+            }
+            t /= 64;
+        }
     }
 
-    fn push(&mut self, key: u128, b: u32) {
+    fn min(&self) -> Option<usize> {
+        let top = self.levels.last().expect("at least one level");
+        if top[0] == 0 {
+            return None;
+        }
+        let mut t = 0;
+        for level in self.levels.iter().rev() {
+            t = t * 64 + level[t].trailing_zeros() as usize;
+        }
+        Some(t)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.levels.last().expect("at least one level")[0] == 0
+    }
+}
+
+const ABSENT: u8 = 0;
+const LEVEL: u8 = 1;
+const BUCKET: u8 = 2;
+const BELOW: u8 = 3;
+
+/// An indexed min-priority queue of buffers keyed by `(key, tie[b])`, with exact updates, for
+/// keys that mostly rise (offsets in a dive): a radix heap on the key (an entry moves down at
+/// most 64 buckets in its life), a [`TieSet`] for the entries at the current key, and an ordered
+/// set for the few keys that arrive below it (candidates put back after a rejection). Every
+/// operation is a few word operations, except those on the ordered set.
+struct ExactQueue {
+    tie: Vec<u32>,
+    by_tie: Vec<u32>,
+    state: Vec<u8>,
+    key: Vec<u64>,
+    pos: Vec<u32>,
+    last: u64,
+    /// Bucket `i` (1..=64) holds keys whose highest bit differing from `last` is bit `i - 1`.
+    buckets: Vec<Vec<u32>>,
+    mask: u128,
+    level: TieSet,
+    below: BTreeSet<(u64, u32, u32)>,
+}
+
+impl ExactQueue {
+    /// `tie` must be a permutation of `0..tie.len()`.
+    fn new(tie: Vec<u32>) -> Self {
+        let n = tie.len();
+        let mut by_tie = vec![0u32; n];
+        for (b, &t) in tie.iter().enumerate() {
+            by_tie[t as usize] = b as u32;
+        }
+        ExactQueue {
+            tie,
+            by_tie,
+            state: vec![ABSENT; n],
+            key: vec![0; n],
+            pos: vec![0; n],
+            last: 0,
+            buckets: vec![Vec::new(); 65],
+            mask: 0,
+            level: TieSet::new(n),
+            below: BTreeSet::new(),
+        }
+    }
+
+    fn contains(&self, b: usize) -> bool {
+        self.state[b] != ABSENT
+    }
+
+    fn insert(&mut self, b: usize, key: u64) {
+        debug_assert_eq!(self.state[b], ABSENT);
+        self.key[b] = key;
         if key < self.last {
-            self.below.push(Reverse((key, b)));
+            self.below.insert((key, self.tie[b], b as u32));
+            self.state[b] = BELOW;
+        } else if key == self.last {
+            self.level.insert(self.tie[b] as usize);
+            self.state[b] = LEVEL;
+        } else {
+            let i = (64 - (key ^ self.last).leading_zeros()) as usize;
+            self.pos[b] = self.buckets[i].len() as u32;
+            self.buckets[i].push(b as u32);
+            self.mask |= 1 << i;
+            self.state[b] = BUCKET;
+        }
+    }
+
+    fn remove(&mut self, b: usize) {
+        match self.state[b] {
+            LEVEL => self.level.remove(self.tie[b] as usize),
+            BUCKET => {
+                let i = (64 - (self.key[b] ^ self.last).leading_zeros()) as usize;
+                let p = self.pos[b] as usize;
+                let bucket = &mut self.buckets[i];
+                bucket.swap_remove(p);
+                if let Some(&moved) = bucket.get(p) {
+                    self.pos[moved as usize] = p as u32;
+                }
+                if bucket.is_empty() {
+                    self.mask &= !(1 << i);
+                }
+            }
+            BELOW => {
+                self.below.remove(&(self.key[b], self.tie[b], b as u32));
+            }
+            _ => {}
+        }
+        self.state[b] = ABSENT;
+    }
+
+    fn update(&mut self, b: usize, key: u64) {
+        self.remove(b);
+        self.insert(b, key);
+    }
+
+    /// Moves the entries with the smallest radix key to `level`, if `level` is empty.
+    fn settle(&mut self) {
+        if !self.level.is_empty() || self.mask == 0 {
             return;
         }
-        let i = self.bucket(key);
-        self.buckets[i].push((key, b));
-        self.mask[i / 64] |= 1 << (i % 64);
-    }
-
-    /// Makes bucket 0 hold the smallest radix key, if any. Returns whether it does.
-    fn settle(&mut self) -> bool {
-        if !self.buckets[0].is_empty() {
-            return true;
-        }
-        self.mask[0] &= !1;
-        let Some(i) = (0..3)
-            .find(|&w| self.mask[w] != 0)
-            .map(|w| 64 * w + self.mask[w].trailing_zeros() as usize)
-        else {
-            return false;
-        };
-        let entries = std::mem::take(&mut self.buckets[i]);
-        self.mask[i / 64] &= !(1 << (i % 64));
+        let i = self.mask.trailing_zeros() as usize;
+        let mut entries = std::mem::take(&mut self.buckets[i]);
+        self.mask &= !(1 << i);
         self.last = entries
             .iter()
-            .map(|e| e.0)
+            .map(|&b| self.key[b as usize])
             .min()
             .expect("marked buckets are not empty");
-        for (key, b) in entries.iter().copied() {
-            let j = self.bucket(key);
-            self.buckets[j].push((key, b));
-            self.mask[j / 64] |= 1 << (j % 64);
+        for &b in &entries {
+            self.state[b as usize] = ABSENT;
+            self.insert(b as usize, self.key[b as usize]);
         }
-        // Keep the allocation of the emptied bucket.
-        let mut entries = entries;
         entries.clear();
         if self.buckets[i].is_empty() {
-            self.buckets[i] = entries;
-        }
-        true
-    }
-
-    fn peek(&mut self) -> Option<(u128, u32)> {
-        let radix = if self.settle() {
-            self.buckets[0].last().copied()
-        } else {
-            None
-        };
-        match (radix, self.below.peek()) {
-            (Some(r), Some(&Reverse(b))) => Some(r.min(b)),
-            (r, b) => r.or(b.map(|&Reverse(x)| x)),
+            self.buckets[i] = entries; // keep the allocation
         }
     }
 
-    fn pop(&mut self) -> Option<(u128, u32)> {
-        let radix = if self.settle() {
-            self.buckets[0].last().copied()
-        } else {
-            None
-        };
-        match (radix, self.below.peek()) {
-            (Some(r), Some(&Reverse(b))) if b < r => self.below.pop().map(|Reverse(x)| x),
-            (Some(_), _) => self.buckets[0].pop(),
-            (None, _) => self.below.pop().map(|Reverse(x)| x),
+    /// The smallest `(key, tie, buffer)`.
+    fn peek(&mut self) -> Option<(u64, u32, u32)> {
+        self.settle();
+        let radix = self
+            .level
+            .min()
+            .map(|t| (self.last, t as u32, self.by_tie[t]));
+        let below = self.below.first().copied();
+        match (radix, below) {
+            (Some(r), Some(x)) => Some(r.min(x)),
+            (r, x) => r.or(x),
         }
     }
-}
 
-/// Packs an offset and a tie-breaker into one queue key.
-fn key(offset: u64, tie: u32) -> u128 {
-    ((offset as u128) << 32) | tie as u128
+    fn pop(&mut self) -> Option<(u64, u32, u32)> {
+        let first = self.peek()?;
+        self.remove(first.2 as usize);
+        Some(first)
+    }
 }
 
 /// How a dive ended.
@@ -556,13 +652,17 @@ pub(crate) fn dive(
     let mut parked = vec![false; n];
     let mut offsets = vec![0u64; n];
     // Candidates by (lowest feasible offset, rank), and buffers by lowest reachable top; both
-    // keyed by lower bounds, corrected when they come out.
-    let mut cand = MonoQueue::new();
-    let mut height = MonoQueue::new();
+    // kept exact: every raise moves the entries.
+    let mut cand = ExactQueue::new(rank.to_vec());
+    let mut height = ExactQueue::new(if infer {
+        (0..n as u32).collect()
+    } else {
+        Vec::new()
+    });
     for &b in &setup.members {
-        cand.push(key(0, rank[b as usize]), b);
+        cand.insert(b as usize, 0);
         if infer {
-            height.push(key(size[b as usize], b), b);
+            height.insert(b as usize, size[b as usize]);
         }
     }
     let mut stack = Vec::new();
@@ -579,29 +679,19 @@ pub(crate) fn dive(
             return DiveResult::Aborted;
         }
         // The lowest top an unplaced buffer could reach (dominance).
-        let min_height = loop {
-            let Some((k, b)) = height.peek() else {
-                break NONE;
-            };
-            let bi = b as usize;
-            if placed[bi] {
-                height.pop();
-                continue;
+        let min_height = match height.peek() {
+            Some((k, _, b)) => {
+                debug_assert_eq!(k, min_off[b as usize] + size[b as usize]);
+                k
             }
-            let exact = min_off[bi] + size[bi];
-            if exact > (k >> 32) as u64 {
-                height.pop();
-                height.push(key(exact, b), b);
-                continue;
-            }
-            break exact;
+            None => NONE,
         };
         // Offsets only rise, so every section needs its unplaced total above `off`.
         let highest = cap.saturating_sub(total_tree.global_max());
         rejected.clear();
         let mut chosen = None;
         let mut attempts = 0u32;
-        while let Some((k, b)) = cand.pop() {
+        while let Some((key_off, r, b)) = cand.pop() {
             let bi = b as usize;
             if placed[bi] {
                 continue;
@@ -610,11 +700,7 @@ pub(crate) fn dive(
             if attempts & 63 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return DiveResult::Aborted;
             }
-            let (key_off, r) = ((k >> 32) as u64, rank[bi]);
-            if min_off[bi] > key_off {
-                cand.push(key(min_off[bi], r), b);
-                continue;
-            }
+            debug_assert_eq!(min_off[bi], key_off, "keys are exact");
             let key = key_off;
             let off = key;
             if off >= min_height || off > highest {
@@ -778,8 +864,8 @@ pub(crate) fn dive(
             }
             rejected.push((key, r, b));
         }
-        for &(k, r, b) in &rejected {
-            cand.push(key(k, r), b);
+        for &(k, _, b) in &rejected {
+            cand.insert(b as usize, k);
         }
         let Some((b, off, r)) = chosen else {
             return DiveResult::Failed;
@@ -789,6 +875,9 @@ pub(crate) fn dive(
         let top = off + size[bi];
         let raised = align_up(top, inst.align);
         placed[bi] = true;
+        if infer {
+            height.remove(bi);
+        }
         offsets[bi] = off;
         live.remove(bi);
         live_rev.remove(bi);
@@ -798,7 +887,12 @@ pub(crate) fn dive(
                 min_off[o] = raised;
                 if parked[o] {
                     parked[o] = false;
-                    cand.push(key(raised, rank[o]), o as u32);
+                    cand.insert(o, raised);
+                } else if cand.contains(o) {
+                    cand.update(o, raised);
+                }
+                if infer {
+                    height.update(o, raised + size[o]);
                 }
             }
             true

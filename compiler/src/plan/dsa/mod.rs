@@ -506,6 +506,10 @@ fn run_strategy(
     }
 }
 
+/// Problems with more buffers than this get a shorter portfolio and, instead of the full
+/// search, capacity-aware dives.
+pub(crate) const LARGE_PROBLEM: usize = 4000;
+
 /// The best result of the greedy portfolio.
 struct PortfolioResult {
     offsets: Vec<u64>,
@@ -525,7 +529,13 @@ fn run_portfolio(
     deadline: Option<Instant>,
 ) -> PortfolioResult {
     let contention = inst.contention();
-    let all = Greedy::ALL;
+    // Large problems run the first four strategies only (the ones that win on large traces);
+    // the capacity-aware dives that follow do better than the rest would.
+    let all = if inst.n > LARGE_PROBLEM {
+        &Greedy::ALL[..4]
+    } else {
+        &Greedy::ALL[..]
+    };
     let threads = if threads == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())

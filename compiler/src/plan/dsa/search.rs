@@ -23,7 +23,7 @@
 
 use super::dive::{dive, DiveResult, DiveSetup};
 use super::greedy::align_up;
-use super::{Instance, Solution};
+use super::{Instance, Solution, LARGE_PROBLEM};
 use std::time::Instant;
 
 const NONE: u64 = u64::MAX;
@@ -627,9 +627,6 @@ fn peak_of(inst: &Instance, offsets: &[u64]) -> u64 {
 
 /// Most overlap-list entries the search will build (memory and per-node time grow with it).
 const MAX_PAIRS: usize = 4_000_000;
-/// Larger problems get capacity-aware dives instead of the full search: its per-node cost
-/// and memory grow with the number of buffers.
-const MAX_SEARCH_BUFFERS: usize = 4000;
 
 /// Improvement for large problems: capacity-aware dives ([`dive`]) under the three preorders,
 /// at LOAD first, then bisecting between what failed and the best peak found. A failed dive
@@ -734,7 +731,7 @@ pub(crate) fn improve(
     deadline: Option<Instant>,
     node_limit: u64,
 ) -> Outcome {
-    let sweep = if inst.n <= MAX_SEARCH_BUFFERS {
+    let sweep = if inst.n <= LARGE_PROBLEM {
         Sweep::new(inst, MAX_PAIRS)
     } else {
         None
