@@ -233,6 +233,22 @@ impl PlannedStep {
             .expect("in-place nodes have a chunk node");
         let here = self.location[id.index()];
         let n = node.ty.shape.numel();
+        // Bytes per element of the operand placed on the output (the one copied aside).
+        let esize = node
+            .inputs
+            .iter()
+            .find(|x| self.location[x.index()] == here)
+            .map(|&x| self.graph.ty(x).dtype.size())
+            .ok_or_else(|| {
+                at(
+                    id,
+                    node,
+                    ExecError::Invalid {
+                        op: "in place",
+                        reason: "no operand is placed on the output".into(),
+                    },
+                )
+            })?;
         let mut stash = ChunkBuf([0; CHUNK * 8]);
         let mut start = 0;
         while start < n {
@@ -247,13 +263,6 @@ impl PlannedStep {
                 &last
             };
             // The aliased operand's chunk, copied aside before the output chunk is written.
-            let aliased_dtype = node
-                .inputs
-                .iter()
-                .find(|x| self.location[x.index()] == here)
-                .map(|&x| self.graph.ty(x).dtype)
-                .expect("in place");
-            let esize = aliased_dtype.size();
             // SAFETY: the chunk lies inside the aliased operand, which lies inside the allocation.
             unsafe {
                 std::ptr::copy_nonoverlapping(
