@@ -1,12 +1,17 @@
 //! Solves every `*.csv` offset-assignment problem in a folder and prints a table.
 //!
 //! ```text
-//! cargo run --release -p ingot-compiler --example dsa_bench -- /work/shared/benchmarks/dsa [--time-limit S] [--all-greedy]
+//! cargo run --release -p ingot-compiler --example dsa_bench -- /work/shared/benchmarks/dsa
+//!     [--time-limit S]     budget per file (default 10 s)
+//!     [--all-greedy]       also run every greedy strategy alone, with its peak and time
+//!     [--greedy-only]      only that
+//!     [--only TEXT]        with --greedy-only: strategies whose name contains TEXT
 //! ```
 //!
 //! Files named `minimalloc-*` are solved at capacity 1,048,576 (the capacity their benchmark
-//! set was made for); every other file is solved without a capacity (minimize the peak). Each
-//! solution is checked with the independent validator.
+//! set was made for); every other file is solved without a capacity (minimize the peak within
+//! the budget). Times include reading the file. Every solution is checked with the independent
+//! validator; the program exits with status 1 if any file fails.
 
 use ingot_compiler::plan::dsa::{self, Greedy, Problem, SolveOptions};
 use std::time::{Duration, Instant};

@@ -486,7 +486,7 @@ pub(crate) struct DiveSetup {
 
 /// Most section-membership entries kept as flat lists (beyond, scans use the interval index:
 /// slower, but memory stays linear).
-const MAX_MEMBER_ENTRIES: usize = 40_000_000;
+const MAX_MEMBER_ENTRIES: usize = 12_000_000;
 
 /// The buffers live in each section, twice: by first slot and by last slot (ascending), as
 /// slices `[start[s], start[s + 1])` of one array each.
@@ -797,18 +797,22 @@ pub(crate) fn dive(
                     // left, those ending before it starts (earliest end first).
                     if let (Some(l), Some((by_lo, by_hi))) = (&setup.lists, &lists) {
                         let range = l.start[s]..l.start[s] + len[s];
+                        // Walk from the end nearest the section; stop at the first buffer
+                        // that meets `b` (the lists are sorted, so all the rest do too).
                         if s >= span_hi {
-                            let list = &by_lo[range];
-                            let from = list.partition_point(|&o| lo_of[o as usize] < bhi);
-                            for &o in list[from..].iter().rev() {
+                            for &o in by_lo[range].iter().rev() {
+                                if lo_of[o as usize] < bhi {
+                                    break;
+                                }
                                 if !placed[o as usize] && !visit(o) {
                                     break;
                                 }
                             }
                         } else if s < span_lo {
-                            let list = &by_hi[range];
-                            let to = list.partition_point(|&o| hi_of[o as usize] <= blo);
-                            for &o in &list[..to] {
+                            for &o in &by_hi[range] {
+                                if hi_of[o as usize] > blo {
+                                    break;
+                                }
                                 if !placed[o as usize] && !visit(o) {
                                     break;
                                 }

@@ -436,8 +436,11 @@ fn large_problem_dives_meet_the_capacity_they_claim() {
         }
         let p = problem(&spec, if round % 2 == 0 { 1 } else { 8 });
         let inst = Instance::new(&p).unwrap();
-        let setup = dive::DiveSetup::new(&inst, true);
-        let rank: Vec<u32> = (0..inst.n as u32).collect();
+        // With flat section lists, and without (the interval-index fallback for problems too
+        // big for the lists): the same dive either way.
+        let with_lists = dive::DiveSetup::new(&inst, true);
+        let without = dive::DiveSetup::new(&inst, false);
+        let rank: Vec<u32> = (0..inst.n as u32).rev().collect();
         let greedy = solve_greedy(
             &p,
             Greedy::Fit {
@@ -453,15 +456,20 @@ fn large_problem_dives_meet_the_capacity_they_claim() {
             u64::MAX,
         ] {
             let mut steps = 0;
-            if let dive::DiveResult::Found(offsets) =
-                dive::dive(&inst, &setup, cap, &rank, None, &mut steps)
-            {
-                let peak = (0..inst.n)
-                    .map(|b| offsets[b] + inst.size[b])
-                    .max()
-                    .unwrap();
-                assert!(peak <= cap);
-                assert_valid(&p, &Solution { offsets, peak });
+            let a = dive::dive(&inst, &with_lists, cap, &rank, None, &mut steps);
+            let b = dive::dive(&inst, &without, cap, &rank, None, &mut steps);
+            match (a, b) {
+                (dive::DiveResult::Found(offsets), dive::DiveResult::Found(again)) => {
+                    assert_eq!(offsets, again);
+                    let peak = (0..inst.n)
+                        .map(|b| offsets[b] + inst.size[b])
+                        .max()
+                        .unwrap();
+                    assert!(peak <= cap);
+                    assert_valid(&p, &Solution { offsets, peak });
+                }
+                (dive::DiveResult::Failed, dive::DiveResult::Failed) => {}
+                _ => panic!("the two dives disagree at capacity {cap}"),
             }
         }
         let out = search::improve_by_dives(&inst, &greedy, None, None, u64::MAX);
