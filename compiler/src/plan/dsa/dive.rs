@@ -675,7 +675,7 @@ pub(crate) fn dive(
 
     for _ in 0..setup.members.len() {
         *steps += 1;
-        if *steps & 255 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+        if *steps & 31 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
             return DiveResult::Aborted;
         }
         // The lowest top an unplaced buffer could reach (dominance).
@@ -697,7 +697,7 @@ pub(crate) fn dive(
                 continue;
             }
             attempts += 1;
-            if attempts & 63 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if attempts & 7 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return DiveResult::Aborted;
             }
             debug_assert_eq!(min_off[bi], key_off, "keys are exact");
