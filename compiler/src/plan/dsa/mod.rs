@@ -86,7 +86,8 @@ pub struct SolveOptions {
     /// `Some(c)`: the peak must be at most `c`; solving stops as soon as it is, and fails if the
     /// budget runs out first. `None`: minimize the peak within the budget.
     pub capacity: Option<u64>,
-    /// Wall-clock budget for the search (the greedy stage always runs to completion).
+    /// Wall-clock budget for the whole solve. The first wave of the greedy portfolio always
+    /// completes (so there is always an answer); later strategies and the search stop at it.
     pub time_limit: Duration,
     /// Budget of search nodes, independent of the machine: a search stopped by this budget
     /// gives the same answer everywhere, one stopped by `time_limit` may not.
