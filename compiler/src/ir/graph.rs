@@ -175,23 +175,6 @@ impl Graph {
         Ok(())
     }
 
-    /// For each node, how many times it is used as an operand, plus once per output or update.
-    pub fn use_counts(&self) -> Vec<u32> {
-        let mut uses = vec![0u32; self.len()];
-        for n in &self.nodes {
-            for &i in &n.inputs {
-                uses[i.index()] += 1;
-            }
-        }
-        for &o in self.outputs.values() {
-            uses[o.index()] += 1;
-        }
-        for u in &self.updates {
-            uses[u.value.index()] += 1;
-        }
-        uses
-    }
-
     /// Nodes that some output or update depends on (the rest is dead code).
     pub fn live_mask(&self) -> Vec<bool> {
         let mut live = vec![false; self.len()];
