@@ -1,3 +1,11 @@
-//! CPU kernels.
+//! Ingot's kernels: the scalar ops and element types, the fused-kernel description with its CPU
+//! implementation, and CPU matrix products. Nothing here knows the IR or touches a device.
 
 pub mod cpu;
+pub mod dtype;
+pub mod fused;
+pub mod ops;
+
+pub use dtype::DType;
+pub use fused::FusedKernel;
+pub use ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};

@@ -2,7 +2,7 @@
 //! and the optimizer update) is spelled in these few ops, so that every later pass (autodiff,
 //! rewriting, fusion, planning) handles a small closed set.
 
-use super::{DType, Shape};
+use super::{BinaryOp, CmpOp, DType, ReduceOp, Shape, UnaryOp};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -29,42 +29,6 @@ pub enum LeafKind {
     State,
     /// A step input (batch): resident, written by the host before each step.
     Input,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Tanh,
-    Recip,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Max,
-    Min,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum CmpOp {
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    Eq,
-    Ne,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ReduceOp {
-    Sum,
-    Max,
 }
 
 /// One primitive operation. Operands are the node's `inputs`; attributes live here.

@@ -1,0 +1,1 @@
+//! Running a fused kernel on the host (placeholder until the implementation lands).

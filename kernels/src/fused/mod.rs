@@ -1,0 +1,116 @@
+//! The fused-kernel description: what one kernel launch computes, as plain data.
+//!
+//! A fused kernel replaces a group of the IR's elementwise ops, view ops (broadcast, transpose,
+//! slice, reshape) and reductions, so that the group's intermediates live in registers instead
+//! of memory. The compiler's fusion pass writes these descriptions; [`cpu`] runs them on the
+//! host; the CUDA code generator turns them into CUDA C. This module is the contract between
+//! them, so it says exactly what a kernel means.
+//!
+//! # Meaning
+//! A kernel has an iteration **domain** (a row-major shape) and a set of **reduce axes** of that
+//! domain. Its body is a list of instructions in SSA form: each instruction names earlier ones
+//! by index. Every instruction has a value at every domain index `i`:
+//! - [`Inst::Load`] reads input `n` at element `access.offset + Σ_d access.strides[d] * i[d]`
+//!   (a stride of 0 broadcasts; permuted strides transpose; the offset slices);
+//! - [`Inst::Const`] is the same scalar everywhere; [`Inst::Index`] is `i[axis]`;
+//! - unary, binary, compare, select and convert apply the scalar op to their operands' values
+//!   at the same `i` (semantics as the IR's ops of the same names: integer arithmetic wraps,
+//!   float `max`/`min` ignore one NaN, `div` is float-only, converts are Rust `as` casts, to
+//!   bool is "nonzero");
+//! - [`Inst::Reduce`]`{x}` at `i` folds `x` over every domain index `j` that agrees with `i`
+//!   outside the reduce axes, in row-major order of `j` (sum from 0, max from the lowest value).
+//!
+//! An instruction is **full** if its value can vary along a reduce axis, and **row-level**
+//! (uniform along the reduce axes) otherwise: a load whose strides on every reduce axis are 0, a
+//! constant, an index along a non-reduce axis, a reduction, and any op over row-level operands
+//! are row-level. With no reduce axes every instruction is row-level, and the kernel is a plain
+//! elementwise loop.
+//!
+//! Each [`Output`] stores one instruction contiguously in row-major order: a full instruction at
+//! every domain index (`numel(domain)` elements), a row-level one once per row, i.e. over the
+//! domain with every reduce axis taken as size 1.
+//!
+//! Softmax over the last axis of `x [r, n]`, for instance, is the domain `[r, n]`, reduce axes
+//! `[1]`, and the body `x = load 0; m = reduce max x; d = x - m; e = exp d; s = reduce sum e;
+//! y = e / s`, with `y` the one output. Executors evaluate it in passes over each row (one pass
+//! per reduction level, recomputing full values as needed), never storing a full intermediate.
+//!
+//! # In place
+//! An output may be written over an input (the planner lets it take the input's memory) when
+//! [`FusedKernel::can_write_over`] says so: the input is read only at the output's own index,
+//! and full outputs are written in the last pass over each row, after every read of that row.
+
+pub mod check;
+pub mod cpu;
+
+pub use check::KernelError;
+
+use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use serde::{Deserialize, Serialize};
+
+/// One fused kernel launch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedKernel {
+    /// The iteration space, row-major.
+    pub domain: Vec<usize>,
+    /// Sorted, distinct axes of `domain` that [`Inst::Reduce`] folds; empty for an elementwise
+    /// kernel.
+    pub reduce_axes: Vec<usize>,
+    pub inputs: Vec<Input>,
+    pub body: Vec<Inst>,
+    pub outputs: Vec<Output>,
+}
+
+/// A buffer the kernel reads, and how domain indices map into it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Input {
+    pub dtype: DType,
+    /// Elements in the buffer; every access must fall inside it.
+    pub len: usize,
+    pub access: Access,
+}
+
+/// An affine map from domain indices to a buffer's element index.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Access {
+    pub offset: usize,
+    /// One per domain axis.
+    pub strides: Vec<usize>,
+}
+
+impl Access {
+    /// The identity map of a contiguous buffer shaped like `dims`.
+    pub fn contiguous(dims: &[usize]) -> Access {
+        let mut strides = vec![0; dims.len()];
+        let mut s = 1;
+        for d in (0..dims.len()).rev() {
+            strides[d] = s;
+            s *= dims[d];
+        }
+        Access { offset: 0, strides }
+    }
+}
+
+/// One instruction. Operands are indices of earlier instructions in the body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Inst {
+    Load { input: usize },
+    Const { value: f64, dtype: DType },
+    /// The domain index along `axis`, as `dtype`.
+    Index { axis: usize, dtype: DType },
+    Unary { op: UnaryOp, x: usize },
+    Binary { op: BinaryOp, a: usize, b: usize },
+    /// Gives bool.
+    Compare { op: CmpOp, a: usize, b: usize },
+    /// `a` where `cond` is true, else `b`.
+    Select { cond: usize, a: usize, b: usize },
+    Convert { x: usize, to: DType },
+    /// Folds `x` over the reduce axes.
+    Reduce { op: ReduceOp, x: usize },
+}
+
+/// A buffer the kernel writes: one instruction's values, contiguous, row-major.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Output {
+    pub value: usize,
+}
