@@ -3,10 +3,12 @@
 
 pub mod autodiff;
 pub mod error;
+pub mod fuse;
 pub mod ir;
 pub mod models;
 pub mod pipeline;
 pub mod plan;
+pub mod rewrite;
 pub mod schedule;
 pub mod trace;
 

@@ -1,24 +1,59 @@
-//! The pipeline in one call: model -> training step -> schedule and memory plan -> report.
+//! The pipeline in one call: model -> training step -> rewrite -> fuse -> schedule and memory
+//! plan -> report. Each stage can be switched off, so every figure can be taken before and after.
 
-use crate::autodiff::{training_step, Step};
+use crate::autodiff::{training_step, Step, LOSS};
 use crate::error::IrError;
+use crate::fuse::{self, FuseOptions, FuseReport};
+use crate::ir::Graph;
 use crate::models::{self, Model};
 use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
+use crate::rewrite::{self, RewriteOptions, RewriteReport};
 
 /// Knobs of the whole pipeline.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Options {
+    /// Simplify with egg before fusing; `None` skips it.
+    pub rewrite: Option<RewriteOptions>,
+    /// Fuse into kernels; `None` plans the primitive ops as they are.
+    pub fuse: Option<FuseOptions>,
     pub plan: PlanOptions,
 }
 
-/// A compiled training step: its graph, its memory plan and the report about that plan.
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            rewrite: Some(RewriteOptions::default()),
+            fuse: Some(FuseOptions::default()),
+            plan: PlanOptions::default(),
+        }
+    }
+}
+
+impl Options {
+    /// The primitive ops planned as traced: no rewriting, no fusion (the "before" figures, and
+    /// the reference the optimized step is checked against).
+    pub fn unoptimized(plan: PlanOptions) -> Options {
+        Options {
+            rewrite: None,
+            fuse: None,
+            plan,
+        }
+    }
+}
+
+/// A compiled training step: the graph that runs, its memory plan and the report about it.
 #[derive(Clone, Debug)]
 pub struct Compiled {
     pub model: String,
+    /// The step as traced and differentiated.
     pub step: Step,
+    /// The graph that is planned and run: `step.graph` rewritten and fused.
+    pub graph: Graph,
     pub plan: MemoryPlan,
     pub report: Report,
+    pub rewrite: Option<RewriteReport>,
+    pub fuse: Option<FuseReport>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,12 +73,39 @@ pub fn compile_model(spec: &str, opts: &Options) -> Result<Compiled, CompileErro
 /// Compiles a model's training step and plans its memory.
 pub fn compile(model: &Model, opts: &Options) -> Result<Compiled, CompileError> {
     let step = training_step(&model.graph, &model.optimizer)?;
-    let plan = plan::plan(&step.graph, &opts.plan)?;
-    let report = Report::new(&model.name, &step.graph, &plan, Some(&step.phases));
+    compile_step(&model.name, step, opts)
+}
+
+/// Rewrites, fuses and plans a training step.
+pub fn compile_step(name: &str, step: Step, opts: &Options) -> Result<Compiled, CompileError> {
+    let (graph, rewrite) = match &opts.rewrite {
+        Some(o) => {
+            let (g, r) = rewrite::simplify(&step.graph, o)?;
+            (g, Some(r))
+        }
+        None => (step.graph.clone(), None),
+    };
+    let (graph, fuse) = match &opts.fuse {
+        Some(o) => {
+            let f = fuse::fuse(&graph, o)?;
+            (f.graph, Some(f.report))
+        }
+        None => (graph, None),
+    };
+    let plan = plan::plan(&graph, &opts.plan)?;
+    let phases = if opts.rewrite.is_none() && opts.fuse.is_none() {
+        step.phases.of_nodes(graph.len())
+    } else {
+        fuse::phases(&graph, graph.outputs.get(LOSS).copied())
+    };
+    let report = Report::new(name, &graph, &plan, Some(&phases));
     Ok(Compiled {
-        model: model.name.clone(),
+        model: name.to_string(),
         step,
+        graph,
         plan,
         report,
+        rewrite,
+        fuse,
     })
 }

@@ -31,9 +31,10 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
     }
     let users = users(g);
     for u in &g.updates {
-        let producer = NodeIndex::new(u.value.index());
+        // The kernel that writes the new value (a fused kernel for a result node).
+        let producer = NodeIndex::new(g.writer(u.value).index());
         for reader in readers_through_views(g, &users, u.target) {
-            if reader != u.value && reader.index() < g.len() {
+            if reader != g.writer(u.value) && reader.index() < g.len() {
                 d.update_edge(NodeIndex::new(reader.index()), producer, ());
             }
         }
@@ -48,7 +49,7 @@ pub fn readers_through_views(g: &Graph, users: &[Vec<NodeId>], x: NodeId) -> Vec
     let mut stack = vec![x];
     while let Some(v) = stack.pop() {
         for &u in &users[v.index()] {
-            if matches!(g.node(u).op, Op::Reshape) {
+            if g.node(u).op.is_alias() {
                 stack.push(u);
             }
             out.push(u);
@@ -101,9 +102,14 @@ fn pinned(g: &Graph) -> Vec<bool> {
 }
 
 /// Bytes a node adds to the slab when it runs (views and leaves add none).
-fn own_bytes(g: &Graph, id: NodeId) -> i64 {
-    match g.node(id).op {
-        Op::Reshape | Op::Leaf { .. } => 0,
+fn own_bytes(g: &Graph, kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>], id: NodeId) -> i64 {
+    match &g.node(id).op {
+        Op::Leaf { .. } | Op::Result { .. } => 0,
+        op if op.is_alias() => 0,
+        Op::Fused(_) => kernel_outputs[id.index()]
+            .iter()
+            .map(|&o| g.ty(o).bytes() as i64)
+            .sum(),
         _ => g.ty(id).bytes() as i64,
     }
 }
@@ -123,7 +129,11 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
     let users = users(g);
     let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
     let pinned = pinned(g);
-    let bytes: Vec<i64> = g.ids().map(|id| own_bytes(g, id)).collect();
+    let kernel_outputs = g.kernel_outputs();
+    let bytes: Vec<i64> = g
+        .ids()
+        .map(|id| own_bytes(g, &kernel_outputs, id))
+        .collect();
     while !ready.is_empty() {
         // Leaves cost nothing: take them first, in order.
         let pick = match ready

@@ -159,7 +159,7 @@ fn matmul_with_workspace() -> (Graph, NodeId, NodeId) {
 }
 
 fn kib_for_matmul(g: &Graph, id: NodeId) -> usize {
-    if matches!(g.node(id).op, ingot_compiler::ir::Op::MatMul) {
+    if matches!(g.node(id).op, ingot_compiler::ir::Op::MatMul { .. }) {
         1024
     } else {
         0

@@ -1,5 +1,5 @@
-//! Snapshots of the memory plan reports (for the CPU target, as `ingot plan` prints them): the
-//! reference models and small hand-made graphs.
+//! Snapshots of the memory plan reports (for the CPU target, as `ingot plan` prints them) and
+//! of the fused kernel lists: the reference models and small hand-made graphs.
 //! A change in the planner that moves any figure shows up here as a reviewable diff.
 
 use ingot_compiler::ir::{DType, Graph, Init};
@@ -10,7 +10,33 @@ use ingot_compiler::plan::report::Report;
 fn cpu_options() -> pipeline::Options {
     pipeline::Options {
         plan: ingot_runtime::cpu::plan_options(),
+        ..Default::default()
     }
+}
+
+/// The kernels of a model's fused step, one line per kind of kernel with its count.
+fn kernel_list(spec: &str) -> String {
+    let c = pipeline::compile_model(spec, &cpu_options()).unwrap();
+    let mut s = String::new();
+    for (k, n) in ingot_compiler::fuse::kernel_list(&c.graph) {
+        s.push_str(&format!("{n:5}  {k}\n"));
+    }
+    s
+}
+
+#[test]
+fn mlp_kernel_list() {
+    insta::assert_snapshot!(kernel_list("mlp"));
+}
+
+#[test]
+fn gpt_mini_kernel_list() {
+    insta::assert_snapshot!(kernel_list("gpt-mini"));
+}
+
+#[test]
+fn gpt2_kernel_list() {
+    insta::assert_snapshot!(kernel_list("gpt2"));
 }
 
 fn report_of(spec: &str) -> String {

@@ -18,7 +18,8 @@ use crate::error::ExecError;
 use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::{training_step, LOSS};
+use ingot_compiler::autodiff::LOSS;
+use ingot_compiler::pipeline;
 use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
 use ingot_compiler::models::Model;
 use ingot_compiler::IrError;
@@ -132,24 +133,39 @@ impl Session {
     /// Builds `model`'s training step, initialises its parameters and optimizer state from
     /// `seed` ([`init`]), and sets a synthetic batch from the same seed.
     pub fn new(model: &Model, seed: u64) -> Result<Session, SessionError> {
-        let step = training_step(&model.graph, &model.optimizer).map_err(|source| {
-            SessionError::Build {
+        Session::with_options(model, seed, &Session::cpu_options())
+    }
+
+    /// The pipeline options a CPU session uses: rewriting and fusion on, CPU workspace planned.
+    pub fn cpu_options() -> pipeline::Options {
+        pipeline::Options {
+            plan: crate::cpu::plan_options(),
+            ..Default::default()
+        }
+    }
+
+    /// As [`Session::new`], compiled with `opts` (e.g. [`pipeline::Options::unoptimized`] for
+    /// the primitive ops, unfused).
+    pub fn with_options(
+        model: &Model,
+        seed: u64,
+        opts: &pipeline::Options,
+    ) -> Result<Session, SessionError> {
+        let compiled = pipeline::compile(model, opts).map_err(|e| match e {
+            pipeline::CompileError::Ir(source) => SessionError::Build {
                 model: model.name.clone(),
                 source,
-            }
+            },
+            pipeline::CompileError::Plan(source) => SessionError::Plan {
+                model: model.name.clone(),
+                source,
+            },
         })?;
-        let g = step.graph;
+        let g = compiled.graph;
         let mut values = init::init_leaves(&g, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(&g, LeafKind::State, seed));
         values.extend(init::synthetic_batch(&g, seed));
-        let plan =
-            ingot_compiler::plan::plan(&g, &crate::cpu::plan_options()).map_err(|source| {
-                SessionError::Plan {
-                    model: model.name.clone(),
-                    source,
-                }
-            })?;
-        let mut exe = PlannedStep::new(g, plan)?;
+        let mut exe = PlannedStep::new(g, compiled.plan)?;
         for (name, value) in &values {
             exe.write_leaf(name, value)?;
         }

@@ -2,10 +2,8 @@
 //! every allocation this test process makes while steps run.
 
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models;
-use ingot_compiler::plan;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
@@ -37,14 +35,20 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
-fn allocations_per_step(spec: &str) -> usize {
+fn allocations_per_step(spec: &str, fused: bool) -> usize {
     let m = models::by_name(spec).unwrap();
-    let step = training_step(&m.graph, &m.optimizer).unwrap();
-    let p = plan::plan(&step.graph, &ingot_runtime::cpu::plan_options()).unwrap();
-    let mut leaves: IndexMap<String, Tensor> = init_leaves(&step.graph, LeafKind::Parameter, 1);
-    leaves.extend(init_leaves(&step.graph, LeafKind::State, 1));
-    leaves.extend(synthetic_batch(&step.graph, 1));
-    let mut planned = PlannedStep::new(step.graph, p).unwrap();
+    let cpu = ingot_runtime::cpu::plan_options();
+    let opts = if fused {
+        ingot_runtime::session::Session::cpu_options()
+    } else {
+        ingot_compiler::pipeline::Options::unoptimized(cpu)
+    };
+    let c = ingot_compiler::pipeline::compile(&m, &opts).unwrap();
+    let g = c.graph;
+    let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
+    leaves.extend(init_leaves(&g, LeafKind::State, 1));
+    leaves.extend(synthetic_batch(&g, 1));
+    let mut planned = PlannedStep::new(g, c.plan).unwrap();
     for (name, value) in &leaves {
         planned.write_leaf(name, value).unwrap();
     }
@@ -62,10 +66,12 @@ fn a_planned_training_step_allocates_nothing_on_the_heap() {
         "mlp",
         "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2",
     ] {
-        assert_eq!(
-            allocations_per_step(spec),
-            0,
-            "{spec}: a step allocated on the heap"
-        );
+        for fused in [false, true] {
+            assert_eq!(
+                allocations_per_step(spec, fused),
+                0,
+                "{spec} (fused: {fused}): a step allocated on the heap"
+            );
+        }
     }
 }

@@ -80,7 +80,11 @@ fn needs_gradient(g: &Graph, loss: NodeId, wrt: &[NodeId]) -> Vec<bool> {
 fn differentiable(op: &Op) -> bool {
     !matches!(
         op,
-        Op::Compare(_) | Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. }
+        Op::Compare(_)
+            | Op::Leaf { .. }
+            | Op::Full { .. }
+            | Op::Iota { .. }
+            | Op::StopGradient
     )
 }
 
@@ -195,16 +199,24 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             let zero = g.full_like(0.0, share)?;
             g.select(hit, share, zero)
         }
-        Op::MatMul => {
+        Op::MatMul { ta, tb } => {
+            // y = A'B' with A' = A^T if ta, else A (B' likewise). dA' = gy B'^T and
+            // dB' = A'^T gy; a transposed operand takes the transpose of its adjoint, which the
+            // flags express without a transpose op: (gy B'^T)^T = B' gy^T, (A'^T gy)^T = gy^T A'.
             let (a, b) = (node.inputs[0], node.inputs[1]);
-            if slot == 0 {
-                let bt = g.transpose_last(b)?;
-                g.matmul(gy, bt)
-            } else {
-                let at = g.transpose_last(a)?;
-                g.matmul(at, gy)
+            let (ta, tb) = (*ta, *tb);
+            match (slot, ta, tb) {
+                (0, false, _) => g.matmul_t(gy, b, false, !tb),
+                (0, true, _) => g.matmul_t(b, gy, tb, true),
+                (_, _, false) => g.matmul_t(a, gy, !ta, false),
+                (_, _, true) => g.matmul_t(gy, a, true, ta),
             }
         }
+        Op::StopGradient => unreachable!("stop_gradient passes no gradient"),
+        Op::Fused(_) | Op::Result { .. } => Err(IrError::Invalid(format!(
+            "cannot differentiate through {} (fusion runs after autodiff)",
+            node.op.name()
+        ))),
         Op::Gather => {
             let rows = xs.dims()[0];
             g.scatter_add(node.inputs[1], gy, rows)

@@ -132,6 +132,48 @@ impl Graph {
     }
 
     /// The leaf with this name, if any.
+    /// The node whose kernel writes `id`'s value: a fused kernel for a [`Op::Result`] node,
+    /// else the node itself.
+    pub fn writer(&self, id: NodeId) -> NodeId {
+        match self.node(id).op {
+            Op::Result { .. } => self.node(id).inputs[0],
+            _ => id,
+        }
+    }
+
+    /// The nodes `id`'s kernel reads: none for a [`Op::Result`] (its kernel did the reading),
+    /// else its operands.
+    pub fn reads(&self, id: NodeId) -> &[NodeId] {
+        match self.node(id).op {
+            Op::Result { .. } => &[],
+            _ => &self.node(id).inputs,
+        }
+    }
+
+    /// For each node, the values its kernel writes, in output order: a fused kernel's own node
+    /// then its [`Op::Result`] nodes by index; `[id]` for any other node; empty for results.
+    pub fn kernel_outputs(&self) -> Vec<SmallVec<[NodeId; 1]>> {
+        let mut out: Vec<SmallVec<[NodeId; 1]>> = self
+            .ids()
+            .map(|id| match self.node(id).op {
+                Op::Result { .. } => SmallVec::new(),
+                _ => smallvec::smallvec![id],
+            })
+            .collect();
+        let mut results: Vec<(NodeId, usize, NodeId)> = self
+            .ids()
+            .filter_map(|id| match self.node(id).op {
+                Op::Result { index } => Some((self.node(id).inputs[0], index, id)),
+                _ => None,
+            })
+            .collect();
+        results.sort();
+        for (k, _, r) in results {
+            out[k.index()].push(r);
+        }
+        out
+    }
+
     pub fn leaf(&self, name: &str) -> Option<NodeId> {
         self.ids()
             .find(|&id| matches!(&self.node(id).op, Op::Leaf { name: n, .. } if n == name))
@@ -236,6 +278,7 @@ impl Graph {
     /// is what inference gives, leaf names are unique, outputs and updates are well formed.
     pub fn verify(&self) -> Result<(), IrError> {
         let mut names = std::collections::BTreeSet::new();
+        let mut results = std::collections::BTreeSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
             for &x in &n.inputs {
                 if x.index() >= i {
@@ -255,6 +298,9 @@ impl Graph {
             let operand_types: SmallVec<[&TensorType; 3]> =
                 n.inputs.iter().map(|&x| self.ty(x)).collect();
             infer(&n.op, &operand_types, Some(&n.ty), i)?;
+            if let Op::Result { index } = n.op {
+                self.check_result(i, n.inputs[0], index, &mut results)?;
+            }
         }
         for (name, id) in &self.outputs {
             if id.index() >= self.len() {
@@ -269,6 +315,38 @@ impl Graph {
             if !targets.insert(u.target) {
                 return Err(IrError::Invalid(format!("{} is updated twice", u.target)));
             }
+        }
+        Ok(())
+    }
+}
+
+impl Graph {
+    /// A result node `%node = result(kernel) index=..` names a fused kernel's existing output,
+    /// once, with that output's type.
+    fn check_result(
+        &self,
+        node: usize,
+        kernel: NodeId,
+        index: usize,
+        seen: &mut std::collections::BTreeSet<(NodeId, usize)>,
+    ) -> Result<(), IrError> {
+        let fail = |reason: String| {
+            Err(IrError::Invalid(format!(
+                "result %{node} (output {index} of {kernel}): {reason}"
+            )))
+        };
+        let Op::Fused(k) = &self.node(kernel).op else {
+            return fail(format!("{kernel} is a {}, not a fused kernel", self.node(kernel).op.name()));
+        };
+        if index >= k.outputs.len() {
+            return fail(format!("the kernel has {} outputs", k.outputs.len()));
+        }
+        let want = TensorType::new(Shape::new(&k.output_dims(index)), k.output_dtype(index));
+        if self.nodes[node].ty != want {
+            return fail(format!("typed {} but the output is {want}", self.nodes[node].ty));
+        }
+        if !seen.insert((kernel, index)) {
+            return fail("another result node names the same output".into());
         }
         Ok(())
     }

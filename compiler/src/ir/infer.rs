@@ -229,7 +229,7 @@ pub fn infer(
             }
             TensorType::new(Shape(dims), a.dtype)
         }
-        Op::MatMul => {
+        Op::MatMul { ta, tb } => {
             arity(2)?;
             let (a, b) = (operands[0], operands[1]);
             if !a.dtype.is_float() || a.dtype != b.dtype {
@@ -243,15 +243,15 @@ pub fn infer(
             if ad[..ra - 2] != bd[..rb - 2] {
                 return Err(fail("batch axes differ".into()));
             }
-            if ad[ra - 1] != bd[rb - 2] {
-                return Err(fail(format!(
-                    "inner dimensions {} and {} differ",
-                    ad[ra - 1],
-                    bd[rb - 2]
-                )));
+            // The matrix dimensions each operand presents after its optional transpose.
+            let (m, ka) = matrix_dims(ad, *ta);
+            let (kb, n) = matrix_dims(bd, *tb);
+            if ka != kb {
+                return Err(fail(format!("inner dimensions {ka} and {kb} differ")));
             }
             let mut dims = a.shape.0.clone();
-            dims[ra - 1] = bd[rb - 1];
+            dims[ra - 2] = m;
+            dims[ra - 1] = n;
             TensorType::new(Shape(dims), a.dtype)
         }
         Op::Gather => {
@@ -285,6 +285,33 @@ pub fn infer(
             dims.extend_from_slice(&vals.shape.dims()[k..]);
             TensorType::new(Shape(dims), vals.dtype)
         }
+        Op::StopGradient => {
+            arity(1)?;
+            operands[0].clone()
+        }
+        Op::Fused(k) => {
+            k.check().map_err(|e| fail(e.to_string()))?;
+            arity(k.inputs.len())?;
+            for (i, (t, input)) in operands.iter().zip(&k.inputs).enumerate() {
+                if t.dtype != input.dtype || t.shape.numel() != input.len {
+                    return Err(fail(format!(
+                        "operand {i} is {t}, but the kernel reads {} elements of {}",
+                        input.len, input.dtype
+                    )));
+                }
+            }
+            if k.outputs.is_empty() {
+                return Err(fail("the kernel has no outputs".into()));
+            }
+            TensorType::new(Shape::new(&k.output_dims(0)), k.output_dtype(0))
+        }
+        Op::Result { index } => {
+            arity(1)?;
+            if *index == 0 {
+                return Err(fail("output 0 is the fused node itself".into()));
+            }
+            need_declared()?.clone()
+        }
         Op::Convert => {
             arity(1)?;
             let t = need_declared()?;
@@ -305,6 +332,16 @@ pub fn infer(
         }
     }
     Ok(inferred)
+}
+
+/// `(rows, columns)` of the matrices in a `dims`-shaped operand, read transposed if `t`.
+fn matrix_dims(dims: &[usize], t: bool) -> (usize, usize) {
+    let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    if t {
+        (c, r)
+    } else {
+        (r, c)
+    }
 }
 
 fn describe(operands: &[&TensorType]) -> String {

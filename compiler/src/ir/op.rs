@@ -3,6 +3,7 @@
 //! rewriting, fusion, planning) handles a small closed set.
 
 use super::{BinaryOp, CmpOp, DType, ReduceOp, Shape, UnaryOp};
+use ingot_kernels::FusedKernel;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -81,7 +82,9 @@ pub enum Op {
         axes: Axes,
     },
     /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, equal batch axes.
-    MatMul,
+    /// `ta` (`tb`) reads the first (second) operand with its last two axes swapped, so a
+    /// transposed weight never has to be materialized.
+    MatMul { ta: bool, tb: bool },
     /// `gather(table [r, d...], ids [i...]) -> [i..., d...]`: rows of `table` picked by `ids`.
     Gather,
     /// `scatter_add(ids [i...], values [i..., d...]) -> [rows, d...]`: the transpose of gather.
@@ -90,6 +93,15 @@ pub enum Op {
     },
     /// Elementwise conversion to the node's dtype.
     Convert,
+    /// The operand's value, through which autodiff passes no gradient (softmax's max shift).
+    /// The rewriter removes it once the backward pass exists.
+    StopGradient,
+    /// A fused kernel (see [`ingot_kernels::fused`]): its operands are the kernel's inputs in
+    /// order, and the node's value is the kernel's output 0. Made by the fusion pass.
+    Fused(Box<FusedKernel>),
+    /// Output `index` (at least 1) of the fused kernel that is this node's one operand. It is
+    /// written when that kernel runs, and reads nothing itself.
+    Result { index: usize },
 }
 
 impl Op {
@@ -146,10 +158,13 @@ impl Op {
             Op::Reduce {
                 op: ReduceOp::Max, ..
             } => "reduce_max",
-            Op::MatMul => "matmul",
+            Op::MatMul { .. } => "matmul",
             Op::Gather => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Convert => "convert",
+            Op::StopGradient => "stop_gradient",
+            Op::Fused(_) => "fused",
+            Op::Result { .. } => "result",
         }
     }
 
@@ -161,6 +176,17 @@ impl Op {
             Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert
         )
     }
+
+    /// True for ops whose value is their operand's bytes, unchanged: they share its storage.
+    pub fn is_alias(&self) -> bool {
+        matches!(self, Op::Reshape | Op::StopGradient)
+    }
+
+    /// A plain (untransposed) matrix product.
+    pub const MATMUL: Op = Op::MatMul {
+        ta: false,
+        tb: false,
+    };
 
     /// True for leaves (no operands, values supplied from outside the step).
     pub fn is_leaf(&self) -> bool {

@@ -160,14 +160,27 @@ fn write_attrs(s: &mut String, op: &Op) {
         Op::Concat { axis } => write!(s, " axis={axis}"),
         Op::Reduce { axes, .. } => write!(s, " axes={}", list(axes)),
         Op::ScatterAdd { rows } => write!(s, " rows={rows}"),
+        Op::MatMul { ta, tb } => {
+            let _ = match (ta, tb) {
+                (false, false) => Ok(()),
+                _ => write!(s, " ta={ta} tb={tb}"),
+            };
+            Ok(())
+        }
+        Op::Result { index } => write!(s, " index={index}"),
+        Op::Fused(k) => write!(
+            s,
+            " {}",
+            quote(&serde_json::to_string(k).expect("a kernel serializes"))
+        ),
         Op::Unary(_)
         | Op::Binary(_)
         | Op::Compare(_)
         | Op::Select
         | Op::Broadcast
         | Op::Reshape
-        | Op::MatMul
         | Op::Gather
+        | Op::StopGradient
         | Op::Convert => Ok(()),
     };
 }
@@ -630,6 +643,18 @@ impl<'a> Attrs<'a> {
         }
     }
 
+    /// `true` or `false`; absent means `false`.
+    fn take_bool_or_false(&mut self, key: &str) -> Result<bool, String> {
+        if !self.has(key) {
+            return Ok(false);
+        }
+        match self.take(key)? {
+            Value::Word("true") => Ok(true),
+            Value::Word("false") => Ok(false),
+            v => Err(format!("`{key}=` must be `true` or `false`, found {v}")),
+        }
+    }
+
     fn has(&self, key: &str) -> bool {
         self.items.iter().any(|(k, _)| *k == key)
     }
@@ -717,7 +742,16 @@ fn op_by_name(name: &str) -> Option<Op> {
             op: ReduceOp::Max,
             axes: Axes::new(),
         },
-        "matmul" => Op::MatMul,
+        "matmul" => Op::MATMUL,
+        "stop_gradient" => Op::StopGradient,
+        "result" => Op::Result { index: 0 },
+        "fused" => Op::Fused(Box::new(ingot_kernels::FusedKernel {
+            domain: vec![],
+            reduce_axes: vec![],
+            inputs: vec![],
+            body: vec![],
+            outputs: vec![],
+        })),
         "gather" => Op::Gather,
         "scatter_add" => Op::ScatterAdd { rows: 0 },
         "convert" => Op::Convert,
@@ -728,7 +762,7 @@ fn op_by_name(name: &str) -> Option<Op> {
 /// Fills in `op`'s attributes (and a leaf's name) from what the line wrote.
 fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, String> {
     let op_name = a.op;
-    if name.is_some() && !op.is_leaf() {
+    if name.is_some() && !op.is_leaf() && !matches!(op, Op::Fused(_)) {
         return Err(format!(
             "`{op_name}` takes no name string (only parameter, state and input do)"
         ));
@@ -793,6 +827,25 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
             },
             "it takes `rows=`",
         ),
+        Op::MatMul { .. } => {
+            let ta = a.take_bool_or_false("ta")?;
+            let tb = a.take_bool_or_false("tb")?;
+            (Op::MatMul { ta, tb }, "it takes `ta=` and `tb=`")
+        }
+        Op::Result { .. } => (
+            Op::Result {
+                index: a.take_usize("index")?,
+            },
+            "it takes `index=`",
+        ),
+        Op::Fused(_) => {
+            let Some(json) = name else {
+                return Err("`fused` needs its kernel as a quoted JSON string".into());
+            };
+            let k: ingot_kernels::FusedKernel = serde_json::from_str(&json)
+                .map_err(|e| format!("`fused`: the kernel does not parse: {e}"))?;
+            (Op::Fused(Box::new(k)), "it takes no attributes")
+        }
         other => (other, "it takes no attributes"),
     };
     a.finish(allowed)?;

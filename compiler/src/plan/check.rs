@@ -4,8 +4,10 @@
 //! the same time share a byte, whatever the planner believed about lifetimes.
 //!
 //! Facts it relies on are the executor's contract, not the planner's reasoning: a `reshape`
-//! reads its operand in place (its location must equal its operand's); an elementwise op may
-//! write over an operand only when the two occupy exactly the same bytes.
+//! (or `stop_gradient`) reads its operand in place (its location must equal its operand's); an
+//! elementwise op may write over an operand only when the two occupy exactly the same bytes, and
+//! a fused kernel likewise, only over inputs its description says it reads at the output's own
+//! index. A fused kernel writes all its outputs when it runs; its `result` nodes do nothing.
 
 use crate::ir::{Graph, NodeId, Op};
 use std::collections::BTreeMap;
@@ -117,13 +119,29 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
             }
         }
     }
-    // What each value's bytes are: a reshape's are its operand's.
+    // What each value's bytes are: a view's are its operand's.
     let mut content: Vec<NodeId> = g.ids().collect();
     for &id in p.order {
-        if matches!(g.node(id).op, Op::Reshape) {
+        if g.node(id).op.is_alias() {
             content[id.index()] = content[g.node(id).inputs[0].index()];
         }
     }
+    // The values each node's kernel writes: a fused kernel's result nodes besides its own.
+    let mut written: Vec<Vec<NodeId>> = g.ids().map(|id| vec![id]).collect();
+    let mut results: Vec<(NodeId, usize, NodeId)> = Vec::new();
+    for id in g.ids() {
+        if let Op::Result { index } = g.node(id).op {
+            written[id.index()].clear();
+            results.push((g.node(id).inputs[0], index, id));
+        }
+    }
+    results.sort();
+    for (k, _, r) in results {
+        written[k.index()].push(r);
+    }
+    let overlap = |a: Location, b: Location| {
+        a.bytes > 0 && b.bytes > 0 && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes
+    };
     let mut memory = Memory::default();
     for &id in p.order {
         let node = g.node(id);
@@ -132,7 +150,18 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
             memory.write(here, id);
             continue;
         }
-        for &x in &node.inputs {
+        if matches!(node.op, Op::Result { .. }) {
+            continue;
+        }
+        let outs = &written[id.index()];
+        for (j, &o) in outs.iter().enumerate() {
+            for &o2 in &outs[j + 1..] {
+                if overlap(p.location[o.index()], p.location[o2.index()]) {
+                    return err(format!("{id} writes its outputs {o} and {o2} over each other"));
+                }
+            }
+        }
+        for (i, &x) in node.inputs.iter().enumerate() {
             let lx = p.location[x.index()];
             if !memory.holds(lx, content[x.index()]) {
                 return err(format!(
@@ -142,19 +171,19 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                     lx.offset + lx.bytes
                 ));
             }
-            let overlaps = lx.bytes > 0
-                && here.bytes > 0
-                && lx.offset < here.offset + here.bytes
-                && here.offset < lx.offset + lx.bytes;
-            let in_place_ok = match node.op {
-                Op::Reshape => lx == here,
-                _ => node.op.is_elementwise() && lx == here,
-            };
-            if overlaps && !in_place_ok {
-                return err(format!(
-                    "{id} ({}) writes over its operand {x} while reading it",
-                    node.op.name()
-                ));
+            for (j, &o) in outs.iter().enumerate() {
+                let lo = p.location[o.index()];
+                let in_place_ok = lx == lo
+                    && match &node.op {
+                        Op::Fused(k) => k.can_write_over(i, j),
+                        op => op.is_alias() || op.is_elementwise(),
+                    };
+                if overlap(lx, lo) && !in_place_ok {
+                    return err(format!(
+                        "{id} ({}) writes over its operand {x} while reading it (its output {o})",
+                        node.op.name()
+                    ));
+                }
             }
         }
         if let Some(w) = p.workspace[id.index()] {
@@ -170,7 +199,7 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                     node.op.name()
                 ));
             }
-            if overlap(here) {
+            if outs.iter().any(|&o| overlap(p.location[o.index()])) {
                 return err(format!(
                     "{id} ({}) has its workspace on its own output",
                     node.op.name()
@@ -179,13 +208,15 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
             // Whatever lived there is gone: later reads of it must fail.
             memory.write(w, SCRATCH);
         }
-        if matches!(node.op, Op::Reshape) {
+        if node.op.is_alias() {
             if here != p.location[node.inputs[0].index()] {
-                return err(format!("reshape {id} is not placed on its operand"));
+                return err(format!("{} {id} is not placed on its operand", node.op.name()));
             }
             continue;
         }
-        memory.write(here, id);
+        for &o in outs {
+            memory.write(p.location[o.index()], o);
+        }
     }
     for (name, &o) in &g.outputs {
         if !memory.holds(p.location[o.index()], content[o.index()]) {

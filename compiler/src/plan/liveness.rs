@@ -2,15 +2,20 @@
 //!
 //! One mechanism covers every case of sharing: a value either gets storage of its own or takes
 //! over the storage of one of its operands.
-//! - a `reshape` is a view: it always shares its operand's storage;
-//! - an elementwise op whose operand dies at that op, with the same byte size, writes over it;
+//! - a `reshape` (or `stop_gradient`) is a view: it always shares its operand's storage;
+//! - an elementwise op whose operand dies at that op, with the same byte size, writes over it,
+//!   and so does a fused kernel's output over an input the kernel reads only at the output's
+//!   own index ([`ingot_kernels::FusedKernel::can_write_over`]);
 //! - the new value of a parameter or optimizer state is written over the old one when every
 //!   other reader of the old value has run (the scheduler orders them so).
 //!
 //! A storage's lifetime is the half-open interval of schedule positions `[def, last read + 1)`;
-//! a value named as a step output lives to the end of the step.
+//! a value named as a step output lives to the end of the step. A fused kernel's extra outputs
+//! ([`Op::Result`] nodes) are defined where their kernel runs, wherever the result node itself
+//! is scheduled.
 
 use crate::ir::{Graph, NodeId, Op};
+use smallvec::SmallVec;
 use serde::{Deserialize, Serialize};
 
 /// Where a storage lives.
@@ -64,10 +69,13 @@ impl Liveness {
         for (p, &id) in order.iter().enumerate() {
             position[id.index()] = p;
         }
+        let kernel_outputs = g.kernel_outputs();
+        // Where each value is written: its kernel's position.
+        let def: Vec<usize> = g.ids().map(|id| position[g.writer(id).index()]).collect();
         // The last position each value is read at; outputs are read at the step's end.
-        let mut last_read: Vec<usize> = (0..g.len()).map(|i| position[i]).collect();
+        let mut last_read: Vec<usize> = def.clone();
         for id in g.ids() {
-            for &x in &g.node(id).inputs {
+            for &x in g.reads(id) {
                 last_read[x.index()] = last_read[x.index()].max(position[id.index()]);
             }
         }
@@ -88,30 +96,31 @@ impl Liveness {
         let mut storage_of = vec![usize::MAX; g.len()];
         let mut copies = Vec::new();
         let mut holds_output: Vec<bool> = Vec::new();
-        for (p, &id) in order.iter().enumerate() {
+        for &id in order {
             let node = g.node(id);
             let bytes = node.ty.bytes();
+            // Decisions are taken where the value is written (its kernel's position).
+            let p = def[id.index()];
             let reuse = if node.op.is_leaf() {
                 None
-            } else if matches!(node.op, Op::Reshape) {
+            } else if node.op.is_alias() {
                 Some(storage_of[node.inputs[0].index()])
             } else if let Some(t) = update_target[id.index()]
                 .filter(|&t| can_update_in_place(g, &storages, &storage_of, &last_read, id, t, p))
             {
                 Some(storage_of[t.index()])
-            } else if node.op.is_elementwise() {
-                node.inputs
-                    .iter()
-                    .map(|x| storage_of[x.index()])
-                    .find(|&s| {
-                        let st = &storages[s];
-                        st.region == Region::Slab
-                            && st.bytes == bytes
-                            && st.end == p + 1
-                            && !holds_output[s]
-                    })
             } else {
-                None
+                overwritable(g, id).into_iter().map(|x| storage_of[x.index()]).find(|&s| {
+                    let st = &storages[s];
+                    st.region == Region::Slab
+                        && st.bytes == bytes
+                        && st.end == p + 1
+                        && !holds_output[s]
+                        // Two outputs of one kernel never share a storage.
+                        && !kernel_outputs[g.writer(id).index()].iter().any(|&o| {
+                            o != id && storage_of[o.index()] == s
+                        })
+                })
             };
             let s = match reuse {
                 Some(s) => s,
@@ -203,7 +212,35 @@ fn can_update_in_place(
         .ids()
         .filter(|x| storage_of[x.index()] == st)
         .all(|x| last_read[x.index()] <= p);
-    let node = g.node(v);
-    let reads_t = node.inputs.iter().any(|x| storage_of[x.index()] == st);
-    members_done && (!reads_t || node.op.is_elementwise())
+    // The kernel reads t's bytes only at the index it writes v's.
+    let writer = g.writer(v);
+    let safe = overwritable(g, v);
+    let reads_ok = g
+        .reads(writer)
+        .iter()
+        .all(|x| storage_of[x.index()] != st || safe.contains(x));
+    members_done && reads_ok
+}
+
+/// The operands whose bytes the kernel writing `v` may write `v` over: every operand of an
+/// elementwise op; the inputs a fused kernel reads only at `v`'s own index.
+fn overwritable(g: &Graph, v: NodeId) -> SmallVec<[NodeId; 4]> {
+    let writer = g.writer(v);
+    let node = g.node(writer);
+    match &node.op {
+        Op::Fused(k) => {
+            let output = match g.node(v).op {
+                Op::Result { index } => index,
+                _ => 0,
+            };
+            node.inputs
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| k.can_write_over(i, output))
+                .map(|(_, &x)| x)
+                .collect()
+        }
+        op if op.is_elementwise() => node.inputs.iter().copied().collect(),
+        _ => SmallVec::new(),
+    }
 }

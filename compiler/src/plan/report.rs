@@ -10,6 +10,32 @@ use std::fmt::Write;
 /// Version of the JSON document; bumped on any incompatible change.
 pub const REPORT_VERSION: u32 = 1;
 
+/// Which pass of the step a node belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl Phases {
+    /// The phase of each node of the step graph these ranges describe.
+    pub fn of_nodes(&self, n: usize) -> Vec<Phase> {
+        (0..n)
+            .map(|i| {
+                if self.forward.contains(&i) {
+                    Phase::Forward
+                } else if self.backward.contains(&i) {
+                    Phase::Backward
+                } else {
+                    Phase::Optimizer
+                }
+            })
+            .collect()
+    }
+}
+
 /// What a slab value is to the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -57,6 +83,8 @@ pub struct Report {
     pub version: u32,
     pub model: String,
     pub ops: usize,
+    /// Kernel launches per step: every node but leaves, views and fused kernels' extra results.
+    pub kernels: usize,
     pub schedule: String,
     pub total_bytes: usize,
     pub resident_bytes: usize,
@@ -78,11 +106,17 @@ pub struct Report {
     pub slab_buffers: usize,
 }
 
+/// True for nodes that run a kernel when the step executes.
+pub fn launches(g: &Graph, id: NodeId) -> bool {
+    let op = &g.node(id).op;
+    !(op.is_leaf() || op.is_alias() || matches!(op, Op::Result { .. }))
+}
+
 /// How many of the largest peak buffers a report lists.
 pub const PEAK_BUFFERS_LISTED: usize = 8;
 
 impl Report {
-    pub fn new(model: &str, g: &Graph, plan: &MemoryPlan, phases: Option<&Phases>) -> Report {
+    pub fn new(model: &str, g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> Report {
         let lv = &plan.liveness;
         let mut resident = ResidentBytes {
             parameters: 0,
@@ -101,16 +135,16 @@ impl Report {
         }
         // The schedule position after which no forward op runs.
         let forward_end = phases.map_or(0, |ph| {
-            ph.forward
-                .clone()
-                .map(|i| lv.position[i])
+            g.ids()
+                .filter(|id| ph[id.index()] == Phase::Forward && !g.node(*id).op.is_leaf())
+                .map(|id| lv.position[id.index()])
                 .max()
                 .unwrap_or(0)
         });
         let kind_of = |owner: NodeId, end: usize| -> BufferKind {
             match phases {
-                Some(ph) if ph.backward.contains(&owner.index()) => BufferKind::Gradient,
-                Some(ph) if ph.forward.contains(&owner.index()) => {
+                Some(ph) if ph[owner.index()] == Phase::Backward => BufferKind::Gradient,
+                Some(ph) if ph[owner.index()] == Phase::Forward => {
                     if end > forward_end + 1 {
                         BufferKind::SavedActivation
                     } else {
@@ -167,7 +201,7 @@ impl Report {
             .filter(|&id| {
                 let n = g.node(id);
                 !n.op.is_leaf()
-                    && !matches!(n.op, Op::Reshape)
+                    && !n.op.is_alias()
                     && lv.storages[lv.storage_of[id.index()]].owner != id
             })
             .count();
@@ -175,6 +209,7 @@ impl Report {
             version: REPORT_VERSION,
             model: model.to_string(),
             ops: g.len(),
+            kernels: g.ids().filter(|&id| launches(g, id)).count(),
             schedule: format!("{:?}", plan.strategy),
             total_bytes: plan.total_bytes,
             resident_bytes: plan.resident_bytes,
@@ -204,8 +239,8 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "memory plan for {} ({} ops, {} schedule)",
-            self.model, self.ops, self.schedule
+            "memory plan for {} ({} ops, {} kernels, {} schedule)",
+            self.model, self.ops, self.kernels, self.schedule
         );
         let row = |o: &mut String, k: &str, v: usize| {
             let _ = writeln!(o, "  {k:<34} {:>16}  {}", v, human(v));

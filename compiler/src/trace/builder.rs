@@ -278,7 +278,17 @@ impl Graph {
     }
 
     pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.push(Op::MatMul, &[a, b], None)
+        self.push(Op::MATMUL, &[a, b], None)
+    }
+
+    /// `matmul` reading `a` (`b`) with its last two axes swapped when `ta` (`tb`).
+    pub fn matmul_t(&mut self, a: NodeId, b: NodeId, ta: bool, tb: bool) -> Result<NodeId> {
+        self.push(Op::MatMul { ta, tb }, &[a, b], None)
+    }
+
+    /// The same value, with no gradient flowing back through it.
+    pub fn stop_gradient(&mut self, a: NodeId) -> Result<NodeId> {
+        self.push(Op::StopGradient, &[a], None)
     }
 
     pub fn gather(&mut self, table: NodeId, ids: NodeId) -> Result<NodeId> {

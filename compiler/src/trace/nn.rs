@@ -194,7 +194,7 @@ pub fn relu(g: &mut Graph, x: NodeId) -> Result<NodeId> {
 /// Softmax over the last axis: `exp(x − max) / Σ exp(x − max)`.
 pub fn softmax(g: &mut Graph, x: NodeId) -> Result<NodeId> {
     let ax = last_axis(g, x);
-    let m = g.max(x, &[ax])?;
+    let m = row_max_shift(g, x, ax)?;
     let z = g.sub(x, m)?;
     let e = g.exp(z)?;
     let s = g.sum(e, &[ax])?;
@@ -204,12 +204,20 @@ pub fn softmax(g: &mut Graph, x: NodeId) -> Result<NodeId> {
 /// Log-softmax over the last axis: `(x − max) − log Σ exp(x − max)`.
 pub fn log_softmax(g: &mut Graph, x: NodeId) -> Result<NodeId> {
     let ax = last_axis(g, x);
-    let m = g.max(x, &[ax])?;
+    let m = row_max_shift(g, x, ax)?;
     let z = g.sub(x, m)?;
     let e = g.exp(z)?;
     let s = g.sum(e, &[ax])?;
     let lse = g.log(s)?;
     g.sub(z, lse)
+}
+
+/// The max along `ax` that softmax subtracts for range. Softmax does not depend on the shift,
+/// so no gradient flows through it: without the stop, autodiff would emit the max's backward
+/// (a compare, a count, a division and a select per row) only to add up exactly zero.
+fn row_max_shift(g: &mut Graph, x: NodeId, ax: usize) -> Result<NodeId> {
+    let m = g.max(x, &[ax])?;
+    g.stop_gradient(m)
 }
 
 /// The value masked attention scores take: the dtype's most negative finite number.
@@ -308,7 +316,9 @@ pub fn softmax_cross_entropy(g: &mut Graph, logits: NodeId, targets: NodeId) -> 
     let hot = g.compare(CmpOp::Eq, classes, t)?;
     let zero = g.full(0.0, Shape::scalar(), lt.dtype)?;
     let picked = g.select(hot, lsm, zero)?;
-    let total = g.sum_all(picked)?;
+    // Each row's loss first (a row reduction, fusable with the log-softmax), then their sum.
+    let rows = g.sum(picked, &[1])?;
+    let total = g.sum_all(rows)?;
     g.mul_scalar(total, -1.0 / n as f64)
 }
 
@@ -455,7 +465,7 @@ mod tests {
         assert!(g
             .nodes()
             .iter()
-            .any(|n| matches!(n.op, Op::MatMul) && n.ty.shape == Shape::new(&[2, 3, 5, 5])));
+            .any(|n| matches!(n.op, Op::MatMul { .. }) && n.ty.shape == Shape::new(&[2, 3, 5, 5])));
         g.verify().unwrap();
     }
 

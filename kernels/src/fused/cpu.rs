@@ -1,1 +1,1634 @@
-//! Running a fused kernel on the host (placeholder until the implementation lands).
+//! Running a fused kernel on the host.
+//!
+//! [`run`] executes a [`FusedKernel`] over buffers that live in one byte arena (the step's memory
+//! slab): each input and output is a byte offset into it, and so is a scratch region of
+//! [`scratch_bytes`] bytes that the caller plans. A run allocates nothing on the heap (the
+//! kernel's analysis, its per-instruction lane buffers and its loop indices all live in the
+//! scratch region) and never panics: inconsistent arguments give a [`KernelError`].
+//! [`run_buffers`] is the allocating convenience for tests and reference interpreters.
+//!
+//! # Strategy
+//! Axes of size 1 are dropped (they change no index). The remaining axes split three ways:
+//! - **flat** (no reduce axis of size > 1): every instruction is evaluated over runs of up to
+//!   `L` consecutive domain elements (row-major), `L` between 16 and 256 lanes, one
+//!   instruction at a time into its own lane buffer, and every output is stored per run. A
+//!   reduction over axes of size 1 is its operand (as [`crate::cpu::reduce`] copies).
+//! - **rows** (the innermost axis is reduced: softmax, layer norm): for each row (index of the
+//!   kept axes) the kernel makes one pass over the row's reduced elements per reduction level,
+//!   in chunks of `L` along the trailing reduced axes. Pass `p` evaluates the full instructions
+//!   that reductions of level `p + 1` need (and, in the last pass, those the full outputs need,
+//!   which are stored then). Row-level instructions are evaluated once per row, between the
+//!   passes, and broadcast to the lanes that full instructions read. Full values a later pass
+//!   needs are recomputed there, never stored.
+//! - **columns** (the innermost axis is kept but some axis is reduced: a bias gradient summed
+//!   over the batch): the same passes, but the lanes run across `L` consecutive indices of the
+//!   trailing kept axes, so each pass walks the reduced indices with contiguous chunks and every
+//!   lane accumulates its own reduction. Row-level values are lane vectors here.
+//!
+//! Loads copy their chunk into the lane buffer: a straight copy where the access is contiguous
+//! along the chunk, a fill where it broadcasts, a gather otherwise (adjacent axes whose strides
+//! compose are merged per input, so a transposed or sliced input splits chunks only where its
+//! layout does).
+//!
+//! # Summation order
+//! Reductions fold in exactly the order [`crate::cpu::reduce`] uses for a tensor shaped like the
+//! domain, so a fused reduction gives the unfused op's bits: in the rows case, each contiguous
+//! run along the trailing reduced axes is folded into eight interleaved partials combined as
+//! `((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))`, and a row with several runs (a reduced axis before a
+//! kept one) folds the runs' results from the identity in row-major order; in the columns case
+//! every lane folds its terms one by one in row-major order from the identity. Max keeps the
+//! earlier of two equal values and ignores NaN terms (`x > acc`).
+//!
+//! # In place
+//! Within a chunk every instruction is evaluated (every load done) before any output is stored,
+//! and full outputs are stored in the last pass over a row, after every read of that row. An
+//! output whose memory is an input that [`FusedKernel::can_write_over`] allows is therefore
+//! read before it is overwritten, element by element, whatever other outputs do.
+
+use super::check::{checked_numel, code_dtype, operands};
+use super::{FusedKernel, Inst, KernelError};
+use crate::cpu::Scalar;
+use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+type R<T = ()> = Result<T, KernelError>;
+
+/// Alignment of every region carved from the scratch.
+const ALIGN: usize = 64;
+const MAX_LANES: usize = 1024;
+const MIN_LANES: usize = 16;
+/// Lanes × instructions to aim for.
+const LANE_BUDGET: usize = 8192;
+/// Bytes per lane in a lane buffer (the widest dtype).
+const WORD: usize = 8;
+/// Elements in a reduction's accumulator slot: eight partials, then the row's fold.
+const SLOT: usize = 16;
+
+// Instruction flags.
+const ROW: usize = 1;
+/// Evaluated per chunk in the passes (full; in the flat case, every instruction).
+const XFULL: usize = 2;
+const LIVE: usize = 4;
+/// A row-level value that full instructions read lane by lane (rows case).
+const BCAST: usize = 8;
+const OUT_FULL: usize = 16;
+/// Computed from constants only: evaluated once per run, on every lane.
+const CONST: usize = 32;
+
+// Axis flags.
+const AX_RED: usize = 1;
+const AX_T: usize = 2;
+
+/// Bytes of scratch that [`run`] needs for `k`, alignment slack included. Depends only on the
+/// numbers of instructions, reductions, axes and inputs; 0 if those overflow (then [`run`]
+/// refuses the kernel).
+pub fn scratch_bytes(k: &FusedKernel) -> usize {
+    Layout::of(k).map_or(0, |l| l.total)
+}
+
+/// Lanes per chunk: up to 1024, fewer for long bodies, so that the lane buffers of f32 values
+/// stay near 32 KiB (most of them are dead at any one time).
+fn lane_count(n: usize) -> usize {
+    ((LANE_BUDGET / n.max(1)) / 8 * 8).clamp(MIN_LANES, MAX_LANES)
+}
+
+/// Where things are in the scratch region.
+struct Layout {
+    /// Bound on the number of passes: reductions + 1.
+    pb: usize,
+    lanes: usize,
+    meta_bytes: usize,
+    buf_bytes: usize,
+    part_bytes: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn of(k: &FusedKernel) -> Option<Layout> {
+        let n = k.body.len();
+        let rank = k.domain.len();
+        let n_red = k
+            .body
+            .iter()
+            .filter(|i| matches!(i, Inst::Reduce { .. }))
+            .count();
+        let pb = n_red + 1;
+        let lanes = lane_count(n);
+        // In the order `Meta::carve` takes them.
+        let words = [
+            n.checked_mul(4)?,        // dt, flags, depth, mark
+            pb.checked_add(1)?,       // eval_start
+            pb.checked_mul(n)?,       // eval
+            pb.checked_add(1)?,       // acc_start
+            n,                        // acc
+            pb.checked_add(2)?,       // stage_start
+            n,                        // stage
+            rank.checked_mul(5)?,     // idx, axis, t, o, k axes
+            k.inputs.len().checked_mul(2)?, // blk, step
+        ]
+        .iter()
+        .try_fold(0usize, |a, &w| a.checked_add(w))?;
+        let meta_bytes = words.checked_mul(8)?.checked_add(ALIGN - 1)? / ALIGN * ALIGN;
+        let buf_bytes = n.checked_mul(lanes * WORD)?;
+        let part_bytes = n.checked_mul(SLOT * WORD)?;
+        let total = ALIGN
+            .checked_add(meta_bytes)?
+            .checked_add(buf_bytes)?
+            .checked_add(part_bytes)?;
+        Some(Layout {
+            pb,
+            lanes,
+            meta_bytes,
+            buf_bytes,
+            part_bytes,
+            total,
+        })
+    }
+}
+
+/// The kernel's analysis, in the scratch region.
+struct Meta<'a> {
+    dt: &'a mut [usize],
+    flags: &'a mut [usize],
+    depth: &'a mut [usize],
+    mark: &'a mut [usize],
+    eval_start: &'a mut [usize],
+    eval: &'a mut [usize],
+    acc_start: &'a mut [usize],
+    acc: &'a mut [usize],
+    stage_start: &'a mut [usize],
+    stage: &'a mut [usize],
+    idx: &'a mut [usize],
+    axis: &'a mut [usize],
+    t_axes: &'a mut [usize],
+    o_axes: &'a mut [usize],
+    k_axes: &'a mut [usize],
+    blk: &'a mut [usize],
+    step: &'a mut [usize],
+}
+
+fn take<'a, T>(s: &mut &'a mut [T], n: usize) -> R<&'a mut [T]> {
+    if n > s.len() {
+        return Err(KernelError::Internal("scratch layout"));
+    }
+    let (a, b) = std::mem::take(s).split_at_mut(n);
+    *s = b;
+    Ok(a)
+}
+
+impl<'a> Meta<'a> {
+    fn carve(mut w: &'a mut [usize], k: &FusedKernel, pb: usize) -> R<Meta<'a>> {
+        let (n, rank, ni) = (k.body.len(), k.domain.len(), k.inputs.len());
+        let w = &mut w;
+        Ok(Meta {
+            dt: take(w, n)?,
+            flags: take(w, n)?,
+            depth: take(w, n)?,
+            mark: take(w, n)?,
+            eval_start: take(w, pb + 1)?,
+            eval: take(w, pb * n)?,
+            acc_start: take(w, pb + 1)?,
+            acc: take(w, n)?,
+            stage_start: take(w, pb + 2)?,
+            stage: take(w, n)?,
+            idx: take(w, rank)?,
+            axis: take(w, rank)?,
+            t_axes: take(w, rank)?,
+            o_axes: take(w, rank)?,
+            k_axes: take(w, rank)?,
+            blk: take(w, ni)?,
+            step: take(w, ni)?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Case {
+    Flat,
+    Rows,
+    Columns,
+}
+
+/// What the analysis found besides the tables.
+struct Info {
+    case: Case,
+    passes: usize,
+    n_t: usize,
+    nt: usize,
+    no: usize,
+    nk: usize,
+}
+
+/// Classifies axes and instructions and builds the per-pass instruction lists. `m.dt` must hold
+/// the dtypes from a successful check.
+fn analyze(k: &FusedKernel, m: &mut Meta<'_>, pb: usize) -> R<Info> {
+    let n = k.body.len();
+    let rank = k.domain.len();
+    let dims = &k.domain;
+
+    // Axes.
+    m.axis.fill(0);
+    for &a in &k.reduce_axes {
+        m.axis[a] |= AX_RED;
+    }
+    let eff = |d: usize| dims[d] != 1;
+    let red = |m: &Meta<'_>, d: usize| m.axis[d] & AX_RED != 0;
+    let case = if !k.reduce_axes.iter().any(|&a| eff(a)) {
+        Case::Flat
+    } else {
+        match (0..rank).rev().find(|&d| eff(d)) {
+            Some(d) if red(m, d) => Case::Rows,
+            _ => Case::Columns,
+        }
+    };
+    let mut t_first = rank;
+    for d in (0..rank).rev() {
+        if !eff(d) {
+            continue;
+        }
+        let inside = match case {
+            Case::Flat => true,
+            Case::Rows => red(m, d),
+            Case::Columns => !red(m, d),
+        };
+        if !inside {
+            break;
+        }
+        t_first = d;
+    }
+    let (mut nt, mut no, mut nk) = (0, 0, 0);
+    let mut n_t = 1usize;
+    for d in 0..rank {
+        if !eff(d) {
+            continue;
+        }
+        if d >= t_first {
+            m.axis[d] |= AX_T;
+            m.t_axes[nt] = d;
+            nt += 1;
+            n_t = n_t.saturating_mul(dims[d]);
+        } else if red(m, d) {
+            m.o_axes[no] = d;
+            no += 1;
+        } else {
+            m.k_axes[nk] = d;
+            nk += 1;
+        }
+    }
+    // Per input: how many consecutive chunk positions one stride covers.
+    for (i, inp) in k.inputs.iter().enumerate() {
+        let s = &inp.access.strides;
+        if nt == 0 {
+            m.blk[i] = 1;
+            m.step[i] = 0;
+            continue;
+        }
+        let last = m.t_axes[nt - 1];
+        let mut blk = dims[last].max(1);
+        for q in (0..nt - 1).rev() {
+            let (a, b) = (m.t_axes[q], m.t_axes[q + 1]);
+            if s[b].checked_mul(dims[b]) == Some(s[a]) {
+                blk = blk.saturating_mul(dims[a]);
+            } else {
+                break;
+            }
+        }
+        m.blk[i] = blk;
+        m.step[i] = s[last];
+    }
+
+    // Instructions: level, liveness, depth.
+    for i in 0..n {
+        let flags = &*m.flags;
+        let row = k.row_level_with(&k.body[i], |j| flags[j] & ROW != 0);
+        let xfull = case == Case::Flat || !row;
+        let (ops, c) = operands(&k.body[i]);
+        let constant = match k.body[i] {
+            Inst::Const { .. } => true,
+            Inst::Load { .. } | Inst::Index { .. } | Inst::Reduce { .. } => false,
+            _ => ops[..c].iter().all(|&o| flags[o] & CONST != 0),
+        };
+        m.flags[i] = if row { ROW } else { 0 }
+            | if xfull { XFULL } else { 0 }
+            | if constant { CONST } else { 0 };
+    }
+    for out in &k.outputs {
+        let v = out.value;
+        m.flags[v] |= LIVE;
+        if m.flags[v] & XFULL != 0 {
+            m.flags[v] |= OUT_FULL;
+        }
+    }
+    for i in (0..n).rev() {
+        if m.flags[i] & LIVE != 0 {
+            let (ops, c) = operands(&k.body[i]);
+            for &o in &ops[..c] {
+                m.flags[o] |= LIVE;
+            }
+        }
+    }
+    for i in 0..n {
+        let (ops, c) = operands(&k.body[i]);
+        let d = ops[..c].iter().map(|&o| m.depth[o]).max().unwrap_or(0);
+        m.depth[i] = match k.body[i] {
+            Inst::Reduce { .. } if case != Case::Flat => d + 1,
+            _ => d,
+        };
+    }
+    let mut passes = 0;
+    if case == Case::Flat {
+        passes = usize::from(!k.outputs.is_empty());
+    } else {
+        for i in 0..n {
+            let f = m.flags[i];
+            if f & LIVE == 0 {
+                continue;
+            }
+            if matches!(k.body[i], Inst::Reduce { .. }) {
+                passes = passes.max(m.depth[i]);
+            }
+            if f & OUT_FULL != 0 {
+                passes = passes.max(m.depth[i] + 1);
+            }
+        }
+    }
+    if passes > pb {
+        return Err(KernelError::Internal("more passes than planned"));
+    }
+
+    // Pass p evaluates the full instructions that the reductions of level p + 1 (and, in the
+    // last pass, the full outputs) need, in body order.
+    m.mark.fill(0);
+    let mut c = 0;
+    m.eval_start[0] = 0;
+    for p in 0..passes {
+        let begin = c;
+        for i in (0..n).rev() {
+            let f = m.flags[i];
+            if f & LIVE == 0 {
+                continue;
+            }
+            if let Inst::Reduce { x, .. } = k.body[i] {
+                if case != Case::Flat && m.depth[i] == p + 1 && m.flags[x] & XFULL != 0 {
+                    m.mark[x] = p + 1;
+                }
+            }
+            let need = case == Case::Flat
+                || m.mark[i] == p + 1
+                || (p + 1 == passes && f & OUT_FULL != 0);
+            if need && f & XFULL != 0 && f & CONST == 0 {
+                m.eval[c] = i;
+                c += 1;
+                let (ops, nops) = operands(&k.body[i]);
+                for &o in &ops[..nops] {
+                    if m.flags[o] & XFULL != 0 {
+                        m.mark[o] = p + 1;
+                    }
+                }
+            }
+        }
+        m.eval[begin..c].reverse();
+        m.eval_start[p + 1] = c;
+    }
+    // The reductions that accumulate in pass p.
+    c = 0;
+    m.acc_start[0] = 0;
+    for p in 0..passes {
+        if case != Case::Flat {
+            for i in 0..n {
+                if m.flags[i] & LIVE != 0
+                    && matches!(k.body[i], Inst::Reduce { .. })
+                    && m.depth[i] == p + 1
+                {
+                    m.acc[c] = i;
+                    c += 1;
+                }
+            }
+        }
+        m.acc_start[p + 1] = c;
+    }
+    // Row-level instructions of depth s are evaluated before pass s (after the last, for s =
+    // passes); a reduction of depth s is finished there.
+    c = 0;
+    m.stage_start[0] = 0;
+    let mut row_live = 0;
+    for i in 0..n {
+        if m.flags[i] & (LIVE | XFULL | CONST) == LIVE {
+            row_live += 1;
+        }
+    }
+    for s in 0..=passes {
+        for i in 0..n {
+            if m.flags[i] & (LIVE | XFULL | CONST) == LIVE && m.depth[i] == s {
+                m.stage[c] = i;
+                c += 1;
+            }
+        }
+        m.stage_start[s + 1] = c;
+    }
+    if c != row_live {
+        return Err(KernelError::Internal("a row-level value outside every stage"));
+    }
+    if case == Case::Rows {
+        for i in 0..n {
+            let f = m.flags[i];
+            if f & LIVE == 0 {
+                continue;
+            }
+            let (ops, nops) = operands(&k.body[i]);
+            let reads_lanes = f & XFULL != 0 || matches!(k.body[i], Inst::Reduce { .. });
+            if reads_lanes {
+                for &o in &ops[..nops] {
+                    if m.flags[o] & XFULL == 0 {
+                        m.flags[o] |= BCAST;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Info {
+        case,
+        passes,
+        n_t,
+        nt,
+        no,
+        nk,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types.
+
+/// Plain data that a lane buffer's bytes can be viewed as.
+trait Pod: Copy + FromBytes + IntoBytes + Immutable + KnownLayout + 'static {}
+impl<T: Copy + FromBytes + IntoBytes + Immutable + KnownLayout + 'static> Pod for T {}
+
+/// A value in a lane buffer: f32, f64, i32, i64, or u8 for bool.
+trait Elem: Pod + PartialOrd {
+    fn to_f32(self) -> f32;
+    fn to_f64(self) -> f64;
+    fn to_i32(self) -> i32;
+    fn to_i64(self) -> i64;
+    /// Nonzero (NaN included) is true.
+    fn to_bool(self) -> u8;
+    fn from_usize(v: usize) -> Self;
+}
+
+macro_rules! num_elem {
+    ($t:ty, $zero:expr) => {
+        #[allow(clippy::unnecessary_cast)]
+        impl Elem for $t {
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                self as f32
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn to_i32(self) -> i32 {
+                self as i32
+            }
+            #[inline(always)]
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            #[inline(always)]
+            fn to_bool(self) -> u8 {
+                (self != $zero) as u8
+            }
+            #[inline(always)]
+            fn from_usize(v: usize) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+num_elem!(f32, 0.0);
+num_elem!(f64, 0.0);
+num_elem!(i32, 0);
+num_elem!(i64, 0);
+
+impl Elem for u8 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        (self != 0) as u8 as f32
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        (self != 0) as u8 as f64
+    }
+    #[inline(always)]
+    fn to_i32(self) -> i32 {
+        (self != 0) as i32
+    }
+    #[inline(always)]
+    fn to_i64(self) -> i64 {
+        (self != 0) as i64
+    }
+    #[inline(always)]
+    fn to_bool(self) -> u8 {
+        (self != 0) as u8
+    }
+    #[inline(always)]
+    fn from_usize(v: usize) -> Self {
+        (v != 0) as u8
+    }
+}
+
+/// The arithmetic of the numeric dtypes (integers wrap).
+trait Num: Elem + Scalar {
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    fn neg(self) -> Self;
+}
+
+trait Float: Num {
+    fn div(self, o: Self) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn tanh(self) -> Self;
+    fn recip(self) -> Self;
+}
+
+macro_rules! float {
+    ($t:ty) => {
+        impl Num for $t {
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                <$t>::min(self, o)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                -self
+            }
+        }
+        impl Float for $t {
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            #[inline(always)]
+            fn recip(self) -> Self {
+                1.0 / self
+            }
+        }
+    };
+}
+float!(f32);
+float!(f64);
+
+macro_rules! int {
+    ($t:ty) => {
+        impl Num for $t {
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                Ord::min(self, o)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                self.wrapping_neg()
+            }
+        }
+    };
+}
+int!(i32);
+int!(i64);
+
+/// `max` as reductions compute it (see [`crate::cpu::reduce`]): `x` replaces `acc` only when
+/// strictly greater.
+#[inline(always)]
+fn keep_max<T: PartialOrd>(acc: T, x: T) -> T {
+    if x > acc {
+        x
+    } else {
+        acc
+    }
+}
+
+fn typed<T: Pod>(b: &[u8]) -> R<&[T]> {
+    <[T]>::ref_from_bytes(b).map_err(|_| KernelError::Internal("lane buffer misaligned"))
+}
+
+fn typed_mut<T: Pod>(b: &mut [u8]) -> R<&mut [T]> {
+    <[T]>::mut_from_bytes(b).map_err(|_| KernelError::Internal("lane buffer misaligned"))
+}
+
+fn sub<T>(b: &[T], start: usize, len: usize) -> R<&[T]> {
+    start
+        .checked_add(len)
+        .and_then(|end| b.get(start..end))
+        .ok_or(KernelError::Internal("range outside a buffer"))
+}
+
+fn sub_mut<T>(b: &mut [T], start: usize, len: usize) -> R<&mut [T]> {
+    start
+        .checked_add(len)
+        .and_then(|end| b.get_mut(start..end))
+        .ok_or(KernelError::Internal("range outside a buffer"))
+}
+
+#[inline(always)]
+fn map<A: Copy, O>(a: &[A], o: &mut [O], f: impl Fn(A) -> O) {
+    for (o, &a) in o.iter_mut().zip(a) {
+        *o = f(a);
+    }
+}
+
+#[inline(always)]
+fn map2<A: Copy, B: Copy, O>(a: &[A], b: &[B], o: &mut [O], f: impl Fn(A, B) -> O) {
+    for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+        *o = f(a, b);
+    }
+}
+
+/// Calls `$f::<T>(args)` with `T` the numeric Rust type of a dtype code; bool is an internal
+/// error (the check rejects it).
+macro_rules! by_num {
+    ($dt:expr, $f:ident($($arg:expr),*)) => {
+        match $dt {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::Bool => Err(KernelError::Internal("numeric op on bool")),
+        }
+    };
+}
+
+macro_rules! by_elem {
+    ($dt:expr, $f:ident($($arg:expr),*)) => {
+        match $dt {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::Bool => $f::<u8>($($arg),*),
+        }
+    };
+}
+
+fn unary<T: Num>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
+    let (a, o) = (typed::<T>(a)?, typed_mut::<T>(o)?);
+    match op {
+        UnaryOp::Neg => map(a, o, T::neg),
+        _ => return Err(KernelError::Internal("float op on an integer")),
+    }
+    Ok(())
+}
+
+fn unary_float<T: Float>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
+    let (a, o) = (typed::<T>(a)?, typed_mut::<T>(o)?);
+    match op {
+        UnaryOp::Neg => map(a, o, T::neg),
+        UnaryOp::Exp => map(a, o, T::exp),
+        UnaryOp::Log => map(a, o, T::ln),
+        UnaryOp::Sqrt => map(a, o, T::sqrt),
+        UnaryOp::Tanh => map(a, o, T::tanh),
+        UnaryOp::Recip => map(a, o, T::recip),
+    }
+    Ok(())
+}
+
+fn binary<T: Num>(op: BinaryOp, a: &[u8], b: &[u8], o: &mut [u8]) -> R {
+    let (a, b, o) = (typed::<T>(a)?, typed::<T>(b)?, typed_mut::<T>(o)?);
+    match op {
+        BinaryOp::Add => map2(a, b, o, T::add),
+        BinaryOp::Sub => map2(a, b, o, T::sub),
+        BinaryOp::Mul => map2(a, b, o, T::mul),
+        BinaryOp::Max => map2(a, b, o, <T as Scalar>::max),
+        BinaryOp::Min => map2(a, b, o, T::min),
+        BinaryOp::Div => return Err(KernelError::Internal("div on an integer")),
+    }
+    Ok(())
+}
+
+fn binary_float<T: Float>(op: BinaryOp, a: &[u8], b: &[u8], o: &mut [u8]) -> R {
+    if op == BinaryOp::Div {
+        let (a, b, o) = (typed::<T>(a)?, typed::<T>(b)?, typed_mut::<T>(o)?);
+        map2(a, b, o, T::div);
+        return Ok(());
+    }
+    binary::<T>(op, a, b, o)
+}
+
+fn compare<T: Elem>(op: CmpOp, a: &[u8], b: &[u8], o: &mut [u8]) -> R {
+    let (a, b) = (typed::<T>(a)?, typed::<T>(b)?);
+    match op {
+        CmpOp::Lt => map2(a, b, o, |x, y| (x < y) as u8),
+        CmpOp::Le => map2(a, b, o, |x, y| (x <= y) as u8),
+        CmpOp::Gt => map2(a, b, o, |x, y| (x > y) as u8),
+        CmpOp::Ge => map2(a, b, o, |x, y| (x >= y) as u8),
+        CmpOp::Eq => map2(a, b, o, |x, y| (x == y) as u8),
+        CmpOp::Ne => map2(a, b, o, |x, y| (x != y) as u8),
+    }
+    Ok(())
+}
+
+/// `select` moves bit patterns, so it works on unsigned integers of the dtype's size.
+fn select<T: Pod>(c: &[u8], a: &[u8], b: &[u8], o: &mut [u8]) -> R {
+    let (a, b, o) = (typed::<T>(a)?, typed::<T>(b)?, typed_mut::<T>(o)?);
+    for (((o, &c), &a), &b) in o.iter_mut().zip(c).zip(a).zip(b) {
+        *o = if c != 0 { a } else { b };
+    }
+    Ok(())
+}
+
+fn convert<A: Elem>(to: DType, a: &[u8], o: &mut [u8]) -> R {
+    let a = typed::<A>(a)?;
+    match to {
+        DType::F32 => map(a, typed_mut::<f32>(o)?, A::to_f32),
+        DType::F64 => map(a, typed_mut::<f64>(o)?, A::to_f64),
+        DType::I32 => map(a, typed_mut::<i32>(o)?, A::to_i32),
+        DType::I64 => map(a, typed_mut::<i64>(o)?, A::to_i64),
+        DType::Bool => map(a, o, A::to_bool),
+    }
+    Ok(())
+}
+
+fn fill_const(dt: DType, value: f64, o: &mut [u8]) -> R {
+    match dt {
+        DType::F32 => typed_mut::<f32>(o)?.fill(value.to_f32()),
+        DType::F64 => typed_mut::<f64>(o)?.fill(value),
+        DType::I32 => typed_mut::<i32>(o)?.fill(value.to_i32()),
+        DType::I64 => typed_mut::<i64>(o)?.fill(value.to_i64()),
+        DType::Bool => o.fill(value.to_bool()),
+    }
+    Ok(())
+}
+
+/// Fills `o` with copies of the element `e` (1, 4 or 8 bytes).
+fn fill_bytes(e: &[u8], o: &mut [u8]) -> R {
+    match *e {
+        [b] => o.fill(b),
+        [a, b, c, d] => typed_mut::<u32>(o)?.fill(u32::from_ne_bytes([a, b, c, d])),
+        [a, b, c, d, e, f, g, h] => {
+            typed_mut::<u64>(o)?.fill(u64::from_ne_bytes([a, b, c, d, e, f, g, h]))
+        }
+        _ => return Err(KernelError::Internal("element size")),
+    }
+    Ok(())
+}
+
+/// Copies `seg` elements of `sz` bytes from `src`, starting at element `start`, `step` elements
+/// apart, into `out`.
+fn gather(src: &[u8], sz: usize, start: usize, step: usize, seg: usize, out: &mut [u8]) -> R {
+    if seg == 0 {
+        return Ok(());
+    }
+    let oob = KernelError::Internal("load outside its input");
+    let last = step
+        .checked_mul(seg - 1)
+        .and_then(|x| x.checked_add(start))
+        .ok_or(oob.clone())?;
+    let end = last
+        .checked_add(1)
+        .and_then(|x| x.checked_mul(sz))
+        .ok_or(oob.clone())?;
+    if end > src.len() || out.len() != seg * sz {
+        return Err(oob);
+    }
+    match (step, sz) {
+        (1, _) => out.copy_from_slice(&src[start * sz..end]),
+        (0, _) => fill_bytes(&src[start * sz..end], out)?,
+        (_, 1) => {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = src[start + j * step];
+            }
+        }
+        (_, 4) => {
+            let o = typed_mut::<u32>(out)?;
+            for (j, o) in o.iter_mut().enumerate() {
+                let at = (start + j * step) * 4;
+                let mut b = [0u8; 4];
+                b.copy_from_slice(&src[at..at + 4]);
+                *o = u32::from_ne_bytes(b);
+            }
+        }
+        (_, 8) => {
+            let o = typed_mut::<u64>(out)?;
+            for (j, o) in o.iter_mut().enumerate() {
+                let at = (start + j * step) * 8;
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&src[at..at + 8]);
+                *o = u64::from_ne_bytes(b);
+            }
+        }
+        _ => return Err(KernelError::Internal("element size")),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Execution.
+
+/// The analysed kernel and where its buffers are.
+struct Plan<'a> {
+    k: &'a FusedKernel,
+    dt: &'a [usize],
+    flags: &'a [usize],
+    eval_start: &'a [usize],
+    eval: &'a [usize],
+    acc_start: &'a [usize],
+    acc: &'a [usize],
+    stage_start: &'a [usize],
+    stage: &'a [usize],
+    axis: &'a [usize],
+    t_axes: &'a [usize],
+    o_axes: &'a [usize],
+    k_axes: &'a [usize],
+    blk: &'a [usize],
+    step: &'a [usize],
+    case: Case,
+    passes: usize,
+    n_t: usize,
+    lanes: usize,
+    /// Bytes between consecutive lane buffers.
+    stride: usize,
+    numel: usize,
+    rows: usize,
+    inputs: &'a [usize],
+    outputs: &'a [usize],
+    /// The scratch region's byte range in the arena.
+    s0: usize,
+    s1: usize,
+}
+
+/// What a run writes: the loop index, lane buffers, reduction slots, and the arena around the
+/// scratch.
+struct State<'a> {
+    idx: &'a mut [usize],
+    bufs: &'a mut [u8],
+    parts: &'a mut [u8],
+    lo: &'a mut [u8],
+    hi: &'a mut [u8],
+}
+
+fn list<'a>(start: &[usize], items: &'a [usize], p: usize) -> &'a [usize] {
+    match (start.get(p), start.get(p + 1)) {
+        (Some(&a), Some(&b)) => items.get(a..b).unwrap_or(&[]),
+        _ => &[],
+    }
+}
+
+/// The bytes `[a, a + bytes)` of the arena, outside the scratch region.
+fn region<'m>(lo: &'m [u8], hi: &'m [u8], s0: usize, s1: usize, a: usize, bytes: usize) -> R<&'m [u8]> {
+    if bytes == 0 {
+        return Ok(&[]);
+    }
+    let b = a.checked_add(bytes).ok_or(KernelError::Internal("buffer range"))?;
+    if b <= s0 {
+        sub(lo, a, bytes)
+    } else if a >= s1 {
+        sub(hi, a - s1, bytes)
+    } else {
+        Err(KernelError::Internal("buffer inside the scratch region"))
+    }
+}
+
+fn region_mut<'m>(
+    lo: &'m mut [u8],
+    hi: &'m mut [u8],
+    s0: usize,
+    s1: usize,
+    a: usize,
+    bytes: usize,
+) -> R<&'m mut [u8]> {
+    if bytes == 0 {
+        return Ok(&mut []);
+    }
+    let b = a.checked_add(bytes).ok_or(KernelError::Internal("buffer range"))?;
+    if b <= s0 {
+        sub_mut(lo, a, bytes)
+    } else if a >= s1 {
+        sub_mut(hi, a - s1, bytes)
+    } else {
+        Err(KernelError::Internal("buffer inside the scratch region"))
+    }
+}
+
+impl Plan<'_> {
+    fn dtype(&self, i: usize) -> DType {
+        code_dtype(self.dt[i])
+    }
+
+    /// Sets the chunk axes of `idx` to chunk position `p0`.
+    fn set_t(&self, idx: &mut [usize], mut p: usize) {
+        for &a in self.t_axes.iter().rev() {
+            let d = self.k.domain[a].max(1);
+            idx[a] = p % d;
+            p /= d;
+        }
+    }
+
+    /// Row-major position of `idx` in the domain.
+    fn ravel(&self, idx: &[usize]) -> usize {
+        idx.iter()
+            .zip(&self.k.domain)
+            .fold(0usize, |acc, (&i, &d)| acc.wrapping_mul(d).wrapping_add(i))
+    }
+
+    /// Row-major position of `idx` among the rows (reduce axes taken as size 1).
+    fn ravel_row(&self, idx: &[usize]) -> usize {
+        let mut acc = 0usize;
+        for (d, (&i, &n)) in idx.iter().zip(&self.k.domain).enumerate() {
+            if self.axis[d] & AX_RED == 0 {
+                acc = acc.wrapping_mul(n).wrapping_add(i);
+            }
+        }
+        acc
+    }
+
+    /// Loads `len` elements of input `n` at chunk position `p0` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn load(&self, idx: &[usize], lo: &[u8], hi: &[u8], n: usize, len: usize, p0: usize, out: &mut [u8]) -> R {
+        let inp = &self.k.inputs[n];
+        let sz = inp.dtype.size();
+        let src = region(lo, hi, self.s0, self.s1, self.inputs[n], inp.len * sz)?;
+        let strides = &inp.access.strides;
+        let mut base = inp.access.offset;
+        for (d, (&s, &i)) in strides.iter().zip(idx.iter()).enumerate() {
+            if self.axis[d] & AX_T == 0 {
+                base = base.wrapping_add(s.wrapping_mul(i));
+            }
+        }
+        let (blk, step) = (self.blk[n].max(1), self.step[n]);
+        let (mut p, mut done) = (p0, 0);
+        while done < len {
+            let seg = (len - done).min(blk - p % blk);
+            let mut start = base;
+            let mut q = p;
+            for &a in self.t_axes.iter().rev() {
+                let d = self.k.domain[a].max(1);
+                start = start.wrapping_add(strides[a].wrapping_mul(q % d));
+                q /= d;
+            }
+            gather(src, sz, start, step, seg, sub_mut(out, done * sz, seg * sz)?)?;
+            p += seg;
+            done += seg;
+        }
+        Ok(())
+    }
+
+    /// The index along `axis` at `len` chunk positions from `p0`.
+    fn index<T: Elem>(&self, idx: &[usize], axis: usize, len: usize, p0: usize, o: &mut [u8]) -> R {
+        let o = typed_mut::<T>(o)?;
+        if self.axis[axis] & AX_T == 0 {
+            o.fill(T::from_usize(idx[axis]));
+            return Ok(());
+        }
+        let mut inner = 1usize;
+        for &a in self.t_axes.iter().rev() {
+            if a == axis {
+                break;
+            }
+            inner = inner.saturating_mul(self.k.domain[a]);
+        }
+        let d = self.k.domain[axis].max(1);
+        let inner = inner.max(1);
+        let (mut v, mut c) = ((p0 / inner) % d, p0 % inner);
+        for o in o.iter_mut().take(len) {
+            *o = T::from_usize(v);
+            c += 1;
+            if c == inner {
+                c = 0;
+                v += 1;
+                if v == d {
+                    v = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluates instruction `i` at `len` chunk positions from `p0` into its lane buffer.
+    fn eval(&self, st: &mut State<'_>, i: usize, len: usize, p0: usize) -> R {
+        let dt = self.dtype(i);
+        let sz = dt.size();
+        let at = i * self.stride;
+        if at > st.bufs.len() {
+            return Err(KernelError::Internal("lane buffer"));
+        }
+        let (before, rest) = st.bufs.split_at_mut(at);
+        let before: &[u8] = before;
+        let out = sub_mut(rest, 0, len * sz)?;
+        let stride = self.stride;
+        let arg = |j: usize| sub(before, j * stride, len * self.dtype(j).size());
+        match self.k.body[i] {
+            Inst::Load { input } => self.load(st.idx, st.lo, st.hi, input, len, p0, out),
+            Inst::Const { value, .. } => fill_const(dt, value, out),
+            Inst::Index { axis, .. } => by_elem!(dt, index_into(self, st.idx, axis, len, p0, out)),
+            Inst::Unary { op, x } => {
+                let a = arg(x)?;
+                match dt {
+                    DType::F32 => unary_float::<f32>(op, a, out),
+                    DType::F64 => unary_float::<f64>(op, a, out),
+                    DType::I32 => unary::<i32>(op, a, out),
+                    DType::I64 => unary::<i64>(op, a, out),
+                    DType::Bool => Err(KernelError::Internal("unary op on bool")),
+                }
+            }
+            Inst::Binary { op, a, b } => {
+                let (a, b) = (arg(a)?, arg(b)?);
+                match dt {
+                    DType::F32 => binary_float::<f32>(op, a, b, out),
+                    DType::F64 => binary_float::<f64>(op, a, b, out),
+                    DType::I32 => binary::<i32>(op, a, b, out),
+                    DType::I64 => binary::<i64>(op, a, b, out),
+                    DType::Bool => Err(KernelError::Internal("binary op on bool")),
+                }
+            }
+            Inst::Compare { op, a, b } => {
+                let t = self.dtype(a);
+                let (a, b) = (arg(a)?, arg(b)?);
+                by_elem!(t, compare(op, a, b, out))
+            }
+            Inst::Select { cond, a, b } => {
+                let (c, a, b) = (arg(cond)?, arg(a)?, arg(b)?);
+                match sz {
+                    1 => select::<u8>(c, a, b, out),
+                    4 => select::<u32>(c, a, b, out),
+                    _ => select::<u64>(c, a, b, out),
+                }
+            }
+            Inst::Convert { x, to } => {
+                let from = self.dtype(x);
+                let a = arg(x)?;
+                by_elem!(from, convert(to, a, out))
+            }
+            Inst::Reduce { x, .. } => {
+                if self.case != Case::Flat {
+                    return Err(KernelError::Internal("reduction evaluated in a pass"));
+                }
+                // Every reduce axis has size 1: the reduction is its operand.
+                out.copy_from_slice(arg(x)?);
+                Ok(())
+            }
+        }
+    }
+
+    fn eval_pass(&self, st: &mut State<'_>, p: usize, len: usize, p0: usize) -> R {
+        for &i in list(self.eval_start, self.eval, p) {
+            self.eval(st, i, len, p0)?;
+        }
+        Ok(())
+    }
+
+    /// Row-level instructions of stage `s` at `len` positions; in the rows case, finishes the
+    /// stage's reductions and broadcasts values to `w` lanes.
+    fn stage(&self, st: &mut State<'_>, s: usize, len: usize, p0: usize, w: usize) -> R {
+        for &i in list(self.stage_start, self.stage, s) {
+            let sz = self.dtype(i).size();
+            if let Inst::Reduce { .. } = self.k.body[i] {
+                if self.case == Case::Rows {
+                    let v = sub(st.parts, i * SLOT * WORD + 8 * sz, sz)?;
+                    sub_mut(st.bufs, i * self.stride, sz)?.copy_from_slice(v);
+                }
+            } else {
+                self.eval(st, i, len, p0)?;
+            }
+            if self.case == Case::Rows && self.flags[i] & BCAST != 0 && w > 1 {
+                let b = sub_mut(st.bufs, i * self.stride, w * sz)?;
+                let (first, rest) = b.split_at_mut(sz);
+                fill_bytes(first, rest)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduction slots (rows case): `what` 0 starts a pass (row fold = identity), 1 starts a run
+    /// (partials = identity), 2 finishes a run.
+    fn slots(&self, st: &mut State<'_>, p: usize, what: u8, multi: bool) -> R {
+        for &r in list(self.acc_start, self.acc, p) {
+            let Inst::Reduce { op, .. } = self.k.body[r] else {
+                return Err(KernelError::Internal("not a reduction"));
+            };
+            let dt = self.dtype(r);
+            let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * dt.size())?;
+            by_num!(dt, slot_op(op, slot, what, multi))?;
+        }
+        Ok(())
+    }
+
+    /// Accumulates the pass's reductions over the chunk's `len` lanes.
+    fn accumulate(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
+        for &r in list(self.acc_start, self.acc, p) {
+            let Inst::Reduce { op, x } = self.k.body[r] else {
+                return Err(KernelError::Internal("not a reduction"));
+            };
+            let dt = self.dtype(r);
+            let sz = dt.size();
+            if self.case == Case::Rows {
+                let xs = sub(st.bufs, x * self.stride, len * sz)?;
+                let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * sz)?;
+                by_num!(dt, acc_run(op, xs, slot))?;
+            } else {
+                let at = r * self.stride;
+                if at > st.bufs.len() {
+                    return Err(KernelError::Internal("lane buffer"));
+                }
+                let (before, rest) = st.bufs.split_at_mut(at);
+                let xs = sub(before, x * self.stride, len * sz)?;
+                let acc = sub_mut(rest, 0, len * sz)?;
+                by_num!(dt, acc_lanes(op, xs, acc))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Columns case: the pass's reductions start at the identity on `len` lanes.
+    fn init_lanes(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
+        for &r in list(self.acc_start, self.acc, p) {
+            let Inst::Reduce { op, .. } = self.k.body[r] else {
+                return Err(KernelError::Internal("not a reduction"));
+            };
+            let dt = self.dtype(r);
+            let b = sub_mut(st.bufs, r * self.stride, len * dt.size())?;
+            by_num!(dt, fill_identity(op, b))?;
+        }
+        Ok(())
+    }
+
+    /// Stores `len` lanes of every output for which `full` matches, at element `elem`.
+    fn store(&self, st: &mut State<'_>, full: bool, elem: usize, len: usize) -> R {
+        for (j, out) in self.k.outputs.iter().enumerate() {
+            let v = out.value;
+            let is_full = self.flags[v] & XFULL != 0;
+            if is_full != full {
+                continue;
+            }
+            let sz = self.dtype(v).size();
+            let n = if self.flags[v] & ROW != 0 { self.rows } else { self.numel };
+            let src = sub(st.bufs, v * self.stride, len * sz)?;
+            let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * sz)?;
+            sub_mut(dst, elem * sz, len * sz)?.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn run_flat(&self, st: &mut State<'_>) -> R {
+        let mut p0 = 0;
+        while p0 < self.n_t {
+            let len = self.lanes.min(self.n_t - p0);
+            self.eval_pass(st, 0, len, p0)?;
+            self.store(st, true, p0, len)?;
+            p0 += len;
+        }
+        Ok(())
+    }
+
+    fn run_rows(&self, st: &mut State<'_>) -> R {
+        let dims = &self.k.domain;
+        if self.k_axes.iter().any(|&a| dims[a] == 0) {
+            return Ok(());
+        }
+        let o_empty = self.o_axes.iter().any(|&a| dims[a] == 0);
+        let multi = !self.o_axes.is_empty();
+        let w = self.lanes.min(self.n_t);
+        st.idx.fill(0);
+        loop {
+            self.stage(st, 0, 1, 0, w)?;
+            for p in 0..self.passes {
+                let last = p + 1 == self.passes;
+                self.slots(st, p, 0, multi)?;
+                if !o_empty {
+                    for &a in self.o_axes {
+                        st.idx[a] = 0;
+                    }
+                    loop {
+                        self.slots(st, p, 1, multi)?;
+                        let mut p0 = 0;
+                        while p0 < self.n_t {
+                            let len = self.lanes.min(self.n_t - p0);
+                            self.set_t(st.idx, p0);
+                            self.eval_pass(st, p, len, p0)?;
+                            self.accumulate(st, p, len)?;
+                            if last {
+                                let e = self.ravel(st.idx);
+                                self.store(st, true, e, len)?;
+                            }
+                            p0 += len;
+                        }
+                        self.slots(st, p, 2, multi)?;
+                        if !next(st.idx, self.o_axes, dims) {
+                            break;
+                        }
+                    }
+                }
+                self.stage(st, p + 1, 1, 0, w)?;
+            }
+            let e = self.ravel_row(st.idx);
+            self.store(st, false, e, 1)?;
+            if !next(st.idx, self.k_axes, dims) {
+                return Ok(());
+            }
+        }
+    }
+
+    fn run_columns(&self, st: &mut State<'_>) -> R {
+        let dims = &self.k.domain;
+        if self.k_axes.iter().any(|&a| dims[a] == 0) || self.n_t == 0 {
+            return Ok(());
+        }
+        let o_empty = self.o_axes.iter().any(|&a| dims[a] == 0);
+        st.idx.fill(0);
+        loop {
+            let mut p0 = 0;
+            while p0 < self.n_t {
+                let len = self.lanes.min(self.n_t - p0);
+                self.set_t(st.idx, p0);
+                self.stage(st, 0, len, p0, 0)?;
+                for p in 0..self.passes {
+                    let last = p + 1 == self.passes;
+                    self.init_lanes(st, p, len)?;
+                    if !o_empty {
+                        for &a in self.o_axes {
+                            st.idx[a] = 0;
+                        }
+                        loop {
+                            self.eval_pass(st, p, len, p0)?;
+                            self.accumulate(st, p, len)?;
+                            if last {
+                                let e = self.ravel(st.idx);
+                                self.store(st, true, e, len)?;
+                            }
+                            if !next(st.idx, self.o_axes, dims) {
+                                break;
+                            }
+                        }
+                    }
+                    self.stage(st, p + 1, len, p0, 0)?;
+                }
+                let e = self.ravel_row(st.idx);
+                self.store(st, false, e, len)?;
+                p0 += len;
+            }
+            if !next(st.idx, self.k_axes, dims) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn index_into<T: Elem>(
+    pl: &Plan<'_>,
+    idx: &[usize],
+    axis: usize,
+    len: usize,
+    p0: usize,
+    o: &mut [u8],
+) -> R {
+    pl.index::<T>(idx, axis, len, p0, o)
+}
+
+/// Advances the row-major odometer over `axes` of `idx`; false when it wraps around.
+fn next(idx: &mut [usize], axes: &[usize], dims: &[usize]) -> bool {
+    for &a in axes.iter().rev() {
+        idx[a] += 1;
+        if idx[a] < dims[a] {
+            return true;
+        }
+        idx[a] = 0;
+    }
+    false
+}
+
+fn identity<T: Num>(op: ReduceOp) -> T {
+    match op {
+        ReduceOp::Sum => T::ZERO,
+        ReduceOp::Max => T::LOWEST,
+    }
+}
+
+fn fill_identity<T: Num>(op: ReduceOp, b: &mut [u8]) -> R {
+    typed_mut::<T>(b)?.fill(identity(op));
+    Ok(())
+}
+
+#[inline(always)]
+fn fold8<T: Copy>(x: &[T], p: &mut [T; 8], f: impl Fn(T, T) -> T) {
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            p[j] = f(p[j], c[j]);
+        }
+    }
+    for (j, &v) in chunks.remainder().iter().enumerate() {
+        p[j] = f(p[j], v);
+    }
+}
+
+/// Rows case: folds a chunk (which starts at a multiple of 8 in its run) into the slot's eight
+/// interleaved partials.
+fn acc_run<T: Num>(op: ReduceOp, x: &[u8], slot: &mut [u8]) -> R {
+    let x = typed::<T>(x)?;
+    let slot = typed_mut::<T>(slot)?;
+    let mut p = [T::ZERO; 8];
+    p.copy_from_slice(sub(slot, 0, 8)?);
+    match op {
+        ReduceOp::Sum => fold8(x, &mut p, T::add),
+        ReduceOp::Max => fold8(x, &mut p, keep_max),
+    }
+    sub_mut(slot, 0, 8)?.copy_from_slice(&p);
+    Ok(())
+}
+
+fn slot_op<T: Num>(op: ReduceOp, slot: &mut [u8], what: u8, multi: bool) -> R {
+    let s = typed_mut::<T>(slot)?;
+    if s.len() < 9 {
+        return Err(KernelError::Internal("reduction slot"));
+    }
+    let id = identity::<T>(op);
+    match what {
+        0 => s[8] = id,
+        1 => s[..8].fill(id),
+        _ => {
+            let f = |a: T, b: T| match op {
+                ReduceOp::Sum => a.add(b),
+                ReduceOp::Max => keep_max(a, b),
+            };
+            let run = f(f(f(s[0], s[4]), f(s[2], s[6])), f(f(s[1], s[5]), f(s[3], s[7])));
+            s[8] = if multi { f(s[8], run) } else { run };
+        }
+    }
+    Ok(())
+}
+
+/// Columns case: every lane folds its own term.
+fn acc_lanes<T: Num>(op: ReduceOp, x: &[u8], acc: &mut [u8]) -> R {
+    let x = typed::<T>(x)?;
+    let acc = typed_mut::<T>(acc)?;
+    match op {
+        ReduceOp::Sum => {
+            for (a, &v) in acc.iter_mut().zip(x) {
+                *a = a.add(v);
+            }
+        }
+        ReduceOp::Max => {
+            for (a, &v) in acc.iter_mut().zip(x) {
+                *a = keep_max(*a, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `[offset, offset + bytes)` fits in `mem` and stays out of the scratch region.
+fn check_range(what: &'static str, index: usize, offset: usize, bytes: usize, mem: usize, s0: usize, s1: usize) -> R {
+    let end = offset.checked_add(bytes).filter(|&e| e <= mem);
+    let Some(end) = end else {
+        return Err(KernelError::BufferOutOfRange {
+            what,
+            index,
+            offset,
+            bytes,
+            mem,
+        });
+    };
+    if bytes > 0 && end > s0 && offset < s1 {
+        return Err(KernelError::ScratchOverlap {
+            what,
+            index,
+            offset,
+            end,
+            scratch_start: s0,
+            scratch_end: s1,
+        });
+    }
+    Ok(())
+}
+
+/// Runs `k` over buffers in the arena `mem`: input `n` is the `len × size` bytes at
+/// `inputs[n]`, output `j` the [`FusedKernel::output_len`] elements at `outputs[j]`, and
+/// `scratch` the start of [`scratch_bytes`]`(k)` bytes the run may use. Offsets need no
+/// particular alignment. Outputs are written, inputs only read; an output may be the same
+/// memory as an input where [`FusedKernel::can_write_over`] allows it (other overlaps give
+/// unspecified values, but nothing worse).
+///
+/// Checks the kernel ([`FusedKernel::check`]) and that every buffer fits in `mem` outside the
+/// scratch region before it writes anything but scratch. Allocates nothing on the heap unless it
+/// returns an error.
+pub fn run(k: &FusedKernel, mem: &mut [u8], inputs: &[usize], outputs: &[usize], scratch: usize) -> R {
+    if inputs.len() != k.inputs.len() {
+        return Err(KernelError::BufferCount {
+            what: "inputs",
+            expected: k.inputs.len(),
+            given: inputs.len(),
+        });
+    }
+    if outputs.len() != k.outputs.len() {
+        return Err(KernelError::BufferCount {
+            what: "outputs",
+            expected: k.outputs.len(),
+            given: outputs.len(),
+        });
+    }
+    let lay = Layout::of(k).ok_or_else(|| KernelError::DomainTooLarge {
+        domain: k.domain.clone(),
+    })?;
+    let mem_len = mem.len();
+    let s0 = scratch;
+    let s1 = match scratch.checked_add(lay.total) {
+        Some(e) if e <= mem_len => e,
+        _ => {
+            return Err(KernelError::BufferOutOfRange {
+                what: "scratch",
+                index: 0,
+                offset: scratch,
+                bytes: lay.total,
+                mem: mem_len,
+            })
+        }
+    };
+    for (n, (inp, &off)) in k.inputs.iter().zip(inputs).enumerate() {
+        let bytes = inp.len.checked_mul(inp.dtype.size()).unwrap_or(usize::MAX);
+        check_range("input", n, off, bytes, mem_len, s0, s1)?;
+    }
+
+    let (lo, rest) = mem.split_at_mut(s0);
+    let (sc, hi) = rest.split_at_mut(lay.total);
+    let pad = (ALIGN - sc.as_ptr() as usize % ALIGN) % ALIGN;
+    let sc = sub_mut(sc, pad, lay.total - ALIGN)?;
+    let (meta_b, rest) = sc.split_at_mut(lay.meta_bytes);
+    let (bufs, rest) = rest.split_at_mut(lay.buf_bytes);
+    let parts = sub_mut(rest, 0, lay.part_bytes)?;
+    let words = <[usize]>::mut_from_bytes(meta_b)
+        .map_err(|_| KernelError::Internal("scratch misaligned"))?;
+    let mut m = Meta::carve(words, k, lay.pb)?;
+
+    k.check_into(m.dt)?;
+    let numel = checked_numel(&k.domain).ok_or_else(|| KernelError::DomainTooLarge {
+        domain: k.domain.clone(),
+    })?;
+    let rows = k
+        .domain
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| k.reduce_axes.binary_search(d).is_err())
+        .try_fold(1usize, |n, (_, &d)| n.checked_mul(d))
+        .ok_or_else(|| KernelError::DomainTooLarge {
+            domain: k.domain.clone(),
+        })?;
+    let info = analyze(k, &mut m, lay.pb)?;
+    for (j, (out, &off)) in k.outputs.iter().zip(outputs).enumerate() {
+        let v = out.value;
+        let n = if m.flags[v] & ROW != 0 { rows } else { numel };
+        let bytes = n.checked_mul(code_dtype(m.dt[v]).size()).unwrap_or(usize::MAX);
+        check_range("output", j, off, bytes, mem_len, s0, s1)?;
+    }
+    if k.outputs.is_empty() {
+        return Ok(());
+    }
+
+    let Meta {
+        dt,
+        flags,
+        eval_start,
+        eval,
+        acc_start,
+        acc,
+        stage_start,
+        stage,
+        idx,
+        axis,
+        t_axes,
+        o_axes,
+        k_axes,
+        blk,
+        step,
+        ..
+    } = m;
+    let plan = Plan {
+        k,
+        dt,
+        flags,
+        eval_start,
+        eval,
+        acc_start,
+        acc,
+        stage_start,
+        stage,
+        axis,
+        t_axes: &t_axes[..info.nt],
+        o_axes: &o_axes[..info.no],
+        k_axes: &k_axes[..info.nk],
+        blk,
+        step,
+        case: info.case,
+        passes: info.passes,
+        n_t: info.n_t,
+        lanes: lay.lanes,
+        stride: lay.lanes * WORD,
+        numel,
+        rows,
+        inputs,
+        outputs,
+        s0,
+        s1,
+    };
+    let mut st = State {
+        idx,
+        bufs,
+        parts,
+        lo,
+        hi,
+    };
+    // Values of constants only are the same everywhere: computed once, on every lane.
+    for i in 0..k.body.len() {
+        if plan.flags[i] & (LIVE | CONST) == LIVE | CONST {
+            plan.eval(&mut st, i, plan.lanes, 0)?;
+        }
+    }
+    match plan.case {
+        Case::Flat => plan.run_flat(&mut st),
+        Case::Rows => plan.run_rows(&mut st),
+        Case::Columns => plan.run_columns(&mut st),
+    }
+}
+
+/// Runs `k` on separate buffers: `inputs[n]` holds input `n`'s bytes (native endianness,
+/// exactly `len × size` of them; bool is one byte, 0 or 1). Returns each output's bytes,
+/// [`FusedKernel::output_len`] elements of [`FusedKernel::output_dtype`]. Allocates an arena,
+/// copies the inputs in and the outputs out; meant for tests and reference interpreters.
+pub fn run_buffers(k: &FusedKernel, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, KernelError> {
+    k.check()?;
+    if inputs.len() != k.inputs.len() {
+        return Err(KernelError::BufferCount {
+            what: "inputs",
+            expected: k.inputs.len(),
+            given: inputs.len(),
+        });
+    }
+    let round = |x: usize| x.div_ceil(256) * 256;
+    let mut at = 0usize;
+    let mut in_off = Vec::with_capacity(inputs.len());
+    for (n, (inp, bytes)) in k.inputs.iter().zip(inputs).enumerate() {
+        let want = inp.len.saturating_mul(inp.dtype.size());
+        if bytes.len() != want {
+            return Err(KernelError::BufferOutOfRange {
+                what: "input",
+                index: n,
+                offset: 0,
+                bytes: want,
+                mem: bytes.len(),
+            });
+        }
+        in_off.push(at);
+        at = round(at + want);
+    }
+    let mut out_off = Vec::with_capacity(k.outputs.len());
+    let mut out_bytes = Vec::with_capacity(k.outputs.len());
+    for j in 0..k.outputs.len() {
+        let b = k.output_len(j).saturating_mul(k.output_dtype(j).size());
+        out_off.push(at);
+        out_bytes.push(b);
+        at = round(at.saturating_add(b));
+    }
+    let scratch = at;
+    let total = at.saturating_add(scratch_bytes(k));
+    let mut mem = vec![0u8; total];
+    for (&off, bytes) in in_off.iter().zip(inputs) {
+        mem[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+    run(k, &mut mem, &in_off, &out_off, scratch)?;
+    Ok(out_off
+        .iter()
+        .zip(&out_bytes)
+        .map(|(&o, &b)| mem[o..o + b].to_vec())
+        .collect())
+}

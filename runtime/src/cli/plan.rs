@@ -15,11 +15,19 @@ pub struct PlanArgs {
     /// Fail with exit code 3 if the plan needs more than this (e.g. 16GiB, 512MiB, 1000000).
     #[arg(long, value_parser = parse_size)]
     pub budget: Option<usize>,
+    /// Plan the primitive ops as traced: no egg rewriting, no fusion (for comparison).
+    #[arg(long)]
+    pub unoptimized: bool,
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
-    let opts = pipeline::Options {
-        plan: crate::cpu::plan_options(),
+    let opts = if a.unoptimized {
+        pipeline::Options::unoptimized(crate::cpu::plan_options())
+    } else {
+        pipeline::Options {
+            plan: crate::cpu::plan_options(),
+            ..Default::default()
+        }
     };
     let compiled = pipeline::compile_model(&a.model, &opts)?;
     let report = &compiled.report;

@@ -85,13 +85,30 @@ pub enum Scratch<'a> {
 /// [`WorkspaceFn`]: ingot_compiler::plan::WorkspaceFn
 pub fn workspace_bytes(g: &ingot_compiler::ir::Graph, id: ingot_compiler::ir::NodeId) -> usize {
     let node = g.node(id);
-    if !matches!(node.op, Op::MatMul) {
-        return 0;
+    match &node.op {
+        Op::MatMul { ta, .. } => {
+            let a = g.ty(node.inputs[0]).shape.dims();
+            let n = node.ty.shape.last();
+            let (m, kk) = matrix(a, *ta);
+            matmul_workspace(node.ty.dtype, m, kk, n)
+        }
+        Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
+        _ => 0,
     }
-    let a = g.ty(node.inputs[0]).shape.dims();
-    let n = node.ty.shape.last();
-    let (m, kk) = (a[a.len() - 2], a[a.len() - 1]);
-    match node.ty.dtype {
+}
+
+/// `(rows, columns)` of the matrices an operand shaped `dims` presents, transposed if `t`.
+fn matrix(dims: &[usize], t: bool) -> (usize, usize) {
+    let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    if t {
+        (c, r)
+    } else {
+        (r, c)
+    }
+}
+
+fn matmul_workspace(dtype: DType, m: usize, kk: usize, n: usize) -> usize {
+    match dtype {
         DType::F32 => k::gemm::workspace_bytes::<f32>(m, kk, n),
         DType::F64 => k::gemm::workspace_bytes::<f64>(m, kk, n),
         _ => 0,
@@ -247,11 +264,22 @@ pub fn exec_node_with(
             };
             by_num!(out.dtype(), op, reduce(&cx, kind, axes, out))
         }
-        Op::MatMul => match out {
-            ViewMut::F32(o) => matmul(&cx, o, scratch),
-            ViewMut::F64(o) => matmul(&cx, o, scratch),
+        Op::MatMul { ta, tb } => match out {
+            ViewMut::F32(o) => matmul(&cx, *ta, *tb, o, scratch),
+            ViewMut::F64(o) => matmul(&cx, *ta, *tb, o, scratch),
             _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
         },
+        Op::StopGradient => {
+            cx.elementwise(1)?;
+            by_dtype!(
+                out.dtype(),
+                strided(&cx, 0, &[cx.ty.shape.numel()], &[1], out)
+            )
+        }
+        Op::Fused(_) | Op::Result { .. } => Err(invalid(
+            op,
+            "fused kernels run through `ingot_kernels::fused::cpu`, not node by node",
+        )),
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
         Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
     }
@@ -713,23 +741,32 @@ fn reduce<T: Element + Scalar>(
 
 fn matmul<T: Element + k::GemmScalar>(
     cx: &Cx,
+    ta: bool,
+    tb: bool,
     o: &mut [T],
     scratch: Scratch<'_>,
 ) -> Result<(), ExecError> {
     cx.arity(2)?;
     let (a, b) = (cx.types[0].shape.dims(), cx.types[1].shape.dims());
     let r = a.len();
-    if r < 2 || b.len() != r || a[..r - 2] != b[..r - 2] || a[r - 1] != b[r - 2] {
-        return Err(invalid(
+    let mismatch = || {
+        invalid(
             cx.op,
             format!(
-                "cannot multiply {} by {}",
+                "cannot multiply {} by {} (transposed: {ta}, {tb})",
                 cx.types[0].shape, cx.types[1].shape
             ),
-        ));
+        )
+    };
+    if r < 2 || b.len() != r || a[..r - 2] != b[..r - 2] {
+        return Err(mismatch());
     }
-    let (m, kk, n) = (a[r - 2], a[r - 1], b[r - 1]);
+    let ((m, kk), (kb, n)) = (matrix(a, ta), matrix(b, tb));
+    if kk != kb {
+        return Err(mismatch());
+    }
     let mut dims: Dims = a.iter().copied().collect();
+    dims[r - 2] = m;
     dims[r - 1] = n;
     cx.expect_dims(&dims)?;
     let batch = k::numel(&a[..r - 2]);
@@ -766,9 +803,9 @@ fn matmul<T: Element + k::GemmScalar>(
         kk,
         n,
         cx.arg::<T>(0)?,
-        k::Trans::N,
+        if ta { k::Trans::T } else { k::Trans::N },
         cx.arg::<T>(1)?,
-        k::Trans::N,
+        if tb { k::Trans::T } else { k::Trans::N },
         o,
         false,
         ws,

@@ -143,6 +143,9 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
     }
 
     let mut slots: Vec<Slot> = (0..g.len()).map(|_| Slot::Empty).collect();
+    // A fused kernel's extra outputs, held until their result nodes are reached.
+    let kernel_outputs = g.kernel_outputs();
+    let mut pending: HashMap<NodeId, Tensor> = HashMap::new();
     for id in g.ids() {
         let i = id.index();
         if !live[i] {
@@ -153,6 +156,58 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
             let t = leaf_value(*kind, name, &node.ty, leaves, true)?
                 .expect("required leaves have values");
             slots[i] = Slot::Leaf(t);
+            continue;
+        }
+        if let Op::Result { .. } = node.op {
+            let t = pending.remove(&id).ok_or_else(|| ExecError::Invalid {
+                op: "result",
+                reason: format!("{id} is not an output of a kernel that has run"),
+            })?;
+            slots[i] = Slot::Owned(t);
+            let k = node.inputs[0].index();
+            uses[k] -= 1;
+            if uses[k] == 0 && pinned[k] == 0 {
+                slots[k] = Slot::Empty;
+            }
+            continue;
+        }
+        if let Op::Fused(kernel) = &node.op {
+            let bytes: Vec<Vec<u8>> = node
+                .inputs
+                .iter()
+                .map(|x| {
+                    slots[x.index()]
+                        .tensor()
+                        .expect("operands run first and live until their last use")
+                        .to_le_bytes()
+                })
+                .collect();
+            let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+            let outs = ingot_kernels::fused::cpu::run_buffers(kernel, &refs).map_err(|e| {
+                ExecError::AtNode {
+                    node: i,
+                    op: "fused",
+                    source: Box::new(ExecError::Invalid {
+                        op: "fused",
+                        reason: e.to_string(),
+                    }),
+                }
+            })?;
+            for (j, (o, b)) in kernel_outputs[i].iter().zip(outs).enumerate() {
+                let t = Tensor::from_le_bytes(g.ty(*o).clone(), &b)?;
+                if j == 0 {
+                    slots[i] = Slot::Owned(t);
+                } else {
+                    pending.insert(*o, t);
+                }
+            }
+            for &x in &node.inputs {
+                let x = x.index();
+                uses[x] -= 1;
+                if uses[x] == 0 && pinned[x] == 0 {
+                    slots[x] = Slot::Empty;
+                }
+            }
             continue;
         }
         let mut out = Tensor::zeros(node.ty.clone());

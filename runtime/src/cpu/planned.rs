@@ -37,6 +37,13 @@ enum Instr {
     Exec(NodeId),
     /// Compute an elementwise node over the bytes of (some of) its operands, chunk by chunk.
     InPlace(NodeId),
+    /// Run a fused kernel: byte offsets of its inputs, its outputs and its scratch.
+    Fused {
+        node: NodeId,
+        inputs: Vec<usize>,
+        outputs: Vec<usize>,
+        scratch: usize,
+    },
 }
 
 /// A step graph with its memory plan, loaded into one allocation.
@@ -61,10 +68,25 @@ impl PlannedStep {
         let location: Vec<Location> = graph.ids().map(|id| plan.location(&graph, id)).collect();
         let mut program = Vec::with_capacity(graph.len());
         let mut chunk_node = vec![None; graph.len()];
+        let kernel_outputs = graph.kernel_outputs();
         for &id in &plan.liveness.order {
             let node = graph.node(id);
-            if node.op.is_leaf() || matches!(node.op, Op::Reshape) {
-                continue; // leaves are written by the host; a reshape is a view
+            if node.op.is_leaf() || node.op.is_alias() || matches!(node.op, Op::Result { .. }) {
+                // Leaves are written by the host; a reshape is a view; a result was written
+                // by its kernel.
+                continue;
+            }
+            if let Op::Fused(_) = node.op {
+                program.push(Instr::Fused {
+                    node: id,
+                    inputs: node.inputs.iter().map(|x| location[x.index()].offset).collect(),
+                    outputs: kernel_outputs[id.index()]
+                        .iter()
+                        .map(|o| location[o.index()].offset)
+                        .collect(),
+                    scratch: plan.workspace(id).map_or(0, |w| w.offset),
+                });
+                continue;
             }
             let here = location[id.index()];
             let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
@@ -187,9 +209,37 @@ impl PlannedStep {
     pub fn step(&mut self) -> Result<(), ExecError> {
         let base = self.memory.as_mut_ptr() as *mut u8;
         for k in 0..self.program.len() {
-            match self.program[k] {
-                Instr::Exec(id) => self.exec(base, id)?,
-                Instr::InPlace(id) => self.exec_in_place(base, id)?,
+            match &self.program[k] {
+                Instr::Exec(id) => self.exec(base, *id)?,
+                Instr::InPlace(id) => self.exec_in_place(base, *id)?,
+                Instr::Fused {
+                    node,
+                    inputs,
+                    outputs,
+                    scratch,
+                } => {
+                    let Op::Fused(kernel) = &self.graph.node(*node).op else {
+                        unreachable!("fused instructions are made for fused nodes")
+                    };
+                    // SAFETY: no other slice of the allocation is alive during the call; the
+                    // kernel reads and writes through this one, at offsets the validated plan
+                    // gives (in place only where the kernel allows it).
+                    let mem = unsafe {
+                        std::slice::from_raw_parts_mut(base, self.memory.len() * ALIGNMENT)
+                    };
+                    ingot_kernels::fused::cpu::run(kernel, mem, inputs, outputs, *scratch).map_err(
+                        |e| {
+                            at(
+                                *node,
+                                self.graph.node(*node),
+                                ExecError::Invalid {
+                                    op: "fused",
+                                    reason: e.to_string(),
+                                },
+                            )
+                        },
+                    )?;
+                }
             }
         }
         for &(value, target) in &self.plan.liveness.copies {

@@ -1,0 +1,266 @@
+//! Index maps: how a kernel's domain indices reach the elements of a value it computes inline.
+//!
+//! Inside a fused kernel every value is evaluated at domain index `i`. A view op between the
+//! kernel's root and a value changes which element of that value is meant: a transpose permutes
+//! coordinates, a broadcast pins them to 0, a slice shifts them, a reshape re-splits them. Each
+//! value is therefore evaluated under a [`Map`], and a map that reaches a buffer becomes that
+//! input's affine [`Access`]. View ops never cost memory or a kernel this way.
+
+use ingot_kernels::fused::Access;
+use smallvec::SmallVec;
+
+/// An affine function of the domain index: `offset + Σ coef · i[axis]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Affine {
+    pub offset: usize,
+    /// `(domain axis, coefficient)`, sorted by axis, coefficients nonzero.
+    pub terms: SmallVec<[(usize, usize); 2]>,
+}
+
+impl Affine {
+    fn constant(offset: usize) -> Affine {
+        Affine {
+            offset,
+            terms: SmallVec::new(),
+        }
+    }
+
+    fn axis(a: usize) -> Affine {
+        Affine {
+            offset: 0,
+            terms: smallvec::smallvec![(a, 1)],
+        }
+    }
+
+    fn scaled(&self, k: usize) -> Affine {
+        Affine {
+            offset: self.offset * k,
+            terms: self
+                .terms
+                .iter()
+                .filter(|_| k != 0)
+                .map(|&(a, c)| (a, c * k))
+                .collect(),
+        }
+    }
+
+    fn plus(&self, other: &Affine) -> Affine {
+        let mut terms = self.terms.clone();
+        for &(a, c) in &other.terms {
+            match terms.iter_mut().find(|(b, _)| *b == a) {
+                Some(t) => t.1 += c,
+                None => terms.push((a, c)),
+            }
+        }
+        terms.sort();
+        Affine {
+            offset: self.offset + other.offset,
+            terms,
+        }
+    }
+}
+
+/// Which element of a value (shaped `dims`) a domain index means.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Map {
+    /// One affine coordinate per axis of the value.
+    Coords(SmallVec<[Affine; 4]>),
+    /// Only the value's row-major linear index is affine (after a reshape that splits an
+    /// axis): enough to load a contiguous buffer, not to take further views.
+    Linear(Affine),
+}
+
+fn row_major(dims: &[usize]) -> SmallVec<[usize; 4]> {
+    let mut s: SmallVec<[usize; 4]> = smallvec::smallvec![0; dims.len()];
+    let mut k = 1;
+    for d in (0..dims.len()).rev() {
+        s[d] = k;
+        k *= dims[d];
+    }
+    s
+}
+
+impl Map {
+    /// The identity on a domain of rank `rank`.
+    pub fn identity(rank: usize) -> Map {
+        Map::Coords((0..rank).map(Affine::axis).collect())
+    }
+
+    /// True if this is the identity on a domain of `rank` axes.
+    pub fn is_identity(&self, rank: usize) -> bool {
+        *self == Map::identity(rank)
+    }
+
+    /// The row-major linear index of the value's element, as an affine function.
+    pub fn linear(&self, dims: &[usize]) -> Affine {
+        match self {
+            Map::Linear(l) => l.clone(),
+            Map::Coords(c) => {
+                let rm = row_major(dims);
+                c.iter()
+                    .zip(&rm)
+                    .fold(Affine::constant(0), |acc, (x, &s)| acc.plus(&x.scaled(s)))
+            }
+        }
+    }
+
+    /// The access of a contiguous buffer shaped `dims` under this map, for a domain of
+    /// `rank` axes.
+    pub fn access(&self, dims: &[usize], rank: usize) -> Access {
+        let l = self.linear(dims);
+        let mut strides = vec![0; rank];
+        for &(a, c) in &l.terms {
+            strides[a] = c;
+        }
+        Access {
+            offset: l.offset,
+            strides,
+        }
+    }
+
+    /// The map of a broadcast's operand (shaped `src`, right-aligned to `dst`).
+    pub fn through_broadcast(&self, src: &[usize], dst: &[usize]) -> Option<Map> {
+        let Map::Coords(c) = self else {
+            return (src == dst).then(|| self.clone());
+        };
+        let lead = dst.len() - src.len();
+        Some(Map::Coords(
+            src.iter()
+                .enumerate()
+                .map(|(a, &d)| {
+                    if d == 1 && dst[a + lead] != 1 {
+                        Affine::constant(0)
+                    } else {
+                        c[a + lead].clone()
+                    }
+                })
+                .collect(),
+        ))
+    }
+
+    /// The map of a transpose's operand: output axis `i` is operand axis `perm[i]`.
+    pub fn through_transpose(&self, perm: &[usize]) -> Option<Map> {
+        let Map::Coords(c) = self else { return None };
+        let mut out: SmallVec<[Affine; 4]> = smallvec::smallvec![Affine::constant(0); perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            out[p] = c[i].clone();
+        }
+        Some(Map::Coords(out))
+    }
+
+    /// The map of a slice's operand.
+    pub fn through_slice(&self, axis: usize, start: usize) -> Option<Map> {
+        let Map::Coords(c) = self else { return None };
+        let mut out = c.clone();
+        out[axis] = out[axis].plus(&Affine::constant(start));
+        Some(Map::Coords(out))
+    }
+
+    /// The map of a reshape's operand (shaped `src`; the reshape gives `dst`). Axes that the
+    /// reshape only merges keep affine coordinates; a split falls back to the linear index.
+    pub fn through_reshape(&self, src: &[usize], dst: &[usize]) -> Map {
+        if src == dst {
+            return self.clone();
+        }
+        let Map::Coords(c) = self else {
+            return self.clone();
+        };
+        // Walk both shapes, pairing groups of axes with equal products (size-1 axes join
+        // whichever group is open). A group with one source axis and any number of
+        // destination axes is a merge: the source coordinate is affine in the destination's.
+        let mut out: SmallVec<[Affine; 4]> = SmallVec::new();
+        let (mut i, mut j) = (0, 0);
+        while i < src.len() || j < dst.len() {
+            let (si, dj) = (i, j);
+            let (mut ps, mut pd) = (1usize, 1usize);
+            if i < src.len() {
+                ps *= src[i];
+                i += 1;
+            }
+            if j < dst.len() {
+                pd *= dst[j];
+                j += 1;
+            }
+            while ps != pd {
+                if ps < pd && i < src.len() {
+                    ps *= src[i];
+                    i += 1;
+                } else if j < dst.len() {
+                    pd *= dst[j];
+                    j += 1;
+                } else {
+                    return Map::Linear(self.linear(dst));
+                }
+            }
+            let src_axes = si..i;
+            let dst_axes = dj..j;
+            let real_src: Vec<usize> = src_axes.clone().filter(|&a| src[a] != 1).collect();
+            if real_src.len() > 1 {
+                return Map::Linear(self.linear(dst));
+            }
+            let rm = row_major(&dst[dst_axes.clone()]);
+            let merged = dst_axes
+                .clone()
+                .zip(&rm)
+                .fold(Affine::constant(0), |acc, (b, &s)| acc.plus(&c[b].scaled(s)));
+            for a in src_axes {
+                out.push(if src[a] == 1 {
+                    Affine::constant(0)
+                } else {
+                    merged.clone()
+                });
+            }
+        }
+        Map::Coords(out)
+    }
+
+    /// The coordinate along `axis`, if the map has coordinates.
+    pub fn coord(&self, axis: usize) -> Option<&Affine> {
+        match self {
+            Map::Coords(c) => c.get(axis),
+            Map::Linear(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transposed_broadcast_load_gets_permuted_and_zero_strides() {
+        // out [4, 3] = transpose(broadcast(x [3, 1] -> [3, 4]))
+        let m = Map::identity(2);
+        let t = m.through_transpose(&[1, 0]).unwrap();
+        let b = t.through_broadcast(&[3, 1], &[3, 4]).unwrap();
+        assert_eq!(
+            b.access(&[3, 1], 2),
+            Access {
+                offset: 0,
+                strides: vec![0, 1]
+            }
+        );
+    }
+
+    #[test]
+    fn a_merging_reshape_keeps_coordinates_and_a_splitting_one_goes_linear() {
+        // [2, 3, 4] viewed as [6, 4]: operand coordinates from [6, 4] need a split -> linear.
+        let m = Map::identity(2);
+        let split = m.through_reshape(&[2, 3, 4], &[6, 4]);
+        assert!(matches!(split, Map::Linear(_)));
+        assert_eq!(split.access(&[2, 3, 4], 2).strides, vec![4, 1]);
+        // [6, 4] viewed as [2, 3, 4]: the operand's axis 0 is 3·i0 + i1.
+        let m = Map::identity(3);
+        let merge = m.through_reshape(&[6, 4], &[2, 3, 4]);
+        assert_eq!(merge.access(&[6, 4], 3).strides, vec![12, 4, 1]);
+        assert!(matches!(merge, Map::Coords(_)));
+    }
+
+    #[test]
+    fn a_slice_offsets_the_access() {
+        let m = Map::identity(2).through_slice(1, 5).unwrap();
+        let a = m.access(&[3, 16], 2);
+        assert_eq!(a.offset, 5);
+        assert_eq!(a.strides, vec![16, 1]);
+    }
+}

@@ -1,0 +1,565 @@
+//! Fusion: groups of elementwise ops, views and reductions become [`FusedKernel`]s whose
+//! intermediates never reach memory; matmuls, gathers, scatter-adds and concats stay library
+//! calls.
+//!
+//! The pass runs in four steps, each a small function of the previous one's result:
+//! 1. [`remat`]: a stored forward value that the backward pass reads again, and that is cheap to
+//!    compute from values the backward pass keeps anyway (a LayerNorm or GELU output), gets a
+//!    copy computed just before its backward users, so the original dies in the forward pass;
+//! 2. [`select`]: which values are materialized (written to a buffer); everything else is
+//!    expanded inside each kernel that uses it;
+//! 3. [`lower`]: each materialized value becomes the root of a kernel; where a root cannot be
+//!    expanded (a reduction over other axes, a view a linear index cannot express) the value in
+//!    the way is materialized too, and lowering starts again;
+//! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
+//!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
+//!    statistics, its output and the AdamW moments and parameter each come out of one kernel
+//!    with several outputs.
+//!
+//! The result is again a [`Graph`]: leaves, library ops, reshapes of buffers, and `fused`
+//! nodes with `result` nodes for their extra outputs, which the planner and runtimes take as is.
+
+pub mod index;
+pub mod lower;
+pub mod remat;
+pub mod select;
+
+use crate::error::IrError;
+use crate::ir::{Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use lower::{lower, Domain, Lowered};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Knobs of the fusion pass.
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    /// Most elementwise ops a shared value may have and still be recomputed in each kernel
+    /// that uses it rather than stored.
+    pub recompute_ops: usize,
+    /// Recompute cheap forward values for the backward pass ([`remat`]).
+    pub remat: bool,
+    /// Merge kernels into consumers that read their outputs at their own index.
+    pub merge: bool,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            recompute_ops: 12,
+            remat: true,
+            merge: true,
+        }
+    }
+}
+
+/// What fusion did, for reports and benchmarks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FuseReport {
+    /// Nodes of the input graph that compute something (not leaves).
+    pub ops_before: usize,
+    /// Kernel launches per step after fusion: fused kernels plus library calls.
+    pub kernels: usize,
+    pub fused_kernels: usize,
+    pub library_calls: usize,
+    /// Fused kernels with more than one output.
+    pub multi_output_kernels: usize,
+    /// Forward values recomputed for the backward pass.
+    pub recomputed: usize,
+    /// Rounds of lowering (each round materializes what the last could not expand).
+    pub rounds: usize,
+}
+
+/// A fused step graph and what fusion did.
+#[derive(Clone, Debug)]
+pub struct Fused {
+    pub graph: Graph,
+    pub report: FuseReport,
+}
+
+/// How fusion sees an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Leaf,
+    /// A library call: its operands and result are buffers.
+    Library,
+    /// Same bytes, new shape: reshape, stop-gradient.
+    Alias,
+    /// A view that moves elements: broadcast, transpose, slice.
+    View,
+    /// Full and iota: computed from the index alone.
+    Source,
+    Elementwise,
+    Reduce,
+    /// Already fused.
+    Fused,
+}
+
+pub fn kind(n: &Node) -> Kind {
+    match &n.op {
+        Op::Leaf { .. } => Kind::Leaf,
+        Op::MatMul { .. } | Op::Gather | Op::ScatterAdd { .. } | Op::Concat { .. } => {
+            Kind::Library
+        }
+        Op::Reshape | Op::StopGradient => Kind::Alias,
+        Op::Broadcast | Op::Transpose { .. } | Op::Slice { .. } => Kind::View,
+        Op::Full { .. } | Op::Iota { .. } => Kind::Source,
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert => {
+            Kind::Elementwise
+        }
+        Op::Reduce { .. } => Kind::Reduce,
+        Op::Fused(_) | Op::Result { .. } => Kind::Fused,
+    }
+}
+
+/// Fuses a step graph. The result computes the same outputs and updates.
+pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
+    g.verify()?;
+    if let Some(id) = g.ids().find(|&id| kind(g.node(id)) == Kind::Fused) {
+        return Err(IrError::Invalid(format!(
+            "{id} is already a {}: fusion runs once, on an unfused step",
+            g.node(id).op.name()
+        )));
+    }
+    let (g, recomputed) = if opts.remat {
+        remat::recompute_for_backward(g, opts.recompute_ops)?
+    } else {
+        (g.clone(), 0)
+    };
+    let mut mat = select::forced(&g);
+    let mut rounds = 0;
+    let groups = loop {
+        rounds += 1;
+        select::shared(&g, &mut mat, opts.recompute_ops);
+        match lower_all(&g, &mat) {
+            Ok(groups) => break groups,
+            Err(cuts) => {
+                for c in cuts {
+                    mat[c.index()] = true;
+                }
+            }
+        }
+        if rounds > g.len() + 1 {
+            return Err(IrError::Invalid(
+                "fusion did not converge (a cut that materializes nothing)".into(),
+            ));
+        }
+    };
+    let groups = if opts.merge {
+        merge(&g, &mat, groups)
+    } else {
+        groups
+    };
+    let graph = emit(&g, &groups)?;
+    graph.verify()?;
+    let mut report = FuseReport {
+        ops_before: g.ids().filter(|&id| !g.node(id).op.is_leaf()).count(),
+        recomputed,
+        rounds,
+        ..FuseReport::default()
+    };
+    for id in graph.ids() {
+        match &graph.node(id).op {
+            Op::Fused(k) => {
+                report.fused_kernels += 1;
+                report.multi_output_kernels += usize::from(k.outputs.len() > 1);
+            }
+            op if kind(graph.node(id)) == Kind::Library => {
+                let _ = op;
+                report.library_calls += 1;
+            }
+            _ => {}
+        }
+    }
+    report.kernels = report.fused_kernels + report.library_calls;
+    Ok(Fused { graph, report })
+}
+
+/// One future kernel: its roots (materialized values it writes), domain and lowering.
+struct Group {
+    roots: Vec<NodeId>,
+    domain: Domain,
+    lowered: Lowered,
+}
+
+/// Lowers every materialized computed value as a one-root group; on failure, every cut.
+fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
+    let mut groups = Vec::new();
+    let mut cuts = Vec::new();
+    for id in g.ids() {
+        if !mat[id.index()] || matches!(kind(g.node(id)), Kind::Leaf | Kind::Library) {
+            continue;
+        }
+        let domain = Domain::of_root(g, id);
+        match lower(g, mat, &[id], &domain) {
+            Ok(lowered) => groups.push(Group {
+                roots: vec![id],
+                domain,
+                lowered,
+            }),
+            Err(c) => cuts.extend(c.into_iter().filter(|c| !mat[c.index()])),
+        }
+    }
+    if cuts.is_empty() {
+        Ok(groups)
+    } else {
+        Ok(groups).and(Err(cuts))
+    }
+}
+
+/// The domain of a group made of `a`'s and `b`'s roots, if they iterate the same space.
+fn merged_domain(a: &Domain, b: &Domain) -> Option<Domain> {
+    if a.dims != b.dims {
+        return None;
+    }
+    let axes = match (&a.axes, &b.axes) {
+        (Some(x), Some(y)) if x != y => return None,
+        (Some(x), _) | (_, Some(x)) => Some(x.clone()),
+        (None, None) => None,
+    };
+    Some(Domain {
+        dims: a.dims.clone(),
+        axes,
+    })
+}
+
+/// Folds producer groups into consumer groups that read their roots (see the module docs).
+fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
+    // Units of the dependence graph: groups and library nodes, keyed by a representative node.
+    let mut group_of: HashMap<NodeId, usize> = HashMap::new();
+    for (i, gr) in groups.iter().enumerate() {
+        for &r in &gr.roots {
+            group_of.insert(r, i);
+        }
+    }
+    let mut slots: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
+    // Union-find over group indices.
+    let mut parent: Vec<usize> = (0..slots.len()).collect();
+    fn find(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    // Library nodes are units too (a path through a matmul is a path).
+    let library: Vec<NodeId> = g
+        .ids()
+        .filter(|&id| kind(g.node(id)) == Kind::Library)
+        .collect();
+    let lib_unit: HashMap<NodeId, usize> = library
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, slots.len() + i))
+        .collect();
+    let n_units = slots.len() + library.len();
+    // The unit producing a materialized value, if any (leaves produce none).
+    let producer = |x: NodeId, parent: &mut Vec<usize>| -> Option<usize> {
+        let b = select::base(g, x);
+        if let Some(&u) = lib_unit.get(&b) {
+            return Some(u);
+        }
+        group_of.get(&b).map(|&i| find(parent, i))
+    };
+    let inputs_of = |u: usize, slots: &[Option<Group>]| -> Vec<NodeId> {
+        if u < slots.len() {
+            slots[u].as_ref().map(|s| s.lowered.inputs.clone()).unwrap_or_default()
+        } else {
+            g.node(library[u - slots.len()]).inputs.to_vec()
+        }
+    };
+    // Successor lists of the unit graph, rebuilt lazily (units only ever merge).
+    let successors = |parent: &mut Vec<usize>, slots: &[Option<Group>]| -> Vec<BTreeSet<usize>> {
+        let mut succ = vec![BTreeSet::new(); n_units];
+        for u in 0..n_units {
+            if u < slots.len() && slots[u].is_none() {
+                continue;
+            }
+            for x in inputs_of(u, slots) {
+                if let Some(p) = producer(x, parent) {
+                    if p != u {
+                        succ[p].insert(u);
+                    }
+                }
+            }
+        }
+        succ
+    };
+    let mut succ = successors(&mut parent, &slots);
+    // Producers in order of their first root.
+    let order: Vec<usize> = (0..slots.len()).collect();
+    for p0 in order {
+        let p = find(&mut parent, p0);
+        if p != p0 || slots[p].is_none() {
+            continue;
+        }
+        let consumers: Vec<usize> = succ[p].iter().copied().filter(|&c| c < slots.len()).collect();
+        for c in consumers {
+            let (Some(pg), Some(cg)) = (&slots[p], &slots[c]) else {
+                continue;
+            };
+            let Some(domain) = merged_domain(&pg.domain, &cg.domain) else {
+                continue;
+            };
+            // No other path p -> ... -> c.
+            if reaches_avoiding(&succ, p, c) {
+                continue;
+            }
+            let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
+            roots.sort();
+            let Ok(lowered) = lower(g, mat, &roots, &domain) else {
+                continue;
+            };
+            // The merged kernel must compute the producer's roots, not load them.
+            if lowered
+                .inputs
+                .iter()
+                .any(|x| pg.roots.contains(&select::base(g, *x)))
+            {
+                continue;
+            }
+            slots[p] = None;
+            slots[c] = Some(Group {
+                roots,
+                domain,
+                lowered,
+            });
+            parent[p] = c;
+            succ = successors(&mut parent, &slots);
+            break;
+        }
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// True if `to` is reachable from `from` by a path of at least two edges.
+fn reaches_avoiding(succ: &[BTreeSet<usize>], from: usize, to: usize) -> bool {
+    let mut stack: Vec<usize> = succ[from].iter().copied().filter(|&u| u != to).collect();
+    let mut seen = BTreeSet::new();
+    while let Some(u) = stack.pop() {
+        if u == to {
+            return true;
+        }
+        if seen.insert(u) {
+            stack.extend(succ[u].iter().copied());
+        }
+    }
+    false
+}
+
+/// Builds the fused graph: leaves, then units in dependence order (ties: earliest root).
+fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
+    let mut out = Graph::new();
+    let mut new_id: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in g.ids() {
+        if g.node(id).op.is_leaf() {
+            let n = g.node(id);
+            let nid = out.push(n.op.clone(), &[], Some(n.ty.clone()))?;
+            new_id.insert(id, nid);
+        }
+    }
+    // Units: groups (index) and library nodes, each with the old nodes it needs first.
+    enum Unit<'a> {
+        Group(&'a Group),
+        Library(NodeId),
+    }
+    let mut units: Vec<(NodeId, Unit)> = groups
+        .iter()
+        .map(|gr| (gr.roots[0], Unit::Group(gr)))
+        .chain(
+            g.ids()
+                .filter(|&id| kind(g.node(id)) == Kind::Library)
+                .map(|id| (id, Unit::Library(id))),
+        )
+        .collect();
+    units.sort_by_key(|u| u.0);
+    let produced_by: HashMap<NodeId, usize> = units
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, u))| match u {
+            Unit::Group(gr) => gr.roots.iter().map(|&r| (r, i)).collect::<Vec<_>>(),
+            Unit::Library(id) => vec![(*id, i)],
+        })
+        .collect();
+    let needs = |u: &Unit| -> Vec<NodeId> {
+        match u {
+            Unit::Group(gr) => gr.lowered.inputs.clone(),
+            Unit::Library(id) => g.node(*id).inputs.to_vec(),
+        }
+    };
+    // Kahn's algorithm, always taking the ready unit with the earliest key.
+    let mut indeg = vec![0usize; units.len()];
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); units.len()];
+    for (i, (_, u)) in units.iter().enumerate() {
+        let mut preds: BTreeSet<usize> = BTreeSet::new();
+        for x in needs(u) {
+            if let Some(&p) = produced_by.get(&select::base(g, x)) {
+                if p != i {
+                    preds.insert(p);
+                }
+            }
+        }
+        indeg[i] = preds.len();
+        for p in preds {
+            succ[p].push(i);
+        }
+    }
+    let mut ready: BTreeSet<(NodeId, usize)> = units
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| indeg[*i] == 0)
+        .map(|(i, u)| (u.0, i))
+        .collect();
+    let mut views: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut emitted = 0;
+    while let Some(first) = ready.pop_first() {
+        let i = first.1;
+        emitted += 1;
+        match &units[i].1 {
+            Unit::Library(id) => {
+                let n = g.node(*id);
+                let ins: Vec<NodeId> = n
+                    .inputs
+                    .iter()
+                    .map(|&x| buffer(g, &mut out, &new_id, &mut views, x))
+                    .collect::<Result<_, _>>()?;
+                let nid = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
+                new_id.insert(*id, nid);
+            }
+            Unit::Group(gr) => {
+                let ins: Vec<NodeId> = gr
+                    .lowered
+                    .inputs
+                    .iter()
+                    .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
+                    .collect::<Result<_, _>>()?;
+                let k = gr.lowered.kernel.clone();
+                let outs: Vec<TensorType> = (0..k.outputs.len())
+                    .map(|j| TensorType::new(Shape::new(&k.output_dims(j)), k.output_dtype(j)))
+                    .collect();
+                let fid = out.push(Op::Fused(Box::new(k)), &ins, Some(outs[0].clone()))?;
+                new_id.insert(gr.roots[0], fid);
+                for (j, &r) in gr.roots.iter().enumerate().skip(1) {
+                    let rid = out.push(Op::Result { index: j }, &[fid], Some(outs[j].clone()))?;
+                    new_id.insert(r, rid);
+                }
+            }
+        }
+        for &s in &succ[i] {
+            indeg[s] -= 1;
+            if indeg[s] == 0 {
+                ready.insert((units[s].0, s));
+            }
+        }
+    }
+    if emitted != units.len() {
+        return Err(IrError::Invalid(
+            "fusion made a cycle between kernels (a bug: please report it)".into(),
+        ));
+    }
+    for (name, &o) in &g.outputs {
+        let b = buffer(g, &mut out, &new_id, &mut views, o)?;
+        out.set_output(name, b)?;
+    }
+    for u in &g.updates {
+        let v = buffer(g, &mut out, &new_id, &mut views, u.value)?;
+        let t = new_id[&u.target];
+        out.set_update(t, v)?;
+    }
+    Ok(out)
+}
+
+fn missing(x: NodeId) -> IrError {
+    IrError::Invalid(format!(
+        "fusion: {x} is read before any kernel writes it (a bug: please report it)"
+    ))
+}
+
+/// The new node holding `x`'s bytes: its own buffer, or a reshape of its base's.
+fn buffer(
+    g: &Graph,
+    out: &mut Graph,
+    new_id: &HashMap<NodeId, NodeId>,
+    views: &mut HashMap<NodeId, NodeId>,
+    x: NodeId,
+) -> Result<NodeId, IrError> {
+    if let Some(&n) = new_id.get(&x) {
+        return Ok(n);
+    }
+    if let Some(&n) = views.get(&x) {
+        return Ok(n);
+    }
+    let n = g.node(x);
+    if !n.op.is_alias() {
+        return Err(missing(x));
+    }
+    let inner = buffer(g, out, new_id, views, n.inputs[0])?;
+    let v = if out.ty(inner).shape == n.ty.shape {
+        inner
+    } else {
+        out.push(Op::Reshape, &[inner], Some(n.ty.clone()))?
+    };
+    views.insert(x, v);
+    Ok(v)
+}
+
+/// Which phase each node of a (fused) step graph belongs to, by data flow: the loss and what it
+/// depends on is the forward pass; kernels writing a parameter's or state's new value are the
+/// optimizer; the rest is the backward pass.
+pub fn phases(g: &Graph, loss: Option<NodeId>) -> Vec<crate::plan::report::Phase> {
+    use crate::plan::report::Phase;
+    let mut p = vec![Phase::Backward; g.len()];
+    if let Some(l) = loss {
+        let mut stack = vec![l];
+        while let Some(x) = stack.pop() {
+            if p[x.index()] == Phase::Forward {
+                continue;
+            }
+            p[x.index()] = Phase::Forward;
+            stack.extend(g.node(x).inputs.iter().copied());
+        }
+    }
+    let kouts = g.kernel_outputs();
+    let update_values: BTreeSet<NodeId> = g.updates.iter().map(|u| u.value).collect();
+    for id in g.ids() {
+        if p[id.index()] != Phase::Forward
+            && kouts[g.writer(id).index()]
+                .iter()
+                .any(|o| update_values.contains(o))
+        {
+            p[id.index()] = Phase::Optimizer;
+        }
+        if let Op::Leaf { kind, .. } = g.node(id).op {
+            p[id.index()] = match kind {
+                LeafKind::Input => Phase::Forward,
+                _ => p[id.index()],
+            };
+        }
+    }
+    p
+}
+
+/// A histogram of the fused graph's kernels: library op names and fused kernels by their
+/// shape of work, for snapshots and reports.
+pub fn kernel_list(g: &Graph) -> BTreeMap<String, usize> {
+    let mut h = BTreeMap::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        let key = match &n.op {
+            Op::Fused(k) => format!(
+                "fused {} in {}{} out {}",
+                if k.reduce_axes.is_empty() {
+                    "elementwise".to_string()
+                } else {
+                    format!("reduce{:?}", k.reduce_axes)
+                },
+                k.inputs.len(),
+                "",
+                k.outputs.len()
+            ),
+            op if kind(n) == Kind::Library => op.name().to_string(),
+            _ => continue,
+        };
+        *h.entry(key).or_insert(0) += 1;
+    }
+    h
+}

@@ -1,0 +1,153 @@
+//! Recomputation for the backward pass: a value stored because a library call reads it (a
+//! LayerNorm output feeding a matmul, a GELU output feeding the next one) is read again by the
+//! backward pass (the weight gradient's matmul). Kept, it occupies memory from the forward
+//! pass to the backward one. When it is cheap to compute from values no larger than itself, the
+//! backward users get their own copy of its expression instead, computed just before them, and
+//! the forward value dies as soon as the forward pass is done with it.
+
+use super::select::forced;
+use super::{kind, Kind};
+use crate::autodiff::LOSS;
+use crate::error::IrError;
+use crate::ir::{Graph, NodeId};
+use std::collections::HashMap;
+
+/// Returns the graph with forward values recomputed for their backward users, and how many
+/// values were. The backward pass is what follows the loss in node order.
+pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph, usize), IrError> {
+    let Some(&loss) = g.outputs.get(LOSS) else {
+        return Ok((g.clone(), 0));
+    };
+    let mat = forced(g);
+    let users = crate::schedule::users(g);
+    let pinned: Vec<bool> = {
+        let mut p = vec![false; g.len()];
+        for &o in g.outputs.values() {
+            p[o.index()] = true;
+        }
+        for u in &g.updates {
+            p[u.value.index()] = true;
+        }
+        p
+    };
+    // Each candidate's expression: the nodes a copy must recompute.
+    let mut cloned_for: Vec<bool> = vec![false; g.len()];
+    let mut in_copy: Vec<bool> = vec![false; g.len()];
+    let mut count = 0;
+    for v in g.ids().take(loss.index()) {
+        let i = v.index();
+        // A stored elementwise value, or a reshape of one (a linear layer reads its input
+        // through a reshape).
+        let b = super::select::base(g, v);
+        if !mat[b.index()] || pinned[b.index()] || pinned[i] || kind(g.node(b)) != Kind::Elementwise
+        {
+            continue;
+        }
+        let (early, late) = users[i].iter().partition::<Vec<NodeId>, _>(|u| **u <= loss);
+        if early.is_empty() || late.is_empty() {
+            continue;
+        }
+        if let Some(expr) = expression(g, &mat, v, 2 * recompute_ops) {
+            cloned_for[i] = true;
+            for x in expr {
+                in_copy[x.index()] = true;
+            }
+            count += 1;
+        }
+    }
+    if count == 0 {
+        return Ok((g.clone(), 0));
+    }
+    let mut out = Graph::new();
+    let mut new_id: Vec<Option<NodeId>> = vec![None; g.len()];
+    let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        let late = id > loss;
+        let mut ins = Vec::with_capacity(n.inputs.len());
+        for &x in &n.inputs {
+            ins.push(if late && cloned_for[x.index()] {
+                copy_of(g, &mut out, &new_id, &in_copy, &mut copy, x)?
+            } else {
+                new_id[x.index()].expect("operands come first")
+            });
+        }
+        new_id[id.index()] = Some(out.push(n.op.clone(), &ins, Some(n.ty.clone()))?);
+    }
+    for (name, &o) in &g.outputs {
+        out.set_output(name, new_id[o.index()].expect("all nodes are copied"))?;
+    }
+    for u in &g.updates {
+        out.set_update(
+            new_id[u.target.index()].expect("all nodes are copied"),
+            new_id[u.value.index()].expect("all nodes are copied"),
+        )?;
+    }
+    Ok((out, count))
+}
+
+/// The nodes `v`'s copy recomputes (itself and the unstored values below it), if there are at
+/// most `limit` elementwise ops among them and the stored values they read, parameters and
+/// inputs aside, are no larger than `v` (within an eighth).
+fn expression(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> Option<Vec<NodeId>> {
+    // The alias chain from v down to its stored base belongs to the copy.
+    let mut chain = vec![v];
+    while g.node(*chain.last().expect("nonempty")).op.is_alias() {
+        chain.push(g.node(*chain.last().expect("nonempty")).inputs[0]);
+    }
+    let mut expr = vec![v];
+    let mut stack = vec![v];
+    let mut read: Vec<NodeId> = Vec::new();
+    let mut ops = 1;
+    while let Some(x) = stack.pop() {
+        for &y in &g.node(x).inputs {
+            if expr.contains(&y) || read.contains(&y) {
+                continue;
+            }
+            let k = kind(g.node(y));
+            if k == Kind::Leaf || (mat[y.index()] && k != Kind::Source && !chain.contains(&y)) {
+                read.push(y);
+                continue;
+            }
+            if k == Kind::Elementwise {
+                ops += 1;
+            }
+            if ops > limit || expr.len() > 8 * limit {
+                return None;
+            }
+            expr.push(y);
+            stack.push(y);
+        }
+    }
+    let own = g.ty(v).bytes();
+    let read_bytes: usize = read
+        .iter()
+        .filter(|&&y| !g.node(y).op.is_leaf())
+        .map(|&y| g.ty(y).bytes())
+        .sum();
+    (read_bytes <= own + own / 8).then_some(expr)
+}
+
+fn copy_of(
+    g: &Graph,
+    out: &mut Graph,
+    new_id: &[Option<NodeId>],
+    in_copy: &[bool],
+    copy: &mut HashMap<NodeId, NodeId>,
+    x: NodeId,
+) -> Result<NodeId, IrError> {
+    if !in_copy[x.index()] {
+        return Ok(new_id[x.index()].expect("operands come first"));
+    }
+    if let Some(&c) = copy.get(&x) {
+        return Ok(c);
+    }
+    let n = g.node(x);
+    let mut ins = Vec::with_capacity(n.inputs.len());
+    for &y in &n.inputs {
+        ins.push(copy_of(g, out, new_id, in_copy, copy, y)?);
+    }
+    let c = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
+    copy.insert(x, c);
+    Ok(c)
+}

@@ -1,0 +1,119 @@
+//! Which values reach memory. Everything else is computed inside the kernels that use it.
+//!
+//! A value is *materialized* (written to a buffer) when something outside a fused kernel needs
+//! its bytes: a leaf, a library call (matmul, gather, scatter-add, concat) and its operands, a
+//! step output or update. Any other value is inlined into every kernel that uses it, which is
+//! free when one kernel uses it and a recomputation when several do. A shared value is
+//! recomputed only when that is cheap (few ops) and does not keep more bytes alive than storing
+//! it would (its inputs are no larger than it, within an eighth); otherwise it is stored. A
+//! shared reduction is stored (it is a row of scalars; the kernel merge usually computes it as
+//! an extra output of the first kernel that needs it).
+
+use super::{kind, Kind};
+use crate::ir::{Graph, NodeId, Op};
+use smallvec::SmallVec;
+
+/// The value a view chain of aliases (reshape, stop-gradient) stands for.
+pub fn base(g: &Graph, mut x: NodeId) -> NodeId {
+    while g.node(x).op.is_alias() {
+        x = g.node(x).inputs[0];
+    }
+    x
+}
+
+/// The values that must be materialized whatever the kernels look like.
+pub fn forced(g: &Graph) -> Vec<bool> {
+    let mut mat = vec![false; g.len()];
+    for id in g.ids() {
+        match kind(g.node(id)) {
+            Kind::Leaf => mat[id.index()] = true,
+            Kind::Library => {
+                mat[id.index()] = true;
+                for &x in &g.node(id).inputs {
+                    mat[base(g, x).index()] = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    for &o in g.outputs.values() {
+        mat[base(g, o).index()] = true;
+    }
+    for u in &g.updates {
+        mat[base(g, u.value).index()] = true;
+    }
+    mat
+}
+
+/// Marks shared values that should be stored rather than recomputed (see the module docs).
+/// Only ever adds to `mat`.
+pub fn shared(g: &Graph, mat: &mut [bool], recompute_ops: usize) {
+    let users = crate::schedule::users(g);
+    // The (at most two) kernels that compute each value: enough to tell "one" from "several".
+    let mut kernels: Vec<SmallVec<[u32; 2]>> = vec![SmallVec::new(); g.len()];
+    for v in (0..g.len() as u32).rev().map(NodeId) {
+        let mut k: SmallVec<[u32; 2]> = SmallVec::new();
+        for &u in &users[v.index()] {
+            let from: SmallVec<[u32; 2]> = if mat[u.index()] {
+                smallvec::smallvec![u.0]
+            } else {
+                kernels[u.index()].clone()
+            };
+            for x in from {
+                if k.len() < 2 && !k.contains(&x) {
+                    k.push(x);
+                }
+            }
+        }
+        let i = v.index();
+        if !mat[i] && k.len() >= 2 {
+            mat[i] = match kind(g.node(v)) {
+                Kind::Reduce => true,
+                Kind::Elementwise | Kind::View => {
+                    !cheap_to_recompute(g, mat, v, recompute_ops)
+                }
+                _ => false,
+            };
+        }
+        kernels[i] = k;
+    }
+}
+
+/// True when `v`'s inlined expression has at most `limit` ops and its inputs (values it would
+/// load, parameters and inputs excluded since they stay resident anyway) take at most
+/// `bytes(v) * 9 / 8`.
+fn cheap_to_recompute(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> bool {
+    let mut stack = vec![v];
+    let mut seen: Vec<NodeId> = vec![v];
+    let mut ops = 0usize;
+    let mut frontier_bytes = 0usize;
+    while let Some(x) = stack.pop() {
+        for &y in &g.node(x).inputs {
+            if seen.contains(&y) {
+                continue;
+            }
+            seen.push(y);
+            let node = g.node(y);
+            match kind(node) {
+                Kind::Leaf | Kind::Source => {}
+                _ if mat[y.index()] || kind(node) == Kind::Reduce => {
+                    frontier_bytes += node.ty.bytes();
+                }
+                Kind::Elementwise => {
+                    ops += 1;
+                    stack.push(y);
+                }
+                _ => stack.push(y),
+            }
+            if ops > limit || seen.len() > 8 * limit {
+                return false;
+            }
+        }
+    }
+    let own = g.ty(v).bytes();
+    let own_ops = usize::from(matches!(
+        g.node(v).op,
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert
+    ));
+    ops + own_ops <= limit && frontier_bytes <= own + own / 8
+}

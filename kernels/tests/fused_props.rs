@@ -1,0 +1,859 @@
+//! Property tests of the fused-kernel CPU implementation against a naive evaluator that follows
+//! the "Meaning" section of `ingot_kernels::fused` literally, one domain index at a time, and
+//! shares no code with `fused::cpu`.
+//!
+//! The naive evaluator folds reductions in the order the docs fix (that of
+//! `ingot_kernels::cpu::reduce` for a tensor shaped like the domain), so every comparison is
+//! exact: integers and bools byte for byte, floats bit for bit (any NaN matches any NaN).
+
+use ingot_kernels::fused::{cpu, Access, FusedKernel, Inst, Input, KernelError, Output};
+use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+// ---------------------------------------------------------------------------------------------
+// Values.
+
+#[derive(Clone, Copy, Debug)]
+enum V {
+    F32(f32),
+    F64(f64),
+    I32(i32),
+    I64(i64),
+    B(u8),
+}
+
+impl V {
+    fn read(dtype: DType, bytes: &[u8], e: usize) -> V {
+        let s = dtype.size();
+        let b = &bytes[e * s..(e + 1) * s];
+        match dtype {
+            DType::F32 => V::F32(f32::from_ne_bytes(b.try_into().unwrap())),
+            DType::F64 => V::F64(f64::from_ne_bytes(b.try_into().unwrap())),
+            DType::I32 => V::I32(i32::from_ne_bytes(b.try_into().unwrap())),
+            DType::I64 => V::I64(i64::from_ne_bytes(b.try_into().unwrap())),
+            DType::Bool => V::B(b[0]),
+        }
+    }
+
+    fn write(self, out: &mut Vec<u8>) {
+        match self {
+            V::F32(x) => out.extend_from_slice(&x.to_ne_bytes()),
+            V::F64(x) => out.extend_from_slice(&x.to_ne_bytes()),
+            V::I32(x) => out.extend_from_slice(&x.to_ne_bytes()),
+            V::I64(x) => out.extend_from_slice(&x.to_ne_bytes()),
+            V::B(x) => out.push(x),
+        }
+    }
+
+    /// `value` as `dtype`, the way `full` and `convert` from f64 do.
+    fn from_f64(value: f64, dtype: DType) -> V {
+        match dtype {
+            DType::F32 => V::F32(value as f32),
+            DType::F64 => V::F64(value),
+            DType::I32 => V::I32(value as i32),
+            DType::I64 => V::I64(value as i64),
+            DType::Bool => V::B((value != 0.0) as u8),
+        }
+    }
+
+    fn convert(self, to: DType) -> V {
+        match self {
+            V::F32(x) => match to {
+                DType::F32 => V::F32(x),
+                DType::F64 => V::F64(x as f64),
+                DType::I32 => V::I32(x as i32),
+                DType::I64 => V::I64(x as i64),
+                DType::Bool => V::B((x != 0.0) as u8),
+            },
+            V::F64(x) => V::from_f64(x, to),
+            V::I32(x) => match to {
+                DType::F32 => V::F32(x as f32),
+                DType::F64 => V::F64(x as f64),
+                DType::I32 => V::I32(x),
+                DType::I64 => V::I64(x as i64),
+                DType::Bool => V::B((x != 0) as u8),
+            },
+            V::I64(x) => match to {
+                DType::F32 => V::F32(x as f32),
+                DType::F64 => V::F64(x as f64),
+                DType::I32 => V::I32(x as i32),
+                DType::I64 => V::I64(x),
+                DType::Bool => V::B((x != 0) as u8),
+            },
+            V::B(x) => {
+                let one = (x != 0) as u8;
+                match to {
+                    DType::F32 => V::F32(one as f32),
+                    DType::F64 => V::F64(one as f64),
+                    DType::I32 => V::I32(one as i32),
+                    DType::I64 => V::I64(one as i64),
+                    DType::Bool => V::B(one),
+                }
+            }
+        }
+    }
+
+    fn unary(self, op: UnaryOp) -> V {
+        match (self, op) {
+            (V::F32(x), UnaryOp::Neg) => V::F32(-x),
+            (V::F32(x), UnaryOp::Exp) => V::F32(x.exp()),
+            (V::F32(x), UnaryOp::Log) => V::F32(x.ln()),
+            (V::F32(x), UnaryOp::Sqrt) => V::F32(x.sqrt()),
+            (V::F32(x), UnaryOp::Tanh) => V::F32(x.tanh()),
+            (V::F32(x), UnaryOp::Recip) => V::F32(1.0 / x),
+            (V::F64(x), UnaryOp::Neg) => V::F64(-x),
+            (V::F64(x), UnaryOp::Exp) => V::F64(x.exp()),
+            (V::F64(x), UnaryOp::Log) => V::F64(x.ln()),
+            (V::F64(x), UnaryOp::Sqrt) => V::F64(x.sqrt()),
+            (V::F64(x), UnaryOp::Tanh) => V::F64(x.tanh()),
+            (V::F64(x), UnaryOp::Recip) => V::F64(1.0 / x),
+            (V::I32(x), UnaryOp::Neg) => V::I32(x.wrapping_neg()),
+            (V::I64(x), UnaryOp::Neg) => V::I64(x.wrapping_neg()),
+            (v, op) => panic!("naive: {op:?} of {v:?}"),
+        }
+    }
+
+    fn binary(self, op: BinaryOp, o: V) -> V {
+        use BinaryOp::*;
+        match (self, o) {
+            (V::F32(a), V::F32(b)) => V::F32(match op {
+                Add => a + b,
+                Sub => a - b,
+                Mul => a * b,
+                Div => a / b,
+                Max => a.max(b),
+                Min => a.min(b),
+            }),
+            (V::F64(a), V::F64(b)) => V::F64(match op {
+                Add => a + b,
+                Sub => a - b,
+                Mul => a * b,
+                Div => a / b,
+                Max => a.max(b),
+                Min => a.min(b),
+            }),
+            (V::I32(a), V::I32(b)) => V::I32(match op {
+                Add => a.wrapping_add(b),
+                Sub => a.wrapping_sub(b),
+                Mul => a.wrapping_mul(b),
+                Max => a.max(b),
+                Min => a.min(b),
+                Div => panic!("naive: integer div"),
+            }),
+            (V::I64(a), V::I64(b)) => V::I64(match op {
+                Add => a.wrapping_add(b),
+                Sub => a.wrapping_sub(b),
+                Mul => a.wrapping_mul(b),
+                Max => a.max(b),
+                Min => a.min(b),
+                Div => panic!("naive: integer div"),
+            }),
+            (a, b) => panic!("naive: {op:?} of {a:?} and {b:?}"),
+        }
+    }
+
+    fn compare(self, op: CmpOp, o: V) -> V {
+        fn c<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
+            match op {
+                CmpOp::Lt => a < b,
+                CmpOp::Le => a <= b,
+                CmpOp::Gt => a > b,
+                CmpOp::Ge => a >= b,
+                CmpOp::Eq => a == b,
+                CmpOp::Ne => a != b,
+            }
+        }
+        let r = match (self, o) {
+            (V::F32(a), V::F32(b)) => c(op, a, b),
+            (V::F64(a), V::F64(b)) => c(op, a, b),
+            (V::I32(a), V::I32(b)) => c(op, a, b),
+            (V::I64(a), V::I64(b)) => c(op, a, b),
+            (V::B(a), V::B(b)) => c(op, a, b),
+            (a, b) => panic!("naive: compare {a:?} with {b:?}"),
+        };
+        V::B(r as u8)
+    }
+
+    fn truthy(self) -> bool {
+        match self {
+            V::B(x) => x != 0,
+            v => panic!("naive: condition {v:?}"),
+        }
+    }
+
+    /// `acc ⊕ x` for a reduction: sum (wrapping for integers), or max keeping `acc` unless `x`
+    /// is strictly greater.
+    fn fold(self, op: ReduceOp, x: V) -> V {
+        match op {
+            ReduceOp::Sum => self.binary(BinaryOp::Add, x),
+            ReduceOp::Max => {
+                let greater = match (self, x) {
+                    (V::F32(a), V::F32(b)) => b > a,
+                    (V::F64(a), V::F64(b)) => b > a,
+                    (V::I32(a), V::I32(b)) => b > a,
+                    (V::I64(a), V::I64(b)) => b > a,
+                    (a, b) => panic!("naive: max of {a:?} and {b:?}"),
+                };
+                if greater {
+                    x
+                } else {
+                    self
+                }
+            }
+        }
+    }
+
+    fn identity(op: ReduceOp, dtype: DType) -> V {
+        match (op, dtype) {
+            (ReduceOp::Sum, d) => V::from_f64(0.0, d),
+            (ReduceOp::Max, DType::F32) => V::F32(f32::NEG_INFINITY),
+            (ReduceOp::Max, DType::F64) => V::F64(f64::NEG_INFINITY),
+            (ReduceOp::Max, DType::I32) => V::I32(i32::MIN),
+            (ReduceOp::Max, DType::I64) => V::I64(i64::MIN),
+            (op, d) => panic!("naive: {op:?} over {d}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The naive evaluator.
+
+struct Naive<'a> {
+    k: &'a FusedKernel,
+    inputs: &'a [Vec<u8>],
+    dtypes: Vec<DType>,
+    memo: HashMap<(usize, Vec<usize>), V>,
+}
+
+impl<'a> Naive<'a> {
+    fn new(k: &'a FusedKernel, inputs: &'a [Vec<u8>]) -> Naive<'a> {
+        Naive {
+            k,
+            inputs,
+            dtypes: (0..k.body.len()).map(|i| k.dtype_of(i)).collect(),
+            memo: HashMap::new(),
+        }
+    }
+
+    fn is_reduce_axis(&self, d: usize) -> bool {
+        self.k.reduce_axes.contains(&d)
+    }
+
+    /// The value of instruction `i` at domain index `idx`.
+    fn value(&mut self, i: usize, idx: &[usize]) -> V {
+        let key_idx: Vec<usize> = if matches!(self.k.body[i], Inst::Reduce { .. }) {
+            // A reduction does not depend on the index along the reduce axes.
+            (0..idx.len())
+                .map(|d| if self.is_reduce_axis(d) { 0 } else { idx[d] })
+                .collect()
+        } else {
+            idx.to_vec()
+        };
+        if let Some(&v) = self.memo.get(&(i, key_idx.clone())) {
+            return v;
+        }
+        let v = match self.k.body[i].clone() {
+            Inst::Load { input } => {
+                let inp = &self.k.inputs[input];
+                let e = inp.access.offset
+                    + (0..idx.len())
+                        .map(|d| inp.access.strides[d] * idx[d])
+                        .sum::<usize>();
+                V::read(inp.dtype, &self.inputs[input], e)
+            }
+            Inst::Const { value, dtype } => V::from_f64(value, dtype),
+            Inst::Index { axis, dtype } => V::I64(idx[axis] as i64).convert(dtype),
+            Inst::Unary { op, x } => self.value(x, idx).unary(op),
+            Inst::Binary { op, a, b } => {
+                let a = self.value(a, idx);
+                let b = self.value(b, idx);
+                a.binary(op, b)
+            }
+            Inst::Compare { op, a, b } => {
+                let a = self.value(a, idx);
+                let b = self.value(b, idx);
+                a.compare(op, b)
+            }
+            Inst::Select { cond, a, b } => {
+                let c = self.value(cond, idx).truthy();
+                let a = self.value(a, idx);
+                let b = self.value(b, idx);
+                if c {
+                    a
+                } else {
+                    b
+                }
+            }
+            Inst::Convert { x, to } => self.value(x, idx).convert(to),
+            Inst::Reduce { op, x } => self.reduce(op, x, i, &key_idx),
+        };
+        self.memo.insert((i, key_idx), v);
+        v
+    }
+
+    /// The fold of `x` over every domain index that agrees with `idx` outside the reduce axes,
+    /// in the documented order.
+    fn reduce(&mut self, op: ReduceOp, x: usize, i: usize, idx: &[usize]) -> V {
+        let dims = self.k.domain.clone();
+        let axes = self.k.reduce_axes.clone();
+        if axes.iter().all(|&a| dims[a] == 1) {
+            // Nothing is reduced: the reduction is its operand.
+            return self.value(x, idx);
+        }
+        // Every agreeing index, in row-major order.
+        let mut terms = Vec::new();
+        let count: usize = axes.iter().map(|&a| dims[a]).product();
+        for flat in 0..count {
+            let mut j = idx.to_vec();
+            let mut f = flat;
+            for &a in axes.iter().rev() {
+                j[a] = f % dims[a];
+                f /= dims[a];
+            }
+            terms.push(self.value(x, &j));
+        }
+        let id = V::identity(op, self.dtypes[i]);
+        if terms.is_empty() {
+            return id;
+        }
+        // The domain simplified: size-1 axes dropped, neighbours of one kind merged.
+        let mut groups: Vec<(usize, bool)> = Vec::new();
+        for (d, &n) in dims.iter().enumerate() {
+            if n == 1 {
+                continue;
+            }
+            let r = axes.contains(&d);
+            match groups.last_mut() {
+                Some((size, kind)) if *kind == r => *size *= n,
+                _ => groups.push((n, r)),
+            }
+        }
+        let &(run_len, innermost_reduced) = groups.last().unwrap();
+        if !innermost_reduced {
+            return terms.iter().fold(id, |acc, &t| acc.fold(op, t));
+        }
+        let run = |ts: &[V]| {
+            let mut p = [id; 8];
+            for (n, &t) in ts.iter().enumerate() {
+                p[n % 8] = p[n % 8].fold(op, t);
+            }
+            let f = |a: V, b: V| a.fold(op, b);
+            f(f(f(p[0], p[4]), f(p[2], p[6])), f(f(p[1], p[5]), f(p[3], p[7])))
+        };
+        if terms.len() == run_len {
+            run(&terms)
+        } else {
+            terms.chunks(run_len).fold(id, |acc, ts| acc.fold(op, run(ts)))
+        }
+    }
+
+    /// Every output's bytes.
+    fn outputs(&mut self) -> Vec<Vec<u8>> {
+        let k = self.k;
+        let mut outs = Vec::new();
+        for (j, out) in k.outputs.iter().enumerate() {
+            let dims = k.output_dims(j);
+            let n: usize = dims.iter().product();
+            let mut bytes = Vec::new();
+            let mut idx = vec![0; dims.len()];
+            for flat in 0..n {
+                let mut f = flat;
+                for d in (0..dims.len()).rev() {
+                    idx[d] = f % dims[d];
+                    f /= dims[d];
+                }
+                self.value(out.value, &idx).write(&mut bytes);
+            }
+            outs.push(bytes);
+        }
+        outs
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random kernels.
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+const DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::F32,
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::Bool,
+];
+
+fn random_dims(r: &mut Rng) -> Vec<usize> {
+    loop {
+        let rank = r.below(5);
+        let long = r.chance(25);
+        let dims: Vec<usize> = (0..rank)
+            .map(|_| {
+                if r.chance(4) {
+                    0
+                } else {
+                    r.pick(&[1, 1, 2, 2, 3, 4, 5, 8, 9])
+                }
+            })
+            .collect();
+        let mut dims = dims;
+        if long && rank > 0 {
+            // One long axis, so that chunks of lanes split runs (and leave remainders).
+            let a = r.below(rank);
+            dims[a] = r.pick(&[17, 64, 255, 256, 257, 300, 513, 700]);
+        }
+        let numel: usize = dims.iter().map(|&d| d.max(1)).product();
+        if numel <= 3000 {
+            return dims;
+        }
+    }
+}
+
+fn random_input(r: &mut Rng, dims: &[usize]) -> Input {
+    let rank = dims.len();
+    let dtype = r.pick(&DTYPES);
+    if r.chance(30) {
+        return Input {
+            dtype,
+            len: dims.iter().product(),
+            access: Access::contiguous(dims),
+        };
+    }
+    // A strided view of a larger buffer: some axes broadcast, the rest permuted and padded.
+    let mut order: Vec<usize> = (0..rank).collect();
+    for i in (1..rank).rev() {
+        let j = r.below(i + 1);
+        order.swap(i, j);
+    }
+    let mut strides = vec![0; rank];
+    let mut s = 1;
+    for &d in order.iter().rev() {
+        if r.chance(25) {
+            continue; // broadcast along d
+        }
+        strides[d] = s;
+        s *= dims[d] + r.below(2);
+    }
+    let offset = r.below(3);
+    let reach: usize = offset
+        + (0..rank)
+            .map(|d| strides[d] * dims[d].saturating_sub(1))
+            .sum::<usize>();
+    Input {
+        dtype,
+        len: reach + 1 + r.below(3),
+        access: Access { offset, strides },
+    }
+}
+
+fn random_kernel(seed: u64) -> FusedKernel {
+    let mut r = Rng(seed);
+    let domain = random_dims(&mut r);
+    let rank = domain.len();
+    let reduce_axes: Vec<usize> = (0..rank).filter(|_| r.chance(45)).collect();
+    let inputs: Vec<Input> = (0..1 + r.below(3))
+        .map(|_| random_input(&mut r, &domain))
+        .collect();
+    let mut body: Vec<Inst> = Vec::new();
+    let mut dt: Vec<DType> = Vec::new();
+    let n_body = 1 + r.below(14);
+    let push = |body: &mut Vec<Inst>, dt: &mut Vec<DType>, i: Inst, d: DType| {
+        body.push(i);
+        dt.push(d);
+    };
+    while body.len() < n_body {
+        let with = |dt: &[DType], f: &dyn Fn(DType) -> bool, r: &mut Rng| -> Option<usize> {
+            let c: Vec<usize> = (0..dt.len()).filter(|&i| f(dt[i])).collect();
+            if c.is_empty() {
+                None
+            } else {
+                // Prefer recent values, so chains grow deep.
+                let i = c.len() - 1 - r.below(c.len()).min(r.below(c.len()));
+                Some(c[i])
+            }
+        };
+        let choice = if body.is_empty() { 0 } else { r.below(11) };
+        match choice {
+            0 => {
+                let input = r.below(inputs.len());
+                push(&mut body, &mut dt, Inst::Load { input }, inputs[input].dtype);
+            }
+            1 => {
+                let dtype = r.pick(&DTYPES);
+                let value = r.pick(&[0.0, 1.0, -2.5, 3.0, 0.5, -0.0, 1e30, f64::NAN, 7.0]);
+                push(&mut body, &mut dt, Inst::Const { value, dtype }, dtype);
+            }
+            2 if rank > 0 => {
+                let dtype = r.pick(&DTYPES);
+                let axis = r.below(rank);
+                push(&mut body, &mut dt, Inst::Index { axis, dtype }, dtype);
+            }
+            3 => {
+                if let Some(x) = with(&dt, &|d| d.is_float() || d.is_int(), &mut r) {
+                    let op = if dt[x].is_float() {
+                        r.pick(&[
+                            UnaryOp::Neg,
+                            UnaryOp::Exp,
+                            UnaryOp::Log,
+                            UnaryOp::Sqrt,
+                            UnaryOp::Tanh,
+                            UnaryOp::Recip,
+                        ])
+                    } else {
+                        UnaryOp::Neg
+                    };
+                    let d = dt[x];
+                    push(&mut body, &mut dt, Inst::Unary { op, x }, d);
+                }
+            }
+            4 | 5 => {
+                if let Some(a) = with(&dt, &|d| d != DType::Bool, &mut r) {
+                    let d = dt[a];
+                    let b = with(&dt, &|e| e == d, &mut r).unwrap_or(a);
+                    let mut ops = vec![
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Max,
+                        BinaryOp::Min,
+                    ];
+                    if d.is_float() {
+                        ops.push(BinaryOp::Div);
+                    }
+                    let op = r.pick(&ops);
+                    push(&mut body, &mut dt, Inst::Binary { op, a, b }, d);
+                }
+            }
+            6 => {
+                let a = r.below(dt.len());
+                let d = dt[a];
+                let b = with(&dt, &|e| e == d, &mut r).unwrap_or(a);
+                let op = r.pick(&[CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge, CmpOp::Eq, CmpOp::Ne]);
+                push(&mut body, &mut dt, Inst::Compare { op, a, b }, DType::Bool);
+            }
+            7 => {
+                if let Some(cond) = with(&dt, &|d| d == DType::Bool, &mut r) {
+                    let a = r.below(dt.len());
+                    let d = dt[a];
+                    let b = with(&dt, &|e| e == d, &mut r).unwrap_or(a);
+                    push(&mut body, &mut dt, Inst::Select { cond, a, b }, d);
+                }
+            }
+            8 => {
+                let x = r.below(dt.len());
+                let to = r.pick(&DTYPES);
+                push(&mut body, &mut dt, Inst::Convert { x, to }, to);
+            }
+            _ => {
+                if let Some(x) = with(&dt, &|d| d != DType::Bool, &mut r) {
+                    let op = r.pick(&[ReduceOp::Sum, ReduceOp::Max]);
+                    let d = dt[x];
+                    push(&mut body, &mut dt, Inst::Reduce { op, x }, d);
+                }
+            }
+        }
+    }
+    let outputs = (0..1 + r.below(3))
+        .map(|_| {
+            let n = body.len();
+            let back = r.below(n).min(r.below(n));
+            Output { value: n - 1 - back }
+        })
+        .collect();
+    FusedKernel {
+        domain,
+        reduce_axes,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+fn random_data(r: &mut Rng, inp: &Input) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Some inputs hold only -1 and zeros of both signs, so that max reductions meet ties of
+    // 0.0 and -0.0 (where the order decides which one wins).
+    let zeros = r.chance(20);
+    for _ in 0..inp.len {
+        let special = r.chance(8);
+        let v = match inp.dtype {
+            DType::F32 | DType::F64 if zeros => V::from_f64(r.pick(&[-1.0, -0.0, 0.0]), inp.dtype),
+            DType::F32 | DType::F64 => {
+                let x = if special {
+                    r.pick(&[
+                        -0.0,
+                        0.0,
+                        -0.0,
+                        0.0,
+                        f64::NAN,
+                        f64::INFINITY,
+                        f64::NEG_INFINITY,
+                        1e20,
+                        -3e-20,
+                    ])
+                } else {
+                    (r.below(97) as f64 - 48.0) / 8.0 + r.below(1000) as f64 * 1e-4
+                };
+                V::from_f64(x, inp.dtype)
+            }
+            DType::I32 => V::I32(if special {
+                r.pick(&[i32::MAX, i32::MIN, -1])
+            } else {
+                r.below(41) as i32 - 20
+            }),
+            DType::I64 => V::I64(if special {
+                r.pick(&[i64::MAX, i64::MIN, -1])
+            } else {
+                r.below(41) as i64 - 20
+            }),
+            DType::Bool => V::B(r.below(2) as u8),
+        };
+        v.write(&mut out);
+    }
+    out
+}
+
+fn same_bits(dtype: DType, a: &[u8], b: &[u8]) -> Result<(), String> {
+    if a.len() != b.len() {
+        return Err(format!("{} bytes, expected {}", a.len(), b.len()));
+    }
+    let s = dtype.size();
+    for e in 0..a.len() / s {
+        let (x, y) = (V::read(dtype, a, e), V::read(dtype, b, e));
+        let nan = |v: V| matches!(v, V::F32(f) if f.is_nan()) || matches!(v, V::F64(f) if f.is_nan());
+        if nan(x) && nan(y) {
+            continue;
+        }
+        if a[e * s..(e + 1) * s] != b[e * s..(e + 1) * s] {
+            return Err(format!("element {e}: got {x:?}, expected {y:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn compare_with_naive(seed: u64) -> Result<(), String> {
+    let k = random_kernel(seed);
+    k.check().map_err(|e| format!("generated kernel does not check: {e}\n{k}"))?;
+    let mut r = Rng(seed ^ 0xABCD);
+    let data: Vec<Vec<u8>> = k.inputs.iter().map(|i| random_data(&mut r, i)).collect();
+    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    let got = cpu::run_buffers(&k, &refs).map_err(|e| format!("run failed: {e}\n{k}"))?;
+    let want = Naive::new(&k, &data).outputs();
+    for j in 0..k.outputs.len() {
+        same_bits(k.output_dtype(j), &got[j], &want[j])
+            .map_err(|e| format!("output {j}: {e}\nseed {seed}\n{k}"))?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_kernels_match_the_naive_meaning_bit_for_bit(seed in any::<u64>()) {
+        if let Err(e) = compare_with_naive(seed) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Garbage.
+
+fn garbage_kernel(seed: u64) -> FusedKernel {
+    let mut r = Rng(seed);
+    let big = [0, 1, 2, 3, 7, usize::MAX, usize::MAX / 2, 1 << 40, 1 << 33];
+    let rank = r.below(5);
+    let domain: Vec<usize> = (0..rank)
+        .map(|_| if r.chance(15) { r.pick(&big) } else { r.below(5) })
+        .collect();
+    let num = |r: &mut Rng| if r.chance(10) { r.pick(&big) } else { r.below(6) };
+    let reduce_axes: Vec<usize> = (0..r.below(4)).map(|_| num(&mut r)).collect();
+    let inputs: Vec<Input> = (0..r.below(3))
+        .map(|_| Input {
+            dtype: r.pick(&DTYPES),
+            len: num(&mut r),
+            access: Access {
+                offset: num(&mut r),
+                strides: (0..r.below(6)).map(|_| num(&mut r)).collect(),
+            },
+        })
+        .collect();
+    let body: Vec<Inst> = (0..r.below(10))
+        .map(|_| {
+            let a = num(&mut r);
+            let b = num(&mut r);
+            let c = num(&mut r);
+            match r.below(9) {
+                0 => Inst::Load { input: a },
+                1 => Inst::Const {
+                    value: r.pick(&[0.0, 1.0, f64::NAN]),
+                    dtype: r.pick(&DTYPES),
+                },
+                2 => Inst::Index {
+                    axis: a,
+                    dtype: r.pick(&DTYPES),
+                },
+                3 => Inst::Unary {
+                    op: r.pick(&[UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Recip]),
+                    x: a,
+                },
+                4 => Inst::Binary {
+                    op: r.pick(&[BinaryOp::Add, BinaryOp::Div, BinaryOp::Max]),
+                    a,
+                    b,
+                },
+                5 => Inst::Compare {
+                    op: CmpOp::Lt,
+                    a,
+                    b,
+                },
+                6 => Inst::Select { cond: a, a: b, b: c },
+                7 => Inst::Convert {
+                    x: a,
+                    to: r.pick(&DTYPES),
+                },
+                _ => Inst::Reduce {
+                    op: r.pick(&[ReduceOp::Sum, ReduceOp::Max]),
+                    x: a,
+                },
+            }
+        })
+        .collect();
+    let outputs = (0..r.below(3)).map(|_| Output { value: num(&mut r) }).collect();
+    FusedKernel {
+        domain,
+        reduce_axes,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+/// Makes one thing about a valid kernel wrong.
+fn break_kernel(k: &mut FusedKernel, r: &mut Rng) {
+    let n = k.body.len();
+    match r.below(6) {
+        0 => {
+            let i = r.below(n);
+            k.body[i] = Inst::Unary {
+                op: UnaryOp::Neg,
+                x: i + r.below(3),
+            };
+        }
+        1 => k.outputs.push(Output { value: n + r.below(3) }),
+        2 => {
+            let i = r.below(k.inputs.len());
+            let reach = k.inputs[i].len;
+            k.inputs[i].access.offset += reach;
+            // Guarantee something is read: a nonempty domain and a row-level input.
+            k.domain = vec![2; k.domain.len()];
+            k.inputs[i].access.strides = vec![0; k.domain.len()];
+        }
+        3 => {
+            let i = r.below(k.inputs.len());
+            k.inputs[i].access.strides.push(1);
+        }
+        4 => k.body.push(Inst::Load {
+            input: k.inputs.len(),
+        }),
+        _ => k.reduce_axes = vec![k.domain.len()],
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn checking_and_querying_garbage_never_panics(seed in any::<u64>()) {
+        let k = garbage_kernel(seed);
+        let checked = k.check();
+        let _ = k.to_string();
+        for i in 0..k.body.len() + 2 {
+            let _ = (k.dtype_of(i), k.is_row_level(i));
+        }
+        for j in 0..k.outputs.len() + 1 {
+            let _ = (k.output_dtype(j), k.output_len(j), k.output_dims(j));
+            for n in 0..k.inputs.len() + 1 {
+                let _ = k.can_write_over(n, j);
+            }
+        }
+        let _ = cpu::scratch_bytes(&k);
+        // A small arena: whatever the kernel, `run` answers without panicking, and refuses
+        // every kernel that does not check.
+        let mut mem = vec![0u8; 1 << 16];
+        let ins: Vec<usize> = (0..k.inputs.len()).map(|n| n * 4096).collect();
+        let outs: Vec<usize> = (0..k.outputs.len()).map(|j| 16384 + j * 4096).collect();
+        let res = cpu::run(&k, &mut mem, &ins, &outs, 32768);
+        if checked.is_err() {
+            prop_assert!(res.is_err());
+        }
+    }
+
+    #[test]
+    fn running_a_broken_kernel_is_an_error_not_a_panic(seed in any::<u64>()) {
+        let mut k = random_kernel(seed);
+        let mut r = Rng(seed.rotate_left(17));
+        break_kernel(&mut k, &mut r);
+        prop_assert!(k.check().is_err(), "still checks:\n{}", k);
+        let data: Vec<Vec<u8>> = k
+            .inputs
+            .iter()
+            .map(|i| vec![0u8; i.len.saturating_mul(i.dtype.size()).min(1 << 20)])
+            .collect();
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let res = cpu::run_buffers(&k, &refs);
+        prop_assert!(res.is_err());
+        // And through `run` directly, on an arena that is large enough for everything.
+        let mut mem = vec![0u8; 1 << 20];
+        let ins: Vec<usize> = vec![0; k.inputs.len()];
+        let outs: Vec<usize> = vec![0; k.outputs.len()];
+        let res: Result<(), KernelError> = cpu::run(&k, &mut mem, &ins, &outs, 1 << 19);
+        prop_assert!(res.is_err());
+    }
+}
+
+#[test]
+fn zz_stats() {
+    let (mut rows, mut cols, mut flat, mut long, mut multi, mut bytes, mut deep) = (0, 0, 0, 0, 0, 0, 0);
+    for seed in 0..3000u64 {
+        let k = random_kernel(seed);
+        let eff_red = k.reduce_axes.iter().any(|&a| k.domain[a] != 1);
+        let last = (0..k.domain.len()).rev().find(|&d| k.domain[d] != 1);
+        if !eff_red { flat += 1 } else if k.reduce_axes.contains(&last.unwrap()) { rows += 1 } else { cols += 1 }
+        if k.domain.iter().any(|&d| d > 256) && eff_red { long += 1 }
+        let nred = k.body.iter().filter(|i| matches!(i, Inst::Reduce{..})).count();
+        if nred >= 2 { multi += 1 }
+        let mut r = Rng(seed ^ 0xABCD);
+        let data: Vec<Vec<u8>> = k.inputs.iter().map(|i| random_data(&mut r, i)).collect();
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let got = cpu::run_buffers(&k, &refs).unwrap();
+        bytes += got.iter().map(|g| g.len()).sum::<usize>();
+        let mut depth = vec![0; k.body.len()];
+        for (i, inst) in k.body.iter().enumerate() { if let Inst::Reduce{x,..} = inst { depth[i] = depth[*x] + 1 } else { let d = match *inst { Inst::Unary{x,..}|Inst::Convert{x,..} => depth[x], Inst::Binary{a,b,..}|Inst::Compare{a,b,..} => depth[a].max(depth[b]), Inst::Select{cond,a,b} => depth[cond].max(depth[a]).max(depth[b]), _ => 0 }; depth[i] = d } }
+        if k.outputs.iter().any(|o| depth[o.value] >= 2) && eff_red { deep += 1 }
+    }
+    eprintln!("rows {rows} cols {cols} flat {flat} long-reduce {long} multi-reduce {multi} deep-out {deep} out-bytes {bytes}");
+}
