@@ -3,8 +3,8 @@
 //! identical to its unplanned reference run, and fusion makes fewer kernels and smaller plans.
 
 use indexmap::IndexMap;
-use ingot_compiler::ir::{LeafKind, Op};
 use ingot_compiler::autodiff::Optimizer;
+use ingot_compiler::ir::{LeafKind, Op};
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_runtime::cpu::{planned::PlannedStep, run_graph};
@@ -136,7 +136,8 @@ fn matmuls_read_weights_in_place_instead_of_materializing_their_transposes() {
     let c = pipeline::compile_model("mlp", &Session::cpu_options()).unwrap();
     let g = &c.graph;
     assert!(
-        !g.ids().any(|id| matches!(g.node(id).op, Op::Transpose { .. })),
+        !g.ids()
+            .any(|id| matches!(g.node(id).op, Op::Transpose { .. })),
         "no transpose op survives fusion"
     );
     // Every weight is read by a matmul directly, transposed by a flag.

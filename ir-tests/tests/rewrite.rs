@@ -4,9 +4,9 @@
 //! random small graph the builder makes.
 
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, TensorType};
 use ingot_compiler::rewrite::{simplify, RewriteOptions};
-use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::{autodiff, models};
 use ingot_runtime::cpu::run_graph;
 use ingot_runtime::{init, Tensor};
@@ -29,7 +29,11 @@ fn run(g: &Graph, leaves: &IndexMap<String, Tensor>) -> Vec<(String, Tensor)> {
         .into_iter()
         .map(|(k, t)| (format!("output {k}"), t))
         .collect();
-    out.extend(v.updates.into_iter().map(|(k, t)| (format!("update {k}"), t)));
+    out.extend(
+        v.updates
+            .into_iter()
+            .map(|(k, t)| (format!("update {k}"), t)),
+    );
     out
 }
 
@@ -91,8 +95,16 @@ fn check_step(spec: &str, optimizer: Option<Optimizer>, compare: impl Fn(&str) -
     let (s, report) = simplify(&g, &RewriteOptions::default()).unwrap();
     check_interface(&g, &s);
     assert_eq!(report.stop_reason, "saturated", "{spec}");
-    assert!(s.len() <= g.len(), "{spec}: {} nodes became {}", g.len(), s.len());
-    assert!(report.bytes_after <= report.bytes_before, "{spec}: {report}");
+    assert!(
+        s.len() <= g.len(),
+        "{spec}: {} nodes became {}",
+        g.len(),
+        s.len()
+    );
+    assert!(
+        report.bytes_after <= report.bytes_before,
+        "{spec}: {report}"
+    );
     let values = leaves(&g, 3);
     let keep = |v: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
         v.into_iter().filter(|(k, _)| compare(k)).collect()
@@ -120,14 +132,19 @@ fn a_small_gpt_sgd_step_simplifies_and_computes_the_same_loss_and_updates() {
 #[test]
 fn a_small_gpt_adamw_step_simplifies_and_computes_the_same_loss_and_optimizer_state() {
     check_step(SMALL_GPT, None, |k| {
-        !k.starts_with("update ") || k.ends_with(".exp_avg") || k.ends_with(".exp_avg_sq") || k == "update step"
+        !k.starts_with("update ")
+            || k.ends_with(".exp_avg")
+            || k.ends_with(".exp_avg_sq")
+            || k == "update step"
     });
 }
 
 #[test]
 fn transposed_weights_are_no_longer_materialized() {
     let m = models::by_name(SMALL_GPT).unwrap();
-    let g = autodiff::training_step(&m.graph, &m.optimizer).unwrap().graph;
+    let g = autodiff::training_step(&m.graph, &m.optimizer)
+        .unwrap()
+        .graph;
     let (s, _) = simplify(&g, &RewriteOptions::default()).unwrap();
     for id in s.ids() {
         if let Op::Transpose { .. } = s.node(id).op {
@@ -187,9 +204,7 @@ fn build(steps: &[Step]) -> Graph {
             7 => g.add_scalar(a, c),
             8 if rank >= 2 => g.transpose_last(a),
             9 if rank >= 2 => g.matmul(a, b),
-            10 if rank >= 2 => {
-                g.matmul_t(a, b, s.k % 2 == 1, s.k % 4 >= 2)
-            }
+            10 if rank >= 2 => g.matmul_t(a, b, s.k % 2 == 1, s.k % 4 >= 2),
             11 if rank >= 1 => g.sum(a, &[s.k as usize % rank]),
             12 if rank >= 1 => g.max(a, &[s.k as usize % rank]),
             13 => {
@@ -223,13 +238,15 @@ fn build(steps: &[Step]) -> Graph {
             }
             20 => {
                 let t = g.ty(a).clone();
-                g.full(c, t.shape, t.dtype).and_then(|f| g.binary(BinaryOp::Mul, f, a))
+                g.full(c, t.shape, t.dtype)
+                    .and_then(|f| g.binary(BinaryOp::Mul, f, a))
             }
             21 if rank >= 1 => {
                 // A reduction of a broadcast over a new axis.
                 let mut dims = vec![2];
                 dims.extend_from_slice(g.ty(a).shape.dims());
-                g.broadcast_to(a, dims.as_slice()).and_then(|x| g.sum(x, &[0]))
+                g.broadcast_to(a, dims.as_slice())
+                    .and_then(|x| g.sum(x, &[0]))
             }
             22 => {
                 // A constant expression times a value.
@@ -277,7 +294,12 @@ fn build(steps: &[Step]) -> Graph {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    (any::<u8>(), 0..64usize, 0..64usize, any::<u8>()).prop_map(|(op, a, b, k)| Step { op, a, b, k })
+    (any::<u8>(), 0..64usize, 0..64usize, any::<u8>()).prop_map(|(op, a, b, k)| Step {
+        op,
+        a,
+        b,
+        k,
+    })
 }
 
 proptest! {

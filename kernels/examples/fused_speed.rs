@@ -5,7 +5,7 @@
 //! Run with `cargo run --release -p ingot-kernels --example fused_speed`. Prints the best of a
 //! few runs of each and the ratio fused / hand-written (lower is better, 1.0 is parity).
 
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Inst, Input, Output};
+use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use std::hint::black_box;
 use std::time::Instant;
@@ -87,7 +87,7 @@ fn layer_norm(r: usize, n: usize) -> FusedKernel {
                 x: 5,
             }, // 6
             bin(BinaryOp::Div, 6, 1), // 7 var
-            c(1e-5),                  // 8
+            c(1e-5),                 // 8
             bin(BinaryOp::Add, 7, 8), // 9
             Inst::Unary {
                 op: UnaryOp::Sqrt,
@@ -98,9 +98,9 @@ fn layer_norm(r: usize, n: usize) -> FusedKernel {
                 x: 10,
             }, // 11 rstd
             bin(BinaryOp::Mul, 4, 11), // 12
-            Inst::Load { input: 1 },   // 13 g
+            Inst::Load { input: 1 }, // 13 g
             bin(BinaryOp::Mul, 12, 13), // 14
-            Inst::Load { input: 2 },   // 15 b
+            Inst::Load { input: 2 }, // 15 b
             bin(BinaryOp::Add, 14, 15), // 16
         ],
         outputs: vec![Output { value: 16 }],
@@ -244,34 +244,50 @@ fn report(name: &str, fused: f64, hand: f64, elems: usize) {
 }
 
 fn main() {
-    let reps = 5;
+    // Optional arguments: a word that selects benchmarks (softmax, layer, chain, column), and
+    // the number of timed runs (default 7; the best counts).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let only = |name: &str| {
+        args.first()
+            .is_none_or(|a| a == "all" || name.contains(a.as_str()))
+    };
+    let reps: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(7);
 
-    let (r, n) = (4096, 1024);
-    let x = data(r * n, 1);
-    let mut y = vec![0f32; r * n];
-    let f = time_fused(&softmax(r, n), &[x.clone()], reps);
-    let h = best(reps, || hand_softmax(black_box(&x), black_box(&mut y), n));
-    report("softmax [4096, 1024]", f, h, r * n);
-
-    let (r, n) = (8192, 768);
-    let x = data(r * n, 2);
-    let (g, b) = (data(n, 3), data(n, 4));
-    let mut y = vec![0f32; r * n];
-    let f = time_fused(&layer_norm(r, n), &[x.clone(), g.clone(), b.clone()], reps);
-    let h = best(reps, || hand_layer_norm(black_box(&x), &g, &b, black_box(&mut y), n));
-    report("layer norm forward [8192, 768]", f, h, r * n);
-
-    let n = 8 << 20;
-    let x = data(n, 5);
-    let mut y = vec![0f32; n];
-    let f = time_fused(&chain(n), &[x.clone()], reps);
-    let h = best(reps, || hand_chain(black_box(&x), black_box(&mut y)));
-    report("elementwise 5-op chain [8M]", f, h, n);
-
-    let (r, n) = (8192, 768);
-    let x = data(r * n, 6);
-    let mut y = vec![0f32; n];
-    let f = time_fused(&column_sum(r, n), &[x.clone()], reps);
-    let h = best(reps, || hand_column_sum(black_box(&x), black_box(&mut y), n));
-    report("column sum [8192, 768] -> [1, 768]", f, h, r * n);
+    if only("softmax") {
+        let (r, n) = (4096, 1024);
+        let x = data(r * n, 1);
+        let mut y = vec![0f32; r * n];
+        let f = time_fused(&softmax(r, n), std::slice::from_ref(&x), reps);
+        let h = best(reps, || hand_softmax(black_box(&x), black_box(&mut y), n));
+        report("softmax [4096, 1024]", f, h, r * n);
+    }
+    if only("layer") {
+        let (r, n) = (8192, 768);
+        let x = data(r * n, 2);
+        let (g, b) = (data(n, 3), data(n, 4));
+        let mut y = vec![0f32; r * n];
+        let f = time_fused(&layer_norm(r, n), &[x.clone(), g.clone(), b.clone()], reps);
+        let h = best(reps, || {
+            hand_layer_norm(black_box(&x), &g, &b, black_box(&mut y), n)
+        });
+        report("layer norm forward [8192, 768]", f, h, r * n);
+    }
+    if only("chain") {
+        let n = 8 << 20;
+        let x = data(n, 5);
+        let mut y = vec![0f32; n];
+        let f = time_fused(&chain(n), std::slice::from_ref(&x), reps);
+        let h = best(reps, || hand_chain(black_box(&x), black_box(&mut y)));
+        report("elementwise 5-op chain [8M]", f, h, n);
+    }
+    if only("column") {
+        let (r, n) = (8192, 768);
+        let x = data(r * n, 6);
+        let mut y = vec![0f32; n];
+        let f = time_fused(&column_sum(r, n), std::slice::from_ref(&x), reps);
+        let h = best(reps, || {
+            hand_column_sum(black_box(&x), black_box(&mut y), n)
+        });
+        report("column sum [8192, 768] -> [1, 768]", f, h, r * n);
+    }
 }

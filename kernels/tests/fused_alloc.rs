@@ -5,7 +5,7 @@
 //! A counting global allocator counts the allocations of the calling thread (a thread-local
 //! counter, so the test harness's own threads cannot interfere).
 
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Inst, Input, Output};
+use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -55,35 +55,86 @@ fn kernel(domain: &[usize], reduce_axes: &[usize], extra: usize) -> FusedKernel 
     bcast[rank - 1] = 1;
     let numel: usize = domain.iter().product();
     let mut body = vec![
-        Inst::Load { input: 0 },                                  // 0 x
-        Inst::Load { input: 1 },                                  // 1 b (broadcast)
-        Inst::Binary { op: BinaryOp::Add, a: 0, b: 1 },           // 2
-        Inst::Reduce { op: ReduceOp::Max, x: 2 },                 // 3
-        Inst::Binary { op: BinaryOp::Sub, a: 2, b: 3 },           // 4
-        Inst::Unary { op: UnaryOp::Exp, x: 4 },                   // 5
-        Inst::Reduce { op: ReduceOp::Sum, x: 5 },                 // 6
-        Inst::Binary { op: BinaryOp::Div, a: 5, b: 6 },           // 7
-        Inst::Index { axis: rank - 1, dtype: DType::I64 },        // 8
-        Inst::Const { value: 3.0, dtype: DType::I64 },            // 9
-        Inst::Compare { op: CmpOp::Lt, a: 8, b: 9 },              // 10
-        Inst::Select { cond: 10, a: 7, b: 0 },                    // 11
-        Inst::Convert { x: 11, to: DType::F64 },                  // 12
-        Inst::Reduce { op: ReduceOp::Sum, x: 8 },                 // 13 (i64)
+        Inst::Load { input: 0 }, // 0 x
+        Inst::Load { input: 1 }, // 1 b (broadcast)
+        Inst::Binary {
+            op: BinaryOp::Add,
+            a: 0,
+            b: 1,
+        }, // 2
+        Inst::Reduce {
+            op: ReduceOp::Max,
+            x: 2,
+        }, // 3
+        Inst::Binary {
+            op: BinaryOp::Sub,
+            a: 2,
+            b: 3,
+        }, // 4
+        Inst::Unary {
+            op: UnaryOp::Exp,
+            x: 4,
+        }, // 5
+        Inst::Reduce {
+            op: ReduceOp::Sum,
+            x: 5,
+        }, // 6
+        Inst::Binary {
+            op: BinaryOp::Div,
+            a: 5,
+            b: 6,
+        }, // 7
+        Inst::Index {
+            axis: rank - 1,
+            dtype: DType::I64,
+        }, // 8
+        Inst::Const {
+            value: 3.0,
+            dtype: DType::I64,
+        }, // 9
+        Inst::Compare {
+            op: CmpOp::Lt,
+            a: 8,
+            b: 9,
+        }, // 10
+        Inst::Select {
+            cond: 10,
+            a: 7,
+            b: 0,
+        }, // 11
+        Inst::Convert {
+            x: 11,
+            to: DType::F64,
+        }, // 12
+        Inst::Reduce {
+            op: ReduceOp::Sum,
+            x: 8,
+        }, // 13 (i64)
     ];
     let mut last = 12;
     for _ in 0..extra {
-        body.push(Inst::Unary { op: UnaryOp::Tanh, x: last });
+        body.push(Inst::Unary {
+            op: UnaryOp::Tanh,
+            x: last,
+        });
         last = body.len() - 1;
     }
     FusedKernel {
         domain: domain.to_vec(),
         reduce_axes: reduce_axes.to_vec(),
         inputs: vec![
-            Input { dtype: DType::F32, len: numel, access: Access::contiguous(domain) },
+            Input {
+                dtype: DType::F32,
+                len: numel,
+                access: Access::contiguous(domain),
+            },
             Input {
                 dtype: DType::F32,
                 len: domain[rank - 1],
-                access: Access { offset: 0, strides: bcast },
+                access: Access {
+                    offset: 0,
+                    strides: bcast,
+                },
             },
         ],
         body,

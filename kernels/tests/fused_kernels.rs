@@ -2,7 +2,7 @@
 //! sums, an AdamW-like update), each ONE kernel, checked against straightforward Rust loops that
 //! compute the textbook formulas; running in place; the text listing.
 
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Inst, Input, Output};
+use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 
 // ---------------------------------------------------------------------------------------------
@@ -109,7 +109,9 @@ impl B {
 
 /// Deterministic values in about [-scale, scale].
 fn data(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s
@@ -148,7 +150,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g as f64 - w).abs() / w.abs().max(1.0);
-        assert!(err <= tol, "{what}[{i}]: got {g}, textbook {w} (error {err:e})");
+        assert!(
+            err <= tol,
+            "{what}[{i}]: got {g}, textbook {w} (error {err:e})"
+        );
     }
 }
 
@@ -208,7 +213,10 @@ fn softmax_backward_kernel_matches_the_textbook_formula() {
     let k = b.done();
 
     let x = data(r * n, 2, 4.0);
-    let yv: Vec<f32> = softmax_textbook(&x, r, n).iter().map(|&v| v as f32).collect();
+    let yv: Vec<f32> = softmax_textbook(&x, r, n)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
     let dyv = data(r * n, 3, 1.0);
     let got = run(&k, &[bytes_f32(&yv), bytes_f32(&dyv)]);
     let mut want = vec![0.0; r * n];
@@ -262,7 +270,11 @@ fn layer_norm_forward_kernel_matches_the_textbook_formula_with_mean_and_rstd_out
     assert_eq!(k.output_len(2), r);
 
     let x = data(r * n, 4, 3.0);
-    let x: Vec<f32> = x.iter().enumerate().map(|(i, v)| v + (i / n) as f32).collect();
+    let x: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + (i / n) as f32)
+        .collect();
     let g = data(n, 5, 1.0);
     let bias = data(n, 6, 1.0);
     let got = run(&k, &[bytes_f32(&x), bytes_f32(&g), bytes_f32(&bias)]);
@@ -530,7 +542,10 @@ fn fused_reductions_give_the_bits_of_the_unfused_reduce() {
                 _ => v,
             })
             .collect();
-        for (op, kind) in [(ReduceOp::Sum, ReduceKind::Sum), (ReduceOp::Max, ReduceKind::Max)] {
+        for (op, kind) in [
+            (ReduceOp::Sum, ReduceKind::Sum),
+            (ReduceOp::Max, ReduceKind::Max),
+        ] {
             let mut b = B::new(dims, axes);
             let xi = b.whole(DType::F32);
             let l = b.load(xi);
@@ -552,34 +567,46 @@ fn fused_reductions_give_the_bits_of_the_unfused_reduce() {
 // ---------------------------------------------------------------------------------------------
 // In place.
 
-/// Runs `k` in one arena; `over[j] = Some(n)` puts output `j` on input `n`'s memory. Offsets
-/// are deliberately odd (not even 4-aligned) to show alignment is not needed.
-fn run_arena(k: &FusedKernel, inputs: &[Vec<u8>], over: &[Option<usize>]) -> Vec<Vec<u8>> {
-    let mut at = 3;
+/// Runs `k` in one arena; `over[j] = Some(n)` puts output `j` on input `n`'s memory. With
+/// `odd`, every offset is odd (so not even 4-aligned: values are copied in and out), otherwise
+/// 64-aligned in memory (contiguous loads are read in place).
+fn run_arena(
+    k: &FusedKernel,
+    inputs: &[Vec<u8>],
+    over: &[Option<usize>],
+    odd: bool,
+) -> Vec<Vec<u8>> {
+    let round = |x: usize| if odd { x + 7 } else { x.div_ceil(64) * 64 };
+    let mut at = if odd { 3 } else { 0 };
     let mut ins = vec![];
     for b in inputs {
         ins.push(at);
-        at += b.len() + 5;
+        at = round(at + b.len());
     }
     let mut outs = vec![];
     for (j, o) in over.iter().enumerate() {
         match o {
             Some(n) => {
-                assert!(k.can_write_over(*n, j), "output {j} may not go over input {n}");
+                assert!(
+                    k.can_write_over(*n, j),
+                    "output {j} may not go over input {n}"
+                );
                 outs.push(ins[*n]);
             }
             None => {
                 outs.push(at);
-                at += k.output_len(j) * k.output_dtype(j).size() + 7;
+                at = round(at + k.output_len(j) * k.output_dtype(j).size());
             }
         }
     }
     let scratch = at + 1;
-    let mut mem = vec![0xAAu8; scratch + cpu::scratch_bytes(k)];
+    let mut mem = vec![0xAAu8; 64 + scratch + cpu::scratch_bytes(k)];
+    let base = (64 - mem.as_ptr() as usize % 64) % 64;
+    let mem = &mut mem[base..];
     for (&o, b) in ins.iter().zip(inputs) {
         mem[o..o + b.len()].copy_from_slice(b);
     }
-    cpu::run(k, &mut mem, &ins, &outs, scratch).unwrap();
+    cpu::run(k, mem, &ins, &outs, scratch).unwrap();
     (0..k.outputs.len())
         .map(|j| {
             let n = k.output_len(j) * k.output_dtype(j).size();
@@ -588,15 +615,31 @@ fn run_arena(k: &FusedKernel, inputs: &[Vec<u8>], over: &[Option<usize>]) -> Vec
         .collect()
 }
 
+/// The outputs in place (`over`) equal the outputs apart, at aligned and at odd offsets.
+fn in_place_equals_apart(
+    k: &FusedKernel,
+    inputs: &[Vec<u8>],
+    over: &[Option<usize>],
+) -> Vec<Vec<u8>> {
+    let apart = run_arena(k, inputs, &vec![None; over.len()], false);
+    for odd in [false, true] {
+        assert_eq!(
+            run_arena(k, inputs, over, odd),
+            apart,
+            "in place, odd offsets: {odd}"
+        );
+        assert_eq!(run_arena(k, inputs, &vec![None; over.len()], odd), apart);
+    }
+    apart
+}
+
 #[test]
 fn softmax_written_over_its_input_equals_the_out_of_place_result() {
     for &(r, n) in &[(6, 300), (4, 8)] {
         let k = softmax_kernel(r, n);
         assert!(k.can_write_over(0, 0));
         let x = vec![bytes_f32(&data(r * n, 15, 5.0))];
-        let apart = run_arena(&k, &x, &[None]);
-        let inplace = run_arena(&k, &x, &[Some(0)]);
-        assert_eq!(apart, inplace);
+        let apart = in_place_equals_apart(&k, &x, &[Some(0)]);
         assert_eq!(apart[0], bytes_f32(&run(&k, &x)[0]));
     }
 }
@@ -644,12 +687,15 @@ fn an_adamw_update_with_each_output_over_its_own_input_equals_the_out_of_place_r
     let ins = vec![
         bytes_f32(&data(n, 16, 1.0)),
         bytes_f32(&data(n, 17, 0.1)),
-        bytes_f32(&data(n, 18, 0.01).iter().map(|x| x.abs()).collect::<Vec<_>>()),
+        bytes_f32(
+            &data(n, 18, 0.01)
+                .iter()
+                .map(|x| x.abs())
+                .collect::<Vec<_>>(),
+        ),
         bytes_f32(&data(n, 19, 1.0)),
     ];
-    let apart = run_arena(&k, &ins, &[None, None, None]);
-    let inplace = run_arena(&k, &ins, &[Some(0), Some(1), Some(2)]);
-    assert_eq!(apart, inplace);
+    let apart = in_place_equals_apart(&k, &ins, &[Some(0), Some(1), Some(2)]);
     // And the update is the textbook one.
     let (p0, m0, v0, g0) = (f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]), f32s(&ins[3]));
     let want: Vec<f64> = (0..n)
@@ -678,10 +724,7 @@ fn centering_columns_over_its_input_equals_the_out_of_place_result() {
     let k = b.done();
     assert!(k.can_write_over(0, 0) && !k.can_write_over(0, 1));
     let ins = vec![bytes_f32(&data(r * c, 20, 2.0))];
-    assert_eq!(
-        run_arena(&k, &ins, &[None, None]),
-        run_arena(&k, &ins, &[Some(0), None])
-    );
+    in_place_equals_apart(&k, &ins, &[Some(0), None]);
 }
 
 #[test]
@@ -757,7 +800,11 @@ fused domain=[4,8] reduce=[1]
         a: 6,
         b: 7,
     });
-    k2.body.push(Inst::Select { cond: 8, a: 0, b: 5 });
+    k2.body.push(Inst::Select {
+        cond: 8,
+        a: 0,
+        b: 5,
+    });
     k2.body.push(Inst::Convert {
         x: 9,
         to: DType::F64,
@@ -767,7 +814,10 @@ fused domain=[4,8] reduce=[1]
     assert!(text.contains("  %6 = const(-0.0) : i64 row\n"), "{text}");
     assert!(text.contains("  %7 = index(axis=0) : i32 row\n"), "{text}");
     assert!(text.contains("  %8 = ge(%6, %7) : bool row\n"), "{text}");
-    assert!(text.contains("  %9 = select(%8, %0, %5) : f32 full\n"), "{text}");
+    assert!(
+        text.contains("  %9 = select(%8, %0, %5) : f32 full\n"),
+        "{text}"
+    );
     assert!(text.contains("  %10 = convert(%9) : f64 full\n"), "{text}");
     assert!(text.contains("  out1 = %8 : bool[4,1]\n"), "{text}");
 }
@@ -785,7 +835,10 @@ fn integer_arithmetic_wraps_and_converts_saturate_as_rust_casts() {
     let y = b.add(x, one);
     let neg = b.un(UnaryOp::Neg, x);
     let f = b.load(fi);
-    let fi32 = b.push(Inst::Convert { x: f, to: DType::I32 });
+    let fi32 = b.push(Inst::Convert {
+        x: f,
+        to: DType::I32,
+    });
     let fb = b.push(Inst::Convert {
         x: f,
         to: DType::Bool,

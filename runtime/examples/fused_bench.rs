@@ -49,7 +49,10 @@ fn main() {
         for (name, x) in &pa {
             let (x, y) = (floats(x), floats(&pb[name]));
             let scale = x.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
-            let d = x.iter().zip(&y).fold(0f64, |m, (p, q)| m.max((p - q).abs()));
+            let d = x
+                .iter()
+                .zip(&y)
+                .fold(0f64, |m, (p, q)| m.max((p - q).abs()));
             if d / scale > worst {
                 worst = d / scale;
                 if std::env::var("VERBOSE").is_ok() {

@@ -80,11 +80,7 @@ fn needs_gradient(g: &Graph, loss: NodeId, wrt: &[NodeId]) -> Vec<bool> {
 fn differentiable(op: &Op) -> bool {
     !matches!(
         op,
-        Op::Compare(_)
-            | Op::Leaf { .. }
-            | Op::Full { .. }
-            | Op::Iota { .. }
-            | Op::StopGradient
+        Op::Compare(_) | Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::StopGradient
     )
 }
 

@@ -202,7 +202,9 @@ impl Map {
             let merged = dst_axes
                 .clone()
                 .zip(&rm)
-                .fold(Affine::constant(0), |acc, (b, &s)| acc.plus(&c[b].scaled(s)));
+                .fold(Affine::constant(0), |acc, (b, &s)| {
+                    acc.plus(&c[b].scaled(s))
+                });
             for a in src_axes {
                 out.push(if src[a] == 1 {
                     Affine::constant(0)

@@ -9,7 +9,7 @@
 use super::index::Map;
 use super::{kind, Kind};
 use crate::ir::{DType, Graph, NodeId, Op};
-use ingot_kernels::fused::{FusedKernel, Inst, Input, Output};
+use ingot_kernels::fused::{FusedKernel, Input, Inst, Output};
 use std::collections::HashMap;
 
 /// The domain and reduce axes of a group, from its first root.
@@ -120,10 +120,7 @@ pub fn lower(
             return Err(cuts);
         }
     }
-    Ok(Lowered {
-        kernel,
-        inputs,
-    })
+    Ok(Lowered { kernel, inputs })
 }
 
 fn dedup(mut v: Vec<NodeId>) -> Vec<NodeId> {

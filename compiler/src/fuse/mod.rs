@@ -97,9 +97,7 @@ pub enum Kind {
 pub fn kind(n: &Node) -> Kind {
     match &n.op {
         Op::Leaf { .. } => Kind::Leaf,
-        Op::MatMul { .. } | Op::Gather | Op::ScatterAdd { .. } | Op::Concat { .. } => {
-            Kind::Library
-        }
+        Op::MatMul { .. } | Op::Gather | Op::ScatterAdd { .. } | Op::Concat { .. } => Kind::Library,
         Op::Reshape | Op::StopGradient => Kind::Alias,
         Op::Broadcast | Op::Transpose { .. } | Op::Slice { .. } => Kind::View,
         Op::Full { .. } | Op::Iota { .. } => Kind::Source,
@@ -262,7 +260,10 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
     };
     let inputs_of = |u: usize, slots: &[Option<Group>]| -> Vec<NodeId> {
         if u < slots.len() {
-            slots[u].as_ref().map(|s| s.lowered.inputs.clone()).unwrap_or_default()
+            slots[u]
+                .as_ref()
+                .map(|s| s.lowered.inputs.clone())
+                .unwrap_or_default()
         } else {
             g.node(library[u - slots.len()]).inputs.to_vec()
         }
@@ -292,7 +293,11 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
         if p != p0 || slots[p].is_none() {
             continue;
         }
-        let consumers: Vec<usize> = succ[p].iter().copied().filter(|&c| c < slots.len()).collect();
+        let consumers: Vec<usize> = succ[p]
+            .iter()
+            .copied()
+            .filter(|&c| c < slots.len())
+            .collect();
         for c in consumers {
             let (Some(pg), Some(cg)) = (&slots[p], &slots[c]) else {
                 continue;

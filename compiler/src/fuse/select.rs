@@ -69,9 +69,7 @@ pub fn shared(g: &Graph, mat: &mut [bool], recompute_ops: usize) {
         if !mat[i] && k.len() >= 2 {
             mat[i] = match kind(g.node(v)) {
                 Kind::Reduce => true,
-                Kind::Elementwise | Kind::View => {
-                    !cheap_to_recompute(g, mat, v, recompute_ops)
-                }
+                Kind::Elementwise | Kind::View => !cheap_to_recompute(g, mat, v, recompute_ops),
                 _ => false,
             };
         }

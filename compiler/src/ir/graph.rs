@@ -336,14 +336,20 @@ impl Graph {
             )))
         };
         let Op::Fused(k) = &self.node(kernel).op else {
-            return fail(format!("{kernel} is a {}, not a fused kernel", self.node(kernel).op.name()));
+            return fail(format!(
+                "{kernel} is a {}, not a fused kernel",
+                self.node(kernel).op.name()
+            ));
         };
         if index >= k.outputs.len() {
             return fail(format!("the kernel has {} outputs", k.outputs.len()));
         }
         let want = TensorType::new(Shape::new(&k.output_dims(index)), k.output_dtype(index));
         if self.nodes[node].ty != want {
-            return fail(format!("typed {} but the output is {want}", self.nodes[node].ty));
+            return fail(format!(
+                "typed {} but the output is {want}",
+                self.nodes[node].ty
+            ));
         }
         if !seen.insert((kernel, index)) {
             return fail("another result node names the same output".into());

@@ -84,7 +84,10 @@ pub enum Op {
     /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, equal batch axes.
     /// `ta` (`tb`) reads the first (second) operand with its last two axes swapped, so a
     /// transposed weight never has to be materialized.
-    MatMul { ta: bool, tb: bool },
+    MatMul {
+        ta: bool,
+        tb: bool,
+    },
     /// `gather(table [r, d...], ids [i...]) -> [i..., d...]`: rows of `table` picked by `ids`.
     Gather,
     /// `scatter_add(ids [i...], values [i..., d...]) -> [rows, d...]`: the transpose of gather.
@@ -101,7 +104,9 @@ pub enum Op {
     Fused(Box<FusedKernel>),
     /// Output `index` (at least 1) of the fused kernel that is this node's one operand. It is
     /// written when that kernel runs, and reads nothing itself.
-    Result { index: usize },
+    Result {
+        index: usize,
+    },
 }
 
 impl Op {

@@ -157,7 +157,9 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
         for (j, &o) in outs.iter().enumerate() {
             for &o2 in &outs[j + 1..] {
                 if overlap(p.location[o.index()], p.location[o2.index()]) {
-                    return err(format!("{id} writes its outputs {o} and {o2} over each other"));
+                    return err(format!(
+                        "{id} writes its outputs {o} and {o2} over each other"
+                    ));
                 }
             }
         }
@@ -210,7 +212,10 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
         }
         if node.op.is_alias() {
             if here != p.location[node.inputs[0].index()] {
-                return err(format!("{} {id} is not placed on its operand", node.op.name()));
+                return err(format!(
+                    "{} {id} is not placed on its operand",
+                    node.op.name()
+                ));
             }
             continue;
         }

@@ -15,8 +15,8 @@
 //! is scheduled.
 
 use crate::ir::{Graph, NodeId, Op};
-use smallvec::SmallVec;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 /// Where a storage lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -110,9 +110,12 @@ impl Liveness {
             {
                 Some(storage_of[t.index()])
             } else {
-                overwritable(g, id).into_iter().map(|x| storage_of[x.index()]).find(|&s| {
-                    let st = &storages[s];
-                    st.region == Region::Slab
+                overwritable(g, id)
+                    .into_iter()
+                    .map(|x| storage_of[x.index()])
+                    .find(|&s| {
+                        let st = &storages[s];
+                        st.region == Region::Slab
                         && st.bytes == bytes
                         && st.end == p + 1
                         && !holds_output[s]
@@ -120,7 +123,7 @@ impl Liveness {
                         && !kernel_outputs[g.writer(id).index()].iter().any(|&o| {
                             o != id && storage_of[o.index()] == s
                         })
-                })
+                    })
             };
             let s = match reuse {
                 Some(s) => s,

@@ -102,7 +102,9 @@ impl egg::Analysis<ENode> for Facts {
             }
             (Some(_), None) => changed_b = true,
             (Some(x), Some(y)) if x != y => {
-                self.error(format!("the e-graph merged two leaves (numbers {x} and {y})"));
+                self.error(format!(
+                    "the e-graph merged two leaves (numbers {x} and {y})"
+                ));
                 changed_b = true;
             }
             _ => {}

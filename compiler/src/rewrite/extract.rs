@@ -17,7 +17,10 @@
 //! own class is never taken, but sets recorded earlier can go stale as children improve, so the
 //! chosen e-nodes are checked for a cycle from the roots; if one is found the extraction is run
 //! again with each class allowed only e-nodes whose children are strictly lower (by the height of
-//! their shallowest term), which cannot cycle.
+//! their shallowest term), which cannot cycle ([`Method::DagByHeight`]).
+//!
+//! The sets cost `classes² / 8` bytes, so an e-graph of more than [`MAX_DAG_CLASSES`] classes
+//! takes each class's shallowest e-node instead ([`Method::Shallowest`]).
 
 use super::analysis::{numel, EGraph};
 use super::lang::{ENode, Kind};
@@ -25,11 +28,28 @@ use egg::Id;
 use smallvec::SmallVec;
 use std::collections::{BTreeSet, HashMap};
 
+/// Above this many e-classes the set-based extraction would need too much memory (its sets take
+/// `classes² / 8` bytes: 300 MiB at 50,000), so [`Method::Shallowest`] is used instead. A
+/// reference model's step has a few thousand (gpt2: about 5,300).
+pub const MAX_DAG_CLASSES: usize = 50_000;
+
+/// How the e-nodes were chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// The greedy DAG extraction.
+    Dag,
+    /// The greedy DAG extraction among height-decreasing e-nodes, because the unrestricted one
+    /// chose a cycle.
+    DagByHeight,
+    /// For each class, its shallowest e-node (then the cheapest): for e-graphs too large for
+    /// the sets. Every rule rewrites towards shallower terms, so this keeps their gains.
+    Shallowest,
+}
+
 /// The chosen e-node (children canonical) of every class reachable from the roots.
 pub struct Extraction {
     pub choice: HashMap<Id, ENode>,
-    /// True when the first pass chose a cycle and the height-restricted pass was used.
-    pub used_fallback: bool,
+    pub method: Method,
 }
 
 struct CNode {
@@ -58,11 +78,11 @@ pub fn node_cost(eg: &EGraph, class: Id, node: &ENode) -> u64 {
 /// Extracts a term for every class reachable from `roots`. Fails only when some root has no
 /// finite, acyclic term (which the e-graph of a verified graph always has).
 pub fn extract(eg: &EGraph, roots: &[Id]) -> Result<Extraction, String> {
-    extract_with(eg, roots, false)
+    extract_with(eg, roots, None)
 }
 
-/// As [`extract`]; `force_fallback` skips straight to the height-restricted pass (for tests).
-pub fn extract_with(eg: &EGraph, roots: &[Id], force_fallback: bool) -> Result<Extraction, String> {
+/// As [`extract`], with the method forced (for tests); `None` chooses as [`extract`] does.
+pub fn extract_with(eg: &EGraph, roots: &[Id], force: Option<Method>) -> Result<Extraction, String> {
     let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
     ids.sort_unstable();
     let mut dense = vec![u32::MAX; eg.nodes().len()];
@@ -90,17 +110,26 @@ pub fn extract_with(eg: &EGraph, roots: &[Id], force_fallback: bool) -> Result<E
         .collect();
     let root_dense: Vec<u32> = roots.iter().map(|&r| dense_of(r)).collect();
 
-    let mut used_fallback = force_fallback;
-    let mut choice = if force_fallback {
-        None
+    let first = force.unwrap_or(if ids.len() > MAX_DAG_CLASSES {
+        Method::Shallowest
     } else {
-        let c = greedy(&cnodes, None);
-        acyclic_from(&cnodes, &c, &root_dense).then_some(c)
-    };
+        Method::Dag
+    });
+    let mut method = first;
+    let mut choice = match first {
+        Method::Dag => Some(greedy(&cnodes, None)),
+        _ => None,
+    }
+    .filter(|c| acyclic_from(&cnodes, c, &root_dense));
     if choice.is_none() {
-        used_fallback = true;
         let h = heights(&cnodes);
-        let c = greedy(&cnodes, Some(&h));
+        if method == Method::Dag {
+            method = Method::DagByHeight;
+        }
+        let c = match method {
+            Method::Shallowest => shallowest(&cnodes, &h),
+            _ => greedy(&cnodes, Some(&h)),
+        };
         if !acyclic_from(&cnodes, &c, &root_dense) {
             return Err("extraction chose a cycle even among height-decreasing e-nodes".into());
         }
@@ -133,7 +162,7 @@ pub fn extract_with(eg: &EGraph, roots: &[Id], force_fallback: bool) -> Result<E
     }
     Ok(Extraction {
         choice: out,
-        used_fallback,
+        method,
     })
 }
 
@@ -166,15 +195,16 @@ fn greedy(cnodes: &[Vec<CNode>], heights: Option<&[u32]>) -> Vec<Option<usize>> 
     let mut keep = vec![0u64; words];
     let mut queue: BTreeSet<u32> = (0..n as u32).collect();
     // Refreshing a stale choice can raise its cost, so improvement alone does not bound the
-    // work: cap it (generously; a reference model's step needs a few evaluations per class).
+    // work: cap the e-node evaluations (generously: gpt2's step needs about 13 per e-node).
+    // Running out leaves some choices stale, which the cycle check after it catches.
     let total_nodes: usize = cnodes.iter().map(Vec::len).sum();
-    let mut budget = 64usize.saturating_mul(total_nodes + n);
+    let mut budget = 64usize.saturating_mul(total_nodes).saturating_add(1024);
     while let Some(c) = queue.pop_first() {
+        let c = c as usize;
+        budget = budget.saturating_sub(cnodes[c].len());
         if budget == 0 {
             break;
         }
-        budget -= 1;
-        let c = c as usize;
         let mut cand: Option<(usize, u64, u32)> = None;
         let mut current: Option<(u64, u32)> = None;
         for (ni, node) in cnodes[c].iter().enumerate() {
@@ -241,6 +271,26 @@ fn greedy(cnodes: &[Vec<CNode>], heights: Option<&[u32]>) -> Vec<Option<usize>> 
     best.into_iter().map(|b| b.map(|(ni, _, _)| ni)).collect()
 }
 
+/// For each class, among its e-nodes whose children are all strictly lower than itself, the
+/// shallowest, then the cheapest, then the first.
+fn shallowest(cnodes: &[Vec<CNode>], h: &[u32]) -> Vec<Option<usize>> {
+    cnodes
+        .iter()
+        .enumerate()
+        .map(|(c, nodes)| {
+            nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.children.iter().all(|&d| h[d as usize] < h[c]))
+                .min_by_key(|(ni, n)| {
+                    let depth = n.children.iter().map(|&d| h[d as usize] + 1).max();
+                    (depth.unwrap_or(0), n.cost, *ni)
+                })
+                .map(|(ni, _)| ni)
+        })
+        .collect()
+}
+
 /// True when following the chosen e-nodes from the roots never returns to a class on the path
 /// (and every reached class has a choice).
 fn acyclic_from(cnodes: &[Vec<CNode>], choice: &[Option<usize>], roots: &[u32]) -> bool {
@@ -282,13 +332,10 @@ fn heights(cnodes: &[Vec<CNode>]) -> Vec<u32> {
         let mut changed = false;
         for (c, nodes) in cnodes.iter().enumerate() {
             for node in nodes {
-                let m = node
-                    .children
-                    .iter()
-                    .try_fold(0u32, |acc, &d| {
-                        let x = h[d as usize];
-                        (x != u32::MAX).then_some(acc.max(x.saturating_add(1)))
-                    });
+                let m = node.children.iter().try_fold(0u32, |acc, &d| {
+                    let x = h[d as usize];
+                    (x != u32::MAX).then_some(acc.max(x.saturating_add(1)))
+                });
                 if let Some(m) = m {
                     if m < h[c] {
                         h[c] = m;

@@ -45,8 +45,14 @@ pub enum Kind {
     /// The input graph's leaf number `n` (counting leaves only, in graph order).
     Leaf(u32),
     /// A constant; `bits` is the f64 value's bit pattern.
-    Full { bits: u64, ty: Ty },
-    Iota { axis: usize, ty: Ty },
+    Full {
+        bits: u64,
+        ty: Ty,
+    },
+    Iota {
+        axis: usize,
+        ty: Ty,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     Compare(CmpOp),
@@ -57,10 +63,17 @@ pub enum Kind {
     Reshape(Dims),
     /// By this permutation.
     Transpose(Dims),
-    Slice { axis: usize, start: usize, end: usize },
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
     Concat(usize),
     Reduce(ReduceOp, Dims),
-    MatMul { ta: bool, tb: bool },
+    MatMul {
+        ta: bool,
+        tb: bool,
+    },
     Gather,
     ScatterAdd(usize),
     /// To this dtype (the shape is the operand's).
@@ -236,12 +249,9 @@ impl fmt::Display for ENode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Leaf(n) => write!(f, "leaf{n}"),
-            Kind::Full { bits, ty } => write!(
-                f,
-                "full({:?}):{}",
-                f64::from_bits(*bits),
-                ty.tensor_type()
-            ),
+            Kind::Full { bits, ty } => {
+                write!(f, "full({:?}):{}", f64::from_bits(*bits), ty.tensor_type())
+            }
             Kind::Iota { axis, ty } => write!(f, "iota({axis}):{}", ty.tensor_type()),
             Kind::Broadcast(d) => write!(f, "broadcast{}", Shape(d.clone())),
             Kind::Reshape(d) => write!(f, "reshape{}", Shape(d.clone())),

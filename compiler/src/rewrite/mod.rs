@@ -160,8 +160,7 @@ pub(crate) fn simplify_with(
             Some(e) => Err(e.clone()),
         })
         .run(&rewrites);
-    let mut counts: Vec<(String, usize)> =
-        rules.iter().map(|r| (r.name.to_string(), 0)).collect();
+    let mut counts: Vec<(String, usize)> = rules.iter().map(|r| (r.name.to_string(), 0)).collect();
     for it in &runner.iterations {
         for (name, n) in &it.applied {
             if let Some(slot) = counts.iter_mut().find(|(r, _)| r == name.as_str()) {
@@ -187,8 +186,8 @@ pub(crate) fn simplify_with(
         .chain(g.updates.iter().map(|u| &u.value))
         .map(|&id| class(id))
         .collect();
-    let ex = extract::extract(&egraph, &roots)
-        .map_err(|e| IrError::Invalid(format!("rewrite: {e}")))?;
+    let ex =
+        extract::extract(&egraph, &roots).map_err(|e| IrError::Invalid(format!("rewrite: {e}")))?;
     let out = emit(g, &egraph, &class_of, &leaf_nodes, &ex.choice)?;
     out.verify()?;
     let report = RewriteReport {
@@ -269,7 +268,10 @@ fn to_egraph(g: &Graph) -> Result<(EGraph, Vec<Id>, Vec<NodeId>), IrError> {
             ENode::leaf(Kind::Leaf(leaf_count - 1))
         } else {
             let kind = Kind::from_op(&n.op, &n.ty).ok_or_else(|| {
-                IrError::Invalid(format!("rewrite: node {id} ({}) is not rewritable", n.op.name()))
+                IrError::Invalid(format!(
+                    "rewrite: node {id} ({}) is not rewritable",
+                    n.op.name()
+                ))
             })?;
             let args: SmallVec<[Id; 3]> = n.inputs.iter().map(|x| class_of[x.index()]).collect();
             ENode { kind, args }
@@ -342,8 +344,7 @@ fn emit(
                 node.args.iter().map(|a| new_id.get(a).copied()).collect();
             let inputs = inputs.ok_or_else(|| bug(format!("e-class {c} depends on itself")))?;
             let op = {
-                let types: SmallVec<[&TensorType; 3]> =
-                    inputs.iter().map(|&i| out.ty(i)).collect();
+                let types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| out.ty(i)).collect();
                 node.kind.to_op(&types).map(|(op, _)| op)
             };
             let op = op.ok_or_else(|| bug(format!("e-class {c} chose {node}")))?;

@@ -86,12 +86,8 @@ impl Rule {
             rule: self,
             found: Mutex::new(Vec::new()),
         });
-        egg::Rewrite::new(
-            self.name,
-            RuleSearcher(shared.clone()),
-            RuleApplier(shared),
-        )
-        .expect("a rule binds no pattern variables")
+        egg::Rewrite::new(self.name, RuleSearcher(shared.clone()), RuleApplier(shared))
+            .expect("a rule binds no pattern variables")
     }
 }
 
@@ -232,7 +228,10 @@ pub fn apply(egraph: &mut EGraph, rule: &str, class: Id, recipe: &Recipe) -> Opt
                 .error(format!("rule {rule:?} built an ill-typed node: {e}"));
             return None;
         }
-        built.push(egraph.add(ENode { kind: kind.clone(), args: ids }));
+        built.push(egraph.add(ENode {
+            kind: kind.clone(),
+            args: ids,
+        }));
     }
     let result = recipe.result.and_then(|a| resolve(a, &built))?;
     let (want, got) = (&egraph[class].data.ty, &egraph[result].data.ty);
@@ -583,7 +582,9 @@ fn reduce_broadcast_recipe(
     for &i in axes {
         t2[i] = 1;
     }
-    let count = axes.iter().try_fold(1usize, |acc, &i| acc.checked_mul(t[i]))?;
+    let count = axes
+        .iter()
+        .try_fold(1usize, |acc, &i| acc.checked_mul(t[i]))?;
     if count == 0 {
         return None;
     }
@@ -618,7 +619,12 @@ fn constant_fold(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
     let class = &eg[c];
     let d = &class.data;
     let Some(v) = d.constant else { return };
-    if d.leaf.is_some() || class.nodes.iter().any(|n| matches!(n.kind, Kind::Full { .. })) {
+    if d.leaf.is_some()
+        || class
+            .nodes
+            .iter()
+            .any(|n| matches!(n.kind, Kind::Full { .. }))
+    {
         return;
     }
     out.push(Recipe::single(Kind::full(v, Ty::of(&d.ty)), &[]));
@@ -626,6 +632,11 @@ fn constant_fold(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
 
 /// `(x * c1) * c2 => x * (c1 * c2)` for constants `c1`, `c2` (either operand order), up to float
 /// rounding; not when `c1 * c2` underflows to 0 or overflows while `c1`, `c2` do not.
+///
+/// Nor when `c1 * c2 == c1` (`c1` is 0, infinite or NaN, or `c2` is 1): the result would be the
+/// inner product itself, and the class would come to contain `c2 * itself`, from which every
+/// power of `c2` follows, one new constant per iteration. For the same reason `x` must not be the
+/// matched class itself.
 fn mul_constants(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
     let split = |a: Id, b: Id| match (konst(eg, a), konst(eg, b)) {
         (None, Some(v)) => Some((a, v)),
@@ -645,7 +656,10 @@ fn mul_constants(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
                 continue;
             };
             let degenerate = |v: f64| v == 0.0 || !v.is_finite();
-            if degenerate(p) && !degenerate(c1) && !degenerate(c2) {
+            if (degenerate(p) && !degenerate(c1) && !degenerate(c2))
+                || p.to_bits() == c1.to_bits()
+                || same(eg, x, c)
+            {
                 continue;
             }
             let mut r = Recipe::default();
@@ -704,7 +718,10 @@ fn sum_of_neg(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
         };
         for m in nodes_where(eg, n.args[0], |k| *k == NEG) {
             let mut r = Recipe::default();
-            let s = r.node(Kind::Reduce(ReduceOp::Sum, axes.clone()), &[m.args[0].into()]);
+            let s = r.node(
+                Kind::Reduce(ReduceOp::Sum, axes.clone()),
+                &[m.args[0].into()],
+            );
             let y = r.node(NEG, &[s]);
             out.push(r.done(y));
         }
@@ -730,7 +747,10 @@ fn sub_neg(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
     let add = Kind::Binary(BinaryOp::Add);
     for n in nodes_where(eg, c, |k| *k == Kind::Binary(BinaryOp::Sub)) {
         for m in nodes_where(eg, n.args[1], |k| *k == NEG) {
-            out.push(Recipe::single(add.clone(), &[n.args[0].into(), m.args[0].into()]));
+            out.push(Recipe::single(
+                add.clone(),
+                &[n.args[0].into(), m.args[0].into()],
+            ));
         }
     }
 }
@@ -771,13 +791,7 @@ enum Seg {
     Add(Piece, Piece),
 }
 
-fn merge_concats(
-    eg: &EGraph,
-    t: &TensorType,
-    axis: usize,
-    pa: &[Id],
-    pb: &[Id],
-) -> Option<Recipe> {
+fn merge_concats(eg: &EGraph, t: &TensorType, axis: usize, pa: &[Id], pb: &[Id]) -> Option<Recipe> {
     let bounds = |parts: &[Id]| -> Option<Vec<usize>> {
         let mut b = vec![0usize];
         for &p in parts {

@@ -104,7 +104,9 @@ fn eval(g: &Graph) -> Vec<T> {
                 };
                 numel
             ],
-            Op::Iota { axis } => (0..numel).map(|e| unravel(e, &dims)[*axis] as f64).collect(),
+            Op::Iota { axis } => (0..numel)
+                .map(|e| unravel(e, &dims)[*axis] as f64)
+                .collect(),
             Op::Unary(u) => map(&|x| match u {
                 UnaryOp::Neg => -x[0],
                 UnaryOp::Exp => x[0].exp(),
@@ -200,11 +202,19 @@ fn eval(g: &Graph) -> Vec<T> {
                         (0..k)
                             .map(|j| {
                                 let mut ia = idx.clone();
-                                let (x, y) = if *ta { (j, idx[r - 2]) } else { (idx[r - 2], j) };
+                                let (x, y) = if *ta {
+                                    (j, idx[r - 2])
+                                } else {
+                                    (idx[r - 2], j)
+                                };
                                 ia[r - 2] = x;
                                 ia[r - 1] = y;
                                 let mut ib = idx.clone();
-                                let (x, y) = if *tb { (idx[r - 1], j) } else { (j, idx[r - 1]) };
+                                let (x, y) = if *tb {
+                                    (idx[r - 1], j)
+                                } else {
+                                    (j, idx[r - 1])
+                                };
                                 ib[r - 2] = x;
                                 ib[r - 1] = y;
                                 a.v[ravel(&ia, &a.dims)] * b.v[ravel(&ib, &b.dims)]
@@ -256,7 +266,8 @@ fn assert_close(a: &BTreeMap<String, T>, b: &BTreeMap<String, T>, rel: f64) {
         let y = &b[k];
         assert_eq!(x.dims, y.dims, "{k}");
         for (i, (p, q)) in x.v.iter().zip(&y.v).enumerate() {
-            let ok = (p.is_nan() && q.is_nan()) || (p - q).abs() <= rel * (1.0 + p.abs().max(q.abs()));
+            let ok =
+                (p.is_nan() && q.is_nan()) || (p - q).abs() <= rel * (1.0 + p.abs().max(q.abs()));
             assert!(ok, "{k}[{i}]: {p} vs {q}");
         }
     }
@@ -460,7 +471,12 @@ fn two_transposes_become_one_or_none() {
     assert!(fired(&r, "transpose-transpose") >= 2);
     assert_eq!(s.outputs["b"], s.leaf("x").unwrap());
     let c = s.node(s.outputs["c"]);
-    assert_eq!(c.op, Op::Transpose { perm: Axes::from_slice(&[2, 1, 0]) });
+    assert_eq!(
+        c.op,
+        Op::Transpose {
+            perm: Axes::from_slice(&[2, 1, 0])
+        }
+    );
     assert_eq!(c.inputs[0], s.leaf("x").unwrap());
     assert_eq!(s.len(), 2);
 }
@@ -626,6 +642,22 @@ fn constant_factors_of_a_product_multiply_together() {
 }
 
 #[test]
+fn constant_factors_of_a_product_with_zero_do_not_grow_without_end() {
+    // (x * 2) * 0 is x * 0, and so is c * (x * 0) for any constant c: the class holds
+    // c * itself, and a naive (x * c1) * c2 rule would derive x * c^n for every n.
+    let (mut g, x) = with_x(&[2, 3]);
+    let a = g.mul_scalar(x, 2.0).unwrap();
+    let z = g.mul_scalar(a, 0.0).unwrap();
+    let t = g.full(0.75, [2, 3], DType::F32).unwrap();
+    let d = g.mul(t, z).unwrap();
+    let e = g.mul_scalar(d, 3.0).unwrap();
+    g.set_output("y", e).unwrap();
+    let (_, r) = check(&g);
+    assert_eq!(r.stop_reason, "saturated");
+    assert!(r.egraph_nodes < 30, "{r}");
+}
+
+#[test]
 fn equal_constants_share_one_node() {
     let (mut g, x) = with_x(&[2, 3]);
     let z = g.full(0.0, [], DType::F32).unwrap();
@@ -649,7 +681,9 @@ fn a_transposed_matmul_operand_is_read_in_place() {
     let mut g = Graph::new();
     let w = g.parameter("w", [5, 4], DType::F32, Init::Zeros).unwrap();
     let x = g.input("x", [2, 3, 4], DType::F32).unwrap();
-    let v = g.parameter("v", [2, 3, 6], DType::F32, Init::Zeros).unwrap();
+    let v = g
+        .parameter("v", [2, 3, 6], DType::F32, Init::Zeros)
+        .unwrap();
     let wt = g.transpose_last(w).unwrap(); // [4,5]
     let w3 = g.broadcast_to(wt, [2, 4, 5]).unwrap();
     let y = g.matmul(x, w3).unwrap(); // [2,3,5]
@@ -660,7 +694,13 @@ fn a_transposed_matmul_operand_is_read_in_place() {
     let (s, r) = check(&g);
     assert_eq!(fired(&r, "matmul-transposed-operand"), 1);
     let z = s.node(s.outputs["z"]);
-    assert_eq!(z.op, Op::MatMul { ta: true, tb: false });
+    assert_eq!(
+        z.op,
+        Op::MatMul {
+            ta: true,
+            tb: false
+        }
+    );
     assert_eq!(z.inputs[0], s.leaf("x").unwrap());
 }
 
@@ -689,11 +729,29 @@ fn a_transposed_matmul_becomes_the_swapped_product_and_weights_are_not_transpose
         s.leaf("g").unwrap(),
     );
     let node = |name: &str| s.node(s.outputs[name]).clone();
-    assert_eq!(node("y").op, Op::MatMul { ta: false, tb: true });
+    assert_eq!(
+        node("y").op,
+        Op::MatMul {
+            ta: false,
+            tb: true
+        }
+    );
     assert_eq!(node("y").inputs.as_slice(), &[x, w]);
-    assert_eq!(node("dx").op, Op::MatMul { ta: false, tb: false });
+    assert_eq!(
+        node("dx").op,
+        Op::MatMul {
+            ta: false,
+            tb: false
+        }
+    );
     assert_eq!(node("dx").inputs.as_slice(), &[gy, w]);
-    assert_eq!(node("dw").op, Op::MatMul { ta: true, tb: false });
+    assert_eq!(
+        node("dw").op,
+        Op::MatMul {
+            ta: true,
+            tb: false
+        }
+    );
     assert_eq!(node("dw").inputs.as_slice(), &[gy, x]);
 }
 
@@ -742,9 +800,8 @@ fn zero_padded_slice_gradients_add_up_to_one_concatenation() {
     assert!(fired(&r, "add-of-padded-concats") >= 2);
     let n = out.node(out.outputs["grad"]);
     assert_eq!(n.op, Op::Concat { axis: 1 });
-    let ids = |names: &[&str]| -> Vec<NodeId> {
-        names.iter().map(|n| out.leaf(n).unwrap()).collect()
-    };
+    let ids =
+        |names: &[&str]| -> Vec<NodeId> { names.iter().map(|n| out.leaf(n).unwrap()).collect() };
     assert_eq!(n.inputs.to_vec(), ids(&["a", "b", "c"]));
     assert_eq!(count(&out, "add"), 0, "{out}");
 }
@@ -764,7 +821,14 @@ fn a_slice_of_a_concatenation_reads_the_part() {
     assert_eq!(count(&s, "concat"), 0);
     assert_eq!(s.outputs["whole"], s.leaf("b").unwrap());
     let p = s.node(s.outputs["part"]);
-    assert_eq!(p.op, Op::Slice { axis: 1, start: 1, end: 3 });
+    assert_eq!(
+        p.op,
+        Op::Slice {
+            axis: 1,
+            start: 1,
+            end: 3
+        }
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -815,7 +879,10 @@ fn node_order_follows_the_input_graph() {
     g.set_output("b", b2).unwrap();
     g.set_output("a", a3).unwrap();
     let (s, _) = check(&g);
-    let exp_p = s.ids().find(|&i| s.node(i).op == Op::Unary(UnaryOp::Exp)).unwrap();
+    let exp_p = s
+        .ids()
+        .find(|&i| s.node(i).op == Op::Unary(UnaryOp::Exp))
+        .unwrap();
     assert_eq!(s.node(exp_p).inputs[0], s.leaf("p").unwrap());
     assert!(s.outputs["a"] < s.outputs["b"], "{s}");
 }
@@ -843,7 +910,9 @@ fn a_fused_graph_is_refused() {
     };
     let f = g.push(Op::Fused(Box::new(k)), &[x], None).unwrap();
     g.set_output("y", f).unwrap();
-    let e = simplify(&g, &RewriteOptions::default()).unwrap_err().to_string();
+    let e = simplify(&g, &RewriteOptions::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("before fusion"), "{e}");
 }
 
@@ -879,7 +948,10 @@ fn a_rule_that_equates_different_types_is_an_error_naming_both() {
     let e = simplify_with(&g, &RewriteOptions::default(), &bad)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("bogus") && e.contains("f32[3,2]") && e.contains("f32[2,3]"), "{e}");
+    assert!(
+        e.contains("bogus") && e.contains("f32[3,2]") && e.contains("f32[2,3]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -916,7 +988,11 @@ fn merging_two_leaves_is_recorded() {
     let mut eg = EGraph::new(facts);
     let a = eg.add(ENode::leaf(Kind::Leaf(0)));
     let b = eg.add(ENode::leaf(Kind::Leaf(1)));
-    assert_ne!(eg.find(a), eg.find(b), "equal types do not make leaves equal");
+    assert_ne!(
+        eg.find(a),
+        eg.find(b),
+        "equal types do not make leaves equal"
+    );
     eg.union(a, b);
     eg.rebuild();
     assert!(eg.analysis.errors.join("; ").contains("two leaves"));
@@ -926,7 +1002,10 @@ fn merging_two_leaves_is_recorded() {
 fn the_analysis_knows_types_and_constants() {
     let mut eg = EGraph::new(Facts::default());
     let two = eg.add(ENode::leaf(Kind::full(2.0, Ty::of(&f32s(&[])))));
-    let b = eg.add(ENode::new(Kind::Broadcast([2, 2].into_iter().collect()), &[two]));
+    let b = eg.add(ENode::new(
+        Kind::Broadcast([2, 2].into_iter().collect()),
+        &[two],
+    ));
     let e = eg.add(ENode::new(Kind::Unary(UnaryOp::Sqrt), &[b]));
     eg.rebuild();
     let d: &Data = &eg[e].data;
@@ -960,13 +1039,24 @@ fn extraction_is_safe_on_cyclic_classes() {
     let runner = egg::Runner::<ENode, Facts, ()>::new(Facts::default())
         .with_egraph(eg)
         .with_scheduler(egg::SimpleScheduler)
-        .run(&rules::all().into_iter().map(Rule::rewrite).collect::<Vec<_>>());
+        .run(
+            &rules::all()
+                .into_iter()
+                .map(Rule::rewrite)
+                .collect::<Vec<_>>(),
+        );
     let eg = runner.egraph;
     let root = eg.find(class_of[z.index()]);
-    for force in [false, true] {
-        let ex = extract::extract_with(&eg, &[root], force).unwrap();
-        assert_eq!(ex.used_fallback, force);
-        assert_eq!(ex.choice.len(), 4);
+    let dag = extract::extract(&eg, &[root]).unwrap();
+    assert_eq!(dag.method, extract::Method::Dag);
+    for m in [
+        extract::Method::Dag,
+        extract::Method::DagByHeight,
+        extract::Method::Shallowest,
+    ] {
+        let ex = extract::extract_with(&eg, &[root], Some(m)).unwrap();
+        assert_eq!(ex.method, m);
+        assert_eq!(ex.choice, dag.choice, "{m:?}");
     }
 }
 
@@ -1014,9 +1104,11 @@ fn a_broadcast_needed_elsewhere_does_not_keep_its_reduction() {
 // ---------------------------------------------------------------------------------------------
 
 fn small_gpt_step() -> Graph {
-    let m = models::by_name("gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2")
-        .unwrap();
-    autodiff::training_step(&m.graph, &m.optimizer).unwrap().graph
+    let m =
+        models::by_name("gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2").unwrap();
+    autodiff::training_step(&m.graph, &m.optimizer)
+        .unwrap()
+        .graph
 }
 
 #[test]
@@ -1049,7 +1141,11 @@ fn an_iteration_limit_stops_the_run_and_the_result_is_still_valid() {
         ..RewriteOptions::default()
     };
     let (s, r) = simplify(&g, &opts).unwrap();
-    assert!(r.stop_reason.contains("iteration limit"), "{}", r.stop_reason);
+    assert!(
+        r.stop_reason.contains("iteration limit"),
+        "{}",
+        r.stop_reason
+    );
     assert_eq!(r.iterations, 1);
     s.verify().unwrap();
     assert_same_interface(&g, &s);
@@ -1060,7 +1156,11 @@ fn an_iteration_limit_stops_the_run_and_the_result_is_still_valid() {
         ..RewriteOptions::default()
     };
     let (s, r) = simplify(&g, &opts).unwrap();
-    assert!(r.stop_reason.contains("iteration limit"), "{}", r.stop_reason);
+    assert!(
+        r.stop_reason.contains("iteration limit"),
+        "{}",
+        r.stop_reason
+    );
     assert_close(&results(&g), &results(&s), 1e-6);
 }
 
@@ -1098,7 +1198,10 @@ fn the_report_lists_every_rule_in_order() {
     let want: Vec<&str> = rules::all().iter().map(|r| r.name).collect();
     assert_eq!(names, want);
     let shown = r.to_string();
-    assert!(shown.contains("saturated") && shown.contains("stop-gradient"), "{shown}");
+    assert!(
+        shown.contains("saturated") && shown.contains("stop-gradient"),
+        "{shown}"
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! they still return without panicking, with fallbacks documented on each (an instruction that
 //! does not exist, or names one that does not, has dtype `f32` and is full).
 
-use super::{Access, FusedKernel, Inst};
+use super::{FusedKernel, Inst};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::fmt;
 
@@ -190,8 +190,9 @@ pub(crate) fn checked_numel(dims: &[usize]) -> Option<usize> {
 
 impl FusedKernel {
     /// Checks that the kernel means something:
-    /// - the domain's element count fits a `usize`; the reduce axes are sorted, distinct and
-    ///   below the rank;
+    /// - the domain's element count, and its row count (the element count with every reduce
+    ///   axis taken as size 1), fit a `usize`; the reduce axes are sorted, distinct and below
+    ///   the rank;
     /// - every input's access has one stride per domain axis and stays inside the input: its
     ///   largest element index, `offset + Σ strides[d]·(domain[d] − 1)`, is below `len` when the
     ///   domain is not empty; an input whose strides on every reduce axis are 0 is checked over
@@ -214,7 +215,9 @@ impl FusedKernel {
     /// per instruction) instead of allocating.
     pub(crate) fn check_into(&self, dtypes: &mut [usize]) -> Result<(), KernelError> {
         if dtypes.len() != self.body.len() {
-            return Err(KernelError::Internal("check: dtype table of the wrong length"));
+            return Err(KernelError::Internal(
+                "check: dtype table of the wrong length",
+            ));
         }
         let rank = self.domain.len();
         let numel = checked_numel(&self.domain).ok_or_else(|| KernelError::DomainTooLarge {
@@ -232,7 +235,11 @@ impl FusedKernel {
         let mut rows = 1usize;
         for (d, &n) in self.domain.iter().enumerate() {
             if !self.reduce_axes.contains(&d) {
-                rows = rows.saturating_mul(n);
+                rows = rows
+                    .checked_mul(n)
+                    .ok_or_else(|| KernelError::DomainTooLarge {
+                        domain: self.domain.clone(),
+                    })?;
             }
         }
         for (n, inp) in self.inputs.iter().enumerate() {
@@ -277,11 +284,8 @@ impl FusedKernel {
                 }
             }
             let dt = |j: usize| code_dtype(dtypes[j]);
-            let not_defined = |op: &'static str, dtype: DType| KernelError::NotDefined {
-                inst: i,
-                op,
-                dtype,
-            };
+            let not_defined =
+                |op: &'static str, dtype: DType| KernelError::NotDefined { inst: i, op, dtype };
             let same = |op: &'static str, a: usize, b: usize| {
                 if dt(a) == dt(b) {
                     Ok(dt(a))
@@ -494,7 +498,8 @@ impl FusedKernel {
 
     /// Whether output `output` may be written over input `input` (take its memory): the output
     /// is full (or the kernel has no reduce axes), its dtype has the input's byte size, the input
-    /// is read exactly at the output's own index (its access is [`Access::contiguous`] over the
+    /// is read exactly at the output's own index (its access is
+    /// [`Access::contiguous`](super::Access::contiguous) over the
     /// domain, offset 0) and holds exactly as many elements as the output. Executors write a full
     /// output in the last pass over each row, after every read of that row, so this is safe as
     /// long as no *other* input of the kernel is the same buffer. False for indices that do not
@@ -506,9 +511,17 @@ impl FusedKernel {
         if out.value >= self.body.len() {
             return false;
         }
+        // `inp.access == Access::contiguous(&self.domain)`, without overflowing on huge domains.
+        let mut contiguous =
+            inp.access.offset == 0 && inp.access.strides.len() == self.domain.len();
+        let mut stride = 1usize;
+        for (s, &d) in inp.access.strides.iter().zip(&self.domain).rev() {
+            contiguous &= *s == stride;
+            stride = stride.wrapping_mul(d);
+        }
         (self.reduce_axes.is_empty() || !self.is_row_level(out.value))
             && inp.dtype.size() == self.output_dtype(output).size()
-            && inp.access == Access::contiguous(&self.domain)
+            && contiguous
             && inp.len == self.output_len(output)
     }
 }

@@ -8,10 +8,12 @@
 //! [`run_buffers`] is the allocating convenience for tests and reference interpreters.
 //!
 //! # Strategy
-//! Axes of size 1 are dropped (they change no index). The remaining axes split three ways:
-//! - **flat** (no reduce axis of size > 1): every instruction is evaluated over runs of up to
-//!   `L` consecutive domain elements (row-major), `L` between 16 and 256 lanes, one
-//!   instruction at a time into its own lane buffer, and every output is stored per run. A
+//! Instructions are evaluated one at a time over a chunk of `L` lanes (`L` between 16 and 1024,
+//! fewer for long bodies), each into its own lane buffer in the scratch, so that dispatch costs
+//! once per chunk and the loops over lanes vectorize. Axes of size 1 are dropped (they change
+//! no index); the remaining axes split three ways:
+//! - **flat** (no reduce axis of size > 1): chunks are runs of `L` consecutive domain elements
+//!   (row-major), every live instruction is evaluated per chunk and every output stored. A
 //!   reduction over axes of size 1 is its operand (as [`crate::cpu::reduce`] copies).
 //! - **rows** (the innermost axis is reduced: softmax, layer norm): for each row (index of the
 //!   kept axes) the kernel makes one pass over the row's reduced elements per reduction level,
@@ -25,10 +27,13 @@
 //!   trailing kept axes, so each pass walks the reduced indices with contiguous chunks and every
 //!   lane accumulates its own reduction. Row-level values are lane vectors here.
 //!
-//! Loads copy their chunk into the lane buffer: a straight copy where the access is contiguous
-//! along the chunk, a fill where it broadcasts, a gather otherwise (adjacent axes whose strides
-//! compose are merged per input, so a transposed or sliced input splits chunks only where its
-//! layout does).
+//! Values of constants only are computed once per run, on every lane. A binary op reads an
+//! operand that is the same on every lane of the chunk (a constant; a row-level value in the
+//! rows case) as one scalar. A full load whose chunk is contiguous and aligned in its input is
+//! read in place; other loads copy their chunk into the lane buffer: a straight copy, a fill
+//! where the access broadcasts, a gather otherwise (adjacent axes whose strides compose are
+//! merged per input, so a transposed or sliced input splits chunks only where its layout does).
+//! Results are identical whichever way a value is read.
 //!
 //! # Summation order
 //! Reductions fold in exactly the order [`crate::cpu::reduce`] uses for a tensor shaped like the
@@ -40,10 +45,11 @@
 //! earlier of two equal values and ignores NaN terms (`x > acc`).
 //!
 //! # In place
-//! Within a chunk every instruction is evaluated (every load done) before any output is stored,
-//! and full outputs are stored in the last pass over a row, after every read of that row. An
-//! output whose memory is an input that [`FusedKernel::can_write_over`] allows is therefore
-//! read before it is overwritten, element by element, whatever other outputs do.
+//! Within a chunk every instruction is evaluated (every input element read, whether copied or
+//! read in place) before any output is stored, and full outputs are stored in the last pass over
+//! a row, after every read of that row. An output whose memory is an input that
+//! [`FusedKernel::can_write_over`] allows is therefore read before it is overwritten, element by
+//! element, whatever other outputs do.
 
 use super::check::{checked_numel, code_dtype, operands};
 use super::{FusedKernel, Inst, KernelError};
@@ -74,6 +80,12 @@ const BCAST: usize = 8;
 const OUT_FULL: usize = 16;
 /// Computed from constants only: evaluated once per run, on every lane.
 const CONST: usize = 32;
+/// A full load that may be read in place (from the input's memory) instead of copied.
+const DIRECT: usize = 64;
+/// `src` entry of a value that is in its lane buffer.
+const IN_BUFFER: usize = usize::MAX;
+/// Padding between lane buffers, so that they do not all map to the same cache sets.
+const SKEW: usize = 192;
 
 // Axis flags.
 const AX_RED: usize = 1;
@@ -116,20 +128,22 @@ impl Layout {
         let lanes = lane_count(n);
         // In the order `Meta::carve` takes them.
         let words = [
-            n.checked_mul(4)?,        // dt, flags, depth, mark
-            pb.checked_add(1)?,       // eval_start
-            pb.checked_mul(n)?,       // eval
-            pb.checked_add(1)?,       // acc_start
-            n,                        // acc
-            pb.checked_add(2)?,       // stage_start
-            n,                        // stage
-            rank.checked_mul(5)?,     // idx, axis, t, o, k axes
+            n.checked_mul(5)?,              // dt, flags, depth, mark, src
+            pb.checked_add(1)?,             // eval_start
+            pb.checked_mul(n)?,             // eval
+            pb.checked_add(1)?,             // acc_start
+            n,                              // acc
+            pb.checked_add(2)?,             // stage_start
+            n,                              // stage
+            rank.checked_mul(5)?,           // idx, axis, t, o, k axes
             k.inputs.len().checked_mul(2)?, // blk, step
         ]
         .iter()
         .try_fold(0usize, |a, &w| a.checked_add(w))?;
-        let meta_bytes = words.checked_mul(8)?.checked_add(ALIGN - 1)? / ALIGN * ALIGN;
-        let buf_bytes = n.checked_mul(lanes * WORD)?;
+        let meta_bytes = words
+            .checked_mul(size_of::<usize>())?
+            .checked_next_multiple_of(ALIGN)?;
+        let buf_bytes = n.checked_mul(lanes * WORD + SKEW)?;
         let part_bytes = n.checked_mul(SLOT * WORD)?;
         let total = ALIGN
             .checked_add(meta_bytes)?
@@ -152,6 +166,7 @@ struct Meta<'a> {
     flags: &'a mut [usize],
     depth: &'a mut [usize],
     mark: &'a mut [usize],
+    src: &'a mut [usize],
     eval_start: &'a mut [usize],
     eval: &'a mut [usize],
     acc_start: &'a mut [usize],
@@ -185,6 +200,7 @@ impl<'a> Meta<'a> {
             flags: take(w, n)?,
             depth: take(w, n)?,
             mark: take(w, n)?,
+            src: take(w, n)?,
             eval_start: take(w, pb + 1)?,
             eval: take(w, pb * n)?,
             acc_start: take(w, pb + 1)?,
@@ -258,15 +274,15 @@ fn analyze(k: &FusedKernel, m: &mut Meta<'_>, pb: usize) -> R<Info> {
     }
     let (mut nt, mut no, mut nk) = (0, 0, 0);
     let mut n_t = 1usize;
-    for d in 0..rank {
-        if !eff(d) {
+    for (d, &dim) in dims.iter().enumerate() {
+        if dim == 1 {
             continue;
         }
         if d >= t_first {
             m.axis[d] |= AX_T;
             m.t_axes[nt] = d;
             nt += 1;
-            n_t = n_t.saturating_mul(dims[d]);
+            n_t = n_t.saturating_mul(dim);
         } else if red(m, d) {
             m.o_axes[no] = d;
             no += 1;
@@ -355,6 +371,13 @@ fn analyze(k: &FusedKernel, m: &mut Meta<'_>, pb: usize) -> R<Info> {
     if passes > pb {
         return Err(KernelError::Internal("more passes than planned"));
     }
+    for i in 0..n {
+        let f = m.flags[i];
+        if matches!(k.body[i], Inst::Load { .. }) && f & (XFULL | OUT_FULL) == XFULL {
+            m.flags[i] |= DIRECT;
+        }
+    }
+    m.src.fill(IN_BUFFER);
 
     // Pass p evaluates the full instructions that the reductions of level p + 1 (and, in the
     // last pass, the full outputs) need, in body order.
@@ -373,9 +396,8 @@ fn analyze(k: &FusedKernel, m: &mut Meta<'_>, pb: usize) -> R<Info> {
                     m.mark[x] = p + 1;
                 }
             }
-            let need = case == Case::Flat
-                || m.mark[i] == p + 1
-                || (p + 1 == passes && f & OUT_FULL != 0);
+            let need =
+                case == Case::Flat || m.mark[i] == p + 1 || (p + 1 == passes && f & OUT_FULL != 0);
             if need && f & XFULL != 0 && f & CONST == 0 {
                 m.eval[c] = i;
                 c += 1;
@@ -427,7 +449,9 @@ fn analyze(k: &FusedKernel, m: &mut Meta<'_>, pb: usize) -> R<Info> {
         m.stage_start[s + 1] = c;
     }
     if c != row_live {
-        return Err(KernelError::Internal("a row-level value outside every stage"));
+        return Err(KernelError::Internal(
+            "a row-level value outside every stage",
+        ));
     }
     if case == Case::Rows {
         for i in 0..n {
@@ -436,7 +460,12 @@ fn analyze(k: &FusedKernel, m: &mut Meta<'_>, pb: usize) -> R<Info> {
                 continue;
             }
             let (ops, nops) = operands(&k.body[i]);
-            let reads_lanes = f & XFULL != 0 || matches!(k.body[i], Inst::Reduce { .. });
+            // Binary ops read a row-level operand as one value (see `Plan::uniform`).
+            let reads_lanes = match k.body[i] {
+                Inst::Reduce { .. } => true,
+                Inst::Binary { .. } => false,
+                _ => f & XFULL != 0,
+            };
             if reads_lanes {
                 for &o in &ops[..nops] {
                     if m.flags[o] & XFULL == 0 {
@@ -725,24 +754,56 @@ fn unary_float<T: Float>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
     Ok(())
 }
 
-fn binary<T: Num>(op: BinaryOp, a: &[u8], b: &[u8], o: &mut [u8]) -> R {
-    let (a, b, o) = (typed::<T>(a)?, typed::<T>(b)?, typed_mut::<T>(o)?);
-    match op {
-        BinaryOp::Add => map2(a, b, o, T::add),
-        BinaryOp::Sub => map2(a, b, o, T::sub),
-        BinaryOp::Mul => map2(a, b, o, T::mul),
-        BinaryOp::Max => map2(a, b, o, <T as Scalar>::max),
-        BinaryOp::Min => map2(a, b, o, T::min),
-        BinaryOp::Div => return Err(KernelError::Internal("div on an integer")),
+/// An operand of a binary op: a value per lane, or one value for every lane of the chunk.
+#[derive(Clone, Copy)]
+enum Arg<'a> {
+    Lanes(&'a [u8]),
+    Uniform(&'a [u8]),
+}
+
+impl Arg<'_> {
+    fn scalar<T: Pod>(b: &[u8]) -> R<T> {
+        typed::<T>(b)?
+            .first()
+            .copied()
+            .ok_or(KernelError::Internal("empty operand"))
+    }
+}
+
+#[inline(always)]
+fn apply2<T: Pod>(a: Arg<'_>, b: Arg<'_>, o: &mut [u8], f: impl Fn(T, T) -> T) -> R {
+    let o = typed_mut::<T>(o)?;
+    match (a, b) {
+        (Arg::Lanes(a), Arg::Lanes(b)) => map2(typed::<T>(a)?, typed::<T>(b)?, o, f),
+        (Arg::Lanes(a), Arg::Uniform(b)) => {
+            let y = Arg::scalar::<T>(b)?;
+            map(typed::<T>(a)?, o, |x| f(x, y));
+        }
+        (Arg::Uniform(a), Arg::Lanes(b)) => {
+            let x = Arg::scalar::<T>(a)?;
+            map(typed::<T>(b)?, o, |y| f(x, y));
+        }
+        (Arg::Uniform(a), Arg::Uniform(b)) => {
+            o.fill(f(Arg::scalar::<T>(a)?, Arg::scalar::<T>(b)?));
+        }
     }
     Ok(())
 }
 
-fn binary_float<T: Float>(op: BinaryOp, a: &[u8], b: &[u8], o: &mut [u8]) -> R {
+fn binary<T: Num>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
+    match op {
+        BinaryOp::Add => apply2(a, b, o, T::add),
+        BinaryOp::Sub => apply2(a, b, o, T::sub),
+        BinaryOp::Mul => apply2(a, b, o, T::mul),
+        BinaryOp::Max => apply2(a, b, o, <T as Scalar>::max),
+        BinaryOp::Min => apply2(a, b, o, T::min),
+        BinaryOp::Div => Err(KernelError::Internal("div on an integer")),
+    }
+}
+
+fn binary_float<T: Float>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
     if op == BinaryOp::Div {
-        let (a, b, o) = (typed::<T>(a)?, typed::<T>(b)?, typed_mut::<T>(o)?);
-        map2(a, b, o, T::div);
-        return Ok(());
+        return apply2(a, b, o, T::div);
     }
     binary::<T>(op, a, b, o)
 }
@@ -811,17 +872,17 @@ fn gather(src: &[u8], sz: usize, start: usize, step: usize, seg: usize, out: &mu
     if seg == 0 {
         return Ok(());
     }
-    let oob = KernelError::Internal("load outside its input");
+    let oob = || KernelError::Internal("load outside its input");
     let last = step
         .checked_mul(seg - 1)
         .and_then(|x| x.checked_add(start))
-        .ok_or(oob.clone())?;
+        .ok_or_else(oob)?;
     let end = last
         .checked_add(1)
         .and_then(|x| x.checked_mul(sz))
-        .ok_or(oob.clone())?;
+        .ok_or_else(oob)?;
     if end > src.len() || out.len() != seg * sz {
-        return Err(oob);
+        return Err(oob());
     }
     match (step, sz) {
         (1, _) => out.copy_from_slice(&src[start * sz..end]),
@@ -893,6 +954,9 @@ struct Plan<'a> {
 /// scratch.
 struct State<'a> {
     idx: &'a mut [usize],
+    /// Per instruction: where its value for the current chunk is, if not in its lane buffer
+    /// (the arena offset of a load read in place).
+    src: &'a mut [usize],
     bufs: &'a mut [u8],
     parts: &'a mut [u8],
     lo: &'a mut [u8],
@@ -907,11 +971,20 @@ fn list<'a>(start: &[usize], items: &'a [usize], p: usize) -> &'a [usize] {
 }
 
 /// The bytes `[a, a + bytes)` of the arena, outside the scratch region.
-fn region<'m>(lo: &'m [u8], hi: &'m [u8], s0: usize, s1: usize, a: usize, bytes: usize) -> R<&'m [u8]> {
+fn region<'m>(
+    lo: &'m [u8],
+    hi: &'m [u8],
+    s0: usize,
+    s1: usize,
+    a: usize,
+    bytes: usize,
+) -> R<&'m [u8]> {
     if bytes == 0 {
         return Ok(&[]);
     }
-    let b = a.checked_add(bytes).ok_or(KernelError::Internal("buffer range"))?;
+    let b = a
+        .checked_add(bytes)
+        .ok_or(KernelError::Internal("buffer range"))?;
     if b <= s0 {
         sub(lo, a, bytes)
     } else if a >= s1 {
@@ -932,7 +1005,9 @@ fn region_mut<'m>(
     if bytes == 0 {
         return Ok(&mut []);
     }
-    let b = a.checked_add(bytes).ok_or(KernelError::Internal("buffer range"))?;
+    let b = a
+        .checked_add(bytes)
+        .ok_or(KernelError::Internal("buffer range"))?;
     if b <= s0 {
         sub_mut(lo, a, bytes)
     } else if a >= s1 {
@@ -945,6 +1020,13 @@ fn region_mut<'m>(
 impl Plan<'_> {
     fn dtype(&self, i: usize) -> DType {
         code_dtype(self.dt[i])
+    }
+
+    /// Whether instruction `j` has one value over every chunk it is read in (then its lane 0
+    /// holds it): a constant, or a row-level value while the lanes run along a row.
+    fn uniform(&self, j: usize) -> bool {
+        let f = self.flags[j];
+        f & CONST != 0 || (self.case == Case::Rows && f & XFULL == 0)
     }
 
     /// Sets the chunk axes of `idx` to chunk position `p0`.
@@ -974,35 +1056,117 @@ impl Plan<'_> {
         acc
     }
 
-    /// Loads `len` elements of input `n` at chunk position `p0` into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn load(&self, idx: &[usize], lo: &[u8], hi: &[u8], n: usize, len: usize, p0: usize, out: &mut [u8]) -> R {
+    /// Input `n`'s element index at the chunk's outer index (`idx` off the chunk axes).
+    fn outer_offset(&self, n: usize, idx: &[usize]) -> usize {
         let inp = &self.k.inputs[n];
-        let sz = inp.dtype.size();
-        let src = region(lo, hi, self.s0, self.s1, self.inputs[n], inp.len * sz)?;
-        let strides = &inp.access.strides;
         let mut base = inp.access.offset;
-        for (d, (&s, &i)) in strides.iter().zip(idx.iter()).enumerate() {
+        for (d, (&s, &i)) in inp.access.strides.iter().zip(idx.iter()).enumerate() {
             if self.axis[d] & AX_T == 0 {
                 base = base.wrapping_add(s.wrapping_mul(i));
             }
         }
+        base
+    }
+
+    /// What chunk position `p` adds to input `n`'s element index.
+    fn chunk_offset(&self, n: usize, mut p: usize) -> usize {
+        let strides = &self.k.inputs[n].access.strides;
+        let mut off = 0usize;
+        for &a in self.t_axes.iter().rev() {
+            let d = self.k.domain[a].max(1);
+            off = off.wrapping_add(strides[a].wrapping_mul(p % d));
+            p /= d;
+        }
+        off
+    }
+
+    /// Loads `len` elements of input `n` at chunk position `p0` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        &self,
+        idx: &[usize],
+        lo: &[u8],
+        hi: &[u8],
+        n: usize,
+        len: usize,
+        p0: usize,
+        out: &mut [u8],
+    ) -> R {
+        let inp = &self.k.inputs[n];
+        let sz = inp.dtype.size();
+        let src = region(lo, hi, self.s0, self.s1, self.inputs[n], inp.len * sz)?;
+        let base = self.outer_offset(n, idx);
         let (blk, step) = (self.blk[n].max(1), self.step[n]);
         let (mut p, mut done) = (p0, 0);
         while done < len {
+            // A segment: the positions up to the end of a block that one stride covers.
             let seg = (len - done).min(blk - p % blk);
-            let mut start = base;
-            let mut q = p;
-            for &a in self.t_axes.iter().rev() {
-                let d = self.k.domain[a].max(1);
-                start = start.wrapping_add(strides[a].wrapping_mul(q % d));
-                q /= d;
-            }
-            gather(src, sz, start, step, seg, sub_mut(out, done * sz, seg * sz)?)?;
+            let start = base.wrapping_add(self.chunk_offset(n, p));
+            gather(
+                src,
+                sz,
+                start,
+                step,
+                seg,
+                sub_mut(out, done * sz, seg * sz)?,
+            )?;
             p += seg;
             done += seg;
         }
         Ok(())
+    }
+
+    /// The arena offset of input `n`'s `len` elements at chunk position `p0`, if they are
+    /// contiguous and aligned, so that the load can be read in place.
+    #[allow(clippy::too_many_arguments)]
+    fn direct(
+        &self,
+        idx: &[usize],
+        lo: &[u8],
+        hi: &[u8],
+        n: usize,
+        len: usize,
+        p0: usize,
+    ) -> R<Option<usize>> {
+        let inp = &self.k.inputs[n];
+        let sz = inp.dtype.size();
+        let (blk, step) = (self.blk[n].max(1), self.step[n]);
+        if len == 0 || (step != 1 && len > 1) || p0 % blk + len > blk {
+            return Ok(None);
+        }
+        let start = self
+            .outer_offset(n, idx)
+            .wrapping_add(self.chunk_offset(n, p0));
+        let src = region(lo, hi, self.s0, self.s1, self.inputs[n], inp.len * sz)?;
+        let Some(bytes) = start
+            .checked_mul(sz)
+            .and_then(|b| sub(src, b, len * sz).ok())
+        else {
+            return Err(KernelError::Internal("load outside its input"));
+        };
+        if !(bytes.as_ptr() as usize).is_multiple_of(sz) {
+            return Ok(None);
+        }
+        Ok(Some(self.inputs[n] + start * sz))
+    }
+
+    /// The bytes of instruction `j`'s value on `len` lanes: its lane buffer (in `bufs`, which
+    /// starts at buffer 0), or the input memory a load is read from in place.
+    #[allow(clippy::too_many_arguments)]
+    fn value<'b>(
+        &self,
+        src: &[usize],
+        bufs: &'b [u8],
+        lo: &'b [u8],
+        hi: &'b [u8],
+        j: usize,
+        len: usize,
+    ) -> R<&'b [u8]> {
+        let bytes = len * self.dtype(j).size();
+        match src[j] {
+            IN_BUFFER => sub(bufs, j * self.stride, bytes),
+            at => region(lo, hi, self.s0, self.s1, at, bytes),
+        }
     }
 
     /// The index along `axis` at `len` chunk positions from `p0`.
@@ -1048,9 +1212,20 @@ impl Plan<'_> {
         let before: &[u8] = before;
         let out = sub_mut(rest, 0, len * sz)?;
         let stride = self.stride;
-        let arg = |j: usize| sub(before, j * stride, len * self.dtype(j).size());
+        if let Inst::Load { input } = self.k.body[i] {
+            if self.flags[i] & DIRECT != 0 {
+                if let Some(at) = self.direct(st.idx, st.lo, st.hi, input, len, p0)? {
+                    st.src[i] = at;
+                    return Ok(());
+                }
+            }
+            st.src[i] = IN_BUFFER;
+            return self.load(st.idx, st.lo, st.hi, input, len, p0, out);
+        }
+        let (src, lo, hi) = (&*st.src, &*st.lo, &*st.hi);
+        let arg = |j: usize| self.value(src, before, lo, hi, j, len);
         match self.k.body[i] {
-            Inst::Load { input } => self.load(st.idx, st.lo, st.hi, input, len, p0, out),
+            Inst::Load { .. } => Err(KernelError::Internal("load")),
             Inst::Const { value, .. } => fill_const(dt, value, out),
             Inst::Index { axis, .. } => by_elem!(dt, index_into(self, st.idx, axis, len, p0, out)),
             Inst::Unary { op, x } => {
@@ -1064,7 +1239,14 @@ impl Plan<'_> {
                 }
             }
             Inst::Binary { op, a, b } => {
-                let (a, b) = (arg(a)?, arg(b)?);
+                let operand = |j: usize| -> R<Arg<'_>> {
+                    Ok(if self.uniform(j) {
+                        Arg::Uniform(sub(before, j * stride, self.dtype(j).size())?)
+                    } else {
+                        Arg::Lanes(arg(j)?)
+                    })
+                };
+                let (a, b) = (operand(a)?, operand(b)?);
                 match dt {
                     DType::F32 => binary_float::<f32>(op, a, b, out),
                     DType::F64 => binary_float::<f64>(op, a, b, out),
@@ -1154,7 +1336,7 @@ impl Plan<'_> {
             let dt = self.dtype(r);
             let sz = dt.size();
             if self.case == Case::Rows {
-                let xs = sub(st.bufs, x * self.stride, len * sz)?;
+                let xs = self.value(st.src, st.bufs, st.lo, st.hi, x, len)?;
                 let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * sz)?;
                 by_num!(dt, acc_run(op, xs, slot))?;
             } else {
@@ -1163,7 +1345,7 @@ impl Plan<'_> {
                     return Err(KernelError::Internal("lane buffer"));
                 }
                 let (before, rest) = st.bufs.split_at_mut(at);
-                let xs = sub(before, x * self.stride, len * sz)?;
+                let xs = self.value(st.src, before, st.lo, st.hi, x, len)?;
                 let acc = sub_mut(rest, 0, len * sz)?;
                 by_num!(dt, acc_lanes(op, xs, acc))?;
             }
@@ -1193,7 +1375,11 @@ impl Plan<'_> {
                 continue;
             }
             let sz = self.dtype(v).size();
-            let n = if self.flags[v] & ROW != 0 { self.rows } else { self.numel };
+            let n = if self.flags[v] & ROW != 0 {
+                self.rows
+            } else {
+                self.numel
+            };
             let src = sub(st.bufs, v * self.stride, len * sz)?;
             let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * sz)?;
             sub_mut(dst, elem * sz, len * sz)?.copy_from_slice(src);
@@ -1382,7 +1568,10 @@ fn slot_op<T: Num>(op: ReduceOp, slot: &mut [u8], what: u8, multi: bool) -> R {
                 ReduceOp::Sum => a.add(b),
                 ReduceOp::Max => keep_max(a, b),
             };
-            let run = f(f(f(s[0], s[4]), f(s[2], s[6])), f(f(s[1], s[5]), f(s[3], s[7])));
+            let run = f(
+                f(f(s[0], s[4]), f(s[2], s[6])),
+                f(f(s[1], s[5]), f(s[3], s[7])),
+            );
             s[8] = if multi { f(s[8], run) } else { run };
         }
     }
@@ -1409,7 +1598,15 @@ fn acc_lanes<T: Num>(op: ReduceOp, x: &[u8], acc: &mut [u8]) -> R {
 }
 
 /// Checks that `[offset, offset + bytes)` fits in `mem` and stays out of the scratch region.
-fn check_range(what: &'static str, index: usize, offset: usize, bytes: usize, mem: usize, s0: usize, s1: usize) -> R {
+fn check_range(
+    what: &'static str,
+    index: usize,
+    offset: usize,
+    bytes: usize,
+    mem: usize,
+    s0: usize,
+    s1: usize,
+) -> R {
     let end = offset.checked_add(bytes).filter(|&e| e <= mem);
     let Some(end) = end else {
         return Err(KernelError::BufferOutOfRange {
@@ -1443,7 +1640,13 @@ fn check_range(what: &'static str, index: usize, offset: usize, bytes: usize, me
 /// Checks the kernel ([`FusedKernel::check`]) and that every buffer fits in `mem` outside the
 /// scratch region before it writes anything but scratch. Allocates nothing on the heap unless it
 /// returns an error.
-pub fn run(k: &FusedKernel, mem: &mut [u8], inputs: &[usize], outputs: &[usize], scratch: usize) -> R {
+pub fn run(
+    k: &FusedKernel,
+    mem: &mut [u8],
+    inputs: &[usize],
+    outputs: &[usize],
+    scratch: usize,
+) -> R {
     if inputs.len() != k.inputs.len() {
         return Err(KernelError::BufferCount {
             what: "inputs",
@@ -1476,7 +1679,7 @@ pub fn run(k: &FusedKernel, mem: &mut [u8], inputs: &[usize], outputs: &[usize],
         }
     };
     for (n, (inp, &off)) in k.inputs.iter().zip(inputs).enumerate() {
-        let bytes = inp.len.checked_mul(inp.dtype.size()).unwrap_or(usize::MAX);
+        let bytes = inp.len.saturating_mul(inp.dtype.size());
         check_range("input", n, off, bytes, mem_len, s0, s1)?;
     }
 
@@ -1508,16 +1711,19 @@ pub fn run(k: &FusedKernel, mem: &mut [u8], inputs: &[usize], outputs: &[usize],
     for (j, (out, &off)) in k.outputs.iter().zip(outputs).enumerate() {
         let v = out.value;
         let n = if m.flags[v] & ROW != 0 { rows } else { numel };
-        let bytes = n.checked_mul(code_dtype(m.dt[v]).size()).unwrap_or(usize::MAX);
+        let bytes = n.saturating_mul(code_dtype(m.dt[v]).size());
         check_range("output", j, off, bytes, mem_len, s0, s1)?;
     }
-    if k.outputs.is_empty() {
+    // With an empty domain only row-level outputs have elements.
+    let row_outputs = k.outputs.iter().any(|o| m.flags[o.value] & ROW != 0);
+    if k.outputs.is_empty() || (numel == 0 && !row_outputs) {
         return Ok(());
     }
 
     let Meta {
         dt,
         flags,
+        src,
         eval_start,
         eval,
         acc_start,
@@ -1553,7 +1759,7 @@ pub fn run(k: &FusedKernel, mem: &mut [u8], inputs: &[usize], outputs: &[usize],
         passes: info.passes,
         n_t: info.n_t,
         lanes: lay.lanes,
-        stride: lay.lanes * WORD,
+        stride: lay.lanes * WORD + SKEW,
         numel,
         rows,
         inputs,
@@ -1563,6 +1769,7 @@ pub fn run(k: &FusedKernel, mem: &mut [u8], inputs: &[usize], outputs: &[usize],
     };
     let mut st = State {
         idx,
+        src,
         bufs,
         parts,
         lo,
@@ -1594,7 +1801,17 @@ pub fn run_buffers(k: &FusedKernel, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, Ke
             given: inputs.len(),
         });
     }
-    let round = |x: usize| x.div_ceil(256) * 256;
+    let too_large = |what, index, bytes| KernelError::BufferOutOfRange {
+        what,
+        index,
+        offset: 0,
+        bytes,
+        mem: usize::MAX,
+    };
+    // Buffers one after another, 256-aligned as the planner places them.
+    let place = |at: usize, bytes: usize| -> Option<usize> {
+        at.checked_add(bytes)?.checked_next_multiple_of(256)
+    };
     let mut at = 0usize;
     let mut in_off = Vec::with_capacity(inputs.len());
     for (n, (inp, bytes)) in k.inputs.iter().zip(inputs).enumerate() {
@@ -1609,7 +1826,7 @@ pub fn run_buffers(k: &FusedKernel, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, Ke
             });
         }
         in_off.push(at);
-        at = round(at + want);
+        at = place(at, want).ok_or(too_large("input", n, want))?;
     }
     let mut out_off = Vec::with_capacity(k.outputs.len());
     let mut out_bytes = Vec::with_capacity(k.outputs.len());
@@ -1617,11 +1834,15 @@ pub fn run_buffers(k: &FusedKernel, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, Ke
         let b = k.output_len(j).saturating_mul(k.output_dtype(j).size());
         out_off.push(at);
         out_bytes.push(b);
-        at = round(at.saturating_add(b));
+        at = place(at, b).ok_or(too_large("output", j, b))?;
     }
     let scratch = at;
-    let total = at.saturating_add(scratch_bytes(k));
-    let mut mem = vec![0u8; total];
+    let sb = scratch_bytes(k);
+    let total = at.checked_add(sb).ok_or(too_large("scratch", 0, sb))?;
+    let mut mem = Vec::new();
+    mem.try_reserve_exact(total)
+        .map_err(|_| too_large("arena", 0, total))?;
+    mem.resize(total, 0u8);
     for (&off, bytes) in in_off.iter().zip(inputs) {
         mem[off..off + bytes.len()].copy_from_slice(bytes);
     }

@@ -12,13 +12,24 @@
 //! by index. Every instruction has a value at every domain index `i`:
 //! - [`Inst::Load`] reads input `n` at element `access.offset + Σ_d access.strides[d] * i[d]`
 //!   (a stride of 0 broadcasts; permuted strides transpose; the offset slices);
-//! - [`Inst::Const`] is the same scalar everywhere; [`Inst::Index`] is `i[axis]`;
+//! - [`Inst::Const`] is the same scalar everywhere, `value` converted as the IR's `full` does
+//!   (a Rust `as` cast; for bool, nonzero is true); [`Inst::Index`] is `i[axis]`, converted the
+//!   same way;
 //! - unary, binary, compare, select and convert apply the scalar op to their operands' values
 //!   at the same `i` (semantics as the IR's ops of the same names: integer arithmetic wraps,
 //!   float `max`/`min` ignore one NaN, `div` is float-only, converts are Rust `as` casts, to
 //!   bool is "nonzero");
 //! - [`Inst::Reduce`]`{x}` at `i` folds `x` over every domain index `j` that agrees with `i`
-//!   outside the reduce axes, in row-major order of `j` (sum from 0, max from the lowest value).
+//!   outside the reduce axes (sum from 0, integer sums wrapping; max from the lowest value,
+//!   where a term replaces the running max only when strictly greater, so NaN terms are ignored
+//!   and of `0.0` and `-0.0` the earlier stays). The terms come in row-major order of `j`, and
+//!   are combined in the fixed order [`crate::cpu::reduce`] uses for a tensor shaped like the
+//!   domain, so that a fused reduction gives the unfused op's bits on the CPU: if the innermost
+//!   axis of size > 1 is reduced, each contiguous run along the trailing reduced axes goes to
+//!   eight interleaved partials combined pairwise, and several runs are folded one after
+//!   another; otherwise the terms are folded one by one. When every reduce axis has size 1 the
+//!   reduction is `x` itself (a copy, as the unfused reduce makes it). Other executors (CUDA)
+//!   may combine sums in another order.
 //!
 //! An instruction is **full** if its value can vary along a reduce axis, and **row-level**
 //! (uniform along the reduce axes) otherwise: a load whose strides on every reduce axis are 0, a
@@ -35,10 +46,15 @@
 //! y = e / s`, with `y` the one output. Executors evaluate it in passes over each row (one pass
 //! per reduction level, recomputing full values as needed), never storing a full intermediate.
 //!
+//! Loads stay inside their inputs (see [`FusedKernel::check`]): over the domain, and for an
+//! input whose strides on every reduce axis are 0 over the rows too, since a row-level value is
+//! computed for every row even when a reduce axis has size 0.
+//!
 //! # In place
 //! An output may be written over an input (the planner lets it take the input's memory) when
 //! [`FusedKernel::can_write_over`] says so: the input is read only at the output's own index,
 //! and full outputs are written in the last pass over each row, after every read of that row.
+//! This assumes no other input of the kernel is the same buffer.
 
 pub mod check;
 pub mod cpu;
@@ -94,19 +110,48 @@ impl Access {
 /// One instruction. Operands are indices of earlier instructions in the body.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Inst {
-    Load { input: usize },
-    Const { value: f64, dtype: DType },
+    Load {
+        input: usize,
+    },
+    Const {
+        value: f64,
+        dtype: DType,
+    },
     /// The domain index along `axis`, as `dtype`.
-    Index { axis: usize, dtype: DType },
-    Unary { op: UnaryOp, x: usize },
-    Binary { op: BinaryOp, a: usize, b: usize },
+    Index {
+        axis: usize,
+        dtype: DType,
+    },
+    Unary {
+        op: UnaryOp,
+        x: usize,
+    },
+    Binary {
+        op: BinaryOp,
+        a: usize,
+        b: usize,
+    },
     /// Gives bool.
-    Compare { op: CmpOp, a: usize, b: usize },
+    Compare {
+        op: CmpOp,
+        a: usize,
+        b: usize,
+    },
     /// `a` where `cond` is true, else `b`.
-    Select { cond: usize, a: usize, b: usize },
-    Convert { x: usize, to: DType },
+    Select {
+        cond: usize,
+        a: usize,
+        b: usize,
+    },
+    Convert {
+        x: usize,
+        to: DType,
+    },
     /// Folds `x` over the reduce axes.
-    Reduce { op: ReduceOp, x: usize },
+    Reduce {
+        op: ReduceOp,
+        x: usize,
+    },
 }
 
 /// A buffer the kernel writes: one instruction's values, contiguous, row-major.

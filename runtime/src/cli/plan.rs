@@ -38,6 +38,27 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         )?;
     } else {
         crate::cli::out(format_args!("{}", report.table()))?;
+        if let Some(r) = &compiled.rewrite {
+            crate::outln!(
+                "rewrite: {} -> {} ops, e-graph {} nodes in {} classes after {} iterations, stopped: {}",
+                r.nodes_before,
+                r.nodes_after,
+                r.egraph_nodes,
+                r.egraph_classes,
+                r.iterations,
+                r.stop_reason
+            )?;
+        }
+        if let Some(f) = &compiled.fuse {
+            crate::outln!(
+                "fusion: {} kernels ({} fused, {} with several outputs, {} library calls), {} values recomputed for the backward pass",
+                f.kernels,
+                f.fused_kernels,
+                f.multi_output_kernels,
+                f.library_calls,
+                f.recomputed
+            )?;
+        }
     }
     if let Some(budget) = a.budget {
         if report.total_bytes > budget {

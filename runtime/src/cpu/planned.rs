@@ -79,7 +79,11 @@ impl PlannedStep {
             if let Op::Fused(_) = node.op {
                 program.push(Instr::Fused {
                     node: id,
-                    inputs: node.inputs.iter().map(|x| location[x.index()].offset).collect(),
+                    inputs: node
+                        .inputs
+                        .iter()
+                        .map(|x| location[x.index()].offset)
+                        .collect(),
                     outputs: kernel_outputs[id.index()]
                         .iter()
                         .map(|o| location[o.index()].offset)
@@ -227,8 +231,8 @@ impl PlannedStep {
                     let mem = unsafe {
                         std::slice::from_raw_parts_mut(base, self.memory.len() * ALIGNMENT)
                     };
-                    ingot_kernels::fused::cpu::run(kernel, mem, inputs, outputs, *scratch).map_err(
-                        |e| {
+                    ingot_kernels::fused::cpu::run(kernel, mem, inputs, outputs, *scratch)
+                        .map_err(|e| {
                             at(
                                 *node,
                                 self.graph.node(*node),
@@ -237,8 +241,7 @@ impl PlannedStep {
                                     reason: e.to_string(),
                                 },
                             )
-                        },
-                    )?;
+                        })?;
                 }
             }
         }
