@@ -82,7 +82,11 @@ pub fn extract(eg: &EGraph, roots: &[Id]) -> Result<Extraction, String> {
 }
 
 /// As [`extract`], with the method forced (for tests); `None` chooses as [`extract`] does.
-pub fn extract_with(eg: &EGraph, roots: &[Id], force: Option<Method>) -> Result<Extraction, String> {
+pub fn extract_with(
+    eg: &EGraph,
+    roots: &[Id],
+    force: Option<Method>,
+) -> Result<Extraction, String> {
     let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
     ids.sort_unstable();
     let mut dense = vec![u32::MAX; eg.nodes().len()];

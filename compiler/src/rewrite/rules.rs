@@ -630,17 +630,19 @@ fn constant_fold(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
     out.push(Recipe::single(Kind::full(v, Ty::of(&d.ty)), &[]));
 }
 
-/// `(x * c1) * c2 => x * (c1 * c2)` for constants `c1`, `c2` (either operand order), up to float
-/// rounding; not when `c1 * c2` underflows to 0 or overflows while `c1`, `c2` do not.
+/// `(x * c1) * c2 => x * (c1 * c2)` for constants `c1`, `c2` (either operand order), when the
+/// product of the constants is exact (so the rewrite is too, up to the order of roundings of
+/// `x`'s products) and neither they nor it are 0, infinite or NaN.
 ///
-/// Nor when `c1 * c2 == c1` (`c1` is 0, infinite or NaN, or `c2` is 1): the result would be the
-/// inner product itself, and the class would come to contain `c2 * itself`, from which every
-/// power of `c2` follows, one new constant per iteration. For the same reason `x` must not be the
-/// matched class itself.
+/// Those conditions keep saturation finite. With a degenerate constant the class comes to hold
+/// `k * itself` (`(x * 0) * k` is `x * 0`), from which every power of `k` follows, one new
+/// constant per iteration; with inexact products, constants around a cycle drift by an ulp per
+/// iteration. Exact, nonzero products around a cycle multiply to 1, and stay a finite set.
 fn mul_constants(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
+    let ok = |v: f64| v != 0.0 && v.is_finite();
     let split = |a: Id, b: Id| match (konst(eg, a), konst(eg, b)) {
-        (None, Some(v)) => Some((a, v)),
-        (Some(v), None) => Some((b, v)),
+        (None, Some(v)) if ok(v) => Some((a, v)),
+        (Some(v), None) if ok(v) => Some((b, v)),
         _ => None,
     };
     let t = ty(eg, c);
@@ -648,6 +650,9 @@ fn mul_constants(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
         let Some((inner, c2)) = split(n.args[0], n.args[1]) else {
             continue;
         };
+        if same(eg, inner, c) {
+            continue;
+        }
         for m in nodes_where(eg, inner, |k| *k == MUL) {
             let Some((x, c1)) = split(m.args[0], m.args[1]) else {
                 continue;
@@ -655,11 +660,9 @@ fn mul_constants(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
             let Some(p) = analysis::binary(BinaryOp::Mul, c1, c2, t.dtype) else {
                 continue;
             };
-            let degenerate = |v: f64| v == 0.0 || !v.is_finite();
-            if (degenerate(p) && !degenerate(c1) && !degenerate(c2))
-                || p.to_bits() == c1.to_bits()
-                || same(eg, x, c)
-            {
+            // The residual of the rounded product, computed exactly by a fused multiply-add.
+            let exact = !t.dtype.is_float() || c1.mul_add(c2, -p) == 0.0;
+            if !ok(p) || !exact || same(eg, x, c) {
                 continue;
             }
             let mut r = Recipe::default();

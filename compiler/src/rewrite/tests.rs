@@ -983,9 +983,10 @@ fn merging_classes_of_different_types_is_recorded() {
 
 #[test]
 fn merging_two_leaves_is_recorded() {
-    let mut facts = Facts::default();
-    facts.leaf_types = vec![f32s(&[2]), f32s(&[2])];
-    let mut eg = EGraph::new(facts);
+    let mut eg = EGraph::new(Facts {
+        leaf_types: vec![f32s(&[2]), f32s(&[2])],
+        ..Facts::default()
+    });
     let a = eg.add(ENode::leaf(Kind::Leaf(0)));
     let b = eg.add(ENode::leaf(Kind::Leaf(1)));
     assert_ne!(
@@ -1065,9 +1066,10 @@ fn extraction_counts_a_shared_value_once() {
     // One class holds two terms: add(s, s) with s = exp(sqrt(x)), three tensors when s counts
     // once (five when it counts per use, as a tree cost has it), and
     // neg(tanh(exp(recip(x)))), four tensors. The DAG cost takes the first.
-    let mut facts = Facts::default();
-    facts.leaf_types = vec![f32s(&[1000])];
-    let mut eg = EGraph::new(facts);
+    let mut eg = EGraph::new(Facts {
+        leaf_types: vec![f32s(&[1000])],
+        ..Facts::default()
+    });
     let un = |eg: &mut EGraph, u: UnaryOp, a: Id| eg.add(ENode::new(Kind::Unary(u), &[a]));
     let x = eg.add(ENode::leaf(Kind::Leaf(0)));
     let s = un(&mut eg, UnaryOp::Sqrt, x);
