@@ -21,4 +21,4 @@ pub use layout::{
 };
 pub use matmul::{batched_matmul, gemm, matmul, GemmScalar, MatLayout, Trans};
 pub use reduce::{max_run, reduce, reduce_rows, sum_run, ReduceKind};
-pub use scalar::Scalar;
+pub use scalar::{Float, Num, Scalar};

@@ -53,3 +53,99 @@ float_scalar!(f32);
 float_scalar!(f64);
 int_scalar!(i32);
 int_scalar!(i64);
+
+/// The rest of the arithmetic of the numeric dtypes, as the IR's elementwise ops define it:
+/// integers wrap, float `min` ignores a NaN operand like [`f32::min`]. The unfused executor and
+/// the fused kernels both compute through these, so they mean the same thing.
+pub trait Num: Scalar {
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    fn neg(self) -> Self;
+}
+
+/// The float-only ops.
+pub trait Float: Num {
+    fn div(self, o: Self) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn tanh(self) -> Self;
+    fn recip(self) -> Self;
+}
+
+macro_rules! float_num {
+    ($t:ty) => {
+        impl Num for $t {
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                <$t>::min(self, o)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                -self
+            }
+        }
+        impl Float for $t {
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            #[inline(always)]
+            fn recip(self) -> Self {
+                1.0 / self
+            }
+        }
+    };
+}
+float_num!(f32);
+float_num!(f64);
+
+macro_rules! int_num {
+    ($t:ty) => {
+        impl Num for $t {
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                Ord::min(self, o)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                self.wrapping_neg()
+            }
+        }
+    };
+}
+int_num!(i32);
+int_num!(i64);

@@ -53,6 +53,7 @@
 
 use super::check::{checked_numel, code_dtype, operands};
 use super::{FusedKernel, Inst, KernelError};
+use crate::cpu::scalar::{Float, Num};
 use crate::cpu::Scalar;
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -566,98 +567,13 @@ impl Elem for u8 {
     }
 }
 
-/// The arithmetic of the numeric dtypes (integers wrap).
-trait Num: Elem + Scalar {
-    fn sub(self, o: Self) -> Self;
-    fn mul(self, o: Self) -> Self;
-    fn min(self, o: Self) -> Self;
-    fn neg(self) -> Self;
-}
+/// A numeric element of a lane buffer, with its arithmetic ([`Num`]).
+trait NumElem: Num + Elem {}
+impl<T: Num + Elem> NumElem for T {}
 
-trait Float: Num {
-    fn div(self, o: Self) -> Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    fn sqrt(self) -> Self;
-    fn tanh(self) -> Self;
-    fn recip(self) -> Self;
-}
-
-macro_rules! float {
-    ($t:ty) => {
-        impl Num for $t {
-            #[inline(always)]
-            fn sub(self, o: Self) -> Self {
-                self - o
-            }
-            #[inline(always)]
-            fn mul(self, o: Self) -> Self {
-                self * o
-            }
-            #[inline(always)]
-            fn min(self, o: Self) -> Self {
-                <$t>::min(self, o)
-            }
-            #[inline(always)]
-            fn neg(self) -> Self {
-                -self
-            }
-        }
-        impl Float for $t {
-            #[inline(always)]
-            fn div(self, o: Self) -> Self {
-                self / o
-            }
-            #[inline(always)]
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            #[inline(always)]
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            #[inline(always)]
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            #[inline(always)]
-            fn tanh(self) -> Self {
-                <$t>::tanh(self)
-            }
-            #[inline(always)]
-            fn recip(self) -> Self {
-                1.0 / self
-            }
-        }
-    };
-}
-float!(f32);
-float!(f64);
-
-macro_rules! int {
-    ($t:ty) => {
-        impl Num for $t {
-            #[inline(always)]
-            fn sub(self, o: Self) -> Self {
-                self.wrapping_sub(o)
-            }
-            #[inline(always)]
-            fn mul(self, o: Self) -> Self {
-                self.wrapping_mul(o)
-            }
-            #[inline(always)]
-            fn min(self, o: Self) -> Self {
-                Ord::min(self, o)
-            }
-            #[inline(always)]
-            fn neg(self) -> Self {
-                self.wrapping_neg()
-            }
-        }
-    };
-}
-int!(i32);
-int!(i64);
+/// A float element of a lane buffer, with its arithmetic ([`Float`]).
+trait FloatElem: Float + Elem {}
+impl<T: Float + Elem> FloatElem for T {}
 
 /// `max` as reductions compute it (see [`crate::cpu::reduce`]): `x` replaces `acc` only when
 /// strictly greater.
@@ -732,7 +648,7 @@ macro_rules! by_elem {
     };
 }
 
-fn unary<T: Num>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
+fn unary<T: NumElem>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
     let (a, o) = (typed::<T>(a)?, typed_mut::<T>(o)?);
     match op {
         UnaryOp::Neg => map(a, o, T::neg),
@@ -741,7 +657,7 @@ fn unary<T: Num>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
     Ok(())
 }
 
-fn unary_float<T: Float>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
+fn unary_float<T: FloatElem>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
     let (a, o) = (typed::<T>(a)?, typed_mut::<T>(o)?);
     match op {
         UnaryOp::Neg => map(a, o, T::neg),
@@ -790,7 +706,7 @@ fn apply2<T: Pod>(a: Arg<'_>, b: Arg<'_>, o: &mut [u8], f: impl Fn(T, T) -> T) -
     Ok(())
 }
 
-fn binary<T: Num>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
+fn binary<T: NumElem>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
     match op {
         BinaryOp::Add => apply2(a, b, o, T::add),
         BinaryOp::Sub => apply2(a, b, o, T::sub),
@@ -801,7 +717,7 @@ fn binary<T: Num>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
     }
 }
 
-fn binary_float<T: Float>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
+fn binary_float<T: FloatElem>(op: BinaryOp, a: Arg<'_>, b: Arg<'_>, o: &mut [u8]) -> R {
     if op == BinaryOp::Div {
         return apply2(a, b, o, T::div);
     }
@@ -1514,14 +1430,14 @@ fn next(idx: &mut [usize], axes: &[usize], dims: &[usize]) -> bool {
     false
 }
 
-fn identity<T: Num>(op: ReduceOp) -> T {
+fn identity<T: NumElem>(op: ReduceOp) -> T {
     match op {
         ReduceOp::Sum => T::ZERO,
         ReduceOp::Max => T::LOWEST,
     }
 }
 
-fn fill_identity<T: Num>(op: ReduceOp, b: &mut [u8]) -> R {
+fn fill_identity<T: NumElem>(op: ReduceOp, b: &mut [u8]) -> R {
     typed_mut::<T>(b)?.fill(identity(op));
     Ok(())
 }
@@ -1541,7 +1457,7 @@ fn fold8<T: Copy>(x: &[T], p: &mut [T; 8], f: impl Fn(T, T) -> T) {
 
 /// Rows case: folds a chunk (which starts at a multiple of 8 in its run) into the slot's eight
 /// interleaved partials.
-fn acc_run<T: Num>(op: ReduceOp, x: &[u8], slot: &mut [u8]) -> R {
+fn acc_run<T: NumElem>(op: ReduceOp, x: &[u8], slot: &mut [u8]) -> R {
     let x = typed::<T>(x)?;
     let slot = typed_mut::<T>(slot)?;
     let mut p = [T::ZERO; 8];
@@ -1554,7 +1470,7 @@ fn acc_run<T: Num>(op: ReduceOp, x: &[u8], slot: &mut [u8]) -> R {
     Ok(())
 }
 
-fn slot_op<T: Num>(op: ReduceOp, slot: &mut [u8], what: u8, multi: bool) -> R {
+fn slot_op<T: NumElem>(op: ReduceOp, slot: &mut [u8], what: u8, multi: bool) -> R {
     let s = typed_mut::<T>(slot)?;
     if s.len() < 9 {
         return Err(KernelError::Internal("reduction slot"));
@@ -1579,7 +1495,7 @@ fn slot_op<T: Num>(op: ReduceOp, slot: &mut [u8], what: u8, multi: bool) -> R {
 }
 
 /// Columns case: every lane folds its own term.
-fn acc_lanes<T: Num>(op: ReduceOp, x: &[u8], acc: &mut [u8]) -> R {
+fn acc_lanes<T: NumElem>(op: ReduceOp, x: &[u8], acc: &mut [u8]) -> R {
     let x = typed::<T>(x)?;
     let acc = typed_mut::<T>(acc)?;
     match op {

@@ -27,7 +27,7 @@
 use crate::error::ExecError;
 use crate::tensor::{Element, View, ViewMut};
 use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Node, Op, ReduceOp, TensorType, UnaryOp};
-use ingot_kernels::cpu::{self as k, Dims, ReduceKind, Scalar};
+use ingot_kernels::cpu::{self as k, Dims, Float, Num, ReduceKind, Scalar};
 
 /// Calls the generic function `f::<T>(args)` with `T` the Rust type of a dtype.
 macro_rules! by_dtype {
@@ -420,107 +420,23 @@ fn iota(cx: &Cx, axis: usize, out: ViewMut<'_>) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// The float arithmetic the elementwise ops need.
-trait Float:
-    Element
-    + Scalar
-    + std::ops::Add<Output = Self>
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + std::ops::Neg<Output = Self>
-{
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    fn sqrt(self) -> Self;
-    fn tanh(self) -> Self;
-    fn recip(self) -> Self;
-    fn min(self, other: Self) -> Self;
-}
-
-macro_rules! float {
-    ($t:ty) => {
-        impl Float for $t {
-            #[inline(always)]
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            #[inline(always)]
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            #[inline(always)]
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            #[inline(always)]
-            fn tanh(self) -> Self {
-                <$t>::tanh(self)
-            }
-            #[inline(always)]
-            fn recip(self) -> Self {
-                1.0 / self
-            }
-            #[inline(always)]
-            fn min(self, other: Self) -> Self {
-                <$t>::min(self, other)
-            }
-        }
-    };
-}
-float!(f32);
-float!(f64);
-
-/// The wrapping integer arithmetic the elementwise ops need.
-trait Int: Element + Ord {
-    fn wrapping_add(self, o: Self) -> Self;
-    fn wrapping_sub(self, o: Self) -> Self;
-    fn wrapping_mul(self, o: Self) -> Self;
-    fn wrapping_neg(self) -> Self;
-}
-
-macro_rules! int {
-    ($t:ty) => {
-        impl Int for $t {
-            #[inline(always)]
-            fn wrapping_add(self, o: Self) -> Self {
-                <$t>::wrapping_add(self, o)
-            }
-            #[inline(always)]
-            fn wrapping_sub(self, o: Self) -> Self {
-                <$t>::wrapping_sub(self, o)
-            }
-            #[inline(always)]
-            fn wrapping_mul(self, o: Self) -> Self {
-                <$t>::wrapping_mul(self, o)
-            }
-            #[inline(always)]
-            fn wrapping_neg(self) -> Self {
-                <$t>::wrapping_neg(self)
-            }
-        }
-    };
-}
-int!(i32);
-int!(i64);
-
 fn unary(cx: &Cx, u: UnaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
-    fn float<T: Float>(cx: &Cx, u: UnaryOp, o: &mut [T]) -> Result<(), ExecError> {
+    fn float<T: Element + Float>(cx: &Cx, u: UnaryOp, o: &mut [T]) -> Result<(), ExecError> {
         let a = cx.arg::<T>(0)?;
         match u {
-            UnaryOp::Neg => map(a, o, |x| -x),
-            UnaryOp::Exp => map(a, o, T::exp),
-            UnaryOp::Log => map(a, o, T::ln),
-            UnaryOp::Sqrt => map(a, o, T::sqrt),
-            UnaryOp::Tanh => map(a, o, T::tanh),
-            UnaryOp::Recip => map(a, o, T::recip),
+            UnaryOp::Neg => map(a, o, Num::neg),
+            UnaryOp::Exp => map(a, o, Float::exp),
+            UnaryOp::Log => map(a, o, Float::ln),
+            UnaryOp::Sqrt => map(a, o, Float::sqrt),
+            UnaryOp::Tanh => map(a, o, Float::tanh),
+            UnaryOp::Recip => map(a, o, Float::recip),
         }
         Ok(())
     }
-    fn int<T: Int>(cx: &Cx, u: UnaryOp, o: &mut [T]) -> Result<(), ExecError> {
+    fn int<T: Element + Num>(cx: &Cx, u: UnaryOp, o: &mut [T]) -> Result<(), ExecError> {
         let a = cx.arg::<T>(0)?;
         match u {
-            UnaryOp::Neg => map(a, o, T::wrapping_neg),
+            UnaryOp::Neg => map(a, o, Num::neg),
             _ => return Err(invalid(cx.op, format!("not defined for {}", T::DTYPE))),
         }
         Ok(())
@@ -535,26 +451,15 @@ fn unary(cx: &Cx, u: UnaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
 }
 
 fn binary(cx: &Cx, b: BinaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
-    fn float<T: Float>(cx: &Cx, b: BinaryOp, o: &mut [T]) -> Result<(), ExecError> {
+    /// Every binary op but `div`, whose meaning [`Num`] gives for floats and integers alike.
+    fn arith<T: Element + Num>(cx: &Cx, b: BinaryOp, o: &mut [T]) -> Result<(), ExecError> {
         let (x, y) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
         match b {
-            BinaryOp::Add => map2(x, y, o, |a, b| a + b),
-            BinaryOp::Sub => map2(x, y, o, |a, b| a - b),
-            BinaryOp::Mul => map2(x, y, o, |a, b| a * b),
-            BinaryOp::Div => map2(x, y, o, |a, b| a / b),
+            BinaryOp::Add => map2(x, y, o, Scalar::add),
+            BinaryOp::Sub => map2(x, y, o, Num::sub),
+            BinaryOp::Mul => map2(x, y, o, Num::mul),
             BinaryOp::Max => map2(x, y, o, Scalar::max),
-            BinaryOp::Min => map2(x, y, o, Float::min),
-        }
-        Ok(())
-    }
-    fn int<T: Int>(cx: &Cx, b: BinaryOp, o: &mut [T]) -> Result<(), ExecError> {
-        let (x, y) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
-        match b {
-            BinaryOp::Add => map2(x, y, o, T::wrapping_add),
-            BinaryOp::Sub => map2(x, y, o, T::wrapping_sub),
-            BinaryOp::Mul => map2(x, y, o, T::wrapping_mul),
-            BinaryOp::Max => map2(x, y, o, Ord::max),
-            BinaryOp::Min => map2(x, y, o, Ord::min),
+            BinaryOp::Min => map2(x, y, o, Num::min),
             BinaryOp::Div => {
                 return Err(invalid(
                     cx.op,
@@ -564,11 +469,18 @@ fn binary(cx: &Cx, b: BinaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
         }
         Ok(())
     }
+    fn float<T: Element + Float>(cx: &Cx, b: BinaryOp, o: &mut [T]) -> Result<(), ExecError> {
+        match b {
+            BinaryOp::Div => map2(cx.arg::<T>(0)?, cx.arg::<T>(1)?, o, Float::div),
+            _ => return arith(cx, b, o),
+        }
+        Ok(())
+    }
     match out {
         ViewMut::F32(o) => float(cx, b, o),
         ViewMut::F64(o) => float(cx, b, o),
-        ViewMut::I32(o) => int(cx, b, o),
-        ViewMut::I64(o) => int(cx, b, o),
+        ViewMut::I32(o) => arith(cx, b, o),
+        ViewMut::I64(o) => arith(cx, b, o),
         ViewMut::Bool(_) => Err(invalid(cx.op, "arithmetic is not defined for bool")),
     }
 }
