@@ -379,3 +379,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_fused_kernel_reading_a_buffer_transposed_never_writes_over_it() {
+    use ingot_compiler::ir::{BinaryOp, Op, UnaryOp};
+    use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
+    // y = a + aᵀ, with a dying at the kernel: input 0 reads a at y's own index (alone it could
+    // be overwritten), input 1 reads the same buffer transposed, which forbids it.
+    let mut g = Graph::new();
+    let x = g.input("x", [4, 4], DType::F32).unwrap();
+    let a = g.unary(UnaryOp::Exp, x).unwrap();
+    let input = |strides: Vec<usize>| Input {
+        dtype: DType::F32,
+        len: 16,
+        access: Access { offset: 0, strides },
+    };
+    let k = FusedKernel {
+        domain: vec![4, 4],
+        reduce_axes: vec![],
+        inputs: vec![input(vec![4, 1]), input(vec![1, 4])],
+        body: vec![
+            Inst::Load { input: 0 },
+            Inst::Load { input: 1 },
+            Inst::Binary {
+                op: BinaryOp::Add,
+                a: 0,
+                b: 1,
+            },
+        ],
+        outputs: vec![Output { value: 2 }],
+    };
+    assert!(k.can_write_over(0, 0) && !k.can_write_over(1, 0));
+    let y = g.push(Op::Fused(Box::new(k)), &[a, a], None).unwrap();
+    g.set_output("y", y).unwrap();
+    let p = plan::plan(&g, &PlanOptions::default()).expect("a valid plan");
+    assert_ne!(
+        p.location(&g, y).offset,
+        p.location(&g, a).offset,
+        "y must not take a's bytes while a is still read transposed"
+    );
+}

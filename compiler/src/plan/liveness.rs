@@ -16,7 +16,6 @@
 
 use crate::ir::{Graph, NodeId, Op};
 use serde::{Deserialize, Serialize};
-use smallvec::SmallVec;
 
 /// Where a storage lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -110,12 +109,13 @@ impl Liveness {
             {
                 Some(storage_of[t.index()])
             } else {
-                overwritable(g, id)
-                    .into_iter()
+                g.reads(g.writer(id))
+                    .iter()
                     .map(|x| storage_of[x.index()])
                     .find(|&s| {
                         let st = &storages[s];
-                        st.region == Region::Slab
+                        writes_over_safely(g, &storage_of, id, s)
+                        && st.region == Region::Slab
                         && st.bytes == bytes
                         && st.end == p + 1
                         && !holds_output[s]
@@ -215,35 +215,25 @@ fn can_update_in_place(
         .ids()
         .filter(|x| storage_of[x.index()] == st)
         .all(|x| last_read[x.index()] <= p);
-    // The kernel reads t's bytes only at the index it writes v's.
-    let writer = g.writer(v);
-    let safe = overwritable(g, v);
-    let reads_ok = g
-        .reads(writer)
-        .iter()
-        .all(|x| storage_of[x.index()] != st || safe.contains(x));
-    members_done && reads_ok
+    members_done && writes_over_safely(g, storage_of, v, st)
 }
 
-/// The operands whose bytes the kernel writing `v` may write `v` over: every operand of an
-/// elementwise op; the inputs a fused kernel reads only at `v`'s own index.
-fn overwritable(g: &Graph, v: NodeId) -> SmallVec<[NodeId; 4]> {
-    let writer = g.writer(v);
-    let node = g.node(writer);
-    match &node.op {
-        Op::Fused(k) => {
-            let output = match g.node(v).op {
-                Op::Result { index } => index,
-                _ => 0,
-            };
-            node.inputs
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| k.can_write_over(i, output))
-                .map(|(_, &x)| x)
-                .collect()
-        }
-        op if op.is_elementwise() => node.inputs.iter().copied().collect(),
-        _ => SmallVec::new(),
-    }
+/// True when the kernel writing `v` may write it over storage `s`: every operand it reads from
+/// `s` is read only at `v`'s own index. That holds for any operand of an elementwise op, and for
+/// the inputs a fused kernel's description allows ([`ingot_kernels::FusedKernel::can_write_over`]);
+/// one operand slot read any other way (the same buffer loaded transposed, say) forbids it.
+fn writes_over_safely(g: &Graph, storage_of: &[usize], v: NodeId, s: usize) -> bool {
+    let node = g.node(g.writer(v));
+    let output = match g.node(v).op {
+        Op::Result { index } => index,
+        _ => 0,
+    };
+    node.inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| storage_of[x.index()] == s)
+        .all(|(i, _)| match &node.op {
+            Op::Fused(k) => k.can_write_over(i, output),
+            op => op.is_elementwise(),
+        })
 }
