@@ -38,16 +38,6 @@ impl Domain {
             },
         }
     }
-
-    /// The dims a row-level value has: the domain with every reduce axis as 1.
-    fn row_dims(&self) -> Option<Vec<usize>> {
-        let axes = self.axes.as_ref()?;
-        let mut d = self.dims.clone();
-        for &a in axes {
-            d[a] = 1;
-        }
-        Some(d)
-    }
 }
 
 /// A lowered group: the kernel and the nodes its inputs load, in input order.
@@ -332,9 +322,4 @@ impl Lowerer<'_> {
             | Op::Result { .. } => self.cut(v),
         }
     }
-}
-
-/// The row dims of `domain` (for callers checking a root's shape), if it has reduce axes.
-pub fn row_dims(domain: &Domain) -> Option<Vec<usize>> {
-    domain.row_dims()
 }

@@ -161,10 +161,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
                 report.fused_kernels += 1;
                 report.multi_output_kernels += usize::from(k.outputs.len() > 1);
             }
-            op if kind(graph.node(id)) == Kind::Library => {
-                let _ = op;
-                report.library_calls += 1;
-            }
+            _ if kind(graph.node(id)) == Kind::Library => report.library_calls += 1,
             _ => {}
         }
     }
@@ -200,7 +197,7 @@ fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
     if cuts.is_empty() {
         Ok(groups)
     } else {
-        Ok(groups).and(Err(cuts))
+        Err(cuts)
     }
 }
 
@@ -287,8 +284,7 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
     };
     let mut succ = successors(&mut parent, &slots);
     // Producers in order of their first root.
-    let order: Vec<usize> = (0..slots.len()).collect();
-    for p0 in order {
+    for p0 in 0..slots.len() {
         let p = find(&mut parent, p0);
         if p != p0 || slots[p].is_none() {
             continue;
@@ -551,14 +547,13 @@ pub fn kernel_list(g: &Graph) -> BTreeMap<String, usize> {
         let n = g.node(id);
         let key = match &n.op {
             Op::Fused(k) => format!(
-                "fused {} in {}{} out {}",
+                "fused {} in {} out {}",
                 if k.reduce_axes.is_empty() {
                     "elementwise".to_string()
                 } else {
                     format!("reduce{:?}", k.reduce_axes)
                 },
                 k.inputs.len(),
-                "",
                 k.outputs.len()
             ),
             op if kind(n) == Kind::Library => op.name().to_string(),

@@ -164,14 +164,7 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
                 reason: format!("{id} is not an output of a kernel that has run"),
             })?;
             slots[i] = Slot::Owned(t);
-            let k = node.inputs[0].index();
-            uses[k] -= 1;
-            if uses[k] == 0 && pinned[k] == 0 {
-                slots[k] = Slot::Empty;
-            }
-            continue;
-        }
-        if let Op::Fused(kernel) = &node.op {
+        } else if let Op::Fused(kernel) = &node.op {
             let bytes: Vec<Vec<u8>> = node
                 .inputs
                 .iter()
@@ -201,17 +194,8 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
                     pending.insert(*o, t);
                 }
             }
-            for &x in &node.inputs {
-                let x = x.index();
-                uses[x] -= 1;
-                if uses[x] == 0 && pinned[x] == 0 {
-                    slots[x] = Slot::Empty;
-                }
-            }
-            continue;
-        }
-        let mut out = Tensor::zeros(node.ty.clone());
-        {
+        } else {
+            let mut out = Tensor::zeros(node.ty.clone());
             let views: Vec<View> = node
                 .inputs
                 .iter()
@@ -228,8 +212,9 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
                 op: node.op.name(),
                 source: Box::new(e),
             })?;
+            slots[i] = Slot::Owned(out);
         }
-        slots[i] = Slot::Owned(out);
+        // Operands (a result node's kernel included) are dropped after their last use.
         for &x in &node.inputs {
             let x = x.index();
             uses[x] -= 1;
