@@ -7,7 +7,7 @@ for model in "$@"; do
     "$INGOT" train --model "$model" --steps 21 --json \
         | python3 -c '
 import json, statistics, sys
-rows = [json.loads(l) for l in sys.stdin if l.strip()]
+rows = [r for r in (json.loads(l) for l in sys.stdin if l.strip()) if "loss" in r]
 t = sorted(r["seconds"] for r in rows[1:])
 first, last = rows[0]["loss"], rows[-1]["loss"]
 print(f"| {sys.argv[1]} | {statistics.median(t) * 1e3:.1f} | {t[0] * 1e3:.1f} | {t[-1] * 1e3:.1f} | {first:.4f} | {last:.4f} |")

@@ -209,24 +209,36 @@ def parse_gpt(body):
     return cfg
 
 
-def build(spec):
-    """(model, optimizer factory) for a model name as `ingot` takes it."""
+def gpt_config(spec):
+    """None for the mlp, else the gpt configuration (a dict of GPT_KEYS) of a model name."""
     if spec == "mlp":
-        model = MLP()
-        return model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.0, foreach=False)
+        return None
     if spec == "gpt-mini":
-        cfg = GPT_MINI
+        cfg = dict(GPT_MINI)
     elif spec == "gpt2":
-        cfg = GPT2
+        cfg = dict(GPT2)
     elif spec.startswith("gpt:"):
         cfg = parse_gpt(spec[len("gpt:") :])
     else:
         fail(f"unknown model {spec!r}; known: mlp, gpt-mini, gpt2, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..")
     if cfg["d_model"] % cfg["heads"] != 0:
         fail("d_model must be divisible by heads")
+    return cfg
+
+
+def build(spec, foreach=False):
+    """(model, optimizer factory) for a model name as `ingot` takes it.
+
+    foreach=False (this script's own runs) keeps PyTorch's single-tensor optimizer loops, the
+    plainest form of the update; scripts/gpu_bench.py passes None for PyTorch's default (the
+    multi-tensor "foreach" kernels on CUDA), which is what a PyTorch user gets and times."""
+    cfg = gpt_config(spec)
+    if cfg is None:
+        model = MLP()
+        return model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.0, foreach=foreach)
     model = GPT(cfg["vocab"], cfg["d_model"], cfg["layers"], cfg["heads"], cfg["d_ff"], cfg["seq"])
     adamw = lambda ps: torch.optim.AdamW(  # noqa: E731
-        ps, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False, fused=False
+        ps, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=foreach, fused=False
     )
     return model, adamw
 

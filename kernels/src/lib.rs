@@ -2,6 +2,7 @@
 //! implementation, and CPU matrix products. Nothing here knows the IR or touches a device.
 
 pub mod cpu;
+pub mod cuda;
 pub mod dtype;
 pub mod fused;
 pub mod ops;

@@ -49,6 +49,9 @@ pub enum ExecError {
     /// The node cannot be executed as given (operand count, types or attributes disagree).
     #[error("{op}: {reason}")]
     Invalid { op: &'static str, reason: String },
+    /// The GPU, its driver or a CUDA library failed, or is missing.
+    #[error("CUDA: {what}: {reason}")]
+    Device { what: String, reason: String },
     /// An error while executing one node of a graph.
     #[error("node %{node} ({op}): {source}")]
     AtNode {

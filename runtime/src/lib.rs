@@ -1,13 +1,15 @@
-//! Ingot runtime: host tensors, the CPU executor, and (later) loading executables and the CUDA
-//! backend.
+//! Ingot runtime: host tensors, the CPU backend, the CUDA backend, and the `ingot` program.
 
 pub mod cli;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
+pub mod executor;
 pub mod init;
 pub mod io;
 pub mod session;
 pub mod tensor;
 
 pub use error::ExecError;
+pub use executor::StepExecutor;
 pub use tensor::{Data, Element, Tensor, View, ViewMut};

@@ -14,7 +14,9 @@
 //! ```
 
 use crate::cpu::planned::PlannedStep;
+use crate::cuda::{CudaOptions, CudaStep};
 use crate::error::ExecError;
+use crate::executor::StepExecutor;
 use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
@@ -107,15 +109,47 @@ fn quoted(names: &[String]) -> String {
 pub struct StepResult {
     /// The loss of the batch under the parameters before the update.
     pub loss: f64,
-    /// Wall-clock seconds the step took.
+    /// Seconds the step took: the device's own time on a GPU (CUDA events around the step),
+    /// the wall clock on the CPU.
     pub seconds: f64,
+    /// Wall-clock seconds of the step and the loss's return to the host: what a training loop
+    /// waits, launch and synchronisation included.
+    pub wall_seconds: f64,
+}
+
+/// Where a session's step runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(CudaOptions),
+}
+
+impl Device {
+    /// The pipeline options for this device: rewriting and fusion on, and the target's
+    /// workspace planned (the CPU matmul's packing space, or cuBLAS's workspace).
+    pub fn options(&self) -> pipeline::Options {
+        pipeline::Options {
+            plan: match self {
+                Device::Cpu => crate::cpu::plan_options(),
+                Device::Cuda(_) => crate::cuda::plan_options(),
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// The loaded step, on one of the backends.
+enum Backend {
+    Cpu(PlannedStep),
+    Cuda(Box<CudaStep>),
 }
 
 /// A model's training step, loaded with the values of all its leaves.
 pub struct Session {
     model: String,
     /// The step and its one allocation, which holds every leaf's value.
-    exe: PlannedStep,
+    exe: Backend,
     steps: u64,
 }
 
@@ -123,7 +157,8 @@ impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("model", &self.model)
-            .field("allocated_bytes", &self.exe.allocated_bytes())
+            .field("device", &self.exe().device())
+            .field("allocated_bytes", &self.exe().allocated_bytes())
             .field("steps", &self.steps)
             .finish()
     }
@@ -138,10 +173,12 @@ impl Session {
 
     /// The pipeline options a CPU session uses: rewriting and fusion on, CPU workspace planned.
     pub fn cpu_options() -> pipeline::Options {
-        pipeline::Options {
-            plan: crate::cpu::plan_options(),
-            ..Default::default()
-        }
+        Device::Cpu.options()
+    }
+
+    /// As [`Session::new`], on `device`.
+    pub fn on(model: &Model, seed: u64, device: Device) -> Result<Session, SessionError> {
+        Session::build(model, seed, &device.options(), device)
     }
 
     /// As [`Session::new`], compiled with `opts` (e.g. [`pipeline::Options::unoptimized`] for
@@ -150,6 +187,15 @@ impl Session {
         model: &Model,
         seed: u64,
         opts: &pipeline::Options,
+    ) -> Result<Session, SessionError> {
+        Session::build(model, seed, opts, Device::Cpu)
+    }
+
+    fn build(
+        model: &Model,
+        seed: u64,
+        opts: &pipeline::Options,
+        device: Device,
     ) -> Result<Session, SessionError> {
         let compiled = pipeline::compile(model, opts).map_err(|e| match e {
             pipeline::CompileError::Ir(source) => SessionError::Build {
@@ -165,15 +211,19 @@ impl Session {
         let mut values = init::init_leaves(&g, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(&g, LeafKind::State, seed));
         values.extend(init::synthetic_batch(&g, seed));
-        let mut exe = PlannedStep::new(g, compiled.plan)?;
-        for (name, value) in &values {
-            exe.write_leaf(name, value)?;
-        }
-        Ok(Session {
+        let exe = match device {
+            Device::Cpu => Backend::Cpu(PlannedStep::new(g, compiled.plan)?),
+            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(g, compiled.plan, o)?)),
+        };
+        let mut session = Session {
             model: model.name.clone(),
             exe,
             steps: 0,
-        })
+        };
+        for (name, value) in &values {
+            session.exe_mut().write_leaf(name, value)?;
+        }
+        Ok(session)
     }
 
     /// The model's name.
@@ -183,12 +233,30 @@ impl Session {
 
     /// The training step graph.
     pub fn graph(&self) -> &Graph {
-        self.exe.graph()
+        self.exe().graph()
     }
 
-    /// The loaded step: its plan and its one allocation.
-    pub fn planned(&self) -> &PlannedStep {
-        &self.exe
+    /// The loaded step: its plan and its one allocation, on whichever device.
+    pub fn exe(&self) -> &dyn StepExecutor {
+        match &self.exe {
+            Backend::Cpu(p) => p,
+            Backend::Cuda(c) => c.as_ref(),
+        }
+    }
+
+    fn exe_mut(&mut self) -> &mut dyn StepExecutor {
+        match &mut self.exe {
+            Backend::Cpu(p) => p,
+            Backend::Cuda(c) => c.as_mut(),
+        }
+    }
+
+    /// The step loaded on the GPU, if the session runs there (for its memory measurements).
+    pub fn cuda(&self) -> Option<&CudaStep> {
+        match &self.exe {
+            Backend::Cuda(c) => Some(c),
+            Backend::Cpu(_) => None,
+        }
     }
 
     /// How many steps have run.
@@ -197,11 +265,11 @@ impl Session {
     }
 
     fn leaves_of(&self, kind: LeafKind) -> IndexMap<String, Tensor> {
-        self.exe
+        self.exe()
             .leaf_names(kind)
             .into_iter()
             .filter_map(|name| {
-                let value = self.exe.read_leaf(&name).ok()?;
+                let value = self.exe().read_leaf(&name).ok()?;
                 Some((name, value))
             })
             .collect()
@@ -231,11 +299,11 @@ impl Session {
         &mut self,
         params: &IndexMap<String, Tensor>,
     ) -> Result<(), SessionError> {
-        let ids = self.exe.graph().leaves(LeafKind::Parameter);
+        let ids = self.graph().leaves(LeafKind::Parameter);
         let mut known = Vec::with_capacity(ids.len());
         for &id in &ids {
-            let name = self.exe.graph().leaf_name(id).expect("leaves have names");
-            let expected = self.exe.graph().ty(id);
+            let name = self.graph().leaf_name(id).expect("leaves have names");
+            let expected = self.graph().ty(id);
             match params.get(name) {
                 None => {
                     return Err(SessionError::MissingParameter {
@@ -269,7 +337,7 @@ impl Session {
             });
         }
         for name in known {
-            self.exe.write_leaf(&name, &params[&name])?;
+            self.exe_mut().write_leaf(&name, &params[&name])?;
         }
         Ok(())
     }
@@ -280,8 +348,8 @@ impl Session {
     pub fn set_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<(), SessionError> {
         let x = self.batch_value("x", x)?;
         let y = self.batch_value("y", y)?;
-        self.exe.write_leaf("x", &x)?;
-        self.exe.write_leaf("y", &y)?;
+        self.exe_mut().write_leaf("x", &x)?;
+        self.exe_mut().write_leaf("y", &y)?;
         Ok(())
     }
 
@@ -307,7 +375,7 @@ impl Session {
         self.graph()
             .leaves(LeafKind::Input)
             .into_iter()
-            .filter_map(|id| self.exe.graph().leaf_name(id).map(str::to_string))
+            .filter_map(|id| self.graph().leaf_name(id).map(str::to_string))
             .collect()
     }
 
@@ -318,7 +386,7 @@ impl Session {
             .leaf(name)
             .filter(|&id| {
                 matches!(
-                    self.exe.graph().node(id).op,
+                    self.graph().node(id).op,
                     ingot_compiler::ir::Op::Leaf {
                         kind: LeafKind::Input,
                         ..
@@ -329,7 +397,7 @@ impl Session {
                 name: name.to_string(),
                 known: self.input_names(),
             })?;
-        let expected = self.exe.graph().ty(id).clone();
+        let expected = self.graph().ty(id).clone();
         let mismatch = || SessionError::BatchType {
             name: name.to_string(),
             expected: expected.clone(),
@@ -359,7 +427,7 @@ impl Session {
                 })
             }
         };
-        if let Some(bound) = init::id_bound(self.exe.graph(), name) {
+        if let Some(bound) = init::id_bound(self.graph(), name) {
             if let Some(position) = ids.iter().position(|&i| i < 0 || i as u64 >= bound as u64) {
                 let what = if name == "x" {
                     "embedding rows"
@@ -386,19 +454,21 @@ impl Session {
     /// parameters and optimizer state in place. Returns the loss before the update.
     pub fn step(&mut self) -> Result<StepResult, SessionError> {
         let start = Instant::now();
-        self.exe.step()?;
-        let loss = self
-            .exe
-            .read_output(LOSS)?
-            .scalar_f64()
-            .ok_or_else(|| ExecError::Invalid {
-                op: "step",
-                reason: format!("the step graph has no scalar output {LOSS:?}"),
-            })?;
+        self.exe_mut().step()?;
+        let loss =
+            self.exe()
+                .read_output(LOSS)?
+                .scalar_f64()
+                .ok_or_else(|| ExecError::Invalid {
+                    op: "step",
+                    reason: format!("the step graph has no scalar output {LOSS:?}"),
+                })?;
+        let wall = start.elapsed().as_secs_f64();
         self.steps += 1;
         Ok(StepResult {
             loss,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds: self.exe().last_step_device_seconds().unwrap_or(wall),
+            wall_seconds: wall,
         })
     }
 }

@@ -232,8 +232,21 @@ fn ingot(args: &[&str]) -> std::process::Output {
 
 fn losses(out: &std::process::Output) -> Vec<f64> {
     let stdout = String::from_utf8(out.stdout.clone()).unwrap();
-    stdout
-        .lines()
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The last line is the run's summary: the plan's figures beside the measured ones.
+    let (last, steps) = lines.split_last().expect("a summary line");
+    let summary: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(
+        summary["summary"]["steps"].as_u64(),
+        Some(steps.len() as u64),
+        "{last}"
+    );
+    assert!(
+        summary["summary"]["planned_bytes"].as_u64().unwrap() > 0,
+        "{last}"
+    );
+    steps
+        .iter()
         .enumerate()
         .map(|(i, line)| {
             let v: serde_json::Value =

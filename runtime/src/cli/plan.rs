@@ -18,17 +18,21 @@ pub struct PlanArgs {
     /// Plan the primitive ops as traced: no egg rewriting, no fusion (for comparison).
     #[arg(long)]
     pub unoptimized: bool,
+    /// The target whose plan to show: its library workspaces differ (the CPU matmul's packing
+    /// space, or cuBLAS's workspace on the GPU). Planning needs no GPU.
+    #[arg(long, value_enum, default_value_t = super::train::Device::Cpu)]
+    pub device: super::train::Device,
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
-    let opts = if a.unoptimized {
-        pipeline::Options::unoptimized(crate::cpu::plan_options())
-    } else {
-        pipeline::Options {
-            plan: crate::cpu::plan_options(),
-            ..Default::default()
-        }
+    let device = match a.device {
+        super::train::Device::Cpu => crate::session::Device::Cpu,
+        super::train::Device::Cuda => crate::session::Device::Cuda(Default::default()),
     };
+    let mut opts = device.options();
+    if a.unoptimized {
+        opts = pipeline::Options::unoptimized(opts.plan);
+    }
     let compiled = pipeline::compile_model(&a.model, &opts)?;
     let report = &compiled.report;
     if a.json {

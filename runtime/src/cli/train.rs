@@ -6,8 +6,9 @@
 //! run can be repeated elsewhere (PyTorch: scripts/torch_reference.py).
 
 use super::Failure;
+use crate::cuda::CudaOptions;
 use crate::io;
-use crate::session::Session;
+use crate::session::{self, Session};
 use ingot_compiler::models;
 use std::path::PathBuf;
 
@@ -41,12 +42,33 @@ pub struct TrainArgs {
     /// Write the batch the steps train on (x and y) here.
     #[arg(long = "save-data", value_name = "B.safetensors")]
     pub save_data: Option<PathBuf>,
-    /// Print one JSON object per step: {"step": .., "loss": .., "seconds": ..}.
+    /// Print one JSON object per step ({"step", "loss", "seconds", "wall_seconds"}), then one
+    /// {"summary": {..}} with the planned and measured memory and the median step time.
     #[arg(long)]
     pub json: bool,
     /// Seed of the initial parameters and of the synthetic batch.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// On the GPU, let f32 matmuls use TF32 tensor cores (default: strict f32).
+    #[arg(long)]
+    pub tf32: bool,
+}
+
+impl TrainArgs {
+    /// The session device these arguments ask for.
+    pub fn session_device(&self) -> Result<session::Device, Failure> {
+        match self.device {
+            Device::Cpu if self.tf32 => Err(Failure::new(
+                2,
+                "--tf32 applies to matmuls on the GPU; add --device cuda, or drop --tf32",
+            )),
+            Device::Cpu => Ok(session::Device::Cpu),
+            Device::Cuda => Ok(session::Device::Cuda(CudaOptions {
+                tf32: self.tf32,
+                ordinal: 0,
+            })),
+        }
+    }
 }
 
 /// One line of `--json` output, fields in this order.
@@ -54,18 +76,16 @@ pub struct TrainArgs {
 struct StepLine {
     step: u64,
     loss: f64,
+    /// The step's device time on a GPU, its wall-clock time on the CPU.
     seconds: f64,
+    /// The wall clock of the step and the loss's copy to the host.
+    wall_seconds: f64,
 }
 
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
-    if a.device == Device::Cuda {
-        return Err(Failure::new(
-            1,
-            "the CUDA backend isn't built yet; run with --device cpu (the default)",
-        ));
-    }
+    let device = a.session_device()?;
     let model = models::by_name(&a.model)?;
-    let mut session = Session::new(&model, a.seed)?;
+    let mut session = Session::on(&model, a.seed, device)?;
     if let Some(path) = &a.init {
         let params = io::load(path)?;
         session
@@ -84,10 +104,16 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     if !a.json {
         let params: usize = session.parameters().values().map(|t| t.numel()).sum();
         crate::outln!(
-            "model {}: {} parameters, {} steps on the cpu, {} parameters, {} batch",
+            "model {}: {} parameters, {} steps on {}{}, {} parameters, {} batch",
             model.name,
             params,
             a.steps,
+            session.exe().device(),
+            match device {
+                session::Device::Cuda(o) if o.tf32 => " (tf32 matmuls)",
+                session::Device::Cuda(_) => " (strict f32)",
+                session::Device::Cpu => "",
+            },
             if a.init.is_some() { "loaded" } else { "seeded" },
             if a.data.is_some() {
                 "loaded"
@@ -96,13 +122,22 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             },
         )?;
     }
+    let mut seconds = Vec::with_capacity(a.steps as usize);
+    let mut wall = Vec::with_capacity(a.steps as usize);
+    let mut free_after_first = None;
     for i in 1..=a.steps {
         let r = session.step()?;
+        seconds.push(r.seconds);
+        wall.push(r.wall_seconds);
+        if i == 1 {
+            free_after_first = session.cuda().map(|c| c.free_memory()).transpose()?;
+        }
         if a.json {
             let line = StepLine {
                 step: i,
                 loss: r.loss,
                 seconds: r.seconds,
+                wall_seconds: r.wall_seconds,
             };
             crate::outln!(
                 "{}",
@@ -112,11 +147,125 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             crate::outln!("step {i:>5}  loss {:>12.6}  {:>9.3} s", r.loss, r.seconds)?;
         }
     }
+    summary(a, &session, &seconds, &wall, free_after_first)?;
     if let Some(path) = &a.save {
         io::save(path, &session.parameters())?;
         if !a.json {
             crate::outln!("saved the parameters to {}", path.display())?;
         }
+    }
+    Ok(())
+}
+
+/// The last `--json` line: what the run measured, beside what was planned.
+#[derive(serde::Serialize)]
+struct Summary {
+    device: String,
+    steps: u64,
+    median_step_seconds: Option<f64>,
+    median_wall_seconds: Option<f64>,
+    /// The plan's total: the one allocation's size, reported before launch.
+    planned_bytes: usize,
+    resident_bytes: usize,
+    slab_bytes: usize,
+    /// GPU only: the drop in free device memory the allocation caused.
+    measured_bytes: Option<usize>,
+    /// GPU only: device memory in use before the allocation (CUDA context, cuBLAS, kernels).
+    context_bytes: Option<usize>,
+    /// GPU only: device memory the captured step graph took.
+    graph_bytes: Option<usize>,
+    /// GPU only: free device memory after the last step minus after the first (0: the steps
+    /// allocated nothing).
+    free_change_bytes: Option<i64>,
+}
+
+fn median(xs: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn summary(
+    a: &TrainArgs,
+    session: &Session,
+    seconds: &[f64],
+    wall: &[f64],
+    free_after_first: Option<usize>,
+) -> Result<(), Failure> {
+    let plan = session.exe().plan();
+    let cuda = session.cuda();
+    let mem = cuda.map(|c| c.memory());
+    let free_change = match (cuda, free_after_first) {
+        (Some(c), Some(first)) => Some(c.free_memory()? as i64 - first as i64),
+        _ => None,
+    };
+    let s = Summary {
+        device: session.exe().device(),
+        steps: a.steps,
+        median_step_seconds: median(seconds),
+        median_wall_seconds: median(wall),
+        planned_bytes: plan.total_bytes,
+        resident_bytes: plan.resident_bytes,
+        slab_bytes: plan.slab_bytes,
+        measured_bytes: mem.map(|m| m.allocation),
+        context_bytes: mem.map(|m| m.before_allocation),
+        graph_bytes: mem.map(|m| m.graph),
+        free_change_bytes: free_change,
+    };
+    if a.json {
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            summary: &'a Summary,
+        }
+        let line = serde_json::to_string(&Line { summary: &s })
+            .map_err(|e| Failure::new(1, e.to_string()))?;
+        return crate::outln!("{line}");
+    }
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    if let (Some(m), Some(w)) = (median(seconds), median(wall)) {
+        crate::outln!(
+            "median step {:.3} ms over {} steps ({:.3} ms wall clock, with launch and the loss's copy)",
+            m * 1e3,
+            seconds.len(),
+            w * 1e3
+        )?;
+    }
+    crate::outln!(
+        "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
+        mib(s.planned_bytes),
+        mib(s.resident_bytes),
+        mib(s.slab_bytes)
+    )?;
+    if let Some(m) = mem {
+        crate::outln!(
+            "memory measured on the GPU: {:.1} MiB taken by the allocation (asked {:.1} MiB; the driver rounds up to its page)",
+            mib(m.allocation),
+            mib(m.requested)
+        )?;
+        crate::outln!(
+            "CUDA context, cuBLAS and kernels (not the step's): {:.1} MiB; step graph: {:.1} MiB",
+            mib(m.before_allocation),
+            mib(m.graph)
+        )?;
+    }
+    if let Some(d) = free_change {
+        crate::outln!(
+            "free device memory after step 1 and after step {}: {}",
+            a.steps,
+            if d == 0 {
+                "identical (no allocation during the steps)".to_string()
+            } else {
+                format!("changed by {d} bytes")
+            }
+        )?;
     }
     Ok(())
 }

@@ -395,3 +395,37 @@ unsafe fn view_mut<'a>(p: *mut u8, dtype: DType, numel: usize) -> ViewMut<'a> {
         DType::Bool => ViewMut::Bool(std::slice::from_raw_parts_mut(p, numel)),
     }
 }
+
+impl crate::executor::StepExecutor for PlannedStep {
+    fn graph(&self) -> &Graph {
+        PlannedStep::graph(self)
+    }
+
+    fn plan(&self) -> &MemoryPlan {
+        PlannedStep::plan(self)
+    }
+
+    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
+        PlannedStep::write_leaf(self, name, value)
+    }
+
+    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
+        PlannedStep::read_leaf(self, name)
+    }
+
+    fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
+        PlannedStep::read_output(self, name)
+    }
+
+    fn step(&mut self) -> Result<(), ExecError> {
+        PlannedStep::step(self)
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        PlannedStep::allocated_bytes(self)
+    }
+
+    fn device(&self) -> String {
+        "cpu".into()
+    }
+}

@@ -1,0 +1,1488 @@
+//! CUDA C for a fused kernel (see the module docs of [`crate::cuda`] for the strategies and
+//! [`crate::fused`] for what a kernel means).
+//!
+//! Generation runs in two steps: [`Analysis`] classifies the instructions (row-level or full,
+//! live, reduction stage) and picks the strategy; the emitters then write one statement per
+//! instruction, named `v{index}`, in body order within each place it is computed:
+//! - row-level instructions of stage `s` once per row (in registers), after the reductions of
+//!   stage `s` are complete (stage 0: before the first pass);
+//! - in pass `p` (one per reduction stage), the full instructions that the stage-`p`
+//!   reductions need, at every element of the row; then the reductions are combined across the
+//!   threads that share the row, and every thread gets the result;
+//! - in the final pass, the full instructions that the full outputs need, stored at each
+//!   element by the thread that computed it (each thread reads and writes only its own
+//!   elements there, after a barrier that ends every earlier pass over the row).
+
+use super::{
+    c_type, finish, grid_for, list, literal, signature, CodegenError, CudaKernel, Ix, Launch, Src,
+    Strategy, BLOCK, MAX_GRID_ELEMENTWISE, MAX_GRID_ROWS,
+};
+use crate::fused::check::operands;
+use crate::fused::{Access, FusedKernel, Inst};
+use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+
+/// Fewer rows than this use the row strategy even when the innermost axis is kept.
+const FEW_ROWS: usize = 64;
+/// Blocks that fill an H100 twice over (132 SMs): fewer than this, and the row and column
+/// strategies use bigger blocks.
+const FILL: usize = 2 * 132;
+/// Static shared memory a block may declare.
+const MAX_SHARED: usize = 48 * 1024;
+
+pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
+    k.check()?;
+    Ok(Analysis::new(k).strategy)
+}
+
+pub(super) fn generate(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
+    k.check()?;
+    let a = Analysis::new(k);
+    let (text, launch) = match a.strategy {
+        Strategy::Elementwise => a.elementwise()?,
+        Strategy::Rows | Strategy::Columns => a.reduction()?,
+    };
+    Ok(finish(text, launch))
+}
+
+/// What the generator knows about a checked kernel.
+struct Analysis<'a> {
+    k: &'a FusedKernel,
+    dt: Vec<DType>,
+    /// Row-level instructions (all of them in the elementwise case, where every value is
+    /// computed per element).
+    row: Vec<bool>,
+    live: Vec<bool>,
+    /// 0 for loads, constants and indices; a reduction's is its operand's plus one; an op's the
+    /// largest of its operands'.
+    stage: Vec<usize>,
+    numel: usize,
+    rows: usize,
+    /// Elements per row (the product of the reduce axes).
+    n: usize,
+    red_axis: Vec<bool>,
+    /// Axes that a live index instruction reads: never merged with their neighbours.
+    pinned: Vec<bool>,
+    strategy: Strategy,
+    ix: Ix,
+}
+
+impl<'a> Analysis<'a> {
+    /// `k` must check.
+    fn new(k: &'a FusedKernel) -> Analysis<'a> {
+        let rank = k.domain.len();
+        let dims = &k.domain;
+        let mut red_axis = vec![false; rank];
+        for &a in &k.reduce_axes {
+            red_axis[a] = true;
+        }
+        let numel = dims.iter().fold(1usize, |n, &d| n.saturating_mul(d));
+        let rows = (0..rank)
+            .filter(|&d| !red_axis[d])
+            .fold(1usize, |n, d| n.saturating_mul(dims[d]));
+        let n = k
+            .reduce_axes
+            .iter()
+            .fold(1usize, |n, &a| n.saturating_mul(dims[a]));
+        // Every reduce axis of size 1: a reduction is a copy, the kernel elementwise.
+        let elementwise = k.reduce_axes.is_empty() || n == 1;
+        let dt = k.dtypes();
+        let row = if elementwise {
+            vec![true; k.body.len()]
+        } else {
+            k.row_levels()
+        };
+        let mut live = vec![false; k.body.len()];
+        for o in &k.outputs {
+            live[o.value] = true;
+        }
+        for i in (0..k.body.len()).rev() {
+            if live[i] {
+                let (ops, c) = operands(&k.body[i]);
+                for &o in &ops[..c] {
+                    live[o] = true;
+                }
+            }
+        }
+        let mut stage = vec![0usize; k.body.len()];
+        for (i, inst) in k.body.iter().enumerate() {
+            let (ops, c) = operands(inst);
+            let s = ops[..c].iter().map(|&o| stage[o]).max().unwrap_or(0);
+            stage[i] = match inst {
+                Inst::Reduce { .. } if !elementwise => s + 1,
+                _ => s,
+            };
+        }
+        let mut pinned = vec![false; rank];
+        for (i, inst) in k.body.iter().enumerate() {
+            if let Inst::Index { axis, .. } = *inst {
+                if live[i] {
+                    pinned[axis] = true;
+                }
+            }
+        }
+        let strategy = if elementwise {
+            Strategy::Elementwise
+        } else {
+            match (0..rank).rev().find(|&d| dims[d] > 1) {
+                Some(d) if red_axis[d] => Strategy::Rows,
+                _ if rows < FEW_ROWS => Strategy::Rows,
+                _ => Strategy::Columns,
+            }
+        };
+        let ix = Ix::for_extents(
+            [numel, rows]
+                .into_iter()
+                .chain(k.inputs.iter().map(|x| x.len)),
+        );
+        Analysis {
+            k,
+            dt,
+            row,
+            live,
+            stage,
+            numel,
+            rows,
+            n,
+            red_axis,
+            pinned,
+            strategy,
+            ix,
+        }
+    }
+
+    fn params(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        for (n, inp) in self.k.inputs.iter().enumerate() {
+            p.push((format!("const {}*", c_type(inp.dtype)), format!("in{n}")));
+        }
+        for j in 0..self.k.outputs.len() {
+            p.push((
+                format!("{}*", c_type(self.k.output_dtype(j))),
+                format!("out{j}"),
+            ));
+        }
+        p
+    }
+
+    fn header(&self, src: &mut Src, what: &str, launch: &Launch) {
+        src.line(format!(
+            "// ingot fused kernel ({}): domain {}, reduce axes {}; {what}",
+            self.strategy.name(),
+            list(&self.k.domain),
+            list(&self.k.reduce_axes),
+        ));
+        src.line(format!(
+            "// launch: grid [{},{},{}], block [{},{},{}]",
+            launch.grid[0],
+            launch.grid[1],
+            launch.grid[2],
+            launch.block[0],
+            launch.block[1],
+            launch.block[2]
+        ));
+    }
+
+    /// A kernel with nothing to compute (an empty domain, no rows, no outputs).
+    fn empty(&self) -> (String, Launch) {
+        let launch = Launch {
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+        };
+        let mut src = Src::default();
+        self.header(&mut src, "nothing to compute", &launch);
+        src.open(signature(32, &self.params()));
+        src.line("// every output is empty");
+        src.close();
+        (src.text, launch)
+    }
+
+    /// Live loads: one stride vector per input they read (in input order).
+    fn loaded_inputs(&self, pred: impl Fn(usize) -> bool) -> Vec<bool> {
+        let mut used = vec![false; self.k.inputs.len()];
+        for (i, inst) in self.k.body.iter().enumerate() {
+            if let Inst::Load { input } = *inst {
+                if self.live[i] && pred(i) {
+                    used[input] = true;
+                }
+            }
+        }
+        used
+    }
+
+    fn has_full_outputs(&self) -> bool {
+        self.k.outputs.iter().any(|o| !self.row[o.value])
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Elementwise.
+
+    fn elementwise(&self) -> Result<(String, Launch), CodegenError> {
+        let k = self.k;
+        if self.numel == 0 || k.outputs.is_empty() {
+            return Ok(self.empty());
+        }
+        let ix = self.ix;
+        let all: Vec<usize> = (0..k.domain.len()).collect();
+        let used = self.loaded_inputs(|_| true);
+        if let Some((a, d)) = self.transpose_axes(&used) {
+            return self.elementwise_tiled(a, d, &used);
+        }
+        let contiguous = Access::contiguous(&k.domain).strides;
+        let mut vectors = Vec::new();
+        let mut vec_of = vec![usize::MAX; k.inputs.len()];
+        for (n, inp) in k.inputs.iter().enumerate() {
+            if used[n] {
+                vec_of[n] = vectors.len();
+                vectors.push(inp.access.strides.clone());
+            }
+        }
+        let out_vec = vectors.len();
+        vectors.push(contiguous);
+        let space = Space::new(&all, &k.domain, &vectors, &self.pinned);
+
+        let launch = Launch {
+            grid: [
+                grid_for(self.numel, BLOCK as usize, MAX_GRID_ELEMENTWISE),
+                1,
+                1,
+            ],
+            block: [BLOCK, 1, 1],
+            shared_bytes: 0,
+        };
+        let mut src = Src::default();
+        self.header(&mut src, &format!("{} elements", self.numel), &launch);
+        src.open(signature(BLOCK, &self.params()));
+        src.open(format!(
+            "for ({t} e = {start}; e < {numel}; e += {stride}) {{",
+            t = ix.ty(),
+            start = ix.global_thread(BLOCK),
+            numel = ix.lit(self.numel),
+            stride = ix.grid_stride(BLOCK),
+        ));
+        // Indices the loads and index instructions need.
+        let mut need = vec![false; space.groups.len()];
+        for (n, &u) in used.iter().enumerate() {
+            if u {
+                space.need(vec_of[n], &mut need);
+            }
+        }
+        space.need_pinned(&self.pinned, &mut need);
+        space.decompose(&mut src, "e", ix, &need);
+        let addr: Vec<String> = (0..k.inputs.len())
+            .map(|n| {
+                if !used[n] {
+                    return String::new();
+                }
+                let off = k.inputs[n].access.offset;
+                join(
+                    (off != 0).then(|| ix.lit(off)),
+                    space.part(vec_of[n], "e", ix),
+                    ix,
+                )
+            })
+            .collect();
+        let axis = |d: usize| space.axis_var(d, ix);
+        for i in 0..k.body.len() {
+            if self.live[i] {
+                let e = self.expr(i, &addr, &axis)?;
+                src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
+            }
+        }
+        let out_addr = join(None, space.part(out_vec, "e", ix), ix);
+        for (j, o) in k.outputs.iter().enumerate() {
+            src.line(format!("out{j}[{out_addr}] = v{};", o.value));
+        }
+        src.close();
+        src.close();
+        Ok((src.text, launch))
+    }
+
+    /// The axes `(a, d)` of a transposing elementwise kernel worth tiling: `d` is the
+    /// innermost axis of size > 1 (along which outputs are contiguous), and some live load
+    /// is contiguous along `a` instead (stride 1 there, another stride along `d`), so that no
+    /// mapping of threads reads it and writes the outputs coalesced.
+    fn transpose_axes(&self, used: &[bool]) -> Option<(usize, usize)> {
+        let dims = &self.k.domain;
+        let d = (0..dims.len()).rev().find(|&x| dims[x] > 1)?;
+        if self.numel < TILE_MIN_NUMEL || dims[d] < TILE_MIN_DIM {
+            return None;
+        }
+        self.k.inputs.iter().enumerate().find_map(|(n, inp)| {
+            let s = &inp.access.strides;
+            if !used[n] || s[d] <= 1 {
+                return None;
+            }
+            (0..dims.len())
+                .find(|&a| a != d && s[a] == 1 && dims[a] >= TILE_MIN_DIM)
+                .map(|a| (a, d))
+        })
+    }
+
+    /// The elementwise kernel through 32 × 32 tiles of axes `(a, d)`: block (32, 8); the
+    /// inputs contiguous along `a` are read with threads along `a` into shared memory, then
+    /// every instruction is computed with threads along `d`, so that both the reads and the
+    /// writes coalesce.
+    fn elementwise_tiled(
+        &self,
+        a: usize,
+        d: usize,
+        used: &[bool],
+    ) -> Result<(String, Launch), CodegenError> {
+        let k = self.k;
+        let ix = self.ix;
+        let t = ix.ty();
+        let dims = &k.domain;
+        let (na, nd) = (dims[a], dims[d]);
+        let (ta, td) = (na.div_ceil(32), nd.div_ceil(32));
+        let others: Vec<usize> = (0..dims.len())
+            .filter(|&x| x != a && x != d && dims[x] > 1)
+            .collect();
+        let n_other: usize = others.iter().map(|&x| dims[x]).product();
+        let tiles = n_other * ta * td;
+        let grid = grid_for(tiles, 1, MAX_GRID_ELEMENTWISE);
+        let launch = Launch {
+            grid: [grid, 1, 1],
+            block: [32, 8, 1],
+            shared_bytes: 0,
+        };
+        let tiled: Vec<bool> = k
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(n, inp)| used[n] && inp.access.strides[a] == 1 && inp.access.strides[d] > 1)
+            .collect();
+        let contiguous = Access::contiguous(dims).strides;
+        let mut src = Src::default();
+        self.header(
+            &mut src,
+            &format!(
+                "{} elements in {tiles} tiles of 32 x 32 along axes {a} and {d}",
+                self.numel
+            ),
+            &launch,
+        );
+        src.open(signature(256, &self.params()));
+        for (n, inp) in k.inputs.iter().enumerate() {
+            if tiled[n] {
+                src.line(format!("__shared__ {} t{n}[32][33];", c_type(inp.dtype)));
+            }
+        }
+        src.open(format!(
+            "for ({t} tile = blockIdx.x; tile < {}; tile += gridDim.x) {{",
+            ix.lit(tiles)
+        ));
+        src.line(format!("const {t} td = tile % {};", ix.lit(td)));
+        src.line(format!(
+            "const {t} ta = (tile / {}) % {};",
+            ix.lit(td),
+            ix.lit(ta)
+        ));
+        if !others.is_empty() {
+            src.line(format!("const {t} o = tile / {};", ix.lit(ta * td)));
+            let mut inner = 1usize;
+            let mut lines = Vec::new();
+            for (q, &x) in others.iter().enumerate().rev() {
+                let div = if inner == 1 {
+                    "o".to_string()
+                } else {
+                    format!("o / {}", ix.lit(inner))
+                };
+                let e = if q == 0 {
+                    div
+                } else if inner == 1 {
+                    format!("{div} % {}", ix.lit(dims[x]))
+                } else {
+                    format!("({div}) % {}", ix.lit(dims[x]))
+                };
+                lines.push(format!("const {t} i{x} = {e};"));
+                inner *= dims[x];
+            }
+            for l in lines.into_iter().rev() {
+                src.line(l);
+            }
+        }
+        // Each input's address at the tile's other indices, then along a and d.
+        let term = |s: usize, var: String| match s {
+            0 => None,
+            1 => Some(var),
+            s => Some(format!("{} * {var}", ix.lit(s))),
+        };
+        let part = |strides: &[usize], offset: usize, xs: &[usize]| -> Option<String> {
+            let mut terms: Vec<String> = Vec::new();
+            if offset != 0 {
+                terms.push(ix.lit(offset));
+            }
+            terms.extend(xs.iter().filter_map(|&x| term(strides[x], format!("i{x}"))));
+            (!terms.is_empty()).then(|| terms.join(" + "))
+        };
+        let mut base: Vec<Option<String>> = vec![None; k.inputs.len()];
+        for (n, inp) in k.inputs.iter().enumerate() {
+            if used[n] {
+                base[n] = part(&inp.access.strides, inp.access.offset, &others).map(|p| {
+                    src.line(format!("const {t} b{n} = {p};"));
+                    format!("b{n}")
+                });
+            }
+        }
+        let out_base = part(&contiguous, 0, &others).map(|p| {
+            src.line(format!("const {t} bo = {p};"));
+            "bo".to_string()
+        });
+        let addr = |strides: &[usize], base: &Option<String>| -> String {
+            let mut terms: Vec<String> = base.iter().cloned().collect();
+            terms.extend(term(strides[a], format!("i{a}")));
+            terms.extend(term(strides[d], format!("i{d}")));
+            if terms.is_empty() {
+                ix.lit(0)
+            } else {
+                terms.join(" + ")
+            }
+        };
+        let in_range = format!("i{a} < {} && i{d} < {}", ix.lit(na), ix.lit(nd));
+        if tiled.iter().any(|&x| x) {
+            // Threads along a read the tiled inputs.
+            src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
+            src.line(format!("const {t} i{a} = ta * 32u + threadIdx.x;"));
+            src.line(format!("const {t} i{d} = td * 32u + q;"));
+            src.open(format!("if ({in_range}) {{"));
+            for (n, inp) in k.inputs.iter().enumerate() {
+                if tiled[n] {
+                    src.line(format!(
+                        "t{n}[q][threadIdx.x] = in{n}[{}];",
+                        addr(&inp.access.strides, &base[n])
+                    ));
+                }
+            }
+            src.close();
+            src.close();
+            src.line("__syncthreads();");
+        }
+        // Threads along d compute and write.
+        src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
+        src.line(format!("const {t} i{a} = ta * 32u + q;"));
+        src.line(format!("const {t} i{d} = td * 32u + threadIdx.x;"));
+        src.open(format!("if ({in_range}) {{"));
+        let addrs: Vec<String> = (0..k.inputs.len())
+            .map(|n| {
+                if used[n] && !tiled[n] {
+                    addr(&k.inputs[n].access.strides, &base[n])
+                } else {
+                    String::new()
+                }
+            })
+            .collect();
+        let axis = |x: usize| {
+            if x == a || x == d || others.contains(&x) {
+                format!("i{x}")
+            } else {
+                ix.lit(0)
+            }
+        };
+        for i in 0..k.body.len() {
+            if !self.live[i] {
+                continue;
+            }
+            let ty = c_type(self.dt[i]);
+            match k.body[i] {
+                Inst::Load { input } if tiled[input] => {
+                    src.line(format!("const {ty} v{i} = t{input}[threadIdx.x][q];"))
+                }
+                _ => {
+                    let e = self.expr(i, &addrs, &axis)?;
+                    src.line(format!("const {ty} v{i} = {e};"));
+                }
+            }
+        }
+        let out_addr = addr(&contiguous, &out_base);
+        for (j, o) in k.outputs.iter().enumerate() {
+            src.line(format!("out{j}[{out_addr}] = v{};", o.value));
+        }
+        src.close();
+        src.close();
+        if tiled.iter().any(|&x| x) && tiles > grid as usize {
+            src.line("__syncthreads(); // the next tile reuses the shared memory");
+        }
+        src.close();
+        src.close();
+        Ok((src.text, launch))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Reductions: the row and column strategies.
+
+    fn reduction(&self) -> Result<(String, Launch), CodegenError> {
+        let k = self.k;
+        let row_outputs = k.outputs.iter().any(|o| self.row[o.value]);
+        if self.rows == 0 || k.outputs.is_empty() || (self.n == 0 && !row_outputs) {
+            return Ok(self.empty());
+        }
+        let ix = self.ix;
+        let rank = k.domain.len();
+        let (n, rows) = (self.n, self.rows);
+        let columns = self.strategy == Strategy::Columns;
+        let nb = body_len(k);
+
+        // Instruction lists.
+        let reds: Vec<usize> = (0..nb)
+            .filter(|&i| self.live[i] && matches!(k.body[i], Inst::Reduce { .. }))
+            .collect();
+        let passes = reds.iter().map(|&r| self.stage[r]).max().unwrap_or(0);
+        let full_outputs = self.has_full_outputs() && n > 0;
+        // Full instructions each pass needs (pass p at index p - 1; the final pass last).
+        let mut pass_full: Vec<Vec<usize>> = Vec::new();
+        for p in 1..=passes {
+            let roots: Vec<usize> = reds
+                .iter()
+                .filter(|&&r| self.stage[r] == p)
+                .map(|&r| match k.body[r] {
+                    Inst::Reduce { x, .. } => x,
+                    _ => r,
+                })
+                .collect();
+            pass_full.push(self.full_closure(&roots));
+        }
+        let final_full = if full_outputs {
+            let roots: Vec<usize> = k
+                .outputs
+                .iter()
+                .map(|o| o.value)
+                .filter(|&v| !self.row[v])
+                .collect();
+            self.full_closure(&roots)
+        } else {
+            Vec::new()
+        };
+
+        // The row-level values something reads: the row-level outputs, the operands of the full
+        // instructions the loops compute and of the reductions; with empty rows, a reduction is
+        // its identity and reads nothing.
+        let mut emitted_full = vec![false; nb];
+        if n > 0 {
+            for &i in pass_full.iter().flatten().chain(&final_full) {
+                emitted_full[i] = true;
+            }
+        }
+        let mut needed = vec![false; nb];
+        for o in &k.outputs {
+            if self.row[o.value] {
+                needed[o.value] = true;
+            }
+        }
+        for i in (0..nb).rev() {
+            let reads = emitted_full[i]
+                || (needed[i] && !(n == 0 && matches!(k.body[i], Inst::Reduce { .. })));
+            if reads || (n > 0 && reds.contains(&i)) {
+                let (ops, c) = operands(&k.body[i]);
+                for &o in &ops[..c] {
+                    if self.row[o] {
+                        needed[o] = true;
+                    }
+                }
+            }
+        }
+
+        // Launch shape.
+        let lay = if columns {
+            let (x, y) = self.column_block(reds.len());
+            Layout::Columns { x, y }
+        } else if n <= GROUP_MAX_N {
+            // Short rows: a group of up to 32 lanes of one warp per row, several rows a block.
+            let w = (n.next_power_of_two().clamp(1, 32)) as u32;
+            Layout::Group { w, g: 256 / w }
+        } else {
+            Layout::Block {
+                t: row_threads(n, rows),
+            }
+        };
+        let (bx, by) = match lay {
+            Layout::Columns { x, y } => (x, y),
+            Layout::Group { w, g } => (w * g, 1),
+            Layout::Block { t } => (t, 1),
+        };
+        let threads = bx * by;
+        // Rows a block takes at a time.
+        let per_block = match lay {
+            Layout::Columns { x, .. } => x as usize,
+            Layout::Group { g, .. } => g as usize,
+            Layout::Block { .. } => 1,
+        };
+        let units = rows.div_ceil(per_block);
+        let grid = grid_for(units, 1, MAX_GRID_ROWS);
+        let launch = Launch {
+            grid: [grid, 1, 1],
+            block: [bx, by, 1],
+            shared_bytes: 0,
+        };
+        let loops = units > grid as usize;
+        let combine = n > 0 && passes > 0;
+        let mut shared = 0usize;
+        for &r in &reds {
+            let per = match lay {
+                Layout::Columns { x, y } => (x * y) as usize,
+                Layout::Block { t } => (t / 32) as usize,
+                Layout::Group { .. } => 0,
+            };
+            shared += per * self.dt[r].size();
+        }
+        if combine && shared > MAX_SHARED {
+            return Err(CodegenError::SharedMemory {
+                bytes: shared,
+                reductions: reds.len(),
+            });
+        }
+
+        // Index spaces: the row axes (indexed by `row`) and the reduce axes (by `j`).
+        let row_axes: Vec<usize> = (0..rank).filter(|&d| !self.red_axis[d]).collect();
+        let red_axes: Vec<usize> = k.reduce_axes.clone();
+        let used = self.loaded_inputs(|i| needed[i] || emitted_full[i]);
+        let full_used = self.loaded_inputs(|i| emitted_full[i]);
+        let mut vectors = Vec::new();
+        let mut vec_of = vec![usize::MAX; k.inputs.len()];
+        for (m, inp) in k.inputs.iter().enumerate() {
+            if used[m] {
+                vec_of[m] = vectors.len();
+                vectors.push(inp.access.strides.clone());
+            }
+        }
+        let out_vec = vectors.len();
+        vectors.push(Access::contiguous(&k.domain).strides);
+        let row_space = Space::new(&row_axes, &k.domain, &vectors, &self.pinned);
+        // Along the reduce axes only full loads and full outputs have nonzero strides; the
+        // others are 0 there and merge with anything.
+        let red_space = Space::new(&red_axes, &k.domain, &vectors, &self.pinned);
+
+        let mut src = Src::default();
+        let what = format!(
+            "{rows} rows of {n} elements; {passes} reduction pass{}{}",
+            if passes == 1 { "" } else { "es" },
+            if full_outputs {
+                ", then the outputs"
+            } else {
+                ""
+            }
+        );
+        self.header(&mut src, &what, &launch);
+        src.open(signature(threads, &self.params()));
+        let t = ix.ty();
+        if combine {
+            for &r in &reds {
+                let ty = c_type(self.dt[r]);
+                match lay {
+                    Layout::Columns { x, y } => {
+                        src.line(format!("__shared__ {ty} sm{r}[{y}][{x}];"))
+                    }
+                    Layout::Block { t } => src.line(format!("__shared__ {ty} sm{r}[{}];", t / 32)),
+                    Layout::Group { .. } => {}
+                }
+            }
+            if let Layout::Block { .. } = lay {
+                src.line("const unsigned lane = threadIdx.x & 31u;");
+                src.line("const unsigned warp = threadIdx.x >> 5;");
+            }
+        }
+        // Where `row` is defined from the clamped slot (dropped at the end if nothing reads it).
+        let mut row_line = None;
+        match lay {
+            Layout::Block { .. } => {
+                src.open(format!(
+                    "for ({t} row = blockIdx.x; row < {rows}; row += gridDim.x) {{",
+                    rows = ix.lit(rows)
+                ));
+            }
+            Layout::Columns { x, .. } | Layout::Group { g: x, .. } => {
+                if let Layout::Group { w, .. } = lay {
+                    src.line(format!("const unsigned lane = threadIdx.x & {}u;", w - 1));
+                }
+                src.open(format!(
+                    "for ({t} rb = blockIdx.x; rb < {units}; rb += gridDim.x) {{",
+                    units = ix.lit(units)
+                ));
+                let slot = match lay {
+                    Layout::Group { w, .. } => format!("threadIdx.x / {w}u"),
+                    _ => "threadIdx.x".to_string(),
+                };
+                src.line(format!(
+                    "const {t} rr = rb * {} + {slot};",
+                    ix.lit(x as usize)
+                ));
+                src.line(format!("const bool ok = rr < {};", ix.lit(rows)));
+                row_line = Some(src.text.len());
+                src.line(format!("const {t} row = ok ? rr : {};", ix.lit(rows - 1)));
+            }
+        }
+
+        // Per row: the row indices, each input's row base, the row-level values of stage 0.
+        let mut need = vec![false; row_space.groups.len()];
+        for (m, &u) in used.iter().enumerate() {
+            if u {
+                row_space.need(vec_of[m], &mut need);
+            }
+        }
+        if full_outputs {
+            row_space.need(out_vec, &mut need);
+        }
+        for (inst, _) in k.body.iter().zip(&needed).filter(|(_, &n)| n) {
+            if let Inst::Index { axis, .. } = *inst {
+                row_space.need_axis(axis, &mut need);
+            }
+        }
+        row_space.decompose(&mut src, "row", ix, &need);
+        let mut base: Vec<Option<String>> = vec![None; k.inputs.len()];
+        for (m, &u) in used.iter().enumerate() {
+            if !u {
+                continue;
+            }
+            let off = k.inputs[m].access.offset;
+            base[m] = match row_space.part(vec_of[m], "row", ix) {
+                Some(p) => {
+                    let e = join((off != 0).then(|| ix.lit(off)), Some(p), ix);
+                    src.line(format!("const {t} b{m} = {e};"));
+                    Some(format!("b{m}"))
+                }
+                None => (off != 0).then(|| ix.lit(off)),
+            };
+        }
+        let out_base = if full_outputs {
+            row_space.part(out_vec, "row", ix).map(|p| {
+                src.line(format!("const {t} bo = {p};"));
+                "bo".to_string()
+            })
+        } else {
+            None
+        };
+        // Row-level values read loads at their row base only.
+        let row_addr: Vec<String> = (0..k.inputs.len())
+            .map(|m| join(base[m].clone(), None, ix))
+            .collect();
+        let full_addr: Vec<String> = (0..k.inputs.len())
+            .map(|m| {
+                if full_used[m] {
+                    join(base[m].clone(), red_space.part(vec_of[m], "j", ix), ix)
+                } else {
+                    row_addr[m].clone()
+                }
+            })
+            .collect();
+        let row_axis = |d: usize| row_space.axis_var(d, ix);
+        let any_axis = |d: usize| {
+            if self.red_axis[d] {
+                red_space.axis_var(d, ix)
+            } else {
+                row_space.axis_var(d, ix)
+            }
+        };
+        let (start, step) = match lay {
+            Layout::Columns { y, .. } => ("threadIdx.y", y),
+            Layout::Group { w, .. } => ("lane", w),
+            Layout::Block { t } => ("threadIdx.x", t),
+        };
+        let loop_head = format!(
+            "for ({t} j = {start}; j < {n}; j += {step}) {{",
+            n = ix.lit(n),
+            step = ix.lit(step as usize)
+        );
+        // Loads that several loops over the row read are kept in registers when each thread
+        // has few elements of the row: the first loop that reads one stores it in `c{i}[u]`,
+        // later loops read it there. The loops are then unrolled, `u` counting the thread's
+        // elements.
+        let mut loop_uses = vec![0usize; nb];
+        if n > 0 {
+            for &i in pass_full.iter().flatten().chain(&final_full) {
+                if matches!(k.body[i], Inst::Load { .. }) {
+                    loop_uses[i] += 1;
+                }
+            }
+        }
+        // Candidates by the number of loops that read them (most first), while registers last.
+        let per_thread = n.div_ceil(step as usize);
+        let mut candidates: Vec<usize> = (0..nb).filter(|&i| loop_uses[i] >= 2).collect();
+        candidates.sort_by_key(|&i| (std::cmp::Reverse(loop_uses[i]), i));
+        let mut cached = Vec::new();
+        let mut words = 0usize;
+        if !columns && per_thread <= CACHE_PER_THREAD {
+            for i in candidates {
+                let w = per_thread * self.dt[i].size().div_ceil(4);
+                if words + w <= CACHE_WORDS {
+                    words += w;
+                    cached.push(i);
+                }
+            }
+        }
+        cached.sort_unstable();
+        let cache = !cached.is_empty();
+        let mut is_cached = vec![false; nb];
+        for &i in &cached {
+            is_cached[i] = true;
+        }
+        let mut loaded = vec![false; nb];
+        let guard = cache && n % step as usize != 0;
+        // The loop over the thread's elements of the row around `body` (written one level
+        // deeper, two with the guard).
+        let body_depth = |src: &Src| src.depth + 1 + usize::from(guard);
+        let emit_loop = |src: &mut Src, body: &str| {
+            if cache {
+                src.line("#pragma unroll");
+                src.open(format!("for (unsigned u = 0u; u < {per_thread}u; ++u) {{"));
+                if guard || mentions(body, "j") {
+                    src.line(format!(
+                        "const {t} j = {start} + u * {};",
+                        ix.lit(step as usize)
+                    ));
+                }
+                if guard {
+                    src.open(format!("if (j < {}) {{", ix.lit(n)));
+                }
+            } else {
+                src.open(&loop_head);
+            }
+            src.text.push_str(body);
+            if guard {
+                src.close();
+            }
+            src.close();
+        };
+        if cache {
+            for &i in &cached {
+                src.line(format!(
+                    "{} c{i}[{per_thread}]; // %{i}, kept for the later passes",
+                    c_type(self.dt[i])
+                ));
+            }
+        }
+        // The reduce indices the instructions of a loop need.
+        let loop_need = |insts: &[usize], outputs: bool, loaded: &[bool]| {
+            let mut need = vec![false; red_space.groups.len()];
+            for &i in insts {
+                match self.k.body[i] {
+                    // A cached load read in an earlier loop needs no index.
+                    Inst::Load { .. } if is_cached[i] && loaded[i] => {}
+                    Inst::Load { input } if full_used[input] => {
+                        red_space.need(vec_of[input], &mut need)
+                    }
+                    Inst::Index { axis, .. } if self.red_axis[axis] => {
+                        red_space.need_axis(axis, &mut need)
+                    }
+                    _ => {}
+                }
+            }
+            if outputs {
+                red_space.need(out_vec, &mut need);
+            }
+            need
+        };
+
+        for s in 0..=passes {
+            if s > 0 {
+                let p = s;
+                let these: Vec<usize> = reds
+                    .iter()
+                    .copied()
+                    .filter(|&r| self.stage[r] == p)
+                    .collect();
+                let names: Vec<String> = these.iter().map(|r| format!("%{r}")).collect();
+                src.line(format!("// pass {p}: {}", names.join(", ")));
+                if n == 0 {
+                    for &r in these.iter().filter(|&&r| needed[r]) {
+                        let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
+                        src.line(format!("const {} v{r} = {};", c_type(ty), identity(op, ty)));
+                    }
+                } else {
+                    for &r in &these {
+                        let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
+                        src.line(format!("{} a{r} = {};", c_type(ty), identity(op, ty)));
+                    }
+                    let mut b = Src {
+                        text: String::new(),
+                        depth: body_depth(&src),
+                    };
+                    let insts = &pass_full[p - 1];
+                    red_space.decompose(&mut b, "j", ix, &loop_need(insts, false, &loaded));
+                    for &i in insts {
+                        self.emit_full(&mut b, i, &full_addr, &any_axis, &is_cached, &mut loaded)?;
+                    }
+                    for &r in &these {
+                        let Inst::Reduce { x, .. } = k.body[r] else {
+                            continue;
+                        };
+                        b.line(format!(
+                            "a{r} = {};",
+                            accumulate(
+                                reduce_op(&k.body[r]),
+                                self.dt[r],
+                                &format!("a{r}"),
+                                &format!("v{x}")
+                            )
+                        ));
+                    }
+                    emit_loop(&mut src, &b.text);
+                    // Combine the partials of the threads that share the row.
+                    match lay {
+                        Layout::Columns { y, .. } => {
+                            for &r in &these {
+                                src.line(format!("sm{r}[threadIdx.y][threadIdx.x] = a{r};"));
+                            }
+                            src.line("__syncthreads();");
+                            for &r in &these {
+                                let op = reduce_op(&k.body[r]);
+                                src.line(format!("a{r} = sm{r}[0][threadIdx.x];"));
+                                src.line(format!(
+                                    "for (unsigned y = 1u; y < {y}u; ++y) {{ a{r} = {}; }}",
+                                    accumulate(
+                                        op,
+                                        self.dt[r],
+                                        &format!("a{r}"),
+                                        &format!("sm{r}[y][threadIdx.x]")
+                                    )
+                                ));
+                            }
+                        }
+                        Layout::Group { w, .. } => {
+                            for &r in &these {
+                                src.line(format!(
+                                    "a{r} = {}(a{r}, {w});",
+                                    lanes_fn(reduce_op(&k.body[r]))
+                                ));
+                            }
+                        }
+                        Layout::Block { t } => {
+                            for &r in &these {
+                                src.line(format!(
+                                    "a{r} = {}(a{r}, 32);",
+                                    lanes_fn(reduce_op(&k.body[r]))
+                                ));
+                            }
+                            let writes: Vec<String> = these
+                                .iter()
+                                .map(|r| format!("sm{r}[warp] = a{r};"))
+                                .collect();
+                            src.line(format!("if (lane == 0u) {{ {} }}", writes.join(" ")));
+                            src.line("__syncthreads();");
+                            let warps = t / 32;
+                            for &r in &these {
+                                let op = reduce_op(&k.body[r]);
+                                src.line(format!("a{r} = sm{r}[0];"));
+                                if warps > 1 {
+                                    src.line(format!(
+                                        "for (unsigned w = 1u; w < {warps}u; ++w) {{ a{r} = {}; }}",
+                                        accumulate(
+                                            op,
+                                            self.dt[r],
+                                            &format!("a{r}"),
+                                            &format!("sm{r}[w]")
+                                        )
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                    for &r in &these {
+                        src.line(format!("const {} v{r} = a{r};", c_type(self.dt[r])));
+                    }
+                }
+            }
+            // Row-level values of this stage.
+            for (i, inst) in k.body.iter().enumerate() {
+                if needed[i] && self.stage[i] == s && !matches!(inst, Inst::Reduce { .. }) {
+                    let e = self.expr(i, &row_addr, &row_axis)?;
+                    src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
+                }
+            }
+        }
+
+        if full_outputs {
+            if let (Layout::Group { .. }, true) = (lay, combine) {
+                // The shuffles ended the passes; this orders their reads before the writes.
+                src.line("__syncwarp();");
+            }
+            src.line("// the full outputs");
+            let mut b = Src {
+                text: String::new(),
+                depth: body_depth(&src),
+            };
+            red_space.decompose(&mut b, "j", ix, &loop_need(&final_full, true, &loaded));
+            for &i in &final_full {
+                self.emit_full(&mut b, i, &full_addr, &any_axis, &is_cached, &mut loaded)?;
+            }
+            let out_addr = join(out_base.clone(), red_space.part(out_vec, "j", ix), ix);
+            for (j, o) in k.outputs.iter().enumerate() {
+                if !self.row[o.value] {
+                    if !matches!(lay, Layout::Block { .. }) {
+                        b.line(format!("if (ok) {{ out{j}[{out_addr}] = v{}; }}", o.value));
+                    } else {
+                        b.line(format!("out{j}[{out_addr}] = v{};", o.value));
+                    }
+                }
+            }
+            emit_loop(&mut src, &b.text);
+        }
+        let row_stores: Vec<String> = k
+            .outputs
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| self.row[o.value])
+            .map(|(j, o)| format!("out{j}[row] = v{};", o.value))
+            .collect();
+        if !row_stores.is_empty() {
+            let cond = match lay {
+                Layout::Columns { .. } => "ok && threadIdx.y == 0u",
+                Layout::Group { .. } => "ok && lane == 0u",
+                Layout::Block { .. } => "threadIdx.x == 0u",
+            };
+            src.line(format!("if ({cond}) {{ {} }}", row_stores.join(" ")));
+        }
+        if combine && loops && !matches!(lay, Layout::Group { .. }) {
+            src.line("__syncthreads(); // the next row reuses the shared memory");
+        }
+        src.close();
+        src.close();
+        let mut text = src.text;
+        if let Some(at) = row_line {
+            let end = at + text[at..].find('\n').map_or(0, |e| e + 1);
+            if !mentions(&text[end..], "row") {
+                text.replace_range(at..end, "");
+            }
+        }
+        Ok((text, launch))
+    }
+
+    /// Writes full instruction `i` inside a loop over the row: a cached load is read from
+    /// memory (and kept) the first time, from its registers after that.
+    fn emit_full(
+        &self,
+        src: &mut Src,
+        i: usize,
+        addr: &[String],
+        axis: &dyn Fn(usize) -> String,
+        cached: &[bool],
+        loaded: &mut [bool],
+    ) -> Result<(), CodegenError> {
+        let ty = c_type(self.dt[i]);
+        if cached[i] && loaded[i] {
+            src.line(format!("const {ty} v{i} = c{i}[u];"));
+            return Ok(());
+        }
+        let e = self.expr(i, addr, axis)?;
+        src.line(format!("const {ty} v{i} = {e};"));
+        if cached[i] {
+            src.line(format!("c{i}[u] = v{i};"));
+            loaded[i] = true;
+        }
+        Ok(())
+    }
+
+    /// The full instructions `roots` need (themselves included where full), in body order.
+    fn full_closure(&self, roots: &[usize]) -> Vec<usize> {
+        let nb = body_len(self.k);
+        let mut mark = vec![false; nb];
+        for &r in roots {
+            if !self.row[r] {
+                mark[r] = true;
+            }
+        }
+        for i in (0..nb).rev() {
+            if mark[i] {
+                let (ops, c) = operands(&self.k.body[i]);
+                for &o in &ops[..c] {
+                    if !self.row[o] {
+                        mark[o] = true;
+                    }
+                }
+            }
+        }
+        (0..nb).filter(|&i| mark[i]).collect()
+    }
+
+    /// Block shape `(X, Y)` of the column strategy: X rows side by side (32, or down to 8 when
+    /// that leaves too few blocks to fill the GPU; 8 four-byte values still fill a 32-byte
+    /// sector), Y threads along each row (256 threads a block, 1024 when blocks are few).
+    fn column_block(&self, reductions: usize) -> (u32, u32) {
+        let mut x = 32usize;
+        while x > 8 && self.rows.div_ceil(x) < FILL {
+            x /= 2;
+        }
+        let threads = if self.rows.div_ceil(x) < FILL {
+            1024
+        } else {
+            256
+        };
+        let mut y = (threads / x).min(self.n.next_power_of_two()).max(2);
+        let widest = (0..self.k.body.len())
+            .filter(|&i| self.live[i] && matches!(self.k.body[i], Inst::Reduce { .. }))
+            .map(|i| self.dt[i].size())
+            .max()
+            .unwrap_or(4);
+        while y > 2 && reductions * x * y * widest > MAX_SHARED {
+            y /= 2;
+        }
+        (x as u32, y as u32)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Expressions.
+
+    /// The right-hand side of instruction `i`: `addr[n]` is the element index input `n` is read
+    /// at, `axis(d)` the domain index along axis `d`.
+    fn expr(
+        &self,
+        i: usize,
+        addr: &[String],
+        axis: &dyn Fn(usize) -> String,
+    ) -> Result<String, CodegenError> {
+        let v = |j: usize| format!("v{j}");
+        let dt = self.dt[i];
+        let unsupported = |op: &'static str, dtype: DType| CodegenError::Unsupported {
+            op,
+            what: "an operand",
+            dtype,
+        };
+        Ok(match self.k.body[i] {
+            Inst::Load { input } => format!("in{input}[{}]", addr[input]),
+            Inst::Const { value, dtype } => literal(value, dtype),
+            Inst::Index { axis: d, dtype } => {
+                let x = axis(d);
+                match dtype {
+                    DType::F32 => format!("(float){x}"),
+                    DType::F64 => format!("(double){x}"),
+                    DType::I32 => format!("(int){x}"),
+                    DType::I64 => format!("(long long){x}"),
+                    DType::Bool => format!("(unsigned char)({x} != 0)"),
+                }
+            }
+            Inst::Unary { op, x } => {
+                let (x, d) = (v(x), dt);
+                match (op, d) {
+                    (UnaryOp::Neg, DType::F32 | DType::F64) => format!("-{x}"),
+                    (UnaryOp::Neg, DType::I32 | DType::I64) => format!("ig_neg({x})"),
+                    (UnaryOp::Exp, DType::F32) => format!("expf({x})"),
+                    (UnaryOp::Exp, DType::F64) => format!("exp({x})"),
+                    (UnaryOp::Log, DType::F32) => format!("logf({x})"),
+                    (UnaryOp::Log, DType::F64) => format!("log({x})"),
+                    (UnaryOp::Sqrt, DType::F32) => format!("sqrtf({x})"),
+                    (UnaryOp::Sqrt, DType::F64) => format!("sqrt({x})"),
+                    (UnaryOp::Tanh, DType::F32) => format!("tanhf({x})"),
+                    (UnaryOp::Tanh, DType::F64) => format!("tanh({x})"),
+                    (UnaryOp::Recip, DType::F32) => format!("1.0f / {x}"),
+                    (UnaryOp::Recip, DType::F64) => format!("1.0 / {x}"),
+                    _ => return Err(unsupported(unary_name(op), d)),
+                }
+            }
+            Inst::Binary { op, a, b } => {
+                let (a, b, d) = (v(a), v(b), dt);
+                let float = d.is_float();
+                match (op, d) {
+                    (BinaryOp::Add, _) if float => format!("{a} + {b}"),
+                    (BinaryOp::Sub, _) if float => format!("{a} - {b}"),
+                    (BinaryOp::Mul, _) if float => format!("{a} * {b}"),
+                    (BinaryOp::Div, _) if float => format!("{a} / {b}"),
+                    (BinaryOp::Max, DType::F32) => format!("fmaxf({a}, {b})"),
+                    (BinaryOp::Max, DType::F64) => format!("fmax({a}, {b})"),
+                    (BinaryOp::Min, DType::F32) => format!("fminf({a}, {b})"),
+                    (BinaryOp::Min, DType::F64) => format!("fmin({a}, {b})"),
+                    (BinaryOp::Add, DType::I32 | DType::I64) => format!("ig_add({a}, {b})"),
+                    (BinaryOp::Sub, DType::I32 | DType::I64) => format!("ig_sub({a}, {b})"),
+                    (BinaryOp::Mul, DType::I32 | DType::I64) => format!("ig_mul({a}, {b})"),
+                    (BinaryOp::Max, DType::I32 | DType::I64) => format!("ig_max({a}, {b})"),
+                    (BinaryOp::Min, DType::I32 | DType::I64) => format!("ig_min({a}, {b})"),
+                    _ => return Err(unsupported(binary_name(op), d)),
+                }
+            }
+            Inst::Compare { op, a, b } => {
+                let c = match op {
+                    CmpOp::Lt => "<",
+                    CmpOp::Le => "<=",
+                    CmpOp::Gt => ">",
+                    CmpOp::Ge => ">=",
+                    CmpOp::Eq => "==",
+                    CmpOp::Ne => "!=",
+                };
+                format!("(unsigned char)({} {c} {})", v(a), v(b))
+            }
+            Inst::Select { cond, a, b } => format!("{} ? {} : {}", v(cond), v(a), v(b)),
+            Inst::Convert { x, to } => {
+                let f = match to {
+                    DType::F32 => "ig_to_f32",
+                    DType::F64 => "ig_to_f64",
+                    DType::I32 => "ig_to_i32",
+                    DType::I64 => "ig_to_i64",
+                    DType::Bool => "ig_to_bool",
+                };
+                format!("{f}({})", v(x))
+            }
+            // Only in the elementwise case (every reduce axis of size 1): a copy.
+            Inst::Reduce { x, .. } => v(x),
+        })
+    }
+}
+
+/// Whether `text` uses the identifier `word`.
+fn mentions(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back().is_none_or(|c| !ident(c));
+        let after = text[i + word.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !ident(c));
+        before && after
+    })
+}
+
+fn body_len(k: &FusedKernel) -> usize {
+    k.body.len()
+}
+
+fn reduce_op(inst: &Inst) -> ReduceOp {
+    match *inst {
+        Inst::Reduce { op, .. } => op,
+        _ => ReduceOp::Sum,
+    }
+}
+
+/// The starting value of a reduction: 0, or the lowest value for max.
+fn identity(op: ReduceOp, d: DType) -> String {
+    match op {
+        ReduceOp::Sum => literal(0.0, d),
+        ReduceOp::Max => literal(f64::NEG_INFINITY, d),
+    }
+}
+
+/// `acc` with the term `t` folded in.
+fn accumulate(op: ReduceOp, d: DType, acc: &str, t: &str) -> String {
+    match op {
+        ReduceOp::Sum if d.is_float() => format!("{acc} + {t}"),
+        ReduceOp::Sum => format!("ig_add({acc}, {t})"),
+        ReduceOp::Max => format!("ig_keep_max({acc}, {t})"),
+    }
+}
+
+/// Transposing elementwise kernels go through shared-memory tiles when they have at least
+/// this many elements and both tile axes at least this size.
+const TILE_MIN_NUMEL: usize = 1 << 16;
+const TILE_MIN_DIM: usize = 16;
+
+/// Register caching of loads across passes: at most this many elements per thread, and this
+/// many 32-bit registers per thread for all the cached loads together.
+const CACHE_PER_THREAD: usize = 32;
+const CACHE_WORDS: usize = 32;
+
+/// Rows of at most this many elements get a group of lanes of one warp, not a block.
+const GROUP_MAX_N: usize = 1024;
+
+/// How the threads of a block map onto rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Row strategy, long rows: one block of `t` threads per row.
+    Block { t: u32 },
+    /// Row strategy, short rows: `w` lanes of one warp per row (a power of two up to 32), `g`
+    /// rows a block; partials combine by shuffles alone.
+    Group { w: u32, g: u32 },
+    /// Column strategy: `x` rows side by side, `y` threads along each.
+    Columns { x: u32, y: u32 },
+}
+
+/// The prelude's lane reduction for `op`.
+fn lanes_fn(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "ig_lanes_sum",
+        ReduceOp::Max => "ig_lanes_max",
+    }
+}
+
+/// Threads per block of the row strategy: the row's length rounded up to a power of two,
+/// between 32 and 256; 1024 for long rows when there are too few rows to fill the GPU.
+fn row_threads(n: usize, rows: usize) -> u32 {
+    if n >= 4096 && rows < FILL || n >= 16384 {
+        return 1024;
+    }
+    n.next_power_of_two().clamp(32, 256) as u32
+}
+
+fn unary_name(op: UnaryOp) -> &'static str {
+    match op {
+        UnaryOp::Neg => "neg",
+        UnaryOp::Exp => "exp",
+        UnaryOp::Log => "log",
+        UnaryOp::Sqrt => "sqrt",
+        UnaryOp::Tanh => "tanh",
+        UnaryOp::Recip => "recip",
+    }
+}
+
+fn binary_name(op: BinaryOp) -> &'static str {
+    match op {
+        BinaryOp::Add => "add",
+        BinaryOp::Sub => "sub",
+        BinaryOp::Mul => "mul",
+        BinaryOp::Div => "div",
+        BinaryOp::Max => "max",
+        BinaryOp::Min => "min",
+    }
+}
+
+/// `a + b` of two optional index terms ("0" when both are absent).
+fn join(a: Option<String>, b: Option<String>, ix: Ix) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{a} + {b}"),
+        (Some(a), None) | (None, Some(a)) => a,
+        (None, None) => ix.lit(0),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index spaces.
+
+/// Consecutive axes of one index space merged into one where every stride vector composes
+/// across them (so one index along the merged axis addresses all of them).
+struct Group {
+    /// The outermost original axis: names the index variable `i{axis}`.
+    axis: usize,
+    axes: Vec<usize>,
+    dim: usize,
+    /// Per stride vector: the stride of the innermost axis.
+    strides: Vec<usize>,
+    pinned: bool,
+}
+
+/// A row-major index space over some of the domain's axes (those of size 1 dropped), indexed by
+/// one linear variable.
+struct Space {
+    /// Outer to inner.
+    groups: Vec<Group>,
+}
+
+impl Space {
+    fn new(axes: &[usize], dims: &[usize], vectors: &[Vec<usize>], pinned: &[bool]) -> Space {
+        let mut groups: Vec<Group> = Vec::new(); // inner to outer while building
+        for &a in axes.iter().rev() {
+            if dims[a] == 1 {
+                continue;
+            }
+            if let Some(g) = groups.last_mut() {
+                let composes = !pinned[a]
+                    && !g.pinned
+                    && vectors
+                        .iter()
+                        .zip(&g.strides)
+                        .all(|(v, &s)| s.checked_mul(g.dim) == Some(v[a]));
+                if composes {
+                    g.axes.insert(0, a);
+                    g.axis = a;
+                    g.dim = g.dim.saturating_mul(dims[a]);
+                    continue;
+                }
+            }
+            groups.push(Group {
+                axis: a,
+                axes: vec![a],
+                dim: dims[a],
+                strides: vectors.iter().map(|v| v[a]).collect(),
+                pinned: pinned[a],
+            });
+        }
+        groups.reverse();
+        Space { groups }
+    }
+
+    /// `Some(c)` if vector `k` addresses the space as `c ×` its linear index.
+    fn linear(&self, k: usize) -> Option<usize> {
+        let mut contig = 1usize;
+        let mut c: Option<usize> = None;
+        for g in self.groups.iter().rev() {
+            let s = g.strides[k];
+            match c {
+                None => c = Some(s),
+                Some(c) => {
+                    if c.checked_mul(contig) != Some(s) {
+                        return None;
+                    }
+                }
+            }
+            contig = contig.saturating_mul(g.dim);
+        }
+        Some(c.unwrap_or(0))
+    }
+
+    /// The element-index term of vector `k` over this space (`None` when it is 0).
+    fn part(&self, k: usize, lin: &str, ix: Ix) -> Option<String> {
+        if let Some(c) = self.linear(k) {
+            return match c {
+                0 => None,
+                1 => Some(lin.to_string()),
+                c => Some(format!("{} * {lin}", ix.lit(c))),
+            };
+        }
+        let terms: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|g| g.strides[k] != 0)
+            .map(|g| match g.strides[k] {
+                1 => format!("i{}", g.axis),
+                s => format!("{} * i{}", ix.lit(s), g.axis),
+            })
+            .collect();
+        Some(terms.join(" + "))
+    }
+
+    /// Marks the groups vector `k` needs the index of.
+    fn need(&self, k: usize, need: &mut [bool]) {
+        if self.linear(k).is_some() {
+            return;
+        }
+        for (g, n) in self.groups.iter().zip(need.iter_mut()) {
+            if g.strides[k] != 0 {
+                *n = true;
+            }
+        }
+    }
+
+    fn need_pinned(&self, pinned: &[bool], need: &mut [bool]) {
+        for (g, n) in self.groups.iter().zip(need.iter_mut()) {
+            if g.axes.iter().any(|&a| pinned[a]) {
+                *n = true;
+            }
+        }
+    }
+
+    fn need_axis(&self, axis: usize, need: &mut [bool]) {
+        for (g, n) in self.groups.iter().zip(need.iter_mut()) {
+            if g.axes.contains(&axis) {
+                *n = true;
+            }
+        }
+    }
+
+    /// The index along domain axis `d` (an axis of size 1, or one outside this space, is 0).
+    fn axis_var(&self, d: usize, ix: Ix) -> String {
+        match self.groups.iter().find(|g| g.axes.contains(&d)) {
+            // A pinned axis is alone in its group.
+            Some(g) => format!("i{}", g.axis),
+            None => ix.lit(0),
+        }
+    }
+
+    /// Writes `const T i{axis} = ...;` for every needed group, from the linear index `lin`.
+    fn decompose(&self, src: &mut Src, lin: &str, ix: Ix, need: &[bool]) {
+        for (gi, g) in self.groups.iter().enumerate() {
+            if !need[gi] {
+                continue;
+            }
+            let inner: usize = self.groups[gi + 1..]
+                .iter()
+                .fold(1usize, |n, g| n.saturating_mul(g.dim));
+            let q = if inner == 1 {
+                lin.to_string()
+            } else {
+                format!("{lin} / {}", ix.lit(inner))
+            };
+            let e = if gi == 0 {
+                q
+            } else if inner == 1 {
+                format!("{q} % {}", ix.lit(g.dim))
+            } else {
+                format!("({q}) % {}", ix.lit(g.dim))
+            };
+            src.line(format!("const {} i{} = {e};", ix.ty(), g.axis));
+        }
+    }
+}

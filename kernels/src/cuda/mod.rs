@@ -1,0 +1,381 @@
+//! The CUDA C code generator: fused-kernel descriptions (and the three ops that are not fused
+//! kernels: gather, scatter-add, concat) become CUDA C source text and launch shapes.
+//!
+//! Nothing here touches a device: the runtime compiles the text with NVRTC (default options plus
+//! `--gpu-architecture=compute_XY`) and launches it. A module's source is [`PRELUDE`] followed by
+//! the distinct kernels' sources, each once; a kernel's name is a hash of its text, so the same
+//! kernel generated for twelve layers is compiled once.
+//!
+//! # Kernel parameters
+//! [`fused`]: one device pointer per input in order (`const T*`), then one per output (`T*`),
+//! nothing else. No pointer is `__restrict__`: an output may be written over an input where
+//! [`FusedKernel::can_write_over`](crate::FusedKernel::can_write_over) allows it. Element types
+//! are `float`, `double`, `int`, `long long` and `unsigned char` (bool, 0 or 1).
+//!
+//! # How a fused kernel is laid out ([`Strategy`])
+//! - **Elementwise** (no reduce axes, or every reduce axis of size 1, where a reduction is a
+//!   copy): a grid-stride loop over the domain's elements, block 256, grid
+//!   `min(ceil(numel / 256), 132 * 32)`. The linear index is split into domain indices only where
+//!   a load (or an index instruction) needs them; a load whose access is the contiguous map of
+//!   the domain (up to a scale) reads at the linear index itself. A transposing kernel (a load
+//!   contiguous along another axis than the innermost one, at least 2^16 elements) goes through
+//!   32 × 32 tiles in shared memory instead, block (32, 8), one tile per block, so that both its
+//!   reads and its writes coalesce.
+//! - **Rows** (the innermost axis of size > 1 is reduced, or there are fewer than 64 rows):
+//!   threads stride over a row's elements, so that consecutive threads read consecutive memory.
+//!   Rows of up to 1024 elements get a group of `w` lanes of one warp each (`w` the row length
+//!   rounded up to a power of two, at most 32), 256 / `w` rows a block of 256 threads, and
+//!   combine their partials by shuffles alone; longer rows get a block each (256 threads, 1024
+//!   for rows of 16384 or more, or of 4096 or more when there are few rows), combining by warp
+//!   shuffles and then across warps through shared memory. Each reduction level is one pass
+//!   over the row, a final pass computes and stores the full outputs; where each thread has at
+//!   most 32 elements of the row, the loads that several passes read are kept in registers
+//!   (up to 32 words a thread), so the row is read from memory once.
+//! - **Columns** (the innermost axis is kept: a bias gradient): block `(X, Y)`; thread `x` takes
+//!   a row (consecutive rows are consecutive in memory, so loads coalesce), threads `y` stride
+//!   over the row's reduced elements, and the `Y` partials are combined through shared memory.
+//!   X is 32, or 16 or 8 when that leaves too few blocks to fill the GPU; X·Y is 256, or 1024
+//!   when blocks are few.
+//!
+//! Grids are capped (132 · 32 blocks for elementwise loops, 2^20 for rows and columns); the
+//! kernels loop over the rest, so any size runs.
+//! Every size and stride is a literal in the source (divisions by constants become
+//! multiply-shifts), and index arithmetic is 32-bit unsigned when every extent is below 2^31,
+//! 64-bit otherwise. Generation is deterministic: the same description gives byte-identical text.
+
+mod fused;
+pub mod ops;
+
+pub use ops::{concat, gather, scatter_add};
+
+use crate::fused::{FusedKernel, KernelError};
+use crate::DType;
+use std::fmt::Write as _;
+
+/// One generated kernel: an `extern "C" __global__` function, its launch shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaKernel {
+    /// Entry point; derived from a stable 64-bit FNV-1a hash of the function's text,
+    /// `ingot_{hash:016x}`, so identical kernels (the same fused kernel in twelve layers) get one
+    /// name and the runtime compiles each once.
+    pub name: String,
+    /// The function's CUDA C text (uses the helpers in [`PRELUDE`]; everything else it needs is
+    /// inside the function).
+    pub source: String,
+    pub launch: Launch,
+}
+
+/// A launch shape. `shared_bytes` is dynamic shared memory (the generated kernels declare their
+/// shared memory statically, so it is 0 for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+}
+
+/// How a fused kernel maps onto threads (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// A grid-stride loop over the domain's elements (or over 32 × 32 tiles, transposing).
+    Elementwise,
+    /// A block, or a group of lanes of one warp, per row; threads striding along the row.
+    Rows,
+    /// A block per 32 (or 16, or 8) rows, thread `x` a row, threads `y` striding along it.
+    Columns,
+}
+
+impl Strategy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Elementwise => "elementwise",
+            Strategy::Rows => "rows",
+            Strategy::Columns => "columns",
+        }
+    }
+}
+
+/// A description the generator cannot turn into a kernel. Never a panic.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    /// The fused kernel does not check.
+    #[error("cuda codegen: {0}")]
+    Invalid(#[from] KernelError),
+    /// An op is not defined (or not supported on the GPU) for a dtype.
+    #[error("cuda codegen: {op} is not supported for {what} of dtype {dtype}")]
+    Unsupported {
+        op: &'static str,
+        what: &'static str,
+        dtype: DType,
+    },
+    /// Sizes whose element counts overflow.
+    #[error("cuda codegen: {op}: the sizes {sizes:?} give more elements than 64 bits can index")]
+    TooLarge { op: &'static str, sizes: Vec<usize> },
+    /// More static shared memory than a block may declare.
+    #[error(
+        "cuda codegen: fused kernel needs {bytes} bytes of shared memory for its {reductions} \
+         reductions, more than the 48 KiB a block may declare statically; split the kernel"
+    )]
+    SharedMemory { bytes: usize, reductions: usize },
+}
+
+/// Generates the CUDA kernel of a fused-kernel description. Checks it first
+/// ([`FusedKernel::check`]); an invalid description gives [`CodegenError::Invalid`].
+pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
+    fused::generate(k)
+}
+
+/// The strategy [`fused`] uses for `k` (checks `k` first).
+pub fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
+    fused::strategy(k)
+}
+
+/// Helpers shared by every kernel: wrapping integer arithmetic, NaN-aware max/min, Rust-`as`
+/// conversions, and warp reductions. A module's source is this followed by the kernels' sources.
+pub const PRELUDE: &str = r#"// Ingot CUDA prelude: helpers shared by every generated kernel.
+// Integer arithmetic wraps (two's complement), as the IR defines it.
+__device__ __forceinline__ float ig_add(float a, float b) { return a + b; }
+__device__ __forceinline__ double ig_add(double a, double b) { return a + b; }
+__device__ __forceinline__ int ig_add(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
+__device__ __forceinline__ long long ig_add(long long a, long long b) { return (long long)((unsigned long long)a + (unsigned long long)b); }
+__device__ __forceinline__ int ig_sub(int a, int b) { return (int)((unsigned)a - (unsigned)b); }
+__device__ __forceinline__ long long ig_sub(long long a, long long b) { return (long long)((unsigned long long)a - (unsigned long long)b); }
+__device__ __forceinline__ int ig_mul(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
+__device__ __forceinline__ long long ig_mul(long long a, long long b) { return (long long)((unsigned long long)a * (unsigned long long)b); }
+__device__ __forceinline__ int ig_neg(int a) { return (int)(0u - (unsigned)a); }
+__device__ __forceinline__ long long ig_neg(long long a) { return (long long)(0ull - (unsigned long long)a); }
+__device__ __forceinline__ int ig_max(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ long long ig_max(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ int ig_min(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ long long ig_min(long long a, long long b) { return a < b ? a : b; }
+// The running max of a reduction: a term replaces it only when strictly greater (NaN never does).
+template <typename T> __device__ __forceinline__ T ig_keep_max(T m, T t) { return t > m ? t : m; }
+// Conversions as Rust's `as`: float to integer truncates and saturates, NaN gives 0 (the
+// conversion instructions saturate, but give the lowest value for NaN in 64 bits); to bool is
+// "nonzero"; bool reads as 0 or 1.
+__device__ __forceinline__ float ig_to_f32(float x) { return x; }
+__device__ __forceinline__ float ig_to_f32(double x) { return (float)x; }
+__device__ __forceinline__ float ig_to_f32(int x) { return (float)x; }
+__device__ __forceinline__ float ig_to_f32(long long x) { return (float)x; }
+__device__ __forceinline__ float ig_to_f32(unsigned char x) { return x != 0 ? 1.0f : 0.0f; }
+__device__ __forceinline__ double ig_to_f64(float x) { return (double)x; }
+__device__ __forceinline__ double ig_to_f64(double x) { return x; }
+__device__ __forceinline__ double ig_to_f64(int x) { return (double)x; }
+__device__ __forceinline__ double ig_to_f64(long long x) { return (double)x; }
+__device__ __forceinline__ double ig_to_f64(unsigned char x) { return x != 0 ? 1.0 : 0.0; }
+__device__ __forceinline__ int ig_to_i32(float x) { return x != x ? 0 : __float2int_rz(x); }
+__device__ __forceinline__ int ig_to_i32(double x) { return x != x ? 0 : __double2int_rz(x); }
+__device__ __forceinline__ int ig_to_i32(int x) { return x; }
+__device__ __forceinline__ int ig_to_i32(long long x) { return (int)(unsigned)(unsigned long long)x; }
+__device__ __forceinline__ int ig_to_i32(unsigned char x) { return x != 0 ? 1 : 0; }
+__device__ __forceinline__ long long ig_to_i64(float x) { return x != x ? 0ll : __float2ll_rz(x); }
+__device__ __forceinline__ long long ig_to_i64(double x) { return x != x ? 0ll : __double2ll_rz(x); }
+__device__ __forceinline__ long long ig_to_i64(int x) { return (long long)x; }
+__device__ __forceinline__ long long ig_to_i64(long long x) { return x; }
+__device__ __forceinline__ long long ig_to_i64(unsigned char x) { return x != 0 ? 1ll : 0ll; }
+template <typename T> __device__ __forceinline__ unsigned char ig_to_bool(T x) { return x != 0 ? 1 : 0; }
+// Reductions across `width` lanes (a power of two up to 32, aligned groups of a warp) by
+// butterfly: every lane of the group gets the group's result. Every lane of the warp must call.
+template <typename T> __device__ __forceinline__ T ig_lanes_sum(T v, int width) {
+#pragma unroll
+  for (int o = width >> 1; o > 0; o >>= 1) v = ig_add(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <typename T> __device__ __forceinline__ T ig_lanes_max(T v, int width) {
+#pragma unroll
+  for (int o = width >> 1; o > 0; o >>= 1) v = ig_keep_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+"#;
+
+/// The name-placeholder generators write; [`finish`] replaces it with the hash-derived name.
+pub(crate) const NAME: &str = "@KERNEL@";
+
+/// 64-bit FNV-1a.
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Names a kernel whose text uses [`NAME`] for its entry point: the name is the hash of that
+/// text, so it depends on nothing but the function.
+pub(crate) fn finish(text: String, launch: Launch) -> CudaKernel {
+    let name = format!("ingot_{:016x}", fnv1a64(text.as_bytes()));
+    CudaKernel {
+        source: text.replace(NAME, &name),
+        name,
+        launch,
+    }
+}
+
+/// The C type of a dtype.
+pub(crate) fn c_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::I32 => "int",
+        DType::I64 => "long long",
+        DType::Bool => "unsigned char",
+    }
+}
+
+/// The C type and literal suffix of index arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ix {
+    pub wide: bool,
+}
+
+impl Ix {
+    /// 32-bit when every extent is below 2^31, else 64-bit.
+    pub(crate) fn for_extents(extents: impl IntoIterator<Item = usize>) -> Ix {
+        Ix {
+            wide: extents.into_iter().any(|e| e as u128 >= 1u128 << 31),
+        }
+    }
+    pub(crate) fn ty(self) -> &'static str {
+        if self.wide {
+            "unsigned long long"
+        } else {
+            "unsigned"
+        }
+    }
+    pub(crate) fn lit(self, v: usize) -> String {
+        if self.wide {
+            format!("{v}ull")
+        } else {
+            format!("{v}u")
+        }
+    }
+    /// `blockIdx.x * block + threadIdx.x`, in this width.
+    pub(crate) fn global_thread(self, block: u32) -> String {
+        if self.wide {
+            format!("(unsigned long long)blockIdx.x * {block}ull + threadIdx.x")
+        } else {
+            format!("blockIdx.x * {block}u + threadIdx.x")
+        }
+    }
+    /// `gridDim.x * block`, in this width.
+    pub(crate) fn grid_stride(self, block: u32) -> String {
+        if self.wide {
+            format!("(unsigned long long)gridDim.x * {block}ull")
+        } else {
+            format!("gridDim.x * {block}u")
+        }
+    }
+}
+
+/// Threads per block of the elementwise loops.
+pub(crate) const BLOCK: u32 = 256;
+/// Grid cap of the elementwise loops: 32 blocks per SM of a 132-SM H100 (four waves of
+/// resident blocks); the grid-stride loop covers the rest.
+pub(crate) const MAX_GRID_ELEMENTWISE: usize = 132 * 32;
+/// Grid cap of the row and column strategies (a grid-stride loop over rows covers the rest).
+pub(crate) const MAX_GRID_ROWS: usize = 1 << 20;
+
+/// `min(ceil(work / per_block), cap)`, at least 1.
+pub(crate) fn grid_for(work: usize, per_block: usize, cap: usize) -> u32 {
+    let blocks = work.div_ceil(per_block.max(1));
+    blocks.clamp(1, cap) as u32
+}
+
+/// A literal of `dtype` with the value `v` converted as Rust's `as` does (`value as f32`,
+/// saturating float-to-integer, nonzero to bool), exact for every value (NaN and infinities
+/// included).
+pub(crate) fn literal(v: f64, dtype: DType) -> String {
+    match dtype {
+        DType::F32 => {
+            let x = v as f32;
+            if x.is_finite() {
+                format!("{x:?}f")
+            } else {
+                format!("__int_as_float((int)0x{:08x}u)", x.to_bits())
+            }
+        }
+        DType::F64 => {
+            if v.is_finite() {
+                format!("{v:?}")
+            } else {
+                format!("__longlong_as_double((long long)0x{:016x}ull)", v.to_bits())
+            }
+        }
+        DType::I32 => {
+            let x = v as i32;
+            if x == i32::MIN {
+                "(-2147483647 - 1)".to_string()
+            } else {
+                format!("{x}")
+            }
+        }
+        DType::I64 => {
+            let x = v as i64;
+            if x == i64::MIN {
+                "(-9223372036854775807ll - 1ll)".to_string()
+            } else {
+                format!("{x}ll")
+            }
+        }
+        DType::Bool => {
+            if v != 0.0 {
+                "(unsigned char)1".to_string()
+            } else {
+                "(unsigned char)0".to_string()
+            }
+        }
+    }
+}
+
+/// A small line writer with indentation.
+#[derive(Default)]
+pub(crate) struct Src {
+    pub text: String,
+    pub depth: usize,
+}
+
+impl Src {
+    pub(crate) fn line(&mut self, s: impl AsRef<str>) {
+        for _ in 0..self.depth {
+            self.text.push_str("  ");
+        }
+        self.text.push_str(s.as_ref());
+        self.text.push('\n');
+    }
+    /// Opens a block: writes `s` (which should end with `{`) and indents.
+    pub(crate) fn open(&mut self, s: impl AsRef<str>) {
+        self.line(s);
+        self.depth += 1;
+    }
+    pub(crate) fn close(&mut self) {
+        self.depth = self.depth.saturating_sub(1);
+        self.line("}");
+    }
+}
+
+/// The signature line of a kernel: `extern "C" __global__ void __launch_bounds__(T) NAME(...) {`.
+pub(crate) fn signature(threads: u32, params: &[(String, String)]) -> String {
+    let mut s = format!("extern \"C\" __global__ void __launch_bounds__({threads}) {NAME}(");
+    for (i, (ty, name)) in params.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{ty} {name}");
+    }
+    s.push_str(") {");
+    s
+}
+
+/// `[a,b,c]`.
+pub(crate) fn list(xs: &[usize]) -> String {
+    let mut s = String::from("[");
+    for (i, x) in xs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{x}");
+    }
+    s.push(']');
+    s
+}

@@ -1,0 +1,1251 @@
+//! Host tests of the CUDA C generator: what can be checked without a GPU. Names, determinism,
+//! strategies and launch shapes, errors instead of panics, and that every generated kernel (a
+//! set of representative descriptions, plus random ones) is valid C++ as far as a host compiler
+//! can tell, through a small shim header that stands in for CUDA's built-ins.
+//!
+//! Numerical checks against the CPU executor run on a GPU: `cargo run --release -p
+//! ingot-runtime --example cuda_kernels`.
+
+use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE};
+use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
+use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+// ---------------------------------------------------------------------------------------------
+// Building descriptions.
+
+struct B {
+    k: FusedKernel,
+}
+
+impl B {
+    fn new(domain: &[usize], reduce: &[usize]) -> B {
+        B {
+            k: FusedKernel {
+                domain: domain.to_vec(),
+                reduce_axes: reduce.to_vec(),
+                inputs: vec![],
+                body: vec![],
+                outputs: vec![],
+            },
+        }
+    }
+    /// An input read through `strides` (its length is what they reach).
+    fn input_strided(&mut self, dtype: DType, offset: usize, strides: &[usize]) -> usize {
+        let reach: usize = offset
+            + strides
+                .iter()
+                .zip(&self.k.domain)
+                .map(|(s, d)| s * d.saturating_sub(1))
+                .sum::<usize>();
+        self.k.inputs.push(Input {
+            dtype,
+            len: reach + 1,
+            access: Access {
+                offset,
+                strides: strides.to_vec(),
+            },
+        });
+        self.k.inputs.len() - 1
+    }
+    /// A contiguous input shaped like the domain.
+    fn input(&mut self, dtype: DType) -> usize {
+        let s = Access::contiguous(&self.k.domain).strides;
+        self.input_strided(dtype, 0, &s)
+    }
+    /// An input shaped like the domain with the given axes broadcast (stride 0).
+    fn input_bcast(&mut self, dtype: DType, bcast: &[usize]) -> usize {
+        let dims: Vec<usize> = self
+            .k
+            .domain
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| if bcast.contains(&d) { 1 } else { n })
+            .collect();
+        let mut s = Access::contiguous(&dims).strides;
+        for &a in bcast {
+            s[a] = 0;
+        }
+        self.input_strided(dtype, 0, &s)
+    }
+    fn i(&mut self, inst: Inst) -> usize {
+        self.k.body.push(inst);
+        self.k.body.len() - 1
+    }
+    fn load(&mut self, input: usize) -> usize {
+        self.i(Inst::Load { input })
+    }
+    fn c(&mut self, value: f64, dtype: DType) -> usize {
+        self.i(Inst::Const { value, dtype })
+    }
+    fn un(&mut self, op: UnaryOp, x: usize) -> usize {
+        self.i(Inst::Unary { op, x })
+    }
+    fn bin(&mut self, op: BinaryOp, a: usize, b: usize) -> usize {
+        self.i(Inst::Binary { op, a, b })
+    }
+    fn red(&mut self, op: ReduceOp, x: usize) -> usize {
+        self.i(Inst::Reduce { op, x })
+    }
+    fn out(&mut self, value: usize) -> &mut B {
+        self.k.outputs.push(Output { value });
+        self
+    }
+    fn done(&self) -> FusedKernel {
+        self.k
+            .check()
+            .unwrap_or_else(|e| panic!("test kernel does not check: {e}"));
+        self.k.clone()
+    }
+}
+
+use BinaryOp::*;
+use ReduceOp::{Max as RMax, Sum as RSum};
+use UnaryOp::*;
+
+fn softmax(r: usize, n: usize) -> FusedKernel {
+    let mut b = B::new(&[r, n], &[1]);
+    let x = b.input(DType::F32);
+    let x = b.load(x);
+    let m = b.red(RMax, x);
+    let d = b.bin(Sub, x, m);
+    let e = b.un(Exp, d);
+    let s = b.red(RSum, e);
+    let y = b.bin(Div, e, s);
+    b.out(y).done()
+}
+
+/// LayerNorm forward over the last axis of `[b, s, d]`: outputs y, mean, rstd.
+fn layer_norm(bs: usize, s: usize, d: usize) -> FusedKernel {
+    let mut b = B::new(&[bs, s, d], &[2]);
+    let x = b.input(DType::F32);
+    let g = b.input_bcast(DType::F32, &[0, 1]);
+    let be = b.input_bcast(DType::F32, &[0, 1]);
+    let x = b.load(x);
+    let sum = b.red(RSum, x);
+    let inv_n = b.c(1.0 / d as f64, DType::F32);
+    let mean = b.bin(Mul, sum, inv_n);
+    let xc = b.bin(Sub, x, mean);
+    let sq = b.bin(Mul, xc, xc);
+    let ss = b.red(RSum, sq);
+    let var = b.bin(Mul, ss, inv_n);
+    let eps = b.c(1e-5, DType::F32);
+    let ve = b.bin(Add, var, eps);
+    let sd = b.un(Sqrt, ve);
+    let rstd = b.un(Recip, sd);
+    let xh = b.bin(Mul, xc, rstd);
+    let g = b.load(g);
+    let be = b.load(be);
+    let y = b.bin(Mul, xh, g);
+    let y = b.bin(Add, y, be);
+    b.out(y).out(mean).out(rstd).done()
+}
+
+/// LayerNorm backward over the last axis of `[r, d]`, from dy, x, gamma and the saved mean and
+/// rstd (row-level inputs): outputs dx.
+fn layer_norm_backward(r: usize, d: usize) -> FusedKernel {
+    let mut b = B::new(&[r, d], &[1]);
+    let dy = b.input(DType::F32);
+    let x = b.input(DType::F32);
+    let g = b.input_bcast(DType::F32, &[0]);
+    let mean = b.input_bcast(DType::F32, &[1]);
+    let rstd = b.input_bcast(DType::F32, &[1]);
+    let dy = b.load(dy);
+    let x = b.load(x);
+    let g = b.load(g);
+    let mean = b.load(mean);
+    let rstd = b.load(rstd);
+    let xc = b.bin(Sub, x, mean);
+    let xh = b.bin(Mul, xc, rstd);
+    let dyg = b.bin(Mul, dy, g);
+    let s1 = b.red(RSum, dyg);
+    let t = b.bin(Mul, dyg, xh);
+    let s2 = b.red(RSum, t);
+    let inv_n = b.c(1.0 / d as f64, DType::F32);
+    let m1 = b.bin(Mul, s1, inv_n);
+    let m2 = b.bin(Mul, s2, inv_n);
+    let a = b.bin(Sub, dyg, m1);
+    let c = b.bin(Mul, xh, m2);
+    let a = b.bin(Sub, a, c);
+    let dx = b.bin(Mul, a, rstd);
+    b.out(dx).done()
+}
+
+/// Cross-entropy over the last axis of logits `[r, v]` with i64 targets `[r]`: outputs the
+/// per-row loss and the gradient (four reductions over three stages).
+fn cross_entropy(r: usize, v: usize) -> FusedKernel {
+    let mut b = B::new(&[r, v], &[1]);
+    let logits = b.input(DType::F32);
+    let target = b.input_bcast(DType::I64, &[1]);
+    let x = b.load(logits);
+    let m = b.red(RMax, x);
+    let d = b.bin(Sub, x, m);
+    let e = b.un(Exp, d);
+    let s = b.red(RSum, e);
+    let idx = b.i(Inst::Index {
+        axis: 1,
+        dtype: DType::I64,
+    });
+    let t = b.load(target);
+    let hit = b.i(Inst::Compare {
+        op: CmpOp::Eq,
+        a: idx,
+        b: t,
+    });
+    let ls = b.un(Log, s);
+    let lp = b.bin(Sub, d, ls);
+    let zero = b.c(0.0, DType::F32);
+    let picked = b.i(Inst::Select {
+        cond: hit,
+        a: lp,
+        b: zero,
+    });
+    let loss = b.red(RSum, picked);
+    let nloss = b.un(Neg, loss);
+    let scale = b.c(-1.0 / r as f64, DType::F32);
+    let g0 = b.i(Inst::Select {
+        cond: hit,
+        a: scale,
+        b: zero,
+    });
+    let gs = b.red(RSum, g0);
+    let ng = b.un(Neg, gs);
+    let k = b.bin(Div, ng, s);
+    let ke = b.bin(Mul, k, e);
+    let grad = b.bin(Add, g0, ke);
+    b.out(nloss).out(grad).done()
+}
+
+/// `[m, d]` summed over axis 0 (a bias gradient).
+fn column_sum(m: usize, d: usize) -> FusedKernel {
+    let mut b = B::new(&[m, d], &[0]);
+    let x = b.input(DType::F32);
+    let x = b.load(x);
+    let s = b.red(RSum, x);
+    b.out(s).done()
+}
+
+/// `[b, s, d]` summed over axes 0 and 1, of a product (a LayerNorm weight gradient).
+fn column_sum_3d(bs: usize, s: usize, d: usize) -> FusedKernel {
+    let mut b = B::new(&[bs, s, d], &[0, 1]);
+    let x = b.input(DType::F32);
+    let y = b.input(DType::F32);
+    let x = b.load(x);
+    let y = b.load(y);
+    let p = b.bin(Mul, x, y);
+    let s = b.red(RSum, p);
+    b.out(s).done()
+}
+
+/// AdamW-like update: param, grad, m, v (contiguous), lr and step (one element each,
+/// broadcast): outputs param, m, v.
+fn adamw(dims: &[usize]) -> FusedKernel {
+    let mut b = B::new(dims, &[]);
+    let all: Vec<usize> = (0..dims.len()).collect();
+    let p = b.input(DType::F32);
+    let g = b.input(DType::F32);
+    let m = b.input(DType::F32);
+    let v = b.input(DType::F32);
+    let lr = b.input_bcast(DType::F32, &all);
+    let step = b.input_bcast(DType::F32, &all);
+    let p = b.load(p);
+    let g = b.load(g);
+    let m = b.load(m);
+    let v = b.load(v);
+    let lr = b.load(lr);
+    let step = b.load(step);
+    let b1 = b.c(0.9, DType::F32);
+    let nb1 = b.c(0.1, DType::F32);
+    let b2 = b.c(0.999, DType::F32);
+    let nb2 = b.c(0.001, DType::F32);
+    let m1 = b.bin(Mul, m, b1);
+    let m2 = b.bin(Mul, g, nb1);
+    let m_new = b.bin(Add, m1, m2);
+    let v1 = b.bin(Mul, v, b2);
+    let gg = b.bin(Mul, g, g);
+    let v2 = b.bin(Mul, gg, nb2);
+    let v_new = b.bin(Add, v1, v2);
+    let sq = b.un(Sqrt, v_new);
+    let eps = b.c(1e-8, DType::F32);
+    let den = b.bin(Add, sq, eps);
+    let upd = b.bin(Div, m_new, den);
+    let lrs = b.bin(Mul, lr, step);
+    let wd = b.c(0.01, DType::F32);
+    let decay = b.bin(Mul, p, wd);
+    let upd = b.bin(Add, upd, decay);
+    let delta = b.bin(Mul, upd, lrs);
+    let p_new = b.bin(Sub, p, delta);
+    b.out(p_new).out(m_new).out(v_new).done()
+}
+
+/// Integer, bool and f64 arithmetic with converts, index values and wrapping.
+fn mixed_types(r: usize, n: usize) -> FusedKernel {
+    let mut b = B::new(&[r, n], &[]);
+    let a = b.input(DType::I64);
+    let f = b.input_bcast(DType::F64, &[0]);
+    let m = b.input(DType::Bool);
+    let a = b.load(a);
+    let f = b.load(f);
+    let m = b.load(m);
+    let big = b.c(9.0e18, DType::I64);
+    let w = b.bin(Mul, a, big); // wraps
+    let ix = b.i(Inst::Index {
+        axis: 1,
+        dtype: DType::I64,
+    });
+    let w = b.bin(Add, w, ix);
+    let w = b.bin(Max, w, a);
+    let nw = b.un(Neg, w);
+    let wf = b.i(Inst::Convert {
+        x: nw,
+        to: DType::F64,
+    });
+    let s = b.bin(Min, wf, f);
+    let si = b.i(Inst::Convert {
+        x: s,
+        to: DType::I32,
+    });
+    let sb = b.i(Inst::Convert {
+        x: si,
+        to: DType::Bool,
+    });
+    let both = b.i(Inst::Select {
+        cond: m,
+        a: sb,
+        b: m,
+    });
+    let nan = b.c(f64::NAN, DType::F32);
+    let inf = b.c(f64::NEG_INFINITY, DType::F64);
+    let mn = b.c(-2147483648.0, DType::I32);
+    let lmin = b.c(-9.3e18, DType::I64);
+    let fx = b.i(Inst::Convert {
+        x: s,
+        to: DType::F32,
+    });
+    let fm = b.bin(Max, fx, nan);
+    let dm = b.bin(Max, s, inf);
+    let im = b.bin(Sub, si, mn);
+    let lm = b.bin(Sub, w, lmin);
+    b.out(both).out(fm).out(dm).out(im).out(lm).done()
+}
+
+/// Integer and f64 reductions: sum and max of i32, i64 and f64 values over the last axis.
+fn int_reductions(r: usize, n: usize) -> FusedKernel {
+    let mut b = B::new(&[r, n], &[1]);
+    let a = b.input(DType::I32);
+    let c = b.input(DType::I64);
+    let d = b.input(DType::F64);
+    let a = b.load(a);
+    let c = b.load(c);
+    let d = b.load(d);
+    let s1 = b.red(RSum, a);
+    let m1 = b.red(RMax, a);
+    let s2 = b.red(RSum, c);
+    let m2 = b.red(RMax, c);
+    let s3 = b.red(RSum, d);
+    let m3 = b.red(RMax, d);
+    b.out(s1).out(m1).out(s2).out(m2).out(s3).out(m3).done()
+}
+
+/// A transposed load (`[a, b]` read from a `[b, a]` buffer), a sliced one and a broadcast one.
+fn transposed(a: usize, n: usize) -> FusedKernel {
+    let mut b = B::new(&[a, n], &[]);
+    let t = b.input_strided(DType::F32, 0, &[1, a]);
+    let s = b.input_strided(DType::F32, 7, &[n * 3, 1]);
+    let c = b.input_bcast(DType::F32, &[1]);
+    let t = b.load(t);
+    let s = b.load(s);
+    let c = b.load(c);
+    let x = b.bin(Add, t, s);
+    let x = b.bin(Mul, x, c);
+    b.out(x).done()
+}
+
+/// Attention-style permuted read: `[b, h, s, dh]` from a `[b, s, h*dh]` buffer.
+fn heads(bs: usize, h: usize, s: usize, dh: usize) -> FusedKernel {
+    let mut b = B::new(&[bs, h, s, dh], &[]);
+    let x = b.input_strided(DType::F32, 0, &[s * h * dh, dh, h * dh, 1]);
+    let x = b.load(x);
+    b.out(x).done()
+}
+
+/// Attention's key transpose: `[b, h, dh, s]` from a `[b, s, h*dh]` buffer, scaled, with
+/// the index along the sequence and a bias broadcast along it.
+fn heads_transposed(bs: usize, h: usize, s: usize, dh: usize) -> FusedKernel {
+    let mut b = B::new(&[bs, h, dh, s], &[]);
+    let x = b.input_strided(DType::F32, 5, &[s * h * dh, dh, 1, h * dh]);
+    let bias = b.input_bcast(DType::F32, &[0, 3]);
+    let x = b.load(x);
+    let bias = b.load(bias);
+    let i = b.i(Inst::Index {
+        axis: 3,
+        dtype: DType::F32,
+    });
+    let y = b.bin(Add, x, bias);
+    let y = b.bin(Mul, y, i);
+    b.out(y).out(x).done()
+}
+
+/// Masked softmax with index instructions on a row axis and on the reduce axis.
+fn causal_softmax(bh: usize, s: usize) -> FusedKernel {
+    let mut b = B::new(&[bh, s, s], &[2]);
+    let x = b.input(DType::F32);
+    let col = b.i(Inst::Index {
+        axis: 2,
+        dtype: DType::I32,
+    });
+    let row = b.i(Inst::Index {
+        axis: 1,
+        dtype: DType::I32,
+    });
+    let masked = b.i(Inst::Compare {
+        op: CmpOp::Gt,
+        a: col,
+        b: row,
+    });
+    let lowest = b.c(-3.4028234663852886e38, DType::F32);
+    let x = b.load(x);
+    let sc = b.c(0.125, DType::F32);
+    let xs = b.bin(Mul, x, sc);
+    let v = b.i(Inst::Select {
+        cond: masked,
+        a: lowest,
+        b: xs,
+    });
+    let m = b.red(RMax, v);
+    let d = b.bin(Sub, v, m);
+    let e = b.un(Exp, d);
+    let s = b.red(RSum, e);
+    let y = b.bin(Div, e, s);
+    b.out(m).out(s).out(y).done()
+}
+
+/// A reduction over a middle axis (`[a, n, c]` summed over axis 1): the innermost axis is kept.
+fn middle_sum(a: usize, n: usize, c: usize) -> FusedKernel {
+    let mut b = B::new(&[a, n, c], &[1]);
+    let x = b.input(DType::F32);
+    let x = b.load(x);
+    let m = b.red(RMax, x);
+    let d = b.bin(Sub, x, m);
+    let s = b.red(RSum, d);
+    b.out(d).out(s).done()
+}
+
+/// Reduce axes of size 0: the reductions are their identities, the row-level outputs exist.
+fn empty_rows(r: usize) -> FusedKernel {
+    let mut b = B::new(&[r, 0], &[1]);
+    let x = b.input(DType::F32);
+    let y = b.input_bcast(DType::I32, &[1]);
+    let x = b.load(x);
+    let y = b.load(y);
+    let s = b.red(RSum, x);
+    let m = b.red(RMax, x);
+    let yi = b.red(RMax, y);
+    b.out(s).out(m).out(yi).out(x).done()
+}
+
+/// Reduce axes of size 1: reductions are copies, the kernel elementwise.
+fn size_one_reduce(r: usize) -> FusedKernel {
+    let mut b = B::new(&[r, 1], &[1]);
+    let x = b.input(DType::F32);
+    let x = b.load(x);
+    let m = b.red(RMax, x);
+    let s = b.red(RSum, x);
+    let y = b.bin(Add, m, s);
+    b.out(y).out(m).done()
+}
+
+/// A full reduction to one value (fewer than 64 rows: the row strategy).
+fn total_sum(n: usize) -> FusedKernel {
+    let mut b = B::new(&[n, 1], &[0, 1]);
+    let x = b.input_strided(DType::F32, 0, &[1, 1]);
+    let x = b.load(x);
+    let s = b.red(RSum, x);
+    b.out(s).done()
+}
+
+/// A scalar kernel (rank 0).
+fn scalar() -> FusedKernel {
+    let mut b = B::new(&[], &[]);
+    let x = b.input(DType::F32);
+    let x = b.load(x);
+    let c = b.c(-0.00390625, DType::F32);
+    let y = b.bin(Mul, x, c);
+    b.out(y).done()
+}
+
+/// A domain with more than 2^31 elements (only generated, never run here).
+fn huge() -> FusedKernel {
+    let mut b = B::new(&[1 << 16, 1 << 16], &[]);
+    let x = b.input(DType::F32);
+    let x = b.load(x);
+    let y = b.un(Exp, x);
+    b.out(y).done()
+}
+
+/// Many rows with a huge row count of the row strategy (more than 2^20 blocks of work).
+fn many_rows() -> FusedKernel {
+    softmax(3 << 20, 4)
+}
+
+fn representative() -> Vec<(&'static str, FusedKernel)> {
+    vec![
+        ("softmax", softmax(64, 1000)),
+        ("softmax_small", softmax(300, 10)),
+        ("softmax_long", softmax(8, 50304)),
+        ("layer_norm", layer_norm(2, 16, 768)),
+        ("layer_norm_backward", layer_norm_backward(512, 768)),
+        ("cross_entropy", cross_entropy(256, 1000)),
+        ("column_sum", column_sum(8192, 768)),
+        ("column_sum_wide", column_sum(256, 65536)),
+        ("column_sum_3d", column_sum_3d(8, 1024, 768)),
+        ("adamw", adamw(&[1024, 768])),
+        ("adamw_1d", adamw(&[768])),
+        ("mixed_types", mixed_types(33, 65)),
+        ("int_reductions", int_reductions(100, 300)),
+        ("transposed", transposed(100, 300)),
+        ("heads", heads(2, 12, 128, 64)),
+        ("transposed_big", transposed(256, 700)),
+        ("heads_transposed", heads_transposed(2, 12, 100, 64)),
+        ("causal_softmax", causal_softmax(24, 128)),
+        ("middle_sum", middle_sum(4, 100, 300)),
+        ("empty_rows", empty_rows(10)),
+        ("empty_rows_none", empty_rows(0)),
+        ("size_one_reduce", size_one_reduce(1000)),
+        ("total_sum", total_sum(8192)),
+        ("scalar", scalar()),
+        ("huge", huge()),
+        ("many_rows", many_rows()),
+        ("empty_elementwise", {
+            let mut b = B::new(&[0, 5], &[]);
+            let x = b.input(DType::F32);
+            let x = b.load(x);
+            b.out(x).done()
+        }),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The syntax check.
+
+const SHIM: &str = r#"// Host stand-ins for CUDA's built-ins, enough for -fsyntax-only.
+#include <cmath>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+struct ig_uint3 { unsigned x, y, z; };
+extern ig_uint3 threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);
+template <typename T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32);
+template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32);
+int __float2int_rz(float);
+int __double2int_rz(double);
+long long __float2ll_rz(float);
+long long __double2ll_rz(double);
+float __int_as_float(int);
+double __longlong_as_double(long long);
+float atomicAdd(float*, float);
+double atomicAdd(double*, double);
+int atomicAdd(int*, int);
+unsigned long long atomicAdd(unsigned long long*, unsigned long long);
+"#;
+
+fn compiler() -> Option<String> {
+    for c in ["g++", "c++", "clang++"] {
+        let ok = Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(c.to_string());
+        }
+    }
+    None
+}
+
+/// Writes the shim, the prelude and each distinct kernel once to a file and runs the host
+/// compiler over it with warnings as errors. Returns false (after saying so) when there is no
+/// C++ compiler.
+fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
+        return false;
+    };
+    let mut distinct: BTreeMap<&str, &CudaKernel> = BTreeMap::new();
+    for k in kernels {
+        if let Some(prev) = distinct.insert(&k.name, k) {
+            assert_eq!(prev.source, k.source, "two kernels named {}", k.name);
+        }
+    }
+    let mut text = String::from(SHIM);
+    text.push_str(PRELUDE);
+    for k in distinct.values() {
+        text.push_str(&k.source);
+    }
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("ingot_cuda_codegen_{}_{}", std::process::id(), tag));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("kernels.cpp");
+    std::fs::write(&file, &text).unwrap();
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-unused-parameter",
+            "-Wno-unknown-pragmas",
+            "-Wno-type-limits",
+            "-Wno-tautological-compare",
+        ])
+        .arg(&file)
+        .output()
+        .expect("running the C++ compiler");
+    assert!(
+        out.status.success(),
+        "{cxx} rejects the generated kernels ({}):\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    true
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+#[test]
+fn every_representative_kernel_passes_a_host_syntax_check() {
+    let kernels: Vec<CudaKernel> = representative()
+        .into_iter()
+        .map(|(name, k)| cuda::fused(&k).unwrap_or_else(|e| panic!("{name}: {e}")))
+        .collect();
+    syntax_check("representative", &kernels);
+}
+
+#[test]
+fn gather_scatter_and_concat_pass_a_host_syntax_check() {
+    let mut ks = Vec::new();
+    for ids in [DType::I32, DType::I64] {
+        for t in DType::ALL {
+            ks.push(cuda::gather(t, ids, 50304, 768, 8192).unwrap());
+            if t != DType::Bool {
+                ks.push(cuda::scatter_add(ids, t, 50304, 768, 8192).unwrap());
+            }
+        }
+    }
+    ks.push(cuda::gather(DType::F32, DType::I64, 10, 1, 5).unwrap());
+    ks.push(cuda::gather(DType::F32, DType::I64, 10, 0, 5).unwrap());
+    ks.push(cuda::scatter_add(DType::I64, DType::F32, 3, 1, 0).unwrap());
+    ks.push(cuda::gather(DType::F32, DType::I64, 1 << 22, 1024, 16).unwrap());
+    for t in DType::ALL {
+        ks.push(cuda::concat(t, 8192, &[768, 768, 768]).unwrap());
+    }
+    ks.push(cuda::concat(DType::F32, 4, &[0, 3, 0, 5]).unwrap());
+    ks.push(cuda::concat(DType::F32, 4, &[7]).unwrap());
+    ks.push(cuda::concat(DType::F32, 0, &[7, 2]).unwrap());
+    ks.push(cuda::concat(DType::F32, 4, &[]).unwrap());
+    syntax_check("ops", &ks);
+}
+
+#[test]
+fn random_descriptions_generate_kernels_that_pass_a_host_syntax_check() {
+    let mut ks = Vec::new();
+    for seed in 0..400u64 {
+        let k = random_kernel(seed);
+        if k.check().is_err() {
+            continue;
+        }
+        match cuda::fused(&k) {
+            Ok(c) => ks.push(c),
+            Err(e) => panic!("seed {seed}: {e}\n{k}"),
+        }
+    }
+    assert!(ks.len() > 200, "only {} random kernels check", ks.len());
+    syntax_check("random", &ks);
+}
+
+#[test]
+fn identical_descriptions_give_identical_kernels_and_different_ones_different_names() {
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    for (name, k) in representative() {
+        let a = cuda::fused(&k).unwrap();
+        let b = cuda::fused(&k.clone()).unwrap();
+        assert_eq!(a, b, "{name}: generation is not deterministic");
+        assert!(
+            a.name.starts_with("ingot_") && a.name.len() == 6 + 16,
+            "{}",
+            a.name
+        );
+        assert!(
+            a.source.contains(&a.name),
+            "{name}: the source defines another name"
+        );
+        assert_eq!(
+            a.source.matches("__global__").count(),
+            1,
+            "{name}: one function per kernel"
+        );
+        if let Some(other) = seen.insert(a.name.clone(), name.to_string()) {
+            panic!("{name} and {other} got the same name {}", a.name);
+        }
+    }
+    // A change of one size, one stride or one constant changes the name.
+    let base = cuda::fused(&softmax(64, 1000)).unwrap();
+    assert_ne!(base.name, cuda::fused(&softmax(64, 1001)).unwrap().name);
+    assert_ne!(base.name, cuda::fused(&softmax(65, 1000)).unwrap().name);
+    let mut k = adamw(&[1024, 768]);
+    let a = cuda::fused(&k).unwrap();
+    if let Inst::Const { value, .. } = &mut k.body[6] {
+        *value = 0.95;
+    }
+    assert_ne!(a.name, cuda::fused(&k).unwrap().name);
+}
+
+#[test]
+fn the_same_kernel_in_every_layer_gets_one_name() {
+    let names: Vec<String> = (0..12)
+        .map(|_| cuda::fused(&layer_norm(8, 1024, 768)).unwrap().name)
+        .collect();
+    assert!(names.iter().all(|n| *n == names[0]));
+}
+
+#[test]
+fn a_last_axis_softmax_uses_the_row_strategy_and_a_column_sum_the_column_strategy() {
+    assert_eq!(cuda::strategy(&softmax(64, 1000)).unwrap(), Strategy::Rows);
+    assert_eq!(
+        cuda::strategy(&layer_norm(2, 16, 768)).unwrap(),
+        Strategy::Rows
+    );
+    assert_eq!(
+        cuda::strategy(&cross_entropy(256, 1000)).unwrap(),
+        Strategy::Rows
+    );
+    assert_eq!(
+        cuda::strategy(&column_sum(8192, 768)).unwrap(),
+        Strategy::Columns
+    );
+    assert_eq!(
+        cuda::strategy(&column_sum_3d(8, 1024, 768)).unwrap(),
+        Strategy::Columns
+    );
+    assert_eq!(
+        cuda::strategy(&middle_sum(4, 100, 300)).unwrap(),
+        Strategy::Columns
+    );
+    assert_eq!(
+        cuda::strategy(&adamw(&[1024, 768])).unwrap(),
+        Strategy::Elementwise
+    );
+    // Reduce axes of size 1 make copies: elementwise.
+    assert_eq!(
+        cuda::strategy(&size_one_reduce(100)).unwrap(),
+        Strategy::Elementwise
+    );
+    // Few rows: one block per row even though the innermost axis is kept.
+    assert_eq!(
+        cuda::strategy(&column_sum(8192, 8)).unwrap(),
+        Strategy::Rows
+    );
+    assert_eq!(cuda::strategy(&total_sum(8192)).unwrap(), Strategy::Rows);
+    // The launch shapes say so too.
+    let s = cuda::fused(&softmax(64, 5000)).unwrap();
+    assert_eq!(s.launch.grid, [64, 1, 1]);
+    assert_eq!(s.launch.block[1], 1);
+    // Short rows: 32 lanes of a warp per row, 8 rows a block.
+    let s = cuda::fused(&softmax(64, 1000)).unwrap();
+    assert_eq!(s.launch.grid, [8, 1, 1]);
+    assert_eq!(s.launch.block, [256, 1, 1]);
+    let c = cuda::fused(&column_sum(8192, 768)).unwrap();
+    assert!(
+        c.launch.block[0] >= 8 && c.launch.block[1] > 1,
+        "{:?}",
+        c.launch
+    );
+}
+
+fn numel(dims: &[usize]) -> usize {
+    dims.iter().product()
+}
+
+#[test]
+fn launch_shapes_cover_the_work_within_the_limits() {
+    for (name, k) in representative() {
+        let c = cuda::fused(&k).unwrap();
+        let l = c.launch;
+        let threads = l.block[0] * l.block[1] * l.block[2];
+        assert!((1..=1024).contains(&threads), "{name}: {threads} threads");
+        assert!(
+            l.block[2] == 1 && l.grid[1] == 1 && l.grid[2] == 1,
+            "{name}: {l:?}"
+        );
+        assert!(l.grid[0] >= 1 && l.grid[0] < (1 << 31), "{name}: {l:?}");
+        assert_eq!(l.shared_bytes, 0, "{name}: shared memory is static");
+        let (grid, bx) = (l.grid[0] as usize, l.block[0] as usize);
+        let rows: usize = (0..k.domain.len())
+            .filter(|d| !k.reduce_axes.contains(d))
+            .map(|d| k.domain[d])
+            .product();
+        let looped = c.source.contains("gridDim.x");
+        match cuda::strategy(&k).unwrap() {
+            Strategy::Elementwise => {
+                let n = numel(&k.domain);
+                // Capped grids stride over the rest.
+                // A thread per element, or a block per 32 × 32 tile.
+                let per_block = if l.block[1] > 1 { 1024 } else { bx };
+                assert!(
+                    grid * per_block >= n || (grid == 132 * 32 && looped),
+                    "{name}: {l:?}"
+                );
+                assert!(threads == 256 || n == 0, "{name}");
+            }
+            Strategy::Rows => {
+                // A block per row, or (short rows) 256 / w rows a block of w lanes each.
+                let n = numel(&k.domain) / rows.max(1);
+                let per_block = if n <= 1024 && !c.source.contains("__shared__") {
+                    256 / n.next_power_of_two().clamp(1, 32)
+                } else {
+                    1
+                };
+                let units = rows.div_ceil(per_block);
+                assert!(grid >= units.min(1 << 20), "{name}: {l:?} for {rows} rows");
+                assert!(grid >= units || looped, "{name}");
+                assert!(bx.is_power_of_two() && bx >= 32, "{name}: {l:?}");
+            }
+            Strategy::Columns => {
+                assert!(grid * bx >= rows, "{name}: {l:?} for {rows} rows");
+                assert!(bx >= 8 && l.block[1] >= 2, "{name}: {l:?}");
+            }
+        }
+    }
+    // Rows: small rows get small blocks, long rows with few of them big ones.
+    assert_eq!(
+        cuda::fused(&softmax(300, 10)).unwrap().launch.grid,
+        [19, 1, 1]
+    );
+    assert_eq!(
+        cuda::fused(&softmax(4096, 1025)).unwrap().launch.block,
+        [256, 1, 1]
+    );
+    assert_eq!(
+        cuda::fused(&softmax(8, 50304)).unwrap().launch.block,
+        [1024, 1, 1]
+    );
+    // Elementwise: the grid is capped at 132 × 32 blocks.
+    assert_eq!(
+        cuda::fused(&adamw(&[8192, 768])).unwrap().launch.grid,
+        [132 * 32, 1, 1]
+    );
+    assert_eq!(cuda::fused(&adamw(&[768])).unwrap().launch.grid, [3, 1, 1]);
+}
+
+#[test]
+fn index_arithmetic_is_32_bit_below_2_pow_31_elements_and_64_bit_above() {
+    let small = cuda::fused(&softmax(8192, 50304)).unwrap();
+    assert!(
+        !small.source.contains("unsigned long long"),
+        "{}",
+        small.source
+    );
+    let big = cuda::fused(&huge()).unwrap();
+    assert!(
+        big.source.contains("unsigned long long e"),
+        "{}",
+        big.source
+    );
+    // An input longer than 2^31 elements makes it 64-bit too, even for a small domain.
+    let mut b = B::new(&[4, 4], &[]);
+    let x = b.input_strided(DType::F32, 1 << 31, &[4, 1]);
+    let x = b.load(x);
+    b.out(x);
+    let k = b.done();
+    assert!(cuda::fused(&k)
+        .unwrap()
+        .source
+        .contains("unsigned long long"));
+}
+
+#[test]
+fn contiguous_loads_read_at_the_linear_index_and_sizes_are_literals() {
+    let c = cuda::fused(&adamw(&[1024, 768])).unwrap();
+    // No division at all: every load is the identity map (or a broadcast scalar).
+    assert!(
+        !c.source.contains(" / ") || !c.source.contains('%'),
+        "{}",
+        c.source
+    );
+    assert!(c.source.contains("in0[e]"), "{}", c.source);
+    assert!(c.source.contains("in4[0u]"), "{}", c.source);
+    assert!(c.source.contains("786432u"), "{}", c.source);
+    // A bias broadcast needs the column index only.
+    let mut b = B::new(&[256, 1024], &[]);
+    let x = b.input(DType::F32);
+    let y = b.input_bcast(DType::F32, &[0]);
+    let x = b.load(x);
+    let y = b.load(y);
+    let s = b.bin(Add, x, y);
+    b.out(s);
+    let c = cuda::fused(&b.done()).unwrap();
+    assert!(
+        c.source.contains("const unsigned i1 = e % 1024u;"),
+        "{}",
+        c.source
+    );
+    assert!(c.source.contains("in1[i1]"), "{}", c.source);
+    assert!(!c.source.contains("i0"), "{}", c.source);
+    // Softmax reads each row at its base plus the thread's position.
+    let s = cuda::fused(&softmax(64, 1000)).unwrap();
+    assert!(s.source.contains("in0[b0 + j]"), "{}", s.source);
+}
+
+#[test]
+fn a_transposing_copy_goes_through_shared_memory_tiles() {
+    // Reads coalesce along the input's contiguous axis, writes along the output's.
+    let c = cuda::fused(&heads_transposed(2, 12, 100, 64)).unwrap();
+    assert_eq!(c.launch.block, [32, 8, 1], "{}", c.source);
+    assert_eq!(c.launch.grid, [2 * 12 * 2 * 4, 1, 1], "{}", c.source);
+    assert!(
+        c.source.contains("__shared__ float t0[32][33];"),
+        "{}",
+        c.source
+    );
+    assert!(
+        c.source.contains("t0[q][threadIdx.x] = in0["),
+        "{}",
+        c.source
+    );
+    assert!(c.source.contains("= t0[threadIdx.x][q];"), "{}", c.source);
+    // The bias is broadcast along the tile's inner axis: read directly, not tiled.
+    assert!(!c.source.contains("float t1[32]"), "{}", c.source);
+    // Small kernels, and copies whose reads are already contiguous along the innermost axis,
+    // stay plain loops.
+    assert!(!cuda::fused(&transposed(100, 300))
+        .unwrap()
+        .source
+        .contains("__shared__"));
+    assert!(!cuda::fused(&heads(2, 12, 128, 64))
+        .unwrap()
+        .source
+        .contains("__shared__"));
+}
+
+#[test]
+fn outputs_are_written_in_the_final_pass_after_a_barrier() {
+    // Full outputs are stored in the last loop over the row, after the barrier that ends the
+    // earlier passes: that keeps outputs written over their inputs correct.
+    for k in [
+        softmax(64, 1000),
+        softmax(64, 5000),
+        layer_norm(2, 16, 768),
+        cross_entropy(256, 1000),
+        cross_entropy(256, 8192),
+    ] {
+        let c = cuda::fused(&k).unwrap();
+        let src = &c.source;
+        let body = src.find(") {\n").unwrap();
+        let first_store = body + src[body..].find("out").unwrap();
+        let final_pass = src.find("// the full outputs").unwrap();
+        assert!(first_store > final_pass, "{src}");
+        let barrier = &src[..final_pass];
+        assert!(
+            barrier.contains("__syncthreads();") || barrier.contains("__syncwarp();"),
+            "{src}"
+        );
+    }
+}
+
+#[test]
+fn invalid_descriptions_give_errors_not_panics() {
+    let good = softmax(4, 8);
+    let mut bad = Vec::new();
+    let mut k = good.clone();
+    k.reduce_axes = vec![1, 0];
+    bad.push(k);
+    let mut k = good.clone();
+    k.reduce_axes = vec![5];
+    bad.push(k);
+    let mut k = good.clone();
+    k.body[1] = Inst::Reduce { op: RMax, x: 7 };
+    bad.push(k);
+    let mut k = good.clone();
+    k.inputs[0].len = 31;
+    bad.push(k);
+    let mut k = good.clone();
+    k.inputs[0].access.strides = vec![8];
+    bad.push(k);
+    let mut k = good.clone();
+    k.outputs.push(Output { value: 99 });
+    bad.push(k);
+    let mut k = good.clone();
+    k.body.push(Inst::Load { input: 3 });
+    bad.push(k);
+    let mut k = good.clone();
+    k.domain = vec![usize::MAX, 3];
+    bad.push(k);
+    let mut b = B::new(&[4], &[]);
+    let m = b.input(DType::Bool);
+    let m = b.load(m);
+    b.bin(Add, m, m);
+    bad.push(b.k.clone());
+    for k in bad {
+        assert!(cuda::fused(&k).is_err(), "accepted:\n{k}");
+        assert!(cuda::strategy(&k).is_err());
+    }
+    for k in 0..2000u64 {
+        // Garbage never panics.
+        let g = random_kernel(k ^ 0xdead_beef);
+        let _ = cuda::fused(&g);
+    }
+    assert!(cuda::scatter_add(DType::I64, DType::Bool, 4, 4, 4).is_err());
+    assert!(cuda::gather(DType::F32, DType::F32, 4, 4, 4).is_err());
+    assert!(cuda::scatter_add(DType::Bool, DType::F32, 4, 4, 4).is_err());
+    assert!(cuda::gather(DType::F32, DType::I64, usize::MAX, 2, 4).is_err());
+    assert!(cuda::concat(DType::F32, usize::MAX, &[2, 2]).is_err());
+    assert!(cuda::concat(DType::F32, 2, &[usize::MAX, 2]).is_err());
+}
+
+#[test]
+fn the_prelude_and_kernels_use_no_fast_math_or_restrict() {
+    assert!(!PRELUDE.contains("__restrict__"));
+    assert!(!PRELUDE.contains("__expf"));
+    for (name, k) in representative() {
+        let c = cuda::fused(&k).unwrap();
+        assert!(!c.source.contains("__restrict__"), "{name}");
+        assert!(
+            !c.source.contains("__expf") && !c.source.contains("__logf"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn reductions_over_empty_axes_are_their_identities() {
+    let c = cuda::fused(&empty_rows(10)).unwrap();
+    assert!(c.source.contains("const float v2 = 0.0f;"), "{}", c.source);
+    assert!(
+        c.source
+            .contains("const float v3 = __int_as_float((int)0xff800000u);"),
+        "{}",
+        c.source
+    );
+    assert!(
+        c.source.contains("const int v4 = (-2147483647 - 1);"),
+        "{}",
+        c.source
+    );
+    assert!(!c.source.contains("for (unsigned j"), "{}", c.source);
+    assert!(!c.source.contains("__syncthreads"), "{}", c.source);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random descriptions (valid ones, mostly: the check decides).
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+const DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::F32,
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::Bool,
+];
+
+fn random_kernel(seed: u64) -> FusedKernel {
+    let mut r = Rng(seed);
+    let rank = r.below(5);
+    let mut domain: Vec<usize> = (0..rank)
+        .map(|_| {
+            if r.chance(4) {
+                0
+            } else {
+                r.pick(&[1, 1, 2, 3, 4, 8, 9, 64, 100, 1000])
+            }
+        })
+        .collect();
+    if domain.iter().product::<usize>() > 1 << 20 {
+        domain[0] = 1;
+    }
+    let reduce_axes: Vec<usize> = (0..rank).filter(|_| r.chance(45)).collect();
+    let mut inputs = Vec::new();
+    for _ in 0..1 + r.below(3) {
+        let dtype = r.pick(&DTYPES);
+        let mut order: Vec<usize> = (0..rank).collect();
+        for i in (1..rank).rev() {
+            let j = r.below(i + 1);
+            order.swap(i, j);
+        }
+        let mut strides = vec![0; rank];
+        let mut s = 1;
+        for &d in order.iter().rev() {
+            if r.chance(25) {
+                continue;
+            }
+            strides[d] = s;
+            s *= domain[d] + r.below(2);
+        }
+        let offset = r.below(3);
+        let reach: usize = offset
+            + (0..rank)
+                .map(|d| strides[d] * domain[d].saturating_sub(1))
+                .sum::<usize>();
+        inputs.push(Input {
+            dtype,
+            len: reach + 1,
+            access: Access { offset, strides },
+        });
+    }
+    let mut body: Vec<Inst> = Vec::new();
+    let mut dt: Vec<DType> = Vec::new();
+    let n_body = 1 + r.below(16);
+    while body.len() < n_body {
+        let pick_where = |dt: &[DType], f: &dyn Fn(DType) -> bool, r: &mut Rng| {
+            let c: Vec<usize> = (0..dt.len()).filter(|&i| f(dt[i])).collect();
+            if c.is_empty() {
+                None
+            } else {
+                Some(c[c.len() - 1 - r.below(c.len()).min(r.below(c.len()))])
+            }
+        };
+        let (inst, d) = match if body.is_empty() { 0 } else { r.below(11) } {
+            0 => {
+                let input = r.below(inputs.len());
+                (Inst::Load { input }, inputs[input].dtype)
+            }
+            1 => {
+                let dtype = r.pick(&DTYPES);
+                let value = r.pick(&[0.0, 1.0, -2.5, -0.0, 1e30, f64::NAN, f64::INFINITY, 7.0]);
+                (Inst::Const { value, dtype }, dtype)
+            }
+            2 if rank > 0 => {
+                let dtype = r.pick(&DTYPES);
+                let axis = r.below(rank);
+                (Inst::Index { axis, dtype }, dtype)
+            }
+            3 => {
+                let Some(x) = pick_where(&dt, &|d| d != DType::Bool, &mut r) else {
+                    continue;
+                };
+                let op = if dt[x].is_float() {
+                    r.pick(&[Neg, Exp, Log, Sqrt, Tanh, Recip])
+                } else {
+                    Neg
+                };
+                (Inst::Unary { op, x }, dt[x])
+            }
+            4 | 5 => {
+                let Some(a) = pick_where(&dt, &|d| d != DType::Bool, &mut r) else {
+                    continue;
+                };
+                let d = dt[a];
+                let b = pick_where(&dt, &|e| e == d, &mut r).unwrap_or(a);
+                let mut ops = vec![Add, Sub, Mul, Max, Min];
+                if d.is_float() {
+                    ops.push(Div);
+                }
+                (
+                    Inst::Binary {
+                        op: r.pick(&ops),
+                        a,
+                        b,
+                    },
+                    d,
+                )
+            }
+            6 => {
+                let a = r.below(dt.len());
+                let d = dt[a];
+                let b = pick_where(&dt, &|e| e == d, &mut r).unwrap_or(a);
+                let op = r.pick(&[
+                    CmpOp::Lt,
+                    CmpOp::Le,
+                    CmpOp::Gt,
+                    CmpOp::Ge,
+                    CmpOp::Eq,
+                    CmpOp::Ne,
+                ]);
+                (Inst::Compare { op, a, b }, DType::Bool)
+            }
+            7 => {
+                let Some(cond) = pick_where(&dt, &|d| d == DType::Bool, &mut r) else {
+                    continue;
+                };
+                let a = r.below(dt.len());
+                let d = dt[a];
+                let b = pick_where(&dt, &|e| e == d, &mut r).unwrap_or(a);
+                (Inst::Select { cond, a, b }, d)
+            }
+            8 => {
+                let x = r.below(dt.len());
+                let to = r.pick(&DTYPES);
+                (Inst::Convert { x, to }, to)
+            }
+            _ => {
+                let Some(x) = pick_where(&dt, &|d| d != DType::Bool, &mut r) else {
+                    continue;
+                };
+                (
+                    Inst::Reduce {
+                        op: r.pick(&[RSum, RMax]),
+                        x,
+                    },
+                    dt[x],
+                )
+            }
+        };
+        body.push(inst);
+        dt.push(d);
+    }
+    let outputs = (0..1 + r.below(3))
+        .map(|_| {
+            let n = body.len();
+            Output {
+                value: n - 1 - r.below(n).min(r.below(n)),
+            }
+        })
+        .collect();
+    FusedKernel {
+        domain,
+        reduce_axes,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+#[test]
+#[ignore]
+fn print_sources() {
+    for (name, k) in representative() {
+        let c = cuda::fused(&k).unwrap();
+        if std::env::var("ONLY").map_or(true, |o| o.split(',').any(|x| x == name)) {
+            println!("==== {name}\n{}", c.source);
+        }
+    }
+}

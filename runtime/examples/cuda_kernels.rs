@@ -1,0 +1,1233 @@
+//! Device check of the CUDA code generator: every distinct kernel of the given models' training
+//! steps (fused kernels, gather, scatter-add, concat), generated into one module, compiled once
+//! with NVRTC, run on the GPU on seeded random inputs, and compared with the CPU reference
+//! (`ingot_kernels::fused::cpu` for fused kernels, plain loops for the others). Each kernel is
+//! also timed (CUDA events, median of 20 launches after 3 warm-ups) and its bandwidth printed:
+//! bytes of its inputs and outputs over the time (for gather and scatter-add, of the rows they
+//! touch).
+//!
+//! ```text
+//! cargo run --release -p ingot-runtime --example cuda_kernels [-- MODEL... | --random N]
+//! ```
+//! Models default to `mlp gpt-mini gpt2`. `--random N` checks N random fused kernels instead
+//! (every dtype, op, broadcast, transpose and empty axis; ops whose results are compared or
+//! converted to integers are kept exact, so that GPU and CPU must agree bit for bit there).
+//!
+//! Floats pass when `max |gpu - cpu| / max(1, max |cpu|) <= 1e-5` (NaN where the CPU has NaN);
+//! integers and bools must be equal. Outputs are filled with 0xFF bytes before each run, so an
+//! element the kernel forgets to write shows. A fused kernel that may write an output over an
+//! input (`FusedKernel::can_write_over`) is run that way too, and checked again. Exit status 1
+//! if any kernel fails; 0 with "no CUDA driver: skipping" on machines without CUDA.
+
+use cudarc::driver::{result, sys};
+use ingot_compiler::ir::{Graph, Op};
+use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
+use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::time::Instant;
+
+type Res<T> = Result<T, String>;
+/// (dtype, elements) of each buffer.
+type Shapes = Vec<(DType, usize)>;
+
+fn driver<T>(what: &str, r: Result<T, result::DriverError>) -> Res<T> {
+    r.map_err(|e| format!("{what}: {e:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// What to run.
+
+#[derive(Clone, Debug)]
+enum Work {
+    Fused(Box<FusedKernel>),
+    Gather {
+        table: DType,
+        ids: DType,
+        rows: usize,
+        row_len: usize,
+        n: usize,
+    },
+    Scatter {
+        ids: DType,
+        values: DType,
+        rows: usize,
+        row_len: usize,
+        n: usize,
+    },
+    Concat {
+        dtype: DType,
+        outer: usize,
+        widths: Vec<usize>,
+    },
+}
+
+struct Item {
+    kernel: CudaKernel,
+    work: Work,
+    /// Where it came from ("gpt2 x12").
+    origin: String,
+}
+
+impl Work {
+    fn generate(&self) -> Res<CudaKernel> {
+        let r = match self {
+            Work::Fused(k) => cuda::fused(k),
+            Work::Gather {
+                table,
+                ids,
+                rows,
+                row_len,
+                n,
+            } => cuda::gather(*table, *ids, *rows, *row_len, *n),
+            Work::Scatter {
+                ids,
+                values,
+                rows,
+                row_len,
+                n,
+            } => cuda::scatter_add(*ids, *values, *rows, *row_len, *n),
+            Work::Concat {
+                dtype,
+                outer,
+                widths,
+            } => cuda::concat(*dtype, *outer, widths),
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Work::Fused(_) => "fused",
+            Work::Gather { .. } => "gather",
+            Work::Scatter { .. } => "scatter_add",
+            Work::Concat { .. } => "concat",
+        }
+    }
+
+    /// Domain, reduce axes and strategy, in words.
+    fn shape(&self) -> String {
+        match self {
+            Work::Fused(k) => format!(
+                "domain {:?} reduce {:?} {}",
+                k.domain,
+                k.reduce_axes,
+                cuda::strategy(k).map_or("?", |s| s.name())
+            ),
+            Work::Gather {
+                rows, row_len, n, ..
+            } => format!("{n} ids into [{rows},{row_len}]"),
+            Work::Scatter {
+                rows, row_len, n, ..
+            } => format!("{n} rows of {row_len} into {rows}"),
+            Work::Concat { outer, widths, .. } => format!("[{outer}, {widths:?}]"),
+        }
+    }
+
+    /// (dtype, elements) of each input and each output, in parameter order.
+    fn buffers(&self) -> (Shapes, Shapes) {
+        match self {
+            Work::Fused(k) => (
+                k.inputs.iter().map(|i| (i.dtype, i.len)).collect(),
+                (0..k.outputs.len())
+                    .map(|j| (k.output_dtype(j), k.output_len(j)))
+                    .collect(),
+            ),
+            Work::Gather {
+                table,
+                ids,
+                rows,
+                row_len,
+                n,
+            } => (
+                vec![(*table, rows * row_len), (*ids, *n)],
+                vec![(*table, n * row_len)],
+            ),
+            Work::Scatter {
+                ids,
+                values,
+                rows,
+                row_len,
+                n,
+            } => (
+                vec![(*ids, *n), (*values, n * row_len)],
+                vec![(*values, rows * row_len)],
+            ),
+            Work::Concat {
+                dtype,
+                outer,
+                widths,
+            } => (
+                widths.iter().map(|w| (*dtype, outer * w)).collect(),
+                vec![(*dtype, outer * widths.iter().sum::<usize>())],
+            ),
+        }
+    }
+}
+
+fn collect(graph: &Graph) -> Vec<Work> {
+    let mut out = Vec::new();
+    for node in graph.nodes() {
+        match &node.op {
+            Op::Fused(k) => out.push(Work::Fused(k.clone())),
+            Op::Gather => {
+                let (table, ids) = (graph.ty(node.inputs[0]), graph.ty(node.inputs[1]));
+                let dims = table.shape.dims();
+                out.push(Work::Gather {
+                    table: table.dtype,
+                    ids: ids.dtype,
+                    rows: dims.first().copied().unwrap_or(1),
+                    row_len: dims.iter().skip(1).product(),
+                    n: ids.shape.numel(),
+                });
+            }
+            Op::ScatterAdd { rows } => {
+                let (ids, values) = (graph.ty(node.inputs[0]), graph.ty(node.inputs[1]));
+                let n = ids.shape.numel();
+                out.push(Work::Scatter {
+                    ids: ids.dtype,
+                    values: values.dtype,
+                    rows: *rows,
+                    row_len: values.shape.numel().checked_div(n).unwrap_or(0),
+                    n,
+                });
+            }
+            Op::Concat { axis } => {
+                let dims = node.ty.shape.dims();
+                out.push(Work::Concat {
+                    dtype: node.ty.dtype,
+                    outer: dims[..*axis].iter().product(),
+                    widths: node
+                        .inputs
+                        .iter()
+                        .map(|&x| graph.ty(x).shape.dims()[*axis..].iter().product())
+                        .collect(),
+                });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data.
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// How to fill a buffer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fill {
+    /// Floats: triangular in [-2, 2]; integers in [0, 64); bools 0/1.
+    Signed,
+    /// Floats in [0.01, 2] (inputs that reach a sqrt or log); otherwise as `Signed`.
+    Positive,
+    /// Integers in [0, n) (ids).
+    Ids(u64),
+    /// Exact values: floats multiples of 1/8 in [-4, 4] with some NaN, ±inf, ±0, 1e20 and
+    /// 2^31 (random mode); integers in [-20, 20] with some extremes.
+    Exact,
+}
+
+fn fill(dtype: DType, len: usize, how: Fill, seed: u64) -> Vec<u8> {
+    let mut r = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut out = Vec::with_capacity(len * dtype.size());
+    for _ in 0..len {
+        let special = how == Fill::Exact && r.below(100) < 8;
+        let f = match how {
+            Fill::Positive => 0.01 + 1.99 * r.unit(),
+            Fill::Exact if special => [
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                -0.0,
+                0.0,
+                1e20,
+                -1e20,
+                2147483648.0,
+            ][r.below(8) as usize],
+            Fill::Exact => (r.below(65) as f64 - 32.0) / 8.0,
+            _ => 2.0 * (r.unit() + r.unit() - 1.0),
+        };
+        let i: i64 = match how {
+            Fill::Ids(n) => r.below(n) as i64,
+            Fill::Exact if special => {
+                [i64::MAX, i64::MIN, -1, i32::MAX as i64, i32::MIN as i64][r.below(5) as usize]
+            }
+            Fill::Exact => r.below(41) as i64 - 20,
+            _ => r.below(64) as i64,
+        };
+        match dtype {
+            DType::F32 => out.extend_from_slice(&(f as f32).to_ne_bytes()),
+            DType::F64 => out.extend_from_slice(&f.to_ne_bytes()),
+            DType::I32 => out.extend_from_slice(&(i as i32).to_ne_bytes()),
+            DType::I64 => out.extend_from_slice(&i.to_ne_bytes()),
+            DType::Bool => out.push((r.next() & 1) as u8),
+        }
+    }
+    out
+}
+
+/// Inputs whose values reach a sqrt or log through ops that keep positive values positive
+/// (add, mul, div, max, min, select, sums, converts, recip): filled with positive values, so
+/// that an optimizer's `sqrt(v)` is not NaN everywhere.
+fn positive_inputs(k: &FusedKernel) -> Vec<bool> {
+    let n = k.body.len();
+    let mut mark = vec![false; n];
+    for inst in &k.body {
+        if let Inst::Unary {
+            op: UnaryOp::Sqrt | UnaryOp::Log,
+            x,
+        } = *inst
+        {
+            mark[x] = true;
+        }
+    }
+    let mut pos = vec![false; k.inputs.len()];
+    for i in (0..n).rev() {
+        if !mark[i] {
+            continue;
+        }
+        match k.body[i] {
+            Inst::Load { input } => pos[input] = true,
+            Inst::Binary {
+                op: BinaryOp::Add | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min,
+                a,
+                b,
+            } => {
+                mark[a] = true;
+                mark[b] = true;
+            }
+            Inst::Select { a, b, .. } => {
+                mark[a] = true;
+                mark[b] = true;
+            }
+            Inst::Reduce { x, .. }
+            | Inst::Convert { x, .. }
+            | Inst::Unary {
+                op: UnaryOp::Recip | UnaryOp::Sqrt,
+                x,
+            } => mark[x] = true,
+            _ => {}
+        }
+    }
+    pos
+}
+
+fn inputs_for(work: &Work, seed: u64, exact: bool) -> Vec<Vec<u8>> {
+    let (ins, _) = work.buffers();
+    let pos = match work {
+        Work::Fused(k) => positive_inputs(k),
+        _ => vec![false; ins.len()],
+    };
+    ins.iter()
+        .enumerate()
+        .map(|(i, &(dt, len))| {
+            let how = match work {
+                _ if exact => Fill::Exact,
+                Work::Gather { rows, .. } if i == 1 => Fill::Ids(*rows as u64),
+                Work::Scatter { rows, .. } if i == 0 => Fill::Ids(*rows as u64),
+                _ if pos[i] => Fill::Positive,
+                _ => Fill::Signed,
+            };
+            fill(dt, len, how, seed.wrapping_add(i as u64 * 7919))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU references.
+
+fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
+    match work {
+        Work::Fused(k) => {
+            let ins: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+            cpu::run_buffers(k, &ins).map_err(|e| e.to_string())
+        }
+        Work::Gather {
+            table,
+            ids,
+            rows,
+            row_len,
+            n,
+        } => {
+            let s = table.size();
+            let mut out = vec![0u8; n * row_len * s];
+            for r in 0..*n {
+                let id = read_int(*ids, &inputs[1], r);
+                if id >= 0 && (id as u64) < *rows as u64 {
+                    let src = &inputs[0][id as usize * row_len * s..][..row_len * s];
+                    out[r * row_len * s..][..row_len * s].copy_from_slice(src);
+                }
+            }
+            Ok(vec![out])
+        }
+        Work::Scatter {
+            ids,
+            values,
+            rows,
+            row_len,
+            n,
+        } => {
+            let s = values.size();
+            let mut out = vec![0u8; rows * row_len * s];
+            for r in 0..*n {
+                let id = read_int(*ids, &inputs[0], r);
+                if id < 0 || id as u64 >= *rows as u64 {
+                    continue;
+                }
+                for c in 0..*row_len {
+                    let (o, v) = ((id as usize * row_len + c) * s, (r * row_len + c) * s);
+                    add_into(*values, &mut out[o..o + s], &inputs[1][v..v + s]);
+                }
+            }
+            Ok(vec![out])
+        }
+        Work::Concat {
+            dtype,
+            outer,
+            widths,
+        } => {
+            let s = dtype.size();
+            let total: usize = widths.iter().sum();
+            let mut out = vec![0u8; outer * total * s];
+            for o in 0..*outer {
+                let mut at = 0;
+                for (i, &w) in widths.iter().enumerate() {
+                    out[(o * total + at) * s..][..w * s]
+                        .copy_from_slice(&inputs[i][o * w * s..][..w * s]);
+                    at += w;
+                }
+            }
+            Ok(vec![out])
+        }
+    }
+}
+
+fn read_int(dt: DType, b: &[u8], i: usize) -> i64 {
+    match dt {
+        DType::I32 => i32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+fn add_into(dt: DType, acc: &mut [u8], v: &[u8]) {
+    match dt {
+        DType::F32 => {
+            let x = f32::from_ne_bytes(acc.try_into().unwrap())
+                + f32::from_ne_bytes(v.try_into().unwrap());
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::F64 => {
+            let x = f64::from_ne_bytes(acc.try_into().unwrap())
+                + f64::from_ne_bytes(v.try_into().unwrap());
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::I32 => {
+            let x = i32::from_ne_bytes(acc.try_into().unwrap())
+                .wrapping_add(i32::from_ne_bytes(v.try_into().unwrap()));
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::I64 => {
+            let x = i64::from_ne_bytes(acc.try_into().unwrap())
+                .wrapping_add(i64::from_ne_bytes(v.try_into().unwrap()));
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::Bool => {}
+    }
+}
+
+/// `(ok, worst error, words)`: floats by relative error against `max(1, max |cpu|)`, NaN
+/// matching NaN; integers and bools exactly.
+fn compare(dt: DType, gpu: &[u8], cpu: &[u8]) -> (bool, f64, String) {
+    if gpu.len() != cpu.len() {
+        return (false, f64::INFINITY, "lengths differ".into());
+    }
+    let floats = |g: Vec<f64>, c: Vec<f64>| {
+        let scale = c
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(1f64, |m, x| m.max(x.abs()));
+        let (mut worst, mut at, mut nan_bad, mut inf_bad) = (0f64, 0usize, 0usize, 0usize);
+        for (i, (&g, &c)) in g.iter().zip(&c).enumerate() {
+            if c.is_nan() || g.is_nan() {
+                nan_bad += usize::from(c.is_nan() != g.is_nan());
+                continue;
+            }
+            if c.is_infinite() || g.is_infinite() {
+                inf_bad += usize::from(c != g);
+                continue;
+            }
+            let e = (g - c).abs() / scale;
+            if e > worst {
+                worst = e;
+                at = i;
+            }
+        }
+        let ok = worst <= 1e-5 && nan_bad == 0 && inf_bad == 0;
+        let mut words = format!("{worst:.1e}");
+        if worst > 1e-5 {
+            words += &format!(" at {at} (gpu {} cpu {})", g[at], c[at]);
+        }
+        if nan_bad + inf_bad > 0 {
+            words += &format!(" ({nan_bad} NaN and {inf_bad} inf mismatches)");
+        }
+        (ok, worst, words)
+    };
+    match dt {
+        DType::F32 => floats(
+            gpu.chunks_exact(4)
+                .map(|b| f32::from_ne_bytes(b.try_into().unwrap()) as f64)
+                .collect(),
+            cpu.chunks_exact(4)
+                .map(|b| f32::from_ne_bytes(b.try_into().unwrap()) as f64)
+                .collect(),
+        ),
+        DType::F64 => floats(
+            gpu.chunks_exact(8)
+                .map(|b| f64::from_ne_bytes(b.try_into().unwrap()))
+                .collect(),
+            cpu.chunks_exact(8)
+                .map(|b| f64::from_ne_bytes(b.try_into().unwrap()))
+                .collect(),
+        ),
+        _ => {
+            let s = dt.size();
+            let bad: Vec<usize> = (0..gpu.len() / s)
+                .filter(|&i| gpu[i * s..(i + 1) * s] != cpu[i * s..(i + 1) * s])
+                .collect();
+            match bad.first() {
+                None => (true, 0.0, "exact".into()),
+                Some(&i) => (
+                    false,
+                    f64::INFINITY,
+                    format!(
+                        "{} of {} differ, first at {i} (gpu {:?} cpu {:?})",
+                        bad.len(),
+                        gpu.len() / s,
+                        &gpu[i * s..(i + 1) * s],
+                        &cpu[i * s..(i + 1) * s]
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The device.
+
+struct Device {
+    module: sys::CUmodule,
+    functions: HashMap<String, sys::CUfunction>,
+}
+
+fn compile(items: &[Item], arch: &'static str) -> Res<Device> {
+    let mut src = String::from(PRELUDE);
+    let mut seen = HashMap::new();
+    for it in items {
+        if seen.insert(it.kernel.name.clone(), ()).is_none() {
+            src.push_str(&it.kernel.source);
+        }
+    }
+    let t = Instant::now();
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            let _ = std::fs::write("/tmp/cuda_kernels_failed.cu", &src);
+            format!(
+                "NVRTC rejects the module (source in /tmp/cuda_kernels_failed.cu):\n{}",
+                log.to_string_lossy()
+            )
+        }
+        e => format!("NVRTC: {e:?}"),
+    })?;
+    println!(
+        "compiled {} kernels ({} KiB of CUDA C) for {arch} in {:.1} s",
+        seen.len(),
+        src.len() / 1024,
+        t.elapsed().as_secs_f64()
+    );
+    let image = CString::new(ptx.to_src()).map_err(|e| e.to_string())?;
+    let module = driver("loading the module", unsafe {
+        result::module::load_data(image.as_ptr() as *const c_void)
+    })?;
+    let mut functions = HashMap::new();
+    for name in seen.keys() {
+        let f = driver("cuModuleGetFunction", unsafe {
+            result::module::get_function(module, CString::new(name.as_str()).unwrap())
+        })?;
+        functions.insert(name.clone(), f);
+    }
+    Ok(Device { module, functions })
+}
+
+struct Buffers {
+    ptrs: Vec<sys::CUdeviceptr>,
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        for &p in &self.ptrs {
+            unsafe {
+                let _ = result::free_sync(p);
+            }
+        }
+    }
+}
+
+fn alloc(bytes: usize) -> Res<sys::CUdeviceptr> {
+    driver("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })
+}
+
+fn launch(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
+    let mut vals: Vec<u64> = args.to_vec();
+    let mut params: Vec<*mut c_void> = vals
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut c_void)
+        .collect();
+    let l = k.launch;
+    driver("cuLaunchKernel", unsafe {
+        result::launch_kernel(
+            f,
+            (l.grid[0], l.grid[1], l.grid[2]),
+            (l.block[0], l.block[1], l.block[2]),
+            l.shared_bytes,
+            std::ptr::null_mut(),
+            &mut params,
+        )
+    })
+}
+
+fn sync() -> Res<()> {
+    driver("kernel execution", result::ctx::synchronize())
+}
+
+struct Outcome {
+    ok: bool,
+    words: String,
+    micros: f64,
+    gbs: f64,
+}
+
+/// Runs one kernel: upload, poison, launch, compare, time, and (if allowed) in place.
+fn check(dev: &Device, it: &Item, seed: u64, exact: bool, time: bool) -> Res<Outcome> {
+    let f = dev.functions[&it.kernel.name];
+    let (ins, outs) = it.work.buffers();
+    let bytes: usize = ins.iter().chain(&outs).map(|&(d, n)| d.size() * n).sum();
+    // Bytes a launch moves: every input and output once, except that gather reads only the
+    // rows it picks and scatter-add touches only the rows it adds to.
+    let moved = match &it.work {
+        Work::Gather {
+            table,
+            ids,
+            row_len,
+            n,
+            ..
+        } => ids.size() * n + 2 * table.size() * n * row_len,
+        Work::Scatter {
+            ids,
+            values,
+            row_len,
+            n,
+            ..
+        } => ids.size() * n + 3 * values.size() * n * row_len,
+        _ => bytes,
+    };
+    let (free, _) = driver("cuMemGetInfo", result::mem_get_info())?;
+    if bytes + (256 << 20) > free {
+        return Err(format!(
+            "needs {} MiB, the device has {} MiB free",
+            bytes >> 20,
+            free >> 20
+        ));
+    }
+    let host_in = inputs_for(&it.work, seed, exact);
+    let want = reference(&it.work, &host_in)?;
+    let mut bufs = Buffers { ptrs: Vec::new() };
+    for (b, &(d, n)) in host_in.iter().zip(&ins) {
+        let p = alloc(d.size() * n)?;
+        bufs.ptrs.push(p);
+        driver("upload", unsafe { result::memcpy_htod_sync(p, b) })?;
+    }
+    let mut out_ptrs = Vec::new();
+    for &(d, n) in &outs {
+        let p = alloc(d.size() * n)?;
+        bufs.ptrs.push(p);
+        out_ptrs.push(p);
+    }
+    let poison = |ptrs: &[sys::CUdeviceptr]| -> Res<()> {
+        for (&p, &(d, n)) in ptrs.iter().zip(&outs) {
+            let v = if matches!(it.work, Work::Scatter { .. }) {
+                0
+            } else {
+                0xFF
+            };
+            driver("memset", unsafe {
+                result::memset_d8_sync(p, v, d.size() * n)
+            })?;
+        }
+        Ok(())
+    };
+    poison(&out_ptrs)?;
+    launch(f, &it.kernel, &bufs.ptrs)?;
+    sync()?;
+    let mut ok = true;
+    let mut words = Vec::new();
+    let mut worst = 0f64;
+    for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
+        let mut got = vec![0u8; d.size() * n];
+        driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
+        let (o, e, w) = compare(d, &got, &want[j]);
+        ok &= o;
+        worst = worst.max(e);
+        if !o || outs.len() == 1 || e > 0.0 {
+            words.push(format!("out{j} {w}"));
+        }
+    }
+    let mut text = if words.is_empty() {
+        format!("err {worst:.1e}")
+    } else {
+        words.join("; ")
+    };
+    // Timing.
+    let (mut micros, mut gbs) = (f64::NAN, f64::NAN);
+    if time {
+        let start = driver(
+            "event",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
+        let end = driver(
+            "event",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
+        for _ in 0..3 {
+            launch(f, &it.kernel, &bufs.ptrs)?;
+        }
+        sync()?;
+        let mut ms = Vec::new();
+        for _ in 0..20 {
+            unsafe {
+                driver("record", result::event::record(start, std::ptr::null_mut()))?;
+                launch(f, &it.kernel, &bufs.ptrs)?;
+                driver("record", result::event::record(end, std::ptr::null_mut()))?;
+                driver("event sync", result::event::synchronize(end))?;
+                ms.push(driver("elapsed", result::event::elapsed(start, end))? as f64);
+            }
+        }
+        unsafe {
+            let _ = result::event::destroy(start);
+            let _ = result::event::destroy(end);
+        }
+        ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let med = ms[ms.len() / 2];
+        micros = med * 1e3;
+        gbs = moved as f64 / (med * 1e-3) / 1e9;
+    }
+    // In place: an output written over an input it may take the memory of.
+    if let Work::Fused(k) = &it.work {
+        let pair = (0..k.inputs.len())
+            .flat_map(|i| (0..k.outputs.len()).map(move |j| (i, j)))
+            .find(|&(i, j)| k.can_write_over(i, j));
+        if let Some((i, j)) = pair {
+            // Fresh copies of every output, but output j is input i's buffer.
+            let mut args = bufs.ptrs[..ins.len()].to_vec();
+            let mut fresh = Buffers { ptrs: Vec::new() };
+            let mut outs_here = Vec::new();
+            for (jj, &(d, n)) in outs.iter().enumerate() {
+                if jj == j {
+                    outs_here.push(args[i]);
+                } else {
+                    let p = alloc(d.size() * n)?;
+                    fresh.ptrs.push(p);
+                    outs_here.push(p);
+                }
+            }
+            for (jj, (&p, &(d, n))) in outs_here.iter().zip(&outs).enumerate() {
+                if jj != j {
+                    driver("memset", unsafe {
+                        result::memset_d8_sync(p, 0xFF, d.size() * n)
+                    })?;
+                }
+            }
+            // Input i must hold its data again (timing runs do not change inputs).
+            driver("upload", unsafe {
+                result::memcpy_htod_sync(args[i], &host_in[i])
+            })?;
+            args.extend(&outs_here);
+            launch(f, &it.kernel, &args)?;
+            sync()?;
+            let (d, n) = outs[j];
+            let mut got = vec![0u8; d.size() * n];
+            driver("download", unsafe {
+                result::memcpy_dtoh_sync(&mut got, outs_here[j])
+            })?;
+            let (o, _, w) = compare(d, &got, &want[j]);
+            ok &= o;
+            text += &if o {
+                format!("; in place out{j}=in{i} ok")
+            } else {
+                format!("; in place out{j}=in{i} FAILS: {w}")
+            };
+        }
+    }
+    Ok(Outcome {
+        ok,
+        words: text,
+        micros,
+        gbs,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random fused kernels (`--random N`).
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+/// A random valid kernel whose integer and bool results do not depend on float rounding:
+/// compares and converts to integers or bool read only exact float values (loads, constants,
+/// indices and their add/sub/neg/max/min/select, which are exact on multiples of 1/8 of
+/// moderate size, and converts between exact values).
+fn random_kernel(seed: u64) -> FusedKernel {
+    const DTYPES: [DType; 7] = [
+        DType::F32,
+        DType::F32,
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+    let mut r = Rng(seed);
+    loop {
+        let rank = r.below(5);
+        let mut domain: Vec<usize> = (0..rank)
+            .map(|_| {
+                if r.chance(4) {
+                    0
+                } else {
+                    r.pick(&[1, 1, 2, 3, 5, 8, 32, 33, 100, 257, 1000])
+                }
+            })
+            .collect();
+        while domain.iter().product::<usize>() > 1 << 21 {
+            let a = r.below(rank);
+            domain[a] = (domain[a] / 4).max(1);
+        }
+        let reduce_axes: Vec<usize> = (0..rank).filter(|_| r.chance(45)).collect();
+        let mut inputs = Vec::new();
+        for _ in 0..1 + r.below(3) {
+            let dtype = r.pick(&DTYPES);
+            let mut order: Vec<usize> = (0..rank).collect();
+            for i in (1..rank).rev() {
+                let j = r.below(i + 1);
+                order.swap(i, j);
+            }
+            let mut strides = vec![0; rank];
+            let mut s = 1;
+            for &d in order.iter().rev() {
+                if r.chance(25) {
+                    continue;
+                }
+                strides[d] = s;
+                s *= domain[d] + r.below(2);
+            }
+            let offset = r.below(3);
+            let reach: usize = offset
+                + (0..rank)
+                    .map(|d| strides[d] * domain[d].saturating_sub(1))
+                    .sum::<usize>();
+            inputs.push(Input {
+                dtype,
+                len: reach + 1 + r.below(2),
+                access: Access { offset, strides },
+            });
+        }
+        let mut body: Vec<Inst> = Vec::new();
+        let mut dt: Vec<DType> = Vec::new();
+        let mut exact: Vec<bool> = Vec::new();
+        let n_body = 1 + r.below(16);
+        let mut tries = 0;
+        while body.len() < n_body && tries < 200 {
+            tries += 1;
+            let pick = |dt: &[DType], ex: &[bool], f: &dyn Fn(DType, bool) -> bool, r: &mut Rng| {
+                let c: Vec<usize> = (0..dt.len()).filter(|&i| f(dt[i], ex[i])).collect();
+                if c.is_empty() {
+                    None
+                } else {
+                    Some(c[c.len() - 1 - r.below(c.len()).min(r.below(c.len()))])
+                }
+            };
+            let choice = if body.is_empty() { 0 } else { r.below(12) };
+            let (inst, d, ex) = match choice {
+                0 => {
+                    let input = r.below(inputs.len());
+                    (Inst::Load { input }, inputs[input].dtype, true)
+                }
+                1 => {
+                    let dtype = r.pick(&DTYPES);
+                    let value = r.pick(&[0.0, 1.0, -2.5, -0.0, 3e9, f64::NAN, f64::INFINITY, 7.0]);
+                    (Inst::Const { value, dtype }, dtype, true)
+                }
+                2 if rank > 0 => {
+                    let dtype = r.pick(&DTYPES);
+                    (
+                        Inst::Index {
+                            axis: r.below(rank),
+                            dtype,
+                        },
+                        dtype,
+                        true,
+                    )
+                }
+                3 => {
+                    let Some(x) = pick(&dt, &exact, &|d, _| d != DType::Bool, &mut r) else {
+                        continue;
+                    };
+                    if dt[x].is_float() {
+                        let op = r.pick(&[
+                            UnaryOp::Neg,
+                            UnaryOp::Exp,
+                            UnaryOp::Log,
+                            UnaryOp::Sqrt,
+                            UnaryOp::Tanh,
+                            UnaryOp::Recip,
+                        ]);
+                        // Ill-conditioned ops read exact values only, so that rounding
+                        // differences are not magnified past the tolerance.
+                        let op = match op {
+                            UnaryOp::Exp | UnaryOp::Log | UnaryOp::Recip if !exact[x] => {
+                                UnaryOp::Tanh
+                            }
+                            op => op,
+                        };
+                        let ex = op == UnaryOp::Neg && exact[x];
+                        (Inst::Unary { op, x }, dt[x], ex)
+                    } else {
+                        (
+                            Inst::Unary {
+                                op: UnaryOp::Neg,
+                                x,
+                            },
+                            dt[x],
+                            true,
+                        )
+                    }
+                }
+                4 | 5 => {
+                    let Some(a) = pick(&dt, &exact, &|d, _| d != DType::Bool, &mut r) else {
+                        continue;
+                    };
+                    let d = dt[a];
+                    let b = pick(&dt, &exact, &|e, _| e == d, &mut r).unwrap_or(a);
+                    let mut ops = vec![
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Max,
+                        BinaryOp::Min,
+                    ];
+                    if d.is_float() && exact[a] && exact[b] {
+                        ops.push(BinaryOp::Div);
+                    }
+                    let op = r.pick(&ops);
+                    // Sums of two exact values stay exact (small multiples of 1/8); products,
+                    // quotients and chains of sums may round.
+                    let ex = !d.is_float()
+                        || (exact[a] && exact[b] && matches!(op, BinaryOp::Max | BinaryOp::Min)
+                            || (exact[a]
+                                && exact[b]
+                                && matches!(op, BinaryOp::Add | BinaryOp::Sub)
+                                && matches!(body[a], Inst::Load { .. } | Inst::Const { .. })
+                                && matches!(body[b], Inst::Load { .. } | Inst::Const { .. })));
+                    (Inst::Binary { op, a, b }, d, ex)
+                }
+                6 => {
+                    let Some(a) = pick(&dt, &exact, &|_, e| e, &mut r) else {
+                        continue;
+                    };
+                    let d = dt[a];
+                    let b = pick(&dt, &exact, &|e, x| e == d && x, &mut r).unwrap_or(a);
+                    let op = r.pick(&[
+                        CmpOp::Lt,
+                        CmpOp::Le,
+                        CmpOp::Gt,
+                        CmpOp::Ge,
+                        CmpOp::Eq,
+                        CmpOp::Ne,
+                    ]);
+                    (Inst::Compare { op, a, b }, DType::Bool, true)
+                }
+                7 => {
+                    let Some(cond) = pick(&dt, &exact, &|d, _| d == DType::Bool, &mut r) else {
+                        continue;
+                    };
+                    let a = r.below(dt.len());
+                    let d = dt[a];
+                    let b = pick(&dt, &exact, &|e, _| e == d, &mut r).unwrap_or(a);
+                    (Inst::Select { cond, a, b }, d, exact[a] && exact[b])
+                }
+                8 => {
+                    let x = r.below(dt.len());
+                    let to = r.pick(&DTYPES);
+                    // Only exact values become integers or bools; f64 to f32 may round.
+                    if !to.is_float() && !exact[x] {
+                        continue;
+                    }
+                    let ex = exact[x] && !(dt[x] == DType::F64 && to == DType::F32);
+                    (Inst::Convert { x, to }, to, ex || !to.is_float())
+                }
+                _ => {
+                    let Some(x) = pick(&dt, &exact, &|d, _| d != DType::Bool, &mut r) else {
+                        continue;
+                    };
+                    let op = r.pick(&[ReduceOp::Sum, ReduceOp::Max]);
+                    let ex = !dt[x].is_float() || (op == ReduceOp::Max && exact[x]);
+                    (Inst::Reduce { op, x }, dt[x], ex)
+                }
+            };
+            body.push(inst);
+            dt.push(d);
+            exact.push(ex);
+        }
+        let outputs = (0..1 + r.below(3))
+            .map(|_| {
+                let n = body.len();
+                Output {
+                    value: n - 1 - r.below(n).min(r.below(n)),
+                }
+            })
+            .collect();
+        let k = FusedKernel {
+            domain,
+            reduce_axes,
+            inputs,
+            body,
+            outputs,
+        };
+        if k.check().is_ok() {
+            return k;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn main() {
+    match run() {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("cuda_kernels: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run() -> Res<bool> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let random = match args.first().map(String::as_str) {
+        Some("--random") => Some(
+            args.get(1)
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or("--random needs a count")?,
+        ),
+        _ => None,
+    };
+    if !unsafe { sys::is_culib_present() } {
+        println!("no CUDA driver: skipping");
+        return Ok(true);
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("the CUDA driver is present but NVRTC is not; install NVRTC".into());
+    }
+
+    // Kernels.
+    let mut items: Vec<Item> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut uses: Vec<Vec<(String, usize)>> = Vec::new();
+    let mut add = |work: Work, origin: &str, items: &mut Vec<Item>| -> Res<()> {
+        let kernel = work.generate().map_err(|e| format!("{origin}: {e}"))?;
+        match index.get(&kernel.name) {
+            Some(&i) => {
+                let u = &mut uses[i];
+                match u.iter_mut().find(|(m, _)| m == origin) {
+                    Some((_, c)) => *c += 1,
+                    None => u.push((origin.to_string(), 1)),
+                }
+            }
+            None => {
+                index.insert(kernel.name.clone(), items.len());
+                uses.push(vec![(origin.to_string(), 1)]);
+                items.push(Item {
+                    kernel,
+                    work,
+                    origin: String::new(),
+                });
+            }
+        }
+        Ok(())
+    };
+    if let Some(n) = random {
+        for seed in 0..n {
+            add(
+                Work::Fused(Box::new(random_kernel(seed))),
+                &format!("seed {seed}"),
+                &mut items,
+            )?;
+        }
+    } else {
+        let models: Vec<String> = if args.is_empty() {
+            vec!["mlp".into(), "gpt-mini".into(), "gpt2".into()]
+        } else {
+            args.clone()
+        };
+        for m in &models {
+            let model = ingot_compiler::models::by_name(m).map_err(|e| format!("{m}: {e}"))?;
+            let c = ingot_compiler::pipeline::compile(&model, &Default::default())
+                .map_err(|e| format!("{m}: {e}"))?;
+            for w in collect(&c.graph) {
+                add(w, m, &mut items)?;
+            }
+        }
+    }
+    for (it, u) in items.iter_mut().zip(&uses) {
+        it.origin = u
+            .iter()
+            .map(|(m, c)| format!("{m} x{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
+
+    // Device.
+    driver("cuInit", result::init())?;
+    let dev = driver("cuDeviceGet", result::device::get(0))?;
+    let name = driver("device name", result::device::get_name(dev))?;
+    let attr = |a| {
+        driver("attribute", unsafe {
+            result::device::get_attribute(dev, a)
+        })
+    };
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let ctx = driver("context", unsafe { result::primary_ctx::retain(dev) })?;
+    driver("context", unsafe { result::ctx::set_current(ctx) })?;
+    println!("device: {name} (compute {major}.{minor})");
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let device = compile(&items, arch)?;
+
+    let t0 = Instant::now();
+    let (mut passed, mut failed) = (0, 0);
+    let mut slow: Vec<(f64, String)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let t = Instant::now();
+        let r = check(
+            &device,
+            it,
+            1 + i as u64,
+            random.is_some(),
+            random.is_none(),
+        );
+        let head = format!(
+            "{} {:<11} {:<48} grid {:?} block {:?}",
+            it.kernel.name,
+            it.work.kind(),
+            it.work.shape(),
+            it.kernel.launch.grid,
+            it.kernel.launch.block,
+        );
+        match r {
+            Ok(o) => {
+                let status = if o.ok { "ok" } else { "FAIL" };
+                if o.ok {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                }
+                let timing = if o.micros.is_nan() {
+                    String::new()
+                } else {
+                    format!(" {:>9.1} us {:>7.1} GB/s", o.micros, o.gbs)
+                };
+                println!(
+                    "{status:<4} {head}{timing} [{}] ({}; {:.1} s)",
+                    o.words,
+                    it.origin,
+                    t.elapsed().as_secs_f64()
+                );
+                if !o.micros.is_nan() {
+                    slow.push((o.micros, format!("{} {}", it.kernel.name, it.work.shape())));
+                }
+                if !o.ok {
+                    if let Work::Fused(k) = &it.work {
+                        println!("{k}");
+                    }
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {head}: {e} ({})", it.origin);
+                if let Work::Fused(k) = &it.work {
+                    println!("{k}");
+                }
+            }
+        }
+    }
+    slow.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap());
+    if !slow.is_empty() {
+        println!("slowest:");
+        for (us, what) in slow.iter().take(8) {
+            println!("  {us:>10.1} us  {what}");
+        }
+    }
+    println!(
+        "{passed} passed, {failed} failed, of {} distinct kernels ({:.1} s)",
+        items.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    unsafe {
+        let _ = result::module::unload(device.module);
+    }
+    Ok(failed == 0)
+}

@@ -1,0 +1,557 @@
+//! A planned step loaded on an NVIDIA GPU: one device allocation, every kernel compiled once,
+//! and the whole step captured as one CUDA graph that each step replays.
+//!
+//! Loading, in order: the context (cudarc's per-slice event tracking off: nothing here uses
+//! cudarc's slices, and events it records per slice would be allocations per step); a stream;
+//! the module of every distinct kernel (NVRTC, PTX cached); a cuBLAS handle; then the free
+//! device memory is read, the one allocation made (resident region and slab together, the plan's
+//! total), and free memory read again, so the allocation's true device cost is measured rather
+//! than assumed. Last, the step's operations are captured into a graph in global capture mode,
+//! in which any call that could allocate or synchronise fails the capture instead of running.
+//!
+//! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
+//! recorded into the graph with it), so it never allocates its own during a step.
+
+use super::program::{DeviceOp, Gemm, Program};
+use super::ptx;
+use crate::error::ExecError;
+use crate::executor::StepExecutor;
+use crate::tensor::Tensor;
+use cudarc::cublas::sys as blas;
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, Op};
+use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::MemoryPlan;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// How the step runs on the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Let f32 matmuls use the tensor cores' TF32 mode (10-bit mantissa products). Off by
+    /// default: strict f32.
+    pub tf32: bool,
+    /// Which GPU.
+    pub ordinal: usize,
+}
+
+/// Device memory as measured while loading, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// The GPU's memory.
+    pub device_total: usize,
+    /// In use before the step's allocation: the CUDA context, cuBLAS's handle, the loaded
+    /// kernels, and anything else on the GPU (other processes).
+    pub before_allocation: usize,
+    /// Bytes asked of the driver for the one allocation (the plan's total).
+    pub requested: usize,
+    /// The drop in free memory the allocation caused (the driver rounds to its page size).
+    pub allocation: usize,
+    /// The drop in free memory capturing and instantiating the step's graph caused.
+    pub graph: usize,
+}
+
+/// A step loaded on the GPU.
+pub struct CudaStep {
+    graph: Graph,
+    plan: MemoryPlan,
+    program: Program,
+    location: Vec<Location>,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: cudarc::cublas::CudaBlas,
+    functions: Vec<CudaFunction>,
+    base: sys::CUdeviceptr,
+    bytes: usize,
+    exec: Option<CudaGraph>,
+    start: CudaEvent,
+    stop: CudaEvent,
+    last_seconds: Option<f64>,
+    memory: DeviceMemory,
+    ptx_source: ptx::Source,
+    name: String,
+    opts: CudaOptions,
+}
+
+/// Whether a CUDA driver and a GPU are there; the error says which is missing.
+pub fn available() -> Result<usize, ExecError> {
+    // SAFETY: only tries to open the driver library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(unavailable(
+            "no CUDA driver was found (libcuda.so could not be loaded); --device cuda needs an \
+             NVIDIA GPU with its driver installed, or run with --device cpu",
+        ));
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err(unavailable(
+            "the CUDA driver sees no GPU; run with --device cpu",
+        )),
+        Err(e) => Err(unavailable(&format!(
+            "the CUDA driver could not list GPUs ({e}); run with --device cpu"
+        ))),
+    }
+}
+
+fn unavailable(reason: &str) -> ExecError {
+    ExecError::Device {
+        what: "no GPU".into(),
+        reason: reason.into(),
+    }
+}
+
+fn driver(what: &str) -> impl FnOnce(result::DriverError) -> ExecError + '_ {
+    move |e| ExecError::Device {
+        what: what.into(),
+        reason: e.to_string(),
+    }
+}
+
+fn cublas(what: &str, status: blas::cublasStatus_t) -> Result<(), ExecError> {
+    if status == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(ExecError::Device {
+            what: what.into(),
+            reason: format!("{status:?}"),
+        })
+    }
+}
+
+impl CudaStep {
+    /// Validates the plan, compiles the kernels, makes the one allocation (zeroed) and captures
+    /// the step.
+    pub fn new(graph: Graph, plan: MemoryPlan, opts: CudaOptions) -> Result<CudaStep, ExecError> {
+        plan.validate(&graph).map_err(|e| ExecError::Invalid {
+            op: "plan",
+            reason: e.to_string(),
+        })?;
+        let program = Program::lower(&graph, &plan)?;
+        let count = available()?;
+        if opts.ordinal >= count {
+            return Err(unavailable(&format!(
+                "GPU {} was asked for, but the driver sees {count}",
+                opts.ordinal
+            )));
+        }
+        let ctx = CudaContext::new(opts.ordinal).map_err(driver("creating the context"))?;
+        // SAFETY: this step makes no cudarc slices; it orders its own work on one stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let name = format!(
+            "cuda:{} {}",
+            opts.ordinal,
+            ctx.name().unwrap_or_else(|_| "unknown GPU".into())
+        );
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))?;
+        let options = vec![format!("--gpu-architecture=compute_{major}{minor}")];
+        let (ptx_text, ptx_source) = ptx::compile(&program.module_source(), &options)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx_text))
+            .map_err(driver("loading the step's kernels"))?;
+        let functions = program
+            .kernels
+            .iter()
+            .map(|k| {
+                module
+                    .load_function(&k.name)
+                    .map_err(driver(&format!("finding kernel {}", k.name)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let blas =
+            cudarc::cublas::CudaBlas::new(stream.clone()).map_err(|e| ExecError::Device {
+                what: "creating the cuBLAS handle".into(),
+                reason: format!("{e:?}"),
+            })?;
+        let mode = if opts.tf32 {
+            blas::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            blas::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: a live handle.
+        cublas("setting cuBLAS's math mode", unsafe {
+            blas::cublasSetMathMode(*blas.handle(), mode)
+        })?;
+        let start = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("creating an event"))?;
+        let stop = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("creating an event"))?;
+        ctx.synchronize().map_err(driver("synchronizing"))?;
+
+        let (free_before, device_total) =
+            result::mem_get_info().map_err(driver("reading free memory"))?;
+        let bytes = plan.total_bytes.max(1);
+        // SAFETY: a plain device allocation, freed in Drop.
+        let base = unsafe { result::malloc_sync(bytes) }.map_err(|e| ExecError::Device {
+            what: "allocating the step's memory".into(),
+            reason: format!(
+                "{e}: the plan needs {bytes} bytes and {free_before} bytes of the GPU's \
+                 {device_total} are free"
+            ),
+        })?;
+        let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
+        let location = graph.ids().map(|id| plan.location(&graph, id)).collect();
+        let mut step = CudaStep {
+            graph,
+            plan,
+            program,
+            location,
+            ctx,
+            stream,
+            blas,
+            functions,
+            base,
+            bytes,
+            exec: None,
+            start,
+            stop,
+            last_seconds: None,
+            memory: DeviceMemory {
+                device_total,
+                before_allocation: device_total - free_before,
+                requested: bytes,
+                allocation: free_before.saturating_sub(free_after),
+                graph: 0,
+            },
+            ptx_source,
+            name,
+            opts,
+        };
+        // SAFETY: the allocation is `bytes` long.
+        unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
+        step.capture()?;
+        let (free_graph, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
+        step.memory.graph = free_after.saturating_sub(free_graph);
+        Ok(step)
+    }
+
+    /// Device memory as measured while loading.
+    pub fn memory(&self) -> DeviceMemory {
+        self.memory
+    }
+
+    /// Free device memory now (after synchronizing), to check that steps allocate nothing.
+    pub fn free_memory(&self) -> Result<usize, ExecError> {
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        self.stream.synchronize().map_err(driver("synchronizing"))?;
+        Ok(result::mem_get_info()
+            .map_err(driver("reading free memory"))?
+            .0)
+    }
+
+    /// The device operations each step runs.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Whether the module came from NVRTC, or its PTX from the cache.
+    pub fn ptx_source(&self) -> ptx::Source {
+        self.ptx_source
+    }
+
+    pub fn options(&self) -> CudaOptions {
+        self.opts
+    }
+
+    /// Records every operation of the step on the stream, in capture mode, into one graph.
+    fn capture(&mut self) -> Result<(), ExecError> {
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .map_err(driver("starting the step's graph capture"))?;
+        let recorded = self.record();
+        // The capture is ended whatever happened, so the stream is usable (and the error, the
+        // first one, is what is reported).
+        let ended = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver("ending the step's graph capture"));
+        recorded?;
+        let graph = ended?.ok_or_else(|| ExecError::Device {
+            what: "capturing the step".into(),
+            reason: "the capture produced no graph".into(),
+        })?;
+        graph
+            .upload()
+            .map_err(driver("uploading the step's graph"))?;
+        self.stream.synchronize().map_err(driver("synchronizing"))?;
+        self.exec = Some(graph);
+        Ok(())
+    }
+
+    /// Enqueues the step's operations on the stream (captured, never run directly).
+    fn record(&self) -> Result<(), ExecError> {
+        let s = self.stream.cu_stream();
+        for op in &self.program.ops {
+            match op {
+                DeviceOp::Launch { node, kernel, args } => {
+                    let k = &self.program.kernels[*kernel];
+                    let mut addrs: Vec<u64> = args.iter().map(|&a| self.base + a as u64).collect();
+                    let mut params: Vec<*mut c_void> = addrs
+                        .iter_mut()
+                        .map(|a| a as *mut u64 as *mut c_void)
+                        .collect();
+                    let l = k.launch;
+                    // SAFETY: the kernel takes one device pointer per argument, in this
+                    // order (codegen's convention); every address lies inside the allocation
+                    // (Program::lower checks), and the plan keeps what it writes disjoint from
+                    // what other live values hold.
+                    unsafe {
+                        result::launch_kernel(
+                            self.functions[*kernel].cu_function(),
+                            (l.grid[0], l.grid[1], l.grid[2]),
+                            (l.block[0], l.block[1], l.block[2]),
+                            l.shared_bytes,
+                            s,
+                            &mut params,
+                        )
+                    }
+                    .map_err(|e| self.at(*node, "launching", e.to_string()))?;
+                }
+                DeviceOp::Gemm(g) => self.gemm(g)?,
+                DeviceOp::Zero { offset, bytes } => {
+                    // SAFETY: inside the allocation (checked by Program::lower).
+                    unsafe { result::memset_d8_async(self.base + *offset as u64, 0, *bytes, s) }
+                        .map_err(driver("recording a memset"))?
+                }
+                DeviceOp::Copy { from, to, bytes } => {
+                    // SAFETY: inside the allocation (checked by Program::lower).
+                    unsafe {
+                        result::memcpy_dtod_async(
+                            self.base + *to as u64,
+                            self.base + *from as u64,
+                            *bytes,
+                            s,
+                        )
+                    }
+                    .map_err(driver("recording a copy"))?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, g: &Gemm) -> Result<(), ExecError> {
+        let h = *self.blas.handle();
+        let op = |t: bool| {
+            if t {
+                blas::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (ty, compute) = match g.dtype {
+            DType::F32 if self.opts.tf32 => (
+                blas::cudaDataType::CUDA_R_32F,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            ),
+            DType::F32 => (
+                blas::cudaDataType::CUDA_R_32F,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            _ => (
+                blas::cudaDataType::CUDA_R_64F,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+            ),
+        };
+        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if g.dtype == DType::F32 {
+            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+        } else {
+            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+        };
+        let at = |o: usize| (self.base + o as u64) as *mut c_void;
+        // SAFETY: the workspace lies in the slab, live only while this matmul runs (the plan).
+        cublas("setting cuBLAS's workspace", unsafe {
+            blas::cublasSetWorkspace_v2(h, at(g.workspace.offset), g.workspace.bytes)
+        })?;
+        // SAFETY: operand extents lie inside the allocation (Program::lower checks them);
+        // alpha and beta are read during the call (host pointer mode).
+        let status = unsafe {
+            blas::cublasGemmStridedBatchedEx(
+                h,
+                op(g.trans_first),
+                op(g.trans_second),
+                g.m as i32,
+                g.n as i32,
+                g.k as i32,
+                alpha,
+                at(g.first),
+                ty,
+                g.ld_first as i32,
+                g.stride_first as i64,
+                at(g.second),
+                ty,
+                g.ld_second as i32,
+                g.stride_second as i64,
+                beta,
+                at(g.out),
+                ty,
+                g.ld_out as i32,
+                g.stride_out as i64,
+                g.batch as i32,
+                compute,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        };
+        cublas("cuBLAS GEMM", status).map_err(|e| self.at(g.node, "recording", e.to_string()))
+    }
+
+    fn at(&self, node: NodeId, doing: &str, reason: String) -> ExecError {
+        ExecError::AtNode {
+            node: node.index(),
+            op: self.graph.node(node).op.name(),
+            source: Box::new(ExecError::Device {
+                what: doing.into(),
+                reason,
+            }),
+        }
+    }
+
+    fn leaf(&self, name: &str) -> Result<NodeId, ExecError> {
+        self.graph.leaf(name).ok_or_else(|| ExecError::Invalid {
+            op: "leaf",
+            reason: format!("the step has no leaf named {name:?}"),
+        })
+    }
+
+    fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        let l = self.location[id.index()];
+        let mut host = vec![0u8; l.bytes];
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        self.stream.synchronize().map_err(driver("synchronizing"))?;
+        if l.bytes > 0 {
+            // SAFETY: the range lies inside the allocation; the stream is idle.
+            unsafe { result::memcpy_dtoh_sync(&mut host[..], self.base + l.offset as u64) }
+                .map_err(driver("copying to the host"))?;
+        }
+        Tensor::from_le_bytes(self.graph.ty(id).clone(), &host)
+    }
+}
+
+impl StepExecutor for CudaStep {
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
+        let id = self.leaf(name)?;
+        if !matches!(self.graph.node(id).op, Op::Leaf { .. }) {
+            return Err(ExecError::Invalid {
+                op: "write_leaf",
+                reason: format!("{name:?} is not a leaf"),
+            });
+        }
+        let ty = self.graph.ty(id);
+        if value.ty != *ty {
+            return Err(ExecError::Invalid {
+                op: "write_leaf",
+                reason: format!("{name:?} is {ty}, the value given is {}", value.ty),
+            });
+        }
+        let l = self.location[id.index()];
+        let bytes = value.to_le_bytes();
+        if bytes.len() != l.bytes {
+            return Err(ExecError::Invalid {
+                op: "write_leaf",
+                reason: format!(
+                    "{name:?} holds {} bytes, the value {}",
+                    l.bytes,
+                    bytes.len()
+                ),
+            });
+        }
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        self.stream.synchronize().map_err(driver("synchronizing"))?;
+        if l.bytes > 0 {
+            // SAFETY: the range lies inside the allocation; the stream is idle.
+            unsafe { result::memcpy_htod_sync(self.base + l.offset as u64, &bytes[..]) }
+                .map_err(driver("copying to the GPU"))?;
+        }
+        Ok(())
+    }
+
+    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
+        let id = self.leaf(name)?;
+        self.read(id)
+    }
+
+    fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
+        let id = *self
+            .graph
+            .outputs
+            .get(name)
+            .ok_or_else(|| ExecError::Invalid {
+                op: "read_output",
+                reason: format!("the step has no output named {name:?}"),
+            })?;
+        self.read(id)
+    }
+
+    /// Replays the step's graph and waits for it; the step's device time is measured between
+    /// two events around the replay.
+    fn step(&mut self) -> Result<(), ExecError> {
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        let graph = self.exec.as_ref().ok_or_else(|| ExecError::Device {
+            what: "running the step".into(),
+            reason: "the step was not captured".into(),
+        })?;
+        self.start
+            .record(&self.stream)
+            .map_err(driver("recording an event"))?;
+        graph
+            .launch()
+            .map_err(driver("launching the step's graph"))?;
+        self.stop
+            .record(&self.stream)
+            .map_err(driver("recording an event"))?;
+        self.stop
+            .synchronize()
+            .map_err(driver("running the step's graph"))?;
+        let ms = self
+            .start
+            .elapsed_ms(&self.stop)
+            .map_err(driver("timing the step"))?;
+        self.last_seconds = Some(ms as f64 / 1e3);
+        Ok(())
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn device(&self) -> String {
+        self.name.clone()
+    }
+
+    fn last_step_device_seconds(&self) -> Option<f64> {
+        self.last_seconds
+    }
+
+    fn leaf_names(&self, kind: LeafKind) -> Vec<String> {
+        self.graph
+            .leaves(kind)
+            .into_iter()
+            .filter_map(|id| self.graph.leaf_name(id).map(str::to_string))
+            .collect()
+    }
+}
+
+impl Drop for CudaStep {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
+        // The graph refers to the allocation: it goes first.
+        self.exec = None;
+        // SAFETY: allocated in `new`, freed once, after all work on it finished.
+        let _ = unsafe { result::free_sync(self.base) };
+    }
+}

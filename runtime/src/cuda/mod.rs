@@ -1,0 +1,15 @@
+//! The CUDA backend, on cudarc with the driver, NVRTC and cuBLAS loaded at run time: it builds
+//! everywhere, and without a driver or GPU [`available`] (and so every constructor) returns an
+//! error saying so instead of failing to load.
+//!
+//! - [`program`]: the host-side lowering of a planned step into device operations (tested
+//!   without a GPU);
+//! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
+//! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step.
+
+pub mod device;
+pub mod program;
+pub mod ptx;
+
+pub use device::{available, CudaOptions, CudaStep, DeviceMemory};
+pub use program::{plan_options, Program, CUBLAS_WORKSPACE};

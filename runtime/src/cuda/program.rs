@@ -1,0 +1,664 @@
+//! Lowering a planned step to the CUDA backend's program: the device operations of one step,
+//! in schedule order, each naming byte offsets inside the step's one allocation.
+//!
+//! This is host logic only (no device API), so every part of it is tested on machines without a
+//! GPU: which kernel each node becomes, the cuBLAS parameters of each matmul, and that every
+//! address a launch receives lies inside the allocation.
+//!
+//! A node becomes:
+//! - a fused kernel ([`Op::Fused`]): one launch of the CUDA C that
+//!   [`ingot_kernels::cuda::fused`] generates from its description, pointers to its inputs then
+//!   its outputs;
+//! - a matmul: one cuBLAS strided-batched GEMM, its workspace the node's planned workspace in
+//!   the slab;
+//! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output and
+//!   one launch that adds into it;
+//! - leaves, reshapes and kernel results: nothing (the host writes leaves; a reshape is a view;
+//!   a result is written by its kernel).
+//!
+//! Any other op has no CUDA kernel: the CUDA backend runs fused steps, where every elementwise
+//! op, view and reduction is inside a fused kernel.
+
+use crate::error::ExecError;
+use ingot_compiler::ir::{DType, Graph, NodeId, Op};
+use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::{MemoryPlan, PlanOptions};
+use ingot_kernels::cuda::{self as codegen, CudaKernel};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+
+/// Bytes of cuBLAS workspace planned for every matmul: what NVIDIA recommends on Hopper
+/// (cuBLAS guide, `cublasSetWorkspace`). It lives in the slab only while its matmul runs.
+pub const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; fused
+/// kernels keep their intermediates in registers and need none.
+pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
+    match g.node(id).op {
+        Op::MatMul { .. } => CUBLAS_WORKSPACE,
+        _ => 0,
+    }
+}
+
+/// Planner options for the CUDA target.
+pub fn plan_options() -> PlanOptions {
+    PlanOptions {
+        workspace: Some(workspace_bytes),
+        ..Default::default()
+    }
+}
+
+/// One device operation of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceOp {
+    /// Launch kernel `kernel` of [`Program::kernels`] with these byte offsets as its pointer
+    /// arguments, in the kernel's parameter order.
+    Launch {
+        node: NodeId,
+        kernel: usize,
+        args: SmallVec<[usize; 8]>,
+    },
+    Gemm(Gemm),
+    /// Set `bytes` bytes at `offset` to zero.
+    Zero {
+        offset: usize,
+        bytes: usize,
+    },
+    /// Copy `bytes` bytes from `from` to `to` (an update the plan could not place in place).
+    Copy {
+        from: usize,
+        to: usize,
+        bytes: usize,
+    },
+}
+
+/// A row-major batched matmul `C[b] = op(A[b]) · op(B[b])`, stated as the column-major GEMM
+/// cuBLAS computes: row-major `C [m, n]` is column-major `Cᵀ [n, m]`, and `Cᵀ = op(B)ᵀ op(A)ᵀ`,
+/// so cuBLAS's first operand is B and its second is A.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    pub node: NodeId,
+    pub dtype: DType,
+    /// cuBLAS's `transa` (applies to B) and `transb` (applies to A).
+    pub trans_first: bool,
+    pub trans_second: bool,
+    /// cuBLAS's m, n, k: the row-major product's n, m, k.
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Leading dimensions of cuBLAS's first operand (B), second (A) and the result.
+    pub ld_first: usize,
+    pub ld_second: usize,
+    pub ld_out: usize,
+    /// Elements between consecutive matrices of the batch.
+    pub stride_first: usize,
+    pub stride_second: usize,
+    pub stride_out: usize,
+    pub batch: usize,
+    /// Byte offsets of B, A and C.
+    pub first: usize,
+    pub second: usize,
+    pub out: usize,
+    pub workspace: Location,
+}
+
+/// The device operations of one step and the kernels they launch.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// Distinct kernels, each generated once (the same fused kernel in every layer is one).
+    pub kernels: Vec<CudaKernel>,
+    pub ops: Vec<DeviceOp>,
+    /// Bytes of the one allocation every offset lies in.
+    pub total_bytes: usize,
+}
+
+impl Program {
+    /// Lowers `g` under `plan` (which must be valid for `g`; the caller validates it).
+    pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, ExecError> {
+        let mut p = Lowering {
+            g,
+            location: g.ids().map(|id| plan.location(g, id)).collect(),
+            kernels: Vec::new(),
+            by_name: HashMap::new(),
+            ops: Vec::new(),
+        };
+        let outputs = g.kernel_outputs();
+        for &id in &plan.liveness.order {
+            p.node(id, &outputs, plan).map_err(|e| at(g, id, e))?;
+        }
+        for &(value, target) in &plan.liveness.copies {
+            let (from, to) = (p.location[value.index()], p.location[target.index()]);
+            if from.bytes > 0 {
+                p.ops.push(DeviceOp::Copy {
+                    from: from.offset,
+                    to: to.offset,
+                    bytes: from.bytes,
+                });
+            }
+        }
+        let program = Program {
+            kernels: p.kernels,
+            ops: p.ops,
+            total_bytes: plan.total_bytes,
+        };
+        program.check_bounds()?;
+        Ok(program)
+    }
+
+    /// The CUDA C of the module holding every kernel: the shared prelude, then each kernel once.
+    pub fn module_source(&self) -> String {
+        let mut s = String::from(codegen::PRELUDE);
+        for k in &self.kernels {
+            s.push('\n');
+            s.push_str(&k.source);
+        }
+        s
+    }
+
+    /// Kernel launches, GEMMs, memsets and copies per step.
+    pub fn counts(&self) -> OpCounts {
+        let mut c = OpCounts::default();
+        for op in &self.ops {
+            match op {
+                DeviceOp::Launch { .. } => c.launches += 1,
+                DeviceOp::Gemm(_) => c.gemms += 1,
+                DeviceOp::Zero { .. } => c.memsets += 1,
+                DeviceOp::Copy { .. } => c.copies += 1,
+            }
+        }
+        c
+    }
+
+    /// Every byte range an operation touches lies inside the allocation. The plan's validator
+    /// already checks buffers; this checks the lowering's own arithmetic (GEMM extents, kernel
+    /// arguments) against the same bound, so a mistake here is an error, not a wild write.
+    fn check_bounds(&self) -> Result<(), ExecError> {
+        let fits = |offset: usize, bytes: usize| {
+            offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= self.total_bytes)
+        };
+        let bad = |what: String| ExecError::Invalid {
+            op: "cuda lowering",
+            reason: format!(
+                "{what} falls outside the {} bytes of the allocation",
+                self.total_bytes
+            ),
+        };
+        for op in &self.ops {
+            match op {
+                DeviceOp::Launch { node, args, .. } => {
+                    if let Some(a) = args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
+                        return Err(bad(format!("an argument of node %{} at {a}", node.index())));
+                    }
+                }
+                DeviceOp::Gemm(gm) => {
+                    let e = gm.dtype.size();
+                    // A column-major `rows × cols` matrix with leading dimension `ld`, `batch`
+                    // times at `stride` elements apart, spans this many bytes.
+                    let span = |stride: usize, rows: usize, cols: usize, ld: usize| {
+                        if rows == 0 || cols == 0 || gm.batch == 0 {
+                            return 0;
+                        }
+                        ((gm.batch - 1) * stride + (cols - 1) * ld + rows) * e
+                    };
+                    // cuBLAS's first operand is m×k (k×m transposed); its second k×n (n×k).
+                    let (fr, fc) = if gm.trans_first {
+                        (gm.k, gm.m)
+                    } else {
+                        (gm.m, gm.k)
+                    };
+                    let (sr, sc) = if gm.trans_second {
+                        (gm.n, gm.k)
+                    } else {
+                        (gm.k, gm.n)
+                    };
+                    let checks = [
+                        (gm.first, span(gm.stride_first, fr, fc, gm.ld_first)),
+                        (gm.second, span(gm.stride_second, sr, sc, gm.ld_second)),
+                        (gm.out, span(gm.stride_out, gm.m, gm.n, gm.ld_out)),
+                        (gm.workspace.offset, gm.workspace.bytes),
+                    ];
+                    if let Some((o, b)) = checks.iter().find(|(o, b)| !fits(*o, *b)) {
+                        return Err(bad(format!(
+                            "matmul node %{}: {b} bytes at {o}",
+                            gm.node.index()
+                        )));
+                    }
+                }
+                DeviceOp::Zero { offset, bytes } => {
+                    if !fits(*offset, *bytes) {
+                        return Err(bad(format!("a memset of {bytes} bytes at {offset}")));
+                    }
+                }
+                DeviceOp::Copy { from, to, bytes } => {
+                    if !fits(*from, *bytes) || !fits(*to, *bytes) {
+                        return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many operations of each kind one step runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub launches: usize,
+    pub gemms: usize,
+    pub memsets: usize,
+    pub copies: usize,
+}
+
+struct Lowering<'g> {
+    g: &'g Graph,
+    location: Vec<Location>,
+    kernels: Vec<CudaKernel>,
+    by_name: HashMap<String, usize>,
+    ops: Vec<DeviceOp>,
+}
+
+impl Lowering<'_> {
+    fn node(
+        &mut self,
+        id: NodeId,
+        outputs: &[SmallVec<[NodeId; 1]>],
+        plan: &MemoryPlan,
+    ) -> Result<(), ExecError> {
+        let g = self.g;
+        let node = g.node(id);
+        let here = self.location[id.index()];
+        let inputs: SmallVec<[usize; 8]> = node
+            .inputs
+            .iter()
+            .map(|x| self.location[x.index()].offset)
+            .collect();
+        match &node.op {
+            op if op.is_leaf() || op.is_alias() => Ok(()),
+            Op::Result { .. } => Ok(()),
+            Op::Fused(kernel) => {
+                let outs = &outputs[id.index()];
+                if outs.iter().all(|o| self.location[o.index()].bytes == 0) {
+                    return Ok(());
+                }
+                let k = codegen::fused(kernel).map_err(codegen_error)?;
+                let mut args = inputs;
+                args.extend(outs.iter().map(|o| self.location[o.index()].offset));
+                self.launch(id, k, args);
+                Ok(())
+            }
+            Op::MatMul { ta, tb } => {
+                self.not_in_place(id)?;
+                let w = plan.workspace(id).ok_or_else(|| ExecError::Invalid {
+                    op: "matmul",
+                    reason: "the plan gives this matmul no cuBLAS workspace; plan the step with \
+                             the CUDA target's options (ingot_runtime::cuda::plan_options)"
+                        .into(),
+                })?;
+                let gemm = gemm(g, id, *ta, *tb, &inputs, here.offset, w)?;
+                if here.bytes > 0 {
+                    self.ops.push(DeviceOp::Gemm(gemm));
+                }
+                Ok(())
+            }
+            Op::Gather => {
+                self.not_in_place(id)?;
+                let (table, ids) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+                let rows = table.shape.dims().first().copied().unwrap_or(1);
+                let row_len = table.shape.dims()[1..].iter().product();
+                let k = codegen::gather(table.dtype, ids.dtype, rows, row_len, ids.shape.numel())
+                    .map_err(codegen_error)?;
+                if here.bytes > 0 {
+                    let mut args = inputs;
+                    args.push(here.offset);
+                    self.launch(id, k, args);
+                }
+                Ok(())
+            }
+            Op::ScatterAdd { rows } => {
+                self.not_in_place(id)?;
+                let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+                let n = ids.shape.numel();
+                let row_len = if n == 0 { 0 } else { values.shape.numel() / n };
+                let k = codegen::scatter_add(ids.dtype, values.dtype, *rows, row_len, n)
+                    .map_err(codegen_error)?;
+                if here.bytes > 0 {
+                    self.ops.push(DeviceOp::Zero {
+                        offset: here.offset,
+                        bytes: here.bytes,
+                    });
+                    let mut args = inputs;
+                    args.push(here.offset);
+                    self.launch(id, k, args);
+                }
+                Ok(())
+            }
+            Op::Concat { axis } => {
+                self.not_in_place(id)?;
+                let dims = node.ty.shape.dims();
+                let outer: usize = dims[..*axis].iter().product();
+                let widths: Vec<usize> = node
+                    .inputs
+                    .iter()
+                    .map(|&x| g.ty(x).shape.dims()[*axis..].iter().product())
+                    .collect();
+                let k = codegen::concat(node.ty.dtype, outer, &widths).map_err(codegen_error)?;
+                if here.bytes > 0 {
+                    let mut args = inputs;
+                    args.push(here.offset);
+                    self.launch(id, k, args);
+                }
+                Ok(())
+            }
+            op => Err(ExecError::Invalid {
+                op: op.name(),
+                reason: format!(
+                    "the CUDA backend has no kernel for a lone `{}`; it runs fused steps, where \
+                     every elementwise op, view and reduction is inside a fused kernel (compile \
+                     with fusion on, the default)",
+                    op.name()
+                ),
+            }),
+        }
+    }
+
+    /// Adds a launch of `k`, generating each distinct kernel once.
+    fn launch(&mut self, node: NodeId, k: CudaKernel, args: SmallVec<[usize; 8]>) {
+        let kernel = match self.by_name.get(&k.name) {
+            Some(&i) => i,
+            None => {
+                self.by_name.insert(k.name.clone(), self.kernels.len());
+                self.kernels.push(k);
+                self.kernels.len() - 1
+            }
+        };
+        self.ops.push(DeviceOp::Launch { node, kernel, args });
+    }
+
+    /// Library calls and the gather, scatter and concat kernels read operands that must not
+    /// share bytes with their output (the planner places only elementwise values in place).
+    fn not_in_place(&self, id: NodeId) -> Result<(), ExecError> {
+        let here = self.location[id.index()];
+        let overlaps = |l: Location| {
+            l.bytes > 0
+                && here.bytes > 0
+                && l.offset < here.offset + here.bytes
+                && here.offset < l.offset + l.bytes
+        };
+        match self
+            .g
+            .node(id)
+            .inputs
+            .iter()
+            .position(|x| overlaps(self.location[x.index()]))
+        {
+            Some(i) => Err(ExecError::Invalid {
+                op: self.g.node(id).op.name(),
+                reason: format!(
+                    "operand {i} shares bytes with the output; this op cannot run in place"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The cuBLAS call of matmul node `id`: `[..., m, k] x [..., k, n] -> [..., m, n]`, with `ta`
+/// (`tb`) meaning the first (second) operand is stored with its last two axes swapped.
+fn gemm(
+    g: &Graph,
+    id: NodeId,
+    ta: bool,
+    tb: bool,
+    inputs: &[usize],
+    out: usize,
+    workspace: Location,
+) -> Result<Gemm, ExecError> {
+    let node = g.node(id);
+    let (a, b) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+    let (ad, bd, cd) = (a.shape.dims(), b.shape.dims(), node.ty.shape.dims());
+    let bad = |reason: String| ExecError::Invalid {
+        op: "matmul",
+        reason,
+    };
+    if ad.len() < 2 || bd.len() != ad.len() || cd.len() != ad.len() {
+        return Err(bad(format!(
+            "operands {} and {} and result {} must have one rank of at least 2",
+            a, b, node.ty
+        )));
+    }
+    let r = ad.len();
+    let (m, k) = if ta {
+        (ad[r - 1], ad[r - 2])
+    } else {
+        (ad[r - 2], ad[r - 1])
+    };
+    let (kb, n) = if tb {
+        (bd[r - 1], bd[r - 2])
+    } else {
+        (bd[r - 2], bd[r - 1])
+    };
+    if k != kb
+        || cd[r - 2] != m
+        || cd[r - 1] != n
+        || ad[..r - 2] != bd[..r - 2]
+        || ad[..r - 2] != cd[..r - 2]
+    {
+        return Err(bad(format!(
+            "operands {a} (ta={ta}) and {b} (tb={tb}) do not give the result {}",
+            node.ty
+        )));
+    }
+    if !matches!(node.ty.dtype, DType::F32 | DType::F64)
+        || a.dtype != node.ty.dtype
+        || b.dtype != node.ty.dtype
+    {
+        return Err(bad(format!(
+            "cuBLAS multiplies f32 or f64 matrices of one dtype, not {} x {}",
+            a.dtype, b.dtype
+        )));
+    }
+    let batch = ad[..r - 2].iter().product();
+    let limit = i32::MAX as usize;
+    if [m, n, k, batch].iter().any(|&x| x > limit) {
+        return Err(bad(format!(
+            "a dimension of {a} x {b} exceeds cuBLAS's 32-bit limit"
+        )));
+    }
+    Ok(Gemm {
+        node: id,
+        dtype: node.ty.dtype,
+        trans_first: tb,
+        trans_second: ta,
+        m: n,
+        n: m,
+        k,
+        ld_first: if tb { k } else { n },
+        ld_second: if ta { m } else { k },
+        ld_out: n,
+        stride_first: k * n,
+        stride_second: m * k,
+        stride_out: m * n,
+        batch,
+        first: inputs[1],
+        second: inputs[0],
+        out,
+        workspace,
+    })
+}
+
+fn codegen_error(e: codegen::CodegenError) -> ExecError {
+    ExecError::Invalid {
+        op: "cuda codegen",
+        reason: e.to_string(),
+    }
+}
+
+fn at(g: &Graph, id: NodeId, e: ExecError) -> ExecError {
+    ExecError::AtNode {
+        node: id.index(),
+        op: g.node(id).op.name(),
+        source: Box::new(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_compiler::ir::{DType, Graph, Init};
+    use ingot_compiler::pipeline;
+
+    /// What cuBLAS's strided-batched GEMM computes (column-major, as its documentation states),
+    /// over f32 values at byte offsets of one memory: an independent model of the library.
+    fn cublas_gemm(mem: &mut [f32], g: &Gemm) {
+        let at = |o: usize| o / 4;
+        for b in 0..g.batch {
+            for j in 0..g.n {
+                for i in 0..g.m {
+                    let mut acc = 0.0f64;
+                    for p in 0..g.k {
+                        // op(first)[i, p] and op(second)[p, j], column-major.
+                        let f = if g.trans_first {
+                            mem[at(g.first) + b * g.stride_first + i * g.ld_first + p]
+                        } else {
+                            mem[at(g.first) + b * g.stride_first + p * g.ld_first + i]
+                        };
+                        let s = if g.trans_second {
+                            mem[at(g.second) + b * g.stride_second + p * g.ld_second + j]
+                        } else {
+                            mem[at(g.second) + b * g.stride_second + j * g.ld_second + p]
+                        };
+                        acc += f as f64 * s as f64;
+                    }
+                    mem[at(g.out) + b * g.stride_out + j * g.ld_out + i] = acc as f32;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_matmul_flag_combination_becomes_the_gemm_that_computes_it() {
+        // [2, m, k] x [2, k, n] for m, k, n = 3, 4, 5, stored transposed where a flag says so.
+        let (m, k, n) = (3, 4, 5);
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut g = Graph::new();
+            let a_dims = if ta { [2, k, m] } else { [2, m, k] };
+            let b_dims = if tb { [2, n, k] } else { [2, k, n] };
+            let a = g.input("a", a_dims, DType::F32).unwrap();
+            let b = g.parameter("b", b_dims, DType::F32, Init::Zeros).unwrap();
+            let c = g.matmul_t(a, b, ta, tb).unwrap();
+            g.set_output("c", c).unwrap();
+            let plan = ingot_compiler::plan::plan(&g, &plan_options()).unwrap();
+            let p = Program::lower(&g, &plan).unwrap();
+            let [DeviceOp::Gemm(gemm)] = &p.ops[..] else {
+                panic!("one gemm, got {:?}", p.ops)
+            };
+            assert_eq!(gemm.workspace.bytes, CUBLAS_WORKSPACE);
+
+            let mut mem = vec![0f32; plan.total_bytes / 4];
+            let value = |i: usize| ((i * 7 + 3) % 11) as f32 - 5.0;
+            let (la, lb) = (plan.location(&g, a), plan.location(&g, b));
+            for i in 0..2 * m * k {
+                mem[la.offset / 4 + i] = value(i);
+            }
+            for i in 0..2 * k * n {
+                mem[lb.offset / 4 + i] = value(i + 100);
+            }
+            cublas_gemm(&mut mem, gemm);
+            let lc = plan.location(&g, c);
+            for bt in 0..2 {
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut want = 0.0;
+                        for p in 0..k {
+                            let ai = if ta { p * m + i } else { i * k + p };
+                            let bi = if tb { j * k + p } else { p * n + j };
+                            want += value(bt * m * k + ai) * value(bt * k * n + bi + 100);
+                        }
+                        let got = mem[lc.offset / 4 + bt * m * n + i * n + j];
+                        assert_eq!(got, want, "ta={ta} tb={tb} batch {bt} [{i}, {j}]");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
+        let c = pipeline::compile_model(
+            "mlp",
+            &crate::session::Device::Cuda(Default::default()).options(),
+        )
+        .unwrap();
+        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        let counts = p.counts();
+        let matmuls = c
+            .graph
+            .ids()
+            .filter(|&id| matches!(c.graph.node(id).op, Op::MatMul { .. }))
+            .count();
+        let fused = c
+            .graph
+            .ids()
+            .filter(|&id| matches!(c.graph.node(id).op, Op::Fused(_)))
+            .count();
+        assert_eq!(counts.gemms, matmuls);
+        assert_eq!(counts.launches, fused);
+        // Each distinct kernel is generated once, and the module holds each exactly once.
+        assert!(p.kernels.len() <= fused);
+        let src = p.module_source();
+        for k in &p.kernels {
+            assert_eq!(
+                src.matches(&format!(" {}(", k.name)).count(),
+                1,
+                "{}",
+                k.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_gpt_step_lowers_with_every_address_inside_the_allocation() {
+        let spec = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
+        let c = pipeline::compile_model(
+            spec,
+            &crate::session::Device::Cuda(Default::default()).options(),
+        )
+        .unwrap();
+        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        let counts = p.counts();
+        assert!(counts.gemms > 0 && counts.launches > 0);
+        // The embedding's gradient is a scatter-add: zeroed, then added into.
+        assert!(counts.memsets >= 1, "{counts:?}");
+        // check_bounds ran inside lower; check it catches a bad address too.
+        let mut bad = p.clone();
+        if let Some(DeviceOp::Launch { args, .. }) = bad
+            .ops
+            .iter_mut()
+            .find(|o| matches!(o, DeviceOp::Launch { .. }))
+        {
+            args[0] = bad.total_bytes;
+        }
+        assert!(bad.check_bounds().is_err());
+    }
+
+    #[test]
+    fn an_unfused_elementwise_op_is_an_error_that_says_to_fuse() {
+        let c = pipeline::compile_model("mlp", &pipeline::Options::unoptimized(plan_options()))
+            .unwrap();
+        let e = Program::lower(&c.graph, &c.plan).unwrap_err().to_string();
+        assert!(e.contains("fusion"), "{e}");
+    }
+
+    #[test]
+    fn a_plan_without_cublas_workspace_is_an_error_naming_it() {
+        let opts = pipeline::Options {
+            plan: ingot_compiler::plan::PlanOptions::default(),
+            ..Default::default()
+        };
+        let c = pipeline::compile_model("mlp", &opts).unwrap();
+        let e = Program::lower(&c.graph, &c.plan).unwrap_err().to_string();
+        assert!(e.contains("matmul") && e.contains("workspace"), "{e}");
+    }
+}

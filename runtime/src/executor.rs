@@ -1,0 +1,42 @@
+//! What a loaded step is, whatever runs it: the CPU's [`PlannedStep`] and the GPU's
+//! [`CudaStep`] both hold a step graph, its memory plan and the one allocation every value
+//! lives in, and a [`Session`](crate::session::Session) drives either through this trait.
+//!
+//! [`PlannedStep`]: crate::cpu::planned::PlannedStep
+//! [`CudaStep`]: crate::cuda::CudaStep
+
+use crate::error::ExecError;
+use crate::tensor::Tensor;
+use ingot_compiler::ir::{Graph, LeafKind};
+use ingot_compiler::plan::MemoryPlan;
+
+pub trait StepExecutor {
+    fn graph(&self) -> &Graph;
+    fn plan(&self) -> &MemoryPlan;
+    /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes.
+    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError>;
+    /// The current value of a leaf.
+    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError>;
+    /// The value of a named output after the last step.
+    fn read_output(&self, name: &str) -> Result<Tensor, ExecError>;
+    /// Runs one step; allocates nothing.
+    fn step(&mut self) -> Result<(), ExecError>;
+    /// Bytes of the one allocation.
+    fn allocated_bytes(&self) -> usize;
+    /// Where the step runs, in words ("cpu", "cuda:0 NVIDIA H100 80GB HBM3").
+    fn device(&self) -> String;
+    /// The device's own time for the last step, where the backend measures it (CUDA events);
+    /// `None` where the caller's wall clock is the measure.
+    fn last_step_device_seconds(&self) -> Option<f64> {
+        None
+    }
+
+    /// Names of the leaves of one kind, in graph order.
+    fn leaf_names(&self, kind: LeafKind) -> Vec<String> {
+        let g = self.graph();
+        g.leaves(kind)
+            .into_iter()
+            .filter_map(|id| g.leaf_name(id).map(str::to_string))
+            .collect()
+    }
+}

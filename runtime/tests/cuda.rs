@@ -1,0 +1,166 @@
+//! The CUDA backend on a GPU: it matches the CPU backend, allocates nothing per step, and takes
+//! exactly its planned memory. Without a GPU (CI, this crate's usual home) the GPU tests print
+//! why they skip and pass, and the test that a missing GPU is a clear error runs instead.
+//!
+//! On a GPU machine without cargo, build here with `cargo test --release -p ingot-runtime
+//! --test cuda --no-run`, copy the test binary there and run it (scripts/gpu_check.sh).
+
+use ingot_compiler::models::by_name;
+use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_runtime::session::{Device, Session};
+use ingot_runtime::{Data, Tensor};
+
+const STRICT: Device = Device::Cuda(CudaOptions {
+    tf32: false,
+    ordinal: 0,
+});
+
+/// Whether a GPU is there; without one, says so (the test then passes without running).
+fn gpu(test: &str) -> bool {
+    match cuda::available() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("skipping {test}: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn without_a_gpu_the_cuda_device_is_an_error_that_says_so() {
+    if cuda::available().is_ok() {
+        eprintln!("skipping: this machine has a GPU");
+        return;
+    }
+    let err = Session::on(&by_name("mlp").unwrap(), 0, STRICT).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("CUDA") && text.contains("--device cpu"),
+        "{text}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args([
+            "train", "--model", "mlp", "--steps", "1", "--device", "cuda",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--device cpu"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+fn f32s(t: &Tensor) -> Vec<f64> {
+    match &t.data {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        other => panic!("not a float tensor: {:?}", other.dtype()),
+    }
+}
+
+/// ‖a − b‖₂ / ‖b‖₂ over all the given tensors together, and the tensor with the largest
+/// max |a − b| / max |b|.
+fn relative(a: &Session, b: &Session) -> (f64, String, f64) {
+    let (pa, pb) = (a.parameters(), b.parameters());
+    let (mut diff, mut norm) = (0.0, 0.0);
+    let mut worst = (String::new(), 0.0);
+    for (name, tb) in &pb {
+        let (x, y) = (f32s(&pa[name]), f32s(tb));
+        let mut d_max: f64 = 0.0;
+        let mut y_max: f64 = 0.0;
+        for (u, v) in x.iter().zip(&y) {
+            diff += (u - v) * (u - v);
+            norm += v * v;
+            d_max = d_max.max((u - v).abs());
+            y_max = y_max.max(v.abs());
+        }
+        let r = d_max / y_max.max(1e-6);
+        if !(r <= worst.1) {
+            worst = (name.clone(), r);
+        }
+    }
+    ((diff / norm).sqrt(), worst.0, worst.1)
+}
+
+/// Trains `model` for ten steps on the CPU and on the GPU from the same seed: losses and updated
+/// parameters agree within 1e-4 (relative), in strict f32.
+fn gpu_matches_cpu(model: &str) {
+    let m = by_name(model).unwrap();
+    let mut cpu = Session::on(&m, 5, Device::Cpu).unwrap();
+    let mut gpu = Session::on(&m, 5, STRICT).unwrap();
+    for step in 1..=10 {
+        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        eprintln!("{model} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
+        assert!(
+            rel <= 1e-4,
+            "{model} step {step}: gpu loss {a}, cpu loss {b}"
+        );
+    }
+    let (rel, worst, worst_rel) = relative(&gpu, &cpu);
+    eprintln!(
+        "{model} parameters after 10 steps: rel {rel:.2e}; worst tensor {worst} {worst_rel:.2e}"
+    );
+    assert!(
+        rel <= 1e-4,
+        "{model}: parameters differ by {rel:e} (relative)"
+    );
+}
+
+#[test]
+fn on_the_gpu_mlp_matches_the_cpu_over_ten_steps() {
+    if gpu("mlp vs cpu") {
+        gpu_matches_cpu("mlp");
+    }
+}
+
+#[test]
+fn on_the_gpu_gpt_mini_matches_the_cpu_over_ten_steps() {
+    if gpu("gpt-mini vs cpu") {
+        gpu_matches_cpu("gpt-mini");
+    }
+}
+
+#[test]
+fn a_gpu_step_allocates_nothing_and_takes_exactly_its_plan() {
+    if !gpu("zero allocation") {
+        return;
+    }
+    let mut s = Session::on(&by_name("gpt-mini").unwrap(), 1, STRICT).unwrap();
+    let c = s.cuda().unwrap();
+    let m = c.memory();
+    let planned = s.exe().plan().total_bytes;
+    // The driver hands out whole 2 MiB pages; the allocation is the plan rounded up to them.
+    let page = 2 << 20;
+    assert_eq!(m.requested, planned.max(1));
+    assert!(
+        m.allocation >= planned && m.allocation < planned + page,
+        "allocation took {} bytes for a plan of {planned}",
+        m.allocation
+    );
+    s.step().unwrap();
+    let before = s.cuda().unwrap().free_memory().unwrap();
+    for _ in 0..1000 {
+        s.step().unwrap();
+    }
+    let after = s.cuda().unwrap().free_memory().unwrap();
+    assert_eq!(before, after, "free device memory moved over 1000 steps");
+}
+
+#[test]
+fn tf32_matmuls_stay_close_to_strict_f32() {
+    if !gpu("tf32") {
+        return;
+    }
+    let m = by_name("mlp").unwrap();
+    let tf32 = Device::Cuda(CudaOptions {
+        tf32: true,
+        ordinal: 0,
+    });
+    let mut a = Session::on(&m, 2, tf32).unwrap();
+    let mut b = Session::on(&m, 2, STRICT).unwrap();
+    let (x, y) = (a.step().unwrap().loss, b.step().unwrap().loss);
+    // TF32 keeps 10 mantissa bits in products: close, and (on random data) not bit-equal.
+    assert!((x - y).abs() / y.abs() < 1e-2, "tf32 {x}, f32 {y}");
+}

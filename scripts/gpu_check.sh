@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU checks and figures of the CUDA backend, in one run, on a machine with an NVIDIA GPU and
+# no Rust toolchain: everything runs from binaries built elsewhere.
+#
+#   scripts/gpu_build.sh              # here: builds the binaries into .devbin/
+#   scripts/gpu_check.sh .devbin OUT [PART ...]
+#
+# PARTs (default: kernels tests train compare): kernels (every fused kernel of the three models
+# against the CPU executor), tests (runtime/tests/cuda.rs: GPU vs CPU over 10 steps, zero
+# allocation over 1000 steps, TF32), train (`ingot train --device cuda` on each model, strict
+# f32 and TF32), compare (losses and parameters against PyTorch on the GPU), bench (the side by
+# side benchmark against PyTorch and JAX). Logs go to OUT/*.txt.
+set -uo pipefail
+BIN=$1; OUT=$2; shift 2
+PARTS=("$@"); [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(kernels tests train compare)
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+status=0
+run() { # name, command...
+    local name=$1; shift
+    echo "== $name: $*"
+    local t0=$SECONDS
+    "$@" > "$OUT/$name.txt" 2>&1
+    local rc=$?
+    tail -n "${TAIL:-25}" "$OUT/$name.txt"
+    echo "== $name: exit $rc after $((SECONDS - t0)) s"
+    [[ $rc -eq 0 ]] || status=1
+}
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$OUT/gpu.txt"
+for part in "${PARTS[@]}"; do
+    case $part in
+        kernels) run kernels "$BIN/cuda_kernels" mlp gpt-mini gpt2 ;;
+        tests) run tests "$BIN/cuda_test" --test-threads=1 --nocapture ;;
+        train)
+            for m in mlp gpt-mini gpt2; do
+                run "train_${m}_f32" "$BIN/ingot" train --model "$m" --device cuda --steps 30
+                run "train_${m}_tf32" "$BIN/ingot" train --model "$m" --device cuda --steps 30 --tf32
+            done ;;
+        compare) run compare "$HERE/compare_torch.sh" "$BIN/ingot" --device cuda --ingot-device cuda --steps 10 mlp gpt-mini ;;
+        bench) run bench python3 "$HERE/gpu_bench.py" --ingot "$BIN/ingot" --json "$OUT/bench.json" ;;
+        *) echo "unknown part $part"; status=2 ;;
+    esac
+done
+exit $status
