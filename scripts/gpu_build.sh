@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .devbin
-cargo build --release -p ingot-runtime --bin ingot --example cuda_kernels
-cp target/release/ingot target/release/examples/cuda_kernels .devbin/
+cargo build --release -p ingot-runtime --bin ingot --example cuda_kernels --example cuda_profile
+cp target/release/ingot target/release/examples/cuda_kernels target/release/examples/cuda_profile .devbin/
 test=$(cargo test --release -p ingot-runtime --test cuda --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for l in sys.stdin:
@@ -14,5 +14,5 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
         print(m["executable"])')
 cp "$test" .devbin/cuda_test
-strip .devbin/ingot .devbin/cuda_kernels .devbin/cuda_test  # debug info would exceed what a device call carries
+strip .devbin/*  # debug info would exceed what a device call carries
 ls -la .devbin

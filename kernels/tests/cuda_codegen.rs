@@ -936,6 +936,18 @@ fn a_transposing_copy_goes_through_shared_memory_tiles() {
 }
 
 #[test]
+fn a_short_softmax_row_is_read_from_memory_once() {
+    // Each lane keeps its 32 elements of the row in registers for the later passes.
+    let c = cuda::fused(&softmax(64, 1000)).unwrap();
+    assert_eq!(c.source.matches("in0[").count(), 1, "{}", c.source);
+    assert!(c.source.contains("float c0[32];"), "{}", c.source);
+    assert!(c.source.contains("const float v0 = c0[u];"), "{}", c.source);
+    // Not when the loops read more than fits (three loads of 24 elements a lane).
+    let c = cuda::fused(&layer_norm_backward(512, 768)).unwrap();
+    assert!(!c.source.contains("[u]"), "{}", c.source);
+}
+
+#[test]
 fn outputs_are_written_in_the_final_pass_after_a_barrier() {
     // Full outputs are stored in the last loop over the row, after the barrier that ends the
     // earlier passes: that keeps outputs written over their inputs correct.

@@ -251,6 +251,14 @@ impl Session {
         }
     }
 
+    /// The step loaded on the GPU, mutably (to profile it).
+    pub fn cuda_mut(&mut self) -> Option<&mut CudaStep> {
+        match &mut self.exe {
+            Backend::Cuda(c) => Some(c),
+            Backend::Cpu(_) => None,
+        }
+    }
+
     /// The step loaded on the GPU, if the session runs there (for its memory measurements).
     pub fn cuda(&self) -> Option<&CudaStep> {
         match &self.exe {

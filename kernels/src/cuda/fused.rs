@@ -794,23 +794,21 @@ impl<'a> Analysis<'a> {
                 }
             }
         }
-        // Candidates by the number of loops that read them (most first), while registers last.
+        // All or nothing: only when every load the loops read is read by several of them and
+        // all fit (measured on an H200: unrolled loops that still read memory hold too many
+        // loads in flight and spill, and lose more than the cache gains).
         let per_thread = n.div_ceil(step as usize);
-        let mut candidates: Vec<usize> = (0..nb).filter(|&i| loop_uses[i] >= 2).collect();
-        candidates.sort_by_key(|&i| (std::cmp::Reverse(loop_uses[i]), i));
-        let mut cached = Vec::new();
-        let mut words = 0usize;
-        if !columns && per_thread <= CACHE_PER_THREAD {
-            for i in candidates {
-                let w = per_thread * self.dt[i].size().div_ceil(4);
-                if words + w <= CACHE_WORDS {
-                    words += w;
-                    cached.push(i);
-                }
-            }
-        }
-        cached.sort_unstable();
-        let cache = !cached.is_empty();
+        let in_loops: Vec<usize> = (0..nb).filter(|&i| loop_uses[i] > 0).collect();
+        let words: usize = in_loops
+            .iter()
+            .map(|&i| per_thread * self.dt[i].size().div_ceil(4))
+            .sum();
+        let cache = !columns
+            && !in_loops.is_empty()
+            && in_loops.iter().all(|&i| loop_uses[i] >= 2)
+            && per_thread <= CACHE_PER_THREAD
+            && words <= CACHE_WORDS;
+        let cached: Vec<usize> = if cache { in_loops } else { Vec::new() };
         let mut is_cached = vec![false; nb];
         for &i in &cached {
             is_cached[i] = true;

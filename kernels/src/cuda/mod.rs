@@ -28,9 +28,10 @@
 //!   combine their partials by shuffles alone; longer rows get a block each (256 threads, 1024
 //!   for rows of 16384 or more, or of 4096 or more when there are few rows), combining by warp
 //!   shuffles and then across warps through shared memory. Each reduction level is one pass
-//!   over the row, a final pass computes and stores the full outputs; where each thread has at
-//!   most 32 elements of the row, the loads that several passes read are kept in registers
-//!   (up to 32 words a thread), so the row is read from memory once.
+//!   over the row, a final pass computes and stores the full outputs. When every load the
+//!   passes read is read by several of them and they fit in 32 registers a thread (at most 32
+//!   elements of the row a thread: a short softmax), the first pass keeps them in registers and
+//!   the row is read from memory once.
 //! - **Columns** (the innermost axis is kept: a bias gradient): block `(X, Y)`; thread `x` takes
 //!   a row (consecutive rows are consecutive in memory, so loads coalesce), threads `y` stride
 //!   over the row's reduced elements, and the `Y` partials are combined through shared memory.

@@ -1,0 +1,120 @@
+//! Where a GPU step's time goes: runs the step's operations one at a time with an event after
+//! each (outside the CUDA graph), and prints the device time by kind and the costliest
+//! operations, grouped by what they compute.
+//!
+//!     cuda_profile MODEL [--tf32] [--top N]
+//!
+//! Needs a GPU; without one it says so and exits 0.
+
+use ingot_compiler::ir::Op;
+use ingot_compiler::models::by_name;
+use ingot_runtime::cuda::program::DeviceOp;
+use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_runtime::session::{Device, Session};
+use std::collections::BTreeMap;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let model = args.first().cloned().unwrap_or_else(|| "gpt-mini".into());
+    let tf32 = args.iter().any(|a| a == "--tf32");
+    let top: usize = args
+        .iter()
+        .position(|a| a == "--top")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(25);
+    if let Err(e) = cuda::available() {
+        println!("skipping: {e}");
+        return;
+    }
+    let m = by_name(&model).expect("a model name");
+    let device = Device::Cuda(CudaOptions { tf32, ordinal: 0 });
+    let mut s = Session::on(&m, 0, device).expect("a session");
+    let mut graph_ms = Vec::new();
+    for _ in 0..5 {
+        graph_ms.push(s.step().unwrap().seconds * 1e3);
+    }
+    graph_ms.sort_by(f64::total_cmp);
+    // Op-by-op runs: the median of three per op.
+    let mut runs: Vec<Vec<f32>> = Vec::new();
+    for _ in 0..3 {
+        runs.push(s.cuda_mut().unwrap().profile().expect("profile"));
+    }
+    let c = s.cuda().unwrap();
+    let g = s.graph();
+    let program = c.program();
+    let times: Vec<f64> = (0..program.ops.len())
+        .map(|i| {
+            let mut v: Vec<f32> = runs.iter().map(|r| r[i]).collect();
+            v.sort_by(f32::total_cmp);
+            v[1] as f64
+        })
+        .collect();
+    let mut by_kind: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+    let mut by_what: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for (op, &t) in program.ops.iter().zip(&times) {
+        let (kind, what) = match op {
+            DeviceOp::Gemm(gm) => (
+                "gemm",
+                format!(
+                    "gemm m={} n={} k={} batch={} t1={} t2={}",
+                    gm.m, gm.n, gm.k, gm.batch, gm.trans_first, gm.trans_second
+                ),
+            ),
+            DeviceOp::Launch { node, kernel, .. } => {
+                let n = g.node(*node);
+                let desc = match &n.op {
+                    Op::Fused(k) => format!(
+                        "fused {:?} reduce {:?} in {} out {}",
+                        k.domain,
+                        k.reduce_axes,
+                        k.inputs.len(),
+                        k.outputs.len()
+                    ),
+                    op => format!("{} {}", op.name(), n.ty),
+                };
+                let l = program.kernels[*kernel].launch;
+                (
+                    if matches!(n.op, Op::Fused(_)) {
+                        "fused"
+                    } else {
+                        "other kernels"
+                    },
+                    format!("{desc} grid {:?} block {:?}", l.grid, l.block),
+                )
+            }
+            DeviceOp::Zero { bytes, .. } => ("memset", format!("memset {bytes} B")),
+            DeviceOp::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
+        };
+        let e = by_kind.entry(kind).or_default();
+        e.0 += t;
+        e.1 += 1;
+        let e = by_what.entry(what).or_default();
+        e.0 += t;
+        e.1 += 1;
+    }
+    let total: f64 = times.iter().sum();
+    println!(
+        "{model} ({}): graph replay {:.3} ms (median of 5); op by op {:.3} ms over {} ops",
+        if tf32 { "tf32" } else { "strict f32" },
+        graph_ms[2],
+        total,
+        times.len()
+    );
+    for (k, (t, n)) in &by_kind {
+        println!(
+            "  {k:<14} {t:>9.3} ms  {n:>5} ops  {:>5.1}%",
+            100.0 * t / total
+        );
+    }
+    let mut rows: Vec<(String, f64, usize)> =
+        by_what.into_iter().map(|(w, (t, n))| (w, t, n)).collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!("costliest:");
+    for (w, t, n) in rows.iter().take(top) {
+        println!(
+            "  {t:>9.3} ms  x{n:<4} {:>8.1} us each  {w}",
+            1e3 * t / *n as f64
+        );
+    }
+}
