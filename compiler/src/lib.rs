@@ -3,6 +3,7 @@
 
 pub mod autodiff;
 pub mod error;
+pub mod exe;
 pub mod fuse;
 pub mod ir;
 pub mod models;

@@ -12,7 +12,7 @@ use petgraph::Direction;
 use std::collections::BTreeSet;
 
 /// Which order a schedule was made by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Strategy {
     Traced,
     MemoryAware,

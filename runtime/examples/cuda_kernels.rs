@@ -7,9 +7,12 @@
 //! touch).
 //!
 //! ```text
-//! cargo run --release -p ingot-runtime --example cuda_kernels [-- MODEL... | --random N]
+//! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N]
 //! ```
-//! Models default to `mlp gpt-mini gpt2`. `--random N` checks N random fused kernels instead
+//! Models default to `mlp gpt-mini gpt2`. `--variants` also runs every row-strategy kernel with
+//! full outputs and rows of at most 8192 elements at each other thread count per row (32 to
+//! 1024), and every elementwise kernel that goes four elements a thread at one, checked and
+//! timed the same way (`cuda::fused_tuned`). `--random N` checks N random fused kernels instead
 //! (every dtype, op, broadcast, transpose and empty axis; ops whose results are compared or
 //! converted to integers are kept exact, so that GPU and CPU must agree bit for bit there).
 //!
@@ -65,6 +68,8 @@ enum Work {
 
 struct Item {
     kernel: CudaKernel,
+    /// The same work generated otherwise, and how (`--variants`).
+    variants: Vec<(String, CudaKernel)>,
     work: Work,
     /// Where it came from ("gpt2 x12").
     origin: String,
@@ -545,8 +550,10 @@ fn compile(items: &[Item], arch: &'static str) -> Res<Device> {
     let mut src = String::from(PRELUDE);
     let mut seen = HashMap::new();
     for it in items {
-        if seen.insert(it.kernel.name.clone(), ()).is_none() {
-            src.push_str(&it.kernel.source);
+        for k in std::iter::once(&it.kernel).chain(it.variants.iter().map(|(_, k)| k)) {
+            if seen.insert(k.name.clone(), ()).is_none() {
+                src.push_str(&k.source);
+            }
         }
     }
     let t = Instant::now();
@@ -630,6 +637,52 @@ struct Outcome {
     words: String,
     micros: f64,
     gbs: f64,
+    /// One line per variant.
+    variants: Vec<String>,
+}
+
+/// Registers a thread, and local memory a thread if any (spills, or arrays indexed at run
+/// time), as the loaded module says.
+fn resources(f: sys::CUfunction) -> String {
+    use sys::CUfunction_attribute_enum as A;
+    let get = |a| unsafe { result::function::get_function_attribute(f, a) }.unwrap_or(-1);
+    let regs = get(A::CU_FUNC_ATTRIBUTE_NUM_REGS);
+    match get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) {
+        0 => format!("{regs} regs"),
+        local => format!("{regs} regs, {local} B LOCAL"),
+    }
+}
+
+/// Median time of 20 launches of `k` after 3 warm-ups, in milliseconds.
+fn time_ms(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<f64> {
+    let start = driver(
+        "event",
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+    )?;
+    let end = driver(
+        "event",
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+    )?;
+    for _ in 0..3 {
+        launch(f, k, args)?;
+    }
+    sync()?;
+    let mut ms = Vec::new();
+    for _ in 0..20 {
+        unsafe {
+            driver("record", result::event::record(start, std::ptr::null_mut()))?;
+            launch(f, k, args)?;
+            driver("record", result::event::record(end, std::ptr::null_mut()))?;
+            driver("event sync", result::event::synchronize(end))?;
+            ms.push(driver("elapsed", result::event::elapsed(start, end))? as f64);
+        }
+    }
+    unsafe {
+        let _ = result::event::destroy(start);
+        let _ = result::event::destroy(end);
+    }
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(ms[ms.len() / 2])
 }
 
 /// Runs one kernel: upload, poison, launch, compare, time, and (if allowed) in place.
@@ -715,36 +768,44 @@ fn check(dev: &Device, it: &Item, seed: u64, exact: bool, time: bool) -> Res<Out
     // Timing.
     let (mut micros, mut gbs) = (f64::NAN, f64::NAN);
     if time {
-        let start = driver(
-            "event",
-            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
-        )?;
-        let end = driver(
-            "event",
-            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
-        )?;
-        for _ in 0..3 {
-            launch(f, &it.kernel, &bufs.ptrs)?;
-        }
-        sync()?;
-        let mut ms = Vec::new();
-        for _ in 0..20 {
-            unsafe {
-                driver("record", result::event::record(start, std::ptr::null_mut()))?;
-                launch(f, &it.kernel, &bufs.ptrs)?;
-                driver("record", result::event::record(end, std::ptr::null_mut()))?;
-                driver("event sync", result::event::synchronize(end))?;
-                ms.push(driver("elapsed", result::event::elapsed(start, end))? as f64);
-            }
-        }
-        unsafe {
-            let _ = result::event::destroy(start);
-            let _ = result::event::destroy(end);
-        }
-        ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let med = ms[ms.len() / 2];
+        let med = time_ms(f, &it.kernel, &bufs.ptrs)?;
         micros = med * 1e3;
         gbs = moved as f64 / (med * 1e-3) / 1e9;
+    }
+    // The other thread counts: poisoned outputs, compared, timed.
+    let mut variants = Vec::new();
+    for (t, vk) in &it.variants {
+        let vf = dev.functions[&vk.name];
+        poison(&out_ptrs)?;
+        launch(vf, vk, &bufs.ptrs)?;
+        sync()?;
+        let mut vok = true;
+        let mut bad = Vec::new();
+        for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
+            let mut got = vec![0u8; d.size() * n];
+            driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
+            let (o, _, w) = compare(d, &got, &want[j]);
+            if !o {
+                vok = false;
+                bad.push(format!("out{j} {w}"));
+            }
+        }
+        ok &= vok;
+        let med = time_ms(vf, vk, &bufs.ptrs)?;
+        variants.push(format!(
+            "{} {t:<22} block {:?} grid {:?} ({}) {:>9.1} us {:>7.1} GB/s{}",
+            if vok { "ok  " } else { "FAIL" },
+            vk.launch.block,
+            vk.launch.grid,
+            resources(vf),
+            med * 1e3,
+            moved as f64 / (med * 1e-3) / 1e9,
+            if bad.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", bad.join("; "))
+            }
+        ));
     }
     // In place: an output written over an input it may take the memory of.
     if let Work::Fused(k) = &it.work {
@@ -798,6 +859,7 @@ fn check(dev: &Device, it: &Item, seed: u64, exact: bool, time: bool) -> Res<Out
         words: text,
         micros,
         gbs,
+        variants,
     })
 }
 
@@ -1052,6 +1114,49 @@ fn random_kernel(seed: u64) -> FusedKernel {
     }
 }
 
+/// The kernel generated otherwise (`--variants`): at every other thread count per row (32 to
+/// 1024) where it is a row-strategy kernel with full outputs and rows of at most 8192
+/// elements; one element a thread where it is an elementwise kernel that goes four.
+fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)> {
+    let mut out: Vec<(String, CudaKernel)> = Vec::new();
+    let mut add = |what: String, t: cuda::Tuning| {
+        if let Ok(v) = cuda::fused_tuned(k, t) {
+            if v.name != chosen.name && out.iter().all(|(_, o)| o.name != v.name) {
+                out.push((what, v));
+            }
+        }
+    };
+    match cuda::strategy(k) {
+        Ok(cuda::Strategy::Elementwise) => add(
+            "one element a thread".into(),
+            cuda::Tuning {
+                scalar_elementwise: true,
+                ..Default::default()
+            },
+        ),
+        Ok(cuda::Strategy::Rows) => {
+            let n: usize = k.reduce_axes.iter().map(|&a| k.domain[a]).product();
+            let full_out = k.outputs.iter().any(|o| !k.is_row_level(o.value));
+            if full_out && (2..=8192).contains(&n) {
+                for t in [32u32, 64, 128, 256, 512, 1024] {
+                    if t as usize > n.next_power_of_two() {
+                        break;
+                    }
+                    add(
+                        format!("{t} threads a row"),
+                        cuda::Tuning {
+                            row_threads: Some(t),
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn main() {
@@ -1066,7 +1171,11 @@ fn main() {
 }
 
 fn run() -> Res<bool> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let variants = args.first().is_some_and(|a| a == "--variants");
+    if variants {
+        args.remove(0);
+    }
     let random = match args.first().map(String::as_str) {
         Some("--random") => Some(
             args.get(1)
@@ -1100,8 +1209,13 @@ fn run() -> Res<bool> {
             None => {
                 index.insert(kernel.name.clone(), items.len());
                 uses.push(vec![(origin.to_string(), 1)]);
+                let variants = match &work {
+                    Work::Fused(k) if variants => variants_of(k, &kernel),
+                    _ => Vec::new(),
+                };
                 items.push(Item {
                     kernel,
+                    variants,
                     work,
                     origin: String::new(),
                 });
@@ -1170,12 +1284,13 @@ fn run() -> Res<bool> {
             random.is_none(),
         );
         let head = format!(
-            "{} {:<11} {:<48} grid {:?} block {:?}",
+            "{} {:<11} {:<48} grid {:?} block {:?} ({})",
             it.kernel.name,
             it.work.kind(),
             it.work.shape(),
             it.kernel.launch.grid,
             it.kernel.launch.block,
+            resources(device.functions[&it.kernel.name]),
         );
         match r {
             Ok(o) => {
@@ -1196,6 +1311,9 @@ fn run() -> Res<bool> {
                     it.origin,
                     t.elapsed().as_secs_f64()
                 );
+                for v in &o.variants {
+                    println!("       {v}");
+                }
                 if !o.micros.is_nan() {
                     slow.push((o.micros, format!("{} {}", it.kernel.name, it.work.shape())));
                 }

@@ -1,22 +1,39 @@
-//! Prints the fused kernels of a model's step whose domain matches a filter, with the CUDA C
-//! generated for them: `kernel_dump MODEL DOMAIN_SUBSTRING` (e.g. `gpt2 "[8, 12, 1024, 1024]"`).
+//! Prints the fused kernels of a model's CUDA step whose domain matches a filter, with their
+//! description and the CUDA C generated for them, each distinct kernel once:
+//!
+//!     kernel_dump MODEL [DOMAIN_SUBSTRING]     e.g. kernel_dump gpt2 "[8, 12, 1024, 1024]"
 use ingot_compiler::ir::Op;
+
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let m = ingot_compiler::models::by_name(&a[0]).unwrap();
-    let c = ingot_compiler::pipeline::compile(
-        &m,
-        &ingot_runtime::session::Device::Cuda(Default::default()).options(),
-    )
-    .unwrap();
+    let Some(model) = a.first() else {
+        eprintln!("usage: kernel_dump MODEL [DOMAIN_SUBSTRING]");
+        std::process::exit(2);
+    };
+    let filter = a.get(1).map(String::as_str).unwrap_or("");
+    let opts = ingot_runtime::session::Device::Cuda(Default::default()).options();
+    let c = match ingot_compiler::models::by_name(model)
+        .map_err(|e| e.to_string())
+        .and_then(|m| ingot_compiler::pipeline::compile(&m, &opts).map_err(|e| e.to_string()))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kernel_dump: {e}");
+            std::process::exit(1);
+        }
+    };
     let mut seen = std::collections::HashSet::new();
     for id in c.graph.ids() {
         if let Op::Fused(k) = &c.graph.node(id).op {
-            if format!("{:?}", k.domain).contains(&a[1]) {
-                let g = ingot_kernels::cuda::fused(k).unwrap();
-                if seen.insert(g.name.clone()) {
-                    println!("=== %{} {}\n{}\n{}", id.index(), g.name, k, g.source);
+            if !format!("{:?}", k.domain).contains(filter) {
+                continue;
+            }
+            match ingot_kernels::cuda::fused(k) {
+                Ok(g) if seen.insert(g.name.clone()) => {
+                    println!("=== %{} {}\n{}\n{}", id.index(), g.name, k, g.source)
                 }
+                Ok(_) => {}
+                Err(e) => println!("=== %{}: {e}", id.index()),
             }
         }
     }

@@ -21,9 +21,11 @@ use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::LOSS;
+use ingot_compiler::exe::Target;
 use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::plan::MemoryPlan;
 use ingot_compiler::IrError;
 use std::time::Instant;
 use thiserror::Error;
@@ -126,6 +128,14 @@ pub enum Device {
 }
 
 impl Device {
+    /// The target this device's plans are made for (what a step executable records).
+    pub fn target(&self) -> Target {
+        match self {
+            Device::Cpu => Target::Cpu,
+            Device::Cuda(_) => Target::Cuda,
+        }
+    }
+
     /// The pipeline options for this device: rewriting and fusion on, and the target's
     /// workspace planned (the CPU matmul's packing space, or cuBLAS's workspace).
     pub fn options(&self) -> pipeline::Options {
@@ -207,16 +217,31 @@ impl Session {
                 source,
             },
         })?;
-        let g = compiled.graph;
-        let mut values = init::init_leaves(&g, LeafKind::Parameter, seed);
-        values.extend(init::init_leaves(&g, LeafKind::State, seed));
-        values.extend(init::synthetic_batch(&g, seed));
+        Session::from_parts(&model.name, compiled.graph, compiled.plan, seed, device)
+    }
+
+    /// A session of a step compiled earlier (a step executable's graph and plan, e.g.
+    /// [`ingot_compiler::exe::Executable`]): its parameters and optimizer state initialised from
+    /// `seed` and a synthetic batch from the same seed, exactly as [`Session::on`] does for the
+    /// same graph. The backend validates `plan` against `graph` with the independent validator
+    /// before making the allocation; `plan` must have been made for `device`'s target
+    /// ([`Device::options`]).
+    pub fn from_parts(
+        model: &str,
+        graph: Graph,
+        plan: MemoryPlan,
+        seed: u64,
+        device: Device,
+    ) -> Result<Session, SessionError> {
+        let mut values = init::init_leaves(&graph, LeafKind::Parameter, seed);
+        values.extend(init::init_leaves(&graph, LeafKind::State, seed));
+        values.extend(init::synthetic_batch(&graph, seed));
         let exe = match device {
-            Device::Cpu => Backend::Cpu(PlannedStep::new(g, compiled.plan)?),
-            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(g, compiled.plan, o)?)),
+            Device::Cpu => Backend::Cpu(PlannedStep::new(graph, plan)?),
+            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(graph, plan, o)?)),
         };
         let mut session = Session {
-            model: model.name.clone(),
+            model: model.to_string(),
             exe,
             steps: 0,
         };

@@ -76,7 +76,7 @@ fn relative(a: &Session, b: &Session) -> (f64, String, f64) {
             y_max = y_max.max(v.abs());
         }
         let r = d_max / y_max.max(1e-6);
-        if !(r <= worst.1) {
+        if r.is_nan() || r > worst.1 {
             worst = (name.clone(), r);
         }
     }

@@ -14,7 +14,7 @@ use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
 use check::{Location, PlanView};
 pub use liveness::{Liveness, Region, Storage, WorkspaceFn};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Every offset in a plan is a multiple of this (what CUDA's allocator and vector loads like).
@@ -55,7 +55,7 @@ impl Default for PlanOptions {
 }
 
 /// A complete memory plan for one step graph.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryPlan {
     pub strategy: Strategy,
     pub liveness: Liveness,

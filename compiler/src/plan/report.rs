@@ -4,14 +4,14 @@
 use super::{MemoryPlan, Region};
 use crate::autodiff::Phases;
 use crate::ir::{Graph, LeafKind, NodeId, Op};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
 /// Version of the JSON document; bumped on any incompatible change.
 pub const REPORT_VERSION: u32 = 1;
 
 /// Which pass of the step a node belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Forward,
@@ -37,7 +37,7 @@ impl Phases {
 }
 
 /// What a slab value is to the step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BufferKind {
     /// A forward value kept alive for the backward pass.
@@ -50,7 +50,7 @@ pub enum BufferKind {
     Workspace,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ResidentBytes {
     pub parameters: usize,
     pub optimizer_state: usize,
@@ -58,10 +58,10 @@ pub struct ResidentBytes {
 }
 
 /// One buffer live at the peak.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PeakBuffer {
     pub node: u32,
-    pub op: &'static str,
+    pub op: String,
     pub dtype: String,
     pub shape: Vec<usize>,
     pub bytes: usize,
@@ -69,7 +69,7 @@ pub struct PeakBuffer {
     pub lifetime: [usize; 2],
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KindBytes {
     pub saved_activation: usize,
     pub gradient: usize,
@@ -78,7 +78,7 @@ pub struct KindBytes {
 }
 
 /// The report: everything a user needs to know before launching a step.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub version: u32,
     pub model: String,
@@ -181,7 +181,7 @@ impl Report {
             let ty = g.ty(s.owner);
             live.push(PeakBuffer {
                 node: s.owner.0,
-                op: g.node(s.owner).op.name(),
+                op: g.node(s.owner).op.name().to_string(),
                 dtype: ty.dtype.to_string(),
                 shape: ty.shape.dims().to_vec(),
                 bytes: s.bytes,

@@ -15,7 +15,7 @@
 
 use super::{
     c_type, finish, grid_for, list, literal, signature, CodegenError, CudaKernel, Ix, Launch, Src,
-    Strategy, BLOCK, MAX_GRID_ELEMENTWISE, MAX_GRID_ROWS,
+    Strategy, Tuning, BLOCK, MAX_GRID_ELEMENTWISE, MAX_GRID_ROWS,
 };
 use crate::fused::check::operands;
 use crate::fused::{Access, FusedKernel, Inst};
@@ -35,8 +35,17 @@ pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
 }
 
 pub(super) fn generate(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
+    generate_tuned(k, Tuning::default())
+}
+
+/// [`generate`] with some of its choices overridden (see [`Tuning`]).
+pub(super) fn generate_tuned(k: &FusedKernel, tuning: Tuning) -> Result<CudaKernel, CodegenError> {
     k.check()?;
-    let a = Analysis::new(k);
+    let mut a = Analysis::new(k);
+    a.tuning = tuning;
+    a.tuning.row_threads = tuning
+        .row_threads
+        .filter(|t| t.is_power_of_two() && *t <= 1024);
     let (text, launch) = match a.strategy {
         Strategy::Elementwise => a.elementwise()?,
         Strategy::Rows | Strategy::Columns => a.reduction()?,
@@ -64,6 +73,8 @@ struct Analysis<'a> {
     pinned: Vec<bool>,
     strategy: Strategy,
     ix: Ix,
+    /// Choices forced from outside (none by default).
+    tuning: Tuning,
 }
 
 impl<'a> Analysis<'a> {
@@ -147,6 +158,7 @@ impl<'a> Analysis<'a> {
             pinned,
             strategy,
             ix,
+            tuning: Tuning::default(),
         }
     }
 
@@ -239,6 +251,12 @@ impl<'a> Analysis<'a> {
         }
         let out_vec = vectors.len();
         vectors.push(contiguous);
+        if let Some((l, vector)) = self
+            .vec4_inputs(&used)
+            .filter(|_| !self.tuning.scalar_elementwise)
+        {
+            return self.elementwise_vec4(l, &used, &vector);
+        }
         let space = Space::new(&all, &k.domain, &vectors, &self.pinned);
 
         let launch = Launch {
@@ -292,6 +310,180 @@ impl<'a> Analysis<'a> {
         let out_addr = join(None, space.part(out_vec, "e", ix), ix);
         for (j, o) in k.outputs.iter().enumerate() {
             src.line(format!("out{j}[{out_addr}] = v{};", o.value));
+        }
+        src.close();
+        src.close();
+        Ok((src.text, launch))
+    }
+
+    /// Whether the elementwise kernel goes four elements a thread through 4-element vector
+    /// loads and stores: `Some((l, vector))`, `l` the innermost axis of size > 1, `vector[n]`
+    /// whether input `n` is read four elements at a time (the others read one element for
+    /// all four). The four elements `4e .. 4e + 3` of the linear index are consecutive along
+    /// `l` when its size is a multiple of 4; then every output is a vector at `e`, and a load
+    /// is one if it is contiguous along `l` (stride 1) and its element address at `4e` is a
+    /// multiple of 4 (its offset and other strides are: buffers are 256-byte aligned, so the
+    /// vector is aligned too), or one element if it is broadcast along `l` (stride 0). Vectors
+    /// are of f32, i32 or bool (float4, int4, uchar4); a load of another type must be
+    /// broadcast along `l`.
+    fn vec4_inputs(&self, used: &[bool]) -> Option<(usize, Vec<bool>)> {
+        let k = self.k;
+        let dims = &k.domain;
+        let l = (0..dims.len()).rev().find(|&d| dims[d] > 1)?;
+        if !dims[l].is_multiple_of(4) || self.numel < VEC4_MIN_NUMEL {
+            return None;
+        }
+        if !(0..k.outputs.len()).all(|j| vec4_type(k.output_dtype(j)).is_some()) {
+            return None;
+        }
+        let mut vector = vec![false; k.inputs.len()];
+        for (n, inp) in k.inputs.iter().enumerate() {
+            if !used[n] {
+                continue;
+            }
+            let a = &inp.access;
+            match a.strides[l] {
+                0 => {}
+                1 if vec4_type(inp.dtype).is_some()
+                    && a.offset % 4 == 0
+                    && (0..dims.len()).all(|d| d == l || dims[d] == 1 || a.strides[d] % 4 == 0) =>
+                {
+                    vector[n] = true
+                }
+                _ => return None,
+            }
+        }
+        Some((l, vector))
+    }
+
+    /// The elementwise kernel four elements a thread (see [`Analysis::vec4_inputs`]): a
+    /// grid-stride loop over the domain with axis `l` counted in fours; each iteration reads a
+    /// vector of every input read that way, computes the body once per element in its own
+    /// scope, and writes a vector of each output. A thread reads and writes only its own four
+    /// elements, reads first.
+    fn elementwise_vec4(
+        &self,
+        l: usize,
+        used: &[bool],
+        vector: &[bool],
+    ) -> Result<(String, Launch), CodegenError> {
+        let k = self.k;
+        let ix = self.ix;
+        let quads = self.numel / 4;
+        let all: Vec<usize> = (0..k.domain.len()).collect();
+        // The domain in fours along l; strides in vectors (of the inputs read as vectors) or
+        // in elements (the others).
+        let mut dims = k.domain.clone();
+        dims[l] /= 4;
+        let mut vectors = Vec::new();
+        let mut vec_of = vec![usize::MAX; k.inputs.len()];
+        for (n, inp) in k.inputs.iter().enumerate() {
+            if used[n] {
+                vec_of[n] = vectors.len();
+                let mut s = inp.access.strides.clone();
+                if vector[n] {
+                    for (d, x) in s.iter_mut().enumerate() {
+                        *x = if d == l { 1 } else { *x / 4 };
+                    }
+                }
+                vectors.push(s);
+            }
+        }
+        let out_vec = vectors.len();
+        vectors.push(Access::contiguous(&dims).strides);
+        let space = Space::new(&all, &dims, &vectors, &self.pinned);
+        let launch = Launch {
+            grid: [grid_for(quads, BLOCK as usize, MAX_GRID_ELEMENTWISE), 1, 1],
+            block: [BLOCK, 1, 1],
+            shared_bytes: 0,
+        };
+        let mut src = Src::default();
+        self.header(
+            &mut src,
+            &format!("{} elements, 4 a thread along axis {l}", self.numel),
+            &launch,
+        );
+        src.open(signature(BLOCK, &self.params()));
+        src.open(format!(
+            "for ({t} e = {start}; e < {quads}; e += {stride}) {{",
+            t = ix.ty(),
+            start = ix.global_thread(BLOCK),
+            quads = ix.lit(quads),
+            stride = ix.grid_stride(BLOCK),
+        ));
+        let mut need = vec![false; space.groups.len()];
+        for (n, &u) in used.iter().enumerate() {
+            if u {
+                space.need(vec_of[n], &mut need);
+            }
+        }
+        space.need_pinned(&self.pinned, &mut need);
+        space.decompose(&mut src, "e", ix, &need);
+        // Addresses: in vectors for the vector loads, in elements for the others.
+        let addr: Vec<String> = (0..k.inputs.len())
+            .map(|n| {
+                if !used[n] {
+                    return String::new();
+                }
+                let off = k.inputs[n].access.offset / if vector[n] { 4 } else { 1 };
+                join(
+                    (off != 0).then(|| ix.lit(off)),
+                    space.part(vec_of[n], "e", ix),
+                    ix,
+                )
+            })
+            .collect();
+        for (n, inp) in k.inputs.iter().enumerate() {
+            if vector[n] {
+                src.line(format!(
+                    "const {v} l{n} = reinterpret_cast<const {v}*>(in{n})[{}];",
+                    addr[n],
+                    v = vec4_type(inp.dtype).unwrap_or("float4")
+                ));
+            }
+        }
+        for j in 0..k.outputs.len() {
+            let v = vec4_type(k.output_dtype(j)).unwrap_or("float4");
+            src.line(format!("{v} r{j};"));
+        }
+        for (q, lane) in ["x", "y", "z", "w"].into_iter().enumerate() {
+            src.open("{");
+            let axis = |d: usize| {
+                let x = space.axis_var(d, ix);
+                if d != l {
+                    x
+                } else if q == 0 {
+                    format!("(4u * {x})")
+                } else {
+                    format!("(4u * {x} + {q}u)")
+                }
+            };
+            for i in 0..k.body.len() {
+                if !self.live[i] {
+                    continue;
+                }
+                let ty = c_type(self.dt[i]);
+                match k.body[i] {
+                    Inst::Load { input } if vector[input] => {
+                        src.line(format!("const {ty} v{i} = l{input}.{lane};"))
+                    }
+                    _ => {
+                        let e = self.expr(i, &addr, &axis)?;
+                        src.line(format!("const {ty} v{i} = {e};"));
+                    }
+                }
+            }
+            for (j, o) in k.outputs.iter().enumerate() {
+                src.line(format!("r{j}.{lane} = v{};", o.value));
+            }
+            src.close();
+        }
+        let out_addr = join(None, space.part(out_vec, "e", ix), ix);
+        for j in 0..k.outputs.len() {
+            src.line(format!(
+                "reinterpret_cast<{}*>(out{j})[{out_addr}] = r{j};",
+                vec4_type(k.output_dtype(j)).unwrap_or("float4")
+            ));
         }
         src.close();
         src.close();
@@ -520,7 +712,6 @@ impl<'a> Analysis<'a> {
         let ix = self.ix;
         let rank = k.domain.len();
         let (n, rows) = (self.n, self.rows);
-        let columns = self.strategy == Strategy::Columns;
         let nb = body_len(k);
 
         // Instruction lists.
@@ -582,19 +773,18 @@ impl<'a> Analysis<'a> {
             }
         }
 
-        // Launch shape.
-        let lay = if columns {
-            let (x, y) = self.column_block(reds.len());
-            Layout::Columns { x, y }
-        } else if n <= GROUP_MAX_N {
-            // Short rows: a group of up to 32 lanes of one warp per row, several rows a block.
-            let w = (n.next_power_of_two().clamp(1, 32)) as u32;
-            Layout::Group { w, g: 256 / w }
-        } else {
-            Layout::Block {
-                t: row_threads(n, rows),
+        // Loads the loops over the row read, and how many of the loops read each.
+        let mut loop_uses = vec![0usize; nb];
+        if n > 0 {
+            for &i in pass_full.iter().flatten().chain(&final_full) {
+                if matches!(k.body[i], Inst::Load { .. }) {
+                    loop_uses[i] += 1;
+                }
             }
-        };
+        }
+
+        // Launch shape, and whether the loads several loops read are kept in registers.
+        let (lay, cache) = self.layout(reds.len(), &loop_uses);
         let (bx, by) = match lay {
             Layout::Columns { x, y } => (x, y),
             Layout::Group { w, g } => (w * g, 1),
@@ -782,33 +972,16 @@ impl<'a> Analysis<'a> {
             n = ix.lit(n),
             step = ix.lit(step as usize)
         );
-        // Loads that several loops over the row read are kept in registers when each thread
-        // has few elements of the row: the first loop that reads one stores it in `c{i}[u]`,
-        // later loops read it there. The loops are then unrolled, `u` counting the thread's
-        // elements.
-        let mut loop_uses = vec![0usize; nb];
-        if n > 0 {
-            for &i in pass_full.iter().flatten().chain(&final_full) {
-                if matches!(k.body[i], Inst::Load { .. }) {
-                    loop_uses[i] += 1;
-                }
-            }
-        }
-        // All or nothing: only when every load the loops read is read by several of them and
-        // all fit (measured on an H200: unrolled loops that still read memory hold too many
-        // loads in flight and spill, and lose more than the cache gains).
+        // Loads that several loops over the row read are kept in registers (see `layout`): the
+        // first loop that reads one stores it in `c{i}[u]`, later loops read it there. The loops
+        // are then unrolled, `u` counting the thread's elements, so that every index into
+        // `c{i}` is a compile-time constant and the arrays live in registers.
         let per_thread = n.div_ceil(step as usize);
-        let in_loops: Vec<usize> = (0..nb).filter(|&i| loop_uses[i] > 0).collect();
-        let words: usize = in_loops
-            .iter()
-            .map(|&i| per_thread * self.dt[i].size().div_ceil(4))
-            .sum();
-        let cache = !columns
-            && !in_loops.is_empty()
-            && in_loops.iter().all(|&i| loop_uses[i] >= 2)
-            && per_thread <= CACHE_PER_THREAD
-            && words <= CACHE_WORDS;
-        let cached: Vec<usize> = if cache { in_loops } else { Vec::new() };
+        let cached: Vec<usize> = if cache {
+            (0..nb).filter(|&i| loop_uses[i] >= 2).collect()
+        } else {
+            Vec::new()
+        };
         let mut is_cached = vec![false; nb];
         for &i in &cached {
             is_cached[i] = true;
@@ -1091,6 +1264,86 @@ impl<'a> Analysis<'a> {
         (0..nb).filter(|&i| mark[i]).collect()
     }
 
+    /// The launch layout of a reduction kernel, and whether the loops over the row keep the
+    /// loads that several of them read in registers (`loop_uses[i]`: how many loops read
+    /// load `i`).
+    ///
+    /// The row strategy's default layout (a group of up to 32 lanes per short row, a block per
+    /// long row, see [`row_threads`]) is kept when caching is not wanted (no load is read by
+    /// several loops) or fits it: the cached loads within [`CACHE_WORDS`] registers a thread,
+    /// and at most [`CACHE_SPLIT_MAX`] elements a thread, or [`CACHE_PER_THREAD`] when every
+    /// load the loops read is cached (a short softmax). Otherwise the row gets more threads:
+    /// the fewest (a power of two, up to 1024) that leave each thread at most
+    /// [`CACHE_SPLIT_PER_THREAD`] elements (at most [`CACHE_SPLIT_MAX`] with 1024), the cached
+    /// loads within [`CACHE_WORDS`]; the loads read by one loop only are then read from memory
+    /// in the unrolled loops, a few at a time. Rows too long for that (more than 8192
+    /// elements, or fewer with many loads) read memory in every loop.
+    ///
+    /// Measured on an H200 (GPT-2's rows of 768 and 1024): GPT-2's attention backward (two
+    /// cached loads, rows of 1024) takes 838 µs with 32 lanes and nothing cached, 1150 µs with
+    /// 64 threads (16 elements each: 114 registers), 748 with 128, 662 with 256, 930 with 512;
+    /// LayerNorms over 768 are 30-45% faster with 128 or 256 threads (equal) than with 32
+    /// lanes, 10-25% slower with 512.
+    fn layout(&self, reductions: usize, loop_uses: &[usize]) -> (Layout, bool) {
+        let n = self.n;
+        if self.strategy == Strategy::Columns {
+            let (x, y) = self.column_block(reductions);
+            return (Layout::Columns { x, y }, false);
+        }
+        let with = |t: u32| {
+            if t <= 32 {
+                // A group of lanes of one warp per row, several rows a block.
+                let w = t.min(n.next_power_of_two().clamp(1, 32) as u32);
+                Layout::Group { w, g: 256 / w }
+            } else {
+                Layout::Block { t }
+            }
+        };
+        let default = match self.tuning.row_threads {
+            Some(t) => with(t),
+            None if n <= GROUP_MAX_N => with(32),
+            None => Layout::Block {
+                t: row_threads(n, self.rows),
+            },
+        };
+        let steps = |lay: Layout| match lay {
+            Layout::Group { w, .. } => w as usize,
+            Layout::Block { t } => t as usize,
+            Layout::Columns { y, .. } => y as usize,
+        };
+        let in_loops = loop_uses.iter().filter(|&&u| u > 0).count();
+        let multi: Vec<usize> = (0..loop_uses.len())
+            .filter(|&i| loop_uses[i] >= 2)
+            .collect();
+        if multi.is_empty() {
+            return (default, false);
+        }
+        let all = multi.len() == in_loops;
+        let words: usize = multi.iter().map(|&i| self.dt[i].size().div_ceil(4)).sum();
+        let fits = |t: usize| {
+            let per = n.div_ceil(t);
+            per * words <= CACHE_WORDS && (per <= CACHE_SPLIT_MAX || all && per <= CACHE_PER_THREAD)
+        };
+        let t0 = steps(default);
+        if fits(t0) || self.tuning.row_threads.is_some() {
+            return (default, fits(t0));
+        }
+        let mut t = t0 * 2;
+        while t <= 1024 {
+            let per = n.div_ceil(t);
+            let most = if t == 1024 {
+                CACHE_SPLIT_MAX
+            } else {
+                CACHE_SPLIT_PER_THREAD
+            };
+            if per <= most && per * words <= CACHE_WORDS {
+                return (with(t as u32), true);
+            }
+            t *= 2;
+        }
+        (default, false)
+    }
+
     /// Block shape `(X, Y)` of the column strategy: X rows side by side (32, or down to 8 when
     /// that leaves too few blocks to fill the GPU; 8 four-byte values still fill a 32-byte
     /// sector), Y threads along each row (256 threads a block, 1024 when blocks are few).
@@ -1254,15 +1507,39 @@ fn accumulate(op: ReduceOp, d: DType, acc: &str, t: &str) -> String {
     }
 }
 
+/// Elementwise kernels of at least this many elements may go four elements a thread. Measured
+/// on an H200: 20-28% faster at 6.3M and 25M elements (GPT-2's head copies and MLP
+/// activations), 3% at 38.6M (its embedding's AdamW), but 1-3% slower at 0.8M to 2.4M and on
+/// tiny kernels (fewer, longer threads where there is less to hide latency with).
+const VEC4_MIN_NUMEL: usize = 1 << 22;
+
+/// The CUDA vector type of four elements of `d`, where 16- or 4-byte vectors exist.
+fn vec4_type(d: DType) -> Option<&'static str> {
+    match d {
+        DType::F32 => Some("float4"),
+        DType::I32 => Some("int4"),
+        DType::Bool => Some("uchar4"),
+        DType::F64 | DType::I64 => None,
+    }
+}
+
 /// Transposing elementwise kernels go through shared-memory tiles when they have at least
 /// this many elements and both tile axes at least this size.
 const TILE_MIN_NUMEL: usize = 1 << 16;
 const TILE_MIN_DIM: usize = 16;
 
-/// Register caching of loads across passes: at most this many elements per thread, and this
-/// many 32-bit registers per thread for all the cached loads together.
+/// Register caching of loads across passes: at most this many elements per thread when every
+/// load the loops read is cached, and this many 32-bit registers per thread for all the cached
+/// loads together.
 const CACHE_PER_THREAD: usize = 32;
 const CACHE_WORDS: usize = 32;
+/// Elements per thread when the row gets more threads so that its loads fit in registers
+/// (see `Analysis::layout`): at most this many, or [`CACHE_SPLIT_MAX`] with 1024 threads a
+/// row; and at most `CACHE_SPLIT_MAX` whenever some loads the loops read are not cached
+/// (those are read from memory in the unrolled loops: more would keep too many loads in
+/// flight).
+const CACHE_SPLIT_PER_THREAD: usize = 4;
+const CACHE_SPLIT_MAX: usize = 8;
 
 /// Rows of at most this many elements get a group of lanes of one warp, not a block.
 const GROUP_MAX_N: usize = 1024;

@@ -2,7 +2,9 @@
 //! kernels: gather, scatter-add, concat) become CUDA C source text and launch shapes.
 //!
 //! Nothing here touches a device: the runtime compiles the text with NVRTC (default options plus
-//! `--gpu-architecture=compute_XY`) and launches it. A module's source is [`PRELUDE`] followed by
+//! `--gpu-architecture=compute_XY`) and launches it. Every pointer a kernel gets must be 16-byte
+//! aligned (the memory plan places every buffer at a multiple of 256 bytes): elementwise kernels
+//! read and write 16-byte vectors where the accesses allow. A module's source is [`PRELUDE`] followed by
 //! the distinct kernels' sources, each once; a kernel's name is a hash of its text, so the same
 //! kernel generated for twelve layers is compiled once.
 //!
@@ -17,10 +19,16 @@
 //!   copy): a grid-stride loop over the domain's elements, block 256, grid
 //!   `min(ceil(numel / 256), 132 * 32)`. The linear index is split into domain indices only where
 //!   a load (or an index instruction) needs them; a load whose access is the contiguous map of
-//!   the domain (up to a scale) reads at the linear index itself. A transposing kernel (a load
-//!   contiguous along another axis than the innermost one, at least 2^16 elements) goes through
-//!   32 × 32 tiles in shared memory instead, block (32, 8), one tile per block, so that both its
-//!   reads and its writes coalesce.
+//!   the domain (up to a scale) reads at the linear index itself. When the innermost axis of
+//!   size > 1 is a multiple of 4 long, every output is f32, i32 or bool, and every load is
+//!   either contiguous along it (of those types, at an offset and outer strides that are
+//!   multiples of 4 elements, so 16-byte aligned) or broadcast along it, each thread takes four
+//!   consecutive elements instead: vector loads (`float4`, `int4`, `uchar4`) and vector stores,
+//!   grid `min(ceil(numel / 1024), 132 * 32)` (kernels of at least 2^22 elements; smaller ones
+//!   measured slightly slower that way). A transposing kernel (a load contiguous along another
+//!   axis than the innermost one, at least 2^16 elements) goes through 32 × 32 tiles in shared
+//!   memory instead, block (32, 8), one tile per block, so that both its reads and its writes
+//!   coalesce.
 //! - **Rows** (the innermost axis of size > 1 is reduced, or there are fewer than 64 rows):
 //!   threads stride over a row's elements, so that consecutive threads read consecutive memory.
 //!   Rows of up to 1024 elements get a group of `w` lanes of one warp each (`w` the row length
@@ -28,10 +36,15 @@
 //!   combine their partials by shuffles alone; longer rows get a block each (256 threads, 1024
 //!   for rows of 16384 or more, or of 4096 or more when there are few rows), combining by warp
 //!   shuffles and then across warps through shared memory. Each reduction level is one pass
-//!   over the row, a final pass computes and stores the full outputs. When every load the
-//!   passes read is read by several of them and they fit in 32 registers a thread (at most 32
-//!   elements of the row a thread: a short softmax), the first pass keeps them in registers and
-//!   the row is read from memory once.
+//!   over the row, a final pass computes and stores the full outputs. The loads that several
+//!   of these loops read are kept in registers by the first loop that reads them (the loops
+//!   unrolled, so that the cached arrays are indexed by constants), when they fit in 32
+//!   registers a thread: as laid out above if every load the loops read is cached and a thread
+//!   has at most 32 elements of the row (a short softmax), or at most 8 elements; otherwise
+//!   the row gets a block of the fewest threads (64 to 1024) that leave each thread at most 4
+//!   elements (8 with 1024 threads): GPT-2's attention backward, rows of 1024 with two cached
+//!   loads, gets 256 threads of 4 elements; a LayerNorm over 768, 256 threads of 3. The row
+//!   is then read from memory once. Rows too long for either read memory in every loop.
 //! - **Columns** (the innermost axis is kept: a bias gradient): block `(X, Y)`; thread `x` takes
 //!   a row (consecutive rows are consecutive in memory, so loads coalesce), threads `y` stride
 //!   over the row's reduced elements, and the `Y` partials are combined through shared memory.
@@ -124,6 +137,25 @@ pub enum CodegenError {
 /// ([`FusedKernel::check`]); an invalid description gives [`CodegenError::Invalid`].
 pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
     fused::generate(k)
+}
+
+/// Choices of [`fused_tuned`] that override the generator's own, for measuring them
+/// (`cuda_kernels --variants`); the default overrides nothing.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// Threads per row of the row strategy (a power of two up to 1024: up to 32, a group of
+    /// lanes of one warp; above, a block; anything else is ignored). Loads are still kept in
+    /// registers across passes only where they fit.
+    pub row_threads: Option<u32>,
+    /// Elementwise kernels one element a thread, never four.
+    pub scalar_elementwise: bool,
+}
+
+/// [`fused`] with some choices forced (see [`Tuning`]).
+#[doc(hidden)]
+pub fn fused_tuned(k: &FusedKernel, tuning: Tuning) -> Result<CudaKernel, CodegenError> {
+    fused::generate_tuned(k, tuning)
 }
 
 /// The strategy [`fused`] uses for `k` (checks `k` first).

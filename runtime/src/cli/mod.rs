@@ -3,8 +3,11 @@
 //! Exit codes: 0 success; 1 an error (the message names what is wrong); 2 bad arguments;
 //! 3 a memory budget the plan exceeds, or a capacity the offset solver cannot meet in time.
 
+mod compile;
 mod dsa;
+mod inspect;
 mod plan;
+mod run;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +29,12 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Train a model for some steps and print the loss of each.
     Train(train::TrainArgs),
+    /// Compile a model's training step into a step executable file, planned for one target.
+    Compile(compile::CompileArgs),
+    /// Train a step executable made by `ingot compile`, as `ingot train` trains a model.
+    Run(run::RunArgs),
+    /// Print what a step executable holds: its header and its memory report.
+    Inspect(inspect::InspectArgs),
     /// Solve an offset-assignment problem (MiniMalloc's CSV format) with Ingot's solver.
     Dsa(dsa::DsaArgs),
 }
@@ -87,6 +96,9 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Plan(a) => plan::run(&a),
         Command::Train(a) => train::run(&a),
+        Command::Compile(a) => compile::run(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Inspect(a) => inspect::run(&a),
         Command::Dsa(a) => dsa::run(&a),
     };
     match result {

@@ -4,6 +4,9 @@
 //! batch from the same seed is used for every step. `--save-data` writes the batch used, and
 //! `--save` the parameters after the last step (with `--steps 0`, the initial ones), so the same
 //! run can be repeated elsewhere (PyTorch: scripts/torch_reference.py).
+//!
+//! `ingot run` trains a step executable through the same [`train`] function, so the two print
+//! the same lines.
 
 use super::Failure;
 use crate::cuda::CudaOptions;
@@ -24,12 +27,19 @@ pub struct TrainArgs {
     /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
     #[arg(long)]
     pub model: String,
+    #[command(flatten)]
+    pub run: StepArgs,
+}
+
+/// How to run the steps: the options `ingot train` and `ingot run` share.
+#[derive(clap::Args, Debug)]
+pub struct StepArgs {
     /// Number of training steps (0: only initialise, e.g. to --save the initial parameters).
     #[arg(long)]
     pub steps: u64,
-    /// Where to run the steps.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    pub device: Device,
+    /// Where to run the steps (train: cpu unless given; run: the executable's target).
+    #[arg(long, value_enum)]
+    pub device: Option<Device>,
     /// Initial parameters (safetensors, PyTorch names and layouts) instead of seeded ones.
     #[arg(long, value_name = "P.safetensors")]
     pub init: Option<PathBuf>,
@@ -54,10 +64,10 @@ pub struct TrainArgs {
     pub tf32: bool,
 }
 
-impl TrainArgs {
-    /// The session device these arguments ask for.
-    pub fn session_device(&self) -> Result<session::Device, Failure> {
-        match self.device {
+impl StepArgs {
+    /// The session device these arguments ask for; `default` when `--device` is not given.
+    pub fn session_device(&self, default: Device) -> Result<session::Device, Failure> {
+        match self.device.unwrap_or(default) {
             Device::Cpu if self.tf32 => Err(Failure::new(
                 2,
                 "--tf32 applies to matmuls on the GPU; add --device cuda, or drop --tf32",
@@ -83,9 +93,16 @@ struct StepLine {
 }
 
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
-    let device = a.session_device()?;
+    let device = a.run.session_device(Device::Cpu)?;
     let model = models::by_name(&a.model)?;
-    let mut session = Session::on(&model, a.seed, device)?;
+    let mut session = Session::on(&model, a.run.seed, device)?;
+    train(&mut session, &a.run, device)
+}
+
+/// Trains `session` as `a` says: loads `--init` and `--data`, writes `--save-data`, runs the
+/// steps printing each one's loss (a line of text, or of JSON), then the summary, then writes
+/// `--save`. `ingot train` and `ingot run` both end here, so their output is the same.
+pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Result<(), Failure> {
     if let Some(path) = &a.init {
         let params = io::load(path)?;
         session
@@ -105,7 +122,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         let params: usize = session.parameters().values().map(|t| t.numel()).sum();
         crate::outln!(
             "model {}: {} parameters, {} steps on {}{}, {} parameters, {} batch",
-            model.name,
+            session.model(),
             params,
             a.steps,
             session.exe().device(),
@@ -147,7 +164,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             crate::outln!("step {i:>5}  loss {:>12.6}  {:>9.3} s", r.loss, r.seconds)?;
         }
     }
-    summary(a, &session, &seconds, &wall, free_after_first)?;
+    summary(a, session, &seconds, &wall, free_after_first)?;
     if let Some(path) = &a.save {
         io::save(path, &session.parameters())?;
         if !a.json {
@@ -194,7 +211,7 @@ fn median(xs: &[f64]) -> Option<f64> {
 }
 
 fn summary(
-    a: &TrainArgs,
+    a: &StepArgs,
     session: &Session,
     seconds: &[f64],
     wall: &[f64],

@@ -320,7 +320,7 @@ impl Lowering<'_> {
                 self.not_in_place(id)?;
                 let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
                 let n = ids.shape.numel();
-                let row_len = if n == 0 { 0 } else { values.shape.numel() / n };
+                let row_len = values.shape.numel().checked_div(n).unwrap_or(0);
                 let k = codegen::scatter_add(ids.dtype, values.dtype, *rows, row_len, n)
                     .map_err(codegen_error)?;
                 if here.bytes > 0 {

@@ -1,0 +1,560 @@
+//! Step executables on disk: a compiled training step (the fused step graph, its memory plan,
+//! the target it was planned for, its leaves' layouts, its kernels and its report) written once
+//! by `ingot compile` and loaded by `ingot run` or `ingot inspect`, without compiling again.
+//!
+//! The file is a 28-byte header and a JSON payload (docs/executable-format.md is the
+//! specification):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..8 | the magic bytes `INGOTEXE` |
+//! | 8..12 | the format version, a little-endian u32 ([`VERSION`]) |
+//! | 12..20 | the payload's length in bytes, a little-endian u64 |
+//! | 20..28 | the payload's FNV-1a-64 checksum, a little-endian u64 |
+//! | 28.. | the payload: one JSON object ([`Executable`], the graph in IR text form) |
+//!
+//! Reading checks each of these in that order, then parses the graph (the IR text parser runs
+//! shape inference on every line), verifies it, checks that the plan's tables fit the graph,
+//! and runs the independent validator ([`MemoryPlan::validate`]) over the plan before anything
+//! can run it. Every failure is an [`ExeError`] naming the file and what is wrong; no input,
+//! however damaged, makes the reader panic.
+//!
+//! ```
+//! use ingot_compiler::exe::{Executable, Target};
+//! use ingot_compiler::pipeline;
+//! let compiled = pipeline::compile_model("mlp", &pipeline::Options::default()).unwrap();
+//! let exe = Executable::new(&compiled, Target::Cpu);
+//! let bytes = exe.to_bytes().unwrap();
+//! let back = Executable::from_bytes(&bytes, "mlp.ingot").unwrap();
+//! assert_eq!(back, exe);
+//! ```
+
+use crate::error::IrError;
+use crate::ir::{text, Graph, LeafKind, Op};
+use crate::pipeline::Compiled;
+use crate::plan::report::Report;
+use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The first eight bytes of every step executable.
+pub const MAGIC: [u8; 8] = *b"INGOTEXE";
+
+/// The format version this code writes and reads. Bumped on any change to the header or the
+/// payload; a file of another version is refused with a message saying to recompile.
+pub const VERSION: u32 = 1;
+
+/// Bytes before the payload: magic, version, length, checksum.
+pub const HEADER_BYTES: usize = 28;
+
+/// The target a plan was made for. Targets plan different library workspaces (the CPU
+/// matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    Cpu,
+    Cuda,
+}
+
+impl Target {
+    /// The name used on the command line and in the file (`cpu`, `cuda`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where one leaf (parameter, optimizer state or input) lives in the step's one allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    pub name: String,
+    /// `parameter`, `state` or `input`.
+    pub kind: String,
+    /// `f32`, `f64`, `i32`, `i64` or `bool`.
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Byte offset in the allocation (inside the resident region).
+    pub offset: usize,
+    /// Bytes of the value (elements times the element size, before alignment).
+    pub bytes: usize,
+}
+
+/// One kernel's source, for targets that compile kernels from source (CUDA C on `cuda`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kernel {
+    /// The entry point.
+    pub name: String,
+    pub source: String,
+}
+
+/// A compiled training step, as stored in a step executable.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Executable {
+    /// The model's name (`mlp`, `gpt:...`).
+    pub model: String,
+    /// The target the plan was made for.
+    pub target: Target,
+    /// The step graph that is planned and run: rewritten and fused.
+    pub graph: Graph,
+    pub plan: MemoryPlan,
+    /// Every leaf of the graph, in graph order.
+    pub layouts: Vec<Layout>,
+    /// Source shared by every kernel, placed before them in one module (the CUDA prelude);
+    /// empty on the CPU.
+    pub kernel_prelude: String,
+    /// Each distinct kernel once, in first-launch order; empty on the CPU, whose kernels are
+    /// built into the runtime. The compiler leaves this empty: the runtime, which generates
+    /// them, fills it in.
+    pub kernels: Vec<Kernel>,
+    pub report: Report,
+}
+
+/// The payload as it is written: [`Executable`] with the graph in its text form.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Payload {
+    model: String,
+    target: Target,
+    /// The version of the `ingot` that wrote the file (informative; [`VERSION`] decides).
+    producer: String,
+    /// The step graph in IR text form ([`text::print`]).
+    graph: String,
+    plan: MemoryPlan,
+    layouts: Vec<Layout>,
+    kernel_prelude: String,
+    kernels: Vec<Kernel>,
+    report: Report,
+}
+
+/// A step executable that cannot be written or read: the file, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", .path.display())]
+pub struct ExeError {
+    pub path: PathBuf,
+    pub problem: Problem,
+}
+
+/// What is wrong with a step executable.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("cannot read it: {0}")]
+    Read(std::io::Error),
+    #[error("cannot write it: {0}")]
+    Write(std::io::Error),
+    #[error("not an Ingot step executable: it starts with {found}, not the magic bytes \"INGOTEXE\"; make one with `ingot compile --model NAME -o FILE`")]
+    Magic { found: String },
+    #[error("it is a step executable of format version {found}, but this ingot reads version {supported}; recompile it with this ingot (`ingot compile --model NAME -o FILE`)")]
+    Version { found: u32, supported: u32 },
+    #[error("truncated: {0}; copy it again or recompile it")]
+    Truncated(String),
+    #[error("corrupted: the payload's FNV-1a-64 checksum is {computed:016x}, but the header says {stored:016x}; copy it again or recompile it")]
+    Checksum { stored: u64, computed: u64 },
+    #[error("corrupted: {0}; copy it again or recompile it")]
+    Corrupt(String),
+    #[error("the payload cannot be encoded: {0}")]
+    Encode(String),
+    #[error("the step graph does not parse or verify: {0}")]
+    Graph(IrError),
+    #[error("the memory plan does not fit the step graph: {0}; recompile it")]
+    Plan(String),
+}
+
+impl ExeError {
+    fn new(path: &Path, problem: Problem) -> ExeError {
+        ExeError {
+            path: path.to_path_buf(),
+            problem,
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: the payload's checksum (it detects accidental damage, not tampering).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The layout of every leaf of `g` under `plan`, in graph order. `plan` must fit `g` (as a
+/// plan the planner made, or one [`Executable::from_bytes`] accepted, does).
+pub fn layouts(g: &Graph, plan: &MemoryPlan) -> Vec<Layout> {
+    g.ids()
+        .filter_map(|id| match &g.node(id).op {
+            Op::Leaf { name, kind, .. } => {
+                let ty = g.ty(id);
+                let loc = plan.location(g, id);
+                Some(Layout {
+                    name: name.clone(),
+                    kind: match kind {
+                        LeafKind::Parameter => "parameter",
+                        LeafKind::State => "state",
+                        LeafKind::Input => "input",
+                    }
+                    .to_string(),
+                    dtype: ty.dtype.to_string(),
+                    shape: ty.shape.dims().to_vec(),
+                    offset: loc.offset,
+                    bytes: loc.bytes,
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+impl Executable {
+    /// The executable of a compiled step planned for `target`, without kernel sources (the
+    /// runtime adds those for targets that have them).
+    pub fn new(compiled: &Compiled, target: Target) -> Executable {
+        Executable {
+            model: compiled.model.clone(),
+            target,
+            layouts: layouts(&compiled.graph, &compiled.plan),
+            graph: compiled.graph.clone(),
+            plan: compiled.plan.clone(),
+            kernel_prelude: String::new(),
+            kernels: Vec::new(),
+            report: compiled.report.clone(),
+        }
+    }
+
+    /// The source of the module holding every kernel: the prelude, then each kernel after a
+    /// newline (what the CUDA runtime compiles); empty on the CPU.
+    pub fn module_source(&self) -> String {
+        let mut s = self.kernel_prelude.clone();
+        for k in &self.kernels {
+            s.push('\n');
+            s.push_str(&k.source);
+        }
+        s
+    }
+
+    /// The file's bytes: header and payload. The same executable always gives the same bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ExeError> {
+        let payload = Payload {
+            model: self.model.clone(),
+            target: self.target,
+            producer: format!("ingot {}", env!("CARGO_PKG_VERSION")),
+            graph: text::print(&self.graph),
+            plan: self.plan.clone(),
+            layouts: self.layouts.clone(),
+            kernel_prelude: self.kernel_prelude.clone(),
+            kernels: self.kernels.clone(),
+            report: self.report.clone(),
+        };
+        let json = serde_json::to_vec(&payload)
+            .map_err(|e| ExeError::new(Path::new("<memory>"), Problem::Encode(e.to_string())))?;
+        let mut out = Vec::with_capacity(HEADER_BYTES + json.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&fnv1a64(&json).to_le_bytes());
+        out.extend_from_slice(&json);
+        Ok(out)
+    }
+
+    /// Writes the executable to `path`.
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<(), ExeError> {
+        let path = path.as_ref();
+        let bytes = self
+            .to_bytes()
+            .map_err(|e| ExeError::new(path, e.problem))?;
+        std::fs::write(path, bytes).map_err(|e| ExeError::new(path, Problem::Write(e)))
+    }
+
+    /// Reads and checks the executable at `path` ([`Executable::from_bytes`]).
+    pub fn read(path: impl AsRef<Path>) -> Result<Executable, ExeError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| ExeError::new(path, Problem::Read(e)))?;
+        Executable::from_bytes(&bytes, path)
+    }
+
+    /// Reads an executable from its bytes; `path` names the file in errors. Checks, in order:
+    /// the magic bytes, the version, the length, the checksum; then parses the payload and the
+    /// graph, verifies the graph, checks that the plan fits it and validates the plan with the
+    /// independent validator, and checks that the layouts and the report agree with the plan.
+    pub fn from_bytes(bytes: &[u8], path: impl AsRef<Path>) -> Result<Executable, ExeError> {
+        let path = path.as_ref();
+        let fail = |problem: Problem| ExeError::new(path, problem);
+        let json = open(bytes).map_err(fail)?;
+        let p: Payload = serde_json::from_slice(json).map_err(|e| {
+            fail(Problem::Corrupt(format!(
+                "the payload is not a step executable's JSON: {e}"
+            )))
+        })?;
+        let graph = text::parse(&p.graph).map_err(|e| fail(Problem::Graph(e)))?;
+        graph.verify().map_err(|e| fail(Problem::Graph(e)))?;
+        check_plan(&graph, &p.plan).map_err(|e| fail(Problem::Plan(e)))?;
+        p.plan
+            .validate(&graph)
+            .map_err(|e| fail(Problem::Plan(e.to_string())))?;
+        let exe = Executable {
+            model: p.model,
+            target: p.target,
+            graph,
+            plan: p.plan,
+            layouts: p.layouts,
+            kernel_prelude: p.kernel_prelude,
+            kernels: p.kernels,
+            report: p.report,
+        };
+        exe.check_tables().map_err(|e| fail(Problem::Corrupt(e)))?;
+        Ok(exe)
+    }
+
+    /// The layouts and the report say what the plan says.
+    fn check_tables(&self) -> Result<(), String> {
+        if self.layouts != layouts(&self.graph, &self.plan) {
+            return Err("the leaf layouts disagree with the memory plan".into());
+        }
+        let (r, p) = (&self.report, &self.plan);
+        let agree = r.model == self.model
+            && r.ops == self.graph.len()
+            && r.total_bytes == p.total_bytes
+            && r.resident_bytes == p.resident_bytes
+            && r.slab_bytes == p.slab_bytes
+            && r.lower_bound_bytes == p.load_bytes
+            && r.peak_position == p.peak_position;
+        if !agree {
+            return Err("the report disagrees with the memory plan".into());
+        }
+        if self.target == Target::Cpu
+            && (!self.kernels.is_empty() || !self.kernel_prelude.is_empty())
+        {
+            return Err("a cpu executable carries kernel sources".into());
+        }
+        Ok(())
+    }
+}
+
+/// Checks the header and returns the payload.
+fn open(bytes: &[u8]) -> Result<&[u8], Problem> {
+    let head = &bytes[..bytes.len().min(MAGIC.len())];
+    if head.is_empty() || head != &MAGIC[..head.len()] {
+        return Err(Problem::Magic {
+            found: describe_start(head),
+        });
+    }
+    if bytes.len() < HEADER_BYTES {
+        // The magic (or what there is of it) is right: a file cut short inside its header.
+        let what = if bytes.len() < 12 {
+            "its version"
+        } else {
+            "the header"
+        };
+        return Err(Problem::Truncated(format!(
+            "it ends after {} bytes, inside {what} (a step executable starts with a {HEADER_BYTES}-byte header)",
+            bytes.len()
+        )));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let version = u32_at(8);
+    if version != VERSION {
+        return Err(Problem::Version {
+            found: version,
+            supported: VERSION,
+        });
+    }
+    let (length, stored) = (u64_at(12), u64_at(20));
+    let got = (bytes.len() - HEADER_BYTES) as u64;
+    if got < length {
+        return Err(Problem::Truncated(format!(
+            "the header says the payload is {length} bytes, but only {got} follow it"
+        )));
+    }
+    if got > length {
+        return Err(Problem::Corrupt(format!(
+            "{} bytes follow the {length}-byte payload the header announces",
+            got - length
+        )));
+    }
+    let payload = &bytes[HEADER_BYTES..];
+    let computed = fnv1a64(payload);
+    if computed != stored {
+        return Err(Problem::Checksum { stored, computed });
+    }
+    Ok(payload)
+}
+
+/// The first bytes of a file, for an error message: as text when they are printable.
+fn describe_start(head: &[u8]) -> String {
+    if head.is_empty() {
+        return "nothing (the file is empty)".to_string();
+    }
+    if head.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        format!("{:?}", String::from_utf8_lossy(head))
+    } else {
+        let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+        format!("the bytes {}", hex.join(" "))
+    }
+}
+
+/// The plan's tables have one entry per node of `g`, every index in them is in range, every
+/// byte range lies inside the allocation (computed without overflow), and the totals add up:
+/// what [`MemoryPlan::validate`] and the runtimes take for granted before the validator proves
+/// the rest.
+fn check_plan(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
+    if p.total_bytes > isize::MAX as usize - ALIGNMENT {
+        return Err(format!(
+            "its total of {} bytes is more than any allocation",
+            p.total_bytes
+        ));
+    }
+    let lv = &p.liveness;
+    let n = g.len();
+    let s = lv.storages.len();
+    for (what, len) in [
+        ("schedule", lv.order.len()),
+        ("position table", lv.position.len()),
+        ("storage table", lv.storage_of.len()),
+        ("workspace table", lv.workspace_of.len()),
+    ] {
+        if len != n {
+            return Err(format!("its {what} has {len} entries for {n} nodes"));
+        }
+    }
+    if p.storage_offset.len() != s {
+        return Err(format!(
+            "{} storage offsets for {s} storages",
+            p.storage_offset.len()
+        ));
+    }
+    for (pos, id) in lv.order.iter().enumerate() {
+        if id.index() >= n || lv.position[id.index()] != pos {
+            return Err(format!(
+                "schedule position {pos} holds {id}, which the position table does not put there"
+            ));
+        }
+    }
+    for (i, &st) in lv.storage_of.iter().enumerate() {
+        if st >= s {
+            return Err(format!("%{i} lives in storage {st}, but there are {s}"));
+        }
+    }
+    for (i, w) in lv.workspace_of.iter().enumerate() {
+        if let Some(w) = *w {
+            if w >= s || !lv.storages[w].workspace {
+                return Err(format!(
+                    "the workspace of %{i} is storage {w}, which is not a workspace"
+                ));
+            }
+        }
+    }
+    for &(v, t) in &lv.copies {
+        if v.index() >= n || t.index() >= n {
+            return Err(format!("a copy names {v} -> {t}, outside the graph"));
+        }
+    }
+    let end_of =
+        |offset: usize, bytes: usize, what: &dyn Fn() -> String| match offset.checked_add(bytes) {
+            Some(end) if end <= p.total_bytes => Ok(end),
+            _ => Err(format!(
+                "{} at offset {offset} ({bytes} bytes) lies outside the {}-byte allocation",
+                what(),
+                p.total_bytes
+            )),
+        };
+    for id in g.ids() {
+        end_of(
+            p.storage_offset[lv.storage_of[id.index()]],
+            g.ty(id).bytes(),
+            &|| format!("{id}"),
+        )?;
+    }
+    let mut resident = 0usize;
+    let mut slab_end = 0usize;
+    for (i, st) in lv.storages.iter().enumerate() {
+        if st.owner.index() >= n {
+            return Err(format!(
+                "storage {i} is owned by {}, outside the graph",
+                st.owner
+            ));
+        }
+        let offset = p.storage_offset[i];
+        let end = end_of(offset, st.bytes, &|| format!("storage {i}"))?;
+        if !offset.is_multiple_of(ALIGNMENT) {
+            return Err(format!(
+                "storage {i} is at offset {offset}, not a multiple of {ALIGNMENT}"
+            ));
+        }
+        match st.region {
+            Region::Resident => resident = resident.saturating_add(align_up(st.bytes)),
+            Region::Slab => {
+                if offset < p.slab_base {
+                    return Err(format!("slab storage {i} lies before the slab"));
+                }
+                slab_end = slab_end.max(align_up(end) - p.slab_base);
+            }
+        }
+    }
+    let sums = p.resident_bytes == resident
+        && p.slab_base == align_up(p.resident_bytes)
+        && p.slab_bytes == slab_end
+        && p.slab_base.checked_add(p.slab_bytes) == Some(p.total_bytes)
+        && p.load_bytes <= p.slab_bytes
+        && p.peak_position <= n;
+    if !sums {
+        return Err(format!(
+            "its totals do not add up (resident {}, slab {} at {}, total {})",
+            p.resident_bytes, p.slab_bytes, p.slab_base, p.total_bytes
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a64_matches_the_reference_values() {
+        // From the FNV reference test suite.
+        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn the_header_is_checked_field_by_field() {
+        let payload = b"{}";
+        let mut file = MAGIC.to_vec();
+        file.extend_from_slice(&VERSION.to_le_bytes());
+        file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        file.extend_from_slice(&fnv1a64(payload).to_le_bytes());
+        file.extend_from_slice(payload);
+        assert_eq!(open(&file).unwrap(), payload);
+        assert!(matches!(open(b""), Err(Problem::Magic { .. })));
+        assert!(matches!(open(b"INGOT"), Err(Problem::Truncated(_))));
+        assert!(matches!(open(b"PK\x03\x04"), Err(Problem::Magic { .. })));
+        assert!(matches!(open(&file[..27]), Err(Problem::Truncated(_))));
+        assert!(matches!(open(&file[..29]), Err(Problem::Truncated(_))));
+        let mut longer = file.clone();
+        longer.push(b' ');
+        assert!(matches!(open(&longer), Err(Problem::Corrupt(_))));
+        let mut v2 = file.clone();
+        v2[8] = 2;
+        assert!(matches!(
+            open(&v2),
+            Err(Problem::Version {
+                found: 2,
+                supported: VERSION
+            })
+        ));
+        let mut flipped = file.clone();
+        flipped[28] ^= 1;
+        assert!(matches!(open(&flipped), Err(Problem::Checksum { .. })));
+    }
+}

@@ -1,0 +1,269 @@
+//! The step-executable format (compiler::exe): a compiled step round-trips through its bytes
+//! unchanged, the same step always gives the same bytes, and no damage to a file, random or
+//! targeted, makes the reader panic or accept a plan the validator rejects.
+
+use ingot_compiler::exe::{self, Executable, Problem, Target, HEADER_BYTES, VERSION};
+use ingot_compiler::ir::text;
+use ingot_compiler::pipeline::{self, Compiled};
+use ingot_runtime::session::Device;
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+const TINY_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
+/// Small enough that the fuzzer reads it hundreds of times in well under a second.
+const FUZZ_GPT: &str = "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2";
+
+fn compiled(model: &str) -> Compiled {
+    pipeline::compile_model(model, &Device::Cpu.options()).unwrap()
+}
+
+/// The file of the small GPT's CPU step, made once.
+fn fuzz_file() -> &'static [u8] {
+    static FILE: OnceLock<Vec<u8>> = OnceLock::new();
+    FILE.get_or_init(|| {
+        Executable::new(&compiled(FUZZ_GPT), Target::Cpu)
+            .to_bytes()
+            .unwrap()
+    })
+}
+
+/// `payload` behind a header that is right for it (so only the payload's own checks run).
+fn sealed(payload: &[u8]) -> Vec<u8> {
+    let mut f = exe::MAGIC.to_vec();
+    f.extend_from_slice(&VERSION.to_le_bytes());
+    f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    f.extend_from_slice(&exe::fnv1a64(payload).to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The payload as JSON, edited by `edit`, sealed again.
+fn edited(file: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&file[HEADER_BYTES..]).unwrap();
+    edit(&mut v);
+    sealed(&serde_json::to_vec(&v).unwrap())
+}
+
+#[test]
+fn a_compiled_step_round_trips_through_its_bytes() {
+    for model in ["mlp", TINY_GPT] {
+        let c = compiled(model);
+        let e = Executable::new(&c, Target::Cpu);
+        assert_eq!(
+            e.layouts.len(),
+            c.graph
+                .ids()
+                .filter(|&id| c.graph.node(id).op.is_leaf())
+                .count()
+        );
+        let bytes = e.to_bytes().unwrap();
+        assert_eq!(&bytes[..8], b"INGOTEXE");
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 1);
+        let back = Executable::from_bytes(&bytes, "x.ingot").unwrap();
+        assert!(back == e, "{model}: the executable read back differs");
+        assert!(back.graph == c.graph && back.plan == c.plan, "{model}");
+        assert!(
+            back.to_bytes().unwrap() == bytes,
+            "{model}: writing again differs"
+        );
+    }
+}
+
+#[test]
+fn a_fused_step_graph_round_trips_through_text_with_its_constants_bit_exact() {
+    // A fused kernel keeps -f32::MAX as an f64 constant; JSON numbers must come back bit for
+    // bit (serde_json's float_roundtrip), or the graph read back is another graph.
+    let g = compiled("gpt-mini").graph;
+    let back = text::parse(&text::print(&g)).unwrap();
+    assert!(
+        back == g,
+        "parse(print(g)) differs from the fused gpt-mini step"
+    );
+}
+
+#[test]
+fn the_same_step_gives_the_same_bytes() {
+    let a = Executable::new(&compiled(TINY_GPT), Target::Cpu)
+        .to_bytes()
+        .unwrap();
+    let b = Executable::new(&compiled(TINY_GPT), Target::Cpu)
+        .to_bytes()
+        .unwrap();
+    assert!(a == b);
+}
+
+#[test]
+fn each_damage_to_the_envelope_is_named() {
+    let good = fuzz_file();
+    let problem = |bytes: &[u8]| Executable::from_bytes(bytes, "step.ingot").unwrap_err();
+    let e = problem(&good[..good.len() - 1]);
+    assert!(matches!(e.problem, Problem::Truncated(_)), "{e}");
+    assert!(e.to_string().starts_with("step.ingot: truncated"), "{e}");
+    let mut v = good.to_vec();
+    v[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let e = problem(&v);
+    assert_eq!(
+        e.to_string(),
+        "step.ingot: it is a step executable of format version 2, but this ingot reads version 1; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
+    );
+    let mut v = good.to_vec();
+    *v.last_mut().unwrap() ^= 1;
+    let e = problem(&v);
+    assert!(matches!(e.problem, Problem::Checksum { .. }), "{e}");
+    let e = problem(b"{\"model\": \"mlp\"}");
+    assert!(matches!(e.problem, Problem::Magic { .. }), "{e}");
+    assert!(e.to_string().contains("\"{\\\"model\\\""), "{e}");
+}
+
+#[test]
+fn a_plan_that_does_not_fit_its_graph_is_refused_before_anything_runs() {
+    let good = fuzz_file();
+    let read = |bytes: Vec<u8>| {
+        Executable::from_bytes(&bytes, "step.ingot")
+            .unwrap_err()
+            .to_string()
+    };
+    // A slab storage moved off the alignment.
+    let e = read(edited(good, |v| {
+        let offs = v["plan"]["storage_offset"].as_array_mut().unwrap();
+        let last = offs.len() - 1;
+        offs[last] = (offs[last].as_u64().unwrap() + 8).into();
+    }));
+    assert!(
+        e.contains("memory plan does not fit") && e.contains("multiple of 256"),
+        "{e}"
+    );
+    // Two storages live at the same time put on the same bytes (the totals kept): the
+    // validator finds a read of bytes that no longer hold its value.
+    let e = read(edited(good, |v| {
+        let plan = &mut v["plan"];
+        let st = plan["liveness"]["storages"].as_array().unwrap().clone();
+        let off: Vec<u64> = plan["storage_offset"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_u64().unwrap())
+            .collect();
+        let n = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
+        let slab: Vec<usize> = (0..st.len())
+            .filter(|&i| st[i]["region"] == "Slab" && n(&st[i], "bytes") > 0)
+            .collect();
+        let end = |i: usize| off[i] + n(&st[i], "bytes").div_ceil(256) * 256;
+        let top = slab.iter().map(|&i| end(i)).max().unwrap();
+        let (x, y) = slab
+            .iter()
+            .flat_map(|&x| slab.iter().map(move |&y| (x, y)))
+            .find(|&(x, y)| {
+                let (a, b) = (&st[x], &st[y]);
+                off[y] < off[x]
+                    && n(a, "bytes") <= n(b, "bytes")
+                    && n(a, "start") < n(b, "end")
+                    && n(b, "start") < n(a, "end")
+                    && slab.iter().any(|&z| z != x && end(z) == top)
+            })
+            .expect("two slab storages live together");
+        plan["storage_offset"][x] = off[y].into();
+    }));
+    assert!(e.contains("invalid memory plan"), "{e}");
+    // A table cut short.
+    let e = read(edited(good, |v| {
+        v["plan"]["liveness"]["storage_of"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+    }));
+    assert!(e.contains("storage table has"), "{e}");
+    // A graph that does not verify: an operand used before it is defined.
+    let e = read(edited(good, |v| {
+        let g = v["graph"].as_str().unwrap().replacen("(%0", "(%9999", 1);
+        v["graph"] = g.into();
+    }));
+    assert!(e.contains("step graph does not parse"), "{e}");
+    // Layouts that do not say what the plan says.
+    let e = read(edited(good, |v| {
+        v["layouts"][0]["offset"] = 4096.into();
+    }));
+    assert!(e.contains("layouts disagree"), "{e}");
+    // An unknown field: another format, whatever the header says.
+    let e = read(edited(good, |v| {
+        v["extra"] = 1.into();
+    }));
+    assert!(e.contains("unknown field"), "{e}");
+}
+
+/// Reads `bytes`; whatever it accepts must hold a plan the validator accepts for its graph.
+fn read_never_panics(bytes: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok(e) = Executable::from_bytes(bytes, "fuzz.ingot") {
+        prop_assert!(e.plan.validate(&e.graph).is_ok());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn random_bytes_are_refused_without_a_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..200),
+        magic in any::<bool>(),
+    ) {
+        let mut bytes = bytes;
+        if magic {
+            let mut f = exe::MAGIC.to_vec();
+            f.extend_from_slice(&bytes);
+            bytes = f;
+        }
+        prop_assert!(Executable::from_bytes(&bytes, "fuzz.ingot").is_err());
+    }
+
+    #[test]
+    fn a_truncated_file_is_refused_without_a_panic(cut in 0usize..usize::MAX) {
+        let good = fuzz_file();
+        let cut = cut % good.len();
+        let e = Executable::from_bytes(&good[..cut], "fuzz.ingot").unwrap_err();
+        prop_assert!(e.to_string().starts_with("fuzz.ingot: "), "{}", e);
+    }
+
+    #[test]
+    fn flipped_bytes_are_refused_without_a_panic(
+        flips in prop::collection::vec((any::<usize>(), 1u8..=255), 1..4),
+    ) {
+        let mut bytes = fuzz_file().to_vec();
+        // Distinct positions, so no flip undoes another.
+        let mut at: Vec<usize> = flips.iter().map(|&(i, _)| i % bytes.len()).collect();
+        at.sort();
+        at.dedup();
+        for (&i, &(_, x)) in at.iter().zip(&flips) {
+            bytes[i] ^= x;
+        }
+        prop_assert!(Executable::from_bytes(&bytes, "fuzz.ingot").is_err());
+    }
+
+    /// Damage the checksum cannot see: the payload's digits changed and the header made right
+    /// for it, so the JSON parser, the graph parser, the plan's table checks and the validator
+    /// all meet it.
+    #[test]
+    fn a_resealed_payload_with_changed_digits_never_panics(
+        edits in prop::collection::vec((any::<usize>(), 0u8..10), 1..6),
+    ) {
+        let payload = &fuzz_file()[HEADER_BYTES..];
+        let digits: Vec<usize> = (0..payload.len()).filter(|&i| payload[i].is_ascii_digit()).collect();
+        let mut p = payload.to_vec();
+        for (i, d) in edits {
+            p[digits[i % digits.len()]] = b'0' + d;
+        }
+        read_never_panics(&sealed(&p))?;
+    }
+
+    #[test]
+    fn a_resealed_payload_with_changed_bytes_never_panics(
+        edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+    ) {
+        let mut p = fuzz_file()[HEADER_BYTES..].to_vec();
+        for (i, b) in edits {
+            let n = p.len();
+            p[i % n] = b;
+        }
+        read_never_panics(&sealed(&p))?;
+    }
+}

@@ -1,0 +1,86 @@
+//! `ingot compile`: compile a model's training step once and write it as a step executable
+//! (docs/executable-format.md), to be run later by `ingot run` without compiling again.
+//!
+//! The file holds the fused step graph, its memory plan for one target, the layout of every
+//! leaf, the report, and on `cuda` the CUDA C of every distinct kernel. Planning and CUDA C
+//! generation need no GPU, so a `cuda` executable can be made on any machine.
+
+use super::train::Device;
+use super::Failure;
+use crate::session;
+use ingot_compiler::exe::{Executable, Kernel, Target};
+use ingot_compiler::pipeline;
+use ingot_compiler::plan::report::human;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct CompileArgs {
+    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+    #[arg(long)]
+    pub model: String,
+    /// The target to plan for: its library workspaces differ (the CPU matmul's packing space,
+    /// or cuBLAS's workspace on the GPU), so the executable runs only there. Needs no GPU.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// Where to write the step executable.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+/// The step executable of `model` planned for `device`, with its kernel sources on CUDA.
+pub fn executable(model: &str, device: session::Device) -> Result<Executable, Failure> {
+    let compiled = pipeline::compile_model(model, &device.options())?;
+    let mut exe = Executable::new(&compiled, device.target());
+    if device.target() == Target::Cuda {
+        let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
+        exe.kernel_prelude = ingot_kernels::cuda::PRELUDE.to_string();
+        exe.kernels = program
+            .kernels
+            .into_iter()
+            .map(|k| Kernel {
+                name: k.name,
+                source: k.source,
+            })
+            .collect();
+    }
+    Ok(exe)
+}
+
+pub fn run(a: &CompileArgs) -> Result<(), Failure> {
+    let device = match a.device {
+        Device::Cpu => session::Device::Cpu,
+        Device::Cuda => session::Device::Cuda(Default::default()),
+    };
+    let exe = executable(&a.model, device)?;
+    let bytes = exe.to_bytes()?;
+    // What is written must read back as what was compiled: the reader's checks (the plan
+    // validated against the graph) pass, and the graph's text form loses nothing.
+    let back = Executable::from_bytes(&bytes, &a.output)?;
+    if back != exe {
+        return Err(Failure::new(
+            1,
+            format!(
+                "{}: the step executable does not read back as the step compiled (a bug in ingot; please report it)",
+                a.output.display()
+            ),
+        ));
+    }
+    std::fs::write(&a.output, &bytes)
+        .map_err(|e| Failure::new(1, format!("{}: cannot write it: {e}", a.output.display())))?;
+    let r = &exe.report;
+    crate::outln!(
+        "wrote {} ({} bytes): {} for {}, {} ops, {} kernel launches per step{}, {} planned in one allocation",
+        a.output.display(),
+        bytes.len(),
+        exe.model,
+        exe.target,
+        r.ops,
+        r.kernels,
+        if exe.kernels.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} distinct CUDA C kernels)", exe.kernels.len())
+        },
+        human(r.total_bytes)
+    )
+}

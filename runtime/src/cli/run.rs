@@ -1,0 +1,71 @@
+//! `ingot run`: train a step executable made by `ingot compile`, without compiling again.
+//!
+//! The file is read and checked (docs/executable-format.md), its plan validated against its
+//! graph, and the steps run and print exactly as `ingot train` runs and prints them
+//! ([`super::train::train`]): the same seeded parameters and synthetic batch for the same
+//! `--seed`, so the same losses.
+
+use super::train::{train, Device, StepArgs};
+use super::Failure;
+use crate::session::{self, Session};
+use ingot_compiler::exe::{Executable, Target};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The step executable (made by `ingot compile --model NAME -o FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub run: StepArgs,
+}
+
+pub fn run(a: &RunArgs) -> Result<(), Failure> {
+    let exe = Executable::read(&a.file)?;
+    let planned_for = match exe.target {
+        Target::Cpu => Device::Cpu,
+        Target::Cuda => Device::Cuda,
+    };
+    let device = a.run.session_device(planned_for)?;
+    check_target(&a.file, &exe, device)?;
+    let mut session = Session::from_parts(&exe.model, exe.graph, exe.plan, a.run.seed, device)?;
+    train(&mut session, &a.run, device)
+}
+
+/// The executable was planned for `device`'s target, and its plan gives every kernel at least
+/// the scratch space this runtime's kernel needs there.
+fn check_target(file: &Path, exe: &Executable, device: session::Device) -> Result<(), Failure> {
+    let target = device.target();
+    if target != exe.target {
+        return Err(Failure::new(
+            1,
+            format!(
+                "{}: this executable was planned for {}, not {target}: the two plan different library workspaces (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target; recompile it for {target} with `ingot compile --model {} --device {target} -o FILE`, or run it with --device {}",
+                file.display(),
+                exe.target,
+                exe.model,
+                exe.target
+            ),
+        ));
+    }
+    let needs = match device {
+        session::Device::Cpu => crate::cpu::workspace_bytes,
+        session::Device::Cuda(_) => crate::cuda::program::workspace_bytes,
+    };
+    for id in exe.graph.ids() {
+        let need = needs(&exe.graph, id);
+        let planned = exe.plan.workspace(id).map_or(0, |w| w.bytes);
+        if planned < need {
+            return Err(Failure::new(
+                1,
+                format!(
+                    "{}: the plan gives {id} ({}) {planned} bytes of workspace, but this ingot's {target} kernel needs {need}; the file was made by another version of ingot, recompile it with `ingot compile --model {} --device {target} -o FILE`",
+                    file.display(),
+                    exe.graph.node(id).op.name(),
+                    exe.model
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
