@@ -24,11 +24,19 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
         }
     }
     let wants = needs_gradient(g, loss, wrt);
+    let users = user_counts(g, loss);
     let mut adjoint: Vec<Option<NodeId>> = vec![None; loss.index() + 1];
     adjoint[loss.index()] = Some(g.full(1.0, Shape::scalar(), lt.dtype)?);
     for i in (0..=loss.index()).rev() {
         let Some(gy) = adjoint[i] else { continue };
         let id = NodeId(i as u32);
+        if let Some((z, gz)) = softmax_vjp(g, id, gy, &users, &wants)? {
+            adjoint[z.index()] = Some(match adjoint[z.index()] {
+                None => gz,
+                Some(prev) => g.add(prev, gz)?,
+            });
+            continue;
+        }
         let node = g.node(id).clone();
         for (slot, &x) in node.inputs.iter().enumerate() {
             if !wants[x.index()] {
@@ -47,6 +55,66 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
             None => g.full_like(0.0, w),
         })
         .collect()
+}
+
+/// How many operand slots of the nodes up to `loss` read each node.
+fn user_counts(g: &Graph, loss: NodeId) -> Vec<usize> {
+    let mut n = vec![0; loss.index() + 1];
+    for i in 0..=loss.index() {
+        for x in &g.node(NodeId(i as u32)).inputs {
+            n[x.index()] += 1;
+        }
+    }
+    n
+}
+
+/// The softmax VJP in terms of its output: for `y = e / Σ e` with `e = exp(z)` (the sum over
+/// some axes, broadcast back), `dz = y · (dy − Σ dy·y)`. Returns `(z, dz)` when `y` is such a
+/// quotient and `e` and its sum feed nothing else, so no other gradient reaches them.
+///
+/// Primitive by primitive, autodiff would write `dz = e · (dy/s − Σ(dy·y)/s)`: the same value,
+/// but it reads `e`, so the backward pass keeps the scores (or recomputes `exp` from them) next
+/// to `y`, which it must keep anyway. Reading only `y` lets the scores die after the forward
+/// pass, and the backward kernel reads two tensors instead of recomputing the softmax.
+fn softmax_vjp(
+    g: &mut Graph,
+    y: NodeId,
+    gy: NodeId,
+    users: &[usize],
+    wants: &[bool],
+) -> Result<Option<(NodeId, NodeId)>> {
+    let node = g.node(y);
+    if node.op != Op::Binary(BinaryOp::Div) {
+        return Ok(None);
+    }
+    let (e, b) = (node.inputs[0], node.inputs[1]);
+    let s = match &g.node(b).op {
+        Op::Broadcast if users[b.index()] == 1 => g.node(b).inputs[0],
+        _ => b,
+    };
+    let Op::Reduce {
+        op: ReduceOp::Sum,
+        axes,
+    } = &g.node(s).op
+    else {
+        return Ok(None);
+    };
+    let axes = axes.clone();
+    if g.node(s).inputs[0] != e
+        || g.node(e).op != Op::Unary(UnaryOp::Exp)
+        || users[e.index()] != 2
+        || users[s.index()] != 1
+    {
+        return Ok(None);
+    }
+    let z = g.node(e).inputs[0];
+    if !wants[z.index()] {
+        return Ok(None);
+    }
+    let t = g.mul(gy, y)?;
+    let r = g.sum(t, &axes)?;
+    let d = g.sub(gy, r)?;
+    Ok(Some((z, g.mul(y, d)?)))
 }
 
 /// Marks the float nodes that lie on a path from some `wrt` node to `loss`: only they need adjoints.

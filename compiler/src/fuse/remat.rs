@@ -47,7 +47,9 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         if early.is_empty() || late.is_empty() {
             continue;
         }
-        if let Some(expr) = expression(g, &mat, v, 2 * recompute_ops) {
+        if let Some(expr) = expression(g, &mat, v, 2 * recompute_ops, |y| {
+            users[y.index()].iter().any(|u| *u > loss)
+        }) {
             cloned_for[i] = true;
             for x in expr {
                 in_copy[x.index()] = true;
@@ -89,7 +91,19 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
 /// The nodes `v`'s copy recomputes (itself and the unstored values below it), if there are at
 /// most `limit` elementwise ops among them and the stored values they read, parameters and
 /// inputs aside, are no larger than `v` (within an eighth).
-fn expression(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> Option<Vec<NodeId>> {
+///
+/// A copy that redoes a reduction must, besides, read only values the backward pass keeps
+/// anyway (`kept_anyway`): recomputing a LayerNorm output from the residual stream its own
+/// backward reads is free, but recomputing a softmax from scores nothing else needs would keep
+/// the scores alive in place of the probabilities (the same bytes) and redo every row's
+/// reductions on top.
+fn expression(
+    g: &Graph,
+    mat: &[bool],
+    v: NodeId,
+    limit: usize,
+    kept_anyway: impl Fn(NodeId) -> bool,
+) -> Option<Vec<NodeId>> {
     // The alias chain from v down to its stored base belongs to the copy.
     let mut chain = vec![v];
     while g.node(*chain.last().expect("nonempty")).op.is_alias() {
@@ -120,11 +134,15 @@ fn expression(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> Option<Vec<No
         }
     }
     let own = g.ty(v).bytes();
-    let read_bytes: usize = read
-        .iter()
-        .filter(|&&y| !g.node(y).op.is_leaf())
-        .map(|&y| g.ty(y).bytes())
-        .sum();
+    let stored: Vec<NodeId> = read
+        .into_iter()
+        .filter(|&y| !g.node(y).op.is_leaf())
+        .collect();
+    let read_bytes: usize = stored.iter().map(|&y| g.ty(y).bytes()).sum();
+    let reduces = expr.iter().any(|&x| kind(g.node(x)) == Kind::Reduce);
+    if reduces && !stored.iter().all(|&y| kept_anyway(y)) {
+        return None;
+    }
     (read_bytes <= own + own / 8).then_some(expr)
 }
 
