@@ -826,8 +826,12 @@ fn a_last_axis_softmax_uses_the_row_strategy_and_a_column_sum_the_column_strateg
     assert_eq!(s.launch.grid, [64, 1, 1]);
     assert_eq!(s.launch.block[1], 1);
     // Short rows: 32 lanes of a warp per row, 8 rows a block.
-    let s = cuda::fused(&softmax(64, 1000)).unwrap();
+    let s = cuda::fused(&softmax(64, 200)).unwrap();
     assert_eq!(s.launch.grid, [8, 1, 1]);
+    assert_eq!(s.launch.block, [256, 1, 1]);
+    // Rows of 1000 would leave 32 elements a lane: a block of 256 threads per row instead.
+    let s = cuda::fused(&softmax(64, 1000)).unwrap();
+    assert_eq!(s.launch.grid, [64, 1, 1]);
     assert_eq!(s.launch.block, [256, 1, 1]);
     let c = cuda::fused(&column_sum(8192, 768)).unwrap();
     assert!(
@@ -1123,10 +1127,16 @@ fn cached_arrays_in_registers(src: &str) -> usize {
 
 #[test]
 fn a_short_softmax_row_is_read_from_memory_once() {
-    // Each lane keeps its 32 elements of the row in registers for the later passes.
+    // Each lane of a warp keeps its 7 elements of a row of 200 in registers for the later
+    // passes; in a row of 1000, each of 256 threads keeps 4.
+    let c = cuda::fused(&softmax(64, 200)).unwrap();
+    assert_eq!(c.source.matches("in0[").count(), 1, "{}", c.source);
+    assert!(c.source.contains("float c0[7];"), "{}", c.source);
+    assert!(c.source.contains("const float v0 = c0[u];"), "{}", c.source);
+    assert_eq!(cached_arrays_in_registers(&c.source), 1);
     let c = cuda::fused(&softmax(64, 1000)).unwrap();
     assert_eq!(c.source.matches("in0[").count(), 1, "{}", c.source);
-    assert!(c.source.contains("float c0[32];"), "{}", c.source);
+    assert!(c.source.contains("float c0[4];"), "{}", c.source);
     assert!(c.source.contains("const float v0 = c0[u];"), "{}", c.source);
     assert_eq!(cached_arrays_in_registers(&c.source), 1);
     // Three loads of 24 elements a lane would not fit: the row gets a block of 256 threads
@@ -1198,10 +1208,11 @@ fn the_attention_backward_kernel_reads_each_full_input_once() {
     assert_eq!(c.source.matches("in0[").count(), 1, "{}", c.source);
     assert!(c.source.contains("if (j < 1000u) {"), "{}", c.source);
     assert_eq!(cached_arrays_in_registers(&c.source), 2);
-    // The forward softmax (one load) keeps the 32-lane group, 32 values a lane.
+    // The forward softmax (one load) gets the same: 256 threads a row, 4 values each.
     let c = cuda::fused(&causal_softmax(96, 1024)).unwrap();
+    assert_eq!(c.launch.grid[0], 96 * 1024, "{}", c.source);
     assert_eq!(c.launch.block, [256, 1, 1], "{}", c.source);
-    assert!(c.source.contains("float c4[32];"), "{}", c.source);
+    assert!(c.source.contains("float c4[4];"), "{}", c.source);
     // Forced thread counts (for measuring) keep what fits in registers only.
     let k = attention_backward(8, 12, 1024);
     let c = cuda::fused_tuned(&k, threads(32)).unwrap();
