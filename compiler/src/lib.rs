@@ -11,6 +11,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod rewrite;
 pub mod schedule;
+pub mod snapshot;
 pub mod trace;
 
 pub use error::{IrError, Result};

@@ -11,6 +11,7 @@ use ingot_runtime::cpu::{planned::PlannedStep, run_graph};
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::session::Session;
 use ingot_runtime::tensor::{Data, Tensor};
+use ingot_runtime::StepExecutor;
 
 const SMALL_GPT: &str = "gpt:vocab=96,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=3";
 

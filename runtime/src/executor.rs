@@ -7,7 +7,7 @@
 
 use crate::error::ExecError;
 use crate::tensor::Tensor;
-use ingot_compiler::ir::{Graph, LeafKind};
+use ingot_compiler::ir::{Graph, LeafKind, NodeId};
 use ingot_compiler::plan::MemoryPlan;
 
 pub trait StepExecutor {
@@ -15,10 +15,8 @@ pub trait StepExecutor {
     fn plan(&self) -> &MemoryPlan;
     /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes.
     fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError>;
-    /// The current value of a leaf.
-    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError>;
-    /// The value of a named output after the last step.
-    fn read_output(&self, name: &str) -> Result<Tensor, ExecError>;
+    /// The current value of node `id` (a leaf, or an output after a step), copied to the host.
+    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError>;
     /// Runs one step; allocates nothing.
     fn step(&mut self) -> Result<(), ExecError>;
     /// Bytes of the one allocation.
@@ -29,6 +27,32 @@ pub trait StepExecutor {
     /// `None` where the caller's wall clock is the measure.
     fn last_step_device_seconds(&self) -> Option<f64> {
         None
+    }
+
+    /// The leaf named `name`.
+    fn leaf_id(&self, name: &str) -> Result<NodeId, ExecError> {
+        self.graph().leaf(name).ok_or_else(|| ExecError::Invalid {
+            op: "leaf",
+            reason: format!("the step has no leaf named {name:?}"),
+        })
+    }
+
+    /// The current value of a leaf.
+    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
+        self.read_node(self.leaf_id(name)?)
+    }
+
+    /// The value of a named output after the last step.
+    fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
+        let id = *self
+            .graph()
+            .outputs
+            .get(name)
+            .ok_or_else(|| ExecError::Invalid {
+                op: "read_output",
+                reason: format!("the step has no output named {name:?}"),
+            })?;
+        self.read_node(id)
     }
 
     /// Names of the leaves of one kind, in graph order.

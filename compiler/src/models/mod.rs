@@ -37,6 +37,55 @@ pub struct Model {
     pub optimizer: Optimizer,
 }
 
+impl Model {
+    /// The optimizer a model read from a file trains with: SGD without momentum, lr 0.1 (the
+    /// reference `mlp`'s optimizer), since the IR text form has no way to name one.
+    pub const FILE_OPTIMIZER: Optimizer = Optimizer::Sgd { lr: 0.1 };
+
+    /// A model from the IR text form of its forward pass (see [`crate::ir::text`]): a graph
+    /// with an output named `loss` that is a float scalar, parameters to train, and no
+    /// `update` lines (autodiff appends the backward pass and the update). It trains with
+    /// [`Model::FILE_OPTIMIZER`]. A syntax or type error is [`IrError::Parse`] naming the line;
+    /// a graph that is not a forward pass is [`IrError::Model`] naming `name`.
+    pub fn from_ir_text(name: &str, text: &str) -> Result<Model> {
+        let graph = crate::ir::text::parse(text)?;
+        let Some(&loss) = graph.outputs.get("loss") else {
+            return Err(model_err(
+                name,
+                "the forward pass has no output named \"loss\" (write `output \"loss\" = %N`)",
+            ));
+        };
+        let ty = graph.ty(loss);
+        if ty.shape.rank() != 0 || !ty.dtype.is_float() {
+            return Err(model_err(
+                name,
+                format!(
+                    "the output \"loss\" must be a float scalar (`f32[]`), not {}{:?}",
+                    ty.dtype,
+                    ty.shape.dims()
+                ),
+            ));
+        }
+        if !graph.updates.is_empty() {
+            return Err(model_err(
+                name,
+                "the file has `update` lines: give the forward pass only; ingot appends the backward pass and the optimizer's update",
+            ));
+        }
+        if graph.leaves(LeafKind::Parameter).is_empty() {
+            return Err(model_err(
+                name,
+                "the forward pass has no parameters to train",
+            ));
+        }
+        Ok(Model {
+            name: name.to_string(),
+            graph,
+            optimizer: Model::FILE_OPTIMIZER,
+        })
+    }
+}
+
 /// The number of trainable scalars: the element counts of the parameter leaves, summed.
 pub fn parameter_count(g: &Graph) -> usize {
     g.leaves(LeafKind::Parameter)

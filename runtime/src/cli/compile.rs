@@ -9,15 +9,15 @@ use super::train::Device;
 use super::Failure;
 use crate::session;
 use ingot_compiler::exe::{Executable, Kernel, Target};
+use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::report::human;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct CompileArgs {
-    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
-    #[arg(long)]
-    pub model: String,
+    #[command(flatten)]
+    pub model: super::ModelArgs,
     /// The target to plan for: its library workspaces differ (the CPU matmul's packing space,
     /// or cuBLAS's workspace on the GPU), so the executable runs only there. Needs no GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -28,8 +28,8 @@ pub struct CompileArgs {
 }
 
 /// The step executable of `model` planned for `device`, with its kernel sources on CUDA.
-pub fn executable(model: &str, device: session::Device) -> Result<Executable, Failure> {
-    let compiled = pipeline::compile_model(model, &device.options())?;
+pub fn executable(model: &Model, device: session::Device) -> Result<Executable, Failure> {
+    let compiled = pipeline::compile(model, &device.options())?;
     let mut exe = Executable::new(&compiled, device.target());
     if device.target() == Target::Cuda {
         let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
@@ -51,7 +51,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cpu => session::Device::Cpu,
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
-    let exe = executable(&a.model, device)?;
+    let exe = executable(&a.model.load()?, device)?;
     let bytes = exe.to_bytes()?;
     // What is written must read back as what was compiled: the reader's checks (the plan
     // validated against the graph) pass, and the graph's text form loses nothing.

@@ -1,9 +1,14 @@
 //! `ingot dsa`: the offset solver alone, on MiniMalloc's `id,lower,upper,size` CSV format.
 
 use super::Failure;
+use indicatif::ProgressBar;
 use ingot_compiler::plan::dsa;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Problems with at least this many buffers get a spinner while solving (on a terminal).
+const SPINNER_BUFFERS: usize = 1000;
 
 #[derive(clap::Args, Debug)]
 pub struct DsaArgs {
@@ -37,7 +42,23 @@ pub fn run(a: &DsaArgs) -> Result<(), Failure> {
         time_limit: Duration::from_secs_f64(a.time_limit),
         ..Default::default()
     };
-    let (solution, stats) = match dsa::solve(&problem, &opts) {
+    // A spinner on stderr while a big problem is solved, only when stderr is a terminal.
+    let spinner = (problem.buffers.len() >= SPINNER_BUFFERS && std::io::stderr().is_terminal())
+        .then(|| {
+            let s = ProgressBar::new_spinner();
+            s.set_message(format!(
+                "solving {} buffers (at most {:.0} s)",
+                problem.buffers.len(),
+                a.time_limit
+            ));
+            s.enable_steady_tick(Duration::from_millis(100));
+            s
+        });
+    let solved = dsa::solve(&problem, &opts);
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let (solution, stats) = match solved {
         Ok(s) => s,
         Err(e) => return Err(Failure::new(3, format!("{}: {e}", a.input.display()))),
     };

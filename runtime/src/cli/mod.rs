@@ -39,6 +39,45 @@ pub enum Command {
     Dsa(dsa::DsaArgs),
 }
 
+/// Which model a command compiles: a named one (`--model`) or the IR text form of a forward
+/// pass (`--model-file`); exactly one of the two.
+#[derive(clap::Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct ModelArgs {
+    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A forward pass in Ingot's IR text form with a scalar output "loss" (e.g.
+    /// docs/examples/tiny-mlp.ir), instead of --model. It trains with SGD, lr 0.1.
+    #[arg(long = "model-file", value_name = "PATH")]
+    pub model_file: Option<std::path::PathBuf>,
+}
+
+impl ModelArgs {
+    /// Builds the model: by name, or read and parsed from the file (errors name the file).
+    pub fn load(&self) -> Result<ingot_compiler::models::Model, Failure> {
+        match (&self.model, &self.model_file) {
+            (Some(name), _) => Ok(ingot_compiler::models::by_name(name)?),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Failure::new(1, format!("{}: cannot read it: {e}", path.display()))
+                })?;
+                let name = path.display().to_string();
+                ingot_compiler::models::Model::from_ir_text(&name, &text).map_err(|e| {
+                    Failure::new(
+                        1,
+                        match e {
+                            ingot_compiler::error::IrError::Model { .. } => e.to_string(),
+                            e => format!("{name}: {e}"),
+                        },
+                    )
+                })
+            }
+            (None, None) => Err(Failure::new(2, "give --model NAME or --model-file PATH")),
+        }
+    }
+}
+
 /// A failure with the exit code it maps to.
 #[derive(Debug)]
 pub struct Failure {

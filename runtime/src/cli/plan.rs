@@ -6,9 +6,8 @@ use ingot_compiler::plan::report::{human, parse_size};
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
-    #[arg(long)]
-    pub model: String,
+    #[command(flatten)]
+    pub model: super::ModelArgs,
     /// Print the versioned JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -33,7 +32,8 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if a.unoptimized {
         opts = pipeline::Options::unoptimized(opts.plan);
     }
-    let compiled = pipeline::compile_model(&a.model, &opts)?;
+    let model = a.model.load()?;
+    let compiled = pipeline::compile(&model, &opts)?;
     let report = &compiled.report;
     if a.json {
         crate::outln!(

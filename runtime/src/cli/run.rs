@@ -40,10 +40,10 @@ fn check_target(file: &Path, exe: &Executable, device: session::Device) -> Resul
         return Err(Failure::new(
             1,
             format!(
-                "{}: this executable was planned for {}, not {target}: the two plan different library workspaces (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target; recompile it for {target} with `ingot compile --model {} --device {target} -o FILE`, or run it with --device {}",
+                "{}: this executable was planned for {}, not {target}: the two plan different library workspaces (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target; recompile it for {target} with `ingot compile {} --device {target} -o FILE`, or run it with --device {}",
                 file.display(),
                 exe.target,
-                exe.model,
+                model_flag(&exe.model),
                 exe.target
             ),
         ));
@@ -59,13 +59,23 @@ fn check_target(file: &Path, exe: &Executable, device: session::Device) -> Resul
             return Err(Failure::new(
                 1,
                 format!(
-                    "{}: the plan gives {id} ({}) {planned} bytes of workspace, but this ingot's {target} kernel needs {need}; the file was made by another version of ingot, recompile it with `ingot compile --model {} --device {target} -o FILE`",
+                    "{}: the plan gives {id} ({}) {planned} bytes of workspace, but this ingot's {target} kernel needs {need}; the file was made by another version of ingot, recompile it with `ingot compile {} --device {target} -o FILE`",
                     file.display(),
                     exe.graph.node(id).op.name(),
-                    exe.model
+                    model_flag(&exe.model)
                 ),
             ));
         }
     }
     Ok(())
+}
+
+/// The `ingot compile` argument that rebuilds the model named `model`: `--model NAME`, or
+/// `--model-file PATH` for a model read from an IR text file (named by its path).
+fn model_flag(model: &str) -> String {
+    if model.ends_with(".ir") {
+        format!("--model-file {model}")
+    } else {
+        format!("--model {model}")
+    }
 }

@@ -6,13 +6,16 @@
 //! run can be repeated elsewhere (PyTorch: scripts/torch_reference.py).
 //!
 //! `ingot run` trains a step executable through the same [`train`] function, so the two print
-//! the same lines.
+//! the same lines. On a terminal (stdout, no `--json`) a progress bar shows the step count, the
+//! last loss and step time and the planned memory; elsewhere only the plain lines are printed.
 
 use super::Failure;
 use crate::cuda::CudaOptions;
 use crate::io;
 use crate::session::{self, Session};
-use ingot_compiler::models;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ingot_compiler::plan::report::human;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// Where the step runs.
@@ -24,9 +27,8 @@ pub enum Device {
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
-    #[arg(long)]
-    pub model: String,
+    #[command(flatten)]
+    pub model: super::ModelArgs,
     #[command(flatten)]
     pub run: StepArgs,
 }
@@ -94,7 +96,7 @@ struct StepLine {
 
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let device = a.run.session_device(Device::Cpu)?;
-    let model = models::by_name(&a.model)?;
+    let model = a.model.load()?;
     let mut session = Session::on(&model, a.run.seed, device)?;
     train(&mut session, &a.run, device)
 }
@@ -139,6 +141,20 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             },
         )?;
     }
+    // On a terminal (and without --json), a progress bar on stdout below the step lines;
+    // otherwise the lines alone, unchanged.
+    let bar = (!a.json && std::io::stdout().is_terminal()).then(|| {
+        let bar = ProgressBar::with_draw_target(Some(a.steps), ProgressDrawTarget::stdout());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} step {pos}/{len}  {msg}  [{elapsed_precise}]",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar
+    });
+    let planned = human(session.exe().plan().total_bytes);
     let mut seconds = Vec::with_capacity(a.steps as usize);
     let mut wall = Vec::with_capacity(a.steps as usize);
     let mut free_after_first = None;
@@ -160,9 +176,23 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
                 "{}",
                 serde_json::to_string(&line).map_err(|e| Failure::new(1, e.to_string()))?
             )?;
+        } else if let Some(bar) = &bar {
+            bar.println(format!(
+                "step {i:>5}  loss {:>12.6}  {:>9.3} s",
+                r.loss, r.seconds
+            ));
+            bar.set_message(format!(
+                "loss {:.6}  {:.3} ms/step  memory {planned}",
+                r.loss,
+                r.seconds * 1e3
+            ));
+            bar.inc(1);
         } else {
             crate::outln!("step {i:>5}  loss {:>12.6}  {:>9.3} s", r.loss, r.seconds)?;
         }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     summary(a, session, &seconds, &wall, free_after_first)?;
     if let Some(path) = &a.save {

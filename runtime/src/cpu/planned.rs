@@ -14,7 +14,7 @@
 use super::exec::{exec_node, exec_node_with, Scratch};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
-use ingot_compiler::ir::{DType, Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use ingot_compiler::ir::{DType, Graph, Node, NodeId, Op, Shape, TensorType};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
 use smallvec::SmallVec;
@@ -144,39 +144,8 @@ impl PlannedStep {
         Ok(())
     }
 
-    /// The current value of a leaf.
-    pub fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
-        let id = self.leaf(name)?;
-        self.read(id)
-    }
-
-    /// The value of a named output after the last step.
-    pub fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
-        let id = *self
-            .graph
-            .outputs
-            .get(name)
-            .ok_or_else(|| ExecError::Invalid {
-                op: "read_output",
-                reason: format!("the step has no output named {name:?}"),
-            })?;
-        self.read(id)
-    }
-
-    /// Names of the leaves of one kind, in graph order.
-    pub fn leaf_names(&self, kind: LeafKind) -> Vec<String> {
-        self.graph
-            .leaves(kind)
-            .into_iter()
-            .filter_map(|id| self.graph.leaf_name(id).map(str::to_string))
-            .collect()
-    }
-
     fn leaf(&self, name: &str) -> Result<NodeId, ExecError> {
-        self.graph.leaf(name).ok_or_else(|| ExecError::Invalid {
-            op: "leaf",
-            reason: format!("the step has no leaf named {name:?}"),
-        })
+        crate::executor::StepExecutor::leaf_id(self, name)
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
@@ -409,12 +378,8 @@ impl crate::executor::StepExecutor for PlannedStep {
         PlannedStep::write_leaf(self, name, value)
     }
 
-    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
-        PlannedStep::read_leaf(self, name)
-    }
-
-    fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
-        PlannedStep::read_output(self, name)
+    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        self.read(id)
     }
 
     fn step(&mut self) -> Result<(), ExecError> {

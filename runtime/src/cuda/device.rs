@@ -19,7 +19,7 @@ use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
-use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, Op};
+use ingot_compiler::ir::{DType, Graph, NodeId, Op};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 use std::ffi::c_void;
@@ -449,14 +449,7 @@ impl CudaStep {
         }
     }
 
-    fn leaf(&self, name: &str) -> Result<NodeId, ExecError> {
-        self.graph.leaf(name).ok_or_else(|| ExecError::Invalid {
-            op: "leaf",
-            reason: format!("the step has no leaf named {name:?}"),
-        })
-    }
-
-    fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
+    fn copy_to_host(&self, id: NodeId) -> Result<Tensor, ExecError> {
         let l = self.location[id.index()];
         let mut host = vec![0u8; l.bytes];
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
@@ -480,7 +473,7 @@ impl StepExecutor for CudaStep {
     }
 
     fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
-        let id = self.leaf(name)?;
+        let id = self.leaf_id(name)?;
         if !matches!(self.graph.node(id).op, Op::Leaf { .. }) {
             return Err(ExecError::Invalid {
                 op: "write_leaf",
@@ -516,21 +509,8 @@ impl StepExecutor for CudaStep {
         Ok(())
     }
 
-    fn read_leaf(&self, name: &str) -> Result<Tensor, ExecError> {
-        let id = self.leaf(name)?;
-        self.read(id)
-    }
-
-    fn read_output(&self, name: &str) -> Result<Tensor, ExecError> {
-        let id = *self
-            .graph
-            .outputs
-            .get(name)
-            .ok_or_else(|| ExecError::Invalid {
-                op: "read_output",
-                reason: format!("the step has no output named {name:?}"),
-            })?;
-        self.read(id)
+    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        self.copy_to_host(id)
     }
 
     /// Replays the step's graph and waits for it; the step's device time is measured between
@@ -571,14 +551,6 @@ impl StepExecutor for CudaStep {
 
     fn last_step_device_seconds(&self) -> Option<f64> {
         self.last_seconds
-    }
-
-    fn leaf_names(&self, kind: LeafKind) -> Vec<String> {
-        self.graph
-            .leaves(kind)
-            .into_iter()
-            .filter_map(|id| self.graph.leaf_name(id).map(str::to_string))
-            .collect()
     }
 }
 

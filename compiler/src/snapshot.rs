@@ -1,0 +1,165 @@
+//! A memory plan as a snapshot for a user's own tests: a small, deterministic summary of the
+//! [`Report`] (totals, LOAD, the peak and what is live there) that reads well in a diff, so a
+//! CI job that snapshots it (with `insta`) fails when a change makes the step need more memory,
+//! plus [`PlanSnapshot::assert_within`] for a hard budget.
+//!
+//! Everything in it is derived from byte counts and the schedule, never from timings, so the
+//! same model and options give the same snapshot on every machine (invariant 5).
+//!
+//! ```no_run
+//! use ingot_compiler::{models, pipeline, snapshot::plan_snapshot};
+//! let model = models::by_name("mlp").unwrap();
+//! let snap = plan_snapshot(&model, &pipeline::Options::default()).unwrap();
+//! snap.assert_within(64 << 20).unwrap();
+//! ```
+
+use crate::models::Model;
+use crate::pipeline::{self, CompileError, Compiled};
+use crate::plan::report::{human, BufferKind, KindBytes, PeakBuffer, Report, ResidentBytes};
+use serde::{Deserialize, Serialize};
+
+/// What a plan costs and what holds its peak, in a form meant to be committed and diffed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanSnapshot {
+    pub model: String,
+    /// The schedule the planner chose.
+    pub schedule: String,
+    /// Nodes of the planned step graph.
+    pub ops: usize,
+    /// Kernel launches per step.
+    pub kernels: usize,
+    /// The one allocation the step needs, in bytes: what the runtime allocates.
+    pub total_bytes: usize,
+    /// `total_bytes` in binary units, for the reader.
+    pub total: String,
+    /// Parameters, optimizer state and inputs.
+    pub resident_bytes: usize,
+    pub resident: ResidentBytes,
+    /// Everything else: activations, gradients, temporaries, workspace.
+    pub slab_bytes: usize,
+    /// LOAD: the most slab bytes live at one moment, a lower bound on `slab_bytes`.
+    pub lower_bound_bytes: usize,
+    /// slab / LOAD to four decimals (1.0000 is a perfect packing).
+    pub slab_over_lower_bound: String,
+    pub peak: PeakSnapshot,
+    /// Values that write over a dying operand instead of taking new bytes.
+    pub in_place_ops: usize,
+    /// Slab storages (after in-place sharing).
+    pub slab_buffers: usize,
+}
+
+/// The moment of the schedule at which LOAD is reached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeakSnapshot {
+    /// Schedule position.
+    pub position: usize,
+    /// The op running there (`%id name`).
+    pub op: String,
+    /// Live slab bytes there, by kind.
+    pub by_kind: KindBytes,
+    /// The largest buffers live there, largest first, one line each:
+    /// `%node op dtype[shape] bytes (human) kind, live [start, end)`.
+    pub largest_buffers: Vec<String>,
+}
+
+/// Compiles `model`'s training step with `opts` and summarises its memory plan.
+///
+/// Use the options of the target the step will run on (the runtime's
+/// `session::Device::Cpu.options()` plans the CPU matmul's workspace, as `ingot plan` does), so
+/// the snapshot's total is what that target allocates.
+pub fn plan_snapshot(
+    model: &Model,
+    opts: &pipeline::Options,
+) -> Result<PlanSnapshot, CompileError> {
+    Ok(PlanSnapshot::of(&pipeline::compile(model, opts)?))
+}
+
+impl PlanSnapshot {
+    /// The snapshot of an already compiled step.
+    pub fn of(compiled: &Compiled) -> PlanSnapshot {
+        PlanSnapshot::from_report(&compiled.report)
+    }
+
+    /// The snapshot of a plan report.
+    pub fn from_report(r: &Report) -> PlanSnapshot {
+        PlanSnapshot {
+            model: r.model.clone(),
+            schedule: r.schedule.clone(),
+            ops: r.ops,
+            kernels: r.kernels,
+            total_bytes: r.total_bytes,
+            total: human(r.total_bytes),
+            resident_bytes: r.resident_bytes,
+            resident: r.resident.clone(),
+            slab_bytes: r.slab_bytes,
+            lower_bound_bytes: r.lower_bound_bytes,
+            slab_over_lower_bound: format!("{:.4}", r.slab_over_lower_bound),
+            peak: PeakSnapshot {
+                position: r.peak_position,
+                op: r.peak_op.clone(),
+                by_kind: r.peak_by_kind.clone(),
+                largest_buffers: r.peak_buffers.iter().map(buffer_line).collect(),
+            },
+            in_place_ops: r.in_place_ops,
+            slab_buffers: r.slab_buffers,
+        }
+    }
+
+    /// `Ok` when the step fits in `budget_bytes`; otherwise an error naming the total, the
+    /// budget, and what is live at the peak.
+    pub fn assert_within(&self, budget_bytes: usize) -> Result<(), String> {
+        if self.total_bytes <= budget_bytes {
+            return Ok(());
+        }
+        let mut msg = format!(
+            "{}: the plan needs {} ({} bytes), over the budget of {} ({} bytes) by {} bytes. \
+             Resident (parameters, optimizer state, inputs): {}; slab: {}. \
+             At the peak (position {}, {}) the largest live buffers are:",
+            self.model,
+            human(self.total_bytes),
+            self.total_bytes,
+            human(budget_bytes),
+            budget_bytes,
+            self.total_bytes - budget_bytes,
+            human(self.resident_bytes),
+            human(self.slab_bytes),
+            self.peak.position,
+            self.peak.op,
+        );
+        for b in &self.peak.largest_buffers {
+            msg.push_str("\n  ");
+            msg.push_str(b);
+        }
+        msg.push_str(
+            "\nlower the batch size or sequence length, or raise the budget if the growth is expected",
+        );
+        Err(msg)
+    }
+}
+
+fn buffer_line(b: &PeakBuffer) -> String {
+    let shape = b
+        .shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let kind = match b.kind {
+        BufferKind::SavedActivation => "saved_activation",
+        BufferKind::Gradient => "gradient",
+        BufferKind::Temporary => "temporary",
+        BufferKind::Workspace => "workspace",
+    };
+    format!(
+        "%{} {} {}[{}] {} B ({}) {}, live [{}, {})",
+        b.node,
+        b.op,
+        b.dtype,
+        shape,
+        b.bytes,
+        human(b.bytes),
+        kind,
+        b.lifetime[0],
+        b.lifetime[1]
+    )
+}

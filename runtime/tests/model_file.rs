@@ -1,0 +1,159 @@
+//! `--model-file`: the `ingot` commands on a forward pass written in the IR text form.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn ingot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("ingot runs")
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+const TINY: &str = "docs/examples/tiny-mlp.ir";
+
+#[test]
+fn plan_prints_a_report_for_a_model_file() {
+    let out = ingot(&["plan", "--model-file", TINY]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(TINY),
+        "the report names the file:\n{stdout}"
+    );
+    assert!(stdout.contains("fusion:"), "{stdout}");
+}
+
+#[test]
+fn train_on_a_model_file_lowers_the_loss() {
+    let out = ingot(&["train", "--model-file", TINY, "--steps", "5", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let losses: Vec<f64> = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+        .collect();
+    assert_eq!(losses.len(), 5, "{stdout}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses.windows(2).all(|w| w[1] < w[0]), "{losses:?}");
+    assert!(losses[4] < losses[0] * 0.5, "{losses:?}");
+}
+
+#[test]
+fn compile_and_run_a_model_file() {
+    let dir = std::env::temp_dir().join(format!("ingot-model-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("tiny.ingot");
+    let exe = exe.to_str().unwrap();
+    let out = ingot(&["compile", "--model-file", TINY, "-o", exe]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trained = ingot(&["train", "--model-file", TINY, "--steps", "2"]);
+    let ran = ingot(&["run", exe, "--steps", "2"]);
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    // Not a terminal: the plain step lines, the same for both.
+    let steps = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("step "))
+            .map(|l| l.split("  ").take(3).collect::<Vec<_>>().join("  "))
+            .collect()
+    };
+    assert_eq!(steps(&trained).len(), 2);
+    assert_eq!(steps(&trained), steps(&ran));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_syntax_error_names_the_file_and_line_and_exits_1() {
+    let dir = std::env::temp_dir().join(format!("ingot-model-file-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.ir");
+    std::fs::write(
+        &bad,
+        "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\n%1 = reduce_sum(%0 axes=[0] : f32[1]\n",
+    )
+    .unwrap();
+    let bad = bad.to_str().unwrap();
+    for cmd in ["plan", "train"] {
+        let mut args = vec![cmd, "--model-file", bad];
+        if cmd == "train" {
+            args.extend(["--steps", "1"]);
+        }
+        let out = ingot(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{bad}: line 3:")),
+            "{cmd}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let missing = ingot(&["plan", "--model-file", "no/such/file.ir"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no/such/file.ir"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_file_without_a_scalar_loss_is_an_error_naming_it() {
+    let dir = std::env::temp_dir().join(format!("ingot-model-file-noloss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("noloss.ir");
+    std::fs::write(
+        &f,
+        "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\noutput \"out\" = %0\n",
+    )
+    .unwrap();
+    let out = ingot(&["plan", "--model-file", f.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("noloss.ir") && stderr.contains("\"loss\""),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn model_and_model_file_together_or_neither_are_usage_errors() {
+    for extra in [
+        &["plan"][..],
+        &["train", "--steps", "1"],
+        &["compile", "-o", "x"],
+    ] {
+        let mut args = extra.to_vec();
+        args.extend(["--model", "mlp", "--model-file", TINY]);
+        let both = ingot(&args);
+        let stderr = String::from_utf8_lossy(&both.stderr);
+        assert_eq!(both.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("cannot be used with"), "{args:?}: {stderr}");
+    }
+    let neither = ingot(&["plan"]);
+    assert_eq!(neither.status.code(), Some(2));
+}
