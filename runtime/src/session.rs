@@ -151,7 +151,7 @@ impl Device {
 
 /// The loaded step, on one of the backends.
 enum Backend {
-    Cpu(PlannedStep),
+    Cpu(Box<PlannedStep>),
     Cuda(Box<CudaStep>),
 }
 
@@ -237,7 +237,7 @@ impl Session {
         values.extend(init::init_leaves(&graph, LeafKind::State, seed));
         values.extend(init::synthetic_batch(&graph, seed));
         let exe = match device {
-            Device::Cpu => Backend::Cpu(PlannedStep::new(graph, plan)?),
+            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(graph, plan)?)),
             Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(graph, plan, o)?)),
         };
         let mut session = Session {
@@ -264,14 +264,14 @@ impl Session {
     /// The loaded step: its plan and its one allocation, on whichever device.
     pub fn exe(&self) -> &dyn StepExecutor {
         match &self.exe {
-            Backend::Cpu(p) => p,
+            Backend::Cpu(p) => p.as_ref(),
             Backend::Cuda(c) => c.as_ref(),
         }
     }
 
     fn exe_mut(&mut self) -> &mut dyn StepExecutor {
         match &mut self.exe {
-            Backend::Cpu(p) => p,
+            Backend::Cpu(p) => p.as_mut(),
             Backend::Cuda(c) => c.as_mut(),
         }
     }

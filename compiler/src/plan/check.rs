@@ -93,7 +93,7 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                 l.bytes
             ));
         }
-        if l.offset % p.alignment != 0 {
+        if !l.offset.is_multiple_of(p.alignment) {
             return err(format!(
                 "{id} is at offset {}, not a multiple of {}",
                 l.offset, p.alignment

@@ -687,7 +687,8 @@ fn matmul<T: Element + k::GemmScalar>(
     let ws: &mut [T] = match scratch {
         Scratch::Given(bytes) => {
             let size = std::mem::size_of::<T>();
-            if bytes.len() < need * size || bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0
+            if bytes.len() < need * size
+                || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
             {
                 return Err(invalid(
                     cx.op,
