@@ -10,6 +10,7 @@ use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
 use std::time::Instant;
 
 fn median(mut v: Vec<f64>) -> f64 {

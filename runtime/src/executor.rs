@@ -13,8 +13,9 @@ use ingot_compiler::plan::MemoryPlan;
 pub trait StepExecutor {
     fn graph(&self) -> &Graph;
     fn plan(&self) -> &MemoryPlan;
-    /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes.
-    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError>;
+    /// Copies `bytes` (the node's value, little-endian, exactly its planned size) into node
+    /// `id`'s memory.
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError>;
     /// The current value of node `id` (a leaf, or an output after a step), copied to the host.
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError>;
     /// Runs one step; allocates nothing.
@@ -35,6 +36,28 @@ pub trait StepExecutor {
             op: "leaf",
             reason: format!("the step has no leaf named {name:?}"),
         })
+    }
+
+    /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes; a
+    /// value of another type is an error naming the leaf and both types.
+    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
+        let id = self.leaf_id(name)?;
+        let ty = self.graph().ty(id);
+        if value.ty != *ty {
+            return Err(ExecError::Invalid {
+                op: "write_leaf",
+                reason: format!("{name:?} is {ty}, the value given is {}", value.ty),
+            });
+        }
+        let bytes = value.to_le_bytes();
+        let planned = self.plan().location(self.graph(), id).bytes;
+        if bytes.len() != planned {
+            return Err(ExecError::Invalid {
+                op: "write_leaf",
+                reason: format!("{name:?} holds {planned} bytes, the value {}", bytes.len()),
+            });
+        }
+        self.write_node_bytes(id, &bytes)
     }
 
     /// The current value of a leaf.

@@ -103,3 +103,38 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
     assert!(err.contains("line 2"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn plan_writes_the_html_page_and_the_svg() {
+    let dir = std::env::temp_dir().join(format!("ingot-picture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let html = dir.join("plan.html");
+    let svg = dir.join("plan.svg");
+    let (code, out, err) = ingot(&[
+        "plan",
+        "--model",
+        "mlp",
+        "--html",
+        html.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("memory plan for mlp"), "{out}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("<svg"));
+    assert!(page.contains("memory plan for mlp") && !page.contains("https://"));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.contains("<svg xmlns=") && picture.contains("<rect class=\"buf "));
+    assert!(picture.trim_end().ends_with("</svg>"));
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--model",
+        "mlp",
+        "--svg",
+        dir.join("no/such/dir/p.svg").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot write"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -7,6 +7,7 @@ use ingot_compiler::models;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

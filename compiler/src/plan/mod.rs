@@ -8,6 +8,7 @@
 pub mod check;
 pub mod dsa;
 pub mod liveness;
+pub mod picture;
 pub mod report;
 
 use crate::ir::{Graph, NodeId};

@@ -21,6 +21,13 @@ pub struct PlanArgs {
     /// space, or cuBLAS's workspace on the GPU). Planning needs no GPU.
     #[arg(long, value_enum, default_value_t = super::train::Device::Cpu)]
     pub device: super::train::Device,
+    /// Also write the plan as a timeline, beside the report table, to this self-contained HTML
+    /// page (inline SVG and CSS; nothing is fetched).
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<std::path::PathBuf>,
+    /// Also write the timeline alone, as an SVG file.
+    #[arg(long, value_name = "PATH")]
+    pub svg: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
@@ -35,6 +42,18 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     let model = a.model.load()?;
     let compiled = pipeline::compile(&model, &opts)?;
     let report = &compiled.report;
+    use ingot_compiler::plan::picture;
+    let pictures = [
+        (&a.html, picture::html as fn(&_, &_, &_) -> String),
+        (&a.svg, picture::svg),
+    ];
+    for (path, draw) in pictures {
+        if let Some(path) = path {
+            std::fs::write(path, draw(&compiled.graph, &compiled.plan, report)).map_err(|e| {
+                Failure::new(1, format!("{}: cannot write it: {e}", path.display()))
+            })?;
+        }
+    }
     if a.json {
         crate::outln!(
             "{}",

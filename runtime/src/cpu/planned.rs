@@ -128,26 +128,6 @@ impl PlannedStep {
         self.memory.len() * ALIGNMENT
     }
 
-    /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes.
-    pub fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
-        let id = self.leaf(name)?;
-        let ty = self.graph.ty(id);
-        if value.ty != *ty {
-            return Err(ExecError::Invalid {
-                op: "write_leaf",
-                reason: format!("{name:?} is {ty}, the value given is {}", value.ty),
-            });
-        }
-        let l = self.location[id.index()];
-        let bytes = value.to_le_bytes();
-        self.bytes_mut()[l.offset..l.offset + l.bytes].copy_from_slice(&bytes);
-        Ok(())
-    }
-
-    fn leaf(&self, name: &str) -> Result<NodeId, ExecError> {
-        crate::executor::StepExecutor::leaf_id(self, name)
-    }
-
     fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
         let l = self.location[id.index()];
         Tensor::from_le_bytes(
@@ -374,8 +354,21 @@ impl crate::executor::StepExecutor for PlannedStep {
         PlannedStep::plan(self)
     }
 
-    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
-        PlannedStep::write_leaf(self, name, value)
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        let l = self.location[id.index()];
+        if bytes.len() != l.bytes {
+            return Err(ExecError::Invalid {
+                op: "write_node_bytes",
+                reason: format!(
+                    "node %{} holds {} bytes, not {}",
+                    id.index(),
+                    l.bytes,
+                    bytes.len()
+                ),
+            });
+        }
+        self.bytes_mut()[l.offset..l.offset + l.bytes].copy_from_slice(bytes);
+        Ok(())
     }
 
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {

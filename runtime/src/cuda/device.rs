@@ -19,7 +19,7 @@ use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
-use ingot_compiler::ir::{DType, Graph, NodeId, Op};
+use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 use std::ffi::c_void;
@@ -472,28 +472,14 @@ impl StepExecutor for CudaStep {
         &self.plan
     }
 
-    fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
-        let id = self.leaf_id(name)?;
-        if !matches!(self.graph.node(id).op, Op::Leaf { .. }) {
-            return Err(ExecError::Invalid {
-                op: "write_leaf",
-                reason: format!("{name:?} is not a leaf"),
-            });
-        }
-        let ty = self.graph.ty(id);
-        if value.ty != *ty {
-            return Err(ExecError::Invalid {
-                op: "write_leaf",
-                reason: format!("{name:?} is {ty}, the value given is {}", value.ty),
-            });
-        }
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
         let l = self.location[id.index()];
-        let bytes = value.to_le_bytes();
         if bytes.len() != l.bytes {
             return Err(ExecError::Invalid {
-                op: "write_leaf",
+                op: "write_node_bytes",
                 reason: format!(
-                    "{name:?} holds {} bytes, the value {}",
+                    "node %{} holds {} bytes, not {}",
+                    id.index(),
                     l.bytes,
                     bytes.len()
                 ),
@@ -503,7 +489,7 @@ impl StepExecutor for CudaStep {
         self.stream.synchronize().map_err(driver("synchronizing"))?;
         if l.bytes > 0 {
             // SAFETY: the range lies inside the allocation; the stream is idle.
-            unsafe { result::memcpy_htod_sync(self.base + l.offset as u64, &bytes[..]) }
+            unsafe { result::memcpy_htod_sync(self.base + l.offset as u64, bytes) }
                 .map_err(driver("copying to the GPU"))?;
         }
         Ok(())
