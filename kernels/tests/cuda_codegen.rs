@@ -7,6 +7,7 @@
 //! ingot-runtime --example cuda_kernels`.
 
 use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE};
+use ingot_kernels::fused::random::Rng;
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
@@ -1352,27 +1353,6 @@ fn reductions_over_empty_axes_are_their_identities() {
 
 // ---------------------------------------------------------------------------------------------
 // Random descriptions (valid ones, mostly: the check decides).
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
 
 const DTYPES: [DType; 7] = [
     DType::F32,

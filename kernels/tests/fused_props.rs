@@ -6,6 +6,7 @@
 //! `ingot_kernels::cpu::reduce` for a tensor shaped like the domain), so every comparison is
 //! exact: integers and bools byte for byte, floats bit for bit (any NaN matches any NaN).
 
+use ingot_kernels::fused::random::Rng;
 use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, KernelError, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use proptest::prelude::*;
@@ -378,27 +379,6 @@ impl<'a> Naive<'a> {
 
 // ---------------------------------------------------------------------------------------------
 // Random kernels.
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
 
 const DTYPES: [DType; 7] = [
     DType::F32,

@@ -25,6 +25,7 @@
 use cudarc::driver::{result, sys};
 use ingot_compiler::ir::{Graph, Op};
 use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::fused::random::Rng;
 use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::collections::HashMap;
@@ -865,27 +866,6 @@ fn check(dev: &Device, it: &Item, seed: u64, exact: bool, time: bool) -> Res<Out
 
 // ---------------------------------------------------------------------------------------------
 // Random fused kernels (`--random N`).
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
 
 /// A random valid kernel whose integer and bool results do not depend on float rounding:
 /// compares and converts to integers or bool read only exact float values (loads, constants,

@@ -58,6 +58,7 @@
 
 pub mod check;
 pub mod cpu;
+pub mod random;
 
 pub use check::KernelError;
 
