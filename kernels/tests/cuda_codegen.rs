@@ -1182,17 +1182,22 @@ fn threads(t: u32) -> cuda::Tuning {
 fn the_attention_backward_kernel_reads_each_full_input_once() {
     // GPT-2's: [8, 12, 1024, 1024] reduced over the last axis, two full loads read by four
     // loops (three passes and the outputs). A 32-lane group would keep 2 × 32 values a lane,
-    // more than fit: a block of 256 threads per row keeps 2 × 4 instead.
+    // more than fit; with 98304 rows the GPU is full anyway, so a block of 128 threads per row
+    // keeps 2 × 8, half the registers the cache may take.
     let c = cuda::fused(&attention_backward(8, 12, 1024)).unwrap();
     let src = &c.source;
-    assert_eq!(c.launch.block, [256, 1, 1], "{src}");
+    assert_eq!(c.launch.block, [128, 1, 1], "{src}");
     assert_eq!(c.launch.grid, [8 * 12 * 1024, 1, 1], "{src}");
     assert_eq!(src.matches("in0[").count(), 1, "{src}");
     assert_eq!(src.matches("in1[").count(), 1, "{src}");
     assert_eq!(cached_arrays_in_registers(src), 2);
-    assert_eq!(src.matches("[4]; // %").count(), 2, "{src}");
-    assert_eq!(src.matches("u < 4u; ++u").count(), 4, "{src}");
-    // The 8 warps of a row combine through shared memory; the row's last pass ends with a
+    assert_eq!(src.matches("[8]; // %").count(), 2, "{src}");
+    assert_eq!(src.matches("u < 8u; ++u").count(), 4, "{src}");
+    // Fewer rows (12 × 1024, 1.5 million threads at 128 a row): 256 threads keep 2 × 4.
+    let few = cuda::fused(&attention_backward(1, 12, 1024)).unwrap();
+    assert_eq!(few.launch.block, [256, 1, 1], "{}", few.source);
+    assert_eq!(few.source.matches("[4]; // %").count(), 2, "{}", few.source);
+    // The 4 warps of a row combine through shared memory; the row's last pass ends with a
     // barrier before any output is written (an output may be written over in0 or in1).
     assert!(src.contains("__shared__ float"), "{src}");
     let last_pass = src.rfind("// pass ").unwrap();
@@ -1209,11 +1214,11 @@ fn the_attention_backward_kernel_reads_each_full_input_once() {
     assert_eq!(c.source.matches("in0[").count(), 1, "{}", c.source);
     assert!(c.source.contains("if (j < 1000u) {"), "{}", c.source);
     assert_eq!(cached_arrays_in_registers(&c.source), 2);
-    // The forward softmax (one load) gets the same: 256 threads a row, 4 values each.
+    // The forward softmax (one load): 64 threads a row, 16 values each.
     let c = cuda::fused(&causal_softmax(96, 1024)).unwrap();
     assert_eq!(c.launch.grid[0], 96 * 1024, "{}", c.source);
-    assert_eq!(c.launch.block, [256, 1, 1], "{}", c.source);
-    assert!(c.source.contains("float c4[4];"), "{}", c.source);
+    assert_eq!(c.launch.block, [64, 1, 1], "{}", c.source);
+    assert!(c.source.contains("float c4[16];"), "{}", c.source);
     // Forced thread counts (for measuring) keep what fits in registers only.
     let k = attention_backward(8, 12, 1024);
     let c = cuda::fused_tuned(&k, threads(32)).unwrap();
@@ -1230,7 +1235,7 @@ fn the_attention_backward_kernel_reads_each_full_input_once() {
     assert!(c.source.contains("[16]; // %"), "{}", c.source);
     assert_eq!(
         cuda::fused(&k).unwrap(),
-        cuda::fused_tuned(&k, threads(256)).unwrap()
+        cuda::fused_tuned(&k, threads(128)).unwrap()
     );
 }
 
@@ -1534,5 +1539,68 @@ fn print_sources() {
         if std::env::var("ONLY").map_or(true, |o| o.split(',').any(|x| x == name)) {
             println!("==== {name}\n{}", c.source);
         }
+    }
+}
+
+#[test]
+fn a_causal_softmax_reads_no_masked_score() {
+    // GPT-2's forward attention softmax: the scores above the diagonal are replaced by the
+    // lowest float before anything reads them, so the load is predicated on the mask (read
+    // where `col > row` is false, 0 where true) and the mask is computed before the load.
+    let k = causal_softmax(96, 1024);
+    let src = cuda::fused(&k).unwrap().source;
+    let load = src.find("in0[").unwrap();
+    let line_start = src[..load].rfind('\n').unwrap();
+    let line = &src[line_start..load + src[load..].find('\n').unwrap()];
+    assert!(line.contains(" ? 0.0f : in0["), "{line}\n{src}");
+    let cond = line
+        .split('=')
+        .nth(1)
+        .unwrap()
+        .trim()
+        .split(' ')
+        .next()
+        .unwrap();
+    let defined = src.find(&format!("unsigned char {cond} = ")).unwrap();
+    assert!(defined < load, "{src}");
+    // Measurable as a choice: unguarded, the same kernel reads every score.
+    let plain = cuda::fused_tuned(
+        &k,
+        cuda::Tuning {
+            unguarded_loads: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!plain.source.contains("? 0.0f : in0["), "{}", plain.source);
+    assert_ne!(plain.name, cuda::fused(&k).unwrap().name);
+}
+
+#[test]
+fn the_cross_entropy_pick_reads_only_the_target_logit() {
+    // Pass 3 sums `select(j == target, x - max - log(sum), 0)`: in that pass the logits are
+    // read only at the target. The max (pass 1), the sum (pass 2) and the gradient (the
+    // outputs) need every logit, so those reads stay plain.
+    let src = cuda::fused(&cross_entropy(8192, 50304)).unwrap().source;
+    let guarded: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
+    assert_eq!(guarded.len(), 4, "{src}");
+    assert_eq!(
+        guarded.iter().filter(|l| l.contains(" ? in0[")).count(),
+        1,
+        "{src}"
+    );
+    let pass3 = src.find("// pass 3").unwrap();
+    let outputs = src.find("// the full outputs").unwrap();
+    assert!(src[pass3..outputs].contains(" ? in0["), "{src}");
+}
+
+#[test]
+fn guarded_kernels_pass_the_host_syntax_check() {
+    let kernels: Vec<CudaKernel> = [causal_softmax(4, 100), cross_entropy(8, 1000)]
+        .iter()
+        .map(|k| cuda::fused(k).unwrap())
+        .collect();
+    if !syntax_check("guarded", &kernels) {
+        eprintln!("skipped: no host C++ compiler for the syntax check");
     }
 }

@@ -1096,7 +1096,9 @@ fn random_kernel(seed: u64) -> FusedKernel {
 
 /// The kernel generated otherwise (`--variants`): at every other thread count per row (32 to
 /// 1024) where it is a row-strategy kernel with full outputs and rows of at most 8192
-/// elements; one element a thread where it is an elementwise kernel that goes four.
+/// elements; one element a thread where it is an elementwise kernel that goes four; at every
+/// other number of rows a block (1 to 32) where it is a column-strategy kernel; and with every
+/// load read at every element where some of its loads are guarded.
 fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)> {
     let mut out: Vec<(String, CudaKernel)> = Vec::new();
     let mut add = |what: String, t: cuda::Tuning| {
@@ -1132,8 +1134,26 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
                 }
             }
         }
+        Ok(cuda::Strategy::Columns) => {
+            for x in [1u32, 2, 4, 8, 16, 32] {
+                add(
+                    format!("{x} rows a block"),
+                    cuda::Tuning {
+                        column_rows: Some(x),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
         _ => {}
     }
+    add(
+        "unguarded loads".into(),
+        cuda::Tuning {
+            unguarded_loads: true,
+            ..Default::default()
+        },
+    );
     out
 }
 

@@ -58,6 +58,7 @@
 //! 64-bit otherwise. Generation is deterministic: the same description gives byte-identical text.
 
 mod fused;
+mod guard;
 pub mod ops;
 
 pub use ops::{concat, gather, scatter_add};
@@ -150,6 +151,12 @@ pub struct Tuning {
     pub row_threads: Option<u32>,
     /// Elementwise kernels one element a thread, never four.
     pub scalar_elementwise: bool,
+    /// Every load read at every element, even where a `select` drops its value (see the
+    /// guarded loads of the row strategy).
+    pub unguarded_loads: bool,
+    /// Rows side by side in a block of the column strategy (a power of two from 1 to 32;
+    /// anything else is ignored).
+    pub column_rows: Option<u32>,
 }
 
 /// [`fused`] with some choices forced (see [`Tuning`]).
