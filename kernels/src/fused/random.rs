@@ -8,7 +8,8 @@
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -18,7 +19,7 @@ impl Rng {
 
     /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 
     /// True `percent` times in a hundred.
@@ -40,8 +41,8 @@ mod tests {
     fn the_same_seed_gives_the_same_sequence_and_splitmix64s_reference_values() {
         let mut a = Rng(0);
         let mut b = Rng(0);
-        let xs: Vec<u64> = (0..3).map(|_| a.next()).collect();
-        assert_eq!(xs, (0..3).map(|_| b.next()).collect::<Vec<_>>());
+        let xs: Vec<u64> = (0..3).map(|_| a.next_u64()).collect();
+        assert_eq!(xs, (0..3).map(|_| b.next_u64()).collect::<Vec<_>>());
         // SplitMix64 from state 0 (Vigna's reference implementation).
         assert_eq!(xs[0], 0xE220_A839_7B1D_CDAF);
         assert_eq!(Rng(5).below(0), 0);
