@@ -43,7 +43,7 @@ pub const MAGIC: [u8; 8] = *b"INGOTEXE";
 
 /// The format version this code writes and reads. Bumped on any change to the header or the
 /// payload; a file of another version is refused with a message saying to recompile.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Bytes before the payload: magic, version, length, checksum.
 pub const HEADER_BYTES: usize = 28;
@@ -88,12 +88,20 @@ pub struct Layout {
     pub bytes: usize,
 }
 
-/// One kernel's source, for targets that compile kernels from source (CUDA C on `cuda`).
+/// One kernel, for targets that compile kernels from source (CUDA C on `cuda`): its source and
+/// how it is launched. `ingot run` compiles these sources and launches them so.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Kernel {
     /// The entry point.
     pub name: String,
     pub source: String,
+    /// Blocks along x, y, z.
+    pub grid: [u32; 3],
+    /// Threads a block along x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory a block, in bytes.
+    pub shared_bytes: u32,
 }
 
 /// A compiled training step, as stored in a step executable.
@@ -334,6 +342,20 @@ impl Executable {
             && (!self.kernels.is_empty() || !self.kernel_prelude.is_empty())
         {
             return Err("a cpu executable carries kernel sources".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for k in &self.kernels {
+            if !names.insert(k.name.as_str()) {
+                return Err(format!("kernel {} appears twice", k.name));
+            }
+            let threads = k.block.iter().map(|&b| b as u64).product::<u64>();
+            if k.grid.contains(&0) || k.block.contains(&0) || threads > 1024 {
+                return Err(format!(
+                    "kernel {} has launch shape grid {:?} block {:?}: every dimension must be at \
+                     least 1 and a block at most 1024 threads",
+                    k.name, k.grid, k.block
+                ));
+            }
         }
         Ok(())
     }

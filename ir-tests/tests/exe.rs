@@ -58,7 +58,10 @@ fn a_compiled_step_round_trips_through_its_bytes() {
         );
         let bytes = e.to_bytes().unwrap();
         assert_eq!(&bytes[..8], b"INGOTEXE");
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 1);
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            VERSION
+        );
         let back = Executable::from_bytes(&bytes, "x.ingot").unwrap();
         assert!(back == e, "{model}: the executable read back differs");
         assert!(back.graph == c.graph && back.plan == c.plan, "{model}");
@@ -100,11 +103,12 @@ fn each_damage_to_the_envelope_is_named() {
     assert!(matches!(e.problem, Problem::Truncated(_)), "{e}");
     assert!(e.to_string().starts_with("step.ingot: truncated"), "{e}");
     let mut v = good.to_vec();
-    v[8..12].copy_from_slice(&2u32.to_le_bytes());
+    // Version 1 (no launch shapes in its kernel table) is another format.
+    v[8..12].copy_from_slice(&1u32.to_le_bytes());
     let e = problem(&v);
     assert_eq!(
         e.to_string(),
-        "step.ingot: it is a step executable of format version 2, but this ingot reads version 1; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
+        "step.ingot: it is a step executable of format version 1, but this ingot reads version 2; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
     );
     let mut v = good.to_vec();
     *v.last_mut().unwrap() ^= 1;
@@ -189,6 +193,49 @@ fn a_plan_that_does_not_fit_its_graph_is_refused_before_anything_runs() {
         v["extra"] = 1.into();
     }));
     assert!(e.contains("unknown field"), "{e}");
+}
+
+#[test]
+fn a_cuda_kernel_table_that_cannot_launch_is_refused() {
+    let c = pipeline::compile_model(FUZZ_GPT, &Device::Cuda(Default::default()).options()).unwrap();
+    let mut e = Executable::new(&c, Target::Cuda);
+    e.kernel_prelude = "// prelude".into();
+    e.kernels = (0..2)
+        .map(|i| exe::Kernel {
+            name: format!("ingot_{i:016x}"),
+            source: format!("extern \"C\" __global__ void ingot_{i:016x}() {{}}"),
+            grid: [1, 1, 1],
+            block: [256, 1, 1],
+            shared_bytes: 0,
+        })
+        .collect();
+    let good = e.to_bytes().unwrap();
+    assert_eq!(Executable::from_bytes(&good, "s.ingot").unwrap(), e);
+    let read = |bytes: Vec<u8>| {
+        Executable::from_bytes(&bytes, "s.ingot")
+            .unwrap_err()
+            .to_string()
+    };
+    let err = read(edited(&good, |v| {
+        v["kernels"][1]["block"] = serde_json::json!([64, 32, 1]);
+    }));
+    assert!(
+        err.contains("ingot_0000000000000001") && err.contains("1024"),
+        "{err}"
+    );
+    let err = read(edited(&good, |v| {
+        v["kernels"][0]["grid"] = serde_json::json!([0, 1, 1]);
+    }));
+    assert!(err.contains("launch shape"), "{err}");
+    let err = read(edited(&good, |v| {
+        v["kernels"][1]["name"] = "ingot_0000000000000000".into();
+    }));
+    assert!(err.contains("appears twice"), "{err}");
+    // A version-1 kernel entry (no launch shape) is another format.
+    let err = read(edited(&good, |v| {
+        v["kernels"][0].as_object_mut().unwrap().remove("block");
+    }));
+    assert!(err.contains("block"), "{err}");
 }
 
 /// Reads `bytes`; whatever it accepts must hold a plan the validator accepts for its graph.

@@ -21,7 +21,7 @@ use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::LOSS;
-use ingot_compiler::exe::Target;
+use ingot_compiler::exe::{Executable, Kernel, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
@@ -233,12 +233,38 @@ impl Session {
         seed: u64,
         device: Device,
     ) -> Result<Session, SessionError> {
+        Session::assemble(model, graph, plan, None, seed, device)
+    }
+
+    /// A session running a step executable as it is stored: its graph and plan, and on CUDA
+    /// the kernel sources and launch shapes it carries (compiled with NVRTC here), not
+    /// kernels generated again. The executable's target must be `device`'s.
+    pub fn from_executable(
+        exe: Executable,
+        seed: u64,
+        device: Device,
+    ) -> Result<Session, SessionError> {
+        let kernels = (device.target() == Target::Cuda)
+            .then_some((exe.kernel_prelude.as_str(), &exe.kernels[..]));
+        Session::assemble(&exe.model, exe.graph, exe.plan, kernels, seed, device)
+    }
+
+    fn assemble(
+        model: &str,
+        graph: Graph,
+        plan: MemoryPlan,
+        kernels: Option<(&str, &[Kernel])>,
+        seed: u64,
+        device: Device,
+    ) -> Result<Session, SessionError> {
         let mut values = init::init_leaves(&graph, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(&graph, LeafKind::State, seed));
         values.extend(init::synthetic_batch(&graph, seed));
         let exe = match device {
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(graph, plan)?)),
-            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(graph, plan, o)?)),
+            Device::Cuda(o) => {
+                Backend::Cuda(Box::new(CudaStep::with_kernels(graph, plan, o, kernels)?))
+            }
         };
         let mut session = Session {
             model: model.to_string(),
@@ -504,4 +530,28 @@ impl Session {
             wall_seconds: wall,
         })
     }
+}
+
+/// The step executable of a compiled step for `device`'s target: on CUDA with every distinct
+/// kernel's CUDA C and launch shape, as this runtime lowers the step
+/// ([`crate::cuda::Program::lower`]); what `ingot compile` writes and
+/// [`Session::from_executable`] runs.
+pub fn executable(compiled: &pipeline::Compiled, device: Device) -> Result<Executable, ExecError> {
+    let mut exe = Executable::new(compiled, device.target());
+    if device.target() == Target::Cuda {
+        let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
+        exe.kernel_prelude = program.prelude.clone();
+        exe.kernels = program
+            .kernels
+            .into_iter()
+            .map(|k| Kernel {
+                name: k.name,
+                source: k.source,
+                grid: k.launch.grid,
+                block: k.launch.block,
+                shared_bytes: k.launch.shared_bytes,
+            })
+            .collect();
+    }
+    Ok(exe)
 }

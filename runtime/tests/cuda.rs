@@ -5,6 +5,7 @@
 //! On a GPU machine without cargo, build here with `cargo test --release -p ingot-runtime
 //! --test cuda --no-run`, copy the test binary there and run it (scripts/gpu_check.sh).
 
+use ingot_compiler::exe::Executable;
 use ingot_compiler::models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::session::{Device, Session};
@@ -163,4 +164,31 @@ fn tf32_matmuls_stay_close_to_strict_f32() {
     let (x, y) = (a.step().unwrap().loss, b.step().unwrap().loss);
     // TF32 keeps 10 mantissa bits in products: close, and (on random data) not bit-equal.
     assert!((x - y).abs() / y.abs() < 1e-2, "tf32 {x}, f32 {y}");
+}
+
+#[test]
+fn a_step_executable_runs_the_kernel_sources_it_carries() {
+    if !gpu("stored kernels") {
+        return;
+    }
+    let m = by_name("mlp").unwrap();
+    let compiled = ingot_compiler::pipeline::compile(&m, &STRICT.options()).unwrap();
+    let exe = ingot_runtime::session::executable(&compiled, STRICT).unwrap();
+    let exe = Executable::from_bytes(&exe.to_bytes().unwrap(), "mlp.ingot").unwrap();
+    // Run as stored: the same losses as a session that generates its kernels.
+    let mut stored = Session::from_executable(exe.clone(), 5, STRICT).unwrap();
+    let mut fresh = Session::on(&m, 5, STRICT).unwrap();
+    for step in 1..=3 {
+        let (a, b) = (stored.step().unwrap().loss, fresh.step().unwrap().loss);
+        assert_eq!(a.to_bits(), b.to_bits(), "step {step}: {a} vs {b}");
+    }
+    // The stored sources are what NVRTC compiles: a broken one is a compile error, not a
+    // silently regenerated kernel.
+    let mut broken = exe;
+    broken.kernels[0].source.push_str("\nthis is not CUDA C;\n");
+    let e = Session::from_executable(broken, 5, STRICT)
+        .err()
+        .expect("a broken stored kernel must not run")
+        .to_string();
+    assert!(e.contains("NVRTC") || e.contains("compil"), "{e}");
 }

@@ -137,7 +137,7 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
         );
         let header = &shown[..shown.len() - table.len()];
         for part in [
-            "format version 1",
+            "format version 2",
             &format!("target   {device}"),
             TINY_GPT,
             "launches per step",
@@ -153,10 +153,16 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
         let doc: serde_json::Value =
             serde_json::from_str(&ok(&["inspect", s(&exe), "--json"])).unwrap();
         assert_eq!(doc["report"], plan, "{device}");
-        assert_eq!(doc["format_version"], 1);
+        assert_eq!(doc["format_version"], 2);
         assert_eq!(doc["target"], device);
         let kernels = doc["kernels"].as_array().unwrap();
         assert_eq!(kernels.is_empty(), device == "cpu", "{device}: {kernels:?}");
+        for k in kernels {
+            // Each kernel carries the launch shape its source's header comment states.
+            let threads: u64 = (0..3).map(|d| k["block"][d].as_u64().unwrap()).product();
+            assert!((1..=1024).contains(&threads), "{k}");
+            assert!(k["grid"][0].as_u64().unwrap() >= 1, "{k}");
+        }
         let layouts = doc["layouts"].as_array().unwrap();
         assert!(layouts
             .iter()
@@ -234,7 +240,7 @@ fn a_damaged_file_is_an_error_naming_the_file_and_the_damage() {
     }
     let (_, _, err) = ingot(&["inspect", s(&dir.join("version.ingot"))]);
     assert!(
-        err.contains("reads version 1") && err.contains("recompile"),
+        err.contains("reads version 2") && err.contains("recompile"),
         "{err}"
     );
     let (code, _, err) = ingot(&["inspect", s(&dir.join("missing.ingot"))]);

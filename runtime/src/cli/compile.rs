@@ -8,7 +8,7 @@
 use super::train::Device;
 use super::Failure;
 use crate::session;
-use ingot_compiler::exe::{Executable, Kernel, Target};
+use ingot_compiler::exe::Executable;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::report::human;
@@ -27,23 +27,10 @@ pub struct CompileArgs {
     pub output: PathBuf,
 }
 
-/// The step executable of `model` planned for `device`, with its kernel sources on CUDA.
+/// The step executable of `model` planned for `device` ([`session::executable`]).
 pub fn executable(model: &Model, device: session::Device) -> Result<Executable, Failure> {
     let compiled = pipeline::compile(model, &device.options())?;
-    let mut exe = Executable::new(&compiled, device.target());
-    if device.target() == Target::Cuda {
-        let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
-        exe.kernel_prelude = ingot_kernels::cuda::PRELUDE.to_string();
-        exe.kernels = program
-            .kernels
-            .into_iter()
-            .map(|k| Kernel {
-                name: k.name,
-                source: k.source,
-            })
-            .collect();
-    }
-    Ok(exe)
+    Ok(session::executable(&compiled, device)?)
 }
 
 pub fn run(a: &CompileArgs) -> Result<(), Failure> {

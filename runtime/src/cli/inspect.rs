@@ -17,11 +17,14 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
-/// A kernel in `--json` output: its name and the size of its source.
+/// A kernel in `--json` output: its name, the size of its source and its launch shape.
 #[derive(serde::Serialize)]
 struct KernelLine<'a> {
     name: &'a str,
     source_bytes: usize,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
 }
 
 /// The `--json` document.
@@ -61,6 +64,9 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
                 .map(|k| KernelLine {
                     name: &k.name,
                     source_bytes: source_bytes(k),
+                    grid: k.grid,
+                    block: k.block,
+                    shared_bytes: k.shared_bytes,
                 })
                 .collect(),
             kernel_source_bytes,

@@ -28,7 +28,7 @@ pub fn run(a: &RunArgs) -> Result<(), Failure> {
     };
     let device = a.run.session_device(planned_for)?;
     check_target(&a.file, &exe, device)?;
-    let mut session = Session::from_parts(&exe.model, exe.graph, exe.plan, a.run.seed, device)?;
+    let mut session = Session::from_executable(exe, a.run.seed, device)?;
     train(&mut session, &a.run, device)
 }
 

@@ -122,11 +122,25 @@ impl CudaStep {
     /// Validates the plan, compiles the kernels, makes the one allocation (zeroed) and captures
     /// the step.
     pub fn new(graph: Graph, plan: MemoryPlan, opts: CudaOptions) -> Result<CudaStep, ExecError> {
+        CudaStep::with_kernels(graph, plan, opts, None)
+    }
+
+    /// [`CudaStep::new`], compiling and launching the kernels a step executable carries
+    /// (`(prelude, kernels)`, see [`Program::adopt`]) rather than generated ones.
+    pub fn with_kernels(
+        graph: Graph,
+        plan: MemoryPlan,
+        opts: CudaOptions,
+        stored: Option<(&str, &[ingot_compiler::exe::Kernel])>,
+    ) -> Result<CudaStep, ExecError> {
         plan.validate(&graph).map_err(|e| ExecError::Invalid {
             op: "plan",
             reason: e.to_string(),
         })?;
-        let program = Program::lower(&graph, &plan)?;
+        let mut program = Program::lower(&graph, &plan)?;
+        if let Some((prelude, kernels)) = stored {
+            program.adopt(prelude, kernels)?;
+        }
         let count = available()?;
         if opts.ordinal >= count {
             return Err(unavailable(&format!(

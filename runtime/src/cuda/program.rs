@@ -105,6 +105,9 @@ pub struct Gemm {
 /// The device operations of one step and the kernels they launch.
 #[derive(Clone, Debug)]
 pub struct Program {
+    /// Source placed before the kernels in the module: the generator's prelude, or the one a
+    /// step executable carries ([`Program::adopt`]).
+    pub prelude: String,
     /// Distinct kernels, each generated once (the same fused kernel in every layer is one).
     pub kernels: Vec<CudaKernel>,
     pub ops: Vec<DeviceOp>,
@@ -137,6 +140,7 @@ impl Program {
             }
         }
         let program = Program {
+            prelude: codegen::PRELUDE.to_string(),
             kernels: p.kernels,
             ops: p.ops,
             total_bytes: plan.total_bytes,
@@ -145,9 +149,55 @@ impl Program {
         Ok(program)
     }
 
+    /// Runs the kernels a step executable carries instead of the generated ones: `prelude` and
+    /// every stored kernel's source and launch shape replace the generator's. The lowering
+    /// still decides which kernel each node launches and with which arguments, by name (a hash
+    /// of the kernel's text), so the file must hold exactly the kernels this lowering names;
+    /// a file made by an Ingot whose generator differs names others, and is refused with the
+    /// first kernel that differs.
+    pub fn adopt(
+        &mut self,
+        prelude: &str,
+        stored: &[ingot_compiler::exe::Kernel],
+    ) -> Result<(), ExecError> {
+        let mismatch = |reason: String| ExecError::Invalid {
+            op: "kernels",
+            reason: format!(
+                "{reason}: the executable was made by an Ingot whose CUDA kernels differ from \
+                 this one's; recompile it with this ingot"
+            ),
+        };
+        let by_name: HashMap<&str, &ingot_compiler::exe::Kernel> =
+            stored.iter().map(|k| (k.name.as_str(), k)).collect();
+        for k in &mut self.kernels {
+            let Some(s) = by_name.get(k.name.as_str()) else {
+                return Err(mismatch(format!("the file has no kernel {}", k.name)));
+            };
+            k.source = s.source.clone();
+            k.launch = codegen::Launch {
+                grid: s.grid,
+                block: s.block,
+                shared_bytes: s.shared_bytes,
+            };
+        }
+        if stored.len() != self.kernels.len() {
+            let used: std::collections::HashSet<&str> =
+                self.kernels.iter().map(|k| k.name.as_str()).collect();
+            let extra = stored
+                .iter()
+                .find(|k| !used.contains(k.name.as_str()))
+                .map_or("?", |k| k.name.as_str());
+            return Err(mismatch(format!(
+                "the file holds kernel {extra}, which no node of its step launches"
+            )));
+        }
+        self.prelude = prelude.to_string();
+        Ok(())
+    }
+
     /// The CUDA C of the module holding every kernel: the shared prelude, then each kernel once.
     pub fn module_source(&self) -> String {
-        let mut s = String::from(codegen::PRELUDE);
+        let mut s = self.prelude.clone();
         for k in &self.kernels {
             s.push('\n');
             s.push_str(&k.source);
@@ -582,6 +632,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn stored(p: &Program) -> Vec<ingot_compiler::exe::Kernel> {
+        p.kernels
+            .iter()
+            .map(|k| ingot_compiler::exe::Kernel {
+                name: k.name.clone(),
+                source: format!("// as stored\n{}", k.source),
+                grid: [7, 1, 1],
+                block: [64, 1, 1],
+                shared_bytes: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_adopted_executable_runs_its_stored_sources_and_launch_shapes() {
+        let c = pipeline::compile_model(
+            "mlp",
+            &crate::session::Device::Cuda(Default::default()).options(),
+        )
+        .unwrap();
+        let mut p = Program::lower(&c.graph, &c.plan).unwrap();
+        let ops = p.ops.clone();
+        let kernels = stored(&p);
+        p.adopt("// the stored prelude", &kernels).unwrap();
+        let src = p.module_source();
+        assert!(src.starts_with("// the stored prelude"), "{src}");
+        assert!(!src.contains(codegen::PRELUDE), "{src}");
+        assert_eq!(src.matches("// as stored").count(), kernels.len());
+        assert!(p.kernels.iter().all(|k| k.launch.grid == [7, 1, 1]));
+        // Which kernel each node launches, and with which arguments, is the lowering's.
+        assert_eq!(p.ops, ops);
+    }
+
+    #[test]
+    fn an_executable_whose_kernels_differ_from_this_generators_is_refused_by_name() {
+        let c = pipeline::compile_model(
+            "mlp",
+            &crate::session::Device::Cuda(Default::default()).options(),
+        )
+        .unwrap();
+        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        // One kernel missing (renamed, as another generator would name it).
+        let mut renamed = stored(&p);
+        let gone = renamed[0].name.clone();
+        renamed[0].name = "ingot_0000000000000000".into();
+        let e = p.clone().adopt("", &renamed).unwrap_err().to_string();
+        assert!(e.contains(&gone) && e.contains("recompile"), "{e}");
+        // One kernel too many.
+        let mut extra = stored(&p);
+        extra.push(ingot_compiler::exe::Kernel {
+            name: "ingot_ffffffffffffffff".into(),
+            ..extra[0].clone()
+        });
+        let e = p.clone().adopt("", &extra).unwrap_err().to_string();
+        assert!(e.contains("ingot_ffffffffffffffff"), "{e}");
     }
 
     #[test]
