@@ -1577,48 +1577,29 @@ fn a_causal_softmax_reads_no_masked_score() {
 }
 
 #[test]
-fn the_cross_entropy_reads_its_logits_twice() {
-    // GPT-2's loss over rows of 50304 logits, too long to keep in registers. The max and the
-    // sum of exp(x - max) share one pass (an online sum: the running sum is rescaled when the
-    // max grows); the pick of the target's log-probability reads the logits only at the
-    // target; the gradient reads them once more. Two reads of the row, not four.
+fn the_cross_entropy_pick_reads_only_the_target_logit() {
+    // Pass 3 sums `select(j == target, x - max - log(sum), 0)`: in that pass the logits are
+    // read only at the target. The max (pass 1), the sum (pass 2) and the gradient (the
+    // outputs) need every logit, so those reads stay plain.
     let src = cuda::fused(&cross_entropy(8192, 50304)).unwrap().source;
-    let reads: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
-    assert_eq!(reads.len(), 3, "{src}");
+    let guarded: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
+    assert_eq!(guarded.len(), 4, "{src}");
     assert_eq!(
-        reads.iter().filter(|l| l.contains(" ? in0[")).count(),
+        guarded.iter().filter(|l| l.contains(" ? in0[")).count(),
         1,
         "{src}"
     );
-    assert!(src.contains("// pass 1: %1, %4, %"), "{src}");
-    assert!(src.contains("ig_online_add(a1, a4, v0);"), "{src}");
-    assert!(src.contains("ig_lanes_online(a1, a4, 32);"), "{src}");
-    assert!(
-        src.contains("ig_online_merge(a1, a4, sm1[w], sm4[w]);"),
-        "{src}"
-    );
-    assert!(!src.contains("// pass 3"), "{src}");
-    let pass2 = src.find("// pass 2").unwrap();
+    let pass3 = src.find("// pass 3").unwrap();
     let outputs = src.find("// the full outputs").unwrap();
-    assert!(src[pass2..outputs].contains(" ? in0["), "{src}");
-    // Rows that fit in registers keep the two-pass sum (the second pass reads registers).
-    let short = cuda::fused(&cross_entropy(64, 1000)).unwrap().source;
-    assert!(!short.contains("ig_online_add"), "{short}");
-    let soft = cuda::fused(&softmax(64, 20000)).unwrap().source;
-    assert!(soft.contains("ig_online_add"), "{soft}");
+    assert!(src[pass3..outputs].contains(" ? in0["), "{src}");
 }
 
 #[test]
 fn guarded_kernels_pass_the_host_syntax_check() {
-    let kernels: Vec<CudaKernel> = [
-        causal_softmax(4, 100),
-        cross_entropy(8, 1000),
-        cross_entropy(4, 9000),
-        softmax(3, 10000),
-    ]
-    .iter()
-    .map(|k| cuda::fused(k).unwrap())
-    .collect();
+    let kernels: Vec<CudaKernel> = [causal_softmax(4, 100), cross_entropy(8, 1000)]
+        .iter()
+        .map(|k| cuda::fused(k).unwrap())
+        .collect();
     if !syntax_check("guarded", &kernels) {
         eprintln!("skipped: no host C++ compiler for the syntax check");
     }

@@ -65,9 +65,6 @@ struct Analysis<'a> {
     /// 0 for loads, constants and indices; a reduction's is its operand's plus one; an op's the
     /// largest of its operands'.
     stage: Vec<usize>,
-    /// Online softmax sums: `online[s] = Some(m)` where reduction `s` sums `exp(x - m)`, `m`
-    /// the row max of `x`, and is folded in the same pass as `m` (see [`online_sums`]).
-    online: Vec<Option<usize>>,
     numel: usize,
     rows: usize,
     /// Elements per row (the product of the reduce axes).
@@ -144,23 +141,6 @@ impl<'a> Analysis<'a> {
                 _ => Strategy::Columns,
             }
         };
-        let mut online = vec![None; k.body.len()];
-        if strategy == Strategy::Rows && n > ONLINE_MIN_N {
-            for (s, m) in online_sums(k, &row, &live, &dt) {
-                online[s] = Some(m);
-            }
-        }
-        if online.iter().any(Option::is_some) {
-            for (i, inst) in k.body.iter().enumerate() {
-                let (ops, c) = operands(inst);
-                let s = ops[..c].iter().map(|&o| stage[o]).max().unwrap_or(0);
-                stage[i] = match (inst, online[i]) {
-                    (Inst::Reduce { .. }, Some(m)) => stage[m],
-                    (Inst::Reduce { .. }, None) => s + 1,
-                    _ => s,
-                };
-            }
-        }
         let ix = Ix::for_extents(
             [numel, rows]
                 .into_iter()
@@ -172,7 +152,6 @@ impl<'a> Analysis<'a> {
             row,
             live,
             stage,
-            online,
             numel,
             rows,
             n,
@@ -756,7 +735,10 @@ impl<'a> Analysis<'a> {
             let roots: Vec<usize> = reds
                 .iter()
                 .filter(|&&r| self.stage[r] == p)
-                .map(|&r| self.folded(r))
+                .map(|&r| match k.body[r] {
+                    Inst::Reduce { x, .. } => x,
+                    _ => r,
+                })
                 .collect();
             pass_full.push(self.full_closure(&roots));
         }
@@ -1020,7 +1002,10 @@ impl<'a> Analysis<'a> {
                 let roots = reds
                     .iter()
                     .filter(|&&r| self.stage[r] == p)
-                    .map(|&r| self.folded(r))
+                    .filter_map(|&r| match k.body[r] {
+                        Inst::Reduce { x, .. } => Some(x),
+                        _ => None,
+                    })
                     .collect();
                 (&pass_full[p - 1][..], roots)
             })
@@ -1144,13 +1129,6 @@ impl<'a> Analysis<'a> {
                         let Inst::Reduce { x, .. } = k.body[r] else {
                             continue;
                         };
-                        if self.online[r].is_some() {
-                            continue;
-                        }
-                        if let Some(s) = self.online_sum_of(r) {
-                            b.line(format!("ig_online_add(a{r}, a{s}, v{x});"));
-                            continue;
-                        }
                         b.line(format!(
                             "a{r} = {};",
                             accumulate(
@@ -1185,13 +1163,6 @@ impl<'a> Analysis<'a> {
                         }
                         Layout::Group { w, .. } => {
                             for &r in &these {
-                                if self.online[r].is_some() {
-                                    continue;
-                                }
-                                if let Some(s) = self.online_sum_of(r) {
-                                    src.line(format!("ig_lanes_online(a{r}, a{s}, {w});"));
-                                    continue;
-                                }
                                 src.line(format!(
                                     "a{r} = {}(a{r}, {w});",
                                     lanes_fn(reduce_op(&k.body[r]))
@@ -1200,13 +1171,6 @@ impl<'a> Analysis<'a> {
                         }
                         Layout::Block { t } => {
                             for &r in &these {
-                                if self.online[r].is_some() {
-                                    continue;
-                                }
-                                if let Some(s) = self.online_sum_of(r) {
-                                    src.line(format!("ig_lanes_online(a{r}, a{s}, 32);"));
-                                    continue;
-                                }
                                 src.line(format!(
                                     "a{r} = {}(a{r}, 32);",
                                     lanes_fn(reduce_op(&k.body[r]))
@@ -1220,19 +1184,6 @@ impl<'a> Analysis<'a> {
                             src.line("__syncthreads();");
                             let warps = t / 32;
                             for &r in &these {
-                                if self.online[r].is_some() {
-                                    continue;
-                                }
-                                if let Some(s) = self.online_sum_of(r) {
-                                    src.line(format!("a{r} = sm{r}[0];"));
-                                    src.line(format!("a{s} = sm{s}[0];"));
-                                    if warps > 1 {
-                                        src.line(format!(
-                                            "for (unsigned w = 1u; w < {warps}u; ++w) {{ ig_online_merge(a{r}, a{s}, sm{r}[w], sm{s}[w]); }}"
-                                        ));
-                                    }
-                                    continue;
-                                }
                                 let op = reduce_op(&k.body[r]);
                                 src.line(format!("a{r} = sm{r}[0];"));
                                 if warps > 1 {
@@ -1345,21 +1296,6 @@ impl<'a> Analysis<'a> {
             loaded[i] = true;
         }
         Ok(())
-    }
-
-    /// The full value reduction `r` folds at each element: its operand, or for an online sum
-    /// the value its max folds.
-    fn folded(&self, r: usize) -> usize {
-        match (self.online[r], &self.k.body[r]) {
-            (Some(m), _) => self.folded(m),
-            (None, Inst::Reduce { x, .. }) => *x,
-            _ => r,
-        }
-    }
-
-    /// The online sum folded together with max `m`, if any.
-    fn online_sum_of(&self, m: usize) -> Option<usize> {
-        self.online.iter().position(|&o| o == Some(m))
     }
 
     /// Expression `e` of instruction `i`, read only where `guard` holds (0 elsewhere).
@@ -1700,49 +1636,6 @@ const CACHE_WORDS: usize = 32;
 /// flight).
 const CACHE_SPLIT_PER_THREAD: usize = 4;
 const CACHE_SPLIT_MAX: usize = 8;
-
-/// Rows longer than this fold a softmax's sum into its max's pass ([`online_sums`]): they are
-/// never kept in registers, so the pass saved is a read of the row from memory.
-const ONLINE_MIN_N: usize = 8192;
-
-/// The online softmax sums of a kernel, `(s, m)`: reduction `s` is `sum(exp(x - m))` and `m`
-/// is `max(x)` over the same row, `x` a full float value. Such a sum needs no pass of its own:
-/// a thread keeps its running max and the sum of `exp(x - max)` so far, rescaling the sum when
-/// the max grows, and threads merge their pairs the same way (`ig_online_add`,
-/// `ig_online_merge`, Milakov and Gimelshein's online normalizer). The sum differs from the
-/// two-pass one by rounding only.
-fn online_sums(k: &FusedKernel, row: &[bool], live: &[bool], dt: &[DType]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    for (s, inst) in k.body.iter().enumerate() {
-        let Inst::Reduce {
-            op: ReduceOp::Sum,
-            x: e,
-        } = *inst
-        else {
-            continue;
-        };
-        let Inst::Unary {
-            op: UnaryOp::Exp,
-            x: d,
-        } = k.body[e]
-        else {
-            continue;
-        };
-        let Inst::Binary {
-            op: BinaryOp::Sub,
-            a: x,
-            b: m,
-        } = k.body[d]
-        else {
-            continue;
-        };
-        let is_max = matches!(k.body[m], Inst::Reduce { op: ReduceOp::Max, x: mx } if mx == x);
-        if is_max && live[s] && live[m] && !row[x] && dt[x].is_float() {
-            out.push((s, m));
-        }
-    }
-    out
-}
 
 /// Threads (rows × threads a row) that count as plenty: a row-strategy kernel with at least
 /// this many may give each thread more elements (see `Analysis::layout`).

@@ -226,30 +226,6 @@ template <typename T> __device__ __forceinline__ T ig_lanes_max(T v, int width) 
   for (int o = width >> 1; o > 0; o >>= 1) v = ig_keep_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// Online softmax denominators: `m` is the largest value folded in so far (as ig_keep_max keeps
-// it) and `s` the sum of exp(x - m) over them; folding in t, or merging another pair, rescales
-// s when m grows. An empty pair is (-inf, 0).
-__device__ __forceinline__ float ig_exp(float x) { return expf(x); }
-__device__ __forceinline__ double ig_exp(double x) { return exp(x); }
-template <typename T> __device__ __forceinline__ void ig_online_add(T& m, T& s, T t) {
-  const T n = ig_keep_max(m, t);
-  if (n == m) { s = s + ig_exp(t - n); } else { s = s * ig_exp(m - n) + ig_exp(t - n); m = n; }
-}
-template <typename T> __device__ __forceinline__ void ig_online_merge(T& m, T& s, T m2, T s2) {
-  const T n = ig_keep_max(m, m2);
-  const T a = s == (T)0 ? (T)0 : s * ig_exp(m - n);
-  const T b = s2 == (T)0 ? (T)0 : s2 * ig_exp(m2 - n);
-  s = a + b;
-  m = n;
-}
-template <typename T> __device__ __forceinline__ void ig_lanes_online(T& m, T& s, int width) {
-#pragma unroll
-  for (int o = width >> 1; o > 0; o >>= 1) {
-    const T m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const T s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    ig_online_merge(m, s, m2, s2);
-  }
-}
 "#;
 
 /// The name-placeholder generators write; [`finish`] replaces it with the hash-derived name.
