@@ -567,11 +567,11 @@ mod tests {
         longer.push(b' ');
         assert!(matches!(open(&longer), Err(Problem::Corrupt(_))));
         let mut v2 = file.clone();
-        v2[8] = 2;
+        v2[8] = 3;
         assert!(matches!(
             open(&v2),
             Err(Problem::Version {
-                found: 2,
+                found: 3,
                 supported: VERSION
             })
         ));

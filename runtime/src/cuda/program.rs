@@ -647,14 +647,19 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn an_adopted_executable_runs_its_stored_sources_and_launch_shapes() {
+    /// mlp's step planned and lowered for CUDA.
+    fn lowered_mlp() -> Program {
         let c = pipeline::compile_model(
             "mlp",
             &crate::session::Device::Cuda(Default::default()).options(),
         )
         .unwrap();
-        let mut p = Program::lower(&c.graph, &c.plan).unwrap();
+        Program::lower(&c.graph, &c.plan).unwrap()
+    }
+
+    #[test]
+    fn an_adopted_executable_runs_its_stored_sources_and_launch_shapes() {
+        let mut p = lowered_mlp();
         let ops = p.ops.clone();
         let kernels = stored(&p);
         p.adopt("// the stored prelude", &kernels).unwrap();
@@ -669,12 +674,7 @@ mod tests {
 
     #[test]
     fn an_executable_whose_kernels_differ_from_this_generators_is_refused_by_name() {
-        let c = pipeline::compile_model(
-            "mlp",
-            &crate::session::Device::Cuda(Default::default()).options(),
-        )
-        .unwrap();
-        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        let p = lowered_mlp();
         // One kernel missing (renamed, as another generator would name it).
         let mut renamed = stored(&p);
         let gone = renamed[0].name.clone();
