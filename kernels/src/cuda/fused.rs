@@ -1414,7 +1414,12 @@ impl<'a> Analysis<'a> {
         let mut t = t0 * 2;
         while t <= 1024 {
             let per = n.div_ceil(t);
-            if per * words <= CACHE_WORDS / 2 && self.rows.saturating_mul(t) >= ROW_THREADS_PLENTY {
+            // Loads read by one loop only are read in the unrolled loops: as many in flight.
+            let in_flight = all || per <= CACHE_SPLIT_MAX;
+            if per * words <= CACHE_WORDS / 2
+                && in_flight
+                && self.rows.saturating_mul(t) >= ROW_THREADS_PLENTY
+            {
                 return (with(t as u32), true);
             }
             t *= 2;
