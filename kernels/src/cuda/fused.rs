@@ -279,15 +279,7 @@ impl<'a> Analysis<'a> {
             numel = ix.lit(self.numel),
             stride = ix.grid_stride(BLOCK),
         ));
-        // Indices the loads and index instructions need.
-        let mut need = vec![false; space.groups.len()];
-        for (n, &u) in used.iter().enumerate() {
-            if u {
-                space.need(vec_of[n], &mut need);
-            }
-        }
-        space.need_pinned(&self.pinned, &mut need);
-        space.decompose(&mut src, "e", ix, &need);
+        self.decompose_for_loads(&mut src, &space, &used, &vec_of);
         let addr: Vec<String> = (0..k.inputs.len())
             .map(|n| {
                 if !used[n] {
@@ -323,6 +315,19 @@ impl<'a> Analysis<'a> {
         src.close();
         src.close();
         Ok((src.text, launch))
+    }
+
+    /// Writes the indices of the linear index `e` that the used inputs' loads (`vec_of[n]`: input
+    /// `n`'s stride vector in `space`) and the live index instructions read.
+    fn decompose_for_loads(&self, src: &mut Src, space: &Space, used: &[bool], vec_of: &[usize]) {
+        let mut need = vec![false; space.groups.len()];
+        for (n, &u) in used.iter().enumerate() {
+            if u {
+                space.need(vec_of[n], &mut need);
+            }
+        }
+        space.need_pinned(&self.pinned, &mut need);
+        space.decompose(src, "e", self.ix, &need);
     }
 
     /// Whether the elementwise kernel goes four elements a thread through 4-element vector
@@ -420,14 +425,7 @@ impl<'a> Analysis<'a> {
             quads = ix.lit(quads),
             stride = ix.grid_stride(BLOCK),
         ));
-        let mut need = vec![false; space.groups.len()];
-        for (n, &u) in used.iter().enumerate() {
-            if u {
-                space.need(vec_of[n], &mut need);
-            }
-        }
-        space.need_pinned(&self.pinned, &mut need);
-        space.decompose(&mut src, "e", ix, &need);
+        self.decompose_for_loads(&mut src, &space, used, &vec_of);
         // Addresses: in vectors for the vector loads, in elements for the others.
         let addr: Vec<String> = (0..k.inputs.len())
             .map(|n| {
