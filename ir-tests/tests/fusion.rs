@@ -161,3 +161,70 @@ fn fusion_is_deterministic() {
     );
     assert_eq!(a.plan.storage_offset, b.plan.storage_offset);
 }
+
+#[test]
+fn the_qkv_gradient_is_joined_by_one_kernel_that_reads_the_heads_layout() {
+    let m = models::by_name(SMALL_GPT).unwrap();
+    let c = pipeline::compile(&m, &Session::cpu_options()).unwrap();
+    let g = &c.graph;
+    assert!(
+        !g.ids().any(|id| matches!(g.node(id).op, Op::Concat { .. })),
+        "no concat survives fusion"
+    );
+    assert_eq!(c.fuse.as_ref().unwrap().concats_fused, 2, "one per layer");
+    // Each layer's join reads the three gradients of q, k and v in their [batch, heads, seq,
+    // head_dim] layout (batch 3, heads 4, seq 16, head_dim 8): the transposes back to
+    // [batch, seq, heads, head_dim] are loads of the join, not kernels of their own.
+    let joins: Vec<_> = g
+        .ids()
+        .filter_map(|id| match &g.node(id).op {
+            Op::Fused(k) if k.domain == [3, 16, 3, 4, 8] => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(joins.len(), 2);
+    for k in joins {
+        assert_eq!(k.inputs.len(), 3);
+        assert!(k.inputs.iter().all(|i| i.len == 3 * 4 * 16 * 8));
+    }
+}
+
+#[test]
+fn a_concat_written_as_selects_gives_the_concat_bit_for_bit() {
+    use ingot_compiler::ir::{DType, Graph};
+    // Three parts seen through transposes (as the heads' gradients are), values including
+    // -0.0, NaN and infinities, which a select must pass through untouched.
+    let mut g = Graph::new();
+    let mut parts = Vec::new();
+    let mut leaves: IndexMap<String, Tensor> = IndexMap::new();
+    for p in 0..3 {
+        let name = format!("x{p}");
+        let x = g.input(&name, &[2usize, 4, 3, 5][..], DType::F32).unwrap();
+        let t = g.transpose(x, &[0, 2, 1, 3]).unwrap();
+        parts.push(g.reshape(t, &[2usize, 3, 20][..]).unwrap());
+        let specials = [-0.0f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        let values = (0..120)
+            .map(|i| {
+                if i % 7 == p {
+                    specials[(i / 7) % 4]
+                } else {
+                    (i as f32 * 0.37 + p as f32).sin()
+                }
+            })
+            .collect();
+        leaves.insert(name, Tensor::from_f32(&[2usize, 4, 3, 5][..], values));
+    }
+    let c = g.concat(&parts, 2).unwrap();
+    g.set_output("y", c).unwrap();
+    let (s, n) = ingot_compiler::fuse::concat::as_selects(&g).unwrap();
+    assert_eq!(n, 1);
+    let (want, got) = (
+        run_graph(&g, &leaves).unwrap().outputs["y"].clone(),
+        run_graph(&s, &leaves).unwrap().outputs["y"].clone(),
+    );
+    let bits = |t: &Tensor| match &t.data {
+        Data::F32(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(bits(&want), bits(&got));
+}

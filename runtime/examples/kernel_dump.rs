@@ -2,6 +2,7 @@
 //! description and the CUDA C generated for them, each distinct kernel once:
 //!
 //!     kernel_dump MODEL [DOMAIN_SUBSTRING]     e.g. kernel_dump gpt2 "[8, 12, 1024, 1024]"
+//!     kernel_dump MODEL --graph                 the whole compiled step graph, as IR text
 use ingot_compiler::ir::Op;
 
 fn main() {
@@ -22,6 +23,10 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if filter == "--graph" {
+        print!("{}", c.graph);
+        return;
+    }
     let mut seen = std::collections::HashSet::new();
     for id in c.graph.ids() {
         if let Op::Fused(k) = &c.graph.node(id).op {

@@ -2,7 +2,9 @@
 //! intermediates never reach memory; matmuls, gathers, scatter-adds and concats stay library
 //! calls.
 //!
-//! The pass runs in four steps, each a small function of the previous one's result:
+//! The pass runs in five steps, each a small function of the previous one's result:
+//! 0. [`concat`]: a concat of equal parts becomes selects on the output with the axis split,
+//!    so that its parts' views (transposes back from the heads' layout) fuse into it;
 //! 1. [`remat`]: a stored forward value that the backward pass reads again, and that is cheap to
 //!    compute from values the backward pass keeps anyway (a LayerNorm or GELU output), gets a
 //!    copy computed just before its backward users, so the original dies in the forward pass;
@@ -19,6 +21,7 @@
 //! The result is again a [`Graph`]: leaves, library ops, reshapes of buffers, and `fused`
 //! nodes with `result` nodes for their extra outputs, which the planner and runtimes take as is.
 
+pub mod concat;
 pub mod index;
 pub mod lower;
 pub mod remat;
@@ -65,6 +68,8 @@ pub struct FuseReport {
     pub multi_output_kernels: usize,
     /// Forward values recomputed for the backward pass.
     pub recomputed: usize,
+    /// Concats of equal parts fused as selects.
+    pub concats_fused: usize,
     /// Rounds of lowering (each round materializes what the last could not expand).
     pub rounds: usize,
 }
@@ -118,10 +123,11 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
             g.node(id).op.name()
         )));
     }
+    let (g, concats) = concat::as_selects(g)?;
     let (g, recomputed) = if opts.remat {
-        remat::recompute_for_backward(g, opts.recompute_ops)?
+        remat::recompute_for_backward(&g, opts.recompute_ops)?
     } else {
-        (g.clone(), 0)
+        (g, 0)
     };
     let mut mat = select::forced(&g);
     let mut rounds = 0;
@@ -152,6 +158,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
     let mut report = FuseReport {
         ops_before: g.ids().filter(|&id| !g.node(id).op.is_leaf()).count(),
         recomputed,
+        concats_fused: concats,
         rounds,
         ..FuseReport::default()
     };

@@ -639,19 +639,65 @@ impl<'a> Analysis<'a> {
             }
         };
         let in_range = format!("i{a} < {} && i{d} < {}", ix.lit(na), ix.lit(nd));
+        let axis = |x: usize| {
+            if x == a || x == d || others.contains(&x) {
+                format!("i{x}")
+            } else {
+                ix.lit(0)
+            }
+        };
+        // Guarded loads, as in the plain elementwise loop. A tiled input is staged only where
+        // its loads' guard holds, with the literals whose conditions come from indices alone
+        // (they are computed again in the staging loop).
+        let per_element = vec![false; k.body.len()];
+        let insts: Vec<usize> = (0..k.body.len()).filter(|&i| self.live[i]).collect();
+        let roots: Vec<usize> = k.outputs.iter().map(|o| o.value).collect();
+        let g = if self.tuning.unguarded_loads {
+            vec![None; k.body.len()]
+        } else {
+            let need = guard::demand(&k.body, &per_element, &insts, &roots);
+            guard::guards(&k.body, &per_element, &insts, &need)
+        };
+        let stage_guard: Vec<Option<(Guard, Vec<usize>)>> = (0..k.inputs.len())
+            .map(|n| {
+                if !tiled[n] {
+                    return None;
+                }
+                let mut loads = insts
+                    .iter()
+                    .filter(|&&i| matches!(k.body[i], Inst::Load { input } if input == n));
+                let first = g[*loads.next()?]?;
+                if loads.any(|&i| g[i] != Some(first)) {
+                    return None;
+                }
+                self.index_only_guard(first)
+            })
+            .collect();
         if tiled.iter().any(|&x| x) {
             // Threads along a read the tiled inputs.
             src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
             src.line(format!("const {t} i{a} = ta * 32u + threadIdx.x;"));
             src.line(format!("const {t} i{d} = td * 32u + q;"));
             src.open(format!("if ({in_range}) {{"));
+            let mut written = vec![false; k.body.len()];
             for (n, inp) in k.inputs.iter().enumerate() {
-                if tiled[n] {
-                    src.line(format!(
-                        "t{n}[q][threadIdx.x] = in{n}[{}];",
-                        addr(&inp.access.strides, &base[n])
-                    ));
+                if !tiled[n] {
+                    continue;
                 }
+                let load = format!("in{n}[{}]", addr(&inp.access.strides, &base[n]));
+                let e = match &stage_guard[n] {
+                    None => load,
+                    Some((guard, closure)) => {
+                        for &i in closure {
+                            if !std::mem::replace(&mut written[i], true) {
+                                let e = self.expr(i, &[], &axis)?;
+                                src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
+                            }
+                        }
+                        self.guarded(load, self.input_load(n), Some(*guard))
+                    }
+                };
+                src.line(format!("t{n}[q][threadIdx.x] = {e};"));
             }
             src.close();
             src.close();
@@ -671,24 +717,14 @@ impl<'a> Analysis<'a> {
                 }
             })
             .collect();
-        let axis = |x: usize| {
-            if x == a || x == d || others.contains(&x) {
-                format!("i{x}")
-            } else {
-                ix.lit(0)
-            }
-        };
-        for i in 0..k.body.len() {
-            if !self.live[i] {
-                continue;
-            }
+        for i in guard::order(&k.body, &per_element, &insts, &g) {
             let ty = c_type(self.dt[i]);
             match k.body[i] {
                 Inst::Load { input } if tiled[input] => {
                     src.line(format!("const {ty} v{i} = t{input}[threadIdx.x][q];"))
                 }
                 _ => {
-                    let e = self.expr(i, &addrs, &axis)?;
+                    let e = self.guarded(self.expr(i, &addrs, &axis)?, i, g[i]);
                     src.line(format!("const {ty} v{i} = {e};"));
                 }
             }
@@ -1296,16 +1332,67 @@ impl<'a> Analysis<'a> {
         Ok(())
     }
 
+    /// The literals of `guard` whose conditions are computed from indices and constants alone,
+    /// with the instructions that compute them (body order); `None` if no literal is.
+    fn index_only_guard(&self, guard: Guard) -> Option<(Guard, Vec<usize>)> {
+        let body = &self.k.body;
+        let closure_of = |c: usize| -> Option<Vec<usize>> {
+            let mut seen = vec![false; body.len()];
+            let mut stack = vec![c];
+            while let Some(i) = stack.pop() {
+                if std::mem::replace(&mut seen[i], true) {
+                    continue;
+                }
+                if matches!(body[i], Inst::Load { .. } | Inst::Reduce { .. }) {
+                    return None;
+                }
+                let (ops, n) = operands(&body[i]);
+                stack.extend_from_slice(&ops[..n]);
+            }
+            Some((0..body.len()).filter(|&i| seen[i]).collect())
+        };
+        let mut kept = Vec::new();
+        let mut closure = Vec::new();
+        for &(c, when) in guard.literals() {
+            if let Some(cl) = closure_of(c) {
+                kept.push((c, when));
+                closure.extend(cl);
+            }
+        }
+        closure.sort_unstable();
+        closure.dedup();
+        let first = kept.first()?;
+        let conj = kept[1..]
+            .iter()
+            .fold(Guard::literal(first.0, first.1), |acc, &(c, w)| {
+                acc.and(&Guard::literal(c, w))
+            });
+        Some((conj, closure))
+    }
+
+    /// The first live load instruction of input `n` (its dtype is the input's).
+    fn input_load(&self, n: usize) -> usize {
+        (0..self.k.body.len())
+            .find(|&i| self.live[i] && matches!(self.k.body[i], Inst::Load { input } if input == n))
+            .expect("a staged input has a live load")
+    }
+
     /// Expression `e` of instruction `i`, read only where `guard` holds (0 elsewhere).
     fn guarded(&self, e: String, i: usize, guard: Option<Guard>) -> String {
         match guard {
             None => e,
             Some(g) => {
                 let zero = literal(0.0, self.dt[i]);
-                if g.when {
-                    format!("v{} ? {e} : {zero}", g.cond)
-                } else {
-                    format!("v{} ? {zero} : {e}", g.cond)
+                match g.literals() {
+                    [(c, true)] => format!("v{c} ? {e} : {zero}"),
+                    [(c, false)] => format!("v{c} ? {zero} : {e}"),
+                    lits => {
+                        let cond: Vec<String> = lits
+                            .iter()
+                            .map(|&(c, w)| if w { format!("v{c}") } else { format!("!v{c}") })
+                            .collect();
+                        format!("({}) ? {e} : {zero}", cond.join(" && "))
+                    }
                 }
             }
         }
