@@ -608,6 +608,9 @@ struct int4 { int x, y, z, w; };
 struct uchar4 { unsigned char x, y, z, w; };
 extern ig_uint3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
+int __syncthreads_or(int);
+unsigned __ballot_sync(unsigned mask, int predicate);
+int __ffs(unsigned);
 void __syncwarp(unsigned mask = 0xffffffffu);
 template <typename T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32);
 template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32);
@@ -712,6 +715,9 @@ fn gather_scatter_and_concat_pass_a_host_syntax_check() {
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 0, 5).unwrap());
     ks.push(cuda::scatter_add(DType::I64, DType::F32, 3, 1, 0).unwrap());
     ks.push(cuda::gather(DType::F32, DType::I64, 1 << 22, 1024, 16).unwrap());
+    // 64-bit indices (an output of 2^32 elements), and rows longer than one column panel.
+    ks.push(cuda::scatter_add(DType::I64, DType::F32, 1 << 22, 1024, 16).unwrap());
+    ks.push(cuda::scatter_add(DType::I32, DType::F64, 100, 5000, 300).unwrap());
     for t in DType::ALL {
         ks.push(cuda::concat(t, 8192, &[768, 768, 768]).unwrap());
     }

@@ -1,6 +1,8 @@
 //! Where a GPU step's time goes: runs the step's operations one at a time with an event after
 //! each (outside the CUDA graph), and prints the device time by kind and the costliest
-//! operations, grouped by what they compute.
+//! operations, grouped by what they compute. First, the step's graph is replayed as captured
+//! (the dependency graph) and as a serial chain, alternately, to measure what overlapping
+//! independent operations gains.
 //!
 //!     cuda_profile MODEL [--tf32] [--top N]
 //!
@@ -28,13 +30,30 @@ fn main() {
         return;
     }
     let m = by_name(&model).expect("a model name");
-    let device = Device::Cuda(CudaOptions { tf32, ordinal: 0 });
-    let mut s = Session::on(&m, 0, device).expect("a session");
-    let mut graph_ms = Vec::new();
-    for _ in 0..5 {
-        graph_ms.push(s.step().unwrap().seconds * 1e3);
+    let device = |serial| {
+        Device::Cuda(CudaOptions {
+            tf32,
+            serial,
+            ..CudaOptions::default()
+        })
+    };
+    // Graph replays, dependency graph and serial chain in alternating rounds of 5 (one session
+    // at a time, so that the largest models fit): the medians of 3 rounds' medians.
+    let mut rounds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for (serial, out) in [false, true].into_iter().zip(rounds.iter_mut()) {
+            let mut s = Session::on(&m, 0, device(serial)).expect("a session");
+            s.step().unwrap();
+            let mut ms: Vec<f64> = (0..5).map(|_| s.step().unwrap().seconds * 1e3).collect();
+            ms.sort_by(f64::total_cmp);
+            out.push(ms[2]);
+        }
     }
-    graph_ms.sort_by(f64::total_cmp);
+    for r in &mut rounds {
+        r.sort_by(f64::total_cmp);
+    }
+    let graph_ms = [rounds[0][1], rounds[1][1]];
+    let mut s = Session::on(&m, 0, device(false)).expect("a session");
     // Op-by-op runs: the median of three per op.
     let mut runs: Vec<Vec<f32>> = Vec::new();
     for _ in 0..3 {
@@ -94,10 +113,15 @@ fn main() {
         e.1 += 1;
     }
     let total: f64 = times.iter().sum();
+    let edges: usize = program.deps.iter().map(|d| d.len()).sum();
     println!(
-        "{model} ({}): graph replay {:.3} ms (median of 5); op by op {:.3} ms over {} ops",
+        "{model} ({}): graph replay {:.3} ms as a dependency graph ({} edges), {:.3} ms as a \
+         serial chain ({:.3}x); op by op {:.3} ms over {} ops",
         if tf32 { "tf32" } else { "strict f32" },
-        graph_ms[2],
+        graph_ms[0],
+        edges,
+        graph_ms[1],
+        graph_ms[1] / graph_ms[0],
         total,
         times.len()
     );

@@ -1,8 +1,8 @@
 //! CUDA C for the three ops that are not fused kernels: gather, scatter-add and concat (see
-//! the IR's `Op::Gather`, `Op::ScatterAdd` and `Op::Concat`). Each is a grid-stride loop over
-//! the elements it writes (or, for scatter-add, reads), block 256, grid
-//! `min(ceil(elements / 256), 132 * 32)`, with sizes as literals and 32-bit index arithmetic
-//! when every extent is below 2^31.
+//! the IR's `Op::Gather`, `Op::ScatterAdd` and `Op::Concat`). Gather and concat are grid-stride
+//! loops over the elements they write, block 256, grid `min(ceil(elements / 256), 132 * 32)`;
+//! scatter-add is a grid-stride loop of blocks over the ids' positions (see [`scatter_add`]).
+//! Sizes are literals, with 32-bit index arithmetic when every extent is below 2^31.
 
 use super::{
     c_type, finish, grid_for, literal, signature, CodegenError, CudaKernel, Ix, Launch, Src, BLOCK,
@@ -44,10 +44,19 @@ pub fn gather(
     }))
 }
 
-/// `scatter_add(ids [n], values [n, row_len]) -> out [rows, row_len]`, added into `out` (the
-/// runtime zeroes it before the launch) with `atomicAdd`, so float sums come in a varying order;
-/// ids outside `0..rows` are skipped. Params: ids, values, out. Values are f32, f64, i32 or i64
+/// `scatter_add(ids [n], values [n, row_len]) -> out [rows, row_len]`, deterministic: the sums
+/// come in the order of the ids' positions, as the CPU adds them, so the result is the same on
+/// every run (and the CPU's, bit for bit). The runtime zeroes `out` before the launch; ids
+/// outside `0..rows` are skipped. Params: ids, values, out. Values are f32, f64, i32 or i64
 /// (integers wrap); ids i32 or i64.
+///
+/// Atomic adds would be simpler, and the order in which they land varies from run to run: the
+/// embedding's gradient, and every parameter after it, then differs in its last bits between
+/// two runs of the same step. Here the first position of each id owns its row: one block per
+/// position checks the positions before it for the same id (and stops if it finds one), then
+/// walks the positions after it in chunks of 2048, each warp marking its matches in ballots,
+/// and adds the matching rows of `values` in position order into registers, `row_len / 256`
+/// columns per thread (column panels of 2048 for longer rows), storing each sum once.
 pub fn scatter_add(
     ids: DType,
     values: DType,
@@ -66,28 +75,130 @@ pub fn scatter_add(
     let total = mul("scatter_add", &[n, row_len])?;
     let out_len = mul("scatter_add", &[rows, row_len])?;
     let ix = Ix::for_extents([total, out_len, n]);
+    let t = ix.ty();
+    let vt = c_type(values);
+    // Integer sums wrap: they are kept unsigned (whose overflow C++ defines).
+    let at = match values {
+        DType::I32 => "unsigned",
+        DType::I64 => "unsigned long long",
+        _ => vt,
+    };
     let params = [
         (format!("const {}*", c_type(ids)), "ids".to_string()),
-        (format!("const {}*", c_type(values)), "values".to_string()),
-        (format!("{}*", c_type(values)), "out".to_string()),
+        (format!("const {vt}*"), "values".to_string()),
+        (format!("{vt}*"), "out".to_string()),
     ];
-    let what = format!(
-        "// ingot scatter_add: {n} rows of {row_len} {} added into {rows} rows, by {} ids",
+    let launch = Launch {
+        grid: [grid_for(n, 1, MAX_GRID_ELEMENTWISE), 1, 1],
+        block: [BLOCK, 1, 1],
+        shared_bytes: 0,
+    };
+    // Columns per thread in one panel, and the panel's width.
+    const PANEL_PER_THREAD: usize = 8;
+    // Positions each thread checks per chunk: a chunk of 2048 positions costs one barrier.
+    const SCAN_PER_THREAD: usize = 8;
+    let per_thread = row_len.div_ceil(BLOCK as usize).clamp(1, PANEL_PER_THREAD);
+    let panel = per_thread * BLOCK as usize;
+    let mut src = Src::default();
+    src.line(format!(
+        "// ingot scatter_add: {n} rows of {row_len} {} added into {rows} rows, by {} ids, in \
+         position order",
         values.name(),
         ids.name()
-    );
-    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        split(src, t, ix, row_len);
-        src.line("const long long id = (long long)ids[r];");
-        let at = format!("({t})id * {} + c", ix.lit(row_len));
-        let add = match values {
-            DType::I64 => format!(
-                "atomicAdd((unsigned long long*)&out[{at}], (unsigned long long)values[e]);"
-            ),
-            _ => format!("atomicAdd(&out[{at}], values[e]);"),
-        };
-        src.line(format!("if (id >= 0ll && id < {rows}ll) {{ {add} }}"));
-    }))
+    ));
+    src.line(format!(
+        "// launch: grid [{},1,1], block [{},1,1]",
+        launch.grid[0], launch.block[0]
+    ));
+    src.open(signature(BLOCK, &params));
+    if total == 0 {
+        src.line("// nothing to compute");
+        src.close();
+        return Ok(finish(src.text, launch));
+    }
+    src.line(format!(
+        "__shared__ unsigned marks[{SCAN_PER_THREAD}][{}];",
+        BLOCK / 32
+    ));
+    src.line("const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;");
+    src.open(format!(
+        "for ({t} p = blockIdx.x; p < {}; p += gridDim.x) {{",
+        ix.lit(n)
+    ));
+    src.line("const long long id = (long long)ids[p];");
+    src.line(format!("if (id < 0ll || id >= {rows}ll) continue;"));
+    // Is p the id's first position?
+    src.line("int seen = 0;");
+    src.line(format!(
+        "for ({t} q = threadIdx.x; q < p; q += {BLOCK}u) seen |= (long long)ids[q] == id;"
+    ));
+    src.line("if (__syncthreads_or(seen)) continue;");
+    src.line(format!("const {t} row = ({t})id * {};", ix.lit(row_len)));
+    src.open(format!(
+        "for ({t} c0 = 0; c0 < {}; c0 += {}) {{",
+        ix.lit(row_len),
+        ix.lit(panel)
+    ));
+    src.line(format!("{at} acc[{per_thread}];"));
+    src.line(format!(
+        "for (int k = 0; k < {per_thread}; ++k) acc[k] = ({at}){};",
+        literal(0.0, values)
+    ));
+    let chunk = SCAN_PER_THREAD * BLOCK as usize;
+    src.open(format!(
+        "for ({t} q0 = p; q0 < {}; q0 += {}) {{",
+        ix.lit(n),
+        ix.lit(chunk)
+    ));
+    src.open(format!("for (int i = 0; i < {SCAN_PER_THREAD}; ++i) {{"));
+    src.line(format!(
+        "const {t} q = q0 + ({t})i * {BLOCK}u + threadIdx.x;"
+    ));
+    src.line(format!(
+        "const unsigned m = __ballot_sync(0xffffffffu, q < {} && (long long)ids[q] == id);",
+        ix.lit(n)
+    ));
+    src.line("if (lane == 0u) marks[i][warp] = m;");
+    src.close();
+    src.line("__syncthreads();");
+    // Positions in increasing order: by i, then warp, then lane.
+    src.open(format!("for (int i = 0; i < {SCAN_PER_THREAD}; ++i) {{"));
+    src.open(format!(
+        "for (unsigned w = 0u; w < {}u; ++w) {{",
+        BLOCK / 32
+    ));
+    src.open("for (unsigned bits = marks[i][w]; bits != 0u; bits &= bits - 1u) {");
+    src.line(format!(
+        "const {vt}* v = values + (q0 + ({t})i * {BLOCK}u + w * 32u + (unsigned)(__ffs(bits) - 1)) * {};",
+        ix.lit(row_len)
+    ));
+    src.open(format!("for (int k = 0; k < {per_thread}; ++k) {{"));
+    src.line(format!(
+        "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
+    ));
+    src.line(format!(
+        "if (c < {}) acc[k] += ({at})v[c];",
+        ix.lit(row_len)
+    ));
+    src.close();
+    src.close();
+    src.close();
+    src.close();
+    src.line("__syncthreads(); // the next chunk reuses marks");
+    src.close();
+    src.open(format!("for (int k = 0; k < {per_thread}; ++k) {{"));
+    src.line(format!(
+        "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
+    ));
+    src.line(format!(
+        "if (c < {}) out[row + c] = ({vt})acc[k];",
+        ix.lit(row_len)
+    ));
+    src.close();
+    src.close();
+    src.close();
+    src.close();
+    Ok(finish(src.text, launch))
 }
 
 /// Concat along an axis: input `i` is `[outer, widths[i]]` (row-major; widths already

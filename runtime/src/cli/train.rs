@@ -77,7 +77,7 @@ impl StepArgs {
             Device::Cpu => Ok(session::Device::Cpu),
             Device::Cuda => Ok(session::Device::Cuda(CudaOptions {
                 tf32: self.tf32,
-                ordinal: 0,
+                ..CudaOptions::default()
             })),
         }
     }

@@ -8,6 +8,9 @@
 //! total), and free memory read again, so the allocation's true device cost is measured rather
 //! than assumed. Last, the step's operations are captured into a graph in global capture mode,
 //! in which any call that could allocate or synchronise fails the capture instead of running.
+//! Each operation is captured with exactly the dependencies [`super::deps`] computed (the
+//! stream's capture dependencies are set before each one), so the graph is the step's
+//! dependency graph, not a chain, and the GPU overlaps operations that touch disjoint bytes.
 //!
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
@@ -22,6 +25,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGrap
 use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
+use smallvec::SmallVec;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -33,6 +37,10 @@ pub struct CudaOptions {
     pub tf32: bool,
     /// Which GPU.
     pub ordinal: usize,
+    /// Capture the operations as one chain in schedule order, each waiting for the one
+    /// before, rather than as their dependency graph ([`super::deps`]), where independent
+    /// operations may run side by side. For measuring what the overlap gains.
+    pub serial: bool,
 }
 
 /// Device memory as measured while loading, in bytes.
@@ -297,10 +305,64 @@ impl CudaStep {
         Ok(())
     }
 
-    /// Enqueues the step's operations on the stream (captured, never run directly).
+    /// Enqueues the step's operations on the stream (captured, never run directly), each
+    /// depending on the graph nodes that its dependencies ended with.
     fn record(&self) -> Result<(), ExecError> {
-        for op in &self.program.ops {
+        if self.opts.serial {
+            for op in &self.program.ops {
+                self.enqueue(op)?;
+            }
+            return Ok(());
+        }
+        let s = self.stream.cu_stream();
+        // The graph nodes each operation's capture ended with (a cuBLAS call may add several).
+        let mut ends: Vec<SmallVec<[sys::CUgraphNode; 2]>> =
+            Vec::with_capacity(self.program.ops.len());
+        for (op, deps) in self.program.ops.iter().zip(&self.program.deps) {
+            let mut wait: SmallVec<[sys::CUgraphNode; 8]> =
+                deps.iter().flat_map(|&i| ends[i].iter().copied()).collect();
+            // SAFETY: the stream is capturing; `wait` holds nodes of its graph, captured
+            // earlier; no edge data is passed.
+            unsafe {
+                sys::cuStreamUpdateCaptureDependencies_v2(
+                    s,
+                    wait.as_mut_ptr(),
+                    std::ptr::null(),
+                    wait.len(),
+                    sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES
+                        as u32,
+                )
+            }
+            .result()
+            .map_err(driver("setting an operation's dependencies in the capture"))?;
             self.enqueue(op)?;
+            let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            let mut nodes: *const sys::CUgraphNode = std::ptr::null();
+            let mut count = 0usize;
+            // SAFETY: out-pointers to locals; the node array the driver returns is read before
+            // the next call on the stream.
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v3(
+                    s,
+                    &mut status,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut nodes,
+                    std::ptr::null_mut(),
+                    &mut count,
+                )
+            }
+            .result()
+            .map_err(driver("reading the capture's dependencies"))?;
+            ends.push(if count == 0 || nodes.is_null() {
+                SmallVec::new()
+            } else {
+                // SAFETY: the driver returned `count` nodes at `nodes`.
+                unsafe { std::slice::from_raw_parts(nodes, count) }
+                    .iter()
+                    .copied()
+                    .collect()
+            });
         }
         Ok(())
     }

@@ -4,9 +4,11 @@
 //!
 //! - [`program`]: the host-side lowering of a planned step into device operations (tested
 //!   without a GPU);
+//! - [`deps`]: which of those operations wait for which (the step's dependency graph);
 //! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
 //! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step.
 
+pub mod deps;
 pub mod device;
 pub mod program;
 pub mod ptx;

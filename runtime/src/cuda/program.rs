@@ -19,6 +19,7 @@
 //! Any other op has no CUDA kernel: the CUDA backend runs fused steps, where every elementwise
 //! op, view and reduction is inside a fused kernel.
 
+use super::deps::{self, Touch};
 use crate::error::ExecError;
 use ingot_compiler::ir::{DType, Graph, NodeId, Op};
 use ingot_compiler::plan::check::Location;
@@ -111,6 +112,10 @@ pub struct Program {
     /// Distinct kernels, each generated once (the same fused kernel in every layer is one).
     pub kernels: Vec<CudaKernel>,
     pub ops: Vec<DeviceOp>,
+    /// The bytes each operation reads and writes (one per op).
+    pub touches: Vec<Touch>,
+    /// The earlier operations each one waits for ([`deps::dependencies`], one list per op).
+    pub deps: Vec<SmallVec<[usize; 4]>>,
     /// Bytes of the one allocation every offset lies in.
     pub total_bytes: usize,
 }
@@ -124,6 +129,7 @@ impl Program {
             kernels: Vec::new(),
             by_name: HashMap::new(),
             ops: Vec::new(),
+            touches: Vec::new(),
         };
         let outputs = g.kernel_outputs();
         for &id in &plan.liveness.order {
@@ -137,15 +143,29 @@ impl Program {
                     to: to.offset,
                     bytes: from.bytes,
                 });
+                p.touches.push(Touch {
+                    reads: smallvec::smallvec![from],
+                    writes: smallvec::smallvec![Location {
+                        offset: to.offset,
+                        bytes: from.bytes
+                    }],
+                });
             }
         }
+        let deps = deps::dependencies(&p.touches);
         let program = Program {
             prelude: codegen::PRELUDE.to_string(),
             kernels: p.kernels,
             ops: p.ops,
+            touches: p.touches,
+            deps,
             total_bytes: plan.total_bytes,
         };
         program.check_bounds()?;
+        deps::check(&program.touches, &program.deps).map_err(|reason| ExecError::Invalid {
+            op: "cuda lowering",
+            reason,
+        })?;
         Ok(program)
     }
 
@@ -307,6 +327,7 @@ struct Lowering<'g> {
     kernels: Vec<CudaKernel>,
     by_name: HashMap<String, usize>,
     ops: Vec<DeviceOp>,
+    touches: Vec<Touch>,
 }
 
 impl Lowering<'_> {
@@ -335,7 +356,8 @@ impl Lowering<'_> {
                 let k = codegen::fused(kernel).map_err(codegen_error)?;
                 let mut args = inputs;
                 args.extend(outs.iter().map(|o| self.location[o.index()].offset));
-                self.launch(id, k, args);
+                let writes = outs.iter().map(|o| self.location[o.index()]).collect();
+                self.launch(id, k, args, writes);
                 Ok(())
             }
             Op::MatMul { ta, tb } => {
@@ -349,6 +371,8 @@ impl Lowering<'_> {
                 let gemm = gemm(g, id, *ta, *tb, &inputs, here.offset, w)?;
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Gemm(gemm));
+                    // The workspace is scratch the call writes.
+                    self.touched(id, smallvec::smallvec![here, w]);
                 }
                 Ok(())
             }
@@ -362,7 +386,7 @@ impl Lowering<'_> {
                 if here.bytes > 0 {
                     let mut args = inputs;
                     args.push(here.offset);
-                    self.launch(id, k, args);
+                    self.launch(id, k, args, smallvec::smallvec![here]);
                 }
                 Ok(())
             }
@@ -378,9 +402,13 @@ impl Lowering<'_> {
                         offset: here.offset,
                         bytes: here.bytes,
                     });
+                    self.touches.push(Touch {
+                        reads: SmallVec::new(),
+                        writes: smallvec::smallvec![here],
+                    });
                     let mut args = inputs;
                     args.push(here.offset);
-                    self.launch(id, k, args);
+                    self.launch(id, k, args, smallvec::smallvec![here]);
                 }
                 Ok(())
             }
@@ -397,7 +425,7 @@ impl Lowering<'_> {
                 if here.bytes > 0 {
                     let mut args = inputs;
                     args.push(here.offset);
-                    self.launch(id, k, args);
+                    self.launch(id, k, args, smallvec::smallvec![here]);
                 }
                 Ok(())
             }
@@ -413,8 +441,29 @@ impl Lowering<'_> {
         }
     }
 
-    /// Adds a launch of `k`, generating each distinct kernel once.
-    fn launch(&mut self, node: NodeId, k: CudaKernel, args: SmallVec<[usize; 8]>) {
+    /// Records what the op just pushed for `node` touches: it reads the node's operands and
+    /// writes `writes`.
+    fn touched(&mut self, node: NodeId, writes: SmallVec<[Location; 2]>) {
+        let reads = self
+            .g
+            .node(node)
+            .inputs
+            .iter()
+            .map(|x| self.location[x.index()])
+            .collect();
+        self.touches.push(Touch { reads, writes });
+    }
+
+    /// Adds a launch of `k` (generating each distinct kernel once) that reads `node`'s
+    /// operands and writes `writes`.
+    fn launch(
+        &mut self,
+        node: NodeId,
+        k: CudaKernel,
+        args: SmallVec<[usize; 8]>,
+        writes: SmallVec<[Location; 2]>,
+    ) {
+        self.touched(node, writes);
         let kernel = match self.by_name.get(&k.name) {
             Some(&i) => i,
             None => {
@@ -723,6 +772,36 @@ mod tests {
                 k.name
             );
         }
+    }
+
+    #[test]
+    fn a_gpt_step_is_a_dependency_graph_with_independent_operations_not_a_chain() {
+        let c = pipeline::compile_model(
+            "gpt-mini",
+            &crate::session::Device::Cuda(Default::default()).options(),
+        )
+        .unwrap();
+        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        assert_eq!(p.deps.len(), p.ops.len());
+        deps::check(&p.touches, &p.deps).unwrap();
+        // Operations that need not wait for the one before them: each may overlap it.
+        let reach = |j: usize| {
+            let mut seen = vec![false; j];
+            let mut stack: Vec<usize> = p.deps[j].to_vec();
+            while let Some(i) = stack.pop() {
+                if !std::mem::replace(&mut seen[i], true) {
+                    stack.extend_from_slice(&p.deps[i]);
+                }
+            }
+            seen
+        };
+        let free = (1..p.ops.len()).filter(|&j| !reach(j)[j - 1]).count();
+        // Every parameter's update is independent of the other parameters' updates at least.
+        let params = c
+            .graph
+            .leaves(ingot_compiler::ir::LeafKind::Parameter)
+            .len();
+        assert!(free >= params / 2, "{free} of {} ops", p.ops.len());
     }
 
     #[test]
