@@ -60,7 +60,7 @@ fn check(
     fixed: Fixed,
     f: impl Fn(&mut Graph, &[NodeId]) -> Result<NodeId>,
 ) {
-    let mut rng = Lcg(0x5eed ^ name.len() as u64 * 7919);
+    let mut rng = Lcg(0x5eed ^ (name.len() as u64 * 7919));
     let mut g = Graph::new();
     let mut leaves: IndexMap<String, Tensor> = IndexMap::new();
     let mut params = Vec::new();

@@ -99,8 +99,11 @@ fn parameter_updates_are_written_in_place() {
     }
 }
 
+/// A traced order, each node's location, the plan's total, and its update copies.
+type Placed = (Vec<NodeId>, Vec<Location>, usize, Vec<(NodeId, NodeId)>);
+
 /// A plan of `g` for the traced order, as absolute locations the validator takes.
-fn locations(g: &Graph) -> (Vec<NodeId>, Vec<Location>, usize, Vec<(NodeId, NodeId)>) {
+fn locations(g: &Graph) -> Placed {
     let p = plan::plan_order(
         g,
         &schedule::traced(g),

@@ -188,10 +188,10 @@ fn a_step_executable_runs_the_kernel_sources_it_carries() {
     // silently regenerated kernel.
     let mut broken = exe;
     broken.kernels[0].source.push_str("\nthis is not CUDA C;\n");
-    let e = Session::from_executable(broken, 5, STRICT)
-        .err()
-        .expect("a broken stored kernel must not run")
-        .to_string();
+    let Err(e) = Session::from_executable(broken, 5, STRICT) else {
+        panic!("a broken stored kernel must not run");
+    };
+    let e = e.to_string();
     assert!(e.contains("NVRTC") || e.contains("compil"), "{e}");
 }
 
