@@ -294,16 +294,7 @@ impl<'a> Analysis<'a> {
             })
             .collect();
         let axis = |d: usize| space.axis_var(d, ix);
-        // Every value is computed per element here: none is row-level for the guards.
-        let per_element = vec![false; k.body.len()];
-        let insts: Vec<usize> = (0..k.body.len()).filter(|&i| self.live[i]).collect();
-        let roots: Vec<usize> = k.outputs.iter().map(|o| o.value).collect();
-        let g = if self.tuning.unguarded_loads {
-            vec![None; k.body.len()]
-        } else {
-            let need = guard::demand(&k.body, &per_element, &insts, &roots);
-            guard::guards(&k.body, &per_element, &insts, &need)
-        };
+        let (per_element, insts, g) = self.elementwise_guards();
         for i in guard::order(&k.body, &per_element, &insts, &g) {
             let e = self.guarded(self.expr(i, &addr, &axis)?, i, g[i]);
             src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
@@ -649,15 +640,7 @@ impl<'a> Analysis<'a> {
         // Guarded loads, as in the plain elementwise loop. A tiled input is staged only where
         // its loads' guard holds, with the literals whose conditions come from indices alone
         // (they are computed again in the staging loop).
-        let per_element = vec![false; k.body.len()];
-        let insts: Vec<usize> = (0..k.body.len()).filter(|&i| self.live[i]).collect();
-        let roots: Vec<usize> = k.outputs.iter().map(|o| o.value).collect();
-        let g = if self.tuning.unguarded_loads {
-            vec![None; k.body.len()]
-        } else {
-            let need = guard::demand(&k.body, &per_element, &insts, &roots);
-            guard::guards(&k.body, &per_element, &insts, &need)
-        };
+        let (per_element, insts, g) = self.elementwise_guards();
         let stage_guard: Vec<Option<(Guard, Vec<usize>)>> = (0..k.inputs.len())
             .map(|n| {
                 if !tiled[n] {
@@ -1351,23 +1334,34 @@ impl<'a> Analysis<'a> {
             }
             Some((0..body.len()).filter(|&i| seen[i]).collect())
         };
-        let mut kept = Vec::new();
         let mut closure = Vec::new();
-        for &(c, when) in guard.literals() {
-            if let Some(cl) = closure_of(c) {
-                kept.push((c, when));
+        let conj = guard.retain(|c| match closure_of(c) {
+            Some(cl) => {
                 closure.extend(cl);
+                true
             }
-        }
+            None => false,
+        })?;
         closure.sort_unstable();
         closure.dedup();
-        let first = kept.first()?;
-        let conj = kept[1..]
-            .iter()
-            .fold(Guard::literal(first.0, first.1), |acc, &(c, w)| {
-                acc.and(&Guard::literal(c, w))
-            });
         Some((conj, closure))
+    }
+
+    /// The guards of a loop that computes every value per element (the elementwise kernels):
+    /// no value is row-level, the loop holds the live instructions, the outputs are its roots.
+    /// Returns the row-level flags, the loop's instructions and each load's guard.
+    fn elementwise_guards(&self) -> (Vec<bool>, Vec<usize>, Vec<Option<Guard>>) {
+        let k = self.k;
+        let per_element = vec![false; k.body.len()];
+        let insts: Vec<usize> = (0..k.body.len()).filter(|&i| self.live[i]).collect();
+        let roots: Vec<usize> = k.outputs.iter().map(|o| o.value).collect();
+        let g = if self.tuning.unguarded_loads {
+            vec![None; k.body.len()]
+        } else {
+            let need = guard::demand(&k.body, &per_element, &insts, &roots);
+            guard::guards(&k.body, &per_element, &insts, &need)
+        };
+        (per_element, insts, g)
     }
 
     /// The first live load instruction of input `n` (its dtype is the input's).

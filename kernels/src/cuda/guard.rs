@@ -56,8 +56,14 @@ impl Conj {
         Conj { lits, len }
     }
 
+    /// The literals whose conditions `keep` accepts (a wider conjunction), or `None` if none is.
+    pub(super) fn retain(&self, mut keep: impl FnMut(usize) -> bool) -> Option<Conj> {
+        let kept = Conj::from_sorted(self.literals().iter().copied().filter(|&(c, _)| keep(c)));
+        (kept.len > 0).then_some(kept)
+    }
+
     /// Where both hold: the union of the literals (`self`'s first when they do not all fit).
-    pub(super) fn and(&self, other: &Conj) -> Conj {
+    fn and(&self, other: &Conj) -> Conj {
         let mut all: Vec<(usize, bool)> = self.literals().to_vec();
         for &l in other.literals() {
             if !all.iter().any(|&(c, _)| c == l.0) {
@@ -172,13 +178,7 @@ pub(super) fn guards(
             continue;
         }
         if let Need::When(c) = need[i] {
-            let ready =
-                Conj::from_sorted(c.literals().iter().copied().filter(|&(cond, _)| {
-                    row[cond] || (in_loop[cond] && !reads(body, row, cond, i))
-                }));
-            if ready.len > 0 {
-                out[i] = Some(ready);
-            }
+            out[i] = c.retain(|cond| row[cond] || (in_loop[cond] && !reads(body, row, cond, i)));
         }
     }
     out
