@@ -7,7 +7,7 @@
 //! ingot-runtime --example cuda_kernels`.
 
 use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE};
-use ingot_kernels::fused::random::Rng;
+use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
@@ -730,18 +730,21 @@ fn gather_scatter_and_concat_pass_a_host_syntax_check() {
 
 #[test]
 fn random_descriptions_generate_kernels_that_pass_a_host_syntax_check() {
+    // `fused::random` with sizes that reach every strategy; every kernel it gives checks.
+    let opts = random::Options::wide();
     let mut ks = Vec::new();
+    let mut strategies = BTreeMap::new();
     for seed in 0..400u64 {
-        let k = random_kernel(seed);
-        if k.check().is_err() {
-            continue;
-        }
+        let k = random::kernel(seed, &opts);
         match cuda::fused(&k) {
             Ok(c) => ks.push(c),
             Err(e) => panic!("seed {seed}: {e}\n{k}"),
         }
+        *strategies
+            .entry(cuda::strategy(&k).unwrap().name())
+            .or_insert(0) += 1;
     }
-    assert!(ks.len() > 200, "only {} random kernels check", ks.len());
+    assert!(strategies.len() >= 3, "strategies reached: {strategies:?}");
     syntax_check("random", &ks);
 }
 
@@ -1316,10 +1319,17 @@ fn invalid_descriptions_give_errors_not_panics() {
         assert!(cuda::fused(&k).is_err(), "accepted:\n{k}");
         assert!(cuda::strategy(&k).is_err());
     }
-    for k in 0..2000u64 {
-        // Garbage never panics.
-        let g = random_kernel(k ^ 0xdead_beef);
-        let _ = cuda::fused(&g);
+    for seed in 0..2000u64 {
+        // Garbage never panics, and what does not check is refused.
+        let g = random::garbage(seed);
+        let made = cuda::fused(&g);
+        if g.check().is_err() {
+            assert!(made.is_err(), "seed {seed}: accepted\n{g}");
+        }
+        // Nor does a valid kernel with one thing broken.
+        let mut k = random::kernel(seed, &random::Options::wide());
+        random::break_one(&mut k, &mut Rng(seed));
+        assert!(cuda::fused(&k).is_err(), "seed {seed}: accepted\n{k}");
     }
     assert!(cuda::scatter_add(DType::I64, DType::Bool, 4, 4, 4).is_err());
     assert!(cuda::gather(DType::F32, DType::F32, 4, 4, 4).is_err());
@@ -1360,181 +1370,6 @@ fn reductions_over_empty_axes_are_their_identities() {
     );
     assert!(!c.source.contains("for (unsigned j"), "{}", c.source);
     assert!(!c.source.contains("__syncthreads"), "{}", c.source);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Random descriptions (valid ones, mostly: the check decides).
-
-const DTYPES: [DType; 7] = [
-    DType::F32,
-    DType::F32,
-    DType::F32,
-    DType::F64,
-    DType::I32,
-    DType::I64,
-    DType::Bool,
-];
-
-fn random_kernel(seed: u64) -> FusedKernel {
-    let mut r = Rng(seed);
-    let rank = r.below(5);
-    let mut domain: Vec<usize> = (0..rank)
-        .map(|_| {
-            if r.chance(4) {
-                0
-            } else {
-                r.pick(&[1, 1, 2, 3, 4, 8, 9, 64, 100, 1000])
-            }
-        })
-        .collect();
-    if domain.iter().product::<usize>() > 1 << 20 {
-        domain[0] = 1;
-    }
-    let reduce_axes: Vec<usize> = (0..rank).filter(|_| r.chance(45)).collect();
-    let mut inputs = Vec::new();
-    for _ in 0..1 + r.below(3) {
-        let dtype = r.pick(&DTYPES);
-        let mut order: Vec<usize> = (0..rank).collect();
-        for i in (1..rank).rev() {
-            let j = r.below(i + 1);
-            order.swap(i, j);
-        }
-        let mut strides = vec![0; rank];
-        let mut s = 1;
-        for &d in order.iter().rev() {
-            if r.chance(25) {
-                continue;
-            }
-            strides[d] = s;
-            s *= domain[d] + r.below(2);
-        }
-        let offset = r.below(3);
-        let reach: usize = offset
-            + (0..rank)
-                .map(|d| strides[d] * domain[d].saturating_sub(1))
-                .sum::<usize>();
-        inputs.push(Input {
-            dtype,
-            len: reach + 1,
-            access: Access { offset, strides },
-        });
-    }
-    let mut body: Vec<Inst> = Vec::new();
-    let mut dt: Vec<DType> = Vec::new();
-    let n_body = 1 + r.below(16);
-    while body.len() < n_body {
-        let pick_where = |dt: &[DType], f: &dyn Fn(DType) -> bool, r: &mut Rng| {
-            let c: Vec<usize> = (0..dt.len()).filter(|&i| f(dt[i])).collect();
-            if c.is_empty() {
-                None
-            } else {
-                Some(c[c.len() - 1 - r.below(c.len()).min(r.below(c.len()))])
-            }
-        };
-        let (inst, d) = match if body.is_empty() { 0 } else { r.below(11) } {
-            0 => {
-                let input = r.below(inputs.len());
-                (Inst::Load { input }, inputs[input].dtype)
-            }
-            1 => {
-                let dtype = r.pick(&DTYPES);
-                let value = r.pick(&[0.0, 1.0, -2.5, -0.0, 1e30, f64::NAN, f64::INFINITY, 7.0]);
-                (Inst::Const { value, dtype }, dtype)
-            }
-            2 if rank > 0 => {
-                let dtype = r.pick(&DTYPES);
-                let axis = r.below(rank);
-                (Inst::Index { axis, dtype }, dtype)
-            }
-            3 => {
-                let Some(x) = pick_where(&dt, &|d| d != DType::Bool, &mut r) else {
-                    continue;
-                };
-                let op = if dt[x].is_float() {
-                    r.pick(&[Neg, Exp, Log, Sqrt, Tanh, Recip])
-                } else {
-                    Neg
-                };
-                (Inst::Unary { op, x }, dt[x])
-            }
-            4 | 5 => {
-                let Some(a) = pick_where(&dt, &|d| d != DType::Bool, &mut r) else {
-                    continue;
-                };
-                let d = dt[a];
-                let b = pick_where(&dt, &|e| e == d, &mut r).unwrap_or(a);
-                let mut ops = vec![Add, Sub, Mul, Max, Min];
-                if d.is_float() {
-                    ops.push(Div);
-                }
-                (
-                    Inst::Binary {
-                        op: r.pick(&ops),
-                        a,
-                        b,
-                    },
-                    d,
-                )
-            }
-            6 => {
-                let a = r.below(dt.len());
-                let d = dt[a];
-                let b = pick_where(&dt, &|e| e == d, &mut r).unwrap_or(a);
-                let op = r.pick(&[
-                    CmpOp::Lt,
-                    CmpOp::Le,
-                    CmpOp::Gt,
-                    CmpOp::Ge,
-                    CmpOp::Eq,
-                    CmpOp::Ne,
-                ]);
-                (Inst::Compare { op, a, b }, DType::Bool)
-            }
-            7 => {
-                let Some(cond) = pick_where(&dt, &|d| d == DType::Bool, &mut r) else {
-                    continue;
-                };
-                let a = r.below(dt.len());
-                let d = dt[a];
-                let b = pick_where(&dt, &|e| e == d, &mut r).unwrap_or(a);
-                (Inst::Select { cond, a, b }, d)
-            }
-            8 => {
-                let x = r.below(dt.len());
-                let to = r.pick(&DTYPES);
-                (Inst::Convert { x, to }, to)
-            }
-            _ => {
-                let Some(x) = pick_where(&dt, &|d| d != DType::Bool, &mut r) else {
-                    continue;
-                };
-                (
-                    Inst::Reduce {
-                        op: r.pick(&[RSum, RMax]),
-                        x,
-                    },
-                    dt[x],
-                )
-            }
-        };
-        body.push(inst);
-        dt.push(d);
-    }
-    let outputs = (0..1 + r.below(3))
-        .map(|_| {
-            let n = body.len();
-            Output {
-                value: n - 1 - r.below(n).min(r.below(n)),
-            }
-        })
-        .collect();
-    FusedKernel {
-        domain,
-        reduce_axes,
-        inputs,
-        body,
-        outputs,
-    }
 }
 
 #[test]

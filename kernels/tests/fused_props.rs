@@ -6,8 +6,8 @@
 //! `ingot_kernels::cpu::reduce` for a tensor shaped like the domain), so every comparison is
 //! exact: integers and bools byte for byte, floats bit for bit (any NaN matches any NaN).
 
-use ingot_kernels::fused::random::Rng;
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, KernelError, Output};
+use ingot_kernels::fused::random::{self, Rng};
+use ingot_kernels::fused::{cpu, FusedKernel, Input, Inst, KernelError};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -378,217 +378,11 @@ impl<'a> Naive<'a> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Random kernels.
-
-const DTYPES: [DType; 7] = [
-    DType::F32,
-    DType::F32,
-    DType::F32,
-    DType::F64,
-    DType::I32,
-    DType::I64,
-    DType::Bool,
-];
-
-fn random_dims(r: &mut Rng) -> Vec<usize> {
-    loop {
-        let rank = r.below(5);
-        let long = r.chance(25);
-        let dims: Vec<usize> = (0..rank)
-            .map(|_| {
-                if r.chance(4) {
-                    0
-                } else {
-                    r.pick(&[1, 1, 2, 2, 3, 4, 5, 8, 9])
-                }
-            })
-            .collect();
-        let mut dims = dims;
-        if long && rank > 0 {
-            // One long axis, so that chunks of lanes (up to 1024) split runs and leave
-            // remainders.
-            let a = r.below(rank);
-            dims[a] = r.pick(&[17, 64, 255, 256, 257, 300, 513, 700, 1025, 2049, 3000]);
-        }
-        let numel: usize = dims.iter().map(|&d| d.max(1)).product();
-        if numel <= 6000 {
-            return dims;
-        }
-    }
-}
-
-fn random_input(r: &mut Rng, dims: &[usize]) -> Input {
-    let rank = dims.len();
-    let dtype = r.pick(&DTYPES);
-    if r.chance(30) {
-        return Input {
-            dtype,
-            len: dims.iter().product(),
-            access: Access::contiguous(dims),
-        };
-    }
-    // A strided view of a larger buffer: some axes broadcast, the rest permuted and padded.
-    let mut order: Vec<usize> = (0..rank).collect();
-    for i in (1..rank).rev() {
-        let j = r.below(i + 1);
-        order.swap(i, j);
-    }
-    let mut strides = vec![0; rank];
-    let mut s = 1;
-    for &d in order.iter().rev() {
-        if r.chance(25) {
-            continue; // broadcast along d
-        }
-        strides[d] = s;
-        s *= dims[d] + r.below(2);
-    }
-    let offset = r.below(3);
-    let reach: usize = offset
-        + (0..rank)
-            .map(|d| strides[d] * dims[d].saturating_sub(1))
-            .sum::<usize>();
-    Input {
-        dtype,
-        len: reach + 1 + r.below(3),
-        access: Access { offset, strides },
-    }
-}
+// Random kernels: `fused::random` with small domains (the naive evaluator goes one domain index
+// at a time).
 
 fn random_kernel(seed: u64) -> FusedKernel {
-    let mut r = Rng(seed);
-    let domain = random_dims(&mut r);
-    let rank = domain.len();
-    let reduce_axes: Vec<usize> = (0..rank).filter(|_| r.chance(45)).collect();
-    let inputs: Vec<Input> = (0..1 + r.below(3))
-        .map(|_| random_input(&mut r, &domain))
-        .collect();
-    let mut body: Vec<Inst> = Vec::new();
-    let mut dt: Vec<DType> = Vec::new();
-    let n_body = 1 + r.below(14);
-    let push = |body: &mut Vec<Inst>, dt: &mut Vec<DType>, i: Inst, d: DType| {
-        body.push(i);
-        dt.push(d);
-    };
-    while body.len() < n_body {
-        let with = |dt: &[DType], f: &dyn Fn(DType) -> bool, r: &mut Rng| -> Option<usize> {
-            let c: Vec<usize> = (0..dt.len()).filter(|&i| f(dt[i])).collect();
-            if c.is_empty() {
-                None
-            } else {
-                // Prefer recent values, so chains grow deep.
-                let i = c.len() - 1 - r.below(c.len()).min(r.below(c.len()));
-                Some(c[i])
-            }
-        };
-        let choice = if body.is_empty() { 0 } else { r.below(11) };
-        match choice {
-            0 => {
-                let input = r.below(inputs.len());
-                push(
-                    &mut body,
-                    &mut dt,
-                    Inst::Load { input },
-                    inputs[input].dtype,
-                );
-            }
-            1 => {
-                let dtype = r.pick(&DTYPES);
-                let value = r.pick(&[0.0, 1.0, -2.5, 3.0, 0.5, -0.0, 1e30, f64::NAN, 7.0]);
-                push(&mut body, &mut dt, Inst::Const { value, dtype }, dtype);
-            }
-            2 if rank > 0 => {
-                let dtype = r.pick(&DTYPES);
-                let axis = r.below(rank);
-                push(&mut body, &mut dt, Inst::Index { axis, dtype }, dtype);
-            }
-            3 => {
-                if let Some(x) = with(&dt, &|d| d.is_float() || d.is_int(), &mut r) {
-                    let op = if dt[x].is_float() {
-                        r.pick(&[
-                            UnaryOp::Neg,
-                            UnaryOp::Exp,
-                            UnaryOp::Log,
-                            UnaryOp::Sqrt,
-                            UnaryOp::Tanh,
-                            UnaryOp::Recip,
-                        ])
-                    } else {
-                        UnaryOp::Neg
-                    };
-                    let d = dt[x];
-                    push(&mut body, &mut dt, Inst::Unary { op, x }, d);
-                }
-            }
-            4 | 5 => {
-                if let Some(a) = with(&dt, &|d| d != DType::Bool, &mut r) {
-                    let d = dt[a];
-                    let b = with(&dt, &|e| e == d, &mut r).unwrap_or(a);
-                    let mut ops = vec![
-                        BinaryOp::Add,
-                        BinaryOp::Sub,
-                        BinaryOp::Mul,
-                        BinaryOp::Max,
-                        BinaryOp::Min,
-                    ];
-                    if d.is_float() {
-                        ops.push(BinaryOp::Div);
-                    }
-                    let op = r.pick(&ops);
-                    push(&mut body, &mut dt, Inst::Binary { op, a, b }, d);
-                }
-            }
-            6 => {
-                let a = r.below(dt.len());
-                let d = dt[a];
-                let b = with(&dt, &|e| e == d, &mut r).unwrap_or(a);
-                let op = r.pick(&[
-                    CmpOp::Lt,
-                    CmpOp::Le,
-                    CmpOp::Gt,
-                    CmpOp::Ge,
-                    CmpOp::Eq,
-                    CmpOp::Ne,
-                ]);
-                push(&mut body, &mut dt, Inst::Compare { op, a, b }, DType::Bool);
-            }
-            7 => {
-                if let Some(cond) = with(&dt, &|d| d == DType::Bool, &mut r) {
-                    let a = r.below(dt.len());
-                    let d = dt[a];
-                    let b = with(&dt, &|e| e == d, &mut r).unwrap_or(a);
-                    push(&mut body, &mut dt, Inst::Select { cond, a, b }, d);
-                }
-            }
-            8 => {
-                let x = r.below(dt.len());
-                let to = r.pick(&DTYPES);
-                push(&mut body, &mut dt, Inst::Convert { x, to }, to);
-            }
-            _ => {
-                if let Some(x) = with(&dt, &|d| d != DType::Bool, &mut r) {
-                    let op = r.pick(&[ReduceOp::Sum, ReduceOp::Max]);
-                    let d = dt[x];
-                    push(&mut body, &mut dt, Inst::Reduce { op, x }, d);
-                }
-            }
-        }
-    }
-    let outputs = (0..1 + r.below(3))
-        .map(|_| {
-            let n = body.len();
-            let back = r.below(n).min(r.below(n));
-            Output {
-                value: n - 1 - back,
-            }
-        })
-        .collect();
-    FusedKernel {
-        domain,
-        reduce_axes,
-        inputs,
-        body,
-        outputs,
-    }
+    random::kernel(seed, &random::Options::small())
 }
 
 fn random_data(r: &mut Rng, inp: &Input) -> Vec<u8> {
@@ -682,135 +476,14 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Garbage.
-
-fn garbage_kernel(seed: u64) -> FusedKernel {
-    let mut r = Rng(seed);
-    let big = [0, 1, 2, 3, 7, usize::MAX, usize::MAX / 2, 1 << 40, 1 << 33];
-    let rank = r.below(5);
-    let domain: Vec<usize> = (0..rank)
-        .map(|_| {
-            if r.chance(15) {
-                r.pick(&big)
-            } else {
-                r.below(5)
-            }
-        })
-        .collect();
-    let num = |r: &mut Rng| {
-        if r.chance(10) {
-            r.pick(&big)
-        } else {
-            r.below(6)
-        }
-    };
-    let reduce_axes: Vec<usize> = (0..r.below(4)).map(|_| num(&mut r)).collect();
-    let inputs: Vec<Input> = (0..r.below(3))
-        .map(|_| Input {
-            dtype: r.pick(&DTYPES),
-            len: num(&mut r),
-            access: Access {
-                offset: num(&mut r),
-                strides: (0..r.below(6)).map(|_| num(&mut r)).collect(),
-            },
-        })
-        .collect();
-    let body: Vec<Inst> = (0..r.below(10))
-        .map(|_| {
-            let a = num(&mut r);
-            let b = num(&mut r);
-            let c = num(&mut r);
-            match r.below(9) {
-                0 => Inst::Load { input: a },
-                1 => Inst::Const {
-                    value: r.pick(&[0.0, 1.0, f64::NAN]),
-                    dtype: r.pick(&DTYPES),
-                },
-                2 => Inst::Index {
-                    axis: a,
-                    dtype: r.pick(&DTYPES),
-                },
-                3 => Inst::Unary {
-                    op: r.pick(&[UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Recip]),
-                    x: a,
-                },
-                4 => Inst::Binary {
-                    op: r.pick(&[BinaryOp::Add, BinaryOp::Div, BinaryOp::Max]),
-                    a,
-                    b,
-                },
-                5 => Inst::Compare {
-                    op: CmpOp::Lt,
-                    a,
-                    b,
-                },
-                6 => Inst::Select {
-                    cond: a,
-                    a: b,
-                    b: c,
-                },
-                7 => Inst::Convert {
-                    x: a,
-                    to: r.pick(&DTYPES),
-                },
-                _ => Inst::Reduce {
-                    op: r.pick(&[ReduceOp::Sum, ReduceOp::Max]),
-                    x: a,
-                },
-            }
-        })
-        .collect();
-    let outputs = (0..r.below(3))
-        .map(|_| Output { value: num(&mut r) })
-        .collect();
-    FusedKernel {
-        domain,
-        reduce_axes,
-        inputs,
-        body,
-        outputs,
-    }
-}
-
-/// Makes one thing about a valid kernel wrong.
-fn break_kernel(k: &mut FusedKernel, r: &mut Rng) {
-    let n = k.body.len();
-    match r.below(6) {
-        0 => {
-            let i = r.below(n);
-            k.body[i] = Inst::Unary {
-                op: UnaryOp::Neg,
-                x: i + r.below(3),
-            };
-        }
-        1 => k.outputs.push(Output {
-            value: n + r.below(3),
-        }),
-        2 => {
-            let i = r.below(k.inputs.len());
-            let reach = k.inputs[i].len;
-            k.inputs[i].access.offset += reach;
-            // Guarantee something is read: a nonempty domain and a row-level input.
-            k.domain = vec![2; k.domain.len()];
-            k.inputs[i].access.strides = vec![0; k.domain.len()];
-        }
-        3 => {
-            let i = r.below(k.inputs.len());
-            k.inputs[i].access.strides.push(1);
-        }
-        4 => k.body.push(Inst::Load {
-            input: k.inputs.len(),
-        }),
-        _ => k.reduce_axes = vec![k.domain.len()],
-    }
-}
+// Garbage (`fused::random::garbage`) and broken kernels (`fused::random::break_one`).
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
     #[test]
     fn checking_and_querying_garbage_never_panics(seed in any::<u64>()) {
-        let k = garbage_kernel(seed);
+        let k = random::garbage(seed);
         let checked = k.check();
         let _ = k.to_string();
         for i in 0..k.body.len() + 2 {
@@ -842,7 +515,7 @@ proptest! {
     fn running_a_broken_kernel_is_an_error_not_a_panic(seed in any::<u64>()) {
         let mut k = random_kernel(seed);
         let mut r = Rng(seed.rotate_left(17));
-        break_kernel(&mut k, &mut r);
+        random::break_one(&mut k, &mut r);
         prop_assert!(k.check().is_err(), "still checks:\n{}", k);
         let data: Vec<Vec<u8>> = k
             .inputs

@@ -1,6 +1,8 @@
 //! The CUDA backend on a GPU: it matches the CPU backend, allocates nothing per step, and takes
 //! exactly its planned memory. Without a GPU (CI, this crate's usual home) the GPU tests print
-//! why they skip and pass, and the test that a missing GPU is a clear error runs instead.
+//! why they skip and pass, and the test that a missing GPU is a clear error runs instead; with
+//! `INGOT_REQUIRE_GPU=1` (scripts/gpu_check.sh sets it) a missing GPU fails them
+//! (`cuda::gpu_for_test`).
 //!
 //! On a GPU machine without cargo, build here with `cargo test --release -p ingot-runtime
 //! --test cuda --no-run`, copy the test binary there and run it (scripts/gpu_check.sh).
@@ -16,17 +18,6 @@ const STRICT: Device = Device::Cuda(CudaOptions {
     ordinal: 0,
     serial: false,
 });
-
-/// Whether a GPU is there; without one, says so (the test then passes without running).
-fn gpu(test: &str) -> bool {
-    match cuda::available() {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!("skipping {test}: {e}");
-            false
-        }
-    }
-}
 
 #[test]
 fn without_a_gpu_the_cuda_device_is_an_error_that_says_so() {
@@ -112,21 +103,21 @@ fn gpu_matches_cpu(model: &str) {
 
 #[test]
 fn on_the_gpu_mlp_matches_the_cpu_over_ten_steps() {
-    if gpu("mlp vs cpu") {
+    if cuda::gpu_for_test("mlp vs cpu") {
         gpu_matches_cpu("mlp");
     }
 }
 
 #[test]
 fn on_the_gpu_gpt_mini_matches_the_cpu_over_ten_steps() {
-    if gpu("gpt-mini vs cpu") {
+    if cuda::gpu_for_test("gpt-mini vs cpu") {
         gpu_matches_cpu("gpt-mini");
     }
 }
 
 #[test]
 fn a_gpu_step_allocates_nothing_and_takes_exactly_its_plan() {
-    if !gpu("zero allocation") {
+    if !cuda::gpu_for_test("zero allocation") {
         return;
     }
     let mut s = Session::on(&by_name("gpt-mini").unwrap(), 1, STRICT).unwrap();
@@ -152,7 +143,7 @@ fn a_gpu_step_allocates_nothing_and_takes_exactly_its_plan() {
 
 #[test]
 fn tf32_matmuls_stay_close_to_strict_f32() {
-    if !gpu("tf32") {
+    if !cuda::gpu_for_test("tf32") {
         return;
     }
     let m = by_name("mlp").unwrap();
@@ -170,7 +161,7 @@ fn tf32_matmuls_stay_close_to_strict_f32() {
 
 #[test]
 fn a_step_executable_runs_the_kernel_sources_it_carries() {
-    if !gpu("stored kernels") {
+    if !cuda::gpu_for_test("stored kernels") {
         return;
     }
     let m = by_name("mlp").unwrap();
@@ -213,7 +204,7 @@ fn differing(a: &Session, b: &Session) -> Vec<(String, usize)> {
 
 #[test]
 fn the_step_graph_with_overlapping_operations_gives_the_serial_chains_bits() {
-    if !gpu("overlapping operations") {
+    if !cuda::gpu_for_test("overlapping operations") {
         return;
     }
     // The dependency graph lets operations that touch disjoint bytes run side by side; with

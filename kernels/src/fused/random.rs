@@ -1,7 +1,12 @@
-//! A small seeded generator (SplitMix64) for building random fused kernels and their inputs
-//! reproducibly: the property tests, the CUDA generator's tests and the GPU check program
-//! (`runtime/examples/cuda_kernels.rs`) all draw from it, so a failing seed means the same
-//! kernel everywhere.
+//! Random fused kernels, reproducible from a seed: the one generator behind the CPU
+//! executor's property tests (against a naive evaluator), the CUDA generator's syntax tests and
+//! the GPU's per-kernel checks against the CPU. [`Options`] says what each needs (sizes, and
+//! whether integer results must not depend on float rounding); a failing seed with the same
+//! options means the same kernel everywhere. [`garbage`] and [`break_one`] give invalid kernels
+//! for the never-panic tests.
+
+use super::{Access, FusedKernel, Input, Inst, Output};
+use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 
 /// SplitMix64: the state advances by a fixed odd constant and is mixed on the way out.
 #[derive(Clone, Debug)]
@@ -33,6 +38,484 @@ impl Rng {
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Random kernels.
+
+/// Sizes of the generated kernels and what they may compute. The presets are what each user
+/// needs: [`Options::small`] (the CPU executor against a naive evaluator, one domain index at a
+/// time), [`Options::wide`] (CUDA C generation: sizes that reach every launch strategy) and
+/// [`Options::exact`] (the GPU against the CPU, where integer results must agree exactly).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The sizes an axis takes (besides 0, four times in a hundred).
+    pub sizes: &'static [usize],
+    /// How often (percent) one axis instead takes one of `long_sizes`, so that chunks of lanes
+    /// or threads split runs and leave remainders.
+    pub long_percent: usize,
+    pub long_sizes: &'static [usize],
+    /// The most domain elements, counting axes of size 0 as 1 (row-level values are computed
+    /// for every row even when a reduce axis is empty); random axes shrink until it holds.
+    pub max_elements: usize,
+    /// Instructions in the body: 1 up to this many.
+    pub max_body: usize,
+    /// How often (percent) an input is a plain contiguous buffer rather than a strided view
+    /// (broadcast, permuted, padded, offset) of a larger one.
+    pub contiguous_percent: usize,
+    /// Unread elements past the end of an input's reach: 0 up to this many.
+    pub slack: usize,
+    /// Integer and bool results must not depend on float rounding: compares and converts to
+    /// integers or bool read only exact float values (loads, constants, indices and their
+    /// add/sub/neg/max/min/select, exact on multiples of 1/8 of moderate size, and converts
+    /// between exact values), and ill-conditioned ops (exp, log, recip, div) read only exact
+    /// values, so that rounding differences between executors are not magnified.
+    pub exact: bool,
+}
+
+const DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::F32,
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::Bool,
+];
+
+/// Constants: ordinary values, both zeros, NaN, infinity and values past the integer types'
+/// ranges (converts saturate).
+const CONSTS: [f64; 11] = [
+    0.0,
+    1.0,
+    -2.5,
+    3.0,
+    0.5,
+    -0.0,
+    7.0,
+    3e9,
+    1e30,
+    f64::NAN,
+    f64::INFINITY,
+];
+
+impl Options {
+    /// Small domains (at most 6000 elements) with one long axis a quarter of the time.
+    pub fn small() -> Options {
+        Options {
+            sizes: &[1, 1, 2, 2, 3, 4, 5, 8, 9],
+            long_percent: 25,
+            long_sizes: &[17, 64, 255, 256, 257, 300, 513, 700, 1025, 2049, 3000],
+            max_elements: 6000,
+            max_body: 14,
+            contiguous_percent: 30,
+            slack: 2,
+            exact: false,
+        }
+    }
+
+    /// Domains up to 2^20 elements with sizes that reach every CUDA strategy (row, column,
+    /// elementwise, vectorised and tiled).
+    pub fn wide() -> Options {
+        Options {
+            sizes: &[1, 1, 2, 3, 4, 8, 9, 32, 33, 64, 100, 257, 1000],
+            long_percent: 0,
+            long_sizes: &[],
+            max_elements: 1 << 20,
+            max_body: 16,
+            contiguous_percent: 20,
+            slack: 1,
+            exact: false,
+        }
+    }
+
+    /// [`Options::wide`] with up to 2^21 elements and exact integer results.
+    pub fn exact() -> Options {
+        Options {
+            max_elements: 1 << 21,
+            exact: true,
+            ..Options::wide()
+        }
+    }
+}
+
+/// A random kernel that passes [`FusedKernel::check`], the same for the same seed and options:
+/// every dtype, op, broadcast, transpose, slice offset and empty or size-1 axis; reductions over
+/// any set of axes; several outputs, full or row-level.
+pub fn kernel(seed: u64, opts: &Options) -> FusedKernel {
+    let mut r = Rng(seed);
+    // Almost every draw checks; a few retries cover the rest. Should a thousand draws fail, a
+    // plain copy keeps the promise.
+    for _ in 0..1000 {
+        let k = draw(&mut r, opts);
+        if k.check().is_ok() {
+            return k;
+        }
+    }
+    FusedKernel {
+        domain: vec![1],
+        reduce_axes: vec![],
+        inputs: vec![Input {
+            dtype: DType::F32,
+            len: 1,
+            access: Access::contiguous(&[1]),
+        }],
+        body: vec![Inst::Load { input: 0 }],
+        outputs: vec![Output { value: 0 }],
+    }
+}
+
+fn domain(r: &mut Rng, opts: &Options) -> Vec<usize> {
+    let rank = r.below(5);
+    let mut dims: Vec<usize> = (0..rank)
+        .map(|_| {
+            if r.chance(4) {
+                0
+            } else {
+                r.pick(opts.sizes)
+            }
+        })
+        .collect();
+    if rank > 0 && !opts.long_sizes.is_empty() && r.chance(opts.long_percent) {
+        let a = r.below(rank);
+        dims[a] = r.pick(opts.long_sizes);
+    }
+    let elements = |d: &[usize]| d.iter().fold(1usize, |n, &x| n.saturating_mul(x.max(1)));
+    while elements(&dims) > opts.max_elements.max(1) {
+        let a = r.below(rank);
+        dims[a] /= 4;
+    }
+    dims
+}
+
+/// An input read over `dims`: contiguous, or a strided view of a larger buffer with some axes
+/// broadcast (stride 0), the rest permuted and padded, at an offset.
+pub fn input(r: &mut Rng, dims: &[usize], opts: &Options) -> Input {
+    let rank = dims.len();
+    let dtype = r.pick(&DTYPES);
+    if r.chance(opts.contiguous_percent) {
+        return Input {
+            dtype,
+            len: dims.iter().product(),
+            access: Access::contiguous(dims),
+        };
+    }
+    let mut order: Vec<usize> = (0..rank).collect();
+    for i in (1..rank).rev() {
+        let j = r.below(i + 1);
+        order.swap(i, j);
+    }
+    let mut strides = vec![0; rank];
+    let mut s = 1;
+    for &d in order.iter().rev() {
+        if r.chance(25) {
+            continue; // broadcast along d
+        }
+        strides[d] = s;
+        s *= dims[d] + r.below(2);
+    }
+    let offset = r.below(3);
+    let reach: usize = offset
+        + (0..rank)
+            .map(|d| strides[d] * dims[d].saturating_sub(1))
+            .sum::<usize>();
+    Input {
+        dtype,
+        len: reach + 1 + r.below(opts.slack + 1),
+        access: Access { offset, strides },
+    }
+}
+
+/// One draw; it may not check (the caller retries).
+fn draw(r: &mut Rng, opts: &Options) -> FusedKernel {
+    let domain = domain(r, opts);
+    let rank = domain.len();
+    let reduce_axes: Vec<usize> = (0..rank).filter(|_| r.chance(45)).collect();
+    let inputs: Vec<Input> = (0..1 + r.below(3))
+        .map(|_| input(r, &domain, opts))
+        .collect();
+    // Per instruction: its dtype, and whether its value is exact (see `Options::exact`).
+    let mut body: Vec<Inst> = Vec::new();
+    let mut dt: Vec<DType> = Vec::new();
+    let mut exact: Vec<bool> = Vec::new();
+    let strict = opts.exact;
+    let n_body = 1 + r.below(opts.max_body.max(1));
+    let mut tries = 0;
+    while body.len() < n_body && tries < 20 * n_body {
+        tries += 1;
+        // An earlier instruction that `ok` accepts, preferring recent ones so chains grow deep.
+        let pick = |ok: &dyn Fn(DType, bool) -> bool, r: &mut Rng| {
+            let c: Vec<usize> = (0..dt.len()).filter(|&i| ok(dt[i], exact[i])).collect();
+            (!c.is_empty()).then(|| c[c.len() - 1 - r.below(c.len()).min(r.below(c.len()))])
+        };
+        let choice = if body.is_empty() { 0 } else { r.below(12) };
+        let (inst, d, ex) = match choice {
+            0 => {
+                let input = r.below(inputs.len());
+                (Inst::Load { input }, inputs[input].dtype, true)
+            }
+            1 => {
+                let dtype = r.pick(&DTYPES);
+                let value = r.pick(&CONSTS);
+                (Inst::Const { value, dtype }, dtype, true)
+            }
+            2 if rank > 0 => {
+                let dtype = r.pick(&DTYPES);
+                let axis = r.below(rank);
+                (Inst::Index { axis, dtype }, dtype, true)
+            }
+            2 => continue,
+            3 => {
+                let Some(x) = pick(&|d, _| d != DType::Bool, r) else {
+                    continue;
+                };
+                if dt[x].is_float() {
+                    let op = r.pick(&[
+                        UnaryOp::Neg,
+                        UnaryOp::Exp,
+                        UnaryOp::Log,
+                        UnaryOp::Sqrt,
+                        UnaryOp::Tanh,
+                        UnaryOp::Recip,
+                    ]);
+                    let op = match op {
+                        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Recip if strict && !exact[x] => {
+                            UnaryOp::Tanh
+                        }
+                        op => op,
+                    };
+                    let ex = op == UnaryOp::Neg && exact[x];
+                    (Inst::Unary { op, x }, dt[x], ex)
+                } else {
+                    (
+                        Inst::Unary {
+                            op: UnaryOp::Neg,
+                            x,
+                        },
+                        dt[x],
+                        true,
+                    )
+                }
+            }
+            4 | 5 => {
+                let Some(a) = pick(&|d, _| d != DType::Bool, r) else {
+                    continue;
+                };
+                let d = dt[a];
+                let b = pick(&|e, _| e == d, r).unwrap_or(a);
+                let mut ops = vec![
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Max,
+                    BinaryOp::Min,
+                ];
+                if d.is_float() && (!strict || exact[a] && exact[b]) {
+                    ops.push(BinaryOp::Div);
+                }
+                let op = r.pick(&ops);
+                // Max and min of exact values are exact, and so are sums of two exact leaves
+                // (small multiples of 1/8); products, quotients and chains of sums may round.
+                let leaf = |i: usize| matches!(body[i], Inst::Load { .. } | Inst::Const { .. });
+                let ex = !d.is_float()
+                    || exact[a]
+                        && exact[b]
+                        && (matches!(op, BinaryOp::Max | BinaryOp::Min)
+                            || matches!(op, BinaryOp::Add | BinaryOp::Sub) && leaf(a) && leaf(b));
+                (Inst::Binary { op, a, b }, d, ex)
+            }
+            6 => {
+                let Some(a) = pick(&|_, e| !strict || e, r) else {
+                    continue;
+                };
+                let d = dt[a];
+                let b = pick(&|e, x| e == d && (!strict || x), r).unwrap_or(a);
+                let op = r.pick(&[
+                    CmpOp::Lt,
+                    CmpOp::Le,
+                    CmpOp::Gt,
+                    CmpOp::Ge,
+                    CmpOp::Eq,
+                    CmpOp::Ne,
+                ]);
+                (Inst::Compare { op, a, b }, DType::Bool, true)
+            }
+            7 => {
+                let Some(cond) = pick(&|d, _| d == DType::Bool, r) else {
+                    continue;
+                };
+                let a = r.below(dt.len());
+                let d = dt[a];
+                let b = pick(&|e, _| e == d, r).unwrap_or(a);
+                (Inst::Select { cond, a, b }, d, exact[a] && exact[b])
+            }
+            8 => {
+                let x = r.below(dt.len());
+                let to = r.pick(&DTYPES);
+                if strict && !to.is_float() && !exact[x] {
+                    continue;
+                }
+                // f64 to f32 may round; integers and bools are exact by construction.
+                let ex = !to.is_float() || exact[x] && !(dt[x] == DType::F64 && to == DType::F32);
+                (Inst::Convert { x, to }, to, ex)
+            }
+            _ => {
+                let Some(x) = pick(&|d, _| d != DType::Bool, r) else {
+                    continue;
+                };
+                let op = r.pick(&[ReduceOp::Sum, ReduceOp::Max]);
+                let ex = !dt[x].is_float() || op == ReduceOp::Max && exact[x];
+                (Inst::Reduce { op, x }, dt[x], ex)
+            }
+        };
+        body.push(inst);
+        dt.push(d);
+        exact.push(ex);
+    }
+    let outputs = (0..1 + r.below(3))
+        .map(|_| {
+            let n = body.len();
+            Output {
+                value: n - 1 - r.below(n).min(r.below(n)),
+            }
+        })
+        .collect();
+    FusedKernel {
+        domain,
+        reduce_axes,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invalid kernels.
+
+/// A kernel made of random numbers, huge ones included: almost never valid. Checking, querying,
+/// generating code for or running it must answer without panicking.
+pub fn garbage(seed: u64) -> FusedKernel {
+    let mut r = Rng(seed);
+    let big = [0, 1, 2, 3, 7, usize::MAX, usize::MAX / 2, 1 << 40, 1 << 33];
+    let rank = r.below(5);
+    let domain: Vec<usize> = (0..rank)
+        .map(|_| {
+            if r.chance(15) {
+                r.pick(&big)
+            } else {
+                r.below(5)
+            }
+        })
+        .collect();
+    let num = |r: &mut Rng| {
+        if r.chance(10) {
+            r.pick(&big)
+        } else {
+            r.below(6)
+        }
+    };
+    let reduce_axes: Vec<usize> = (0..r.below(4)).map(|_| num(&mut r)).collect();
+    let inputs: Vec<Input> = (0..r.below(3))
+        .map(|_| Input {
+            dtype: r.pick(&DTYPES),
+            len: num(&mut r),
+            access: Access {
+                offset: num(&mut r),
+                strides: (0..r.below(6)).map(|_| num(&mut r)).collect(),
+            },
+        })
+        .collect();
+    let body: Vec<Inst> = (0..r.below(10))
+        .map(|_| {
+            let a = num(&mut r);
+            let b = num(&mut r);
+            let c = num(&mut r);
+            match r.below(9) {
+                0 => Inst::Load { input: a },
+                1 => Inst::Const {
+                    value: r.pick(&[0.0, 1.0, f64::NAN]),
+                    dtype: r.pick(&DTYPES),
+                },
+                2 => Inst::Index {
+                    axis: a,
+                    dtype: r.pick(&DTYPES),
+                },
+                3 => Inst::Unary {
+                    op: r.pick(&[UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Recip]),
+                    x: a,
+                },
+                4 => Inst::Binary {
+                    op: r.pick(&[BinaryOp::Add, BinaryOp::Div, BinaryOp::Max]),
+                    a,
+                    b,
+                },
+                5 => Inst::Compare {
+                    op: CmpOp::Lt,
+                    a,
+                    b,
+                },
+                6 => Inst::Select {
+                    cond: a,
+                    a: b,
+                    b: c,
+                },
+                7 => Inst::Convert {
+                    x: a,
+                    to: r.pick(&DTYPES),
+                },
+                _ => Inst::Reduce {
+                    op: r.pick(&[ReduceOp::Sum, ReduceOp::Max]),
+                    x: a,
+                },
+            }
+        })
+        .collect();
+    let outputs = (0..r.below(3))
+        .map(|_| Output { value: num(&mut r) })
+        .collect();
+    FusedKernel {
+        domain,
+        reduce_axes,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+/// Makes one thing about a valid kernel (with a body and an input, as [`kernel`] gives) wrong,
+/// so that it no longer checks: an operand or output past the body, a load past the inputs, an
+/// input read past its end, an access of the wrong rank, a reduce axis past the domain.
+pub fn break_one(k: &mut FusedKernel, r: &mut Rng) {
+    let n = k.body.len();
+    match r.below(6) {
+        0 => {
+            let i = r.below(n);
+            k.body[i] = Inst::Unary {
+                op: UnaryOp::Neg,
+                x: i + r.below(3),
+            };
+        }
+        1 => k.outputs.push(Output {
+            value: n + r.below(3),
+        }),
+        2 => {
+            let i = r.below(k.inputs.len());
+            let reach = k.inputs[i].len;
+            k.inputs[i].access.offset += reach;
+            // Guarantee something is read: a nonempty domain and a row-level input.
+            k.domain = vec![2; k.domain.len()];
+            k.inputs[i].access.strides = vec![0; k.domain.len()];
+        }
+        3 => {
+            let i = r.below(k.inputs.len());
+            k.inputs[i].access.strides.push(1);
+        }
+        4 => k.body.push(Inst::Load {
+            input: k.inputs.len(),
+        }),
+        _ => k.reduce_axes = vec![k.domain.len()],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Rng;
@@ -46,5 +529,42 @@ mod tests {
         // SplitMix64 from state 0 (Vigna's reference implementation).
         assert_eq!(xs[0], 0xE220_A839_7B1D_CDAF);
         assert_eq!(Rng(5).below(0), 0);
+    }
+
+    #[test]
+    fn every_preset_gives_kernels_that_check_within_its_bounds_and_reach_each_feature() {
+        use super::*;
+        for opts in [Options::small(), Options::wide(), Options::exact()] {
+            let (mut reduces, mut broadcasts, mut empty, mut long_rows) = (0, 0, 0, 0);
+            for seed in 0..300 {
+                let k = kernel(seed, &opts);
+                assert_eq!(k.check(), Ok(()), "seed {seed}\n{k}");
+                // (Debug text: NaN constants are not `==` themselves.)
+                let again = kernel(seed, &opts);
+                assert_eq!(format!("{k:?}"), format!("{again:?}"), "seed {seed}");
+                let n = k.domain.iter().map(|&d| d.max(1)).product::<usize>();
+                assert!(n <= opts.max_elements, "seed {seed}: {n} elements");
+                assert!(k.body.len() <= opts.max_body);
+                reduces += usize::from(k.body.iter().any(|i| matches!(i, Inst::Reduce { .. })));
+                broadcasts += usize::from(k.inputs.iter().any(|i| i.access.strides.contains(&0)));
+                empty += usize::from(k.domain.contains(&0));
+                long_rows += usize::from(k.domain.iter().any(|&d| d > 200));
+            }
+            assert!(
+                reduces > 60 && broadcasts > 60 && empty > 3 && long_rows > 20,
+                "{opts:?}: {reduces} with reductions, {broadcasts} with broadcasts, {empty} \
+                 with empty axes, {long_rows} with long axes of 300"
+            );
+        }
+    }
+
+    #[test]
+    fn a_broken_kernel_no_longer_checks() {
+        use super::*;
+        for seed in 0..300 {
+            let mut k = kernel(seed, &Options::small());
+            break_one(&mut k, &mut Rng(seed ^ 7));
+            assert!(k.check().is_err(), "seed {seed} still checks:\n{k}");
+        }
     }
 }

@@ -6,12 +6,15 @@
 //!   without a GPU);
 //! - [`deps`]: which of those operations wait for which (the step's dependency graph);
 //! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
-//! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step.
+//! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step;
+//! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`).
 
 pub mod deps;
 pub mod device;
 pub mod program;
 pub mod ptx;
+pub mod require;
 
 pub use device::{available, CudaOptions, CudaStep, DeviceMemory};
 pub use program::{plan_options, Program, CUBLAS_WORKSPACE};
+pub use require::gpu_for_test;
