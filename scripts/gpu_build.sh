@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu_check.sh runs on a GPU machine into .devbin/ (git-ignored): the ingot
-# program, the per-kernel check (runtime/examples/cuda_kernels.rs) and the GPU test binary
-# (runtime/tests/cuda.rs).
+# program, the kernel timing and profiling programs (runtime/examples/cuda_kernels.rs,
+# cuda_profile.rs) and every GPU test binary of the runtime (runtime/tests/cuda*.rs, as
+# .devbin/test_<name>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+rm -rf .devbin
 mkdir -p .devbin
 cargo build --release -p ingot-runtime --bin ingot --example cuda_kernels --example cuda_profile
 cp target/release/ingot target/release/examples/cuda_kernels target/release/examples/cuda_profile .devbin/
-test=$(cargo test --release -p ingot-runtime --test cuda --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
+tests=$(ls runtime/tests/cuda*.rs | xargs -n1 basename | sed 's/\.rs$//')
+args=(); for t in $tests; do args+=(--test "$t"); done
+cargo test --release -p ingot-runtime "${args[@]}" --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys,shutil
+want = set(sys.argv[1:])
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
-        print(m["executable"])')
-cp "$test" .devbin/cuda_test
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and t.get("name") in want and "test" in t.get("kind", []) and m.get("executable"):
+        shutil.copy(m["executable"], ".devbin/test_" + t["name"])
+        want.discard(t["name"])
+sys.exit("test binaries not found: %s" % sorted(want) if want else 0)' $tests
 strip .devbin/*  # debug info would exceed what a device call carries
 ls -la .devbin

@@ -5,14 +5,20 @@
 #   scripts/gpu_build.sh              # here: builds the binaries into .devbin/
 #   scripts/gpu_check.sh .devbin OUT [PART ...]
 #
-# PARTs (default: kernels tests train compare): kernels (every fused kernel of the three models
-# against the CPU executor), tests (runtime/tests/cuda.rs: GPU vs CPU over 10 steps, zero
-# allocation over 1000 steps, TF32), train (`ingot train --device cuda` on each model, strict
+# PARTs (default: tests train compare): tests (every GPU test binary, .devbin/test_*, one test at
+# a time: runtime/tests/cuda.rs, GPU vs CPU over 10 steps, zero allocation over 1000 steps,
+# TF32; runtime/tests/cuda_kernels.rs, every distinct kernel of mlp, gpt-mini and gpt2 and 300
+# random kernels against the CPU, in place too; and any other runtime/tests/cuda*.rs), kernels
+# (the kernel timings, each kernel checked on the way: runtime/examples/cuda_kernels.rs), train (`ingot train --device cuda` on each model, strict
 # f32 and TF32), compare (losses and parameters against PyTorch on the GPU), bench (the side by
 # side benchmark against PyTorch and JAX). Logs go to OUT/*.txt.
+#
+# INGOT_REQUIRE_GPU=1 is set for everything: a GPU test that finds no usable GPU fails instead
+# of skipping, so a broken driver cannot pass as a green run.
 set -uo pipefail
 BIN=$1; OUT=$2; shift 2
-PARTS=("$@"); [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(kernels tests train compare)
+PARTS=("$@"); [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(tests train compare)
+export INGOT_REQUIRE_GPU=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -31,7 +37,14 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 for part in "${PARTS[@]}"; do
     case $part in
         kernels) run kernels "$BIN/cuda_kernels" mlp gpt-mini gpt2 ;;
-        tests) run tests "$BIN/cuda_test" --test-threads=1 --nocapture ;;
+        tests)
+            found=0
+            for t in "$BIN"/test_*; do
+                [[ -x $t ]] || continue
+                found=1
+                run "$(basename "$t")" "$t" --test-threads=1 --nocapture
+            done
+            [[ $found -eq 1 ]] || { echo "no test binaries in $BIN (run scripts/gpu_build.sh)"; status=1; } ;;
         train)
             for m in mlp gpt-mini gpt2; do
                 run "train_${m}_f32" "$BIN/ingot" train --model "$m" --device cuda --steps 30

@@ -4,7 +4,7 @@
 use ingot_compiler::autodiff::{training_step, Optimizer};
 use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
 use ingot_compiler::models;
-use ingot_compiler::plan::check::{validate, Location, PlanView};
+use ingot_compiler::plan::check::{validate, Location, PlanView, PlanViolation as V};
 use ingot_compiler::plan::report::Report;
 use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
 use ingot_compiler::schedule::{self, Strategy};
@@ -126,7 +126,7 @@ fn check(
     locs: &[Location],
     total: usize,
     copies: &[(NodeId, NodeId)],
-) -> Result<(), String> {
+) -> Result<(), V> {
     check_ws(g, order, locs, &vec![None; g.len()], total, copies)
 }
 
@@ -137,7 +137,7 @@ fn check_ws(
     ws: &[Option<Location>],
     total: usize,
     copies: &[(NodeId, NodeId)],
-) -> Result<(), String> {
+) -> Result<(), V> {
     validate(&PlanView {
         graph: g,
         order,
@@ -147,7 +147,6 @@ fn check_ws(
         total_bytes: total,
         alignment: ALIGNMENT,
     })
-    .map_err(|e| e.to_string())
 }
 
 /// A matmul whose kernel needs 1 KiB of scratch: `x -> exp -> matmul -> add(exp, matmul)`.
@@ -218,7 +217,21 @@ fn the_validator_rejects_a_workspace_over_a_live_value() {
         &p.liveness.copies,
     )
     .unwrap_err();
-    assert!(e.contains("workspace on its operand"), "{e}");
+    assert_eq!(
+        e,
+        V::WorkspaceOnOperand {
+            node: m,
+            op: "matmul",
+            operand: a
+        }
+    );
+    // The message names the rule and the nodes.
+    assert!(
+        e.to_string().contains(&format!(
+            "{m} (matmul) has its workspace on its operand {a}"
+        )),
+        "{e}"
+    );
 }
 
 #[test]
@@ -234,7 +247,13 @@ fn the_validator_rejects_two_live_values_sharing_bytes() {
     // Put b on a's bytes: a is still needed by c.
     locs[b.index()] = locs[a.index()];
     let e = check(&g, &order, &locs, total, &copies).unwrap_err();
-    assert!(e.contains("matmul") || e.contains("no longer hold"), "{e}");
+    assert!(
+        matches!(
+            e,
+            V::WritesOverOperand { node, operand, .. } if node == b && operand == a
+        ) || matches!(e, V::ReadAfterOverwrite { operand, .. } if operand == a),
+        "{e}"
+    );
 }
 
 #[test]
@@ -245,13 +264,26 @@ fn the_validator_rejects_misaligned_and_out_of_bounds_offsets() {
     g.set_output("a", a).unwrap();
     let (order, mut locs, total, copies) = locations(&g);
     locs[a.index()].offset += 4;
-    assert!(check(&g, &order, &locs, total, &copies)
-        .unwrap_err()
-        .contains("not a multiple of 256"));
+    assert_eq!(
+        check(&g, &order, &locs, total, &copies).unwrap_err(),
+        V::Misaligned {
+            node: a,
+            offset: locs[a.index()].offset,
+            alignment: 256
+        }
+    );
     locs[a.index()].offset = total;
-    assert!(check(&g, &order, &locs, total, &copies)
-        .unwrap_err()
-        .contains("outside"));
+    assert!(matches!(
+        check(&g, &order, &locs, total, &copies).unwrap_err(),
+        V::OutsideAllocation { node, start, .. } if node == a && start == total
+    ));
+    // An offset at the top of the address space is outside too, not an overflow.
+    locs[a.index()].offset = usize::MAX & !255;
+    let e = check(&g, &order, &locs, total, &copies).unwrap_err();
+    assert!(
+        matches!(e, V::OutsideAllocation { node, start, .. } if node == a && start == usize::MAX & !255),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -263,30 +295,163 @@ fn the_validator_rejects_a_non_elementwise_op_writing_over_its_operand() {
     g.set_output("t", t).unwrap();
     let (order, mut locs, total, copies) = locations(&g);
     locs[t.index()] = locs[a.index()];
-    assert!(check(&g, &order, &locs, total, &copies)
-        .unwrap_err()
-        .contains("writes over its operand"));
+    assert!(matches!(
+        check(&g, &order, &locs, total, &copies).unwrap_err(),
+        V::WritesOverOperand { node, operand, .. } if node == t && operand == a
+    ));
 }
 
 #[test]
 fn the_validator_rejects_an_update_overwritten_before_the_step_ends() {
     let mut g = Graph::new();
     let p = g.parameter("p", [64], DType::F32, Init::Zeros).unwrap();
-    let e = g.exp(p).unwrap();
-    g.set_update(p, e).unwrap();
-    let s = g.sum_all(e).unwrap();
+    let new = g.exp(p).unwrap();
+    g.set_update(p, new).unwrap();
+    let s = g.sum_all(new).unwrap();
     g.set_output("s", s).unwrap();
     let (order, mut locs, total, copies) = locations(&g);
     check(&g, &order, &locs, total, &copies).unwrap();
     // Leave the new value in the slab with no copy back: the parameter keeps its old value.
-    locs[e.index()] = Location {
+    locs[new.index()] = Location {
         offset: total,
         bytes: 256,
     };
     let e = check(&g, &order, &locs, total + 256, &copies).unwrap_err();
     assert!(
-        e.contains("does not hold its new value") || e.contains("no longer hold"),
+        matches!(e, V::UpdateNotHeld { target, value } if target == p && value == new)
+            || matches!(e, V::UpdateOverwrittenBeforeCopy { value, target } if target == p && value == new),
         "{e}"
+    );
+}
+
+#[test]
+fn the_validator_names_each_broken_rule_of_the_schedule_and_the_tables() {
+    let mut g = Graph::new();
+    let x = g.input("x", [16], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let r = g.reshape(a, [4, 4]).unwrap();
+    let b = g.tanh(r).unwrap();
+    g.set_output("b", b).unwrap();
+    let (order, locs, total, copies) = locations(&g);
+    check(&g, &order, &locs, total, &copies).unwrap();
+    let n = g.len();
+    // Tables of the wrong length.
+    assert_eq!(
+        check(&g, &order, &locs[..n - 1], total, &copies).unwrap_err(),
+        V::TableLength {
+            locations: n - 1,
+            workspaces: n,
+            nodes: n
+        }
+    );
+    assert_eq!(
+        check(&g, &order[..n - 1], &locs, total, &copies).unwrap_err(),
+        V::ScheduleLength {
+            scheduled: n - 1,
+            nodes: n
+        }
+    );
+    // A node twice, and one before its operand.
+    let mut twice = order.clone();
+    twice[n - 1] = twice[0];
+    assert!(matches!(
+        check(&g, &twice, &locs, total, &copies).unwrap_err(),
+        V::ScheduledTwice { .. }
+    ));
+    let mut early = order.clone();
+    let (ia, ib) = (
+        early.iter().position(|&i| i == a).unwrap(),
+        early.iter().position(|&i| i == b).unwrap(),
+    );
+    early.swap(ia, ib);
+    assert!(matches!(
+        check(&g, &early, &locs, total, &copies).unwrap_err(),
+        V::OperandNotReady { node, .. } if node == b
+    ));
+    // A location of the wrong size.
+    let mut small = locs.clone();
+    small[b.index()].bytes = 32;
+    assert_eq!(
+        check(&g, &order, &small, total, &copies).unwrap_err(),
+        V::WrongSize {
+            node: b,
+            needs: 64,
+            given: 32
+        }
+    );
+    // A view placed away from its operand.
+    let mut moved = locs.clone();
+    moved[r.index()].offset = total;
+    assert_eq!(
+        check(&g, &order, &moved, total + 256, &copies).unwrap_err(),
+        V::ViewNotOnOperand {
+            node: r,
+            op: "reshape",
+            operand: a
+        }
+    );
+    // An output whose bytes a later op takes: put `b` on `x`'s bytes and output `x` too.
+    let mut g2 = g.clone();
+    g2.set_output("x", x).unwrap();
+    let mut over = locs.clone();
+    over[b.index()] = over[x.index()];
+    let e = check(&g2, &order, &over, total, &copies).unwrap_err();
+    assert_eq!(
+        e,
+        V::OutputOverwritten {
+            name: "x".into(),
+            node: x
+        },
+        "{e}"
+    );
+}
+
+#[test]
+fn the_validator_names_a_misplaced_workspace_and_one_on_its_own_output() {
+    let (g, _, m) = matmul_with_workspace();
+    let opts = PlanOptions {
+        workspace: Some(kib_for_matmul),
+        ..PlanOptions::default()
+    };
+    let p = plan::plan(&g, &opts).unwrap();
+    let locs: Vec<Location> = g.ids().map(|id| p.location(&g, id)).collect();
+    let ws: Vec<Option<Location>> = g.ids().map(|id| p.workspace(id)).collect();
+    let (order, total, copies) = (&p.liveness.order, p.total_bytes, &p.liveness.copies);
+    let with = |w: Location| {
+        let mut ws = ws.clone();
+        ws[m.index()] = Some(w);
+        check_ws(&g, order, &locs, &ws, total, copies).unwrap_err()
+    };
+    assert_eq!(
+        with(Location {
+            offset: 8,
+            bytes: 1024
+        }),
+        V::WorkspaceMisaligned {
+            node: m,
+            offset: 8,
+            alignment: ALIGNMENT
+        }
+    );
+    assert!(matches!(
+        with(Location { offset: total, bytes: 1024 }),
+        V::WorkspaceOutsideAllocation { node, start, .. } if node == m && start == total
+    ));
+    // One whose end would overflow: outside, its end saturated, not a panic.
+    assert!(matches!(
+        with(Location { offset: usize::MAX & !255, bytes: 1024 }),
+        V::WorkspaceOutsideAllocation { node, end: usize::MAX, .. } if node == m
+    ));
+    assert_eq!(
+        with(Location {
+            offset: locs[m.index()].offset,
+            bytes: 256
+        }),
+        V::WorkspaceOnOutput {
+            node: m,
+            op: "matmul",
+            output: m
+        }
     );
 }
 

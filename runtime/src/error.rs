@@ -49,6 +49,9 @@ pub enum ExecError {
     /// The node cannot be executed as given (operand count, types or attributes disagree).
     #[error("{op}: {reason}")]
     Invalid { op: &'static str, reason: String },
+    /// The memory plan breaks a rule of the independent validator (which one, in the variant).
+    #[error("plan: {0}")]
+    Plan(#[from] ingot_compiler::plan::check::PlanViolation),
     /// The GPU, its driver or a CUDA library failed, or is missing.
     #[error("CUDA: {what}: {reason}")]
     Device { what: String, reason: String },

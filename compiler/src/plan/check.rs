@@ -11,7 +11,6 @@
 
 use crate::ir::{Graph, NodeId, Op};
 use std::collections::BTreeMap;
-use std::fmt;
 
 /// Where one node's value lives, as an absolute byte range of the step's single allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,51 +34,173 @@ pub struct PlanView<'a> {
     pub alignment: usize,
 }
 
-/// A broken promise of the plan, naming the nodes involved.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanViolation(pub String);
-
-impl fmt::Display for PlanViolation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid memory plan: {}", self.0)
-    }
+/// A broken promise of the plan, one variant per rule the validator checks, naming the nodes,
+/// byte ranges and sizes involved. Every message starts "invalid memory plan: ".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanViolation {
+    /// The location or workspace table does not have one entry per node.
+    #[error(
+        "invalid memory plan: {locations} locations and {workspaces} workspaces for {nodes} nodes"
+    )]
+    TableLength {
+        locations: usize,
+        workspaces: usize,
+        nodes: usize,
+    },
+    /// The schedule does not run as many ops as the graph has nodes.
+    #[error("invalid memory plan: the schedule has {scheduled} ops, the graph {nodes}")]
+    ScheduleLength { scheduled: usize, nodes: usize },
+    /// A node is scheduled twice, or the schedule names a node the graph does not have.
+    #[error("invalid memory plan: {node} is scheduled twice or does not exist")]
+    ScheduledTwice { node: NodeId },
+    /// A node is scheduled before one of its operands.
+    #[error("invalid memory plan: {node} ({op}) runs before its operand {operand}")]
+    OperandNotReady {
+        node: NodeId,
+        op: &'static str,
+        operand: NodeId,
+    },
+    /// A value's location is not the size of its type.
+    #[error("invalid memory plan: {node} needs {needs} bytes but is given {given}")]
+    WrongSize {
+        node: NodeId,
+        needs: usize,
+        given: usize,
+    },
+    /// A value's offset is not a multiple of the alignment.
+    #[error("invalid memory plan: {node} is at offset {offset}, not a multiple of {alignment}")]
+    Misaligned {
+        node: NodeId,
+        offset: usize,
+        alignment: usize,
+    },
+    /// A value lies (partly) past the end of the allocation.
+    #[error(
+        "invalid memory plan: {node} at [{start}, {end}) lies outside the {total} byte allocation"
+    )]
+    OutsideAllocation {
+        node: NodeId,
+        start: usize,
+        end: usize,
+        total: usize,
+    },
+    /// A kernel's workspace offset is not a multiple of the alignment.
+    #[error(
+        "invalid memory plan: the workspace of {node} is at offset {offset}, not a multiple of \
+         {alignment}"
+    )]
+    WorkspaceMisaligned {
+        node: NodeId,
+        offset: usize,
+        alignment: usize,
+    },
+    /// A kernel's workspace lies (partly) past the end of the allocation.
+    #[error(
+        "invalid memory plan: the workspace of {node} at [{start}, {end}) lies outside the \
+         {total} byte allocation"
+    )]
+    WorkspaceOutsideAllocation {
+        node: NodeId,
+        start: usize,
+        end: usize,
+        total: usize,
+    },
+    /// A kernel writes two of its outputs to overlapping bytes.
+    #[error("invalid memory plan: {node} writes its outputs {a} and {b} over each other")]
+    OutputsOverlap { node: NodeId, a: NodeId, b: NodeId },
+    /// A value is read after its bytes were given to another value (outside its lifetime).
+    #[error(
+        "invalid memory plan: {node} ({op}) reads {operand} at [{start}, {end}), but those bytes \
+         no longer hold it"
+    )]
+    ReadAfterOverwrite {
+        node: NodeId,
+        op: &'static str,
+        operand: NodeId,
+        start: usize,
+        end: usize,
+    },
+    /// A kernel's output overlaps an operand it may not write over (not exactly the same bytes,
+    /// or an op that does not read its operand only at the output's own index).
+    #[error(
+        "invalid memory plan: {node} ({op}) writes over its operand {operand} while reading it \
+         (its output {output})"
+    )]
+    WritesOverOperand {
+        node: NodeId,
+        op: &'static str,
+        operand: NodeId,
+        output: NodeId,
+    },
+    /// A kernel's workspace overlaps one of its operands.
+    #[error("invalid memory plan: {node} ({op}) has its workspace on its operand {operand}")]
+    WorkspaceOnOperand {
+        node: NodeId,
+        op: &'static str,
+        operand: NodeId,
+    },
+    /// A kernel's workspace overlaps one of its outputs.
+    #[error("invalid memory plan: {node} ({op}) has its workspace on its own output {output}")]
+    WorkspaceOnOutput {
+        node: NodeId,
+        op: &'static str,
+        output: NodeId,
+    },
+    /// A view (reshape, stop_gradient) is not placed on its operand's bytes.
+    #[error("invalid memory plan: {op} {node} is not placed on its operand {operand}")]
+    ViewNotOnOperand {
+        node: NodeId,
+        op: &'static str,
+        operand: NodeId,
+    },
+    /// A graph output's bytes were reused before the step ended.
+    #[error("invalid memory plan: output {name:?} ({node}) was overwritten before the step ended")]
+    OutputOverwritten { name: String, node: NodeId },
+    /// A parameter's new value was overwritten before it was copied over the parameter.
+    #[error(
+        "invalid memory plan: the new value {value} of {target} was overwritten before it was \
+         copied"
+    )]
+    UpdateOverwrittenBeforeCopy { value: NodeId, target: NodeId },
+    /// A parameter does not hold its new value when the step ends.
+    #[error(
+        "invalid memory plan: {target} does not hold its new value {value} when the step ends"
+    )]
+    UpdateNotHeld { target: NodeId, value: NodeId },
 }
-
-impl std::error::Error for PlanViolation {}
 
 /// The tag of bytes a kernel used as scratch: no value of the graph.
 const SCRATCH: NodeId = NodeId(u32::MAX);
 
 /// Replays the plan and returns the first violation found.
 pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
+    use PlanViolation as V;
     let g = p.graph;
-    let err = |s: String| Err(PlanViolation(s));
     if p.location.len() != g.len() || p.workspace.len() != g.len() {
-        return err(format!(
-            "{} locations and {} workspaces for {} nodes",
-            p.location.len(),
-            p.workspace.len(),
-            g.len()
-        ));
+        return Err(V::TableLength {
+            locations: p.location.len(),
+            workspaces: p.workspace.len(),
+            nodes: g.len(),
+        });
     }
     // The order runs each node once, after its operands.
     let mut done = vec![false; g.len()];
     if p.order.len() != g.len() {
-        return err(format!(
-            "the schedule has {} ops, the graph {}",
-            p.order.len(),
-            g.len()
-        ));
+        return Err(V::ScheduleLength {
+            scheduled: p.order.len(),
+            nodes: g.len(),
+        });
     }
     for &id in p.order {
         if id.index() >= g.len() || done[id.index()] {
-            return err(format!("{id} is scheduled twice or does not exist"));
+            return Err(V::ScheduledTwice { node: id });
         }
         if let Some(x) = g.node(id).inputs.iter().find(|x| !done[x.index()]) {
-            return err(format!(
-                "{id} ({}) runs before its operand {x}",
-                g.node(id).op.name()
-            ));
+            return Err(V::OperandNotReady {
+                node: id,
+                op: g.node(id).op.name(),
+                operand: *x,
+            });
         }
         done[id.index()] = true;
     }
@@ -87,36 +208,50 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     for id in g.ids() {
         let l = p.location[id.index()];
         if l.bytes != g.ty(id).bytes() {
-            return err(format!(
-                "{id} needs {} bytes but is given {}",
-                g.ty(id).bytes(),
-                l.bytes
-            ));
+            return Err(V::WrongSize {
+                node: id,
+                needs: g.ty(id).bytes(),
+                given: l.bytes,
+            });
         }
-        if !l.offset.is_multiple_of(p.alignment) {
-            return err(format!(
-                "{id} is at offset {}, not a multiple of {}",
-                l.offset, p.alignment
-            ));
+        if !l.offset.is_multiple_of(p.alignment.max(1)) {
+            return Err(V::Misaligned {
+                node: id,
+                offset: l.offset,
+                alignment: p.alignment,
+            });
         }
-        if l.offset + l.bytes > p.total_bytes {
-            return err(format!(
-                "{id} at [{}, {}) lies outside the {} byte allocation",
-                l.offset,
-                l.offset + l.bytes,
-                p.total_bytes
-            ));
+        if l.offset
+            .checked_add(l.bytes)
+            .is_none_or(|e| e > p.total_bytes)
+        {
+            return Err(V::OutsideAllocation {
+                node: id,
+                start: l.offset,
+                end: l.offset.saturating_add(l.bytes),
+                total: p.total_bytes,
+            });
         }
     }
-    for (i, w) in p.workspace.iter().enumerate() {
-        if let Some(w) = w {
-            if w.offset % p.alignment != 0 || w.offset + w.bytes > p.total_bytes {
-                return err(format!(
-                    "the workspace of %{i} at [{}, {}) is misaligned or outside the allocation",
-                    w.offset,
-                    w.offset + w.bytes
-                ));
-            }
+    for (id, w) in g.ids().zip(p.workspace) {
+        let Some(w) = *w else { continue };
+        if !w.offset.is_multiple_of(p.alignment.max(1)) {
+            return Err(V::WorkspaceMisaligned {
+                node: id,
+                offset: w.offset,
+                alignment: p.alignment,
+            });
+        }
+        if w.offset
+            .checked_add(w.bytes)
+            .is_none_or(|e| e > p.total_bytes)
+        {
+            return Err(V::WorkspaceOutsideAllocation {
+                node: id,
+                start: w.offset,
+                end: w.offset.saturating_add(w.bytes),
+                total: p.total_bytes,
+            });
         }
     }
     // What each value's bytes are: a view's are its operand's.
@@ -157,21 +292,24 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
         for (j, &o) in outs.iter().enumerate() {
             for &o2 in &outs[j + 1..] {
                 if overlap(p.location[o.index()], p.location[o2.index()]) {
-                    return err(format!(
-                        "{id} writes its outputs {o} and {o2} over each other"
-                    ));
+                    return Err(V::OutputsOverlap {
+                        node: id,
+                        a: o,
+                        b: o2,
+                    });
                 }
             }
         }
         for (i, &x) in node.inputs.iter().enumerate() {
             let lx = p.location[x.index()];
             if !memory.holds(lx, content[x.index()]) {
-                return err(format!(
-                    "{id} ({}) reads {x} at [{}, {}), but those bytes no longer hold it",
-                    node.op.name(),
-                    lx.offset,
-                    lx.offset + lx.bytes
-                ));
+                return Err(V::ReadAfterOverwrite {
+                    node: id,
+                    op: node.op.name(),
+                    operand: x,
+                    start: lx.offset,
+                    end: lx.offset + lx.bytes,
+                });
             }
             for (j, &o) in outs.iter().enumerate() {
                 let lo = p.location[o.index()];
@@ -181,10 +319,12 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                         op => op.is_alias() || op.is_elementwise(),
                     };
                 if overlap(lx, lo) && !in_place_ok {
-                    return err(format!(
-                        "{id} ({}) writes over its operand {x} while reading it (its output {o})",
-                        node.op.name()
-                    ));
+                    return Err(V::WritesOverOperand {
+                        node: id,
+                        op: node.op.name(),
+                        operand: x,
+                        output: o,
+                    });
                 }
             }
         }
@@ -196,26 +336,29 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                     && w.offset < l.offset + l.bytes
             };
             if let Some(x) = node.inputs.iter().find(|x| overlap(p.location[x.index()])) {
-                return err(format!(
-                    "{id} ({}) has its workspace on its operand {x}",
-                    node.op.name()
-                ));
+                return Err(V::WorkspaceOnOperand {
+                    node: id,
+                    op: node.op.name(),
+                    operand: *x,
+                });
             }
-            if outs.iter().any(|&o| overlap(p.location[o.index()])) {
-                return err(format!(
-                    "{id} ({}) has its workspace on its own output",
-                    node.op.name()
-                ));
+            if let Some(&o) = outs.iter().find(|&&o| overlap(p.location[o.index()])) {
+                return Err(V::WorkspaceOnOutput {
+                    node: id,
+                    op: node.op.name(),
+                    output: o,
+                });
             }
             // Whatever lived there is gone: later reads of it must fail.
             memory.write(w, SCRATCH);
         }
         if node.op.is_alias() {
             if here != p.location[node.inputs[0].index()] {
-                return err(format!(
-                    "{} {id} is not placed on its operand",
-                    node.op.name()
-                ));
+                return Err(V::ViewNotOnOperand {
+                    node: id,
+                    op: node.op.name(),
+                    operand: node.inputs[0],
+                });
             }
             continue;
         }
@@ -225,25 +368,27 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     }
     for (name, &o) in &g.outputs {
         if !memory.holds(p.location[o.index()], content[o.index()]) {
-            return err(format!(
-                "output {name:?} ({o}) was overwritten before the step ended"
-            ));
+            return Err(V::OutputOverwritten {
+                name: name.clone(),
+                node: o,
+            });
         }
     }
     for &(v, t) in p.copies {
         if !memory.holds(p.location[v.index()], content[v.index()]) {
-            return err(format!(
-                "the new value {v} of {t} was overwritten before it was copied"
-            ));
+            return Err(V::UpdateOverwrittenBeforeCopy {
+                value: v,
+                target: t,
+            });
         }
         memory.write(p.location[t.index()], content[v.index()]);
     }
     for u in &g.updates {
         if !memory.holds(p.location[u.target.index()], content[u.value.index()]) {
-            return err(format!(
-                "{} does not hold its new value {} when the step ends",
-                u.target, u.value
-            ));
+            return Err(V::UpdateNotHeld {
+                target: u.target,
+                value: u.value,
+            });
         }
     }
     Ok(())

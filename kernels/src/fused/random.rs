@@ -38,7 +38,6 @@ impl Rng {
     }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Random kernels.
 
@@ -167,13 +166,7 @@ pub fn kernel(seed: u64, opts: &Options) -> FusedKernel {
 fn domain(r: &mut Rng, opts: &Options) -> Vec<usize> {
     let rank = r.below(5);
     let mut dims: Vec<usize> = (0..rank)
-        .map(|_| {
-            if r.chance(4) {
-                0
-            } else {
-                r.pick(opts.sizes)
-            }
-        })
+        .map(|_| if r.chance(4) { 0 } else { r.pick(opts.sizes) })
         .collect();
     if rank > 0 && !opts.long_sizes.is_empty() && r.chance(opts.long_percent) {
         let a = r.below(rank);

@@ -61,10 +61,7 @@ pub struct PlannedStep {
 impl PlannedStep {
     /// Checks the plan with the independent validator and makes the step's one allocation.
     pub fn new(graph: Graph, plan: MemoryPlan) -> Result<PlannedStep, ExecError> {
-        plan.validate(&graph).map_err(|e| ExecError::Invalid {
-            op: "plan",
-            reason: e.to_string(),
-        })?;
+        plan.validate(&graph)?;
         let location: Vec<Location> = graph.ids().map(|id| plan.location(&graph, id)).collect();
         let mut program = Vec::with_capacity(graph.len());
         let mut chunk_node = vec![None; graph.len()];

@@ -141,10 +141,7 @@ impl CudaStep {
         opts: CudaOptions,
         stored: Option<(&str, &[ingot_compiler::exe::Kernel])>,
     ) -> Result<CudaStep, ExecError> {
-        plan.validate(&graph).map_err(|e| ExecError::Invalid {
-            op: "plan",
-            reason: e.to_string(),
-        })?;
+        plan.validate(&graph)?;
         let mut program = Program::lower(&graph, &plan)?;
         if let Some((prelude, kernels)) = stored {
             program.adopt(prelude, kernels)?;

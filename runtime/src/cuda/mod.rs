@@ -7,10 +7,12 @@
 //! - [`deps`]: which of those operations wait for which (the step's dependency graph);
 //! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
 //! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step;
+//! - [`kernel_check`]: every kernel of a model, or random ones, on the GPU against the CPU;
 //! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`).
 
 pub mod deps;
 pub mod device;
+pub mod kernel_check;
 pub mod program;
 pub mod ptx;
 pub mod require;

@@ -1,0 +1,1205 @@
+//! The GPU's per-kernel numeric check: every distinct kernel of the given models' training
+//! steps (fused kernels, gather, scatter-add, concat), or random fused kernels
+//! ([`random::Options::exact`]), generated into one module, compiled once with NVRTC, run on
+//! the GPU on seeded random inputs, and compared with the CPU reference
+//! (`ingot_kernels::fused::cpu` for fused kernels, plain loops for the others).
+//!
+//! Shared by the test that runs it on the GPU machine (`runtime/tests/cuda_kernels.rs`) and the
+//! measuring program (`runtime/examples/cuda_kernels.rs`), which also times each kernel (CUDA
+//! events, median of 20 launches after 3 warm-ups, with its bandwidth: bytes of its inputs and
+//! outputs over the time, for gather and scatter-add of the rows they touch) and, with
+//! `variants`, every other way of generating it (`cuda::fused_tuned`).
+//!
+//! Floats pass when `max |gpu - cpu| / max(1, max |cpu|) <= 1e-5` (NaN where the CPU has NaN);
+//! integers and bools must be equal. Random kernels are built so that integer results do not
+//! depend on float rounding and are filled with exact values, so there GPU and CPU must agree
+//! bit for bit. Outputs are filled with 0xFF bytes before each run, so an element the kernel
+//! forgets to write shows. A fused kernel that may write an output over an input
+//! (`FusedKernel::can_write_over`) is run that way too, and checked again.
+
+use cudarc::driver::{result, sys};
+use ingot_compiler::ir::{Graph, Op};
+use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::fused::random;
+use ingot_kernels::fused::{cpu, FusedKernel, Inst};
+use ingot_kernels::{BinaryOp, DType, UnaryOp};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::time::Instant;
+
+type Res<T> = Result<T, String>;
+/// (dtype, elements) of each buffer.
+type Shapes = Vec<(DType, usize)>;
+
+fn driver<T>(what: &str, r: Result<T, result::DriverError>) -> Res<T> {
+    r.map_err(|e| format!("{what}: {e:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// What to run.
+
+/// One kernel to check.
+#[derive(Clone, Debug)]
+pub enum Work {
+    Fused(Box<FusedKernel>),
+    Gather {
+        table: DType,
+        ids: DType,
+        rows: usize,
+        row_len: usize,
+        n: usize,
+    },
+    Scatter {
+        ids: DType,
+        values: DType,
+        rows: usize,
+        row_len: usize,
+        n: usize,
+    },
+    Concat {
+        dtype: DType,
+        outer: usize,
+        widths: Vec<usize>,
+    },
+}
+
+/// A distinct kernel to check, generated.
+pub struct Item {
+    pub kernel: CudaKernel,
+    /// The same work generated otherwise, and how (`variants`).
+    pub variants: Vec<(String, CudaKernel)>,
+    pub work: Work,
+    /// Where it came from ("gpt2 x12").
+    pub origin: String,
+}
+
+impl Work {
+    fn generate(&self) -> Res<CudaKernel> {
+        let r = match self {
+            Work::Fused(k) => cuda::fused(k),
+            Work::Gather {
+                table,
+                ids,
+                rows,
+                row_len,
+                n,
+            } => cuda::gather(*table, *ids, *rows, *row_len, *n),
+            Work::Scatter {
+                ids,
+                values,
+                rows,
+                row_len,
+                n,
+            } => cuda::scatter_add(*ids, *values, *rows, *row_len, *n),
+            Work::Concat {
+                dtype,
+                outer,
+                widths,
+            } => cuda::concat(*dtype, *outer, widths),
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Work::Fused(_) => "fused",
+            Work::Gather { .. } => "gather",
+            Work::Scatter { .. } => "scatter_add",
+            Work::Concat { .. } => "concat",
+        }
+    }
+
+    /// Domain, reduce axes and strategy, in words.
+    fn shape(&self) -> String {
+        match self {
+            Work::Fused(k) => format!(
+                "domain {:?} reduce {:?} {}",
+                k.domain,
+                k.reduce_axes,
+                cuda::strategy(k).map_or("?", |s| s.name())
+            ),
+            Work::Gather {
+                rows, row_len, n, ..
+            } => format!("{n} ids into [{rows},{row_len}]"),
+            Work::Scatter {
+                rows, row_len, n, ..
+            } => format!("{n} rows of {row_len} into {rows}"),
+            Work::Concat { outer, widths, .. } => format!("[{outer}, {widths:?}]"),
+        }
+    }
+
+    /// (dtype, elements) of each input and each output, in parameter order.
+    fn buffers(&self) -> (Shapes, Shapes) {
+        match self {
+            Work::Fused(k) => (
+                k.inputs.iter().map(|i| (i.dtype, i.len)).collect(),
+                (0..k.outputs.len())
+                    .map(|j| (k.output_dtype(j), k.output_len(j)))
+                    .collect(),
+            ),
+            Work::Gather {
+                table,
+                ids,
+                rows,
+                row_len,
+                n,
+            } => (
+                vec![(*table, rows * row_len), (*ids, *n)],
+                vec![(*table, n * row_len)],
+            ),
+            Work::Scatter {
+                ids,
+                values,
+                rows,
+                row_len,
+                n,
+            } => (
+                vec![(*ids, *n), (*values, n * row_len)],
+                vec![(*values, rows * row_len)],
+            ),
+            Work::Concat {
+                dtype,
+                outer,
+                widths,
+            } => (
+                widths.iter().map(|w| (*dtype, outer * w)).collect(),
+                vec![(*dtype, outer * widths.iter().sum::<usize>())],
+            ),
+        }
+    }
+}
+
+/// Every fused kernel, gather, scatter-add and concat of a compiled graph.
+pub fn collect(graph: &Graph) -> Vec<Work> {
+    let mut out = Vec::new();
+    for node in graph.nodes() {
+        match &node.op {
+            Op::Fused(k) => out.push(Work::Fused(k.clone())),
+            Op::Gather => {
+                let (table, ids) = (graph.ty(node.inputs[0]), graph.ty(node.inputs[1]));
+                let dims = table.shape.dims();
+                out.push(Work::Gather {
+                    table: table.dtype,
+                    ids: ids.dtype,
+                    rows: dims.first().copied().unwrap_or(1),
+                    row_len: dims.iter().skip(1).product(),
+                    n: ids.shape.numel(),
+                });
+            }
+            Op::ScatterAdd { rows } => {
+                let (ids, values) = (graph.ty(node.inputs[0]), graph.ty(node.inputs[1]));
+                let n = ids.shape.numel();
+                out.push(Work::Scatter {
+                    ids: ids.dtype,
+                    values: values.dtype,
+                    rows: *rows,
+                    row_len: values.shape.numel().checked_div(n).unwrap_or(0),
+                    n,
+                });
+            }
+            Op::Concat { axis } => {
+                let dims = node.ty.shape.dims();
+                out.push(Work::Concat {
+                    dtype: node.ty.dtype,
+                    outer: dims[..*axis].iter().product(),
+                    widths: node
+                        .inputs
+                        .iter()
+                        .map(|&x| graph.ty(x).shape.dims()[*axis..].iter().product())
+                        .collect(),
+                });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data.
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// How to fill a buffer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fill {
+    /// Floats: triangular in [-2, 2]; integers in [0, 64); bools 0/1.
+    Signed,
+    /// Floats in [0.01, 2] (inputs that reach a sqrt or log); otherwise as `Signed`.
+    Positive,
+    /// Integers in [0, n) (ids).
+    Ids(u64),
+    /// Exact values: floats multiples of 1/8 in [-4, 4] with some NaN, ±inf, ±0, 1e20 and
+    /// 2^31 (random mode); integers in [-20, 20] with some extremes.
+    Exact,
+}
+
+fn fill(dtype: DType, len: usize, how: Fill, seed: u64) -> Vec<u8> {
+    let mut r = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut out = Vec::with_capacity(len * dtype.size());
+    for _ in 0..len {
+        let special = how == Fill::Exact && r.below(100) < 8;
+        let f = match how {
+            Fill::Positive => 0.01 + 1.99 * r.unit(),
+            Fill::Exact if special => [
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                -0.0,
+                0.0,
+                1e20,
+                -1e20,
+                2147483648.0,
+            ][r.below(8) as usize],
+            Fill::Exact => (r.below(65) as f64 - 32.0) / 8.0,
+            _ => 2.0 * (r.unit() + r.unit() - 1.0),
+        };
+        let i: i64 = match how {
+            Fill::Ids(n) => r.below(n) as i64,
+            Fill::Exact if special => {
+                [i64::MAX, i64::MIN, -1, i32::MAX as i64, i32::MIN as i64][r.below(5) as usize]
+            }
+            Fill::Exact => r.below(41) as i64 - 20,
+            _ => r.below(64) as i64,
+        };
+        match dtype {
+            DType::F32 => out.extend_from_slice(&(f as f32).to_ne_bytes()),
+            DType::F64 => out.extend_from_slice(&f.to_ne_bytes()),
+            DType::I32 => out.extend_from_slice(&(i as i32).to_ne_bytes()),
+            DType::I64 => out.extend_from_slice(&i.to_ne_bytes()),
+            DType::Bool => out.push((r.next() & 1) as u8),
+        }
+    }
+    out
+}
+
+/// Inputs whose values reach a sqrt or log through ops that keep positive values positive
+/// (add, mul, div, max, min, select, sums, converts, recip): filled with positive values, so
+/// that an optimizer's `sqrt(v)` is not NaN everywhere.
+fn positive_inputs(k: &FusedKernel) -> Vec<bool> {
+    let n = k.body.len();
+    let mut mark = vec![false; n];
+    for inst in &k.body {
+        if let Inst::Unary {
+            op: UnaryOp::Sqrt | UnaryOp::Log,
+            x,
+        } = *inst
+        {
+            mark[x] = true;
+        }
+    }
+    let mut pos = vec![false; k.inputs.len()];
+    for i in (0..n).rev() {
+        if !mark[i] {
+            continue;
+        }
+        match k.body[i] {
+            Inst::Load { input } => pos[input] = true,
+            Inst::Binary {
+                op: BinaryOp::Add | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min,
+                a,
+                b,
+            } => {
+                mark[a] = true;
+                mark[b] = true;
+            }
+            Inst::Select { a, b, .. } => {
+                mark[a] = true;
+                mark[b] = true;
+            }
+            Inst::Reduce { x, .. }
+            | Inst::Convert { x, .. }
+            | Inst::Unary {
+                op: UnaryOp::Recip | UnaryOp::Sqrt,
+                x,
+            } => mark[x] = true,
+            _ => {}
+        }
+    }
+    pos
+}
+
+fn inputs_for(work: &Work, seed: u64, exact: bool) -> Vec<Vec<u8>> {
+    let (ins, _) = work.buffers();
+    let pos = match work {
+        Work::Fused(k) => positive_inputs(k),
+        _ => vec![false; ins.len()],
+    };
+    ins.iter()
+        .enumerate()
+        .map(|(i, &(dt, len))| {
+            let how = match work {
+                _ if exact => Fill::Exact,
+                Work::Gather { rows, .. } if i == 1 => Fill::Ids(*rows as u64),
+                Work::Scatter { rows, .. } if i == 0 => Fill::Ids(*rows as u64),
+                _ if pos[i] => Fill::Positive,
+                _ => Fill::Signed,
+            };
+            fill(dt, len, how, seed.wrapping_add(i as u64 * 7919))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU references.
+
+fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
+    match work {
+        Work::Fused(k) => {
+            let ins: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+            cpu::run_buffers(k, &ins).map_err(|e| e.to_string())
+        }
+        Work::Gather {
+            table,
+            ids,
+            rows,
+            row_len,
+            n,
+        } => {
+            let s = table.size();
+            let mut out = vec![0u8; n * row_len * s];
+            for r in 0..*n {
+                let id = read_int(*ids, &inputs[1], r);
+                if id >= 0 && (id as u64) < *rows as u64 {
+                    let src = &inputs[0][id as usize * row_len * s..][..row_len * s];
+                    out[r * row_len * s..][..row_len * s].copy_from_slice(src);
+                }
+            }
+            Ok(vec![out])
+        }
+        Work::Scatter {
+            ids,
+            values,
+            rows,
+            row_len,
+            n,
+        } => {
+            let s = values.size();
+            let mut out = vec![0u8; rows * row_len * s];
+            for r in 0..*n {
+                let id = read_int(*ids, &inputs[0], r);
+                if id < 0 || id as u64 >= *rows as u64 {
+                    continue;
+                }
+                for c in 0..*row_len {
+                    let (o, v) = ((id as usize * row_len + c) * s, (r * row_len + c) * s);
+                    add_into(*values, &mut out[o..o + s], &inputs[1][v..v + s]);
+                }
+            }
+            Ok(vec![out])
+        }
+        Work::Concat {
+            dtype,
+            outer,
+            widths,
+        } => {
+            let s = dtype.size();
+            let total: usize = widths.iter().sum();
+            let mut out = vec![0u8; outer * total * s];
+            for o in 0..*outer {
+                let mut at = 0;
+                for (i, &w) in widths.iter().enumerate() {
+                    out[(o * total + at) * s..][..w * s]
+                        .copy_from_slice(&inputs[i][o * w * s..][..w * s]);
+                    at += w;
+                }
+            }
+            Ok(vec![out])
+        }
+    }
+}
+
+fn read_int(dt: DType, b: &[u8], i: usize) -> i64 {
+    match dt {
+        DType::I32 => i32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+fn add_into(dt: DType, acc: &mut [u8], v: &[u8]) {
+    match dt {
+        DType::F32 => {
+            let x = f32::from_ne_bytes(acc.try_into().unwrap())
+                + f32::from_ne_bytes(v.try_into().unwrap());
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::F64 => {
+            let x = f64::from_ne_bytes(acc.try_into().unwrap())
+                + f64::from_ne_bytes(v.try_into().unwrap());
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::I32 => {
+            let x = i32::from_ne_bytes(acc.try_into().unwrap())
+                .wrapping_add(i32::from_ne_bytes(v.try_into().unwrap()));
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::I64 => {
+            let x = i64::from_ne_bytes(acc.try_into().unwrap())
+                .wrapping_add(i64::from_ne_bytes(v.try_into().unwrap()));
+            acc.copy_from_slice(&x.to_ne_bytes());
+        }
+        DType::Bool => {}
+    }
+}
+
+/// `(ok, worst error, words)`: floats by relative error against `max(1, max |cpu|)`, NaN
+/// matching NaN; integers and bools exactly.
+fn compare(dt: DType, gpu: &[u8], cpu: &[u8]) -> (bool, f64, String) {
+    if gpu.len() != cpu.len() {
+        return (false, f64::INFINITY, "lengths differ".into());
+    }
+    let floats = |g: Vec<f64>, c: Vec<f64>| {
+        let scale = c
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(1f64, |m, x| m.max(x.abs()));
+        let (mut worst, mut at, mut nan_bad, mut inf_bad) = (0f64, 0usize, 0usize, 0usize);
+        for (i, (&g, &c)) in g.iter().zip(&c).enumerate() {
+            if c.is_nan() || g.is_nan() {
+                nan_bad += usize::from(c.is_nan() != g.is_nan());
+                continue;
+            }
+            if c.is_infinite() || g.is_infinite() {
+                inf_bad += usize::from(c != g);
+                continue;
+            }
+            let e = (g - c).abs() / scale;
+            if e > worst {
+                worst = e;
+                at = i;
+            }
+        }
+        let ok = worst <= 1e-5 && nan_bad == 0 && inf_bad == 0;
+        let mut words = format!("{worst:.1e}");
+        if worst > 1e-5 {
+            words += &format!(" at {at} (gpu {} cpu {})", g[at], c[at]);
+        }
+        if nan_bad + inf_bad > 0 {
+            words += &format!(" ({nan_bad} NaN and {inf_bad} inf mismatches)");
+        }
+        (ok, worst, words)
+    };
+    match dt {
+        DType::F32 => floats(
+            gpu.chunks_exact(4)
+                .map(|b| f32::from_ne_bytes(b.try_into().unwrap()) as f64)
+                .collect(),
+            cpu.chunks_exact(4)
+                .map(|b| f32::from_ne_bytes(b.try_into().unwrap()) as f64)
+                .collect(),
+        ),
+        DType::F64 => floats(
+            gpu.chunks_exact(8)
+                .map(|b| f64::from_ne_bytes(b.try_into().unwrap()))
+                .collect(),
+            cpu.chunks_exact(8)
+                .map(|b| f64::from_ne_bytes(b.try_into().unwrap()))
+                .collect(),
+        ),
+        _ => {
+            let s = dt.size();
+            let bad: Vec<usize> = (0..gpu.len() / s)
+                .filter(|&i| gpu[i * s..(i + 1) * s] != cpu[i * s..(i + 1) * s])
+                .collect();
+            match bad.first() {
+                None => (true, 0.0, "exact".into()),
+                Some(&i) => (
+                    false,
+                    f64::INFINITY,
+                    format!(
+                        "{} of {} differ, first at {i} (gpu {:?} cpu {:?})",
+                        bad.len(),
+                        gpu.len() / s,
+                        &gpu[i * s..(i + 1) * s],
+                        &cpu[i * s..(i + 1) * s]
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The device.
+
+struct Loaded {
+    module: sys::CUmodule,
+    functions: HashMap<String, sys::CUfunction>,
+}
+
+fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res<Loaded> {
+    let mut src = String::from(PRELUDE);
+    let mut seen = HashMap::new();
+    for it in items {
+        for k in std::iter::once(&it.kernel).chain(it.variants.iter().map(|(_, k)| k)) {
+            if seen.insert(k.name.clone(), ()).is_none() {
+                src.push_str(&k.source);
+            }
+        }
+    }
+    let t = Instant::now();
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            let _ = std::fs::write("/tmp/cuda_kernels_failed.cu", &src);
+            format!(
+                "NVRTC rejects the module (source in /tmp/cuda_kernels_failed.cu):\n{}",
+                log.to_string_lossy()
+            )
+        }
+        e => format!("NVRTC: {e:?}"),
+    })?;
+    log(&format!(
+        "compiled {} kernels ({} KiB of CUDA C) for {arch} in {:.1} s",
+        seen.len(),
+        src.len() / 1024,
+        t.elapsed().as_secs_f64()
+    ));
+    let image = CString::new(ptx.to_src()).map_err(|e| e.to_string())?;
+    let module = driver("loading the module", unsafe {
+        result::module::load_data(image.as_ptr() as *const c_void)
+    })?;
+    let mut functions = HashMap::new();
+    for name in seen.keys() {
+        let f = driver("cuModuleGetFunction", unsafe {
+            result::module::get_function(module, CString::new(name.as_str()).unwrap())
+        })?;
+        functions.insert(name.clone(), f);
+    }
+    Ok(Loaded { module, functions })
+}
+
+struct Buffers {
+    ptrs: Vec<sys::CUdeviceptr>,
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        for &p in &self.ptrs {
+            unsafe {
+                let _ = result::free_sync(p);
+            }
+        }
+    }
+}
+
+fn alloc(bytes: usize) -> Res<sys::CUdeviceptr> {
+    driver("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })
+}
+
+fn launch(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
+    let mut vals: Vec<u64> = args.to_vec();
+    let mut params: Vec<*mut c_void> = vals
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut c_void)
+        .collect();
+    let l = k.launch;
+    driver("cuLaunchKernel", unsafe {
+        result::launch_kernel(
+            f,
+            (l.grid[0], l.grid[1], l.grid[2]),
+            (l.block[0], l.block[1], l.block[2]),
+            l.shared_bytes,
+            std::ptr::null_mut(),
+            &mut params,
+        )
+    })
+}
+
+fn sync() -> Res<()> {
+    driver("kernel execution", result::ctx::synchronize())
+}
+
+struct Outcome {
+    ok: bool,
+    words: String,
+    micros: f64,
+    gbs: f64,
+    /// One line per variant.
+    variants: Vec<String>,
+}
+
+/// Registers a thread, and local memory a thread if any (spills, or arrays indexed at run
+/// time), as the loaded module says.
+fn resources(f: sys::CUfunction) -> String {
+    use sys::CUfunction_attribute_enum as A;
+    let get = |a| unsafe { result::function::get_function_attribute(f, a) }.unwrap_or(-1);
+    let regs = get(A::CU_FUNC_ATTRIBUTE_NUM_REGS);
+    match get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) {
+        0 => format!("{regs} regs"),
+        local => format!("{regs} regs, {local} B LOCAL"),
+    }
+}
+
+/// Median time of 20 launches of `k` after 3 warm-ups, in milliseconds.
+fn time_ms(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<f64> {
+    let start = driver(
+        "event",
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+    )?;
+    let end = driver(
+        "event",
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+    )?;
+    for _ in 0..3 {
+        launch(f, k, args)?;
+    }
+    sync()?;
+    let mut ms = Vec::new();
+    for _ in 0..20 {
+        unsafe {
+            driver("record", result::event::record(start, std::ptr::null_mut()))?;
+            launch(f, k, args)?;
+            driver("record", result::event::record(end, std::ptr::null_mut()))?;
+            driver("event sync", result::event::synchronize(end))?;
+            ms.push(driver("elapsed", result::event::elapsed(start, end))? as f64);
+        }
+    }
+    unsafe {
+        let _ = result::event::destroy(start);
+        let _ = result::event::destroy(end);
+    }
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(ms[ms.len() / 2])
+}
+
+/// Runs one kernel: upload, poison, launch, compare, time, and (if allowed) in place.
+fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res<Outcome> {
+    let f = dev.functions[&it.kernel.name];
+    let (ins, outs) = it.work.buffers();
+    let bytes: usize = ins.iter().chain(&outs).map(|&(d, n)| d.size() * n).sum();
+    // Bytes a launch moves: every input and output once, except that gather reads only the
+    // rows it picks and scatter-add touches only the rows it adds to.
+    let moved = match &it.work {
+        Work::Gather {
+            table,
+            ids,
+            row_len,
+            n,
+            ..
+        } => ids.size() * n + 2 * table.size() * n * row_len,
+        Work::Scatter {
+            ids,
+            values,
+            row_len,
+            n,
+            ..
+        } => ids.size() * n + 3 * values.size() * n * row_len,
+        _ => bytes,
+    };
+    let (free, _) = driver("cuMemGetInfo", result::mem_get_info())?;
+    if bytes + (256 << 20) > free {
+        return Err(format!(
+            "needs {} MiB, the device has {} MiB free",
+            bytes >> 20,
+            free >> 20
+        ));
+    }
+    let host_in = inputs_for(&it.work, seed, exact);
+    let want = reference(&it.work, &host_in)?;
+    let mut bufs = Buffers { ptrs: Vec::new() };
+    for (b, &(d, n)) in host_in.iter().zip(&ins) {
+        let p = alloc(d.size() * n)?;
+        bufs.ptrs.push(p);
+        driver("upload", unsafe { result::memcpy_htod_sync(p, b) })?;
+    }
+    let mut out_ptrs = Vec::new();
+    for &(d, n) in &outs {
+        let p = alloc(d.size() * n)?;
+        bufs.ptrs.push(p);
+        out_ptrs.push(p);
+    }
+    let poison = |ptrs: &[sys::CUdeviceptr]| -> Res<()> {
+        for (&p, &(d, n)) in ptrs.iter().zip(&outs) {
+            let v = if matches!(it.work, Work::Scatter { .. }) {
+                0
+            } else {
+                0xFF
+            };
+            driver("memset", unsafe {
+                result::memset_d8_sync(p, v, d.size() * n)
+            })?;
+        }
+        Ok(())
+    };
+    poison(&out_ptrs)?;
+    launch(f, &it.kernel, &bufs.ptrs)?;
+    sync()?;
+    let mut ok = true;
+    let mut words = Vec::new();
+    let mut worst = 0f64;
+    for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
+        let mut got = vec![0u8; d.size() * n];
+        driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
+        let (o, e, w) = compare(d, &got, &want[j]);
+        ok &= o;
+        worst = worst.max(e);
+        if !o || outs.len() == 1 || e > 0.0 {
+            words.push(format!("out{j} {w}"));
+        }
+    }
+    let mut text = if words.is_empty() {
+        format!("err {worst:.1e}")
+    } else {
+        words.join("; ")
+    };
+    // Timing.
+    let (mut micros, mut gbs) = (f64::NAN, f64::NAN);
+    if time {
+        let med = time_ms(f, &it.kernel, &bufs.ptrs)?;
+        micros = med * 1e3;
+        gbs = moved as f64 / (med * 1e-3) / 1e9;
+    }
+    // The other thread counts: poisoned outputs, compared, timed.
+    let mut variants = Vec::new();
+    for (t, vk) in &it.variants {
+        let vf = dev.functions[&vk.name];
+        poison(&out_ptrs)?;
+        launch(vf, vk, &bufs.ptrs)?;
+        sync()?;
+        let mut vok = true;
+        let mut bad = Vec::new();
+        for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
+            let mut got = vec![0u8; d.size() * n];
+            driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
+            let (o, _, w) = compare(d, &got, &want[j]);
+            if !o {
+                vok = false;
+                bad.push(format!("out{j} {w}"));
+            }
+        }
+        ok &= vok;
+        let med = time_ms(vf, vk, &bufs.ptrs)?;
+        variants.push(format!(
+            "{} {t:<22} block {:?} grid {:?} ({}) {:>9.1} us {:>7.1} GB/s{}",
+            if vok { "ok  " } else { "FAIL" },
+            vk.launch.block,
+            vk.launch.grid,
+            resources(vf),
+            med * 1e3,
+            moved as f64 / (med * 1e-3) / 1e9,
+            if bad.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", bad.join("; "))
+            }
+        ));
+    }
+    // In place: an output written over an input it may take the memory of.
+    if let Work::Fused(k) = &it.work {
+        let pair = (0..k.inputs.len())
+            .flat_map(|i| (0..k.outputs.len()).map(move |j| (i, j)))
+            .find(|&(i, j)| k.can_write_over(i, j));
+        if let Some((i, j)) = pair {
+            // Fresh copies of every output, but output j is input i's buffer.
+            let mut args = bufs.ptrs[..ins.len()].to_vec();
+            let mut fresh = Buffers { ptrs: Vec::new() };
+            let mut outs_here = Vec::new();
+            for (jj, &(d, n)) in outs.iter().enumerate() {
+                if jj == j {
+                    outs_here.push(args[i]);
+                } else {
+                    let p = alloc(d.size() * n)?;
+                    fresh.ptrs.push(p);
+                    outs_here.push(p);
+                }
+            }
+            for (jj, (&p, &(d, n))) in outs_here.iter().zip(&outs).enumerate() {
+                if jj != j {
+                    driver("memset", unsafe {
+                        result::memset_d8_sync(p, 0xFF, d.size() * n)
+                    })?;
+                }
+            }
+            // Input i must hold its data again (timing runs do not change inputs).
+            driver("upload", unsafe {
+                result::memcpy_htod_sync(args[i], &host_in[i])
+            })?;
+            args.extend(&outs_here);
+            launch(f, &it.kernel, &args)?;
+            sync()?;
+            let (d, n) = outs[j];
+            let mut got = vec![0u8; d.size() * n];
+            driver("download", unsafe {
+                result::memcpy_dtoh_sync(&mut got, outs_here[j])
+            })?;
+            let (o, _, w) = compare(d, &got, &want[j]);
+            ok &= o;
+            text += &if o {
+                format!("; in place out{j}=in{i} ok")
+            } else {
+                format!("; in place out{j}=in{i} FAILS: {w}")
+            };
+        }
+    }
+    Ok(Outcome {
+        ok,
+        words: text,
+        micros,
+        gbs,
+        variants,
+    })
+}
+
+/// The kernel generated otherwise (`--variants`): at every other thread count per row (32 to
+/// 1024) where it is a row-strategy kernel with full outputs and rows of at most 8192
+/// elements; one element a thread where it is an elementwise kernel that goes four; at every
+/// other number of rows a block (1 to 32) where it is a column-strategy kernel; and with every
+/// load read at every element where some of its loads are guarded.
+fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)> {
+    let mut out: Vec<(String, CudaKernel)> = Vec::new();
+    let mut add = |what: String, t: cuda::Tuning| {
+        if let Ok(v) = cuda::fused_tuned(k, t) {
+            if v.name != chosen.name && out.iter().all(|(_, o)| o.name != v.name) {
+                out.push((what, v));
+            }
+        }
+    };
+    match cuda::strategy(k) {
+        Ok(cuda::Strategy::Elementwise) => add(
+            "one element a thread".into(),
+            cuda::Tuning {
+                scalar_elementwise: true,
+                ..Default::default()
+            },
+        ),
+        Ok(cuda::Strategy::Rows) => {
+            let n: usize = k.reduce_axes.iter().map(|&a| k.domain[a]).product();
+            let full_out = k.outputs.iter().any(|o| !k.is_row_level(o.value));
+            if full_out && (2..=8192).contains(&n) {
+                for t in [32u32, 64, 128, 256, 512, 1024] {
+                    if t as usize > n.next_power_of_two() {
+                        break;
+                    }
+                    add(
+                        format!("{t} threads a row"),
+                        cuda::Tuning {
+                            row_threads: Some(t),
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+        }
+        Ok(cuda::Strategy::Columns) => {
+            for x in [1u32, 2, 4, 8, 16, 32] {
+                add(
+                    format!("{x} rows a block"),
+                    cuda::Tuning {
+                        column_rows: Some(x),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        _ => {}
+    }
+    add(
+        "unguarded loads".into(),
+        cuda::Tuning {
+            unguarded_loads: true,
+            ..Default::default()
+        },
+    );
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The check.
+
+/// Where the kernels come from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// Every distinct kernel of these models' training steps (default compile options).
+    Models(Vec<String>),
+    /// A random fused kernel ([`random::Options::exact`]) for each of these seeds.
+    Random(std::ops::Range<u64>),
+}
+
+/// What else to do besides checking each kernel once.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckOptions {
+    /// Time every kernel (20 launches after 3 warm-ups).
+    pub time: bool,
+    /// Also check and time every other way of generating each fused kernel.
+    pub variants: bool,
+}
+
+/// How a run went.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Distinct kernels checked.
+    pub kernels: usize,
+    pub passed: usize,
+    /// One line for each kernel that failed: its name, shape, error and where it came from.
+    pub failures: Vec<String>,
+}
+
+/// The kernels of `source`, deduplicated by generated name, each with where it came from
+/// ("gpt2 x12"). Needs no GPU.
+pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
+    let mut items: Vec<Item> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut uses: Vec<Vec<(String, usize)>> = Vec::new();
+    let mut add = |work: Work, origin: &str, items: &mut Vec<Item>| -> Res<()> {
+        let kernel = work.generate().map_err(|e| format!("{origin}: {e}"))?;
+        match index.get(&kernel.name) {
+            Some(&i) => {
+                let u = &mut uses[i];
+                match u.iter_mut().find(|(m, _)| m == origin) {
+                    Some((_, c)) => *c += 1,
+                    None => u.push((origin.to_string(), 1)),
+                }
+            }
+            None => {
+                index.insert(kernel.name.clone(), items.len());
+                uses.push(vec![(origin.to_string(), 1)]);
+                let variants = match &work {
+                    Work::Fused(k) if variants => variants_of(k, &kernel),
+                    _ => Vec::new(),
+                };
+                items.push(Item {
+                    kernel,
+                    variants,
+                    work,
+                    origin: String::new(),
+                });
+            }
+        }
+        Ok(())
+    };
+    match source {
+        Source::Random(seeds) => {
+            let opts = random::Options::exact();
+            for seed in seeds.clone() {
+                let k = random::kernel(seed, &opts);
+                add(
+                    Work::Fused(Box::new(k)),
+                    &format!("seed {seed}"),
+                    &mut items,
+                )?;
+            }
+        }
+        Source::Models(models) => {
+            for m in models {
+                let model = ingot_compiler::models::by_name(m).map_err(|e| format!("{m}: {e}"))?;
+                let c = ingot_compiler::pipeline::compile(&model, &Default::default())
+                    .map_err(|e| format!("{m}: {e}"))?;
+                for w in collect(&c.graph) {
+                    add(w, m, &mut items)?;
+                }
+            }
+        }
+    }
+    for (it, u) in items.iter_mut().zip(&uses) {
+        it.origin = u
+            .iter()
+            .map(|(m, c)| format!("{m} x{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
+    Ok(items)
+}
+
+/// Checks every kernel of `source` on GPU 0, writing a line per kernel (and, when timing, the
+/// slowest) to `log`. An error is a setup failure (no driver or NVRTC, a kernel NVRTC rejects,
+/// a model that does not compile); a kernel whose results differ is a failure in the summary.
+pub fn check_kernels(
+    source: &Source,
+    opts: CheckOptions,
+    log: &mut dyn FnMut(&str),
+) -> Res<Summary> {
+    // SAFETY: only try to open the libraries.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda.so could not be loaded)".into());
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("the CUDA driver is present but NVRTC is not; install NVRTC".into());
+    }
+    let items = kernels_of(source, opts.variants)?;
+    let exact = matches!(source, Source::Random(_));
+
+    // Device.
+    driver("cuInit", result::init())?;
+    let dev = driver("cuDeviceGet", result::device::get(0))?;
+    let name = driver("device name", result::device::get_name(dev))?;
+    let attr = |a| {
+        driver("attribute", unsafe {
+            result::device::get_attribute(dev, a)
+        })
+    };
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let ctx = driver("context", unsafe { result::primary_ctx::retain(dev) })?;
+    driver("context", unsafe { result::ctx::set_current(ctx) })?;
+    log(&format!("device: {name} (compute {major}.{minor})"));
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let device = compile(&items, arch, log)?;
+
+    let t0 = Instant::now();
+    let mut summary = Summary {
+        kernels: items.len(),
+        ..Summary::default()
+    };
+    let mut slow: Vec<(f64, String)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let t = Instant::now();
+        let r = check_one(&device, it, 1 + i as u64, exact, opts.time);
+        let head = format!(
+            "{} {:<11} {:<48} grid {:?} block {:?} ({})",
+            it.kernel.name,
+            it.work.kind(),
+            it.work.shape(),
+            it.kernel.launch.grid,
+            it.kernel.launch.block,
+            resources(device.functions[&it.kernel.name]),
+        );
+        let description = || match &it.work {
+            Work::Fused(k) => format!("\n{k}"),
+            _ => String::new(),
+        };
+        match r {
+            Ok(o) => {
+                let status = if o.ok { "ok" } else { "FAIL" };
+                let timing = if o.micros.is_nan() {
+                    String::new()
+                } else {
+                    format!(" {:>9.1} us {:>7.1} GB/s", o.micros, o.gbs)
+                };
+                log(&format!(
+                    "{status:<4} {head}{timing} [{}] ({}; {:.1} s)",
+                    o.words,
+                    it.origin,
+                    t.elapsed().as_secs_f64()
+                ));
+                for v in &o.variants {
+                    log(&format!("       {v}"));
+                }
+                if !o.micros.is_nan() {
+                    slow.push((o.micros, format!("{} {}", it.kernel.name, it.work.shape())));
+                }
+                if o.ok {
+                    summary.passed += 1;
+                } else {
+                    summary.failures.push(format!(
+                        "{head} [{}] ({}){}",
+                        o.words,
+                        it.origin,
+                        description()
+                    ));
+                }
+            }
+            Err(e) => {
+                let line = format!("{head}: {e} ({}){}", it.origin, description());
+                log(&format!("FAIL {line}"));
+                summary.failures.push(line);
+            }
+        }
+    }
+    slow.sort_by(|a, b| b.0.total_cmp(&a.0));
+    if !slow.is_empty() {
+        log("slowest:");
+        for (us, what) in slow.iter().take(8) {
+            log(&format!("  {us:>10.1} us  {what}"));
+        }
+    }
+    log(&format!(
+        "{} passed, {} failed, of {} distinct kernels ({:.1} s)",
+        summary.passed,
+        summary.failures.len(),
+        items.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+    unsafe {
+        let _ = result::module::unload(device.module);
+        let _ = result::primary_ctx::release(dev);
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(xs: &[f32]) -> Vec<u8> {
+        xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn floats_pass_within_the_tolerance_and_nan_must_match_nan() {
+        let cpu = f32s(&[1.0, f32::NAN, -2.0, f32::INFINITY]);
+        assert!(compare(DType::F32, &cpu, &cpu).0);
+        assert!(
+            compare(
+                DType::F32,
+                &f32s(&[1.000001, f32::NAN, -2.0, f32::INFINITY]),
+                &cpu
+            )
+            .0
+        );
+        assert!(
+            !compare(
+                DType::F32,
+                &f32s(&[1.001, f32::NAN, -2.0, f32::INFINITY]),
+                &cpu
+            )
+            .0
+        );
+        assert!(!compare(DType::F32, &f32s(&[1.0, 0.0, -2.0, f32::INFINITY]), &cpu).0);
+        assert!(!compare(DType::F32, &f32s(&[1.0, f32::NAN, -2.0, f32::MAX]), &cpu).0);
+        // An unwritten output (0xFF bytes) is a NaN where the CPU has a number.
+        assert!(!compare(DType::F32, &[0xFF; 16], &cpu).0);
+        assert!(!compare(DType::I32, &[0, 0, 0, 1], &[0, 0, 0, 0]).0);
+        assert!(!compare(DType::F32, &cpu[..8], &cpu).0);
+    }
+
+    #[test]
+    fn the_mlp_step_yields_distinct_fused_kernels_with_their_origins() {
+        let items = kernels_of(&Source::Models(vec!["mlp".into()]), false).unwrap();
+        assert!(items.len() >= 5, "{} kernels", items.len());
+        let mut names: Vec<&str> = items.iter().map(|i| i.kernel.name.as_str()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), items.len(), "kernels are not distinct");
+        assert!(items.iter().all(|i| i.origin.starts_with("mlp x")));
+        // Every one has a CPU reference that runs on its random inputs.
+        for it in &items {
+            let ins = inputs_for(&it.work, 1, false);
+            let outs = reference(&it.work, &ins).unwrap();
+            assert_eq!(outs.len(), it.work.buffers().1.len());
+        }
+    }
+
+    #[test]
+    fn random_sources_are_exact_kernels_that_check() {
+        let items = kernels_of(&Source::Random(0..20), false).unwrap();
+        assert!(items.len() >= 18, "{} distinct of 20", items.len());
+        for it in &items {
+            let Work::Fused(k) = &it.work else {
+                panic!("not fused")
+            };
+            assert_eq!(k.check(), Ok(()));
+        }
+    }
+}
