@@ -5,6 +5,7 @@ pub mod autodiff;
 pub mod error;
 pub mod exe;
 pub mod fuse;
+pub mod fuzz;
 pub mod ir;
 pub mod models;
 pub mod pipeline;

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod executor;
+pub mod fuzz;
 pub mod init;
 pub mod io;
 pub mod session;
