@@ -1,0 +1,4 @@
+//! `Executable::from_bytes`; the body and its property: `ingot_compiler::fuzz::executable`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_compiler::fuzz::executable(data));
