@@ -9,9 +9,10 @@
 # a time: runtime/tests/cuda.rs, GPU vs CPU over 10 steps, zero allocation over 1000 steps,
 # TF32; runtime/tests/cuda_kernels.rs, every distinct kernel of mlp, gpt-mini and gpt2 and 300
 # random kernels against the CPU, in place too; and any other runtime/tests/cuda*.rs), kernels
-# (the kernel timings, each kernel checked on the way: runtime/examples/cuda_kernels.rs), train (`ingot train --device cuda` on each model, strict
-# f32 and TF32), compare (losses and parameters against PyTorch on the GPU), bench (the side by
-# side benchmark against PyTorch and JAX). Logs go to OUT/*.txt.
+# (the kernel timings, each kernel checked on the way: runtime/examples/cuda_kernels.rs), train
+# (`ingot train --device cuda` on each model, strict f32 and TF32), compare (losses and
+# parameters against PyTorch on the GPU), bench (the side by side benchmark against PyTorch and
+# JAX). Logs go to OUT/*.txt.
 #
 # INGOT_REQUIRE_GPU=1 is set for everything: a GPU test that finds no usable GPU fails instead
 # of skipping, so a broken driver cannot pass as a green run.

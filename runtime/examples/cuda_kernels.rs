@@ -13,7 +13,8 @@
 //! timed the same way (`cuda::fused_tuned`). `--random N` checks N random fused kernels
 //! instead (seeds 0 to N-1 of `fused::random::Options::exact`), untimed.
 //!
-//! Exit status 1 if any kernel fails; 0 with "skipping: <reason>" on machines without a GPU.
+//! Exit status 1 if any kernel fails; 0 with "skipping: <reason>" on machines without a GPU,
+//! unless `INGOT_REQUIRE_GPU=1` asks for one (then 1).
 
 use ingot_runtime::cuda::kernel_check::{check_kernels, CheckOptions, Source};
 
@@ -37,6 +38,10 @@ fn main() {
         _ => Source::Models(args),
     };
     if let Err(e) = ingot_runtime::cuda::available() {
+        if ingot_runtime::cuda::require::gpu_required() {
+            eprintln!("cuda_kernels: INGOT_REQUIRE_GPU is set but there is no usable GPU: {e}");
+            std::process::exit(1);
+        }
         println!("skipping: {e}");
         return;
     }
