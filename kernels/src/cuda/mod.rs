@@ -51,6 +51,13 @@
 //!   X is 32, or 16 or 8 when that leaves too few blocks to fill the GPU; X·Y is 256, or 1024
 //!   when blocks are few.
 //!
+//! A thread whose share of a row holds more than 1024 terms of a float sum adds them in blocks
+//! of 1024, each block's sum into a second accumulator that moves into the thread's total every
+//! 1024 blocks, so that f32 sums stay accurate at any length (the threads' partials are then
+//! combined by shuffles and shared memory as above); shorter shares keep the plain loop. Float
+//! `max`/`min` and the running max of a reduction propagate NaN (the prelude's `ig_max`,
+//! `ig_min`, `ig_keep_max`; `fmaxf`/`fminf` would drop it).
+//!
 //! Grids are capped (132 · 32 blocks for elementwise loops, 2^20 for rows and columns); the
 //! kernels loop over the rest, so any size runs.
 //! Every size and stride is a literal in the source (divisions by constants become
