@@ -552,6 +552,65 @@ mod tests {
     }
 
     #[test]
+    fn a_cascade_of_2_pow_27_plus_16_ones_is_exact_and_fills_five_levels() {
+        let n = (1usize << 27) + 16;
+        let mut acc = [0f32; LEVELS];
+        for k in 0..n {
+            Cascade::push(&mut acc, k, 1.0);
+        }
+        // 64^4 = 2^24 < n: levels 0 to 4 hold something.
+        assert_eq!(Cascade::used(n), 5);
+        assert_eq!(Cascade::finish(&acc, n) as usize, n);
+        let mut acc = [0f32; LEVELS];
+        for k in 0..(1usize << 25) {
+            Cascade::push(&mut acc, k, 1.0);
+        }
+        assert_eq!(Cascade::finish(&acc, 1 << 25), (1u32 << 25) as f32);
+    }
+
+    #[test]
+    fn cascades_side_by_side_give_each_cascade_s_bits() {
+        let (w, n) = (5usize, 300_000usize);
+        let v = |k: usize, j: usize| ((k * 7919 + j * 104_729) % 1000) as f32 * 1e-3 - 0.3;
+        let mut l0 = vec![0f32; w];
+        let mut upper = vec![0f32; (LEVELS - 1) * w];
+        let mut one = vec![[0f32; LEVELS]; w];
+        for k in 0..n {
+            let row: Vec<f32> = (0..w).map(|j| v(k, j)).collect();
+            Cascade::push_lanes(&mut l0, &mut upper, k, &row);
+            for (j, acc) in one.iter_mut().enumerate() {
+                Cascade::push(acc, k, row[j]);
+            }
+        }
+        Cascade::finish_lanes(&mut l0, &upper, n);
+        for j in 0..w {
+            assert_eq!(
+                l0[j].to_bits(),
+                Cascade::finish(&one[j], n).to_bits(),
+                "lane {j}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sum_of_up_to_one_block_is_its_eight_partials_and_longer_runs_cascade_blocks() {
+        let x: Vec<f32> = (0..3000).map(|i| 1.0 / (i as f32 + 1.0)).collect();
+        assert_eq!(
+            sum_run(&x[..1024]).to_bits(),
+            sum_block(&x[..1024]).to_bits()
+        );
+        let mut acc = [0f32; LEVELS];
+        for (k, b) in x.chunks(RUN_BLOCK).enumerate() {
+            Cascade::push(&mut acc, k, sum_block(b));
+        }
+        // Three blocks: level 0 only, 0 + b0 + b1 + b2.
+        let want =
+            ((0.0 + sum_block(&x[..1024])) + sum_block(&x[1024..2048])) + sum_block(&x[2048..]);
+        assert_eq!(Cascade::finish(&acc, 3).to_bits(), want.to_bits());
+        assert_eq!(sum_run(&x).to_bits(), want.to_bits());
+    }
+
+    #[test]
     fn integer_sums_wrap_instead_of_panicking() {
         let mut out = [0i32];
         reduce(ReduceKind::Sum, &[i32::MAX, 1], &[2], &[0], &mut out);
