@@ -580,6 +580,10 @@ fn representative() -> Vec<(&'static str, FusedKernel)> {
         ("empty_rows_none", empty_rows(0)),
         ("size_one_reduce", size_one_reduce(1000)),
         ("total_sum", total_sum(8192)),
+        // Threads with more than 1024 terms of a float sum block them (see cuda::fused).
+        ("softmax_rows_2e22", softmax(2, 1 << 22)),
+        ("column_sum_tall", column_sum(1 << 22, 64)),
+        ("total_sum_2e27", total_sum((1 << 27) + 16)),
         ("scalar", scalar()),
         ("huge", huge()),
         ("many_rows", many_rows()),

@@ -471,18 +471,34 @@ fn a_column_sum_and_max_over_axis_0_equal_row_major_loops_bit_for_bit() {
     assert_eq!(k.output_dims(0), vec![1, c]);
     let x = data(r * c, 12, 10.0);
     let got = run(&k, &[bytes_f32(&x)]);
-    let (mut ws, mut wm, mut ws2) = (vec![0f32; c], vec![f32::NEG_INFINITY; c], vec![0f32; c]);
+    let (mut ws, mut wm, mut ws2) = (vec![0f64; c], vec![f32::NEG_INFINITY; c], vec![0f64; c]);
     for i in 0..r {
         for j in 0..c {
             let v = x[i * c + j];
-            ws[j] += v;
+            ws[j] += v as f64;
             wm[j] = if v > wm[j] { v } else { wm[j] };
-            ws2[j] += v * v;
+            ws2[j] += (v * v) as f64;
         }
     }
-    assert_eq!(got[0], ws);
+    // The sums cascade (300 terms: groups of 64), as the unfused reduce does, bit for bit.
+    let unfused = |x: &[f32]| {
+        let mut o = vec![0f32; c];
+        ingot_kernels::cpu::reduce(
+            ingot_kernels::cpu::ReduceKind::Sum,
+            x,
+            &[r, c],
+            &[0],
+            &mut o,
+        );
+        o
+    };
+    let sq: Vec<f32> = x.iter().map(|v| v * v).collect();
+    assert_eq!(got[0], unfused(&x));
+    assert_eq!(got[2], unfused(&sq));
+    // 300 terms of up to 10 in magnitude: f32 rounding of the partial sums is ~1e-5.
+    assert_close("column sum", &got[0], &ws, 1e-4);
+    assert_close("column sum of squares", &got[2], &ws2, 1e-6);
     assert_eq!(got[1], wm);
-    assert_eq!(got[2], ws2);
 }
 
 #[test]

@@ -123,6 +123,9 @@ impl V {
                 Sub => a - b,
                 Mul => a * b,
                 Div => a / b,
+                // NaN propagates (either operand NaN gives NaN).
+                Max if a.is_nan() || b.is_nan() => a + b,
+                Min if a.is_nan() || b.is_nan() => a + b,
                 Max => a.max(b),
                 Min => a.min(b),
             }),
@@ -131,6 +134,9 @@ impl V {
                 Sub => a - b,
                 Mul => a * b,
                 Div => a / b,
+                // NaN propagates (either operand NaN gives NaN).
+                Max if a.is_nan() || b.is_nan() => a + b,
+                Min if a.is_nan() || b.is_nan() => a + b,
                 Max => a.max(b),
                 Min => a.min(b),
             }),
@@ -184,14 +190,14 @@ impl V {
     }
 
     /// `acc ⊕ x` for a reduction: sum (wrapping for integers), or max keeping `acc` unless `x`
-    /// is strictly greater.
+    /// is strictly greater or NaN (so NaN propagates).
     fn fold(self, op: ReduceOp, x: V) -> V {
         match op {
             ReduceOp::Sum => self.binary(BinaryOp::Add, x),
             ReduceOp::Max => {
                 let greater = match (self, x) {
-                    (V::F32(a), V::F32(b)) => b > a,
-                    (V::F64(a), V::F64(b)) => b > a,
+                    (V::F32(a), V::F32(b)) => b > a || b.is_nan(),
+                    (V::F64(a), V::F64(b)) => b > a || b.is_nan(),
                     (V::I32(a), V::I32(b)) => b > a,
                     (V::I64(a), V::I64(b)) => b > a,
                     (a, b) => panic!("naive: max of {a:?} and {b:?}"),
@@ -215,6 +221,55 @@ impl V {
             (op, d) => panic!("naive: {op:?} over {d}"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The documented summation order (ingot_kernels::cpu::reduce), written out independently.
+
+/// Terms of a run summed as one block.
+const RUN_BLOCK: usize = 1024;
+/// Values a cascade level adds one after another.
+const FAN: usize = 64;
+/// Cascade levels.
+const LEVELS: usize = 8;
+
+/// Eight interleaved partials from `id`, combined `((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))`.
+fn eight_partials(ts: &[V], id: V, f: impl Fn(V, V) -> V) -> V {
+    let mut p = [id; 8];
+    for (n, &t) in ts.iter().enumerate() {
+        p[n % 8] = f(p[n % 8], t);
+    }
+    f(
+        f(f(p[0], p[4]), f(p[2], p[6])),
+        f(f(p[1], p[5]), f(p[3], p[7])),
+    )
+}
+
+/// The cascade of `values`: at each level, groups of FAN consecutive values summed one after
+/// another from zero; every group but the last moves up to the next level as one value (the
+/// top level sums all it gets); the result is `acc[top] + (… + (acc[1] + acc[0]))`, over the
+/// levels that got anything.
+fn cascade(values: &[V], zero: V, f: impl Fn(V, V) -> V + Copy) -> V {
+    let serial = |vs: &[V]| vs.iter().fold(zero, |a, &v| f(a, v));
+    let mut accs = Vec::new();
+    let mut level: Vec<V> = values.to_vec();
+    for l in 0..LEVELS {
+        if level.is_empty() {
+            break;
+        }
+        if l + 1 == LEVELS || level.len() <= FAN {
+            accs.push(serial(&level));
+            break;
+        }
+        let last = (level.len() - 1) / FAN * FAN;
+        accs.push(serial(&level[last..]));
+        level = level[..last].chunks(FAN).map(serial).collect();
+    }
+    let mut r = accs.first().copied().unwrap_or(zero);
+    for &a in accs.iter().skip(1) {
+        r = f(a, r);
+    }
+    r
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -331,26 +386,29 @@ impl<'a> Naive<'a> {
             }
         }
         let &(run_len, innermost_reduced) = groups.last().unwrap();
+        let f = |a: V, b: V| a.fold(op, b);
+        if op == ReduceOp::Sum {
+            // Runs cut into blocks of RUN_BLOCK terms (eight interleaved partials each), the
+            // blocks' sums cascaded; kept innermost axis: the terms cascaded.
+            let values: Vec<V> = if innermost_reduced {
+                terms
+                    .chunks(run_len)
+                    .flat_map(|run| run.chunks(RUN_BLOCK).map(|b| eight_partials(b, id, f)))
+                    .collect()
+            } else {
+                terms
+            };
+            return cascade(&values, id, f);
+        }
         if !innermost_reduced {
             return terms.iter().fold(id, |acc, &t| acc.fold(op, t));
         }
-        let run = |ts: &[V]| {
-            let mut p = [id; 8];
-            for (n, &t) in ts.iter().enumerate() {
-                p[n % 8] = p[n % 8].fold(op, t);
-            }
-            let f = |a: V, b: V| a.fold(op, b);
-            f(
-                f(f(p[0], p[4]), f(p[2], p[6])),
-                f(f(p[1], p[5]), f(p[3], p[7])),
-            )
-        };
         if terms.len() == run_len {
-            run(&terms)
+            eight_partials(&terms, id, f)
         } else {
             terms
                 .chunks(run_len)
-                .fold(id, |acc, ts| acc.fold(op, run(ts)))
+                .fold(id, |acc, ts| acc.fold(op, eight_partials(ts, id, f)))
         }
     }
 

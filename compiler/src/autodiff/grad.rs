@@ -194,10 +194,15 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
                     let t = g.mul(gy, t)?;
                     g.neg(t)
                 }
-                // Ties send the gradient to the second operand, so relu(x) = max(x, 0) has
-                // gradient 0 at x = 0, as PyTorch's relu does.
-                (BinaryOp::Max, _) => route(g, CmpOp::Gt, a, c, slot, gy),
-                (BinaryOp::Min, _) => route(g, CmpOp::Lt, a, c, slot, gy),
+                // The second operand takes the gradient where `a <= c` (`a >= c` for min), the
+                // first elsewhere: where `a` wins, and where either is NaN (the output is NaN
+                // then). Ties go to the second operand, so max(x, 0) has gradient 0 at x = 0 and
+                // the gradient itself at x = NaN, as PyTorch's relu backward
+                // (`threshold_backward`: the gradient where the output is not <= 0). PyTorch's
+                // `maximum` of two tensors gives a NaN operand's gradient to both operands (and
+                // half to each at ties); here one operand takes all of it.
+                (BinaryOp::Max, _) => route(g, CmpOp::Le, a, c, slot, gy),
+                (BinaryOp::Min, _) => route(g, CmpOp::Ge, a, c, slot, gy),
             }
         }
         Op::Select => {
@@ -252,7 +257,9 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             op: ReduceOp::Max,
             axes,
         } => {
-            // Ties share the gradient equally, as PyTorch's amax does.
+            // Ties share the gradient equally, as PyTorch's amax does: `(gy / count) · hit`.
+            // A NaN max matches no element (count 0), so its row's gradient is NaN, as
+            // PyTorch's (`gy / 0 · 0`).
             let yb = g.broadcast_to(y, xs.clone())?;
             let hit = g.compare(CmpOp::Eq, x, yb)?;
             let dt = g.ty(x).dtype;
@@ -260,8 +267,7 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             let count = g.sum(hits, axes)?;
             let share = g.div(gy, count)?;
             let share = g.broadcast_to(share, xs)?;
-            let zero = g.full_like(0.0, share)?;
-            g.select(hit, share, zero)
+            g.mul(share, hits)
         }
         Op::MatMul { ta, tb } => {
             // y = A'B' with A' = A^T if ta, else A (B' likewise). dA' = gy B'^T and
@@ -299,7 +305,8 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
     }
 }
 
-/// Gradient of `max`/`min`: operand 0 takes it where `a cmp c` holds, operand 1 elsewhere.
+/// Gradient of `max`/`min`: operand 1 takes it where `a cmp c` holds, operand 0 elsewhere
+/// (where the comparison fails, a NaN operand included).
 fn route(
     g: &mut Graph,
     cmp: CmpOp,
@@ -308,12 +315,12 @@ fn route(
     slot: usize,
     gy: NodeId,
 ) -> Result<NodeId> {
-    let first = g.compare(cmp, a, c)?;
+    let second = g.compare(cmp, a, c)?;
     let zero = g.full_like(0.0, gy)?;
     if slot == 0 {
-        g.select(first, gy, zero)
+        g.select(second, zero, gy)
     } else {
-        g.select(first, zero, gy)
+        g.select(second, gy, zero)
     }
 }
 

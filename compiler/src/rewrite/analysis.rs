@@ -179,8 +179,7 @@ fn fold(
                 .try_fold(1usize, |acc, &a| acc.checked_mul(*dims.get(a)?))?;
             match op {
                 ReduceOp::Sum => sum_of(v, count, dtype),
-                // The kernel starts from -inf and ignores NaN.
-                ReduceOp::Max if v.is_nan() => Some(f64::NEG_INFINITY),
+                // The max of copies of `v` is `v`, NaN included (NaN propagates through max).
                 ReduceOp::Max => Some(v),
             }
         }
@@ -260,6 +259,8 @@ pub fn binary(b: BinaryOp, x: f64, y: f64, dtype: DType) -> Option<f64> {
                 BinaryOp::Sub => x - y,
                 BinaryOp::Mul => x * y,
                 BinaryOp::Div => x / y,
+                // NaN propagates, as in the kernels (`f64::max` would drop it).
+                BinaryOp::Max | BinaryOp::Min if x.is_nan() || y.is_nan() => x + y,
                 BinaryOp::Max => x.max(y),
                 BinaryOp::Min => x.min(y),
             } as f64)

@@ -120,6 +120,7 @@ fn eval(g: &Graph) -> Vec<T> {
                 BinaryOp::Sub => x[0] - x[1],
                 BinaryOp::Mul => x[0] * x[1],
                 BinaryOp::Div => x[0] / x[1],
+                BinaryOp::Max | BinaryOp::Min if x[0].is_nan() || x[1].is_nan() => f64::NAN,
                 BinaryOp::Max => x[0].max(x[1]),
                 BinaryOp::Min => x[0].min(x[1]),
             }),
@@ -187,6 +188,7 @@ fn eval(g: &Graph) -> Vec<T> {
                     let o = &mut out[ravel(&idx, &dims)];
                     *o = match op {
                         ReduceOp::Sum => *o + x,
+                        ReduceOp::Max if o.is_nan() || x.is_nan() => f64::NAN,
                         ReduceOp::Max => o.max(x),
                     };
                 }
@@ -615,14 +617,28 @@ fn folded_reductions_follow_the_kernels() {
     let s = g.sum(a, &[0, 1]).unwrap(); // 6
     let m = g.max(a, &[1]).unwrap(); // 0.5
     let n = g.full(f64::NAN, [2], DType::F32).unwrap();
-    let mn = g.max(n, &[0]).unwrap(); // the kernel ignores NaN: -inf
+    let mn = g.max(n, &[0]).unwrap(); // NaN propagates through max: NaN
     g.set_output("sum", s).unwrap();
     g.set_output("max", m).unwrap();
     g.set_output("max_nan", mn).unwrap();
     let (out, _) = simplify(&g, &RewriteOptions::default()).unwrap();
     assert_eq!(full_value(&out, out.outputs["sum"]), 6.0);
     assert_eq!(full_value(&out, out.outputs["max"]), 0.5);
-    assert_eq!(full_value(&out, out.outputs["max_nan"]), f64::NEG_INFINITY);
+    assert!(full_value(&out, out.outputs["max_nan"]).is_nan());
+}
+
+#[test]
+fn folding_max_and_min_of_a_nan_constant_gives_nan() {
+    let mut g = Graph::new();
+    let n = g.full(f64::NAN, [2], DType::F32).unwrap();
+    let z = g.full(0.0, [2], DType::F32).unwrap();
+    let mx = g.binary(BinaryOp::Max, n, z).unwrap();
+    let mn = g.binary(BinaryOp::Min, z, n).unwrap();
+    g.set_output("max", mx).unwrap();
+    g.set_output("min", mn).unwrap();
+    let (out, _) = simplify(&g, &RewriteOptions::default()).unwrap();
+    assert!(full_value(&out, out.outputs["max"]).is_nan());
+    assert!(full_value(&out, out.outputs["min"]).is_nan());
 }
 
 #[test]

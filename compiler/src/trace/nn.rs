@@ -9,7 +9,8 @@
 //! - `linear`: `x · Wᵀ + b`, with `W` stored `[out, in]`.
 //! - `layer_norm`: `(x − mean) / sqrt(var + eps) · weight + bias`, biased variance, last axis.
 //! - `gelu_tanh`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (`approximate="tanh"`).
-//! - `relu`: `x` where `x > 0`, else 0 (see [`relu`] for why a select and not a max).
+//! - `relu`: 0 where `x <= 0`, else `x` (NaN stays NaN; see [`relu`] for why a select and not
+//!   a max).
 //! - `softmax`, `log_softmax`: over the last axis, shifted by the row max.
 //! - `causal_self_attention`: nanoGPT's `CausalSelfAttention` without dropout.
 //! - `softmax_cross_entropy`: `F.cross_entropy(logits, targets)` with `reduction="mean"`.
@@ -179,16 +180,19 @@ pub fn gelu_tanh(g: &mut Graph, x: NodeId) -> Result<NodeId> {
     g.mul(half_x, one_plus)
 }
 
-/// ReLU: `x` where `x > 0`, else 0.
+/// ReLU: 0 where `x <= 0`, else `x`; NaN stays NaN, as PyTorch's `relu` keeps it.
 ///
-/// Spelled as `select(x > 0, x, 0)` rather than `max(x, 0)`: the forward values are the same, and
-/// the gradient is then exactly PyTorch's (`grad · (x > 0)`, zero at `x == 0`) whatever rule the
-/// autodiff uses for ties in `max`; the backward also keeps only a one-byte mask, not `x`.
+/// Spelled as `select(x <= 0, 0, x)` rather than `max(x, 0)`: the forward values are the same,
+/// and the gradient is then exactly PyTorch's whatever rule the autodiff uses for ties in `max`:
+/// PyTorch's backward (`threshold_backward(grad, result, 0)`) passes the gradient where the
+/// output is not `<= 0`, so zero at `x == 0` and the gradient itself where `x` is NaN. The
+/// backward also keeps only a one-byte mask, not `x`. (Written `select(x > 0, x, 0)`, a NaN
+/// input would give 0: a model with NaN weights would report a finite loss.)
 pub fn relu(g: &mut Graph, x: NodeId) -> Result<NodeId> {
     let dtype = g.ty(x).dtype;
     let zero = g.full(0.0, Shape::scalar(), dtype)?;
-    let pos = g.compare(CmpOp::Gt, x, zero)?;
-    g.select(pos, x, zero)
+    let off = g.compare(CmpOp::Le, x, zero)?;
+    g.select(off, zero, x)
 }
 
 /// Softmax over the last axis: `exp(x − max) / Σ exp(x − max)`.

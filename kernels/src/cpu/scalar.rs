@@ -1,7 +1,10 @@
 //! The element types the numeric kernels are generic over, and the arithmetic they need.
 //!
 //! Integer arithmetic wraps (two's complement), so that no input makes a kernel panic, in debug
-//! builds included. Float `max` follows [`f32::max`]: a NaN operand is ignored unless both are NaN.
+//! builds included. Float `max` and `min` propagate NaN (a NaN operand gives NaN), as PyTorch's
+//! `maximum`/`minimum` and XLA's `max`/`min` do: unlike [`f32::max`], which ignores a NaN
+//! operand, so that a model whose weights hold NaN would otherwise report a finite loss
+//! through a ReLU.
 
 /// A numeric element: `f32`, `f64`, `i32` or `i64`.
 pub trait Scalar: Copy + PartialOrd + Send + Sync + std::fmt::Debug + 'static {
@@ -11,8 +14,10 @@ pub trait Scalar: Copy + PartialOrd + Send + Sync + std::fmt::Debug + 'static {
     const LOWEST: Self;
     /// Sum; wrapping for integers.
     fn add(self, other: Self) -> Self;
-    /// Larger of the two; for floats a NaN operand is ignored (as in [`f32::max`]).
+    /// Larger of the two; for floats NaN if either operand is NaN.
     fn max(self, other: Self) -> Self;
+    /// Whether this is a float NaN (never for integers).
+    fn is_nan(self) -> bool;
 }
 
 macro_rules! float_scalar {
@@ -26,7 +31,16 @@ macro_rules! float_scalar {
             }
             #[inline(always)]
             fn max(self, other: Self) -> Self {
-                <$t>::max(self, other)
+                let m = <$t>::max(self, other);
+                if self.is_nan() || other.is_nan() {
+                    self + other
+                } else {
+                    m
+                }
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
             }
         }
     };
@@ -45,6 +59,10 @@ macro_rules! int_scalar {
             fn max(self, other: Self) -> Self {
                 Ord::max(self, other)
             }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                false
+            }
         }
     };
 }
@@ -55,7 +73,7 @@ int_scalar!(i32);
 int_scalar!(i64);
 
 /// The rest of the arithmetic of the numeric dtypes, as the IR's elementwise ops define it:
-/// integers wrap, float `min` ignores a NaN operand like [`f32::min`]. The unfused executor and
+/// integers wrap, float `min` propagates NaN (as `max` does, see [`Scalar::max`]). The unfused executor and
 /// the fused kernels both compute through these, so they mean the same thing.
 pub trait Num: Scalar {
     fn sub(self, o: Self) -> Self;
@@ -87,7 +105,12 @@ macro_rules! float_num {
             }
             #[inline(always)]
             fn min(self, o: Self) -> Self {
-                <$t>::min(self, o)
+                let m = <$t>::min(self, o);
+                if self.is_nan() || o.is_nan() {
+                    self + o
+                } else {
+                    m
+                }
             }
             #[inline(always)]
             fn neg(self) -> Self {

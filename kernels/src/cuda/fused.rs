@@ -29,6 +29,12 @@ const FEW_ROWS: usize = 64;
 const FILL: usize = 2 * 132;
 /// Static shared memory a block may declare.
 const MAX_SHARED: usize = 48 * 1024;
+/// The most terms a thread adds one after another into one float sum: a thread whose share of
+/// a row is longer sums it in blocks of this many terms, adds each block's sum into a second
+/// accumulator, and that one into the thread's total every this many blocks (a cascade, as the
+/// CPU's; see [`crate::cpu::reduce`]), so that f32 sums stay accurate at any length. Threads
+/// with at most this many terms (every reduction of the reference models) keep the plain loop.
+pub(crate) const THREAD_BLOCK: usize = 1024;
 
 pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
     k.check()?;
@@ -1131,9 +1137,20 @@ impl<'a> Analysis<'a> {
                         let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
                         src.line(format!("{} a{r} = {};", c_type(ty), identity(op, ty)));
                     }
+                    // Float sums over more than THREAD_BLOCK terms a thread are blocked.
+                    let blocked_sums: Vec<usize> = these
+                        .iter()
+                        .copied()
+                        .filter(|&r| {
+                            reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float()
+                        })
+                        .collect();
+                    let blocked = !cache
+                        && !blocked_sums.is_empty()
+                        && n.div_ceil(step as usize) > THREAD_BLOCK;
                     let mut b = Src {
                         text: String::new(),
-                        depth: body_depth(&src),
+                        depth: body_depth(&src) + usize::from(blocked),
                     };
                     let insts = &pass_full[p - 1];
                     red_space.decompose(&mut b, "j", ix, &loop_need(insts, false, &loaded));
@@ -1146,17 +1163,21 @@ impl<'a> Analysis<'a> {
                         let Inst::Reduce { x, .. } = k.body[r] else {
                             continue;
                         };
+                        let acc = if blocked && blocked_sums.contains(&r) {
+                            format!("s{r}")
+                        } else {
+                            format!("a{r}")
+                        };
                         b.line(format!(
-                            "a{r} = {};",
-                            accumulate(
-                                reduce_op(&k.body[r]),
-                                self.dt[r],
-                                &format!("a{r}"),
-                                &format!("v{x}")
-                            )
+                            "{acc} = {};",
+                            accumulate(reduce_op(&k.body[r]), self.dt[r], &acc, &format!("v{x}"))
                         ));
                     }
-                    emit_loop(&mut src, &b.text);
+                    if blocked {
+                        self.emit_blocked_loop(&mut src, &blocked_sums, n, start, step, &b.text);
+                    } else {
+                        emit_loop(&mut src, &b.text);
+                    }
                     // Combine the partials of the threads that share the row.
                     match lay {
                         Layout::Columns { y, .. } => {
@@ -1287,6 +1308,69 @@ impl<'a> Analysis<'a> {
             }
         }
         Ok((text, launch))
+    }
+
+    /// The loop over a thread's elements of the row with its float sums `sums` blocked (see
+    /// [`THREAD_BLOCK`]): `body` adds each term into `s{r}`, the block's sum, which goes into
+    /// `m{r}` at the end of the block; every THREAD_BLOCK blocks `m{r}` goes into `a{r}`.
+    fn emit_blocked_loop(
+        &self,
+        src: &mut Src,
+        sums: &[usize],
+        n: usize,
+        start: &str,
+        step: u32,
+        body: &str,
+    ) {
+        let (ix, t) = (self.ix, self.ix.ty());
+        let span = (step as usize).saturating_mul(THREAD_BLOCK);
+        src.line(format!(
+            "// float sums in blocks of {THREAD_BLOCK} terms a thread, cascaded (accurate at any length)"
+        ));
+        for &r in sums {
+            let ty = self.dt[r];
+            src.line(format!("{} m{r} = {};", c_type(ty), literal(0.0, ty)));
+        }
+        src.line("unsigned nb = 0u;");
+        src.open(format!(
+            "for ({t} jb = {start}; jb < {n}; jb += {span}) {{",
+            n = ix.lit(n),
+            span = ix.lit(span)
+        ));
+        src.line(format!(
+            "const {t} je = {n} - jb > {span} ? jb + {span} : {n};",
+            n = ix.lit(n),
+            span = ix.lit(span)
+        ));
+        for &r in sums {
+            let ty = self.dt[r];
+            src.line(format!("{} s{r} = {};", c_type(ty), literal(0.0, ty)));
+        }
+        src.open(format!(
+            "for ({t} j = jb; j < je; j += {}) {{",
+            ix.lit(step as usize)
+        ));
+        src.text.push_str(body);
+        src.close();
+        let flush: Vec<String> = sums
+            .iter()
+            .map(|r| format!("m{r} = m{r} + s{r};"))
+            .collect();
+        src.line(flush.join(" "));
+        let up: Vec<String> = sums
+            .iter()
+            .map(|&r| format!("a{r} = a{r} + m{r}; m{r} = {};", literal(0.0, self.dt[r])))
+            .collect();
+        src.line(format!(
+            "if (++nb == {THREAD_BLOCK}u) {{ {} nb = 0u; }}",
+            up.join(" ")
+        ));
+        src.close();
+        let last: Vec<String> = sums
+            .iter()
+            .map(|r| format!("a{r} = a{r} + m{r};"))
+            .collect();
+        src.line(last.join(" "));
     }
 
     /// Writes full instruction `i` inside a loop over the row (`at`: the input addresses and
@@ -1606,15 +1690,16 @@ impl<'a> Analysis<'a> {
                     (BinaryOp::Sub, _) if float => format!("{a} - {b}"),
                     (BinaryOp::Mul, _) if float => format!("{a} * {b}"),
                     (BinaryOp::Div, _) if float => format!("{a} / {b}"),
-                    (BinaryOp::Max, DType::F32) => format!("fmaxf({a}, {b})"),
-                    (BinaryOp::Max, DType::F64) => format!("fmax({a}, {b})"),
-                    (BinaryOp::Min, DType::F32) => format!("fminf({a}, {b})"),
-                    (BinaryOp::Min, DType::F64) => format!("fmin({a}, {b})"),
                     (BinaryOp::Add, DType::I32 | DType::I64) => format!("ig_add({a}, {b})"),
                     (BinaryOp::Sub, DType::I32 | DType::I64) => format!("ig_sub({a}, {b})"),
                     (BinaryOp::Mul, DType::I32 | DType::I64) => format!("ig_mul({a}, {b})"),
-                    (BinaryOp::Max, DType::I32 | DType::I64) => format!("ig_max({a}, {b})"),
-                    (BinaryOp::Min, DType::I32 | DType::I64) => format!("ig_min({a}, {b})"),
+                    // The prelude's float overloads propagate NaN (fmaxf/fminf drop it).
+                    (BinaryOp::Max, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
+                        format!("ig_max({a}, {b})")
+                    }
+                    (BinaryOp::Min, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
+                        format!("ig_min({a}, {b})")
+                    }
                     _ => return Err(unsupported(binary_name(op), d)),
                 }
             }

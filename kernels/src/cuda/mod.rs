@@ -51,6 +51,13 @@
 //!   X is 32, or 16 or 8 when that leaves too few blocks to fill the GPU; X·Y is 256, or 1024
 //!   when blocks are few.
 //!
+//! A thread whose share of a row holds more than 1024 terms of a float sum adds them in blocks
+//! of 1024, each block's sum into a second accumulator that moves into the thread's total every
+//! 1024 blocks, so that f32 sums stay accurate at any length (the threads' partials are then
+//! combined by shuffles and shared memory as above); shorter shares keep the plain loop. Float
+//! `max`/`min` and the running max of a reduction propagate NaN (the prelude's `ig_max`,
+//! `ig_min`, `ig_keep_max`; `fmaxf`/`fminf` would drop it).
+//!
 //! Grids are capped (132 · 32 blocks for elementwise loops, 2^20 for rows and columns); the
 //! kernels loop over the rest, so any size runs.
 //! Every size and stride is a literal in the source (divisions by constants become
@@ -188,8 +195,15 @@ __device__ __forceinline__ int ig_max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ long long ig_max(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ int ig_min(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ long long ig_min(long long a, long long b) { return a < b ? a : b; }
-// The running max of a reduction: a term replaces it only when strictly greater (NaN never does).
-template <typename T> __device__ __forceinline__ T ig_keep_max(T m, T t) { return t > m ? t : m; }
+// Float max and min propagate NaN, as PyTorch's maximum/minimum and XLA do (fmaxf and fminf
+// return the other operand).
+__device__ __forceinline__ float ig_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ double ig_max(double a, double b) { return (a != a || b != b) ? a + b : fmax(a, b); }
+__device__ __forceinline__ float ig_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+__device__ __forceinline__ double ig_min(double a, double b) { return (a != a || b != b) ? a + b : fmin(a, b); }
+// The running max of a reduction: a term replaces it when strictly greater or NaN, so NaN
+// propagates (a NaN running max stays: nothing compares greater).
+template <typename T> __device__ __forceinline__ T ig_keep_max(T m, T t) { return (t > m || t != t) ? t : m; }
 // Conversions as Rust's `as`: float to integer truncates and saturates, NaN gives 0 (the
 // conversion instructions saturate, but give the lowest value for NaN in 64 bits); to bool is
 // "nonzero"; bool reads as 0 or 1.

@@ -38,11 +38,15 @@
 //! # Summation order
 //! Reductions fold in exactly the order [`crate::cpu::reduce`] uses for a tensor shaped like the
 //! domain, so a fused reduction gives the unfused op's bits: in the rows case, each contiguous
-//! run along the trailing reduced axes is folded into eight interleaved partials combined as
-//! `((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))`, and a row with several runs (a reduced axis before a
-//! kept one) folds the runs' results from the identity in row-major order; in the columns case
-//! every lane folds its terms one by one in row-major order from the identity. Max keeps the
-//! earlier of two equal values and ignores NaN terms (`x > acc`).
+//! run along the trailing reduced axes is folded, in blocks of [`RUN_BLOCK`] terms, into eight
+//! interleaved partials combined as `((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))`, and the block sums
+//! of all the row's runs (a reduced axis before a kept one gives several), in row-major order,
+//! go to a [`Cascade`] in the reduction's slot; in the columns case every lane's terms, in
+//! row-major order, go to a cascade (its level 0 the lane buffer, the upper levels in scratch
+//! that only kernels with more than [`FAN`] terms get). No accumulator takes more than
+//! `RUN_BLOCK / 8` terms of a run or [`FAN`] other values one after another, so f32 sums stay
+//! accurate at any length. Max does not cascade; it keeps the earlier of two equal values and
+//! propagates NaN (`x > acc || x is NaN`).
 //!
 //! # In place
 //! Within a chunk every instruction is evaluated (every input element read, whether copied or
@@ -53,6 +57,7 @@
 
 use super::check::{checked_numel, code_dtype, operands};
 use super::{FusedKernel, Inst, KernelError};
+use crate::cpu::reduce::{keep_max, Cascade, FAN, LEVELS, RUN_BLOCK};
 use crate::cpu::scalar::{Float, Num};
 use crate::cpu::Scalar;
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
@@ -68,8 +73,12 @@ const MIN_LANES: usize = 16;
 const LANE_BUDGET: usize = 8192;
 /// Bytes per lane in a lane buffer (the widest dtype).
 const WORD: usize = 8;
-/// Elements in a reduction's accumulator slot: eight partials, then the row's fold.
+/// Elements in a reduction's accumulator slot (rows case): eight partials, then the row's
+/// cascade of block sums (its level 0 at [`RUNS`], which ends as the row's result; a max
+/// folds its runs there).
 const SLOT: usize = 16;
+const RUNS: usize = 8;
+const _: () = assert!(RUNS + LEVELS <= SLOT);
 
 // Instruction flags.
 const ROW: usize = 1;
@@ -113,6 +122,9 @@ struct Layout {
     meta_bytes: usize,
     buf_bytes: usize,
     part_bytes: usize,
+    /// Upper cascade levels of the columns case's reductions, `LEVELS - 1` lane vectors each;
+    /// only for kernels whose reductions take more than [`FAN`] terms (0 bytes otherwise).
+    level_bytes: usize,
     total: usize,
 }
 
@@ -146,19 +158,45 @@ impl Layout {
             .checked_next_multiple_of(ALIGN)?;
         let buf_bytes = n.checked_mul(lanes * WORD + SKEW)?;
         let part_bytes = n.checked_mul(SLOT * WORD)?;
+        let level_bytes = if long_columns(k) {
+            n_red.checked_mul((LEVELS - 1) * lanes * WORD)?
+        } else {
+            0
+        };
         let total = ALIGN
             .checked_add(meta_bytes)?
             .checked_add(buf_bytes)?
-            .checked_add(part_bytes)?;
+            .checked_add(part_bytes)?
+            .checked_add(level_bytes)?;
         Some(Layout {
             pb,
             lanes,
             meta_bytes,
             buf_bytes,
             part_bytes,
+            level_bytes,
             total,
         })
     }
+}
+
+/// Whether `k` takes the columns case (see [`analyze`]) with more than [`FAN`] terms per
+/// reduction, so that its sums need cascade levels beyond their lane buffers.
+fn long_columns(k: &FusedKernel) -> bool {
+    let dims = &k.domain;
+    let red = |d: usize| k.reduce_axes.contains(&d);
+    let any_reduced = k
+        .reduce_axes
+        .iter()
+        .any(|&a| dims.get(a).is_some_and(|&d| d != 1));
+    let innermost_kept = (0..dims.len())
+        .rev()
+        .find(|&d| dims[d] != 1)
+        .is_some_and(|d| !red(d));
+    let terms = k.reduce_axes.iter().fold(1usize, |t, &a| {
+        t.saturating_mul(dims.get(a).copied().unwrap_or(1))
+    });
+    any_reduced && innermost_kept && terms > FAN
 }
 
 /// The kernel's analysis, in the scratch region.
@@ -575,17 +613,6 @@ impl<T: Num + Elem> NumElem for T {}
 trait FloatElem: Float + Elem {}
 impl<T: Float + Elem> FloatElem for T {}
 
-/// `max` as reductions compute it (see [`crate::cpu::reduce`]): `x` replaces `acc` only when
-/// strictly greater.
-#[inline(always)]
-fn keep_max<T: PartialOrd>(acc: T, x: T) -> T {
-    if x > acc {
-        x
-    } else {
-        acc
-    }
-}
-
 fn typed<T: Pod>(b: &[u8]) -> R<&[T]> {
     <[T]>::ref_from_bytes(b).map_err(|_| KernelError::Internal("lane buffer misaligned"))
 }
@@ -854,6 +881,9 @@ struct Plan<'a> {
     case: Case,
     passes: usize,
     n_t: usize,
+    /// Rows case: runs per row; columns case: terms per output (both: the product of the
+    /// reduced axes outside the chunk axes).
+    n_o: usize,
     lanes: usize,
     /// Bytes between consecutive lane buffers.
     stride: usize,
@@ -875,6 +905,9 @@ struct State<'a> {
     src: &'a mut [usize],
     bufs: &'a mut [u8],
     parts: &'a mut [u8],
+    /// Columns case: upper cascade levels, `(LEVELS - 1) * lanes` values per reduction in
+    /// the order of the pass lists (empty when no reduction takes more than [`FAN`] terms).
+    levels: &'a mut [u8],
     lo: &'a mut [u8],
     hi: &'a mut [u8],
 }
@@ -1229,23 +1262,48 @@ impl Plan<'_> {
         Ok(())
     }
 
-    /// Reduction slots (rows case): `what` 0 starts a pass (row fold = identity), 1 starts a run
-    /// (partials = identity), 2 finishes a run.
-    fn slots(&self, st: &mut State<'_>, p: usize, what: u8, multi: bool) -> R {
+    /// Reduction slots (rows case), see [`SlotStep`]; `run` is the run's index in its row.
+    fn slots(&self, st: &mut State<'_>, p: usize, what: SlotStep, run: usize) -> R {
+        let runs = Runs {
+            multi: !self.o_axes.is_empty(),
+            index: run,
+            count: self.n_o,
+            len: self.n_t,
+        };
         for &r in list(self.acc_start, self.acc, p) {
             let Inst::Reduce { op, .. } = self.k.body[r] else {
                 return Err(KernelError::Internal("not a reduction"));
             };
             let dt = self.dtype(r);
             let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * dt.size())?;
-            by_num!(dt, slot_op(op, slot, what, multi))?;
+            by_num!(dt, slot_op(op, slot, what, runs))?;
         }
         Ok(())
     }
 
-    /// Accumulates the pass's reductions over the chunk's `len` lanes.
-    fn accumulate(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
-        for &r in list(self.acc_start, self.acc, p) {
+    /// Columns case: the upper cascade levels of the `c`-th reduction of the pass lists, on
+    /// `len` lanes (empty when the kernel has none).
+    fn levels<'m>(&self, levels: &'m mut [u8], c: usize, len: usize, sz: usize) -> R<&'m mut [u8]> {
+        if levels.is_empty() {
+            return Ok(&mut []);
+        }
+        let per = (LEVELS - 1) * self.lanes * WORD;
+        sub_mut(levels, c * per, (LEVELS - 1) * len * sz)
+    }
+
+    /// The pass's reductions with their index in the pass lists.
+    fn reductions(&self, p: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let first = self.acc_start.get(p).copied().unwrap_or(0);
+        list(self.acc_start, self.acc, p)
+            .iter()
+            .enumerate()
+            .map(move |(q, &r)| (first + q, r))
+    }
+
+    /// Accumulates the pass's reductions over the chunk's `len` lanes: at position `p0` of run
+    /// `term` of the row (rows case), or as term `term` of every lane (columns case).
+    fn accumulate(&self, st: &mut State<'_>, p: usize, len: usize, p0: usize, term: usize) -> R {
+        for (c, r) in self.reductions(p) {
             let Inst::Reduce { op, x } = self.k.body[r] else {
                 return Err(KernelError::Internal("not a reduction"));
             };
@@ -1254,7 +1312,8 @@ impl Plan<'_> {
             if self.case == Case::Rows {
                 let xs = self.value(st.src, st.bufs, st.lo, st.hi, x, len)?;
                 let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * sz)?;
-                by_num!(dt, acc_run(op, xs, slot))?;
+                let first = term * self.n_t.div_ceil(RUN_BLOCK);
+                by_num!(dt, acc_run(op, xs, slot, p0, first))?;
             } else {
                 let at = r * self.stride;
                 if at > st.bufs.len() {
@@ -1263,7 +1322,8 @@ impl Plan<'_> {
                 let (before, rest) = st.bufs.split_at_mut(at);
                 let xs = self.value(st.src, before, st.lo, st.hi, x, len)?;
                 let acc = sub_mut(rest, 0, len * sz)?;
-                by_num!(dt, acc_lanes(op, xs, acc))?;
+                let upper = self.levels(st.levels, c, len, sz)?;
+                by_num!(dt, acc_lanes(op, xs, acc, upper, term))?;
             }
         }
         Ok(())
@@ -1271,13 +1331,36 @@ impl Plan<'_> {
 
     /// Columns case: the pass's reductions start at the identity on `len` lanes.
     fn init_lanes(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
-        for &r in list(self.acc_start, self.acc, p) {
+        for (c, r) in self.reductions(p) {
             let Inst::Reduce { op, .. } = self.k.body[r] else {
                 return Err(KernelError::Internal("not a reduction"));
             };
             let dt = self.dtype(r);
             let b = sub_mut(st.bufs, r * self.stride, len * dt.size())?;
             by_num!(dt, fill_identity(op, b))?;
+            self.levels(st.levels, c, len, dt.size())?.fill(0);
+        }
+        Ok(())
+    }
+
+    /// Columns case: the pass's sums of `n_o` terms collect their cascade levels into their
+    /// lane buffers.
+    fn finish_lanes(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
+        if st.levels.is_empty() {
+            return Ok(());
+        }
+        for (c, r) in self.reductions(p) {
+            let Inst::Reduce { op, .. } = self.k.body[r] else {
+                return Err(KernelError::Internal("not a reduction"));
+            };
+            if op != ReduceOp::Sum {
+                continue;
+            }
+            let dt = self.dtype(r);
+            let sz = dt.size();
+            let acc = sub_mut(st.bufs, r * self.stride, len * sz)?;
+            let upper = self.levels(st.levels, c, len, sz)?;
+            by_num!(dt, finish_cascade_lanes(acc, upper, self.n_o))?;
         }
         Ok(())
     }
@@ -1320,37 +1403,39 @@ impl Plan<'_> {
             return Ok(());
         }
         let o_empty = self.o_axes.iter().any(|&a| dims[a] == 0);
-        let multi = !self.o_axes.is_empty();
         let w = self.lanes.min(self.n_t);
         st.idx.fill(0);
         loop {
             self.stage(st, 0, 1, 0, w)?;
             for p in 0..self.passes {
                 let last = p + 1 == self.passes;
-                self.slots(st, p, 0, multi)?;
+                self.slots(st, p, SlotStep::StartRow, 0)?;
                 if !o_empty {
                     for &a in self.o_axes {
                         st.idx[a] = 0;
                     }
+                    let mut run = 0;
                     loop {
-                        self.slots(st, p, 1, multi)?;
+                        self.slots(st, p, SlotStep::StartRun, run)?;
                         let mut p0 = 0;
                         while p0 < self.n_t {
                             let len = self.lanes.min(self.n_t - p0);
                             self.set_t(st.idx, p0);
                             self.eval_pass(st, p, len, p0)?;
-                            self.accumulate(st, p, len)?;
+                            self.accumulate(st, p, len, p0, run)?;
                             if last {
                                 let e = self.ravel(st.idx);
                                 self.store(st, true, e, len)?;
                             }
                             p0 += len;
                         }
-                        self.slots(st, p, 2, multi)?;
+                        self.slots(st, p, SlotStep::EndRun, run)?;
+                        run += 1;
                         if !next(st.idx, self.o_axes, dims) {
                             break;
                         }
                     }
+                    self.slots(st, p, SlotStep::EndRow, run)?;
                 }
                 self.stage(st, p + 1, 1, 0, w)?;
             }
@@ -1382,9 +1467,11 @@ impl Plan<'_> {
                         for &a in self.o_axes {
                             st.idx[a] = 0;
                         }
+                        let mut term = 0;
                         loop {
                             self.eval_pass(st, p, len, p0)?;
-                            self.accumulate(st, p, len)?;
+                            self.accumulate(st, p, len, p0, term)?;
+                            term += 1;
                             if last {
                                 let e = self.ravel(st.idx);
                                 self.store(st, true, e, len)?;
@@ -1393,6 +1480,7 @@ impl Plan<'_> {
                                 break;
                             }
                         }
+                        self.finish_lanes(st, p, len)?;
                     }
                     self.stage(st, p + 1, len, p0, 0)?;
                 }
@@ -1455,50 +1543,130 @@ fn fold8<T: Copy>(x: &[T], p: &mut [T; 8], f: impl Fn(T, T) -> T) {
     }
 }
 
-/// Rows case: folds a chunk (which starts at a multiple of 8 in its run) into the slot's eight
-/// interleaved partials.
-fn acc_run<T: NumElem>(op: ReduceOp, x: &[u8], slot: &mut [u8]) -> R {
+/// The eight partials of a block combined, `((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))`.
+#[inline(always)]
+fn combine8<T: Copy>(s: &[T], f: impl Fn(T, T) -> T) -> T {
+    f(
+        f(f(s[0], s[4]), f(s[2], s[6])),
+        f(f(s[1], s[5]), f(s[3], s[7])),
+    )
+}
+
+/// Rows case: folds a chunk, at position `p0` of its run (a multiple of 8), into the slot's
+/// eight interleaved partials; a sum's partials restart at every multiple of [`RUN_BLOCK`],
+/// after their block's sum goes to the row's cascade as value `first + p / RUN_BLOCK - 1`
+/// (`first`: the run's first block's index in the row), as [`crate::cpu::reduce`] does.
+fn acc_run<T: NumElem>(op: ReduceOp, x: &[u8], slot: &mut [u8], p0: usize, first: usize) -> R {
     let x = typed::<T>(x)?;
     let slot = typed_mut::<T>(slot)?;
+    if slot.len() < SLOT {
+        return Err(KernelError::Internal("reduction slot"));
+    }
     let mut p = [T::ZERO; 8];
-    p.copy_from_slice(sub(slot, 0, 8)?);
+    p.copy_from_slice(&slot[..8]);
     match op {
-        ReduceOp::Sum => fold8(x, &mut p, T::add),
+        ReduceOp::Sum => {
+            let (mut pos, mut rest) = (p0, x);
+            while !rest.is_empty() {
+                if pos > 0 && pos.is_multiple_of(RUN_BLOCK) {
+                    let b = combine8(&p, T::add);
+                    Cascade::push(
+                        &mut slot[RUNS..RUNS + LEVELS],
+                        first + pos / RUN_BLOCK - 1,
+                        b,
+                    );
+                    p = [T::ZERO; 8];
+                }
+                let take = rest.len().min(RUN_BLOCK - pos % RUN_BLOCK);
+                fold8(&rest[..take], &mut p, T::add);
+                pos += take;
+                rest = &rest[take..];
+            }
+        }
         ReduceOp::Max => fold8(x, &mut p, keep_max),
     }
-    sub_mut(slot, 0, 8)?.copy_from_slice(&p);
+    slot[..8].copy_from_slice(&p);
     Ok(())
 }
 
-fn slot_op<T: NumElem>(op: ReduceOp, slot: &mut [u8], what: u8, multi: bool) -> R {
+/// What [`slot_op`] does to a rows-case reduction slot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SlotStep {
+    /// A pass over a row starts: the row's cascade (or fold) is empty.
+    StartRow,
+    /// A run starts: partials at the identity.
+    StartRun,
+    /// A run ends: its last block goes to the row's cascade (a max's run into the row's fold).
+    EndRun,
+    /// The row's runs are all in: its result is collected at [`RUNS`].
+    EndRow,
+}
+
+/// Where a run is among its row's (rows case).
+#[derive(Clone, Copy)]
+struct Runs {
+    /// Whether a row has several runs (then a max folds them, else the run is the row's).
+    multi: bool,
+    /// The run's index in its row (for `EndRun`).
+    index: usize,
+    /// Runs per row.
+    count: usize,
+    /// Elements per run.
+    len: usize,
+}
+
+fn slot_op<T: NumElem>(op: ReduceOp, slot: &mut [u8], what: SlotStep, runs: Runs) -> R {
     let s = typed_mut::<T>(slot)?;
-    if s.len() < 9 {
+    if s.len() < SLOT {
         return Err(KernelError::Internal("reduction slot"));
     }
     let id = identity::<T>(op);
-    match what {
-        0 => s[8] = id,
-        1 => s[..8].fill(id),
-        _ => {
-            let f = |a: T, b: T| match op {
-                ReduceOp::Sum => a.add(b),
-                ReduceOp::Max => keep_max(a, b),
-            };
-            let run = f(
-                f(f(s[0], s[4]), f(s[2], s[6])),
-                f(f(s[1], s[5]), f(s[3], s[7])),
-            );
-            s[8] = if multi { f(s[8], run) } else { run };
+    let blocks = runs.len.div_ceil(RUN_BLOCK);
+    match (what, op) {
+        (SlotStep::StartRow, _) => s[RUNS..RUNS + LEVELS].fill(id),
+        (SlotStep::StartRun, _) => s[..8].fill(id),
+        (SlotStep::EndRun, ReduceOp::Sum) if blocks == 0 => {}
+        (SlotStep::EndRun, ReduceOp::Sum) => {
+            let last = combine8(&s[..8], T::add);
+            let k = (runs.index + 1) * blocks - 1;
+            Cascade::push(&mut s[RUNS..RUNS + LEVELS], k, last);
         }
+        (SlotStep::EndRun, ReduceOp::Max) => {
+            let run = combine8(&s[..8], keep_max);
+            s[RUNS] = if runs.multi {
+                keep_max(s[RUNS], run)
+            } else {
+                run
+            };
+        }
+        (SlotStep::EndRow, ReduceOp::Sum) => {
+            let n = runs.count.saturating_mul(blocks);
+            s[RUNS] = Cascade::finish(&s[RUNS..RUNS + LEVELS], n);
+        }
+        (SlotStep::EndRow, ReduceOp::Max) => {}
     }
     Ok(())
 }
 
-/// Columns case: every lane folds its own term.
-fn acc_lanes<T: NumElem>(op: ReduceOp, x: &[u8], acc: &mut [u8]) -> R {
+/// Columns case: every lane folds its own term, the `term`-th; a sum's lanes cascade (their
+/// upper levels in `upper`, which may be empty when no lane takes more than [`FAN`] terms).
+fn acc_lanes<T: NumElem>(
+    op: ReduceOp,
+    x: &[u8],
+    acc: &mut [u8],
+    upper: &mut [u8],
+    term: usize,
+) -> R {
     let x = typed::<T>(x)?;
     let acc = typed_mut::<T>(acc)?;
     match op {
+        ReduceOp::Sum if term > 0 && term.is_multiple_of(FAN) => {
+            let upper = typed_mut::<T>(upper)?;
+            if upper.len() < (LEVELS - 1) * acc.len() {
+                return Err(KernelError::Internal("cascade levels"));
+            }
+            Cascade::push_lanes(acc, upper, term, x);
+        }
         ReduceOp::Sum => {
             for (a, &v) in acc.iter_mut().zip(x) {
                 *a = a.add(v);
@@ -1510,6 +1678,20 @@ fn acc_lanes<T: NumElem>(op: ReduceOp, x: &[u8], acc: &mut [u8]) -> R {
             }
         }
     }
+    Ok(())
+}
+
+/// Columns case: a sum's lanes after `n` terms, their cascade levels collected.
+fn finish_cascade_lanes<T: NumElem>(acc: &mut [u8], upper: &mut [u8], n: usize) -> R {
+    if n <= FAN {
+        return Ok(());
+    }
+    let acc = typed_mut::<T>(acc)?;
+    let upper = typed::<T>(upper)?;
+    if upper.len() < (LEVELS - 1) * acc.len() {
+        return Err(KernelError::Internal("cascade levels"));
+    }
+    Cascade::finish_lanes(acc, upper, n);
     Ok(())
 }
 
@@ -1605,7 +1787,8 @@ pub fn run(
     let sc = sub_mut(sc, pad, lay.total - ALIGN)?;
     let (meta_b, rest) = sc.split_at_mut(lay.meta_bytes);
     let (bufs, rest) = rest.split_at_mut(lay.buf_bytes);
-    let parts = sub_mut(rest, 0, lay.part_bytes)?;
+    let (parts, rest) = rest.split_at_mut(lay.part_bytes);
+    let levels = sub_mut(rest, 0, lay.level_bytes)?;
     let words = <[usize]>::mut_from_bytes(meta_b)
         .map_err(|_| KernelError::Internal("scratch misaligned"))?;
     let mut m = Meta::carve(words, k, lay.pb)?;
@@ -1674,6 +1857,9 @@ pub fn run(
         case: info.case,
         passes: info.passes,
         n_t: info.n_t,
+        n_o: o_axes[..info.no]
+            .iter()
+            .fold(1usize, |n, &a| n.saturating_mul(k.domain[a])),
         lanes: lay.lanes,
         stride: lay.lanes * WORD + SKEW,
         numel,
@@ -1688,6 +1874,7 @@ pub fn run(
         src,
         bufs,
         parts,
+        levels,
         lo,
         hi,
     };

@@ -17,17 +17,20 @@
 //!   same way;
 //! - unary, binary, compare, select and convert apply the scalar op to their operands' values
 //!   at the same `i` (semantics as the IR's ops of the same names: integer arithmetic wraps,
-//!   float `max`/`min` ignore one NaN, `div` is float-only, converts are Rust `as` casts, to
-//!   bool is "nonzero");
+//!   `div` is float-only, converts are Rust `as` casts, to
+//!   bool is "nonzero"; float `max`/`min` propagate NaN);
 //! - [`Inst::Reduce`]`{x}` at `i` folds `x` over every domain index `j` that agrees with `i`
 //!   outside the reduce axes (sum from 0, integer sums wrapping; max from the lowest value,
-//!   where a term replaces the running max only when strictly greater, so NaN terms are ignored
+//!   where a term replaces the running max when strictly greater or NaN, so NaN propagates
 //!   and of `0.0` and `-0.0` the earlier stays). The terms come in row-major order of `j`, and
 //!   are combined in the fixed order [`crate::cpu::reduce`] uses for a tensor shaped like the
 //!   domain, so that a fused reduction gives the unfused op's bits on the CPU: if the innermost
-//!   axis of size > 1 is reduced, each contiguous run along the trailing reduced axes goes to
-//!   eight interleaved partials combined pairwise, and several runs are folded one after
-//!   another; otherwise the terms are folded one by one. When every reduce axis has size 1 the
+//!   axis of size > 1 is reduced, each contiguous run along the trailing reduced axes goes, in
+//!   blocks of [`crate::cpu::reduce::BLOCK`] terms, to eight interleaved partials combined
+//!   pairwise, and the blocks of a run and the runs of a row are combined by cascades;
+//!   otherwise each lane's terms go to a cascade (see [`crate::cpu::reduce::Cascade`]: no
+//!   accumulator takes more than `BLOCK` terms, so sums stay accurate at any length). When
+//!   every reduce axis has size 1 the
 //!   reduction is `x` itself (a copy, as the unfused reduce makes it). Other executors (CUDA)
 //!   may combine sums in another order.
 //!

@@ -6,12 +6,14 @@
 //! - `full`: the value converted with `as` (saturating for integers), nonzero is `true` for bool.
 //! - `iota`: each element's index along the axis, as the output dtype.
 //! - unary ops on floats (`neg` on integers too, wrapping); binary ops on floats and integers
-//!   (integer `add`/`sub`/`mul` wrap; `div` is float-only); float `max`/`min` ignore a NaN
-//!   operand, as [`f32::max`] does.
+//!   (integer `add`/`sub`/`mul` wrap; `div` is float-only); float `max`/`min` propagate NaN
+//!   (a NaN operand gives NaN, as PyTorch's `maximum` and XLA's `max`; [`f32::max`] would
+//!   drop it).
 //! - `compare` gives bool (0 or 1); NaN compares unequal to everything.
 //! - `broadcast`: NumPy, right-aligned; `transpose`, `slice`, `concat`, `reshape` move elements.
 //! - `reduce`: sum or max over the axes, kept as size 1, in the fixed order documented in
-//!   [`ingot_kernels::cpu::reduce`] (f32 sums accumulate in f32; integer sums wrap).
+//!   [`ingot_kernels::cpu::reduce`] (f32 sums accumulate in f32, cascaded so that they stay
+//!   accurate at any length; integer sums wrap; max propagates NaN).
 //! - `matmul`: batched, through [`ingot_kernels::cpu::matmul`].
 //! - `gather`/`scatter_add`: an id outside `0..rows` is an [`ExecError::IdOutOfRange`] naming
 //!   it; `scatter_add` adds the rows of `values` in row-major order of the ids.

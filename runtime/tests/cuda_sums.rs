@@ -1,0 +1,206 @@
+//! Long sums and NaN in the generated CUDA kernels, on a GPU: a fused kernel's sum of 2^27 + 16
+//! ones (one row, and columns) is exact, a sum of 2^27 random values agrees with an f64
+//! reference to 1e-6, and max, min and reduce-max of a NaN give NaN. Without a GPU the tests
+//! print why they skip and pass (with `INGOT_REQUIRE_GPU=1`, a missing GPU fails them).
+//!
+//! On a GPU machine without cargo, build here with `cargo test --release -p ingot-runtime
+//! --test cuda_sums --no-run` and run the binary there.
+
+use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
+use ingot_kernels::{BinaryOp, DType, ReduceOp};
+use ingot_runtime::cuda as rt;
+use std::sync::Arc;
+
+/// Whether a GPU is there; without one, says so (the test then passes without running), unless
+/// `INGOT_REQUIRE_GPU=1` asks for one.
+fn gpu(test: &str) -> bool {
+    match rt::available() {
+        Ok(_) => true,
+        Err(e) if std::env::var("INGOT_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("{test}: INGOT_REQUIRE_GPU=1 but {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping {test}: {e}");
+            false
+        }
+    }
+}
+
+/// Compiles `k` (with the prelude) for device 0 and runs it on `input`, returning every output.
+fn run_on_gpu(k: &FusedKernel, input: &[f32]) -> Vec<Vec<f32>> {
+    let code: CudaKernel = cuda::fused(k).unwrap();
+    let ctx: Arc<CudaContext> = CudaContext::new(0).unwrap();
+    let (major, minor) = ctx.compute_capability().unwrap();
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let src = format!("{PRELUDE}{}", code.source);
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
+        .unwrap_or_else(|e| panic!("NVRTC: {e:?}\n{}", code.source));
+    let module = ctx.load_module(ptx).unwrap();
+    let f = module.load_function(&code.name).unwrap();
+    let stream = ctx.default_stream();
+    let d_in = stream.clone_htod(input).unwrap();
+    let mut outs: Vec<_> = (0..k.outputs.len())
+        .map(|j| stream.alloc_zeros::<f32>(k.output_len(j).max(1)).unwrap())
+        .collect();
+    let l = code.launch;
+    let cfg = LaunchConfig {
+        grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+        block_dim: (l.block[0], l.block[1], l.block[2]),
+        shared_mem_bytes: l.shared_bytes,
+    };
+    let mut b = stream.launch_builder(&f);
+    b.arg(&d_in);
+    for o in outs.iter_mut() {
+        b.arg(o);
+    }
+    // SAFETY: the kernel takes one input pointer and one pointer per output, each buffer as
+    // long as the kernel's description says.
+    unsafe { b.launch(cfg) }.unwrap();
+    stream.synchronize().unwrap();
+    outs.iter()
+        .enumerate()
+        .map(|(j, o)| {
+            let mut v = stream.clone_dtoh(o).unwrap();
+            v.truncate(k.output_len(j));
+            v
+        })
+        .collect()
+}
+
+/// `sum` and `max` over `axes` of a contiguous f32 input shaped `dims`.
+fn sum_and_max(dims: &[usize], axes: &[usize]) -> FusedKernel {
+    FusedKernel {
+        domain: dims.to_vec(),
+        reduce_axes: axes.to_vec(),
+        inputs: vec![Input {
+            dtype: DType::F32,
+            len: dims.iter().product(),
+            access: Access::contiguous(dims),
+        }],
+        body: vec![
+            Inst::Load { input: 0 },
+            Inst::Reduce {
+                op: ReduceOp::Sum,
+                x: 0,
+            },
+            Inst::Reduce {
+                op: ReduceOp::Max,
+                x: 0,
+            },
+        ],
+        outputs: vec![Output { value: 1 }, Output { value: 2 }],
+    }
+}
+
+fn random(n: usize) -> Vec<f32> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values() {
+    if !gpu("gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values") {
+        return;
+    }
+    let n = (1usize << 27) + 16;
+    // One row (a block of threads, 2^17 terms each) and 16 columns of n / 16 (threads striding
+    // over 2^23 + 1 rows).
+    for (dims, axes) in [(vec![n], vec![0usize]), (vec![n / 16, 16], vec![0])] {
+        let terms: usize = axes.iter().map(|&a| dims[a]).product();
+        let k = sum_and_max(&dims, &axes);
+        let out = run_on_gpu(&k, &vec![1.0f32; n]);
+        for (i, &s) in out[0].iter().enumerate() {
+            assert_eq!(s as f64, terms as f64, "{dims:?}: sum {i} of ones");
+        }
+        let x = random(n);
+        let out = run_on_gpu(&k, &x);
+        let cols = n / terms;
+        for (i, &s) in out[0].iter().enumerate() {
+            let want: f64 = x.iter().skip(i).step_by(cols).map(|&v| v as f64).sum();
+            let rel = (s as f64 - want).abs() / want;
+            assert!(
+                rel <= 1e-6,
+                "{dims:?}: sum {i} is {s}, f64 {want} ({rel:e})"
+            );
+            let max = x
+                .iter()
+                .skip(i)
+                .step_by(cols)
+                .fold(f32::MIN, |a, &v| a.max(v));
+            assert_eq!(out[1][i], max, "{dims:?}: max {i}");
+        }
+    }
+}
+
+#[test]
+fn gpu_max_min_and_reduce_max_of_nan_are_nan() {
+    if !gpu("gpu_max_min_and_reduce_max_of_nan_are_nan") {
+        return;
+    }
+    let (r, c) = (64usize, 300usize);
+    let mut x: Vec<f32> = (0..r * c).map(|i| (i % 97) as f32 - 48.0).collect();
+    x[5 * c + 7] = f32::NAN;
+    for axes in [vec![1usize], vec![0]] {
+        let k = FusedKernel {
+            domain: vec![r, c],
+            reduce_axes: axes.clone(),
+            inputs: vec![Input {
+                dtype: DType::F32,
+                len: r * c,
+                access: Access::contiguous(&[r, c]),
+            }],
+            body: vec![
+                Inst::Load { input: 0 },
+                Inst::Const {
+                    value: 0.0,
+                    dtype: DType::F32,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Max,
+                    a: 0,
+                    b: 1,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Min,
+                    a: 0,
+                    b: 1,
+                },
+                Inst::Reduce {
+                    op: ReduceOp::Max,
+                    x: 0,
+                },
+            ],
+            outputs: vec![
+                Output { value: 2 },
+                Output { value: 3 },
+                Output { value: 4 },
+            ],
+        };
+        let out = run_on_gpu(&k, &x);
+        for (e, &v) in x.iter().enumerate() {
+            assert_eq!(out[0][e].is_nan(), v.is_nan(), "max(x, 0) at {e}");
+            assert_eq!(out[1][e].is_nan(), v.is_nan(), "min(x, 0) at {e}");
+        }
+        let nan_at = if axes == [1] { 5 } else { 7 };
+        for (i, v) in out[2].iter().enumerate() {
+            assert_eq!(
+                v.is_nan(),
+                i == nan_at,
+                "reduce max over {axes:?} at {i}: {v}"
+            );
+        }
+    }
+}
