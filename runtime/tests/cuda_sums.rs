@@ -13,21 +13,6 @@ use ingot_kernels::{BinaryOp, DType, ReduceOp};
 use ingot_runtime::cuda as rt;
 use std::sync::Arc;
 
-/// Whether a GPU is there; without one, says so (the test then passes without running), unless
-/// `INGOT_REQUIRE_GPU=1` asks for one.
-fn gpu(test: &str) -> bool {
-    match rt::available() {
-        Ok(_) => true,
-        Err(e) if std::env::var("INGOT_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("{test}: INGOT_REQUIRE_GPU=1 but {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping {test}: {e}");
-            false
-        }
-    }
-}
-
 /// Compiles `k` (with the prelude) for device 0 and runs it on `input`, returning every output.
 fn run_on_gpu(k: &FusedKernel, input: &[f32]) -> Vec<Vec<f32>> {
     let code: CudaKernel = cuda::fused(k).unwrap();
@@ -112,7 +97,7 @@ fn random(n: usize) -> Vec<f32> {
 
 #[test]
 fn gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values() {
-    if !gpu("gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values") {
+    if !rt::gpu_for_test("gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values") {
         return;
     }
     let n = (1usize << 27) + 16;
@@ -147,7 +132,7 @@ fn gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_va
 
 #[test]
 fn gpu_max_min_and_reduce_max_of_nan_are_nan() {
-    if !gpu("gpu_max_min_and_reduce_max_of_nan_are_nan") {
+    if !rt::gpu_for_test("gpu_max_min_and_reduce_max_of_nan_are_nan") {
         return;
     }
     let (r, c) = (64usize, 300usize);
