@@ -257,9 +257,8 @@ impl Session {
         seed: u64,
         device: Device,
     ) -> Result<Session, SessionError> {
-        let mut values = init::init_leaves(&graph, LeafKind::Parameter, seed);
-        values.extend(init::init_leaves(&graph, LeafKind::State, seed));
-        values.extend(init::synthetic_batch(&graph, seed));
+        // The allocation first: a plan too large for the device is refused (naming its sizes)
+        // before any leaf's initial value is made on the host.
         let exe = match device {
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(graph, plan)?)),
             Device::Cuda(o) => {
@@ -271,6 +270,10 @@ impl Session {
             exe,
             steps: 0,
         };
+        let graph = session.graph();
+        let mut values = init::init_leaves(graph, LeafKind::Parameter, seed);
+        values.extend(init::init_leaves(graph, LeafKind::State, seed));
+        values.extend(init::synthetic_batch(graph, seed));
         for (name, value) in &values {
             session.exe_mut().write_leaf(name, value)?;
         }
