@@ -563,7 +563,10 @@ fn check_lifetimes(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
             ));
         }
     }
-    let mut last_read: Vec<usize> = g.ids().map(|id| lv.position[g.writer(id).index()]).collect();
+    let mut last_read: Vec<usize> = g
+        .ids()
+        .map(|id| lv.position[g.writer(id).index()])
+        .collect();
     for id in g.ids() {
         for &x in g.reads(id) {
             last_read[x.index()] = last_read[x.index()].max(lv.position[id.index()]);
@@ -606,7 +609,10 @@ fn check_report(model: &str, g: &Graph, p: &MemoryPlan, r: &Report) -> Result<()
         ("resident_bytes", r.resident_bytes == e.resident_bytes),
         ("resident", r.resident == e.resident),
         ("slab_bytes", r.slab_bytes == e.slab_bytes),
-        ("lower_bound_bytes", r.lower_bound_bytes == e.lower_bound_bytes),
+        (
+            "lower_bound_bytes",
+            r.lower_bound_bytes == e.lower_bound_bytes,
+        ),
         (
             "slab_over_lower_bound",
             (r.slab_over_lower_bound - e.slab_over_lower_bound).abs()
@@ -619,12 +625,21 @@ fn check_report(model: &str, g: &Graph, p: &MemoryPlan, r: &Report) -> Result<()
         (
             "peak_by_kind",
             r.peak_by_kind.workspace == e.peak_by_kind.workspace
-                && r.peak_by_kind.saved_activation.checked_add(r.peak_by_kind.gradient).and_then(|x| x.checked_add(r.peak_by_kind.temporary))
-                    == Some(e.peak_by_kind.saved_activation + e.peak_by_kind.gradient + e.peak_by_kind.temporary),
+                && r.peak_by_kind
+                    .saved_activation
+                    .checked_add(r.peak_by_kind.gradient)
+                    .and_then(|x| x.checked_add(r.peak_by_kind.temporary))
+                    == Some(
+                        e.peak_by_kind.saved_activation
+                            + e.peak_by_kind.gradient
+                            + e.peak_by_kind.temporary,
+                    ),
         ),
     ];
     if let Some((field, _)) = fields.iter().find(|(_, ok)| !ok) {
-        return Err(format!("the report's {field} disagrees with the memory plan"));
+        return Err(format!(
+            "the report's {field} disagrees with the memory plan"
+        ));
     }
     if r.peak_buffers.len() != e.peak_buffers.len() {
         return Err(format!(
@@ -736,7 +751,10 @@ mod tests {
         let st = &mut exe.plan.liveness.storages[i];
         (st.start, st.end) = (st.end, st.start);
         let e = refusal(&exe);
-        assert!(e.contains(&format!("storage {i} ")) && e.contains("non-empty"), "{e}");
+        assert!(
+            e.contains(&format!("storage {i} ")) && e.contains("non-empty"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -746,7 +764,10 @@ mod tests {
         let (i, _) = read_later(&exe);
         exe.plan.liveness.storages[i].end = n + 5;
         let e = refusal(&exe);
-        assert!(e.contains(&format!("storage {i} ")) && e.contains(&format!("{n}-position")), "{e}");
+        assert!(
+            e.contains(&format!("storage {i} ")) && e.contains(&format!("{n}-position")),
+            "{e}"
+        );
     }
 
     #[test]

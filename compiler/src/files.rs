@@ -138,7 +138,10 @@ mod tests {
     fn a_path_in_a_missing_directory_or_naming_a_directory_is_not_writable() {
         let d = scratch("writable");
         assert!(check_writable(&d.join("ok.bin")).is_ok());
-        assert!(!d.join("ok.bin").exists(), "the check leaves nothing behind");
+        assert!(
+            !d.join("ok.bin").exists(),
+            "the check leaves nothing behind"
+        );
         assert!(leftovers(&d).is_empty());
         assert!(check_writable(&d.join("no/such/dir/w.bin")).is_err());
         assert!(check_writable(&d).is_err());

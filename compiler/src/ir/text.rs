@@ -1172,7 +1172,11 @@ output \"loss\" = %5
             let mut g = Graph::new();
             g.full(v, [2], DType::F64).unwrap();
             // A standard deviation must be finite and not negative; the constant takes any.
-            let std_of = if v.is_finite() && v >= 0.0 { v } else { v.abs().min(f64::MAX) };
+            let std_of = if v.is_finite() && v >= 0.0 {
+                v
+            } else {
+                v.abs().min(f64::MAX)
+            };
             g.parameter("p", [1], DType::F32, Init::Normal { std: std_of })
                 .unwrap();
             let back = parse(&print(&g)).unwrap();
@@ -1204,7 +1208,10 @@ output \"loss\" = %5
             );
             let e = parse(&text).unwrap_err().to_string();
             assert!(e.contains("line 3"), "{bad}: {e}");
-            assert!(e.contains("normal(") && e.contains("standard deviation"), "{bad}: {e}");
+            assert!(
+                e.contains("normal(") && e.contains("standard deviation"),
+                "{bad}: {e}"
+            );
         }
         // Zero is a valid standard deviation (the leaf starts at zeros).
         parse("ingot-ir 1\n%0 = parameter \"w\" init=normal(0) : f32[2]\n").unwrap();
@@ -1214,11 +1221,14 @@ output \"loss\" = %5
     fn a_shape_whose_bytes_overflow_is_an_error_naming_the_line_and_the_shape() {
         let text = "ingot-ir 1\n%0 = input \"x\" : f32[4611686018427387904,4]\n";
         let e = parse(text).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("4611686018427387904"), "{e}");
+        assert!(
+            e.contains("line 2") && e.contains("4611686018427387904"),
+            "{e}"
+        );
         // Each dimension fits, their product does not.
         let text = "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[4294967296,4294967296]\n";
         let e = parse(text).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("more bytes than any allocation"), "{e}");
+        assert!(e.contains("line 2") && e.contains("too large"), "{e}");
     }
 
     #[test]
@@ -1512,7 +1522,7 @@ output \"loss\" = %5
         }
 
         #[test]
-        fn any_leaf_name_round_trips(name in "\\PC*|.*", std in any::<f64>()) {
+        fn any_leaf_name_round_trips(name in "\\PC*|.*", std in 0.0..f64::MAX) {
             prop_assume!(!name.is_empty());
             let mut g = Graph::new();
             let p = g.parameter(&name, [1], DType::F32, Init::Normal { std }).unwrap();

@@ -191,8 +191,7 @@ pub fn plan_order(
     solver_time: Duration,
 ) -> Result<MemoryPlan, PlanError> {
     complete(g, order, strategy)?;
-    Prepared::new(g, order, strategy, None)?
-        .solve(PlanOptions::default().solver_nodes, solver_time)
+    Prepared::new(g, order, strategy, None)?.solve(PlanOptions::default().solver_nodes, solver_time)
 }
 
 /// A schedule with its liveness, resident layout and slab problem, before offsets are solved.

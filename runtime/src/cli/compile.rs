@@ -29,7 +29,8 @@ pub struct CompileArgs {
 
 /// The step executable of `model` planned for `device` ([`session::executable`]).
 pub fn executable(model: &Model, device: session::Device) -> Result<Executable, Failure> {
-    let compiled = pipeline::compile(model, &device.options())?;
+    let compiled = pipeline::compile(model, &device.options())
+        .map_err(|e| Failure::new(1, format!("{}: {e}", model.name)))?;
     Ok(session::executable(&compiled, device)?)
 }
 

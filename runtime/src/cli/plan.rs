@@ -41,7 +41,8 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     }
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
     let model = a.model.load()?;
-    let compiled = pipeline::compile(&model, &opts)?;
+    let compiled = pipeline::compile(&model, &opts)
+        .map_err(|e| Failure::new(1, format!("{}: {e}", model.name)))?;
     let report = &compiled.report;
     use ingot_compiler::plan::picture;
     let pictures = [
@@ -50,7 +51,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     ];
     for (path, draw) in pictures {
         if let Some(path) = path {
-            super::write_file(path, draw(&compiled.graph, &compiled.plan, report).as_bytes())?;
+            super::write_file(
+                path,
+                draw(&compiled.graph, &compiled.plan, report).as_bytes(),
+            )?;
         }
     }
     if a.json {
