@@ -322,3 +322,42 @@ fn load_and_peak(p: &dsa::Problem) -> (usize, usize) {
     }
     (best as usize, at as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Init};
+
+    #[test]
+    fn an_update_to_the_value_its_target_holds_orders_nothing_and_plans() {
+        // `update w = w` (a gradient simplified to zero) while another output reads w.
+        let mut g = Graph::new();
+        let w = g.parameter("w", [4], DType::F32, Init::Ones).unwrap();
+        let x = g.input("x", [4], DType::F32).unwrap();
+        let y = g.mul(w, x).unwrap();
+        g.set_output("loss", y).unwrap();
+        g.set_update(w, w).unwrap();
+        let p = plan(&g, &PlanOptions::default()).unwrap();
+        assert_eq!(p.liveness.order.len(), g.len());
+        assert!(p.liveness.copies.is_empty());
+    }
+
+    #[test]
+    fn a_schedule_that_cannot_order_every_node_is_an_error_naming_them() {
+        // The old value of w is read by a node that needs the new one: no order runs both.
+        let mut g = Graph::new();
+        let w = g.parameter("w", [4], DType::F32, Init::Ones).unwrap();
+        let x = g.input("x", [4], DType::F32).unwrap();
+        let new = g.add(w, x).unwrap();
+        let late = g.mul(new, w).unwrap();
+        g.set_output("loss", late).unwrap();
+        g.set_update(w, new).unwrap();
+        let e = plan(&g, &PlanOptions::default()).unwrap_err();
+        assert!(matches!(e, PlanError::Unschedulable { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&new.to_string()) && msg.contains("cycle"),
+            "{msg}"
+        );
+    }
+}
