@@ -33,13 +33,38 @@ fn temporary_beside(path: &Path) -> PathBuf {
     parent(path).join(format!(".{name}.{}.{n}.tmp", std::process::id()))
 }
 
+/// What a write to `path` replaces: the file a symbolic link points to (the link stays), or
+/// `path` itself.
+fn resolve(path: &Path) -> PathBuf {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+        }
+        _ => path.to_path_buf(),
+    }
+}
+
+/// True when `path` exists and is neither a regular file nor a directory (`/dev/null`, a FIFO, a
+/// terminal): such a target is written in place, since renaming over it would replace it.
+fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
 /// Writes `bytes` to `path` atomically: to a temporary file in the same directory, synced to
 /// disk, then renamed over `path` (and the directory synced, where the OS allows). On any error
-/// the temporary file is removed and `path` is untouched.
+/// the temporary file is removed and `path` is untouched. A symbolic link is followed (the file
+/// it points to is replaced); a device or FIFO (`/dev/null`) is written in place.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if path.is_dir() {
         return Err(std::io::Error::other("it is a directory"));
     }
+    if is_special(path) {
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)?
+            .write_all(bytes);
+    }
+    let path = &resolve(path);
     let tmp = temporary_beside(path);
     let result = (|| {
         let mut f = std::fs::OpenOptions::new()
@@ -70,6 +95,11 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
     if path.is_dir() {
         return Err(std::io::Error::other("it is a directory"));
     }
+    if is_special(path) {
+        // Written in place; opening a FIFO here could block until a reader comes.
+        return Ok(());
+    }
+    let path = &resolve(path);
     let tmp = temporary_beside(path);
     std::fs::OpenOptions::new()
         .write(true)
@@ -145,6 +175,29 @@ mod tests {
         assert!(leftovers(&d).is_empty());
         assert!(check_writable(&d.join("no/such/dir/w.bin")).is_err());
         assert!(check_writable(&d).is_err());
+    }
+
+    #[test]
+    fn a_device_is_written_in_place_and_a_symlink_keeps_pointing_at_the_new_file() {
+        if Path::new("/dev/null").exists() {
+            check_writable(Path::new("/dev/null")).unwrap();
+            write_atomically(Path::new("/dev/null"), b"gone").unwrap();
+            assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+        }
+        #[cfg(unix)]
+        {
+            let d = scratch("symlink");
+            let (real, link) = (d.join("real.bin"), d.join("link.bin"));
+            std::fs::write(&real, b"old").unwrap();
+            std::os::unix::fs::symlink(&real, &link).unwrap();
+            write_atomically(&link, b"new").unwrap();
+            assert!(std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink());
+            assert_eq!(std::fs::read(&real).unwrap(), b"new");
+            assert!(leftovers(&d).is_empty());
+        }
     }
 
     #[test]
