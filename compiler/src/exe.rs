@@ -32,7 +32,7 @@
 use crate::error::IrError;
 use crate::ir::{text, Graph, LeafKind, Op};
 use crate::pipeline::Compiled;
-use crate::plan::report::Report;
+use crate::plan::report::{BufferKind, Report};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -47,6 +47,10 @@ pub const VERSION: u32 = 2;
 
 /// Bytes before the payload: magic, version, length, checksum.
 pub const HEADER_BYTES: usize = 28;
+
+/// The longest step executable [`Executable::read`] reads (gpt2's is a few MiB): a longer file,
+/// or a device that never ends, is an error instead of a read without end.
+pub const MAX_FILE_BYTES: u64 = 1 << 30;
 
 /// The target a plan was made for. Targets plan different library workspaces (the CPU
 /// matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
@@ -279,13 +283,15 @@ impl Executable {
         let bytes = self
             .to_bytes()
             .map_err(|e| ExeError::new(path, e.problem))?;
-        std::fs::write(path, bytes).map_err(|e| ExeError::new(path, Problem::Write(e)))
+        crate::files::write_atomically(path, &bytes)
+            .map_err(|e| ExeError::new(path, Problem::Write(e)))
     }
 
     /// Reads and checks the executable at `path` ([`Executable::from_bytes`]).
     pub fn read(path: impl AsRef<Path>) -> Result<Executable, ExeError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| ExeError::new(path, Problem::Read(e)))?;
+        let bytes = crate::files::read_capped(path, MAX_FILE_BYTES)
+            .map_err(|e| ExeError::new(path, Problem::Read(e)))?;
         Executable::from_bytes(&bytes, path)
     }
 
@@ -327,17 +333,7 @@ impl Executable {
         if self.layouts != layouts(&self.graph, &self.plan) {
             return Err("the leaf layouts disagree with the memory plan".into());
         }
-        let (r, p) = (&self.report, &self.plan);
-        let agree = r.model == self.model
-            && r.ops == self.graph.len()
-            && r.total_bytes == p.total_bytes
-            && r.resident_bytes == p.resident_bytes
-            && r.slab_bytes == p.slab_bytes
-            && r.lower_bound_bytes == p.load_bytes
-            && r.peak_position == p.peak_position;
-        if !agree {
-            return Err("the report disagrees with the memory plan".into());
-        }
+        check_report(&self.model, &self.graph, &self.plan, &self.report)?;
         if self.target == Target::Cpu
             && (!self.kernels.is_empty() || !self.kernel_prelude.is_empty())
         {
@@ -522,6 +518,7 @@ fn check_plan(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
             }
         }
     }
+    check_lifetimes(g, p)?;
     let sums = p.resident_bytes == resident
         && p.slab_base == align_up(p.resident_bytes)
         && p.slab_bytes == slab_end
@@ -533,6 +530,139 @@ fn check_plan(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
             "its totals do not add up (resident {}, slab {} at {}, total {})",
             p.resident_bytes, p.slab_bytes, p.slab_base, p.total_bytes
         ));
+    }
+    Ok(())
+}
+
+/// Every storage's lifetime `[start, end)` is a non-empty part of the schedule that covers each
+/// value living in it, from where its kernel writes it to its last read (a step output and a
+/// value copied over its update target: to the end); a resident storage spans the whole step
+/// and a workspace exactly its owner's position. The report and the picture read these
+/// lifetimes, and the validator does not (it recomputes liveness), so they are checked here.
+fn check_lifetimes(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
+    let lv = &p.liveness;
+    let n = lv.order.len();
+    for (i, st) in lv.storages.iter().enumerate() {
+        if st.start >= st.end || st.end > n {
+            return Err(format!(
+                "storage {i} (owned by {}) lives [{}, {}), which is not a non-empty part of the {n}-position schedule",
+                st.owner, st.start, st.end
+            ));
+        }
+        if st.region == Region::Resident && (st.start != 0 || st.end != n) {
+            return Err(format!(
+                "resident storage {i} (owned by {}) lives [{}, {}), not the whole step [0, {n})",
+                st.owner, st.start, st.end
+            ));
+        }
+        let at = lv.position[st.owner.index()];
+        if st.workspace && (st.start != at || st.end != at + 1) {
+            return Err(format!(
+                "workspace storage {i} lives [{}, {}), but its owner {} runs at position {at}",
+                st.start, st.end, st.owner
+            ));
+        }
+    }
+    let mut last_read: Vec<usize> = g
+        .ids()
+        .map(|id| lv.position[g.writer(id).index()])
+        .collect();
+    for id in g.ids() {
+        for &x in g.reads(id) {
+            last_read[x.index()] = last_read[x.index()].max(lv.position[id.index()]);
+        }
+    }
+    for &o in g.outputs.values() {
+        last_read[o.index()] = n;
+    }
+    for &(v, _) in &lv.copies {
+        last_read[v.index()] = n;
+    }
+    for id in g.ids() {
+        let s = lv.storage_of[id.index()];
+        let st = &lv.storages[s];
+        let def = lv.position[g.writer(id).index()];
+        let until = (last_read[id.index()] + 1).min(n);
+        if def < st.start || until > st.end {
+            return Err(format!(
+                "{id} is written at position {def} and read until {until}, outside the lifetime [{}, {}) of its storage {s}",
+                st.start, st.end
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The report's rows say what the plan says: every figure the report derives from the graph and
+/// the plan alone is recomputed and compared, and the peak rows are the storages live at the
+/// peak. Which rows are saved activations, gradients or temporaries depends on the phases of the
+/// compile (not stored), so only their sum is checked.
+fn check_report(model: &str, g: &Graph, p: &MemoryPlan, r: &Report) -> Result<(), String> {
+    let e = Report::new(model, g, p, None);
+    let fields = [
+        ("version", r.version == e.version),
+        ("model", r.model == e.model),
+        ("ops", r.ops == e.ops),
+        ("kernels", r.kernels == e.kernels),
+        ("schedule", r.schedule == e.schedule),
+        ("total_bytes", r.total_bytes == e.total_bytes),
+        ("resident_bytes", r.resident_bytes == e.resident_bytes),
+        ("resident", r.resident == e.resident),
+        ("slab_bytes", r.slab_bytes == e.slab_bytes),
+        (
+            "lower_bound_bytes",
+            r.lower_bound_bytes == e.lower_bound_bytes,
+        ),
+        (
+            "slab_over_lower_bound",
+            (r.slab_over_lower_bound - e.slab_over_lower_bound).abs()
+                <= 1e-9 * e.slab_over_lower_bound.abs().max(1.0),
+        ),
+        ("peak_position", r.peak_position == e.peak_position),
+        ("peak_op", r.peak_op == e.peak_op),
+        ("in_place_ops", r.in_place_ops == e.in_place_ops),
+        ("slab_buffers", r.slab_buffers == e.slab_buffers),
+        (
+            "peak_by_kind",
+            r.peak_by_kind.workspace == e.peak_by_kind.workspace
+                && r.peak_by_kind
+                    .saved_activation
+                    .checked_add(r.peak_by_kind.gradient)
+                    .and_then(|x| x.checked_add(r.peak_by_kind.temporary))
+                    == Some(
+                        e.peak_by_kind.saved_activation
+                            + e.peak_by_kind.gradient
+                            + e.peak_by_kind.temporary,
+                    ),
+        ),
+    ];
+    if let Some((field, _)) = fields.iter().find(|(_, ok)| !ok) {
+        return Err(format!(
+            "the report's {field} disagrees with the memory plan"
+        ));
+    }
+    if r.peak_buffers.len() != e.peak_buffers.len() {
+        return Err(format!(
+            "the report lists {} buffers live at the peak, but the plan has {} to list",
+            r.peak_buffers.len(),
+            e.peak_buffers.len()
+        ));
+    }
+    for (row, (a, b)) in r.peak_buffers.iter().zip(&e.peak_buffers).enumerate() {
+        let workspace = |k: BufferKind| k == BufferKind::Workspace;
+        let same = a.node == b.node
+            && a.op == b.op
+            && a.dtype == b.dtype
+            && a.shape == b.shape
+            && a.bytes == b.bytes
+            && a.lifetime == b.lifetime
+            && workspace(a.kind) == workspace(b.kind);
+        if !same {
+            return Err(format!(
+                "row {row} of the report's peak buffers (%{} {} {} bytes, live {:?}) disagrees with the plan (%{} {} {} bytes, live {:?})",
+                a.node, a.op, a.bytes, a.lifetime, b.node, b.op, b.bytes, b.lifetime
+            ));
+        }
     }
     Ok(())
 }
@@ -578,5 +708,119 @@ mod tests {
         let mut flipped = file.clone();
         flipped[28] ^= 1;
         assert!(matches!(open(&flipped), Err(Problem::Checksum { .. })));
+    }
+
+    /// The mlp's step executable for the CPU, as `ingot compile` makes it.
+    fn mlp() -> Executable {
+        let model = crate::models::by_name("mlp").unwrap();
+        let compiled = crate::pipeline::compile(&model, &Default::default()).unwrap();
+        Executable::new(&compiled, Target::Cpu)
+    }
+
+    /// What reading `exe`'s bytes says (the bytes are well formed: header and checksum match).
+    fn refusal(exe: &Executable) -> String {
+        match Executable::from_bytes(&exe.to_bytes().unwrap(), "crafted.ingot") {
+            Ok(_) => panic!("a crafted executable was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A slab storage and a value living in it that is read after the storage's first position.
+    fn read_later(exe: &Executable) -> (usize, usize) {
+        let lv = &exe.plan.liveness;
+        (0..lv.storages.len())
+            .find_map(|i| {
+                let st = &lv.storages[i];
+                (st.region == Region::Slab && !st.workspace && st.end > st.start + 1)
+                    .then_some((i, st.start))
+            })
+            .expect("the mlp has a slab value read after its kernel runs")
+    }
+
+    #[test]
+    fn a_genuine_executable_reads_back_as_written() {
+        let exe = mlp();
+        let back = Executable::from_bytes(&exe.to_bytes().unwrap(), "mlp.ingot").unwrap();
+        assert_eq!(back, exe);
+    }
+
+    #[test]
+    fn a_storage_that_starts_after_it_ends_is_refused_naming_it() {
+        let mut exe = mlp();
+        let (i, _) = read_later(&exe);
+        let st = &mut exe.plan.liveness.storages[i];
+        (st.start, st.end) = (st.end, st.start);
+        let e = refusal(&exe);
+        assert!(
+            e.contains(&format!("storage {i} ")) && e.contains("non-empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_storage_that_ends_past_the_schedule_is_refused_naming_it() {
+        let mut exe = mlp();
+        let n = exe.plan.liveness.order.len();
+        let (i, _) = read_later(&exe);
+        exe.plan.liveness.storages[i].end = n + 5;
+        let e = refusal(&exe);
+        assert!(
+            e.contains(&format!("storage {i} ")) && e.contains(&format!("{n}-position")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_storage_lifetime_shorter_than_its_value_is_refused_naming_the_value() {
+        let mut exe = mlp();
+        let (i, start) = read_later(&exe);
+        exe.plan.liveness.storages[i].end = start + 1;
+        let e = refusal(&exe);
+        assert!(
+            e.contains("read until") && e.contains(&format!("its storage {i}")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_resident_storage_that_does_not_span_the_step_is_refused() {
+        let mut exe = mlp();
+        let lv = &mut exe.plan.liveness;
+        let i = (0..lv.storages.len())
+            .find(|&i| lv.storages[i].region == Region::Resident)
+            .unwrap();
+        lv.storages[i].start = 1;
+        let e = refusal(&exe);
+        assert!(e.contains(&format!("resident storage {i} ")), "{e}");
+    }
+
+    #[test]
+    fn a_report_row_that_disagrees_with_the_plan_is_refused_naming_the_row() {
+        let mut exe = mlp();
+        assert!(exe.report.peak_buffers.len() >= 2);
+        exe.report.peak_buffers[1].bytes += 256;
+        let e = refusal(&exe);
+        assert!(e.contains("row 1 of the report's peak buffers"), "{e}");
+
+        let mut exe = mlp();
+        exe.report.peak_buffers[0].lifetime[1] += 1;
+        assert!(refusal(&exe).contains("row 0"));
+
+        let mut exe = mlp();
+        exe.report.peak_buffers.pop();
+        assert!(refusal(&exe).contains("buffers live at the peak"));
+    }
+
+    #[test]
+    fn a_report_figure_that_disagrees_with_the_plan_is_refused_naming_the_field() {
+        let mut exe = mlp();
+        exe.report.in_place_ops += 1;
+        assert!(refusal(&exe).contains("in_place_ops"));
+        let mut exe = mlp();
+        exe.report.peak_by_kind.gradient += 4;
+        assert!(refusal(&exe).contains("peak_by_kind"));
+        let mut exe = mlp();
+        exe.report.resident.inputs += 256;
+        assert!(refusal(&exe).contains("resident"));
     }
 }

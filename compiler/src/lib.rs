@@ -4,6 +4,7 @@
 pub mod autodiff;
 pub mod error;
 pub mod exe;
+pub mod files;
 pub mod fuse;
 pub mod fuzz;
 pub mod ir;

@@ -31,6 +31,11 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
     }
     let users = users(g);
     for u in &g.updates {
+        // An update to the value the target already holds (`update p = p`, what a gradient
+        // that simplifies to zero leaves) writes nothing, so it orders nothing.
+        if g.writer(u.value) == u.target {
+            continue;
+        }
         // The kernel that writes the new value (a fused kernel for a result node).
         let producer = NodeIndex::new(g.writer(u.value).index());
         for reader in readers_through_views(g, &users, u.target) {

@@ -70,11 +70,12 @@ pub fn load(path: impl AsRef<Path>) -> Result<IndexMap<String, Tensor>, IoError>
     from_bytes(&bytes, path)
 }
 
-/// Writes `tensors` to a safetensors file at `path` (replacing it).
+/// Writes `tensors` to a safetensors file at `path`, replacing it atomically: a crash leaves
+/// the old file or the new one, never a part ([`ingot_compiler::files::write_atomically`]).
 pub fn save(path: impl AsRef<Path>, tensors: &IndexMap<String, Tensor>) -> Result<(), IoError> {
     let path = path.as_ref();
     let bytes = to_bytes(tensors, path)?;
-    std::fs::write(path, bytes).map_err(|source| IoError::Os {
+    ingot_compiler::files::write_atomically(path, &bytes).map_err(|source| IoError::Os {
         path: path.to_path_buf(),
         action: "cannot write",
         source,

@@ -90,6 +90,10 @@ pub enum SessionError {
     /// Running the step failed.
     #[error("running the step: {0}")]
     Exec(Box<ExecError>),
+    /// Loading the step failed: its plan did not validate, its memory could not be allocated
+    /// (larger than the host's or the GPU's), or the GPU could not be set up.
+    #[error("loading the step: {0}")]
+    Load(Box<ExecError>),
 }
 
 impl From<ExecError> for SessionError {
@@ -257,20 +261,24 @@ impl Session {
         seed: u64,
         device: Device,
     ) -> Result<Session, SessionError> {
-        let mut values = init::init_leaves(&graph, LeafKind::Parameter, seed);
-        values.extend(init::init_leaves(&graph, LeafKind::State, seed));
-        values.extend(init::synthetic_batch(&graph, seed));
+        // The allocation first: a plan too large for the device is refused (naming its sizes)
+        // before any leaf's initial value is made on the host.
+        let load = |e: ExecError| SessionError::Load(Box::new(e));
         let exe = match device {
-            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(graph, plan)?)),
-            Device::Cuda(o) => {
-                Backend::Cuda(Box::new(CudaStep::with_kernels(graph, plan, o, kernels)?))
-            }
+            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(graph, plan).map_err(load)?)),
+            Device::Cuda(o) => Backend::Cuda(Box::new(
+                CudaStep::with_kernels(graph, plan, o, kernels).map_err(load)?,
+            )),
         };
         let mut session = Session {
             model: model.to_string(),
             exe,
             steps: 0,
         };
+        let graph = session.graph();
+        let mut values = init::init_leaves(graph, LeafKind::Parameter, seed);
+        values.extend(init::init_leaves(graph, LeafKind::State, seed));
+        values.extend(init::synthetic_batch(graph, seed));
         for (name, value) in &values {
             session.exe_mut().write_leaf(name, value)?;
         }

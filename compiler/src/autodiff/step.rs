@@ -2,7 +2,7 @@
 
 use super::{grad, Optimizer};
 use crate::error::{IrError, Result};
-use crate::ir::{Graph, LeafKind};
+use crate::ir::{Graph, LeafKind, NodeId, Op};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -43,6 +43,11 @@ pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
             "the forward graph has no parameters to train".into(),
         ));
     }
+    if !depends_on_a_parameter(&g, loss) {
+        return Err(IrError::Invalid(format!(
+            "the loss {loss} depends on no parameter, so no step can change it (as PyTorch says, it \"does not require grad\"); compute the loss from the model's parameters"
+        )));
+    }
     let f = g.len();
     let grads = grad::grad(&mut g, loss, &params)?;
     let b = g.len();
@@ -56,4 +61,21 @@ pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
             optimizer: b..n,
         },
     })
+}
+
+/// True when some parameter reaches `x` through the graph's operands. The node list is a
+/// topological order, so one forward sweep decides it for every node.
+fn depends_on_a_parameter(g: &Graph, x: NodeId) -> bool {
+    let mut depends = vec![false; x.index() + 1];
+    for id in g.ids().take(x.index() + 1) {
+        let node = g.node(id);
+        depends[id.index()] = matches!(
+            node.op,
+            Op::Leaf {
+                kind: LeafKind::Parameter,
+                ..
+            }
+        ) || node.inputs.iter().any(|i| depends[i.index()]);
+    }
+    depends[x.index()]
 }

@@ -2,7 +2,7 @@
 //! calls it as each node is added, the verifier calls it again on a finished graph, and the
 //! text parser calls it on every line, so a graph that exists is a graph that type-checks.
 
-use super::{Axes, BinaryOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use super::{Axes, BinaryOp, DType, Init, Op, ReduceOp, Shape, TensorType, UnaryOp};
 use crate::error::IrError;
 
 /// Infers the result type of `op` applied to `operands`.
@@ -35,11 +35,30 @@ pub fn infer(
     let need_declared = || -> Result<&TensorType, IrError> {
         declared.ok_or_else(|| fail("needs its result type stated".into()))
     };
+    // Sizes are multiplied everywhere downstream (planning, allocation): a type whose byte
+    // size does not fit is refused here, where the op and the shape can be named.
+    let too_large = |t: &TensorType| {
+        fail(format!(
+            "{t} holds more bytes than any allocation can ({} elements of {} bytes overflow the address space)",
+            t.shape.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x "),
+            t.dtype.size()
+        ))
+    };
+    if let Some(d) = declared.filter(|d| d.checked_bytes().is_none()) {
+        return Err(too_large(d));
+    }
     let inferred = match op {
-        Op::Leaf { name, .. } => {
+        Op::Leaf { name, init, .. } => {
             arity(0)?;
             if name.is_empty() {
                 return Err(fail("a leaf needs a non-empty name".into()));
+            }
+            if let Init::Normal { std } = init {
+                if !(std.is_finite() && *std >= 0.0) {
+                    return Err(fail(format!(
+                        "init=normal({std}): the standard deviation must be a finite number >= 0"
+                    )));
+                }
             }
             need_declared()?.clone()
         }
@@ -324,6 +343,9 @@ pub fn infer(
             t.clone()
         }
     };
+    if inferred.checked_bytes().is_none() {
+        return Err(too_large(&inferred));
+    }
     if let Some(d) = declared {
         if *d != inferred {
             return Err(fail(format!(

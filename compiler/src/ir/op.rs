@@ -214,8 +214,21 @@ impl TensorType {
         }
     }
 
+    /// Bytes of a value of this type. Every type in a graph has passed [`crate::ir::infer`],
+    /// which refuses one whose size [`TensorType::checked_bytes`] cannot give, so this product
+    /// does not overflow there.
     pub fn bytes(&self) -> usize {
         self.shape.numel() * self.dtype.size()
+    }
+
+    /// Bytes of a value of this type, or `None` when the element count or the byte count
+    /// overflows, or exceeds `isize::MAX` (the most any one allocation can hold).
+    pub fn checked_bytes(&self) -> Option<usize> {
+        self.shape
+            .dims()
+            .iter()
+            .try_fold(self.dtype.size(), |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= isize::MAX as usize)
     }
 }
 

@@ -1171,7 +1171,13 @@ output \"loss\" = %5
         for v in values {
             let mut g = Graph::new();
             g.full(v, [2], DType::F64).unwrap();
-            g.parameter("p", [1], DType::F32, Init::Normal { std: v })
+            // A standard deviation must be finite and not negative; the constant takes any.
+            let std_of = if v.is_finite() && v >= 0.0 {
+                v
+            } else {
+                v.abs().min(f64::MAX)
+            };
+            g.parameter("p", [1], DType::F32, Init::Normal { std: std_of })
                 .unwrap();
             let back = parse(&print(&g)).unwrap();
             let Op::Full { value } = back.node(NodeId(0)).op else {
@@ -1190,8 +1196,39 @@ output \"loss\" = %5
             else {
                 panic!()
             };
-            assert_eq!(std.to_bits(), v.to_bits());
+            assert_eq!(std.to_bits(), std_of.to_bits());
         }
+    }
+
+    #[test]
+    fn a_normal_init_with_a_nan_infinite_or_negative_std_is_an_error_naming_the_line() {
+        for bad in ["nan", "inf", "-inf", "-0.35", "-1e-300"] {
+            let text = format!(
+                "ingot-ir 1\n%0 = input \"x\" : f32[2]\n%1 = parameter \"w\" init=normal({bad}) : f32[2]\n"
+            );
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains("line 3"), "{bad}: {e}");
+            assert!(
+                e.contains("normal(") && e.contains("standard deviation"),
+                "{bad}: {e}"
+            );
+        }
+        // Zero is a valid standard deviation (the leaf starts at zeros).
+        parse("ingot-ir 1\n%0 = parameter \"w\" init=normal(0) : f32[2]\n").unwrap();
+    }
+
+    #[test]
+    fn a_shape_whose_bytes_overflow_is_an_error_naming_the_line_and_the_shape() {
+        let text = "ingot-ir 1\n%0 = input \"x\" : f32[4611686018427387904,4]\n";
+        let e = parse(text).unwrap_err().to_string();
+        assert!(
+            e.contains("line 2") && e.contains("4611686018427387904"),
+            "{e}"
+        );
+        // Each dimension fits, their product does not.
+        let text = "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[4294967296,4294967296]\n";
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("too large"), "{e}");
     }
 
     #[test]
@@ -1485,7 +1522,7 @@ output \"loss\" = %5
         }
 
         #[test]
-        fn any_leaf_name_round_trips(name in "\\PC*|.*", std in any::<f64>()) {
+        fn any_leaf_name_round_trips(name in "\\PC*|.*", std in 0.0..f64::MAX) {
             prop_assume!(!name.is_empty());
             let mut g = Graph::new();
             let p = g.parameter(&name, [1], DType::F32, Init::Normal { std }).unwrap();

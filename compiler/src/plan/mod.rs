@@ -81,6 +81,15 @@ pub enum PlanError {
     Invalid(#[from] check::PlanViolation),
     #[error("the graph does not verify: {0}")]
     Graph(#[from] crate::error::IrError),
+    /// The storages together need more bytes than an address space holds.
+    #[error("the step's values together need more bytes than an address space holds (largest: {largest}); lower the batch size, sequence length or model dimensions")]
+    TooLarge { largest: String },
+    /// The schedule leaves nodes out: their dependences (data and update order) form a cycle.
+    #[error("the {strategy:?} schedule cannot order {} of the graph's nodes ({}{}): their data and in-place update dependences form a cycle", .missing.len(), .missing.iter().take(8).map(|n| n.to_string()).collect::<Vec<_>>().join(", "), if .missing.len() > 8 { ", ..." } else { "" })]
+    Unschedulable {
+        strategy: Strategy,
+        missing: Vec<NodeId>,
+    },
 }
 
 impl MemoryPlan {
@@ -133,9 +142,10 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
                 Strategy::Traced => schedule::traced(g),
                 Strategy::MemoryAware => schedule::memory_aware(g),
             };
+            complete(g, &order, strategy)?;
             Prepared::new(g, &order, strategy, opts.workspace)
         })
-        .collect();
+        .collect::<Result<_, PlanError>>()?;
     candidates.sort_by_key(|c| c.load_bytes);
     let mut best: Option<MemoryPlan> = None;
     for c in candidates {
@@ -156,6 +166,23 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     Ok(best)
 }
 
+/// Every node of `g` is in `order` (a list schedule leaves out the nodes of a dependence
+/// cycle; liveness would give them no storage).
+fn complete(g: &Graph, order: &[NodeId], strategy: Strategy) -> Result<(), PlanError> {
+    let mut seen = vec![false; g.len()];
+    for &id in order {
+        if let Some(s) = seen.get_mut(id.index()) {
+            *s = true;
+        }
+    }
+    let missing: Vec<NodeId> = g.ids().filter(|id| !seen[id.index()]).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(PlanError::Unschedulable { strategy, missing })
+    }
+}
+
 /// Plans `g` for one given schedule.
 pub fn plan_order(
     g: &Graph,
@@ -163,7 +190,8 @@ pub fn plan_order(
     strategy: Strategy,
     solver_time: Duration,
 ) -> Result<MemoryPlan, PlanError> {
-    Prepared::new(g, order, strategy, None).solve(PlanOptions::default().solver_nodes, solver_time)
+    complete(g, order, strategy)?;
+    Prepared::new(g, order, strategy, None)?.solve(PlanOptions::default().solver_nodes, solver_time)
 }
 
 /// A schedule with its liveness, resident layout and slab problem, before offsets are solved.
@@ -184,8 +212,26 @@ impl Prepared {
         order: &[NodeId],
         strategy: Strategy,
         workspace: Option<WorkspaceFn>,
-    ) -> Prepared {
+    ) -> Result<Prepared, PlanError> {
         let liveness = Liveness::analyse(g, order, workspace);
+        // Every offset the plan can give is at most the sum of all aligned storage sizes: when
+        // that sum fits, no offset, end or total computed below (or by the solver) overflows.
+        let sum = liveness.storages.iter().try_fold(0usize, |acc, s| {
+            acc.checked_add(s.bytes.checked_next_multiple_of(ALIGNMENT)?)
+                .filter(|&t| t <= isize::MAX as usize)
+        });
+        if sum.is_none() {
+            let mut largest: Vec<&Storage> = liveness.storages.iter().collect();
+            largest.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+            return Err(PlanError::TooLarge {
+                largest: largest
+                    .iter()
+                    .take(3)
+                    .map(|s| format!("{} {} ({} bytes)", s.owner, g.ty(s.owner), s.bytes))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
         let mut storage_offset = vec![0usize; liveness.storages.len()];
         // Resident storages, packed in graph order.
         let mut resident_bytes = 0usize;
@@ -217,7 +263,7 @@ impl Prepared {
             alignment: ALIGNMENT as u64,
         };
         let (load_bytes, peak_position) = load_and_peak(&problem);
-        Prepared {
+        Ok(Prepared {
             strategy,
             liveness,
             storage_offset,
@@ -226,7 +272,7 @@ impl Prepared {
             problem,
             load_bytes,
             peak_position,
-        }
+        })
     }
 
     fn solve(mut self, solver_nodes: u64, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
@@ -275,4 +321,43 @@ fn load_and_peak(p: &dsa::Problem) -> (usize, usize) {
         }
     }
     (best as usize, at as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Init};
+
+    #[test]
+    fn an_update_to_the_value_its_target_holds_orders_nothing_and_plans() {
+        // `update w = w` (a gradient simplified to zero) while another output reads w.
+        let mut g = Graph::new();
+        let w = g.parameter("w", [4], DType::F32, Init::Ones).unwrap();
+        let x = g.input("x", [4], DType::F32).unwrap();
+        let y = g.mul(w, x).unwrap();
+        g.set_output("loss", y).unwrap();
+        g.set_update(w, w).unwrap();
+        let p = plan(&g, &PlanOptions::default()).unwrap();
+        assert_eq!(p.liveness.order.len(), g.len());
+        assert!(p.liveness.copies.is_empty());
+    }
+
+    #[test]
+    fn a_schedule_that_cannot_order_every_node_is_an_error_naming_them() {
+        // The old value of w is read by a node that needs the new one: no order runs both.
+        let mut g = Graph::new();
+        let w = g.parameter("w", [4], DType::F32, Init::Ones).unwrap();
+        let x = g.input("x", [4], DType::F32).unwrap();
+        let new = g.add(w, x).unwrap();
+        let late = g.mul(new, w).unwrap();
+        g.set_output("loss", late).unwrap();
+        g.set_update(w, new).unwrap();
+        let e = plan(&g, &PlanOptions::default()).unwrap_err();
+        assert!(matches!(e, PlanError::Unschedulable { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&new.to_string()) && msg.contains("cycle"),
+            "{msg}"
+        );
+    }
 }

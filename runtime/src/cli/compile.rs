@@ -29,7 +29,8 @@ pub struct CompileArgs {
 
 /// The step executable of `model` planned for `device` ([`session::executable`]).
 pub fn executable(model: &Model, device: session::Device) -> Result<Executable, Failure> {
-    let compiled = pipeline::compile(model, &device.options())?;
+    let compiled = pipeline::compile(model, &device.options())
+        .map_err(|e| Failure::new(1, format!("{}: {e}", model.name)))?;
     Ok(session::executable(&compiled, device)?)
 }
 
@@ -38,6 +39,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cpu => session::Device::Cpu,
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
+    super::check_outputs([("--output", Some(a.output.as_path()))])?;
     let exe = executable(&a.model.load()?, device)?;
     let bytes = exe.to_bytes()?;
     // What is written must read back as what was compiled: the reader's checks (the plan
@@ -52,8 +54,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
             ),
         ));
     }
-    std::fs::write(&a.output, &bytes)
-        .map_err(|e| Failure::new(1, format!("{}: cannot write it: {e}", a.output.display())))?;
+    super::write_file(&a.output, &bytes)?;
     let r = &exe.report;
     crate::outln!(
         "wrote {} ({} bytes): {} for {}, {} ops, {} kernel launches per step{}, {} planned in one allocation",

@@ -59,9 +59,7 @@ impl ModelArgs {
         match (&self.model, &self.model_file) {
             (Some(name), _) => Ok(ingot_compiler::models::by_name(name)?),
             (None, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    Failure::new(1, format!("{}: cannot read it: {e}", path.display()))
-                })?;
+                let text = read_text(path, MAX_MODEL_FILE_BYTES)?;
                 let name = path.display().to_string();
                 ingot_compiler::models::Model::from_ir_text(&name, &text).map_err(|e| {
                     Failure::new(
@@ -76,6 +74,49 @@ impl ModelArgs {
             (None, None) => Err(Failure::new(2, "give --model NAME or --model-file PATH")),
         }
     }
+}
+
+/// The longest `--model-file` read (the IR text of gpt2 is well under 1 MiB).
+pub const MAX_MODEL_FILE_BYTES: u64 = 64 << 20;
+
+/// The text of the file at `path`, at most `cap` bytes of UTF-8; errors name the file.
+pub fn read_text(path: &std::path::Path, cap: u64) -> Result<String, Failure> {
+    let bytes = ingot_compiler::files::read_capped(path, cap)
+        .map_err(|e| Failure::new(1, format!("{}: cannot read it: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|e| {
+        Failure::new(
+            1,
+            format!(
+                "{}: not UTF-8 text (byte {} is not valid UTF-8)",
+                path.display(),
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
+}
+
+/// Checks, before any work, that each output file given can be written (the directory exists
+/// and is writable, the path is not a directory), naming the option and the path when not.
+pub fn check_outputs<'a>(
+    outputs: impl IntoIterator<Item = (&'a str, Option<&'a std::path::Path>)>,
+) -> Result<(), Failure> {
+    for (option, path) in outputs {
+        if let Some(path) = path {
+            ingot_compiler::files::check_writable(path).map_err(|e| {
+                Failure::new(
+                    1,
+                    format!("{option} {}: cannot write there: {e}", path.display()),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` atomically ([`ingot_compiler::files::write_atomically`]).
+pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), Failure> {
+    ingot_compiler::files::write_atomically(path, bytes)
+        .map_err(|e| Failure::new(1, format!("{}: cannot write it: {e}", path.display())))
 }
 
 /// A failure with the exit code it maps to.

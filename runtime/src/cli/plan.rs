@@ -39,8 +39,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if a.unoptimized {
         opts = pipeline::Options::unoptimized(opts.plan);
     }
+    super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
     let model = a.model.load()?;
-    let compiled = pipeline::compile(&model, &opts)?;
+    let compiled = pipeline::compile(&model, &opts)
+        .map_err(|e| Failure::new(1, format!("{}: {e}", model.name)))?;
     let report = &compiled.report;
     use ingot_compiler::plan::picture;
     let pictures = [
@@ -49,9 +51,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     ];
     for (path, draw) in pictures {
         if let Some(path) = path {
-            std::fs::write(path, draw(&compiled.graph, &compiled.plan, report)).map_err(|e| {
-                Failure::new(1, format!("{}: cannot write it: {e}", path.display()))
-            })?;
+            super::write_file(
+                path,
+                draw(&compiled.graph, &compiled.plan, report).as_bytes(),
+            )?;
         }
     }
     if a.json {

@@ -21,6 +21,7 @@ pub struct RunArgs {
 }
 
 pub fn run(a: &RunArgs) -> Result<(), Failure> {
+    a.run.check_outputs()?;
     let exe = Executable::read(&a.file)?;
     let planned_for = match exe.target {
         Target::Cpu => Device::Cpu,

@@ -67,6 +67,14 @@ pub struct StepArgs {
 }
 
 impl StepArgs {
+    /// Checks that `--save` and `--save-data` can be written, before anything is compiled or run.
+    pub fn check_outputs(&self) -> Result<(), Failure> {
+        super::check_outputs([
+            ("--save", self.save.as_deref()),
+            ("--save-data", self.save_data.as_deref()),
+        ])
+    }
+
     /// The session device these arguments ask for; `default` when `--device` is not given.
     pub fn session_device(&self, default: Device) -> Result<session::Device, Failure> {
         match self.device.unwrap_or(default) {
@@ -92,10 +100,15 @@ struct StepLine {
     seconds: f64,
     /// The wall clock of the step and the loss's copy to the host.
     wall_seconds: f64,
+    /// Present (and true) only on the step whose loss is NaN or infinite, the last one run:
+    /// `loss` alone would print as `null` for both.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    non_finite: bool,
 }
 
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let device = a.run.session_device(Device::Cpu)?;
+    a.run.check_outputs()?;
     let model = a.model.load()?;
     let mut session = Session::on(&model, a.run.seed, device)?;
     train(&mut session, &a.run, device)
@@ -155,11 +168,17 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
         bar
     });
     let planned = human(session.exe().plan().total_bytes);
-    let mut seconds = Vec::with_capacity(a.steps as usize);
-    let mut wall = Vec::with_capacity(a.steps as usize);
+    // Per-step times grow with the steps actually run; nothing is reserved in proportion to
+    // `--steps` (which may be any u64).
+    let mut seconds = Vec::new();
+    let mut wall = Vec::new();
     let mut free_after_first = None;
+    let mut non_finite = None;
     for i in 1..=a.steps {
         let r = session.step()?;
+        if !r.loss.is_finite() {
+            non_finite = Some((i, r.loss));
+        }
         seconds.push(r.seconds);
         wall.push(r.wall_seconds);
         if i == 1 {
@@ -171,6 +190,7 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
                 loss: r.loss,
                 seconds: r.seconds,
                 wall_seconds: r.wall_seconds,
+                non_finite: non_finite.is_some(),
             };
             crate::outln!(
                 "{}",
@@ -190,11 +210,35 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
         } else {
             crate::outln!("step {i:>5}  loss {:>12.6}  {:>9.3} s", r.loss, r.seconds)?;
         }
+        if non_finite.is_some() {
+            break;
+        }
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    summary(a, session, &seconds, &wall, free_after_first)?;
+    summary(
+        a,
+        session,
+        &seconds,
+        &wall,
+        free_after_first,
+        non_finite.map(|(i, _)| i),
+    )?;
+    if let Some((step, loss)) = non_finite {
+        // The parameters were updated with a non-finite gradient: nothing is saved over a
+        // good file, and the exit code says the run failed.
+        return Err(Failure::new(
+            1,
+            format!(
+                "step {step}: the loss is {loss}; training stopped at the first non-finite loss{} (lower the learning rate, or check the data and the initial parameters)",
+                match &a.save {
+                    Some(p) => format!(", and {} was not written", p.display()),
+                    None => String::new(),
+                }
+            ),
+        ));
+    }
     if let Some(path) = &a.save {
         io::save(path, &session.parameters())?;
         if !a.json {
@@ -208,7 +252,11 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
 #[derive(serde::Serialize)]
 struct Summary {
     device: String,
+    /// Steps run (fewer than asked when a non-finite loss stopped the run).
     steps: u64,
+    /// The step whose loss was NaN or infinite, where training stopped; absent when none was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    non_finite_loss_step: Option<u64>,
     median_step_seconds: Option<f64>,
     median_wall_seconds: Option<f64>,
     /// The plan's total: the one allocation's size, reported before launch.
@@ -246,6 +294,7 @@ fn summary(
     seconds: &[f64],
     wall: &[f64],
     free_after_first: Option<usize>,
+    non_finite_loss_step: Option<u64>,
 ) -> Result<(), Failure> {
     let plan = session.exe().plan();
     let cuda = session.cuda();
@@ -256,7 +305,8 @@ fn summary(
     };
     let s = Summary {
         device: session.exe().device(),
-        steps: a.steps,
+        steps: seconds.len() as u64,
+        non_finite_loss_step,
         median_step_seconds: median(seconds),
         median_wall_seconds: median(wall),
         planned_bytes: plan.total_bytes,
@@ -306,7 +356,7 @@ fn summary(
     if let Some(d) = free_change {
         crate::outln!(
             "free device memory after step 1 and after step {}: {}",
-            a.steps,
+            seconds.len(),
             if d == 0 {
                 "identical (no allocation during the steps)".to_string()
             } else {

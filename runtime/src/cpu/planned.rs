@@ -58,6 +58,46 @@ pub struct PlannedStep {
     chunk_node: Vec<Option<Node>>,
 }
 
+/// Bytes the host can give without swapping: `MemAvailable` of /proc/meminfo (Linux), or
+/// `None` where it cannot be read (then only the allocation itself can refuse).
+pub fn available_host_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses, before anything is allocated, a plan larger than the host memory `available`,
+/// naming the plan's sizes: the allocator would abort the process, or the machine swap.
+fn refuse_beyond_host_memory(plan: &MemoryPlan, available: Option<usize>) -> Result<(), ExecError> {
+    match available {
+        Some(free) if plan.total_bytes > free => Err(ExecError::Invalid {
+            op: "allocation",
+            reason: format!(
+                "the plan needs {} bytes ({} resident + {} slab) in one allocation, but the host has {} bytes available (MemAvailable in /proc/meminfo); lower the batch size, sequence length or model dimensions",
+                plan.total_bytes, plan.resident_bytes, plan.slab_bytes, free
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `bytes` of zeroed memory as whole aligned blocks, allocated fallibly: a size the allocator
+/// cannot give is an error naming it, not an abort.
+fn zeroed_blocks(bytes: usize) -> Result<Vec<Block>, ExecError> {
+    let blocks = bytes.div_ceil(ALIGNMENT);
+    let mut memory = Vec::new();
+    memory
+        .try_reserve_exact(blocks)
+        .map_err(|e| ExecError::Invalid {
+            op: "allocation",
+            reason: format!("cannot allocate the plan's {bytes} bytes on the host: {e}"),
+        })?;
+    // Within the reserved capacity: no reallocation.
+    memory.resize(blocks, Block([0; ALIGNMENT]));
+    Ok(memory)
+}
+
 impl PlannedStep {
     /// Checks the plan with the independent validator and makes the step's one allocation.
     pub fn new(graph: Graph, plan: MemoryPlan) -> Result<PlannedStep, ExecError> {
@@ -100,8 +140,8 @@ impl PlannedStep {
                 program.push(Instr::Exec(id));
             }
         }
-        let blocks = plan.total_bytes.div_ceil(ALIGNMENT);
-        let memory = vec![Block([0; ALIGNMENT]); blocks];
+        refuse_beyond_host_memory(&plan, available_host_memory())?;
+        let memory = zeroed_blocks(plan.total_bytes)?;
         Ok(PlannedStep {
             graph,
             plan,
@@ -382,5 +422,31 @@ impl crate::executor::StepExecutor for PlannedStep {
 
     fn device(&self) -> String {
         "cpu".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allocation_larger_than_the_address_space_is_an_error_naming_its_size() {
+        let bytes = usize::MAX - 1000;
+        let e = zeroed_blocks(bytes).err().expect("refused").to_string();
+        assert!(e.contains(&bytes.to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_small_allocation_is_zeroed_and_whole_blocks() {
+        let m = zeroed_blocks(300).unwrap();
+        assert_eq!(m.len(), 2);
+        assert!(m.iter().all(|b| b.0.iter().all(|&x| x == 0)));
+    }
+
+    #[test]
+    fn host_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(available_host_memory().is_some_and(|b| b > 0));
+        }
     }
 }

@@ -204,6 +204,15 @@ impl CudaStep {
         let (free_before, device_total) =
             result::mem_get_info().map_err(driver("reading free memory"))?;
         let bytes = plan.total_bytes.max(1);
+        if bytes > free_before {
+            return Err(ExecError::Device {
+                what: "allocating the step's memory".into(),
+                reason: format!(
+                    "the plan needs {bytes} bytes ({} resident + {} slab) in one allocation, but only {free_before} bytes of the GPU's {device_total} are free; lower the batch size, sequence length or model dimensions",
+                    plan.resident_bytes, plan.slab_bytes
+                ),
+            });
+        }
         // SAFETY: a plain device allocation, freed in Drop.
         let base = unsafe { result::malloc_sync(bytes) }.map_err(|e| ExecError::Device {
             what: "allocating the step's memory".into(),

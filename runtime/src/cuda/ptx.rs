@@ -116,9 +116,10 @@ pub fn compile(source: &str, options: &[String]) -> Result<(String, Source), Exe
             if let Some(d) = f.parent() {
                 std::fs::create_dir_all(d)?;
             }
-            let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, format!("{}{ptx}{END}", header(k)))?;
-            std::fs::rename(&tmp, f)
+            ingot_compiler::files::write_atomically(
+                f,
+                format!("{}{ptx}{END}", header(k)).as_bytes(),
+            )
         };
         let _ = write();
     }

@@ -215,6 +215,45 @@ impl fmt::Display for Greedy {
     }
 }
 
+/// What ended a search that did not meet its capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// [`SolveOptions::time_limit`] ran out.
+    TimeLimit(Duration),
+    /// [`SolveOptions::node_limit`] search nodes were spent.
+    NodeLimit(u64),
+    /// The capacity-aware dives failed under every order, and the exact search cannot hold the
+    /// problem (its overlap lists would exceed the search's memory bound): the solver has no
+    /// other method to try, so more time would not help.
+    HeuristicsExhausted,
+}
+
+impl Stopped {
+    /// What the user can do about it.
+    fn advice(&self) -> &'static str {
+        match self {
+            Stopped::TimeLimit(_) => "raise the capacity or the time limit",
+            Stopped::NodeLimit(_) => "raise the capacity or the node limit",
+            Stopped::HeuristicsExhausted => {
+                "raise the capacity (more time would not help this problem)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stopped::TimeLimit(t) => write!(f, "the time limit of {:.3} s ran out", t.as_secs_f64()),
+            Stopped::NodeLimit(n) => write!(f, "the node limit of {n} search nodes was reached"),
+            Stopped::HeuristicsExhausted => write!(
+                f,
+                "the capacity-aware dives failed under every order, and the problem is too large for the exact search"
+            ),
+        }
+    }
+}
+
 /// What happened during a [`solve`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SolveStats {
@@ -295,13 +334,15 @@ pub enum DsaError {
         load: u64,
         lower_bound: u64,
     },
-    #[error("capacity {capacity} not met within the budget ({elapsed:?}, {nodes} search nodes): best peak found {best_peak}, LOAD {load}; raise the capacity or the time limit")]
+    #[error("capacity {capacity} not met: {stopped} (after {:.3} s and {nodes} search nodes); best peak found {best_peak}, LOAD {load}; {}", .elapsed.as_secs_f64(), .stopped.advice())]
     CapacityNotMet {
         capacity: u64,
         best_peak: u64,
         load: u64,
         elapsed: Duration,
         nodes: u64,
+        /// What ended the search.
+        stopped: Stopped,
     },
     #[error("internal error, invalid solution: {message}")]
     InvalidSolution { message: String },
@@ -668,6 +709,17 @@ pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats),
                     load,
                     elapsed: stats.elapsed,
                     nodes: stats.nodes_explored,
+                    stopped: if deadline.is_some_and(|d| Instant::now() >= d) {
+                        Stopped::TimeLimit(opts.time_limit)
+                    } else if stats.nodes_explored >= opts.node_limit {
+                        Stopped::NodeLimit(opts.node_limit)
+                    } else if !stats.budget_exhausted {
+                        Stopped::HeuristicsExhausted
+                    } else {
+                        // Only the first greedy wave ran (it always completes): the deadline
+                        // passed during it.
+                        Stopped::TimeLimit(opts.time_limit)
+                    },
                 }
             });
         }

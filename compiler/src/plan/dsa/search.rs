@@ -737,18 +737,48 @@ pub(crate) fn improve(
         None
     };
     let Some(sw) = sweep else {
-        return improve_by_dives(inst, best, capacity, deadline, node_limit);
+        let out = improve_by_dives(inst, best, capacity, deadline, node_limit);
+        // The dives are heuristics: a capacity they could not meet, with budget left, goes to
+        // the exact search for the rest of the budget, when the problem's overlaps fit in it
+        // (the time limit, not the heuristics, decides when to give up).
+        if capacity.is_some() && out.solution.is_none() && !out.budget_exhausted {
+            if let Some(sw) = Sweep::new(inst, MAX_PAIRS) {
+                let mut exact = exact(
+                    inst,
+                    &sw,
+                    best,
+                    capacity,
+                    deadline,
+                    node_limit.saturating_sub(out.nodes),
+                );
+                exact.nodes += out.nodes;
+                return exact;
+            }
+        }
+        return out;
     };
+    exact(inst, &sw, best, capacity, deadline, node_limit)
+}
+
+/// [`improve_with`] on a thread whose stack is sized for the problem's recursion depth.
+fn exact(
+    inst: &Instance,
+    sw: &Sweep,
+    best: &Solution,
+    capacity: Option<u64>,
+    deadline: Option<Instant>,
+    node_limit: u64,
+) -> Outcome {
     // Deep recursion: run on a thread with a stack sized for the problem.
     let stack = (64 << 20).max(inst.n * 4096);
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .stack_size(stack)
             .spawn_scoped(scope, || {
-                improve_with(inst, &sw, best, capacity, deadline, node_limit)
+                improve_with(inst, sw, best, capacity, deadline, node_limit)
             })
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .unwrap_or_else(|_| improve_with(inst, &sw, best, capacity, deadline, node_limit))
+            .unwrap_or_else(|_| improve_with(inst, sw, best, capacity, deadline, node_limit))
     })
 }
 
