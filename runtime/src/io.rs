@@ -60,14 +60,54 @@ impl IoError {
 }
 
 /// Reads every tensor of the safetensors file at `path`, by name, in the order of their data.
+///
+/// The file is read as far as its header declares (plus one byte, so that trailing bytes are
+/// refused by the parser): a stream without end such as `/dev/zero` is an error, not a read
+/// that never stops.
 pub fn load(path: impl AsRef<Path>) -> Result<IndexMap<String, Tensor>, IoError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| IoError::Os {
+    let bytes = read_declared(path).map_err(|source| IoError::Os {
         path: path.to_path_buf(),
         action: "cannot read",
         source,
     })?;
     from_bytes(&bytes, path)
+}
+
+/// The largest header Ingot reads: safetensors' own limit.
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Reads the 8-byte header length, the header, and then only as many data bytes as the header's
+/// offsets reach (plus one). A header that does not parse leaves the bytes read so far to
+/// [`from_bytes`], which names what is wrong.
+fn read_declared(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    (&mut f).take(8).read_to_end(&mut bytes)?;
+    let Ok(len) = <[u8; 8]>::try_from(bytes.as_slice()) else {
+        return Ok(bytes);
+    };
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER {
+        return Ok(bytes);
+    }
+    (&mut f).take(n).read_to_end(&mut bytes)?;
+    let data_end = serde_json::from_slice::<serde_json::Value>(&bytes[8..])
+        .ok()
+        .and_then(|header| {
+            header.as_object().map(|tensors| {
+                tensors
+                    .values()
+                    .filter_map(|t| t.get("data_offsets")?.get(1)?.as_u64())
+                    .max()
+                    .unwrap_or(0)
+            })
+        });
+    if let Some(end) = data_end {
+        f.take(end.saturating_add(1)).read_to_end(&mut bytes)?;
+    }
+    Ok(bytes)
 }
 
 /// Writes `tensors` to a safetensors file at `path`, replacing it atomically: a crash leaves
@@ -300,6 +340,28 @@ mod tests {
         let back = from_bytes(&to_bytes(&m, p).unwrap(), p).unwrap();
         // The serializer sorts by name within a dtype.
         assert_eq!(back.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_stream_without_end_is_refused_after_its_header_not_read_forever() {
+        let e = load("/dev/zero").unwrap_err();
+        assert!(matches!(e, IoError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("/dev/zero"), "{e}");
+    }
+
+    #[test]
+    fn bytes_past_what_the_header_declares_are_refused() {
+        let dir = std::env::temp_dir().join(format!("ingot-io-trailing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("w.safetensors");
+        save(&p, &every_dtype()).unwrap();
+        assert_eq!(load(&p).unwrap().len(), every_dtype().len());
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes.extend_from_slice(&[0; 16]);
+        std::fs::write(&p, &bytes).unwrap();
+        let e = load(&p).unwrap_err();
+        assert!(matches!(e, IoError::Corrupt { .. }), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -97,7 +97,9 @@ fn random(n: usize) -> Vec<f32> {
 
 #[test]
 fn gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values() {
-    if !rt::gpu_for_test("gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values") {
+    if !rt::gpu_for_test(
+        "gpu_sums_of_2_pow_27_plus_terms_are_exact_for_ones_and_accurate_for_random_values",
+    ) {
         return;
     }
     let n = (1usize << 27) + 16;
