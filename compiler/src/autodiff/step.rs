@@ -48,6 +48,10 @@ pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
             "the loss {loss} depends on no parameter, so no step can change it (as PyTorch says, it \"does not require grad\"); compute the loss from the model's parameters"
         )));
     }
+    // As in PyTorch, a parameter the loss does not depend on gets no gradient and so no update:
+    // no weight decay, no optimizer state (its value stays as loaded, and is still saved).
+    let reaches = ancestors(&g, loss);
+    let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
     let f = g.len();
     let grads = grad::grad(&mut g, loss, &params)?;
     let b = g.len();
@@ -61,6 +65,28 @@ pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
             optimizer: b..n,
         },
     })
+}
+
+/// `out[i]` is true when `x` depends on node `i` (or is it). One backward sweep over the
+/// topological node list.
+fn ancestors(g: &Graph, x: NodeId) -> Vec<bool> {
+    let mut reaches = vec![false; x.index() + 1];
+    reaches[x.index()] = true;
+    for id in g
+        .ids()
+        .take(x.index() + 1)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        if reaches[id.index()] {
+            for i in &g.node(id).inputs {
+                reaches[i.index()] = true;
+            }
+        }
+    }
+    reaches.resize(g.len(), false);
+    reaches
 }
 
 /// True when some parameter reaches `x` through the graph's operands. The node list is a
@@ -78,4 +104,58 @@ fn depends_on_a_parameter(g: &Graph, x: NodeId) -> bool {
         ) || node.inputs.iter().any(|i| depends[i.index()]);
     }
     depends[x.index()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::text::parse;
+
+    /// `v` feeds an output but not the loss.
+    const UNREACHED: &str = r#"ingot-ir 1
+%0 = parameter "w" init=normal(0.5) : f32[2,2]
+%1 = parameter "v" init=normal(0.5) : f32[2,2]
+%2 = input "x" : f32[4,2]
+%3 = matmul(%2, %0) : f32[4,2]
+%4 = mul(%3, %3) : f32[4,2]
+%5 = reduce_sum(%4) axes=[0,1] : f32[1,1]
+%6 = reshape(%5) : f32[]
+%7 = matmul(%2, %1) : f32[4,2]
+output "loss" = %6
+output "other" = %7
+"#;
+
+    #[test]
+    fn a_parameter_the_loss_does_not_reach_gets_no_update_and_no_optimizer_state() {
+        let forward = parse(UNREACHED).unwrap();
+        let step = training_step(&forward, &Optimizer::adamw(1e-3, 0.1)).unwrap();
+        let g = &step.graph;
+        let name = |id: NodeId| match &g.node(id).op {
+            Op::Leaf { name, .. } => name.clone(),
+            op => panic!("an update of a non-leaf {op:?}"),
+        };
+        let mut targets: Vec<String> = g.updates.iter().map(|u| name(u.target)).collect();
+        targets.sort();
+        assert_eq!(
+            targets,
+            [
+                super::super::optim::STEP_COUNTER,
+                "w",
+                "w.exp_avg",
+                "w.exp_avg_sq"
+            ],
+            "only w, its moments and the step counter are updated"
+        );
+        let mut state: Vec<String> = g.leaves(LeafKind::State).into_iter().map(name).collect();
+        state.sort();
+        assert_eq!(
+            state,
+            [
+                super::super::optim::STEP_COUNTER,
+                "w.exp_avg",
+                "w.exp_avg_sq"
+            ],
+            "v has no optimizer state"
+        );
+    }
 }
