@@ -199,7 +199,8 @@ impl Lowerer<'_> {
     fn expand_uncached(&mut self, v: NodeId, map: &Map) -> Option<usize> {
         let g = self.g;
         let node = g.node(v);
-        let own = self.roots.contains(&v);
+        // `roots` is sorted: a binary search, since a merged group can have thousands.
+        let own = self.roots.binary_search(&v).is_ok();
         let k = kind(node);
         if matches!(k, Kind::Leaf | Kind::Library) || (self.mat[v.index()] && !own) {
             return Some(self.load(v, map));

@@ -29,6 +29,8 @@ pub mod select;
 
 use crate::error::IrError;
 use crate::ir::{Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use index::Map;
+use ingot_kernels::fused::Access;
 use lower::{lower, Domain, Lowered};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -149,7 +151,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
         }
     };
     let groups = if opts.merge {
-        merge(&g, &mat, groups)
+        merge(&g, &mat, groups)?
     } else {
         groups
     };
@@ -224,8 +226,50 @@ fn merged_domain(a: &Domain, b: &Domain) -> Option<Domain> {
     })
 }
 
+/// A group while merging: its lowering may be left for the end (see [`merge`]).
+struct Part {
+    /// Sorted whenever `lowered` is present.
+    roots: Vec<NodeId>,
+    domain: Domain,
+    /// `None` after a merge decided without lowering: lowered once, at the end.
+    lowered: Option<Lowered>,
+    /// What the kernel loads, with the access of each load (repeats allowed).
+    loads: Vec<(NodeId, Access)>,
+    /// No reduction anywhere: no reduce axes, none staged.
+    elementwise: bool,
+}
+
+impl Part {
+    fn of(gr: Group) -> Part {
+        let loads = gr
+            .lowered
+            .inputs
+            .iter()
+            .zip(&gr.lowered.kernel.inputs)
+            .map(|(&x, i)| (x, i.access.clone()))
+            .collect();
+        Part {
+            elementwise: gr.domain.axes.is_none() && gr.lowered.kernel.reduce_axes.is_empty(),
+            roots: gr.roots,
+            domain: gr.domain,
+            lowered: Some(gr.lowered),
+            loads,
+        }
+    }
+}
+
 /// Folds producer groups into consumer groups that read their roots (see the module docs).
-fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
+///
+/// Whether a merge is allowed is decided by lowering the merged group, except when the answer is
+/// known without it: two purely elementwise groups (no reduce axes, no staged reduction) where
+/// the consumer reads each of the producer's roots at the root's own index. Lowering the union
+/// then expands exactly the (value, index) pairs the two lowerings expanded, with the
+/// consumer's loads of the producer's roots replaced by the producer's own expansions, so it
+/// succeeds and computes every producer root; the merged group's loads are the two groups'
+/// loads less those. Such merges leave the lowering for the end, so that a chain of n
+/// elementwise groups folded one by one costs O(n), not the O(n²) of lowering a growing group
+/// after every merge. The merges made are the same either way.
+fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Group>, IrError> {
     // Units of the dependence graph: groups and library nodes, keyed by a representative node.
     let mut group_of: HashMap<NodeId, usize> = HashMap::new();
     for (i, gr) in groups.iter().enumerate() {
@@ -233,7 +277,7 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
             group_of.insert(r, i);
         }
     }
-    let mut slots: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<Part>> = groups.into_iter().map(|gr| Some(Part::of(gr))).collect();
     // Union-find over group indices.
     let mut parent: Vec<usize> = (0..slots.len()).collect();
     fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -262,34 +306,27 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
         }
         group_of.get(&b).map(|&i| find(parent, i))
     };
-    let inputs_of = |u: usize, slots: &[Option<Group>]| -> Vec<NodeId> {
-        if u < slots.len() {
+    // The unit graph's edges, both ways: `succ[p]` holds the units reading what `p` produces.
+    // Kept up to date as units merge (rebuilding them after every merge made the pass quadratic).
+    let mut succ: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n_units];
+    let mut pred: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n_units];
+    for u in 0..n_units {
+        let inputs: Vec<NodeId> = if u < slots.len() {
             slots[u]
                 .as_ref()
-                .map(|s| s.lowered.inputs.clone())
-                .unwrap_or_default()
+                .map_or_else(Vec::new, |s| s.loads.iter().map(|l| l.0).collect())
         } else {
             g.node(library[u - slots.len()]).inputs.to_vec()
-        }
-    };
-    // Successor lists of the unit graph, rebuilt lazily (units only ever merge).
-    let successors = |parent: &mut Vec<usize>, slots: &[Option<Group>]| -> Vec<BTreeSet<usize>> {
-        let mut succ = vec![BTreeSet::new(); n_units];
-        for u in 0..n_units {
-            if u < slots.len() && slots[u].is_none() {
-                continue;
-            }
-            for x in inputs_of(u, slots) {
-                if let Some(p) = producer(x, parent) {
-                    if p != u {
-                        succ[p].insert(u);
-                    }
+        };
+        for x in inputs {
+            if let Some(p) = producer(x, &mut parent) {
+                if p != u {
+                    succ[p].insert(u);
+                    pred[u].insert(p);
                 }
             }
         }
-        succ
-    };
-    let mut succ = successors(&mut parent, &slots);
+    }
     // Producers in order of their first root.
     for p0 in 0..slots.len() {
         let p = find(&mut parent, p0);
@@ -312,31 +349,120 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
             if reaches_avoiding(&succ, p, c) {
                 continue;
             }
-            let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
-            roots.sort();
-            let Ok(lowered) = lower(g, mat, &roots, &domain) else {
-                continue;
+            let own_index =
+                Map::identity(domain.dims.len()).access(&domain.dims, domain.dims.len());
+            let known = pg.elementwise
+                && cg.elementwise
+                && cg.loads.iter().all(|(x, access)| {
+                    producer(*x, &mut parent) != Some(p)
+                        || (select::base(g, *x) == *x && *access == own_index)
+                });
+            let (mut pg, mut cg) = (
+                slots[p].take().expect("checked above"),
+                slots[c].take().expect("checked above"),
+            );
+            let merged = if known {
+                // Append the smaller root list to the larger, sorting only at the end.
+                let (mut roots, more) = if pg.roots.len() >= cg.roots.len() {
+                    (std::mem::take(&mut pg.roots), std::mem::take(&mut cg.roots))
+                } else {
+                    (std::mem::take(&mut cg.roots), std::mem::take(&mut pg.roots))
+                };
+                roots.extend(more);
+                let mut loads = std::mem::take(&mut pg.loads);
+                loads.extend(
+                    cg.loads
+                        .drain(..)
+                        .filter(|(x, _)| producer(*x, &mut parent) != Some(p)),
+                );
+                Part {
+                    roots,
+                    domain,
+                    lowered: None,
+                    loads,
+                    elementwise: true,
+                }
+            } else {
+                let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
+                roots.sort();
+                // The merged kernel must compute the producer's roots, not load them.
+                let lowered = lower(g, mat, &roots, &domain).ok().filter(|l| {
+                    !l.inputs
+                        .iter()
+                        .any(|&x| producer(x, &mut parent) == Some(p))
+                });
+                let Some(lowered) = lowered else {
+                    slots[p] = Some(pg);
+                    slots[c] = Some(cg);
+                    continue;
+                };
+                Part::of(Group {
+                    roots,
+                    domain,
+                    lowered,
+                })
             };
-            // The merged kernel must compute the producer's roots, not load them.
-            if lowered
-                .inputs
-                .iter()
-                .any(|x| pg.roots.contains(&select::base(g, *x)))
-            {
-                continue;
-            }
-            slots[p] = None;
-            slots[c] = Some(Group {
-                roots,
-                domain,
-                lowered,
-            });
             parent[p] = c;
-            succ = successors(&mut parent, &slots);
+            // p's readers now read c; p's and c's operands are the merged kernel's.
+            for w in std::mem::take(&mut succ[p]) {
+                pred[w].remove(&p);
+                if w != c {
+                    succ[c].insert(w);
+                    pred[w].insert(c);
+                }
+            }
+            let old_preds: Vec<usize> = std::mem::take(&mut pred[p])
+                .into_iter()
+                .chain(std::mem::take(&mut pred[c]))
+                .collect();
+            for &q in &old_preds {
+                succ[q].remove(&p);
+                succ[q].remove(&c);
+            }
+            if known {
+                // The merged loads are both groups' loads less p's roots: the same producers.
+                for q in old_preds {
+                    if q != p && q != c {
+                        succ[q].insert(c);
+                        pred[c].insert(q);
+                    }
+                }
+            } else {
+                for (x, _) in &merged.loads {
+                    if let Some(q) = producer(*x, &mut parent) {
+                        if q != c {
+                            succ[q].insert(c);
+                            pred[c].insert(q);
+                        }
+                    }
+                }
+            }
+            slots[c] = Some(merged);
             break;
         }
     }
-    slots.into_iter().flatten().collect()
+    slots
+        .into_iter()
+        .flatten()
+        .map(|mut part| {
+            let lowered = match part.lowered {
+                Some(l) => l,
+                None => {
+                    part.roots.sort();
+                    lower(g, mat, &part.roots, &part.domain).map_err(|cuts| {
+                        IrError::Invalid(format!(
+                            "fusion: a merged elementwise kernel does not lower (cuts {cuts:?}; a bug: please report it)"
+                        ))
+                    })?
+                }
+            };
+            Ok(Group {
+                roots: part.roots,
+                domain: part.domain,
+                lowered,
+            })
+        })
+        .collect()
 }
 
 /// True if `to` is reachable from `from` by a path of at least two edges.

@@ -474,10 +474,13 @@ impl FusedKernel {
     /// size 1 if the stored instruction is row-level. (The domain if there is no such output.)
     pub fn output_dims(&self, j: usize) -> Vec<usize> {
         let mut dims = self.domain.clone();
-        let row = self
-            .outputs
-            .get(j)
-            .is_some_and(|o| self.is_row_level(o.value));
+        // Without reduce axes there is nothing to shrink: skip the walk over the body (a kernel
+        // with thousands of outputs is asked once per output).
+        let row = !self.reduce_axes.is_empty()
+            && self
+                .outputs
+                .get(j)
+                .is_some_and(|o| self.is_row_level(o.value));
         if row {
             for &a in &self.reduce_axes {
                 if let Some(d) = dims.get_mut(a) {
