@@ -567,8 +567,13 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
                     .collect::<Result<_, _>>()?;
                 let k = gr.lowered.kernel.clone();
-                let outs: Vec<TensorType> = (0..k.outputs.len())
-                    .map(|j| TensorType::new(Shape::new(&k.output_dims(j)), k.output_dtype(j)))
+                let outs: Vec<TensorType> = k
+                    .output_rows()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, row)| {
+                        TensorType::new(Shape::new(&k.output_dims_with(row)), k.output_dtype(j))
+                    })
                     .collect();
                 let fid = out.push(Op::Fused(Box::new(k)), &ins, Some(outs[0].clone()))?;
                 new_id.insert(gr.roots[0], fid);

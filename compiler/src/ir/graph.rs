@@ -279,6 +279,8 @@ impl Graph {
     pub fn verify(&self) -> Result<(), IrError> {
         let mut names = std::collections::BTreeSet::new();
         let mut results = std::collections::BTreeSet::new();
+        // Each kernel's output rows, computed once (not once per result node).
+        let mut rows = std::collections::HashMap::new();
         for (i, n) in self.nodes.iter().enumerate() {
             for &x in &n.inputs {
                 if x.index() >= i {
@@ -299,7 +301,7 @@ impl Graph {
                 n.inputs.iter().map(|&x| self.ty(x)).collect();
             infer(&n.op, &operand_types, Some(&n.ty), i)?;
             if let Op::Result { index } = n.op {
-                self.check_result(i, n.inputs[0], index, &mut results)?;
+                self.check_result(i, n.inputs[0], index, &mut results, &mut rows)?;
             }
         }
         for (name, id) in &self.outputs {
@@ -329,6 +331,7 @@ impl Graph {
         kernel: NodeId,
         index: usize,
         seen: &mut std::collections::BTreeSet<(NodeId, usize)>,
+        rows: &mut std::collections::HashMap<NodeId, Vec<bool>>,
     ) -> Result<(), IrError> {
         let fail = |reason: String| {
             Err(IrError::Invalid(format!(
@@ -344,7 +347,8 @@ impl Graph {
         if index >= k.outputs.len() {
             return fail(format!("the kernel has {} outputs", k.outputs.len()));
         }
-        let want = TensorType::new(Shape::new(&k.output_dims(index)), k.output_dtype(index));
+        let row = rows.entry(kernel).or_insert_with(|| k.output_rows())[index];
+        let want = TensorType::new(Shape::new(&k.output_dims_with(row)), k.output_dtype(index));
         if self.nodes[node].ty != want {
             return fail(format!(
                 "typed {} but the output is {want}",

@@ -473,14 +473,38 @@ impl FusedKernel {
     /// The shape output `j` is stored as, row-major: the domain, with every reduce axis taken as
     /// size 1 if the stored instruction is row-level. (The domain if there is no such output.)
     pub fn output_dims(&self, j: usize) -> Vec<usize> {
-        let mut dims = self.domain.clone();
-        // Without reduce axes there is nothing to shrink: skip the walk over the body (a kernel
-        // with thousands of outputs is asked once per output).
-        let row = !self.reduce_axes.is_empty()
+        self.output_dims_with(self.output_is_row(j))
+    }
+
+    /// Whether output `j` is stored at row level: the kernel has reduce axes and the stored
+    /// instruction is row-level (false for an output that does not exist).
+    fn output_is_row(&self, j: usize) -> bool {
+        // Without reduce axes there is nothing to shrink: skip the walk over the body.
+        !self.reduce_axes.is_empty()
             && self
                 .outputs
                 .get(j)
-                .is_some_and(|o| self.is_row_level(o.value));
+                .is_some_and(|o| self.is_row_level(o.value))
+    }
+
+    /// For every output, whether it is stored at row level (as [`FusedKernel::output_dims`]
+    /// decides), in one walk over the body. Asking output by output walks the body each time,
+    /// which is quadratic for a kernel with thousands of outputs; pass these to the `_with`
+    /// methods instead.
+    pub fn output_rows(&self) -> Vec<bool> {
+        if self.reduce_axes.is_empty() {
+            return vec![false; self.outputs.len()];
+        }
+        let rows = self.row_levels();
+        self.outputs
+            .iter()
+            .map(|o| rows.get(o.value).copied().unwrap_or(false))
+            .collect()
+    }
+
+    /// [`FusedKernel::output_dims`], given [`FusedKernel::output_rows`]`()[j]`.
+    pub fn output_dims_with(&self, row: bool) -> Vec<usize> {
+        let mut dims = self.domain.clone();
         if row {
             for &a in &self.reduce_axes {
                 if let Some(d) = dims.get_mut(a) {
@@ -508,6 +532,11 @@ impl FusedKernel {
     /// long as no *other* input of the kernel is the same buffer. False for indices that do not
     /// exist.
     pub fn can_write_over(&self, input: usize, output: usize) -> bool {
+        self.can_write_over_with(input, output, self.output_is_row(output))
+    }
+
+    /// [`FusedKernel::can_write_over`], given [`FusedKernel::output_rows`]`()[output]`.
+    pub fn can_write_over_with(&self, input: usize, output: usize, row: bool) -> bool {
         let (Some(inp), Some(out)) = (self.inputs.get(input), self.outputs.get(output)) else {
             return false;
         };
@@ -522,10 +551,11 @@ impl FusedKernel {
             contiguous &= *s == stride;
             stride = stride.wrapping_mul(d);
         }
-        (self.reduce_axes.is_empty() || !self.is_row_level(out.value))
-            && inp.dtype.size() == self.output_dtype(output).size()
-            && contiguous
-            && inp.len == self.output_len(output)
+        let len = self
+            .output_dims_with(row)
+            .iter()
+            .fold(1usize, |n, &d| n.saturating_mul(d));
+        !row && inp.dtype.size() == self.output_dtype(output).size() && contiguous && inp.len == len
     }
 }
 
