@@ -97,9 +97,10 @@ pub fn lower(
         outputs,
     };
     // Each root must come out at its own shape: row-level exactly when it is a row value.
+    let rows = kernel.output_rows();
     for (j, &r) in roots.iter().enumerate() {
         let want_row = row_roots.contains(&r);
-        let is_row = !kernel.reduce_axes.is_empty() && kernel.is_row_level(kernel.outputs[j].value);
+        let is_row = rows[j];
         if want_row != is_row {
             // A full-shaped root that only depends on rows (a broadcast of a reduction): store
             // the reductions instead and let the root be a plain elementwise kernel.

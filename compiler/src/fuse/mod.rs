@@ -570,9 +570,9 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                 let outs: Vec<TensorType> = k
                     .output_rows()
                     .into_iter()
-                    .enumerate()
-                    .map(|(j, row)| {
-                        TensorType::new(Shape::new(&k.output_dims_with(row)), k.output_dtype(j))
+                    .zip(k.output_dtypes())
+                    .map(|(row, dtype)| {
+                        TensorType::new(Shape::new(&k.output_dims_with(row)), dtype)
                     })
                     .collect();
                 let fid = out.push(Op::Fused(Box::new(k)), &ins, Some(outs[0].clone()))?;

@@ -2,7 +2,7 @@
 //! operand always precedes its users. Outputs and in-place updates are named in insertion
 //! order (`IndexMap`), which keeps printing, planning and snapshots deterministic.
 
-use super::{infer::infer, LeafKind, Op, Shape, TensorType};
+use super::{infer::infer, DType, LeafKind, Op, Shape, TensorType};
 use crate::error::IrError;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -331,7 +331,7 @@ impl Graph {
         kernel: NodeId,
         index: usize,
         seen: &mut std::collections::BTreeSet<(NodeId, usize)>,
-        rows: &mut std::collections::HashMap<NodeId, Vec<bool>>,
+        rows: &mut std::collections::HashMap<NodeId, (Vec<bool>, Vec<DType>)>,
     ) -> Result<(), IrError> {
         let fail = |reason: String| {
             Err(IrError::Invalid(format!(
@@ -347,8 +347,10 @@ impl Graph {
         if index >= k.outputs.len() {
             return fail(format!("the kernel has {} outputs", k.outputs.len()));
         }
-        let row = rows.entry(kernel).or_insert_with(|| k.output_rows())[index];
-        let want = TensorType::new(Shape::new(&k.output_dims_with(row)), k.output_dtype(index));
+        let (rows, dtypes) = rows
+            .entry(kernel)
+            .or_insert_with(|| (k.output_rows(), k.output_dtypes()));
+        let want = TensorType::new(Shape::new(&k.output_dims_with(rows[index])), dtypes[index]);
         if self.nodes[node].ty != want {
             return fail(format!(
                 "typed {} but the output is {want}",

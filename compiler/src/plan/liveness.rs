@@ -14,7 +14,7 @@
 //! ([`Op::Result`] nodes) are defined where their kernel runs, wherever the result node itself
 //! is scheduled.
 
-use crate::ir::{Graph, NodeId, Op};
+use crate::ir::{DType, Graph, NodeId, Op};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -208,18 +208,19 @@ impl Liveness {
     }
 }
 
-/// Per fused kernel, [`ingot_kernels::FusedKernel::output_rows`], computed once: asking the
-/// kernel output by output walks its body each time (quadratic for thousands of outputs).
+/// Per fused kernel, [`ingot_kernels::FusedKernel::output_rows`] and `output_dtypes`, computed
+/// once: asking the kernel output by output walks its body each time (quadratic for thousands
+/// of outputs).
 #[derive(Default)]
-struct OutputRows(HashMap<NodeId, Vec<bool>>);
+struct OutputRows(HashMap<NodeId, (Vec<bool>, Vec<DType>)>);
 
 impl OutputRows {
-    fn of(&mut self, g: &Graph, kernel: NodeId) -> &[bool] {
+    fn of(&mut self, g: &Graph, kernel: NodeId) -> &(Vec<bool>, Vec<DType>) {
         self.0
             .entry(kernel)
             .or_insert_with(|| match &g.node(kernel).op {
-                Op::Fused(k) => k.output_rows(),
-                _ => Vec::new(),
+                Op::Fused(k) => (k.output_rows(), k.output_dtypes()),
+                _ => Default::default(),
             })
     }
 }
@@ -247,8 +248,11 @@ fn writes_over_safely(
         .filter(|(_, x)| storage_of[x.index()] == s)
         .all(|(i, _)| match &node.op {
             Op::Fused(k) => {
-                let row = rows.of(g, writer).get(output).copied().unwrap_or(false);
-                k.can_write_over_with(i, output, row)
+                let (r, d) = rows.of(g, writer);
+                match (r.get(output), d.get(output)) {
+                    (Some(&row), Some(&dtype)) => k.can_write_over_with(i, output, row, dtype),
+                    _ => false,
+                }
             }
             op => op.is_elementwise(),
         })

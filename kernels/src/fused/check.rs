@@ -502,6 +502,16 @@ impl FusedKernel {
             .collect()
     }
 
+    /// For every output, the dtype it stores (as [`FusedKernel::output_dtype`]), in one walk
+    /// over the body; for the same reason as [`FusedKernel::output_rows`].
+    pub fn output_dtypes(&self) -> Vec<DType> {
+        let dtypes = self.dtypes();
+        self.outputs
+            .iter()
+            .map(|o| dtypes.get(o.value).copied().unwrap_or(DType::F32))
+            .collect()
+    }
+
     /// [`FusedKernel::output_dims`], given [`FusedKernel::output_rows`]`()[j]`.
     pub fn output_dims_with(&self, row: bool) -> Vec<usize> {
         let mut dims = self.domain.clone();
@@ -532,11 +542,23 @@ impl FusedKernel {
     /// long as no *other* input of the kernel is the same buffer. False for indices that do not
     /// exist.
     pub fn can_write_over(&self, input: usize, output: usize) -> bool {
-        self.can_write_over_with(input, output, self.output_is_row(output))
+        self.can_write_over_with(
+            input,
+            output,
+            self.output_is_row(output),
+            self.output_dtype(output),
+        )
     }
 
-    /// [`FusedKernel::can_write_over`], given [`FusedKernel::output_rows`]`()[output]`.
-    pub fn can_write_over_with(&self, input: usize, output: usize, row: bool) -> bool {
+    /// [`FusedKernel::can_write_over`], given [`FusedKernel::output_rows`]`()[output]` and
+    /// [`FusedKernel::output_dtypes`]`()[output]`.
+    pub fn can_write_over_with(
+        &self,
+        input: usize,
+        output: usize,
+        row: bool,
+        dtype: DType,
+    ) -> bool {
         let (Some(inp), Some(out)) = (self.inputs.get(input), self.outputs.get(output)) else {
             return false;
         };
@@ -555,7 +577,7 @@ impl FusedKernel {
             .output_dims_with(row)
             .iter()
             .fold(1usize, |n, &d| n.saturating_mul(d));
-        !row && inp.dtype.size() == self.output_dtype(output).size() && contiguous && inp.len == len
+        !row && inp.dtype.size() == dtype.size() && contiguous && inp.len == len
     }
 }
 
