@@ -613,7 +613,8 @@ fn missing(x: NodeId) -> IrError {
     ))
 }
 
-/// The new node holding `x`'s bytes: its own buffer, or a reshape of its base's.
+/// The new node holding `x`'s bytes: its own buffer, or a reshape of its base's. Walks the
+/// alias chain with a loop, since a chain of reshapes can be as long as the graph.
 fn buffer(
     g: &Graph,
     out: &mut Graph,
@@ -621,24 +622,28 @@ fn buffer(
     views: &mut HashMap<NodeId, NodeId>,
     x: NodeId,
 ) -> Result<NodeId, IrError> {
-    if let Some(&n) = new_id.get(&x) {
-        return Ok(n);
-    }
-    if let Some(&n) = views.get(&x) {
-        return Ok(n);
-    }
-    let n = g.node(x);
-    if !n.op.is_alias() {
-        return Err(missing(x));
-    }
-    let inner = buffer(g, out, new_id, views, n.inputs[0])?;
-    let v = if out.ty(inner).shape == n.ty.shape {
-        inner
-    } else {
-        out.push(Op::Reshape, &[inner], Some(n.ty.clone()))?
+    // The aliases from x down to the first value that already has a node.
+    let mut chain = Vec::new();
+    let mut y = x;
+    let mut inner = loop {
+        if let Some(&n) = new_id.get(&y).or_else(|| views.get(&y)) {
+            break n;
+        }
+        let n = g.node(y);
+        if !n.op.is_alias() {
+            return Err(missing(y));
+        }
+        chain.push(y);
+        y = n.inputs[0];
     };
-    views.insert(x, v);
-    Ok(v)
+    for &v in chain.iter().rev() {
+        let n = g.node(v);
+        if out.ty(inner).shape != n.ty.shape {
+            inner = out.push(Op::Reshape, &[inner], Some(n.ty.clone()))?;
+        }
+        views.insert(v, inner);
+    }
+    Ok(inner)
 }
 
 /// Which phase each node of a (fused) step graph belongs to, by data flow: the loss and what it
