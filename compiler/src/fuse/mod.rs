@@ -151,7 +151,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
         }
     };
     let groups = if opts.merge {
-        merge(&g, &mat, groups)?
+        merged_groups(&g, &mat, groups)?
     } else {
         groups
     };
@@ -258,6 +258,21 @@ impl Part {
     }
 }
 
+/// [`merge`] with merges decided without lowering where that is known to be safe; should a
+/// group merged that way not lower at the end (which the reasoning in [`merge`] rules out), the
+/// merge is redone lowering every candidate, so the result never depends on the shortcut.
+fn merged_groups(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Group>, IrError> {
+    match merge(g, mat, groups, true) {
+        Ok(groups) => Ok(groups),
+        Err(_) => {
+            let groups = lower_all(g, mat).map_err(|_| {
+                IrError::Invalid("fusion: groups that lowered once do not lower again".into())
+            })?;
+            merge(g, mat, groups, false)
+        }
+    }
+}
+
 /// Folds producer groups into consumer groups that read their roots (see the module docs).
 ///
 /// Whether a merge is allowed is decided by lowering the merged group, except when the answer is
@@ -269,7 +284,12 @@ impl Part {
 /// loads less those. Such merges leave the lowering for the end, so that a chain of n
 /// elementwise groups folded one by one costs O(n), not the O(n²) of lowering a growing group
 /// after every merge. The merges made are the same either way.
-fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Group>, IrError> {
+fn merge(
+    g: &Graph,
+    mat: &[bool],
+    groups: Vec<Group>,
+    shortcut: bool,
+) -> Result<Vec<Group>, IrError> {
     // Units of the dependence graph: groups and library nodes, keyed by a representative node.
     let mut group_of: HashMap<NodeId, usize> = HashMap::new();
     for (i, gr) in groups.iter().enumerate() {
@@ -351,7 +371,8 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Group>, IrEr
             }
             let own_index =
                 Map::identity(domain.dims.len()).access(&domain.dims, domain.dims.len());
-            let known = pg.elementwise
+            let known = shortcut
+                && pg.elementwise
                 && cg.elementwise
                 && cg.loads.iter().all(|(x, access)| {
                     producer(*x, &mut parent) != Some(p)
@@ -705,4 +726,61 @@ pub fn kernel_list(g: &Graph) -> BTreeMap<String, usize> {
         *h.entry(key).or_insert(0) += 1;
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fused graph's text, with merges decided with or without the shortcut.
+    fn fused_text(g: &Graph, shortcut: bool) -> String {
+        let opts = FuseOptions::default();
+        let (g, _) = concat::as_selects(g).unwrap();
+        let (g, _) = remat::recompute_for_backward(&g, opts.recompute_ops).unwrap();
+        let mut mat = select::forced(&g);
+        let groups = loop {
+            select::shared(&g, &mut mat, opts.recompute_ops);
+            match lower_all(&g, &mat) {
+                Ok(groups) => break groups,
+                Err(cuts) => cuts.into_iter().for_each(|c| mat[c.index()] = true),
+            }
+        };
+        let groups = merge(&g, &mat, groups, shortcut).unwrap();
+        crate::ir::text::print(&emit(&g, &groups).unwrap())
+    }
+
+    #[test]
+    fn merging_without_lowering_where_it_is_known_to_succeed_makes_the_same_kernels() {
+        let chain = {
+            let mut t = String::from(
+                "ingot-ir 1\n%0 = parameter \"w\" init=normal(0.5) : f32[8]\n%1 = input \"x\" : f32[8]\n",
+            );
+            for i in 0..40 {
+                let op = if i % 2 == 0 {
+                    "mul(%PREV, %0)"
+                } else {
+                    "tanh(%PREV)"
+                };
+                t += &format!(
+                    "%{} = {} : f32[8]\n",
+                    i + 2,
+                    op.replace("PREV", &(i + 1).to_string())
+                );
+            }
+            t += "%42 = reduce_sum(%41) axes=[0] : f32[1]\n%43 = reshape(%42) : f32[]\noutput \"loss\" = %43\n";
+            crate::models::Model::from_ir_text("chain", &t).unwrap()
+        };
+        for model in [
+            crate::models::by_name("gpt:vocab=16,d_model=8,layers=2,heads=2,d_ff=16,seq=4,batch=2")
+                .unwrap(),
+            crate::models::by_name("mlp").unwrap(),
+            chain,
+        ] {
+            let step = crate::autodiff::training_step(&model.graph, &model.optimizer).unwrap();
+            let (g, _) = crate::rewrite::simplify(&step.graph, &Default::default()).unwrap();
+            let fast = fused_text(&g, true);
+            assert_eq!(fast, fused_text(&g, false), "{}", model.name);
+            assert!(fast.contains("fused"), "{}", model.name);
+        }
+    }
 }
