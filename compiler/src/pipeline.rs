@@ -9,6 +9,52 @@ use crate::models::{self, Model};
 use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
 use crate::rewrite::{self, RewriteOptions, RewriteReport};
+use std::time::{Duration, Instant};
+
+/// A stage of the pipeline, as reported to a stage observer and in [`Compiled::timings`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Stage {
+    /// The backward pass and the optimizer update appended to the forward graph.
+    Autodiff,
+    /// egg's rewriting and the extraction of the simplified graph.
+    Rewrite,
+    /// Grouping ops into fused kernels.
+    Fuse,
+    /// Scheduling, liveness, offset assignment and validation of the memory plan.
+    Plan,
+    /// The memory report (phases, peak, per-buffer rows).
+    Report,
+}
+
+impl Stage {
+    /// The stage's name, as shown by the CLI's spinner and `--timings`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Autodiff => "autodiff",
+            Stage::Rewrite => "rewrite",
+            Stage::Fuse => "fuse",
+            Stage::Plan => "plan",
+            Stage::Report => "report",
+        }
+    }
+}
+
+/// How long each stage that ran took, in pipeline order.
+pub type Timings = Vec<(Stage, Duration)>;
+
+/// Runs `f` as stage `stage`: tells the observer it starts, then records its duration.
+fn stage<T>(
+    stage: Stage,
+    observer: &mut dyn FnMut(Stage),
+    timings: &mut Timings,
+    f: impl FnOnce() -> T,
+) -> T {
+    observer(stage);
+    let start = Instant::now();
+    let out = f();
+    timings.push((stage, start.elapsed()));
+    out
+}
 
 /// Knobs of the whole pipeline.
 #[derive(Clone, Debug)]
@@ -54,6 +100,8 @@ pub struct Compiled {
     pub report: Report,
     pub rewrite: Option<RewriteReport>,
     pub fuse: Option<FuseReport>,
+    /// How long each stage took (for `ingot plan --timings` and the compile-time benchmark).
+    pub timings: Timings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,33 +120,60 @@ pub fn compile_model(spec: &str, opts: &Options) -> Result<Compiled, CompileErro
 
 /// Compiles a model's training step and plans its memory.
 pub fn compile(model: &Model, opts: &Options) -> Result<Compiled, CompileError> {
-    let step = training_step(&model.graph, &model.optimizer)?;
-    compile_step(&model.name, step, opts)
+    compile_observed(model, opts, &mut |_| {})
+}
+
+/// As [`compile`], calling `observer` as each stage starts (the CLI's spinner shows it).
+pub fn compile_observed(
+    model: &Model,
+    opts: &Options,
+    observer: &mut dyn FnMut(Stage),
+) -> Result<Compiled, CompileError> {
+    let mut timings = Timings::new();
+    let step = stage(Stage::Autodiff, observer, &mut timings, || {
+        training_step(&model.graph, &model.optimizer)
+    })?;
+    compile_step_observed(&model.name, step, opts, observer, timings)
 }
 
 /// Rewrites, fuses and plans a training step.
 pub fn compile_step(name: &str, step: Step, opts: &Options) -> Result<Compiled, CompileError> {
+    compile_step_observed(name, step, opts, &mut |_| {}, Timings::new())
+}
+
+fn compile_step_observed(
+    name: &str,
+    step: Step,
+    opts: &Options,
+    observer: &mut dyn FnMut(Stage),
+    mut timings: Timings,
+) -> Result<Compiled, CompileError> {
+    let t = &mut timings;
     let (graph, rewrite) = match &opts.rewrite {
         Some(o) => {
-            let (g, r) = rewrite::simplify(&step.graph, o)?;
+            let (g, r) = stage(Stage::Rewrite, observer, t, || {
+                rewrite::simplify(&step.graph, o)
+            })?;
             (g, Some(r))
         }
         None => (step.graph.clone(), None),
     };
     let (graph, fuse) = match &opts.fuse {
         Some(o) => {
-            let f = fuse::fuse(&graph, o)?;
+            let f = stage(Stage::Fuse, observer, t, || fuse::fuse(&graph, o))?;
             (f.graph, Some(f.report))
         }
         None => (graph, None),
     };
-    let plan = plan::plan(&graph, &opts.plan)?;
-    let phases = if opts.rewrite.is_none() && opts.fuse.is_none() {
-        step.phases.of_nodes(graph.len())
-    } else {
-        fuse::phases(&graph, graph.outputs.get(LOSS).copied())
-    };
-    let report = Report::new(name, &graph, &plan, Some(&phases));
+    let plan = stage(Stage::Plan, observer, t, || plan::plan(&graph, &opts.plan))?;
+    let report = stage(Stage::Report, observer, t, || {
+        let phases = if opts.rewrite.is_none() && opts.fuse.is_none() {
+            step.phases.of_nodes(graph.len())
+        } else {
+            fuse::phases(&graph, graph.outputs.get(LOSS).copied())
+        };
+        Report::new(name, &graph, &plan, Some(&phases))
+    });
     Ok(Compiled {
         model: name.to_string(),
         step,
@@ -107,5 +182,6 @@ pub fn compile_step(name: &str, step: Step, opts: &Options) -> Result<Compiled, 
         report,
         rewrite,
         fuse,
+        timings,
     })
 }

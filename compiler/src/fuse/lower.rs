@@ -97,9 +97,10 @@ pub fn lower(
         outputs,
     };
     // Each root must come out at its own shape: row-level exactly when it is a row value.
+    let rows = kernel.output_rows();
     for (j, &r) in roots.iter().enumerate() {
         let want_row = row_roots.contains(&r);
-        let is_row = !kernel.reduce_axes.is_empty() && kernel.is_row_level(kernel.outputs[j].value);
+        let is_row = rows[j];
         if want_row != is_row {
             // A full-shaped root that only depends on rows (a broadcast of a reduction): store
             // the reductions instead and let the root be a plain elementwise kernel.
@@ -199,7 +200,8 @@ impl Lowerer<'_> {
     fn expand_uncached(&mut self, v: NodeId, map: &Map) -> Option<usize> {
         let g = self.g;
         let node = g.node(v);
-        let own = self.roots.contains(&v);
+        // `roots` is sorted: a binary search, since a merged group can have thousands.
+        let own = self.roots.binary_search(&v).is_ok();
         let k = kind(node);
         if matches!(k, Kind::Leaf | Kind::Library) || (self.mat[v.index()] && !own) {
             return Some(self.load(v, map));

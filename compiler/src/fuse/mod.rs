@@ -29,6 +29,8 @@ pub mod select;
 
 use crate::error::IrError;
 use crate::ir::{Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use index::Map;
+use ingot_kernels::fused::Access;
 use lower::{lower, Domain, Lowered};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -149,7 +151,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
         }
     };
     let groups = if opts.merge {
-        merge(&g, &mat, groups)
+        merged_groups(&g, &mat, groups)?
     } else {
         groups
     };
@@ -224,8 +226,71 @@ fn merged_domain(a: &Domain, b: &Domain) -> Option<Domain> {
     })
 }
 
+/// A group while merging: its lowering may be left for the end (see [`merge`]).
+struct Part {
+    /// Sorted whenever `lowered` is present.
+    roots: Vec<NodeId>,
+    domain: Domain,
+    /// `None` after a merge decided without lowering: lowered once, at the end.
+    lowered: Option<Lowered>,
+    /// What the kernel loads, with the access of each load (repeats allowed).
+    loads: Vec<(NodeId, Access)>,
+    /// No reduction anywhere: no reduce axes, none staged.
+    elementwise: bool,
+}
+
+impl Part {
+    fn of(gr: Group) -> Part {
+        let loads = gr
+            .lowered
+            .inputs
+            .iter()
+            .zip(&gr.lowered.kernel.inputs)
+            .map(|(&x, i)| (x, i.access.clone()))
+            .collect();
+        Part {
+            elementwise: gr.domain.axes.is_none() && gr.lowered.kernel.reduce_axes.is_empty(),
+            roots: gr.roots,
+            domain: gr.domain,
+            lowered: Some(gr.lowered),
+            loads,
+        }
+    }
+}
+
+/// [`merge`] with merges decided without lowering where that is known to be safe; should a
+/// group merged that way not lower at the end (which the reasoning in [`merge`] rules out), the
+/// merge is redone lowering every candidate, so the result never depends on the shortcut.
+fn merged_groups(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Group>, IrError> {
+    match merge(g, mat, groups, true) {
+        Ok((groups, _)) => Ok(groups),
+        Err(_) => {
+            let groups = lower_all(g, mat).map_err(|_| {
+                IrError::Invalid("fusion: groups that lowered once do not lower again".into())
+            })?;
+            Ok(merge(g, mat, groups, false)?.0)
+        }
+    }
+}
+
 /// Folds producer groups into consumer groups that read their roots (see the module docs).
-fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
+///
+/// Whether a merge is allowed is decided by lowering the merged group, except when the answer is
+/// known without it: two purely elementwise groups (no reduce axes, no staged reduction) where
+/// the consumer reads each of the producer's roots at the root's own index. Lowering the union
+/// then expands exactly the (value, index) pairs the two lowerings expanded, with the
+/// consumer's loads of the producer's roots replaced by the producer's own expansions, so it
+/// succeeds and computes every producer root; the merged group's loads are the two groups'
+/// loads less those. Such merges leave the lowering for the end, so that a chain of n
+/// elementwise groups folded one by one costs O(n), not the O(n²) of lowering a growing group
+/// after every merge. The merges made are the same either way.
+fn merge(
+    g: &Graph,
+    mat: &[bool],
+    groups: Vec<Group>,
+    shortcut: bool,
+) -> Result<(Vec<Group>, usize), IrError> {
+    let mut shortcuts = 0;
     // Units of the dependence graph: groups and library nodes, keyed by a representative node.
     let mut group_of: HashMap<NodeId, usize> = HashMap::new();
     for (i, gr) in groups.iter().enumerate() {
@@ -233,7 +298,7 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
             group_of.insert(r, i);
         }
     }
-    let mut slots: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<Part>> = groups.into_iter().map(|gr| Some(Part::of(gr))).collect();
     // Union-find over group indices.
     let mut parent: Vec<usize> = (0..slots.len()).collect();
     fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -262,34 +327,27 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
         }
         group_of.get(&b).map(|&i| find(parent, i))
     };
-    let inputs_of = |u: usize, slots: &[Option<Group>]| -> Vec<NodeId> {
-        if u < slots.len() {
+    // The unit graph's edges, both ways: `succ[p]` holds the units reading what `p` produces.
+    // Kept up to date as units merge (rebuilding them after every merge made the pass quadratic).
+    let mut succ: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n_units];
+    let mut pred: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n_units];
+    for u in 0..n_units {
+        let inputs: Vec<NodeId> = if u < slots.len() {
             slots[u]
                 .as_ref()
-                .map(|s| s.lowered.inputs.clone())
-                .unwrap_or_default()
+                .map_or_else(Vec::new, |s| s.loads.iter().map(|l| l.0).collect())
         } else {
             g.node(library[u - slots.len()]).inputs.to_vec()
-        }
-    };
-    // Successor lists of the unit graph, rebuilt lazily (units only ever merge).
-    let successors = |parent: &mut Vec<usize>, slots: &[Option<Group>]| -> Vec<BTreeSet<usize>> {
-        let mut succ = vec![BTreeSet::new(); n_units];
-        for u in 0..n_units {
-            if u < slots.len() && slots[u].is_none() {
-                continue;
-            }
-            for x in inputs_of(u, slots) {
-                if let Some(p) = producer(x, parent) {
-                    if p != u {
-                        succ[p].insert(u);
-                    }
+        };
+        for x in inputs {
+            if let Some(p) = producer(x, &mut parent) {
+                if p != u {
+                    succ[p].insert(u);
+                    pred[u].insert(p);
                 }
             }
         }
-        succ
-    };
-    let mut succ = successors(&mut parent, &slots);
+    }
     // Producers in order of their first root.
     for p0 in 0..slots.len() {
         let p = find(&mut parent, p0);
@@ -312,31 +370,123 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
             if reaches_avoiding(&succ, p, c) {
                 continue;
             }
-            let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
-            roots.sort();
-            let Ok(lowered) = lower(g, mat, &roots, &domain) else {
-                continue;
+            let own_index =
+                Map::identity(domain.dims.len()).access(&domain.dims, domain.dims.len());
+            let known = shortcut
+                && pg.elementwise
+                && cg.elementwise
+                && cg.loads.iter().all(|(x, access)| {
+                    producer(*x, &mut parent) != Some(p)
+                        || (select::base(g, *x) == *x && *access == own_index)
+                });
+            let (mut pg, mut cg) = (
+                slots[p].take().expect("checked above"),
+                slots[c].take().expect("checked above"),
+            );
+            let merged = if known {
+                // Append the smaller root list to the larger, sorting only at the end.
+                let (mut roots, more) = if pg.roots.len() >= cg.roots.len() {
+                    (std::mem::take(&mut pg.roots), std::mem::take(&mut cg.roots))
+                } else {
+                    (std::mem::take(&mut cg.roots), std::mem::take(&mut pg.roots))
+                };
+                roots.extend(more);
+                let mut loads = std::mem::take(&mut pg.loads);
+                loads.extend(
+                    cg.loads
+                        .drain(..)
+                        .filter(|(x, _)| producer(*x, &mut parent) != Some(p)),
+                );
+                Part {
+                    roots,
+                    domain,
+                    lowered: None,
+                    loads,
+                    elementwise: true,
+                }
+            } else {
+                let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
+                roots.sort();
+                // The merged kernel must compute the producer's roots, not load them.
+                let lowered = lower(g, mat, &roots, &domain).ok().filter(|l| {
+                    !l.inputs
+                        .iter()
+                        .any(|&x| producer(x, &mut parent) == Some(p))
+                });
+                let Some(lowered) = lowered else {
+                    slots[p] = Some(pg);
+                    slots[c] = Some(cg);
+                    continue;
+                };
+                Part::of(Group {
+                    roots,
+                    domain,
+                    lowered,
+                })
             };
-            // The merged kernel must compute the producer's roots, not load them.
-            if lowered
-                .inputs
-                .iter()
-                .any(|x| pg.roots.contains(&select::base(g, *x)))
-            {
-                continue;
-            }
-            slots[p] = None;
-            slots[c] = Some(Group {
-                roots,
-                domain,
-                lowered,
-            });
+            shortcuts += usize::from(known);
             parent[p] = c;
-            succ = successors(&mut parent, &slots);
+            // p's readers now read c; p's and c's operands are the merged kernel's.
+            for w in std::mem::take(&mut succ[p]) {
+                pred[w].remove(&p);
+                if w != c {
+                    succ[c].insert(w);
+                    pred[w].insert(c);
+                }
+            }
+            let old_preds: Vec<usize> = std::mem::take(&mut pred[p])
+                .into_iter()
+                .chain(std::mem::take(&mut pred[c]))
+                .collect();
+            for &q in &old_preds {
+                succ[q].remove(&p);
+                succ[q].remove(&c);
+            }
+            if known {
+                // The merged loads are both groups' loads less p's roots: the same producers.
+                for q in old_preds {
+                    if q != p && q != c {
+                        succ[q].insert(c);
+                        pred[c].insert(q);
+                    }
+                }
+            } else {
+                for (x, _) in &merged.loads {
+                    if let Some(q) = producer(*x, &mut parent) {
+                        if q != c {
+                            succ[q].insert(c);
+                            pred[c].insert(q);
+                        }
+                    }
+                }
+            }
+            slots[c] = Some(merged);
             break;
         }
     }
-    slots.into_iter().flatten().collect()
+    let groups = slots
+        .into_iter()
+        .flatten()
+        .map(|mut part| {
+            let lowered = match part.lowered {
+                Some(l) => l,
+                None => {
+                    part.roots.sort();
+                    lower(g, mat, &part.roots, &part.domain).map_err(|cuts| {
+                        IrError::Invalid(format!(
+                            "fusion: a merged elementwise kernel does not lower (cuts {cuts:?}; a bug: please report it)"
+                        ))
+                    })?
+                }
+            };
+            Ok(Group {
+                roots: part.roots,
+                domain: part.domain,
+                lowered,
+            })
+        })
+        .collect::<Result<_, IrError>>()?;
+    Ok((groups, shortcuts))
 }
 
 /// True if `to` is reachable from `from` by a path of at least two edges.
@@ -441,8 +591,13 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
                     .collect::<Result<_, _>>()?;
                 let k = gr.lowered.kernel.clone();
-                let outs: Vec<TensorType> = (0..k.outputs.len())
-                    .map(|j| TensorType::new(Shape::new(&k.output_dims(j)), k.output_dtype(j)))
+                let outs: Vec<TensorType> = k
+                    .output_rows()
+                    .into_iter()
+                    .zip(k.output_dtypes())
+                    .map(|(row, dtype)| {
+                        TensorType::new(Shape::new(&k.output_dims_with(row)), dtype)
+                    })
                     .collect();
                 let fid = out.push(Op::Fused(Box::new(k)), &ins, Some(outs[0].clone()))?;
                 new_id.insert(gr.roots[0], fid);
@@ -482,7 +637,8 @@ fn missing(x: NodeId) -> IrError {
     ))
 }
 
-/// The new node holding `x`'s bytes: its own buffer, or a reshape of its base's.
+/// The new node holding `x`'s bytes: its own buffer, or a reshape of its base's. Walks the
+/// alias chain with a loop, since a chain of reshapes can be as long as the graph.
 fn buffer(
     g: &Graph,
     out: &mut Graph,
@@ -490,24 +646,28 @@ fn buffer(
     views: &mut HashMap<NodeId, NodeId>,
     x: NodeId,
 ) -> Result<NodeId, IrError> {
-    if let Some(&n) = new_id.get(&x) {
-        return Ok(n);
-    }
-    if let Some(&n) = views.get(&x) {
-        return Ok(n);
-    }
-    let n = g.node(x);
-    if !n.op.is_alias() {
-        return Err(missing(x));
-    }
-    let inner = buffer(g, out, new_id, views, n.inputs[0])?;
-    let v = if out.ty(inner).shape == n.ty.shape {
-        inner
-    } else {
-        out.push(Op::Reshape, &[inner], Some(n.ty.clone()))?
+    // The aliases from x down to the first value that already has a node.
+    let mut chain = Vec::new();
+    let mut y = x;
+    let mut inner = loop {
+        if let Some(&n) = new_id.get(&y).or_else(|| views.get(&y)) {
+            break n;
+        }
+        let n = g.node(y);
+        if !n.op.is_alias() {
+            return Err(missing(y));
+        }
+        chain.push(y);
+        y = n.inputs[0];
     };
-    views.insert(x, v);
-    Ok(v)
+    for &v in chain.iter().rev() {
+        let n = g.node(v);
+        if out.ty(inner).shape != n.ty.shape {
+            inner = out.push(Op::Reshape, &[inner], Some(n.ty.clone()))?;
+        }
+        views.insert(v, inner);
+    }
+    Ok(inner)
 }
 
 /// Which phase each node of a (fused) step graph belongs to, by data flow: the loss and what it
@@ -569,4 +729,67 @@ pub fn kernel_list(g: &Graph) -> BTreeMap<String, usize> {
         *h.entry(key).or_insert(0) += 1;
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fused graph's text, with merges decided with or without the shortcut, and how many
+    /// merges took it.
+    fn fused_text(g: &Graph, shortcut: bool) -> (String, usize) {
+        let opts = FuseOptions::default();
+        let (g, _) = concat::as_selects(g).unwrap();
+        let (g, _) = remat::recompute_for_backward(&g, opts.recompute_ops).unwrap();
+        let mut mat = select::forced(&g);
+        let groups = loop {
+            select::shared(&g, &mut mat, opts.recompute_ops);
+            match lower_all(&g, &mat) {
+                Ok(groups) => break groups,
+                Err(cuts) => cuts.into_iter().for_each(|c| mat[c.index()] = true),
+            }
+        };
+        let (groups, shortcuts) = merge(&g, &mat, groups, shortcut).unwrap();
+        (
+            crate::ir::text::print(&emit(&g, &groups).unwrap()),
+            shortcuts,
+        )
+    }
+
+    #[test]
+    fn merging_without_lowering_where_it_is_known_to_succeed_makes_the_same_kernels() {
+        let chain = {
+            let mut t = String::from(
+                "ingot-ir 1\n%0 = parameter \"w\" init=normal(0.5) : f32[8]\n%1 = input \"x\" : f32[8]\n",
+            );
+            for i in 0..40 {
+                let op = if i % 2 == 0 {
+                    "mul(%PREV, %0)"
+                } else {
+                    "tanh(%PREV)"
+                };
+                t += &format!(
+                    "%{} = {} : f32[8]\n",
+                    i + 2,
+                    op.replace("PREV", &(i + 1).to_string())
+                );
+            }
+            t += "%42 = reduce_sum(%41) axes=[0] : f32[1]\n%43 = reshape(%42) : f32[]\noutput \"loss\" = %43\n";
+            crate::models::Model::from_ir_text("chain", &t).unwrap()
+        };
+        for model in [
+            crate::models::by_name("gpt:vocab=16,d_model=8,layers=2,heads=2,d_ff=16,seq=4,batch=2")
+                .unwrap(),
+            crate::models::by_name("mlp").unwrap(),
+            chain,
+        ] {
+            let step = crate::autodiff::training_step(&model.graph, &model.optimizer).unwrap();
+            let (g, _) = crate::rewrite::simplify(&step.graph, &Default::default()).unwrap();
+            let (fast, shortcuts) = fused_text(&g, true);
+            let (exact, none) = fused_text(&g, false);
+            assert_eq!(fast, exact, "{}", model.name);
+            assert_eq!(none, 0);
+            assert!(shortcuts > 0, "{}: no merge took the shortcut", model.name);
+        }
+    }
 }

@@ -146,6 +146,9 @@ fn expression(
     (read_bytes <= own + own / 8).then_some(expr)
 }
 
+/// The node standing for `x` in the backward pass: its copy if it belongs to one (made now, with
+/// the parts of the copy below it, operands first), else the original. Depth-first with an
+/// explicit stack, in the order a recursion over operands would take.
 fn copy_of(
     g: &Graph,
     out: &mut Graph,
@@ -154,18 +157,31 @@ fn copy_of(
     copy: &mut HashMap<NodeId, NodeId>,
     x: NodeId,
 ) -> Result<NodeId, IrError> {
-    if !in_copy[x.index()] {
-        return Ok(new_id[x.index()].expect("operands come first"));
+    // (node, operands already copied)
+    let mut stack = vec![(x, false)];
+    while let Some((y, ready)) = stack.pop() {
+        if !in_copy[y.index()] || copy.contains_key(&y) {
+            continue;
+        }
+        let n = g.node(y);
+        if !ready {
+            stack.push((y, true));
+            stack.extend(n.inputs.iter().rev().map(|&z| (z, false)));
+            continue;
+        }
+        let ins: Vec<NodeId> = n
+            .inputs
+            .iter()
+            .map(|&z| match copy.get(&z) {
+                Some(&c) => c,
+                None => new_id[z.index()].expect("operands come first"),
+            })
+            .collect();
+        let c = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
+        copy.insert(y, c);
     }
-    if let Some(&c) = copy.get(&x) {
-        return Ok(c);
-    }
-    let n = g.node(x);
-    let mut ins = Vec::with_capacity(n.inputs.len());
-    for &y in &n.inputs {
-        ins.push(copy_of(g, out, new_id, in_copy, copy, y)?);
-    }
-    let c = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
-    copy.insert(x, c);
-    Ok(c)
+    Ok(match copy.get(&x) {
+        Some(&c) => c,
+        None => new_id[x.index()].expect("operands come first"),
+    })
 }

@@ -2,7 +2,7 @@
 //! operand always precedes its users. Outputs and in-place updates are named in insertion
 //! order (`IndexMap`), which keeps printing, planning and snapshots deterministic.
 
-use super::{infer::infer, LeafKind, Op, Shape, TensorType};
+use super::{infer::infer, DType, LeafKind, Op, Shape, TensorType};
 use crate::error::IrError;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -279,6 +279,8 @@ impl Graph {
     pub fn verify(&self) -> Result<(), IrError> {
         let mut names = std::collections::BTreeSet::new();
         let mut results = std::collections::BTreeSet::new();
+        // Each kernel's output rows, computed once (not once per result node).
+        let mut rows = std::collections::HashMap::new();
         for (i, n) in self.nodes.iter().enumerate() {
             for &x in &n.inputs {
                 if x.index() >= i {
@@ -299,7 +301,7 @@ impl Graph {
                 n.inputs.iter().map(|&x| self.ty(x)).collect();
             infer(&n.op, &operand_types, Some(&n.ty), i)?;
             if let Op::Result { index } = n.op {
-                self.check_result(i, n.inputs[0], index, &mut results)?;
+                self.check_result(i, n.inputs[0], index, &mut results, &mut rows)?;
             }
         }
         for (name, id) in &self.outputs {
@@ -329,6 +331,7 @@ impl Graph {
         kernel: NodeId,
         index: usize,
         seen: &mut std::collections::BTreeSet<(NodeId, usize)>,
+        rows: &mut std::collections::HashMap<NodeId, (Vec<bool>, Vec<DType>)>,
     ) -> Result<(), IrError> {
         let fail = |reason: String| {
             Err(IrError::Invalid(format!(
@@ -344,7 +347,10 @@ impl Graph {
         if index >= k.outputs.len() {
             return fail(format!("the kernel has {} outputs", k.outputs.len()));
         }
-        let want = TensorType::new(Shape::new(&k.output_dims(index)), k.output_dtype(index));
+        let (rows, dtypes) = rows
+            .entry(kernel)
+            .or_insert_with(|| (k.output_rows(), k.output_dtypes()));
+        let want = TensorType::new(Shape::new(&k.output_dims_with(rows[index])), dtypes[index]);
         if self.nodes[node].ty != want {
             return fail(format!(
                 "typed {} but the output is {want}",

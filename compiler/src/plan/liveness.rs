@@ -14,8 +14,9 @@
 //! ([`Op::Result`] nodes) are defined where their kernel runs, wherever the result node itself
 //! is scheduled.
 
-use crate::ir::{Graph, NodeId, Op};
+use crate::ir::{DType, Graph, NodeId, Op};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// Where a storage lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -95,6 +96,9 @@ impl Liveness {
         let mut storage_of = vec![usize::MAX; g.len()];
         let mut copies = Vec::new();
         let mut holds_output: Vec<bool> = Vec::new();
+        // The latest last read among the values placed in each storage so far.
+        let mut members_read: Vec<usize> = Vec::new();
+        let mut rows = OutputRows::default();
         for &id in order {
             let node = g.node(id);
             let bytes = node.ty.bytes();
@@ -104,9 +108,16 @@ impl Liveness {
                 None
             } else if node.op.is_alias() {
                 Some(storage_of[node.inputs[0].index()])
-            } else if let Some(t) = update_target[id.index()]
-                .filter(|&t| can_update_in_place(g, &storages, &storage_of, &last_read, id, t, p))
-            {
+            } else if let Some(t) = update_target[id.index()].filter(|&t| {
+                // The new value of leaf t may be written over t when no other node reads
+                // t's bytes after p (every value placed in t's storage so far is last read
+                // no later than p), and its kernel reads t only at its own index.
+                let st = storage_of[t.index()];
+                storages[st].region == Region::Resident
+                    && g.ty(id).bytes() == storages[st].bytes
+                    && members_read[st] <= p
+                    && writes_over_safely(g, &storage_of, &mut rows, id, st)
+            }) {
                 Some(storage_of[t.index()])
             } else {
                 g.reads(g.writer(id))
@@ -114,7 +125,7 @@ impl Liveness {
                     .map(|x| storage_of[x.index()])
                     .find(|&s| {
                         let st = &storages[s];
-                        writes_over_safely(g, &storage_of, id, s)
+                        writes_over_safely(g, &storage_of, &mut rows, id, s)
                         && st.region == Region::Slab
                         && st.bytes == bytes
                         && st.end == p + 1
@@ -147,8 +158,10 @@ impl Liveness {
             storage_of[id.index()] = s;
             if holds_output.len() < storages.len() {
                 holds_output.push(false);
+                members_read.push(0);
             }
             let read_until = last_read[id.index()];
+            members_read[s] = members_read[s].max(read_until);
             holds_output[s] |= read_until == n;
             let st = &mut storages[s];
             st.end = st.end.max((read_until + 1).min(n));
@@ -195,35 +208,36 @@ impl Liveness {
     }
 }
 
-/// The new value `v` of leaf `t` may be written over `t` at position `p` when no other node
-/// reads `t`'s bytes after `p`, and `v`'s op reads `t` only elementwise (index for index).
-fn can_update_in_place(
-    g: &Graph,
-    storages: &[Storage],
-    storage_of: &[usize],
-    last_read: &[usize],
-    v: NodeId,
-    t: NodeId,
-    p: usize,
-) -> bool {
-    let st = storage_of[t.index()];
-    if storages[st].region != Region::Resident || g.ty(v).bytes() != storages[st].bytes {
-        return false;
+/// Per fused kernel, [`ingot_kernels::FusedKernel::output_rows`] and `output_dtypes`, computed
+/// once: asking the kernel output by output walks its body each time (quadratic for thousands
+/// of outputs).
+#[derive(Default)]
+struct OutputRows(HashMap<NodeId, (Vec<bool>, Vec<DType>)>);
+
+impl OutputRows {
+    fn of(&mut self, g: &Graph, kernel: NodeId) -> &(Vec<bool>, Vec<DType>) {
+        self.0
+            .entry(kernel)
+            .or_insert_with(|| match &g.node(kernel).op {
+                Op::Fused(k) => (k.output_rows(), k.output_dtypes()),
+                _ => Default::default(),
+            })
     }
-    // Every value living in t's storage so far (t and its views) is last read no later than p.
-    let members_done = g
-        .ids()
-        .filter(|x| storage_of[x.index()] == st)
-        .all(|x| last_read[x.index()] <= p);
-    members_done && writes_over_safely(g, storage_of, v, st)
 }
 
 /// True when the kernel writing `v` may write it over storage `s`: every operand it reads from
 /// `s` is read only at `v`'s own index. That holds for any operand of an elementwise op, and for
 /// the inputs a fused kernel's description allows ([`ingot_kernels::FusedKernel::can_write_over`]);
 /// one operand slot read any other way (the same buffer loaded transposed, say) forbids it.
-fn writes_over_safely(g: &Graph, storage_of: &[usize], v: NodeId, s: usize) -> bool {
-    let node = g.node(g.writer(v));
+fn writes_over_safely(
+    g: &Graph,
+    storage_of: &[usize],
+    rows: &mut OutputRows,
+    v: NodeId,
+    s: usize,
+) -> bool {
+    let writer = g.writer(v);
+    let node = g.node(writer);
     let output = match g.node(v).op {
         Op::Result { index } => index,
         _ => 0,
@@ -233,7 +247,13 @@ fn writes_over_safely(g: &Graph, storage_of: &[usize], v: NodeId, s: usize) -> b
         .enumerate()
         .filter(|(_, x)| storage_of[x.index()] == s)
         .all(|(i, _)| match &node.op {
-            Op::Fused(k) => k.can_write_over(i, output),
+            Op::Fused(k) => {
+                let (r, d) = rows.of(g, writer);
+                match (r.get(output), d.get(output)) {
+                    (Some(&row), Some(&dtype)) => k.can_write_over_with(i, output, row, dtype),
+                    _ => false,
+                }
+            }
             op => op.is_elementwise(),
         })
 }

@@ -4,45 +4,39 @@
 //! egg's [`egg::Extractor`] sums the costs of a term's children, so a class used twice counts
 //! twice. In a training step almost everything is shared (forward values feed the backward pass),
 //! so that cost is badly wrong. Here the cost of choosing an e-node is the *set* of e-classes it
-//! needs, transitively, each counted once (extraction-gym's "greedy DAG" extractor): a class's
+//! needs, transitively, each counted once (extraction-gym's "greedy DAG" objective): a class's
 //! best choice is the e-node whose own cost plus the costs of the union of its children's sets is
-//! smallest, computed bottom-up with a worklist until nothing improves. Ties go to the smaller
-//! set, then to the first e-node in egg's (sorted) order, so the result is deterministic.
+//! smallest. Ties go to the smaller set, then to the first e-node in egg's (sorted) order, so the
+//! result is deterministic.
 //!
 //! Costs are the bytes an e-node would materialize: its result's bytes, except that views
 //! (`reshape`, `stop_gradient`) and leaves cost nothing and constants (`full`, `iota`, a
 //! `broadcast` of a constant) cost 1, since fusion inlines them.
 //!
-//! The e-graph may have cycles (`x * 1` lives in `x`'s own class). A choice whose set contains its
-//! own class is never taken, but sets recorded earlier can go stale as children improve, so the
-//! chosen e-nodes are checked for a cycle from the roots; if one is found the extraction is run
-//! again with each class allowed only e-nodes whose children are strictly lower (by the height of
-//! their shallowest term), which cannot cycle ([`Method::DagByHeight`]).
-//!
-//! The sets cost `classes² / 8` bytes, so an e-graph of more than [`MAX_DAG_CLASSES`] classes
-//! takes each class's shallowest e-node instead ([`Method::Shallowest`]).
+//! The e-graph may have cycles (`x * 1` lives in `x`'s own class). Classes are decided in order of
+//! the height of their shallowest term, each among its e-nodes whose children are all strictly
+//! lower, which cannot cycle and leaves every child decided before its parents
+//! ([`ranked`]). Every rule rewrites towards shallower terms, so the restriction loses nothing
+//! the rules offer. Two candidates are compared by the classes only one of them needs, found by
+//! a search that stops where the two terms meet, so the extraction costs about the size of the
+//! e-graph plus the regions where alternatives differ, not its square. (Until 2026-11 the sets
+//! were bitsets over all classes, refreshed by a worklist: quadratic time and memory, 13 s for
+//! the 48-layer gpt2 shape; its choices were identical on every reference model and on the
+//! 48-layer shape.)
 
 use super::analysis::{numel, EGraph};
 use super::lang::{ENode, Kind};
 use egg::Id;
 use smallvec::SmallVec;
-use std::collections::{BTreeSet, HashMap};
-
-/// Above this many e-classes the set-based extraction would need too much memory (its sets take
-/// `classes² / 8` bytes: 300 MiB at 50,000), so [`Method::Shallowest`] is used instead. A
-/// reference model's step has a few thousand (gpt2: about 5,300).
-pub const MAX_DAG_CLASSES: usize = 50_000;
+use std::collections::HashMap;
 
 /// How the e-nodes were chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
-    /// The greedy DAG extraction.
+    /// The DAG extraction (the default).
     Dag,
-    /// The greedy DAG extraction among height-decreasing e-nodes, because the unrestricted one
-    /// chose a cycle.
-    DagByHeight,
-    /// For each class, its shallowest e-node (then the cheapest): for e-graphs too large for
-    /// the sets. Every rule rewrites towards shallower terms, so this keeps their gains.
+    /// For each class, its shallowest e-node (then the cheapest): the tree-free baseline the
+    /// DAG extraction is measured against.
     Shallowest,
 }
 
@@ -114,32 +108,17 @@ pub fn extract_with(
         .collect();
     let root_dense: Vec<u32> = roots.iter().map(|&r| dense_of(r)).collect();
 
-    let first = force.unwrap_or(if ids.len() > MAX_DAG_CLASSES {
-        Method::Shallowest
-    } else {
-        Method::Dag
-    });
-    let mut method = first;
-    let mut choice = match first {
-        Method::Dag => Some(greedy(&cnodes, None)),
-        _ => None,
+    let method = force.unwrap_or(Method::Dag);
+    let h = heights(&cnodes);
+    let choice = match method {
+        Method::Dag => ranked(&cnodes, &h),
+        Method::Shallowest => shallowest(&cnodes, &h),
+    };
+    // Both methods take only e-nodes whose children are strictly lower than their class, so the
+    // choice cannot cycle; checked anyway, since emitting a cycle would loop.
+    if !acyclic_from(&cnodes, &choice, &root_dense) {
+        return Err("extraction chose a cycle among height-decreasing e-nodes (a bug)".into());
     }
-    .filter(|c| acyclic_from(&cnodes, c, &root_dense));
-    if choice.is_none() {
-        let h = heights(&cnodes);
-        if method == Method::Dag {
-            method = Method::DagByHeight;
-        }
-        let c = match method {
-            Method::Shallowest => shallowest(&cnodes, &h),
-            _ => greedy(&cnodes, Some(&h)),
-        };
-        if !acyclic_from(&cnodes, &c, &root_dense) {
-            return Err("extraction chose a cycle even among height-decreasing e-nodes".into());
-        }
-        choice = Some(c);
-    }
-    let choice = choice.unwrap_or_default();
 
     // Collect the reachable classes' e-nodes.
     let mut out = HashMap::new();
@@ -168,111 +147,6 @@ pub fn extract_with(
         choice: out,
         method,
     })
-}
-
-/// The greedy DAG extraction: for each class, the index (into `cnodes[class]`) of its chosen
-/// e-node, if it has a finite one. With `heights`, a class may only choose e-nodes whose
-/// children are all strictly lower than itself.
-fn greedy(cnodes: &[Vec<CNode>], heights: Option<&[u32]>) -> Vec<Option<usize>> {
-    let n = cnodes.len();
-    let words = n.div_ceil(64).max(1);
-    let mut parents: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for (c, nodes) in cnodes.iter().enumerate() {
-        for node in nodes {
-            for &d in &node.children {
-                let p = &mut parents[d as usize];
-                if p.last() != Some(&(c as u32)) {
-                    p.push(c as u32);
-                }
-            }
-        }
-    }
-    let allowed = |c: usize, node: &CNode| match heights {
-        None => true,
-        Some(h) => node.children.iter().all(|&d| h[d as usize] < h[c]),
-    };
-    // Per class: the chosen node, its (total, set size), the set of classes it needs.
-    let mut best: Vec<Option<(usize, u64, u32)>> = vec![None; n];
-    let mut own = vec![0u64; n];
-    let mut sets = vec![0u64; n * words];
-    let mut scratch = vec![0u64; words];
-    let mut keep = vec![0u64; words];
-    let mut queue: BTreeSet<u32> = (0..n as u32).collect();
-    // Refreshing a stale choice can raise its cost, so improvement alone does not bound the
-    // work: cap the e-node evaluations (generously: gpt2's step needs about 13 per e-node).
-    // Running out leaves some choices stale, which the cycle check after it catches.
-    let total_nodes: usize = cnodes.iter().map(Vec::len).sum();
-    let mut budget = 64usize.saturating_mul(total_nodes).saturating_add(1024);
-    while let Some(c) = queue.pop_first() {
-        let c = c as usize;
-        budget = budget.saturating_sub(cnodes[c].len());
-        if budget == 0 {
-            break;
-        }
-        let mut cand: Option<(usize, u64, u32)> = None;
-        let mut current: Option<(u64, u32)> = None;
-        for (ni, node) in cnodes[c].iter().enumerate() {
-            if !allowed(c, node) || node.children.iter().any(|&d| best[d as usize].is_none()) {
-                continue;
-            }
-            scratch.fill(0);
-            for &d in &node.children {
-                let d = d as usize;
-                for (s, &w) in scratch.iter_mut().zip(&sets[d * words..(d + 1) * words]) {
-                    *s |= w;
-                }
-            }
-            if scratch[c / 64] & (1 << (c % 64)) != 0 {
-                continue; // it would need itself
-            }
-            let (mut total, mut count) = (node.cost, 1u32);
-            for (w, &word) in scratch.iter().enumerate() {
-                let mut x = word;
-                while x != 0 {
-                    let d = w * 64 + x.trailing_zeros() as usize;
-                    total = total.saturating_add(own[d]);
-                    count += 1;
-                    x &= x - 1;
-                }
-            }
-            if best[c].is_some_and(|(b, _, _)| b == ni) {
-                current = Some((total, count));
-            }
-            if cand.is_none_or(|(_, t, k)| (total, count) < (t, k)) {
-                cand = Some((ni, total, count));
-                keep.copy_from_slice(&scratch);
-            }
-        }
-        let Some((ni, total, count)) = cand else {
-            continue;
-        };
-        // Take a strictly better e-node (or any, when the current one is gone: it would now
-        // need its own class); otherwise keep the current one and refresh its set, since its
-        // children may have changed their choices since it was recorded.
-        let (ni, total, count) = match (best[c], current) {
-            (Some((bi, _, _)), Some((t, k))) if (total, count) >= (t, k) => {
-                keep.fill(0);
-                for &d in &cnodes[c][bi].children {
-                    let d = d as usize;
-                    for (s, &w) in keep.iter_mut().zip(&sets[d * words..(d + 1) * words]) {
-                        *s |= w;
-                    }
-                }
-                (bi, t, k)
-            }
-            _ => (ni, total, count),
-        };
-        keep[c / 64] |= 1 << (c % 64);
-        let slot = &mut sets[c * words..(c + 1) * words];
-        let changed = best[c] != Some((ni, total, count)) || slot != keep.as_slice();
-        if changed {
-            best[c] = Some((ni, total, count));
-            own[c] = cnodes[c][ni].cost;
-            slot.copy_from_slice(&keep);
-            queue.extend(parents[c].iter().copied());
-        }
-    }
-    best.into_iter().map(|b| b.map(|(ni, _, _)| ni)).collect()
 }
 
 /// For each class, among its e-nodes whose children are all strictly lower than itself, the
@@ -329,27 +203,182 @@ fn acyclic_from(cnodes: &[Vec<CNode>], choice: &[Option<usize>], roots: &[u32]) 
     true
 }
 
-/// The height of each class's shallowest term (`u32::MAX` for a class with none).
+/// The height of each class's shallowest term (`u32::MAX` for a class with none), by a worklist
+/// in increasing height (Knuth's generalization of Dijkstra): a class is final when popped, and an
+/// e-node becomes available once all its children are final. Linear in the e-nodes (and a
+/// logarithm for the queue), whatever order the classes are numbered in.
 fn heights(cnodes: &[Vec<CNode>]) -> Vec<u32> {
-    let mut h = vec![u32::MAX; cnodes.len()];
-    loop {
-        let mut changed = false;
-        for (c, nodes) in cnodes.iter().enumerate() {
-            for node in nodes {
-                let m = node.children.iter().try_fold(0u32, |acc, &d| {
-                    let x = h[d as usize];
-                    (x != u32::MAX).then_some(acc.max(x.saturating_add(1)))
-                });
-                if let Some(m) = m {
-                    if m < h[c] {
-                        h[c] = m;
-                        changed = true;
-                    }
+    let n = cnodes.len();
+    let mut h = vec![u32::MAX; n];
+    // For each class, the (class, node index) pairs that have it as a child, once per child slot.
+    let mut parents: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n];
+    let mut missing: Vec<Vec<u32>> = Vec::with_capacity(n);
+    let mut heap = std::collections::BinaryHeap::new();
+    for (c, nodes) in cnodes.iter().enumerate() {
+        let mut m = Vec::with_capacity(nodes.len());
+        for (ni, node) in nodes.iter().enumerate() {
+            for &d in &node.children {
+                parents[d as usize].push((c as u32, ni as u32));
+            }
+            m.push(node.children.len() as u32);
+            if node.children.is_empty() {
+                heap.push(std::cmp::Reverse((0u32, c as u32)));
+            }
+        }
+        missing.push(m);
+    }
+    let mut done = vec![false; n];
+    let mut best = vec![u32::MAX; n];
+    while let Some(std::cmp::Reverse((hc, c))) = heap.pop() {
+        let c = c as usize;
+        if done[c] {
+            continue;
+        }
+        done[c] = true;
+        h[c] = hc;
+        for &(p, ni) in &parents[c] {
+            let (p, ni) = (p as usize, ni as usize);
+            missing[p][ni] -= 1;
+            if missing[p][ni] == 0 && !done[p] {
+                let hp = cnodes[p][ni]
+                    .children
+                    .iter()
+                    .map(|&d| h[d as usize])
+                    .max()
+                    .unwrap_or(0)
+                    .saturating_add(1);
+                if hp < best[p] {
+                    best[p] = hp;
+                    heap.push(std::cmp::Reverse((hp, p as u32)));
                 }
             }
         }
-        if !changed {
-            return h;
+    }
+    h
+}
+
+/// The DAG extraction by rank: classes are decided in increasing height, each among its e-nodes
+/// whose children are all strictly lower (so decided already, and no choice can cycle). Two
+/// candidates are compared by the classes only one of them needs: a search from both
+/// candidates' children, down the chosen e-nodes in decreasing (height, class) order, that stops
+/// as soon as every class still pending is needed by both. The cost of a comparison is the
+/// region where the two terms differ, not the size of the graph, so the whole extraction is
+/// near-linear when alternatives are local (as every rewrite rule makes them).
+///
+/// The objective is the greedy DAG extraction's: a candidate's e-node cost plus the costs of
+/// the classes it needs, each once; ties go to the smaller set, then to the first e-node.
+fn ranked(cnodes: &[Vec<CNode>], h: &[u32]) -> Vec<Option<usize>> {
+    let n = cnodes.len();
+    let mut order: Vec<u32> = (0..n as u32)
+        .filter(|&c| h[c as usize] != u32::MAX)
+        .collect();
+    order.sort_unstable_by_key(|&c| (h[c as usize], c));
+    let mut choice: Vec<Option<usize>> = vec![None; n];
+    let mut own = vec![0u64; n];
+    let mut search = SymDiff::new(n);
+    for &c in &order {
+        let c = c as usize;
+        let mut best: Option<usize> = None;
+        for (ni, node) in cnodes[c].iter().enumerate() {
+            if !node.children.iter().all(|&d| h[d as usize] < h[c]) {
+                continue;
+            }
+            best = match best {
+                None => Some(ni),
+                Some(bi) => {
+                    let b = &cnodes[c][bi];
+                    let (only_new, only_best) =
+                        search.run(cnodes, &choice, &own, h, &node.children, &b.children);
+                    let new = (node.cost as u128 + only_new.0 as u128, only_new.1);
+                    let old = (b.cost as u128 + only_best.0 as u128, only_best.1);
+                    Some(if new < old { ni } else { bi })
+                }
+            };
         }
+        if let Some(ni) = best {
+            choice[c] = Some(ni);
+            own[c] = cnodes[c][ni].cost;
+        }
+    }
+    choice
+}
+
+/// Scratch space of [`ranked`]'s comparisons, reused so that each costs only what it visits.
+struct SymDiff {
+    /// Bit 1: needed by the first candidate, bit 2: by the second; 0 = not reached.
+    mark: Vec<u8>,
+    touched: Vec<u32>,
+    heap: std::collections::BinaryHeap<(u32, u32)>,
+}
+
+impl SymDiff {
+    fn new(n: usize) -> SymDiff {
+        SymDiff {
+            mark: vec![0; n],
+            touched: Vec::new(),
+            heap: std::collections::BinaryHeap::new(),
+        }
+    }
+
+    /// The (cost, count) of the classes only `a`'s children need and of those only `b`'s need,
+    /// following the chosen e-nodes (every class below a candidate is decided).
+    fn run(
+        &mut self,
+        cnodes: &[Vec<CNode>],
+        choice: &[Option<usize>],
+        own: &[u64],
+        h: &[u32],
+        a: &[u32],
+        b: &[u32],
+    ) -> ((u64, u32), (u64, u32)) {
+        let mut only = [(0u64, 0u32), (0u64, 0u32)];
+        // Entries pending in the heap that are not yet needed by both.
+        let mut single = 0usize;
+        let reach = |this: &mut SymDiff, d: u32, m: u8, single: &mut usize| {
+            let old = this.mark[d as usize];
+            let new = old | m;
+            if old == new {
+                return;
+            }
+            this.mark[d as usize] = new;
+            if old == 0 {
+                this.touched.push(d);
+                this.heap.push((h[d as usize], d));
+                if new != 3 {
+                    *single += 1;
+                }
+            } else {
+                // It was pending with one bit and now has both.
+                *single -= 1;
+            }
+        };
+        for &d in a {
+            reach(self, d, 1, &mut single);
+        }
+        for &d in b {
+            reach(self, d, 2, &mut single);
+        }
+        while single > 0 {
+            let Some((_, d)) = self.heap.pop() else {
+                break;
+            };
+            let m = self.mark[d as usize];
+            if m != 3 {
+                single -= 1;
+                let slot = &mut only[usize::from(m - 1)];
+                slot.0 = slot.0.saturating_add(own[d as usize]);
+                slot.1 += 1;
+            }
+            if let Some(ni) = choice[d as usize] {
+                for &e in &cnodes[d as usize][ni].children {
+                    reach(self, e, m, &mut single);
+                }
+            }
+        }
+        self.heap.clear();
+        for d in self.touched.drain(..) {
+            self.mark[d as usize] = 0;
+        }
+        (only[0], only[1])
     }
 }

@@ -1050,8 +1050,7 @@ fn extraction_is_safe_on_cyclic_classes() {
     let (s, _) = check(&g);
     assert_eq!(s.len(), 4, "{s}"); // x, exp, neg, mul
 
-    // The height-restricted pass (used when the first pass would cycle) gives a valid result
-    // too; drive it directly on this e-graph.
+    // The shallowest-term extraction agrees here; drive both directly on this e-graph.
     let (eg, class_of, _) = to_egraph(&g).unwrap();
     let runner = egg::Runner::<ENode, Facts, ()>::new(Facts::default())
         .with_egraph(eg)
@@ -1066,11 +1065,7 @@ fn extraction_is_safe_on_cyclic_classes() {
     let root = eg.find(class_of[z.index()]);
     let dag = extract::extract(&eg, &[root]).unwrap();
     assert_eq!(dag.method, extract::Method::Dag);
-    for m in [
-        extract::Method::Dag,
-        extract::Method::DagByHeight,
-        extract::Method::Shallowest,
-    ] {
+    for m in [extract::Method::Dag, extract::Method::Shallowest] {
         let ex = extract::extract_with(&eg, &[root], Some(m)).unwrap();
         assert_eq!(ex.method, m);
         assert_eq!(ex.choice, dag.choice, "{m:?}");
@@ -1100,6 +1095,39 @@ fn extraction_counts_a_shared_value_once() {
     let ex = extract::extract(&eg, &[a]).unwrap();
     assert_eq!(ex.choice[&eg.find(a)].kind, Kind::Binary(BinaryOp::Add));
     assert_eq!(ex.choice.len(), 4); // add, exp, sqrt, x
+}
+
+#[test]
+fn extraction_prefers_the_term_whose_shared_value_counts_once_above_a_common_chain() {
+    // Above a chain of 40 exps both candidates read, one class holds add(s, s) with
+    // s = exp(sqrt(c)) (three tensors counted as a DAG, five as a tree) and
+    // mul(tanh(recip(c)), neg(c)) (four either way). Both are equally shallow, so the comparison
+    // decides: it must count s once, and the chain (needed by both) not at all.
+    let mut eg = EGraph::new(Facts {
+        leaf_types: vec![f32s(&[1000])],
+        ..Facts::default()
+    });
+    let un = |eg: &mut EGraph, u: UnaryOp, a: Id| eg.add(ENode::new(Kind::Unary(u), &[a]));
+    let x = eg.add(ENode::leaf(Kind::Leaf(0)));
+    let mut c = x;
+    for _ in 0..40 {
+        c = un(&mut eg, UnaryOp::Exp, c);
+    }
+    let s = un(&mut eg, UnaryOp::Sqrt, c);
+    let s = un(&mut eg, UnaryOp::Exp, s);
+    let a = eg.add(ENode::new(Kind::Binary(BinaryOp::Add), &[s, s]));
+    let r = un(&mut eg, UnaryOp::Recip, c);
+    let p = un(&mut eg, UnaryOp::Tanh, r);
+    let q = un(&mut eg, UnaryOp::Neg, c);
+    let b = eg.add(ENode::new(Kind::Binary(BinaryOp::Mul), &[p, q]));
+    eg.union(a, b);
+    eg.rebuild();
+    let ex = extract::extract(&eg, &[a]).unwrap();
+    assert_eq!(ex.choice[&eg.find(a)].kind, Kind::Binary(BinaryOp::Add));
+    assert_eq!(ex.choice.len(), 3 + 40 + 1); // add, exp, sqrt, the chain and x
+                                             // The shallowest-term extraction breaks the tie by the e-node's own cost alone.
+    let sh = extract::extract_with(&eg, &[a], Some(extract::Method::Shallowest)).unwrap();
+    assert_eq!(sh.method, extract::Method::Shallowest);
 }
 
 #[test]

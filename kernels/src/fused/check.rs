@@ -473,11 +473,48 @@ impl FusedKernel {
     /// The shape output `j` is stored as, row-major: the domain, with every reduce axis taken as
     /// size 1 if the stored instruction is row-level. (The domain if there is no such output.)
     pub fn output_dims(&self, j: usize) -> Vec<usize> {
+        self.output_dims_with(self.output_is_row(j))
+    }
+
+    /// Whether output `j` is stored at row level: the kernel has reduce axes and the stored
+    /// instruction is row-level (false for an output that does not exist).
+    fn output_is_row(&self, j: usize) -> bool {
+        // Without reduce axes there is nothing to shrink: skip the walk over the body.
+        !self.reduce_axes.is_empty()
+            && self
+                .outputs
+                .get(j)
+                .is_some_and(|o| self.is_row_level(o.value))
+    }
+
+    /// For every output, whether it is stored at row level (as [`FusedKernel::output_dims`]
+    /// decides), in one walk over the body. Asking output by output walks the body each time,
+    /// which is quadratic for a kernel with thousands of outputs; pass these to the `_with`
+    /// methods instead.
+    pub fn output_rows(&self) -> Vec<bool> {
+        if self.reduce_axes.is_empty() {
+            return vec![false; self.outputs.len()];
+        }
+        let rows = self.row_levels();
+        self.outputs
+            .iter()
+            .map(|o| rows.get(o.value).copied().unwrap_or(false))
+            .collect()
+    }
+
+    /// For every output, the dtype it stores (as [`FusedKernel::output_dtype`]), in one walk
+    /// over the body; for the same reason as [`FusedKernel::output_rows`].
+    pub fn output_dtypes(&self) -> Vec<DType> {
+        let dtypes = self.dtypes();
+        self.outputs
+            .iter()
+            .map(|o| dtypes.get(o.value).copied().unwrap_or(DType::F32))
+            .collect()
+    }
+
+    /// [`FusedKernel::output_dims`], given [`FusedKernel::output_rows`]`()[j]`.
+    pub fn output_dims_with(&self, row: bool) -> Vec<usize> {
         let mut dims = self.domain.clone();
-        let row = self
-            .outputs
-            .get(j)
-            .is_some_and(|o| self.is_row_level(o.value));
         if row {
             for &a in &self.reduce_axes {
                 if let Some(d) = dims.get_mut(a) {
@@ -505,6 +542,23 @@ impl FusedKernel {
     /// long as no *other* input of the kernel is the same buffer. False for indices that do not
     /// exist.
     pub fn can_write_over(&self, input: usize, output: usize) -> bool {
+        self.can_write_over_with(
+            input,
+            output,
+            self.output_is_row(output),
+            self.output_dtype(output),
+        )
+    }
+
+    /// [`FusedKernel::can_write_over`], given [`FusedKernel::output_rows`]`()[output]` and
+    /// [`FusedKernel::output_dtypes`]`()[output]`.
+    pub fn can_write_over_with(
+        &self,
+        input: usize,
+        output: usize,
+        row: bool,
+        dtype: DType,
+    ) -> bool {
         let (Some(inp), Some(out)) = (self.inputs.get(input), self.outputs.get(output)) else {
             return false;
         };
@@ -519,10 +573,11 @@ impl FusedKernel {
             contiguous &= *s == stride;
             stride = stride.wrapping_mul(d);
         }
-        (self.reduce_axes.is_empty() || !self.is_row_level(out.value))
-            && inp.dtype.size() == self.output_dtype(output).size()
-            && contiguous
-            && inp.len == self.output_len(output)
+        let len = self
+            .output_dims_with(row)
+            .iter()
+            .fold(1usize, |n, &d| n.saturating_mul(d));
+        !row && inp.dtype.size() == dtype.size() && contiguous && inp.len == len
     }
 }
 

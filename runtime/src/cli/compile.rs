@@ -9,8 +9,6 @@ use super::train::Device;
 use super::Failure;
 use crate::session;
 use ingot_compiler::exe::Executable;
-use ingot_compiler::models::Model;
-use ingot_compiler::pipeline;
 use ingot_compiler::plan::report::human;
 use std::path::PathBuf;
 
@@ -27,20 +25,14 @@ pub struct CompileArgs {
     pub output: PathBuf,
 }
 
-/// The step executable of `model` planned for `device` ([`session::executable`]).
-pub fn executable(model: &Model, device: session::Device) -> Result<Executable, Failure> {
-    let compiled = pipeline::compile(model, &device.options())
-        .map_err(|e| Failure::new(1, format!("{}: {e}", model.name)))?;
-    Ok(session::executable(&compiled, device)?)
-}
-
 pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     let device = match a.device {
         Device::Cpu => session::Device::Cpu,
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
-    let exe = executable(&a.model.load()?, device)?;
+    let (_, compiled, _) = super::stages::load_and_compile(&a.model, &device.options(), true)?;
+    let exe = session::executable(&compiled, device)?;
     let bytes = exe.to_bytes()?;
     // What is written must read back as what was compiled: the reader's checks (the plan
     // validated against the graph) pass, and the graph's text form loses nothing.

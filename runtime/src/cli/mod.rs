@@ -8,6 +8,7 @@ mod dsa;
 mod inspect;
 mod plan;
 mod run;
+mod stages;
 mod train;
 
 use clap::{Parser, Subcommand};

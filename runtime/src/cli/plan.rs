@@ -28,6 +28,9 @@ pub struct PlanArgs {
     /// Also write the timeline alone, as an SVG file.
     #[arg(long, value_name = "PATH")]
     pub svg: Option<std::path::PathBuf>,
+    /// Also print how long each compiler stage took, on stderr.
+    #[arg(long)]
+    pub timings: bool,
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
@@ -40,9 +43,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         opts = pipeline::Options::unoptimized(opts.plan);
     }
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
-    let model = a.model.load()?;
-    let compiled = pipeline::compile(&model, &opts)
-        .map_err(|e| Failure::new(1, format!("{}: {e}", model.name)))?;
+    let (_, compiled, trace) = super::stages::load_and_compile(&a.model, &opts, !a.json)?;
+    if a.timings {
+        eprint!("{}", super::stages::timings_table(trace, &compiled));
+    }
     let report = &compiled.report;
     use ingot_compiler::plan::picture;
     let pictures = [
