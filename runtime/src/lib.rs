@@ -7,6 +7,7 @@ pub mod error;
 pub mod executor;
 pub mod init;
 pub mod io;
+pub mod random_step;
 pub mod session;
 pub mod tensor;
 

@@ -272,6 +272,11 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
             g.node(library[u - slots.len()]).inputs.to_vec()
         }
     };
+    // The new values written over each updated leaf.
+    let mut new_values: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for up in &g.updates {
+        new_values.entry(up.target).or_default().push(up.value);
+    }
     // Successor lists of the unit graph, rebuilt lazily (units only ever merge).
     let successors = |parent: &mut Vec<usize>, slots: &[Option<Group>]| -> Vec<BTreeSet<usize>> {
         let mut succ = vec![BTreeSet::new(); n_units];
@@ -283,6 +288,16 @@ fn merge(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Vec<Group> {
                 if let Some(p) = producer(x, parent) {
                     if p != u {
                         succ[p].insert(u);
+                    }
+                }
+                // Anti-dependences of in-place updates: a unit reading a parameter or state
+                // runs before the unit writing its new value, so no merge may put a value that
+                // reader needs into that writer (the schedule would have a cycle).
+                for &v in new_values.get(&select::base(g, x)).into_iter().flatten() {
+                    if let Some(w) = producer(v, parent) {
+                        if w != u {
+                            succ[u].insert(w);
+                        }
                     }
                 }
             }
