@@ -154,6 +154,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
         groups
     };
     let graph = emit(&g, &groups)?;
+    index::check_loads(&graph)?;
     graph.verify()?;
     let mut report = FuseReport {
         ops_before: g.ids().filter(|&id| !g.node(id).op.is_leaf()).count(),
