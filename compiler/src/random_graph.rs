@@ -153,7 +153,9 @@ impl Builder {
                 Some(l) => self.g.add(l, t)?,
             });
         }
-        Ok(loss.expect("the last value built is a sink"))
+        loss.ok_or_else(|| {
+            crate::error::IrError::Invalid("random graph: no value to take the loss of".into())
+        })
     }
 
     /// One random op on `x`, or `None` where the drawn op does not apply to it.
@@ -377,9 +379,9 @@ impl Builder {
                 m
             }
             // split an axis into two factors
-            1 if r >= 1 && r < 4 => {
+            1 if (1..4).contains(&r) => {
                 let a = self.rng.below(r);
-                let f: Vec<usize> = (1..=d[a]).filter(|f| d[a] % f == 0).collect();
+                let f: Vec<usize> = (1..=d[a]).filter(|&f| d[a].is_multiple_of(f)).collect();
                 let f = self.rng.pick(&f);
                 let mut m = d.clone();
                 m[a] = f;
@@ -399,7 +401,7 @@ impl Builder {
                 let mut left = numel(&d);
                 let mut m = Vec::new();
                 while left > 1 && m.len() < 3 {
-                    let f: Vec<usize> = (1..=left).filter(|f| left % f == 0).collect();
+                    let f: Vec<usize> = (1..=left).filter(|&f| left.is_multiple_of(f)).collect();
                     let f = self.rng.pick(&f);
                     m.push(f);
                     left /= f;

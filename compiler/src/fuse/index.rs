@@ -278,7 +278,8 @@ pub fn kernel_loads_fit(k: &ingot_kernels::FusedKernel, sizes: &[usize]) -> Resu
         }
         let row_level = k.reduce_axes.iter().all(|&a| s.get(a) == Some(&0));
         // Read at all: some index of the domain exists (or, for a row-level load, some row).
-        if empty(false) && !(row_level && !empty(true)) {
+        let read = !empty(false) || (row_level && !empty(true));
+        if !read {
             continue;
         }
         let reach = k

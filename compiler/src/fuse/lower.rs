@@ -395,7 +395,9 @@ impl Lowerer<'_> {
     }
 }
 
-/// The result of entering a value in [`Lowerer::expand`].
+/// The result of entering a value in [`Lowerer::expand`]. Short-lived and moved straight onto
+/// the walk's stack, so the frame is not boxed (one allocation per value expanded otherwise).
+#[allow(clippy::large_enum_variant)]
 enum Entered {
     Done(usize),
     Frame(Frame),
