@@ -107,3 +107,36 @@ fn concats_of_two_to_twenty_parts_on_every_axis_train() {
         }
     }
 }
+
+#[test]
+fn a_flat_kernel_over_a_size_1_axis_reads_its_slice_whatever_the_scratch_held() {
+    // The kernel of the sliced matmul output: [4, 1, 2] of a [4, 3, 2] value at offset 4. Its
+    // scratch region is filled with 0xff, as a planned step's slab may leave it.
+    use ingot_kernels::fused::{cpu, Access, Input, Inst, Output};
+    use ingot_kernels::{DType, FusedKernel};
+    let k = FusedKernel {
+        domain: vec![4, 1, 2],
+        reduce_axes: vec![],
+        inputs: vec![Input {
+            dtype: DType::F32,
+            len: 24,
+            access: Access {
+                offset: 4,
+                strides: vec![6, 2, 1],
+            },
+        }],
+        body: vec![Inst::Load { input: 0 }],
+        outputs: vec![Output { value: 0 }],
+    };
+    let scratch = 256;
+    let mut mem = vec![0xffu8; scratch + cpu::scratch_bytes(&k)];
+    for i in 0..24 {
+        mem[i * 4..i * 4 + 4].copy_from_slice(&(i as f32).to_ne_bytes());
+    }
+    cpu::run(&k, &mut mem, &[0], &[128], scratch).unwrap();
+    let out: Vec<f32> = mem[128..160]
+        .chunks(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(out, [4.0, 5.0, 10.0, 11.0, 16.0, 17.0, 22.0, 23.0]);
+}
