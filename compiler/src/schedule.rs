@@ -30,17 +30,45 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
         }
     }
     let users = users(g);
-    for u in &g.updates {
+    let anti = |u: &crate::ir::Update| -> (NodeIndex, Vec<NodeIndex>) {
         // An update to the value the target already holds (`update p = p`, what a gradient
         // that simplifies to zero leaves) writes nothing, so it orders nothing.
         if g.writer(u.value) == u.target {
-            continue;
+            return (NodeIndex::new(u.target.index()), Vec::new());
         }
         // The kernel that writes the new value (a fused kernel for a result node).
         let producer = NodeIndex::new(g.writer(u.value).index());
-        for reader in readers_through_views(g, &users, u.target) {
-            if reader != g.writer(u.value) && reader.index() < g.len() {
-                d.update_edge(NodeIndex::new(reader.index()), producer, ());
+        let readers = readers_through_views(g, &users, u.target)
+            .into_iter()
+            .filter(|&r| r != g.writer(u.value) && r.index() < g.len())
+            .map(|r| NodeIndex::new(r.index()))
+            .collect();
+        (producer, readers)
+    };
+    let data = d.clone();
+    for u in &g.updates {
+        let (producer, readers) = anti(u);
+        for r in readers {
+            d.update_edge(r, producer, ());
+        }
+    }
+    if petgraph::algo::toposort(&d, None).is_ok() {
+        return d;
+    }
+    // Some reader of a leaf needs (through a kernel that fusion made read several leaves) a
+    // value computed after that leaf's new value: that update cannot be written in place. Its
+    // anti-dependences are dropped (the planner then writes the new value aside and copies it
+    // at the step's end, as for any update whose old value is read late); the others are kept
+    // where they create no cycle.
+    let mut d = data;
+    for u in &g.updates {
+        let (producer, readers) = anti(u);
+        let late = readers
+            .iter()
+            .any(|&r| petgraph::algo::has_path_connecting(&d, producer, r, None));
+        if !late {
+            for r in readers {
+                d.update_edge(r, producer, ());
             }
         }
     }

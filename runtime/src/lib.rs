@@ -8,6 +8,7 @@ pub mod executor;
 pub mod fuzz;
 pub mod init;
 pub mod io;
+pub mod random_step;
 pub mod session;
 pub mod tensor;
 

@@ -225,9 +225,129 @@ impl Map {
     }
 }
 
+/// Checks, independently of the kernel's own [`ingot_kernels::FusedKernel::check`] and of the
+/// lengths it declares, that every load of every fused kernel of `g` stays inside the value it
+/// reads, for every index of the kernel's domain (and, for a load that is the same along every
+/// reduce axis, for every row, since row-level values are computed per row even where a reduce
+/// axis has size 0). Accesses are affine with nonnegative strides, so the largest element read
+/// is at the domain's last corner: `offset + Σ strides[d]·(domain[d] − 1)`, computed in `u128`.
+///
+/// Run on every fused step before it is planned, so that a wrong index map is refused at
+/// compile time, naming the kernel, never becomes an out-of-bounds read at the first step.
+pub fn check_loads(g: &crate::ir::Graph) -> Result<(), crate::error::IrError> {
+    for id in g.ids() {
+        let n = g.node(id);
+        let crate::ir::Op::Fused(k) = &n.op else {
+            continue;
+        };
+        let sizes: Vec<usize> = n.inputs.iter().map(|&x| g.ty(x).shape.numel()).collect();
+        kernel_loads_fit(k, &sizes).map_err(|reason| {
+            crate::error::IrError::Invalid(format!(
+                "fused kernel {id} (domain {:?}, reduce axes {:?}) {reason}: a bug in fusion's \
+                 index maps; please report it with the model",
+                k.domain, k.reduce_axes
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// [`check_loads`] for one kernel whose input `n` is a value of `sizes[n]` elements.
+pub fn kernel_loads_fit(k: &ingot_kernels::FusedKernel, sizes: &[usize]) -> Result<(), String> {
+    if sizes.len() != k.inputs.len() {
+        return Err(format!(
+            "has {} inputs but is given {} values",
+            k.inputs.len(),
+            sizes.len()
+        ));
+    }
+    let rank = k.domain.len();
+    let empty = |skip_reduce: bool| {
+        k.domain
+            .iter()
+            .enumerate()
+            .any(|(d, &n)| n == 0 && !(skip_reduce && k.reduce_axes.contains(&d)))
+    };
+    for (i, (inp, &size)) in k.inputs.iter().zip(sizes).enumerate() {
+        let s = &inp.access.strides;
+        if s.len() != rank {
+            return Err(format!(
+                "input {i} has {} strides for a rank-{rank} domain",
+                s.len()
+            ));
+        }
+        let row_level = k.reduce_axes.iter().all(|&a| s.get(a) == Some(&0));
+        // Read at all: some index of the domain exists (or, for a row-level load, some row).
+        let read = !empty(false) || (row_level && !empty(true));
+        if !read {
+            continue;
+        }
+        let reach = k
+            .domain
+            .iter()
+            .zip(s)
+            .fold(inp.access.offset as u128, |r, (&n, &st)| {
+                r + (n.saturating_sub(1) as u128) * st as u128
+            });
+        if reach >= size as u128 {
+            return Err(format!(
+                "input {i} reads element {reach} of a value of {size} elements (offset {}, \
+                 strides {s:?})",
+                inp.access.offset
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kernel(
+        domain: Vec<usize>,
+        offset: usize,
+        strides: Vec<usize>,
+    ) -> ingot_kernels::FusedKernel {
+        use ingot_kernels::fused::{Input, Inst, Output};
+        ingot_kernels::FusedKernel {
+            reduce_axes: vec![],
+            inputs: vec![Input {
+                dtype: ingot_kernels::DType::F32,
+                len: 24,
+                access: Access { offset, strides },
+            }],
+            body: vec![Inst::Load { input: 0 }],
+            outputs: vec![Output { value: 0 }],
+            domain,
+        }
+    }
+
+    #[test]
+    fn a_load_past_its_value_is_refused_and_one_inside_is_not() {
+        // The slice of the issue: [4, 1, 2] of a [4, 3, 2] value at offset 4.
+        let k = kernel(vec![4, 1, 2], 4, vec![6, 2, 1]);
+        assert_eq!(kernel_loads_fit(&k, &[24]), Ok(()));
+        // The same access on a value of 23 elements reads element 23.
+        let e = kernel_loads_fit(&k, &[23]).unwrap_err();
+        assert!(
+            e.contains("input 0 reads element 23 of a value of 23"),
+            "{e}"
+        );
+        // An empty domain reads nothing.
+        assert_eq!(
+            kernel_loads_fit(&kernel(vec![4, 0, 2], 99, vec![6, 2, 1]), &[1]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn every_kernel_of_the_reference_models_loads_inside_its_inputs() {
+        for m in ["mlp", "gpt-mini"] {
+            let c = crate::pipeline::compile_model(m, &Default::default()).unwrap();
+            check_loads(&c.graph).unwrap();
+        }
+    }
 
     #[test]
     fn a_transposed_broadcast_load_gets_permuted_and_zero_strides() {

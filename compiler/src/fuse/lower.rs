@@ -10,6 +10,7 @@ use super::index::Map;
 use super::{kind, Kind};
 use crate::ir::{DType, Graph, NodeId, Op};
 use ingot_kernels::fused::{FusedKernel, Input, Inst, Output};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 
 /// The domain and reduce axes of a group, from its first root.
@@ -183,117 +184,121 @@ impl Lowerer<'_> {
     }
 
     /// The instruction computing `v` at the element `map` names; `None` after recording a cut.
+    ///
+    /// A depth-first walk with an explicit stack (a chain of 12,000 elementwise ops must not
+    /// overflow the thread's stack): each value is entered before its operands, its operands
+    /// are expanded one after another in operand order, and its instruction is pushed after
+    /// theirs, so the body is the post-order a recursive walk gives. The first cut ends the
+    /// whole walk, as it ends the group's lowering.
     fn expand(&mut self, v: NodeId, map: &Map) -> Option<usize> {
-        if let Some(&i) = self.memo.get(&(v, map.clone())) {
-            return Some(i);
+        let mut stack: Vec<Frame> = Vec::new();
+        match self.enter(v, map.clone())? {
+            Entered::Done(i) => return Some(i),
+            Entered::Frame(f) => stack.push(f),
         }
-        let i = self.expand_uncached(v, map)?;
-        self.memo.insert((v, map.clone()), i);
-        Some(i)
+        loop {
+            let top = stack
+                .last_mut()
+                .expect("the walk ends when the stack empties");
+            if top.next < top.children.len() {
+                let (c, m) = top.children[top.next].clone();
+                top.next += 1;
+                match self.enter(c, m)? {
+                    Entered::Done(i) => stack
+                        .last_mut()
+                        .expect("the parent is on the stack")
+                        .results
+                        .push(i),
+                    Entered::Frame(f) => stack.push(f),
+                }
+            } else {
+                let f = stack.pop().expect("the top frame is there");
+                let i = self.finish(f);
+                match stack.last_mut() {
+                    Some(parent) => parent.results.push(i),
+                    None => return Some(i),
+                }
+            }
+        }
     }
 
-    fn cut(&mut self, v: NodeId) -> Option<usize> {
+    fn cut(&mut self, v: NodeId) -> Option<Entered> {
         self.cuts.push(v);
         None
     }
 
-    fn expand_uncached(&mut self, v: NodeId, map: &Map) -> Option<usize> {
+    /// A value whose instruction is known at once (memoized, a load, a constant, an index).
+    fn done(&mut self, v: NodeId, map: Map, i: usize) -> Option<Entered> {
+        self.memo.insert((v, map), i);
+        Some(Entered::Done(i))
+    }
+
+    /// Visits `v` under `map`: its instruction if it needs no operands, else a frame listing
+    /// the operands to expand and how to combine them; `None` after recording a cut.
+    fn enter(&mut self, v: NodeId, map: Map) -> Option<Entered> {
+        if let Some(&i) = self.memo.get(&(v, map.clone())) {
+            return Some(Entered::Done(i));
+        }
         let g = self.g;
         let node = g.node(v);
         // `roots` is sorted: a binary search, since a merged group can have thousands.
         let own = self.roots.binary_search(&v).is_ok();
         let k = kind(node);
         if matches!(k, Kind::Leaf | Kind::Library) || (self.mat[v.index()] && !own) {
-            return Some(self.load(v, map));
+            let i = self.load(v, &map);
+            return self.done(v, map, i);
         }
         let dims = node.ty.shape.dims();
         let operand = |i: usize| node.inputs[i];
+        let same = |n: usize| -> SmallVec<[(NodeId, Map); 3]> {
+            (0..n).map(|i| (operand(i), map.clone())).collect()
+        };
+        let frame = |children: SmallVec<[(NodeId, Map); 3]>, fin: Fin| {
+            Some(Entered::Frame(Frame {
+                v,
+                map: map.clone(),
+                children,
+                next: 0,
+                results: SmallVec::new(),
+                fin,
+            }))
+        };
         match &node.op {
-            Op::Full { value } => Some(self.constant(*value, node.ty.dtype)),
+            Op::Full { value } => {
+                let i = self.constant(*value, node.ty.dtype);
+                self.done(v, map, i)
+            }
             Op::Iota { axis } => {
                 let Some(c) = map.coord(*axis).cloned() else {
                     return self.cut(v);
                 };
-                let dt = node.ty.dtype;
-                let mut acc: Option<usize> = None;
-                for &(a, coef) in &c.terms {
-                    let mut t = self.push(Inst::Index { axis: a, dtype: dt });
-                    if coef != 1 {
-                        let k = self.constant(coef as f64, dt);
-                        t = self.push(Inst::Binary {
-                            op: crate::ir::BinaryOp::Mul,
-                            a: t,
-                            b: k,
-                        });
-                    }
-                    acc = Some(match acc {
-                        None => t,
-                        Some(s) => self.push(Inst::Binary {
-                            op: crate::ir::BinaryOp::Add,
-                            a: s,
-                            b: t,
-                        }),
-                    });
-                }
-                Some(match (acc, c.offset) {
-                    (None, o) => self.constant(o as f64, dt),
-                    (Some(s), 0) => s,
-                    (Some(s), o) => {
-                        let k = self.constant(o as f64, dt);
-                        self.push(Inst::Binary {
-                            op: crate::ir::BinaryOp::Add,
-                            a: s,
-                            b: k,
-                        })
-                    }
-                })
+                let i = self.iota(&c, node.ty.dtype);
+                self.done(v, map, i)
             }
-            Op::Unary(op) => {
-                let x = self.expand(operand(0), map)?;
-                Some(self.push(Inst::Unary { op: *op, x }))
-            }
-            Op::Binary(op) => {
-                let a = self.expand(operand(0), map)?;
-                let b = self.expand(operand(1), map)?;
-                Some(self.push(Inst::Binary { op: *op, a, b }))
-            }
-            Op::Compare(op) => {
-                let a = self.expand(operand(0), map)?;
-                let b = self.expand(operand(1), map)?;
-                Some(self.push(Inst::Compare { op: *op, a, b }))
-            }
-            Op::Select => {
-                let cond = self.expand(operand(0), map)?;
-                let a = self.expand(operand(1), map)?;
-                let b = self.expand(operand(2), map)?;
-                Some(self.push(Inst::Select { cond, a, b }))
-            }
-            Op::Convert => {
-                let x = self.expand(operand(0), map)?;
-                Some(self.push(Inst::Convert {
-                    x,
-                    to: node.ty.dtype,
-                }))
-            }
+            Op::Unary(op) => frame(same(1), Fin::Unary(*op)),
+            Op::Binary(op) => frame(same(2), Fin::Binary(*op)),
+            Op::Compare(op) => frame(same(2), Fin::Compare(*op)),
+            Op::Select => frame(same(3), Fin::Select),
+            Op::Convert => frame(same(1), Fin::Convert(node.ty.dtype)),
             Op::Broadcast => {
                 let src = g.ty(operand(0)).shape.dims();
                 match map.through_broadcast(src, dims) {
-                    Some(m) => self.expand(operand(0), &m),
+                    Some(m) => frame(smallvec::smallvec![(operand(0), m)], Fin::Forward),
                     None => self.cut(v),
                 }
             }
             Op::Transpose { perm } => match map.through_transpose(perm) {
-                Some(m) => self.expand(operand(0), &m),
+                Some(m) => frame(smallvec::smallvec![(operand(0), m)], Fin::Forward),
                 None => self.cut(v),
             },
             Op::Slice { axis, start, .. } => match map.through_slice(*axis, *start) {
-                Some(m) => self.expand(operand(0), &m),
+                Some(m) => frame(smallvec::smallvec![(operand(0), m)], Fin::Forward),
                 None => self.cut(v),
             },
             Op::Reshape | Op::StopGradient => {
                 let src = g.ty(operand(0)).shape.dims();
                 let m = map.through_reshape(src, dims);
-                self.expand(operand(0), &m)
+                frame(smallvec::smallvec![(operand(0), m)], Fin::Forward)
             }
             Op::Reduce { op, axes } => {
                 let x = operand(0);
@@ -308,12 +313,11 @@ impl Lowerer<'_> {
                     Some(_) => {}
                 }
                 // Read back at its own row: the map must be the row map.
-                if Some(map) != self.row_map().as_ref() {
+                if Some(&map) != self.row_map().as_ref() {
                     return self.cut(v);
                 }
-                let xi = self.expand(x, &Map::identity(self.rank))?;
-                self.staged.push(v);
-                Some(self.push(Inst::Reduce { op: *op, x: xi }))
+                let id = Map::identity(self.rank);
+                frame(smallvec::smallvec![(x, id)], Fin::Reduce(*op))
             }
             Op::Leaf { .. }
             | Op::Concat { .. }
@@ -323,5 +327,166 @@ impl Lowerer<'_> {
             | Op::Fused(_)
             | Op::Result { .. } => self.cut(v),
         }
+    }
+
+    /// The instruction of a frame whose operands are expanded, memoized under its map.
+    fn finish(&mut self, f: Frame) -> usize {
+        let r = &f.results;
+        let i = match f.fin {
+            Fin::Forward => r[0],
+            Fin::Unary(op) => self.push(Inst::Unary { op, x: r[0] }),
+            Fin::Binary(op) => self.push(Inst::Binary {
+                op,
+                a: r[0],
+                b: r[1],
+            }),
+            Fin::Compare(op) => self.push(Inst::Compare {
+                op,
+                a: r[0],
+                b: r[1],
+            }),
+            Fin::Select => self.push(Inst::Select {
+                cond: r[0],
+                a: r[1],
+                b: r[2],
+            }),
+            Fin::Convert(to) => self.push(Inst::Convert { x: r[0], to }),
+            Fin::Reduce(op) => {
+                self.staged.push(f.v);
+                self.push(Inst::Reduce { op, x: r[0] })
+            }
+        };
+        self.memo.insert((f.v, f.map), i);
+        i
+    }
+
+    /// `offset + Σ coef · i[axis]` as instructions of `dt`.
+    fn iota(&mut self, c: &super::index::Affine, dt: DType) -> usize {
+        let mut acc: Option<usize> = None;
+        for &(a, coef) in &c.terms {
+            let mut t = self.push(Inst::Index { axis: a, dtype: dt });
+            if coef != 1 {
+                let k = self.constant(coef as f64, dt);
+                t = self.push(Inst::Binary {
+                    op: crate::ir::BinaryOp::Mul,
+                    a: t,
+                    b: k,
+                });
+            }
+            acc = Some(match acc {
+                None => t,
+                Some(s) => self.push(Inst::Binary {
+                    op: crate::ir::BinaryOp::Add,
+                    a: s,
+                    b: t,
+                }),
+            });
+        }
+        match (acc, c.offset) {
+            (None, o) => self.constant(o as f64, dt),
+            (Some(s), 0) => s,
+            (Some(s), o) => {
+                let k = self.constant(o as f64, dt);
+                self.push(Inst::Binary {
+                    op: crate::ir::BinaryOp::Add,
+                    a: s,
+                    b: k,
+                })
+            }
+        }
+    }
+}
+
+/// The result of entering a value in [`Lowerer::expand`]. Short-lived and moved straight onto
+/// the walk's stack, so the frame is not boxed (one allocation per value expanded otherwise).
+#[allow(clippy::large_enum_variant)]
+enum Entered {
+    Done(usize),
+    Frame(Frame),
+}
+
+/// A value of the walk whose operands are being expanded.
+struct Frame {
+    v: NodeId,
+    map: Map,
+    /// Operands and the maps they are read under, in operand order.
+    children: SmallVec<[(NodeId, Map); 3]>,
+    /// The next child to expand.
+    next: usize,
+    /// The instructions of the children expanded so far.
+    results: SmallVec<[usize; 3]>,
+    fin: Fin,
+}
+
+/// How a frame's instruction is made from its operands' instructions.
+enum Fin {
+    /// A view: the operand's instruction under the view's map.
+    Forward,
+    Unary(crate::ir::UnaryOp),
+    Binary(crate::ir::BinaryOp),
+    Compare(crate::ir::CmpOp),
+    Select,
+    Convert(DType),
+    Reduce(crate::ir::ReduceOp),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::DType;
+
+    /// `x [4]` through `n` elementwise ops (tanh and neg, alternating).
+    fn chain(n: usize) -> (Graph, NodeId) {
+        let mut g = Graph::new();
+        let mut v = g.input("x", &[4usize][..], DType::F32).unwrap();
+        for i in 0..n {
+            v = if i % 2 == 0 {
+                g.tanh(v).unwrap()
+            } else {
+                g.neg(v).unwrap()
+            };
+        }
+        (g, v)
+    }
+
+    #[test]
+    fn a_chain_of_12000_elementwise_ops_lowers_to_one_kernel_on_a_small_stack() {
+        // 256 KiB of stack: a walk that recursed once per op would need far more.
+        let h = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(|| {
+                let (g, root) = chain(12_000);
+                let mut mat = vec![false; g.len()];
+                mat[0] = true;
+                mat[root.index()] = true;
+                let l = lower(&g, &mat, &[root], &Domain::of_root(&g, root))
+                    .unwrap_or_else(|cuts| panic!("cut at {cuts:?}"));
+                let x = l.inputs.len() == 1 && l.inputs[0].index() == 0;
+                (l.kernel.body.len(), l.kernel.inputs.len(), x)
+            })
+            .unwrap();
+        let (body, inputs, loaded) = h.join().unwrap();
+        // one load and one instruction per op
+        assert_eq!(body, 12_001);
+        assert_eq!(inputs, 1);
+        assert!(loaded, "the kernel loads the chain's input");
+    }
+
+    #[test]
+    fn a_value_read_twice_under_one_map_is_computed_once_and_operands_come_first() {
+        // y = tanh(x) * tanh(x): one load, one tanh, one mul.
+        let mut g = Graph::new();
+        let x = g.input("x", &[3usize][..], DType::F32).unwrap();
+        let t = g.tanh(x).unwrap();
+        let y = g.mul(t, t).unwrap();
+        let mut mat = vec![false; g.len()];
+        mat[x.index()] = true;
+        mat[y.index()] = true;
+        let l = lower(&g, &mat, &[y], &Domain::of_root(&g, y)).ok().unwrap();
+        let b = &l.kernel.body;
+        assert_eq!(b.len(), 3, "{b:?}");
+        assert!(matches!(b[0], Inst::Load { input: 0 }));
+        assert!(matches!(b[1], Inst::Unary { x: 0, .. }));
+        assert!(matches!(b[2], Inst::Binary { a: 1, b: 1, .. }));
     }
 }

@@ -156,6 +156,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
         groups
     };
     let graph = emit(&g, &groups)?;
+    index::check_loads(&graph)?;
     graph.verify()?;
     let mut report = FuseReport {
         ops_before: g.ids().filter(|&id| !g.node(id).op.is_leaf()).count(),
@@ -327,7 +328,16 @@ fn merge(
         }
         group_of.get(&b).map(|&i| find(parent, i))
     };
-    // The unit graph's edges, both ways: `succ[p]` holds the units reading what `p` produces.
+    // The new values written over each updated leaf, and (filled below) the units reading it.
+    let mut new_values: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    let mut leaf_of_value: HashMap<NodeId, NodeId> = HashMap::new();
+    for up in &g.updates {
+        new_values.entry(up.target).or_default().push(up.value);
+        leaf_of_value.insert(select::base(g, up.value), up.target);
+    }
+    let mut leaf_readers: HashMap<NodeId, Vec<usize>> = HashMap::new();
+    // The unit graph's edges, both ways: `succ[p]` holds the units reading what `p` produces,
+    // and the writer of a leaf's new value after every reader of the leaf (anti-dependences).
     // Kept up to date as units merge (rebuilding them after every merge made the pass quadratic).
     let mut succ: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n_units];
     let mut pred: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n_units];
@@ -346,6 +356,21 @@ fn merge(
                     pred[u].insert(p);
                 }
             }
+            // Anti-dependences of in-place updates: a unit reading a parameter or state runs
+            // before the unit writing its new value, so no merge may put a value that reader
+            // needs into that writer (the schedule would have a cycle).
+            let leaf = select::base(g, x);
+            if new_values.contains_key(&leaf) {
+                leaf_readers.entry(leaf).or_default().push(u);
+            }
+            for &v in new_values.get(&leaf).into_iter().flatten() {
+                if let Some(w) = producer(v, &mut parent) {
+                    if w != u {
+                        succ[u].insert(w);
+                        pred[w].insert(u);
+                    }
+                }
+            }
         }
     }
     // Producers in order of their first root.
@@ -354,10 +379,18 @@ fn merge(
         if p != p0 || slots[p].is_none() {
             continue;
         }
+        // Candidates read what p produces; an anti-dependence alone makes none.
         let consumers: Vec<usize> = succ[p]
             .iter()
             .copied()
-            .filter(|&c| c < slots.len())
+            .filter(|&c| {
+                c < slots.len()
+                    && slots[c].as_ref().is_some_and(|cg| {
+                        cg.loads
+                            .iter()
+                            .any(|(x, _)| producer(*x, &mut parent) == Some(p))
+                    })
+            })
             .collect();
         for c in consumers {
             let (Some(pg), Some(cg)) = (&slots[p], &slots[c]) else {
@@ -453,6 +486,23 @@ fn merge(
             } else {
                 for (x, _) in &merged.loads {
                     if let Some(q) = producer(*x, &mut parent) {
+                        if q != c {
+                            succ[q].insert(c);
+                            pred[c].insert(q);
+                        }
+                    }
+                }
+                // The readers of every leaf whose new value the merged kernel writes.
+                for r in &merged.roots {
+                    let Some(leaf) = leaf_of_value.get(r) else {
+                        continue;
+                    };
+                    for &q0 in leaf_readers.get(leaf).into_iter().flatten() {
+                        let q = if q0 < slots.len() {
+                            find(&mut parent, q0)
+                        } else {
+                            q0
+                        };
                         if q != c {
                             succ[q].insert(c);
                             pred[c].insert(q);

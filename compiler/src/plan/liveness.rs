@@ -160,7 +160,10 @@ impl Liveness {
                 holds_output.push(false);
                 members_read.push(0);
             }
-            let read_until = last_read[id.index()];
+            // A new value not written over its leaf is copied there at the step's end: it is
+            // read then, like an output, so no later value may take its storage.
+            let copied = update_target[id.index()].is_some_and(|t| storage_of[t.index()] != s);
+            let read_until = if copied { n } else { last_read[id.index()] };
             members_read[s] = members_read[s].max(read_until);
             holds_output[s] |= read_until == n;
             let st = &mut storages[s];

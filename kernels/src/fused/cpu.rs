@@ -1387,6 +1387,9 @@ impl Plan<'_> {
     }
 
     fn run_flat(&self, st: &mut State<'_>) -> R {
+        // The scratch holding `idx` is not cleared between runs: axes off the chunk (size 1)
+        // must read 0, not what the last kernel left there.
+        st.idx.fill(0);
         let mut p0 = 0;
         while p0 < self.n_t {
             let len = self.lanes.min(self.n_t - p0);

@@ -32,7 +32,8 @@ pub fn load_and_compile(
                 s.set_message(format!("compiling {label}: {}", stage.name()));
             }
         };
-        let c = pipeline::compile_observed(&m, opts, &mut observer)?;
+        let c = pipeline::compile_observed(&m, opts, &mut observer)
+            .map_err(|e| Failure::new(1, format!("{label}: {e}")))?;
         Ok((m, c, trace))
     });
     if let Some(s) = bar {

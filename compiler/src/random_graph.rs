@@ -1,0 +1,498 @@
+//! Random forward graphs for differential testing of the whole pipeline.
+//!
+//! [`model`] builds, deterministically from a seed, a small forward pass with a scalar loss and
+//! parameters that reach it, made of the ops fusion has to get right: views (broadcasts,
+//! transposes, slices, merging and splitting reshapes, size-1 axes), concats of 2 to 20 parts
+//! (equal parts, which fusion writes as selects, unequal ones, and parts that reshape a split
+//! axis), reductions and softmax-like stages, matmuls on reshaped values, gathers, selects and
+//! elementwise ops whose values stay finite. Autodiff and the optimizer turn it into a real
+//! step, so the backward pass's broadcasts, sums and scatters are exercised too.
+//!
+//! The property test in ir-tests, the fuzz target `fused_step` and the GPU test
+//! `cuda_random_graphs` all draw from this one generator, so a failing seed names the same graph
+//! everywhere. Values stay small (at most [`MAX_NUMEL`] elements each) so a graph compiles and
+//! runs in milliseconds.
+
+use crate::autodiff::Optimizer;
+use crate::error::Result;
+use crate::ir::{BinaryOp, CmpOp, DType, Graph, Init, NodeId, Shape, UnaryOp};
+use crate::models::Model;
+use ingot_kernels::fused::random::Rng;
+
+/// The largest element count of any value the generator makes.
+pub const MAX_NUMEL: usize = 2048;
+
+/// Sizes an axis is drawn from: size 1 often, so broadcasts and size-1 axes are common.
+const DIMS: [usize; 8] = [1, 1, 2, 3, 4, 5, 6, 8];
+
+/// The forward graph of seed `seed`, as a model named `random:SEED`, trained with SGD or AdamW.
+/// Every op is drawn only on operands it accepts, so an error here is a bug in the generator
+/// (or in the IR's shape rules), never a property of the seed.
+pub fn model(seed: u64) -> Result<Model> {
+    let mut b = Builder {
+        g: Graph::new(),
+        rng: Rng(seed),
+        pool: Vec::new(),
+        params: 0,
+        inputs: 0,
+    };
+    let loss = b.build()?;
+    let mut g = b.g;
+    g.set_output("loss", loss)?;
+    let optimizer = if b.rng.chance(50) {
+        Optimizer::Sgd { lr: 0.1 }
+    } else {
+        Optimizer::adamw(0.01, 0.01)
+    };
+    Ok(Model {
+        name: format!("random:{seed}"),
+        graph: g,
+        optimizer,
+    })
+}
+
+struct Builder {
+    g: Graph,
+    rng: Rng,
+    /// The f32 values built so far.
+    pool: Vec<NodeId>,
+    params: usize,
+    inputs: usize,
+}
+
+fn numel(d: &[usize]) -> usize {
+    d.iter().product()
+}
+
+impl Builder {
+    fn dims(&self, x: NodeId) -> Vec<usize> {
+        self.g.ty(x).shape.dims().to_vec()
+    }
+
+    fn random_shape(&mut self) -> Vec<usize> {
+        let rank = self.rng.pick(&[0, 1, 2, 2, 3, 3, 4]);
+        (0..rank).map(|_| self.rng.pick(&DIMS)).collect()
+    }
+
+    fn parameter(&mut self, dims: &[usize]) -> Result<NodeId> {
+        self.params += 1;
+        let name = format!("p{}", self.params);
+        self.g
+            .parameter(&name, dims, DType::F32, Init::Normal { std: 0.5 })
+    }
+
+    fn leaf(&mut self, dims: &[usize]) -> Result<NodeId> {
+        if self.rng.chance(30) {
+            self.inputs += 1;
+            let name = format!("x{}", self.inputs);
+            self.g.input(&name, dims, DType::F32)
+        } else {
+            self.parameter(dims)
+        }
+    }
+
+    fn pick(&mut self) -> NodeId {
+        // Recent values more often, so chains grow deep.
+        let n = self.pool.len();
+        if self.rng.chance(60) {
+            self.pool[n - 1 - self.rng.below(n.min(3))]
+        } else {
+            self.pool[self.rng.below(n)]
+        }
+    }
+
+    fn build(&mut self) -> Result<NodeId> {
+        let first = self.random_shape();
+        let p = self.parameter(&first)?;
+        self.pool.push(p);
+        for _ in 0..self.rng.below(2) {
+            let s = self.random_shape();
+            let x = self.leaf(&s)?;
+            self.pool.push(x);
+        }
+        let ops = 3 + self.rng.below(14);
+        for _ in 0..ops {
+            let x = self.pick();
+            if let Some(mut y) = self.op(x)? {
+                // Every value built reaches the loss (so does every parameter); one that grew
+                // too large is summed down to one element first.
+                let d = self.dims(y);
+                if numel(&d) > MAX_NUMEL {
+                    let all: Vec<usize> = (0..d.len()).collect();
+                    y = self.g.sum(y, &all)?;
+                }
+                self.pool.push(y);
+            }
+        }
+        self.loss()
+    }
+
+    /// The loss: the mean square of every value nothing else reads, summed, so every leaf
+    /// reaches it.
+    fn loss(&mut self) -> Result<NodeId> {
+        let mut used = vec![false; self.g.len()];
+        for id in self.g.ids() {
+            for &i in &self.g.node(id).inputs {
+                used[i.index()] = true;
+            }
+        }
+        let sinks: Vec<NodeId> = self
+            .pool
+            .iter()
+            .copied()
+            .filter(|x| !used[x.index()])
+            .collect();
+        let mut loss: Option<NodeId> = None;
+        for s in sinks {
+            let sq = self.g.mul(s, s)?;
+            let n = numel(&self.dims(s)).max(1);
+            let t = self.g.sum_all(sq)?;
+            let t = self.g.mul_scalar(t, 1.0 / n as f64)?;
+            loss = Some(match loss {
+                None => t,
+                Some(l) => self.g.add(l, t)?,
+            });
+        }
+        loss.ok_or_else(|| {
+            crate::error::IrError::Invalid("random graph: no value to take the loss of".into())
+        })
+    }
+
+    /// One random op on `x`, or `None` where the drawn op does not apply to it.
+    fn op(&mut self, x: NodeId) -> Result<Option<NodeId>> {
+        let d = self.dims(x);
+        let r = d.len();
+        Ok(Some(match self.rng.below(13) {
+            0 => self.unary(x)?,
+            1 | 2 => self.binary(x)?,
+            3 if r >= 2 => {
+                let mut perm: Vec<usize> = (0..r).collect();
+                for i in (1..r).rev() {
+                    perm.swap(i, self.rng.below(i + 1));
+                }
+                self.g.transpose(x, &perm)?
+            }
+            4 if r >= 1 => {
+                let axis = self.rng.below(r);
+                if d[axis] == 0 {
+                    return Ok(None);
+                }
+                let start = self.rng.below(d[axis]);
+                let end = start + 1 + self.rng.below(d[axis] - start);
+                self.g.slice(x, axis, start, end)?
+            }
+            5 if r >= 1 => return self.concat(x),
+            6 if r >= 1 => {
+                let axes = self.axes(r);
+                if self.rng.chance(50) {
+                    self.g.sum(x, &axes)?
+                } else {
+                    self.g.max(x, &axes)?
+                }
+            }
+            7 if r >= 1 => {
+                // softmax over random axes: a staged max and sum read back at their rows.
+                let axes = self.axes(r);
+                let m = self.g.max(x, &axes)?;
+                let m = self.g.stop_gradient(m)?;
+                let y = self.g.sub(x, m)?;
+                let e = self.g.exp(y)?;
+                let s = self.g.sum(e, &axes)?;
+                self.g.div(e, s)?
+            }
+            8 => return self.reshape(x),
+            9 if r >= 1 => self.matmul(x)?,
+            10 => {
+                // broadcast to a new leading axis and every size-1 axis widened.
+                let mut to: Vec<usize> = Vec::new();
+                if r < 4 && self.rng.chance(50) {
+                    to.push(self.rng.pick(&[2, 3]));
+                }
+                for &n in &d {
+                    to.push(if n == 1 { self.rng.pick(&DIMS) } else { n });
+                }
+                if numel(&to) > MAX_NUMEL {
+                    return Ok(None);
+                }
+                self.g.broadcast_to(x, to.as_slice())?
+            }
+            11 => {
+                let y = self.partner(x)?;
+                let op = self.rng.pick(&[CmpOp::Gt, CmpOp::Le, CmpOp::Ne]);
+                let c = self.g.compare(op, x, y)?;
+                let z = self.g.tanh(y)?;
+                self.g.select(c, x, z)?
+            }
+            12 => {
+                // gather rows of a table by ids from iota: the embedding pattern.
+                let n = self.rng.pick(&[1, 2, 3, 5]);
+                let v = n + self.rng.below(3);
+                let dd = self.rng.pick(&DIMS);
+                let table = self.parameter(&[v, dd])?;
+                let ids = self.g.iota(&[n][..], 0, DType::I64)?;
+                let rows = self.g.gather(table, ids)?;
+                if self.rng.chance(50) && r >= 1 && d[r - 1] == dd && numel(&d) > 0 {
+                    // combine with x where the shapes broadcast
+                    match self.g.broadcast_shape("add", x, rows) {
+                        Ok(_) => self.g.add(x, rows)?,
+                        Err(_) => rows,
+                    }
+                } else {
+                    rows
+                }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// A nonempty, sorted subset of `0..r`.
+    fn axes(&mut self, r: usize) -> Vec<usize> {
+        let mut axes: Vec<usize> = (0..r).filter(|_| self.rng.chance(50)).collect();
+        if axes.is_empty() {
+            axes.push(self.rng.below(r));
+        }
+        axes
+    }
+
+    fn unary(&mut self, x: NodeId) -> Result<NodeId> {
+        let g = &mut self.g;
+        Ok(match self.rng.below(6) {
+            0 => g.tanh(x)?,
+            1 => g.neg(x)?,
+            2 => {
+                let t = g.tanh(x)?;
+                g.exp(t)?
+            }
+            k => {
+                // log, sqrt and recip of x² + 1, which is at least 1.
+                let sq = g.mul(x, x)?;
+                let p = g.add_scalar(sq, 1.0)?;
+                let op = [UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Recip][k - 3];
+                g.unary(op, p)?
+            }
+        })
+    }
+
+    /// A value that broadcasts against `x`: one from the pool if one does, else a new leaf
+    /// shaped like `x` with some axes taken as 1 and some leading axes dropped.
+    fn partner(&mut self, x: NodeId) -> Result<NodeId> {
+        let d = self.dims(x);
+        if self.rng.chance(40) {
+            let fits: Vec<NodeId> = self
+                .pool
+                .iter()
+                .copied()
+                .filter(|&y| {
+                    let e = self.g.ty(y).shape.dims();
+                    e.len() <= d.len()
+                        && e.iter()
+                            .zip(&d[d.len() - e.len()..])
+                            .all(|(&a, &b)| a == b || a == 1)
+                })
+                .collect();
+            if !fits.is_empty() {
+                return Ok(self.rng.pick(&fits));
+            }
+        }
+        let drop = self.rng.below(d.len() + 1).min(self.rng.below(3));
+        let s: Vec<usize> = d[drop..]
+            .iter()
+            .map(|&n| if self.rng.chance(30) { 1 } else { n })
+            .collect();
+        self.leaf(&s)
+    }
+
+    fn binary(&mut self, x: NodeId) -> Result<NodeId> {
+        let y = self.partner(x)?;
+        let (a, b) = if self.rng.chance(50) { (x, y) } else { (y, x) };
+        let op = self.rng.pick(&[
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Max,
+            BinaryOp::Min,
+            BinaryOp::Div,
+        ]);
+        if op == BinaryOp::Div {
+            let sq = self.g.mul(b, b)?;
+            let den = self.g.add_scalar(sq, 1.0)?;
+            return self.g.div(a, den);
+        }
+        self.g.binary(op, a, b)
+    }
+
+    fn concat(&mut self, x: NodeId) -> Result<Option<NodeId>> {
+        let d = self.dims(x);
+        let r = d.len();
+        let axis = self.rng.below(r);
+        let n = if self.rng.chance(70) {
+            2 + self.rng.below(6)
+        } else {
+            2 + self.rng.below(19)
+        };
+        let total = numel(&d).saturating_mul(n);
+        if total > MAX_NUMEL || d[axis] == 0 {
+            return Ok(None);
+        }
+        let style = self.rng.below(4);
+        let mut parts = Vec::with_capacity(n);
+        for i in 0..n {
+            let p = match self.rng.below(4) {
+                0 => x,
+                1 => self.g.mul_scalar(x, (i + 1) as f64)?,
+                2 => self.g.tanh(x)?,
+                _ => {
+                    let y = self.partner(x)?;
+                    self.g.add(x, y)?
+                }
+            };
+            let p = match style {
+                // unequal parts: a prefix of each along the axis (a library concat)
+                1 => {
+                    let len = 1 + self.rng.below(d[axis]);
+                    self.g.slice(p, axis, 0, len)?
+                }
+                // parts reshaping a split axis: the axis merged with the next one
+                2 if axis + 1 < r => {
+                    let mut m = d.clone();
+                    m[axis] *= m[axis + 1];
+                    m.remove(axis + 1);
+                    self.g.reshape(p, m.as_slice())?
+                }
+                _ => p,
+            };
+            parts.push(p);
+        }
+        Ok(Some(self.g.concat(&parts, axis)?))
+    }
+
+    fn reshape(&mut self, x: NodeId) -> Result<Option<NodeId>> {
+        let d = self.dims(x);
+        let r = d.len();
+        let to: Vec<usize> = match self.rng.below(5) {
+            // merge two adjacent axes
+            0 if r >= 2 => {
+                let a = self.rng.below(r - 1);
+                let mut m = d.clone();
+                m[a] *= m[a + 1];
+                m.remove(a + 1);
+                m
+            }
+            // split an axis into two factors
+            1 if (1..4).contains(&r) => {
+                let a = self.rng.below(r);
+                let f: Vec<usize> = (1..=d[a]).filter(|&f| d[a].is_multiple_of(f)).collect();
+                let f = self.rng.pick(&f);
+                let mut m = d.clone();
+                m[a] = f;
+                m.insert(a + 1, d[a] / f);
+                m
+            }
+            // insert a size-1 axis
+            2 if r < 4 => {
+                let mut m = d.clone();
+                m.insert(self.rng.below(r + 1), 1);
+                m
+            }
+            // drop the size-1 axes
+            3 => d.iter().copied().filter(|&n| n != 1).collect(),
+            // flatten and refactor
+            _ => {
+                let mut left = numel(&d);
+                let mut m = Vec::new();
+                while left > 1 && m.len() < 3 {
+                    let f: Vec<usize> = (1..=left).filter(|&f| left.is_multiple_of(f)).collect();
+                    let f = self.rng.pick(&f);
+                    m.push(f);
+                    left /= f;
+                }
+                if left != 1 || self.rng.chance(30) {
+                    m.push(left);
+                }
+                if numel(&d) == 0 {
+                    return Ok(None);
+                }
+                m
+            }
+        };
+        if to == d {
+            return Ok(None);
+        }
+        Ok(Some(self.g.reshape(x, Shape::from(to.as_slice()))?))
+    }
+
+    /// `x` viewed as a matrix `[M, K]` (K its last axis) times a new parameter `[K, N]`, the
+    /// product viewed back with N as the last axis; sometimes a batched product of two values.
+    fn matmul(&mut self, x: NodeId) -> Result<NodeId> {
+        let d = self.dims(x);
+        let r = d.len();
+        let k = d[r - 1];
+        let n = self.rng.pick(&DIMS);
+        if r >= 3 && self.rng.chance(40) {
+            // batched: [.., M, K] x [.., K, N], the second read transposed sometimes
+            let tb = self.rng.chance(50);
+            let mut wd = d[..r - 2].to_vec();
+            if tb {
+                wd.extend([n, k]);
+            } else {
+                wd.extend([k, n]);
+            }
+            let w = self.leaf(&wd)?;
+            return self.g.matmul_t(x, w, false, tb);
+        }
+        let m = numel(&d[..r - 1]);
+        let a = self.g.reshape(x, &[m, k][..])?;
+        let w = self.parameter(&[k, n])?;
+        let y = self.g.matmul(a, w)?;
+        let mut out = d[..r - 1].to_vec();
+        out.push(n);
+        self.g.reshape(y, out.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_graph_and_every_graph_is_a_valid_forward_pass() {
+        for seed in 0..300 {
+            let a = model(seed).unwrap();
+            assert_eq!(a, model(seed).unwrap(), "seed {seed}");
+            a.graph.verify().unwrap();
+            let loss = a.graph.outputs["loss"];
+            assert_eq!(a.graph.ty(loss).shape.rank(), 0, "seed {seed}");
+            for id in a.graph.ids() {
+                assert!(
+                    a.graph.ty(id).shape.numel() <= MAX_NUMEL * 20,
+                    "seed {seed}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_generator_makes_every_kind_of_op_it_promises() {
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..300 {
+            for (op, _) in model(seed).unwrap().graph.op_histogram() {
+                seen.insert(op.to_string());
+            }
+        }
+        for op in [
+            "broadcast",
+            "transpose",
+            "slice",
+            "concat",
+            "reduce_sum",
+            "reduce_max",
+            "reshape",
+            "matmul",
+            "gather",
+            "select",
+            "exp",
+        ] {
+            assert!(seen.contains(op), "no {op} in 300 graphs: {seen:?}");
+        }
+    }
+}

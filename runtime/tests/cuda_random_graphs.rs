@@ -1,0 +1,71 @@
+//! Random training steps ([`ingot_compiler::random_graph`]) on the GPU agree with the CPU: one
+//! step of each from the same seed, losses, new parameters (SGD) and optimizer state within the
+//! tolerance of [`ingot_runtime::random_step`] (the GPU sums in another order).
+//!
+//! Without a GPU the comparison is skipped with a message saying why, unless
+//! `INGOT_REQUIRE_GPU=1` is set, which makes a missing GPU a failure (the GPU check script sets
+//! it). The host-side part (each step compiled for the CUDA target, lowered to its device
+//! program and every fused kernel's CUDA C generated) runs everywhere.
+
+use ingot_compiler::pipeline;
+use ingot_compiler::random_graph;
+use ingot_runtime::cuda::{self, CudaOptions, Program};
+use ingot_runtime::random_step::compare_sessions;
+use ingot_runtime::session::Device;
+
+const STRICT: Device = Device::Cuda(CudaOptions {
+    tf32: false,
+    ordinal: 0,
+    serial: false,
+});
+
+/// Seeds compared on the GPU, and lowered on the host.
+const SEEDS: u64 = 300;
+
+/// Whether a GPU is there; without one, says so, and fails if `INGOT_REQUIRE_GPU=1`.
+fn gpu(test: &str) -> bool {
+    match cuda::available() {
+        Ok(_) => true,
+        Err(e) => {
+            if std::env::var("INGOT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("{test}: INGOT_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            eprintln!("skipping {test}: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn random_steps_compile_for_cuda_and_every_kernel_lowers_to_cuda_c() {
+    let opts = STRICT.options();
+    for seed in 0..SEEDS {
+        let m = random_graph::model(seed).unwrap();
+        let c = pipeline::compile(&m, &opts).unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        let p = Program::lower(&c.graph, &c.plan).unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        assert!(!p.ops.is_empty(), "{}: no device operations", m.name);
+    }
+}
+
+#[test]
+fn random_steps_on_the_gpu_match_the_cpu() {
+    if !gpu("random_steps_on_the_gpu_match_the_cpu") {
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut worst = 0f64;
+    for seed in 0..SEEDS {
+        let m = random_graph::model(seed).unwrap();
+        match compare_sessions(&m, seed, STRICT) {
+            Ok(w) => worst = worst.max(w),
+            Err(e) => failures.push(e),
+        }
+    }
+    eprintln!("{SEEDS} random steps on the GPU, worst difference {worst:.3} of the tolerance");
+    assert!(
+        failures.is_empty(),
+        "{} of {SEEDS} random steps differ on the GPU:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
