@@ -22,20 +22,6 @@ const STRICT: Device = Device::Cuda(CudaOptions {
 /// Seeds compared on the GPU, and lowered on the host.
 const SEEDS: u64 = 300;
 
-/// Whether a GPU is there; without one, says so, and fails if `INGOT_REQUIRE_GPU=1`.
-fn gpu(test: &str) -> bool {
-    match cuda::available() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("INGOT_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("{test}: INGOT_REQUIRE_GPU=1 but no GPU: {e}");
-            }
-            eprintln!("skipping {test}: {e}");
-            false
-        }
-    }
-}
-
 #[test]
 fn random_steps_compile_for_cuda_and_every_kernel_lowers_to_cuda_c() {
     let opts = STRICT.options();
@@ -49,7 +35,7 @@ fn random_steps_compile_for_cuda_and_every_kernel_lowers_to_cuda_c() {
 
 #[test]
 fn random_steps_on_the_gpu_match_the_cpu() {
-    if !gpu("random_steps_on_the_gpu_match_the_cpu") {
+    if !cuda::gpu_for_test("random_steps_on_the_gpu_match_the_cpu") {
         return;
     }
     let mut failures = Vec::new();
