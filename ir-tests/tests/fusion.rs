@@ -15,19 +15,9 @@ use ingot_runtime::StepExecutor;
 
 const SMALL_GPT: &str = "gpt:vocab=96,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=3";
 
-fn floats(t: &Tensor) -> Vec<f64> {
-    match &t.data {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::Bool(v) => v.iter().map(|&x| x as f64).collect(),
-    }
-}
-
 /// Largest difference over the tensor, relative to its largest magnitude.
 fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (floats(a), floats(b));
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
     a.iter()

@@ -6,19 +6,10 @@
 use ingot_compiler::models;
 use ingot_compiler::pipeline::Options;
 use ingot_runtime::session::Session;
-use ingot_runtime::tensor::{Data, Tensor};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
-}
-
-fn floats(t: &Tensor) -> Vec<f64> {
-    match &t.data {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        _ => Vec::new(),
-    }
 }
 
 fn main() {
@@ -47,7 +38,7 @@ fn main() {
         }
         let (pa, pb) = (plain.parameters(), fused.parameters());
         for (name, x) in &pa {
-            let (x, y) = (floats(x), floats(&pb[name]));
+            let (x, y) = (x.to_f64_vec(), pb[name].to_f64_vec());
             let scale = x.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
             let d = x
                 .iter()

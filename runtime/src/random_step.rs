@@ -38,16 +38,6 @@ pub struct Outcome {
     pub worst: f64,
 }
 
-fn floats(t: &Tensor) -> Vec<f64> {
-    match &t.data {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::Bool(v) => v.iter().map(|&x| x as f64).collect(),
-    }
-}
-
 /// How far `got` is from `want`, as a fraction of the allowed difference (above 1 fails); an
 /// error names the tensor where the shapes differ or only one side is finite.
 pub fn closeness(what: &str, got: &Tensor, want: &Tensor) -> Result<f64, String> {
@@ -57,7 +47,7 @@ pub fn closeness(what: &str, got: &Tensor, want: &Tensor) -> Result<f64, String>
             got.ty, want.ty
         ));
     }
-    let (a, b) = (floats(got), floats(want));
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
     let scale = b
         .iter()
         .filter(|x| x.is_finite())

@@ -172,6 +172,24 @@ pub enum PlanViolation {
 /// The tag of bytes a kernel used as scratch: no value of the graph.
 const SCRATCH: NodeId = NodeId(u32::MAX);
 
+/// How a byte range `[offset, offset + bytes)` breaks the placement rules, if it does.
+enum Misplaced {
+    Misaligned,
+    Outside { end: usize },
+}
+
+fn misplaced(offset: usize, bytes: usize, p: &PlanView<'_>) -> Option<Misplaced> {
+    if !offset.is_multiple_of(p.alignment.max(1)) {
+        return Some(Misplaced::Misaligned);
+    }
+    offset
+        .checked_add(bytes)
+        .is_none_or(|e| e > p.total_bytes)
+        .then(|| Misplaced::Outside {
+            end: offset.saturating_add(bytes),
+        })
+}
+
 /// Replays the plan and returns the first violation found.
 pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     use PlanViolation as V;
@@ -214,44 +232,44 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                 given: l.bytes,
             });
         }
-        if !l.offset.is_multiple_of(p.alignment.max(1)) {
-            return Err(V::Misaligned {
-                node: id,
-                offset: l.offset,
-                alignment: p.alignment,
-            });
-        }
-        if l.offset
-            .checked_add(l.bytes)
-            .is_none_or(|e| e > p.total_bytes)
-        {
-            return Err(V::OutsideAllocation {
-                node: id,
-                start: l.offset,
-                end: l.offset.saturating_add(l.bytes),
-                total: p.total_bytes,
-            });
+        match misplaced(l.offset, l.bytes, p) {
+            Some(Misplaced::Misaligned) => {
+                return Err(V::Misaligned {
+                    node: id,
+                    offset: l.offset,
+                    alignment: p.alignment,
+                })
+            }
+            Some(Misplaced::Outside { end }) => {
+                return Err(V::OutsideAllocation {
+                    node: id,
+                    start: l.offset,
+                    end,
+                    total: p.total_bytes,
+                })
+            }
+            None => {}
         }
     }
     for (id, w) in g.ids().zip(p.workspace) {
         let Some(w) = *w else { continue };
-        if !w.offset.is_multiple_of(p.alignment.max(1)) {
-            return Err(V::WorkspaceMisaligned {
-                node: id,
-                offset: w.offset,
-                alignment: p.alignment,
-            });
-        }
-        if w.offset
-            .checked_add(w.bytes)
-            .is_none_or(|e| e > p.total_bytes)
-        {
-            return Err(V::WorkspaceOutsideAllocation {
-                node: id,
-                start: w.offset,
-                end: w.offset.saturating_add(w.bytes),
-                total: p.total_bytes,
-            });
+        match misplaced(w.offset, w.bytes, p) {
+            Some(Misplaced::Misaligned) => {
+                return Err(V::WorkspaceMisaligned {
+                    node: id,
+                    offset: w.offset,
+                    alignment: p.alignment,
+                })
+            }
+            Some(Misplaced::Outside { end }) => {
+                return Err(V::WorkspaceOutsideAllocation {
+                    node: id,
+                    start: w.offset,
+                    end,
+                    total: p.total_bytes,
+                })
+            }
+            None => {}
         }
     }
     // What each value's bytes are: a view's are its operand's.
