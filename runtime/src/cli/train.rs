@@ -109,8 +109,16 @@ struct StepLine {
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let device = a.run.session_device(Device::Cpu)?;
     a.run.check_outputs()?;
-    let model = a.model.load()?;
-    let mut session = Session::on(&model, a.run.seed, device)?;
+    // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
+    let (model, compiled, _) =
+        super::stages::load_and_compile(&a.model, &device.options(), !a.run.json)?;
+    let mut session = Session::from_parts(
+        &model.name,
+        compiled.graph,
+        compiled.plan,
+        a.run.seed,
+        device,
+    )?;
     train(&mut session, &a.run, device)
 }
 
