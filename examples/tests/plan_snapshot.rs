@@ -40,6 +40,14 @@ fn small_gpt_plan() {
     insta::assert_yaml_snapshot!(cpu_plan(&model));
 }
 
+/// A model of your own, read from IR text (docs/examples/tiny-mlp.ir): the same snapshot.
+#[test]
+fn tiny_mlp_from_ir_text_plan() {
+    let text = include_str!("../../docs/examples/tiny-mlp.ir");
+    let model = Model::from_ir_text("tiny-mlp", text).expect("the file parses");
+    insta::assert_yaml_snapshot!(cpu_plan(&model));
+}
+
 /// A hard ceiling as well as the snapshot: the snapshot catches any change, the budget says
 /// what is never acceptable.
 #[test]
