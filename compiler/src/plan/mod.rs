@@ -3,10 +3,10 @@
 //!
 //! The single device allocation is laid out as `[resident region | slab]`. The resident region
 //! holds parameters, optimizer state and inputs, each at a fixed offset, in graph order. The
-//! slab holds everything else at offsets chosen by the [`dsa`] solver from liveness intervals.
+//! slab holds everything else at offsets chosen by the [`ingot_dsa`] solver (its own crate) from liveness
+//! intervals.
 
 pub mod check;
-pub mod dsa;
 pub mod liveness;
 pub mod picture;
 pub mod report;
@@ -14,6 +14,7 @@ pub mod report;
 use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
 use check::{Location, PlanView};
+use ingot_dsa as dsa;
 pub use liveness::{Liveness, Region, Storage, WorkspaceFn};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 
 use super::Failure;
 use indicatif::ProgressBar;
-use ingot_compiler::plan::dsa;
+use ingot_dsa as dsa;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Solves every `*.csv` offset-assignment problem in a folder and prints a table.
 //!
 //! ```text
-//! cargo run --release -p ingot-compiler --example dsa_bench -- /work/shared/benchmarks/dsa
+//! cargo run --release -p ingot-dsa --example dsa_bench -- /work/shared/benchmarks/dsa
 //!     [--time-limit S]     budget per file (default 10 s)
 //!     [--all-greedy]       also run every greedy strategy alone, with its peak and time
 //!     [--greedy-only]      only that
@@ -13,7 +13,7 @@
 //! the budget). Times include reading the file. Every solution is checked with the independent
 //! validator; the program exits with status 1 if any file fails.
 
-use ingot_compiler::plan::dsa::{self, Greedy, Problem, SolveOptions};
+use ingot_dsa::{self as dsa, Greedy, Problem, SolveOptions};
 use std::time::{Duration, Instant};
 
 fn main() {

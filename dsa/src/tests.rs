@@ -556,10 +556,8 @@ fn csv_errors_name_the_line_and_the_fault() {
 
 #[test]
 fn a_real_benchmark_file_fits_its_capacity() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/benchmarks/dsa");
-    let path = dir.join("minimalloc-G.1048576.csv");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        println!("skipped: {} is not present", path.display());
+    let Some(text) = shared_benchmark("minimalloc-G.1048576.csv") else {
+        println!("skipped: minimalloc-G.1048576.csv is not present");
         return;
     };
     let p = read_csv(&text).unwrap();

@@ -2,7 +2,7 @@
 //! code with the solver: every solution is a valid packing, never below LOAD, aligned, and the
 //! same for the same input.
 
-use ingot_compiler::plan::dsa::{self, Buffer, Problem, SolveOptions};
+use ingot_dsa::{self as dsa, Buffer, Problem, SolveOptions};
 use proptest::prelude::*;
 use std::time::Duration;
 

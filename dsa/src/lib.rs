@@ -1,6 +1,7 @@
-//! The offset solver: dynamic storage allocation (DSA).
+//! The offset solver: dynamic storage allocation (DSA), usable alone (it depends on nothing of
+//! the Ingot compiler, whose memory planner uses it for the slab of a training step).
 //!
-//! Every buffer of a step is live over a half-open interval `[lower, upper)` of schedule
+//! Every buffer is live over a half-open interval `[lower, upper)` of schedule
 //! positions and needs `size` bytes. The solver gives each one an offset in a single slab so that
 //! two buffers live at the same moment never share a byte, every offset is a multiple of the
 //! problem's alignment, and the peak (the largest `offset + size`) is as small as it can find.
@@ -35,12 +36,38 @@
 //! machine and with any number of threads, unless the time limit stops the work (use
 //! [`SolveOptions::node_limit`] for a budget that does not depend on the machine's speed).
 //!
-//! Measured on the benchmark set (`cargo run --release -p ingot-compiler --example dsa_bench
+//! Measured on the benchmark set (`cargo run --release -p ingot-dsa --example dsa_bench
 //! -- <dir>`, 2 cores): the eleven MiniMalloc "challenging" problems fit 1,048,576 bytes in
 //! 0.02 to 0.4 s each (MiniMalloc reports 0.6 to 5.4 s); iopddl-Y_1 (62,185 buffers) is packed
 //! to LOAD by best fit in contention order in under a second, file reading included; pangu 2.6B
 //! (18,692 buffers) reaches LOAD through a capacity-aware dive in about 2.5 s; iopddl-S_1 stays
 //! 0.18% above LOAD (skyline dive; the capacity-aware dives fail there).
+//!
+//! # Example
+//!
+//! ```
+//! use ingot_dsa::{solve, validate, Buffer, Problem, SolveOptions};
+//!
+//! // Buffers 0 and 1 are live together; buffer 2 only after both have died.
+//! let problem = Problem {
+//!     buffers: vec![
+//!         Buffer { id: 0, lower: 0, upper: 2, size: 100 },
+//!         Buffer { id: 1, lower: 1, upper: 3, size: 50 },
+//!         Buffer { id: 2, lower: 3, upper: 4, size: 120 },
+//!     ],
+//!     alignment: 64,
+//! };
+//! let (solution, stats) = solve(&problem, &SolveOptions::default()).expect("solvable");
+//! assert_eq!(solution.offsets.len(), 3);
+//! assert!(solution.offsets.iter().all(|o| o % 64 == 0));
+//! assert_eq!(solution.offsets[2], 0); // buffer 2 reuses the bytes of 0 and 1
+//! assert_eq!(solution.peak, 164); // 50 bytes at 0, then 100 at 64 (LOAD, 150, is not reachable)
+//! assert!(stats.optimal); // the peak equals a proved lower bound
+//! validate(&problem, &solution).expect("every returned solution is valid");
+//! ```
+//!
+//! The CSV format of MiniMalloc's benchmarks ([`read_csv`], [`write_csv`]) lets the same
+//! problems come from files; the `ingot dsa` command solves one from the command line.
 
 mod check;
 mod csv;
@@ -49,6 +76,11 @@ mod greedy;
 mod search;
 #[cfg(test)]
 mod tests;
+
+/// The README's usage example, run as a doctest so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 pub use check::validate;
 pub use csv::{read_csv, write_csv};
