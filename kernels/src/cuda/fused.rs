@@ -22,6 +22,8 @@ use crate::fused::check::operands;
 use crate::fused::{Access, FusedKernel, Inst};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 
+mod tiled;
+
 /// Fewer rows than this use the row strategy even when the innermost axis is kept.
 const FEW_ROWS: usize = 64;
 /// Blocks that fill an H100 twice over (132 SMs): fewer than this, and the row and column
@@ -513,223 +515,6 @@ impl<'a> Analysis<'a> {
                 .find(|&a| a != d && s[a] == 1 && dims[a] >= TILE_MIN_DIM)
                 .map(|a| (a, d))
         })
-    }
-
-    /// The elementwise kernel through 32 × 32 tiles of axes `(a, d)`: block (32, 8); the
-    /// inputs contiguous along `a` are read with threads along `a` into shared memory, then
-    /// every instruction is computed with threads along `d`, so that both the reads and the
-    /// writes coalesce.
-    fn elementwise_tiled(
-        &self,
-        a: usize,
-        d: usize,
-        used: &[bool],
-    ) -> Result<(String, Launch), CodegenError> {
-        let k = self.k;
-        let ix = self.ix;
-        let t = ix.ty();
-        let dims = &k.domain;
-        let (na, nd) = (dims[a], dims[d]);
-        let (ta, td) = (na.div_ceil(32), nd.div_ceil(32));
-        let others: Vec<usize> = (0..dims.len())
-            .filter(|&x| x != a && x != d && dims[x] > 1)
-            .collect();
-        let n_other: usize = others.iter().map(|&x| dims[x]).product();
-        let tiles = n_other * ta * td;
-        let grid = grid_for(tiles, 1, MAX_GRID_ELEMENTWISE);
-        let launch = Launch {
-            grid: [grid, 1, 1],
-            block: [32, 8, 1],
-            shared_bytes: 0,
-        };
-        let tiled: Vec<bool> = k
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(n, inp)| used[n] && inp.access.strides[a] == 1 && inp.access.strides[d] > 1)
-            .collect();
-        let contiguous = Access::contiguous(dims).strides;
-        let mut src = Src::default();
-        self.header(
-            &mut src,
-            &format!(
-                "{} elements in {tiles} tiles of 32 x 32 along axes {a} and {d}",
-                self.numel
-            ),
-            &launch,
-        );
-        src.open(signature(256, &self.params()));
-        for (n, inp) in k.inputs.iter().enumerate() {
-            if tiled[n] {
-                src.line(format!("__shared__ {} t{n}[32][33];", c_type(inp.dtype)));
-            }
-        }
-        src.open(format!(
-            "for ({t} tile = blockIdx.x; tile < {}; tile += gridDim.x) {{",
-            ix.lit(tiles)
-        ));
-        src.line(format!("const {t} td = tile % {};", ix.lit(td)));
-        src.line(format!(
-            "const {t} ta = (tile / {}) % {};",
-            ix.lit(td),
-            ix.lit(ta)
-        ));
-        if !others.is_empty() {
-            src.line(format!("const {t} o = tile / {};", ix.lit(ta * td)));
-            let mut inner = 1usize;
-            let mut lines = Vec::new();
-            for (q, &x) in others.iter().enumerate().rev() {
-                let div = if inner == 1 {
-                    "o".to_string()
-                } else {
-                    format!("o / {}", ix.lit(inner))
-                };
-                let e = if q == 0 {
-                    div
-                } else if inner == 1 {
-                    format!("{div} % {}", ix.lit(dims[x]))
-                } else {
-                    format!("({div}) % {}", ix.lit(dims[x]))
-                };
-                lines.push(format!("const {t} i{x} = {e};"));
-                inner *= dims[x];
-            }
-            for l in lines.into_iter().rev() {
-                src.line(l);
-            }
-        }
-        // Each input's address at the tile's other indices, then along a and d.
-        let term = |s: usize, var: String| match s {
-            0 => None,
-            1 => Some(var),
-            s => Some(format!("{} * {var}", ix.lit(s))),
-        };
-        let part = |strides: &[usize], offset: usize, xs: &[usize]| -> Option<String> {
-            let mut terms: Vec<String> = Vec::new();
-            if offset != 0 {
-                terms.push(ix.lit(offset));
-            }
-            terms.extend(xs.iter().filter_map(|&x| term(strides[x], format!("i{x}"))));
-            (!terms.is_empty()).then(|| terms.join(" + "))
-        };
-        let mut base: Vec<Option<String>> = vec![None; k.inputs.len()];
-        for (n, inp) in k.inputs.iter().enumerate() {
-            if used[n] {
-                base[n] = part(&inp.access.strides, inp.access.offset, &others).map(|p| {
-                    src.line(format!("const {t} b{n} = {p};"));
-                    format!("b{n}")
-                });
-            }
-        }
-        let out_base = part(&contiguous, 0, &others).map(|p| {
-            src.line(format!("const {t} bo = {p};"));
-            "bo".to_string()
-        });
-        let addr = |strides: &[usize], base: &Option<String>| -> String {
-            let mut terms: Vec<String> = base.iter().cloned().collect();
-            terms.extend(term(strides[a], format!("i{a}")));
-            terms.extend(term(strides[d], format!("i{d}")));
-            if terms.is_empty() {
-                ix.lit(0)
-            } else {
-                terms.join(" + ")
-            }
-        };
-        let in_range = format!("i{a} < {} && i{d} < {}", ix.lit(na), ix.lit(nd));
-        let axis = |x: usize| {
-            if x == a || x == d || others.contains(&x) {
-                format!("i{x}")
-            } else {
-                ix.lit(0)
-            }
-        };
-        // Guarded loads, as in the plain elementwise loop. A tiled input is staged only where
-        // its loads' guard holds, with the literals whose conditions come from indices alone
-        // (they are computed again in the staging loop).
-        let (per_element, insts, g) = self.elementwise_guards();
-        let stage_guard: Vec<Option<(Guard, Vec<usize>)>> = (0..k.inputs.len())
-            .map(|n| {
-                if !tiled[n] {
-                    return None;
-                }
-                let mut loads = insts
-                    .iter()
-                    .filter(|&&i| matches!(k.body[i], Inst::Load { input } if input == n));
-                let first = g[*loads.next()?]?;
-                if loads.any(|&i| g[i] != Some(first)) {
-                    return None;
-                }
-                self.index_only_guard(first)
-            })
-            .collect();
-        if tiled.iter().any(|&x| x) {
-            // Threads along a read the tiled inputs.
-            src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
-            src.line(format!("const {t} i{a} = ta * 32u + threadIdx.x;"));
-            src.line(format!("const {t} i{d} = td * 32u + q;"));
-            src.open(format!("if ({in_range}) {{"));
-            let mut written = vec![false; k.body.len()];
-            for (n, inp) in k.inputs.iter().enumerate() {
-                if !tiled[n] {
-                    continue;
-                }
-                let load = format!("in{n}[{}]", addr(&inp.access.strides, &base[n]));
-                let e = match &stage_guard[n] {
-                    None => load,
-                    Some((guard, closure)) => {
-                        for &i in closure {
-                            if !std::mem::replace(&mut written[i], true) {
-                                let e = self.expr(i, &[], &axis)?;
-                                src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
-                            }
-                        }
-                        self.guarded(load, self.input_load(n), Some(*guard))
-                    }
-                };
-                src.line(format!("t{n}[q][threadIdx.x] = {e};"));
-            }
-            src.close();
-            src.close();
-            src.line("__syncthreads();");
-        }
-        // Threads along d compute and write.
-        src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
-        src.line(format!("const {t} i{a} = ta * 32u + q;"));
-        src.line(format!("const {t} i{d} = td * 32u + threadIdx.x;"));
-        src.open(format!("if ({in_range}) {{"));
-        let addrs: Vec<String> = (0..k.inputs.len())
-            .map(|n| {
-                if used[n] && !tiled[n] {
-                    addr(&k.inputs[n].access.strides, &base[n])
-                } else {
-                    String::new()
-                }
-            })
-            .collect();
-        for i in guard::order(&k.body, &per_element, &insts, &g) {
-            let ty = c_type(self.dt[i]);
-            match k.body[i] {
-                Inst::Load { input } if tiled[input] => {
-                    src.line(format!("const {ty} v{i} = t{input}[threadIdx.x][q];"))
-                }
-                _ => {
-                    let e = self.guarded(self.expr(i, &addrs, &axis)?, i, g[i]);
-                    src.line(format!("const {ty} v{i} = {e};"));
-                }
-            }
-        }
-        let out_addr = addr(&contiguous, &out_base);
-        for (j, o) in k.outputs.iter().enumerate() {
-            src.line(format!("out{j}[{out_addr}] = v{};", o.value));
-        }
-        src.close();
-        src.close();
-        if tiled.iter().any(|&x| x) && tiles > grid as usize {
-            src.line("__syncthreads(); // the next tile reuses the shared memory");
-        }
-        src.close();
-        src.close();
-        Ok((src.text, launch))
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1679,7 +1464,7 @@ impl<'a> Analysis<'a> {
                     (UnaryOp::Tanh, DType::F64) => format!("tanh({x})"),
                     (UnaryOp::Recip, DType::F32) => format!("1.0f / {x}"),
                     (UnaryOp::Recip, DType::F64) => format!("1.0 / {x}"),
-                    _ => return Err(unsupported(unary_name(op), d)),
+                    _ => return Err(unsupported(op.name(), d)),
                 }
             }
             Inst::Binary { op, a, b } => {
@@ -1700,7 +1485,7 @@ impl<'a> Analysis<'a> {
                     (BinaryOp::Min, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
                         format!("ig_min({a}, {b})")
                     }
-                    _ => return Err(unsupported(binary_name(op), d)),
+                    _ => return Err(unsupported(op.name(), d)),
                 }
             }
             Inst::Compare { op, a, b } => {
@@ -1846,28 +1631,6 @@ fn row_threads(n: usize, rows: usize) -> u32 {
         return 1024;
     }
     n.next_power_of_two().clamp(32, 256) as u32
-}
-
-fn unary_name(op: UnaryOp) -> &'static str {
-    match op {
-        UnaryOp::Neg => "neg",
-        UnaryOp::Exp => "exp",
-        UnaryOp::Log => "log",
-        UnaryOp::Sqrt => "sqrt",
-        UnaryOp::Tanh => "tanh",
-        UnaryOp::Recip => "recip",
-    }
-}
-
-fn binary_name(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        BinaryOp::Max => "max",
-        BinaryOp::Min => "min",
-    }
 }
 
 /// `a + b` of two optional index terms ("0" when both are absent).
