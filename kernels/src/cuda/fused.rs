@@ -963,66 +963,7 @@ impl<'a> Analysis<'a> {
                     } else {
                         emit_loop(&mut src, &b.text);
                     }
-                    // Combine the partials of the threads that share the row.
-                    match lay {
-                        Layout::Columns { y, .. } => {
-                            for &r in &these {
-                                src.line(format!("sm{r}[threadIdx.y][threadIdx.x] = a{r};"));
-                            }
-                            src.line("__syncthreads();");
-                            for &r in &these {
-                                let op = reduce_op(&k.body[r]);
-                                src.line(format!("a{r} = sm{r}[0][threadIdx.x];"));
-                                src.line(format!(
-                                    "for (unsigned y = 1u; y < {y}u; ++y) {{ a{r} = {}; }}",
-                                    accumulate(
-                                        op,
-                                        self.dt[r],
-                                        &format!("a{r}"),
-                                        &format!("sm{r}[y][threadIdx.x]")
-                                    )
-                                ));
-                            }
-                        }
-                        Layout::Group { w, .. } => {
-                            for &r in &these {
-                                src.line(format!(
-                                    "a{r} = {}(a{r}, {w});",
-                                    lanes_fn(reduce_op(&k.body[r]))
-                                ));
-                            }
-                        }
-                        Layout::Block { t } => {
-                            for &r in &these {
-                                src.line(format!(
-                                    "a{r} = {}(a{r}, 32);",
-                                    lanes_fn(reduce_op(&k.body[r]))
-                                ));
-                            }
-                            let writes: Vec<String> = these
-                                .iter()
-                                .map(|r| format!("sm{r}[warp] = a{r};"))
-                                .collect();
-                            src.line(format!("if (lane == 0u) {{ {} }}", writes.join(" ")));
-                            src.line("__syncthreads();");
-                            let warps = t / 32;
-                            for &r in &these {
-                                let op = reduce_op(&k.body[r]);
-                                src.line(format!("a{r} = sm{r}[0];"));
-                                if warps > 1 {
-                                    src.line(format!(
-                                        "for (unsigned w = 1u; w < {warps}u; ++w) {{ a{r} = {}; }}",
-                                        accumulate(
-                                            op,
-                                            self.dt[r],
-                                            &format!("a{r}"),
-                                            &format!("sm{r}[w]")
-                                        )
-                                    ));
-                                }
-                            }
-                        }
-                    }
+                    self.fold(&mut src, lay, &these);
                     for &r in &these {
                         src.line(format!("const {} v{r} = a{r};", c_type(self.dt[r])));
                     }
@@ -1065,6 +1006,82 @@ impl<'a> Analysis<'a> {
             }
             emit_loop(&mut src, &b.text);
         }
+        self.store_rows(&mut src, lay);
+        if combine && loops && !matches!(lay, Layout::Group { .. }) {
+            src.line("__syncthreads(); // the next row reuses the shared memory");
+        }
+        src.close();
+        src.close();
+        Ok((text_without_unread_row(src.text, row_line), launch))
+    }
+
+    /// The fold stage of a reduction pass: combines the partials `a{r}` of the threads that
+    /// share a row into every thread's `a{r}`, through shared memory across `threadIdx.y`
+    /// (columns), through shuffles within a group of lanes (groups), or through shuffles then
+    /// shared memory across warps (blocks). Each thread sums its own elements first (in the
+    /// loop) so that only one partial a thread crosses threads.
+    fn fold(&self, src: &mut Src, lay: Layout, these: &[usize]) {
+        let k = self.k;
+        match lay {
+            Layout::Columns { y, .. } => {
+                for &r in these {
+                    src.line(format!("sm{r}[threadIdx.y][threadIdx.x] = a{r};"));
+                }
+                src.line("__syncthreads();");
+                for &r in these {
+                    let op = reduce_op(&k.body[r]);
+                    src.line(format!("a{r} = sm{r}[0][threadIdx.x];"));
+                    src.line(format!(
+                        "for (unsigned y = 1u; y < {y}u; ++y) {{ a{r} = {}; }}",
+                        accumulate(
+                            op,
+                            self.dt[r],
+                            &format!("a{r}"),
+                            &format!("sm{r}[y][threadIdx.x]")
+                        )
+                    ));
+                }
+            }
+            Layout::Group { w, .. } => {
+                for &r in these {
+                    src.line(format!(
+                        "a{r} = {}(a{r}, {w});",
+                        lanes_fn(reduce_op(&k.body[r]))
+                    ));
+                }
+            }
+            Layout::Block { t } => {
+                for &r in these {
+                    src.line(format!(
+                        "a{r} = {}(a{r}, 32);",
+                        lanes_fn(reduce_op(&k.body[r]))
+                    ));
+                }
+                let writes: Vec<String> = these
+                    .iter()
+                    .map(|r| format!("sm{r}[warp] = a{r};"))
+                    .collect();
+                src.line(format!("if (lane == 0u) {{ {} }}", writes.join(" ")));
+                src.line("__syncthreads();");
+                let warps = t / 32;
+                for &r in these {
+                    let op = reduce_op(&k.body[r]);
+                    src.line(format!("a{r} = sm{r}[0];"));
+                    if warps > 1 {
+                        src.line(format!(
+                            "for (unsigned w = 1u; w < {warps}u; ++w) {{ a{r} = {}; }}",
+                            accumulate(op, self.dt[r], &format!("a{r}"), &format!("sm{r}[w]"))
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The store stage of the row-level outputs: one thread of each row writes them at `row`
+    /// (the row's first thread; with several rows a block, only rows that exist: `ok`).
+    fn store_rows(&self, src: &mut Src, lay: Layout) {
+        let k = self.k;
         let row_stores: Vec<String> = k
             .outputs
             .iter()
@@ -1080,19 +1097,6 @@ impl<'a> Analysis<'a> {
             };
             src.line(format!("if ({cond}) {{ {} }}", row_stores.join(" ")));
         }
-        if combine && loops && !matches!(lay, Layout::Group { .. }) {
-            src.line("__syncthreads(); // the next row reuses the shared memory");
-        }
-        src.close();
-        src.close();
-        let mut text = src.text;
-        if let Some(at) = row_line {
-            let end = at + text[at..].find('\n').map_or(0, |e| e + 1);
-            if !mentions(&text[end..], "row") {
-                text.replace_range(at..end, "");
-            }
-        }
-        Ok((text, launch))
     }
 
     /// The loop over a thread's elements of the row with its float sums `sums` blocked (see
@@ -1514,6 +1518,19 @@ impl<'a> Analysis<'a> {
             Inst::Reduce { x, .. } => v(x),
         })
     }
+}
+
+/// The text stage of a reduction: the kernel's text without the line that defines `row` from
+/// the clamped slot (at byte `row_line`) when nothing after it reads `row`, so that the
+/// compiler is not asked to keep an unused value.
+fn text_without_unread_row(mut text: String, row_line: Option<usize>) -> String {
+    if let Some(at) = row_line {
+        let end = at + text[at..].find('\n').map_or(0, |e| e + 1);
+        if !mentions(&text[end..], "row") {
+            text.replace_range(at..end, "");
+        }
+    }
+    text
 }
 
 /// Whether `text` uses the identifier `word`.
