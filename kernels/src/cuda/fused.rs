@@ -630,36 +630,7 @@ impl<'a> Analysis<'a> {
                 src.line("const unsigned warp = threadIdx.x >> 5;");
             }
         }
-        // Where `row` is defined from the clamped slot (dropped at the end if nothing reads it).
-        let mut row_line = None;
-        match lay {
-            Layout::Block { .. } => {
-                src.open(format!(
-                    "for ({t} row = blockIdx.x; row < {rows}; row += gridDim.x) {{",
-                    rows = ix.lit(rows)
-                ));
-            }
-            Layout::Columns { x, .. } | Layout::Group { g: x, .. } => {
-                if let Layout::Group { w, .. } = lay {
-                    src.line(format!("const unsigned lane = threadIdx.x & {}u;", w - 1));
-                }
-                src.open(format!(
-                    "for ({t} rb = blockIdx.x; rb < {units}; rb += gridDim.x) {{",
-                    units = ix.lit(units)
-                ));
-                let slot = match lay {
-                    Layout::Group { w, .. } => format!("threadIdx.x / {w}u"),
-                    _ => "threadIdx.x".to_string(),
-                };
-                src.line(format!(
-                    "const {t} rr = rb * {} + {slot};",
-                    ix.lit(x as usize)
-                ));
-                src.line(format!("const bool ok = rr < {};", ix.lit(rows)));
-                row_line = Some(src.text.len());
-                src.line(format!("const {t} row = ok ? rr : {};", ix.lit(rows - 1)));
-            }
-        }
+        let row_line = self.row_loop(&mut src, lay, units);
 
         // Per row: the row indices, each input's row base, the row-level values of stage 0.
         let mut need = vec![false; row_space.groups.len()];
@@ -955,6 +926,46 @@ impl<'a> Analysis<'a> {
         src.close();
         src.close();
         Ok((text_without_unread_row(src.text, row_line), launch))
+    }
+
+    /// The loop-nest stage of a reduction: opens the grid-stride loop over rows (blocks: one
+    /// row a block) or over units of rows (columns and groups: several rows a block, each
+    /// thread's row clamped to the last so that every thread reaches the block's barriers;
+    /// `ok` says whether it is real). Returns where the line defining `row` from the clamped
+    /// slot starts, so the text stage can drop it when nothing reads `row`.
+    fn row_loop(&self, src: &mut Src, lay: Layout, units: usize) -> Option<usize> {
+        let (ix, rows) = (self.ix, self.rows);
+        let t = ix.ty();
+        let mut row_line = None;
+        match lay {
+            Layout::Block { .. } => {
+                src.open(format!(
+                    "for ({t} row = blockIdx.x; row < {rows}; row += gridDim.x) {{",
+                    rows = ix.lit(rows)
+                ));
+            }
+            Layout::Columns { x, .. } | Layout::Group { g: x, .. } => {
+                if let Layout::Group { w, .. } = lay {
+                    src.line(format!("const unsigned lane = threadIdx.x & {}u;", w - 1));
+                }
+                src.open(format!(
+                    "for ({t} rb = blockIdx.x; rb < {units}; rb += gridDim.x) {{",
+                    units = ix.lit(units)
+                ));
+                let slot = match lay {
+                    Layout::Group { w, .. } => format!("threadIdx.x / {w}u"),
+                    _ => "threadIdx.x".to_string(),
+                };
+                src.line(format!(
+                    "const {t} rr = rb * {} + {slot};",
+                    ix.lit(x as usize)
+                ));
+                src.line(format!("const bool ok = rr < {};", ix.lit(rows)));
+                row_line = Some(src.text.len());
+                src.line(format!("const {t} row = ok ? rr : {};", ix.lit(rows - 1)));
+            }
+        }
+        row_line
     }
 
     /// The strategy stage of a reduction: which instructions each pass over the row and the
