@@ -3,6 +3,10 @@
 //!
 //!     kernel_dump MODEL [DOMAIN_SUBSTRING]     e.g. kernel_dump gpt2 "[8, 12, 1024, 1024]"
 //!     kernel_dump MODEL --graph                 the whole compiled step graph, as IR text
+//!     kernel_dump random [COUNT]                the CUDA C of random kernels 0..COUNT (400), as
+//!                                               the codegen tests draw them (`Options::wide`)
+//!
+//! A refactoring of the CUDA generator keeps every output of this byte-identical.
 use ingot_compiler::ir::Op;
 
 fn main() {
@@ -12,6 +16,18 @@ fn main() {
         std::process::exit(2);
     };
     let filter = a.get(1).map(String::as_str).unwrap_or("");
+    if model == "random" {
+        let count = filter.parse().unwrap_or(400u64);
+        let opts = ingot_kernels::fused::random::Options::wide();
+        for seed in 0..count {
+            let k = ingot_kernels::fused::random::kernel(seed, &opts);
+            match ingot_kernels::cuda::fused(&k) {
+                Ok(g) => println!("=== seed {seed} {}\n{}\n{}", g.name, k, g.source),
+                Err(e) => println!("=== seed {seed}: {e}"),
+            }
+        }
+        return;
+    }
     let opts = ingot_runtime::session::Device::Cuda(Default::default()).options();
     let c = match ingot_compiler::models::by_name(model)
         .map_err(|e| e.to_string())

@@ -692,38 +692,26 @@ fn number(w: &str, key: &str) -> Result<f64, String> {
 
 /// The op named `name` with no attributes filled in yet, or `None` for an unknown name.
 fn op_by_name(name: &str) -> Option<Op> {
-    use BinaryOp as B;
-    use CmpOp as C;
-    use UnaryOp as U;
     let leaf = |kind| Op::Leaf {
         kind,
         name: String::new(),
         init: Init::Zeros,
     };
+    if let Some(u) = UnaryOp::from_name(name) {
+        return Some(Op::Unary(u));
+    }
+    if let Some(b) = BinaryOp::from_name(name) {
+        return Some(Op::Binary(b));
+    }
+    if let Some(c) = CmpOp::from_name(name) {
+        return Some(Op::Compare(c));
+    }
     Some(match name {
         "parameter" => leaf(LeafKind::Parameter),
         "state" => leaf(LeafKind::State),
         "input" => leaf(LeafKind::Input),
         "full" => Op::Full { value: 0.0 },
         "iota" => Op::Iota { axis: 0 },
-        "neg" => Op::Unary(U::Neg),
-        "exp" => Op::Unary(U::Exp),
-        "log" => Op::Unary(U::Log),
-        "sqrt" => Op::Unary(U::Sqrt),
-        "tanh" => Op::Unary(U::Tanh),
-        "recip" => Op::Unary(U::Recip),
-        "add" => Op::Binary(B::Add),
-        "sub" => Op::Binary(B::Sub),
-        "mul" => Op::Binary(B::Mul),
-        "div" => Op::Binary(B::Div),
-        "max" => Op::Binary(B::Max),
-        "min" => Op::Binary(B::Min),
-        "lt" => Op::Compare(C::Lt),
-        "le" => Op::Compare(C::Le),
-        "gt" => Op::Compare(C::Gt),
-        "ge" => Op::Compare(C::Ge),
-        "eq" => Op::Compare(C::Eq),
-        "ne" => Op::Compare(C::Ne),
         "select" => Op::Select,
         "broadcast" => Op::Broadcast,
         "reshape" => Op::Reshape,

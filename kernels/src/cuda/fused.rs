@@ -22,6 +22,8 @@ use crate::fused::check::operands;
 use crate::fused::{Access, FusedKernel, Inst};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 
+mod tiled;
+
 /// Fewer rows than this use the row strategy even when the innermost axis is kept.
 const FEW_ROWS: usize = 64;
 /// Blocks that fill an H100 twice over (132 SMs): fewer than this, and the row and column
@@ -515,223 +517,6 @@ impl<'a> Analysis<'a> {
         })
     }
 
-    /// The elementwise kernel through 32 × 32 tiles of axes `(a, d)`: block (32, 8); the
-    /// inputs contiguous along `a` are read with threads along `a` into shared memory, then
-    /// every instruction is computed with threads along `d`, so that both the reads and the
-    /// writes coalesce.
-    fn elementwise_tiled(
-        &self,
-        a: usize,
-        d: usize,
-        used: &[bool],
-    ) -> Result<(String, Launch), CodegenError> {
-        let k = self.k;
-        let ix = self.ix;
-        let t = ix.ty();
-        let dims = &k.domain;
-        let (na, nd) = (dims[a], dims[d]);
-        let (ta, td) = (na.div_ceil(32), nd.div_ceil(32));
-        let others: Vec<usize> = (0..dims.len())
-            .filter(|&x| x != a && x != d && dims[x] > 1)
-            .collect();
-        let n_other: usize = others.iter().map(|&x| dims[x]).product();
-        let tiles = n_other * ta * td;
-        let grid = grid_for(tiles, 1, MAX_GRID_ELEMENTWISE);
-        let launch = Launch {
-            grid: [grid, 1, 1],
-            block: [32, 8, 1],
-            shared_bytes: 0,
-        };
-        let tiled: Vec<bool> = k
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(n, inp)| used[n] && inp.access.strides[a] == 1 && inp.access.strides[d] > 1)
-            .collect();
-        let contiguous = Access::contiguous(dims).strides;
-        let mut src = Src::default();
-        self.header(
-            &mut src,
-            &format!(
-                "{} elements in {tiles} tiles of 32 x 32 along axes {a} and {d}",
-                self.numel
-            ),
-            &launch,
-        );
-        src.open(signature(256, &self.params()));
-        for (n, inp) in k.inputs.iter().enumerate() {
-            if tiled[n] {
-                src.line(format!("__shared__ {} t{n}[32][33];", c_type(inp.dtype)));
-            }
-        }
-        src.open(format!(
-            "for ({t} tile = blockIdx.x; tile < {}; tile += gridDim.x) {{",
-            ix.lit(tiles)
-        ));
-        src.line(format!("const {t} td = tile % {};", ix.lit(td)));
-        src.line(format!(
-            "const {t} ta = (tile / {}) % {};",
-            ix.lit(td),
-            ix.lit(ta)
-        ));
-        if !others.is_empty() {
-            src.line(format!("const {t} o = tile / {};", ix.lit(ta * td)));
-            let mut inner = 1usize;
-            let mut lines = Vec::new();
-            for (q, &x) in others.iter().enumerate().rev() {
-                let div = if inner == 1 {
-                    "o".to_string()
-                } else {
-                    format!("o / {}", ix.lit(inner))
-                };
-                let e = if q == 0 {
-                    div
-                } else if inner == 1 {
-                    format!("{div} % {}", ix.lit(dims[x]))
-                } else {
-                    format!("({div}) % {}", ix.lit(dims[x]))
-                };
-                lines.push(format!("const {t} i{x} = {e};"));
-                inner *= dims[x];
-            }
-            for l in lines.into_iter().rev() {
-                src.line(l);
-            }
-        }
-        // Each input's address at the tile's other indices, then along a and d.
-        let term = |s: usize, var: String| match s {
-            0 => None,
-            1 => Some(var),
-            s => Some(format!("{} * {var}", ix.lit(s))),
-        };
-        let part = |strides: &[usize], offset: usize, xs: &[usize]| -> Option<String> {
-            let mut terms: Vec<String> = Vec::new();
-            if offset != 0 {
-                terms.push(ix.lit(offset));
-            }
-            terms.extend(xs.iter().filter_map(|&x| term(strides[x], format!("i{x}"))));
-            (!terms.is_empty()).then(|| terms.join(" + "))
-        };
-        let mut base: Vec<Option<String>> = vec![None; k.inputs.len()];
-        for (n, inp) in k.inputs.iter().enumerate() {
-            if used[n] {
-                base[n] = part(&inp.access.strides, inp.access.offset, &others).map(|p| {
-                    src.line(format!("const {t} b{n} = {p};"));
-                    format!("b{n}")
-                });
-            }
-        }
-        let out_base = part(&contiguous, 0, &others).map(|p| {
-            src.line(format!("const {t} bo = {p};"));
-            "bo".to_string()
-        });
-        let addr = |strides: &[usize], base: &Option<String>| -> String {
-            let mut terms: Vec<String> = base.iter().cloned().collect();
-            terms.extend(term(strides[a], format!("i{a}")));
-            terms.extend(term(strides[d], format!("i{d}")));
-            if terms.is_empty() {
-                ix.lit(0)
-            } else {
-                terms.join(" + ")
-            }
-        };
-        let in_range = format!("i{a} < {} && i{d} < {}", ix.lit(na), ix.lit(nd));
-        let axis = |x: usize| {
-            if x == a || x == d || others.contains(&x) {
-                format!("i{x}")
-            } else {
-                ix.lit(0)
-            }
-        };
-        // Guarded loads, as in the plain elementwise loop. A tiled input is staged only where
-        // its loads' guard holds, with the literals whose conditions come from indices alone
-        // (they are computed again in the staging loop).
-        let (per_element, insts, g) = self.elementwise_guards();
-        let stage_guard: Vec<Option<(Guard, Vec<usize>)>> = (0..k.inputs.len())
-            .map(|n| {
-                if !tiled[n] {
-                    return None;
-                }
-                let mut loads = insts
-                    .iter()
-                    .filter(|&&i| matches!(k.body[i], Inst::Load { input } if input == n));
-                let first = g[*loads.next()?]?;
-                if loads.any(|&i| g[i] != Some(first)) {
-                    return None;
-                }
-                self.index_only_guard(first)
-            })
-            .collect();
-        if tiled.iter().any(|&x| x) {
-            // Threads along a read the tiled inputs.
-            src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
-            src.line(format!("const {t} i{a} = ta * 32u + threadIdx.x;"));
-            src.line(format!("const {t} i{d} = td * 32u + q;"));
-            src.open(format!("if ({in_range}) {{"));
-            let mut written = vec![false; k.body.len()];
-            for (n, inp) in k.inputs.iter().enumerate() {
-                if !tiled[n] {
-                    continue;
-                }
-                let load = format!("in{n}[{}]", addr(&inp.access.strides, &base[n]));
-                let e = match &stage_guard[n] {
-                    None => load,
-                    Some((guard, closure)) => {
-                        for &i in closure {
-                            if !std::mem::replace(&mut written[i], true) {
-                                let e = self.expr(i, &[], &axis)?;
-                                src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
-                            }
-                        }
-                        self.guarded(load, self.input_load(n), Some(*guard))
-                    }
-                };
-                src.line(format!("t{n}[q][threadIdx.x] = {e};"));
-            }
-            src.close();
-            src.close();
-            src.line("__syncthreads();");
-        }
-        // Threads along d compute and write.
-        src.open("for (unsigned q = threadIdx.y; q < 32u; q += 8u) {");
-        src.line(format!("const {t} i{a} = ta * 32u + q;"));
-        src.line(format!("const {t} i{d} = td * 32u + threadIdx.x;"));
-        src.open(format!("if ({in_range}) {{"));
-        let addrs: Vec<String> = (0..k.inputs.len())
-            .map(|n| {
-                if used[n] && !tiled[n] {
-                    addr(&k.inputs[n].access.strides, &base[n])
-                } else {
-                    String::new()
-                }
-            })
-            .collect();
-        for i in guard::order(&k.body, &per_element, &insts, &g) {
-            let ty = c_type(self.dt[i]);
-            match k.body[i] {
-                Inst::Load { input } if tiled[input] => {
-                    src.line(format!("const {ty} v{i} = t{input}[threadIdx.x][q];"))
-                }
-                _ => {
-                    let e = self.guarded(self.expr(i, &addrs, &axis)?, i, g[i]);
-                    src.line(format!("const {ty} v{i} = {e};"));
-                }
-            }
-        }
-        let out_addr = addr(&contiguous, &out_base);
-        for (j, o) in k.outputs.iter().enumerate() {
-            src.line(format!("out{j}[{out_addr}] = v{};", o.value));
-        }
-        src.close();
-        src.close();
-        if tiled.iter().any(|&x| x) && tiles > grid as usize {
-            src.line("__syncthreads(); // the next tile reuses the shared memory");
-        }
-        src.close();
-        src.close();
-        Ok((src.text, launch))
-    }
-
     // -----------------------------------------------------------------------------------------
     // Reductions: the row and column strategies.
 
@@ -746,74 +531,16 @@ impl<'a> Analysis<'a> {
         let (n, rows) = (self.n, self.rows);
         let nb = body_len(k);
 
-        // Instruction lists.
-        let reds: Vec<usize> = (0..nb)
-            .filter(|&i| self.live[i] && matches!(k.body[i], Inst::Reduce { .. }))
-            .collect();
-        let passes = reds.iter().map(|&r| self.stage[r]).max().unwrap_or(0);
-        let full_outputs = self.has_full_outputs() && n > 0;
-        // Full instructions each pass needs (pass p at index p - 1; the final pass last).
-        let mut pass_full: Vec<Vec<usize>> = Vec::new();
-        for p in 1..=passes {
-            let roots: Vec<usize> = reds
-                .iter()
-                .filter(|&&r| self.stage[r] == p)
-                .map(|&r| match k.body[r] {
-                    Inst::Reduce { x, .. } => x,
-                    _ => r,
-                })
-                .collect();
-            pass_full.push(self.full_closure(&roots));
-        }
-        let final_full = if full_outputs {
-            let roots: Vec<usize> = k
-                .outputs
-                .iter()
-                .map(|o| o.value)
-                .filter(|&v| !self.row[v])
-                .collect();
-            self.full_closure(&roots)
-        } else {
-            Vec::new()
-        };
-
-        // The row-level values something reads: the row-level outputs, the operands of the full
-        // instructions the loops compute and of the reductions; with empty rows, a reduction is
-        // its identity and reads nothing.
-        let mut emitted_full = vec![false; nb];
-        if n > 0 {
-            for &i in pass_full.iter().flatten().chain(&final_full) {
-                emitted_full[i] = true;
-            }
-        }
-        let mut needed = vec![false; nb];
-        for o in &k.outputs {
-            if self.row[o.value] {
-                needed[o.value] = true;
-            }
-        }
-        for i in (0..nb).rev() {
-            let reads = emitted_full[i]
-                || (needed[i] && !(n == 0 && matches!(k.body[i], Inst::Reduce { .. })));
-            if reads || (n > 0 && reds.contains(&i)) {
-                let (ops, c) = operands(&k.body[i]);
-                for &o in &ops[..c] {
-                    if self.row[o] {
-                        needed[o] = true;
-                    }
-                }
-            }
-        }
-
-        // Loads the loops over the row read, and how many of the loops read each.
-        let mut loop_uses = vec![0usize; nb];
-        if n > 0 {
-            for &i in pass_full.iter().flatten().chain(&final_full) {
-                if matches!(k.body[i], Inst::Load { .. }) {
-                    loop_uses[i] += 1;
-                }
-            }
-        }
+        let Passes {
+            reds,
+            passes,
+            full_outputs,
+            pass_full,
+            final_full,
+            emitted_full,
+            needed,
+            loop_uses,
+        } = self.passes();
 
         // Launch shape, and whether the loads several loops read are kept in registers.
         let (lay, cache) = self.layout(reds.len(), &loop_uses);
@@ -903,36 +630,7 @@ impl<'a> Analysis<'a> {
                 src.line("const unsigned warp = threadIdx.x >> 5;");
             }
         }
-        // Where `row` is defined from the clamped slot (dropped at the end if nothing reads it).
-        let mut row_line = None;
-        match lay {
-            Layout::Block { .. } => {
-                src.open(format!(
-                    "for ({t} row = blockIdx.x; row < {rows}; row += gridDim.x) {{",
-                    rows = ix.lit(rows)
-                ));
-            }
-            Layout::Columns { x, .. } | Layout::Group { g: x, .. } => {
-                if let Layout::Group { w, .. } = lay {
-                    src.line(format!("const unsigned lane = threadIdx.x & {}u;", w - 1));
-                }
-                src.open(format!(
-                    "for ({t} rb = blockIdx.x; rb < {units}; rb += gridDim.x) {{",
-                    units = ix.lit(units)
-                ));
-                let slot = match lay {
-                    Layout::Group { w, .. } => format!("threadIdx.x / {w}u"),
-                    _ => "threadIdx.x".to_string(),
-                };
-                src.line(format!(
-                    "const {t} rr = rb * {} + {slot};",
-                    ix.lit(x as usize)
-                ));
-                src.line(format!("const bool ok = rr < {};", ix.lit(rows)));
-                row_line = Some(src.text.len());
-                src.line(format!("const {t} row = ok ? rr : {};", ix.lit(rows - 1)));
-            }
-        }
+        let row_line = self.row_loop(&mut src, lay, units);
 
         // Per row: the row indices, each input's row base, the row-level values of stage 0.
         let mut need = vec![false; row_space.groups.len()];
@@ -1178,66 +876,7 @@ impl<'a> Analysis<'a> {
                     } else {
                         emit_loop(&mut src, &b.text);
                     }
-                    // Combine the partials of the threads that share the row.
-                    match lay {
-                        Layout::Columns { y, .. } => {
-                            for &r in &these {
-                                src.line(format!("sm{r}[threadIdx.y][threadIdx.x] = a{r};"));
-                            }
-                            src.line("__syncthreads();");
-                            for &r in &these {
-                                let op = reduce_op(&k.body[r]);
-                                src.line(format!("a{r} = sm{r}[0][threadIdx.x];"));
-                                src.line(format!(
-                                    "for (unsigned y = 1u; y < {y}u; ++y) {{ a{r} = {}; }}",
-                                    accumulate(
-                                        op,
-                                        self.dt[r],
-                                        &format!("a{r}"),
-                                        &format!("sm{r}[y][threadIdx.x]")
-                                    )
-                                ));
-                            }
-                        }
-                        Layout::Group { w, .. } => {
-                            for &r in &these {
-                                src.line(format!(
-                                    "a{r} = {}(a{r}, {w});",
-                                    lanes_fn(reduce_op(&k.body[r]))
-                                ));
-                            }
-                        }
-                        Layout::Block { t } => {
-                            for &r in &these {
-                                src.line(format!(
-                                    "a{r} = {}(a{r}, 32);",
-                                    lanes_fn(reduce_op(&k.body[r]))
-                                ));
-                            }
-                            let writes: Vec<String> = these
-                                .iter()
-                                .map(|r| format!("sm{r}[warp] = a{r};"))
-                                .collect();
-                            src.line(format!("if (lane == 0u) {{ {} }}", writes.join(" ")));
-                            src.line("__syncthreads();");
-                            let warps = t / 32;
-                            for &r in &these {
-                                let op = reduce_op(&k.body[r]);
-                                src.line(format!("a{r} = sm{r}[0];"));
-                                if warps > 1 {
-                                    src.line(format!(
-                                        "for (unsigned w = 1u; w < {warps}u; ++w) {{ a{r} = {}; }}",
-                                        accumulate(
-                                            op,
-                                            self.dt[r],
-                                            &format!("a{r}"),
-                                            &format!("sm{r}[w]")
-                                        )
-                                    ));
-                                }
-                            }
-                        }
-                    }
+                    self.fold(&mut src, lay, &these);
                     for &r in &these {
                         src.line(format!("const {} v{r} = a{r};", c_type(self.dt[r])));
                     }
@@ -1280,6 +919,209 @@ impl<'a> Analysis<'a> {
             }
             emit_loop(&mut src, &b.text);
         }
+        self.store_rows(&mut src, lay);
+        if combine && loops && !matches!(lay, Layout::Group { .. }) {
+            src.line("__syncthreads(); // the next row reuses the shared memory");
+        }
+        src.close();
+        src.close();
+        Ok((text_without_unread_row(src.text, row_line), launch))
+    }
+
+    /// The loop-nest stage of a reduction: opens the grid-stride loop over rows (blocks: one
+    /// row a block) or over units of rows (columns and groups: several rows a block, each
+    /// thread's row clamped to the last so that every thread reaches the block's barriers;
+    /// `ok` says whether it is real). Returns where the line defining `row` from the clamped
+    /// slot starts, so the text stage can drop it when nothing reads `row`.
+    fn row_loop(&self, src: &mut Src, lay: Layout, units: usize) -> Option<usize> {
+        let (ix, rows) = (self.ix, self.rows);
+        let t = ix.ty();
+        let mut row_line = None;
+        match lay {
+            Layout::Block { .. } => {
+                src.open(format!(
+                    "for ({t} row = blockIdx.x; row < {rows}; row += gridDim.x) {{",
+                    rows = ix.lit(rows)
+                ));
+            }
+            Layout::Columns { x, .. } | Layout::Group { g: x, .. } => {
+                if let Layout::Group { w, .. } = lay {
+                    src.line(format!("const unsigned lane = threadIdx.x & {}u;", w - 1));
+                }
+                src.open(format!(
+                    "for ({t} rb = blockIdx.x; rb < {units}; rb += gridDim.x) {{",
+                    units = ix.lit(units)
+                ));
+                let slot = match lay {
+                    Layout::Group { w, .. } => format!("threadIdx.x / {w}u"),
+                    _ => "threadIdx.x".to_string(),
+                };
+                src.line(format!(
+                    "const {t} rr = rb * {} + {slot};",
+                    ix.lit(x as usize)
+                ));
+                src.line(format!("const bool ok = rr < {};", ix.lit(rows)));
+                row_line = Some(src.text.len());
+                src.line(format!("const {t} row = ok ? rr : {};", ix.lit(rows - 1)));
+            }
+        }
+        row_line
+    }
+
+    /// The strategy stage of a reduction: which instructions each pass over the row and the
+    /// final output loop compute, and which row-level values are read. Reductions whose operand
+    /// needs an earlier reduction's result run in a later pass, so a softmax takes two passes
+    /// (max, then the sum of exponentials) plus the output loop.
+    fn passes(&self) -> Passes {
+        let k = self.k;
+        let n = self.n;
+        let nb = body_len(k);
+        let reds: Vec<usize> = (0..nb)
+            .filter(|&i| self.live[i] && matches!(k.body[i], Inst::Reduce { .. }))
+            .collect();
+        let passes = reds.iter().map(|&r| self.stage[r]).max().unwrap_or(0);
+        let full_outputs = self.has_full_outputs() && n > 0;
+        // Full instructions each pass needs (pass p at index p - 1; the final pass last).
+        let mut pass_full: Vec<Vec<usize>> = Vec::new();
+        for p in 1..=passes {
+            let roots: Vec<usize> = reds
+                .iter()
+                .filter(|&&r| self.stage[r] == p)
+                .map(|&r| match k.body[r] {
+                    Inst::Reduce { x, .. } => x,
+                    _ => r,
+                })
+                .collect();
+            pass_full.push(self.full_closure(&roots));
+        }
+        let final_full = if full_outputs {
+            let roots: Vec<usize> = k
+                .outputs
+                .iter()
+                .map(|o| o.value)
+                .filter(|&v| !self.row[v])
+                .collect();
+            self.full_closure(&roots)
+        } else {
+            Vec::new()
+        };
+
+        // The row-level values something reads: the row-level outputs, the operands of the full
+        // instructions the loops compute and of the reductions; with empty rows, a reduction is
+        // its identity and reads nothing.
+        let mut emitted_full = vec![false; nb];
+        if n > 0 {
+            for &i in pass_full.iter().flatten().chain(&final_full) {
+                emitted_full[i] = true;
+            }
+        }
+        let mut needed = vec![false; nb];
+        for o in &k.outputs {
+            if self.row[o.value] {
+                needed[o.value] = true;
+            }
+        }
+        for i in (0..nb).rev() {
+            let reads = emitted_full[i]
+                || (needed[i] && !(n == 0 && matches!(k.body[i], Inst::Reduce { .. })));
+            if reads || (n > 0 && reds.contains(&i)) {
+                let (ops, c) = operands(&k.body[i]);
+                for &o in &ops[..c] {
+                    if self.row[o] {
+                        needed[o] = true;
+                    }
+                }
+            }
+        }
+
+        // Loads the loops over the row read, and how many of the loops read each.
+        let mut loop_uses = vec![0usize; nb];
+        if n > 0 {
+            for &i in pass_full.iter().flatten().chain(&final_full) {
+                if matches!(k.body[i], Inst::Load { .. }) {
+                    loop_uses[i] += 1;
+                }
+            }
+        }
+        Passes {
+            reds,
+            passes,
+            full_outputs,
+            pass_full,
+            final_full,
+            emitted_full,
+            needed,
+            loop_uses,
+        }
+    }
+
+    /// The fold stage of a reduction pass: combines the partials `a{r}` of the threads that
+    /// share a row into every thread's `a{r}`, through shared memory across `threadIdx.y`
+    /// (columns), through shuffles within a group of lanes (groups), or through shuffles then
+    /// shared memory across warps (blocks). Each thread sums its own elements first (in the
+    /// loop) so that only one partial a thread crosses threads.
+    fn fold(&self, src: &mut Src, lay: Layout, these: &[usize]) {
+        let k = self.k;
+        match lay {
+            Layout::Columns { y, .. } => {
+                for &r in these {
+                    src.line(format!("sm{r}[threadIdx.y][threadIdx.x] = a{r};"));
+                }
+                src.line("__syncthreads();");
+                for &r in these {
+                    let op = reduce_op(&k.body[r]);
+                    src.line(format!("a{r} = sm{r}[0][threadIdx.x];"));
+                    src.line(format!(
+                        "for (unsigned y = 1u; y < {y}u; ++y) {{ a{r} = {}; }}",
+                        accumulate(
+                            op,
+                            self.dt[r],
+                            &format!("a{r}"),
+                            &format!("sm{r}[y][threadIdx.x]")
+                        )
+                    ));
+                }
+            }
+            Layout::Group { w, .. } => {
+                for &r in these {
+                    src.line(format!(
+                        "a{r} = {}(a{r}, {w});",
+                        lanes_fn(reduce_op(&k.body[r]))
+                    ));
+                }
+            }
+            Layout::Block { t } => {
+                for &r in these {
+                    src.line(format!(
+                        "a{r} = {}(a{r}, 32);",
+                        lanes_fn(reduce_op(&k.body[r]))
+                    ));
+                }
+                let writes: Vec<String> = these
+                    .iter()
+                    .map(|r| format!("sm{r}[warp] = a{r};"))
+                    .collect();
+                src.line(format!("if (lane == 0u) {{ {} }}", writes.join(" ")));
+                src.line("__syncthreads();");
+                let warps = t / 32;
+                for &r in these {
+                    let op = reduce_op(&k.body[r]);
+                    src.line(format!("a{r} = sm{r}[0];"));
+                    if warps > 1 {
+                        src.line(format!(
+                            "for (unsigned w = 1u; w < {warps}u; ++w) {{ a{r} = {}; }}",
+                            accumulate(op, self.dt[r], &format!("a{r}"), &format!("sm{r}[w]"))
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The store stage of the row-level outputs: one thread of each row writes them at `row`
+    /// (the row's first thread; with several rows a block, only rows that exist: `ok`).
+    fn store_rows(&self, src: &mut Src, lay: Layout) {
+        let k = self.k;
         let row_stores: Vec<String> = k
             .outputs
             .iter()
@@ -1295,19 +1137,6 @@ impl<'a> Analysis<'a> {
             };
             src.line(format!("if ({cond}) {{ {} }}", row_stores.join(" ")));
         }
-        if combine && loops && !matches!(lay, Layout::Group { .. }) {
-            src.line("__syncthreads(); // the next row reuses the shared memory");
-        }
-        src.close();
-        src.close();
-        let mut text = src.text;
-        if let Some(at) = row_line {
-            let end = at + text[at..].find('\n').map_or(0, |e| e + 1);
-            if !mentions(&text[end..], "row") {
-                text.replace_range(at..end, "");
-            }
-        }
-        Ok((text, launch))
     }
 
     /// The loop over a thread's elements of the row with its float sums `sums` blocked (see
@@ -1679,7 +1508,7 @@ impl<'a> Analysis<'a> {
                     (UnaryOp::Tanh, DType::F64) => format!("tanh({x})"),
                     (UnaryOp::Recip, DType::F32) => format!("1.0f / {x}"),
                     (UnaryOp::Recip, DType::F64) => format!("1.0 / {x}"),
-                    _ => return Err(unsupported(unary_name(op), d)),
+                    _ => return Err(unsupported(op.name(), d)),
                 }
             }
             Inst::Binary { op, a, b } => {
@@ -1700,7 +1529,7 @@ impl<'a> Analysis<'a> {
                     (BinaryOp::Min, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
                         format!("ig_min({a}, {b})")
                     }
-                    _ => return Err(unsupported(binary_name(op), d)),
+                    _ => return Err(unsupported(op.name(), d)),
                 }
             }
             Inst::Compare { op, a, b } => {
@@ -1729,6 +1558,19 @@ impl<'a> Analysis<'a> {
             Inst::Reduce { x, .. } => v(x),
         })
     }
+}
+
+/// The text stage of a reduction: the kernel's text without the line that defines `row` from
+/// the clamped slot (at byte `row_line`) when nothing after it reads `row`, so that the
+/// compiler is not asked to keep an unused value.
+fn text_without_unread_row(mut text: String, row_line: Option<usize>) -> String {
+    if let Some(at) = row_line {
+        let end = at + text[at..].find('\n').map_or(0, |e| e + 1);
+        if !mentions(&text[end..], "row") {
+            text.replace_range(at..end, "");
+        }
+    }
+    text
 }
 
 /// Whether `text` uses the identifier `word`.
@@ -1819,6 +1661,26 @@ const COLUMN_BLOCKS: usize = 48;
 /// Rows of at most this many elements get a group of lanes of one warp, not a block.
 const GROUP_MAX_N: usize = 1024;
 
+/// What a reduction's passes compute (see [`Analysis::passes`]).
+struct Passes {
+    /// The live reductions, in body order.
+    reds: Vec<usize>,
+    /// How many passes over the row: the largest reduction stage.
+    passes: usize,
+    /// Whether some output is per element (written by a final loop over the row).
+    full_outputs: bool,
+    /// The full (per element) instructions each pass computes (pass p at index p - 1).
+    pass_full: Vec<Vec<usize>>,
+    /// The full instructions the final output loop computes.
+    final_full: Vec<usize>,
+    /// Full instructions some loop computes.
+    emitted_full: Vec<bool>,
+    /// Row-level values something reads.
+    needed: Vec<bool>,
+    /// How many of the loops over the row read each load (more than one: worth caching).
+    loop_uses: Vec<usize>,
+}
+
 /// How the threads of a block map onto rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Layout {
@@ -1846,28 +1708,6 @@ fn row_threads(n: usize, rows: usize) -> u32 {
         return 1024;
     }
     n.next_power_of_two().clamp(32, 256) as u32
-}
-
-fn unary_name(op: UnaryOp) -> &'static str {
-    match op {
-        UnaryOp::Neg => "neg",
-        UnaryOp::Exp => "exp",
-        UnaryOp::Log => "log",
-        UnaryOp::Sqrt => "sqrt",
-        UnaryOp::Tanh => "tanh",
-        UnaryOp::Recip => "recip",
-    }
-}
-
-fn binary_name(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        BinaryOp::Max => "max",
-        BinaryOp::Min => "min",
-    }
 }
 
 /// `a + b` of two optional index terms ("0" when both are absent).

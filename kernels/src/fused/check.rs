@@ -8,7 +8,7 @@
 //! does not exist, or names one that does not, has dtype `f32` and is full).
 
 use super::{FusedKernel, Inst};
-use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use crate::{BinaryOp, DType, ReduceOp, UnaryOp};
 use std::fmt;
 
 /// What is wrong with a fused kernel, or with the buffers a run was given: names the instruction
@@ -140,39 +140,6 @@ pub(crate) fn code_dtype(c: usize) -> DType {
         3 => DType::I64,
         4 => DType::Bool,
         _ => DType::F32,
-    }
-}
-
-pub(crate) fn unary_name(op: UnaryOp) -> &'static str {
-    match op {
-        UnaryOp::Neg => "neg",
-        UnaryOp::Exp => "exp",
-        UnaryOp::Log => "log",
-        UnaryOp::Sqrt => "sqrt",
-        UnaryOp::Tanh => "tanh",
-        UnaryOp::Recip => "recip",
-    }
-}
-
-pub(crate) fn binary_name(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        BinaryOp::Max => "max",
-        BinaryOp::Min => "min",
-    }
-}
-
-pub(crate) fn cmp_name(op: CmpOp) -> &'static str {
-    match op {
-        CmpOp::Lt => "lt",
-        CmpOp::Le => "le",
-        CmpOp::Gt => "gt",
-        CmpOp::Ge => "ge",
-        CmpOp::Eq => "eq",
-        CmpOp::Ne => "ne",
     }
 }
 
@@ -327,23 +294,23 @@ impl FusedKernel {
                         _ => d.is_float(),
                     };
                     if !ok {
-                        return Err(not_defined(unary_name(op), d));
+                        return Err(not_defined(op.name(), d));
                     }
                     d
                 }
                 Inst::Binary { op, a, b } => {
-                    let d = same(binary_name(op), a, b)?;
+                    let d = same(op.name(), a, b)?;
                     let ok = match op {
                         BinaryOp::Div => d.is_float(),
                         _ => d != DType::Bool,
                     };
                     if !ok {
-                        return Err(not_defined(binary_name(op), d));
+                        return Err(not_defined(op.name(), d));
                     }
                     d
                 }
                 Inst::Compare { op, a, b } => {
-                    same(cmp_name(op), a, b)?;
+                    same(op.name(), a, b)?;
                     DType::Bool
                 }
                 Inst::Select { cond, a, b } => {
@@ -630,9 +597,9 @@ impl fmt::Display for FusedKernel {
                 Inst::Load { input } => write!(f, "load(in{input})")?,
                 Inst::Const { value, .. } => write!(f, "const({value:?})")?,
                 Inst::Index { axis, .. } => write!(f, "index(axis={axis})")?,
-                Inst::Unary { op, x } => write!(f, "{}(%{x})", unary_name(op))?,
-                Inst::Binary { op, a, b } => write!(f, "{}(%{a}, %{b})", binary_name(op))?,
-                Inst::Compare { op, a, b } => write!(f, "{}(%{a}, %{b})", cmp_name(op))?,
+                Inst::Unary { op, x } => write!(f, "{}(%{x})", op.name())?,
+                Inst::Binary { op, a, b } => write!(f, "{}(%{a}, %{b})", op.name())?,
+                Inst::Compare { op, a, b } => write!(f, "{}(%{a}, %{b})", op.name())?,
                 Inst::Select { cond, a, b } => write!(f, "select(%{cond}, %{a}, %{b})")?,
                 Inst::Convert { x, .. } => write!(f, "convert(%{x})")?,
                 Inst::Reduce { op, x } => write!(f, "{}(%{x})", reduce_name(op))?,
