@@ -545,7 +545,7 @@ impl Session {
 /// ([`crate::cuda::Program::lower`]); what `ingot compile` writes and
 /// [`Session::from_executable`] runs.
 pub fn executable(compiled: &pipeline::Compiled, device: Device) -> Result<Executable, ExecError> {
-    let mut exe = Executable::new(compiled, device.target());
+    let mut exe = compiled.executable(device.target());
     if device.target() == Target::Cuda {
         let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
         exe.kernel_prelude = program.prelude.clone();

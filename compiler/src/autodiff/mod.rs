@@ -3,8 +3,10 @@
 
 pub mod grad;
 pub mod optim;
+pub mod phase;
 pub mod step;
 
 pub use grad::grad;
 pub use optim::Optimizer;
-pub use step::{training_step, Phases, Step, LOSS};
+pub use phase::{Phase, Phases};
+pub use step::{training_step, Step, LOSS};

@@ -28,7 +28,7 @@ pub mod remat;
 pub mod select;
 
 use crate::error::IrError;
-use crate::ir::{Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use crate::ir::{Graph, Node, NodeId, Op, Shape, TensorType};
 use index::Map;
 use ingot_kernels::fused::Access;
 use lower::{lower, Domain, Lowered};
@@ -718,42 +718,6 @@ fn buffer(
         views.insert(v, inner);
     }
     Ok(inner)
-}
-
-/// Which phase each node of a (fused) step graph belongs to, by data flow: the loss and what it
-/// depends on is the forward pass; kernels writing a parameter's or state's new value are the
-/// optimizer; the rest is the backward pass.
-pub fn phases(g: &Graph, loss: Option<NodeId>) -> Vec<crate::plan::report::Phase> {
-    use crate::plan::report::Phase;
-    let mut p = vec![Phase::Backward; g.len()];
-    if let Some(l) = loss {
-        let mut stack = vec![l];
-        while let Some(x) = stack.pop() {
-            if p[x.index()] == Phase::Forward {
-                continue;
-            }
-            p[x.index()] = Phase::Forward;
-            stack.extend(g.node(x).inputs.iter().copied());
-        }
-    }
-    let kouts = g.kernel_outputs();
-    let update_values: BTreeSet<NodeId> = g.updates.iter().map(|u| u.value).collect();
-    for id in g.ids() {
-        if p[id.index()] != Phase::Forward
-            && kouts[g.writer(id).index()]
-                .iter()
-                .any(|o| update_values.contains(o))
-        {
-            p[id.index()] = Phase::Optimizer;
-        }
-        if let Op::Leaf { kind, .. } = g.node(id).op {
-            p[id.index()] = match kind {
-                LeafKind::Input => Phase::Forward,
-                _ => p[id.index()],
-            };
-        }
-    }
-    p
 }
 
 /// A histogram of the fused graph's kernels: library op names and fused kernels by their
