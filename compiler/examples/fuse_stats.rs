@@ -58,7 +58,6 @@ fn main() {
 }
 
 /// Prints the kernel writing node `id` of the fused graph (debugging aid: `INGOT_SHOW=186`).
-#[allow(dead_code)]
 fn show(g: &ingot_compiler::ir::Graph, id: u32) {
     let n = g.node(ingot_compiler::ir::NodeId(id));
     if let ingot_compiler::ir::Op::Fused(k) = &n.op {

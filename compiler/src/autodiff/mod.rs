@@ -1,5 +1,6 @@
 //! Reverse-mode automatic differentiation over the IR, and optimizers spelled as IR, so that a
-//! whole training step (forward, backward, update) is one graph.
+//! whole training step (forward, backward, update) is one graph. Those three phases are
+//! defined here too ([`phase`]), where they are made; later stages only read them.
 
 pub mod grad;
 pub mod optim;
