@@ -76,7 +76,7 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
 }
 
 /// Every node reading `x`'s bytes: its users, and the users of reshapes of it (reshape is a view).
-/// `users` is [`users`]`(g)`.
+/// `users` is [`Graph::users`]`()`.
 pub fn readers_through_views(g: &Graph, users: &[Vec<NodeId>], x: NodeId) -> Vec<NodeId> {
     let mut out = Vec::new();
     let mut stack = vec![x];

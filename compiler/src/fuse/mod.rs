@@ -1,18 +1,18 @@
-//! Fusion: groups of elementwise ops, views and reductions become [`FusedKernel`]s whose
-//! intermediates never reach memory; matmuls, gathers, scatter-adds and concats stay library
-//! calls.
+//! Fusion: groups of elementwise ops, views and reductions become fused kernels
+//! ([`FusedKernel`](ingot_kernels::FusedKernel)) whose intermediates never reach memory;
+//! matmuls, gathers, scatter-adds and concats stay library calls.
 //!
 //! The pass runs in five steps, each a small function of the previous one's result:
-//! 0. [`concat`]: a concat of equal parts becomes selects on the output with the axis split,
-//!    so that its parts' views (transposes back from the heads' layout) fuse into it;
+//! 0. [`concat`](mod@concat): a concat of equal parts becomes selects on the output with the
+//!    axis split, so that its parts' views (transposes back from the heads' layout) fuse into it;
 //! 1. [`remat`]: a stored forward value that the backward pass reads again, and that is cheap to
 //!    compute from values the backward pass keeps anyway (a LayerNorm or GELU output), gets a
 //!    copy computed just before its backward users, so the original dies in the forward pass;
 //! 2. [`select`]: which values are materialized (written to a buffer); everything else is
 //!    expanded inside each kernel that uses it;
-//! 3. [`lower`]: each materialized value becomes the root of a kernel; where a root cannot be
-//!    expanded (a reduction over other axes, a view a linear index cannot express) the value in
-//!    the way is materialized too, and lowering starts again;
+//! 3. [`lower`](mod@lower): each materialized value becomes the root of a kernel; where a root
+//!    cannot be expanded (a reduction over other axes, a view a linear index cannot express) the
+//!    value in the way is materialized too, and lowering starts again;
 //! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
 //!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
 //!    statistics, its output and the AdamW moments and parameter each come out of one kernel
