@@ -29,7 +29,7 @@ fn main() {
         let t_fuse = t.elapsed();
         let after = plan::plan(&fused.graph, &PlanOptions::default()).expect("plan");
         let loss = fused.graph.outputs.get("loss").copied();
-        let ph = ingot_compiler::fuse::phases(&fused.graph, loss);
+        let ph = ingot_compiler::autodiff::phase::of_graph(&fused.graph, loss);
         let ra = Report::new(spec, &fused.graph, &after, Some(&ph));
         println!(
             "{spec}: kernels {} -> {} ({} fused, {} library, {} multi-output, {} recomputed); total {:.1} -> {:.1} MiB (LOAD {:.1}); rewrite {} -> {} nodes in {:.2?} ({}), fuse {:.2?}",
@@ -58,7 +58,6 @@ fn main() {
 }
 
 /// Prints the kernel writing node `id` of the fused graph (debugging aid: `INGOT_SHOW=186`).
-#[allow(dead_code)]
 fn show(g: &ingot_compiler::ir::Graph, id: u32) {
     let n = g.node(ingot_compiler::ir::NodeId(id));
     if let ingot_compiler::ir::Op::Fused(k) = &n.op {

@@ -23,7 +23,7 @@
 //! use ingot_compiler::exe::{Executable, Target};
 //! use ingot_compiler::pipeline;
 //! let compiled = pipeline::compile_model("mlp", &pipeline::Options::default()).unwrap();
-//! let exe = Executable::new(&compiled, Target::Cpu);
+//! let exe = compiled.executable(Target::Cpu);
 //! let bytes = exe.to_bytes().unwrap();
 //! let back = Executable::from_bytes(&bytes, "mlp.ingot").unwrap();
 //! assert_eq!(back, exe);
@@ -31,7 +31,6 @@
 
 use crate::error::IrError;
 use crate::ir::{text, Graph, LeafKind, Op};
-use crate::pipeline::Compiled;
 use crate::plan::report::{BufferKind, Report};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
 use serde::{Deserialize, Serialize};
@@ -227,18 +226,25 @@ pub fn layouts(g: &Graph, plan: &MemoryPlan) -> Vec<Layout> {
 }
 
 impl Executable {
-    /// The executable of a compiled step planned for `target`, without kernel sources (the
-    /// runtime adds those for targets that have them).
-    pub fn new(compiled: &Compiled, target: Target) -> Executable {
+    /// The executable of a step graph planned for `target`, without kernel sources (the
+    /// runtime adds those for targets that have them). `pipeline::Compiled::executable` calls
+    /// this with the parts the pipeline made.
+    pub fn new(
+        model: &str,
+        graph: &Graph,
+        plan: &MemoryPlan,
+        report: &Report,
+        target: Target,
+    ) -> Executable {
         Executable {
-            model: compiled.model.clone(),
+            model: model.to_string(),
             target,
-            layouts: layouts(&compiled.graph, &compiled.plan),
-            graph: compiled.graph.clone(),
-            plan: compiled.plan.clone(),
+            layouts: layouts(graph, plan),
+            graph: graph.clone(),
+            plan: plan.clone(),
             kernel_prelude: String::new(),
             kernels: Vec::new(),
-            report: compiled.report.clone(),
+            report: report.clone(),
         }
     }
 
@@ -714,7 +720,7 @@ mod tests {
     fn mlp() -> Executable {
         let model = crate::models::by_name("mlp").unwrap();
         let compiled = crate::pipeline::compile(&model, &Default::default()).unwrap();
-        Executable::new(&compiled, Target::Cpu)
+        compiled.executable(Target::Cpu)
     }
 
     /// What reading `exe`'s bytes says (the bytes are well formed: header and checksum match).

@@ -1,8 +1,9 @@
 //! The pipeline in one call: model -> training step -> rewrite -> fuse -> schedule and memory
 //! plan -> report. Each stage can be switched off, so every figure can be taken before and after.
 
-use crate::autodiff::{training_step, Step, LOSS};
+use crate::autodiff::{phase, training_step, Step, LOSS};
 use crate::error::IrError;
+use crate::exe::{Executable, Target};
 use crate::fuse::{self, FuseOptions, FuseReport};
 use crate::ir::Graph;
 use crate::models::{self, Model};
@@ -104,6 +105,14 @@ pub struct Compiled {
     pub timings: Timings,
 }
 
+impl Compiled {
+    /// The executable of this step planned for `target`, without kernel sources (the runtime
+    /// adds those for targets that have them).
+    pub fn executable(&self, target: Target) -> Executable {
+        Executable::new(&self.model, &self.graph, &self.plan, &self.report, target)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
     #[error(transparent)]
@@ -170,7 +179,7 @@ fn compile_step_observed(
         let phases = if opts.rewrite.is_none() && opts.fuse.is_none() {
             step.phases.of_nodes(graph.len())
         } else {
-            fuse::phases(&graph, graph.outputs.get(LOSS).copied())
+            phase::of_graph(&graph, graph.outputs.get(LOSS).copied())
         };
         Report::new(name, &graph, &plan, Some(&phases))
     });

@@ -29,7 +29,7 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
             d.update_edge(NodeIndex::new(x.index()), NodeIndex::new(id.index()), ());
         }
     }
-    let users = users(g);
+    let users = g.users();
     let anti = |u: &crate::ir::Update| -> (NodeIndex, Vec<NodeIndex>) {
         // An update to the value the target already holds (`update p = p`, what a gradient
         // that simplifies to zero leaves) writes nothing, so it orders nothing.
@@ -76,7 +76,7 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
 }
 
 /// Every node reading `x`'s bytes: its users, and the users of reshapes of it (reshape is a view).
-/// `users` is [`users`]`(g)`.
+/// `users` is [`Graph::users`]`()`.
 pub fn readers_through_views(g: &Graph, users: &[Vec<NodeId>], x: NodeId) -> Vec<NodeId> {
     let mut out = Vec::new();
     let mut stack = vec![x];
@@ -91,19 +91,6 @@ pub fn readers_through_views(g: &Graph, users: &[Vec<NodeId>], x: NodeId) -> Vec
     out.sort();
     out.dedup();
     out
-}
-
-/// For each node, the nodes using it as an operand (each once, in id order).
-pub fn users(g: &Graph) -> Vec<Vec<NodeId>> {
-    let mut u = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for &x in &g.node(id).inputs {
-            if u[x.index()].last() != Some(&id) {
-                u[x.index()].push(id);
-            }
-        }
-    }
-    u
 }
 
 /// The order the graph was traced in (already topological), if it respects the update
@@ -159,7 +146,7 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
         .collect();
     let mut ready: BTreeSet<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
     let mut order = Vec::with_capacity(n);
-    let users = users(g);
+    let users = g.users();
     let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
     let pinned = pinned(g);
     let kernel_outputs = g.kernel_outputs();

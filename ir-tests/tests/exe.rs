@@ -21,7 +21,8 @@ fn compiled(model: &str) -> Compiled {
 fn fuzz_file() -> &'static [u8] {
     static FILE: OnceLock<Vec<u8>> = OnceLock::new();
     FILE.get_or_init(|| {
-        Executable::new(&compiled(FUZZ_GPT), Target::Cpu)
+        compiled(FUZZ_GPT)
+            .executable(Target::Cpu)
             .to_bytes()
             .unwrap()
     })
@@ -48,7 +49,7 @@ fn edited(file: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
 fn a_compiled_step_round_trips_through_its_bytes() {
     for model in ["mlp", TINY_GPT] {
         let c = compiled(model);
-        let e = Executable::new(&c, Target::Cpu);
+        let e = c.executable(Target::Cpu);
         assert_eq!(
             e.layouts.len(),
             c.graph
@@ -86,10 +87,12 @@ fn a_fused_step_graph_round_trips_through_text_with_its_constants_bit_exact() {
 
 #[test]
 fn the_same_step_gives_the_same_bytes() {
-    let a = Executable::new(&compiled(TINY_GPT), Target::Cpu)
+    let a = compiled(TINY_GPT)
+        .executable(Target::Cpu)
         .to_bytes()
         .unwrap();
-    let b = Executable::new(&compiled(TINY_GPT), Target::Cpu)
+    let b = compiled(TINY_GPT)
+        .executable(Target::Cpu)
         .to_bytes()
         .unwrap();
     assert!(a == b);
@@ -198,7 +201,7 @@ fn a_plan_that_does_not_fit_its_graph_is_refused_before_anything_runs() {
 #[test]
 fn a_cuda_kernel_table_that_cannot_launch_is_refused() {
     let c = pipeline::compile_model(FUZZ_GPT, &Device::Cuda(Default::default()).options()).unwrap();
-    let mut e = Executable::new(&c, Target::Cuda);
+    let mut e = c.executable(Target::Cuda);
     e.kernel_prelude = "// prelude".into();
     e.kernels = (0..2)
         .map(|i| exe::Kernel {

@@ -1,6 +1,7 @@
-//! A training session on the CPU: a model's step, planned and loaded into one allocation that
-//! holds the values of all its leaves (parameters, optimizer state, the batch), stepped by the
-//! planned executor ([`PlannedStep`]), which allocates nothing per step.
+//! A training session: a model's step, compiled and planned for a [`Device`] and loaded into one
+//! allocation that holds the values of all its leaves (parameters, optimizer state, the batch).
+//! On the CPU the planned executor ([`PlannedStep`]) steps it; on CUDA ([`Device::Cuda`]) a
+//! [`CudaStep`] runs its kernels in one device slab. Neither allocates per step.
 //!
 //! ```no_run
 //! # use ingot_runtime::session::Session;
@@ -545,7 +546,7 @@ impl Session {
 /// ([`crate::cuda::Program::lower`]); what `ingot compile` writes and
 /// [`Session::from_executable`] runs.
 pub fn executable(compiled: &pipeline::Compiled, device: Device) -> Result<Executable, ExecError> {
-    let mut exe = Executable::new(compiled, device.target());
+    let mut exe = compiled.executable(device.target());
     if device.target() == Target::Cuda {
         let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
         exe.kernel_prelude = program.prelude.clone();

@@ -1,10 +1,13 @@
 //! Reverse-mode automatic differentiation over the IR, and optimizers spelled as IR, so that a
-//! whole training step (forward, backward, update) is one graph.
+//! whole training step (forward, backward, update) is one graph. Those three phases are
+//! defined here too ([`phase`]), where they are made; later stages only read them.
 
 pub mod grad;
 pub mod optim;
+pub mod phase;
 pub mod step;
 
 pub use grad::grad;
 pub use optim::Optimizer;
-pub use step::{training_step, Phases, Step, LOSS};
+pub use phase::{Phase, Phases};
+pub use step::{training_step, Step, LOSS};

@@ -1,10 +1,8 @@
 //! The whole training step as one graph: forward, backward, optimizer update.
 
-use super::{grad, Optimizer};
+use super::{grad, Optimizer, Phases};
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
-use serde::Serialize;
-use std::ops::Range;
 
 /// The name of the forward graph's output that the step minimises.
 pub const LOSS: &str = "loss";
@@ -14,14 +12,6 @@ pub const LOSS: &str = "loss";
 pub struct Step {
     pub graph: Graph,
     pub phases: Phases,
-}
-
-/// Node ranges of the forward pass, the backward pass and the optimizer update.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Phases {
-    pub forward: Range<usize>,
-    pub backward: Range<usize>,
-    pub optimizer: Range<usize>,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):

@@ -1,18 +1,18 @@
-//! Fusion: groups of elementwise ops, views and reductions become [`FusedKernel`]s whose
-//! intermediates never reach memory; matmuls, gathers, scatter-adds and concats stay library
-//! calls.
+//! Fusion: groups of elementwise ops, views and reductions become fused kernels
+//! ([`FusedKernel`](ingot_kernels::FusedKernel)) whose intermediates never reach memory;
+//! matmuls, gathers, scatter-adds and concats stay library calls.
 //!
 //! The pass runs in five steps, each a small function of the previous one's result:
-//! 0. [`concat`]: a concat of equal parts becomes selects on the output with the axis split,
-//!    so that its parts' views (transposes back from the heads' layout) fuse into it;
+//! 0. [`concat`](mod@concat): a concat of equal parts becomes selects on the output with the
+//!    axis split, so that its parts' views (transposes back from the heads' layout) fuse into it;
 //! 1. [`remat`]: a stored forward value that the backward pass reads again, and that is cheap to
 //!    compute from values the backward pass keeps anyway (a LayerNorm or GELU output), gets a
 //!    copy computed just before its backward users, so the original dies in the forward pass;
 //! 2. [`select`]: which values are materialized (written to a buffer); everything else is
 //!    expanded inside each kernel that uses it;
-//! 3. [`lower`]: each materialized value becomes the root of a kernel; where a root cannot be
-//!    expanded (a reduction over other axes, a view a linear index cannot express) the value in
-//!    the way is materialized too, and lowering starts again;
+//! 3. [`lower`](mod@lower): each materialized value becomes the root of a kernel; where a root
+//!    cannot be expanded (a reduction over other axes, a view a linear index cannot express) the
+//!    value in the way is materialized too, and lowering starts again;
 //! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
 //!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
 //!    statistics, its output and the AdamW moments and parameter each come out of one kernel
@@ -28,7 +28,7 @@ pub mod remat;
 pub mod select;
 
 use crate::error::IrError;
-use crate::ir::{Graph, LeafKind, Node, NodeId, Op, Shape, TensorType};
+use crate::ir::{Graph, Node, NodeId, Op, Shape, TensorType};
 use index::Map;
 use ingot_kernels::fused::Access;
 use lower::{lower, Domain, Lowered};
@@ -718,42 +718,6 @@ fn buffer(
         views.insert(v, inner);
     }
     Ok(inner)
-}
-
-/// Which phase each node of a (fused) step graph belongs to, by data flow: the loss and what it
-/// depends on is the forward pass; kernels writing a parameter's or state's new value are the
-/// optimizer; the rest is the backward pass.
-pub fn phases(g: &Graph, loss: Option<NodeId>) -> Vec<crate::plan::report::Phase> {
-    use crate::plan::report::Phase;
-    let mut p = vec![Phase::Backward; g.len()];
-    if let Some(l) = loss {
-        let mut stack = vec![l];
-        while let Some(x) = stack.pop() {
-            if p[x.index()] == Phase::Forward {
-                continue;
-            }
-            p[x.index()] = Phase::Forward;
-            stack.extend(g.node(x).inputs.iter().copied());
-        }
-    }
-    let kouts = g.kernel_outputs();
-    let update_values: BTreeSet<NodeId> = g.updates.iter().map(|u| u.value).collect();
-    for id in g.ids() {
-        if p[id.index()] != Phase::Forward
-            && kouts[g.writer(id).index()]
-                .iter()
-                .any(|o| update_values.contains(o))
-        {
-            p[id.index()] = Phase::Optimizer;
-        }
-        if let Op::Leaf { kind, .. } = g.node(id).op {
-            p[id.index()] = match kind {
-                LeafKind::Input => Phase::Forward,
-                _ => p[id.index()],
-            };
-        }
-    }
-    p
 }
 
 /// A histogram of the fused graph's kernels: library op names and fused kernels by their

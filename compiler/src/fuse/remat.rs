@@ -19,7 +19,7 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         return Ok((g.clone(), 0));
     };
     let mat = forced(g);
-    let users = crate::schedule::users(g);
+    let users = g.users();
     let pinned: Vec<bool> = {
         let mut p = vec![false; g.len()];
         for &o in g.outputs.values() {

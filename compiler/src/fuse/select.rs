@@ -48,7 +48,7 @@ pub fn forced(g: &Graph) -> Vec<bool> {
 /// Marks shared values that should be stored rather than recomputed (see the module docs).
 /// Only ever adds to `mat`.
 pub fn shared(g: &Graph, mat: &mut [bool], recompute_ops: usize) {
-    let users = crate::schedule::users(g);
+    let users = g.users();
     // The (at most two) kernels that compute each value: enough to tell "one" from "several".
     let mut kernels: Vec<SmallVec<[u32; 2]>> = vec![SmallVec::new(); g.len()];
     for v in (0..g.len() as u32).rev().map(NodeId) {

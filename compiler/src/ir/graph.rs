@@ -131,7 +131,6 @@ impl Graph {
         Ok(NodeId(node as u32))
     }
 
-    /// The leaf with this name, if any.
     /// The node whose kernel writes `id`'s value: a fused kernel for a [`Op::Result`] node,
     /// else the node itself.
     pub fn writer(&self, id: NodeId) -> NodeId {
@@ -172,6 +171,19 @@ impl Graph {
             out[k.index()].push(r);
         }
         out
+    }
+
+    /// For each node, the nodes using it as an operand (each once, in id order).
+    pub fn users(&self) -> Vec<Vec<NodeId>> {
+        let mut u = vec![Vec::new(); self.len()];
+        for id in self.ids() {
+            for &x in &self.node(id).inputs {
+                if u[x.index()].last() != Some(&id) {
+                    u[x.index()].push(id);
+                }
+            }
+        }
+        u
     }
 
     pub fn leaf(&self, name: &str) -> Option<NodeId> {

@@ -14,13 +14,14 @@
 
 mod gpt;
 mod mlp;
+mod optimizer;
 mod spec;
 
 pub use gpt::{gpt, GptConfig, LN_EPS};
 pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
+pub use optimizer::Optimizer;
 pub use spec::{by_name, by_name_with, KNOWN_MODELS};
 
-use crate::autodiff::Optimizer;
 use crate::error::{IrError, Result};
 use crate::ir::{DType, Graph, LeafKind};
 

@@ -7,9 +7,9 @@
 //! Storages less than [`MIN_HEIGHT_PX`] tall are not drawn (a caption counts them), which keeps
 //! plans of thousands of buffers to a file of a few megabytes.
 
-use super::report::{human, Phase, Report};
+use super::report::{human, Report};
 use super::{MemoryPlan, Region};
-use crate::autodiff::LOSS;
+use crate::autodiff::{Phase, LOSS};
 use crate::ir::{Graph, LeafKind, Op};
 use std::fmt::Write;
 
@@ -115,7 +115,7 @@ pub fn escape(s: &str) -> String {
 pub fn layout(g: &Graph, plan: &MemoryPlan) -> Layout {
     let lv = &plan.liveness;
     let positions = lv.order.len().max(1);
-    let phases = crate::fuse::phases(g, g.outputs.get(LOSS).copied());
+    let phases = crate::autodiff::phase::of_graph(g, g.outputs.get(LOSS).copied());
     // The schedule position after which no forward op runs (as the report reckons it).
     let forward_end = g
         .ids()

@@ -2,39 +2,13 @@
 //! against, and what holds the peak. Printed as a table or as a versioned JSON document.
 
 use super::{MemoryPlan, Region};
-use crate::autodiff::Phases;
+use crate::autodiff::Phase;
 use crate::ir::{Graph, LeafKind, NodeId, Op};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
 /// Version of the JSON document; bumped on any incompatible change.
 pub const REPORT_VERSION: u32 = 1;
-
-/// Which pass of the step a node belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Forward,
-    Backward,
-    Optimizer,
-}
-
-impl Phases {
-    /// The phase of each node of the step graph these ranges describe.
-    pub fn of_nodes(&self, n: usize) -> Vec<Phase> {
-        (0..n)
-            .map(|i| {
-                if self.forward.contains(&i) {
-                    Phase::Forward
-                } else if self.backward.contains(&i) {
-                    Phase::Backward
-                } else {
-                    Phase::Optimizer
-                }
-            })
-            .collect()
-    }
-}
 
 /// What a slab value is to the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

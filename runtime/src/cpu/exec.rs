@@ -12,9 +12,11 @@
 //! - `compare` gives bool (0 or 1); NaN compares unequal to everything.
 //! - `broadcast`: NumPy, right-aligned; `transpose`, `slice`, `concat`, `reshape` move elements.
 //! - `reduce`: sum or max over the axes, kept as size 1, in the fixed order documented in
-//!   [`ingot_kernels::cpu::reduce`] (f32 sums accumulate in f32, cascaded so that they stay
-//!   accurate at any length; integer sums wrap; max propagates NaN).
-//! - `matmul`: batched, through [`ingot_kernels::cpu::matmul`].
+//!   [`ingot_kernels::cpu::reduce`](mod@ingot_kernels::cpu::reduce) (f32 sums accumulate in
+//!   f32, cascaded so that they stay accurate at any length; integer sums wrap; max propagates
+//!   NaN).
+//! - `matmul`: batched, through [`ingot_kernels::cpu::gemm`](mod@ingot_kernels::cpu::gemm),
+//!   packed into a workspace.
 //! - `gather`/`scatter_add`: an id outside `0..rows` is an [`ExecError::IdOutOfRange`] naming
 //!   it; `scatter_add` adds the rows of `values` in row-major order of the ids.
 //! - `convert`: Rust `as` casts (float to integer truncates toward zero and saturates, NaN gives
@@ -22,9 +24,10 @@
 //!
 //! # Memory
 //! `exec_node` allocates nothing on the heap, for tensors of rank up to
-//! [`ingot_kernels::cpu::INLINE_RANK`], except inside `matmul`, where the `matrixmultiply` crate
-//! allocates its packing buffers on every call (see [`ingot_kernels::cpu::matmul`]). Error
-//! values allocate their messages. No op needs scratch memory from the caller.
+//! [`ingot_kernels::cpu::INLINE_RANK`]. `matmul` packs its operands into a workspace:
+//! [`exec_node_with`] takes it from the caller (the planned executor passes the node's planned
+//! workspace, so a step allocates nothing), while [`exec_node`] allocates one per call. Error
+//! values allocate their messages.
 
 use crate::error::ExecError;
 use crate::tensor::{Element, View, ViewMut};

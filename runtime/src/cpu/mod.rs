@@ -1,5 +1,6 @@
-//! The CPU backend: [`exec::exec_node`] computes one node into a caller-provided buffer, and
-//! [`interp::run_graph`] is the unplanned reference interpreter built on it.
+//! The CPU backend: [`exec::exec_node`] computes one node into a caller-provided buffer;
+//! [`interp::run_graph`] is the unplanned reference interpreter built on it, and
+//! [`planned::PlannedStep`] runs a planned step in its one slab.
 
 pub mod exec;
 pub mod interp;
