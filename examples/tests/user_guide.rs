@@ -1,29 +1,17 @@
 //! The Rust code of docs/user-guide.md, run as tests so the guide stays true.
 
 use ingot_compiler::autodiff::Optimizer;
-use ingot_compiler::ir::{text, DType, Graph};
+use ingot_compiler::ir::text;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::snapshot::plan_snapshot;
-use ingot_compiler::trace::nn;
 use ingot_runtime::session::{Device, Session};
 
-/// A two-layer classifier: x [32, 64] -> 128 -> ReLU -> 10 classes, softmax cross-entropy.
-fn my_classifier() -> ingot_compiler::Result<Model> {
-    let mut g = Graph::new();
-    let x = g.input("x", [32, 64], DType::F32)?;
-    let y = g.input("y", [32], DType::I64)?; // class ids
-    let h = nn::linear(&mut g, "fc1", x, 64, 128, true)?;
-    let h = nn::relu(&mut g, h)?;
-    let logits = nn::linear(&mut g, "fc2", h, 128, 10, true)?;
-    let loss = nn::softmax_cross_entropy(&mut g, logits, y)?;
-    g.set_output("loss", loss)?;
-    Ok(Model {
-        name: "my-classifier".into(),
-        graph: g,
-        optimizer: Optimizer::Sgd { lr: 0.1 },
-    })
-}
+/// The guide's classifier is the example's, compiled in here (its own tests run here too).
+#[allow(dead_code)]
+#[path = "../examples/define_model.rs"]
+mod define_model;
+use define_model::my_classifier;
 
 #[test]
 fn a_model_defined_in_rust_plans_and_trains() {
