@@ -15,21 +15,9 @@ use proptest::prelude::*;
 use std::path::Path;
 use std::sync::OnceLock;
 
-/// The issue 14 classifier (a slice of a reshaped matmul output), with a broadcast and a
-/// parameter update, as IR text: small, and it reaches most of the parser.
-const SMALL_IR: &str = r#"ingot-ir 1
-%0 = input "x" : f32[4,3,2]
-%1 = parameter "w" init=normal(0.5) : f32[2,2]
-%2 = reshape(%0) : f32[12,2]
-%3 = matmul(%2, %1) : f32[12,2]
-%4 = reshape(%3) : f32[4,3,2]
-%5 = slice(%4) axis=1 start=2 end=3 : f32[4,1,2]
-%6 = reshape(%5) : f32[4,2]
-%7 = mul(%6, %6) : f32[4,2]
-%8 = reduce_sum(%7) axes=[0,1] : f32[1,1]
-%9 = reshape(%8) : f32[]
-output "loss" = %9
-"#;
+/// Issue 14's classifier (a slice of a reshaped matmul output) as IR text: small, and it reaches
+/// much of the parser. The same file is a reproducer in random_graphs.rs.
+const SMALL_IR: &str = include_str!("models/slice-of-reshaped-matmul.ir");
 
 /// Valid IR texts: the small one, and the training steps of the mlp and a tiny GPT (every op
 /// the models use, autodiff's and the optimizer's included).

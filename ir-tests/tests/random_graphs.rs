@@ -49,19 +49,7 @@ fn gpts_with_a_batch_or_a_sequence_of_one_train_a_step_that_matches_the_referenc
 
 #[test]
 fn a_slice_on_an_inner_axis_of_a_reshaped_matmul_output_trains() {
-    let text = r#"ingot-ir 1
-%0 = input "x" : f32[4,3,2]
-%1 = parameter "w" init=normal(0.5) : f32[2,2]
-%2 = reshape(%0) : f32[12,2]
-%3 = matmul(%2, %1) : f32[12,2]
-%4 = reshape(%3) : f32[4,3,2]
-%5 = slice(%4) axis=1 start=2 end=3 : f32[4,1,2]
-%6 = reshape(%5) : f32[4,2]
-%7 = mul(%6, %6) : f32[4,2]
-%8 = reduce_sum(%7) axes=[0,1] : f32[1,1]
-%9 = reshape(%8) : f32[]
-output "loss" = %9
-"#;
+    let text = include_str!("models/slice-of-reshaped-matmul.ir");
     trains(&Model::from_ir_text("slice.ir", text).unwrap());
 }
 
