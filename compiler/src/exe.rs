@@ -1,6 +1,7 @@
 //! Step executables on disk: a compiled training step (the fused step graph, its memory plan,
-//! the target it was planned for, its leaves' layouts, its kernels and its report) written once
-//! by `ingot compile` and loaded by `ingot run` or `ingot inspect`, without compiling again.
+//! its leaves' layouts, the program lowered for its target, with its kernels' source, and its
+//! report) written once by `ingot compile` and loaded by `ingot run` or `ingot inspect`,
+//! without compiling or lowering again: the file is exactly what runs.
 //!
 //! The file is a 28-byte header and a JSON payload (docs/executable-format.md is the
 //! specification):
@@ -15,15 +16,16 @@
 //!
 //! Reading checks each of these in that order, then parses the graph (the IR text parser runs
 //! shape inference on every line), verifies it, checks that the plan's tables fit the graph,
-//! and runs the independent validator ([`MemoryPlan::validate`]) over the plan before anything
-//! can run it. Every failure is an [`ExeError`] naming the file and what is wrong; no input,
+//! runs the independent validator ([`MemoryPlan::validate`]) over the plan, and checks the
+//! program against the plan before anything can run it. Every failure is an [`ExeError`] naming the file and what is wrong; no input,
 //! however damaged, makes the reader panic.
 //!
 //! ```
 //! use ingot_compiler::exe::{Executable, Target};
 //! use ingot_compiler::pipeline;
-//! let compiled = pipeline::compile_model("mlp", &pipeline::Options::default()).unwrap();
-//! let exe = compiled.executable(Target::Cpu);
+//! let opts = pipeline::Options::for_target(Target::Cpu);
+//! let compiled = pipeline::compile_model("mlp", &opts).unwrap();
+//! let exe = compiled.executable(Target::Cpu).unwrap();
 //! let bytes = exe.to_bytes().unwrap();
 //! let back = Executable::from_bytes(&bytes, "mlp.ingot").unwrap();
 //! assert_eq!(back, exe);
@@ -31,10 +33,10 @@
 
 use crate::error::IrError;
 use crate::ir::{text, Graph, LeafKind, Op};
+use crate::lower::{self, LowerError, Program};
 use crate::plan::report::{BufferKind, Report};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The first eight bytes of every step executable.
@@ -42,7 +44,9 @@ pub const MAGIC: [u8; 8] = *b"INGOTEXE";
 
 /// The format version this code writes and reads. Bumped on any change to the header or the
 /// payload; a file of another version is refused with a message saying to recompile.
-pub const VERSION: u32 = 2;
+/// Version 3: the payload holds the lowered program (`program`) instead of kernel sources
+/// that the runtime matched against a second lowering of its own.
+pub const VERSION: u32 = 3;
 
 /// Bytes before the payload: magic, version, length, checksum.
 pub const HEADER_BYTES: usize = 28;
@@ -51,30 +55,7 @@ pub const HEADER_BYTES: usize = 28;
 /// or a device that never ends, is an error instead of a read without end.
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
 
-/// The target a plan was made for. Targets plan different library workspaces (the CPU
-/// matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Target {
-    Cpu,
-    Cuda,
-}
-
-impl Target {
-    /// The name used on the command line and in the file (`cpu`, `cuda`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Cpu => "cpu",
-            Target::Cuda => "cuda",
-        }
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::lower::Target;
 
 /// Where one leaf (parameter, optimizer state or input) lives in the step's one allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,42 +72,20 @@ pub struct Layout {
     pub bytes: usize,
 }
 
-/// One kernel, for targets that compile kernels from source (CUDA C on `cuda`): its source and
-/// how it is launched. `ingot run` compiles these sources and launches them so.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Kernel {
-    /// The entry point.
-    pub name: String,
-    pub source: String,
-    /// Blocks along x, y, z.
-    pub grid: [u32; 3],
-    /// Threads a block along x, y, z.
-    pub block: [u32; 3],
-    /// Dynamic shared memory a block, in bytes.
-    pub shared_bytes: u32,
-}
-
-/// A compiled training step, as stored in a step executable.
+/// A compiled training step, as stored in a step executable: exactly what runs.
+///
+/// An `Executable` is made only by lowering a validated plan ([`Executable::new`]) or by reading
+/// a file that passes every check ([`Executable::from_bytes`]), and it cannot be changed after,
+/// so a runtime loads it without validating anything again: its fields are read through
+/// methods.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Executable {
-    /// The model's name (`mlp`, `gpt:...`).
-    pub model: String,
-    /// The target the plan was made for.
-    pub target: Target,
-    /// The step graph that is planned and run: rewritten and fused.
-    pub graph: Graph,
-    pub plan: MemoryPlan,
-    /// Every leaf of the graph, in graph order.
-    pub layouts: Vec<Layout>,
-    /// Source shared by every kernel, placed before them in one module (the CUDA prelude);
-    /// empty on the CPU.
-    pub kernel_prelude: String,
-    /// Each distinct kernel once, in first-launch order; empty on the CPU, whose kernels are
-    /// built into the runtime. The compiler leaves this empty: the runtime, which generates
-    /// them, fills it in.
-    pub kernels: Vec<Kernel>,
-    pub report: Report,
+    model: String,
+    graph: Graph,
+    plan: MemoryPlan,
+    layouts: Vec<Layout>,
+    program: Program,
+    report: Report,
 }
 
 /// The payload as it is written: [`Executable`] with the graph in its text form.
@@ -141,8 +100,8 @@ struct Payload {
     graph: String,
     plan: MemoryPlan,
     layouts: Vec<Layout>,
-    kernel_prelude: String,
-    kernels: Vec<Kernel>,
+    /// The lowered program of `target` ([`crate::lower`]).
+    program: Program,
     report: Report,
 }
 
@@ -177,6 +136,8 @@ pub enum Problem {
     Graph(IrError),
     #[error("the memory plan does not fit the step graph: {0}; recompile it")]
     Plan(String),
+    #[error("its program does not fit its plan: {0}; recompile it")]
+    Program(String),
 }
 
 impl ExeError {
@@ -189,14 +150,7 @@ impl ExeError {
 }
 
 /// FNV-1a, 64 bits: the payload's checksum (it detects accidental damage, not tampering).
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+pub use crate::files::fnv1a64;
 
 /// The layout of every leaf of `g` under `plan`, in graph order. `plan` must fit `g` (as a
 /// plan the planner made, or one [`Executable::from_bytes`] accepted, does).
@@ -226,50 +180,100 @@ pub fn layouts(g: &Graph, plan: &MemoryPlan) -> Vec<Layout> {
 }
 
 impl Executable {
-    /// The executable of a step graph planned for `target`, without kernel sources (the
-    /// runtime adds those for targets that have them). `pipeline::Compiled::executable` calls
-    /// this with the parts the pipeline made.
+    /// The executable of `graph` planned by `plan` for `target`: the plan validated and the
+    /// step lowered ([`lower::lower`]). `pipeline::Compiled::executable` calls this with the
+    /// parts the pipeline made; `report` must be the plan's ([`Report::new`]).
     pub fn new(
         model: &str,
-        graph: &Graph,
-        plan: &MemoryPlan,
-        report: &Report,
+        graph: Graph,
+        plan: MemoryPlan,
+        report: Report,
         target: Target,
-    ) -> Executable {
-        Executable {
+    ) -> Result<Executable, LowerError> {
+        let program = lower::lower(&graph, &plan, target)?;
+        Ok(Executable {
             model: model.to_string(),
-            target,
-            layouts: layouts(graph, plan),
-            graph: graph.clone(),
-            plan: plan.clone(),
-            kernel_prelude: String::new(),
-            kernels: Vec::new(),
-            report: report.clone(),
-        }
+            layouts: layouts(&graph, &plan),
+            graph,
+            plan,
+            program,
+            report,
+        })
     }
 
-    /// The source of the module holding every kernel: the prelude, then each kernel after a
-    /// newline (what the CUDA runtime compiles); empty on the CPU.
-    pub fn module_source(&self) -> String {
-        let mut s = self.kernel_prelude.clone();
-        for k in &self.kernels {
-            s.push('\n');
-            s.push_str(&k.source);
+    /// [`Executable::new`] with the plan's report made here ([`Report::new`], without the
+    /// phases a full compile knows): for a graph planned outside the pipeline.
+    pub fn from_plan(
+        model: &str,
+        graph: Graph,
+        plan: MemoryPlan,
+        target: Target,
+    ) -> Result<Executable, LowerError> {
+        let report = Report::new(model, &graph, &plan, None);
+        Executable::new(model, graph, plan, report, target)
+    }
+
+    /// The model's name (`mlp`, `gpt:...`, or an IR file's path).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The target the step was planned and lowered for.
+    pub fn target(&self) -> Target {
+        self.program.target()
+    }
+
+    /// The step graph that is planned and run: rewritten and fused.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// Every leaf of the graph, in graph order.
+    pub fn layouts(&self) -> &[Layout] {
+        &self.layouts
+    }
+
+    /// The lowered program: what the runtime runs.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+
+    /// Lowers the graph again and compares the result with the stored program: a file made
+    /// by this compiler holds exactly what it lowers today. Debug builds check this on every
+    /// read; `ingot inspect --check` on request.
+    pub fn check_program(&self) -> Result<(), LowerError> {
+        let again = lower::lower(&self.graph, &self.plan, self.target())?;
+        if again != self.program {
+            return Err(LowerError::Invalid {
+                op: "program",
+                reason: format!(
+                    "the stored {} program differs from the one this compiler lowers from the \
+                     same graph and plan; recompile it with this ingot",
+                    self.target()
+                ),
+            });
         }
-        s
+        Ok(())
     }
 
     /// The file's bytes: header and payload. The same executable always gives the same bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>, ExeError> {
         let payload = Payload {
             model: self.model.clone(),
-            target: self.target,
+            target: self.target(),
             producer: format!("ingot {}", env!("CARGO_PKG_VERSION")),
             graph: text::print(&self.graph),
             plan: self.plan.clone(),
             layouts: self.layouts.clone(),
-            kernel_prelude: self.kernel_prelude.clone(),
-            kernels: self.kernels.clone(),
+            program: self.program.clone(),
             report: self.report.clone(),
         };
         let json = serde_json::to_vec(&payload)
@@ -304,7 +308,10 @@ impl Executable {
     /// Reads an executable from its bytes; `path` names the file in errors. Checks, in order:
     /// the magic bytes, the version, the length, the checksum; then parses the payload and the
     /// graph, verifies the graph, checks that the plan fits it and validates the plan with the
-    /// independent validator, and checks that the layouts and the report agree with the plan.
+    /// independent validator, checks that the layouts and the report agree with the plan, and
+    /// checks the program against the plan ([`Program::check`]: every address inside the
+    /// allocation, every conflicting pair of operations ordered). Debug builds also lower the
+    /// step again and compare ([`Executable::check_program`]).
     pub fn from_bytes(bytes: &[u8], path: impl AsRef<Path>) -> Result<Executable, ExeError> {
         let path = path.as_ref();
         let fail = |problem: Problem| ExeError::new(path, problem);
@@ -320,17 +327,29 @@ impl Executable {
         p.plan
             .validate(&graph)
             .map_err(|e| fail(Problem::Plan(e.to_string())))?;
+        if p.program.target() != p.target {
+            return Err(fail(Problem::Corrupt(format!(
+                "it is a {} executable holding a {} program",
+                p.target,
+                p.program.target()
+            ))));
+        }
+        p.program
+            .check(&graph, &p.plan)
+            .map_err(|e| fail(Problem::Program(e.to_string())))?;
         let exe = Executable {
             model: p.model,
-            target: p.target,
             graph,
             plan: p.plan,
             layouts: p.layouts,
-            kernel_prelude: p.kernel_prelude,
-            kernels: p.kernels,
+            program: p.program,
             report: p.report,
         };
         exe.check_tables().map_err(|e| fail(Problem::Corrupt(e)))?;
+        if cfg!(debug_assertions) {
+            exe.check_program()
+                .map_err(|e| fail(Problem::Program(e.to_string())))?;
+        }
         Ok(exe)
     }
 
@@ -339,27 +358,7 @@ impl Executable {
         if self.layouts != layouts(&self.graph, &self.plan) {
             return Err("the leaf layouts disagree with the memory plan".into());
         }
-        check_report(&self.model, &self.graph, &self.plan, &self.report)?;
-        if self.target == Target::Cpu
-            && (!self.kernels.is_empty() || !self.kernel_prelude.is_empty())
-        {
-            return Err("a cpu executable carries kernel sources".into());
-        }
-        let mut names = std::collections::HashSet::new();
-        for k in &self.kernels {
-            if !names.insert(k.name.as_str()) {
-                return Err(format!("kernel {} appears twice", k.name));
-            }
-            let threads = k.block.iter().map(|&b| b as u64).product::<u64>();
-            if k.grid.contains(&0) || k.block.contains(&0) || threads > 1024 {
-                return Err(format!(
-                    "kernel {} has launch shape grid {:?} block {:?}: every dimension must be at \
-                     least 1 and a block at most 1024 threads",
-                    k.name, k.grid, k.block
-                ));
-            }
-        }
-        Ok(())
+        check_report(&self.model, &self.graph, &self.plan, &self.report)
     }
 }
 
@@ -703,11 +702,11 @@ mod tests {
         longer.push(b' ');
         assert!(matches!(open(&longer), Err(Problem::Corrupt(_))));
         let mut v2 = file.clone();
-        v2[8] = 3;
+        v2[8] = 2;
         assert!(matches!(
             open(&v2),
             Err(Problem::Version {
-                found: 3,
+                found: 2,
                 supported: VERSION
             })
         ));
@@ -719,8 +718,9 @@ mod tests {
     /// The mlp's step executable for the CPU, as `ingot compile` makes it.
     fn mlp() -> Executable {
         let model = crate::models::by_name("mlp").unwrap();
-        let compiled = crate::pipeline::compile(&model, &Default::default()).unwrap();
-        compiled.executable(Target::Cpu)
+        let opts = crate::pipeline::Options::for_target(Target::Cpu);
+        let compiled = crate::pipeline::compile(&model, &opts).unwrap();
+        compiled.executable(Target::Cpu).unwrap()
     }
 
     /// What reading `exe`'s bytes says (the bytes are well formed: header and checksum match).

@@ -32,14 +32,18 @@ pub fn ir_text(data: &[u8]) {
 }
 
 /// `Executable::from_bytes`: arbitrary bytes are an executable or an error; an executable it
-/// accepts holds a plan the validator accepts for its graph, and writes itself out as bytes
+/// accepts holds a plan the validator accepts for its graph and a program that fits the plan,
+/// and writes itself out as bytes
 /// that read back to the same bytes.
 pub fn executable(data: &[u8]) {
     let Ok(e) = Executable::from_bytes(data, "fuzz.ingot") else {
         return;
     };
-    if let Err(v) = e.plan.validate(&e.graph) {
+    if let Err(v) = e.plan().validate(e.graph()) {
         panic!("from_bytes accepted a plan the validator rejects: {v}");
+    }
+    if let Err(v) = e.program().check(e.graph(), e.plan()) {
+        panic!("from_bytes accepted a program its check rejects: {v}");
     }
     let bytes = e
         .to_bytes()

@@ -8,6 +8,7 @@ pub mod files;
 pub mod fuse;
 pub mod fuzz;
 pub mod ir;
+pub mod lower;
 pub mod models;
 pub mod pipeline;
 pub mod plan;

@@ -1,11 +1,13 @@
 //! The pipeline in one call: model -> training step -> rewrite -> fuse -> schedule and memory
-//! plan -> report. Each stage can be switched off, so every figure can be taken before and after.
+//! plan -> report, then [`Compiled::executable`] lowers the step for a target. Each stage can
+//! be switched off, so every figure can be taken before and after.
 
 use crate::autodiff::{phase, training_step, Step, LOSS};
 use crate::error::IrError;
-use crate::exe::{Executable, Target};
+use crate::exe::Executable;
 use crate::fuse::{self, FuseOptions, FuseReport};
 use crate::ir::Graph;
+use crate::lower::{LowerError, Target};
 use crate::models::{self, Model};
 use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
@@ -78,6 +80,15 @@ impl Default for Options {
 }
 
 impl Options {
+    /// Rewriting and fusion on, and `target`'s workspaces planned (the CPU matmul's packing
+    /// space, cuBLAS's workspace): what a step that runs on `target` is compiled with.
+    pub fn for_target(target: Target) -> Options {
+        Options {
+            plan: target.plan_options(),
+            ..Default::default()
+        }
+    }
+
     /// The primitive ops planned as traced: no rewriting, no fusion (the "before" figures, and
     /// the reference the optimized step is checked against).
     pub fn unoptimized(plan: PlanOptions) -> Options {
@@ -106,10 +117,17 @@ pub struct Compiled {
 }
 
 impl Compiled {
-    /// The executable of this step planned for `target`, without kernel sources (the runtime
-    /// adds those for targets that have them).
-    pub fn executable(&self, target: Target) -> Executable {
-        Executable::new(&self.model, &self.graph, &self.plan, &self.report, target)
+    /// The executable of this step lowered for `target` (which its plan must have been made
+    /// for, [`Options::for_target`]): the plan validated, every device operation and kernel
+    /// decided ([`crate::lower`]).
+    pub fn executable(&self, target: Target) -> Result<Executable, LowerError> {
+        Executable::new(
+            &self.model,
+            self.graph.clone(),
+            self.plan.clone(),
+            self.report.clone(),
+            target,
+        )
     }
 }
 
@@ -119,6 +137,8 @@ pub enum CompileError {
     Ir(#[from] IrError),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Lower(#[from] LowerError),
 }
 
 /// Compiles a model given by name (`mlp`, `gpt-mini`, `gpt2`, `gpt:KEY=VALUE,...`).

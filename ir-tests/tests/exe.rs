@@ -23,6 +23,7 @@ fn fuzz_file() -> &'static [u8] {
     FILE.get_or_init(|| {
         compiled(FUZZ_GPT)
             .executable(Target::Cpu)
+            .unwrap()
             .to_bytes()
             .unwrap()
     })
@@ -49,9 +50,9 @@ fn edited(file: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
 fn a_compiled_step_round_trips_through_its_bytes() {
     for model in ["mlp", TINY_GPT] {
         let c = compiled(model);
-        let e = c.executable(Target::Cpu);
+        let e = c.executable(Target::Cpu).unwrap();
         assert_eq!(
-            e.layouts.len(),
+            e.layouts().len(),
             c.graph
                 .ids()
                 .filter(|&id| c.graph.node(id).op.is_leaf())
@@ -65,7 +66,10 @@ fn a_compiled_step_round_trips_through_its_bytes() {
         );
         let back = Executable::from_bytes(&bytes, "x.ingot").unwrap();
         assert!(back == e, "{model}: the executable read back differs");
-        assert!(back.graph == c.graph && back.plan == c.plan, "{model}");
+        assert!(
+            back.graph() == &c.graph && back.plan() == &c.plan,
+            "{model}"
+        );
         assert!(
             back.to_bytes().unwrap() == bytes,
             "{model}: writing again differs"
@@ -89,10 +93,12 @@ fn a_fused_step_graph_round_trips_through_text_with_its_constants_bit_exact() {
 fn the_same_step_gives_the_same_bytes() {
     let a = compiled(TINY_GPT)
         .executable(Target::Cpu)
+        .unwrap()
         .to_bytes()
         .unwrap();
     let b = compiled(TINY_GPT)
         .executable(Target::Cpu)
+        .unwrap()
         .to_bytes()
         .unwrap();
     assert!(a == b);
@@ -106,12 +112,13 @@ fn each_damage_to_the_envelope_is_named() {
     assert!(matches!(e.problem, Problem::Truncated(_)), "{e}");
     assert!(e.to_string().starts_with("step.ingot: truncated"), "{e}");
     let mut v = good.to_vec();
-    // Version 1 (no launch shapes in its kernel table) is another format.
-    v[8..12].copy_from_slice(&1u32.to_le_bytes());
+    // Version 2 (kernel sources only, which the runtime lowered the step again to match) is
+    // another format.
+    v[8..12].copy_from_slice(&2u32.to_le_bytes());
     let e = problem(&v);
     assert_eq!(
         e.to_string(),
-        "step.ingot: it is a step executable of format version 1, but this ingot reads version 2; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
+        "step.ingot: it is a step executable of format version 2, but this ingot reads version 3; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
     );
     let mut v = good.to_vec();
     *v.last_mut().unwrap() ^= 1;
@@ -198,20 +205,15 @@ fn a_plan_that_does_not_fit_its_graph_is_refused_before_anything_runs() {
     assert!(e.contains("unknown field"), "{e}");
 }
 
+/// The CUDA program inside an executable's JSON payload.
+fn cuda_program(v: &mut serde_json::Value) -> &mut serde_json::Value {
+    &mut v["program"]["cuda"]
+}
+
 #[test]
-fn a_cuda_kernel_table_that_cannot_launch_is_refused() {
+fn a_cuda_program_that_cannot_run_is_refused_naming_what_is_wrong() {
     let c = pipeline::compile_model(FUZZ_GPT, &Device::Cuda(Default::default()).options()).unwrap();
-    let mut e = c.executable(Target::Cuda);
-    e.kernel_prelude = "// prelude".into();
-    e.kernels = (0..2)
-        .map(|i| exe::Kernel {
-            name: format!("ingot_{i:016x}"),
-            source: format!("extern \"C\" __global__ void ingot_{i:016x}() {{}}"),
-            grid: [1, 1, 1],
-            block: [256, 1, 1],
-            shared_bytes: 0,
-        })
-        .collect();
+    let e = c.executable(Target::Cuda).unwrap();
     let good = e.to_bytes().unwrap();
     assert_eq!(Executable::from_bytes(&good, "s.ingot").unwrap(), e);
     let read = |bytes: Vec<u8>| {
@@ -219,32 +221,58 @@ fn a_cuda_kernel_table_that_cannot_launch_is_refused() {
             .unwrap_err()
             .to_string()
     };
-    let err = read(edited(&good, |v| {
-        v["kernels"][1]["block"] = serde_json::json!([64, 32, 1]);
+    let err = read(edited(good.as_slice(), |v| {
+        let p = cuda_program(v);
+        p["kernels"][0]["launch"]["block"] = serde_json::json!([64, 32, 1]);
     }));
-    assert!(
-        err.contains("ingot_0000000000000001") && err.contains("1024"),
-        "{err}"
-    );
+    assert!(err.contains("1024") && err.contains("recompile"), "{err}");
     let err = read(edited(&good, |v| {
-        v["kernels"][0]["grid"] = serde_json::json!([0, 1, 1]);
+        let p = cuda_program(v);
+        p["kernels"][0]["launch"]["grid"] = serde_json::json!([0, 1, 1]);
     }));
     assert!(err.contains("launch shape"), "{err}");
+    // An operation that no longer waits for what it reads.
     let err = read(edited(&good, |v| {
-        v["kernels"][1]["name"] = "ingot_0000000000000000".into();
+        let p = cuda_program(v);
+        let deps = p["deps"].as_array_mut().unwrap();
+        let j = deps
+            .iter()
+            .position(|d| !d.as_array().unwrap().is_empty())
+            .unwrap();
+        deps[j] = serde_json::json!([]);
     }));
-    assert!(err.contains("appears twice"), "{err}");
-    // A version-1 kernel entry (no launch shape) is another format.
+    assert!(err.contains("does not wait"), "{err}");
+    // A memset past the end of the allocation.
     let err = read(edited(&good, |v| {
-        v["kernels"][0].as_object_mut().unwrap().remove("block");
+        let p = cuda_program(v);
+        let total = p["total_bytes"].as_u64().unwrap();
+        let ops = p["ops"].as_array_mut().unwrap();
+        ops.push(serde_json::json!({"zero": {"offset": total, "bytes": 256}}));
+        p["touches"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"reads": [], "writes": []}));
+        p["deps"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!([]));
     }));
-    assert!(err.contains("block"), "{err}");
+    assert!(err.contains("outside"), "{err}");
+    // A CPU program in a CUDA executable.
+    let err = read(edited(&good, |v| {
+        v["program"] = serde_json::json!({"cpu": {"instrs": [], "copies": []}});
+    }));
+    assert!(
+        err.contains("cuda executable holding a cpu program"),
+        "{err}"
+    );
 }
 
 /// Reads `bytes`; whatever it accepts must hold a plan the validator accepts for its graph.
 fn read_never_panics(bytes: &[u8]) -> Result<(), TestCaseError> {
     if let Ok(e) = Executable::from_bytes(bytes, "fuzz.ingot") {
-        prop_assert!(e.plan.validate(&e.graph).is_ok());
+        prop_assert!(e.plan().validate(e.graph()).is_ok());
+        prop_assert!(e.program().check(e.graph(), e.plan()).is_ok());
     }
     Ok(())
 }

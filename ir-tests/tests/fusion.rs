@@ -37,7 +37,7 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
 fn fused_matches_unfused(m: &models::Model, steps: usize, tol: f64) {
     let spec = &m.name;
     let mut fused = Session::new(m, 3).unwrap();
-    let unopt = Options::unoptimized(ingot_runtime::cpu::plan_options());
+    let unopt = Options::unoptimized(ingot_compiler::lower::Target::Cpu.plan_options());
     let mut plain = Session::with_options(m, 3, &unopt).unwrap();
     for s in 0..steps {
         let (a, b) = (fused.step().unwrap().loss, plain.step().unwrap().loss);
@@ -88,7 +88,16 @@ fn a_fused_planned_step_is_bit_identical_to_its_reference_run() {
     leaves.extend(init_leaves(&g, LeafKind::State, 5));
     leaves.extend(synthetic_batch(&g, 5));
     let reference = run_graph(&g, &leaves).unwrap();
-    let mut planned = PlannedStep::new(g, c.plan).unwrap();
+    let mut planned = PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            g,
+            c.plan,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .expect("lower"),
+    )
+    .unwrap();
     for (name, v) in &leaves {
         planned.write_leaf(name, v).unwrap();
     }
@@ -104,7 +113,7 @@ fn a_fused_planned_step_is_bit_identical_to_its_reference_run() {
 #[test]
 fn fusion_cuts_kernels_and_memory_on_every_reference_model() {
     for spec in ["mlp", "gpt-mini", SMALL_GPT] {
-        let cpu = ingot_runtime::cpu::plan_options();
+        let cpu = ingot_compiler::lower::Target::Cpu.plan_options();
         let before = pipeline::compile_model(spec, &Options::unoptimized(cpu.clone())).unwrap();
         let after = pipeline::compile_model(spec, &Session::cpu_options()).unwrap();
         assert!(

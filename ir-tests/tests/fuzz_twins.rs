@@ -43,7 +43,7 @@ fn exe_file() -> &'static [u8] {
     F.get_or_init(|| {
         let spec = "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2";
         let c = pipeline::compile_model(spec, &Device::Cpu.options()).unwrap();
-        c.executable(Target::Cpu).to_bytes().unwrap()
+        c.executable(Target::Cpu).unwrap().to_bytes().unwrap()
     })
 }
 

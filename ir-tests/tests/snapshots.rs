@@ -9,7 +9,7 @@ use ingot_compiler::plan::report::Report;
 
 fn cpu_options() -> pipeline::Options {
     pipeline::Options {
-        plan: ingot_runtime::cpu::plan_options(),
+        plan: ingot_compiler::lower::Target::Cpu.plan_options(),
         ..Default::default()
     }
 }
@@ -83,6 +83,6 @@ fn diamond_plan_report() {
     let c = g.add(a, b).unwrap();
     let s = g.sum_all(c).unwrap();
     g.set_output("s", s).unwrap();
-    let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
+    let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
     insta::assert_snapshot!(Report::new("diamond", &g, &p, None).table());
 }

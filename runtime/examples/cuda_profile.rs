@@ -9,8 +9,8 @@
 //! Needs a GPU; without one it says so and exits 0.
 
 use ingot_compiler::ir::Op;
+use ingot_compiler::lower::cuda::DeviceOp;
 use ingot_compiler::models::by_name;
-use ingot_runtime::cuda::program::DeviceOp;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::session::{Device, Session};
 use std::collections::BTreeMap;

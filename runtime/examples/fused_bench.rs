@@ -22,7 +22,7 @@ fn main() {
     for spec in std::env::args().skip(1) {
         let m = models::by_name(&spec).expect("model");
         let mut fused = Session::new(&m, 1).expect("fused");
-        let plain_opts = Options::unoptimized(ingot_runtime::cpu::plan_options());
+        let plain_opts = Options::unoptimized(ingot_compiler::lower::Target::Cpu.plan_options());
         let mut plain = Session::with_options(&m, 1, &plain_opts).expect("unfused");
         let (mut a, mut b) = (Vec::new(), Vec::new());
         let mut worst = 0f64;

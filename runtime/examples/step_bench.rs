@@ -26,11 +26,20 @@ fn main() {
     for spec in std::env::args().skip(1) {
         let m = models::by_name(&spec).expect("model");
         let g = training_step(&m.graph, &m.optimizer).expect("step").graph;
-        let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).expect("plan");
+        let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).expect("plan");
         let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
         leaves.extend(init_leaves(&g, LeafKind::State, 1));
         leaves.extend(synthetic_batch(&g, 1));
-        let mut planned = PlannedStep::new(g.clone(), p).expect("load");
+        let mut planned = PlannedStep::new(
+            ingot_compiler::exe::Executable::from_plan(
+                "step",
+                g.clone(),
+                p,
+                ingot_compiler::lower::Target::Cpu,
+            )
+            .expect("lower"),
+        )
+        .expect("load");
         for (n, v) in &leaves {
             planned.write_leaf(n, v).unwrap();
         }

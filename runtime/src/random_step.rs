@@ -92,7 +92,10 @@ pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
     let kernels = c.fuse.as_ref().map_or(0, |f| f.kernels);
     let ops = c.step.graph.len();
     let reference_graph = c.step.graph.clone();
-    let mut s = Session::from_parts(name, c.graph, c.plan, seed, Device::Cpu)
+    let exe = c
+        .executable(Device::Cpu.target())
+        .map_err(|e| format!("{name}: lower: {e}"))?;
+    let mut s = Session::from_executable(exe, seed, Device::Cpu)
         .map_err(|e| format!("{name}: load: {e}"))?;
     let leaves = leaves_of(&s);
     let want =

@@ -22,11 +22,11 @@ use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::LOSS;
-use ingot_compiler::exe::{Executable, Kernel, Target};
+use ingot_compiler::exe::{Executable, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
+use ingot_compiler::lower::LowerError;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
-use ingot_compiler::plan::MemoryPlan;
 use ingot_compiler::IrError;
 use std::time::Instant;
 use thiserror::Error;
@@ -42,6 +42,21 @@ pub enum SessionError {
     Plan {
         model: String,
         source: ingot_compiler::plan::PlanError,
+    },
+    /// The planned step could not be lowered for the device (its plan did not validate, or an
+    /// op has no kernel there).
+    #[error("lowering {model}'s training step for {target}: {source}")]
+    Lower {
+        model: String,
+        target: Target,
+        source: LowerError,
+    },
+    /// An executable lowered for another target than the device's.
+    #[error("the executable of {model} was lowered for {planned}, not {device}: the two plan different library workspaces, so a step runs only on its own target; recompile it with --device {device}")]
+    WrongTarget {
+        model: String,
+        planned: Target,
+        device: Target,
     },
     /// A parameter the model needs is not among those given.
     #[error("parameter {name:?} ({expected}) is missing from the parameters given; the model's parameters are named as PyTorch names them (reference-models.md)")]
@@ -144,13 +159,7 @@ impl Device {
     /// The pipeline options for this device: rewriting and fusion on, and the target's
     /// workspace planned (the CPU matmul's packing space, or cuBLAS's workspace).
     pub fn options(&self) -> pipeline::Options {
-        pipeline::Options {
-            plan: match self {
-                Device::Cpu => crate::cpu::plan_options(),
-                Device::Cuda(_) => crate::cuda::plan_options(),
-            },
-            ..Default::default()
-        }
+        pipeline::Options::for_target(self.target())
     }
 }
 
@@ -221,58 +230,49 @@ impl Session {
                 model: model.name.clone(),
                 source,
             },
+            pipeline::CompileError::Lower(source) => SessionError::Lower {
+                model: model.name.clone(),
+                target: device.target(),
+                source,
+            },
         })?;
-        Session::from_parts(&model.name, compiled.graph, compiled.plan, seed, device)
+        let exe = compiled
+            .executable(device.target())
+            .map_err(|source| SessionError::Lower {
+                model: model.name.clone(),
+                target: device.target(),
+                source,
+            })?;
+        Session::from_executable(exe, seed, device)
     }
 
-    /// A session of a step compiled earlier (a step executable's graph and plan, e.g.
-    /// [`ingot_compiler::exe::Executable`]): its parameters and optimizer state initialised from
+    /// A session running a step executable as it is (made by [`pipeline::Compiled::executable`],
+    /// [`Executable::from_plan`] or read from a file): its program loaded on `device`, whose
+    /// target must be the executable's, its parameters and optimizer state initialised from
     /// `seed` and a synthetic batch from the same seed, exactly as [`Session::on`] does for the
-    /// same graph. The backend validates `plan` against `graph` with the independent validator
-    /// before making the allocation; `plan` must have been made for `device`'s target
-    /// ([`Device::options`]).
-    pub fn from_parts(
-        model: &str,
-        graph: Graph,
-        plan: MemoryPlan,
-        seed: u64,
-        device: Device,
-    ) -> Result<Session, SessionError> {
-        Session::assemble(model, graph, plan, None, seed, device)
-    }
-
-    /// A session running a step executable as it is stored: its graph and plan, and on CUDA
-    /// the kernel sources and launch shapes it carries (compiled with NVRTC here), not
-    /// kernels generated again. The executable's target must be `device`'s.
+    /// same step. Nothing is lowered or validated again.
     pub fn from_executable(
         exe: Executable,
         seed: u64,
         device: Device,
     ) -> Result<Session, SessionError> {
-        let kernels = (device.target() == Target::Cuda)
-            .then_some((exe.kernel_prelude.as_str(), &exe.kernels[..]));
-        Session::assemble(&exe.model, exe.graph, exe.plan, kernels, seed, device)
-    }
-
-    fn assemble(
-        model: &str,
-        graph: Graph,
-        plan: MemoryPlan,
-        kernels: Option<(&str, &[Kernel])>,
-        seed: u64,
-        device: Device,
-    ) -> Result<Session, SessionError> {
+        if exe.target() != device.target() {
+            return Err(SessionError::WrongTarget {
+                model: exe.model().to_string(),
+                planned: exe.target(),
+                device: device.target(),
+            });
+        }
         // The allocation first: a plan too large for the device is refused (naming its sizes)
         // before any leaf's initial value is made on the host.
         let load = |e: ExecError| SessionError::Load(Box::new(e));
+        let model = exe.model().to_string();
         let exe = match device {
-            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(graph, plan).map_err(load)?)),
-            Device::Cuda(o) => Backend::Cuda(Box::new(
-                CudaStep::with_kernels(graph, plan, o, kernels).map_err(load)?,
-            )),
+            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
+            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
         };
         let mut session = Session {
-            model: model.to_string(),
+            model,
             exe,
             steps: 0,
         };
@@ -539,28 +539,4 @@ impl Session {
             wall_seconds: wall,
         })
     }
-}
-
-/// The step executable of a compiled step for `device`'s target: on CUDA with every distinct
-/// kernel's CUDA C and launch shape, as this runtime lowers the step
-/// ([`crate::cuda::Program::lower`]); what `ingot compile` writes and
-/// [`Session::from_executable`] runs.
-pub fn executable(compiled: &pipeline::Compiled, device: Device) -> Result<Executable, ExecError> {
-    let mut exe = compiled.executable(device.target());
-    if device.target() == Target::Cuda {
-        let program = crate::cuda::Program::lower(&exe.graph, &exe.plan)?;
-        exe.kernel_prelude = program.prelude.clone();
-        exe.kernels = program
-            .kernels
-            .into_iter()
-            .map(|k| Kernel {
-                name: k.name,
-                source: k.source,
-                grid: k.launch.grid,
-                block: k.launch.block,
-                shared_bytes: k.launch.shared_bytes,
-            })
-            .collect();
-    }
-    Ok(exe)
 }

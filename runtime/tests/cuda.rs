@@ -166,8 +166,9 @@ fn a_step_executable_runs_the_kernel_sources_it_carries() {
     }
     let m = by_name("mlp").unwrap();
     let compiled = ingot_compiler::pipeline::compile(&m, &STRICT.options()).unwrap();
-    let exe = ingot_runtime::session::executable(&compiled, STRICT).unwrap();
-    let exe = Executable::from_bytes(&exe.to_bytes().unwrap(), "mlp.ingot").unwrap();
+    let exe = compiled.executable(STRICT.target()).unwrap();
+    let bytes = exe.to_bytes().unwrap();
+    let exe = Executable::from_bytes(&bytes, "mlp.ingot").unwrap();
     // Run as stored: the same losses as a session that generates its kernels.
     let mut stored = Session::from_executable(exe.clone(), 5, STRICT).unwrap();
     let mut fresh = Session::on(&m, 5, STRICT).unwrap();
@@ -177,12 +178,25 @@ fn a_step_executable_runs_the_kernel_sources_it_carries() {
     }
     // The stored sources are what NVRTC compiles: a broken one is a compile error, not a
     // silently regenerated kernel.
-    let mut broken = exe;
-    broken.kernels[0].source.push_str("\nthis is not CUDA C;\n");
-    let Err(e) = Session::from_executable(broken, 5, STRICT) else {
+    use ingot_compiler::exe::{fnv1a64, HEADER_BYTES, MAGIC, VERSION};
+    let mut payload: serde_json::Value = serde_json::from_slice(&bytes[HEADER_BYTES..]).unwrap();
+    let source = &mut payload["program"]["cuda"]["kernels"][0]["source"];
+    *source = format!("{}\nthis is not CUDA C;\n", source.as_str().unwrap()).into();
+    let payload = serde_json::to_vec(&payload).unwrap();
+    let mut file = MAGIC.to_vec();
+    file.extend_from_slice(&VERSION.to_le_bytes());
+    file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    file.extend_from_slice(&fnv1a64(&payload).to_le_bytes());
+    file.extend_from_slice(&payload);
+    // A debug build's reader lowers again and refuses the file ("recompile"); a release
+    // build's takes the stored source to NVRTC, which refuses it.
+    let broken = Executable::from_bytes(&file, "broken.ingot");
+    let Err(e) = broken
+        .map_err(|e| e.to_string())
+        .and_then(|exe| Session::from_executable(exe, 5, STRICT).map_err(|e| e.to_string()))
+    else {
         panic!("a broken stored kernel must not run");
     };
-    let e = e.to_string();
     assert!(e.contains("NVRTC") || e.contains("compil"), "{e}");
 }
 

@@ -7,9 +7,10 @@
 //! it). The host-side part (each step compiled for the CUDA target, lowered to its device
 //! program and every fused kernel's CUDA C generated) runs everywhere.
 
+use ingot_compiler::lower::{Program, Target};
 use ingot_compiler::pipeline;
 use ingot_compiler::random_graph;
-use ingot_runtime::cuda::{self, CudaOptions, Program};
+use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::random_step::compare_sessions;
 use ingot_runtime::session::Device;
 
@@ -28,7 +29,12 @@ fn random_steps_compile_for_cuda_and_every_kernel_lowers_to_cuda_c() {
     for seed in 0..SEEDS {
         let m = random_graph::model(seed).unwrap();
         let c = pipeline::compile(&m, &opts).unwrap_or_else(|e| panic!("{}: {e}", m.name));
-        let p = Program::lower(&c.graph, &c.plan).unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        let exe = c
+            .executable(Target::Cuda)
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        let Program::Cuda(p) = exe.program() else {
+            panic!("{}: a cuda executable without a cuda program", m.name)
+        };
         assert!(!p.ops.is_empty(), "{}: no device operations", m.name);
     }
 }

@@ -137,14 +137,25 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
         );
         let header = &shown[..shown.len() - table.len()];
         for part in [
-            "format version 2",
+            "format version 3",
             &format!("target   {device}"),
             TINY_GPT,
             "launches per step",
             "planned in one allocation",
+            if device == "cpu" {
+                "instructions and"
+            } else {
+                "cuBLAS GEMMs"
+            },
         ] {
             assert!(header.contains(part), "{device}: {part:?} in\n{header}");
         }
+        // --check lowers the stored graph and plan again and finds the same program.
+        let checked = ok(&["inspect", s(&exe), "--check"]);
+        assert!(
+            checked.contains("the stored program is what this ingot lowers"),
+            "{device}: {checked}"
+        );
 
         let plan: serde_json::Value = serde_json::from_str(&ok(&[
             "plan", "--model", TINY_GPT, "--device", device, "--json",
@@ -153,7 +164,7 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
         let doc: serde_json::Value =
             serde_json::from_str(&ok(&["inspect", s(&exe), "--json"])).unwrap();
         assert_eq!(doc["report"], plan, "{device}");
-        assert_eq!(doc["format_version"], 2);
+        assert_eq!(doc["format_version"], 3);
         assert_eq!(doc["target"], device);
         let kernels = doc["kernels"].as_array().unwrap();
         assert_eq!(kernels.is_empty(), device == "cpu", "{device}: {kernels:?}");
@@ -240,7 +251,7 @@ fn a_damaged_file_is_an_error_naming_the_file_and_the_damage() {
     }
     let (_, _, err) = ingot(&["inspect", s(&dir.join("version.ingot"))]);
     assert!(
-        err.contains("reads version 2") && err.contains("recompile"),
+        err.contains("reads version 3") && err.contains("recompile"),
         "{err}"
     );
     let (code, _, err) = ingot(&["inspect", s(&dir.join("missing.ingot"))]);

@@ -4,6 +4,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::{DType, Graph, LeafKind};
+use ingot_compiler::lower::LowerError;
 use ingot_compiler::models;
 use ingot_compiler::plan;
 use ingot_compiler::plan::check::PlanViolation;
@@ -11,7 +12,7 @@ use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
-use ingot_runtime::{ExecError, StepExecutor};
+use ingot_runtime::StepExecutor;
 
 /// All leaf values of a step graph from the default initialisation and a synthetic batch.
 fn leaves(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
@@ -30,9 +31,18 @@ fn planned_matches_reference(spec: &str, steps: usize) {
     let m = models::by_name(spec).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let g = step.graph;
-    let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
+    let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
     let total = p.total_bytes;
-    let mut planned = PlannedStep::new(g.clone(), p).unwrap();
+    let mut planned = PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            g.clone(),
+            p,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .expect("lower"),
+    )
+    .unwrap();
     assert_eq!(
         planned.allocated_bytes(),
         total,
@@ -87,7 +97,7 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     let s = g.sum_all(d).unwrap();
     g.set_output("s", s).unwrap();
     g.set_output("d", d).unwrap();
-    let p = plan::plan(&g, &ingot_runtime::cpu::plan_options()).unwrap();
+    let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
     let in_place = g
         .ids()
         .filter(|&id| {
@@ -100,7 +110,16 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     let mut l = IndexMap::new();
     l.insert("x".to_string(), Tensor::from_f32([5000], xs));
     let want = run_graph(&g, &l).unwrap();
-    let mut planned = PlannedStep::new(g, p).unwrap();
+    let mut planned = PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            g,
+            p,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .expect("lower"),
+    )
+    .unwrap();
     planned.write_leaf("x", &l["x"]).unwrap();
     planned.step().unwrap();
     for name in ["s", "d"] {
@@ -112,10 +131,14 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
 }
 
 #[test]
-fn a_corrupted_plan_is_refused_before_anything_runs() {
+fn a_corrupted_plan_is_refused_before_it_becomes_an_executable() {
     let m = models::mlp_with(4, DType::F32).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
-    let mut p = plan::plan(&step.graph, &ingot_runtime::cpu::plan_options()).unwrap();
+    let mut p = plan::plan(
+        &step.graph,
+        &ingot_compiler::lower::Target::Cpu.plan_options(),
+    )
+    .unwrap();
     // Move every slab storage onto offset of the first: live values now collide.
     let first = p.slab_base;
     for (i, s) in p.liveness.storages.iter().enumerate() {
@@ -123,14 +146,19 @@ fn a_corrupted_plan_is_refused_before_anything_runs() {
             p.storage_offset[i] = first;
         }
     }
-    let err = PlannedStep::new(step.graph, p)
-        .err()
-        .expect("a colliding plan must be refused");
+    // Nothing can run a plan that is not an executable, and lowering validates it.
+    let err = ingot_compiler::exe::Executable::from_plan(
+        "step",
+        step.graph,
+        p,
+        ingot_compiler::lower::Target::Cpu,
+    )
+    .expect_err("a colliding plan must be refused");
     // Some value is read after another took its bytes, or an op writes over what it reads.
     assert!(
         matches!(
             err,
-            ExecError::Plan(
+            LowerError::Plan(
                 PlanViolation::ReadAfterOverwrite { .. } | PlanViolation::WritesOverOperand { .. }
             )
         ),
@@ -142,8 +170,21 @@ fn a_corrupted_plan_is_refused_before_anything_runs() {
 fn writing_a_leaf_of_the_wrong_type_names_it() {
     let m = models::mlp_with(4, DType::F32).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
-    let p = plan::plan(&step.graph, &ingot_runtime::cpu::plan_options()).unwrap();
-    let mut planned = PlannedStep::new(step.graph, p).unwrap();
+    let p = plan::plan(
+        &step.graph,
+        &ingot_compiler::lower::Target::Cpu.plan_options(),
+    )
+    .unwrap();
+    let mut planned = PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            step.graph,
+            p,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .expect("lower"),
+    )
+    .unwrap();
     let err = planned
         .write_leaf("fc1.weight", &Tensor::from_f32([2], vec![0.0, 1.0]))
         .unwrap_err();

@@ -38,7 +38,7 @@ static COUNTING: Counting = Counting;
 
 fn allocations_per_step(spec: &str, fused: bool) -> usize {
     let m = models::by_name(spec).unwrap();
-    let cpu = ingot_runtime::cpu::plan_options();
+    let cpu = ingot_compiler::lower::Target::Cpu.plan_options();
     let opts = if fused {
         ingot_runtime::session::Session::cpu_options()
     } else {
@@ -49,7 +49,16 @@ fn allocations_per_step(spec: &str, fused: bool) -> usize {
     let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
     leaves.extend(init_leaves(&g, LeafKind::State, 1));
     leaves.extend(synthetic_batch(&g, 1));
-    let mut planned = PlannedStep::new(g, c.plan).unwrap();
+    let mut planned = PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            g,
+            c.plan,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .expect("lower"),
+    )
+    .unwrap();
     for (name, value) in &leaves {
         planned.write_leaf(name, value).unwrap();
     }

@@ -13,7 +13,8 @@ use crate::ir::{Graph, NodeId, Op};
 use std::collections::BTreeMap;
 
 /// Where one node's value lives, as an absolute byte range of the step's single allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Location {
     pub offset: usize,
     pub bytes: usize,

@@ -75,7 +75,8 @@ use crate::DType;
 use std::fmt::Write as _;
 
 /// One generated kernel: an `extern "C" __global__` function, its launch shape.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CudaKernel {
     /// Entry point; derived from a stable 64-bit FNV-1a hash of the function's text,
     /// `ingot_{hash:016x}`, so identical kernels (the same fused kernel in twelve layers) get one
@@ -89,7 +90,8 @@ pub struct CudaKernel {
 
 /// A launch shape. `shared_bytes` is dynamic shared memory (the generated kernels declare their
 /// shared memory statically, so it is 0 for them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Launch {
     pub grid: [u32; 3],
     pub block: [u32; 3],

@@ -2,13 +2,16 @@
 //! (docs/executable-format.md), to be run later by `ingot run` without compiling again.
 //!
 //! The file holds the fused step graph, its memory plan for one target, the layout of every
-//! leaf, the report, and on `cuda` the CUDA C of every distinct kernel. Planning and CUDA C
-//! generation need no GPU, so a `cuda` executable can be made on any machine.
+//! leaf, the report, and the program lowered for the target: on `cuda` every device operation
+//! with its byte offsets, the dependency graph and the CUDA C of every distinct kernel.
+//! Planning, lowering and CUDA C generation need no GPU, so a `cuda` executable can be made on
+//! any machine.
 
 use super::train::Device;
 use super::Failure;
 use crate::session;
 use ingot_compiler::exe::Executable;
+use ingot_compiler::lower::Program;
 use ingot_compiler::plan::report::human;
 use std::path::PathBuf;
 
@@ -32,7 +35,9 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     };
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
     let (_, compiled, _) = super::stages::load_and_compile(&a.model, &device.options(), true)?;
-    let exe = session::executable(&compiled, device)?;
+    let exe = compiled
+        .executable(device.target())
+        .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
     let bytes = exe.to_bytes()?;
     // What is written must read back as what was compiled: the reader's checks (the plan
     // validated against the graph) pass, and the graph's text form loses nothing.
@@ -47,19 +52,18 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         ));
     }
     super::write_file(&a.output, &bytes)?;
-    let r = &exe.report;
+    let r = exe.report();
     crate::outln!(
         "wrote {} ({} bytes): {} for {}, {} ops, {} kernel launches per step{}, {} planned in one allocation",
         a.output.display(),
         bytes.len(),
-        exe.model,
-        exe.target,
+        exe.model(),
+        exe.target(),
         r.ops,
         r.kernels,
-        if exe.kernels.is_empty() {
-            String::new()
-        } else {
-            format!(" ({} distinct CUDA C kernels)", exe.kernels.len())
+        match exe.program() {
+            Program::Cuda(p) => format!(" ({} distinct CUDA C kernels)", p.kernels.len()),
+            Program::Cpu(_) => String::new(),
         },
         human(r.total_bytes)
     )

@@ -110,15 +110,12 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let device = a.run.session_device(Device::Cpu)?;
     a.run.check_outputs()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
-    let (model, compiled, _) =
+    let (_, compiled, _) =
         super::stages::load_and_compile(&a.model, &device.options(), !a.run.json)?;
-    let mut session = Session::from_parts(
-        &model.name,
-        compiled.graph,
-        compiled.plan,
-        a.run.seed,
-        device,
-    )?;
+    let exe = compiled
+        .executable(device.target())
+        .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
+    let mut session = Session::from_executable(exe, a.run.seed, device)?;
     train(&mut session, &a.run, device)
 }
 

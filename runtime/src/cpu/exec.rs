@@ -78,28 +78,11 @@ pub fn exec_node(
 
 /// Scratch memory for kernels that need it (matmul packs its panels there).
 pub enum Scratch<'a> {
-    /// Bytes planned for this node (256-byte aligned, at least [`workspace_bytes`] long).
+    /// Bytes planned for this node (256-byte aligned, at least
+    /// [`ingot_compiler::lower::cpu::workspace_bytes`] long).
     Given(&'a mut [u8]),
     /// Allocate what the kernel needs for this call (the reference interpreter's way).
     Allocate,
-}
-
-/// Bytes of scratch the CPU kernel of node `id` needs: the [`WorkspaceFn`] of the CPU target,
-/// which the planner uses to carve each matmul's packing space from the slab.
-///
-/// [`WorkspaceFn`]: ingot_compiler::plan::WorkspaceFn
-pub fn workspace_bytes(g: &ingot_compiler::ir::Graph, id: ingot_compiler::ir::NodeId) -> usize {
-    let node = g.node(id);
-    match &node.op {
-        Op::MatMul { ta, .. } => {
-            let a = g.ty(node.inputs[0]).shape.dims();
-            let n = node.ty.shape.last();
-            let (m, kk) = matrix(a, *ta);
-            matmul_workspace(node.ty.dtype, m, kk, n)
-        }
-        Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
-        _ => 0,
-    }
 }
 
 /// `(rows, columns)` of the matrices an operand shaped `dims` presents, transposed if `t`.
@@ -109,14 +92,6 @@ fn matrix(dims: &[usize], t: bool) -> (usize, usize) {
         (c, r)
     } else {
         (r, c)
-    }
-}
-
-fn matmul_workspace(dtype: DType, m: usize, kk: usize, n: usize) -> usize {
-    match dtype {
-        DType::F32 => k::gemm::workspace_bytes::<f32>(m, kk, n),
-        DType::F64 => k::gemm::workspace_bytes::<f64>(m, kk, n),
-        _ => 0,
     }
 }
 

@@ -3,18 +3,25 @@
 //! allocation; each node is computed by the same [`exec_node`] the reference interpreter uses, so
 //! the two agree bit for bit.
 //!
+//! The step arrives lowered ([`ingot_compiler::lower::cpu`]): the executor follows the
+//! program's instructions and decides nothing.
+//!
 //! # Safety argument
 //! Kernels take typed slices. Slices into the one allocation are made from a raw pointer, and
-//! they are sound because the plan is checked by the independent validator
-//! ([`MemoryPlan::validate`]) before anything runs: a node's output never overlaps an operand it
-//! reads, except for elementwise ops placed exactly on an operand. For those, the aliased
-//! operand is copied a chunk at a time into a stack buffer, and the op runs on the chunk, so no
-//! `&` and `&mut` slice ever cover the same byte.
+//! they are sound because the step is an [`Executable`], which exists only with a plan the
+//! independent validator ([`MemoryPlan::validate`]) accepted and a program checked against it
+//! ([`ingot_compiler::lower::Program::check`]): a node's output never overlaps an operand it
+//! reads, except for elementwise ops placed exactly on an operand, which the program runs in
+//! place. For those, the aliased operand is copied a chunk at a time into a stack buffer, and
+//! the op runs on the chunk, so no `&` and `&mut` slice ever cover the same byte.
 
 use super::exec::{exec_node, exec_node_with, Scratch};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
+use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{DType, Graph, Node, NodeId, Op, Shape, TensorType};
+use ingot_compiler::lower::cpu::{Instr, Program};
+use ingot_compiler::lower::{self, Target};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
 use smallvec::SmallVec;
@@ -30,29 +37,12 @@ const CHUNK: usize = 2048;
 #[repr(C, align(64))]
 struct ChunkBuf([u8; CHUNK * 8]);
 
-/// What the step does at one schedule position.
-#[derive(Clone, Debug)]
-enum Instr {
-    /// Compute a node into its own bytes.
-    Exec(NodeId),
-    /// Compute an elementwise node over the bytes of (some of) its operands, chunk by chunk.
-    InPlace(NodeId),
-    /// Run a fused kernel: byte offsets of its inputs, its outputs and its scratch.
-    Fused {
-        node: NodeId,
-        inputs: Vec<usize>,
-        outputs: Vec<usize>,
-        scratch: usize,
-    },
-}
-
-/// A step graph with its memory plan, loaded into one allocation.
+/// A step executable, loaded into one allocation.
 pub struct PlannedStep {
-    graph: Graph,
-    plan: MemoryPlan,
+    exe: Executable,
+    program: Program,
     memory: Vec<Block>,
     location: Vec<Location>,
-    program: Vec<Instr>,
     /// The chunk-sized versions of in-place nodes (full chunk, and the last partial one are
     /// built on the fly from these without allocating).
     chunk_node: Vec<Option<Node>>,
@@ -99,65 +89,52 @@ fn zeroed_blocks(bytes: usize) -> Result<Vec<Block>, ExecError> {
 }
 
 impl PlannedStep {
-    /// Checks the plan with the independent validator and makes the step's one allocation.
-    pub fn new(graph: Graph, plan: MemoryPlan) -> Result<PlannedStep, ExecError> {
-        plan.validate(&graph)?;
-        let location: Vec<Location> = graph.ids().map(|id| plan.location(&graph, id)).collect();
-        let mut program = Vec::with_capacity(graph.len());
+    /// Loads a CPU executable: makes the step's one allocation (zeroed), refusing a plan larger
+    /// than the host's available memory before allocating.
+    pub fn new(exe: Executable) -> Result<PlannedStep, ExecError> {
+        let lower::Program::Cpu(program) = exe.program().clone() else {
+            return Err(ExecError::Invalid {
+                op: "load",
+                reason: format!(
+                    "the executable was lowered for {}, not the CPU; compile it with --device cpu",
+                    exe.target()
+                ),
+            });
+        };
+        debug_assert_eq!(exe.target(), Target::Cpu);
+        let (graph, plan) = (exe.graph(), exe.plan());
+        let location: Vec<Location> = graph.ids().map(|id| plan.location(graph, id)).collect();
         let mut chunk_node = vec![None; graph.len()];
-        let kernel_outputs = graph.kernel_outputs();
-        for &id in &plan.liveness.order {
-            let node = graph.node(id);
-            if node.op.is_leaf() || node.op.is_alias() || matches!(node.op, Op::Result { .. }) {
-                // Leaves are written by the host; a reshape is a view; a result was written
-                // by its kernel.
-                continue;
-            }
-            if let Op::Fused(_) = node.op {
-                program.push(Instr::Fused {
-                    node: id,
-                    inputs: node
-                        .inputs
-                        .iter()
-                        .map(|x| location[x.index()].offset)
-                        .collect(),
-                    outputs: kernel_outputs[id.index()]
-                        .iter()
-                        .map(|o| location[o.index()].offset)
-                        .collect(),
-                    scratch: plan.workspace(id).map_or(0, |w| w.offset),
-                });
-                continue;
-            }
-            let here = location[id.index()];
-            let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
-            if aliased {
+        for i in &program.instrs {
+            if let Instr::InPlace { node: id } = *i {
+                let node = graph.node(id);
                 let mut n = node.clone();
                 n.ty = TensorType::new(Shape::new(&[CHUNK]), node.ty.dtype);
                 chunk_node[id.index()] = Some(n);
-                program.push(Instr::InPlace(id));
-            } else {
-                program.push(Instr::Exec(id));
             }
         }
-        refuse_beyond_host_memory(&plan, available_host_memory())?;
+        refuse_beyond_host_memory(plan, available_host_memory())?;
         let memory = zeroed_blocks(plan.total_bytes)?;
         Ok(PlannedStep {
-            graph,
-            plan,
+            exe,
+            program,
             memory,
             location,
-            program,
             chunk_node,
         })
     }
 
+    /// The executable this step runs.
+    pub fn executable(&self) -> &Executable {
+        &self.exe
+    }
+
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        self.exe.graph()
     }
 
     pub fn plan(&self) -> &MemoryPlan {
-        &self.plan
+        self.exe.plan()
     }
 
     /// Bytes of the one allocation (the plan's total, rounded up to whole 256-byte blocks).
@@ -168,7 +145,7 @@ impl PlannedStep {
     fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
         let l = self.location[id.index()];
         Tensor::from_le_bytes(
-            self.graph.ty(id).clone(),
+            self.exe.graph().ty(id).clone(),
             &self.bytes()[l.offset..l.offset + l.bytes],
         )
     }
@@ -198,17 +175,17 @@ impl PlannedStep {
     /// operands of rank at most eight), except inside matmul when its library does.
     pub fn step(&mut self) -> Result<(), ExecError> {
         let base = self.memory.as_mut_ptr() as *mut u8;
-        for k in 0..self.program.len() {
-            match &self.program[k] {
-                Instr::Exec(id) => self.exec(base, *id)?,
-                Instr::InPlace(id) => self.exec_in_place(base, *id)?,
+        for k in 0..self.program.instrs.len() {
+            match &self.program.instrs[k] {
+                Instr::Exec { node } => self.exec(base, *node)?,
+                Instr::InPlace { node } => self.exec_in_place(base, *node)?,
                 Instr::Fused {
                     node,
                     inputs,
                     outputs,
                     scratch,
                 } => {
-                    let Op::Fused(kernel) = &self.graph.node(*node).op else {
+                    let Op::Fused(kernel) = &self.exe.graph().node(*node).op else {
                         unreachable!("fused instructions are made for fused nodes")
                     };
                     // SAFETY: no other slice of the allocation is alive during the call; the
@@ -221,7 +198,7 @@ impl PlannedStep {
                         .map_err(|e| {
                             at(
                                 *node,
-                                self.graph.node(*node),
+                                self.exe.graph().node(*node),
                                 ExecError::Invalid {
                                     op: "fused",
                                     reason: e.to_string(),
@@ -231,21 +208,20 @@ impl PlannedStep {
                 }
             }
         }
-        for &(value, target) in &self.plan.liveness.copies {
-            let (from, to) = (self.location[value.index()], self.location[target.index()]);
-            // SAFETY: both ranges lie inside the allocation (validated); `copy` allows overlap.
-            unsafe { std::ptr::copy(base.add(from.offset), base.add(to.offset), from.bytes) };
+        for c in &self.program.copies {
+            // SAFETY: both ranges lie inside the allocation (checked); `copy` allows overlap.
+            unsafe { std::ptr::copy(base.add(c.from), base.add(c.to), c.bytes) };
         }
         Ok(())
     }
 
     fn exec(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
-        let node = self.graph.node(id);
+        let node = self.exe.graph().node(id);
         let mut inputs: SmallVec<[View<'_>; 8]> = SmallVec::new();
         let mut types: SmallVec<[&TensorType; 8]> = SmallVec::new();
         for &x in &node.inputs {
             let l = self.location[x.index()];
-            let ty = self.graph.ty(x);
+            let ty = self.exe.graph().ty(x);
             // SAFETY: validated plan: operands lie inside the allocation and do not overlap the
             // output (this node is not in place).
             inputs.push(unsafe { view(base.add(l.offset), ty.dtype, ty.shape.numel()) });
@@ -254,7 +230,7 @@ impl PlannedStep {
         let l = self.location[id.index()];
         // SAFETY: as above.
         let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
-        let scratch = match self.plan.workspace(id) {
+        let scratch = match self.exe.plan().workspace(id) {
             // SAFETY: validated plan: the workspace lies inside the allocation and overlaps
             // neither the operands nor the output of this node.
             Some(w) => Scratch::Given(unsafe {
@@ -266,7 +242,7 @@ impl PlannedStep {
     }
 
     fn exec_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
-        let node = self.graph.node(id);
+        let node = self.exe.graph().node(id);
         let full = self.chunk_node[id.index()]
             .as_ref()
             .expect("in-place nodes have a chunk node");
@@ -277,7 +253,7 @@ impl PlannedStep {
             .inputs
             .iter()
             .find(|x| self.location[x.index()] == here)
-            .map(|&x| self.graph.ty(x).dtype.size())
+            .map(|&x| self.exe.graph().ty(x).dtype.size())
             .ok_or_else(|| {
                 at(
                     id,
@@ -313,7 +289,7 @@ impl PlannedStep {
             let mut inputs: SmallVec<[View<'_>; 8]> = SmallVec::new();
             let mut types: SmallVec<[TensorType; 8]> = SmallVec::new();
             for &x in &node.inputs {
-                let ty = self.graph.ty(x);
+                let ty = self.exe.graph().ty(x);
                 let l = self.location[x.index()];
                 let size = ty.dtype.size();
                 // SAFETY: an operand placed on the output is read from the stash; any other

@@ -8,21 +8,24 @@
 //! total), and free memory read again, so the allocation's true device cost is measured rather
 //! than assumed. Last, the step's operations are captured into a graph in global capture mode,
 //! in which any call that could allocate or synchronise fails the capture instead of running.
-//! Each operation is captured with exactly the dependencies [`super::deps`] computed (the
+//! Each operation is captured with exactly the dependencies the lowering computed
+//! ([`ingot_compiler::lower::deps`]; the
 //! stream's capture dependencies are set before each one), so the graph is the step's
 //! dependency graph, not a chain, and the GPU overlaps operations that touch disjoint bytes.
 //!
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 
-use super::program::{DeviceOp, Gemm, Program};
 use super::ptx;
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
+use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{DType, Graph, NodeId};
+use ingot_compiler::lower::cuda::{DeviceOp, Gemm, Program};
+use ingot_compiler::lower::{self, Target};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 use smallvec::SmallVec;
@@ -38,7 +41,7 @@ pub struct CudaOptions {
     /// Which GPU.
     pub ordinal: usize,
     /// Capture the operations as one chain in schedule order, each waiting for the one
-    /// before, rather than as their dependency graph ([`super::deps`]), where independent
+    /// before, rather than as their dependency graph ([`lower::deps`]), where independent
     /// operations may run side by side. For measuring what the overlap gains.
     pub serial: bool,
 }
@@ -61,8 +64,7 @@ pub struct DeviceMemory {
 
 /// A step loaded on the GPU.
 pub struct CudaStep {
-    graph: Graph,
-    plan: MemoryPlan,
+    exe: Executable,
     program: Program,
     location: Vec<Location>,
     ctx: Arc<CudaContext>,
@@ -127,25 +129,20 @@ fn cublas(what: &str, status: blas::cublasStatus_t) -> Result<(), ExecError> {
 }
 
 impl CudaStep {
-    /// Validates the plan, compiles the kernels, makes the one allocation (zeroed) and captures
-    /// the step.
-    pub fn new(graph: Graph, plan: MemoryPlan, opts: CudaOptions) -> Result<CudaStep, ExecError> {
-        CudaStep::with_kernels(graph, plan, opts, None)
-    }
-
-    /// [`CudaStep::new`], compiling and launching the kernels a step executable carries
-    /// (`(prelude, kernels)`, see [`Program::adopt`]) rather than generated ones.
-    pub fn with_kernels(
-        graph: Graph,
-        plan: MemoryPlan,
-        opts: CudaOptions,
-        stored: Option<(&str, &[ingot_compiler::exe::Kernel])>,
-    ) -> Result<CudaStep, ExecError> {
-        plan.validate(&graph)?;
-        let mut program = Program::lower(&graph, &plan)?;
-        if let Some((prelude, kernels)) = stored {
-            program.adopt(prelude, kernels)?;
-        }
+    /// Loads a CUDA executable: compiles its kernels (NVRTC, or the PTX cache), makes the one
+    /// allocation (zeroed) and captures the step. Nothing is lowered or validated here: the
+    /// executable carries its program, checked against its validated plan.
+    pub fn new(exe: Executable, opts: CudaOptions) -> Result<CudaStep, ExecError> {
+        let lower::Program::Cuda(program) = exe.program().clone() else {
+            return Err(ExecError::Invalid {
+                op: "load",
+                reason: format!(
+                    "the executable was lowered for {}, not CUDA; compile it with --device cuda",
+                    exe.target()
+                ),
+            });
+        };
+        debug_assert_eq!(exe.target(), Target::Cuda);
         let count = available()?;
         if opts.ordinal >= count {
             return Err(unavailable(&format!(
@@ -203,6 +200,7 @@ impl CudaStep {
 
         let (free_before, device_total) =
             result::mem_get_info().map_err(driver("reading free memory"))?;
+        let plan = exe.plan();
         let bytes = plan.total_bytes.max(1);
         if bytes > free_before {
             return Err(ExecError::Device {
@@ -222,10 +220,10 @@ impl CudaStep {
             ),
         })?;
         let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
-        let location = graph.ids().map(|id| plan.location(&graph, id)).collect();
+        let graph = exe.graph();
+        let location = graph.ids().map(|id| plan.location(graph, id)).collect();
         let mut step = CudaStep {
-            graph,
-            plan,
+            exe,
             program,
             location,
             ctx,
@@ -417,7 +415,7 @@ impl CudaStep {
                     let l = k.launch;
                     // SAFETY: the kernel takes one device pointer per argument, in this
                     // order (codegen's convention); every address lies inside the allocation
-                    // (Program::lower checks), and the plan keeps what it writes disjoint from
+                    // (the program's check), and the plan keeps what it writes disjoint from
                     // what other live values hold.
                     unsafe {
                         result::launch_kernel(
@@ -433,12 +431,12 @@ impl CudaStep {
                 }
                 DeviceOp::Gemm(g) => self.gemm(g)?,
                 DeviceOp::Zero { offset, bytes } => {
-                    // SAFETY: inside the allocation (checked by Program::lower).
+                    // SAFETY: inside the allocation (checked by the program's check).
                     unsafe { result::memset_d8_async(self.base + *offset as u64, 0, *bytes, s) }
                         .map_err(driver("recording a memset"))?
                 }
                 DeviceOp::Copy { from, to, bytes } => {
-                    // SAFETY: inside the allocation (checked by Program::lower).
+                    // SAFETY: inside the allocation (checked by the program's check).
                     unsafe {
                         result::memcpy_dtod_async(
                             self.base + *to as u64,
@@ -488,7 +486,7 @@ impl CudaStep {
         cublas("setting cuBLAS's workspace", unsafe {
             blas::cublasSetWorkspace_v2(h, at(g.workspace.offset), g.workspace.bytes)
         })?;
-        // SAFETY: operand extents lie inside the allocation (Program::lower checks them);
+        // SAFETY: operand extents lie inside the allocation (the program's check did);
         // alpha and beta are read during the call (host pointer mode).
         let status = unsafe {
             blas::cublasGemmStridedBatchedEx(
@@ -523,7 +521,7 @@ impl CudaStep {
     fn at(&self, node: NodeId, doing: &str, reason: String) -> ExecError {
         ExecError::AtNode {
             node: node.index(),
-            op: self.graph.node(node).op.name(),
+            op: self.exe.graph().node(node).op.name(),
             source: Box::new(ExecError::Device {
                 what: doing.into(),
                 reason,
@@ -541,17 +539,17 @@ impl CudaStep {
             unsafe { result::memcpy_dtoh_sync(&mut host[..], self.base + l.offset as u64) }
                 .map_err(driver("copying to the host"))?;
         }
-        Tensor::from_le_bytes(self.graph.ty(id).clone(), &host)
+        Tensor::from_le_bytes(self.exe.graph().ty(id).clone(), &host)
     }
 }
 
 impl StepExecutor for CudaStep {
     fn graph(&self) -> &Graph {
-        &self.graph
+        self.exe.graph()
     }
 
     fn plan(&self) -> &MemoryPlan {
-        &self.plan
+        self.exe.plan()
     }
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {

@@ -2,21 +2,17 @@
 //! everywhere, and without a driver or GPU [`available`] (and so every constructor) returns an
 //! error saying so instead of failing to load.
 //!
-//! - [`program`]: the host-side lowering of a planned step into device operations (tested
-//!   without a GPU);
-//! - [`deps`]: which of those operations wait for which (the step's dependency graph);
+//! The step arrives lowered ([`ingot_compiler::lower::cuda`]: device operations with byte
+//! offsets, their dependency graph, the kernels' CUDA C); this backend only loads and runs it:
 //! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
 //! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step;
 //! - [`kernel_check`]: every kernel of a model, or random ones, on the GPU against the CPU;
 //! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`).
 
-pub mod deps;
 pub mod device;
 pub mod kernel_check;
-pub mod program;
 pub mod ptx;
 pub mod require;
 
 pub use device::{available, CudaOptions, CudaStep, DeviceMemory};
-pub use program::{plan_options, Program, CUBLAS_WORKSPACE};
 pub use require::gpu_for_test;

@@ -3,7 +3,8 @@
 //!
 //! This is host logic only (no device API), so every part of it is tested on machines without a
 //! GPU: which kernel each node becomes, the cuBLAS parameters of each matmul, and that every
-//! address a launch receives lies inside the allocation.
+//! address a launch receives lies inside the allocation. The program is stored in the step
+//! executable; the runtime compiles its kernels' source with NVRTC and replays its operations.
 //!
 //! A node becomes:
 //! - a fused kernel ([`Op::Fused`]): one launch of the CUDA C that
@@ -20,11 +21,12 @@
 //! op, view and reduction is inside a fused kernel.
 
 use super::deps::{self, Touch};
-use crate::error::ExecError;
-use ingot_compiler::ir::{DType, Graph, NodeId, Op};
-use ingot_compiler::plan::check::Location;
-use ingot_compiler::plan::{MemoryPlan, PlanOptions};
+use super::LowerError;
+use crate::ir::{DType, Graph, NodeId, Op};
+use crate::plan::check::Location;
+use crate::plan::MemoryPlan;
 use ingot_kernels::cuda::{self as codegen, CudaKernel};
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
@@ -41,16 +43,9 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     }
 }
 
-/// Planner options for the CUDA target.
-pub fn plan_options() -> PlanOptions {
-    PlanOptions {
-        workspace: Some(workspace_bytes),
-        ..Default::default()
-    }
-}
-
 /// One device operation of a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum DeviceOp {
     /// Launch kernel `kernel` of [`Program::kernels`] with these byte offsets as its pointer
     /// arguments, in the kernel's parameter order.
@@ -76,7 +71,8 @@ pub enum DeviceOp {
 /// A row-major batched matmul `C[b] = op(A[b]) · op(B[b])`, stated as the column-major GEMM
 /// cuBLAS computes: row-major `C [m, n]` is column-major `Cᵀ [n, m]`, and `Cᵀ = op(B)ᵀ op(A)ᵀ`,
 /// so cuBLAS's first operand is B and its second is A.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Gemm {
     pub node: NodeId,
     pub dtype: DType,
@@ -104,10 +100,10 @@ pub struct Gemm {
 }
 
 /// The device operations of one step and the kernels they launch.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Program {
-    /// Source placed before the kernels in the module: the generator's prelude, or the one a
-    /// step executable carries ([`Program::adopt`]).
+    /// Source placed before the kernels in the module: the generator's prelude.
     pub prelude: String,
     /// Distinct kernels, each generated once (the same fused kernel in every layer is one).
     pub kernels: Vec<CudaKernel>,
@@ -120,101 +116,52 @@ pub struct Program {
     pub total_bytes: usize,
 }
 
+/// Lowers `g` under `plan` (validated by the caller, [`super::lower`]).
+pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError> {
+    let mut p = Lowering {
+        g,
+        location: g.ids().map(|id| plan.location(g, id)).collect(),
+        kernels: Vec::new(),
+        by_name: HashMap::new(),
+        ops: Vec::new(),
+        touches: Vec::new(),
+    };
+    let outputs = g.kernel_outputs();
+    for &id in &plan.liveness.order {
+        p.node(id, &outputs, plan)
+            .map_err(|e| LowerError::at(g, id, e))?;
+    }
+    for &(value, target) in &plan.liveness.copies {
+        let (from, to) = (p.location[value.index()], p.location[target.index()]);
+        if from.bytes > 0 {
+            p.ops.push(DeviceOp::Copy {
+                from: from.offset,
+                to: to.offset,
+                bytes: from.bytes,
+            });
+            p.touches.push(Touch {
+                reads: smallvec::smallvec![from],
+                writes: smallvec::smallvec![Location {
+                    offset: to.offset,
+                    bytes: from.bytes
+                }],
+            });
+        }
+    }
+    let deps = deps::dependencies(&p.touches);
+    let program = Program {
+        prelude: codegen::PRELUDE.to_string(),
+        kernels: p.kernels,
+        ops: p.ops,
+        touches: p.touches,
+        deps,
+        total_bytes: plan.total_bytes,
+    };
+    program.check(plan.total_bytes)?;
+    Ok(program)
+}
+
 impl Program {
-    /// Lowers `g` under `plan` (which must be valid for `g`; the caller validates it).
-    pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, ExecError> {
-        let mut p = Lowering {
-            g,
-            location: g.ids().map(|id| plan.location(g, id)).collect(),
-            kernels: Vec::new(),
-            by_name: HashMap::new(),
-            ops: Vec::new(),
-            touches: Vec::new(),
-        };
-        let outputs = g.kernel_outputs();
-        for &id in &plan.liveness.order {
-            p.node(id, &outputs, plan).map_err(|e| at(g, id, e))?;
-        }
-        for &(value, target) in &plan.liveness.copies {
-            let (from, to) = (p.location[value.index()], p.location[target.index()]);
-            if from.bytes > 0 {
-                p.ops.push(DeviceOp::Copy {
-                    from: from.offset,
-                    to: to.offset,
-                    bytes: from.bytes,
-                });
-                p.touches.push(Touch {
-                    reads: smallvec::smallvec![from],
-                    writes: smallvec::smallvec![Location {
-                        offset: to.offset,
-                        bytes: from.bytes
-                    }],
-                });
-            }
-        }
-        let deps = deps::dependencies(&p.touches);
-        let program = Program {
-            prelude: codegen::PRELUDE.to_string(),
-            kernels: p.kernels,
-            ops: p.ops,
-            touches: p.touches,
-            deps,
-            total_bytes: plan.total_bytes,
-        };
-        program.check_bounds()?;
-        deps::check(&program.touches, &program.deps).map_err(|reason| ExecError::Invalid {
-            op: "cuda lowering",
-            reason,
-        })?;
-        Ok(program)
-    }
-
-    /// Runs the kernels a step executable carries instead of the generated ones: `prelude` and
-    /// every stored kernel's source and launch shape replace the generator's. The lowering
-    /// still decides which kernel each node launches and with which arguments, by name (a hash
-    /// of the kernel's text), so the file must hold exactly the kernels this lowering names;
-    /// a file made by an Ingot whose generator differs names others, and is refused with the
-    /// first kernel that differs.
-    pub fn adopt(
-        &mut self,
-        prelude: &str,
-        stored: &[ingot_compiler::exe::Kernel],
-    ) -> Result<(), ExecError> {
-        let mismatch = |reason: String| ExecError::Invalid {
-            op: "kernels",
-            reason: format!(
-                "{reason}: the executable was made by an Ingot whose CUDA kernels differ from \
-                 this one's; recompile it with this ingot"
-            ),
-        };
-        let by_name: HashMap<&str, &ingot_compiler::exe::Kernel> =
-            stored.iter().map(|k| (k.name.as_str(), k)).collect();
-        for k in &mut self.kernels {
-            let Some(s) = by_name.get(k.name.as_str()) else {
-                return Err(mismatch(format!("the file has no kernel {}", k.name)));
-            };
-            k.source = s.source.clone();
-            k.launch = codegen::Launch {
-                grid: s.grid,
-                block: s.block,
-                shared_bytes: s.shared_bytes,
-            };
-        }
-        if stored.len() != self.kernels.len() {
-            let used: std::collections::HashSet<&str> =
-                self.kernels.iter().map(|k| k.name.as_str()).collect();
-            let extra = stored
-                .iter()
-                .find(|k| !used.contains(k.name.as_str()))
-                .map_or("?", |k| k.name.as_str());
-            return Err(mismatch(format!(
-                "the file holds kernel {extra}, which no node of its step launches"
-            )));
-        }
-        self.prelude = prelude.to_string();
-        Ok(())
-    }
-
     /// The CUDA C of the module holding every kernel: the shared prelude, then each kernel once.
     pub fn module_source(&self) -> String {
         let mut s = self.prelude.clone();
@@ -239,16 +186,84 @@ impl Program {
         c
     }
 
-    /// Every byte range an operation touches lies inside the allocation. The plan's validator
-    /// already checks buffers; this checks the lowering's own arithmetic (GEMM extents, kernel
-    /// arguments) against the same bound, so a mistake here is an error, not a wild write.
-    fn check_bounds(&self) -> Result<(), ExecError> {
+    /// The program is sound to run in an allocation of `total_bytes`: its tables agree with
+    /// each other (one touch and one dependency list per operation, every kernel index names
+    /// a kernel, kernel names are distinct, launch shapes are launchable), every byte range an
+    /// operation touches lies inside the allocation, and the dependency graph orders every pair
+    /// of operations that share a byte one of them writes ([`deps::check`]). The plan's
+    /// validator already checks buffers; this checks the lowering's own arithmetic (GEMM
+    /// extents, kernel arguments) against the same bound, so a mistake here (or a damaged file)
+    /// is an error, not a wild write.
+    pub fn check(&self, total_bytes: usize) -> Result<(), LowerError> {
+        let invalid = |reason: String| LowerError::Invalid {
+            op: "cuda lowering",
+            reason,
+        };
+        if self.total_bytes != total_bytes {
+            return Err(invalid(format!(
+                "the program is for an allocation of {} bytes, the plan's is {total_bytes}",
+                self.total_bytes
+            )));
+        }
+        if self.touches.len() != self.ops.len() {
+            return Err(invalid(format!(
+                "{} touch lists for {} operations",
+                self.touches.len(),
+                self.ops.len()
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for k in &self.kernels {
+            if !names.insert(k.name.as_str()) {
+                return Err(invalid(format!("kernel {} appears twice", k.name)));
+            }
+            let (grid, block) = (k.launch.grid, k.launch.block);
+            let threads = block.iter().map(|&b| b as u64).product::<u64>();
+            if grid.contains(&0) || block.contains(&0) || threads > 1024 {
+                return Err(invalid(format!(
+                    "kernel {} has launch shape grid {grid:?} block {block:?}: every dimension \
+                     must be at least 1 and a block at most 1024 threads",
+                    k.name
+                )));
+            }
+        }
+        for op in &self.ops {
+            if let DeviceOp::Launch { kernel, .. } = op {
+                if *kernel >= self.kernels.len() {
+                    return Err(invalid(format!(
+                        "a launch of kernel {kernel}, but the program has {}",
+                        self.kernels.len()
+                    )));
+                }
+            }
+        }
+        self.check_bounds()?;
+        // A touch outside the allocation would make the dependency check meaningless.
+        let inside = |l: &Location| {
+            l.offset
+                .checked_add(l.bytes)
+                .is_some_and(|e| e <= total_bytes)
+        };
+        if !self
+            .touches
+            .iter()
+            .all(|t| t.reads.iter().chain(&t.writes).all(inside))
+        {
+            return Err(invalid(
+                "a touched byte range falls outside the allocation".into(),
+            ));
+        }
+        deps::check(&self.touches, &self.deps).map_err(invalid)
+    }
+
+    /// Every byte range an operation touches lies inside the allocation.
+    fn check_bounds(&self) -> Result<(), LowerError> {
         let fits = |offset: usize, bytes: usize| {
             offset
                 .checked_add(bytes)
                 .is_some_and(|end| end <= self.total_bytes)
         };
-        let bad = |what: String| ExecError::Invalid {
+        let bad = |what: String| LowerError::Invalid {
             op: "cuda lowering",
             reason: format!(
                 "{what} falls outside the {} bytes of the allocation",
@@ -312,8 +327,97 @@ impl Program {
     }
 }
 
+impl Program {
+    /// A short text account of the program, stable across machines, for snapshots and
+    /// `ingot inspect`: operation counts, the dependency graph's size and depth, the kernels'
+    /// launch shapes, the GEMM shapes with their counts, and an FNV-1a-64 fingerprint of the
+    /// whole program (every offset, argument and source byte), so that any change to the
+    /// lowering shows as a changed line.
+    pub fn summary(&self) -> String {
+        use std::collections::BTreeMap;
+        use std::fmt::Write as _;
+        let c = self.counts();
+        let edges: usize = self.deps.iter().map(|d| d.len()).sum();
+        // The longest chain of operations each waiting for the one before (the critical path
+        // in operations), and the most operations at one depth (how many may overlap).
+        let mut depth = vec![0usize; self.ops.len()];
+        for j in 0..self.ops.len() {
+            depth[j] = self.deps[j]
+                .iter()
+                .map(|&i| depth[i] + 1)
+                .max()
+                .unwrap_or(0);
+        }
+        let mut per_depth: BTreeMap<usize, usize> = BTreeMap::new();
+        for &d in &depth {
+            *per_depth.entry(d).or_default() += 1;
+        }
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} operations: {} kernel launches, {} GEMMs, {} memsets, {} copies",
+            self.ops.len(),
+            c.launches,
+            c.gemms,
+            c.memsets,
+            c.copies
+        );
+        let _ = writeln!(
+            out,
+            "dependency graph: {edges} edges, {} operations deep, at most {} at one depth",
+            per_depth.len(),
+            per_depth.values().max().copied().unwrap_or(0)
+        );
+        let _ = writeln!(out, "allocation: {} bytes", self.total_bytes);
+        let mut shapes: BTreeMap<String, usize> = BTreeMap::new();
+        for k in &self.kernels {
+            let l = k.launch;
+            *shapes
+                .entry(format!(
+                    "grid {:?} block {:?} shared {}",
+                    l.grid, l.block, l.shared_bytes
+                ))
+                .or_default() += 1;
+        }
+        let _ = writeln!(
+            out,
+            "{} distinct kernels, {} bytes of CUDA C with the prelude; launch shapes:",
+            self.kernels.len(),
+            self.prelude.len() + self.kernels.iter().map(|k| k.source.len()).sum::<usize>()
+        );
+        for (shape, n) in &shapes {
+            let _ = writeln!(out, "  {n:4} x {shape}");
+        }
+        let mut gemms: BTreeMap<String, usize> = BTreeMap::new();
+        for op in &self.ops {
+            if let DeviceOp::Gemm(g) = op {
+                let t = |x: bool| if x { 'T' } else { 'N' };
+                *gemms
+                    .entry(format!(
+                        "{}{} {} m={} n={} k={} batch={}",
+                        t(g.trans_first),
+                        t(g.trans_second),
+                        g.dtype,
+                        g.m,
+                        g.n,
+                        g.k,
+                        g.batch
+                    ))
+                    .or_default() += 1;
+            }
+        }
+        let _ = writeln!(out, "GEMMs (cuBLAS column-major):");
+        for (shape, n) in &gemms {
+            let _ = writeln!(out, "  {n:4} x {shape}");
+        }
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let _ = writeln!(out, "fingerprint: {:016x}", crate::files::fnv1a64(&json));
+        out
+    }
+}
+
 /// How many operations of each kind one step runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct OpCounts {
     pub launches: usize,
     pub gemms: usize,
@@ -336,7 +440,7 @@ impl Lowering<'_> {
         id: NodeId,
         outputs: &[SmallVec<[NodeId; 1]>],
         plan: &MemoryPlan,
-    ) -> Result<(), ExecError> {
+    ) -> Result<(), LowerError> {
         let g = self.g;
         let node = g.node(id);
         let here = self.location[id.index()];
@@ -362,10 +466,10 @@ impl Lowering<'_> {
             }
             Op::MatMul { ta, tb } => {
                 self.not_in_place(id)?;
-                let w = plan.workspace(id).ok_or_else(|| ExecError::Invalid {
+                let w = plan.workspace(id).ok_or_else(|| LowerError::Invalid {
                     op: "matmul",
                     reason: "the plan gives this matmul no cuBLAS workspace; plan the step with \
-                             the CUDA target's options (ingot_runtime::cuda::plan_options)"
+                             the CUDA target's options (Target::Cuda.plan_options())"
                         .into(),
                 })?;
                 let gemm = gemm(g, id, *ta, *tb, &inputs, here.offset, w)?;
@@ -429,7 +533,7 @@ impl Lowering<'_> {
                 }
                 Ok(())
             }
-            op => Err(ExecError::Invalid {
+            op => Err(LowerError::Invalid {
                 op: op.name(),
                 reason: format!(
                     "the CUDA backend has no kernel for a lone `{}`; it runs fused steps, where \
@@ -477,7 +581,7 @@ impl Lowering<'_> {
 
     /// Library calls and the gather, scatter and concat kernels read operands that must not
     /// share bytes with their output (the planner places only elementwise values in place).
-    fn not_in_place(&self, id: NodeId) -> Result<(), ExecError> {
+    fn not_in_place(&self, id: NodeId) -> Result<(), LowerError> {
         let here = self.location[id.index()];
         let overlaps = |l: Location| {
             l.bytes > 0
@@ -492,7 +596,7 @@ impl Lowering<'_> {
             .iter()
             .position(|x| overlaps(self.location[x.index()]))
         {
-            Some(i) => Err(ExecError::Invalid {
+            Some(i) => Err(LowerError::Invalid {
                 op: self.g.node(id).op.name(),
                 reason: format!(
                     "operand {i} shares bytes with the output; this op cannot run in place"
@@ -513,11 +617,11 @@ fn gemm(
     inputs: &[usize],
     out: usize,
     workspace: Location,
-) -> Result<Gemm, ExecError> {
+) -> Result<Gemm, LowerError> {
     let node = g.node(id);
     let (a, b) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
     let (ad, bd, cd) = (a.shape.dims(), b.shape.dims(), node.ty.shape.dims());
-    let bad = |reason: String| ExecError::Invalid {
+    let bad = |reason: String| LowerError::Invalid {
         op: "matmul",
         reason,
     };
@@ -587,26 +691,30 @@ fn gemm(
     })
 }
 
-fn codegen_error(e: codegen::CodegenError) -> ExecError {
-    ExecError::Invalid {
+fn codegen_error(e: codegen::CodegenError) -> LowerError {
+    LowerError::Invalid {
         op: "cuda codegen",
         reason: e.to_string(),
-    }
-}
-
-fn at(g: &Graph, id: NodeId, e: ExecError) -> ExecError {
-    ExecError::AtNode {
-        node: id.index(),
-        op: g.node(id).op.name(),
-        source: Box::new(e),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ingot_compiler::ir::{DType, Graph, Init};
-    use ingot_compiler::pipeline;
+    use crate::ir::{DType, Graph, Init};
+    use crate::lower::Target;
+    use crate::pipeline;
+
+    fn plan_options() -> crate::plan::PlanOptions {
+        Target::Cuda.plan_options()
+    }
+
+    fn cuda() -> pipeline::Options {
+        pipeline::Options {
+            plan: plan_options(),
+            ..Default::default()
+        }
+    }
 
     /// What cuBLAS's strided-batched GEMM computes (column-major, as its documentation states),
     /// over f32 values at byte offsets of one memory: an independent model of the library.
@@ -648,8 +756,8 @@ mod tests {
             let b = g.parameter("b", b_dims, DType::F32, Init::Zeros).unwrap();
             let c = g.matmul_t(a, b, ta, tb).unwrap();
             g.set_output("c", c).unwrap();
-            let plan = ingot_compiler::plan::plan(&g, &plan_options()).unwrap();
-            let p = Program::lower(&g, &plan).unwrap();
+            let plan = crate::plan::plan(&g, &plan_options()).unwrap();
+            let p = lower(&g, &plan).unwrap();
             let [DeviceOp::Gemm(gemm)] = &p.ops[..] else {
                 panic!("one gemm, got {:?}", p.ops)
             };
@@ -683,71 +791,64 @@ mod tests {
         }
     }
 
-    fn stored(p: &Program) -> Vec<ingot_compiler::exe::Kernel> {
-        p.kernels
-            .iter()
-            .map(|k| ingot_compiler::exe::Kernel {
-                name: k.name.clone(),
-                source: format!("// as stored\n{}", k.source),
-                grid: [7, 1, 1],
-                block: [64, 1, 1],
-                shared_bytes: 0,
-            })
-            .collect()
-    }
-
     /// mlp's step planned and lowered for CUDA.
     fn lowered_mlp() -> Program {
-        let c = pipeline::compile_model(
-            "mlp",
-            &crate::session::Device::Cuda(Default::default()).options(),
-        )
-        .unwrap();
-        Program::lower(&c.graph, &c.plan).unwrap()
+        let c = pipeline::compile_model("mlp", &cuda()).unwrap();
+        lower(&c.graph, &c.plan).unwrap()
     }
 
     #[test]
-    fn an_adopted_executable_runs_its_stored_sources_and_launch_shapes() {
-        let mut p = lowered_mlp();
-        let ops = p.ops.clone();
-        let kernels = stored(&p);
-        p.adopt("// the stored prelude", &kernels).unwrap();
-        let src = p.module_source();
-        assert!(src.starts_with("// the stored prelude"), "{src}");
-        assert!(!src.contains(codegen::PRELUDE), "{src}");
-        assert_eq!(src.matches("// as stored").count(), kernels.len());
-        assert!(p.kernels.iter().all(|k| k.launch.grid == [7, 1, 1]));
-        // Which kernel each node launches, and with which arguments, is the lowering's.
-        assert_eq!(p.ops, ops);
-    }
-
-    #[test]
-    fn an_executable_whose_kernels_differ_from_this_generators_is_refused_by_name() {
+    fn a_damaged_program_is_refused_naming_what_is_wrong() {
         let p = lowered_mlp();
-        // One kernel missing (renamed, as another generator would name it).
-        let mut renamed = stored(&p);
-        let gone = renamed[0].name.clone();
-        renamed[0].name = "ingot_0000000000000000".into();
-        let e = p.clone().adopt("", &renamed).unwrap_err().to_string();
-        assert!(e.contains(&gone) && e.contains("recompile"), "{e}");
-        // One kernel too many.
-        let mut extra = stored(&p);
-        extra.push(ingot_compiler::exe::Kernel {
-            name: "ingot_ffffffffffffffff".into(),
-            ..extra[0].clone()
-        });
-        let e = p.clone().adopt("", &extra).unwrap_err().to_string();
-        assert!(e.contains("ingot_ffffffffffffffff"), "{e}");
+        let total = p.total_bytes;
+        p.check(total).unwrap();
+        let refused = |q: &Program, says: &str| {
+            let e = q.check(total).unwrap_err().to_string();
+            assert!(e.contains(says), "{says:?} not in {e}");
+        };
+        // A launch of a kernel the program does not hold.
+        let mut q = p.clone();
+        if let Some(DeviceOp::Launch { kernel, .. }) = q
+            .ops
+            .iter_mut()
+            .find(|o| matches!(o, DeviceOp::Launch { .. }))
+        {
+            *kernel = 999;
+        }
+        refused(&q, "kernel 999");
+        // One kernel twice.
+        let mut q = p.clone();
+        q.kernels.push(q.kernels[0].clone());
+        refused(&q, "appears twice");
+        // A launch shape no GPU launches.
+        let mut q = p.clone();
+        q.kernels[0].launch.block = [2048, 1, 1];
+        refused(&q, "1024 threads");
+        // An operation that no longer waits for the one whose output it reads.
+        let mut q = p.clone();
+        let j = (0..q.deps.len()).find(|&j| !q.deps[j].is_empty()).unwrap();
+        q.deps[j].clear();
+        refused(&q, "does not wait");
+        // Tables of different lengths, and another allocation's program.
+        let mut q = p.clone();
+        q.touches.pop();
+        refused(&q, "touch lists");
+        let e = p.check(total + 256).unwrap_err().to_string();
+        assert!(e.contains("allocation of"), "{e}");
+    }
+
+    #[test]
+    fn a_program_survives_its_json_form_unchanged() {
+        let p = lowered_mlp();
+        let json = serde_json::to_string(&p).unwrap();
+        let back: Program = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]
     fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
-        let c = pipeline::compile_model(
-            "mlp",
-            &crate::session::Device::Cuda(Default::default()).options(),
-        )
-        .unwrap();
-        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        let c = pipeline::compile_model("mlp", &cuda()).unwrap();
+        let p = lower(&c.graph, &c.plan).unwrap();
         let counts = p.counts();
         let matmuls = c
             .graph
@@ -776,12 +877,8 @@ mod tests {
 
     #[test]
     fn a_gpt_step_is_a_dependency_graph_with_independent_operations_not_a_chain() {
-        let c = pipeline::compile_model(
-            "gpt-mini",
-            &crate::session::Device::Cuda(Default::default()).options(),
-        )
-        .unwrap();
-        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        let c = pipeline::compile_model("gpt-mini", &cuda()).unwrap();
+        let p = lower(&c.graph, &c.plan).unwrap();
         assert_eq!(p.deps.len(), p.ops.len());
         deps::check(&p.touches, &p.deps).unwrap();
         // Operations that need not wait for the one before them: each may overlap it.
@@ -797,27 +894,20 @@ mod tests {
         };
         let free = (1..p.ops.len()).filter(|&j| !reach(j)[j - 1]).count();
         // Every parameter's update is independent of the other parameters' updates at least.
-        let params = c
-            .graph
-            .leaves(ingot_compiler::ir::LeafKind::Parameter)
-            .len();
+        let params = c.graph.leaves(crate::ir::LeafKind::Parameter).len();
         assert!(free >= params / 2, "{free} of {} ops", p.ops.len());
     }
 
     #[test]
     fn a_gpt_step_lowers_with_every_address_inside_the_allocation() {
         let spec = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
-        let c = pipeline::compile_model(
-            spec,
-            &crate::session::Device::Cuda(Default::default()).options(),
-        )
-        .unwrap();
-        let p = Program::lower(&c.graph, &c.plan).unwrap();
+        let c = pipeline::compile_model(spec, &cuda()).unwrap();
+        let p = lower(&c.graph, &c.plan).unwrap();
         let counts = p.counts();
         assert!(counts.gemms > 0 && counts.launches > 0);
         // The embedding's gradient is a scatter-add: zeroed, then added into.
         assert!(counts.memsets >= 1, "{counts:?}");
-        // check_bounds ran inside lower; check it catches a bad address too.
+        // check ran inside lower; check it catches a bad address too.
         let mut bad = p.clone();
         if let Some(DeviceOp::Launch { args, .. }) = bad
             .ops
@@ -833,18 +923,22 @@ mod tests {
     fn an_unfused_elementwise_op_is_an_error_that_says_to_fuse() {
         let c = pipeline::compile_model("mlp", &pipeline::Options::unoptimized(plan_options()))
             .unwrap();
-        let e = Program::lower(&c.graph, &c.plan).unwrap_err().to_string();
+        let e = super::super::lower(&c.graph, &c.plan, Target::Cuda)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fusion"), "{e}");
     }
 
     #[test]
     fn a_plan_without_cublas_workspace_is_an_error_naming_it() {
         let opts = pipeline::Options {
-            plan: ingot_compiler::plan::PlanOptions::default(),
+            plan: crate::plan::PlanOptions::default(),
             ..Default::default()
         };
         let c = pipeline::compile_model("mlp", &opts).unwrap();
-        let e = Program::lower(&c.graph, &c.plan).unwrap_err().to_string();
+        let e = super::super::lower(&c.graph, &c.plan, Target::Cuda)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("matmul") && e.contains("workspace"), "{e}");
     }
 }

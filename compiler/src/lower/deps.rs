@@ -19,11 +19,13 @@
 //! the graph is small; [`check`] verifies, independently, that every conflicting pair is
 //! ordered by some path.
 
-use ingot_compiler::plan::check::Location;
+use crate::plan::check::Location;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 /// The bytes one device operation reads and writes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Touch {
     pub reads: SmallVec<[Location; 6]>,
     pub writes: SmallVec<[Location; 2]>,

@@ -1,0 +1,241 @@
+//! Lowering a planned step to the CPU backend's program: for each node in schedule order, what
+//! the executor does and at which byte offsets.
+//!
+//! A node becomes:
+//! - a fused kernel ([`Op::Fused`]): one run of the kernel's CPU implementation, with the byte
+//!   offsets of its inputs, its outputs and its planned scratch;
+//! - an op the plan places exactly on (some of) its operands' bytes: an in-place run, which
+//!   the executor does a chunk at a time through a stack buffer so that no slice it reads
+//!   overlaps one it writes;
+//! - any other computing op: a run into its own bytes (matmul packs its panels into the
+//!   node's planned workspace);
+//! - leaves, views and kernel results: nothing (the host writes leaves; a reshape reads its
+//!   operand in place; a result is written by its kernel).
+//!
+//! After the last node, the updates the plan could not place in place are copied to their
+//! parameters.
+
+use super::LowerError;
+use crate::ir::{DType, Graph, NodeId, Op};
+use crate::plan::check::Location;
+use crate::plan::MemoryPlan;
+use serde::{Deserialize, Serialize};
+
+/// What the executor does at one schedule position.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Instr {
+    /// Compute node `node` into its own bytes.
+    Exec { node: NodeId },
+    /// Compute elementwise node `node` over the bytes of (some of) its operands, chunk by chunk.
+    InPlace { node: NodeId },
+    /// Run fused kernel `node`: byte offsets of its inputs, its outputs and its scratch.
+    Fused {
+        node: NodeId,
+        inputs: Vec<usize>,
+        outputs: Vec<usize>,
+        scratch: usize,
+    },
+}
+
+/// A copy of `bytes` bytes from `from` to `to` at the end of the step (an update the plan could
+/// not place in place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Copy {
+    pub from: usize,
+    pub to: usize,
+    pub bytes: usize,
+}
+
+/// The CPU backend's program of one step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Program {
+    pub instrs: Vec<Instr>,
+    pub copies: Vec<Copy>,
+}
+
+/// Bytes of scratch the CPU kernel of node `id` needs: a matmul's packing space, a fused
+/// kernel's scratch. The planner carves them from the slab ([`super::Target::plan_options`]).
+pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
+    let node = g.node(id);
+    match &node.op {
+        Op::MatMul { ta, .. } => {
+            let a = g.ty(node.inputs[0]).shape.dims();
+            if a.len() < 2 {
+                return 0;
+            }
+            let (r, c) = (a[a.len() - 2], a[a.len() - 1]);
+            let (m, k) = if *ta { (c, r) } else { (r, c) };
+            let n = node.ty.shape.last();
+            match node.ty.dtype {
+                DType::F32 => ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n),
+                DType::F64 => ingot_kernels::cpu::gemm::workspace_bytes::<f64>(m, k, n),
+                _ => 0,
+            }
+        }
+        Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
+        _ => 0,
+    }
+}
+
+/// Lowers `g` under `plan` (validated by the caller, [`super::lower`]).
+pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError> {
+    let location: Vec<Location> = g.ids().map(|id| plan.location(g, id)).collect();
+    let kernel_outputs = g.kernel_outputs();
+    let mut instrs = Vec::with_capacity(g.len());
+    for &id in &plan.liveness.order {
+        let node = g.node(id);
+        if node.op.is_leaf() || node.op.is_alias() || matches!(node.op, Op::Result { .. }) {
+            continue;
+        }
+        if let Op::Fused(_) = node.op {
+            instrs.push(Instr::Fused {
+                node: id,
+                inputs: node
+                    .inputs
+                    .iter()
+                    .map(|x| location[x.index()].offset)
+                    .collect(),
+                outputs: kernel_outputs[id.index()]
+                    .iter()
+                    .map(|o| location[o.index()].offset)
+                    .collect(),
+                scratch: plan.workspace(id).map_or(0, |w| w.offset),
+            });
+            continue;
+        }
+        let here = location[id.index()];
+        let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
+        instrs.push(if aliased {
+            Instr::InPlace { node: id }
+        } else {
+            Instr::Exec { node: id }
+        });
+    }
+    let copies = plan
+        .liveness
+        .copies
+        .iter()
+        .map(|&(value, target)| {
+            let (from, to) = (location[value.index()], location[target.index()]);
+            Copy {
+                from: from.offset,
+                to: to.offset,
+                bytes: from.bytes,
+            }
+        })
+        .collect();
+    let program = Program { instrs, copies };
+    program.check(g, plan)?;
+    Ok(program)
+}
+
+impl Program {
+    /// What the executor's safety rests on, for a program of `g` under the validated `plan`:
+    /// every instruction names a computing node of `g`; a node run into its own bytes shares
+    /// none with its operands (the validated plan places an operand either exactly on its
+    /// output or apart from it, and only an in-place run may take the first); every offset a
+    /// fused instruction names and every copy lies inside the allocation.
+    pub fn check(&self, g: &Graph, plan: &MemoryPlan) -> Result<(), LowerError> {
+        let total_bytes = plan.total_bytes;
+        let bad = |what: String| LowerError::Invalid {
+            op: "cpu lowering",
+            reason: format!("{what} falls outside the {total_bytes} bytes of the allocation"),
+        };
+        let fits = |offset: usize, bytes: usize| {
+            offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= total_bytes)
+        };
+        for i in &self.instrs {
+            let id = match i {
+                Instr::Exec { node } | Instr::InPlace { node } | Instr::Fused { node, .. } => *node,
+            };
+            if id.index() >= g.len() {
+                return Err(LowerError::Invalid {
+                    op: "cpu lowering",
+                    reason: format!(
+                        "an instruction names node {id}, but the graph has {}",
+                        g.len()
+                    ),
+                });
+            }
+            let node = g.node(id);
+            let fused = matches!(node.op, Op::Fused(_));
+            if fused != matches!(i, Instr::Fused { .. }) {
+                return Err(LowerError::Invalid {
+                    op: "cpu lowering",
+                    reason: format!(
+                        "node {id} ({}) has the wrong kind of instruction",
+                        node.op.name()
+                    ),
+                });
+            }
+            if let Instr::Exec { .. } = i {
+                let here = plan.location(g, id);
+                if here.bytes > 0 && node.inputs.iter().any(|&x| plan.location(g, x) == here) {
+                    return Err(LowerError::Invalid {
+                        op: "cpu lowering",
+                        reason: format!(
+                            "node {id} ({}) is placed on an operand's bytes but is not run in place",
+                            node.op.name()
+                        ),
+                    });
+                }
+            }
+            if let Instr::Fused {
+                node,
+                inputs,
+                outputs,
+                scratch,
+            } = i
+            {
+                let all = inputs.iter().chain(outputs).chain(std::iter::once(scratch));
+                if let Some(o) = all.copied().find(|&o| o > total_bytes) {
+                    return Err(bad(format!("an address of fused node {node} at {o}")));
+                }
+            }
+        }
+        if let Some(c) = self
+            .copies
+            .iter()
+            .find(|c| !fits(c.from, c.bytes) || !fits(c.to, c.bytes))
+        {
+            return Err(bad(format!(
+                "a copy of {} bytes {} -> {}",
+                c.bytes, c.from, c.to
+            )));
+        }
+        Ok(())
+    }
+
+    /// A short text account of the program, stable across machines (for snapshots and
+    /// `ingot inspect`): instruction counts by kind, copies, and an FNV-1a-64 fingerprint of
+    /// the whole program.
+    pub fn summary(&self) -> String {
+        let (mut exec, mut in_place, mut fused) = (0, 0, 0);
+        for i in &self.instrs {
+            match i {
+                Instr::Exec { .. } => exec += 1,
+                Instr::InPlace { .. } => in_place += 1,
+                Instr::Fused { .. } => fused += 1,
+            }
+        }
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        format!(
+            "{} instructions: {fused} fused kernels, {exec} ops into their own bytes, {in_place} in place\n{} copies after the last\nfingerprint: {:016x}\n",
+            self.instrs.len(),
+            self.copies.len(),
+            crate::files::fnv1a64(&json)
+        )
+    }
+
+    /// The nodes the program computes, in order.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.instrs.iter().map(|i| match i {
+            Instr::Exec { node } | Instr::InPlace { node } | Instr::Fused { node, .. } => *node,
+        })
+    }
+}

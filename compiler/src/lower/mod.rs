@@ -1,0 +1,182 @@
+//! Lowering: a planned step becomes the program one backend runs, with nothing left to decide
+//! at load time. Every operation names the byte offsets it reads and writes inside the step's
+//! one allocation; library calls carry their parameters and their planned workspace; kernels
+//! carry their source and launch shape. The runtime only loads this program (compiles the
+//! kernel sources, makes the allocation) and runs it.
+//!
+//! - [`cpu`]: the CPU backend's instructions (which node runs where, in place or not);
+//! - [`cuda`]: the CUDA backend's device operations (kernel launches, cuBLAS GEMMs, memsets,
+//!   copies), the kernels' CUDA C, and the dependency graph ([`deps`]) the runtime captures.
+//!
+//! Lowering is where the plan is validated ([`MemoryPlan::validate`], the independent checker):
+//! a program is addresses, and addresses are only as good as the plan they come from. Nothing
+//! after this stage validates again, except a reader of a step executable file, which cannot
+//! trust its bytes.
+
+pub mod cpu;
+pub mod cuda;
+pub mod deps;
+
+use crate::ir::{Graph, NodeId};
+use crate::plan::check::PlanViolation;
+use crate::plan::{MemoryPlan, PlanOptions};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The backend a step is planned and lowered for. Backends plan different library workspaces
+/// (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    Cpu,
+    Cuda,
+}
+
+impl Target {
+    /// The name used on the command line and in the file (`cpu`, `cuda`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
+        }
+    }
+
+    /// Scratch bytes node `id`'s kernel or library call needs on this target.
+    pub fn workspace_bytes(self) -> fn(&Graph, NodeId) -> usize {
+        match self {
+            Target::Cpu => cpu::workspace_bytes,
+            Target::Cuda => cuda::workspace_bytes,
+        }
+    }
+
+    /// Planner options for this target: its workspaces planned in the slab.
+    pub fn plan_options(self) -> PlanOptions {
+        PlanOptions {
+            workspace: Some(self.workspace_bytes()),
+            ..Default::default()
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A lowered step: the program of the backend it was lowered for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Program {
+    Cpu(cpu::Program),
+    Cuda(cuda::Program),
+}
+
+impl Program {
+    /// The backend this program runs on.
+    pub fn target(&self) -> Target {
+        match self {
+            Program::Cpu(_) => Target::Cpu,
+            Program::Cuda(_) => Target::Cuda,
+        }
+    }
+
+    /// A short text account of the program, stable across machines ([`cpu::Program::summary`],
+    /// [`cuda::Program::summary`]).
+    pub fn summary(&self) -> String {
+        match self {
+            Program::Cpu(p) => p.summary(),
+            Program::Cuda(p) => p.summary(),
+        }
+    }
+
+    /// Checks the program against the (validated) plan of `g`: every address lies inside the
+    /// allocation, every kernel index and launch shape is sound, and (CUDA) the dependency
+    /// graph orders every pair of operations that share a byte one of them writes. Lowering
+    /// checks this of what it makes; a reader of a step executable checks it of what it reads,
+    /// so that no file, however damaged, makes the runtime write outside its allocation.
+    pub fn check(&self, g: &Graph, plan: &MemoryPlan) -> Result<(), LowerError> {
+        match self {
+            Program::Cpu(p) => p.check(g, plan),
+            Program::Cuda(p) => p.check(plan.total_bytes),
+        }
+    }
+}
+
+/// Lowers `g` under `plan` for `target`. Validates the plan first with the independent checker:
+/// lowering turns it into raw addresses that the runtime trusts.
+pub fn lower(g: &Graph, plan: &MemoryPlan, target: Target) -> Result<Program, LowerError> {
+    plan.validate(g)?;
+    check_workspaces(g, plan, target)?;
+    Ok(match target {
+        Target::Cpu => Program::Cpu(cpu::lower(g, plan)?),
+        Target::Cuda => Program::Cuda(cuda::lower(g, plan)?),
+    })
+}
+
+/// The plan gives every node at least the scratch space `target`'s kernel needs there; a plan
+/// made for another target (or by another version of the compiler) does not.
+fn check_workspaces(g: &Graph, plan: &MemoryPlan, target: Target) -> Result<(), LowerError> {
+    let needs = target.workspace_bytes();
+    for id in g.ids() {
+        let need = needs(g, id);
+        let planned = plan.workspace(id).map_or(0, |w| w.bytes);
+        if planned < need {
+            return Err(LowerError::at(
+                g,
+                id,
+                LowerError::Workspace {
+                    target,
+                    planned,
+                    need,
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why a step cannot be lowered: the plan, the node and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LowerError {
+    /// The plan breaks a rule of the independent validator.
+    #[error("plan: {0}")]
+    Plan(#[from] PlanViolation),
+    /// The plan gives a node less scratch space than its kernel on this target needs.
+    #[error("the plan gives it {planned} bytes of workspace, but the {target} kernel needs {need}: the plan was made for another target or by another version of ingot; plan it for {target} (`ingot compile ... --device {target}`)")]
+    Workspace {
+        target: Target,
+        planned: usize,
+        need: usize,
+    },
+    /// The node cannot be lowered as given: no kernel for it on this backend, operands that
+    /// disagree, an address outside the allocation.
+    #[error("{op}: {reason}")]
+    Invalid { op: &'static str, reason: String },
+    /// An error lowering one node.
+    #[error("node %{node} ({op}): {source}")]
+    AtNode {
+        node: usize,
+        op: &'static str,
+        source: Box<LowerError>,
+    },
+}
+
+impl LowerError {
+    /// `e`, as an error lowering node `id` of `g`.
+    pub fn at(g: &Graph, id: NodeId, e: LowerError) -> LowerError {
+        LowerError::AtNode {
+            node: id.index(),
+            op: g.node(id).op.name(),
+            source: Box::new(e),
+        }
+    }
+
+    /// The error without its node context.
+    pub fn root(&self) -> &LowerError {
+        match self {
+            LowerError::AtNode { source, .. } => source.root(),
+            e => e,
+        }
+    }
+}
