@@ -1,0 +1,120 @@
+//! The loop-nest stage of a reduction: the loop over the rows a block takes, and the loops over
+//! a thread's elements of a row (plain, unrolled for the register cache, or blocked for long
+//! float sums). Kept apart so that the loops' shape, which decides which variables exist
+//! (`row`, `ok`, `j`, `u`), is written in one place.
+
+use super::layout::Layout;
+use super::Analysis;
+use crate::cuda::{c_type, literal, Src};
+
+/// The most terms a thread adds one after another into one float sum: a thread whose share of
+/// a row is longer sums it in blocks of this many terms, adds each block's sum into a second
+/// accumulator, and that one into the thread's total every this many blocks (a cascade, as the
+/// CPU's; see [`crate::cpu::reduce`]), so that f32 sums stay accurate at any length. Threads
+/// with at most this many terms (every reduction of the reference models) keep the plain loop.
+pub(crate) const THREAD_BLOCK: usize = 1024;
+
+impl Analysis<'_> {
+    /// The loop-nest stage of a reduction: opens the grid-stride loop over rows (blocks: one
+    /// row a block) or over units of rows (columns and groups: several rows a block, each
+    /// thread's row clamped to the last so that every thread reaches the block's barriers;
+    /// `ok` says whether it is real). Returns where the line defining `row` from the clamped
+    /// slot starts, so the text stage can drop it when nothing reads `row`.
+    pub(super) fn row_loop(&self, src: &mut Src, lay: Layout, units: usize) -> Option<usize> {
+        let (ix, rows) = (self.ix, self.rows);
+        let t = ix.ty();
+        let mut row_line = None;
+        match lay {
+            Layout::Block { .. } => {
+                src.open(format!(
+                    "for ({t} row = blockIdx.x; row < {rows}; row += gridDim.x) {{",
+                    rows = ix.lit(rows)
+                ));
+            }
+            Layout::Columns { x, .. } | Layout::Group { g: x, .. } => {
+                if let Layout::Group { w, .. } = lay {
+                    src.line(format!("const unsigned lane = threadIdx.x & {}u;", w - 1));
+                }
+                src.open(format!(
+                    "for ({t} rb = blockIdx.x; rb < {units}; rb += gridDim.x) {{",
+                    units = ix.lit(units)
+                ));
+                let slot = match lay {
+                    Layout::Group { w, .. } => format!("threadIdx.x / {w}u"),
+                    _ => "threadIdx.x".to_string(),
+                };
+                src.line(format!(
+                    "const {t} rr = rb * {} + {slot};",
+                    ix.lit(x as usize)
+                ));
+                src.line(format!("const bool ok = rr < {};", ix.lit(rows)));
+                row_line = Some(src.text.len());
+                src.line(format!("const {t} row = ok ? rr : {};", ix.lit(rows - 1)));
+            }
+        }
+        row_line
+    }
+
+    /// The loop over a thread's elements of the row with its float sums `sums` blocked (see
+    /// [`THREAD_BLOCK`]): `body` adds each term into `s{r}`, the block's sum, which goes into
+    /// `m{r}` at the end of the block; every THREAD_BLOCK blocks `m{r}` goes into `a{r}`.
+    pub(super) fn emit_blocked_loop(
+        &self,
+        src: &mut Src,
+        sums: &[usize],
+        n: usize,
+        start: &str,
+        step: u32,
+        body: &str,
+    ) {
+        let (ix, t) = (self.ix, self.ix.ty());
+        let span = (step as usize).saturating_mul(THREAD_BLOCK);
+        src.line(format!(
+            "// float sums in blocks of {THREAD_BLOCK} terms a thread, cascaded (accurate at any length)"
+        ));
+        for &r in sums {
+            let ty = self.dt[r];
+            src.line(format!("{} m{r} = {};", c_type(ty), literal(0.0, ty)));
+        }
+        src.line("unsigned nb = 0u;");
+        src.open(format!(
+            "for ({t} jb = {start}; jb < {n}; jb += {span}) {{",
+            n = ix.lit(n),
+            span = ix.lit(span)
+        ));
+        src.line(format!(
+            "const {t} je = {n} - jb > {span} ? jb + {span} : {n};",
+            n = ix.lit(n),
+            span = ix.lit(span)
+        ));
+        for &r in sums {
+            let ty = self.dt[r];
+            src.line(format!("{} s{r} = {};", c_type(ty), literal(0.0, ty)));
+        }
+        src.open(format!(
+            "for ({t} j = jb; j < je; j += {}) {{",
+            ix.lit(step as usize)
+        ));
+        src.text.push_str(body);
+        src.close();
+        let flush: Vec<String> = sums
+            .iter()
+            .map(|r| format!("m{r} = m{r} + s{r};"))
+            .collect();
+        src.line(flush.join(" "));
+        let up: Vec<String> = sums
+            .iter()
+            .map(|&r| format!("a{r} = a{r} + m{r}; m{r} = {};", literal(0.0, self.dt[r])))
+            .collect();
+        src.line(format!(
+            "if (++nb == {THREAD_BLOCK}u) {{ {} nb = 0u; }}",
+            up.join(" ")
+        ));
+        src.close();
+        let last: Vec<String> = sums
+            .iter()
+            .map(|r| format!("a{r} = a{r} + m{r};"))
+            .collect();
+        src.line(last.join(" "));
+    }
+}
