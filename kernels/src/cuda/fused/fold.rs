@@ -1,14 +1,32 @@
 //! The fold stage of a reduction: combining the partials of the threads that share a row (shared
-//! memory, warp shuffles, or both, as the layout decides). The only place the threads of a row
-//! talk to each other, so its barriers are all here.
+//! memory, warp shuffles, or both, as the layout decides). Its shared memory is declared here
+//! too, so that the declaration and the one reader of each array are side by side.
 
 use super::expr::{accumulate, reduce_op};
 use super::layout::Layout;
 use super::Analysis;
-use crate::cuda::Src;
+use crate::cuda::{c_type, Src};
 use crate::ReduceOp;
 
 impl Analysis<'_> {
+    /// Declares the shared memory the fold combines the reductions `reds` through (columns:
+    /// a Y × X array each; blocks: a value a warp each; groups need none), and a block's lane
+    /// and warp indices.
+    pub(super) fn declare_fold(&self, src: &mut Src, lay: Layout, reds: &[usize]) {
+        for &r in reds {
+            let ty = c_type(self.dt[r]);
+            match lay {
+                Layout::Columns { x, y } => src.line(format!("__shared__ {ty} sm{r}[{y}][{x}];")),
+                Layout::Block { t } => src.line(format!("__shared__ {ty} sm{r}[{}];", t / 32)),
+                Layout::Group { .. } => {}
+            }
+        }
+        if let Layout::Block { .. } = lay {
+            src.line("const unsigned lane = threadIdx.x & 31u;");
+            src.line("const unsigned warp = threadIdx.x >> 5;");
+        }
+    }
+
     /// The fold stage of a reduction pass: combines the partials `a{r}` of the threads that
     /// share a row into every thread's `a{r}`, through shared memory across `threadIdx.y`
     /// (columns), through shuffles within a group of lanes (groups), or through shuffles then

@@ -3,13 +3,59 @@
 //! [`crate::cuda::guard`] computes. The reduction, elementwise and tiled strategies all guard
 //! their loads here, so that they read memory the same way.
 
+use super::passes::Passes;
 use super::Analysis;
-use crate::cuda::guard::{self, Guard};
+use crate::cuda::guard::{self, Guard, Need};
 use crate::cuda::literal;
 use crate::fused::check::operands;
 use crate::fused::Inst;
 
 impl Analysis<'_> {
+    /// The guards of a reduction's loops over the row (the passes, then the output loop):
+    /// where each loop needs each of its full values (the operands of its reductions, or the
+    /// outputs), and from that, which loads it may skip. A cached load is read once, in the
+    /// first loop that reads it, for all the loops: its need is the join of its needs in them.
+    pub(super) fn loop_guards(&self, p: &Passes, cached: &[bool]) -> Vec<Vec<Option<Guard>>> {
+        let k = self.k;
+        let nb = k.body.len();
+        let mut loop_sets: Vec<(&[usize], Vec<usize>)> = (1..=p.passes)
+            .map(|s| {
+                let roots = (p.reds.iter())
+                    .filter(|&&r| self.stage[r] == s)
+                    .filter_map(|&r| match k.body[r] {
+                        Inst::Reduce { x, .. } => Some(x),
+                        _ => None,
+                    })
+                    .collect();
+                (&p.pass_full[s - 1][..], roots)
+            })
+            .collect();
+        if p.full_outputs {
+            let roots = k.outputs.iter().map(|o| o.value).collect();
+            loop_sets.push((&p.final_full[..], roots));
+        }
+        let mut needs: Vec<Vec<Need>> = (loop_sets.iter())
+            .map(|(insts, roots)| guard::demand(&k.body, &self.row, insts, roots))
+            .collect();
+        for i in (0..nb).filter(|&i| cached[i]) {
+            let all = needs.iter().fold(Need::Never, |a, nd| a.join(nd[i]));
+            for nd in &mut needs {
+                if nd[i] != Need::Never {
+                    nd[i] = all;
+                }
+            }
+        }
+        (loop_sets.iter().zip(&needs))
+            .map(|((insts, _), nd)| {
+                if self.tuning.unguarded_loads {
+                    vec![None; nb]
+                } else {
+                    guard::guards(&k.body, &self.row, insts, nd)
+                }
+            })
+            .collect()
+    }
+
     /// The literals of `guard` whose conditions are computed from indices and constants alone,
     /// with the instructions that compute them (body order); `None` if no literal is.
     pub(super) fn index_only_guard(&self, guard: Guard) -> Option<(Guard, Vec<usize>)> {

@@ -2,8 +2,9 @@
 //! many rows a block, and whether the loads that several loops read stay in registers. The
 //! measurements behind each threshold are with the constant that holds it.
 
+use super::passes::Passes;
 use super::Analysis;
-use crate::cuda::Strategy;
+use crate::cuda::{grid_for, CodegenError, Launch, Strategy, MAX_GRID_ROWS};
 use crate::fused::Inst;
 
 /// Blocks that fill an H100 twice over (132 SMs): fewer than this, and the row and column
@@ -194,4 +195,71 @@ pub(super) fn row_threads(n: usize, rows: usize) -> u32 {
         return 1024;
     }
     n.next_power_of_two().clamp(32, 256) as u32
+}
+
+/// The launch of one reduction kernel: its layout and what follows from it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
+    pub(super) lay: Layout,
+    /// Whether the loops over the row keep the loads that several of them read in registers.
+    pub(super) cache: bool,
+    /// Threads a block.
+    pub(super) threads: u32,
+    /// Units of rows (the rows a block takes at a time) the grid-stride loop goes over.
+    pub(super) units: usize,
+    pub(super) launch: Launch,
+    /// Whether some block takes more than one unit (and so reuses its shared memory).
+    pub(super) loops: bool,
+    /// Whether the threads of a row combine partials (some pass over rows that are not empty).
+    pub(super) combine: bool,
+}
+
+impl Analysis<'_> {
+    /// The launch stage of a reduction: the layout (see [`Analysis::layout`]), the grid over
+    /// units of rows, and the shared memory the fold combines through, which must fit in
+    /// [`MAX_SHARED`] (an error naming the byte count otherwise, before any text is written).
+    pub(super) fn shape(&self, p: &Passes) -> Result<Shape, CodegenError> {
+        let (lay, cache) = self.layout(p.reds.len(), &p.loop_uses);
+        let (bx, by) = match lay {
+            Layout::Columns { x, y } => (x, y),
+            Layout::Group { w, g } => (w * g, 1),
+            Layout::Block { t } => (t, 1),
+        };
+        // Rows a block takes at a time.
+        let per_block = match lay {
+            Layout::Columns { x, .. } => x as usize,
+            Layout::Group { g, .. } => g as usize,
+            Layout::Block { .. } => 1,
+        };
+        let units = self.rows.div_ceil(per_block);
+        let grid = grid_for(units, 1, MAX_GRID_ROWS);
+        let launch = Launch {
+            grid: [grid, 1, 1],
+            block: [bx, by, 1],
+            shared_bytes: 0,
+        };
+        let combine = self.n > 0 && p.passes > 0;
+        // A value per thread (columns) or per warp (blocks) of each reduction.
+        let per = match lay {
+            Layout::Columns { x, y } => (x * y) as usize,
+            Layout::Block { t } => (t / 32) as usize,
+            Layout::Group { .. } => 0,
+        };
+        let shared: usize = p.reds.iter().map(|&r| per * self.dt[r].size()).sum();
+        if combine && shared > MAX_SHARED {
+            return Err(CodegenError::SharedMemory {
+                bytes: shared,
+                reductions: p.reds.len(),
+            });
+        }
+        Ok(Shape {
+            lay,
+            cache,
+            threads: bx * by,
+            units,
+            launch,
+            loops: units > grid as usize,
+            combine,
+        })
+    }
 }

@@ -4,8 +4,9 @@
 //! (`row`, `ok`, `j`, `u`), is written in one place.
 
 use super::layout::Layout;
+use super::text::mentions;
 use super::Analysis;
-use crate::cuda::{c_type, literal, Src};
+use crate::cuda::{c_type, literal, Ix, Src};
 
 /// The most terms a thread adds one after another into one float sum: a thread whose share of
 /// a row is longer sums it in blocks of this many terms, adds each block's sum into a second
@@ -58,16 +59,16 @@ impl Analysis<'_> {
     /// The loop over a thread's elements of the row with its float sums `sums` blocked (see
     /// [`THREAD_BLOCK`]): `body` adds each term into `s{r}`, the block's sum, which goes into
     /// `m{r}` at the end of the block; every THREAD_BLOCK blocks `m{r}` goes into `a{r}`.
+    /// (`el`: the loop it replaces.)
     pub(super) fn emit_blocked_loop(
         &self,
         src: &mut Src,
+        el: &Elements,
         sums: &[usize],
-        n: usize,
-        start: &str,
-        step: u32,
         body: &str,
     ) {
         let (ix, t) = (self.ix, self.ix.ty());
+        let (n, start, step) = (el.n, el.start, el.step);
         let span = (step as usize).saturating_mul(THREAD_BLOCK);
         src.line(format!(
             "// float sums in blocks of {THREAD_BLOCK} terms a thread, cascaded (accurate at any length)"
@@ -116,5 +117,88 @@ impl Analysis<'_> {
             .map(|r| format!("a{r} = a{r} + m{r};"))
             .collect();
         src.line(last.join(" "));
+    }
+}
+
+/// The loop over a thread's elements of a row (the reduce index `j`), as the layout strides it:
+/// plain (`j` from the thread's first element in steps of the threads along the row), or, with
+/// the register cache, unrolled over the thread's `per_thread` elements (`u`), so that every
+/// index into a cached array is a compile-time constant and the arrays live in registers.
+pub(super) struct Elements {
+    ix: Ix,
+    /// Elements a row.
+    pub(super) n: usize,
+    /// The thread's first element, and the distance between its elements.
+    pub(super) start: &'static str,
+    pub(super) step: u32,
+    cache: bool,
+    /// Elements a thread (the last one past the row's end for some threads when `ragged`).
+    pub(super) per_thread: usize,
+    /// Unrolled, and the row is not a multiple of the step: each element is checked.
+    ragged: bool,
+}
+
+impl Elements {
+    pub(super) fn new(ix: Ix, n: usize, lay: Layout, cache: bool) -> Elements {
+        let (start, step) = match lay {
+            Layout::Columns { y, .. } => ("threadIdx.y", y),
+            Layout::Group { w, .. } => ("lane", w),
+            Layout::Block { t } => ("threadIdx.x", t),
+        };
+        Elements {
+            ix,
+            n,
+            start,
+            step,
+            cache,
+            per_thread: n.div_ceil(step as usize),
+            ragged: cache && n % step as usize != 0,
+        }
+    }
+
+    /// Whether the float sums `sums` of a pass are added in blocks of [`THREAD_BLOCK`] terms:
+    /// a thread has more terms than that (never in the unrolled loop, whose threads have few).
+    pub(super) fn blocks(&self, sums: &[usize]) -> bool {
+        !self.cache && !sums.is_empty() && self.per_thread > THREAD_BLOCK
+    }
+
+    /// An empty text to write a loop body into, indented for the loop [`Elements::emit`] opens
+    /// at `src` (one level deeper, two with the check for a ragged row), plus `extra` levels.
+    pub(super) fn body(&self, src: &Src, extra: usize) -> Src {
+        Src {
+            text: String::new(),
+            depth: src.depth + 1 + usize::from(self.ragged) + extra,
+        }
+    }
+
+    /// Writes the loop around `body` (written by [`Elements::body`]); the unrolled loop defines
+    /// `j` only where the body or the ragged check reads it.
+    pub(super) fn emit(&self, src: &mut Src, body: &str) {
+        let (ix, t) = (self.ix, self.ix.ty());
+        let step = ix.lit(self.step as usize);
+        if self.cache {
+            src.line("#pragma unroll");
+            src.open(format!(
+                "for (unsigned u = 0u; u < {}u; ++u) {{",
+                self.per_thread
+            ));
+            if self.ragged || mentions(body, "j") {
+                src.line(format!("const {t} j = {} + u * {step};", self.start));
+            }
+            if self.ragged {
+                src.open(format!("if (j < {}) {{", ix.lit(self.n)));
+            }
+        } else {
+            src.open(format!(
+                "for ({t} j = {}; j < {}; j += {step}) {{",
+                self.start,
+                ix.lit(self.n)
+            ));
+        }
+        src.text.push_str(body);
+        if self.ragged {
+            src.close();
+        }
+        src.close();
     }
 }
