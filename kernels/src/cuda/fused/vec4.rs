@@ -7,7 +7,7 @@ use super::Analysis;
 use crate::cuda::{
     c_type, grid_for, signature, CodegenError, Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
 };
-use crate::fused::{Access, Inst};
+use crate::fused::Inst;
 use crate::DType;
 
 /// Elementwise kernels of at least this many elements may go four elements a thread. Measured
@@ -69,40 +69,30 @@ impl Analysis<'_> {
 
     /// The elementwise kernel four elements a thread (see [`Analysis::vec4_inputs`]): a
     /// grid-stride loop over the domain with axis `l` counted in fours; each iteration reads a
-    /// vector of every input read that way, computes the body once per element in its own
-    /// scope, and writes a vector of each output. A thread reads and writes only its own four
-    /// elements, reads first.
+    /// vector of every input read that way ([`Analysis::vec4_loads`]), computes the body once
+    /// per element in its own scope ([`Analysis::vec4_lane`]), and writes a vector of each
+    /// output. A thread reads and writes only its own four elements, reads first.
     pub(super) fn elementwise_vec4(
         &self,
         l: usize,
         used: &[bool],
         vector: &[bool],
     ) -> Result<(String, Launch), CodegenError> {
-        let k = self.k;
-        let ix = self.ix;
+        let (k, ix) = (self.k, self.ix);
         let quads = self.numel / 4;
-        let all: Vec<usize> = (0..k.domain.len()).collect();
         // The domain in fours along l; strides in vectors (of the inputs read as vectors) or
         // in elements (the others).
         let mut dims = k.domain.clone();
         dims[l] /= 4;
-        let mut vectors = Vec::new();
-        let mut vec_of = vec![usize::MAX; k.inputs.len()];
-        for (n, inp) in k.inputs.iter().enumerate() {
-            if used[n] {
-                vec_of[n] = vectors.len();
-                let mut s = inp.access.strides.clone();
-                if vector[n] {
-                    for (d, x) in s.iter_mut().enumerate() {
-                        *x = if d == l { 1 } else { *x / 4 };
-                    }
+        let f = self.flat(&dims, used, |n| {
+            let mut s = k.inputs[n].access.strides.clone();
+            if vector[n] {
+                for (d, x) in s.iter_mut().enumerate() {
+                    *x = if d == l { 1 } else { *x / 4 };
                 }
-                vectors.push(s);
             }
-        }
-        let out_vec = vectors.len();
-        vectors.push(Access::contiguous(&dims).strides);
-        let space = Space::new(&all, &dims, &vectors, &self.pinned);
+            s
+        });
         let launch = Launch {
             grid: [grid_for(quads, BLOCK as usize, MAX_GRID_ELEMENTWISE), 1, 1],
             block: [BLOCK, 1, 1],
@@ -115,74 +105,21 @@ impl Analysis<'_> {
             &launch,
         );
         src.open(signature(BLOCK, &self.params()));
-        src.open(format!(
-            "for ({t} e = {start}; e < {quads}; e += {stride}) {{",
-            t = ix.ty(),
-            start = ix.global_thread(BLOCK),
-            quads = ix.lit(quads),
-            stride = ix.grid_stride(BLOCK),
-        ));
-        self.decompose_for_loads(&mut src, &space, used, &vec_of);
+        self.open_grid_loop(&mut src, quads);
+        self.decompose_for_loads(&mut src, &f, used);
         // Addresses: in vectors for the vector loads, in elements for the others.
-        let addr: Vec<String> = (0..k.inputs.len())
-            .map(|n| {
-                if !used[n] {
-                    return String::new();
-                }
-                let off = k.inputs[n].access.offset / if vector[n] { 4 } else { 1 };
-                join(
-                    (off != 0).then(|| ix.lit(off)),
-                    space.part(vec_of[n], "e", ix),
-                    ix,
-                )
-            })
-            .collect();
-        for (n, inp) in k.inputs.iter().enumerate() {
-            if vector[n] {
-                src.line(format!(
-                    "const {v} l{n} = reinterpret_cast<const {v}*>(in{n})[{}];",
-                    addr[n],
-                    v = vec4_type(inp.dtype).unwrap_or("float4")
-                ));
-            }
-        }
+        let addr = self.flat_addresses(&f, used, |n| {
+            k.inputs[n].access.offset / if vector[n] { 4 } else { 1 }
+        });
+        self.vec4_loads(&mut src, &addr, vector);
         for j in 0..k.outputs.len() {
             let v = vec4_type(k.output_dtype(j)).unwrap_or("float4");
             src.line(format!("{v} r{j};"));
         }
         for (q, lane) in ["x", "y", "z", "w"].into_iter().enumerate() {
-            src.open("{");
-            let axis = |d: usize| {
-                let x = space.axis_var(d, ix);
-                if d != l {
-                    x
-                } else if q == 0 {
-                    format!("(4u * {x})")
-                } else {
-                    format!("(4u * {x} + {q}u)")
-                }
-            };
-            for i in 0..k.body.len() {
-                if !self.live[i] {
-                    continue;
-                }
-                let ty = c_type(self.dt[i]);
-                match k.body[i] {
-                    Inst::Load { input } if vector[input] => {
-                        src.line(format!("const {ty} v{i} = l{input}.{lane};"))
-                    }
-                    _ => {
-                        let e = self.expr(i, &addr, &axis)?;
-                        src.line(format!("const {ty} v{i} = {e};"));
-                    }
-                }
-            }
-            for (j, o) in k.outputs.iter().enumerate() {
-                src.line(format!("r{j}.{lane} = v{};", o.value));
-            }
-            src.close();
+            self.vec4_lane(&mut src, &f.space, (l, q, lane), &addr, vector)?;
         }
-        let out_addr = join(None, space.part(out_vec, "e", ix), ix);
+        let out_addr = join(None, f.space.part(f.out_vec, "e", ix), ix);
         for j in 0..k.outputs.len() {
             src.line(format!(
                 "reinterpret_cast<{}*>(out{j})[{out_addr}] = r{j};",
@@ -192,5 +129,60 @@ impl Analysis<'_> {
         src.close();
         src.close();
         Ok((src.text, launch))
+    }
+
+    /// Reads a vector of each input read four elements at a time (`l{n}`), before any lane.
+    fn vec4_loads(&self, src: &mut Src, addr: &[String], vector: &[bool]) {
+        for (n, inp) in self.k.inputs.iter().enumerate() {
+            if vector[n] {
+                src.line(format!(
+                    "const {v} l{n} = reinterpret_cast<const {v}*>(in{n})[{}];",
+                    addr[n],
+                    v = vec4_type(inp.dtype).unwrap_or("float4")
+                ));
+            }
+        }
+    }
+
+    /// The body at lane `q` (named `lane`) of the four elements along axis `l`, in its own
+    /// scope: vector loads read their lane, the others as in the plain loop (index
+    /// instructions along `l` at `4 x + q`); each output's lane of `r{j}` is set.
+    fn vec4_lane(
+        &self,
+        src: &mut Src,
+        space: &Space,
+        (l, q, lane): (usize, usize, &str),
+        addr: &[String],
+        vector: &[bool],
+    ) -> Result<(), CodegenError> {
+        let (k, ix) = (self.k, self.ix);
+        src.open("{");
+        let axis = |d: usize| {
+            let x = space.axis_var(d, ix);
+            if d != l {
+                x
+            } else if q == 0 {
+                format!("(4u * {x})")
+            } else {
+                format!("(4u * {x} + {q}u)")
+            }
+        };
+        for i in (0..k.body.len()).filter(|&i| self.live[i]) {
+            let ty = c_type(self.dt[i]);
+            match k.body[i] {
+                Inst::Load { input } if vector[input] => {
+                    src.line(format!("const {ty} v{i} = l{input}.{lane};"))
+                }
+                _ => {
+                    let e = self.expr(i, addr, &axis)?;
+                    src.line(format!("const {ty} v{i} = {e};"));
+                }
+            }
+        }
+        for (j, o) in k.outputs.iter().enumerate() {
+            src.line(format!("r{j}.{lane} = v{};", o.value));
+        }
+        src.close();
+        Ok(())
     }
 }
