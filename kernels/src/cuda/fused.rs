@@ -47,11 +47,14 @@ mod text;
 mod tiled;
 mod vec4;
 
+/// The strategy [`generate`] picks for `k` (the runtime's kernel checks name and vary kernels
+/// by it).
 pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
     k.check()?;
     Ok(Analysis::new(k).strategy)
 }
 
+/// The CUDA C of `k`: the analysis picks the strategy, whose stages write the text.
 pub(super) fn generate(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
     generate_tuned(k, Tuning::default())
 }

@@ -11,8 +11,9 @@ use crate::cuda::{c_type, literal, Ix, Src};
 /// The most terms a thread adds one after another into one float sum: a thread whose share of
 /// a row is longer sums it in blocks of this many terms, adds each block's sum into a second
 /// accumulator, and that one into the thread's total every this many blocks (a cascade, as the
-/// CPU's; see [`crate::cpu::reduce`]), so that f32 sums stay accurate at any length. Threads
-/// with at most this many terms (every reduction of the reference models) keep the plain loop.
+/// CPU's; see [`crate::cpu::reduce`](mod@crate::cpu::reduce)), so that f32 sums stay accurate
+/// at any length. Threads with at most this many terms (every reduction of the reference
+/// models) keep the plain loop.
 pub(crate) const THREAD_BLOCK: usize = 1024;
 
 impl Analysis<'_> {
@@ -152,7 +153,7 @@ impl Elements {
             step,
             cache,
             per_thread: n.div_ceil(step as usize),
-            ragged: cache && n % step as usize != 0,
+            ragged: cache && !n.is_multiple_of(step as usize),
         }
     }
 
@@ -200,5 +201,62 @@ impl Elements {
             src.close();
         }
         src.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NARROW: Ix = Ix { wide: false };
+    const LANES: Layout = Layout::Group { w: 32, g: 8 };
+
+    /// The loop `el` writes around a one-line body.
+    fn written(el: &Elements, line: &str) -> String {
+        let mut src = Src::default();
+        let mut body = el.body(&src, 0);
+        body.line(line);
+        el.emit(&mut src, &body.text);
+        src.text
+    }
+
+    #[test]
+    fn an_unrolled_loop_over_a_ragged_row_checks_each_element() {
+        // 100 elements over 32 lanes: 4 a thread, the fourth past the row's end for most.
+        let el = Elements::new(NARROW, 100, LANES, true);
+        assert_eq!(el.per_thread, 4);
+        assert_eq!(
+            written(&el, "a1 = a1 + v0;"),
+            "#pragma unroll\nfor (unsigned u = 0u; u < 4u; ++u) {\n  \
+             const unsigned j = lane + u * 32u;\n  if (j < 100u) {\n    a1 = a1 + v0;\n  }\n}\n"
+        );
+    }
+
+    #[test]
+    fn an_unrolled_loop_defines_j_only_where_its_body_reads_it() {
+        let el = Elements::new(NARROW, 64, LANES, true);
+        assert_eq!(
+            written(&el, "a1 = a1 + c0[u];"),
+            "#pragma unroll\nfor (unsigned u = 0u; u < 2u; ++u) {\n  a1 = a1 + c0[u];\n}\n"
+        );
+        assert!(written(&el, "const float v0 = in0[b0 + j];").contains("const unsigned j = "));
+    }
+
+    #[test]
+    fn the_plain_loop_strides_by_the_threads_along_the_row() {
+        let el = Elements::new(NARROW, 5000, Layout::Block { t: 256 }, false);
+        assert_eq!(
+            written(&el, "a1 = a1 + v0;"),
+            "for (unsigned j = threadIdx.x; j < 5000u; j += 256u) {\n  a1 = a1 + v0;\n}\n"
+        );
+    }
+
+    #[test]
+    fn float_sums_are_blocked_only_past_thread_block_terms_a_thread_and_never_unrolled() {
+        let long = 32 * THREAD_BLOCK + 1;
+        assert!(Elements::new(NARROW, long, LANES, false).blocks(&[3]));
+        assert!(!Elements::new(NARROW, long, LANES, false).blocks(&[]));
+        assert!(!Elements::new(NARROW, long - 1, LANES, false).blocks(&[3]));
+        assert!(!Elements::new(NARROW, long, LANES, true).blocks(&[3]));
     }
 }

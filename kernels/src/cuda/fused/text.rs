@@ -25,3 +25,34 @@ pub(super) fn mentions(text: &str, word: &str) -> bool {
         before && after
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mentions_matches_whole_identifiers_only() {
+        assert!(mentions("out0[row] = v1;", "row"));
+        assert!(mentions("row", "row"));
+        assert!(!mentions("const unsigned rows = rr;", "row"));
+        assert!(!mentions("b_row + row2", "row"));
+    }
+
+    #[test]
+    fn the_clamped_row_line_is_dropped_only_when_nothing_after_it_reads_row() {
+        let head = "const bool ok = rr < 4u;\n";
+        let line = "const unsigned row = ok ? rr : 3u;\n";
+        let tail = "if (ok) { out0[rr] = v1; }\n";
+        let unread = format!("{head}{line}{tail}");
+        assert_eq!(
+            text_without_unread_row(unread.clone(), Some(head.len())),
+            format!("{head}{tail}")
+        );
+        assert_eq!(text_without_unread_row(unread.clone(), None), unread);
+        let read = format!("{head}{line}out0[row] = v1;\n");
+        assert_eq!(
+            text_without_unread_row(read.clone(), Some(head.len())),
+            read
+        );
+    }
+}
