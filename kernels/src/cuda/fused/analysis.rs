@@ -194,7 +194,7 @@ impl<'a> Analysis<'a> {
 
     /// The full instructions `roots` need (themselves included where full), in body order.
     pub(super) fn full_closure(&self, roots: &[usize]) -> Vec<usize> {
-        let nb = body_len(self.k);
+        let nb = self.k.body.len();
         let mut mark = vec![false; nb];
         for &r in roots {
             if !self.row[r] {
@@ -213,8 +213,4 @@ impl<'a> Analysis<'a> {
         }
         (0..nb).filter(|&i| mark[i]).collect()
     }
-}
-
-pub(super) fn body_len(k: &FusedKernel) -> usize {
-    k.body.len()
 }

@@ -1,7 +1,6 @@
 //! The strategy stage of a reduction that decides what each loop over the row computes: one
 //! pass per reduction level, then a final loop for the per-element outputs.
 
-use super::analysis::body_len;
 use super::Analysis;
 use crate::fused::check::operands;
 use crate::fused::Inst;
@@ -34,7 +33,7 @@ impl Analysis<'_> {
     pub(super) fn passes(&self) -> Passes {
         let k = self.k;
         let n = self.n;
-        let nb = body_len(k);
+        let nb = k.body.len();
         let reds: Vec<usize> = (0..nb)
             .filter(|&i| self.live[i] && matches!(k.body[i], Inst::Reduce { .. }))
             .collect();
