@@ -74,31 +74,23 @@ pub fn scatter_add(
     }
     let total = mul("scatter_add", &[n, row_len])?;
     let out_len = mul("scatter_add", &[rows, row_len])?;
-    let ix = Ix::for_extents([total, out_len, n]);
-    let t = ix.ty();
-    let vt = c_type(values);
-    // Integer sums wrap: they are kept unsigned (whose overflow C++ defines).
-    let at = match values {
-        DType::I32 => "unsigned",
-        DType::I64 => "unsigned long long",
-        _ => vt,
-    };
+    let s = Scatter::new(
+        Ix::for_extents([total, out_len, n]),
+        values,
+        rows,
+        row_len,
+        n,
+    );
     let params = [
         (format!("const {}*", c_type(ids)), "ids".to_string()),
-        (format!("const {vt}*"), "values".to_string()),
-        (format!("{vt}*"), "out".to_string()),
+        (format!("const {}*", s.vt), "values".to_string()),
+        (format!("{}*", s.vt), "out".to_string()),
     ];
     let launch = Launch {
         grid: [grid_for(n, 1, MAX_GRID_ELEMENTWISE), 1, 1],
         block: [BLOCK, 1, 1],
         shared_bytes: 0,
     };
-    // Columns per thread in one panel, and the panel's width.
-    const PANEL_PER_THREAD: usize = 8;
-    // Positions each thread checks per chunk: a chunk of 2048 positions costs one barrier.
-    const SCAN_PER_THREAD: usize = 8;
-    let per_thread = row_len.div_ceil(BLOCK as usize).clamp(1, PANEL_PER_THREAD);
-    let panel = per_thread * BLOCK as usize;
     let mut src = Src::default();
     src.line(format!(
         "// ingot scatter_add: {n} rows of {row_len} {} added into {rows} rows, by {} ids, in \
@@ -116,89 +108,165 @@ pub fn scatter_add(
         src.close();
         return Ok(finish(src.text, launch));
     }
-    src.line(format!(
-        "__shared__ unsigned marks[{SCAN_PER_THREAD}][{}];",
-        BLOCK / 32
-    ));
-    src.line("const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;");
-    src.open(format!(
-        "for ({t} p = blockIdx.x; p < {}; p += gridDim.x) {{",
-        ix.lit(n)
-    ));
-    src.line("const long long id = (long long)ids[p];");
-    src.line(format!("if (id < 0ll || id >= {rows}ll) continue;"));
-    // Is p the id's first position?
-    src.line("int seen = 0;");
-    src.line(format!(
-        "for ({t} q = threadIdx.x; q < p; q += {BLOCK}u) seen |= (long long)ids[q] == id;"
-    ));
-    src.line("if (__syncthreads_or(seen)) continue;");
-    src.line(format!("const {t} row = ({t})id * {};", ix.lit(row_len)));
-    src.open(format!(
-        "for ({t} c0 = 0; c0 < {}; c0 += {}) {{",
-        ix.lit(row_len),
-        ix.lit(panel)
-    ));
-    src.line(format!("{at} acc[{per_thread}];"));
-    src.line(format!(
-        "for (int k = 0; k < {per_thread}; ++k) acc[k] = ({at}){};",
-        literal(0.0, values)
-    ));
-    let chunk = SCAN_PER_THREAD * BLOCK as usize;
-    src.open(format!(
-        "for ({t} q0 = p; q0 < {}; q0 += {}) {{",
-        ix.lit(n),
-        ix.lit(chunk)
-    ));
-    src.open(format!("for (int i = 0; i < {SCAN_PER_THREAD}; ++i) {{"));
-    src.line(format!(
-        "const {t} q = q0 + ({t})i * {BLOCK}u + threadIdx.x;"
-    ));
-    src.line(format!(
-        "const unsigned m = __ballot_sync(0xffffffffu, q < {} && (long long)ids[q] == id);",
-        ix.lit(n)
-    ));
-    src.line("if (lane == 0u) marks[i][warp] = m;");
-    src.close();
-    src.line("__syncthreads();");
-    // Positions in increasing order: by i, then warp, then lane.
-    src.open(format!("for (int i = 0; i < {SCAN_PER_THREAD}; ++i) {{"));
-    src.open(format!(
-        "for (unsigned w = 0u; w < {}u; ++w) {{",
-        BLOCK / 32
-    ));
-    src.open("for (unsigned bits = marks[i][w]; bits != 0u; bits &= bits - 1u) {");
-    src.line(format!(
-        "const {vt}* v = values + (q0 + ({t})i * {BLOCK}u + w * 32u + (unsigned)(__ffs(bits) - 1)) * {};",
-        ix.lit(row_len)
-    ));
-    src.open(format!("for (int k = 0; k < {per_thread}; ++k) {{"));
-    src.line(format!(
-        "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
-    ));
-    src.line(format!(
-        "if (c < {}) acc[k] += ({at})v[c];",
-        ix.lit(row_len)
-    ));
-    src.close();
-    src.close();
-    src.close();
-    src.close();
-    src.line("__syncthreads(); // the next chunk reuses marks");
-    src.close();
-    src.open(format!("for (int k = 0; k < {per_thread}; ++k) {{"));
-    src.line(format!(
-        "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
-    ));
-    src.line(format!(
-        "if (c < {}) out[row + c] = ({vt})acc[k];",
-        ix.lit(row_len)
-    ));
-    src.close();
-    src.close();
+    s.owned_rows(&mut src);
+    s.panels(&mut src);
     src.close();
     src.close();
     Ok(finish(src.text, launch))
+}
+
+/// Columns per thread in one panel of scatter-add's row (the panel is this many times the
+/// block wide): the sums of a panel are kept in registers.
+const PANEL_PER_THREAD: usize = 8;
+/// Positions each thread of scatter-add checks per chunk: a chunk of 2048 positions costs one
+/// barrier.
+const SCAN_PER_THREAD: usize = 8;
+
+/// The text parameters of one scatter-add kernel, and its stages: the loop over the positions
+/// that own their id's row ([`Scatter::owned_rows`]), then per column panel the scan of the
+/// later positions and the sums ([`Scatter::panels`]).
+struct Scatter {
+    ix: Ix,
+    /// The values' C type, and the type they are summed in (integer sums wrap: they are kept
+    /// unsigned, whose overflow C++ defines).
+    vt: &'static str,
+    at: &'static str,
+    values: DType,
+    rows: usize,
+    row_len: usize,
+    n: usize,
+    /// Columns a thread sums in one panel, and the panel's width.
+    per_thread: usize,
+    panel: usize,
+}
+
+impl Scatter {
+    fn new(ix: Ix, values: DType, rows: usize, row_len: usize, n: usize) -> Scatter {
+        let vt = c_type(values);
+        let at = match values {
+            DType::I32 => "unsigned",
+            DType::I64 => "unsigned long long",
+            _ => vt,
+        };
+        let per_thread = row_len.div_ceil(BLOCK as usize).clamp(1, PANEL_PER_THREAD);
+        Scatter {
+            ix,
+            vt,
+            at,
+            values,
+            rows,
+            row_len,
+            n,
+            per_thread,
+            panel: per_thread * BLOCK as usize,
+        }
+    }
+
+    /// Opens the block-stride loop over positions `p` and skips those whose id is out of
+    /// range or appeared at an earlier position (that position owns the row); defines `row`,
+    /// the owned row's first element.
+    fn owned_rows(&self, src: &mut Src) {
+        let (ix, t) = (self.ix, self.ix.ty());
+        src.line(format!(
+            "__shared__ unsigned marks[{SCAN_PER_THREAD}][{}];",
+            BLOCK / 32
+        ));
+        src.line("const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;");
+        src.open(format!(
+            "for ({t} p = blockIdx.x; p < {}; p += gridDim.x) {{",
+            ix.lit(self.n)
+        ));
+        src.line("const long long id = (long long)ids[p];");
+        src.line(format!("if (id < 0ll || id >= {}ll) continue;", self.rows));
+        // Is p the id's first position?
+        src.line("int seen = 0;");
+        src.line(format!(
+            "for ({t} q = threadIdx.x; q < p; q += {BLOCK}u) seen |= (long long)ids[q] == id;"
+        ));
+        src.line("if (__syncthreads_or(seen)) continue;");
+        src.line(format!(
+            "const {t} row = ({t})id * {};",
+            ix.lit(self.row_len)
+        ));
+    }
+
+    /// The loop over the row's column panels: zeroes the panel's sums, walks the
+    /// positions from `p` on in chunks (each warp marking its matches in a ballot, then every
+    /// thread adding the marked rows in position order), and stores the sums once.
+    fn panels(&self, src: &mut Src) {
+        let (ix, t) = (self.ix, self.ix.ty());
+        let (at, per_thread) = (self.at, self.per_thread);
+        src.open(format!(
+            "for ({t} c0 = 0; c0 < {}; c0 += {}) {{",
+            ix.lit(self.row_len),
+            ix.lit(self.panel)
+        ));
+        src.line(format!("{at} acc[{per_thread}];"));
+        src.line(format!(
+            "for (int k = 0; k < {per_thread}; ++k) acc[k] = ({at}){};",
+            literal(0.0, self.values)
+        ));
+        let chunk = SCAN_PER_THREAD * BLOCK as usize;
+        src.open(format!(
+            "for ({t} q0 = p; q0 < {}; q0 += {}) {{",
+            ix.lit(self.n),
+            ix.lit(chunk)
+        ));
+        src.open(format!("for (int i = 0; i < {SCAN_PER_THREAD}; ++i) {{"));
+        src.line(format!(
+            "const {t} q = q0 + ({t})i * {BLOCK}u + threadIdx.x;"
+        ));
+        src.line(format!(
+            "const unsigned m = __ballot_sync(0xffffffffu, q < {} && (long long)ids[q] == id);",
+            ix.lit(self.n)
+        ));
+        src.line("if (lane == 0u) marks[i][warp] = m;");
+        src.close();
+        src.line("__syncthreads();");
+        self.add_marked(src);
+        src.line("__syncthreads(); // the next chunk reuses marks");
+        src.close();
+        src.open(format!("for (int k = 0; k < {per_thread}; ++k) {{"));
+        src.line(format!(
+            "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
+        ));
+        src.line(format!(
+            "if (c < {}) out[row + c] = ({})acc[k];",
+            ix.lit(self.row_len),
+            self.vt
+        ));
+        src.close();
+        src.close();
+    }
+
+    /// Adds the rows of `values` at the chunk's marked positions into the sums, in increasing
+    /// position order: by `i`, then warp, then lane.
+    fn add_marked(&self, src: &mut Src) {
+        let (ix, t, vt) = (self.ix, self.ix.ty(), self.vt);
+        src.open(format!("for (int i = 0; i < {SCAN_PER_THREAD}; ++i) {{"));
+        src.open(format!(
+            "for (unsigned w = 0u; w < {}u; ++w) {{",
+            BLOCK / 32
+        ));
+        src.open("for (unsigned bits = marks[i][w]; bits != 0u; bits &= bits - 1u) {");
+        src.line(format!(
+            "const {vt}* v = values + (q0 + ({t})i * {BLOCK}u + w * 32u + (unsigned)(__ffs(bits) - 1)) * {};",
+            ix.lit(self.row_len)
+        ));
+        src.open(format!("for (int k = 0; k < {}; ++k) {{", self.per_thread));
+        src.line(format!(
+            "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
+        ));
+        src.line(format!(
+            "if (c < {}) acc[k] += ({})v[c];",
+            ix.lit(self.row_len),
+            self.at
+        ));
+        src.close();
+        src.close();
+        src.close();
+        src.close();
+    }
 }
 
 /// Concat along an axis: input `i` is `[outer, widths[i]]` (row-major; widths already

@@ -8,7 +8,8 @@
 //! [`Tiling::loads`] (the staging loop into shared memory) and [`Tiling::store`] (compute and
 //! write along `d`); [`Analysis::elementwise_tiled`] strings them into the kernel's text.
 
-use super::{guard, Analysis, Guard};
+use super::Analysis;
+use crate::cuda::guard::{self, Guard};
 use crate::cuda::{
     c_type, grid_for, signature, CodegenError, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
 };

@@ -1,0 +1,127 @@
+//! The text of one instruction (its right-hand side) and of one step of a reduction: shared by
+//! every strategy, so that an op means the same in all of them.
+
+use super::Analysis;
+use crate::cuda::{literal, CodegenError};
+use crate::fused::Inst;
+use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+
+impl Analysis<'_> {
+    /// The right-hand side of instruction `i`: `addr[n]` is the element index input `n` is read
+    /// at, `axis(d)` the domain index along axis `d`.
+    pub(super) fn expr(
+        &self,
+        i: usize,
+        addr: &[String],
+        axis: &dyn Fn(usize) -> String,
+    ) -> Result<String, CodegenError> {
+        let v = |j: usize| format!("v{j}");
+        let dt = self.dt[i];
+        let unsupported = |op: &'static str, dtype: DType| CodegenError::Unsupported {
+            op,
+            what: "an operand",
+            dtype,
+        };
+        Ok(match self.k.body[i] {
+            Inst::Load { input } => format!("in{input}[{}]", addr[input]),
+            Inst::Const { value, dtype } => literal(value, dtype),
+            Inst::Index { axis: d, dtype } => {
+                let x = axis(d);
+                match dtype {
+                    DType::F32 => format!("(float){x}"),
+                    DType::F64 => format!("(double){x}"),
+                    DType::I32 => format!("(int){x}"),
+                    DType::I64 => format!("(long long){x}"),
+                    DType::Bool => format!("(unsigned char)({x} != 0)"),
+                }
+            }
+            Inst::Unary { op, x } => {
+                let (x, d) = (v(x), dt);
+                match (op, d) {
+                    (UnaryOp::Neg, DType::F32 | DType::F64) => format!("-{x}"),
+                    (UnaryOp::Neg, DType::I32 | DType::I64) => format!("ig_neg({x})"),
+                    (UnaryOp::Exp, DType::F32) => format!("expf({x})"),
+                    (UnaryOp::Exp, DType::F64) => format!("exp({x})"),
+                    (UnaryOp::Log, DType::F32) => format!("logf({x})"),
+                    (UnaryOp::Log, DType::F64) => format!("log({x})"),
+                    (UnaryOp::Sqrt, DType::F32) => format!("sqrtf({x})"),
+                    (UnaryOp::Sqrt, DType::F64) => format!("sqrt({x})"),
+                    (UnaryOp::Tanh, DType::F32) => format!("tanhf({x})"),
+                    (UnaryOp::Tanh, DType::F64) => format!("tanh({x})"),
+                    (UnaryOp::Recip, DType::F32) => format!("1.0f / {x}"),
+                    (UnaryOp::Recip, DType::F64) => format!("1.0 / {x}"),
+                    _ => return Err(unsupported(op.name(), d)),
+                }
+            }
+            Inst::Binary { op, a, b } => {
+                let (a, b, d) = (v(a), v(b), dt);
+                let float = d.is_float();
+                match (op, d) {
+                    (BinaryOp::Add, _) if float => format!("{a} + {b}"),
+                    (BinaryOp::Sub, _) if float => format!("{a} - {b}"),
+                    (BinaryOp::Mul, _) if float => format!("{a} * {b}"),
+                    (BinaryOp::Div, _) if float => format!("{a} / {b}"),
+                    (BinaryOp::Add, DType::I32 | DType::I64) => format!("ig_add({a}, {b})"),
+                    (BinaryOp::Sub, DType::I32 | DType::I64) => format!("ig_sub({a}, {b})"),
+                    (BinaryOp::Mul, DType::I32 | DType::I64) => format!("ig_mul({a}, {b})"),
+                    // The prelude's float overloads propagate NaN (fmaxf/fminf drop it).
+                    (BinaryOp::Max, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
+                        format!("ig_max({a}, {b})")
+                    }
+                    (BinaryOp::Min, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
+                        format!("ig_min({a}, {b})")
+                    }
+                    _ => return Err(unsupported(op.name(), d)),
+                }
+            }
+            Inst::Compare { op, a, b } => {
+                let c = match op {
+                    CmpOp::Lt => "<",
+                    CmpOp::Le => "<=",
+                    CmpOp::Gt => ">",
+                    CmpOp::Ge => ">=",
+                    CmpOp::Eq => "==",
+                    CmpOp::Ne => "!=",
+                };
+                format!("(unsigned char)({} {c} {})", v(a), v(b))
+            }
+            Inst::Select { cond, a, b } => format!("{} ? {} : {}", v(cond), v(a), v(b)),
+            Inst::Convert { x, to } => {
+                let f = match to {
+                    DType::F32 => "ig_to_f32",
+                    DType::F64 => "ig_to_f64",
+                    DType::I32 => "ig_to_i32",
+                    DType::I64 => "ig_to_i64",
+                    DType::Bool => "ig_to_bool",
+                };
+                format!("{f}({})", v(x))
+            }
+            // Only in the elementwise case (every reduce axis of size 1): a copy.
+            Inst::Reduce { x, .. } => v(x),
+        })
+    }
+}
+
+pub(super) fn reduce_op(inst: &Inst) -> ReduceOp {
+    match *inst {
+        Inst::Reduce { op, .. } => op,
+        _ => ReduceOp::Sum,
+    }
+}
+
+/// The starting value of a reduction: 0, or the lowest value for max.
+pub(super) fn identity(op: ReduceOp, d: DType) -> String {
+    match op {
+        ReduceOp::Sum => literal(0.0, d),
+        ReduceOp::Max => literal(f64::NEG_INFINITY, d),
+    }
+}
+
+/// `acc` with the term `t` folded in.
+pub(super) fn accumulate(op: ReduceOp, d: DType, acc: &str, t: &str) -> String {
+    match op {
+        ReduceOp::Sum if d.is_float() => format!("{acc} + {t}"),
+        ReduceOp::Sum => format!("ig_add({acc}, {t})"),
+        ReduceOp::Max => format!("ig_keep_max({acc}, {t})"),
+    }
+}

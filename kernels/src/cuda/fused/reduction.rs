@@ -1,0 +1,222 @@
+//! The row and column strategies: [`Analysis::reduction`] strings the stages of a reduction
+//! kernel together, in the order their text appears: strategy ([`Analysis::passes`],
+//! [`Analysis::shape`]), index spaces ([`Analysis::spaces`]), the header and the fold's shared
+//! memory, the loop nest over rows ([`Analysis::row_loop`]), the row's bases
+//! ([`Analysis::row_addresses`]), guards and the register cache, then one loop over the row a
+//! pass ([`Analysis::pass`]) with the row-level values each pass makes available
+//! ([`Analysis::row_values`]), the output loop ([`Analysis::store_full`]), the row-level
+//! stores, and the text stage.
+//!
+//! Each stage is its own function so that a change to one (say, how a pass is blocked) can be
+//! read and tested without the others; the stages share only what [`Plan`] records.
+
+use super::expr::{accumulate, identity, reduce_op};
+use super::layout::{Layout, Shape};
+use super::loads::{Addresses, Spaces};
+use super::loops::Elements;
+use super::passes::Passes;
+use super::text::text_without_unread_row;
+use super::Analysis;
+use crate::cuda::guard::{self, Guard};
+use crate::cuda::{c_type, signature, CodegenError, Launch, Src};
+use crate::fused::Inst;
+use crate::ReduceOp;
+
+/// What the stages before the loops over the row decided: every loop reads it, none changes
+/// it (the one thing that changes from loop to loop, which cached loads are already in
+/// registers, is passed beside it as `loaded`).
+pub(super) struct Plan {
+    pub(super) p: Passes,
+    pub(super) shape: Shape,
+    pub(super) sp: Spaces,
+    pub(super) at: Addresses,
+    pub(super) el: Elements,
+    /// The loads kept in registers across the loops (`c{i}[u]`).
+    pub(super) cached: Vec<bool>,
+    /// Each loop's guards (passes first, then the output loop).
+    pub(super) guards: Vec<Vec<Option<Guard>>>,
+}
+
+impl Analysis<'_> {
+    /// The kernel of the row or column strategy (see the module docs for the stage order).
+    pub(super) fn reduction(&self) -> Result<(String, Launch), CodegenError> {
+        let k = self.k;
+        let row_outputs = k.outputs.iter().any(|o| self.row[o.value]);
+        if self.rows == 0 || k.outputs.is_empty() || (self.n == 0 && !row_outputs) {
+            return Ok(self.empty());
+        }
+        let p = self.passes();
+        let shape = self.shape(&p)?;
+        let sp = self.spaces(&p);
+
+        let mut src = Src::default();
+        self.header(&mut src, &self.summary(&p), &shape.launch);
+        src.open(signature(shape.threads, &self.params()));
+        if shape.combine {
+            self.declare_fold(&mut src, shape.lay, &p.reds);
+        }
+        let row_line = self.row_loop(&mut src, shape.lay, shape.units);
+        let at = self.row_addresses(&mut src, &p, &sp);
+        let el = Elements::new(self.ix, self.n, shape.lay, shape.cache);
+        let cached = self.cached_loads(&p, shape.cache);
+        let guards = self.loop_guards(&p, &cached);
+        self.declare_cache(&mut src, &cached, el.per_thread);
+        let plan = Plan {
+            p,
+            shape,
+            sp,
+            at,
+            el,
+            cached,
+            guards,
+        };
+
+        let mut loaded = vec![false; k.body.len()];
+        for s in 0..=plan.p.passes {
+            if s > 0 {
+                self.pass(&mut src, &plan, s, &mut loaded)?;
+            }
+            self.row_values(&mut src, &plan, s)?;
+        }
+        if plan.p.full_outputs {
+            self.store_full(&mut src, &plan, &mut loaded)?;
+        }
+        self.store_rows(&mut src, shape.lay);
+        if shape.combine && shape.loops && !matches!(shape.lay, Layout::Group { .. }) {
+            src.line("__syncthreads(); // the next row reuses the shared memory");
+        }
+        src.close();
+        src.close();
+        Ok((text_without_unread_row(src.text, row_line), shape.launch))
+    }
+
+    /// The header's description of a reduction kernel: rows, row length, passes.
+    fn summary(&self, p: &Passes) -> String {
+        let (rows, n, passes) = (self.rows, self.n, p.passes);
+        format!(
+            "{rows} rows of {n} elements; {passes} reduction pass{}{}",
+            if passes == 1 { "" } else { "es" },
+            if p.full_outputs {
+                ", then the outputs"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// Pass `p` over the row: each thread folds its elements' terms of the stage-`p`
+    /// reductions into `a{r}` (float sums over long shares in blocks, see
+    /// [`super::loops::THREAD_BLOCK`]), then the fold stage combines the threads' partials so
+    /// that every thread of the row gets `v{r}`. With empty rows each reduction is its
+    /// identity, and nothing loops.
+    fn pass(
+        &self,
+        src: &mut Src,
+        plan: &Plan,
+        p: usize,
+        loaded: &mut [bool],
+    ) -> Result<(), CodegenError> {
+        let k = self.k;
+        let these: Vec<usize> = (plan.p.reds.iter().copied())
+            .filter(|&r| self.stage[r] == p)
+            .collect();
+        let names: Vec<String> = these.iter().map(|r| format!("%{r}")).collect();
+        src.line(format!("// pass {p}: {}", names.join(", ")));
+        if self.n == 0 {
+            for &r in these.iter().filter(|&&r| plan.p.needed[r]) {
+                let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
+                src.line(format!("const {} v{r} = {};", c_type(ty), identity(op, ty)));
+            }
+            return Ok(());
+        }
+        for &r in &these {
+            let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
+            src.line(format!("{} a{r} = {};", c_type(ty), identity(op, ty)));
+        }
+        let float_sums: Vec<usize> = (these.iter().copied())
+            .filter(|&r| reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float())
+            .collect();
+        let blocked: &[usize] = if plan.el.blocks(&float_sums) {
+            &float_sums
+        } else {
+            &[]
+        };
+        let body = self.pass_body(src, plan, p, &these, blocked, loaded)?;
+        if blocked.is_empty() {
+            plan.el.emit(src, &body);
+        } else {
+            self.emit_blocked_loop(src, &plan.el, blocked, &body);
+        }
+        self.fold(src, plan.shape.lay, &these);
+        for &r in &these {
+            src.line(format!("const {} v{r} = a{r};", c_type(self.dt[r])));
+        }
+        Ok(())
+    }
+
+    /// The body of pass `p`'s loop over the row: the reduce indices it needs, its full
+    /// instructions, and each reduction's term folded into its accumulator (`s{r}`, the
+    /// block's sum, for the `blocked` float sums; `a{r}` otherwise).
+    fn pass_body(
+        &self,
+        src: &Src,
+        plan: &Plan,
+        p: usize,
+        these: &[usize],
+        blocked: &[usize],
+        loaded: &mut [bool],
+    ) -> Result<String, CodegenError> {
+        let k = self.k;
+        let mut b = plan.el.body(src, usize::from(!blocked.is_empty()));
+        let insts = &plan.p.pass_full[p - 1];
+        self.loop_insts(&mut b, plan, insts, false, &plan.guards[p - 1], loaded)?;
+        for &r in these {
+            let Inst::Reduce { x, .. } = k.body[r] else {
+                continue;
+            };
+            let acc = if blocked.contains(&r) {
+                format!("s{r}")
+            } else {
+                format!("a{r}")
+            };
+            let term = accumulate(reduce_op(&k.body[r]), self.dt[r], &acc, &format!("v{x}"));
+            b.line(format!("{acc} = {term};"));
+        }
+        Ok(b.text)
+    }
+
+    /// Writes the start of one loop over the row's body: the reduce indices that `insts` (and,
+    /// with `outputs`, the full outputs' addresses) need, then `insts` in guard order (a
+    /// guard's condition before the loads it guards).
+    pub(super) fn loop_insts(
+        &self,
+        b: &mut Src,
+        plan: &Plan,
+        insts: &[usize],
+        outputs: bool,
+        g: &[Option<Guard>],
+        loaded: &mut [bool],
+    ) -> Result<(), CodegenError> {
+        let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
+        plan.sp.red.decompose(b, "j", self.ix, &need);
+        let any_axis = |d: usize| plan.sp.any_axis(d);
+        for i in guard::order(&self.k.body, &self.row, insts, g) {
+            let at = (&plan.at.full[..], &any_axis as &dyn Fn(usize) -> String);
+            self.emit_full(b, i, at, g[i], &plan.cached, loaded)?;
+        }
+        Ok(())
+    }
+
+    /// The row-level values of stage `s` (computed once a row, in every thread of the row,
+    /// after the reductions of stage `s` are complete), read at the row's bases.
+    fn row_values(&self, src: &mut Src, plan: &Plan, s: usize) -> Result<(), CodegenError> {
+        let row_axis = |d: usize| plan.sp.row_axis(d);
+        for (i, inst) in self.k.body.iter().enumerate() {
+            if plan.p.needed[i] && self.stage[i] == s && !matches!(inst, Inst::Reduce { .. }) {
+                let e = self.expr(i, &plan.at.row, &row_axis)?;
+                src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! The store stage of a reduction: the final loop over the row that computes and writes the
+//! per-element outputs, and the row-level outputs, written by one thread a row.
+
+use super::layout::Layout;
+use super::reduction::Plan;
+use super::space::join;
+use super::Analysis;
+use crate::cuda::{CodegenError, Src};
+
+impl Analysis<'_> {
+    /// The output loop: after the last pass, every thread computes the full outputs at its
+    /// elements of the row and writes them there (columns and groups: only on rows that exist,
+    /// `ok`). Each thread reads and writes only its own elements.
+    pub(super) fn store_full(
+        &self,
+        src: &mut Src,
+        plan: &Plan,
+        loaded: &mut [bool],
+    ) -> Result<(), CodegenError> {
+        let (k, ix, lay) = (self.k, self.ix, plan.shape.lay);
+        if let (Layout::Group { .. }, true) = (lay, plan.shape.combine) {
+            // The shuffles ended the passes; this orders their reads before the writes.
+            src.line("__syncwarp();");
+        }
+        src.line("// the full outputs");
+        let mut b = plan.el.body(src, 0);
+        let (insts, g) = (&plan.p.final_full, &plan.guards[plan.p.passes]);
+        self.loop_insts(&mut b, plan, insts, true, g, loaded)?;
+        let (sp, base) = (&plan.sp, plan.at.out_base.clone());
+        let out_addr = join(base, sp.red.part(sp.out_vec, "j", ix), ix);
+        for (j, o) in k.outputs.iter().enumerate() {
+            if !self.row[o.value] {
+                if !matches!(lay, Layout::Block { .. }) {
+                    b.line(format!("if (ok) {{ out{j}[{out_addr}] = v{}; }}", o.value));
+                } else {
+                    b.line(format!("out{j}[{out_addr}] = v{};", o.value));
+                }
+            }
+        }
+        plan.el.emit(src, &b.text);
+        Ok(())
+    }
+
+    /// The store stage of the row-level outputs: one thread of each row writes them at `row`
+    /// (the row's first thread; with several rows a block, only rows that exist: `ok`).
+    pub(super) fn store_rows(&self, src: &mut Src, lay: Layout) {
+        let k = self.k;
+        let row_stores: Vec<String> = k
+            .outputs
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| self.row[o.value])
+            .map(|(j, o)| format!("out{j}[row] = v{};", o.value))
+            .collect();
+        if !row_stores.is_empty() {
+            let cond = match lay {
+                Layout::Columns { .. } => "ok && threadIdx.y == 0u",
+                Layout::Group { .. } => "ok && lane == 0u",
+                Layout::Block { .. } => "threadIdx.x == 0u",
+            };
+            src.line(format!("if ({cond}) {{ {} }}", row_stores.join(" ")));
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The text stage of a reduction: last edits of the finished kernel text.
+
+/// The text stage of a reduction: the kernel's text without the line that defines `row` from
+/// the clamped slot (at byte `row_line`) when nothing after it reads `row`, so that the
+/// compiler is not asked to keep an unused value.
+pub(super) fn text_without_unread_row(mut text: String, row_line: Option<usize>) -> String {
+    if let Some(at) = row_line {
+        let end = at + text[at..].find('\n').map_or(0, |e| e + 1);
+        if !mentions(&text[end..], "row") {
+            text.replace_range(at..end, "");
+        }
+    }
+    text
+}
+
+/// Whether `text` uses the identifier `word`.
+pub(super) fn mentions(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back().is_none_or(|c| !ident(c));
+        let after = text[i + word.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !ident(c));
+        before && after
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mentions_matches_whole_identifiers_only() {
+        assert!(mentions("out0[row] = v1;", "row"));
+        assert!(mentions("row", "row"));
+        assert!(!mentions("const unsigned rows = rr;", "row"));
+        assert!(!mentions("b_row + row2", "row"));
+    }
+
+    #[test]
+    fn the_clamped_row_line_is_dropped_only_when_nothing_after_it_reads_row() {
+        let head = "const bool ok = rr < 4u;\n";
+        let line = "const unsigned row = ok ? rr : 3u;\n";
+        let tail = "if (ok) { out0[rr] = v1; }\n";
+        let unread = format!("{head}{line}{tail}");
+        assert_eq!(
+            text_without_unread_row(unread.clone(), Some(head.len())),
+            format!("{head}{tail}")
+        );
+        assert_eq!(text_without_unread_row(unread.clone(), None), unread);
+        let read = format!("{head}{line}out0[row] = v1;\n");
+        assert_eq!(
+            text_without_unread_row(read.clone(), Some(head.len())),
+            read
+        );
+    }
+}
