@@ -1031,3 +1031,82 @@ proptest! {
         read_everything(&d, &b);
     }
 }
+
+// ---------------------------------------------------------------- end to end
+
+#[test]
+fn a_loader_restarted_from_a_staged_batchs_next_position_continues_the_same_batches() {
+    let d = scratch("loader-resume");
+    let p = counting_tokens(&d, 300, 1000);
+    let buffers = || {
+        [0, 1].map(|_| Staging {
+            x: vec![0u8; 96],
+            y: vec![0u8; 96],
+        })
+    };
+    let mut whole = Loader::spawn(
+        Epochs::new(token_source(&p, 2, 6, Order::Random, 4)),
+        buffers(),
+    )
+    .unwrap();
+    let mut saved = None;
+    let mut tail = vec![];
+    for step in 0..40 {
+        let b = whole.next_batch().unwrap().unwrap();
+        if step == 29 {
+            saved = Some(b.info.next); // as a checkpoint after step 30 would save it
+        } else if step > 29 {
+            tail.push(b.x.clone());
+        }
+    }
+    let mut epochs = Epochs::new(token_source(&p, 2, 6, Order::Random, 4));
+    epochs.restore(saved.unwrap()).unwrap();
+    let mut resumed = Loader::spawn(epochs, buffers()).unwrap();
+    let again: Vec<Vec<u8>> = (0..10)
+        .map(|_| resumed.next_batch().unwrap().unwrap().x.clone())
+        .collect();
+    assert_eq!(again, tail);
+}
+
+#[test]
+fn a_byte_level_gpt_trains_two_epochs_on_a_text_through_the_loader() {
+    let d = scratch("e2e");
+    let text: String = (0..200)
+        .map(|i| format!("the cat {} sat on the mat. ", ["red", "big", "old"][i % 3]))
+        .collect();
+    let tokens = d.join("train.bin");
+    std::fs::write(&tokens, bytes::byte_tokens(text.as_bytes())).unwrap();
+    let model = models::by_name("gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=8")
+        .unwrap();
+    let src = TokenBatches::for_graph(
+        TokenStream::open(&tokens).unwrap(),
+        &model.graph,
+        Order::Random,
+        0,
+    )
+    .unwrap();
+    let per_epoch = src.batches_per_epoch() as usize;
+    let (xs, ys) = (src.x().clone(), src.y().clone());
+    let buffers = [0, 1].map(|_| Staging {
+        x: vec![0u8; xs.bytes()],
+        y: vec![0u8; ys.bytes()],
+    });
+    let mut loader = Loader::spawn(Epochs::new(src).epochs(2), buffers).unwrap();
+    let mut session = ingot_runtime::session::Session::new(&model, 0).unwrap();
+    let mut losses = vec![];
+    while let Some(b) = loader.next_batch().unwrap() {
+        session
+            .set_batch(&xs.to_tensor(&b.x), &ys.to_tensor(&b.y))
+            .unwrap();
+        drop(b);
+        losses.push(session.step().unwrap().loss);
+    }
+    assert_eq!(losses.len(), 2 * per_epoch);
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
+    assert!(first > 5.0, "starts near ln 256 = 5.55: {first}");
+    assert!(
+        last < first - 1.0,
+        "the loss falls over two epochs: {first} -> {last}"
+    );
+}
