@@ -613,7 +613,7 @@ fn token_batches_fill_a_gpts_inputs_as_the_synthetic_batch_does() {
     let mut e = Epochs::new(src);
     let (mut x, mut y) = (vec![0; xs.bytes()], vec![0; ys.bytes()]);
     e.next_into(&mut x, &mut y).unwrap().unwrap();
-    let (tx, ty) = (xs.to_tensor(&x), ys.to_tensor(&y));
+    let (tx, ty) = (xs.to_tensor(&x).unwrap(), ys.to_tensor(&y).unwrap());
     assert_eq!(tx.ty, synthetic["x"].ty);
     assert_eq!(ty.ty, synthetic["y"].ty);
     let (xv, yv) = (tx.as_i64().unwrap(), ty.as_i64().unwrap());
@@ -1096,7 +1096,7 @@ fn a_byte_level_gpt_trains_two_epochs_on_a_text_through_the_loader() {
     let mut losses = vec![];
     while let Some(b) = loader.next_batch().unwrap() {
         session
-            .set_batch(&xs.to_tensor(&b.x), &ys.to_tensor(&b.y))
+            .set_batch(&xs.to_tensor(&b.x).unwrap(), &ys.to_tensor(&b.y).unwrap())
             .unwrap();
         drop(b);
         losses.push(session.step().unwrap().loss);

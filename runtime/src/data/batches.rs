@@ -44,33 +44,25 @@ impl InputSlot {
 
     /// The tensor held by `bytes`, a buffer filled for this slot (allocates: for the CPU path
     /// and for tests; the staged path copies the bytes straight into the planned slot).
-    pub fn to_tensor(&self, bytes: &[u8]) -> Tensor {
-        let ty = TensorType::new(self.dims.as_slice(), self.dtype);
-        let b = &bytes[..self.bytes()];
+    /// `None` if `bytes` is shorter than a batch or the dtype is one batches never hold.
+    pub fn to_tensor(&self, bytes: &[u8]) -> Option<Tensor> {
+        let b = bytes.get(..self.bytes())?;
+        fn read<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+            b.chunks_exact(N)
+                .map(|c| f(c.try_into().expect("chunks of N")))
+                .collect()
+        }
         let data = match self.dtype {
-            DType::F32 => Data::F32(
-                b.chunks_exact(4)
-                    .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::F64 => Data::F64(
-                b.chunks_exact(8)
-                    .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::I32 => Data::I32(
-                b.chunks_exact(4)
-                    .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::I64 => Data::I64(
-                b.chunks_exact(8)
-                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            _ => Data::Bool(b.to_vec()),
+            DType::F32 => Data::F32(read(b, f32::from_ne_bytes)),
+            DType::F64 => Data::F64(read(b, f64::from_ne_bytes)),
+            DType::I32 => Data::I32(read(b, i32::from_ne_bytes)),
+            DType::I64 => Data::I64(read(b, i64::from_ne_bytes)),
+            _ => return None,
         };
-        Tensor { ty, data }
+        Some(Tensor {
+            ty: TensorType::new(self.dims.as_slice(), self.dtype),
+            data,
+        })
     }
 }
 
@@ -119,6 +111,10 @@ pub trait BatchSource: Send {
     fn dropped_per_epoch(&self) -> Dropped;
     /// A line identifying the data set and how it is cut, for checkpoints and logs.
     fn describe(&self) -> String;
+    /// Checks every token id (or label) of the file against the model's bound, reading it
+    /// once in 1 MiB pieces: a run can refuse bad data before its first step instead of
+    /// meeting it hours in (batches check the ids they hold in any case).
+    fn check_all(&mut self) -> Result<(), DataError>;
 }
 
 impl<S: BatchSource + ?Sized> BatchSource for Box<S> {
@@ -148,6 +144,9 @@ impl<S: BatchSource + ?Sized> BatchSource for Box<S> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn check_all(&mut self) -> Result<(), DataError> {
+        (**self).check_all()
     }
 }
 
@@ -376,6 +375,9 @@ impl BatchSource for TokenBatches {
             self.vocab
         )
     }
+    fn check_all(&mut self) -> Result<(), DataError> {
+        self.stream.check_ids(self.vocab)
+    }
 }
 
 /// The model's inputs `x` and `y`, or an error naming the data file.
@@ -592,6 +594,9 @@ impl BatchSource for SampleBatches {
             self.classes,
             self.shuffle
         )
+    }
+    fn check_all(&mut self) -> Result<(), DataError> {
+        self.set.check_labels(self.classes)
     }
 }
 
