@@ -971,7 +971,11 @@ fn read_everything(dir: &Path, bytes: &[u8]) {
         let _ = s.read(0, n, 1 << 20, |_, _| {});
         let _ = s.check_ids(300);
     }
-    if let Ok(mut s) = SampleSet::open(&p) {
+    // As safetensors, and as both arrays of an npy pair.
+    for mut s in [SampleSet::open(&p), SampleSet::open_npy(&p, &p)]
+        .into_iter()
+        .flatten()
+    {
         let _ = s.check_labels(3);
         if !s.is_empty() && s.x().row_elems() < 1 << 16 {
             let _ = s.features(s.len() - 1);
@@ -983,6 +987,7 @@ fn valid_files() -> Vec<Vec<u8>> {
     let (x, y) = sample_arrays(3, 2);
     vec![
         encode("<u2", &[4], &u16s([1, 2, 3, 4])),
+        encode("<i8", &[2, 1], &i64_le([1, 0])),
         encode("<f4", &[3, 3], &x),
         llmc(LLMC_MAGIC_U16, 1, 2, &u16s([1, 2])),
         safetensors_file(&[
@@ -1014,7 +1019,7 @@ proptest! {
 
     #[test]
     fn a_valid_file_with_bytes_changed_or_cut_gives_errors_not_panics(
-        which in 0usize..4,
+        which in 0usize..5,
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
         cut in any::<prop::sample::Index>(),
         do_cut in any::<bool>(),
