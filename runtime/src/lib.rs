@@ -3,6 +3,7 @@
 pub mod cli;
 pub mod cpu;
 pub mod cuda;
+pub mod data;
 pub mod error;
 pub mod executor;
 pub mod fuzz;

@@ -4,6 +4,7 @@
 //! 3 a memory budget the plan exceeds, or a capacity the offset solver cannot meet in time.
 
 mod compile;
+mod data;
 mod dsa;
 mod inspect;
 mod plan;
@@ -38,6 +39,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Solve an offset-assignment problem (MiniMalloc's CSV format) with Ingot's solver.
     Dsa(dsa::DsaArgs),
+    /// Prepare data sets: `ingot data bytes INPUT OUT.bin` writes byte-level tokens.
+    Data(data::DataArgs),
 }
 
 /// Which model a command compiles: a named one (`--model`) or the IR text form of a forward
@@ -181,6 +184,7 @@ pub fn main() -> i32 {
         Command::Run(a) => run::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Dsa(a) => dsa::run(&a),
+        Command::Data(a) => data::run(&a),
     };
     match result {
         Ok(()) => 0,

@@ -1,0 +1,120 @@
+//! The loader thread allocates nothing per batch once warm: a counting global allocator
+//! watches every allocation of this test process (the loader thread's included) while batches
+//! of tokens and of samples are staged and consumed.
+//!
+//! It runs without the test harness (`harness = false` in Cargo.toml): libtest's own thread
+//! allocates while a test runs (its table of running tests), which would be counted too.
+
+use ingot_compiler::ir::DType;
+use ingot_runtime::data::npy::encode;
+use ingot_runtime::data::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        System.realloc(p, layout, new)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        System.dealloc(p, layout)
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+fn slot(name: &str, dtype: DType, dims: &[usize]) -> InputSlot {
+    InputSlot {
+        name: name.into(),
+        dtype,
+        dims: dims.to_vec(),
+    }
+}
+
+/// Allocations made while `steps` batches after the first few are taken from a loader over
+/// `source`, each read (summed, as a step would) before it is handed back.
+fn allocations_while_staging<S: BatchSource + 'static>(source: S, steps: usize) -> usize {
+    let (xb, yb) = (source.x().bytes(), source.y().bytes());
+    let buffers = [0, 1].map(|_| Staging {
+        x: vec![0u8; xb],
+        y: vec![0u8; yb],
+    });
+    let spawning = ALLOCATIONS.load(Ordering::SeqCst);
+    let mut loader = Loader::spawn(Epochs::new(source), buffers).unwrap();
+    assert!(
+        ALLOCATIONS.load(Ordering::SeqCst) > spawning,
+        "starting a thread allocates: the counter counts"
+    );
+    let mut checksum = 0u64;
+    let mut take = |loader: &mut Loader<Vec<u8>>| {
+        let b = loader.next_batch().unwrap().unwrap();
+        checksum = checksum.wrapping_add(b.x.iter().map(|&v| v as u64).sum::<u64>());
+    };
+    // Warm-up: the first batches grow read buffers, the first epoch's order, channel contexts.
+    for _ in 0..4 {
+        take(&mut loader);
+    }
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    for _ in 0..steps {
+        take(&mut loader);
+    }
+    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    assert!(checksum > 0);
+    after - before
+}
+
+fn main() {
+    staging_token_and_sample_batches_allocates_nothing_once_warm();
+    println!("test staging_token_and_sample_batches_allocates_nothing_once_warm ... ok");
+}
+
+fn staging_token_and_sample_batches_allocates_nothing_once_warm() {
+    let d = std::env::temp_dir().join(format!("ingot-data-alloc-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let tokens: Vec<u8> = (0..5000u16).flat_map(|t| (t % 500).to_le_bytes()).collect();
+    let p = d.join("t.bin");
+    std::fs::write(&p, tokens).unwrap();
+    for order in [Order::Random, Order::Sequential] {
+        let src = TokenBatches::new(
+            TokenStream::open(&p).unwrap(),
+            slot("x", DType::I64, &[4, 16]),
+            slot("y", DType::I64, &[4, 16]),
+            500,
+            order,
+            1,
+        )
+        .unwrap();
+        // 78 batches an epoch: 200 steps cross two epoch boundaries.
+        assert_eq!(allocations_while_staging(src, 200), 0, "tokens, {order:?}");
+    }
+    let n = 50;
+    let x: Vec<u8> = (0..n * 6).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 3).to_le_bytes()).collect();
+    std::fs::write(d.join("x.npy"), encode("<f4", &[n, 6], &x)).unwrap();
+    std::fs::write(d.join("y.npy"), encode("<i8", &[n], &y)).unwrap();
+    let src = SampleBatches::new(
+        SampleSet::open(&d).unwrap(),
+        slot("x", DType::F32, &[8, 6]),
+        slot("y", DType::I64, &[8]),
+        3,
+        true,
+        2,
+    )
+    .unwrap();
+    // 6 batches an epoch: 40 steps reshuffle the order six times.
+    assert_eq!(allocations_while_staging(src, 40), 0, "samples");
+    let _ = std::fs::remove_dir_all(&d);
+}
