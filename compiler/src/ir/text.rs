@@ -1021,6 +1021,10 @@ mod tests {
         let _ = g.full(1.0, [], DType::Bool).unwrap();
         let _ = g.full(-7.0, [2], DType::I32).unwrap();
         let _ = g.full(f64::INFINITY, [], DType::F64).unwrap();
+        // bf16 storage: a cast in, arithmetic, a cast out.
+        let hb = g.convert(h, DType::BF16).unwrap();
+        let hb = g.mul(hb, hb).unwrap();
+        let _ = g.convert(hb, DType::F32).unwrap();
 
         let newm = g.add(m, back).unwrap();
         let lr = g.full(0.1, [3, 4], DType::F32).unwrap();

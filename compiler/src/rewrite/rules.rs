@@ -605,6 +605,8 @@ fn reduce_broadcast_recipe(
         DType::I32 => count <= i32::MAX as usize,
         DType::I64 => count <= 1 << 53,
         DType::Bool => false,
+        // `full(count)` must hold the count exactly (bf16 holds the integers up to 256).
+        DType::BF16 => count <= 256,
     };
     if !fits {
         return None;

@@ -64,6 +64,7 @@ fn leaf_value(name: &str, ty: &TensorType) -> T {
             let x = noise(name, i);
             match ty.dtype {
                 DType::F32 | DType::F64 => x,
+                DType::BF16 => ingot_kernels::dtype::bf16_from_f64(x).to_f64(),
                 DType::I32 | DType::I64 => ((x + 1.0) * 2.0).floor(), // ids 0..4
                 DType::Bool => (x > 0.0) as u8 as f64,
             }
@@ -129,6 +130,7 @@ fn eval(g: &Graph) -> Vec<T> {
             Op::Convert => map(&|x| match n.ty.dtype {
                 DType::Bool => (x[0] != 0.0) as u8 as f64,
                 DType::I32 | DType::I64 => x[0].trunc(),
+                DType::BF16 => ingot_kernels::dtype::bf16_from_f64(x[0]).to_f64(),
                 _ => x[0],
             }),
             Op::StopGradient | Op::Reshape => arg(0).v.clone(),

@@ -1491,6 +1491,7 @@ impl<'a> Analysis<'a> {
                     DType::I32 => format!("(int){x}"),
                     DType::I64 => format!("(long long){x}"),
                     DType::Bool => format!("(unsigned char)({x} != 0)"),
+                    DType::BF16 => return Err(unsupported("index", dtype)),
                 }
             }
             Inst::Unary { op, x } => {
@@ -1551,6 +1552,7 @@ impl<'a> Analysis<'a> {
                     DType::I32 => "ig_to_i32",
                     DType::I64 => "ig_to_i64",
                     DType::Bool => "ig_to_bool",
+                    DType::BF16 => return Err(unsupported("convert", to)),
                 };
                 format!("{f}({})", v(x))
             }
@@ -1626,7 +1628,7 @@ fn vec4_type(d: DType) -> Option<&'static str> {
         DType::F32 => Some("float4"),
         DType::I32 => Some("int4"),
         DType::Bool => Some("uchar4"),
-        DType::F64 | DType::I64 => None,
+        DType::F64 | DType::I64 | DType::BF16 => None,
     }
 }
 

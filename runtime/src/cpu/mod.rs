@@ -2,6 +2,7 @@
 //! [`interp::run_graph`] is the unplanned reference interpreter built on it, and
 //! [`planned::PlannedStep`] runs a planned step in its one slab.
 
+pub mod bf16;
 pub mod exec;
 pub mod interp;
 pub mod planned;
