@@ -6,6 +6,8 @@
 //! always equals the f32 it widens to, and an executor may keep it as that f32 between ops so
 //! long as it rounds after each op whose result is bf16.
 
+/// The bf16 storage type (from `half`, re-exported so that every crate names the same type).
+pub use half::bf16;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

@@ -1045,6 +1045,24 @@ mod tests {
     }
 
     #[test]
+    fn a_bf16_op_on_an_f32_operand_without_a_cast_is_a_type_error_naming_the_line() {
+        let good = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n%1 = input \"h\" : bf16[2,3]\n\
+                    %2 = convert(%0) : bf16[2,3]\n%3 = add(%2, %1) : bf16[2,3]\noutput \"y\" = %3\n";
+        let g = parse(good).unwrap();
+        assert_eq!(g.ty(NodeId(3)).dtype, DType::BF16);
+        assert_eq!(g.ty(NodeId(3)).bytes(), 12, "bf16 is 2 bytes an element");
+        assert_eq!(print(&g), good, "bf16 prints as it parses");
+        let bad = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n%1 = input \"h\" : bf16[2,3]\n\
+                   %2 = add(%0, %1) : bf16[2,3]\n";
+        let (line, reason) = parse_err(bad);
+        assert_eq!(line, 4, "{reason}");
+        assert!(
+            reason.contains("f32") && reason.contains("bf16"),
+            "{reason}"
+        );
+    }
+
+    #[test]
     fn the_reference_graph_uses_every_op_and_every_dtype() {
         let g = every_op_graph();
         let names: Vec<&str> = g.op_histogram().keys().copied().collect();

@@ -324,6 +324,7 @@ pub fn all() -> Vec<Rule> {
         "select-const" => select_const,
         "max-min-same" => max_min_same,
         "convert-same" => convert_same,
+        "convert-of-exact-convert" => convert_of_exact_convert,
         "broadcast-same" => broadcast_same,
         "reshape-same" => reshape_same,
         "transpose-identity" => transpose_identity,
@@ -438,6 +439,51 @@ fn convert_same(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
         if let Kind::Convert(to) = n.kind {
             if ty(eg, n.args[0]).dtype == to {
                 out.push(Recipe::class(n.args[0]));
+            }
+        }
+    }
+}
+
+/// Whether converting any value of `from` to `to` is exact and converting it back gives the
+/// value itself: `to` holds every value of `from`. bf16 ⊂ f32 ⊂ f64 (each has the other's
+/// exponent range or more, and more significand bits), i32 ⊂ i64, i32 ⊂ f64 (53 significand
+/// bits), and bool's 0 and 1 are in every dtype (and come back as false and true). f32 is not
+/// in bf16 (16 significand bits are dropped by rounding), nor i32 in f32, nor i64 in f64.
+/// (NaN payloads aside: a signalling NaN may come back quieted, still a NaN.)
+pub fn holds_every_value(from: DType, to: DType) -> bool {
+    use DType::*;
+    from == to
+        || matches!(
+            (from, to),
+            (BF16, F32 | F64) | (F32, F64) | (I32, I64 | F64) | (Bool, _)
+        )
+}
+
+/// `convert(convert(x) : B) : C => convert(x) : C` (or `x` when `x` is already `C`) when `B`
+/// holds every value of `x`'s dtype `A` ([`holds_every_value`]): the inner conversion changes
+/// no value, so the outer one sees `x`'s own values. With `C = A` the pair cancels:
+/// `bf16 -> f32 -> bf16` is `x`, while `f32 -> bf16 -> f32` is not (it rounds) and stays.
+/// `A -> B -> C` equals `A -> C` because every conversion is a function of the value alone
+/// (float targets round the exact value once; integer targets truncate it; bool tests it for
+/// zero), and the value is unchanged by `A -> B`.
+fn convert_of_exact_convert(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
+    for n in nodes(eg, c) {
+        let Kind::Convert(to) = n.kind else {
+            continue;
+        };
+        for m in nodes(eg, n.args[0]) {
+            let Kind::Convert(mid) = m.kind else {
+                continue;
+            };
+            let x = m.args[0];
+            let from = ty(eg, x).dtype;
+            if !holds_every_value(from, mid) {
+                continue;
+            }
+            if from == to {
+                out.push(Recipe::class(x));
+            } else {
+                out.push(Recipe::single(Kind::Convert(to), &[x.into()]));
             }
         }
     }

@@ -1273,3 +1273,70 @@ fn leaf_kinds_and_inits_survive() {
     assert_eq!(out.leaves(LeafKind::State).len(), 1);
     assert_eq!(out.node(out.leaf("p").unwrap()).op, g.node(p).op);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Casts (bf16)
+// ---------------------------------------------------------------------------------------------
+
+/// A graph with one parameter `x` of `dtype`, converted through `path`, then `exp`.
+fn cast_chain(dtype: DType, path: &[DType]) -> Graph {
+    let mut g = Graph::new();
+    let mut x = g
+        .parameter("x", [5], dtype, Init::Normal { std: 1.0 })
+        .unwrap();
+    for &d in path {
+        x = g.convert(x, d).unwrap();
+    }
+    let e = g.exp(x).unwrap();
+    g.set_output("y", e).unwrap();
+    g
+}
+
+#[test]
+fn an_f32_round_trip_of_a_bf16_value_cancels() {
+    let g = cast_chain(DType::BF16, &[DType::F32, DType::BF16]);
+    let (s, r) = check(&g);
+    assert!(fired(&r, "convert-of-exact-convert") >= 1);
+    assert_eq!(count(&s, "convert"), 0, "{s}");
+}
+
+#[test]
+fn a_bf16_round_trip_of_an_f32_value_is_kept_because_it_rounds() {
+    let g = cast_chain(DType::F32, &[DType::BF16, DType::F32]);
+    let (s, _) = check(&g);
+    assert_eq!(count(&s, "convert"), 2, "{s}");
+}
+
+#[test]
+fn a_widening_before_another_conversion_is_dropped() {
+    // bf16 -> f32 -> f64 is bf16 -> f64; f32 -> bf16 -> f64 keeps its rounding step.
+    let (s, _) = check(&cast_chain(DType::BF16, &[DType::F32, DType::F64]));
+    assert_eq!(count(&s, "convert"), 1, "{s}");
+    let (s, _) = check(&cast_chain(DType::F32, &[DType::BF16, DType::F64]));
+    assert_eq!(count(&s, "convert"), 2, "{s}");
+}
+
+/// The exactness argument of `convert-of-exact-convert`, checked on the conversions
+/// themselves: every bf16 survives f32 and f64 round trips bit for bit (NaN stays NaN), while
+/// some f32 does not survive a bf16 round trip.
+#[test]
+fn bf16_widens_exactly_and_f32_does_not_narrow_exactly() {
+    use ingot_kernels::dtype::bf16_from_f64;
+    assert!(rules::holds_every_value(DType::BF16, DType::F32));
+    assert!(rules::holds_every_value(DType::BF16, DType::F64));
+    assert!(!rules::holds_every_value(DType::F32, DType::BF16));
+    assert!(!rules::holds_every_value(DType::I32, DType::F32));
+    for bits in 0..=u16::MAX {
+        let b = ingot_kernels::dtype::bf16::from_bits(bits);
+        let via_f32 = ingot_kernels::dtype::round_bf16(b.to_f32());
+        let via_f64 = bf16_from_f64(b.to_f64());
+        if b.is_nan() {
+            assert!(via_f32.is_nan() && via_f64.is_nan());
+        } else {
+            assert_eq!(via_f32.to_bits(), bits);
+            assert_eq!(via_f64.to_bits(), bits);
+        }
+    }
+    let x = 1.0f32 + f32::EPSILON;
+    assert_ne!(ingot_kernels::dtype::quantize_bf16(x), x);
+}

@@ -79,6 +79,7 @@ pub fn exec_widened(
     scratch: Scratch<'_>,
 ) -> Result<(), ExecError> {
     let need = regions(&node.ty, input_types);
+    let given = matches!(scratch, Scratch::Given(_));
     let mut owned: Vec<u64>;
     let bytes: &mut [u8] = match scratch {
         Scratch::Given(b) => b,
@@ -130,10 +131,11 @@ pub fn exec_widened(
         inputs: node.inputs.clone(),
         ty: f32_type(&node.ty),
     };
-    let inner = if tail.is_empty() {
-        Scratch::Allocate
-    } else {
+    // Planned scratch holds the f32 kernel's own workspace after the regions.
+    let inner = if given {
         Scratch::Given(tail)
+    } else {
+        Scratch::Allocate
     };
     exec_node_with(
         &f32_node,
