@@ -11,6 +11,7 @@ pub mod ir;
 pub mod models;
 pub mod pipeline;
 pub mod plan;
+pub mod precision;
 pub mod random_graph;
 pub mod rewrite;
 pub mod schedule;

@@ -180,3 +180,148 @@ fn bf16_column_sums_and_mixed_casts_fused_give_the_unfused_bits() {
     g.set_output("m", m).unwrap();
     fused_equals_unfused(&g, &leaves_of(&g, 13));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The bf16 policy (compiler::precision)
+// ---------------------------------------------------------------------------------------------
+
+use ingot_compiler::ir::LeafKind;
+use ingot_compiler::models;
+use ingot_compiler::pipeline::{self, Options};
+use ingot_compiler::precision::Precision;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::init::{init_leaves, synthetic_batch};
+use ingot_runtime::session::Session;
+use ingot_runtime::StepExecutor;
+
+const SMALL_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
+
+fn bf16_options(base: Options) -> Options {
+    Options {
+        precision: Precision::Bf16,
+        ..base
+    }
+}
+
+#[test]
+fn the_bf16_policy_keeps_state_f32_and_multiplies_and_reduces_as_autocast_does() {
+    let m = models::by_name(SMALL_GPT).unwrap();
+    let opts = bf16_options(Options::unoptimized(ingot_runtime::cpu::plan_options()));
+    let c = pipeline::compile(&m, &opts).unwrap();
+    let g = &c.step.graph;
+    let (mut matmuls, mut reductions) = (0, 0);
+    for id in g.ids() {
+        let n = g.node(id);
+        match &n.op {
+            Op::Leaf { kind, name, .. } => {
+                if let Some(l) = m.graph.leaf(name) {
+                    assert_eq!(n.ty.dtype, m.graph.ty(l).dtype, "{name}");
+                }
+                // Parameters f32; optimizer state f32 (moments) or f64 (AdamW's step count).
+                if *kind != LeafKind::Input {
+                    assert_ne!(n.ty.dtype, DType::BF16, "{name}");
+                }
+            }
+            Op::MatMul { .. } => {
+                matmuls += 1;
+                assert_eq!(n.ty.dtype, DType::BF16, "{id:?}");
+                for &x in &n.inputs {
+                    assert_eq!(g.ty(x).dtype, DType::BF16, "{id:?}");
+                }
+            }
+            Op::Reduce { .. } if g.ty(n.inputs[0]).dtype != DType::I32 => {
+                // The forward's reductions, and the backward's sums of f32 values, are f32;
+                // only the bias gradients (sums of a bf16 matmul's gradient) may be bf16, and
+                // those accumulate in f32 inside the kernel.
+                if n.ty.dtype == DType::BF16 {
+                    continue;
+                }
+                reductions += 1;
+                assert_eq!(n.ty.dtype, DType::F32, "{id:?}");
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        matmuls >= 3 * 2 * 4,
+        "forward and backward matmuls: {matmuls}"
+    );
+    assert!(reductions > 0);
+    assert_eq!(g.ty(g.outputs["loss"]).dtype, DType::F32, "the loss is f32");
+    for u in &g.updates {
+        assert_eq!(
+            g.ty(u.value).dtype,
+            g.ty(u.target).dtype,
+            "updates keep their dtype"
+        );
+        assert_ne!(g.ty(u.value).dtype, DType::BF16);
+    }
+    // f32 and tf32 leave the forward graph as traced.
+    assert_eq!(Precision::F32.apply(&m.graph).unwrap(), m.graph);
+    assert_eq!(Precision::Tf32.apply(&m.graph).unwrap(), m.graph);
+}
+
+/// 20 steps of `spec` in f32 and under the bf16 policy, from the same weights and batches: every
+/// step's loss within `tol` relative.
+fn bf16_losses_track_f32(spec: &str, tol: f64) {
+    let m = models::by_name(spec).unwrap();
+    let mut f32_run = Session::new(&m, 9).unwrap();
+    let mut bf16_run = Session::with_options(&m, 9, &bf16_options(Session::cpu_options())).unwrap();
+    let mut worst = 0f64;
+    for s in 0..20 {
+        let (a, b) = (f32_run.step().unwrap().loss, bf16_run.step().unwrap().loss);
+        assert!(b.is_finite(), "{spec} step {s}: bf16 loss {b}");
+        let d = (a - b).abs() / a.abs();
+        worst = worst.max(d);
+        assert!(d <= tol, "{spec} step {s}: f32 loss {a}, bf16 {b} ({d:e})");
+    }
+    // bf16 really runs: the losses are not the f32 ones.
+    assert!(worst > 0.0, "{spec}: the bf16 losses equal the f32 ones");
+    eprintln!("{spec}: worst relative loss difference over 20 steps {worst:e}");
+}
+
+#[test]
+fn bf16_mlp_losses_stay_within_one_percent_of_f32_over_20_steps() {
+    bf16_losses_track_f32("mlp", 0.01);
+}
+
+#[test]
+fn bf16_gpt_losses_stay_within_one_percent_of_f32_over_20_steps() {
+    bf16_losses_track_f32(SMALL_GPT, 0.01);
+}
+
+#[test]
+fn a_fused_planned_bf16_step_is_bit_identical_to_its_unfused_reference_run() {
+    let m = models::by_name(SMALL_GPT).unwrap();
+    let c = pipeline::compile(&m, &bf16_options(Session::cpu_options())).unwrap();
+    let g = c.graph.clone();
+    assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Fused(_))));
+    assert!(g.ids().any(|id| g.node(id).ty.dtype == DType::BF16));
+    let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 5);
+    leaves.extend(init_leaves(&g, LeafKind::State, 5));
+    leaves.extend(synthetic_batch(&g, 5));
+    // The unfused step graph (rewritten, not fused) on the same leaves.
+    let unfused = pipeline::compile(
+        &m,
+        &bf16_options(Options {
+            fuse: None,
+            ..Session::cpu_options()
+        }),
+    )
+    .unwrap();
+    let plain = run_graph(&unfused.graph, &leaves).unwrap();
+    let reference = run_graph(&g, &leaves).unwrap();
+    let mut planned = PlannedStep::new(g, c.plan).unwrap();
+    for (name, v) in &leaves {
+        planned.write_leaf(name, v).unwrap();
+    }
+    planned.step().unwrap();
+    for (name, v) in &reference.outputs {
+        assert_eq!(&planned.read_output(name).unwrap(), v, "output {name}");
+        assert_eq!(&plain.outputs[name], v, "fused and unfused output {name}");
+    }
+    for (name, v) in &reference.updates {
+        assert_eq!(&planned.read_leaf(name).unwrap(), v, "updated {name}");
+        assert_eq!(&plain.updates[name], v, "fused and unfused update {name}");
+    }
+}

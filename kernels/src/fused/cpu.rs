@@ -842,10 +842,11 @@ fn widen_bf16(o: &mut [u8], len: usize) -> R {
     Ok(())
 }
 
-/// Fills `o` with copies of the element `e` (1, 4 or 8 bytes).
+/// Fills `o` with copies of the element `e` (1, 2, 4 or 8 bytes).
 fn fill_bytes(e: &[u8], o: &mut [u8]) -> R {
     match *e {
         [b] => o.fill(b),
+        [a, b] => typed_mut::<u16>(o)?.fill(u16::from_ne_bytes([a, b])),
         [a, b, c, d] => typed_mut::<u32>(o)?.fill(u32::from_ne_bytes([a, b, c, d])),
         [a, b, c, d, e, f, g, h] => {
             typed_mut::<u64>(o)?.fill(u64::from_ne_bytes([a, b, c, d, e, f, g, h]))
@@ -879,6 +880,12 @@ fn gather(src: &[u8], sz: usize, start: usize, step: usize, seg: usize, out: &mu
         (_, 1) => {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = src[start + j * step];
+            }
+        }
+        (_, 2) => {
+            for (j, o) in out.chunks_exact_mut(2).enumerate() {
+                let at = (start + j * step) * 2;
+                o.copy_from_slice(&src[at..at + 2]);
             }
         }
         (_, 4) => {
