@@ -16,6 +16,7 @@ use crate::tensor::{View, ViewMut};
 use half::bf16;
 use ingot_compiler::ir::{BinaryOp, DType, Graph, Node, NodeId, Op, TensorType, UnaryOp};
 use ingot_kernels::cpu::{Float, Num, Scalar};
+use smallvec::SmallVec;
 
 /// Alignment of each region carved from the scratch.
 const ALIGN: usize = 64;
@@ -103,7 +104,9 @@ pub fn exec_widened(
     }
     let pad = (ALIGN - bytes.as_ptr() as usize % ALIGN) % ALIGN;
     let mut rest = &mut bytes[pad..];
-    let mut f32_inputs: Vec<View<'_>> = Vec::with_capacity(inputs.len());
+    // Inline storage: a planned step allocates nothing (matmul and scatter_add have 2 operands,
+    // reductions 1; shapes up to rank 4 are inline too).
+    let mut f32_inputs: SmallVec<[View<'_>; 3]> = SmallVec::new();
     for (v, t) in inputs.iter().zip(input_types) {
         match v {
             View::BF16(x) => {
@@ -124,8 +127,8 @@ pub fn exec_widened(
     let n = node.ty.shape.numel();
     let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(n * 4));
     let result = as_f32(region, n);
-    let types: Vec<TensorType> = input_types.iter().map(|t| f32_type(t)).collect();
-    let type_refs: Vec<&TensorType> = types.iter().collect();
+    let types: SmallVec<[TensorType; 3]> = input_types.iter().map(|t| f32_type(t)).collect();
+    let type_refs: SmallVec<[&TensorType; 3]> = types.iter().collect();
     let f32_node = Node {
         op: node.op.clone(),
         inputs: node.inputs.clone(),
