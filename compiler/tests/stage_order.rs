@@ -9,7 +9,17 @@ use std::path::{Path, PathBuf};
 
 /// The pipeline's stages, in the order data flows through them.
 const STAGES: &[&str] = &[
-    "ir", "trace", "models", "autodiff", "rewrite", "fuse", "schedule", "plan", "report", "exe",
+    "ir",
+    "trace",
+    "models",
+    "precision",
+    "autodiff",
+    "rewrite",
+    "fuse",
+    "schedule",
+    "plan",
+    "report",
+    "exe",
     "pipeline",
 ];
 /// Helpers every stage may use; they use no stage themselves.
