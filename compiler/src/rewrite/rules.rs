@@ -325,6 +325,7 @@ pub fn all() -> Vec<Rule> {
         "max-min-same" => max_min_same,
         "convert-same" => convert_same,
         "convert-of-exact-convert" => convert_of_exact_convert,
+        "convert-of-broadcast" => convert_of_broadcast,
         "broadcast-same" => broadcast_same,
         "reshape-same" => reshape_same,
         "transpose-identity" => transpose_identity,
@@ -485,6 +486,30 @@ fn convert_of_exact_convert(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
             } else {
                 out.push(Recipe::single(Kind::Convert(to), &[x.into()]));
             }
+        }
+    }
+}
+
+/// `convert(broadcast(x, d)) => broadcast(convert(x), d)`: a conversion is elementwise, so it
+/// commutes with the copy a broadcast makes, and is cheaper before it (a bias cast to bf16 once
+/// per element of the bias, not of the activation it is added to). Exact.
+fn convert_of_broadcast(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
+    for n in nodes(eg, c) {
+        let Kind::Convert(to) = n.kind else {
+            continue;
+        };
+        for m in nodes(eg, n.args[0]) {
+            let Kind::Broadcast(d) = &m.kind else {
+                continue;
+            };
+            let x = m.args[0];
+            if numel(dims(eg, x)) >= numel(d) {
+                continue;
+            }
+            let mut r = Recipe::default();
+            let cx = r.node(Kind::Convert(to), &[x.into()]);
+            let b = r.node(Kind::Broadcast(d.clone()), &[cx]);
+            out.push(r.done(b));
         }
     }
 }

@@ -1340,3 +1340,22 @@ fn bf16_widens_exactly_and_f32_does_not_narrow_exactly() {
     let x = 1.0f32 + f32::EPSILON;
     assert_ne!(ingot_kernels::dtype::quantize_bf16(x), x);
 }
+
+#[test]
+fn a_cast_of_a_broadcast_casts_the_small_operand() {
+    let mut g = Graph::new();
+    let b = g
+        .parameter("b", [4], DType::F32, Init::Normal { std: 1.0 })
+        .unwrap();
+    let x = g
+        .parameter("x", [3, 4], DType::BF16, Init::Normal { std: 1.0 })
+        .unwrap();
+    let bb = g.broadcast_to(b, [3, 4]).unwrap();
+    let bc = g.convert(bb, DType::BF16).unwrap();
+    let y = g.add(x, bc).unwrap();
+    g.set_output("y", y).unwrap();
+    let (s, r) = check(&g);
+    assert!(fired(&r, "convert-of-broadcast") >= 1);
+    let convert = s.nodes().iter().find(|n| n.op == Op::Convert).unwrap();
+    assert_eq!(convert.ty.shape.dims(), &[4], "{s}");
+}
