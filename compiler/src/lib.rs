@@ -12,6 +12,7 @@ pub mod lower;
 pub mod models;
 pub mod pipeline;
 pub mod plan;
+pub mod precision;
 pub mod random_graph;
 pub mod rewrite;
 pub mod schedule;

@@ -11,6 +11,7 @@ use crate::lower::{LowerError, Target};
 use crate::models::{self, Model};
 use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
+use crate::precision::Precision;
 use crate::rewrite::{self, RewriteOptions, RewriteReport};
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,9 @@ pub struct Options {
     /// Fuse into kernels; `None` plans the primitive ops as they are.
     pub fuse: Option<FuseOptions>,
     pub plan: PlanOptions,
+    /// The arithmetic of the step: bf16 applies [`crate::precision::autocast_bf16`] to the
+    /// forward graph before autodiff.
+    pub precision: Precision,
 }
 
 impl Default for Options {
@@ -75,6 +79,7 @@ impl Default for Options {
             rewrite: Some(RewriteOptions::default()),
             fuse: Some(FuseOptions::default()),
             plan: PlanOptions::default(),
+            precision: Precision::F32,
         }
     }
 }
@@ -96,6 +101,7 @@ impl Options {
             rewrite: None,
             fuse: None,
             plan,
+            precision: Precision::F32,
         }
     }
 }
@@ -160,7 +166,7 @@ pub fn compile_observed(
 ) -> Result<Compiled, CompileError> {
     let mut timings = Timings::new();
     let step = stage(Stage::Autodiff, observer, &mut timings, || {
-        training_step(&model.graph, &model.optimizer)
+        training_step(&opts.precision.apply(&model.graph)?, &model.optimizer)
     })?;
     compile_step_observed(&model.name, step, opts, observer, timings)
 }

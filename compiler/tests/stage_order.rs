@@ -9,8 +9,19 @@ use std::path::{Path, PathBuf};
 
 /// The pipeline's stages, in the order data flows through them.
 const STAGES: &[&str] = &[
-    "ir", "trace", "models", "autodiff", "rewrite", "fuse", "schedule", "plan", "report", "lower",
-    "exe", "pipeline",
+    "ir",
+    "trace",
+    "models",
+    "precision",
+    "autodiff",
+    "rewrite",
+    "fuse",
+    "schedule",
+    "plan",
+    "report",
+    "lower",
+    "exe",
+    "pipeline",
 ];
 /// Helpers every stage may use; they use no stage themselves.
 const BASE: &[&str] = &["error", "files"];

@@ -34,6 +34,8 @@ impl V {
             DType::I32 => V::I32(i32::from_ne_bytes(b.try_into().unwrap())),
             DType::I64 => V::I64(i64::from_ne_bytes(b.try_into().unwrap())),
             DType::Bool => V::B(b[0]),
+            // The random kernels have no bf16 (tests/bf16.rs covers it).
+            DType::BF16 => panic!("naive: no bf16"),
         }
     }
 
@@ -55,6 +57,7 @@ impl V {
             DType::I32 => V::I32(value as i32),
             DType::I64 => V::I64(value as i64),
             DType::Bool => V::B((value != 0.0) as u8),
+            DType::BF16 => panic!("naive: no bf16"),
         }
     }
 
@@ -66,6 +69,7 @@ impl V {
                 DType::I32 => V::I32(x as i32),
                 DType::I64 => V::I64(x as i64),
                 DType::Bool => V::B((x != 0.0) as u8),
+                DType::BF16 => panic!("naive: no bf16"),
             },
             V::F64(x) => V::from_f64(x, to),
             V::I32(x) => match to {
@@ -74,6 +78,7 @@ impl V {
                 DType::I32 => V::I32(x),
                 DType::I64 => V::I64(x as i64),
                 DType::Bool => V::B((x != 0) as u8),
+                DType::BF16 => panic!("naive: no bf16"),
             },
             V::I64(x) => match to {
                 DType::F32 => V::F32(x as f32),
@@ -81,6 +86,7 @@ impl V {
                 DType::I32 => V::I32(x as i32),
                 DType::I64 => V::I64(x),
                 DType::Bool => V::B((x != 0) as u8),
+                DType::BF16 => panic!("naive: no bf16"),
             },
             V::B(x) => {
                 let one = (x != 0) as u8;
@@ -90,6 +96,7 @@ impl V {
                     DType::I32 => V::I32(one as i32),
                     DType::I64 => V::I64(one as i64),
                     DType::Bool => V::B(one),
+                    DType::BF16 => panic!("naive: no bf16"),
                 }
             }
         }
@@ -481,6 +488,7 @@ fn random_data(r: &mut Rng, inp: &Input) -> Vec<u8> {
                 r.below(41) as i64 - 20
             }),
             DType::Bool => V::B(r.below(2) as u8),
+            DType::BF16 => panic!("naive: no bf16"),
         };
         v.write(&mut out);
     }

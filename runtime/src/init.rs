@@ -51,6 +51,11 @@ fn normal(ty: &TensorType, mean: f64, std: f64, rng: &mut ChaCha8Rng) -> Tensor 
         DType::I32 => Data::I32((0..n).map(|_| dist.sample(rng).round() as i32).collect()),
         DType::I64 => Data::I64((0..n).map(|_| dist.sample(rng).round() as i64).collect()),
         DType::Bool => Data::Bool((0..n).map(|_| (dist.sample(rng) > 0.0) as u8).collect()),
+        DType::BF16 => Data::BF16(
+            (0..n)
+                .map(|_| ingot_kernels::dtype::bf16_from_f64(dist.sample(rng)))
+                .collect(),
+        ),
     };
     Tensor {
         ty: ty.clone(),

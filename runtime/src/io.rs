@@ -210,6 +210,7 @@ pub fn dtype_to(d: DType) -> Dtype {
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
         DType::Bool => Dtype::BOOL,
+        DType::BF16 => Dtype::BF16,
     }
 }
 
@@ -221,7 +222,8 @@ fn dtype_from(d: Dtype) -> Result<DType, &'static str> {
         Dtype::I32 => Ok(DType::I32),
         Dtype::I64 => Ok(DType::I64),
         Dtype::BOOL => Ok(DType::Bool),
-        Dtype::BF16 | Dtype::F16 => Err("convert the floats to float32 before saving (in PyTorch: {k: v.float() for k, v in state_dict.items()})"),
+        Dtype::BF16 => Ok(DType::BF16),
+        Dtype::F16 => Err("convert the floats to float32 or bfloat16 before saving (in PyTorch: {k: v.float() for k, v in state_dict.items()})"),
         Dtype::U8 | Dtype::I8 | Dtype::I16 | Dtype::U16 | Dtype::U32 | Dtype::U64 => {
             Err("save integer tensors as int64 or int32 (in PyTorch: t.long())")
         }
@@ -265,6 +267,15 @@ mod tests {
             "bool".to_string(),
             Tensor::from_bool([4], vec![true, false, false, true]),
         );
+        m.insert(
+            "bf16".to_string(),
+            Tensor::from_vec(
+                [5],
+                [0x3f80u16, 0x8000, 0x7fc1, 0xff80, 0x0001]
+                    .map(crate::tensor::bf16::from_bits)
+                    .to_vec(),
+            ),
+        );
         m.insert("scalar".to_string(), Tensor::scalar(7.5f64));
         m.insert("empty".to_string(), Tensor::from_f32([0, 4], vec![]));
         m
@@ -306,13 +317,25 @@ mod tests {
     }
 
     #[test]
-    fn a_bf16_tensor_is_refused_naming_it_with_a_conversion_hint() {
+    fn a_bf16_tensor_from_pytorch_loads_with_its_bits() {
         let p = Path::new("half.safetensors");
-        let data = [0u8; 4];
+        // 1.0 and -2.5 in bf16, little-endian, as torch.save_file writes them.
+        let data = [0x80u8, 0x3f, 0x20, 0xc0];
         let view = safetensors::tensor::TensorView::new(Dtype::BF16, vec![2], &data).unwrap();
         let bytes = safetensors::serialize([("wte.weight", view)], None).unwrap();
+        let t = &from_bytes(&bytes, p).unwrap()["wte.weight"];
+        assert_eq!(t.dtype(), DType::BF16);
+        assert_eq!(t.to_f64_vec(), vec![1.0, -2.5]);
+    }
+
+    #[test]
+    fn an_f16_tensor_is_refused_naming_it_with_a_conversion_hint() {
+        let p = Path::new("half.safetensors");
+        let data = [0u8; 4];
+        let view = safetensors::tensor::TensorView::new(Dtype::F16, vec![2], &data).unwrap();
+        let bytes = safetensors::serialize([("wte.weight", view)], None).unwrap();
         let e = from_bytes(&bytes, p).unwrap_err().to_string();
-        for want in ["half.safetensors", "wte.weight", "BF16", "float32"] {
+        for want in ["half.safetensors", "wte.weight", "F16", "float32"] {
             assert!(e.contains(want), "{want} missing from: {e}");
         }
     }

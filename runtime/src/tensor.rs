@@ -2,9 +2,10 @@
 //! the command-line program and the tests all pass values around as [`Tensor`]s; kernels see
 //! borrowed, typed slices ([`View`], [`ViewMut`]).
 //!
-//! `bool` elements are stored one byte each, 0 or 1.
+//! `bool` elements are stored one byte each, 0 or 1; `bf16` elements as [`half::bf16`].
 
 use crate::error::ExecError;
+pub use half::bf16;
 use ingot_compiler::ir::{DType, Shape, TensorType};
 
 /// The elements of a tensor, one vector variant per dtype.
@@ -16,6 +17,7 @@ pub enum Data {
     I64(Vec<i64>),
     /// 0 or 1 per element.
     Bool(Vec<u8>),
+    BF16(Vec<bf16>),
 }
 
 /// Borrowed elements of one dtype.
@@ -26,6 +28,7 @@ pub enum View<'a> {
     I32(&'a [i32]),
     I64(&'a [i64]),
     Bool(&'a [u8]),
+    BF16(&'a [bf16]),
 }
 
 /// Mutably borrowed elements of one dtype (an output buffer).
@@ -36,9 +39,10 @@ pub enum ViewMut<'a> {
     I32(&'a mut [i32]),
     I64(&'a mut [i64]),
     Bool(&'a mut [u8]),
+    BF16(&'a mut [bf16]),
 }
 
-/// A Rust type that stores one dtype: `f32`, `f64`, `i32`, `i64`, or `u8` for `bool`.
+/// A Rust type that stores one dtype: `f32`, `f64`, `i32`, `i64`, `bf16`, or `u8` for `bool`.
 pub trait Element: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     const DTYPE: DType;
     /// The elements if the view has this type.
@@ -77,6 +81,7 @@ element!(f64, F64);
 element!(i32, I32);
 element!(i64, I64);
 element!(u8, Bool);
+element!(bf16, BF16);
 
 macro_rules! each {
     ($value:expr, $enum:ident, |$x:ident| $body:expr) => {
@@ -86,6 +91,7 @@ macro_rules! each {
             $enum::I32($x) => $body,
             $enum::I64($x) => $body,
             $enum::Bool($x) => $body,
+            $enum::BF16($x) => $body,
         }
     };
 }
@@ -99,6 +105,7 @@ impl Data {
             DType::I32 => Data::I32(vec![0; n]),
             DType::I64 => Data::I64(vec![0; n]),
             DType::Bool => Data::Bool(vec![0; n]),
+            DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
         }
     }
 
@@ -109,6 +116,7 @@ impl Data {
             Data::I32(_) => DType::I32,
             Data::I64(_) => DType::I64,
             Data::Bool(_) => DType::Bool,
+            Data::BF16(_) => DType::BF16,
         }
     }
 
@@ -127,6 +135,7 @@ impl Data {
             Data::I32(v) => View::I32(v),
             Data::I64(v) => View::I64(v),
             Data::Bool(v) => View::Bool(v),
+            Data::BF16(v) => View::BF16(v),
         }
     }
 
@@ -137,6 +146,7 @@ impl Data {
             Data::I32(v) => ViewMut::I32(v),
             Data::I64(v) => ViewMut::I64(v),
             Data::Bool(v) => ViewMut::Bool(v),
+            Data::BF16(v) => ViewMut::BF16(v),
         }
     }
 }
@@ -149,6 +159,7 @@ impl<'a> View<'a> {
             View::I32(_) => DType::I32,
             View::I64(_) => DType::I64,
             View::Bool(_) => DType::Bool,
+            View::BF16(_) => DType::BF16,
         }
     }
 
@@ -173,6 +184,7 @@ impl<'a> View<'a> {
             View::I32(v) => v[i] as f64,
             View::I64(v) => v[i] as f64,
             View::Bool(v) => (v[i] != 0) as u8 as f64,
+            View::BF16(v) => v[i].to_f64(),
         }
     }
 }
@@ -185,6 +197,7 @@ impl<'a> ViewMut<'a> {
             ViewMut::I32(_) => DType::I32,
             ViewMut::I64(_) => DType::I64,
             ViewMut::Bool(_) => DType::Bool,
+            ViewMut::BF16(_) => DType::BF16,
         }
     }
 
@@ -204,6 +217,7 @@ impl<'a> ViewMut<'a> {
             ViewMut::I32(v) => ViewMut::I32(v),
             ViewMut::I64(v) => ViewMut::I64(v),
             ViewMut::Bool(v) => ViewMut::Bool(v),
+            ViewMut::BF16(v) => ViewMut::BF16(v),
         }
     }
 
@@ -215,6 +229,7 @@ impl<'a> ViewMut<'a> {
             ViewMut::I32(v) => View::I32(v),
             ViewMut::I64(v) => View::I64(v),
             ViewMut::Bool(v) => View::Bool(v),
+            ViewMut::BF16(v) => View::BF16(v),
         }
     }
 
@@ -282,6 +297,12 @@ impl Tensor {
         Tensor::from_vec(shape, values)
     }
 
+    /// A bf16 tensor, each value rounded to the nearest bf16 (ties to even). Panics if the
+    /// length does not match the shape.
+    pub fn from_f32_as_bf16(shape: impl Into<Shape>, values: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, values.iter().map(|&x| bf16::from_f32(x)).collect())
+    }
+
     /// An i64 tensor. Panics if the length does not match the shape.
     pub fn from_i64(shape: impl Into<Shape>, values: Vec<i64>) -> Tensor {
         Tensor::from_vec(shape, values)
@@ -312,6 +333,7 @@ impl Tensor {
             DType::I32 => Data::I32(vec![value as i32; n]),
             DType::I64 => Data::I64(vec![value as i64; n]),
             DType::Bool => Data::Bool(vec![(value != 0.0) as u8; n]),
+            DType::BF16 => Data::BF16(vec![ingot_kernels::dtype::bf16_from_f64(value); n]),
         };
         Tensor { ty, data }
     }
@@ -366,6 +388,9 @@ impl Tensor {
     pub fn as_bool(&self) -> Option<&[u8]> {
         self.get()
     }
+    pub fn as_bf16(&self) -> Option<&[bf16]> {
+        self.get()
+    }
     pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
         self.get_mut()
     }
@@ -381,6 +406,7 @@ impl Tensor {
             Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| (x != 0) as u8 as f64).collect(),
+            Data::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
         }
     }
 
@@ -404,6 +430,7 @@ impl Tensor {
             Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::Bool(v) => v.clone(),
+            Data::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
         }
     }
 
@@ -431,6 +458,7 @@ impl Tensor {
             DType::F64 => Data::F64(read(bytes, f64::from_le_bytes)),
             DType::I32 => Data::I32(read(bytes, i32::from_le_bytes)),
             DType::I64 => Data::I64(read(bytes, i64::from_le_bytes)),
+            DType::BF16 => Data::BF16(read(bytes, |b| bf16::from_bits(u16::from_le_bytes(b)))),
             DType::Bool => {
                 if let Some(p) = bytes.iter().position(|&b| b > 1) {
                     return Err(ExecError::Data {

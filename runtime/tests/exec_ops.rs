@@ -44,7 +44,7 @@ impl Rng {
     fn values(&mut self, dtype: DType, n: usize) -> Vec<f64> {
         (0..n)
             .map(|_| match dtype {
-                DType::F32 | DType::F64 => self.uniform() * 4.0 - 2.0,
+                DType::F32 | DType::F64 | DType::BF16 => self.uniform() * 4.0 - 2.0,
                 DType::I32 | DType::I64 => self.below(100) as f64 - 50.0,
                 DType::Bool => self.below(2) as f64,
             })
@@ -65,6 +65,13 @@ fn tensor(dtype: DType, dims: &[usize], values: &[f64]) -> Tensor {
         DType::I32 => Tensor::from_i32(shape, values.iter().map(|&v| v as i32).collect()),
         DType::I64 => Tensor::from_i64(shape, values.iter().map(|&v| v as i64).collect()),
         DType::Bool => Tensor::from_bool(shape, values.iter().map(|&v| v != 0.0).collect()),
+        DType::BF16 => Tensor::from_vec(
+            shape,
+            values
+                .iter()
+                .map(|&v| ingot_kernels::dtype::bf16_from_f64(v))
+                .collect(),
+        ),
     }
 }
 
@@ -501,7 +508,7 @@ fn convert_between_every_pair_of_dtypes_follows_rust_as_casts() {
     for from in [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool] {
         // Values the source dtype can hold.
         let vals: Vec<f64> = match from {
-            DType::F32 | DType::F64 => src_vals.to_vec(),
+            DType::F32 | DType::F64 | DType::BF16 => src_vals.to_vec(),
             DType::I32 => vec![-7.0, 0.0, 1.0, 2147483647.0, -2147483648.0],
             DType::I64 => vec![-7.0, 0.0, 1.0, 9e15, -5e12],
             DType::Bool => vec![0.0, 1.0, 1.0],

@@ -4,6 +4,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models;
+use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
@@ -37,13 +38,18 @@ unsafe impl GlobalAlloc for Counting {
 static COUNTING: Counting = Counting;
 
 fn allocations_per_step(spec: &str, fused: bool) -> usize {
+    allocations_per_step_in(spec, fused, Precision::F32)
+}
+
+fn allocations_per_step_in(spec: &str, fused: bool, precision: Precision) -> usize {
     let m = models::by_name(spec).unwrap();
     let cpu = ingot_compiler::lower::Target::Cpu.plan_options();
-    let opts = if fused {
+    let mut opts = if fused {
         ingot_runtime::session::Session::cpu_options()
     } else {
         ingot_compiler::pipeline::Options::unoptimized(cpu)
     };
+    opts.precision = precision;
     let c = ingot_compiler::pipeline::compile(&m, &opts).unwrap();
     let g = c.graph;
     let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
@@ -81,6 +87,20 @@ fn a_planned_training_step_allocates_nothing_on_the_heap() {
                 allocations_per_step(spec, fused),
                 0,
                 "{spec} (fused: {fused}): a step allocated on the heap"
+            );
+        }
+    }
+    // bf16 (in this same test: the counter sees every thread, so tests must not overlap):
+    // bf16 matmuls and reductions widen their operands into planned workspace.
+    for spec in [
+        "mlp",
+        "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2",
+    ] {
+        for fused in [false, true] {
+            assert_eq!(
+                allocations_per_step_in(spec, fused, Precision::Bf16),
+                0,
+                "{spec} (fused: {fused}, bf16): a step allocated on the heap"
             );
         }
     }

@@ -1021,6 +1021,10 @@ mod tests {
         let _ = g.full(1.0, [], DType::Bool).unwrap();
         let _ = g.full(-7.0, [2], DType::I32).unwrap();
         let _ = g.full(f64::INFINITY, [], DType::F64).unwrap();
+        // bf16 storage: a cast in, arithmetic, a cast out.
+        let hb = g.convert(h, DType::BF16).unwrap();
+        let hb = g.mul(hb, hb).unwrap();
+        let _ = g.convert(hb, DType::F32).unwrap();
 
         let newm = g.add(m, back).unwrap();
         let lr = g.full(0.1, [3, 4], DType::F32).unwrap();
@@ -1038,6 +1042,24 @@ mod tests {
             Err(IrError::Parse { line, reason }) => (line, reason),
             other => panic!("expected a parse error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_bf16_op_on_an_f32_operand_without_a_cast_is_a_type_error_naming_the_line() {
+        let good = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n%1 = input \"h\" : bf16[2,3]\n\
+                    %2 = convert(%0) : bf16[2,3]\n%3 = add(%2, %1) : bf16[2,3]\noutput \"y\" = %3\n";
+        let g = parse(good).unwrap();
+        assert_eq!(g.ty(NodeId(3)).dtype, DType::BF16);
+        assert_eq!(g.ty(NodeId(3)).bytes(), 12, "bf16 is 2 bytes an element");
+        assert_eq!(print(&g), good, "bf16 prints as it parses");
+        let bad = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n%1 = input \"h\" : bf16[2,3]\n\
+                   %2 = add(%0, %1) : bf16[2,3]\n";
+        let (line, reason) = parse_err(bad);
+        assert_eq!(line, 4, "{reason}");
+        assert!(
+            reason.contains("f32") && reason.contains("bf16"),
+            "{reason}"
+        );
     }
 
     #[test]

@@ -57,7 +57,9 @@ pub struct Program {
 }
 
 /// Bytes of scratch the CPU kernel of node `id` needs: a matmul's packing space, a fused
-/// kernel's scratch. The planner carves them from the slab ([`super::Target::plan_options`]).
+/// kernel's scratch, and for a reduction, matmul or scatter-add that involves bf16 the widened
+/// f32 copies it computes through ([`widened`]). The planner carves them from the slab
+/// ([`super::Target::plan_options`]).
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     let node = g.node(id);
     match &node.op {
@@ -69,14 +71,64 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
             let (r, c) = (a[a.len() - 2], a[a.len() - 1]);
             let (m, k) = if *ta { (c, r) } else { (r, c) };
             let n = node.ty.shape.last();
-            match node.ty.dtype {
-                DType::F32 => ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n),
+            let f32_kernel = match node.ty.dtype {
+                // bf16 products run in f32 over widened copies.
+                DType::F32 | DType::BF16 => {
+                    ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n)
+                }
                 DType::F64 => ingot_kernels::cpu::gemm::workspace_bytes::<f64>(m, k, n),
                 _ => 0,
-            }
+            };
+            f32_kernel.max(widened::bytes(g, id, f32_kernel))
         }
         Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
-        _ => 0,
+        _ => widened::bytes(g, id, 0),
+    }
+}
+
+/// The scratch layout of an op the CPU runs through widened f32 copies because it involves
+/// bf16 (a reduction, a matmul, a scatter-add): the f32 copies of its bf16 operands, then its
+/// f32 result, each region aligned, then what the f32 kernel itself needs. The runtime's
+/// executor carves the scratch by the same functions.
+pub mod widened {
+    use crate::ir::{DType, Graph, NodeId, Op, TensorType};
+
+    /// Alignment of each region carved from the scratch.
+    pub const ALIGN: usize = 64;
+
+    pub fn round_up(x: usize) -> usize {
+        x.div_ceil(ALIGN) * ALIGN
+    }
+
+    /// Whether the node with this op, result and operand types computes through widened f32
+    /// copies.
+    pub fn runs_widened(op: &Op, ty: &TensorType, inputs: &[&TensorType]) -> bool {
+        matches!(
+            op,
+            Op::Reduce { .. } | Op::MatMul { .. } | Op::ScatterAdd { .. }
+        ) && (ty.dtype == DType::BF16 || inputs.iter().any(|t| t.dtype == DType::BF16))
+    }
+
+    /// f32 copies of the bf16 operands, then the f32 result: their bytes, each region aligned.
+    pub fn regions(ty: &TensorType, inputs: &[&TensorType]) -> usize {
+        let widened: usize = inputs
+            .iter()
+            .filter(|t| t.dtype == DType::BF16)
+            .map(|t| round_up(t.shape.numel() * 4))
+            .sum();
+        widened + round_up(ty.shape.numel() * 4) + ALIGN
+    }
+
+    /// Bytes of scratch node `id` needs on top of what its f32 kernel needs (`f32_kernel`,
+    /// the workspace of the same node computed in f32): the widened operands and the f32
+    /// result. 0 for a node that involves no bf16 arithmetic.
+    pub fn bytes(g: &Graph, id: NodeId, f32_kernel: usize) -> usize {
+        let node = g.node(id);
+        let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
+        if !runs_widened(&node.op, &node.ty, &types) {
+            return 0;
+        }
+        regions(&node.ty, &types) + f32_kernel
     }
 }
 

@@ -122,7 +122,13 @@ pub fn canonical(v: f64, dtype: DType) -> Option<f64> {
         DType::I32 => Some((v as i32) as f64),
         DType::I64 => exact_i64(v as i64),
         DType::Bool => Some(if v != 0.0 { 1.0 } else { 0.0 }),
+        DType::BF16 => Some(bf16(v)),
     }
+}
+
+/// `v` rounded to the nearest bf16 (ties to even), as a store of it does.
+fn bf16(v: f64) -> f64 {
+    ingot_kernels::dtype::bf16_from_f64(v).to_f64()
 }
 
 fn exact_i64(i: i64) -> Option<f64> {
@@ -194,6 +200,10 @@ fn fold(
             if k == 0 {
                 return canonical(0.0, dtype);
             }
+            // bf16: the kernel sums f32 products and rounds once; not folded.
+            if dtype == DType::BF16 {
+                return None;
+            }
             let p = binary(BinaryOp::Mul, a, b, dtype)?;
             canonical(p * k as f64, dtype)
         }
@@ -211,7 +221,8 @@ fn sum_of(v: f64, count: usize, dtype: DType) -> Option<f64> {
         DType::F32 | DType::F64 => canonical(v * count as f64 + 0.0, dtype),
         DType::I32 => Some(((v as i128).wrapping_mul(count as i128) as i32) as f64),
         DType::I64 => exact_i64((v as i128).wrapping_mul(count as i128) as i64),
-        DType::Bool => None,
+        // The kernel accumulates in f32 and rounds once at the end; not folded.
+        DType::Bool | DType::BF16 => None,
     }
 }
 
@@ -246,6 +257,8 @@ pub fn unary(u: UnaryOp, v: f64, dtype: DType) -> Option<f64> {
             _ => None,
         },
         DType::Bool => None,
+        // Computed in f32, rounded on store.
+        DType::BF16 => unary(u, v, DType::F32).map(bf16),
     }
 }
 
@@ -285,6 +298,8 @@ pub fn binary(b: BinaryOp, x: f64, y: f64, dtype: DType) -> Option<f64> {
         DType::I32 => int!(i32).map(|r| r as f64),
         DType::I64 => int!(i64).and_then(exact_i64),
         DType::Bool => None,
+        // Computed in f32, rounded on store.
+        DType::BF16 => float!(f32).map(bf16),
     }
 }
 
@@ -316,5 +331,6 @@ pub fn convert(v: f64, from: DType, to: DType) -> Option<f64> {
         DType::I64 if from.is_float() => exact_i64(v as i64),
         DType::I64 => Some(v),
         DType::Bool => Some(if v != 0.0 { 1.0 } else { 0.0 }),
+        DType::BF16 => Some(bf16(v)),
     }
 }

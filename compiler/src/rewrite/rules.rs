@@ -324,6 +324,8 @@ pub fn all() -> Vec<Rule> {
         "select-const" => select_const,
         "max-min-same" => max_min_same,
         "convert-same" => convert_same,
+        "convert-of-exact-convert" => convert_of_exact_convert,
+        "convert-of-broadcast" => convert_of_broadcast,
         "broadcast-same" => broadcast_same,
         "reshape-same" => reshape_same,
         "transpose-identity" => transpose_identity,
@@ -439,6 +441,75 @@ fn convert_same(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
             if ty(eg, n.args[0]).dtype == to {
                 out.push(Recipe::class(n.args[0]));
             }
+        }
+    }
+}
+
+/// Whether converting any value of `from` to `to` is exact and converting it back gives the
+/// value itself: `to` holds every value of `from`. bf16 ⊂ f32 ⊂ f64 (each has the other's
+/// exponent range or more, and more significand bits), i32 ⊂ i64, i32 ⊂ f64 (53 significand
+/// bits), and bool's 0 and 1 are in every dtype (and come back as false and true). f32 is not
+/// in bf16 (16 significand bits are dropped by rounding), nor i32 in f32, nor i64 in f64.
+/// (NaN payloads aside: a signalling NaN may come back quieted, still a NaN.)
+pub fn holds_every_value(from: DType, to: DType) -> bool {
+    use DType::*;
+    from == to
+        || matches!(
+            (from, to),
+            (BF16, F32 | F64) | (F32, F64) | (I32, I64 | F64) | (Bool, _)
+        )
+}
+
+/// `convert(convert(x) : B) : C => convert(x) : C` (or `x` when `x` is already `C`) when `B`
+/// holds every value of `x`'s dtype `A` ([`holds_every_value`]): the inner conversion changes
+/// no value, so the outer one sees `x`'s own values. With `C = A` the pair cancels:
+/// `bf16 -> f32 -> bf16` is `x`, while `f32 -> bf16 -> f32` is not (it rounds) and stays.
+/// `A -> B -> C` equals `A -> C` because every conversion is a function of the value alone
+/// (float targets round the exact value once; integer targets truncate it; bool tests it for
+/// zero), and the value is unchanged by `A -> B`.
+fn convert_of_exact_convert(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
+    for n in nodes(eg, c) {
+        let Kind::Convert(to) = n.kind else {
+            continue;
+        };
+        for m in nodes(eg, n.args[0]) {
+            let Kind::Convert(mid) = m.kind else {
+                continue;
+            };
+            let x = m.args[0];
+            let from = ty(eg, x).dtype;
+            if !holds_every_value(from, mid) {
+                continue;
+            }
+            if from == to {
+                out.push(Recipe::class(x));
+            } else {
+                out.push(Recipe::single(Kind::Convert(to), &[x.into()]));
+            }
+        }
+    }
+}
+
+/// `convert(broadcast(x, d)) => broadcast(convert(x), d)`: a conversion is elementwise, so it
+/// commutes with the copy a broadcast makes, and is cheaper before it (a bias cast to bf16 once
+/// per element of the bias, not of the activation it is added to). Exact.
+fn convert_of_broadcast(eg: &EGraph, c: Id, out: &mut Vec<Recipe>) {
+    for n in nodes(eg, c) {
+        let Kind::Convert(to) = n.kind else {
+            continue;
+        };
+        for m in nodes(eg, n.args[0]) {
+            let Kind::Broadcast(d) = &m.kind else {
+                continue;
+            };
+            let x = m.args[0];
+            if numel(dims(eg, x)) >= numel(d) {
+                continue;
+            }
+            let mut r = Recipe::default();
+            let cx = r.node(Kind::Convert(to), &[x.into()]);
+            let b = r.node(Kind::Broadcast(d.clone()), &[cx]);
+            out.push(r.done(b));
         }
     }
 }
@@ -605,6 +676,8 @@ fn reduce_broadcast_recipe(
         DType::I32 => count <= i32::MAX as usize,
         DType::I64 => count <= 1 << 53,
         DType::Bool => false,
+        // `full(count)` must hold the count exactly (bf16 holds the integers up to 256).
+        DType::BF16 => count <= 256,
     };
     if !fits {
         return None;

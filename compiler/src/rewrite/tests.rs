@@ -64,6 +64,7 @@ fn leaf_value(name: &str, ty: &TensorType) -> T {
             let x = noise(name, i);
             match ty.dtype {
                 DType::F32 | DType::F64 => x,
+                DType::BF16 => ingot_kernels::dtype::bf16_from_f64(x).to_f64(),
                 DType::I32 | DType::I64 => ((x + 1.0) * 2.0).floor(), // ids 0..4
                 DType::Bool => (x > 0.0) as u8 as f64,
             }
@@ -129,6 +130,7 @@ fn eval(g: &Graph) -> Vec<T> {
             Op::Convert => map(&|x| match n.ty.dtype {
                 DType::Bool => (x[0] != 0.0) as u8 as f64,
                 DType::I32 | DType::I64 => x[0].trunc(),
+                DType::BF16 => ingot_kernels::dtype::bf16_from_f64(x[0]).to_f64(),
                 _ => x[0],
             }),
             Op::StopGradient | Op::Reshape => arg(0).v.clone(),
@@ -1270,4 +1272,90 @@ fn leaf_kinds_and_inits_survive() {
     let (out, _) = check(&g);
     assert_eq!(out.leaves(LeafKind::State).len(), 1);
     assert_eq!(out.node(out.leaf("p").unwrap()).op, g.node(p).op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Casts (bf16)
+// ---------------------------------------------------------------------------------------------
+
+/// A graph with one parameter `x` of `dtype`, converted through `path`, then `exp`.
+fn cast_chain(dtype: DType, path: &[DType]) -> Graph {
+    let mut g = Graph::new();
+    let mut x = g
+        .parameter("x", [5], dtype, Init::Normal { std: 1.0 })
+        .unwrap();
+    for &d in path {
+        x = g.convert(x, d).unwrap();
+    }
+    let e = g.exp(x).unwrap();
+    g.set_output("y", e).unwrap();
+    g
+}
+
+#[test]
+fn an_f32_round_trip_of_a_bf16_value_cancels() {
+    let g = cast_chain(DType::BF16, &[DType::F32, DType::BF16]);
+    let (s, r) = check(&g);
+    assert!(fired(&r, "convert-of-exact-convert") >= 1);
+    assert_eq!(count(&s, "convert"), 0, "{s}");
+}
+
+#[test]
+fn a_bf16_round_trip_of_an_f32_value_is_kept_because_it_rounds() {
+    let g = cast_chain(DType::F32, &[DType::BF16, DType::F32]);
+    let (s, _) = check(&g);
+    assert_eq!(count(&s, "convert"), 2, "{s}");
+}
+
+#[test]
+fn a_widening_before_another_conversion_is_dropped() {
+    // bf16 -> f32 -> f64 is bf16 -> f64; f32 -> bf16 -> f64 keeps its rounding step.
+    let (s, _) = check(&cast_chain(DType::BF16, &[DType::F32, DType::F64]));
+    assert_eq!(count(&s, "convert"), 1, "{s}");
+    let (s, _) = check(&cast_chain(DType::F32, &[DType::BF16, DType::F64]));
+    assert_eq!(count(&s, "convert"), 2, "{s}");
+}
+
+/// The exactness argument of `convert-of-exact-convert`, checked on the conversions
+/// themselves: every bf16 survives f32 and f64 round trips bit for bit (NaN stays NaN), while
+/// some f32 does not survive a bf16 round trip.
+#[test]
+fn bf16_widens_exactly_and_f32_does_not_narrow_exactly() {
+    use ingot_kernels::dtype::bf16_from_f64;
+    assert!(rules::holds_every_value(DType::BF16, DType::F32));
+    assert!(rules::holds_every_value(DType::BF16, DType::F64));
+    assert!(!rules::holds_every_value(DType::F32, DType::BF16));
+    assert!(!rules::holds_every_value(DType::I32, DType::F32));
+    for bits in 0..=u16::MAX {
+        let b = ingot_kernels::dtype::bf16::from_bits(bits);
+        let via_f32 = ingot_kernels::dtype::round_bf16(b.to_f32());
+        let via_f64 = bf16_from_f64(b.to_f64());
+        if b.is_nan() {
+            assert!(via_f32.is_nan() && via_f64.is_nan());
+        } else {
+            assert_eq!(via_f32.to_bits(), bits);
+            assert_eq!(via_f64.to_bits(), bits);
+        }
+    }
+    let x = 1.0f32 + f32::EPSILON;
+    assert_ne!(ingot_kernels::dtype::quantize_bf16(x), x);
+}
+
+#[test]
+fn a_cast_of_a_broadcast_casts_the_small_operand() {
+    let mut g = Graph::new();
+    let b = g
+        .parameter("b", [4], DType::F32, Init::Normal { std: 1.0 })
+        .unwrap();
+    let x = g
+        .parameter("x", [3, 4], DType::BF16, Init::Normal { std: 1.0 })
+        .unwrap();
+    let bb = g.broadcast_to(b, [3, 4]).unwrap();
+    let bc = g.convert(bb, DType::BF16).unwrap();
+    let y = g.add(x, bc).unwrap();
+    g.set_output("y", y).unwrap();
+    let (s, r) = check(&g);
+    assert!(fired(&r, "convert-of-broadcast") >= 1);
+    let convert = s.nodes().iter().find(|n| n.op == Op::Convert).unwrap();
+    assert_eq!(convert.ty.shape.dims(), &[4], "{s}");
 }

@@ -299,6 +299,12 @@ impl Graph {
         self.push(Op::ScatterAdd { rows }, &[ids, values], None)
     }
 
+    /// A cast: [`Graph::convert`] under the name mixed-precision code uses
+    /// (`g.cast(x, DType::BF16)`). Its gradient is a cast back to `x`'s dtype.
+    pub fn cast(&mut self, a: NodeId, dtype: DType) -> Result<NodeId> {
+        self.convert(a, dtype)
+    }
+
     /// Elementwise conversion (no node is added when the dtype is unchanged).
     pub fn convert(&mut self, a: NodeId, dtype: DType) -> Result<NodeId> {
         if self.ty(a).dtype == dtype {

@@ -232,6 +232,7 @@ fn row_max_shift(g: &mut Graph, x: NodeId, ax: usize) -> Result<NodeId> {
 pub fn mask_value(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => f32::MIN as f64,
+        DType::BF16 => ingot_kernels::dtype::bf16::MIN.to_f64(),
         _ => f64::MIN,
     }
 }

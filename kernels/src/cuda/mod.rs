@@ -146,7 +146,34 @@ pub enum CodegenError {
 /// Generates the CUDA kernel of a fused-kernel description. Checks it first
 /// ([`FusedKernel::check`]); an invalid description gives [`CodegenError::Invalid`].
 pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
+    refuse_bf16_kernel(k)?;
     fused::generate(k)
+}
+
+/// The CUDA generator does not handle bf16 yet: a kernel that loads, computes or stores bf16
+/// is refused here, when the step is compiled, naming the dtype (never at its first launch).
+pub(crate) fn refuse_bf16_kernel(k: &FusedKernel) -> Result<(), CodegenError> {
+    let input = k.inputs.iter().any(|i| i.dtype == DType::BF16);
+    if input || k.dtypes().contains(&DType::BF16) {
+        return Err(CodegenError::Unsupported {
+            op: "a fused kernel",
+            what: "a value",
+            dtype: DType::BF16,
+        });
+    }
+    Ok(())
+}
+
+/// As [`refuse_bf16_kernel`], for the op kernels (gather, scatter_add, concat).
+pub(crate) fn refuse_bf16(
+    op: &'static str,
+    what: &'static str,
+    d: DType,
+) -> Result<(), CodegenError> {
+    if d == DType::BF16 {
+        return Err(CodegenError::Unsupported { op, what, dtype: d });
+    }
+    Ok(())
 }
 
 /// Choices of [`fused_tuned`] that override the generator's own, for measuring them
@@ -171,11 +198,13 @@ pub struct Tuning {
 /// [`fused`] with some choices forced (see [`Tuning`]).
 #[doc(hidden)]
 pub fn fused_tuned(k: &FusedKernel, tuning: Tuning) -> Result<CudaKernel, CodegenError> {
+    refuse_bf16_kernel(k)?;
     fused::generate_tuned(k, tuning)
 }
 
 /// The strategy [`fused`] uses for `k` (checks `k` first).
 pub fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
+    refuse_bf16_kernel(k)?;
     fused::strategy(k)
 }
 
@@ -276,6 +305,8 @@ pub(crate) fn c_type(d: DType) -> &'static str {
         DType::I32 => "int",
         DType::I64 => "long long",
         DType::Bool => "unsigned char",
+        // Refused before any source is generated (see `refuse_bf16_kernel`).
+        DType::BF16 => "__nv_bfloat16",
     }
 }
 
@@ -381,6 +412,8 @@ pub(crate) fn literal(v: f64, dtype: DType) -> String {
                 "(unsigned char)0".to_string()
             }
         }
+        // Refused before any source is generated (see `refuse_bf16_kernel`).
+        DType::BF16 => format!("__float2bfloat16({})", literal(v, DType::F32)),
     }
 }
 

@@ -20,6 +20,7 @@ pub fn gather(
     n: usize,
 ) -> Result<CudaKernel, CodegenError> {
     check_ids("gather", ids)?;
+    super::refuse_bf16("gather", "the table", table)?;
     let total = mul("gather", &[n, row_len])?;
     let table_len = mul("gather", &[rows, row_len])?;
     let ix = Ix::for_extents([total, table_len, n]);
@@ -65,6 +66,7 @@ pub fn scatter_add(
     n: usize,
 ) -> Result<CudaKernel, CodegenError> {
     check_ids("scatter_add", ids)?;
+    super::refuse_bf16("scatter_add", "values", values)?;
     if values == DType::Bool {
         return Err(CodegenError::Unsupported {
             op: "scatter_add",
@@ -273,6 +275,7 @@ impl Scatter {
 /// multiplied by the inner size), the output `[outer, Σ widths]`. Params: the inputs in order,
 /// then out.
 pub fn concat(dtype: DType, outer: usize, widths: &[usize]) -> Result<CudaKernel, CodegenError> {
+    super::refuse_bf16("concat", "an operand", dtype)?;
     let too_large = || CodegenError::TooLarge {
         op: "concat",
         sizes: std::iter::once(outer)

@@ -130,6 +130,7 @@ pub(crate) fn dtype_code(d: DType) -> usize {
         DType::I32 => 2,
         DType::I64 => 3,
         DType::Bool => 4,
+        DType::BF16 => 5,
     }
 }
 
@@ -139,6 +140,7 @@ pub(crate) fn code_dtype(c: usize) -> DType {
         2 => DType::I32,
         3 => DType::I64,
         4 => DType::Bool,
+        5 => DType::BF16,
         _ => DType::F32,
     }
 }

@@ -48,6 +48,14 @@
 //! accurate at any length. Max does not cascade; it keeps the earlier of two equal values and
 //! propagates NaN (`x > acc || x is NaN`).
 //!
+//! # bf16
+//! A bf16 value lives in its lane buffer as the f32 it widens to, and every op computes on
+//! those f32 lanes (reductions accumulate in f32): a load of a bf16 input widens it, an
+//! instruction whose dtype is bf16 rounds its lanes to the nearest bf16 (ties to even) right
+//! after it is evaluated (a reduction once, when it is finished), and a store narrows the
+//! lanes (exactly, as they are rounded already). Each bf16 instruction therefore has the value
+//! the unfused op computes and stores, so fusion changes no bit.
+//!
 //! # In place
 //! Within a chunk every instruction is evaluated (every input element read, whether copied or
 //! read in place) before any output is stored, and full outputs are stored in the last pass over
@@ -60,6 +68,7 @@ use super::{FusedKernel, Inst, KernelError};
 use crate::cpu::reduce::{keep_max, Cascade, FAN, LEVELS, RUN_BLOCK};
 use crate::cpu::scalar::{Float, Num};
 use crate::cpu::Scalar;
+use crate::dtype::{bf16_from_f64, quantize_bf16};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -539,11 +548,13 @@ trait Elem: Pod + PartialOrd {
     fn to_i64(self) -> i64;
     /// Nonzero (NaN included) is true.
     fn to_bool(self) -> u8;
+    /// The nearest bf16, as the f32 a lane holds for it (see the module docs).
+    fn to_bf16(self) -> f32;
     fn from_usize(v: usize) -> Self;
 }
 
 macro_rules! num_elem {
-    ($t:ty, $zero:expr) => {
+    ($t:ty, $zero:expr, $to_bf16:expr) => {
         #[allow(clippy::unnecessary_cast)]
         impl Elem for $t {
             #[inline(always)]
@@ -567,16 +578,21 @@ macro_rules! num_elem {
                 (self != $zero) as u8
             }
             #[inline(always)]
+            fn to_bf16(self) -> f32 {
+                $to_bf16(self)
+            }
+            #[inline(always)]
             fn from_usize(v: usize) -> Self {
                 v as $t
             }
         }
     };
 }
-num_elem!(f32, 0.0);
-num_elem!(f64, 0.0);
-num_elem!(i32, 0);
-num_elem!(i64, 0);
+num_elem!(f32, 0.0, quantize_bf16);
+num_elem!(f64, 0.0, |x: f64| bf16_from_f64(x).to_f32());
+num_elem!(i32, 0, |x: i32| bf16_from_f64(x as f64).to_f32());
+// Through f64: exact below 2^53, beyond which this rounds twice.
+num_elem!(i64, 0, |x: i64| bf16_from_f64(x as f64).to_f32());
 
 impl Elem for u8 {
     #[inline(always)]
@@ -598,6 +614,10 @@ impl Elem for u8 {
     #[inline(always)]
     fn to_bool(self) -> u8 {
         (self != 0) as u8
+    }
+    #[inline(always)]
+    fn to_bf16(self) -> f32 {
+        (self != 0) as u8 as f32
     }
     #[inline(always)]
     fn from_usize(v: usize) -> Self {
@@ -659,6 +679,7 @@ macro_rules! by_num {
             DType::I32 => $f::<i32>($($arg),*),
             DType::I64 => $f::<i64>($($arg),*),
             DType::Bool => Err(KernelError::Internal("numeric op on bool")),
+            DType::BF16 => Err(KernelError::Internal("bf16 lanes are f32")),
         }
     };
 }
@@ -671,6 +692,7 @@ macro_rules! by_elem {
             DType::I32 => $f::<i32>($($arg),*),
             DType::I64 => $f::<i64>($($arg),*),
             DType::Bool => $f::<u8>($($arg),*),
+            DType::BF16 => Err(KernelError::Internal("bf16 lanes are f32")),
         }
     };
 }
@@ -781,6 +803,7 @@ fn convert<A: Elem>(to: DType, a: &[u8], o: &mut [u8]) -> R {
         DType::I32 => map(a, typed_mut::<i32>(o)?, A::to_i32),
         DType::I64 => map(a, typed_mut::<i64>(o)?, A::to_i64),
         DType::Bool => map(a, o, A::to_bool),
+        DType::BF16 => map(a, typed_mut::<f32>(o)?, A::to_bf16),
     }
     Ok(())
 }
@@ -792,14 +815,38 @@ fn fill_const(dt: DType, value: f64, o: &mut [u8]) -> R {
         DType::I32 => typed_mut::<i32>(o)?.fill(value.to_i32()),
         DType::I64 => typed_mut::<i64>(o)?.fill(value.to_i64()),
         DType::Bool => o.fill(value.to_bool()),
+        DType::BF16 => typed_mut::<f32>(o)?.fill(bf16_from_f64(value).to_f32()),
     }
     Ok(())
 }
 
-/// Fills `o` with copies of the element `e` (1, 4 or 8 bytes).
+/// Rounds f32 lanes to the nearest bf16 (see the module docs).
+fn quantize_lanes(o: &mut [u8]) -> R {
+    for x in typed_mut::<f32>(o)? {
+        *x = quantize_bf16(*x);
+    }
+    Ok(())
+}
+
+/// Widens `len` bf16 elements, loaded into the first `2 * len` bytes of `o`, to f32 lanes in
+/// place: back to front, so that each element is read before its bytes are overwritten.
+fn widen_bf16(o: &mut [u8], len: usize) -> R {
+    if o.len() < 4 * len {
+        return Err(KernelError::Internal("lane buffer"));
+    }
+    for i in (0..len).rev() {
+        let h = u16::from_ne_bytes([o[2 * i], o[2 * i + 1]]);
+        let x = half::bf16::from_bits(h).to_f32();
+        o[4 * i..4 * i + 4].copy_from_slice(&x.to_ne_bytes());
+    }
+    Ok(())
+}
+
+/// Fills `o` with copies of the element `e` (1, 2, 4 or 8 bytes).
 fn fill_bytes(e: &[u8], o: &mut [u8]) -> R {
     match *e {
         [b] => o.fill(b),
+        [a, b] => typed_mut::<u16>(o)?.fill(u16::from_ne_bytes([a, b])),
         [a, b, c, d] => typed_mut::<u32>(o)?.fill(u32::from_ne_bytes([a, b, c, d])),
         [a, b, c, d, e, f, g, h] => {
             typed_mut::<u64>(o)?.fill(u64::from_ne_bytes([a, b, c, d, e, f, g, h]))
@@ -833,6 +880,12 @@ fn gather(src: &[u8], sz: usize, start: usize, step: usize, seg: usize, out: &mu
         (_, 1) => {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = src[start + j * step];
+            }
+        }
+        (_, 2) => {
+            for (j, o) in out.chunks_exact_mut(2).enumerate() {
+                let at = (start + j * step) * 2;
+                o.copy_from_slice(&src[at..at + 2]);
             }
         }
         (_, 4) => {
@@ -967,8 +1020,17 @@ fn region_mut<'m>(
 }
 
 impl Plan<'_> {
+    /// The dtype of instruction `i`'s lanes: its own, f32 for bf16 (see the module docs).
     fn dtype(&self, i: usize) -> DType {
-        code_dtype(self.dt[i])
+        match code_dtype(self.dt[i]) {
+            DType::BF16 => DType::F32,
+            d => d,
+        }
+    }
+
+    /// Whether instruction `i`'s value is bf16 (rounded after each op, narrowed on store).
+    fn bf16(&self, i: usize) -> bool {
+        code_dtype(self.dt[i]) == DType::BF16
     }
 
     /// Whether instruction `j` has one value over every chunk it is read in (then its lane 0
@@ -1162,6 +1224,11 @@ impl Plan<'_> {
         let out = sub_mut(rest, 0, len * sz)?;
         let stride = self.stride;
         if let Inst::Load { input } = self.k.body[i] {
+            if self.k.inputs[input].dtype == DType::BF16 {
+                st.src[i] = IN_BUFFER;
+                self.load(st.idx, st.lo, st.hi, input, len, p0, out)?;
+                return widen_bf16(out, len);
+            }
             if self.flags[i] & DIRECT != 0 {
                 if let Some(at) = self.direct(st.idx, st.lo, st.hi, input, len, p0)? {
                     st.src[i] = at;
@@ -1173,9 +1240,15 @@ impl Plan<'_> {
         }
         let (src, lo, hi) = (&*st.src, &*st.lo, &*st.hi);
         let arg = |j: usize| self.value(src, before, lo, hi, j, len);
+        let rounds = self.bf16(i)
+            && matches!(
+                self.k.body[i],
+                Inst::Index { .. } | Inst::Unary { .. } | Inst::Binary { .. }
+            );
         match self.k.body[i] {
             Inst::Load { .. } => Err(KernelError::Internal("load")),
-            Inst::Const { value, .. } => fill_const(dt, value, out),
+            // The constant's own dtype: a bf16 one fills its lanes with the rounded f32.
+            Inst::Const { value, dtype } => fill_const(dtype, value, out),
             Inst::Index { axis, .. } => by_elem!(dt, index_into(self, st.idx, axis, len, p0, out)),
             Inst::Unary { op, x } => {
                 let a = arg(x)?;
@@ -1185,6 +1258,7 @@ impl Plan<'_> {
                     DType::I32 => unary::<i32>(op, a, out),
                     DType::I64 => unary::<i64>(op, a, out),
                     DType::Bool => Err(KernelError::Internal("unary op on bool")),
+                    DType::BF16 => Err(KernelError::Internal("bf16 lanes are f32")),
                 }
             }
             Inst::Binary { op, a, b } => {
@@ -1202,6 +1276,7 @@ impl Plan<'_> {
                     DType::I32 => binary::<i32>(op, a, b, out),
                     DType::I64 => binary::<i64>(op, a, b, out),
                     DType::Bool => Err(KernelError::Internal("binary op on bool")),
+                    DType::BF16 => Err(KernelError::Internal("bf16 lanes are f32")),
                 }
             }
             Inst::Compare { op, a, b } => {
@@ -1230,7 +1305,11 @@ impl Plan<'_> {
                 out.copy_from_slice(arg(x)?);
                 Ok(())
             }
+        }?;
+        if rounds {
+            quantize_lanes(out)?;
         }
+        Ok(())
     }
 
     fn eval_pass(&self, st: &mut State<'_>, p: usize, len: usize, p0: usize) -> R {
@@ -1248,7 +1327,11 @@ impl Plan<'_> {
             if let Inst::Reduce { .. } = self.k.body[i] {
                 if self.case == Case::Rows {
                     let v = sub(st.parts, i * SLOT * WORD + 8 * sz, sz)?;
-                    sub_mut(st.bufs, i * self.stride, sz)?.copy_from_slice(v);
+                    let b = sub_mut(st.bufs, i * self.stride, sz)?;
+                    b.copy_from_slice(v);
+                    if self.bf16(i) {
+                        quantize_lanes(b)?;
+                    }
                 }
             } else {
                 self.eval(st, i, len, p0)?;
@@ -1365,6 +1448,16 @@ impl Plan<'_> {
         Ok(())
     }
 
+    /// Columns case: the pass's bf16 reductions, finished, round their lanes once.
+    fn round_lanes(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
+        for (_, r) in self.reductions(p) {
+            if self.bf16(r) {
+                quantize_lanes(sub_mut(st.bufs, r * self.stride, len * 4)?)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Stores `len` lanes of every output for which `full` matches, at element `elem`.
     fn store(&self, st: &mut State<'_>, full: bool, elem: usize, len: usize) -> R {
         for (j, out) in self.k.outputs.iter().enumerate() {
@@ -1380,6 +1473,15 @@ impl Plan<'_> {
                 self.numel
             };
             let src = sub(st.bufs, v * self.stride, len * sz)?;
+            if self.bf16(v) {
+                // The lanes are rounded already: narrowing is exact.
+                let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * 2)?;
+                let dst = sub_mut(dst, elem * 2, len * 2)?;
+                for (d, x) in dst.chunks_exact_mut(2).zip(typed::<f32>(src)?) {
+                    d.copy_from_slice(&half::bf16::from_f32(*x).to_bits().to_ne_bytes());
+                }
+                continue;
+            }
             let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * sz)?;
             sub_mut(dst, elem * sz, len * sz)?.copy_from_slice(src);
         }
@@ -1485,6 +1587,7 @@ impl Plan<'_> {
                         }
                         self.finish_lanes(st, p, len)?;
                     }
+                    self.round_lanes(st, p, len)?;
                     self.stage(st, p + 1, len, p0, 0)?;
                 }
                 let e = self.ravel_row(st.idx);

@@ -21,6 +21,10 @@
 //!   it; `scatter_add` adds the rows of `values` in row-major order of the ids.
 //! - `convert`: Rust `as` casts (float to integer truncates toward zero and saturates, NaN gives
 //!   0); bool converts to 1 or 0; to bool, nonzero (NaN included) is `true`.
+//! - bf16: f32 arithmetic on the widened values, rounded to the nearest bf16 (ties to even) on
+//!   store; reductions, matmuls and `scatter_add` accumulate in f32 and round once (see
+//!   [`super::bf16`]). Conversions to bf16 round once (`ingot_kernels::dtype::bf16_from_f64`
+//!   from f64 and the integers, which go through f64 first); from bf16 they start at its f32.
 //!
 //! # Memory
 //! `exec_node` allocates nothing on the heap, for tensors of rank up to
@@ -31,8 +35,10 @@
 
 use crate::error::ExecError;
 use crate::tensor::{Element, View, ViewMut};
+use half::bf16;
 use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Node, Op, ReduceOp, TensorType, UnaryOp};
 use ingot_kernels::cpu::{self as k, Dims, Float, Num, ReduceKind, Scalar};
+use ingot_kernels::dtype::bf16_from_f64;
 
 /// Calls the generic function `f::<T>(args)` with `T` the Rust type of a dtype.
 macro_rules! by_dtype {
@@ -43,6 +49,7 @@ macro_rules! by_dtype {
             DType::I32 => $f::<i32>($($arg),*),
             DType::I64 => $f::<i64>($($arg),*),
             DType::Bool => $f::<u8>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
         }
     };
 }
@@ -56,6 +63,8 @@ macro_rules! by_num {
             DType::I32 => $f::<i32>($($arg),*),
             DType::I64 => $f::<i64>($($arg),*),
             DType::Bool => Err(invalid($op, "not defined for bool")),
+            // Reductions and scatter_add on bf16 run widened (see `super::bf16`).
+            DType::BF16 => Err(invalid($op, "bf16 runs widened to f32")),
         }
     };
 }
@@ -134,6 +143,9 @@ pub fn exec_node_with(
             got_dtype: out.dtype(),
             got_len: out.len(),
         });
+    }
+    if ingot_compiler::lower::cpu::widened::runs_widened(&node.op, &node.ty, input_types) {
+        return super::bf16::exec_widened(node, inputs, input_types, out, scratch);
     }
     let cx = Cx {
         op,
@@ -367,6 +379,7 @@ fn full(value: f64, out: ViewMut<'_>) {
         ViewMut::I32(o) => o.fill(value as i32),
         ViewMut::I64(o) => o.fill(value as i64),
         ViewMut::Bool(o) => o.fill((value != 0.0) as u8),
+        ViewMut::BF16(o) => o.fill(bf16_from_f64(value)),
     }
 }
 
@@ -395,6 +408,8 @@ fn iota(cx: &Cx, axis: usize, out: ViewMut<'_>) -> Result<(), ExecError> {
         ViewMut::F64(o) => fill(o, d, inner, |j| j as f64),
         ViewMut::I32(o) => fill(o, d, inner, |j| j as i32),
         ViewMut::I64(o) => fill(o, d, inner, |j| j as i64),
+        // Through f32, as the fused kernels' index (exact up to 256, then rounded).
+        ViewMut::BF16(o) => fill(o, d, inner, |j| bf16::from_f32(j as f32)),
         ViewMut::Bool(_) => return Err(invalid(cx.op, "iota cannot produce bool")),
     }
     Ok(())
@@ -426,6 +441,10 @@ fn unary(cx: &Cx, u: UnaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
         ViewMut::F64(o) => float(cx, u, o),
         ViewMut::I32(o) => int(cx, u, o),
         ViewMut::I64(o) => int(cx, u, o),
+        ViewMut::BF16(o) => {
+            super::bf16::unary(u, cx.arg::<bf16>(0)?, o);
+            Ok(())
+        }
         ViewMut::Bool(_) => Err(invalid(cx.op, "not defined for bool")),
     }
 }
@@ -461,6 +480,10 @@ fn binary(cx: &Cx, b: BinaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
         ViewMut::F64(o) => float(cx, b, o),
         ViewMut::I32(o) => arith(cx, b, o),
         ViewMut::I64(o) => arith(cx, b, o),
+        ViewMut::BF16(o) => {
+            super::bf16::binary(b, cx.arg::<bf16>(0)?, cx.arg::<bf16>(1)?, o);
+            Ok(())
+        }
         ViewMut::Bool(_) => Err(invalid(cx.op, "arithmetic is not defined for bool")),
     }
 }
@@ -497,6 +520,7 @@ fn convert(input: View<'_>, out: ViewMut<'_>) {
                 ViewMut::I32(o) => map($a, o, |x| x as i32),
                 ViewMut::I64(o) => map($a, o, |x| x as i64),
                 ViewMut::Bool(o) => map($a, o, |x| (x != $zero) as u8),
+                ViewMut::BF16(o) => map($a, o, |x| bf16_from_f64(x as f64)),
             }
         };
     }
@@ -512,7 +536,25 @@ fn convert(input: View<'_>, out: ViewMut<'_>) {
             ViewMut::I32(o) => map(a, o, |x| (x != 0) as i32),
             ViewMut::I64(o) => map(a, o, |x| (x != 0) as i64),
             ViewMut::Bool(o) => map(a, o, |x| (x != 0) as u8),
+            ViewMut::BF16(o) => map(a, o, |x| bf16::from_f32((x != 0) as u8 as f32)),
         },
+        View::BF16(a) => {
+            let a = |i: usize| a[i].to_f32();
+            match out {
+                ViewMut::F32(o) => o.iter_mut().enumerate().for_each(|(i, o)| *o = a(i)),
+                ViewMut::F64(o) => o.iter_mut().enumerate().for_each(|(i, o)| *o = a(i) as f64),
+                ViewMut::I32(o) => o.iter_mut().enumerate().for_each(|(i, o)| *o = a(i) as i32),
+                ViewMut::I64(o) => o.iter_mut().enumerate().for_each(|(i, o)| *o = a(i) as i64),
+                ViewMut::Bool(o) => o
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, o)| *o = (a(i) != 0.0) as u8),
+                ViewMut::BF16(o) => o
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, o)| *o = bf16::from_f32(a(i))),
+            }
+        }
     }
 }
 

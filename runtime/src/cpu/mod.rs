@@ -3,6 +3,7 @@
 //! [`planned::PlannedStep`] runs a CPU step executable (lowered by
 //! [`ingot_compiler::lower::cpu`]) in its one slab.
 
+pub mod bf16;
 pub mod exec;
 pub mod interp;
 pub mod planned;

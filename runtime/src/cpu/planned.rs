@@ -341,6 +341,7 @@ unsafe fn view<'a>(p: *mut u8, dtype: DType, numel: usize) -> View<'a> {
         DType::I32 => View::I32(std::slice::from_raw_parts(p as *const i32, numel)),
         DType::I64 => View::I64(std::slice::from_raw_parts(p as *const i64, numel)),
         DType::Bool => View::Bool(std::slice::from_raw_parts(p as *const u8, numel)),
+        DType::BF16 => View::BF16(std::slice::from_raw_parts(p as *const half::bf16, numel)),
     }
 }
 
@@ -355,6 +356,7 @@ unsafe fn view_mut<'a>(p: *mut u8, dtype: DType, numel: usize) -> ViewMut<'a> {
         DType::I32 => ViewMut::I32(std::slice::from_raw_parts_mut(p as *mut i32, numel)),
         DType::I64 => ViewMut::I64(std::slice::from_raw_parts_mut(p as *mut i64, numel)),
         DType::Bool => ViewMut::Bool(std::slice::from_raw_parts_mut(p, numel)),
+        DType::BF16 => ViewMut::BF16(std::slice::from_raw_parts_mut(p as *mut half::bf16, numel)),
     }
 }
 

@@ -286,6 +286,7 @@ fn fill(dtype: DType, len: usize, how: Fill, seed: u64) -> Vec<u8> {
             DType::I32 => out.extend_from_slice(&(i as i32).to_ne_bytes()),
             DType::I64 => out.extend_from_slice(&i.to_ne_bytes()),
             DType::Bool => out.push((r.next() & 1) as u8),
+            DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(f).to_bits().to_ne_bytes()),
         }
     }
     out
@@ -456,7 +457,8 @@ fn add_into(dt: DType, acc: &mut [u8], v: &[u8]) {
                 .wrapping_add(i64::from_ne_bytes(v.try_into().unwrap()));
             acc.copy_from_slice(&x.to_ne_bytes());
         }
-        DType::Bool => {}
+        // The CUDA generator refuses bf16 kernels, so none is checked.
+        DType::Bool | DType::BF16 => {}
     }
 }
 

@@ -33,6 +33,7 @@ impl Analysis<'_> {
                     DType::I32 => format!("(int){x}"),
                     DType::I64 => format!("(long long){x}"),
                     DType::Bool => format!("(unsigned char)({x} != 0)"),
+                    DType::BF16 => return Err(unsupported("index", dtype)),
                 }
             }
             Inst::Unary { op, x } => {
@@ -93,6 +94,7 @@ impl Analysis<'_> {
                     DType::I32 => "ig_to_i32",
                     DType::I64 => "ig_to_i64",
                     DType::Bool => "ig_to_bool",
+                    DType::BF16 => return Err(unsupported("convert", to)),
                 };
                 format!("{f}({})", v(x))
             }

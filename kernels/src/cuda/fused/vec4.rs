@@ -22,7 +22,7 @@ pub(super) fn vec4_type(d: DType) -> Option<&'static str> {
         DType::F32 => Some("float4"),
         DType::I32 => Some("int4"),
         DType::Bool => Some("uchar4"),
-        DType::F64 | DType::I64 => None,
+        DType::F64 | DType::I64 | DType::BF16 => None,
     }
 }
 

@@ -1,0 +1,228 @@
+//! The precision of a compiled step, and the bf16 mixed-precision policy as a graph pass.
+//!
+//! [`autocast_bf16`] rewrites a traced **forward** graph the way PyTorch's bf16 autocast runs
+//! it, by inserting casts (`convert` nodes):
+//! - matrix products take bf16 operands (weights and activations are cast where they feed a
+//!   matmul) and give bf16 results (f32 accumulation is the kernels' business);
+//! - every reduction (the sums and maxes inside softmax, LayerNorm, the loss) takes an f32
+//!   operand and gives f32, so softmax, LayerNorm and the loss compute in f32;
+//! - an elementwise op computes in f32 if any of its *strong* float operands is f32, else in
+//!   bf16 if one is bf16. Constants and leaves (parameters, inputs) are *weak*: they take the
+//!   dtype of the values they meet (as a Python scalar does in PyTorch), so a bias added to a
+//!   bf16 matmul result is cast to bf16 and the sum stays bf16, while a LayerNorm gain meets an
+//!   f32 normalized value and stays f32. View ops (broadcast, reshape, transpose, slice) keep
+//!   their operand's dtype and weakness;
+//! - leaves keep their dtype (parameters stay f32), and so does every output (the loss is f32).
+//!
+//! It runs **before autodiff**, on the forward graph, for two reasons. Autodiff then derives the
+//! backward pass through the casts (the gradient of a cast is a cast back), so the backward
+//! matmuls get bf16 operands and every parameter's gradient arrives in f32, with no second
+//! policy for the backward ops. And the optimizer, which `training_step` appends after autodiff,
+//! is never touched: parameters, their gradients as the optimizer sees them, AdamW's moments and
+//! the update stay f32. Activations saved for the backward pass are what the forward computes,
+//! so those that feed matmuls, and the matmul results, are stored bf16.
+//!
+//! A finite constant cast to bf16 saturates at bf16's largest finite magnitude instead of
+//! rounding to infinity (`f32::MIN`, the attention mask value, is past bf16's range), so that
+//! masked values stay finite as [`crate::trace::nn::mask_value`] intends.
+
+use crate::error::IrError;
+use crate::ir::{DType, Graph, NodeId, Op, TensorType};
+use ingot_kernels::dtype::bf16;
+use serde::{Deserialize, Serialize};
+
+/// The arithmetic a compiled step uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Precision {
+    /// f32 everywhere: the reference.
+    #[default]
+    F32,
+    /// f32 storage; the GPU's matrix products use TF32 tensor cores (a runtime choice: the
+    /// graph is the f32 one).
+    Tf32,
+    /// bf16 mixed precision ([`autocast_bf16`]).
+    Bf16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Precision> {
+        [Precision::F32, Precision::Tf32, Precision::Bf16]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
+
+    /// The forward graph this precision trains: `g` itself for f32 and tf32, the autocast
+    /// graph for bf16.
+    pub fn apply(self, g: &Graph) -> Result<Graph, IrError> {
+        match self {
+            Precision::F32 | Precision::Tf32 => Ok(g.clone()),
+            Precision::Bf16 => autocast_bf16(g),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The forward graph `g` under the bf16 policy (see the module docs). Only f32 values change
+/// dtype; f64, integer and bool values are left as they are.
+pub fn autocast_bf16(g: &Graph) -> Result<Graph, IrError> {
+    let mut cx = Cx {
+        out: Graph::new(),
+        map: Vec::with_capacity(g.len()),
+        weak: Vec::with_capacity(g.len()),
+    };
+    for id in g.ids() {
+        let (new, weak) = cx.node(g, id)?;
+        cx.map.push(new);
+        cx.weak.push(weak);
+    }
+    let outputs: Vec<(String, NodeId)> = g.outputs.iter().map(|(k, &v)| (k.clone(), v)).collect();
+    for (name, v) in outputs {
+        let x = cx.cast(cx.map[v.index()], g.ty(v).dtype)?;
+        cx.out.set_output(&name, x)?;
+    }
+    for u in &g.updates {
+        let value = cx.cast(cx.map[u.value.index()], g.ty(u.value).dtype)?;
+        cx.out.set_update(cx.map[u.target.index()], value)?;
+    }
+    Ok(cx.out)
+}
+
+struct Cx {
+    out: Graph,
+    /// New node of each old node.
+    map: Vec<NodeId>,
+    /// Whether each old node's value is weak (a constant or a leaf, possibly viewed).
+    weak: Vec<bool>,
+}
+
+impl Cx {
+    fn dtype(&self, new: NodeId) -> DType {
+        self.out.ty(new).dtype
+    }
+
+    /// `x` (a new node) as `dtype`: itself, a new constant for a constant, or a cast.
+    fn cast(&mut self, x: NodeId, dtype: DType) -> Result<NodeId, IrError> {
+        if self.dtype(x) == dtype {
+            return Ok(x);
+        }
+        if let Op::Full { value } = self.out.node(x).op {
+            let value = if dtype == DType::BF16 && value.is_finite() {
+                let max = bf16::MAX.to_f64();
+                value.clamp(-max, max)
+            } else {
+                value
+            };
+            let shape = self.out.ty(x).shape.clone();
+            return self.out.full(value, shape, dtype);
+        }
+        self.out.convert(x, dtype)
+    }
+
+    /// The dtype an elementwise op over the (old) operands `xs` computes in: f32 if a strong
+    /// operand is f32, else bf16 if any operand is bf16; `None` when the op is not an f32/bf16
+    /// op (it is left alone).
+    fn unify(&self, g: &Graph, xs: &[NodeId]) -> Option<DType> {
+        let floats: Vec<NodeId> = xs
+            .iter()
+            .copied()
+            .filter(|x| matches!(g.ty(*x).dtype, DType::F32))
+            .collect();
+        if floats.is_empty() {
+            return None;
+        }
+        let new = |x: NodeId| self.dtype(self.map[x.index()]);
+        if floats
+            .iter()
+            .any(|&x| !self.weak[x.index()] && new(x) == DType::F32)
+        {
+            Some(DType::F32)
+        } else if floats.iter().any(|&x| new(x) == DType::BF16) {
+            Some(DType::BF16)
+        } else {
+            Some(DType::F32)
+        }
+    }
+
+    /// The new node of old node `id`, and whether it is weak.
+    fn node(&mut self, g: &Graph, id: NodeId) -> Result<(NodeId, bool), IrError> {
+        let n = g.node(id);
+        let old: Vec<NodeId> = n.inputs.to_vec();
+        let mapped: Vec<NodeId> = old.iter().map(|x| self.map[x.index()]).collect();
+        let f32_node = n.ty.dtype == DType::F32;
+        let push = |cx: &mut Cx, inputs: &[NodeId], dtype: DType| {
+            let ty = TensorType::new(n.ty.shape.clone(), dtype);
+            cx.out.push(n.op.clone(), inputs, Some(ty))
+        };
+        Ok(match &n.op {
+            Op::Fused(_) | Op::Result { .. } => {
+                return Err(IrError::Invalid(
+                    "the precision policy runs on the traced forward graph, before fusion".into(),
+                ))
+            }
+            Op::Leaf { .. } => (push(self, &[], n.ty.dtype)?, true),
+            Op::Full { .. } => (push(self, &[], n.ty.dtype)?, true),
+            Op::MatMul { .. } if f32_node => {
+                let a = self.cast(mapped[0], DType::BF16)?;
+                let b = self.cast(mapped[1], DType::BF16)?;
+                (push(self, &[a, b], DType::BF16)?, false)
+            }
+            Op::Reduce { .. } if f32_node => {
+                let x = self.cast(mapped[0], DType::F32)?;
+                (push(self, &[x], DType::F32)?, false)
+            }
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Concat { .. } => {
+                // Select's condition (operand 0) is bool and never cast.
+                let first = usize::from(matches!(n.op, Op::Select));
+                match self.unify(g, &old[first..]) {
+                    Some(t) => {
+                        let mut ins = mapped.clone();
+                        for (k, x) in ins.iter_mut().enumerate().skip(first) {
+                            if g.ty(old[k]).dtype == DType::F32 {
+                                *x = self.cast(*x, t)?;
+                            }
+                        }
+                        let dtype = if matches!(n.op, Op::Compare(_)) {
+                            DType::Bool
+                        } else {
+                            t
+                        };
+                        let weak = old[first..].iter().all(|x| self.weak[x.index()]);
+                        (push(self, &ins, dtype)?, weak)
+                    }
+                    None => (push(self, &mapped, n.ty.dtype)?, false),
+                }
+            }
+            Op::Broadcast
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::StopGradient => {
+                let d = self.dtype(mapped[0]);
+                (push(self, &mapped, d)?, self.weak[old[0].index()])
+            }
+            Op::Gather => {
+                let d = self.dtype(mapped[0]);
+                (push(self, &mapped, d)?, false)
+            }
+            Op::ScatterAdd { .. } => {
+                let d = self.dtype(mapped[1]);
+                (push(self, &mapped, d)?, false)
+            }
+            // Iota, conversions, and f64/integer matmuls and reductions keep their dtype.
+            _ => (push(self, &mapped, n.ty.dtype)?, false),
+        })
+    }
+}

@@ -1,0 +1,338 @@
+//! bf16 through the compiler and the CPU backend: autodiff through casts against an f64
+//! reference, and fused kernels that give the unfused interpreter's bits on bf16 graphs.
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::grad;
+use ingot_compiler::fuse::{fuse, FuseOptions};
+use ingot_compiler::ir::{DType, Graph, Init, NodeId, Op, Shape};
+use ingot_compiler::trace::nn;
+use ingot_runtime::cpu::interp::run_graph;
+use ingot_runtime::tensor::Tensor;
+
+/// Deterministic values in [-1, 1).
+fn values(seed: u64, n: usize) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+fn f32_tensor(dims: &[usize], seed: u64) -> Tensor {
+    let n = dims.iter().product();
+    Tensor::from_f32(
+        Shape::new(dims),
+        values(seed, n).into_iter().map(|v| v as f32).collect(),
+    )
+}
+
+/// `loss = sum(tanh(f32(bf16(x) @ bf16(w))) * c)`: the gradient of `w` that autodiff builds
+/// through the casts (a cast back to f32 of a bf16 matmul of bf16 operands) against the f64
+/// value of the same derivative, `xᵀ · ((1 - tanh²(x w)) * c)`, within bf16 rounding.
+#[test]
+fn the_gradient_through_casts_matches_an_f64_reference_within_bf16_rounding() {
+    let (m, k, n) = (3, 8, 5);
+    let mut g = Graph::new();
+    let w = g.parameter("w", [k, n], DType::F32, Init::Zeros).unwrap();
+    let x = g.input("x", [m, k], DType::F32).unwrap();
+    let c = g.input("c", [m, n], DType::F32).unwrap();
+    let xb = g.cast(x, DType::BF16).unwrap();
+    let wb = g.cast(w, DType::BF16).unwrap();
+    let h = g.matmul(xb, wb).unwrap();
+    assert_eq!(g.ty(h).dtype, DType::BF16);
+    let hf = g.cast(h, DType::F32).unwrap();
+    let t = g.tanh(hf).unwrap();
+    let tc = g.mul(t, c).unwrap();
+    let loss = g.sum_all(tc).unwrap();
+    let gw = grad(&mut g, loss, &[w]).unwrap()[0];
+    assert_eq!(
+        g.ty(gw).dtype,
+        DType::F32,
+        "the gradient has the parameter's dtype"
+    );
+    assert!(
+        g.nodes()
+            .iter()
+            .filter(|n| matches!(n.op, Op::Convert))
+            .count()
+            > 3,
+        "the backward pass casts too"
+    );
+    g.set_output("gw", gw).unwrap();
+
+    let mut leaves = IndexMap::new();
+    let (tw, tx, tcv) = (
+        f32_tensor(&[k, n], 1),
+        f32_tensor(&[m, k], 2),
+        f32_tensor(&[m, n], 3),
+    );
+    leaves.insert("w".to_string(), tw.clone());
+    leaves.insert("x".to_string(), tx.clone());
+    leaves.insert("c".to_string(), tcv.clone());
+    let got = run_graph(&g, &leaves).unwrap().outputs["gw"].to_f64_vec();
+
+    let (wv, xv, cv) = (tw.to_f64_vec(), tx.to_f64_vec(), tcv.to_f64_vec());
+    let mut want = vec![0.0; k * n];
+    for i in 0..m {
+        for j in 0..n {
+            let h: f64 = (0..k).map(|p| xv[i * k + p] * wv[p * n + j]).sum();
+            let d = (1.0 - h.tanh().powi(2)) * cv[i * n + j];
+            for p in 0..k {
+                want[p * n + j] += xv[i * k + p] * d;
+            }
+        }
+    }
+    let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .fold(0f64, |a, (g, w)| a.max((g - w).abs()));
+    // Each of x, w, h and the incoming gradient is rounded to bf16 (relative 2^-9 each).
+    assert!(worst <= 0.03 * scale, "worst {worst:e}, scale {scale:e}");
+    // And it is not the f32 gradient: the casts really round.
+    assert!(
+        worst > 1e-6 * scale,
+        "worst {worst:e}: no bf16 rounding visible"
+    );
+}
+
+/// Runs `g` unfused and fused (CPU kernels) on the same leaves; every output must be equal
+/// bit for bit. Returns the number of fused kernels.
+fn fused_equals_unfused(g: &Graph, leaves: &IndexMap<String, Tensor>) -> usize {
+    let plain = run_graph(g, leaves).unwrap();
+    let f = fuse(g, &FuseOptions::default()).unwrap();
+    let fused = run_graph(&f.graph, leaves).unwrap();
+    for (name, v) in &plain.outputs {
+        let w = &fused.outputs[name];
+        assert_eq!(w.dtype(), v.dtype(), "{name}");
+        assert_eq!(w.to_le_bytes(), v.to_le_bytes(), "output {name}");
+    }
+    f.graph
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Fused(_)))
+        .count()
+}
+
+fn leaves_of(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
+    let mut out = IndexMap::new();
+    for id in g.ids() {
+        if let Op::Leaf { name, .. } = &g.node(id).op {
+            let ty = &g.node(id).ty;
+            let t = f32_tensor(ty.shape.dims(), seed + id.0 as u64);
+            let t = match ty.dtype {
+                DType::BF16 => Tensor::from_f32_as_bf16(ty.shape.clone(), t.as_f32().unwrap()),
+                _ => t,
+            };
+            out.insert(name.clone(), t);
+        }
+    }
+    out
+}
+
+/// A bf16 input, cast from f32 and back around some work.
+fn bf16_input(g: &mut Graph, name: &str, dims: &[usize]) -> NodeId {
+    g.input(name, Shape::new(dims), DType::BF16).unwrap()
+}
+
+#[test]
+fn a_bf16_softmax_fused_gives_the_unfused_bits() {
+    let mut g = Graph::new();
+    let x = bf16_input(&mut g, "x", &[6, 33]);
+    let s = nn::softmax(&mut g, x).unwrap();
+    assert_eq!(g.ty(s).dtype, DType::BF16);
+    g.set_output("s", s).unwrap();
+    let kernels = fused_equals_unfused(&g, &leaves_of(&g, 7));
+    assert!(kernels >= 1);
+}
+
+#[test]
+fn a_bf16_layer_norm_and_gelu_fused_give_the_unfused_bits() {
+    let mut g = Graph::new();
+    let x = bf16_input(&mut g, "x", &[5, 40]);
+    // bf16 gain and bias here; the policy keeps them f32 and casts (tested elsewhere).
+    let y = nn::layer_norm(&mut g, "ln", x, 1e-5).unwrap();
+    let z = nn::gelu_tanh(&mut g, y).unwrap();
+    g.set_output("z", z).unwrap();
+    fused_equals_unfused(&g, &leaves_of(&g, 11));
+}
+
+#[test]
+fn bf16_column_sums_and_mixed_casts_fused_give_the_unfused_bits() {
+    // A bias gradient summed over the batch (the columns strategy), a cast in the middle of a
+    // chain, and an f32 sum of a bf16 value (accumulated in f32).
+    let mut g = Graph::new();
+    let x = bf16_input(&mut g, "x", &[37, 24]);
+    let e = g.exp(x).unwrap();
+    let cols = g.sum(e, &[0]).unwrap();
+    let ef = g.cast(e, DType::F32).unwrap();
+    let rows = g.sum(ef, &[1]).unwrap();
+    let y = g.input("y", [37, 24], DType::F32).unwrap();
+    let yb = g.cast(y, DType::BF16).unwrap();
+    let p = g.mul(yb, x).unwrap();
+    let m = g.max(p, &[1]).unwrap();
+    g.set_output("cols", cols).unwrap();
+    g.set_output("rows", rows).unwrap();
+    g.set_output("m", m).unwrap();
+    fused_equals_unfused(&g, &leaves_of(&g, 13));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bf16 policy (compiler::precision)
+// ---------------------------------------------------------------------------------------------
+
+use ingot_compiler::ir::LeafKind;
+use ingot_compiler::models;
+use ingot_compiler::pipeline::{self, Options};
+use ingot_compiler::precision::Precision;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::init::{init_leaves, synthetic_batch};
+use ingot_runtime::session::Session;
+use ingot_runtime::StepExecutor;
+
+const SMALL_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
+
+fn bf16_options(base: Options) -> Options {
+    Options {
+        precision: Precision::Bf16,
+        ..base
+    }
+}
+
+#[test]
+fn the_bf16_policy_keeps_state_f32_and_multiplies_and_reduces_as_autocast_does() {
+    let m = models::by_name(SMALL_GPT).unwrap();
+    let opts = bf16_options(Options::unoptimized(
+        ingot_compiler::lower::Target::Cpu.plan_options(),
+    ));
+    let c = pipeline::compile(&m, &opts).unwrap();
+    let g = &c.step.graph;
+    let (mut matmuls, mut reductions) = (0, 0);
+    for id in g.ids() {
+        let n = g.node(id);
+        match &n.op {
+            Op::Leaf { kind, name, .. } => {
+                if let Some(l) = m.graph.leaf(name) {
+                    assert_eq!(n.ty.dtype, m.graph.ty(l).dtype, "{name}");
+                }
+                // Parameters f32; optimizer state f32 (moments) or f64 (AdamW's step count).
+                if *kind != LeafKind::Input {
+                    assert_ne!(n.ty.dtype, DType::BF16, "{name}");
+                }
+            }
+            Op::MatMul { .. } => {
+                matmuls += 1;
+                assert_eq!(n.ty.dtype, DType::BF16, "{id:?}");
+                for &x in &n.inputs {
+                    assert_eq!(g.ty(x).dtype, DType::BF16, "{id:?}");
+                }
+            }
+            Op::Reduce { .. } if g.ty(n.inputs[0]).dtype != DType::I32 => {
+                // The forward's reductions, and the backward's sums of f32 values, are f32;
+                // only the bias gradients (sums of a bf16 matmul's gradient) may be bf16, and
+                // those accumulate in f32 inside the kernel.
+                if n.ty.dtype == DType::BF16 {
+                    continue;
+                }
+                reductions += 1;
+                assert_eq!(n.ty.dtype, DType::F32, "{id:?}");
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        matmuls >= 3 * 2 * 4,
+        "forward and backward matmuls: {matmuls}"
+    );
+    assert!(reductions > 0);
+    assert_eq!(g.ty(g.outputs["loss"]).dtype, DType::F32, "the loss is f32");
+    for u in &g.updates {
+        assert_eq!(
+            g.ty(u.value).dtype,
+            g.ty(u.target).dtype,
+            "updates keep their dtype"
+        );
+        assert_ne!(g.ty(u.value).dtype, DType::BF16);
+    }
+    // f32 and tf32 leave the forward graph as traced.
+    assert_eq!(Precision::F32.apply(&m.graph).unwrap(), m.graph);
+    assert_eq!(Precision::Tf32.apply(&m.graph).unwrap(), m.graph);
+}
+
+/// 20 steps of `spec` in f32 and under the bf16 policy, from the same weights and batches: every
+/// step's loss within `tol` relative.
+fn bf16_losses_track_f32(spec: &str, tol: f64) {
+    let m = models::by_name(spec).unwrap();
+    let mut f32_run = Session::new(&m, 9).unwrap();
+    let mut bf16_run = Session::with_options(&m, 9, &bf16_options(Session::cpu_options())).unwrap();
+    let mut worst = 0f64;
+    for s in 0..20 {
+        let (a, b) = (f32_run.step().unwrap().loss, bf16_run.step().unwrap().loss);
+        assert!(b.is_finite(), "{spec} step {s}: bf16 loss {b}");
+        let d = (a - b).abs() / a.abs();
+        worst = worst.max(d);
+        assert!(d <= tol, "{spec} step {s}: f32 loss {a}, bf16 {b} ({d:e})");
+    }
+    // bf16 really runs: the losses are not the f32 ones.
+    assert!(worst > 0.0, "{spec}: the bf16 losses equal the f32 ones");
+    eprintln!("{spec}: worst relative loss difference over 20 steps {worst:e}");
+}
+
+#[test]
+fn bf16_mlp_losses_stay_within_one_percent_of_f32_over_20_steps() {
+    bf16_losses_track_f32("mlp", 0.01);
+}
+
+#[test]
+fn bf16_gpt_losses_stay_within_one_percent_of_f32_over_20_steps() {
+    bf16_losses_track_f32(SMALL_GPT, 0.01);
+}
+
+#[test]
+fn a_fused_planned_bf16_step_is_bit_identical_to_its_unfused_reference_run() {
+    let m = models::by_name(SMALL_GPT).unwrap();
+    let c = pipeline::compile(&m, &bf16_options(Session::cpu_options())).unwrap();
+    let g = c.graph.clone();
+    assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Fused(_))));
+    assert!(g.ids().any(|id| g.node(id).ty.dtype == DType::BF16));
+    let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 5);
+    leaves.extend(init_leaves(&g, LeafKind::State, 5));
+    leaves.extend(synthetic_batch(&g, 5));
+    // The unfused step graph (rewritten, not fused) on the same leaves.
+    let unfused = pipeline::compile(
+        &m,
+        &bf16_options(Options {
+            fuse: None,
+            ..Session::cpu_options()
+        }),
+    )
+    .unwrap();
+    let plain = run_graph(&unfused.graph, &leaves).unwrap();
+    let reference = run_graph(&g, &leaves).unwrap();
+    let mut planned = PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            g,
+            c.plan,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .expect("lower"),
+    )
+    .unwrap();
+    for (name, v) in &leaves {
+        planned.write_leaf(name, v).unwrap();
+    }
+    planned.step().unwrap();
+    for (name, v) in &reference.outputs {
+        assert_eq!(&planned.read_output(name).unwrap(), v, "output {name}");
+        assert_eq!(&plain.outputs[name], v, "fused and unfused output {name}");
+    }
+    for (name, v) in &reference.updates {
+        assert_eq!(&planned.read_leaf(name).unwrap(), v, "updated {name}");
+        assert_eq!(&plain.updates[name], v, "fused and unfused update {name}");
+    }
+}
