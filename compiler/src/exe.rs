@@ -36,6 +36,7 @@ use crate::ir::{text, Graph, LeafKind, Op};
 use crate::lower::{self, LowerError, Program};
 use crate::plan::report::{BufferKind, Report};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
+use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -81,6 +82,7 @@ pub struct Layout {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Executable {
     model: String,
+    precision: Precision,
     graph: Graph,
     plan: MemoryPlan,
     layouts: Vec<Layout>,
@@ -94,6 +96,7 @@ pub struct Executable {
 struct Payload {
     model: String,
     target: Target,
+    precision: Precision,
     /// The version of the `ingot` that wrote the file (informative; [`VERSION`] decides).
     producer: String,
     /// The step graph in IR text form ([`text::print`]).
@@ -180,9 +183,10 @@ pub fn layouts(g: &Graph, plan: &MemoryPlan) -> Vec<Layout> {
 }
 
 impl Executable {
-    /// The executable of `graph` planned by `plan` for `target`: the plan validated and the
-    /// step lowered ([`lower::lower`]). `pipeline::Compiled::executable` calls this with the
-    /// parts the pipeline made; `report` must be the plan's ([`Report::new`]).
+    /// The executable of `graph` planned by `plan` for `target`, compiled in `report.precision`:
+    /// the plan validated and the step lowered ([`lower::lower`]).
+    /// `pipeline::Compiled::executable` calls this with the parts the pipeline made; `report`
+    /// must be the plan's ([`Report::new`]).
     pub fn new(
         model: &str,
         graph: Graph,
@@ -190,9 +194,11 @@ impl Executable {
         report: Report,
         target: Target,
     ) -> Result<Executable, LowerError> {
-        let program = lower::lower(&graph, &plan, target)?;
+        let precision = report.precision;
+        let program = lower::lower(&graph, &plan, target, precision)?;
         Ok(Executable {
             model: model.to_string(),
+            precision,
             layouts: layouts(&graph, &plan),
             graph,
             plan,
@@ -223,6 +229,11 @@ impl Executable {
         self.program.target()
     }
 
+    /// The precision the step was compiled in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// The step graph that is planned and run: rewritten and fused.
     pub fn graph(&self) -> &Graph {
         &self.graph
@@ -250,7 +261,7 @@ impl Executable {
     /// by this compiler holds exactly what it lowers today. Debug builds check this on every
     /// read; `ingot inspect --check` on request.
     pub fn check_program(&self) -> Result<(), LowerError> {
-        let again = lower::lower(&self.graph, &self.plan, self.target())?;
+        let again = lower::lower(&self.graph, &self.plan, self.target(), self.precision)?;
         if again != self.program {
             return Err(LowerError::Invalid {
                 op: "program",
@@ -269,6 +280,7 @@ impl Executable {
         let payload = Payload {
             model: self.model.clone(),
             target: self.target(),
+            precision: self.precision,
             producer: format!("ingot {}", env!("CARGO_PKG_VERSION")),
             graph: text::print(&self.graph),
             plan: self.plan.clone(),
@@ -337,8 +349,15 @@ impl Executable {
         p.program
             .check(&graph, &p.plan)
             .map_err(|e| fail(Problem::Program(e.to_string())))?;
+        if p.report.precision != p.precision {
+            return Err(fail(Problem::Corrupt(format!(
+                "it says precision {} but its report says {}",
+                p.precision, p.report.precision
+            ))));
+        }
         let exe = Executable {
             model: p.model,
+            precision: p.precision,
             graph,
             plan: p.plan,
             layouts: p.layouts,

@@ -207,7 +207,9 @@ fn compile_step_observed(
         } else {
             phase::of_graph(&graph, graph.outputs.get(LOSS).copied())
         };
-        Report::new(name, &graph, &plan, Some(&phases))
+        let mut report = Report::new(name, &graph, &plan, Some(&phases));
+        report.precision = opts.precision;
+        report
     });
     Ok(Compiled {
         model: name.to_string(),

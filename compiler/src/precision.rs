@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 /// The arithmetic a compiled step uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// f32 everywhere: the reference.
     #[default]

@@ -190,3 +190,28 @@ fn a_fused_bf16_kernel_on_the_cpu_rounds_its_result_and_stores_two_bytes() {
     // The constant 1 + 2^-8 is itself a tie in bf16: it rounds to 1 (even), so x * 1 = x.
     assert_eq!(read(&out[1]), vec![1.0, 1.0078125, -3.5, 0.0]);
 }
+
+#[test]
+fn an_infinite_or_nan_constant_survives_the_kernel_descriptions_json() {
+    use ingot_kernels::fused::Inst;
+    for value in [f64::INFINITY, f64::NEG_INFINITY, -0.0, 1.5, f64::MAX] {
+        let inst = Inst::Const {
+            value,
+            dtype: ingot_kernels::DType::F32,
+        };
+        let json = serde_json::to_string(&inst).unwrap();
+        let back: Inst = serde_json::from_str(&json).unwrap();
+        let Inst::Const { value: got, .. } = back else {
+            panic!("{json}")
+        };
+        assert_eq!(got.to_bits(), value.to_bits(), "{json}");
+    }
+    let nan = serde_json::to_string(&Inst::Const {
+        value: f64::NAN,
+        dtype: ingot_kernels::DType::F32,
+    })
+    .unwrap();
+    assert!(nan.contains("\"nan\""), "{nan}");
+    let bad = serde_json::from_str::<Inst>(r#"{"Const":{"value":"lots","dtype":"F32"}}"#);
+    assert!(bad.unwrap_err().to_string().contains("\"lots\""));
+}

@@ -172,6 +172,7 @@ enum Backend {
 /// A model's training step, loaded with the values of all its leaves.
 pub struct Session {
     model: String,
+    precision: ingot_compiler::precision::Precision,
     /// The step and its one allocation, which holds every leaf's value.
     exe: Backend,
     steps: u64,
@@ -267,12 +268,14 @@ impl Session {
         // before any leaf's initial value is made on the host.
         let load = |e: ExecError| SessionError::Load(Box::new(e));
         let model = exe.model().to_string();
+        let precision = exe.precision();
         let exe = match device {
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
             Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
         };
         let mut session = Session {
             model,
+            precision,
             exe,
             steps: 0,
         };
@@ -284,6 +287,11 @@ impl Session {
             session.exe_mut().write_leaf(name, value)?;
         }
         Ok(session)
+    }
+
+    /// The precision the step was compiled in.
+    pub fn precision(&self) -> ingot_compiler::precision::Precision {
+        self.precision
     }
 
     /// The model's name.

@@ -321,3 +321,65 @@ fn running_a_cuda_file_without_a_gpu_is_the_usual_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn a_bf16_executable_runs_as_bf16_training_does_and_keeps_its_precision() {
+    let dir = scratch("bf16");
+    let exe = dir.join("step.ingot");
+    let compiled = ok(&[
+        "compile",
+        "--model",
+        TINY_GPT,
+        "--precision",
+        "bf16",
+        "-o",
+        s(&exe),
+    ]);
+    assert!(compiled.contains("in bf16"), "{compiled}");
+    let args = |cmd: &str| -> Vec<String> {
+        let mut v: Vec<String> = vec![cmd.into()];
+        if cmd == "train" {
+            v.extend([
+                "--model".into(),
+                TINY_GPT.into(),
+                "--precision".into(),
+                "bf16".into(),
+            ]);
+        } else {
+            v.push(s(&exe).into());
+        }
+        v.extend(["--steps", "3", "--seed", "3", "--json"].map(String::from));
+        v
+    };
+    let (train, run) = (ok(&args("train")), ok(&args("run")));
+    let (a, b) = (losses(&train), losses(&run));
+    assert_eq!(a.len(), 3, "{train}");
+    assert_eq!(
+        a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    // The same weights in f32 give other losses (bf16 rounds), close to them.
+    let f32 = losses(&ok(&[
+        "train", "--model", TINY_GPT, "--steps", "3", "--seed", "3", "--json",
+    ]));
+    assert!(a
+        .iter()
+        .zip(&f32)
+        .all(|(x, y)| x != y && (x - y).abs() < 1e-2 * y.abs()));
+    let shown = ok(&["inspect", s(&exe)]);
+    assert!(
+        shown.contains("memory plan for") && shown.contains(" in bf16 "),
+        "{shown}"
+    );
+    // The precision is the compile's: run cannot change it.
+    let (code, _, err) = ingot(&["run", s(&exe), "--steps", "1", "--precision", "f32"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("compiled in bf16, not f32") && err.contains("recompile"),
+        "{err}"
+    );
+    // tf32 is a GPU mode.
+    let (code, _, err) = ingot(&["train", "--model", "mlp", "--steps", "1", "--tf32"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tf32 applies to matmuls on the GPU"), "{err}");
+}

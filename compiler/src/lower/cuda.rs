@@ -923,7 +923,7 @@ mod tests {
     fn an_unfused_elementwise_op_is_an_error_that_says_to_fuse() {
         let c = pipeline::compile_model("mlp", &pipeline::Options::unoptimized(plan_options()))
             .unwrap();
-        let e = super::super::lower(&c.graph, &c.plan, Target::Cuda)
+        let e = super::super::lower(&c.graph, &c.plan, Target::Cuda, Default::default())
             .unwrap_err()
             .to_string();
         assert!(e.contains("fusion"), "{e}");
@@ -936,7 +936,7 @@ mod tests {
             ..Default::default()
         };
         let c = pipeline::compile_model("mlp", &opts).unwrap();
-        let e = super::super::lower(&c.graph, &c.plan, Target::Cuda)
+        let e = super::super::lower(&c.graph, &c.plan, Target::Cuda, Default::default())
             .unwrap_err()
             .to_string();
         assert!(e.contains("matmul") && e.contains("workspace"), "{e}");

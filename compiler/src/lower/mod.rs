@@ -20,6 +20,7 @@ pub mod deps;
 use crate::ir::{Graph, NodeId};
 use crate::plan::check::PlanViolation;
 use crate::plan::{MemoryPlan, PlanOptions};
+use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -103,9 +104,16 @@ impl Program {
     }
 }
 
-/// Lowers `g` under `plan` for `target`. Validates the plan first with the independent checker:
-/// lowering turns it into raw addresses that the runtime trusts.
-pub fn lower(g: &Graph, plan: &MemoryPlan, target: Target) -> Result<Program, LowerError> {
+/// Lowers `g` under `plan` for `target`, in `precision` (which decides the library calls'
+/// math: TF32 tensor cores for f32 products under `tf32`). Validates the plan first with the
+/// independent checker: lowering turns it into raw addresses that the runtime trusts.
+pub fn lower(
+    g: &Graph,
+    plan: &MemoryPlan,
+    target: Target,
+    precision: Precision,
+) -> Result<Program, LowerError> {
+    let _ = precision; // the CUDA lowering takes it with its GEMMs' compute types
     plan.validate(g)?;
     check_workspaces(g, plan, target)?;
     Ok(match target {

@@ -56,6 +56,10 @@ pub struct KindBytes {
 pub struct Report {
     pub version: u32,
     pub model: String,
+    /// The precision the step was compiled in (`f32`, `tf32`, `bf16`); each buffer's own dtype
+    /// is in its row.
+    #[serde(default)]
+    pub precision: crate::precision::Precision,
     pub ops: usize,
     /// Kernel launches per step: every node but leaves, views and fused kernels' extra results.
     pub kernels: usize,
@@ -180,6 +184,7 @@ impl Report {
             })
             .count();
         Report {
+            precision: Default::default(),
             version: REPORT_VERSION,
             model: model.to_string(),
             ops: g.len(),
@@ -213,8 +218,8 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "memory plan for {} ({} ops, {} kernels, {} schedule)",
-            self.model, self.ops, self.kernels, self.schedule
+            "memory plan for {} in {} ({} ops, {} kernels, {} schedule)",
+            self.model, self.precision, self.ops, self.kernels, self.schedule
         );
         let row = |o: &mut String, k: &str, v: usize| {
             let _ = writeln!(o, "  {k:<34} {:>16}  {}", v, human(v));

@@ -118,6 +118,7 @@ pub enum Inst {
         input: usize,
     },
     Const {
+        #[serde(with = "any_f64")]
         value: f64,
         dtype: DType,
     },
@@ -162,4 +163,45 @@ pub enum Inst {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Output {
     pub value: usize,
+}
+
+/// Serde for an f64 that may be infinite or NaN: JSON has no such numbers (serde_json writes
+/// them as `null`, which reads back as an error), so they are written as the strings `"inf"`,
+/// `"-inf"` and `"nan"`; finite values stay numbers, so the text of every finite constant is
+/// unchanged.
+mod any_f64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else if x.is_nan() {
+            s.serialize_str("nan")
+        } else if *x > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Number(x) => Ok(x),
+            Repr::Text(t) => match t.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" => Ok(f64::NAN),
+                _ => Err(serde::de::Error::custom(format!(
+                    "a constant is a number, \"inf\", \"-inf\" or \"nan\", not {t:?}"
+                ))),
+            },
+        }
+    }
 }

@@ -23,6 +23,8 @@ pub struct CompileArgs {
     /// or cuBLAS's workspace on the GPU), so the executable runs only there. Needs no GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    #[command(flatten)]
+    pub precision: super::PrecisionArgs,
     /// Where to write the step executable.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
@@ -34,7 +36,9 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
-    let (_, compiled, _) = super::stages::load_and_compile(&a.model, &device.options(), true)?;
+    let mut opts = device.options();
+    opts.precision = a.precision.for_device(a.device)?;
+    let (_, compiled, _) = super::stages::load_and_compile(&a.model, &opts, true)?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
@@ -54,11 +58,12 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     super::write_file(&a.output, &bytes)?;
     let r = exe.report();
     crate::outln!(
-        "wrote {} ({} bytes): {} for {}, {} ops, {} kernel launches per step{}, {} planned in one allocation",
+        "wrote {} ({} bytes): {} for {} in {}, {} ops, {} kernel launches per step{}, {} planned in one allocation",
         a.output.display(),
         bytes.len(),
         exe.model(),
         exe.target(),
+        exe.precision(),
         r.ops,
         r.kernels,
         match exe.program() {

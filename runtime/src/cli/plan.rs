@@ -28,6 +28,8 @@ pub struct PlanArgs {
     /// Also write the timeline alone, as an SVG file.
     #[arg(long, value_name = "PATH")]
     pub svg: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub precision: super::PrecisionArgs,
     /// Also print how long each compiler stage took, on stderr.
     #[arg(long)]
     pub timings: bool,
@@ -42,6 +44,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if a.unoptimized {
         opts = pipeline::Options::unoptimized(opts.plan);
     }
+    opts.precision = a.precision.for_device(a.device)?;
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
     let (_, compiled, trace) = super::stages::load_and_compile(&a.model, &opts, !a.json)?;
     if a.timings {

@@ -27,6 +27,19 @@ pub fn run(a: &RunArgs) -> Result<(), Failure> {
         Target::Cpu => Device::Cpu,
         Target::Cuda => Device::Cuda,
     };
+    if let Some(p) = a.run.precision.given() {
+        if p != exe.precision() {
+            return Err(Failure::new(
+                1,
+                format!(
+                    "{}: this executable was compiled in {}, not {p}; the precision is decided when compiling: recompile it with `ingot compile {} --precision {p} -o FILE`",
+                    a.file.display(),
+                    exe.precision(),
+                    model_flag(exe.model())
+                ),
+            ));
+        }
+    }
     let device = a.run.session_device(planned_for)?;
     check_target(&a.file, &exe, device)?;
     let mut session = Session::from_executable(exe, a.run.seed, device)?;

@@ -61,9 +61,8 @@ pub struct StepArgs {
     /// Seed of the initial parameters and of the synthetic batch.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// On the GPU, let f32 matmuls use TF32 tensor cores (default: strict f32).
-    #[arg(long)]
-    pub tf32: bool,
+    #[command(flatten)]
+    pub precision: super::PrecisionArgs,
 }
 
 impl StepArgs {
@@ -77,14 +76,12 @@ impl StepArgs {
 
     /// The session device these arguments ask for; `default` when `--device` is not given.
     pub fn session_device(&self, default: Device) -> Result<session::Device, Failure> {
-        match self.device.unwrap_or(default) {
-            Device::Cpu if self.tf32 => Err(Failure::new(
-                2,
-                "--tf32 applies to matmuls on the GPU; add --device cuda, or drop --tf32",
-            )),
+        let device = self.device.unwrap_or(default);
+        let precision = self.precision.for_device(device)?;
+        match device {
             Device::Cpu => Ok(session::Device::Cpu),
             Device::Cuda => Ok(session::Device::Cuda(CudaOptions {
-                tf32: self.tf32,
+                tf32: precision == ingot_compiler::precision::Precision::Tf32,
                 ..CudaOptions::default()
             })),
         }
@@ -110,8 +107,12 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let device = a.run.session_device(Device::Cpu)?;
     a.run.check_outputs()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
-    let (_, compiled, _) =
-        super::stages::load_and_compile(&a.model, &device.options(), !a.run.json)?;
+    let mut opts = device.options();
+    opts.precision = a
+        .run
+        .precision
+        .for_device(a.run.device.unwrap_or(Device::Cpu))?;
+    let (_, compiled, _) = super::stages::load_and_compile(&a.model, &opts, !a.run.json)?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
@@ -146,10 +147,13 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             params,
             a.steps,
             session.exe().device(),
-            match device {
-                session::Device::Cuda(o) if o.tf32 => " (tf32 matmuls)",
-                session::Device::Cuda(_) => " (strict f32)",
-                session::Device::Cpu => "",
+            match (device, session.precision()) {
+                (_, ingot_compiler::precision::Precision::Bf16) => " (bf16 mixed precision)",
+                (session::Device::Cuda(_), ingot_compiler::precision::Precision::Tf32) => {
+                    " (tf32 matmuls)"
+                }
+                (session::Device::Cuda(_), _) => " (strict f32)",
+                (session::Device::Cpu, _) => "",
             },
             if a.init.is_some() { "loaded" } else { "seeded" },
             if a.data.is_some() {
