@@ -3,7 +3,8 @@
 # and batch.
 #
 #   scripts/compare_torch.sh path/to/ingot [--device cpu|cuda] [--ingot-device cpu|cuda]
-#                            [--steps N] [--tol T] [--param-tol P] [MODEL ...]
+#                            [--steps N] [--tol T] [--param-tol P] [--precision f32|bf16]
+#                            [MODEL ...]
 #
 # For each model (default: two small GPT shapes and the mlp): `ingot train --steps 0` writes its
 # seeded initial parameters and synthetic batch; `ingot train --steps N --init --data --json
@@ -11,6 +12,8 @@
 # cpu; f32, TF32 off) then train from those files. The N losses must agree to a relative
 # difference of at most T (default 1e-4), and every parameter tensor after the last step to
 # max|ingot - torch| / max(max|torch|, 1e-6) <= P (default 5e-2); the worst tensor is printed.
+# --precision bf16 trains Ingot with --precision bf16 and PyTorch under bf16 autocast (default
+# T then 1e-2: the two round in different places).
 # Prints a table; exits 1 if any loss or parameter differs, 2 on a usage or run error.
 # Needs python3 with torch. Environment: PYTHON (default python3), KEEP=1 keeps the working
 # directory.
@@ -32,8 +35,9 @@ INGOT=$1; shift
 DEVICE=cpu
 INGOT_DEVICE=cpu
 STEPS=5
-TOL=1e-4
+TOL=
 PARAM_TOL=
+PRECISION=f32
 MODELS=()
 need() { [[ $# -ge 2 && -n $2 ]] || { echo "compare_torch: $1 needs a value" >&2; usage; }; }
 while [[ $# -gt 0 ]]; do
@@ -43,6 +47,7 @@ while [[ $# -gt 0 ]]; do
         --steps) need "$@"; STEPS=$2; shift 2 ;;
         --tol) need "$@"; TOL=$2; shift 2 ;;
         --param-tol) need "$@"; PARAM_TOL=$2; shift 2 ;;
+        --precision) need "$@"; PRECISION=$2; shift 2 ;;
         -h|--help) usage ;;
         -*) echo "compare_torch: unknown option $1" >&2; usage ;;
         *) MODELS+=("$1"); shift ;;
@@ -51,6 +56,7 @@ done
 case $DEVICE in cpu|cuda) ;; *) echo "compare_torch: --device is cpu or cuda, not $DEVICE" >&2; exit 2 ;; esac
 case $INGOT_DEVICE in cpu|cuda) ;; *) echo "compare_torch: --ingot-device is cpu or cuda, not $INGOT_DEVICE" >&2; exit 2 ;; esac
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "compare_torch: --steps must be a positive integer, not $STEPS" >&2; exit 2; }
+case $PRECISION in f32) TOL=${TOL:-1e-4} ;; bf16) TOL=${TOL:-1e-2} ;; *) echo "compare_torch: --precision is f32 or bf16, not $PRECISION" >&2; exit 2 ;; esac
 PARAM_TOL=${PARAM_TOL:-5e-2}
 if [[ ${#MODELS[@]} -eq 0 ]]; then
     MODELS=(
@@ -75,12 +81,12 @@ for model in "${MODELS[@]}"; do
         --save "$dir/init.safetensors" --save-data "$dir/batch.safetensors" --json > "$dir/init.jsonl" \
         || { echo "compare_torch: ingot could not write the initial files of $model" >&2; exit 2; }
     # Both runs start from the same files and save their parameters after the last step.
-    "$INGOT" train --model "$model" --steps "$STEPS" --device "$INGOT_DEVICE" \
+    "$INGOT" train --model "$model" --steps "$STEPS" --device "$INGOT_DEVICE" --precision "$PRECISION" \
         --init "$dir/init.safetensors" --data "$dir/batch.safetensors" --json \
         --save "$dir/ingot.safetensors" > "$dir/ingot.jsonl" \
         || { echo "compare_torch: ingot train --device $INGOT_DEVICE failed on $model" >&2; exit 2; }
     "$PYTHON" "$HERE/torch_reference.py" --model "$model" --steps "$STEPS" --device "$DEVICE" \
-        --init "$dir/init.safetensors" --data "$dir/batch.safetensors" \
+        --precision "$PRECISION" --init "$dir/init.safetensors" --data "$dir/batch.safetensors" \
         --save "$dir/torch.safetensors" > "$dir/torch.jsonl" \
         || { echo "compare_torch: torch_reference.py --device $DEVICE failed on $model" >&2; exit 2; }
 done

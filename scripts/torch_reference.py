@@ -251,6 +251,9 @@ def main():
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--save", help="write the parameters after the last step here")
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"],
+                    help="bf16: the step under torch.autocast(dtype=torch.bfloat16), f32 master "
+                         "weights and optimizer (what Ingot's --precision bf16 mirrors)")
     a = ap.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -287,7 +290,9 @@ def main():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                            enabled=a.precision == "bf16"):
+            loss = model(x, y)
         loss.backward()
         opt.step()
         value = loss.item()  # synchronizes
