@@ -11,7 +11,8 @@
 # random kernels against the CPU, in place too; and any other runtime/tests/cuda*.rs), kernels
 # (the kernel timings, each kernel checked on the way: runtime/examples/cuda_kernels.rs), train
 # (`ingot train --device cuda` on each model, strict f32 and TF32), compare (losses and
-# parameters against PyTorch on the GPU), bench (the side by side benchmark against PyTorch and
+# parameters against PyTorch on the GPU), bf16 (gpt-mini and gpt2 trained with --precision bf16;
+# gpt-mini's 20 losses against PyTorch under bf16 autocast, within 1%), bench (the side by side benchmark against PyTorch and
 # JAX). Logs go to OUT/*.txt.
 #
 # INGOT_REQUIRE_GPU=1 is set for everything: a GPU test that finds no usable GPU fails instead
@@ -52,6 +53,11 @@ for part in "${PARTS[@]}"; do
                 run "train_${m}_tf32" "$BIN/ingot" train --model "$m" --device cuda --steps 30 --tf32
             done ;;
         compare) run compare "$HERE/compare_torch.sh" "$BIN/ingot" --device cuda --ingot-device cuda --steps 10 mlp gpt-mini ;;
+        bf16)
+            for m in gpt-mini gpt2; do
+                run "train_${m}_bf16" "$BIN/ingot" train --model "$m" --device cuda --steps 30 --precision bf16
+            done
+            run compare_bf16 "$HERE/compare_torch.sh" "$BIN/ingot" --device cuda --ingot-device cuda --steps 20 --precision bf16 gpt-mini ;;
         bench) run bench python3 "$HERE/gpu_bench.py" --ingot "$BIN/ingot" --json "$OUT/bench.json" ;;
         *) echo "unknown part $part"; status=2 ;;
     esac
