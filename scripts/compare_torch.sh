@@ -13,7 +13,8 @@
 # difference of at most T (default 1e-4), and every parameter tensor after the last step to
 # max|ingot - torch| / max(max|torch|, 1e-6) <= P (default 5e-2); the worst tensor is printed.
 # --precision bf16 trains Ingot with --precision bf16 and PyTorch under bf16 autocast (default
-# T then 1e-2: the two round in different places).
+# T then 1e-2 and P 2e-1: the two round in different places, and AdamW turns gradient rounding
+# into update noise of up to lr per element; a wrong update is still O(1)).
 # Prints a table; exits 1 if any loss or parameter differs, 2 on a usage or run error.
 # Needs python3 with torch. Environment: PYTHON (default python3), KEEP=1 keeps the working
 # directory.
@@ -56,8 +57,11 @@ done
 case $DEVICE in cpu|cuda) ;; *) echo "compare_torch: --device is cpu or cuda, not $DEVICE" >&2; exit 2 ;; esac
 case $INGOT_DEVICE in cpu|cuda) ;; *) echo "compare_torch: --ingot-device is cpu or cuda, not $INGOT_DEVICE" >&2; exit 2 ;; esac
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "compare_torch: --steps must be a positive integer, not $STEPS" >&2; exit 2; }
-case $PRECISION in f32) TOL=${TOL:-1e-4} ;; bf16) TOL=${TOL:-1e-2} ;; *) echo "compare_torch: --precision is f32 or bf16, not $PRECISION" >&2; exit 2 ;; esac
-PARAM_TOL=${PARAM_TOL:-5e-2}
+case $PRECISION in
+    f32) TOL=${TOL:-1e-4}; PARAM_TOL=${PARAM_TOL:-5e-2} ;;
+    bf16) TOL=${TOL:-1e-2}; PARAM_TOL=${PARAM_TOL:-2e-1} ;;
+    *) echo "compare_torch: --precision is f32 or bf16, not $PRECISION" >&2; exit 2 ;;
+esac
 if [[ ${#MODELS[@]} -eq 0 ]]; then
     MODELS=(
         "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=32,batch=4"
