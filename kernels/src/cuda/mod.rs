@@ -146,34 +146,7 @@ pub enum CodegenError {
 /// Generates the CUDA kernel of a fused-kernel description. Checks it first
 /// ([`FusedKernel::check`]); an invalid description gives [`CodegenError::Invalid`].
 pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
-    refuse_bf16_kernel(k)?;
     fused::generate(k)
-}
-
-/// The CUDA generator does not handle bf16 yet: a kernel that loads, computes or stores bf16
-/// is refused here, when the step is compiled, naming the dtype (never at its first launch).
-pub(crate) fn refuse_bf16_kernel(k: &FusedKernel) -> Result<(), CodegenError> {
-    let input = k.inputs.iter().any(|i| i.dtype == DType::BF16);
-    if input || k.dtypes().contains(&DType::BF16) {
-        return Err(CodegenError::Unsupported {
-            op: "a fused kernel",
-            what: "a value",
-            dtype: DType::BF16,
-        });
-    }
-    Ok(())
-}
-
-/// As [`refuse_bf16_kernel`], for the op kernels (gather, scatter_add, concat).
-pub(crate) fn refuse_bf16(
-    op: &'static str,
-    what: &'static str,
-    d: DType,
-) -> Result<(), CodegenError> {
-    if d == DType::BF16 {
-        return Err(CodegenError::Unsupported { op, what, dtype: d });
-    }
-    Ok(())
 }
 
 /// Choices of [`fused_tuned`] that override the generator's own, for measuring them
@@ -198,13 +171,11 @@ pub struct Tuning {
 /// [`fused`] with some choices forced (see [`Tuning`]).
 #[doc(hidden)]
 pub fn fused_tuned(k: &FusedKernel, tuning: Tuning) -> Result<CudaKernel, CodegenError> {
-    refuse_bf16_kernel(k)?;
     fused::generate_tuned(k, tuning)
 }
 
 /// The strategy [`fused`] uses for `k` (checks `k` first).
 pub fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
-    refuse_bf16_kernel(k)?;
     fused::strategy(k)
 }
 
@@ -271,6 +242,33 @@ template <typename T> __device__ __forceinline__ T ig_lanes_max(T v, int width) 
   for (int o = width >> 1; o > 0; o >>= 1) v = ig_keep_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// bf16 (see the module docs on bf16): memory holds the 16 bits (`unsigned short`), a register
+// holds the float the value widens to. `ig_bf16_bits` rounds to the nearest bf16, ties to even,
+// and a NaN keeps its sign and high mantissa bits with the quiet bit set, exactly as the host's
+// `half::bf16::from_f32`; `ig_round` is that rounding widened back to a float (what every
+// bf16-typed instruction's result goes through); `ig_narrow` stores an already rounded float.
+__device__ __forceinline__ unsigned short ig_bf16_bits(float f) {
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float ig_widen(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+__device__ __forceinline__ float ig_round(float f) { return ig_widen(ig_bf16_bits(f)); }
+__device__ __forceinline__ unsigned short ig_narrow(float f) { return (unsigned short)(__float_as_uint(f) >> 16); }
+// Conversions to bf16 (a rounded float): from a double rounded once, through a float rounded
+// to odd (truncated toward zero, its last bit set when anything was dropped), as the host's
+// `bf16_from_f64`; integers through double, as the host does; bool to 0 or 1.
+__device__ __forceinline__ float ig_to_bf16(float x) { return ig_round(x); }
+__device__ __forceinline__ float ig_to_bf16(double x) {
+  const float f = (float)x;
+  if (x != x || (double)f == x) return ig_round(f);
+  unsigned b = __float_as_uint(f);
+  if (fabs((double)f) > fabs(x)) b -= 1u;
+  return ig_round(__uint_as_float(b | 1u));
+}
+__device__ __forceinline__ float ig_to_bf16(int x) { return ig_to_bf16((double)x); }
+__device__ __forceinline__ float ig_to_bf16(long long x) { return ig_to_bf16((double)x); }
+__device__ __forceinline__ float ig_to_bf16(unsigned char x) { return x != 0 ? 1.0f : 0.0f; }
 "#;
 
 /// The name-placeholder generators write; [`finish`] replaces it with the hash-derived name.
@@ -297,7 +295,7 @@ pub(crate) fn finish(text: String, launch: Launch) -> CudaKernel {
     }
 }
 
-/// The C type of a dtype.
+/// The C type of a dtype in memory (pointers, shared tiles of raw elements).
 pub(crate) fn c_type(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
@@ -305,8 +303,43 @@ pub(crate) fn c_type(d: DType) -> &'static str {
         DType::I32 => "int",
         DType::I64 => "long long",
         DType::Bool => "unsigned char",
-        // Refused before any source is generated (see `refuse_bf16_kernel`).
-        DType::BF16 => "__nv_bfloat16",
+        // The 16 bits, with no dependency on `cuda_bf16.h` (see the module docs, "# bf16").
+        DType::BF16 => "unsigned short",
+    }
+}
+
+/// The C type of a value of dtype `d` in a register: the memory type, but `float` for bf16
+/// (a bf16 value is held as the float it widens to).
+pub(crate) fn reg_type(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "float",
+        _ => c_type(d),
+    }
+}
+
+/// The register value of `d` read from the memory expression `e` (bf16 widens).
+pub(crate) fn widened(d: DType, e: String) -> String {
+    match d {
+        DType::BF16 => format!("ig_widen({e})"),
+        _ => e,
+    }
+}
+
+/// The memory value of `d` that the register expression `v` stores (bf16 narrows: exact, as a
+/// bf16 register is rounded already).
+pub(crate) fn narrowed(d: DType, v: String) -> String {
+    match d {
+        DType::BF16 => format!("ig_narrow({v})"),
+        _ => v,
+    }
+}
+
+/// `e`, a float expression, as the value of an instruction of dtype `d`: rounded to the
+/// nearest bf16 where `d` is bf16, unchanged otherwise.
+pub(crate) fn rounded(d: DType, e: String) -> String {
+    match d {
+        DType::BF16 => format!("ig_round({e})"),
+        _ => e,
     }
 }
 
@@ -412,8 +445,11 @@ pub(crate) fn literal(v: f64, dtype: DType) -> String {
                 "(unsigned char)0".to_string()
             }
         }
-        // Refused before any source is generated (see `refuse_bf16_kernel`).
-        DType::BF16 => format!("__float2bfloat16({})", literal(v, DType::F32)),
+        // The register value: the float of the nearest bf16 (rounded once from the f64).
+        DType::BF16 => literal(
+            f64::from(crate::dtype::bf16_from_f64(v).to_f32()),
+            DType::F32,
+        ),
     }
 }
 
