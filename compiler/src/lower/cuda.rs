@@ -191,7 +191,7 @@ pub(super) fn lower(
     }
     let deps = deps::dependencies(&p.touches);
     let program = Program {
-        prelude: codegen::PRELUDE.to_string(),
+        prelude: codegen::prelude_for(&p.kernels),
         kernels: p.kernels,
         ops: p.ops,
         touches: p.touches,
@@ -831,6 +831,64 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_gemm_compute_type_follows_the_dtype_and_the_precision() {
+        use Precision::*;
+        assert_eq!(Compute::of(DType::F32, F32), Some(Compute::F32));
+        assert_eq!(Compute::of(DType::F32, Tf32), Some(Compute::Tf32));
+        assert_eq!(Compute::of(DType::F32, Bf16), Some(Compute::F32));
+        assert_eq!(Compute::of(DType::F64, Tf32), Some(Compute::F64));
+        assert_eq!(Compute::of(DType::BF16, F32), Some(Compute::Bf16F32));
+        assert_eq!(Compute::of(DType::I32, F32), None);
+        let json = serde_json::to_string(&Compute::Bf16F32).unwrap();
+        assert_eq!(json, "\"bf16_f32\"");
+    }
+
+    #[test]
+    fn a_bf16_gpt_step_lowers_with_every_kernel_generated_and_bf16_gemms_accumulating_in_f32() {
+        let m = crate::models::by_name(
+            "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2",
+        )
+        .unwrap();
+        let opts = pipeline::Options {
+            precision: Precision::Bf16,
+            ..cuda()
+        };
+        let c = pipeline::compile(&m, &opts).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::Bf16).unwrap();
+        p.check(p.total_bytes).unwrap();
+        let gemms: Vec<&Gemm> = p
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                DeviceOp::Gemm(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let matmuls = c
+            .graph
+            .ids()
+            .filter(|&id| matches!(c.graph.node(id).op, Op::MatMul { .. }))
+            .count();
+        assert_eq!(gemms.len(), matmuls);
+        for g in gemms {
+            assert_eq!((g.dtype, g.compute), (DType::BF16, Compute::Bf16F32));
+        }
+        assert!(
+            p.prelude.contains("ig_bf16_bits"),
+            "the bf16 helpers are in the module"
+        );
+        assert!(p.kernels.iter().any(|k| k.source.contains("ig_round(")));
+        // The f32 step of the same model keeps f32 GEMMs and the plain prelude.
+        let c = pipeline::compile(&m, &cuda()).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::Tf32).unwrap();
+        assert_eq!(p.prelude, codegen::PRELUDE);
+        assert!(p.ops.iter().all(|o| match o {
+            DeviceOp::Gemm(g) => g.compute == Compute::Tf32,
+            _ => true,
+        }));
     }
 
     /// mlp's step planned and lowered for CUDA.

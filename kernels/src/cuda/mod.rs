@@ -12,7 +12,23 @@
 //! [`fused`]: one device pointer per input in order (`const T*`), then one per output (`T*`),
 //! nothing else. No pointer is `__restrict__`: an output may be written over an input where
 //! [`FusedKernel::can_write_over`](crate::FusedKernel::can_write_over) allows it. Element types
-//! are `float`, `double`, `int`, `long long` and `unsigned char` (bool, 0 or 1).
+//! are `float`, `double`, `int`, `long long`, `unsigned char` (bool, 0 or 1) and `unsigned short`
+//! (bf16's 16 bits).
+//!
+//! # bf16
+//! bf16 memory is `unsigned short` (no `cuda_bf16.h`: NVRTC need not find it); a register holds
+//! the float a bf16 value widens to, and every instruction computes on those floats, exactly as
+//! the CPU's fused executor does (`crate::fused::cpu`, "bf16"), so that each bf16 value has the
+//! same bits wherever the f32 arithmetic is the same: a load widens (`ig_widen`), an index,
+//! unary or binary instruction of dtype bf16 rounds its f32 result to the nearest bf16, ties to
+//! even (`ig_round`), a conversion to bf16 rounds once (`ig_to_bf16`; from f64 through a float
+//! rounded to odd, as `dtype::bf16_from_f64`), a constant is its rounded value, a reduction
+//! accumulates in f32 and rounds once when its threads have combined, and a store narrows
+//! (`ig_narrow`, exact). The helpers are [`PRELUDE_BF16`], which a module gets only when one of
+//! its kernels uses them ([`prelude_for`]). Gather and concat move the 16 bits; scatter-add
+//! sums bf16 rows in f32 in position order and rounds each sum once. Elementwise kernels with a
+//! bf16 output, or a bf16 input read along the innermost axis, go one element a thread (no
+//! 4-element vectors yet).
 //!
 //! # How a fused kernel is laid out ([`Strategy`])
 //! - **Elementwise** (no reduce axes, or every reduce axis of size 1, where a reduction is a
@@ -242,7 +258,11 @@ template <typename T> __device__ __forceinline__ T ig_lanes_max(T v, int width) 
   for (int o = width >> 1; o > 0; o >>= 1) v = ig_keep_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// bf16 (see the module docs on bf16): memory holds the 16 bits (`unsigned short`), a register
+"#;
+
+/// The helpers of bf16 kernels (see the module docs, "bf16"), placed after [`PRELUDE`] in a
+/// module that holds one ([`prelude_for`]), so that modules without bf16 are as they were.
+pub const PRELUDE_BF16: &str = r#"// bf16 (see the module docs on bf16): memory holds the 16 bits (`unsigned short`), a register
 // holds the float the value widens to. `ig_bf16_bits` rounds to the nearest bf16, ties to even,
 // and a NaN keeps its sign and high mantissa bits with the quiet bit set, exactly as the host's
 // `half::bf16::from_f32`; `ig_round` is that rounding widened back to a float (what every
@@ -270,6 +290,29 @@ __device__ __forceinline__ float ig_to_bf16(int x) { return ig_to_bf16((double)x
 __device__ __forceinline__ float ig_to_bf16(long long x) { return ig_to_bf16((double)x); }
 __device__ __forceinline__ float ig_to_bf16(unsigned char x) { return x != 0 ? 1.0f : 0.0f; }
 "#;
+
+/// The prelude of a module holding `kernels`: [`PRELUDE`], and [`PRELUDE_BF16`] if a kernel
+/// uses its helpers.
+pub fn prelude_for<'a>(kernels: impl IntoIterator<Item = &'a CudaKernel>) -> String {
+    let mut s = String::from(PRELUDE);
+    if kernels.into_iter().any(|k| uses_bf16(&k.source)) {
+        s.push_str(PRELUDE_BF16);
+    }
+    s
+}
+
+/// Whether a kernel's text calls a helper of [`PRELUDE_BF16`].
+fn uses_bf16(source: &str) -> bool {
+    [
+        "ig_bf16_bits(",
+        "ig_widen(",
+        "ig_round(",
+        "ig_narrow(",
+        "ig_to_bf16(",
+    ]
+    .iter()
+    .any(|h| source.contains(h))
+}
 
 /// The name-placeholder generators write; [`finish`] replaces it with the hash-derived name.
 pub(crate) const NAME: &str = "@KERNEL@";

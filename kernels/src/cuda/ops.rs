@@ -51,8 +51,8 @@ pub fn gather(
 /// `scatter_add(ids [n], values [n, row_len]) -> out [rows, row_len]`, deterministic: the sums
 /// come in the order of the ids' positions, as the CPU adds them, so the result is the same on
 /// every run (and the CPU's, bit for bit). The runtime zeroes `out` before the launch; ids
-/// outside `0..rows` are skipped. Params: ids, values, out. Values are f32, f64, i32 or i64
-/// (integers wrap); ids i32 or i64.
+/// outside `0..rows` are skipped. Params: ids, values, out. Values are f32, f64, i32, i64
+/// (integers wrap) or bf16 (summed in f32, each sum rounded once); ids i32 or i64.
 ///
 /// Atomic adds would be simpler, and the order in which they land varies from run to run: the
 /// embedding's gradient, and every parameter after it, then differs in its last bits between

@@ -24,7 +24,7 @@
 
 use cudarc::driver::{result, sys};
 use ingot_compiler::ir::{Graph, Op};
-use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::cuda::{self, CudaKernel, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random;
 use ingot_kernels::fused::{cpu, FusedKernel, Inst};
 use ingot_kernels::{BinaryOp, DType, UnaryOp};
@@ -690,7 +690,8 @@ struct Loaded {
 }
 
 fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res<Loaded> {
-    let mut src = String::from(PRELUDE);
+    // Every helper, bf16's included (unused ones cost nothing).
+    let mut src = format!("{PRELUDE}{PRELUDE_BF16}");
     let mut seen = HashMap::new();
     for it in items {
         for k in std::iter::once(&it.kernel).chain(it.variants.iter().map(|(_, k)| k)) {
