@@ -181,10 +181,15 @@ impl CudaStep {
                 what: "creating the cuBLAS handle".into(),
                 reason: format!("{e:?}"),
             })?;
+        // bf16 GEMMs accumulate in f32 (`Compute::Bf16F32`) and split-K partial sums must too:
+        // by default cuBLAS may reduce them in the output type, bf16. The flag alone is the
+        // default math mode with it set; it changes nothing where the output is f32 or f64.
+        // (`GemmStridedBatchedEx` takes TF32 from its compute type; the TF32 mode stays only
+        // while `opts.tf32` does.)
         let mode = if opts.tf32 {
             blas::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
         } else {
-            blas::cublasMath_t::CUBLAS_DEFAULT_MATH
+            blas::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
         };
         // SAFETY: a live handle.
         cublas("setting cuBLAS's math mode", unsafe {
