@@ -484,3 +484,258 @@ fn f32_modules_do_not_carry_the_bf16_helpers() {
         format!("{}{PRELUDE_BF16}", cuda::PRELUDE)
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Generated elementwise kernels, run on the host.
+
+/// Host definitions of what the generated elementwise kernels use (a grid-stride loop needs no
+/// barrier, so its threads can run one after another): thread indices as globals set before
+/// each call, the bit casts, and the saturating conversions as the device defines them.
+const EMU_SHIM: &str = r#"#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <cstdint>
+#include <climits>
+#include <cstdlib>
+#include <vector>
+#include <utility>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+#include <math.h>
+struct ig_uint3 { unsigned x, y, z; };
+static ig_uint3 threadIdx, blockIdx, blockDim, gridDim;
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(4) uchar4 { unsigned char x, y, z, w; };
+static unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static double __longlong_as_double(long long i) { double f; std::memcpy(&f, &i, 8); return f; }
+static int __float2int_rz(float x) { return x >= 2147483648.0f ? INT_MAX : x < -2147483648.0f ? INT_MIN : (int)x; }
+static int __double2int_rz(double x) { return x >= 2147483648.0 ? INT_MAX : x < -2147483648.0 ? INT_MIN : (int)x; }
+static long long __float2ll_rz(float x) { return x >= 9223372036854775808.0f ? LLONG_MAX : x < -9223372036854775808.0f ? LLONG_MIN : (long long)x; }
+static long long __double2ll_rz(double x) { return x >= 9223372036854775808.0 ? LLONG_MAX : x < -9223372036854775808.0 ? LLONG_MIN : (long long)x; }
+template <typename T> T __shfl_xor_sync(unsigned, T, int, int = 32);
+void __syncthreads();
+void __syncwarp(unsigned = 0xffffffffu);
+template <typename... P, std::size_t... I>
+static void call_with(void (*f)(P...), void** b, std::index_sequence<I...>) { f(static_cast<P>(b[I])...); }
+template <typename... P> static void call(void (*f)(P...), void** b) { call_with(f, b, std::index_sequence_for<P...>{}); }
+"#;
+
+const EMU_MAIN: &str = r#"
+static unsigned long long read_u64() { unsigned long long v = 0; if (std::fread(&v, 8, 1, stdin) != 1) std::exit(3); return v; }
+int main(int argc, char** argv) {
+  (void)argc;
+  const int which = std::atoi(argv[1]);
+  const unsigned long long ins = read_u64(), outs = read_u64();
+  std::vector<std::vector<unsigned char>> bufs;
+  for (unsigned long long i = 0; i < ins + outs; ++i) {
+    std::vector<unsigned char> b(read_u64() + 16, 0xFF);
+    if (i < ins && b.size() > 16 && std::fread(b.data(), 1, b.size() - 16, stdin) != b.size() - 16) return 4;
+    bufs.push_back(std::move(b));
+  }
+  std::vector<void*> ptrs;
+  for (auto& b : bufs) ptrs.push_back(b.data());
+  const unsigned grid = (unsigned)read_u64(), block = (unsigned)read_u64();
+  gridDim = {grid, 1, 1};
+  blockDim = {block, 1, 1};
+  for (unsigned g = 0; g < grid; ++g) {
+    for (unsigned t = 0; t < block; ++t) {
+      blockIdx = {g, 0, 0};
+      threadIdx = {t, 0, 0};
+      KERNELS[which](ptrs.data());
+    }
+  }
+  for (unsigned long long i = ins; i < ins + outs; ++i) std::fwrite(bufs[i].data(), 1, bufs[i].size() - 16, stdout);
+  return 0;
+}
+"#;
+
+/// Deterministic buffer contents: floats anywhere in [-4, 4] (so that conversions to bf16
+/// round), some of them specials; integers small; bools 0 or 1.
+fn emu_fill(dtype: DType, len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut out = Vec::with_capacity(len * dtype.size());
+    for _ in 0..len {
+        let r = next();
+        let f = if r % 50 == 0 {
+            [f64::NAN, f64::INFINITY, -0.0, 1e30, 3.0e38][(r >> 8) as usize % 5]
+        } else {
+            ((r >> 11) as f64 / (1u64 << 53) as f64) * 8.0 - 4.0
+        };
+        let i = (r >> 20) as i64 % 41 - 20;
+        match dtype {
+            DType::F32 => out.extend((f as f32).to_ne_bytes()),
+            DType::F64 => out.extend(f.to_ne_bytes()),
+            DType::I32 => out.extend((i as i32).to_ne_bytes()),
+            DType::I64 => out.extend(i.to_ne_bytes()),
+            DType::Bool => out.push((r & 1) as u8),
+            DType::BF16 => out.extend(bf16::from_f32(f as f32).to_bits().to_ne_bytes()),
+        }
+    }
+    out
+}
+
+/// Equal bits, or both NaN (arithmetic NaNs' payloads are the host's either way, but a NaN
+/// the kernel makes and one it loads may differ).
+fn same_values(dtype: DType, a: &[u8], b: &[u8]) -> Option<usize> {
+    let s = dtype.size();
+    (0..a.len() / s).find(|&i| {
+        let (x, y) = (&a[i * s..(i + 1) * s], &b[i * s..(i + 1) * s]);
+        let nan = match dtype {
+            DType::F32 => {
+                f32::from_ne_bytes(x.try_into().unwrap()).is_nan()
+                    && f32::from_ne_bytes(y.try_into().unwrap()).is_nan()
+            }
+            DType::F64 => {
+                f64::from_ne_bytes(x.try_into().unwrap()).is_nan()
+                    && f64::from_ne_bytes(y.try_into().unwrap()).is_nan()
+            }
+            DType::BF16 => {
+                bf16::from_bits(u16::from_ne_bytes([x[0], x[1]])).is_nan()
+                    && bf16::from_bits(u16::from_ne_bytes([y[0], y[1]])).is_nan()
+            }
+            _ => false,
+        };
+        x != y && !nan
+    })
+}
+
+/// bf16 versions (every f32 made bf16) of random elementwise kernels: the generated CUDA C,
+/// compiled for the host and run thread by thread, stores the bits the CPU's fused executor
+/// stores (the host's expf, tanhf and logf are the ones both use here, and the host compiler
+/// fuses no multiply-add), NaNs matching NaNs.
+#[test]
+fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bits() {
+    use ingot_kernels::fused::{cpu, random};
+    let Some(cxx) = ["g++", "c++", "clang++"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        eprintln!("skipping: no C++ compiler");
+        return;
+    };
+    let opts = random::Options {
+        max_elements: 1 << 14,
+        ..random::Options::wide()
+    };
+    let mut picked = Vec::new();
+    for seed in 0..3000u64 {
+        let mut k = random::kernel(seed, &opts);
+        let b = |d: DType| if d == DType::F32 { DType::BF16 } else { d };
+        for i in &mut k.inputs {
+            i.dtype = b(i.dtype);
+        }
+        for inst in &mut k.body {
+            match inst {
+                Inst::Const { dtype, .. } | Inst::Index { dtype, .. } => *dtype = b(*dtype),
+                Inst::Convert { to, .. } => *to = b(*to),
+                _ => {}
+            }
+        }
+        // Kernels that store bf16 (and so round, or carry, bf16 values to memory).
+        if k.check().is_err() || !(0..k.outputs.len()).any(|j| k.output_dtype(j) == DType::BF16) {
+            continue;
+        }
+        if cuda::strategy(&k).unwrap() != Strategy::Elementwise {
+            continue;
+        }
+        let c = cuda::fused(&k).unwrap();
+        if c.source.contains("__shared__")
+            || picked
+                .iter()
+                .any(|(_, p): &(FusedKernel, cuda::CudaKernel)| p.name == c.name)
+        {
+            continue;
+        }
+        picked.push((k, c));
+        if picked.len() == 120 {
+            break;
+        }
+    }
+    assert!(
+        picked.len() >= 60,
+        "{} bf16 elementwise kernels",
+        picked.len()
+    );
+    let mut src = format!("{EMU_SHIM}{}{PRELUDE_BF16}", cuda::PRELUDE);
+    for (_, c) in &picked {
+        src.push_str(&c.source);
+    }
+    src.push_str("typedef void (*Runner)(void**);\nstatic Runner KERNELS[] = {\n");
+    for (_, c) in &picked {
+        src.push_str(&format!("  [](void** b) {{ call({}, b); }},\n", c.name));
+    }
+    src.push_str("};\n");
+    src.push_str(EMU_MAIN);
+    let dir = std::env::temp_dir().join(format!("ingot_cuda_bf16_emu_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, exe) = (dir.join("emu.cpp"), dir.join("emu"));
+    std::fs::write(&file, &src).unwrap();
+    let out = Command::new(cxx)
+        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
+        .arg(&exe)
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the emulation does not compile ({}):\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut bad = Vec::new();
+    for (n, (k, c)) in picked.iter().enumerate() {
+        let inputs: Vec<Vec<u8>> = k
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, inp)| emu_fill(inp.dtype, inp.len, n as u64 * 31 + i as u64))
+            .collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let want = cpu::run_buffers(k, &refs).unwrap();
+        let mut stdin = Vec::new();
+        stdin.extend((inputs.len() as u64).to_ne_bytes());
+        stdin.extend((want.len() as u64).to_ne_bytes());
+        for b in inputs.iter().chain(&want) {
+            stdin.extend((b.len() as u64).to_ne_bytes());
+            if inputs.iter().any(|i| std::ptr::eq(i, b)) {
+                stdin.extend(b);
+            }
+        }
+        stdin.extend((c.launch.grid[0] as u64).to_ne_bytes());
+        stdin.extend((c.launch.block[0] as u64).to_ne_bytes());
+        let got = run(&exe, &n.to_string(), stdin);
+        let mut at = 0;
+        for (j, w) in want.iter().enumerate() {
+            let g = &got[at..at + w.len()];
+            at += w.len();
+            if let Some(i) = same_values(k.output_dtype(j), g, w) {
+                bad.push(format!(
+                    "{}: out{j} differs at {i}\n{k}\n{}",
+                    c.name, c.source
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        bad.is_empty(),
+        "{} of {} kernels differ:\n{}",
+        bad.len(),
+        picked.len(),
+        bad.join("\n")
+    );
+}
