@@ -739,3 +739,59 @@ fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bit
         bad.join("\n")
     );
 }
+
+/// Bytes of the `__shared__` arrays a kernel declares (`float` or `double` arrays of one or
+/// two dimensions).
+fn shared_bytes(src: &str) -> usize {
+    src.lines()
+        .filter_map(|l| l.trim().strip_prefix("__shared__ "))
+        .map(|decl| {
+            let elem = if decl.starts_with("double") || decl.starts_with("long long") {
+                8
+            } else {
+                4
+            };
+            decl.split('[')
+                .skip(1)
+                .map(|d| d.split(']').next().unwrap().parse::<usize>().unwrap())
+                .product::<usize>()
+                * elem
+        })
+        .sum()
+}
+
+#[test]
+fn bf16_reductions_size_their_shared_memory_as_floats() {
+    // Sixteen bf16 column sums: their partials are floats in shared memory, and the layout
+    // counts them so (2-byte partials would give twice the rows and overflow 48 KiB).
+    let (m, d) = (4096, 768);
+    let mut body = vec![Inst::Load { input: 0 }];
+    let mut outs = Vec::new();
+    for c in 0..16 {
+        body.push(Inst::Const {
+            value: c as f64,
+            dtype: DType::BF16,
+        });
+        body.push(Inst::Binary {
+            op: BinaryOp::Add,
+            a: 0,
+            b: body.len() - 1,
+        });
+        body.push(Inst::Reduce {
+            op: ReduceOp::Sum,
+            x: body.len() - 1,
+        });
+        outs.push(body.len() - 1);
+    }
+    let k = kernel(
+        &[m, d],
+        &[0],
+        vec![input(DType::BF16, &[m, d], &[d, 1])],
+        body,
+        &outs,
+    );
+    let s = cuda::fused(&k).unwrap().source;
+    assert!(s.contains("__shared__ float sm"), "{s}");
+    let bytes = shared_bytes(&s);
+    assert!(bytes <= 48 * 1024, "{bytes} bytes of shared memory:\n{s}");
+}

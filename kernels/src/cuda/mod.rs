@@ -360,6 +360,15 @@ pub(crate) fn reg_type(d: DType) -> &'static str {
     }
 }
 
+/// Bytes of a register value of dtype `d` (a bf16 value is a float): what shared memory and
+/// register budgets count.
+pub(crate) fn reg_size(d: DType) -> usize {
+    match d {
+        DType::BF16 => 4,
+        _ => d.size(),
+    }
+}
+
 /// The register value of `d` read from the memory expression `e` (bf16 widens).
 pub(crate) fn widened(d: DType, e: String) -> String {
     match d {
