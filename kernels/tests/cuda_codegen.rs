@@ -6,7 +6,7 @@
 //! Numerical checks against the CPU executor run on a GPU: `cargo run --release -p
 //! ingot-runtime --example cuda_kernels`.
 
-use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE};
+use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
@@ -623,6 +623,8 @@ int __double2int_rz(double);
 long long __float2ll_rz(float);
 long long __double2ll_rz(double);
 float __int_as_float(int);
+float __uint_as_float(unsigned);
+unsigned __float_as_uint(float);
 double __longlong_as_double(long long);
 float atomicAdd(float*, float);
 double atomicAdd(double*, double);
@@ -659,6 +661,7 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
     }
     let mut text = String::from(SHIM);
     text.push_str(PRELUDE);
+    text.push_str(PRELUDE_BF16);
     for k in distinct.values() {
         text.push_str(&k.source);
     }
@@ -751,6 +754,63 @@ fn random_descriptions_generate_kernels_that_pass_a_host_syntax_check() {
     }
     assert!(strategies.len() >= 3, "strategies reached: {strategies:?}");
     syntax_check("random", &ks);
+}
+
+/// `k` with every f32 made bf16: its inputs, constants, indices and converts (bf16 takes every
+/// op f32 does, so the kernel still checks).
+fn as_bf16(k: &FusedKernel) -> FusedKernel {
+    let b = |d: DType| if d == DType::F32 { DType::BF16 } else { d };
+    let mut k = k.clone();
+    for i in &mut k.inputs {
+        i.dtype = b(i.dtype);
+    }
+    for inst in &mut k.body {
+        match inst {
+            Inst::Const { dtype, .. } | Inst::Index { dtype, .. } => *dtype = b(*dtype),
+            Inst::Convert { to, .. } => *to = b(*to),
+            _ => {}
+        }
+    }
+    k
+}
+
+#[test]
+fn bf16_versions_of_the_representative_and_random_kernels_pass_a_host_syntax_check() {
+    let mut ks = Vec::new();
+    let mut strategies = BTreeMap::new();
+    let random = (0..400u64).map(|s| {
+        (
+            format!("seed {s}"),
+            random::kernel(s, &random::Options::wide()),
+        )
+    });
+    let named = representative()
+        .into_iter()
+        .map(|(n, k)| (n.to_string(), k));
+    for (name, k) in named.chain(random) {
+        let k = as_bf16(&k);
+        k.check()
+            .unwrap_or_else(|e| panic!("{name} in bf16 does not check: {e}"));
+        let c = cuda::fused(&k).unwrap_or_else(|e| panic!("{name} in bf16: {e}\n{k}"));
+        if k.dtypes().contains(&DType::BF16) {
+            *strategies
+                .entry(cuda::strategy(&k).unwrap().name())
+                .or_insert(0) += 1;
+        }
+        ks.push(c);
+    }
+    assert_eq!(
+        strategies.len(),
+        3,
+        "strategies reached in bf16: {strategies:?}"
+    );
+    for ids in [DType::I32, DType::I64] {
+        ks.push(cuda::gather(DType::BF16, ids, 50304, 768, 8192).unwrap());
+        ks.push(cuda::scatter_add(ids, DType::BF16, 50304, 768, 8192).unwrap());
+    }
+    ks.push(cuda::scatter_add(DType::I32, DType::BF16, 100, 5000, 300).unwrap());
+    ks.push(cuda::concat(DType::BF16, 8192, &[768, 768, 768]).unwrap());
+    syntax_check("bf16", &ks);
 }
 
 #[test]

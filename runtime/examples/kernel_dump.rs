@@ -5,6 +5,7 @@
 //!     kernel_dump MODEL --graph                 the whole compiled step graph, as IR text
 //!     kernel_dump random [COUNT]                the CUDA C of random kernels 0..COUNT (400), as
 //!                                               the codegen tests draw them (`Options::wide`)
+//!     kernel_dump MODEL:bf16 [...]              the same for the bf16 mixed-precision step
 //!
 //! A refactoring of the CUDA generator keeps every output of this byte-identical.
 use ingot_compiler::ir::Op;
@@ -28,7 +29,14 @@ fn main() {
         }
         return;
     }
-    let opts = ingot_runtime::session::Device::Cuda(Default::default()).options();
+    let mut opts = ingot_runtime::session::Device::Cuda(Default::default()).options();
+    let model = match model.strip_suffix(":bf16") {
+        Some(m) => {
+            opts.precision = ingot_compiler::precision::Precision::Bf16;
+            m
+        }
+        None => model.as_str(),
+    };
     let c = match ingot_compiler::models::by_name(model)
         .map_err(|e| e.to_string())
         .and_then(|m| ingot_compiler::pipeline::compile(&m, &opts).map_err(|e| e.to_string()))

@@ -25,6 +25,7 @@ use super::LowerError;
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::plan::check::Location;
 use crate::plan::MemoryPlan;
+use crate::precision::Precision;
 use ingot_kernels::cuda::{self as codegen, CudaKernel};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -75,7 +76,10 @@ pub enum DeviceOp {
 #[serde(deny_unknown_fields)]
 pub struct Gemm {
     pub node: NodeId,
+    /// The operands' and the result's dtype.
     pub dtype: DType,
+    /// The arithmetic cuBLAS computes in (chosen by the lowering from the step's precision).
+    pub compute: Compute,
     /// cuBLAS's `transa` (applies to B) and `transb` (applies to A).
     pub trans_first: bool,
     pub trans_second: bool,
@@ -99,6 +103,37 @@ pub struct Gemm {
     pub workspace: Location,
 }
 
+/// The data and compute types of a GEMM: what cuBLAS's `cublasGemmStridedBatchedEx` is called
+/// with (`CUDA_R_*` for the operands and the result, `CUBLAS_COMPUTE_*`, and alpha and beta of
+/// the compute type's scalar).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compute {
+    /// f32 operands and result, f32 arithmetic (`CUBLAS_COMPUTE_32F`).
+    F32,
+    /// f32 operands and result, TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+    Tf32,
+    /// f64 operands and result (`CUBLAS_COMPUTE_64F`).
+    F64,
+    /// bf16 operands and result (`CUDA_R_16BF`), f32 accumulation (`CUBLAS_COMPUTE_32F`,
+    /// f32 alpha and beta); the result is rounded to bf16 once, when it is stored.
+    Bf16F32,
+}
+
+impl Compute {
+    /// The compute type of a matmul of `dtype` under `precision`: TF32 for f32 products only
+    /// when the step asks for it; bf16 products always accumulate in f32.
+    pub fn of(dtype: DType, precision: Precision) -> Option<Compute> {
+        match (dtype, precision) {
+            (DType::F32, Precision::Tf32) => Some(Compute::Tf32),
+            (DType::F32, _) => Some(Compute::F32),
+            (DType::F64, _) => Some(Compute::F64),
+            (DType::BF16, _) => Some(Compute::Bf16F32),
+            _ => None,
+        }
+    }
+}
+
 /// The device operations of one step and the kernels they launch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,10 +151,16 @@ pub struct Program {
     pub total_bytes: usize,
 }
 
-/// Lowers `g` under `plan` (validated by the caller, [`super::lower`]).
-pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError> {
+/// Lowers `g` under `plan` (validated by the caller, [`super::lower`]); `precision` picks the
+/// GEMMs' compute types ([`Compute::of`]).
+pub(super) fn lower(
+    g: &Graph,
+    plan: &MemoryPlan,
+    precision: Precision,
+) -> Result<Program, LowerError> {
     let mut p = Lowering {
         g,
+        precision,
         location: g.ids().map(|id| plan.location(g, id)).collect(),
         kernels: Vec::new(),
         by_name: HashMap::new(),
@@ -150,7 +191,7 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
     }
     let deps = deps::dependencies(&p.touches);
     let program = Program {
-        prelude: codegen::PRELUDE.to_string(),
+        prelude: codegen::prelude_for(&p.kernels),
         kernels: p.kernels,
         ops: p.ops,
         touches: p.touches,
@@ -427,6 +468,7 @@ pub struct OpCounts {
 
 struct Lowering<'g> {
     g: &'g Graph,
+    precision: Precision,
     location: Vec<Location>,
     kernels: Vec<CudaKernel>,
     by_name: HashMap<String, usize>,
@@ -472,7 +514,7 @@ impl Lowering<'_> {
                              the CUDA target's options (Target::Cuda.plan_options())"
                         .into(),
                 })?;
-                let gemm = gemm(g, id, *ta, *tb, &inputs, here.offset, w)?;
+                let gemm = gemm(g, id, (*ta, *tb), &inputs, here.offset, w, self.precision)?;
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Gemm(gemm));
                     // The workspace is scratch the call writes.
@@ -612,11 +654,11 @@ impl Lowering<'_> {
 fn gemm(
     g: &Graph,
     id: NodeId,
-    ta: bool,
-    tb: bool,
+    (ta, tb): (bool, bool),
     inputs: &[usize],
     out: usize,
     workspace: Location,
+    precision: Precision,
 ) -> Result<Gemm, LowerError> {
     let node = g.node(id);
     let (a, b) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
@@ -653,15 +695,14 @@ fn gemm(
             node.ty
         )));
     }
-    if !matches!(node.ty.dtype, DType::F32 | DType::F64)
-        || a.dtype != node.ty.dtype
-        || b.dtype != node.ty.dtype
-    {
+    let compute = Compute::of(node.ty.dtype, precision)
+        .filter(|_| a.dtype == node.ty.dtype && b.dtype == node.ty.dtype);
+    let Some(compute) = compute else {
         return Err(bad(format!(
-            "cuBLAS multiplies f32 or f64 matrices of one dtype, not {} x {}",
-            a.dtype, b.dtype
+            "cuBLAS multiplies f32, f64 or bf16 matrices of one dtype, not {} x {} -> {}",
+            a.dtype, b.dtype, node.ty.dtype
         )));
-    }
+    };
     let batch = ad[..r - 2].iter().product();
     let limit = i32::MAX as usize;
     if [m, n, k, batch].iter().any(|&x| x > limit) {
@@ -672,6 +713,7 @@ fn gemm(
     Ok(Gemm {
         node: id,
         dtype: node.ty.dtype,
+        compute,
         trans_first: tb,
         trans_second: ta,
         m: n,
@@ -757,7 +799,7 @@ mod tests {
             let c = g.matmul_t(a, b, ta, tb).unwrap();
             g.set_output("c", c).unwrap();
             let plan = crate::plan::plan(&g, &plan_options()).unwrap();
-            let p = lower(&g, &plan).unwrap();
+            let p = lower(&g, &plan, Precision::F32).unwrap();
             let [DeviceOp::Gemm(gemm)] = &p.ops[..] else {
                 panic!("one gemm, got {:?}", p.ops)
             };
@@ -791,10 +833,68 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_gemm_compute_type_follows_the_dtype_and_the_precision() {
+        use Precision::*;
+        assert_eq!(Compute::of(DType::F32, F32), Some(Compute::F32));
+        assert_eq!(Compute::of(DType::F32, Tf32), Some(Compute::Tf32));
+        assert_eq!(Compute::of(DType::F32, Bf16), Some(Compute::F32));
+        assert_eq!(Compute::of(DType::F64, Tf32), Some(Compute::F64));
+        assert_eq!(Compute::of(DType::BF16, F32), Some(Compute::Bf16F32));
+        assert_eq!(Compute::of(DType::I32, F32), None);
+        let json = serde_json::to_string(&Compute::Bf16F32).unwrap();
+        assert_eq!(json, "\"bf16_f32\"");
+    }
+
+    #[test]
+    fn a_bf16_gpt_step_lowers_with_every_kernel_generated_and_bf16_gemms_accumulating_in_f32() {
+        let m = crate::models::by_name(
+            "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2",
+        )
+        .unwrap();
+        let opts = pipeline::Options {
+            precision: Precision::Bf16,
+            ..cuda()
+        };
+        let c = pipeline::compile(&m, &opts).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::Bf16).unwrap();
+        p.check(p.total_bytes).unwrap();
+        let gemms: Vec<&Gemm> = p
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                DeviceOp::Gemm(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let matmuls = c
+            .graph
+            .ids()
+            .filter(|&id| matches!(c.graph.node(id).op, Op::MatMul { .. }))
+            .count();
+        assert_eq!(gemms.len(), matmuls);
+        for g in gemms {
+            assert_eq!((g.dtype, g.compute), (DType::BF16, Compute::Bf16F32));
+        }
+        assert!(
+            p.prelude.contains("ig_bf16_bits"),
+            "the bf16 helpers are in the module"
+        );
+        assert!(p.kernels.iter().any(|k| k.source.contains("ig_round(")));
+        // The f32 step of the same model keeps f32 GEMMs and the plain prelude.
+        let c = pipeline::compile(&m, &cuda()).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::Tf32).unwrap();
+        assert_eq!(p.prelude, codegen::PRELUDE);
+        assert!(p.ops.iter().all(|o| match o {
+            DeviceOp::Gemm(g) => g.compute == Compute::Tf32,
+            _ => true,
+        }));
+    }
+
     /// mlp's step planned and lowered for CUDA.
     fn lowered_mlp() -> Program {
         let c = pipeline::compile_model("mlp", &cuda()).unwrap();
-        lower(&c.graph, &c.plan).unwrap()
+        lower(&c.graph, &c.plan, Precision::F32).unwrap()
     }
 
     #[test]
@@ -848,7 +948,7 @@ mod tests {
     #[test]
     fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
         let c = pipeline::compile_model("mlp", &cuda()).unwrap();
-        let p = lower(&c.graph, &c.plan).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
         let counts = p.counts();
         let matmuls = c
             .graph
@@ -878,7 +978,7 @@ mod tests {
     #[test]
     fn a_gpt_step_is_a_dependency_graph_with_independent_operations_not_a_chain() {
         let c = pipeline::compile_model("gpt-mini", &cuda()).unwrap();
-        let p = lower(&c.graph, &c.plan).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
         assert_eq!(p.deps.len(), p.ops.len());
         deps::check(&p.touches, &p.deps).unwrap();
         // Operations that need not wait for the one before them: each may overlap it.
@@ -902,7 +1002,7 @@ mod tests {
     fn a_gpt_step_lowers_with_every_address_inside_the_allocation() {
         let spec = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
         let c = pipeline::compile_model(spec, &cuda()).unwrap();
-        let p = lower(&c.graph, &c.plan).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
         let counts = p.counts();
         assert!(counts.gemms > 0 && counts.launches > 0);
         // The embedding's gradient is a scatter-add: zeroed, then added into.

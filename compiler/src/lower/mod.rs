@@ -118,7 +118,7 @@ pub fn lower(
     check_workspaces(g, plan, target)?;
     Ok(match target {
         Target::Cpu => Program::Cpu(cpu::lower(g, plan)?),
-        Target::Cuda => Program::Cuda(cuda::lower(g, plan)?),
+        Target::Cuda => Program::Cuda(cuda::lower(g, plan, crate::precision::Precision::F32)?),
     })
 }
 

@@ -12,7 +12,23 @@
 //! [`fused`]: one device pointer per input in order (`const T*`), then one per output (`T*`),
 //! nothing else. No pointer is `__restrict__`: an output may be written over an input where
 //! [`FusedKernel::can_write_over`](crate::FusedKernel::can_write_over) allows it. Element types
-//! are `float`, `double`, `int`, `long long` and `unsigned char` (bool, 0 or 1).
+//! are `float`, `double`, `int`, `long long`, `unsigned char` (bool, 0 or 1) and `unsigned short`
+//! (bf16's 16 bits).
+//!
+//! # bf16
+//! bf16 memory is `unsigned short` (no `cuda_bf16.h`: NVRTC need not find it); a register holds
+//! the float a bf16 value widens to, and every instruction computes on those floats, exactly as
+//! the CPU's fused executor does (`crate::fused::cpu`, "bf16"), so that each bf16 value has the
+//! same bits wherever the f32 arithmetic is the same: a load widens (`ig_widen`), an index,
+//! unary or binary instruction of dtype bf16 rounds its f32 result to the nearest bf16, ties to
+//! even (`ig_round`), a conversion to bf16 rounds once (`ig_to_bf16`; from f64 through a float
+//! rounded to odd, as `dtype::bf16_from_f64`), a constant is its rounded value, a reduction
+//! accumulates in f32 and rounds once when its threads have combined, and a store narrows
+//! (`ig_narrow`, exact). The helpers are [`PRELUDE_BF16`], which a module gets only when one of
+//! its kernels uses them ([`prelude_for`]). Gather and concat move the 16 bits; scatter-add
+//! sums bf16 rows in f32 in position order and rounds each sum once. Elementwise kernels with a
+//! bf16 output, or a bf16 input read along the innermost axis, go one element a thread (no
+//! 4-element vectors yet).
 //!
 //! # How a fused kernel is laid out ([`Strategy`])
 //! - **Elementwise** (no reduce axes, or every reduce axis of size 1, where a reduction is a
@@ -146,34 +162,7 @@ pub enum CodegenError {
 /// Generates the CUDA kernel of a fused-kernel description. Checks it first
 /// ([`FusedKernel::check`]); an invalid description gives [`CodegenError::Invalid`].
 pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
-    refuse_bf16_kernel(k)?;
     fused::generate(k)
-}
-
-/// The CUDA generator does not handle bf16 yet: a kernel that loads, computes or stores bf16
-/// is refused here, when the step is compiled, naming the dtype (never at its first launch).
-pub(crate) fn refuse_bf16_kernel(k: &FusedKernel) -> Result<(), CodegenError> {
-    let input = k.inputs.iter().any(|i| i.dtype == DType::BF16);
-    if input || k.dtypes().contains(&DType::BF16) {
-        return Err(CodegenError::Unsupported {
-            op: "a fused kernel",
-            what: "a value",
-            dtype: DType::BF16,
-        });
-    }
-    Ok(())
-}
-
-/// As [`refuse_bf16_kernel`], for the op kernels (gather, scatter_add, concat).
-pub(crate) fn refuse_bf16(
-    op: &'static str,
-    what: &'static str,
-    d: DType,
-) -> Result<(), CodegenError> {
-    if d == DType::BF16 {
-        return Err(CodegenError::Unsupported { op, what, dtype: d });
-    }
-    Ok(())
 }
 
 /// Choices of [`fused_tuned`] that override the generator's own, for measuring them
@@ -198,13 +187,11 @@ pub struct Tuning {
 /// [`fused`] with some choices forced (see [`Tuning`]).
 #[doc(hidden)]
 pub fn fused_tuned(k: &FusedKernel, tuning: Tuning) -> Result<CudaKernel, CodegenError> {
-    refuse_bf16_kernel(k)?;
     fused::generate_tuned(k, tuning)
 }
 
 /// The strategy [`fused`] uses for `k` (checks `k` first).
 pub fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
-    refuse_bf16_kernel(k)?;
     fused::strategy(k)
 }
 
@@ -273,6 +260,60 @@ template <typename T> __device__ __forceinline__ T ig_lanes_max(T v, int width) 
 }
 "#;
 
+/// The helpers of bf16 kernels (see the module docs, "bf16"), placed after [`PRELUDE`] in a
+/// module that holds one ([`prelude_for`]), so that modules without bf16 are as they were.
+pub const PRELUDE_BF16: &str = r#"// bf16 (see the module docs on bf16): memory holds the 16 bits (`unsigned short`), a register
+// holds the float the value widens to. `ig_bf16_bits` rounds to the nearest bf16, ties to even,
+// and a NaN keeps its sign and high mantissa bits with the quiet bit set, exactly as the host's
+// `half::bf16::from_f32`; `ig_round` is that rounding widened back to a float (what every
+// bf16-typed instruction's result goes through); `ig_narrow` stores an already rounded float.
+__device__ __forceinline__ unsigned short ig_bf16_bits(float f) {
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float ig_widen(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+__device__ __forceinline__ float ig_round(float f) { return ig_widen(ig_bf16_bits(f)); }
+__device__ __forceinline__ unsigned short ig_narrow(float f) { return (unsigned short)(__float_as_uint(f) >> 16); }
+// Conversions to bf16 (a rounded float): from a double rounded once, through a float rounded
+// to odd (truncated toward zero, its last bit set when anything was dropped), as the host's
+// `bf16_from_f64`; integers through double, as the host does; bool to 0 or 1.
+__device__ __forceinline__ float ig_to_bf16(float x) { return ig_round(x); }
+__device__ __forceinline__ float ig_to_bf16(double x) {
+  const float f = (float)x;
+  if (x != x || (double)f == x) return ig_round(f);
+  unsigned b = __float_as_uint(f);
+  if (fabs((double)f) > fabs(x)) b -= 1u;
+  return ig_round(__uint_as_float(b | 1u));
+}
+__device__ __forceinline__ float ig_to_bf16(int x) { return ig_to_bf16((double)x); }
+__device__ __forceinline__ float ig_to_bf16(long long x) { return ig_to_bf16((double)x); }
+__device__ __forceinline__ float ig_to_bf16(unsigned char x) { return x != 0 ? 1.0f : 0.0f; }
+"#;
+
+/// The prelude of a module holding `kernels`: [`PRELUDE`], and [`PRELUDE_BF16`] if a kernel
+/// uses its helpers.
+pub fn prelude_for<'a>(kernels: impl IntoIterator<Item = &'a CudaKernel>) -> String {
+    let mut s = String::from(PRELUDE);
+    if kernels.into_iter().any(|k| uses_bf16(&k.source)) {
+        s.push_str(PRELUDE_BF16);
+    }
+    s
+}
+
+/// Whether a kernel's text calls a helper of [`PRELUDE_BF16`].
+fn uses_bf16(source: &str) -> bool {
+    [
+        "ig_bf16_bits(",
+        "ig_widen(",
+        "ig_round(",
+        "ig_narrow(",
+        "ig_to_bf16(",
+    ]
+    .iter()
+    .any(|h| source.contains(h))
+}
+
 /// The name-placeholder generators write; [`finish`] replaces it with the hash-derived name.
 pub(crate) const NAME: &str = "@KERNEL@";
 
@@ -297,7 +338,7 @@ pub(crate) fn finish(text: String, launch: Launch) -> CudaKernel {
     }
 }
 
-/// The C type of a dtype.
+/// The C type of a dtype in memory (pointers, shared tiles of raw elements).
 pub(crate) fn c_type(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
@@ -305,8 +346,52 @@ pub(crate) fn c_type(d: DType) -> &'static str {
         DType::I32 => "int",
         DType::I64 => "long long",
         DType::Bool => "unsigned char",
-        // Refused before any source is generated (see `refuse_bf16_kernel`).
-        DType::BF16 => "__nv_bfloat16",
+        // The 16 bits, with no dependency on `cuda_bf16.h` (see the module docs, "# bf16").
+        DType::BF16 => "unsigned short",
+    }
+}
+
+/// The C type of a value of dtype `d` in a register: the memory type, but `float` for bf16
+/// (a bf16 value is held as the float it widens to).
+pub(crate) fn reg_type(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "float",
+        _ => c_type(d),
+    }
+}
+
+/// Bytes of a register value of dtype `d` (a bf16 value is a float): what shared memory and
+/// register budgets count.
+pub(crate) fn reg_size(d: DType) -> usize {
+    match d {
+        DType::BF16 => 4,
+        _ => d.size(),
+    }
+}
+
+/// The register value of `d` read from the memory expression `e` (bf16 widens).
+pub(crate) fn widened(d: DType, e: String) -> String {
+    match d {
+        DType::BF16 => format!("ig_widen({e})"),
+        _ => e,
+    }
+}
+
+/// The memory value of `d` that the register expression `v` stores (bf16 narrows: exact, as a
+/// bf16 register is rounded already).
+pub(crate) fn narrowed(d: DType, v: String) -> String {
+    match d {
+        DType::BF16 => format!("ig_narrow({v})"),
+        _ => v,
+    }
+}
+
+/// `e`, a float expression, as the value of an instruction of dtype `d`: rounded to the
+/// nearest bf16 where `d` is bf16, unchanged otherwise.
+pub(crate) fn rounded(d: DType, e: String) -> String {
+    match d {
+        DType::BF16 => format!("ig_round({e})"),
+        _ => e,
     }
 }
 
@@ -412,8 +497,11 @@ pub(crate) fn literal(v: f64, dtype: DType) -> String {
                 "(unsigned char)0".to_string()
             }
         }
-        // Refused before any source is generated (see `refuse_bf16_kernel`).
-        DType::BF16 => format!("__float2bfloat16({})", literal(v, DType::F32)),
+        // The register value: the float of the nearest bf16 (rounded once from the f64).
+        DType::BF16 => literal(
+            f64::from(crate::dtype::bf16_from_f64(v).to_f32()),
+            DType::F32,
+        ),
     }
 }
 

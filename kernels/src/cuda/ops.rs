@@ -20,7 +20,6 @@ pub fn gather(
     n: usize,
 ) -> Result<CudaKernel, CodegenError> {
     check_ids("gather", ids)?;
-    super::refuse_bf16("gather", "the table", table)?;
     let total = mul("gather", &[n, row_len])?;
     let table_len = mul("gather", &[rows, row_len])?;
     let ix = Ix::for_extents([total, table_len, n]);
@@ -34,13 +33,17 @@ pub fn gather(
         table.name(),
         ids.name()
     );
+    // A bf16 table's rows move as their 16 bits; a zero row is +0.0's bits.
+    let zero = match table {
+        DType::BF16 => "(unsigned short)0".to_string(),
+        _ => literal(0.0, table),
+    };
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
         split(src, t, ix, row_len);
         src.line("const long long id = (long long)ids[r];");
         src.line(format!(
-            "out[e] = id >= 0ll && id < {rows}ll ? table[({t})id * {} + c] : {};",
+            "out[e] = id >= 0ll && id < {rows}ll ? table[({t})id * {} + c] : {zero};",
             ix.lit(row_len),
-            literal(0.0, table)
         ));
     }))
 }
@@ -48,8 +51,8 @@ pub fn gather(
 /// `scatter_add(ids [n], values [n, row_len]) -> out [rows, row_len]`, deterministic: the sums
 /// come in the order of the ids' positions, as the CPU adds them, so the result is the same on
 /// every run (and the CPU's, bit for bit). The runtime zeroes `out` before the launch; ids
-/// outside `0..rows` are skipped. Params: ids, values, out. Values are f32, f64, i32 or i64
-/// (integers wrap); ids i32 or i64.
+/// outside `0..rows` are skipped. Params: ids, values, out. Values are f32, f64, i32, i64
+/// (integers wrap) or bf16 (summed in f32, each sum rounded once); ids i32 or i64.
 ///
 /// Atomic adds would be simpler, and the order in which they land varies from run to run: the
 /// embedding's gradient, and every parameter after it, then differs in its last bits between
@@ -66,7 +69,6 @@ pub fn scatter_add(
     n: usize,
 ) -> Result<CudaKernel, CodegenError> {
     check_ids("scatter_add", ids)?;
-    super::refuse_bf16("scatter_add", "values", values)?;
     if values == DType::Bool {
         return Err(CodegenError::Unsupported {
             op: "scatter_add",
@@ -148,6 +150,8 @@ impl Scatter {
         let at = match values {
             DType::I32 => "unsigned",
             DType::I64 => "unsigned long long",
+            // bf16 values are summed in f32 and the sum rounded once (as the CPU does).
+            DType::BF16 => "float",
             _ => vt,
         };
         let per_thread = row_len.div_ceil(BLOCK as usize).clamp(1, PANEL_PER_THREAD);
@@ -232,10 +236,13 @@ impl Scatter {
         src.line(format!(
             "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
         ));
+        let sum = match self.values {
+            DType::BF16 => "ig_bf16_bits(acc[k])".to_string(),
+            _ => format!("({})acc[k]", self.vt),
+        };
         src.line(format!(
-            "if (c < {}) out[row + c] = ({})acc[k];",
-            ix.lit(self.row_len),
-            self.vt
+            "if (c < {}) out[row + c] = {sum};",
+            ix.lit(self.row_len)
         ));
         src.close();
         src.close();
@@ -259,10 +266,13 @@ impl Scatter {
         src.line(format!(
             "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
         ));
+        let term = match self.values {
+            DType::BF16 => "ig_widen(v[c])".to_string(),
+            _ => format!("({})v[c]", self.at),
+        };
         src.line(format!(
-            "if (c < {}) acc[k] += ({})v[c];",
-            ix.lit(self.row_len),
-            self.at
+            "if (c < {}) acc[k] += {term};",
+            ix.lit(self.row_len)
         ));
         src.close();
         src.close();
@@ -275,7 +285,6 @@ impl Scatter {
 /// multiplied by the inner size), the output `[outer, Σ widths]`. Params: the inputs in order,
 /// then out.
 pub fn concat(dtype: DType, outer: usize, widths: &[usize]) -> Result<CudaKernel, CodegenError> {
-    super::refuse_bf16("concat", "an operand", dtype)?;
     let too_large = || CodegenError::TooLarge {
         op: "concat",
         sizes: std::iter::once(outer)

@@ -23,8 +23,8 @@ use crate::tensor::Tensor;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use ingot_compiler::exe::Executable;
-use ingot_compiler::ir::{DType, Graph, NodeId};
-use ingot_compiler::lower::cuda::{DeviceOp, Gemm, Program};
+use ingot_compiler::ir::{Graph, NodeId};
+use ingot_compiler::lower::cuda::{Compute, DeviceOp, Gemm, Program};
 use ingot_compiler::lower::{self, Target};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
@@ -181,10 +181,15 @@ impl CudaStep {
                 what: "creating the cuBLAS handle".into(),
                 reason: format!("{e:?}"),
             })?;
+        // bf16 GEMMs accumulate in f32 (`Compute::Bf16F32`) and split-K partial sums must too:
+        // by default cuBLAS may reduce them in the output type, bf16. The flag alone is the
+        // default math mode with it set; it changes nothing where the output is f32 or f64.
+        // (`GemmStridedBatchedEx` takes TF32 from its compute type; the TF32 mode stays only
+        // while `opts.tf32` does.)
         let mode = if opts.tf32 {
             blas::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
         } else {
-            blas::cublasMath_t::CUBLAS_DEFAULT_MATH
+            blas::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
         };
         // SAFETY: a live handle.
         cublas("setting cuBLAS's math mode", unsafe {
@@ -461,25 +466,26 @@ impl CudaStep {
                 blas::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        let (ty, compute) = match g.dtype {
-            DType::F32 if self.opts.tf32 => (
-                blas::cudaDataType::CUDA_R_32F,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-            ),
-            DType::F32 => (
-                blas::cudaDataType::CUDA_R_32F,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            _ => (
-                blas::cudaDataType::CUDA_R_64F,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_64F,
-            ),
+        // The lowering chose the types (`Gemm::compute`); `opts.tf32` still turns f32
+        // products into TF32 ones until the precision reaches every lowering.
+        let compute = match g.compute {
+            Compute::F32 if self.opts.tf32 => Compute::Tf32,
+            c => c,
+        };
+        use blas::cublasComputeType_t as C;
+        use blas::cudaDataType as D;
+        let (ty, compute_type) = match compute {
+            Compute::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
+            Compute::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
+            Compute::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
+            Compute::Bf16F32 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
         };
         let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
-        let (alpha, beta): (*const c_void, *const c_void) = if g.dtype == DType::F32 {
-            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
-        } else {
+        // Alpha and beta are of the compute type's scalar: f32 for every 32F compute type.
+        let (alpha, beta): (*const c_void, *const c_void) = if compute == Compute::F64 {
             (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+        } else {
+            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
         };
         let at = |o: usize| (self.base + o as u64) as *mut c_void;
         // SAFETY: the workspace lies in the slab, live only while this matmul runs (the plan).
@@ -511,7 +517,7 @@ impl CudaStep {
                 g.ld_out as i32,
                 g.stride_out as i64,
                 g.batch as i32,
-                compute,
+                compute_type,
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
             )
         };

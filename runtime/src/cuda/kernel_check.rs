@@ -11,7 +11,12 @@
 //! `variants`, every other way of generating it (`cuda::fused_tuned`).
 //!
 //! Floats pass when `max |gpu - cpu| / max(1, max |cpu|) <= 1e-5` (NaN where the CPU has NaN);
-//! integers and bools must be equal. Random kernels are built so that integer results do not
+//! integers and bools must be equal. bf16 values ([`Tolerance`]): where the GPU's f32 arithmetic
+//! is the CPU's (no exp, log or tanh, no sum of several terms, no product an add may fuse with,
+//! upstream of the value), the rounded bf16 must be the CPU's exactly (any NaN matching any
+//! NaN); where it may differ, one rounding to bf16 may land one bf16 ulp away, so the value
+//! passes within one bf16 ulp at the output's scale (`2^-7` relative to `max(1, max |cpu|)`),
+//! and a value computed from such a rounding (bf16 or f32) within four (`2^-5`). Random kernels are built so that integer results do not
 //! depend on float rounding and are filled with exact values, so there GPU and CPU must agree
 //! bit for bit. Outputs are filled with 0xFF bytes before each run, so an element the kernel
 //! forgets to write shows. A fused kernel that may write an output over an input
@@ -19,7 +24,7 @@
 
 use cudarc::driver::{result, sys};
 use ingot_compiler::ir::{Graph, Op};
-use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::cuda::{self, CudaKernel, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random;
 use ingot_kernels::fused::{cpu, FusedKernel, Inst};
 use ingot_kernels::{BinaryOp, DType, UnaryOp};
@@ -394,6 +399,9 @@ fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
             n,
         } => {
             let s = values.size();
+            if *values == DType::BF16 {
+                return Ok(vec![scatter_bf16(*ids, inputs, *rows, *row_len, *n)]);
+            }
             let mut out = vec![0u8; rows * row_len * s];
             for r in 0..*n {
                 let id = read_int(*ids, &inputs[0], r);
@@ -428,6 +436,27 @@ fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
     }
 }
 
+/// The bf16 scatter-add reference: each row's sum in f32, in position order, rounded once (as
+/// the CPU executor computes it, `runtime/src/cpu/bf16.rs`).
+fn scatter_bf16(ids: DType, inputs: &[Vec<u8>], rows: usize, row_len: usize, n: usize) -> Vec<u8> {
+    let widen = |b: &[u8], i: usize| {
+        half::bf16::from_bits(u16::from_ne_bytes([b[2 * i], b[2 * i + 1]])).to_f32()
+    };
+    let mut acc = vec![0f32; rows * row_len];
+    for r in 0..n {
+        let id = read_int(ids, &inputs[0], r);
+        if id < 0 || id as u64 >= rows as u64 {
+            continue;
+        }
+        for c in 0..row_len {
+            acc[id as usize * row_len + c] += widen(&inputs[1], r * row_len + c);
+        }
+    }
+    acc.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
+        .collect()
+}
+
 fn read_int(dt: DType, b: &[u8], i: usize) -> i64 {
     match dt {
         DType::I32 => i32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
@@ -457,17 +486,106 @@ fn add_into(dt: DType, acc: &mut [u8], v: &[u8]) {
                 .wrapping_add(i64::from_ne_bytes(v.try_into().unwrap()));
             acc.copy_from_slice(&x.to_ne_bytes());
         }
-        // The CUDA generator refuses bf16 kernels, so none is checked.
+        // bf16 sums are made in f32 by `scatter_bf16`.
         DType::Bool | DType::BF16 => {}
     }
 }
 
+/// How closely an output must match the CPU's (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tolerance {
+    /// The GPU's arithmetic is the CPU's: a bf16 output is exact (an f32 one is still held to
+    /// 1e-5: the f32 kernels' rule).
+    Exact,
+    /// The value's own f32 arithmetic may differ (1e-5 for f32; one bf16 ulp at scale for bf16).
+    Drift,
+    /// A bf16 rounding of a drifting value is upstream: four bf16 ulps at scale.
+    Coarse,
+}
+
+impl Tolerance {
+    /// The largest scaled error that passes for an output of `dt`.
+    fn bound(self, dt: DType) -> f64 {
+        match (self, dt) {
+            (Tolerance::Coarse, _) => 1.0 / 32.0,
+            (_, DType::BF16) => 1.0 / 128.0,
+            _ => 1e-5,
+        }
+    }
+}
+
+/// The tolerance of each output of `k` ([`Tolerance`]): whether the GPU's f32 arithmetic may
+/// differ from the CPU's somewhere upstream of it (exp, log and tanh are different functions;
+/// a sum of several terms adds in another order; an f32 product feeding an add or subtract may
+/// become a fused multiply-add), and whether a bf16 rounding of such a value is.
+pub fn tolerances(k: &FusedKernel) -> Vec<Tolerance> {
+    let dt = k.dtypes();
+    if !dt.contains(&DType::BF16) && k.inputs.iter().all(|i| i.dtype != DType::BF16) {
+        // Kernels without bf16 keep the f32 kernels' rule (1e-5) for every float output.
+        return vec![Tolerance::Drift; k.outputs.len()];
+    }
+    let n = k.body.len();
+    let (mut drift, mut coarse) = (vec![false; n], vec![false; n]);
+    let reduced: usize = k.reduce_axes.iter().map(|&a| k.domain[a]).product();
+    let is_mul = |j: usize| {
+        matches!(
+            k.body[j],
+            Inst::Binary {
+                op: BinaryOp::Mul,
+                ..
+            }
+        ) && dt[j] != DType::BF16
+    };
+    for i in 0..n {
+        let ops: Vec<usize> = match k.body[i] {
+            Inst::Load { .. } | Inst::Const { .. } | Inst::Index { .. } => vec![],
+            Inst::Unary { x, .. } | Inst::Convert { x, .. } | Inst::Reduce { x, .. } => vec![x],
+            Inst::Binary { a, b, .. } | Inst::Compare { a, b, .. } => vec![a, b],
+            Inst::Select { cond, a, b } => vec![cond, a, b],
+        };
+        let own = match k.body[i] {
+            Inst::Unary {
+                op: UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh,
+                ..
+            } => true,
+            Inst::Reduce { .. } => reduced > 1,
+            Inst::Binary {
+                op: BinaryOp::Add | BinaryOp::Sub,
+                a,
+                b,
+            } => dt[i] != DType::BF16 && (is_mul(a) || is_mul(b)),
+            _ => false,
+        };
+        // A bf16 result rounds (and a comparison decides) on a value that may drift: it may
+        // then land one bf16 ulp away (or flip), and so may everything computed from it.
+        let jumps = |j: usize| {
+            drift[j] && (dt[j] == DType::BF16 || matches!(k.body[j], Inst::Compare { .. }))
+        };
+        coarse[i] = ops.iter().any(|&j| coarse[j] || jumps(j));
+        drift[i] = own || coarse[i] || ops.iter().any(|&j| drift[j]);
+    }
+    k.outputs
+        .iter()
+        .map(|o| {
+            let v = o.value;
+            if coarse[v] {
+                Tolerance::Coarse
+            } else if drift[v] {
+                Tolerance::Drift
+            } else {
+                Tolerance::Exact
+            }
+        })
+        .collect()
+}
+
 /// `(ok, worst error, words)`: floats by relative error against `max(1, max |cpu|)`, NaN
-/// matching NaN; integers and bools exactly.
-fn compare(dt: DType, gpu: &[u8], cpu: &[u8]) -> (bool, f64, String) {
+/// matching NaN; integers and bools exactly; bf16 by `tol` ([`Tolerance`]).
+fn compare(dt: DType, gpu: &[u8], cpu: &[u8], tol: Tolerance) -> (bool, f64, String) {
     if gpu.len() != cpu.len() {
         return (false, f64::INFINITY, "lengths differ".into());
     }
+    let bound = tol.bound(dt);
     let floats = |g: Vec<f64>, c: Vec<f64>| {
         let scale = c
             .iter()
@@ -489,9 +607,9 @@ fn compare(dt: DType, gpu: &[u8], cpu: &[u8]) -> (bool, f64, String) {
                 at = i;
             }
         }
-        let ok = worst <= 1e-5 && nan_bad == 0 && inf_bad == 0;
+        let ok = worst <= bound && nan_bad == 0 && inf_bad == 0;
         let mut words = format!("{worst:.1e}");
-        if worst > 1e-5 {
+        if worst > bound {
             words += &format!(" at {at} (gpu {} cpu {})", g[at], c[at]);
         }
         if nan_bad + inf_bad > 0 {
@@ -499,7 +617,35 @@ fn compare(dt: DType, gpu: &[u8], cpu: &[u8]) -> (bool, f64, String) {
         }
         (ok, worst, words)
     };
+    let bf16s = |b: &[u8]| -> Vec<f64> {
+        b.chunks_exact(2)
+            .map(|b| half::bf16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f64())
+            .collect()
+    };
     match dt {
+        DType::BF16 if tol == Tolerance::Exact => {
+            let (g, c) = (bf16s(gpu), bf16s(cpu));
+            // Equal values (any NaN matching any NaN: the payloads of NaNs that arithmetic
+            // makes differ between the GPU and the host).
+            let bad: Vec<usize> = (0..g.len())
+                .filter(|&i| !(g[i] == c[i] || (g[i].is_nan() && c[i].is_nan())))
+                .collect();
+            match bad.first() {
+                None => (true, 0.0, "exact".into()),
+                Some(&i) => (
+                    false,
+                    f64::INFINITY,
+                    format!(
+                        "{} of {} bf16 values differ, first at {i} (gpu {} cpu {})",
+                        bad.len(),
+                        g.len(),
+                        g[i],
+                        c[i]
+                    ),
+                ),
+            }
+        }
+        DType::BF16 => floats(bf16s(gpu), bf16s(cpu)),
         DType::F32 => floats(
             gpu.chunks_exact(4)
                 .map(|b| f32::from_ne_bytes(b.try_into().unwrap()) as f64)
@@ -548,7 +694,8 @@ struct Loaded {
 }
 
 fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res<Loaded> {
-    let mut src = String::from(PRELUDE);
+    // Every helper, bf16's included (unused ones cost nothing).
+    let mut src = format!("{PRELUDE}{PRELUDE_BF16}");
     let mut seen = HashMap::new();
     for it in items {
         for k in std::iter::once(&it.kernel).chain(it.variants.iter().map(|(_, k)| k)) {
@@ -718,6 +865,11 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             free >> 20
         ));
     }
+    let tol = match &it.work {
+        Work::Fused(k) => tolerances(k),
+        // Moves, and scatter-add's sums in the CPU's order: the same bits.
+        _ => vec![Tolerance::Exact; outs.len()],
+    };
     let host_in = inputs_for(&it.work, seed, exact);
     let want = reference(&it.work, &host_in)?;
     let mut bufs = Buffers { ptrs: Vec::new() };
@@ -754,7 +906,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
     for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
         let mut got = vec![0u8; d.size() * n];
         driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
-        let (o, e, w) = compare(d, &got, &want[j]);
+        let (o, e, w) = compare(d, &got, &want[j], tol[j]);
         ok &= o;
         worst = worst.max(e);
         if !o || outs.len() == 1 || e > 0.0 {
@@ -785,7 +937,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
         for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
             let mut got = vec![0u8; d.size() * n];
             driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
-            let (o, _, w) = compare(d, &got, &want[j]);
+            let (o, _, w) = compare(d, &got, &want[j], tol[j]);
             if !o {
                 vok = false;
                 bad.push(format!("out{j} {w}"));
@@ -846,7 +998,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             driver("download", unsafe {
                 result::memcpy_dtoh_sync(&mut got, outs_here[j])
             })?;
-            let (o, _, w) = compare(d, &got, &want[j]);
+            let (o, _, w) = compare(d, &got, &want[j], tol[j]);
             ok &= o;
             text += &if o {
                 format!("; in place out{j}=in{i} ok")
@@ -935,6 +1087,8 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
 pub enum Source {
     /// Every distinct kernel of these models' training steps (default compile options).
     Models(Vec<String>),
+    /// The same for the bf16 mixed-precision steps (`Precision::Bf16`).
+    Bf16Models(Vec<String>),
     /// A random fused kernel ([`random::Options::exact`]) for each of these seeds.
     Random(std::ops::Range<u64>),
 }
@@ -1003,10 +1157,17 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                 )?;
             }
         }
-        Source::Models(models) => {
+        Source::Models(models) | Source::Bf16Models(models) => {
+            let opts = ingot_compiler::pipeline::Options {
+                precision: match source {
+                    Source::Bf16Models(_) => ingot_compiler::precision::Precision::Bf16,
+                    _ => ingot_compiler::precision::Precision::F32,
+                },
+                ..Default::default()
+            };
             for m in models {
                 let model = ingot_compiler::models::by_name(m).map_err(|e| format!("{m}: {e}"))?;
-                let c = ingot_compiler::pipeline::compile(&model, &Default::default())
+                let c = ingot_compiler::pipeline::compile(&model, &opts)
                     .map_err(|e| format!("{m}: {e}"))?;
                 for w in collect(&c.graph) {
                     add(w, m, &mut items)?;
@@ -1151,12 +1312,13 @@ mod tests {
     #[test]
     fn floats_pass_within_the_tolerance_and_nan_must_match_nan() {
         let cpu = f32s(&[1.0, f32::NAN, -2.0, f32::INFINITY]);
-        assert!(compare(DType::F32, &cpu, &cpu).0);
+        assert!(compare(DType::F32, &cpu, &cpu, Tolerance::Drift).0);
         assert!(
             compare(
                 DType::F32,
                 &f32s(&[1.000001, f32::NAN, -2.0, f32::INFINITY]),
-                &cpu
+                &cpu,
+                Tolerance::Drift
             )
             .0
         );
@@ -1164,16 +1326,94 @@ mod tests {
             !compare(
                 DType::F32,
                 &f32s(&[1.001, f32::NAN, -2.0, f32::INFINITY]),
-                &cpu
+                &cpu,
+                Tolerance::Drift
             )
             .0
         );
-        assert!(!compare(DType::F32, &f32s(&[1.0, 0.0, -2.0, f32::INFINITY]), &cpu).0);
-        assert!(!compare(DType::F32, &f32s(&[1.0, f32::NAN, -2.0, f32::MAX]), &cpu).0);
+        assert!(
+            !compare(
+                DType::F32,
+                &f32s(&[1.0, 0.0, -2.0, f32::INFINITY]),
+                &cpu,
+                Tolerance::Drift
+            )
+            .0
+        );
+        assert!(
+            !compare(
+                DType::F32,
+                &f32s(&[1.0, f32::NAN, -2.0, f32::MAX]),
+                &cpu,
+                Tolerance::Drift
+            )
+            .0
+        );
         // An unwritten output (0xFF bytes) is a NaN where the CPU has a number.
-        assert!(!compare(DType::F32, &[0xFF; 16], &cpu).0);
-        assert!(!compare(DType::I32, &[0, 0, 0, 1], &[0, 0, 0, 0]).0);
-        assert!(!compare(DType::F32, &cpu[..8], &cpu).0);
+        assert!(!compare(DType::F32, &[0xFF; 16], &cpu, Tolerance::Drift).0);
+        assert!(!compare(DType::I32, &[0, 0, 0, 1], &[0, 0, 0, 0], Tolerance::Exact).0);
+        assert!(!compare(DType::F32, &cpu[..8], &cpu, Tolerance::Drift).0);
+    }
+
+    fn bf16s(xs: &[f32]) -> Vec<u8> {
+        xs.iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn bf16_values_are_exact_where_the_arithmetic_is_and_within_an_ulp_where_it_drifts() {
+        let cpu = bf16s(&[1.0, 0.5, -3.0, f32::NAN]);
+        // 1 + 2^-7 is one bf16 ulp above 1; a NaN of another payload is a NaN.
+        let one_ulp = bf16s(&[1.0078125, 0.5, -3.0, -f32::NAN]);
+        let far = bf16s(&[1.0625, 0.5, -3.0, f32::NAN]);
+        assert!(compare(DType::BF16, &cpu, &cpu, Tolerance::Exact).0);
+        assert!(
+            compare(
+                DType::BF16,
+                &bf16s(&[1.0, 0.5, -3.0, -f32::NAN]),
+                &cpu,
+                Tolerance::Exact
+            )
+            .0
+        );
+        assert!(!compare(DType::BF16, &one_ulp, &cpu, Tolerance::Exact).0);
+        assert!(compare(DType::BF16, &one_ulp, &cpu, Tolerance::Drift).0);
+        assert!(!compare(DType::BF16, &far, &cpu, Tolerance::Drift).0);
+        assert!(compare(DType::BF16, &far, &cpu, Tolerance::Coarse).0);
+        // An unwritten bf16 output (0xFF bytes) is a NaN where the CPU has a number.
+        assert!(!compare(DType::BF16, &[0xFF; 8], &cpu, Tolerance::Coarse).0);
+    }
+
+    #[test]
+    fn the_bf16_gpt_mini_step_yields_bf16_kernels_with_every_tolerance() {
+        let items = kernels_of(&Source::Bf16Models(vec!["gpt-mini".into()]), false).unwrap();
+        let bf16_io = |w: &Work| {
+            let (i, o) = w.buffers();
+            i.iter().chain(&o).any(|&(d, _)| d == DType::BF16)
+        };
+        let with_bf16 = items.iter().filter(|it| bf16_io(&it.work)).count();
+        assert!(
+            with_bf16 >= 10,
+            "{with_bf16} of {} kernels move bf16",
+            items.len()
+        );
+        let mut seen = std::collections::HashSet::new();
+        for it in &items {
+            if let Work::Fused(k) = &it.work {
+                let t = tolerances(k);
+                for (j, &t) in t.iter().enumerate() {
+                    if k.output_dtype(j) == DType::BF16 {
+                        seen.insert(format!("{t:?}"));
+                    }
+                }
+            }
+        }
+        // Casts and products are exact; a softmax's rounded output drifts (expf); the gelu's
+        // values after its rounded tanh are coarse.
+        for t in ["Exact", "Drift", "Coarse"] {
+            assert!(seen.contains(t), "no bf16 output is {t}: {seen:?}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::space::{join, Space};
 use super::Analysis;
 use crate::cuda::guard;
 use crate::cuda::{
-    c_type, grid_for, signature, CodegenError, Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
+    grid_for, narrowed, reg_type, signature, CodegenError, Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
 };
 use crate::fused::Access;
 
@@ -71,11 +71,12 @@ impl Analysis<'_> {
         let (per_element, insts, g) = self.elementwise_guards();
         for i in guard::order(&k.body, &per_element, &insts, &g) {
             let e = self.guarded(self.expr(i, &addr, &axis)?, i, g[i]);
-            src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
+            src.line(format!("const {} v{i} = {e};", reg_type(self.dt[i])));
         }
         let out_addr = join(None, f.space.part(f.out_vec, "e", ix), ix);
         for (j, o) in k.outputs.iter().enumerate() {
-            src.line(format!("out{j}[{out_addr}] = v{};", o.value));
+            let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
+            src.line(format!("out{j}[{out_addr}] = {v};"));
         }
         src.close();
         src.close();

@@ -2,13 +2,16 @@
 //! every strategy, so that an op means the same in all of them.
 
 use super::Analysis;
-use crate::cuda::{literal, CodegenError};
+use crate::cuda::{literal, rounded, widened, CodegenError};
 use crate::fused::Inst;
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 
 impl Analysis<'_> {
     /// The right-hand side of instruction `i`: `addr[n]` is the element index input `n` is read
-    /// at, `axis(d)` the domain index along axis `d`.
+    /// at, `axis(d)` the domain index along axis `d`. A bf16 value is a float register: a load
+    /// widens, and an index, unary or binary instruction of dtype bf16 is the f32 op rounded
+    /// to the nearest bf16 (a constant is the rounded value; a select and a copy keep rounded
+    /// values; a conversion to bf16 rounds), as the CPU's fused executor computes it.
     pub(super) fn expr(
         &self,
         i: usize,
@@ -23,7 +26,7 @@ impl Analysis<'_> {
             dtype,
         };
         Ok(match self.k.body[i] {
-            Inst::Load { input } => format!("in{input}[{}]", addr[input]),
+            Inst::Load { input } => self.load_expr(input, &addr[input]),
             Inst::Const { value, dtype } => literal(value, dtype),
             Inst::Index { axis: d, dtype } => {
                 let x = axis(d);
@@ -33,11 +36,14 @@ impl Analysis<'_> {
                     DType::I32 => format!("(int){x}"),
                     DType::I64 => format!("(long long){x}"),
                     DType::Bool => format!("(unsigned char)({x} != 0)"),
-                    DType::BF16 => return Err(unsupported("index", dtype)),
+                    DType::BF16 => format!("ig_round((float){x})"),
                 }
             }
             Inst::Unary { op, x } => {
                 let (x, d) = (v(x), dt);
+                if d == DType::BF16 {
+                    return Ok(rounded(d, Self::float_unary(op, &x)));
+                }
                 match (op, d) {
                     (UnaryOp::Neg, DType::F32 | DType::F64) => format!("-{x}"),
                     (UnaryOp::Neg, DType::I32 | DType::I64) => format!("ig_neg({x})"),
@@ -56,6 +62,18 @@ impl Analysis<'_> {
             }
             Inst::Binary { op, a, b } => {
                 let (a, b, d) = (v(a), v(b), dt);
+                if d == DType::BF16 {
+                    // The f32 op's text (its own operator precedence), rounded.
+                    let f = match op {
+                        BinaryOp::Add => format!("{a} + {b}"),
+                        BinaryOp::Sub => format!("{a} - {b}"),
+                        BinaryOp::Mul => format!("{a} * {b}"),
+                        BinaryOp::Div => format!("{a} / {b}"),
+                        BinaryOp::Max => format!("ig_max({a}, {b})"),
+                        BinaryOp::Min => format!("ig_min({a}, {b})"),
+                    };
+                    return Ok(rounded(d, f));
+                }
                 let float = d.is_float();
                 match (op, d) {
                     (BinaryOp::Add, _) if float => format!("{a} + {b}"),
@@ -94,13 +112,30 @@ impl Analysis<'_> {
                     DType::I32 => "ig_to_i32",
                     DType::I64 => "ig_to_i64",
                     DType::Bool => "ig_to_bool",
-                    DType::BF16 => return Err(unsupported("convert", to)),
+                    DType::BF16 => "ig_to_bf16",
                 };
                 format!("{f}({})", v(x))
             }
             // Only in the elementwise case (every reduce axis of size 1): a copy.
             Inst::Reduce { x, .. } => v(x),
         })
+    }
+
+    /// The f32 text of a unary op on a float operand (that of an f32 instruction).
+    fn float_unary(op: UnaryOp, x: &str) -> String {
+        match op {
+            UnaryOp::Neg => format!("-{x}"),
+            UnaryOp::Exp => format!("expf({x})"),
+            UnaryOp::Log => format!("logf({x})"),
+            UnaryOp::Sqrt => format!("sqrtf({x})"),
+            UnaryOp::Tanh => format!("tanhf({x})"),
+            UnaryOp::Recip => format!("1.0f / {x}"),
+        }
+    }
+
+    /// Input `n` read at the element index `at`, as a register value (bf16 widens).
+    pub(super) fn load_expr(&self, n: usize, at: &str) -> String {
+        widened(self.k.inputs[n].dtype, format!("in{n}[{at}]"))
     }
 }
 

@@ -5,7 +5,7 @@
 use super::expr::{accumulate, reduce_op};
 use super::layout::Layout;
 use super::Analysis;
-use crate::cuda::{c_type, Src};
+use crate::cuda::{reg_type, Src};
 use crate::ReduceOp;
 
 impl Analysis<'_> {
@@ -14,7 +14,7 @@ impl Analysis<'_> {
     /// and warp indices.
     pub(super) fn declare_fold(&self, src: &mut Src, lay: Layout, reds: &[usize]) {
         for &r in reds {
-            let ty = c_type(self.dt[r]);
+            let ty = reg_type(self.dt[r]);
             match lay {
                 Layout::Columns { x, y } => src.line(format!("__shared__ {ty} sm{r}[{y}][{x}];")),
                 Layout::Block { t } => src.line(format!("__shared__ {ty} sm{r}[{}];", t / 32)),

@@ -4,7 +4,7 @@
 
 use super::passes::Passes;
 use super::Analysis;
-use crate::cuda::{grid_for, CodegenError, Launch, Strategy, MAX_GRID_ROWS};
+use crate::cuda::{grid_for, reg_size, CodegenError, Launch, Strategy, MAX_GRID_ROWS};
 use crate::fused::Inst;
 
 /// Blocks that fill an H100 twice over (132 SMs): fewer than this, and the row and column
@@ -109,7 +109,10 @@ impl Analysis<'_> {
             return (default, false);
         }
         let all = multi.len() == in_loops;
-        let words: usize = multi.iter().map(|&i| self.dt[i].size().div_ceil(4)).sum();
+        let words: usize = multi
+            .iter()
+            .map(|&i| reg_size(self.dt[i]).div_ceil(4))
+            .sum();
         let fits = |t: usize| {
             let per = n.div_ceil(t);
             per * words <= CACHE_WORDS && (per <= CACHE_SPLIT_MAX || all && per <= CACHE_PER_THREAD)
@@ -178,7 +181,7 @@ impl Analysis<'_> {
         let mut y = (threads / x).min(self.n.next_power_of_two()).max(2);
         let widest = (0..self.k.body.len())
             .filter(|&i| self.live[i] && matches!(self.k.body[i], Inst::Reduce { .. }))
-            .map(|i| self.dt[i].size())
+            .map(|i| reg_size(self.dt[i]))
             .max()
             .unwrap_or(4);
         while y > 2 && reductions * x * y * widest > MAX_SHARED {
@@ -245,7 +248,7 @@ impl Analysis<'_> {
             Layout::Block { t } => (t / 32) as usize,
             Layout::Group { .. } => 0,
         };
-        let shared: usize = p.reds.iter().map(|&r| per * self.dt[r].size()).sum();
+        let shared: usize = p.reds.iter().map(|&r| per * reg_size(self.dt[r])).sum();
         if combine && shared > MAX_SHARED {
             return Err(CodegenError::SharedMemory {
                 bytes: shared,

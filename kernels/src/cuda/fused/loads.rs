@@ -6,7 +6,7 @@ use super::passes::Passes;
 use super::space::{join, Space};
 use super::Analysis;
 use crate::cuda::guard::Guard;
-use crate::cuda::{c_type, CodegenError, Ix, Src};
+use crate::cuda::{reg_type, CodegenError, Ix, Src};
 use crate::fused::{Access, Inst};
 
 /// Where a reduction's loads read: the index space of the row axes (indexed by `row`) and of the
@@ -163,7 +163,7 @@ impl Analysis<'_> {
         for i in (0..cached.len()).filter(|&i| cached[i]) {
             src.line(format!(
                 "{} c{i}[{per_thread}]; // %{i}, kept for the later passes",
-                c_type(self.dt[i])
+                reg_type(self.dt[i])
             ));
         }
     }
@@ -210,7 +210,7 @@ impl Analysis<'_> {
         cached: &[bool],
         loaded: &mut [bool],
     ) -> Result<(), CodegenError> {
-        let ty = c_type(self.dt[i]);
+        let ty = reg_type(self.dt[i]);
         if cached[i] && loaded[i] {
             src.line(format!("const {ty} v{i} = c{i}[u];"));
             return Ok(());

@@ -6,7 +6,7 @@
 use super::layout::Layout;
 use super::text::mentions;
 use super::Analysis;
-use crate::cuda::{c_type, literal, Ix, Src};
+use crate::cuda::{literal, reg_type, Ix, Src};
 
 /// The most terms a thread adds one after another into one float sum: a thread whose share of
 /// a row is longer sums it in blocks of this many terms, adds each block's sum into a second
@@ -76,7 +76,7 @@ impl Analysis<'_> {
         ));
         for &r in sums {
             let ty = self.dt[r];
-            src.line(format!("{} m{r} = {};", c_type(ty), literal(0.0, ty)));
+            src.line(format!("{} m{r} = {};", reg_type(ty), literal(0.0, ty)));
         }
         src.line("unsigned nb = 0u;");
         src.open(format!(
@@ -91,7 +91,7 @@ impl Analysis<'_> {
         ));
         for &r in sums {
             let ty = self.dt[r];
-            src.line(format!("{} s{r} = {};", c_type(ty), literal(0.0, ty)));
+            src.line(format!("{} s{r} = {};", reg_type(ty), literal(0.0, ty)));
         }
         src.open(format!(
             "for ({t} j = jb; j < je; j += {}) {{",

@@ -18,7 +18,7 @@ use super::passes::Passes;
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
-use crate::cuda::{c_type, signature, CodegenError, Launch, Src};
+use crate::cuda::{reg_type, rounded, signature, CodegenError, Launch, Src};
 use crate::fused::Inst;
 use crate::ReduceOp;
 
@@ -125,13 +125,17 @@ impl Analysis<'_> {
         if self.n == 0 {
             for &r in these.iter().filter(|&&r| plan.p.needed[r]) {
                 let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
-                src.line(format!("const {} v{r} = {};", c_type(ty), identity(op, ty)));
+                src.line(format!(
+                    "const {} v{r} = {};",
+                    reg_type(ty),
+                    identity(op, ty)
+                ));
             }
             return Ok(());
         }
         for &r in &these {
             let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
-            src.line(format!("{} a{r} = {};", c_type(ty), identity(op, ty)));
+            src.line(format!("{} a{r} = {};", reg_type(ty), identity(op, ty)));
         }
         let float_sums: Vec<usize> = (these.iter().copied())
             .filter(|&r| reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float())
@@ -149,7 +153,10 @@ impl Analysis<'_> {
         }
         self.fold(src, plan.shape.lay, &these);
         for &r in &these {
-            src.line(format!("const {} v{r} = a{r};", c_type(self.dt[r])));
+            // A bf16 reduction accumulates in f32 and rounds once, finished.
+            let ty = self.dt[r];
+            let v = rounded(ty, format!("a{r}"));
+            src.line(format!("const {} v{r} = {v};", reg_type(ty)));
         }
         Ok(())
     }
@@ -214,7 +221,7 @@ impl Analysis<'_> {
         for (i, inst) in self.k.body.iter().enumerate() {
             if plan.p.needed[i] && self.stage[i] == s && !matches!(inst, Inst::Reduce { .. }) {
                 let e = self.expr(i, &plan.at.row, &row_axis)?;
-                src.line(format!("const {} v{i} = {e};", c_type(self.dt[i])));
+                src.line(format!("const {} v{i} = {e};", reg_type(self.dt[i])));
             }
         }
         Ok(())

@@ -5,7 +5,7 @@ use super::layout::Layout;
 use super::reduction::Plan;
 use super::space::join;
 use super::Analysis;
-use crate::cuda::{CodegenError, Src};
+use crate::cuda::{narrowed, CodegenError, Src};
 
 impl Analysis<'_> {
     /// The output loop: after the last pass, every thread computes the full outputs at its
@@ -30,10 +30,11 @@ impl Analysis<'_> {
         let out_addr = join(base, sp.red.part(sp.out_vec, "j", ix), ix);
         for (j, o) in k.outputs.iter().enumerate() {
             if !self.row[o.value] {
+                let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
                 if !matches!(lay, Layout::Block { .. }) {
-                    b.line(format!("if (ok) {{ out{j}[{out_addr}] = v{}; }}", o.value));
+                    b.line(format!("if (ok) {{ out{j}[{out_addr}] = {v}; }}"));
                 } else {
-                    b.line(format!("out{j}[{out_addr}] = v{};", o.value));
+                    b.line(format!("out{j}[{out_addr}] = {v};"));
                 }
             }
         }
@@ -50,7 +51,10 @@ impl Analysis<'_> {
             .iter()
             .enumerate()
             .filter(|(_, o)| self.row[o.value])
-            .map(|(j, o)| format!("out{j}[row] = v{};", o.value))
+            .map(|(j, o)| {
+                let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
+                format!("out{j}[row] = {v};")
+            })
             .collect();
         if !row_stores.is_empty() {
             let cond = match lay {

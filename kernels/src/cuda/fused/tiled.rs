@@ -11,7 +11,7 @@
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
 use crate::cuda::{
-    c_type, grid_for, signature, CodegenError, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
+    grid_for, narrowed, reg_type, signature, CodegenError, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
 };
 use crate::fused::{Access, Inst};
 
@@ -251,14 +251,14 @@ impl Tiling {
             if !self.tiled[n] {
                 continue;
             }
-            let load = format!("in{n}[{}]", self.addr(&inp.access.strides, &base[n]));
+            let load = s.load_expr(n, &self.addr(&inp.access.strides, &base[n]));
             let e = match &stage_guard[n] {
                 None => load,
                 Some((guard, closure)) => {
                     for &i in closure {
                         if !std::mem::replace(&mut written[i], true) {
                             let e = s.expr(i, &[], &|x| self.axis(x))?;
-                            src.line(format!("const {} v{i} = {e};", c_type(s.dt[i])));
+                            src.line(format!("const {} v{i} = {e};", reg_type(s.dt[i])));
                         }
                     }
                     s.guarded(load, s.input_load(n), Some(*guard))
@@ -301,7 +301,7 @@ impl Tiling {
             })
             .collect();
         for i in guard::order(&k.body, per_element, insts, g) {
-            let ty = c_type(s.dt[i]);
+            let ty = reg_type(s.dt[i]);
             match k.body[i] {
                 Inst::Load { input } if self.tiled[input] => {
                     src.line(format!("const {ty} v{i} = t{input}[threadIdx.x][q];"))
@@ -314,7 +314,8 @@ impl Tiling {
         }
         let out_addr = self.addr(contiguous, out_base);
         for (j, o) in k.outputs.iter().enumerate() {
-            src.line(format!("out{j}[{out_addr}] = v{};", o.value));
+            let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
+            src.line(format!("out{j}[{out_addr}] = {v};"));
         }
         src.close();
         src.close();
@@ -349,7 +350,8 @@ impl Analysis<'_> {
         src.open(signature(256, &self.params()));
         for (n, inp) in k.inputs.iter().enumerate() {
             if plan.tiled[n] {
-                src.line(format!("__shared__ {} t{n}[32][33];", c_type(inp.dtype)));
+                // A tile holds register values (a bf16 input's widened floats).
+                src.line(format!("__shared__ {} t{n}[32][33];", reg_type(inp.dtype)));
             }
         }
         plan.loop_nest(&mut src, &k.domain);

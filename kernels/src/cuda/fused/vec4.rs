@@ -5,7 +5,7 @@
 use super::space::{join, Space};
 use super::Analysis;
 use crate::cuda::{
-    c_type, grid_for, signature, CodegenError, Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
+    grid_for, reg_type, signature, CodegenError, Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
 };
 use crate::fused::Inst;
 use crate::DType;
@@ -168,7 +168,7 @@ impl Analysis<'_> {
             }
         };
         for i in (0..k.body.len()).filter(|&i| self.live[i]) {
-            let ty = c_type(self.dt[i]);
+            let ty = reg_type(self.dt[i]);
             match k.body[i] {
                 Inst::Load { input } if vector[input] => {
                     src.line(format!("const {ty} v{i} = l{input}.{lane};"))
