@@ -32,17 +32,20 @@ fn main() {
     let m = by_name(&model).expect("a model name");
     let device = |serial| {
         Device::Cuda(CudaOptions {
-            tf32,
             serial,
             ..CudaOptions::default()
         })
     };
+    let mut opts = device(false).options();
+    if tf32 {
+        opts.precision = ingot_compiler::precision::Precision::Tf32;
+    }
     // Graph replays, dependency graph and serial chain in alternating rounds of 5 (one session
     // at a time, so that the largest models fit): the medians of 3 rounds' medians.
     let mut rounds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..3 {
         for (serial, out) in [false, true].into_iter().zip(rounds.iter_mut()) {
-            let mut s = Session::on(&m, 0, device(serial)).expect("a session");
+            let mut s = Session::on_with(&m, 0, &opts, device(serial)).expect("a session");
             s.step().unwrap();
             let mut ms: Vec<f64> = (0..5).map(|_| s.step().unwrap().seconds * 1e3).collect();
             ms.sort_by(f64::total_cmp);
@@ -53,7 +56,7 @@ fn main() {
         r.sort_by(f64::total_cmp);
     }
     let graph_ms = [rounds[0][1], rounds[1][1]];
-    let mut s = Session::on(&m, 0, device(false)).expect("a session");
+    let mut s = Session::on_with(&m, 0, &opts, device(false)).expect("a session");
     // Op-by-op runs: the median of three per op.
     let mut runs: Vec<Vec<f32>> = Vec::new();
     for _ in 0..3 {

@@ -206,6 +206,17 @@ impl Session {
         Session::build(model, seed, &device.options(), device)
     }
 
+    /// As [`Session::on`], compiled with `opts` (their precision, say; their plan options must
+    /// be `device`'s target's, [`Device::options`]).
+    pub fn on_with(
+        model: &Model,
+        seed: u64,
+        opts: &pipeline::Options,
+        device: Device,
+    ) -> Result<Session, SessionError> {
+        Session::build(model, seed, opts, device)
+    }
+
     /// As [`Session::new`], compiled with `opts` (e.g. [`pipeline::Options::unoptimized`] for
     /// the primitive ops, unfused).
     pub fn with_options(

@@ -14,7 +14,6 @@ use ingot_runtime::session::{Device, Session};
 use ingot_runtime::{Data, Tensor};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
-    tf32: false,
     ordinal: 0,
     serial: false,
 });
@@ -147,12 +146,9 @@ fn tf32_matmuls_stay_close_to_strict_f32() {
         return;
     }
     let m = by_name("mlp").unwrap();
-    let tf32 = Device::Cuda(CudaOptions {
-        tf32: true,
-        ordinal: 0,
-        serial: false,
-    });
-    let mut a = Session::on(&m, 2, tf32).unwrap();
+    let mut opts = STRICT.options();
+    opts.precision = ingot_compiler::precision::Precision::Tf32;
+    let mut a = Session::on_with(&m, 2, &opts, STRICT).unwrap();
     let mut b = Session::on(&m, 2, STRICT).unwrap();
     let (x, y) = (a.step().unwrap().loss, b.step().unwrap().loss);
     // TF32 keeps 10 mantissa bits in products: close, and (on random data) not bit-equal.

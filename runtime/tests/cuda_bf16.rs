@@ -18,7 +18,6 @@ use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::session::{Device, Session};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
-    tf32: false,
     ordinal: 0,
     serial: false,
 });

@@ -15,7 +15,6 @@ use ingot_runtime::random_step::compare_sessions;
 use ingot_runtime::session::Device;
 
 const STRICT: Device = Device::Cuda(CudaOptions {
-    tf32: false,
     ordinal: 0,
     serial: false,
 });

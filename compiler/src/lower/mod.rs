@@ -113,12 +113,11 @@ pub fn lower(
     target: Target,
     precision: Precision,
 ) -> Result<Program, LowerError> {
-    let _ = precision; // the CUDA lowering takes it with its GEMMs' compute types
     plan.validate(g)?;
     check_workspaces(g, plan, target)?;
     Ok(match target {
         Target::Cpu => Program::Cpu(cpu::lower(g, plan)?),
-        Target::Cuda => Program::Cuda(cuda::lower(g, plan, crate::precision::Precision::F32)?),
+        Target::Cuda => Program::Cuda(cuda::lower(g, plan, precision)?),
     })
 }
 

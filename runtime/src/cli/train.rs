@@ -77,13 +77,11 @@ impl StepArgs {
     /// The session device these arguments ask for; `default` when `--device` is not given.
     pub fn session_device(&self, default: Device) -> Result<session::Device, Failure> {
         let device = self.device.unwrap_or(default);
-        let precision = self.precision.for_device(device)?;
+        // Refuses tf32 on the CPU; the compile takes the precision itself (`opts.precision`).
+        self.precision.for_device(device)?;
         match device {
             Device::Cpu => Ok(session::Device::Cpu),
-            Device::Cuda => Ok(session::Device::Cuda(CudaOptions {
-                tf32: precision == ingot_compiler::precision::Precision::Tf32,
-                ..CudaOptions::default()
-            })),
+            Device::Cuda => Ok(session::Device::Cuda(CudaOptions::default())),
         }
     }
 }

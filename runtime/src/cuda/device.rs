@@ -35,9 +35,6 @@ use std::sync::Arc;
 /// How the step runs on the GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaOptions {
-    /// Let f32 matmuls use the tensor cores' TF32 mode (10-bit mantissa products). Off by
-    /// default: strict f32.
-    pub tf32: bool,
     /// Which GPU.
     pub ordinal: usize,
     /// Capture the operations as one chain in schedule order, each waiting for the one
@@ -184,9 +181,13 @@ impl CudaStep {
         // bf16 GEMMs accumulate in f32 (`Compute::Bf16F32`) and split-K partial sums must too:
         // by default cuBLAS may reduce them in the output type, bf16. The flag alone is the
         // default math mode with it set; it changes nothing where the output is f32 or f64.
-        // (`GemmStridedBatchedEx` takes TF32 from its compute type; the TF32 mode stays only
-        // while `opts.tf32` does.)
-        let mode = if opts.tf32 {
+        // A step compiled in tf32 (its GEMMs' compute type `Tf32`, which
+        // `GemmStridedBatchedEx` takes) runs with the TF32 math mode, as it always has.
+        let tf32 = program
+            .ops
+            .iter()
+            .any(|op| matches!(op, DeviceOp::Gemm(g) if g.compute == Compute::Tf32));
+        let mode = if tf32 {
             blas::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
         } else {
             blas::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
@@ -466,12 +467,8 @@ impl CudaStep {
                 blas::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        // The lowering chose the types (`Gemm::compute`); `opts.tf32` still turns f32
-        // products into TF32 ones until the precision reaches every lowering.
-        let compute = match g.compute {
-            Compute::F32 if self.opts.tf32 => Compute::Tf32,
-            c => c,
-        };
+        // The lowering chose the types (`Gemm::compute`, from the compile's precision).
+        let compute = g.compute;
         use blas::cublasComputeType_t as C;
         use blas::cudaDataType as D;
         let (ty, compute_type) = match compute {
