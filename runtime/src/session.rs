@@ -23,7 +23,7 @@ use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::LOSS;
 use ingot_compiler::exe::{Executable, Target};
-use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
@@ -410,6 +410,95 @@ impl Session {
         Ok(())
     }
 
+    /// Replaces the optimizer state (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step` for AdamW)
+    /// with `state`, as [`Session::load_parameters`] replaces the parameters: every state leaf
+    /// must be there with its exact type, nothing else may be, and on error nothing changes.
+    /// With the parameters, this is all a step reads besides its batch: a run resumed from
+    /// both continues as the uninterrupted one would.
+    pub fn load_optimizer_state(
+        &mut self,
+        state: &IndexMap<String, Tensor>,
+    ) -> Result<(), SessionError> {
+        let names = self.exe().leaf_names(LeafKind::State);
+        for name in &names {
+            let id = self.graph().leaf(name).expect("a leaf of the graph");
+            let expected = self.graph().ty(id);
+            match state.get(name) {
+                None => {
+                    return Err(SessionError::MissingParameter {
+                        name: name.clone(),
+                        expected: expected.clone(),
+                    })
+                }
+                Some(t) if t.ty != *expected || t.data.len() != expected.shape.numel() => {
+                    return Err(SessionError::ParameterType {
+                        name: name.clone(),
+                        expected: expected.clone(),
+                        got: t.ty.clone(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        let unknown: Vec<String> = state
+            .keys()
+            .filter(|k| !names.contains(k))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownParameters {
+                names: unknown,
+                known: names,
+            });
+        }
+        for name in &names {
+            self.exe_mut().write_leaf(name, &state[name])?;
+        }
+        Ok(())
+    }
+
+    /// The planned slots of the inputs `x` and `y`, and each one's bytes: what
+    /// [`Session::step_on`] takes (a data loader's staging buffers are cut to these sizes).
+    pub fn input_slots(&self) -> Result<[(NodeId, usize); 2], SessionError> {
+        let slot = |name: &str| {
+            let id = self
+                .graph()
+                .leaf(name)
+                .filter(|id| self.graph().leaves(LeafKind::Input).contains(id))
+                .ok_or_else(|| SessionError::UnknownInput {
+                    name: name.to_string(),
+                    known: self.input_names(),
+                })?;
+            Ok::<_, SessionError>((id, self.exe().plan().location(self.graph(), id).bytes))
+        };
+        Ok([slot("x")?, slot("y")?])
+    }
+
+    /// Runs one training step on a batch given as the bytes of `x` and `y` (native-endian
+    /// elements of each input's dtype, as [`crate::data::BatchSource::fill`] writes them), copied
+    /// straight into their planned slots ([`StepExecutor::step_with_inputs`]): nothing is
+    /// allocated for the batch. `slots` comes from [`Session::input_slots`]. The caller
+    /// vouches for the ids (the data readers check every id against the model's bound).
+    pub fn step_on(
+        &mut self,
+        slots: &[(NodeId, usize); 2],
+        x: &[u8],
+        y: &[u8],
+    ) -> Result<StepResult, SessionError> {
+        const {
+            assert!(
+                cfg!(target_endian = "little"),
+                "planned slots hold little-endian values"
+            )
+        };
+        let start = Instant::now();
+        let x = x.get(..slots[0].1).unwrap_or(x);
+        let y = y.get(..slots[1].1).unwrap_or(y);
+        self.exe_mut()
+            .step_with_inputs(&[(slots[0].0, x), (slots[1].0, y)])?;
+        self.finish_step(start)
+    }
+
     /// Sets the batch every following step trains on. Integer ids may be i32 or i64 and are
     /// converted to the model's input dtype; ids are checked against the model's range
     /// ([`init::id_bound`]). A shape or dtype mismatch is an error naming the input and both types.
@@ -523,6 +612,11 @@ impl Session {
     pub fn step(&mut self) -> Result<StepResult, SessionError> {
         let start = Instant::now();
         self.exe_mut().step()?;
+        self.finish_step(start)
+    }
+
+    /// Reads the loss of the step just run, which began at `start`.
+    fn finish_step(&mut self, start: Instant) -> Result<StepResult, SessionError> {
         let loss =
             self.exe()
                 .read_output(LOSS)?

@@ -1,0 +1,424 @@
+//! Training runs over a data set (issue 18): `ingot train --dataset` over epochs, checkpoints
+//! and resume, non-finite losses, and the data set kind told from the file.
+
+use indexmap::IndexMap;
+use ingot_runtime::io;
+use ingot_runtime::trainer::checkpoint;
+use ingot_runtime::trainer::{dataset_kind, DatasetKind};
+use ingot_runtime::Tensor;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A byte-level GPT (vocabulary 256) small enough for a CPU test.
+const BYTE_GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=8";
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("train-data-tests")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn ingot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .output()
+        .expect("ingot runs")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// A text of a few thousand bytes from a small vocabulary of words (deterministic), written as
+/// byte-level tokens with `ingot data bytes`.
+fn byte_tokens(dir: &Path) -> PathBuf {
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park",
+    ];
+    let mut state = 12345u64;
+    let mut text = String::new();
+    for _ in 0..1500 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(words[(state >> 33) as usize % words.len()]);
+        text.push(' ');
+    }
+    // 5000 tokens: 156 rows of 32 + 1, 19 whole batches of 8, and tokens left over.
+    text.truncate(5000);
+    let txt = dir.join("text.txt");
+    std::fs::write(&txt, text).unwrap();
+    let bin = dir.join("text.bin");
+    ok(&ingot(&[
+        "data",
+        "bytes",
+        txt.to_str().unwrap(),
+        bin.to_str().unwrap(),
+    ]));
+    bin
+}
+
+fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// The (step, loss) of every step line.
+fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {
+    lines
+        .iter()
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            let loss = v["loss"].as_f64().unwrap_or(f64::NAN); // null: not finite
+            (v["step"].as_u64().unwrap(), loss)
+        })
+        .collect()
+}
+
+#[test]
+fn a_byte_level_gpt_trains_two_epochs_over_a_generated_text_and_its_loss_falls() {
+    let d = scratch("two-epochs");
+    let bin = byte_tokens(&d);
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--order",
+        "sequential",
+        "--json",
+    ]);
+    let lines = json_lines(&ok(&out));
+    let steps: Vec<&serde_json::Value> = lines.iter().filter(|v| v.get("loss").is_some()).collect();
+    // Rows of 32 + 1 tokens overlapping by one, 8 rows a batch.
+    let tokens = std::fs::metadata(&bin).unwrap().len() as usize / 2;
+    let per_epoch = (tokens - 1) / 32 / 8;
+    assert!(per_epoch >= 10, "{tokens} tokens");
+    assert_eq!(steps.len(), 2 * per_epoch, "two epochs of whole batches");
+    for (i, v) in steps.iter().enumerate() {
+        assert_eq!(v["step"].as_u64(), Some(i as u64 + 1));
+        assert_eq!(v["epoch"].as_u64(), Some((i / per_epoch) as u64), "{v}");
+        assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    let ends: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v.get("epoch_end").is_some())
+        .collect();
+    assert_eq!(ends.len(), 2, "one line per finished epoch");
+    let (m0, m1) = (
+        ends[0]["mean_loss"].as_f64().unwrap(),
+        ends[1]["mean_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        m1 < m0 - 0.3,
+        "the second epoch's mean loss {m1} is well below the first's {m0}"
+    );
+    let first = steps[0]["loss"].as_f64().unwrap();
+    assert!(
+        (first - 256f64.ln()).abs() < 0.3,
+        "starts near ln 256: {first}"
+    );
+    assert!(lines.last().unwrap().get("summary").is_some());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("a partial batch is dropped").count(),
+        1,
+        "the dropped partial batch is said once: {stderr}"
+    );
+}
+
+fn run_losses(args: &[&str]) -> Vec<(u64, f64)> {
+    step_losses(&json_lines(&ok(&ingot(args))))
+}
+
+#[test]
+fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
+    let d = scratch("resume");
+    let bin = byte_tokens(&d);
+    let ck = d.join("ck");
+    let (bin, ck) = (bin.to_str().unwrap(), ck.to_str().unwrap());
+    // 40 steps cross an epoch boundary in the resumed half; shuffled offsets.
+    let base = ["train", "--model", BYTE_GPT, "--dataset", bin, "--json"];
+    let straight = run_losses(&[&base[..], &["--steps", "40"]].concat());
+    assert_eq!(straight.len(), 40);
+    let first = run_losses(
+        &[
+            &base[..],
+            &[
+                "--steps",
+                "20",
+                "--checkpoint",
+                ck,
+                "--checkpoint-every",
+                "7",
+            ],
+        ]
+        .concat(),
+    );
+    let record: checkpoint::CheckpointInfo =
+        serde_json::from_slice(&std::fs::read(Path::new(ck).join("checkpoint.json")).unwrap())
+            .unwrap();
+    assert_eq!(record.step, 20, "the run's end wrote the last checkpoint");
+    let p = record.position.unwrap();
+    assert_eq!(
+        p.epoch * 19 + p.batch,
+        20,
+        "the next batch is the 21st: {p:?}"
+    );
+    let files: Vec<String> = std::fs::read_dir(ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        files.len(),
+        3,
+        "older checkpoints' files are removed: {files:?}"
+    );
+    let second = run_losses(&[&base[..], &["--steps", "40", "--resume", ck]].concat());
+    let resumed: Vec<(u64, f64)> = first.into_iter().chain(second).collect();
+    assert_eq!(resumed.len(), 40);
+    for ((s, a), (r, b)) in straight.iter().zip(&resumed) {
+        assert_eq!(s, r);
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "step {s}: {a} straight, {b} resumed"
+        );
+    }
+}
+
+#[test]
+fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
+    let d = scratch("resume-mismatch");
+    let bin = byte_tokens(&d);
+    let other = d.join("other.bin");
+    std::fs::copy(&bin, &other).unwrap();
+    let ck = d.join("ck");
+    let (bin, other, ck) = (
+        bin.to_str().unwrap(),
+        other.to_str().unwrap(),
+        ck.to_str().unwrap(),
+    );
+    ok(&ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin,
+        "--steps",
+        "2",
+        "--checkpoint",
+        ck,
+    ]));
+    let smaller = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=8";
+    let out = ingot(&[
+        "train",
+        "--model",
+        smaller,
+        "--dataset",
+        bin,
+        "--steps",
+        "4",
+        "--resume",
+        ck,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains(BYTE_GPT) && e.contains(smaller), "{e}");
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        other,
+        "--steps",
+        "4",
+        "--resume",
+        ck,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("text.bin") && e.contains("other.bin"), "{e}");
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin,
+        "--steps",
+        "4",
+        "--resume",
+        d.join("nowhere").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint.json"));
+}
+
+#[test]
+fn a_save_cut_short_leaves_the_previous_checkpoint_readable() {
+    let d = scratch("crash");
+    let bin = byte_tokens(&d);
+    let ck = d.join("ck");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ]));
+    let before = checkpoint::load(&ck).unwrap();
+    // What a crash midway through the next save leaves: a tensor file, or half of one, and a
+    // temporary file, but the record still names the step-3 files.
+    std::fs::write(ck.join("weights-00000006.safetensors"), b"\x10\x00\x00").unwrap();
+    std::fs::write(ck.join(".checkpoint.json.tmp"), b"{\"format\":").unwrap();
+    let after = checkpoint::load(&ck).unwrap();
+    assert_eq!(after.info, before.info);
+    assert_eq!(after.info.step, 3);
+    assert_eq!(after.parameters.len(), before.parameters.len());
+    assert!(
+        after.optimizer_state.contains_key("step"),
+        "AdamW's step counter is saved"
+    );
+    assert!(after
+        .optimizer_state
+        .keys()
+        .any(|k| k.ends_with(".exp_avg_sq")));
+}
+
+#[test]
+fn a_non_finite_loss_stops_the_run_naming_the_step_unless_skipped() {
+    let d = scratch("non-finite");
+    let bin = byte_tokens(&d);
+    let init = d.join("init.safetensors");
+    let ck = d.join("ck");
+    let bin = bin.to_str().unwrap();
+    ok(&ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--steps",
+        "0",
+        "--save",
+        init.to_str().unwrap(),
+    ]));
+    let mut params = io::load(&init).unwrap();
+    let (name, t) = params
+        .iter()
+        .next()
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .unwrap();
+    let mut data = t.data.clone();
+    if let ingot_runtime::Data::F32(v) = &mut data {
+        v.iter_mut().for_each(|x| *x = f32::INFINITY);
+    }
+    params.insert(name, Tensor { ty: t.ty, data });
+    let bad = d.join("bad.safetensors");
+    io::save(&bad, &params).unwrap();
+    let bad = bad.to_str().unwrap();
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin,
+        "--steps",
+        "3",
+        "--init",
+        bad,
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("step 1: the loss is"), "{e}");
+    assert!(
+        !ck.join("checkpoint.json").exists(),
+        "no checkpoint of a broken run"
+    );
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin,
+        "--steps",
+        "3",
+        "--init",
+        bad,
+        "--skip-nonfinite",
+        "--json",
+    ]);
+    let lines = json_lines(&ok(&out));
+    assert_eq!(
+        step_losses(&lines).len(),
+        3,
+        "the run goes on past the step"
+    );
+    assert!(lines[0]["non_finite"].as_bool() == Some(true));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("step 1: the loss is") && e.contains("--skip-nonfinite"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_run_over_a_data_set_needs_epochs_or_steps() {
+    let d = scratch("bounds");
+    let bin = byte_tokens(&d);
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--epochs N or --steps N"));
+    let out = ingot(&["train", "--model", BYTE_GPT]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_sample_set_is_told_from_a_token_stream_by_its_contents() {
+    let d = scratch("kind");
+    let mut t = IndexMap::new();
+    t.insert("x".to_string(), Tensor::from_f32([2, 3], vec![0.0; 6]));
+    t.insert("y".to_string(), Tensor::from_f32([2], vec![0.0; 2]));
+    let st = d.join("samples.safetensors");
+    io::save(&st, &t).unwrap();
+    assert_eq!(dataset_kind(&st).unwrap(), DatasetKind::Samples);
+    assert_eq!(
+        dataset_kind(&d).unwrap(),
+        DatasetKind::Samples,
+        "a directory of .npy"
+    );
+    // Byte tokens whose 9th byte is '{' stay tokens: their length field is far too large.
+    let tokens: Vec<u8> = b"abcd{xyz"
+        .iter()
+        .flat_map(|&b| (b as u16).to_le_bytes())
+        .collect();
+    let tb = d.join("t.bin");
+    std::fs::write(&tb, &tokens).unwrap();
+    assert_eq!(tokens[8], b'{');
+    assert_eq!(dataset_kind(&tb).unwrap(), DatasetKind::Tokens);
+    assert!(dataset_kind(&d.join("missing")).is_err());
+}
