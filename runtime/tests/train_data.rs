@@ -422,3 +422,108 @@ fn a_sample_set_is_told_from_a_token_stream_by_its_contents() {
     assert_eq!(dataset_kind(&tb).unwrap(), DatasetKind::Tokens);
     assert!(dataset_kind(&d.join("missing")).is_err());
 }
+
+/// A quadratic loss `sum((p - x)^2)` over one parameter vector, as an IR file with an
+/// `optimizer` line.
+fn quadratic(optimizer_line: &str) -> ingot_compiler::models::Model {
+    let text = format!(
+        "ingot-ir 1\n{optimizer_line}\n\
+         %0 = parameter \"p\" init=normal(1.0) : f32[3]\n\
+         %1 = input \"x\" : f32[3]\n\
+         %2 = input \"y\" : f32[3]\n\
+         %3 = sub(%0, %1) : f32[3]\n\
+         %4 = mul(%3, %3) : f32[3]\n\
+         %5 = reduce_sum(%4) axes=[0] : f32[1]\n\
+         %6 = reshape(%5) : f32[]\n\
+         output \"loss\" = %6\n"
+    );
+    ingot_compiler::models::Model::from_ir_text("quadratic.ir", &text).unwrap()
+}
+
+#[test]
+fn sgd_with_momentum_and_weight_decay_follows_torchs_update_rule() {
+    let (lr, mu, wd) = (0.05, 0.9, 0.01);
+    let model = quadratic(&format!(
+        "optimizer momentum lr={lr} momentum={mu} weight_decay={wd}"
+    ));
+    let mut s = ingot_runtime::session::Session::new(&model, 3).unwrap();
+    assert!(s.optimizer_state().contains_key("p.momentum_buffer"));
+    let as_f64 = |t: &Tensor| match &t.data {
+        ingot_runtime::Data::F32(v) => v.iter().map(|&x| x as f64).collect::<Vec<f64>>(),
+        _ => panic!("f32"),
+    };
+    let mut p = as_f64(&s.parameters()["p"]);
+    let x = as_f64(&s.batch()["x"]);
+    let mut buf = vec![0.0; 3];
+    for step in 0..8 {
+        // torch.optim.SGD: d = g + wd p; buf = mu buf + d; p -= lr buf.
+        let want: f64 = p.iter().zip(&x).map(|(p, x)| (p - x) * (p - x)).sum();
+        let got = s.step().unwrap().loss;
+        assert!(
+            (got - want).abs() <= 1e-5 * want.max(1.0),
+            "step {step}: {got} vs {want}"
+        );
+        for i in 0..3 {
+            let d = 2.0 * (p[i] - x[i]) + wd * p[i];
+            buf[i] = mu * buf[i] + d;
+            p[i] -= lr * buf[i];
+        }
+    }
+}
+
+#[test]
+fn the_command_line_chooses_the_optimizer_of_any_model() {
+    let d = scratch("optimizer-flags");
+    let ir = d.join("q.ir");
+    let text = "ingot-ir 1\n\
+         %0 = parameter \"p\" init=normal(1.0) : f32[3]\n\
+         %1 = input \"x\" : f32[3]\n\
+         %2 = input \"y\" : f32[3]\n\
+         %3 = sub(%0, %1) : f32[3]\n\
+         %4 = mul(%3, %3) : f32[3]\n\
+         %5 = reduce_sum(%4) axes=[0] : f32[1]\n\
+         %6 = reshape(%5) : f32[]\n\
+         output \"loss\" = %6\n";
+    std::fs::write(&ir, text).unwrap();
+    let ir = ir.to_str().unwrap();
+    let ck = d.join("ck");
+    let ck = ck.to_str().unwrap();
+    ok(&ingot(&[
+        "train",
+        "--model-file",
+        ir,
+        "--steps",
+        "3",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--betas",
+        "0.8,0.9",
+        "--checkpoint",
+        ck,
+    ]));
+    let c = checkpoint::load(Path::new(ck)).unwrap();
+    assert!(
+        c.optimizer_state.contains_key("p.exp_avg"),
+        "a file model trains with AdamW"
+    );
+    assert_eq!(c.optimizer_state.len(), 3, "exp_avg, exp_avg_sq, step");
+    let out = ingot(&[
+        "train", "--model", "mlp", "--steps", "1", "--betas", "0.9,0.99",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("adamw"));
+    let out = ingot(&["train", "--model-file", ir, "--steps", "1", "--lr=-1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lr must be"));
+    // Different learning rates give different losses after the first step.
+    let l = |lr: &str| {
+        run_losses(&[
+            "train", "--model", "mlp", "--steps", "2", "--lr", lr, "--json",
+        ])
+    };
+    let (a, b) = (l("0.1"), l("0.01"));
+    assert_eq!(a[0].1.to_bits(), b[0].1.to_bits());
+    assert_ne!(a[1].1.to_bits(), b[1].1.to_bits());
+}

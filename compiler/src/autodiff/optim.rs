@@ -30,6 +30,11 @@ impl Optimizer {
                 }
                 Ok(())
             }
+            Optimizer::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+            } => sgd_momentum(g, params, grads, lr, momentum, weight_decay),
             Optimizer::AdamW {
                 lr,
                 beta1,
@@ -39,6 +44,50 @@ impl Optimizer {
             } => adamw(g, params, grads, lr, beta1, beta2, eps, weight_decay),
         }
     }
+}
+
+/// `torch.optim.SGD(lr, momentum, weight_decay)` (single-tensor path, dampening 0, not
+/// Nesterov): `d = g + wd * p`; `buf = momentum * buf + d` (PyTorch's first step sets
+/// `buf = d`, which is the same from a zero buffer); `p -= lr * buf`.
+fn sgd_momentum(
+    g: &mut Graph,
+    params: &[NodeId],
+    grads: &[NodeId],
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+) -> Result<()> {
+    for (&p, &gp) in params.iter().zip(grads) {
+        let name = g
+            .leaf_name(p)
+            .ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?
+            .to_string();
+        let ty = g.ty(p).clone();
+        let d = if weight_decay != 0.0 {
+            let wp = g.mul_scalar(p, weight_decay)?;
+            g.add(gp, wp)?
+        } else {
+            gp
+        };
+        let d = if momentum != 0.0 {
+            let buf = g.state(
+                &format!("{name}.momentum_buffer"),
+                ty.shape.clone(),
+                ty.dtype,
+                Init::Zeros,
+            )?;
+            let kept = g.mul_scalar(buf, momentum)?;
+            let new = g.add(kept, d)?;
+            g.set_update(buf, new)?;
+            new
+        } else {
+            d
+        };
+        let step = g.mul_scalar(d, -lr)?;
+        let new = g.add(p, step)?;
+        g.set_update(p, new)?;
+    }
+    Ok(())
 }
 
 /// `torch.optim.AdamW` (single-tensor path), with the step counter and the bias corrections
