@@ -21,7 +21,7 @@ use crate::executor::StepExecutor;
 use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::LOSS;
+use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE};
 use ingot_compiler::exe::{Executable, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
@@ -283,6 +283,11 @@ impl Session {
         for (name, value) in &values {
             session.exe_mut().write_leaf(name, value)?;
         }
+        // A step compiled with a learning-rate scale input trains at the optimizer's own
+        // learning rate until a schedule says otherwise.
+        if session.has_lr_scale() {
+            session.set_lr_scale(1.0)?;
+        }
         Ok(session)
     }
 
@@ -356,7 +361,37 @@ impl Session {
 
     /// The batch every step trains on: `x` and `y`.
     pub fn batch(&self) -> IndexMap<String, Tensor> {
-        self.leaves_of(LeafKind::Input)
+        let mut b = self.leaves_of(LeafKind::Input);
+        b.shift_remove(LR_SCALE);
+        b
+    }
+
+    /// Whether the step was compiled with a learning-rate scale input
+    /// ([`ingot_compiler::autodiff::StepOptions::lr_scale`]).
+    pub fn has_lr_scale(&self) -> bool {
+        self.graph().leaf(LR_SCALE).is_some()
+    }
+
+    /// Sets the factor the next steps scale the learning rate by (a schedule's value for the
+    /// step), writing the 8 bytes of the f64 straight into the input's slot: nothing is
+    /// allocated. An error if the step has no such input.
+    pub fn set_lr_scale(&mut self, factor: f64) -> Result<(), SessionError> {
+        let id = self
+            .graph()
+            .leaf(LR_SCALE)
+            .ok_or_else(|| SessionError::UnknownInput {
+                name: LR_SCALE.to_string(),
+                known: self.input_names(),
+            })?;
+        self.exe_mut().write_node_bytes(id, &factor.to_le_bytes())?;
+        Ok(())
+    }
+
+    /// The gradients' global norm of the last step, where the step clips them
+    /// ([`ingot_compiler::autodiff::StepOptions::clip_grad_norm`]).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.graph().outputs.get(GRAD_NORM)?;
+        self.exe().read_output(GRAD_NORM).ok()?.scalar_f64()
     }
 
     /// Replaces every parameter with the one of the same name in `params`. Every parameter of

@@ -454,7 +454,7 @@ fn sgd_with_momentum_and_weight_decay_follows_torchs_update_rule() {
     };
     let mut p = as_f64(&s.parameters()["p"]);
     let x = as_f64(&s.batch()["x"]);
-    let mut buf = vec![0.0; 3];
+    let mut buf = [0.0; 3];
     for step in 0..8 {
         // torch.optim.SGD: d = g + wd p; buf = mu buf + d; p -= lr buf.
         let want: f64 = p.iter().zip(&x).map(|(p, x)| (p - x) * (p - x)).sum();
@@ -526,4 +526,145 @@ fn the_command_line_chooses_the_optimizer_of_any_model() {
     let (a, b) = (l("0.1"), l("0.01"));
     assert_eq!(a[0].1.to_bits(), b[0].1.to_bits());
     assert_ne!(a[1].1.to_bits(), b[1].1.to_bits());
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    match &t.data {
+        ingot_runtime::Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        _ => panic!("f32"),
+    }
+}
+
+/// A session of `model` compiled with `step` options.
+fn session_with(
+    model: &ingot_compiler::models::Model,
+    step: ingot_compiler::autodiff::StepOptions,
+) -> ingot_runtime::session::Session {
+    let c = ingot_compiler::pipeline::compile_observed_with(
+        model,
+        &step,
+        &ingot_runtime::session::Session::cpu_options(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let exe = c.executable(ingot_compiler::lower::Target::Cpu).unwrap();
+    ingot_runtime::session::Session::from_executable(exe, 3, Default::default()).unwrap()
+}
+
+#[test]
+fn clipping_by_the_global_norm_follows_torchs_clip_grad_norm() {
+    let (lr, max) = (0.1, 0.5);
+    let model = quadratic(&format!("optimizer sgd lr={lr}"));
+    let mut s = session_with(
+        &model,
+        ingot_compiler::autodiff::StepOptions {
+            lr_scale: false,
+            clip_grad_norm: Some(max),
+        },
+    );
+    let mut p = f64s(&s.parameters()["p"]);
+    let x = f64s(&s.batch()["x"]);
+    for step in 0..6 {
+        let g: Vec<f64> = p.iter().zip(&x).map(|(p, x)| 2.0 * (p - x)).collect();
+        let norm = g.iter().map(|v| v * v).sum::<f64>().sqrt();
+        s.step().unwrap();
+        let got = s.last_grad_norm().expect("the norm is an output");
+        assert!(
+            (got - norm).abs() <= 1e-5 * norm,
+            "step {step}: norm {got} vs {norm}"
+        );
+        let coef = (max / (norm + 1e-6)).min(1.0);
+        for i in 0..3 {
+            p[i] -= lr * coef * g[i];
+        }
+        let now = f64s(&s.parameters()["p"]);
+        for i in 0..3 {
+            assert!(
+                (now[i] - p[i]).abs() < 1e-5,
+                "step {step}: p {now:?} vs {p:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_learning_rate_input_scales_the_update_and_one_step_serves_a_schedule() {
+    let model = quadratic("optimizer sgd lr=0.1");
+    let opts = ingot_compiler::autodiff::StepOptions {
+        lr_scale: true,
+        clip_grad_norm: None,
+    };
+    let mut s = session_with(&model, opts);
+    assert!(s.has_lr_scale());
+    assert!(!s.batch().contains_key("lr_scale"), "not part of the batch");
+    let x = f64s(&s.batch()["x"]);
+    for factor in [1.0, 0.5, 0.0, 0.25] {
+        let p = f64s(&s.parameters()["p"]);
+        s.set_lr_scale(factor).unwrap();
+        s.step().unwrap();
+        let now = f64s(&s.parameters()["p"]);
+        for i in 0..3 {
+            let want = p[i] - 0.1 * factor * 2.0 * (p[i] - x[i]);
+            assert!((now[i] - want).abs() < 1e-6, "factor {factor}: {now:?}");
+        }
+    }
+}
+
+#[test]
+fn a_schedule_held_at_one_trains_bit_identically_to_the_plain_step() {
+    let base = [
+        "train",
+        "--model",
+        "gpt:vocab=32,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2",
+        "--steps",
+        "4",
+        "--json",
+    ];
+    let plain = run_losses(&base);
+    let held = run_losses(&[&base[..], &["--schedule", "linear", "--min-lr-ratio", "1"]].concat());
+    assert_eq!(plain.len(), 4);
+    for (a, b) in plain.iter().zip(&held) {
+        assert_eq!(a.1.to_bits(), b.1.to_bits(), "step {}", a.0);
+    }
+    let warm = run_losses(&[&base[..], &["--warmup", "2"]].concat());
+    assert_eq!(warm[0].1.to_bits(), plain[0].1.to_bits());
+    assert_ne!(
+        warm[1].1.to_bits(),
+        plain[1].1.to_bits(),
+        "a smaller first update"
+    );
+}
+
+#[test]
+fn ingot_run_drives_a_schedule_only_through_a_step_compiled_with_the_input() {
+    let d = scratch("run-schedule");
+    let (with, without) = (d.join("with.ingot"), d.join("without.ingot"));
+    let m = "gpt:vocab=32,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2";
+    ok(&ingot(&[
+        "compile",
+        "--model",
+        m,
+        "-o",
+        without.to_str().unwrap(),
+    ]));
+    ok(&ingot(&[
+        "compile",
+        "--model",
+        m,
+        "--lr-scale-input",
+        "-o",
+        with.to_str().unwrap(),
+    ]));
+    let sched = ["--steps", "3", "--schedule", "cosine", "--json"];
+    let out = ingot(&[&["run", without.to_str().unwrap()][..], &sched].concat());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lr-scale-input"));
+    let lines = json_lines(&ok(&ingot(
+        &[&["run", with.to_str().unwrap()][..], &sched].concat(),
+    )));
+    let scales: Vec<f64> = lines
+        .iter()
+        .filter_map(|v| v.get("lr_scale").and_then(|f| f.as_f64()))
+        .collect();
+    assert_eq!(scales, vec![1.0, 0.5, 0.0]);
 }

@@ -13,6 +13,19 @@ impl Optimizer {
     /// Appends the update of every parameter (given its gradient) to `g` and declares each new
     /// value, and each new optimizer state, as an in-place update of its leaf.
     pub fn apply(&self, g: &mut Graph, params: &[NodeId], grads: &[NodeId]) -> Result<()> {
+        self.apply_scaled(g, params, grads, None)
+    }
+
+    /// As [`Optimizer::apply`], with the learning rate multiplied by `lr_scale` (an f64 scalar
+    /// node, e.g. an input the host writes each step from a schedule, as PyTorch's `LambdaLR`
+    /// scales the base lr). `None` builds exactly [`Optimizer::apply`]'s graph.
+    pub fn apply_scaled(
+        &self,
+        g: &mut Graph,
+        params: &[NodeId],
+        grads: &[NodeId],
+        lr_scale: Option<NodeId>,
+    ) -> Result<()> {
         if params.len() != grads.len() {
             return Err(IrError::Invalid(format!(
                 "{} parameters but {} gradients",
@@ -24,7 +37,7 @@ impl Optimizer {
             Optimizer::Sgd { lr } => {
                 for (&p, &gp) in params.iter().zip(grads) {
                     // torch: p.add_(g, alpha=-lr)
-                    let step = g.mul_scalar(gp, -lr)?;
+                    let step = scaled(g, gp, -lr, lr_scale)?;
                     let new = g.add(p, step)?;
                     g.set_update(p, new)?;
                 }
@@ -34,14 +47,24 @@ impl Optimizer {
                 lr,
                 momentum,
                 weight_decay,
-            } => sgd_momentum(g, params, grads, lr, momentum, weight_decay),
+            } => sgd_momentum(g, params, grads, lr, momentum, weight_decay, lr_scale),
             Optimizer::AdamW {
                 lr,
                 beta1,
                 beta2,
                 eps,
                 weight_decay,
-            } => adamw(g, params, grads, lr, beta1, beta2, eps, weight_decay),
+            } => adamw(
+                g,
+                params,
+                grads,
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                lr_scale,
+            ),
         }
     }
 }
@@ -56,6 +79,7 @@ fn sgd_momentum(
     lr: f64,
     momentum: f64,
     weight_decay: f64,
+    lr_scale: Option<NodeId>,
 ) -> Result<()> {
     for (&p, &gp) in params.iter().zip(grads) {
         let name = g
@@ -83,11 +107,23 @@ fn sgd_momentum(
         } else {
             d
         };
-        let step = g.mul_scalar(d, -lr)?;
+        let step = scaled(g, d, -lr, lr_scale)?;
         let new = g.add(p, step)?;
         g.set_update(p, new)?;
     }
     Ok(())
+}
+
+/// `x * c`, or `x * (c * scale)` with `scale` an f64 scalar node (converted to `x`'s dtype).
+fn scaled(g: &mut Graph, x: NodeId, c: f64, scale: Option<NodeId>) -> Result<NodeId> {
+    match scale {
+        None => g.mul_scalar(x, c),
+        Some(s) => {
+            let k = g.mul_scalar(s, c)?;
+            let k = g.convert(k, g.ty(x).dtype)?;
+            g.mul(x, k)
+        }
+    }
 }
 
 /// `torch.optim.AdamW` (single-tensor path), with the step counter and the bias corrections
@@ -103,6 +139,7 @@ fn adamw(
     beta2: f64,
     eps: f64,
     weight_decay: f64,
+    lr_scale: Option<NodeId>,
 ) -> Result<()> {
     let step = g.state(STEP_COUNTER, Shape::scalar(), DType::F64, Init::Zeros)?;
     let t = g.add_scalar(step, 1.0)?;
@@ -117,7 +154,10 @@ fn adamw(
     let one = g.full(1.0, Shape::scalar(), DType::F64)?;
     let bc1 = g.sub(one, b1t)?;
     let bc2 = g.sub(one, b2t)?;
-    let lr_k = g.full(-lr, Shape::scalar(), DType::F64)?;
+    let lr_k = match lr_scale {
+        None => g.full(-lr, Shape::scalar(), DType::F64)?,
+        Some(s) => g.mul_scalar(s, -lr)?,
+    };
     let neg_step_size = g.div(lr_k, bc1)?;
     let bc2_sqrt = g.sqrt(bc2)?;
     let mut scalars: Vec<(DType, NodeId, NodeId)> = Vec::new();
@@ -159,7 +199,15 @@ fn adamw(
             Init::Zeros,
         )?;
         // p *= 1 - lr * wd
-        let decayed = g.mul_scalar(p, 1.0 - lr * weight_decay)?;
+        let decayed = match lr_scale {
+            None => g.mul_scalar(p, 1.0 - lr * weight_decay)?,
+            Some(s) => {
+                let f = g.mul_scalar(s, -lr * weight_decay)?;
+                let f = g.add_scalar(f, 1.0)?;
+                let f = g.convert(f, dt)?;
+                g.mul(p, f)?
+            }
+        };
         // m.lerp_(g, 1 - beta1):  m + (1 - beta1) * (g - m)
         let diff = g.sub(gp, m)?;
         let diff = g.mul_scalar(diff, 1.0 - beta1)?;

@@ -26,6 +26,10 @@ pub struct CompileArgs {
     /// Where to write the step executable.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
+    /// Give the step a learning-rate scale input, so that `ingot run FILE --schedule ...` can
+    /// drive a schedule with this one executable.
+    #[arg(long = "lr-scale-input")]
+    pub lr_scale_input: bool,
 }
 
 pub fn run(a: &CompileArgs) -> Result<(), Failure> {
@@ -34,7 +38,12 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
-    let (_, compiled, _) = super::stages::load_and_compile(&a.model, &device.options(), true)?;
+    let (_, compiled, _) = super::stages::load_and_compile(
+        &a.model,
+        &a.model.step_options(a.lr_scale_input),
+        &device.options(),
+        true,
+    )?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;

@@ -82,6 +82,21 @@ pub struct ModelArgs {
     /// AdamW's eps.
     #[arg(long, value_name = "EPS")]
     pub eps: Option<f64>,
+    /// Clip the gradients by their global L2 norm inside the step, as PyTorch's
+    /// clip_grad_norm_ (the norm, before clipping, is logged each step).
+    #[arg(long = "clip-grad-norm", value_name = "MAX")]
+    pub clip_grad_norm: Option<f64>,
+}
+
+impl ModelArgs {
+    /// What the training step computes besides gradients and update: gradient clipping as
+    /// asked, and a learning-rate scale input when `lr_scale` (a schedule will drive it).
+    pub fn step_options(&self, lr_scale: bool) -> ingot_compiler::autodiff::StepOptions {
+        ingot_compiler::autodiff::StepOptions {
+            lr_scale,
+            clip_grad_norm: self.clip_grad_norm,
+        }
+    }
 }
 
 fn parse_betas(v: &str) -> Result<(f64, f64), String> {

@@ -26,6 +26,7 @@ use crate::cuda::CudaOptions;
 use crate::data::{BatchInfo, BatchSource, Epochs, Loader, Order, Staging};
 use crate::io;
 use crate::session::{self, Session, StepResult};
+use crate::trainer::schedule::{Decay, Schedule};
 use crate::trainer::{self, checkpoint};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ingot_compiler::ir::NodeId;
@@ -134,6 +135,17 @@ pub struct StepArgs {
     /// On the GPU, let f32 matmuls use TF32 tensor cores (default: strict f32).
     #[arg(long)]
     pub tf32: bool,
+    /// The learning rate's decay after the warmup, from the optimizer's rate down to
+    /// --min-lr-ratio times it at the run's last step. Any schedule (or --warmup) compiles the
+    /// step with a learning-rate scale input that the host writes before each step.
+    #[arg(long, value_enum, default_value_t = Decay::Constant)]
+    pub schedule: Decay,
+    /// Steps of linear warmup: step i (from 0) runs at (i + 1) / (N + 1) of the rate.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub warmup: u64,
+    /// The schedule's final learning rate as a fraction of the optimizer's (e.g. 0.1).
+    #[arg(long = "min-lr-ratio", value_name = "R", default_value_t = 0.0)]
+    pub min_lr_ratio: f64,
 }
 
 impl StepArgs {
@@ -179,6 +191,12 @@ struct StepLine {
     /// Samples (of a sample set) trained on per second of wall clock, data waits included.
     #[serde(skip_serializing_if = "Option::is_none")]
     samples_per_s: Option<f64>,
+    /// The factor the schedule scaled the learning rate by (scheduled runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lr_scale: Option<f64>,
+    /// The gradients' global norm before clipping (with --clip-grad-norm).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grad_norm: Option<f64>,
     /// Present (and true) only on a step whose loss is NaN or infinite: `loss` alone would
     /// print as `null` for both.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -202,8 +220,13 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     a.run.check_outputs()?;
     a.run.check_steps()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
-    let (_, compiled, _) =
-        super::stages::load_and_compile(&a.model, &device.options(), !a.run.json)?;
+    let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
+    let (_, compiled, _) = super::stages::load_and_compile(
+        &a.model,
+        &a.model.step_options(scheduled),
+        &device.options(),
+        !a.run.json,
+    )?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
@@ -234,6 +257,8 @@ impl StepArgs {
 /// What the step loop has learnt so far, and how it reports.
 struct Run<'a> {
     a: &'a StepArgs,
+    /// The learning-rate schedule, when the step has its scale input.
+    schedule: Option<Schedule>,
     /// The precision line saved in checkpoints.
     precision: String,
     /// Steps done, counted from the run's start (a resumed run starts at the checkpoint's).
@@ -249,8 +274,9 @@ struct Run<'a> {
     seconds: Vec<f64>,
     wall: Vec<f64>,
     free_after_first: Option<usize>,
-    /// The first non-finite loss (step, loss), where the run stopped without --skip-nonfinite.
-    non_finite: Option<(u64, f64)>,
+    /// The first step with a non-finite loss or gradient norm, and which, where the run
+    /// stopped without --skip-nonfinite.
+    non_finite: Option<(u64, String)>,
     skipped: u64,
     /// Loss sum and steps of the current epoch.
     epoch_loss: (f64, u64),
@@ -265,6 +291,14 @@ enum Next {
 }
 
 impl Run<'_> {
+    /// Writes the schedule's learning-rate factor for the next step (allocates nothing).
+    fn before_step(&self, session: &mut Session) -> Result<(), Failure> {
+        if let Some(s) = self.schedule {
+            session.set_lr_scale(s.factor(self.step))?;
+        }
+        Ok(())
+    }
+
     fn done(&self) -> bool {
         self.last.is_some_and(|l| self.step >= l)
     }
@@ -287,7 +321,9 @@ impl Run<'_> {
         if self.seconds.len() == 1 {
             self.free_after_first = session.cuda().map(|c| c.free_memory()).transpose()?;
         }
-        let finite = r.loss.is_finite();
+        let grad_norm = session.last_grad_norm();
+        let lr_scale = self.schedule.map(|s| s.factor(i - 1));
+        let finite = r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite);
         let rate = self
             .units
             .map(|(unit, n)| (unit, n as f64 / interval.max(1e-12)));
@@ -301,13 +337,21 @@ impl Run<'_> {
                 wall_seconds: r.wall_seconds,
                 tokens_per_s: rate.filter(|r| r.0 == "tokens").map(|r| r.1),
                 samples_per_s: rate.filter(|r| r.0 == "samples").map(|r| r.1),
+                lr_scale,
+                grad_norm,
                 non_finite: !finite,
             };
             crate::outln!("{}", json(&line)?)?;
         } else {
             let e = epoch.map(|e| format!("epoch {e:>3}  ")).unwrap_or_default();
+            let extra = grad_norm
+                .map(|n| format!("  grad norm {n:>10.4}"))
+                .unwrap_or_default()
+                + &lr_scale
+                    .map(|f| format!("  lr x{f:.4}"))
+                    .unwrap_or_default();
             let text = format!(
-                "{e}step {i:>5}  loss {:>12.6}  {:>9.3} s",
+                "{e}step {i:>5}  loss {:>12.6}  {:>9.3} s{extra}",
                 r.loss, r.seconds
             );
             if let Some(bar) = &self.bar {
@@ -327,14 +371,18 @@ impl Run<'_> {
             }
         }
         if !finite {
+            let what = if r.loss.is_finite() {
+                format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
+            } else {
+                format!("the loss is {}", r.loss)
+            };
             if !self.a.skip_nonfinite {
-                self.non_finite = Some((i, r.loss));
+                self.non_finite = Some((i, what));
                 return Ok(Next::Stop);
             }
             self.skipped += 1;
             let note = format!(
-                "step {i}: the loss is {}; --skip-nonfinite: going on (the step's update was applied)",
-                r.loss
+                "step {i}: {what}; --skip-nonfinite: going on (the step's update was applied)"
             );
             match &self.bar {
                 Some(bar) => bar.println(note),
@@ -400,6 +448,7 @@ impl Run<'_> {
             device: session.exe().device(),
             precision: self.precision.clone(),
             dataset: self.dataset.clone(),
+            schedule: self.schedule,
             weights: String::new(),
             optimizer: String::new(),
         };
@@ -557,8 +606,36 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             ("samples", x.dims.first().copied().unwrap_or(0))
         }
     });
+    let scheduled = a.schedule != Decay::Constant || a.warmup > 0;
+    let schedule = match (scheduled, session.has_lr_scale()) {
+        (true, false) => {
+            return Err(Failure::new(
+                1,
+                "this step has no learning-rate scale input for --schedule/--warmup: compile it with `ingot compile ... --lr-scale-input`",
+            ))
+        }
+        (true, true) => {
+            if !(0.0..=1.0).contains(&a.min_lr_ratio) {
+                return Err(Failure::new(
+                    2,
+                    format!("--min-lr-ratio must be in [0, 1], not {}", a.min_lr_ratio),
+                ));
+            }
+            let total = last.ok_or_else(|| {
+                Failure::new(2, "a schedule needs the run's length: give --steps or --epochs")
+            })?;
+            Some(Schedule {
+                decay: a.schedule,
+                warmup: a.warmup,
+                total,
+                min_ratio: a.min_lr_ratio,
+            })
+        }
+        (false, _) => None,
+    };
     let mut run = Run {
         a,
+        schedule,
         precision,
         step: start,
         last,
@@ -579,6 +656,7 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
     match source {
         None => {
             while !run.done() {
+                run.before_step(session)?;
                 let r = session.step()?;
                 if run.after_step(session, r, None)? == Next::Stop {
                     break;
@@ -634,9 +712,9 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
         &run.seconds,
         &run.wall,
         run.free_after_first,
-        run.non_finite.map(|(i, _)| i),
+        run.non_finite.as_ref().map(|(i, _)| *i),
     )?;
-    if let Some((step, loss)) = run.non_finite {
+    if let Some((step, what)) = run.non_finite {
         // The parameters were updated with a non-finite gradient: nothing is saved over a
         // good file (nor a checkpoint), and the exit code says the run failed.
         let mut kept = Vec::new();
@@ -652,7 +730,7 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
         return Err(Failure::new(
             1,
             format!(
-                "step {step}: the loss is {loss}; training stopped at the first non-finite loss{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
+                "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
                 if kept.is_empty() { String::new() } else { format!(", and {}", kept.join("; ")) }
             ),
         ));
@@ -697,6 +775,7 @@ where
         let Some(batch) = loader.next_batch()? else {
             break;
         };
+        run.before_step(session)?;
         let r = session.step_on(slots, &batch.x, &batch.y)?;
         let info = batch.info;
         drop(batch);

@@ -48,6 +48,9 @@ pub struct CheckpointInfo {
     /// The data set and how it is cut ([`crate::data::BatchSource::describe`]); `None` for a
     /// fixed batch.
     pub dataset: Option<String>,
+    /// The learning-rate schedule, where the run has one.
+    #[serde(default)]
+    pub schedule: Option<crate::trainer::schedule::Schedule>,
     /// The parameters' file, in the same directory.
     pub weights: String,
     /// The optimizer state's file, in the same directory.
