@@ -668,3 +668,79 @@ fn ingot_run_drives_a_schedule_only_through_a_step_compiled_with_the_input() {
         .collect();
     assert_eq!(scales, vec![1.0, 0.5, 0.0]);
 }
+
+#[test]
+fn the_validation_loss_is_evaluated_each_epoch_and_falls() {
+    let d = scratch("val");
+    let bin = byte_tokens(&d);
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--val",
+        bin.to_str().unwrap(),
+        "--eval-batches",
+        "3",
+        "--json",
+    ]);
+    let lines = json_lines(&ok(&out));
+    let evals: Vec<(u64, f64)> = lines
+        .iter()
+        .filter(|v| v.get("val_loss").is_some())
+        .map(|v| {
+            (
+                v["eval_step"].as_u64().unwrap(),
+                v["val_loss"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(evals.len(), 2, "one per epoch end: {evals:?}");
+    assert!(evals[1].1 < evals[0].1 - 0.2, "{evals:?}");
+    let exe = d.join("step.ingot");
+    ok(&ingot(&[
+        "compile",
+        "--model",
+        BYTE_GPT,
+        "-o",
+        exe.to_str().unwrap(),
+    ]));
+    let (exe, bin) = (exe.to_str().unwrap(), bin.to_str().unwrap());
+    let out = ingot(&["run", exe, "--steps", "1", "--dataset", bin, "--val", bin]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a step executable has no forward-only step"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ingot train"));
+}
+
+#[test]
+fn an_evaluation_is_the_training_steps_loss_on_the_same_batch_and_changes_nothing() {
+    use ingot_runtime::data::{BatchSource, Order};
+    let d = scratch("eval-equal");
+    let bin = byte_tokens(&d);
+    let model = ingot_compiler::models::by_name(BYTE_GPT).unwrap();
+    let mut train = ingot_runtime::session::Session::new(&model, 5).unwrap();
+    let mut eval =
+        ingot_runtime::trainer::eval::Evaluator::new(&model, Default::default(), &bin, 1, 5)
+            .unwrap();
+    let before = train.parameters();
+    let v = eval.evaluate(&train).unwrap();
+    assert_eq!(
+        train.parameters(),
+        before,
+        "evaluation leaves the parameters as they are"
+    );
+    // The same first in-order batch through the training step: its loss (before its update).
+    let mut src =
+        ingot_runtime::trainer::open_dataset(&bin, train.graph(), Order::Sequential, 5).unwrap();
+    let (mut x, mut y) = (vec![0u8; src.x().bytes()], vec![0u8; src.y().bytes()]);
+    src.fill(0, 0, &mut x, &mut y).unwrap();
+    let slots = train.input_slots().unwrap();
+    let l = train.step_on(&slots, &x, &y).unwrap().loss;
+    assert!((v - l).abs() <= 1e-5 * l, "eval {v} vs training step {l}");
+}

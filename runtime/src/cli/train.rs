@@ -26,6 +26,7 @@ use crate::cuda::CudaOptions;
 use crate::data::{BatchInfo, BatchSource, Epochs, Loader, Order, Staging};
 use crate::io;
 use crate::session::{self, Session, StepResult};
+use crate::trainer::eval::Evaluator;
 use crate::trainer::schedule::{Decay, Schedule};
 use crate::trainer::{self, checkpoint};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -135,6 +136,22 @@ pub struct StepArgs {
     /// On the GPU, let f32 matmuls use TF32 tensor cores (default: strict f32).
     #[arg(long)]
     pub tf32: bool,
+    /// A validation set (of the same kind as --dataset): its loss under the current parameters
+    /// is computed by a forward-only step every --eval-every steps (default: at the end of each
+    /// epoch) and at the end of the run (`ingot train` only).
+    #[arg(long, value_name = "PATH", requires = "dataset")]
+    pub val: Option<PathBuf>,
+    /// With --val: evaluate every N steps.
+    #[arg(long = "eval-every", value_name = "N", requires = "val")]
+    pub eval_every: Option<u64>,
+    /// With --val: the batches each evaluation runs (the first K of the set, in order).
+    #[arg(
+        long = "eval-batches",
+        value_name = "K",
+        default_value_t = 20,
+        requires = "val"
+    )]
+    pub eval_batches: u64,
     /// The learning rate's decay after the warmup, from the optimizer's rate down to
     /// --min-lr-ratio times it at the run's last step. Any schedule (or --warmup) compiles the
     /// step with a learning-rate scale input that the host writes before each step.
@@ -203,6 +220,14 @@ struct StepLine {
     non_finite: bool,
 }
 
+/// The `--json` line of an evaluation.
+#[derive(serde::Serialize)]
+struct EvalLine {
+    /// The step after which the evaluation ran.
+    eval_step: u64,
+    val_loss: f64,
+}
+
 /// The `--json` line at the end of each epoch of a data set run.
 #[derive(serde::Serialize)]
 struct EpochLine {
@@ -221,7 +246,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     a.run.check_steps()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
-    let (_, compiled, _) = super::stages::load_and_compile(
+    let (model, compiled, _) = super::stages::load_and_compile(
         &a.model,
         &a.model.step_options(scheduled),
         &device.options(),
@@ -231,7 +256,22 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
     let mut session = Session::from_executable(exe, a.run.seed, device)?;
-    train(&mut session, &a.run, device)
+    let eval = match &a.run.val {
+        Some(val) => {
+            if a.run.eval_batches == 0 || a.run.eval_every == Some(0) {
+                return Err(Failure::new(
+                    2,
+                    "--eval-batches and --eval-every must be at least 1",
+                ));
+            }
+            Some(
+                Evaluator::new(&model, device, val, a.run.eval_batches, a.run.seed)
+                    .map_err(|e| Failure::new(1, e))?,
+            )
+        }
+        None => None,
+    };
+    train_with(&mut session, &a.run, device, eval)
 }
 
 impl StepArgs {
@@ -257,6 +297,11 @@ impl StepArgs {
 /// What the step loop has learnt so far, and how it reports.
 struct Run<'a> {
     a: &'a StepArgs,
+    /// The validation step (--val), and the last validation loss.
+    eval: Option<Evaluator>,
+    val_loss: Option<f64>,
+    /// The step of the last evaluation.
+    evaluated_at: Option<u64>,
     /// The learning-rate schedule, when the step has its scale input.
     schedule: Option<Schedule>,
     /// The precision line saved in checkpoints.
@@ -359,8 +404,12 @@ impl Run<'_> {
                 let speed = rate
                     .map(|(unit, v)| format!("  {v:.0} {unit}/s"))
                     .unwrap_or_default();
+                let val = self
+                    .val_loss
+                    .map(|v| format!("  val {v:.4}"))
+                    .unwrap_or_default();
                 bar.set_message(format!(
-                    "{e}loss {:.6}{speed}  {:.3} ms/step  memory {}",
+                    "{e}loss {:.6}{val}{speed}  {:.3} ms/step  memory {}",
                     r.loss,
                     r.seconds * 1e3,
                     self.planned
@@ -392,10 +441,16 @@ impl Run<'_> {
             self.epoch_loss.0 += r.loss;
         }
         self.epoch_loss.1 += 1;
-        if let Some(b) = info {
-            if b.next.batch == 0 {
-                self.end_epoch(session, b.epoch)?;
-            }
+        let epoch_ended = info.is_some_and(|b| b.next.batch == 0);
+        if let Some(b) = info.filter(|_| epoch_ended) {
+            self.end_epoch(session, b.epoch)?;
+        }
+        let due = match self.a.eval_every {
+            Some(n) => i.is_multiple_of(n),
+            None => epoch_ended,
+        };
+        if due {
+            self.evaluate(session)?;
         }
         if let (Some(dir), Some(every)) = (&self.a.checkpoint, self.a.checkpoint_every) {
             if i.is_multiple_of(every) && !self.done() {
@@ -403,6 +458,37 @@ impl Run<'_> {
             }
         }
         Ok(Next::Go)
+    }
+
+    /// Runs the validation step (if any) on the current parameters and reports its loss.
+    fn evaluate(&mut self, session: &Session) -> Result<(), Failure> {
+        let Some(eval) = &mut self.eval else {
+            return Ok(());
+        };
+        if self.evaluated_at == Some(self.step) {
+            return Ok(());
+        }
+        let v = eval.evaluate(session).map_err(|e| Failure::new(1, e))?;
+        self.val_loss = Some(v);
+        self.evaluated_at = Some(self.step);
+        if self.a.json {
+            let line = EvalLine {
+                eval_step: self.step,
+                val_loss: v,
+            };
+            crate::outln!("{}", json(&line)?)?;
+        } else {
+            let text = format!(
+                "eval after step {}: val loss {v:.6} over {} batches",
+                self.step,
+                eval.batches()
+            );
+            match &self.bar {
+                Some(bar) => bar.println(text),
+                None => crate::outln!("{text}")?,
+            }
+        }
+        Ok(())
     }
 
     fn end_epoch(&mut self, session: &Session, epoch: u64) -> Result<(), Failure> {
@@ -465,6 +551,22 @@ fn json(v: &impl serde::Serialize) -> Result<String, Failure> {
 /// (a line of text, or of JSON), then the summary, then writes `--save` and the last
 /// checkpoint. `ingot train` and `ingot run` both end here, so their output is the same.
 pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Result<(), Failure> {
+    if a.val.is_some() {
+        return Err(Failure::new(
+            2,
+            "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
+        ));
+    }
+    train_with(session, a, device, None)
+}
+
+/// As [`train`], evaluating with `eval` (`--val`) as `a` says.
+fn train_with(
+    session: &mut Session,
+    a: &StepArgs,
+    device: session::Device,
+    eval: Option<Evaluator>,
+) -> Result<(), Failure> {
     a.check_steps()?;
     if let Some(path) = &a.init {
         let params = io::load(path)?;
@@ -635,6 +737,9 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
     };
     let mut run = Run {
         a,
+        eval,
+        val_loss: None,
+        evaluated_at: None,
         schedule,
         precision,
         step: start,
@@ -701,6 +806,9 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
                 }
             };
         }
+    }
+    if run.non_finite.is_none() && !run.seconds.is_empty() {
+        run.evaluate(session)?;
     }
     let bar = run.bar.take();
     if let Some(bar) = bar {

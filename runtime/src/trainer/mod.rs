@@ -4,6 +4,7 @@
 //! [`crate::session::Session::step_on`].
 
 pub mod checkpoint;
+pub mod eval;
 pub mod schedule;
 
 use crate::data::{
