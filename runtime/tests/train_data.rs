@@ -744,3 +744,47 @@ fn an_evaluation_is_the_training_steps_loss_on_the_same_batch_and_changes_nothin
     let l = train.step_on(&slots, &x, &y).unwrap().loss;
     assert!((v - l).abs() <= 1e-5 * l, "eval {v} vs training step {l}");
 }
+
+#[test]
+fn a_run_writes_its_report_page_with_the_loss_and_validation_curves() {
+    let d = scratch("report");
+    let bin = byte_tokens(&d);
+    let page = d.join("run.html");
+    let bin = bin.to_str().unwrap();
+    ok(&ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin,
+        "--steps",
+        "6",
+        "--val",
+        bin,
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "2",
+        "--report",
+        page.to_str().unwrap(),
+    ]));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("validation loss") && html.contains("training loss"));
+    assert_eq!(
+        html.matches("<polyline").count(),
+        3,
+        "train, val, planned memory"
+    );
+    assert!(html.contains(BYTE_GPT));
+    let out = ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--steps",
+        "1",
+        "--report",
+        d.join("no/such/dir/run.html").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--report"));
+}

@@ -27,6 +27,7 @@ use crate::data::{BatchInfo, BatchSource, Epochs, Loader, Order, Staging};
 use crate::io;
 use crate::session::{self, Session, StepResult};
 use crate::trainer::eval::Evaluator;
+use crate::trainer::report::RunRecord;
 use crate::trainer::schedule::{Decay, Schedule};
 use crate::trainer::{self, checkpoint};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -152,6 +153,10 @@ pub struct StepArgs {
         requires = "val"
     )]
     pub eval_batches: u64,
+    /// Write one self-contained HTML page here at the end: the loss and validation curves and
+    /// the memory over the run, planned beside measured.
+    #[arg(long, value_name = "run.html")]
+    pub report: Option<PathBuf>,
     /// The learning rate's decay after the warmup, from the optimizer's rate down to
     /// --min-lr-ratio times it at the run's last step. Any schedule (or --warmup) compiles the
     /// step with a learning-rate scale input that the host writes before each step.
@@ -171,6 +176,7 @@ impl StepArgs {
         super::check_outputs([
             ("--save", self.save.as_deref()),
             ("--save-data", self.save_data.as_deref()),
+            ("--report", self.report.as_deref()),
         ])
     }
 
@@ -297,6 +303,8 @@ impl StepArgs {
 /// What the step loop has learnt so far, and how it reports.
 struct Run<'a> {
     a: &'a StepArgs,
+    /// What --report draws.
+    record: RunRecord,
     /// The validation step (--val), and the last validation loss.
     eval: Option<Evaluator>,
     val_loss: Option<f64>,
@@ -365,6 +373,10 @@ impl Run<'_> {
         self.wall.push(r.wall_seconds);
         if self.seconds.len() == 1 {
             self.free_after_first = session.cuda().map(|c| c.free_memory()).transpose()?;
+            self.measure_memory(session)?;
+        }
+        if r.loss.is_finite() {
+            self.record.losses.push((i, r.loss));
         }
         let grad_norm = session.last_grad_norm();
         let lr_scale = self.schedule.map(|s| s.factor(i - 1));
@@ -470,6 +482,7 @@ impl Run<'_> {
         }
         let v = eval.evaluate(session).map_err(|e| Failure::new(1, e))?;
         self.val_loss = Some(v);
+        self.record.val.push((self.step, v));
         self.evaluated_at = Some(self.step);
         if self.a.json {
             let line = EvalLine {
@@ -491,7 +504,19 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// On a GPU, records the device memory the run holds now: the allocation plus any drop
+    /// in free memory since the first step.
+    fn measure_memory(&mut self, session: &Session) -> Result<(), Failure> {
+        if let (Some(c), Some(first)) = (session.cuda(), self.free_after_first) {
+            let now = c.free_memory()? as i64;
+            let held = c.memory().allocation as i64 + (first as i64 - now);
+            self.record.memory.push((self.step, held.max(0) as usize));
+        }
+        Ok(())
+    }
+
     fn end_epoch(&mut self, session: &Session, epoch: u64) -> Result<(), Failure> {
+        self.measure_memory(session)?;
         let (sum, n) = std::mem::take(&mut self.epoch_loss);
         let free = session.cuda().map(|c| c.free_memory()).transpose()?;
         let mean = sum / n.max(1) as f64;
@@ -735,8 +760,17 @@ fn train_with(
         }
         (false, _) => None,
     };
+    let record = RunRecord {
+        model: session.model().to_string(),
+        device: session.exe().device(),
+        dataset: dataset.clone(),
+        planned_bytes: session.exe().plan().total_bytes,
+        eval_planned_bytes: eval.as_ref().map(Evaluator::planned_bytes),
+        ..Default::default()
+    };
     let mut run = Run {
         a,
+        record,
         eval,
         val_loss: None,
         evaluated_at: None,
@@ -809,6 +843,10 @@ fn train_with(
     }
     if run.non_finite.is_none() && !run.seconds.is_empty() {
         run.evaluate(session)?;
+    }
+    run.measure_memory(session)?;
+    if let Some(path) = &a.report {
+        super::write_file(path, crate::trainer::report::html(&run.record).as_bytes())?;
     }
     let bar = run.bar.take();
     if let Some(bar) = bar {

@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod eval;
+pub mod report;
 pub mod schedule;
 
 use crate::data::{
