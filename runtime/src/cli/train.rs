@@ -859,6 +859,10 @@ fn train_with(
         &run.wall,
         run.free_after_first,
         run.non_finite.as_ref().map(|(i, _)| *i),
+        a.dataset
+            .as_ref()
+            .and_then(|_| session.input_slots().ok())
+            .map(|s| 2 * (s[0].1 + s[1].1)),
     )?;
     if let Some((step, what)) = run.non_finite {
         // The parameters were updated with a non-finite gradient: nothing is saved over a
@@ -957,6 +961,10 @@ struct Summary {
     /// GPU only: free device memory after the last step minus after the first (0: the steps
     /// allocated nothing).
     free_change_bytes: Option<i64>,
+    /// Data set runs: the loader's two staging buffers of x and y (page-locked on the GPU),
+    /// allocated once before the first step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    staging_bytes: Option<usize>,
 }
 
 fn median(xs: &[f64]) -> Option<f64> {
@@ -980,6 +988,7 @@ fn summary(
     wall: &[f64],
     free_after_first: Option<usize>,
     non_finite_loss_step: Option<u64>,
+    staging_bytes: Option<usize>,
 ) -> Result<(), Failure> {
     let plan = session.exe().plan();
     let cuda = session.cuda();
@@ -1001,6 +1010,7 @@ fn summary(
         context_bytes: mem.map(|m| m.before_allocation),
         graph_bytes: mem.map(|m| m.graph),
         free_change_bytes: free_change,
+        staging_bytes,
     };
     if a.json {
         #[derive(serde::Serialize)]
@@ -1026,6 +1036,13 @@ fn summary(
         mib(s.resident_bytes),
         mib(s.slab_bytes)
     )?;
+    if let Some(b) = staging_bytes {
+        crate::outln!(
+            "data staging: {:.2} MiB of host memory{} in two buffers, allocated once",
+            mib(b),
+            if cuda.is_some() { " (page-locked)" } else { "" }
+        )?;
+    }
     if let Some(m) = mem {
         crate::outln!(
             "memory measured on the GPU: {:.1} MiB taken by the allocation (asked {:.1} MiB; the driver rounds up to its page)",
