@@ -2,7 +2,7 @@
 //! plan -> report, then [`Compiled::executable`] lowers the step for a target. Each stage can
 //! be switched off, so every figure can be taken before and after.
 
-use crate::autodiff::{phase, training_step, Step, LOSS};
+use crate::autodiff::{phase, training_step_with, Step, StepOptions, LOSS};
 use crate::error::IrError;
 use crate::exe::Executable;
 use crate::fuse::{self, FuseOptions, FuseReport};
@@ -164,9 +164,20 @@ pub fn compile_observed(
     opts: &Options,
     observer: &mut dyn FnMut(Stage),
 ) -> Result<Compiled, CompileError> {
+    compile_observed_with(model, &StepOptions::default(), opts, observer)
+}
+
+/// As [`compile_observed`], the step built with `step` (a learning-rate input, gradient
+/// clipping: [`crate::autodiff::training_step_with`]).
+pub fn compile_observed_with(
+    model: &Model,
+    step: &StepOptions,
+    opts: &Options,
+    observer: &mut dyn FnMut(Stage),
+) -> Result<Compiled, CompileError> {
     let mut timings = Timings::new();
     let step = stage(Stage::Autodiff, observer, &mut timings, || {
-        training_step(&opts.precision.apply(&model.graph)?, &model.optimizer)
+        training_step_with(&opts.precision.apply(&model.graph)?, &model.optimizer, step)
     })?;
     compile_step_observed(&model.name, step, opts, observer, timings)
 }

@@ -30,6 +30,20 @@ pub trait StepExecutor {
         None
     }
 
+    /// Writes each `(input, bytes)` straight into the input's planned slot, then runs one step;
+    /// allocates nothing, so a run over a data set stays as flat as one on a fixed batch.
+    /// `bytes` is the node's value (little-endian, exactly its planned size), as a data loader's
+    /// staging buffer holds it. On the CPU each is a copy into the allocation; on CUDA an
+    /// asynchronous copy queued on the step's stream ahead of the step (from page-locked memory
+    /// it overlaps nothing else and needs no staging by the driver): the borrow of `bytes` lasts
+    /// until the step, and so the copy, has finished.
+    fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        for &(id, bytes) in inputs {
+            self.write_node_bytes(id, bytes)?;
+        }
+        self.step()
+    }
+
     /// The leaf named `name`.
     fn leaf_id(&self, name: &str) -> Result<NodeId, ExecError> {
         self.graph().leaf(name).ok_or_else(|| ExecError::Invalid {

@@ -12,6 +12,7 @@ pub mod io;
 pub mod random_step;
 pub mod session;
 pub mod tensor;
+pub mod trainer;
 
 pub use error::ExecError;
 pub use executor::StepExecutor;

@@ -21,9 +21,9 @@ use crate::executor::StepExecutor;
 use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::LOSS;
+use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE};
 use ingot_compiler::exe::{Executable, Target};
-use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
@@ -297,6 +297,11 @@ impl Session {
         for (name, value) in &values {
             session.exe_mut().write_leaf(name, value)?;
         }
+        // A step compiled with a learning-rate scale input trains at the optimizer's own
+        // learning rate until a schedule says otherwise.
+        if session.has_lr_scale() {
+            session.set_lr_scale(1.0)?;
+        }
         Ok(session)
     }
 
@@ -375,7 +380,37 @@ impl Session {
 
     /// The batch every step trains on: `x` and `y`.
     pub fn batch(&self) -> IndexMap<String, Tensor> {
-        self.leaves_of(LeafKind::Input)
+        let mut b = self.leaves_of(LeafKind::Input);
+        b.shift_remove(LR_SCALE);
+        b
+    }
+
+    /// Whether the step was compiled with a learning-rate scale input
+    /// ([`ingot_compiler::autodiff::StepOptions::lr_scale`]).
+    pub fn has_lr_scale(&self) -> bool {
+        self.graph().leaf(LR_SCALE).is_some()
+    }
+
+    /// Sets the factor the next steps scale the learning rate by (a schedule's value for the
+    /// step), writing the 8 bytes of the f64 straight into the input's slot: nothing is
+    /// allocated. An error if the step has no such input.
+    pub fn set_lr_scale(&mut self, factor: f64) -> Result<(), SessionError> {
+        let id = self
+            .graph()
+            .leaf(LR_SCALE)
+            .ok_or_else(|| SessionError::UnknownInput {
+                name: LR_SCALE.to_string(),
+                known: self.input_names(),
+            })?;
+        self.exe_mut().write_node_bytes(id, &factor.to_le_bytes())?;
+        Ok(())
+    }
+
+    /// The gradients' global norm of the last step, where the step clips them
+    /// ([`ingot_compiler::autodiff::StepOptions::clip_grad_norm`]).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.graph().outputs.get(GRAD_NORM)?;
+        self.exe().read_output(GRAD_NORM).ok()?.scalar_f64()
     }
 
     /// Replaces every parameter with the one of the same name in `params`. Every parameter of
@@ -427,6 +462,95 @@ impl Session {
             self.exe_mut().write_leaf(&name, &params[&name])?;
         }
         Ok(())
+    }
+
+    /// Replaces the optimizer state (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step` for AdamW)
+    /// with `state`, as [`Session::load_parameters`] replaces the parameters: every state leaf
+    /// must be there with its exact type, nothing else may be, and on error nothing changes.
+    /// With the parameters, this is all a step reads besides its batch: a run resumed from
+    /// both continues as the uninterrupted one would.
+    pub fn load_optimizer_state(
+        &mut self,
+        state: &IndexMap<String, Tensor>,
+    ) -> Result<(), SessionError> {
+        let names = self.exe().leaf_names(LeafKind::State);
+        for name in &names {
+            let id = self.graph().leaf(name).expect("a leaf of the graph");
+            let expected = self.graph().ty(id);
+            match state.get(name) {
+                None => {
+                    return Err(SessionError::MissingParameter {
+                        name: name.clone(),
+                        expected: expected.clone(),
+                    })
+                }
+                Some(t) if t.ty != *expected || t.data.len() != expected.shape.numel() => {
+                    return Err(SessionError::ParameterType {
+                        name: name.clone(),
+                        expected: expected.clone(),
+                        got: t.ty.clone(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        let unknown: Vec<String> = state
+            .keys()
+            .filter(|k| !names.contains(k))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownParameters {
+                names: unknown,
+                known: names,
+            });
+        }
+        for name in &names {
+            self.exe_mut().write_leaf(name, &state[name])?;
+        }
+        Ok(())
+    }
+
+    /// The planned slots of the inputs `x` and `y`, and each one's bytes: what
+    /// [`Session::step_on`] takes (a data loader's staging buffers are cut to these sizes).
+    pub fn input_slots(&self) -> Result<[(NodeId, usize); 2], SessionError> {
+        let slot = |name: &str| {
+            let id = self
+                .graph()
+                .leaf(name)
+                .filter(|id| self.graph().leaves(LeafKind::Input).contains(id))
+                .ok_or_else(|| SessionError::UnknownInput {
+                    name: name.to_string(),
+                    known: self.input_names(),
+                })?;
+            Ok::<_, SessionError>((id, self.exe().plan().location(self.graph(), id).bytes))
+        };
+        Ok([slot("x")?, slot("y")?])
+    }
+
+    /// Runs one training step on a batch given as the bytes of `x` and `y` (native-endian
+    /// elements of each input's dtype, as [`crate::data::BatchSource::fill`] writes them), copied
+    /// straight into their planned slots ([`StepExecutor::step_with_inputs`]): nothing is
+    /// allocated for the batch. `slots` comes from [`Session::input_slots`]. The caller
+    /// vouches for the ids (the data readers check every id against the model's bound).
+    pub fn step_on(
+        &mut self,
+        slots: &[(NodeId, usize); 2],
+        x: &[u8],
+        y: &[u8],
+    ) -> Result<StepResult, SessionError> {
+        const {
+            assert!(
+                cfg!(target_endian = "little"),
+                "planned slots hold little-endian values"
+            )
+        };
+        let start = Instant::now();
+        let x = x.get(..slots[0].1).unwrap_or(x);
+        let y = y.get(..slots[1].1).unwrap_or(y);
+        self.exe_mut()
+            .step_with_inputs(&[(slots[0].0, x), (slots[1].0, y)])?;
+        self.finish_step(start)
     }
 
     /// Sets the batch every following step trains on. Integer ids may be i32 or i64 and are
@@ -542,6 +666,11 @@ impl Session {
     pub fn step(&mut self) -> Result<StepResult, SessionError> {
         let start = Instant::now();
         self.exe_mut().step()?;
+        self.finish_step(start)
+    }
+
+    /// Reads the loss of the step just run, which began at `start`.
+    fn finish_step(&mut self, start: Instant) -> Result<StepResult, SessionError> {
         let loss =
             self.exe()
                 .read_output(LOSS)?

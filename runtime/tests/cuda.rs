@@ -242,3 +242,59 @@ fn the_step_graph_with_overlapping_operations_gives_the_serial_chains_bits() {
         );
     }
 }
+
+/// The data path on the GPU (issue 18): batches staged in page-locked buffers and copied
+/// asynchronously into the inputs' slots on the step's stream give the same losses as the same
+/// batches set through `set_batch`, and free device memory does not move over the steps.
+#[test]
+fn batches_staged_in_pinned_buffers_train_as_set_batches_do_and_allocate_nothing() {
+    if !cuda::gpu_for_test("staged batches on cuda") {
+        return;
+    }
+    use ingot_runtime::data::{BatchSource, Order, TokenBatches, TokenStream};
+    let spec = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=8";
+    let model = by_name(spec).unwrap();
+    let dir = std::env::temp_dir().join(format!("ingot-cuda-staged-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.bin");
+    let tokens: Vec<u8> = (0..20000u32)
+        .map(|i| ((i * 7 + i / 13) % 256) as u16)
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    std::fs::write(&path, tokens).unwrap();
+    let mut staged = Session::on(&model, 1, STRICT).unwrap();
+    let mut plain = Session::on(&model, 1, STRICT).unwrap();
+    let mut src = TokenBatches::for_graph(
+        TokenStream::open(&path).unwrap(),
+        staged.graph(),
+        Order::Random,
+        2,
+    )
+    .unwrap();
+    let slots = staged.input_slots().unwrap();
+    let c = staged.cuda().unwrap();
+    let (mut x, mut y) = (
+        c.pinned_buffer(slots[0].1).unwrap(),
+        c.pinned_buffer(slots[1].1).unwrap(),
+    );
+    let mut free = Vec::new();
+    for b in 0..20 {
+        src.fill(0, b, x.as_mut(), y.as_mut()).unwrap();
+        let a = staged.step_on(&slots, &x, &y).unwrap().loss;
+        let xt = src.x().to_tensor(&x).unwrap();
+        let yt = src.y().to_tensor(&y).unwrap();
+        plain.set_batch(&xt, &yt).unwrap();
+        let p = plain.step().unwrap().loss;
+        // Same graph, same bytes; only atomics' order may differ between the two sessions.
+        assert!(
+            (a - p).abs() <= 1e-4 * p.abs(),
+            "batch {b}: staged {a}, set {p}"
+        );
+        free.push(staged.cuda().unwrap().free_memory().unwrap());
+    }
+    assert!(
+        free.windows(2).all(|w| w[0] == w[1]),
+        "free memory moved: {free:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

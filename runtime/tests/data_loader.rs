@@ -79,6 +79,81 @@ fn allocations_while_staging<S: BatchSource + 'static>(source: S, steps: usize) 
 fn main() {
     staging_token_and_sample_batches_allocates_nothing_once_warm();
     println!("test staging_token_and_sample_batches_allocates_nothing_once_warm ... ok");
+    training_steps_fed_by_the_loader_allocate_nothing_once_warm();
+    println!("test training_steps_fed_by_the_loader_allocate_nothing_once_warm ... ok");
+}
+
+/// The whole data path of `ingot train --dataset` on the CPU: the loader fills a staging
+/// buffer, the planned step copies it into the inputs' slots and runs
+/// ([`StepExecutor::step_with_inputs`]), the buffer goes back: no allocation per step.
+fn training_steps_fed_by_the_loader_allocate_nothing_once_warm() {
+    use ingot_runtime::StepExecutor;
+    let d = std::env::temp_dir().join(format!("ingot-train-alloc-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let tokens: Vec<u8> = (0..3000u16).flat_map(|t| (t % 256).to_le_bytes()).collect();
+    let p = d.join("t.bin");
+    std::fs::write(&p, tokens).unwrap();
+    let m = ingot_compiler::models::by_name(
+        "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=2",
+    )
+    .unwrap();
+    let c = ingot_compiler::pipeline::compile(&m, &ingot_runtime::session::Session::cpu_options())
+        .unwrap();
+    let g = c.graph.clone();
+    let mut step = ingot_runtime::cpu::planned::PlannedStep::new(
+        ingot_compiler::exe::Executable::from_plan(
+            "step",
+            c.graph,
+            c.plan,
+            ingot_compiler::lower::Target::Cpu,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut leaves =
+        ingot_runtime::init::init_leaves(&g, ingot_compiler::ir::LeafKind::Parameter, 1);
+    leaves.extend(ingot_runtime::init::init_leaves(
+        &g,
+        ingot_compiler::ir::LeafKind::State,
+        1,
+    ));
+    for (name, value) in &leaves {
+        step.write_leaf(name, value).unwrap();
+    }
+    let src =
+        TokenBatches::for_graph(TokenStream::open(&p).unwrap(), &g, Order::Random, 3).unwrap();
+    let ids = [g.leaf("x").unwrap(), g.leaf("y").unwrap()];
+    let (xb, yb) = (src.x().bytes(), src.y().bytes());
+    let buffers = [0, 1].map(|_| Staging {
+        x: vec![0u8; xb],
+        y: vec![0u8; yb],
+    });
+    let mut loader = Loader::spawn(Epochs::new(src), buffers).unwrap();
+    let run = |loader: &mut Loader<Vec<u8>>,
+               step: &mut ingot_runtime::cpu::planned::PlannedStep| {
+        let b = loader.next_batch().unwrap().unwrap();
+        step.step_with_inputs(&[(ids[0], &b.x[..]), (ids[1], &b.y[..])])
+            .unwrap();
+    };
+    for _ in 0..4 {
+        run(&mut loader, &mut step);
+    }
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    // 93 batches an epoch: 120 steps cross an epoch boundary.
+    for _ in 0..120 {
+        run(&mut loader, &mut step);
+    }
+    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    assert_eq!(after - before, 0, "allocations over 120 data-fed steps");
+    // The steps train on the staged batches: x's slot holds the bytes of the batch staged.
+    let b = loader.next_batch().unwrap().unwrap();
+    step.step_with_inputs(&[(ids[0], &b.x[..]), (ids[1], &b.y[..])])
+        .unwrap();
+    let staged = b.x.clone();
+    drop(b);
+    assert_eq!(step.read_leaf("x").unwrap().to_le_bytes(), staged);
+    drop(loader);
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 fn staging_token_and_sample_batches_allocates_nothing_once_warm() {

@@ -13,6 +13,19 @@ impl Optimizer {
     /// Appends the update of every parameter (given its gradient) to `g` and declares each new
     /// value, and each new optimizer state, as an in-place update of its leaf.
     pub fn apply(&self, g: &mut Graph, params: &[NodeId], grads: &[NodeId]) -> Result<()> {
+        self.apply_scaled(g, params, grads, None)
+    }
+
+    /// As [`Optimizer::apply`], with the learning rate multiplied by `lr_scale` (an f64 scalar
+    /// node, e.g. an input the host writes each step from a schedule, as PyTorch's `LambdaLR`
+    /// scales the base lr). `None` builds exactly [`Optimizer::apply`]'s graph.
+    pub fn apply_scaled(
+        &self,
+        g: &mut Graph,
+        params: &[NodeId],
+        grads: &[NodeId],
+        lr_scale: Option<NodeId>,
+    ) -> Result<()> {
         if params.len() != grads.len() {
             return Err(IrError::Invalid(format!(
                 "{} parameters but {} gradients",
@@ -24,19 +37,91 @@ impl Optimizer {
             Optimizer::Sgd { lr } => {
                 for (&p, &gp) in params.iter().zip(grads) {
                     // torch: p.add_(g, alpha=-lr)
-                    let step = g.mul_scalar(gp, -lr)?;
+                    let step = scaled(g, gp, -lr, lr_scale)?;
                     let new = g.add(p, step)?;
                     g.set_update(p, new)?;
                 }
                 Ok(())
             }
+            Optimizer::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+            } => sgd_momentum(g, params, grads, lr, momentum, weight_decay, lr_scale),
             Optimizer::AdamW {
                 lr,
                 beta1,
                 beta2,
                 eps,
                 weight_decay,
-            } => adamw(g, params, grads, lr, beta1, beta2, eps, weight_decay),
+            } => adamw(
+                g,
+                params,
+                grads,
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                lr_scale,
+            ),
+        }
+    }
+}
+
+/// `torch.optim.SGD(lr, momentum, weight_decay)` (single-tensor path, dampening 0, not
+/// Nesterov): `d = g + wd * p`; `buf = momentum * buf + d` (PyTorch's first step sets
+/// `buf = d`, which is the same from a zero buffer); `p -= lr * buf`.
+fn sgd_momentum(
+    g: &mut Graph,
+    params: &[NodeId],
+    grads: &[NodeId],
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+    lr_scale: Option<NodeId>,
+) -> Result<()> {
+    for (&p, &gp) in params.iter().zip(grads) {
+        let name = g
+            .leaf_name(p)
+            .ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?
+            .to_string();
+        let ty = g.ty(p).clone();
+        let d = if weight_decay != 0.0 {
+            let wp = g.mul_scalar(p, weight_decay)?;
+            g.add(gp, wp)?
+        } else {
+            gp
+        };
+        let d = if momentum != 0.0 {
+            let buf = g.state(
+                &format!("{name}.momentum_buffer"),
+                ty.shape.clone(),
+                ty.dtype,
+                Init::Zeros,
+            )?;
+            let kept = g.mul_scalar(buf, momentum)?;
+            let new = g.add(kept, d)?;
+            g.set_update(buf, new)?;
+            new
+        } else {
+            d
+        };
+        let step = scaled(g, d, -lr, lr_scale)?;
+        let new = g.add(p, step)?;
+        g.set_update(p, new)?;
+    }
+    Ok(())
+}
+
+/// `x * c`, or `x * (c * scale)` with `scale` an f64 scalar node (converted to `x`'s dtype).
+fn scaled(g: &mut Graph, x: NodeId, c: f64, scale: Option<NodeId>) -> Result<NodeId> {
+    match scale {
+        None => g.mul_scalar(x, c),
+        Some(s) => {
+            let k = g.mul_scalar(s, c)?;
+            let k = g.convert(k, g.ty(x).dtype)?;
+            g.mul(x, k)
         }
     }
 }
@@ -54,6 +139,7 @@ fn adamw(
     beta2: f64,
     eps: f64,
     weight_decay: f64,
+    lr_scale: Option<NodeId>,
 ) -> Result<()> {
     let step = g.state(STEP_COUNTER, Shape::scalar(), DType::F64, Init::Zeros)?;
     let t = g.add_scalar(step, 1.0)?;
@@ -68,7 +154,10 @@ fn adamw(
     let one = g.full(1.0, Shape::scalar(), DType::F64)?;
     let bc1 = g.sub(one, b1t)?;
     let bc2 = g.sub(one, b2t)?;
-    let lr_k = g.full(-lr, Shape::scalar(), DType::F64)?;
+    let lr_k = match lr_scale {
+        None => g.full(-lr, Shape::scalar(), DType::F64)?,
+        Some(s) => g.mul_scalar(s, -lr)?,
+    };
     let neg_step_size = g.div(lr_k, bc1)?;
     let bc2_sqrt = g.sqrt(bc2)?;
     let mut scalars: Vec<(DType, NodeId, NodeId)> = Vec::new();
@@ -110,7 +199,15 @@ fn adamw(
             Init::Zeros,
         )?;
         // p *= 1 - lr * wd
-        let decayed = g.mul_scalar(p, 1.0 - lr * weight_decay)?;
+        let decayed = match lr_scale {
+            None => g.mul_scalar(p, 1.0 - lr * weight_decay)?,
+            Some(s) => {
+                let f = g.mul_scalar(s, -lr * weight_decay)?;
+                let f = g.add_scalar(f, 1.0)?;
+                let f = g.convert(f, dt)?;
+                g.mul(p, f)?
+            }
+        };
         // m.lerp_(g, 1 - beta1):  m + (1 - beta1) * (g - m)
         let diff = g.sub(gp, m)?;
         let diff = g.mul_scalar(diff, 1.0 - beta1)?;

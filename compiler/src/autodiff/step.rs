@@ -14,9 +14,37 @@ pub struct Step {
     pub phases: Phases,
 }
 
+/// The name of the f64 scalar input that scales the learning rate ([`StepOptions::lr_scale`]).
+pub const LR_SCALE: &str = "lr_scale";
+/// The name of the output holding the gradients' global norm ([`StepOptions::clip_grad_norm`]).
+pub const GRAD_NORM: &str = "grad_norm";
+
+/// What a training step computes besides the gradients and the optimizer's update. The
+/// default adds nothing: the step is exactly [`training_step`]'s.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepOptions {
+    /// Scale the learning rate by an f64 scalar input named [`LR_SCALE`], written by the host
+    /// before each step (a schedule's factor, as `torch.optim.lr_scheduler.LambdaLR`): one
+    /// compiled step serves the whole schedule.
+    pub lr_scale: bool,
+    /// Clip the gradients by their global L2 norm as `torch.nn.utils.clip_grad_norm_`:
+    /// `g *= min(1, max / (norm + 1e-6))`, and output the norm (before clipping) as
+    /// [`GRAD_NORM`].
+    pub clip_grad_norm: Option<f64>,
+}
+
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
 /// gradients of the loss with respect to every parameter, then `optimizer`'s in-place updates.
 pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
+    training_step_with(forward, optimizer, &StepOptions::default())
+}
+
+/// As [`training_step`], with the learning-rate input and gradient clipping `opts` asks for.
+pub fn training_step_with(
+    forward: &Graph,
+    optimizer: &Optimizer,
+    opts: &StepOptions,
+) -> Result<Step> {
     let loss = *forward.outputs.get(LOSS).ok_or_else(|| {
         IrError::Invalid(format!("the forward graph has no output named {LOSS:?}"))
     })?;
@@ -43,9 +71,22 @@ pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
     let reaches = ancestors(&g, loss);
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
     let f = g.len();
-    let grads = grad::grad(&mut g, loss, &params)?;
+    let mut grads = grad::grad(&mut g, loss, &params)?;
     let b = g.len();
-    optimizer.apply(&mut g, &params, &grads)?;
+    if let Some(max) = opts.clip_grad_norm {
+        if !(max.is_finite() && max > 0.0) {
+            return Err(IrError::Invalid(format!(
+                "the gradient clipping norm must be a finite number above 0, not {max}"
+            )));
+        }
+        grads = clip_by_global_norm(&mut g, &grads, max)?;
+    }
+    let lr_scale = if opts.lr_scale {
+        Some(g.input(LR_SCALE, crate::ir::Shape::scalar(), crate::ir::DType::F64)?)
+    } else {
+        None
+    };
+    optimizer.apply_scaled(&mut g, &params, &grads, lr_scale)?;
     let n = g.len();
     Ok(Step {
         graph: g,
@@ -55,6 +96,44 @@ pub fn training_step(forward: &Graph, optimizer: &Optimizer) -> Result<Step> {
             optimizer: b..n,
         },
     })
+}
+
+/// The gradients scaled by `min(1, max / (norm + 1e-6))`, `norm` their global L2 norm (each
+/// tensor's sum of squares in its dtype, added in f64), output as [`GRAD_NORM`].
+fn clip_by_global_norm(g: &mut Graph, grads: &[NodeId], max: f64) -> Result<Vec<NodeId>> {
+    let mut total = None;
+    for &gr in grads {
+        let sq = g.mul(gr, gr)?;
+        let s = g.sum_all(sq)?;
+        let s = g.convert(s, crate::ir::DType::F64)?;
+        total = Some(match total {
+            None => s,
+            Some(t) => g.add(t, s)?,
+        });
+    }
+    let total = total.ok_or_else(|| IrError::Invalid("no gradients to clip".into()))?;
+    let norm = g.sqrt(total)?;
+    g.set_output(GRAD_NORM, norm)?;
+    let denom = g.add_scalar(norm, 1e-6)?;
+    let k = g.full(max, crate::ir::Shape::scalar(), crate::ir::DType::F64)?;
+    let coef = g.div(k, denom)?;
+    let one = g.full(1.0, crate::ir::Shape::scalar(), crate::ir::DType::F64)?;
+    let coef = g.minimum(coef, one)?;
+    let mut out = Vec::with_capacity(grads.len());
+    let mut by_dtype: Vec<(crate::ir::DType, NodeId)> = Vec::new();
+    for &gr in grads {
+        let dt = g.ty(gr).dtype;
+        let c = match by_dtype.iter().find(|x| x.0 == dt) {
+            Some(&(_, c)) => c,
+            None => {
+                let c = g.convert(coef, dt)?;
+                by_dtype.push((dt, c));
+                c
+            }
+        };
+        out.push(g.mul(gr, c)?);
+    }
+    Ok(out)
 }
 
 /// `out[i]` is true when `x` depends on node `i` (or is it). One backward sweep over the

@@ -19,7 +19,7 @@ mod spec;
 
 pub use gpt::{gpt, GptConfig, LN_EPS};
 pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
-pub use optimizer::Optimizer;
+pub use optimizer::{parse_betas as optimizer_betas, Optimizer, OptimizerKind, OptimizerSettings};
 pub use spec::{by_name, by_name_with, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};
@@ -39,8 +39,9 @@ pub struct Model {
 }
 
 impl Model {
-    /// The optimizer a model read from a file trains with: SGD without momentum, lr 0.1 (the
-    /// reference `mlp`'s optimizer), since the IR text form has no way to name one.
+    /// The optimizer a model read from a file trains with unless the file has an `optimizer`
+    /// line (or the command line chooses one): SGD without momentum, lr 0.1 (the reference
+    /// `mlp`'s optimizer).
     pub const FILE_OPTIMIZER: Optimizer = Optimizer::Sgd { lr: 0.1 };
 
     /// A model from the IR text form of its forward pass (see [`crate::ir::text`]): a graph
@@ -48,7 +49,40 @@ impl Model {
     /// `update` lines (autodiff appends the backward pass and the update). It trains with
     /// [`Model::FILE_OPTIMIZER`]. A syntax or type error is [`IrError::Parse`] naming the line;
     /// a graph that is not a forward pass is [`IrError::Model`] naming `name`.
+    ///
+    /// One line `optimizer NAME key=value ...` (e.g. `optimizer adamw lr=3e-4 betas=0.9,0.95
+    /// weight_decay=0.1`; see [`OptimizerSettings::parse`]) anywhere in the file chooses the
+    /// optimizer instead; the IR parser sees it as a blank line, so line numbers stay.
     pub fn from_ir_text(name: &str, text: &str) -> Result<Model> {
+        let mut optimizer = Model::FILE_OPTIMIZER;
+        let mut seen = None;
+        let mut body = String::with_capacity(text.len());
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split('#').next().unwrap_or("").trim();
+            if let Some(rest) = code
+                .strip_prefix("optimizer")
+                .filter(|r| r.is_empty() || r.starts_with(char::is_whitespace))
+            {
+                if let Some(first) = seen {
+                    return Err(model_err(
+                        name,
+                        format!(
+                            "line {}: a second optimizer line (the first is line {first})",
+                            i + 1
+                        ),
+                    ));
+                }
+                seen = Some(i + 1);
+                optimizer = OptimizerSettings::parse(rest)
+                    .and_then(|s| s.apply(optimizer))
+                    .map_err(|e| model_err(name, format!("line {}: optimizer: {e}", i + 1)))?;
+                body.push('\n');
+                continue;
+            }
+            body.push_str(line);
+            body.push('\n');
+        }
+        let text = body.as_str();
         let graph = crate::ir::text::parse(text)?;
         let Some(&loss) = graph.outputs.get("loss") else {
             return Err(model_err(
@@ -82,7 +116,7 @@ impl Model {
         Ok(Model {
             name: name.to_string(),
             graph,
-            optimizer: Model::FILE_OPTIMIZER,
+            optimizer,
         })
     }
 }

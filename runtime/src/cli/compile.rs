@@ -28,6 +28,10 @@ pub struct CompileArgs {
     /// Where to write the step executable.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
+    /// Give the step a learning-rate scale input, so that `ingot run FILE --schedule ...` can
+    /// drive a schedule with this one executable.
+    #[arg(long = "lr-scale-input")]
+    pub lr_scale_input: bool,
 }
 
 pub fn run(a: &CompileArgs) -> Result<(), Failure> {
@@ -38,7 +42,12 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
-    let (_, compiled, _) = super::stages::load_and_compile(&a.model, &opts, true)?;
+    let (_, compiled, _) = super::stages::load_and_compile(
+        &a.model,
+        &a.model.step_options(a.lr_scale_input),
+        &opts,
+        true,
+    )?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;

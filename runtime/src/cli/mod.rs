@@ -97,22 +97,89 @@ impl PrecisionArgs {
 }
 
 /// Which model a command compiles: a named one (`--model`) or the IR text form of a forward
-/// pass (`--model-file`); exactly one of the two.
+/// pass (`--model-file`), exactly one of the two; and the optimizer its step trains with, the
+/// model's own unless changed here.
 #[derive(clap::Args, Debug)]
-#[group(required = true, multiple = false)]
 pub struct ModelArgs {
     /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
-    #[arg(long)]
+    #[arg(
+        long,
+        required_unless_present = "model_file",
+        conflicts_with = "model_file"
+    )]
     pub model: Option<String>,
     /// A forward pass in Ingot's IR text form with a scalar output "loss" (e.g.
-    /// docs/examples/tiny-mlp.ir), instead of --model. It trains with SGD, lr 0.1.
+    /// docs/examples/tiny-mlp.ir), instead of --model. It trains with SGD, lr 0.1, unless the
+    /// file has an `optimizer` line or --optimizer is given.
     #[arg(long = "model-file", value_name = "PATH")]
     pub model_file: Option<std::path::PathBuf>,
+    /// The optimizer: sgd, momentum (SGD with momentum) or adamw (default: the model's own:
+    /// AdamW for the GPTs, SGD lr 0.1 for mlp and files). A new one starts from PyTorch's
+    /// defaults for it (sgd/momentum: lr 0.1, momentum 0.9; adamw: lr 1e-3, betas 0.9,0.999,
+    /// eps 1e-8, weight decay 0.01).
+    #[arg(long, value_name = "NAME", value_parser = ["sgd", "momentum", "adamw"])]
+    pub optimizer: Option<String>,
+    /// Learning rate.
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Weight decay: decoupled for adamw (p *= 1 - lr * wd), added to the gradient for
+    /// sgd/momentum (as torch.optim.SGD).
+    #[arg(long = "weight-decay", value_name = "WD")]
+    pub weight_decay: Option<f64>,
+    /// AdamW's betas, B1,B2 (e.g. 0.9,0.95).
+    #[arg(long, value_name = "B1,B2", value_parser = parse_betas)]
+    pub betas: Option<(f64, f64)>,
+    /// The momentum of --optimizer momentum.
+    #[arg(long, value_name = "M")]
+    pub momentum: Option<f64>,
+    /// AdamW's eps.
+    #[arg(long, value_name = "EPS")]
+    pub eps: Option<f64>,
+    /// Clip the gradients by their global L2 norm inside the step, as PyTorch's
+    /// clip_grad_norm_ (the norm, before clipping, is logged each step).
+    #[arg(long = "clip-grad-norm", value_name = "MAX")]
+    pub clip_grad_norm: Option<f64>,
+}
+
+impl ModelArgs {
+    /// What the training step computes besides gradients and update: gradient clipping as
+    /// asked, and a learning-rate scale input when `lr_scale` (a schedule will drive it).
+    pub fn step_options(&self, lr_scale: bool) -> ingot_compiler::autodiff::StepOptions {
+        ingot_compiler::autodiff::StepOptions {
+            lr_scale,
+            clip_grad_norm: self.clip_grad_norm,
+        }
+    }
+}
+
+fn parse_betas(v: &str) -> Result<(f64, f64), String> {
+    ingot_compiler::models::optimizer_betas(v)
 }
 
 impl ModelArgs {
     /// Builds the model: by name, or read and parsed from the file (errors name the file).
     pub fn load(&self) -> Result<ingot_compiler::models::Model, Failure> {
+        let mut model = self.load_model()?;
+        let settings = ingot_compiler::models::OptimizerSettings {
+            kind: self
+                .optimizer
+                .as_deref()
+                .and_then(ingot_compiler::models::OptimizerKind::parse),
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            betas: self.betas,
+            momentum: self.momentum,
+            eps: self.eps,
+        };
+        if !settings.is_empty() {
+            model.optimizer = settings
+                .apply(model.optimizer)
+                .map_err(|e| Failure::new(2, format!("the optimizer of {}: {e}", model.name)))?;
+        }
+        Ok(model)
+    }
+
+    fn load_model(&self) -> Result<ingot_compiler::models::Model, Failure> {
         match (&self.model, &self.model_file) {
             (Some(name), _) => Ok(ingot_compiler::models::by_name(name)?),
             (None, Some(path)) => {

@@ -46,7 +46,8 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     }
     opts.precision = a.precision.for_device(a.device)?;
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
-    let (_, compiled, trace) = super::stages::load_and_compile(&a.model, &opts, !a.json)?;
+    let (_, compiled, trace) =
+        super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
     if a.timings {
         eprint!("{}", super::stages::timings_table(trace, &compiled));
     }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 /// Returns the compiled step and how long tracing (building the model) took.
 pub fn load_and_compile(
     model: &super::ModelArgs,
+    step: &ingot_compiler::autodiff::StepOptions,
     opts: &pipeline::Options,
     spinner: bool,
 ) -> Result<(Model, Compiled, Duration), Failure> {
@@ -32,7 +33,7 @@ pub fn load_and_compile(
                 s.set_message(format!("compiling {label}: {}", stage.name()));
             }
         };
-        let c = pipeline::compile_observed(&m, opts, &mut observer)
+        let c = pipeline::compile_observed_with(&m, step, opts, &mut observer)
             .map_err(|e| Failure::new(1, format!("{label}: {e}")))?;
         Ok((m, c, trace))
     });

@@ -261,6 +261,12 @@ impl CudaStep {
         Ok(step)
     }
 
+    /// `len` bytes of page-locked host memory in this step's context (the data loader's
+    /// staging buffers).
+    pub fn pinned_buffer(&self, len: usize) -> Result<super::PinnedBuffer, ExecError> {
+        super::PinnedBuffer::new(&self.ctx, len)
+    }
+
     /// Device memory as measured while loading.
     pub fn memory(&self) -> DeviceMemory {
         self.memory
@@ -580,6 +586,48 @@ impl StepExecutor for CudaStep {
 
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
         self.copy_to_host(id)
+    }
+
+    /// Queues each input's copy on the step's stream (asynchronous, no staging allocation), then
+    /// runs the step, which waits for the stream: the copies have finished when this returns,
+    /// on success or failure, so the caller may reuse its buffers.
+    fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        for &(id, bytes) in inputs {
+            let l = self.location[id.index()];
+            if bytes.len() != l.bytes {
+                return Err(ExecError::Invalid {
+                    op: "step_with_inputs",
+                    reason: format!(
+                        "input %{} holds {} bytes, not {}",
+                        id.index(),
+                        l.bytes,
+                        bytes.len()
+                    ),
+                });
+            }
+        }
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        let s = self.stream.cu_stream();
+        let mut queued = Ok(());
+        for &(id, bytes) in inputs {
+            let l = self.location[id.index()];
+            if l.bytes == 0 {
+                continue;
+            }
+            // SAFETY: the range lies inside the allocation (checked above against the plan);
+            // `bytes` is borrowed until the stream is synchronized below.
+            queued = unsafe { result::memcpy_htod_async(self.base + l.offset as u64, bytes, s) }
+                .map_err(driver("queueing an input's copy to the GPU"));
+            if queued.is_err() {
+                break;
+            }
+        }
+        let r = queued.and_then(|()| self.step());
+        if r.is_err() {
+            // Whatever failed, no copy may still read the caller's buffers after we return.
+            let _ = self.stream.synchronize();
+        }
+        r
     }
 
     /// Replays the step's graph and waits for it; the step's device time is measured between

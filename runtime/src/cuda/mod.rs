@@ -11,8 +11,10 @@
 
 pub mod device;
 pub mod kernel_check;
+pub mod pinned;
 pub mod ptx;
 pub mod require;
 
 pub use device::{available, CudaOptions, CudaStep, DeviceMemory};
+pub use pinned::PinnedBuffer;
 pub use require::gpu_for_test;

@@ -1,0 +1,170 @@
+//! Checkpoints: the state a run needs to continue exactly where it stopped.
+//!
+//! A checkpoint directory holds
+//! - `weights-STEP.safetensors`: the parameters, by PyTorch name ([`Session::parameters`]);
+//! - `optimizer-STEP.safetensors`: the optimizer state, by PyTorch's names
+//!   (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step`; empty for SGD);
+//! - `checkpoint.json` ([`CheckpointInfo`]): the step, the epoch, the position in the data,
+//!   the shuffle seed, the model, device and precision, the data set, and the names of the two
+//!   files above.
+//!
+//! Every file is written to a temporary name and renamed
+//! ([`ingot_compiler::files::write_atomically`]), and `checkpoint.json` last: it is the commit
+//! record, naming tensor files that are complete before it is written. A crash at any moment
+//! of a save leaves the previous `checkpoint.json` and the files it names untouched; the files
+//! of older checkpoints are removed only after the new record is in place.
+
+use crate::data::Position;
+use crate::io;
+use crate::session::Session;
+use crate::tensor::Tensor;
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The record's file name inside a checkpoint directory.
+pub const RECORD: &str = "checkpoint.json";
+/// The record's layout version.
+pub const FORMAT: u32 = 1;
+
+/// What `checkpoint.json` holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    pub format: u32,
+    /// Steps done (the next step run is `step + 1`).
+    pub step: u64,
+    /// The epoch of the next batch.
+    pub epoch: u64,
+    /// Where the next batch comes from; `None` for a run on one fixed batch.
+    pub position: Option<Position>,
+    /// The seed of the data's shuffle or random offsets.
+    pub shuffle_seed: Option<u64>,
+    /// The model (its name or spec, or the IR file's path).
+    pub model: String,
+    /// Where the run was: "cpu" or the GPU's name.
+    pub device: String,
+    /// The precision the step was compiled in: "f32", "tf32" or "bf16".
+    pub precision: String,
+    /// The data set and how it is cut ([`crate::data::BatchSource::describe`]); `None` for a
+    /// fixed batch.
+    pub dataset: Option<String>,
+    /// The learning-rate schedule, where the run has one.
+    #[serde(default)]
+    pub schedule: Option<crate::trainer::schedule::Schedule>,
+    /// The parameters' file, in the same directory.
+    pub weights: String,
+    /// The optimizer state's file, in the same directory.
+    pub optimizer: String,
+}
+
+/// A checkpoint read back.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub info: CheckpointInfo,
+    pub parameters: IndexMap<String, Tensor>,
+    pub optimizer_state: IndexMap<String, Tensor>,
+}
+
+fn err(dir: &Path, what: impl std::fmt::Display) -> String {
+    format!("checkpoint {}: {what}", dir.display())
+}
+
+/// Writes `session`'s parameters and optimizer state and `info` (whose `weights` and
+/// `optimizer` are set here) into `dir`, creating it if needed. Errors name the file.
+pub fn save(dir: &Path, session: &Session, mut info: CheckpointInfo) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, format!("cannot create it: {e}")))?;
+    info.format = FORMAT;
+    info.weights = format!("weights-{:08}.safetensors", info.step);
+    info.optimizer = format!("optimizer-{:08}.safetensors", info.step);
+    io::save(dir.join(&info.weights), &session.parameters()).map_err(|e| e.to_string())?;
+    io::save(dir.join(&info.optimizer), &session.optimizer_state()).map_err(|e| e.to_string())?;
+    let json = serde_json::to_vec_pretty(&info).map_err(|e| err(dir, e))?;
+    let record = dir.join(RECORD);
+    ingot_compiler::files::write_atomically(&record, &json)
+        .map_err(|e| format!("{}: cannot write it: {e}", record.display()))?;
+    // The new record is in place: the files of earlier checkpoints may go (best effort; a
+    // leftover file is harmless).
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = name.starts_with("weights-") || name.starts_with("optimizer-");
+            if ours
+                && name.ends_with(".safetensors")
+                && name != info.weights
+                && name != info.optimizer
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the checkpoint in `dir`. Errors name the directory or the file at fault.
+pub fn load(dir: &Path) -> Result<Checkpoint, String> {
+    let record = dir.join(RECORD);
+    if !record.is_file() {
+        return Err(err(
+            dir,
+            format!("no {RECORD} there (written by --checkpoint DIR at each save)"),
+        ));
+    }
+    let bytes = ingot_compiler::files::read_capped(&record, 1 << 20)
+        .map_err(|e| format!("{}: cannot read it: {e}", record.display()))?;
+    let info: CheckpointInfo = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{}: not a checkpoint record: {e}", record.display()))?;
+    if info.format != FORMAT {
+        return Err(format!(
+            "{}: format {} (this ingot reads format {FORMAT})",
+            record.display(),
+            info.format
+        ));
+    }
+    let file = |name: &str| -> Result<PathBuf, String> {
+        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            return Err(format!(
+                "{}: file name {name:?} is not a plain name",
+                record.display()
+            ));
+        }
+        Ok(dir.join(name))
+    };
+    let parameters = io::load(file(&info.weights)?).map_err(|e| e.to_string())?;
+    let optimizer_state = io::load(file(&info.optimizer)?).map_err(|e| e.to_string())?;
+    Ok(Checkpoint {
+        info,
+        parameters,
+        optimizer_state,
+    })
+}
+
+/// Checks that a run of `model` on `dataset` may continue from `info`: the same model and the
+/// same data set (cut the same way). The error names both sides.
+pub fn check_same_run(
+    dir: &Path,
+    info: &CheckpointInfo,
+    model: &str,
+    dataset: Option<&str>,
+) -> Result<(), String> {
+    let none = "one fixed batch (no --dataset)";
+    if info.model != model {
+        return Err(err(
+            dir,
+            format!(
+                "it was written by a run of model {:?}, but this run trains model {model:?}; resume with the same model, or start a new run without --resume",
+                info.model
+            ),
+        ));
+    }
+    if info.dataset.as_deref() != dataset {
+        return Err(err(
+            dir,
+            format!(
+                "it was written by a run on {}, but this run trains on {}; resume with the same --dataset and batch settings, or start a new run without --resume",
+                info.dataset.as_deref().unwrap_or(none),
+                dataset.unwrap_or(none)
+            ),
+        ));
+    }
+    Ok(())
+}
