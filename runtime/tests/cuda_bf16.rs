@@ -71,10 +71,10 @@ fn every_bf16_gpt2_kernel_matches_the_cpu_on_the_gpu() {
 /// losses agree within bf16 rounding (1e-2 relative: the two backends round the same values,
 /// but the GPU's exp, tanh and sums differ in f32's last bits, which moves a bf16 rounding by
 /// an ulp here and there).
-fn bf16_gpu_matches_cpu(spec: &str) {
+fn bf16_gpu_matches_cpu(spec: &str, steps: u64) {
     let mut cpu = bf16_session(spec, 5, Device::Cpu);
     let mut gpu = bf16_session(spec, 5, STRICT);
-    for step in 1..=10 {
+    for step in 1..=steps {
         let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
         let rel = (a - b).abs() / b.abs().max(1e-12);
         eprintln!("{spec} bf16 step {step}: gpu {a:.6} cpu {b:.6} rel {rel:.2e}");
@@ -87,16 +87,19 @@ fn bf16_gpu_matches_cpu(spec: &str) {
 }
 
 #[test]
-fn on_the_gpu_bf16_gpt_mini_matches_the_cpu_over_ten_steps() {
+fn on_the_gpu_bf16_gpt_mini_matches_the_cpu_over_five_steps() {
+    // Five, not ten: gpt-mini's bf16 step takes about 20 s on the GPU machine's CPU (each
+    // reduction and matmul through widened copies), and five steps showed the agreement
+    // (rel <= 6e-5) on the H100.
     if cuda::gpu_for_test("bf16 gpt-mini vs cpu") {
-        bf16_gpu_matches_cpu("gpt-mini");
+        bf16_gpu_matches_cpu("gpt-mini", 5);
     }
 }
 
 #[test]
 fn on_the_gpu_a_bf16_small_gpt_matches_the_cpu_over_ten_steps() {
     if cuda::gpu_for_test("bf16 small gpt vs cpu") {
-        bf16_gpu_matches_cpu(SMALL_GPT);
+        bf16_gpu_matches_cpu(SMALL_GPT, 10);
     }
 }
 
