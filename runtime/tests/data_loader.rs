@@ -8,33 +8,11 @@
 use ingot_compiler::ir::DType;
 use ingot_runtime::data::npy::encode;
 use ingot_runtime::data::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(p, layout, new)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        System.dealloc(p, layout)
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
+#[path = "support/counting.rs"]
+mod counting;
+use counting::ALLOCATIONS;
 
 fn slot(name: &str, dtype: DType, dims: &[usize]) -> InputSlot {
     InputSlot {

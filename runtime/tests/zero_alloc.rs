@@ -9,33 +9,11 @@ use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(p, layout, new)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        System.dealloc(p, layout)
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
+#[path = "support/counting.rs"]
+mod counting;
+use counting::ALLOCATIONS;
 
 fn allocations_per_step(spec: &str, fused: bool) -> usize {
     allocations_per_step_in(spec, fused, Precision::F32)
