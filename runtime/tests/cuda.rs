@@ -18,6 +18,9 @@ const STRICT: Device = Device::Cuda(CudaOptions {
     serial: false,
 });
 
+#[path = "support/gpu_memory.rs"]
+mod gpu_memory;
+
 #[test]
 fn without_a_gpu_the_cuda_device_is_an_error_that_says_so() {
     if cuda::available().is_ok() {
@@ -120,24 +123,7 @@ fn a_gpu_step_allocates_nothing_and_takes_exactly_its_plan() {
         return;
     }
     let mut s = Session::on(&by_name("gpt-mini").unwrap(), 1, STRICT).unwrap();
-    let c = s.cuda().unwrap();
-    let m = c.memory();
-    let planned = s.exe().plan().total_bytes;
-    // The driver hands out whole 2 MiB pages; the allocation is the plan rounded up to them.
-    let page = 2 << 20;
-    assert_eq!(m.requested, planned.max(1));
-    assert!(
-        m.allocation >= planned && m.allocation < planned + page,
-        "allocation took {} bytes for a plan of {planned}",
-        m.allocation
-    );
-    s.step().unwrap();
-    let before = s.cuda().unwrap().free_memory().unwrap();
-    for _ in 0..1000 {
-        s.step().unwrap();
-    }
-    let after = s.cuda().unwrap().free_memory().unwrap();
-    assert_eq!(before, after, "free device memory moved over 1000 steps");
+    gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 1000);
 }
 
 #[test]

@@ -53,6 +53,9 @@ fn bf16_kernels_pass(model: &str) {
     );
 }
 
+#[path = "support/gpu_memory.rs"]
+mod gpu_memory;
+
 #[test]
 fn every_bf16_gpt_mini_kernel_matches_the_cpu_on_the_gpu() {
     if cuda::gpu_for_test("bf16 gpt-mini kernels") {
@@ -129,23 +132,7 @@ fn a_bf16_gpu_step_takes_exactly_its_plan_and_frees_nothing_over_100_steps() {
         return;
     }
     let mut s = bf16_session("gpt-mini", 1, STRICT);
-    let planned = s.exe().plan().total_bytes;
-    let m = s.cuda().unwrap().memory();
-    // The driver hands out whole 2 MiB pages; the allocation is the plan rounded up to them.
-    let page = 2 << 20;
-    assert_eq!(m.requested, planned.max(1));
-    assert!(
-        m.allocation >= planned && m.allocation < planned + page,
-        "allocation took {} bytes for a plan of {planned}",
-        m.allocation
-    );
-    s.step().unwrap();
-    let before = s.cuda().unwrap().free_memory().unwrap();
-    for _ in 0..100 {
-        s.step().unwrap();
-    }
-    let after = s.cuda().unwrap().free_memory().unwrap();
-    assert_eq!(before, after, "free device memory moved over 100 steps");
+    gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 100);
 }
 
 /// Runs without a GPU too: the CPU reference the GPU sessions are held to trains.
