@@ -313,16 +313,7 @@ fn a_fused_planned_bf16_step_is_bit_identical_to_its_unfused_reference_run() {
     .unwrap();
     let plain = run_graph(&unfused.graph, &leaves).unwrap();
     let reference = run_graph(&g, &leaves).unwrap();
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            g,
-            c.plan,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(g, c.plan).unwrap();
     for (name, v) in &leaves {
         planned.write_leaf(name, v).unwrap();
     }

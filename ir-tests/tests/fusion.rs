@@ -88,16 +88,7 @@ fn a_fused_planned_step_is_bit_identical_to_its_reference_run() {
     leaves.extend(init_leaves(&g, LeafKind::State, 5));
     leaves.extend(synthetic_batch(&g, 5));
     let reference = run_graph(&g, &leaves).unwrap();
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            g,
-            c.plan,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(g, c.plan).unwrap();
     for (name, v) in &leaves {
         planned.write_leaf(name, v).unwrap();
     }

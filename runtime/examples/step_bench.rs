@@ -30,16 +30,7 @@ fn main() {
         let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
         leaves.extend(init_leaves(&g, LeafKind::State, 1));
         leaves.extend(synthetic_batch(&g, 1));
-        let mut planned = PlannedStep::new(
-            ingot_compiler::exe::Executable::from_plan(
-                "step",
-                g.clone(),
-                p,
-                ingot_compiler::lower::Target::Cpu,
-            )
-            .expect("lower"),
-        )
-        .expect("load");
+        let mut planned = PlannedStep::from_plan(g.clone(), p).expect("load");
         for (n, v) in &leaves {
             planned.write_leaf(n, v).unwrap();
         }

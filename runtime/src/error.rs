@@ -52,6 +52,10 @@ pub enum ExecError {
     /// The memory plan breaks a rule of the independent validator (which one, in the variant).
     #[error("plan: {0}")]
     Plan(#[from] ingot_compiler::plan::check::PlanViolation),
+    /// A graph and plan could not be lowered into a step executable (its plan did not validate,
+    /// or an op has no kernel on the target).
+    #[error("lowering: {0}")]
+    Lower(#[from] ingot_compiler::lower::LowerError),
     /// The GPU, its driver or a CUDA library failed, or is missing.
     #[error("CUDA: {what}: {reason}")]
     Device { what: String, reason: String },

@@ -78,16 +78,7 @@ fn training_steps_fed_by_the_loader_allocate_nothing_once_warm() {
     let c = ingot_compiler::pipeline::compile(&m, &ingot_runtime::session::Session::cpu_options())
         .unwrap();
     let g = c.graph.clone();
-    let mut step = ingot_runtime::cpu::planned::PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            c.graph,
-            c.plan,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let mut step = ingot_runtime::cpu::planned::PlannedStep::from_plan(c.graph, c.plan).unwrap();
     let mut leaves =
         ingot_runtime::init::init_leaves(&g, ingot_compiler::ir::LeafKind::Parameter, 1);
     leaves.extend(ingot_runtime::init::init_leaves(

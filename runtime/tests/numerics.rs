@@ -74,16 +74,7 @@ fn nan_weight_losses(m: &Model, name: &str) -> (f64, f64) {
     let reference = run_graph(&c.step.graph, &l).unwrap().outputs["loss"]
         .scalar_f64()
         .unwrap();
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            c.graph.clone(),
-            c.plan.clone(),
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(c.graph.clone(), c.plan.clone()).unwrap();
     let names: Vec<&str> = [LeafKind::Parameter, LeafKind::State, LeafKind::Input]
         .into_iter()
         .flat_map(|k| c.graph.leaves(k))

@@ -33,16 +33,7 @@ fn planned_matches_reference(spec: &str, steps: usize) {
     let g = step.graph;
     let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
     let total = p.total_bytes;
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            g.clone(),
-            p,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(g.clone(), p).unwrap();
     assert_eq!(
         planned.allocated_bytes(),
         total,
@@ -110,16 +101,7 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     let mut l = IndexMap::new();
     l.insert("x".to_string(), Tensor::from_f32([5000], xs));
     let want = run_graph(&g, &l).unwrap();
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            g,
-            p,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(g, p).unwrap();
     planned.write_leaf("x", &l["x"]).unwrap();
     planned.step().unwrap();
     for name in ["s", "d"] {
@@ -175,16 +157,7 @@ fn writing_a_leaf_of_the_wrong_type_names_it() {
         &ingot_compiler::lower::Target::Cpu.plan_options(),
     )
     .unwrap();
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            step.graph,
-            p,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(step.graph, p).unwrap();
     let err = planned
         .write_leaf("fc1.weight", &Tensor::from_f32([2], vec![0.0, 1.0]))
         .unwrap_err();

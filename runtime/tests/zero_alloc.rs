@@ -33,16 +33,7 @@ fn allocations_per_step_in(spec: &str, fused: bool, precision: Precision) -> usi
     let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
     leaves.extend(init_leaves(&g, LeafKind::State, 1));
     leaves.extend(synthetic_batch(&g, 1));
-    let mut planned = PlannedStep::new(
-        ingot_compiler::exe::Executable::from_plan(
-            "step",
-            g,
-            c.plan,
-            ingot_compiler::lower::Target::Cpu,
-        )
-        .expect("lower"),
-    )
-    .unwrap();
+    let mut planned = PlannedStep::from_plan(g, c.plan).unwrap();
     for (name, value) in &leaves {
         planned.write_leaf(name, value).unwrap();
     }

@@ -124,6 +124,13 @@ impl PlannedStep {
         })
     }
 
+    /// A graph planned outside the pipeline (`plan` made with the CPU target's options), made a
+    /// CPU executable by the compiler ([`Executable::from_plan`]: validated and lowered there)
+    /// and loaded.
+    pub fn from_plan(graph: Graph, plan: MemoryPlan) -> Result<PlannedStep, ExecError> {
+        PlannedStep::new(Executable::from_plan("step", graph, plan, Target::Cpu)?)
+    }
+
     /// The executable this step runs.
     pub fn executable(&self) -> &Executable {
         &self.exe
