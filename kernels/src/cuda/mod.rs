@@ -82,6 +82,7 @@
 
 mod fused;
 mod guard;
+pub mod attention;
 pub mod ops;
 
 pub use ops::{concat, gather, scatter_add};
