@@ -69,8 +69,9 @@ pub struct Options {
     pub fuse: Option<FuseOptions>,
     pub plan: PlanOptions,
     /// The arithmetic of the step: bf16 applies [`crate::precision::autocast_bf16`] to the
-    /// forward graph before autodiff.
-    pub precision: Precision,
+    /// forward graph before autodiff. `None`: the model's own ([`Model::precision`]), which is
+    /// f32 unless the model (a file's `precision` line) says otherwise.
+    pub precision: Option<Precision>,
 }
 
 impl Default for Options {
@@ -79,7 +80,7 @@ impl Default for Options {
             rewrite: Some(RewriteOptions::default()),
             fuse: Some(FuseOptions::default()),
             plan: PlanOptions::default(),
-            precision: Precision::F32,
+            precision: None,
         }
     }
 }
@@ -101,7 +102,7 @@ impl Options {
             rewrite: None,
             fuse: None,
             plan,
-            precision: Precision::F32,
+            precision: None,
         }
     }
 }
@@ -176,10 +177,15 @@ pub fn compile_observed_with(
     observer: &mut dyn FnMut(Stage),
 ) -> Result<Compiled, CompileError> {
     let mut timings = Timings::new();
+    let precision = opts.precision.unwrap_or(model.precision);
     let step = stage(Stage::Autodiff, observer, &mut timings, || {
-        training_step_with(&opts.precision.apply(&model.graph)?, &model.optimizer, step)
+        training_step_with(&precision.apply(&model.graph)?, &model.optimizer, step)
     })?;
-    compile_step_observed(&model.name, step, opts, observer, timings)
+    let opts = Options {
+        precision: Some(precision),
+        ..opts.clone()
+    };
+    compile_step_observed(&model.name, step, &opts, observer, timings)
 }
 
 /// Rewrites, fuses and plans a training step.
@@ -219,7 +225,8 @@ fn compile_step_observed(
             phase::of_graph(&graph, graph.outputs.get(LOSS).copied())
         };
         let mut report = Report::new(name, &graph, &plan, Some(&phases));
-        report.precision = opts.precision;
+        // A step built outside (`compile_step`) is labelled with the precision it was built in.
+        report.precision = opts.precision.unwrap_or_default();
         report
     });
     Ok(Compiled {

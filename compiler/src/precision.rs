@@ -29,37 +29,10 @@
 use crate::error::IrError;
 use crate::ir::{DType, Graph, NodeId, Op, TensorType};
 use ingot_kernels::dtype::bf16;
-use serde::{Deserialize, Serialize};
 
-/// The arithmetic a compiled step uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// f32 everywhere: the reference.
-    #[default]
-    F32,
-    /// f32 storage; the GPU's matrix products use TF32 tensor cores (a runtime choice: the
-    /// graph is the f32 one).
-    Tf32,
-    /// bf16 mixed precision ([`autocast_bf16`]).
-    Bf16,
-}
+pub use crate::models::Precision;
 
 impl Precision {
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Tf32 => "tf32",
-            Precision::Bf16 => "bf16",
-        }
-    }
-
-    pub fn from_name(s: &str) -> Option<Precision> {
-        [Precision::F32, Precision::Tf32, Precision::Bf16]
-            .into_iter()
-            .find(|p| p.name() == s)
-    }
-
     /// The forward graph this precision trains: `g` itself for f32 and tf32, the autocast
     /// graph for bf16.
     pub fn apply(self, g: &Graph) -> Result<Graph, IrError> {
@@ -67,12 +40,6 @@ impl Precision {
             Precision::F32 | Precision::Tf32 => Ok(g.clone()),
             Precision::Bf16 => autocast_bf16(g),
         }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 

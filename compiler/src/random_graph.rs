@@ -48,6 +48,7 @@ pub fn model(seed: u64) -> Result<Model> {
         name: format!("random:{seed}"),
         graph: g,
         optimizer,
+        precision: Default::default(),
     })
 }
 

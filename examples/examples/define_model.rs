@@ -11,7 +11,7 @@
 
 use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::{DType, Graph};
-use ingot_compiler::models::Model;
+use ingot_compiler::models::{Model, Precision};
 use ingot_compiler::pipeline;
 use ingot_compiler::trace::nn;
 use ingot_runtime::session::Device;
@@ -34,6 +34,7 @@ pub fn my_classifier() -> ingot_compiler::Result<Model> {
         name: "my-classifier".into(),
         graph: g,
         optimizer: Optimizer::Sgd { lr: 0.1 },
+        precision: Precision::F32,
     })
 }
 

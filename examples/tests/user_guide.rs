@@ -2,7 +2,7 @@
 
 use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::text;
-use ingot_compiler::models::Model;
+use ingot_compiler::models::{Model, Precision};
 use ingot_compiler::pipeline;
 use ingot_compiler::snapshot::plan_snapshot;
 use ingot_runtime::session::{Device, Session};
@@ -44,6 +44,7 @@ fn a_model_in_ir_text_plans() {
         name: "tiny-mlp".into(),
         graph,
         optimizer: Optimizer::Sgd { lr: 0.1 },
+        precision: Precision::F32,
     };
     let snap = plan_snapshot(&model, &Device::Cpu.options()).unwrap();
     assert!(snap.total_bytes > 0);

@@ -198,7 +198,7 @@ const SMALL_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,
 
 fn bf16_options(base: Options) -> Options {
     Options {
-        precision: Precision::Bf16,
+        precision: Some(Precision::Bf16),
         ..base
     }
 }
@@ -326,4 +326,62 @@ fn a_fused_planned_bf16_step_is_bit_identical_to_its_unfused_reference_run() {
         assert_eq!(&planned.read_leaf(name).unwrap(), v, "updated {name}");
         assert_eq!(&plain.updates[name], v, "fused and unfused update {name}");
     }
+}
+
+/// docs/examples/tiny-mlp.ir with `line` inserted after its header (line 11), as line 12.
+fn tiny_mlp_with(line: &str) -> String {
+    let text = include_str!("../../docs/examples/tiny-mlp.ir");
+    text.replacen("ingot-ir 1\n", &format!("ingot-ir 1\n{line}\n"), 1)
+}
+
+#[test]
+fn a_model_files_precision_line_compiles_its_step_in_that_precision_unless_overridden() {
+    let m = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision bf16")).unwrap();
+    assert_eq!(m.precision, Precision::Bf16);
+    let cpu = Options::for_target(ingot_compiler::lower::Target::Cpu);
+    let c = pipeline::compile(&m, &cpu).unwrap();
+    assert_eq!(c.report.precision, Precision::Bf16);
+    let bf16_nodes = c.step.graph.ids().filter(|&id| c.step.graph.ty(id).dtype == DType::BF16);
+    assert!(bf16_nodes.count() > 0, "the autocast policy ran");
+    // The command line (here the options) wins over the file.
+    let f32 = Options {
+        precision: Some(Precision::F32),
+        ..cpu
+    };
+    let c = pipeline::compile(&m, &f32).unwrap();
+    assert_eq!(c.report.precision, Precision::F32);
+    assert!(c.step.graph.ids().all(|id| c.step.graph.ty(id).dtype != DType::BF16));
+    // Without the line, a file trains in f32.
+    let plain = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("")).unwrap();
+    assert_eq!(plain.precision, Precision::F32);
+}
+
+#[test]
+fn a_bad_or_second_precision_line_is_an_error_naming_its_line() {
+    let e = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision fp8"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 12:") && e.contains("fp8") && e.contains("tiny.ir"), "{e}");
+    let two = tiny_mlp_with("precision bf16\nprecision f32");
+    let e = models::Model::from_ir_text("tiny.ir", &two).unwrap_err().to_string();
+    assert!(e.contains("line 13:") && e.contains("second precision line (the first is line 12)"), "{e}");
+}
+
+#[test]
+fn a_bf16_op_with_an_f32_operand_and_no_cast_is_a_type_error_naming_the_line() {
+    let text = "ingot-ir 1\nprecision bf16\n\
+                %0 = parameter \"w\" init=zeros : bf16[4]\n\
+                %1 = input \"x\" : f32[4]\n\
+                %2 = mul(%0, %1) : bf16[4]\n";
+    let e = models::Model::from_ir_text("mixed.ir", text).unwrap_err().to_string();
+    assert!(e.contains("line 5") && e.contains("bf16[4], f32[4]"), "{e}");
+}
+
+#[test]
+fn a_file_asking_for_tf32_is_refused_when_lowered_for_the_cpu() {
+    let m = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision tf32")).unwrap();
+    let target = ingot_compiler::lower::Target::Cpu;
+    let c = pipeline::compile(&m, &Options::for_target(target)).unwrap();
+    let e = c.executable(target).unwrap_err().to_string();
+    assert!(e.contains("tf32") && e.contains("cpu"), "{e}");
 }

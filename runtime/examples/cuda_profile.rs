@@ -38,7 +38,7 @@ fn main() {
     };
     let mut opts = device(false).options();
     if tf32 {
-        opts.precision = ingot_compiler::precision::Precision::Tf32;
+        opts.precision = Some(ingot_compiler::precision::Precision::Tf32);
     }
     // Graph replays, dependency graph and serial chain in alternating rounds of 5 (one session
     // at a time, so that the largest models fit): the medians of 3 rounds' medians.

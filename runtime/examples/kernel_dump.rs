@@ -32,7 +32,7 @@ fn main() {
     let mut opts = ingot_runtime::session::Device::Cuda(Default::default()).options();
     let model = match model.strip_suffix(":bf16") {
         Some(m) => {
-            opts.precision = ingot_compiler::precision::Precision::Bf16;
+            opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
             m
         }
         None => model.as_str(),

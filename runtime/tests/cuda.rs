@@ -133,7 +133,7 @@ fn tf32_matmuls_stay_close_to_strict_f32() {
     }
     let m = by_name("mlp").unwrap();
     let mut opts = STRICT.options();
-    opts.precision = ingot_compiler::precision::Precision::Tf32;
+    opts.precision = Some(ingot_compiler::precision::Precision::Tf32);
     let mut a = Session::on_with(&m, 2, &opts, STRICT).unwrap();
     let mut b = Session::on(&m, 2, STRICT).unwrap();
     let (x, y) = (a.step().unwrap().loss, b.step().unwrap().loss);

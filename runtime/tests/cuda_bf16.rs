@@ -29,7 +29,7 @@ const SMALL_GPT: &str = "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=
 fn bf16_session(spec: &str, seed: u64, device: Device) -> Session {
     let m = by_name(spec).unwrap();
     let opts = Options {
-        precision: Precision::Bf16,
+        precision: Some(Precision::Bf16),
         ..Options::for_target(device.target())
     };
     let exe = pipeline::compile(&m, &opts)
@@ -151,7 +151,7 @@ fn the_bf16_cpu_reference_session_trains_to_finite_losses() {
 fn the_bf16_gpt_mini_step_lowers_for_cuda_with_bf16_gemms() {
     let m = by_name("gpt-mini").unwrap();
     let opts = Options {
-        precision: Precision::Bf16,
+        precision: Some(Precision::Bf16),
         ..Options::for_target(Target::Cuda)
     };
     let c = pipeline::compile(&m, &opts).unwrap();

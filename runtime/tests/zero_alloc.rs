@@ -27,7 +27,7 @@ fn allocations_per_step_in(spec: &str, fused: bool, precision: Precision) -> usi
     } else {
         ingot_compiler::pipeline::Options::unoptimized(cpu)
     };
-    opts.precision = precision;
+    opts.precision = Some(precision);
     let c = ingot_compiler::pipeline::compile(&m, &opts).unwrap();
     let g = c.graph;
     let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);

@@ -853,7 +853,7 @@ mod tests {
         )
         .unwrap();
         let opts = pipeline::Options {
-            precision: Precision::Bf16,
+            precision: Some(Precision::Bf16),
             ..cuda()
         };
         let c = pipeline::compile(&m, &opts).unwrap();

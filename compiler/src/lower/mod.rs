@@ -113,6 +113,9 @@ pub fn lower(
     target: Target,
     precision: Precision,
 ) -> Result<Program, LowerError> {
+    if precision == Precision::Tf32 && target == Target::Cpu {
+        return Err(LowerError::Precision { precision, target });
+    }
     plan.validate(g)?;
     check_workspaces(g, plan, target)?;
     Ok(match target {
@@ -160,6 +163,10 @@ pub enum LowerError {
     /// disagree, an address outside the allocation.
     #[error("{op}: {reason}")]
     Invalid { op: &'static str, reason: String },
+    /// The target has no arithmetic of this precision (TF32 is a mode of the GPU's tensor
+    /// cores).
+    #[error("{precision} applies to matrix products on the GPU; the {target} target has no {precision} arithmetic: compile for cuda, or in f32 or bf16")]
+    Precision { precision: Precision, target: Target },
     /// An error lowering one node.
     #[error("node %{node} ({op}): {source}")]
     AtNode {

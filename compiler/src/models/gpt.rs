@@ -2,7 +2,7 @@
 //! embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a final LayerNorm and
 //! an untied head without bias; mean cross-entropy over every batch × sequence position; AdamW.
 
-use super::Optimizer;
+use super::{Optimizer, Precision};
 use super::{check_float, check_size, model_err, Model, ID_DTYPE};
 use crate::error::Result;
 use crate::ir::{DType, Graph, Init};
@@ -206,5 +206,6 @@ pub fn gpt(cfg: &GptConfig, dtype: DType) -> Result<Model> {
         name,
         graph: g,
         optimizer: Optimizer::adamw(3e-4, 0.01),
+        precision: Precision::F32,
     })
 }

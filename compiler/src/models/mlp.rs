@@ -1,7 +1,7 @@
 //! `mlp`: Linear(784→1024) → ReLU → Linear(1024→1024) → ReLU → Linear(1024→10), mean softmax
 //! cross-entropy, SGD lr 0.1 without momentum. 1,863,690 parameters.
 
-use super::Optimizer;
+use super::{Optimizer, Precision};
 use super::{check_float, check_size, model_err, Model, ID_DTYPE};
 use crate::error::Result;
 use crate::ir::DType;
@@ -48,5 +48,6 @@ pub fn mlp_with(batch: usize, dtype: DType) -> Result<Model> {
         name,
         graph: g,
         optimizer: Optimizer::Sgd { lr: 0.1 },
+        precision: Precision::F32,
     })
 }

@@ -15,11 +15,13 @@
 mod gpt;
 mod mlp;
 mod optimizer;
+mod precision;
 mod spec;
 
 pub use gpt::{gpt, GptConfig, LN_EPS};
 pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
 pub use optimizer::{parse_betas as optimizer_betas, Optimizer, OptimizerKind, OptimizerSettings};
+pub use precision::Precision;
 pub use spec::{by_name, by_name_with, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};
@@ -36,6 +38,9 @@ pub struct Model {
     /// Forward graph: inputs `x` and `y`, output `loss`.
     pub graph: Graph,
     pub optimizer: Optimizer,
+    /// The precision the model asks to train in (a model file's `precision` line; f32 for the
+    /// built-in models). The command line's `--precision` overrides it.
+    pub precision: Precision,
 }
 
 impl Model {
@@ -52,13 +57,43 @@ impl Model {
     ///
     /// One line `optimizer NAME key=value ...` (e.g. `optimizer adamw lr=3e-4 betas=0.9,0.95
     /// weight_decay=0.1`; see [`OptimizerSettings::parse`]) anywhere in the file chooses the
-    /// optimizer instead; the IR parser sees it as a blank line, so line numbers stay.
+    /// optimizer instead, and one line `precision f32|tf32|bf16` the precision
+    /// ([`Model::precision`]); the IR parser sees both as blank lines, so line numbers stay.
+    /// The precision line changes no dtype written in the file: under `bf16` the autocast
+    /// policy inserts the casts, and an op whose operands the file itself gives two float
+    /// dtypes is a type error naming its line, as always.
     pub fn from_ir_text(name: &str, text: &str) -> Result<Model> {
         let mut optimizer = Model::FILE_OPTIMIZER;
+        let mut precision = Precision::default();
         let mut seen = None;
+        let mut seen_precision: Option<usize> = None;
         let mut body = String::with_capacity(text.len());
         for (i, line) in text.lines().enumerate() {
             let code = line.split('#').next().unwrap_or("").trim();
+            if let Some(rest) = code
+                .strip_prefix("precision")
+                .filter(|r| r.is_empty() || r.starts_with(char::is_whitespace))
+            {
+                let at = format!("line {}", i + 1);
+                if let Some(first) = seen_precision {
+                    return Err(model_err(
+                        name,
+                        format!("{at}: a second precision line (the first is line {first})"),
+                    ));
+                }
+                seen_precision = Some(i + 1);
+                precision = Precision::from_name(rest.trim()).ok_or_else(|| {
+                    model_err(
+                        name,
+                        format!(
+                            "{at}: precision {:?} is not one of f32, tf32, bf16",
+                            rest.trim()
+                        ),
+                    )
+                })?;
+                body.push('\n');
+                continue;
+            }
             if let Some(rest) = code
                 .strip_prefix("optimizer")
                 .filter(|r| r.is_empty() || r.starts_with(char::is_whitespace))
@@ -117,6 +152,7 @@ impl Model {
             name: name.to_string(),
             graph,
             optimizer,
+            precision,
         })
     }
 }

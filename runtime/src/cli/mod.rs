@@ -79,14 +79,16 @@ impl PrecisionArgs {
         })
     }
 
-    /// The precision to compile in (f32 unless given), refused where it means nothing: TF32 is
-    /// a mode of the GPU's tensor cores, so `tf32` on the CPU is an error.
+    /// The precision to compile in: what was given, else `None` (the model's own: f32, or a
+    /// model file's `precision` line). Refused where it means nothing: TF32 is a mode of the
+    /// GPU's tensor cores, so `tf32` on the CPU is an error (a file's `tf32` on the CPU is
+    /// refused when the step is lowered).
     pub fn for_device(
         &self,
         device: train::Device,
-    ) -> Result<ingot_compiler::precision::Precision, Failure> {
-        let p = self.given().unwrap_or_default();
-        if p == ingot_compiler::precision::Precision::Tf32 && device == train::Device::Cpu {
+    ) -> Result<Option<ingot_compiler::precision::Precision>, Failure> {
+        let p = self.given();
+        if p == Some(ingot_compiler::precision::Precision::Tf32) && device == train::Device::Cpu {
             return Err(Failure::new(
                 2,
                 "tf32 applies to matmuls on the GPU; add --device cuda, or use --precision f32 or bf16",

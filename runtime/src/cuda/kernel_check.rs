@@ -1160,8 +1160,8 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
         Source::Models(models) | Source::Bf16Models(models) => {
             let opts = ingot_compiler::pipeline::Options {
                 precision: match source {
-                    Source::Bf16Models(_) => ingot_compiler::precision::Precision::Bf16,
-                    _ => ingot_compiler::precision::Precision::F32,
+                    Source::Bf16Models(_) => Some(ingot_compiler::precision::Precision::Bf16),
+                    _ => Some(ingot_compiler::precision::Precision::F32),
                 },
                 ..Default::default()
             };
