@@ -4,7 +4,7 @@
 //! (the dependency graph) and as a serial chain, alternately, to measure what overlapping
 //! independent operations gains.
 //!
-//!     cuda_profile MODEL [--tf32] [--top N]
+//!     cuda_profile MODEL [--tf32 | --precision f32|tf32|bf16] [--top N]
 //!
 //! Needs a GPU; without one it says so and exits 0.
 
@@ -39,6 +39,16 @@ fn main() {
     let mut opts = device(false).options();
     if tf32 {
         opts.precision = Some(ingot_compiler::precision::Precision::Tf32);
+    }
+    if let Some(p) = args
+        .iter()
+        .position(|a| a == "--precision")
+        .and_then(|i| args.get(i + 1))
+    {
+        opts.precision = Some(
+            ingot_compiler::precision::Precision::from_name(p)
+                .expect("--precision f32, tf32 or bf16"),
+        );
     }
     // Graph replays, dependency graph and serial chain in alternating rounds of 5 (one session
     // at a time, so that the largest models fit): the medians of 3 rounds' medians.

@@ -68,6 +68,15 @@ pub enum Map {
     /// Only the value's row-major linear index is affine (after a reshape that splits an
     /// axis): enough to load a contiguous buffer, not to take further views.
     Linear(Affine),
+    /// After a reshape that splits some axes: the row-major linear index is affine, and so is
+    /// the coordinate of every axis that was not split (`None`: a split axis, whose coordinate
+    /// is a division and a remainder). Enough to load a contiguous buffer, and to see through a
+    /// broadcast that pins every split axis (a LayerNorm gain `[d]` broadcast to `[b, t, d]`
+    /// and read as `[b·t, d]` by the linear layer after it), which then needs no buffer.
+    Split {
+        linear: Affine,
+        coords: SmallVec<[Option<Affine>; 4]>,
+    },
 }
 
 fn row_major(dims: &[usize]) -> SmallVec<[usize; 4]> {
@@ -94,7 +103,7 @@ impl Map {
     /// The row-major linear index of the value's element, as an affine function.
     pub fn linear(&self, dims: &[usize]) -> Affine {
         match self {
-            Map::Linear(l) => l.clone(),
+            Map::Linear(l) | Map::Split { linear: l, .. } => l.clone(),
             Map::Coords(c) => {
                 let rm = row_major(dims);
                 c.iter()
@@ -120,22 +129,23 @@ impl Map {
 
     /// The map of a broadcast's operand (shaped `src`, right-aligned to `dst`).
     pub fn through_broadcast(&self, src: &[usize], dst: &[usize]) -> Option<Map> {
-        let Map::Coords(c) = self else {
-            return (src == dst).then(|| self.clone());
+        let c: SmallVec<[Option<Affine>; 4]> = match self {
+            Map::Coords(c) => c.iter().cloned().map(Some).collect(),
+            Map::Split { coords, .. } if src != dst => coords.clone(),
+            _ => return (src == dst).then(|| self.clone()),
         };
         let lead = dst.len() - src.len();
-        Some(Map::Coords(
-            src.iter()
-                .enumerate()
-                .map(|(a, &d)| {
-                    if d == 1 && dst[a + lead] != 1 {
-                        Affine::constant(0)
-                    } else {
-                        c[a + lead].clone()
-                    }
-                })
-                .collect(),
-        ))
+        src.iter()
+            .enumerate()
+            .map(|(a, &d)| {
+                if d == 1 && dst[a + lead] != 1 {
+                    Some(Affine::constant(0))
+                } else {
+                    c[a + lead].clone()
+                }
+            })
+            .collect::<Option<_>>()
+            .map(Map::Coords)
     }
 
     /// The map of a transpose's operand: output axis `i` is operand axis `perm[i]`.
@@ -157,18 +167,21 @@ impl Map {
     }
 
     /// The map of a reshape's operand (shaped `src`; the reshape gives `dst`). Axes that the
-    /// reshape only merges keep affine coordinates; a split falls back to the linear index.
+    /// reshape only merges keep affine coordinates; axes it splits lose theirs
+    /// ([`Map::Split`]); where the shapes do not pair up at all, only the linear index stays.
     pub fn through_reshape(&self, src: &[usize], dst: &[usize]) -> Map {
         if src == dst {
             return self.clone();
         }
-        let Map::Coords(c) = self else {
-            return self.clone();
+        let c = match self {
+            Map::Coords(c) => c,
+            // A reshape keeps the row-major order, so the linear index passes through.
+            Map::Linear(l) | Map::Split { linear: l, .. } => return Map::Linear(l.clone()),
         };
         // Walk both shapes, pairing groups of axes with equal products (size-1 axes join
         // whichever group is open). A group with one source axis and any number of
         // destination axes is a merge: the source coordinate is affine in the destination's.
-        let mut out: SmallVec<[Affine; 4]> = SmallVec::new();
+        let mut out: SmallVec<[Option<Affine>; 4]> = SmallVec::new();
         let (mut i, mut j) = (0, 0);
         while i < src.len() || j < dst.len() {
             let (si, dj) = (i, j);
@@ -196,7 +209,11 @@ impl Map {
             let dst_axes = dj..j;
             let real_src: Vec<usize> = src_axes.clone().filter(|&a| src[a] != 1).collect();
             if real_src.len() > 1 {
-                return Map::Linear(self.linear(dst));
+                // A split: each real source axis's coordinate is a division and a remainder.
+                out.extend(
+                    src_axes.map(|a| (src[a] == 1).then(|| Affine::constant(0))),
+                );
+                continue;
             }
             let rm = row_major(&dst[dst_axes.clone()]);
             let merged = dst_axes
@@ -206,20 +223,27 @@ impl Map {
                     acc.plus(&c[b].scaled(s))
                 });
             for a in src_axes {
-                out.push(if src[a] == 1 {
+                out.push(Some(if src[a] == 1 {
                     Affine::constant(0)
                 } else {
                     merged.clone()
-                });
+                }));
             }
         }
-        Map::Coords(out)
+        match out.iter().cloned().collect::<Option<SmallVec<[Affine; 4]>>>() {
+            Some(c) => Map::Coords(c),
+            None => Map::Split {
+                linear: self.linear(dst),
+                coords: out,
+            },
+        }
     }
 
     /// The coordinate along `axis`, if the map has coordinates.
     pub fn coord(&self, axis: usize) -> Option<&Affine> {
         match self {
             Map::Coords(c) => c.get(axis),
+            Map::Split { coords, .. } => coords.get(axis).and_then(Option::as_ref),
             Map::Linear(_) => None,
         }
     }
@@ -369,13 +393,28 @@ mod tests {
         // [2, 3, 4] viewed as [6, 4]: operand coordinates from [6, 4] need a split -> linear.
         let m = Map::identity(2);
         let split = m.through_reshape(&[2, 3, 4], &[6, 4]);
-        assert!(matches!(split, Map::Linear(_)));
+        assert!(matches!(split, Map::Split { .. }));
+        assert_eq!(split.coord(2), Some(&Affine::axis(1)), "the unsplit axis keeps its coordinate");
+        assert_eq!(split.coord(0), None);
         assert_eq!(split.access(&[2, 3, 4], 2).strides, vec![4, 1]);
         // [6, 4] viewed as [2, 3, 4]: the operand's axis 0 is 3·i0 + i1.
         let m = Map::identity(3);
         let merge = m.through_reshape(&[6, 4], &[2, 3, 4]);
         assert_eq!(merge.access(&[6, 4], 3).strides, vec![12, 4, 1]);
         assert!(matches!(merge, Map::Coords(_)));
+    }
+
+    #[test]
+    fn a_broadcast_that_pins_every_split_axis_is_read_with_zero_strides() {
+        // A gain [4] broadcast to [2, 3, 4] and read as [6, 4]: the split axes are pinned.
+        let m = Map::identity(2).through_reshape(&[2, 3, 4], &[6, 4]);
+        let b = m.through_broadcast(&[4], &[2, 3, 4]).unwrap();
+        assert_eq!(b.access(&[4], 2).strides, vec![0, 1]);
+        // A [2, 1, 4] operand keeps the split axis 0: no affine access exists.
+        assert_eq!(m.through_broadcast(&[2, 1, 4], &[2, 3, 4]), None);
+        // Neither a transpose nor a slice sees through a split.
+        assert_eq!(m.through_transpose(&[1, 0, 2]), None);
+        assert_eq!(m.through_slice(2, 1), None);
     }
 
     #[test]

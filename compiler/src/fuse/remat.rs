@@ -30,6 +30,10 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         }
         p
     };
+    // The stored values the backward pass reads: directly, or through values fusion will
+    // recompute there from them (an unstored softmax output its backward reads keeps the
+    // scores it is computed from).
+    let late_read = read_late(g, &mat, loss);
     // Each candidate's expression: the nodes a copy must recompute.
     let mut cloned_for: Vec<bool> = vec![false; g.len()];
     let mut in_copy: Vec<bool> = vec![false; g.len()];
@@ -47,9 +51,7 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         if early.is_empty() || late.is_empty() {
             continue;
         }
-        if let Some(expr) = expression(g, &mat, v, 2 * recompute_ops, |y| {
-            users[y.index()].iter().any(|u| *u > loss)
-        }) {
+        if let Some(expr) = expression(g, &mat, v, 2 * recompute_ops, |y| late_read[y.index()]) {
             cloned_for[i] = true;
             for x in expr {
                 in_copy[x.index()] = true;
@@ -86,6 +88,31 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         )?;
     }
     Ok((out, count))
+}
+
+/// For each node, whether the backward pass (the nodes after `loss`) reads it: directly, or
+/// through unstored forward values (`mat` false), which fusion computes where they are read.
+fn read_late(g: &Graph, mat: &[bool], loss: NodeId) -> Vec<bool> {
+    let mut late = vec![false; g.len()];
+    let mut stack: Vec<NodeId> = Vec::new();
+    for id in g.ids().skip(loss.index() + 1) {
+        for &x in &g.node(id).inputs {
+            if x <= loss && !std::mem::replace(&mut late[x.index()], true) {
+                stack.push(x);
+            }
+        }
+    }
+    while let Some(x) = stack.pop() {
+        if mat[x.index()] || kind(g.node(x)) == Kind::Leaf {
+            continue;
+        }
+        for &y in &g.node(x).inputs {
+            if !std::mem::replace(&mut late[y.index()], true) {
+                stack.push(y);
+            }
+        }
+    }
+    late
 }
 
 /// The nodes `v`'s copy recomputes (itself and the unstored values below it), if there are at
