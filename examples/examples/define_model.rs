@@ -34,7 +34,7 @@ pub fn my_classifier() -> ingot_compiler::Result<Model> {
         name: "my-classifier".into(),
         graph: g,
         optimizer: Optimizer::Sgd { lr: 0.1 },
-        precision: Precision::F32,
+        precision: Precision::F32, // or Bf16: PyTorch's bf16 autocast policy
     })
 }
 

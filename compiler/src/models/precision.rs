@@ -1,6 +1,6 @@
 //! The precision a model trains in: a choice made with the model (its file's `precision`
 //! line, or the command line), like its optimizer. What each precision does to the step is
-//! the precision stage's business ([`crate::precision`]).
+//! the precision stage's business (the `precision` module).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +14,7 @@ pub enum Precision {
     /// f32 storage; the GPU's matrix products use TF32 tensor cores (a runtime choice: the
     /// graph is the f32 one).
     Tf32,
-    /// bf16 mixed precision ([`crate::precision::autocast_bf16`]).
+    /// bf16 mixed precision (the `precision` module's `autocast_bf16`).
     Bf16,
 }
 
