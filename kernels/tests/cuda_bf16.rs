@@ -416,8 +416,9 @@ fn a_bf16_column_sum_and_a_bf16_transpose_keep_float_registers() {
 }
 
 #[test]
-fn a_large_bf16_elementwise_kernel_goes_one_element_a_thread() {
-    // f32 kernels of this size read and write four elements a thread; bf16 ones do not (yet).
+fn a_large_bf16_elementwise_kernel_goes_four_elements_a_thread_through_8_byte_vectors() {
+    // As f32 kernels of this size do: one ushort4 load and store a thread, each lane widened,
+    // computed and rounded as in the plain loop, then narrowed.
     let n = 1 << 22;
     let k = kernel(
         &[n],
@@ -435,10 +436,21 @@ fn a_large_bf16_elementwise_kernel_goes_one_element_a_thread() {
     );
     let s = cuda::fused(&k).unwrap().source;
     assert!(
-        !s.contains("4u *") && !s.contains("reinterpret_cast"),
+        s.contains("const ushort4 l0 = reinterpret_cast<const ushort4*>(in0)["),
         "{s}"
     );
-    assert_eq!(def(&s, 1), "const float v1 = ig_round(v0 + v0);");
+    for lane in ["x", "y", "z", "w"] {
+        assert!(s.contains(&format!("= ig_widen(l0.{lane});")), "{s}");
+        assert!(s.contains(&format!("r0.{lane} = ig_narrow(v1);")), "{s}");
+    }
+    assert!(s.contains("ig_round(v0 + v0)"), "{s}");
+    assert!(s.contains("reinterpret_cast<ushort4*>(out0)["), "{s}");
+    // A bf16 load that is not aligned to four elements keeps the plain loop.
+    let mut odd = k.clone();
+    odd.inputs[0].access.offset = 2;
+    odd.inputs[0].len = n + 2;
+    let s = cuda::fused(&odd).unwrap().source;
+    assert!(!s.contains("ushort4"), "{s}");
 }
 
 #[test]

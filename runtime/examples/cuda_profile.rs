@@ -130,7 +130,7 @@ fn main() {
     println!(
         "{model} ({}): graph replay {:.3} ms as a dependency graph ({} edges), {:.3} ms as a \
          serial chain ({:.3}x); op by op {:.3} ms over {} ops",
-        if tf32 { "tf32" } else { "strict f32" },
+        opts.precision.unwrap_or_default(),
         graph_ms[0],
         edges,
         graph_ms[1],

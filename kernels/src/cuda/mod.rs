@@ -26,9 +26,9 @@
 //! accumulates in f32 and rounds once when its threads have combined, and a store narrows
 //! (`ig_narrow`, exact). The helpers are [`PRELUDE_BF16`], which a module gets only when one of
 //! its kernels uses them ([`prelude_for`]). Gather and concat move the 16 bits; scatter-add
-//! sums bf16 rows in f32 in position order and rounds each sum once. Elementwise kernels with a
-//! bf16 output, or a bf16 input read along the innermost axis, go one element a thread (no
-//! 4-element vectors yet).
+//! sums bf16 rows in f32 in position order and rounds each sum once. Elementwise kernels read
+//! and write bf16 four elements at a time as `ushort4` (8 bytes) under the same rules as the
+//! 16-byte vectors of the other types (below), each lane widened on load and narrowed on store.
 //!
 //! # How a fused kernel is laid out ([`Strategy`])
 //! - **Elementwise** (no reduce axes, or every reduce axis of size 1, where a reduction is a
@@ -36,7 +36,7 @@
 //!   `min(ceil(numel / 256), 132 * 32)`. The linear index is split into domain indices only where
 //!   a load (or an index instruction) needs them; a load whose access is the contiguous map of
 //!   the domain (up to a scale) reads at the linear index itself. When the innermost axis of
-//!   size > 1 is a multiple of 4 long, every output is f32, i32 or bool, and every load is
+//!   size > 1 is a multiple of 4 long, every output is f32, i32, bool or bf16, and every load is
 //!   either contiguous along it (of those types, at an offset and outer strides that are
 //!   multiples of 4 elements, so 16-byte aligned) or broadcast along it, each thread takes four
 //!   consecutive elements instead: vector loads (`float4`, `int4`, `uchar4`) and vector stores,

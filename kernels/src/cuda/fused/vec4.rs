@@ -1,5 +1,5 @@
-//! The elementwise strategy four elements a thread: 16-byte vector loads and stores where
-//! every access allows them (see [`Analysis::vec4_inputs`]). Separate from the plain loop
+//! The elementwise strategy four elements a thread: 16-byte vector loads and stores (8-byte
+//! ones for bf16) where every access allows them (see [`Analysis::vec4_inputs`]). Separate from the plain loop
 //! because its addresses count in vectors and its body is written once per lane.
 
 use super::space::{join, Space};
@@ -16,13 +16,15 @@ use crate::DType;
 /// tiny kernels (fewer, longer threads where there is less to hide latency with).
 pub(super) const VEC4_MIN_NUMEL: usize = 1 << 22;
 
-/// The CUDA vector type of four elements of `d`, where 16- or 4-byte vectors exist.
+/// The CUDA vector type of four elements of `d` in memory, where 16-, 8- or 4-byte vectors
+/// exist (bf16's four are an `ushort4`: each lane widens on load and narrows on store).
 pub(super) fn vec4_type(d: DType) -> Option<&'static str> {
     match d {
         DType::F32 => Some("float4"),
         DType::I32 => Some("int4"),
         DType::Bool => Some("uchar4"),
-        DType::F64 | DType::I64 | DType::BF16 => None,
+        DType::BF16 => Some("ushort4"),
+        DType::F64 | DType::I64 => None,
     }
 }
 
@@ -35,8 +37,8 @@ impl Analysis<'_> {
     /// is one if it is contiguous along `l` (stride 1) and its element address at `4e` is a
     /// multiple of 4 (its offset and other strides are: buffers are 256-byte aligned, so the
     /// vector is aligned too), or one element if it is broadcast along `l` (stride 0). Vectors
-    /// are of f32, i32 or bool (float4, int4, uchar4); a load of another type must be
-    /// broadcast along `l`.
+    /// are of f32, i32, bool or bf16 (float4, int4, uchar4, ushort4; bf16's are 8 bytes, aligned
+    /// by the same rule); a load of another type must be broadcast along `l`.
     pub(super) fn vec4_inputs(&self, used: &[bool]) -> Option<(usize, Vec<bool>)> {
         let k = self.k;
         let dims = &k.domain;
@@ -170,9 +172,10 @@ impl Analysis<'_> {
         for i in (0..k.body.len()).filter(|&i| self.live[i]) {
             let ty = reg_type(self.dt[i]);
             match k.body[i] {
-                Inst::Load { input } if vector[input] => {
-                    src.line(format!("const {ty} v{i} = l{input}.{lane};"))
-                }
+                Inst::Load { input } if vector[input] => src.line(format!(
+                    "const {ty} v{i} = {};",
+                    crate::cuda::widened(k.inputs[input].dtype, format!("l{input}.{lane}"))
+                )),
                 _ => {
                     let e = self.expr(i, addr, &axis)?;
                     src.line(format!("const {ty} v{i} = {e};"));
@@ -180,7 +183,8 @@ impl Analysis<'_> {
             }
         }
         for (j, o) in k.outputs.iter().enumerate() {
-            src.line(format!("r{j}.{lane} = v{};", o.value));
+            let v = crate::cuda::narrowed(k.output_dtype(j), format!("v{}", o.value));
+            src.line(format!("r{j}.{lane} = {v};"));
         }
         src.close();
         Ok(())
