@@ -1,0 +1,98 @@
+//! Tile sizes: how many rows a block owns and how many rows of the other operand it streams
+//! through shared memory per step, chosen per kernel, precision and head dim so that the
+//! block's shared memory stays within the 48 KiB a block may declare statically.
+
+use super::AttentionPrecision;
+
+/// Which kernel a tiling is for (the three that hold tiles in shared memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileKernel {
+    /// Owns query rows; streams key and value tiles.
+    Forward,
+    /// Owns key rows (their dk, dv); streams query, dout, lse and delta tiles.
+    Dkdv,
+    /// Owns query rows (their dq); streams key and value tiles.
+    Dq,
+}
+
+/// One kernel's tiling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    /// Warps a block; each owns 16 of the block's rows.
+    pub warps: usize,
+    /// Rows the block owns: `16 · warps`.
+    pub rows: usize,
+    /// Rows of the streamed operand a step (a multiple of 16: the bf16 products' k).
+    pub inner: usize,
+    /// Bytes of static shared memory the kernel declares.
+    pub shared_bytes: usize,
+}
+
+/// The most static shared memory a block may declare.
+pub const SHARED_LIMIT: usize = 48 * 1024;
+
+/// Elements of padding at the end of each shared row: 16 bytes, so that the eight rows a
+/// fragment load touches start in different banks (and rows stay 16-byte aligned).
+pub(crate) fn pad(p: AttentionPrecision) -> usize {
+    match p {
+        AttentionPrecision::Bf16 => 8,
+        AttentionPrecision::F32 | AttentionPrecision::Tf32 => 4,
+    }
+}
+
+/// Bytes of one stored element.
+pub(crate) fn element_bytes(p: AttentionPrecision) -> usize {
+    match p {
+        AttentionPrecision::Bf16 => 2,
+        AttentionPrecision::F32 | AttentionPrecision::Tf32 => 4,
+    }
+}
+
+/// Shared bytes of `kernel` with `rows` owned and `inner` streamed rows (see the kernels'
+/// declarations: q/k/v/dout tiles of `head_dim + pad` a row, one probabilities tile, and for
+/// dkdv the streamed rows' lse and delta).
+pub(crate) fn shared_bytes(
+    kernel: TileKernel,
+    p: AttentionPrecision,
+    head_dim: usize,
+    rows: usize,
+    inner: usize,
+) -> usize {
+    let ld = head_dim + pad(p);
+    let es = element_bytes(p);
+    match kernel {
+        // q [rows], k, v [inner], p [rows × inner]
+        TileKernel::Forward => (rows * ld + 2 * inner * ld + rows * (inner + pad(p))) * es,
+        // k, v [rows], q, dout [inner], p [rows × inner], lse, delta [inner]
+        TileKernel::Dkdv => {
+            (2 * rows * ld + 2 * inner * ld + rows * (inner + pad(p))) * es + 2 * inner * 4
+        }
+        // q, dout [rows], k, v [inner], p [rows × inner]
+        TileKernel::Dq => (2 * rows * ld + 2 * inner * ld + rows * (inner + pad(p))) * es,
+    }
+}
+
+/// The first of (4 warps, 64), (4, 32), (2, 64), (2, 32), (4, 16), (2, 16), (1, 16) whose
+/// shared memory fits: four warps of 16 rows and 64-row steps where they fit (bf16 up to head
+/// dim 64), fewer where they do not; `None` if none fits (no supported head dim).
+pub fn choose(kernel: TileKernel, p: AttentionPrecision, head_dim: usize) -> Option<Tiles> {
+    const CANDIDATES: [(usize, usize); 7] = [
+        (4, 64),
+        (4, 32),
+        (2, 64),
+        (2, 32),
+        (4, 16),
+        (2, 16),
+        (1, 16),
+    ];
+    CANDIDATES.iter().find_map(|&(warps, inner)| {
+        let rows = 16 * warps;
+        let shared_bytes = shared_bytes(kernel, p, head_dim, rows, inner);
+        (shared_bytes <= SHARED_LIMIT).then_some(Tiles {
+            warps,
+            rows,
+            inner,
+            shared_bytes,
+        })
+    })
+}
