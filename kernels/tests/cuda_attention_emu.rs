@@ -359,7 +359,7 @@ fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
     let v = round(uniform(nk, seed + 2, 1.0));
     let dout = round(uniform(nq, seed + 3, 1.0));
     let (want_out, want_lse) = prob.forward(&q, &k, &v);
-    let (want_dq, want_dk, want_dv) = prob.backward(&q, &k, &v, &dout);
+    let (want_dq, want_dk, want_dv, terms) = prob.backward(&q, &k, &v, &dout);
     let es = if p == AttentionPrecision::Bf16 { 2 } else { 4 };
     let junk = |n: usize| vec![0xffu8; n];
     let fwd = attention::forward(s).unwrap();
@@ -406,15 +406,15 @@ fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
     let r3 = emu.run(&bwd.dq, &b);
     let tol = tolerance(p);
     let mut bad = Vec::new();
-    for (what, got, want, tol) in [
-        ("out", out, want_out, tol),
-        ("lse", lse, want_lse, tol),
-        ("delta", f32s(&delta), want_delta, 1e-5),
-        ("dk", decode(p, &r2[6]), want_dk, tol),
-        ("dv", decode(p, &r2[7]), want_dv, tol),
-        ("dq", decode(p, &r3[6]), want_dq, tol),
+    for (what, got, want, tol, floor) in [
+        ("out", out, want_out, tol, 1e-3),
+        ("lse", lse, want_lse, tol, 1e-3),
+        ("delta", f32s(&delta), want_delta, 1e-5, 1e-3),
+        ("dk", decode(p, &r2[6]), want_dk, tol, terms),
+        ("dv", decode(p, &r2[7]), want_dv, tol, 1e-3),
+        ("dq", decode(p, &r3[6]), want_dq, tol, terms),
     ] {
-        let e = relative_error(&got, &want, 1e-3);
+        let e = relative_error(&got, &want, floor);
         eprintln!(
             "{:?} {} {} {} {} {what}: {e:.2e}",
             p, s.seq_q, s.seq_k, s.head_dim, s.causal

@@ -58,18 +58,22 @@ impl Problem {
         (out, lse)
     }
 
-    /// `(dq, dk, dv)` of `sum(out · dout)`.
+    /// `(dq, dk, dv)` of `sum(out · dout)`, and the magnitude of the terms `dq` and `dk` sum:
+    /// `scale · max_i Σ_j p_ij (|dp_ij| + |delta_i|) · max(|q|, |k|)`. `ds = p (dp - delta)`
+    /// cancels (exactly, with one visible key), so `dq` and `dk` can be far smaller than the
+    /// rounding of the terms that make them; their errors are measured against this.
     pub fn backward(
         &self,
         q: &[f64],
         k: &[f64],
         v: &[f64],
         dout: &[f64],
-    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>, f64) {
         let (d, tq, tk) = (self.d, self.tq, self.tk);
         let mut dq = vec![0.0; self.bh * tq * d];
         let mut dk = vec![0.0; self.bh * tk * d];
         let mut dv = vec![0.0; self.bh * tk * d];
+        let mut terms = 0f64;
         for h in 0..self.bh {
             for i in 0..tq {
                 let (p, _) = self.row(q, k, h, i);
@@ -81,6 +85,12 @@ impl Problem {
                     })
                     .collect();
                 let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                terms = terms.max(
+                    p.iter()
+                        .zip(&dp)
+                        .map(|(a, b)| a * (b.abs() + delta.abs()))
+                        .sum(),
+                );
                 for j in 0..tk {
                     let ds = p[j] * (dp[j] - delta);
                     for c in 0..d {
@@ -91,7 +101,8 @@ impl Problem {
                 }
             }
         }
-        (dq, dk, dv)
+        let qk = q.iter().chain(k).fold(0f64, |m, x| m.max(x.abs()));
+        (dq, dk, dv, self.scale * terms * qk)
     }
 }
 
