@@ -1,7 +1,7 @@
 //! The attention kernels run on the host: their generated CUDA C, compiled by the host's C++
 //! compiler with a small emulation of a CUDA block (every thread a coroutine, `__syncthreads`,
-//! `__syncwarp` and shuffles as barriers between them, and the three tensor-core instructions
-//! emulated from the PTX ISA's fragment layouts), computes what the f64 reference computes, for
+//! `__syncwarp` and shuffles as barriers between them, and the tensor-core instructions and
+//! `ldmatrix` emulated from the PTX ISA's fragment layouts), computes what the f64 reference computes, for
 //! every precision, causal and not, lengths that are not multiples of a tile, Tq ≠ Tk.
 //!
 //! This checks the kernels' logic (tiling, masking, the online softmax, the backward's
@@ -105,6 +105,28 @@ static void warp_mma(float* c, const unsigned* a, const unsigned* b, bool bf) {
 }
 static void ig_fa_mma_bf16(float* c, const unsigned* a, const unsigned* b) { warp_mma(c, a, b, true); }
 static void ig_fa_mma_tf32(float* c, const unsigned* a, const unsigned* b) { warp_mma(c, a, b, false); }
+// ldmatrix.x4 (`trans`: .trans): lane l addresses row l % 8 of matrix l / 8 and gets, of each
+// matrix i, the pair (row l / 4, columns 2 (l % 4), + 1), or of the transposed matrix.
+static const unsigned short* pbuf[MAXT];
+static void ldsm(unsigned* r, const unsigned short* p, bool trans) {
+  const int me = cur;
+  pbuf[me] = p;
+  yield_as(WARP);
+  const int base = me & ~31, l = me & 31;
+  for (int i = 0; i < 4; ++i) {
+    if (!trans) {
+      const unsigned short* row = pbuf[base + 8 * i + l / 4];
+      r[i] = (unsigned)row[2 * (l % 4)] | ((unsigned)row[2 * (l % 4) + 1] << 16);
+    } else {
+      const unsigned short* r0 = pbuf[base + 8 * i + 2 * (l % 4)];
+      const unsigned short* r1 = pbuf[base + 8 * i + 2 * (l % 4) + 1];
+      r[i] = (unsigned)r0[l / 4] | ((unsigned)r1[l / 4] << 16);
+    }
+  }
+  yield_as(WARP);
+}
+static void ig_fa_ldsm4(unsigned* r, const unsigned short* p) { ldsm(r, p, false); }
+static void ig_fa_ldsm4_t(unsigned* r, const unsigned short* p) { ldsm(r, p, true); }
 // cvt.rna.tf32.f32: 10 mantissa bits, to nearest, ties away from zero (finite inputs).
 static unsigned ig_fa_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 typedef void (*Runner)(void**);

@@ -7,7 +7,7 @@
 //!
 //! `cargo run --release -p ingot-runtime --example attention_bench [-- B H T D]`
 
-use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};
+use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape, TileKernel};
 use ingot_kernels::cuda::CudaKernel;
 
 #[path = "../tests/support/attention_device.rs"]
@@ -118,6 +118,7 @@ fn main() -> Res<()> {
             fmt_launch(&bwd.dq)
         );
     }
+    tilings(b, h, t, d, arch)?;
     let dir = std::env::temp_dir().join("ingot_attention_bench.py");
     if std::fs::write(&dir, SDPA).is_ok() {
         match std::process::Command::new("python3")
@@ -134,6 +135,64 @@ fn main() -> Res<()> {
                     .unwrap_or("")
             ),
             Err(e) => println!("(no SDPA comparison: python3: {e})"),
+        }
+    }
+    Ok(())
+}
+
+/// Every tiling the kernels take (2, 4 or 8 warps; steps of 16 to 128 rows) of each tf32 and
+/// bf16 kernel, timed alone: what the tile table in `attention::tiles` is chosen from.
+fn tilings(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()> {
+    println!("| tiling | kernel | warps x step | ms | resources |");
+    println!("|---|---|---|---:|---|");
+    for p in [AttentionPrecision::Tf32, AttentionPrecision::Bf16] {
+        let s = AttentionShape {
+            batch_heads: b * h,
+            seq_q: t,
+            seq_k: t,
+            head_dim: d,
+            causal: true,
+            scale: 1.0 / (d as f32).sqrt(),
+            precision: p,
+        };
+        let mut ks = Vec::new();
+        for kind in [TileKernel::Forward, TileKernel::Dkdv, TileKernel::Dq] {
+            let chosen = attention::tiling(&s, kind).map_err(|e| e.to_string())?;
+            for warps in [2, 4, 8] {
+                for inner in [16, 32, 64, 128] {
+                    if let Some(k) =
+                        attention::with_tiles(&s, kind, warps, inner).map_err(|e| e.to_string())?
+                    {
+                        let mark = if (chosen.warps, chosen.inner) == (warps, inner) {
+                            " (chosen)"
+                        } else {
+                            ""
+                        };
+                        ks.push((kind, format!("{warps} x {inner}{mark}"), k));
+                    }
+                }
+            }
+        }
+        let refs: Vec<&CudaKernel> = ks.iter().map(|(_, _, k)| k).collect();
+        let m = device::compile(&refs, arch, 16)?;
+        let es = if p == AttentionPrecision::Bf16 { 2 } else { 4 };
+        let n = b * h * t * d;
+        let x: Vec<device::Buf> = (0..6)
+            .map(|_| upload(&vec![0x3cu8; n * es]))
+            .collect::<Res<_>>()?;
+        let lse = filled(b * h * t * 4, 0)?;
+        let delta = filled(b * h * t * 4, 0)?;
+        for (kind, what, k) in &ks {
+            let args: Vec<&device::Buf> = match kind {
+                TileKernel::Forward => vec![&x[0], &x[1], &x[2], &x[3], &lse],
+                TileKernel::Dkdv => vec![&x[0], &x[1], &x[2], &x[3], &lse, &delta, &x[4], &x[5]],
+                TileKernel::Dq => vec![&x[0], &x[1], &x[2], &x[3], &lse, &delta, &x[4]],
+            };
+            let ms = device::time_ms(10, || m.launch(k, &args))?;
+            println!(
+                "| {p:?} | {kind:?} | {what} | {ms:.3} | {} |",
+                m.resources(k)
+            );
         }
     }
     Ok(())

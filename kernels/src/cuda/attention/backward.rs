@@ -12,7 +12,7 @@
 //! they become a product's operand (in the per-warp shared tile); `ds` is computed from the
 //! unrounded probabilities.
 
-use super::tiles::TileKernel;
+use super::tiles::Tiles;
 use super::{common, AttentionError, AttentionShape, Text};
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
 
@@ -79,7 +79,7 @@ fn store_rows(c: &mut Src, x: &Text, acc: &str, base: &str, factor: Option<&str>
         c.open(format!("if ({row} < {limit}) {{"));
         c.line("#pragma unroll");
         c.open("for (int n = 0; n < D / 8; ++n) {");
-        c.line(x.store_pair(
+        c.line(x.store_output_pair(
             &format!("{base} + (unsigned long long){row} * D + n * 8 + 2 * t"),
             &f(e0),
             &f(e0 + 1),
@@ -89,8 +89,7 @@ fn store_rows(c: &mut Src, x: &Text, acc: &str, base: &str, factor: Option<&str>
     }
 }
 
-pub(super) fn dkdv(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
-    let tl = common::tiles(s, TileKernel::Dkdv)?;
+pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
     let threads = 32 * tl.warps;
@@ -138,8 +137,8 @@ pub(super) fn dkdv(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     }
     c.line("const float* lb = lse + bh * TQ;");
     c.line("const float* db = delta + bh * TQ;");
-    c.line("ig_fa_load<BC, D, LD, THREADS>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, LD, THREADS>(sv, vb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
     zero(&mut c, "dka", "D / 8");
     zero(&mut c, "dva", "D / 8");
     c.line("const int r0 = k0 + warp * 16 + g, r1 = r0 + 8;");
@@ -151,8 +150,8 @@ pub(super) fn dkdv(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     });
     c.open("for (int q0 = qstart; q0 < TQ; q0 += BR) {");
     c.line("__syncthreads();");
-    c.line("ig_fa_load<BR, D, LD, THREADS>(sq, qb, q0, TQ);");
-    c.line("ig_fa_load<BR, D, LD, THREADS>(sdo, dob, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
     c.open("for (int i = (int)threadIdx.x; i < BR; i += THREADS) {");
     c.line("const bool in = q0 + i < TQ;");
     c.line("sl[i] = in ? lb[q0 + i] * LOG2E : 0.0f;");
@@ -230,8 +229,7 @@ pub(super) fn dkdv(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     ))
 }
 
-pub(super) fn dq(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
-    let tl = common::tiles(s, TileKernel::Dq)?;
+pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
     let threads = 32 * tl.warps;
@@ -275,8 +273,8 @@ pub(super) fn dq(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     for (p, n) in [("kb", "k"), ("vb", "v")] {
         c.line(format!("const {st}* {p} = {n} + bh * TK * D;"));
     }
-    c.line("ig_fa_load<BR, D, LD, THREADS>(sq, qb, q0, TQ);");
-    c.line("ig_fa_load<BR, D, LD, THREADS>(sdo, dob, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
     c.line("const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;");
     c.line("const float L0 = r0 < TQ ? lse[bh * TQ + r0] * LOG2E : 0.0f;");
     c.line("const float L1 = r1 < TQ ? lse[bh * TQ + r1] * LOG2E : 0.0f;");
@@ -291,8 +289,8 @@ pub(super) fn dq(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     });
     c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
     c.line("__syncthreads();");
-    c.line("ig_fa_load<BC, D, LD, THREADS>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, LD, THREADS>(sv, vb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
     c.line("__syncthreads();");
     zero(&mut c, "sc", "BC / 8");
     c.line(format!(

@@ -96,6 +96,7 @@ pub(crate) struct Text {
     pub ld: usize,
     causal: bool,
     bf16: bool,
+    tf32: bool,
 }
 
 impl Text {
@@ -113,6 +114,7 @@ impl Text {
             ld: s.head_dim + pad,
             causal: s.causal,
             bf16,
+            tf32: s.precision == AttentionPrecision::Tf32,
         }
     }
 
@@ -145,6 +147,7 @@ impl Text {
             literal(std::f64::consts::LN_2, DType::F32),
             literal(std::f64::consts::LOG2_E, DType::F32)
         ));
+        c.line(format!("constexpr bool TF32 = {};", self.tf32));
         c.line(format!(
             "const float NEG_INF = {};",
             literal(f64::NEG_INFINITY, DType::F32)
@@ -164,6 +167,19 @@ impl Text {
     /// A statement storing the floats `a`, `b` at `ptr` and `ptr + 1` (an even element, so
     /// aligned for the pair): as two bf16 rounded once to nearest even, or as a float2.
     pub(crate) fn store_pair(&self, ptr: &str, a: &str, b: &str) -> String {
+        if self.bf16 {
+            self.store_output_pair(ptr, a, b)
+        } else if self.tf32 {
+            format!(
+                "*(float2*)({ptr}) = make_float2(__uint_as_float(ig_fa_tf32({a})), __uint_as_float(ig_fa_tf32({b})));"
+            )
+        } else {
+            format!("*(float2*)({ptr}) = make_float2({a}, {b});")
+        }
+    }
+
+    /// [`Text::store_pair`] for a kernel's output in global memory (f32 stays f32 in tf32).
+    pub(crate) fn store_output_pair(&self, ptr: &str, a: &str, b: &str) -> String {
         if self.bf16 {
             format!(
                 "*(unsigned*)({ptr}) = (unsigned)ig_bf16_bits({a}) | ((unsigned)ig_bf16_bits({b}) << 16);"

@@ -10,12 +10,11 @@
 //! Causal blocks stop at the last key tile their rows can see; blocks are ordered so that the
 //! longest (the last query tiles) start first.
 
-use super::tiles::{TileKernel, Tiles};
+use super::tiles::Tiles;
 use super::{common, AttentionError, AttentionShape, Text};
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
 
-pub(super) fn generate(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
-    let t: Tiles = common::tiles(s, TileKernel::Forward)?;
+pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
     let threads = 32 * t.warps;
@@ -55,7 +54,7 @@ pub(super) fn generate(s: &AttentionShape) -> Result<CudaKernel, AttentionError>
     c.line(format!("const {st}* qb = q + bh * TQ * D;"));
     c.line(format!("const {st}* kb = k + bh * TK * D;"));
     c.line(format!("const {st}* vb = v + bh * TK * D;"));
-    c.line("ig_fa_load<BR, D, LD, THREADS>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
     c.line("float o[D / 8][4];");
     c.line("#pragma unroll");
     c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }");
@@ -69,8 +68,8 @@ pub(super) fn generate(s: &AttentionShape) -> Result<CudaKernel, AttentionError>
     });
     c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
     c.line("__syncthreads();");
-    c.line("ig_fa_load<BC, D, LD, THREADS>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, LD, THREADS>(sv, vb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
     c.line("__syncthreads();");
     c.line("float s[BC / 8][4];");
     c.line("#pragma unroll");
@@ -128,7 +127,7 @@ pub(super) fn generate(s: &AttentionShape) -> Result<CudaKernel, AttentionError>
         c.line("#pragma unroll");
         c.open("for (int n = 0; n < D / 8; ++n) {");
         let (e0, e1) = if row == "i0" { (0, 1) } else { (2, 3) };
-        c.line(x.store_pair(
+        c.line(x.store_output_pair(
             &format!("ob + (unsigned long long){row} * D + n * 8 + 2 * t"),
             &format!("o[n][{e0}] / {l}"),
             &format!("o[n][{e1}] / {l}"),

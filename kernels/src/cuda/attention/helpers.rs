@@ -6,7 +6,7 @@
 //! attention kernels (forward and backward, several shapes) defines each helper once. The
 //! instructions are a separate group ([`ASM`]) from the products ([`PRODUCTS`]): a host
 //! emulation (kernels/tests/cuda_attention_emu.rs) defines `INGOT_FA_ASM` itself and supplies
-//! warp-level emulations of the three instructions, and runs everything else as written.
+//! warp-level emulations of these instructions, and runs everything else as written.
 //!
 //! # Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16 / m16n8k8")
 //! A warp's lane is `4 g + t` (`g` = lane / 4, `t` = lane % 4). The accumulator `c[4]` of a
@@ -16,6 +16,9 @@
 //!   `(2t..2t+1, g)` and `(2t+8..2t+9, g)`, the lower k in the low half.
 //! - tf32 `m16n8k8`: `a[0..4]` hold `(g, t)`, `(g+8, t)`, `(g, t+4)`, `(g+8, t+4)`; `b[0..2]`
 //!   hold `(t, g)` and `(t+4, g)`.
+//!
+//! bf16 operands are loaded with `ldmatrix` (`.trans` for a "kn" B); tf32 tiles are rounded to
+//! tf32 when they are written to shared memory, so the products read them as they are.
 //!
 //! The f32 products compute the same accumulator layout with one FMA a term, k ascending, so
 //! the three precisions share one kernel text around the product calls.
@@ -38,6 +41,16 @@ __device__ __forceinline__ unsigned ig_fa_tf32(float x) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
 }
+// Four 8 x 8 bf16 matrices from shared memory, lane l addressing row l % 8 of matrix l / 8;
+// lane l gets (row l / 4, columns 2 (l % 4), + 1) of each (`_t`: of each transposed).
+__device__ __forceinline__ void ig_fa_ldsm4(unsigned* r, const unsigned short* p) {
+  asm volatile("{\n .reg .u64 a;\n cvta.to.shared.u64 a, %4;\n ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [a];\n}\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p) : "memory");
+}
+__device__ __forceinline__ void ig_fa_ldsm4_t(unsigned* r, const unsigned short* p) {
+  asm volatile("{\n .reg .u64 a;\n cvta.to.shared.u64 a, %4;\n ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [a];\n}\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p) : "memory");
+}
 #endif
 "#;
 
@@ -55,39 +68,41 @@ __device__ __forceinline__ unsigned ig_fa_u32(const unsigned short* p) { return 
 __device__ __forceinline__ unsigned ig_fa_col2(const unsigned short* p, int stride) {
   return (unsigned)p[0] | ((unsigned)p[stride] << 16);
 }
+// bf16 operands come in by ldmatrix: A's 16 x 16 step as four matrices (rows 0-7 and 8-15 at
+// columns kk and kk + 8), B's two 8-column tiles a step as four more (transposed for "kn").
 template <int NT, int K, int LDA, int LDB>
 __device__ __forceinline__ void ig_fa_mm_nk_bf16(float (*c)[4], const unsigned short* a, const unsigned short* b, int g, int t) {
+  const int lane = 4 * g + t;
+  const unsigned short* ap = a + (lane & 15) * LDA + (lane >> 4) * 8;
+  const unsigned short* bp = b + ((lane & 7) + ((lane >> 4) << 3)) * LDB + ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int kk = 0; kk < K; kk += 16) {
     unsigned af[4];
-    af[0] = ig_fa_u32(a + g * LDA + kk + 2 * t);
-    af[1] = ig_fa_u32(a + (g + 8) * LDA + kk + 2 * t);
-    af[2] = ig_fa_u32(a + g * LDA + kk + 2 * t + 8);
-    af[3] = ig_fa_u32(a + (g + 8) * LDA + kk + 2 * t + 8);
+    ig_fa_ldsm4(af, ap + kk);
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      unsigned bf[2];
-      bf[0] = ig_fa_u32(b + (n * 8 + g) * LDB + kk + 2 * t);
-      bf[1] = ig_fa_u32(b + (n * 8 + g) * LDB + kk + 2 * t + 8);
+    for (int n = 0; n < NT; n += 2) {
+      unsigned bf[4];
+      ig_fa_ldsm4(bf, bp + n * 8 * LDB + kk);
       ig_fa_mma_bf16(c[n], af, bf);
+      ig_fa_mma_bf16(c[n + 1], af, bf + 2);
     }
   }
 }
 template <int NT, int K, int LDA, int LDB>
 __device__ __forceinline__ void ig_fa_mm_kn_bf16(float (*c)[4], const unsigned short* a, const unsigned short* b, int g, int t) {
+  const int lane = 4 * g + t;
+  const unsigned short* ap = a + (lane & 15) * LDA + (lane >> 4) * 8;
+  const unsigned short* bp = b + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDB + (lane >> 4) * 8;
 #pragma unroll
   for (int kk = 0; kk < K; kk += 16) {
     unsigned af[4];
-    af[0] = ig_fa_u32(a + g * LDA + kk + 2 * t);
-    af[1] = ig_fa_u32(a + (g + 8) * LDA + kk + 2 * t);
-    af[2] = ig_fa_u32(a + g * LDA + kk + 2 * t + 8);
-    af[3] = ig_fa_u32(a + (g + 8) * LDA + kk + 2 * t + 8);
+    ig_fa_ldsm4(af, ap + kk);
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      unsigned bf[2];
-      bf[0] = ig_fa_col2(b + (kk + 2 * t) * LDB + n * 8 + g, LDB);
-      bf[1] = ig_fa_col2(b + (kk + 2 * t + 8) * LDB + n * 8 + g, LDB);
+    for (int n = 0; n < NT; n += 2) {
+      unsigned bf[4];
+      ig_fa_ldsm4_t(bf, bp + kk * LDB + n * 8);
       ig_fa_mma_bf16(c[n], af, bf);
+      ig_fa_mma_bf16(c[n + 1], af, bf + 2);
     }
   }
 }
@@ -96,15 +111,15 @@ __device__ __forceinline__ void ig_fa_mm_nk_tf32(float (*c)[4], const float* a, 
 #pragma unroll
   for (int kk = 0; kk < K; kk += 8) {
     unsigned af[4];
-    af[0] = ig_fa_tf32(a[g * LDA + kk + t]);
-    af[1] = ig_fa_tf32(a[(g + 8) * LDA + kk + t]);
-    af[2] = ig_fa_tf32(a[g * LDA + kk + t + 4]);
-    af[3] = ig_fa_tf32(a[(g + 8) * LDA + kk + t + 4]);
+    af[0] = __float_as_uint(a[g * LDA + kk + t]);
+    af[1] = __float_as_uint(a[(g + 8) * LDA + kk + t]);
+    af[2] = __float_as_uint(a[g * LDA + kk + t + 4]);
+    af[3] = __float_as_uint(a[(g + 8) * LDA + kk + t + 4]);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       unsigned bf[2];
-      bf[0] = ig_fa_tf32(b[(n * 8 + g) * LDB + kk + t]);
-      bf[1] = ig_fa_tf32(b[(n * 8 + g) * LDB + kk + t + 4]);
+      bf[0] = __float_as_uint(b[(n * 8 + g) * LDB + kk + t]);
+      bf[1] = __float_as_uint(b[(n * 8 + g) * LDB + kk + t + 4]);
       ig_fa_mma_tf32(c[n], af, bf);
     }
   }
@@ -114,19 +129,20 @@ __device__ __forceinline__ void ig_fa_mm_kn_tf32(float (*c)[4], const float* a, 
 #pragma unroll
   for (int kk = 0; kk < K; kk += 8) {
     unsigned af[4];
-    af[0] = ig_fa_tf32(a[g * LDA + kk + t]);
-    af[1] = ig_fa_tf32(a[(g + 8) * LDA + kk + t]);
-    af[2] = ig_fa_tf32(a[g * LDA + kk + t + 4]);
-    af[3] = ig_fa_tf32(a[(g + 8) * LDA + kk + t + 4]);
+    af[0] = __float_as_uint(a[g * LDA + kk + t]);
+    af[1] = __float_as_uint(a[(g + 8) * LDA + kk + t]);
+    af[2] = __float_as_uint(a[g * LDA + kk + t + 4]);
+    af[3] = __float_as_uint(a[(g + 8) * LDA + kk + t + 4]);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       unsigned bf[2];
-      bf[0] = ig_fa_tf32(b[(kk + t) * LDB + n * 8 + g]);
-      bf[1] = ig_fa_tf32(b[(kk + t + 4) * LDB + n * 8 + g]);
+      bf[0] = __float_as_uint(b[(kk + t) * LDB + n * 8 + g]);
+      bf[1] = __float_as_uint(b[(kk + t + 4) * LDB + n * 8 + g]);
       ig_fa_mma_tf32(c[n], af, bf);
     }
   }
 }
+// (tf32 tiles hold values already rounded to tf32 by their loads and stores.)
 // Strict f32: one fmaf a term, k ascending, into the accumulator layout of the mma tiles.
 template <int NT, int K, int LDA, int LDB>
 __device__ __forceinline__ void ig_fa_mm_nk_f32(float (*c)[4], const float* a, const float* b, int g, int t) {
@@ -159,8 +175,9 @@ __device__ __forceinline__ void ig_fa_mm_kn_f32(float (*c)[4], const float* a, c
   }
 }
 // Rows [row0, row0 + R) of a [rows × D] matrix at `src` into shared memory at `dst` (row stride
-// LD elements), 16 bytes a thread at a time; rows at or past `rows` read as zeros.
-template <int R, int D, int LD, int THREADS, typename T>
+// LD elements), 16 bytes a thread at a time; rows at or past `rows` read as zeros. TF32: each
+// float rounded to tf32 on the way (what the tf32 products read).
+template <int R, int D, int LD, int THREADS, bool TF32, typename T>
 __device__ __forceinline__ void ig_fa_load(T* dst, const T* src, int row0, int rows) {
   constexpr int V = 16 / (int)sizeof(T);
   constexpr int PER_ROW = D / V;
@@ -172,6 +189,12 @@ __device__ __forceinline__ void ig_fa_load(T* dst, const T* src, int row0, int r
       const int r = i / PER_ROW, col = (i % PER_ROW) * V;
       uint4 x = make_uint4(0u, 0u, 0u, 0u);
       if (row0 + r < rows) x = *(const uint4*)(src + (unsigned long long)(row0 + r) * D + col);
+      if (TF32) {
+        x.x = ig_fa_tf32(__uint_as_float(x.x));
+        x.y = ig_fa_tf32(__uint_as_float(x.y));
+        x.z = ig_fa_tf32(__uint_as_float(x.z));
+        x.w = ig_fa_tf32(__uint_as_float(x.w));
+      }
       *(uint4*)(dst + r * LD + col) = x;
     }
   }

@@ -120,7 +120,28 @@ pub enum AttentionError {
 /// `lse[i] = ln Σ_{j visible} exp(scale · q_i·k_j)`.
 pub fn forward(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     common::check(s)?;
-    forward::generate(s)
+    forward::generate(s, common::tiles(s, TileKernel::Forward)?)
+}
+
+/// One kernel of `s` (`TileKernel::Forward`, `Dkdv` or `Dq`) with the tiling of `warps` warps
+/// and `inner`-row steps instead of the chosen one, for measuring tilings
+/// (`attention_bench`); `None` where that tiling is not one the kernels take or does not fit.
+#[doc(hidden)]
+pub fn with_tiles(
+    s: &AttentionShape,
+    kernel: TileKernel,
+    warps: usize,
+    inner: usize,
+) -> Result<Option<CudaKernel>, AttentionError> {
+    common::check(s)?;
+    let Some(t) = tiles::fixed(kernel, s.precision, s.head_dim, warps, inner) else {
+        return Ok(None);
+    };
+    Ok(Some(match kernel {
+        TileKernel::Forward => forward::generate(s, t)?,
+        TileKernel::Dkdv => backward::dkdv(s, t)?,
+        TileKernel::Dq => backward::dq(s, t)?,
+    }))
 }
 
 /// The backward pass: three kernels, launched in field order.
@@ -139,8 +160,8 @@ pub fn backward(s: &AttentionShape) -> Result<AttentionBackward, AttentionError>
     common::check(s)?;
     Ok(AttentionBackward {
         preprocess: backward::preprocess(s)?,
-        dkdv: backward::dkdv(s)?,
-        dq: backward::dq(s)?,
+        dkdv: backward::dkdv(s, common::tiles(s, TileKernel::Dkdv)?)?,
+        dq: backward::dq(s, common::tiles(s, TileKernel::Dq)?)?,
     })
 }
 

@@ -96,3 +96,24 @@ pub fn choose(kernel: TileKernel, p: AttentionPrecision, head_dim: usize) -> Opt
         })
     })
 }
+
+/// The tiling of `warps` warps and `inner`-row steps, if it is one the kernels take (1 to 8
+/// warps, a step of 16 to 128 rows by 16) and fits in shared memory: for measuring tilings
+/// other than [`choose`]'s.
+pub fn fixed(
+    kernel: TileKernel,
+    p: AttentionPrecision,
+    head_dim: usize,
+    warps: usize,
+    inner: usize,
+) -> Option<Tiles> {
+    let ok = (1..=8).contains(&warps) && (16..=128).contains(&inner) && inner % 16 == 0;
+    let rows = 16 * warps;
+    let shared_bytes = shared_bytes(kernel, p, head_dim, rows, inner);
+    (ok && shared_bytes <= SHARED_LIMIT).then_some(Tiles {
+        warps,
+        rows,
+        inner,
+        shared_bytes,
+    })
+}
