@@ -226,11 +226,15 @@ fn shared_memory_stays_within_48_kib_for_every_supported_head_dim_and_precision(
             assert_eq!(declared_shared(&k[1]), 0, "preprocess");
         }
     }
-    // GPT-2's shape gets full tiles in bf16.
+    // GPT-2's shape gets the tilings measured fastest (four warps everywhere).
     let gpt2 = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
-    for which in [TileKernel::Forward, TileKernel::Dkdv, TileKernel::Dq] {
+    for (which, inner) in [
+        (TileKernel::Forward, 64),
+        (TileKernel::Dkdv, 32),
+        (TileKernel::Dq, 64),
+    ] {
         let t = attention::tiling(&gpt2, which).unwrap();
-        assert_eq!((t.rows, t.inner), (64, 64), "{which:?}");
+        assert_eq!((t.rows, t.inner), (64, inner), "{which:?}");
     }
 }
 

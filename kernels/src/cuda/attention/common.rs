@@ -9,7 +9,7 @@ use crate::DType;
 
 /// Head dims the kernels take: multiples of 16 from 32 to 128.
 pub(crate) fn head_dim_supported(d: usize) -> bool {
-    (32..=128).contains(&d) && d % 16 == 0
+    (32..=128).contains(&d) && d.is_multiple_of(16)
 }
 
 /// The largest sequence length the kernels' 32-bit row indices take (with room for a tile).

@@ -91,7 +91,7 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     c.line("float z = s[n][e] * SCALE_LOG2;");
     c.open("if (edge) {");
     c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? i0 : i1;");
-    c.line(&format!("if ({}) z = NEG_INF;", x.hidden("i", "j")));
+    c.line(format!("if ({}) z = NEG_INF;", x.hidden("i", "j")));
     c.close();
     c.line("s[n][e] = z;");
     c.line("if (e < 2) r0 = fmaxf(r0, z); else r1 = fmaxf(r1, z);");

@@ -72,11 +72,15 @@ pub(crate) fn shared_bytes(
     }
 }
 
-/// The first of (4 warps, 64), (4, 32), (2, 64), (2, 32), (4, 16), (2, 16), (1, 16) whose
-/// shared memory fits: four warps of 16 rows and 64-row steps where they fit (bf16 up to head
-/// dim 64), fewer where they do not; `None` if none fits (no supported head dim).
+/// The first tiling in the kernel's preference list whose shared memory fits; `None` if none
+/// fits (no supported head dim). Four warps of 16 rows where they fit, fewer elsewhere. The
+/// orders follow the tilings measured on an H100 (GPT-2's B=8, H=12, T=1024, D=64 causal,
+/// `attention_bench`, docs/benchmarks.md): bf16 forward 4 × 64 0.102 ms (4 × 32 0.103, 2 × 32
+/// 0.113); bf16 dkdv 4 × 32 0.193 ms (4 × 64 0.204: 254 registers a thread); bf16 dq 4 × 32
+/// 0.117, 4 × 64 0.119; tf32 dq 4 × 16 0.268 ms (2 × 32 0.284), tf32 dkdv 4 × 16 0.384 and
+/// 2 × 32 0.386.
 pub fn choose(kernel: TileKernel, p: AttentionPrecision, head_dim: usize) -> Option<Tiles> {
-    const CANDIDATES: [(usize, usize); 7] = [
+    const FORWARD: &[(usize, usize)] = &[
         (4, 64),
         (4, 32),
         (2, 64),
@@ -85,7 +89,22 @@ pub fn choose(kernel: TileKernel, p: AttentionPrecision, head_dim: usize) -> Opt
         (2, 16),
         (1, 16),
     ];
-    CANDIDATES.iter().find_map(|&(warps, inner)| {
+    const DKDV: &[(usize, usize)] = &[(4, 32), (4, 16), (2, 32), (2, 16), (1, 16)];
+    const DQ: &[(usize, usize)] = &[
+        (4, 64),
+        (4, 32),
+        (4, 16),
+        (2, 64),
+        (2, 32),
+        (2, 16),
+        (1, 16),
+    ];
+    let candidates = match kernel {
+        TileKernel::Forward => FORWARD,
+        TileKernel::Dkdv => DKDV,
+        TileKernel::Dq => DQ,
+    };
+    candidates.iter().find_map(|&(warps, inner)| {
         let rows = 16 * warps;
         let shared_bytes = shared_bytes(kernel, p, head_dim, rows, inner);
         (shared_bytes <= SHARED_LIMIT).then_some(Tiles {
@@ -107,7 +126,7 @@ pub fn fixed(
     warps: usize,
     inner: usize,
 ) -> Option<Tiles> {
-    let ok = (1..=8).contains(&warps) && (16..=128).contains(&inner) && inner % 16 == 0;
+    let ok = (1..=8).contains(&warps) && (16..=128).contains(&inner) && inner.is_multiple_of(16);
     let rows = 16 * warps;
     let shared_bytes = shared_bytes(kernel, p, head_dim, rows, inner);
     (ok && shared_bytes <= SHARED_LIMIT).then_some(Tiles {
