@@ -380,3 +380,27 @@ static void __syncwarp() {}
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The runtime adds the bf16 prelude only to modules whose kernels call its helpers
+/// (`cuda::prelude_for`): bf16 kernels call them, f32 and tf32 kernels need none.
+#[test]
+fn only_bf16_kernels_call_the_bf16_helpers() {
+    let helpers = [
+        "ig_bf16_bits(",
+        "ig_widen(",
+        "ig_round(",
+        "ig_narrow(",
+        "ig_to_bf16(",
+    ];
+    for p in PRECISIONS {
+        for k in all(&shape(p, 100, 100, 64, true)) {
+            let calls = helpers.iter().any(|h| k.source.contains(h));
+            let needs = p == AttentionPrecision::Bf16;
+            assert_eq!(calls, needs, "{p:?} {}", k.name);
+            assert_eq!(
+                ingot_kernels::cuda::prelude_for([&k]).contains("ig_widen"),
+                needs
+            );
+        }
+    }
+}
