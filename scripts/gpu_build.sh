@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .devbin
 mkdir -p .devbin
-cargo build --release -p ingot-runtime --bin ingot --example cuda_kernels --example cuda_profile
-cp target/release/ingot target/release/examples/cuda_kernels target/release/examples/cuda_profile .devbin/
+cargo build --release -p ingot-runtime --bin ingot --example cuda_kernels --example cuda_profile --example attention_bench
+cp target/release/ingot target/release/examples/cuda_kernels target/release/examples/cuda_profile target/release/examples/attention_bench .devbin/
 tests=$(ls runtime/tests/cuda*.rs | xargs -n1 basename | sed 's/\.rs$//')
 args=(); for t in $tests; do args+=(--test "$t"); done
 cargo test --release -p ingot-runtime "${args[@]}" --no-run --message-format=json 2>/dev/null \

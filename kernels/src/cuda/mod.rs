@@ -80,9 +80,9 @@
 //! multiply-shifts), and index arithmetic is 32-bit unsigned when every extent is below 2^31,
 //! 64-bit otherwise. Generation is deterministic: the same description gives byte-identical text.
 
+pub mod attention;
 mod fused;
 mod guard;
-pub mod attention;
 pub mod ops;
 
 pub use ops::{concat, gather, scatter_add};

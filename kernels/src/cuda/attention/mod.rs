@@ -4,9 +4,50 @@
 //!
 //! The API is fixed (the compiler's CUDA lowering calls it); the layouts and semantics are
 //! stated on [`AttentionShape`], [`forward`] and [`backward`].
+//!
+//! # How the kernels work
+//! - [`forward`] ([`forward.rs`](forward)): a block per (query tile, batch·head); the query tile
+//!   in shared memory, key and value tiles streamed through it, an online softmax in f32 (the
+//!   running max and sum per row), only `lse` saved. Causal blocks stop at the diagonal tile;
+//!   only tiles that cross the diagonal or the end of the keys are masked.
+//! - [`backward`] ([`backward.rs`](backward)): `preprocess` (`delta = rowsum(dout ∘ out)`),
+//!   `dkdv` (a block per key tile looping over query tiles) and `dq` (a block per query tile
+//!   looping over key tiles): no atomics, every output element written once, so the results
+//!   are the same bits on every run.
+//! - Products ([`helpers`]): each warp owns 16 rows and computes its tiles with
+//!   `mma.sync.m16n8k16` (bf16) or `mma.sync.m16n8k8` (tf32, operands rounded with
+//!   `cvt.rna.tf32.f32`), f32 accumulation; strict f32 computes the same accumulator layout with
+//!   one `fmaf` a term. The probabilities (and the backward's `ds`) go through a per-warp shared
+//!   tile to become the next product's left operand (rounded to bf16 there for bf16).
+//! - Tiles ([`tiles`]): four warps of 16 rows where 48 KiB of shared memory allow, fewer
+//!   elsewhere, the step of each kernel as measured fastest on an H100 (bf16 head dim 64:
+//!   64 × 64 forward and dq, 64 keys × 32 queries dkdv).
+//! - Lengths that are not a multiple of a tile load zeros past the end and mask those keys (or
+//!   queries, in `dkdv`); rows past the end are not stored.
+//!
+//! Every size, the scale and the mask are literals; the text is deterministic and its entry
+//! point is `ingot_{fnv1a64(text)}` as for the fused kernels. Each kernel's text starts with
+//! the helpers behind include guards, so a module holding several of them compiles.
 
 use super::CudaKernel;
 use serde::{Deserialize, Serialize};
+
+mod backward;
+mod common;
+mod forward;
+mod helpers;
+mod tiles;
+
+use common::Text;
+pub use tiles::{choose as choose_tiles, TileKernel, Tiles, SHARED_LIMIT};
+
+/// The tiling `kernel` of `s` uses (after the same checks as [`forward`] and [`backward`]):
+/// what the codegen tests hold against the 48 KiB limit and the kernels' declarations.
+#[doc(hidden)]
+pub fn tiling(s: &AttentionShape, kernel: TileKernel) -> Result<Tiles, AttentionError> {
+    common::check(s)?;
+    common::tiles(s, kernel)
+}
 
 /// The arithmetic of a fused attention: what its matrix products run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -39,18 +80,69 @@ pub struct AttentionShape {
     pub precision: AttentionPrecision,
 }
 
-/// Why no kernel exists for a shape.
+/// Why no kernel exists for a shape (the compiler turns these into refusals at compile time).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AttentionError {
-    #[error("fused attention has no CUDA kernel yet")]
-    NotBuilt,
+    /// The kernels tile the head dim by 16 (the bf16 products' k) and hold up to 128 columns.
+    #[error(
+        "fused attention: head_dim {head_dim} has no CUDA kernel (supported: multiples of 16 \
+         from 32 to 128: 32, 48, 64, 80, 96, 112, 128)"
+    )]
+    UnsupportedHeadDim { head_dim: usize },
+    /// An extent of 0: nothing to attend over (or to).
+    #[error("fused attention: {what} is 0; batch_heads, seq_q and seq_k must be at least 1")]
+    Empty { what: &'static str },
+    /// The scale is NaN or infinite (its bits, so that the error stays `Eq`).
+    #[error(
+        "fused attention: the scale {} is not finite",
+        f32::from_bits(*scale_bits)
+    )]
+    NonFiniteScale { scale_bits: u32 },
+    /// Row indices are 32-bit in the kernels, and a grid has at most 2^31 - 1 blocks.
+    #[error("fused attention: {what} = {value} is more than the kernels index (at most {limit})")]
+    TooLarge {
+        what: &'static str,
+        value: usize,
+        limit: usize,
+    },
+    /// No tiling fits the 48 KiB of shared memory a block may declare (no supported shape
+    /// gets this; it guards the tile table).
+    #[error(
+        "fused attention: no tiling of the {kernel} kernel for head_dim {head_dim} fits in \
+         48 KiB of shared memory"
+    )]
+    SharedMemory {
+        kernel: &'static str,
+        head_dim: usize,
+    },
 }
 
 /// The forward kernel. Pointer parameters, in order: q, k, v, out, lse, where
 /// `lse[i] = ln Σ_{j visible} exp(scale · q_i·k_j)`.
 pub fn forward(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
-    let _ = s;
-    Err(AttentionError::NotBuilt)
+    common::check(s)?;
+    forward::generate(s, common::tiles(s, TileKernel::Forward)?)
+}
+
+/// One kernel of `s` (`TileKernel::Forward`, `Dkdv` or `Dq`) with the tiling of `warps` warps
+/// and `inner`-row steps instead of the chosen one, for measuring tilings
+/// (`attention_bench`); `None` where that tiling is not one the kernels take or does not fit.
+#[doc(hidden)]
+pub fn with_tiles(
+    s: &AttentionShape,
+    kernel: TileKernel,
+    warps: usize,
+    inner: usize,
+) -> Result<Option<CudaKernel>, AttentionError> {
+    common::check(s)?;
+    let Some(t) = tiles::fixed(kernel, s.precision, s.head_dim, warps, inner) else {
+        return Ok(None);
+    };
+    Ok(Some(match kernel {
+        TileKernel::Forward => forward::generate(s, t)?,
+        TileKernel::Dkdv => backward::dkdv(s, t)?,
+        TileKernel::Dq => backward::dq(s, t)?,
+    }))
 }
 
 /// The backward pass: three kernels, launched in field order.
@@ -66,8 +158,12 @@ pub struct AttentionBackward {
 
 /// The backward kernels of `s`.
 pub fn backward(s: &AttentionShape) -> Result<AttentionBackward, AttentionError> {
-    let _ = s;
-    Err(AttentionError::NotBuilt)
+    common::check(s)?;
+    Ok(AttentionBackward {
+        preprocess: backward::preprocess(s)?,
+        dkdv: backward::dkdv(s, common::tiles(s, TileKernel::Dkdv)?)?,
+        dq: backward::dq(s, common::tiles(s, TileKernel::Dq)?)?,
+    })
 }
 
 /// Bytes of scratch the backward needs (delta, f32 `[batch_heads, seq_q]`), planned as the

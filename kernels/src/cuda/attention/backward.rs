@@ -1,0 +1,341 @@
+//! The backward kernels (FlashAttention-2's backward, without atomics):
+//! - `preprocess`: `delta[i] = Σ_d dout[i,d] · out[i,d]`, a warp per row;
+//! - `dkdv`: a block per (key tile, batch·head), its warps 16 key rows each, looping over the
+//!   query tiles that can see them: per query tile it recomputes `pᵀ = exp(scale · k·qᵀ - lse)`
+//!   (masked), accumulates `dv += pᵀ · dout`, computes `dpᵀ = v · doutᵀ`,
+//!   `dsᵀ = pᵀ ∘ (dpᵀ - delta)` and accumulates `dk += dsᵀ · q`; `dk` is scaled once at the end;
+//! - `dq`: a block per (query tile, batch·head), looping over the key tiles its rows can see:
+//!   `p`, `dp = dout · vᵀ`, `ds = p ∘ (dp - delta)`, `dq += ds · k`, scaled once at the end.
+//!
+//! Each output element is written once by the one thread that accumulated it, so results are
+//! the same bits on every run. For bf16 the probabilities and `ds` are rounded to bf16 when
+//! they become a product's operand (in the per-warp shared tile); `ds` is computed from the
+//! unrounded probabilities.
+
+use super::tiles::Tiles;
+use super::{common, AttentionError, AttentionShape, Text};
+use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
+
+/// Rows (warps) a block of the preprocess kernel.
+const PRE_ROWS: usize = 8;
+
+pub(super) fn preprocess(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
+    let x = Text::new(s);
+    let st = x.st;
+    let rows = s.batch_heads * s.seq_q;
+    let mut c = Src::default();
+    c.open(signature(
+        (32 * PRE_ROWS) as u32,
+        &[
+            (format!("const {st}*"), "out".into()),
+            (format!("const {st}*"), "dout".into()),
+            ("float*".into(), "delta".into()),
+        ],
+    ));
+    c.line(format!("constexpr int D = {};", s.head_dim));
+    c.line(format!(
+        "const unsigned long long row = (unsigned long long)blockIdx.x * {PRE_ROWS}ull + (threadIdx.x >> 5);"
+    ));
+    c.line("const int lane = (int)(threadIdx.x & 31u);");
+    c.line(format!("if (row >= {rows}ull) return;"));
+    c.line("float acc = 0.0f;");
+    c.line("#pragma unroll");
+    c.line(format!(
+        "for (int d = lane; d < D; d += 32) acc = fmaf({}, {}, acc);",
+        x.widen("out[row * D + d]"),
+        x.widen("dout[row * D + d]")
+    ));
+    c.line("#pragma unroll");
+    c.line("for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
+    c.line("if (lane == 0) delta[row] = acc;");
+    c.close();
+    Ok(finish(
+        c.text,
+        Launch {
+            grid: [rows.div_ceil(PRE_ROWS) as u32, 1, 1],
+            block: [(32 * PRE_ROWS) as u32, 1, 1],
+            shared_bytes: 0,
+        },
+    ))
+}
+
+/// Zeroes `name[N][4]`.
+fn zero(c: &mut Src, name: &str, n: &str) {
+    c.line(format!("float {name}[{n}][4];"));
+    c.line("#pragma unroll");
+    c.line(format!(
+        "for (int n = 0; n < {n}; ++n) {{ {name}[n][0] = 0.0f; {name}[n][1] = 0.0f; {name}[n][2] = 0.0f; {name}[n][3] = 0.0f; }}"
+    ));
+}
+
+/// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, each below
+/// `limit`), times `factor` if any.
+fn store_rows(c: &mut Src, x: &Text, acc: &str, base: &str, factor: Option<&str>, limit: &str) {
+    let f = |e: usize| match factor {
+        Some(f) => format!("{acc}[n][{e}] * {f}"),
+        None => format!("{acc}[n][{e}]"),
+    };
+    for (row, e0) in [("r0", 0), ("r1", 2)] {
+        c.open(format!("if ({row} < {limit}) {{"));
+        c.line("#pragma unroll");
+        c.open("for (int n = 0; n < D / 8; ++n) {");
+        c.line(x.store_output_pair(
+            &format!("{base} + (unsigned long long){row} * D + n * 8 + 2 * t"),
+            &f(e0),
+            &f(e0 + 1),
+        ));
+        c.close();
+        c.close();
+    }
+}
+
+pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
+    let x = Text::new(s);
+    let st = x.st;
+    let threads = 32 * tl.warps;
+    // Here the block owns key rows (BC, the warps' rows) and streams query tiles (BR).
+    let (bc, br) = (tl.rows, tl.inner);
+    let tiles = s.seq_k.div_ceil(bc);
+    let grid = common::grid(s, tiles)?;
+    let mut c = Src::default();
+    c.text.push_str(&super::helpers::all());
+    c.open(signature(
+        threads as u32,
+        &[
+            (format!("const {st}*"), "q".into()),
+            (format!("const {st}*"), "k".into()),
+            (format!("const {st}*"), "v".into()),
+            (format!("const {st}*"), "dout".into()),
+            ("const float*".into(), "lse".into()),
+            ("const float*".into(), "delta".into()),
+            (format!("{st}*"), "dk".into()),
+            (format!("{st}*"), "dv".into()),
+        ],
+    ));
+    x.constants(&mut c, s, br, bc, threads);
+    c.line(format!("constexpr int LDP = {};", br + x.pad));
+    c.line(format!("__shared__ __align__(16) {st} sk[{}];", bc * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sv[{}];", bc * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sq[{}];", br * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sdo[{}];", br * x.ld));
+    c.line(format!(
+        "__shared__ __align__(16) {st} sp[{}];",
+        bc * (br + x.pad)
+    ));
+    c.line(format!("__shared__ float sl[{br}];"));
+    c.line(format!("__shared__ float sd[{br}];"));
+    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
+    c.line("const int g = lane >> 2, t = lane & 3;");
+    // Causal: the first key tiles see the most queries; they start first.
+    c.line("const int k0 = (int)(blockIdx.x / (unsigned)BH) * BC;");
+    c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
+    for (p, n) in [("qb", "q"), ("dob", "dout")] {
+        c.line(format!("const {st}* {p} = {n} + bh * TQ * D;"));
+    }
+    for (p, n) in [("kb", "k"), ("vb", "v")] {
+        c.line(format!("const {st}* {p} = {n} + bh * TK * D;"));
+    }
+    c.line("const float* lb = lse + bh * TQ;");
+    c.line("const float* db = delta + bh * TQ;");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    zero(&mut c, "dka", "D / 8");
+    zero(&mut c, "dva", "D / 8");
+    c.line("const int r0 = k0 + warp * 16 + g, r1 = r0 + 8;");
+    c.line(format!("{st}* pw = sp + warp * 16 * LDP;"));
+    c.line(if s.causal {
+        "const int qstart = k0 / BR * BR;"
+    } else {
+        "const int qstart = 0;"
+    });
+    c.open("for (int q0 = qstart; q0 < TQ; q0 += BR) {");
+    c.line("__syncthreads();");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
+    c.open("for (int i = (int)threadIdx.x; i < BR; i += THREADS) {");
+    c.line("const bool in = q0 + i < TQ;");
+    c.line("sl[i] = in ? lb[q0 + i] * LOG2E : 0.0f;");
+    c.line("sd[i] = in ? db[q0 + i] : 0.0f;");
+    c.close();
+    c.line("__syncthreads();");
+    zero(&mut c, "pt", "BR / 8");
+    c.line(format!(
+        "ig_fa_mm_nk_{}<BR / 8, D, LD, LD>(pt, sk + warp * 16 * LD, sq, g, t);",
+        x.mm
+    ));
+    c.line(if s.causal {
+        "const bool edge = q0 + BR > TQ || q0 < k0 + BC - 1;"
+    } else {
+        "const bool edge = q0 + BR > TQ;"
+    });
+    c.line("#pragma unroll");
+    c.open("for (int n = 0; n < BR / 8; ++n) {");
+    c.line("#pragma unroll");
+    c.open("for (int e = 0; e < 4; ++e) {");
+    c.line("const int il = n * 8 + 2 * t + (e & 1);");
+    c.line("float p = exp2f(pt[n][e] * SCALE_LOG2 - sl[il]);");
+    c.open("if (edge) {");
+    c.line("const int i = q0 + il, j = e < 2 ? r0 : r1;");
+    let hide = if s.causal {
+        "i >= TQ || j > i"
+    } else {
+        "i >= TQ"
+    };
+    c.line(format!("if ({hide}) p = 0.0f;"));
+    c.close();
+    c.line("pt[n][e] = p;");
+    c.close();
+    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "pt[n][0]", "pt[n][1]"));
+    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "pt[n][2]", "pt[n][3]"));
+    c.close();
+    c.line("__syncwarp();");
+    c.line(format!(
+        "ig_fa_mm_kn_{}<D / 8, BR, LDP, LD>(dva, pw, sdo, g, t);",
+        x.mm
+    ));
+    zero(&mut c, "dpt", "BR / 8");
+    c.line(format!(
+        "ig_fa_mm_nk_{}<BR / 8, D, LD, LD>(dpt, sv + warp * 16 * LD, sdo, g, t);",
+        x.mm
+    ));
+    c.line("__syncwarp();");
+    c.line("#pragma unroll");
+    c.open("for (int n = 0; n < BR / 8; ++n) {");
+    c.line("const int il = n * 8 + 2 * t;");
+    c.line("const float d0 = sd[il], d1 = sd[il + 1];");
+    c.line("const float s0 = pt[n][0] * (dpt[n][0] - d0), s1 = pt[n][1] * (dpt[n][1] - d1);");
+    c.line("const float s2 = pt[n][2] * (dpt[n][2] - d0), s3 = pt[n][3] * (dpt[n][3] - d1);");
+    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "s0", "s1"));
+    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "s2", "s3"));
+    c.close();
+    c.line("__syncwarp();");
+    c.line(format!(
+        "ig_fa_mm_kn_{}<D / 8, BR, LDP, LD>(dka, pw, sq, g, t);",
+        x.mm
+    ));
+    c.close();
+    c.line(format!("{st}* dkb = dk + bh * TK * D;"));
+    c.line(format!("{st}* dvb = dv + bh * TK * D;"));
+    store_rows(&mut c, &x, "dka", "dkb", Some("SCALE"), "TK");
+    store_rows(&mut c, &x, "dva", "dvb", None, "TK");
+    c.close();
+    Ok(finish(
+        c.text,
+        Launch {
+            grid: [grid, 1, 1],
+            block: [threads as u32, 1, 1],
+            shared_bytes: 0,
+        },
+    ))
+}
+
+pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
+    let x = Text::new(s);
+    let st = x.st;
+    let threads = 32 * tl.warps;
+    let (br, bc) = (tl.rows, tl.inner);
+    let tiles = s.seq_q.div_ceil(br);
+    let grid = common::grid(s, tiles)?;
+    let mut c = Src::default();
+    c.text.push_str(&super::helpers::all());
+    c.open(signature(
+        threads as u32,
+        &[
+            (format!("const {st}*"), "q".into()),
+            (format!("const {st}*"), "k".into()),
+            (format!("const {st}*"), "v".into()),
+            (format!("const {st}*"), "dout".into()),
+            ("const float*".into(), "lse".into()),
+            ("const float*".into(), "delta".into()),
+            (format!("{st}*"), "dq".into()),
+        ],
+    ));
+    x.constants(&mut c, s, br, bc, threads);
+    c.line(format!("constexpr int LDP = {};", bc + x.pad));
+    c.line(format!("__shared__ __align__(16) {st} sq[{}];", br * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sdo[{}];", br * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sk[{}];", bc * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sv[{}];", bc * x.ld));
+    c.line(format!(
+        "__shared__ __align__(16) {st} sp[{}];",
+        br * (bc + x.pad)
+    ));
+    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
+    c.line("const int g = lane >> 2, t = lane & 3;");
+    c.line(format!(
+        "const int q0 = ({} - 1 - (int)(blockIdx.x / (unsigned)BH)) * BR;",
+        tiles
+    ));
+    c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
+    for (p, n) in [("qb", "q"), ("dob", "dout")] {
+        c.line(format!("const {st}* {p} = {n} + bh * TQ * D;"));
+    }
+    for (p, n) in [("kb", "k"), ("vb", "v")] {
+        c.line(format!("const {st}* {p} = {n} + bh * TK * D;"));
+    }
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
+    c.line("const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;");
+    c.line("const float L0 = r0 < TQ ? lse[bh * TQ + r0] * LOG2E : 0.0f;");
+    c.line("const float L1 = r1 < TQ ? lse[bh * TQ + r1] * LOG2E : 0.0f;");
+    c.line("const float E0 = r0 < TQ ? delta[bh * TQ + r0] : 0.0f;");
+    c.line("const float E1 = r1 < TQ ? delta[bh * TQ + r1] : 0.0f;");
+    zero(&mut c, "dqa", "D / 8");
+    c.line(format!("{st}* pw = sp + warp * 16 * LDP;"));
+    c.line(if s.causal {
+        "const int kend = TK < q0 + BR ? TK : q0 + BR;"
+    } else {
+        "const int kend = TK;"
+    });
+    c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
+    c.line("__syncthreads();");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    c.line("__syncthreads();");
+    zero(&mut c, "sc", "BC / 8");
+    c.line(format!(
+        "ig_fa_mm_nk_{}<BC / 8, D, LD, LD>(sc, sq + warp * 16 * LD, sk, g, t);",
+        x.mm
+    ));
+    zero(&mut c, "dp", "BC / 8");
+    c.line(format!(
+        "ig_fa_mm_nk_{}<BC / 8, D, LD, LD>(dp, sdo + warp * 16 * LD, sv, g, t);",
+        x.mm
+    ));
+    c.line(if s.causal {
+        "const bool edge = k0 + BC > TK || k0 + BC - 1 > q0;"
+    } else {
+        "const bool edge = k0 + BC > TK;"
+    });
+    c.line("#pragma unroll");
+    c.open("for (int n = 0; n < BC / 8; ++n) {");
+    c.line("#pragma unroll");
+    c.open("for (int e = 0; e < 4; ++e) {");
+    c.line("float p = exp2f(sc[n][e] * SCALE_LOG2 - (e < 2 ? L0 : L1));");
+    c.open("if (edge) {");
+    c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? r0 : r1;");
+    c.line(format!("if ({}) p = 0.0f;", x.hidden("i", "j")));
+    c.close();
+    c.line("sc[n][e] = p * (dp[n][e] - (e < 2 ? E0 : E1));");
+    c.close();
+    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "sc[n][0]", "sc[n][1]"));
+    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "sc[n][2]", "sc[n][3]"));
+    c.close();
+    c.line("__syncwarp();");
+    c.line(format!(
+        "ig_fa_mm_kn_{}<D / 8, BC, LDP, LD>(dqa, pw, sk, g, t);",
+        x.mm
+    ));
+    c.close();
+    c.line(format!("{st}* dqb = dq + bh * TQ * D;"));
+    store_rows(&mut c, &x, "dqa", "dqb", Some("SCALE"), "TQ");
+    c.close();
+    Ok(finish(
+        c.text,
+        Launch {
+            grid: [grid, 1, 1],
+            block: [threads as u32, 1, 1],
+            shared_bytes: 0,
+        },
+    ))
+}

@@ -1,0 +1,150 @@
+//! The forward kernel: a block per (query tile, batch·head), its warps 16 query rows each.
+//!
+//! The query tile sits in shared memory for the whole block; key and value tiles stream
+//! through shared memory. Per key tile a warp computes its 16 × `inner` scores (one product),
+//! scales them into the log2 domain, masks (only on tiles that cross the causal diagonal or the
+//! end of the keys), updates each row's running max and rescales its running sum and output
+//! accumulator (the online softmax, all in f32), writes its probabilities to its own rows of a
+//! shared tile (rounded to bf16 for bf16) and accumulates `p · v` (a second product). At the
+//! end each row's output is divided by its sum and `lse = ln 2 · (max + log2 sum)` is stored.
+//! Causal blocks stop at the last key tile their rows can see; blocks are ordered so that the
+//! longest (the last query tiles) start first.
+
+use super::tiles::Tiles;
+use super::{common, AttentionError, AttentionShape, Text};
+use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
+
+pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, AttentionError> {
+    let x = Text::new(s);
+    let st = x.st;
+    let threads = 32 * t.warps;
+    let (br, bc) = (t.rows, t.inner);
+    let tiles = s.seq_q.div_ceil(br);
+    let grid = common::grid(s, tiles)?;
+
+    let mut c = Src::default();
+    c.text.push_str(&super::helpers::all());
+    c.open(signature(
+        threads as u32,
+        &[
+            (format!("const {st}*"), "q".into()),
+            (format!("const {st}*"), "k".into()),
+            (format!("const {st}*"), "v".into()),
+            (format!("{st}*"), "out".into()),
+            ("float*".into(), "lse".into()),
+        ],
+    ));
+    x.constants(&mut c, s, br, bc, threads);
+    c.line(format!("constexpr int LDP = {};", bc + x.pad));
+    c.line(format!("__shared__ __align__(16) {st} sq[{}];", br * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sk[{}];", bc * x.ld));
+    c.line(format!("__shared__ __align__(16) {st} sv[{}];", bc * x.ld));
+    c.line(format!(
+        "__shared__ __align__(16) {st} sp[{}];",
+        br * (bc + x.pad)
+    ));
+    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
+    c.line("const int g = lane >> 2, t = lane & 3;");
+    // Longest blocks first: the last query tile of every head, then the one before, ...
+    c.line(format!(
+        "const int q0 = ({} - 1 - (int)(blockIdx.x / (unsigned)BH)) * BR;",
+        tiles
+    ));
+    c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
+    c.line(format!("const {st}* qb = q + bh * TQ * D;"));
+    c.line(format!("const {st}* kb = k + bh * TK * D;"));
+    c.line(format!("const {st}* vb = v + bh * TK * D;"));
+    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("float o[D / 8][4];");
+    c.line("#pragma unroll");
+    c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }");
+    c.line("// Running max (log2 domain, scaled) and this lane's share of the running sum, rows g and g + 8.");
+    c.line("float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;");
+    c.line("const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;");
+    c.line(if s.causal {
+        "const int kend = TK < q0 + BR ? TK : q0 + BR;"
+    } else {
+        "const int kend = TK;"
+    });
+    c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
+    c.line("__syncthreads();");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    c.line("__syncthreads();");
+    c.line("float s[BC / 8][4];");
+    c.line("#pragma unroll");
+    c.line("for (int n = 0; n < BC / 8; ++n) { s[n][0] = 0.0f; s[n][1] = 0.0f; s[n][2] = 0.0f; s[n][3] = 0.0f; }");
+    c.line(format!(
+        "ig_fa_mm_nk_{}<BC / 8, D, LD, LD>(s, sq + warp * 16 * LD, sk, g, t);",
+        x.mm
+    ));
+    c.line(if s.causal {
+        "const bool edge = k0 + BC > TK || k0 + BC - 1 > q0;"
+    } else {
+        "const bool edge = k0 + BC > TK;"
+    });
+    c.line("float r0 = NEG_INF, r1 = NEG_INF;");
+    c.line("#pragma unroll");
+    c.open("for (int n = 0; n < BC / 8; ++n) {");
+    c.line("#pragma unroll");
+    c.open("for (int e = 0; e < 4; ++e) {");
+    c.line("float z = s[n][e] * SCALE_LOG2;");
+    c.open("if (edge) {");
+    c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? i0 : i1;");
+    c.line(format!("if ({}) z = NEG_INF;", x.hidden("i", "j")));
+    c.close();
+    c.line("s[n][e] = z;");
+    c.line("if (e < 2) r0 = fmaxf(r0, z); else r1 = fmaxf(r1, z);");
+    c.close();
+    c.close();
+    c.line("r0 = ig_fa_quad_max(r0); r1 = ig_fa_quad_max(r1);");
+    c.line("const float n0 = fmaxf(m0, r0), n1 = fmaxf(m1, r1);");
+    c.line("// A row that has seen only masked keys keeps max -inf: exponentiate against 0 there.");
+    c.line("const float b0 = n0 == NEG_INF ? 0.0f : n0, b1 = n1 == NEG_INF ? 0.0f : n1;");
+    c.line("const float a0 = exp2f(m0 - b0), a1 = exp2f(m1 - b1);");
+    c.line("m0 = n0; m1 = n1; l0 *= a0; l1 *= a1;");
+    c.line(format!("{st}* pw = sp + warp * 16 * LDP;"));
+    c.line("#pragma unroll");
+    c.open("for (int n = 0; n < BC / 8; ++n) {");
+    c.line("const float p0 = exp2f(s[n][0] - b0), p1 = exp2f(s[n][1] - b0);");
+    c.line("const float p2 = exp2f(s[n][2] - b1), p3 = exp2f(s[n][3] - b1);");
+    c.line("l0 += p0 + p1; l1 += p2 + p3;");
+    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "p0", "p1"));
+    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "p2", "p3"));
+    c.close();
+    c.line("#pragma unroll");
+    c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }");
+    c.line("__syncwarp();");
+    c.line(format!(
+        "ig_fa_mm_kn_{}<D / 8, BC, LDP, LD>(o, pw, sv, g, t);",
+        x.mm
+    ));
+    c.close();
+    c.line("l0 = ig_fa_quad_sum(l0); l1 = ig_fa_quad_sum(l1);");
+    c.line(format!("{st}* ob = out + bh * TQ * D;"));
+    for (row, l, m) in [("i0", "l0", "m0"), ("i1", "l1", "m1")] {
+        c.open(format!("if ({row} < TQ) {{"));
+        c.line("#pragma unroll");
+        c.open("for (int n = 0; n < D / 8; ++n) {");
+        let (e0, e1) = if row == "i0" { (0, 1) } else { (2, 3) };
+        c.line(x.store_output_pair(
+            &format!("ob + (unsigned long long){row} * D + n * 8 + 2 * t"),
+            &format!("o[n][{e0}] / {l}"),
+            &format!("o[n][{e1}] / {l}"),
+        ));
+        c.close();
+        c.line(format!(
+            "if (t == 0) lse[bh * TQ + {row}] = ({m} + log2f({l})) * LN2;"
+        ));
+        c.close();
+    }
+    c.close();
+    Ok(finish(
+        c.text,
+        Launch {
+            grid: [grid, 1, 1],
+            block: [threads as u32, 1, 1],
+            shared_bytes: 0,
+        },
+    ))
+}

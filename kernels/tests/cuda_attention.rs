@@ -1,0 +1,406 @@
+//! The fused-attention kernels' code generation, checked on the host: deterministic text named
+//! by its hash, every size and the scale as literals, the parameter lists of the API, refusals
+//! for shapes the kernels do not take, shared memory within 48 KiB for every supported head dim
+//! and precision (the tiling's count and the kernels' own declarations), and the tensor-core
+//! instructions of each precision. (The kernels' arithmetic is checked on the host by
+//! cuda_attention_emu.rs and on the GPU by runtime/tests/cuda_attention.rs.)
+
+use ingot_kernels::cuda::attention::{
+    self, AttentionError, AttentionPrecision, AttentionShape, TileKernel, SHARED_LIMIT,
+};
+use ingot_kernels::cuda::CudaKernel;
+
+const PRECISIONS: [AttentionPrecision; 3] = [
+    AttentionPrecision::F32,
+    AttentionPrecision::Tf32,
+    AttentionPrecision::Bf16,
+];
+
+fn shape(p: AttentionPrecision, tq: usize, tk: usize, d: usize, causal: bool) -> AttentionShape {
+    AttentionShape {
+        batch_heads: 96,
+        seq_q: tq,
+        seq_k: tk,
+        head_dim: d,
+        causal,
+        scale: 0.125,
+        precision: p,
+    }
+}
+
+fn all(s: &AttentionShape) -> Vec<CudaKernel> {
+    let b = attention::backward(s).unwrap();
+    vec![attention::forward(s).unwrap(), b.preprocess, b.dkdv, b.dq]
+}
+
+/// The 64-bit FNV-1a of the text with the name put back to the placeholder.
+fn fnv(text: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in text.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[test]
+fn every_kernel_is_deterministic_and_named_by_the_hash_of_its_text() {
+    for p in PRECISIONS {
+        let s = shape(p, 1000, 1000, 64, true);
+        let (a, b) = (all(&s), all(&s));
+        assert_eq!(a, b, "{p:?}: two generations differ");
+        for k in &a {
+            let text = k.source.replace(&k.name, "@KERNEL@");
+            assert_eq!(k.name, format!("ingot_{:016x}", fnv(&text)), "{p:?}");
+            assert_eq!(k.source.matches(&k.name).count(), 1, "{p:?}: the name once");
+            assert_eq!(k.launch.shared_bytes, 0, "static shared memory only");
+        }
+        let names: std::collections::BTreeSet<_> = a.iter().map(|k| &k.name).collect();
+        assert_eq!(names.len(), 4, "{p:?}: four distinct kernels");
+    }
+}
+
+#[test]
+fn sizes_scale_and_mask_are_literals_that_change_the_name() {
+    let base = shape(AttentionPrecision::Bf16, 1000, 777, 80, false);
+    let f = attention::forward(&base).unwrap();
+    for lit in [
+        "BH = 96",
+        "TQ = 1000",
+        "TK = 777",
+        "D = 80",
+        "SCALE = 0.125f",
+    ] {
+        assert!(f.source.contains(lit), "forward lacks {lit}");
+    }
+    let variants = [
+        AttentionShape {
+            causal: true,
+            ..base
+        },
+        AttentionShape {
+            scale: 0.25,
+            ..base
+        },
+        AttentionShape { seq_k: 778, ..base },
+        AttentionShape {
+            batch_heads: 95,
+            ..base
+        },
+        AttentionShape {
+            precision: AttentionPrecision::Tf32,
+            ..base
+        },
+    ];
+    for v in variants {
+        let g = attention::forward(&v).unwrap();
+        assert_ne!(g.name, f.name, "{v:?} has the name of {base:?}");
+    }
+}
+
+/// The parameters of a kernel's entry point, as `type name` strings.
+fn params(k: &CudaKernel) -> Vec<String> {
+    let at = k.source.find(&format!("{}(", k.name)).unwrap() + k.name.len() + 1;
+    let end = at + k.source[at..].find(')').unwrap();
+    k.source[at..end].split(", ").map(str::to_string).collect()
+}
+
+#[test]
+fn the_parameter_lists_are_the_apis() {
+    for (p, t) in [
+        (AttentionPrecision::F32, "float"),
+        (AttentionPrecision::Tf32, "float"),
+        (AttentionPrecision::Bf16, "unsigned short"),
+    ] {
+        let s = shape(p, 100, 100, 64, true);
+        let k = all(&s);
+        let c = |n: &str| format!("const {t}* {n}");
+        let m = |n: &str| format!("{t}* {n}");
+        assert_eq!(
+            params(&k[0]),
+            [c("q"), c("k"), c("v"), m("out"), "float* lse".into()]
+        );
+        assert_eq!(params(&k[1]), [c("out"), c("dout"), "float* delta".into()]);
+        let lse = "const float* lse".to_string();
+        let delta = "const float* delta".to_string();
+        assert_eq!(
+            params(&k[2]),
+            [
+                c("q"),
+                c("k"),
+                c("v"),
+                c("dout"),
+                lse.clone(),
+                delta.clone(),
+                m("dk"),
+                m("dv")
+            ]
+        );
+        assert_eq!(
+            params(&k[3]),
+            [c("q"), c("k"), c("v"), c("dout"), lse, delta, m("dq")]
+        );
+        for k in &k {
+            assert!(k.source.contains("extern \"C\" __global__"));
+            assert!(!k.source.contains("cuda_bf16.h") && !k.source.contains("__nv_bfloat16"));
+        }
+    }
+}
+
+#[test]
+fn each_precision_uses_its_arithmetic() {
+    let kinds = [
+        (AttentionPrecision::F32, "ig_fa_mm_nk_f32<", "fmaf"),
+        (
+            AttentionPrecision::Tf32,
+            "ig_fa_mm_nk_tf32<",
+            "cvt.rna.tf32.f32",
+        ),
+        (
+            AttentionPrecision::Bf16,
+            "ig_fa_mm_nk_bf16<",
+            "ig_bf16_bits(",
+        ),
+    ];
+    for (p, call, other) in kinds {
+        for k in all(&shape(p, 257, 257, 96, false))
+            .iter()
+            .filter(|k| k.source.contains("__shared__"))
+        {
+            let body = &k.source[k.source.find("extern \"C\"").unwrap()..];
+            assert!(body.contains(call), "{p:?}: {} calls no {call}", k.name);
+            assert!(k.source.contains(other), "{p:?}: {} lacks {other}", k.name);
+            for (q, c, _) in kinds {
+                if q != p {
+                    assert!(!body.contains(c), "{p:?}: {} calls {c}", k.name);
+                }
+            }
+        }
+    }
+    let bf = attention::forward(&shape(AttentionPrecision::Bf16, 64, 64, 64, true)).unwrap();
+    assert!(bf
+        .source
+        .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+    assert!(bf
+        .source
+        .contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"));
+}
+
+/// Bytes of the `__shared__` arrays a kernel declares.
+fn declared_shared(k: &CudaKernel) -> usize {
+    k.source
+        .lines()
+        .filter(|l| l.contains("__shared__"))
+        .map(|l| {
+            let size = if l.contains("unsigned short") { 2 } else { 4 };
+            let n: usize = l[l.find('[').unwrap() + 1..l.find(']').unwrap()]
+                .parse()
+                .unwrap();
+            size * n
+        })
+        .sum()
+}
+
+#[test]
+fn shared_memory_stays_within_48_kib_for_every_supported_head_dim_and_precision() {
+    for p in PRECISIONS {
+        for d in (32..=128).step_by(16) {
+            let s = shape(p, 300, 300, d, true);
+            let k = all(&s);
+            for (kernel, which) in [
+                (&k[0], TileKernel::Forward),
+                (&k[2], TileKernel::Dkdv),
+                (&k[3], TileKernel::Dq),
+            ] {
+                let t = attention::tiling(&s, which).unwrap();
+                let declared = declared_shared(kernel);
+                assert_eq!(declared, t.shared_bytes, "{p:?} d={d} {which:?}");
+                assert!(
+                    declared <= SHARED_LIMIT,
+                    "{p:?} d={d} {which:?}: {declared} bytes"
+                );
+                assert_eq!(kernel.launch.block, [32 * t.warps as u32, 1, 1]);
+                assert_eq!(t.rows, 16 * t.warps);
+                assert_eq!(t.inner % 16, 0);
+            }
+            assert_eq!(declared_shared(&k[1]), 0, "preprocess");
+        }
+    }
+    // GPT-2's shape gets the tilings measured fastest (four warps everywhere).
+    let gpt2 = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
+    for (which, inner) in [
+        (TileKernel::Forward, 64),
+        (TileKernel::Dkdv, 32),
+        (TileKernel::Dq, 64),
+    ] {
+        let t = attention::tiling(&gpt2, which).unwrap();
+        assert_eq!((t.rows, t.inner), (64, inner), "{which:?}");
+    }
+}
+
+#[test]
+fn grids_cover_every_tile_of_every_head() {
+    for p in PRECISIONS {
+        for (tq, tk) in [(1, 1), (17, 100), (257, 64), (1024, 1024)] {
+            let s = shape(p, tq, tk, 64, false);
+            let k = all(&s);
+            let f = attention::tiling(&s, TileKernel::Forward).unwrap();
+            let kv = attention::tiling(&s, TileKernel::Dkdv).unwrap();
+            let q = attention::tiling(&s, TileKernel::Dq).unwrap();
+            assert_eq!(k[0].launch.grid, [(96 * tq.div_ceil(f.rows)) as u32, 1, 1]);
+            assert_eq!(k[1].launch.grid[0] as usize * 8, (96 * tq).div_ceil(8) * 8);
+            assert_eq!(k[2].launch.grid, [(96 * tk.div_ceil(kv.rows)) as u32, 1, 1]);
+            assert_eq!(k[3].launch.grid, [(96 * tq.div_ceil(q.rows)) as u32, 1, 1]);
+        }
+    }
+}
+
+#[test]
+fn unsupported_shapes_are_refused_with_what_is_wrong() {
+    let ok = shape(AttentionPrecision::Bf16, 10, 10, 64, false);
+    for d in [0, 8, 16, 24, 40, 72, 144, 256] {
+        let s = AttentionShape { head_dim: d, ..ok };
+        let e = attention::forward(&s).unwrap_err();
+        assert_eq!(e, AttentionError::UnsupportedHeadDim { head_dim: d });
+        assert!(e.to_string().contains(&format!("head_dim {d}")), "{e}");
+        assert_eq!(attention::backward(&s).unwrap_err(), e);
+    }
+    for (s, what) in [
+        (
+            AttentionShape {
+                batch_heads: 0,
+                ..ok
+            },
+            "batch_heads",
+        ),
+        (AttentionShape { seq_q: 0, ..ok }, "seq_q"),
+        (AttentionShape { seq_k: 0, ..ok }, "seq_k"),
+    ] {
+        assert_eq!(
+            attention::forward(&s).unwrap_err(),
+            AttentionError::Empty { what }
+        );
+        assert!(attention::backward(&s)
+            .unwrap_err()
+            .to_string()
+            .contains(what));
+    }
+    let nan = AttentionShape {
+        scale: f32::NAN,
+        ..ok
+    };
+    let e = attention::forward(&nan).unwrap_err();
+    assert!(matches!(e, AttentionError::NonFiniteScale { .. }));
+    assert!(e.to_string().contains("NaN"), "{e}");
+    let long = AttentionShape {
+        seq_q: 1 << 31,
+        ..ok
+    };
+    assert!(matches!(
+        attention::forward(&long).unwrap_err(),
+        AttentionError::TooLarge { what: "seq_q", .. }
+    ));
+}
+
+#[test]
+fn the_backward_workspace_is_delta() {
+    let s = shape(AttentionPrecision::Tf32, 123, 45, 64, true);
+    assert_eq!(attention::backward_workspace_bytes(&s), 96 * 123 * 4);
+}
+
+/// Every kernel, compiled by the host's C++ compiler as far as the host goes: the device
+/// built-ins declared, the text must parse and type-check (templates instantiated).
+#[test]
+fn the_generated_text_compiles_as_cpp_on_the_host() {
+    use std::process::Command;
+    let Some(cxx) = ["g++", "c++", "clang++"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        eprintln!("skipping: no C++ compiler");
+        return;
+    };
+    let shim = r#"#include <math.h>
+#include <string.h>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define asm(...) ((void)0)
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+struct Dim3 { unsigned x, y, z; };
+static Dim3 threadIdx, blockIdx;
+static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static float __shfl_xor_sync(unsigned, float v, int) { return v; }
+static void __syncthreads() {}
+static void __syncwarp() {}
+"#;
+    let mut src = format!("{shim}{}", ingot_kernels::cuda::PRELUDE_BF16);
+    // Each kernel once (the preprocess kernel of f32 and tf32 is one), as a module holds it.
+    let mut names = std::collections::BTreeSet::new();
+    for p in PRECISIONS {
+        for (d, causal) in [(32, true), (80, false), (128, true)] {
+            for k in all(&shape(p, 100, 77, d, causal)) {
+                if names.insert(k.name.clone()) {
+                    src.push_str(&k.source);
+                }
+            }
+        }
+    }
+    let n = names.len();
+    let dir = std::env::temp_dir().join(format!("ingot_fa_cpp_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("attention.cpp");
+    std::fs::write(&file, &src).unwrap();
+    let out = Command::new(cxx)
+        .args([
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wno-unused-variable",
+            "-Wno-unused-but-set-variable",
+            "-Wno-unknown-pragmas",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{n} kernels do not compile on the host ({}):\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The runtime adds the bf16 prelude only to modules whose kernels call its helpers
+/// (`cuda::prelude_for`): bf16 kernels call them, f32 and tf32 kernels need none.
+#[test]
+fn only_bf16_kernels_call_the_bf16_helpers() {
+    let helpers = [
+        "ig_bf16_bits(",
+        "ig_widen(",
+        "ig_round(",
+        "ig_narrow(",
+        "ig_to_bf16(",
+    ];
+    for p in PRECISIONS {
+        for k in all(&shape(p, 100, 100, 64, true)) {
+            let calls = helpers.iter().any(|h| k.source.contains(h));
+            let needs = p == AttentionPrecision::Bf16;
+            assert_eq!(calls, needs, "{p:?} {}", k.name);
+            assert_eq!(
+                ingot_kernels::cuda::prelude_for([&k]).contains("ig_widen"),
+                needs
+            );
+        }
+    }
+}

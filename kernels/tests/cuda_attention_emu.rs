@@ -1,0 +1,485 @@
+//! The attention kernels run on the host: their generated CUDA C, compiled by the host's C++
+//! compiler with a small emulation of a CUDA block (every thread a coroutine, `__syncthreads`,
+//! `__syncwarp` and shuffles as barriers between them, and the tensor-core instructions and
+//! `ldmatrix` emulated from the PTX ISA's fragment layouts), computes what the f64 reference computes, for
+//! every precision, causal and not, lengths that are not multiples of a tile, Tq ≠ Tk.
+//!
+//! This checks the kernels' logic (tiling, masking, the online softmax, the backward's
+//! recomputation, which thread stores what) without a GPU; the GPU test
+//! (runtime/tests/cuda_attention.rs) checks the same on the device. Skips (saying so) without
+//! a C++ compiler or `ucontext.h`.
+
+use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};
+use ingot_kernels::cuda::{CudaKernel, PRELUDE_BF16};
+use ingot_kernels::dtype::{bf16, bf16_from_f64};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+#[path = "cuda_attention_support/reference.rs"]
+mod reference;
+use reference::{relative_error, uniform, Problem};
+
+/// The host's stand-ins for what the kernels use of CUDA: a block's threads are ucontext
+/// coroutines run one at a time; a thread at a barrier yields, and the scheduler releases a
+/// warp's barrier when its 32 lanes have all arrived, the block's when every thread has.
+const EMU: &str = r#"#include <ucontext.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <utility>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define INGOT_FA_ASM
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+static Dim3 threadIdx, blockIdx;
+static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+
+enum { RUN = 0, WARP = 1, BLOCK = 2, DONE = 3 };
+static const int MAXT = 256;
+struct Fiber { ucontext_t ctx; int state; char* stack; };
+static Fiber fib[MAXT];
+static int nthreads, cur;
+static ucontext_t sched;
+static void yield_as(int st) { fib[cur].state = st; swapcontext(&fib[cur].ctx, &sched); }
+static void __syncthreads() { yield_as(BLOCK); }
+static void __syncwarp(unsigned = 0xffffffffu) { yield_as(WARP); }
+static float xbuf[MAXT];
+static float __shfl_xor_sync(unsigned, float v, int o) {
+  const int me = cur;
+  xbuf[me] = v;
+  yield_as(WARP);
+  const float r = xbuf[(me & ~31) | ((me & 31) ^ o)];
+  yield_as(WARP);
+  return r;
+}
+static unsigned abuf[MAXT][4], bbuf[MAXT][2];
+static float lo(unsigned u) { return __uint_as_float(u << 16); }
+static float hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+// C[16 x 8] += A[16 x K] B[K x 8] from the warp's fragments (K = 16 bf16 or 8 tf32), each dot
+// product in double, rounded once into the f32 accumulator.
+static void warp_mma(float* c, const unsigned* a, const unsigned* b, bool bf) {
+  const int me = cur;
+  memcpy(abuf[me], a, 16);
+  memcpy(bbuf[me], b, 8);
+  yield_as(WARP);
+  const int base = me & ~31, g = (me & 31) >> 2, t = me & 3;
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int gg = l >> 2, tt = l & 3;
+    const unsigned* ar = abuf[base + l];
+    const unsigned* br = bbuf[base + l];
+    if (bf) {
+      A[gg][2 * tt] = lo(ar[0]); A[gg][2 * tt + 1] = hi(ar[0]);
+      A[gg + 8][2 * tt] = lo(ar[1]); A[gg + 8][2 * tt + 1] = hi(ar[1]);
+      A[gg][2 * tt + 8] = lo(ar[2]); A[gg][2 * tt + 9] = hi(ar[2]);
+      A[gg + 8][2 * tt + 8] = lo(ar[3]); A[gg + 8][2 * tt + 9] = hi(ar[3]);
+      B[2 * tt][gg] = lo(br[0]); B[2 * tt + 1][gg] = hi(br[0]);
+      B[2 * tt + 8][gg] = lo(br[1]); B[2 * tt + 9][gg] = hi(br[1]);
+    } else {
+      A[gg][tt] = __uint_as_float(ar[0]); A[gg + 8][tt] = __uint_as_float(ar[1]);
+      A[gg][tt + 4] = __uint_as_float(ar[2]); A[gg + 8][tt + 4] = __uint_as_float(ar[3]);
+      B[tt][gg] = __uint_as_float(br[0]); B[tt + 4][gg] = __uint_as_float(br[1]);
+    }
+  }
+  const int K = bf ? 16 : 8;
+  for (int e = 0; e < 4; ++e) {
+    const int r = e < 2 ? g : g + 8, col = 2 * t + (e & 1);
+    double acc = c[e];
+    for (int k = 0; k < K; ++k) acc += (double)A[r][k] * (double)B[k][col];
+    c[e] = (float)acc;
+  }
+  yield_as(WARP);
+}
+static void ig_fa_mma_bf16(float* c, const unsigned* a, const unsigned* b) { warp_mma(c, a, b, true); }
+static void ig_fa_mma_tf32(float* c, const unsigned* a, const unsigned* b) { warp_mma(c, a, b, false); }
+// ldmatrix.x4 (`trans`: .trans): lane l addresses row l % 8 of matrix l / 8 and gets, of each
+// matrix i, the pair (row l / 4, columns 2 (l % 4), + 1), or of the transposed matrix.
+static const unsigned short* pbuf[MAXT];
+static void ldsm(unsigned* r, const unsigned short* p, bool trans) {
+  const int me = cur;
+  pbuf[me] = p;
+  yield_as(WARP);
+  const int base = me & ~31, l = me & 31;
+  for (int i = 0; i < 4; ++i) {
+    if (!trans) {
+      const unsigned short* row = pbuf[base + 8 * i + l / 4];
+      r[i] = (unsigned)row[2 * (l % 4)] | ((unsigned)row[2 * (l % 4) + 1] << 16);
+    } else {
+      const unsigned short* r0 = pbuf[base + 8 * i + 2 * (l % 4)];
+      const unsigned short* r1 = pbuf[base + 8 * i + 2 * (l % 4) + 1];
+      r[i] = (unsigned)r0[l / 4] | ((unsigned)r1[l / 4] << 16);
+    }
+  }
+  yield_as(WARP);
+}
+static void ig_fa_ldsm4(unsigned* r, const unsigned short* p) { ldsm(r, p, false); }
+static void ig_fa_ldsm4_t(unsigned* r, const unsigned short* p) { ldsm(r, p, true); }
+// cvt.rna.tf32.f32: 10 mantissa bits, to nearest, ties away from zero (finite inputs).
+static unsigned ig_fa_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+typedef void (*Runner)(void**);
+template <typename... A, size_t... I> static void call_impl(void (*f)(A...), void** b, std::index_sequence<I...>) { f((A)b[I]...); }
+template <typename... A> static void call(void (*f)(A...), void** b) { call_impl(f, b, std::index_sequence_for<A...>{}); }
+"#;
+
+/// Runs one kernel: argv[1] the kernel's index; stdin: grid, block, buffer count, then each
+/// buffer (length, bytes); stdout: every buffer after the run.
+const MAIN: &str = r#"
+static Runner g_run;
+static void** g_args;
+static void fiber_main(int id) { g_run(g_args); fib[id].state = DONE; }
+static void run_block(int threads) {
+  nthreads = threads;
+  for (int i = 0; i < threads; ++i) {
+    getcontext(&fib[i].ctx);
+    fib[i].ctx.uc_stack.ss_sp = fib[i].stack;
+    fib[i].ctx.uc_stack.ss_size = 1 << 18;
+    fib[i].ctx.uc_link = &sched;
+    makecontext(&fib[i].ctx, (void (*)())fiber_main, 1, i);
+    fib[i].state = RUN;
+  }
+  for (;;) {
+    for (int i = 0; i < threads; ++i) {
+      if (fib[i].state != RUN) continue;
+      cur = i;
+      threadIdx.x = (unsigned)i;
+      swapcontext(&sched, &fib[i].ctx);
+    }
+    int done = 0, block = 0;
+    bool released = false;
+    for (int i = 0; i < threads; ++i) { done += fib[i].state == DONE; block += fib[i].state == BLOCK; }
+    if (done == threads) return;
+    for (int w = 0; w < threads; w += 32) {
+      int warp = 0;
+      for (int l = w; l < w + 32 && l < threads; ++l) warp += fib[l].state == WARP;
+      if (warp > 0 && warp == (threads - w < 32 ? threads - w : 32)) {
+        for (int l = w; l < w + 32 && l < threads; ++l) fib[l].state = RUN;
+        released = true;
+      }
+    }
+    if (!released && block > 0 && block + done == threads && done == 0) {
+      for (int i = 0; i < threads; ++i) fib[i].state = RUN;
+      released = true;
+    }
+    if (!released) { fprintf(stderr, "deadlock: %d done, %d at __syncthreads of %d\n", done, block, threads); exit(3); }
+  }
+}
+static unsigned long long rd() { unsigned long long x; if (fread(&x, 8, 1, stdin) != 1) exit(4); return x; }
+int main(int argc, char** argv) {
+  if (argc < 2) return 1;
+  const int which = atoi(argv[1]);
+  for (int i = 0; i < MAXT; ++i) fib[i].stack = (char*)malloc(1 << 18);
+  const unsigned long long grid = rd(), block = rd(), n = rd();
+  std::vector<std::vector<unsigned char>> bufs(n);
+  std::vector<void*> ptrs(n);
+  for (unsigned long long i = 0; i < n; ++i) {
+    bufs[i].resize(rd() + 16);
+    if (fread(bufs[i].data(), 1, bufs[i].size() - 16, stdin) != bufs[i].size() - 16) return 5;
+    // 16-byte aligned, as device allocations are (vector loads).
+    void* p = aligned_alloc(256, (bufs[i].size() + 255) / 256 * 256);
+    memcpy(p, bufs[i].data(), bufs[i].size());
+    ptrs[i] = p;
+  }
+  g_run = KERNELS[which];
+  g_args = ptrs.data();
+  for (unsigned long long b = 0; b < grid; ++b) { blockIdx.x = (unsigned)b; run_block((int)block); }
+  for (unsigned long long i = 0; i < n; ++i) fwrite(ptrs[i], 1, bufs[i].size() - 16, stdout);
+  return 0;
+}
+"#;
+
+fn cxx() -> Option<&'static str> {
+    ["g++", "c++", "clang++"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The emulation program holding `kernels` (each once, by name).
+struct Emu {
+    exe: std::path::PathBuf,
+    names: Vec<String>,
+}
+
+impl Emu {
+    fn build(kernels: &[&CudaKernel]) -> Option<Emu> {
+        let Some(cxx) = cxx() else {
+            eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
+            return None;
+        };
+        let mut names: Vec<String> = Vec::new();
+        // The kernels use the bf16 helpers only (not the integer and conversion helpers of
+        // PRELUDE, which need more CUDA built-ins than this emulation has).
+        let mut src = format!("{EMU}{PRELUDE_BF16}");
+        for k in kernels {
+            if !names.contains(&k.name) {
+                names.push(k.name.clone());
+                src.push_str(&k.source);
+            }
+        }
+        src.push_str("static Runner KERNELS[] = {\n");
+        for n in &names {
+            src.push_str(&format!("  [](void** b) {{ call({n}, b); }},\n"));
+        }
+        src.push_str("};\n");
+        src.push_str(MAIN);
+        let dir = std::env::temp_dir().join(format!("ingot_fa_emu_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (file, exe) = (dir.join("emu.cpp"), dir.join("emu"));
+        std::fs::write(&file, &src).unwrap();
+        let out = Command::new(cxx)
+            .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
+            .arg(&exe)
+            .arg(&file)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("ucontext.h") {
+                eprintln!("skipping: the host has no ucontext.h");
+                return None;
+            }
+            panic!(
+                "the attention kernels do not compile on the host ({}):\n{}",
+                file.display(),
+                err.lines().take(40).collect::<Vec<_>>().join("\n")
+            );
+        }
+        Some(Emu { exe, names })
+    }
+
+    /// Runs `k` over `bufs` (in parameter order); returns the buffers afterwards.
+    fn run(&self, k: &CudaKernel, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let which = self.names.iter().position(|n| *n == k.name).unwrap();
+        let mut stdin = Vec::new();
+        for x in [k.launch.grid[0], k.launch.block[0], bufs.len() as u32] {
+            stdin.extend(u64::from(x).to_ne_bytes());
+        }
+        assert_eq!(
+            k.launch.grid[1] * k.launch.grid[2] * k.launch.block[1] * k.launch.block[2],
+            1
+        );
+        for b in bufs {
+            stdin.extend((b.len() as u64).to_ne_bytes());
+            stdin.extend(b);
+        }
+        let mut child = Command::new(&self.exe)
+            .arg(which.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut w = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || w.write_all(&stdin).unwrap());
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        assert!(
+            out.status.success(),
+            "emulated {} failed: {}",
+            k.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut at = 0;
+        bufs.iter()
+            .map(|b| {
+                let v = out.stdout[at..at + b.len()].to_vec();
+                at += b.len();
+                v
+            })
+            .collect()
+    }
+}
+
+/// Values as the kernels store them (f32, or bf16 rounded to nearest even), and back.
+fn encode(p: AttentionPrecision, xs: &[f64]) -> Vec<u8> {
+    match p {
+        AttentionPrecision::Bf16 => xs
+            .iter()
+            .flat_map(|&x| bf16_from_f64(x).to_bits().to_ne_bytes())
+            .collect(),
+        _ => xs.iter().flat_map(|&x| (x as f32).to_ne_bytes()).collect(),
+    }
+}
+fn decode(p: AttentionPrecision, b: &[u8]) -> Vec<f64> {
+    match p {
+        AttentionPrecision::Bf16 => b
+            .chunks(2)
+            .map(|c| bf16::from_bits(u16::from_ne_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+        _ => b
+            .chunks(4)
+            .map(|c| f64::from(f32::from_ne_bytes(c.try_into().unwrap())))
+            .collect(),
+    }
+}
+fn f32s(b: &[u8]) -> Vec<f64> {
+    b.chunks(4)
+        .map(|c| f64::from(f32::from_ne_bytes(c.try_into().unwrap())))
+        .collect()
+}
+
+/// Tolerance of each precision, relative to the output's scale.
+fn tolerance(p: AttentionPrecision) -> f64 {
+    match p {
+        AttentionPrecision::F32 => 1e-5,
+        AttentionPrecision::Tf32 => 5e-3,
+        AttentionPrecision::Bf16 => 2e-2,
+    }
+}
+
+fn shape(
+    p: AttentionPrecision,
+    bh: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    causal: bool,
+) -> AttentionShape {
+    AttentionShape {
+        batch_heads: bh,
+        seq_q: tq,
+        seq_k: tk,
+        head_dim: d,
+        causal,
+        scale: 1.0 / (d as f32).sqrt(),
+        precision: p,
+    }
+}
+
+/// Runs forward and backward of `s` in the emulation and compares every output with the
+/// reference; returns the failures.
+fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
+    let p = s.precision;
+    let prob = Problem {
+        bh: s.batch_heads,
+        tq: s.seq_q,
+        tk: s.seq_k,
+        d: s.head_dim,
+        causal: s.causal,
+        scale: f64::from(s.scale),
+    };
+    let (nq, nk) = (prob.bh * prob.tq * prob.d, prob.bh * prob.tk * prob.d);
+    // Inputs as the kernels see them (rounded to the storage type).
+    let round = |xs: Vec<f64>| decode(p, &encode(p, &xs));
+    let q = round(uniform(nq, seed, 2.0));
+    let k = round(uniform(nk, seed + 1, 1.0));
+    let v = round(uniform(nk, seed + 2, 1.0));
+    let dout = round(uniform(nq, seed + 3, 1.0));
+    let (want_out, want_lse) = prob.forward(&q, &k, &v);
+    let (want_dq, want_dk, want_dv, terms) = prob.backward(&q, &k, &v, &dout);
+    let es = if p == AttentionPrecision::Bf16 { 2 } else { 4 };
+    let junk = |n: usize| vec![0xffu8; n];
+    let fwd = attention::forward(s).unwrap();
+    let r = emu.run(
+        &fwd,
+        &[
+            encode(p, &q),
+            encode(p, &k),
+            encode(p, &v),
+            junk(nq * es),
+            junk(prob.bh * prob.tq * 4),
+        ],
+    );
+    let out = decode(p, &r[3]);
+    let lse = f32s(&r[4]);
+    let bwd = attention::backward(s).unwrap();
+    let delta = emu
+        .run(
+            &bwd.preprocess,
+            &[r[3].clone(), encode(p, &dout), junk(prob.bh * prob.tq * 4)],
+        )
+        .pop()
+        .unwrap();
+    let want_delta: Vec<f64> = (0..prob.bh * prob.tq)
+        .map(|i| {
+            (0..prob.d)
+                .map(|c| out[i * prob.d + c] * dout[i * prob.d + c])
+                .sum()
+        })
+        .collect();
+    let common = [
+        encode(p, &q),
+        encode(p, &k),
+        encode(p, &v),
+        encode(p, &dout),
+        r[4].clone(),
+        delta.clone(),
+    ];
+    let mut a = common.to_vec();
+    a.extend([junk(nk * es), junk(nk * es)]);
+    let r2 = emu.run(&bwd.dkdv, &a);
+    let mut b = common.to_vec();
+    b.push(junk(nq * es));
+    let r3 = emu.run(&bwd.dq, &b);
+    let tol = tolerance(p);
+    let mut bad = Vec::new();
+    for (what, got, want, tol, floor) in [
+        ("out", out, want_out, tol, 1e-3),
+        ("lse", lse, want_lse, tol, 1e-3),
+        ("delta", f32s(&delta), want_delta, 1e-5, 1e-3),
+        ("dk", decode(p, &r2[6]), want_dk, tol, terms),
+        ("dv", decode(p, &r2[7]), want_dv, tol, 1e-3),
+        ("dq", decode(p, &r3[6]), want_dq, tol, terms),
+    ] {
+        let e = relative_error(&got, &want, floor);
+        eprintln!(
+            "{:?} {} {} {} {} {what}: {e:.2e}",
+            p, s.seq_q, s.seq_k, s.head_dim, s.causal
+        );
+        if e.is_nan() || e > tol {
+            bad.push(format!(
+                "{s:?}: {what} differs by {e:.2e} (tolerance {tol:.0e})"
+            ));
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_attention_kernels_emulated_on_the_host_match_the_f64_reference() {
+    use AttentionPrecision::*;
+    let mut shapes = Vec::new();
+    for p in [F32, Tf32, Bf16] {
+        // Odd lengths (a partial tile), a causal diagonal crossing tiles, Tq ≠ Tk both ways.
+        shapes.push(shape(p, 2, 17, 17, 32, true));
+        shapes.push(shape(p, 1, 70, 70, 80, true));
+        shapes.push(shape(p, 1, 33, 70, 64, false));
+        shapes.push(shape(p, 1, 1, 20, 128, false));
+    }
+    shapes.push(shape(Bf16, 1, 70, 37, 96, true));
+    shapes.push(shape(F32, 1, 37, 70, 48, true));
+    let kernels: Vec<(CudaKernel, attention::AttentionBackward)> = shapes
+        .iter()
+        .map(|s| {
+            (
+                attention::forward(s).unwrap(),
+                attention::backward(s).unwrap(),
+            )
+        })
+        .collect();
+    let all: Vec<&CudaKernel> = kernels
+        .iter()
+        .flat_map(|(f, b)| [f, &b.preprocess, &b.dkdv, &b.dq])
+        .collect();
+    let Some(emu) = Emu::build(&all) else { return };
+    let mut bad = Vec::new();
+    for (i, s) in shapes.iter().enumerate() {
+        bad.extend(check(&emu, s, 10 * i as u64));
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
