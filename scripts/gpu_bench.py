@@ -89,12 +89,17 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEMS = ["ingot", "torch-eager", "torch-compile", "jax"]
+# Also available (--systems): PyTorch torch.compile with fused attention (SDPA), and Ingot with its
+# attention fusion off (the plain attention the other columns compute).
+EXTRA_SYSTEMS = ["torch-compile-sdpa", "ingot-plain"]
 MODES = ["f32", "tf32", "bf16"]
 MODELS = ["mlp", "gpt-mini", "gpt2"]
 LABELS = {
     "ingot": "Ingot",
     "torch-eager": "PyTorch eager",
     "torch-compile": "PyTorch torch.compile",
+    "torch-compile-sdpa": "PyTorch torch.compile + SDPA",
+    "ingot-plain": "Ingot, attention unfused",
     "jax": "JAX jit (XLA)",
 }
 MiB = 1024 * 1024
@@ -166,7 +171,9 @@ def torch_cell(a):
     torch.backends.cudnn.allow_tf32 = tf32
     notes.append(f"float32_matmul_precision={torch.get_float32_matmul_precision()}")
     device = torch.device(a.device)
-    compiled = a.worker == "torch-compile"
+    compiled = a.worker in ("torch-compile", "torch-compile-sdpa")
+    tr.ATTENTION = "sdpa" if a.worker == "torch-compile-sdpa" else "plain"
+    notes.append(f"attention={tr.ATTENTION}")
 
     def setup():
         model, make_optimizer = tr.build(a.model, foreach=None)  # PyTorch's default optimizer
@@ -539,9 +546,11 @@ def parse_ingot(out, warmup, steps):
     }
 
 
-def ingot_cell(a, model, mode):
+def ingot_cell(a, model, mode, plain_attention=False):
     cmd = [a.ingot, "train", "--model", model, "--device", a.device, "--steps", str(a.warmup + a.steps),
            "--json", "--seed", str(a.seed), "--precision", mode]  # fmt: skip
+    if plain_attention:
+        cmd.append("--no-fuse-attention")
     rc, out, err, seconds, timed_out = run_subprocess(cmd, dict(os.environ), a.timeout)
     cell = {"command": shlex.join(cmd), "returncode": rc, "wall_seconds": round(seconds, 2)}
     if timed_out:
@@ -641,7 +650,7 @@ def table(cells, models, systems):
                 elif c["ok"]:
                     text = ms(c["result"]["median_ms"])
                     for n in c["result"].get("notes") or []:
-                        if n.startswith(("float32_matmul", "jax_default_matmul", "forward+loss and", "cpu:")):
+                        if n.startswith(("float32_matmul", "jax_default_matmul", "forward+loss and", "cpu:", "attention=")):
                             continue  # settings every cell of its kind has: in the JSON only
                         notes.append(f"[{len(notes) + 1}] {model} {system} {mode}: {n}")
                         text += f" [{len(notes)}]"
@@ -666,7 +675,7 @@ def loss_checks(cells):
     by = {(c["model"], c["system"], c["mode"]): c for c in cells if c["ok"]}
     for (model, system, mode), c in sorted(by.items()):
         ref = by.get((model, "torch-eager", mode))
-        if ref is None or system in ("ingot", "torch-eager"):
+        if ref is None or system in ("ingot", "ingot-plain", "torch-eager"):
             continue
         for which, tol in (("first", 1e-4 if mode == "f32" else 1e-2), ("last", 1e-3 if mode == "f32" else 5e-2)):
             if which == "last" and (c.get("steps_run") is None or c.get("steps_run") != ref.get("steps_run")):
@@ -694,7 +703,7 @@ def write_json(path, doc):
 
 
 def parent_main(a):
-    if "ingot" in a.systems:
+    if any(s.startswith("ingot") for s in a.systems):
         if not a.ingot:
             log("--ingot PATH is needed for the ingot cells (or leave ingot out of --systems)")
             return 2
@@ -747,7 +756,8 @@ def parent_main(a):
     for n, (model, system, mode) in enumerate(plan, 1):
         log(f"[{n}/{len(plan)}] {model} {system} {mode} ...")
         try:
-            cell = ingot_cell(a, model, mode) if system == "ingot" else worker_cell(a, model, system, mode)
+            cell = (ingot_cell(a, model, mode, system == "ingot-plain") if system.startswith("ingot")
+                    else worker_cell(a, model, system, mode))
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted: the cells so far follow")
@@ -797,7 +807,7 @@ def table_main(paths):
         gpu = (m.get("gpu") or {}).get("name", m.get("device"))
         print(f"{m.get('date')}: {m.get('warmup')} warmup + {m.get('steps')} timed steps, median; GPU: {gpu}; "
               f"torch {m['versions'].get('torch')}, jax {m['versions'].get('jax')}")  # fmt: skip
-    print(table(list(cells.values()), models, SYSTEMS), flush=True)
+    print(table(list(cells.values()), models, SYSTEMS + EXTRA_SYSTEMS), flush=True)
     return 0
 
 
@@ -815,7 +825,8 @@ def main():
     ap.add_argument("--models", nargs="+", default=MODELS, metavar="MODEL",
                     help="mlp, gpt-mini, gpt2 or gpt:vocab=..,... (default: mlp gpt-mini gpt2)")
     ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES, help="default: f32 tf32 bf16")
-    ap.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS, help="default: all four")
+    ap.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS + EXTRA_SYSTEMS,
+                    help="default: the first four; also torch-compile-sdpa, ingot-plain")
     ap.add_argument("--steps", type=int, default=50, help="timed steps per cell (default 50)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per cell before it is killed (default 300)")
@@ -826,7 +837,7 @@ def main():
     ap.add_argument("--table", nargs="+", metavar="RUN.json",
                     help="run nothing: print one table from the --json files of earlier runs")
     # One cell, in the subprocess the parent starts; not for direct use.
-    ap.add_argument("--worker", choices=["torch-eager", "torch-compile", "jax"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["torch-eager", "torch-compile", "torch-compile-sdpa", "jax"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -131,6 +131,12 @@ class MLP(nn.Module):
         return F.cross_entropy(self.fc3(h), y)
 
 
+# "plain": attention as written below (scores and probabilities stored); "sdpa": PyTorch's fused
+# attention (torch.nn.functional.scaled_dot_product_attention, is_causal=True), what a PyTorch
+# user of torch.compile on an H100 runs. scripts/gpu_bench.py's torch-compile-sdpa sets it.
+ATTENTION = "plain"
+
+
 class Block(nn.Module):
     """Pre-LayerNorm block: x + proj(attn(ln1(x))), then x + fc2(gelu_tanh(fc(ln2(x))))."""
 
@@ -152,6 +158,9 @@ class Block(nn.Module):
         q = q.view(b, t, h, hd).transpose(1, 2)  # [b, h, t, hd]
         k = k.view(b, t, h, hd).transpose(1, 2)
         v = v.view(b, t, h, hd).transpose(1, 2)
+        if ATTENTION == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).contiguous().view(b, t, d))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # [b, h, t, t]
         future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
