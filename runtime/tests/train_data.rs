@@ -560,6 +560,7 @@ fn clipping_by_the_global_norm_follows_torchs_clip_grad_norm() {
         ingot_compiler::autodiff::StepOptions {
             lr_scale: false,
             clip_grad_norm: Some(max),
+            ..Default::default()
         },
     );
     let mut p = f64s(&s.parameters()["p"]);
@@ -593,6 +594,7 @@ fn the_learning_rate_input_scales_the_update_and_one_step_serves_a_schedule() {
     let opts = ingot_compiler::autodiff::StepOptions {
         lr_scale: true,
         clip_grad_norm: None,
+        ..Default::default()
     };
     let mut s = session_with(&model, opts);
     assert!(s.has_lr_scale());
@@ -724,12 +726,17 @@ fn an_evaluation_is_the_training_steps_loss_on_the_same_batch_and_changes_nothin
     let d = scratch("eval-equal");
     let bin = byte_tokens(&d);
     let model = ingot_compiler::models::by_name(BYTE_GPT).unwrap();
-    let mut train = ingot_runtime::session::Session::new(&model, 5).unwrap();
-    let mut eval =
-        ingot_runtime::trainer::eval::Evaluator::new(&model, Default::default(), &bin, 1, 5)
+    let opts = ingot_runtime::session::Session::cpu_options();
+    let exe = ingot_compiler::pipeline::compile(&model, &opts)
+        .unwrap()
+        .executable(ingot_compiler::lower::Target::Cpu)
+        .unwrap();
+    let mut train =
+        ingot_runtime::trainer::eval::session_with_eval(&model, exe, &opts, 5, Default::default())
             .unwrap();
+    let mut eval = ingot_runtime::trainer::eval::Evaluator::new(&train, &bin, 1, 5).unwrap();
     let before = train.parameters();
-    let v = eval.evaluate(&train).unwrap();
+    let v = eval.evaluate(&mut train).unwrap();
     assert_eq!(
         train.parameters(),
         before,

@@ -252,30 +252,32 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .precision
         .for_device(a.run.device.unwrap_or(Device::Cpu))?;
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
-    let (model, compiled, _) = super::stages::load_and_compile(
-        &a.model,
-        &a.model.step_options(scheduled),
-        &opts,
-        !a.run.json,
-    )?;
+    // AdamW's step number is an input the session counts, so the one compiled step serves a
+    // resumed run too; the learning-rate scale input only where a schedule drives it.
+    let mut step_options = a.model.step_options(scheduled);
+    step_options.step_input = true;
+    if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
+        return Err(Failure::new(
+            2,
+            "--eval-batches and --eval-every must be at least 1",
+        ));
+    }
+    let (model, compiled, _) =
+        super::stages::load_and_compile(&a.model, &step_options, &opts, !a.run.json)?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
-    let mut session = Session::from_executable(exe, a.run.seed, device)?;
-    let eval = match &a.run.val {
+    let (mut session, eval) = match &a.run.val {
+        // The validation step is planned into the training step's allocation.
         Some(val) => {
-            if a.run.eval_batches == 0 || a.run.eval_every == Some(0) {
-                return Err(Failure::new(
-                    2,
-                    "--eval-batches and --eval-every must be at least 1",
-                ));
-            }
-            Some(
-                Evaluator::new(&model, device, val, a.run.eval_batches, a.run.seed)
-                    .map_err(|e| Failure::new(1, e))?,
-            )
+            let session =
+                crate::trainer::eval::session_with_eval(&model, exe, &opts, a.run.seed, device)
+                    .map_err(|e| Failure::new(1, e))?;
+            let eval = Evaluator::new(&session, val, a.run.eval_batches, a.run.seed)
+                .map_err(|e| Failure::new(1, e))?;
+            (session, Some(eval))
         }
-        None => None,
+        None => (Session::from_executable(exe, a.run.seed, device)?, None),
     };
     train_with(&mut session, &a.run, device, eval)
 }
@@ -360,7 +362,7 @@ impl Run<'_> {
     /// `info` is the batch's (data set runs).
     fn after_step(
         &mut self,
-        session: &Session,
+        session: &mut Session,
         r: StepResult,
         info: Option<BatchInfo>,
     ) -> Result<Next, Failure> {
@@ -473,7 +475,7 @@ impl Run<'_> {
     }
 
     /// Runs the validation step (if any) on the current parameters and reports its loss.
-    fn evaluate(&mut self, session: &Session) -> Result<(), Failure> {
+    fn evaluate(&mut self, session: &mut Session) -> Result<(), Failure> {
         let Some(eval) = &mut self.eval else {
             return Ok(());
         };
@@ -636,6 +638,8 @@ fn train_with(
             session
                 .load_optimizer_state(&ck.optimizer_state)
                 .map_err(at)?;
+            // AdamW's step number, where it is an input: the updates the checkpoint made.
+            session.set_updates_done(ck.info.step);
             Some(ck.info)
         }
         None => None,
@@ -763,8 +767,8 @@ fn train_with(
         model: session.model().to_string(),
         device: session.exe().device(),
         dataset: dataset.clone(),
-        planned_bytes: session.exe().plan().total_bytes,
-        eval_planned_bytes: eval.as_ref().map(Evaluator::planned_bytes),
+        planned_bytes: planned_total(session),
+        eval_layout: session.shared_layout(),
         ..Default::default()
     };
     let mut run = Run {
@@ -781,7 +785,7 @@ fn train_with(
         dataset,
         shuffle_seed,
         bar,
-        planned: human(session.exe().plan().total_bytes),
+        planned: human(planned_total(session)),
         seconds: Vec::new(),
         wall: Vec::new(),
         free_after_first: None,
@@ -947,10 +951,15 @@ struct Summary {
     non_finite_loss_step: Option<u64>,
     median_step_seconds: Option<f64>,
     median_wall_seconds: Option<f64>,
-    /// The plan's total: the one allocation's size, reported before launch.
+    /// The plan's total: the one allocation's size, reported before launch (with --val, the
+    /// total of the training and validation steps together).
     planned_bytes: usize,
     resident_bytes: usize,
+    /// The training step's slab.
     slab_bytes: usize,
+    /// With --val: how the one allocation divides between the two steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eval: Option<ingot_compiler::plan::shared::SharedLayout>,
     /// GPU only: the drop in free device memory the allocation caused.
     measured_bytes: Option<usize>,
     /// GPU only: device memory in use before the allocation (CUDA context, cuBLAS, kernels).
@@ -964,6 +973,14 @@ struct Summary {
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
     staging_bytes: Option<usize>,
+}
+
+/// The one allocation's planned size: the training step's plan total, or with a validation
+/// step, the two steps' shared total.
+fn planned_total(session: &Session) -> usize {
+    session
+        .shared_layout()
+        .map_or(session.exe().plan().total_bytes, |l| l.total_bytes)
 }
 
 fn median(xs: &[f64]) -> Option<f64> {
@@ -1002,9 +1019,10 @@ fn summary(
         non_finite_loss_step,
         median_step_seconds: median(seconds),
         median_wall_seconds: median(wall),
-        planned_bytes: plan.total_bytes,
+        planned_bytes: planned_total(session),
         resident_bytes: plan.resident_bytes,
         slab_bytes: plan.slab_bytes,
+        eval: session.shared_layout(),
         measured_bytes: mem.map(|m| m.allocation),
         context_bytes: mem.map(|m| m.before_allocation),
         graph_bytes: mem.map(|m| m.graph),
@@ -1029,12 +1047,23 @@ fn summary(
             w * 1e3
         )?;
     }
-    crate::outln!(
-        "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
-        mib(s.planned_bytes),
-        mib(s.resident_bytes),
-        mib(s.slab_bytes)
-    )?;
+    match s.eval {
+        None => crate::outln!(
+            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
+            mib(s.planned_bytes),
+            mib(s.resident_bytes),
+            mib(s.slab_bytes)
+        )?,
+        Some(l) => crate::outln!(
+            "memory planned: {:.1} MiB, one allocation for the training and validation steps: {:.1} MiB resident (parameters shared) + max({:.1} MiB training slab, {:.1} MiB validation slab) + {:.1} MiB validation inputs (two allocations would take {:.1} MiB)",
+            mib(s.planned_bytes),
+            mib(l.slab_base),
+            mib(l.train_slab_bytes),
+            mib(l.eval_slab_bytes),
+            mib(l.eval_only_bytes),
+            mib(l.separate_bytes())
+        )?,
+    }
     if let Some(b) = staging_bytes {
         crate::outln!(
             "data staging: {:.2} MiB of host memory{} in two buffers, allocated once",
