@@ -125,7 +125,8 @@ pub struct StepArgs {
         conflicts_with = "dataset"
     )]
     pub save_data: Option<PathBuf>,
-    /// Print one JSON object per step ({"step", "loss", "seconds", "wall_seconds"}; with
+    /// Print one JSON object per step ({"step", "loss", "seconds", "wall_seconds",
+    /// "interval_seconds"}; with
     /// --dataset also "epoch" and "tokens_per_s" or "samples_per_s"), one {"epoch_end": ..}
     /// per finished epoch, then one {"summary": {..}} with the planned and measured memory and
     /// the median step time.
@@ -203,6 +204,10 @@ struct StepLine {
     seconds: f64,
     /// The wall clock of the step and the loss's copy to the host.
     wall_seconds: f64,
+    /// Step to step: the wall clock from the end of the previous step's loop iteration to the
+    /// end of this one (data waits, staging, the step, the loss's copy, this line's printing):
+    /// what a run's throughput is made of, on a fixed batch and over a data set alike.
+    interval_seconds: f64,
     /// Tokens (of a token stream) trained on per second of wall clock, data waits included.
     #[serde(skip_serializing_if = "Option::is_none")]
     tokens_per_s: Option<f64>,
@@ -279,7 +284,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         }
         None => (Session::from_executable(exe, a.run.seed, device)?, None),
     };
-    train_with(&mut session, &a.run, device, eval)
+    train_with(&mut session, &a.run, device, eval, Some(model.optimizer))
 }
 
 impl StepArgs {
@@ -323,6 +328,10 @@ struct Run<'a> {
     /// "tokens" or "samples" and how many a batch holds (data set runs).
     units: Option<(&'static str, usize)>,
     dataset: Option<String>,
+    /// The data set's identity saved in checkpoints ([`trainer::dataset_fingerprint`]).
+    dataset_fingerprint: Option<String>,
+    /// The optimizer and its settings saved in checkpoints, where known.
+    optimizer: Option<ingot_compiler::models::Optimizer>,
     shuffle_seed: Option<u64>,
     bar: Option<ProgressBar>,
     planned: String,
@@ -394,6 +403,7 @@ impl Run<'_> {
                 loss: r.loss,
                 seconds: r.seconds,
                 wall_seconds: r.wall_seconds,
+                interval_seconds: interval,
                 tokens_per_s: rate.filter(|r| r.0 == "tokens").map(|r| r.1),
                 samples_per_s: rate.filter(|r| r.0 == "samples").map(|r| r.1),
                 lr_scale,
@@ -562,6 +572,8 @@ impl Run<'_> {
             precision: self.precision.clone(),
             dataset: self.dataset.clone(),
             schedule: self.schedule,
+            dataset_fingerprint: self.dataset_fingerprint.clone(),
+            optimizer_settings: self.optimizer.map(|o| o.to_string()),
             weights: String::new(),
             optimizer: String::new(),
         };
@@ -584,15 +596,17 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    train_with(session, a, device, None)
+    train_with(session, a, device, None, None)
 }
 
-/// As [`train`], evaluating with `eval` (`--val`) as `a` says.
+/// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
+/// known (recorded in checkpoints and compared on resume).
 fn train_with(
     session: &mut Session,
     a: &StepArgs,
     device: session::Device,
     eval: Option<Evaluator>,
+    optimizer: Option<ingot_compiler::models::Optimizer>,
 ) -> Result<(), Failure> {
     a.check_steps()?;
     if let Some(path) = &a.init {
@@ -626,11 +640,26 @@ fn train_with(
         None => None,
     };
     let dataset = source.as_ref().map(|s| s.describe());
+    let dataset_fingerprint = match (&a.dataset, &dataset) {
+        (Some(path), Some(d)) => Some(trainer::dataset_fingerprint(path, d)?),
+        _ => None,
+    };
     let resumed = match &a.resume {
         Some(dir) => {
             let ck = checkpoint::load(dir).map_err(|e| Failure::new(1, e))?;
-            checkpoint::check_same_run(dir, &ck.info, session.model(), dataset.as_deref())
-                .map_err(|e| Failure::new(1, e))?;
+            checkpoint::check_same_run(
+                dir,
+                &ck.info,
+                session.model(),
+                dataset.as_deref(),
+                dataset_fingerprint.as_deref(),
+            )
+            .map_err(|e| Failure::new(1, e))?;
+            if let Some(note) = checkpoint::check_optimizer(dir, &ck.info, optimizer.as_ref())
+                .map_err(|e| Failure::new(1, e))?
+            {
+                eprintln!("ingot: {note}");
+            }
             let at = |e: session::SessionError| {
                 Failure::new(1, format!("checkpoint {}: {e}", dir.display()))
             };
@@ -783,6 +812,8 @@ fn train_with(
         last,
         units,
         dataset,
+        dataset_fingerprint,
+        optimizer,
         shuffle_seed,
         bar,
         planned: human(planned_total(session)),
