@@ -675,7 +675,10 @@ impl Session {
         }
         let unknown: Vec<String> = state
             .keys()
-            .filter(|k| !names.contains(k) && !(counted.is_some() && *k == STEP_COUNTER))
+            .filter(|k| {
+                let counted_step = counted.is_some() && *k == STEP_COUNTER;
+                !names.contains(k) && !counted_step
+            })
             .cloned()
             .collect();
         if !unknown.is_empty() {

@@ -50,6 +50,14 @@ unsafe impl GlobalAlloc for Large {
 #[global_allocator]
 static ALLOCATOR: Large = Large;
 
+/// The tests of this file run one at a time: the counts above are global, and another test's
+/// allocations would land in them.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A small byte-level GPT (AdamW, its default optimizer).
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=4";
 
@@ -75,6 +83,7 @@ fn batch(session: &Session, seed: u64) -> (Vec<u8>, Vec<u8>) {
 
 #[test]
 fn the_shared_eval_steps_losses_equal_a_separately_compiled_eval_step_bit_for_bit() {
+    let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
     let opts = Session::cpu_options();
     let pair = pair_with_eval(&model, train_exe(&model, &inputs()), &opts).unwrap();
@@ -115,6 +124,7 @@ fn the_shared_eval_steps_losses_equal_a_separately_compiled_eval_step_bit_for_bi
 
 #[test]
 fn the_pair_is_one_allocation_of_the_larger_total_not_the_sum() {
+    let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
     let pair = pair_with_eval(
         &model,
@@ -172,6 +182,7 @@ fn train_params_bytes(pair: &ingot_compiler::exe::StepPair) -> usize {
 
 #[test]
 fn adamws_step_number_as_an_input_trains_bit_identically_to_the_counter_kept_as_state() {
+    let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
     let state = train_exe(&model, &StepOptions::default());
     let input = train_exe(&model, &inputs());
@@ -212,6 +223,7 @@ fn losses(s: &mut Session, seeds: std::ops::Range<u64>) -> Vec<f64> {
 
 #[test]
 fn a_resumed_adamw_run_with_the_step_input_equals_the_uninterrupted_one() {
+    let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
     let mut whole = Session::from_executable(train_exe(&model, &inputs()), 9, Device::Cpu).unwrap();
     let all = losses(&mut whole, 0..8);
@@ -239,4 +251,43 @@ fn a_resumed_adamw_run_with_the_step_input_equals_the_uninterrupted_one() {
     let off = losses(&mut wrong, 4..8);
     assert_eq!(off[0].to_bits(), all[4].to_bits(), "the same first loss");
     assert_ne!(off[1].to_bits(), all[5].to_bits(), "a different second one");
+}
+
+#[test]
+fn training_and_evaluating_in_the_shared_allocation_allocate_nothing_per_step() {
+    let _one_at_a_time = serial();
+    let model = by_name(GPT).unwrap();
+    let pair = pair_with_eval(
+        &model,
+        train_exe(
+            &model,
+            &StepOptions {
+                lr_scale: true,
+                step_input: true,
+                ..Default::default()
+            },
+        ),
+        &Session::cpu_options(),
+    )
+    .unwrap();
+    let mut s = Session::from_pair(pair, 2, Device::Cpu).unwrap();
+    let slots = s.input_slots().unwrap();
+    let (x, y) = batch(&s, 5);
+    // Warm: the first step of each may touch lazily made state.
+    s.step_on(&slots, &x, &y).unwrap();
+    s.eval_on(&x, &y).unwrap();
+    THRESHOLD.store(1, Ordering::SeqCst);
+    LARGE.store(0, Ordering::SeqCst);
+    for i in 0..4 {
+        s.set_lr_scale(1.0 / (i + 1) as f64).unwrap();
+        s.step_on(&slots, &x, &y).unwrap();
+        s.step().unwrap();
+        s.eval_on(&x, &y).unwrap();
+    }
+    THRESHOLD.store(0, Ordering::SeqCst);
+    assert_eq!(
+        LARGE.load(Ordering::SeqCst),
+        0,
+        "allocations during the steps"
+    );
 }
