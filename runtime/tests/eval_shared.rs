@@ -291,3 +291,94 @@ fn training_and_evaluating_in_the_shared_allocation_allocate_nothing_per_step() 
         "allocations during the steps"
     );
 }
+
+fn ingot(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .output()
+        .expect("ingot runs")
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn ingot_plan_with_eval_gives_the_shared_total_and_its_parts_and_budgets_it() {
+    let _one_at_a_time = serial();
+    let doc = json_of(&ingot(&["plan", "--model", GPT, "--eval", "--json"]));
+    let train = doc["total_bytes"].as_u64().unwrap();
+    let e = &doc["eval"];
+    let total = e["total_bytes"].as_u64().unwrap();
+    assert_eq!(e["train_total_bytes"].as_u64(), Some(train));
+    assert!(total >= train, "{total} < {train}");
+    assert!(
+        total < train + e["eval_alone_bytes"].as_u64().unwrap(),
+        "max-based, not a sum: {e}"
+    );
+    let text = ingot(&["plan", "--model", GPT, "--eval"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("with the evaluation step"));
+    // A budget the training step fits but the pair does not.
+    if total > train {
+        let out = ingot(&[
+            "plan",
+            "--model",
+            GPT,
+            "--eval",
+            "--budget",
+            &train.to_string(),
+        ]);
+        assert_eq!(out.status.code(), Some(3));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("training and evaluation steps"));
+    }
+}
+
+#[test]
+fn a_training_run_with_val_reports_one_allocation_for_both_steps() {
+    let _one_at_a_time = serial();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("eval-shared-run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // 2000 byte tokens of a vocabulary of 64: ids below the model's bound.
+    let tokens: Vec<u8> = (0..2000u32)
+        .flat_map(|i| (((i * 7 + i / 13) % 64) as u16).to_le_bytes())
+        .collect();
+    let bin = dir.join("tokens.bin");
+    std::fs::write(&bin, tokens).unwrap();
+    let bin = bin.to_str().unwrap();
+    let out = ingot(&[
+        "train",
+        "--model",
+        GPT,
+        "--dataset",
+        bin,
+        "--val",
+        bin,
+        "--steps",
+        "3",
+        "--eval-batches",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.get("val_loss").is_some()),
+        "evaluated"
+    );
+    let s = &lines.last().unwrap()["summary"];
+    assert_eq!(s["planned_bytes"], s["eval"]["total_bytes"], "{s}");
+    assert!(s["eval"]["eval_slab_bytes"].as_u64().unwrap() > 0);
+}

@@ -1086,13 +1086,9 @@ fn summary(
             mib(s.slab_bytes)
         )?,
         Some(l) => crate::outln!(
-            "memory planned: {:.1} MiB, one allocation for the training and validation steps: {:.1} MiB resident (parameters shared) + max({:.1} MiB training slab, {:.1} MiB validation slab) + {:.1} MiB validation inputs (two allocations would take {:.1} MiB)",
+            "memory planned: {:.1} MiB, one allocation; {}",
             mib(s.planned_bytes),
-            mib(l.slab_base),
-            mib(l.train_slab_bytes),
-            mib(l.eval_slab_bytes),
-            mib(l.eval_only_bytes),
-            mib(l.separate_bytes())
+            crate::trainer::eval::layout_line(&l)
         )?,
     }
     if let Some(b) = staging_bytes {

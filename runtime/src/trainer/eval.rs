@@ -10,6 +10,7 @@ use ingot_compiler::autodiff::{Phases, Step};
 use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::plan::shared::SharedLayout;
 use std::path::Path;
 
 /// The batches of a validation set that each evaluation runs, and the buffers they are read
@@ -65,6 +66,35 @@ pub fn session_with_eval(
 ) -> Result<Session, String> {
     let pair = pair_with_eval(model, train, opts)?;
     Session::from_pair(pair, seed, device).map_err(|e| e.to_string())
+}
+
+/// How `compiled` (a model's training step) and the model's forward-only step divide one
+/// allocation on `target` ([`pair_with_eval`]), for `ingot plan --eval`.
+pub fn shared_layout(
+    model: &Model,
+    compiled: &pipeline::Compiled,
+    opts: &pipeline::Options,
+    target: ingot_compiler::exe::Target,
+) -> Result<SharedLayout, String> {
+    let train = compiled
+        .executable(target)
+        .map_err(|e| format!("lowering for {target}: {e}"))?;
+    Ok(pair_with_eval(model, train, opts)?.layout())
+}
+
+/// One line on how the one allocation divides between the training and evaluation steps.
+pub fn layout_line(l: &SharedLayout) -> String {
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    format!(
+        "with the evaluation step: {:.1} MiB in one allocation = {:.1} MiB resident (parameters shared: {:.1} MiB) + max({:.1} MiB training slab, {:.1} MiB evaluation slab) + {:.1} MiB evaluation inputs; two allocations would take {:.1} MiB",
+        mib(l.total_bytes),
+        mib(l.slab_base),
+        mib(l.shared_parameter_bytes),
+        mib(l.train_slab_bytes),
+        mib(l.eval_slab_bytes),
+        mib(l.eval_only_bytes),
+        mib(l.separate_bytes())
+    )
 }
 
 impl Evaluator {
