@@ -94,8 +94,7 @@ fn a_pair_lowered_for_the_cpu_is_refused_by_the_gpu_naming_the_target() {
         .unwrap();
     let pair = pair_with_eval(&model, train, &opts).unwrap();
     let e = Session::from_pair(pair.clone(), 0, STRICT)
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(e.contains("--device cuda"), "{e}");
     // Before anything touches a GPU: the program is not a CUDA one.
