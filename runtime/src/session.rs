@@ -332,7 +332,7 @@ impl Session {
         layout: Option<SharedLayout>,
         seed: u64,
     ) -> Result<Session, SessionError> {
-        let x: &dyn StepExecutor = match &backend {
+        let step: &dyn StepExecutor = match &backend {
             Backend::Cpu(p) => p.as_ref(),
             Backend::Cuda(c) => c.as_ref(),
         };
@@ -351,11 +351,11 @@ impl Session {
             g.leaf(name)
                 .filter(|id| g.leaves(LeafKind::Input).contains(id))
         };
-        let graph = x.graph();
-        let loss = scalar_at(graph, x.plan(), LOSS);
+        let graph = step.graph();
+        let loss = scalar_at(graph, step.plan(), LOSS);
         let lr_scale = input(graph, LR_SCALE).map(|id| (id, 1.0));
         let step_number = input(graph, STEP_COUNTER).map(|id| (id, 1));
-        let eval = match (layout, x.eval_executable()) {
+        let eval = match (layout, step.eval_executable()) {
             (Some(layout), Some(eval)) => {
                 let (g, plan) = (eval.graph(), eval.plan());
                 let loss = scalar_at(g, plan, LOSS).ok_or_else(|| {
