@@ -35,6 +35,7 @@ use crate::error::IrError;
 use crate::ir::{text, Graph, LeafKind, Op};
 use crate::lower::{self, LowerError, Program};
 use crate::plan::report::{BufferKind, Report};
+use crate::plan::shared::{SharedError, SharedLayout};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
@@ -689,6 +690,84 @@ fn check_report(model: &str, g: &Graph, p: &MemoryPlan, r: &Report) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Why a training step and an evaluation step cannot be paired in one allocation.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    /// The evaluation step's plan could not be re-based onto the training step's
+    /// ([`crate::plan::shared::rebase`]).
+    #[error("the evaluation step cannot share the training step's allocation: {0}")]
+    Shared(#[from] SharedError),
+    /// The re-based evaluation step could not be lowered (its program did not check).
+    #[error("lowering the evaluation step: {0}")]
+    Lower(#[from] LowerError),
+}
+
+/// A training step and a forward-only evaluation step of the same model, planned into one
+/// allocation ([`crate::plan::shared`]): they share the resident parameters at the same offsets,
+/// and their transient regions overlap because they never run at the same time. A runtime
+/// loads both programs against one allocation of [`StepPair::allocation_bytes`].
+///
+/// Made only by [`StepPair::new`], which re-bases, validates and lowers the evaluation step
+/// (the training step is an [`Executable`] already), so, as for an [`Executable`], a runtime
+/// loads it without checking anything again. Not a file format: a pair lives in memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepPair {
+    train: Executable,
+    eval: Executable,
+    layout: SharedLayout,
+}
+
+impl StepPair {
+    /// Pairs `train` with the forward-only step `eval_graph`, planned on its own as `eval_plan`
+    /// for the same target (by the pipeline, as any step): the plan is re-based into `train`'s
+    /// allocation, validated, and the step lowered for `train`'s target, named `eval_name`.
+    pub fn new(
+        train: Executable,
+        eval_name: &str,
+        eval_graph: Graph,
+        eval_plan: &MemoryPlan,
+    ) -> Result<StepPair, PairError> {
+        let (plan, layout) =
+            crate::plan::shared::rebase(train.graph(), train.plan(), &eval_graph, eval_plan)?;
+        let mut report = Report::new(eval_name, &eval_graph, &plan, None);
+        report.precision = train.precision();
+        let eval = Executable::new(eval_name, eval_graph, plan, report, train.target())?;
+        Ok(StepPair {
+            train,
+            eval,
+            layout,
+        })
+    }
+
+    /// The training step (its own plan, unchanged).
+    pub fn train(&self) -> &Executable {
+        &self.train
+    }
+
+    /// The evaluation step, re-based into the training step's allocation.
+    pub fn eval(&self) -> &Executable {
+        &self.eval
+    }
+
+    /// How the one allocation divides between the two steps.
+    pub fn layout(&self) -> SharedLayout {
+        self.layout
+    }
+
+    /// Bytes of the one allocation both steps run in: the larger of the two plans' totals.
+    pub fn allocation_bytes(&self) -> usize {
+        self.train
+            .plan()
+            .total_bytes
+            .max(self.eval.plan().total_bytes)
+    }
+
+    /// The two steps, apart.
+    pub fn into_parts(self) -> (Executable, Executable, SharedLayout) {
+        (self.train, self.eval, self.layout)
+    }
 }
 
 #[cfg(test)]

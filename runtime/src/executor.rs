@@ -7,7 +7,9 @@
 
 use crate::error::ExecError;
 use crate::tensor::Tensor;
-use ingot_compiler::ir::{Graph, LeafKind, NodeId};
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
+use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 
 pub trait StepExecutor {
@@ -42,6 +44,27 @@ pub trait StepExecutor {
             self.write_node_bytes(id, bytes)?;
         }
         self.step()
+    }
+
+    /// The value of a scalar of `dtype` (f32, f64 or bf16) at `at` in the allocation, as f64,
+    /// after the last step: read into a few bytes on the stack, allocating nothing (the loss of
+    /// every step is read this way).
+    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError>;
+
+    /// The forward-only evaluation step loaded beside this one in the same allocation
+    /// ([`ingot_compiler::exe::StepPair`]), if any.
+    fn eval_executable(&self) -> Option<&Executable> {
+        None
+    }
+
+    /// Writes each `(input, bytes)` of the evaluation step into its planned slot, then runs the
+    /// evaluation step on the current parameters, as [`StepExecutor::step_with_inputs`] runs
+    /// the training step; an error when no evaluation step was loaded.
+    fn eval_with_inputs(&mut self, _inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        Err(ExecError::Invalid {
+            op: "eval",
+            reason: "no evaluation step was loaded with this step".into(),
+        })
     }
 
     /// The leaf named `name`.
@@ -100,4 +123,25 @@ pub trait StepExecutor {
             .filter_map(|id| g.leaf_name(id).map(str::to_string))
             .collect()
     }
+}
+
+/// The f64 value of the scalar of `dtype` held little-endian at the start of `bytes`.
+pub fn scalar_from_le(bytes: &[u8], dtype: DType) -> Result<f64, ExecError> {
+    let get = |n: usize| {
+        bytes.get(..n).ok_or_else(|| ExecError::Invalid {
+            op: "read_scalar",
+            reason: format!("{} bytes for a {dtype} scalar", bytes.len()),
+        })
+    };
+    Ok(match dtype {
+        DType::F32 => f32::from_le_bytes(get(4)?.try_into().expect("4 bytes")) as f64,
+        DType::F64 => f64::from_le_bytes(get(8)?.try_into().expect("8 bytes")),
+        DType::BF16 => half::bf16::from_le_bytes(get(2)?.try_into().expect("2 bytes")).to_f64(),
+        other => {
+            return Err(ExecError::Invalid {
+                op: "read_scalar",
+                reason: format!("a scalar of {other} is not a loss"),
+            })
+        }
+    })
 }

@@ -21,13 +21,17 @@ use crate::executor::StepExecutor;
 use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::optim::STEP_COUNTER;
 use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE};
-use ingot_compiler::exe::{Executable, Target};
+use ingot_compiler::exe::{Executable, StepPair, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::shared::SharedLayout;
 use ingot_compiler::IrError;
+use smallvec::SmallVec;
 use std::time::Instant;
 use thiserror::Error;
 
@@ -176,6 +180,22 @@ pub struct Session {
     /// The step and its one allocation, which holds every leaf's value.
     exe: Backend,
     steps: u64,
+    /// Where the step's loss lives, read after each step without allocating.
+    loss: Option<(Location, DType)>,
+    /// The learning-rate scale input and the factor written with each step's inputs.
+    lr_scale: Option<(NodeId, f64)>,
+    /// AdamW's step-number input ([`ingot_compiler::autodiff::StepOptions::step_input`]) and
+    /// the number of the next update (1 for the first), written with each step's inputs.
+    step_number: Option<(NodeId, u64)>,
+    /// The evaluation step loaded in the same allocation ([`Session::from_pair`]).
+    eval: Option<EvalStep>,
+}
+
+/// What the session knows of its evaluation step.
+struct EvalStep {
+    layout: SharedLayout,
+    loss: (Location, DType),
+    slots: [(NodeId, usize); 2],
 }
 
 impl std::fmt::Debug for Session {
@@ -278,17 +298,100 @@ impl Session {
         // The allocation first: a plan too large for the device is refused (naming its sizes)
         // before any leaf's initial value is made on the host.
         let load = |e: ExecError| SessionError::Load(Box::new(e));
-        let model = exe.model().to_string();
-        let precision = exe.precision();
-        let exe = match device {
+        let backend = match device {
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
             Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
+        };
+        Session::loaded(backend, None, seed)
+    }
+
+    /// A session running a training step and its forward-only evaluation step in one
+    /// allocation ([`StepPair`]: the two share the parameters, and their transient regions
+    /// overlap): [`Session::step`] and [`Session::step_on`] train, [`Session::eval_on`]
+    /// evaluates the current parameters. Initialised as [`Session::from_executable`] does.
+    pub fn from_pair(pair: StepPair, seed: u64, device: Device) -> Result<Session, SessionError> {
+        let exe = pair.train();
+        if exe.target() != device.target() {
+            return Err(SessionError::WrongTarget {
+                model: exe.model().to_string(),
+                planned: exe.target(),
+                device: device.target(),
+            });
+        }
+        let layout = pair.layout();
+        let load = |e: ExecError| SessionError::Load(Box::new(e));
+        let backend = match device {
+            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::pair(pair).map_err(load)?)),
+            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::pair(pair, o).map_err(load)?)),
+        };
+        Session::loaded(backend, Some(layout), seed)
+    }
+
+    fn loaded(
+        backend: Backend,
+        layout: Option<SharedLayout>,
+        seed: u64,
+    ) -> Result<Session, SessionError> {
+        let step: &dyn StepExecutor = match &backend {
+            Backend::Cpu(p) => p.as_ref(),
+            Backend::Cuda(c) => c.as_ref(),
+        };
+        let (model, precision) = {
+            let e = match &backend {
+                Backend::Cpu(p) => p.executable(),
+                Backend::Cuda(c) => c.executable(),
+            };
+            (e.model().to_string(), e.precision())
+        };
+        let scalar_at = |g: &Graph, plan: &ingot_compiler::plan::MemoryPlan, name: &str| {
+            let id = *g.outputs.get(name)?;
+            (g.ty(id).shape.numel() == 1).then(|| (plan.location(g, id), g.ty(id).dtype))
+        };
+        let input = |g: &Graph, name: &str| {
+            g.leaf(name)
+                .filter(|id| g.leaves(LeafKind::Input).contains(id))
+        };
+        let graph = step.graph();
+        let loss = scalar_at(graph, step.plan(), LOSS);
+        let lr_scale = input(graph, LR_SCALE).map(|id| (id, 1.0));
+        let step_number = input(graph, STEP_COUNTER).map(|id| (id, 1));
+        let eval = match (layout, step.eval_executable()) {
+            (Some(layout), Some(eval)) => {
+                let (g, plan) = (eval.graph(), eval.plan());
+                let loss = scalar_at(g, plan, LOSS).ok_or_else(|| {
+                    SessionError::Exec(Box::new(ExecError::Invalid {
+                        op: "eval",
+                        reason: format!("the evaluation step has no scalar output {LOSS:?}"),
+                    }))
+                })?;
+                let slot = |name: &str| {
+                    let id = input(g, name).ok_or_else(|| SessionError::UnknownInput {
+                        name: name.to_string(),
+                        known: g
+                            .leaves(LeafKind::Input)
+                            .into_iter()
+                            .filter_map(|id| g.leaf_name(id).map(str::to_string))
+                            .collect(),
+                    })?;
+                    Ok::<_, SessionError>((id, plan.location(g, id).bytes))
+                };
+                Some(EvalStep {
+                    layout,
+                    loss,
+                    slots: [slot("x")?, slot("y")?],
+                })
+            }
+            _ => None,
         };
         let mut session = Session {
             model,
             precision,
-            exe,
+            exe: backend,
             steps: 0,
+            loss,
+            lr_scale,
+            step_number,
+            eval,
         };
         let graph = session.graph();
         let mut values = init::init_leaves(graph, LeafKind::Parameter, seed);
@@ -296,11 +399,6 @@ impl Session {
         values.extend(init::synthetic_batch(graph, seed));
         for (name, value) in &values {
             session.exe_mut().write_leaf(name, value)?;
-        }
-        // A step compiled with a learning-rate scale input trains at the optimizer's own
-        // learning rate until a schedule says otherwise.
-        if session.has_lr_scale() {
-            session.set_lr_scale(1.0)?;
         }
         Ok(session)
     }
@@ -373,37 +471,93 @@ impl Session {
     }
 
     /// The optimizer state (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step` for AdamW; none for
-    /// SGD).
+    /// SGD). Where AdamW's step number is an input of the step rather than state, `step` is the
+    /// number of updates made, as the state would hold it: a checkpoint reads the same either way.
     pub fn optimizer_state(&self) -> IndexMap<String, Tensor> {
-        self.leaves_of(LeafKind::State)
+        let mut state = self.leaves_of(LeafKind::State);
+        if let Some((_, next)) = self.step_number {
+            state.insert(STEP_COUNTER.to_string(), Tensor::scalar((next - 1) as f64));
+        }
+        state
     }
 
     /// The batch every step trains on: `x` and `y`.
     pub fn batch(&self) -> IndexMap<String, Tensor> {
         let mut b = self.leaves_of(LeafKind::Input);
         b.shift_remove(LR_SCALE);
+        if self.step_number.is_some() {
+            b.shift_remove(STEP_COUNTER);
+        }
         b
     }
 
     /// Whether the step was compiled with a learning-rate scale input
     /// ([`ingot_compiler::autodiff::StepOptions::lr_scale`]).
     pub fn has_lr_scale(&self) -> bool {
-        self.graph().leaf(LR_SCALE).is_some()
+        self.lr_scale.is_some()
+    }
+
+    /// Whether AdamW's step number is an input of the step
+    /// ([`ingot_compiler::autodiff::StepOptions::step_input`]), counted by the session.
+    pub fn has_step_input(&self) -> bool {
+        self.step_number.is_some()
     }
 
     /// Sets the factor the next steps scale the learning rate by (a schedule's value for the
-    /// step), writing the 8 bytes of the f64 straight into the input's slot: nothing is
+    /// step). It is written into the input's slot with the next step's inputs (on a GPU, an
+    /// asynchronous copy queued before the step, not a synchronous write now): nothing is
     /// allocated. An error if the step has no such input.
     pub fn set_lr_scale(&mut self, factor: f64) -> Result<(), SessionError> {
-        let id = self
-            .graph()
-            .leaf(LR_SCALE)
-            .ok_or_else(|| SessionError::UnknownInput {
+        match &mut self.lr_scale {
+            Some((_, f)) => {
+                *f = factor;
+                Ok(())
+            }
+            None => Err(SessionError::UnknownInput {
                 name: LR_SCALE.to_string(),
                 known: self.input_names(),
-            })?;
-        self.exe_mut().write_node_bytes(id, &factor.to_le_bytes())?;
-        Ok(())
+            }),
+        }
+    }
+
+    /// Says how many updates the optimizer has made (a resumed run's checkpoint step): the next
+    /// step passes `done + 1` as AdamW's step number. Nothing to do, and no error, when the
+    /// step keeps its counter as state (loaded with [`Session::load_optimizer_state`]) or has
+    /// none.
+    pub fn set_updates_done(&mut self, done: u64) {
+        if let Some((_, next)) = &mut self.step_number {
+            *next = done + 1;
+        }
+    }
+
+    /// How the one allocation divides between the training and evaluation steps, when the
+    /// session holds both ([`Session::from_pair`]).
+    pub fn shared_layout(&self) -> Option<SharedLayout> {
+        self.eval.as_ref().map(|e| e.layout)
+    }
+
+    /// The planned slots of the evaluation step's inputs `x` and `y`, and each one's bytes
+    /// (what [`Session::eval_on`] takes); `None` without an evaluation step.
+    pub fn eval_input_slots(&self) -> Option<[(NodeId, usize); 2]> {
+        self.eval.as_ref().map(|e| e.slots)
+    }
+
+    /// Runs the evaluation step ([`Session::from_pair`]) on the current parameters and the batch
+    /// given as the bytes of `x` and `y`, copied straight into its input slots, and returns its
+    /// loss. Nothing is allocated; the parameters and optimizer state are not changed.
+    pub fn eval_on(&mut self, x: &[u8], y: &[u8]) -> Result<f64, SessionError> {
+        let eval = self.eval.as_ref().ok_or_else(|| {
+            SessionError::Exec(Box::new(ExecError::Invalid {
+                op: "eval",
+                reason: "this session was loaded without an evaluation step".into(),
+            }))
+        })?;
+        let (slots, (at, dtype)) = (eval.slots, eval.loss);
+        let x = x.get(..slots[0].1).unwrap_or(x);
+        let y = y.get(..slots[1].1).unwrap_or(y);
+        self.exe_mut()
+            .eval_with_inputs(&[(slots[0].0, x), (slots[1].0, y)])?;
+        Ok(self.exe().read_scalar(at, dtype)?)
     }
 
     /// The gradients' global norm of the last step, where the step clips them
@@ -473,7 +627,32 @@ impl Session {
         &mut self,
         state: &IndexMap<String, Tensor>,
     ) -> Result<(), SessionError> {
-        let names = self.exe().leaf_names(LeafKind::State);
+        // AdamW's step number as an input: `step` (updates done) sets the session's count.
+        let counted = match self.step_number {
+            Some(_) => {
+                let done =
+                    state
+                        .get(STEP_COUNTER)
+                        .ok_or_else(|| SessionError::MissingParameter {
+                            name: STEP_COUNTER.to_string(),
+                            expected: TensorType::new(
+                                ingot_compiler::ir::Shape::scalar(),
+                                DType::F64,
+                            ),
+                        })?;
+                let n = done
+                    .scalar_f64()
+                    .filter(|n| n.is_finite() && *n >= 0.0 && n.fract() == 0.0)
+                    .ok_or_else(|| SessionError::ParameterType {
+                        name: STEP_COUNTER.to_string(),
+                        expected: TensorType::new(ingot_compiler::ir::Shape::scalar(), DType::F64),
+                        got: done.ty.clone(),
+                    })?;
+                Some(n as u64)
+            }
+            None => None,
+        };
+        let mut names = self.exe().leaf_names(LeafKind::State);
         for name in &names {
             let id = self.graph().leaf(name).expect("a leaf of the graph");
             let expected = self.graph().ty(id);
@@ -496,10 +675,16 @@ impl Session {
         }
         let unknown: Vec<String> = state
             .keys()
-            .filter(|k| !names.contains(k))
+            .filter(|k| {
+                let counted_step = counted.is_some() && *k == STEP_COUNTER;
+                !names.contains(k) && !counted_step
+            })
             .cloned()
             .collect();
         if !unknown.is_empty() {
+            if counted.is_some() {
+                names.push(STEP_COUNTER.to_string());
+            }
             return Err(SessionError::UnknownParameters {
                 names: unknown,
                 known: names,
@@ -507,6 +692,9 @@ impl Session {
         }
         for name in &names {
             self.exe_mut().write_leaf(name, &state[name])?;
+        }
+        if let Some(done) = counted {
+            self.set_updates_done(done);
         }
         Ok(())
     }
@@ -548,9 +736,35 @@ impl Session {
         let start = Instant::now();
         let x = x.get(..slots[0].1).unwrap_or(x);
         let y = y.get(..slots[1].1).unwrap_or(y);
-        self.exe_mut()
-            .step_with_inputs(&[(slots[0].0, x), (slots[1].0, y)])?;
+        self.run_step(&[(slots[0].0, x), (slots[1].0, y)])?;
         self.finish_step(start)
+    }
+
+    /// Runs one step with `batch` written into its slots first, and the learning-rate scale
+    /// and step number (where the step has them) beside it: on a GPU all of them are
+    /// asynchronous copies queued on the step's stream ahead of the step, with no
+    /// synchronisation of their own. Allocates nothing.
+    fn run_step(&mut self, batch: &[(NodeId, &[u8])]) -> Result<(), SessionError> {
+        let lr = self.lr_scale.map(|(id, f)| (id, f.to_le_bytes()));
+        let t = self
+            .step_number
+            .map(|(id, n)| (id, (n as f64).to_le_bytes()));
+        let mut inputs: SmallVec<[(NodeId, &[u8]); 4]> = batch.iter().copied().collect();
+        if let Some((id, b)) = &lr {
+            inputs.push((*id, b));
+        }
+        if let Some((id, b)) = &t {
+            inputs.push((*id, b));
+        }
+        if inputs.is_empty() {
+            self.exe_mut().step()?;
+        } else {
+            self.exe_mut().step_with_inputs(&inputs)?;
+        }
+        if let Some((_, n)) = &mut self.step_number {
+            *n += 1;
+        }
+        Ok(())
     }
 
     /// Sets the batch every following step trains on. Integer ids may be i32 or i64 and are
@@ -665,20 +879,18 @@ impl Session {
     /// parameters and optimizer state in place. Returns the loss before the update.
     pub fn step(&mut self) -> Result<StepResult, SessionError> {
         let start = Instant::now();
-        self.exe_mut().step()?;
+        self.run_step(&[])?;
         self.finish_step(start)
     }
 
-    /// Reads the loss of the step just run, which began at `start`.
+    /// Reads the loss of the step just run, which began at `start`: a few bytes copied onto
+    /// the stack from the loss's planned slot, nothing allocated.
     fn finish_step(&mut self, start: Instant) -> Result<StepResult, SessionError> {
-        let loss =
-            self.exe()
-                .read_output(LOSS)?
-                .scalar_f64()
-                .ok_or_else(|| ExecError::Invalid {
-                    op: "step",
-                    reason: format!("the step graph has no scalar output {LOSS:?}"),
-                })?;
+        let (at, dtype) = self.loss.ok_or_else(|| ExecError::Invalid {
+            op: "step",
+            reason: format!("the step graph has no scalar output {LOSS:?}"),
+        })?;
+        let loss = self.exe().read_scalar(at, dtype)?;
         let wall = start.elapsed().as_secs_f64();
         self.steps += 1;
         Ok(StepResult {

@@ -205,8 +205,9 @@ fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
 fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
     let d = scratch("resume-mismatch");
     let bin = byte_tokens(&d);
+    // Another data set: the same text without its first token.
     let other = d.join("other.bin");
-    std::fs::copy(&bin, &other).unwrap();
+    std::fs::write(&other, &std::fs::read(&bin).unwrap()[2..]).unwrap();
     let ck = d.join("ck");
     let (bin, other, ck) = (
         bin.to_str().unwrap(),
@@ -560,6 +561,7 @@ fn clipping_by_the_global_norm_follows_torchs_clip_grad_norm() {
         ingot_compiler::autodiff::StepOptions {
             lr_scale: false,
             clip_grad_norm: Some(max),
+            ..Default::default()
         },
     );
     let mut p = f64s(&s.parameters()["p"]);
@@ -593,6 +595,7 @@ fn the_learning_rate_input_scales_the_update_and_one_step_serves_a_schedule() {
     let opts = ingot_compiler::autodiff::StepOptions {
         lr_scale: true,
         clip_grad_norm: None,
+        ..Default::default()
     };
     let mut s = session_with(&model, opts);
     assert!(s.has_lr_scale());
@@ -724,12 +727,17 @@ fn an_evaluation_is_the_training_steps_loss_on_the_same_batch_and_changes_nothin
     let d = scratch("eval-equal");
     let bin = byte_tokens(&d);
     let model = ingot_compiler::models::by_name(BYTE_GPT).unwrap();
-    let mut train = ingot_runtime::session::Session::new(&model, 5).unwrap();
-    let mut eval =
-        ingot_runtime::trainer::eval::Evaluator::new(&model, Default::default(), &bin, 1, 5)
+    let opts = ingot_runtime::session::Session::cpu_options();
+    let exe = ingot_compiler::pipeline::compile(&model, &opts)
+        .unwrap()
+        .executable(ingot_compiler::lower::Target::Cpu)
+        .unwrap();
+    let mut train =
+        ingot_runtime::trainer::eval::session_with_eval(&model, exe, &opts, 5, Default::default())
             .unwrap();
+    let mut eval = ingot_runtime::trainer::eval::Evaluator::new(&train, &bin, 1, 5).unwrap();
     let before = train.parameters();
-    let v = eval.evaluate(&train).unwrap();
+    let v = eval.evaluate(&mut train).unwrap();
     assert_eq!(
         train.parameters(),
         before,
@@ -787,4 +795,56 @@ fn a_run_writes_its_report_page_with_the_loss_and_validation_curves() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--report"));
+}
+
+#[test]
+fn a_data_set_is_recognised_on_resume_by_its_contents_not_the_path_typed() {
+    let d = scratch("resume-same-data");
+    let bin = byte_tokens(&d);
+    let copy = d.join("copy.bin");
+    std::fs::copy(&bin, &copy).unwrap();
+    let ck = d.join("ck");
+    let ckp = ck.to_str().unwrap();
+    ok(&ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin.to_str().unwrap(),
+        "--steps",
+        "4",
+        "--checkpoint",
+        ckp,
+    ]));
+    // Resuming from the checkpoint at step 4 to 6 steps (no new checkpoint written).
+    let again = |data: &str, more: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            BYTE_GPT,
+            "--dataset",
+            data,
+            "--steps",
+            "6",
+            "--resume",
+            ckp,
+        ];
+        args.extend_from_slice(more);
+        ingot(&args)
+    };
+    let dotted = format!("{}/./text.bin", d.display());
+    ok(&again(&dotted, &[]));
+    ok(&again(copy.to_str().unwrap(), &[]));
+    // Another learning rate is a logged override; another optimizer an error naming both.
+    let out = again(bin.to_str().unwrap(), &["--lr", "0.0001"]);
+    ok(&out);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("lr=0.0001") && e.contains("resuming with"),
+        "{e}"
+    );
+    let out = again(bin.to_str().unwrap(), &["--optimizer", "sgd"]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("sgd") && e.contains("adamw"), "{e}");
 }

@@ -6,7 +6,9 @@ pub use crate::models::Optimizer;
 use crate::error::{IrError, Result};
 use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Shape};
 
-/// The name of the shared step counter that AdamW keeps as state.
+/// The name of the shared step counter that AdamW keeps as state, or, with
+/// [`super::StepOptions::step_input`], of the f64 scalar input the host writes before each step
+/// (the 1-based number of the update being made).
 pub const STEP_COUNTER: &str = "step";
 
 impl Optimizer {
@@ -25,6 +27,21 @@ impl Optimizer {
         params: &[NodeId],
         grads: &[NodeId],
         lr_scale: Option<NodeId>,
+    ) -> Result<()> {
+        self.apply_with_inputs(g, params, grads, lr_scale, None)
+    }
+
+    /// As [`Optimizer::apply_scaled`], with AdamW's step number (bias corrections) read from
+    /// `step`, an f64 scalar node the host writes before each step, instead of a counter kept
+    /// as state: one compiled step then serves a run resumed at any step. Other optimizers
+    /// have no step number and ignore it.
+    pub fn apply_with_inputs(
+        &self,
+        g: &mut Graph,
+        params: &[NodeId],
+        grads: &[NodeId],
+        lr_scale: Option<NodeId>,
+        step: Option<NodeId>,
     ) -> Result<()> {
         if params.len() != grads.len() {
             return Err(IrError::Invalid(format!(
@@ -64,6 +81,7 @@ impl Optimizer {
                 eps,
                 weight_decay,
                 lr_scale,
+                step,
             ),
         }
     }
@@ -140,10 +158,17 @@ fn adamw(
     eps: f64,
     weight_decay: f64,
     lr_scale: Option<NodeId>,
+    step_input: Option<NodeId>,
 ) -> Result<()> {
-    let step = g.state(STEP_COUNTER, Shape::scalar(), DType::F64, Init::Zeros)?;
-    let t = g.add_scalar(step, 1.0)?;
-    g.set_update(step, t)?;
+    let t = match step_input {
+        Some(t) => t,
+        None => {
+            let step = g.state(STEP_COUNTER, Shape::scalar(), DType::F64, Init::Zeros)?;
+            let t = g.add_scalar(step, 1.0)?;
+            g.set_update(step, t)?;
+            t
+        }
+    };
     // beta^t = exp(t ln beta); bias corrections 1 - beta^t.
     let pow = |g: &mut Graph, beta: f64| -> Result<NodeId> {
         let e = g.mul_scalar(t, beta.ln())?;

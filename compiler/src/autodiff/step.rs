@@ -31,6 +31,11 @@ pub struct StepOptions {
     /// `g *= min(1, max / (norm + 1e-6))`, and output the norm (before clipping) as
     /// [`GRAD_NORM`].
     pub clip_grad_norm: Option<f64>,
+    /// Read AdamW's step number (its bias corrections) from an f64 scalar input named
+    /// [`super::optim::STEP_COUNTER`], written by the host before each step, instead of a
+    /// counter kept as optimizer state: one compiled step serves the whole run, and a resumed
+    /// run passes the right step. Other optimizers have no step number: no input is made.
+    pub step_input: bool,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -86,7 +91,16 @@ pub fn training_step_with(
     } else {
         None
     };
-    optimizer.apply_scaled(&mut g, &params, &grads, lr_scale)?;
+    let step = if opts.step_input && matches!(optimizer, Optimizer::AdamW { .. }) {
+        Some(g.input(
+            super::optim::STEP_COUNTER,
+            crate::ir::Shape::scalar(),
+            crate::ir::DType::F64,
+        )?)
+    } else {
+        None
+    };
+    optimizer.apply_with_inputs(&mut g, &params, &grads, lr_scale, step)?;
     let n = g.len();
     Ok(Step {
         graph: g,

@@ -10,6 +10,7 @@ pub mod check;
 pub mod liveness;
 pub mod picture;
 pub mod report;
+pub mod shared;
 
 use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};

@@ -29,7 +29,7 @@ pub struct CompileArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
     /// Give the step a learning-rate scale input, so that `ingot run FILE --schedule ...` can
-    /// drive a schedule with this one executable.
+    /// drive a schedule with this one executable, and (AdamW) its step number as an input.
     #[arg(long = "lr-scale-input")]
     pub lr_scale_input: bool,
 }

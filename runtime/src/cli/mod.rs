@@ -145,11 +145,13 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     /// What the training step computes besides gradients and update: gradient clipping as
-    /// asked, and a learning-rate scale input when `lr_scale` (a schedule will drive it).
-    pub fn step_options(&self, lr_scale: bool) -> ingot_compiler::autodiff::StepOptions {
+    /// asked, and, when `inputs`, a learning-rate scale input (a schedule will drive it) and
+    /// AdamW's step number as an input (the host counts steps; a resumed run passes its own).
+    pub fn step_options(&self, inputs: bool) -> ingot_compiler::autodiff::StepOptions {
         ingot_compiler::autodiff::StepOptions {
-            lr_scale,
+            lr_scale: inputs,
             clip_grad_norm: self.clip_grad_norm,
+            step_input: inputs,
         }
     }
 }

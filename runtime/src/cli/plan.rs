@@ -33,6 +33,11 @@ pub struct PlanArgs {
     /// Also print how long each compiler stage took, on stderr.
     #[arg(long)]
     pub timings: bool,
+    /// Also plan the forward-only evaluation step (`ingot train --val`) into the training
+    /// step's allocation and give the total of both and each part (JSON: an "eval" object);
+    /// --budget then applies to that total.
+    #[arg(long)]
+    pub eval: bool,
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
@@ -46,12 +51,19 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     }
     opts.precision = a.precision.for_device(a.device)?;
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
-    let (_, compiled, trace) =
+    let (model, compiled, trace) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
     if a.timings {
         eprint!("{}", super::stages::timings_table(trace, &compiled));
     }
     let report = &compiled.report;
+    let eval = match a.eval {
+        true => Some(
+            crate::trainer::eval::shared_layout(&model, &compiled, &opts, device.target())
+                .map_err(|e| Failure::new(1, e))?,
+        ),
+        false => None,
+    };
     use ingot_compiler::plan::picture;
     let pictures = [
         (&a.html, picture::html as fn(&_, &_, &_) -> String),
@@ -66,12 +78,22 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         }
     }
     if a.json {
+        let mut doc = serde_json::to_value(report).map_err(|e| Failure::new(1, e.to_string()))?;
+        if let (Some(l), Some(o)) = (eval, doc.as_object_mut()) {
+            o.insert(
+                "eval".into(),
+                serde_json::to_value(l).map_err(|e| Failure::new(1, e.to_string()))?,
+            );
+        }
         crate::outln!(
             "{}",
-            serde_json::to_string_pretty(report).map_err(|e| Failure::new(1, e.to_string()))?
+            serde_json::to_string_pretty(&doc).map_err(|e| Failure::new(1, e.to_string()))?
         )?;
     } else {
         crate::cli::out(format_args!("{}", report.table()))?;
+        if let Some(l) = eval {
+            crate::outln!("{}", crate::trainer::eval::layout_line(&l))?;
+        }
         if let Some(r) = &compiled.rewrite {
             crate::outln!(
                 "rewrite: {} -> {} ops, e-graph {} nodes in {} classes after {} iterations, stopped: {}",
@@ -95,6 +117,18 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         }
     }
     if let Some(budget) = a.budget {
+        if let Some(l) = eval.filter(|l| l.total_bytes > budget) {
+            return Err(Failure::new(
+                3,
+                format!(
+                    "the training and evaluation steps need {} ({} bytes) together, over the budget of {} ({budget} bytes); {}",
+                    human(l.total_bytes),
+                    l.total_bytes,
+                    human(budget),
+                    crate::trainer::eval::layout_line(&l)
+                ),
+            ));
+        }
         if report.total_bytes > budget {
             let mut msg = format!(
                 "the plan needs {} ({} bytes), over the budget of {} ({} bytes). At the peak (position {}, {}) live:",

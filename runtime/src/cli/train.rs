@@ -125,7 +125,8 @@ pub struct StepArgs {
         conflicts_with = "dataset"
     )]
     pub save_data: Option<PathBuf>,
-    /// Print one JSON object per step ({"step", "loss", "seconds", "wall_seconds"}; with
+    /// Print one JSON object per step ({"step", "loss", "seconds", "wall_seconds",
+    /// "interval_seconds"}; with
     /// --dataset also "epoch" and "tokens_per_s" or "samples_per_s"), one {"epoch_end": ..}
     /// per finished epoch, then one {"summary": {..}} with the planned and measured memory and
     /// the median step time.
@@ -203,6 +204,10 @@ struct StepLine {
     seconds: f64,
     /// The wall clock of the step and the loss's copy to the host.
     wall_seconds: f64,
+    /// Step to step: the wall clock from the end of the previous step's loop iteration to the
+    /// end of this one (data waits, staging, the step, the loss's copy, this line's printing):
+    /// what a run's throughput is made of, on a fixed batch and over a data set alike.
+    interval_seconds: f64,
     /// Tokens (of a token stream) trained on per second of wall clock, data waits included.
     #[serde(skip_serializing_if = "Option::is_none")]
     tokens_per_s: Option<f64>,
@@ -252,32 +257,34 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .precision
         .for_device(a.run.device.unwrap_or(Device::Cpu))?;
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
-    let (model, compiled, _) = super::stages::load_and_compile(
-        &a.model,
-        &a.model.step_options(scheduled),
-        &opts,
-        !a.run.json,
-    )?;
+    // AdamW's step number is an input the session counts, so the one compiled step serves a
+    // resumed run too; the learning-rate scale input only where a schedule drives it.
+    let mut step_options = a.model.step_options(scheduled);
+    step_options.step_input = true;
+    if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
+        return Err(Failure::new(
+            2,
+            "--eval-batches and --eval-every must be at least 1",
+        ));
+    }
+    let (model, compiled, _) =
+        super::stages::load_and_compile(&a.model, &step_options, &opts, !a.run.json)?;
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
-    let mut session = Session::from_executable(exe, a.run.seed, device)?;
-    let eval = match &a.run.val {
+    let (mut session, eval) = match &a.run.val {
+        // The validation step is planned into the training step's allocation.
         Some(val) => {
-            if a.run.eval_batches == 0 || a.run.eval_every == Some(0) {
-                return Err(Failure::new(
-                    2,
-                    "--eval-batches and --eval-every must be at least 1",
-                ));
-            }
-            Some(
-                Evaluator::new(&model, device, val, a.run.eval_batches, a.run.seed)
-                    .map_err(|e| Failure::new(1, e))?,
-            )
+            let session =
+                crate::trainer::eval::session_with_eval(&model, exe, &opts, a.run.seed, device)
+                    .map_err(|e| Failure::new(1, e))?;
+            let eval = Evaluator::new(&session, val, a.run.eval_batches, a.run.seed)
+                .map_err(|e| Failure::new(1, e))?;
+            (session, Some(eval))
         }
-        None => None,
+        None => (Session::from_executable(exe, a.run.seed, device)?, None),
     };
-    train_with(&mut session, &a.run, device, eval)
+    train_with(&mut session, &a.run, device, eval, Some(model.optimizer))
 }
 
 impl StepArgs {
@@ -321,6 +328,10 @@ struct Run<'a> {
     /// "tokens" or "samples" and how many a batch holds (data set runs).
     units: Option<(&'static str, usize)>,
     dataset: Option<String>,
+    /// The data set's identity saved in checkpoints ([`trainer::dataset_fingerprint`]).
+    dataset_fingerprint: Option<String>,
+    /// The optimizer and its settings saved in checkpoints, where known.
+    optimizer: Option<ingot_compiler::models::Optimizer>,
     shuffle_seed: Option<u64>,
     bar: Option<ProgressBar>,
     planned: String,
@@ -360,7 +371,7 @@ impl Run<'_> {
     /// `info` is the batch's (data set runs).
     fn after_step(
         &mut self,
-        session: &Session,
+        session: &mut Session,
         r: StepResult,
         info: Option<BatchInfo>,
     ) -> Result<Next, Failure> {
@@ -392,6 +403,7 @@ impl Run<'_> {
                 loss: r.loss,
                 seconds: r.seconds,
                 wall_seconds: r.wall_seconds,
+                interval_seconds: interval,
                 tokens_per_s: rate.filter(|r| r.0 == "tokens").map(|r| r.1),
                 samples_per_s: rate.filter(|r| r.0 == "samples").map(|r| r.1),
                 lr_scale,
@@ -473,7 +485,7 @@ impl Run<'_> {
     }
 
     /// Runs the validation step (if any) on the current parameters and reports its loss.
-    fn evaluate(&mut self, session: &Session) -> Result<(), Failure> {
+    fn evaluate(&mut self, session: &mut Session) -> Result<(), Failure> {
         let Some(eval) = &mut self.eval else {
             return Ok(());
         };
@@ -560,6 +572,8 @@ impl Run<'_> {
             precision: self.precision.clone(),
             dataset: self.dataset.clone(),
             schedule: self.schedule,
+            dataset_fingerprint: self.dataset_fingerprint.clone(),
+            optimizer_settings: self.optimizer.map(|o| o.to_string()),
             weights: String::new(),
             optimizer: String::new(),
         };
@@ -582,15 +596,17 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    train_with(session, a, device, None)
+    train_with(session, a, device, None, None)
 }
 
-/// As [`train`], evaluating with `eval` (`--val`) as `a` says.
+/// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
+/// known (recorded in checkpoints and compared on resume).
 fn train_with(
     session: &mut Session,
     a: &StepArgs,
     device: session::Device,
     eval: Option<Evaluator>,
+    optimizer: Option<ingot_compiler::models::Optimizer>,
 ) -> Result<(), Failure> {
     a.check_steps()?;
     if let Some(path) = &a.init {
@@ -624,11 +640,26 @@ fn train_with(
         None => None,
     };
     let dataset = source.as_ref().map(|s| s.describe());
+    let dataset_fingerprint = match (&a.dataset, &dataset) {
+        (Some(path), Some(d)) => Some(trainer::dataset_fingerprint(path, d)?),
+        _ => None,
+    };
     let resumed = match &a.resume {
         Some(dir) => {
             let ck = checkpoint::load(dir).map_err(|e| Failure::new(1, e))?;
-            checkpoint::check_same_run(dir, &ck.info, session.model(), dataset.as_deref())
-                .map_err(|e| Failure::new(1, e))?;
+            checkpoint::check_same_run(
+                dir,
+                &ck.info,
+                session.model(),
+                dataset.as_deref(),
+                dataset_fingerprint.as_deref(),
+            )
+            .map_err(|e| Failure::new(1, e))?;
+            if let Some(note) = checkpoint::check_optimizer(dir, &ck.info, optimizer.as_ref())
+                .map_err(|e| Failure::new(1, e))?
+            {
+                eprintln!("ingot: {note}");
+            }
             let at = |e: session::SessionError| {
                 Failure::new(1, format!("checkpoint {}: {e}", dir.display()))
             };
@@ -636,6 +667,8 @@ fn train_with(
             session
                 .load_optimizer_state(&ck.optimizer_state)
                 .map_err(at)?;
+            // AdamW's step number, where it is an input: the updates the checkpoint made.
+            session.set_updates_done(ck.info.step);
             Some(ck.info)
         }
         None => None,
@@ -763,8 +796,8 @@ fn train_with(
         model: session.model().to_string(),
         device: session.exe().device(),
         dataset: dataset.clone(),
-        planned_bytes: session.exe().plan().total_bytes,
-        eval_planned_bytes: eval.as_ref().map(Evaluator::planned_bytes),
+        planned_bytes: planned_total(session),
+        eval_layout: session.shared_layout(),
         ..Default::default()
     };
     let mut run = Run {
@@ -779,9 +812,11 @@ fn train_with(
         last,
         units,
         dataset,
+        dataset_fingerprint,
+        optimizer,
         shuffle_seed,
         bar,
-        planned: human(session.exe().plan().total_bytes),
+        planned: human(planned_total(session)),
         seconds: Vec::new(),
         wall: Vec::new(),
         free_after_first: None,
@@ -947,10 +982,15 @@ struct Summary {
     non_finite_loss_step: Option<u64>,
     median_step_seconds: Option<f64>,
     median_wall_seconds: Option<f64>,
-    /// The plan's total: the one allocation's size, reported before launch.
+    /// The plan's total: the one allocation's size, reported before launch (with --val, the
+    /// total of the training and validation steps together).
     planned_bytes: usize,
     resident_bytes: usize,
+    /// The training step's slab.
     slab_bytes: usize,
+    /// With --val: how the one allocation divides between the two steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eval: Option<ingot_compiler::plan::shared::SharedLayout>,
     /// GPU only: the drop in free device memory the allocation caused.
     measured_bytes: Option<usize>,
     /// GPU only: device memory in use before the allocation (CUDA context, cuBLAS, kernels).
@@ -964,6 +1004,14 @@ struct Summary {
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
     staging_bytes: Option<usize>,
+}
+
+/// The one allocation's planned size: the training step's plan total, or with a validation
+/// step, the two steps' shared total.
+fn planned_total(session: &Session) -> usize {
+    session
+        .shared_layout()
+        .map_or(session.exe().plan().total_bytes, |l| l.total_bytes)
 }
 
 fn median(xs: &[f64]) -> Option<f64> {
@@ -1002,9 +1050,10 @@ fn summary(
         non_finite_loss_step,
         median_step_seconds: median(seconds),
         median_wall_seconds: median(wall),
-        planned_bytes: plan.total_bytes,
+        planned_bytes: planned_total(session),
         resident_bytes: plan.resident_bytes,
         slab_bytes: plan.slab_bytes,
+        eval: session.shared_layout(),
         measured_bytes: mem.map(|m| m.allocation),
         context_bytes: mem.map(|m| m.before_allocation),
         graph_bytes: mem.map(|m| m.graph),
@@ -1029,12 +1078,19 @@ fn summary(
             w * 1e3
         )?;
     }
-    crate::outln!(
-        "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
-        mib(s.planned_bytes),
-        mib(s.resident_bytes),
-        mib(s.slab_bytes)
-    )?;
+    match s.eval {
+        None => crate::outln!(
+            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
+            mib(s.planned_bytes),
+            mib(s.resident_bytes),
+            mib(s.slab_bytes)
+        )?,
+        Some(l) => crate::outln!(
+            "memory planned: {:.1} MiB, one allocation; {}",
+            mib(s.planned_bytes),
+            crate::trainer::eval::layout_line(&l)
+        )?,
+    }
     if let Some(b) = staging_bytes {
         crate::outln!(
             "data staging: {:.2} MiB of host memory{} in two buffers, allocated once",

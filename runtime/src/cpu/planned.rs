@@ -18,7 +18,7 @@
 use super::exec::{exec_node, exec_node_with, Scratch};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
-use ingot_compiler::exe::Executable;
+use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, Node, NodeId, Op, Shape, TensorType};
 use ingot_compiler::lower::cpu::{Instr, Program};
 use ingot_compiler::lower::{self, Target};
@@ -37,11 +37,18 @@ const CHUNK: usize = 2048;
 #[repr(C, align(64))]
 struct ChunkBuf([u8; CHUNK * 8]);
 
-/// A step executable, loaded into one allocation.
+/// A step executable, loaded into one allocation; optionally with a forward-only evaluation
+/// step planned into the same allocation ([`StepPair`]), run by [`PlannedStep::eval_step`].
 pub struct PlannedStep {
+    main: Part,
+    eval: Option<Part>,
+    memory: Vec<Block>,
+}
+
+/// One loaded program: its executable, its instructions, and each node's bytes.
+struct Part {
     exe: Executable,
     program: Program,
-    memory: Vec<Block>,
     location: Vec<Location>,
     /// The chunk-sized versions of in-place nodes (full chunk, and the last partial one are
     /// built on the fly from these without allocating).
@@ -92,35 +99,33 @@ impl PlannedStep {
     /// Loads a CPU executable: makes the step's one allocation (zeroed), refusing a plan larger
     /// than the host's available memory before allocating.
     pub fn new(exe: Executable) -> Result<PlannedStep, ExecError> {
-        let lower::Program::Cpu(program) = exe.program().clone() else {
-            return Err(ExecError::Invalid {
-                op: "load",
-                reason: format!(
-                    "the executable was lowered for {}, not the CPU; compile it with --device cpu",
-                    exe.target()
-                ),
-            });
-        };
-        debug_assert_eq!(exe.target(), Target::Cpu);
-        let (graph, plan) = (exe.graph(), exe.plan());
-        let location: Vec<Location> = graph.ids().map(|id| plan.location(graph, id)).collect();
-        let mut chunk_node = vec![None; graph.len()];
-        for i in &program.instrs {
-            if let Instr::InPlace { node: id } = *i {
-                let node = graph.node(id);
-                let mut n = node.clone();
-                n.ty = TensorType::new(Shape::new(&[CHUNK]), node.ty.dtype);
-                chunk_node[id.index()] = Some(n);
-            }
-        }
-        refuse_beyond_host_memory(plan, available_host_memory())?;
-        let memory = zeroed_blocks(plan.total_bytes)?;
+        let main = Part::load(exe)?;
+        refuse_beyond_host_memory(main.exe.plan(), available_host_memory())?;
+        let memory = zeroed_blocks(main.exe.plan().total_bytes)?;
         Ok(PlannedStep {
-            exe,
-            program,
+            main,
+            eval: None,
             memory,
-            location,
-            chunk_node,
+        })
+    }
+
+    /// Loads a training step and its evaluation step into one allocation of the pair's size
+    /// ([`StepPair::allocation_bytes`]: the larger plan total, not the sum). [`PlannedStep::step`]
+    /// runs the training step, [`PlannedStep::eval_step`] the evaluation step, over the same
+    /// parameters.
+    pub fn pair(pair: StepPair) -> Result<PlannedStep, ExecError> {
+        let bytes = pair.allocation_bytes();
+        let (train, eval, _) = pair.into_parts();
+        let main = Part::load(train)?;
+        let eval = Part::load(eval)?;
+        let mut whole = main.exe.plan().clone();
+        whole.total_bytes = bytes;
+        refuse_beyond_host_memory(&whole, available_host_memory())?;
+        let memory = zeroed_blocks(bytes)?;
+        Ok(PlannedStep {
+            main,
+            eval: Some(eval),
+            memory,
         })
     }
 
@@ -133,15 +138,20 @@ impl PlannedStep {
 
     /// The executable this step runs.
     pub fn executable(&self) -> &Executable {
-        &self.exe
+        &self.main.exe
+    }
+
+    /// The evaluation step loaded beside it ([`PlannedStep::pair`]), if any.
+    pub fn eval_executable(&self) -> Option<&Executable> {
+        self.eval.as_ref().map(|p| &p.exe)
     }
 
     pub fn graph(&self) -> &Graph {
-        self.exe.graph()
+        self.main.exe.graph()
     }
 
     pub fn plan(&self) -> &MemoryPlan {
-        self.exe.plan()
+        self.main.exe.plan()
     }
 
     /// Bytes of the one allocation (the plan's total, rounded up to whole 256-byte blocks).
@@ -150,9 +160,9 @@ impl PlannedStep {
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
-        let l = self.location[id.index()];
+        let l = self.main.location[id.index()];
         Tensor::from_le_bytes(
-            self.exe.graph().ty(id).clone(),
+            self.main.exe.graph().ty(id).clone(),
             &self.bytes()[l.offset..l.offset + l.bytes],
         )
     }
@@ -181,7 +191,61 @@ impl PlannedStep {
     /// could not be written in place. Allocates nothing on the heap (for ops with at most eight
     /// operands of rank at most eight), except inside matmul when its library does.
     pub fn step(&mut self) -> Result<(), ExecError> {
+        let len = self.memory.len() * ALIGNMENT;
         let base = self.memory.as_mut_ptr() as *mut u8;
+        self.main.run(base, len)
+    }
+
+    /// Runs the evaluation step loaded with [`PlannedStep::pair`] on the current parameters;
+    /// an error if there is none. Allocates nothing, as [`PlannedStep::step`].
+    pub fn eval_step(&mut self) -> Result<(), ExecError> {
+        let len = self.memory.len() * ALIGNMENT;
+        let base = self.memory.as_mut_ptr() as *mut u8;
+        self.eval.as_ref().ok_or_else(no_eval)?.run(base, len)
+    }
+}
+
+fn no_eval() -> ExecError {
+    ExecError::Invalid {
+        op: "eval",
+        reason: "no evaluation step was loaded with this step".into(),
+    }
+}
+
+impl Part {
+    fn load(exe: Executable) -> Result<Part, ExecError> {
+        let lower::Program::Cpu(program) = exe.program().clone() else {
+            return Err(ExecError::Invalid {
+                op: "load",
+                reason: format!(
+                    "the executable was lowered for {}, not the CPU; compile it with --device cpu",
+                    exe.target()
+                ),
+            });
+        };
+        debug_assert_eq!(exe.target(), Target::Cpu);
+        let (graph, plan) = (exe.graph(), exe.plan());
+        let location: Vec<Location> = graph.ids().map(|id| plan.location(graph, id)).collect();
+        let mut chunk_node = vec![None; graph.len()];
+        for i in &program.instrs {
+            if let Instr::InPlace { node: id } = *i {
+                let node = graph.node(id);
+                let mut n = node.clone();
+                n.ty = TensorType::new(Shape::new(&[CHUNK]), node.ty.dtype);
+                chunk_node[id.index()] = Some(n);
+            }
+        }
+        Ok(Part {
+            exe,
+            program,
+            location,
+            chunk_node,
+        })
+    }
+
+    /// Runs this program over the allocation at `base` (`len` bytes, at least its plan's total).
+    fn run(&self, base: *mut u8, len: usize) -> Result<(), ExecError> {
+        debug_assert!(len >= self.exe.plan().total_bytes);
         for k in 0..self.program.instrs.len() {
             match &self.program.instrs[k] {
                 Instr::Exec { node } => self.exec(base, *node)?,
@@ -198,9 +262,7 @@ impl PlannedStep {
                     // SAFETY: no other slice of the allocation is alive during the call; the
                     // kernel reads and writes through this one, at offsets the validated plan
                     // gives (in place only where the kernel allows it).
-                    let mem = unsafe {
-                        std::slice::from_raw_parts_mut(base, self.memory.len() * ALIGNMENT)
-                    };
+                    let mem = unsafe { std::slice::from_raw_parts_mut(base, len) };
                     ingot_kernels::fused::cpu::run(kernel, mem, inputs, outputs, *scratch)
                         .map_err(|e| {
                             at(
@@ -377,7 +439,7 @@ impl crate::executor::StepExecutor for PlannedStep {
     }
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let l = self.location[id.index()];
+        let l = self.main.location[id.index()];
         if bytes.len() != l.bytes {
             return Err(ExecError::Invalid {
                 op: "write_node_bytes",
@@ -395,6 +457,52 @@ impl crate::executor::StepExecutor for PlannedStep {
 
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
         self.read(id)
+    }
+
+    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError> {
+        let bytes = self
+            .bytes()
+            .get(at.offset..at.offset + at.bytes)
+            .ok_or_else(|| ExecError::Invalid {
+                op: "read_scalar",
+                reason: format!(
+                    "bytes {}..{} lie outside the allocation",
+                    at.offset,
+                    at.offset + at.bytes
+                ),
+            })?;
+        crate::executor::scalar_from_le(bytes, dtype)
+    }
+
+    fn eval_executable(&self) -> Option<&Executable> {
+        PlannedStep::eval_executable(self)
+    }
+
+    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        let len = self.memory.len() * ALIGNMENT;
+        let base = self.memory.as_mut_ptr() as *mut u8;
+        let eval = self.eval.as_ref().ok_or_else(no_eval)?;
+        for &(id, bytes) in inputs {
+            let l = *eval
+                .location
+                .get(id.index())
+                .filter(|l| l.bytes == bytes.len())
+                .ok_or_else(|| ExecError::Invalid {
+                    op: "eval_with_inputs",
+                    reason: format!(
+                        "input %{} of the evaluation step does not hold {} bytes",
+                        id.index(),
+                        bytes.len()
+                    ),
+                })?;
+            assert!(
+                l.offset + l.bytes <= len,
+                "validated plan: inside the allocation"
+            );
+            // SAFETY: the slot lies inside the allocation (asserted); no slice of it is alive.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(l.offset), l.bytes) };
+        }
+        eval.run(base, len)
     }
 
     fn step(&mut self) -> Result<(), ExecError> {

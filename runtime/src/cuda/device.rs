@@ -22,8 +22,8 @@ use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
-use ingot_compiler::exe::Executable;
-use ingot_compiler::ir::{Graph, NodeId};
+use ingot_compiler::exe::{Executable, StepPair};
+use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::lower::cuda::{Compute, DeviceOp, Gemm, Program};
 use ingot_compiler::lower::{self, Target};
 use ingot_compiler::plan::check::Location;
@@ -59,18 +59,16 @@ pub struct DeviceMemory {
     pub graph: usize,
 }
 
-/// A step loaded on the GPU.
+/// A step loaded on the GPU; optionally with a forward-only evaluation step planned into the
+/// same allocation ([`StepPair`]), captured as a second graph over the same memory.
 pub struct CudaStep {
-    exe: Executable,
-    program: Program,
-    location: Vec<Location>,
+    main: Part,
+    eval: Option<Part>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: cudarc::cublas::CudaBlas,
-    functions: Vec<CudaFunction>,
     base: sys::CUdeviceptr,
     bytes: usize,
-    exec: Option<CudaGraph>,
     start: CudaEvent,
     stop: CudaEvent,
     last_seconds: Option<f64>,
@@ -78,6 +76,16 @@ pub struct CudaStep {
     ptx_source: ptx::Source,
     name: String,
     opts: CudaOptions,
+}
+
+/// One loaded program: its executable, its device operations, each node's bytes, its kernels
+/// and its captured graph.
+struct Part {
+    exe: Executable,
+    program: Program,
+    location: Vec<Location>,
+    functions: Vec<CudaFunction>,
+    exec: Option<CudaGraph>,
 }
 
 /// Whether a CUDA driver and a GPU are there; the error says which is missing.
@@ -130,15 +138,28 @@ impl CudaStep {
     /// allocation (zeroed) and captures the step. Nothing is lowered or validated here: the
     /// executable carries its program, checked against its validated plan.
     pub fn new(exe: Executable, opts: CudaOptions) -> Result<CudaStep, ExecError> {
-        let lower::Program::Cuda(program) = exe.program().clone() else {
-            return Err(ExecError::Invalid {
-                op: "load",
-                reason: format!(
-                    "the executable was lowered for {}, not CUDA; compile it with --device cuda",
-                    exe.target()
-                ),
-            });
-        };
+        let bytes = exe.plan().total_bytes;
+        CudaStep::load(exe, None, bytes, opts)
+    }
+
+    /// Loads a training step and its evaluation step against one allocation of the pair's size
+    /// ([`StepPair::allocation_bytes`]: the larger plan total, not the sum), each captured as its
+    /// own graph: [`StepExecutor::step`] replays the training step,
+    /// [`StepExecutor::eval_with_inputs`] the evaluation step.
+    pub fn pair(pair: StepPair, opts: CudaOptions) -> Result<CudaStep, ExecError> {
+        let bytes = pair.allocation_bytes();
+        let (train, eval, _) = pair.into_parts();
+        CudaStep::load(train, Some(eval), bytes, opts)
+    }
+
+    fn load(
+        exe: Executable,
+        eval: Option<Executable>,
+        total_bytes: usize,
+        opts: CudaOptions,
+    ) -> Result<CudaStep, ExecError> {
+        let program = cuda_program(&exe)?;
+        let eval_program = eval.as_ref().map(cuda_program).transpose()?;
         debug_assert_eq!(exe.target(), Target::Cuda);
         let count = available()?;
         if opts.ordinal >= count {
@@ -160,19 +181,11 @@ impl CudaStep {
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
         let options = vec![format!("--gpu-architecture=compute_{major}{minor}")];
-        let (ptx_text, ptx_source) = ptx::compile(&program.module_source(), &options)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx_text))
-            .map_err(driver("loading the step's kernels"))?;
-        let functions = program
-            .kernels
-            .iter()
-            .map(|k| {
-                module
-                    .load_function(&k.name)
-                    .map_err(driver(&format!("finding kernel {}", k.name)))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let (functions, ptx_source) = load_kernels(&ctx, &program, &options)?;
+        let eval_functions = eval_program
+            .as_ref()
+            .map(|p| load_kernels(&ctx, p, &options).map(|(f, _)| f))
+            .transpose()?;
         let blas =
             cudarc::cublas::CudaBlas::new(stream.clone()).map_err(|e| ExecError::Device {
                 what: "creating the cuBLAS handle".into(),
@@ -207,7 +220,7 @@ impl CudaStep {
         let (free_before, device_total) =
             result::mem_get_info().map_err(driver("reading free memory"))?;
         let plan = exe.plan();
-        let bytes = plan.total_bytes.max(1);
+        let bytes = total_bytes.max(plan.total_bytes).max(1);
         if bytes > free_before {
             return Err(ExecError::Device {
                 what: "allocating the step's memory".into(),
@@ -226,19 +239,30 @@ impl CudaStep {
             ),
         })?;
         let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
-        let graph = exe.graph();
-        let location = graph.ids().map(|id| plan.location(graph, id)).collect();
+        let part = |exe: Executable, program: Program, functions: Vec<CudaFunction>| {
+            let (graph, plan) = (exe.graph(), exe.plan());
+            let location = graph.ids().map(|id| plan.location(graph, id)).collect();
+            Part {
+                exe,
+                program,
+                location,
+                functions,
+                exec: None,
+            }
+        };
+        let main = part(exe, program, functions);
+        let eval = match (eval, eval_program, eval_functions) {
+            (Some(e), Some(p), Some(f)) => Some(part(e, p, f)),
+            _ => None,
+        };
         let mut step = CudaStep {
-            exe,
-            program,
-            location,
+            main,
+            eval,
             ctx,
             stream,
             blas,
-            functions,
             base,
             bytes,
-            exec: None,
             start,
             stop,
             last_seconds: None,
@@ -255,7 +279,12 @@ impl CudaStep {
         };
         // SAFETY: the allocation is `bytes` long.
         unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
-        step.capture()?;
+        let graph = step.capture(&step.main)?;
+        step.main.exec = Some(graph);
+        if let Some(eval) = &step.eval {
+            let graph = step.capture(eval)?;
+            step.eval.as_mut().expect("loaded").exec = Some(graph);
+        }
         let (free_graph, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
         step.memory.graph = free_after.saturating_sub(free_graph);
         Ok(step)
@@ -265,6 +294,11 @@ impl CudaStep {
     /// staging buffers).
     pub fn pinned_buffer(&self, len: usize) -> Result<super::PinnedBuffer, ExecError> {
         super::PinnedBuffer::new(&self.ctx, len)
+    }
+
+    /// The executable this step runs.
+    pub fn executable(&self) -> &Executable {
+        &self.main.exe
     }
 
     /// Device memory as measured while loading.
@@ -283,7 +317,7 @@ impl CudaStep {
 
     /// The device operations each step runs.
     pub fn program(&self) -> &Program {
-        &self.program
+        &self.main.program
     }
 
     /// Whether the module came from NVRTC, or its PTX from the cache.
@@ -295,13 +329,13 @@ impl CudaStep {
         self.opts
     }
 
-    /// Records every operation of the step on the stream, in capture mode, into one graph.
-    fn capture(&mut self) -> Result<(), ExecError> {
+    /// Records every operation of `part` on the stream, in capture mode, into one graph.
+    fn capture(&self, part: &Part) -> Result<CudaGraph, ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
             .map_err(driver("starting the step's graph capture"))?;
-        let recorded = self.record();
+        let recorded = self.record(part);
         // The capture is ended whatever happened, so the stream is usable (and the error, the
         // first one, is what is reported).
         let ended = self
@@ -317,24 +351,23 @@ impl CudaStep {
             .upload()
             .map_err(driver("uploading the step's graph"))?;
         self.stream.synchronize().map_err(driver("synchronizing"))?;
-        self.exec = Some(graph);
-        Ok(())
+        Ok(graph)
     }
 
     /// Enqueues the step's operations on the stream (captured, never run directly), each
     /// depending on the graph nodes that its dependencies ended with.
-    fn record(&self) -> Result<(), ExecError> {
+    fn record(&self, part: &Part) -> Result<(), ExecError> {
         if self.opts.serial {
-            for op in &self.program.ops {
-                self.enqueue(op)?;
+            for op in &part.program.ops {
+                self.enqueue(part, op)?;
             }
             return Ok(());
         }
         let s = self.stream.cu_stream();
         // The graph nodes each operation's capture ended with (a cuBLAS call may add several).
         let mut ends: Vec<SmallVec<[sys::CUgraphNode; 2]>> =
-            Vec::with_capacity(self.program.ops.len());
-        for (op, deps) in self.program.ops.iter().zip(&self.program.deps) {
+            Vec::with_capacity(part.program.ops.len());
+        for (op, deps) in part.program.ops.iter().zip(&part.program.deps) {
             let mut wait: SmallVec<[sys::CUgraphNode; 8]> =
                 deps.iter().flat_map(|&i| ends[i].iter().copied()).collect();
             // SAFETY: the stream is capturing; `wait` holds nodes of its graph, captured
@@ -351,7 +384,7 @@ impl CudaStep {
             }
             .result()
             .map_err(driver("setting an operation's dependencies in the capture"))?;
-            self.enqueue(op)?;
+            self.enqueue(part, op)?;
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             let mut nodes: *const sys::CUgraphNode = std::ptr::null();
             let mut count = 0usize;
@@ -388,7 +421,8 @@ impl CudaStep {
     /// where a step's time goes; the leaves' values change as in a step.
     pub fn profile(&mut self) -> Result<Vec<f32>, ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        let events = (0..=self.program.ops.len())
+        let part = &self.main;
+        let events = (0..=part.program.ops.len())
             .map(|_| {
                 self.ctx
                     .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -398,8 +432,8 @@ impl CudaStep {
         events[0]
             .record(&self.stream)
             .map_err(driver("recording an event"))?;
-        for (op, e) in self.program.ops.iter().zip(&events[1..]) {
-            self.enqueue(op)?;
+        for (op, e) in part.program.ops.iter().zip(&events[1..]) {
+            self.enqueue(part, op)?;
             e.record(&self.stream)
                 .map_err(driver("recording an event"))?;
         }
@@ -413,12 +447,12 @@ impl CudaStep {
     }
 
     /// Enqueues one operation on the stream.
-    fn enqueue(&self, op: &DeviceOp) -> Result<(), ExecError> {
+    fn enqueue(&self, part: &Part, op: &DeviceOp) -> Result<(), ExecError> {
         let s = self.stream.cu_stream();
         {
             match op {
                 DeviceOp::Launch { node, kernel, args } => {
-                    let k = &self.program.kernels[*kernel];
+                    let k = &part.program.kernels[*kernel];
                     let mut addrs: Vec<u64> = args.iter().map(|&a| self.base + a as u64).collect();
                     let mut params: Vec<*mut c_void> = addrs
                         .iter_mut()
@@ -431,7 +465,7 @@ impl CudaStep {
                     // what other live values hold.
                     unsafe {
                         result::launch_kernel(
-                            self.functions[*kernel].cu_function(),
+                            part.functions[*kernel].cu_function(),
                             (l.grid[0], l.grid[1], l.grid[2]),
                             (l.block[0], l.block[1], l.block[2]),
                             l.shared_bytes,
@@ -439,9 +473,9 @@ impl CudaStep {
                             &mut params,
                         )
                     }
-                    .map_err(|e| self.at(*node, "launching", e.to_string()))?;
+                    .map_err(|e| self.at(part, *node, "launching", e.to_string()))?;
                 }
-                DeviceOp::Gemm(g) => self.gemm(g)?,
+                DeviceOp::Gemm(g) => self.gemm(part, g)?,
                 DeviceOp::Zero { offset, bytes } => {
                     // SAFETY: inside the allocation (checked by the program's check).
                     unsafe { result::memset_d8_async(self.base + *offset as u64, 0, *bytes, s) }
@@ -464,7 +498,7 @@ impl CudaStep {
         Ok(())
     }
 
-    fn gemm(&self, g: &Gemm) -> Result<(), ExecError> {
+    fn gemm(&self, part: &Part, g: &Gemm) -> Result<(), ExecError> {
         let h = *self.blas.handle();
         let op = |t: bool| {
             if t {
@@ -524,13 +558,13 @@ impl CudaStep {
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
             )
         };
-        cublas("cuBLAS GEMM", status).map_err(|e| self.at(g.node, "recording", e.to_string()))
+        cublas("cuBLAS GEMM", status).map_err(|e| self.at(part, g.node, "recording", e.to_string()))
     }
 
-    fn at(&self, node: NodeId, doing: &str, reason: String) -> ExecError {
+    fn at(&self, part: &Part, node: NodeId, doing: &str, reason: String) -> ExecError {
         ExecError::AtNode {
             node: node.index(),
-            op: self.exe.graph().node(node).op.name(),
+            op: part.exe.graph().node(node).op.name(),
             source: Box::new(ExecError::Device {
                 what: doing.into(),
                 reason,
@@ -539,7 +573,7 @@ impl CudaStep {
     }
 
     fn copy_to_host(&self, id: NodeId) -> Result<Tensor, ExecError> {
-        let l = self.location[id.index()];
+        let l = self.main.location[id.index()];
         let mut host = vec![0u8; l.bytes];
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         self.stream.synchronize().map_err(driver("synchronizing"))?;
@@ -548,21 +582,143 @@ impl CudaStep {
             unsafe { result::memcpy_dtoh_sync(&mut host[..], self.base + l.offset as u64) }
                 .map_err(driver("copying to the host"))?;
         }
-        Tensor::from_le_bytes(self.exe.graph().ty(id).clone(), &host)
+        Tensor::from_le_bytes(self.main.exe.graph().ty(id).clone(), &host)
     }
+
+    /// Queues each `(input, bytes)` copy into `part`'s input slots on the step's stream, then
+    /// replays `part`'s graph and waits for it (the device time measured between two events).
+    /// The copies have finished when this returns, on success or failure, so the caller may
+    /// reuse its buffers.
+    fn run_with_inputs(&mut self, eval: bool, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        let part = if eval {
+            self.eval.as_ref().ok_or_else(|| ExecError::Invalid {
+                op: "eval",
+                reason: "no evaluation step was loaded with this step".into(),
+            })?
+        } else {
+            &self.main
+        };
+        for &(id, bytes) in inputs {
+            let l = part.location.get(id.index()).copied();
+            if l.is_none_or(|l| bytes.len() != l.bytes) {
+                return Err(ExecError::Invalid {
+                    op: "step_with_inputs",
+                    reason: format!(
+                        "input %{} holds {} bytes, not {}",
+                        id.index(),
+                        l.map_or(0, |l| l.bytes),
+                        bytes.len()
+                    ),
+                });
+            }
+        }
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        let s = self.stream.cu_stream();
+        let mut queued = Ok(());
+        for &(id, bytes) in inputs {
+            let l = part.location[id.index()];
+            if l.bytes == 0 {
+                continue;
+            }
+            // SAFETY: the range lies inside the allocation (checked above against the plan);
+            // `bytes` is borrowed until the stream is synchronized below.
+            queued = unsafe { result::memcpy_htod_async(self.base + l.offset as u64, bytes, s) }
+                .map_err(driver("queueing an input's copy to the GPU"));
+            if queued.is_err() {
+                break;
+            }
+        }
+        let r = queued.and_then(|()| self.replay(eval));
+        if r.is_err() {
+            // Whatever failed, no copy may still read the caller's buffers after we return.
+            let _ = self.stream.synchronize();
+        }
+        r
+    }
+
+    /// Replays the training step's graph (or the evaluation step's) and waits for it; the
+    /// device time is measured between two events around the replay.
+    fn replay(&mut self, eval: bool) -> Result<(), ExecError> {
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        let part = if eval {
+            self.eval.as_ref()
+        } else {
+            Some(&self.main)
+        };
+        let graph = part
+            .and_then(|p| p.exec.as_ref())
+            .ok_or_else(|| ExecError::Device {
+                what: "running the step".into(),
+                reason: "the step was not captured".into(),
+            })?;
+        self.start
+            .record(&self.stream)
+            .map_err(driver("recording an event"))?;
+        graph
+            .launch()
+            .map_err(driver("launching the step's graph"))?;
+        self.stop
+            .record(&self.stream)
+            .map_err(driver("recording an event"))?;
+        self.stop
+            .synchronize()
+            .map_err(driver("running the step's graph"))?;
+        let ms = self
+            .start
+            .elapsed_ms(&self.stop)
+            .map_err(driver("timing the step"))?;
+        self.last_seconds = Some(ms as f64 / 1e3);
+        Ok(())
+    }
+}
+
+/// The CUDA program of `exe`; an error naming its target if it was lowered for another.
+fn cuda_program(exe: &Executable) -> Result<Program, ExecError> {
+    match exe.program() {
+        lower::Program::Cuda(p) => Ok(p.clone()),
+        _ => Err(ExecError::Invalid {
+            op: "load",
+            reason: format!(
+                "the executable was lowered for {}, not CUDA; compile it with --device cuda",
+                exe.target()
+            ),
+        }),
+    }
+}
+
+/// Compiles (or takes from the PTX cache) and loads `program`'s kernels in `ctx`.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    program: &Program,
+    options: &[String],
+) -> Result<(Vec<CudaFunction>, ptx::Source), ExecError> {
+    let (ptx_text, source) = ptx::compile(&program.module_source(), options)?;
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_src(ptx_text))
+        .map_err(driver("loading the step's kernels"))?;
+    let functions = program
+        .kernels
+        .iter()
+        .map(|k| {
+            module
+                .load_function(&k.name)
+                .map_err(driver(&format!("finding kernel {}", k.name)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((functions, source))
 }
 
 impl StepExecutor for CudaStep {
     fn graph(&self) -> &Graph {
-        self.exe.graph()
+        self.main.exe.graph()
     }
 
     fn plan(&self) -> &MemoryPlan {
-        self.exe.plan()
+        self.main.exe.plan()
     }
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let l = self.location[id.index()];
+        let l = self.main.location[id.index()];
         if bytes.len() != l.bytes {
             return Err(ExecError::Invalid {
                 op: "write_node_bytes",
@@ -588,74 +744,50 @@ impl StepExecutor for CudaStep {
         self.copy_to_host(id)
     }
 
+    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError> {
+        if at.bytes > 8 || at.offset + at.bytes > self.bytes {
+            return Err(ExecError::Invalid {
+                op: "read_scalar",
+                reason: format!(
+                    "{} bytes at {} are not a scalar of the allocation",
+                    at.bytes, at.offset
+                ),
+            });
+        }
+        let mut host = [0u8; 8];
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        // The step's stop event was waited for: the stream is idle after a step, so a
+        // synchronous copy (which orders after the default stream) reads its result.
+        self.stream.synchronize().map_err(driver("synchronizing"))?;
+        if at.bytes > 0 {
+            // SAFETY: the range lies inside the allocation (checked); the stream is idle.
+            unsafe {
+                result::memcpy_dtoh_sync(&mut host[..at.bytes], self.base + at.offset as u64)
+            }
+            .map_err(driver("copying to the host"))?;
+        }
+        crate::executor::scalar_from_le(&host[..at.bytes], dtype)
+    }
+
+    fn eval_executable(&self) -> Option<&Executable> {
+        self.eval.as_ref().map(|p| &p.exe)
+    }
+
     /// Queues each input's copy on the step's stream (asynchronous, no staging allocation), then
     /// runs the step, which waits for the stream: the copies have finished when this returns,
     /// on success or failure, so the caller may reuse its buffers.
     fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
-        for &(id, bytes) in inputs {
-            let l = self.location[id.index()];
-            if bytes.len() != l.bytes {
-                return Err(ExecError::Invalid {
-                    op: "step_with_inputs",
-                    reason: format!(
-                        "input %{} holds {} bytes, not {}",
-                        id.index(),
-                        l.bytes,
-                        bytes.len()
-                    ),
-                });
-            }
-        }
-        self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        let s = self.stream.cu_stream();
-        let mut queued = Ok(());
-        for &(id, bytes) in inputs {
-            let l = self.location[id.index()];
-            if l.bytes == 0 {
-                continue;
-            }
-            // SAFETY: the range lies inside the allocation (checked above against the plan);
-            // `bytes` is borrowed until the stream is synchronized below.
-            queued = unsafe { result::memcpy_htod_async(self.base + l.offset as u64, bytes, s) }
-                .map_err(driver("queueing an input's copy to the GPU"));
-            if queued.is_err() {
-                break;
-            }
-        }
-        let r = queued.and_then(|()| self.step());
-        if r.is_err() {
-            // Whatever failed, no copy may still read the caller's buffers after we return.
-            let _ = self.stream.synchronize();
-        }
-        r
+        self.run_with_inputs(false, inputs)
+    }
+
+    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        self.run_with_inputs(true, inputs)
     }
 
     /// Replays the step's graph and waits for it; the step's device time is measured between
     /// two events around the replay.
     fn step(&mut self) -> Result<(), ExecError> {
-        self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        let graph = self.exec.as_ref().ok_or_else(|| ExecError::Device {
-            what: "running the step".into(),
-            reason: "the step was not captured".into(),
-        })?;
-        self.start
-            .record(&self.stream)
-            .map_err(driver("recording an event"))?;
-        graph
-            .launch()
-            .map_err(driver("launching the step's graph"))?;
-        self.stop
-            .record(&self.stream)
-            .map_err(driver("recording an event"))?;
-        self.stop
-            .synchronize()
-            .map_err(driver("running the step's graph"))?;
-        let ms = self
-            .start
-            .elapsed_ms(&self.stop)
-            .map_err(driver("timing the step"))?;
-        self.last_seconds = Some(ms as f64 / 1e3);
-        Ok(())
+        self.replay(false)
     }
 
     fn allocated_bytes(&self) -> usize {
@@ -675,8 +807,11 @@ impl Drop for CudaStep {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
-        // The graph refers to the allocation: it goes first.
-        self.exec = None;
+        // The graphs refer to the allocation: they go first.
+        self.main.exec = None;
+        if let Some(e) = &mut self.eval {
+            e.exec = None;
+        }
         // SAFETY: allocated in `new`, freed once, after all work on it finished.
         let _ = unsafe { result::free_sync(self.base) };
     }

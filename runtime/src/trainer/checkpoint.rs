@@ -51,6 +51,16 @@ pub struct CheckpointInfo {
     /// The learning-rate schedule, where the run has one.
     #[serde(default)]
     pub schedule: Option<crate::trainer::schedule::Schedule>,
+    /// What identifies the data set on resume: its contents and cut, not its path
+    /// ([`crate::trainer::dataset_fingerprint`]); absent in checkpoints written before it was
+    /// recorded (their `dataset` descriptions are compared instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_fingerprint: Option<String>,
+    /// The optimizer and its settings, in the IR text form's `optimizer` line syntax
+    /// (`adamw lr=0.0003 betas=0.9,0.95 eps=1e-8 weight_decay=0.1`), where the run knew them
+    /// (`ingot train`; a step executable does not record its optimizer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_settings: Option<String>,
     /// The parameters' file, in the same directory.
     pub weights: String,
     /// The optimizer state's file, in the same directory.
@@ -138,13 +148,17 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
     })
 }
 
-/// Checks that a run of `model` on `dataset` may continue from `info`: the same model and the
-/// same data set (cut the same way). The error names both sides.
+/// Checks that a run of `model` on `dataset` (its description and fingerprint,
+/// [`crate::trainer::dataset_fingerprint`]) may continue from `info`: the same model and the
+/// same data set, cut the same way. Data sets compare by fingerprint (contents and cut, so the
+/// same file by another path is the same), or by description for a checkpoint that has none.
+/// The error names both sides.
 pub fn check_same_run(
     dir: &Path,
     info: &CheckpointInfo,
     model: &str,
     dataset: Option<&str>,
+    fingerprint: Option<&str>,
 ) -> Result<(), String> {
     let none = "one fixed batch (no --dataset)";
     if info.model != model {
@@ -156,15 +170,56 @@ pub fn check_same_run(
             ),
         ));
     }
-    if info.dataset.as_deref() != dataset {
+    let same = match (&info.dataset_fingerprint, fingerprint) {
+        (Some(a), Some(b)) => a == b,
+        _ => info.dataset.as_deref() == dataset,
+    };
+    if !same {
+        let changed = if info.dataset.as_deref() == dataset {
+            " (its contents changed since the checkpoint)"
+        } else {
+            ""
+        };
         return Err(err(
             dir,
             format!(
-                "it was written by a run on {}, but this run trains on {}; resume with the same --dataset and batch settings, or start a new run without --resume",
+                "it was written by a run on {}, but this run trains on {}{changed}; resume with the same --dataset and batch settings, or start a new run without --resume",
                 info.dataset.as_deref().unwrap_or(none),
                 dataset.unwrap_or(none)
             ),
         ));
     }
     Ok(())
+}
+
+/// Compares the optimizer of the run being resumed (`now`) with the one the checkpoint's run
+/// used (`info.optimizer_settings`, where recorded). Another kind of optimizer is an error: its
+/// state does not fit. Other settings may change (lowering the learning rate to resume past a
+/// divergence is common): the return value is the note to print, naming both, or `None` when
+/// nothing changed or nothing was recorded.
+pub fn check_optimizer(
+    dir: &Path,
+    info: &CheckpointInfo,
+    now: Option<&ingot_compiler::models::Optimizer>,
+) -> Result<Option<String>, String> {
+    let (Some(then), Some(now)) = (info.optimizer_settings.as_deref(), now) else {
+        return Ok(None);
+    };
+    let now_text = now.to_string();
+    if then == now_text {
+        return Ok(None);
+    }
+    let kind = |s: &str| s.split_whitespace().next().unwrap_or("").to_string();
+    if kind(then) != kind(&now_text) {
+        return Err(err(
+            dir,
+            format!(
+                "it was written by a run with optimizer {then:?}, but this run uses {now_text:?}; the optimizer state of one kind does not fit another: resume with --optimizer {}, or start a new run without --resume",
+                kind(then)
+            ),
+        ));
+    }
+    Ok(Some(format!(
+        "resuming with optimizer settings {now_text:?} where the checkpoint's run used {then:?} (the new settings apply from the next step)"
+    )))
 }

@@ -12,7 +12,7 @@ use crate::data::{
     BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenStream,
 };
 use ingot_compiler::ir::Graph;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// Which kind of data set a path holds.
@@ -76,4 +76,58 @@ pub fn open_dataset(
             seed,
         )?),
     })
+}
+
+/// Blocks a data set's fingerprint hashes in each file (the first and last among them).
+const FINGERPRINT_BLOCKS: u64 = 16;
+/// Bytes of each block.
+const FINGERPRINT_BLOCK: u64 = 64 << 10;
+
+/// What identifies a data set when a run resumes: its contents and how it is cut, not the path
+/// it was given by. `description` is the batch source's ([`BatchSource::describe`], which names
+/// `path` as typed); the fingerprint holds it with that path left out, each file's size, and an
+/// FNV-1a-64 hash of its bytes: the whole file up to 1 MiB, beyond that 16 blocks of 64 KiB
+/// spread evenly from the first to the last. So the same file by another path, or a copy of it,
+/// is the same data set; another file, a file of another length, or another batch shape is not.
+/// (A file edited in place to the same length only between those blocks would pass.)
+pub fn dataset_fingerprint(path: &Path, description: &str) -> Result<String, DataError> {
+    let files = if path.is_dir() {
+        vec![path.join("x.npy"), path.join("y.npy")]
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut sizes = Vec::with_capacity(files.len());
+    let mut block = vec![0u8; FINGERPRINT_BLOCK as usize];
+    for file in &files {
+        let io = |e| DataError::io(file, "its contents (for the checkpoint's fingerprint)", e);
+        let mut f = std::fs::File::open(file).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        sizes.push(len.to_string());
+        let starts: Vec<u64> = if len <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK {
+            (0..len.div_ceil(FINGERPRINT_BLOCK))
+                .map(|k| k * FINGERPRINT_BLOCK)
+                .collect()
+        } else {
+            let last = len - FINGERPRINT_BLOCK;
+            (0..FINGERPRINT_BLOCKS)
+                .map(|k| last / (FINGERPRINT_BLOCKS - 1) * k)
+                .map(|s| if s > last { last } else { s })
+                .chain(std::iter::once(last))
+                .collect()
+        };
+        for start in starts {
+            let n = FINGERPRINT_BLOCK.min(len - start) as usize;
+            f.seek(SeekFrom::Start(start)).map_err(io)?;
+            f.read_exact(&mut block[..n]).map_err(io)?;
+            for &b in &block[..n] {
+                hash = (hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    let cut = description.replace(&path.display().to_string(), "<data set>");
+    Ok(format!(
+        "{cut}; {} bytes; fnv1a64 {hash:016x}",
+        sizes.join(" + ")
+    ))
 }

@@ -12,10 +12,12 @@ pub struct RunRecord {
     pub losses: Vec<(u64, f64)>,
     /// (step, validation loss).
     pub val: Vec<(u64, f64)>,
-    /// The plan's total: the training step's one allocation.
+    /// The one allocation: the training step's plan total, or with a validation step, the
+    /// two steps' shared total.
     pub planned_bytes: usize,
-    /// The validation step's own allocation, where there is one.
-    pub eval_planned_bytes: Option<usize>,
+    /// How the one allocation divides between the training and validation steps, where there
+    /// is a validation step.
+    pub eval_layout: Option<ingot_compiler::plan::shared::SharedLayout>,
     /// (step, device memory the run holds, measured): on a GPU the allocation plus any change
     /// in free device memory since the first step; empty on the CPU.
     pub memory: Vec<(u64, usize)>,
@@ -165,8 +167,15 @@ pub fn html(r: &RunRecord) -> String {
         last_val = r.val.last().map_or("-".into(), |p| format!("{:.6}", p.1)),
         planned = mib(r.planned_bytes),
         eval = r
-            .eval_planned_bytes
-            .map(|b| format!(" (training step) + {:.1} MiB (validation step)", mib(b)))
+            .eval_layout
+            .map(|l| format!(
+                ", one allocation for the training and validation steps: {:.1} MiB resident + max({:.1} MiB training slab, {:.1} MiB validation slab) + {:.1} MiB validation inputs ({:.1} MiB as two allocations)",
+                mib(l.slab_base),
+                mib(l.train_slab_bytes),
+                mib(l.eval_slab_bytes),
+                mib(l.eval_only_bytes),
+                mib(l.separate_bytes()),
+            ))
             .unwrap_or_default(),
         loss = chart("loss per step", "loss", &loss_series),
         mem = chart("device memory held by the run", "MiB", &mem_series),
@@ -186,7 +195,17 @@ mod tests {
             losses: (1..=10).map(|i| (i, 5.0 - i as f64 * 0.1)).collect(),
             val: vec![(5, 4.8), (10, 4.3)],
             planned_bytes: 3 << 20,
-            eval_planned_bytes: Some(1 << 20),
+            eval_layout: Some(ingot_compiler::plan::shared::SharedLayout {
+                resident_bytes: 1 << 20,
+                shared_parameter_bytes: 1 << 20,
+                slab_base: 1 << 20,
+                train_slab_bytes: 2 << 20,
+                eval_slab_bytes: 1 << 20,
+                eval_only_bytes: 0,
+                train_total_bytes: 3 << 20,
+                eval_alone_bytes: 2 << 20,
+                total_bytes: 3 << 20,
+            }),
             memory: vec![],
         };
         let page = html(&r);
@@ -197,6 +216,9 @@ mod tests {
             "the model's name is escaped"
         );
         assert!(!page.contains("<script") && !page.contains("src=") && !page.contains("href="));
-        assert!(page.contains("3.0 MiB") && page.contains("1.0 MiB (validation step)"));
+        assert!(
+            page.contains("3.0 MiB")
+                && page.contains("max(2.0 MiB training slab, 1.0 MiB validation slab)")
+        );
     }
 }
