@@ -45,11 +45,17 @@ pub fn pair_with_eval(
     opts: &pipeline::Options,
 ) -> Result<StepPair, String> {
     let name = format!("{} (eval)", model.name);
-    let forward = opts
-        .precision
+    // The training executable's precision (the options' or the model's own): one run, one
+    // arithmetic.
+    let precision = train.precision();
+    let forward = precision
         .apply(&model.graph)
         .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?;
-    let c = pipeline::compile_step(&name, forward_step(&forward), opts)
+    let opts = pipeline::Options {
+        precision: Some(precision),
+        ..opts.clone()
+    };
+    let c = pipeline::compile_step(&name, forward_step(&forward), &opts)
         .map_err(|e| format!("compiling the forward-only step of {}: {e}", model.name))?;
     StepPair::new(train, &name, c.graph, &c.plan)
         .map_err(|e| format!("pairing the forward-only step of {}: {e}", model.name))
