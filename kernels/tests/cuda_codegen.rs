@@ -610,6 +610,7 @@ struct ig_uint3 { unsigned x, y, z; };
 struct float4 { float x, y, z, w; };
 struct int4 { int x, y, z, w; };
 struct uchar4 { unsigned char x, y, z, w; };
+struct ushort4 { unsigned short x, y, z, w; };
 extern ig_uint3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
 int __syncthreads_or(int);
