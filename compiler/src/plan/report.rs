@@ -564,6 +564,109 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::{self, Compiled, Options};
+
+    /// mlp planned for the CPU (its matmuls' workspaces included).
+    fn mlp_cpu() -> Compiled {
+        pipeline::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu)).unwrap()
+    }
+
+    #[test]
+    fn a_workspace_row_names_whose_workspace_it_is_and_is_typed_as_bytes() {
+        let c = mlp_cpu();
+        let w = c
+            .report
+            .peak_buffers
+            .iter()
+            .find(|b| b.kind == BufferKind::Workspace)
+            .expect("a matmul workspace is live at mlp's peak");
+        assert_eq!(w.provenance, "workspace of fc2 (backward)");
+        assert_eq!(
+            (w.dtype.as_str(), w.shape.as_slice()),
+            ("u8", &[w.bytes][..])
+        );
+        let row = c.report.table();
+        let line = row.lines().find(|l| l.contains("workspace of")).unwrap();
+        assert!(line.contains(&format!("u8[{}]", w.bytes)), "{line}");
+    }
+
+    #[test]
+    fn a_value_the_schedule_computes_before_the_backward_starts_is_never_a_gradient() {
+        let c = mlp_cpu();
+        let phases =
+            crate::autodiff::phase::of_graph(&c.graph, c.graph.outputs.get("loss").copied());
+        let kinds = storage_kinds(&c.graph, &c.plan, Some(&phases));
+        let end = forward_end(&c.graph, &c.plan, Some(&phases));
+        let lv = &c.plan.liveness;
+        for (i, s) in lv.storages.iter().enumerate() {
+            if kinds[i] == BufferKind::Gradient {
+                assert!(
+                    s.start > end,
+                    "storage {i} written at {} <= {end} is a gradient",
+                    s.start
+                );
+                assert!(c.graph.ty(s.owner).dtype.is_float());
+            }
+        }
+        // mlp has such a value (a forward kernel's output only the backward reads): kept.
+        let early_backward = lv.storages.iter().enumerate().find(|(_, s)| {
+            s.region == Region::Slab
+                && !s.workspace
+                && phases[s.owner.index()] == Phase::Backward
+                && s.start <= end
+        });
+        let (i, _) = early_backward.expect("mlp computes a backward-only value in the forward");
+        assert_eq!(kinds[i], BufferKind::SavedActivation);
+    }
+
+    #[test]
+    fn each_kind_has_one_spelling_in_the_text_the_json_and_the_page() {
+        for k in BufferKind::ALL {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.name())
+            );
+            assert_eq!(k.to_string(), k.name());
+        }
+        let c = mlp_cpu();
+        let text = c.report.table();
+        for b in &c.report.peak_buffers {
+            assert!(text.contains(&format!("  {}  ", b.kind.name())), "{text}");
+        }
+        for banned in [
+            "Gradient",
+            "SavedActivation",
+            "saved activations",
+            "optimizer state ",
+        ] {
+            assert!(!text.contains(banned), "{banned:?} in {text}");
+        }
+    }
+
+    #[test]
+    fn the_buffer_table_is_aligned_in_columns() {
+        let text = mlp_cpu().report.table();
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("largest buffers"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert!(rows.len() >= 3, "{text}");
+        // The size column is right-aligned: every row's size ends at the same column, and the
+        // lifetime starts at the same column.
+        let header = rows[0];
+        let live_at: Vec<usize> = rows[1..].iter().map(|r| r.rfind('[').unwrap()).collect();
+        assert!(
+            live_at.iter().all(|&x| Some(x) == header.find("live")),
+            "{text}"
+        );
+        let size_end: Vec<usize> = rows[1..].iter().map(|r| r.find(" [").unwrap()).collect();
+        assert!(size_end.windows(2).all(|w| w[0] == w[1]), "{text}");
+        assert!(
+            header.contains("provenance") && header.contains("kind") && header.contains("size")
+        );
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {
