@@ -409,10 +409,19 @@ fn page_data(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
             _ => 1,
         })
         .collect();
-    // A position of unknown provenance continues the layer before it.
+    // A position of unknown provenance continues the layer before it; the leaves (which the
+    // schedule lists first) are grouped by what they are.
     let mut layer_of_pos: Vec<usize> = Vec::with_capacity(n);
     for &id in &lv.order {
         let prev = layer_of_pos.last().copied();
+        if let crate::ir::Op::Leaf { kind, .. } = &g.node(id).op {
+            layer_of_pos.push(st.id(match kind {
+                crate::ir::LeafKind::Parameter => "parameters",
+                crate::ir::LeafKind::State => "optimizer state",
+                crate::ir::LeafKind::Input => "inputs",
+            }));
+            continue;
+        }
         match (g.origin(id).primary(), prev) {
             (None, Some(p)) => layer_of_pos.push(p),
             (prov, _) => layer_of_pos.push(st.id(layer_of(prov.unwrap_or("")))),
