@@ -179,6 +179,7 @@ fn copy_of(
             })
             .collect();
         let c = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
+        out.set_origin(c, g.origin(y).with_suffix(" (recomputed)"));
         copy.insert(y, c);
     }
     Ok(match copy.get(&x) {

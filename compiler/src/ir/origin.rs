@@ -5,12 +5,16 @@
 //! pass of a layer (`blocks.3.attn.qkv (backward)`) or the optimizer's update of a parameter
 //! (`update of blocks.3.attn.qkv.weight`). Passes that rebuild the graph keep it: the rewriter
 //! gives an extracted node the sources of its e-class, fusion gives a kernel the sources of the
-//! nodes it fused (deduplicated, in order). Reports, the plan page and errors name buffers by it
-//! first and by node id second, since node ids change with every pass and every compiler version.
+//! nodes it fused (deduplicated, in order), rematerialization names a copy after what it
+//! recomputes (`blocks.3.gelu (recomputed)`); a node a pass creates from nothing takes the
+//! origin of its first user that has one ([`fill_missing`]). Reports, the plan page and errors
+//! name buffers by it first and by node id second, since node ids change with every pass and
+//! every compiler version; the memory report also tells gradients (what autodiff made) from
+//! other values of the backward pass by it (`plan::report::storage_kinds`).
 //!
 //! An origin is debug information, like a source location: it takes no part in a graph's
 //! equality (two graphs computing the same thing are equal wherever their nodes came from), and
-//! the IR text form prints it only when asked ([`super::text::print_with_origins`]).
+//! the IR text form prints it only when asked ([`print_with_origins`]).
 
 use std::fmt;
 use std::sync::Arc;

@@ -67,12 +67,17 @@ impl std::fmt::Display for BufferKind {
 
 /// The kind of every storage of `plan` (by storage index).
 ///
-/// Slab values are classified by the phase of the node that writes them *and* by when the
-/// schedule writes them: a value written before the last forward op runs cannot hold a
-/// derivative (no gradient exists yet), so a kernel that only the backward pass reads but
-/// that runs in the forward part of the schedule (a ReLU mask computed from the forward
-/// value) is a saved activation, not a gradient. Non-float values (masks, indices) are never
-/// gradients. Without phases every slab value is a temporary.
+/// A slab value is a gradient when autodiff made it to differentiate the loss, and its
+/// provenance records exactly that: every node autodiff appends is named `X (backward)`, and
+/// rewriting and fusion keep the name. The data flow alone cannot tell: a value that only the
+/// backward pass reads (a ReLU mask, a LayerNorm statistic a forward kernel writes beside its
+/// output, an activation recomputed for the backward, `X (recomputed)`) lies outside the loss's
+/// cone just as a gradient does, and was counted as one before. So: a float value whose
+/// provenance is a backward one is a gradient; any other value of the forward or backward pass
+/// is a saved activation when it outlives the forward pass, else a temporary; the optimizer's
+/// values are temporaries. Where a node has no provenance (a graph built without it), a value
+/// the backward pass computes after the last forward op is taken for a gradient. Without phases
+/// every slab value is a temporary.
 pub fn storage_kinds(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> Vec<BufferKind> {
     let lv = &plan.liveness;
     let forward_end = forward_end(g, plan, phases);
@@ -98,14 +103,20 @@ pub fn storage_kinds(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> 
             let Some(ph) = phases else {
                 return BufferKind::Temporary;
             };
-            let float = g.ty(s.owner).dtype.is_float();
-            match ph[s.owner.index()] {
-                Phase::Backward if s.start > forward_end && float => BufferKind::Gradient,
-                Phase::Backward if s.start > forward_end => BufferKind::Temporary,
-                Phase::Forward | Phase::Backward if s.end > forward_end + 1 => {
-                    BufferKind::SavedActivation
-                }
-                _ => BufferKind::Temporary,
+            let phase = ph[s.owner.index()];
+            if phase == Phase::Optimizer {
+                return BufferKind::Temporary;
+            }
+            let derivative = match g.origin(s.owner).primary() {
+                Some(p) => p.ends_with(" (backward)"),
+                None => phase == Phase::Backward && s.start > forward_end,
+            };
+            if derivative && g.ty(s.owner).dtype.is_float() {
+                BufferKind::Gradient
+            } else if s.end > forward_end + 1 {
+                BufferKind::SavedActivation
+            } else {
+                BufferKind::Temporary
             }
         })
         .collect()
@@ -591,32 +602,56 @@ mod tests {
     }
 
     #[test]
-    fn a_value_the_schedule_computes_before_the_backward_starts_is_never_a_gradient() {
+    fn a_gradient_is_what_autodiff_made_and_a_value_only_the_backward_reads_is_not_one() {
         let c = mlp_cpu();
-        let phases =
-            crate::autodiff::phase::of_graph(&c.graph, c.graph.outputs.get("loss").copied());
-        let kinds = storage_kinds(&c.graph, &c.plan, Some(&phases));
-        let end = forward_end(&c.graph, &c.plan, Some(&phases));
+        let g = &c.graph;
+        let phases = crate::autodiff::phase::of_graph(g, g.outputs.get("loss").copied());
+        let kinds = storage_kinds(g, &c.plan, Some(&phases));
         let lv = &c.plan.liveness;
+        let mut outside_the_cone = 0;
         for (i, s) in lv.storages.iter().enumerate() {
+            let prov = g.origin(s.owner).label();
             if kinds[i] == BufferKind::Gradient {
                 assert!(
-                    s.start > end,
-                    "storage {i} written at {} <= {end} is a gradient",
-                    s.start
+                    prov.contains("(backward)"),
+                    "storage {i} ({prov}) is a gradient"
                 );
-                assert!(c.graph.ty(s.owner).dtype.is_float());
+                assert!(g.ty(s.owner).dtype.is_float());
             }
-        }
-        // mlp has such a value (a forward kernel's output only the backward reads): kept.
-        let early_backward = lv.storages.iter().enumerate().find(|(_, s)| {
-            s.region == Region::Slab
+            // Values outside the loss's cone that autodiff did not make: the relu masks (bool)
+            // and the activations recomputed for the backward pass.
+            if s.region == Region::Slab
                 && !s.workspace
                 && phases[s.owner.index()] == Phase::Backward
-                && s.start <= end
-        });
-        let (i, _) = early_backward.expect("mlp computes a backward-only value in the forward");
-        assert_eq!(kinds[i], BufferKind::SavedActivation);
+                && !prov.contains("(backward)")
+            {
+                outside_the_cone += 1;
+                assert_ne!(kinds[i], BufferKind::Gradient, "{prov} is not a gradient");
+            }
+        }
+        assert!(outside_the_cone > 0, "mlp has such values (its relu masks)");
+        assert!(lv
+            .storages
+            .iter()
+            .any(|s| g.origin(s.owner).label().ends_with("(recomputed)")));
+    }
+
+    #[test]
+    fn without_provenance_a_value_computed_before_the_backward_starts_is_not_a_gradient() {
+        let c = mlp_cpu();
+        let mut g = c.graph.clone();
+        for id in g.ids().collect::<Vec<_>>() {
+            g.set_origin(id, crate::ir::Origin::none());
+        }
+        let phases = crate::autodiff::phase::of_graph(&g, g.outputs.get("loss").copied());
+        let kinds = storage_kinds(&g, &c.plan, Some(&phases));
+        let end = forward_end(&g, &c.plan, Some(&phases));
+        for (i, s) in c.plan.liveness.storages.iter().enumerate() {
+            if kinds[i] == BufferKind::Gradient {
+                assert!(s.start > end, "storage {i} written at {} <= {end}", s.start);
+            }
+        }
+        assert!(kinds.contains(&BufferKind::Gradient));
     }
 
     #[test]
