@@ -73,9 +73,9 @@ impl std::fmt::Display for BufferKind {
 /// backward pass reads (a ReLU mask, a LayerNorm statistic a forward kernel writes beside its
 /// output, an activation recomputed for the backward, `X (recomputed)`) lies outside the loss's
 /// cone just as a gradient does, and was counted as one before. So: a float value whose
-/// provenance is a backward one is a gradient; any other value of the forward or backward pass
-/// is a saved activation when it outlives the forward pass, else a temporary; the optimizer's
-/// values are temporaries. Where a node has no provenance (a graph built without it), a value
+/// provenance is a backward one is a gradient; any other value written during the forward part
+/// of the schedule and outliving it is a saved activation; everything else (the optimizer's
+/// values, a value recomputed during the backward pass and dropped there) is a temporary. Where a node has no provenance (a graph built without it), a value
 /// the backward pass computes after the last forward op is taken for a gradient. Without phases
 /// every slab value is a temporary.
 pub fn storage_kinds(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> Vec<BufferKind> {
@@ -113,7 +113,7 @@ pub fn storage_kinds(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> 
             };
             if derivative && g.ty(s.owner).dtype.is_float() {
                 BufferKind::Gradient
-            } else if s.end > forward_end + 1 {
+            } else if s.start <= forward_end && s.end > forward_end + 1 {
                 BufferKind::SavedActivation
             } else {
                 BufferKind::Temporary
