@@ -52,6 +52,7 @@ pub fn autocast_bf16(g: &Graph) -> Result<Graph, IrError> {
         weak: Vec::with_capacity(g.len()),
     };
     for id in g.ids() {
+        cx.out.set_scope(g.origin(id).clone()); // casts belong to the node they serve
         let (new, weak) = cx.node(g, id)?;
         cx.map.push(new);
         cx.weak.push(weak);

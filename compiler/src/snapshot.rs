@@ -6,6 +6,12 @@
 //! Everything in it is derived from byte counts and the schedule, never from timings, so the
 //! same model and options give the same snapshot on every machine (invariant 5).
 //!
+//! Buffers are named by provenance (the layer that made them, `fc2 (backward)`,
+//! `update of fc1.weight`, `workspace of ...`), never by node id: node ids renumber whenever
+//! a compiler pass changes, so a snapshot keyed by them would churn on every compiler upgrade
+//! even when the plan did not move. Schedule positions (the peak's, buffers' lifetimes) are
+//! not in it either, for the same reason; `ingot plan --json` has them.
+//!
 //! ```no_run
 //! use ingot_compiler::{models, pipeline, snapshot::plan_snapshot};
 //! let model = models::by_name("mlp").unwrap();
@@ -15,7 +21,7 @@
 
 use crate::models::Model;
 use crate::pipeline::{self, CompileError, Compiled};
-use crate::plan::report::{human, BufferKind, KindBytes, PeakBuffer, Report, ResidentBytes};
+use crate::plan::report::{human, KindBytes, PeakBuffer, Report, ResidentBytes};
 use serde::{Deserialize, Serialize};
 
 /// What a plan costs and what holds its peak, in a form meant to be committed and diffed.
@@ -51,16 +57,59 @@ pub struct PlanSnapshot {
 /// The moment of the schedule at which LOAD is reached.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PeakSnapshot {
-    /// Schedule position.
-    pub position: usize,
-    /// The op running there (`%id name`).
+    /// The op running there: `provenance (op)`, e.g. `fc3 (backward) (matmul)`.
     pub op: String,
     /// Live slab bytes there, by kind.
     pub by_kind: KindBytes,
     /// The largest buffers live there, largest first, one line each:
-    /// `%node op dtype[shape] bytes (human) kind, live [start, end)`.
+    /// `provenance: op dtype[shape] bytes B (human) kind`.
     pub largest_buffers: Vec<String>,
 }
+
+/// The plan needs more than the budget: what [`PlanSnapshot::assert_within`] returns. Its
+/// `Display` is the readable message (total, budget, excess, what is live at the peak).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OverBudget {
+    pub model: String,
+    pub total_bytes: usize,
+    pub budget_bytes: usize,
+    pub resident_bytes: usize,
+    pub slab_bytes: usize,
+    /// The op running at the peak.
+    pub peak_op: String,
+    /// The largest buffers live at the peak, one line each.
+    pub largest_buffers: Vec<String>,
+}
+
+impl std::fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the plan needs {} ({} bytes), over the budget of {} ({} bytes) by {} ({} bytes).\n\
+             resident (parameters, optimizer state, inputs): {}; slab: {}.\n\
+             at the peak ({}) the largest live buffers are:",
+            self.model,
+            human(self.total_bytes),
+            self.total_bytes,
+            human(self.budget_bytes),
+            self.budget_bytes,
+            human(self.total_bytes - self.budget_bytes),
+            self.total_bytes - self.budget_bytes,
+            human(self.resident_bytes),
+            human(self.slab_bytes),
+            self.peak_op,
+        )?;
+        for b in &self.largest_buffers {
+            write!(f, "\n  {b}")?;
+        }
+        write!(
+            f,
+            "\nlower the batch size or sequence length, or raise the budget if the growth is expected"
+        )
+    }
+}
+
+impl std::error::Error for OverBudget {}
 
 /// Compiles `model`'s training step with `opts` and summarises its memory plan.
 ///
@@ -95,8 +144,7 @@ impl PlanSnapshot {
             lower_bound_bytes: r.lower_bound_bytes,
             slab_over_lower_bound: format!("{:.4}", r.slab_over_lower_bound),
             peak: PeakSnapshot {
-                position: r.peak_position,
-                op: r.peak_op.clone(),
+                op: peak_op(r),
                 by_kind: r.peak_by_kind.clone(),
                 largest_buffers: r.peak_buffers.iter().map(buffer_line).collect(),
             },
@@ -105,61 +153,46 @@ impl PlanSnapshot {
         }
     }
 
-    /// `Ok` when the step fits in `budget_bytes`; otherwise an error naming the total, the
-    /// budget, and what is live at the peak.
-    pub fn assert_within(&self, budget_bytes: usize) -> Result<(), String> {
+    /// `Ok` when the step fits in `budget_bytes`; otherwise an [`OverBudget`] naming the total,
+    /// the budget, and what is live at the peak (print it: its `Display` is the message).
+    pub fn assert_within(&self, budget_bytes: usize) -> Result<(), OverBudget> {
         if self.total_bytes <= budget_bytes {
             return Ok(());
         }
-        let mut msg = format!(
-            "{}: the plan needs {} ({} bytes), over the budget of {} ({} bytes) by {} bytes. \
-             Resident (parameters, optimizer state, inputs): {}; slab: {}. \
-             At the peak (position {}, {}) the largest live buffers are:",
-            self.model,
-            human(self.total_bytes),
-            self.total_bytes,
-            human(budget_bytes),
+        Err(OverBudget {
+            model: self.model.clone(),
+            total_bytes: self.total_bytes,
             budget_bytes,
-            self.total_bytes - budget_bytes,
-            human(self.resident_bytes),
-            human(self.slab_bytes),
-            self.peak.position,
-            self.peak.op,
-        );
-        for b in &self.peak.largest_buffers {
-            msg.push_str("\n  ");
-            msg.push_str(b);
-        }
-        msg.push_str(
-            "\nlower the batch size or sequence length, or raise the budget if the growth is expected",
-        );
-        Err(msg)
+            resident_bytes: self.resident_bytes,
+            slab_bytes: self.slab_bytes,
+            peak_op: self.peak.op.clone(),
+            largest_buffers: self.peak.largest_buffers.clone(),
+        })
     }
 }
 
+/// `fc3 (backward) (matmul)`: the peak op by provenance and op name, no node id.
+fn peak_op(r: &Report) -> String {
+    let op = r
+        .peak_op
+        .split_once(' ')
+        .map_or(r.peak_op.as_str(), |x| x.1);
+    if r.peak_provenance.is_empty() {
+        op.to_string()
+    } else {
+        format!("{} ({op})", r.peak_provenance)
+    }
+}
+
+/// `fc3 (backward): matmul f32[1024,1024] 4194304 B (4.00 MiB) gradient`.
 fn buffer_line(b: &PeakBuffer) -> String {
-    let shape = b
-        .shape
-        .iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let kind = match b.kind {
-        BufferKind::SavedActivation => "saved_activation",
-        BufferKind::Gradient => "gradient",
-        BufferKind::Temporary => "temporary",
-        BufferKind::Workspace => "workspace",
-    };
     format!(
-        "%{} {} {}[{}] {} B ({}) {}, live [{}, {})",
-        b.node,
+        "{}: {} {} {} B ({}) {}",
+        b.provenance,
         b.op,
-        b.dtype,
-        shape,
+        b.type_label(),
         b.bytes,
         human(b.bytes),
-        kind,
-        b.lifetime[0],
-        b.lifetime[1]
+        b.kind
     )
 }

@@ -24,7 +24,7 @@ pub const TINY_MLP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/example
 #[derive(Debug)]
 pub enum Failure {
     Input(String),
-    OverBudget(String),
+    OverBudget(ingot_compiler::snapshot::OverBudget),
 }
 
 /// Reads `path`, plans its training step for the CPU, prints the report, and checks the total
@@ -92,6 +92,7 @@ mod tests {
         let total = run(Path::new(TINY_MLP), None).unwrap().total_bytes;
         match run(Path::new(TINY_MLP), Some(&(total - 1).to_string())) {
             Err(Failure::OverBudget(msg)) => {
+                let msg = msg.to_string();
                 assert!(msg.contains(&format!("({total} bytes)")), "{msg}");
                 assert!(msg.contains(&format!("({} bytes)", total - 1)), "{msg}");
             }

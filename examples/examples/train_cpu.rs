@@ -55,7 +55,11 @@ pub fn run(steps: usize, weights: &Path) -> Result<Outcome, Box<dyn std::error::
     let mut losses = Vec::new();
     for step in 1..=steps {
         let r = session.step()?; // the loss before this step's update
-        println!("step {step:>3}  loss {:>10.6}  {:.6} s", r.loss, r.seconds);
+        println!(
+            "step {step:>3}  loss {:>10.6}  {:.3} ms",
+            r.loss,
+            r.seconds * 1e3
+        );
         losses.push(r.loss);
     }
 

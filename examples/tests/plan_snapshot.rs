@@ -64,7 +64,7 @@ fn a_budget_too_small_fails_naming_the_total_and_the_budget() {
     let model = models::by_name("mlp").unwrap();
     let snap = cpu_plan(&model);
     let budget = 1 << 20;
-    let msg = snap.assert_within(budget).unwrap_err();
+    let msg = snap.assert_within(budget).unwrap_err().to_string();
     println!("{msg}");
     assert!(
         msg.contains(&format!("{} bytes", snap.total_bytes)),

@@ -19,7 +19,12 @@ fn plan_json_is_a_versioned_document_with_the_totals() {
     let (code, out, err) = ingot(&["plan", "--model", "mlp", "--json"]);
     assert_eq!(code, 0, "{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).expect("plan --json prints JSON");
-    assert_eq!(doc["version"], 1);
+    assert_eq!(doc["version"], 2);
+    // Buffers are named by provenance, kinds spelled as everywhere else.
+    let peak = &doc["peak_buffers"][0];
+    assert_eq!(peak["provenance"], "fc2 (backward)", "{peak}");
+    assert_eq!(peak["kind"], "gradient");
+    assert_eq!(doc["peak_provenance"], "fc2 (backward)");
     let total = doc["total_bytes"].as_u64().unwrap();
     let resident = doc["resident_bytes"].as_u64().unwrap();
     let slab = doc["slab_bytes"].as_u64().unwrap();
@@ -33,7 +38,8 @@ fn a_budget_the_plan_exceeds_exits_3_and_lists_what_holds_the_peak() {
     let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "4MiB"]);
     assert_eq!(code, 3, "{err}");
     assert!(
-        err.contains("over the budget") && err.contains("f32[1024, 1024]"),
+        err.contains("over the budget")
+            && err.contains("fc2 (backward) (%29 matmul) f32[1024,1024]"),
         "{err}"
     );
     let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "1GiB"]);
@@ -122,7 +128,8 @@ fn plan_writes_the_html_page_and_the_svg() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("memory plan for mlp"), "{out}");
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("<svg"));
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("<canvas id=\"curve\""));
+    assert!(page.contains("id=\"plan-data\"") && !page.contains("src="));
     assert!(page.contains("memory plan for mlp") && !page.contains("https://"));
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.contains("<svg xmlns=") && picture.contains("<rect class=\"buf "));
@@ -136,5 +143,42 @@ fn plan_writes_the_html_page_and_the_svg() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot write"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn plan_diff_exits_0_for_equal_plans_1_for_different_ones_and_2_for_a_bad_file() {
+    let dir = std::env::temp_dir().join(format!("ingot-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, model: &str| {
+        let (code, out, err) = ingot(&["plan", "--model", model, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let path = dir.join(name);
+        std::fs::write(&path, out).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let small = write(
+        "small.json",
+        "gpt:vocab=64,d_model=32,layers=1,heads=4,d_ff=64,seq=8,batch=2",
+    );
+    let big = write(
+        "big.json",
+        "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2",
+    );
+    let (code, out, err) = ingot(&["plan", "--diff", &small, &small]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("no differences"), "{out}");
+    let (code, out, err) = ingot(&["plan", "--diff", &small, &big]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("the plans differ"), "{err}");
+    assert!(
+        out.contains("buffers that appeared") && out.contains("blocks.1.fc.weight"),
+        "keyed by provenance: {out}"
+    );
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"version\": 1}").unwrap();
+    let (code, _, err) = ingot(&["plan", "--diff", bad.to_str().unwrap(), &big]);
+    assert_eq!(code, 2);
+    assert!(err.contains("version 1"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -507,7 +507,7 @@ fn every_file_ingot_writes_is_complete_and_leaves_no_temporary_beside_it() {
     ingot_compiler::exe::Executable::read(dir.join("t.ingot")).unwrap();
     assert!(std::fs::read_to_string(dir.join("p.html"))
         .unwrap()
-        .contains("<svg"));
+        .contains("plan-data"));
     assert!(std::fs::read_to_string(dir.join("out.csv"))
         .unwrap()
         .contains("offset"));

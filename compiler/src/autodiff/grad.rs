@@ -26,10 +26,15 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
     let wants = needs_gradient(g, loss, wrt);
     let users = user_counts(g, loss);
     let mut adjoint: Vec<Option<NodeId>> = vec![None; loss.index() + 1];
+    // Each backward node is named after the forward node whose VJP made it.
+    let seed_origin = g.origin(loss).backward();
+    let outer = g.set_scope(seed_origin);
     adjoint[loss.index()] = Some(g.full(1.0, Shape::scalar(), lt.dtype)?);
     for i in (0..=loss.index()).rev() {
         let Some(gy) = adjoint[i] else { continue };
         let id = NodeId(i as u32);
+        let origin = g.origin(id).backward();
+        g.set_scope(origin);
         if let Some((z, gz)) = softmax_vjp(g, id, gy, &users, &wants)? {
             adjoint[z.index()] = Some(match adjoint[z.index()] {
                 None => gz,
@@ -49,6 +54,7 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
             });
         }
     }
+    g.set_scope(outer);
     wrt.iter()
         .map(|&w| match adjoint.get(w.index()).copied().flatten() {
             Some(gw) => Ok(gw),

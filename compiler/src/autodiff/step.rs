@@ -102,6 +102,7 @@ pub fn training_step_with(
     };
     optimizer.apply_with_inputs(&mut g, &params, &grads, lr_scale, step)?;
     let n = g.len();
+    name_updates(&mut g, b);
     Ok(Step {
         graph: g,
         phases: Phases {
@@ -110,6 +111,53 @@ pub fn training_step_with(
             optimizer: b..n,
         },
     })
+}
+
+/// Names the optimizer's nodes (those from `first` on) after the update they serve:
+/// `update of blocks.3.qkv.weight` for a node only one parameter's update reads, `optimizer`
+/// for one several share (AdamW's bias corrections); gradient clipping's nodes, which every
+/// update reads, are `gradient clipping` when the step clips. Deterministic: updates in order.
+fn name_updates(g: &mut Graph, first: usize) {
+    use crate::ir::Origin;
+    let n = g.len();
+    // For each node from `first`, the update that reaches it first, and whether several do.
+    let mut owner: Vec<Option<usize>> = vec![None; n];
+    let mut shared = vec![false; n];
+    for (k, u) in g.updates.iter().enumerate() {
+        let mut stack = vec![u.value];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(x) = stack.pop() {
+            if x.index() < first || !seen.insert(x) {
+                continue;
+            }
+            match owner[x.index()] {
+                None => owner[x.index()] = Some(k),
+                Some(o) if o != k => shared[x.index()] = true,
+                _ => {}
+            }
+            stack.extend(g.node(x).inputs.iter().copied());
+        }
+    }
+    let clip = g.outputs.get(GRAD_NORM).copied();
+    for i in first..n {
+        let id = NodeId(i as u32);
+        if g.node(id).op.is_leaf() && g.origin(id).primary().is_some() {
+            continue;
+        }
+        let origin = match (owner[i], shared[i]) {
+            _ if clip.is_some_and(|c| i <= c.index()) => Origin::new("gradient clipping"),
+            (Some(_), true) => Origin::new("optimizer"),
+            (Some(k), false) => {
+                let target = g.updates[k].target;
+                Origin::new(&format!(
+                    "update of {}",
+                    g.leaf_name(target).unwrap_or("a parameter")
+                ))
+            }
+            (None, _) => Origin::new("optimizer"),
+        };
+        g.set_origin(id, origin);
+    }
 }
 
 /// The gradients scaled by `min(1, max / (norm + 1e-6))`, `norm` their global L2 norm (each

@@ -35,6 +35,7 @@ pub fn as_selects(g: &Graph) -> Result<(Graph, usize), IrError> {
     let mut count = 0;
     for id in g.ids() {
         let n = g.node(id);
+        out.set_scope(g.origin(id).clone()); // the selects keep the concat's origin
         let mapped = match (&n.op, equal_parts(g, id)) {
             (&Op::Concat { axis }, Some(parts)) if parts > 1 => {
                 count += 1;

@@ -155,7 +155,8 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
     } else {
         groups
     };
-    let graph = emit(&g, &groups)?;
+    let mut graph = emit(&g, &groups)?;
+    crate::ir::origin::fill_missing(&mut graph);
     index::check_loads(&graph)?;
     graph.verify()?;
     let mut report = FuseReport {
@@ -631,6 +632,7 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .map(|&x| buffer(g, &mut out, &new_id, &mut views, x))
                     .collect::<Result<_, _>>()?;
                 let nid = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
+                out.set_origin(nid, g.origin(*id).clone());
                 new_id.insert(*id, nid);
             }
             Unit::Group(gr) => {
@@ -650,9 +652,13 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     })
                     .collect();
                 let fid = out.push(Op::Fused(Box::new(k)), &ins, Some(outs[0].clone()))?;
+                // The kernel lists every source it fused, its first output's first; each
+                // further output keeps its own value's origin.
+                out.set_origin(fid, fused_origin(g, gr));
                 new_id.insert(gr.roots[0], fid);
                 for (j, &r) in gr.roots.iter().enumerate().skip(1) {
                     let rid = out.push(Op::Result { index: j }, &[fid], Some(outs[j].clone()))?;
+                    out.set_origin(rid, g.origin(r).clone());
                     new_id.insert(r, rid);
                 }
             }
@@ -679,6 +685,22 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
         out.set_update(t, v)?;
     }
     Ok(out)
+}
+
+/// The provenance of a group's kernel: its first root's origin, then those of every node it
+/// fused (the nodes between its inputs and its roots), in graph order, deduplicated.
+fn fused_origin(g: &Graph, gr: &Group) -> crate::ir::Origin {
+    let inputs: BTreeSet<NodeId> = gr.lowered.inputs.iter().copied().collect();
+    let mut body: BTreeSet<NodeId> = BTreeSet::new();
+    let mut stack: Vec<NodeId> = gr.roots.clone();
+    while let Some(x) = stack.pop() {
+        if inputs.contains(&x) || g.node(x).op.is_leaf() || !body.insert(x) {
+            continue;
+        }
+        stack.extend(g.node(x).inputs.iter().copied());
+    }
+    let first = std::iter::once(gr.roots[0]);
+    crate::ir::Origin::merge(first.chain(body).map(|x| g.origin(x)))
 }
 
 fn missing(x: NodeId) -> IrError {
@@ -714,6 +736,7 @@ fn buffer(
         let n = g.node(v);
         if out.ty(inner).shape != n.ty.shape {
             inner = out.push(Op::Reshape, &[inner], Some(n.ty.clone()))?;
+            out.set_origin(inner, g.origin(v).clone());
         }
         views.insert(v, inner);
     }

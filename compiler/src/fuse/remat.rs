@@ -67,6 +67,7 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
     let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
     for id in g.ids() {
         let n = g.node(id);
+        out.set_scope(g.origin(id).clone()); // a recomputation belongs to the node reading it
         let late = id > loss;
         let mut ins = Vec::with_capacity(n.inputs.len());
         for &x in &n.inputs {
@@ -205,6 +206,7 @@ fn copy_of(
             })
             .collect();
         let c = out.push(n.op.clone(), &ins, Some(n.ty.clone()))?;
+        out.set_origin(c, g.origin(y).with_suffix(" (recomputed)"));
         copy.insert(y, c);
     }
     Ok(match copy.get(&x) {

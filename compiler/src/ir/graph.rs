@@ -2,7 +2,7 @@
 //! operand always precedes its users. Outputs and in-place updates are named in insertion
 //! order (`IndexMap`), which keeps printing, planning and snapshots deterministic.
 
-use super::{infer::infer, DType, LeafKind, Op, Shape, TensorType};
+use super::{infer::infer, DType, LeafKind, Op, Origin, Shape, TensorType};
 use crate::error::IrError;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -56,14 +56,31 @@ pub struct Update {
 }
 
 /// A graph of primitive ops: a model's forward pass, or a whole training step.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Graph {
     nodes: Vec<Node>,
     /// Named results the caller reads after a step (the loss, for instance).
     pub outputs: IndexMap<String, NodeId>,
     /// In-place updates of parameters and optimizer state, in the order they were declared.
     pub updates: Vec<Update>,
+    /// Each node's provenance ([`Origin`]), beside the nodes so that code building [`Node`]s
+    /// keeps compiling; shorter than `nodes` only for a deserialized graph (the rest unknown).
+    #[serde(skip)]
+    origins: Vec<Origin>,
+    /// The origin [`Graph::push`] gives new nodes (see [`Graph::scoped`]).
+    #[serde(skip)]
+    scope: Origin,
 }
+
+/// Two graphs are equal when they compute the same thing: provenance is debug information and
+/// takes no part.
+impl PartialEq for Graph {
+    fn eq(&self, other: &Graph) -> bool {
+        self.nodes == other.nodes && self.outputs == other.outputs && self.updates == other.updates
+    }
+}
+
+static NO_ORIGIN: Origin = Origin::NONE;
 
 impl Graph {
     pub fn new() -> Graph {
@@ -92,6 +109,47 @@ impl Graph {
 
     pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
         (0..self.nodes.len() as u32).map(NodeId)
+    }
+
+    /// Where `id` came from (see [`Origin`]).
+    pub fn origin(&self, id: NodeId) -> &Origin {
+        self.origins.get(id.index()).unwrap_or(&NO_ORIGIN)
+    }
+
+    /// Sets where `id` came from.
+    pub fn set_origin(&mut self, id: NodeId, origin: Origin) {
+        if self.origins.len() < self.nodes.len() {
+            self.origins.resize(self.nodes.len(), Origin::none());
+        }
+        self.origins[id.index()] = origin;
+    }
+
+    /// `blocks.3.qkv (%12)`: a node named by provenance first and id second (`%12` alone when
+    /// its origin is unknown), for reports and errors.
+    pub fn describe(&self, id: NodeId) -> String {
+        match self.origin(id).primary() {
+            Some(p) => format!("{p} ({id})"),
+            None => id.to_string(),
+        }
+    }
+
+    /// The origin new nodes get.
+    pub fn scope(&self) -> &Origin {
+        &self.scope
+    }
+
+    /// Sets the origin new nodes get, returning the previous one (restore it when done).
+    pub fn set_scope(&mut self, origin: Origin) -> Origin {
+        std::mem::replace(&mut self.scope, origin)
+    }
+
+    /// Runs `f` with new nodes attributed to `name` (an nn layer such as `blocks.3.attn.qkv`),
+    /// then restores the previous scope.
+    pub fn scoped<T>(&mut self, name: &str, f: impl FnOnce(&mut Graph) -> T) -> T {
+        let prev = self.set_scope(Origin::new(name));
+        let out = f(self);
+        self.scope = prev;
+        out
     }
 
     /// Appends a node after checking its operands exist and its types agree.
@@ -123,11 +181,17 @@ impl Graph {
                 inputs.iter().map(|&i| self.ty(i)).collect();
             infer(&op, &operand_types, declared.as_ref(), node)?
         };
+        // A leaf is its own origin: its name says more than the layer that declared it.
+        let origin = match &op {
+            Op::Leaf { name, .. } => Origin::new(name),
+            _ => self.scope.clone(),
+        };
         self.nodes.push(Node {
             op,
             inputs: SmallVec::from_slice(inputs),
             ty,
         });
+        self.set_origin(NodeId(node as u32), origin);
         Ok(NodeId(node as u32))
     }
 
@@ -263,6 +327,7 @@ impl Graph {
                 inputs,
                 ty: n.ty.clone(),
             });
+            out.origins.push(self.origin(NodeId(i as u32)).clone());
         }
         for (k, v) in &self.outputs {
             out.outputs

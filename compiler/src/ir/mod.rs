@@ -4,6 +4,7 @@
 mod graph;
 mod infer;
 mod op;
+pub mod origin;
 mod shape;
 pub mod text;
 
@@ -11,4 +12,5 @@ pub use graph::{Graph, Node, NodeId, Operands, Update};
 pub use infer::infer;
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 pub use op::{Axes, Init, LeafKind, Op, TensorType};
+pub use origin::Origin;
 pub use shape::Shape;

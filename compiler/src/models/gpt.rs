@@ -182,25 +182,35 @@ pub fn gpt(cfg: &GptConfig, dtype: DType) -> Result<Model> {
         dtype,
         Init::Normal { std: nn::INIT_STD },
     )?;
-    let mut h = g.add(tok, wpe).map_err(|e| nn::in_layer("wpe", e))?;
+    let mut h = g
+        .scoped("wpe", |g| g.add(tok, wpe))
+        .map_err(|e| nn::in_layer("wpe", e))?;
     for i in 0..layers {
         let p = format!("blocks.{i}");
         let a = nn::layer_norm(&mut g, &format!("{p}.ln1"), h, LN_EPS)?;
         let a = nn::causal_self_attention(&mut g, &p, a, heads)?;
-        h = g.add(h, a).map_err(|e| nn::in_layer(&p, e))?;
+        h = g
+            .scoped(&p, |g| g.add(h, a))
+            .map_err(|e| nn::in_layer(&p, e))?;
         let m = nn::layer_norm(&mut g, &format!("{p}.ln2"), h, LN_EPS)?;
         let m = nn::linear(&mut g, &format!("{p}.fc"), m, d, d_ff, true)?;
-        let m = nn::gelu_tanh(&mut g, m).map_err(|e| nn::in_layer(&p, e))?;
+        let m = g
+            .scoped(&format!("{p}.gelu"), |g| nn::gelu_tanh(g, m))
+            .map_err(|e| nn::in_layer(&p, e))?;
         let m = nn::linear(&mut g, &format!("{p}.fc2"), m, d_ff, d, true)?;
-        h = g.add(h, m).map_err(|e| nn::in_layer(&p, e))?;
+        h = g
+            .scoped(&p, |g| g.add(h, m))
+            .map_err(|e| nn::in_layer(&p, e))?;
     }
     let h = nn::layer_norm(&mut g, "lnf", h, LN_EPS)?;
     // The head and the loss work on the B·T positions as rows.
     let n = batch * seq;
-    let h = g.reshape(h, [n, d])?;
+    let h = g.scoped("head", |g| g.reshape(h, [n, d]))?;
     let logits = nn::linear(&mut g, "head", h, d, vocab, false)?; // [B·T, vocab]
-    let targets = g.reshape(y, [n])?;
-    let loss = nn::softmax_cross_entropy(&mut g, logits, targets)?;
+    let loss = g.scoped("loss", |g| {
+        let targets = g.reshape(y, [n])?;
+        nn::softmax_cross_entropy(g, logits, targets)
+    })?;
     g.set_output("loss", loss)?;
     Ok(Model {
         name,

@@ -38,11 +38,11 @@ pub fn mlp_with(batch: usize, dtype: DType) -> Result<Model> {
     let x = g.input("x", [batch, MLP_IN], dtype)?;
     let y = g.input("y", [batch], ID_DTYPE)?;
     let h = nn::linear(&mut g, "fc1", x, MLP_IN, MLP_HIDDEN, true)?;
-    let h = nn::relu(&mut g, h)?;
+    let h = g.scoped("relu1", |g| nn::relu(g, h))?;
     let h = nn::linear(&mut g, "fc2", h, MLP_HIDDEN, MLP_HIDDEN, true)?;
-    let h = nn::relu(&mut g, h)?;
+    let h = g.scoped("relu2", |g| nn::relu(g, h))?;
     let logits = nn::linear(&mut g, "fc3", h, MLP_HIDDEN, MLP_CLASSES, true)?;
-    let loss = nn::softmax_cross_entropy(&mut g, logits, y)?;
+    let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
     g.set_output("loss", loss)?;
     Ok(Model {
         name,

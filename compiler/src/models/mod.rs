@@ -118,7 +118,20 @@ impl Model {
             body.push('\n');
         }
         let text = body.as_str();
-        let graph = crate::ir::text::parse(text)?;
+        let mut graph = crate::ir::text::parse(text)?;
+        // Each node's provenance is its line of the file (`step:12`): node lines are the lines
+        // starting with `%`, one node each, in order.
+        let node_lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.trim_start().starts_with('%'))
+            .map(|(i, _)| i + 1);
+        for (k, line) in node_lines.take(graph.len()).enumerate() {
+            let id = crate::ir::NodeId(k as u32);
+            if !graph.node(id).op.is_leaf() {
+                graph.set_origin(id, crate::ir::Origin::new(&format!("{name}:{line}")));
+            }
+        }
         let Some(&loss) = graph.outputs.get("loss") else {
             return Err(model_err(
                 name,

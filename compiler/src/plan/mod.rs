@@ -7,6 +7,7 @@
 //! intervals.
 
 pub mod check;
+pub mod diff;
 pub mod liveness;
 pub mod picture;
 pub mod report;
@@ -230,7 +231,14 @@ impl Prepared {
                 largest: largest
                     .iter()
                     .take(3)
-                    .map(|s| format!("{} {} ({} bytes)", s.owner, g.ty(s.owner), s.bytes))
+                    .map(|s| {
+                        format!(
+                            "{} {} ({} bytes)",
+                            g.describe(s.owner),
+                            g.ty(s.owner),
+                            s.bytes
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
             });

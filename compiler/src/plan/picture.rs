@@ -1,23 +1,32 @@
-//! The plan as a picture: schedule position across, byte offset up, one rectangle per storage
-//! from its first to its last live position, at its offset, as tall as its size, coloured by
-//! what it holds. [`svg`] draws it alone; [`html`] puts it beside the report table in one
-//! self-contained page (inline SVG and CSS, nothing fetched, no scripts).
+//! The plan as pictures.
+//!
+//! [`html`] writes one self-contained page (inline CSS, inline JavaScript, the plan's data as a
+//! compact JSON island; nothing is fetched, so it opens offline): a curve of live bytes over the
+//! schedule on top (stacked by kind, the peak marked), phase bands and layer names along the
+//! axis, the placement chart below it (schedule position across, byte offset up, one rectangle
+//! per storage) sharing the axis, zoom (wheel; shift+wheel zooms the placement's offsets) and
+//! pan (drag) on both, hover and click on a buffer for its provenance, shape, dtype, size,
+//! lifetime and offset, and a sortable table of every buffer live at the peak or at any position
+//! clicked. Buffers too small to see are drawn at least one pixel wide and tall, and every
+//! buffer is in the table, so none is lost.
+//!
+//! [`svg`] draws the placement chart alone as a static SVG (no script): one titled rectangle per
+//! storage at least [`MIN_HEIGHT_PX`] tall (a caption counts the rest).
 //!
 //! Both are pure and deterministic: the same plan gives the same bytes. Every text is escaped.
-//! Storages less than [`MIN_HEIGHT_PX`] tall are not drawn (a caption counts them), which keeps
-//! plans of thousands of buffers to a file of a few megabytes.
 
-use super::report::{human, Report};
+use super::report::{human, storage_kinds, storage_provenance, BufferKind, Report};
 use super::{MemoryPlan, Region};
 use crate::autodiff::{Phase, LOSS};
-use crate::ir::{Graph, LeafKind, Op};
+use crate::ir::Graph;
+use std::collections::HashMap;
 use std::fmt::Write;
 
-/// Width of the plotting area, in pixels.
+/// Width of the SVG's plotting area, in pixels.
 pub const PLOT_WIDTH: f64 = 1000.0;
-/// Height of the plotting area, in pixels.
+/// Height of the SVG's plotting area, in pixels.
 pub const PLOT_HEIGHT: f64 = 600.0;
-/// Storages drawn shorter than this are left out.
+/// Storages drawn shorter than this are left out of the SVG.
 pub const MIN_HEIGHT_PX: f64 = 0.25;
 
 const LEFT: f64 = 90.0;
@@ -25,59 +34,24 @@ const TOP: f64 = 40.0;
 const RIGHT: f64 = 20.0;
 const BOTTOM: f64 = 110.0;
 
-/// What a storage holds, for its colour.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
-    Parameter,
-    State,
-    Input,
-    SavedActivation,
-    Gradient,
-    Temporary,
-    Workspace,
-}
-
-impl Kind {
-    const ALL: [Kind; 7] = [
-        Kind::Parameter,
-        Kind::State,
-        Kind::Input,
-        Kind::SavedActivation,
-        Kind::Gradient,
-        Kind::Temporary,
-        Kind::Workspace,
-    ];
-
-    fn class(self) -> &'static str {
-        match self {
-            Kind::Parameter => "parameter",
-            Kind::State => "state",
-            Kind::Input => "input",
-            Kind::SavedActivation => "saved_activation",
-            Kind::Gradient => "gradient",
-            Kind::Temporary => "temporary",
-            Kind::Workspace => "workspace",
-        }
-    }
-
-    fn colour(self) -> &'static str {
-        match self {
-            Kind::Parameter => "#4e79a7",
-            Kind::State => "#76b7b2",
-            Kind::Input => "#59a14f",
-            Kind::SavedActivation => "#f28e2b",
-            Kind::Gradient => "#e15759",
-            Kind::Temporary => "#bab0ac",
-            Kind::Workspace => "#b07aa1",
-        }
+/// A kind's colour, the same in the SVG and the page.
+pub fn colour(kind: BufferKind) -> &'static str {
+    match kind {
+        BufferKind::Parameter => "#4e79a7",
+        BufferKind::OptimizerState => "#76b7b2",
+        BufferKind::Input => "#59a14f",
+        BufferKind::SavedActivation => "#f28e2b",
+        BufferKind::Gradient => "#e15759",
+        BufferKind::Temporary => "#bab0ac",
+        BufferKind::Workspace => "#b07aa1",
     }
 }
 
-/// One rectangle of the picture.
+/// One rectangle of the SVG.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bar {
     pub storage: usize,
-    pub kind: Kind,
+    pub kind: BufferKind,
     pub x: f64,
     pub y: f64,
     pub width: f64,
@@ -111,18 +85,27 @@ pub fn escape(s: &str) -> String {
     o
 }
 
-/// Lays the plan out: one bar per storage tall enough to see, in storage order.
+/// The phases of `g`'s nodes, as the report reckons them.
+fn phases(g: &Graph) -> Vec<Phase> {
+    crate::autodiff::phase::of_graph(g, g.outputs.get(LOSS).copied())
+}
+
+/// A storage's type: `f32[8,1024]`, or `u8[N]` for a workspace.
+fn storage_type(g: &Graph, s: &super::Storage) -> (String, String) {
+    if s.workspace {
+        return ("u8".into(), format!("[{}]", s.bytes));
+    }
+    let ty = g.ty(s.owner);
+    let dims: Vec<String> = ty.shape.dims().iter().map(|d| d.to_string()).collect();
+    (ty.dtype.to_string(), format!("[{}]", dims.join(",")))
+}
+
+/// Lays the SVG out: one bar per storage tall enough to see, in storage order.
 pub fn layout(g: &Graph, plan: &MemoryPlan) -> Layout {
     let lv = &plan.liveness;
     let positions = lv.order.len().max(1);
-    let phases = crate::autodiff::phase::of_graph(g, g.outputs.get(LOSS).copied());
-    // The schedule position after which no forward op runs (as the report reckons it).
-    let forward_end = g
-        .ids()
-        .filter(|id| phases[id.index()] == Phase::Forward && !g.node(*id).op.is_leaf())
-        .map(|id| lv.position[id.index()])
-        .max()
-        .unwrap_or(0);
+    let ph = phases(g);
+    let kinds = storage_kinds(g, plan, Some(&ph));
     let total = plan.total_bytes.max(1) as f64;
     let sx = PLOT_WIDTH / positions as f64;
     let sy = PLOT_HEIGHT / total;
@@ -134,48 +117,20 @@ pub fn layout(g: &Graph, plan: &MemoryPlan) -> Layout {
             skipped += 1;
             continue;
         }
-        let op = &g.node(s.owner).op;
-        let kind = if s.workspace {
-            Kind::Workspace
-        } else {
-            match (s.region, op) {
-                (Region::Resident, Op::Leaf { kind, .. }) => match kind {
-                    LeafKind::Parameter => Kind::Parameter,
-                    LeafKind::State => Kind::State,
-                    LeafKind::Input => Kind::Input,
-                },
-                (Region::Resident, _) => Kind::State,
-                (Region::Slab, _) => match phases[s.owner.index()] {
-                    Phase::Backward => Kind::Gradient,
-                    Phase::Forward if s.end > forward_end + 1 => Kind::SavedActivation,
-                    _ => Kind::Temporary,
-                },
-            }
-        };
+        let kind = kinds[i];
         let end = s.end.max(s.start + 1);
         let offset = plan.storage_offset[i];
-        let ty = g.ty(s.owner);
-        let shape = ty
-            .shape
-            .dims()
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let name = match op {
-            Op::Leaf { name, .. } => format!(" {name:?}"),
-            _ => String::new(),
-        };
+        let (dtype, shape) = storage_type(g, s);
         let title = format!(
-            "%{}{} {} {}[{}]\n{} bytes ({}), {}\nlive [{}, {}), offset {}",
+            "{} (%{} {})\n{}{} {} bytes ({}), {}\nlive [{}, {}), offset {}",
+            storage_provenance(g, s),
             s.owner.0,
-            name,
-            if s.workspace { "workspace" } else { op.name() },
-            ty.dtype,
+            g.node(s.owner).op.name(),
+            dtype,
             shape,
             s.bytes,
             human(s.bytes),
-            kind.class(),
+            kind,
             s.start,
             end,
             offset
@@ -197,37 +152,8 @@ pub fn layout(g: &Graph, plan: &MemoryPlan) -> Layout {
     }
 }
 
-/// The plan as a standalone SVG document.
+/// The plan's placement chart as a standalone SVG document.
 pub fn svg(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
-    draw(g, plan, report, true)
-}
-
-/// One self-contained HTML page: the picture beside the report table.
-pub fn html(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
-    let mut o = String::new();
-    let model = escape(&report.model);
-    let _ = write!(
-        o,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <title>memory plan: {model}</title>\n<style>\n\
-         body {{ font-family: sans-serif; margin: 16px; color: #222; }}\n\
-         .page {{ display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }}\n\
-         pre {{ font-size: 12px; background: #f6f6f6; padding: 12px; margin: 0; }}\n\
-         rect.buf:hover {{ stroke: #000; stroke-width: 1; }}\n\
-         </style>\n</head>\n<body>\n<h1>memory plan: {model}</h1>\n\
-         <p>Schedule position across, byte offset up; hover a buffer for its node, op, shape, \
-         size and lifetime.</p>\n<div class=\"page\">\n<div>\n"
-    );
-    o.push_str(&draw(g, plan, report, false));
-    let _ = write!(
-        o,
-        "</div>\n<pre class=\"report\">{}</pre>\n</div>\n</body>\n</html>\n",
-        escape(&report.table())
-    );
-    o
-}
-
-fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> String {
     let lay = layout(g, plan);
     let width = LEFT + PLOT_WIDTH + RIGHT;
     let height = TOP + PLOT_HEIGHT + BOTTOM;
@@ -235,28 +161,20 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
     let sy = PLOT_HEIGHT / total;
     let sx = PLOT_WIDTH / lay.positions as f64;
     let mut o = String::with_capacity(256 * lay.bars.len() + 4096);
-    if standalone {
-        o.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    }
+    o.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         o,
-        "<svg{} width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" \
-         font-family=\"sans-serif\" font-size=\"12\">",
-        if standalone {
-            " xmlns=\"http://www.w3.org/2000/svg\""
-        } else {
-            ""
-        }
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
+         viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"12\">"
     );
     let _ = writeln!(
         o,
-        "<title>memory plan: {} ({} total)</title>",
+        "<title>memory plan: {} in {} ({} total)</title>",
         escape(&report.model),
+        report.precision,
         human(plan.total_bytes)
     );
-    if standalone {
-        o.push_str("<style>rect.buf:hover { stroke: #000; stroke-width: 1; }</style>\n");
-    }
+    o.push_str("<style>rect.buf:hover { stroke: #000; stroke-width: 1; }</style>\n");
     let _ = writeln!(
         o,
         "<rect x=\"{LEFT:.0}\" y=\"{TOP:.0}\" width=\"{PLOT_WIDTH:.0}\" height=\"{PLOT_HEIGHT:.0}\" \
@@ -268,17 +186,16 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
             o,
             "<rect class=\"buf {}\" x=\"{:.2}\" y=\"{:.2}\" width=\"{:.2}\" height=\"{:.2}\" \
              fill=\"{}\"><title>{}</title></rect>",
-            b.kind.class(),
+            b.kind,
             b.x,
             b.y,
             b.width,
             b.height,
-            b.kind.colour(),
+            colour(b.kind),
             escape(&b.title)
         );
     }
     o.push_str("</g>\n");
-    // Where the resident region ends and the slab begins.
     let base_y = TOP + PLOT_HEIGHT - plan.slab_base as f64 * sy;
     let _ = writeln!(
         o,
@@ -292,7 +209,6 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
         LEFT + PLOT_WIDTH - 4.0,
         base_y - 3.0
     );
-    // The peak.
     let px = LEFT + (plan.peak_position as f64 + 0.5) * sx;
     let _ = writeln!(
         o,
@@ -312,10 +228,9 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
          ({}), {} live in the slab</text>",
         TOP - 8.0,
         plan.peak_position,
-        escape(&report.peak_op),
+        escape(&report.peak_label()),
         human(plan.load_bytes)
     );
-    // Axes.
     let axis_y = TOP + PLOT_HEIGHT;
     for i in 0..=4 {
         let bytes = (plan.total_bytes as f64 * i as f64 / 4.0).round() as usize;
@@ -339,28 +254,28 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
     }
     let _ = writeln!(
         o,
-        "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"middle\">schedule position ({} ops, {} schedule)</text>",
+        "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"middle\">schedule position ({} ops, {} schedule, {})</text>",
         LEFT + PLOT_WIDTH / 2.0,
         axis_y + 34.0,
         lay.positions,
-        escape(&report.schedule)
+        escape(&report.schedule),
+        report.precision
     );
     let _ = writeln!(
         o,
         "<text transform=\"translate(14 {:.0}) rotate(-90)\" text-anchor=\"middle\">byte offset</text>",
         TOP + PLOT_HEIGHT / 2.0
     );
-    // Legend.
     let ly = axis_y + 56.0;
     let mut lx = LEFT;
-    for k in Kind::ALL {
-        let label = k.class().replace('_', " ");
+    for k in BufferKind::ALL {
+        let label = k.name();
         let _ = writeln!(
             o,
             "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"12\" fill=\"{}\"/>\
              <text x=\"{:.0}\" y=\"{ly:.0}\">{label}</text>",
             ly - 10.0,
-            k.colour(),
+            colour(k),
             lx + 16.0
         );
         lx += 28.0 + 7.0 * label.len() as f64;
@@ -368,7 +283,7 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
     let _ = writeln!(
         o,
         "<text x=\"{LEFT:.0}\" y=\"{:.0}\" fill=\"#555\">{} buffers drawn, {} under {} px tall \
-         not drawn; total {} ({} bytes)</text>",
+         not drawn (the HTML page shows every one); total {} ({} bytes)</text>",
         ly + 24.0,
         lay.bars.len(),
         lay.skipped,
@@ -379,6 +294,239 @@ fn draw(g: &Graph, plan: &MemoryPlan, report: &Report, standalone: bool) -> Stri
     o.push_str("</svg>\n");
     o
 }
+
+/// The layer a provenance belongs to, for the axis's layer names: `blocks.3` for
+/// `blocks.3.attn.qkv (backward)`, `fc1` for `fc1.weight`, `update` for `update of ...`.
+pub fn layer_of(provenance: &str) -> &str {
+    let p = provenance.strip_suffix(" (backward)").unwrap_or(provenance);
+    if p.starts_with("update of ") || p == "optimizer" {
+        return "update";
+    }
+    let mut parts = p.splitn(3, '.');
+    let first = parts.next().unwrap_or(p);
+    match parts.next() {
+        Some(second) if second.chars().all(|c| c.is_ascii_digit()) && !second.is_empty() => {
+            &p[..first.len() + 1 + second.len()]
+        }
+        _ => first,
+    }
+}
+
+/// Strings of the page's data, each stored once and referred to by index.
+#[derive(Default)]
+struct Strings {
+    list: Vec<String>,
+    index: HashMap<String, usize>,
+}
+
+impl Strings {
+    fn id(&mut self, s: &str) -> usize {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        self.list.push(s.to_string());
+        self.index.insert(s.to_string(), self.list.len() - 1);
+        self.list.len() - 1
+    }
+}
+
+/// Runs of equal values over positions: `[start, end, value]`.
+fn runs(values: &[usize]) -> Vec<[usize; 3]> {
+    let mut out: Vec<[usize; 3]> = Vec::new();
+    for (p, &v) in values.iter().enumerate() {
+        match out.last_mut() {
+            Some(r) if r[2] == v => r[1] = p + 1,
+            _ => out.push([p, p + 1, v]),
+        }
+    }
+    out
+}
+
+/// The page's data as one JSON document (compact arrays; strings by index).
+fn page_data(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
+    let lv = &plan.liveness;
+    let n = lv.order.len();
+    let ph = phases(g);
+    let kinds = storage_kinds(g, plan, Some(&ph));
+    let mut st = Strings::default();
+    // Each buffer: [provenance, kind, dtype, shape, bytes, start, end, offset, node, op, fused].
+    let mut buffers = Vec::with_capacity(lv.storages.len());
+    let mut by_dtype: std::collections::BTreeMap<String, usize> = Default::default();
+    for (i, s) in lv.storages.iter().enumerate() {
+        let (dtype, shape) = storage_type(g, s);
+        *by_dtype.entry(dtype.clone()).or_default() += s.bytes;
+        let (start, end) = if s.region == Region::Resident {
+            (0, n.max(1))
+        } else {
+            (s.start, s.end.max(s.start + 1))
+        };
+        let sources = g.origin(s.owner).sources();
+        let fused = if sources.len() > 1 && !s.workspace {
+            st.id(&g.origin(s.owner).label())
+        } else {
+            st.id("")
+        };
+        buffers.push(serde_json::json!([
+            st.id(&storage_provenance(g, s)),
+            BufferKind::ALL
+                .iter()
+                .position(|k| *k == kinds[i])
+                .unwrap_or(0),
+            st.id(&dtype),
+            st.id(&shape),
+            s.bytes,
+            start,
+            end,
+            plan.storage_offset[i],
+            s.owner.0,
+            st.id(g.node(s.owner).op.name()),
+            fused
+        ]));
+    }
+    // Each position: [provenance, op, node].
+    let positions: Vec<serde_json::Value> = lv
+        .order
+        .iter()
+        .map(|&id| {
+            let prov = g
+                .origin(id)
+                .primary()
+                .map_or_else(|| g.node(id).op.name().to_string(), str::to_string);
+            serde_json::json!([st.id(&prov), st.id(g.node(id).op.name()), id.0])
+        })
+        .collect();
+    let phase_names = ["forward", "backward", "update"];
+    // The band shows the schedule's parts: up to the last forward op, the forward pass (kernels
+    // only the backward reads but that run in it included), then backward and update.
+    let forward_end = super::report::forward_end(g, plan, Some(&ph));
+    let phase_of: Vec<usize> = lv
+        .order
+        .iter()
+        .enumerate()
+        .map(|(p, &id)| match ph[id.index()] {
+            _ if p <= forward_end => 0,
+            Phase::Optimizer => 2,
+            _ => 1,
+        })
+        .collect();
+    // A position of unknown provenance continues the layer before it; the leaves (which the
+    // schedule lists first) are grouped by what they are.
+    let mut layer_of_pos: Vec<usize> = Vec::with_capacity(n);
+    for &id in &lv.order {
+        let prev = layer_of_pos.last().copied();
+        if let crate::ir::Op::Leaf { kind, .. } = &g.node(id).op {
+            layer_of_pos.push(st.id(match kind {
+                crate::ir::LeafKind::Parameter => "parameters",
+                crate::ir::LeafKind::State => "optimizer state",
+                crate::ir::LeafKind::Input => "inputs",
+            }));
+            continue;
+        }
+        match (g.origin(id).primary(), prev) {
+            (None, Some(p)) => layer_of_pos.push(p),
+            (prov, _) => layer_of_pos.push(st.id(layer_of(prov.unwrap_or("")))),
+        }
+    }
+    let doc = serde_json::json!({
+        "model": report.model,
+        "precision": report.precision.name(),
+        "schedule": report.schedule,
+        "total": plan.total_bytes,
+        "resident": plan.resident_bytes,
+        "slab_base": plan.slab_base,
+        "slab": plan.slab_bytes,
+        "load": plan.load_bytes,
+        "peak": plan.peak_position,
+        "positions": n,
+        "kinds": BufferKind::ALL.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        "colours": BufferKind::ALL.iter().map(|&k| colour(k)).collect::<Vec<_>>(),
+        "dtypes": by_dtype,
+        "phase_names": phase_names,
+        "phases": runs(&phase_of),
+        "layers": runs(&layer_of_pos),
+        "ops": positions,
+        "buffers": buffers,
+        "strings": st.list,
+    });
+    // `<`, `>` and `&` occur only inside JSON strings, where `\u003c` means the same: the data
+    // can then never end the script element or open a comment, whatever a name holds.
+    doc.to_string()
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
+}
+
+/// The page's script: drawing, zoom and pan, hover, click and the table (plain JavaScript).
+const SCRIPT: &str = include_str!("picture.js");
+
+/// One self-contained HTML page: the live-bytes curve, the placement chart, the table of live
+/// buffers and the report (see the module docs).
+pub fn html(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
+    let mut o = String::new();
+    let model = escape(&report.model);
+    let dtypes: Vec<String> = {
+        let mut m: std::collections::BTreeMap<String, usize> = Default::default();
+        for s in &plan.liveness.storages {
+            *m.entry(storage_type(g, s).0).or_default() += 1;
+        }
+        m.into_iter()
+            .map(|(k, v)| format!("{k} \u{d7}{v}"))
+            .collect()
+    };
+    let _ = write!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <title>memory plan: {model}</title>\n<style>\n{CSS}</style>\n</head>\n<body>\n\
+         <h1>memory plan: {model}</h1>\n\
+         <p class=\"summary\">precision <b id=\"precision\">{prec}</b> &#183; total <b>{total}</b> \
+         (resident {resident}, slab {slab}, LOAD {load}) &#183; peak at position {peak} ({peak_op}) \
+         &#183; {schedule} schedule &#183; buffers by dtype: {dtypes}</p>\n\
+         <p class=\"help\">Wheel: zoom the schedule axis (shift+wheel: the placement's offsets); \
+         drag: pan; hover a buffer for its details, click it (or a position on the curve) to pin it \
+         and list what is live there; click a column heading to sort.\n\
+         <button id=\"reset\">reset zoom</button> <button id=\"gopeak\">go to the peak</button></p>\n\
+         <div id=\"legend\"></div>\n\
+         <canvas id=\"curve\" height=\"300\"></canvas>\n\
+         <canvas id=\"placement\" height=\"420\"></canvas>\n\
+         <div id=\"tip\"></div>\n\
+         <div class=\"lower\"><div id=\"details\">click a buffer for its details</div>\n\
+         <div id=\"tablebox\"><p id=\"tablehead\"></p><table id=\"live\"><thead></thead><tbody></tbody></table></div></div>\n\
+         <h2>report</h2>\n<pre class=\"report\">{table}</pre>\n\
+         <script type=\"application/json\" id=\"plan-data\">{data}</script>\n\
+         <script>\n{SCRIPT}</script>\n</body>\n</html>\n",
+        prec = report.precision,
+        total = human(report.total_bytes),
+        resident = human(report.resident_bytes),
+        slab = human(report.slab_bytes),
+        load = human(report.lower_bound_bytes),
+        peak = report.peak_position,
+        peak_op = escape(&report.peak_label()),
+        schedule = escape(&report.schedule),
+        dtypes = escape(&dtypes.join(", ")),
+        table = escape(&report.table()),
+        data = page_data(g, plan, report),
+    );
+    o
+}
+
+const CSS: &str = "body { font-family: sans-serif; margin: 12px 16px; color: #222; }
+h1 { font-size: 20px; margin: 4px 0; } h2 { font-size: 16px; }
+p.summary, p.help { font-size: 13px; margin: 4px 0; } p.help { color: #555; }
+canvas { display: block; width: 100%; border: 1px solid #ccc; margin-top: 6px; cursor: crosshair; }
+#legend span { display: inline-block; margin-right: 14px; font-size: 12px; }
+#legend i { display: inline-block; width: 11px; height: 11px; margin-right: 4px; vertical-align: -1px; }
+#tip { position: fixed; display: none; background: #fffffa; border: 1px solid #888; padding: 4px 6px;
+  font-size: 12px; pointer-events: none; white-space: pre; z-index: 2; }
+.lower { display: flex; gap: 16px; align-items: flex-start; margin-top: 8px; }
+#details { min-width: 300px; max-width: 380px; font-size: 12px; white-space: pre-wrap; background: #f6f6f6; padding: 8px; }
+#tablebox { flex: 1; max-height: 420px; overflow: auto; }
+#tablehead { font-size: 13px; margin: 0 0 4px 0; }
+table { border-collapse: collapse; font-size: 12px; }
+th { cursor: pointer; background: #eee; position: sticky; top: 0; text-align: left; }
+th, td { padding: 2px 6px; border-bottom: 1px solid #e4e4e4; white-space: nowrap; }
+td.num { text-align: right; } tr.sel td { background: #ffe9a8; } tbody tr { cursor: pointer; }
+pre { font-size: 12px; background: #f6f6f6; padding: 12px; }
+";
 
 #[cfg(test)]
 mod tests {
@@ -473,10 +621,12 @@ mod tests {
         let rects = doc.matches("<rect class=\"buf ").count();
         let titled = doc.matches("\"><title>").count();
         assert_eq!(rects, lay.bars.len());
-        // Every buffer rect holds a title (the other title-bearing element is the peak line).
+        // Every buffer rect holds a title naming its provenance first, then its node id.
         let bufs_with_title = doc
             .lines()
-            .filter(|l| l.starts_with("<rect class=\"buf ") && l.contains("<title>%"))
+            .filter(|l| {
+                l.starts_with("<rect class=\"buf ") && l.contains("<title>") && l.contains(" (%")
+            })
             .count();
         assert_eq!(bufs_with_title, lay.bars.len());
         assert!(titled >= lay.bars.len());
@@ -488,16 +638,81 @@ mod tests {
         }
     }
 
+    /// The page without its scripts (whose JavaScript is not XML).
+    fn without_scripts(page: &str) -> String {
+        let mut out = String::new();
+        let mut rest = page;
+        while let Some(i) = rest.find("<script") {
+            out.push_str(&rest[..i]);
+            let end = rest[i..].find("</script>").expect("scripts close") + i + "</script>".len();
+            rest = &rest[end..];
+        }
+        out.push_str(rest);
+        out
+    }
+
     #[test]
     fn the_html_is_self_contained_and_embeds_the_table() {
         let c = mlp();
         let page = html(&c.graph, &c.plan, &c.report);
         assert!(!page.contains("http://") && !page.contains("https://"));
-        assert!(!page.contains("<script") && !page.contains("src="));
+        assert!(
+            !page.contains("src=") && !page.contains("href="),
+            "nothing is fetched"
+        );
         assert!(page.contains(&escape(&c.report.table())));
         assert!(page.contains("<pre class=\"report\">"));
-        let body = &page[page.find("<html").unwrap()..];
+        assert!(
+            page.contains("data-ready"),
+            "the script marks the page drawn"
+        );
+        let body = without_scripts(&page[page.find("<html").unwrap()..]);
         well_formed(body.replace("<meta charset=\"utf-8\">", "").as_str()).unwrap();
+    }
+
+    #[test]
+    fn the_page_shows_the_precision_and_every_buffer_with_its_dtype() {
+        // Planned for the CPU, so the matmuls' workspaces are in the plan too.
+        let c = pipeline::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu))
+            .unwrap();
+        let page = html(&c.graph, &c.plan, &c.report);
+        assert!(page.contains("precision <b id=\"precision\">f32</b>"));
+        let start = page.find("id=\"plan-data\">").unwrap() + "id=\"plan-data\">".len();
+        let end = start + page[start..].find("</script>").unwrap();
+        let data: serde_json::Value = serde_json::from_str(&page[start..end]).unwrap();
+        let buffers = data["buffers"].as_array().unwrap();
+        // Every storage is in the data, however small: none is left out of the table.
+        assert_eq!(buffers.len(), c.plan.liveness.storages.len());
+        let strings = data["strings"].as_array().unwrap();
+        let dtypes: std::collections::BTreeSet<&str> = buffers
+            .iter()
+            .map(|b| strings[b[2].as_u64().unwrap() as usize].as_str().unwrap())
+            .collect();
+        assert!(
+            dtypes.contains("f32") && dtypes.contains("i64"),
+            "{dtypes:?}"
+        );
+        // Provenance is there: the layers of the mlp and their backward passes.
+        let provs: Vec<&str> = buffers
+            .iter()
+            .map(|b| strings[b[0].as_u64().unwrap() as usize].as_str().unwrap())
+            .collect();
+        assert!(provs.contains(&"fc1.weight"), "{provs:?}");
+        assert!(provs.iter().any(|p| p.ends_with("(backward)")), "{provs:?}");
+        assert!(
+            provs.iter().any(|p| p.starts_with("workspace of ")),
+            "{provs:?}"
+        );
+        assert_eq!(data["phase_names"][0], "forward");
+    }
+
+    #[test]
+    fn layers_along_the_axis_group_a_block_and_its_backward() {
+        assert_eq!(layer_of("blocks.3.attn.qkv (backward)"), "blocks.3");
+        assert_eq!(layer_of("blocks.3"), "blocks.3");
+        assert_eq!(layer_of("fc1.weight"), "fc1");
+        assert_eq!(layer_of("update of fc1.weight"), "update");
+        assert_eq!(layer_of(""), "");
     }
 
     #[test]
@@ -529,5 +744,6 @@ mod tests {
         assert!(doc.contains("&lt;evil &amp; &quot;model&quot; &#39;x&#39;&gt;"));
         let page = html(&c.graph, &c.plan, &c.report);
         assert!(!page.contains("<evil") && page.contains("&lt;evil &amp;"));
+        assert!(!page.contains("<op>"));
     }
 }

@@ -7,21 +7,152 @@ use crate::ir::{Graph, LeafKind, NodeId, Op};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
-/// Version of the JSON document; bumped on any incompatible change.
-pub const REPORT_VERSION: u32 = 1;
+/// Version of the JSON document; bumped on any incompatible change (2: buffers carry their
+/// provenance, kinds have one spelling, resident kinds and `by_provenance` were added).
+pub const REPORT_VERSION: u32 = 2;
 
-/// What a slab value is to the step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+/// What a buffer holds. One spelling everywhere (the text report, the JSON, the plan page):
+/// [`BufferKind::name`], which is also its JSON form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BufferKind {
-    /// A forward value kept alive for the backward pass.
+    /// A trainable parameter (resident).
+    Parameter,
+    /// Optimizer state (resident).
+    OptimizerState,
+    /// A step input (resident).
+    Input,
+    /// A forward value kept alive past the forward pass, for the backward pass.
     SavedActivation,
-    /// A value of the backward pass.
+    /// A value of the backward pass: a derivative.
     Gradient,
-    /// Anything else: forward values dropped in the forward pass, optimizer temporaries.
+    /// Anything else: forward values that die in the forward pass, optimizer temporaries,
+    /// masks and indices the backward pass computes.
     Temporary,
-    /// Scratch space of a library (cuBLAS) carved from the slab.
+    /// Scratch space of a kernel or library (the CPU matmul's packing space, cuBLAS's
+    /// workspace) carved from the slab.
     Workspace,
+}
+
+impl BufferKind {
+    pub const ALL: [BufferKind; 7] = [
+        BufferKind::Parameter,
+        BufferKind::OptimizerState,
+        BufferKind::Input,
+        BufferKind::SavedActivation,
+        BufferKind::Gradient,
+        BufferKind::Temporary,
+        BufferKind::Workspace,
+    ];
+
+    /// The kind's one spelling (also its JSON form).
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferKind::Parameter => "parameter",
+            BufferKind::OptimizerState => "optimizer_state",
+            BufferKind::Input => "input",
+            BufferKind::SavedActivation => "saved_activation",
+            BufferKind::Gradient => "gradient",
+            BufferKind::Temporary => "temporary",
+            BufferKind::Workspace => "workspace",
+        }
+    }
+}
+
+impl std::fmt::Display for BufferKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kind of every storage of `plan` (by storage index).
+///
+/// A slab value is a gradient when autodiff made it to differentiate the loss, and its
+/// provenance records exactly that: every node autodiff appends is named `X (backward)`, and
+/// rewriting and fusion keep the name. The data flow alone cannot tell: a value that only the
+/// backward pass reads (a ReLU mask, a LayerNorm statistic a forward kernel writes beside its
+/// output, an activation recomputed for the backward, `X (recomputed)`) lies outside the loss's
+/// cone just as a gradient does, and was counted as one before. So: a float value whose
+/// provenance is a backward one is a gradient; any other value written during the forward part
+/// of the schedule and outliving it is a saved activation; everything else (the optimizer's
+/// values, a value recomputed during the backward pass and dropped there) is a temporary. Where a node has no provenance (a graph built without it), a value
+/// the backward pass computes after the last forward op is taken for a gradient. Without phases
+/// every slab value is a temporary.
+pub fn storage_kinds(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> Vec<BufferKind> {
+    let lv = &plan.liveness;
+    let forward_end = forward_end(g, plan, phases);
+    lv.storages
+        .iter()
+        .map(|s| {
+            if s.workspace {
+                return BufferKind::Workspace;
+            }
+            if s.region == Region::Resident {
+                return match &g.node(s.owner).op {
+                    Op::Leaf {
+                        kind: LeafKind::Parameter,
+                        ..
+                    } => BufferKind::Parameter,
+                    Op::Leaf {
+                        kind: LeafKind::Input,
+                        ..
+                    } => BufferKind::Input,
+                    _ => BufferKind::OptimizerState,
+                };
+            }
+            let Some(ph) = phases else {
+                return BufferKind::Temporary;
+            };
+            let phase = ph[s.owner.index()];
+            if phase == Phase::Optimizer {
+                return BufferKind::Temporary;
+            }
+            let derivative = match g.origin(s.owner).primary() {
+                Some(p) => p.ends_with(" (backward)"),
+                None => phase == Phase::Backward && s.start > forward_end,
+            };
+            if derivative && g.ty(s.owner).dtype.is_float() {
+                BufferKind::Gradient
+            } else if s.start <= forward_end && s.end > forward_end + 1 {
+                BufferKind::SavedActivation
+            } else {
+                BufferKind::Temporary
+            }
+        })
+        .collect()
+}
+
+/// The schedule position after which no forward op runs (0 without phases).
+pub fn forward_end(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> usize {
+    phases.map_or(0, |ph| {
+        g.ids()
+            .filter(|id| ph[id.index()] == Phase::Forward && !g.node(*id).op.is_leaf())
+            .map(|id| plan.liveness.position[id.index()])
+            .max()
+            .unwrap_or(0)
+    })
+}
+
+/// Where storage `s` came from, in the user's words: its owner's provenance (the first source
+/// of a fused kernel's), `workspace of ...` for a workspace, or the op's name when the origin
+/// is unknown. Node ids are not part of it, so it survives recompiles.
+pub fn storage_provenance(g: &Graph, s: &super::Storage) -> String {
+    let base = match g.origin(s.owner).primary() {
+        Some(p) => p.to_string(),
+        None => g.node(s.owner).op.name().to_string(),
+    };
+    if s.workspace {
+        format!("workspace of {base}")
+    } else {
+        base
+    }
+}
+
+/// A buffer's type as the IR text form spells it: `f32[8,1024]`, `f32[]` for a scalar; a
+/// workspace is raw bytes, `u8[N]`.
+pub fn type_label(dtype: &str, shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("{dtype}[{}]", dims.join(","))
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,13 +165,29 @@ pub struct ResidentBytes {
 /// One buffer live at the peak.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PeakBuffer {
+    /// Where it came from ([`storage_provenance`]): the layer, `... (backward)`,
+    /// `update of ...`, `workspace of ...`.
+    #[serde(default)]
+    pub provenance: String,
+    /// Every source a fused kernel fused, when more than one (in order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fused: Vec<String>,
     pub node: u32,
     pub op: String,
+    /// The buffer's element type; `u8` for a workspace (raw bytes).
     pub dtype: String,
+    /// The buffer's shape; `[bytes]` for a workspace.
     pub shape: Vec<usize>,
     pub bytes: usize,
     pub kind: BufferKind,
     pub lifetime: [usize; 2],
+}
+
+impl PeakBuffer {
+    /// `f32[8,1024]`.
+    pub fn type_label(&self) -> String {
+        type_label(&self.dtype, &self.shape)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -49,6 +196,17 @@ pub struct KindBytes {
     pub gradient: usize,
     pub temporary: usize,
     pub workspace: usize,
+}
+
+/// The buffers of one provenance and kind, together: what `ingot plan --diff` compares.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceBytes {
+    pub provenance: String,
+    pub kind: BufferKind,
+    /// How many storages.
+    pub buffers: usize,
+    /// Their bytes, summed (unaligned).
+    pub bytes: usize,
 }
 
 /// The report: everything a user needs to know before launching a step.
@@ -72,8 +230,11 @@ pub struct Report {
     /// slab / LOAD: 1.0 is a perfect packing.
     pub slab_over_lower_bound: f64,
     pub peak_position: usize,
-    /// Op running at the peak.
+    /// Op running at the peak (`%id name`).
     pub peak_op: String,
+    /// Where the op running at the peak came from.
+    #[serde(default)]
+    pub peak_provenance: String,
     /// Live slab bytes at the peak, by kind.
     pub peak_by_kind: KindBytes,
     /// The largest buffers live at the peak, largest first.
@@ -82,6 +243,10 @@ pub struct Report {
     pub in_place_ops: usize,
     /// Slab storages (after in-place sharing).
     pub slab_buffers: usize,
+    /// Every storage, resident and slab, grouped by provenance and kind, in order of first
+    /// appearance (resident first, then by schedule position).
+    #[serde(default)]
+    pub by_provenance: Vec<SourceBytes>,
 }
 
 /// True for nodes that run a kernel when the step executes.
@@ -111,27 +276,7 @@ impl Report {
                 }
             }
         }
-        // The schedule position after which no forward op runs.
-        let forward_end = phases.map_or(0, |ph| {
-            g.ids()
-                .filter(|id| ph[id.index()] == Phase::Forward && !g.node(*id).op.is_leaf())
-                .map(|id| lv.position[id.index()])
-                .max()
-                .unwrap_or(0)
-        });
-        let kind_of = |owner: NodeId, end: usize| -> BufferKind {
-            match phases {
-                Some(ph) if ph[owner.index()] == Phase::Backward => BufferKind::Gradient,
-                Some(ph) if ph[owner.index()] == Phase::Forward => {
-                    if end > forward_end + 1 {
-                        BufferKind::SavedActivation
-                    } else {
-                        BufferKind::Temporary
-                    }
-                }
-                _ => BufferKind::Temporary,
-            }
-        };
+        let kinds = storage_kinds(g, plan, phases);
         let t = plan.peak_position;
         let mut live: Vec<PeakBuffer> = Vec::new();
         let mut by_kind = KindBytes {
@@ -140,28 +285,35 @@ impl Report {
             temporary: 0,
             workspace: 0,
         };
-        for s in lv
-            .storages
-            .iter()
-            .filter(|s| s.region == Region::Slab && s.start <= t && t < s.end.max(s.start + 1))
-        {
-            let kind = if s.workspace {
-                BufferKind::Workspace
-            } else {
-                kind_of(s.owner, s.end)
-            };
+        for (i, s) in lv.storages.iter().enumerate() {
+            if !(s.region == Region::Slab && s.start <= t && t < s.end.max(s.start + 1)) {
+                continue;
+            }
+            let kind = kinds[i];
             match kind {
                 BufferKind::SavedActivation => by_kind.saved_activation += s.bytes,
                 BufferKind::Gradient => by_kind.gradient += s.bytes,
-                BufferKind::Temporary => by_kind.temporary += s.bytes,
                 BufferKind::Workspace => by_kind.workspace += s.bytes,
+                _ => by_kind.temporary += s.bytes,
             }
             let ty = g.ty(s.owner);
+            let (dtype, shape) = if s.workspace {
+                ("u8".to_string(), vec![s.bytes])
+            } else {
+                (ty.dtype.to_string(), ty.shape.dims().to_vec())
+            };
+            let sources = g.origin(s.owner).sources();
             live.push(PeakBuffer {
+                provenance: storage_provenance(g, s),
+                fused: if sources.len() > 1 && !s.workspace {
+                    sources.iter().map(|x| x.to_string()).collect()
+                } else {
+                    Vec::new()
+                },
                 node: s.owner.0,
                 op: g.node(s.owner).op.name().to_string(),
-                dtype: ty.dtype.to_string(),
-                shape: ty.shape.dims().to_vec(),
+                dtype,
+                shape,
                 bytes: s.bytes,
                 kind,
                 lifetime: [s.start, s.end],
@@ -169,10 +321,12 @@ impl Report {
         }
         live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.node.cmp(&b.node)));
         live.truncate(PEAK_BUFFERS_LISTED);
-        let peak_op = lv
-            .order
-            .get(t)
-            .map(|&id| format!("{id} {}", g.node(id).op.name()))
+        let peak_node = lv.order.get(t).copied();
+        let peak_op = peak_node
+            .map(|id| format!("{id} {}", g.node(id).op.name()))
+            .unwrap_or_default();
+        let peak_provenance = peak_node
+            .and_then(|id| g.origin(id).primary().map(str::to_string))
             .unwrap_or_default();
         let in_place_ops = g
             .ids()
@@ -202,6 +356,7 @@ impl Report {
             },
             peak_position: t,
             peak_op,
+            peak_provenance,
             peak_by_kind: by_kind,
             peak_buffers: live,
             in_place_ops,
@@ -210,6 +365,16 @@ impl Report {
                 .iter()
                 .filter(|s| s.region == Region::Slab)
                 .count(),
+            by_provenance: by_provenance(g, plan, &kinds),
+        }
+    }
+
+    /// The op running at the peak: `fc2 (backward) (%29 matmul)`, provenance first.
+    pub fn peak_label(&self) -> String {
+        if self.peak_provenance.is_empty() {
+            self.peak_op.clone()
+        } else {
+            format!("{} ({})", self.peak_provenance, self.peak_op)
         }
     }
 
@@ -222,13 +387,13 @@ impl Report {
             self.model, self.precision, self.ops, self.kernels, self.schedule
         );
         let row = |o: &mut String, k: &str, v: usize| {
-            let _ = writeln!(o, "  {k:<34} {:>16}  {}", v, human(v));
+            let _ = writeln!(o, "  {k:<34} {:>16}  {:>10}", v, human(v));
         };
         row(&mut o, "total (one allocation)", self.total_bytes);
         row(&mut o, "resident", self.resident_bytes);
-        row(&mut o, "  parameters", self.resident.parameters);
-        row(&mut o, "  optimizer state", self.resident.optimizer_state);
-        row(&mut o, "  inputs", self.resident.inputs);
+        row(&mut o, "  parameter", self.resident.parameters);
+        row(&mut o, "  optimizer_state", self.resident.optimizer_state);
+        row(&mut o, "  input", self.resident.inputs);
         row(&mut o, "slab", self.slab_bytes);
         row(&mut o, "lower bound (LOAD)", self.lower_bound_bytes);
         let _ = writeln!(
@@ -239,38 +404,47 @@ impl Report {
         let _ = writeln!(
             o,
             "peak at schedule position {} ({}), live slab bytes by kind:",
-            self.peak_position, self.peak_op
+            self.peak_position,
+            self.peak_label()
         );
         row(
             &mut o,
-            "  saved activations",
+            "  saved_activation",
             self.peak_by_kind.saved_activation,
         );
-        row(&mut o, "  gradients", self.peak_by_kind.gradient);
-        row(&mut o, "  temporaries", self.peak_by_kind.temporary);
+        row(&mut o, "  gradient", self.peak_by_kind.gradient);
+        row(&mut o, "  temporary", self.peak_by_kind.temporary);
         row(&mut o, "  workspace", self.peak_by_kind.workspace);
         let _ = writeln!(o, "largest buffers live at the peak:");
-        for b in &self.peak_buffers {
-            let shape = b
-                .shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(",");
-            let kind = format!("{:?}", b.kind);
-            let _ = writeln!(
-                o,
-                "  %{:<6} {:<12} {}[{}] {:>14} {:<16} live [{}, {})",
-                b.node,
-                b.op,
-                b.dtype,
-                shape,
-                human(b.bytes),
-                kind,
-                b.lifetime[0],
-                b.lifetime[1]
-            );
-        }
+        let header = [
+            "provenance".to_string(),
+            "node".into(),
+            "op".into(),
+            "kind".into(),
+            "type".into(),
+            "size".into(),
+            "live".into(),
+        ];
+        let rows: Vec<[String; 7]> = self
+            .peak_buffers
+            .iter()
+            .map(|b| {
+                let mut prov = b.provenance.clone();
+                if b.fused.len() > 1 {
+                    let _ = write!(prov, " +{}", b.fused.len() - 1);
+                }
+                [
+                    prov,
+                    format!("%{}", b.node),
+                    b.op.clone(),
+                    b.kind.name().to_string(),
+                    b.type_label(),
+                    human(b.bytes),
+                    format!("[{}, {})", b.lifetime[0], b.lifetime[1]),
+                ]
+            })
+            .collect();
+        o.push_str(&columns(&header, &rows, &[5]));
         let _ = writeln!(
             o,
             "in-place ops: {}, slab buffers: {}",
@@ -278,6 +452,72 @@ impl Report {
         );
         o
     }
+}
+
+/// Rows as aligned columns (two spaces apart, indented by two); the columns in `right` are
+/// right-aligned. Trailing spaces are trimmed.
+pub fn columns<const N: usize>(
+    header: &[String; N],
+    rows: &[[String; N]],
+    right: &[usize],
+) -> String {
+    let mut width = [0usize; N];
+    for r in std::iter::once(header).chain(rows) {
+        for (k, c) in r.iter().enumerate() {
+            width[k] = width[k].max(c.chars().count());
+        }
+    }
+    let mut o = String::new();
+    for r in std::iter::once(header).chain(rows) {
+        let mut line = String::from(" ");
+        for (k, c) in r.iter().enumerate() {
+            line.push(' ');
+            if right.contains(&k) {
+                let _ = write!(line, "{c:>w$}", w = width[k]);
+            } else {
+                let _ = write!(line, "{c:<w$}", w = width[k]);
+            }
+            if k + 1 < N {
+                line.push(' ');
+            }
+        }
+        o.push_str(line.trim_end());
+        o.push('\n');
+    }
+    o
+}
+
+/// Every storage grouped by (provenance, kind), in order of first appearance: resident
+/// storages in graph order, then slab storages by start position.
+fn by_provenance(g: &Graph, plan: &MemoryPlan, kinds: &[BufferKind]) -> Vec<SourceBytes> {
+    let lv = &plan.liveness;
+    let mut order: Vec<usize> = (0..lv.storages.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &lv.storages[i];
+        (s.region == Region::Slab, s.start, i)
+    });
+    let mut out: Vec<SourceBytes> = Vec::new();
+    let mut index: std::collections::HashMap<(String, BufferKind), usize> = Default::default();
+    for i in order {
+        let s = &lv.storages[i];
+        let key = (storage_provenance(g, s), kinds[i]);
+        match index.get(&key) {
+            Some(&k) => {
+                out[k].buffers += 1;
+                out[k].bytes += s.bytes;
+            }
+            None => {
+                index.insert(key.clone(), out.len());
+                out.push(SourceBytes {
+                    provenance: key.0,
+                    kind: key.1,
+                    buffers: 1,
+                    bytes: s.bytes,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Bytes in binary units with two decimals ("1.50 MiB").
@@ -335,6 +575,133 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::{self, Compiled, Options};
+
+    /// mlp planned for the CPU (its matmuls' workspaces included).
+    fn mlp_cpu() -> Compiled {
+        pipeline::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu)).unwrap()
+    }
+
+    #[test]
+    fn a_workspace_row_names_whose_workspace_it_is_and_is_typed_as_bytes() {
+        let c = mlp_cpu();
+        let w = c
+            .report
+            .peak_buffers
+            .iter()
+            .find(|b| b.kind == BufferKind::Workspace)
+            .expect("a matmul workspace is live at mlp's peak");
+        assert_eq!(w.provenance, "workspace of fc2 (backward)");
+        assert_eq!(
+            (w.dtype.as_str(), w.shape.as_slice()),
+            ("u8", &[w.bytes][..])
+        );
+        let row = c.report.table();
+        let line = row.lines().find(|l| l.contains("workspace of")).unwrap();
+        assert!(line.contains(&format!("u8[{}]", w.bytes)), "{line}");
+    }
+
+    #[test]
+    fn a_gradient_is_what_autodiff_made_and_a_value_only_the_backward_reads_is_not_one() {
+        let c = mlp_cpu();
+        let g = &c.graph;
+        let phases = crate::autodiff::phase::of_graph(g, g.outputs.get("loss").copied());
+        let kinds = storage_kinds(g, &c.plan, Some(&phases));
+        let lv = &c.plan.liveness;
+        let mut outside_the_cone = 0;
+        for (i, s) in lv.storages.iter().enumerate() {
+            let prov = g.origin(s.owner).label();
+            if kinds[i] == BufferKind::Gradient {
+                assert!(
+                    prov.contains("(backward)"),
+                    "storage {i} ({prov}) is a gradient"
+                );
+                assert!(g.ty(s.owner).dtype.is_float());
+            }
+            // Values outside the loss's cone that autodiff did not make: the relu masks (bool)
+            // and the activations recomputed for the backward pass.
+            if s.region == Region::Slab
+                && !s.workspace
+                && phases[s.owner.index()] == Phase::Backward
+                && !prov.contains("(backward)")
+            {
+                outside_the_cone += 1;
+                assert_ne!(kinds[i], BufferKind::Gradient, "{prov} is not a gradient");
+            }
+        }
+        assert!(outside_the_cone > 0, "mlp has such values (its relu masks)");
+        assert!(lv
+            .storages
+            .iter()
+            .any(|s| g.origin(s.owner).label().ends_with("(recomputed)")));
+    }
+
+    #[test]
+    fn without_provenance_a_value_computed_before_the_backward_starts_is_not_a_gradient() {
+        let c = mlp_cpu();
+        let mut g = c.graph.clone();
+        for id in g.ids().collect::<Vec<_>>() {
+            g.set_origin(id, crate::ir::Origin::none());
+        }
+        let phases = crate::autodiff::phase::of_graph(&g, g.outputs.get("loss").copied());
+        let kinds = storage_kinds(&g, &c.plan, Some(&phases));
+        let end = forward_end(&g, &c.plan, Some(&phases));
+        for (i, s) in c.plan.liveness.storages.iter().enumerate() {
+            if kinds[i] == BufferKind::Gradient {
+                assert!(s.start > end, "storage {i} written at {} <= {end}", s.start);
+            }
+        }
+        assert!(kinds.contains(&BufferKind::Gradient));
+    }
+
+    #[test]
+    fn each_kind_has_one_spelling_in_the_text_the_json_and_the_page() {
+        for k in BufferKind::ALL {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.name())
+            );
+            assert_eq!(k.to_string(), k.name());
+        }
+        let c = mlp_cpu();
+        let text = c.report.table();
+        for b in &c.report.peak_buffers {
+            assert!(text.contains(&format!("  {}  ", b.kind.name())), "{text}");
+        }
+        for banned in [
+            "Gradient",
+            "SavedActivation",
+            "saved activations",
+            "optimizer state ",
+        ] {
+            assert!(!text.contains(banned), "{banned:?} in {text}");
+        }
+    }
+
+    #[test]
+    fn the_buffer_table_is_aligned_in_columns() {
+        let text = mlp_cpu().report.table();
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("largest buffers"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert!(rows.len() >= 3, "{text}");
+        // The size column is right-aligned: every row's size ends at the same column, and the
+        // lifetime starts at the same column.
+        let header = rows[0];
+        let live_at: Vec<usize> = rows[1..].iter().map(|r| r.rfind('[').unwrap()).collect();
+        assert!(
+            live_at.iter().all(|&x| Some(x) == header.find("live")),
+            "{text}"
+        );
+        let size_end: Vec<usize> = rows[1..].iter().map(|r| r.find(" [").unwrap()).collect();
+        assert!(size_end.windows(2).all(|w| w[0] == w[1]), "{text}");
+        assert!(
+            header.contains("provenance") && header.contains("kind") && header.contains("size")
+        );
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

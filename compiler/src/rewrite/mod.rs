@@ -188,7 +188,8 @@ pub(crate) fn simplify_with(
         .collect();
     let ex =
         extract::extract(&egraph, &roots).map_err(|e| IrError::Invalid(format!("rewrite: {e}")))?;
-    let out = emit(g, &egraph, &class_of, &leaf_nodes, &ex.choice)?;
+    let mut out = emit(g, &egraph, &class_of, &leaf_nodes, &ex.choice)?;
+    crate::ir::origin::fill_missing(&mut out);
     out.verify()?;
     let report = RewriteReport {
         stop_reason,
@@ -304,6 +305,15 @@ fn emit(
     order.sort_unstable_by_key(|c| (key.get(c).copied().unwrap_or(usize::MAX), *c));
     order.dedup();
 
+    // Each class's provenance: the origins of the input nodes it holds, in node order (egg
+    // forgets which node an extracted e-node came from; its class remembers them all).
+    let mut class_sources: HashMap<Id, Vec<&crate::ir::Origin>> = HashMap::new();
+    for (i, &c) in class_of.iter().enumerate() {
+        class_sources
+            .entry(egraph.find(c))
+            .or_default()
+            .push(g.origin(NodeId(i as u32)));
+    }
     let mut out = Graph::new();
     let mut new_id: HashMap<Id, NodeId> = HashMap::new();
     let mut next_leaf = 0usize;
@@ -349,6 +359,9 @@ fn emit(
             };
             let op = op.ok_or_else(|| bug(format!("e-class {c} chose {node}")))?;
             let id = out.push(op, &inputs, Some(egraph[c].data.ty.clone()))?;
+            if let Some(src) = class_sources.get(&c) {
+                out.set_origin(id, crate::ir::Origin::merge(src.iter().copied()));
+            }
             new_id.insert(c, id);
         }
     }

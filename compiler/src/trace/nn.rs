@@ -90,7 +90,7 @@ pub fn linear(
     }
     let lead = &xs.dims()[..xs.rank() - 1];
     let n: usize = lead.iter().product();
-    (|| {
+    g.scoped(name, |g| {
         let w = g.parameter(
             &format!("{name}.weight"),
             [out_features, in_features],
@@ -107,7 +107,7 @@ pub fn linear(
         let mut out: Vec<usize> = lead.to_vec();
         out.push(out_features);
         g.reshape(y, Shape::new(&out))
-    })()
+    })
     .map_err(|e| in_layer(name, e))
 }
 
@@ -125,7 +125,7 @@ pub fn layer_norm(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<Node
     }
     let d = g.ty(x).shape.last();
     let ax = last_axis(g, x);
-    (|| {
+    g.scoped(name, |g| {
         let w = g.parameter(&format!("{name}.weight"), [d], dtype, Init::Ones)?;
         let b = g.parameter(&format!("{name}.bias"), [d], dtype, Init::Zeros)?;
         let mean = g.mean(x, &[ax])?;
@@ -138,7 +138,7 @@ pub fn layer_norm(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<Node
         let xhat = g.mul(xc, rstd)?;
         let y = g.mul(xhat, w)?;
         g.add(y, b)
-    })()
+    })
     .map_err(|e| in_layer(name, e))
 }
 
@@ -152,7 +152,7 @@ pub fn embedding(
     dim: usize,
     dtype: DType,
 ) -> Result<NodeId> {
-    (|| {
+    g.scoped(name, |g| {
         let w = g.parameter(
             &format!("{name}.weight"),
             [rows, dim],
@@ -160,7 +160,7 @@ pub fn embedding(
             Init::Normal { std: INIT_STD },
         )?;
         g.gather(w, ids)
-    })()
+    })
     .map_err(|e| in_layer(name, e))
 }
 
@@ -270,27 +270,28 @@ pub fn causal_self_attention(g: &mut Graph, name: &str, x: NodeId, heads: usize)
     let (b, t, d) = (dims[0], dims[1], dims[2]);
     let hd = d / heads;
     let qkv = linear(g, &format!("{name}.qkv"), x, d, 3 * d, true)?;
-    let y = (|| {
-        let q = g.slice(qkv, 2, 0, d)?;
-        let k = g.slice(qkv, 2, d, 2 * d)?;
-        let v = g.slice(qkv, 2, 2 * d, 3 * d)?;
-        let q = g.reshape(q, [b, t, heads, hd])?;
-        let k = g.reshape(k, [b, t, heads, hd])?;
-        let v = g.reshape(v, [b, t, heads, hd])?;
-        let q = g.transpose(q, &[0, 2, 1, 3])?; // [B, H, T, hd]
-        let kt = g.transpose(k, &[0, 2, 3, 1])?; // [B, H, hd, T]
-        let v = g.transpose(v, &[0, 2, 1, 3])?; // [B, H, T, hd]
-        let scores = g.matmul(q, kt)?; // [B, H, T, T]
-        let scores = g.mul_scalar(scores, 1.0 / (hd as f64).sqrt())?;
-        let mask = causal_mask(g, t)?;
-        let masked = g.full(mask_value(dtype), Shape::scalar(), dtype)?;
-        let scores = g.select(mask, masked, scores)?;
-        let att = softmax(g, scores)?;
-        let y = g.matmul(att, v)?; // [B, H, T, hd]
-        let y = g.transpose(y, &[0, 2, 1, 3])?; // [B, T, H, hd]
-        g.reshape(y, [b, t, d])
-    })()
-    .map_err(|e| in_layer(name, e))?;
+    let y = g
+        .scoped(&format!("{name}.attn"), |g| {
+            let q = g.slice(qkv, 2, 0, d)?;
+            let k = g.slice(qkv, 2, d, 2 * d)?;
+            let v = g.slice(qkv, 2, 2 * d, 3 * d)?;
+            let q = g.reshape(q, [b, t, heads, hd])?;
+            let k = g.reshape(k, [b, t, heads, hd])?;
+            let v = g.reshape(v, [b, t, heads, hd])?;
+            let q = g.transpose(q, &[0, 2, 1, 3])?; // [B, H, T, hd]
+            let kt = g.transpose(k, &[0, 2, 3, 1])?; // [B, H, hd, T]
+            let v = g.transpose(v, &[0, 2, 1, 3])?; // [B, H, T, hd]
+            let scores = g.matmul(q, kt)?; // [B, H, T, T]
+            let scores = g.mul_scalar(scores, 1.0 / (hd as f64).sqrt())?;
+            let mask = causal_mask(g, t)?;
+            let masked = g.full(mask_value(dtype), Shape::scalar(), dtype)?;
+            let scores = g.select(mask, masked, scores)?;
+            let att = softmax(g, scores)?;
+            let y = g.matmul(att, v)?; // [B, H, T, hd]
+            let y = g.transpose(y, &[0, 2, 1, 3])?; // [B, T, H, hd]
+            g.reshape(y, [b, t, d])
+        })
+        .map_err(|e| in_layer(name, e))?;
     linear(g, &format!("{name}.proj"), y, d, d, true)
 }
 

@@ -78,12 +78,12 @@ pub fn run(a: &DsaArgs) -> Result<(), Failure> {
     };
     super::write_file(&a.output, dsa::write_csv(&problem, &solution).as_bytes())?;
     eprintln!(
-        "{} buffers, peak {} bytes, LOAD {} ({:.4}x), {:.3} s",
+        "{} buffers, peak {} bytes, LOAD {} ({:.4}x), {:.3} ms",
         problem.buffers.len(),
         solution.peak,
         stats.load,
         solution.peak as f64 / stats.load.max(1) as f64,
-        stats.elapsed.as_secs_f64()
+        stats.elapsed.as_secs_f64() * 1e3
     );
     Ok(())
 }

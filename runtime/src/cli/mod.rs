@@ -28,6 +28,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Print the memory report of a model's training step, before anything runs.
+    #[command(mut_arg("model", |a| a.required_unless_present_any(["model_file", "diff"])))]
     Plan(plan::PlanArgs),
     /// Train a model for some steps and print the loss of each.
     Train(train::TrainArgs),

@@ -38,9 +38,43 @@ pub struct PlanArgs {
     /// --budget then applies to that total.
     #[arg(long)]
     pub eval: bool,
+    /// Compare two plan reports written by `ingot plan --json` (say, before and after a
+    /// change) and print what changed: the totals and the buffers that appeared, disappeared,
+    /// grew or shrank, keyed by provenance (layer names), not node ids. Compiles nothing.
+    /// Exit code: 0 when the plans agree, 1 when they differ, 2 when a file cannot be read or
+    /// is not a plan report of this version.
+    #[arg(long, num_args = 2, value_names = ["OLD.json", "NEW.json"], conflicts_with_all = ["model", "model_file", "json", "html", "svg", "budget", "eval"])]
+    pub diff: Option<Vec<std::path::PathBuf>>,
+}
+
+/// `ingot plan --diff OLD NEW`.
+fn run_diff(files: &[std::path::PathBuf]) -> Result<(), Failure> {
+    use ingot_compiler::plan::diff;
+    let read = |p: &std::path::Path| -> Result<_, Failure> {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| Failure::new(2, format!("reading {}: {e}", p.display())))?;
+        diff::read_report(&p.display().to_string(), &text)
+            .map_err(|e| Failure::new(2, e.to_string()))
+    };
+    let [old, new] = files else {
+        return Err(Failure::new(2, "--diff takes two files: OLD.json NEW.json"));
+    };
+    let d = diff::diff(&read(old)?, &read(new)?);
+    crate::cli::out(format_args!("{d}"))?;
+    if d.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            1,
+            format!("the plans differ ({} -> {})", old.display(), new.display()),
+        ))
+    }
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
+    if let Some(files) = &a.diff {
+        return run_diff(files);
+    }
     let device = match a.device {
         super::train::Device::Cpu => crate::session::Device::Cpu,
         super::train::Device::Cuda => crate::session::Device::Cuda(Default::default()),
@@ -137,7 +171,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 human(budget),
                 budget,
                 report.peak_position,
-                report.peak_op
+                report.peak_label()
             );
             msg.push_str(&format!(
                 "\n  resident (parameters, optimizer state, inputs): {}",
@@ -145,11 +179,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
             ));
             for b in &report.peak_buffers {
                 msg.push_str(&format!(
-                    "\n  %{} {} {}{:?} {} ({:?})",
+                    "\n  {} (%{} {}) {} {} {}",
+                    b.provenance,
                     b.node,
                     b.op,
-                    b.dtype,
-                    b.shape,
+                    b.type_label(),
                     human(b.bytes),
                     b.kind
                 ));

@@ -50,7 +50,7 @@ pub fn timings_table(trace: Duration, c: &Compiled) -> String {
     let total: Duration = rows.iter().map(|r| r.1).sum();
     let mut out = String::from("compile time per stage:\n");
     for (name, d) in rows.iter().chain(std::iter::once(&("total", total))) {
-        out.push_str(&format!("  {name:<9} {:>9.3} s\n", d.as_secs_f64()));
+        out.push_str(&format!("  {name:<9} {:>10.3} ms\n", d.as_secs_f64() * 1e3));
     }
     out
 }

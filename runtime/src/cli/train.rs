@@ -420,8 +420,9 @@ impl Run<'_> {
                     .map(|f| format!("  lr x{f:.4}"))
                     .unwrap_or_default();
             let text = format!(
-                "{e}step {i:>5}  loss {:>12.6}  {:>9.3} s{extra}",
-                r.loss, r.seconds
+                "{e}step {i:>5}  loss {:>12.6}  {:>9.3} ms{extra}",
+                r.loss,
+                r.seconds * 1e3
             );
             if let Some(bar) = &self.bar {
                 bar.println(text);
