@@ -42,6 +42,9 @@ fn gpt2s_logits_and_their_gradient_share_one_buffer_and_no_probabilities_are_sto
             .ids()
             .filter(|&id| c.graph.ty(id).shape.dims() == [8192, 50304])
             .count();
-        assert!(values >= 2, "{p}: the logits and their gradient are both values of the step");
+        assert!(
+            values >= 2,
+            "{p}: the logits and their gradient are both values of the step"
+        );
     }
 }
