@@ -12,12 +12,15 @@ use crate::models::{self, Model};
 use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
 use crate::precision::Precision;
+use crate::recognize;
 use crate::rewrite::{self, RewriteOptions, RewriteReport};
 use std::time::{Duration, Instant};
 
 /// A stage of the pipeline, as reported to a stage observer and in [`Compiled::timings`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Stage {
+    /// Attention written as plain math replaced by fused attention ops ([`crate::recognize`]).
+    Recognize,
     /// The backward pass and the optimizer update appended to the forward graph.
     Autodiff,
     /// egg's rewriting and the extraction of the simplified graph.
@@ -34,6 +37,7 @@ impl Stage {
     /// The stage's name, as shown by the CLI's spinner and `--timings`.
     pub fn name(self) -> &'static str {
         match self {
+            Stage::Recognize => "recognize",
             Stage::Autodiff => "autodiff",
             Stage::Rewrite => "rewrite",
             Stage::Fuse => "fuse",
@@ -71,6 +75,9 @@ pub struct Options {
     /// The arithmetic of the step: bf16 applies [`crate::precision::autocast_bf16`] to the
     /// forward graph before autodiff.
     pub precision: Precision,
+    /// Replace attention written as plain math by fused attention ops
+    /// ([`crate::recognize::attention`]), before the precision policy and autodiff.
+    pub fuse_attention: bool,
 }
 
 impl Default for Options {
@@ -80,6 +87,7 @@ impl Default for Options {
             fuse: Some(FuseOptions::default()),
             plan: PlanOptions::default(),
             precision: Precision::F32,
+            fuse_attention: true,
         }
     }
 }
@@ -90,18 +98,21 @@ impl Options {
     pub fn for_target(target: Target) -> Options {
         Options {
             plan: target.plan_options(),
+            // A CUDA step fuses attention once the build has its kernels.
+            fuse_attention: target == Target::Cpu || crate::lower::cuda::attention_kernels_built(),
             ..Default::default()
         }
     }
 
-    /// The primitive ops planned as traced: no rewriting, no fusion (the "before" figures, and
-    /// the reference the optimized step is checked against).
+    /// The primitive ops planned as traced: no attention recognition, no rewriting, no fusion
+    /// (the "before" figures, and the reference the optimized step is checked against).
     pub fn unoptimized(plan: PlanOptions) -> Options {
         Options {
             rewrite: None,
             fuse: None,
             plan,
             precision: Precision::F32,
+            fuse_attention: false,
         }
     }
 }
@@ -176,8 +187,16 @@ pub fn compile_observed_with(
     observer: &mut dyn FnMut(Stage),
 ) -> Result<Compiled, CompileError> {
     let mut timings = Timings::new();
+    let forward = if opts.fuse_attention {
+        stage(Stage::Recognize, observer, &mut timings, || {
+            recognize::attention(&model.graph)
+        })?
+        .0
+    } else {
+        model.graph.clone()
+    };
     let step = stage(Stage::Autodiff, observer, &mut timings, || {
-        training_step_with(&opts.precision.apply(&model.graph)?, &model.optimizer, step)
+        training_step_with(&opts.precision.apply(&forward)?, &model.optimizer, step)
     })?;
     compile_step_observed(&model.name, step, opts, observer, timings)
 }

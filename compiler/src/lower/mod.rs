@@ -17,12 +17,27 @@ pub mod cpu;
 pub mod cuda;
 pub mod deps;
 
-use crate::ir::{Graph, NodeId};
+use crate::ir::{Graph, NodeId, TensorType};
 use crate::plan::check::PlanViolation;
 use crate::plan::{MemoryPlan, PlanOptions};
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// The outputs of attention node `id` that no result node names (nothing reads them: an lse
+/// without backward pass, a dk whose operand needs no gradient), with their types. The kernels
+/// write every output, so these go to the tail of the node's planned workspace.
+pub fn unnamed_outputs(g: &Graph, id: NodeId) -> Vec<(usize, TensorType)> {
+    let node = g.node(id);
+    let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
+    crate::ir::attention_outputs(&node.op, &types)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(i, _)| g.result_of(id, *i).is_none())
+        .collect()
+}
 
 /// The backend a step is planned and lowered for. Backends plan different library workspaces
 /// (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.

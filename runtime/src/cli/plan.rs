@@ -33,6 +33,10 @@ pub struct PlanArgs {
     /// Also print how long each compiler stage took, on stderr.
     #[arg(long)]
     pub timings: bool,
+    /// Keep attention as the plain math it is written in (scores, softmax, ·v) instead of
+    /// replacing it by the fused attention op (for comparisons).
+    #[arg(long = "no-fuse-attention")]
+    pub no_fuse_attention: bool,
 }
 
 pub fn run(a: &PlanArgs) -> Result<(), Failure> {
@@ -45,6 +49,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         opts = pipeline::Options::unoptimized(opts.plan);
     }
     opts.precision = a.precision.for_device(a.device)?;
+    opts.fuse_attention &= !a.no_fuse_attention;
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
     let (_, compiled, trace) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
@@ -85,12 +90,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         }
         if let Some(f) = &compiled.fuse {
             crate::outln!(
-                "fusion: {} kernels ({} fused, {} with several outputs, {} library calls), {} values recomputed for the backward pass",
+                "fusion: {} kernels ({} fused, {} with several outputs, {} library calls), {} values recomputed for the backward pass, {} attentions fused",
                 f.kernels,
                 f.fused_kernels,
                 f.multi_output_kernels,
                 f.library_calls,
-                f.recomputed
+                f.recomputed,
+                f.attentions
             )?;
         }
     }
