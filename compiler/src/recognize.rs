@@ -437,7 +437,10 @@ mod tests {
     /// A scores → softmax → ·v chain over q, k, v inputs, with the mask `mask` makes (`None`:
     /// no mask; its flag: the fill is the select's first branch), and the probabilities also
     /// a step output when `probs_output`.
-    fn chain(mask: Option<&dyn Fn(&mut Graph) -> (NodeId, bool)>, probs_output: bool) -> Graph {
+    /// Makes a mask: the condition, and whether the fill is the select's first branch.
+    type Mask = dyn Fn(&mut Graph) -> (NodeId, bool);
+
+    fn chain(mask: Option<&Mask>, probs_output: bool) -> Graph {
         let mut g = Graph::new();
         let q = g.input("q", [3, 4, 6, 8], DType::F32).unwrap();
         let k = g.input("k", [3, 4, 7, 8], DType::F32).unwrap();

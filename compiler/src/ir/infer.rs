@@ -4,6 +4,7 @@
 
 use super::{Axes, BinaryOp, DType, Init, Op, ReduceOp, Shape, TensorType, UnaryOp};
 use crate::error::IrError;
+use smallvec::SmallVec;
 
 /// Infers the result type of `op` applied to `operands`.
 ///
@@ -362,8 +363,12 @@ pub fn infer(
 
 /// The types of every output of an attention op, output 0 (the node's own value) first:
 /// `[out, lse]` for `attention`, `[dq, dk, dv]` for `attention_grad`. The error says which
-/// operand breaks which rule (see [`Op::Attention`]).
-pub fn attention_outputs(op: &Op, operands: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+/// operand breaks which rule (see [`Op::Attention`]). Allocates nothing for operands of rank
+/// up to 4 (the CPU executor calls it on every step).
+pub fn attention_outputs(
+    op: &Op,
+    operands: &[&TensorType],
+) -> Result<SmallVec<[TensorType; 3]>, String> {
     let (scale, grad) = match op {
         Op::Attention { scale, .. } => (*scale, false),
         Op::AttentionGrad { scale, .. } => (*scale, true),
@@ -416,7 +421,7 @@ pub fn attention_outputs(op: &Op, operands: &[&TensorType]) -> Result<Vec<Tensor
     }
     let lse = TensorType::new(Shape::new(&qd[..r - 1]), DType::F32);
     if !grad {
-        return Ok(vec![q.clone(), lse]);
+        return Ok(smallvec::smallvec![q.clone(), lse]);
     }
     let (out, l, dout) = (operands[3], operands[4], operands[5]);
     if out != q {
@@ -428,7 +433,7 @@ pub fn attention_outputs(op: &Op, operands: &[&TensorType]) -> Result<Vec<Tensor
     if dout != q {
         return Err(format!("dout must have q's type {q}, got {dout}"));
     }
-    Ok(vec![q.clone(), k.clone(), v.clone()])
+    Ok(smallvec::smallvec![q.clone(), k.clone(), v.clone()])
 }
 
 /// `(rows, columns)` of the matrices in a `dims`-shaped operand, read transposed if `t`.

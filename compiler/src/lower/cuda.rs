@@ -1015,6 +1015,35 @@ mod tests {
     }
 
     #[test]
+    fn the_plan_names_the_kernels_each_attention_runs_with_on_each_target() {
+        let c = attention_step(crate::precision::Precision::Tf32);
+        let cuda = crate::lower::attention_kernels(
+            &c.graph,
+            Target::Cuda,
+            crate::precision::Precision::Tf32,
+        );
+        assert_eq!(cuda.len(), 2, "{cuda:?}");
+        assert!(
+            cuda[0].starts_with(
+                "   1 x attention q f32[2,3,5,32] k,v [2,3,5,32] causal scale 0.25 -> cuda Tf32: "
+            ),
+            "{cuda:?}"
+        );
+        assert!(cuda[1].contains("attention_grad") && cuda[1].contains("-> cuda Tf32: "));
+        let built = attention_kernels_built();
+        assert_eq!(cuda[0].contains("forward ingot_"), built, "{cuda:?}");
+        assert_eq!(cuda[1].contains("backward ingot_"), built, "{cuda:?}");
+        let cpu = crate::lower::attention_kernels(
+            &c.graph,
+            Target::Cpu,
+            crate::precision::Precision::F32,
+        );
+        assert!(cpu
+            .iter()
+            .all(|l| l.ends_with("-> cpu::attention (f32 arithmetic)")));
+    }
+
+    #[test]
     fn a_bf16_attention_runs_the_bf16_kernels() {
         let c = attention_step(crate::precision::Precision::Bf16);
         let g = &c.graph;
@@ -1037,7 +1066,7 @@ mod tests {
         );
         let lowered = c.executable(Target::Cuda);
         if !attention_kernels_built() {
-            let e = lowered.err().expect("refused").to_string();
+            let e = lowered.expect_err("refused").to_string();
             assert!(
                 e.contains(&format!("%{} (attention)", fwd.index()))
                     && e.contains("no fused attention kernel"),

@@ -39,6 +39,59 @@ pub fn unnamed_outputs(g: &Graph, id: NodeId) -> Vec<(usize, TensorType)> {
         .collect()
 }
 
+/// What runs each distinct attention of `g` on `target` under `precision`, one line per
+/// distinct op and shape with its count (what `ingot plan` shows): the shape, mask and scale,
+/// then on CUDA the arithmetic and the kernels' names (or why there is no kernel), on the CPU
+/// the reference kernel.
+pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec<String> {
+    let mut lines: Vec<(String, usize)> = Vec::new();
+    for id in g.ids() {
+        let node = g.node(id);
+        let (causal, scale) = match node.op {
+            crate::ir::Op::Attention { causal, scale }
+            | crate::ir::Op::AttentionGrad { causal, scale } => (causal, scale),
+            _ => continue,
+        };
+        let (q, k) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+        let what = format!(
+            "{} q {q} k,v {} {}scale {scale}",
+            node.op.name(),
+            k.shape,
+            if causal { "causal " } else { "" }
+        );
+        let how = match target {
+            Target::Cpu => "cpu::attention (f32 arithmetic)".to_string(),
+            Target::Cuda => {
+                use ingot_kernels::cuda::attention as a;
+                let s = cuda::attention_shape(g, id, precision).expect("an attention node");
+                let names = if matches!(node.op, crate::ir::Op::Attention { .. }) {
+                    a::forward(&s).map(|k| format!("forward {}", k.name))
+                } else {
+                    a::backward(&s).map(|b| {
+                        format!(
+                            "backward {} {} {}",
+                            b.preprocess.name, b.dkdv.name, b.dq.name
+                        )
+                    })
+                };
+                match names {
+                    Ok(n) => format!("cuda {:?}: {n}", s.precision),
+                    Err(e) => format!("cuda {:?}: no kernel ({e})", s.precision),
+                }
+            }
+        };
+        let line = format!("{what} -> {how}");
+        match lines.iter_mut().find(|(l, _)| *l == line) {
+            Some((_, n)) => *n += 1,
+            None => lines.push((line, 1)),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(l, n)| format!("{n:>4} x {l}"))
+        .collect()
+}
+
 /// The backend a step is planned and lowered for. Backends plan different library workspaces
 /// (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

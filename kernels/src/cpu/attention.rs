@@ -337,7 +337,7 @@ mod tests {
         };
         let mut out = vec![0.0; n];
         let mut lse = vec![0.0; 4];
-        forward(&s, &q, &k, &v, &mut out, &mut lse, &mut vec![0.0; 16]);
+        forward(&s, &q, &k, &v, &mut out, &mut lse, &mut [0.0; 16]);
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let mut scratch = vec![f32::NAN; backward_scratch_len(&s)];
         backward(
@@ -382,7 +382,7 @@ mod tests {
         let q = v.clone();
         let mut out = vec![bf16::ZERO; 4];
         let mut lse = vec![0.0; 1];
-        forward(&s, &q, &q, &v, &mut out, &mut lse, &mut vec![0.0; 5]);
+        forward(&s, &q, &q, &v, &mut out, &mut lse, &mut [0.0; 5]);
         assert_eq!(out, v);
         let want: f32 = q.iter().map(|x| x.to_f32() * x.to_f32()).sum();
         assert!((lse[0] - want).abs() < 1e-5);

@@ -46,7 +46,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
-    opts.fuse_attention = !a.no_fuse_attention;
+    opts.fuse_attention &= !a.no_fuse_attention;
     let (_, compiled, _) = super::stages::load_and_compile(
         &a.model,
         &a.model.step_options(a.lr_scale_input),

@@ -99,6 +99,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 f.attentions
             )?;
         }
+        for line in ingot_compiler::lower::attention_kernels(
+            &compiled.graph,
+            device.target(),
+            opts.precision,
+        ) {
+            crate::outln!("attention kernel: {line}")?;
+        }
     }
     if let Some(budget) = a.budget {
         if report.total_bytes > budget {

@@ -255,7 +255,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .run
         .precision
         .for_device(a.run.device.unwrap_or(Device::Cpu))?;
-    opts.fuse_attention = !a.no_fuse_attention;
+    opts.fuse_attention &= !a.no_fuse_attention;
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
     let (model, compiled, _) = super::stages::load_and_compile(
         &a.model,
