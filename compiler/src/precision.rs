@@ -15,7 +15,7 @@
 //! - leaves keep their dtype (parameters stay f32), and so does every output (the loss is f32);
 //! - fused attention ([`Op::Attention`]) is treated as the matmuls it contains: q, k and v are
 //!   cast to bf16 and its output is bf16, while its row log-sum-exp stays f32. Attention is
-//!   recognized (`crate::attention`) before this policy runs, so the policy sees one op, not
+//!   recognized ([`crate::recognize`]) before this policy runs, so the policy sees one op, not
 //!   the scores' matmul, scaling, mask and softmax.
 //!
 //! It runs **before autodiff**, on the forward graph, for two reasons. Autodiff then derives the

@@ -25,7 +25,7 @@
 //!   fused op where the key is not visible. Any other mask leaves the chain as it is.
 //!
 //! It runs on the traced forward graph, before the precision policy
-//! ([`crate::precision::autocast_bf16`] treats the attention op like a matmul: q, k, v and its
+//! (the precision module's `autocast_bf16` treats the attention op like a matmul: q, k, v and its
 //! output in bf16, its log-sum-exp in f32) and before autodiff. The graph is otherwise copied
 //! unchanged: the same nodes in the same order, less the chains' intermediates and what only
 //! they used (the mask, the scale constant), plus a view for a q, k or v stored transposed.

@@ -113,7 +113,7 @@ pub fn attention_shape(g: &Graph, id: NodeId, precision: Precision) -> Option<At
 
 /// Whether this build has the fused attention's CUDA kernels (asked of the kernel API with a
 /// GPT-2-sized head). Until it does, a CUDA step keeps attention as plain math
-/// ([`crate::pipeline::Options::for_target`]), and an explicit attention op is refused when
+/// (`pipeline::Options::for_target`), and an explicit attention op is refused when
 /// the step is lowered, naming the node.
 pub fn attention_kernels_built() -> bool {
     attention::forward(&AttentionShape {
