@@ -14,6 +14,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod precision;
 pub mod random_graph;
+pub mod recognize;
 pub mod rewrite;
 pub mod schedule;
 pub mod snapshot;

@@ -12,12 +12,15 @@ use crate::models::{self, Model};
 use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
 use crate::precision::Precision;
+use crate::recognize;
 use crate::rewrite::{self, RewriteOptions, RewriteReport};
 use std::time::{Duration, Instant};
 
 /// A stage of the pipeline, as reported to a stage observer and in [`Compiled::timings`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Stage {
+    /// Attention written as plain math replaced by fused attention ops ([`crate::recognize`]).
+    Recognize,
     /// The backward pass and the optimizer update appended to the forward graph.
     Autodiff,
     /// egg's rewriting and the extraction of the simplified graph.
@@ -34,6 +37,7 @@ impl Stage {
     /// The stage's name, as shown by the CLI's spinner and `--timings`.
     pub fn name(self) -> &'static str {
         match self {
+            Stage::Recognize => "recognize",
             Stage::Autodiff => "autodiff",
             Stage::Rewrite => "rewrite",
             Stage::Fuse => "fuse",
@@ -72,6 +76,11 @@ pub struct Options {
     /// forward graph before autodiff. `None`: the model's own ([`Model::precision`]), which is
     /// f32 unless the model (a file's `precision` line) says otherwise.
     pub precision: Option<Precision>,
+    /// Replace attention written as plain math by fused attention ops
+    /// ([`crate::recognize::attention`]), before the precision policy and autodiff.
+    pub fuse_attention: bool,
+    /// The attention shapes the target has a fused kernel for; the others stay plain math.
+    pub attention_supported: crate::recognize::Supported,
 }
 
 impl Default for Options {
@@ -81,6 +90,8 @@ impl Default for Options {
             fuse: Some(FuseOptions::default()),
             plan: PlanOptions::default(),
             precision: None,
+            fuse_attention: true,
+            attention_supported: crate::recognize::any_shape,
         }
     }
 }
@@ -91,18 +102,22 @@ impl Options {
     pub fn for_target(target: Target) -> Options {
         Options {
             plan: target.plan_options(),
+            // Each attention whose shape the target's kernels cover is fused.
+            attention_supported: target.attention_supported(),
             ..Default::default()
         }
     }
 
-    /// The primitive ops planned as traced: no rewriting, no fusion (the "before" figures, and
-    /// the reference the optimized step is checked against).
+    /// The primitive ops planned as traced: no attention recognition, no rewriting, no fusion
+    /// (the "before" figures, and the reference the optimized step is checked against).
     pub fn unoptimized(plan: PlanOptions) -> Options {
         Options {
             rewrite: None,
             fuse: None,
             plan,
             precision: None,
+            fuse_attention: false,
+            attention_supported: crate::recognize::any_shape,
         }
     }
 }
@@ -178,8 +193,16 @@ pub fn compile_observed_with(
 ) -> Result<Compiled, CompileError> {
     let mut timings = Timings::new();
     let precision = opts.precision.unwrap_or(model.precision);
+    let forward = if opts.fuse_attention {
+        stage(Stage::Recognize, observer, &mut timings, || {
+            recognize::attention_where(&model.graph, opts.attention_supported)
+        })?
+        .0
+    } else {
+        model.graph.clone()
+    };
     let step = stage(Stage::Autodiff, observer, &mut timings, || {
-        training_step_with(&precision.apply(&model.graph)?, &model.optimizer, step)
+        training_step_with(&precision.apply(&forward)?, &model.optimizer, step)
     })?;
     let opts = Options {
         precision: Some(precision),

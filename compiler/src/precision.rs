@@ -12,7 +12,11 @@
 //!   bf16 matmul result is cast to bf16 and the sum stays bf16, while a LayerNorm gain meets an
 //!   f32 normalized value and stays f32. View ops (broadcast, reshape, transpose, slice) keep
 //!   their operand's dtype and weakness;
-//! - leaves keep their dtype (parameters stay f32), and so does every output (the loss is f32).
+//! - leaves keep their dtype (parameters stay f32), and so does every output (the loss is f32);
+//! - fused attention ([`Op::Attention`]) is treated as the matmuls it contains: q, k and v are
+//!   cast to bf16 and its output is bf16, while its row log-sum-exp stays f32. Attention is
+//!   recognized ([`crate::recognize`]) before this policy runs, so the policy sees one op, not
+//!   the scores' matmul, scaling, mask and softmax.
 //!
 //! It runs **before autodiff**, on the forward graph, for two reasons. Autodiff then derives the
 //! backward pass through the casts (the gradient of a cast is a cast back), so the backward
@@ -136,10 +140,35 @@ impl Cx {
             cx.out.push(n.op.clone(), inputs, Some(ty))
         };
         Ok(match &n.op {
+            Op::Result { .. } if g.node(old[0]).op.is_attention() => {
+                // An attention's extra output takes the type its (new) writer gives it.
+                (
+                    self.out.output_of(
+                        mapped[0],
+                        match n.op {
+                            Op::Result { index } => index,
+                            _ => unreachable!(),
+                        },
+                    )?,
+                    false,
+                )
+            }
             Op::Fused(_) | Op::Result { .. } => {
                 return Err(IrError::Invalid(
                     "the precision policy runs on the traced forward graph, before fusion".into(),
                 ))
+            }
+            // Attention is a matmul pair: q, k, v (and out, dout) in bf16, out bf16; its lse
+            // stays f32 (the op's definition).
+            Op::Attention { .. } | Op::AttentionGrad { .. } if f32_node => {
+                let mut ins = mapped.clone();
+                for (k, x) in ins.iter_mut().enumerate() {
+                    // attention_grad's operand 4 is the lse: f32 always.
+                    if !(matches!(n.op, Op::AttentionGrad { .. }) && k == 4) {
+                        *x = self.cast(*x, DType::BF16)?;
+                    }
+                }
+                (self.out.push(n.op.clone(), &ins, None)?, false)
             }
             Op::Leaf { .. } => (push(self, &[], n.ty.dtype)?, true),
             Op::Full { .. } => (push(self, &[], n.ty.dtype)?, true),

@@ -126,10 +126,11 @@ fn own_bytes(g: &Graph, kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>], id: 
     match &g.node(id).op {
         Op::Leaf { .. } | Op::Result { .. } => 0,
         op if op.is_alias() => 0,
-        Op::Fused(_) => kernel_outputs[id.index()]
-            .iter()
-            .map(|&o| g.ty(o).bytes() as i64)
-            .sum(),
+        Op::Fused(_) | Op::Attention { .. } | Op::AttentionGrad { .. } => kernel_outputs
+            [id.index()]
+        .iter()
+        .map(|&o| g.ty(o).bytes() as i64)
+        .sum(),
         _ => g.ty(id).bytes() as i64,
     }
 }

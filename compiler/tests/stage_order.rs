@@ -12,6 +12,7 @@ const STAGES: &[&str] = &[
     "ir",
     "trace",
     "models",
+    "recognize",
     "precision",
     "autodiff",
     "rewrite",

@@ -43,11 +43,24 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
             continue;
         }
         let node = g.node(id).clone();
+        let attention = match node.op {
+            Op::Attention { causal, scale } => {
+                // One backward op gives all three operand gradients.
+                let lse = g.output_of(id, 1)?;
+                let [q, k, v] = [node.inputs[0], node.inputs[1], node.inputs[2]];
+                let (dq, dk, dv) = g.attention_grad([q, k, v, id, lse, gy], causal, scale)?;
+                Some([dq, dk, dv])
+            }
+            _ => None,
+        };
         for (slot, &x) in node.inputs.iter().enumerate() {
             if !wants[x.index()] {
                 continue;
             }
-            let gx = vjp(g, id, slot, gy)?;
+            let gx = match attention {
+                Some(grads) => grads[slot],
+                None => vjp(g, id, slot, gy)?,
+            };
             adjoint[x.index()] = Some(match adjoint[x.index()] {
                 None => gx,
                 Some(prev) => g.add(prev, gx)?,
@@ -289,9 +302,25 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             }
         }
         Op::StopGradient => unreachable!("stop_gradient passes no gradient"),
+        Op::Result { .. } if g.node(node.inputs[0]).op.is_attention() => {
+            Err(IrError::Invalid(format!(
+                "cannot differentiate through {y}, output {} of the {} {}: only an attention's \
+                 out carries a gradient (its lse is for the backward pass)",
+                match node.op {
+                    Op::Result { index } => index,
+                    _ => 0,
+                },
+                g.node(node.inputs[0]).op.name(),
+                node.inputs[0]
+            )))
+        }
         Op::Fused(_) | Op::Result { .. } => Err(IrError::Invalid(format!(
             "cannot differentiate through {} (fusion runs after autodiff)",
             node.op.name()
+        ))),
+        Op::Attention { .. } => unreachable!("the attention's gradient is taken in `grad`"),
+        Op::AttentionGrad { .. } => Err(IrError::Invalid(format!(
+            "cannot differentiate through {y} (attention_grad): no second derivative of attention"
         ))),
         Op::Gather => {
             let rows = xs.dims()[0];

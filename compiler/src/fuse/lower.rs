@@ -325,7 +325,9 @@ impl Lowerer<'_> {
             | Op::Gather
             | Op::ScatterAdd { .. }
             | Op::Fused(_)
-            | Op::Result { .. } => self.cut(v),
+            | Op::Result { .. }
+            | Op::Attention { .. }
+            | Op::AttentionGrad { .. } => self.cut(v),
         }
     }
 

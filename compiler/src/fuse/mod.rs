@@ -74,6 +74,13 @@ pub struct FuseReport {
     pub concats_fused: usize,
     /// Rounds of lowering (each round materializes what the last could not expand).
     pub rounds: usize,
+    /// Fused attention ops (forward; each has one backward `attention_grad`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub attentions: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A fused step graph and what fusion did.
@@ -87,7 +94,7 @@ pub struct Fused {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Leaf,
-    /// A library call: its operands and result are buffers.
+    /// A library call (its operands and result are buffers), or an extra output of one.
     Library,
     /// Same bytes, new shape: reshape, stop-gradient.
     Alias,
@@ -104,7 +111,15 @@ pub enum Kind {
 pub fn kind(n: &Node) -> Kind {
     match &n.op {
         Op::Leaf { .. } => Kind::Leaf,
-        Op::MatMul { .. } | Op::Gather | Op::ScatterAdd { .. } | Op::Concat { .. } => Kind::Library,
+        Op::MatMul { .. }
+        | Op::Gather
+        | Op::ScatterAdd { .. }
+        | Op::Concat { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. } => Kind::Library,
+        // Before fusion, a result node is an attention's extra output: a buffer that library
+        // call writes (fusion makes the fused kernels' own result nodes).
+        Op::Result { .. } => Kind::Library,
         Op::Reshape | Op::StopGradient => Kind::Alias,
         Op::Broadcast | Op::Transpose { .. } | Op::Slice { .. } => Kind::View,
         Op::Full { .. } | Op::Iota { .. } => Kind::Source,
@@ -112,14 +127,17 @@ pub fn kind(n: &Node) -> Kind {
             Kind::Elementwise
         }
         Op::Reduce { .. } => Kind::Reduce,
-        Op::Fused(_) | Op::Result { .. } => Kind::Fused,
+        Op::Fused(_) => Kind::Fused,
     }
 }
 
 /// Fuses a step graph. The result computes the same outputs and updates.
 pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
     g.verify()?;
-    if let Some(id) = g.ids().find(|&id| kind(g.node(id)) == Kind::Fused) {
+    if let Some(id) = g.ids().find(|&id| {
+        kind(g.node(id)) == Kind::Fused
+            || matches!(g.node(id).op, Op::Result { .. }) && !g.node(g.writer(id)).op.is_attention()
+    }) {
         return Err(IrError::Invalid(format!(
             "{id} is already a {}: fusion runs once, on an unfused step",
             g.node(id).op.name()
@@ -172,8 +190,13 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
                 report.fused_kernels += 1;
                 report.multi_output_kernels += usize::from(k.outputs.len() > 1);
             }
-            _ if kind(graph.node(id)) == Kind::Library => report.library_calls += 1,
-            _ => {}
+            Op::Result { .. } => {}
+            op => {
+                if kind(graph.node(id)) == Kind::Library {
+                    report.library_calls += 1;
+                }
+                report.attentions += usize::from(matches!(op, Op::Attention { .. }));
+            }
         }
     }
     report.kernels = report.fused_kernels + report.library_calls;
@@ -760,6 +783,7 @@ pub fn kernel_list(g: &Graph) -> BTreeMap<String, usize> {
                 k.inputs.len(),
                 k.outputs.len()
             ),
+            Op::Result { .. } => continue,
             op if kind(n) == Kind::Library => op.name().to_string(),
             _ => continue,
         };

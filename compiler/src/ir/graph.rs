@@ -195,7 +195,7 @@ impl Graph {
         Ok(NodeId(node as u32))
     }
 
-    /// The node whose kernel writes `id`'s value: a fused kernel for a [`Op::Result`] node,
+    /// The node whose kernel writes `id`'s value: the multi-output node for a [`Op::Result`],
     /// else the node itself.
     pub fn writer(&self, id: NodeId) -> NodeId {
         match self.node(id).op {
@@ -235,6 +235,13 @@ impl Graph {
             out[k.index()].push(r);
         }
         out
+    }
+
+    /// The [`Op::Result`] node naming output `index` of `node`, if the graph has one.
+    pub fn result_of(&self, node: NodeId, index: usize) -> Option<NodeId> {
+        (node.index() + 1..self.len())
+            .map(|i| NodeId(i as u32))
+            .find(|&r| self.node(r).op == (Op::Result { index }) && self.node(r).inputs[0] == node)
     }
 
     /// For each node, the nodes using it as an operand (each once, in id order).
@@ -400,8 +407,8 @@ impl Graph {
 }
 
 impl Graph {
-    /// A result node `%node = result(kernel) index=..` names a fused kernel's existing output,
-    /// once, with that output's type.
+    /// A result node `%node = result(kernel) index=..` names an existing output of a fused
+    /// kernel or an attention op, once, with that output's type.
     fn check_result(
         &self,
         node: usize,
@@ -415,10 +422,35 @@ impl Graph {
                 "result %{node} (output {index} of {kernel}): {reason}"
             )))
         };
-        let Op::Fused(k) = &self.node(kernel).op else {
+        let writer = &self.node(kernel).op;
+        if writer.is_attention() {
+            let operands: SmallVec<[&TensorType; 6]> = self
+                .node(kernel)
+                .inputs
+                .iter()
+                .map(|&x| self.ty(x))
+                .collect();
+            let outs = super::attention_outputs(writer, &operands).map_err(|e| {
+                IrError::Invalid(format!("result %{node} (output {index} of {kernel}): {e}"))
+            })?;
+            let Some(want) = outs.get(index) else {
+                return fail(format!("the {} has {} outputs", writer.name(), outs.len()));
+            };
+            if self.nodes[node].ty != *want {
+                return fail(format!(
+                    "typed {} but the output is {want}",
+                    self.nodes[node].ty
+                ));
+            }
+            if !seen.insert((kernel, index)) {
+                return fail("another result node names the same output".into());
+            }
+            return Ok(());
+        }
+        let Op::Fused(k) = writer else {
             return fail(format!(
-                "{kernel} is a {}, not a fused kernel",
-                self.node(kernel).op.name()
+                "{kernel} is a {}, not a fused kernel or an attention",
+                writer.name()
             ));
         };
         if index >= k.outputs.len() {

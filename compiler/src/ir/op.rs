@@ -102,10 +102,28 @@ pub enum Op {
     /// A fused kernel (see [`ingot_kernels::fused`]): its operands are the kernel's inputs in
     /// order, and the node's value is the kernel's output 0. Made by the fusion pass.
     Fused(Box<FusedKernel>),
-    /// Output `index` (at least 1) of the fused kernel that is this node's one operand. It is
-    /// written when that kernel runs, and reads nothing itself.
+    /// Output `index` (at least 1) of the node with several outputs that is this node's one
+    /// operand (a fused kernel, `attention`, `attention_grad`). It is written when that node's
+    /// kernel runs, and reads nothing itself.
     Result {
         index: usize,
+    },
+    /// Fused scaled dot-product attention, `softmax(scale · q·kᵀ [causal mask]) · v`, as one
+    /// kernel that never stores the `[.., Tq, Tk]` scores (FlashAttention-2 on CUDA).
+    /// Operands `q [.., Tq, D]`, `k [.., Tk, D]`, `v [.., Tk, D]` (equal leading axes, one float
+    /// dtype, f32 or bf16). The node's value is `out [.., Tq, D]` (q's type); output 1 (a
+    /// [`Op::Result`]) is `lse`, f32 `[.., Tq]`: each row's `ln Σ_j exp(scale · q·k_j)` over
+    /// the visible keys, which the backward pass recomputes the probabilities from. With
+    /// `causal`, key `j` is visible to query `i` iff `j <= i`.
+    Attention {
+        causal: bool,
+        scale: f64,
+    },
+    /// The backward pass of [`Op::Attention`]: operands `q, k, v, out, lse, dout`; the node's
+    /// value is `dq` (q's type), output 1 `dk` (k's type), output 2 `dv` (v's type).
+    AttentionGrad {
+        causal: bool,
+        scale: f64,
     },
 }
 
@@ -149,6 +167,8 @@ impl Op {
             Op::StopGradient => "stop_gradient",
             Op::Fused(_) => "fused",
             Op::Result { .. } => "result",
+            Op::Attention { .. } => "attention",
+            Op::AttentionGrad { .. } => "attention_grad",
         }
     }
 
@@ -171,6 +191,11 @@ impl Op {
         ta: false,
         tb: false,
     };
+
+    /// True for the fused attention ops: library calls with several outputs.
+    pub fn is_attention(&self) -> bool {
+        matches!(self, Op::Attention { .. } | Op::AttentionGrad { .. })
+    }
 
     /// True for leaves (no operands, values supplied from outside the step).
     pub fn is_leaf(&self) -> bool {

@@ -62,6 +62,9 @@
 //!   | `concat` | `axis=N` |
 //!   | `reduce_sum`, `reduce_max` | `axes=[N,...]` |
 //!   | `scatter_add` | `rows=N` |
+//!   | `matmul` | `ta=true\|false tb=true\|false` (absent means `false`) |
+//!   | `attention(q, k, v)`, `attention_grad(q, k, v, out, lse, dout)` | `scale=F`, `causal=true\|false` (absent means `false`) |
+//!   | `result(%N)` | `index=N`: output N of a fused kernel or an attention op |
 //!   | every other op | none |
 //!
 //! - Floats print with Rust's shortest round-tripping form (`{:?}`, with NaN as `nan`), so
@@ -168,6 +171,9 @@ fn write_attrs(s: &mut String, op: &Op) {
             Ok(())
         }
         Op::Result { index } => write!(s, " index={index}"),
+        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
+            write!(s, " causal={causal} scale={}", float(*scale))
+        }
         Op::Fused(k) => write!(
             s,
             " {}",
@@ -733,6 +739,14 @@ fn op_by_name(name: &str) -> Option<Op> {
         "matmul" => Op::MATMUL,
         "stop_gradient" => Op::StopGradient,
         "result" => Op::Result { index: 0 },
+        "attention" => Op::Attention {
+            causal: false,
+            scale: 1.0,
+        },
+        "attention_grad" => Op::AttentionGrad {
+            causal: false,
+            scale: 1.0,
+        },
         "fused" => Op::Fused(Box::new(ingot_kernels::FusedKernel {
             domain: vec![],
             reduce_axes: vec![],
@@ -826,6 +840,16 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
             },
             "it takes `index=`",
         ),
+        Op::Attention { .. } | Op::AttentionGrad { .. } => {
+            let causal = a.take_bool_or_false("causal")?;
+            let scale = a.take_f64("scale")?;
+            let op = if matches!(op, Op::Attention { .. }) {
+                Op::Attention { causal, scale }
+            } else {
+                Op::AttentionGrad { causal, scale }
+            };
+            (op, "it takes `causal=` and `scale=`")
+        }
         Op::Fused(_) => {
             let Some(json) = name else {
                 return Err("`fused` needs its kernel as a quoted JSON string".into());

@@ -57,7 +57,7 @@ pub struct Program {
 }
 
 /// Bytes of scratch the CPU kernel of node `id` needs: a matmul's packing space, a fused
-/// kernel's scratch, and for a reduction, matmul or scatter-add that involves bf16 the widened
+/// kernel's scratch, an attention's rows and accumulators, and for a reduction, matmul or scatter-add that involves bf16 the widened
 /// f32 copies it computes through ([`widened`]). The planner carves them from the slab
 /// ([`super::Target::plan_options`]).
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
@@ -82,8 +82,45 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
             f32_kernel.max(widened::bytes(g, id, f32_kernel))
         }
         Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
+        Op::Attention { .. } | Op::AttentionGrad { .. } => attention_scratch_bytes(g, id),
         _ => widened::bytes(g, id, 0),
     }
+}
+
+/// Bytes of scratch the CPU attention kernel of node `id` needs
+/// ([`ingot_kernels::cpu::attention`]): its f32 scratch (a row of scores, and in the backward
+/// pass f32 accumulators of dk and dv for one head), then each output no result node names
+/// ([`super::unnamed_outputs`]), which the kernel writes all the same; each region
+/// [`widened::ALIGN`]-aligned. The runtime carves it the same way.
+fn attention_scratch_bytes(g: &Graph, id: NodeId) -> usize {
+    use ingot_kernels::cpu::attention as a;
+    let node = g.node(id);
+    let (q, k) = (
+        g.ty(node.inputs[0]).shape.dims(),
+        g.ty(node.inputs[1]).shape.dims(),
+    );
+    let r = q.len();
+    let (causal, scale) = match node.op {
+        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => (causal, scale),
+        _ => return 0,
+    };
+    let s = a::Shape {
+        batch_heads: q[..r - 2].iter().product(),
+        seq_q: q[r - 2],
+        seq_k: k[r - 2],
+        head_dim: q[r - 1],
+        causal,
+        scale: scale as f32,
+    };
+    let f32s = match node.op {
+        Op::Attention { .. } => a::forward_scratch_len(&s),
+        _ => a::backward_scratch_len(&s),
+    };
+    super::unnamed_outputs(g, id)
+        .iter()
+        .fold(widened::round_up(4 * f32s), |at, (_, t)| {
+            at + widened::round_up(t.bytes())
+        })
 }
 
 /// The scratch layout of an op the CPU runs through widened f32 copies because it involves

@@ -14,6 +14,8 @@
 //!   the slab;
 //! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output and
 //!   one launch that adds into it;
+//! - attention: one launch of the fused forward kernel ([`ingot_kernels::cuda::attention`]);
+//!   its backward pass three launches, with `delta` in the node's planned workspace;
 //! - leaves, reshapes and kernel results: nothing (the host writes leaves; a reshape is a view;
 //!   a result is written by its kernel).
 //!
@@ -26,6 +28,7 @@ use crate::ir::{DType, Graph, NodeId, Op};
 use crate::plan::check::Location;
 use crate::plan::MemoryPlan;
 use crate::precision::Precision;
+use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};
 use ingot_kernels::cuda::{self as codegen, CudaKernel};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -40,8 +43,112 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } => CUBLAS_WORKSPACE,
+        Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
         _ => 0,
     }
+}
+
+/// Where an attention node's workspace puts what its kernels need besides its planned
+/// outputs: the backward pass's `delta` ([`attention::backward_workspace_bytes`]) first, then
+/// each output no result node names ([`super::unnamed_outputs`]), which the kernels write all
+/// the same; each region 256-byte aligned.
+struct AttentionWorkspace {
+    /// Byte offset of `delta` within the workspace (backward only).
+    delta: Option<usize>,
+    /// `(output index, offset within the workspace)` of each unnamed output.
+    outputs: Vec<(usize, usize)>,
+    total: usize,
+}
+
+fn attention_workspace(g: &Graph, id: NodeId) -> AttentionWorkspace {
+    let align = |x: usize| x.div_ceil(256) * 256;
+    let mut at = 0;
+    let delta = match attention_shape(g, id, Precision::F32) {
+        Some(s) if matches!(g.node(id).op, Op::AttentionGrad { .. }) => {
+            at = align(attention::backward_workspace_bytes(&s));
+            Some(0)
+        }
+        _ => None,
+    };
+    let outputs = super::unnamed_outputs(g, id)
+        .into_iter()
+        .map(|(i, t)| {
+            let o = at;
+            at += align(t.bytes());
+            (i, o)
+        })
+        .collect();
+    AttentionWorkspace {
+        delta,
+        outputs,
+        total: at,
+    }
+}
+
+/// The kernel API's description of attention node `id` under `precision` (`None` for another
+/// op): f32 operands run as F32 or, when the step asks for TF32, Tf32; bf16 operands as Bf16.
+pub fn attention_shape(g: &Graph, id: NodeId, precision: Precision) -> Option<AttentionShape> {
+    let node = g.node(id);
+    let (causal, scale) = match node.op {
+        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => (causal, scale),
+        _ => return None,
+    };
+    let (q, k) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+    let (qd, kd) = (q.shape.dims(), k.shape.dims());
+    let r = qd.len();
+    Some(AttentionShape {
+        batch_heads: qd[..r - 2].iter().product(),
+        seq_q: qd[r - 2],
+        seq_k: kd[r - 2],
+        head_dim: qd[r - 1],
+        causal,
+        scale: scale as f32,
+        precision: match (q.dtype, precision) {
+            (DType::BF16, _) => AttentionPrecision::Bf16,
+            (_, Precision::Tf32) => AttentionPrecision::Tf32,
+            _ => AttentionPrecision::F32,
+        },
+    })
+}
+
+/// Whether the fused attention kernels exist for an attention shaped `c`, forward and backward,
+/// in every precision (head dims the kernels were written for; sizes within their limits).
+pub fn attention_supported(c: &crate::recognize::Candidate) -> bool {
+    [
+        AttentionPrecision::F32,
+        AttentionPrecision::Tf32,
+        AttentionPrecision::Bf16,
+    ]
+    .into_iter()
+    .all(|precision| {
+        let s = AttentionShape {
+            batch_heads: c.batch_heads,
+            seq_q: c.seq_q,
+            seq_k: c.seq_k,
+            head_dim: c.head_dim,
+            causal: c.causal,
+            scale: 1.0,
+            precision,
+        };
+        attention::forward(&s).is_ok() && attention::backward(&s).is_ok()
+    })
+}
+
+/// Whether this build has the fused attention's CUDA kernels (asked of the kernel API with a
+/// GPT-2-sized head). Until it does, a CUDA step keeps attention as plain math
+/// (`pipeline::Options::for_target`), and an explicit attention op is refused when
+/// the step is lowered, naming the node.
+pub fn attention_kernels_built() -> bool {
+    attention::forward(&AttentionShape {
+        batch_heads: 1,
+        seq_q: 64,
+        seq_k: 64,
+        head_dim: 64,
+        causal: true,
+        scale: 0.125,
+        precision: AttentionPrecision::F32,
+    })
+    .is_ok()
 }
 
 /// One device operation of a step.
@@ -575,6 +682,9 @@ impl Lowering<'_> {
                 }
                 Ok(())
             }
+            Op::Attention { .. } | Op::AttentionGrad { .. } => {
+                self.attention(id, outputs, plan, &inputs)
+            }
             op => Err(LowerError::Invalid {
                 op: op.name(),
                 reason: format!(
@@ -584,6 +694,132 @@ impl Lowering<'_> {
                     op.name()
                 ),
             }),
+        }
+    }
+
+    /// An attention op: one launch of the forward kernel (q, k, v, out, lse), or the backward
+    /// pass's three launches (delta from out and dout into the workspace; then dk and dv; then
+    /// dq). An output no result node names lands in the workspace. A shape the kernels do not
+    /// support is refused here, at compile time, naming the reason.
+    fn attention(
+        &mut self,
+        id: NodeId,
+        outputs: &[SmallVec<[NodeId; 1]>],
+        plan: &MemoryPlan,
+        inputs: &[usize],
+    ) -> Result<(), LowerError> {
+        let g = self.g;
+        let node = g.node(id);
+        let op = node.op.name();
+        let shape = attention_shape(g, id, self.precision).expect("an attention node");
+        let refused = |e: attention::AttentionError| LowerError::Invalid {
+            op,
+            reason: format!("no fused attention kernel for {shape:?}: {e}"),
+        };
+        self.not_in_place(id)?;
+        let layout = attention_workspace(g, id);
+        let ws = plan.workspace(id);
+        if layout.total > 0 && ws.is_none_or(|w| w.bytes < layout.total) {
+            return Err(LowerError::Invalid {
+                op,
+                reason: format!(
+                    "the plan gives this attention no {} bytes of workspace; plan the step with \
+                     the CUDA target's options (Target::Cuda.plan_options())",
+                    layout.total
+                ),
+            });
+        }
+        let in_ws = |offset: usize, bytes: usize| Location {
+            offset: ws.map_or(0, |w| w.offset) + offset,
+            bytes,
+        };
+        // Every output's bytes, by output index.
+        let types: Vec<&crate::ir::TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
+        let out_types = crate::ir::attention_outputs(&node.op, &types)
+            .map_err(|reason| LowerError::Invalid { op, reason })?;
+        let mut out: Vec<Location> = out_types.iter().map(|t| in_ws(0, t.bytes())).collect();
+        for &o in &outputs[id.index()] {
+            let index = match g.node(o).op {
+                Op::Result { index } => index,
+                _ => 0,
+            };
+            out[index] = self.location[o.index()];
+        }
+        for &(index, offset) in &layout.outputs {
+            out[index] = in_ws(offset, out_types[index].bytes());
+        }
+        let loc = |i: usize| self.location[node.inputs[i].index()];
+        let args =
+            |ls: &[Location]| -> SmallVec<[usize; 8]> { ls.iter().map(|l| l.offset).collect() };
+        match node.op {
+            Op::Attention { .. } => {
+                let k = attention::forward(&shape).map_err(refused)?;
+                let mut a: SmallVec<[usize; 8]> = inputs.iter().copied().collect();
+                a.extend(out.iter().map(|l| l.offset));
+                self.launch(id, k, a, out.iter().copied().collect());
+            }
+            _ => {
+                let b = attention::backward(&shape).map_err(refused)?;
+                let delta = in_ws(
+                    layout.delta.unwrap_or(0),
+                    attention::backward_workspace_bytes(&shape),
+                );
+                let [q, k, v, o, lse, dout] = [0, 1, 2, 3, 4, 5].map(loc);
+                let (dq, dk, dv) = (out[0], out[1], out[2]);
+                self.launch_touching(
+                    id,
+                    b.preprocess,
+                    args(&[o, dout, delta]),
+                    Touch {
+                        reads: smallvec::smallvec![o, dout],
+                        writes: smallvec::smallvec![delta],
+                    },
+                );
+                self.launch_touching(
+                    id,
+                    b.dkdv,
+                    args(&[q, k, v, dout, lse, delta, dk, dv]),
+                    Touch {
+                        reads: smallvec::smallvec![q, k, v, dout, lse, delta],
+                        writes: smallvec::smallvec![dk, dv],
+                    },
+                );
+                self.launch_touching(
+                    id,
+                    b.dq,
+                    args(&[q, k, v, dout, lse, delta, dq]),
+                    Touch {
+                        reads: smallvec::smallvec![q, k, v, dout, lse, delta],
+                        writes: smallvec::smallvec![dq],
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// As [`Self::launch`], with what the launch touches given explicitly.
+    fn launch_touching(
+        &mut self,
+        node: NodeId,
+        k: CudaKernel,
+        args: SmallVec<[usize; 8]>,
+        touch: Touch,
+    ) {
+        self.touches.push(touch);
+        let kernel = self.kernel_index(k);
+        self.ops.push(DeviceOp::Launch { node, kernel, args });
+    }
+
+    /// The index of `k` in the program's kernels, adding it the first time.
+    fn kernel_index(&mut self, k: CudaKernel) -> usize {
+        match self.by_name.get(&k.name) {
+            Some(&i) => i,
+            None => {
+                self.by_name.insert(k.name.clone(), self.kernels.len());
+                self.kernels.push(k);
+                self.kernels.len() - 1
+            }
         }
     }
 
@@ -610,14 +846,7 @@ impl Lowering<'_> {
         writes: SmallVec<[Location; 2]>,
     ) {
         self.touched(node, writes);
-        let kernel = match self.by_name.get(&k.name) {
-            Some(&i) => i,
-            None => {
-                self.by_name.insert(k.name.clone(), self.kernels.len());
-                self.kernels.push(k);
-                self.kernels.len() - 1
-            }
-        };
+        let kernel = self.kernel_index(k);
         self.ops.push(DeviceOp::Launch { node, kernel, args });
     }
 
@@ -752,10 +981,157 @@ mod tests {
     }
 
     fn cuda() -> pipeline::Options {
-        pipeline::Options {
-            plan: plan_options(),
-            ..Default::default()
+        pipeline::Options::for_target(Target::Cuda)
+    }
+
+    /// A causal attention over q, k, v inputs `[2, 3, 5, 32]` (a head size the kernels
+    /// support), trained through a weight so that the step has its backward pass, compiled
+    /// for CUDA with the attention explicit.
+    fn attention_step(precision: crate::precision::Precision) -> pipeline::Compiled {
+        let mut g = Graph::new();
+        let w = g
+            .parameter("w", [2, 3, 5, 32], DType::F32, Init::Normal { std: 1.0 })
+            .unwrap();
+        let x = g.input("x", [2, 3, 5, 32], DType::F32).unwrap();
+        let q = g.mul(x, w).unwrap();
+        let o = g.attention(q, q, w, true, 0.25).unwrap();
+        let l = g.sum_all(o).unwrap();
+        g.set_output(crate::autodiff::LOSS, l).unwrap();
+        let m = crate::models::Model {
+            name: "attention".into(),
+            graph: g,
+            optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
+            precision,
+        };
+        let opts = cuda();
+        pipeline::compile(&m, &opts).unwrap()
+    }
+
+    #[test]
+    fn the_backward_attention_plans_its_delta_as_workspace_and_the_forward_none() {
+        let c = attention_step(crate::precision::Precision::F32);
+        let g = &c.graph;
+        let find = |f: fn(&Op) -> bool| g.ids().find(|&id| f(&g.node(id).op)).unwrap();
+        let fwd = find(|o| matches!(o, Op::Attention { .. }));
+        let bwd = find(|o| matches!(o, Op::AttentionGrad { .. }));
+        assert_eq!(workspace_bytes(g, fwd), 0);
+        // delta: f32 [2·3, 5], rounded to 256 bytes.
+        assert_eq!(workspace_bytes(g, bwd), 256);
+        assert_eq!(c.plan.workspace(bwd).map(|w| w.bytes), Some(256));
+        let s = attention_shape(g, bwd, crate::precision::Precision::Tf32).unwrap();
+        assert_eq!(
+            (
+                s.batch_heads,
+                s.seq_q,
+                s.seq_k,
+                s.head_dim,
+                s.causal,
+                s.scale
+            ),
+            (6, 5, 5, 32, true, 0.25)
+        );
+        assert_eq!(s.precision, AttentionPrecision::Tf32);
+        let s = attention_shape(g, bwd, crate::precision::Precision::F32).unwrap();
+        assert_eq!(s.precision, AttentionPrecision::F32);
+    }
+
+    #[test]
+    fn the_plan_names_the_kernels_each_attention_runs_with_on_each_target() {
+        let c = attention_step(crate::precision::Precision::Tf32);
+        let cuda = crate::lower::attention_kernels(
+            &c.graph,
+            Target::Cuda,
+            crate::precision::Precision::Tf32,
+        );
+        assert_eq!(cuda.len(), 2, "{cuda:?}");
+        assert!(
+            cuda[0].starts_with(
+                "   1 x attention q f32[2,3,5,32] k,v [2,3,5,32] causal scale 0.25 -> cuda Tf32: "
+            ),
+            "{cuda:?}"
+        );
+        assert!(cuda[1].contains("attention_grad") && cuda[1].contains("-> cuda Tf32: "));
+        let built = attention_kernels_built();
+        assert_eq!(cuda[0].contains("forward ingot_"), built, "{cuda:?}");
+        assert_eq!(cuda[1].contains("backward ingot_"), built, "{cuda:?}");
+        let cpu = crate::lower::attention_kernels(
+            &c.graph,
+            Target::Cpu,
+            crate::precision::Precision::F32,
+        );
+        assert!(cpu
+            .iter()
+            .all(|l| l.ends_with("-> cpu::attention (f32 arithmetic)")));
+    }
+
+    #[test]
+    fn a_bf16_attention_runs_the_bf16_kernels() {
+        let c = attention_step(crate::precision::Precision::Bf16);
+        let g = &c.graph;
+        let fwd = g
+            .ids()
+            .find(|&id| matches!(g.node(id).op, Op::Attention { .. }))
+            .unwrap();
+        let s = attention_shape(g, fwd, crate::precision::Precision::Bf16).unwrap();
+        assert_eq!(s.precision, AttentionPrecision::Bf16);
+    }
+
+    #[test]
+    fn attention_lowers_to_its_launches_or_is_refused_at_compile_time_naming_the_node() {
+        let c = attention_step(crate::precision::Precision::F32);
+        let g = &c.graph;
+        let find = |f: fn(&Op) -> bool| g.ids().find(|&id| f(&g.node(id).op)).unwrap();
+        let (fwd, bwd) = (
+            find(|o| matches!(o, Op::Attention { .. })),
+            find(|o| matches!(o, Op::AttentionGrad { .. })),
+        );
+        let lowered = c.executable(Target::Cuda);
+        if !attention_kernels_built() {
+            let e = lowered.expect_err("refused").to_string();
+            assert!(
+                e.contains(&format!("%{} (attention)", fwd.index()))
+                    && e.contains("no fused attention kernel"),
+                "{e}"
+            );
+            return;
         }
+        let exe = lowered.unwrap();
+        let crate::lower::Program::Cuda(p) = exe.program() else {
+            panic!("a CUDA program")
+        };
+        let at = |id: NodeId| c.plan.location(g, id).offset;
+        let launches = |node: NodeId| -> Vec<&SmallVec<[usize; 8]>> {
+            p.ops
+                .iter()
+                .filter_map(|o| match o {
+                    DeviceOp::Launch { node: n, args, .. } if *n == node => Some(args),
+                    _ => None,
+                })
+                .collect()
+        };
+        let inputs =
+            |id: NodeId| -> Vec<usize> { g.node(id).inputs.iter().map(|&x| at(x)).collect() };
+        let lse = g.result_of(fwd, 1).unwrap();
+        let mut want = inputs(fwd);
+        want.extend([at(fwd), at(lse)]);
+        assert_eq!(launches(fwd), vec![&SmallVec::<[usize; 8]>::from_vec(want)]);
+        let b = launches(bwd);
+        let i = inputs(bwd);
+        let delta = c.plan.workspace(bwd).unwrap().offset;
+        let (dk, dv) = (
+            at(g.result_of(bwd, 1).unwrap()),
+            at(g.result_of(bwd, 2).unwrap()),
+        );
+        assert_eq!(b.len(), 3);
+        assert_eq!(b[0].as_slice(), &[i[3], i[5], delta]);
+        assert_eq!(
+            b[1].as_slice(),
+            &[i[0], i[1], i[2], i[5], i[4], delta, dk, dv]
+        );
+        assert_eq!(
+            b[2].as_slice(),
+            &[i[0], i[1], i[2], i[5], i[4], delta, at(bwd)]
+        );
     }
 
     /// What cuBLAS's strided-batched GEMM computes (column-major, as its documentation states),

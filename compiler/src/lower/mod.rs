@@ -17,12 +17,80 @@ pub mod cpu;
 pub mod cuda;
 pub mod deps;
 
-use crate::ir::{Graph, NodeId};
+use crate::ir::{Graph, NodeId, TensorType};
 use crate::plan::check::PlanViolation;
 use crate::plan::{MemoryPlan, PlanOptions};
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// The outputs of attention node `id` that no result node names (nothing reads them: an lse
+/// without backward pass, a dk whose operand needs no gradient), with their types. The kernels
+/// write every output, so these go to the tail of the node's planned workspace.
+pub fn unnamed_outputs(g: &Graph, id: NodeId) -> Vec<(usize, TensorType)> {
+    let node = g.node(id);
+    let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
+    crate::ir::attention_outputs(&node.op, &types)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(i, _)| g.result_of(id, *i).is_none())
+        .collect()
+}
+
+/// What runs each distinct attention of `g` on `target` under `precision`, one line per
+/// distinct op and shape with its count (what `ingot plan` shows): the shape, mask and scale,
+/// then on CUDA the arithmetic and the kernels' names (or why there is no kernel), on the CPU
+/// the reference kernel.
+pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec<String> {
+    let mut lines: Vec<(String, usize)> = Vec::new();
+    for id in g.ids() {
+        let node = g.node(id);
+        let (causal, scale) = match node.op {
+            crate::ir::Op::Attention { causal, scale }
+            | crate::ir::Op::AttentionGrad { causal, scale } => (causal, scale),
+            _ => continue,
+        };
+        let (q, k) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+        let what = format!(
+            "{} q {q} k,v {} {}scale {scale}",
+            node.op.name(),
+            k.shape,
+            if causal { "causal " } else { "" }
+        );
+        let how = match target {
+            Target::Cpu => "cpu::attention (f32 arithmetic)".to_string(),
+            Target::Cuda => {
+                use ingot_kernels::cuda::attention as a;
+                let s = cuda::attention_shape(g, id, precision).expect("an attention node");
+                let names = if matches!(node.op, crate::ir::Op::Attention { .. }) {
+                    a::forward(&s).map(|k| format!("forward {}", k.name))
+                } else {
+                    a::backward(&s).map(|b| {
+                        format!(
+                            "backward {} {} {}",
+                            b.preprocess.name, b.dkdv.name, b.dq.name
+                        )
+                    })
+                };
+                match names {
+                    Ok(n) => format!("cuda {:?}: {n}", s.precision),
+                    Err(e) => format!("cuda {:?}: no kernel ({e})", s.precision),
+                }
+            }
+        };
+        let line = format!("{what} -> {how}");
+        match lines.iter_mut().find(|(l, _)| *l == line) {
+            Some((_, n)) => *n += 1,
+            None => lines.push((line, 1)),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(l, n)| format!("{n:>4} x {l}"))
+        .collect()
+}
 
 /// The backend a step is planned and lowered for. Backends plan different library workspaces
 /// (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
@@ -47,6 +115,17 @@ impl Target {
         match self {
             Target::Cpu => cpu::workspace_bytes,
             Target::Cuda => cuda::workspace_bytes,
+        }
+    }
+
+    /// The attention shapes this target's fused kernels cover: every shape on the CPU; on CUDA
+    /// those the kernel generator builds in every precision ([`cuda::attention_supported`]).
+    /// Recognition fuses only these, so a step never reaches lowering with an attention its
+    /// target cannot run.
+    pub fn attention_supported(self) -> crate::recognize::Supported {
+        match self {
+            Target::Cpu => crate::recognize::any_shape,
+            Target::Cuda => cuda::attention_supported,
         }
     }
 

@@ -150,7 +150,12 @@ fn fold(
     let c = |i: usize| consts.get(i).copied().flatten();
     let dtype = ty.dtype;
     match kind {
-        Kind::Leaf(_) | Kind::Gather | Kind::ScatterAdd(_) => None,
+        Kind::Leaf(_)
+        | Kind::Gather
+        | Kind::ScatterAdd(_)
+        | Kind::Attention { .. }
+        | Kind::AttentionGrad { .. }
+        | Kind::Output { .. } => None,
         Kind::Full { bits, .. } => canonical(f64::from_bits(*bits), dtype),
         Kind::Iota { axis, .. } => match ty.shape.dims().get(*axis) {
             Some(1) => canonical(0.0, dtype),

@@ -79,6 +79,20 @@ pub enum Kind {
     /// To this dtype (the shape is the operand's).
     Convert(DType),
     StopGradient,
+    /// Fused attention; `scale_bits` is the f64 scale's bit pattern.
+    Attention {
+        causal: bool,
+        scale_bits: u64,
+    },
+    AttentionGrad {
+        causal: bool,
+        scale_bits: u64,
+    },
+    /// Output `index` of its operand, a multi-output op (an attention op), of type `ty`.
+    Output {
+        index: usize,
+        ty: Ty,
+    },
 }
 
 impl Kind {
@@ -147,14 +161,42 @@ impl Kind {
                 }),
             ),
             Kind::StopGradient => (Op::StopGradient, None),
+            Kind::Attention { causal, scale_bits } => (
+                Op::Attention {
+                    causal: *causal,
+                    scale: f64::from_bits(*scale_bits),
+                },
+                None,
+            ),
+            Kind::AttentionGrad { causal, scale_bits } => (
+                Op::AttentionGrad {
+                    causal: *causal,
+                    scale: f64::from_bits(*scale_bits),
+                },
+                None,
+            ),
+            Kind::Output { index, ty } => (Op::Result { index: *index }, Some(ty.tensor_type())),
         })
     }
 
     /// The kind of a non-leaf IR op, given its result type; `None` for ops the rewriter does
-    /// not take (leaves, which the caller numbers, and the fusion pass's `fused` and `result`).
+    /// not take (leaves, which the caller numbers, and the fusion pass's `fused`). A `result`
+    /// is taken as the output of its operand (the caller refuses those of fused kernels).
     pub fn from_op(op: &Op, ty: &TensorType) -> Option<Kind> {
         Some(match op {
-            Op::Leaf { .. } | Op::Fused(_) | Op::Result { .. } => return None,
+            Op::Leaf { .. } | Op::Fused(_) => return None,
+            Op::Result { index } => Kind::Output {
+                index: *index,
+                ty: Ty::of(ty),
+            },
+            Op::Attention { causal, scale } => Kind::Attention {
+                causal: *causal,
+                scale_bits: scale.to_bits(),
+            },
+            Op::AttentionGrad { causal, scale } => Kind::AttentionGrad {
+                causal: *causal,
+                scale_bits: scale.to_bits(),
+            },
             Op::Full { value } => Kind::full(*value, Ty::of(ty)),
             Op::Iota { axis } => Kind::Iota {
                 axis: *axis,
@@ -260,6 +302,15 @@ impl fmt::Display for ENode {
             Kind::Concat(axis) => write!(f, "concat({axis})"),
             Kind::Reduce(op, axes) => write!(f, "reduce_{op:?}{axes:?}"),
             Kind::MatMul { ta, tb } => write!(f, "matmul({ta},{tb})"),
+            Kind::Attention { causal, scale_bits } => {
+                write!(f, "attention({causal},{:?})", f64::from_bits(*scale_bits))
+            }
+            Kind::AttentionGrad { causal, scale_bits } => write!(
+                f,
+                "attention_grad({causal},{:?})",
+                f64::from_bits(*scale_bits)
+            ),
+            Kind::Output { index, ty } => write!(f, "result({index}):{}", ty.tensor_type()),
             Kind::ScatterAdd(rows) => write!(f, "scatter_add({rows})"),
             Kind::Convert(d) => write!(f, "convert({d})"),
             other => {

@@ -249,6 +249,10 @@ fn to_egraph(g: &Graph) -> Result<(EGraph, Vec<Id>, Vec<NodeId>), IrError> {
                 leaf_nodes.push(id);
                 facts.leaf_types.push(n.ty.clone());
             }
+            Op::Result { .. }
+                if n.inputs
+                    .first()
+                    .is_some_and(|&k| g.node(k).op.is_attention()) => {}
             Op::Fused(_) | Op::Result { .. } => {
                 return Err(IrError::Invalid(format!(
                     "rewrite runs before fusion, but node {id} is a {} node: simplify the \

@@ -313,6 +313,69 @@ impl Graph {
         let shape = self.ty(a).shape.clone();
         self.push(Op::Convert, &[a], Some(TensorType::new(shape, dtype)))
     }
+
+    /// Fused attention `softmax(scale · q·kᵀ [causal]) · v` ([`Op::Attention`]): `q [.., Tq, D]`,
+    /// `k` and `v [.., Tk, D]` give `out [.., Tq, D]`. Its row log-sum-exps are
+    /// [`Graph::output_of`]`(out, 1)`; autodiff differentiates it with [`Op::AttentionGrad`].
+    pub fn attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        causal: bool,
+        scale: f64,
+    ) -> Result<NodeId> {
+        self.push(Op::Attention { causal, scale }, &[q, k, v], None)
+    }
+
+    /// The backward pass of an attention: `(dq, dk, dv)` from `q, k, v`, its `out` and `lse`,
+    /// and the gradient `dout` of its output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_grad(
+        &mut self,
+        [q, k, v, out, lse, dout]: [NodeId; 6],
+        causal: bool,
+        scale: f64,
+    ) -> Result<(NodeId, NodeId, NodeId)> {
+        let dq = self.push(
+            Op::AttentionGrad { causal, scale },
+            &[q, k, v, out, lse, dout],
+            None,
+        )?;
+        Ok((dq, self.output_of(dq, 1)?, self.output_of(dq, 2)?))
+    }
+
+    /// Output `index` of the multi-output node `node` (an attention op): the existing
+    /// [`Op::Result`] node naming it, or a new one. Index 0 is `node` itself.
+    pub fn output_of(&mut self, node: NodeId, index: usize) -> Result<NodeId> {
+        if index == 0 {
+            return Ok(node);
+        }
+        let n = self.node(node);
+        let op_name = n.op.name();
+        let types = {
+            let operands: SmallVec<[&TensorType; 6]> =
+                n.inputs.iter().map(|&x| self.ty(x)).collect();
+            crate::ir::attention_outputs(&n.op, &operands)
+        };
+        let types = types.map_err(|reason| IrError::Type {
+            op: "result",
+            node: self.len(),
+            operands: self.ty(node).to_string(),
+            reason: format!("output {index} of {node}: {reason}"),
+        })?;
+        let Some(ty) = types.get(index).cloned() else {
+            return Err(IrError::Invalid(format!(
+                "{node} ({op_name}) has {} outputs, not {}",
+                types.len(),
+                index + 1
+            )));
+        };
+        match self.result_of(node, index) {
+            Some(r) => Ok(r),
+            None => self.push(Op::Result { index }, &[node], Some(ty)),
+        }
+    }
 }
 
 /// The NumPy broadcast of two shapes: axes align to the right, and each pair is equal or has a 1.

@@ -8,6 +8,7 @@
 //! A caller that breaks a documented precondition (a slice of the wrong length) gets a panic
 //! with a message; the runtime checks shapes before it calls in.
 
+pub mod attention;
 pub mod gemm;
 pub mod layout;
 pub mod matmul;

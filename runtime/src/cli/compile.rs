@@ -32,6 +32,10 @@ pub struct CompileArgs {
     /// drive a schedule with this one executable, and (AdamW) its step number as an input.
     #[arg(long = "lr-scale-input")]
     pub lr_scale_input: bool,
+    /// Keep attention as the plain math it is written in (scores, softmax, ·v) instead of
+    /// replacing it by the fused attention op (for comparisons).
+    #[arg(long = "no-fuse-attention")]
+    pub no_fuse_attention: bool,
 }
 
 pub fn run(a: &CompileArgs) -> Result<(), Failure> {
@@ -42,6 +46,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
+    opts.fuse_attention &= !a.no_fuse_attention;
     let (_, compiled, _) = super::stages::load_and_compile(
         &a.model,
         &a.model.step_options(a.lr_scale_input),

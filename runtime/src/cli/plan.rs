@@ -38,6 +38,10 @@ pub struct PlanArgs {
     /// --budget then applies to that total.
     #[arg(long)]
     pub eval: bool,
+    /// Keep attention as the plain math it is written in (scores, softmax, ·v) instead of
+    /// replacing it by the fused attention op (for comparisons).
+    #[arg(long = "no-fuse-attention")]
+    pub no_fuse_attention: bool,
     /// Compare two plan reports written by `ingot plan --json` (say, before and after a
     /// change) and print what changed: the totals and the buffers that appeared, disappeared,
     /// grew or shrank, keyed by provenance (layer names), not node ids. Compiles nothing.
@@ -84,6 +88,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         opts = pipeline::Options::unoptimized(opts.plan);
     }
     opts.precision = a.precision.for_device(a.device)?;
+    opts.fuse_attention &= !a.no_fuse_attention;
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
     let (model, compiled, trace) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
@@ -141,13 +146,21 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         }
         if let Some(f) = &compiled.fuse {
             crate::outln!(
-                "fusion: {} kernels ({} fused, {} with several outputs, {} library calls), {} values recomputed for the backward pass",
+                "fusion: {} kernels ({} fused, {} with several outputs, {} library calls), {} values recomputed for the backward pass, {} attentions fused",
                 f.kernels,
                 f.fused_kernels,
                 f.multi_output_kernels,
                 f.library_calls,
-                f.recomputed
+                f.recomputed,
+                f.attentions
             )?;
+        }
+        for line in ingot_compiler::lower::attention_kernels(
+            &compiled.graph,
+            device.target(),
+            compiled.report.precision,
+        ) {
+            crate::outln!("attention kernel: {line}")?;
         }
     }
     if let Some(budget) = a.budget {

@@ -60,6 +60,10 @@ pub struct TrainArgs {
     pub model: super::ModelArgs,
     #[command(flatten)]
     pub run: StepArgs,
+    /// Keep attention as the plain math it is written in (scores, softmax, ·v) instead of
+    /// replacing it by the fused attention op (for comparisons).
+    #[arg(long = "no-fuse-attention")]
+    pub no_fuse_attention: bool,
 }
 
 /// How to run the steps: the options `ingot train` and `ingot run` share.
@@ -256,6 +260,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .run
         .precision
         .for_device(a.run.device.unwrap_or(Device::Cpu))?;
+    opts.fuse_attention &= !a.no_fuse_attention;
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
     // resumed run too; the learning-rate scale input only where a schedule drives it.

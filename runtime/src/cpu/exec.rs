@@ -39,6 +39,7 @@ use half::bf16;
 use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Node, Op, ReduceOp, TensorType, UnaryOp};
 use ingot_kernels::cpu::{self as k, Dims, Float, Num, ReduceKind, Scalar};
 use ingot_kernels::dtype::bf16_from_f64;
+use smallvec::SmallVec;
 
 /// Calls the generic function `f::<T>(args)` with `T` the Rust type of a dtype.
 macro_rules! by_dtype {
@@ -272,8 +273,187 @@ pub fn exec_node_with(
             op,
             "fused kernels run through `ingot_kernels::fused::cpu`, not node by node",
         )),
+        Op::Attention { .. } | Op::AttentionGrad { .. } => Err(invalid(
+            op,
+            "attention writes several outputs: it runs through `exec_attention`",
+        )),
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
         Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
+    }
+}
+
+/// Runs an attention op (`attention`, `attention_grad`) from its operands into all of its
+/// outputs through [`ingot_kernels::cpu::attention`]: `outs[i]` is output `i`'s buffer (0 the
+/// node's value, then its result nodes'), or `None` for an output no result node names, which
+/// is written into the scratch's tail. `scratch` is the node's planned workspace, laid out as
+/// [`ingot_compiler::lower::cpu::workspace_bytes`] says, or allocated here.
+pub fn exec_attention(
+    node: &Node,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+    outs: &mut [Option<ViewMut<'_>>],
+    scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
+    use ingot_compiler::lower::cpu::widened::round_up;
+    use k::attention as a;
+    let op = node.op.name();
+    let (causal, scale, grad) = match node.op {
+        Op::Attention { causal, scale } => (causal, scale, false),
+        Op::AttentionGrad { causal, scale } => (causal, scale, true),
+        _ => return Err(invalid(op, "not an attention op")),
+    };
+    let want =
+        ingot_compiler::ir::attention_outputs(&node.op, input_types).map_err(|e| invalid(op, e))?;
+    if inputs.len() != input_types.len() || outs.len() != want.len() || outs[0].is_none() {
+        return Err(invalid(
+            op,
+            format!(
+                "{} operand buffers and {} output slots for {} operands and {} outputs",
+                inputs.len(),
+                outs.len(),
+                input_types.len(),
+                want.len()
+            ),
+        ));
+    }
+    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
+        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
+            return Err(ExecError::Operand {
+                op,
+                index,
+                expected: (*t).clone(),
+                got_dtype: v.dtype(),
+                got_len: v.len(),
+            });
+        }
+    }
+    for (o, t) in outs.iter().zip(&want) {
+        if let Some(o) = o {
+            if o.dtype() != t.dtype || o.len() != t.shape.numel() {
+                return Err(ExecError::Output {
+                    op,
+                    expected: t.clone(),
+                    got_dtype: o.dtype(),
+                    got_len: o.len(),
+                });
+            }
+        }
+    }
+    let (q, kt) = (input_types[0].shape.dims(), input_types[1].shape.dims());
+    let r = q.len();
+    let shape = a::Shape {
+        batch_heads: k::numel(&q[..r - 2]),
+        seq_q: q[r - 2],
+        seq_k: kt[r - 2],
+        head_dim: q[r - 1],
+        causal,
+        scale: scale as f32,
+    };
+    let f32s = if grad {
+        a::backward_scratch_len(&shape)
+    } else {
+        a::forward_scratch_len(&shape)
+    };
+    let head = round_up(4 * f32s);
+    let need = outs
+        .iter()
+        .zip(&want)
+        .filter(|(o, _)| o.is_none())
+        .fold(head, |at, (_, t)| at + round_up(t.bytes()));
+    let mut owned: Vec<u64>;
+    let bytes: &mut [u8] = match scratch {
+        Scratch::Given(bytes) => bytes,
+        Scratch::Allocate => {
+            owned = vec![0; need.div_ceil(8)];
+            // SAFETY: the vector's bytes, exclusively borrowed.
+            unsafe { std::slice::from_raw_parts_mut(owned.as_mut_ptr() as *mut u8, need) }
+        }
+    };
+    if bytes.len() < need || !(bytes.as_ptr() as usize).is_multiple_of(8) {
+        return Err(invalid(
+            op,
+            format!(
+                "the workspace has {} bytes, the kernel needs {need} (8-byte aligned)",
+                bytes.len()
+            ),
+        ));
+    }
+    let (ws, mut tail) = bytes.split_at_mut(head);
+    // SAFETY: aligned (checked; `head` is a multiple of 64), long enough, exclusively borrowed;
+    // every bit pattern is an f32.
+    let ws = unsafe { std::slice::from_raw_parts_mut(ws.as_mut_ptr() as *mut f32, f32s) };
+    let mut views: SmallVec<[ViewMut<'_>; 3]> = SmallVec::new();
+    for (o, t) in outs.iter_mut().zip(&want) {
+        views.push(match o {
+            Some(v) => reborrow(v),
+            None => {
+                let (region, rest) = std::mem::take(&mut tail).split_at_mut(round_up(t.bytes()));
+                tail = rest;
+                let n = t.shape.numel();
+                // SAFETY: a region of the scratch of at least `n` elements, 64-byte aligned,
+                // exclusively borrowed; every bit pattern is an f32 or a bf16.
+                match t.dtype {
+                    DType::BF16 => ViewMut::BF16(unsafe {
+                        std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut bf16, n)
+                    }),
+                    _ => ViewMut::F32(unsafe {
+                        std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut f32, n)
+                    }),
+                }
+            }
+        });
+    }
+    fn run<T: Element + a::Elem>(
+        shape: &a::Shape,
+        grad: bool,
+        inputs: &[View<'_>],
+        outs: &mut [ViewMut<'_>],
+        ws: &mut [f32],
+    ) -> Option<()> {
+        let arg = |i: usize| T::of(inputs[i]);
+        if grad {
+            let lse = f32::of(inputs[4])?;
+            let [dq, dk, dv] = outs else { return None };
+            a::backward::<T>(
+                shape,
+                [arg(0)?, arg(1)?, arg(2)?, arg(3)?, arg(5)?],
+                lse,
+                T::of_mut(reborrow(dq))?,
+                T::of_mut(reborrow(dk))?,
+                T::of_mut(reborrow(dv))?,
+                ws,
+            );
+        } else {
+            let [out, lse] = outs else { return None };
+            a::forward::<T>(
+                shape,
+                arg(0)?,
+                arg(1)?,
+                arg(2)?,
+                T::of_mut(reborrow(out))?,
+                f32::of_mut(reborrow(lse))?,
+                ws,
+            );
+        }
+        Some(())
+    }
+    let ran = match input_types[0].dtype {
+        DType::F32 => run::<f32>(&shape, grad, inputs, &mut views, ws),
+        DType::BF16 => run::<bf16>(&shape, grad, inputs, &mut views, ws),
+        _ => None,
+    };
+    ran.ok_or_else(|| invalid(op, "buffers of the wrong dtype (checked above: a bug)"))
+}
+
+/// A shorter-lived `ViewMut` of the same elements.
+fn reborrow<'a>(v: &'a mut ViewMut<'_>) -> ViewMut<'a> {
+    match v {
+        ViewMut::F32(s) => ViewMut::F32(s),
+        ViewMut::F64(s) => ViewMut::F64(s),
+        ViewMut::I32(s) => ViewMut::I32(s),
+        ViewMut::I64(s) => ViewMut::I64(s),
+        ViewMut::Bool(s) => ViewMut::Bool(s),
+        ViewMut::BF16(s) => ViewMut::BF16(s),
     }
 }
 

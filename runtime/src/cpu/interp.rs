@@ -5,9 +5,9 @@
 //! Dead nodes (on which no output or update depends) are skipped, and each value is dropped as
 //! soon as its last live user has run, so memory stays near the graph's live set.
 
-use super::exec::exec_node;
+use super::exec::{exec_node, Scratch};
 use crate::error::ExecError;
-use crate::tensor::{Tensor, View};
+use crate::tensor::{Tensor, View, ViewMut};
 use indexmap::IndexMap;
 use ingot_compiler::ir::{Graph, LeafKind, NodeId, Op, TensorType};
 use std::collections::{BTreeMap, HashMap};
@@ -192,6 +192,53 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
                     slots[i] = Slot::Owned(t);
                 } else {
                     pending.insert(*o, t);
+                }
+            }
+        } else if node.op.is_attention() {
+            let views: Vec<View> = node
+                .inputs
+                .iter()
+                .map(|x| {
+                    slots[x.index()]
+                        .tensor()
+                        .expect("operands run first and live until their last use")
+                        .view()
+                })
+                .collect();
+            let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
+            // Every output gets a buffer, the lse too when no result node names it.
+            let all = ingot_compiler::ir::attention_outputs(&node.op, &types).map_err(|e| {
+                ExecError::AtNode {
+                    node: i,
+                    op: node.op.name(),
+                    source: Box::new(ExecError::Invalid {
+                        op: node.op.name(),
+                        reason: e,
+                    }),
+                }
+            })?;
+            let mut outs: Vec<Tensor> = all.into_iter().map(Tensor::zeros).collect();
+            {
+                let mut out_views: Vec<Option<ViewMut>> =
+                    outs.iter_mut().map(|t| Some(t.view_mut())).collect();
+                super::exec::exec_attention(
+                    node,
+                    &views,
+                    &types,
+                    &mut out_views,
+                    Scratch::Allocate,
+                )
+                .map_err(|e| ExecError::AtNode {
+                    node: i,
+                    op: node.op.name(),
+                    source: Box::new(e),
+                })?;
+            }
+            for (j, t) in outs.into_iter().enumerate() {
+                if j == 0 {
+                    slots[i] = Slot::Owned(t);
+                } else if let Some(r) = g.result_of(id, j) {
+                    pending.insert(r, t);
                 }
             }
         } else {

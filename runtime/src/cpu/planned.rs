@@ -15,7 +15,7 @@
 //! place. For those, the aliased operand is copied a chunk at a time into a stack buffer, and
 //! the op runs on the chunk, so no `&` and `&mut` slice ever cover the same byte.
 
-use super::exec::{exec_node, exec_node_with, Scratch};
+use super::exec::{exec_attention, exec_node, exec_node_with, Scratch};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
 use ingot_compiler::exe::{Executable, StepPair};
@@ -53,6 +53,8 @@ struct Part {
     /// The chunk-sized versions of in-place nodes (full chunk, and the last partial one are
     /// built on the fly from these without allocating).
     chunk_node: Vec<Option<Node>>,
+    /// The values each node's kernel writes (an attention's result nodes besides its own).
+    kernel_outputs: Vec<SmallVec<[NodeId; 1]>>,
 }
 
 /// Bytes the host can give without swapping: `MemAvailable` of /proc/meminfo (Linux), or
@@ -235,11 +237,13 @@ impl Part {
                 chunk_node[id.index()] = Some(n);
             }
         }
+        let kernel_outputs = graph.kernel_outputs();
         Ok(Part {
             exe,
             program,
             location,
             chunk_node,
+            kernel_outputs,
         })
     }
 
@@ -296,9 +300,6 @@ impl Part {
             inputs.push(unsafe { view(base.add(l.offset), ty.dtype, ty.shape.numel()) });
             types.push(ty);
         }
-        let l = self.location[id.index()];
-        // SAFETY: as above.
-        let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
         let scratch = match self.exe.plan().workspace(id) {
             // SAFETY: validated plan: the workspace lies inside the allocation and overlaps
             // neither the operands nor the output of this node.
@@ -307,6 +308,39 @@ impl Part {
             }),
             None => Scratch::Allocate,
         };
+        if node.op.is_attention() {
+            let g = self.exe.graph();
+            let mut outs: SmallVec<[Option<ViewMut<'_>>; 3]> = SmallVec::new();
+            for &o in &self.kernel_outputs[id.index()] {
+                let index = match g.node(o).op {
+                    Op::Result { index } => index,
+                    _ => 0,
+                };
+                while outs.len() < index {
+                    // An output no result node names: the kernel writes it into its scratch.
+                    outs.push(None);
+                }
+                let (l, ty) = (self.location[o.index()], g.ty(o));
+                // SAFETY: validated plan: each output lies inside the allocation and overlaps
+                // no operand, no other output and no workspace of this node.
+                outs.push(Some(unsafe {
+                    view_mut(base.add(l.offset), ty.dtype, ty.shape.numel())
+                }));
+            }
+            let all = if matches!(node.op, Op::Attention { .. }) {
+                2
+            } else {
+                3
+            };
+            while outs.len() < all {
+                outs.push(None);
+            }
+            return exec_attention(node, &inputs, &types, &mut outs, scratch)
+                .map_err(|e| at(id, node, e));
+        }
+        let l = self.location[id.index()];
+        // SAFETY: as above.
+        let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
         exec_node_with(node, &inputs, &types, out, scratch).map_err(|e| at(id, node, e))
     }
 

@@ -48,8 +48,16 @@ pub fn pair_with_eval(
     // The training executable's precision (the options' or the model's own): one run, one
     // arithmetic.
     let precision = train.precision();
+    // The same forward pass the training step runs: attention fused as it is there.
+    let graph = if opts.fuse_attention {
+        ingot_compiler::recognize::attention_where(&model.graph, opts.attention_supported)
+            .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?
+            .0
+    } else {
+        model.graph.clone()
+    };
     let forward = precision
-        .apply(&model.graph)
+        .apply(&graph)
         .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?;
     let opts = pipeline::Options {
         precision: Some(precision),

@@ -1,0 +1,390 @@
+//! Fused attention on the CPU: the reference implementation of the IR's `attention` and
+//! `attention_grad` ops, with the semantics the CUDA kernels (`crate::cuda::attention`) share.
+//!
+//! For each of `batch_heads` independent problems, with `q [seq_q, head_dim]`, `k` and
+//! `v [seq_k, head_dim]` (row-major, contiguous) and key `j` visible to query `i` unless
+//! `causal` and `j > i`:
+//! - forward: `s_ij = scale · q_i·k_j`, `m_i = max_j s_ij`, `l_i = Σ_j exp(s_ij − m_i)`,
+//!   `p_ij = exp(s_ij − m_i) / l_i`, `out_i = Σ_j p_ij v_j`, and `lse_i = m_i + ln l_i`;
+//! - backward, from `lse` and `out`: `p_ij = exp(s_ij − lse_i)`, `delta_i = Σ_d dout_id·out_id`,
+//!   `dp_ij = dout_i·v_j`, `ds_ij = p_ij (dp_ij − delta_i)`; `dv_j = Σ_i p_ij dout_i`,
+//!   `dq_i = scale Σ_j ds_ij k_j`, `dk_j = scale Σ_i ds_ij q_i`.
+//!
+//! Arithmetic is f32. bf16 operands are widened exactly; as in the bf16 tensor-core kernels,
+//! the probabilities (and in the backward pass `ds`) are rounded to bf16 before they enter a
+//! product with a bf16 operand, and every bf16 output is rounded once, to nearest even, when
+//! stored. Sums run in index order (keys for a row, queries for a key), so results are
+//! deterministic.
+//!
+//! Scratch (f32 elements, [`forward_scratch_len`], [`backward_scratch_len`]) comes from the
+//! caller: the runtime plans it in the slab, so a step allocates nothing. A slice of the wrong
+//! length is a broken precondition and panics with a message; the runtime checks shapes before
+//! it calls in.
+
+use crate::dtype::round_bf16;
+use half::bf16;
+
+/// One attention problem set (the CPU's twin of `cuda::attention::AttentionShape`, without
+/// the precision: the element type decides it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Shape {
+    pub batch_heads: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+impl Shape {
+    /// Keys visible to query `i`: `0..visible(i)`.
+    fn visible(&self, i: usize) -> usize {
+        if self.causal {
+            (i + 1).min(self.seq_k)
+        } else {
+            self.seq_k
+        }
+    }
+}
+
+/// An element type attention runs on: f32 or bf16.
+pub trait Elem: Copy + Send + Sync + 'static {
+    /// Products with a probability round it to this type first (bf16 does).
+    const ROUNDS: bool;
+    fn get(self) -> f32;
+    /// The stored value of `x` (rounded once for bf16).
+    fn put(x: f32) -> Self;
+}
+
+impl Elem for f32 {
+    const ROUNDS: bool = false;
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn put(x: f32) -> f32 {
+        x
+    }
+}
+
+impl Elem for bf16 {
+    const ROUNDS: bool = true;
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn put(x: f32) -> bf16 {
+        round_bf16(x)
+    }
+}
+
+/// `x` as a product with `T` operands sees it.
+#[inline(always)]
+fn operand<T: Elem>(x: f32) -> f32 {
+    if T::ROUNDS {
+        round_bf16(x).to_f32()
+    } else {
+        x
+    }
+}
+
+/// f32 scratch elements [`forward`] needs: one row of scores and one output row.
+pub fn forward_scratch_len(s: &Shape) -> usize {
+    s.seq_k + s.head_dim
+}
+
+/// f32 scratch elements [`backward`] needs: f32 accumulators of `dk` and `dv` for one problem,
+/// a row of probabilities, a row of `ds` and a `dq` row.
+pub fn backward_scratch_len(s: &Shape) -> usize {
+    2 * s.seq_k * s.head_dim + 2 * s.seq_k + s.head_dim
+}
+
+fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |acc, (x, y)| acc + x.get() * y.get())
+}
+
+fn check_len(what: &str, got: usize, want: usize) {
+    assert!(
+        got == want,
+        "attention: {what} has {got} elements, the shape needs {want}"
+    );
+}
+
+/// The forward pass: `out` and `lse` from `q`, `k`, `v` (see the module docs).
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: Elem>(
+    s: &Shape,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    out: &mut [T],
+    lse: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    check_len("q", q.len(), bh * tq * d);
+    check_len("k", k.len(), bh * tk * d);
+    check_len("v", v.len(), bh * tk * d);
+    check_len("out", out.len(), bh * tq * d);
+    check_len("lse", lse.len(), bh * tq);
+    assert!(
+        scratch.len() >= forward_scratch_len(s),
+        "attention: the scratch has {} f32 elements, the forward pass needs {}",
+        scratch.len(),
+        forward_scratch_len(s)
+    );
+    let (row, acc) = scratch[..tk + d].split_at_mut(tk);
+    for b in 0..bh {
+        let (q, k, v) = (
+            &q[b * tq * d..][..tq * d],
+            &k[b * tk * d..][..tk * d],
+            &v[b * tk * d..][..tk * d],
+        );
+        for i in 0..tq {
+            let n = s.visible(i);
+            let qi = &q[i * d..][..d];
+            let mut m = f32::NEG_INFINITY;
+            for j in 0..n {
+                let x = dot(qi, &k[j * d..][..d]) * s.scale;
+                row[j] = x;
+                m = m.max(x);
+            }
+            let mut l = 0.0f32;
+            for x in &mut row[..n] {
+                *x = (*x - m).exp();
+                l += *x;
+            }
+            acc.fill(0.0);
+            for j in 0..n {
+                let p = operand::<T>(row[j] / l);
+                for (a, vj) in acc.iter_mut().zip(&v[j * d..][..d]) {
+                    *a += p * vj.get();
+                }
+            }
+            for (o, a) in out[(b * tq + i) * d..][..d].iter_mut().zip(acc.iter()) {
+                *o = T::put(*a);
+            }
+            lse[b * tq + i] = m + l.ln();
+        }
+    }
+}
+
+/// The backward pass: `dq`, `dk`, `dv` from `q`, `k`, `v`, the forward's `out` and `lse`, and
+/// the output's gradient `dout` (see the module docs). Every output is written, not added to.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Elem>(
+    s: &Shape,
+    [q, k, v, out, dout]: [&[T]; 5],
+    lse: &[f32],
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+    scratch: &mut [f32],
+) {
+    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    for (what, x, want) in [
+        ("q", q.len(), bh * tq * d),
+        ("k", k.len(), bh * tk * d),
+        ("v", v.len(), bh * tk * d),
+        ("out", out.len(), bh * tq * d),
+        ("dout", dout.len(), bh * tq * d),
+        ("lse", lse.len(), bh * tq),
+        ("dq", dq.len(), bh * tq * d),
+        ("dk", dk.len(), bh * tk * d),
+        ("dv", dv.len(), bh * tk * d),
+    ] {
+        check_len(what, x, want);
+    }
+    assert!(
+        scratch.len() >= backward_scratch_len(s),
+        "attention: the scratch has {} f32 elements, the backward pass needs {}",
+        scratch.len(),
+        backward_scratch_len(s)
+    );
+    let (dk_acc, rest) = scratch.split_at_mut(tk * d);
+    let (dv_acc, rest) = rest.split_at_mut(tk * d);
+    let (p_row, rest) = rest.split_at_mut(tk);
+    let (ds_row, rest) = rest.split_at_mut(tk);
+    let dq_acc = &mut rest[..d];
+    for b in 0..bh {
+        let (kb, vb) = (&k[b * tk * d..][..tk * d], &v[b * tk * d..][..tk * d]);
+        dk_acc.fill(0.0);
+        dv_acc.fill(0.0);
+        for i in 0..tq {
+            let n = s.visible(i);
+            let row = (b * tq + i) * d..(b * tq + i + 1) * d;
+            let (qi, oi, gi) = (&q[row.clone()], &out[row.clone()], &dout[row]);
+            let delta = dot(gi, oi);
+            let l = lse[b * tq + i];
+            for j in 0..n {
+                let (kj, vj) = (&kb[j * d..][..d], &vb[j * d..][..d]);
+                let p = (dot(qi, kj) * s.scale - l).exp();
+                p_row[j] = p;
+                ds_row[j] = operand::<T>(p * (dot(gi, vj) - delta));
+            }
+            dq_acc.fill(0.0);
+            for j in 0..n {
+                let (p, ds) = (operand::<T>(p_row[j]), ds_row[j]);
+                let kj = &kb[j * d..][..d];
+                for c in 0..d {
+                    dq_acc[c] += ds * kj[c].get();
+                    dk_acc[j * d + c] += ds * qi[c].get();
+                    dv_acc[j * d + c] += p * gi[c].get();
+                }
+            }
+            for (o, a) in dq[(b * tq + i) * d..][..d].iter_mut().zip(dq_acc.iter()) {
+                *o = T::put(*a * s.scale);
+            }
+        }
+        for (o, a) in dk[b * tk * d..][..tk * d].iter_mut().zip(dk_acc.iter()) {
+            *o = T::put(*a * s.scale);
+        }
+        for (o, a) in dv[b * tk * d..][..tk * d].iter_mut().zip(dv_acc.iter()) {
+            *o = T::put(*a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain f64 loops over the definition, with the probabilities computed from the full
+    /// softmax (no lse): an independent reference for f32 inputs.
+    fn reference(s: &Shape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
+        let (tq, tk, d) = (s.seq_q, s.seq_k, s.head_dim);
+        let mut out = vec![0.0; s.batch_heads * tq * d];
+        for b in 0..s.batch_heads {
+            for i in 0..tq {
+                let sc: Vec<f64> = (0..tk)
+                    .map(|j| {
+                        if s.causal && j > i {
+                            f64::NEG_INFINITY
+                        } else {
+                            (0..d)
+                                .map(|c| {
+                                    q[(b * tq + i) * d + c] as f64 * k[(b * tk + j) * d + c] as f64
+                                })
+                                .sum::<f64>()
+                                * s.scale as f64
+                        }
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+                for c in 0..d {
+                    out[(b * tq + i) * d + c] = (0..tk)
+                        .map(|j| (sc[j] - m).exp() / z * v[(b * tk + j) * d + c] as f64)
+                        .sum();
+                }
+            }
+        }
+        out
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed * 97);
+                ((x >> 8) % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_forward_pass_matches_a_plain_f64_softmax_attention() {
+        for causal in [false, true] {
+            let s = Shape {
+                batch_heads: 2,
+                seq_q: 5,
+                seq_k: 7,
+                head_dim: 3,
+                causal,
+                scale: 0.7,
+            };
+            let (q, k, v) = (data(30, 1), data(42, 2), data(42, 3));
+            let mut out = vec![0.0; 30];
+            let mut lse = vec![0.0; 10];
+            let mut scratch = vec![f32::NAN; forward_scratch_len(&s)];
+            forward(&s, &q, &k, &v, &mut out, &mut lse, &mut scratch);
+            let want = reference(&s, &q, &k, &v);
+            for (o, w) in out.iter().zip(&want) {
+                assert!((*o as f64 - w).abs() < 1e-5, "{o} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_backward_pass_matches_central_differences_of_the_forward() {
+        let s = Shape {
+            batch_heads: 1,
+            seq_q: 4,
+            seq_k: 4,
+            head_dim: 3,
+            causal: true,
+            scale: 0.5,
+        };
+        let n = 12;
+        let (q, k, v, w) = (data(n, 4), data(n, 5), data(n, 6), data(n, 7));
+        // L = Σ w · out, so dout = w.
+        let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
+            let r = reference(&s, q, k, v);
+            r.iter().zip(&w).map(|(a, b)| a * *b as f64).sum()
+        };
+        let mut out = vec![0.0; n];
+        let mut lse = vec![0.0; 4];
+        forward(&s, &q, &k, &v, &mut out, &mut lse, &mut [0.0; 16]);
+        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let mut scratch = vec![f32::NAN; backward_scratch_len(&s)];
+        backward(
+            &s,
+            [&q, &k, &v, &out, &w],
+            &lse,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            &mut scratch,
+        );
+        let h = 1e-3f32;
+        for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
+            for e in 0..n {
+                let bump = |delta: f32| {
+                    let mut x = [q.clone(), k.clone(), v.clone()];
+                    x[which][e] += delta;
+                    loss(&x[0], &x[1], &x[2])
+                };
+                let fd = (bump(h) - bump(-h)) / (2.0 * h as f64);
+                assert!(
+                    (grad[e] as f64 - fd).abs() < 2e-3,
+                    "operand {which} element {e}: {} vs {fd}",
+                    grad[e]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_outputs_are_the_f32_results_rounded_once_when_p_is_already_a_bf16_value() {
+        // One visible key per row (causal, seq 1): p = 1 exactly, so out = v rounded.
+        let s = Shape {
+            batch_heads: 1,
+            seq_q: 1,
+            seq_k: 1,
+            head_dim: 4,
+            causal: true,
+            scale: 1.0,
+        };
+        let v: Vec<bf16> = [0.1f32, -2.5, 3.0, 7.75].map(round_bf16).to_vec();
+        let q = v.clone();
+        let mut out = vec![bf16::ZERO; 4];
+        let mut lse = vec![0.0; 1];
+        forward(&s, &q, &q, &v, &mut out, &mut lse, &mut [0.0; 5]);
+        assert_eq!(out, v);
+        let want: f32 = q.iter().map(|x| x.to_f32() * x.to_f32()).sum();
+        assert!((lse[0] - want).abs() < 1e-5);
+    }
+}
