@@ -3,7 +3,7 @@
 //! finite differences, and GPTs train to the same losses with and without the recognition.
 
 use indexmap::IndexMap;
-use ingot_compiler::ir::{DType, Graph, NodeId, Shape};
+use ingot_compiler::ir::{DType, Graph, NodeId, Op, Shape};
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
@@ -286,4 +286,27 @@ fn a_training_step_with_attention_ops_round_trips_through_the_ir_text() {
     let back = ingot_compiler::ir::text::parse(&text).unwrap();
     assert_eq!(back, step.graph);
     assert_eq!(ingot_compiler::ir::text::print(&back), text);
+}
+
+#[test]
+fn an_attention_the_cuda_kernels_do_not_cover_stays_plain_math_on_cuda_and_is_fused_on_the_cpu() {
+    use ingot_compiler::lower::Target;
+    // Head dim 8: the CUDA kernels cover 32..=128; the CPU kernel any.
+    let m = models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+        .unwrap();
+    let fused = |t: Target| {
+        let c = pipeline::compile(&m, &pipeline::Options::for_target(t)).unwrap();
+        c.graph
+            .ids()
+            .filter(|&id| matches!(c.graph.node(id).op, Op::Attention { .. }))
+            .count()
+    };
+    assert_eq!(fused(Target::Cpu), 2);
+    assert_eq!(fused(Target::Cuda), 0);
+    // Head dim 64 (gpt-mini) is covered on both.
+    let m = models::by_name("gpt-mini").unwrap();
+    let c = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
+    let n = c.graph.ids().filter(|&id| matches!(c.graph.node(id).op, Op::Attention { .. }));
+    assert_eq!(n.count(), 4);
+    assert!(c.executable(Target::Cuda).is_ok(), "and lowers");
 }
