@@ -341,7 +341,11 @@ fn a_model_files_precision_line_compiles_its_step_in_that_precision_unless_overr
     let cpu = Options::for_target(ingot_compiler::lower::Target::Cpu);
     let c = pipeline::compile(&m, &cpu).unwrap();
     assert_eq!(c.report.precision, Precision::Bf16);
-    let bf16_nodes = c.step.graph.ids().filter(|&id| c.step.graph.ty(id).dtype == DType::BF16);
+    let bf16_nodes = c
+        .step
+        .graph
+        .ids()
+        .filter(|&id| c.step.graph.ty(id).dtype == DType::BF16);
     assert!(bf16_nodes.count() > 0, "the autocast policy ran");
     // The command line (here the options) wins over the file.
     let f32 = Options {
@@ -350,7 +354,11 @@ fn a_model_files_precision_line_compiles_its_step_in_that_precision_unless_overr
     };
     let c = pipeline::compile(&m, &f32).unwrap();
     assert_eq!(c.report.precision, Precision::F32);
-    assert!(c.step.graph.ids().all(|id| c.step.graph.ty(id).dtype != DType::BF16));
+    assert!(c
+        .step
+        .graph
+        .ids()
+        .all(|id| c.step.graph.ty(id).dtype != DType::BF16));
     // Without the line, a file trains in f32.
     let plain = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("")).unwrap();
     assert_eq!(plain.precision, Precision::F32);
@@ -361,10 +369,18 @@ fn a_bad_or_second_precision_line_is_an_error_naming_its_line() {
     let e = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision fp8"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("line 12:") && e.contains("fp8") && e.contains("tiny.ir"), "{e}");
+    assert!(
+        e.contains("line 12:") && e.contains("fp8") && e.contains("tiny.ir"),
+        "{e}"
+    );
     let two = tiny_mlp_with("precision bf16\nprecision f32");
-    let e = models::Model::from_ir_text("tiny.ir", &two).unwrap_err().to_string();
-    assert!(e.contains("line 13:") && e.contains("second precision line (the first is line 12)"), "{e}");
+    let e = models::Model::from_ir_text("tiny.ir", &two)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("line 13:") && e.contains("second precision line (the first is line 12)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -373,7 +389,9 @@ fn a_bf16_op_with_an_f32_operand_and_no_cast_is_a_type_error_naming_the_line() {
                 %0 = parameter \"w\" init=zeros : bf16[4]\n\
                 %1 = input \"x\" : f32[4]\n\
                 %2 = mul(%0, %1) : bf16[4]\n";
-    let e = models::Model::from_ir_text("mixed.ir", text).unwrap_err().to_string();
+    let e = models::Model::from_ir_text("mixed.ir", text)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("line 5") && e.contains("bf16[4], f32[4]"), "{e}");
 }
 

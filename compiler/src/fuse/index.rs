@@ -210,9 +210,7 @@ impl Map {
             let real_src: Vec<usize> = src_axes.clone().filter(|&a| src[a] != 1).collect();
             if real_src.len() > 1 {
                 // A split: each real source axis's coordinate is a division and a remainder.
-                out.extend(
-                    src_axes.map(|a| (src[a] == 1).then(|| Affine::constant(0))),
-                );
+                out.extend(src_axes.map(|a| (src[a] == 1).then(|| Affine::constant(0))));
                 continue;
             }
             let rm = row_major(&dst[dst_axes.clone()]);
@@ -230,7 +228,11 @@ impl Map {
                 }));
             }
         }
-        match out.iter().cloned().collect::<Option<SmallVec<[Affine; 4]>>>() {
+        match out
+            .iter()
+            .cloned()
+            .collect::<Option<SmallVec<[Affine; 4]>>>()
+        {
             Some(c) => Map::Coords(c),
             None => Map::Split {
                 linear: self.linear(dst),
@@ -394,7 +396,11 @@ mod tests {
         let m = Map::identity(2);
         let split = m.through_reshape(&[2, 3, 4], &[6, 4]);
         assert!(matches!(split, Map::Split { .. }));
-        assert_eq!(split.coord(2), Some(&Affine::axis(1)), "the unsplit axis keeps its coordinate");
+        assert_eq!(
+            split.coord(2),
+            Some(&Affine::axis(1)),
+            "the unsplit axis keeps its coordinate"
+        );
         assert_eq!(split.coord(0), None);
         assert_eq!(split.access(&[2, 3, 4], 2).strides, vec![4, 1]);
         // [6, 4] viewed as [2, 3, 4]: the operand's axis 0 is 3·i0 + i1.

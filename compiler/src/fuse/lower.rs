@@ -325,7 +325,8 @@ impl Lowerer<'_> {
             | Op::Gather
             | Op::ScatterAdd { .. }
             | Op::Fused(_)
-            | Op::Result { .. } => self.cut(v),
+            | Op::Result { .. }
+            | Op::Window(_) => self.cut(v),
         }
     }
 

@@ -113,6 +113,8 @@ pub fn kind(n: &Node) -> Kind {
         }
         Op::Reduce { .. } => Kind::Reduce,
         Op::Fused(_) | Op::Result { .. } => Kind::Fused,
+        // Convolution and pooling are library calls: operands and result are buffers.
+        Op::Window(_) => Kind::Library,
     }
 }
 

@@ -6,9 +6,11 @@ mod infer;
 mod op;
 mod shape;
 pub mod text;
+pub mod window;
 
 pub use graph::{Graph, Node, NodeId, Operands, Update};
 pub use infer::infer;
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 pub use op::{Axes, Init, LeafKind, Op, TensorType};
 pub use shape::Shape;
+pub use window::{Conv2d, Pool2d, WindowOp};

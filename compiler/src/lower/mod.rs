@@ -166,7 +166,10 @@ pub enum LowerError {
     /// The target has no arithmetic of this precision (TF32 is a mode of the GPU's tensor
     /// cores).
     #[error("{precision} applies to matrix products on the GPU; the {target} target has no {precision} arithmetic: compile for cuda, or in f32 or bf16")]
-    Precision { precision: Precision, target: Target },
+    Precision {
+        precision: Precision,
+        target: Target,
+    },
     /// An error lowering one node.
     #[error("node %{node} ({op}): {source}")]
     AtNode {

@@ -2,8 +2,8 @@
 //! embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a final LayerNorm and
 //! an untied head without bias; mean cross-entropy over every batch × sequence position; AdamW.
 
-use super::{Optimizer, Precision};
 use super::{check_float, check_size, model_err, Model, ID_DTYPE};
+use super::{Optimizer, Precision};
 use crate::error::Result;
 use crate::ir::{DType, Graph, Init};
 use crate::trace::nn;

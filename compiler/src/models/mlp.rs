@@ -1,8 +1,8 @@
 //! `mlp`: Linear(784→1024) → ReLU → Linear(1024→1024) → ReLU → Linear(1024→10), mean softmax
 //! cross-entropy, SGD lr 0.1 without momentum. 1,863,690 parameters.
 
-use super::{Optimizer, Precision};
 use super::{check_float, check_size, model_err, Model, ID_DTYPE};
+use super::{Optimizer, Precision};
 use crate::error::Result;
 use crate::ir::DType;
 use crate::ir::Graph;

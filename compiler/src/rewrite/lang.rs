@@ -8,7 +8,9 @@
 //! their types are equal.
 
 use crate::error::IrError;
-use crate::ir::{infer, Axes, BinaryOp, CmpOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use crate::ir::{
+    infer, Axes, BinaryOp, CmpOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp, WindowOp,
+};
 use egg::Id;
 use smallvec::SmallVec;
 use std::fmt;
@@ -79,6 +81,8 @@ pub enum Kind {
     /// To this dtype (the shape is the operand's).
     Convert(DType),
     StopGradient,
+    /// Convolution and pooling (their attributes are plain integers).
+    Window(WindowOp),
 }
 
 impl Kind {
@@ -147,6 +151,7 @@ impl Kind {
                 }),
             ),
             Kind::StopGradient => (Op::StopGradient, None),
+            Kind::Window(w) => (Op::Window(*w), None),
         })
     }
 
@@ -179,6 +184,7 @@ impl Kind {
             Op::ScatterAdd { rows } => Kind::ScatterAdd(*rows),
             Op::Convert => Kind::Convert(ty.dtype),
             Op::StopGradient => Kind::StopGradient,
+            Op::Window(w) => Kind::Window(*w),
         })
     }
 

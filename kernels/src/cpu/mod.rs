@@ -8,9 +8,11 @@
 //! A caller that breaks a documented precondition (a slice of the wrong length) gets a panic
 //! with a message; the runtime checks shapes before it calls in.
 
+pub mod conv;
 pub mod gemm;
 pub mod layout;
 pub mod matmul;
+pub mod pool;
 pub mod reduce;
 pub mod scalar;
 
