@@ -266,3 +266,47 @@ pub fn batch_norm2d(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<No
     })()
     .map_err(|e| in_layer(name, e))
 }
+
+/// `nn.Linear(in → out)` with PyTorch's default init (kaiming-uniform with `a = √5`: weight and
+/// bias uniform on `±1/√in`), for models specified with PyTorch's defaults (the CNNs); the
+/// math and names are [`super::nn::linear`]'s.
+pub fn linear_kaiming(
+    g: &mut Graph,
+    name: &str,
+    x: NodeId,
+    in_features: usize,
+    out_features: usize,
+    bias: bool,
+) -> Result<NodeId> {
+    let t = g.ty(x).clone();
+    if t.shape.rank() != 2 || t.shape.last() != in_features || !t.dtype.is_float() {
+        return Err(IrError::Type {
+            op: "linear",
+            node: g.len(),
+            operands: t.to_string(),
+            reason: format!("layer {name} takes float inputs [N, {in_features}], got {t}"),
+        });
+    }
+    let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+    (|| {
+        let w = g.parameter(
+            &format!("{name}.weight"),
+            [out_features, in_features],
+            t.dtype,
+            Init::Uniform { bound },
+        )?;
+        let wt = g.transpose_last(w)?;
+        let y = g.matmul(x, wt)?;
+        if !bias {
+            return Ok(y);
+        }
+        let b = g.parameter(
+            &format!("{name}.bias"),
+            [out_features],
+            t.dtype,
+            Init::Uniform { bound },
+        )?;
+        g.add(y, b)
+    })()
+    .map_err(|e| in_layer(name, e))
+}
