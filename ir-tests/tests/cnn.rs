@@ -182,3 +182,41 @@ fn a_cnn_compiled_for_cuda_is_refused_at_compile_time_naming_the_conv() {
         "{e}"
     );
 }
+
+#[test]
+fn resnet18_has_torchvision_s_parameters_and_plans_at_cifar_shape() {
+    let m = models::by_name("resnet18").unwrap();
+    let g = &m.graph;
+    assert_eq!(models::parameter_count(g), 11_181_642);
+    let names: Vec<&str> = g
+        .leaves(LeafKind::Parameter)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect();
+    for want in [
+        "conv1.weight",
+        "bn1.weight",
+        "layer1.0.conv1.weight",
+        "layer1.1.bn2.bias",
+        "layer2.0.downsample.0.weight",
+        "layer4.0.downsample.1.weight",
+        "layer4.1.conv2.weight",
+        "fc.weight",
+        "fc.bias",
+    ] {
+        assert!(names.contains(&want), "missing {want}");
+    }
+    assert!(!names.contains(&"layer1.0.downsample.0.weight"));
+    assert!(g.leaf("layer3.1.bn1.running_var").is_some());
+    let compiled = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cpu)).unwrap();
+    compiled.executable(Target::Cpu).unwrap();
+}
+
+#[test]
+fn a_small_batch_resnet18_trains_on_the_cpu() {
+    let m = models::resnet18_with(2, DType::F32).unwrap();
+    let mut s = Session::new(&m, 3).unwrap();
+    let losses: Vec<f64> = (0..3).map(|_| s.step().unwrap().loss).collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[2] < losses[0], "{losses:?}");
+}

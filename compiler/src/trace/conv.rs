@@ -95,6 +95,31 @@ pub fn conv2d(
     groups: usize,
     bias: bool,
 ) -> Result<NodeId> {
+    // (conv2d_with_init refuses zero groups; max(1) only keeps this division defined.)
+    let fan_in = (in_ch / groups.max(1)) * kernel * kernel;
+    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+    conv2d_with_init(
+        g,
+        name,
+        x,
+        [in_ch, out_ch, kernel, stride, padding, dilation, groups],
+        bias,
+        Init::Uniform { bound },
+    )
+}
+
+/// [`conv2d`] with the weight initialised by `weight_init` (torchvision's ResNets use
+/// kaiming-normal with `mode="fan_out"`); `sizes` is `[in_ch, out_ch, kernel, stride, padding,
+/// dilation, groups]`. A bias keeps PyTorch's default init.
+pub fn conv2d_with_init(
+    g: &mut Graph,
+    name: &str,
+    x: NodeId,
+    sizes: [usize; 7],
+    bias: bool,
+    weight_init: Init,
+) -> Result<NodeId> {
+    let [in_ch, out_ch, kernel, stride, padding, dilation, groups] = sizes;
     let ([_, c, _, _], dtype) = image(g, name, "conv2d", x)?;
     if c != in_ch || groups == 0 || in_ch % groups != 0 {
         return Err(IrError::Type {
@@ -119,7 +144,7 @@ pub fn conv2d(
             &format!("{name}.weight"),
             [out_ch, in_ch / groups, kernel, kernel],
             dtype,
-            Init::Uniform { bound },
+            weight_init,
         )?;
         let y = g.conv2d(x, w, conv)?;
         if !bias {
