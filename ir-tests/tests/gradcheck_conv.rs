@@ -154,7 +154,8 @@ fn conv(s: usize, p: usize, d: usize, groups: usize) -> Conv2d {
 
 /// (x dims, w dims, stride, padding, dilation, groups): strides, padding, dilation and groups
 /// each away from 1 somewhere, and a non-square kernel and image.
-const CONVS: [([usize; 4], [usize; 4], usize, usize, usize, usize); 4] = [
+type ConvCase = ([usize; 4], [usize; 4], usize, usize, usize, usize);
+const CONVS: [ConvCase; 4] = [
     ([2, 3, 6, 5], [4, 3, 3, 3], 1, 1, 1, 1),
     ([2, 4, 7, 6], [6, 2, 3, 2], 2, 1, 1, 2),
     ([1, 2, 8, 7], [2, 2, 2, 3], 1, 2, 2, 1),

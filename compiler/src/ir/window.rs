@@ -325,7 +325,7 @@ fn conv_check(
     if c.stride.contains(&0) || c.dilation.contains(&0) {
         return Err("stride and dilation must be at least 1".into());
     }
-    if ch % c.groups != 0 || o % c.groups != 0 {
+    if !ch.is_multiple_of(c.groups) || !o.is_multiple_of(c.groups) {
         return Err(format!(
             "{ch} input and {o} output channels must both split into {} groups",
             c.groups
