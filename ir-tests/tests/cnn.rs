@@ -220,3 +220,25 @@ fn a_small_batch_resnet18_trains_on_the_cpu() {
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
     assert!(losses[2] < losses[0], "{losses:?}");
 }
+
+/// The rewriter carries the window ops through unchanged and fusion leaves them library calls:
+/// the optimized step computes the unoptimized step's losses (to rounding: fusion reorders
+/// elementwise work, never the convs).
+#[test]
+fn the_optimized_cnn_step_computes_the_unoptimized_step_s_losses() {
+    let m = conv_bn_model(4);
+    let plain = pipeline::Options::unoptimized(Target::Cpu.plan_options());
+    let mut a = Session::with_options(&m, 9, &plain).unwrap();
+    let mut b = Session::new(&m, 9).unwrap();
+    for step in 0..3 {
+        let (la, lb) = (a.step().unwrap().loss, b.step().unwrap().loss);
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs(),
+            "step {step}: unoptimized {la} vs optimized {lb}"
+        );
+    }
+    let hist = b.graph().op_histogram();
+    assert_eq!(hist.get("conv2d"), Some(&1), "{hist:?}");
+    assert_eq!(hist.get("conv2d_grad_input"), Some(&1), "{hist:?}");
+    assert_eq!(hist.get("conv2d_grad_weight"), Some(&1), "{hist:?}");
+}

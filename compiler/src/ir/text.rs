@@ -1376,7 +1376,7 @@ output \"loss\" = %5
             (format!("{h}%1 = iota axis=-1 : i32[3]\n"), 3, &["bad number", "`-1`"]),
             (format!("{h}%1 = parameter init=zeros : f32[]\n"), 3, &["name in quotes"]),
             (format!("{h}%1 = parameter \"w\" : f32[]\n"), 3, &["`init=`"]),
-            (format!("{h}%1 = parameter \"w\" init=uniform(1) : f32[]\n"), 3, &["`init=`", "`uniform(1)`"]),
+            (format!("{h}%1 = parameter \"w\" init=laplace(1) : f32[]\n"), 3, &["`init=`", "`laplace(1)`"]),
             (format!("{h}%1 = parameter \"w\" init=normal(x) : f32[]\n"), 3, &["bad number", "`x`"]),
             (format!("{h}%1 = parameter \"x\" init=zeros : f32[]\n"), 3, &["two leaves", "\"x\""]),
             (format!("{h}%1 = parameter \"w : f32[]\n"), 3, &["unterminated string"]),
