@@ -172,6 +172,14 @@ impl Cx {
             }
             Op::Leaf { .. } => (push(self, &[], n.ty.dtype)?, true),
             Op::Full { .. } => (push(self, &[], n.ty.dtype)?, true),
+            // Convolution and pooling stay in f32 (their CPU kernels are f32 and f64).
+            Op::Window(_) if f32_node => {
+                let mut ins = Vec::with_capacity(mapped.len());
+                for &x in &mapped {
+                    ins.push(self.cast(x, DType::F32)?);
+                }
+                (push(self, &ins, DType::F32)?, false)
+            }
             Op::MatMul { .. } if f32_node => {
                 let a = self.cast(mapped[0], DType::BF16)?;
                 let b = self.cast(mapped[1], DType::BF16)?;

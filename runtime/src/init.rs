@@ -63,12 +63,41 @@ fn normal(ty: &TensorType, mean: f64, std: f64, rng: &mut ChaCha8Rng) -> Tensor 
     }
 }
 
+/// `n` samples of uniform on `[-bound, bound)` as `ty`'s float dtype (sampled in f64, rounded
+/// once); integer and bool leaves with a uniform init do not occur and get zeros.
+fn uniform(ty: &TensorType, bound: f64, rng: &mut ChaCha8Rng) -> Tensor {
+    let n = ty.shape.numel();
+    let b = if bound.is_finite() { bound.abs() } else { 0.0 };
+    let mut draw = || {
+        if b == 0.0 {
+            0.0
+        } else {
+            Uniform::new(-b, b).expect("-b < b").sample(rng)
+        }
+    };
+    let data = match ty.dtype {
+        DType::F32 => Data::F32((0..n).map(|_| draw() as f32).collect()),
+        DType::F64 => Data::F64((0..n).map(|_| draw()).collect()),
+        DType::BF16 => Data::BF16(
+            (0..n)
+                .map(|_| ingot_kernels::dtype::bf16_from_f64(draw()))
+                .collect(),
+        ),
+        _ => return Tensor::zeros(ty.clone()),
+    };
+    Tensor {
+        ty: ty.clone(),
+        data,
+    }
+}
+
 /// The value of a leaf of type `ty` initialised by `init`, from the leaf's own stream.
 pub fn init_leaf(seed: u64, name: &str, ty: &TensorType, init: &Init) -> Tensor {
     match *init {
         Init::Zeros => Tensor::zeros(ty.clone()),
         Init::Ones => Tensor::full(ty.clone(), 1.0),
         Init::Normal { std } => normal(ty, 0.0, std, &mut rng_for(seed, name)),
+        Init::Uniform { bound } => uniform(ty, bound, &mut rng_for(seed, name)),
     }
 }
 

@@ -50,6 +50,8 @@ fn a_planned_training_step_allocates_nothing_on_the_heap() {
     for spec in [
         "mlp",
         "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2",
+        // Convolution (im2col in planned workspace), pooling and momentum SGD.
+        "cnn",
     ] {
         for fused in [false, true] {
             assert_eq!(

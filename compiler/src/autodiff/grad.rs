@@ -4,7 +4,7 @@
 //! like the forward pass.
 
 use crate::error::{IrError, Result};
-use crate::ir::{BinaryOp, CmpOp, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
+use crate::ir::{BinaryOp, CmpOp, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp, WindowOp};
 
 /// Appends the gradient of the scalar `loss` with respect to each node of `wrt` and returns the
 /// gradient nodes in the same order. A `wrt` node the loss does not depend on gets zeros.
@@ -331,12 +331,47 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             let dt = g.ty(x).dtype;
             g.convert(gy, dt)
         }
+        Op::Window(w) => window_vjp(g, *w, &node.inputs, slot, gy),
         Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Compare(_) => {
             Err(IrError::Invalid(format!(
                 "{} ({y}) carries no gradient; this is a bug in needs_gradient",
                 node.op.name()
             )))
         }
+    }
+}
+
+/// The VJPs of convolution and pooling. A conv is bilinear in its input and weight, and its two
+/// backward ops are the other two products of the same bilinear form, so each has a VJP made of
+/// the three ops again (second derivatives work): for `y = conv(x, w)`, `dx = grad_input(dy, w)`
+/// and `dw = grad_weight(x, dy)`; for `dx = grad_input(dy, w)`, `d(dy) = conv(gdx, w)` and
+/// `dw = grad_weight(gdx, dy)`; for `dw = grad_weight(x, dy)`, `dx = grad_input(dy, gdw)` and
+/// `d(dy) = conv(x, gdw)`. Max pooling's backward recomputes the argmax from `x`.
+fn window_vjp(
+    g: &mut Graph,
+    w: WindowOp,
+    inputs: &[NodeId],
+    slot: usize,
+    gy: NodeId,
+) -> Result<NodeId> {
+    let hw = |g: &Graph, x: NodeId| {
+        let d = g.ty(x).shape.dims();
+        [d[2], d[3]]
+    };
+    let (a, b) = (inputs[0], *inputs.get(1).unwrap_or(&inputs[0]));
+    match (w, slot) {
+        (WindowOp::Conv2d(conv), 0) => g.conv2d_grad_input(gy, b, conv, hw(g, a)),
+        (WindowOp::Conv2d(conv), _) => g.conv2d_grad_weight(a, gy, conv, hw(g, b)),
+        (WindowOp::Conv2dGradInput { conv, .. }, 0) => g.conv2d(gy, b, conv),
+        (WindowOp::Conv2dGradInput { conv, .. }, _) => g.conv2d_grad_weight(gy, a, conv, hw(g, b)),
+        (WindowOp::Conv2dGradWeight { conv, .. }, 0) => g.conv2d_grad_input(b, gy, conv, hw(g, a)),
+        (WindowOp::Conv2dGradWeight { conv, .. }, _) => g.conv2d(a, gy, conv),
+        (WindowOp::MaxPool2d(p), _) => g.max_pool2d_grad(a, gy, p),
+        (WindowOp::MaxPool2dGrad(_), _) => Err(IrError::Invalid(
+            "max_pool2d_grad has no gradient here (a second derivative of max pooling); \
+             differentiate the forward pass once"
+                .into(),
+        )),
     }
 }
 

@@ -53,9 +53,19 @@ pub fn training_step_with(
     let loss = *forward.outputs.get(LOSS).ok_or_else(|| {
         IrError::Invalid(format!("the forward graph has no output named {LOSS:?}"))
     })?;
-    if !forward.updates.is_empty() {
+    // The forward pass may update state of its own (batch norm's running statistics); an
+    // update of a parameter means the graph is a step already.
+    if forward.updates.iter().any(|u| {
+        matches!(
+            forward.node(u.target).op,
+            Op::Leaf {
+                kind: LeafKind::Parameter,
+                ..
+            }
+        )
+    }) {
         return Err(IrError::Invalid(
-            "the forward graph already updates leaves; is it a step already?".into(),
+            "the forward graph already updates parameters; is it a step already?".into(),
         ));
     }
     let (mut g, map) = forward.without_dead_code();

@@ -327,7 +327,8 @@ impl Lowerer<'_> {
             | Op::Fused(_)
             | Op::Result { .. }
             | Op::Attention { .. }
-            | Op::AttentionGrad { .. } => self.cut(v),
+            | Op::AttentionGrad { .. }
+            | Op::Window(_) => self.cut(v),
         }
     }
 

@@ -128,6 +128,8 @@ pub fn kind(n: &Node) -> Kind {
         }
         Op::Reduce { .. } => Kind::Reduce,
         Op::Fused(_) => Kind::Fused,
+        // Convolution and pooling are library calls: operands and result are buffers.
+        Op::Window(_) => Kind::Library,
     }
 }
 

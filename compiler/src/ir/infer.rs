@@ -54,6 +54,13 @@ pub fn infer(
             if name.is_empty() {
                 return Err(fail("a leaf needs a non-empty name".into()));
             }
+            if let Init::Uniform { bound } = init {
+                if !(bound.is_finite() && *bound >= 0.0) {
+                    return Err(fail(format!(
+                        "init=uniform({bound}): the bound must be a finite number >= 0"
+                    )));
+                }
+            }
             if let Init::Normal { std } = init {
                 if !(std.is_finite() && *std >= 0.0) {
                     return Err(fail(format!(
@@ -347,6 +354,7 @@ pub fn infer(
             }
             t.clone()
         }
+        Op::Window(w) => w.infer(operands).map_err(&fail)?,
     };
     if inferred.checked_bytes().is_none() {
         return Err(too_large(&inferred));

@@ -7,6 +7,7 @@ mod op;
 pub mod origin;
 mod shape;
 pub mod text;
+pub mod window;
 
 pub use graph::{Graph, Node, NodeId, Operands, Update};
 pub use infer::{attention_outputs, infer};
@@ -14,3 +15,4 @@ pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 pub use op::{Axes, Init, LeafKind, Op, TensorType};
 pub use origin::Origin;
 pub use shape::Shape;
+pub use window::{Conv2d, Pool2d, WindowOp};

@@ -2,7 +2,7 @@
 //! and the optimizer update) is spelled in these few ops, so that every later pass (autodiff,
 //! rewriting, fusion, planning) handles a small closed set.
 
-use super::{BinaryOp, CmpOp, DType, ReduceOp, Shape, UnaryOp};
+use super::{BinaryOp, CmpOp, DType, ReduceOp, Shape, UnaryOp, WindowOp};
 use ingot_kernels::FusedKernel;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -18,6 +18,11 @@ pub enum Init {
     /// Normal(0, std), from the run's seeded generator.
     Normal {
         std: f64,
+    },
+    /// Uniform on `[-bound, bound)`, from the run's seeded generator (PyTorch's default
+    /// kaiming-uniform init of conv and linear layers).
+    Uniform {
+        bound: f64,
     },
 }
 
@@ -125,6 +130,9 @@ pub enum Op {
         causal: bool,
         scale: f64,
     },
+    /// A sliding-window op over NCHW images: convolution, max pooling and their backward ops
+    /// (see [`super::window`]).
+    Window(WindowOp),
 }
 
 impl Op {
@@ -169,6 +177,7 @@ impl Op {
             Op::Result { .. } => "result",
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
+            Op::Window(w) => w.name(),
         }
     }
 

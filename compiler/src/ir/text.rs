@@ -39,7 +39,7 @@
 //! operands := "(" ( "%" N ( "," "%" N )* )? ")"
 //! name     := STRING                            leaves only: parameter, state, input
 //! attr     := KEY "=" value
-//! value    := NUMBER | "[" ( N ( "," N )* )? "]" | "zeros" | "ones" | "normal(" NUMBER ")"
+//! value    := NUMBER | "[" ( N ( "," N )* )? "]" | "zeros" | "ones" | "normal(" NUMBER ")" | "uniform(" NUMBER ")"
 //! type     := DTYPE "[" ( N ( "," N )* )? "]"   f32 | f64 | i32 | i64 | bool; a scalar is f32[]
 //! output   := "output" STRING "=" "%" N
 //! update   := "update" "%" N "=" "%" N           target (a parameter or state) = new value
@@ -53,7 +53,7 @@
 //!
 //!   | op | attributes |
 //!   |---|---|
-//!   | `parameter`, `state` | a name string, `init=zeros\|ones\|normal(STD)` |
+//!   | `parameter`, `state` | a name string, `init=zeros\|ones\|normal(STD)\|uniform(BOUND)` |
 //!   | `input` | a name string (`init=` is allowed but optional, default `zeros`) |
 //!   | `full` | `value=F` (any f64: `0.1`, `1e-8`, `-0.0`, `inf`, `-inf`, `nan`) |
 //!   | `iota` | `axis=N` |
@@ -65,6 +65,10 @@
 //!   | `matmul` | `ta=true\|false tb=true\|false` (absent means `false`) |
 //!   | `attention(q, k, v)`, `attention_grad(q, k, v, out, lse, dout)` | `scale=F`, `causal=true\|false` (absent means `false`) |
 //!   | `result(%N)` | `index=N`: output N of a fused kernel or an attention op |
+//!   | `conv2d` | `stride=[A,B] padding=[A,B] dilation=[A,B] groups=N` |
+//!   | `conv2d_grad_input` | those of `conv2d`, and `input=[H,W]` |
+//!   | `conv2d_grad_weight` | those of `conv2d`, and `kernel=[KH,KW]` |
+//!   | `max_pool2d`, `max_pool2d_grad` | `kernel=[A,B] stride=[A,B] padding=[A,B] dilation=[A,B]` |
 //!   | every other op | none |
 //!
 //! - Floats print with Rust's shortest round-tripping form (`{:?}`, with NaN as `nan`), so
@@ -78,7 +82,7 @@
 
 use super::{
     Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, ReduceOp, Shape, TensorType,
-    UnaryOp,
+    UnaryOp, WindowOp,
 };
 use crate::error::IrError;
 use std::collections::HashMap;
@@ -152,6 +156,9 @@ fn write_attrs(s: &mut String, op: &Op) {
                     Init::Normal { std } => {
                         let _ = write!(s, "normal({})", float(*std));
                     }
+                    Init::Uniform { bound } => {
+                        let _ = write!(s, "uniform({})", float(*bound));
+                    }
                 }
             }
             Ok(())
@@ -188,6 +195,10 @@ fn write_attrs(s: &mut String, op: &Op) {
         | Op::Gather
         | Op::StopGradient
         | Op::Convert => Ok(()),
+        Op::Window(w) => {
+            w.write_attrs(s);
+            Ok(())
+        }
     };
 }
 
@@ -643,8 +654,11 @@ impl<'a> Attrs<'a> {
             Value::Call("normal", std) => Ok(Init::Normal {
                 std: number(std, "normal")?,
             }),
+            Value::Call("uniform", bound) => Ok(Init::Uniform {
+                bound: number(bound, "uniform")?,
+            }),
             v => Err(format!(
-                "`init=` must be `zeros`, `ones` or `normal(STD)`, found {v}"
+                "`init=` must be `zeros`, `ones`, `normal(STD)` or `uniform(BOUND)`, found {v}"
             )),
         }
     }
@@ -674,6 +688,21 @@ impl<'a> Attrs<'a> {
                 self.op
             )),
         }
+    }
+}
+
+impl crate::ir::window::ReadAttrs for Attrs<'_> {
+    fn pair(&mut self, key: &str) -> Result<[usize; 2], String> {
+        match self.take_list(key)?.as_slice() {
+            &[a, b] => Ok([a, b]),
+            other => Err(format!(
+                "`{key}=` must be a list of two numbers like `[1,1]`, found {other:?}"
+            )),
+        }
+    }
+
+    fn int(&mut self, key: &str) -> Result<usize, String> {
+        self.take_usize(key)
     }
 }
 
@@ -711,6 +740,9 @@ fn op_by_name(name: &str) -> Option<Op> {
     }
     if let Some(c) = CmpOp::from_name(name) {
         return Some(Op::Compare(c));
+    }
+    if let Some(w) = WindowOp::from_name(name) {
+        return Some(Op::Window(w));
     }
     Some(match name {
         "parameter" => leaf(LeafKind::Parameter),
@@ -858,6 +890,7 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
                 .map_err(|e| format!("`fused`: the kernel does not parse: {e}"))?;
             (Op::Fused(Box::new(k)), "it takes no attributes")
         }
+        Op::Window(w) => (Op::Window(w.with_attrs(&mut a)?), w.allowed()),
         other => (other, "it takes no attributes"),
     };
     a.finish(allowed)?;
@@ -1367,7 +1400,7 @@ output \"loss\" = %5
             (format!("{h}%1 = iota axis=-1 : i32[3]\n"), 3, &["bad number", "`-1`"]),
             (format!("{h}%1 = parameter init=zeros : f32[]\n"), 3, &["name in quotes"]),
             (format!("{h}%1 = parameter \"w\" : f32[]\n"), 3, &["`init=`"]),
-            (format!("{h}%1 = parameter \"w\" init=uniform(1) : f32[]\n"), 3, &["`init=`", "`uniform(1)`"]),
+            (format!("{h}%1 = parameter \"w\" init=laplace(1) : f32[]\n"), 3, &["`init=`", "`laplace(1)`"]),
             (format!("{h}%1 = parameter \"w\" init=normal(x) : f32[]\n"), 3, &["bad number", "`x`"]),
             (format!("{h}%1 = parameter \"x\" init=zeros : f32[]\n"), 3, &["two leaves", "\"x\""]),
             (format!("{h}%1 = parameter \"w : f32[]\n"), 3, &["unterminated string"]),

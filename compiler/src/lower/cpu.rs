@@ -83,6 +83,18 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
         }
         Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_scratch_bytes(g, id),
+        // A conv's column buffer and GEMM packing space (pooling needs none).
+        Op::Window(w) => {
+            let operands: Vec<&[usize]> =
+                node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
+            match w.conv_geometry(&operands, node.ty.shape.dims()) {
+                Some((geom, pass)) => match node.ty.dtype {
+                    DType::F64 => ingot_kernels::cpu::conv::workspace_bytes::<f64>(&geom, pass),
+                    _ => ingot_kernels::cpu::conv::workspace_bytes::<f32>(&geom, pass),
+                },
+                None => 0,
+            }
+        }
         _ => widened::bytes(g, id, 0),
     }
 }

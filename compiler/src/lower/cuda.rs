@@ -685,6 +685,14 @@ impl Lowering<'_> {
             Op::Attention { .. } | Op::AttentionGrad { .. } => {
                 self.attention(id, outputs, plan, &inputs)
             }
+            Op::Window(w) => Err(LowerError::Invalid {
+                op: w.name(),
+                reason: format!(
+                    "{} has no CUDA kernel yet (convolution and pooling run on the CPU only): \
+                     train this model with --device cpu",
+                    w.name()
+                ),
+            }),
             op => Err(LowerError::Invalid {
                 op: op.name(),
                 reason: format!(

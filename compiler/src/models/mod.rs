@@ -9,19 +9,23 @@
 //! for class and token indices, so a batch saved from PyTorch loads without conversion. (The
 //! builder and the layers accept `i32` ids as well.)
 //!
-//! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, or
+//! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`, or
 //! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape.
 
+mod cnn;
 mod gpt;
 mod mlp;
 mod optimizer;
 mod precision;
+mod resnet;
 mod spec;
 
+pub use cnn::{cnn, cnn_with, CNN_BATCH, CNN_CLASSES, CNN_SIDE};
 pub use gpt::{gpt, GptConfig, LN_EPS};
 pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
 pub use optimizer::{parse_betas as optimizer_betas, Optimizer, OptimizerKind, OptimizerSettings};
 pub use precision::Precision;
+pub use resnet::{resnet18, resnet18_with, RESNET_BATCH, RESNET_CLASSES, RESNET_SIDE};
 pub use spec::{by_name, by_name_with, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};

@@ -1,15 +1,17 @@
-//! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, and
+//! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`, and
 //! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..`.
 
-use super::{gpt, mlp, model_err, GptConfig, Model};
+use super::{cnn, gpt, mlp, model_err, resnet18, GptConfig, Model};
 use crate::error::Result;
 use crate::ir::DType;
 
 /// The names [`by_name`] accepts (the last stands for any GPT shape).
-pub const KNOWN_MODELS: [&str; 4] = [
+pub const KNOWN_MODELS: [&str; 6] = [
     "mlp",
     "gpt-mini",
     "gpt2",
+    "cnn",
+    "resnet18",
     "gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..",
 ];
 
@@ -24,6 +26,8 @@ pub fn by_name_with(spec: &str, dtype: DType) -> Result<Model> {
         "mlp" => mlp(dtype),
         "gpt-mini" => gpt(&GptConfig::gpt_mini(), dtype),
         "gpt2" => gpt(&GptConfig::gpt2(), dtype),
+        "cnn" => cnn(dtype),
+        "resnet18" => resnet18(dtype),
         _ => match spec.strip_prefix("gpt:") {
             Some(rest) => {
                 let cfg = parse_as(spec, rest)?;

@@ -156,6 +156,8 @@ fn fold(
         | Kind::Attention { .. }
         | Kind::AttentionGrad { .. }
         | Kind::Output { .. } => None,
+        // A window op of a constant is not constant (padding reads zeros).
+        Kind::Window(_) => None,
         Kind::Full { bits, .. } => canonical(f64::from_bits(*bits), dtype),
         Kind::Iota { axis, .. } => match ty.shape.dims().get(*axis) {
             Some(1) => canonical(0.0, dtype),

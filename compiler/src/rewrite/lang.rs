@@ -8,7 +8,9 @@
 //! their types are equal.
 
 use crate::error::IrError;
-use crate::ir::{infer, Axes, BinaryOp, CmpOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use crate::ir::{
+    infer, Axes, BinaryOp, CmpOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp, WindowOp,
+};
 use egg::Id;
 use smallvec::SmallVec;
 use std::fmt;
@@ -93,6 +95,8 @@ pub enum Kind {
         index: usize,
         ty: Ty,
     },
+    /// Convolution and pooling (their attributes are plain integers).
+    Window(WindowOp),
 }
 
 impl Kind {
@@ -176,6 +180,7 @@ impl Kind {
                 None,
             ),
             Kind::Output { index, ty } => (Op::Result { index: *index }, Some(ty.tensor_type())),
+            Kind::Window(w) => (Op::Window(*w), None),
         })
     }
 
@@ -221,6 +226,7 @@ impl Kind {
             Op::ScatterAdd { rows } => Kind::ScatterAdd(*rows),
             Op::Convert => Kind::Convert(ty.dtype),
             Op::StopGradient => Kind::StopGradient,
+            Op::Window(w) => Kind::Window(*w),
         })
     }
 

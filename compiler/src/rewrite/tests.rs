@@ -227,6 +227,7 @@ fn eval(g: &Graph) -> Vec<T> {
                     })
                     .collect()
             }
+            Op::Window(w) => panic!("the test interpreter has no {}", w.name()),
             Op::Gather => {
                 let (table, ids) = (arg(0), arg(1));
                 let row: usize = table.dims[1..].iter().product();

@@ -2,6 +2,7 @@
 //! [`crate::ir::Graph`]; `nn` composes them into layers; `models` builds the reference models.
 
 mod builder;
+pub mod conv;
 pub mod nn;
 
 pub use builder::broadcast_shapes;

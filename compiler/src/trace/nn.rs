@@ -15,6 +15,10 @@
 //! - `causal_self_attention`: nanoGPT's `CausalSelfAttention` without dropout.
 //! - `softmax_cross_entropy`: `F.cross_entropy(logits, targets)` with `reduction="mean"`.
 
+pub use super::conv::{
+    avg_pool2d, batch_norm2d, conv2d, conv2d_with_init, flatten, global_avg_pool, linear_kaiming,
+    max_pool2d, BN_MOMENTUM,
+};
 use crate::error::{IrError, Result};
 use crate::ir::{CmpOp, DType, Graph, Init, NodeId, Shape};
 

@@ -9,9 +9,11 @@
 //! with a message; the runtime checks shapes before it calls in.
 
 pub mod attention;
+pub mod conv;
 pub mod gemm;
 pub mod layout;
 pub mod matmul;
+pub mod pool;
 pub mod reduce;
 pub mod scalar;
 

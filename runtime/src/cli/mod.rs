@@ -104,7 +104,7 @@ impl PrecisionArgs {
 /// model's own unless changed here.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
-    /// mlp, gpt-mini, gpt2, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+    /// mlp, gpt-mini, gpt2, cnn, resnet18, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
     #[arg(
         long,
         required_unless_present = "model_file",

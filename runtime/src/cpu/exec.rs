@@ -36,7 +36,9 @@
 use crate::error::ExecError;
 use crate::tensor::{Element, View, ViewMut};
 use half::bf16;
-use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Node, Op, ReduceOp, TensorType, UnaryOp};
+use ingot_compiler::ir::{
+    BinaryOp, CmpOp, DType, Node, Op, ReduceOp, TensorType, UnaryOp, WindowOp,
+};
 use ingot_kernels::cpu::{self as k, Dims, Float, Num, ReduceKind, Scalar};
 use ingot_kernels::dtype::bf16_from_f64;
 use smallvec::SmallVec;
@@ -279,6 +281,11 @@ pub fn exec_node_with(
         )),
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
         Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
+        Op::Window(w) => match out {
+            ViewMut::F32(o) => window(&cx, w, o, scratch),
+            ViewMut::F64(o) => window(&cx, w, o, scratch),
+            _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
+        },
     }
 }
 
@@ -455,6 +462,76 @@ fn reborrow<'a>(v: &'a mut ViewMut<'_>) -> ViewMut<'a> {
         ViewMut::Bool(s) => ViewMut::Bool(s),
         ViewMut::BF16(s) => ViewMut::BF16(s),
     }
+}
+
+/// Convolution (im2col and the packed GEMM, in the planned workspace) and max pooling, through
+/// [`ingot_kernels::cpu::conv`] and [`ingot_kernels::cpu::pool`].
+fn window<T: Element + k::GemmScalar + Float>(
+    cx: &Cx,
+    w: &WindowOp,
+    o: &mut [T],
+    scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
+    use ingot_kernels::cpu::{conv, pool};
+    let expected = w.infer(cx.types).map_err(|reason| invalid(cx.op, reason))?;
+    // One or two operands (checked by `infer`); no heap allocation on the step's path.
+    let all = [
+        cx.types[0].shape.dims(),
+        cx.types.get(1).map_or(&[][..], |t| t.shape.dims()),
+    ];
+    let dims = &all[..cx.types.len()];
+    if expected != *cx.ty {
+        return Err(invalid(
+            cx.op,
+            format!("the result is {}, the op gives {expected}", cx.ty),
+        ));
+    }
+    let conv_err = |e: conv::ConvError| invalid(cx.op, e.to_string());
+    let pool_err = |e: pool::PoolError| invalid(cx.op, e.to_string());
+    if let Some(p) = w.pool_geometry(dims[0]) {
+        return match w {
+            WindowOp::MaxPool2d(_) => pool::max_forward(&p, cx.arg::<T>(0)?, o).map_err(pool_err),
+            _ => pool::max_backward(&p, cx.arg::<T>(0)?, cx.arg::<T>(1)?, o).map_err(pool_err),
+        };
+    }
+    let (geom, pass) = w
+        .conv_geometry(dims, cx.ty.shape.dims())
+        .ok_or_else(|| invalid(cx.op, "the operands do not make a convolution"))?;
+    let need = conv::workspace_len::<T>(&geom, pass);
+    let mut owned: Vec<T>;
+    let ws: &mut [T] = match scratch {
+        Scratch::Given(bytes) => {
+            let size = std::mem::size_of::<T>();
+            if bytes.len() < need * size
+                || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            {
+                return Err(invalid(
+                    cx.op,
+                    format!(
+                        "the workspace has {} bytes, the kernel needs {}",
+                        bytes.len(),
+                        need * size
+                    ),
+                ));
+            }
+            // SAFETY: the bytes are exclusively borrowed, aligned for T (checked) and long enough;
+            // every bit pattern is a valid f32 or f64.
+            unsafe {
+                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size)
+            }
+        }
+        Scratch::Allocate => {
+            owned = vec![<T as k::GemmScalar>::ZERO; need];
+            &mut owned
+        }
+    };
+    let (a, b) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
+    match pass {
+        conv::Pass::Forward => conv::forward(&geom, a, b, o, ws),
+        conv::Pass::GradInput => conv::grad_input(&geom, a, b, o, ws),
+        conv::Pass::GradWeight => conv::grad_weight(&geom, a, b, o, ws),
+    }
+    .map_err(conv_err)
 }
 
 fn invalid(op: &'static str, reason: impl Into<String>) -> ExecError {

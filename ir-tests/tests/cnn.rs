@@ -1,0 +1,244 @@
+//! Convolutional networks end to end on the CPU: the `cnn` reference model learns on a fixed
+//! batch, planned execution computes the reference interpreter's bits, batch norm's running
+//! statistics are updated by the step as PyTorch updates them, and a CNN compiled for CUDA is
+//! refused before any step runs.
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::training_step;
+use ingot_compiler::ir::{DType, Graph, LeafKind};
+use ingot_compiler::lower::Target;
+use ingot_compiler::models::{self, Model, Optimizer, Precision};
+use ingot_compiler::trace::nn;
+use ingot_compiler::{pipeline, plan};
+use ingot_runtime::cpu::interp::run_graph;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::init::{init_leaves, synthetic_batch};
+use ingot_runtime::session::Session;
+use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
+
+#[test]
+fn the_cnn_has_the_documented_parameters() {
+    let m = models::by_name("cnn").unwrap();
+    let g = &m.graph;
+    let shapes: Vec<(String, Vec<usize>)> = g
+        .leaves(LeafKind::Parameter)
+        .into_iter()
+        .map(|id| {
+            (
+                g.leaf_name(id).unwrap().to_string(),
+                g.ty(id).shape.dims().to_vec(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, Vec<usize>)> = [
+        ("conv1.weight", vec![32, 1, 3, 3]),
+        ("conv1.bias", vec![32]),
+        ("conv2.weight", vec![64, 32, 3, 3]),
+        ("conv2.bias", vec![64]),
+        ("fc1.weight", vec![128, 3136]),
+        ("fc1.bias", vec![128]),
+        ("fc2.weight", vec![10, 128]),
+        ("fc2.bias", vec![10]),
+    ]
+    .into_iter()
+    .map(|(n, d)| (n.to_string(), d))
+    .collect();
+    assert_eq!(shapes, want);
+    assert_eq!(models::parameter_count(g), 421_642);
+}
+
+#[test]
+fn the_cnn_loss_falls_over_20_steps_on_a_fixed_batch() {
+    let m = models::cnn_with(8, DType::F32).unwrap();
+    let mut s = Session::new(&m, 11).unwrap();
+    let losses: Vec<f64> = (0..20).map(|_| s.step().unwrap().loss).collect();
+    assert!(
+        (losses[0] - 10f64.ln()).abs() < 0.1 * 10f64.ln(),
+        "first loss {} is far from ln 10 (PyTorch's init gives near-uniform logits)",
+        losses[0]
+    );
+    assert!(
+        losses[19] < 0.5 * losses[0],
+        "20 momentum-SGD steps on one batch of 8 should halve the loss: {losses:?}"
+    );
+}
+
+fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+    a.ty == b.ty && a.to_le_bytes() == b.to_le_bytes()
+}
+
+/// Runs `steps` planned steps of `m` beside the reference interpreter, comparing the loss and
+/// every leaf bit for bit.
+fn planned_matches_reference(m: &Model, steps: usize) {
+    let g = training_step(&m.graph, &m.optimizer).unwrap().graph;
+    let p = plan::plan(&g, &Target::Cpu.plan_options()).unwrap();
+    let mut planned = PlannedStep::from_plan(g.clone(), p).unwrap();
+    let mut reference = init_leaves(&g, LeafKind::Parameter, 5);
+    reference.extend(init_leaves(&g, LeafKind::State, 5));
+    reference.extend(synthetic_batch(&g, 5));
+    for (name, value) in &reference {
+        planned.write_leaf(name, value).unwrap();
+    }
+    for s in 0..steps {
+        let mut values = run_graph(&g, &reference).unwrap();
+        planned.step().unwrap();
+        let loss = planned.read_output("loss").unwrap();
+        assert!(
+            same_bits(&loss, &values.outputs["loss"]),
+            "{} step {s}: planned loss {loss:?} != reference",
+            m.name
+        );
+        values.apply_updates(&mut reference);
+        for (name, value) in &reference {
+            assert!(
+                same_bits(&planned.read_leaf(name).unwrap(), value),
+                "{} step {s}: leaf {name} differs from the reference",
+                m.name
+            );
+        }
+    }
+}
+
+#[test]
+fn planned_cnn_steps_are_bit_identical_to_the_reference_interpreter() {
+    planned_matches_reference(&models::cnn_with(4, DType::F32).unwrap(), 2);
+}
+
+/// A conv, batch norm, ReLU, pooling and a linear head: the layers a ResNet adds.
+fn conv_bn_model(batch: usize) -> Model {
+    let mut g = Graph::new();
+    let x = g.input("x", [batch, 2, 6, 6], DType::F32).unwrap();
+    let y = g.input("y", [batch], models::ID_DTYPE).unwrap();
+    let h = nn::batch_norm2d(&mut g, "bn0", x, 1e-5).unwrap();
+    let h = nn::conv2d(&mut g, "conv", h, 2, 4, 3, 2, 1, 1, 2, false).unwrap();
+    let h = nn::batch_norm2d(&mut g, "bn", h, 1e-5).unwrap();
+    let h = nn::relu(&mut g, h).unwrap();
+    let h = nn::global_avg_pool(&mut g, h).unwrap();
+    let h = nn::flatten(&mut g, h).unwrap();
+    let logits = nn::linear_kaiming(&mut g, "fc", h, 4, 10, true).unwrap();
+    let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
+    g.set_output("loss", loss).unwrap();
+    Model {
+        name: "conv-bn".into(),
+        graph: g,
+        optimizer: Optimizer::Momentum {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+        },
+        precision: Precision::F32,
+    }
+}
+
+#[test]
+fn planned_batch_norm_steps_are_bit_identical_to_the_reference_interpreter() {
+    planned_matches_reference(&conv_bn_model(3), 2);
+}
+
+/// After one step from running statistics (0, 1), PyTorch's `BatchNorm2d` holds
+/// `0.1 · mean` and `0.9 + 0.1 · unbiased var` of each channel of its input over (N, H, W).
+#[test]
+fn a_step_updates_batch_norm_running_statistics_as_pytorch_does() {
+    let m = conv_bn_model(3);
+    let mut s = Session::new(&m, 2).unwrap();
+    let x = s.batch()["x"].clone();
+    let xs = x.as_f32().unwrap();
+    s.step().unwrap();
+    let state: IndexMap<String, Tensor> = s.optimizer_state();
+    let rm = state["bn0.running_mean"].as_f32().unwrap().to_vec();
+    let rv = state["bn0.running_var"].as_f32().unwrap().to_vec();
+    let (n, c, hw) = (3, 2, 36);
+    for ch in 0..c {
+        let vals: Vec<f64> = (0..n)
+            .flat_map(|i| (0..hw).map(move |k| (i * c + ch) * hw + k))
+            .map(|idx| xs[idx] as f64)
+            .collect();
+        let count = vals.len() as f64;
+        let mean = vals.iter().sum::<f64>() / count;
+        let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (count - 1.0);
+        assert!(
+            (rm[ch] as f64 - 0.1 * mean).abs() < 1e-6,
+            "channel {ch} mean"
+        );
+        assert!(
+            (rv[ch] as f64 - (0.9 + 0.1 * var)).abs() < 1e-5,
+            "channel {ch} var: {} vs {}",
+            rv[ch],
+            0.9 + 0.1 * var
+        );
+    }
+    // The conv's batch norm runs too: its statistics moved off their initial values.
+    assert_ne!(state["bn.running_var"].as_f32().unwrap()[0], 1.0);
+}
+
+#[test]
+fn a_cnn_compiled_for_cuda_is_refused_at_compile_time_naming_the_conv() {
+    let m = models::cnn_with(2, DType::F32).unwrap();
+    let compiled = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
+    let e = compiled.executable(Target::Cuda).unwrap_err().to_string();
+    assert!(
+        e.contains("(conv2d)") && e.contains("conv2d has no CUDA kernel yet"),
+        "{e}"
+    );
+}
+
+#[test]
+fn resnet18_has_torchvision_s_parameters_and_plans_at_cifar_shape() {
+    let m = models::by_name("resnet18").unwrap();
+    let g = &m.graph;
+    assert_eq!(models::parameter_count(g), 11_181_642);
+    let names: Vec<&str> = g
+        .leaves(LeafKind::Parameter)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect();
+    for want in [
+        "conv1.weight",
+        "bn1.weight",
+        "layer1.0.conv1.weight",
+        "layer1.1.bn2.bias",
+        "layer2.0.downsample.0.weight",
+        "layer4.0.downsample.1.weight",
+        "layer4.1.conv2.weight",
+        "fc.weight",
+        "fc.bias",
+    ] {
+        assert!(names.contains(&want), "missing {want}");
+    }
+    assert!(!names.contains(&"layer1.0.downsample.0.weight"));
+    assert!(g.leaf("layer3.1.bn1.running_var").is_some());
+    let compiled = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cpu)).unwrap();
+    compiled.executable(Target::Cpu).unwrap();
+}
+
+#[test]
+fn a_small_batch_resnet18_trains_on_the_cpu() {
+    let m = models::resnet18_with(2, DType::F32).unwrap();
+    let mut s = Session::new(&m, 3).unwrap();
+    let losses: Vec<f64> = (0..3).map(|_| s.step().unwrap().loss).collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[2] < losses[0], "{losses:?}");
+}
+
+/// The rewriter carries the window ops through unchanged and fusion leaves them library calls:
+/// the optimized step computes the unoptimized step's losses (to rounding: fusion reorders
+/// elementwise work, never the convs).
+#[test]
+fn the_optimized_cnn_step_computes_the_unoptimized_step_s_losses() {
+    let m = conv_bn_model(4);
+    let plain = pipeline::Options::unoptimized(Target::Cpu.plan_options());
+    let mut a = Session::with_options(&m, 9, &plain).unwrap();
+    let mut b = Session::new(&m, 9).unwrap();
+    for step in 0..3 {
+        let (la, lb) = (a.step().unwrap().loss, b.step().unwrap().loss);
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs(),
+            "step {step}: unoptimized {la} vs optimized {lb}"
+        );
+    }
+    let hist = b.graph().op_histogram();
+    assert_eq!(hist.get("conv2d"), Some(&1), "{hist:?}");
+    assert_eq!(hist.get("conv2d_grad_input"), Some(&1), "{hist:?}");
+    assert_eq!(hist.get("conv2d_grad_weight"), Some(&1), "{hist:?}");
+}
