@@ -249,10 +249,12 @@ pub enum LowerError {
         precision: Precision,
         target: Target,
     },
-    /// An error lowering one node.
-    #[error("node %{node} ({op}): {source}")]
+    /// An error lowering one node, named by provenance first (`blocks.3.attn (%412)`).
+    #[error("{name} ({op}): {source}")]
     AtNode {
         node: usize,
+        /// [`Graph::describe`]: the node's layer, then its id.
+        name: String,
         op: &'static str,
         source: Box<LowerError>,
     },
@@ -263,6 +265,7 @@ impl LowerError {
     pub fn at(g: &Graph, id: NodeId, e: LowerError) -> LowerError {
         LowerError::AtNode {
             node: id.index(),
+            name: g.describe(id),
             op: g.node(id).op.name(),
             source: Box::new(e),
         }
