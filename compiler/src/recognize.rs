@@ -158,7 +158,11 @@ fn candidate(g: &Graph, f: &Found) -> Candidate {
     let r = out.len();
     let kt = g.ty(f.kt.0).shape.dims();
     // kᵀ is [.., D, Tk] as the scores read it; stored transposed it is [.., Tk, D].
-    let seq_k = if f.kt.1 { kt[kt.len() - 2] } else { kt[kt.len() - 1] };
+    let seq_k = if f.kt.1 {
+        kt[kt.len() - 2]
+    } else {
+        kt[kt.len() - 1]
+    };
     Candidate {
         batch_heads: out[..r.saturating_sub(2)].iter().product(),
         seq_q: out[r - 2],

@@ -292,8 +292,8 @@ fn a_training_step_with_attention_ops_round_trips_through_the_ir_text() {
 fn an_attention_the_cuda_kernels_do_not_cover_stays_plain_math_on_cuda_and_is_fused_on_the_cpu() {
     use ingot_compiler::lower::Target;
     // Head dim 8: the CUDA kernels cover 32..=128; the CPU kernel any.
-    let m = models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
-        .unwrap();
+    let m =
+        models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2").unwrap();
     let fused = |t: Target| {
         let c = pipeline::compile(&m, &pipeline::Options::for_target(t)).unwrap();
         c.graph
@@ -306,7 +306,10 @@ fn an_attention_the_cuda_kernels_do_not_cover_stays_plain_math_on_cuda_and_is_fu
     // Head dim 64 (gpt-mini) is covered on both.
     let m = models::by_name("gpt-mini").unwrap();
     let c = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
-    let n = c.graph.ids().filter(|&id| matches!(c.graph.node(id).op, Op::Attention { .. }));
+    let n = c
+        .graph
+        .ids()
+        .filter(|&id| matches!(c.graph.node(id).op, Op::Attention { .. }));
     assert_eq!(n.count(), 4);
     assert!(c.executable(Target::Cuda).is_ok(), "and lowers");
 }

@@ -119,6 +119,20 @@ pub fn conv2d_with_init(
     bias: bool,
     weight_init: Init,
 ) -> Result<NodeId> {
+    // Every node of the layer carries its name (the report's and errors' provenance).
+    g.scoped(name, |g| {
+        conv2d_with_init_in_scope(g, name, x, sizes, bias, weight_init)
+    })
+}
+
+fn conv2d_with_init_in_scope(
+    g: &mut Graph,
+    name: &str,
+    x: NodeId,
+    sizes: [usize; 7],
+    bias: bool,
+    weight_init: Init,
+) -> Result<NodeId> {
     let [in_ch, out_ch, kernel, stride, padding, dilation, groups] = sizes;
     let ([_, c, _, _], dtype) = image(g, name, "conv2d", x)?;
     if c != in_ch || groups == 0 || in_ch % groups != 0 {
@@ -252,6 +266,11 @@ pub const BN_MOMENTUM: f64 = 0.1;
 /// LayerNorm; the updates are declared on `g` ([`Graph::set_update`]) and the training step
 /// keeps them.
 pub fn batch_norm2d(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<NodeId> {
+    // Every node of the layer carries its name (the report's and errors' provenance).
+    g.scoped(name, |g| batch_norm2d_in_scope(g, name, x, eps))
+}
+
+fn batch_norm2d_in_scope(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<NodeId> {
     let ([n, c, h, w], dtype) = image(g, name, "batch_norm2d", x)?;
     let count = n * h * w;
     (|| {
@@ -296,6 +315,20 @@ pub fn batch_norm2d(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<No
 /// bias uniform on `±1/√in`), for models specified with PyTorch's defaults (the CNNs); the
 /// math and names are [`super::nn::linear`]'s.
 pub fn linear_kaiming(
+    g: &mut Graph,
+    name: &str,
+    x: NodeId,
+    in_features: usize,
+    out_features: usize,
+    bias: bool,
+) -> Result<NodeId> {
+    // Every node of the layer carries its name (the report's and errors' provenance).
+    g.scoped(name, |g| {
+        linear_kaiming_in_scope(g, name, x, in_features, out_features, bias)
+    })
+}
+
+fn linear_kaiming_in_scope(
     g: &mut Graph,
     name: &str,
     x: NodeId,
