@@ -47,17 +47,17 @@ pub fn cnn_with(batch: usize, dtype: DType) -> Result<Model> {
     let x = g.input("x", [batch, 1, CNN_SIDE, CNN_SIDE], dtype)?;
     let y = g.input("y", [batch], ID_DTYPE)?;
     let h = nn::conv2d(&mut g, "conv1", x, 1, 32, 3, 1, 1, 1, 1, true)?;
-    let h = nn::relu(&mut g, h)?;
-    let h = nn::max_pool2d(&mut g, h, 2, 2, 0)?;
+    let h = g.scoped("relu1", |g| nn::relu(g, h))?;
+    let h = g.scoped("pool1", |g| nn::max_pool2d(g, h, 2, 2, 0))?;
     let h = nn::conv2d(&mut g, "conv2", h, 32, 64, 3, 1, 1, 1, 1, true)?;
-    let h = nn::relu(&mut g, h)?;
-    let h = nn::max_pool2d(&mut g, h, 2, 2, 0)?;
-    let h = nn::flatten(&mut g, h)?;
+    let h = g.scoped("relu2", |g| nn::relu(g, h))?;
+    let h = g.scoped("pool2", |g| nn::max_pool2d(g, h, 2, 2, 0))?;
+    let h = g.scoped("flatten", |g| nn::flatten(g, h))?;
     let side = CNN_SIDE / 4;
     let h = nn::linear_kaiming(&mut g, "fc1", h, 64 * side * side, 128, true)?;
-    let h = nn::relu(&mut g, h)?;
+    let h = g.scoped("relu3", |g| nn::relu(g, h))?;
     let logits = nn::linear_kaiming(&mut g, "fc2", h, 128, CNN_CLASSES, true)?;
-    let loss = nn::softmax_cross_entropy(&mut g, logits, y)?;
+    let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
     g.set_output("loss", loss)?;
     Ok(Model {
         name,

@@ -74,7 +74,7 @@ fn basic_block(
 ) -> Result<NodeId> {
     let h = conv(g, &format!("{name}.conv1"), x, in_ch, out_ch, 3, stride)?;
     let h = nn::batch_norm2d(g, &format!("{name}.bn1"), h, BN_EPS)?;
-    let h = nn::relu(g, h)?;
+    let h = g.scoped(&format!("{name}.relu"), |g| nn::relu(g, h))?;
     let h = conv(g, &format!("{name}.conv2"), h, out_ch, out_ch, 3, 1)?;
     let h = nn::batch_norm2d(g, &format!("{name}.bn2"), h, BN_EPS)?;
     let identity = if stride != 1 || in_ch != out_ch {
@@ -91,8 +91,11 @@ fn basic_block(
     } else {
         x
     };
-    let h = g.add(h, identity)?;
-    nn::relu(g, h)
+    // torchvision's BasicBlock names its one ReLU module `relu` (applied twice).
+    g.scoped(&format!("{name}.relu"), |g| {
+        let h = g.add(h, identity)?;
+        nn::relu(g, h)
+    })
 }
 
 /// The `resnet18` at another batch size (for small tests); the parameters are the same.
@@ -113,8 +116,8 @@ pub fn resnet18_with(batch: usize, dtype: DType) -> Result<Model> {
     let y = g.input("y", [batch], ID_DTYPE)?;
     let h = conv(&mut g, "conv1", x, 3, 64, 7, 2)?;
     let h = nn::batch_norm2d(&mut g, "bn1", h, BN_EPS)?;
-    let h = nn::relu(&mut g, h)?;
-    let mut h = nn::max_pool2d(&mut g, h, 3, 2, 1)?;
+    let h = g.scoped("relu", |g| nn::relu(g, h))?;
+    let mut h = g.scoped("maxpool", |g| nn::max_pool2d(g, h, 3, 2, 1))?;
     let mut ch = 64;
     for (l, out) in [64, 128, 256, 512].into_iter().enumerate() {
         let stride = if l == 0 { 1 } else { 2 };
@@ -122,10 +125,12 @@ pub fn resnet18_with(batch: usize, dtype: DType) -> Result<Model> {
         h = basic_block(&mut g, &format!("layer{}.1", l + 1), h, out, out, 1)?;
         ch = out;
     }
-    let h = nn::global_avg_pool(&mut g, h)?;
-    let h = nn::flatten(&mut g, h)?;
+    let h = g.scoped("avgpool", |g| {
+        let h = nn::global_avg_pool(g, h)?;
+        nn::flatten(g, h)
+    })?;
     let logits = nn::linear_kaiming(&mut g, "fc", h, 512, RESNET_CLASSES, true)?;
-    let loss = nn::softmax_cross_entropy(&mut g, logits, y)?;
+    let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
     g.set_output("loss", loss)?;
     Ok(Model {
         name,
