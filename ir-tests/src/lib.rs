@@ -1,1 +1,3 @@
 //! Snapshot and property tests live under tests/.
+
+pub mod gradcheck;
