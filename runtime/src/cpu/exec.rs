@@ -498,33 +498,8 @@ fn window<T: Element + k::GemmScalar + Float>(
         .conv_geometry(dims, cx.ty.shape.dims())
         .ok_or_else(|| invalid(cx.op, "the operands do not make a convolution"))?;
     let need = conv::workspace_len::<T>(&geom, pass);
-    let mut owned: Vec<T>;
-    let ws: &mut [T] = match scratch {
-        Scratch::Given(bytes) => {
-            let size = std::mem::size_of::<T>();
-            if bytes.len() < need * size
-                || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-            {
-                return Err(invalid(
-                    cx.op,
-                    format!(
-                        "the workspace has {} bytes, the kernel needs {}",
-                        bytes.len(),
-                        need * size
-                    ),
-                ));
-            }
-            // SAFETY: the bytes are exclusively borrowed, aligned for T (checked) and long enough;
-            // every bit pattern is a valid f32 or f64.
-            unsafe {
-                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size)
-            }
-        }
-        Scratch::Allocate => {
-            owned = vec![<T as k::GemmScalar>::ZERO; need];
-            &mut owned
-        }
-    };
+    let mut owned: Vec<T> = Vec::new();
+    let ws = typed_scratch(cx.op, scratch, need, &mut owned)?;
     let (a, b) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
     match pass {
         conv::Pass::Forward => conv::forward(&geom, a, b, o, ws),
@@ -962,33 +937,8 @@ fn matmul<T: Element + k::GemmScalar>(
     cx.expect_dims(&dims)?;
     let batch = k::numel(&a[..r - 2]);
     let need = k::gemm::workspace_len::<T>(m, kk, n);
-    let mut owned: Vec<T>;
-    let ws: &mut [T] = match scratch {
-        Scratch::Given(bytes) => {
-            let size = std::mem::size_of::<T>();
-            if bytes.len() < need * size
-                || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-            {
-                return Err(invalid(
-                    cx.op,
-                    format!(
-                        "the workspace has {} bytes, the kernel needs {}",
-                        bytes.len(),
-                        need * size
-                    ),
-                ));
-            }
-            // SAFETY: the bytes are exclusively borrowed, aligned for T (checked) and long enough;
-            // every bit pattern is a valid f32 or f64.
-            unsafe {
-                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size)
-            }
-        }
-        Scratch::Allocate => {
-            owned = vec![T::ZERO; need];
-            &mut owned
-        }
-    };
+    let mut owned: Vec<T> = Vec::new();
+    let ws = typed_scratch(cx.op, scratch, need, &mut owned)?;
     k::gemm::batched_matmul_ws(
         batch,
         m,
@@ -1127,5 +1077,41 @@ fn scatter_add<T: Element + Scalar>(
             cx.op,
             format!("ids must be i32 or i64, got {}", v.dtype()),
         )),
+    }
+}
+
+/// The node's scratch as `need` elements of `T`: its planned workspace (checked long enough and
+/// aligned for `T`), or, for a caller that has none, `owned` filled with zeros.
+fn typed_scratch<'a, T: k::GemmScalar>(
+    op: &'static str,
+    scratch: Scratch<'a>,
+    need: usize,
+    owned: &'a mut Vec<T>,
+) -> Result<&'a mut [T], ExecError> {
+    match scratch {
+        Scratch::Given(bytes) => {
+            let size = std::mem::size_of::<T>();
+            if bytes.len() < need * size
+                || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "the workspace has {} bytes, the kernel needs {}",
+                        bytes.len(),
+                        need * size
+                    ),
+                ));
+            }
+            // SAFETY: the bytes are exclusively borrowed, aligned for T (checked) and long enough;
+            // every bit pattern is a valid f32 or f64.
+            Ok(unsafe {
+                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size)
+            })
+        }
+        Scratch::Allocate => {
+            *owned = vec![T::ZERO; need];
+            Ok(owned)
+        }
     }
 }
