@@ -2,7 +2,7 @@
 //! ([`FusedKernel`](ingot_kernels::FusedKernel)) whose intermediates never reach memory;
 //! matmuls, gathers, scatter-adds and concats stay library calls.
 //!
-//! The pass runs in five steps, each a small function of the previous one's result:
+//! The pass runs in six steps, each a small function of the previous one's result:
 //! 0. [`concat`](mod@concat): a concat of equal parts becomes selects on the output with the
 //!    axis split, so that its parts' views (transposes back from the heads' layout) fuse into it;
 //! 1. [`remat`]: a stored forward value that the backward pass reads again, and that is cheap to
@@ -16,7 +16,9 @@
 //! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
 //!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
 //!    statistics, its output and the AdamW moments and parameter each come out of one kernel
-//!    with several outputs.
+//!    with several outputs;
+//! 5. [`widen`]: in each kernel, bf16 arithmetic is computed in f32 and rounded once where it
+//!    is stored, as PyTorch's generated kernels do (f32 kernels are unchanged).
 //!
 //! The result is again a [`Graph`]: leaves, library ops, reshapes of buffers, and `fused`
 //! nodes with `result` nodes for their extra outputs, which the planner and runtimes take as is.
@@ -26,6 +28,7 @@ pub mod index;
 pub mod lower;
 pub mod remat;
 pub mod select;
+pub mod widen;
 
 use crate::error::IrError;
 use crate::ir::{Graph, Node, NodeId, Op, Shape, TensorType};
@@ -667,7 +670,7 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .iter()
                     .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
                     .collect::<Result<_, _>>()?;
-                let k = gr.lowered.kernel.clone();
+                let k = widen::bf16_arithmetic_in_f32(&gr.lowered.kernel);
                 let outs: Vec<TensorType> = k
                     .output_rows()
                     .into_iter()
