@@ -40,6 +40,9 @@ fn main() {
     if tf32 {
         opts.precision = Some(ingot_compiler::precision::Precision::Tf32);
     }
+    if args.iter().any(|a| a == "--no-fuse-attention") {
+        opts.fuse_attention = false;
+    }
     if let Some(p) = args
         .iter()
         .position(|a| a == "--precision")

@@ -6,12 +6,15 @@
 //!     kernel_dump random [COUNT]                the CUDA C of random kernels 0..COUNT (400), as
 //!                                               the codegen tests draw them (`Options::wide`)
 //!     kernel_dump MODEL:bf16 [...]              the same for the bf16 mixed-precision step
+//!     kernel_dump ... --no-fuse-attention       attention left as the plain math
 //!
 //! A refactoring of the CUDA generator keeps every output of this byte-identical.
 use ingot_compiler::ir::Op;
 
 fn main() {
-    let a: Vec<String> = std::env::args().skip(1).collect();
+    let mut a: Vec<String> = std::env::args().skip(1).collect();
+    let plain_attention = a.iter().any(|x| x == "--no-fuse-attention");
+    a.retain(|x| x != "--no-fuse-attention");
     let Some(model) = a.first() else {
         eprintln!("usage: kernel_dump MODEL [DOMAIN_SUBSTRING]");
         std::process::exit(2);
@@ -30,6 +33,7 @@ fn main() {
         return;
     }
     let mut opts = ingot_runtime::session::Device::Cuda(Default::default()).options();
+    opts.fuse_attention = !plain_attention;
     let model = match model.strip_suffix(":bf16") {
         Some(m) => {
             opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
