@@ -303,6 +303,24 @@ fn merged_groups(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Grou
     }
 }
 
+/// Whether merging a producer with roots `p` into a consumer with roots `c` would move backward
+/// work (after `loss`) to the forward pass across a library call (`library`, in node order).
+fn crosses_into_backward(
+    loss: Option<NodeId>,
+    library: &[NodeId],
+    p: &[NodeId],
+    c: &[NodeId],
+) -> bool {
+    let (Some(loss), Some(&p_last), Some(&c_first)) = (loss, p.iter().max(), c.iter().min()) else {
+        return false;
+    };
+    p_last <= loss
+        && c_first > loss
+        && library
+            .iter()
+            .any(|&l| l > p_last && l < c_first)
+}
+
 /// Folds producer groups into consumer groups that read their roots (see the module docs).
 ///
 /// Whether a merge is allowed is decided by lowering the merged group, except when the answer is
@@ -349,6 +367,7 @@ fn merge(
         .map(|(i, &id)| (id, slots.len() + i))
         .collect();
     let n_units = slots.len() + library.len();
+    let loss = g.outputs.get(crate::autodiff::LOSS).copied();
     // The unit producing a materialized value, if any (leaves produce none).
     let producer = |x: NodeId, parent: &mut Vec<usize>| -> Option<usize> {
         let b = select::base(g, x);
@@ -430,6 +449,14 @@ fn merge(
             };
             // No other path p -> ... -> c.
             if reaches_avoiding(&succ, p, c) {
+                continue;
+            }
+            // A backward kernel that follows library work is not pulled into the forward
+            // pass: the merged kernel runs at the forward kernel's place, so its backward
+            // outputs would be held through everything in between (a softmax recomputed for
+            // the backward pass, merged into the forward softmax, would be stored twice). The
+            // loss kernel and its gradient, with nothing between them, still merge.
+            if crosses_into_backward(loss, &library, &pg.roots, &cg.roots) {
                 continue;
             }
             let own_index =

@@ -147,7 +147,13 @@ fn expression(
                 continue;
             }
             let k = kind(g.node(y));
-            if k == Kind::Leaf || (mat[y.index()] && k != Kind::Source && !chain.contains(&y)) {
+            // A reduction's row is read where the forward pass stored it (fusion stores a
+            // reduction that several kernels read), not folded again: a softmax or LayerNorm
+            // output is recomputed from its input and its row statistics, elementwise.
+            if k == Kind::Leaf
+                || k == Kind::Reduce
+                || (mat[y.index()] && k != Kind::Source && !chain.contains(&y))
+            {
                 read.push(y);
                 continue;
             }
