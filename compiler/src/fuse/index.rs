@@ -73,9 +73,14 @@ pub enum Map {
     /// is a division and a remainder). Enough to load a contiguous buffer, and to see through a
     /// broadcast that pins every split axis (a LayerNorm gain `[d]` broadcast to `[b, t, d]`
     /// and read as `[b·t, d]` by the linear layer after it), which then needs no buffer.
+    ///
+    /// `groups` holds each split group of axes (`start..end`) with its row-major index within
+    /// the group, which is affine: a broadcast that keeps a whole group (a row statistic
+    /// `[b, t, 1]` broadcast to `[b, t, d]` and read as `[b·t, d]`) is seen through too.
     Split {
         linear: Affine,
         coords: SmallVec<[Option<Affine>; 4]>,
+        groups: SmallVec<[(usize, usize, Affine); 2]>,
     },
 }
 
@@ -129,6 +134,11 @@ impl Map {
 
     /// The map of a broadcast's operand (shaped `src`, right-aligned to `dst`).
     pub fn through_broadcast(&self, src: &[usize], dst: &[usize]) -> Option<Map> {
+        if let Map::Split { coords, groups, .. } = self {
+            if src != dst && !groups.is_empty() {
+                return Self::split_through_broadcast(coords, groups, src, dst);
+            }
+        }
         let c: SmallVec<[Option<Affine>; 4]> = match self {
             Map::Coords(c) => c.iter().cloned().map(Some).collect(),
             Map::Split { coords, .. } if src != dst => coords.clone(),
@@ -146,6 +156,61 @@ impl Map {
             })
             .collect::<Option<_>>()
             .map(Map::Coords)
+    }
+
+    /// [`Map::through_broadcast`] of a split map: every split group must be pinned whole (its
+    /// coordinates are 0) or kept whole (the operand has the same group, with the same index).
+    fn split_through_broadcast(
+        coords: &[Option<Affine>],
+        groups: &[(usize, usize, Affine)],
+        src: &[usize],
+        dst: &[usize],
+    ) -> Option<Map> {
+        let lead = dst.len() - src.len();
+        let pinned = |a: usize| a < lead || (src[a - lead] == 1 && dst[a] != 1);
+        let mut out: SmallVec<[Option<Affine>; 4]> = (0..src.len())
+            .map(|a| {
+                if pinned(a + lead) {
+                    Some(Affine::constant(0))
+                } else {
+                    coords[a + lead].clone()
+                }
+            })
+            .collect();
+        let mut kept: SmallVec<[(usize, usize, Affine); 2]> = SmallVec::new();
+        for (start, end, index) in groups {
+            if (*start..*end).all(pinned) {
+                continue;
+            }
+            if !(*start..*end).all(|a| a >= lead && src[a - lead] == dst[a]) {
+                return None;
+            }
+            for c in &mut out[start - lead..end - lead] {
+                *c = None;
+            }
+            kept.push((start - lead, end - lead, index.clone()));
+        }
+        if kept.is_empty() {
+            return out.into_iter().collect::<Option<_>>().map(Map::Coords);
+        }
+        // Every axis outside the kept groups needs its coordinate; the linear index is theirs
+        // and each group's index, at the stride of the group's last axis.
+        let rm = row_major(src);
+        let mut linear = Affine::constant(0);
+        for (a, c) in out.iter().enumerate() {
+            if kept.iter().any(|(s, e, _)| (*s..*e).contains(&a)) {
+                continue;
+            }
+            linear = linear.plus(&c.as_ref()?.scaled(rm[a]));
+        }
+        for (_, end, index) in &kept {
+            linear = linear.plus(&index.scaled(rm[end - 1]));
+        }
+        Some(Map::Split {
+            linear,
+            coords: out,
+            groups: kept,
+        })
     }
 
     /// The map of a transpose's operand: output axis `i` is operand axis `perm[i]`.
@@ -182,6 +247,7 @@ impl Map {
         // whichever group is open). A group with one source axis and any number of
         // destination axes is a merge: the source coordinate is affine in the destination's.
         let mut out: SmallVec<[Option<Affine>; 4]> = SmallVec::new();
+        let mut groups: SmallVec<[(usize, usize, Affine); 2]> = SmallVec::new();
         let (mut i, mut j) = (0, 0);
         while i < src.len() || j < dst.len() {
             let (si, dj) = (i, j);
@@ -208,11 +274,7 @@ impl Map {
             let src_axes = si..i;
             let dst_axes = dj..j;
             let real_src: Vec<usize> = src_axes.clone().filter(|&a| src[a] != 1).collect();
-            if real_src.len() > 1 {
-                // A split: each real source axis's coordinate is a division and a remainder.
-                out.extend(src_axes.map(|a| (src[a] == 1).then(|| Affine::constant(0))));
-                continue;
-            }
+            // The group's row-major index, the same on both sides of the reshape.
             let rm = row_major(&dst[dst_axes.clone()]);
             let merged = dst_axes
                 .clone()
@@ -220,6 +282,12 @@ impl Map {
                 .fold(Affine::constant(0), |acc, (b, &s)| {
                     acc.plus(&c[b].scaled(s))
                 });
+            if real_src.len() > 1 {
+                // A split: each real source axis's coordinate is a division and a remainder.
+                groups.push((src_axes.start, src_axes.end, merged));
+                out.extend(src_axes.map(|a| (src[a] == 1).then(|| Affine::constant(0))));
+                continue;
+            }
             for a in src_axes {
                 out.push(Some(if src[a] == 1 {
                     Affine::constant(0)
@@ -237,6 +305,7 @@ impl Map {
             None => Map::Split {
                 linear: self.linear(dst),
                 coords: out,
+                groups,
             },
         }
     }

@@ -34,6 +34,11 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
     // recompute there from them (an unstored softmax output its backward reads keeps the
     // scores it is computed from).
     let late_read = read_late(g, &mat, loss);
+    // What fusion will store as the graph stands: the forced values and the shared values
+    // that are not cheap to recompute (the residual stream under a LayerNorm, say). A copy
+    // reads those rather than recomputing them, unless they get copies of their own.
+    let mut stored = mat.clone();
+    super::select::shared(g, &mut stored, recompute_ops);
     // Each candidate's expression: the nodes a copy must recompute.
     let mut cloned_for: Vec<bool> = vec![false; g.len()];
     let mut in_copy: Vec<bool> = vec![false; g.len()];
@@ -43,7 +48,10 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         // A stored elementwise value, or a reshape of one (a linear layer reads its input
         // through a reshape).
         let b = super::select::base(g, v);
-        if !mat[b.index()] || pinned[b.index()] || pinned[i] || kind(g.node(b)) != Kind::Elementwise
+        if !stored[b.index()]
+            || pinned[b.index()]
+            || pinned[i]
+            || kind(g.node(b)) != Kind::Elementwise
         {
             continue;
         }
@@ -51,7 +59,14 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         if early.is_empty() || late.is_empty() {
             continue;
         }
-        if let Some(expr) = expression(g, &mat, v, 2 * recompute_ops, |y| late_read[y.index()]) {
+        // A stored value cheap to recompute from the forced ones (a row statistic broadcast
+        // to full size, say) is recomputed in the copy rather than kept for it.
+        let read = |y: NodeId| {
+            stored[y.index()]
+                && !cloned_for[y.index()]
+                && (mat[y.index()] || !super::select::cheap_to_recompute(g, &mat, y, recompute_ops))
+        };
+        if let Some(expr) = expression(g, read, v, 2 * recompute_ops, |y| late_read[y.index()]) {
             cloned_for[i] = true;
             for x in expr {
                 in_copy[x.index()] = true;
@@ -127,7 +142,7 @@ fn read_late(g: &Graph, mat: &[bool], loss: NodeId) -> Vec<bool> {
 /// reductions on top.
 fn expression(
     g: &Graph,
-    mat: &[bool],
+    stored: impl Fn(NodeId) -> bool,
     v: NodeId,
     limit: usize,
     kept_anyway: impl Fn(NodeId) -> bool,
@@ -152,7 +167,7 @@ fn expression(
             // output is recomputed from its input and its row statistics, elementwise.
             if k == Kind::Leaf
                 || k == Kind::Reduce
-                || (mat[y.index()] && k != Kind::Source && !chain.contains(&y))
+                || (stored(y) && k != Kind::Source && !chain.contains(&y))
             {
                 read.push(y);
                 continue;

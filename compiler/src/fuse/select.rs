@@ -80,7 +80,7 @@ pub fn shared(g: &Graph, mat: &mut [bool], recompute_ops: usize) {
 /// True when `v`'s inlined expression has at most `limit` ops and its inputs (values it would
 /// load, parameters and inputs excluded since they stay resident anyway) take at most
 /// `bytes(v) * 9 / 8`.
-fn cheap_to_recompute(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> bool {
+pub(crate) fn cheap_to_recompute(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> bool {
     let mut stack = vec![v];
     let mut seen: Vec<NodeId> = vec![v];
     let mut ops = 0usize;
