@@ -493,6 +493,28 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_that_keeps_a_whole_split_group_is_read_through_the_groups_index() {
+        // A row statistic [2, 3, 1] broadcast to [2, 3, 4] and read as [6, 4]: element
+        // (r, c) of the domain is row r of the statistic, whatever (r / 3, r % 3) are.
+        let m = Map::identity(2).through_reshape(&[2, 3, 4], &[6, 4]);
+        let b = m.through_broadcast(&[2, 3, 1], &[2, 3, 4]).unwrap();
+        let a = b.access(&[2, 3, 1], 2);
+        assert_eq!((a.offset, a.strides.clone()), (0, vec![1, 0]));
+        // Checked against the definition at every domain index.
+        for r in 0..6 {
+            for c in 0..4 {
+                let (i0, i1) = (r / 3, r % 3);
+                let want = i0 * 3 + i1; // row-major index of (i0, i1, 0) in [2, 3, 1]
+                assert_eq!(a.offset + a.strides[0] * r + a.strides[1] * c, want);
+            }
+        }
+        // Keeping only part of the group (a [2, 1, 1] operand) has no affine access.
+        assert_eq!(m.through_broadcast(&[2, 1, 1], &[2, 3, 4]), None);
+        // A [1, 3, 4] operand pins axis 0 of the group but keeps axis 1: refused too.
+        assert_eq!(m.through_broadcast(&[3, 4], &[2, 3, 4]), None);
+    }
+
+    #[test]
     fn a_slice_offsets_the_access() {
         let m = Map::identity(2).through_slice(1, 5).unwrap();
         let a = m.access(&[3, 16], 2);

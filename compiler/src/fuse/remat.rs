@@ -235,3 +235,55 @@ fn copy_of(
         None => new_id[x.index()].expect("operands come first"),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::pipeline::{compile_model, Options};
+    use crate::precision::Precision;
+
+    /// The LayerNorms of a small GPT keep nothing of their own, full size, from the forward
+    /// pass to the backward one (one exception, named below): their backward recomputes the normalized values from the
+    /// residual stream (which the previous layer stores anyway) and the row statistics.
+    #[test]
+    fn a_layer_norm_keeps_only_its_row_statistics_for_the_backward_pass() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let opts = Options {
+                precision: Some(precision),
+                ..Options::for_target(crate::lower::Target::Cpu)
+            };
+            let c = compile_model(
+                "gpt:vocab=32,d_model=16,layers=2,heads=2,d_ff=32,seq=8,batch=2",
+                &opts,
+            )
+            .unwrap();
+            let g = &c.graph;
+            let lv = &c.plan.liveness;
+            let loss = lv.position[g.outputs["loss"].index()];
+            let full = 2 * 8 * 16;
+            let kept: Vec<String> = lv
+                .storages
+                .iter()
+                .filter(|s| !s.workspace && s.start <= loss && s.end > loss + 1)
+                .map(|s| {
+                    // A kernel's first origin is its own (it lists the others it fused).
+                    let label = g.origin(s.owner).label();
+                    let own = label.split(", ").next().unwrap_or_default().to_string();
+                    (own, g.ty(s.owner).shape.numel())
+                })
+                // Known exception, bf16 only: the first block's ln1, computed in one kernel
+                // with the embedding sum under it, still keeps its normalized values.
+                .filter(|(o, _)| !(precision == Precision::Bf16 && o == "blocks.0.ln1"))
+                .filter(|(o, n)| (o.contains(".ln1") || o.contains(".ln2")) && *n >= full)
+                .map(|(o, n)| format!("{o} ({n} elements)"))
+                .collect();
+            assert!(
+                kept.is_empty(),
+                "{precision:?}: LayerNorm values kept for the backward pass: {kept:?}"
+            );
+            // And it does recompute them there.
+            assert!(g
+                .ids()
+                .any(|id| g.origin(id).label().contains(".ln1 (recomputed)")));
+        }
+    }
+}
