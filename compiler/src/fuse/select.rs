@@ -6,7 +6,8 @@
 //! free when one kernel uses it and a recomputation when several do. A shared value is
 //! recomputed only when that is cheap (few ops) and does not keep more bytes alive than storing
 //! it would (its inputs are no larger than it, within an eighth); otherwise it is stored. A
-//! shared reduction is stored (it is a row of scalars; the kernel merge usually computes it as
+//! shared value broadcast to 64 times its size or more is stored too (computed once per row,
+//! not once per element). A shared reduction is stored (it is a row of scalars; the kernel merge usually computes it as
 //! an extra output of the first kernel that needs it).
 
 use super::{kind, Kind};
@@ -69,12 +70,23 @@ pub fn shared(g: &Graph, mat: &mut [bool], recompute_ops: usize) {
         if !mat[i] && k.len() >= 2 {
             mat[i] = match kind(g.node(v)) {
                 Kind::Reduce => true,
+                // A small value broadcast across many elements (a row's 1/sqrt(var + eps))
+                // is computed once and read, not recomputed at every element it reaches.
+                Kind::Elementwise if widely_broadcast(g, &users[v.index()], v) => true,
                 Kind::Elementwise | Kind::View => !cheap_to_recompute(g, mat, v, recompute_ops),
                 _ => false,
             };
         }
         kernels[i] = k;
     }
+}
+
+/// Whether some user broadcasts `v` to at least 64 times its elements.
+fn widely_broadcast(g: &Graph, users: &[NodeId], v: NodeId) -> bool {
+    let n = g.ty(v).shape.numel().max(1);
+    users
+        .iter()
+        .any(|&u| matches!(g.node(u).op, Op::Broadcast) && g.ty(u).shape.numel() >= 64 * n)
 }
 
 /// True when `v`'s inlined expression has at most `limit` ops and its inputs (values it would
