@@ -266,6 +266,17 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     let mut step_options = a.model.step_options(scheduled);
     step_options.step_input = true;
+    if step_options.ranks > 1 {
+        // The step and the in-process collective exist (`ingot plan --ranks`, the library's
+        // `PlannedStep::set_collective`); the trainer driving one thread per rank does not yet.
+        return Err(Failure::new(
+            2,
+            format!(
+                "ingot train --ranks {} is not built yet: data-parallel steps can be planned                  (`ingot plan --ranks {}`) and compiled, and run through the library                  (runtime::collective::threads), but the trainer runs one rank",
+                step_options.ranks, step_options.ranks
+            ),
+        ));
+    }
     if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
         return Err(Failure::new(
             2,
