@@ -273,3 +273,124 @@ fn a_step_for_two_ranks_is_refused_by_the_cuda_lowering_naming_the_collective() 
     let e = c.executable(Target::Cuda).unwrap_err().to_string();
     assert!(e.contains("NCCL"), "{e}");
 }
+
+mod cli {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    /// A byte-level GPT with 4 rows per rank.
+    const GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=4";
+
+    fn scratch(test: &str) -> PathBuf {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("data-parallel-tests")
+            .join(test);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn ingot(args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_ingot"))
+            .args(args)
+            .output()
+            .expect("ingot runs")
+    }
+
+    fn ok(out: &Output) -> String {
+        assert!(
+            out.status.success(),
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout.clone()).unwrap()
+    }
+
+    /// 4000 byte tokens of a deterministic text.
+    fn tokens(dir: &Path) -> PathBuf {
+        let text: String = (0..4000u32)
+            .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
+            .collect();
+        let txt = dir.join("text.txt");
+        std::fs::write(&txt, text).unwrap();
+        let bin = dir.join("text.bin");
+        ok(&ingot(&[
+            "data",
+            "bytes",
+            txt.to_str().unwrap(),
+            bin.to_str().unwrap(),
+        ]));
+        bin
+    }
+
+    fn losses(stdout: &str) -> Vec<u64> {
+        stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+            .map(f64::to_bits)
+            .collect()
+    }
+
+    #[test]
+    fn two_cpu_ranks_train_over_a_data_set_and_resume_bit_for_bit_from_rank_0s_checkpoint() {
+        let d = scratch("resume");
+        let bin = tokens(&d);
+        let ck = d.join("ck");
+        let (bin, ck) = (bin.to_str().unwrap(), ck.to_str().unwrap());
+        let base = [
+            "train",
+            "--model",
+            GPT,
+            "--ranks",
+            "2",
+            "--dataset",
+            bin,
+            "--json",
+        ];
+        let straight = losses(&ok(&ingot(&[&base[..], &["--steps", "8"]].concat())));
+        assert_eq!(straight.len(), 8);
+        let first = losses(&ok(&ingot(
+            &[&base[..], &["--steps", "4", "--checkpoint", ck]].concat(),
+        )));
+        let info: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(Path::new(ck).join("checkpoint.json")).unwrap())
+                .unwrap();
+        assert_eq!(info["ranks"], 2, "the checkpoint records its ranks: {info}");
+        let second = losses(&ok(&ingot(
+            &[&base[..], &["--steps", "8", "--resume", ck]].concat(),
+        )));
+        let resumed: Vec<u64> = first.into_iter().chain(second).collect();
+        assert_eq!(
+            resumed, straight,
+            "the resumed run's losses are the straight run's"
+        );
+
+        let other = ingot(&[
+            "train",
+            "--model",
+            GPT,
+            "--dataset",
+            bin,
+            "--steps",
+            "8",
+            "--resume",
+            ck,
+        ]);
+        let e = String::from_utf8_lossy(&other.stderr);
+        assert!(
+            !other.status.success() && e.contains("2 data-parallel rank"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_plan_of_two_ranks_lists_its_buckets_and_the_per_rank_total() {
+        let out = ok(&ingot(&["plan", "--model", GPT, "--ranks", "2"]));
+        assert!(out.contains("data parallel: 2 ranks"), "{out}");
+        assert!(out.contains("bytes per rank"), "{out}");
+        let one = ok(&ingot(&["plan", "--model", GPT]));
+        assert!(!one.contains("data parallel"), "{one}");
+    }
+}

@@ -266,15 +266,10 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     let mut step_options = a.model.step_options(scheduled);
     step_options.step_input = true;
-    if step_options.ranks > 1 {
-        // The step and the in-process collective exist (`ingot plan --ranks`, the library's
-        // `PlannedStep::set_collective`); the trainer driving one thread per rank does not yet.
+    if step_options.ranks > 1 && a.run.val.is_some() {
         return Err(Failure::new(
             2,
-            format!(
-                "ingot train --ranks {} is not built yet: data-parallel steps can be planned                  (`ingot plan --ranks {}`) and compiled, and run through the library                  (runtime::collective::threads), but the trainer runs one rank",
-                step_options.ranks, step_options.ranks
-            ),
+            "--val with --ranks is not built yet: evaluate the saved parameters in a run of one rank",
         ));
     }
     if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
@@ -591,6 +586,7 @@ impl Run<'_> {
             schedule: self.schedule,
             dataset_fingerprint: self.dataset_fingerprint.clone(),
             optimizer_settings: self.optimizer.map(|o| o.to_string()),
+            ranks: session.exe().data_ranks(),
             weights: String::new(),
             optimizer: String::new(),
         };
@@ -649,7 +645,12 @@ fn train_with(
                 DataOrder::Sequential => Order::Sequential,
             };
             let seed = shuffle_seed.expect("set with --dataset");
-            let mut s = trainer::open_dataset(path, session.graph(), order, seed)?;
+            let s = trainer::open_dataset(path, session.graph(), order, seed)?;
+            // Data parallelism: each rank's own shard of every batch.
+            let mut s: Box<dyn crate::data::BatchSource> = match session.exe().data_ranks() {
+                1 => s,
+                n => Box::new(crate::collective::ranks::RankBatches::new(s, n)?),
+            };
             // Every id checked before the first step, not hours in.
             s.check_all()?;
             Some(s)
@@ -664,6 +665,9 @@ fn train_with(
     let resumed = match &a.resume {
         Some(dir) => {
             let ck = checkpoint::load(dir).map_err(|e| Failure::new(1, e))?;
+            // First: another number of ranks also cuts the data set differently.
+            checkpoint::check_ranks(dir, &ck.info, session.exe().data_ranks())
+                .map_err(|e| Failure::new(1, e))?;
             checkpoint::check_same_run(
                 dir,
                 &ck.info,
@@ -1097,10 +1101,14 @@ fn summary(
     }
     match s.eval {
         None => crate::outln!(
-            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
+            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation{}",
             mib(s.planned_bytes),
             mib(s.resident_bytes),
-            mib(s.slab_bytes)
+            mib(s.slab_bytes),
+            match session.exe().data_ranks() {
+                1 => String::new(),
+                n => format!(" per rank, on each of {n} ranks"),
+            }
         )?,
         Some(l) => crate::outln!(
             "memory planned: {:.1} MiB, one allocation; {}",
