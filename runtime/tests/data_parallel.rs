@@ -393,4 +393,23 @@ mod cli {
         let one = ok(&ingot(&["plan", "--model", GPT]));
         assert!(!one.contains("data parallel"), "{one}");
     }
+
+    #[test]
+    fn gpus_with_ranks_or_on_a_machine_without_the_gpus_is_a_clear_error() {
+        let both = ingot(&[
+            "train", "--model", GPT, "--gpus", "1", "--ranks", "2", "--steps", "1",
+        ]);
+        let e = String::from_utf8_lossy(&both.stderr);
+        assert!(!both.status.success() && e.contains("not both"), "{e}");
+        let cpu = ingot(&[
+            "train", "--model", GPT, "--gpus", "1", "--device", "cpu", "--steps", "1",
+        ]);
+        let e = String::from_utf8_lossy(&cpu.stderr);
+        assert!(!cpu.status.success() && e.contains("--ranks N"), "{e}");
+        if ingot_runtime::cuda::available().is_err() {
+            let none = ingot(&["train", "--model", GPT, "--gpus", "2", "--steps", "1"]);
+            let e = String::from_utf8_lossy(&none.stderr);
+            assert!(!none.status.success() && e.contains("GPU"), "{e}");
+        }
+    }
 }

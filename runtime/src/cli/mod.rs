@@ -6,6 +6,7 @@
 mod compile;
 mod data;
 mod dsa;
+mod gpus;
 mod inspect;
 mod plan;
 mod run;

@@ -64,6 +64,10 @@ pub struct TrainArgs {
     /// replacing it by the fused attention op (for comparisons).
     #[arg(long = "no-fuse-attention")]
     pub no_fuse_attention: bool,
+    /// Data-parallel training on N GPUs of this machine over NCCL. Runs with N = 1 today (the
+    /// single-GPU step, NCCL loaded and its memory reported); more is refused, saying why.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u64>,
 }
 
 /// How to run the steps: the options `ingot train` and `ingot run` share.
@@ -251,7 +255,14 @@ struct EpochLine {
 }
 
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
-    let device = a.run.session_device(Device::Cpu)?;
+    if let Some(n) = a.gpus {
+        super::gpus::check(n, a.run.device, a.model.ranks)?;
+    }
+    let default_device = match a.gpus {
+        Some(_) => Device::Cuda,
+        None => Device::Cpu,
+    };
+    let device = a.run.session_device(default_device)?;
     a.run.check_outputs()?;
     a.run.check_steps()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
@@ -259,7 +270,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     opts.precision = a
         .run
         .precision
-        .for_device(a.run.device.unwrap_or(Device::Cpu))?;
+        .for_device(a.run.device.unwrap_or(default_device))?;
     opts.fuse_attention &= !a.no_fuse_attention;
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
@@ -294,6 +305,15 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             (session, Some(eval))
         }
         None => (Session::from_executable(exe, a.run.seed, device)?, None),
+    };
+    // NCCL's communicator, kept for the run; its memory measured once, before the first step.
+    let _nccl = match a.gpus {
+        Some(_) => {
+            let r = super::gpus::one_rank(&session)?;
+            super::gpus::report(&r, a.run.json)?;
+            Some(r)
+        }
+        None => None,
     };
     train_with(&mut session, &a.run, device, eval, Some(model.optimizer))
 }
