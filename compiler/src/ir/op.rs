@@ -138,7 +138,7 @@ pub enum Op {
     /// the mean of operand 0, output `i` (an [`Op::Result`]) that of operand `i`; each output
     /// is written in place over its operand, and the plan lays the operands out adjacently in
     /// operand order, so the collective runs on one contiguous region with no copy
-    /// (`plan::check` verifies both). Made by [`crate::autodiff::buckets`] for `ranks >= 2`.
+    /// (`plan::check` verifies both). Made by autodiff's `buckets` module for `ranks >= 2`.
     AllReduce {
         ranks: usize,
     },
