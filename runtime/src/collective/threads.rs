@@ -180,8 +180,16 @@ mod tests {
 
     #[test]
     fn a_bf16_mean_is_summed_in_f32_and_rounded_once() {
-        let vals = [1.0f32, 2.0f32.powi(-8)];
-        let handles: Vec<_> = group(2)
+        let e = 2.0f32.powi(-8);
+        let vals = [1.0f32, e, e];
+        // In f32, 1 + 2^-8 + 2^-8 = 1 + 2^-7 exactly; rounding to bf16 after each addition
+        // would lose both 2^-8 terms (1 + 2^-8 is a tie, rounded to even: 1).
+        let once = half::bf16::from_f32((1.0 + e + e) / 3.0);
+        let each = half::bf16::from_f32(
+            half::bf16::from_f32(half::bf16::from_f32(1.0 + e).to_f32() + e).to_f32() / 3.0,
+        );
+        assert_ne!(once, each, "the case tells the two apart");
+        let handles: Vec<_> = group(3)
             .into_iter()
             .map(|mut r| {
                 let v = half::bf16::from_f32(vals[r.rank()]);
@@ -193,8 +201,7 @@ mod tests {
             })
             .collect();
         for h in handles {
-            // (1 + 2^-8) / 2 = 0.5 + 2^-9: exactly representable in bf16 (8 bits of mantissa).
-            assert_eq!(h.join().unwrap().to_f32(), 0.5 + 2.0f32.powi(-9));
+            assert_eq!(h.join().unwrap(), once);
         }
     }
 }
