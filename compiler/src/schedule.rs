@@ -106,6 +106,43 @@ pub fn traced(g: &Graph) -> Vec<NodeId> {
     list_schedule(g, &d, false)
 }
 
+/// `order` with each all-reduce (and its result nodes) moved to right after the last of its
+/// operands: a gradient bucket is reduced as soon as the backward pass has produced it, so on
+/// a device that runs collectives on a stream of their own it overlaps the rest of the backward
+/// pass. Moving a node earlier, after all its operands, keeps every dependence (its readers
+/// were after it and still are). An order without all-reduce is returned unchanged.
+pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
+    let is_collective = |id: NodeId| matches!(g.node(g.writer(id)).op, Op::AllReduce { .. });
+    if !order.iter().any(|&id| is_collective(id)) {
+        return order;
+    }
+    let outputs = g.kernel_outputs();
+    let mut position = vec![usize::MAX; g.len()];
+    for (p, &id) in order.iter().enumerate() {
+        position[id.index()] = p;
+    }
+    // For each position, the all-reduces that become ready right after it.
+    let mut after: Vec<Vec<NodeId>> = vec![Vec::new(); order.len()];
+    for &id in &order {
+        if matches!(g.node(id).op, Op::AllReduce { .. }) {
+            let last = g.node(id).inputs.iter().map(|x| position[x.index()]).max();
+            if let Some(last) = last.filter(|&l| l < order.len()) {
+                after[last].push(id);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(order.len());
+    for (p, &id) in order.iter().enumerate() {
+        if !is_collective(id) {
+            out.push(id);
+        }
+        for &c in &after[p] {
+            out.extend(outputs[c.index()].iter().copied());
+        }
+    }
+    out
+}
+
 /// A list schedule that always runs, among the ready ops, the one with the best
 /// `freed - allocated` byte balance (ties: the earliest traced).
 pub fn memory_aware(g: &Graph) -> Vec<NodeId> {
@@ -124,7 +161,8 @@ fn pinned(g: &Graph) -> Vec<bool> {
 /// Bytes a node adds to the slab when it runs (views and leaves add none).
 fn own_bytes(g: &Graph, kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>], id: NodeId) -> i64 {
     match &g.node(id).op {
-        Op::Leaf { .. } | Op::Result { .. } => 0,
+        // An all-reduce writes over its operands: it adds nothing.
+        Op::Leaf { .. } | Op::Result { .. } | Op::AllReduce { .. } => 0,
         op if op.is_alias() => 0,
         Op::Fused(_) | Op::Attention { .. } | Op::AttentionGrad { .. } => kernel_outputs
             [id.index()]

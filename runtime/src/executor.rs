@@ -46,6 +46,12 @@ pub trait StepExecutor {
         self.step()
     }
 
+    /// How many data-parallel ranks share each batch: a batch input written for all of them
+    /// is this many times one rank's slot, cut into shards ([`crate::collective::ranks`]).
+    fn data_ranks(&self) -> usize {
+        1
+    }
+
     /// The value of a scalar of `dtype` (f32, f64 or bf16) at `at` in the allocation, as f64,
     /// after the last step: read into a few bytes on the stack, allocating nothing (the loss of
     /// every step is read this way).

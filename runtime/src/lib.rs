@@ -1,6 +1,7 @@
 //! Ingot runtime: host tensors, the CPU backend, the CUDA backend, and the `ingot` program.
 
 pub mod cli;
+pub mod collective;
 pub mod cpu;
 pub mod cuda;
 pub mod data;

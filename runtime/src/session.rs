@@ -171,6 +171,9 @@ impl Device {
 enum Backend {
     Cpu(Box<PlannedStep>),
     Cuda(Box<CudaStep>),
+    /// A step compiled for several data-parallel ranks, as many CPU ranks
+    /// ([`crate::collective::ranks::CpuRanks`]).
+    CpuRanks(Box<crate::collective::ranks::CpuRanks>),
 }
 
 /// A model's training step, loaded with the values of all its leaves.
@@ -299,6 +302,9 @@ impl Session {
         // before any leaf's initial value is made on the host.
         let load = |e: ExecError| SessionError::Load(Box::new(e));
         let backend = match device {
+            Device::Cpu if crate::collective::ranks::ranks_of(&exe) > 1 => Backend::CpuRanks(
+                Box::new(crate::collective::ranks::CpuRanks::new(exe).map_err(load)?),
+            ),
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
             Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
         };
@@ -335,11 +341,13 @@ impl Session {
         let step: &dyn StepExecutor = match &backend {
             Backend::Cpu(p) => p.as_ref(),
             Backend::Cuda(c) => c.as_ref(),
+            Backend::CpuRanks(r) => r.as_ref(),
         };
         let (model, precision) = {
             let e = match &backend {
                 Backend::Cpu(p) => p.executable(),
                 Backend::Cuda(c) => c.executable(),
+                Backend::CpuRanks(r) => r.ranks()[0].executable(),
             };
             (e.model().to_string(), e.precision())
         };
@@ -423,6 +431,7 @@ impl Session {
         match &self.exe {
             Backend::Cpu(p) => p.as_ref(),
             Backend::Cuda(c) => c.as_ref(),
+            Backend::CpuRanks(r) => r.as_ref(),
         }
     }
 
@@ -430,6 +439,7 @@ impl Session {
         match &mut self.exe {
             Backend::Cpu(p) => p.as_mut(),
             Backend::Cuda(c) => c.as_mut(),
+            Backend::CpuRanks(r) => r.as_mut(),
         }
     }
 
@@ -437,7 +447,7 @@ impl Session {
     pub fn cuda_mut(&mut self) -> Option<&mut CudaStep> {
         match &mut self.exe {
             Backend::Cuda(c) => Some(c),
-            Backend::Cpu(_) => None,
+            Backend::Cpu(_) | Backend::CpuRanks(_) => None,
         }
     }
 
@@ -445,7 +455,7 @@ impl Session {
     pub fn cuda(&self) -> Option<&CudaStep> {
         match &self.exe {
             Backend::Cuda(c) => Some(c),
-            Backend::Cpu(_) => None,
+            Backend::Cpu(_) | Backend::CpuRanks(_) => None,
         }
     }
 
@@ -711,7 +721,9 @@ impl Session {
                     name: name.to_string(),
                     known: self.input_names(),
                 })?;
-            Ok::<_, SessionError>((id, self.exe().plan().location(self.graph(), id).bytes))
+            // A data-parallel step takes the union of its ranks' shards.
+            let bytes = self.exe().plan().location(self.graph(), id).bytes;
+            Ok::<_, SessionError>((id, bytes * self.exe().data_ranks()))
         };
         Ok([slot("x")?, slot("y")?])
     }

@@ -36,6 +36,10 @@ pub struct StepOptions {
     /// counter kept as optimizer state: one compiled step serves the whole run, and a resumed
     /// run passes the right step. Other optimizers have no step number: no input is made.
     pub step_input: bool,
+    /// Data parallelism over this many ranks: the gradients are averaged over the ranks by
+    /// all-reduce ops in buckets ([`super::buckets`]) before clipping and the update. 0 (the
+    /// default) and 1 mean one rank: no all-reduce, the single-device step exactly.
+    pub ranks: usize,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -86,7 +90,14 @@ pub fn training_step_with(
     let reaches = ancestors(&g, loss);
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
     let f = g.len();
-    let mut grads = grad::grad(&mut g, loss, &params)?;
+    let grads = grad::grad(&mut g, loss, &params)?;
+    // The mean over the ranks is what every rank's optimizer (and clipping) reads.
+    let mut grads = super::buckets::all_reduce_buckets(
+        &mut g,
+        &grads,
+        opts.ranks,
+        super::buckets::BUCKET_BYTES,
+    )?;
     let b = g.len();
     if let Some(max) = opts.clip_grad_norm {
         if !(max.is_finite() && max > 0.0) {

@@ -328,6 +328,7 @@ impl Lowerer<'_> {
             | Op::Result { .. }
             | Op::Attention { .. }
             | Op::AttentionGrad { .. }
+            | Op::AllReduce { .. }
             | Op::Window(_) => self.cut(v),
         }
     }

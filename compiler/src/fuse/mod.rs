@@ -119,7 +119,8 @@ pub fn kind(n: &Node) -> Kind {
         | Op::ScatterAdd { .. }
         | Op::Concat { .. }
         | Op::Attention { .. }
-        | Op::AttentionGrad { .. } => Kind::Library,
+        | Op::AttentionGrad { .. }
+        | Op::AllReduce { .. } => Kind::Library,
         // Before fusion, a result node is an attention's extra output: a buffer that library
         // call writes (fusion makes the fused kernels' own result nodes).
         Op::Result { .. } => Kind::Library,
@@ -141,7 +142,8 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
     g.verify()?;
     if let Some(id) = g.ids().find(|&id| {
         kind(g.node(id)) == Kind::Fused
-            || matches!(g.node(id).op, Op::Result { .. }) && !g.node(g.writer(id)).op.is_attention()
+            || matches!(g.node(id).op, Op::Result { .. })
+                && !g.node(g.writer(id)).op.is_multi_output_call()
     }) {
         return Err(IrError::Invalid(format!(
             "{id} is already a {}: fusion runs once, on an unfused step",

@@ -447,9 +447,29 @@ impl Graph {
             }
             return Ok(());
         }
+        if let Op::AllReduce { .. } = writer {
+            // Output `index` of an all-reduce is the mean of operand `index`: its type.
+            let Some(&x) = self.node(kernel).inputs.get(index) else {
+                return fail(format!(
+                    "the all_reduce has {} outputs",
+                    self.node(kernel).inputs.len()
+                ));
+            };
+            if self.nodes[node].ty != *self.ty(x) {
+                return fail(format!(
+                    "typed {} but the output is {}",
+                    self.nodes[node].ty,
+                    self.ty(x)
+                ));
+            }
+            if !seen.insert((kernel, index)) {
+                return fail("another result node names the same output".into());
+            }
+            return Ok(());
+        }
         let Op::Fused(k) = writer else {
             return fail(format!(
-                "{kernel} is a {}, not a fused kernel or an attention",
+                "{kernel} is a {}, not a fused kernel, an attention or an all-reduce",
                 writer.name()
             ));
         };

@@ -355,6 +355,27 @@ pub fn infer(
             t.clone()
         }
         Op::Window(w) => w.infer(operands).map_err(&fail)?,
+        Op::AllReduce { ranks } => {
+            if *ranks < 2 {
+                return Err(fail(format!(
+                    "an all-reduce over {ranks} rank(s) is the identity; it needs ranks >= 2"
+                )));
+            }
+            let Some(first) = operands.first() else {
+                return Err(fail("an all-reduce needs at least one operand".into()));
+            };
+            if let Some((i, t)) = operands
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.dtype != first.dtype || !t.dtype.is_float())
+            {
+                return Err(fail(format!(
+                    "operand {i} is {t}: a bucket is of one float dtype ({} here)",
+                    first.dtype
+                )));
+            }
+            (*first).clone()
+        }
     };
     if inferred.checked_bytes().is_none() {
         return Err(too_large(&inferred));

@@ -133,6 +133,15 @@ pub enum Op {
     /// A sliding-window op over NCHW images: convolution, max pooling and their backward ops
     /// (see [`super::window`]).
     Window(WindowOp),
+    /// Data parallelism: the mean over `ranks` ranks of each operand (a bucket of gradients,
+    /// one dtype), as one collective all-reduce over the bucket's bytes. The node's value is
+    /// the mean of operand 0, output `i` (an [`Op::Result`]) that of operand `i`; each output
+    /// is written in place over its operand, and the plan lays the operands out adjacently in
+    /// operand order, so the collective runs on one contiguous region with no copy
+    /// (`plan::check` verifies both). Made by autodiff's `buckets` module for `ranks >= 2`.
+    AllReduce {
+        ranks: usize,
+    },
 }
 
 impl Op {
@@ -178,6 +187,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
             Op::Window(w) => w.name(),
+            Op::AllReduce { .. } => "all_reduce",
         }
     }
 
@@ -204,6 +214,12 @@ impl Op {
     /// True for the fused attention ops: library calls with several outputs.
     pub fn is_attention(&self) -> bool {
         matches!(self, Op::Attention { .. } | Op::AttentionGrad { .. })
+    }
+
+    /// True for ops with several outputs read through [`Op::Result`] nodes that are library
+    /// calls, not fused kernels: attention and the data-parallel all-reduce.
+    pub fn is_multi_output_call(&self) -> bool {
+        self.is_attention() || matches!(self, Op::AllReduce { .. })
     }
 
     /// True for leaves (no operands, values supplied from outside the step).

@@ -178,6 +178,7 @@ fn write_attrs(s: &mut String, op: &Op) {
             Ok(())
         }
         Op::Result { index } => write!(s, " index={index}"),
+        Op::AllReduce { ranks } => write!(s, " ranks={ranks}"),
         Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
             write!(s, " causal={causal} scale={}", float(*scale))
         }
@@ -771,6 +772,7 @@ fn op_by_name(name: &str) -> Option<Op> {
         "matmul" => Op::MATMUL,
         "stop_gradient" => Op::StopGradient,
         "result" => Op::Result { index: 0 },
+        "all_reduce" => Op::AllReduce { ranks: 0 },
         "attention" => Op::Attention {
             causal: false,
             scale: 1.0,
@@ -871,6 +873,12 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
                 index: a.take_usize("index")?,
             },
             "it takes `index=`",
+        ),
+        Op::AllReduce { .. } => (
+            Op::AllReduce {
+                ranks: a.take_usize("ranks")?,
+            },
+            "it takes `ranks=`",
         ),
         Op::Attention { .. } | Op::AttentionGrad { .. } => {
             let causal = a.take_bool_or_false("causal")?;

@@ -36,6 +36,18 @@ pub enum Instr {
         outputs: Vec<usize>,
         scratch: usize,
     },
+    /// Data parallelism's all-reduce `node` (mean over the ranks of a gradient bucket): first
+    /// the operands not placed on their outputs are copied there, then one collective replaces
+    /// the `bytes` bytes at `offset` (the outputs, adjacent, and the alignment padding between
+    /// them) by their mean over the ranks, as elements of `dtype`.
+    AllReduce {
+        node: NodeId,
+        copies: Vec<Copy>,
+        offset: usize,
+        bytes: usize,
+        dtype: DType,
+        ranks: usize,
+    },
 }
 
 /// A copy of `bytes` bytes from `from` to `to` at the end of the step (an update the plan could
@@ -207,6 +219,33 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
             });
             continue;
         }
+        if let Op::AllReduce { ranks } = node.op {
+            let outs = &kernel_outputs[id.index()];
+            let copies = node
+                .inputs
+                .iter()
+                .zip(outs)
+                .filter(|(x, o)| location[x.index()] != location[o.index()])
+                .map(|(x, o)| Copy {
+                    from: location[x.index()].offset,
+                    to: location[o.index()].offset,
+                    bytes: location[o.index()].bytes,
+                })
+                .collect();
+            let (first, last) = (
+                location[outs[0].index()],
+                location[outs[outs.len() - 1].index()],
+            );
+            instrs.push(Instr::AllReduce {
+                node: id,
+                copies,
+                offset: first.offset,
+                bytes: last.offset + last.bytes - first.offset,
+                dtype: node.ty.dtype,
+                ranks,
+            });
+            continue;
+        }
         let here = location[id.index()];
         let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
         instrs.push(if aliased {
@@ -252,7 +291,10 @@ impl Program {
         };
         for i in &self.instrs {
             let id = match i {
-                Instr::Exec { node } | Instr::InPlace { node } | Instr::Fused { node, .. } => *node,
+                Instr::Exec { node }
+                | Instr::InPlace { node }
+                | Instr::Fused { node, .. }
+                | Instr::AllReduce { node, .. } => *node,
             };
             if id.index() >= g.len() {
                 return Err(LowerError::Invalid {
@@ -273,6 +315,32 @@ impl Program {
                         node.op.name()
                     ),
                 });
+            }
+            if matches!(node.op, Op::AllReduce { .. }) != matches!(i, Instr::AllReduce { .. }) {
+                return Err(LowerError::Invalid {
+                    op: "cpu lowering",
+                    reason: format!(
+                        "node {id} ({}) has the wrong kind of instruction",
+                        node.op.name()
+                    ),
+                });
+            }
+            if let Instr::AllReduce {
+                copies,
+                offset,
+                bytes,
+                ..
+            } = i
+            {
+                if !fits(*offset, *bytes) {
+                    return Err(bad(format!("the region of all-reduce {id} at {offset}")));
+                }
+                if let Some(c) = copies
+                    .iter()
+                    .find(|c| !fits(c.from, c.bytes) || !fits(c.to, c.bytes))
+                {
+                    return Err(bad(format!("a copy into all-reduce {id} at {}", c.to)));
+                }
             }
             if let Instr::Exec { .. } = i {
                 let here = plan.location(g, id);
@@ -316,17 +384,24 @@ impl Program {
     /// `ingot inspect`): instruction counts by kind, copies, and an FNV-1a-64 fingerprint of
     /// the whole program.
     pub fn summary(&self) -> String {
-        let (mut exec, mut in_place, mut fused) = (0, 0, 0);
+        let (mut exec, mut in_place, mut fused, mut collective) = (0, 0, 0, 0);
         for i in &self.instrs {
             match i {
                 Instr::Exec { .. } => exec += 1,
                 Instr::InPlace { .. } => in_place += 1,
                 Instr::Fused { .. } => fused += 1,
+                Instr::AllReduce { .. } => collective += 1,
             }
         }
+        // Said only when there are some, so a one-rank program's summary is what it always was.
+        let collective = if collective > 0 {
+            format!(", {collective} all-reduces")
+        } else {
+            String::new()
+        };
         let json = serde_json::to_vec(self).unwrap_or_default();
         format!(
-            "{} instructions: {fused} fused kernels, {exec} ops into their own bytes, {in_place} in place\n{} copies after the last\nfingerprint: {:016x}\n",
+            "{} instructions: {fused} fused kernels, {exec} ops into their own bytes, {in_place} in place{collective}\n{} copies after the last\nfingerprint: {:016x}\n",
             self.instrs.len(),
             self.copies.len(),
             crate::files::fnv1a64(&json)
@@ -336,7 +411,10 @@ impl Program {
     /// The nodes the program computes, in order.
     pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.instrs.iter().map(|i| match i {
-            Instr::Exec { node } | Instr::InPlace { node } | Instr::Fused { node, .. } => *node,
+            Instr::Exec { node }
+            | Instr::InPlace { node }
+            | Instr::Fused { node, .. }
+            | Instr::AllReduce { node, .. } => *node,
         })
     }
 }

@@ -668,6 +668,14 @@ impl Lowering<'_> {
             Op::Attention { .. } | Op::AttentionGrad { .. } => {
                 self.attention(id, outputs, plan, &inputs)
             }
+            Op::AllReduce { ranks } => Err(LowerError::Invalid {
+                op: "all_reduce",
+                reason: format!(
+                    "the step is compiled for {ranks} data-parallel ranks, and the CUDA backend \
+                     has no NCCL collective yet: train data-parallel on the CPU (--ranks), or \
+                     on one GPU"
+                ),
+            }),
             Op::Window(w) => Err(LowerError::Invalid {
                 op: w.name(),
                 reason: format!(

@@ -154,6 +154,17 @@ pub enum PlanViolation {
         op: &'static str,
         operand: NodeId,
     },
+    /// The outputs of an all-reduce (a gradient bucket) are not one region: each must start at
+    /// the first aligned offset after the previous one ends.
+    #[error(
+        "invalid memory plan: all-reduce {node} has its output {output} at offset {offset}, not          at {expected} right after the previous output: a bucket must be one contiguous region"
+    )]
+    BucketNotContiguous {
+        node: NodeId,
+        output: NodeId,
+        offset: usize,
+        expected: usize,
+    },
     /// A graph output's bytes were reused before the step ended.
     #[error("invalid memory plan: output {name:?} ({node}) was overwritten before the step ended")]
     OutputOverwritten { name: String, node: NodeId },
@@ -335,6 +346,8 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                 let in_place_ok = lx == lo
                     && match &node.op {
                         Op::Fused(k) => k.can_write_over(i, j),
+                        // The collective writes mean `j` over operand `j` only.
+                        Op::AllReduce { .. } => i == j,
                         op => op.is_alias() || op.is_elementwise(),
                     };
                 if overlap(lx, lo) && !in_place_ok {
@@ -380,6 +393,33 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                 });
             }
             continue;
+        }
+        if let Op::AllReduce { .. } = node.op {
+            // One collective over the outputs' whole region: each output right after the
+            // previous one at the next aligned offset, and the padding between them clobbered.
+            let align = p.alignment.max(1);
+            for w in outs.windows(2) {
+                let (a, b) = (p.location[w[0].index()], p.location[w[1].index()]);
+                let expected = (a.offset + a.bytes).div_ceil(align) * align;
+                if b.offset != expected {
+                    return Err(V::BucketNotContiguous {
+                        node: id,
+                        output: w[1],
+                        offset: b.offset,
+                        expected,
+                    });
+                }
+            }
+            if let (Some(first), Some(last)) = (outs.first(), outs.last()) {
+                let (a, b) = (p.location[first.index()], p.location[last.index()]);
+                memory.write(
+                    Location {
+                        offset: a.offset,
+                        bytes: b.offset + b.bytes - a.offset,
+                    },
+                    SCRATCH,
+                );
+            }
         }
         for &o in outs {
             memory.write(p.location[o.index()], o);

@@ -6,6 +6,8 @@
 //! - an elementwise op whose operand dies at that op, with the same byte size, writes over it,
 //!   and so does a fused kernel's output over an input the kernel reads only at the output's
 //!   own index ([`ingot_kernels::FusedKernel::can_write_over`]);
+//! - output `i` of an all-reduce (data parallelism's gradient bucket) is written over
+//!   operand `i` when that operand dies there;
 //! - the new value of a parameter or optimizer state is written over the old one when every
 //!   other reader of the old value has run (the scheduler orders them so).
 //!
@@ -108,6 +110,25 @@ impl Liveness {
                 None
             } else if node.op.is_alias() {
                 Some(storage_of[node.inputs[0].index()])
+            } else if let Op::AllReduce { .. } = g.node(g.writer(id)).op {
+                // Output `i` of an all-reduce is written over operand `i` when that operand
+                // dies here; otherwise it gets storage of its own and the operand is copied in
+                // first (the collective then works in place on the outputs).
+                let w = g.writer(id);
+                let i = match node.op {
+                    Op::Result { index } => index,
+                    _ => 0,
+                };
+                let s = storage_of[g.node(w).inputs[i].index()];
+                let st = &storages[s];
+                (st.region == Region::Slab
+                    && st.bytes == bytes
+                    && st.end == p + 1
+                    && !holds_output[s]
+                    && !kernel_outputs[w.index()]
+                        .iter()
+                        .any(|&o| o != id && storage_of[o.index()] == s))
+                .then_some(s)
             } else if let Some(t) = update_target[id.index()].filter(|&t| {
                 // The new value of leaf t may be written over t when no other node reads
                 // t's bytes after p (every value placed in t's storage so far is last read

@@ -6,6 +6,7 @@
 //! slab holds everything else at offsets chosen by the [`ingot_dsa`] solver (its own crate) from liveness
 //! intervals.
 
+pub mod buckets;
 pub mod check;
 pub mod diff;
 pub mod liveness;
@@ -82,6 +83,9 @@ pub enum PlanError {
     Solver(#[from] dsa::DsaError),
     #[error(transparent)]
     Invalid(#[from] check::PlanViolation),
+    /// The outputs of an all-reduce (a gradient bucket) cannot be laid out as one region.
+    #[error("all-reduce {node}: {reason}")]
+    Bucket { node: NodeId, reason: String },
     #[error("the graph does not verify: {0}")]
     Graph(#[from] crate::error::IrError),
     /// The storages together need more bytes than an address space holds.
@@ -145,6 +149,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
                 Strategy::Traced => schedule::traced(g),
                 Strategy::MemoryAware => schedule::memory_aware(g),
             };
+            let order = schedule::hoist_collectives(g, order);
             complete(g, &order, strategy)?;
             Prepared::new(g, &order, strategy, opts.workspace)
         })
@@ -204,7 +209,9 @@ struct Prepared {
     liveness: Liveness,
     storage_offset: Vec<usize>,
     resident_bytes: usize,
-    slab: Vec<usize>,
+    /// The slab's placement items, one solver buffer each: a storage alone, or the storages of
+    /// an all-reduce's outputs laid out adjacently (each member with its offset in the item).
+    slab: Vec<Vec<(usize, usize)>>,
     problem: dsa::Problem,
     load_bytes: usize,
     peak_position: usize,
@@ -252,22 +259,22 @@ impl Prepared {
                 resident_bytes += align_up(s.bytes);
             }
         }
-        let slab: Vec<usize> = (0..liveness.storages.len())
-            .filter(|&i| liveness.storages[i].region == Region::Slab)
-            .collect();
+        let slab = slab_items(g, &liveness)?;
         let problem = dsa::Problem {
             buffers: slab
                 .iter()
-                .map(|&i| {
-                    let s = &liveness.storages[i];
+                .map(|item| {
+                    let members = || item.iter().map(|&(i, _)| &liveness.storages[i]);
+                    let start = members().map(|s| s.start).min().unwrap_or(0);
+                    let end = members().map(|s| s.end).max().unwrap_or(0);
                     // Sizes are rounded up to the alignment: every storage starts on an aligned
                     // offset, so the bytes up to the next one are unusable by others anyway, and
                     // LOAD computed on these sizes is the bound the solver is measured against.
                     dsa::Buffer {
-                        id: i as u64,
-                        lower: s.start as u64,
-                        upper: s.end.max(s.start + 1) as u64,
-                        size: align_up(s.bytes) as u64,
+                        id: item[0].0 as u64,
+                        lower: start as u64,
+                        upper: end.max(start + 1) as u64,
+                        size: members().map(|s| align_up(s.bytes)).sum::<usize>() as u64,
                     }
                 })
                 .collect(),
@@ -296,8 +303,10 @@ impl Prepared {
                 ..Default::default()
             },
         )?;
-        for (k, &i) in self.slab.iter().enumerate() {
-            self.storage_offset[i] = slab_base + solution.offsets[k] as usize;
+        for (k, item) in self.slab.iter().enumerate() {
+            for &(i, at) in item {
+                self.storage_offset[i] = slab_base + solution.offsets[k] as usize + at;
+            }
         }
         let slab_bytes = align_up(solution.peak as usize);
         Ok(MemoryPlan {
@@ -312,6 +321,58 @@ impl Prepared {
             total_bytes: slab_base + slab_bytes,
         })
     }
+}
+
+/// The slab's placement items in storage order: each slab storage alone, except the storages
+/// of an all-reduce's outputs, which form one item at the position of their first storage, laid
+/// out in output order, each at an aligned offset right after the previous one, so that the
+/// collective runs on one contiguous region. A graph without all-reduce gets one item per slab
+/// storage, in the order (and so the plan) it always had.
+fn slab_items(g: &Graph, liveness: &Liveness) -> Result<Vec<Vec<(usize, usize)>>, PlanError> {
+    let n = liveness.storages.len();
+    let mut group_of: Vec<Option<usize>> = vec![None; n];
+    let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
+    let kernel_outputs = g.kernel_outputs();
+    for id in g.ids() {
+        if !matches!(g.node(id).op, crate::ir::Op::AllReduce { .. }) {
+            continue;
+        }
+        let mut item = Vec::new();
+        let mut at = 0usize;
+        for &o in &kernel_outputs[id.index()] {
+            let s = liveness.storage_of[o.index()];
+            let bad = |reason: String| PlanError::Bucket { node: id, reason };
+            if liveness.storages[s].region != Region::Slab {
+                return Err(bad(format!("its output {o} is not in the slab")));
+            }
+            if group_of[s].is_some() {
+                return Err(bad(format!(
+                    "its output {o} shares storage with another bucket member (two gradients of                      one bucket are the same bytes)"
+                )));
+            }
+            group_of[s] = Some(groups.len());
+            item.push((s, at));
+            at += align_up(liveness.storages[s].bytes);
+        }
+        groups.push(item);
+    }
+    let mut items = Vec::with_capacity(n);
+    for (i, s) in liveness.storages.iter().enumerate() {
+        if s.region != Region::Slab {
+            continue;
+        }
+        match group_of[i] {
+            None => items.push(vec![(i, 0)]),
+            Some(k) => {
+                // The first member met emits the whole group; later members find it taken.
+                let group = std::mem::take(&mut groups[k]);
+                if !group.is_empty() {
+                    items.push(group);
+                }
+            }
+        }
+    }
+    Ok(items)
 }
 
 /// LOAD of an interval problem and the first position where it is reached.

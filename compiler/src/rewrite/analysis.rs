@@ -155,7 +155,8 @@ fn fold(
         | Kind::ScatterAdd(_)
         | Kind::Attention { .. }
         | Kind::AttentionGrad { .. }
-        | Kind::Output { .. } => None,
+        | Kind::Output { .. }
+        | Kind::AllReduce(_) => None,
         // A window op of a constant is not constant (padding reads zeros).
         Kind::Window(_) => None,
         Kind::Full { bits, .. } => canonical(f64::from_bits(*bits), dtype),

@@ -97,6 +97,8 @@ pub enum Kind {
     },
     /// Convolution and pooling (their attributes are plain integers).
     Window(WindowOp),
+    /// Data parallelism's all-reduce of a bucket over this many ranks (opaque to the rules).
+    AllReduce(usize),
 }
 
 impl Kind {
@@ -181,6 +183,7 @@ impl Kind {
             ),
             Kind::Output { index, ty } => (Op::Result { index: *index }, Some(ty.tensor_type())),
             Kind::Window(w) => (Op::Window(*w), None),
+            Kind::AllReduce(ranks) => (Op::AllReduce { ranks: *ranks }, None),
         })
     }
 
@@ -227,6 +230,7 @@ impl Kind {
             Op::Convert => Kind::Convert(ty.dtype),
             Op::StopGradient => Kind::StopGradient,
             Op::Window(w) => Kind::Window(*w),
+            Op::AllReduce { ranks } => Kind::AllReduce(*ranks),
         })
     }
 

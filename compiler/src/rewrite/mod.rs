@@ -252,7 +252,7 @@ fn to_egraph(g: &Graph) -> Result<(EGraph, Vec<Id>, Vec<NodeId>), IrError> {
             Op::Result { .. }
                 if n.inputs
                     .first()
-                    .is_some_and(|&k| g.node(k).op.is_attention()) => {}
+                    .is_some_and(|&k| g.node(k).op.is_multi_output_call()) => {}
             Op::Fused(_) | Op::Result { .. } => {
                 return Err(IrError::Invalid(format!(
                     "rewrite runs before fusion, but node {id} is a {} node: simplify the \

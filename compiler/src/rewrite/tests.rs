@@ -244,7 +244,11 @@ fn eval(g: &Graph) -> Vec<T> {
                 }
                 out
             }
-            Op::Fused(_) | Op::Result { .. } | Op::Attention { .. } | Op::AttentionGrad { .. } => {
+            Op::Fused(_)
+            | Op::Result { .. }
+            | Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+            | Op::AllReduce { .. } => {
                 unreachable!("not in these tests")
             }
         };

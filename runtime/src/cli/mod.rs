@@ -6,6 +6,7 @@
 mod compile;
 mod data;
 mod dsa;
+mod gpus;
 mod inspect;
 mod plan;
 mod run;
@@ -142,6 +143,11 @@ pub struct ModelArgs {
     /// clip_grad_norm_ (the norm, before clipping, is logged each step).
     #[arg(long = "clip-grad-norm", value_name = "MAX")]
     pub clip_grad_norm: Option<f64>,
+    /// Data parallelism over N ranks: the step averages its gradients over the ranks with
+    /// all-reduces in buckets of about 25 MiB (the plan shows them). 1 (the default) is the
+    /// single-device step exactly.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ranks: u64,
 }
 
 impl ModelArgs {
@@ -153,6 +159,7 @@ impl ModelArgs {
             lr_scale: inputs,
             clip_grad_norm: self.clip_grad_norm,
             step_input: inputs,
+            ranks: self.ranks as usize,
         }
     }
 }

@@ -118,6 +118,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     }
     if a.json {
         let mut doc = serde_json::to_value(report).map_err(|e| Failure::new(1, e.to_string()))?;
+        let buckets = ingot_compiler::plan::buckets::buckets(&compiled.graph, &compiled.plan);
+        if let (false, Some(o)) = (buckets.is_empty(), doc.as_object_mut()) {
+            o.insert(
+                "buckets".into(),
+                serde_json::to_value(buckets).map_err(|e| Failure::new(1, e.to_string()))?,
+            );
+        }
         if let (Some(l), Some(o)) = (eval, doc.as_object_mut()) {
             o.insert(
                 "eval".into(),
@@ -130,6 +137,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         )?;
     } else {
         crate::cli::out(format_args!("{}", report.table()))?;
+        let buckets = ingot_compiler::plan::buckets::buckets(&compiled.graph, &compiled.plan);
+        crate::cli::out(format_args!(
+            "{}",
+            ingot_compiler::plan::buckets::table(&buckets, &compiled.plan)
+        ))?;
         if let Some(l) = eval {
             crate::outln!("{}", crate::trainer::eval::layout_line(&l))?;
         }

@@ -64,6 +64,10 @@ pub struct TrainArgs {
     /// replacing it by the fused attention op (for comparisons).
     #[arg(long = "no-fuse-attention")]
     pub no_fuse_attention: bool,
+    /// Data-parallel training on N GPUs of this machine over NCCL. Runs with N = 1 today (the
+    /// single-GPU step, NCCL loaded and its memory reported); more is refused, saying why.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u64>,
 }
 
 /// How to run the steps: the options `ingot train` and `ingot run` share.
@@ -251,7 +255,14 @@ struct EpochLine {
 }
 
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
-    let device = a.run.session_device(Device::Cpu)?;
+    if let Some(n) = a.gpus {
+        super::gpus::check(n, a.run.device, a.model.ranks)?;
+    }
+    let default_device = match a.gpus {
+        Some(_) => Device::Cuda,
+        None => Device::Cpu,
+    };
+    let device = a.run.session_device(default_device)?;
     a.run.check_outputs()?;
     a.run.check_steps()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
@@ -259,13 +270,19 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     opts.precision = a
         .run
         .precision
-        .for_device(a.run.device.unwrap_or(Device::Cpu))?;
+        .for_device(a.run.device.unwrap_or(default_device))?;
     opts.fuse_attention &= !a.no_fuse_attention;
     let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     let mut step_options = a.model.step_options(scheduled);
     step_options.step_input = true;
+    if step_options.ranks > 1 && a.run.val.is_some() {
+        return Err(Failure::new(
+            2,
+            "--val with --ranks is not built yet: evaluate the saved parameters in a run of one rank",
+        ));
+    }
     if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
         return Err(Failure::new(
             2,
@@ -288,6 +305,15 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             (session, Some(eval))
         }
         None => (Session::from_executable(exe, a.run.seed, device)?, None),
+    };
+    // NCCL's communicator, kept for the run; its memory measured once, before the first step.
+    let _nccl = match a.gpus {
+        Some(_) => {
+            let r = super::gpus::one_rank(&session)?;
+            super::gpus::report(&r, a.run.json)?;
+            Some(r)
+        }
+        None => None,
     };
     train_with(&mut session, &a.run, device, eval, Some(model.optimizer))
 }
@@ -580,6 +606,7 @@ impl Run<'_> {
             schedule: self.schedule,
             dataset_fingerprint: self.dataset_fingerprint.clone(),
             optimizer_settings: self.optimizer.map(|o| o.to_string()),
+            ranks: session.exe().data_ranks(),
             weights: String::new(),
             optimizer: String::new(),
         };
@@ -638,7 +665,12 @@ fn train_with(
                 DataOrder::Sequential => Order::Sequential,
             };
             let seed = shuffle_seed.expect("set with --dataset");
-            let mut s = trainer::open_dataset(path, session.graph(), order, seed)?;
+            let s = trainer::open_dataset(path, session.graph(), order, seed)?;
+            // Data parallelism: each rank's own shard of every batch.
+            let mut s: Box<dyn crate::data::BatchSource> = match session.exe().data_ranks() {
+                1 => s,
+                n => Box::new(crate::collective::ranks::RankBatches::new(s, n)?),
+            };
             // Every id checked before the first step, not hours in.
             s.check_all()?;
             Some(s)
@@ -653,6 +685,9 @@ fn train_with(
     let resumed = match &a.resume {
         Some(dir) => {
             let ck = checkpoint::load(dir).map_err(|e| Failure::new(1, e))?;
+            // First: another number of ranks also cuts the data set differently.
+            checkpoint::check_ranks(dir, &ck.info, session.exe().data_ranks())
+                .map_err(|e| Failure::new(1, e))?;
             checkpoint::check_same_run(
                 dir,
                 &ck.info,
@@ -1086,10 +1121,14 @@ fn summary(
     }
     match s.eval {
         None => crate::outln!(
-            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation",
+            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation{}",
             mib(s.planned_bytes),
             mib(s.resident_bytes),
-            mib(s.slab_bytes)
+            mib(s.slab_bytes),
+            match session.exe().data_ranks() {
+                1 => String::new(),
+                n => format!(" per rank, on each of {n} ranks"),
+            }
         )?,
         Some(l) => crate::outln!(
             "memory planned: {:.1} MiB, one allocation; {}",

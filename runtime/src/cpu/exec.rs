@@ -279,6 +279,11 @@ pub fn exec_node_with(
             op,
             "attention writes several outputs: it runs through `exec_attention`",
         )),
+        Op::AllReduce { .. } => Err(invalid(
+            op,
+            "an all-reduce averages over data-parallel ranks: it runs in a planned step with a \
+             collective (`runtime::collective`), not node by node",
+        )),
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
         Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
         Op::Window(w) => match out {

@@ -16,6 +16,7 @@
 //! the op runs on the chunk, so no `&` and `&mut` slice ever cover the same byte.
 
 use super::exec::{exec_attention, exec_node, exec_node_with, Scratch};
+use crate::collective::{needs_collective, Collective};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
 use ingot_compiler::exe::{Executable, StepPair};
@@ -43,6 +44,8 @@ pub struct PlannedStep {
     main: Part,
     eval: Option<Part>,
     memory: Vec<Block>,
+    /// This rank's end of the data-parallel group, for a step compiled for several ranks.
+    collective: Option<Box<dyn Collective>>,
 }
 
 /// One loaded program: its executable, its instructions, and each node's bytes.
@@ -108,6 +111,7 @@ impl PlannedStep {
             main,
             eval: None,
             memory,
+            collective: None,
         })
     }
 
@@ -128,6 +132,7 @@ impl PlannedStep {
             main,
             eval: Some(eval),
             memory,
+            collective: None,
         })
     }
 
@@ -195,7 +200,30 @@ impl PlannedStep {
     pub fn step(&mut self) -> Result<(), ExecError> {
         let len = self.memory.len() * ALIGNMENT;
         let base = self.memory.as_mut_ptr() as *mut u8;
-        self.main.run(base, len)
+        self.main.run(base, len, self.collective.as_deref_mut())
+    }
+
+    /// The data-parallel ranks the step was compiled for (1 for a step without all-reduce).
+    pub fn ranks(&self) -> usize {
+        self.main
+            .program
+            .instrs
+            .iter()
+            .find_map(|i| match i {
+                Instr::AllReduce { ranks, .. } => Some(*ranks),
+                _ => None,
+            })
+            .unwrap_or(1)
+    }
+
+    /// Gives the step this rank's end of its data-parallel group; a group of another size than
+    /// the step was compiled for is an error.
+    pub fn set_collective(&mut self, c: Box<dyn Collective>) -> Result<(), ExecError> {
+        if c.ranks() != self.ranks() {
+            return Err(needs_collective(self.ranks(), Some(c.ranks())));
+        }
+        self.collective = Some(c);
+        Ok(())
     }
 
     /// Runs the evaluation step loaded with [`PlannedStep::pair`] on the current parameters;
@@ -203,7 +231,7 @@ impl PlannedStep {
     pub fn eval_step(&mut self) -> Result<(), ExecError> {
         let len = self.memory.len() * ALIGNMENT;
         let base = self.memory.as_mut_ptr() as *mut u8;
-        self.eval.as_ref().ok_or_else(no_eval)?.run(base, len)
+        self.eval.as_ref().ok_or_else(no_eval)?.run(base, len, None)
     }
 }
 
@@ -248,10 +276,39 @@ impl Part {
     }
 
     /// Runs this program over the allocation at `base` (`len` bytes, at least its plan's total).
-    fn run(&self, base: *mut u8, len: usize) -> Result<(), ExecError> {
+    fn run(
+        &self,
+        base: *mut u8,
+        len: usize,
+        mut collective: Option<&mut (dyn Collective + 'static)>,
+    ) -> Result<(), ExecError> {
         debug_assert!(len >= self.exe.plan().total_bytes);
         for k in 0..self.program.instrs.len() {
             match &self.program.instrs[k] {
+                Instr::AllReduce {
+                    node,
+                    copies,
+                    offset,
+                    bytes,
+                    dtype,
+                    ranks,
+                } => {
+                    let c = match collective.as_deref_mut() {
+                        Some(c) if c.ranks() == *ranks => c,
+                        other => return Err(needs_collective(*ranks, other.map(|c| c.ranks()))),
+                    };
+                    for c in copies {
+                        // SAFETY: checked program: both ranges lie inside the allocation; an
+                        // operand never overlaps another member's output (validated plan).
+                        unsafe { std::ptr::copy(base.add(c.from), base.add(c.to), c.bytes) };
+                    }
+                    // SAFETY: the region lies inside the allocation (checked program) and no
+                    // other slice of it is alive during the call.
+                    let region =
+                        unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *bytes) };
+                    c.all_reduce_mean(region, *dtype)
+                        .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+                }
                 Instr::Exec { node } => self.exec(base, *node)?,
                 Instr::InPlace { node } => self.exec_in_place(base, *node)?,
                 Instr::Fused {
@@ -536,7 +593,7 @@ impl crate::executor::StepExecutor for PlannedStep {
             // SAFETY: the slot lies inside the allocation (asserted); no slice of it is alive.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(l.offset), l.bytes) };
         }
-        eval.run(base, len)
+        eval.run(base, len, None)
     }
 
     fn step(&mut self) -> Result<(), ExecError> {

@@ -306,6 +306,11 @@ impl CudaStep {
         self.memory
     }
 
+    /// The GPU this step runs on (its CUDA ordinal).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// Free device memory now (after synchronizing), to check that steps allocate nothing.
     pub fn free_memory(&self) -> Result<usize, ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;

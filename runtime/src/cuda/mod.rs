@@ -7,10 +7,14 @@
 //! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
 //! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step;
 //! - [`kernel_check`]: every kernel of a model, or random ones, on the GPU against the CPU;
-//! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`).
+//! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`);
+//! - [`libsearch`]: finding a library PyTorch's Python packages hold, and loading it;
+//! - [`nccl`]: NCCL, found and bound at run time.
 
 pub mod device;
 pub mod kernel_check;
+pub mod libsearch;
+pub mod nccl;
 pub mod pinned;
 pub mod ptx;
 pub mod require;

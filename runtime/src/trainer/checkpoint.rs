@@ -61,6 +61,10 @@ pub struct CheckpointInfo {
     /// (`ingot train`; a step executable does not record its optimizer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_settings: Option<String>,
+    /// The data-parallel ranks of the run (each batch is the union of their shards); absent
+    /// for one rank, so a one-rank checkpoint is what it always was.
+    #[serde(default = "one_rank", skip_serializing_if = "is_one_rank")]
+    pub ranks: usize,
     /// The parameters' file, in the same directory.
     pub weights: String,
     /// The optimizer state's file, in the same directory.
@@ -146,6 +150,29 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
         parameters,
         optimizer_state,
     })
+}
+
+fn one_rank() -> usize {
+    1
+}
+
+fn is_one_rank(r: &usize) -> bool {
+    *r == 1
+}
+
+/// A run resumes with the ranks it was written with: the data position counts batches of the
+/// union of the ranks' shards, and the shards themselves depend on the number of ranks.
+pub fn check_ranks(dir: &Path, info: &CheckpointInfo, ranks: usize) -> Result<(), String> {
+    if info.ranks == ranks {
+        return Ok(());
+    }
+    Err(err(
+        dir,
+        format!(
+            "it was written by a run on {} data-parallel rank(s), but this run has {ranks}; resume with --ranks {} (its batches and shards are cut for that many), or start a new run without --resume",
+            info.ranks, info.ranks
+        ),
+    ))
 }
 
 /// Checks that a run of `model` on `dataset` (its description and fingerprint,

@@ -1,0 +1,107 @@
+//! The data-parallel part of a plan: each gradient bucket's all-reduce, where its one region
+//! lies, when it runs, and how much of the backward pass is left to overlap it. Every rank runs
+//! the same plan on its own device: the plan's total is per rank.
+
+use super::MemoryPlan;
+use crate::autodiff::phase;
+use crate::ir::{Graph, NodeId, Op};
+use serde::Serialize;
+
+/// One bucket's all-reduce in the plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bucket {
+    /// The all-reduce node.
+    pub node: NodeId,
+    pub ranks: usize,
+    /// Gradients in the bucket.
+    pub gradients: usize,
+    /// Their bytes (without the alignment padding between them).
+    pub bytes: usize,
+    /// The one region the collective runs on: absolute offset and bytes (padding included).
+    pub offset: usize,
+    pub region_bytes: usize,
+    /// Schedule position of the all-reduce.
+    pub position: usize,
+    /// The layer whose gradient completes the bucket (the provenance of its last operand).
+    pub after: String,
+    /// Backward-pass ops scheduled after the all-reduce: the work it can overlap.
+    pub backward_after: usize,
+}
+
+/// The buckets of a planned step, in schedule order (none for a one-rank step).
+pub fn buckets(g: &Graph, plan: &MemoryPlan) -> Vec<Bucket> {
+    let outputs = g.kernel_outputs();
+    let phases = phase::of_graph(g, g.outputs.get(crate::autodiff::LOSS).copied());
+    let mut out: Vec<Bucket> = plan
+        .liveness
+        .order
+        .iter()
+        .enumerate()
+        .filter_map(|(position, &id)| {
+            let Op::AllReduce { ranks } = g.node(id).op else {
+                return None;
+            };
+            let outs = &outputs[id.index()];
+            let (first, last) = (
+                plan.location(g, outs[0]),
+                plan.location(g, outs[outs.len() - 1]),
+            );
+            let last_operand = *g.node(id).inputs.iter().max()?;
+            let backward_after = plan.liveness.order[position + 1..]
+                .iter()
+                .filter(|n| phases[n.index()] == phase::Phase::Backward)
+                .filter(|n| !matches!(g.node(**n).op, Op::Result { .. } | Op::AllReduce { .. }))
+                .count();
+            Some(Bucket {
+                node: id,
+                ranks,
+                gradients: outs.len(),
+                bytes: outs.iter().map(|&o| g.ty(o).bytes()).sum(),
+                offset: first.offset,
+                region_bytes: last.offset + last.bytes - first.offset,
+                position,
+                after: g.describe(g.writer(last_operand)),
+                backward_after,
+            })
+        })
+        .collect();
+    out.sort_by_key(|b| b.position);
+    out
+}
+
+/// The buckets as a table, with the per-rank line; empty for a one-rank step.
+pub fn table(buckets: &[Bucket], plan: &MemoryPlan) -> String {
+    use std::fmt::Write;
+    let Some(first) = buckets.first() else {
+        return String::new();
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "data parallel: {} ranks, each runs this plan on its own device ({} bytes per rank); {} all-reduce buckets of {} bytes of gradients",
+        first.ranks,
+        plan.total_bytes,
+        buckets.len(),
+        buckets.iter().map(|b| b.bytes).sum::<usize>()
+    );
+    let _ = writeln!(
+        s,
+        "{:>6}  {:>9}  {:>12}  {:>12}  {:>12}  {:>8}  {:>12}  after",
+        "bucket", "gradients", "bytes", "offset", "region", "position", "backward ops"
+    );
+    for (k, b) in buckets.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "{:>6}  {:>9}  {:>12}  {:>12}  {:>12}  {:>8}  {:>12}  {}",
+            k,
+            b.gradients,
+            b.bytes,
+            b.offset,
+            b.region_bytes,
+            b.position,
+            b.backward_after,
+            b.after
+        );
+    }
+    s
+}

@@ -1,0 +1,44 @@
+//! Collectives for data-parallel training: what a step compiled for `N` ranks
+//! ([`ingot_compiler::autodiff::buckets`]) calls at each gradient bucket's all-reduce.
+//!
+//! A [`Collective`] is one rank's end of a group of `N`: every rank calls
+//! [`Collective::all_reduce_mean`] with buffers of the same length, in the same order, and each
+//! gets back the elementwise mean over the ranks. [`threads`] is the in-process implementation
+//! (one thread per rank, sum in rank order then divide, so every run and every rank gets the
+//! same bits): it runs `N` ranks on one machine's CPU, which is how data parallelism is tested
+//! without several GPUs.
+
+pub mod ranks;
+pub mod threads;
+
+use crate::error::ExecError;
+use ingot_compiler::ir::DType;
+
+/// One rank's end of a group of ranks that average their gradients.
+pub trait Collective: Send {
+    /// This rank's number, `0..ranks()`.
+    fn rank(&self) -> usize;
+    /// How many ranks the group has.
+    fn ranks(&self) -> usize;
+    /// Replaces `data` (little-endian elements of `dtype`, host memory) by the elementwise mean
+    /// over the ranks of every rank's `data`. Every rank must call it with the same length and
+    /// dtype, in the same order; a mismatch is an error on every rank, not a hang.
+    fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError>;
+}
+
+/// The error of a step compiled for `ranks` ranks run without a collective of that size.
+pub fn needs_collective(ranks: usize, got: Option<usize>) -> ExecError {
+    ExecError::Invalid {
+        op: "all_reduce",
+        reason: match got {
+            None => format!(
+                "the step is compiled for {ranks} data-parallel ranks but runs without a \
+                 collective: give it one (`ingot train --ranks {ranks}`, or \
+                 `PlannedStep::set_collective`)"
+            ),
+            Some(n) => format!(
+                "the step is compiled for {ranks} data-parallel ranks but its collective has {n}"
+            ),
+        },
+    }
+}

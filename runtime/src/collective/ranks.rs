@@ -1,0 +1,224 @@
+//! `N` CPU ranks as one step executor: `N` planned steps of a step compiled for `N` ranks
+//! (each its own allocation, each rank's end of an in-process [`threads`] group), run side by
+//! side on `N` threads each step. What a session sees is one step whose batch is the union of
+//! the ranks' shards: a batch written for all ranks together (`N` times one rank's input) is cut
+//! into `N` contiguous shards, rank `r` taking the `r`-th; a value of one rank's size
+//! (parameters, state, scalars, a fixed batch) goes to every rank. Parameters are the same bits
+//! on every rank after each step (every rank applies the same averaged gradients), so they are
+//! read from rank 0, which also writes the checkpoints.
+
+use super::threads;
+use crate::cpu::planned::PlannedStep;
+use crate::data::{BatchSource, DataError, Dropped, InputSlot};
+use crate::error::ExecError;
+use crate::executor::StepExecutor;
+use crate::tensor::Tensor;
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, Op};
+use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::MemoryPlan;
+
+/// The data-parallel ranks an executable was compiled for (1 when it has no all-reduce).
+pub fn ranks_of(exe: &Executable) -> usize {
+    let g = exe.graph();
+    g.ids()
+        .find_map(|id| match g.node(id).op {
+            Op::AllReduce { ranks } => Some(ranks),
+            _ => None,
+        })
+        .unwrap_or(1)
+}
+
+/// `N` CPU ranks of one data-parallel step.
+pub struct CpuRanks {
+    ranks: Vec<PlannedStep>,
+}
+
+impl CpuRanks {
+    /// Loads `exe` once per rank it was compiled for ([`ranks_of`]), each with its end of one
+    /// thread group.
+    pub fn new(exe: Executable) -> Result<CpuRanks, ExecError> {
+        let n = ranks_of(&exe);
+        let mut ranks = Vec::with_capacity(n);
+        for c in threads::group(n) {
+            let mut s = PlannedStep::new(exe.clone())?;
+            s.set_collective(Box::new(c))?;
+            ranks.push(s);
+        }
+        Ok(CpuRanks { ranks })
+    }
+
+    /// The rank steps, rank 0 first.
+    pub fn ranks(&self) -> &[PlannedStep] {
+        &self.ranks
+    }
+}
+
+impl StepExecutor for CpuRanks {
+    fn graph(&self) -> &Graph {
+        self.ranks[0].graph()
+    }
+
+    fn plan(&self) -> &MemoryPlan {
+        self.ranks[0].plan()
+    }
+
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        let n = self.ranks.len();
+        let one = self.plan().location(self.graph(), id).bytes;
+        let input = self.graph().leaves(LeafKind::Input).contains(&id);
+        if input && one > 0 && bytes.len() == one * n && n > 1 {
+            for (r, s) in self.ranks.iter_mut().enumerate() {
+                s.write_node_bytes(id, &bytes[r * one..(r + 1) * one])?;
+            }
+            return Ok(());
+        }
+        for s in &mut self.ranks {
+            s.write_node_bytes(id, bytes)?;
+        }
+        Ok(())
+    }
+
+    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        self.ranks[0].read_node(id)
+    }
+
+    fn step(&mut self) -> Result<(), ExecError> {
+        // Every rank must run (a rank left out would leave the others waiting in the
+        // collective), so each runs on its own thread and the first error is returned after all
+        // have finished.
+        let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter_mut()
+                .map(|s| scope.spawn(move || s.step()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ExecError::Invalid {
+                            op: "step",
+                            reason: "a rank's thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.ranks[0].allocated_bytes()
+    }
+
+    fn device(&self) -> String {
+        format!("cpu, {} ranks", self.ranks.len())
+    }
+
+    /// The value at `at` on every rank: the same on all (a gradient norm, read after the
+    /// all-reduce), or each rank's own (its shard's loss), whose mean over the ranks is the
+    /// union's (equal shards of a mean loss).
+    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError> {
+        let values = self
+            .ranks
+            .iter()
+            .map(|s| s.read_scalar(at, dtype))
+            .collect::<Result<Vec<f64>, _>>()?;
+        if values.iter().all(|v| v.to_bits() == values[0].to_bits()) {
+            return Ok(values[0]);
+        }
+        Ok(values.iter().sum::<f64>() / values.len() as f64)
+    }
+
+    fn data_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+}
+
+/// A batch source for `N` ranks: batch `k` of an epoch is the inner source's batches
+/// `kN, kN + 1, ..., kN + N - 1`, one after another (rank `r` gets batch `kN + r`, its shard):
+/// disjoint shards of the same seeded order, and an epoch has `N` times fewer (larger) batches.
+pub struct RankBatches<S> {
+    inner: S,
+    ranks: usize,
+    x: InputSlot,
+    y: InputSlot,
+}
+
+impl<S: BatchSource> RankBatches<S> {
+    /// `inner` makes one rank's batches; `ranks` at least 1. A data set with fewer batches per
+    /// epoch than ranks is refused (a rank would get nothing).
+    pub fn new(inner: S, ranks: usize) -> Result<RankBatches<S>, DataError> {
+        let ranks = ranks.max(1);
+        if inner.batches_per_epoch() < ranks as u64 {
+            return Err(DataError::TooSmall {
+                file: inner.describe().into(),
+                reason: format!(
+                    "{} batches per epoch cannot give each of {ranks} ranks one",
+                    inner.batches_per_epoch()
+                ),
+            });
+        }
+        let widen = |s: &InputSlot| {
+            let mut s = s.clone();
+            if let Some(d) = s.dims.first_mut() {
+                *d *= ranks;
+            }
+            s
+        };
+        Ok(RankBatches {
+            x: widen(inner.x()),
+            y: widen(inner.y()),
+            inner,
+            ranks,
+        })
+    }
+}
+
+impl<S: BatchSource> BatchSource for RankBatches<S> {
+    fn x(&self) -> &InputSlot {
+        &self.x
+    }
+    fn y(&self) -> &InputSlot {
+        &self.y
+    }
+    fn batches_per_epoch(&self) -> u64 {
+        self.inner.batches_per_epoch() / self.ranks as u64
+    }
+    fn seed(&self) -> u64 {
+        self.inner.seed()
+    }
+    fn fill(
+        &mut self,
+        epoch: u64,
+        batch: u64,
+        x: &mut [u8],
+        y: &mut [u8],
+    ) -> Result<(), DataError> {
+        let (xb, yb) = (self.inner.x().bytes(), self.inner.y().bytes());
+        for r in 0..self.ranks {
+            let k = batch * self.ranks as u64 + r as u64;
+            self.inner.fill(
+                epoch,
+                k,
+                &mut x[r * xb..(r + 1) * xb],
+                &mut y[r * yb..(r + 1) * yb],
+            )?;
+        }
+        Ok(())
+    }
+    fn dropped_per_epoch(&self) -> Dropped {
+        self.inner.dropped_per_epoch()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}, in shards for {} ranks",
+            self.inner.describe(),
+            self.ranks
+        )
+    }
+    fn check_all(&mut self) -> Result<(), DataError> {
+        self.inner.check_all()
+    }
+}

@@ -1,0 +1,207 @@
+//! The in-process collective: `N` ranks are `N` threads of one process sharing a
+//! [`ThreadGroup`]. An all-reduce copies each rank's buffer into its slot, waits for every rank,
+//! then each rank sums the slots in rank order (0, 1, ..., N-1) and divides by `N`: the same
+//! arithmetic on every rank and every run, so all ranks hold the same bits afterwards, as they
+//! must for their parameters to stay equal. bf16 is summed in f32 and rounded once, to the
+//! nearest even (as the step rounds every bf16 store).
+
+use super::Collective;
+use crate::error::ExecError;
+use ingot_compiler::ir::DType;
+use std::sync::{Arc, Barrier, Mutex};
+
+/// What the ranks of one group share.
+pub struct ThreadGroup {
+    ranks: usize,
+    barrier: Barrier,
+    /// Each rank's buffer of the current all-reduce (kept between calls: no allocation once
+    /// the largest bucket has been seen).
+    slots: Vec<Mutex<Vec<u8>>>,
+}
+
+/// One rank of a [`ThreadGroup`]; move it to the rank's thread.
+pub struct ThreadRank {
+    rank: usize,
+    group: Arc<ThreadGroup>,
+}
+
+/// The `ranks` ends of a new group, rank 0 first. `ranks` must be at least 1.
+pub fn group(ranks: usize) -> Vec<ThreadRank> {
+    let ranks = ranks.max(1);
+    let group = Arc::new(ThreadGroup {
+        ranks,
+        barrier: Barrier::new(ranks),
+        slots: (0..ranks).map(|_| Mutex::new(Vec::new())).collect(),
+    });
+    (0..ranks)
+        .map(|rank| ThreadRank {
+            rank,
+            group: group.clone(),
+        })
+        .collect()
+}
+
+fn slot(group: &ThreadGroup, r: usize) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    // A rank that panicked while holding its slot leaves it poisoned; the bytes are still
+    // plain bytes, and the lengths check below catches a half-written call.
+    group.slots[r].lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Collective for ThreadRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        self.group.ranks
+    }
+
+    fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError> {
+        let g = &*self.group;
+        {
+            let mut mine = slot(g, self.rank);
+            mine.clear();
+            mine.extend_from_slice(data);
+        }
+        g.barrier.wait();
+        // Every rank checks the same lengths, so all agree on failing (and all reach the
+        // second barrier either way: no rank is left waiting).
+        let lengths: Vec<usize> = (0..g.ranks).map(|r| slot(g, r).len()).collect();
+        let result = if lengths.iter().any(|&l| l != data.len()) {
+            Err(ExecError::Invalid {
+                op: "all_reduce",
+                reason: format!(
+                    "the ranks all-reduce buffers of different lengths ({lengths:?} bytes): \
+                     every rank must run the same step"
+                ),
+            })
+        } else {
+            let slots: Vec<_> = (0..g.ranks).map(|r| slot(g, r)).collect();
+            let parts: Vec<&[u8]> = slots.iter().map(|s| s.as_slice()).collect();
+            mean_into(&parts, data, dtype)
+        };
+        g.barrier.wait();
+        result
+    }
+}
+
+/// `out = (parts[0] + parts[1] + ... ) / n`, elementwise, summed in rank order.
+fn mean_into(parts: &[&[u8]], out: &mut [u8], dtype: DType) -> Result<(), ExecError> {
+    let n = parts.len();
+    match dtype {
+        DType::F32 => {
+            for (e, o) in out.chunks_exact_mut(4).enumerate() {
+                let at = |p: &[u8]| f32::from_le_bytes(p[4 * e..4 * e + 4].try_into().unwrap());
+                let mut s = at(parts[0]);
+                for p in &parts[1..] {
+                    s += at(p);
+                }
+                o.copy_from_slice(&(s / n as f32).to_le_bytes());
+            }
+        }
+        DType::F64 => {
+            for (e, o) in out.chunks_exact_mut(8).enumerate() {
+                let at = |p: &[u8]| f64::from_le_bytes(p[8 * e..8 * e + 8].try_into().unwrap());
+                let mut s = at(parts[0]);
+                for p in &parts[1..] {
+                    s += at(p);
+                }
+                o.copy_from_slice(&(s / n as f64).to_le_bytes());
+            }
+        }
+        DType::BF16 => {
+            for (e, o) in out.chunks_exact_mut(2).enumerate() {
+                let at = |p: &[u8]| {
+                    half::bf16::from_le_bytes(p[2 * e..2 * e + 2].try_into().unwrap()).to_f32()
+                };
+                let mut s = at(parts[0]);
+                for p in &parts[1..] {
+                    s += at(p);
+                }
+                o.copy_from_slice(&half::bf16::from_f32(s / n as f32).to_le_bytes());
+            }
+        }
+        other => {
+            return Err(ExecError::Invalid {
+                op: "all_reduce",
+                reason: format!("a mean of {other} elements; gradients are f32, f64 or bf16"),
+            })
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn every_thread_rank_gets_the_mean_summed_in_rank_order() {
+        let ranks = group(3);
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let k = r.rank() as f32;
+                    let mut data = f32_bytes(&[k, 1e8 * (k - 1.0), 1.0 + k]);
+                    r.all_reduce_mean(&mut data, DType::F32).unwrap();
+                    data
+                })
+            })
+            .collect();
+        let outs: Vec<Vec<u8>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        // (0 + 1 + 2) / 3, ((-1e8 + 0) + 1e8) / 3 in rank order, (1 + 2 + 3) / 3.
+        let want = f32_bytes(&[1.0, ((-1e8f32 + 0.0) + 1e8) / 3.0, 2.0]);
+        for o in &outs {
+            assert_eq!(o, &want);
+        }
+    }
+
+    #[test]
+    fn ranks_reducing_different_lengths_all_get_an_error_instead_of_hanging() {
+        let handles: Vec<_> = group(2)
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let mut data = vec![0u8; 4 * (1 + r.rank())];
+                    r.all_reduce_mean(&mut data, DType::F32)
+                })
+            })
+            .collect();
+        for h in handles {
+            let e = h.join().unwrap().unwrap_err().to_string();
+            assert!(e.contains("different lengths"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_bf16_mean_is_summed_in_f32_and_rounded_once() {
+        let e = 2.0f32.powi(-8);
+        let vals = [1.0f32, e, e];
+        // In f32, 1 + 2^-8 + 2^-8 = 1 + 2^-7 exactly; rounding to bf16 after each addition
+        // would lose both 2^-8 terms (1 + 2^-8 is a tie, rounded to even: 1).
+        let once = half::bf16::from_f32((1.0 + e + e) / 3.0);
+        let each = half::bf16::from_f32(
+            half::bf16::from_f32(half::bf16::from_f32(1.0 + e).to_f32() + e).to_f32() / 3.0,
+        );
+        assert_ne!(once, each, "the case tells the two apart");
+        let handles: Vec<_> = group(3)
+            .into_iter()
+            .map(|mut r| {
+                let v = half::bf16::from_f32(vals[r.rank()]);
+                std::thread::spawn(move || {
+                    let mut data = v.to_le_bytes().to_vec();
+                    r.all_reduce_mean(&mut data, DType::BF16).unwrap();
+                    half::bf16::from_le_bytes([data[0], data[1]])
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), once);
+        }
+    }
+}

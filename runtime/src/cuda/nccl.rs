@@ -1,0 +1,229 @@
+//! NCCL, loaded at run time: the collective library every data-parallel trainer on NVIDIA GPUs
+//! uses (PyTorch's DDP among them).
+//!
+//! The library is found by [`super::libsearch`] (`INGOT_NCCL_DIR`, `LD_LIBRARY_PATH`, Python's
+//! `nvidia/nccl/lib` as PyTorch installs it, the system directories), loaded by absolute path,
+//! and its functions bound from that handle. Not cudarc's `nccl` feature: cudarc 0.19 opens
+//! NCCL by the names `libnccl.so`, `libnccl.so.{10,11,12,13,9,1}` only, and the pip package
+//! ships `libnccl.so.2` alone, so its loader would not find the library even after it is
+//! loaded (a `dlopen` by name matches a loaded library's soname, `libnccl.so.2`), and it
+//! panics when it does not. Binding the few functions used here from the handle found avoids
+//! both.
+
+use super::libsearch::{self, Library};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// NCCL as PyTorch's wheels ship it.
+pub const NCCL: Library = Library {
+    file: "libnccl.so.2",
+    env_dir: "INGOT_NCCL_DIR",
+    python_subdirs: &["nvidia/nccl/lib"],
+    install_hint: "install NCCL (`pip install nvidia-nccl-cu12`, which PyTorch's CUDA wheels \
+                   bring) or set INGOT_NCCL_DIR to the directory holding libnccl.so.2",
+};
+
+/// An NCCL communicator handle (`ncclComm_t`).
+pub type RawComm = *mut c_void;
+
+/// `ncclUniqueId`: 128 opaque bytes rank 0 makes and every rank passes to its init.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    pub internal: [c_char; 128],
+}
+
+/// `ncclDataType_t` values used here (NCCL 2.10 and later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub enum DataType {
+    Float32 = 7,
+    Float64 = 8,
+    Bfloat16 = 9,
+}
+
+/// `ncclRedOp_t`'s `ncclAvg`: the sum divided by the number of ranks.
+pub const AVG: c_int = 4;
+
+type Res = c_int;
+
+/// The functions of the loaded library.
+pub struct Nccl {
+    pub path: PathBuf,
+    get_version: unsafe extern "C" fn(*mut c_int) -> Res,
+    get_error_string: unsafe extern "C" fn(Res) -> *const c_char,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> Res,
+    comm_init_all: unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> Res,
+    comm_destroy: unsafe extern "C" fn(RawComm) -> Res,
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        *mut c_void,
+    ) -> Res,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+}
+
+/// NCCL, found and loaded once per process; the error says where it was looked for.
+pub fn load() -> Result<&'static Nccl, String> {
+    static LOADED: OnceLock<Result<Nccl, String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let path = libsearch::find(&NCCL).map_err(|e| e.to_string())?;
+            let lib = libsearch::preload(&path)?;
+            bind(lib, path)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn bind(lib: &'static libloading::Library, path: PathBuf) -> Result<Nccl, String> {
+    macro_rules! sym {
+        ($name:literal) => {
+            // SAFETY: the symbol is NCCL's, of the C signature declared in the field.
+            *unsafe { lib.get($name) }.map_err(|e| {
+                format!(
+                    "{}: no symbol {}: {e}",
+                    path.display(),
+                    String::from_utf8_lossy(&$name[..$name.len() - 1])
+                )
+            })?
+        };
+    }
+    Ok(Nccl {
+        get_version: sym!(b"ncclGetVersion\0"),
+        get_error_string: sym!(b"ncclGetErrorString\0"),
+        get_unique_id: sym!(b"ncclGetUniqueId\0"),
+        comm_init_rank: sym!(b"ncclCommInitRank\0"),
+        comm_init_all: sym!(b"ncclCommInitAll\0"),
+        comm_destroy: sym!(b"ncclCommDestroy\0"),
+        all_reduce: sym!(b"ncclAllReduce\0"),
+        group_start: sym!(b"ncclGroupStart\0"),
+        group_end: sym!(b"ncclGroupEnd\0"),
+        path,
+    })
+}
+
+impl Nccl {
+    fn check(&self, what: &str, r: Res) -> Result<(), String> {
+        if r == 0 {
+            return Ok(());
+        }
+        // SAFETY: NCCL returns a static string for any result code.
+        let msg = unsafe { CStr::from_ptr((self.get_error_string)(r)) };
+        Err(format!("NCCL {what}: {} (code {r})", msg.to_string_lossy()))
+    }
+
+    /// NCCL's version as `major.minor.patch`.
+    pub fn version(&self) -> Result<String, String> {
+        let mut v: c_int = 0;
+        // SAFETY: writes one int.
+        self.check("version", unsafe { (self.get_version)(&mut v) })?;
+        Ok(format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+    }
+
+    /// A new unique id (rank 0 makes it; every rank of a multi-process group passes it on).
+    pub fn unique_id(&self) -> Result<UniqueId, String> {
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: writes the 128 bytes of `id`.
+        self.check("unique id", unsafe { (self.get_unique_id)(&mut id) })?;
+        Ok(id)
+    }
+
+    /// One communicator per device of `devices` (ranks in that order), in this process
+    /// (`ncclCommInitAll`).
+    pub fn init_all(&'static self, devices: &[i32]) -> Result<Vec<Comm>, String> {
+        let mut raw = vec![std::ptr::null_mut(); devices.len()];
+        // SAFETY: `raw` holds one slot per device.
+        self.check("init", unsafe {
+            (self.comm_init_all)(raw.as_mut_ptr(), devices.len() as c_int, devices.as_ptr())
+        })?;
+        Ok(raw
+            .into_iter()
+            .map(|raw| Comm { nccl: self, raw })
+            .collect())
+    }
+
+    /// This process's rank `rank` of `ranks` (`ncclCommInitRank`), on the CUDA device current
+    /// on the calling thread.
+    pub fn init_rank(
+        &'static self,
+        ranks: usize,
+        id: UniqueId,
+        rank: usize,
+    ) -> Result<Comm, String> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        self.check("init", unsafe {
+            (self.comm_init_rank)(&mut raw, ranks as c_int, id, rank as c_int)
+        })?;
+        Ok(Comm { nccl: self, raw })
+    }
+
+    /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (several communicators driven from
+    /// one thread).
+    pub fn group<T>(&self, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+        // SAFETY: no arguments.
+        self.check("group start", unsafe { (self.group_start)() })?;
+        let out = f();
+        // SAFETY: as above; ended even when `f` failed, so the group is not left open.
+        let end = self.check("group end", unsafe { (self.group_end)() });
+        let out = out?;
+        end.map(|_| out)
+    }
+}
+
+/// One rank's communicator; destroyed on drop.
+pub struct Comm {
+    nccl: &'static Nccl,
+    raw: RawComm,
+}
+
+// SAFETY: an NCCL communicator may be used from any one thread at a time.
+unsafe impl Send for Comm {}
+
+impl Comm {
+    /// Queues the in-place mean over the ranks of `count` elements of `dtype` at device address
+    /// `ptr`, on `stream` (a `CUstream`).
+    ///
+    /// # Safety
+    /// `ptr` must address `count` elements of `dtype` of device memory live until the stream
+    /// has run the operation, and `stream` a stream of the communicator's device.
+    pub unsafe fn all_reduce_mean(
+        &self,
+        ptr: u64,
+        count: usize,
+        dtype: DataType,
+        stream: *mut c_void,
+    ) -> Result<(), String> {
+        let p = ptr as *mut c_void;
+        self.nccl.check(
+            "all-reduce",
+            (self.nccl.all_reduce)(p, p, count, dtype as c_int, AVG, self.raw, stream),
+        )
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from init and is destroyed once.
+        unsafe { (self.nccl.comm_destroy)(self.raw) };
+    }
+}
+
+/// The NCCL element type of a gradient dtype.
+pub fn data_type(dtype: ingot_compiler::ir::DType) -> Option<DataType> {
+    use ingot_compiler::ir::DType;
+    match dtype {
+        DType::F32 => Some(DataType::Float32),
+        DType::F64 => Some(DataType::Float64),
+        DType::BF16 => Some(DataType::Bfloat16),
+        _ => None,
+    }
+}

@@ -1,0 +1,415 @@
+//! Data parallelism on the CPU: a step compiled for N ranks averages its gradients with
+//! all-reduces in buckets, and N threads (one rank each, the in-process collective) training on
+//! N disjoint shards of a batch reach the parameters one rank reaches on the union of the shards.
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::StepOptions;
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{Graph, LeafKind, Op};
+use ingot_compiler::lower::Target;
+use ingot_compiler::models::{self, Model};
+use ingot_compiler::pipeline;
+use ingot_runtime::collective::{threads, Collective};
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::init::{init_leaves, synthetic_batch};
+use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
+
+fn mlp(batch: usize) -> Model {
+    models::mlp_with(batch, ingot_compiler::ir::DType::F32).unwrap()
+}
+
+fn compile(model: &Model, ranks: usize) -> Executable {
+    let step = StepOptions {
+        ranks,
+        ..Default::default()
+    };
+    pipeline::compile_observed_with(
+        model,
+        &step,
+        &pipeline::Options::for_target(Target::Cpu),
+        &mut |_| {},
+    )
+    .unwrap()
+    .executable(Target::Cpu)
+    .unwrap()
+}
+
+fn all_reduces(g: &Graph) -> usize {
+    g.ids()
+        .filter(|&id| matches!(g.node(id).op, Op::AllReduce { .. }))
+        .count()
+}
+
+#[test]
+fn one_rank_compiles_to_the_single_device_step_byte_for_byte() {
+    for spec in [
+        "mlp",
+        "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2",
+    ] {
+        let model = models::by_name(spec).unwrap();
+        let single = compile(&model, 0);
+        let one = compile(&model, 1);
+        assert_eq!(
+            all_reduces(one.graph()),
+            0,
+            "{spec}: one rank adds no all-reduce"
+        );
+        assert_eq!(
+            one.to_bytes().unwrap(),
+            single.to_bytes().unwrap(),
+            "{spec}: the one-rank executable (graph, plan, program) is the single-device one"
+        );
+    }
+}
+
+#[test]
+fn two_ranks_reduce_every_gradient_once_in_contiguous_buckets_before_the_update() {
+    let model =
+        models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2").unwrap();
+    let exe = compile(&model, 2);
+    let g = exe.graph();
+    let buckets = ingot_compiler::plan::buckets::buckets(g, exe.plan());
+    assert!(!buckets.is_empty());
+    let params = g.leaves(LeafKind::Parameter).len();
+    assert_eq!(
+        buckets.iter().map(|b| b.gradients).sum::<usize>(),
+        params,
+        "every parameter's gradient is in exactly one bucket"
+    );
+    for b in &buckets {
+        assert!(b.region_bytes >= b.bytes && b.region_bytes < b.bytes + 256 * b.gradients);
+        // Right after its last gradient: the node before it in the schedule is that gradient's
+        // kernel (or a result of it).
+        let before = exe.plan().liveness.order[b.position - 1];
+        let last = *g.node(b.node).inputs.iter().max().unwrap();
+        assert_eq!(
+            g.writer(before),
+            g.writer(last),
+            "bucket {:?} is not hoisted",
+            b.node
+        );
+    }
+}
+
+#[test]
+fn the_validator_refuses_a_bucket_whose_gradients_are_not_adjacent() {
+    let exe = compile(&mlp(2), 2);
+    let (g, plan) = (exe.graph(), exe.plan());
+    assert!(plan.validate(g).is_ok());
+    let b = &ingot_compiler::plan::buckets::buckets(g, plan)[0];
+    let outs = g.kernel_outputs()[b.node.index()].clone();
+    assert!(outs.len() >= 2);
+    // Move the bucket's last gradient past the end of the allocation (grown to hold it): it
+    // overlaps nothing, but the bucket is no longer one region.
+    let mut broken = plan.clone();
+    let last = outs[outs.len() - 1];
+    let s = broken.liveness.storage_of[last.index()];
+    broken.storage_offset[s] = broken.total_bytes;
+    broken.total_bytes += g.ty(last).bytes().next_multiple_of(256);
+    let e = broken.validate(g).unwrap_err().to_string();
+    assert!(e.contains("one contiguous region"), "{e}");
+}
+
+/// Rows `[r * n, (r + 1) * n)` of `t` (split along axis 0 into `of` equal shards).
+fn shard(t: &Tensor, r: usize, of: usize) -> Tensor {
+    let bytes = t.to_le_bytes();
+    let per = bytes.len() / of;
+    let mut ty = t.ty.clone();
+    let mut dims = ty.shape.dims().to_vec();
+    dims[0] /= of;
+    ty.shape = ingot_compiler::ir::Shape::new(&dims);
+    Tensor::from_le_bytes(ty, &bytes[r * per..(r + 1) * per]).unwrap()
+}
+
+/// Trains `steps` steps of `spec` at batch `ranks * per_rank` on one rank, and at `per_rank`
+/// on `ranks` thread ranks each on its shard of the same batches; returns the largest relative
+/// difference of any parameter (max-norm of the difference over max-norm of the union's).
+fn ranks_against_union(
+    model: impl Fn(usize) -> Model,
+    ranks: usize,
+    per_rank: usize,
+    steps: usize,
+) -> f64 {
+    let union_model = model(ranks * per_rank);
+    let rank_model = model(per_rank);
+    let union_exe = compile(&union_model, 1);
+    let rank_exe = compile(&rank_model, ranks);
+    assert!(all_reduces(rank_exe.graph()) > 0);
+    let g = union_exe.graph();
+    let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 5);
+    state.extend(init_leaves(g, LeafKind::State, 5));
+    let batches: Vec<IndexMap<String, Tensor>> = (0..steps as u64)
+        .map(|s| synthetic_batch(g, 100 + s))
+        .collect();
+
+    let mut union = PlannedStep::new(union_exe).unwrap();
+    for (n, v) in &state {
+        union.write_leaf(n, v).unwrap();
+    }
+    for b in &batches {
+        for (n, v) in b {
+            union.write_leaf(n, v).unwrap();
+        }
+        union.step().unwrap();
+    }
+
+    let handles: Vec<_> = threads::group(ranks)
+        .into_iter()
+        .map(|c| {
+            let exe = rank_exe.clone();
+            let state = state.clone();
+            let batches = batches.clone();
+            std::thread::spawn(move || {
+                let r = c.rank();
+                let mut s = PlannedStep::new(exe).unwrap();
+                s.set_collective(Box::new(c)).unwrap();
+                for (n, v) in &state {
+                    s.write_leaf(n, v).unwrap();
+                }
+                for b in &batches {
+                    for (n, v) in b {
+                        s.write_leaf(n, &shard(v, r, ranks)).unwrap();
+                    }
+                    s.step().unwrap();
+                }
+                let names: Vec<String> = state.keys().cloned().collect();
+                names
+                    .iter()
+                    .map(|n| (n.clone(), s.read_leaf(n).unwrap()))
+                    .collect::<IndexMap<_, _>>()
+            })
+        })
+        .collect();
+    let results: Vec<IndexMap<String, Tensor>> =
+        handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for r in &results[1..] {
+        for (n, v) in r {
+            assert_eq!(
+                v.to_le_bytes(),
+                results[0][n].to_le_bytes(),
+                "every rank holds the same bits of {n}"
+            );
+        }
+    }
+    let mut worst = 0.0f64;
+    for (n, v) in &results[0] {
+        let want = union.read_leaf(n).unwrap();
+        let (Some(a), Some(b)) = (v.as_f32(), want.as_f32()) else {
+            continue;
+        };
+        let diff = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() as f64)
+            .fold(0.0, f64::max);
+        let scale = b
+            .iter()
+            .map(|y| y.abs() as f64)
+            .fold(0.0, f64::max)
+            .max(f64::MIN_POSITIVE);
+        worst = worst.max(diff / scale);
+    }
+    worst
+}
+
+#[test]
+fn two_thread_ranks_on_two_shards_train_an_mlp_as_one_rank_on_the_union() {
+    let worst = ranks_against_union(mlp, 2, 4, 10);
+    assert!(worst <= 1e-6, "relative difference {worst}");
+}
+
+#[test]
+fn three_thread_ranks_on_three_shards_train_a_gpt_as_one_rank_on_the_union() {
+    let worst = ranks_against_union(
+        |b| {
+            let mut m = models::by_name(&format!(
+                "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}"
+            ))
+            .unwrap();
+            // SGD, not the GPT's AdamW: the key bias's gradient is zero in exact arithmetic
+            // (softmax ignores a constant added to a row of scores), so what either run computes
+            // for it is rounding noise, which AdamW's g / sqrt(v) scales up to a full step of
+            // either sign; the two runs then differ by up to 2 lr in those parameters.
+            m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+            m
+        },
+        3,
+        2,
+        10,
+    );
+    assert!(worst <= 1e-6, "relative difference {worst}");
+}
+
+#[test]
+fn a_step_for_two_ranks_run_without_a_collective_says_so() {
+    let model = mlp(2);
+    let mut s = PlannedStep::new(compile(&model, 2)).unwrap();
+    let e = s.step().unwrap_err().to_string();
+    assert!(
+        e.contains("2 data-parallel ranks") && e.contains("without a collective"),
+        "{e}"
+    );
+    let e = s
+        .set_collective(Box::new(threads::group(3).remove(0)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("its collective has 3"), "{e}");
+}
+
+#[test]
+fn a_step_for_two_ranks_is_refused_by_the_cuda_lowering_naming_the_collective() {
+    let model = mlp(2);
+    let c = pipeline::compile_observed_with(
+        &model,
+        &StepOptions {
+            ranks: 2,
+            ..Default::default()
+        },
+        &pipeline::Options::for_target(Target::Cuda),
+        &mut |_| {},
+    )
+    .unwrap();
+    let e = c.executable(Target::Cuda).unwrap_err().to_string();
+    assert!(e.contains("NCCL"), "{e}");
+}
+
+mod cli {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    /// A byte-level GPT with 4 rows per rank.
+    const GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=4";
+
+    fn scratch(test: &str) -> PathBuf {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("data-parallel-tests")
+            .join(test);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn ingot(args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_ingot"))
+            .args(args)
+            .output()
+            .expect("ingot runs")
+    }
+
+    fn ok(out: &Output) -> String {
+        assert!(
+            out.status.success(),
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout.clone()).unwrap()
+    }
+
+    /// 4000 byte tokens of a deterministic text.
+    fn tokens(dir: &Path) -> PathBuf {
+        let text: String = (0..4000u32)
+            .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
+            .collect();
+        let txt = dir.join("text.txt");
+        std::fs::write(&txt, text).unwrap();
+        let bin = dir.join("text.bin");
+        ok(&ingot(&[
+            "data",
+            "bytes",
+            txt.to_str().unwrap(),
+            bin.to_str().unwrap(),
+        ]));
+        bin
+    }
+
+    fn losses(stdout: &str) -> Vec<u64> {
+        stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+            .map(f64::to_bits)
+            .collect()
+    }
+
+    #[test]
+    fn two_cpu_ranks_train_over_a_data_set_and_resume_bit_for_bit_from_rank_0s_checkpoint() {
+        let d = scratch("resume");
+        let bin = tokens(&d);
+        let ck = d.join("ck");
+        let (bin, ck) = (bin.to_str().unwrap(), ck.to_str().unwrap());
+        let base = [
+            "train",
+            "--model",
+            GPT,
+            "--ranks",
+            "2",
+            "--dataset",
+            bin,
+            "--json",
+        ];
+        let straight = losses(&ok(&ingot(&[&base[..], &["--steps", "8"]].concat())));
+        assert_eq!(straight.len(), 8);
+        let first = losses(&ok(&ingot(
+            &[&base[..], &["--steps", "4", "--checkpoint", ck]].concat(),
+        )));
+        let info: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(Path::new(ck).join("checkpoint.json")).unwrap())
+                .unwrap();
+        assert_eq!(info["ranks"], 2, "the checkpoint records its ranks: {info}");
+        let second = losses(&ok(&ingot(
+            &[&base[..], &["--steps", "8", "--resume", ck]].concat(),
+        )));
+        let resumed: Vec<u64> = first.into_iter().chain(second).collect();
+        assert_eq!(
+            resumed, straight,
+            "the resumed run's losses are the straight run's"
+        );
+
+        let other = ingot(&[
+            "train",
+            "--model",
+            GPT,
+            "--dataset",
+            bin,
+            "--steps",
+            "8",
+            "--resume",
+            ck,
+        ]);
+        let e = String::from_utf8_lossy(&other.stderr);
+        assert!(
+            !other.status.success() && e.contains("2 data-parallel rank"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_plan_of_two_ranks_lists_its_buckets_and_the_per_rank_total() {
+        let out = ok(&ingot(&["plan", "--model", GPT, "--ranks", "2"]));
+        assert!(out.contains("data parallel: 2 ranks"), "{out}");
+        assert!(out.contains("bytes per rank"), "{out}");
+        let one = ok(&ingot(&["plan", "--model", GPT]));
+        assert!(!one.contains("data parallel"), "{one}");
+    }
+
+    #[test]
+    fn gpus_with_ranks_or_on_a_machine_without_the_gpus_is_a_clear_error() {
+        let both = ingot(&[
+            "train", "--model", GPT, "--gpus", "1", "--ranks", "2", "--steps", "1",
+        ]);
+        let e = String::from_utf8_lossy(&both.stderr);
+        assert!(!both.status.success() && e.contains("not both"), "{e}");
+        let cpu = ingot(&[
+            "train", "--model", GPT, "--gpus", "1", "--device", "cpu", "--steps", "1",
+        ]);
+        let e = String::from_utf8_lossy(&cpu.stderr);
+        assert!(!cpu.status.success() && e.contains("--ranks N"), "{e}");
+        if ingot_runtime::cuda::available().is_err() {
+            let none = ingot(&["train", "--model", GPT, "--gpus", "2", "--steps", "1"]);
+            let e = String::from_utf8_lossy(&none.stderr);
+            assert!(!none.status.success() && e.contains("GPU"), "{e}");
+        }
+    }
+}
