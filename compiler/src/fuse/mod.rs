@@ -305,6 +305,17 @@ fn merged_groups(g: &Graph, mat: &[bool], groups: Vec<Group>) -> Result<Vec<Grou
     }
 }
 
+/// Whether `domain` reduces over some axes but not its last one (a column reduction).
+fn is_column_reduction(domain: &Domain) -> bool {
+    match &domain.axes {
+        Some(axes) => {
+            let last = domain.dims.len().saturating_sub(1);
+            !axes.is_empty() && !axes.contains(&last) && domain.dims[last] > 1
+        }
+        None => false,
+    }
+}
+
 /// Whether merging a producer with roots `p` into a consumer with roots `c` would move backward
 /// work (after `loss`) to the forward pass across a library call (`library`, in node order).
 fn crosses_into_backward(
@@ -445,6 +456,18 @@ fn merge(
             let Some(domain) = merged_domain(&pg.domain, &cg.domain) else {
                 continue;
             };
+            // A column reduction (over leading axes) runs on few blocks, one per group of
+            // columns: full-size outputs written from it would be written by a small fraction
+            // of the GPU. Such outputs stay in a kernel of their own.
+            if is_column_reduction(&domain)
+                && pg
+                    .roots
+                    .iter()
+                    .chain(&cg.roots)
+                    .any(|&r| g.ty(r).shape.numel() == domain.dims.iter().product::<usize>())
+            {
+                continue;
+            }
             // No other path p -> ... -> c.
             if reaches_avoiding(&succ, p, c) {
                 continue;
