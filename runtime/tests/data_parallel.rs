@@ -274,37 +274,19 @@ fn a_step_for_two_ranks_is_refused_by_the_cuda_lowering_naming_the_collective() 
     assert!(e.contains("NCCL"), "{e}");
 }
 
+#[path = "support/cli.rs"]
+mod cli_support;
+
 mod cli {
     use std::path::{Path, PathBuf};
-    use std::process::{Command, Output};
 
     /// A byte-level GPT with 4 rows per rank.
     const GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=4";
 
+    use super::cli_support::{ingot, ok};
+
     fn scratch(test: &str) -> PathBuf {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join("data-parallel-tests")
-            .join(test);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    fn ingot(args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_ingot"))
-            .args(args)
-            .output()
-            .expect("ingot runs")
-    }
-
-    fn ok(out: &Output) -> String {
-        assert!(
-            out.status.success(),
-            "exit {:?}: {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout.clone()).unwrap()
+        super::cli_support::scratch("data-parallel-tests", test)
     }
 
     /// 4000 byte tokens of a deterministic text.

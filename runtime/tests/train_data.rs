@@ -7,35 +7,16 @@ use ingot_runtime::trainer::checkpoint;
 use ingot_runtime::trainer::{dataset_kind, DatasetKind};
 use ingot_runtime::Tensor;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 /// A byte-level GPT (vocabulary 256) small enough for a CPU test.
 const BYTE_GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=8";
 
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{ingot, ok};
+
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("train-data-tests")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn ingot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("ingot runs")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
+    cli::scratch("train-data-tests", test)
 }
 
 /// A text of a few thousand bytes from a small vocabulary of words (deterministic), written as

@@ -80,7 +80,7 @@ pub enum Map {
     Split {
         linear: Affine,
         coords: SmallVec<[Option<Affine>; 4]>,
-        groups: SmallVec<[(usize, usize, Affine); 2]>,
+        groups: Vec<(usize, usize, Affine)>,
     },
 }
 
@@ -177,7 +177,7 @@ impl Map {
                 }
             })
             .collect();
-        let mut kept: SmallVec<[(usize, usize, Affine); 2]> = SmallVec::new();
+        let mut kept: Vec<(usize, usize, Affine)> = Vec::new();
         for (start, end, index) in groups {
             if (*start..*end).all(pinned) {
                 continue;
@@ -247,7 +247,7 @@ impl Map {
         // whichever group is open). A group with one source axis and any number of
         // destination axes is a merge: the source coordinate is affine in the destination's.
         let mut out: SmallVec<[Option<Affine>; 4]> = SmallVec::new();
-        let mut groups: SmallVec<[(usize, usize, Affine); 2]> = SmallVec::new();
+        let mut groups: Vec<(usize, usize, Affine)> = Vec::new();
         let (mut i, mut j) = (0, 0);
         while i < src.len() || j < dst.len() {
             let (si, dj) = (i, j);
