@@ -1,9 +1,10 @@
-//! Recomputation for the backward pass: a value stored because a library call reads it (a
-//! LayerNorm output feeding a matmul, a GELU output feeding the next one) is read again by the
-//! backward pass (the weight gradient's matmul). Kept, it occupies memory from the forward
-//! pass to the backward one. When it is cheap to compute from values no larger than itself, the
-//! backward users get their own copy of its expression instead, computed just before them, and
-//! the forward value dies as soon as the forward pass is done with it.
+//! Recomputation for the backward pass: a value fusion will store (because a library call
+//! reads it, as a LayerNorm output feeding a matmul, or because several kernels share it, as a
+//! LayerNorm's normalized values) is read again by the backward pass. Kept, it occupies memory
+//! from the forward pass to the backward one. When it is cheap to compute from values no
+//! larger than itself, the backward users get their own copy of its expression instead,
+//! computed just before them, and the forward value dies as soon as the forward pass is done
+//! with it.
 
 use super::select::forced;
 use super::{kind, Kind};
@@ -30,10 +31,6 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         }
         p
     };
-    // The stored values the backward pass reads: directly, or through values fusion will
-    // recompute there from them (an unstored softmax output its backward reads keeps the
-    // scores it is computed from).
-    let late_read = read_late(g, &mat, loss);
     // What fusion will store as the graph stands: the forced values and the shared values
     // that are not cheap to recompute (the residual stream under a LayerNorm, say). A copy
     // reads those rather than recomputing them, unless they get copies of their own.
@@ -66,7 +63,7 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
                 && !cloned_for[y.index()]
                 && (mat[y.index()] || !super::select::cheap_to_recompute(g, &mat, y, recompute_ops))
         };
-        if let Some(expr) = expression(g, read, v, 2 * recompute_ops, |y| late_read[y.index()]) {
+        if let Some(expr) = expression(g, read, v, 2 * recompute_ops) {
             cloned_for[i] = true;
             for x in expr {
                 in_copy[x.index()] = true;
@@ -106,46 +103,17 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
     Ok((out, count))
 }
 
-/// For each node, whether the backward pass (the nodes after `loss`) reads it: directly, or
-/// through unstored forward values (`mat` false), which fusion computes where they are read.
-fn read_late(g: &Graph, mat: &[bool], loss: NodeId) -> Vec<bool> {
-    let mut late = vec![false; g.len()];
-    let mut stack: Vec<NodeId> = Vec::new();
-    for id in g.ids().skip(loss.index() + 1) {
-        for &x in &g.node(id).inputs {
-            if x <= loss && !std::mem::replace(&mut late[x.index()], true) {
-                stack.push(x);
-            }
-        }
-    }
-    while let Some(x) = stack.pop() {
-        if mat[x.index()] || kind(g.node(x)) == Kind::Leaf {
-            continue;
-        }
-        for &y in &g.node(x).inputs {
-            if !std::mem::replace(&mut late[y.index()], true) {
-                stack.push(y);
-            }
-        }
-    }
-    late
-}
-
 /// The nodes `v`'s copy recomputes (itself and the unstored values below it), if there are at
 /// most `limit` elementwise ops among them and the stored values they read, parameters and
 /// inputs aside, are no larger than `v` (within an eighth).
 ///
-/// A copy that redoes a reduction must, besides, read only values the backward pass keeps
-/// anyway (`kept_anyway`): recomputing a LayerNorm output from the residual stream its own
-/// backward reads is free, but recomputing a softmax from scores nothing else needs would keep
-/// the scores alive in place of the probabilities (the same bytes) and redo every row's
-/// reductions on top.
+/// A copy never redoes a reduction: it reads the row the forward pass stored, so a softmax or
+/// LayerNorm output is recomputed elementwise from its input and its statistics.
 fn expression(
     g: &Graph,
     stored: impl Fn(NodeId) -> bool,
     v: NodeId,
     limit: usize,
-    kept_anyway: impl Fn(NodeId) -> bool,
 ) -> Option<Vec<NodeId>> {
     // The alias chain from v down to its stored base belongs to the copy.
     let mut chain = vec![v];
@@ -163,8 +131,7 @@ fn expression(
             }
             let k = kind(g.node(y));
             // A reduction's row is read where the forward pass stored it (fusion stores a
-            // reduction that several kernels read), not folded again: a softmax or LayerNorm
-            // output is recomputed from its input and its row statistics, elementwise.
+            // reduction that several kernels read), not folded again.
             if k == Kind::Leaf
                 || k == Kind::Reduce
                 || (stored(y) && k != Kind::Source && !chain.contains(&y))
@@ -188,10 +155,6 @@ fn expression(
         .filter(|&y| !g.node(y).op.is_leaf())
         .collect();
     let read_bytes: usize = stored.iter().map(|&y| g.ty(y).bytes()).sum();
-    let reduces = expr.iter().any(|&x| kind(g.node(x)) == Kind::Reduce);
-    if reduces && !stored.iter().all(|&y| kept_anyway(y)) {
-        return None;
-    }
     (read_bytes <= own + own / 8).then_some(expr)
 }
 
