@@ -3,7 +3,8 @@
 //! [`autocast_bf16`] rewrites a traced **forward** graph the way PyTorch's bf16 autocast runs
 //! it, by inserting casts (`convert` nodes):
 //! - matrix products take bf16 operands (weights and activations are cast where they feed a
-//!   matmul) and give bf16 results (f32 accumulation is the kernels' business);
+//!   matmul) and give bf16 results (f32 accumulation is the kernels' business); so do
+//!   convolutions, while max pooling keeps its operand's dtype;
 //! - every reduction (the sums and maxes inside softmax, LayerNorm, the loss) takes an f32
 //!   operand and gives f32, so softmax, LayerNorm and the loss compute in f32;
 //! - an elementwise op computes in f32 if any of its *strong* float operands is f32, else in
@@ -35,6 +36,15 @@ use crate::ir::{DType, Graph, NodeId, Op, TensorType};
 use ingot_kernels::dtype::bf16;
 
 pub use crate::models::Precision;
+
+/// Whether `w` is a convolution (or one of its gradients) rather than pooling.
+fn is_conv(w: &crate::ir::WindowOp) -> bool {
+    use crate::ir::WindowOp as W;
+    matches!(
+        w,
+        W::Conv2d(_) | W::Conv2dGradInput { .. } | W::Conv2dGradWeight { .. }
+    )
+}
 
 impl Precision {
     /// The forward graph this precision trains: `g` itself for f32 and tf32, the autocast
@@ -172,13 +182,19 @@ impl Cx {
             }
             Op::Leaf { .. } => (push(self, &[], n.ty.dtype)?, true),
             Op::Full { .. } => (push(self, &[], n.ty.dtype)?, true),
-            // Convolution and pooling stay in f32 (their CPU kernels are f32 and f64).
-            Op::Window(_) if f32_node => {
+            // A convolution is a matrix product: bf16 operands, a bf16 result (as autocast's
+            // conv2d). Max pooling picks values, so it keeps its operand's dtype.
+            Op::Window(w) if f32_node => {
+                let to = if is_conv(w) {
+                    DType::BF16
+                } else {
+                    self.dtype(mapped[0])
+                };
                 let mut ins = Vec::with_capacity(mapped.len());
                 for &x in &mapped {
-                    ins.push(self.cast(x, DType::F32)?);
+                    ins.push(self.cast(x, to)?);
                 }
-                (push(self, &ins, DType::F32)?, false)
+                (push(self, &ins, to)?, false)
             }
             Op::MatMul { .. } if f32_node => {
                 let a = self.cast(mapped[0], DType::BF16)?;

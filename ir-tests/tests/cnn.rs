@@ -173,14 +173,131 @@ fn a_step_updates_batch_norm_running_statistics_as_pytorch_does() {
 }
 
 #[test]
-fn a_cnn_compiled_for_cuda_is_refused_at_compile_time_naming_the_conv() {
-    let m = models::cnn_with(2, DType::F32).unwrap();
+fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_planned_workspace() {
+    use ingot_compiler::ir::Op;
+    use ingot_compiler::lower::cuda::{conv_workspace, DeviceOp};
+    use ingot_compiler::lower::Program;
+    for precision in [Precision::F32, Precision::Bf16] {
+        let m = models::cnn_with(4, DType::F32).unwrap();
+        let opts = pipeline::Options {
+            precision: Some(precision),
+            ..pipeline::Options::for_target(Target::Cuda)
+        };
+        let compiled = pipeline::compile(&m, &opts).unwrap();
+        let exe = compiled.executable(Target::Cuda).unwrap();
+        let Program::Cuda(p) = exe.program() else {
+            panic!("a CUDA program")
+        };
+        let g = exe.graph();
+        let convs: Vec<_> = g
+            .ids()
+            .filter(|&id| matches!(g.node(id).op, Op::Window(_)))
+            .collect();
+        // conv1 and conv2 forward, both weight gradients, conv2's input gradient (conv1's
+        // input is data), two pools and their gradients.
+        assert_eq!(convs.len(), 9, "{precision:?}");
+        let mut conv_nodes = 0;
+        for &id in &convs {
+            let Some(ws) = conv_workspace(g, id) else {
+                continue;
+            };
+            conv_nodes += 1;
+            let planned = exe.plan().workspace(id).expect("a planned workspace");
+            assert!(planned.bytes >= ws.total, "{precision:?} %{}", id.index());
+            // Four images fit in one chunk: one GEMM per group.
+            assert_eq!(ws.samples, 4);
+            let gemms: Vec<_> = p
+                .ops
+                .iter()
+                .filter_map(|op| match op {
+                    DeviceOp::Gemm(gm) if gm.node == id => Some(gm),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(gemms.len(), 1, "{precision:?} %{}", id.index());
+            assert!(!gemms[0].accumulate);
+            assert_eq!(
+                gemms[0].dtype,
+                if precision == Precision::Bf16 {
+                    DType::BF16
+                } else {
+                    DType::F32
+                }
+            );
+        }
+        assert_eq!(conv_nodes, 5, "{precision:?}");
+    }
+}
+
+#[test]
+fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first() {
+    use ingot_compiler::ir::Op;
+    use ingot_compiler::lower::cuda::{conv_workspace, DeviceOp, COLUMN_BUDGET};
+    use ingot_compiler::lower::Program;
+    // A 3×3 conv of 16 channels over 64×64 images, batch 32: its column buffer (75 MiB)
+    // is larger than the budget, so it runs in chunks.
+    let batch = 32;
+    let mut g = Graph::new();
+    let x = g.input("x", [batch, 16, 64, 64], DType::F32).unwrap();
+    let y = g.input("y", [batch], models::ID_DTYPE).unwrap();
+    let h = nn::conv2d(&mut g, "conv0", x, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
+    let h = nn::conv2d(&mut g, "conv1", h, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
+    let h = nn::global_avg_pool(&mut g, h).unwrap();
+    let h = nn::flatten(&mut g, h).unwrap();
+    let logits = nn::linear_kaiming(&mut g, "fc", h, 16, 10, true).unwrap();
+    let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
+    g.set_output("loss", loss).unwrap();
+    let m = Model {
+        name: "big-conv".into(),
+        graph: g,
+        optimizer: Optimizer::Sgd { lr: 0.1 },
+        precision: Precision::F32,
+    };
     let compiled = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
-    let e = compiled.executable(Target::Cuda).unwrap_err().to_string();
-    assert!(
-        e.contains("(conv2d)") && e.contains("conv2d has no CUDA kernel yet"),
-        "{e}"
-    );
+    let exe = compiled.executable(Target::Cuda).unwrap();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a CUDA program")
+    };
+    let g = exe.graph();
+    let mut chunked = 0;
+    for id in g.ids() {
+        let Op::Window(w) = &g.node(id).op else {
+            continue;
+        };
+        let Some(ws) = conv_workspace(g, id) else {
+            continue;
+        };
+        assert!(ws.column_bytes + ws.side.map_or(0, |s| s.1) <= COLUMN_BUDGET || ws.samples == 1);
+        assert_eq!(batch % ws.samples, 0);
+        let gemms: Vec<bool> = p
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                DeviceOp::Gemm(gm) if gm.node == id => Some(gm.accumulate),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            gemms.len(),
+            batch / ws.samples,
+            "{} %{}",
+            w.name(),
+            id.index()
+        );
+        let weight_grad = w.name() == "conv2d_grad_weight";
+        for (i, &acc) in gemms.iter().enumerate() {
+            assert_eq!(
+                acc,
+                weight_grad && i > 0,
+                "{} %{} gemm {i}",
+                w.name(),
+                id.index()
+            );
+        }
+        chunked += usize::from(ws.samples < batch);
+    }
+    // conv0 and conv1 forward and weight gradients, conv1 input gradient.
+    assert_eq!(chunked, 5);
 }
 
 #[test]

@@ -236,9 +236,11 @@ impl WindowOp {
                     t.shape
                 ));
             }
-            if !matches!(t.dtype, DType::F32 | DType::F64) || t.dtype != operands[0].dtype {
+            if !matches!(t.dtype, DType::F32 | DType::F64 | DType::BF16)
+                || t.dtype != operands[0].dtype
+            {
                 return Err(format!(
-                    "operands must share one dtype, f32 or f64 (the CPU kernels' types), got {}",
+                    "operands must share one float dtype (f32, f64 or bf16), got {}",
                     t.dtype
                 ));
             }

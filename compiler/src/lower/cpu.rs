@@ -69,7 +69,8 @@ pub struct Program {
 }
 
 /// Bytes of scratch the CPU kernel of node `id` needs: a matmul's packing space, a fused
-/// kernel's scratch, an attention's rows and accumulators, and for a reduction, matmul or scatter-add that involves bf16 the widened
+/// kernel's scratch, an attention's rows and accumulators, and for a reduction, matmul,
+/// scatter-add or window op that involves bf16 the widened
 /// f32 copies it computes through ([`widened`]). The planner carves them from the slab
 /// ([`super::Target::plan_options`]).
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
@@ -99,13 +100,15 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
         Op::Window(w) => {
             let operands: Vec<&[usize]> =
                 node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
-            match w.conv_geometry(&operands, node.ty.shape.dims()) {
+            let f32_kernel = match w.conv_geometry(&operands, node.ty.shape.dims()) {
                 Some((geom, pass)) => match node.ty.dtype {
                     DType::F64 => ingot_kernels::cpu::conv::workspace_bytes::<f64>(&geom, pass),
                     _ => ingot_kernels::cpu::conv::workspace_bytes::<f32>(&geom, pass),
                 },
                 None => 0,
-            }
+            };
+            // bf16 window ops run in f32 over widened copies.
+            f32_kernel.max(widened::bytes(g, id, f32_kernel))
         }
         _ => widened::bytes(g, id, 0),
     }
@@ -166,7 +169,7 @@ pub mod widened {
     pub fn runs_widened(op: &Op, ty: &TensorType, inputs: &[&TensorType]) -> bool {
         matches!(
             op,
-            Op::Reduce { .. } | Op::MatMul { .. } | Op::ScatterAdd { .. }
+            Op::Reduce { .. } | Op::MatMul { .. } | Op::ScatterAdd { .. } | Op::Window(_)
         ) && (ty.dtype == DType::BF16 || inputs.iter().any(|t| t.dtype == DType::BF16))
     }
 

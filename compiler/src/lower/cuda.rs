@@ -14,6 +14,8 @@
 //!   the slab;
 //! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output and
 //!   one launch that adds into it;
+//! - a convolution: per chunk of images, im2col (col2im) launches and cuBLAS GEMMs through a
+//!   column buffer in its workspace; max pooling: one launch (the `window` module);
 //! - attention: one launch of the fused forward kernel ([`ingot_kernels::cuda::attention`]);
 //!   its backward pass three launches, with `delta` in the node's planned workspace;
 //! - leaves, reshapes and kernel results: nothing (the host writes leaves; a reshape is a view;
@@ -34,6 +36,9 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
+mod window;
+pub use window::{conv_workspace, ConvWorkspace, COLUMN_BUDGET};
+
 /// Bytes of cuBLAS workspace planned for every matmul: what NVIDIA recommends on Hopper
 /// (cuBLAS guide, `cublasSetWorkspace`). It lives in the slab only while its matmul runs.
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
@@ -44,6 +49,7 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
+        Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
         _ => 0,
     }
 }
@@ -191,6 +197,10 @@ pub struct Gemm {
     pub second: usize,
     pub out: usize,
     pub workspace: Location,
+    /// Whether the product is added to what `out` holds (cuBLAS's `beta = 1`; a convolution's
+    /// weight gradient summed over chunks of images) rather than replacing it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accumulate: bool,
 }
 
 /// The data and compute types of a GEMM: what cuBLAS's `cublasGemmStridedBatchedEx` is called
@@ -676,14 +686,7 @@ impl Lowering<'_> {
                      on one GPU"
                 ),
             }),
-            Op::Window(w) => Err(LowerError::Invalid {
-                op: w.name(),
-                reason: format!(
-                    "{} has no CUDA kernel yet (convolution and pooling run on the CPU only): \
-                     train this model with --device cpu",
-                    w.name()
-                ),
-            }),
+            Op::Window(w) => self.window(id, w, plan, &inputs),
             op => Err(LowerError::Invalid {
                 op: op.name(),
                 reason: format!(
@@ -958,6 +961,7 @@ fn gemm(
         second: inputs[0],
         out,
         workspace,
+        accumulate: false,
     })
 }
 

@@ -84,6 +84,7 @@ pub mod attention;
 mod fused;
 mod guard;
 pub mod ops;
+pub mod window;
 
 pub use ops::{concat, gather, scatter_add};
 

@@ -376,7 +376,7 @@ fn split(src: &mut Src, t: &str, ix: Ix, row_len: usize) {
 }
 
 /// A kernel that runs `body` at every `e` in `0..total` (nothing when `total` is 0).
-fn elementwise_loop(
+pub(crate) fn elementwise_loop(
     what: &str,
     params: &[(String, String)],
     total: usize,

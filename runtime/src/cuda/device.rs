@@ -522,12 +522,18 @@ impl CudaStep {
             Compute::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
             Compute::Bf16F32 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
         };
-        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (one32, one64) = (1f32, 1f64);
+        // beta: 1 adds the product to what `out` holds (`Gemm::accumulate`), 0 replaces it.
+        let (beta32, beta64) = if g.accumulate {
+            (1f32, 1f64)
+        } else {
+            (0f32, 0f64)
+        };
         // Alpha and beta are of the compute type's scalar: f32 for every 32F compute type.
         let (alpha, beta): (*const c_void, *const c_void) = if compute == Compute::F64 {
-            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+            (&one64 as *const f64 as _, &beta64 as *const f64 as _)
         } else {
-            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+            (&one32 as *const f32 as _, &beta32 as *const f32 as _)
         };
         let at = |o: usize| (self.base + o as u64) as *mut c_void;
         // SAFETY: the workspace lies in the slab, live only while this matmul runs (the plan).

@@ -1,0 +1,334 @@
+//! The CUDA lowering of the sliding-window ops (`Op::Window`): a convolution becomes, a chunk
+//! of images at a time, im2col (or col2im) launches around cuBLAS GEMMs, through a column
+//! buffer in the node's planned workspace ([`ingot_kernels::cuda::window`] says the layout);
+//! max pooling is one launch.
+//!
+//! The chunk is the largest divisor of the batch whose column buffer (and, for the weight
+//! gradient, the rearranged `dy`) fits in [`COLUMN_BUDGET`]: the whole batch at once for a
+//! small net, 8 or 16 images at a time for a ResNet's first layers. The workspace is fixed by
+//! the geometry, so the plan knows it before anything runs, and nothing is allocated at run
+//! time.
+
+use super::{Compute, DeviceOp, Gemm, Lowering, CUBLAS_WORKSPACE};
+use crate::ir::{DType, Graph, NodeId, WindowOp};
+use crate::lower::deps::Touch;
+use crate::lower::LowerError;
+use crate::plan::check::Location;
+use crate::plan::MemoryPlan;
+use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
+use ingot_kernels::cuda::window as kernels;
+use smallvec::{smallvec, SmallVec};
+
+/// Bytes a convolution's chunk of column buffer (with the weight gradient's rearranged `dy`)
+/// may take: large enough that a chunk's GEMMs fill the GPU, small beside the activations.
+pub const COLUMN_BUDGET: usize = 32 << 20;
+
+const ALIGN: usize = 256;
+
+fn align(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Where a convolution's workspace puts what it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvWorkspace {
+    pub geometry: ConvGeometry,
+    pub pass: Pass,
+    /// Images per chunk (divides the batch).
+    pub samples: usize,
+    /// Bytes of the column buffer, at offset 0.
+    pub column_bytes: usize,
+    /// Offset and bytes of `dy` side by side (the weight gradient only).
+    pub side: Option<(usize, usize)>,
+    /// Offset of cuBLAS's workspace ([`CUBLAS_WORKSPACE`] bytes).
+    pub blas: usize,
+    pub total: usize,
+}
+
+/// The workspace layout of convolution node `id` (`None` for any other node, pooling
+/// included, or operands that make no convolution).
+pub fn conv_workspace(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
+    let node = g.node(id);
+    let crate::ir::Op::Window(w) = &node.op else {
+        return None;
+    };
+    let dims: SmallVec<[&[usize]; 2]> = node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
+    let (geometry, pass) = w.conv_geometry(&dims, node.ty.shape.dims())?;
+    let e = node.ty.dtype.size();
+    let column = |s: usize| kernels::column_len(&geometry, s) * e;
+    let side = |s: usize| match pass {
+        Pass::GradWeight => s * geometry.out_ch * geometry.positions() * e,
+        _ => 0,
+    };
+    let samples = (1..=geometry.batch.max(1))
+        .rev()
+        .filter(|s| geometry.batch % s == 0)
+        .find(|&s| column(s) + side(s) <= COLUMN_BUDGET)
+        .unwrap_or(1);
+    let column_bytes = column(samples);
+    let mut at = align(column_bytes);
+    let side = (pass == Pass::GradWeight).then(|| {
+        let o = at;
+        at += align(side(samples));
+        (o, side(samples))
+    });
+    let blas = at;
+    Some(ConvWorkspace {
+        geometry,
+        pass,
+        samples,
+        column_bytes,
+        side,
+        blas,
+        total: blas + CUBLAS_WORKSPACE,
+    })
+}
+
+/// A row-major product `C[b] (+)= op(A[b]) · op(B[b])`, `[m, k] × [k, n]`, of matrices stored
+/// with row lengths `ld*` and `stride*` elements between batch entries, as the column-major
+/// call cuBLAS computes (see [`Gemm`]).
+struct RowMajor {
+    m: usize,
+    n: usize,
+    k: usize,
+    /// (byte offset, stored row length, batch stride, transposed)
+    a: (usize, usize, usize, bool),
+    b: (usize, usize, usize, bool),
+    c: (usize, usize, usize),
+    batch: usize,
+    accumulate: bool,
+}
+
+impl RowMajor {
+    fn gemm(self, node: NodeId, dtype: DType, compute: Compute, workspace: Location) -> Gemm {
+        Gemm {
+            node,
+            dtype,
+            compute,
+            trans_first: self.b.3,
+            trans_second: self.a.3,
+            m: self.n,
+            n: self.m,
+            k: self.k,
+            ld_first: self.b.1,
+            ld_second: self.a.1,
+            ld_out: self.c.1,
+            stride_first: self.b.2,
+            stride_second: self.a.2,
+            stride_out: self.c.2,
+            batch: self.batch,
+            first: self.b.0,
+            second: self.a.0,
+            out: self.c.0,
+            workspace,
+            accumulate: self.accumulate,
+        }
+    }
+}
+
+impl Lowering<'_> {
+    /// A window op: pooling is one launch; a convolution its chunks of launches and GEMMs.
+    pub(super) fn window(
+        &mut self,
+        id: NodeId,
+        w: &WindowOp,
+        plan: &MemoryPlan,
+        inputs: &[usize],
+    ) -> Result<(), LowerError> {
+        let g = self.g;
+        let node = g.node(id);
+        let op = w.name();
+        let here = self.location[id.index()];
+        self.not_in_place(id)?;
+        let d = node.ty.dtype;
+        let codegen = |e: ingot_kernels::cuda::CodegenError| LowerError::Invalid {
+            op,
+            reason: e.to_string(),
+        };
+        let x_dims = g.ty(node.inputs[0]).shape.dims();
+        if let Some(p) = w.pool_geometry(x_dims) {
+            if here.bytes == 0 {
+                return Ok(());
+            }
+            let k = match w {
+                WindowOp::MaxPool2d(_) => kernels::max_pool2d(d, &p),
+                _ => kernels::max_pool2d_grad(d, &p),
+            }
+            .map_err(codegen)?;
+            let mut args: SmallVec<[usize; 8]> = inputs.iter().copied().collect();
+            args.push(here.offset);
+            self.launch(id, k, args, smallvec![here]);
+            return Ok(());
+        }
+        let layout = conv_workspace(g, id).ok_or_else(|| LowerError::Invalid {
+            op,
+            reason: "the operands do not make a convolution".into(),
+        })?;
+        let ws = plan
+            .workspace(id)
+            .filter(|w| w.bytes >= layout.total)
+            .ok_or_else(|| LowerError::Invalid {
+                op,
+                reason: format!(
+                    "the plan gives this convolution no {} bytes of workspace; plan the step \
+                     with the CUDA target's options (Target::Cuda.plan_options())",
+                    layout.total
+                ),
+            })?;
+        if here.bytes == 0 {
+            return Ok(());
+        }
+        let compute = Compute::of(d, self.precision)
+            .filter(|_| node.inputs.iter().all(|&x| g.ty(x).dtype == d))
+            .ok_or_else(|| LowerError::Invalid {
+                op,
+                reason: format!("cuBLAS convolves f32, f64 or bf16 tensors of one dtype, not {d}"),
+            })?;
+        let geo = layout.geometry;
+        let (s, e) = (layout.samples, d.size());
+        let limit = i32::MAX as usize;
+        let (k, p, og) = (geo.col_rows(), geo.positions(), geo.out_ch / geo.groups);
+        if [k, s * p, og, geo.out_ch * p].iter().any(|&x| x > limit) {
+            return Err(LowerError::Invalid {
+                op,
+                reason: "a dimension of the convolution's GEMMs exceeds cuBLAS's 32-bit limit"
+                    .into(),
+            });
+        }
+        let col = Location {
+            offset: ws.offset,
+            bytes: layout.column_bytes,
+        };
+        let blas = Location {
+            offset: ws.offset + layout.blas,
+            bytes: CUBLAS_WORKSPACE,
+        };
+        let image_x = geo.in_ch * geo.in_hw[0] * geo.in_hw[1] * e;
+        let image_y = geo.out_ch * p * e;
+        let chunk = |l: Location, c: usize, per_image: usize| Location {
+            offset: l.offset + c * s * per_image,
+            bytes: s * per_image,
+        };
+        let loc = |i: usize| self.location[node.inputs[i].index()];
+        let chunks = geo.batch / s;
+        let col_ld = s * p;
+        match layout.pass {
+            Pass::Forward => {
+                let (x, wt) = (loc(0), loc(1));
+                let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
+                for c in 0..chunks {
+                    let (xc, yc) = (chunk(x, c, image_x), chunk(here, c, image_y));
+                    self.launch_touching(
+                        id,
+                        im2col.clone(),
+                        smallvec![xc.offset, col.offset],
+                        Touch {
+                            reads: smallvec![xc],
+                            writes: smallvec![col],
+                        },
+                    );
+                    for gi in 0..geo.groups {
+                        let gemm = RowMajor {
+                            m: og,
+                            n: p,
+                            k,
+                            a: (wt.offset + gi * og * k * e, k, 0, false),
+                            b: (col.offset + gi * k * col_ld * e, col_ld, p, false),
+                            c: (yc.offset + gi * og * p * e, p, geo.out_ch * p),
+                            batch: s,
+                            accumulate: false,
+                        };
+                        self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, col], yc, blas);
+                    }
+                }
+            }
+            Pass::GradInput => {
+                let (dy, wt) = (loc(0), loc(1));
+                let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
+                for c in 0..chunks {
+                    let (dyc, dxc) = (chunk(dy, c, image_y), chunk(here, c, image_x));
+                    for gi in 0..geo.groups {
+                        let gemm = RowMajor {
+                            m: k,
+                            n: p,
+                            k: og,
+                            a: (wt.offset + gi * og * k * e, k, 0, true),
+                            b: (dyc.offset + gi * og * p * e, p, geo.out_ch * p, false),
+                            c: (col.offset + gi * k * col_ld * e, col_ld, p),
+                            batch: s,
+                            accumulate: false,
+                        };
+                        self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, dyc], col, blas);
+                    }
+                    self.launch_touching(
+                        id,
+                        col2im.clone(),
+                        smallvec![col.offset, dxc.offset],
+                        Touch {
+                            reads: smallvec![col],
+                            writes: smallvec![dxc],
+                        },
+                    );
+                }
+            }
+            Pass::GradWeight => {
+                let (x, dy) = (loc(0), loc(1));
+                let (side_at, side_bytes) = layout.side.expect("a weight gradient's layout");
+                let side = Location {
+                    offset: ws.offset + side_at,
+                    bytes: side_bytes,
+                };
+                let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
+                let arrange = kernels::images_side_by_side(d, s, geo.out_ch, p).map_err(codegen)?;
+                for c in 0..chunks {
+                    let (xc, dyc) = (chunk(x, c, image_x), chunk(dy, c, image_y));
+                    self.launch_touching(
+                        id,
+                        im2col.clone(),
+                        smallvec![xc.offset, col.offset],
+                        Touch {
+                            reads: smallvec![xc],
+                            writes: smallvec![col],
+                        },
+                    );
+                    self.launch_touching(
+                        id,
+                        arrange.clone(),
+                        smallvec![dyc.offset, side.offset],
+                        Touch {
+                            reads: smallvec![dyc],
+                            writes: smallvec![side],
+                        },
+                    );
+                    for gi in 0..geo.groups {
+                        let gemm = RowMajor {
+                            m: og,
+                            n: k,
+                            k: col_ld,
+                            a: (side.offset + gi * og * col_ld * e, col_ld, 0, false),
+                            b: (col.offset + gi * k * col_ld * e, col_ld, 0, true),
+                            c: (here.offset + gi * og * k * e, k, 0),
+                            batch: 1,
+                            // The chunks add up, in image order.
+                            accumulate: c > 0,
+                        };
+                        let mut reads = vec![side, col];
+                        if c > 0 {
+                            reads.push(here);
+                        }
+                        self.gemm_touching(gemm.gemm(id, d, compute, blas), &reads, here, blas);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn gemm_touching(&mut self, gemm: Gemm, reads: &[Location], out: Location, blas: Location) {
+        self.ops.push(DeviceOp::Gemm(gemm));
+        self.touches.push(Touch {
+            reads: reads.iter().copied().collect(),
+            writes: smallvec![out, blas],
+        });
+    }
+}

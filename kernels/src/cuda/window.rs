@@ -1,0 +1,526 @@
+//! CUDA C for the sliding-window ops (the IR's `Op::Window`): the data movement around the
+//! cuBLAS GEMMs a convolution becomes, and max pooling.
+//!
+//! A convolution runs, like the CPU's ([`crate::cpu::conv`]), as im2col (or its adjoint
+//! col2im) plus a GEMM, a chunk of `S` images at a time through one column buffer in the
+//! node's planned workspace. The column buffer of a chunk is `[g, K, S·P]` (`K = C/g·kh·kw`
+//! rows, the `P = Ho·Wo` positions of each of the `S` images side by side), so that:
+//! - the forward pass is one strided-batched GEMM per group, image `s`'s `[K, P]` block at
+//!   column `s·P` with leading dimension `S·P`;
+//! - the input gradient is the transposed GEMM into the same layout, then [`col2im`];
+//! - the weight gradient is one plain GEMM per group over the chunk's `S·P` positions at once,
+//!   with `dy` rearranged by [`images_side_by_side`] into `[O, S·P]`; the chunks accumulate
+//!   (cuBLAS's `beta = 1`), in image order.
+//!
+//! Every kernel here is a grid-stride loop over the elements it writes, with no atomics: each
+//! output element is computed by one thread in a fixed order, so results repeat bit for bit.
+//! Sizes are literals (a kernel serves one geometry); index arithmetic is 32-bit when every
+//! extent is below 2^31. bf16 moves as its 16 bits; sums are in f32 (f64 for f64), a bf16 sum
+//! rounded once where it is stored, as the CPU runs a bf16 window op (the f32 op on widened
+//! operands, its result rounded).
+
+use super::ops::elementwise_loop;
+use super::{c_type, literal, widened, CodegenError, CudaKernel, Ix};
+use crate::cpu::conv::ConvGeometry;
+use crate::cpu::pool::PoolGeometry;
+use crate::DType;
+
+fn check_dtype(op: &'static str, d: DType) -> Result<(), CodegenError> {
+    match d {
+        DType::F32 | DType::F64 | DType::BF16 => Ok(()),
+        _ => Err(CodegenError::Unsupported {
+            op,
+            what: "operand",
+            dtype: d,
+        }),
+    }
+}
+
+fn product(op: &'static str, xs: &[usize]) -> Result<usize, CodegenError> {
+    xs.iter()
+        .try_fold(1usize, |a, &x| a.checked_mul(x))
+        .ok_or_else(|| CodegenError::TooLarge {
+            op,
+            sizes: xs.to_vec(),
+        })
+}
+
+/// The accumulator type of sums of `d` (f64 for f64, else f32).
+fn acc_type(d: DType) -> &'static str {
+    match d {
+        DType::F64 => "double",
+        _ => "float",
+    }
+}
+
+/// Elements of one chunk's column buffer: `g · K · S · P`.
+pub fn column_len(g: &ConvGeometry, samples: usize) -> usize {
+    g.groups * g.col_rows() * samples * g.positions()
+}
+
+/// `im2col` of `S = samples` images: `x [S, C, H, W] -> col [g, K, S·P]`, zeros where a window
+/// reaches into the padding. Params: x, col.
+pub fn im2col(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, CodegenError> {
+    check_dtype("im2col", d)?;
+    let (k, p) = (g.col_rows(), g.positions());
+    let total = product("im2col", &[g.groups, k, samples, p])?;
+    let x_len = product("im2col", &[samples, g.in_ch, g.in_hw[0], g.in_hw[1]])?;
+    let ix = Ix::for_extents([total, x_len]);
+    let params = [
+        (format!("const {}*", c_type(d)), "x".to_string()),
+        (format!("{}*", c_type(d)), "col".to_string()),
+    ];
+    let what = format!(
+        "// ingot im2col: {} of {samples} images -> [{}, {k}, {}]",
+        describe(g),
+        g.groups,
+        samples * p
+    );
+    let zero = match d {
+        DType::BF16 => "(unsigned short)0".to_string(),
+        _ => literal(0.0, d),
+    };
+    let [kh, kw] = g.kernel;
+    let cg = g.in_ch / g.groups;
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!("const {t} pos = e % {};", ix.lit(p)));
+        src.line(format!("{t} r = e / {};", ix.lit(p)));
+        src.line(format!(
+            "const {t} s = r % {}; r /= {};",
+            ix.lit(samples),
+            ix.lit(samples)
+        ));
+        src.line(format!(
+            "const {t} kk = r % {}; const {t} grp = r / {};",
+            ix.lit(k),
+            ix.lit(k)
+        ));
+        src.line(format!(
+            "const {t} b = kk % {}; const {t} a = (kk / {}) % {}; const {t} c = grp * {} + kk / {};",
+            ix.lit(kw),
+            ix.lit(kw),
+            ix.lit(kh),
+            ix.lit(cg),
+            ix.lit(kh * kw)
+        ));
+        window_source(src, g, t, ix);
+        src.line(format!(
+            "col[e] = inside ? x[((s * {} + c) * {} + ({t})ih) * {} + ({t})iw] : {zero};",
+            ix.lit(g.in_ch),
+            ix.lit(g.in_hw[0]),
+            ix.lit(g.in_hw[1])
+        ));
+    }))
+}
+
+/// Emits `ih`, `iw` (signed) and `inside` for output position `pos` and kernel offset `(a, b)`.
+fn window_source(src: &mut super::Src, g: &ConvGeometry, t: &str, ix: Ix) {
+    let _ = t;
+    src.line(format!(
+        "const long long ih = (long long)(pos / {}) * {} - {} + (long long)a * {};",
+        ix.lit(g.out_hw[1]),
+        g.stride[0],
+        g.padding[0],
+        g.dilation[0]
+    ));
+    src.line(format!(
+        "const long long iw = (long long)(pos % {}) * {} - {} + (long long)b * {};",
+        ix.lit(g.out_hw[1]),
+        g.stride[1],
+        g.padding[1],
+        g.dilation[1]
+    ));
+    src.line(format!(
+        "const bool inside = ih >= 0 && ih < {} && iw >= 0 && iw < {};",
+        g.in_hw[0], g.in_hw[1]
+    ));
+}
+
+fn describe(g: &ConvGeometry) -> String {
+    format!(
+        "conv [{}, {}, {}, {}] by [{}, {}, {}, {}] stride {:?} padding {:?} dilation {:?} groups {}",
+        g.batch,
+        g.in_ch,
+        g.in_hw[0],
+        g.in_hw[1],
+        g.out_ch,
+        g.in_ch / g.groups,
+        g.kernel[0],
+        g.kernel[1],
+        g.stride,
+        g.padding,
+        g.dilation,
+        g.groups
+    )
+}
+
+/// `col2im` of `S = samples` images, the adjoint of [`im2col`]: `col [g, K, S·P] ->
+/// dx [S, C, H, W]`, each element the sum, kernel offsets in row-major order, of the column
+/// entries that read it. Params: col, dx.
+pub fn col2im(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, CodegenError> {
+    check_dtype("col2im", d)?;
+    let (k, p) = (g.col_rows(), g.positions());
+    let [h, w] = g.in_hw;
+    let total = product("col2im", &[samples, g.in_ch, h, w])?;
+    let col_len = product("col2im", &[g.groups, k, samples, p])?;
+    let ix = Ix::for_extents([total, col_len]);
+    let params = [
+        (format!("const {}*", c_type(d)), "col".to_string()),
+        (format!("{}*", c_type(d)), "dx".to_string()),
+    ];
+    let what = format!("// ingot col2im: {} of {samples} images", describe(g));
+    let [kh, kw] = g.kernel;
+    let cg = g.in_ch / g.groups;
+    let acc = acc_type(d);
+    let [ho, wo] = g.out_hw;
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!(
+            "const long long xw = (long long)(e % {});",
+            ix.lit(w)
+        ));
+        src.line(format!("{t} r = e / {};", ix.lit(w)));
+        src.line(format!(
+            "const long long xh = (long long)(r % {}); r /= {};",
+            ix.lit(h),
+            ix.lit(h)
+        ));
+        src.line(format!(
+            "const {t} c = r % {}; const {t} s = r / {};",
+            ix.lit(g.in_ch),
+            ix.lit(g.in_ch)
+        ));
+        src.line(format!(
+            "const {t} base = ((c / {}) * {} + (c % {}) * {}) * {};",
+            ix.lit(cg),
+            ix.lit(k),
+            ix.lit(cg),
+            ix.lit(kh * kw),
+            ix.lit(samples * p)
+        ));
+        src.line(format!("{acc} sum = 0;"));
+        src.open(format!("for (int a = 0; a < {kh}; ++a) {{"));
+        src.line(format!(
+            "const long long th = xh + {} - (long long)a * {};",
+            g.padding[0], g.dilation[0]
+        ));
+        src.line(format!(
+            "if (th < 0 || th % {} != 0 || th / {} >= {ho}) continue;",
+            g.stride[0], g.stride[0]
+        ));
+        src.open(format!("for (int b = 0; b < {kw}; ++b) {{"));
+        src.line(format!(
+            "const long long tw = xw + {} - (long long)b * {};",
+            g.padding[1], g.dilation[1]
+        ));
+        src.line(format!(
+            "if (tw < 0 || tw % {} != 0 || tw / {} >= {wo}) continue;",
+            g.stride[1], g.stride[1]
+        ));
+        let v = widened(
+            d,
+            format!(
+                "col[base + ({t})(a * {kw} + b) * {} + s * {} + ({t})(th / {}) * {} + ({t})(tw / {})]",
+                ix.lit(samples * p),
+                ix.lit(p),
+                g.stride[0],
+                ix.lit(wo),
+                g.stride[1]
+            ),
+        );
+        src.line(format!("sum += {v};"));
+        src.close();
+        src.close();
+        src.line(format!("dx[e] = {};", store_sum(d, "sum")));
+    }))
+}
+
+/// The memory value of dtype `d` of the (already rounded, for bf16) register `v`.
+fn store(d: DType, v: &str) -> String {
+    match d {
+        DType::BF16 => format!("ig_narrow({v})"),
+        _ => v.to_string(),
+    }
+}
+
+/// The memory value of dtype `d` of the f32 (f64) sum `v`: rounded to the nearest bf16 once.
+fn store_sum(d: DType, v: &str) -> String {
+    match d {
+        DType::BF16 => format!("ig_bf16_bits({v})"),
+        _ => v.to_string(),
+    }
+}
+
+/// `dy [S, O, P] -> [O, S·P]`: the `S` images' output gradients side by side, so that the
+/// weight gradient of a chunk is one GEMM over its `S·P` positions. Params: dy, out.
+pub fn images_side_by_side(
+    d: DType,
+    samples: usize,
+    channels: usize,
+    positions: usize,
+) -> Result<CudaKernel, CodegenError> {
+    check_dtype("images_side_by_side", d)?;
+    let total = product("images_side_by_side", &[samples, channels, positions])?;
+    let ix = Ix::for_extents([total]);
+    let params = [
+        (format!("const {}*", c_type(d)), "dy".to_string()),
+        (format!("{}*", c_type(d)), "out".to_string()),
+    ];
+    let what = format!(
+        "// ingot images side by side: [{samples}, {channels}, {positions}] -> [{channels}, {}]",
+        samples * positions
+    );
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!("const {t} pos = e % {};", ix.lit(positions)));
+        src.line(format!("{t} r = e / {};", ix.lit(positions)));
+        src.line(format!(
+            "const {t} s = r % {}; const {t} o = r / {};",
+            ix.lit(samples),
+            ix.lit(samples)
+        ));
+        src.line(format!(
+            "out[e] = dy[(s * {} + o) * {} + pos];",
+            ix.lit(channels),
+            ix.lit(positions)
+        ));
+    }))
+}
+
+fn pool_describe(g: &PoolGeometry) -> String {
+    format!(
+        "{} planes of [{}, {}], window {:?} stride {:?} padding {:?} dilation {:?}",
+        g.planes, g.in_hw[0], g.in_hw[1], g.kernel, g.stride, g.padding, g.dilation
+    )
+}
+
+/// Emits the scan of window `(i, j)` of plane `pl` (row-major, `v > best || isnan(v)`, as
+/// [`crate::cpu::pool`]): `found` and, when found, `best` and its index `at` in the plane.
+fn pick_source(src: &mut super::Src, d: DType, g: &PoolGeometry) {
+    let [h, w] = g.in_hw;
+    let reg = super::reg_type(d);
+    src.line(format!(
+        "bool found = false; {reg} best = 0; long long at = -1;"
+    ));
+    src.open(format!("for (int a = 0; a < {}; ++a) {{", g.kernel[0]));
+    src.line(format!(
+        "const long long ih = wi * {} - {} + (long long)a * {};",
+        g.stride[0], g.padding[0], g.dilation[0]
+    ));
+    src.line(format!("if (ih < 0 || ih >= {h}) continue;"));
+    src.open(format!("for (int b = 0; b < {}; ++b) {{", g.kernel[1]));
+    src.line(format!(
+        "const long long iw = wj * {} - {} + (long long)b * {};",
+        g.stride[1], g.padding[1], g.dilation[1]
+    ));
+    src.line(format!("if (iw < 0 || iw >= {w}) continue;"));
+    src.line(format!(
+        "const {reg} v = {};",
+        widened(d, format!("xp[ih * {w} + iw]"))
+    ));
+    src.line(
+        "if (!found || v > best || v != v) { found = true; best = v; at = ih * ".to_string()
+            + &format!("{w} + iw; }}"),
+    );
+    src.close();
+    src.close();
+}
+
+/// `max_pool2d(x) -> y`: each window's maximum (−∞ for a window wholly in the padding).
+/// Params: x, y.
+pub fn max_pool2d(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
+    check_dtype("max_pool2d", d)?;
+    let [ho, wo] = g.out_hw;
+    let total = product("max_pool2d", &[g.planes, ho, wo])?;
+    let x_len = product("max_pool2d", &[g.planes, g.in_hw[0], g.in_hw[1]])?;
+    let ix = Ix::for_extents([total, x_len]);
+    let params = [
+        (format!("const {}*", c_type(d)), "x".to_string()),
+        (format!("{}*", c_type(d)), "y".to_string()),
+    ];
+    let what = format!("// ingot max_pool2d: {}", pool_describe(g));
+    let lowest = literal(
+        f64::NEG_INFINITY,
+        if d == DType::BF16 { DType::F32 } else { d },
+    );
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!(
+            "const long long wj = (long long)(e % {});",
+            ix.lit(wo)
+        ));
+        src.line(format!(
+            "const long long wi = (long long)((e / {}) % {});",
+            ix.lit(wo),
+            ix.lit(ho)
+        ));
+        src.line(format!(
+            "const {} * xp = x + (e / {}) * {};",
+            c_type(d),
+            ix.lit(ho * wo),
+            ix.lit(g.in_hw[0] * g.in_hw[1])
+        ));
+        pick_source(src, d, g);
+        src.line(format!(
+            "(void)at; y[e] = {};",
+            store(d, &format!("(found ? best : {lowest})"))
+        ));
+        let _ = t;
+    }))
+}
+
+/// `max_pool2d_grad(x, dy) -> dx`: each input element gathers `dy` from the windows that
+/// picked it (recomputed from `x`), windows in row-major order, as the CPU adds them.
+/// Params: x, dy, dx.
+pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
+    check_dtype("max_pool2d_grad", d)?;
+    let [h, w] = g.in_hw;
+    let [ho, wo] = g.out_hw;
+    let total = product("max_pool2d_grad", &[g.planes, h, w])?;
+    let y_len = product("max_pool2d_grad", &[g.planes, ho, wo])?;
+    let ix = Ix::for_extents([total, y_len]);
+    let params = [
+        (format!("const {}*", c_type(d)), "x".to_string()),
+        (format!("const {}*", c_type(d)), "dy".to_string()),
+        (format!("{}*", c_type(d)), "dx".to_string()),
+    ];
+    let what = format!("// ingot max_pool2d_grad: {}", pool_describe(g));
+    let acc = acc_type(d);
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!(
+            "const long long xw = (long long)(e % {});",
+            ix.lit(w)
+        ));
+        src.line(format!(
+            "const long long xh = (long long)((e / {}) % {});",
+            ix.lit(w),
+            ix.lit(h)
+        ));
+        src.line(format!("const {t} plane = e / {};", ix.lit(h * w)));
+        src.line(format!(
+            "const {} * xp = x + plane * {};",
+            c_type(d),
+            ix.lit(h * w)
+        ));
+        src.line(format!(
+            "const {} * dyp = dy + plane * {};",
+            c_type(d),
+            ix.lit(ho * wo)
+        ));
+        src.line(format!("{acc} sum = 0;"));
+        // Windows in row-major order: window row `wi` grows as the kernel row `ka` falls.
+        src.open(format!(
+            "for (int ka = {}; ka >= 0; --ka) {{",
+            g.kernel[0] - 1
+        ));
+        src.line(format!(
+            "const long long th = xh + {} - (long long)ka * {};",
+            g.padding[0], g.dilation[0]
+        ));
+        src.line(format!(
+            "if (th < 0 || th % {} != 0 || th / {} >= {ho}) continue;",
+            g.stride[0], g.stride[0]
+        ));
+        src.line(format!("const long long wi = th / {};", g.stride[0]));
+        src.open(format!(
+            "for (int kb = {}; kb >= 0; --kb) {{",
+            g.kernel[1] - 1
+        ));
+        src.line(format!(
+            "const long long tw = xw + {} - (long long)kb * {};",
+            g.padding[1], g.dilation[1]
+        ));
+        src.line(format!(
+            "if (tw < 0 || tw % {} != 0 || tw / {} >= {wo}) continue;",
+            g.stride[1], g.stride[1]
+        ));
+        src.line(format!("const long long wj = tw / {};", g.stride[1]));
+        pick_source(src, d, g);
+        src.line(format!(
+            "if (found && at == xh * {w} + xw) sum += {};",
+            widened(d, format!("dyp[wi * {wo} + wj]"))
+        ));
+        src.close();
+        src.close();
+        src.line(format!("dx[e] = {};", store_sum(d, "sum")));
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(groups: usize) -> ConvGeometry {
+        ConvGeometry::new(
+            [4, 4, 7, 6],
+            [6, 4 / groups, 3, 2],
+            [2, 1],
+            [1, 0],
+            [1, 2],
+            groups,
+        )
+        .unwrap()
+    }
+
+    fn pool() -> PoolGeometry {
+        PoolGeometry {
+            planes: 6,
+            in_hw: [5, 7],
+            kernel: [3, 2],
+            stride: [2, 2],
+            padding: [1, 0],
+            dilation: [1, 1],
+            out_hw: [3, 3],
+        }
+    }
+
+    fn every_kernel(d: DType) -> Vec<CudaKernel> {
+        let (g, p) = (geometry(2), pool());
+        vec![
+            im2col(d, &g, 2).unwrap(),
+            col2im(d, &g, 2).unwrap(),
+            images_side_by_side(d, 2, 6, g.positions()).unwrap(),
+            max_pool2d(d, &p).unwrap(),
+            max_pool2d_grad(d, &p).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn window_kernels_are_balanced_named_by_their_text_and_use_no_bf16_helper_outside_bf16() {
+        for d in [DType::F32, DType::F64, DType::BF16] {
+            for k in every_kernel(d) {
+                assert_eq!(
+                    k.source.matches('{').count(),
+                    k.source.matches('}').count(),
+                    "{}",
+                    k.source
+                );
+                assert!(k.source.contains(&k.name), "{}", k.source);
+                if d != DType::BF16 {
+                    assert!(!super::super::uses_bf16(&k.source), "{}", k.source);
+                }
+            }
+        }
+        // Distinct geometries give distinct kernels; the same one the same kernel.
+        assert_ne!(
+            im2col(DType::F32, &geometry(1), 2).unwrap().name,
+            im2col(DType::F32, &geometry(2), 2).unwrap().name
+        );
+        assert_eq!(
+            im2col(DType::F32, &geometry(2), 2).unwrap(),
+            im2col(DType::F32, &geometry(2), 2).unwrap()
+        );
+    }
+
+    #[test]
+    fn window_kernels_refuse_integer_operands() {
+        let e = im2col(DType::I32, &geometry(1), 1).unwrap_err();
+        assert!(e.to_string().contains("im2col"), "{e}");
+        assert!(max_pool2d(DType::Bool, &pool()).is_err());
+    }
+
+    #[test]
+    fn the_column_buffer_holds_every_group_row_and_image_position() {
+        let g = geometry(2);
+        // K = C/g · kh · kw = 2 · 3 · 2; P = Ho · Wo.
+        assert_eq!(g.col_rows(), 12);
+        assert_eq!(column_len(&g, 3), 2 * 12 * 3 * g.positions());
+    }
+}

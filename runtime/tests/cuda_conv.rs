@@ -1,0 +1,102 @@
+//! Convolutional networks on the GPU: `cnn` and `resnet18` (convolutions as im2col / col2im
+//! kernels around cuBLAS GEMMs, max pooling, batch norm in fused kernels) against the same
+//! sessions on the CPU, in strict f32 (losses and parameters within 1e-4) and in bf16 (losses
+//! within bf16 rounding); the allocation exactly the plan, nothing allocated or freed over
+//! 1000 steps.
+//!
+//! Without a GPU these skip with the reason; with `INGOT_REQUIRE_GPU=1` (scripts/gpu_check.sh
+//! sets it) that is a failure. Run them one at a time (`--test-threads=1`).
+
+use ingot_compiler::models::by_name;
+use ingot_compiler::pipeline::{self, Options};
+use ingot_compiler::precision::Precision;
+use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_runtime::session::{Device, Session};
+use ingot_runtime::tensor::Tensor;
+
+const STRICT: Device = Device::Cuda(CudaOptions {
+    ordinal: 0,
+    serial: false,
+});
+
+#[path = "support/gpu_memory.rs"]
+mod gpu_memory;
+
+fn session(spec: &str, precision: Precision, device: Device) -> Session {
+    let m = by_name(spec).unwrap();
+    let opts = Options {
+        precision: Some(precision),
+        ..Options::for_target(device.target())
+    };
+    let exe = pipeline::compile(&m, &opts)
+        .unwrap_or_else(|e| panic!("{spec}: {e}"))
+        .executable(device.target())
+        .unwrap_or_else(|e| panic!("{spec}: lowering for {:?}: {e}", device.target()));
+    Session::from_executable(exe, 5, device).unwrap_or_else(|e| panic!("{spec}: {e}"))
+}
+
+fn f32s(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec()
+}
+
+/// Trains `spec` for `steps` steps on both backends from one seed: each step's losses within
+/// `tolerance` (relative); in f32 also every parameter after the last step (‖Δ‖/‖p‖).
+fn gpu_matches_cpu(spec: &str, precision: Precision, steps: u64, tolerance: f64) {
+    let mut cpu = session(spec, precision, Device::Cpu);
+    let mut gpu = session(spec, precision, STRICT);
+    for step in 1..=steps {
+        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        eprintln!("{spec} {precision:?} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
+        assert!(
+            a.is_finite() && rel <= tolerance,
+            "{spec} {precision:?} step {step}: gpu loss {a}, cpu loss {b}"
+        );
+    }
+    if precision == Precision::F32 {
+        let (pa, pb) = (gpu.parameters(), cpu.parameters());
+        let (mut diff, mut norm) = (0.0, 0.0);
+        for (name, tb) in &pb {
+            for (u, v) in f32s(&pa[name]).iter().zip(f32s(tb)) {
+                diff += (u - v) * (u - v);
+                norm += v * v;
+            }
+        }
+        let rel = (diff / norm).sqrt();
+        eprintln!("{spec} parameters after {steps} steps: rel {rel:.2e}");
+        assert!(rel <= tolerance, "{spec}: parameters differ by {rel:e}");
+    }
+}
+
+#[test]
+fn on_the_gpu_cnn_matches_the_cpu_over_ten_steps() {
+    if cuda::gpu_for_test("cnn vs cpu") {
+        gpu_matches_cpu("cnn", Precision::F32, 10, 1e-4);
+    }
+}
+
+#[test]
+fn on_the_gpu_resnet18_matches_the_cpu_over_five_steps() {
+    if cuda::gpu_for_test("resnet18 vs cpu") {
+        gpu_matches_cpu("resnet18", Precision::F32, 5, 1e-4);
+    }
+}
+
+#[test]
+fn on_the_gpu_bf16_cnn_and_resnet18_match_the_cpu_within_bf16_rounding() {
+    if cuda::gpu_for_test("bf16 cnn and resnet18 vs cpu") {
+        gpu_matches_cpu("cnn", Precision::Bf16, 5, 1e-2);
+        gpu_matches_cpu("resnet18", Precision::Bf16, 3, 1e-2);
+    }
+}
+
+#[test]
+fn a_cnn_gpu_step_takes_exactly_its_plan_and_allocates_nothing() {
+    if !cuda::gpu_for_test("cnn zero allocation") {
+        return;
+    }
+    let mut s = session("cnn", Precision::F32, STRICT);
+    gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 1000);
+    let mut s = session("resnet18", Precision::Bf16, STRICT);
+    gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 200);
+}
