@@ -23,7 +23,16 @@ const STRICT: Device = Device::Cuda(CudaOptions {
 mod gpu_memory;
 
 fn session(spec: &str, precision: Precision, device: Device) -> Session {
-    let m = by_name(spec).unwrap();
+    session_lr(spec, None, precision, device)
+}
+
+/// `spec`'s step (at learning rate `lr`, or the model's own) compiled for `device`'s target
+/// and loaded there from seed 5.
+fn session_lr(spec: &str, lr: Option<f64>, precision: Precision, device: Device) -> Session {
+    let mut m = by_name(spec).unwrap();
+    if let Some(lr) = lr {
+        m.optimizer = m.optimizer.with_lr(lr);
+    }
     let opts = Options {
         precision: Some(precision),
         ..Options::for_target(device.target())
@@ -42,8 +51,18 @@ fn f32s(t: &Tensor) -> Vec<f64> {
 /// Trains `spec` for `steps` steps on both backends from one seed: each step's losses within
 /// `tolerance` (relative); in f32 also every parameter after the last step (‖Δ‖/‖p‖).
 fn gpu_matches_cpu(spec: &str, precision: Precision, steps: u64, tolerance: f64) {
-    let mut cpu = session(spec, precision, Device::Cpu);
-    let mut gpu = session(spec, precision, STRICT);
+    gpu_matches_cpu_at(spec, None, precision, steps, tolerance)
+}
+
+fn gpu_matches_cpu_at(
+    spec: &str,
+    lr: Option<f64>,
+    precision: Precision,
+    steps: u64,
+    tolerance: f64,
+) {
+    let mut cpu = session_lr(spec, lr, precision, Device::Cpu);
+    let mut gpu = session_lr(spec, lr, precision, STRICT);
     for step in 1..=steps {
         let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
         let rel = (a - b).abs() / b.abs().max(1e-12);
@@ -75,10 +94,16 @@ fn on_the_gpu_cnn_matches_the_cpu_over_ten_steps() {
     }
 }
 
+/// resnet18 at its own learning rate (0.1) memorises a fixed batch within a few steps, and
+/// the two backends' rounding differences (summation orders, and through them which element a
+/// max-pool window picks when two are within an ulp) grow with it: the first two steps agree
+/// to the last bit on the H100, the third by 7e-4. At lr 0.01 the trajectories stay together,
+/// so the comparison over five steps holds the kernels to 1e-4 without measuring chaos.
 #[test]
 fn on_the_gpu_resnet18_matches_the_cpu_over_five_steps() {
     if cuda::gpu_for_test("resnet18 vs cpu") {
-        gpu_matches_cpu("resnet18", Precision::F32, 5, 1e-4);
+        gpu_matches_cpu("resnet18", Precision::F32, 2, 1e-5);
+        gpu_matches_cpu_at("resnet18", Some(0.01), Precision::F32, 5, 1e-4);
     }
 }
 
@@ -86,7 +111,7 @@ fn on_the_gpu_resnet18_matches_the_cpu_over_five_steps() {
 fn on_the_gpu_bf16_cnn_and_resnet18_match_the_cpu_within_bf16_rounding() {
     if cuda::gpu_for_test("bf16 cnn and resnet18 vs cpu") {
         gpu_matches_cpu("cnn", Precision::Bf16, 5, 1e-2);
-        gpu_matches_cpu("resnet18", Precision::Bf16, 3, 1e-2);
+        gpu_matches_cpu_at("resnet18", Some(0.01), Precision::Bf16, 3, 1e-2);
     }
 }
 
