@@ -75,3 +75,86 @@ fn every_operation_of_the_gpt2_program_stays_inside_its_allocation_and_is_ordere
             .count()
     );
 }
+
+/// The CUDA program of `spec` compiled for `ranks` data-parallel ranks.
+fn lowered_for_ranks(spec: &str, ranks: usize) -> Executable {
+    let model = ingot_compiler::models::by_name(spec).unwrap();
+    let step = ingot_compiler::autodiff::StepOptions {
+        ranks,
+        ..Default::default()
+    };
+    pipeline::compile_observed_with(
+        &model,
+        &step,
+        &Options::for_target(Target::Cuda),
+        &mut |_| {},
+    )
+    .unwrap()
+    .executable(Target::Cuda)
+    .unwrap()
+}
+
+#[test]
+fn each_gradient_bucket_lowers_to_one_all_reduce_over_its_region_each_waiting_for_the_last() {
+    use ingot_compiler::lower::cuda::DeviceOp;
+    // A vocabulary large enough for several 25 MiB buckets.
+    let spec = "gpt:vocab=32768,d_model=256,layers=2,heads=4,d_ff=1024,seq=32,batch=2";
+    let exe = lowered_for_ranks(spec, 2);
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    exe.program().check(exe.graph(), exe.plan()).unwrap();
+    let buckets = ingot_compiler::plan::buckets::buckets(exe.graph(), exe.plan());
+    let reduces: Vec<(usize, usize, usize)> = p
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            DeviceOp::AllReduce {
+                offset,
+                bytes,
+                ranks,
+                ..
+            } => {
+                assert_eq!(*ranks, 2);
+                Some((i, *offset, *bytes))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(buckets.len() >= 2, "{} buckets", buckets.len());
+    assert_eq!(reduces.len(), buckets.len(), "one all-reduce per bucket");
+    assert_eq!(p.counts().all_reduces, buckets.len());
+    for ((i, offset, bytes), b) in reduces.iter().zip(&buckets) {
+        assert_eq!(*bytes, b.region_bytes, "the all-reduce covers its bucket's region");
+        let outs = &exe.graph().kernel_outputs()[b.node.index()];
+        let first = exe.plan().location(exe.graph(), outs[0]);
+        assert_eq!(*offset, first.offset);
+        // Every gradient of the bucket is written (by its kernel or a copy) before the
+        // all-reduce, which the update reads after: the dependency graph orders them.
+        assert!(!p.deps[*i].is_empty(), "an all-reduce waits for its gradients");
+    }
+    for w in reduces.windows(2) {
+        assert!(
+            p.deps[w[1].0].contains(&w[0].0),
+            "all-reduce {} does not wait for the one before it",
+            w[1].0
+        );
+    }
+    // The chain is a checked invariant: a program whose collectives may run out of order is
+    // refused by the program's own check.
+    let mut broken = p.clone();
+    let (last, before) = (reduces[reduces.len() - 1].0, reduces[reduces.len() - 2].0);
+    broken.deps[last].retain(|d| *d != before);
+    let e = broken.check(p.total_bytes).unwrap_err().to_string();
+    assert!(e.contains("does not wait for all-reduce"), "{e}");
+}
+
+#[test]
+fn one_rank_has_no_all_reduce_on_the_gpu_either() {
+    let exe = lowered_for_ranks("mlp", 1);
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    assert_eq!(p.counts().all_reduces, 0);
+}

@@ -174,6 +174,9 @@ enum Backend {
     /// A step compiled for several data-parallel ranks, as many CPU ranks
     /// ([`crate::collective::ranks::CpuRanks`]).
     CpuRanks(Box<crate::collective::ranks::CpuRanks>),
+    /// A step compiled for several data-parallel ranks, one per GPU, over NCCL
+    /// ([`crate::cuda::ranks::GpuRanks`]).
+    CudaRanks(Box<crate::cuda::ranks::GpuRanks>),
 }
 
 /// A model's training step, loaded with the values of all its leaves.
@@ -306,6 +309,9 @@ impl Session {
                 Box::new(crate::collective::ranks::CpuRanks::new(exe).map_err(load)?),
             ),
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
+            Device::Cuda(o) if crate::collective::ranks::ranks_of(&exe) > 1 => Backend::CudaRanks(
+                Box::new(crate::cuda::ranks::GpuRanks::new(exe, o.serial).map_err(load)?),
+            ),
             Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
         };
         Session::loaded(backend, None, seed)
@@ -342,12 +348,14 @@ impl Session {
             Backend::Cpu(p) => p.as_ref(),
             Backend::Cuda(c) => c.as_ref(),
             Backend::CpuRanks(r) => r.as_ref(),
+            Backend::CudaRanks(r) => r.as_ref(),
         };
         let (model, precision) = {
             let e = match &backend {
                 Backend::Cpu(p) => p.executable(),
                 Backend::Cuda(c) => c.executable(),
                 Backend::CpuRanks(r) => r.ranks()[0].executable(),
+                Backend::CudaRanks(r) => r.ranks()[0].executable(),
             };
             (e.model().to_string(), e.precision())
         };
@@ -432,6 +440,7 @@ impl Session {
             Backend::Cpu(p) => p.as_ref(),
             Backend::Cuda(c) => c.as_ref(),
             Backend::CpuRanks(r) => r.as_ref(),
+            Backend::CudaRanks(r) => r.as_ref(),
         }
     }
 
@@ -440,6 +449,7 @@ impl Session {
             Backend::Cpu(p) => p.as_mut(),
             Backend::Cuda(c) => c.as_mut(),
             Backend::CpuRanks(r) => r.as_mut(),
+            Backend::CudaRanks(r) => r.as_mut(),
         }
     }
 
@@ -447,15 +457,35 @@ impl Session {
     pub fn cuda_mut(&mut self) -> Option<&mut CudaStep> {
         match &mut self.exe {
             Backend::Cuda(c) => Some(c),
+            Backend::Cpu(_) | Backend::CpuRanks(_) | Backend::CudaRanks(_) => None,
+        }
+    }
+
+    /// The step loaded on the GPU, if the session runs there (for its memory measurements);
+    /// rank 0's on several GPUs.
+    pub fn cuda(&self) -> Option<&CudaStep> {
+        match &self.exe {
+            Backend::Cuda(c) => Some(c),
+            Backend::CudaRanks(r) => r.ranks().first(),
             Backend::Cpu(_) | Backend::CpuRanks(_) => None,
         }
     }
 
-    /// The step loaded on the GPU, if the session runs there (for its memory measurements).
-    pub fn cuda(&self) -> Option<&CudaStep> {
+    /// The step on every GPU it runs on, rank 0 first (one for a single-GPU session, none on
+    /// the CPU).
+    pub fn cuda_ranks(&self) -> Vec<&CudaStep> {
         match &self.exe {
-            Backend::Cuda(c) => Some(c),
-            Backend::Cpu(_) | Backend::CpuRanks(_) => None,
+            Backend::Cuda(c) => vec![c],
+            Backend::CudaRanks(r) => r.ranks().iter().collect(),
+            Backend::Cpu(_) | Backend::CpuRanks(_) => Vec::new(),
+        }
+    }
+
+    /// The GPU ranks of a data-parallel session over NCCL.
+    pub fn gpu_ranks(&self) -> Option<&crate::cuda::ranks::GpuRanks> {
+        match &self.exe {
+            Backend::CudaRanks(r) => Some(r),
+            _ => None,
         }
     }
 

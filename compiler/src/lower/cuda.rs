@@ -163,6 +163,19 @@ pub enum DeviceOp {
         to: usize,
         bytes: usize,
     },
+    /// Replace the `bytes` bytes of `dtype` elements at `offset` (one gradient bucket, a
+    /// contiguous planned region) by their mean over the step's `ranks` data-parallel ranks:
+    /// NCCL's in-place all-reduce with `ncclAvg`, on the runtime's communicator. Every rank's
+    /// program holds the same all-reduces in the same order, and each waits for the one before
+    /// it (NCCL requires one order of collectives on every rank; two left unordered on parallel
+    /// branches of the step's graph could run in different orders on two ranks and hang).
+    AllReduce {
+        node: NodeId,
+        offset: usize,
+        bytes: usize,
+        dtype: DType,
+        ranks: usize,
+    },
 }
 
 /// A row-major batched matmul `C[b] = op(A[b]) · op(B[b])`, stated as the column-major GEMM
@@ -289,7 +302,8 @@ pub(super) fn lower(
             });
         }
     }
-    let deps = deps::dependencies(&p.touches);
+    let mut deps = deps::dependencies(&p.touches);
+    chain_collectives(&p.ops, &mut deps);
     let program = Program {
         prelude: codegen::prelude_for(&p.kernels),
         kernels: p.kernels,
@@ -300,6 +314,22 @@ pub(super) fn lower(
     };
     program.check(plan.total_bytes)?;
     Ok(program)
+}
+
+/// Makes each all-reduce wait for the one before it in program order, so every rank runs its
+/// collectives in the program's one order ([`DeviceOp::AllReduce`]).
+fn chain_collectives(ops: &[DeviceOp], deps: &mut [SmallVec<[usize; 4]>]) {
+    let mut last = None;
+    for (i, op) in ops.iter().enumerate() {
+        if matches!(op, DeviceOp::AllReduce { .. }) {
+            if let Some(prev) = last {
+                if !deps[i].contains(&prev) {
+                    deps[i].push(prev);
+                }
+            }
+            last = Some(i);
+        }
+    }
 }
 
 impl Program {
@@ -322,6 +352,7 @@ impl Program {
                 DeviceOp::Gemm(_) => c.gemms += 1,
                 DeviceOp::Zero { .. } => c.memsets += 1,
                 DeviceOp::Copy { .. } => c.copies += 1,
+                DeviceOp::AllReduce { .. } => c.all_reduces += 1,
             }
         }
         c
@@ -379,6 +410,19 @@ impl Program {
             }
         }
         self.check_bounds()?;
+        let collectives: Vec<usize> = (0..self.ops.len())
+            .filter(|&i| matches!(self.ops[i], DeviceOp::AllReduce { .. }))
+            .collect();
+        if let Some(w) = collectives
+            .windows(2)
+            .find(|w| !self.deps.get(w[1]).is_some_and(|d| d.contains(&w[0])))
+        {
+            return Err(invalid(format!(
+                "all-reduce {} does not wait for all-reduce {} before it: the ranks could run \
+                 their collectives in different orders",
+                w[1], w[0]
+            )));
+        }
         // A touch outside the allocation would make the dependency check meaningless.
         let inside = |l: &Location| {
             l.offset
@@ -460,6 +504,19 @@ impl Program {
                 DeviceOp::Copy { from, to, bytes } => {
                     if !fits(*from, *bytes) || !fits(*to, *bytes) {
                         return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
+                    }
+                }
+                DeviceOp::AllReduce {
+                    node,
+                    offset,
+                    bytes,
+                    ..
+                } => {
+                    if !fits(*offset, *bytes) {
+                        return Err(bad(format!(
+                            "the all-reduce of node %{}: {bytes} bytes at {offset}",
+                            node.index()
+                        )));
                     }
                 }
             }
@@ -564,6 +621,8 @@ pub struct OpCounts {
     pub gemms: usize,
     pub memsets: usize,
     pub copies: usize,
+    /// Gradient buckets averaged over the data-parallel ranks (0 for one rank).
+    pub all_reduces: usize,
 }
 
 struct Lowering<'g> {
@@ -678,14 +737,7 @@ impl Lowering<'_> {
             Op::Attention { .. } | Op::AttentionGrad { .. } => {
                 self.attention(id, outputs, plan, &inputs)
             }
-            Op::AllReduce { ranks } => Err(LowerError::Invalid {
-                op: "all_reduce",
-                reason: format!(
-                    "the step is compiled for {ranks} data-parallel ranks, and the CUDA backend \
-                     has no NCCL collective yet: train data-parallel on the CPU (--ranks), or \
-                     on one GPU"
-                ),
-            }),
+            Op::AllReduce { ranks } => self.all_reduce(id, *ranks, &outputs[id.index()]),
             Op::Window(w) => self.window(id, w, plan, &inputs),
             op => Err(LowerError::Invalid {
                 op: op.name(),
@@ -850,6 +902,76 @@ impl Lowering<'_> {
         self.touched(node, writes);
         let kernel = self.kernel_index(k);
         self.ops.push(DeviceOp::Launch { node, kernel, args });
+    }
+
+    /// A gradient bucket's all-reduce: each gradient the planner could not place in its slot of
+    /// the bucket is copied there first, then the bucket's one contiguous region is averaged
+    /// over the ranks in place ([`DeviceOp::AllReduce`]).
+    fn all_reduce(
+        &mut self,
+        id: NodeId,
+        ranks: usize,
+        outs: &[NodeId],
+    ) -> Result<(), LowerError> {
+        let node = self.g.node(id);
+        let invalid = |reason: String| LowerError::Invalid {
+            op: "all_reduce",
+            reason,
+        };
+        if outs.len() != node.inputs.len() || outs.is_empty() {
+            return Err(invalid(format!(
+                "{} gradients in and {} out",
+                node.inputs.len(),
+                outs.len()
+            )));
+        }
+        let mut end = None;
+        for (&x, &o) in node.inputs.iter().zip(outs) {
+            let (from, to) = (self.location[x.index()], self.location[o.index()]);
+            // The validator placed them one after another, at aligned offsets with the
+            // padding between them the collective's to clobber.
+            if end.is_some_and(|e| to.offset < e) {
+                return Err(invalid(format!(
+                    "the bucket's gradients are not in order in one region: %{} starts at {} \
+                     before the one before it ends, at {}",
+                    o.index(),
+                    to.offset,
+                    end.unwrap_or(0)
+                )));
+            }
+            end = Some(to.offset + to.bytes);
+            if from != to && to.bytes > 0 {
+                self.ops.push(DeviceOp::Copy {
+                    from: from.offset,
+                    to: to.offset,
+                    bytes: to.bytes,
+                });
+                self.touches.push(Touch {
+                    reads: smallvec::smallvec![from],
+                    writes: smallvec::smallvec![to],
+                });
+            }
+        }
+        let offset = self.location[outs[0].index()].offset;
+        let region = Location {
+            offset,
+            bytes: end.unwrap_or(offset) - offset,
+        };
+        if region.bytes == 0 {
+            return Ok(());
+        }
+        self.ops.push(DeviceOp::AllReduce {
+            node: id,
+            offset,
+            bytes: region.bytes,
+            dtype: node.ty.dtype,
+            ranks,
+        });
+        self.touches.push(Touch {
+            reads: smallvec::smallvec![region],
+            writes: smallvec::smallvec![region],
+        });
+        Ok(())
     }
 
     /// Library calls and the gather, scatter and concat kernels read operands that must not

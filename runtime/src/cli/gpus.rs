@@ -1,10 +1,11 @@
 //! `ingot train --gpus N`: data-parallel training on the GPUs of this machine over NCCL.
 //!
-//! What runs today is one GPU: the step is the single-GPU step (no all-reduce, bit for bit), and
-//! NCCL is found, loaded and given a one-rank communicator whose device memory is measured once
-//! at start and reported on its own line, outside the plan (as the CUDA context is). Several
-//! GPUs are refused, saying why: the CUDA lowering of the gradient buckets' all-reduce is not
-//! built. The in-process CPU ranks (`--ranks N`) run the same data-parallel step today.
+//! `--gpus N` compiles the step for `N` data-parallel ranks (the gradient buckets' all-reduces
+//! lowered to NCCL calls captured into each rank's step graph) and runs rank `r` on GPU `r`, one
+//! thread per GPU ([`crate::cuda::ranks::GpuRanks`]). `--gpus 1` is the single-GPU step (no
+//! all-reduce, bit for bit) with NCCL found, loaded and given a one-rank communicator. Either
+//! way NCCL's device memory is measured once at start and reported on its own line, outside
+//! the plan (as the CUDA context is).
 
 use super::train::Device;
 use super::Failure;
@@ -36,27 +37,31 @@ pub fn check(n: u64, device: Option<Device>, ranks: u64) -> Result<(), Failure> 
             format!("--gpus {n}: this machine has {present} GPU(s)"),
         ));
     }
-    if n > 1 {
-        return Err(Failure::new(
-            2,
-            format!(
-                "--gpus {n} is not built yet: the CUDA lowering of the gradient buckets' \
-                 all-reduce (NCCL on a stream of its own) is missing; --gpus 1 runs, and \
-                 --ranks {n} runs the same data-parallel step on {n} CPU ranks"
-            ),
-        ));
-    }
     Ok(())
 }
 
-/// NCCL loaded, and this process's communicator with the device memory it took.
+/// NCCL loaded, and this process's communicators with the device memory they took.
 pub struct NcclRank {
-    /// Held for the run: dropping it destroys the communicator.
-    pub _comm: nccl::Comm,
+    /// Held for the run: dropping it destroys the communicator (`--gpus 1`; the ranks of
+    /// several GPUs hold their own).
+    pub _comm: Option<nccl::Comm>,
     pub version: String,
     pub path: std::path::PathBuf,
-    /// Free device memory before the communicator's creation minus after.
-    pub bytes: i64,
+    /// Per rank: free device memory before the communicators' creation (and connection)
+    /// minus after.
+    pub bytes: Vec<i64>,
+}
+
+/// What the GPU ranks of a session measured of NCCL ([`crate::cuda::ranks::GpuRanks`]).
+pub fn ranks_info(session: &Session) -> Option<NcclRank> {
+    let r = session.gpu_ranks()?;
+    let info = r.nccl();
+    Some(NcclRank {
+        _comm: None,
+        version: info.version.clone(),
+        path: info.path.clone(),
+        bytes: info.bytes.iter().map(|&b| b as i64).collect(),
+    })
 }
 
 /// Loads NCCL (an error naming every directory looked in when it is absent) and makes the
@@ -76,10 +81,10 @@ pub fn one_rank(session: &Session) -> Result<NcclRank, Failure> {
         .pop()
         .ok_or_else(|| Failure::new(1, "NCCL made no communicator"))?;
     Ok(NcclRank {
-        _comm: comm,
+        _comm: Some(comm),
         version,
         path: lib.path.clone(),
-        bytes: before - after,
+        bytes: vec![before - after],
     })
 }
 
@@ -90,17 +95,23 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
             "nccl": {
                 "version": r.version,
                 "library": r.path.display().to_string(),
-                "ranks": 1,
+                "ranks": r.bytes.len(),
                 "device_bytes": r.bytes,
             }
         });
         crate::outln!("{line}")
     } else {
+        let mib: Vec<String> = r
+            .bytes
+            .iter()
+            .map(|&b| format!("{:.1}", b as f64 / (1u64 << 20) as f64))
+            .collect();
         crate::outln!(
-            "NCCL {} ({}): 1 rank; its communicator took {:.1} MiB of device memory (measured once at start, outside the plan)",
+            "NCCL {} ({}): {} rank(s), one per GPU; its communicator took {} MiB of device memory on each (measured once at start, outside the plan)",
             r.version,
             r.path.display(),
-            r.bytes as f64 / (1u64 << 20) as f64
+            r.bytes.len(),
+            mib.join(" / ")
         )
     }
 }

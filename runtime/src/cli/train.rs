@@ -277,10 +277,13 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     let mut step_options = a.model.step_options(scheduled);
     step_options.step_input = true;
+    if let Some(n) = a.gpus {
+        step_options.ranks = n as usize;
+    }
     if step_options.ranks > 1 && a.run.val.is_some() {
         return Err(Failure::new(
             2,
-            "--val with --ranks is not built yet: evaluate the saved parameters in a run of one rank",
+            "--val with several ranks (--ranks or --gpus) is not built yet: evaluate the saved parameters in a run of one rank",
         ));
     }
     if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
@@ -308,6 +311,12 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     };
     // NCCL's communicator, kept for the run; its memory measured once, before the first step.
     let _nccl = match a.gpus {
+        Some(n) if n > 1 => {
+            let r = super::gpus::ranks_info(&session)
+                .ok_or_else(|| Failure::new(1, "--gpus: the session is not on GPU ranks"))?;
+            super::gpus::report(&r, a.run.json)?;
+            Some(r)
+        }
         Some(_) => {
             let r = super::gpus::one_rank(&session)?;
             super::gpus::report(&r, a.run.json)?;
@@ -368,7 +377,7 @@ struct Run<'a> {
     planned: String,
     seconds: Vec<f64>,
     wall: Vec<f64>,
-    free_after_first: Option<usize>,
+    free_after_first: Option<Vec<usize>>,
     /// The first step with a non-finite loss or gradient norm, and which, where the run
     /// stopped without --skip-nonfinite.
     non_finite: Option<(u64, String)>,
@@ -414,7 +423,7 @@ impl Run<'_> {
         self.seconds.push(r.seconds);
         self.wall.push(r.wall_seconds);
         if self.seconds.len() == 1 {
-            self.free_after_first = session.cuda().map(|c| c.free_memory()).transpose()?;
+            self.free_after_first = free_on_gpus(session)?;
             self.measure_memory(session)?;
         }
         if r.loss.is_finite() {
@@ -551,7 +560,10 @@ impl Run<'_> {
     /// On a GPU, records the device memory the run holds now: the allocation plus any drop
     /// in free memory since the first step.
     fn measure_memory(&mut self, session: &Session) -> Result<(), Failure> {
-        if let (Some(c), Some(first)) = (session.cuda(), self.free_after_first) {
+        if let (Some(c), Some(first)) = (
+            session.cuda(),
+            self.free_after_first.as_ref().and_then(|f| f.first().copied()),
+        ) {
             let now = c.free_memory()? as i64;
             let held = c.memory().allocation as i64 + (first as i64 - now);
             self.record.memory.push((self.step, held.max(0) as usize));
@@ -932,7 +944,7 @@ fn train_with(
         session,
         &run.seconds,
         &run.wall,
-        run.free_after_first,
+        run.free_after_first.as_deref(),
         run.non_finite.as_ref().map(|(i, _)| *i),
         a.dataset
             .as_ref()
@@ -1041,10 +1053,27 @@ struct Summary {
     /// GPU only: free device memory after the last step minus after the first (0: the steps
     /// allocated nothing).
     free_change_bytes: Option<i64>,
+    /// Several GPUs: each GPU's change in free memory, rank 0 first (`free_change_bytes` is
+    /// rank 0's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks_free_change_bytes: Option<Vec<i64>>,
     /// Data set runs: the loader's two staging buffers of x and y (page-locked on the GPU),
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
     staging_bytes: Option<usize>,
+}
+
+/// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).
+fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, Failure> {
+    let gpus = session.cuda_ranks();
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        gpus.iter()
+            .map(|c| c.free_memory())
+            .collect::<Result<Vec<_>, _>>()?,
+    ))
 }
 
 /// The one allocation's planned size: the training step's plan total, or with a validation
@@ -1074,17 +1103,25 @@ fn summary(
     session: &Session,
     seconds: &[f64],
     wall: &[f64],
-    free_after_first: Option<usize>,
+    free_after_first: Option<&[usize]>,
     non_finite_loss_step: Option<u64>,
     staging_bytes: Option<usize>,
 ) -> Result<(), Failure> {
     let plan = session.exe().plan();
     let cuda = session.cuda();
     let mem = cuda.map(|c| c.memory());
-    let free_change = match (cuda, free_after_first) {
-        (Some(c), Some(first)) => Some(c.free_memory()? as i64 - first as i64),
+    // Per GPU: free memory now minus after the first step.
+    let changes: Option<Vec<i64>> = match (free_on_gpus(session)?, free_after_first) {
+        (Some(now), Some(first)) => Some(
+            now.iter()
+                .zip(first)
+                .map(|(&n, &f)| n as i64 - f as i64)
+                .collect(),
+        ),
         _ => None,
     };
+    let free_change = changes.as_ref().and_then(|c| c.first().copied());
+    let ranks_free_change = changes.filter(|c| c.len() > 1);
     let s = Summary {
         device: session.exe().device(),
         steps: seconds.len() as u64,
@@ -1099,6 +1136,7 @@ fn summary(
         context_bytes: mem.map(|m| m.before_allocation),
         graph_bytes: mem.map(|m| m.graph),
         free_change_bytes: free_change,
+        ranks_free_change_bytes: ranks_free_change.clone(),
         staging_bytes,
     };
     if a.json {
@@ -1155,7 +1193,18 @@ fn summary(
             mib(m.graph)
         )?;
     }
-    if let Some(d) = free_change {
+    if let Some(c) = &ranks_free_change {
+        crate::outln!(
+            "free device memory after step 1 and after step {}, on each of {} GPUs: {}",
+            seconds.len(),
+            c.len(),
+            if c.iter().all(|&d| d == 0) {
+                "identical (no allocation during the steps)".to_string()
+            } else {
+                format!("changed by {c:?} bytes")
+            }
+        )?;
+    } else if let Some(d) = free_change {
         crate::outln!(
             "free device memory after step 1 and after step {}: {}",
             seconds.len(),

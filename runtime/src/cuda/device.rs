@@ -57,6 +57,9 @@ pub struct DeviceMemory {
     pub allocation: usize,
     /// The drop in free memory capturing and instantiating the step's graph caused.
     pub graph: usize,
+    /// The drop in free memory NCCL's connections to the other ranks caused, made at the
+    /// step's first all-reduces while loading (0 for a step of one rank).
+    pub collectives: usize,
 }
 
 /// A step loaded on the GPU; optionally with a forward-only evaluation step planned into the
@@ -76,6 +79,42 @@ pub struct CudaStep {
     ptx_source: ptx::Source,
     name: String,
     opts: CudaOptions,
+    /// This rank's NCCL communicator, for a step compiled for several data-parallel ranks
+    /// ([`DeviceOp::AllReduce`]); dropped after the graphs that use it.
+    comm: Option<super::nccl::Comm>,
+}
+
+// SAFETY: the step's CUDA handles (the captured graphs, events, stream, cuBLAS handle and the
+// allocation) belong to its context, which every method binds to the calling thread before
+// using them, and `&mut self` keeps two threads from using one step at once. This is what lets
+// the ranks of a data-parallel group each run on a thread of their own.
+unsafe impl Send for CudaStep {}
+
+/// Holds the ranks of a group loading side by side at one point until all have reached it
+/// (`CudaStep::rank`), and tells each whether every rank got there without an error.
+pub struct RankGate {
+    barrier: std::sync::Barrier,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl RankGate {
+    /// A gate for `ranks` ranks.
+    pub fn new(ranks: usize) -> RankGate {
+        RankGate {
+            barrier: std::sync::Barrier::new(ranks),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Waits for every rank; true when all of them passed `ok`.
+    pub fn pass(&self, ok: bool) -> bool {
+        use std::sync::atomic::Ordering;
+        if !ok {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        self.barrier.wait();
+        !self.failed.load(Ordering::SeqCst)
+    }
 }
 
 /// One loaded program: its executable, its device operations, each node's bytes, its kernels
@@ -139,7 +178,32 @@ impl CudaStep {
     /// executable carries its program, checked against its validated plan.
     pub fn new(exe: Executable, opts: CudaOptions) -> Result<CudaStep, ExecError> {
         let bytes = exe.plan().total_bytes;
-        CudaStep::load(exe, None, bytes, opts)
+        CudaStep::load(exe, None, bytes, opts, None)
+    }
+
+    /// Loads one rank of a step compiled for several data-parallel ranks, with its end of an
+    /// NCCL group (`comm`, made for `opts.ordinal`): each gradient bucket's all-reduce is
+    /// captured into the step's graph on its own branch, so it overlaps the rest of the
+    /// backward pass. Every rank of the group must be loaded at the same time, each on its own
+    /// thread: loading runs each all-reduce once, before the capture, so that NCCL makes its
+    /// connections (collective calls that would allocate) outside it.
+    /// `gate` holds every rank at the point before the first collective until all have got
+    /// there, and fails them all if one did not (a rank left out would leave the others waiting
+    /// in NCCL for ever).
+    pub fn rank(
+        exe: Executable,
+        opts: CudaOptions,
+        comm: super::nccl::Comm,
+        gate: &RankGate,
+    ) -> Result<CudaStep, ExecError> {
+        let bytes = exe.plan().total_bytes;
+        let prepared = CudaStep::prepare(exe, None, bytes, opts, Some(comm));
+        if !gate.pass(prepared.is_ok()) {
+            return Err(prepared.err().unwrap_or_else(|| {
+                unavailable("another rank of the group failed to load, so this one stops too")
+            }));
+        }
+        prepared?.finish()
     }
 
     /// Loads a training step and its evaluation step against one allocation of the pair's size
@@ -149,7 +213,7 @@ impl CudaStep {
     pub fn pair(pair: StepPair, opts: CudaOptions) -> Result<CudaStep, ExecError> {
         let bytes = pair.allocation_bytes();
         let (train, eval, _) = pair.into_parts();
-        CudaStep::load(train, Some(eval), bytes, opts)
+        CudaStep::load(train, Some(eval), bytes, opts, None)
     }
 
     fn load(
@@ -157,8 +221,31 @@ impl CudaStep {
         eval: Option<Executable>,
         total_bytes: usize,
         opts: CudaOptions,
+        comm: Option<super::nccl::Comm>,
+    ) -> Result<CudaStep, ExecError> {
+        CudaStep::prepare(exe, eval, total_bytes, opts, comm)?.finish()
+    }
+
+    /// Everything of loading up to the collectives and the capture: the context, kernels,
+    /// cuBLAS, and the one allocation, zeroed.
+    fn prepare(
+        exe: Executable,
+        eval: Option<Executable>,
+        total_bytes: usize,
+        opts: CudaOptions,
+        comm: Option<super::nccl::Comm>,
     ) -> Result<CudaStep, ExecError> {
         let program = cuda_program(&exe)?;
+        let ranks = crate::collective::ranks::ranks_of(&exe);
+        match &comm {
+            None if ranks > 1 => {
+                return Err(crate::collective::needs_collective(ranks, None));
+            }
+            Some(c) if c.ranks() != ranks => {
+                return Err(crate::collective::needs_collective(ranks, Some(c.ranks())));
+            }
+            _ => {}
+        }
         let eval_program = eval.as_ref().map(cuda_program).transpose()?;
         debug_assert_eq!(exe.target(), Target::Cuda);
         let count = available()?;
@@ -255,7 +342,7 @@ impl CudaStep {
             (Some(e), Some(p), Some(f)) => Some(part(e, p, f)),
             _ => None,
         };
-        let mut step = CudaStep {
+        let step = CudaStep {
             main,
             eval,
             ctx,
@@ -272,13 +359,27 @@ impl CudaStep {
                 requested: bytes,
                 allocation: free_before.saturating_sub(free_after),
                 graph: 0,
+                collectives: 0,
             },
             ptx_source,
             name,
             opts,
+            comm,
         };
         // SAFETY: the allocation is `bytes` long.
         unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
+        Ok(step)
+    }
+
+    /// The rest of loading: the collectives connected (a rank of several), then the training
+    /// step captured (and the evaluation step), and the graphs' memory measured.
+    fn finish(mut self) -> Result<CudaStep, ExecError> {
+        let step = &mut self;
+        step.ctx.bind_to_thread().map_err(driver("binding"))?;
+        let (before, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
+        step.connect_collectives()?;
+        let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
+        step.memory.collectives = before.saturating_sub(free_after);
         let graph = step.capture(&step.main)?;
         step.main.exec = Some(graph);
         if let Some(eval) = &step.eval {
@@ -287,7 +388,31 @@ impl CudaStep {
         }
         let (free_graph, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
         step.memory.graph = free_after.saturating_sub(free_graph);
-        Ok(step)
+        Ok(self)
+    }
+
+    /// Runs each of the step's all-reduces once, outside any capture, and waits: NCCL connects
+    /// its ranks at a communicator's first collectives (allocating device memory for its
+    /// channels), which a captured call must not do. The slab is all zeros here, so the means
+    /// change nothing. Every rank runs the same all-reduces in the same order.
+    fn connect_collectives(&self) -> Result<(), ExecError> {
+        let ops: Vec<&DeviceOp> = self
+            .main
+            .program
+            .ops
+            .iter()
+            .filter(|op| matches!(op, DeviceOp::AllReduce { .. }))
+            .collect();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        for op in ops {
+            self.enqueue(&self.main, op)?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver("connecting the ranks (the first all-reduces)"))
     }
 
     /// `len` bytes of page-locked host memory in this step's context (the data loader's
@@ -497,6 +622,41 @@ impl CudaStep {
                         )
                     }
                     .map_err(driver("recording a copy"))?
+                }
+                DeviceOp::AllReduce {
+                    node,
+                    offset,
+                    bytes,
+                    dtype,
+                    ..
+                } => {
+                    let comm = self.comm.as_ref().ok_or_else(|| {
+                        self.at(
+                            part,
+                            *node,
+                            "all-reducing",
+                            "the step has no NCCL communicator".into(),
+                        )
+                    })?;
+                    let ty = super::nccl::data_type(*dtype).ok_or_else(|| {
+                        self.at(
+                            part,
+                            *node,
+                            "all-reducing",
+                            format!("NCCL has no {dtype:?} mean"),
+                        )
+                    })?;
+                    // SAFETY: the bucket lies inside the allocation (the program's check),
+                    // which lives as long as the graphs; the stream is this device's.
+                    unsafe {
+                        comm.all_reduce_mean(
+                            self.base + *offset as u64,
+                            bytes / dtype.size(),
+                            ty,
+                            s as *mut c_void,
+                        )
+                    }
+                    .map_err(|e| self.at(part, *node, "all-reducing", e))?;
                 }
             }
         }
@@ -825,5 +985,6 @@ impl Drop for CudaStep {
         }
         // SAFETY: allocated in `new`, freed once, after all work on it finished.
         let _ = unsafe { result::free_sync(self.base) };
+        self.comm = None;
     }
 }

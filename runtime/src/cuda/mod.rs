@@ -9,7 +9,8 @@
 //! - [`kernel_check`]: every kernel of a model, or random ones, on the GPU against the CPU;
 //! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`);
 //! - [`libsearch`]: finding a library PyTorch's Python packages hold, and loading it;
-//! - [`nccl`]: NCCL, found and bound at run time.
+//! - [`nccl`]: NCCL, found and bound at run time;
+//! - [`ranks`]: the GPUs of a data-parallel step, one rank each, averaging over NCCL.
 
 pub mod device;
 pub mod kernel_check;
@@ -17,6 +18,7 @@ pub mod libsearch;
 pub mod nccl;
 pub mod pinned;
 pub mod ptx;
+pub mod ranks;
 pub mod require;
 
 pub use device::{available, CudaOptions, CudaStep, DeviceMemory};

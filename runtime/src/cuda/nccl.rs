@@ -146,7 +146,11 @@ impl Nccl {
         })?;
         Ok(raw
             .into_iter()
-            .map(|raw| Comm { nccl: self, raw })
+            .map(|raw| Comm {
+                nccl: self,
+                raw,
+                ranks: devices.len(),
+            })
             .collect())
     }
 
@@ -163,7 +167,11 @@ impl Nccl {
         self.check("init", unsafe {
             (self.comm_init_rank)(&mut raw, ranks as c_int, id, rank as c_int)
         })?;
-        Ok(Comm { nccl: self, raw })
+        Ok(Comm {
+            nccl: self,
+            raw,
+            ranks,
+        })
     }
 
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (several communicators driven from
@@ -183,12 +191,18 @@ impl Nccl {
 pub struct Comm {
     nccl: &'static Nccl,
     raw: RawComm,
+    ranks: usize,
 }
 
 // SAFETY: an NCCL communicator may be used from any one thread at a time.
 unsafe impl Send for Comm {}
 
 impl Comm {
+    /// How many ranks the communicator's group has.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
     /// Queues the in-place mean over the ranks of `count` elements of `dtype` at device address
     /// `ptr`, on `stream` (a `CUstream`).
     ///

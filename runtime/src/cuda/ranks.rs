@@ -1,0 +1,248 @@
+//! `N` GPUs of this machine as one step executor: the ranks of a step compiled for `N`
+//! data-parallel ranks, rank `r` on GPU `r`, each with its own allocation, stream and end of one
+//! NCCL group, each driven by a thread of its own every step (one process, one thread per GPU).
+//!
+//! What a session sees is what [`crate::collective::ranks::CpuRanks`] shows it: one step whose
+//! batch is the union of the ranks' shards (an input written for all ranks together is cut into
+//! `N` contiguous shards, rank `r` taking the `r`-th; anything of one rank's size goes to
+//! every rank), parameters read from rank 0 (every rank applies the same averaged gradients),
+//! and each step's loss the mean of the ranks' losses.
+
+use super::device::{CudaOptions, CudaStep, RankGate};
+use super::nccl;
+use crate::collective::ranks::ranks_of;
+use crate::error::ExecError;
+use crate::executor::StepExecutor;
+use crate::tensor::Tensor;
+use cudarc::driver::{result, CudaContext};
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
+use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::MemoryPlan;
+
+/// NCCL as the group found it, and the device memory its communicators took.
+#[derive(Clone, Debug)]
+pub struct NcclInfo {
+    pub version: String,
+    pub path: std::path::PathBuf,
+    /// Per rank: the drop in free memory making the communicators caused, plus the drop its
+    /// first all-reduces (NCCL's connections) caused while loading.
+    pub bytes: Vec<usize>,
+}
+
+/// The ranks of one data-parallel step, one per GPU.
+pub struct GpuRanks {
+    ranks: Vec<CudaStep>,
+    nccl: NcclInfo,
+}
+
+fn device_error(what: &str) -> impl FnOnce(String) -> ExecError + '_ {
+    move |reason| ExecError::Device {
+        what: what.into(),
+        reason,
+    }
+}
+
+impl GpuRanks {
+    /// Loads `exe` (lowered for CUDA) once per rank it was compiled for ([`ranks_of`]), rank
+    /// `r` on GPU `r`: NCCL is loaded (an error naming where it looked when it is absent), one
+    /// communicator per GPU made (`ncclCommInitAll`), and the ranks loaded side by side, each
+    /// on its own thread. `serial` is [`CudaOptions::serial`] for every rank.
+    pub fn new(exe: Executable, serial: bool) -> Result<GpuRanks, ExecError> {
+        let n = ranks_of(&exe);
+        let present = super::available()?;
+        if n > present {
+            return Err(ExecError::Device {
+                what: "loading the ranks".into(),
+                reason: format!(
+                    "the step is compiled for {n} data-parallel ranks, one per GPU, but this \
+                     machine has {present} GPU(s)"
+                ),
+            });
+        }
+        let lib = nccl::load().map_err(device_error("loading NCCL"))?;
+        let version = lib.version().map_err(device_error("loading NCCL"))?;
+        let contexts = (0..n)
+            .map(|i| CudaContext::new(i).map_err(|e| device_error("creating a context")(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let free = |ctxs: &[std::sync::Arc<CudaContext>]| -> Result<Vec<usize>, ExecError> {
+            ctxs.iter()
+                .map(|c| {
+                    c.bind_to_thread()
+                        .map_err(|e| device_error("binding")(e.to_string()))?;
+                    result::mem_get_info()
+                        .map(|(f, _)| f)
+                        .map_err(|e| device_error("reading free memory")(e.to_string()))
+                })
+                .collect()
+        };
+        let before = free(&contexts)?;
+        let devices: Vec<i32> = (0..n as i32).collect();
+        let comms = lib
+            .init_all(&devices)
+            .map_err(device_error("making the NCCL communicators"))?;
+        let after = free(&contexts)?;
+        let gate = RankGate::new(n);
+        let loaded: Vec<Result<CudaStep, ExecError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(r, comm)| {
+                    let (exe, gate) = (exe.clone(), &gate);
+                    scope.spawn(move || {
+                        let opts = CudaOptions { ordinal: r, serial };
+                        CudaStep::rank(exe, opts, comm, gate)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(join).collect()
+        });
+        let ranks = loaded.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let bytes = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, s)| before[r].saturating_sub(after[r]) + s.memory().collectives)
+            .collect();
+        drop(contexts);
+        Ok(GpuRanks {
+            ranks,
+            nccl: NcclInfo {
+                version,
+                path: lib.path.clone(),
+                bytes,
+            },
+        })
+    }
+
+    /// The rank steps, rank 0 first.
+    pub fn ranks(&self) -> &[CudaStep] {
+        &self.ranks
+    }
+
+    /// NCCL's version, path and memory per rank.
+    pub fn nccl(&self) -> &NcclInfo {
+        &self.nccl
+    }
+
+    /// Runs `f` on every rank at once, each on its own thread (every rank must take part in
+    /// each collective, so none may wait for another to finish first); the first error after
+    /// all have finished.
+    fn each(
+        &mut self,
+        f: impl Fn(usize, &mut CudaStep) -> Result<(), ExecError> + Sync,
+    ) -> Result<(), ExecError> {
+        let f = &f;
+        let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter_mut()
+                .enumerate()
+                .map(|(r, s)| scope.spawn(move || f(r, s)))
+                .collect();
+            handles.into_iter().map(join).collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// `bytes` for rank `r`: its shard when `bytes` holds an input for all ranks together.
+    fn shard<'a>(&self, id: NodeId, bytes: &'a [u8], r: usize) -> &'a [u8] {
+        let n = self.ranks.len();
+        let one = self.plan().location(self.graph(), id).bytes;
+        let input = self.graph().leaves(LeafKind::Input).contains(&id);
+        if input && one > 0 && n > 1 && bytes.len() == one * n {
+            &bytes[r * one..(r + 1) * one]
+        } else {
+            bytes
+        }
+    }
+}
+
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, ExecError>>) -> Result<T, ExecError> {
+    h.join().unwrap_or_else(|_| {
+        Err(ExecError::Invalid {
+            op: "step",
+            reason: "a rank's thread panicked".into(),
+        })
+    })
+}
+
+impl StepExecutor for GpuRanks {
+    fn graph(&self) -> &Graph {
+        self.ranks[0].graph()
+    }
+
+    fn plan(&self) -> &MemoryPlan {
+        self.ranks[0].plan()
+    }
+
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        let shards: Vec<&[u8]> = (0..self.ranks.len())
+            .map(|r| self.shard(id, bytes, r))
+            .collect();
+        for (s, b) in self.ranks.iter_mut().zip(shards) {
+            s.write_node_bytes(id, b)?;
+        }
+        Ok(())
+    }
+
+    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        self.ranks[0].read_node(id)
+    }
+
+    fn step(&mut self) -> Result<(), ExecError> {
+        self.each(|_, s| s.step())
+    }
+
+    /// Each rank copies its shard of the inputs and runs its step, all at once.
+    fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        let shards: Vec<Vec<(NodeId, &[u8])>> = (0..self.ranks.len())
+            .map(|r| {
+                inputs
+                    .iter()
+                    .map(|&(id, b)| (id, self.shard(id, b, r)))
+                    .collect()
+            })
+            .collect();
+        let shards = &shards;
+        self.each(|r, s| s.step_with_inputs(&shards[r]))
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.ranks[0].allocated_bytes()
+    }
+
+    fn device(&self) -> String {
+        format!(
+            "{} ... cuda:{}, {} ranks",
+            self.ranks[0].device(),
+            self.ranks.len() - 1,
+            self.ranks.len()
+        )
+    }
+
+    /// The slowest rank's device time: the step is done when every rank is.
+    fn last_step_device_seconds(&self) -> Option<f64> {
+        self.ranks
+            .iter()
+            .filter_map(|s| s.last_step_device_seconds())
+            .reduce(f64::max)
+    }
+
+    /// The same value on every rank (read after the all-reduce), or each rank's own (its
+    /// shard's loss), whose mean over the ranks is the union's (equal shards of a mean loss).
+    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError> {
+        let values = self
+            .ranks
+            .iter()
+            .map(|s| s.read_scalar(at, dtype))
+            .collect::<Result<Vec<f64>, _>>()?;
+        if values.iter().all(|v| v.to_bits() == values[0].to_bits()) {
+            return Ok(values[0]);
+        }
+        Ok(values.iter().sum::<f64>() / values.len() as f64)
+    }
+
+    fn data_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+}
