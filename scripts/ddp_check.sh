@@ -10,9 +10,11 @@
 #    gpt-mini; 20 steps), planned = measured (the allocation's drop in free memory is the plan,
 #    up to the driver's 2 MiB page), free memory unchanged over the steps, NCCL's memory on its
 #    own line.
-# 3. With 2 or more GPUs: Ingot's N-GPU step is NOT built (its --gpus N refusal is logged as
-#    evidence); PyTorch DDP's figures are taken for later comparison: gpt2 f32 and bf16 median
-#    step time on 1 and on all GPUs (same per-GPU batch), and its scaling efficiency.
+# 3. With 2 or more GPUs: .devbin/test_cuda_ranks (2 GPUs on 2 shards against one GPU on the
+#    union, 1e-6 over 10 steps; every GPU's allocation its plan; 1000 steps allocate nothing on
+#    any), then gpt2 f32 and bf16 on 1 and on all GPUs (same per-GPU batch), Ingot's
+#    `train --gpus N` beside PyTorch DDP: median step, scaling efficiency, and the time per
+#    step the all-reduce is not hidden (N-GPU step minus one-GPU step).
 # Logs go to OUT/*.txt; the last line says PASS or FAIL. INGOT_REQUIRE_GPU=1: a missing GPU or
 # NCCL fails instead of skipping.
 set -uo pipefail
@@ -75,21 +77,64 @@ PY
 done
 
 if [[ $NGPU -ge 2 ]]; then
-    echo "== 3. $NGPU GPUs: Ingot's N-GPU step is not built; its refusal:"
-    "$BIN/ingot" train --model gpt2 --gpus "$NGPU" --steps 1 > "$OUT/ingot_gpus$NGPU.txt" 2>&1
-    tail -n 2 "$OUT/ingot_gpus$NGPU.txt"
-    echo "== 3. PyTorch DDP figures (gpt2, per-GPU batch 8)"
+    echo "== 3. $NGPU GPUs: N ranks against one GPU on the union, memory on every GPU"
+    INGOT_REQUIRE_GPUS=2 timeout 600 "$BIN/test_cuda_ranks" --test-threads=1 --nocapture > "$OUT/ranks_test.txt" 2>&1 \
+        || fail "test_cuda_ranks (see $OUT/ranks_test.txt)"
+    grep -E "relative difference|NCCL|test result|panicked" "$OUT/ranks_test.txt"
+    echo "== 3. gpt2 on 1 and $NGPU GPUs (per-GPU batch 8), Ingot and PyTorch DDP side by side"
     for p in f32 bf16; do
+        timeout 300 "$BIN/ingot" train --model gpt2 --device cuda --precision "$p" --steps 30 --json \
+            > "$OUT/ingot_${p}_1.txt" 2>&1 || fail "ingot gpt2 $p on 1 GPU"
+        timeout 300 "$BIN/ingot" train --model gpt2 --gpus "$NGPU" --precision "$p" --steps 30 --json \
+            > "$OUT/ingot_${p}_$NGPU.txt" 2>&1 || fail "ingot gpt2 $p on $NGPU GPUs"
         for w in 1 "$NGPU"; do
-            python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$HERE/torch_ddp.py" \
+            timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$HERE/torch_ddp.py" \
                 --model gpt2 --precision "$p" --steps 30 > "$OUT/torch_ddp_${p}_$w.txt" 2>&1 || fail "torch DDP $p x$w"
-            grep '^{' "$OUT/torch_ddp_${p}_$w.txt" | tail -n 1
+            if [[ $p == bf16 && ${DDP_COMPILE:-0} == 1 ]]; then
+                timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$HERE/torch_ddp.py" \
+                    --model gpt2 --precision "$p" --steps 30 --compile > "$OUT/torch_ddp_compile_${p}_$w.txt" 2>&1 \
+                    || echo "torch DDP compile $p x$w failed (see $OUT/torch_ddp_compile_${p}_$w.txt)"
+                grep '^{' "$OUT/torch_ddp_compile_${p}_$w.txt" | tail -n 1
+            fi
         done
-        python3 - "$OUT/torch_ddp_${p}_1.txt" "$OUT/torch_ddp_${p}_$NGPU.txt" <<'PY' || true
+        python3 - "$OUT" "$p" "$NGPU" <<'PY' || status=1
 import json, sys
-one, many = (json.loads([l for l in open(p) if l.startswith("{")][-1]) for p in sys.argv[1:3])
-print(f"PyTorch DDP {one['precision']}: {one['median_step_ms']:.1f} ms on 1 GPU, {many['median_step_ms']:.1f} ms on "
-      f"{many['world']}: scaling efficiency {100 * one['median_step_ms'] / many['median_step_ms']:.1f}% (same per-GPU batch)")
+out, p, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def lines(path):
+    r = []
+    for l in open(path):
+        try:
+            r.append(json.loads(l))
+        except ValueError:
+            pass
+    return r
+def summary(path):
+    s = [l["summary"] for l in lines(path) if "summary" in l]
+    return s[0] if s else None
+one, many = summary(f"{out}/ingot_{p}_1.txt"), summary(f"{out}/ingot_{p}_{n}.txt")
+ok = one is not None and many is not None
+if ok:
+    t1, tn = one["median_wall_seconds"] * 1e3, many["median_wall_seconds"] * 1e3
+    d1, dn = one["median_step_seconds"] * 1e3, many["median_step_seconds"] * 1e3
+    nccl = [l["nccl"] for l in lines(f"{out}/ingot_{p}_{n}.txt") if "nccl" in l]
+    print(f"Ingot gpt2 {p}: {t1:.2f} ms on 1 GPU, {tn:.2f} ms on {n} (wall; device {d1:.2f} / {dn:.2f}): "
+          f"scaling efficiency {100 * t1 / tn:.1f}%, all-reduce not hidden {tn - t1:.2f} ms per step; "
+          f"planned {many['planned_bytes']} B, measured {many['measured_bytes']} B on rank 0; "
+          f"free memory change per GPU {many.get('ranks_free_change_bytes')}; NCCL {nccl[0] if nccl else None}")
+    page = 2 << 20
+    if not (many["planned_bytes"] <= many["measured_bytes"] < many["planned_bytes"] + page):
+        print(f"FAIL {p}: measured is not the plan up to the 2 MiB page"); ok = False
+    if any(d != 0 for d in (many.get("ranks_free_change_bytes") or [1])):
+        print(f"FAIL {p}: free memory moved on some GPU"); ok = False
+else:
+    print(f"FAIL {p}: an Ingot run printed no summary")
+try:
+    t = [json.loads([l for l in open(f"{out}/torch_ddp_{p}_{w}.txt") if l.startswith("{")][-1]) for w in (1, n)]
+    print(f"PyTorch DDP gpt2 {p}: {t[0]['median_step_ms']:.2f} ms on 1 GPU, {t[1]['median_step_ms']:.2f} ms on {n}: "
+          f"scaling efficiency {100 * t[0]['median_step_ms'] / t[1]['median_step_ms']:.1f}%; peak {t[1].get('peak_mib')} MiB")
+except Exception as e:
+    print(f"PyTorch DDP {p}: no figure ({e})")
+sys.exit(0 if ok else 1)
 PY
     done
 else

@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
     a = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -41,6 +42,7 @@ def main():
     model = model.cuda()
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     optimizer = opt(ddp.parameters())
+    run = torch.compile(ddp) if a.compile else ddp
     g = torch.Generator(device="cuda").manual_seed(1000 + rank)
     if cfg is None:
         x = torch.randn(256, 784, device="cuda", generator=g)
@@ -54,7 +56,7 @@ def main():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            loss = ddp(x, y)
+            loss = run(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -62,13 +64,17 @@ def main():
         torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(start.elapsed_time(end))
+        if i == a.warmup - 1:
+            torch.cuda.reset_peak_memory_stats()
     if rank == 0:
         print(json.dumps({
             "world": world,
             "model": a.model,
             "precision": a.precision,
             "per_gpu_batch": None if cfg is None else cfg["batch"],
+            "compile": a.compile,
             "median_step_ms": statistics.median(times),
+            "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
             "loss": float(loss),
         }), flush=True)
     dist.destroy_process_group()

@@ -89,6 +89,10 @@ fn main() {
     let mut by_what: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     for (op, &t) in program.ops.iter().zip(&times) {
         let (kind, what) = match op {
+            DeviceOp::AllReduce { bytes, dtype, .. } => (
+                "all-reduce",
+                format!("all-reduce {bytes} bytes of {dtype:?}"),
+            ),
             DeviceOp::Gemm(gm) => (
                 "gemm",
                 format!(
