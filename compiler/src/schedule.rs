@@ -140,7 +140,35 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
             out.extend(outputs[c.index()].iter().copied());
         }
     }
-    out
+    defer_collective_readers(g, out)
+}
+
+/// `order` with every node that reads an all-reduce's result, directly or not (the optimizer's
+/// update of the reduced gradients), moved after all the others, each part in its own order.
+/// Run where the memory-aware schedule put it (as early as it frees memory: right after the
+/// bucket's all-reduce), an update would free the bucket's bytes for the rest of the backward
+/// pass to reuse, and each kernel placed there would then wait for the all-reduce (and the
+/// update) to finish: the collectives would sit on the critical path instead of overlapping
+/// the backward pass. Deferred, every bucket stays live until the backward pass ends (as
+/// PyTorch DDP's gradients do), and nothing of the backward pass waits for a collective.
+/// A valid order: a deferred node's operands come before it (deferred ones keep their
+/// order), and no node left in place reads a deferred one (it would be deferred too).
+fn defer_collective_readers(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
+    let reduced = |id: NodeId| matches!(g.node(g.writer(id)).op, Op::AllReduce { .. });
+    let mut deferred = vec![false; g.len()];
+    for &id in &order {
+        if reduced(id) {
+            continue;
+        }
+        deferred[id.index()] = g
+            .node(id)
+            .inputs
+            .iter()
+            .any(|&x| deferred[x.index()] || reduced(x));
+    }
+    let (late, early): (Vec<NodeId>, Vec<NodeId>) =
+        order.into_iter().partition(|id| deferred[id.index()]);
+    early.into_iter().chain(late).collect()
 }
 
 /// A list schedule that always runs, among the ready ops, the one with the best

@@ -82,20 +82,22 @@ fn gpus_against_union(model: impl Fn(usize) -> Model, ranks: usize, per_rank: us
     let batches: Vec<IndexMap<String, Tensor>> =
         (0..steps).map(|s| synthetic_batch(&g, 100 + s)).collect();
 
+    // The union's batch is written whole, as the trainer writes it (its bytes, not a tensor
+    // of one rank's shape): the ranks cut it into their shards.
     let run = |exec: &mut dyn StepExecutor| {
         for (n, v) in &state {
             exec.write_leaf(n, v).unwrap();
         }
         for b in &batches {
             for (n, v) in b {
-                exec.write_leaf(n, v).unwrap();
+                let id = exec.leaf_id(n).unwrap();
+                exec.write_node_bytes(id, &v.to_le_bytes()).unwrap();
             }
             exec.step().unwrap();
         }
     };
     let mut union = CudaStep::new(union_exe, CudaOptions::default()).unwrap();
     run(&mut union);
-    // The union's batch written whole: the ranks cut it into their shards.
     let mut gpus = GpuRanks::new(rank_exe, false).unwrap();
     run(&mut gpus);
 

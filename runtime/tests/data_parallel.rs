@@ -258,7 +258,7 @@ fn a_step_for_two_ranks_run_without_a_collective_says_so() {
 }
 
 #[test]
-fn a_step_for_two_ranks_is_refused_by_the_cuda_lowering_naming_the_collective() {
+fn a_step_for_two_ranks_lowers_for_cuda_and_loading_it_without_nccl_ranks_is_refused() {
     let model = mlp(2);
     let c = pipeline::compile_observed_with(
         &model,
@@ -270,8 +270,16 @@ fn a_step_for_two_ranks_is_refused_by_the_cuda_lowering_naming_the_collective() 
         &mut |_| {},
     )
     .unwrap();
-    let e = c.executable(Target::Cuda).unwrap_err().to_string();
-    assert!(e.contains("NCCL"), "{e}");
+    let exe = c.executable(Target::Cuda).unwrap();
+    // Refused before any device call, so on every machine: a lone GPU step has no peers.
+    let e = match ingot_runtime::cuda::CudaStep::new(exe, Default::default()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a two-rank step loaded as a lone GPU step"),
+    };
+    assert!(
+        e.contains("2 data-parallel ranks") && e.contains("without a collective"),
+        "{e}"
+    );
 }
 
 #[path = "support/cli.rs"]

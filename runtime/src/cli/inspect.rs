@@ -123,8 +123,15 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
         "  program  {}",
         match &operations {
             Operations::Cuda(c) => format!(
-                "{} kernel launches, {} cuBLAS GEMMs, {} memsets, {} copies per step",
-                c.launches, c.gemms, c.memsets, c.copies
+                "{} kernel launches, {} cuBLAS GEMMs, {} memsets, {} copies{} per step",
+                c.launches,
+                c.gemms,
+                c.memsets,
+                c.copies,
+                match c.all_reduces {
+                    0 => String::new(),
+                    n => format!(", {n} NCCL all-reduces"),
+                }
             ),
             Operations::Cpu {
                 instructions,

@@ -8,6 +8,7 @@
 //! same bits): it runs `N` ranks on one machine's CPU, which is how data parallelism is tested
 //! without several GPUs.
 
+pub mod launch;
 pub mod ranks;
 pub mod threads;
 

@@ -408,7 +408,10 @@ impl CudaStep {
         }
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         for op in ops {
-            self.enqueue(&self.main, op)?;
+            self.enqueue(&self.main, op).map_err(|e| ExecError::Device {
+                what: "connecting the ranks (the first all-reduces, before the capture)".into(),
+                reason: e.to_string(),
+            })?;
         }
         self.stream
             .synchronize()
@@ -462,8 +465,17 @@ impl CudaStep {
     /// Records every operation of `part` on the stream, in capture mode, into one graph.
     fn capture(&self, part: &Part) -> Result<CudaGraph, ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        // Global mode makes any call that could allocate or synchronise, on any thread, fail
+        // the capture. The ranks of a data-parallel group capture side by side, each on its own
+        // thread, and NCCL's own threads keep working meanwhile: there each capture holds its
+        // own thread to the rule (thread-local mode), not the others.
+        let mode = if self.comm.is_some() {
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        } else {
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL
+        };
         self.stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .begin_capture(mode)
             .map_err(driver("starting the step's graph capture"))?;
         let recorded = self.record(part);
         // The capture is ended whatever happened, so the stream is usable (and the error, the
