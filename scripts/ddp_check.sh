@@ -15,6 +15,9 @@
 #    any), then gpt2 f32 and bf16 on 1 and on all GPUs (same per-GPU batch), Ingot's
 #    `train --gpus N` beside PyTorch DDP: median step, scaling efficiency, and the time per
 #    step the all-reduce is not hidden (N-GPU step minus one-GPU step).
+# 4. One process per GPU: `torchrun --no-python ... ingot train --torchrun` over a data set
+#    against `--gpus N` on it (same losses within 1e-6), its checkpoint resumed by a second
+#    torchrun job continuing the uninterrupted run.
 # Logs go to OUT/*.txt; the last line says PASS or FAIL. INGOT_REQUIRE_GPU=1: a missing GPU or
 # NCCL fails instead of skipping.
 set -uo pipefail
@@ -139,6 +142,50 @@ PY
     done
 else
     echo "== 3. skipped: $NGPU GPU(s); the N-rank figures need 2 or more"
+fi
+if [[ $NGPU -ge 2 && ${SKIP_TORCHRUN:-0} != 1 ]]; then
+    echo "== 4. one process per GPU (torchrun --no-python ... ingot train --torchrun) against --gpus $NGPU"
+    python3 -c "import random; r = random.Random(1); open('$OUT/text.txt', 'w').write(''.join(r.choice('abcdefghij klmnop\n') for _ in range(400000)))"
+    "$BIN/ingot" data bytes "$OUT/text.txt" "$OUT/tokens.bin" > /dev/null || fail "making tokens"
+    timeout 300 "$BIN/ingot" train --model gpt-mini --gpus "$NGPU" --dataset "$OUT/tokens.bin" --steps 20 --json \
+        > "$OUT/gpus_data.txt" 2>&1 || fail "--gpus $NGPU over the data set"
+    rm -rf "$OUT/ck"
+    timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" --no-python \
+        "$BIN/ingot" train --torchrun --model gpt-mini --dataset "$OUT/tokens.bin" --steps 20 --json \
+        --checkpoint "$OUT/ck" > "$OUT/torchrun_data.txt" 2>&1 || fail "torchrun over the data set"
+    timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" --no-python \
+        "$BIN/ingot" train --torchrun --model gpt-mini --dataset "$OUT/tokens.bin" --steps 25 --json \
+        --resume "$OUT/ck" > "$OUT/torchrun_resumed.txt" 2>&1 || fail "torchrun resumed"
+    timeout 300 "$BIN/ingot" train --model gpt-mini --gpus "$NGPU" --dataset "$OUT/tokens.bin" --steps 25 --json \
+        > "$OUT/gpus_data25.txt" 2>&1 || fail "--gpus $NGPU over the data set, 25 steps"
+    python3 - "$OUT" <<'PY' || status=1
+import json, sys
+out = sys.argv[1]
+def lines(p):
+    r = []
+    for l in open(p):
+        try:
+            r.append(json.loads(l))
+        except ValueError:
+            pass
+    return r
+def losses(p):
+    return [l["loss"] for l in lines(p) if "step" in l and "loss" in l]
+a, b = losses(f"{out}/gpus_data.txt"), losses(f"{out}/torchrun_data.txt")
+c, d = losses(f"{out}/torchrun_resumed.txt"), losses(f"{out}/gpus_data25.txt")
+ok = len(a) == 20 and len(b) == 20
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("nan"))
+print(f"torchrun x2 against --gpus 2, 20 steps over a data set: {len(b)} losses printed (rank 0 only), "
+      f"bit-identical: {a == b}, largest relative difference {worst:.2e}")
+if not ok or not worst <= 1e-6:
+    print("FAIL: torchrun and --gpus differ"); ok = False
+print(f"resumed at step 20 to 25: {c}; the uninterrupted --gpus run's steps 21-25: {d[20:]}")
+if len(c) != 5 or any(abs(x - y) > 1e-6 * abs(y) for x, y in zip(c, d[20:])):
+    print("FAIL: the resumed run does not continue the uninterrupted one"); ok = False
+n = [l["nccl"] for l in lines(f"{out}/torchrun_data.txt") if "nccl" in l]
+print(f"NCCL (rank 0's line): {n}")
+sys.exit(0 if ok else 1)
+PY
 fi
 [[ $status -eq 0 ]] && echo PASS || echo FAIL
 exit $status

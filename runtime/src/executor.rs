@@ -52,6 +52,13 @@ pub trait StepExecutor {
         1
     }
 
+    /// For one process of a job of several (`ingot train --torchrun`): this rank and the
+    /// number of ranks. The process then reads only its own shard of each batch
+    /// ([`crate::collective::ranks::ShardBatches`]), one rank's slot.
+    fn data_shard(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// The value of a scalar of `dtype` (f32, f64 or bf16) at `at` in the allocation, as f64,
     /// after the last step: read into a few bytes on the stack, allocating nothing (the loss of
     /// every step is read this way).

@@ -177,6 +177,8 @@ enum Backend {
     /// A step compiled for several data-parallel ranks, one per GPU, over NCCL
     /// ([`crate::cuda::ranks::GpuRanks`]).
     CudaRanks(Box<crate::cuda::ranks::GpuRanks>),
+    /// One rank of a job of one process per GPU ([`crate::cuda::process::ProcessRank`]).
+    CudaProcess(Box<crate::cuda::process::ProcessRank>),
 }
 
 /// A model's training step, loaded with the values of all its leaves.
@@ -349,6 +351,7 @@ impl Session {
             Backend::Cuda(c) => c.as_ref(),
             Backend::CpuRanks(r) => r.as_ref(),
             Backend::CudaRanks(r) => r.as_ref(),
+            Backend::CudaProcess(r) => r.as_ref(),
         };
         let (model, precision) = {
             let e = match &backend {
@@ -356,6 +359,7 @@ impl Session {
                 Backend::Cuda(c) => c.executable(),
                 Backend::CpuRanks(r) => r.ranks()[0].executable(),
                 Backend::CudaRanks(r) => r.ranks()[0].executable(),
+                Backend::CudaProcess(r) => r.step().executable(),
             };
             (e.model().to_string(), e.precision())
         };
@@ -441,6 +445,7 @@ impl Session {
             Backend::Cuda(c) => c.as_ref(),
             Backend::CpuRanks(r) => r.as_ref(),
             Backend::CudaRanks(r) => r.as_ref(),
+            Backend::CudaProcess(r) => r.as_ref(),
         }
     }
 
@@ -450,6 +455,7 @@ impl Session {
             Backend::Cuda(c) => c.as_mut(),
             Backend::CpuRanks(r) => r.as_mut(),
             Backend::CudaRanks(r) => r.as_mut(),
+            Backend::CudaProcess(r) => r.as_mut(),
         }
     }
 
@@ -457,7 +463,10 @@ impl Session {
     pub fn cuda_mut(&mut self) -> Option<&mut CudaStep> {
         match &mut self.exe {
             Backend::Cuda(c) => Some(c),
-            Backend::Cpu(_) | Backend::CpuRanks(_) | Backend::CudaRanks(_) => None,
+            Backend::Cpu(_)
+            | Backend::CpuRanks(_)
+            | Backend::CudaRanks(_)
+            | Backend::CudaProcess(_) => None,
         }
     }
 
@@ -467,6 +476,7 @@ impl Session {
         match &self.exe {
             Backend::Cuda(c) => Some(c),
             Backend::CudaRanks(r) => r.ranks().first(),
+            Backend::CudaProcess(r) => Some(r.step()),
             Backend::Cpu(_) | Backend::CpuRanks(_) => None,
         }
     }
@@ -477,8 +487,32 @@ impl Session {
         match &self.exe {
             Backend::Cuda(c) => vec![c],
             Backend::CudaRanks(r) => r.ranks().iter().collect(),
+            Backend::CudaProcess(r) => vec![r.step()],
             Backend::Cpu(_) | Backend::CpuRanks(_) => Vec::new(),
         }
+    }
+
+    /// This process's rank of a job of one process per GPU (`--torchrun`).
+    pub fn process_rank(&self) -> Option<&crate::cuda::process::ProcessRank> {
+        match &self.exe {
+            Backend::CudaProcess(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A session running `exe` (compiled for `env.world` ranks, lowered for CUDA) as this
+    /// process's rank of a job of one process per GPU: the processes meet, each makes its NCCL
+    /// communicator and loads the step on GPU `env.local_rank`. Parameters are initialised
+    /// from `seed` on every rank alike, as [`Session::from_executable`] does.
+    pub fn from_process_rank(
+        exe: Executable,
+        seed: u64,
+        env: &crate::collective::launch::LaunchEnv,
+        serial: bool,
+    ) -> Result<Session, SessionError> {
+        let load = |e: ExecError| SessionError::Load(Box::new(e));
+        let rank = crate::cuda::process::ProcessRank::new(exe, env, serial).map_err(load)?;
+        Session::loaded(Backend::CudaProcess(Box::new(rank)), None, seed)
     }
 
     /// The GPU ranks of a data-parallel session over NCCL.

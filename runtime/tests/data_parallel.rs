@@ -402,4 +402,38 @@ mod cli {
             assert!(!none.status.success() && e.contains("GPU"), "{e}");
         }
     }
+
+    /// `ingot train --torchrun` with the launch variables `vars` only.
+    fn torchrun(args: &[&str], vars: &[(&str, &str)]) -> std::process::Output {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"));
+        c.args(["train", "--torchrun", "--model", GPT, "--steps", "1"]).args(args);
+        for k in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "INGOT_RDZV_PORT"] {
+            c.env_remove(k);
+        }
+        c.envs(vars.iter().copied());
+        c.output().expect("ingot runs")
+    }
+
+    #[test]
+    fn torchrun_without_its_environment_or_with_cpu_ranks_is_a_clear_error() {
+        let none = torchrun(&[], &[]);
+        let e = String::from_utf8_lossy(&none.stderr);
+        assert_eq!(none.status.code(), Some(2), "{e}");
+        assert!(e.contains("RANK is not set") && e.contains("torchrun"), "{e}");
+        let env = [
+            ("RANK", "3"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let bad = torchrun(&[], &env);
+        let e = String::from_utf8_lossy(&bad.stderr);
+        assert!(e.contains("RANK=3 is not a rank of WORLD_SIZE=2"), "{e}");
+        let cpu = torchrun(&["--device", "cpu"], &env);
+        let e = String::from_utf8_lossy(&cpu.stderr);
+        assert!(!cpu.status.success() && e.contains("--ranks N"), "{e}");
+        let both = torchrun(&["--gpus", "2"], &env);
+        let e = String::from_utf8_lossy(&both.stderr);
+        assert!(!both.status.success() && e.contains("--gpus"), "{e}");
+    }
 }

@@ -48,8 +48,10 @@ pub struct NcclRank {
     pub version: String,
     pub path: std::path::PathBuf,
     /// Per rank: free device memory before the communicators' creation (and connection)
-    /// minus after.
+    /// minus after (this process's rank alone with --torchrun).
     pub bytes: Vec<i64>,
+    /// With --torchrun: this process's rank and the job's number of ranks.
+    pub process: Option<(usize, usize)>,
 }
 
 /// What the GPU ranks of a session measured of NCCL ([`crate::cuda::ranks::GpuRanks`]).
@@ -61,6 +63,7 @@ pub fn ranks_info(session: &Session) -> Option<NcclRank> {
         version: info.version.clone(),
         path: info.path.clone(),
         bytes: info.bytes.iter().map(|&b| b as i64).collect(),
+        process: None,
     })
 }
 
@@ -85,6 +88,7 @@ pub fn one_rank(session: &Session) -> Result<NcclRank, Failure> {
         version,
         path: lib.path.clone(),
         bytes: vec![before - after],
+        process: None,
     })
 }
 
@@ -95,7 +99,8 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
             "nccl": {
                 "version": r.version,
                 "library": r.path.display().to_string(),
-                "ranks": r.bytes.len(),
+                "ranks": r.process.map_or(r.bytes.len(), |p| p.1),
+                "rank": r.process.map(|p| p.0),
                 "device_bytes": r.bytes,
             }
         });
@@ -106,12 +111,47 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
             .iter()
             .map(|&b| format!("{:.1}", b as f64 / (1u64 << 20) as f64))
             .collect();
+        let who = match r.process {
+            Some((rank, world)) => format!("rank {rank} of {world}, one process per GPU; its communicator took {} MiB of this GPU's memory", mib.join(" / ")),
+            None => format!("{} rank(s), one per GPU; its communicator took {} MiB of device memory on each", r.bytes.len(), mib.join(" / ")),
+        };
         crate::outln!(
-            "NCCL {} ({}): {} rank(s), one per GPU; its communicator took {} MiB of device memory on each (measured once at start, outside the plan)",
+            "NCCL {} ({}): {who} (measured once at start, outside the plan)",
             r.version,
             r.path.display(),
-            r.bytes.len(),
-            mib.join(" / ")
         )
     }
+}
+
+/// `--torchrun`: the launch environment, after refusing what cannot go with it.
+pub fn launch_env(
+    device: Option<Device>,
+    ranks: u64,
+) -> Result<crate::collective::launch::LaunchEnv, Failure> {
+    if device == Some(Device::Cpu) {
+        return Err(Failure::new(
+            2,
+            "--torchrun runs one GPU per process; for CPU ranks use --ranks N",
+        ));
+    }
+    if ranks > 1 {
+        return Err(Failure::new(
+            2,
+            "--torchrun takes the number of ranks from WORLD_SIZE; leave out --ranks",
+        ));
+    }
+    crate::collective::launch::LaunchEnv::from_env().map_err(|e| Failure::new(2, e))
+}
+
+/// What this process's rank measured of NCCL (`--torchrun`).
+pub fn process_info(session: &Session) -> Option<NcclRank> {
+    let r = session.process_rank()?;
+    let info = r.nccl();
+    Some(NcclRank {
+        _comm: None,
+        version: info.version.clone(),
+        path: info.path.clone(),
+        bytes: info.bytes.iter().map(|&b| b as i64).collect(),
+        process: Some((r.env().rank, r.env().world)),
+    })
 }

@@ -277,10 +277,22 @@ impl<E: std::error::Error> From<E> for Failure {
     }
 }
 
+/// Set in the processes of a job other than rank 0 (`--torchrun`): rank 0 prints the run's
+/// output (its losses are every rank's mean), the others print only errors.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Silences (or restores) the program's standard output ([`out`]).
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Writes one line of the program's output. A closed pipe (`ingot ... | head`) ends the program
 /// quietly with code 0 instead of panicking as `println!` would; other write errors are failures.
 pub fn out(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
     use std::io::Write;
+    if QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
     let mut stdout = std::io::stdout().lock();
     match stdout.write_fmt(text).and_then(|_| stdout.flush()) {
         Ok(()) => Ok(()),

@@ -64,10 +64,19 @@ pub struct TrainArgs {
     /// replacing it by the fused attention op (for comparisons).
     #[arg(long = "no-fuse-attention")]
     pub no_fuse_attention: bool,
-    /// Data-parallel training on N GPUs of this machine over NCCL. Runs with N = 1 today (the
-    /// single-GPU step, NCCL loaded and its memory reported); more is refused, saying why.
+    /// Data-parallel training on N GPUs of this machine over NCCL, one thread per GPU: the
+    /// model's batch is each GPU's; gradients are averaged in buckets of about 25 MiB as the
+    /// backward pass makes them. NCCL's memory is reported on its own line.
     #[arg(long, value_name = "N")]
     pub gpus: Option<u64>,
+    /// Run as one process of a data-parallel job of one process per GPU, started the way
+    /// torchrun starts jobs (`torchrun --no-python --nproc-per-node N ingot train --torchrun
+    /// ...`): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from the
+    /// environment; rank 0 listens for the others on MASTER_PORT + 1 (or INGOT_RDZV_PORT).
+    /// Each process drives GPU LOCAL_RANK and reads its own shard of --dataset; rank 0 prints
+    /// the run (losses averaged over the ranks) and writes --save and the checkpoints.
+    #[arg(long, conflicts_with = "gpus")]
+    pub torchrun: bool,
 }
 
 /// How to run the steps: the options `ingot train` and `ingot run` share.
@@ -258,11 +267,19 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(n) = a.gpus {
         super::gpus::check(n, a.run.device, a.model.ranks)?;
     }
-    let default_device = match a.gpus {
-        Some(_) => Device::Cuda,
-        None => Device::Cpu,
+    let launch = match a.torchrun {
+        true => Some(super::gpus::launch_env(a.run.device, a.model.ranks)?),
+        false => None,
     };
-    let device = a.run.session_device(default_device)?;
+    let default_device = match (a.gpus, &launch) {
+        (None, None) => Device::Cpu,
+        _ => Device::Cuda,
+    };
+    let mut device = a.run.session_device(default_device)?;
+    if let (Some(env), session::Device::Cuda(o)) = (&launch, &mut device) {
+        o.ordinal = env.local_rank;
+        crate::cli::set_quiet(env.rank != 0);
+    }
     a.run.check_outputs()?;
     a.run.check_steps()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
@@ -279,6 +296,9 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     step_options.step_input = true;
     if let Some(n) = a.gpus {
         step_options.ranks = n as usize;
+    }
+    if let Some(env) = &launch {
+        step_options.ranks = env.world;
     }
     if step_options.ranks > 1 && a.run.val.is_some() {
         return Err(Failure::new(
@@ -307,10 +327,19 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
                 .map_err(|e| Failure::new(1, e))?;
             (session, Some(eval))
         }
-        None => (Session::from_executable(exe, a.run.seed, device)?, None),
+        None => match &launch {
+            Some(env) => (Session::from_process_rank(exe, a.run.seed, env, false)?, None),
+            None => (Session::from_executable(exe, a.run.seed, device)?, None),
+        },
     };
     // NCCL's communicator, kept for the run; its memory measured once, before the first step.
     let _nccl = match a.gpus {
+        _ if a.torchrun => {
+            let r = super::gpus::process_info(&session)
+                .ok_or_else(|| Failure::new(1, "--torchrun: the session is not a process rank"))?;
+            super::gpus::report(&r, a.run.json)?;
+            Some(r)
+        }
         Some(n) if n > 1 => {
             let r = super::gpus::ranks_info(&session)
                 .ok_or_else(|| Failure::new(1, "--gpus: the session is not on GPU ranks"))?;
@@ -605,6 +634,9 @@ impl Run<'_> {
         session: &Session,
         info: Option<BatchInfo>,
     ) -> Result<(), Failure> {
+        if !writes_files(session) {
+            return Ok(());
+        }
         let record = checkpoint::CheckpointInfo {
             format: checkpoint::FORMAT,
             step: self.step,
@@ -679,10 +711,15 @@ fn train_with(
             let seed = shuffle_seed.expect("set with --dataset");
             let s = trainer::open_dataset(path, session.graph(), order, seed)?;
             // Data parallelism: each rank's own shard of every batch.
-            let mut s: Box<dyn crate::data::BatchSource> = match session.exe().data_ranks() {
-                1 => s,
-                n => Box::new(crate::collective::ranks::RankBatches::new(s, n)?),
-            };
+            let mut s: Box<dyn crate::data::BatchSource> =
+                match (session.exe().data_shard(), session.exe().data_ranks()) {
+                    // One process of several: this rank's shard only.
+                    (Some((r, n)), _) => {
+                        Box::new(crate::collective::ranks::ShardBatches::new(s, r, n)?)
+                    }
+                    (None, 1) => s,
+                    (None, n) => Box::new(crate::collective::ranks::RankBatches::new(s, n)?),
+                };
             // Every id checked before the first step, not hours in.
             s.check_all()?;
             Some(s)
@@ -972,7 +1009,7 @@ fn train_with(
             ),
         ));
     }
-    if let Some(path) = &a.save {
+    if let Some(path) = a.save.as_ref().filter(|_| writes_files(session)) {
         io::save(path, &session.parameters())?;
         if !a.json {
             crate::outln!("saved the parameters to {}", path.display())?;
@@ -1061,6 +1098,12 @@ struct Summary {
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
     staging_bytes: Option<usize>,
+}
+
+/// Whether this process writes the run's files (--save, checkpoints): every run but the
+/// processes of a job other than rank 0, whose parameters are rank 0's bits.
+fn writes_files(session: &Session) -> bool {
+    session.exe().data_shard().is_none_or(|(rank, _)| rank == 0)
 }
 
 /// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).

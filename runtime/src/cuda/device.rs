@@ -187,18 +187,19 @@ impl CudaStep {
     /// backward pass. Every rank of the group must be loaded at the same time, each on its own
     /// thread: loading runs each all-reduce once, before the capture, so that NCCL makes its
     /// connections (collective calls that would allocate) outside it.
-    /// `gate` holds every rank at the point before the first collective until all have got
-    /// there, and fails them all if one did not (a rank left out would leave the others waiting
+    /// `gate` (called with whether this rank loaded so far) holds every rank at the point
+    /// before the first collective until all have got there, and says whether all did; if one
+    /// did not, all stop (a rank left out would leave the others waiting
     /// in NCCL for ever).
     pub fn rank(
         exe: Executable,
         opts: CudaOptions,
         comm: super::nccl::Comm,
-        gate: &RankGate,
+        gate: &(dyn Fn(bool) -> bool + Sync),
     ) -> Result<CudaStep, ExecError> {
         let bytes = exe.plan().total_bytes;
         let prepared = CudaStep::prepare(exe, None, bytes, opts, Some(comm));
-        if !gate.pass(prepared.is_ok()) {
+        if !gate(prepared.is_ok()) {
             return Err(prepared.err().unwrap_or_else(|| {
                 unavailable("another rank of the group failed to load, so this one stops too")
             }));

@@ -10,13 +10,15 @@
 //! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`);
 //! - [`libsearch`]: finding a library PyTorch's Python packages hold, and loading it;
 //! - [`nccl`]: NCCL, found and bound at run time;
-//! - [`ranks`]: the GPUs of a data-parallel step, one rank each, averaging over NCCL.
+//! - [`ranks`]: the GPUs of a data-parallel step, one rank each, averaging over NCCL;
+//! - [`process`]: one rank of a job of one process per GPU (`--torchrun`).
 
 pub mod device;
 pub mod kernel_check;
 pub mod libsearch;
 pub mod nccl;
 pub mod pinned;
+pub mod process;
 pub mod ptx;
 pub mod ranks;
 pub mod require;

@@ -91,7 +91,7 @@ impl GpuRanks {
                     let (exe, gate) = (exe.clone(), &gate);
                     scope.spawn(move || {
                         let opts = CudaOptions { ordinal: r, serial };
-                        CudaStep::rank(exe, opts, comm, gate)
+                        CudaStep::rank(exe, opts, comm, &|ok| gate.pass(ok))
                     })
                 })
                 .collect();
