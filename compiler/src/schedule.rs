@@ -117,6 +117,7 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
         return order;
     }
     let outputs = g.kernel_outputs();
+    let order = hasten_gradients(g, order, &outputs);
     let mut position = vec![usize::MAX; g.len()];
     for (p, &id) in order.iter().enumerate() {
         position[id.index()] = p;
@@ -141,6 +142,60 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
         }
     }
     defer_collective_readers(g, out)
+}
+
+/// `order` with each kernel that makes a gradient an all-reduce averages (and its results)
+/// moved to right after the last of its dependences, so every bucket is complete, and its
+/// collective can start, as early as the backward pass allows. Left where the schedule put
+/// them, the small gradients (a bias's or a LayerNorm gain's column sum, which frees little
+/// and which autodiff finishes after the whole backward pass) would come at its end, and every
+/// collective with them. Moving a node earlier, after all its dependences, keeps the order
+/// valid (its dependents were after it and still are).
+fn hasten_gradients(
+    g: &Graph,
+    order: Vec<NodeId>,
+    outputs: &[smallvec::SmallVec<[NodeId; 1]>],
+) -> Vec<NodeId> {
+    let n = g.len();
+    let mut picked = vec![false; n];
+    for id in g.ids() {
+        if let Op::AllReduce { .. } = g.node(id).op {
+            for &x in &g.node(id).inputs {
+                let w = g.writer(x);
+                picked[w.index()] = true;
+                for &o in &outputs[w.index()] {
+                    picked[o.index()] = true;
+                }
+            }
+        }
+    }
+    let d = dependences(g);
+    let mut left: Vec<usize> = (0..n)
+        .map(|i| {
+            d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                .count()
+        })
+        .collect();
+    let mut placed = vec![false; n];
+    let mut out = Vec::with_capacity(order.len());
+    let mut due: Vec<usize> = (0..n).filter(|&i| picked[i] && left[i] == 0).collect();
+    due.reverse();
+    for id in order {
+        let mut next = Some(id.index());
+        while let Some(i) = next.take().or_else(|| due.pop()) {
+            if std::mem::replace(&mut placed[i], true) {
+                continue;
+            }
+            out.push(NodeId(i as u32));
+            for s in d.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+                left[s.index()] -= 1;
+                if left[s.index()] == 0 && picked[s.index()] {
+                    due.push(s.index());
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `order` with every node that reads an all-reduce's result, directly or not (the optimizer's

@@ -328,7 +328,10 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             (session, Some(eval))
         }
         None => match &launch {
-            Some(env) => (Session::from_process_rank(exe, a.run.seed, env, false)?, None),
+            Some(env) => (
+                Session::from_process_rank(exe, a.run.seed, env, false)?,
+                None,
+            ),
             None => (Session::from_executable(exe, a.run.seed, device)?, None),
         },
     };
@@ -591,7 +594,9 @@ impl Run<'_> {
     fn measure_memory(&mut self, session: &Session) -> Result<(), Failure> {
         if let (Some(c), Some(first)) = (
             session.cuda(),
-            self.free_after_first.as_ref().and_then(|f| f.first().copied()),
+            self.free_after_first
+                .as_ref()
+                .and_then(|f| f.first().copied()),
         ) {
             let now = c.free_memory()? as i64;
             let held = c.memory().allocation as i64 + (first as i64 - now);

@@ -129,17 +129,18 @@ impl HostLink {
                         s.set_read_timeout(Some(timeout))
                             .map_err(io("accepting a rank"))?;
                         let mut hello = [0u8; 16];
-                        s.read_exact(&mut hello).map_err(io("reading a rank's hello"))?;
+                        s.read_exact(&mut hello)
+                            .map_err(io("reading a rank's hello"))?;
                         if &hello[..8] != HELLO {
                             return Err(format!(
                                 "a connection to {}:{} is not an Ingot rank of this job",
                                 env.master_addr, env.port
                             ));
                         }
-                        let r = u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes"))
-                            as usize;
-                        let w = u32::from_le_bytes(hello[12..16].try_into().expect("4 bytes"))
-                            as usize;
+                        let r =
+                            u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes")) as usize;
+                        let w =
+                            u32::from_le_bytes(hello[12..16].try_into().expect("4 bytes")) as usize;
                         if w != env.world || r == 0 || r >= env.world {
                             return Err(format!(
                                 "a process says it is rank {r} of {w}; this job has {} ranks",
@@ -176,7 +177,10 @@ impl HostLink {
                     Err(e) => return Err(io("accepting a rank")(e)),
                 }
             }
-            let peers = slots.into_iter().map(|s| s.expect("all connected")).collect();
+            let peers = slots
+                .into_iter()
+                .map(|s| s.expect("all connected"))
+                .collect();
             return Ok((
                 HostLink {
                     rank: 0,
@@ -333,7 +337,10 @@ mod tests {
             ("MASTER_PORT", "29500"),
         ])
         .unwrap();
-        assert_eq!((ok.rank, ok.world, ok.local_rank, ok.port), (1, 2, 1, 29501));
+        assert_eq!(
+            (ok.rank, ok.world, ok.local_rank, ok.port),
+            (1, 2, 1, 29501)
+        );
         let e = env(&[("RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]).unwrap_err();
         assert!(e.contains("WORLD_SIZE is not set"), "{e}");
         let e = env(&[
@@ -416,7 +423,11 @@ mod tests {
     #[test]
     fn rank_0_gives_up_naming_the_ranks_that_never_came() {
         let port = free_port();
-        let e = match HostLink::meet(&launch(0, 3, port), || Ok(vec![1]), Duration::from_millis(300)) {
+        let e = match HostLink::meet(
+            &launch(0, 3, port),
+            || Ok(vec![1]),
+            Duration::from_millis(300),
+        ) {
             Err(e) => e,
             Ok(_) => panic!("no other rank exists"),
         };

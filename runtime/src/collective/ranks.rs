@@ -350,13 +350,19 @@ mod tests {
         for r in 0..3 {
             let mut shard = ShardBatches::new(numbered(), r, 3).unwrap();
             assert_eq!(shard.batches_per_epoch(), 3);
-            assert_eq!(shard.describe(), union.describe(), "one data set, one fingerprint");
+            assert_eq!(
+                shard.describe(),
+                union.describe(),
+                "one data set, one fingerprint"
+            );
             let (mut sx, mut sy) = (vec![0u8; 2], vec![0u8; 2]);
             shard.fill(0, 2, &mut sx, &mut sy).unwrap();
             assert_eq!(sx, x[2 * r..2 * r + 2], "rank {r}");
             assert_eq!(sx, vec![(2 * 3 + r) as u8; 2]);
         }
-        let small = ShardBatches::new(numbered(), 0, 11).err().expect("10 batches, 11 ranks");
+        let small = ShardBatches::new(numbered(), 0, 11)
+            .err()
+            .expect("10 batches, 11 ranks");
         assert!(small.to_string().contains("11 ranks"), "{small}");
     }
 }

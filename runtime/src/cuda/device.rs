@@ -409,10 +409,11 @@ impl CudaStep {
         }
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         for op in ops {
-            self.enqueue(&self.main, op).map_err(|e| ExecError::Device {
-                what: "connecting the ranks (the first all-reduces, before the capture)".into(),
-                reason: e.to_string(),
-            })?;
+            self.enqueue(&self.main, op)
+                .map_err(|e| ExecError::Device {
+                    what: "connecting the ranks (the first all-reduces, before the capture)".into(),
+                    reason: e.to_string(),
+                })?;
         }
         self.stream
             .synchronize()
