@@ -126,13 +126,19 @@ fn each_gradient_bucket_lowers_to_one_all_reduce_over_its_region_each_waiting_fo
     assert_eq!(reduces.len(), buckets.len(), "one all-reduce per bucket");
     assert_eq!(p.counts().all_reduces, buckets.len());
     for ((i, offset, bytes), b) in reduces.iter().zip(&buckets) {
-        assert_eq!(*bytes, b.region_bytes, "the all-reduce covers its bucket's region");
+        assert_eq!(
+            *bytes, b.region_bytes,
+            "the all-reduce covers its bucket's region"
+        );
         let outs = &exe.graph().kernel_outputs()[b.node.index()];
         let first = exe.plan().location(exe.graph(), outs[0]);
         assert_eq!(*offset, first.offset);
         // Every gradient of the bucket is written (by its kernel or a copy) before the
         // all-reduce, which the update reads after: the dependency graph orders them.
-        assert!(!p.deps[*i].is_empty(), "an all-reduce waits for its gradients");
+        assert!(
+            !p.deps[*i].is_empty(),
+            "an all-reduce waits for its gradients"
+        );
     }
     for w in reduces.windows(2) {
         assert!(

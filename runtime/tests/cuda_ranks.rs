@@ -73,7 +73,12 @@ fn max_relative(a: &Tensor, b: &Tensor) -> f64 {
 /// `steps` steps of `model(ranks * per_rank)` on GPU 0, and of `model(per_rank)` compiled for
 /// `ranks` ranks on GPUs 0..ranks, each on its shard of the same batches; the largest relative
 /// difference of any parameter, after checking every rank holds the same bits.
-fn gpus_against_union(model: impl Fn(usize) -> Model, ranks: usize, per_rank: usize, steps: u64) -> f64 {
+fn gpus_against_union(
+    model: impl Fn(usize) -> Model,
+    ranks: usize,
+    per_rank: usize,
+    steps: u64,
+) -> f64 {
     let union_exe = compile(&model(ranks * per_rank), 1);
     let rank_exe = compile(&model(per_rank), ranks);
     let g = union_exe.graph().clone();
@@ -196,5 +201,9 @@ fn every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any() {
     for _ in 0..1000 {
         gpus.step().unwrap();
     }
-    assert_eq!(free(&gpus), before, "free memory moved on some GPU over 1000 steps");
+    assert_eq!(
+        free(&gpus),
+        before,
+        "free memory moved on some GPU over 1000 steps"
+    );
 }

@@ -829,3 +829,62 @@ fn a_data_set_is_recognised_on_resume_by_its_contents_not_the_path_typed() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("sgd") && e.contains("adamw"), "{e}");
 }
+
+/// `n` images `[n, c, side, side]` (f32 in [0, 1), deterministic) and their class ids `[n]`
+/// (i64 in `0..10`), written as `x.npy` and `y.npy` in `dir`.
+fn image_samples(dir: &Path, n: usize, c: usize, side: usize) {
+    use ingot_runtime::data::npy::encode;
+    let mut state = 99u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let x: Vec<u8> = (0..n * c * side * side)
+        .flat_map(|_| next().to_le_bytes())
+        .collect();
+    let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
+    std::fs::write(dir.join("x.npy"), encode("<f4", &[n, c, side, side], &x)).unwrap();
+    std::fs::write(dir.join("y.npy"), encode("<i8", &[n], &y)).unwrap();
+}
+
+/// `ingot train --model cnn|resnet18 --val` on the CPU: the validation runs the forward pass
+/// traced in evaluation mode (resnet18's batch norms by their running statistics) in the
+/// training step's allocation, and reports a finite loss.
+#[test]
+fn a_cnn_and_a_resnet18_train_with_validation_on_the_cpu() {
+    for (model, c, side) in [("cnn", 1, 28), ("resnet18", 3, 32)] {
+        let d = scratch(&format!("{model}-val"));
+        image_samples(&d, 128, c, side);
+        let dir = d.to_str().unwrap();
+        let out = ingot(&[
+            "train",
+            "--model",
+            model,
+            "--dataset",
+            dir,
+            "--val",
+            dir,
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-batches",
+            "1",
+            "--lr",
+            "0.01",
+            "--json",
+        ]);
+        let lines = json_lines(&ok(&out));
+        let vals: Vec<f64> = lines
+            .iter()
+            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
+            .collect();
+        assert!(!vals.is_empty(), "{model}: no validation line: {lines:?}");
+        assert!(
+            vals.iter().all(|l| l.is_finite() && *l > 0.0),
+            "{model}: {vals:?}"
+        );
+    }
+}

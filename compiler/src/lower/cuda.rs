@@ -907,12 +907,7 @@ impl Lowering<'_> {
     /// A gradient bucket's all-reduce: each gradient the planner could not place in its slot of
     /// the bucket is copied there first, then the bucket's one contiguous region is averaged
     /// over the ranks in place ([`DeviceOp::AllReduce`]).
-    fn all_reduce(
-        &mut self,
-        id: NodeId,
-        ranks: usize,
-        outs: &[NodeId],
-    ) -> Result<(), LowerError> {
+    fn all_reduce(&mut self, id: NodeId, ranks: usize, outs: &[NodeId]) -> Result<(), LowerError> {
         let node = self.g.node(id);
         let invalid = |reason: String| LowerError::Invalid {
             op: "all_reduce",
@@ -1132,6 +1127,7 @@ mod tests {
         let m = crate::models::Model {
             name: "attention".into(),
             graph: g,
+            eval_graph: None,
             optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
             precision,
         };

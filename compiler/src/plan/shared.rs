@@ -4,7 +4,8 @@
 //! The training step's plan is taken as it is. The evaluation step, planned on its own, is
 //! re-based against it ([`rebase`]):
 //! - each parameter it reads is placed on the training step's bytes of the same parameter (same
-//!   name, same type), so evaluation reads the weights training just wrote, with no copy;
+//!   name, same type), so evaluation reads the weights training just wrote, with no copy; so is
+//!   each resident state leaf it reads (batch norm's running statistics in evaluation mode);
 //! - its slab (everything it makes and drops) starts where the training step's slab starts: the
 //!   two transient regions overlap, because each step's slab values are dead when it ends;
 //! - what only it keeps across its step (its inputs `x` and `y`) is placed after both slabs, so
@@ -166,11 +167,12 @@ fn describe(g: &Graph, id: crate::ir::NodeId) -> String {
     }
 }
 
-/// The name of `id` if it is a parameter leaf.
+/// The name of `id` if it is a leaf both steps share: a parameter, or resident state the
+/// forward pass reads (batch norm's running statistics, read in evaluation mode).
 fn parameter_name(g: &Graph, id: crate::ir::NodeId) -> Option<&str> {
     match &g.node(id).op {
         Op::Leaf {
-            kind: LeafKind::Parameter,
+            kind: LeafKind::Parameter | LeafKind::State,
             name,
             ..
         } => Some(name),

@@ -562,7 +562,9 @@ impl Run<'_> {
     fn measure_memory(&mut self, session: &Session) -> Result<(), Failure> {
         if let (Some(c), Some(first)) = (
             session.cuda(),
-            self.free_after_first.as_ref().and_then(|f| f.first().copied()),
+            self.free_after_first
+                .as_ref()
+                .and_then(|f| f.first().copied()),
         ) {
             let now = c.free_memory()? as i64;
             let held = c.memory().allocation as i64 + (first as i64 - now);

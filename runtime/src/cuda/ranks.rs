@@ -63,7 +63,9 @@ impl GpuRanks {
         let lib = nccl::load().map_err(device_error("loading NCCL"))?;
         let version = lib.version().map_err(device_error("loading NCCL"))?;
         let contexts = (0..n)
-            .map(|i| CudaContext::new(i).map_err(|e| device_error("creating a context")(e.to_string())))
+            .map(|i| {
+                CudaContext::new(i).map_err(|e| device_error("creating a context")(e.to_string()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let free = |ctxs: &[std::sync::Arc<CudaContext>]| -> Result<Vec<usize>, ExecError> {
             ctxs.iter()
