@@ -80,23 +80,7 @@ impl Model {
         if eval == train {
             return Ok((train, None));
         }
-        let leaves = |g: &Graph| -> Vec<(String, crate::ir::TensorType)> {
-            g.ids()
-                .filter_map(|id| g.leaf_name(id).map(|n| (n.to_string(), g.ty(id).clone())))
-                .collect()
-        };
-        if leaves(&train) != leaves(&eval) {
-            return Err(model_err(
-                name,
-                "the forward pass declares different leaves in training and evaluation mode",
-            ));
-        }
-        if !eval.updates.is_empty() {
-            return Err(model_err(
-                name,
-                "the forward pass traced in evaluation mode updates state; evaluation must change nothing",
-            ));
-        }
+        check_eval_graph(name, &train, &eval)?;
         Ok((train, Some(eval)))
     }
 
@@ -212,14 +196,56 @@ impl Model {
                 "the forward pass has no parameters to train",
             ));
         }
+        // A file with dropout lines has an evaluation trace of its own (dropout the identity);
+        // its nodes keep the training trace's provenance (one node per line in both).
+        let eval_graph = if graph
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, crate::ir::Op::Dropout { .. }))
+        {
+            let mut e = crate::ir::text::parse_in(text, Mode::Eval)?;
+            for id in graph.ids() {
+                e.set_origin(id, graph.origin(id).clone());
+            }
+            check_eval_graph(name, &graph, &e)?;
+            Some(e)
+        } else {
+            None
+        };
         Ok(Model {
             name: name.to_string(),
             graph,
-            eval_graph: None,
+            eval_graph,
             optimizer,
             precision,
         })
     }
+}
+
+/// Checks that `eval` (a forward pass traced in evaluation mode) reads the parameters and
+/// state `train` (the same pass in training mode) declares, with the same types, and updates
+/// nothing; it may lack inputs (dropout's seed). An error names the model.
+fn check_eval_graph(name: &str, train: &Graph, eval: &Graph) -> Result<()> {
+    let resident = |g: &Graph| -> Vec<(String, crate::ir::TensorType)> {
+        let mut ids = g.leaves(LeafKind::Parameter);
+        ids.extend(g.leaves(LeafKind::State));
+        ids.into_iter()
+            .map(|id| (g.leaf_name(id).unwrap_or("").to_string(), g.ty(id).clone()))
+            .collect()
+    };
+    if resident(train) != resident(eval) {
+        return Err(model_err(
+            name,
+            "the forward pass declares different parameters or state in training and evaluation mode",
+        ));
+    }
+    if !eval.updates.is_empty() {
+        return Err(model_err(
+            name,
+            "the forward pass traced in evaluation mode updates state; evaluation must change nothing",
+        ));
+    }
+    Ok(())
 }
 
 /// The number of trainable scalars: the element counts of the parameter leaves, summed.
