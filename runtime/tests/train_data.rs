@@ -888,3 +888,47 @@ fn a_cnn_and_a_resnet18_train_with_validation_on_the_cpu() {
         );
     }
 }
+
+/// `ingot train --model resnet18` over uint8 NHWC images (`[n, 32, 32, 3]`, the layout of
+/// CIFAR-10's arrays as NumPy holds them): read as NCHW floats in [0, 1], and the loss is that
+/// of a near-uniform classifier at the start.
+#[test]
+fn resnet18_trains_on_uint8_nhwc_images() {
+    use ingot_runtime::data::npy::encode;
+    let d = scratch("resnet-nhwc");
+    let n = 128;
+    let x: Vec<u8> = (0..n * 32 * 32 * 3).map(|i| (i * 7 % 256) as u8).collect();
+    let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
+    std::fs::write(d.join("x.npy"), encode("|u1", &[n, 32, 32, 3], &x)).unwrap();
+    std::fs::write(d.join("y.npy"), encode("<i8", &[n], &y)).unwrap();
+    let out = ingot(&[
+        "train",
+        "--model",
+        "resnet18",
+        "--dataset",
+        d.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--json",
+    ]);
+    let losses = step_losses(&json_lines(&ok(&out)));
+    assert_eq!(losses.len(), 1);
+    assert!(
+        losses[0].1.is_finite() && (losses[0].1 - 10f64.ln()).abs() < 1.5,
+        "{losses:?}"
+    );
+    // A 4-D array in neither layout is refused before any step, naming the file.
+    std::fs::write(d.join("x.npy"), encode("|u1", &[n, 32, 3, 32], &x)).unwrap();
+    let out = ingot(&[
+        "train",
+        "--model",
+        "resnet18",
+        "--dataset",
+        d.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("x.npy") && e.contains("NHWC"), "{e}");
+}
