@@ -932,3 +932,40 @@ fn resnet18_trains_on_uint8_nhwc_images() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("x.npy") && e.contains("NHWC"), "{e}");
 }
+
+/// A model file with dropout: `ingot train` writes the step's seed from `--seed` and the step
+/// number, so a run resumed from a checkpoint draws the uninterrupted run's masks (the same
+/// losses, bit for bit), and another seed draws others.
+#[test]
+fn a_run_with_dropout_resumes_bit_for_bit_and_another_seed_draws_other_masks() {
+    let d = scratch("dropout-resume");
+    let ir = d.join("q.ir");
+    std::fs::write(
+        &ir,
+        "ingot-ir 1\n\
+         optimizer sgd lr=0.1\n\
+         %0 = parameter \"p\" init=normal(1.0) : f32[64]\n\
+         %1 = input \"x\" : f32[64]\n\
+         %2 = input \"y\" : f32[64]\n\
+         %3 = input \"dropout_seed\" : i64[]\n\
+         %4 = sub(%0, %1) : f32[64]\n\
+         %5 = dropout(%4, %3) p=0.5 salt=1 : f32[64]\n\
+         %6 = mul(%5, %5) : f32[64]\n\
+         %7 = reduce_sum(%6) axes=[0] : f32[1]\n\
+         %8 = reshape(%7) : f32[]\n\
+         output \"loss\" = %8\n",
+    )
+    .unwrap();
+    let ir = ir.to_str().unwrap();
+    let ck = d.join("ck");
+    let ck = ck.to_str().unwrap();
+    let base = ["train", "--model-file", ir, "--json"];
+    let whole = run_losses(&[&base[..], &["--steps", "4"]].concat());
+    assert_eq!(whole.len(), 4);
+    run_losses(&[&base[..], &["--steps", "2", "--checkpoint", ck]].concat());
+    let resumed = run_losses(&[&base[..], &["--steps", "4", "--resume", ck]].concat());
+    assert_eq!(resumed, whole[2..], "resumed steps 3 and 4");
+    // Another run seed: another initialisation and other masks, other losses.
+    let other = run_losses(&[&base[..], &["--steps", "4", "--seed", "1"]].concat());
+    assert_ne!(other, whole);
+}
