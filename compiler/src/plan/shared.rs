@@ -30,7 +30,8 @@ pub struct SharedLayout {
     /// The training step's resident region (parameters, optimizer state, its inputs); the
     /// evaluation step's parameters are these same bytes.
     pub resident_bytes: usize,
-    /// Of those, the parameters the evaluation step reads in place.
+    /// Of those, the parameters (and resident state, batch norm's running statistics) the
+    /// evaluation step reads in place.
     pub shared_parameter_bytes: usize,
     /// Where both slabs start.
     pub slab_base: usize,
@@ -59,8 +60,9 @@ impl SharedLayout {
 /// Why an evaluation step cannot share a training step's allocation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SharedError {
-    /// The evaluation step reads a parameter the training step does not hold.
-    #[error("the evaluation step reads parameter {name:?}, which the training step does not hold; both steps must be compiled from the same model")]
+    /// The evaluation step reads a parameter (or resident state) the training step does not
+    /// hold.
+    #[error("the evaluation step reads parameter or state {name:?}, which the training step does not hold; both steps must be compiled from the same model")]
     MissingParameter { name: String },
     /// The two steps disagree on a parameter's type.
     #[error("parameter {name:?} is {train} in the training step but {eval} in the evaluation step; both steps must be compiled from the same model in the same precision")]
