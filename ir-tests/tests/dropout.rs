@@ -357,3 +357,29 @@ fn dropout_compiled_for_cuda_is_a_kernel_that_draws_the_hosts_counter() {
         }
     }
 }
+
+/// Under bf16 autocast dropout runs on the bf16 activation (widened to f32, scaled, rounded
+/// once, as on the GPU) in its planned workspace: the step trains on the CPU, and a second
+/// session of the same seed repeats it bit for bit.
+#[test]
+fn a_bf16_step_with_dropout_trains_on_the_cpu_and_repeats() {
+    let m = Model {
+        precision: Precision::Bf16,
+        ..mlp_with_dropout(0.3)
+    };
+    let run = || {
+        let mut s = Session::new(&m, 8).unwrap();
+        (0..3)
+            .map(|_| s.step().unwrap().loss.to_bits())
+            .collect::<Vec<_>>()
+    };
+    let a = run();
+    assert!(a.iter().all(|l| f64::from_bits(*l).is_finite()));
+    assert_eq!(a, run());
+    let s = Session::new(&m, 8).unwrap();
+    assert!(s
+        .graph()
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::Dropout { .. }) && n.ty.dtype == DType::BF16));
+}
