@@ -235,7 +235,8 @@ impl Cx {
                 let d = self.dtype(mapped[0]);
                 (push(self, &mapped, d)?, self.weak[old[0].index()])
             }
-            Op::Gather => {
+            // Dropout keeps its operand's dtype (autocast's dropout runs in the input's).
+            Op::Gather | Op::Dropout { .. } => {
                 let d = self.dtype(mapped[0]);
                 (push(self, &mapped, d)?, false)
             }

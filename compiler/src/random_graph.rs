@@ -47,6 +47,7 @@ pub fn model(seed: u64) -> Result<Model> {
     Ok(Model {
         name: format!("random:{seed}"),
         graph: g,
+        eval_graph: None,
         optimizer,
         precision: Default::default(),
     })

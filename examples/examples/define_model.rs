@@ -33,6 +33,7 @@ pub fn my_classifier() -> ingot_compiler::Result<Model> {
     Ok(Model {
         name: "my-classifier".into(),
         graph: g,
+        eval_graph: None, // no batch norm or dropout: evaluation runs `graph`
         optimizer: Optimizer::Sgd { lr: 0.1 },
         precision: Precision::F32, // or Bf16: PyTorch's bf16 autocast policy
     })

@@ -43,6 +43,7 @@ fn a_model_in_ir_text_plans() {
     let model = Model {
         name: "tiny-mlp".into(),
         graph,
+        eval_graph: None,
         optimizer: Optimizer::Sgd { lr: 0.1 },
         precision: Precision::F32,
     };

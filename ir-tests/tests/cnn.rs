@@ -5,7 +5,7 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
-use ingot_compiler::ir::{DType, Graph, LeafKind};
+use ingot_compiler::ir::{DType, Graph, LeafKind, Mode};
 use ingot_compiler::lower::Target;
 use ingot_compiler::models::{self, Model, Optimizer, Precision};
 use ingot_compiler::trace::nn;
@@ -105,23 +105,27 @@ fn planned_cnn_steps_are_bit_identical_to_the_reference_interpreter() {
     planned_matches_reference(&models::cnn_with(4, DType::F32).unwrap(), 2);
 }
 
-/// A conv, batch norm, ReLU, pooling and a linear head: the layers a ResNet adds.
+/// A conv, batch norm, ReLU, pooling and a linear head: the layers a ResNet adds (traced in
+/// both modes, as the reference models are).
 fn conv_bn_model(batch: usize) -> Model {
-    let mut g = Graph::new();
-    let x = g.input("x", [batch, 2, 6, 6], DType::F32).unwrap();
-    let y = g.input("y", [batch], models::ID_DTYPE).unwrap();
-    let h = nn::batch_norm2d(&mut g, "bn0", x, 1e-5).unwrap();
-    let h = nn::conv2d(&mut g, "conv", h, 2, 4, 3, 2, 1, 1, 2, false).unwrap();
-    let h = nn::batch_norm2d(&mut g, "bn", h, 1e-5).unwrap();
-    let h = nn::relu(&mut g, h).unwrap();
-    let h = nn::global_avg_pool(&mut g, h).unwrap();
-    let h = nn::flatten(&mut g, h).unwrap();
-    let logits = nn::linear_kaiming(&mut g, "fc", h, 4, 10, true).unwrap();
-    let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
-    g.set_output("loss", loss).unwrap();
+    let (graph, eval_graph) = Model::trace_modes("conv-bn", |g| {
+        let x = g.input("x", [batch, 2, 6, 6], DType::F32)?;
+        let y = g.input("y", [batch], models::ID_DTYPE)?;
+        let h = nn::batch_norm2d(g, "bn0", x, 1e-5)?;
+        let h = nn::conv2d(g, "conv", h, 2, 4, 3, 2, 1, 1, 2, false)?;
+        let h = nn::batch_norm2d(g, "bn", h, 1e-5)?;
+        let h = nn::relu(g, h)?;
+        let h = nn::global_avg_pool(g, h)?;
+        let h = nn::flatten(g, h)?;
+        let logits = nn::linear_kaiming(g, "fc", h, 4, 10, true)?;
+        let loss = nn::softmax_cross_entropy(g, logits, y)?;
+        g.set_output("loss", loss)
+    })
+    .unwrap();
     Model {
         name: "conv-bn".into(),
-        graph: g,
+        graph,
+        eval_graph,
         optimizer: Optimizer::Momentum {
             lr: 0.1,
             momentum: 0.9,
@@ -250,6 +254,7 @@ fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first
     let m = Model {
         name: "big-conv".into(),
         graph: g,
+        eval_graph: None,
         optimizer: Optimizer::Sgd { lr: 0.1 },
         precision: Precision::F32,
     };
@@ -358,4 +363,199 @@ fn the_optimized_cnn_step_computes_the_unoptimized_step_s_losses() {
     assert_eq!(hist.get("conv2d"), Some(&1), "{hist:?}");
     assert_eq!(hist.get("conv2d_grad_input"), Some(&1), "{hist:?}");
     assert_eq!(hist.get("conv2d_grad_weight"), Some(&1), "{hist:?}");
+}
+
+/// `model.eval()`'s batch norm: `(x − running_mean) / √(running_var + eps) · weight + bias`,
+/// computed here from the leaves' values alone and compared with the compiled, planned
+/// evaluation-mode trace on the CPU.
+#[test]
+fn eval_mode_batch_norm_on_the_cpu_equals_a_plain_reference_from_the_running_statistics() {
+    let (n, c, hw) = (3usize, 2usize, 16usize);
+    let eps = 1e-5;
+    let mut g = Graph::new();
+    g.set_mode(Mode::Eval);
+    let x = g.input("x", [n, c, 4, 4], DType::F32).unwrap();
+    let y = nn::batch_norm2d(&mut g, "bn", x, eps).unwrap();
+    g.set_output("y", y).unwrap();
+    assert!(g.updates.is_empty(), "evaluation mode updates nothing");
+    let xs: Vec<f32> = (0..n * c * hw)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.3)
+        .collect();
+    let (rm, rv) = (vec![0.5f32, -1.25], vec![2.0f32, 0.25]);
+    let (w, b) = (vec![1.5f32, -0.5], vec![0.1f32, 2.0]);
+    let leaves = [
+        ("x", Tensor::from_f32([n, c, 4, 4], xs.clone())),
+        ("bn.weight", Tensor::from_f32([c], w.clone())),
+        ("bn.bias", Tensor::from_f32([c], b.clone())),
+        ("bn.running_mean", Tensor::from_f32([c], rm.clone())),
+        ("bn.running_var", Tensor::from_f32([c], rv.clone())),
+    ];
+    let opts = Session::cpu_options();
+    let step = ingot_runtime::trainer::eval::forward_step(&g);
+    let exe = pipeline::compile_step("bn-eval", step, &opts)
+        .unwrap()
+        .executable(Target::Cpu)
+        .unwrap();
+    let mut planned = PlannedStep::new(exe).unwrap();
+    for (name, v) in &leaves {
+        planned.write_leaf(name, v).unwrap();
+    }
+    planned.step().unwrap();
+    let got = planned.read_output("y").unwrap();
+    let got = got.as_f32().unwrap();
+    for i in 0..n * c * hw {
+        let ch = (i / hw) % c;
+        let want = (xs[i] as f64 - rm[ch] as f64) / (rv[ch] as f64 + eps).sqrt() * w[ch] as f64
+            + b[ch] as f64;
+        assert!(
+            (got[i] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            "element {i} (channel {ch}): {} vs {want}",
+            got[i]
+        );
+    }
+    // The running statistics are read, not written.
+    assert_eq!(
+        planned
+            .read_leaf("bn.running_mean")
+            .unwrap()
+            .as_f32()
+            .unwrap(),
+        &rm[..]
+    );
+    assert_eq!(
+        planned
+            .read_leaf("bn.running_var")
+            .unwrap()
+            .as_f32()
+            .unwrap(),
+        &rv[..]
+    );
+}
+
+/// The two traces of a model with batch norm declare the same leaves; only the training one
+/// updates the running statistics, and a model without such layers has one trace.
+#[test]
+fn a_model_traced_in_eval_mode_reads_the_same_leaves_and_updates_nothing() {
+    let m = conv_bn_model(3);
+    let e = m
+        .eval_graph
+        .as_ref()
+        .expect("batch norm traces differently in eval mode");
+    assert!(e.updates.is_empty());
+    assert_eq!(
+        m.graph.updates.len(),
+        4,
+        "two batch norms, two statistics each"
+    );
+    let names = |g: &Graph| -> Vec<String> {
+        g.ids()
+            .filter_map(|id| g.leaf_name(id).map(str::to_string))
+            .collect()
+    };
+    assert_eq!(names(&m.graph), names(e));
+    let r = models::resnet18_with(2, DType::F32).unwrap();
+    let re = r.eval_graph.as_ref().unwrap();
+    assert!(re.updates.is_empty());
+    assert_eq!(names(&r.graph), names(re));
+    assert!(models::cnn_with(2, DType::F32)
+        .unwrap()
+        .eval_graph
+        .is_none());
+    let mlp = models::mlp_with(2, DType::F32).unwrap();
+    assert!(mlp.eval_graph.is_none());
+    assert_eq!(mlp.eval_graph(), &mlp.graph);
+}
+
+/// The evaluation step of a session ([`StepPair`]) normalises by the running statistics the
+/// training steps left, reads them in place and changes no parameter or statistic: its loss is
+/// the reference interpreter's loss of the eval-mode trace on the session's current values, and
+/// not the loss with batch statistics.
+#[test]
+fn the_eval_step_normalises_by_the_running_statistics_and_does_not_change_them() {
+    let m = conv_bn_model(3);
+    let opts = Session::cpu_options();
+    let exe = pipeline::compile(&m, &opts)
+        .unwrap()
+        .executable(Target::Cpu)
+        .unwrap();
+    let mut s =
+        ingot_runtime::trainer::eval::session_with_eval(&m, exe, &opts, 7, Default::default())
+            .unwrap();
+    for _ in 0..3 {
+        s.step().unwrap();
+    }
+    let params = s.parameters();
+    let state = s.optimizer_state();
+    assert_ne!(
+        state["bn0.running_var"].as_f32().unwrap()[0],
+        1.0,
+        "training moved them"
+    );
+    let batch = s.batch();
+    let (x, y) = (batch["x"].to_le_bytes(), batch["y"].to_le_bytes());
+    let l1 = s.eval_on(&x, &y).unwrap();
+    let l2 = s.eval_on(&x, &y).unwrap();
+    assert_eq!(l1.to_bits(), l2.to_bits(), "evaluation is repeatable");
+    let after = s.optimizer_state();
+    for (k, v) in &state {
+        assert!(same_bits(v, &after[k]), "evaluation changed {k}");
+    }
+    assert_eq!(s.parameters(), params, "evaluation changed a parameter");
+    let mut values: IndexMap<String, Tensor> = params.clone();
+    values.extend(state.clone());
+    values.extend(batch.clone());
+    let eval_ref = run_graph(m.eval_graph(), &values).unwrap().outputs["loss"].to_f64_vec()[0];
+    let train_ref = run_graph(&m.graph, &values).unwrap().outputs["loss"].to_f64_vec()[0];
+    assert!(
+        (l1 - eval_ref).abs() <= 1e-5 * eval_ref.abs(),
+        "eval step {l1} vs the eval-mode trace {eval_ref}"
+    );
+    assert!(
+        (l1 - train_ref).abs() > 1e-4 * train_ref.abs(),
+        "the eval step's loss {l1} is the batch-statistics loss {train_ref}"
+    );
+}
+
+/// A small-batch resnet18 trains and validates in one allocation on the CPU: the validation
+/// loss is the eval-mode trace's (by the reference interpreter) and leaves the running
+/// statistics as training left them. (At the reference lr 0.1 one step on a batch of two
+/// moves the weights so far that normalising by the barely-moved running statistics
+/// overflows, in PyTorch as here; a small lr keeps the check about the mechanism.)
+#[test]
+fn a_small_batch_resnet18_trains_and_validates_on_the_cpu() {
+    let mut m = models::resnet18_with(2, DType::F32).unwrap();
+    m.optimizer = Optimizer::Momentum {
+        lr: 1e-3,
+        momentum: 0.9,
+        weight_decay: 5e-4,
+    };
+    let opts = Session::cpu_options();
+    let exe = pipeline::compile(&m, &opts)
+        .unwrap()
+        .executable(Target::Cpu)
+        .unwrap();
+    let mut s =
+        ingot_runtime::trainer::eval::session_with_eval(&m, exe, &opts, 3, Default::default())
+            .unwrap();
+    for _ in 0..2 {
+        s.step().unwrap();
+    }
+    let state = s.optimizer_state();
+    let batch = s.batch();
+    let v = s
+        .eval_on(&batch["x"].to_le_bytes(), &batch["y"].to_le_bytes())
+        .unwrap();
+    let mut values: IndexMap<String, Tensor> = s.parameters();
+    values.extend(state.clone());
+    values.extend(batch.clone());
+    let r = run_graph(m.eval_graph(), &values).unwrap().outputs["loss"].to_f64_vec()[0];
+    assert!(v.is_finite(), "{v}");
+    assert!(
+        (v - r).abs() <= 1e-4 * r.abs(),
+        "eval step {v} vs reference {r}"
+    );
+    let after = s.optimizer_state();
+    for (k, t) in &state {
+        assert!(same_bits(t, &after[k]), "evaluation changed {k}");
+    }
 }

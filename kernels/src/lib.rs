@@ -6,6 +6,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod fused;
 pub mod ops;
+pub mod rng;
 
 pub use dtype::DType;
 pub use fused::FusedKernel;

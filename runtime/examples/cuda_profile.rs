@@ -124,6 +124,7 @@ fn main() {
             }
             DeviceOp::Zero { bytes, .. } => ("memset", format!("memset {bytes} B")),
             DeviceOp::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
+            DeviceOp::AllReduce { bytes, .. } => ("all_reduce", format!("all-reduce {bytes} B")),
         };
         let e = by_kind.entry(kind).or_default();
         e.0 += t;

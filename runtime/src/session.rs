@@ -30,6 +30,7 @@ use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::shared::SharedLayout;
+use ingot_compiler::trace::nn::DROPOUT_SEED;
 use ingot_compiler::IrError;
 use smallvec::SmallVec;
 use std::time::Instant;
@@ -195,6 +196,11 @@ pub struct Session {
     /// AdamW's step-number input ([`ingot_compiler::autodiff::StepOptions::step_input`]) and
     /// the number of the next update (1 for the first), written with each step's inputs.
     step_number: Option<(NodeId, u64)>,
+    /// Dropout's seed input ([`ingot_compiler::trace::nn::DROPOUT_SEED`]), the run's seed,
+    /// and the number of the next step (0 for the first): each step is given
+    /// [`ingot_kernels::rng::step_seed`] of the two, so a run repeats, and a resumed run
+    /// ([`Session::set_updates_done`]) draws the masks the uninterrupted one drew.
+    dropout_seed: Option<(NodeId, u64, u64)>,
     /// The evaluation step loaded in the same allocation ([`Session::from_pair`]).
     eval: Option<EvalStep>,
 }
@@ -375,6 +381,7 @@ impl Session {
         let loss = scalar_at(graph, step.plan(), LOSS);
         let lr_scale = input(graph, LR_SCALE).map(|id| (id, 1.0));
         let step_number = input(graph, STEP_COUNTER).map(|id| (id, 1));
+        let dropout_seed = input(graph, DROPOUT_SEED).map(|id| (id, seed, 0));
         let eval = match (layout, step.eval_executable()) {
             (Some(layout), Some(eval)) => {
                 let (g, plan) = (eval.graph(), eval.plan());
@@ -411,6 +418,7 @@ impl Session {
             loss,
             lr_scale,
             step_number,
+            dropout_seed,
             eval,
         };
         let graph = session.graph();
@@ -562,6 +570,7 @@ impl Session {
         if self.step_number.is_some() {
             b.shift_remove(STEP_COUNTER);
         }
+        b.shift_remove(DROPOUT_SEED);
         b
     }
 
@@ -601,6 +610,10 @@ impl Session {
     pub fn set_updates_done(&mut self, done: u64) {
         if let Some((_, next)) = &mut self.step_number {
             *next = done + 1;
+        }
+        // Dropout's masks: step `done` (0-based) comes next.
+        if let Some((_, _, next)) = &mut self.dropout_seed {
+            *next = done;
         }
     }
 
@@ -825,11 +838,20 @@ impl Session {
         let t = self
             .step_number
             .map(|(id, n)| (id, (n as f64).to_le_bytes()));
-        let mut inputs: SmallVec<[(NodeId, &[u8]); 4]> = batch.iter().copied().collect();
+        let d = self.dropout_seed.map(|(id, run, n)| {
+            (
+                id,
+                (ingot_kernels::rng::step_seed(run, n) as i64).to_le_bytes(),
+            )
+        });
+        let mut inputs: SmallVec<[(NodeId, &[u8]); 5]> = batch.iter().copied().collect();
         if let Some((id, b)) = &lr {
             inputs.push((*id, b));
         }
         if let Some((id, b)) = &t {
+            inputs.push((*id, b));
+        }
+        if let Some((id, b)) = &d {
             inputs.push((*id, b));
         }
         if inputs.is_empty() {
@@ -838,6 +860,9 @@ impl Session {
             self.exe_mut().step_with_inputs(&inputs)?;
         }
         if let Some((_, n)) = &mut self.step_number {
+            *n += 1;
+        }
+        if let Some((_, _, n)) = &mut self.dropout_seed {
             *n += 1;
         }
         Ok(())

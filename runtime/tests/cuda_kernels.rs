@@ -1,5 +1,5 @@
 //! Every CUDA kernel against the CPU, on the GPU: each distinct kernel of the mlp, gpt-mini and
-//! gpt2 training steps (fused kernels, gather, scatter-add, concat), and random fused kernels
+//! gpt2 training steps (fused kernels, gather, scatter-add, concat), dropout's kernels, and random fused kernels
 //! whose integer results must agree bit for bit; outputs an unwritten element would show in,
 //! and in-place runs where a kernel may write over its input (`cuda::kernel_check`).
 //!
@@ -41,6 +41,13 @@ fn every_gpt_mini_kernel_matches_the_cpu_on_the_gpu() {
 fn every_gpt2_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("gpt2 kernels") {
         all_pass(Source::Models(vec!["gpt2".into()]));
+    }
+}
+
+#[test]
+fn every_dropout_kernel_draws_the_cpus_mask_on_the_gpu() {
+    if gpu_for_test("dropout kernels") {
+        all_pass(Source::Dropout);
     }
 }
 

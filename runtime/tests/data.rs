@@ -759,9 +759,123 @@ fn the_mlp_takes_sample_batches_from_uint8_images() {
     e.next_into(&mut xb, &mut yb).unwrap().unwrap();
     let sample = i64s(&yb)[0] as usize; // label = index % 10; check its pixels match one such index
     let first = f32s(&xb)[..784].to_vec();
+    // uint8 pixels into a float input are scaled to [0, 1] (torchvision's ToTensor).
     assert!((0..n)
         .filter(|i| i % 10 == sample)
-        .any(|i| { (0..784).all(|j| first[j] == ((i * 784 + j) % 251) as f32) }));
+        .any(|i| { (0..784).all(|j| first[j] == ((i * 784 + j) % 251) as u8 as f32 / 255.0) }));
+}
+
+// ---------------------------------------------------------------- image arrays
+
+/// The pixel of image `i` at channel `c`, row `h`, column `w` (a uint8 pattern).
+fn pixel(i: usize, c: usize, h: usize, w: usize) -> u8 {
+    ((i * 131 + c * 71 + h * 13 + w * 7) % 256) as u8
+}
+
+/// The first batch of `source` (unshuffled) as f32s and i64s.
+fn first_batch(source: SampleBatches) -> (Vec<f32>, Vec<i64>) {
+    let (xs, ys) = (source.x().clone(), source.y().clone());
+    let mut e = Epochs::new(source);
+    let (mut xb, mut yb) = (vec![0; xs.bytes()], vec![0; ys.bytes()]);
+    e.next_into(&mut xb, &mut yb).unwrap().unwrap();
+    (f32s(&xb), i64s(&yb))
+}
+
+/// resnet18's input at batch 2: `[2, 3, 32, 32]` f32.
+fn resnet_graph() -> ingot_compiler::ir::Graph {
+    models::resnet18_with(2, DType::F32).unwrap().graph
+}
+
+#[test]
+fn nhwc_uint8_images_are_read_as_nchw_floats_in_zero_to_one() {
+    let d = scratch("img-nhwc");
+    let (n, side) = (5, 32);
+    let mut x = Vec::with_capacity(n * side * side * 3);
+    for i in 0..n {
+        for h in 0..side {
+            for w in 0..side {
+                for c in 0..3 {
+                    x.push(pixel(i, c, h, w));
+                }
+            }
+        }
+    }
+    let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
+    write(&d, "x.npy", &encode("|u1", &[n, side, side, 3], &x));
+    write(&d, "y.npy", &encode("<i8", &[n], &y));
+    let src =
+        SampleBatches::for_graph(SampleSet::open(&d).unwrap(), &resnet_graph(), false, 1).unwrap();
+    let (xb, yb) = first_batch(src);
+    assert_eq!(yb, [0, 1]);
+    for r in 0..2 {
+        for c in 0..3 {
+            for h in 0..side {
+                for w in 0..side {
+                    let got = xb[((r * 3 + c) * side + h) * side + w];
+                    assert_eq!(got, pixel(r, c, h, w) as f32 / 255.0, "{r} {c} {h} {w}");
+                }
+            }
+        }
+    }
+    assert!(xb.iter().all(|v| (0.0..=1.0).contains(v)));
+}
+
+#[test]
+fn nchw_f32_images_in_safetensors_are_read_as_they_are() {
+    let d = scratch("img-nchw");
+    let (n, side) = (3, 32);
+    let vals: Vec<f32> = (0..n * 3 * side * side)
+        .map(|k| k as f32 * 0.5 - 7.0)
+        .collect();
+    let x: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let y: Vec<u8> = [4i64, 5, 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let st = write(
+        &d,
+        "images.safetensors",
+        &safetensors_file(&[
+            ("x", safetensors::Dtype::F32, vec![n, 3, side, side], x),
+            ("y", safetensors::Dtype::I64, vec![n], y),
+        ]),
+    );
+    let src =
+        SampleBatches::for_graph(SampleSet::open(&st).unwrap(), &resnet_graph(), false, 1).unwrap();
+    let (xb, yb) = first_batch(src);
+    assert_eq!(yb, [4, 5]);
+    assert_eq!(xb, vals[..2 * 3 * side * side]);
+}
+
+#[test]
+fn image_arrays_that_fit_neither_layout_or_are_corrupt_are_errors_naming_the_file() {
+    let d = scratch("img-bad");
+    let y: Vec<u8> = (0..4i64).flat_map(|i| i.to_le_bytes()).collect();
+    write(&d, "y.npy", &encode("<i8", &[4], &y));
+    let open = |d: &Path| {
+        SampleSet::open(d)
+            .and_then(|s| SampleBatches::for_graph(s, &resnet_graph(), false, 1))
+            .map(|_| ())
+    };
+    // Right element count, wrong image shape: neither [3, 32, 32] nor [32, 32, 3].
+    write(&d, "x.npy", &encode("|u1", &[4, 32, 3, 32], &[0; 4 * 3072]));
+    let e = err_text(open(&d));
+    assert!(
+        e.contains("x.npy") && e.contains("[32, 3, 32]") && e.contains("NHWC [32, 32, 3]"),
+        "{e}"
+    );
+    // A truncated file: the header promises 4 images, the data holds 3 and a half.
+    let full = encode("|u1", &[4, 32, 32, 3], &[0; 4 * 3072]);
+    write(&d, "x.npy", &full[..full.len() - 1536]);
+    let e = err_text(open(&d));
+    assert!(e.contains("x.npy"), "{e}");
+    assert!(e.contains("12288 bytes") && e.contains("truncated"), "{e}");
+    // Garbage where the header should be.
+    write(&d, "x.npy", b"\x93NUMPY\x01\x00\xff\xffnot a header at all");
+    let e = err_text(open(&d));
+    assert!(e.contains("x.npy"), "{e}");
+    // Float labels.
+    write(&d, "x.npy", &full);
+    write(&d, "y.npy", &encode("<f4", &[4], &[0; 16]));
+    let e = err_text(open(&d));
+    assert!(e.contains("y.npy") && e.contains("integers"), "{e}");
 }
 
 // ---------------------------------------------------------------- resume

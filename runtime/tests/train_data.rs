@@ -829,3 +829,143 @@ fn a_data_set_is_recognised_on_resume_by_its_contents_not_the_path_typed() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("sgd") && e.contains("adamw"), "{e}");
 }
+
+/// `n` images `[n, c, side, side]` (f32 in [0, 1), deterministic) and their class ids `[n]`
+/// (i64 in `0..10`), written as `x.npy` and `y.npy` in `dir`.
+fn image_samples(dir: &Path, n: usize, c: usize, side: usize) {
+    use ingot_runtime::data::npy::encode;
+    let mut state = 99u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let x: Vec<u8> = (0..n * c * side * side)
+        .flat_map(|_| next().to_le_bytes())
+        .collect();
+    let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
+    std::fs::write(dir.join("x.npy"), encode("<f4", &[n, c, side, side], &x)).unwrap();
+    std::fs::write(dir.join("y.npy"), encode("<i8", &[n], &y)).unwrap();
+}
+
+/// `ingot train --model cnn|resnet18 --val` on the CPU: the validation runs the forward pass
+/// traced in evaluation mode (resnet18's batch norms by their running statistics) in the
+/// training step's allocation, and reports a finite loss.
+#[test]
+fn a_cnn_and_a_resnet18_train_with_validation_on_the_cpu() {
+    for (model, c, side) in [("cnn", 1, 28), ("resnet18", 3, 32)] {
+        let d = scratch(&format!("{model}-val"));
+        image_samples(&d, 128, c, side);
+        let dir = d.to_str().unwrap();
+        let out = ingot(&[
+            "train",
+            "--model",
+            model,
+            "--dataset",
+            dir,
+            "--val",
+            dir,
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-batches",
+            "1",
+            "--lr",
+            "0.01",
+            "--json",
+        ]);
+        let lines = json_lines(&ok(&out));
+        let vals: Vec<f64> = lines
+            .iter()
+            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
+            .collect();
+        assert!(!vals.is_empty(), "{model}: no validation line: {lines:?}");
+        assert!(
+            vals.iter().all(|l| l.is_finite() && *l > 0.0),
+            "{model}: {vals:?}"
+        );
+    }
+}
+
+/// `ingot train --model resnet18` over uint8 NHWC images (`[n, 32, 32, 3]`, the layout of
+/// CIFAR-10's arrays as NumPy holds them): read as NCHW floats in [0, 1], and the loss is that
+/// of a near-uniform classifier at the start.
+#[test]
+fn resnet18_trains_on_uint8_nhwc_images() {
+    use ingot_runtime::data::npy::encode;
+    let d = scratch("resnet-nhwc");
+    let n = 128;
+    let x: Vec<u8> = (0..n * 32 * 32 * 3).map(|i| (i * 7 % 256) as u8).collect();
+    let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
+    std::fs::write(d.join("x.npy"), encode("|u1", &[n, 32, 32, 3], &x)).unwrap();
+    std::fs::write(d.join("y.npy"), encode("<i8", &[n], &y)).unwrap();
+    let out = ingot(&[
+        "train",
+        "--model",
+        "resnet18",
+        "--dataset",
+        d.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--json",
+    ]);
+    let losses = step_losses(&json_lines(&ok(&out)));
+    assert_eq!(losses.len(), 1);
+    assert!(
+        losses[0].1.is_finite() && (losses[0].1 - 10f64.ln()).abs() < 1.5,
+        "{losses:?}"
+    );
+    // A 4-D array in neither layout is refused before any step, naming the file.
+    std::fs::write(d.join("x.npy"), encode("|u1", &[n, 32, 3, 32], &x)).unwrap();
+    let out = ingot(&[
+        "train",
+        "--model",
+        "resnet18",
+        "--dataset",
+        d.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("x.npy") && e.contains("NHWC"), "{e}");
+}
+
+/// A model file with dropout: `ingot train` writes the step's seed from `--seed` and the step
+/// number, so a run resumed from a checkpoint draws the uninterrupted run's masks (the same
+/// losses, bit for bit), and another seed draws others.
+#[test]
+fn a_run_with_dropout_resumes_bit_for_bit_and_another_seed_draws_other_masks() {
+    let d = scratch("dropout-resume");
+    let ir = d.join("q.ir");
+    std::fs::write(
+        &ir,
+        "ingot-ir 1\n\
+         optimizer sgd lr=0.1\n\
+         %0 = parameter \"p\" init=normal(1.0) : f32[64]\n\
+         %1 = input \"x\" : f32[64]\n\
+         %2 = input \"y\" : f32[64]\n\
+         %3 = input \"dropout_seed\" : i64[]\n\
+         %4 = sub(%0, %1) : f32[64]\n\
+         %5 = dropout(%4, %3) p=0.5 salt=1 : f32[64]\n\
+         %6 = mul(%5, %5) : f32[64]\n\
+         %7 = reduce_sum(%6) axes=[0] : f32[1]\n\
+         %8 = reshape(%7) : f32[]\n\
+         output \"loss\" = %8\n",
+    )
+    .unwrap();
+    let ir = ir.to_str().unwrap();
+    let ck = d.join("ck");
+    let ck = ck.to_str().unwrap();
+    let base = ["train", "--model-file", ir, "--json"];
+    let whole = run_losses(&[&base[..], &["--steps", "4"]].concat());
+    assert_eq!(whole.len(), 4);
+    run_losses(&[&base[..], &["--steps", "2", "--checkpoint", ck]].concat());
+    let resumed = run_losses(&[&base[..], &["--steps", "4", "--resume", ck]].concat());
+    assert_eq!(resumed, whole[2..], "resumed steps 3 and 4");
+    // Another run seed: another initialisation and other masks, other losses.
+    let other = run_losses(&[&base[..], &["--steps", "4", "--seed", "1"]].concat());
+    assert_ne!(other, whole);
+}

@@ -335,6 +335,11 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             g.convert(gy, dt)
         }
         Op::Window(w) => window_vjp(g, *w, &node.inputs, slot, gy),
+        // Linear in x given the mask, and the mask is the same draw again: the same op on dy.
+        Op::Dropout { p, salt } if slot == 0 => g.dropout_mask(gy, node.inputs[1], *p, *salt),
+        Op::Dropout { .. } => Err(IrError::Invalid(format!(
+            "{y} (dropout) carries no gradient to its seed; this is a bug in needs_gradient"
+        ))),
         Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Compare(_) => {
             Err(IrError::Invalid(format!(
                 "{} ({y}) carries no gradient; this is a bug in needs_gradient",

@@ -121,6 +121,9 @@ pub fn kind(n: &Node) -> Kind {
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }
         | Op::AllReduce { .. } => Kind::Library,
+        // Dropout is its own kernel (the counter-based draw, see `ingot_kernels::rng`): its
+        // operands and result are buffers, and the mask is drawn again wherever it is needed.
+        Op::Dropout { .. } => Kind::Library,
         // Before fusion, a result node is an attention's extra output: a buffer that library
         // call writes (fusion makes the fused kernels' own result nodes).
         Op::Result { .. } => Kind::Library,

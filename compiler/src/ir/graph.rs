@@ -70,6 +70,25 @@ pub struct Graph {
     /// The origin [`Graph::push`] gives new nodes (see [`Graph::scoped`]).
     #[serde(skip)]
     scope: Origin,
+    /// The mode layers are traced in ([`Mode`]): tracing information, like the scope, so no
+    /// part of the graph's value or equality.
+    #[serde(skip)]
+    mode: Mode,
+}
+
+/// The mode a model's forward pass is traced in, as PyTorch's `model.train()` / `model.eval()`:
+/// layers that behave differently in evaluation (batch norm, dropout) read [`Graph::mode`] when
+/// they are traced. A training step is built from the `Train` trace; the evaluation step from
+/// the `Eval` trace of the same model, which reads the same parameters and resident state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Batch norm normalises by the batch's statistics and updates its running estimates;
+    /// dropout drops.
+    #[default]
+    Train,
+    /// Batch norm normalises by its running estimates and updates nothing; dropout is the
+    /// identity.
+    Eval,
 }
 
 /// Two graphs are equal when they compute the same thing: provenance is debug information and
@@ -136,6 +155,16 @@ impl Graph {
     /// The origin new nodes get.
     pub fn scope(&self) -> &Origin {
         &self.scope
+    }
+
+    /// The mode layers are traced in ([`Mode`]; `Train` for a new graph).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Sets the mode layers traced from now on are traced in.
+    pub fn set_mode(&mut self, mode: Mode) {
+        self.mode = mode;
     }
 
     /// Sets the origin new nodes get, returning the previous one (restore it when done).

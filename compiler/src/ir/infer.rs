@@ -89,6 +89,22 @@ pub fn infer(
             }
             t.clone()
         }
+        Op::Dropout { p, .. } => {
+            arity(2)?;
+            let (x, seed) = (operands[0], operands[1]);
+            if !matches!(x.dtype, DType::F32 | DType::F64 | DType::BF16) {
+                return Err(fail(format!("x must be f32, f64 or bf16, not {}", x.dtype)));
+            }
+            if seed.dtype != DType::I64 || seed.shape.rank() != 0 {
+                return Err(fail(format!(
+                    "the seed must be an i64 scalar (the step's seed input), not {seed}"
+                )));
+            }
+            if !(0.0..=1.0).contains(p) {
+                return Err(fail(format!("p = {p} is not a probability in [0, 1]")));
+            }
+            x.clone()
+        }
         Op::Unary(u) => {
             arity(1)?;
             let a = operands[0];

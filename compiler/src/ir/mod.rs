@@ -9,7 +9,7 @@ mod shape;
 pub mod text;
 pub mod window;
 
-pub use graph::{Graph, Node, NodeId, Operands, Update};
+pub use graph::{Graph, Mode, Node, NodeId, Operands, Update};
 pub use infer::{attention_outputs, infer};
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 pub use op::{Axes, Init, LeafKind, Op, TensorType};

@@ -104,6 +104,16 @@ pub enum Op {
     /// The operand's value, through which autodiff passes no gradient (softmax's max shift).
     /// The rewriter removes it once the backward pass exists.
     StopGradient,
+    /// Dropout (`nn.Dropout(p)` in training mode): operands `x` (float) and `seed` (an `i64`
+    /// scalar, the step's seed input); the value is `x[i] · 1/(1 − p)` where the
+    /// counter-based draw of `(seed, salt, i)` ([`ingot_kernels::rng`], `i` the row-major
+    /// index) is at least `p`, else `x[i] · 0`. Nothing random is stored: the same operands
+    /// draw the same mask, so its gradient is `dropout(dy, seed)` with the same `p` and `salt`.
+    /// `salt` tells layers apart (a hash of the layer's name).
+    Dropout {
+        p: f64,
+        salt: u64,
+    },
     /// A fused kernel (see [`ingot_kernels::fused`]): its operands are the kernel's inputs in
     /// order, and the node's value is the kernel's output 0. Made by the fusion pass.
     Fused(Box<FusedKernel>),
@@ -182,6 +192,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Convert => "convert",
             Op::StopGradient => "stop_gradient",
+            Op::Dropout { .. } => "dropout",
             Op::Fused(_) => "fused",
             Op::Result { .. } => "result",
             Op::Attention { .. } => "attention",

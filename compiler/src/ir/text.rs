@@ -62,6 +62,7 @@
 //!   | `concat` | `axis=N` |
 //!   | `reduce_sum`, `reduce_max` | `axes=[N,...]` |
 //!   | `scatter_add` | `rows=N` |
+//!   | `dropout(x, seed)` | `p=F` (in `[0, 1]`) `salt=N` (see [`Op::Dropout`]) |
 //!   | `matmul` | `ta=true\|false tb=true\|false` (absent means `false`) |
 //!   | `attention(q, k, v)`, `attention_grad(q, k, v, out, lse, dout)` | `scale=F`, `causal=true\|false` (absent means `false`) |
 //!   | `result(%N)` | `index=N`: output N of a fused kernel or an attention op |
@@ -81,8 +82,8 @@
 //! reason that quotes the offending token; no input makes the parser panic.
 
 use super::{
-    Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, ReduceOp, Shape, TensorType,
-    UnaryOp, WindowOp,
+    Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, Mode, NodeId, Op, ReduceOp, Shape,
+    TensorType, UnaryOp, WindowOp,
 };
 use crate::error::IrError;
 use std::collections::HashMap;
@@ -179,6 +180,7 @@ fn write_attrs(s: &mut String, op: &Op) {
         }
         Op::Result { index } => write!(s, " index={index}"),
         Op::AllReduce { ranks } => write!(s, " ranks={ranks}"),
+        Op::Dropout { p, salt } => write!(s, " p={} salt={salt}", float(*p)),
         Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
             write!(s, " causal={causal} scale={}", float(*scale))
         }
@@ -371,7 +373,15 @@ fn string_body(it: &mut std::iter::Peekable<std::str::CharIndices<'_>>) -> Resul
 /// Syntax errors, type errors and structural errors (duplicate outputs, bad updates) all come
 /// back as [`IrError::Parse`] naming the 1-based line and, for syntax, the offending token.
 pub fn parse(text: &str) -> Result<Graph, IrError> {
+    parse_in(text, Mode::Train)
+}
+
+/// [`parse`] as a model's forward pass traced in `mode` ([`Mode`]): in [`Mode::Eval`] each
+/// `dropout` line, checked as always, becomes the identity (a `reshape` of its operand to its
+/// own shape, so that line `%N` is still node `N`). In [`Mode::Train`] it is [`parse`].
+pub fn parse_in(text: &str, mode: Mode) -> Result<Graph, IrError> {
     let mut g = Graph::new();
+    g.set_mode(mode);
     let mut header = false;
     let mut output_lines: HashMap<String, usize> = HashMap::new();
     let mut update_lines: HashMap<usize, usize> = HashMap::new();
@@ -439,6 +449,7 @@ pub fn parse(text: &str) -> Result<Graph, IrError> {
             reason: format!("the text is empty: it must start with the header `{MAGIC} {VERSION}`"),
         });
     }
+    g.set_mode(Mode::Train);
     Ok(g)
 }
 
@@ -773,6 +784,7 @@ fn op_by_name(name: &str) -> Option<Op> {
         "stop_gradient" => Op::StopGradient,
         "result" => Op::Result { index: 0 },
         "all_reduce" => Op::AllReduce { ranks: 0 },
+        "dropout" => Op::Dropout { p: 0.0, salt: 0 },
         "attention" => Op::Attention {
             causal: false,
             scale: 1.0,
@@ -880,6 +892,11 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
             },
             "it takes `ranks=`",
         ),
+        Op::Dropout { .. } => {
+            let p = a.take_f64("p")?;
+            let salt = a.take_usize("salt")? as u64;
+            (Op::Dropout { p, salt }, "it takes `p=` and `salt=`")
+        }
         Op::Attention { .. } | Op::AttentionGrad { .. } => {
             let causal = a.take_bool_or_false("causal")?;
             let scale = a.take_f64("scale")?;
@@ -974,6 +991,13 @@ fn read_node(c: &mut Cursor<'_>, g: &mut Graph) -> Result<(), String> {
         if total.is_none() {
             return Err(format!("`concat` (node %{id}): the operands' sizes along axis {axis} add up to more than fits in memory"));
         }
+    }
+    if matches!(op, Op::Dropout { .. }) && g.mode() == Mode::Eval {
+        let types: Vec<&TensorType> = inputs.iter().map(|&x| g.ty(x)).collect();
+        crate::ir::infer(&op, &types, Some(&ty), g.len()).map_err(|e| e.to_string())?;
+        g.push(Op::Reshape, &inputs[..1], Some(ty))
+            .map_err(|e| e.to_string())?;
+        return Ok(());
     }
     g.push(op, &inputs, Some(ty)).map_err(|e| e.to_string())?;
     Ok(())
@@ -1090,6 +1114,10 @@ mod tests {
         let hb = g.convert(h, DType::BF16).unwrap();
         let hb = g.mul(hb, hb).unwrap();
         let _ = g.convert(hb, DType::F32).unwrap();
+        let seed = g.input("dropout_seed", [], DType::I64).unwrap();
+        let _ = g
+            .dropout_mask(h, seed, 0.125, 0xdead_beef_0123_4567)
+            .unwrap();
 
         let newm = g.add(m, back).unwrap();
         let lr = g.full(0.1, [3, 4], DType::F32).unwrap();
@@ -1137,6 +1165,7 @@ mod tests {
             "concat",
             "convert",
             "div",
+            "dropout",
             "eq",
             "exp",
             "full",

@@ -169,7 +169,11 @@ pub mod widened {
     pub fn runs_widened(op: &Op, ty: &TensorType, inputs: &[&TensorType]) -> bool {
         matches!(
             op,
-            Op::Reduce { .. } | Op::MatMul { .. } | Op::ScatterAdd { .. } | Op::Window(_)
+            Op::Reduce { .. }
+                | Op::MatMul { .. }
+                | Op::ScatterAdd { .. }
+                | Op::Window(_)
+                | Op::Dropout { .. }
         ) && (ty.dtype == DType::BF16 || inputs.iter().any(|t| t.dtype == DType::BF16))
     }
 

@@ -717,6 +717,18 @@ impl Lowering<'_> {
                 }
                 Ok(())
             }
+            Op::Dropout { p, salt } => {
+                // Each thread reads x[e] before writing out[e]: in place is fine.
+                let x = g.ty(node.inputs[0]);
+                let k =
+                    codegen::dropout(x.dtype, x.shape.numel(), *p, *salt).map_err(codegen_error)?;
+                if here.bytes > 0 {
+                    let mut args = inputs;
+                    args.push(here.offset);
+                    self.launch(id, k, args, smallvec::smallvec![here]);
+                }
+                Ok(())
+            }
             Op::Concat { axis } => {
                 self.not_in_place(id)?;
                 let dims = node.ty.shape.dims();
@@ -1127,6 +1139,7 @@ mod tests {
         let m = crate::models::Model {
             name: "attention".into(),
             graph: g,
+            eval_graph: None,
             optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
             precision,
         };

@@ -62,6 +62,7 @@ pub fn cnn_with(batch: usize, dtype: DType) -> Result<Model> {
     Ok(Model {
         name,
         graph: g,
+        eval_graph: None,
         optimizer: Optimizer::Momentum {
             lr: 0.01,
             momentum: 0.9,

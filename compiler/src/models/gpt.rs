@@ -215,6 +215,7 @@ pub fn gpt(cfg: &GptConfig, dtype: DType) -> Result<Model> {
     Ok(Model {
         name,
         graph: g,
+        eval_graph: None,
         optimizer: Optimizer::adamw(3e-4, 0.01),
         precision: Precision::F32,
     })

@@ -47,6 +47,7 @@ pub fn mlp_with(batch: usize, dtype: DType) -> Result<Model> {
     Ok(Model {
         name,
         graph: g,
+        eval_graph: None,
         optimizer: Optimizer::Sgd { lr: 0.1 },
         precision: Precision::F32,
     })

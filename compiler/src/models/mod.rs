@@ -29,7 +29,7 @@ pub use resnet::{resnet18, resnet18_with, RESNET_BATCH, RESNET_CLASSES, RESNET_S
 pub use spec::{by_name, by_name_with, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};
-use crate::ir::{DType, Graph, LeafKind};
+use crate::ir::{DType, Graph, LeafKind, Mode};
 
 /// The dtype of the integer inputs (`x` of the GPTs, `y` of every model).
 pub const ID_DTYPE: DType = DType::I64;
@@ -39,8 +39,12 @@ pub const ID_DTYPE: DType = DType::I64;
 pub struct Model {
     /// The name it was built from (`mlp`, `gpt-mini`, `gpt2`, `gpt:vocab=...`).
     pub name: String,
-    /// Forward graph: inputs `x` and `y`, output `loss`.
+    /// Forward graph: inputs `x` and `y`, output `loss`, traced in [`Mode::Train`].
     pub graph: Graph,
+    /// The same forward pass traced in [`Mode::Eval`] (`model.eval()`), for the evaluation
+    /// step, when it differs from `graph` (batch norm, dropout); `None` when the model has no
+    /// layer that behaves differently in evaluation. Read it through [`Model::eval_graph`].
+    pub eval_graph: Option<Graph>,
     pub optimizer: Optimizer,
     /// The precision the model asks to train in (a model file's `precision` line; f32 for the
     /// built-in models). The command line's `--precision` overrides it.
@@ -52,6 +56,33 @@ impl Model {
     /// line (or the command line chooses one): SGD without momentum, lr 0.1 (the reference
     /// `mlp`'s optimizer).
     pub const FILE_OPTIMIZER: Optimizer = Optimizer::Sgd { lr: 0.1 };
+
+    /// The forward pass the evaluation step runs: the [`Mode::Eval`] trace, or `graph` when the
+    /// model traces the same in both modes. Its loss reads the same parameter and state leaves
+    /// as `graph` (same names and types), and it updates nothing.
+    pub fn eval_graph(&self) -> &Graph {
+        self.eval_graph.as_ref().unwrap_or(&self.graph)
+    }
+
+    /// Traces a forward pass with `build` in both modes: the training graph, and the
+    /// evaluation graph when it differs from it (see [`Model::eval_graph`]). `build` must
+    /// declare the same leaves in both modes; a difference is an error naming `name`.
+    pub fn trace_modes(
+        name: &str,
+        build: impl Fn(&mut Graph) -> Result<()>,
+    ) -> Result<(Graph, Option<Graph>)> {
+        let mut train = Graph::new();
+        build(&mut train)?;
+        let mut eval = Graph::new();
+        eval.set_mode(Mode::Eval);
+        build(&mut eval)?;
+        eval.set_mode(Mode::Train);
+        if eval == train {
+            return Ok((train, None));
+        }
+        check_eval_graph(name, &train, &eval)?;
+        Ok((train, Some(eval)))
+    }
 
     /// A model from the IR text form of its forward pass (see [`crate::ir::text`]): a graph
     /// with an output named `loss` that is a float scalar, parameters to train, and no
@@ -165,13 +196,56 @@ impl Model {
                 "the forward pass has no parameters to train",
             ));
         }
+        // A file with dropout lines has an evaluation trace of its own (dropout the identity);
+        // its nodes keep the training trace's provenance (one node per line in both).
+        let eval_graph = if graph
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, crate::ir::Op::Dropout { .. }))
+        {
+            let mut e = crate::ir::text::parse_in(text, Mode::Eval)?;
+            for id in graph.ids() {
+                e.set_origin(id, graph.origin(id).clone());
+            }
+            check_eval_graph(name, &graph, &e)?;
+            Some(e)
+        } else {
+            None
+        };
         Ok(Model {
             name: name.to_string(),
             graph,
+            eval_graph,
             optimizer,
             precision,
         })
     }
+}
+
+/// Checks that `eval` (a forward pass traced in evaluation mode) reads the parameters and
+/// state `train` (the same pass in training mode) declares, with the same types, and updates
+/// nothing; it may lack inputs (dropout's seed). An error names the model.
+fn check_eval_graph(name: &str, train: &Graph, eval: &Graph) -> Result<()> {
+    let resident = |g: &Graph| -> Vec<(String, crate::ir::TensorType)> {
+        let mut ids = g.leaves(LeafKind::Parameter);
+        ids.extend(g.leaves(LeafKind::State));
+        ids.into_iter()
+            .map(|id| (g.leaf_name(id).unwrap_or("").to_string(), g.ty(id).clone()))
+            .collect()
+    };
+    if resident(train) != resident(eval) {
+        return Err(model_err(
+            name,
+            "the forward pass declares different parameters or state in training and evaluation mode",
+        ));
+    }
+    if !eval.updates.is_empty() {
+        return Err(model_err(
+            name,
+            "the forward pass traced in evaluation mode updates state; evaluation must change nothing",
+        ));
+    }
+    Ok(())
 }
 
 /// The number of trainable scalars: the element counts of the parameter leaves, summed.

@@ -16,7 +16,9 @@
 //!   `layer{l}.0.downsample.0.weight` [out, in, 1, 1] and `layer{l}.0.downsample.1.{weight,bias}`
 //!   for l in 2..4, `fc.weight` [10, 512], `fc.bias` [10]
 //! - resident state besides the parameters: every batch norm's `running_mean` and
-//!   `running_var` (momentum 0.1, eps 1e-5), updated by the step in training mode.
+//!   `running_var` (momentum 0.1, eps 1e-5), updated by the step in training mode; the
+//!   evaluation step (traced in [`crate::ir::Mode::Eval`], [`Model::eval_graph`]) normalises
+//!   by them and leaves them as they are.
 //!   (torchvision also keeps `num_batches_tracked`, which momentum 0.1 never reads; it is not
 //!   a leaf here.)
 //! - default initialisation, as torchvision's: conv weights normal(0, √(2 / fan_out)) with
@@ -111,30 +113,33 @@ pub fn resnet18_with(batch: usize, dtype: DType) -> Result<Model> {
         return Err(model_err(&name, "batch must be at least 2 (batch norm)"));
     }
     check_size(&name, "batch", &[batch, 64, RESNET_SIDE, RESNET_SIDE])?;
-    let mut g = Graph::new();
-    let x = g.input("x", [batch, 3, RESNET_SIDE, RESNET_SIDE], dtype)?;
-    let y = g.input("y", [batch], ID_DTYPE)?;
-    let h = conv(&mut g, "conv1", x, 3, 64, 7, 2)?;
-    let h = nn::batch_norm2d(&mut g, "bn1", h, BN_EPS)?;
-    let h = g.scoped("relu", |g| nn::relu(g, h))?;
-    let mut h = g.scoped("maxpool", |g| nn::max_pool2d(g, h, 3, 2, 1))?;
-    let mut ch = 64;
-    for (l, out) in [64, 128, 256, 512].into_iter().enumerate() {
-        let stride = if l == 0 { 1 } else { 2 };
-        h = basic_block(&mut g, &format!("layer{}.0", l + 1), h, ch, out, stride)?;
-        h = basic_block(&mut g, &format!("layer{}.1", l + 1), h, out, out, 1)?;
-        ch = out;
-    }
-    let h = g.scoped("avgpool", |g| {
-        let h = nn::global_avg_pool(g, h)?;
-        nn::flatten(g, h)
+    let (graph, eval_graph) = Model::trace_modes(&name, |g| {
+        let x = g.input("x", [batch, 3, RESNET_SIDE, RESNET_SIDE], dtype)?;
+        let y = g.input("y", [batch], ID_DTYPE)?;
+        let h = conv(g, "conv1", x, 3, 64, 7, 2)?;
+        let h = nn::batch_norm2d(g, "bn1", h, BN_EPS)?;
+        let h = g.scoped("relu", |g| nn::relu(g, h))?;
+        let mut h = g.scoped("maxpool", |g| nn::max_pool2d(g, h, 3, 2, 1))?;
+        let mut ch = 64;
+        for (l, out) in [64, 128, 256, 512].into_iter().enumerate() {
+            let stride = if l == 0 { 1 } else { 2 };
+            h = basic_block(g, &format!("layer{}.0", l + 1), h, ch, out, stride)?;
+            h = basic_block(g, &format!("layer{}.1", l + 1), h, out, out, 1)?;
+            ch = out;
+        }
+        let h = g.scoped("avgpool", |g| {
+            let h = nn::global_avg_pool(g, h)?;
+            nn::flatten(g, h)
+        })?;
+        let logits = nn::linear_kaiming(g, "fc", h, 512, RESNET_CLASSES, true)?;
+        let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
+        g.set_output("loss", loss)?;
+        Ok(())
     })?;
-    let logits = nn::linear_kaiming(&mut g, "fc", h, 512, RESNET_CLASSES, true)?;
-    let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
-    g.set_output("loss", loss)?;
     Ok(Model {
         name,
-        graph: g,
+        graph,
+        eval_graph,
         optimizer: Optimizer::Momentum {
             lr: 0.1,
             momentum: 0.9,

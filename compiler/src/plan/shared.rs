@@ -4,7 +4,8 @@
 //! The training step's plan is taken as it is. The evaluation step, planned on its own, is
 //! re-based against it ([`rebase`]):
 //! - each parameter it reads is placed on the training step's bytes of the same parameter (same
-//!   name, same type), so evaluation reads the weights training just wrote, with no copy;
+//!   name, same type), so evaluation reads the weights training just wrote, with no copy; so is
+//!   each resident state leaf it reads (batch norm's running statistics in evaluation mode);
 //! - its slab (everything it makes and drops) starts where the training step's slab starts: the
 //!   two transient regions overlap, because each step's slab values are dead when it ends;
 //! - what only it keeps across its step (its inputs `x` and `y`) is placed after both slabs, so
@@ -29,7 +30,8 @@ pub struct SharedLayout {
     /// The training step's resident region (parameters, optimizer state, its inputs); the
     /// evaluation step's parameters are these same bytes.
     pub resident_bytes: usize,
-    /// Of those, the parameters the evaluation step reads in place.
+    /// Of those, the parameters (and resident state, batch norm's running statistics) the
+    /// evaluation step reads in place.
     pub shared_parameter_bytes: usize,
     /// Where both slabs start.
     pub slab_base: usize,
@@ -58,8 +60,9 @@ impl SharedLayout {
 /// Why an evaluation step cannot share a training step's allocation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SharedError {
-    /// The evaluation step reads a parameter the training step does not hold.
-    #[error("the evaluation step reads parameter {name:?}, which the training step does not hold; both steps must be compiled from the same model")]
+    /// The evaluation step reads a parameter (or resident state) the training step does not
+    /// hold.
+    #[error("the evaluation step reads parameter or state {name:?}, which the training step does not hold; both steps must be compiled from the same model")]
     MissingParameter { name: String },
     /// The two steps disagree on a parameter's type.
     #[error("parameter {name:?} is {train} in the training step but {eval} in the evaluation step; both steps must be compiled from the same model in the same precision")]
@@ -166,11 +169,12 @@ fn describe(g: &Graph, id: crate::ir::NodeId) -> String {
     }
 }
 
-/// The name of `id` if it is a parameter leaf.
+/// The name of `id` if it is a leaf both steps share: a parameter, or resident state the
+/// forward pass reads (batch norm's running statistics, read in evaluation mode).
 fn parameter_name(g: &Graph, id: crate::ir::NodeId) -> Option<&str> {
     match &g.node(id).op {
         Op::Leaf {
-            kind: LeafKind::Parameter,
+            kind: LeafKind::Parameter | LeafKind::State,
             name,
             ..
         } => Some(name),

@@ -156,7 +156,8 @@ fn fold(
         | Kind::Attention { .. }
         | Kind::AttentionGrad { .. }
         | Kind::Output { .. }
-        | Kind::AllReduce(_) => None,
+        | Kind::AllReduce(_)
+        | Kind::Dropout { .. } => None,
         // A window op of a constant is not constant (padding reads zeros).
         Kind::Window(_) => None,
         Kind::Full { bits, .. } => canonical(f64::from_bits(*bits), dtype),

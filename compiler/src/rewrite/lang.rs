@@ -99,6 +99,11 @@ pub enum Kind {
     Window(WindowOp),
     /// Data parallelism's all-reduce of a bucket over this many ranks (opaque to the rules).
     AllReduce(usize),
+    /// Dropout; `p_bits` is the f64 probability's bit pattern (opaque to the rules).
+    Dropout {
+        p_bits: u64,
+        salt: u64,
+    },
 }
 
 impl Kind {
@@ -184,6 +189,13 @@ impl Kind {
             Kind::Output { index, ty } => (Op::Result { index: *index }, Some(ty.tensor_type())),
             Kind::Window(w) => (Op::Window(*w), None),
             Kind::AllReduce(ranks) => (Op::AllReduce { ranks: *ranks }, None),
+            Kind::Dropout { p_bits, salt } => (
+                Op::Dropout {
+                    p: f64::from_bits(*p_bits),
+                    salt: *salt,
+                },
+                None,
+            ),
         })
     }
 
@@ -231,6 +243,10 @@ impl Kind {
             Op::StopGradient => Kind::StopGradient,
             Op::Window(w) => Kind::Window(*w),
             Op::AllReduce { ranks } => Kind::AllReduce(*ranks),
+            Op::Dropout { p, salt } => Kind::Dropout {
+                p_bits: p.to_bits(),
+                salt: *salt,
+            },
         })
     }
 
@@ -323,6 +339,9 @@ impl fmt::Display for ENode {
             Kind::Output { index, ty } => write!(f, "result({index}):{}", ty.tensor_type()),
             Kind::ScatterAdd(rows) => write!(f, "scatter_add({rows})"),
             Kind::Convert(d) => write!(f, "convert({d})"),
+            Kind::Dropout { p_bits, salt } => {
+                write!(f, "dropout({:?},{salt})", f64::from_bits(*p_bits))
+            }
             other => {
                 let tys: [&TensorType; 0] = [];
                 match other.to_op(&tys) {

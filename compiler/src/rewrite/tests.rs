@@ -244,6 +244,16 @@ fn eval(g: &Graph) -> Vec<T> {
                 }
                 out
             }
+            Op::Dropout { p, salt } => {
+                let key = ingot_kernels::rng::key(arg(1).v[0] as i64 as u64, *salt);
+                let s = ingot_kernels::rng::keep_scale(*p);
+                (0..numel)
+                    .map(|e| {
+                        let keep = ingot_kernels::rng::keeps(key, e as u64, *p as f32);
+                        arg(0).v[e] * if keep { s } else { 0.0 }
+                    })
+                    .collect()
+            }
             Op::Fused(_)
             | Op::Result { .. }
             | Op::Attention { .. }

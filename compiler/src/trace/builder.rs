@@ -72,6 +72,13 @@ impl Graph {
         self.push(Op::Iota { axis }, &[], Some(TensorType::new(shape, dtype)))
     }
 
+    /// The `dropout` primitive ([`Op::Dropout`]): `x` with the elements the draw of
+    /// `(seed, salt, index)` drops zeroed and the rest scaled by `1/(1 − p)`, in every mode (the
+    /// layer, [`crate::trace::nn::dropout`], is the identity in evaluation mode).
+    pub fn dropout_mask(&mut self, x: NodeId, seed: NodeId, p: f64, salt: u64) -> Result<NodeId> {
+        self.push(Op::Dropout { p, salt }, &[x, seed], None)
+    }
+
     pub fn unary(&mut self, op: UnaryOp, a: NodeId) -> Result<NodeId> {
         self.push(Op::Unary(op), &[a], None)
     }

@@ -11,12 +11,12 @@
 //!   (`count_include_pad=True`): a conv of each channel with a constant `1/k²` weight, so it
 //!   needs no op of its own and its gradient is the conv's.
 //! - `global_avg_pool`: the mean over H and W, `[N, C, 1, 1]` (`nn.AdaptiveAvgPool2d(1)`).
-//! - `batch_norm2d`: `nn.BatchNorm2d(C)` in training mode (see [`batch_norm2d`]).
+//! - `batch_norm2d`: `nn.BatchNorm2d(C)`, in training or evaluation mode (see [`batch_norm2d`]).
 //! - `flatten`: `[N, ...] -> [N, rest]` (`torch.flatten(x, 1)`).
 
 use super::nn::in_layer;
 use crate::error::{IrError, Result};
-use crate::ir::{Conv2d, DType, Graph, Init, NodeId, Op, Pool2d, Shape, WindowOp};
+use crate::ir::{Conv2d, DType, Graph, Init, Mode, NodeId, Op, Pool2d, Shape, WindowOp};
 
 impl Graph {
     /// `conv2d(x [N,C,H,W], w [O,C/g,kh,kw]) -> [N,O,Ho,Wo]` (no bias).
@@ -265,6 +265,10 @@ pub const BN_MOMENTUM: f64 = 0.1;
 /// Made of reductions and elementwise ops only, so fusion and autodiff treat it like
 /// LayerNorm; the updates are declared on `g` ([`Graph::set_update`]) and the training step
 /// keeps them.
+///
+/// Traced in [`Mode::Eval`] (`model.eval()`), it normalises by the running estimates instead,
+/// `y = (x − running_mean) / √(running_var + eps) · weight + bias`, and updates nothing: the
+/// same four leaves, read only.
 pub fn batch_norm2d(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<NodeId> {
     // Every node of the layer carries its name (the report's and errors' provenance).
     g.scoped(name, |g| batch_norm2d_in_scope(g, name, x, eps))
@@ -278,6 +282,19 @@ fn batch_norm2d_in_scope(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Resu
         let shift = g.parameter(&format!("{name}.bias"), [c], dtype, Init::Zeros)?;
         let rm = g.state(&format!("{name}.running_mean"), [c], dtype, Init::Zeros)?;
         let rv = g.state(&format!("{name}.running_var"), [c], dtype, Init::Ones)?;
+        if g.mode() == Mode::Eval {
+            let rm4 = g.reshape(rm, [c, 1, 1])?;
+            let rv4 = g.reshape(rv, [c, 1, 1])?;
+            let xc = g.sub(x, rm4)?;
+            let var_eps = g.add_scalar(rv4, eps)?;
+            let std = g.sqrt(var_eps)?;
+            let rstd = g.recip(std)?;
+            let xhat = g.mul(xc, rstd)?;
+            let gain4 = g.reshape(gain, [c, 1, 1])?;
+            let shift4 = g.reshape(shift, [c, 1, 1])?;
+            let y = g.mul(xhat, gain4)?;
+            return g.add(y, shift4);
+        }
         let axes = [0, 2, 3];
         let mean = g.mean(x, &axes)?;
         let xc = g.sub(x, mean)?;

@@ -14,13 +14,49 @@
 //! - `softmax`, `log_softmax`: over the last axis, shifted by the row max.
 //! - `causal_self_attention`: nanoGPT's `CausalSelfAttention` without dropout.
 //! - `softmax_cross_entropy`: `F.cross_entropy(logits, targets)` with `reduction="mean"`.
+//! - `dropout`: `nn.Dropout(p)`: in training mode `x · mask / (1 − p)` with a mask drawn per
+//!   step from the step's seed input ([`DROPOUT_SEED`]); the identity in evaluation mode.
 
 pub use super::conv::{
     avg_pool2d, batch_norm2d, conv2d, conv2d_with_init, flatten, global_avg_pool, linear_kaiming,
     max_pool2d, BN_MOMENTUM,
 };
 use crate::error::{IrError, Result};
-use crate::ir::{CmpOp, DType, Graph, Init, NodeId, Shape};
+use crate::ir::{CmpOp, DType, Graph, Init, Mode, NodeId, Shape};
+
+/// The name of the step input dropout draws its masks from: an `i64` scalar the trainer writes
+/// before each step (from the run's seed and the step's number,
+/// [`ingot_kernels::rng::step_seed`]), so a run repeats and a resumed run continues it.
+pub const DROPOUT_SEED: &str = "dropout_seed";
+
+/// `nn.Dropout(p)` named `name` on `x` (f32, f64 or bf16): in [`Mode::Train`] each element is
+/// zeroed with probability `p` and the rest scaled by `1/(1 − p)`, by the `dropout` primitive
+/// ([`crate::ir::Op::Dropout`]) over the step's seed input [`DROPOUT_SEED`] (declared by the
+/// first dropout layer) with the layer's name hashed as its salt, so layers draw independent
+/// masks and nothing random is stored: the backward pass draws the same mask again. In
+/// [`Mode::Eval`], and for `p = 0`, it is `x` itself. A `p` outside `[0, 1]` is an error naming
+/// the layer.
+pub fn dropout(g: &mut Graph, name: &str, x: NodeId, p: f64) -> Result<NodeId> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(IrError::Type {
+            op: "dropout",
+            node: g.len(),
+            operands: g.ty(x).to_string(),
+            reason: format!("layer {name}: p = {p} is not a probability in [0, 1]"),
+        });
+    }
+    if g.mode() == Mode::Eval || p == 0.0 {
+        return Ok(x);
+    }
+    g.scoped(name, |g| {
+        let seed = match g.leaf(DROPOUT_SEED) {
+            Some(s) => s,
+            None => g.input(DROPOUT_SEED, Shape::scalar(), DType::I64)?,
+        };
+        g.dropout_mask(x, seed, p, ingot_kernels::rng::salt_of(name))
+    })
+    .map_err(|e| in_layer(name, e))
+}
 
 /// The standard deviation of the default weight initialisation (reference-models.md).
 pub const INIT_STD: f64 = 0.02;

@@ -86,7 +86,7 @@ mod guard;
 pub mod ops;
 pub mod window;
 
-pub use ops::{concat, gather, scatter_add};
+pub use ops::{concat, dropout, gather, scatter_add};
 
 use crate::fused::{FusedKernel, KernelError};
 use crate::DType;

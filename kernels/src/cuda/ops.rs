@@ -343,6 +343,63 @@ pub fn concat(dtype: DType, outer: usize, widths: &[usize]) -> Result<CudaKernel
     }))
 }
 
+/// `dropout(x [n], seed []) -> out [n]` with probability `p` and salt `salt`: element `e` is
+/// `x[e] · (1/(1 − p))` where the counter-based draw ([`crate::rng`]) of `(seed, salt, e)` is
+/// at least `p` (as f32), else `x[e] · 0`. The draw is the host's, spelled in
+/// `unsigned long long`, so the GPU drops exactly the elements the CPU drops; the product is
+/// f32 (f64 for f64; bf16 widened to f32, multiplied, rounded once), as on the CPU. Params: x,
+/// seed (one `long long`, the step's seed input), out. Out may be written over x.
+pub fn dropout(dtype: DType, n: usize, p: f64, salt: u64) -> Result<CudaKernel, CodegenError> {
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16) {
+        return Err(CodegenError::Unsupported {
+            op: "dropout",
+            what: "x",
+            dtype,
+        });
+    }
+    let ix = Ix::for_extents([n]);
+    let ty = c_type(dtype);
+    let params = [
+        (format!("const {ty}*"), "x".to_string()),
+        ("const long long*".to_string(), "seed".to_string()),
+        (format!("{ty}*"), "out".to_string()),
+    ];
+    let what = format!(
+        "// ingot dropout: {n} {} elements, p {p:?}, salt {salt}",
+        dtype.name()
+    );
+    let scale = crate::rng::keep_scale(p);
+    let (keep, zero) = match dtype {
+        DType::F64 => (literal(scale, DType::F64), "0.0".to_string()),
+        _ => (literal(scale as f32 as f64, DType::F32), "0.0f".to_string()),
+    };
+    let threshold = literal(p as f32 as f64, DType::F32);
+    let gamma = format!("0x{:016x}ull", crate::rng::GAMMA);
+    let mix = |src: &mut Src, z: &str| {
+        src.line(format!("{z} ^= {z} >> 30; {z} *= 0xbf58476d1ce4e5b9ull;"));
+        src.line(format!("{z} ^= {z} >> 27; {z} *= 0x94d049bb133111ebull;"));
+        src.line(format!("{z} ^= {z} >> 31;"));
+    };
+    Ok(elementwise_loop(&what, &params, n, ix, |src, _t| {
+        // The key (the same for every element; recomputed per element, it is a few integer
+        // ops against a memory-bound loop).
+        src.line(format!("unsigned long long salt = {salt}ull + {gamma};"));
+        mix(src, "salt");
+        src.line("unsigned long long key = (unsigned long long)seed[0] ^ salt;");
+        mix(src, "key");
+        src.line(format!(
+            "unsigned long long h = key + ((unsigned long long)e + 1ull) * {gamma};"
+        ));
+        mix(src, "h");
+        src.line("const float u = (float)(h >> 40) * 5.9604644775390625e-8f;");
+        let m = format!("(u >= {threshold} ? {keep} : {zero})");
+        src.line(match dtype {
+            DType::BF16 => format!("out[e] = ig_narrow(ig_round(ig_widen(x[e]) * {m}));"),
+            _ => format!("out[e] = x[e] * {m};"),
+        });
+    }))
+}
+
 fn check_ids(op: &'static str, ids: DType) -> Result<(), CodegenError> {
     match ids {
         DType::I32 | DType::I64 => Ok(()),

@@ -41,6 +41,7 @@ use ingot_compiler::ir::{
 };
 use ingot_kernels::cpu::{self as k, Dims, Float, Num, ReduceKind, Scalar};
 use ingot_kernels::dtype::bf16_from_f64;
+use ingot_kernels::rng;
 use smallvec::SmallVec;
 
 /// Calls the generic function `f::<T>(args)` with `T` the Rust type of a dtype.
@@ -285,6 +286,24 @@ pub fn exec_node_with(
              collective (`runtime::collective`), not node by node",
         )),
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
+        Op::Dropout { p, salt } => {
+            cx.arity(2)?;
+            let seed = match cx.inputs[1] {
+                View::I64([s]) => *s as u64,
+                _ => {
+                    return Err(invalid(
+                        op,
+                        "the seed must be one i64 (the step's seed input)",
+                    ))
+                }
+            };
+            match (cx.inputs[0], out) {
+                (View::F32(x), ViewMut::F32(o)) => rng::dropout_f32(x, o, seed, *salt, *p),
+                (View::F64(x), ViewMut::F64(o)) => rng::dropout_f64(x, o, seed, *salt, *p),
+                _ => return Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
+            }
+            Ok(())
+        }
         Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
         Op::Window(w) => match out {
             ViewMut::F32(o) => window(&cx, w, o, scratch),

@@ -1,5 +1,5 @@
 //! The GPU's per-kernel numeric check: every distinct kernel of the given models' training
-//! steps (fused kernels, gather, scatter-add, concat), or random fused kernels
+//! steps (fused kernels, gather, scatter-add, concat, dropout), or random fused kernels
 //! ([`random::Options::exact`]), generated into one module, compiled once with NVRTC, run on
 //! the GPU on seeded random inputs, and compared with the CPU reference
 //! (`ingot_kernels::fused::cpu` for fused kernels, plain loops for the others).
@@ -66,6 +66,13 @@ pub enum Work {
         outer: usize,
         widths: Vec<usize>,
     },
+    /// `dropout(x [n], seed)` (its CPU reference: `ingot_kernels::rng`, bf16 widened).
+    Dropout {
+        dtype: DType,
+        n: usize,
+        p: f64,
+        salt: u64,
+    },
 }
 
 /// A distinct kernel to check, generated.
@@ -101,6 +108,7 @@ impl Work {
                 outer,
                 widths,
             } => cuda::concat(*dtype, *outer, widths),
+            Work::Dropout { dtype, n, p, salt } => cuda::dropout(*dtype, *n, *p, *salt),
         };
         r.map_err(|e| e.to_string())
     }
@@ -111,6 +119,7 @@ impl Work {
             Work::Gather { .. } => "gather",
             Work::Scatter { .. } => "scatter_add",
             Work::Concat { .. } => "concat",
+            Work::Dropout { .. } => "dropout",
         }
     }
 
@@ -130,6 +139,7 @@ impl Work {
                 rows, row_len, n, ..
             } => format!("{n} rows of {row_len} into {rows}"),
             Work::Concat { outer, widths, .. } => format!("[{outer}, {widths:?}]"),
+            Work::Dropout { n, p, .. } => format!("{n} elements, p {p}"),
         }
     }
 
@@ -170,6 +180,9 @@ impl Work {
                 widths.iter().map(|w| (*dtype, outer * w)).collect(),
                 vec![(*dtype, outer * widths.iter().sum::<usize>())],
             ),
+            Work::Dropout { dtype, n, .. } => {
+                (vec![(*dtype, *n), (DType::I64, 1)], vec![(*dtype, *n)])
+            }
         }
     }
 }
@@ -202,6 +215,12 @@ pub fn collect(graph: &Graph) -> Vec<Work> {
                     n,
                 });
             }
+            Op::Dropout { p, salt } => out.push(Work::Dropout {
+                dtype: node.ty.dtype,
+                n: node.ty.shape.numel(),
+                p: *p,
+                salt: *salt,
+            }),
             Op::Concat { axis } => {
                 let dims = node.ty.shape.dims();
                 out.push(Work::Concat {
@@ -431,6 +450,45 @@ fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
                     at += w;
                 }
             }
+            Ok(vec![out])
+        }
+        Work::Dropout { dtype, n, p, salt } => {
+            use ingot_kernels::rng;
+            let seed = read_int(DType::I64, &inputs[1], 0) as u64;
+            let x = &inputs[0];
+            let out: Vec<u8> = match dtype {
+                DType::F64 => {
+                    let xs: Vec<f64> = (0..*n)
+                        .map(|i| f64::from_ne_bytes(x[i * 8..i * 8 + 8].try_into().unwrap()))
+                        .collect();
+                    let mut o = vec![0f64; *n];
+                    rng::dropout_f64(&xs, &mut o, seed, *salt, *p);
+                    o.iter().flat_map(|v| v.to_ne_bytes()).collect()
+                }
+                DType::F32 | DType::BF16 => {
+                    let xs: Vec<f32> = (0..*n)
+                        .map(|i| match dtype {
+                            DType::F32 => {
+                                f32::from_ne_bytes(x[i * 4..i * 4 + 4].try_into().unwrap())
+                            }
+                            _ => {
+                                half::bf16::from_bits(u16::from_ne_bytes([x[2 * i], x[2 * i + 1]]))
+                                    .to_f32()
+                            }
+                        })
+                        .collect();
+                    let mut o = vec![0f32; *n];
+                    rng::dropout_f32(&xs, &mut o, seed, *salt, *p);
+                    match dtype {
+                        DType::F32 => o.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+                        _ => o
+                            .iter()
+                            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_ne_bytes())
+                            .collect(),
+                    }
+                }
+                other => return Err(format!("dropout is not defined for {other}")),
+            };
             Ok(vec![out])
         }
     }
@@ -1091,6 +1149,9 @@ pub enum Source {
     Bf16Models(Vec<String>),
     /// A random fused kernel ([`random::Options::exact`]) for each of these seeds.
     Random(std::ops::Range<u64>),
+    /// Dropout kernels: f32, f64 and bf16, of 1, 4099 and 2^20 + 3 elements, at p 0, 0.1, 0.5
+    /// and 1, with two salts.
+    Dropout,
 }
 
 /// What else to do besides checking each kernel once.
@@ -1155,6 +1216,18 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                     &format!("seed {seed}"),
                     &mut items,
                 )?;
+            }
+        }
+        Source::Dropout => {
+            for dtype in [DType::F32, DType::F64, DType::BF16] {
+                for n in [1, 4099, (1 << 20) + 3] {
+                    for p in [0.0, 0.1, 0.5, 1.0] {
+                        for salt in [0, 0x0123_4567_89ab_cdef] {
+                            let w = Work::Dropout { dtype, n, p, salt };
+                            add(w, &format!("dropout {dtype}"), &mut items)?;
+                        }
+                    }
+                }
             }
         }
         Source::Models(models) | Source::Bf16Models(models) => {
@@ -1430,6 +1503,47 @@ mod tests {
             let ins = inputs_for(&it.work, 1, false);
             let outs = reference(&it.work, &ins).unwrap();
             assert_eq!(outs.len(), it.work.buffers().1.len());
+        }
+    }
+
+    /// The dropout kernels generate, and their CPU reference is the CPU executor's dropout
+    /// (the same draws, the same products) on random inputs.
+    #[test]
+    fn dropout_kernels_generate_and_their_reference_is_the_cpu_executors() {
+        use crate::tensor::{Tensor, ViewMut};
+        use ingot_compiler::ir::{Node, TensorType};
+        let items = kernels_of(&Source::Dropout, false).unwrap();
+        assert_eq!(items.len(), 3 * 3 * 4 * 2, "every kernel distinct");
+        for it in items.iter().filter(|it| it.work.buffers().0[0].1 == 4099) {
+            let Work::Dropout { dtype, n, p, salt } = it.work else {
+                panic!("not dropout")
+            };
+            let ins = inputs_for(&it.work, 3, false);
+            let want = reference(&it.work, &ins).unwrap();
+            let x = Tensor::from_le_bytes(TensorType::new([n], dtype), &ins[0]).unwrap();
+            let seed = Tensor::from_le_bytes(
+                TensorType::new(ingot_compiler::ir::Shape::scalar(), DType::I64),
+                &ins[1],
+            )
+            .unwrap();
+            let node = Node {
+                op: Op::Dropout { p, salt },
+                inputs: smallvec::smallvec![
+                    ingot_compiler::ir::NodeId(0),
+                    ingot_compiler::ir::NodeId(1)
+                ],
+                ty: TensorType::new([n], dtype),
+            };
+            let mut out = Tensor::zeros(TensorType::new([n], dtype));
+            let out_view: ViewMut<'_> = out.view_mut();
+            crate::cpu::exec::exec_node(
+                &node,
+                &[x.view(), seed.view()],
+                &[&x.ty, &seed.ty],
+                out_view,
+            )
+            .unwrap();
+            assert_eq!(out.to_le_bytes(), want[0], "{dtype} p {p}");
         }
     }
 

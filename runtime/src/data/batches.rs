@@ -164,6 +164,52 @@ fn put_int(dtype: DType, out: &mut [u8], i: usize, v: u64) {
 
 /// Writes `v` as element `i` of `out`, in the float type `dtype`.
 #[inline]
+/// A uint8 pixel scaled to `[0, 1]` in `dtype` (divided in that dtype, as
+/// `img.to(dtype).div(255)`).
+fn put_unit(dtype: DType, out: &mut [u8], i: usize, v: u8) {
+    match dtype {
+        DType::F32 => out[i * 4..i * 4 + 4].copy_from_slice(&(v as f32 / 255.0).to_ne_bytes()),
+        DType::F64 => out[i * 8..i * 8 + 8].copy_from_slice(&(v as f64 / 255.0).to_ne_bytes()),
+        _ => unreachable!("only float inputs are scaled"),
+    }
+}
+
+/// The layout of `file`'s samples in the model's input `x`: an image array `[n, a, b, c]` into
+/// an image input `[batch, C, H, W]` is NCHW if `[a, b, c] = [C, H, W]`, NHWC if it is
+/// `[H, W, C]`, and an error naming the file and both shapes otherwise; anything else keeps the
+/// file's order (its row length is checked by the caller).
+fn image_layout(file: &super::array::ArrayInfo, x: &InputSlot) -> Result<Layout, DataError> {
+    let (&[_, a, b, c], &[_, ch, h, w]) = (file.shape.as_slice(), x.dims.as_slice()) else {
+        return Ok(Layout::Same);
+    };
+    if [a, b, c] == [ch, h, w] {
+        return Ok(Layout::Same);
+    }
+    if [a, b, c] == [h, w, ch] {
+        if !x.dtype.is_float() {
+            return Err(DataError::model(
+                &file.file,
+                format!(
+                    "x holds NHWC images {:?} but the model's input x is {}; images feed a float input",
+                    &file.shape[1..],
+                    x.dtype.name()
+                ),
+            ));
+        }
+        return Ok(Layout::Nhwc { h, w, c: ch });
+    }
+    Err(DataError::model(
+        &file.file,
+        format!(
+            "x holds images of shape {:?} per sample, but the model's input x {:?} takes NCHW {:?} or NHWC {:?}",
+            &file.shape[1..],
+            x.dims,
+            [ch, h, w],
+            [h, w, ch]
+        ),
+    ))
+}
+
 fn put_float(dtype: DType, out: &mut [u8], i: usize, v: f64) {
     match dtype {
         DType::F32 => out[i * 4..i * 4 + 4].copy_from_slice(&(v as f32).to_ne_bytes()),
@@ -389,10 +435,30 @@ fn model_slots(g: &Graph, path: &std::path::Path) -> Result<(InputSlot, InputSlo
     Ok((x, y))
 }
 
+/// How a sample's features are laid into a row of the model's input `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// In the file's order (a row of as many elements: NCHW images, flat features).
+    Same,
+    /// NHWC images (`[n, H, W, C]`) into an NCHW input `[batch, C, H, W]`: element
+    /// `(h, w, c)` of a sample goes to `(c, h, w)`.
+    Nhwc { h: usize, w: usize, c: usize },
+}
+
 /// Sample batches: `batch` samples per batch, shuffled per epoch or in the file's order.
+///
+/// Image arrays: features `[n, C, H, W]` (NCHW, PyTorch's layout) or `[n, H, W, C]` (NHWC, the
+/// layout of most image files and of NumPy/TensorFlow data sets) feed a model input
+/// `[batch, C, H, W]`; NHWC samples are transposed to NCHW as they are read into the batch (an
+/// array that is both, `C = H = W`, is taken as NCHW). uint8 features into a float input are
+/// scaled to `[0, 1]` (`/ 255`, torchvision's `ToTensor`), in the input's dtype; every other
+/// element type keeps its value.
 #[derive(Debug)]
 pub struct SampleBatches {
     set: SampleSet,
+    layout: Layout,
+    /// uint8 features into a float input: divided by 255.
+    unit_scale: bool,
     x: InputSlot,
     y: InputSlot,
     classes: u64,
@@ -422,6 +488,7 @@ impl SampleBatches {
             return Err(DataError::model(&xf, format!("the model's input x is {:?}; sample batches need [batch, ...] with batch above 0", x.dims)));
         }
         let row: usize = x.dims[1..].iter().product();
+        let layout = image_layout(set.x(), &x)?;
         if row as u64 != set.x().row_elems() {
             return Err(DataError::model(
                 &xf,
@@ -468,8 +535,11 @@ impl SampleBatches {
             });
         }
         set.reserve();
+        let unit_scale = x.dtype.is_float() && set.x().elem == super::array::Elem::U8;
         Ok(SampleBatches {
             set,
+            layout,
+            unit_scale,
             x,
             y,
             classes,
@@ -558,6 +628,7 @@ impl BatchSource for SampleBatches {
         let row = self.set.x().row_elems() as usize;
         let src = self.set.x().elem;
         let (xd, yd) = (self.x.dtype, self.y.dtype);
+        let (layout, unit_scale) = (self.layout, self.unit_scale);
         for r in 0..b {
             let i = self.order[batch as usize * b + r] as u64;
             let label = self.set.label(i, self.classes)?;
@@ -565,14 +636,24 @@ impl BatchSource for SampleBatches {
             let bytes = self.set.features(i)?;
             let size = src.size();
             for (j, e) in bytes.chunks_exact(size).enumerate() {
-                if xd.is_float() {
-                    put_float(xd, x, r * row + j, src.float(e));
+                // Where element j of the sample goes in the model's row.
+                let at = match layout {
+                    Layout::Same => j,
+                    Layout::Nhwc { h, w, c } => {
+                        let (pixel, ch) = (j / c, j % c);
+                        ch * h * w + pixel
+                    }
+                };
+                if unit_scale {
+                    put_unit(xd, x, r * row + at, e[0]);
+                } else if xd.is_float() {
+                    put_float(xd, x, r * row + at, src.float(e));
                 } else {
                     // Integer features into an integer input (checked when made).
                     put_int(
                         xd,
                         x,
-                        r * row + j,
+                        r * row + at,
                         src.int(e).expect("integer features") as u64,
                     );
                 }

@@ -1,5 +1,6 @@
-//! Validation: the model's forward pass compiled on its own (the loss of a batch, no backward
-//! pass, no update), planned into the training step's allocation ([`StepPair`]): it reads the
+//! Validation: the model's forward pass, traced in evaluation mode ([`Model::eval_graph`]: batch
+//! norm by its running statistics, dropout the identity), compiled on its own (the loss of a
+//! batch, no backward pass, no update), planned into the training step's allocation ([`StepPair`]): it reads the
 //! parameters the training step just wrote, in place, and its transient values overlap the
 //! training step's, because the two never run at the same time. The session allocates once
 //! ([`Session::from_pair`]); an evaluation copies nothing but its batch.
@@ -48,13 +49,14 @@ pub fn pair_with_eval(
     // The training executable's precision (the options' or the model's own): one run, one
     // arithmetic.
     let precision = train.precision();
-    // The same forward pass the training step runs: attention fused as it is there.
+    // The forward pass traced in evaluation mode (batch norm by its running statistics,
+    // dropout the identity), attention fused as it is in the training step.
     let graph = if opts.fuse_attention {
-        ingot_compiler::recognize::attention_where(&model.graph, opts.attention_supported)
+        ingot_compiler::recognize::attention_where(model.eval_graph(), opts.attention_supported)
             .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?
             .0
     } else {
-        model.graph.clone()
+        model.eval_graph().clone()
     };
     let forward = precision
         .apply(&graph)
