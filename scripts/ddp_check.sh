@@ -31,6 +31,7 @@ fail() { echo "FAIL: $*"; status=1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 NGPU=$(nvidia-smi -L | wc -l)
 
+if [[ ${ONLY_TORCHRUN:-0} != 1 ]]; then
 echo "== 1. NCCL one-rank test"
 "$BIN/test_cuda_nccl" --test-threads=1 --nocapture > "$OUT/nccl_test.txt" 2>&1 || fail "test_cuda_nccl (see $OUT/nccl_test.txt)"
 tail -n 8 "$OUT/nccl_test.txt"
@@ -79,7 +80,8 @@ sys.exit(0 if ok else 1)
 PY
 done
 
-if [[ $NGPU -ge 2 ]]; then
+fi
+if [[ $NGPU -ge 2 && ${ONLY_TORCHRUN:-0} != 1 ]]; then
     echo "== 3. $NGPU GPUs: N ranks against one GPU on the union, memory on every GPU"
     INGOT_REQUIRE_GPUS=2 timeout 600 "$BIN/test_cuda_ranks" --test-threads=1 --nocapture > "$OUT/ranks_test.txt" 2>&1 \
         || fail "test_cuda_ranks (see $OUT/ranks_test.txt)"

@@ -798,9 +798,14 @@ impl Session {
                     name: name.to_string(),
                     known: self.input_names(),
                 })?;
-            // A data-parallel step takes the union of its ranks' shards.
+            // A data-parallel step in one process takes the union of its ranks' shards; one
+            // process of several (`--torchrun`) takes its own shard.
             let bytes = self.exe().plan().location(self.graph(), id).bytes;
-            Ok::<_, SessionError>((id, bytes * self.exe().data_ranks()))
+            let union = match self.exe().data_shard() {
+                Some(_) => 1,
+                None => self.exe().data_ranks(),
+            };
+            Ok::<_, SessionError>((id, bytes * union))
         };
         Ok([slot("x")?, slot("y")?])
     }
