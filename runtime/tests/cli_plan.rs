@@ -188,3 +188,64 @@ fn plan_diff_exits_0_for_equal_plans_1_for_different_ones_and_2_for_a_bad_file()
     assert!(err.contains("version 1"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A small GPT whose batch `--max-batch` varies.
+fn small_gpt(batch: usize) -> String {
+    format!("gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=64,batch={batch}")
+}
+
+#[test]
+fn the_largest_batch_found_fits_the_budget_and_the_next_one_does_not() {
+    let (code, out, err) = ingot(&[
+        "plan",
+        "--model",
+        &small_gpt(8),
+        "--budget",
+        "64MiB",
+        "--max-batch",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let rows = doc["max_batch"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "with and without recomputation");
+    for row in rows {
+        let n = row["max_batch"].as_u64().unwrap() as usize;
+        assert_eq!(row["next_batch"].as_u64().unwrap() as usize, n + 1);
+        if row["recompute"] == true {
+            // The plan at that batch, made the ordinary way, fits; one more sample does not.
+            let (fits, _, e) = ingot(&["plan", "--model", &small_gpt(n), "--budget", "64MiB"]);
+            assert_eq!(fits, 0, "batch {n}: {e}");
+            let (over, _, e) = ingot(&["plan", "--model", &small_gpt(n + 1), "--budget", "64MiB"]);
+            assert_eq!(over, 3, "batch {}: {e}", n + 1);
+        }
+    }
+    // Recomputing cheap values for the backward pass never fits a smaller batch.
+    assert!(
+        rows[0]["max_batch"].as_u64() >= rows[1]["max_batch"].as_u64(),
+        "{doc}"
+    );
+}
+
+#[test]
+fn max_batch_needs_a_budget_a_named_model_and_a_budget_batch_1_fits() {
+    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--max-batch"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--budget"), "{err}");
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--model-file",
+        "../docs/examples/tiny-mlp.ir",
+        "--budget",
+        "1GiB",
+        "--max-batch",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--model NAME"), "{err}");
+    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "1KiB", "--max-batch"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("batch 1 alone needs") && err.contains("resident"),
+        "{err}"
+    );
+}

@@ -26,7 +26,7 @@ pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
 pub use optimizer::{parse_betas as optimizer_betas, Optimizer, OptimizerKind, OptimizerSettings};
 pub use precision::Precision;
 pub use resnet::{resnet18, resnet18_with, RESNET_BATCH, RESNET_CLASSES, RESNET_SIDE};
-pub use spec::{by_name, by_name_with, KNOWN_MODELS};
+pub use spec::{at_batch, by_name, by_name_with, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};
 use crate::ir::{DType, Graph, LeafKind, Mode};

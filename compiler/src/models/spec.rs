@@ -43,6 +43,34 @@ pub fn by_name_with(spec: &str, dtype: DType) -> Result<Model> {
     }
 }
 
+/// The model `spec` names, at batch `batch` instead of its own (in `dtype`): every named model
+/// and every `gpt:` spec. A GPT keeps its other settings and is named by its full `gpt:` spec.
+pub fn at_batch(spec: &str, batch: usize, dtype: DType) -> Result<Model> {
+    if batch == 0 {
+        return Err(model_err(spec, String::from("a batch of 0")));
+    }
+    let gpt_at = |mut cfg: GptConfig| -> Result<Model> {
+        cfg.batch = batch;
+        let mut m = gpt(&cfg, dtype)?;
+        m.name = format!("gpt:{cfg}");
+        Ok(m)
+    };
+    match spec {
+        "mlp" => super::mlp_with(batch, dtype),
+        "cnn" => super::cnn_with(batch, dtype),
+        "resnet18" => super::resnet18_with(batch, dtype),
+        "gpt-mini" => gpt_at(GptConfig::gpt_mini()),
+        "gpt2" => gpt_at(GptConfig::gpt2()),
+        _ => match spec.strip_prefix("gpt:") {
+            Some(rest) => gpt_at(parse_as(spec, rest)?),
+            None => Err(model_err(
+                spec,
+                format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
+            )),
+        },
+    }
+}
+
 impl GptConfig {
     /// Reads `vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` (every key exactly
     /// once, any order, spaces around items allowed). An unknown, repeated or missing key, a value

@@ -171,7 +171,28 @@ fn parse_betas(v: &str) -> Result<(f64, f64), String> {
 impl ModelArgs {
     /// Builds the model: by name, or read and parsed from the file (errors name the file).
     pub fn load(&self) -> Result<ingot_compiler::models::Model, Failure> {
-        let mut model = self.load_model()?;
+        self.load_at(None)
+    }
+
+    /// The model at batch `batch` (a named model or `gpt:` spec; a model file's batch is fixed
+    /// in its text), with the optimizer settings as [`ModelArgs::load`] applies them.
+    pub fn load_at_batch(&self, batch: usize) -> Result<ingot_compiler::models::Model, Failure> {
+        self.load_at(Some(batch))
+    }
+
+    fn load_at(&self, batch: Option<usize>) -> Result<ingot_compiler::models::Model, Failure> {
+        let mut model = match (batch, &self.model) {
+            (None, _) => self.load_model()?,
+            (Some(b), Some(name)) => {
+                ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?
+            }
+            (Some(_), None) => {
+                return Err(Failure::new(
+                    2,
+                    "another batch size needs --model NAME: a model file's batch is written in its text",
+                ))
+            }
+        };
         let settings = ingot_compiler::models::OptimizerSettings {
             kind: self
                 .optimizer

@@ -49,6 +49,161 @@ pub struct PlanArgs {
     /// is not a plan report of this version.
     #[arg(long, num_args = 2, value_names = ["OLD.json", "NEW.json"], conflicts_with_all = ["model", "model_file", "json", "html", "svg", "budget", "eval"])]
     pub diff: Option<Vec<std::path::PathBuf>>,
+    /// Instead of one plan, find the largest batch whose plan fits --budget: the model is
+    /// planned at batch 1, 2, 4, ... until one is over, then bisected. Printed with the
+    /// compiler's recomputation of cheap values for the backward pass (the default) and
+    /// without it. Needs --model NAME (a model file's batch is fixed).
+    #[arg(long, requires = "budget", conflicts_with_all = ["html", "svg", "eval", "unoptimized"])]
+    pub max_batch: bool,
+}
+
+/// The plan's total at one batch size.
+struct Probe {
+    batch: usize,
+    total_bytes: usize,
+    resident_bytes: usize,
+}
+
+/// The largest batch within `budget` (plans are compiled as `opts` says): doubling from 1, then
+/// bisecting between the last that fit and the first over. Returns the largest fitting probe
+/// and the smallest one over, or an error naming batch 1's total when nothing fits.
+fn largest_batch(
+    a: &PlanArgs,
+    opts: &pipeline::Options,
+    budget: usize,
+    progress: &dyn Fn(usize),
+) -> Result<(Probe, Probe), Failure> {
+    let step = a.model.step_options(false);
+    let probe = |batch: usize| -> Result<Probe, Failure> {
+        progress(batch);
+        let model = a.model.load_at_batch(batch)?;
+        let c = pipeline::compile_observed_with(&model, &step, opts, &mut |_| {})
+            .map_err(|e| Failure::new(1, format!("{} at batch {batch}: {e}", model.name)))?;
+        Ok(Probe {
+            batch,
+            total_bytes: c.report.total_bytes,
+            resident_bytes: c.report.resident_bytes,
+        })
+    };
+    let one = probe(1)?;
+    if one.total_bytes > budget {
+        return Err(Failure::new(
+            3,
+            format!(
+                "no batch fits {} ({budget} bytes): batch 1 alone needs {} ({} bytes), of which {} is resident (parameters, optimizer state, inputs){}",
+                human(budget),
+                human(one.total_bytes),
+                one.total_bytes,
+                human(one.resident_bytes),
+                if one.resident_bytes > budget {
+                    " and is itself over the budget"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    const MOST: usize = 1 << 24;
+    let mut lo = one;
+    let hi = loop {
+        if lo.batch >= MOST {
+            return Err(Failure::new(
+                1,
+                format!("batch {} still fits; stopped looking", lo.batch),
+            ));
+        }
+        let p = probe(lo.batch * 2)?;
+        if p.total_bytes > budget {
+            break p;
+        }
+        lo = p;
+    };
+    let mut hi = hi;
+    while hi.batch - lo.batch > 1 {
+        let p = probe(lo.batch + (hi.batch - lo.batch) / 2)?;
+        if p.total_bytes > budget {
+            hi = p;
+        } else {
+            lo = p;
+        }
+    }
+    Ok((lo, hi))
+}
+
+/// `ingot plan --budget SIZE --max-batch`.
+fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Result<(), Failure> {
+    use std::io::IsTerminal;
+    if a.model.model.is_none() {
+        return Err(Failure::new(
+            2,
+            "--max-batch needs --model NAME: a model file's batch is written in its text",
+        ));
+    }
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let s = indicatif::ProgressBar::new_spinner();
+        s.enable_steady_tick(std::time::Duration::from_millis(100));
+        s
+    });
+    let mut without = opts.clone();
+    if let Some(f) = without.fuse.as_mut() {
+        f.remat = false;
+    }
+    let mut found = Vec::new();
+    for (label, o) in [
+        ("with recomputation", opts),
+        ("without recomputation", &without),
+    ] {
+        let progress = |b: usize| {
+            if let Some(s) = &bar {
+                s.set_message(format!("planning at batch {b} ({label})"));
+            }
+        };
+        found.push((label, largest_batch(a, o, budget, &progress)));
+    }
+    if let Some(s) = bar {
+        s.finish_and_clear();
+    }
+    let mut results = Vec::new();
+    for (label, r) in found {
+        results.push((label, r?));
+    }
+    let name = a.model.model.as_deref().unwrap_or_default();
+    if a.json {
+        let rows: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(label, (fit, over))| {
+                serde_json::json!({
+                    "recompute": *label == "with recomputation",
+                    "max_batch": fit.batch,
+                    "total_bytes": fit.total_bytes,
+                    "next_batch": over.batch,
+                    "next_total_bytes": over.total_bytes,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "model": name,
+            "budget_bytes": budget,
+            "max_batch": rows,
+        });
+        return crate::outln!("{doc}");
+    }
+    crate::outln!(
+        "largest batch of {name} within {} ({budget} bytes):",
+        human(budget)
+    )?;
+    for (label, (fit, over)) in &results {
+        crate::outln!(
+            "  {label:<22} batch {:>6}: {} ({} bytes); batch {} needs {} ({} bytes)",
+            fit.batch,
+            human(fit.total_bytes),
+            fit.total_bytes,
+            over.batch,
+            human(over.total_bytes),
+            over.total_bytes
+        )?;
+    }
+    Ok(())
 }
 
 /// `ingot plan --diff OLD NEW`.
@@ -89,6 +244,9 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     }
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;
+    if let (true, Some(budget)) = (a.max_batch, a.budget) {
+        return run_max_batch(a, &opts, budget);
+    }
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
     let (model, compiled, trace) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
