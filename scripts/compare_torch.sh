@@ -4,14 +4,25 @@
 #
 #   scripts/compare_torch.sh path/to/ingot [--device cpu|cuda] [--ingot-device cpu|cuda]
 #                            [--steps N] [--tol T] [--param-tol P] [--precision f32|bf16]
-#                            [MODEL ...]
+#                            [--free-running] [MODEL ...]
 #
-# For each model (default: two small GPT shapes and the mlp): `ingot train --steps 0` writes its
-# seeded initial parameters and synthetic batch; `ingot train --steps N --init --data --json
-# --save` (on --ingot-device, default cpu) and scripts/torch_reference.py (on --device, default
-# cpu; f32, TF32 off) then train from those files. The N losses must agree to a relative
-# difference of at most T (default 1e-4), and every parameter tensor after the last step to
-# max|ingot - torch| / max(max|torch|, 1e-6) <= P (default 5e-2); the worst tensor is printed.
+# For each model (default: two small GPT shapes and the mlp; also cnn and resnet18): `ingot
+# train --steps 0` writes its seeded initial parameters and synthetic batch; `ingot train --steps
+# N --init --data --json --save` (on --ingot-device, default cpu) and scripts/torch_reference.py
+# (on --device, default cpu; f32, TF32 off) then train from those files. The N losses must agree
+# to a relative difference of at most T (default 1e-4), and every parameter tensor after the last
+# step to max|ingot - torch| / max(max|torch|, 1e-6) <= P (default 5e-2); the worst tensor is
+# printed.
+# resnet18 is compared anchored: step k of PyTorch starts from Ingot's checkpoint after step
+# k - 1 (parameters, momentum buffers, batch norm's running statistics; Ingot runs each step as
+# a --resume of the last, which on the CPU repeats the uninterrupted run bit for bit), and its
+# loss, parameters and state (running_mean, running_var, momentum buffers: the "state" line)
+# after that step are checked against Ingot's, each step alone. Free running (--free-running),
+# resnet18's trajectory at lr 0.1 on one random-label batch is chaotic: a ReLU or two whose
+# pre-activation is within rounding of 0 flip, each moving some gradients by ~1e-2 of their
+# scale, and momentum and lr 0.1 grow that to 1e-3 of the loss by step 3 and 1e-1 by step 5
+# (PyTorch f32 against PyTorch f64 differs as much; so does PyTorch f64 from weights perturbed
+# by 1e-7). With --free-running, resnet18 state after the last step is checked too.
 # --precision bf16 trains Ingot with --precision bf16 and PyTorch under bf16 autocast (default
 # T then 1e-2 and P 2e-1: the two round in different places, and AdamW turns gradient rounding
 # into update noise of up to lr per element; a wrong update is still O(1)).
@@ -28,7 +39,7 @@
 # A wrong update shows as O(1); the losses keep T.
 set -euo pipefail
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [[ $# -ge 1 && $1 != -h && $1 != --help ]] || usage
 INGOT=$1; shift
@@ -39,6 +50,7 @@ STEPS=5
 TOL=
 PARAM_TOL=
 PRECISION=f32
+FREE=0
 MODELS=()
 need() { [[ $# -ge 2 && -n $2 ]] || { echo "compare_torch: $1 needs a value" >&2; usage; }; }
 while [[ $# -gt 0 ]]; do
@@ -49,6 +61,7 @@ while [[ $# -gt 0 ]]; do
         --tol) need "$@"; TOL=$2; shift 2 ;;
         --param-tol) need "$@"; PARAM_TOL=$2; shift 2 ;;
         --precision) need "$@"; PRECISION=$2; shift 2 ;;
+        --free-running) FREE=1; shift ;;
         -h|--help) usage ;;
         -*) echo "compare_torch: unknown option $1" >&2; usage ;;
         *) MODELS+=("$1"); shift ;;
@@ -80,19 +93,60 @@ for model in "${MODELS[@]}"; do
     dir=$WORK/$i
     mkdir -p "$dir"
     printf '%s\n' "$model" > "$dir/model"
+    : > "$dir/pairs"
     echo "== $model" >&2
     "$INGOT" train --model "$model" --steps 0 --seed "$i" \
         --save "$dir/init.safetensors" --save-data "$dir/batch.safetensors" --json > "$dir/init.jsonl" \
         || { echo "compare_torch: ingot could not write the initial files of $model" >&2; exit 2; }
-    # Both runs start from the same files and save their parameters after the last step.
+    ingot_failed() { echo "compare_torch: ingot train --device $INGOT_DEVICE failed on $model" >&2; exit 2; }
+    torch_failed() { echo "compare_torch: torch_reference.py --device $DEVICE failed on $model" >&2; exit 2; }
+    if [[ $model == resnet18 && $FREE != 1 ]]; then
+        # Anchored: step k of PyTorch starts from Ingot's state after step k - 1 (its checkpoint:
+        # parameters, momentum buffers, running statistics), so each step is checked alone.
+        : > "$dir/ingot.jsonl"
+        : > "$dir/torch.jsonl"
+        for ((k = 1; k <= STEPS; k++)); do
+            if ((k == 1)); then
+                from=(--init "$dir/init.safetensors")
+                torch_from=(--init "$dir/init.safetensors")
+            else
+                from=(--resume "$dir/ckpt")
+                torch_from=(--init "$dir/ingot.$((k - 1)).safetensors" --state "$dir/ingot_state.$((k - 1)).safetensors")
+            fi
+            "$INGOT" train --model "$model" --steps "$k" --device "$INGOT_DEVICE" --precision "$PRECISION" \
+                "${from[@]}" --data "$dir/batch.safetensors" --json --checkpoint "$dir/ckpt" >> "$dir/ingot.jsonl" \
+                || ingot_failed
+            cp "$dir/ckpt/$(printf 'weights-%08d.safetensors' "$k")" "$dir/ingot.$k.safetensors"
+            cp "$dir/ckpt/$(printf 'optimizer-%08d.safetensors' "$k")" "$dir/ingot_state.$k.safetensors"
+            "$PYTHON" "$HERE/torch_reference.py" --model "$model" --steps 1 --device "$DEVICE" \
+                --precision "$PRECISION" "${torch_from[@]}" --data "$dir/batch.safetensors" \
+                --save "$dir/torch.$k.safetensors" --save-state "$dir/torch_state.$k.safetensors" \
+                >> "$dir/torch.jsonl" || torch_failed
+            printf 'params %d ingot.%d.safetensors torch.%d.safetensors\n' "$k" "$k" "$k" >> "$dir/pairs"
+            printf 'state %d ingot_state.%d.safetensors torch_state.%d.safetensors\n' "$k" "$k" "$k" >> "$dir/pairs"
+        done
+        echo anchored > "$dir/mode"
+        continue
+    fi
+    # Both runs start from the same files and save their parameters after the last step; for
+    # resnet18 (batch norm), also their state (Ingot's in a checkpoint, PyTorch's through
+    # --save-state): running statistics and momentum buffers.
+    state=()
+    torch_state=()
+    if [[ $model == resnet18 ]]; then
+        state=(--checkpoint "$dir/ckpt")
+        torch_state=(--save-state "$dir/torch_state.safetensors")
+        printf 'state 0 ckpt/%s torch_state.safetensors\n' "$(printf 'optimizer-%08d.safetensors' "$STEPS")" >> "$dir/pairs"
+    fi
+    printf 'params 0 ingot.safetensors torch.safetensors\n' >> "$dir/pairs"
     "$INGOT" train --model "$model" --steps "$STEPS" --device "$INGOT_DEVICE" --precision "$PRECISION" \
         --init "$dir/init.safetensors" --data "$dir/batch.safetensors" --json \
-        --save "$dir/ingot.safetensors" > "$dir/ingot.jsonl" \
-        || { echo "compare_torch: ingot train --device $INGOT_DEVICE failed on $model" >&2; exit 2; }
+        --save "$dir/ingot.safetensors" ${state[@]+"${state[@]}"} > "$dir/ingot.jsonl" \
+        || ingot_failed
     "$PYTHON" "$HERE/torch_reference.py" --model "$model" --steps "$STEPS" --device "$DEVICE" \
         --precision "$PRECISION" --init "$dir/init.safetensors" --data "$dir/batch.safetensors" \
-        --save "$dir/torch.safetensors" > "$dir/torch.jsonl" \
-        || { echo "compare_torch: torch_reference.py --device $DEVICE failed on $model" >&2; exit 2; }
+        --save "$dir/torch.safetensors" ${torch_state[@]+"${torch_state[@]}"} > "$dir/torch.jsonl" \
+        || torch_failed
 done
 
 # The table and the verdict (torch, and torch_reference.py's safetensors reader).
@@ -117,31 +171,37 @@ def losses(path):
                     out.append(float(obj["loss"]))
     return out
 
-def params(a_path, b_path):
-    """(failures, line): every tensor of a (ingot) against b (torch), and the worst one.
-    rel = max|a - b| / max(max|b|, 1e-6), per tensor."""
-    a, b = load_safetensors(a_path), load_safetensors(b_path)
-    if set(a) != set(b):
-        return 1, (f"{'':<64} parameters: ingot saved {sorted(set(a) - set(b))} that torch did not, "
-                   f"and not {sorted(set(b) - set(a))}  NO")
-    failed, worst = 0, None
-    for name in sorted(b):
-        x, y = a[name].double(), b[name].double()
-        if x.shape != y.shape:
-            failed += 1
-            worst = (float("inf"), name, f"shape {list(x.shape)} vs {list(y.shape)}")
-            continue
-        scale = max(y.abs().max().item() if y.numel() else 0.0, 1e-6)
-        diff = (x - y).abs().max().item() if y.numel() else 0.0
-        if diff != diff:  # NaN anywhere in either: fails
-            diff = float("inf")
-        rel = diff / scale
-        failed += not rel <= param_tol
-        if worst is None or rel > worst[0]:
-            worst = (rel, name, f"max|diff| {diff:.3e}, max|torch| {scale:.3e}")
+def compare(pairs, what):
+    """(failures, line): every tensor of each ingot file against its torch file, and the worst
+    one. rel = max|a - b| / max(max|b|, 1e-6), per tensor. pairs: (step, ingot, torch), step 0
+    for the one pair of a free run."""
+    failed, worst, total = 0, None, 0
+    for step, a_path, b_path in pairs:
+        a, b = load_safetensors(a_path), load_safetensors(b_path)
+        at = f" after step {step}" if step else ""
+        if not b:
+            return failed + 1, f"{'':<64} {what}: torch saved none{at}  NO"
+        if set(a) != set(b):
+            return failed + 1, (f"{'':<64} {what}{at}: ingot saved {sorted(set(a) - set(b))} that torch "
+                                f"did not, and not {sorted(set(b) - set(a))}  NO")
+        for name in sorted(b):
+            total += 1
+            x, y = a[name].double(), b[name].double()
+            if x.shape != y.shape:
+                failed += 1
+                worst = (float("inf"), name + at, f"shape {list(x.shape)} vs {list(y.shape)}")
+                continue
+            scale = max(y.abs().max().item() if y.numel() else 0.0, 1e-6)
+            diff = (x - y).abs().max().item() if y.numel() else 0.0
+            if diff != diff:  # NaN anywhere in either: fails
+                diff = float("inf")
+            rel = diff / scale
+            failed += not rel <= param_tol
+            if worst is None or rel > worst[0]:
+                worst = (rel, name + at, f"max|diff| {diff:.3e}, max|torch| {scale:.3e}")
     rel, name, detail = worst
-    return failed, (f"{'':<64} params: worst {name} rel {rel:.2e} ({detail}); "
-                    f"{len(b) - failed}/{len(b)} tensors within {param_tol:g}  {'yes' if not failed else 'NO'}")
+    return failed, (f"{'':<64} {what}: worst {name} rel {rel:.2e} ({detail}); "
+                    f"{total - failed}/{total} tensors within {param_tol:g}  {'yes' if not failed else 'NO'}")
 
 failed = 0
 print(f"ingot on {ingot_device}, torch on {device}, {steps} steps")
@@ -154,16 +214,26 @@ for d in sorted(os.listdir(work), key=int):
         print(f"{model:<64} expected {steps} losses, ingot printed {len(a)} and torch {len(b)}")
         failed += 1
         continue
+    anchored = os.path.exists(os.path.join(work, d, "mode"))
     for s, (x, y) in enumerate(zip(a, b), 1):
         rel = abs(x - y) / max(abs(y), 1e-12)
         ok = rel <= tol  # NaN compares false: a NaN loss fails
         failed += not ok
-        print(f"{model if s == 1 else '':<64} {s:>4} {x:>14.8f} {y:>14.8f} {rel:>10.2e}  {'yes' if ok else 'NO'}")
-    n, line = params(os.path.join(work, d, "ingot.safetensors"), os.path.join(work, d, "torch.safetensors"))
-    failed += n
-    print(line)
+        name = (model + (" (anchored)" if anchored else "")) if s == 1 else ""
+        print(f"{name:<64} {s:>4} {x:>14.8f} {y:>14.8f} {rel:>10.2e}  {'yes' if ok else 'NO'}")
+    pairs = {}
+    with open(os.path.join(work, d, "pairs")) as f:
+        for line in f:
+            what, step, a_file, b_file = line.split()
+            pairs.setdefault(what, []).append(
+                (int(step), os.path.join(work, d, a_file), os.path.join(work, d, b_file)))
+    for what, label in (("params", "params"), ("state", "state (running stats, momentum)")):
+        if what in pairs:
+            n, line = compare(pairs[what], label)
+            failed += n
+            print(line)
 if failed:
-    print(f"{failed} losses or parameter tensors differ by more than {tol:g} (losses) / {param_tol:g} (parameters), relative")
+    print(f"{failed} losses or parameter (or state) tensors differ by more than {tol:g} (losses) / {param_tol:g} (parameters), relative")
     sys.exit(1)
 print(f"all losses agree within {tol:g} and all parameters within {param_tol:g} (relative)")
 EOF
