@@ -124,7 +124,6 @@ fn main() {
             }
             DeviceOp::Zero { bytes, .. } => ("memset", format!("memset {bytes} B")),
             DeviceOp::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
-            DeviceOp::AllReduce { bytes, .. } => ("all_reduce", format!("all-reduce {bytes} B")),
         };
         let e = by_kind.entry(kind).or_default();
         e.0 += t;
