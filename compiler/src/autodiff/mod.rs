@@ -2,6 +2,7 @@
 //! whole training step (forward, backward, update) is one graph. Those three phases are
 //! defined here too ([`phase`]), where they are made; later stages only read them.
 
+pub mod accumulate;
 pub mod buckets;
 pub mod grad;
 pub mod optim;

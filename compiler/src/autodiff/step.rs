@@ -40,6 +40,11 @@ pub struct StepOptions {
     /// all-reduce ops in buckets ([`super::buckets`]) before clipping and the update. 0 (the
     /// default) and 1 mean one rank: no all-reduce, the single-device step exactly.
     pub ranks: usize,
+    /// Gradient accumulation over this many micro-batches: the forward graph given is one
+    /// micro-batch's; the step runs this many of them on their rows of a batch this many times
+    /// larger, each forward pass followed by its backward pass, then one update
+    /// ([`super::accumulate`]). 0 and 1: no accumulation.
+    pub accumulate: usize,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -89,8 +94,18 @@ pub fn training_step_with(
     // no weight decay, no optimizer state (its value stays as loaded, and is still saved).
     let reaches = ancestors(&g, loss);
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
-    let f = g.len();
-    let grads = grad::grad(&mut g, loss, &params)?;
+    let (mut g, params, f, grads) = if opts.accumulate > 1 {
+        let forward_nodes = g.len();
+        let (step, _, params, grads) =
+            super::accumulate::accumulated_gradients(&g, &params, opts.accumulate)?;
+        // The first micro-batch's forward pass (and the leaves) come first; the phases of an
+        // accumulated step interleave after it.
+        (step, params, forward_nodes, grads)
+    } else {
+        let f = g.len();
+        let grads = grad::grad(&mut g, loss, &params)?;
+        (g, params, f, grads)
+    };
     // The mean over the ranks is what every rank's optimizer (and clipping) reads.
     let mut grads = super::buckets::all_reduce_buckets(
         &mut g,

@@ -483,6 +483,12 @@ fn merge(
             if crosses_into_backward(loss, &library, &pg.roots, &cg.roots) {
                 continue;
             }
+            // A running sum of accumulated gradients is added when its micro-batch is done,
+            // not folded into its reader (the next sum, or the update after the last
+            // micro-batch), which would hold every micro-batch's gradient until then.
+            if pg.roots.iter().any(|&r| select::is_accumulation(g, r)) {
+                continue;
+            }
             let own_index =
                 Map::identity(domain.dims.len()).access(&domain.dims, domain.dims.len());
             let known = shortcut

@@ -2,7 +2,8 @@
 //!
 //! A value is *materialized* (written to a buffer) when something outside a fused kernel needs
 //! its bytes: a leaf, a library call (matmul, gather, scatter-add, concat) and its operands, a
-//! step output or update. Any other value is inlined into every kernel that uses it, which is
+//! step output or update; and so is each running sum of accumulated gradients (see
+//! [`crate::autodiff::accumulate::ACCUMULATION`]). Any other value is inlined into every kernel that uses it, which is
 //! free when one kernel uses it and a recomputation when several do. A shared value is
 //! recomputed only when that is cheap (few ops) and does not keep more bytes alive than storing
 //! it would (its inputs are no larger than it, within an eighth); otherwise it is stored. A
@@ -43,7 +44,23 @@ pub fn forced(g: &Graph) -> Vec<bool> {
     for u in &g.updates {
         mat[base(g, u.value).index()] = true;
     }
+    // Running sums of accumulated gradients, each added when its micro-batch is done.
+    for id in g.ids() {
+        if is_accumulation(g, id) {
+            mat[id.index()] = true;
+        }
+    }
     mat
+}
+
+/// Whether `id` is a running sum of accumulated gradients
+/// ([`crate::autodiff::accumulate::ACCUMULATION`]).
+pub fn is_accumulation(g: &Graph, id: NodeId) -> bool {
+    kind(g.node(id)) == Kind::Elementwise
+        && g.origin(id)
+            .sources()
+            .iter()
+            .any(|s| &**s == crate::autodiff::accumulate::ACCUMULATION)
 }
 
 /// Marks shared values that should be stored rather than recomputed (see the module docs).

@@ -148,6 +148,13 @@ pub struct ModelArgs {
     /// single-device step exactly.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub ranks: u64,
+    /// Gradient accumulation: the step runs K micro-batches of batch/K samples, one after
+    /// another (each forward pass followed by its backward pass), sums their gradients and
+    /// updates once: the whole batch's step for a mean loss (batch norm normalises each
+    /// micro-batch by its own statistics, as in PyTorch), in about one micro-batch's activation
+    /// memory. K must divide the model's batch; needs --model NAME.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub accumulate: u64,
 }
 
 impl ModelArgs {
@@ -160,8 +167,15 @@ impl ModelArgs {
             clip_grad_norm: self.clip_grad_norm,
             step_input: inputs,
             ranks: self.ranks as usize,
+            accumulate: self.accumulate as usize,
         }
     }
+}
+
+/// A model's batch: the first dimension of its input `x`.
+fn model_batch(m: &ingot_compiler::models::Model) -> Option<usize> {
+    let x = m.graph.leaf("x")?;
+    m.graph.ty(x).shape.dims().first().copied()
 }
 
 fn parse_betas(v: &str) -> Result<(f64, f64), String> {
@@ -181,6 +195,34 @@ impl ModelArgs {
     }
 
     fn load_at(&self, batch: Option<usize>) -> Result<ingot_compiler::models::Model, Failure> {
+        // With accumulation the forward graph is one micro-batch's: batch / K.
+        let k = self.accumulate as usize;
+        let batch = match (k > 1, batch) {
+            (false, b) => b,
+            (true, b) => {
+                let Some(name) = &self.model else {
+                    return Err(Failure::new(
+                        2,
+                        "--accumulate needs --model NAME: a model file's batch is written in its text",
+                    ));
+                };
+                let whole = match b {
+                    Some(b) => b,
+                    None => {
+                        model_batch(&ingot_compiler::models::by_name(name)?).ok_or_else(|| {
+                            Failure::new(2, format!("--accumulate: {name} has no batch input x"))
+                        })?
+                    }
+                };
+                if whole % k != 0 {
+                    return Err(Failure::new(
+                        2,
+                        format!("--accumulate {k} must divide the batch of {whole}"),
+                    ));
+                }
+                Some(whole / k)
+            }
+        };
         let mut model = match (batch, &self.model) {
             (None, _) => self.load_model()?,
             (Some(b), Some(name)) => {
