@@ -214,9 +214,21 @@ fn the_largest_batch_found_fits_the_budget_and_the_next_one_does_not() {
         assert_eq!(row["next_batch"].as_u64().unwrap() as usize, n + 1);
         if row["recompute"] == true {
             // The plan at that batch, made the ordinary way, fits; one more sample does not.
-            let (fits, _, e) = ingot(&["plan", "--model", &small_gpt(n), "--budget", "64MiB"]);
+            // (`--accumulate 1`: the budget only checks, it does not fit by accumulating.)
+            let gate = |b: usize| {
+                ingot(&[
+                    "plan",
+                    "--model",
+                    &small_gpt(b),
+                    "--budget",
+                    "64MiB",
+                    "--accumulate",
+                    "1",
+                ])
+            };
+            let (fits, _, e) = gate(n);
             assert_eq!(fits, 0, "batch {n}: {e}");
-            let (over, _, e) = ingot(&["plan", "--model", &small_gpt(n + 1), "--budget", "64MiB"]);
+            let (over, _, e) = gate(n + 1);
             assert_eq!(over, 3, "batch {}: {e}", n + 1);
         }
     }
@@ -248,4 +260,115 @@ fn max_batch_needs_a_budget_a_named_model_and_a_budget_batch_1_fits() {
         err.contains("batch 1 alone needs") && err.contains("resident"),
         "{err}"
     );
+}
+
+/// The plan's total of `args` (`ingot plan ... --json`).
+fn planned_total(args: &[&str]) -> (i32, serde_json::Value) {
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (code, out, err) = ingot(&all);
+    if code != 0 {
+        return (code, serde_json::Value::String(err));
+    }
+    (code, serde_json::from_str(out.trim()).unwrap())
+}
+
+#[test]
+fn a_budget_under_the_plan_is_met_by_accumulating_the_fewest_micro_batches_that_fit() {
+    let spec = small_gpt(16);
+    let (_, whole) = planned_total(&["--model", &spec]);
+    let whole = whole["total_bytes"].as_u64().unwrap();
+    let budget = (whole - 1).to_string();
+    let (code, doc) = planned_total(&["--model", &spec, "--budget", &budget]);
+    assert_eq!(code, 0, "{doc}");
+    let k = doc["fitted"]["accumulate"].as_u64().unwrap();
+    let total = doc["total_bytes"].as_u64().unwrap();
+    assert!(k >= 2 && 16 % k == 0, "{doc}");
+    assert_eq!(doc["fitted"]["micro_batch"].as_u64().unwrap() * k, 16);
+    assert_eq!(doc["fitted"]["unfitted_bytes"].as_u64().unwrap(), whole);
+    assert!(total <= whole - 1, "{total} over the budget");
+    // The fewest: every smaller number of micro-batches is over the budget.
+    for fewer in (2..k).filter(|f| 16 % f == 0) {
+        let (code, _) = planned_total(&[
+            "--model",
+            &spec,
+            "--budget",
+            &budget,
+            "--accumulate",
+            &fewer.to_string(),
+        ]);
+        assert_eq!(code, 3, "{fewer} micro-batches fit too");
+    }
+    // The same budget with the accumulation fixed is a gate again.
+    let (code, err) = planned_total(&["--model", &spec, "--budget", &budget, "--accumulate", "1"]);
+    assert_eq!(code, 3, "{err}");
+}
+
+#[test]
+fn a_budget_under_the_resident_state_is_refused_naming_it() {
+    let (code, err) = planned_total(&["--model", &small_gpt(4), "--budget", "1KiB"]);
+    assert_eq!(code, 3);
+    let err = err.as_str().unwrap_or_default().to_string();
+    assert!(
+        err.contains("resident (parameters, optimizer state, inputs)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("no number of accumulated micro-batches fits"),
+        "{err}"
+    );
+    // A model file cannot be re-batched: the budget is a gate, and says why it did not fit.
+    let (code, err) = planned_total(&[
+        "--model-file",
+        "../docs/examples/tiny-mlp.ir",
+        "--budget",
+        "1KiB",
+    ]);
+    assert_eq!(code, 3);
+    assert!(
+        err.as_str().unwrap_or_default().contains("--model NAME"),
+        "{err}"
+    );
+}
+
+#[test]
+fn train_under_a_budget_runs_the_fitted_step_and_says_so() {
+    let spec = small_gpt(8);
+    let (_, whole) = planned_total(&["--model", &spec]);
+    let budget = (whole["total_bytes"].as_u64().unwrap() - 1).to_string();
+    let (code, out, err) = ingot(&[
+        "train", "--model", &spec, "--budget", &budget, "--steps", "3", "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let fitted = lines
+        .iter()
+        .find_map(|l| l.get("fitted"))
+        .expect("a fitted line");
+    assert!(fitted["accumulate"].as_u64().unwrap() >= 2, "{fitted}");
+    let losses: Vec<f64> = lines.iter().filter_map(|l| l["loss"].as_f64()).collect();
+    assert_eq!(losses.len(), 3);
+    // The same steps accumulated explicitly (the same compiled step): the same losses.
+    let k = fitted["accumulate"].as_u64().unwrap().to_string();
+    let (code, out2, err) = ingot(&[
+        "train",
+        "--model",
+        &spec,
+        "--accumulate",
+        &k,
+        "--steps",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let again: Vec<f64> = out2
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|l| l["loss"].as_f64())
+        .collect();
+    assert_eq!(losses, again);
 }

@@ -47,12 +47,15 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;
-    let (_, compiled, _) = super::stages::load_and_compile(
+    let (_, compiled, _, fitted) = super::stages::load_and_compile(
         &a.model,
         &a.model.step_options(a.lr_scale_input),
         &opts,
         true,
     )?;
+    if let Some(f) = &fitted {
+        crate::outln!("{}", f.line())?;
+    }
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;

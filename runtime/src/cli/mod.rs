@@ -152,9 +152,17 @@ pub struct ModelArgs {
     /// another (each forward pass followed by its backward pass), sums their gradients and
     /// updates once: the whole batch's step for a mean loss (batch norm normalises each
     /// micro-batch by its own statistics, as in PyTorch), in about one micro-batch's activation
-    /// memory. K must divide the model's batch; needs --model NAME.
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub accumulate: u64,
+    /// memory. K must divide the model's batch; needs --model NAME. Given (even as 1), it is
+    /// kept: --budget then only checks the plan.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    pub accumulate: Option<u64>,
+    /// Memory budget (e.g. 16GiB, 512MiB, 1000000): the step is compiled to fit it. Over it,
+    /// a named model accumulates gradients over the fewest micro-batches that fit (the report
+    /// says how many); what cannot fit (a model file, --accumulate given, or not even one
+    /// sample per micro-batch) exits with code 3 naming the smallest plan found and what is
+    /// live at its peak. With --accumulate given (1 for none) it is a gate only.
+    #[arg(long, value_parser = ingot_compiler::plan::report::parse_size)]
+    pub budget: Option<usize>,
 }
 
 impl ModelArgs {
@@ -167,7 +175,7 @@ impl ModelArgs {
             clip_grad_norm: self.clip_grad_norm,
             step_input: inputs,
             ranks: self.ranks as usize,
-            accumulate: self.accumulate as usize,
+            accumulate: self.accumulate.unwrap_or(1) as usize,
         }
     }
 }
@@ -196,7 +204,7 @@ impl ModelArgs {
 
     fn load_at(&self, batch: Option<usize>) -> Result<ingot_compiler::models::Model, Failure> {
         // With accumulation the forward graph is one micro-batch's: batch / K.
-        let k = self.accumulate as usize;
+        let k = self.accumulate.unwrap_or(1) as usize;
         let batch = match (k > 1, batch) {
             (false, b) => b,
             (true, b) => {

@@ -2,7 +2,7 @@
 
 use super::Failure;
 use ingot_compiler::pipeline;
-use ingot_compiler::plan::report::{human, parse_size};
+use ingot_compiler::plan::report::human;
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -11,9 +11,6 @@ pub struct PlanArgs {
     /// Print the versioned JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Fail with exit code 3 if the plan needs more than this (e.g. 16GiB, 512MiB, 1000000).
-    #[arg(long, value_parser = parse_size)]
-    pub budget: Option<usize>,
     /// Plan the primitive ops as traced: no egg rewriting, no fusion (for comparison).
     #[arg(long)]
     pub unoptimized: bool,
@@ -139,6 +136,12 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
             "--max-batch needs --model NAME: a model file's batch is written in its text",
         ));
     }
+    if a.model.accumulate.is_some_and(|k| k > 1) {
+        return Err(Failure::new(
+            2,
+            "--max-batch finds the largest batch one step holds; leave out --accumulate (any multiple of that batch fits accumulated)",
+        ));
+    }
     let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
         let s = indicatif::ProgressBar::new_spinner();
         s.enable_steady_tick(std::time::Duration::from_millis(100));
@@ -244,11 +247,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     }
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;
-    if let (true, Some(budget)) = (a.max_batch, a.budget) {
+    if let (true, Some(budget)) = (a.max_batch, a.model.budget) {
         return run_max_batch(a, &opts, budget);
     }
     super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
-    let (model, compiled, trace) =
+    let (model, compiled, trace, fitted) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
     if a.timings {
         eprint!("{}", super::stages::timings_table(trace, &compiled));
@@ -283,6 +286,12 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 serde_json::to_value(buckets).map_err(|e| Failure::new(1, e.to_string()))?,
             );
         }
+        if let (Some(f), Some(o)) = (&fitted, doc.as_object_mut()) {
+            o.insert(
+                "fitted".into(),
+                serde_json::to_value(f).map_err(|e| Failure::new(1, e.to_string()))?,
+            );
+        }
         if let (Some(l), Some(o)) = (eval, doc.as_object_mut()) {
             o.insert(
                 "eval".into(),
@@ -302,6 +311,9 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         ))?;
         if let Some(l) = eval {
             crate::outln!("{}", crate::trainer::eval::layout_line(&l))?;
+        }
+        if let Some(f) = &fitted {
+            crate::outln!("{}", f.line())?;
         }
         if let Some(r) = &compiled.rewrite {
             crate::outln!(
@@ -333,7 +345,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
             crate::outln!("attention kernel: {line}")?;
         }
     }
-    if let Some(budget) = a.budget {
+    if let Some(budget) = a.model.budget {
         if let Some(l) = eval.filter(|l| l.total_bytes > budget) {
             return Err(Failure::new(
                 3,
@@ -347,32 +359,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
             ));
         }
         if report.total_bytes > budget {
-            let mut msg = format!(
-                "the plan needs {} ({} bytes), over the budget of {} ({} bytes). At the peak (position {}, {}) live:",
-                human(report.total_bytes),
-                report.total_bytes,
-                human(budget),
-                budget,
-                report.peak_position,
-                report.peak_label()
-            );
-            msg.push_str(&format!(
-                "\n  resident (parameters, optimizer state, inputs): {}",
-                human(report.resident_bytes)
-            ));
-            for b in &report.peak_buffers {
-                msg.push_str(&format!(
-                    "\n  {} (%{} {}) {} {} {}",
-                    b.provenance,
-                    b.node,
-                    b.op,
-                    b.type_label(),
-                    human(b.bytes),
-                    b.kind
-                ));
-            }
-            msg.push_str("\nlower the batch size or sequence length, or raise --budget");
-            return Err(Failure::new(3, msg));
+            return Err(Failure::new(3, super::stages::over_budget(report, budget)));
         }
     }
     Ok(())

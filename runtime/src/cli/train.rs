@@ -312,8 +312,16 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             "--eval-batches and --eval-every must be at least 1",
         ));
     }
-    let (model, compiled, _) =
+    let (model, compiled, _, fitted) =
         super::stages::load_and_compile(&a.model, &step_options, &opts, !a.run.json)?;
+    if let Some(f) = &fitted {
+        if a.run.json {
+            let line = serde_json::json!({ "fitted": f });
+            crate::outln!("{line}")?;
+        } else {
+            crate::outln!("{}", f.line())?;
+        }
+    }
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
