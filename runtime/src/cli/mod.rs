@@ -32,7 +32,7 @@ pub enum Command {
     #[command(mut_arg("model", |a| a.required_unless_present_any(["model_file", "diff"])))]
     Plan(plan::PlanArgs),
     /// Train a model for some steps and print the loss of each.
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Compile a model's training step into a step executable file, planned for one target.
     Compile(compile::CompileArgs),
     /// Train a step executable made by `ingot compile`, as `ingot train` trains a model.
