@@ -138,3 +138,30 @@ fn accumulating_more_micro_batches_plans_less_memory_for_the_same_batch() {
         assert!(w[1] < w[0], "{totals:?}");
     }
 }
+
+#[test]
+fn each_micro_batch_recomputes_its_own_cheap_values_for_its_own_backward_pass() {
+    let spec = "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=64,batch=8";
+    let recomputed = |k: usize| {
+        let m = models::at_batch(spec, 8 / k, DType::F32).unwrap();
+        let step = StepOptions {
+            accumulate: k,
+            ..Default::default()
+        };
+        pipeline::compile_observed_with(
+            &m,
+            &step,
+            &pipeline::Options::for_target(Target::Cpu),
+            &mut |_| {},
+        )
+        .unwrap()
+        .fuse
+        .expect("fusion ran")
+        .recomputed
+    };
+    let one = recomputed(1);
+    assert!(one > 0);
+    for k in [2, 4] {
+        assert_eq!(recomputed(k), k * one, "{k} micro-batches");
+    }
+}

@@ -23,10 +23,24 @@ use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
 
 /// The provenance of the running sums of the micro-batches' gradients. Fusion stores each
-/// ([`crate::fuse::select::forced`]): inlined, the chain `((g0 + g1) + g2) + ...` would become
+/// (fusion's `select::forced`): inlined, the chain `((g0 + g1) + g2) + ...` would become
 /// one kernel after the last micro-batch, keeping every micro-batch's gradients alive until
 /// then, instead of one addition as each micro-batch's gradient is made.
 pub const ACCUMULATION: &str = "gradient accumulation";
+
+/// The name of micro-batch `i`'s loss among the step's outputs (`loss/0`, `loss/1`, ...): where
+/// its forward pass ends, for the passes that tell forward from backward by the loss
+/// (fusion's recomputation for the backward pass).
+pub fn micro_batch_loss(i: usize) -> String {
+    format!("{LOSS}/{i}")
+}
+
+/// Whether `name` is a micro-batch loss's output name.
+pub fn is_micro_batch_loss(name: &str) -> bool {
+    name.strip_prefix(LOSS)
+        .and_then(|r| r.strip_prefix('/'))
+        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+}
 
 /// The forward pass of one micro-batch, and the leaves of the accumulated step it is copied into.
 pub struct MicroBatches<'f> {
@@ -164,6 +178,7 @@ pub fn accumulated_gradients(
     let mut losses = Vec::with_capacity(k);
     for i in 0..k {
         let loss = mb.forward(&mut g, i)?;
+        g.set_output(&micro_batch_loss(i), loss)?;
         losses.push(loss);
         let part = g.scoped(&format!("micro-batch {i}"), |g| g.mul_scalar(loss, scale))?;
         let grads = grad::grad(&mut g, part, &new_params)?;

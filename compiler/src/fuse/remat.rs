@@ -14,11 +14,31 @@ use crate::ir::{Graph, NodeId};
 use std::collections::HashMap;
 
 /// Returns the graph with forward values recomputed for their backward users, and how many
-/// values were. The backward pass is what follows the loss in node order.
+/// values were. The backward pass is what follows the loss in node order; in a step of
+/// accumulated micro-batches ([`crate::autodiff::accumulate`]) each micro-batch's backward pass
+/// is what follows its own loss (the outputs `loss/0`, `loss/1`, ...), and a value of one
+/// micro-batch is recomputed for that micro-batch's backward pass.
 pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph, usize), IrError> {
-    let Some(&loss) = g.outputs.get(LOSS) else {
+    let Some(&last_loss) = g.outputs.get(LOSS) else {
         return Ok((g.clone(), 0));
     };
+    // Where each forward pass ends: the micro-batch losses, or the one loss.
+    let mut ends: Vec<NodeId> = g
+        .outputs
+        .iter()
+        .filter(|(name, _)| crate::autodiff::accumulate::is_micro_batch_loss(name))
+        .map(|(_, &id)| id)
+        .collect();
+    if ends.is_empty() {
+        ends.push(last_loss);
+    }
+    ends.sort();
+    // The end of the forward pass `v` belongs to (the first end at or after it).
+    let end_of = |v: NodeId| -> Option<NodeId> {
+        let k = ends.partition_point(|&e| e < v);
+        ends.get(k).copied()
+    };
+    let loss = *ends.last().expect("at least one");
     let mat = forced(g);
     let users = g.users();
     let pinned: Vec<bool> = {
@@ -52,7 +72,8 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         {
             continue;
         }
-        let (early, late) = users[i].iter().partition::<Vec<NodeId>, _>(|u| **u <= loss);
+        let Some(end) = end_of(v) else { continue };
+        let (early, late) = users[i].iter().partition::<Vec<NodeId>, _>(|u| **u <= end);
         if early.is_empty() || late.is_empty() {
             continue;
         }
@@ -80,9 +101,9 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
     for id in g.ids() {
         let n = g.node(id);
         out.set_scope(g.origin(id).clone()); // a recomputation belongs to the node reading it
-        let late = id > loss;
         let mut ins = Vec::with_capacity(n.inputs.len());
         for &x in &n.inputs {
+            let late = end_of(x).is_some_and(|end| id > end);
             ins.push(if late && cloned_for[x.index()] {
                 copy_of(g, &mut out, &new_id, &in_copy, &mut copy, x)?
             } else {
