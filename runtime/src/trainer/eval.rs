@@ -126,7 +126,13 @@ impl Evaluator {
         let slots = session
             .eval_input_slots()
             .ok_or("the session was loaded without an evaluation step")?;
-        let mut source = super::open_dataset(val, session.graph(), Order::Sequential, seed)
+        // Cut to the evaluation step's batch (a step of accumulated micro-batches trains on
+        // several of them at once but evaluates one).
+        let graph = session
+            .exe()
+            .eval_executable()
+            .map_or(session.graph(), |e| e.graph());
+        let mut source = super::open_dataset(val, graph, Order::Sequential, seed)
             .map_err(|e| format!("--val: {e}"))?;
         source.check_all().map_err(|e| format!("--val: {e}"))?;
         let batches = batches.min(source.batches_per_epoch());
