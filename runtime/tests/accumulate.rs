@@ -14,33 +14,16 @@ use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 
+#[path = "support/steps.rs"]
+mod steps;
+use steps::max_relative as relative;
+
 fn compile(model: &Model, accumulate: usize) -> Executable {
     let step = StepOptions {
         accumulate,
         ..Default::default()
     };
-    pipeline::compile_observed_with(
-        model,
-        &step,
-        &pipeline::Options::for_target(Target::Cpu),
-        &mut |_| {},
-    )
-    .unwrap()
-    .executable(Target::Cpu)
-    .unwrap()
-}
-
-fn relative(a: &Tensor, b: &Tensor) -> f64 {
-    let (Some(a), Some(b)) = (a.as_f32(), b.as_f32()) else {
-        return 0.0;
-    };
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() as f64)
-        .fold(0.0, f64::max);
-    let scale = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
-    diff / scale.max(f64::MIN_POSITIVE)
+    steps::compile(model, step, Target::Cpu)
 }
 
 /// `steps` steps of `spec` at batch `k * b`, whole and as `k` accumulated micro-batches of `b`,

@@ -11,7 +11,6 @@ use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
 use ingot_compiler::models::{self, Model};
-use ingot_compiler::pipeline;
 use ingot_runtime::cuda::ranks::GpuRanks;
 use ingot_runtime::cuda::{self, nccl, CudaOptions, CudaStep};
 use ingot_runtime::init::{init_leaves, synthetic_batch};
@@ -37,37 +36,16 @@ fn two_gpus(test: &str) -> bool {
     false
 }
 
+#[path = "support/steps.rs"]
+mod steps;
+use steps::max_relative;
+
 fn compile(model: &Model, ranks: usize) -> Executable {
     let step = StepOptions {
         ranks,
         ..Default::default()
     };
-    pipeline::compile_observed_with(
-        model,
-        &step,
-        &pipeline::Options::for_target(Target::Cuda),
-        &mut |_| {},
-    )
-    .unwrap()
-    .executable(Target::Cuda)
-    .unwrap()
-}
-
-fn max_relative(a: &Tensor, b: &Tensor) -> f64 {
-    let (Some(a), Some(b)) = (a.as_f32(), b.as_f32()) else {
-        return 0.0;
-    };
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() as f64)
-        .fold(0.0, f64::max);
-    let scale = b
-        .iter()
-        .map(|y| y.abs() as f64)
-        .fold(0.0, f64::max)
-        .max(f64::MIN_POSITIVE);
-    diff / scale
+    steps::compile(model, step, Target::Cuda)
 }
 
 /// `steps` steps of `model(ranks * per_rank)` on GPU 0, and of `model(per_rank)` compiled for

@@ -15,18 +15,7 @@ use crate::session::Session;
 /// `--gpus n` against `--device` and the GPUs present: a clear error for every case that
 /// cannot run.
 pub fn check(n: u64, device: Option<Device>, ranks: u64) -> Result<(), Failure> {
-    if device == Some(Device::Cpu) {
-        return Err(Failure::new(
-            2,
-            "--gpus trains on GPUs; for CPU ranks use --ranks N (without --device cpu --gpus)",
-        ));
-    }
-    if ranks > 1 {
-        return Err(Failure::new(
-            2,
-            "give --gpus N for GPUs or --ranks N for CPU ranks, not both",
-        ));
-    }
+    gpus_not_cpu_ranks("--gpus N", device, ranks)?;
     if n == 0 {
         return Err(Failure::new(2, "--gpus must be at least 1"));
     }
@@ -35,6 +24,23 @@ pub fn check(n: u64, device: Option<Device>, ranks: u64) -> Result<(), Failure> 
         return Err(Failure::new(
             2,
             format!("--gpus {n}: this machine has {present} GPU(s)"),
+        ));
+    }
+    Ok(())
+}
+
+/// `flag` (a data-parallel mode on GPUs) refuses the CPU and CPU ranks beside it.
+fn gpus_not_cpu_ranks(flag: &str, device: Option<Device>, ranks: u64) -> Result<(), Failure> {
+    if device == Some(Device::Cpu) {
+        return Err(Failure::new(
+            2,
+            format!("{flag} trains on GPUs; for CPU ranks use --ranks N (without {flag})"),
+        ));
+    }
+    if ranks > 1 {
+        return Err(Failure::new(
+            2,
+            format!("give {flag} for GPUs or --ranks N for CPU ranks, not both"),
         ));
     }
     Ok(())
@@ -128,18 +134,7 @@ pub fn launch_env(
     device: Option<Device>,
     ranks: u64,
 ) -> Result<crate::collective::launch::LaunchEnv, Failure> {
-    if device == Some(Device::Cpu) {
-        return Err(Failure::new(
-            2,
-            "--torchrun runs one GPU per process; for CPU ranks use --ranks N",
-        ));
-    }
-    if ranks > 1 {
-        return Err(Failure::new(
-            2,
-            "--torchrun takes the number of ranks from WORLD_SIZE; leave out --ranks",
-        ));
-    }
+    gpus_not_cpu_ranks("--torchrun", device, ranks)?;
     crate::collective::launch::LaunchEnv::from_env().map_err(|e| Failure::new(2, e))
 }
 

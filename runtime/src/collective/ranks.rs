@@ -125,15 +125,28 @@ impl StepExecutor for CpuRanks {
             .iter()
             .map(|s| s.read_scalar(at, dtype))
             .collect::<Result<Vec<f64>, _>>()?;
-        if values.iter().all(|v| v.to_bits() == values[0].to_bits()) {
-            return Ok(values[0]);
-        }
-        Ok(values.iter().sum::<f64>() / values.len() as f64)
+        Ok(super::launch::mean_of_ranks(&values))
     }
 
     fn data_ranks(&self) -> usize {
         self.ranks.len()
     }
+}
+
+/// `ranks` (at least 1), when `inner` has a batch per epoch for each; otherwise the error
+/// saying a rank would get nothing.
+fn enough_for<S: BatchSource>(inner: &S, ranks: usize) -> Result<usize, DataError> {
+    let ranks = ranks.max(1);
+    if inner.batches_per_epoch() < ranks as u64 {
+        return Err(DataError::TooSmall {
+            file: inner.describe().into(),
+            reason: format!(
+                "{} batches per epoch cannot give each of {ranks} ranks one",
+                inner.batches_per_epoch()
+            ),
+        });
+    }
+    Ok(ranks)
 }
 
 /// A batch source for `N` ranks: batch `k` of an epoch is the inner source's batches
@@ -150,16 +163,7 @@ impl<S: BatchSource> RankBatches<S> {
     /// `inner` makes one rank's batches; `ranks` at least 1. A data set with fewer batches per
     /// epoch than ranks is refused (a rank would get nothing).
     pub fn new(inner: S, ranks: usize) -> Result<RankBatches<S>, DataError> {
-        let ranks = ranks.max(1);
-        if inner.batches_per_epoch() < ranks as u64 {
-            return Err(DataError::TooSmall {
-                file: inner.describe().into(),
-                reason: format!(
-                    "{} batches per epoch cannot give each of {ranks} ranks one",
-                    inner.batches_per_epoch()
-                ),
-            });
-        }
+        let ranks = enough_for(&inner, ranks)?;
         let widen = |s: &InputSlot| {
             let mut s = s.clone();
             if let Some(d) = s.dims.first_mut() {
@@ -237,16 +241,7 @@ impl<S: BatchSource> ShardBatches<S> {
     /// `inner` makes one rank's batches; `rank < ranks`. A data set with fewer batches per
     /// epoch than ranks is refused (a rank would get nothing).
     pub fn new(inner: S, rank: usize, ranks: usize) -> Result<ShardBatches<S>, DataError> {
-        let ranks = ranks.max(1);
-        if inner.batches_per_epoch() < ranks as u64 {
-            return Err(DataError::TooSmall {
-                file: inner.describe().into(),
-                reason: format!(
-                    "{} batches per epoch cannot give each of {ranks} ranks one",
-                    inner.batches_per_epoch()
-                ),
-            });
-        }
+        let ranks = enough_for(&inner, ranks)?;
         Ok(ShardBatches {
             inner,
             rank: rank.min(ranks - 1),

@@ -238,10 +238,7 @@ impl StepExecutor for GpuRanks {
             .iter()
             .map(|s| s.read_scalar(at, dtype))
             .collect::<Result<Vec<f64>, _>>()?;
-        if values.iter().all(|v| v.to_bits() == values[0].to_bits()) {
-            return Ok(values[0]);
-        }
-        Ok(values.iter().sum::<f64>() / values.len() as f64)
+        Ok(crate::collective::launch::mean_of_ranks(&values))
     }
 
     fn data_ranks(&self) -> usize {
