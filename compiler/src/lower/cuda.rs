@@ -865,6 +865,15 @@ impl Lowering<'_> {
     }
 
     /// As [`Self::launch`], with what the launch touches given explicitly.
+    /// Launches `k` with two pointer arguments: it reads `from` and writes `to`.
+    fn launch_from_to(&mut self, node: NodeId, k: CudaKernel, from: Location, to: Location) {
+        let touch = Touch {
+            reads: smallvec::smallvec![from],
+            writes: smallvec::smallvec![to],
+        };
+        self.launch_touching(node, k, smallvec::smallvec![from.offset, to.offset], touch);
+    }
+
     fn launch_touching(
         &mut self,
         node: NodeId,

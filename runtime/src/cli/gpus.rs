@@ -60,17 +60,23 @@ pub struct NcclRank {
     pub process: Option<(usize, usize)>,
 }
 
+impl NcclRank {
+    /// What ranks that hold their own communicators measured (`process`: `--torchrun`'s rank
+    /// and number of ranks).
+    fn measured(info: &crate::cuda::ranks::NcclInfo, process: Option<(usize, usize)>) -> NcclRank {
+        NcclRank {
+            _comm: None,
+            version: info.version.clone(),
+            path: info.path.clone(),
+            bytes: info.bytes.iter().map(|&b| b as i64).collect(),
+            process,
+        }
+    }
+}
+
 /// What the GPU ranks of a session measured of NCCL ([`crate::cuda::ranks::GpuRanks`]).
 pub fn ranks_info(session: &Session) -> Option<NcclRank> {
-    let r = session.gpu_ranks()?;
-    let info = r.nccl();
-    Some(NcclRank {
-        _comm: None,
-        version: info.version.clone(),
-        path: info.path.clone(),
-        bytes: info.bytes.iter().map(|&b| b as i64).collect(),
-        process: None,
-    })
+    Some(NcclRank::measured(session.gpu_ranks()?.nccl(), None))
 }
 
 /// Loads NCCL (an error naming every directory looked in when it is absent) and makes the
@@ -141,12 +147,8 @@ pub fn launch_env(
 /// What this process's rank measured of NCCL (`--torchrun`).
 pub fn process_info(session: &Session) -> Option<NcclRank> {
     let r = session.process_rank()?;
-    let info = r.nccl();
-    Some(NcclRank {
-        _comm: None,
-        version: info.version.clone(),
-        path: info.path.clone(),
-        bytes: info.bytes.iter().map(|&b| b as i64).collect(),
-        process: Some((r.env().rank, r.env().world)),
-    })
+    Some(NcclRank::measured(
+        r.nccl(),
+        Some((r.env().rank, r.env().world)),
+    ))
 }

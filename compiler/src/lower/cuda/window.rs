@@ -218,15 +218,7 @@ impl Lowering<'_> {
                 let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
                     let (xc, yc) = (chunk(x, c, image_x), chunk(here, c, image_y));
-                    self.launch_touching(
-                        id,
-                        im2col.clone(),
-                        smallvec![xc.offset, col.offset],
-                        Touch {
-                            reads: smallvec![xc],
-                            writes: smallvec![col],
-                        },
-                    );
+                    self.launch_from_to(id, im2col.clone(), xc, col);
                     for gi in 0..geo.groups {
                         let gemm = RowMajor {
                             m: og,
@@ -260,15 +252,7 @@ impl Lowering<'_> {
                         };
                         self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, dyc], col, blas);
                     }
-                    self.launch_touching(
-                        id,
-                        col2im.clone(),
-                        smallvec![col.offset, dxc.offset],
-                        Touch {
-                            reads: smallvec![col],
-                            writes: smallvec![dxc],
-                        },
-                    );
+                    self.launch_from_to(id, col2im.clone(), col, dxc);
                 }
             }
             Pass::GradWeight => {
@@ -282,24 +266,8 @@ impl Lowering<'_> {
                 let arrange = kernels::images_side_by_side(d, s, geo.out_ch, p).map_err(codegen)?;
                 for c in 0..chunks {
                     let (xc, dyc) = (chunk(x, c, image_x), chunk(dy, c, image_y));
-                    self.launch_touching(
-                        id,
-                        im2col.clone(),
-                        smallvec![xc.offset, col.offset],
-                        Touch {
-                            reads: smallvec![xc],
-                            writes: smallvec![col],
-                        },
-                    );
-                    self.launch_touching(
-                        id,
-                        arrange.clone(),
-                        smallvec![dyc.offset, side.offset],
-                        Touch {
-                            reads: smallvec![dyc],
-                            writes: smallvec![side],
-                        },
-                    );
+                    self.launch_from_to(id, im2col.clone(), xc, col);
+                    self.launch_from_to(id, arrange.clone(), dyc, side);
                     for gi in 0..geo.groups {
                         let gemm = RowMajor {
                             m: og,
