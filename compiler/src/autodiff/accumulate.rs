@@ -45,7 +45,6 @@ pub fn is_micro_batch_loss(name: &str) -> bool {
 /// The forward pass of one micro-batch, and the leaves of the accumulated step it is copied into.
 pub struct MicroBatches<'f> {
     forward: &'f Graph,
-    k: usize,
     /// The step's leaf for each leaf of `forward` (a batch input k times larger).
     leaf: Vec<Option<NodeId>>,
     batched: Vec<bool>,
@@ -83,7 +82,6 @@ impl<'f> MicroBatches<'f> {
         }
         Ok(MicroBatches {
             forward,
-            k,
             current: leaf.clone(),
             leaf,
             batched,
@@ -151,10 +149,6 @@ impl<'f> MicroBatches<'f> {
             g.set_update(target, value)?;
         }
         Ok(())
-    }
-
-    pub fn k(&self) -> usize {
-        self.k
     }
 }
 
