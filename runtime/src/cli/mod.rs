@@ -193,18 +193,27 @@ fn parse_betas(v: &str) -> Result<(f64, f64), String> {
 impl ModelArgs {
     /// Builds the model: by name, or read and parsed from the file (errors name the file).
     pub fn load(&self) -> Result<ingot_compiler::models::Model, Failure> {
-        self.load_at(None)
+        self.load_at(None, self.accumulate.unwrap_or(1) as usize)
     }
 
     /// The model at batch `batch` (a named model or `gpt:` spec; a model file's batch is fixed
     /// in its text), with the optimizer settings as [`ModelArgs::load`] applies them.
     pub fn load_at_batch(&self, batch: usize) -> Result<ingot_compiler::models::Model, Failure> {
-        self.load_at(Some(batch))
+        self.load_at(Some(batch), 1)
     }
 
-    fn load_at(&self, batch: Option<usize>) -> Result<ingot_compiler::models::Model, Failure> {
+    /// The forward pass of one of `k` micro-batches of the model's batch, named for what the
+    /// step trains (`gpt2 in 4 micro-batches`), for a step accumulating `k` of them.
+    pub fn load_accumulated(&self, k: usize) -> Result<ingot_compiler::models::Model, Failure> {
+        self.load_at(None, k)
+    }
+
+    fn load_at(
+        &self,
+        batch: Option<usize>,
+        k: usize,
+    ) -> Result<ingot_compiler::models::Model, Failure> {
         // With accumulation the forward graph is one micro-batch's: batch / K.
-        let k = self.accumulate.unwrap_or(1) as usize;
         let batch = match (k > 1, batch) {
             (false, b) => b,
             (true, b) => {
@@ -233,6 +242,11 @@ impl ModelArgs {
         };
         let mut model = match (batch, &self.model) {
             (None, _) => self.load_model()?,
+            (Some(b), Some(name)) if k > 1 => {
+                let mut m = ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?;
+                m.name = format!("{name} in {k} micro-batches");
+                m
+            }
             (Some(b), Some(name)) => {
                 ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?
             }

@@ -108,7 +108,7 @@ pub fn load_and_compile(
     let unfitted = c.report.total_bytes;
     let mut best = c;
     for k in (2..=batch).filter(|k| batch % k == 0) {
-        let micro = model.load_at_batch(batch / k)?;
+        let micro = model.load_accumulated(k)?;
         let step_k = ingot_compiler::autodiff::StepOptions {
             accumulate: k,
             ..*step
