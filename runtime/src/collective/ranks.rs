@@ -29,6 +29,26 @@ pub fn ranks_of(exe: &Executable) -> usize {
         .unwrap_or(1)
 }
 
+/// What rank `r` of `n` gets of `bytes` written to node `id`: its shard (the `r`-th of `n`
+/// contiguous ones) when `id` is an input and `bytes` holds it for all ranks together; all of
+/// `bytes` otherwise (parameters, state, scalars, a batch of one rank's size).
+pub fn shard<'a>(
+    g: &Graph,
+    plan: &MemoryPlan,
+    id: NodeId,
+    bytes: &'a [u8],
+    r: usize,
+    n: usize,
+) -> &'a [u8] {
+    let one = plan.location(g, id).bytes;
+    let input = g.leaves(LeafKind::Input).contains(&id);
+    if input && one > 0 && n > 1 && bytes.len() == one * n {
+        &bytes[r * one..(r + 1) * one]
+    } else {
+        bytes
+    }
+}
+
 /// `N` CPU ranks of one data-parallel step.
 pub struct CpuRanks {
     ranks: Vec<PlannedStep>,
@@ -65,16 +85,11 @@ impl StepExecutor for CpuRanks {
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
         let n = self.ranks.len();
-        let one = self.plan().location(self.graph(), id).bytes;
-        let input = self.graph().leaves(LeafKind::Input).contains(&id);
-        if input && one > 0 && bytes.len() == one * n && n > 1 {
-            for (r, s) in self.ranks.iter_mut().enumerate() {
-                s.write_node_bytes(id, &bytes[r * one..(r + 1) * one])?;
-            }
-            return Ok(());
-        }
-        for s in &mut self.ranks {
-            s.write_node_bytes(id, bytes)?;
+        let shards: Vec<&[u8]> = (0..n)
+            .map(|r| shard(self.graph(), self.plan(), id, bytes, r, n))
+            .collect();
+        for (s, b) in self.ranks.iter_mut().zip(shards) {
+            s.write_node_bytes(id, b)?;
         }
         Ok(())
     }

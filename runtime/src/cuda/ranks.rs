@@ -16,7 +16,7 @@ use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::driver::{result, CudaContext};
 use ingot_compiler::exe::Executable;
-use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
+use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 
@@ -145,18 +145,6 @@ impl GpuRanks {
         });
         results.into_iter().collect()
     }
-
-    /// `bytes` for rank `r`: its shard when `bytes` holds an input for all ranks together.
-    fn shard<'a>(&self, id: NodeId, bytes: &'a [u8], r: usize) -> &'a [u8] {
-        let n = self.ranks.len();
-        let one = self.plan().location(self.graph(), id).bytes;
-        let input = self.graph().leaves(LeafKind::Input).contains(&id);
-        if input && one > 0 && n > 1 && bytes.len() == one * n {
-            &bytes[r * one..(r + 1) * one]
-        } else {
-            bytes
-        }
-    }
 }
 
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, ExecError>>) -> Result<T, ExecError> {
@@ -179,7 +167,16 @@ impl StepExecutor for GpuRanks {
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
         let shards: Vec<&[u8]> = (0..self.ranks.len())
-            .map(|r| self.shard(id, bytes, r))
+            .map(|r| {
+                crate::collective::ranks::shard(
+                    self.graph(),
+                    self.plan(),
+                    id,
+                    bytes,
+                    r,
+                    self.ranks.len(),
+                )
+            })
             .collect();
         for (s, b) in self.ranks.iter_mut().zip(shards) {
             s.write_node_bytes(id, b)?;
@@ -201,7 +198,19 @@ impl StepExecutor for GpuRanks {
             .map(|r| {
                 inputs
                     .iter()
-                    .map(|&(id, b)| (id, self.shard(id, b, r)))
+                    .map(|&(id, b)| {
+                        (
+                            id,
+                            crate::collective::ranks::shard(
+                                self.graph(),
+                                self.plan(),
+                                id,
+                                b,
+                                r,
+                                self.ranks.len(),
+                            ),
+                        )
+                    })
                     .collect()
             })
             .collect();
