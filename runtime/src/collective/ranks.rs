@@ -49,6 +49,57 @@ pub fn shard<'a>(
     }
 }
 
+/// Writes node `id` on every rank: each its shard of a batch written for all ranks together,
+/// or all of `bytes` ([`shard`]).
+pub fn write_shards<E: StepExecutor>(
+    ranks: &mut [E],
+    id: NodeId,
+    bytes: &[u8],
+) -> Result<(), ExecError> {
+    let n = ranks.len();
+    let Some(first) = ranks.first() else {
+        return Ok(());
+    };
+    let shards: Vec<&[u8]> = (0..n)
+        .map(|r| shard(first.graph(), first.plan(), id, bytes, r, n))
+        .collect();
+    for (s, b) in ranks.iter_mut().zip(shards) {
+        s.write_node_bytes(id, b)?;
+    }
+    Ok(())
+}
+
+/// Runs `f` on every rank at once, each on its own thread: every rank must take part in each
+/// collective, so none may wait for another to finish first. The first error is returned
+/// after all have finished.
+pub fn on_every_rank<E: Send>(
+    ranks: &mut [E],
+    f: impl Fn(usize, &mut E) -> Result<(), ExecError> + Sync,
+) -> Result<(), ExecError> {
+    let f = &f;
+    let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .iter_mut()
+            .enumerate()
+            .map(|(r, s)| scope.spawn(move || f(r, s)))
+            .collect();
+        handles.into_iter().map(joined).collect()
+    });
+    results.into_iter().collect()
+}
+
+/// A rank thread's result; an error if the thread panicked.
+pub fn joined<T>(
+    h: std::thread::ScopedJoinHandle<'_, Result<T, ExecError>>,
+) -> Result<T, ExecError> {
+    h.join().unwrap_or_else(|_| {
+        Err(ExecError::Invalid {
+            op: "step",
+            reason: "a rank's thread panicked".into(),
+        })
+    })
+}
+
 /// `N` CPU ranks of one data-parallel step.
 pub struct CpuRanks {
     ranks: Vec<PlannedStep>,
@@ -84,14 +135,7 @@ impl StepExecutor for CpuRanks {
     }
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let n = self.ranks.len();
-        let shards: Vec<&[u8]> = (0..n)
-            .map(|r| shard(self.graph(), self.plan(), id, bytes, r, n))
-            .collect();
-        for (s, b) in self.ranks.iter_mut().zip(shards) {
-            s.write_node_bytes(id, b)?;
-        }
-        Ok(())
+        write_shards(&mut self.ranks, id, bytes)
     }
 
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
@@ -99,28 +143,7 @@ impl StepExecutor for CpuRanks {
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
-        // Every rank must run (a rank left out would leave the others waiting in the
-        // collective), so each runs on its own thread and the first error is returned after all
-        // have finished.
-        let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .ranks
-                .iter_mut()
-                .map(|s| scope.spawn(move || s.step()))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ExecError::Invalid {
-                            op: "step",
-                            reason: "a rank's thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
-        });
-        results.into_iter().collect()
+        on_every_rank(&mut self.ranks, |_, s| s.step())
     }
 
     fn allocated_bytes(&self) -> usize {

@@ -10,7 +10,7 @@
 
 use super::device::{CudaOptions, CudaStep, RankGate};
 use super::nccl;
-use crate::collective::ranks::ranks_of;
+use crate::collective::ranks::{joined, on_every_rank, ranks_of, shard, write_shards};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
@@ -97,7 +97,7 @@ impl GpuRanks {
                     })
                 })
                 .collect();
-            handles.into_iter().map(join).collect()
+            handles.into_iter().map(joined).collect()
         });
         let ranks = loaded.into_iter().collect::<Result<Vec<_>, _>>()?;
         let bytes = ranks
@@ -125,35 +125,6 @@ impl GpuRanks {
     pub fn nccl(&self) -> &NcclInfo {
         &self.nccl
     }
-
-    /// Runs `f` on every rank at once, each on its own thread (every rank must take part in
-    /// each collective, so none may wait for another to finish first); the first error after
-    /// all have finished.
-    fn each(
-        &mut self,
-        f: impl Fn(usize, &mut CudaStep) -> Result<(), ExecError> + Sync,
-    ) -> Result<(), ExecError> {
-        let f = &f;
-        let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .ranks
-                .iter_mut()
-                .enumerate()
-                .map(|(r, s)| scope.spawn(move || f(r, s)))
-                .collect();
-            handles.into_iter().map(join).collect()
-        });
-        results.into_iter().collect()
-    }
-}
-
-fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, ExecError>>) -> Result<T, ExecError> {
-    h.join().unwrap_or_else(|_| {
-        Err(ExecError::Invalid {
-            op: "step",
-            reason: "a rank's thread panicked".into(),
-        })
-    })
 }
 
 impl StepExecutor for GpuRanks {
@@ -166,22 +137,7 @@ impl StepExecutor for GpuRanks {
     }
 
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let shards: Vec<&[u8]> = (0..self.ranks.len())
-            .map(|r| {
-                crate::collective::ranks::shard(
-                    self.graph(),
-                    self.plan(),
-                    id,
-                    bytes,
-                    r,
-                    self.ranks.len(),
-                )
-            })
-            .collect();
-        for (s, b) in self.ranks.iter_mut().zip(shards) {
-            s.write_node_bytes(id, b)?;
-        }
-        Ok(())
+        write_shards(&mut self.ranks, id, bytes)
     }
 
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
@@ -189,7 +145,7 @@ impl StepExecutor for GpuRanks {
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
-        self.each(|_, s| s.step())
+        on_every_rank(&mut self.ranks, |_, s| s.step())
     }
 
     /// Each rank copies its shard of the inputs and runs its step, all at once.
@@ -201,21 +157,14 @@ impl StepExecutor for GpuRanks {
                     .map(|&(id, b)| {
                         (
                             id,
-                            crate::collective::ranks::shard(
-                                self.graph(),
-                                self.plan(),
-                                id,
-                                b,
-                                r,
-                                self.ranks.len(),
-                            ),
+                            shard(self.graph(), self.plan(), id, b, r, self.ranks.len()),
                         )
                     })
                     .collect()
             })
             .collect();
         let shards = &shards;
-        self.each(|r, s| s.step_with_inputs(&shards[r]))
+        on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
     }
 
     fn allocated_bytes(&self) -> usize {
