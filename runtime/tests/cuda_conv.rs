@@ -95,23 +95,26 @@ fn on_the_gpu_cnn_matches_the_cpu_over_ten_steps() {
 }
 
 /// resnet18 at its own learning rate (0.1) memorises a fixed batch within a few steps, and
-/// the two backends' rounding differences (summation orders, and through them which element a
-/// max-pool window picks when two are within an ulp) grow with it: the first two steps agree
-/// to the last bit on the H100, the third by 7e-4. At lr 0.01 the trajectories stay together,
-/// so the comparison over five steps holds the kernels to 1e-4 without measuring chaos.
+/// the two backends' rounding differences (summation orders, and through them ReLU inputs
+/// within rounding of 0 that fall on either side) grow with it: on the H100 the first two
+/// losses agree to the last bit, yet the parameters after them differ by 4.6e-4 (2026-11-25),
+/// and the third loss by 7e-4. At lr 0.01 the trajectories stay together, so the comparison
+/// over five steps holds the kernels to 1e-4 without measuring chaos.
 #[test]
 fn on_the_gpu_resnet18_matches_the_cpu_over_five_steps() {
     if cuda::gpu_for_test("resnet18 vs cpu") {
-        gpu_matches_cpu("resnet18", Precision::F32, 2, 1e-5);
         gpu_matches_cpu_at("resnet18", Some(0.01), Precision::F32, 5, 1e-4);
     }
 }
 
+/// In bf16 the same holds one decade lower: at lr 0.01 resnet18's loss falls from 2.45 to 0.59
+/// in three steps and the two backends' bf16 roundings part by 1.3e-2 at the third (H100,
+/// 2026-11-25); at lr 0.001 the kernels are compared, not the fixed batch's memorisation.
 #[test]
 fn on_the_gpu_bf16_cnn_and_resnet18_match_the_cpu_within_bf16_rounding() {
     if cuda::gpu_for_test("bf16 cnn and resnet18 vs cpu") {
         gpu_matches_cpu("cnn", Precision::Bf16, 5, 1e-2);
-        gpu_matches_cpu_at("resnet18", Some(0.01), Precision::Bf16, 3, 1e-2);
+        gpu_matches_cpu_at("resnet18", Some(0.001), Precision::Bf16, 3, 1e-2);
     }
 }
 
@@ -124,4 +127,43 @@ fn a_cnn_gpu_step_takes_exactly_its_plan_and_allocates_nothing() {
     gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 1000);
     let mut s = session("resnet18", Precision::Bf16, STRICT);
     gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 200);
+}
+
+/// Batch norm's evaluation mode on the GPU: resnet18's forward-only step (each batch norm by
+/// its running statistics, which the training steps before it updated on the device) gives the
+/// CPU's evaluation loss, and not the training-mode loss of the same batch.
+#[test]
+fn on_the_gpu_resnet18_evaluates_by_its_running_statistics_as_the_cpu_does() {
+    if !cuda::gpu_for_test("resnet18 eval step vs cpu") {
+        return;
+    }
+    use ingot_compiler::autodiff::StepOptions;
+    use ingot_runtime::trainer::eval::pair_with_eval;
+    let paired = |device: Device| {
+        let mut m = by_name("resnet18").unwrap();
+        m.optimizer = m.optimizer.with_lr(0.01);
+        let opts = Options::for_target(device.target());
+        let train = pipeline::compile_observed_with(&m, &StepOptions::default(), &opts, &mut |_| {})
+            .unwrap()
+            .executable(device.target())
+            .unwrap();
+        Session::from_pair(pair_with_eval(&m, train, &opts).unwrap(), 5, device).unwrap()
+    };
+    let (mut cpu, mut gpu) = (paired(Device::Cpu), paired(STRICT));
+    for _ in 0..3 {
+        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "training: gpu {a}, cpu {b}");
+    }
+    let batch = ingot_runtime::init::synthetic_batch(cpu.graph(), 77);
+    let (x, y) = (batch["x"].to_le_bytes(), batch["y"].to_le_bytes());
+    let (a, b) = (gpu.eval_on(&x, &y).unwrap(), cpu.eval_on(&x, &y).unwrap());
+    let rel = (a - b).abs() / b.abs();
+    eprintln!("resnet18 eval loss: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
+    assert!(a.is_finite() && rel <= 1e-4, "eval: gpu {a}, cpu {b}");
+    let slots = gpu.input_slots().unwrap();
+    let train_mode = gpu.step_on(&slots, &x, &y).unwrap().loss;
+    assert!(
+        (train_mode - a).abs() > 1e-3 * a.abs(),
+        "the eval loss {a} equals the training-mode loss {train_mode}: batch norm ignored its running statistics"
+    );
 }
