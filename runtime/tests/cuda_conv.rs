@@ -143,16 +143,20 @@ fn on_the_gpu_resnet18_evaluates_by_its_running_statistics_as_the_cpu_does() {
         let mut m = by_name("resnet18").unwrap();
         m.optimizer = m.optimizer.with_lr(0.01);
         let opts = Options::for_target(device.target());
-        let train = pipeline::compile_observed_with(&m, &StepOptions::default(), &opts, &mut |_| {})
-            .unwrap()
-            .executable(device.target())
-            .unwrap();
+        let train =
+            pipeline::compile_observed_with(&m, &StepOptions::default(), &opts, &mut |_| {})
+                .unwrap()
+                .executable(device.target())
+                .unwrap();
         Session::from_pair(pair_with_eval(&m, train, &opts).unwrap(), 5, device).unwrap()
     };
     let (mut cpu, mut gpu) = (paired(Device::Cpu), paired(STRICT));
     for _ in 0..3 {
         let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        assert!((a - b).abs() <= 1e-4 * b.abs(), "training: gpu {a}, cpu {b}");
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "training: gpu {a}, cpu {b}"
+        );
     }
     let batch = ingot_runtime::init::synthetic_batch(cpu.graph(), 77);
     let (x, y) = (batch["x"].to_le_bytes(), batch["y"].to_le_bytes());

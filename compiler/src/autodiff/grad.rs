@@ -15,21 +15,66 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
             "the loss {loss} must be a float scalar, not {lt}"
         )));
     }
-    for &w in wrt {
-        if !g.ty(w).dtype.is_float() {
+    grad_seeded(g, loss, None, wrt)
+}
+
+/// The vector-Jacobian product of `root` (any float value) with `seed` (a value of `root`'s
+/// type, the gradient flowing into it from later computation): the gradient with respect to
+/// each node of `wrt` of `Σ root · seed`. `None` seeds a scalar root with 1, as [`grad`] does.
+/// A step whose loss head is split into row chunks ([`super::chunk`]) carries on from the
+/// head's input with the chunks' gradients joined as the seed.
+pub fn grad_seeded(
+    g: &mut Graph,
+    loss: NodeId,
+    seed: Option<NodeId>,
+    wrt: &[NodeId],
+) -> Result<Vec<NodeId>> {
+    let seed = match seed {
+        Some(s) => s,
+        None => {
+            // Named as the backward walk names its nodes: after the loss.
+            let (dtype, origin) = (g.ty(loss).dtype, g.origin(loss).backward());
+            let outer = g.set_scope(origin);
+            let one = g.full(1.0, Shape::scalar(), dtype);
+            g.set_scope(outer);
+            one?
+        }
+    };
+    grad_of_roots(g, &[(loss, seed)], wrt)
+}
+
+/// The gradient with respect to each node of `wrt` of `Σ_r Σ root_r · seed_r` over several
+/// `(root, seed)` pairs at once: one backward walk in which each root's adjoint starts as its
+/// seed (plus whatever later roots contribute to it).
+pub fn grad_of_roots(
+    g: &mut Graph,
+    roots: &[(NodeId, NodeId)],
+    wrt: &[NodeId],
+) -> Result<Vec<NodeId>> {
+    for &(root, s) in roots {
+        if g.ty(s) != g.ty(root) {
             return Err(IrError::Invalid(format!(
-                "cannot differentiate with respect to {w} of type {}",
-                g.ty(w)
+                "the seed {s} of {root}'s gradient is {}, not {}",
+                g.ty(s),
+                g.ty(root)
             )));
         }
     }
-    let wants = needs_gradient(g, loss, wrt);
+    let Some(loss) = roots.iter().map(|&(r, _)| r).max() else {
+        return wrt.iter().map(|&w| g.full_like(0.0, w)).collect();
+    };
+    let roots_only: Vec<NodeId> = roots.iter().map(|&(r, _)| r).collect();
+    let wants = needs_gradient(g, &roots_only, wrt);
     let users = user_counts(g, loss);
     let mut adjoint: Vec<Option<NodeId>> = vec![None; loss.index() + 1];
     // Each backward node is named after the forward node whose VJP made it.
-    let seed_origin = g.origin(loss).backward();
-    let outer = g.set_scope(seed_origin);
-    adjoint[loss.index()] = Some(g.full(1.0, Shape::scalar(), lt.dtype)?);
+    let outer = g.set_scope(g.origin(loss).backward());
+    for &(root, s) in roots {
+        adjoint[root.index()] = Some(match adjoint[root.index()] {
+            None => s,
+            Some(prev) => g.add(prev, s)?,
+        });
+    }
     for i in (0..=loss.index()).rev() {
         let Some(gy) = adjoint[i] else { continue };
         let id = NodeId(i as u32);
@@ -136,9 +181,9 @@ fn softmax_vjp(
     Ok(Some((z, g.mul(y, d)?)))
 }
 
-/// Marks the float nodes that lie on a path from some `wrt` node to `loss`: only they need adjoints.
-fn needs_gradient(g: &Graph, loss: NodeId, wrt: &[NodeId]) -> Vec<bool> {
-    let n = loss.index() + 1;
+/// Marks the float nodes that lie on a path from some `wrt` node to a root: only they need adjoints.
+fn needs_gradient(g: &Graph, roots: &[NodeId], wrt: &[NodeId]) -> Vec<bool> {
+    let n = roots.iter().map(|r| r.index() + 1).max().unwrap_or(0);
     let mut from_wrt = vec![false; n];
     for &w in wrt {
         if w.index() < n {
@@ -152,7 +197,9 @@ fn needs_gradient(g: &Graph, loss: NodeId, wrt: &[NodeId]) -> Vec<bool> {
         }
     }
     let mut to_loss = vec![false; n];
-    to_loss[loss.index()] = true;
+    for r in roots {
+        to_loss[r.index()] = true;
+    }
     for i in (0..n).rev() {
         if to_loss[i] && from_wrt[i] {
             for x in &g.node(NodeId(i as u32)).inputs {

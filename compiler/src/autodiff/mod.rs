@@ -4,6 +4,7 @@
 
 pub mod accumulate;
 pub mod buckets;
+pub mod chunk;
 pub mod grad;
 pub mod optim;
 pub mod phase;

@@ -1,6 +1,6 @@
 //! The whole training step as one graph: forward, backward, optimizer update.
 
-use super::{grad, Optimizer, Phases};
+use super::{Optimizer, Phases};
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
 
@@ -45,6 +45,12 @@ pub struct StepOptions {
     /// larger, each forward pass followed by its backward pass, then one update
     /// ([`super::accumulate`]). 0 and 1: no accumulation.
     pub accumulate: usize,
+    /// Compute and differentiate a large loss head (a language model's logits and
+    /// cross-entropy) in row chunks whose largest value is at most this many bytes
+    /// ([`super::chunk`]); 0 (the default): the head whole. Chunking lowers the peak by most
+    /// of the head's largest tensor and costs an addition of the head's weight gradient per
+    /// extra chunk ([`super::chunk::HEAD_CHUNK_BYTES`] is the CLI's choice).
+    pub loss_head_chunk_bytes: usize,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -94,6 +100,7 @@ pub fn training_step_with(
     // no weight decay, no optimizer state (its value stays as loaded, and is still saved).
     let reaches = ancestors(&g, loss);
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
+    let mut loss_chunks = 1;
     let (mut g, params, f, grads) = if opts.accumulate > 1 {
         let forward_nodes = g.len();
         let (step, _, params, grads) =
@@ -103,8 +110,13 @@ pub fn training_step_with(
         (step, params, forward_nodes, grads)
     } else {
         let f = g.len();
-        let grads = grad::grad(&mut g, loss, &params)?;
-        (g, params, f, grads)
+        let chunked =
+            super::chunk::grad_in_chunks(&mut g, loss, &params, opts.loss_head_chunk_bytes)?;
+        if chunked.chunks > 1 {
+            g.outputs.insert(LOSS.to_string(), chunked.loss);
+            loss_chunks = chunked.chunks;
+        }
+        (g, params, f, chunked.grads)
     };
     // The mean over the ranks is what every rank's optimizer (and clipping) reads.
     let mut grads = super::buckets::all_reduce_buckets(
@@ -139,6 +151,15 @@ pub fn training_step_with(
     optimizer.apply_with_inputs(&mut g, &params, &grads, lr_scale, step)?;
     let n = g.len();
     name_updates(&mut g, b);
+    // A loss head computed in chunks leaves the whole head's nodes unread.
+    let (g, [f, b, n]) = if loss_chunks > 1 {
+        let (live, map) = g.without_dead_code();
+        // Each phase boundary moves down by the dead nodes before it.
+        let at = |i: usize| map[..i].iter().filter(|m| m.is_some()).count();
+        (live, [at(f), at(b), at(n)])
+    } else {
+        (g, [f, b, n])
+    };
     Ok(Step {
         graph: g,
         phases: Phases {

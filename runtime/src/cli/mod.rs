@@ -163,6 +163,13 @@ pub struct ModelArgs {
     /// live at its peak. With --accumulate given (1 for none) it is a gate only.
     #[arg(long, value_parser = ingot_compiler::plan::report::parse_size)]
     pub budget: Option<usize>,
+    /// Compute and differentiate the loss head in row chunks: a head whose largest value (a
+    /// language model's [tokens, vocab] logits and their softmax) is over 256 MiB runs a block
+    /// of rows at a time, each block's backward pass right after its forward pass, so only one
+    /// block's logits live. Lowers the peak by most of the logits; costs an addition of the
+    /// head's weight gradient per extra block.
+    #[arg(long)]
+    pub chunk_loss_head: bool,
 }
 
 impl ModelArgs {
@@ -176,6 +183,11 @@ impl ModelArgs {
             step_input: inputs,
             ranks: self.ranks as usize,
             accumulate: self.accumulate.unwrap_or(1) as usize,
+            loss_head_chunk_bytes: if self.chunk_loss_head {
+                ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES
+            } else {
+                0
+            },
         }
     }
 }

@@ -1,0 +1,166 @@
+//! The loss head in row chunks (`StepOptions::loss_head_chunk_bytes`,
+//! `ingot_compiler::autodiff::chunk`): a GPT whose logits and cross-entropy run a block of rows
+//! at a time, each block's backward pass right after its forward pass, trains as the whole head
+//! does (the same losses and parameters within float rounding, in f32 and in bf16), and gpt2's
+//! plan keeps no `[tokens, vocab]` buffer and is smaller.
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::{chunk, StepOptions};
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{DType, LeafKind};
+use ingot_compiler::lower::Target;
+use ingot_compiler::models;
+use ingot_compiler::pipeline::{self, Options};
+use ingot_compiler::precision::Precision;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::init::{init_leaves, synthetic_batch};
+use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
+
+#[path = "support/steps.rs"]
+mod steps;
+use steps::max_relative as relative;
+
+/// 64 rows of 128 classes: f32 logits of 32 KiB, so 8 KiB chunks make 4 of 16 rows.
+const SPEC: &str = "gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=4";
+const CHUNK: usize = 8 << 10;
+
+fn compile(chunk_bytes: usize, precision: Precision) -> (Executable, usize) {
+    let m = models::by_name(SPEC).unwrap();
+    let step = StepOptions {
+        loss_head_chunk_bytes: chunk_bytes,
+        ..Default::default()
+    };
+    let opts = Options {
+        precision: Some(precision),
+        ..Options::for_target(Target::Cpu)
+    };
+    let c = pipeline::compile_observed_with(&m, &step, &opts, &mut |_| {}).unwrap();
+    let slices = c
+        .step
+        .graph
+        .ids()
+        .filter(|&id| {
+            matches!(
+                c.step.graph.node(id).op,
+                ingot_compiler::ir::Op::Slice { .. }
+            )
+        })
+        .count();
+    (c.executable(Target::Cpu).unwrap(), slices)
+}
+
+/// Ten steps from the same parameters and batches, whole head and chunked: the largest
+/// relative difference of a loss and of a parameter.
+fn chunked_against_whole(precision: Precision) -> (f64, f64) {
+    let (whole, none) = compile(0, precision);
+    let (chunked, slices) = compile(CHUNK, precision);
+    assert!(
+        slices >= none + 4,
+        "the chunked head slices its rows ({slices} slices, {none} without chunks)"
+    );
+    let g = whole.graph();
+    let state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
+    let batches: Vec<IndexMap<String, Tensor>> =
+        (0..10).map(|s| synthetic_batch(g, 50 + s)).collect();
+    let run = |exe: Executable| {
+        let mut s = PlannedStep::new(exe).unwrap();
+        for (n, v) in &state {
+            s.write_leaf(n, v).unwrap();
+        }
+        let mut losses = Vec::new();
+        for batch in &batches {
+            for (n, v) in batch {
+                s.write_leaf(n, v).unwrap();
+            }
+            s.step().unwrap();
+            losses.push(s.read_output("loss").unwrap().to_f64_vec()[0]);
+        }
+        let params: IndexMap<String, Tensor> = state
+            .keys()
+            .map(|n| (n.clone(), s.read_leaf(n).unwrap()))
+            .collect();
+        (losses, params)
+    };
+    let (lc, pc) = run(chunked);
+    let (lw, pw) = run(whole);
+    let loss = lc
+        .iter()
+        .zip(&lw)
+        .map(|(a, w)| ((a - w) / w).abs())
+        .fold(0.0, f64::max);
+    let param = pc
+        .iter()
+        .map(|(n, v)| relative(v, &pw[n]))
+        .fold(0.0, f64::max);
+    (loss, param)
+}
+
+#[test]
+fn a_gpt_with_its_loss_head_in_row_chunks_trains_as_with_the_whole_head_in_f32() {
+    let (loss, param) = chunked_against_whole(Precision::F32);
+    // AdamW turns a gradient that is zero in exact arithmetic (the key bias) into a step of
+    // either sign, as in accumulate.rs: the parameters are held to the losses' trajectory.
+    assert!(loss <= 1e-5, "loss {loss:.2e} (parameters {param:.2e})");
+}
+
+#[test]
+fn a_gpt_with_its_loss_head_in_row_chunks_trains_as_with_the_whole_head_in_bf16() {
+    let (loss, _) = chunked_against_whole(Precision::Bf16);
+    assert!(loss <= 1e-2, "loss {loss:.2e}");
+}
+
+#[test]
+fn a_head_under_the_chunk_size_or_with_chunking_off_is_differentiated_whole() {
+    let m = models::by_name(SPEC).unwrap();
+    let loss = *m.graph.outputs.get("loss").unwrap();
+    assert!(
+        chunk::find(&m.graph, loss, 0).is_none(),
+        "0 turns chunking off"
+    );
+    assert!(
+        chunk::find(&m.graph, loss, 1 << 20).is_none(),
+        "32 KiB of logits fit 1 MiB"
+    );
+    let head = chunk::find(&m.graph, loss, CHUNK).expect("a row-wise head");
+    assert_eq!((head.rows, head.chunks), (64, 4));
+    // The head starts at the logits' product and ends at the rows' losses.
+    let start = head.region[0];
+    assert!(matches!(
+        m.graph.node(start).op,
+        ingot_compiler::ir::Op::MatMul { .. }
+    ));
+    assert_eq!(m.graph.ty(start).shape.dims(), [64, 128]);
+}
+
+#[test]
+fn gpt2_with_its_loss_head_in_chunks_plans_no_logits_buffer_and_less_memory() {
+    let m = models::by_name("gpt2").unwrap();
+    for p in [Precision::F32, Precision::Bf16] {
+        let plan = |bytes: usize| {
+            let step = StepOptions {
+                loss_head_chunk_bytes: bytes,
+                ..Default::default()
+            };
+            let opts = Options {
+                precision: Some(p),
+                ..Options::for_target(Target::Cuda)
+            };
+            pipeline::compile_observed_with(&m, &step, &opts, &mut |_| {}).unwrap()
+        };
+        let (whole, chunked) = (plan(0), plan(chunk::HEAD_CHUNK_BYTES));
+        let g = &chunked.graph;
+        let full = g
+            .ids()
+            .filter(|&id| g.ty(id).shape.dims() == [8192, 50304])
+            .count();
+        assert_eq!(full, 0, "{p}: values of [8192, 50304] in the chunked step");
+        let saved = whole.report.total_bytes - chunked.report.total_bytes;
+        assert!(
+            saved > 400 << 20,
+            "{p}: chunking saved only {saved} bytes ({} -> {})",
+            whole.report.total_bytes,
+            chunked.report.total_bytes
+        );
+    }
+}
