@@ -231,7 +231,7 @@ fn heavy_kind(op: &Op) -> bool {
 
 /// The matmul, attention and convolution outputs of the forward passes that the backward
 /// passes read (directly, or through values fusion inlines or that [`recompute_for_backward`]
-/// recomputes), in node order. `g` is the graph fusion recomputes in
+/// recomputes), in node order; the last library call of each forward pass aside. `g` is the graph fusion recomputes in
 /// ([`super::prepared`]).
 pub fn candidates(g: &Graph, recompute_ops: usize) -> Vec<Candidate> {
     let Some(ends) = forward_ends(g) else {
@@ -276,6 +276,13 @@ pub fn candidates(g: &Graph, recompute_ops: usize) -> Vec<Candidate> {
         .filter(|&v| {
             let i = v.index();
             heavy_kind(&g.node(v).op) && read_late[i] && forward[i] && !pinned[i]
+        })
+        // The last library call of a forward pass (a GPT's logits) is read there up to the
+        // loss, where its backward readers start: a copy would only be a second one.
+        .filter(|&v| {
+            let end = end_of(&ends, v).unwrap_or(loss);
+            (v.index() + 1..end.index())
+                .any(|u| forward[u] && kind(g.node(NodeId(u as u32))) == Kind::Library)
         })
         .map(|v| {
             let results: usize = g
