@@ -248,7 +248,7 @@ pub fn candidates(g: &Graph, recompute_ops: usize) -> Vec<Candidate> {
     let mut walked = vec![false; g.len()];
     for u in g.ids() {
         for &x in &g.node(u).inputs {
-            if !end_of(&ends, x).is_some_and(|end| u > end) {
+            if end_of(&ends, x).is_none_or(|end| u <= end) {
                 continue;
             }
             let mut stack = vec![x];
