@@ -5,6 +5,8 @@ pub mod autodiff;
 pub mod error;
 pub mod exe;
 pub mod files;
+pub mod fit;
+pub mod flops;
 pub mod fuse;
 pub mod fuzz;
 pub mod ir;

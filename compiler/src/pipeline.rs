@@ -191,6 +191,44 @@ pub fn compile_observed_with(
     opts: &Options,
     observer: &mut dyn FnMut(Stage),
 ) -> Result<Compiled, CompileError> {
+    let r = rewritten_observed(model, step, opts, observer)?;
+    finish_observed(r, &[], observer)
+}
+
+/// Rewrites, fuses and plans a training step.
+pub fn compile_step(name: &str, step: Step, opts: &Options) -> Result<Compiled, CompileError> {
+    compile_step_observed(name, step, opts, &mut |_| {}, Timings::new())
+}
+
+/// A training step rewritten and not yet fused: what the budget fitter ([`crate::fit`]) compiles
+/// again and again, each time recomputing other values, without tracing and rewriting anew.
+#[derive(Clone, Debug)]
+pub struct Rewritten {
+    pub model: String,
+    pub step: Step,
+    /// `step.graph` rewritten (or as built, without rewriting).
+    pub graph: Graph,
+    pub rewrite: Option<RewriteReport>,
+    /// The options the step is compiled with, its precision decided.
+    pub options: Options,
+    pub timings: Timings,
+}
+
+/// Traces, differentiates and rewrites `model`'s step (the pipeline up to fusion).
+pub fn rewritten(
+    model: &Model,
+    step: &StepOptions,
+    opts: &Options,
+) -> Result<Rewritten, CompileError> {
+    rewritten_observed(model, step, opts, &mut |_| {})
+}
+
+fn rewritten_observed(
+    model: &Model,
+    step: &StepOptions,
+    opts: &Options,
+    observer: &mut dyn FnMut(Stage),
+) -> Result<Rewritten, CompileError> {
     let mut timings = Timings::new();
     let precision = opts.precision.unwrap_or(model.precision);
     let forward = if opts.fuse_attention {
@@ -208,12 +246,33 @@ pub fn compile_observed_with(
         precision: Some(precision),
         ..opts.clone()
     };
-    compile_step_observed(&model.name, step, &opts, observer, timings)
+    rewrite_step(&model.name, step, &opts, observer, timings)
 }
 
-/// Rewrites, fuses and plans a training step.
-pub fn compile_step(name: &str, step: Step, opts: &Options) -> Result<Compiled, CompileError> {
-    compile_step_observed(name, step, opts, &mut |_| {}, Timings::new())
+fn rewrite_step(
+    name: &str,
+    step: Step,
+    opts: &Options,
+    observer: &mut dyn FnMut(Stage),
+    mut timings: Timings,
+) -> Result<Rewritten, CompileError> {
+    let (graph, rewrite) = match &opts.rewrite {
+        Some(o) => {
+            let (g, r) = stage(Stage::Rewrite, observer, &mut timings, || {
+                rewrite::simplify(&step.graph, o)
+            })?;
+            (g, Some(r))
+        }
+        None => (step.graph.clone(), None),
+    };
+    Ok(Rewritten {
+        model: name.to_string(),
+        step,
+        graph,
+        rewrite,
+        options: opts.clone(),
+        timings,
+    })
 }
 
 fn compile_step_observed(
@@ -221,22 +280,45 @@ fn compile_step_observed(
     step: Step,
     opts: &Options,
     observer: &mut dyn FnMut(Stage),
-    mut timings: Timings,
+    timings: Timings,
 ) -> Result<Compiled, CompileError> {
+    let r = rewrite_step(name, step, opts, observer, timings)?;
+    finish_observed(r, &[], observer)
+}
+
+/// Fuses and plans a rewritten step, recomputing the library calls `heavy` for the backward
+/// pass besides the cheap values (ids of [`fuse::prepared`]`(&r.graph)`, see
+/// [`fuse::remat::candidates`]; none for the step as [`compile`] makes it).
+pub fn finish(r: &Rewritten, heavy: &[crate::ir::NodeId]) -> Result<Compiled, CompileError> {
+    finish_observed(r.clone(), heavy, &mut |_| {})
+}
+
+fn finish_observed(
+    r: Rewritten,
+    heavy: &[crate::ir::NodeId],
+    observer: &mut dyn FnMut(Stage),
+) -> Result<Compiled, CompileError> {
+    let Rewritten {
+        model: name,
+        step,
+        graph,
+        rewrite,
+        options: opts,
+        mut timings,
+    } = r;
     let t = &mut timings;
-    let (graph, rewrite) = match &opts.rewrite {
-        Some(o) => {
-            let (g, r) = stage(Stage::Rewrite, observer, t, || {
-                rewrite::simplify(&step.graph, o)
-            })?;
-            (g, Some(r))
-        }
-        None => (step.graph.clone(), None),
-    };
     let (graph, fuse) = match &opts.fuse {
         Some(o) => {
-            let f = stage(Stage::Fuse, observer, t, || fuse::fuse(&graph, o))?;
+            let f = stage(Stage::Fuse, observer, t, || {
+                fuse::fuse_recomputing(&graph, o, heavy)
+            })?;
             (f.graph, Some(f.report))
+        }
+        None if !heavy.is_empty() => {
+            return Err(IrError::Invalid(
+                "recomputing library calls for the backward pass needs fusion on".into(),
+            )
+            .into())
         }
         None => (graph, None),
     };
@@ -247,13 +329,13 @@ fn compile_step_observed(
         } else {
             phase::of_graph(&graph, graph.outputs.get(LOSS).copied())
         };
-        let mut report = Report::new(name, &graph, &plan, Some(&phases));
+        let mut report = Report::new(&name, &graph, &plan, Some(&phases));
         // A step built outside (`compile_step`) is labelled with the precision it was built in.
         report.precision = opts.precision.unwrap_or_default();
         report
     });
     Ok(Compiled {
-        model: name.to_string(),
+        model: name,
         step,
         graph,
         plan,

@@ -73,6 +73,16 @@ pub struct FuseReport {
     pub multi_output_kernels: usize,
     /// Forward values recomputed for the backward pass.
     pub recomputed: usize,
+    /// The library calls among them ([`remat::recompute_with`]), as node ids of the graph
+    /// fusion received ([`prepared`]).
+    #[serde(skip)]
+    pub recomputed_heavy: Vec<NodeId>,
+    /// The arithmetic the recomputation adds to the step ([`crate::flops`]).
+    #[serde(skip_serializing_if = "is_zero64")]
+    pub recomputed_flops: u64,
+    /// The arithmetic of the step before recomputation ([`crate::flops`]).
+    #[serde(skip_serializing_if = "is_zero64")]
+    pub flops: u64,
     /// Concats of equal parts fused as selects.
     pub concats_fused: usize,
     /// Rounds of lowering (each round materializes what the last could not expand).
@@ -83,6 +93,10 @@ pub struct FuseReport {
 }
 
 fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn is_zero64(n: &u64) -> bool {
     *n == 0
 }
 
@@ -142,6 +156,20 @@ pub fn kind(n: &Node) -> Kind {
 
 /// Fuses a step graph. The result computes the same outputs and updates.
 pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
+    fuse_recomputing(g, opts, &[])
+}
+
+/// The graph fusion groups into kernels, before any recomputation: `g` with its concats of
+/// equal parts turned into selects. [`remat::candidates`] lists the heavy values of this graph,
+/// and [`fuse_recomputing`] takes their ids in it.
+pub fn prepared(g: &Graph) -> Result<Graph, IrError> {
+    Ok(concat::as_selects(g)?.0)
+}
+
+/// As [`fuse`], recomputing for the backward pass, besides the cheap values, the library calls
+/// `heavy` (node ids of [`prepared`]`(g)`, as [`remat::candidates`] gives them; see
+/// [`remat::recompute_with`]).
+pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Result<Fused, IrError> {
     g.verify()?;
     if let Some(id) = g.ids().find(|&id| {
         kind(g.node(id)) == Kind::Fused
@@ -154,11 +182,18 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
         )));
     }
     let (g, concats) = concat::as_selects(g)?;
-    let (g, recomputed) = if opts.remat {
-        remat::recompute_for_backward(&g, opts.recompute_ops)?
+    if !opts.remat && !heavy.is_empty() {
+        return Err(IrError::Invalid(
+            "recomputing library calls for the backward pass needs fusion's recomputation on (FuseOptions::remat)".into(),
+        ));
+    }
+    let flops_before = crate::flops::of_graph(&g);
+    let (g, recomputed, recomputed_heavy) = if opts.remat {
+        remat::recompute_with(&g, opts.recompute_ops, heavy)?
     } else {
-        (g, 0)
+        (g, 0, Vec::new())
     };
+    let recomputed_flops = crate::flops::of_graph(&g).saturating_sub(flops_before);
     let mut mat = select::forced(&g);
     let mut rounds = 0;
     let groups = loop {
@@ -190,6 +225,9 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
     let mut report = FuseReport {
         ops_before: g.ids().filter(|&id| !g.node(id).op.is_leaf()).count(),
         recomputed,
+        recomputed_heavy,
+        recomputed_flops,
+        flops: flops_before,
         concats_fused: concats,
         rounds,
         ..FuseReport::default()

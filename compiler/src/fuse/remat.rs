@@ -10,19 +10,13 @@ use super::select::forced;
 use super::{kind, Kind};
 use crate::autodiff::LOSS;
 use crate::error::IrError;
-use crate::ir::{Graph, NodeId};
+use crate::ir::{Graph, NodeId, Op};
 use std::collections::HashMap;
 
-/// Returns the graph with forward values recomputed for their backward users, and how many
-/// values were. The backward pass is what follows the loss in node order; in a step of
-/// accumulated micro-batches ([`crate::autodiff::accumulate`]) each micro-batch's backward pass
-/// is what follows its own loss (the outputs `loss/0`, `loss/1`, ...), and a value of one
-/// micro-batch is recomputed for that micro-batch's backward pass.
-pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph, usize), IrError> {
-    let Some(&last_loss) = g.outputs.get(LOSS) else {
-        return Ok((g.clone(), 0));
-    };
-    // Where each forward pass ends: the micro-batch losses, or the one loss.
+/// Where each forward pass of a step ends: its micro-batch losses (`loss/0`, `loss/1`, ...,
+/// [`crate::autodiff::accumulate`]), or its one loss; sorted. `None` for a graph without a loss.
+fn forward_ends(g: &Graph) -> Option<Vec<NodeId>> {
+    let &last_loss = g.outputs.get(LOSS)?;
     let mut ends: Vec<NodeId> = g
         .outputs
         .iter()
@@ -33,29 +27,111 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         ends.push(last_loss);
     }
     ends.sort();
-    // The end of the forward pass `v` belongs to (the first end at or after it).
-    let end_of = |v: NodeId| -> Option<NodeId> {
-        let k = ends.partition_point(|&e| e < v);
-        ends.get(k).copied()
+    Some(ends)
+}
+
+/// The end of the forward pass `v` belongs to (the first end at or after it).
+fn end_of(ends: &[NodeId], v: NodeId) -> Option<NodeId> {
+    let k = ends.partition_point(|&e| e < v);
+    ends.get(k).copied()
+}
+
+/// The nodes of the forward passes: those some loss depends on. (In node order a micro-batch's
+/// backward nodes come before the next micro-batch's loss too, but no loss depends on them.)
+fn forward_nodes(g: &Graph, ends: &[NodeId]) -> Vec<bool> {
+    let mut fwd = vec![false; g.len()];
+    let mut stack: Vec<NodeId> = ends.to_vec();
+    while let Some(x) = stack.pop() {
+        if !std::mem::replace(&mut fwd[x.index()], true) {
+            stack.extend(g.node(x).inputs.iter().copied());
+        }
+    }
+    fwd
+}
+
+/// Step outputs and update values: never recomputed (their own node must be the one written).
+fn pinned(g: &Graph) -> Vec<bool> {
+    let mut p = vec![false; g.len()];
+    for &o in g.outputs.values() {
+        p[o.index()] = true;
+    }
+    for u in &g.updates {
+        p[u.value.index()] = true;
+    }
+    p
+}
+
+/// Returns the graph with forward values recomputed for their backward users, and how many
+/// values were. The backward pass is what follows the loss in node order; in a step of
+/// accumulated micro-batches ([`crate::autodiff::accumulate`]) each micro-batch's backward pass
+/// is what follows its own loss (the outputs `loss/0`, `loss/1`, ...), and a value of one
+/// micro-batch is recomputed for that micro-batch's backward pass.
+pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph, usize), IrError> {
+    recompute_with(g, recompute_ops, &[]).map(|(g, n, _)| (g, n))
+}
+
+/// As [`recompute_for_backward`], and besides the cheap values, the library calls `heavy`
+/// (matmuls, attentions, convolutions: [`candidates`] lists them) are recomputed for the
+/// backward pass too: every backward reader of such a value, directly or through values
+/// fusion inlines (a bias add under a GELU's backward) or through a cheap value's copy (the
+/// GELU output the next matmul's weight gradient reads), gets a copy computed just before it,
+/// whose own operands are read where they are stored or are recomputed in turn (a LayerNorm
+/// output under a matmul). The forward value then dies in the forward pass. Returns the graph,
+/// how many values got copies, and which of `heavy` did (one whose copy would be too large an
+/// expression keeps its value).
+///
+/// This costs the copies' arithmetic (a matmul's 2·m·n·k again) and buys memory; which values
+/// are worth it is the budget fitter's choice ([`crate::fit`]), not this function's.
+pub fn recompute_with(
+    g: &Graph,
+    recompute_ops: usize,
+    heavy: &[NodeId],
+) -> Result<(Graph, usize, Vec<NodeId>), IrError> {
+    let Some(ends) = forward_ends(g) else {
+        return Ok((g.clone(), 0, Vec::new()));
     };
+    let end_of = |v: NodeId| end_of(&ends, v);
     let loss = *ends.last().expect("at least one");
     let mat = forced(g);
     let users = g.users();
-    let pinned: Vec<bool> = {
-        let mut p = vec![false; g.len()];
-        for &o in g.outputs.values() {
-            p[o.index()] = true;
+    let pinned = pinned(g);
+    // The heavy values, with the extra outputs of a heavy attention (its row statistics).
+    let mut is_heavy = vec![false; g.len()];
+    for &h in heavy {
+        let Some(x) = is_heavy.get_mut(h.index()) else {
+            return Err(IrError::Invalid(format!(
+                "{h} is asked to be recomputed but the graph has {} nodes",
+                g.len()
+            )));
+        };
+        *x = true;
+    }
+    for id in g.ids() {
+        let n = g.node(id);
+        if matches!(n.op, Op::Result { .. }) && is_heavy[n.inputs[0].index()] {
+            is_heavy[id.index()] = true;
         }
-        for u in &g.updates {
-            p[u.value.index()] = true;
-        }
-        p
-    };
+    }
     // What fusion will store as the graph stands: the forced values and the shared values
     // that are not cheap to recompute (the residual stream under a LayerNorm, say). A copy
     // reads those rather than recomputing them, unless they get copies of their own.
     let mut stored = mat.clone();
     super::select::shared(g, &mut stored, recompute_ops);
+    // Values fusion inlines (stores nowhere) whose expression reads a heavy value: a backward
+    // kernel inlining one would read the heavy value itself.
+    let forward = if heavy.is_empty() {
+        Vec::new()
+    } else {
+        forward_nodes(g, &ends)
+    };
+    let mut reaches_heavy = vec![false; g.len()];
+    for id in g.ids() {
+        let i = id.index();
+        reaches_heavy[i] = is_heavy[i]
+            || (!stored[i]
+                && !g.node(id).op.is_leaf()
+                && g.node(id).inputs.iter().any(|x| reaches_heavy[x.index()]));
+    }
     // Each candidate's expression: the nodes a copy must recompute.
     let mut cloned_for: Vec<bool> = vec![false; g.len()];
     let mut in_copy: Vec<bool> = vec![false; g.len()];
@@ -63,28 +139,29 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
     for v in g.ids().take(loss.index()) {
         let i = v.index();
         // A stored elementwise value, or a reshape of one (a linear layer reads its input
-        // through a reshape).
+        // through a reshape); or a heavy value, a reshape of one, or an inlined value over one.
         let b = super::select::base(g, v);
-        if !stored[b.index()]
-            || pinned[b.index()]
-            || pinned[i]
-            || kind(g.node(b)) != Kind::Elementwise
-        {
+        let cheap = stored[b.index()] && kind(g.node(b)) == Kind::Elementwise;
+        let over_heavy = (is_heavy[b.index()] || (!stored[i] && reaches_heavy[i]))
+            && forward.get(i).copied().unwrap_or(false);
+        if !(cheap || over_heavy) || pinned[b.index()] || pinned[i] {
             continue;
         }
         let Some(end) = end_of(v) else { continue };
         let (early, late) = users[i].iter().partition::<Vec<NodeId>, _>(|u| **u <= end);
-        if early.is_empty() || late.is_empty() {
+        if late.is_empty() || (early.is_empty() && !over_heavy) {
             continue;
         }
         // A stored value cheap to recompute from the forced ones (a row statistic broadcast
-        // to full size, say) is recomputed in the copy rather than kept for it.
+        // to full size, say) is recomputed in the copy rather than kept for it; a heavy value
+        // is recomputed, never read.
         let read = |y: NodeId| {
             stored[y.index()]
                 && !cloned_for[y.index()]
+                && !is_heavy[y.index()]
                 && (mat[y.index()] || !super::select::cheap_to_recompute(g, &mat, y, recompute_ops))
         };
-        if let Some(expr) = expression(g, read, v, 2 * recompute_ops) {
+        if let Some(expr) = expression(g, read, v, 2 * recompute_ops, |y| is_heavy[y.index()]) {
             cloned_for[i] = true;
             for x in expr {
                 in_copy[x.index()] = true;
@@ -93,8 +170,13 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
         }
     }
     if count == 0 {
-        return Ok((g.clone(), 0));
+        return Ok((g.clone(), 0, Vec::new()));
     }
+    let copied: Vec<NodeId> = g
+        .ids()
+        .filter(|id| in_copy[id.index()] && is_heavy[id.index()])
+        .filter(|&id| !matches!(g.node(id).op, Op::Result { .. }))
+        .collect();
     let mut out = Graph::new();
     let mut new_id: Vec<Option<NodeId>> = vec![None; g.len()];
     let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
@@ -121,7 +203,102 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
             new_id[u.value.index()].expect("all nodes are copied"),
         )?;
     }
-    Ok((out, count))
+    Ok((out, count, copied))
+}
+
+/// A forward value fusion stores and the backward pass reads that is not cheap to recompute:
+/// a matmul, fused attention or convolution output. The budget fitter ([`crate::fit`]) picks
+/// which of them [`recompute_with`] recomputes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub node: NodeId,
+    /// What it keeps from its forward pass to its backward one: its bytes, with an attention's
+    /// row statistics.
+    pub bytes: usize,
+    /// The arithmetic of computing it once more ([`crate::flops::of_node`]).
+    pub flops: u64,
+}
+
+/// Whether `op` is a library call [`candidates`] may offer for recomputation.
+fn heavy_kind(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::MatMul { .. }
+            | Op::Attention { .. }
+            | Op::Window(crate::ir::window::WindowOp::Conv2d(_))
+    )
+}
+
+/// The matmul, attention and convolution outputs of the forward passes that the backward
+/// passes read (directly, or through values fusion inlines or that [`recompute_for_backward`]
+/// recomputes), in node order; the last library call of each forward pass aside. `g` is the graph fusion recomputes in
+/// ([`super::prepared`]).
+pub fn candidates(g: &Graph, recompute_ops: usize) -> Vec<Candidate> {
+    let Some(ends) = forward_ends(g) else {
+        return Vec::new();
+    };
+    let loss = *ends.last().expect("at least one");
+    let pinned = pinned(g);
+    let forward = forward_nodes(g, &ends);
+    let mut stored = forced(g);
+    super::select::shared(g, &mut stored, recompute_ops);
+    // Library values a backward node reads: walk down from each forward operand of a backward
+    // node through what a backward kernel would inline or recompute, to the library calls.
+    let mut read_late = vec![false; g.len()];
+    let mut walked = vec![false; g.len()];
+    for u in g.ids() {
+        for &x in &g.node(u).inputs {
+            if end_of(&ends, x).is_none_or(|end| u <= end) {
+                continue;
+            }
+            let mut stack = vec![x];
+            while let Some(y) = stack.pop() {
+                if std::mem::replace(&mut walked[y.index()], true) {
+                    continue;
+                }
+                let n = g.node(y);
+                match kind(n) {
+                    Kind::Leaf => {}
+                    Kind::Library => {
+                        read_late[y.index()] = true;
+                        if matches!(n.op, Op::Result { .. }) {
+                            read_late[n.inputs[0].index()] = true;
+                        }
+                    }
+                    Kind::Reduce if stored[y.index()] => {}
+                    _ => stack.extend(n.inputs.iter().copied()),
+                }
+            }
+        }
+    }
+    g.ids()
+        .take(loss.index())
+        .filter(|&v| {
+            let i = v.index();
+            heavy_kind(&g.node(v).op) && read_late[i] && forward[i] && !pinned[i]
+        })
+        // The last library call of a forward pass (a GPT's logits) is read there up to the
+        // loss, where its backward readers start: a copy would only be a second one.
+        .filter(|&v| {
+            let end = end_of(&ends, v).unwrap_or(loss);
+            (v.index() + 1..end.index())
+                .any(|u| forward[u] && kind(g.node(NodeId(u as u32))) == Kind::Library)
+        })
+        .map(|v| {
+            let results: usize = g
+                .ids()
+                .skip(v.index() + 1)
+                .take(4)
+                .filter(|&r| matches!(g.node(r).op, Op::Result { .. }) && g.node(r).inputs[0] == v)
+                .map(|r| g.ty(r).bytes())
+                .sum();
+            Candidate {
+                node: v,
+                bytes: g.ty(v).bytes() + results,
+                flops: crate::flops::of_node(g, v),
+            }
+        })
+        .collect()
 }
 
 /// The nodes `v`'s copy recomputes (itself and the unstored values below it), if there are at
@@ -130,11 +307,17 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
 ///
 /// A copy never redoes a reduction: it reads the row the forward pass stored, so a softmax or
 /// LayerNorm output is recomputed elementwise from its input and its statistics.
+///
+/// A heavy value (`heavy`) in the expression is recomputed, library call and all, and then the
+/// size rule does not apply: the values such a copy reads (an attention's q, k and v) are
+/// usually kept for the backward pass anyway, and the budget fitter measures what the copy
+/// saves with the planner rather than guessing it here.
 fn expression(
     g: &Graph,
     stored: impl Fn(NodeId) -> bool,
     v: NodeId,
     limit: usize,
+    heavy: impl Fn(NodeId) -> bool,
 ) -> Option<Vec<NodeId>> {
     // The alias chain from v down to its stored base belongs to the copy.
     let mut chain = vec![v];
@@ -151,6 +334,11 @@ fn expression(
                 continue;
             }
             let k = kind(g.node(y));
+            if heavy(y) {
+                expr.push(y);
+                stack.push(y);
+                continue;
+            }
             // A reduction's row is read where the forward pass stored it (fusion stores a
             // reduction that several kernels read), not folded again.
             if k == Kind::Leaf
@@ -169,6 +357,9 @@ fn expression(
             expr.push(y);
             stack.push(y);
         }
+    }
+    if expr.iter().any(|&x| heavy(x)) {
+        return Some(expr);
     }
     let own = g.ty(v).bytes();
     let stored: Vec<NodeId> = read

@@ -157,10 +157,12 @@ pub struct ModelArgs {
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
     pub accumulate: Option<u64>,
     /// Memory budget (e.g. 16GiB, 512MiB, 1000000): the step is compiled to fit it. Over it,
-    /// a named model accumulates gradients over the fewest micro-batches that fit (the report
-    /// says how many); what cannot fit (a model file, --accumulate given, or not even one
-    /// sample per micro-batch) exits with code 3 naming the smallest plan found and what is
-    /// live at its peak. With --accumulate given (1 for none) it is a gate only.
+    /// matmul and attention outputs are recomputed for the backward pass (cheapest FLOPs per
+    /// byte first), and a named model accumulates gradients over the fewest micro-batches that
+    /// fit, with recomputation where that adds at most 33% FLOPs (the report says what was
+    /// done); what cannot fit exits with code 3 naming the smallest plan found and what is
+    /// live at its peak, or the resident bytes when they alone are over. With --accumulate
+    /// given (1 for none) it is a gate only.
     #[arg(long, value_parser = ingot_compiler::plan::report::parse_size)]
     pub budget: Option<usize>,
     /// Compute and differentiate the loss head in row chunks: a head whose largest value (a

@@ -47,9 +47,11 @@ pub struct PlanArgs {
     #[arg(long, num_args = 2, value_names = ["OLD.json", "NEW.json"], conflicts_with_all = ["model", "model_file", "json", "html", "svg", "budget", "eval"])]
     pub diff: Option<Vec<std::path::PathBuf>>,
     /// Instead of one plan, find the largest batch whose plan fits --budget: the model is
-    /// planned at batch 1, 2, 4, ... until one is over, then bisected. Printed with the
-    /// compiler's recomputation of cheap values for the backward pass (the default) and
-    /// without it. Needs --model NAME (a model file's batch is fixed).
+    /// planned at batch 1, 2, 4, ... until one is over, then bisected. Printed with matmul
+    /// and attention outputs recomputed as the budget demands (as --budget fits a step), with
+    /// only the compiler's recomputation of cheap values (the default plan), and without any;
+    /// with accumulation, any multiple of the first fits. Needs --model NAME (a model file's
+    /// batch is fixed).
     #[arg(long, requires = "budget", conflicts_with_all = ["html", "svg", "eval", "unoptimized"])]
     pub max_batch: bool,
 }
@@ -68,14 +70,40 @@ fn largest_batch(
     a: &PlanArgs,
     opts: &pipeline::Options,
     budget: usize,
+    fitted: bool,
     progress: &dyn Fn(usize),
 ) -> Result<(Probe, Probe), Failure> {
     let step = a.model.step_options(false);
     let probe = |batch: usize| -> Result<Probe, Failure> {
         progress(batch);
         let model = a.model.load_at_batch(batch)?;
-        let c = pipeline::compile_observed_with(&model, &step, opts, &mut |_| {})
-            .map_err(|e| Failure::new(1, format!("{} at batch {batch}: {e}", model.name)))?;
+        let failed = |e: &dyn std::fmt::Display| {
+            Failure::new(1, format!("{} at batch {batch}: {e}", model.name))
+        };
+        let c = if fitted {
+            // Library calls recomputed as far as it takes (no accumulation).
+            use ingot_compiler::fit::{fit, FitError, FitOptions};
+            let fo = FitOptions {
+                budget,
+                recompute: true,
+                accumulate: false,
+            };
+            match fit(&model, &step, opts, &fo, None) {
+                Ok((_, c, _)) => c,
+                Err(FitError::Over { smallest, .. }) => *smallest,
+                Err(FitError::Resident { resident, .. }) => {
+                    return Ok(Probe {
+                        batch,
+                        total_bytes: resident,
+                        resident_bytes: resident,
+                    })
+                }
+                Err(e) => return Err(failed(&e)),
+            }
+        } else {
+            pipeline::compile_observed_with(&model, &step, opts, &mut |_| {})
+                .map_err(|e| failed(&e))?
+        };
         Ok(Probe {
             batch,
             total_bytes: c.report.total_bytes,
@@ -152,16 +180,17 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
         f.remat = false;
     }
     let mut found = Vec::new();
-    for (label, o) in [
-        ("with recomputation", opts),
-        ("without recomputation", &without),
+    for (label, o, fitted) in [
+        ("with recomputation", opts, true),
+        ("cheap recomputation", opts, false),
+        ("without recomputation", &without, false),
     ] {
         let progress = |b: usize| {
             if let Some(s) = &bar {
                 s.set_message(format!("planning at batch {b} ({label})"));
             }
         };
-        found.push((label, largest_batch(a, o, budget, &progress)));
+        found.push((label, largest_batch(a, o, budget, fitted, &progress)));
     }
     if let Some(s) = bar {
         s.finish_and_clear();
@@ -176,7 +205,11 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
             .iter()
             .map(|(label, (fit, over))| {
                 serde_json::json!({
-                    "recompute": *label == "with recomputation",
+                    "recompute": match *label {
+                        "with recomputation" => "budget",
+                        "cheap recomputation" => "cheap",
+                        _ => "none",
+                    },
                     "max_batch": fit.batch,
                     "total_bytes": fit.total_bytes,
                     "next_batch": over.batch,
@@ -204,6 +237,13 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
             over.batch,
             human(over.total_bytes),
             over.total_bytes
+        )?;
+    }
+    if let Some((_, (fit, _))) = results.first() {
+        crate::outln!(
+            "  with accumulation      batch k x {} as k micro-batches of {} (not planned here: the running gradient sums add to the plan above; --budget at that batch gives it)",
+            fit.batch,
+            fit.batch
         )?;
     }
     Ok(())

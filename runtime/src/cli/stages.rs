@@ -9,34 +9,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 /// What fitting a step to `--budget` did ([`load_and_compile`]).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Fitted {
-    pub budget_bytes: usize,
-    /// The plan's total as the model was asked for.
-    pub unfitted_bytes: usize,
-    /// Micro-batches accumulated, and the samples in each.
-    pub accumulate: usize,
-    pub micro_batch: usize,
-    /// The fitted plan's total.
-    pub total_bytes: usize,
-}
-
-impl Fitted {
-    /// One line for the report.
-    pub fn line(&self) -> String {
-        use ingot_compiler::plan::report::human;
-        format!(
-            "fitted to the budget of {}: {} micro-batches of {} accumulated per step (one update), {} ({} bytes) instead of {} ({} bytes)",
-            human(self.budget_bytes),
-            self.accumulate,
-            self.micro_batch,
-            human(self.total_bytes),
-            self.total_bytes,
-            human(self.unfitted_bytes),
-            self.unfitted_bytes
-        )
-    }
-}
+pub use ingot_compiler::fit::Fitted;
 
 /// The message of a plan over `budget`: its total, the budget, and what is live at its peak.
 pub fn over_budget(report: &ingot_compiler::plan::report::Report, budget: usize) -> String {
@@ -68,17 +41,20 @@ pub fn over_budget(report: &ingot_compiler::plan::report::Report, budget: usize)
     msg
 }
 
-/// Loads the model and compiles it ([`compile_as_asked`]), then, with `--budget` and a plan over it, the step fitted to it:
-/// a named model (with no `--accumulate` of its own) is compiled again accumulating its batch
-/// over 2, 3, 4, ... micro-batches (divisors of the batch, fewest first: each more costs
-/// launches and smaller GEMMs) until one fits. Returns what was done, or an error (exit code 3)
-/// naming the smallest plan found and what is live at its peak.
+/// Loads the model and compiles it ([`compile_as_asked`]), then, with `--budget` and a plan
+/// over it, the step fitted to it by the compiler ([`ingot_compiler::fit::fit`]): library calls
+/// recomputed for the backward pass, then gradients accumulated over 2, 3, 4, ... micro-batches
+/// (a named model with no `--accumulate` of its own), recomputation accepted where it adds at
+/// most a third to the step's FLOPs. With `--accumulate` given, the budget is a gate only.
+/// Returns what was done, or an error (exit code 3) naming the smallest plan found and what
+/// is live at its peak, or the resident bytes when they alone are over the budget.
 pub fn load_and_compile(
     model: &super::ModelArgs,
     step: &ingot_compiler::autodiff::StepOptions,
     opts: &pipeline::Options,
     spinner: bool,
 ) -> Result<(Model, Compiled, Duration, Option<Fitted>), Failure> {
+    use ingot_compiler::fit::{self, FitError, FitOptions};
     let (m, c, t) = compile_as_asked(model, step, opts, spinner)?;
     let Some(budget) = model.budget else {
         return Ok((m, c, t, None));
@@ -86,56 +62,32 @@ pub fn load_and_compile(
     if c.report.total_bytes <= budget {
         return Ok((m, c, t, None));
     }
-    let cannot = |why: &str, c: &Compiled| {
-        Failure::new(
+    let gate = model.accumulate.is_some();
+    let fit_opts = FitOptions {
+        budget,
+        recompute: !gate,
+        accumulate: !gate && model.model.is_some(),
+    };
+    let micro = |k: usize| model.load_accumulated(k).map_err(|f| f.message);
+    let builder: Option<&dyn Fn(usize) -> Result<Model, String>> = match model.model {
+        Some(_) => Some(&micro),
+        None => None,
+    };
+    match fit::fit(&m, step, opts, &fit_opts, builder) {
+        Ok((m, c, fitted)) => Ok((m, c, t, fitted)),
+        Err(FitError::Over {
+            smallest, tried, ..
+        }) => Err(Failure::new(
             3,
             format!(
-                "{}\n{why}; lower the batch size or sequence length, or raise --budget",
-                over_budget(&c.report, budget)
+                "{}\nit does not fit: tried {tried} (the plan above is the smallest found); lower the batch size or sequence length, or raise --budget{}",
+                over_budget(&smallest.report, budget),
+                if gate { " (or leave out --accumulate to let the compiler fit the step)" } else { "" }
             ),
-        )
-    };
-    let batch = m
-        .graph
-        .leaf("x")
-        .and_then(|x| m.graph.ty(x).shape.dims().first().copied());
-    let (Some(_), Some(batch), None) = (&model.model, batch, model.accumulate) else {
-        return Err(cannot(
-            "it is not fitted by accumulating gradients: that needs --model NAME and no --accumulate of its own",
-            &c,
-        ));
-    };
-    let unfitted = c.report.total_bytes;
-    let mut best = c;
-    for k in (2..=batch).filter(|k| batch % k == 0) {
-        let micro = model.load_accumulated(k)?;
-        let step_k = ingot_compiler::autodiff::StepOptions {
-            accumulate: k,
-            ..*step
-        };
-        let ck = pipeline::compile_observed_with(&micro, &step_k, opts, &mut |_| {})
-            .map_err(|e| Failure::new(1, format!("{} accumulated {k} times: {e}", micro.name)))?;
-        let total = ck.report.total_bytes;
-        if total <= budget {
-            let fitted = Fitted {
-                budget_bytes: budget,
-                unfitted_bytes: unfitted,
-                accumulate: k,
-                micro_batch: batch / k,
-                total_bytes: total,
-            };
-            return Ok((micro, ck, t, Some(fitted)));
-        }
-        if total < best.report.total_bytes {
-            best = ck;
-        }
+        )),
+        Err(e @ FitError::Resident { .. }) => Err(Failure::new(3, e.to_string())),
+        Err(e) => Err(Failure::new(1, format!("{}: {e}", m.name))),
     }
-    Err(cannot(
-        &format!(
-            "no number of accumulated micro-batches fits either (the plan above is the smallest found, batch {batch} in micro-batches down to 1 sample)"
-        ),
-        &best,
-    ))
 }
 
 /// Loads the model and compiles it as asked (no fitting). With `spinner`, and when stderr is a
