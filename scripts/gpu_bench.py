@@ -33,6 +33,10 @@ What is measured, per system:
   ingot  `INGOT train --model M --device cuda --steps W+N --json [--tf32]`; the step time is the
       median of the per-step "seconds" after the warmup, the peak its summary's measured_bytes.
 
+Environment: INGOT_BENCH_ARGS adds arguments to every ingot cell's command (`--budget 4GiB`,
+`--chunk-loss-head`); TORCH_BENCH_CHECKPOINT=1 wraps every transformer block of the torch cells
+in torch.utils.checkpoint (non-reentrant), the usual practice under a memory limit.
+
 torch and jax cells start from the same parameters and batch (numpy, seeded per tensor, with
 reference-models.md's init: weights normal(0, 0.02), biases 0, LayerNorm gains 1), so their
 first and last losses must agree; the footer says whether they do. Ingot uses its own seeded init.
@@ -181,6 +185,16 @@ def torch_cell(a):
         state = reference_init({k: tuple(v.shape) for k, v in model.state_dict().items()}, a.seed)
         model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
         model.to(device=device, dtype=torch.float32).train()
+        if os.environ.get("TORCH_BENCH_CHECKPOINT") == "1":
+            # The usual practice under a memory limit: torch.utils.checkpoint around every
+            # transformer block (non-reentrant, as PyTorch recommends), so each block's
+            # activations are recomputed in the backward pass.
+            from torch.utils.checkpoint import checkpoint
+
+            for blk in model.blocks:
+                blk.forward = (lambda f: lambda h: checkpoint(f, h, use_reentrant=False))(blk.forward)
+            if "checkpointed blocks" not in notes:
+                notes.append("checkpointed blocks")
         xn, yn = synthetic_batch(cfg, a.seed)
         x = torch.from_numpy(xn).to(device)
         y = torch.from_numpy(yn).to(device)
@@ -498,7 +512,7 @@ def worker_cell(a, model, system, mode):
 def parse_ingot(out, warmup, steps):
     """The result of `ingot train --json`'s stdout, or raises CellError. One JSON object per
     step {"step", "loss", "seconds"}, then one {"summary": {...}}; nothing else."""
-    rows, summary = [], None
+    rows, summary, fitted = [], None, None
     for line in out.splitlines():
         line = line.strip()
         if not line:
@@ -511,6 +525,8 @@ def parse_ingot(out, warmup, steps):
             raise CellError(f"ingot printed JSON that is not an object: {line[:200]!r}")
         if "summary" in obj:
             summary = obj["summary"]
+        elif "fitted" in obj:  # --budget: what fitting the step to it did
+            fitted = obj["fitted"]
         elif {"step", "loss", "seconds"} <= obj.keys():
             rows.append(obj)
         else:
@@ -530,6 +546,8 @@ def parse_ingot(out, warmup, steps):
     losses = [float(r["loss"]) for r in rows]
     if not all(math.isfinite(v) for v in losses):
         notes.append("non-finite loss")
+    if fitted is not None:
+        notes.append("fitted: " + json.dumps(fitted, sort_keys=True))
     return {
         "median_ms": statistics.median(timed),
         "step_ms": timed,
@@ -549,6 +567,8 @@ def parse_ingot(out, warmup, steps):
 def ingot_cell(a, model, mode, plain_attention=False):
     cmd = [a.ingot, "train", "--model", model, "--device", a.device, "--steps", str(a.warmup + a.steps),
            "--json", "--seed", str(a.seed), "--precision", mode]  # fmt: skip
+    # Extra ingot arguments for every Ingot cell (`--budget 4GiB`, `--chunk-loss-head`).
+    cmd += shlex.split(os.environ.get("INGOT_BENCH_ARGS", ""))
     if plain_attention:
         cmd.append("--no-fuse-attention")
     rc, out, err, seconds, timed_out = run_subprocess(cmd, dict(os.environ), a.timeout)

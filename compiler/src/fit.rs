@@ -104,6 +104,9 @@ pub struct Fitted {
     pub accumulate: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub micro_batch: Option<usize>,
+    /// The loss head computed in row chunks ([`crate::autodiff::chunk`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub chunked_loss_head: bool,
     /// Library calls recomputed for the backward pass, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recompute: Option<Recompute>,
@@ -115,6 +118,9 @@ impl Fitted {
     /// One line for the report.
     pub fn line(&self) -> String {
         let mut what = Vec::new();
+        if self.chunked_loss_head {
+            what.push("the loss head in row chunks".to_string());
+        }
         if self.accumulate > 1 {
             what.push(format!(
                 "{} micro-batches{} accumulated per step (one update)",
@@ -328,6 +334,36 @@ pub fn fit(
             budget,
         });
     }
+    // First the loss head in row chunks: its largest tensor (a language model's logits)
+    // shrinks to a chunk's for an addition of the head's weight gradient per extra chunk.
+    let unfitted = base.report.total_bytes;
+    let chunked_step = StepOptions {
+        loss_head_chunk_bytes: crate::autodiff::chunk::HEAD_CHUNK_BYTES,
+        ..*step
+    };
+    let (step, r, base, chunked_loss_head) = if step.loss_head_chunk_bytes == 0 {
+        let rc = pipeline::rewritten(model, &chunked_step, opts)?;
+        let bc = pipeline::finish(&rc, &[])?;
+        if bc.report.total_bytes < base.report.total_bytes {
+            (&chunked_step, rc, bc, true)
+        } else {
+            (step, r, base, false)
+        }
+    } else {
+        (step, r, base, false)
+    };
+    if base.report.total_bytes <= budget {
+        let f = Fitted {
+            budget_bytes: budget,
+            unfitted_bytes: unfitted,
+            chunked_loss_head,
+            accumulate: step.accumulate.max(1),
+            micro_batch: None,
+            recompute: None,
+            total_bytes: base.report.total_bytes,
+        };
+        return Ok((model.clone(), base, Some(f)));
+    }
     let batch = model
         .graph
         .leaf("x")
@@ -338,10 +374,10 @@ pub fn fit(
     if let (true, Some(whole), Some(_)) = (fit.accumulate, whole, micro_batch) {
         ks.extend((ks[0] + 1..=whole).filter(|k| whole % k == 0));
     }
-    let unfitted = base.report.total_bytes;
     let fitted = |k: usize, c: &Compiled, recompute: Option<Recompute>| Fitted {
         budget_bytes: budget,
         unfitted_bytes: unfitted,
+        chunked_loss_head: chunked_loss_head && k <= 1,
         accumulate: k,
         micro_batch: whole.map(|w| w / k),
         recompute,

@@ -94,16 +94,18 @@ fn on_the_gpu_cnn_matches_the_cpu_over_ten_steps() {
     }
 }
 
-/// resnet18 at its own learning rate (0.1) memorises a fixed batch within a few steps, and
-/// the two backends' rounding differences (summation orders, and through them ReLU inputs
-/// within rounding of 0 that fall on either side) grow with it: on the H100 the first two
-/// losses agree to the last bit, yet the parameters after them differ by 4.6e-4 (2026-11-25),
-/// and the third loss by 7e-4. At lr 0.01 the trajectories stay together, so the comparison
-/// over five steps holds the kernels to 1e-4 without measuring chaos.
+/// resnet18 memorises a fixed batch within a few steps, and the two backends' rounding
+/// differences (summation orders, and through them ReLU inputs within rounding of 0 that fall
+/// on either side) grow with it. Measured on the H100 (2026-11-25): at its own learning rate
+/// (0.1) the first two losses agree to the last bit, yet the parameters after them differ by
+/// 4.6e-4; at lr 0.01 the fourth loss (0.36, from 2.45) is 9.8e-4 apart; at lr 0.001 the first
+/// four are within 1.3e-5 and the fifth (0.98) 1.4e-4 apart. The kernels are compared where
+/// the trajectory is not yet chaotic: lr 0.001, four steps. (Against PyTorch, where the same
+/// holds, compare_torch.sh anchors resnet18 at each step instead.)
 #[test]
-fn on_the_gpu_resnet18_matches_the_cpu_over_five_steps() {
+fn on_the_gpu_resnet18_matches_the_cpu_over_four_steps() {
     if cuda::gpu_for_test("resnet18 vs cpu") {
-        gpu_matches_cpu_at("resnet18", Some(0.01), Precision::F32, 5, 1e-4);
+        gpu_matches_cpu_at("resnet18", Some(0.001), Precision::F32, 4, 1e-4);
     }
 }
 
