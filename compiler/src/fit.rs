@@ -377,7 +377,7 @@ pub fn fit(
     let fitted = |k: usize, c: &Compiled, recompute: Option<Recompute>| Fitted {
         budget_bytes: budget,
         unfitted_bytes: unfitted,
-        chunked_loss_head: chunked_loss_head && k <= 1,
+        chunked_loss_head,
         accumulate: k,
         micro_batch: whole.map(|w| w / k),
         recompute,

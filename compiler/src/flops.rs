@@ -1,11 +1,11 @@
 //! Floating-point operations of a step graph, counted from its ops' shapes: what the budget
-//! fitter ([`crate::fit`]) weighs recomputation against ("the copies add 4% to the step").
+//! fitter (`compiler::fit`) weighs recomputation against ("the copies add 4% to the step").
 //!
 //! Matrix products, attention and convolutions dominate and are counted as the usual papers
 //! count them (a multiply-add is two operations); every other op counts one operation per
 //! element it writes (a reduction one per element it reads). The figures are a model of the
 //! work, not a measurement: a fused kernel does the same arithmetic as its primitive ops, so
-//! the count is taken on the unfused graph (what [`crate::fuse::fuse`] receives).
+//! the count is taken on the unfused graph (what fusion receives).
 
 use crate::ir::window::WindowOp;
 use crate::ir::{Graph, NodeId, Op};

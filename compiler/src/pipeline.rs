@@ -200,7 +200,7 @@ pub fn compile_step(name: &str, step: Step, opts: &Options) -> Result<Compiled, 
     compile_step_observed(name, step, opts, &mut |_| {}, Timings::new())
 }
 
-/// A training step rewritten and not yet fused: what the budget fitter ([`crate::fit`]) compiles
+/// A training step rewritten and not yet fused: what the budget fitter (`compiler::fit`) compiles
 /// again and again, each time recomputing other values, without tracing and rewriting anew.
 #[derive(Clone, Debug)]
 pub struct Rewritten {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// The pipeline's stages, in the order data flows through them.
 const STAGES: &[&str] = &[
     "ir",
+    "flops",
     "trace",
     "models",
     "recognize",
@@ -23,6 +24,7 @@ const STAGES: &[&str] = &[
     "lower",
     "exe",
     "pipeline",
+    "fit",
 ];
 /// Helpers every stage may use; they use no stage themselves.
 const BASE: &[&str] = &["error", "files"];

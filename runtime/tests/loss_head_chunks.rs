@@ -7,7 +7,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::{chunk, StepOptions};
 use ingot_compiler::exe::Executable;
-use ingot_compiler::ir::{DType, LeafKind};
+use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
@@ -18,6 +18,7 @@ use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 
 #[path = "support/steps.rs"]
+#[allow(dead_code)] // its compile() takes no precision; this file compiles its own
 mod steps;
 use steps::max_relative as relative;
 

@@ -17,7 +17,6 @@
 //!   with batch norm is not the full batch's step);
 //! - dropout draws fresh masks in each copy (its salt is mixed with the copy's number).
 
-use super::grad;
 use super::step::LOSS;
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
@@ -156,10 +155,13 @@ impl<'f> MicroBatches<'f> {
 /// micro-batch, its parameters `params` of `forward`): returns the step graph so far, its mean
 /// loss (also its output [`LOSS`]) and the gradient of that mean loss for each parameter (in
 /// `params`' order, as leaves of the new graph).
+/// With `loss_head_chunk_bytes` above 0, each micro-batch's loss head runs in row chunks
+/// ([`super::chunk`]) as a whole step's would.
 pub fn accumulated_gradients(
     forward: &Graph,
     params: &[NodeId],
     k: usize,
+    loss_head_chunk_bytes: usize,
 ) -> Result<(Graph, NodeId, Vec<NodeId>, Vec<NodeId>)> {
     let mut g = Graph::new();
     let mut mb = MicroBatches::new(&mut g, forward, k)?;
@@ -172,10 +174,23 @@ pub fn accumulated_gradients(
     let mut losses = Vec::with_capacity(k);
     for i in 0..k {
         let loss = mb.forward(&mut g, i)?;
+        let part = g.scoped(&format!("micro-batch {i}"), |g| g.mul_scalar(loss, scale))?;
+        let chunked = super::chunk::grad_in_chunks(
+            &mut g,
+            part,
+            &new_params,
+            loss_head_chunk_bytes,
+            k as f64,
+        )?;
+        let grads = chunked.grads;
+        // A head in chunks sums the loss anew (the whole head's nodes are dead).
+        let loss = if chunked.chunks > 1 {
+            chunked.loss
+        } else {
+            loss
+        };
         g.set_output(&micro_batch_loss(i), loss)?;
         losses.push(loss);
-        let part = g.scoped(&format!("micro-batch {i}"), |g| g.mul_scalar(loss, scale))?;
-        let grads = grad::grad(&mut g, part, &new_params)?;
         sum = Some(match sum {
             None => grads,
             Some(acc) => acc

@@ -241,7 +241,7 @@ pub fn find(g: &Graph, loss: NodeId, max_chunk_bytes: usize) -> Option<Head> {
 
 /// What differentiating a loss with its head in chunks made ([`grad_in_chunks`]).
 pub struct ChunkedGrad {
-    /// The loss as the chunks sum it (the old loss node is dead code).
+    /// The loss as the chunks sum it, times the scale asked for (the old loss node is dead).
     pub loss: NodeId,
     /// The gradient of the loss for each node of `wrt`, in order.
     pub grads: Vec<NodeId>,
@@ -252,11 +252,16 @@ pub struct ChunkedGrad {
 /// The gradient of `loss` with respect to `wrt` (parameters), with the loss head computed and
 /// differentiated in row chunks when [`find`] finds one over `max_chunk_bytes`; otherwise
 /// [`grad::grad`] of the whole loss, the same nodes as before.
+///
+/// The returned loss is the chunks' sum times `loss_scale` (1: the loss itself), made right
+/// after the last chunk and before the rest of the backward pass, so that it marks where the
+/// forward pass ends for the passes that read that from the loss's position.
 pub fn grad_in_chunks(
     g: &mut Graph,
     loss: NodeId,
     wrt: &[NodeId],
     max_chunk_bytes: usize,
+    loss_scale: f64,
 ) -> Result<ChunkedGrad> {
     let Some(head) = find(g, loss, max_chunk_bytes) else {
         let grads = grad::grad(g, loss, wrt)?;
@@ -394,6 +399,10 @@ pub fn grad_in_chunks(
             Some(t) => g.add(t, part)?,
         });
     }
+    let mut total = total.expect("at least one chunk");
+    if loss_scale != 1.0 {
+        total = g.mul_scalar(total, loss_scale)?;
+    }
     // The rest of the backward pass, from the head's operands with the chunks' gradients.
     let mut roots = Vec::with_capacity(row_grads.len() + shared_grads.len());
     for (&x, parts) in row_grads.iter().zip(&row_parts) {
@@ -406,7 +415,7 @@ pub fn grad_in_chunks(
     g.set_scope(outer);
     let grads = grad::grad_of_roots(g, &roots, wrt)?;
     Ok(ChunkedGrad {
-        loss: total.expect("at least one chunk"),
+        loss: total,
         grads,
         chunks: head.chunks,
     })

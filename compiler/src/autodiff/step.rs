@@ -102,16 +102,23 @@ pub fn training_step_with(
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
     let mut loss_chunks = 1;
     let (mut g, params, f, grads) = if opts.accumulate > 1 {
+        if opts.loss_head_chunk_bytes > 0 {
+            loss_chunks = 2; // each micro-batch's head may be in chunks: drop what they leave
+        }
         let forward_nodes = g.len();
-        let (step, _, params, grads) =
-            super::accumulate::accumulated_gradients(&g, &params, opts.accumulate)?;
+        let (step, _, params, grads) = super::accumulate::accumulated_gradients(
+            &g,
+            &params,
+            opts.accumulate,
+            opts.loss_head_chunk_bytes,
+        )?;
         // The first micro-batch's forward pass (and the leaves) come first; the phases of an
         // accumulated step interleave after it.
         (step, params, forward_nodes, grads)
     } else {
         let f = g.len();
         let chunked =
-            super::chunk::grad_in_chunks(&mut g, loss, &params, opts.loss_head_chunk_bytes)?;
+            super::chunk::grad_in_chunks(&mut g, loss, &params, opts.loss_head_chunk_bytes, 1.0)?;
         if chunked.chunks > 1 {
             g.outputs.insert(LOSS.to_string(), chunked.loss);
             loss_chunks = chunked.chunks;

@@ -81,7 +81,7 @@ pub fn recompute_for_backward(g: &Graph, recompute_ops: usize) -> Result<(Graph,
 /// expression keeps its value).
 ///
 /// This costs the copies' arithmetic (a matmul's 2·m·n·k again) and buys memory; which values
-/// are worth it is the budget fitter's choice ([`crate::fit`]), not this function's.
+/// are worth it is the budget fitter's choice (`compiler::fit`), not this function's.
 pub fn recompute_with(
     g: &Graph,
     recompute_ops: usize,
@@ -207,7 +207,7 @@ pub fn recompute_with(
 }
 
 /// A forward value fusion stores and the backward pass reads that is not cheap to recompute:
-/// a matmul, fused attention or convolution output. The budget fitter ([`crate::fit`]) picks
+/// a matmul, fused attention or convolution output. The budget fitter (`compiler::fit`) picks
 /// which of them [`recompute_with`] recomputes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
