@@ -385,3 +385,36 @@ fn train_under_a_budget_runs_the_fitted_step_and_says_so() {
         .collect();
     assert_eq!(losses, again);
 }
+
+#[test]
+fn chunk_loss_head_plans_gpt2_in_less_memory_and_a_small_model_as_before() {
+    let total = |args: &[&str]| -> u64 {
+        let (code, out, err) = ingot(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let doc: serde_json::Value = serde_json::from_str(&out).expect("plan --json prints JSON");
+        doc["total_bytes"].as_u64().unwrap()
+    };
+    let gpt2 = [
+        "plan",
+        "--model",
+        "gpt2",
+        "--device",
+        "cuda",
+        "--precision",
+        "bf16",
+        "--json",
+    ];
+    let whole = total(&gpt2);
+    let chunked = total(&[&gpt2[..], &["--chunk-loss-head"]].concat());
+    // Eight blocks of bf16[1024, 50304] logits instead of one of [8192, 50304] (786 MiB).
+    assert!(
+        chunked + (400 << 20) < whole,
+        "gpt2 bf16: {chunked} bytes in chunks, {whole} whole"
+    );
+    // mlp's head is far under the chunk size: nothing changes.
+    let mlp = ["plan", "--model", "mlp", "--json"];
+    assert_eq!(
+        total(&mlp),
+        total(&[&mlp[..], &["--chunk-loss-head"]].concat())
+    );
+}

@@ -47,8 +47,9 @@ pub struct PlanArgs {
     #[arg(long, num_args = 2, value_names = ["OLD.json", "NEW.json"], conflicts_with_all = ["model", "model_file", "json", "html", "svg", "budget", "eval"])]
     pub diff: Option<Vec<std::path::PathBuf>>,
     /// Instead of one plan, find the largest batch whose plan fits --budget: the model is
-    /// planned at batch 1, 2, 4, ... until one is over, then bisected. Printed with matmul
-    /// and attention outputs recomputed as the budget demands (as --budget fits a step), with
+    /// planned at batch 1, 2, 4, ... until one is over, then bisected. Printed fitted as
+    /// --budget fits one step (the loss head in row chunks, matmul and attention outputs
+    /// recomputed as the budget demands; no accumulation), with
     /// only the compiler's recomputation of cheap values (the default plan), and without any;
     /// with accumulation, any multiple of the first fits. Needs --model NAME (a model file's
     /// batch is fixed).
@@ -181,7 +182,7 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
     }
     let mut found = Vec::new();
     for (label, o, fitted) in [
-        ("with recomputation", opts, true),
+        ("fitted (chunks, recompute)", opts, true),
         ("cheap recomputation", opts, false),
         ("without recomputation", &without, false),
     ] {
@@ -206,7 +207,7 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
             .map(|(label, (fit, over))| {
                 serde_json::json!({
                     "recompute": match *label {
-                        "with recomputation" => "budget",
+                        "fitted (chunks, recompute)" => "budget",
                         "cheap recomputation" => "cheap",
                         _ => "none",
                     },
@@ -230,7 +231,7 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
     )?;
     for (label, (fit, over)) in &results {
         crate::outln!(
-            "  {label:<22} batch {:>6}: {} ({} bytes); batch {} needs {} ({} bytes)",
+            "  {label:<26} batch {:>6}: {} ({} bytes); batch {} needs {} ({} bytes)",
             fit.batch,
             human(fit.total_bytes),
             fit.total_bytes,
@@ -241,7 +242,7 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
     }
     if let Some((_, (fit, _))) = results.first() {
         crate::outln!(
-            "  with accumulation      batch k x {} as k micro-batches of {} (not planned here: the running gradient sums add to the plan above; --budget at that batch gives it)",
+            "  with accumulation          batch k x {} as k micro-batches of {} (not planned here: the running gradient sums add to the plan above; --budget at that batch gives it)",
             fit.batch,
             fit.batch
         )?;
