@@ -9,14 +9,11 @@ use ingot_compiler::ir::{DType, LeafKind};
 use ingot_compiler::lower::Target;
 use ingot_compiler::models::{self, Model};
 use ingot_compiler::pipeline;
-use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
-use ingot_runtime::StepExecutor;
 
 #[path = "support/steps.rs"]
 mod steps;
-use steps::max_relative as relative;
 
 fn compile(model: &Model, accumulate: usize) -> Executable {
     let step = StepOptions {
@@ -44,37 +41,10 @@ fn accumulated_against_whole(spec: &str, sgd: bool, k: usize, b: usize, steps: u
     state.extend(init_leaves(g, LeafKind::State, 3));
     let batches: Vec<IndexMap<String, Tensor>> =
         (0..steps).map(|s| synthetic_batch(g, 50 + s)).collect();
-    let run = |exe: Executable| {
-        let mut s = PlannedStep::new(exe).unwrap();
-        for (n, v) in &state {
-            s.write_leaf(n, v).unwrap();
-        }
-        let mut losses = Vec::new();
-        for batch in &batches {
-            for (n, v) in batch {
-                s.write_leaf(n, v).unwrap();
-            }
-            s.step().unwrap();
-            losses.push(s.read_output("loss").unwrap().as_f32().unwrap()[0] as f64);
-        }
-        let params: IndexMap<String, Tensor> = state
-            .keys()
-            .map(|n| (n.clone(), s.read_leaf(n).unwrap()))
-            .collect();
-        (losses, params)
-    };
-    let (la, pa) = run(accumulated);
-    let (lw, pw) = run(whole);
-    let loss = la
-        .iter()
-        .zip(&lw)
-        .map(|(a, w)| ((a - w) / w).abs())
-        .fold(0.0, f64::max);
-    let param = pa
-        .iter()
-        .map(|(n, v)| relative(v, &pw[n]))
-        .fold(0.0, f64::max);
-    (loss, param)
+    steps::run_distance(
+        &steps::train_planned(accumulated, &state, &batches),
+        &steps::train_planned(whole, &state, &batches),
+    )
 }
 
 #[test]

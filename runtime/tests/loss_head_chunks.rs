@@ -12,15 +12,11 @@ use ingot_compiler::lower::Target;
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
-use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
-use ingot_runtime::StepExecutor;
 
 #[path = "support/steps.rs"]
-#[allow(dead_code)] // its compile() takes no precision; this file compiles its own
 mod steps;
-use steps::max_relative as relative;
 
 /// 64 rows of 128 classes: f32 logits of 32 KiB, so 8 KiB chunks make 4 of 16 rows.
 const SPEC: &str = "gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=4";
@@ -64,37 +60,10 @@ fn chunked_against_whole(precision: Precision) -> (f64, f64) {
     let state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
     let batches: Vec<IndexMap<String, Tensor>> =
         (0..10).map(|s| synthetic_batch(g, 50 + s)).collect();
-    let run = |exe: Executable| {
-        let mut s = PlannedStep::new(exe).unwrap();
-        for (n, v) in &state {
-            s.write_leaf(n, v).unwrap();
-        }
-        let mut losses = Vec::new();
-        for batch in &batches {
-            for (n, v) in batch {
-                s.write_leaf(n, v).unwrap();
-            }
-            s.step().unwrap();
-            losses.push(s.read_output("loss").unwrap().to_f64_vec()[0]);
-        }
-        let params: IndexMap<String, Tensor> = state
-            .keys()
-            .map(|n| (n.clone(), s.read_leaf(n).unwrap()))
-            .collect();
-        (losses, params)
-    };
-    let (lc, pc) = run(chunked);
-    let (lw, pw) = run(whole);
-    let loss = lc
-        .iter()
-        .zip(&lw)
-        .map(|(a, w)| ((a - w) / w).abs())
-        .fold(0.0, f64::max);
-    let param = pc
-        .iter()
-        .map(|(n, v)| relative(v, &pw[n]))
-        .fold(0.0, f64::max);
-    (loss, param)
+    steps::run_distance(
+        &steps::train_planned(chunked, &state, &batches),
+        &steps::train_planned(whole, &state, &batches),
+    )
 }
 
 #[test]
