@@ -22,8 +22,8 @@ mod steps;
 const SPEC: &str = "gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=4";
 const CHUNK: usize = 8 << 10;
 
-fn compile(chunk_bytes: usize, precision: Precision) -> (Executable, usize) {
-    let m = models::by_name(SPEC).unwrap();
+fn compile(spec: &str, chunk_bytes: usize, precision: Precision) -> (Executable, usize) {
+    let m = models::by_name(spec).unwrap();
     let step = StepOptions {
         loss_head_chunk_bytes: chunk_bytes,
         ..Default::default()
@@ -49,9 +49,9 @@ fn compile(chunk_bytes: usize, precision: Precision) -> (Executable, usize) {
 
 /// Ten steps from the same parameters and batches, whole head and chunked: the largest
 /// relative difference of a loss and of a parameter.
-fn chunked_against_whole(precision: Precision) -> (f64, f64) {
-    let (whole, none) = compile(0, precision);
-    let (chunked, slices) = compile(CHUNK, precision);
+fn chunked_against_whole(spec: &str, chunk: usize, precision: Precision) -> (f64, f64) {
+    let (whole, none) = compile(spec, 0, precision);
+    let (chunked, slices) = compile(spec, chunk, precision);
     assert!(
         slices >= none + 4,
         "the chunked head slices its rows ({slices} slices, {none} without chunks)"
@@ -68,7 +68,7 @@ fn chunked_against_whole(precision: Precision) -> (f64, f64) {
 
 #[test]
 fn a_gpt_with_its_loss_head_in_row_chunks_trains_as_with_the_whole_head_in_f32() {
-    let (loss, param) = chunked_against_whole(Precision::F32);
+    let (loss, param) = chunked_against_whole(SPEC, CHUNK, Precision::F32);
     // AdamW turns a gradient that is zero in exact arithmetic (the key bias) into a step of
     // either sign, as in accumulate.rs: the parameters are held to the losses' trajectory.
     assert!(loss <= 1e-5, "loss {loss:.2e} (parameters {param:.2e})");
@@ -76,8 +76,21 @@ fn a_gpt_with_its_loss_head_in_row_chunks_trains_as_with_the_whole_head_in_f32()
 
 #[test]
 fn a_gpt_with_its_loss_head_in_row_chunks_trains_as_with_the_whole_head_in_bf16() {
-    let (loss, _) = chunked_against_whole(Precision::Bf16);
+    let (loss, _) = chunked_against_whole(SPEC, CHUNK, Precision::Bf16);
     assert!(loss <= 1e-2, "loss {loss:.2e}");
+}
+
+/// Every layer of the mlp is row-wise, so its whole forward pass is the "head": in blocks of
+/// rows, each block's forward and backward pass at once, every weight and bias gradient summed
+/// over the blocks. With SGD (no AdamW sign flips of rounding-noise gradients) the parameters
+/// are held as tightly as the losses.
+#[test]
+fn an_mlp_in_row_chunks_trains_as_the_whole_batch_with_its_biases_summed_over_the_chunks() {
+    let (loss, param) = chunked_against_whole("mlp", 128 << 10, Precision::F32);
+    assert!(
+        loss <= 1e-6 && param <= 1e-6,
+        "loss {loss:.2e}, parameters {param:.2e}"
+    );
 }
 
 #[test]
