@@ -100,10 +100,11 @@ pub fn training_step_with(
     // no weight decay, no optimizer state (its value stays as loaded, and is still saved).
     let reaches = ancestors(&g, loss);
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
-    let mut loss_chunks = 1;
+    // A loss head computed in chunks leaves the whole head's nodes unread.
+    let mut dead_head = false;
     let (mut g, params, f, grads) = if opts.accumulate > 1 {
         if opts.loss_head_chunk_bytes > 0 {
-            loss_chunks = 2; // each micro-batch's head may be in chunks: drop what they leave
+            dead_head = true; // each micro-batch's head may be in chunks
         }
         let forward_nodes = g.len();
         let (step, _, params, grads) = super::accumulate::accumulated_gradients(
@@ -121,7 +122,7 @@ pub fn training_step_with(
             super::chunk::grad_in_chunks(&mut g, loss, &params, opts.loss_head_chunk_bytes, 1.0)?;
         if chunked.chunks > 1 {
             g.outputs.insert(LOSS.to_string(), chunked.loss);
-            loss_chunks = chunked.chunks;
+            dead_head = true;
         }
         (g, params, f, chunked.grads)
     };
@@ -158,8 +159,7 @@ pub fn training_step_with(
     optimizer.apply_with_inputs(&mut g, &params, &grads, lr_scale, step)?;
     let n = g.len();
     name_updates(&mut g, b);
-    // A loss head computed in chunks leaves the whole head's nodes unread.
-    let (g, [f, b, n]) = if loss_chunks > 1 {
+    let (g, [f, b, n]) = if dead_head {
         let (live, map) = g.without_dead_code();
         // Each phase boundary moves down by the dead nodes before it.
         let at = |i: usize| map[..i].iter().filter(|m| m.is_some()).count();
