@@ -59,6 +59,19 @@ fn gpt2_plan_report() {
     insta::assert_snapshot!(report_of("gpt2"));
 }
 
+/// The same step with its loss head in row chunks (`--chunk-loss-head`): eight blocks of
+/// `[1024, 50304]` logits in place of one `[8192, 50304]`.
+#[test]
+fn gpt2_plan_report_with_its_loss_head_in_chunks() {
+    let m = ingot_compiler::models::by_name("gpt2").unwrap();
+    let step = ingot_compiler::autodiff::StepOptions {
+        loss_head_chunk_bytes: ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES,
+        ..Default::default()
+    };
+    let c = pipeline::compile_observed_with(&m, &step, &cpu_options(), &mut |_| {}).unwrap();
+    insta::assert_snapshot!(c.report.table());
+}
+
 #[test]
 fn small_gpt_plan_report_json() {
     let c = pipeline::compile_model(
