@@ -176,3 +176,27 @@ fn a_budget_under_the_resident_bytes_is_refused_naming_them() {
     assert!(msg.contains(&resident.to_string()), "{msg}");
     assert!(msg.contains("resident"), "{msg}");
 }
+
+/// The attention's operands (q, k, v: a kernel's split of the recomputed qkv product) are
+/// recomputed with that product: with every candidate recomputed, each `attention_grad` reads
+/// copies made after the loss, so no forward q, k or v is kept for the backward pass.
+#[test]
+fn values_computed_from_a_recomputed_product_are_recomputed_with_it_not_kept() {
+    let (_, all, _) = without_and_with(1);
+    let g = &all.graph;
+    let loss = g.outputs["loss"];
+    let grads: Vec<_> = g
+        .ids()
+        .filter(|&id| matches!(g.node(id).op, ingot_compiler::ir::Op::AttentionGrad { .. }))
+        .collect();
+    assert!(!grads.is_empty(), "the GPT's attention is fused");
+    for id in grads {
+        for &x in &g.node(id).inputs[..3] {
+            assert!(
+                x > loss,
+                "{id} reads {x} ({}) from the forward pass",
+                g.origin(x).label()
+            );
+        }
+    }
+}

@@ -139,10 +139,17 @@ pub fn recompute_with(
     for v in g.ids().take(loss.index()) {
         let i = v.index();
         // A stored elementwise value, or a reshape of one (a linear layer reads its input
-        // through a reshape); or a heavy value, a reshape of one, or an inlined value over one.
+        // through a reshape); or a heavy value, a reshape of one, an inlined value over one,
+        // or a stored value computed straight from one (the attention's q, k and v, a split
+        // of the qkv product): kept, it would hold for the backward pass what recomputing
+        // the heavy value was to free.
         let b = super::select::base(g, v);
         let cheap = stored[b.index()] && kind(g.node(b)) == Kind::Elementwise;
-        let over_heavy = (is_heavy[b.index()] || (!stored[i] && reaches_heavy[i]))
+        let over_heavy = (is_heavy[b.index()]
+            || (!stored[i] && reaches_heavy[i])
+            || (stored[i]
+                && !g.node(v).op.is_leaf()
+                && g.node(v).inputs.iter().any(|x| reaches_heavy[x.index()])))
             && forward.get(i).copied().unwrap_or(false);
         if !(cheap || over_heavy) || pinned[b.index()] || pinned[i] {
             continue;
