@@ -10,7 +10,7 @@ use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
 use ingot_compiler::models;
-use ingot_compiler::pipeline::{self, Options};
+use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
@@ -22,17 +22,23 @@ mod steps;
 const SPEC: &str = "gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=4";
 const CHUNK: usize = 8 << 10;
 
-fn compile(spec: &str, chunk_bytes: usize, precision: Precision) -> (Executable, usize) {
-    let m = models::by_name(spec).unwrap();
+/// `spec`'s step in `precision` for `target`, its loss head in chunks of at most
+/// `chunk_bytes` (0: whole).
+fn compiled(spec: &str, chunk_bytes: usize, precision: Precision, target: Target) -> Compiled {
     let step = StepOptions {
         loss_head_chunk_bytes: chunk_bytes,
         ..Default::default()
     };
     let opts = Options {
         precision: Some(precision),
-        ..Options::for_target(Target::Cpu)
+        ..Options::for_target(target)
     };
-    let c = pipeline::compile_observed_with(&m, &step, &opts, &mut |_| {}).unwrap();
+    let m = models::by_name(spec).unwrap();
+    pipeline::compile_observed_with(&m, &step, &opts, &mut |_| {}).unwrap()
+}
+
+fn compile(spec: &str, chunk_bytes: usize, precision: Precision) -> (Executable, usize) {
+    let c = compiled(spec, chunk_bytes, precision, Target::Cpu);
     let slices = c
         .step
         .graph
@@ -118,19 +124,8 @@ fn a_head_under_the_chunk_size_or_with_chunking_off_is_differentiated_whole() {
 
 #[test]
 fn gpt2_with_its_loss_head_in_chunks_plans_no_logits_buffer_and_less_memory() {
-    let m = models::by_name("gpt2").unwrap();
     for p in [Precision::F32, Precision::Bf16] {
-        let plan = |bytes: usize| {
-            let step = StepOptions {
-                loss_head_chunk_bytes: bytes,
-                ..Default::default()
-            };
-            let opts = Options {
-                precision: Some(p),
-                ..Options::for_target(Target::Cuda)
-            };
-            pipeline::compile_observed_with(&m, &step, &opts, &mut |_| {}).unwrap()
-        };
+        let plan = |bytes: usize| compiled("gpt2", bytes, p, Target::Cuda);
         let (whole, chunked) = (plan(0), plan(chunk::HEAD_CHUNK_BYTES));
         let g = &chunked.graph;
         let full = g
