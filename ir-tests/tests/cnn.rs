@@ -466,6 +466,17 @@ fn a_model_traced_in_eval_mode_reads_the_same_leaves_and_updates_nothing() {
     assert_eq!(mlp.eval_graph(), &mlp.graph);
 }
 
+/// `m`'s CPU session from `seed`, with its eval step in the same allocation.
+fn cpu_session_with_eval(m: &Model, seed: u64) -> Session {
+    let opts = Session::cpu_options();
+    let exe = pipeline::compile(m, &opts)
+        .unwrap()
+        .executable(Target::Cpu)
+        .unwrap();
+    ingot_runtime::trainer::eval::session_with_eval(m, exe, &opts, seed, Default::default())
+        .unwrap()
+}
+
 /// The evaluation step of a session ([`StepPair`]) normalises by the running statistics the
 /// training steps left, reads them in place and changes no parameter or statistic: its loss is
 /// the reference interpreter's loss of the eval-mode trace on the session's current values, and
@@ -473,14 +484,7 @@ fn a_model_traced_in_eval_mode_reads_the_same_leaves_and_updates_nothing() {
 #[test]
 fn the_eval_step_normalises_by_the_running_statistics_and_does_not_change_them() {
     let m = conv_bn_model(3);
-    let opts = Session::cpu_options();
-    let exe = pipeline::compile(&m, &opts)
-        .unwrap()
-        .executable(Target::Cpu)
-        .unwrap();
-    let mut s =
-        ingot_runtime::trainer::eval::session_with_eval(&m, exe, &opts, 7, Default::default())
-            .unwrap();
+    let mut s = cpu_session_with_eval(&m, 7);
     for _ in 0..3 {
         s.step().unwrap();
     }
@@ -529,14 +533,7 @@ fn a_small_batch_resnet18_trains_and_validates_on_the_cpu() {
         momentum: 0.9,
         weight_decay: 5e-4,
     };
-    let opts = Session::cpu_options();
-    let exe = pipeline::compile(&m, &opts)
-        .unwrap()
-        .executable(Target::Cpu)
-        .unwrap();
-    let mut s =
-        ingot_runtime::trainer::eval::session_with_eval(&m, exe, &opts, 3, Default::default())
-            .unwrap();
+    let mut s = cpu_session_with_eval(&m, 3);
     for _ in 0..2 {
         s.step().unwrap();
     }

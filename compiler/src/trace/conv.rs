@@ -282,32 +282,29 @@ fn batch_norm2d_in_scope(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Resu
         let shift = g.parameter(&format!("{name}.bias"), [c], dtype, Init::Zeros)?;
         let rm = g.state(&format!("{name}.running_mean"), [c], dtype, Init::Zeros)?;
         let rv = g.state(&format!("{name}.running_var"), [c], dtype, Init::Ones)?;
-        if g.mode() == Mode::Eval {
-            let rm4 = g.reshape(rm, [c, 1, 1])?;
-            let rv4 = g.reshape(rv, [c, 1, 1])?;
-            let xc = g.sub(x, rm4)?;
-            let var_eps = g.add_scalar(rv4, eps)?;
+        // `xc / √(var + eps) · weight + bias`, per channel: both modes end so.
+        let scale_shift = |g: &mut Graph, xc: NodeId, var: NodeId| -> Result<NodeId> {
+            let var_eps = g.add_scalar(var, eps)?;
             let std = g.sqrt(var_eps)?;
             let rstd = g.recip(std)?;
             let xhat = g.mul(xc, rstd)?;
             let gain4 = g.reshape(gain, [c, 1, 1])?;
             let shift4 = g.reshape(shift, [c, 1, 1])?;
             let y = g.mul(xhat, gain4)?;
-            return g.add(y, shift4);
+            g.add(y, shift4)
+        };
+        if g.mode() == Mode::Eval {
+            let rm4 = g.reshape(rm, [c, 1, 1])?;
+            let rv4 = g.reshape(rv, [c, 1, 1])?;
+            let xc = g.sub(x, rm4)?;
+            return scale_shift(g, xc, rv4);
         }
         let axes = [0, 2, 3];
         let mean = g.mean(x, &axes)?;
         let xc = g.sub(x, mean)?;
         let sq = g.mul(xc, xc)?;
         let var = g.mean(sq, &axes)?;
-        let var_eps = g.add_scalar(var, eps)?;
-        let std = g.sqrt(var_eps)?;
-        let rstd = g.recip(std)?;
-        let xhat = g.mul(xc, rstd)?;
-        let gain4 = g.reshape(gain, [c, 1, 1])?;
-        let shift4 = g.reshape(shift, [c, 1, 1])?;
-        let y = g.mul(xhat, gain4)?;
-        let y = g.add(y, shift4)?;
+        let y = scale_shift(g, xc, var)?;
         // The running estimates: no gradient flows into them (they do not reach the loss).
         let m = BN_MOMENTUM;
         let mean_c = g.reshape(mean, [c])?;
