@@ -68,6 +68,8 @@ pub fn of_node(g: &Graph, id: NodeId) -> u64 {
         Op::Reduce { .. } => numel(n.inputs[0]),
         Op::ScatterAdd { .. } => numel(n.inputs[1]),
         Op::AllReduce { .. } => n.inputs.iter().map(|&x| numel(x)).sum(),
+        // A copy: no arithmetic.
+        Op::AllGather { .. } => 0,
         Op::Fused(k) => numel(id) * k.body.len().max(1) as u64,
         Op::Unary(_)
         | Op::Binary(_)

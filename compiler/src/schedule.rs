@@ -106,13 +106,14 @@ pub fn traced(g: &Graph) -> Vec<NodeId> {
     list_schedule(g, &d, false)
 }
 
-/// `order` with each all-reduce (and its result nodes) moved to right after the last of its
-/// operands: a gradient bucket is reduced as soon as the backward pass has produced it, so on
-/// a device that runs collectives on a stream of their own it overlaps the rest of the backward
-/// pass. Moving a node earlier, after all its operands, keeps every dependence (its readers
-/// were after it and still are). An order without all-reduce is returned unchanged.
+/// `order` with each collective (an all-reduce and its result nodes, an all-gather) moved to
+/// right after the last of its operands: a gradient bucket is reduced as soon as the backward
+/// pass has produced it, so on a device that runs collectives on a stream of their own it
+/// overlaps the rest of the backward pass. Moving a node earlier, after all its operands, keeps
+/// every dependence (its readers were after it and still are). An order without collectives is
+/// returned unchanged.
 pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
-    let is_collective = |id: NodeId| matches!(g.node(g.writer(id)).op, Op::AllReduce { .. });
+    let is_collective = |id: NodeId| g.node(g.writer(id)).op.is_collective();
     if !order.iter().any(|&id| is_collective(id)) {
         return order;
     }
@@ -122,10 +123,10 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
     for (p, &id) in order.iter().enumerate() {
         position[id.index()] = p;
     }
-    // For each position, the all-reduces that become ready right after it.
+    // For each position, the collectives that become ready right after it.
     let mut after: Vec<Vec<NodeId>> = vec![Vec::new(); order.len()];
     for &id in &order {
-        if matches!(g.node(id).op, Op::AllReduce { .. }) {
+        if g.node(id).op.is_collective() {
             let last = g.node(id).inputs.iter().map(|x| position[x.index()]).max();
             if let Some(last) = last.filter(|&l| l < order.len()) {
                 after[last].push(id);
@@ -144,7 +145,8 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
     defer_collective_readers(g, out)
 }
 
-/// `order` with each kernel that makes a gradient an all-reduce averages (and its results)
+/// `order` with each kernel that makes an operand of a collective (a gradient an all-reduce
+/// averages, a value an all-gather sends) and its results
 /// moved to right after the last of its dependences, so every bucket is complete, and its
 /// collective can start, as early as the backward pass allows. Left where the schedule put
 /// them, the small gradients (a bias's or a LayerNorm gain's column sum, which frees little
@@ -159,7 +161,7 @@ fn hasten_gradients(
     let n = g.len();
     let mut picked = vec![false; n];
     for id in g.ids() {
-        if let Op::AllReduce { .. } = g.node(id).op {
+        if g.node(id).op.is_collective() {
             for &x in &g.node(id).inputs {
                 let w = g.writer(x);
                 picked[w.index()] = true;
@@ -198,7 +200,7 @@ fn hasten_gradients(
     out
 }
 
-/// `order` with every node that reads an all-reduce's result, directly or not (the optimizer's
+/// `order` with every node that reads a collective's result, directly or not (the optimizer's
 /// update of the reduced gradients), moved after all the others, each part in its own order.
 /// Run where the memory-aware schedule put it (as early as it frees memory: right after the
 /// bucket's all-reduce), an update would free the bucket's bytes for the rest of the backward
@@ -209,7 +211,7 @@ fn hasten_gradients(
 /// A valid order: a deferred node's operands come before it (deferred ones keep their
 /// order), and no node left in place reads a deferred one (it would be deferred too).
 fn defer_collective_readers(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
-    let reduced = |id: NodeId| matches!(g.node(g.writer(id)).op, Op::AllReduce { .. });
+    let reduced = |id: NodeId| g.node(g.writer(id)).op.is_collective();
     let mut deferred = vec![false; g.len()];
     for &id in &order {
         if reduced(id) {

@@ -140,20 +140,47 @@ fn each_gradient_bucket_lowers_to_one_all_reduce_over_its_region_each_waiting_fo
             "an all-reduce waits for its gradients"
         );
     }
-    for w in reduces.windows(2) {
+    // The token embedding's gradient is made from the ranks' gathered ids and rows: two
+    // all-gathers of one rank's bytes into twice as many, in the one chain of collectives.
+    let gathers: Vec<(usize, usize)> = p
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            DeviceOp::AllGather { bytes, ranks, .. } => {
+                assert_eq!(*ranks, 2);
+                Some((i, *bytes))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        gathers.iter().map(|g| g.1).collect::<Vec<_>>(),
+        vec![2 * 32 * 8, 2 * 32 * 256 * 4],
+        "the (i64) ids and the (f32) rows of one rank"
+    );
+    assert_eq!(p.counts().all_gathers, 2);
+    let collectives: Vec<usize> = (0..p.ops.len())
+        .filter(|&i| p.ops[i].is_collective())
+        .collect();
+    assert_eq!(collectives.len(), reduces.len() + gathers.len());
+    for w in collectives.windows(2) {
         assert!(
-            p.deps[w[1].0].contains(&w[0].0),
-            "all-reduce {} does not wait for the one before it",
-            w[1].0
+            p.deps[w[1]].contains(&w[0]),
+            "collective {} does not wait for the one before it",
+            w[1]
         );
     }
     // The chain is a checked invariant: a program whose collectives may run out of order is
     // refused by the program's own check.
     let mut broken = p.clone();
-    let (last, before) = (reduces[reduces.len() - 1].0, reduces[reduces.len() - 2].0);
+    let (last, before) = (
+        collectives[collectives.len() - 1],
+        collectives[collectives.len() - 2],
+    );
     broken.deps[last].retain(|d| *d != before);
     let e = broken.check(p.total_bytes).unwrap_err().to_string();
-    assert!(e.contains("does not wait for all-reduce"), "{e}");
+    assert!(e.contains("does not wait for collective"), "{e}");
 }
 
 #[test]

@@ -72,10 +72,14 @@ fn two_ranks_reduce_every_gradient_once_in_contiguous_buckets_before_the_update(
     let buckets = ingot_compiler::plan::buckets::buckets(g, exe.plan());
     assert!(!buckets.is_empty());
     let params = g.leaves(LeafKind::Parameter).len();
+    // The token embedding's [64, 32] gradient is made on every rank from the ranks' gathered
+    // ids and rows ([2, 16] and [2, 16, 32] a rank), which are fewer bytes to send.
+    let gathers = ingot_compiler::plan::buckets::gathers(g, exe.plan());
+    assert_eq!(gathers.len(), 2, "{gathers:?}");
     assert_eq!(
         buckets.iter().map(|b| b.gradients).sum::<usize>(),
-        params,
-        "every parameter's gradient is in exactly one bucket"
+        params - 1,
+        "every other parameter's gradient is in exactly one bucket"
     );
     for b in &buckets {
         assert!(b.region_bytes >= b.bytes && b.region_bytes < b.bytes + 256 * b.gradients);
@@ -90,6 +94,31 @@ fn two_ranks_reduce_every_gradient_once_in_contiguous_buckets_before_the_update(
             b.node
         );
     }
+}
+
+/// The all-gathers of a GPT's step on two ranks and the element count of each gathered value.
+fn gathered(spec: &str) -> Vec<usize> {
+    let exe = compile(&models::by_name(spec).unwrap(), 2);
+    let g = exe.graph();
+    ingot_compiler::plan::buckets::gathers(g, exe.plan())
+        .iter()
+        .map(|x| g.ty(x.node).shape.numel())
+        .collect()
+}
+
+#[test]
+fn an_embeddings_gradient_is_made_from_gathered_ids_and_rows_only_where_they_are_fewer_bytes() {
+    // vocab 4096 x 32 table (512 KiB of gradient) against 2 x 16 ids and rows a rank (4 KiB):
+    // the rows are gathered, each rank's 2 x 16 positions, into 4 x 16 on both ranks.
+    assert_eq!(
+        gathered("gpt:vocab=4096,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=2"),
+        vec![2 * 2 * 16, 2 * 2 * 16 * 32]
+    );
+    // A table of 8 rows (1 KiB) is smaller than the rows of 32 positions: it is all-reduced.
+    assert_eq!(
+        gathered("gpt:vocab=8,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=2"),
+        Vec::<usize>::new()
+    );
 }
 
 #[test]

@@ -329,6 +329,7 @@ impl Lowerer<'_> {
             | Op::Attention { .. }
             | Op::AttentionGrad { .. }
             | Op::AllReduce { .. }
+            | Op::AllGather { .. }
             | Op::Dropout { .. }
             | Op::Window(_) => self.cut(v),
         }

@@ -134,7 +134,8 @@ pub fn kind(n: &Node) -> Kind {
         | Op::Concat { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }
-        | Op::AllReduce { .. } => Kind::Library,
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. } => Kind::Library,
         // Dropout is its own kernel (the counter-based draw, see `ingot_kernels::rng`): its
         // operands and result are buffers, and the mask is drawn again wherever it is needed.
         Op::Dropout { .. } => Kind::Library,

@@ -392,6 +392,30 @@ pub fn infer(
             }
             (*first).clone()
         }
+        Op::AllGather { ranks } => {
+            if *ranks < 2 {
+                return Err(fail(format!(
+                    "an all-gather over {ranks} rank(s) is the identity; it needs ranks >= 2"
+                )));
+            }
+            let [x] = operands else {
+                return Err(fail(format!(
+                    "an all-gather takes one operand, not {}",
+                    operands.len()
+                )));
+            };
+            let Some(&n) = x.shape.dims().first() else {
+                return Err(fail(format!(
+                    "operand {x} is a scalar: ranks are concatenated along axis 0"
+                )));
+            };
+            let Some(rows) = n.checked_mul(*ranks) else {
+                return Err(too_large(x));
+            };
+            let mut dims = x.shape.0.clone();
+            dims[0] = rows;
+            TensorType::new(Shape(dims), x.dtype)
+        }
     };
     if inferred.checked_bytes().is_none() {
         return Err(too_large(&inferred));

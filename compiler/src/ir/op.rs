@@ -152,6 +152,14 @@ pub enum Op {
     AllReduce {
         ranks: usize,
     },
+    /// Data parallelism: the concatenation along axis 0 of every rank's operand, rank 0's
+    /// first (`[n, ..]` on each rank gives `[ranks * n, ..]` on every rank), as one collective
+    /// all-gather. Made by autodiff's `buckets` module where a gradient is cheaper to compute
+    /// again from every rank's operands than to all-reduce (an embedding's `scatter_add`: its
+    /// ids and rows are a fraction of the table's bytes).
+    AllGather {
+        ranks: usize,
+    },
 }
 
 impl Op {
@@ -199,6 +207,7 @@ impl Op {
             Op::AttentionGrad { .. } => "attention_grad",
             Op::Window(w) => w.name(),
             Op::AllReduce { .. } => "all_reduce",
+            Op::AllGather { .. } => "all_gather",
         }
     }
 
@@ -231,6 +240,20 @@ impl Op {
     /// calls, not fused kernels: attention and the data-parallel all-reduce.
     pub fn is_multi_output_call(&self) -> bool {
         self.is_attention() || matches!(self, Op::AllReduce { .. })
+    }
+
+    /// True for the data-parallel collectives (all-reduce, all-gather): every rank runs the
+    /// same ones in the same order, and each waits for the one before it.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce { .. } | Op::AllGather { .. })
+    }
+
+    /// The data-parallel ranks of a collective, `None` for every other op.
+    pub fn collective_ranks(&self) -> Option<usize> {
+        match self {
+            Op::AllReduce { ranks } | Op::AllGather { ranks } => Some(*ranks),
+            _ => None,
+        }
     }
 
     /// True for leaves (no operands, values supplied from outside the step).

@@ -179,7 +179,7 @@ fn write_attrs(s: &mut String, op: &Op) {
             Ok(())
         }
         Op::Result { index } => write!(s, " index={index}"),
-        Op::AllReduce { ranks } => write!(s, " ranks={ranks}"),
+        Op::AllReduce { ranks } | Op::AllGather { ranks } => write!(s, " ranks={ranks}"),
         Op::Dropout { p, salt } => write!(s, " p={} salt={salt}", float(*p)),
         Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
             write!(s, " causal={causal} scale={}", float(*scale))
@@ -784,6 +784,7 @@ fn op_by_name(name: &str) -> Option<Op> {
         "stop_gradient" => Op::StopGradient,
         "result" => Op::Result { index: 0 },
         "all_reduce" => Op::AllReduce { ranks: 0 },
+        "all_gather" => Op::AllGather { ranks: 0 },
         "dropout" => Op::Dropout { p: 0.0, salt: 0 },
         "attention" => Op::Attention {
             causal: false,
@@ -888,6 +889,12 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
         ),
         Op::AllReduce { .. } => (
             Op::AllReduce {
+                ranks: a.take_usize("ranks")?,
+            },
+            "it takes `ranks=`",
+        ),
+        Op::AllGather { .. } => (
+            Op::AllGather {
                 ranks: a.take_usize("ranks")?,
             },
             "it takes `ranks=`",
@@ -1253,6 +1260,26 @@ ingot-ir 1
 output \"loss\" = %5
 ";
         assert_eq!(print(&g), expected);
+    }
+
+    #[test]
+    fn an_all_gather_round_trips_and_concatenates_the_ranks_along_axis_0() {
+        let text = "ingot-ir 1
+%0 = input \"x\" : f32[3,5]
+%1 = all_gather(%0) ranks=2 : f32[6,5]
+output \"loss\" = %1
+";
+        let g = parse(text).unwrap();
+        assert_eq!(print(&g), text);
+        for (bad, says) in [
+            ("%1 = all_gather(%0) ranks=2 : f32[3,5]", "stated result"),
+            ("%1 = all_gather(%0) ranks=1 : f32[3,5]", "needs ranks >= 2"),
+            ("%1 = all_gather(%0) : f32[6,5]", "ranks"),
+        ] {
+            let text = format!("ingot-ir 1\n%0 = input \"x\" : f32[3,5]\n{bad}\n");
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("line 3"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -48,6 +48,36 @@ pub enum Instr {
         dtype: DType,
         ranks: usize,
     },
+    /// Data parallelism's all-gather `node`: every rank's `bytes` bytes at `from`, rank 0's
+    /// first, into the `ranks * bytes` bytes at `to` (the planner keeps the two apart).
+    AllGather {
+        node: NodeId,
+        from: usize,
+        to: usize,
+        bytes: usize,
+        ranks: usize,
+    },
+}
+
+impl Instr {
+    /// The node the instruction computes.
+    pub fn node(&self) -> NodeId {
+        match self {
+            Instr::Exec { node }
+            | Instr::InPlace { node }
+            | Instr::Fused { node, .. }
+            | Instr::AllReduce { node, .. }
+            | Instr::AllGather { node, .. } => *node,
+        }
+    }
+
+    /// The data-parallel ranks of a collective instruction, `None` for the others.
+    pub fn ranks(&self) -> Option<usize> {
+        match self {
+            Instr::AllReduce { ranks, .. } | Instr::AllGather { ranks, .. } => Some(*ranks),
+            _ => None,
+        }
+    }
 }
 
 /// A copy of `bytes` bytes from `from` to `to` at the end of the step (an update the plan could
@@ -253,6 +283,17 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
             });
             continue;
         }
+        if let Op::AllGather { ranks } = node.op {
+            let (from, to) = (location[node.inputs[0].index()], location[id.index()]);
+            instrs.push(Instr::AllGather {
+                node: id,
+                from: from.offset,
+                to: to.offset,
+                bytes: from.bytes,
+                ranks,
+            });
+            continue;
+        }
         let here = location[id.index()];
         let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
         instrs.push(if aliased {
@@ -297,12 +338,7 @@ impl Program {
                 .is_some_and(|end| end <= total_bytes)
         };
         for i in &self.instrs {
-            let id = match i {
-                Instr::Exec { node }
-                | Instr::InPlace { node }
-                | Instr::Fused { node, .. }
-                | Instr::AllReduce { node, .. } => *node,
-            };
+            let id = i.node();
             if id.index() >= g.len() {
                 return Err(LowerError::Invalid {
                     op: "cpu lowering",
@@ -323,7 +359,9 @@ impl Program {
                     ),
                 });
             }
-            if matches!(node.op, Op::AllReduce { .. }) != matches!(i, Instr::AllReduce { .. }) {
+            if matches!(node.op, Op::AllReduce { .. }) != matches!(i, Instr::AllReduce { .. })
+                || matches!(node.op, Op::AllGather { .. }) != matches!(i, Instr::AllGather { .. })
+            {
                 return Err(LowerError::Invalid {
                     op: "cpu lowering",
                     reason: format!(
@@ -347,6 +385,25 @@ impl Program {
                     .find(|c| !fits(c.from, c.bytes) || !fits(c.to, c.bytes))
                 {
                     return Err(bad(format!("a copy into all-reduce {id} at {}", c.to)));
+                }
+            }
+            if let Instr::AllGather {
+                from,
+                to,
+                bytes,
+                ranks,
+                ..
+            } = i
+            {
+                let all = bytes.checked_mul(*ranks).unwrap_or(usize::MAX);
+                if !fits(*from, *bytes) || !fits(*to, all) {
+                    return Err(bad(format!("the bytes of all-gather {id}")));
+                }
+                if *from < to + all && *to < from + bytes {
+                    return Err(LowerError::Invalid {
+                        op: "cpu lowering",
+                        reason: format!("all-gather {id} is placed over its operand"),
+                    });
                 }
             }
             if let Instr::Exec { .. } = i {
@@ -391,21 +448,24 @@ impl Program {
     /// `ingot inspect`): instruction counts by kind, copies, and an FNV-1a-64 fingerprint of
     /// the whole program.
     pub fn summary(&self) -> String {
-        let (mut exec, mut in_place, mut fused, mut collective) = (0, 0, 0, 0);
+        let (mut exec, mut in_place, mut fused, mut reduces, mut gathers) = (0, 0, 0, 0, 0);
         for i in &self.instrs {
             match i {
                 Instr::Exec { .. } => exec += 1,
                 Instr::InPlace { .. } => in_place += 1,
                 Instr::Fused { .. } => fused += 1,
-                Instr::AllReduce { .. } => collective += 1,
+                Instr::AllReduce { .. } => reduces += 1,
+                Instr::AllGather { .. } => gathers += 1,
             }
         }
         // Said only when there are some, so a one-rank program's summary is what it always was.
-        let collective = if collective > 0 {
-            format!(", {collective} all-reduces")
-        } else {
-            String::new()
-        };
+        let mut collective = String::new();
+        if reduces > 0 {
+            collective += &format!(", {reduces} all-reduces");
+        }
+        if gathers > 0 {
+            collective += &format!(", {gathers} all-gathers");
+        }
         let json = serde_json::to_vec(self).unwrap_or_default();
         format!(
             "{} instructions: {fused} fused kernels, {exec} ops into their own bytes, {in_place} in place{collective}\n{} copies after the last\nfingerprint: {:016x}\n",
@@ -417,11 +477,6 @@ impl Program {
 
     /// The nodes the program computes, in order.
     pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.instrs.iter().map(|i| match i {
-            Instr::Exec { node }
-            | Instr::InPlace { node }
-            | Instr::Fused { node, .. }
-            | Instr::AllReduce { node, .. } => *node,
-        })
+        self.instrs.iter().map(Instr::node)
     }
 }

@@ -176,6 +176,26 @@ pub enum DeviceOp {
         dtype: DType,
         ranks: usize,
     },
+    /// Every rank's `bytes` bytes at `from`, rank 0's first, into the `ranks * bytes` bytes at
+    /// `to` (apart from `from`): NCCL's all-gather of bytes, on the runtime's communicator, in
+    /// the one order of the program's collectives as [`DeviceOp::AllReduce`].
+    AllGather {
+        node: NodeId,
+        from: usize,
+        to: usize,
+        bytes: usize,
+        ranks: usize,
+    },
+}
+
+impl DeviceOp {
+    /// True for the data-parallel collectives, which every rank runs in the same order.
+    pub fn is_collective(&self) -> bool {
+        matches!(
+            self,
+            DeviceOp::AllReduce { .. } | DeviceOp::AllGather { .. }
+        )
+    }
 }
 
 /// A row-major batched matmul `C[b] = op(A[b]) · op(B[b])`, stated as the column-major GEMM
@@ -316,12 +336,12 @@ pub(super) fn lower(
     Ok(program)
 }
 
-/// Makes each all-reduce wait for the one before it in program order, so every rank runs its
+/// Makes each collective wait for the one before it in program order, so every rank runs its
 /// collectives in the program's one order ([`DeviceOp::AllReduce`]).
 fn chain_collectives(ops: &[DeviceOp], deps: &mut [SmallVec<[usize; 4]>]) {
     let mut last = None;
     for (i, op) in ops.iter().enumerate() {
-        if matches!(op, DeviceOp::AllReduce { .. }) {
+        if op.is_collective() {
             if let Some(prev) = last {
                 if !deps[i].contains(&prev) {
                     deps[i].push(prev);
@@ -353,6 +373,7 @@ impl Program {
                 DeviceOp::Zero { .. } => c.memsets += 1,
                 DeviceOp::Copy { .. } => c.copies += 1,
                 DeviceOp::AllReduce { .. } => c.all_reduces += 1,
+                DeviceOp::AllGather { .. } => c.all_gathers += 1,
             }
         }
         c
@@ -411,14 +432,14 @@ impl Program {
         }
         self.check_bounds()?;
         let collectives: Vec<usize> = (0..self.ops.len())
-            .filter(|&i| matches!(self.ops[i], DeviceOp::AllReduce { .. }))
+            .filter(|&i| self.ops[i].is_collective())
             .collect();
         if let Some(w) = collectives
             .windows(2)
             .find(|w| !self.deps.get(w[1]).is_some_and(|d| d.contains(&w[0])))
         {
             return Err(invalid(format!(
-                "all-reduce {} does not wait for all-reduce {} before it: the ranks could run \
+                "collective {} does not wait for collective {} before it: the ranks could run \
                  their collectives in different orders",
                 w[1], w[0]
             )));
@@ -504,6 +525,27 @@ impl Program {
                 DeviceOp::Copy { from, to, bytes } => {
                     if !fits(*from, *bytes) || !fits(*to, *bytes) {
                         return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
+                    }
+                }
+                DeviceOp::AllGather {
+                    node,
+                    from,
+                    to,
+                    bytes,
+                    ranks,
+                } => {
+                    let all = bytes.checked_mul(*ranks).unwrap_or(usize::MAX);
+                    if !fits(*from, *bytes) || !fits(*to, all) {
+                        return Err(bad(format!(
+                            "the all-gather of node %{}: {bytes} bytes at {from} into {to}",
+                            node.index()
+                        )));
+                    }
+                    if *from < to + all && *to < from + bytes {
+                        return Err(bad(format!(
+                            "the all-gather of node %{} onto its own operand",
+                            node.index()
+                        )));
                     }
                 }
                 DeviceOp::AllReduce {
@@ -623,6 +665,8 @@ pub struct OpCounts {
     pub copies: usize,
     /// Gradient buckets averaged over the data-parallel ranks (0 for one rank).
     pub all_reduces: usize,
+    /// Gradient operands gathered from the data-parallel ranks (0 for one rank).
+    pub all_gathers: usize,
 }
 
 struct Lowering<'g> {
@@ -750,6 +794,25 @@ impl Lowering<'_> {
                 self.attention(id, outputs, plan, &inputs)
             }
             Op::AllReduce { ranks } => self.all_reduce(id, *ranks, &outputs[id.index()]),
+            Op::AllGather { ranks } => {
+                self.not_in_place(id)?;
+                let (from, to) = (
+                    self.location[self.g.node(id).inputs[0].index()],
+                    self.location[id.index()],
+                );
+                self.ops.push(DeviceOp::AllGather {
+                    node: id,
+                    from: from.offset,
+                    to: to.offset,
+                    bytes: from.bytes,
+                    ranks: *ranks,
+                });
+                self.touches.push(Touch {
+                    reads: smallvec::smallvec![from],
+                    writes: smallvec::smallvec![to],
+                });
+                Ok(())
+            }
             Op::Window(w) => self.window(id, w, plan, &inputs),
             op => Err(LowerError::Invalid {
                 op: op.name(),

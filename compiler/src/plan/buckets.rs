@@ -1,6 +1,7 @@
 //! The data-parallel part of a plan: each gradient bucket's all-reduce, where its one region
-//! lies, when it runs, and how much of the backward pass is left to overlap it. Every rank runs
-//! the same plan on its own device: the plan's total is per rank.
+//! lies, when it runs, and how much of the backward pass is left to overlap it; and each
+//! all-gather that replaces a gradient's all-reduce (`autodiff::buckets::gathered`). Every
+//! rank runs the same plan on its own device: the plan's total is per rank.
 
 use super::MemoryPlan;
 use crate::autodiff::phase;
@@ -101,6 +102,59 @@ pub fn table(buckets: &[Bucket], plan: &MemoryPlan) -> String {
             b.position,
             b.backward_after,
             b.after
+        );
+    }
+    s
+}
+
+/// One all-gather in the plan: a gradient's operands gathered from every rank instead of the
+/// gradient all-reduced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Gather {
+    /// The all-gather node.
+    pub node: NodeId,
+    pub ranks: usize,
+    /// Bytes this rank sends (its operand) and holds after it (every rank's, concatenated).
+    pub bytes: usize,
+    pub gathered_bytes: usize,
+    /// Schedule position of the all-gather.
+    pub position: usize,
+    /// What the operand is (its provenance).
+    pub of: String,
+}
+
+/// The all-gathers of a planned step, in schedule order (none for a one-rank step).
+pub fn gathers(g: &Graph, plan: &MemoryPlan) -> Vec<Gather> {
+    plan.liveness
+        .order
+        .iter()
+        .enumerate()
+        .filter_map(|(position, &id)| {
+            let Op::AllGather { ranks } = g.node(id).op else {
+                return None;
+            };
+            let x = *g.node(id).inputs.first()?;
+            Some(Gather {
+                node: id,
+                ranks,
+                bytes: g.ty(x).bytes(),
+                gathered_bytes: g.ty(id).bytes(),
+                position,
+                of: g.describe(g.writer(x)),
+            })
+        })
+        .collect()
+}
+
+/// The all-gathers, one line each; empty for a step without them.
+pub fn gather_table(gathers: &[Gather]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    for x in gathers {
+        let _ = writeln!(
+            s,
+            "all-gather over {} ranks at position {}: {} bytes a rank of {} ({} bytes gathered)",
+            x.ranks, x.position, x.bytes, x.of, x.gathered_bytes
         );
     }
     s

@@ -99,6 +99,8 @@ pub enum Kind {
     Window(WindowOp),
     /// Data parallelism's all-reduce of a bucket over this many ranks (opaque to the rules).
     AllReduce(usize),
+    /// Data parallelism's all-gather over this many ranks (opaque to the rules).
+    AllGather(usize),
     /// Dropout; `p_bits` is the f64 probability's bit pattern (opaque to the rules).
     Dropout {
         p_bits: u64,
@@ -189,6 +191,7 @@ impl Kind {
             Kind::Output { index, ty } => (Op::Result { index: *index }, Some(ty.tensor_type())),
             Kind::Window(w) => (Op::Window(*w), None),
             Kind::AllReduce(ranks) => (Op::AllReduce { ranks: *ranks }, None),
+            Kind::AllGather(ranks) => (Op::AllGather { ranks: *ranks }, None),
             Kind::Dropout { p_bits, salt } => (
                 Op::Dropout {
                     p: f64::from_bits(*p_bits),
@@ -243,6 +246,7 @@ impl Kind {
             Op::StopGradient => Kind::StopGradient,
             Op::Window(w) => Kind::Window(*w),
             Op::AllReduce { ranks } => Kind::AllReduce(*ranks),
+            Op::AllGather { ranks } => Kind::AllGather(*ranks),
             Op::Dropout { p, salt } => Kind::Dropout {
                 p_bits: p.to_bits(),
                 salt: *salt,

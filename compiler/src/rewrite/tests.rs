@@ -258,7 +258,8 @@ fn eval(g: &Graph) -> Vec<T> {
             | Op::Result { .. }
             | Op::Attention { .. }
             | Op::AttentionGrad { .. }
-            | Op::AllReduce { .. } => {
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. } => {
                 unreachable!("not in these tests")
             }
         };

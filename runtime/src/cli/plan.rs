@@ -327,6 +327,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 serde_json::to_value(buckets).map_err(|e| Failure::new(1, e.to_string()))?,
             );
         }
+        let gathers = ingot_compiler::plan::buckets::gathers(&compiled.graph, &compiled.plan);
+        if let (false, Some(o)) = (gathers.is_empty(), doc.as_object_mut()) {
+            o.insert(
+                "gathers".into(),
+                serde_json::to_value(gathers).map_err(|e| Failure::new(1, e.to_string()))?,
+            );
+        }
         if let (Some(f), Some(o)) = (&fitted, doc.as_object_mut()) {
             o.insert(
                 "fitted".into(),
@@ -349,6 +356,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         crate::cli::out(format_args!(
             "{}",
             ingot_compiler::plan::buckets::table(&buckets, &compiled.plan)
+        ))?;
+        let gathers = ingot_compiler::plan::buckets::gathers(&compiled.graph, &compiled.plan);
+        crate::cli::out(format_args!(
+            "{}",
+            ingot_compiler::plan::buckets::gather_table(&gathers)
         ))?;
         if let Some(l) = eval {
             crate::outln!("{}", crate::trainer::eval::layout_line(&l))?;

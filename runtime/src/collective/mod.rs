@@ -3,7 +3,8 @@
 //!
 //! A [`Collective`] is one rank's end of a group of `N`: every rank calls
 //! [`Collective::all_reduce_mean`] with buffers of the same length, in the same order, and each
-//! gets back the elementwise mean over the ranks. [`threads`] is the in-process implementation
+//! gets back the elementwise mean over the ranks; [`Collective::all_gather`] gives every rank
+//! all the ranks' buffers, concatenated in rank order. [`threads`] is the in-process implementation
 //! (one thread per rank, sum in rank order then divide, so every run and every rank gets the
 //! same bits): it runs `N` ranks on one machine's CPU, which is how data parallelism is tested
 //! without several GPUs.
@@ -25,6 +26,10 @@ pub trait Collective: Send {
     /// over the ranks of every rank's `data`. Every rank must call it with the same length and
     /// dtype, in the same order; a mismatch is an error on every rank, not a hang.
     fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError>;
+    /// Writes every rank's `send` into `recv` (`ranks()` times its length), rank 0's first.
+    /// Every rank must call it with the same length, in the same order as its other
+    /// collectives; a mismatch is an error on every rank, not a hang.
+    fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), ExecError>;
 }
 
 /// The error of a step compiled for `ranks` ranks run without a collective of that size.

@@ -14,18 +14,15 @@ use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use ingot_compiler::exe::Executable;
-use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, Op};
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 
-/// The data-parallel ranks an executable was compiled for (1 when it has no all-reduce).
+/// The data-parallel ranks an executable was compiled for (1 when it has no collective).
 pub fn ranks_of(exe: &Executable) -> usize {
     let g = exe.graph();
     g.ids()
-        .find_map(|id| match g.node(id).op {
-            Op::AllReduce { ranks } => Some(ranks),
-            _ => None,
-        })
+        .find_map(|id| g.node(id).op.collective_ranks())
         .unwrap_or(1)
 }
 

@@ -3,7 +3,8 @@
 //! then each rank sums the slots in rank order (0, 1, ..., N-1) and divides by `N`: the same
 //! arithmetic on every rank and every run, so all ranks hold the same bits afterwards, as they
 //! must for their parameters to stay equal. bf16 is summed in f32 and rounded once, to the
-//! nearest even (as the step rounds every bf16 store).
+//! nearest even (as the step rounds every bf16 store). An all-gather copies every rank's slot
+//! into each rank's buffer, in rank order.
 
 use super::Collective;
 use crate::error::ExecError;
@@ -83,6 +84,36 @@ impl Collective for ThreadRank {
         g.barrier.wait();
         result
     }
+
+    fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), ExecError> {
+        let g = &*self.group;
+        {
+            let mut mine = slot(g, self.rank);
+            mine.clear();
+            mine.extend_from_slice(send);
+        }
+        g.barrier.wait();
+        let lengths: Vec<usize> = (0..g.ranks).map(|r| slot(g, r).len()).collect();
+        let result =
+            if lengths.iter().any(|&l| l != send.len()) || recv.len() != send.len() * g.ranks {
+                Err(ExecError::Invalid {
+                    op: "all_gather",
+                    reason: format!(
+                    "the ranks all-gather buffers of different lengths ({lengths:?} bytes, into \
+                     {} bytes on rank {}): every rank must run the same step",
+                    recv.len(),
+                    self.rank
+                ),
+                })
+            } else {
+                for (r, part) in recv.chunks_exact_mut(send.len().max(1)).enumerate() {
+                    part.copy_from_slice(&slot(g, r));
+                }
+                Ok(())
+            };
+        g.barrier.wait();
+        result
+    }
 }
 
 /// `out = (parts[0] + parts[1] + ... ) / n`, elementwise, summed in rank order.
@@ -158,6 +189,42 @@ mod tests {
         let want = f32_bytes(&[1.0, ((-1e8f32 + 0.0) + 1e8) / 3.0, 2.0]);
         for o in &outs {
             assert_eq!(o, &want);
+        }
+    }
+
+    #[test]
+    fn every_thread_rank_gets_every_ranks_buffer_in_rank_order() {
+        let handles: Vec<_> = group(3)
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let k = r.rank() as u8;
+                    let mut recv = vec![0u8; 6];
+                    r.all_gather(&[k, 10 + k], &mut recv).unwrap();
+                    recv
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), vec![0, 10, 1, 11, 2, 12]);
+        }
+    }
+
+    #[test]
+    fn ranks_gathering_different_lengths_all_get_an_error_instead_of_hanging() {
+        let handles: Vec<_> = group(2)
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let send = vec![1u8; 1 + r.rank()];
+                    let mut recv = vec![0u8; 2 * send.len()];
+                    r.all_gather(&send, &mut recv)
+                })
+            })
+            .collect();
+        for h in handles {
+            let e = h.join().unwrap().unwrap_err().to_string();
+            assert!(e.contains("different lengths"), "{e}");
         }
     }
 

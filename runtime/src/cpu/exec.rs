@@ -280,9 +280,9 @@ pub fn exec_node_with(
             op,
             "attention writes several outputs: it runs through `exec_attention`",
         )),
-        Op::AllReduce { .. } => Err(invalid(
+        Op::AllReduce { .. } | Op::AllGather { .. } => Err(invalid(
             op,
-            "an all-reduce averages over data-parallel ranks: it runs in a planned step with a \
+            "a collective runs over data-parallel ranks: it runs in a planned step with a \
              collective (`runtime::collective`), not node by node",
         )),
         Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),

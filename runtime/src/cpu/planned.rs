@@ -209,10 +209,7 @@ impl PlannedStep {
             .program
             .instrs
             .iter()
-            .find_map(|i| match i {
-                Instr::AllReduce { ranks, .. } => Some(*ranks),
-                _ => None,
-            })
+            .find_map(Instr::ranks)
             .unwrap_or(1)
     }
 
@@ -307,6 +304,28 @@ impl Part {
                     let region =
                         unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *bytes) };
                     c.all_reduce_mean(region, *dtype)
+                        .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+                }
+                Instr::AllGather {
+                    node,
+                    from,
+                    to,
+                    bytes,
+                    ranks,
+                } => {
+                    let c = match collective.as_deref_mut() {
+                        Some(c) if c.ranks() == *ranks => c,
+                        other => return Err(needs_collective(*ranks, other.map(|c| c.ranks()))),
+                    };
+                    // SAFETY: both ranges lie inside the allocation and apart (checked
+                    // program); no other slice of it is alive during the call.
+                    let (send, recv) = unsafe {
+                        (
+                            std::slice::from_raw_parts(base.add(*from), *bytes),
+                            std::slice::from_raw_parts_mut(base.add(*to), bytes * ranks),
+                        )
+                    };
+                    c.all_gather(send, recv)
                         .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
                 }
                 Instr::Exec { node } => self.exec(base, *node)?,

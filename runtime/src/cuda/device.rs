@@ -402,7 +402,7 @@ impl CudaStep {
             .program
             .ops
             .iter()
-            .filter(|op| matches!(op, DeviceOp::AllReduce { .. }))
+            .filter(|op| op.is_collective())
             .collect();
         if ops.is_empty() {
             return Ok(());
@@ -671,6 +671,33 @@ impl CudaStep {
                         )
                     }
                     .map_err(|e| self.at(part, *node, "all-reducing", e))?;
+                }
+                DeviceOp::AllGather {
+                    node,
+                    from,
+                    to,
+                    bytes,
+                    ..
+                } => {
+                    let comm = self.comm.as_ref().ok_or_else(|| {
+                        self.at(
+                            part,
+                            *node,
+                            "all-gathering",
+                            "the step has no NCCL communicator".into(),
+                        )
+                    })?;
+                    // SAFETY: both regions lie inside the allocation, apart (the program's
+                    // check), which lives as long as the graphs; the stream is this device's.
+                    unsafe {
+                        comm.all_gather(
+                            self.base + *from as u64,
+                            self.base + *to as u64,
+                            *bytes,
+                            s as *mut c_void,
+                        )
+                    }
+                    .map_err(|e| self.at(part, *node, "all-gathering", e))?;
                 }
             }
         }

@@ -38,6 +38,8 @@ pub struct UniqueId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub enum DataType {
+    /// Bytes: what an all-gather copies, whatever the elements are.
+    Uint8 = 1,
     Float32 = 7,
     Float64 = 8,
     Bfloat16 = 9,
@@ -66,6 +68,8 @@ pub struct Nccl {
         RawComm,
         *mut c_void,
     ) -> Res,
+    all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> Res,
     group_start: unsafe extern "C" fn() -> Res,
     group_end: unsafe extern "C" fn() -> Res,
 }
@@ -104,6 +108,7 @@ fn bind(lib: &'static libloading::Library, path: PathBuf) -> Result<Nccl, String
         comm_init_all: sym!(b"ncclCommInitAll\0"),
         comm_destroy: sym!(b"ncclCommDestroy\0"),
         all_reduce: sym!(b"ncclAllReduce\0"),
+        all_gather: sym!(b"ncclAllGather\0"),
         group_start: sym!(b"ncclGroupStart\0"),
         group_end: sym!(b"ncclGroupEnd\0"),
         path,
@@ -220,6 +225,35 @@ impl Comm {
         self.nccl.check(
             "all-reduce",
             (self.nccl.all_reduce)(p, p, count, dtype as c_int, AVG, self.raw, stream),
+        )
+    }
+}
+
+impl Comm {
+    /// Queues the all-gather of `bytes` bytes at device address `from` on every rank into the
+    /// `ranks * bytes` bytes at `to`, rank 0's first, on `stream` (a `CUstream`).
+    ///
+    /// # Safety
+    /// `from` must address `bytes` bytes and `to` `ranks * bytes` bytes of device memory, apart,
+    /// live until the stream has run the operation, and `stream` a stream of the
+    /// communicator's device.
+    pub unsafe fn all_gather(
+        &self,
+        from: u64,
+        to: u64,
+        bytes: usize,
+        stream: *mut c_void,
+    ) -> Result<(), String> {
+        self.nccl.check(
+            "all-gather",
+            (self.nccl.all_gather)(
+                from as *const c_void,
+                to as *mut c_void,
+                bytes,
+                DataType::Uint8 as c_int,
+                self.raw,
+                stream,
+            ),
         )
     }
 }
