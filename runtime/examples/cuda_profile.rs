@@ -93,6 +93,10 @@ fn main() {
                 "all-reduce",
                 format!("all-reduce {bytes} bytes of {dtype:?}"),
             ),
+            DeviceOp::AllGather { bytes, ranks, .. } => (
+                "all-gather",
+                format!("all-gather {bytes} bytes from each of {ranks} ranks"),
+            ),
             DeviceOp::Gemm(gm) => (
                 "gemm",
                 format!(

@@ -187,3 +187,46 @@ fn every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any() {
         "free memory moved on some GPU over 1000 steps"
     );
 }
+
+#[test]
+fn a_rank_that_fails_mid_step_aborts_the_group_instead_of_leaving_the_others_waiting() {
+    if !two_gpus(
+        "a_rank_that_fails_mid_step_aborts_the_group_instead_of_leaving_the_others_waiting",
+    ) {
+        return;
+    }
+    let exe = compile(&models::by_name("gpt-mini").unwrap(), 2);
+    let g = exe.graph().clone();
+    let mut gpus = GpuRanks::new(exe, false).unwrap();
+    for (n, v) in init_leaves(&g, LeafKind::Parameter, 1)
+        .into_iter()
+        .chain(init_leaves(&g, LeafKind::State, 1))
+        .chain(synthetic_batch(&g, 2))
+    {
+        gpus.write_leaf(&n, &v).unwrap();
+    }
+    gpus.step().unwrap();
+    // Rank 0's step is queued (its graph waits in its first collective for rank 1), then rank
+    // 1 refuses an input of the wrong size: without the abort, rank 0 would wait for ever.
+    let x = g.leaf("x").expect("gpt-mini has an input x");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let bad = [0u8; 3];
+        let first = gpus
+            .step_ranks(&[vec![], vec![(x, &bad[..])]])
+            .map_err(|e| e.to_string());
+        let later = gpus.step().map_err(|e| e.to_string());
+        let _ = tx.send((first, later, gpus.aborted()));
+    });
+    let (first, later, aborted) = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the failed step returned within 2 minutes (the group was aborted)");
+    let first = first.unwrap_err();
+    assert!(
+        first.contains("rank 1") && first.contains("aborted") && first.contains("3 bytes"),
+        "{first}"
+    );
+    assert!(aborted);
+    let later = later.unwrap_err();
+    assert!(later.contains("aborted after rank 1 failed"), "{later}");
+}

@@ -10,12 +10,13 @@
 //! exists (`schedule::hoist_collectives`), overlapping the rest of the backward pass on a
 //! device that runs it on a stream of its own.
 //!
-//! A gradient made by a `scatter_add` (an embedding's) is the one exception: a sum over its
-//! rows' positions, so the ranks' gradients summed are the `scatter_add` of every rank's ids and
-//! rows concatenated. Where those operands are fewer bytes than the gradient ([`gathered`]: an
-//! embedding table's gradient is `[vocab, dim]`, its operands `[tokens, dim]`), each rank
-//! all-gathers them ([`Op::AllGather`]) and computes the summed gradient itself, then scales
-//! it by `1 / ranks`. Every rank adds the same rows in the same order (rank 0's positions
+//! A gradient made by a sum over the rows of its operands is the exception: a `scatter_add`
+//! (an embedding's gradient adds rows by their ids) or a `reduce_sum` over axis 0. The ranks'
+//! gradients summed are then the same op on every rank's operands concatenated along axis 0.
+//! Where those operands are fewer bytes than the gradient ([`gathered`]: an embedding table's
+//! gradient is `[vocab, dim]`, its operands `[tokens, dim]`), or are gathered already for
+//! another gradient, each rank all-gathers them ([`Op::AllGather`]) and computes the summed
+//! gradient itself, then scales it by `1 / ranks`. Every rank adds the same rows in the same order (rank 0's positions
 //! first), so all hold the same bits, and they equal one device's gradient over the ranks'
 //! batches concatenated. For gpt2 on two ranks this sends 25 MiB instead of all-reducing
 //! 147 MiB, and the collective no longer waits for the last kernel of the backward pass.
@@ -41,10 +42,24 @@ pub fn all_reduce_buckets(
     if ranks <= 1 {
         return Ok(grads.to_vec());
     }
+    // Gradients made from gathered operands; a pass may make an operand gathered that makes
+    // another gradient free to gather (the embeddings' gradients read the same rows), so the
+    // passes go on until one gathers nothing new.
     let mut averaged = std::collections::HashMap::new();
-    for &x in grads {
-        if let Some(y) = gathered(g, x, ranks)? {
-            averaged.insert(x, y);
+    let mut sent = std::collections::HashMap::new();
+    loop {
+        let mut more = false;
+        for &x in grads {
+            if averaged.contains_key(&x) {
+                continue;
+            }
+            if let Some(y) = gathered(g, x, ranks, &mut sent)? {
+                averaged.insert(x, y);
+                more = true;
+            }
+        }
+        if !more {
+            break;
         }
     }
     let mut order: Vec<NodeId> = grads
@@ -85,35 +100,69 @@ pub fn all_reduce_buckets(
 }
 
 /// The mean over the ranks of gradient `x`, computed on every rank from its operands gathered
-/// from all ranks, when `x` is a `scatter_add` and that is the cheaper collective; `None`
-/// otherwise (the gradient goes into a bucket).
+/// from all ranks, when `x` is a sum over its operands' rows (a `scatter_add`, or a
+/// `reduce_sum` whose axes include 0, possibly reshaped) and that is the cheaper collective; `None` otherwise (the
+/// gradient goes into a bucket). `sent` maps each operand gathered so far to its all-gather,
+/// which later gradients reuse at no cost.
 ///
 /// Cheaper is counted in bytes each rank receives: an all-gather of operands of `b` bytes a
 /// rank receives `(ranks - 1) * b`; a ring all-reduce of `n` bytes, `2 * (ranks - 1) / ranks
-/// * n`. So the operands are gathered when `ranks * b < 2 * n`. The `scatter_add` then runs
-/// over `ranks` times the positions (on gpt2, 16,384 instead of 8,192 ids; the step's other
-/// kernels do not change).
-pub fn gathered(g: &mut Graph, x: NodeId, ranks: usize) -> Result<Option<NodeId>> {
-    let node = g.node(x).clone();
-    let Op::ScatterAdd { rows } = node.op else {
-        return Ok(None);
+/// * n`. So the operands are gathered when `ranks * b < 2 * n`, `b` counting only operands not
+/// gathered yet. The op then runs over `ranks` times the rows (on gpt2, the embedding's
+/// `scatter_add` over 16,384 positions instead of 8,192).
+pub fn gathered(
+    g: &mut Graph,
+    x: NodeId,
+    ranks: usize,
+    sent: &mut std::collections::HashMap<NodeId, NodeId>,
+) -> Result<Option<NodeId>> {
+    // Reshapes of the sum (a broadcast parameter's gradient, `[1, T, d]` read as `[T, d]`)
+    // are made again on top of the gathered sum, whose type is the sum's.
+    let mut reshapes = Vec::new();
+    let mut core = x;
+    while let Op::Reshape = g.node(core).op {
+        reshapes.push(g.ty(core).clone());
+        core = g.node(core).inputs[0];
+    }
+    let node = g.node(core).clone();
+    let sums_rows = match &node.op {
+        Op::ScatterAdd { .. } => true,
+        Op::Reduce {
+            op: crate::ir::ReduceOp::Sum,
+            axes,
+        } => axes.contains(&0),
+        _ => false,
     };
-    let operand_bytes: usize = node.inputs.iter().map(|&i| g.ty(i).bytes()).sum();
-    let gradient_bytes = node.ty.bytes();
-    if operand_bytes.saturating_mul(ranks) >= gradient_bytes.saturating_mul(2) {
+    if !sums_rows {
+        return Ok(None);
+    }
+    let new_bytes: usize = node
+        .inputs
+        .iter()
+        .filter(|i| !sent.contains_key(i))
+        .map(|&i| g.ty(i).bytes())
+        .sum();
+    if new_bytes.saturating_mul(ranks) >= node.ty.bytes().saturating_mul(2) {
         return Ok(None);
     }
     let origin = g.origin(x).clone();
     let prev = g.set_scope(origin.clone());
     let out = (|| {
-        let gather = |g: &mut Graph, v: NodeId| {
-            g.scoped(&format!("all-gather for {origin}"), |g| {
-                g.push(Op::AllGather { ranks }, &[v], None)
-            })
-        };
-        let ids = gather(g, node.inputs[0])?;
-        let values = gather(g, node.inputs[1])?;
-        let sum = g.scatter_add(ids, values, rows)?;
+        let mut inputs = Vec::with_capacity(node.inputs.len());
+        for &v in &node.inputs {
+            let all = match sent.get(&v) {
+                Some(&all) => all,
+                None => g.scoped(&format!("all-gather for {origin}"), |g| {
+                    g.push(Op::AllGather { ranks }, &[v], None)
+                })?,
+            };
+            sent.insert(v, all);
+            inputs.push(all);
+        }
+        let mut sum = g.push(node.op.clone(), &inputs, Some(node.ty.clone()))?;
+        for ty in reshapes.iter().rev() {
+            sum = g.push(Op::Reshape, &[sum], Some(ty.clone()))?;
+        }
         g.mul_scalar(sum, 1.0 / ranks as f64)
     })();
     g.set_scope(prev);
