@@ -802,20 +802,6 @@ impl CudaStep {
     /// The copies have finished when this returns, on success or failure, so the caller may
     /// reuse its buffers.
     fn run_with_inputs(&mut self, eval: bool, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
-        self.queue(eval, inputs)?;
-        self.wait()
-    }
-
-    /// Queues the input copies and the replay of the training step's graph (or the evaluation
-    /// step's) between the two timing events, without waiting: [`CudaStep::poll`] or
-    /// [`CudaStep::wait`] finish it. The caller keeps `inputs` alive until then. On an error
-    /// the stream has been synchronized (no copy still reads the caller's buffers), unless
-    /// the graph itself was queued.
-    pub(super) fn queue(
-        &mut self,
-        eval: bool,
-        inputs: &[(NodeId, &[u8])],
-    ) -> Result<(), ExecError> {
         let part = if eval {
             self.eval.as_ref().ok_or_else(|| ExecError::Invalid {
                 op: "eval",
@@ -854,7 +840,7 @@ impl CudaStep {
                 break;
             }
         }
-        let r = queued.and_then(|()| self.launch(eval));
+        let r = queued.and_then(|()| self.replay(eval));
         if r.is_err() {
             // Whatever failed, no copy may still read the caller's buffers after we return.
             let _ = self.stream.synchronize();
@@ -862,9 +848,9 @@ impl CudaStep {
         r
     }
 
-    /// Queues the replay of the training step's graph (or the evaluation step's) between the
-    /// two events that time it.
-    fn launch(&mut self, eval: bool) -> Result<(), ExecError> {
+    /// Replays the training step's graph (or the evaluation step's) and waits for it; the
+    /// device time is measured between two events around the replay.
+    fn replay(&mut self, eval: bool) -> Result<(), ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         let part = if eval {
             self.eval.as_ref()
@@ -885,55 +871,10 @@ impl CudaStep {
             .map_err(driver("launching the step's graph"))?;
         self.stop
             .record(&self.stream)
-            .map_err(driver("recording an event"))
-    }
-
-    /// Waits for the queued step and records its device time.
-    pub(super) fn wait(&mut self) -> Result<(), ExecError> {
-        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+            .map_err(driver("recording an event"))?;
         self.stop
             .synchronize()
             .map_err(driver("running the step's graph"))?;
-        self.finished()
-    }
-
-    /// Whether the queued step has finished (its device time then recorded), without waiting;
-    /// an error if it failed.
-    pub(super) fn poll(&mut self) -> Result<bool, ExecError> {
-        self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        if !self
-            .stop
-            .try_is_complete()
-            .map_err(driver("running the step's graph"))?
-        {
-            return Ok(false);
-        }
-        self.finished().map(|()| true)
-    }
-
-    /// Aborts this rank's NCCL communicator ([`super::nccl::Comm::abort`]) so that its queued
-    /// collectives return instead of waiting for a rank that failed; then waits for the stream.
-    /// The step cannot run again (its graphs hold the aborted collectives). A step without a
-    /// communicator is left as it is.
-    pub(super) fn abort_collectives(&mut self) -> Result<(), ExecError> {
-        let Some(comm) = self.comm.as_mut() else {
-            return Ok(());
-        };
-        let aborted = comm.abort().map_err(|reason| ExecError::Device {
-            what: "aborting the NCCL group".into(),
-            reason,
-        });
-        let _ = self.ctx.bind_to_thread();
-        let _ = self.stream.synchronize();
-        aborted
-    }
-
-    /// Whether this rank's communicator was aborted.
-    pub(super) fn collectives_aborted(&self) -> bool {
-        self.comm.as_ref().is_some_and(|c| c.is_aborted())
-    }
-
-    fn finished(&mut self) -> Result<(), ExecError> {
         let ms = self
             .start
             .elapsed_ms(&self.stop)
@@ -1058,8 +999,7 @@ impl StepExecutor for CudaStep {
     /// Replays the step's graph and waits for it; the step's device time is measured between
     /// two events around the replay.
     fn step(&mut self) -> Result<(), ExecError> {
-        self.queue(false, &[])?;
-        self.wait()
+        self.replay(false)
     }
 
     fn allocated_bytes(&self) -> usize {

@@ -59,7 +59,6 @@ pub struct Nccl {
     comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> Res,
     comm_init_all: unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> Res,
     comm_destroy: unsafe extern "C" fn(RawComm) -> Res,
-    comm_abort: unsafe extern "C" fn(RawComm) -> Res,
     all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -108,7 +107,6 @@ fn bind(lib: &'static libloading::Library, path: PathBuf) -> Result<Nccl, String
         comm_init_rank: sym!(b"ncclCommInitRank\0"),
         comm_init_all: sym!(b"ncclCommInitAll\0"),
         comm_destroy: sym!(b"ncclCommDestroy\0"),
-        comm_abort: sym!(b"ncclCommAbort\0"),
         all_reduce: sym!(b"ncclAllReduce\0"),
         all_gather: sym!(b"ncclAllGather\0"),
         group_start: sym!(b"ncclGroupStart\0"),
@@ -157,7 +155,6 @@ impl Nccl {
                 nccl: self,
                 raw,
                 ranks: devices.len(),
-                aborted: false,
             })
             .collect())
     }
@@ -179,7 +176,6 @@ impl Nccl {
             nccl: self,
             raw,
             ranks,
-            aborted: false,
         })
     }
 
@@ -201,8 +197,6 @@ pub struct Comm {
     nccl: &'static Nccl,
     raw: RawComm,
     ranks: usize,
-    /// Set by [`Comm::abort`]: the handle is gone and no collective may be queued on it.
-    aborted: bool,
 }
 
 // SAFETY: an NCCL communicator may be used from any one thread at a time.
@@ -227,9 +221,6 @@ impl Comm {
         dtype: DataType,
         stream: *mut c_void,
     ) -> Result<(), String> {
-        if self.aborted {
-            return Err("the communicator was aborted after a rank failed".into());
-        }
         let p = ptr as *mut c_void;
         self.nccl.check(
             "all-reduce",
@@ -253,9 +244,6 @@ impl Comm {
         bytes: usize,
         stream: *mut c_void,
     ) -> Result<(), String> {
-        if self.aborted {
-            return Err("the communicator was aborted after a rank failed".into());
-        }
         self.nccl.check(
             "all-gather",
             (self.nccl.all_gather)(
@@ -270,32 +258,10 @@ impl Comm {
     }
 }
 
-impl Comm {
-    /// Aborts the communicator (`ncclCommAbort`): its collectives still queued or waiting for
-    /// a peer on the device return, and its resources are freed. What a group does when one of
-    /// its ranks failed: the others would otherwise wait in their next collective for ever.
-    /// Once aborted, queuing a collective on it is an error.
-    pub fn abort(&mut self) -> Result<(), String> {
-        if std::mem::replace(&mut self.aborted, true) {
-            return Ok(());
-        }
-        // SAFETY: the handle came from init and is aborted once (then never destroyed).
-        self.nccl
-            .check("abort", unsafe { (self.nccl.comm_abort)(self.raw) })
-    }
-
-    /// Whether [`Comm::abort`] was called.
-    pub fn is_aborted(&self) -> bool {
-        self.aborted
-    }
-}
-
 impl Drop for Comm {
     fn drop(&mut self) {
-        if !self.aborted {
-            // SAFETY: the handle came from init and is destroyed once.
-            unsafe { (self.nccl.comm_destroy)(self.raw) };
-        }
+        // SAFETY: the handle came from init and is destroyed once.
+        unsafe { (self.nccl.comm_destroy)(self.raw) };
     }
 }
 

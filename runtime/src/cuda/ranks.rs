@@ -1,7 +1,6 @@
 //! `N` GPUs of this machine as one step executor: the ranks of a step compiled for `N`
 //! data-parallel ranks, rank `r` on GPU `r`, each with its own allocation, stream and end of one
-//! NCCL group. Loading runs a thread per GPU; each step is queued on every GPU from one thread
-//! and polled to its end ([`GpuRanks::step_ranks`]), the group aborted if a rank fails.
+//! NCCL group, each driven by a thread of its own every step (one process, one thread per GPU).
 //!
 //! What a session sees is what [`crate::collective::ranks::CpuRanks`] shows it: one step whose
 //! batch is the union of the ranks' shards (an input written for all ranks together is cut into
@@ -11,7 +10,7 @@
 
 use super::device::{CudaOptions, CudaStep, RankGate};
 use super::nccl;
-use crate::collective::ranks::{joined, ranks_of, shard, write_shards};
+use crate::collective::ranks::{joined, on_every_rank, ranks_of, shard, write_shards};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
@@ -35,8 +34,6 @@ pub struct NcclInfo {
 pub struct GpuRanks {
     ranks: Vec<CudaStep>,
     nccl: NcclInfo,
-    /// Set when a rank failed during a step and the group was aborted: what failed.
-    failed: Option<String>,
 }
 
 fn device_error(what: &str) -> impl FnOnce(String) -> ExecError + '_ {
@@ -116,7 +113,6 @@ impl GpuRanks {
                 path: lib.path.clone(),
                 bytes,
             },
-            failed: None,
         })
     }
 
@@ -128,72 +124,6 @@ impl GpuRanks {
     /// NCCL's version, path and memory per rank.
     pub fn nccl(&self) -> &NcclInfo {
         &self.nccl
-    }
-
-    /// Runs one step on every rank, rank `r` first copying `inputs[r]` (none where `inputs`
-    /// has no entry for it), all driven from this thread: each rank's copies and graph are
-    /// queued, rank after rank (a launch returns at once, so the ranks start microseconds apart
-    /// and none waits long in its first collective for a rank still being launched), then the
-    /// ranks are polled until all have finished.
-    ///
-    /// When a rank fails (it refuses its inputs, its graph cannot launch, or it fails on the
-    /// device), the others would wait in their next collective for ever. Instead every rank's
-    /// NCCL communicator is aborted, which returns the collectives still waiting; the error
-    /// names the rank, and the group refuses every later step (its graphs hold the aborted
-    /// collectives).
-    pub fn step_ranks(&mut self, inputs: &[Vec<(NodeId, &[u8])>]) -> Result<(), ExecError> {
-        if let Some(why) = &self.failed {
-            return Err(ExecError::Device {
-                what: "running the step".into(),
-                reason: format!(
-                    "the ranks' NCCL group was aborted after {why}: load the step again"
-                ),
-            });
-        }
-        let mut failure = None;
-        for (r, s) in self.ranks.iter_mut().enumerate() {
-            let mine = inputs.get(r).map_or(&[][..], Vec::as_slice);
-            if let Err(e) = s.queue(false, mine) {
-                failure = Some((r, e));
-                break;
-            }
-        }
-        if failure.is_none() {
-            let mut done = vec![false; self.ranks.len()];
-            while failure.is_none() && !done.iter().all(|&d| d) {
-                for (r, s) in self.ranks.iter_mut().enumerate() {
-                    if done[r] {
-                        continue;
-                    }
-                    match s.poll() {
-                        Ok(finished) => done[r] = finished,
-                        Err(e) => {
-                            failure = Some((r, e));
-                            break;
-                        }
-                    }
-                }
-                std::thread::yield_now();
-            }
-        }
-        let Some((r, e)) = failure else {
-            return Ok(());
-        };
-        self.failed = Some(format!("rank {r} failed ({e})"));
-        for s in &mut self.ranks {
-            let _ = s.abort_collectives();
-        }
-        Err(ExecError::Device {
-            what: format!("running the step on rank {r} (GPU {r})"),
-            reason: format!(
-                "{e}; every rank's NCCL communicator was aborted, so that none waits for it"
-            ),
-        })
-    }
-
-    /// Whether a failed step aborted the ranks' NCCL group.
-    pub fn aborted(&self) -> bool {
-        self.failed.is_some() && self.ranks.iter().any(CudaStep::collectives_aborted)
     }
 }
 
@@ -215,11 +145,10 @@ impl StepExecutor for GpuRanks {
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
-        self.step_ranks(&[])
+        on_every_rank(&mut self.ranks, |_, s| s.step())
     }
 
-    /// Each rank copies its shard of the inputs and runs its step, all at once
-    /// ([`GpuRanks::step_ranks`]).
+    /// Each rank copies its shard of the inputs and runs its step, all at once.
     fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
         let shards: Vec<Vec<(NodeId, &[u8])>> = (0..self.ranks.len())
             .map(|r| {
@@ -234,7 +163,8 @@ impl StepExecutor for GpuRanks {
                     .collect()
             })
             .collect();
-        self.step_ranks(&shards)
+        let shards = &shards;
+        on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
     }
 
     fn allocated_bytes(&self) -> usize {
