@@ -157,6 +157,7 @@ fn fold(
         | Kind::AttentionGrad { .. }
         | Kind::Output { .. }
         | Kind::AllReduce(_)
+        | Kind::MatMulAcc { .. }
         | Kind::Dropout { .. } => None,
         // A window op of a constant is not constant (padding reads zeros).
         Kind::Window(_) => None,
