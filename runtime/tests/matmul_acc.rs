@@ -123,7 +123,10 @@ fn assert_close(got: &Tensor, want: &[f64], rel: f64, what: &str) {
     }
 }
 
-fn shapes() -> Vec<(Option<usize>, (usize, usize, usize), (bool, bool))> {
+/// A batch axis (if any), `(m, k, n)` and `(ta, tb)`.
+type Shape = (Option<usize>, (usize, usize, usize), (bool, bool));
+
+fn shapes() -> Vec<Shape> {
     let mut out = Vec::new();
     for t in [(false, false), (true, false), (false, true), (true, true)] {
         out.push((None, (7, 13, 5), t));
@@ -221,8 +224,7 @@ fn a_matmul_acc_over_its_dying_accumulator_adds_in_place_and_computes_the_refere
         };
         assert!(prog
             .instrs
-            .iter()
-            .any(|i| *i == ingot_compiler::lower::cpu::Instr::InPlace { node: out }));
+            .contains(&ingot_compiler::lower::cpu::Instr::InPlace { node: out }));
         let mut planned = PlannedStep::from_plan(g.clone(), p).unwrap();
         for (name, value) in &c.leaves {
             planned.write_leaf(name, value).unwrap();
