@@ -1461,6 +1461,7 @@ output \"loss\" = %5
             // Type errors from Graph::push keep their message and gain the line.
             (format!("{h}%1 = neg(%0) : f32[3,2]\n"), 3, &["neg", "stated result f32[3,2]", "f32[2,3]"]),
             (format!("{h}%1 = matmul(%0, %0) : f32[2,3]\n"), 3, &["matmul", "inner dimensions"]),
+            (format!("{h}%1 = matmul_acc(%0, %0, %0) : f32[2,3]\n"), 3, &["matmul_acc", "%1", "inner dimensions"]),
             (format!("{h}%1 = neg : f32[2,3]\n"), 3, &["neg", "operand"]),
             (format!("{h}%1 = broadcast(%0) : f32[5,3]\n"), 3, &["broadcast", "cannot broadcast"]),
             (format!("{h}output \"y\" = %0\noutput \"y\" = %0\n"), 4, &["\"y\"", "twice", "line 3"]),
