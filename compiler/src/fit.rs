@@ -187,14 +187,9 @@ pub enum FitError {
 /// fewest FLOPs per byte kept first; equal ratios in node order (earlier layers' values are
 /// kept longest).
 pub fn ordered_candidates(r: &Rewritten) -> Result<Vec<Candidate>, CompileError> {
-    let ops = r
-        .options
-        .fuse
-        .as_ref()
-        .map_or(fuse::FuseOptions::default().recompute_ops, |f| {
-            f.recompute_ops
-        });
-    let g = fuse::prepared(&r.graph)?;
+    let opts = r.options.fuse.clone().unwrap_or_default();
+    let ops = opts.recompute_ops;
+    let g = fuse::prepared_with(&r.graph, &opts)?;
     let mut c = candidates(&g, ops);
     c.sort_by(|a, b| {
         // a.flops / a.bytes against b.flops / b.bytes, exactly.
@@ -215,7 +210,7 @@ pub fn recompute(
 ) -> Result<(Compiled, Recompute), CompileError> {
     let ids: Vec<NodeId> = chosen.iter().map(|c| c.node).collect();
     let c = pipeline::finish(r, &ids)?;
-    let g = fuse::prepared(&r.graph)?;
+    let g = fuse::prepared_with(&r.graph, &r.options.fuse.clone().unwrap_or_default())?;
     let (done, added, step_flops) = match (&c.fuse, &base.fuse) {
         (Some(f), Some(b)) => (
             f.recomputed_heavy.clone(),

@@ -37,6 +37,16 @@ pub fn of_node(g: &Graph, id: NodeId) -> u64 {
             };
             2 * numel(id) * k as u64
         }
+        // The product's 2·m·n·k, plus one addition per output element.
+        Op::MatMulAcc { ta, .. } => {
+            let a = dims(n.inputs[1]);
+            let k = if *ta {
+                a[a.len().saturating_sub(2)]
+            } else {
+                *a.last().unwrap_or(&1)
+            };
+            2 * numel(id) * k as u64 + numel(id)
+        }
         // q·kᵀ and p·v: 4·Tq·Tk·D per batch-and-head entry, half of it under a causal mask
         // (FlashAttention's convention).
         Op::Attention { causal, .. } => attention(&dims(n.inputs[0]), &dims(n.inputs[1]), *causal),

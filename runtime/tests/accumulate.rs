@@ -36,6 +36,16 @@ fn accumulated_against_whole(spec: &str, sgd: bool, k: usize, b: usize, steps: u
     };
     let whole = compile(&at(k * b), 1);
     let accumulated = compile(&at(b), k);
+    // The micro-batches' weight gradients are summed by their GEMMs (`matmul_acc`), so these
+    // losses check that op too.
+    assert!(
+        accumulated
+            .graph()
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, ingot_compiler::ir::Op::MatMulAcc { .. })),
+        "{spec}: the micro-batches' products are not accumulated by matmul_acc"
+    );
     let g = whole.graph();
     let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
     state.extend(init_leaves(g, LeafKind::State, 3));

@@ -169,9 +169,15 @@ fn the_bf16_gpt_mini_step_lowers_for_cuda_with_bf16_gemms() {
         .collect();
     assert!(!gemms.is_empty(), "no GEMM in the bf16 step");
     for g in &gemms {
+        // A product summed into an f32 value (`matmul_acc`): bf16 operands, an f32 result.
+        let want = if g.accumulate && g.dtype == DType::F32 {
+            (DType::F32, Compute::Bf16InF32Out)
+        } else {
+            (DType::BF16, Compute::Bf16F32)
+        };
         assert_eq!(
             (g.dtype, g.compute),
-            (DType::BF16, Compute::Bf16F32),
+            want,
             "a GEMM of the bf16 step, node {:?}",
             g.node
         );

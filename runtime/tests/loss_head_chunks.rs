@@ -62,6 +62,16 @@ fn chunked_against_whole(spec: &str, chunk: usize, precision: Precision) -> (f64
         slices >= none + 4,
         "the chunked head slices its rows ({slices} slices, {none} without chunks)"
     );
+    // The head weight's gradient is summed over the chunks by their GEMMs (`matmul_acc`), so
+    // these losses check that op too.
+    assert!(
+        chunked
+            .graph()
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, ingot_compiler::ir::Op::MatMulAcc { .. })),
+        "the chunks' products are not accumulated by matmul_acc"
+    );
     let g = whole.graph();
     let state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
     let batches: Vec<IndexMap<String, Tensor>> =

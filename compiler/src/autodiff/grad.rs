@@ -348,6 +348,28 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
                 (_, _, true) => g.matmul_t(gy, a, true, ta),
             }
         }
+        Op::MatMulAcc { ta, tb } => {
+            // y = c + a·b: dc = gy; da and db as for `matmul(a, b)`, from gy in the operands'
+            // dtype (bf16 operands accumulated into f32: the product's gradient is the sum's,
+            // cast down as autocast's `convert(matmul)` would pass it).
+            if slot == 0 {
+                return Ok(gy);
+            }
+            let (a, b) = (node.inputs[1], node.inputs[2]);
+            let dt = g.ty(a).dtype;
+            let gy = if g.ty(gy).dtype == dt {
+                gy
+            } else {
+                g.convert(gy, dt)?
+            };
+            let (ta, tb) = (*ta, *tb);
+            match (slot, ta, tb) {
+                (1, false, _) => g.matmul_t(gy, b, false, !tb),
+                (1, true, _) => g.matmul_t(b, gy, tb, true),
+                (_, _, false) => g.matmul_t(a, gy, !ta, false),
+                (_, _, true) => g.matmul_t(gy, a, true, ta),
+            }
+        }
         Op::StopGradient => unreachable!("stop_gradient passes no gradient"),
         Op::Result { .. } if g.node(node.inputs[0]).op.is_attention() => {
             Err(IrError::Invalid(format!(

@@ -322,6 +322,7 @@ impl Lowerer<'_> {
             Op::Leaf { .. }
             | Op::Concat { .. }
             | Op::MatMul { .. }
+            | Op::MatMulAcc { .. }
             | Op::Gather
             | Op::ScatterAdd { .. }
             | Op::Fused(_)

@@ -2,9 +2,11 @@
 //! ([`FusedKernel`](ingot_kernels::FusedKernel)) whose intermediates never reach memory;
 //! matmuls, gathers, scatter-adds and concats stay library calls.
 //!
-//! The pass runs in six steps, each a small function of the previous one's result:
+//! The pass runs in seven steps, each a small function of the previous one's result:
 //! 0. [`concat`](mod@concat): a concat of equal parts becomes selects on the output with the
 //!    axis split, so that its parts' views (transposes back from the heads' layout) fuse into it;
+//!    and [`matmul_acc`](mod@matmul_acc): a matrix product added to a value that dies there
+//!    becomes one `matmul_acc`, a library call that adds the product into that value's bytes;
 //! 1. [`remat`]: a stored forward value that the backward pass reads again, and that is cheap to
 //!    compute from values the backward pass keeps anyway (a LayerNorm or GELU output), gets a
 //!    copy computed just before its backward users, so the original dies in the forward pass;
@@ -26,6 +28,7 @@
 pub mod concat;
 pub mod index;
 pub mod lower;
+pub mod matmul_acc;
 pub mod remat;
 pub mod select;
 pub mod widen;
@@ -48,6 +51,9 @@ pub struct FuseOptions {
     pub remat: bool,
     /// Merge kernels into consumers that read their outputs at their own index.
     pub merge: bool,
+    /// Make a matrix product added into a dying value one `matmul_acc`
+    /// ([`matmul_acc`](mod@matmul_acc)).
+    pub matmul_acc: bool,
 }
 
 impl Default for FuseOptions {
@@ -56,6 +62,7 @@ impl Default for FuseOptions {
             recompute_ops: 12,
             remat: true,
             merge: true,
+            matmul_acc: true,
         }
     }
 }
@@ -85,6 +92,9 @@ pub struct FuseReport {
     pub flops: u64,
     /// Concats of equal parts fused as selects.
     pub concats_fused: usize,
+    /// Products added into a dying value made one `matmul_acc` ([`matmul_acc`](mod@matmul_acc)).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub matmuls_accumulated: usize,
     /// Rounds of lowering (each round materializes what the last could not expand).
     pub rounds: usize,
     /// Fused attention ops (forward; each has one backward `attention_grad`).
@@ -129,6 +139,7 @@ pub fn kind(n: &Node) -> Kind {
     match &n.op {
         Op::Leaf { .. } => Kind::Leaf,
         Op::MatMul { .. }
+        | Op::MatMulAcc { .. }
         | Op::Gather
         | Op::ScatterAdd { .. }
         | Op::Concat { .. }
@@ -161,10 +172,27 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
 }
 
 /// The graph fusion groups into kernels, before any recomputation: `g` with its concats of
-/// equal parts turned into selects. [`remat::candidates`] lists the heavy values of this graph,
-/// and [`fuse_recomputing`] takes their ids in it.
+/// equal parts turned into selects and its products added into dying values made `matmul_acc`
+/// ([`prepare`]). [`remat::candidates`] lists the heavy values of this graph, and
+/// [`fuse_recomputing`] takes their ids in it.
 pub fn prepared(g: &Graph) -> Result<Graph, IrError> {
-    Ok(concat::as_selects(g)?.0)
+    prepared_with(g, &FuseOptions::default())
+}
+
+/// [`prepared`] for fusion with `opts`.
+pub fn prepared_with(g: &Graph, opts: &FuseOptions) -> Result<Graph, IrError> {
+    Ok(prepare(g, opts)?.0)
+}
+
+/// Step 0 of fusion: [`concat::as_selects`], then [`matmul_acc::form`] (when `opts` asks);
+/// with how many concats and how many accumulations each made.
+fn prepare(g: &Graph, opts: &FuseOptions) -> Result<(Graph, usize, usize), IrError> {
+    let (g, concats) = concat::as_selects(g)?;
+    if !opts.matmul_acc {
+        return Ok((g, concats, 0));
+    }
+    let (g, accumulated) = matmul_acc::form(&g)?;
+    Ok((g, concats, accumulated))
 }
 
 /// As [`fuse`], recomputing for the backward pass, besides the cheap values, the library calls
@@ -182,7 +210,7 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
             g.node(id).op.name()
         )));
     }
-    let (g, concats) = concat::as_selects(g)?;
+    let (g, concats, accumulated) = prepare(g, opts)?;
     if !opts.remat && !heavy.is_empty() {
         return Err(IrError::Invalid(
             "recomputing library calls for the backward pass needs fusion's recomputation on (FuseOptions::remat)".into(),
@@ -230,6 +258,7 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
         recomputed_flops,
         flops: flops_before,
         concats_fused: concats,
+        matmuls_accumulated: accumulated,
         rounds,
         ..FuseReport::default()
     };

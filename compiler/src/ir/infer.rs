@@ -297,6 +297,30 @@ pub fn infer(
             dims[ra - 1] = n;
             TensorType::new(Shape(dims), a.dtype)
         }
+        Op::MatMulAcc { ta, tb } => {
+            arity(3)?;
+            let product = infer(&Op::MatMul { ta: *ta, tb: *tb }, &operands[1..], None, node)
+                .map_err(|e| match e {
+                    IrError::Type { reason, .. } => fail(format!("a·b: {reason}")),
+                    e => e,
+                })?;
+            let c = operands[0];
+            if c.shape != product.shape {
+                return Err(fail(format!(
+                    "the accumulator c is {c}, the product a·b is {product}: their shapes differ"
+                )));
+            }
+            let widens =
+                c.dtype == product.dtype || (product.dtype == DType::BF16 && c.dtype == DType::F32);
+            if !widens {
+                return Err(fail(format!(
+                    "a·b of {} cannot be accumulated into c of {}: c must be of the operands' \
+                     dtype, or f32 for bf16 operands",
+                    product.dtype, c.dtype
+                )));
+            }
+            c.clone()
+        }
         Op::Gather => {
             arity(2)?;
             let (table, ids) = (operands[0], operands[1]);

@@ -93,6 +93,18 @@ pub enum Op {
         ta: bool,
         tb: bool,
     },
+    /// A matrix product accumulated into a value (GEMM with `beta = 1`): operands `c, a, b`,
+    /// value `c + a·b`, where `a·b` is [`Op::MatMul`] with the same `ta`, `tb`. `a` and `b`
+    /// share one float dtype; `c` and the result share another, as wide or wider (f32 `a`, `b`
+    /// and `c`; bf16 `a`, `b` and `c`; or bf16 `a`, `b` with f32 `c`). The product is
+    /// accumulated in f32 (f64 for f64) and the sum is rounded once to the result's dtype.
+    /// The result may be written over `c` (operand 0), never over `a` or `b`. Made by
+    /// fusion (its `matmul_acc` step) from `add(c, matmul(a, b))` and
+    /// `add(c, convert(matmul(a, b)))`.
+    MatMulAcc {
+        ta: bool,
+        tb: bool,
+    },
     /// `gather(table [r, d...], ids [i...]) -> [i..., d...]`: rows of `table` picked by `ids`.
     Gather,
     /// `scatter_add(ids [i...], values [i..., d...]) -> [rows, d...]`: the transpose of gather.
@@ -196,6 +208,7 @@ impl Op {
                 op: ReduceOp::Max, ..
             } => "reduce_max",
             Op::MatMul { .. } => "matmul",
+            Op::MatMulAcc { .. } => "matmul_acc",
             Op::Gather => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Convert => "convert",

@@ -171,7 +171,7 @@ fn write_attrs(s: &mut String, op: &Op) {
         Op::Concat { axis } => write!(s, " axis={axis}"),
         Op::Reduce { axes, .. } => write!(s, " axes={}", list(axes)),
         Op::ScatterAdd { rows } => write!(s, " rows={rows}"),
-        Op::MatMul { ta, tb } => {
+        Op::MatMul { ta, tb } | Op::MatMulAcc { ta, tb } => {
             let _ = match (ta, tb) {
                 (false, false) => Ok(()),
                 _ => write!(s, " ta={ta} tb={tb}"),
@@ -781,6 +781,10 @@ fn op_by_name(name: &str) -> Option<Op> {
             axes: Axes::new(),
         },
         "matmul" => Op::MATMUL,
+        "matmul_acc" => Op::MatMulAcc {
+            ta: false,
+            tb: false,
+        },
         "stop_gradient" => Op::StopGradient,
         "result" => Op::Result { index: 0 },
         "all_reduce" => Op::AllReduce { ranks: 0 },
@@ -880,6 +884,11 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
             let ta = a.take_bool_or_false("ta")?;
             let tb = a.take_bool_or_false("tb")?;
             (Op::MatMul { ta, tb }, "it takes `ta=` and `tb=`")
+        }
+        Op::MatMulAcc { .. } => {
+            let ta = a.take_bool_or_false("ta")?;
+            let tb = a.take_bool_or_false("tb")?;
+            (Op::MatMulAcc { ta, tb }, "it takes `ta=` and `tb=`")
         }
         Op::Result { .. } => (
             Op::Result {
@@ -1121,6 +1130,10 @@ mod tests {
         let hb = g.convert(h, DType::BF16).unwrap();
         let hb = g.mul(hb, hb).unwrap();
         let _ = g.convert(hb, DType::F32).unwrap();
+        // A bf16 product accumulated into an f32 value.
+        let xb = g.convert(x, DType::BF16).unwrap();
+        let wb = g.convert(w, DType::BF16).unwrap();
+        let _ = g.matmul_acc(h, xb, wb, false, true).unwrap();
         let seed = g.input("dropout_seed", [], DType::I64).unwrap();
         let _ = g
             .dropout_mask(h, seed, 0.125, 0xdead_beef_0123_4567)
@@ -1185,6 +1198,7 @@ mod tests {
             "log",
             "lt",
             "matmul",
+            "matmul_acc",
             "max",
             "min",
             "mul",
@@ -1474,6 +1488,7 @@ output \"loss\" = %1
             // Type errors from Graph::push keep their message and gain the line.
             (format!("{h}%1 = neg(%0) : f32[3,2]\n"), 3, &["neg", "stated result f32[3,2]", "f32[2,3]"]),
             (format!("{h}%1 = matmul(%0, %0) : f32[2,3]\n"), 3, &["matmul", "inner dimensions"]),
+            (format!("{h}%1 = matmul_acc(%0, %0, %0) : f32[2,3]\n"), 3, &["matmul_acc", "%1", "inner dimensions"]),
             (format!("{h}%1 = neg : f32[2,3]\n"), 3, &["neg", "operand"]),
             (format!("{h}%1 = broadcast(%0) : f32[5,3]\n"), 3, &["broadcast", "cannot broadcast"]),
             (format!("{h}output \"y\" = %0\noutput \"y\" = %0\n"), 4, &["\"y\"", "twice", "line 3"]),

@@ -6,9 +6,10 @@
 //!   offsets of its inputs, its outputs and its planned scratch;
 //! - an op the plan places exactly on (some of) its operands' bytes: an in-place run, which
 //!   the executor does a chunk at a time through a stack buffer so that no slice it reads
-//!   overlaps one it writes;
+//!   overlaps one it writes (an elementwise op), or at once (a `matmul_acc` placed over its
+//!   accumulator `c`, whose GEMM adds the product into those bytes);
 //! - any other computing op: a run into its own bytes (matmul packs its panels into the
-//!   node's planned workspace);
+//!   node's planned workspace; a `matmul_acc` placed apart from `c` first copies `c` there);
 //! - leaves, views and kernel results: nothing (the host writes leaves; a reshape reads its
 //!   operand in place; a result is written by its kernel).
 //!
@@ -27,7 +28,9 @@ use serde::{Deserialize, Serialize};
 pub enum Instr {
     /// Compute node `node` into its own bytes.
     Exec { node: NodeId },
-    /// Compute elementwise node `node` over the bytes of (some of) its operands, chunk by chunk.
+    /// Compute elementwise node `node` over the bytes of (some of) its operands, chunk by
+    /// chunk; or add `matmul_acc` node `node`'s product into its accumulator's bytes, which the
+    /// plan placed it on.
     InPlace { node: NodeId },
     /// Run fused kernel `node`: byte offsets of its inputs, its outputs and its scratch.
     Fused {
@@ -124,6 +127,20 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
             };
             f32_kernel.max(widened::bytes(g, id, f32_kernel))
         }
+        Op::MatMulAcc { ta, .. } => {
+            let a = g.ty(node.inputs[1]).shape.dims();
+            if a.len() < 2 {
+                return 0;
+            }
+            let (r, c) = (a[a.len() - 2], a[a.len() - 1]);
+            let (m, k) = if *ta { (c, r) } else { (r, c) };
+            let n = node.ty.shape.last();
+            let f32_kernel = match node.ty.dtype {
+                DType::F64 => ingot_kernels::cpu::gemm::workspace_bytes::<f64>(m, k, n),
+                _ => ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n),
+            };
+            widened::matmul_acc_bytes(g, id) + f32_kernel
+        }
         Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_scratch_bytes(g, id),
         // A conv's column buffer and GEMM packing space (pooling needs none).
@@ -215,6 +232,35 @@ pub mod widened {
             .map(|t| round_up(t.shape.numel() * 4))
             .sum();
         widened + round_up(ty.shape.numel() * 4) + ALIGN
+    }
+
+    /// The scratch a `matmul_acc` that involves bf16 computes through, before its f32 GEMM's
+    /// packing space: f32 copies of its bf16 operands `a` and `b`, then, for a bf16 result, the
+    /// f32 sum (`c` widened, the product added, rounded once into the result); each region
+    /// aligned. An f32 result is its own f32 sum: the product is added into it. 0 without bf16.
+    pub fn matmul_acc_bytes(g: &Graph, id: NodeId) -> usize {
+        let node = g.node(id);
+        let ab: Vec<&TensorType> = node.inputs[1..].iter().map(|&x| g.ty(x)).collect();
+        matmul_acc_bytes_of(&node.ty, &ab)
+    }
+
+    /// [`matmul_acc_bytes`] of a `matmul_acc` with result type `ty` and operands `a`, `b` of
+    /// types `ab`.
+    pub fn matmul_acc_bytes_of(ty: &TensorType, ab: &[&TensorType]) -> usize {
+        if ty.dtype != DType::BF16 && ab.iter().all(|t| t.dtype != DType::BF16) {
+            return 0;
+        }
+        let widened: usize = ab
+            .iter()
+            .filter(|t| t.dtype == DType::BF16)
+            .map(|t| round_up(t.shape.numel() * 4))
+            .sum();
+        let sum = if ty.dtype == DType::BF16 {
+            round_up(ty.shape.numel() * 4)
+        } else {
+            0
+        };
+        widened + sum + ALIGN
     }
 
     /// Bytes of scratch node `id` needs on top of what its f32 kernel needs (`f32_kernel`,
@@ -403,6 +449,27 @@ impl Program {
                     return Err(LowerError::Invalid {
                         op: "cpu lowering",
                         reason: format!("all-gather {id} is placed over its operand"),
+                    });
+                }
+            }
+            if let (Instr::InPlace { .. }, Op::MatMulAcc { .. }) = (i, &node.op) {
+                // The GEMM adds into its output: only the accumulator `c` may be under it.
+                let here = plan.location(g, id);
+                if plan.location(g, node.inputs[0]) != here
+                    || node.inputs[1..].iter().any(|&x| {
+                        let l = plan.location(g, x);
+                        l.bytes > 0
+                            && here.bytes > 0
+                            && l.offset < here.offset + here.bytes
+                            && here.offset < l.offset + l.bytes
+                    })
+                {
+                    return Err(LowerError::Invalid {
+                        op: "cpu lowering",
+                        reason: format!(
+                            "matmul_acc {id} runs in place but its result is not exactly over \
+                             its accumulator c alone"
+                        ),
                     });
                 }
             }

@@ -47,7 +47,7 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// kernels keep their intermediates in registers and need none.
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
-        Op::MatMul { .. } => CUBLAS_WORKSPACE,
+        Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
         Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
         _ => 0,
@@ -205,7 +205,8 @@ impl DeviceOp {
 #[serde(deny_unknown_fields)]
 pub struct Gemm {
     pub node: NodeId,
-    /// The operands' and the result's dtype.
+    /// The result's dtype, and the operands' except under [`Compute::Bf16InF32Out`] (whose
+    /// operands are bf16, [`Gemm::operand_dtype`]).
     pub dtype: DType,
     /// The arithmetic cuBLAS computes in (chosen by the lowering from the step's precision).
     pub compute: Compute,
@@ -231,7 +232,7 @@ pub struct Gemm {
     pub out: usize,
     pub workspace: Location,
     /// Whether the product is added to what `out` holds (cuBLAS's `beta = 1`; a convolution's
-    /// weight gradient summed over chunks of images) rather than replacing it.
+    /// weight gradient summed over chunks of images, a `matmul_acc`) rather than replacing it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub accumulate: bool,
 }
@@ -251,6 +252,10 @@ pub enum Compute {
     /// bf16 operands and result (`CUDA_R_16BF`), f32 accumulation (`CUBLAS_COMPUTE_32F`,
     /// f32 alpha and beta); the result is rounded to bf16 once, when it is stored.
     Bf16F32,
+    /// bf16 operands (`CUDA_R_16BF`), an f32 result (`CUDA_R_32F`), f32 accumulation
+    /// (`CUBLAS_COMPUTE_32F`, f32 alpha and beta): a bf16 product added into an f32 sum
+    /// (`matmul_acc`), never rounded to bf16.
+    Bf16InF32Out,
 }
 
 impl Compute {
@@ -263,6 +268,16 @@ impl Compute {
             (DType::F64, _) => Some(Compute::F64),
             (DType::BF16, _) => Some(Compute::Bf16F32),
             _ => None,
+        }
+    }
+}
+
+impl Gemm {
+    /// The dtype of the two operands: bf16 under [`Compute::Bf16InF32Out`], else the result's.
+    pub fn operand_dtype(&self) -> DType {
+        match self.compute {
+            Compute::Bf16InF32Out => DType::BF16,
+            _ => self.dtype,
         }
     }
 }
@@ -484,10 +499,10 @@ impl Program {
                     }
                 }
                 DeviceOp::Gemm(gm) => {
-                    let e = gm.dtype.size();
-                    // A column-major `rows × cols` matrix with leading dimension `ld`, `batch`
-                    // times at `stride` elements apart, spans this many bytes.
-                    let span = |stride: usize, rows: usize, cols: usize, ld: usize| {
+                    // A column-major `rows × cols` matrix of `e`-byte elements with leading
+                    // dimension `ld`, `batch` times at `stride` elements apart, spans this
+                    // many bytes.
+                    let span = |e: usize, stride: usize, rows: usize, cols: usize, ld: usize| {
                         if rows == 0 || cols == 0 || gm.batch == 0 {
                             return 0;
                         }
@@ -504,10 +519,11 @@ impl Program {
                     } else {
                         (gm.k, gm.n)
                     };
+                    let (eo, e) = (gm.operand_dtype().size(), gm.dtype.size());
                     let checks = [
-                        (gm.first, span(gm.stride_first, fr, fc, gm.ld_first)),
-                        (gm.second, span(gm.stride_second, sr, sc, gm.ld_second)),
-                        (gm.out, span(gm.stride_out, gm.m, gm.n, gm.ld_out)),
+                        (gm.first, span(eo, gm.stride_first, fr, fc, gm.ld_first)),
+                        (gm.second, span(eo, gm.stride_second, sr, sc, gm.ld_second)),
+                        (gm.out, span(e, gm.stride_out, gm.m, gm.n, gm.ld_out)),
                         (gm.workspace.offset, gm.workspace.bytes),
                     ];
                     if let Some((o, b)) = checks.iter().find(|(o, b)| !fits(*o, *b)) {
@@ -717,10 +733,60 @@ impl Lowering<'_> {
                              the CUDA target's options (Target::Cuda.plan_options())"
                         .into(),
                 })?;
-                let gemm = gemm(g, id, (*ta, *tb), &inputs, here.offset, w, self.precision)?;
+                let operands = [node.inputs[0], node.inputs[1]];
+                let gemm = gemm(g, id, operands, (*ta, *tb), here.offset, w, self)?;
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Gemm(gemm));
                     // The workspace is scratch the call writes.
+                    self.touched(id, smallvec::smallvec![here, w]);
+                }
+                Ok(())
+            }
+            Op::MatMulAcc { ta, tb } => {
+                // `c + a·b`: cuBLAS adds the product into the result's bytes (beta = 1), which
+                // hold `c`: the plan places the result over `c` where `c` dies here; elsewhere
+                // `c` is copied there first. `a` and `b` never share its bytes.
+                let (c, a, b) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+                let overlaps = |l: Location| {
+                    l.bytes > 0
+                        && here.bytes > 0
+                        && l.offset < here.offset + here.bytes
+                        && here.offset < l.offset + l.bytes
+                };
+                if let Some(x) = [a, b]
+                    .into_iter()
+                    .find(|x| overlaps(self.location[x.index()]))
+                {
+                    return Err(LowerError::Invalid {
+                        op: "matmul_acc",
+                        reason: format!(
+                            "operand {x} shares bytes with the result; only the accumulator c \
+                             may be under it"
+                        ),
+                    });
+                }
+                let w = plan.workspace(id).ok_or_else(|| LowerError::Invalid {
+                    op: "matmul_acc",
+                    reason: "the plan gives this matmul_acc no cuBLAS workspace; plan the step \
+                             with the CUDA target's options (Target::Cuda.plan_options())"
+                        .into(),
+                })?;
+                let mut gemm = gemm(g, id, [a, b], (*ta, *tb), here.offset, w, self)?;
+                gemm.accumulate = true;
+                if here.bytes > 0 {
+                    let from = self.location[c.index()];
+                    if from != here {
+                        self.ops.push(DeviceOp::Copy {
+                            from: from.offset,
+                            to: here.offset,
+                            bytes: here.bytes,
+                        });
+                        self.touches.push(Touch {
+                            reads: smallvec::smallvec![from],
+                            writes: smallvec::smallvec![here],
+                        });
+                    }
+                    self.ops.push(DeviceOp::Gemm(gemm));
                     self.touched(id, smallvec::smallvec![here, w]);
                 }
                 Ok(())
@@ -1081,22 +1147,30 @@ impl Lowering<'_> {
     }
 }
 
-/// The cuBLAS call of matmul node `id`: `[..., m, k] x [..., k, n] -> [..., m, n]`, with `ta`
-/// (`tb`) meaning the first (second) operand is stored with its last two axes swapped.
+/// The cuBLAS call of node `id` (a matmul, or a matmul_acc's product) with operands
+/// `[a, b]`: `[..., m, k] x [..., k, n] -> [..., m, n]`, with `ta` (`tb`) meaning `a` (`b`) is
+/// stored with its last two axes swapped; the compute type from the operands' and result's
+/// dtypes and the step's precision ([`Compute::of`], or [`Compute::Bf16InF32Out`] for bf16
+/// operands with an f32 result).
 fn gemm(
     g: &Graph,
     id: NodeId,
+    [a_id, b_id]: [NodeId; 2],
     (ta, tb): (bool, bool),
-    inputs: &[usize],
     out: usize,
     workspace: Location,
-    precision: Precision,
+    at: &Lowering<'_>,
 ) -> Result<Gemm, LowerError> {
     let node = g.node(id);
-    let (a, b) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+    let precision = at.precision;
+    let inputs = [
+        at.location[a_id.index()].offset,
+        at.location[b_id.index()].offset,
+    ];
+    let (a, b) = (g.ty(a_id), g.ty(b_id));
     let (ad, bd, cd) = (a.shape.dims(), b.shape.dims(), node.ty.shape.dims());
     let bad = |reason: String| LowerError::Invalid {
-        op: "matmul",
+        op: node.op.name(),
         reason,
     };
     if ad.len() < 2 || bd.len() != ad.len() || cd.len() != ad.len() {
@@ -1127,11 +1201,15 @@ fn gemm(
             node.ty
         )));
     }
-    let compute = Compute::of(node.ty.dtype, precision)
-        .filter(|_| a.dtype == node.ty.dtype && b.dtype == node.ty.dtype);
+    let compute = match (a.dtype, b.dtype, node.ty.dtype) {
+        (DType::BF16, DType::BF16, DType::F32) => Some(Compute::Bf16InF32Out),
+        (x, y, z) if x == z && y == z => Compute::of(z, precision),
+        _ => None,
+    };
     let Some(compute) = compute else {
         return Err(bad(format!(
-            "cuBLAS multiplies f32, f64 or bf16 matrices of one dtype, not {} x {} -> {}",
+            "cuBLAS multiplies f32, f64 or bf16 matrices of one dtype (or bf16 into f32), not \
+             {} x {} -> {}",
             a.dtype, b.dtype, node.ty.dtype
         )));
     };
@@ -1467,11 +1545,30 @@ mod tests {
         let matmuls = c
             .graph
             .ids()
-            .filter(|&id| matches!(c.graph.node(id).op, Op::MatMul { .. }))
+            .filter(|&id| {
+                matches!(
+                    c.graph.node(id).op,
+                    Op::MatMul { .. } | Op::MatMulAcc { .. }
+                )
+            })
             .count();
         assert_eq!(gemms.len(), matmuls);
         for g in gemms {
-            assert_eq!((g.dtype, g.compute), (DType::BF16, Compute::Bf16F32));
+            match c.graph.node(g.node).op {
+                // A product summed into an f32 gradient: bf16 operands, f32 result, beta = 1.
+                Op::MatMulAcc { .. } if g.dtype == DType::F32 => {
+                    assert_eq!(g.compute, Compute::Bf16InF32Out);
+                    assert!(g.accumulate);
+                }
+                Op::MatMulAcc { .. } => {
+                    assert_eq!((g.dtype, g.compute), (DType::BF16, Compute::Bf16F32));
+                    assert!(g.accumulate);
+                }
+                _ => {
+                    assert_eq!((g.dtype, g.compute), (DType::BF16, Compute::Bf16F32));
+                    assert!(!g.accumulate);
+                }
+            }
         }
         assert!(
             p.prelude.contains("ig_bf16_bits"),
@@ -1552,7 +1649,12 @@ mod tests {
         let matmuls = c
             .graph
             .ids()
-            .filter(|&id| matches!(c.graph.node(id).op, Op::MatMul { .. }))
+            .filter(|&id| {
+                matches!(
+                    c.graph.node(id).op,
+                    Op::MatMul { .. } | Op::MatMulAcc { .. }
+                )
+            })
             .count();
         let fused = c
             .graph

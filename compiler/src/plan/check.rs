@@ -348,6 +348,8 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                         Op::Fused(k) => k.can_write_over(i, j),
                         // The collective writes mean `j` over operand `j` only.
                         Op::AllReduce { .. } => i == j,
+                        // The GEMM adds its product into the accumulator `c`'s bytes.
+                        Op::MatMulAcc { .. } => i == 0,
                         op => op.is_alias() || op.is_elementwise(),
                     };
                 if overlap(lx, lo) && !in_place_ok {

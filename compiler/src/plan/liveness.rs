@@ -250,9 +250,11 @@ impl OutputRows {
 }
 
 /// True when the kernel writing `v` may write it over storage `s`: every operand it reads from
-/// `s` is read only at `v`'s own index. That holds for any operand of an elementwise op, and for
-/// the inputs a fused kernel's description allows ([`ingot_kernels::FusedKernel::can_write_over`]);
-/// one operand slot read any other way (the same buffer loaded transposed, say) forbids it.
+/// `s` is read only at `v`'s own index. That holds for any operand of an elementwise op, for
+/// the inputs a fused kernel's description allows ([`ingot_kernels::FusedKernel::can_write_over`]),
+/// and for the accumulator `c` (operand 0, never `a` or `b`) of a `matmul_acc`, which the
+/// GEMM adds its product into; one operand slot read any other way (the same buffer loaded
+/// transposed, say) forbids it.
 fn writes_over_safely(
     g: &Graph,
     storage_of: &[usize],
@@ -278,6 +280,7 @@ fn writes_over_safely(
                     _ => false,
                 }
             }
+            Op::MatMulAcc { .. } => i == 0,
             op => op.is_elementwise(),
         })
 }

@@ -76,6 +76,11 @@ pub enum Kind {
         ta: bool,
         tb: bool,
     },
+    /// `c + a·b` (opaque to the rules: fusion forms it after rewriting).
+    MatMulAcc {
+        ta: bool,
+        tb: bool,
+    },
     Gather,
     ScatterAdd(usize),
     /// To this dtype (the shape is the operand's).
@@ -164,6 +169,7 @@ impl Kind {
                 None,
             ),
             Kind::MatMul { ta, tb } => (Op::MatMul { ta: *ta, tb: *tb }, None),
+            Kind::MatMulAcc { ta, tb } => (Op::MatMulAcc { ta: *ta, tb: *tb }, None),
             Kind::Gather => (Op::Gather, None),
             Kind::ScatterAdd(rows) => (Op::ScatterAdd { rows: *rows }, None),
             Kind::Convert(dtype) => (
@@ -240,6 +246,7 @@ impl Kind {
             Op::Concat { axis } => Kind::Concat(*axis),
             Op::Reduce { op, axes } => Kind::Reduce(*op, Dims::from_slice(axes)),
             Op::MatMul { ta, tb } => Kind::MatMul { ta: *ta, tb: *tb },
+            Op::MatMulAcc { ta, tb } => Kind::MatMulAcc { ta: *ta, tb: *tb },
             Op::Gather => Kind::Gather,
             Op::ScatterAdd { rows } => Kind::ScatterAdd(*rows),
             Op::Convert => Kind::Convert(ty.dtype),
@@ -332,6 +339,7 @@ impl fmt::Display for ENode {
             Kind::Concat(axis) => write!(f, "concat({axis})"),
             Kind::Reduce(op, axes) => write!(f, "reduce_{op:?}{axes:?}"),
             Kind::MatMul { ta, tb } => write!(f, "matmul({ta},{tb})"),
+            Kind::MatMulAcc { ta, tb } => write!(f, "matmul_acc({ta},{tb})"),
             Kind::Attention { causal, scale_bits } => {
                 write!(f, "attention({causal},{:?})", f64::from_bits(*scale_bits))
             }

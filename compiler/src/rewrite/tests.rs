@@ -258,6 +258,7 @@ fn eval(g: &Graph) -> Vec<T> {
             | Op::Result { .. }
             | Op::Attention { .. }
             | Op::AttentionGrad { .. }
+            | Op::MatMulAcc { .. }
             | Op::AllReduce { .. }
             | Op::AllGather { .. } => {
                 unreachable!("not in these tests")

@@ -293,6 +293,19 @@ impl Graph {
         self.push(Op::MatMul { ta, tb }, &[a, b], None)
     }
 
+    /// `c + a·b`, the product of `a` and `b` (read transposed where `ta`, `tb`) accumulated
+    /// into `c` ([`Op::MatMulAcc`]).
+    pub fn matmul_acc(
+        &mut self,
+        c: NodeId,
+        a: NodeId,
+        b: NodeId,
+        ta: bool,
+        tb: bool,
+    ) -> Result<NodeId> {
+        self.push(Op::MatMulAcc { ta, tb }, &[c, a, b], None)
+    }
+
     /// The same value, with no gradient flowing back through it.
     pub fn stop_gradient(&mut self, a: NodeId) -> Result<NodeId> {
         self.push(Op::StopGradient, &[a], None)

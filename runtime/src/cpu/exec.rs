@@ -17,6 +17,9 @@
 //!   NaN).
 //! - `matmul`: batched, through [`ingot_kernels::cpu::gemm`](mod@ingot_kernels::cpu::gemm),
 //!   packed into a workspace.
+//! - `matmul_acc(c, a, b)`: `c` copied into the result, then the GEMM adds `a·b` into it
+//!   (`beta = 1`, [`accumulate_product`]); bf16 operands are widened to f32, and a bf16
+//!   result is summed in f32 and rounded once.
 //! - `gather`/`scatter_add`: an id outside `0..rows` is an [`ExecError::IdOutOfRange`] naming
 //!   it; `scatter_add` adds the rows of `values` in row-major order of the ids.
 //! - `convert`: Rust `as` casts (float to integer truncates toward zero and saturates, NaN gives
@@ -261,10 +264,25 @@ pub fn exec_node_with(
             by_num!(out.dtype(), op, reduce(&cx, kind, axes, out))
         }
         Op::MatMul { ta, tb } => match out {
-            ViewMut::F32(o) => matmul(&cx, *ta, *tb, o, scratch),
-            ViewMut::F64(o) => matmul(&cx, *ta, *tb, o, scratch),
+            ViewMut::F32(o) => matmul(&cx, *ta, *tb, o, false, scratch),
+            ViewMut::F64(o) => matmul(&cx, *ta, *tb, o, false, scratch),
             _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
         },
+        Op::MatMulAcc { .. } => {
+            cx.arity(3)?;
+            if input_types[0] != &node.ty {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "the accumulator c is {}, the result {}",
+                        input_types[0], node.ty
+                    ),
+                ));
+            }
+            let mut out = out;
+            copy_into(inputs[0], &mut out);
+            accumulate_product(node, &inputs[1..], &input_types[1..], out, scratch)
+        }
         Op::StopGradient => {
             cx.elementwise(1)?;
             by_dtype!(
@@ -929,11 +947,13 @@ fn reduce<T: Element + Scalar>(
     Ok(())
 }
 
+/// `o ← op(a)·op(b)`, or `o ← o + op(a)·op(b)` with `accumulate`, for operands 0 and 1 of `cx`.
 fn matmul<T: Element + k::GemmScalar>(
     cx: &Cx,
     ta: bool,
     tb: bool,
     o: &mut [T],
+    accumulate: bool,
     scratch: Scratch<'_>,
 ) -> Result<(), ExecError> {
     cx.arity(2)?;
@@ -973,10 +993,170 @@ fn matmul<T: Element + k::GemmScalar>(
         cx.arg::<T>(1)?,
         if tb { k::Trans::T } else { k::Trans::N },
         o,
-        false,
+        accumulate,
         ws,
     )
     .map_err(|e| invalid(cx.op, e.to_string()))
+}
+
+/// `out`'s elements replaced by `x`'s (one dtype, one length: checked by the caller).
+fn copy_into(x: View<'_>, out: &mut ViewMut<'_>) {
+    match (x, out) {
+        (View::F32(x), ViewMut::F32(o)) => o.copy_from_slice(x),
+        (View::F64(x), ViewMut::F64(o)) => o.copy_from_slice(x),
+        (View::BF16(x), ViewMut::BF16(o)) => o.copy_from_slice(x),
+        (View::I32(x), ViewMut::I32(o)) => o.copy_from_slice(x),
+        (View::I64(x), ViewMut::I64(o)) => o.copy_from_slice(x),
+        (View::Bool(x), ViewMut::Bool(o)) => o.copy_from_slice(x),
+        _ => unreachable!("the caller checked that the dtypes agree"),
+    }
+}
+
+/// The product of `matmul_acc` node `node` added into `out`, which holds the accumulator `c`:
+/// `out ← out + op(a)·op(b)` for `ab = [a, b]`. The GEMM adds into an f32 or f64 `out` with
+/// `beta = 1`; bf16 `a` and `b` are widened to f32 first, and a bf16 `out` is widened, summed in
+/// f32 and rounded once. The planned executor calls this on a result placed over `c`; the node
+/// by node path copies `c` into the result first, so both add the same f32 values in the same
+/// order. The scratch is laid out as [`ingot_compiler::lower::cpu::widened::matmul_acc_bytes`]
+/// says, then the f32 GEMM's packing space.
+pub fn accumulate_product(
+    node: &Node,
+    ab: &[View<'_>],
+    ab_types: &[&TensorType],
+    out: ViewMut<'_>,
+    scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
+    use ingot_compiler::lower::cpu::widened::{matmul_acc_bytes_of, round_up, ALIGN};
+    let op = node.op.name();
+    let Op::MatMulAcc { ta, tb } = node.op else {
+        return Err(invalid(op, "not a matmul_acc"));
+    };
+    if ab.len() != 2 || ab_types.len() != 2 {
+        return Err(invalid(op, "takes the operands a and b"));
+    }
+    // The product's type as the f32 GEMM sees it.
+    let product_ty = TensorType::new(node.ty.shape.clone(), DType::F32);
+    let needs_widening = out.dtype() == DType::BF16 || ab.iter().any(|v| v.dtype() == DType::BF16);
+    if !needs_widening {
+        let cx = Cx {
+            op,
+            inputs: ab,
+            types: ab_types,
+            ty: &node.ty,
+        };
+        return match out {
+            ViewMut::F32(o) if ab_types.iter().all(|t| t.dtype == DType::F32) => {
+                matmul(&cx, ta, tb, o, true, scratch)
+            }
+            ViewMut::F64(o) if ab_types.iter().all(|t| t.dtype == DType::F64) => {
+                matmul(&cx, ta, tb, o, true, scratch)
+            }
+            o => Err(invalid(
+                op,
+                format!(
+                    "{} x {} accumulated into {}",
+                    ab_types[0].dtype,
+                    ab_types[1].dtype,
+                    o.dtype()
+                ),
+            )),
+        };
+    }
+    let need = matmul_acc_bytes_of(&node.ty, ab_types);
+    let mut owned: Vec<u64>;
+    let given = matches!(scratch, Scratch::Given(_));
+    let bytes: &mut [u8] = match scratch {
+        Scratch::Given(b) => b,
+        Scratch::Allocate => {
+            owned = vec![0; need.div_ceil(8)];
+            // SAFETY: a u64 buffer viewed as its bytes (any bit pattern is a valid u8).
+            unsafe {
+                std::slice::from_raw_parts_mut(owned.as_mut_ptr() as *mut u8, owned.len() * 8)
+            }
+        }
+    };
+    if bytes.len() < need {
+        return Err(invalid(
+            op,
+            format!(
+                "the workspace has {} bytes, bf16 widening needs {need}",
+                bytes.len()
+            ),
+        ));
+    }
+    let pad = (ALIGN - bytes.as_ptr() as usize % ALIGN) % ALIGN;
+    let mut rest = &mut bytes[pad..];
+    let mut wide: SmallVec<[View<'_>; 2]> = SmallVec::new();
+    for v in ab {
+        match v {
+            View::BF16(x) => {
+                let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(x.len() * 4));
+                rest = tail;
+                let w = f32_region(region, x.len());
+                for (w, x) in w.iter_mut().zip(x.iter()) {
+                    *w = x.to_f32();
+                }
+                wide.push(View::F32(w));
+            }
+            View::F32(x) => wide.push(View::F32(x)),
+            other => {
+                return Err(invalid(
+                    op,
+                    format!("a {} operand with bf16 involved", other.dtype()),
+                ))
+            }
+        }
+    }
+    let types: SmallVec<[TensorType; 2]> = ab_types
+        .iter()
+        .map(|t| TensorType::new(t.shape.clone(), DType::F32))
+        .collect();
+    let type_refs: SmallVec<[&TensorType; 2]> = types.iter().collect();
+    let cx = Cx {
+        op,
+        inputs: &wide,
+        types: &type_refs,
+        ty: &product_ty,
+    };
+    match out {
+        ViewMut::F32(o) => {
+            let inner = if given {
+                Scratch::Given(rest)
+            } else {
+                Scratch::Allocate
+            };
+            matmul(&cx, ta, tb, o, true, inner)
+        }
+        ViewMut::BF16(o) => {
+            let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(o.len() * 4));
+            let sum = f32_region(region, o.len());
+            for (s, x) in sum.iter_mut().zip(o.iter()) {
+                *s = x.to_f32();
+            }
+            let inner = if given {
+                Scratch::Given(tail)
+            } else {
+                Scratch::Allocate
+            };
+            matmul(&cx, ta, tb, sum, true, inner)?;
+            for (o, &x) in o.iter_mut().zip(sum.iter()) {
+                *o = bf16::from_f32(x);
+            }
+            Ok(())
+        }
+        o => Err(invalid(
+            op,
+            format!("bf16 operands accumulated into {}", o.dtype()),
+        )),
+    }
+}
+
+/// The first `n` f32s of an aligned byte region.
+fn f32_region(region: &mut [u8], n: usize) -> &mut [f32] {
+    assert!(region.len() >= n * 4 && (region.as_ptr() as usize).is_multiple_of(4));
+    // SAFETY: the region is exclusively borrowed, long enough and aligned for f32 (checked);
+    // every bit pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut f32, n) }
 }
 
 /// Checks every id against `rows` before anything is written.

@@ -15,7 +15,7 @@
 //! place. For those, the aliased operand is copied a chunk at a time into a stack buffer, and
 //! the op runs on the chunk, so no `&` and `&mut` slice ever cover the same byte.
 
-use super::exec::{exec_attention, exec_node, exec_node_with, Scratch};
+use super::exec::{accumulate_product, exec_attention, exec_node, exec_node_with, Scratch};
 use crate::collective::{needs_collective, Collective};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
@@ -257,6 +257,10 @@ impl Part {
         for i in &program.instrs {
             if let Instr::InPlace { node: id } = *i {
                 let node = graph.node(id);
+                if let Op::MatMulAcc { .. } = node.op {
+                    // Added into its accumulator's bytes at once, not chunk by chunk.
+                    continue;
+                }
                 let mut n = node.clone();
                 n.ty = TensorType::new(Shape::new(&[CHUNK]), node.ty.dtype);
                 chunk_node[id.index()] = Some(n);
@@ -420,8 +424,38 @@ impl Part {
         exec_node_with(node, &inputs, &types, out, scratch).map_err(|e| at(id, node, e))
     }
 
+    /// A `matmul_acc` whose result the plan placed over its accumulator `c`: the GEMM adds
+    /// the product into those bytes (which hold `c`), reading `a` and `b` from elsewhere.
+    fn accumulate_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
+        let g = self.exe.graph();
+        let node = g.node(id);
+        let mut inputs: SmallVec<[View<'_>; 2]> = SmallVec::new();
+        let mut types: SmallVec<[&TensorType; 2]> = SmallVec::new();
+        for &x in &node.inputs[1..] {
+            let (l, ty) = (self.location[x.index()], g.ty(x));
+            // SAFETY: checked program: `a` and `b` lie inside the allocation and do not overlap
+            // the result (only `c` is under it).
+            inputs.push(unsafe { view(base.add(l.offset), ty.dtype, ty.shape.numel()) });
+            types.push(ty);
+        }
+        let scratch = match self.exe.plan().workspace(id) {
+            // SAFETY: validated plan: the workspace overlaps neither operands nor the output.
+            Some(w) => Scratch::Given(unsafe {
+                std::slice::from_raw_parts_mut(base.add(w.offset), w.bytes)
+            }),
+            None => Scratch::Allocate,
+        };
+        let l = self.location[id.index()];
+        // SAFETY: the result lies inside the allocation; no other live slice covers it.
+        let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
+        accumulate_product(node, &inputs, &types, out, scratch).map_err(|e| at(id, node, e))
+    }
+
     fn exec_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
         let node = self.exe.graph().node(id);
+        if let Op::MatMulAcc { .. } = node.op {
+            return self.accumulate_in_place(base, id);
+        }
         let full = self.chunk_node[id.index()]
             .as_ref()
             .expect("in-place nodes have a chunk node");

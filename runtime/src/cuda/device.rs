@@ -717,11 +717,18 @@ impl CudaStep {
         let compute = g.compute;
         use blas::cublasComputeType_t as C;
         use blas::cudaDataType as D;
-        let (ty, compute_type) = match compute {
-            Compute::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
-            Compute::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
-            Compute::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
-            Compute::Bf16F32 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+        // The operands' data type, the result's, and the compute type.
+        let (ty, out_ty, compute_type) = match compute {
+            Compute::F32 => (D::CUDA_R_32F, D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
+            Compute::Tf32 => (
+                D::CUDA_R_32F,
+                D::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F_FAST_TF32,
+            ),
+            Compute::F64 => (D::CUDA_R_64F, D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
+            Compute::Bf16F32 => (D::CUDA_R_16BF, D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+            // bf16 A and B, an f32 C (a bf16 product accumulated into an f32 sum).
+            Compute::Bf16InF32Out => (D::CUDA_R_16BF, D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
         };
         let (one32, one64) = (1f32, 1f64);
         // beta: 1 adds the product to what `out` holds (`Gemm::accumulate`), 0 replaces it.
@@ -762,7 +769,7 @@ impl CudaStep {
                 g.stride_second as i64,
                 beta,
                 at(g.out),
-                ty,
+                out_ty,
                 g.ld_out as i32,
                 g.stride_out as i64,
                 g.batch as i32,
