@@ -62,8 +62,9 @@ fn gpt2_bf16_with_its_loss_head_in_chunks_accumulates_the_head_gradient_in_place
         !has_head_sized_product(&after, DType::BF16),
         "a bf16 head-weight-sized product is still stored"
     );
-    // Eight chunks: seven sums of a chunk's product into the gradient.
-    assert!(count(&after.graph, "matmul_acc") >= 7);
+    // Four chunks: three sums of a chunk's product into the gradient (and the first into a
+    // zero fill).
+    assert!(count(&after.graph, "matmul_acc") >= 3);
     assert!(after.plan.total_bytes < before.plan.total_bytes);
     // Every head-sized matmul_acc is written over its accumulator.
     for id in after.graph.ids() {
@@ -97,7 +98,7 @@ fn gpt2_bf16_with_its_loss_head_in_chunks_accumulates_the_head_gradient_in_place
         .into_iter()
         .filter(|g| g.m * g.n == 768 * 50304)
         .collect();
-    assert!(head.len() >= 8, "{}", head.len());
+    assert!(head.len() >= 4, "one per chunk: {}", head.len());
     for g in head {
         assert!(g.accumulate, "{:?}", g.node);
         assert_eq!((g.dtype, g.compute), (DType::F32, Compute::Bf16InF32Out));

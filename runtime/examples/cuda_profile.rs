@@ -4,7 +4,7 @@
 //! (the dependency graph) and as a serial chain, alternately, to measure what overlapping
 //! independent operations gains.
 //!
-//!     cuda_profile MODEL [--tf32 | --precision f32|tf32|bf16] [--top N]
+//!     cuda_profile MODEL [--tf32 | --precision f32|tf32|bf16] [--chunk-loss-head] [--top N]
 //!
 //! Needs a GPU; without one it says so and exits 0.
 
@@ -53,12 +53,27 @@ fn main() {
                 .expect("--precision f32, tf32 or bf16"),
         );
     }
+    let step = ingot_compiler::autodiff::StepOptions {
+        loss_head_chunk_bytes: if args.iter().any(|a| a == "--chunk-loss-head") {
+            ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES
+        } else {
+            0
+        },
+        ..Default::default()
+    };
+    let session = |opts: &ingot_compiler::pipeline::Options, device: Device| {
+        let exe = ingot_compiler::pipeline::compile_observed_with(&m, &step, opts, &mut |_| {})
+            .expect("the step compiles")
+            .executable(device.target())
+            .expect("the step lowers");
+        Session::from_executable(exe, 0, device).expect("a session")
+    };
     // Graph replays, dependency graph and serial chain in alternating rounds of 5 (one session
     // at a time, so that the largest models fit): the medians of 3 rounds' medians.
     let mut rounds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..3 {
         for (serial, out) in [false, true].into_iter().zip(rounds.iter_mut()) {
-            let mut s = Session::on_with(&m, 0, &opts, device(serial)).expect("a session");
+            let mut s = session(&opts, device(serial));
             s.step().unwrap();
             let mut ms: Vec<f64> = (0..5).map(|_| s.step().unwrap().seconds * 1e3).collect();
             ms.sort_by(f64::total_cmp);
@@ -69,7 +84,7 @@ fn main() {
         r.sort_by(f64::total_cmp);
     }
     let graph_ms = [rounds[0][1], rounds[1][1]];
-    let mut s = Session::on_with(&m, 0, &opts, device(false)).expect("a session");
+    let mut s = session(&opts, device(false));
     // Op-by-op runs: the median of three per op.
     let mut runs: Vec<Vec<f32>> = Vec::new();
     for _ in 0..3 {

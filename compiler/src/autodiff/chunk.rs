@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 /// The largest chunk of the head's largest tensor, by default: a head whose largest tensor is
 /// smaller than this is not split.
-pub const HEAD_CHUNK_BYTES: usize = 256 << 20;
+pub const HEAD_CHUNK_BYTES: usize = 512 << 20;
 
 /// A loss head that can be computed in row chunks ([`find`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

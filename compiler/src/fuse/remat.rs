@@ -144,7 +144,7 @@ pub fn recompute_with(
         // of the qkv product): kept, it would hold for the backward pass what recomputing
         // the heavy value was to free.
         let b = super::select::base(g, v);
-        let cheap = stored[b.index()] && kind(g.node(b)) == Kind::Elementwise;
+        let cheap = stored[b.index()] && matches!(kind(g.node(b)), Kind::Elementwise | Kind::View);
         let over_heavy = (is_heavy[b.index()]
             || (!stored[i] && reaches_heavy[i])
             || (stored[i]
