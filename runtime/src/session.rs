@@ -340,8 +340,15 @@ impl Session {
         }
         let layout = pair.layout();
         let load = |e: ExecError| SessionError::Load(Box::new(e));
+        let ranks = crate::collective::ranks::ranks_of(exe);
         let backend = match device {
+            Device::Cpu if ranks > 1 => Backend::CpuRanks(Box::new(
+                crate::collective::ranks::CpuRanks::pair(pair).map_err(load)?,
+            )),
             Device::Cpu => Backend::Cpu(Box::new(PlannedStep::pair(pair).map_err(load)?)),
+            Device::Cuda(o) if ranks > 1 => Backend::CudaRanks(Box::new(
+                crate::cuda::ranks::GpuRanks::pair(pair, o.serial).map_err(load)?,
+            )),
             Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::pair(pair, o).map_err(load)?)),
         };
         Session::loaded(backend, Some(layout), seed)
@@ -400,7 +407,13 @@ impl Session {
                             .filter_map(|id| g.leaf_name(id).map(str::to_string))
                             .collect(),
                     })?;
-                    Ok::<_, SessionError>((id, plan.location(g, id).bytes))
+                    // A batch for every data-parallel rank together, as the training step's
+                    // ([`Session::input_slots`]).
+                    let union = match step.data_shard() {
+                        Some(_) => 1,
+                        None => step.data_ranks(),
+                    };
+                    Ok::<_, SessionError>((id, plan.location(g, id).bytes * union))
                 };
                 Some(EvalStep {
                     layout,

@@ -187,3 +187,44 @@ fn every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any() {
         "free memory moved on some GPU over 1000 steps"
     );
 }
+
+#[test]
+fn two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole() {
+    if !two_gpus("two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole") {
+        return;
+    }
+    // As data_parallel.rs's CPU test: the same parameters and batch of 8 rows, evaluated by two
+    // GPUs (4 rows each, the mean of their losses) and by one (all 8), before and after a step.
+    let session = |b: usize, ranks: usize| {
+        let mut model = models::by_name(&format!(
+            "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}"
+        ))
+        .unwrap();
+        model.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        let opts = ingot_compiler::pipeline::Options::for_target(Target::Cuda);
+        let exe = compile(&model, ranks);
+        ingot_runtime::trainer::eval::session_with_eval(
+            &model,
+            exe,
+            &opts,
+            7,
+            ingot_runtime::session::Device::Cuda(CudaOptions::default()),
+        )
+        .unwrap()
+    };
+    let mut one = session(8, 1);
+    let mut two = session(4, 2);
+    let g = one.graph().clone();
+    let batch = synthetic_batch(&g, 11);
+    let (x, y) = (batch["x"].to_le_bytes(), batch["y"].to_le_bytes());
+    for round in 0..2 {
+        let whole = one.eval_on(&x, &y).unwrap();
+        let halves = two.eval_on(&x, &y).unwrap();
+        eprintln!("eval {round}: one GPU {whole}, two GPUs {halves}");
+        assert!(((whole - halves) / whole).abs() <= 1e-6, "{whole} {halves}");
+        let slots = one.input_slots().unwrap();
+        one.step_on(&slots, &x, &y).unwrap();
+        let slots = two.input_slots().unwrap();
+        two.step_on(&slots, &x, &y).unwrap();
+    }
+}

@@ -313,6 +313,52 @@ fn three_thread_ranks_on_three_shards_train_a_gpt_as_one_rank_on_the_union() {
 }
 
 #[test]
+fn two_ranks_evaluate_a_batch_as_one_rank_evaluates_it_whole() {
+    // The same parameters (one seed), the same batch of 8 rows: two ranks each evaluate their
+    // 4 rows and report the mean of their losses; one rank evaluates all 8.
+    let spec =
+        |b: usize| format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
+    let session = |b: usize, ranks: usize| {
+        let mut model = models::by_name(&spec(b)).unwrap();
+        // SGD: see the GPT test above (AdamW turns the key bias's rounding noise into steps).
+        model.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        let opts = pipeline::Options::for_target(Target::Cpu);
+        let exe = compile(&model, ranks);
+        ingot_runtime::trainer::eval::session_with_eval(
+            &model,
+            exe,
+            &opts,
+            7,
+            ingot_runtime::session::Device::Cpu,
+        )
+        .unwrap()
+    };
+    let mut one = session(8, 1);
+    let mut two = session(4, 2);
+    assert_eq!(two.exe().data_ranks(), 2);
+    let g = one.graph().clone();
+    let batch = synthetic_batch(&g, 11);
+    let (x, y) = (batch["x"].to_le_bytes(), batch["y"].to_le_bytes());
+    let whole = one.eval_on(&x, &y).unwrap();
+    let halves = two.eval_on(&x, &y).unwrap();
+    assert!(
+        ((whole - halves) / whole).abs() <= 1e-6,
+        "one rank {whole}, two ranks {halves}"
+    );
+    // And after a training step on the same batch, on both ranks' shared parameters.
+    let slots = one.input_slots().unwrap();
+    one.step_on(&slots, &x, &y).unwrap();
+    let slots = two.input_slots().unwrap();
+    two.step_on(&slots, &x, &y).unwrap();
+    let whole = one.eval_on(&x, &y).unwrap();
+    let halves = two.eval_on(&x, &y).unwrap();
+    assert!(
+        ((whole - halves) / whole).abs() <= 1e-6,
+        "after a step: one rank {whole}, two ranks {halves}"
+    );
+}
+
+#[test]
 fn a_step_for_two_ranks_run_without_a_collective_says_so() {
     let model = mlp(2);
     let mut s = PlannedStep::new(compile(&model, 2)).unwrap();
@@ -444,6 +490,38 @@ mod cli {
             !other.status.success() && e.contains("2 data-parallel rank"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn two_cpu_ranks_validate_over_a_data_set_while_they_train() {
+        let d = scratch("val");
+        let bin = tokens(&d);
+        let bin = bin.to_str().unwrap();
+        let out = ok(&ingot(&[
+            "train",
+            "--model",
+            GPT,
+            "--ranks",
+            "2",
+            "--dataset",
+            bin,
+            "--val",
+            bin,
+            "--eval-batches",
+            "2",
+            "--eval-every",
+            "2",
+            "--steps",
+            "4",
+            "--json",
+        ]));
+        let vals: Vec<f64> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
+            .collect();
+        assert_eq!(vals.len(), 2, "{out}");
+        assert!(vals.iter().all(|v| v.is_finite() && *v > 0.0), "{vals:?}");
     }
 
     #[test]

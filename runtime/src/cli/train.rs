@@ -300,10 +300,10 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(env) = &launch {
         step_options.ranks = env.world;
     }
-    if step_options.ranks > 1 && a.run.val.is_some() {
+    if launch.is_some() && a.run.val.is_some() {
         return Err(Failure::new(
             2,
-            "--val with several ranks (--ranks or --gpus) is not built yet: evaluate the saved parameters in a run of one rank",
+            "--val with --torchrun (one process per GPU) is not built yet: use --gpus N on one machine, or evaluate the saved parameters in a run of one rank",
         ));
     }
     if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {

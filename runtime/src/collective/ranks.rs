@@ -13,7 +13,7 @@ use crate::data::{BatchSource, DataError, Dropped, InputSlot};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
-use ingot_compiler::exe::Executable;
+use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
@@ -62,6 +62,30 @@ pub fn write_shards<E: StepExecutor>(
         .collect();
     for (s, b) in ranks.iter_mut().zip(shards) {
         s.write_node_bytes(id, b)?;
+    }
+    Ok(())
+}
+
+/// Runs every rank's evaluation step on its shard of `inputs` (written for all ranks together,
+/// [`shard`] against the evaluation step's plan), one rank after another: an evaluation has no
+/// collective, so no rank waits for another.
+pub fn eval_shards<E: StepExecutor>(
+    ranks: &mut [E],
+    inputs: &[(NodeId, &[u8])],
+) -> Result<(), ExecError> {
+    let n = ranks.len();
+    for (r, s) in ranks.iter_mut().enumerate() {
+        let mine: Vec<(NodeId, &[u8])> = {
+            let eval = s.eval_executable().ok_or_else(|| ExecError::Invalid {
+                op: "eval",
+                reason: "no evaluation step was loaded with this step".into(),
+            })?;
+            inputs
+                .iter()
+                .map(|&(id, b)| (id, shard(eval.graph(), eval.plan(), id, b, r, n)))
+                .collect()
+        };
+        s.eval_with_inputs(&mine)?;
     }
     Ok(())
 }
@@ -116,6 +140,20 @@ impl CpuRanks {
         Ok(CpuRanks { ranks })
     }
 
+    /// As [`CpuRanks::new`], each rank with the pair's evaluation step beside its training
+    /// step in one allocation ([`PlannedStep::pair`]): an evaluation runs every rank on its
+    /// shard of the batch, and its loss is the mean of theirs.
+    pub fn pair(pair: StepPair) -> Result<CpuRanks, ExecError> {
+        let n = ranks_of(pair.train());
+        let mut ranks = Vec::with_capacity(n);
+        for c in threads::group(n) {
+            let mut s = PlannedStep::pair(pair.clone())?;
+            s.set_collective(Box::new(c))?;
+            ranks.push(s);
+        }
+        Ok(CpuRanks { ranks })
+    }
+
     /// The rank steps, rank 0 first.
     pub fn ranks(&self) -> &[PlannedStep] {
         &self.ranks
@@ -141,6 +179,16 @@ impl StepExecutor for CpuRanks {
 
     fn step(&mut self) -> Result<(), ExecError> {
         on_every_rank(&mut self.ranks, |_, s| s.step())
+    }
+
+    fn eval_executable(&self) -> Option<&Executable> {
+        self.ranks[0].eval_executable()
+    }
+
+    /// Every rank evaluates its shard of the batch (no collective: the mean of the ranks'
+    /// losses is taken where it is read, [`StepExecutor::read_scalar`]).
+    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        eval_shards(&mut self.ranks, inputs)
     }
 
     fn allocated_bytes(&self) -> usize {

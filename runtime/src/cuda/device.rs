@@ -198,7 +198,20 @@ impl CudaStep {
         gate: &(dyn Fn(bool) -> bool + Sync),
     ) -> Result<CudaStep, ExecError> {
         let bytes = exe.plan().total_bytes;
-        let prepared = CudaStep::prepare(exe, None, bytes, opts, Some(comm));
+        CudaStep::rank_with(exe, None, bytes, opts, comm, gate)
+    }
+
+    /// As [`CudaStep::rank`], with `eval` (an evaluation step, which has no collective)
+    /// beside the training step in one allocation of `bytes`, as [`CudaStep::pair`] loads it.
+    pub(super) fn rank_with(
+        exe: Executable,
+        eval: Option<Executable>,
+        bytes: usize,
+        opts: CudaOptions,
+        comm: super::nccl::Comm,
+        gate: &(dyn Fn(bool) -> bool + Sync),
+    ) -> Result<CudaStep, ExecError> {
+        let prepared = CudaStep::prepare(exe, eval, bytes, opts, Some(comm));
         if !gate(prepared.is_ok()) {
             return Err(prepared.err().unwrap_or_else(|| {
                 unavailable("another rank of the group failed to load, so this one stops too")

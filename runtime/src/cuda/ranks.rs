@@ -15,7 +15,7 @@ use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::driver::{result, CudaContext};
-use ingot_compiler::exe::Executable;
+use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
@@ -49,6 +49,26 @@ impl GpuRanks {
     /// communicator per GPU made (`ncclCommInitAll`), and the ranks loaded side by side, each
     /// on its own thread. `serial` is [`CudaOptions::serial`] for every rank.
     pub fn new(exe: Executable, serial: bool) -> Result<GpuRanks, ExecError> {
+        let bytes = exe.plan().total_bytes;
+        GpuRanks::load(exe, None, bytes, serial)
+    }
+
+    /// As [`GpuRanks::new`], each rank with the pair's evaluation step beside its training step
+    /// in one allocation ([`CudaStep::rank_pair`]): an evaluation runs every rank on its shard
+    /// of the batch, and its loss is the mean of theirs.
+    pub fn pair(pair: StepPair, serial: bool) -> Result<GpuRanks, ExecError> {
+        let bytes = pair.allocation_bytes();
+        let (train, eval, _) = pair.into_parts();
+        GpuRanks::load(train, Some(eval), bytes, serial)
+    }
+
+    /// Loads `exe` (with `eval` beside it, in one allocation of `bytes`) on every rank.
+    fn load(
+        exe: Executable,
+        eval: Option<Executable>,
+        bytes: usize,
+        serial: bool,
+    ) -> Result<GpuRanks, ExecError> {
         let n = ranks_of(&exe);
         let present = super::available()?;
         if n > present {
@@ -90,10 +110,10 @@ impl GpuRanks {
                 .into_iter()
                 .enumerate()
                 .map(|(r, comm)| {
-                    let (exe, gate) = (exe.clone(), &gate);
+                    let (exe, eval, gate) = (exe.clone(), eval.clone(), &gate);
                     scope.spawn(move || {
                         let opts = CudaOptions { ordinal: r, serial };
-                        CudaStep::rank(exe, opts, comm, &|ok| gate.pass(ok))
+                        CudaStep::rank_with(exe, eval, bytes, opts, comm, &|ok| gate.pass(ok))
                     })
                 })
                 .collect();
@@ -146,6 +166,15 @@ impl StepExecutor for GpuRanks {
 
     fn step(&mut self) -> Result<(), ExecError> {
         on_every_rank(&mut self.ranks, |_, s| s.step())
+    }
+
+    fn eval_executable(&self) -> Option<&Executable> {
+        self.ranks[0].eval_executable()
+    }
+
+    /// Every rank evaluates its shard of the batch (no collective), one after another.
+    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        crate::collective::ranks::eval_shards(&mut self.ranks, inputs)
     }
 
     /// Each rank copies its shard of the inputs and runs its step, all at once.
