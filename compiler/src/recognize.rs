@@ -142,13 +142,7 @@ pub fn attention_where(g: &Graph, supported: Supported) -> Result<(Graph, usize)
         };
         map[id.index()] = Some(new);
     }
-    let m = |x: NodeId| map[x.index()].expect("outputs and updates are kept");
-    for (name, &o) in &g.outputs {
-        out.set_output(name, m(o))?;
-    }
-    for u in &g.updates {
-        out.set_update(m(u.target), m(u.value))?;
-    }
+    out.keep_outputs_of(g, |x| map[x.index()].expect("outputs and updates are kept"))?;
     Ok((out, found.len()))
 }
 

@@ -58,12 +58,7 @@ pub fn as_selects(g: &Graph) -> Result<(Graph, usize), IrError> {
         };
         new_id.push(mapped);
     }
-    for (name, &o) in &g.outputs {
-        out.set_output(name, new_id[o.index()])?;
-    }
-    for u in &g.updates {
-        out.set_update(new_id[u.target.index()], new_id[u.value.index()])?;
-    }
+    out.keep_outputs_of(g, |x| new_id[x.index()])?;
     // The reshapes whose operands the selects read directly are dead now.
     Ok((out.without_dead_code().0, count))
 }

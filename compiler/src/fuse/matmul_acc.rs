@@ -229,12 +229,7 @@ pub fn form(g: &Graph) -> Result<(Graph, usize), IrError> {
         debug_assert_ne!(mapped, NodeId(u32::MAX));
         new_id.push(mapped);
     }
-    for (name, &o) in &g.outputs {
-        out.set_output(name, new_id[o.index()])?;
-    }
-    for u in &g.updates {
-        out.set_update(new_id[u.target.index()], new_id[u.value.index()])?;
-    }
+    out.keep_outputs_of(g, |x| new_id[x.index()])?;
     // The products (and their casts) the accumulations replaced are dead now.
     Ok((out.without_dead_code().0, count))
 }

@@ -201,15 +201,7 @@ pub fn recompute_with(
         }
         new_id[id.index()] = Some(out.push(n.op.clone(), &ins, Some(n.ty.clone()))?);
     }
-    for (name, &o) in &g.outputs {
-        out.set_output(name, new_id[o.index()].expect("all nodes are copied"))?;
-    }
-    for u in &g.updates {
-        out.set_update(
-            new_id[u.target.index()].expect("all nodes are copied"),
-            new_id[u.value.index()].expect("all nodes are copied"),
-        )?;
-    }
+    out.keep_outputs_of(g, |x| new_id[x.index()].expect("all nodes are copied"))?;
     Ok((out, count, copied))
 }
 

@@ -319,6 +319,22 @@ impl Graph {
         Ok(())
     }
 
+    /// Names the outputs and updates of `g` in this graph, a rewritten copy of it: `map`
+    /// gives each node of `g` its node here (passes that rebuild a graph node by node end so).
+    pub fn keep_outputs_of(
+        &mut self,
+        g: &Graph,
+        map: impl Fn(NodeId) -> NodeId,
+    ) -> Result<(), IrError> {
+        for (name, &o) in &g.outputs {
+            self.set_output(name, map(o))?;
+        }
+        for u in &g.updates {
+            self.set_update(map(u.target), map(u.value))?;
+        }
+        Ok(())
+    }
+
     /// Declares that the step writes `value` over the parameter or state leaf `target`.
     pub fn set_update(&mut self, target: NodeId, value: NodeId) -> Result<(), IrError> {
         check_update(self, Update { target, value })?;

@@ -109,37 +109,14 @@ pub struct Program {
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     let node = g.node(id);
     match &node.op {
+        // The GEMM's packing space; bf16 products run in f32 over widened copies (a
+        // `matmul_acc` widens its bf16 accumulator as well, on top of the GEMM's space).
         Op::MatMul { ta, .. } => {
-            let a = g.ty(node.inputs[0]).shape.dims();
-            if a.len() < 2 {
-                return 0;
-            }
-            let (r, c) = (a[a.len() - 2], a[a.len() - 1]);
-            let (m, k) = if *ta { (c, r) } else { (r, c) };
-            let n = node.ty.shape.last();
-            let f32_kernel = match node.ty.dtype {
-                // bf16 products run in f32 over widened copies.
-                DType::F32 | DType::BF16 => {
-                    ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n)
-                }
-                DType::F64 => ingot_kernels::cpu::gemm::workspace_bytes::<f64>(m, k, n),
-                _ => 0,
-            };
+            let f32_kernel = gemm_workspace(g, node.inputs[0], *ta, &node.ty);
             f32_kernel.max(widened::bytes(g, id, f32_kernel))
         }
         Op::MatMulAcc { ta, .. } => {
-            let a = g.ty(node.inputs[1]).shape.dims();
-            if a.len() < 2 {
-                return 0;
-            }
-            let (r, c) = (a[a.len() - 2], a[a.len() - 1]);
-            let (m, k) = if *ta { (c, r) } else { (r, c) };
-            let n = node.ty.shape.last();
-            let f32_kernel = match node.ty.dtype {
-                DType::F64 => ingot_kernels::cpu::gemm::workspace_bytes::<f64>(m, k, n),
-                _ => ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n),
-            };
-            widened::matmul_acc_bytes(g, id) + f32_kernel
+            widened::matmul_acc_bytes(g, id) + gemm_workspace(g, node.inputs[1], *ta, &node.ty)
         }
         Op::Fused(kernel) => ingot_kernels::fused::cpu::scratch_bytes(kernel),
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_scratch_bytes(g, id),
@@ -273,6 +250,23 @@ pub mod widened {
             return 0;
         }
         regions(&node.ty, &types) + f32_kernel
+    }
+}
+
+/// The CPU GEMM's workspace for a product whose first operand is `a` (transposed when `ta`)
+/// and result `ty`: f64 products pack f64, every other one f32 (bf16 runs in f32).
+fn gemm_workspace(g: &Graph, a: NodeId, ta: bool, ty: &crate::ir::TensorType) -> usize {
+    let a = g.ty(a).shape.dims();
+    if a.len() < 2 {
+        return 0;
+    }
+    let (r, c) = (a[a.len() - 2], a[a.len() - 1]);
+    let (m, k) = if ta { (c, r) } else { (r, c) };
+    let n = ty.shape.last();
+    match ty.dtype {
+        DType::F64 => ingot_kernels::cpu::gemm::workspace_bytes::<f64>(m, k, n),
+        DType::F32 | DType::BF16 => ingot_kernels::cpu::gemm::workspace_bytes::<f32>(m, k, n),
+        _ => 0,
     }
 }
 

@@ -776,15 +776,7 @@ impl Lowering<'_> {
                 if here.bytes > 0 {
                     let from = self.location[c.index()];
                     if from != here {
-                        self.ops.push(DeviceOp::Copy {
-                            from: from.offset,
-                            to: here.offset,
-                            bytes: here.bytes,
-                        });
-                        self.touches.push(Touch {
-                            reads: smallvec::smallvec![from],
-                            writes: smallvec::smallvec![here],
-                        });
+                        self.copy(from, here);
                     }
                     self.ops.push(DeviceOp::Gemm(gemm));
                     self.touched(id, smallvec::smallvec![here, w]);
@@ -1054,6 +1046,19 @@ impl Lowering<'_> {
         self.ops.push(DeviceOp::Launch { node, kernel, args });
     }
 
+    /// A device copy of `to.bytes` bytes from `from` to `to`, reading and writing those bytes.
+    fn copy(&mut self, from: Location, to: Location) {
+        self.ops.push(DeviceOp::Copy {
+            from: from.offset,
+            to: to.offset,
+            bytes: to.bytes,
+        });
+        self.touches.push(Touch {
+            reads: smallvec::smallvec![from],
+            writes: smallvec::smallvec![to],
+        });
+    }
+
     /// A gradient bucket's all-reduce: each gradient the planner could not place in its slot of
     /// the bucket is copied there first, then the bucket's one contiguous region is averaged
     /// over the ranks in place ([`DeviceOp::AllReduce`]).
@@ -1086,15 +1091,7 @@ impl Lowering<'_> {
             }
             end = Some(to.offset + to.bytes);
             if from != to && to.bytes > 0 {
-                self.ops.push(DeviceOp::Copy {
-                    from: from.offset,
-                    to: to.offset,
-                    bytes: to.bytes,
-                });
-                self.touches.push(Touch {
-                    reads: smallvec::smallvec![from],
-                    writes: smallvec::smallvec![to],
-                });
+                self.copy(from, to);
             }
         }
         let offset = self.location[outs[0].index()].offset;

@@ -70,15 +70,7 @@ pub fn exec_widened(
     let mut f32_inputs: SmallVec<[View<'_>; 3]> = SmallVec::new();
     for (v, t) in inputs.iter().zip(input_types) {
         match v {
-            View::BF16(x) => {
-                let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(x.len() * 4));
-                rest = tail;
-                let w = as_f32(region, x.len());
-                for (w, x) in w.iter_mut().zip(x.iter()) {
-                    *w = x.to_f32();
-                }
-                f32_inputs.push(View::F32(w));
-            }
+            View::BF16(x) => f32_inputs.push(View::F32(widen_into(&mut rest, x))),
             other => {
                 debug_assert_ne!(t.dtype, DType::BF16);
                 f32_inputs.push(*other);
@@ -123,6 +115,19 @@ pub fn exec_widened(
         }
     }
     Ok(())
+}
+
+/// Carves the next aligned region of `n` f32s from the front of `rest` (which moves past it)
+/// and fills it with `x` widened: how a bf16 operand is read by the f32 kernel that computes
+/// for it.
+pub(super) fn widen_into<'a>(rest: &mut &'a mut [u8], x: &[bf16]) -> &'a mut [f32] {
+    let (region, tail) = std::mem::take(rest).split_at_mut(round_up(x.len() * 4));
+    *rest = tail;
+    let w = as_f32(region, x.len());
+    for (w, x) in w.iter_mut().zip(x) {
+        *w = x.to_f32();
+    }
+    w
 }
 
 /// The first `n` f32s of an aligned byte region.

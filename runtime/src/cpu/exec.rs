@@ -1026,7 +1026,7 @@ pub fn accumulate_product(
     out: ViewMut<'_>,
     scratch: Scratch<'_>,
 ) -> Result<(), ExecError> {
-    use ingot_compiler::lower::cpu::widened::{matmul_acc_bytes_of, round_up, ALIGN};
+    use ingot_compiler::lower::cpu::widened::{matmul_acc_bytes_of, ALIGN};
     let op = node.op.name();
     let Op::MatMulAcc { ta, tb } = node.op else {
         return Err(invalid(op, "not a matmul_acc"));
@@ -1089,15 +1089,7 @@ pub fn accumulate_product(
     let mut wide: SmallVec<[View<'_>; 2]> = SmallVec::new();
     for v in ab {
         match v {
-            View::BF16(x) => {
-                let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(x.len() * 4));
-                rest = tail;
-                let w = f32_region(region, x.len());
-                for (w, x) in w.iter_mut().zip(x.iter()) {
-                    *w = x.to_f32();
-                }
-                wide.push(View::F32(w));
-            }
+            View::BF16(x) => wide.push(View::F32(super::bf16::widen_into(&mut rest, x))),
             View::F32(x) => wide.push(View::F32(x)),
             other => {
                 return Err(invalid(
@@ -1128,13 +1120,9 @@ pub fn accumulate_product(
             matmul(&cx, ta, tb, o, true, inner)
         }
         ViewMut::BF16(o) => {
-            let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(o.len() * 4));
-            let sum = f32_region(region, o.len());
-            for (s, x) in sum.iter_mut().zip(o.iter()) {
-                *s = x.to_f32();
-            }
+            let sum = super::bf16::widen_into(&mut rest, o);
             let inner = if given {
-                Scratch::Given(tail)
+                Scratch::Given(rest)
             } else {
                 Scratch::Allocate
             };
@@ -1149,14 +1137,6 @@ pub fn accumulate_product(
             format!("bf16 operands accumulated into {}", o.dtype()),
         )),
     }
-}
-
-/// The first `n` f32s of an aligned byte region.
-fn f32_region(region: &mut [u8], n: usize) -> &mut [f32] {
-    assert!(region.len() >= n * 4 && (region.as_ptr() as usize).is_multiple_of(4));
-    // SAFETY: the region is exclusively borrowed, long enough and aligned for f32 (checked);
-    // every bit pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut f32, n) }
 }
 
 /// Checks every id against `rows` before anything is written.

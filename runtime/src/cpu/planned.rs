@@ -368,26 +368,43 @@ impl Part {
         Ok(())
     }
 
-    fn exec(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
-        let node = self.exe.graph().node(id);
-        let mut inputs: SmallVec<[View<'_>; 8]> = SmallVec::new();
-        let mut types: SmallVec<[&TensorType; 8]> = SmallVec::new();
-        for &x in &node.inputs {
-            let l = self.location[x.index()];
-            let ty = self.exe.graph().ty(x);
-            // SAFETY: validated plan: operands lie inside the allocation and do not overlap the
-            // output (this node is not in place).
+    /// Views of the operands `xs` in the allocation at `base`, and their types. The caller
+    /// vouches that none overlaps what the node writes.
+    fn operands(
+        &self,
+        base: *mut u8,
+        xs: &[NodeId],
+    ) -> (SmallVec<[View<'_>; 8]>, SmallVec<[&TensorType; 8]>) {
+        let g = self.exe.graph();
+        let mut inputs = SmallVec::new();
+        let mut types = SmallVec::new();
+        for &x in xs {
+            let (l, ty) = (self.location[x.index()], g.ty(x));
+            // SAFETY: validated plan: every value lies inside the allocation; the caller
+            // vouches that no slice written during the node overlaps it.
             inputs.push(unsafe { view(base.add(l.offset), ty.dtype, ty.shape.numel()) });
             types.push(ty);
         }
-        let scratch = match self.exe.plan().workspace(id) {
+        (inputs, types)
+    }
+
+    /// Node `id`'s planned workspace in the allocation at `base`, if it has one.
+    fn scratch(&self, base: *mut u8, id: NodeId) -> Scratch<'_> {
+        match self.exe.plan().workspace(id) {
             // SAFETY: validated plan: the workspace lies inside the allocation and overlaps
             // neither the operands nor the output of this node.
             Some(w) => Scratch::Given(unsafe {
                 std::slice::from_raw_parts_mut(base.add(w.offset), w.bytes)
             }),
             None => Scratch::Allocate,
-        };
+        }
+    }
+
+    fn exec(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
+        let node = self.exe.graph().node(id);
+        // Validated plan: the operands do not overlap the output (this node is not in place).
+        let (inputs, types) = self.operands(base, &node.inputs);
+        let scratch = self.scratch(base, id);
         if node.op.is_attention() {
             let g = self.exe.graph();
             let mut outs: SmallVec<[Option<ViewMut<'_>>; 3]> = SmallVec::new();
@@ -429,22 +446,9 @@ impl Part {
     fn accumulate_in_place(&self, base: *mut u8, id: NodeId) -> Result<(), ExecError> {
         let g = self.exe.graph();
         let node = g.node(id);
-        let mut inputs: SmallVec<[View<'_>; 2]> = SmallVec::new();
-        let mut types: SmallVec<[&TensorType; 2]> = SmallVec::new();
-        for &x in &node.inputs[1..] {
-            let (l, ty) = (self.location[x.index()], g.ty(x));
-            // SAFETY: checked program: `a` and `b` lie inside the allocation and do not overlap
-            // the result (only `c` is under it).
-            inputs.push(unsafe { view(base.add(l.offset), ty.dtype, ty.shape.numel()) });
-            types.push(ty);
-        }
-        let scratch = match self.exe.plan().workspace(id) {
-            // SAFETY: validated plan: the workspace overlaps neither operands nor the output.
-            Some(w) => Scratch::Given(unsafe {
-                std::slice::from_raw_parts_mut(base.add(w.offset), w.bytes)
-            }),
-            None => Scratch::Allocate,
-        };
+        // Checked program: `a` and `b` do not overlap the result (only `c` is under it).
+        let (inputs, types) = self.operands(base, &node.inputs[1..]);
+        let scratch = self.scratch(base, id);
         let l = self.location[id.index()];
         // SAFETY: the result lies inside the allocation; no other live slice covers it.
         let out = unsafe { view_mut(base.add(l.offset), node.ty.dtype, node.ty.shape.numel()) };
