@@ -31,6 +31,10 @@ use serde::Serialize;
 /// micro-batches are preferred (see the module docs).
 pub const MAX_ADDED_FLOPS_PERCENT: f64 = 33.0;
 
+/// The smallest loss-head chunk the fitter tries (halving from
+/// [`crate::autodiff::chunk::HEAD_CHUNK_BYTES`]): gpt2's head in 16 chunks of 512 rows.
+pub const MIN_HEAD_CHUNK_BYTES: usize = 64 << 20;
+
 /// A value recomputed for the backward pass.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Recomputed {
@@ -107,6 +111,10 @@ pub struct Fitted {
     /// The loss head computed in row chunks ([`crate::autodiff::chunk`]).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub chunked_loss_head: bool,
+    /// With the loss head in chunks: the most bytes a chunk's largest value may take (the
+    /// fitter halves [`crate::autodiff::chunk::HEAD_CHUNK_BYTES`] before it accumulates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_head_chunk_bytes: Option<usize>,
     /// Library calls recomputed for the backward pass, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recompute: Option<Recompute>,
@@ -118,8 +126,15 @@ impl Fitted {
     /// One line for the report.
     pub fn line(&self) -> String {
         let mut what = Vec::new();
-        if self.chunked_loss_head {
-            what.push("the loss head in row chunks".to_string());
+        match self.loss_head_chunk_bytes {
+            Some(b) if self.chunked_loss_head && b < crate::autodiff::chunk::HEAD_CHUNK_BYTES => {
+                what.push(format!(
+                    "the loss head in row chunks of at most {}",
+                    human(b)
+                ))
+            }
+            _ if self.chunked_loss_head => what.push("the loss head in row chunks".to_string()),
+            _ => {}
         }
         if self.accumulate > 1 {
             what.push(format!(
@@ -352,6 +367,7 @@ pub fn fit(
             budget_bytes: budget,
             unfitted_bytes: unfitted,
             chunked_loss_head,
+            loss_head_chunk_bytes: chunked_loss_head.then_some(step.loss_head_chunk_bytes),
             accumulate: step.accumulate.max(1),
             micro_batch: None,
             recompute: None,
@@ -373,6 +389,7 @@ pub fn fit(
         budget_bytes: budget,
         unfitted_bytes: unfitted,
         chunked_loss_head,
+        loss_head_chunk_bytes: chunked_loss_head.then_some(step.loss_head_chunk_bytes),
         accumulate: k,
         micro_batch: whole.map(|w| w / k),
         recompute,
@@ -411,13 +428,50 @@ pub fn fit(
                     return Ok((m, *c, Some(f)));
                 }
                 if fallback.is_none() {
-                    fallback = Some((m, *c, f));
+                    fallback = Some((m.clone(), *c, f));
                 }
             }
             Recomputation::Over(c) => {
                 if c.report.total_bytes < smallest.report.total_bytes {
                     smallest = *c;
                 }
+            }
+        }
+        // Before accumulating: the loss head in smaller chunks (a chunk's logits are the
+        // largest transient at the peak; more chunks cost another pass over the head's weight
+        // gradient each, far less than micro-batches do).
+        if k == ks[0] && chunked_loss_head {
+            let mut bytes = step.loss_head_chunk_bytes / 2;
+            while bytes >= MIN_HEAD_CHUNK_BYTES {
+                let step_c = StepOptions {
+                    loss_head_chunk_bytes: bytes,
+                    ..*step
+                };
+                let rc = pipeline::rewritten(&m, &step_c, opts)?;
+                let bc = pipeline::finish(&rc, &[])?;
+                let with_chunks = |f: Fitted| Fitted {
+                    loss_head_chunk_bytes: Some(bytes),
+                    ..f
+                };
+                if bc.report.total_bytes <= budget {
+                    let f = with_chunks(fitted(k, &bc, None));
+                    return Ok((m, bc, Some(f)));
+                }
+                match recompute_to_budget(&rc, &bc, budget)? {
+                    Recomputation::Fits(c, info)
+                        if info.added_percent <= MAX_ADDED_FLOPS_PERCENT =>
+                    {
+                        let f = with_chunks(fitted(k, &c, Some(info)));
+                        return Ok((m, *c, Some(f)));
+                    }
+                    Recomputation::Fits(..) => {}
+                    Recomputation::Over(c) => {
+                        if c.report.total_bytes < smallest.report.total_bytes {
+                            smallest = *c;
+                        }
+                    }
+                }
+                bytes /= 2;
             }
         }
     }

@@ -200,3 +200,43 @@ fn values_computed_from_a_recomputed_product_are_recomputed_with_it_not_kept() {
         }
     }
 }
+
+#[test]
+fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
+    // gpt2 in bf16 under 3,174 MiB (what PyTorch's block checkpointing peaks at): with the
+    // head in chunks of the default size even recomputing every candidate is over, so the
+    // fitter used to accumulate 8 micro-batches of 1; chunks of half the size fit at the whole
+    // batch with some library outputs recomputed.
+    let model = models::by_name("gpt2").unwrap();
+    let mut opts = Options::for_target(Target::Cuda);
+    opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
+    let budget = 3174 << 20;
+    let fit_opts = FitOptions {
+        budget,
+        recompute: true,
+        accumulate: true,
+    };
+    let build = |k: usize| {
+        models::at_batch("gpt2", 8 / k, ingot_compiler::ir::DType::F32).map_err(|e| e.to_string())
+    };
+    let (_, c, fitted) = fit::fit(
+        &model,
+        &StepOptions::default(),
+        &opts,
+        &fit_opts,
+        Some(&build),
+    )
+    .unwrap();
+    let f = fitted.expect("gpt2 is over 3,174 MiB as asked");
+    assert_eq!(f.accumulate, 1, "{}", f.line());
+    assert!(f.chunked_loss_head);
+    let chunk = f.loss_head_chunk_bytes.expect("the chunk size is reported");
+    assert!(
+        chunk < ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES
+            && chunk >= fit::MIN_HEAD_CHUNK_BYTES,
+        "{chunk}"
+    );
+    assert!(f.line().contains("row chunks of at most"), "{}", f.line());
+    assert!(c.report.total_bytes <= budget);
+    c.plan.validate(&c.graph).unwrap();
+}
