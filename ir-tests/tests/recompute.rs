@@ -232,8 +232,8 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
     assert!(f.chunked_loss_head);
     let chunk = f.loss_head_chunk_bytes.expect("the chunk size is reported");
     assert!(
-        chunk < ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES
-            && chunk >= fit::MIN_HEAD_CHUNK_BYTES,
+        (fit::MIN_HEAD_CHUNK_BYTES..ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES)
+            .contains(&chunk),
         "{chunk}"
     );
     assert!(f.line().contains("row chunks of at most"), "{}", f.line());
