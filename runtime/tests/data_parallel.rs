@@ -359,6 +359,72 @@ fn two_ranks_evaluate_a_batch_as_one_rank_evaluates_it_whole() {
 }
 
 #[test]
+fn bf16_gradients_reduced_in_bf16_send_half_the_bytes_and_train_as_the_f32_reduction() {
+    let model = models::at_batch(
+        "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2",
+        2,
+        ingot_compiler::ir::DType::F32,
+    )
+    .unwrap();
+    let mut opts = pipeline::Options::for_target(Target::Cpu);
+    opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
+    let exe = |in_bf16: bool| {
+        let step = StepOptions {
+            ranks: 2,
+            reduce_in_bf16: in_bf16,
+            ..Default::default()
+        };
+        pipeline::compile_observed_with(&model, &step, &opts, &mut |_| {})
+            .unwrap()
+            .executable(Target::Cpu)
+            .unwrap()
+    };
+    let (wide, narrow) = (exe(false), exe(true));
+    let bytes = |e: &Executable| -> (usize, usize) {
+        let b = ingot_compiler::plan::buckets::buckets(e.graph(), e.plan());
+        let bf16 = b
+            .iter()
+            .filter(|b| e.graph().ty(b.node).dtype == ingot_compiler::ir::DType::BF16)
+            .map(|b| b.bytes)
+            .sum();
+        (b.iter().map(|b| b.bytes).sum(), bf16)
+    };
+    let ((w_all, w_bf16), (n_all, n_bf16)) = (bytes(&wide), bytes(&narrow));
+    assert_eq!(w_bf16, 0, "f32 gradients by default");
+    assert!(
+        n_bf16 > 0 && n_all < w_all,
+        "{n_all} of {w_all} bytes, {n_bf16} in bf16"
+    );
+    // The matmul weights' gradients (most of the bytes) go at half size.
+    assert!(4 * n_all < 3 * w_all, "{n_all} of {w_all} bytes");
+    let losses = |e: Executable| -> Vec<f64> {
+        let mut ranks = ingot_runtime::collective::ranks::CpuRanks::new(e).unwrap();
+        let g = ranks.graph().clone();
+        for (n, v) in init_leaves(&g, LeafKind::Parameter, 5)
+            .into_iter()
+            .chain(init_leaves(&g, LeafKind::State, 5))
+        {
+            ranks.write_leaf(&n, &v).unwrap();
+        }
+        // One batch again and again, so the loss must fall.
+        for (n, v) in synthetic_batch(&g, 100) {
+            ranks.write_leaf(&n, &v).unwrap();
+        }
+        (0..8)
+            .map(|_| {
+                ranks.step().unwrap();
+                ranks.read_output("loss").unwrap().scalar_f64().unwrap()
+            })
+            .collect()
+    };
+    let (a, b) = (losses(wide), losses(narrow));
+    for (x, y) in a.iter().zip(&b) {
+        assert!(((x - y) / x).abs() <= 1e-2, "{a:?} against {b:?}");
+    }
+    assert!(a.last() < a.first(), "it trains: {a:?}");
+}
+
+#[test]
 fn a_step_for_two_ranks_run_without_a_collective_says_so() {
     let model = mlp(2);
     let mut s = PlannedStep::new(compile(&model, 2)).unwrap();

@@ -32,15 +32,46 @@ pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
 /// Averages `grads` (one per parameter, in parameter order; several parameters may share a
 /// gradient node) over `ranks` ranks in buckets of at most `cap` bytes (a gradient larger than
 /// `cap` is a bucket of its own). Returns the averaged gradient of each parameter, in the same
-/// order. One rank (or zero, the default) returns `grads` unchanged and adds no node.
+/// order. One rank (or zero, the default) returns `grads` unchanged and adds no node. With
+/// `in_bf16`, a gradient that is a bf16 value widened to f32 is averaged as that bf16 value
+/// and widened after ([`super::StepOptions::reduce_in_bf16`]).
 pub fn all_reduce_buckets(
     g: &mut Graph,
     grads: &[NodeId],
     ranks: usize,
     cap: usize,
+    in_bf16: bool,
 ) -> Result<Vec<NodeId>> {
     if ranks <= 1 {
         return Ok(grads.to_vec());
+    }
+    if in_bf16 {
+        // Average the bf16 values, then widen the means as the gradients were widened.
+        let mut narrow = Vec::with_capacity(grads.len());
+        for &x in grads {
+            narrow.push(bf16_source(g, x)?.unwrap_or(x));
+        }
+        let means = all_reduce_buckets(g, &narrow, ranks, cap, false)?;
+        let mut widened = std::collections::HashMap::new();
+        return grads
+            .iter()
+            .zip(&narrow)
+            .zip(means)
+            .map(|((&x, &n), mean)| {
+                if n == x {
+                    return Ok(mean);
+                }
+                if let Some(&w) = widened.get(&mean) {
+                    return Ok(w);
+                }
+                let ty = g.ty(x).clone();
+                let prev = g.set_scope(g.origin(x).clone());
+                let w = g.push(Op::Convert, &[mean], Some(ty));
+                g.set_scope(prev);
+                widened.insert(mean, *w.as_ref().map_err(Clone::clone)?);
+                w
+            })
+            .collect();
     }
     // Gradients made from gathered operands; a pass may make an operand gathered that makes
     // another gradient free to gather (the embeddings' gradients read the same rows), so the
@@ -167,4 +198,36 @@ pub fn gathered(
     })();
     g.set_scope(prev);
     out.map(Some)
+}
+
+/// The bf16 value an f32 gradient widens, when it is one: `convert` of a bf16 operand, seen
+/// through the reshapes and transposes above it (a weight gradient is the transpose of a
+/// widened product), which are made again over the bf16 value (they commute with the cast).
+fn bf16_source(g: &mut Graph, x: NodeId) -> Result<Option<NodeId>> {
+    let mut views = Vec::new();
+    let mut v = x;
+    while matches!(g.node(v).op, Op::Reshape | Op::Transpose { .. }) {
+        views.push(v);
+        v = g.node(v).inputs[0];
+    }
+    let n = g.node(v);
+    let &[y] = n.inputs.as_slice() else {
+        return Ok(None);
+    };
+    if !(matches!(n.op, Op::Convert)
+        && n.ty.dtype == crate::ir::DType::F32
+        && g.ty(y).dtype == crate::ir::DType::BF16)
+    {
+        return Ok(None);
+    }
+    let mut cur = y;
+    for &w in views.iter().rev() {
+        let (op, mut ty) = (g.node(w).op.clone(), g.ty(w).clone());
+        ty.dtype = crate::ir::DType::BF16;
+        let prev = g.set_scope(g.origin(w).clone());
+        let made = g.push(op, &[cur], Some(ty));
+        g.set_scope(prev);
+        cur = made?;
+    }
+    Ok(Some(cur))
 }

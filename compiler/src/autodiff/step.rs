@@ -51,6 +51,11 @@ pub struct StepOptions {
     /// of the head's largest tensor and costs an addition of the head's weight gradient per
     /// extra chunk ([`super::chunk::HEAD_CHUNK_BYTES`] is the CLI's choice).
     pub loss_head_chunk_bytes: usize,
+    /// With `ranks >= 2`: a gradient computed in bf16 and widened to f32 for the update (a bf16
+    /// matrix product's weight gradient) is all-reduced in bf16, before it is widened: half
+    /// the bytes on the wire, the mean rounded to bf16 once (PyTorch DDP's
+    /// `bf16_compress_hook`). Off by default: the f32 gradients are all-reduced.
+    pub reduce_in_bf16: bool,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -132,6 +137,7 @@ pub fn training_step_with(
         &grads,
         opts.ranks,
         super::buckets::BUCKET_BYTES,
+        opts.reduce_in_bf16,
     )?;
     let b = g.len();
     if let Some(max) = opts.clip_grad_norm {

@@ -166,12 +166,18 @@ pub struct ModelArgs {
     #[arg(long, value_parser = ingot_compiler::plan::report::parse_size)]
     pub budget: Option<usize>,
     /// Compute and differentiate the loss head in row chunks: a head whose largest value (a
-    /// language model's [tokens, vocab] logits and their softmax) is over 256 MiB runs a block
+    /// language model's [tokens, vocab] logits and their softmax) is over 512 MiB runs a block
     /// of rows at a time, each block's backward pass right after its forward pass, so only one
     /// block's logits live. Lowers the peak by most of the logits; costs an addition of the
     /// head's weight gradient per extra block.
     #[arg(long)]
     pub chunk_loss_head: bool,
+    /// With several ranks: all-reduce the gradients computed in bf16 (a bf16 matmul's weight
+    /// gradients, with --precision bf16) in bf16, before they are widened to f32 for the
+    /// update: half the bytes on the wire, each mean rounded to bf16 (PyTorch DDP's
+    /// bf16_compress_hook). Off by default.
+    #[arg(long)]
+    pub reduce_in_bf16: bool,
 }
 
 impl ModelArgs {
@@ -190,6 +196,7 @@ impl ModelArgs {
             } else {
                 0
             },
+            reduce_in_bf16: self.reduce_in_bf16,
         }
     }
 }
