@@ -440,7 +440,7 @@ pub fn fit(
         // Before accumulating: the loss head in smaller chunks (a chunk's logits are the
         // largest transient at the peak; more chunks cost another pass over the head's weight
         // gradient each, far less than micro-batches do).
-        if k == ks[0] && chunked_loss_head {
+        if k == ks[0] && step.loss_head_chunk_bytes > 0 {
             let mut bytes = step.loss_head_chunk_bytes / 2;
             while bytes >= MIN_HEAD_CHUNK_BYTES {
                 let step_c = StepOptions {
@@ -450,6 +450,7 @@ pub fn fit(
                 let rc = pipeline::rewritten(&m, &step_c, opts)?;
                 let bc = pipeline::finish(&rc, &[])?;
                 let with_chunks = |f: Fitted| Fitted {
+                    chunked_loss_head: true,
                     loss_head_chunk_bytes: Some(bytes),
                     ..f
                 };

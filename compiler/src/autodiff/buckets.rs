@@ -16,9 +16,9 @@
 //! Where those operands are fewer bytes than the gradient ([`gathered`]: an embedding table's
 //! gradient is `[vocab, dim]`, its operands `[tokens, dim]`), or are gathered already for
 //! another gradient, each rank all-gathers them ([`Op::AllGather`]) and computes the summed
-//! gradient itself, then scales it by `1 / ranks`. Every rank adds the same rows in the same order (rank 0's positions
-//! first), so all hold the same bits, and they equal one device's gradient over the ranks'
-//! batches concatenated. For gpt2 on two ranks this sends 25 MiB instead of all-reducing
+//! gradient itself, then scales it by `1 / ranks`. Every rank adds the same rows in the same
+//! order (rank 0's positions first), so all hold the same bits, and they equal one device's
+//! gradient over the ranks' batches concatenated. For gpt2 on two ranks this sends 25 MiB instead of all-reducing
 //! 147 MiB, and the collective no longer waits for the last kernel of the backward pass.
 //!
 //! With one rank nothing is added: the step is exactly the single-device step.
@@ -53,25 +53,26 @@ pub fn all_reduce_buckets(
         }
         let means = all_reduce_buckets(g, &narrow, ranks, cap, false)?;
         let mut widened = std::collections::HashMap::new();
-        return grads
-            .iter()
-            .zip(&narrow)
-            .zip(means)
-            .map(|((&x, &n), mean)| {
-                if n == x {
-                    return Ok(mean);
+        let mut out = Vec::with_capacity(grads.len());
+        for ((&x, &n), mean) in grads.iter().zip(&narrow).zip(means) {
+            if n == x {
+                out.push(mean);
+                continue;
+            }
+            let w = match widened.get(&mean) {
+                Some(&w) => w,
+                None => {
+                    let ty = g.ty(x).clone();
+                    let w = g.with_origin(g.origin(x).clone(), |g| {
+                        g.push(Op::Convert, &[mean], Some(ty))
+                    })?;
+                    widened.insert(mean, w);
+                    w
                 }
-                if let Some(&w) = widened.get(&mean) {
-                    return Ok(w);
-                }
-                let ty = g.ty(x).clone();
-                let prev = g.set_scope(g.origin(x).clone());
-                let w = g.push(Op::Convert, &[mean], Some(ty));
-                g.set_scope(prev);
-                widened.insert(mean, *w.as_ref().map_err(Clone::clone)?);
-                w
-            })
-            .collect();
+            };
+            out.push(w);
+        }
+        return Ok(out);
     }
     // Gradients made from gathered operands; a pass may make an operand gathered that makes
     // another gradient free to gather (the embeddings' gradients read the same rows), so the
@@ -132,8 +133,8 @@ pub fn all_reduce_buckets(
 
 /// The mean over the ranks of gradient `x`, computed on every rank from its operands gathered
 /// from all ranks, when `x` is a sum over its operands' rows (a `scatter_add`, or a
-/// `reduce_sum` whose axes include 0, possibly reshaped) and that is the cheaper collective; `None` otherwise (the
-/// gradient goes into a bucket). `sent` maps each operand gathered so far to its all-gather,
+/// `reduce_sum` whose axes include 0, possibly reshaped) and that is the cheaper collective;
+/// `None` otherwise (the gradient goes into a bucket). `sent` maps each operand gathered so far to its all-gather,
 /// which later gradients reuse at no cost.
 ///
 /// Cheaper is counted in bytes each rank receives: an all-gather of operands of `b` bytes a
@@ -177,8 +178,7 @@ pub fn gathered(
         return Ok(None);
     }
     let origin = g.origin(x).clone();
-    let prev = g.set_scope(origin.clone());
-    let out = (|| {
+    g.with_origin(origin.clone(), |g| {
         let mut inputs = Vec::with_capacity(node.inputs.len());
         for &v in &node.inputs {
             let all = match sent.get(&v) {
@@ -194,10 +194,8 @@ pub fn gathered(
         for ty in reshapes.iter().rev() {
             sum = g.push(Op::Reshape, &[sum], Some(ty.clone()))?;
         }
-        g.mul_scalar(sum, 1.0 / ranks as f64)
-    })();
-    g.set_scope(prev);
-    out.map(Some)
+        g.mul_scalar(sum, 1.0 / ranks as f64).map(Some)
+    })
 }
 
 /// The bf16 value an f32 gradient widens, when it is one: `convert` of a bf16 operand, seen
@@ -224,10 +222,7 @@ fn bf16_source(g: &mut Graph, x: NodeId) -> Result<Option<NodeId>> {
     for &w in views.iter().rev() {
         let (op, mut ty) = (g.node(w).op.clone(), g.ty(w).clone());
         ty.dtype = crate::ir::DType::BF16;
-        let prev = g.set_scope(g.origin(w).clone());
-        let made = g.push(op, &[cur], Some(ty));
-        g.set_scope(prev);
-        cur = made?;
+        cur = g.with_origin(g.origin(w).clone(), |g| g.push(op, &[cur], Some(ty)))?;
     }
     Ok(Some(cur))
 }

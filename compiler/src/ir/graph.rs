@@ -175,7 +175,13 @@ impl Graph {
     /// Runs `f` with new nodes attributed to `name` (an nn layer such as `blocks.3.attn.qkv`),
     /// then restores the previous scope.
     pub fn scoped<T>(&mut self, name: &str, f: impl FnOnce(&mut Graph) -> T) -> T {
-        let prev = self.set_scope(Origin::new(name));
+        self.with_origin(Origin::new(name), f)
+    }
+
+    /// Runs `f` with new nodes attributed to `origin` (a pass making nodes on behalf of an
+    /// existing one gives them its origin), then restores the previous scope.
+    pub fn with_origin<T>(&mut self, origin: Origin, f: impl FnOnce(&mut Graph) -> T) -> T {
+        let prev = self.set_scope(origin);
         let out = f(self);
         self.scope = prev;
         out
