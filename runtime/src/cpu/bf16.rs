@@ -40,31 +40,10 @@ pub fn exec_widened(
     out: ViewMut<'_>,
     scratch: Scratch<'_>,
 ) -> Result<(), ExecError> {
-    let need = regions(&node.ty, input_types);
-    let given = matches!(scratch, Scratch::Given(_));
-    let mut owned: Vec<u64>;
-    let bytes: &mut [u8] = match scratch {
-        Scratch::Given(b) => b,
-        Scratch::Allocate => {
-            owned = vec![0; need.div_ceil(8)];
-            // SAFETY: a u64 buffer viewed as its bytes (any bit pattern is a valid u8).
-            unsafe {
-                std::slice::from_raw_parts_mut(owned.as_mut_ptr() as *mut u8, owned.len() * 8)
-            }
-        }
-    };
     let op = node.op.name();
-    if bytes.len() < need {
-        return Err(ExecError::Invalid {
-            op,
-            reason: format!(
-                "the workspace has {} bytes, bf16 widening needs {need}",
-                bytes.len()
-            ),
-        });
-    }
-    let pad = (ALIGN - bytes.as_ptr() as usize % ALIGN) % ALIGN;
-    let mut rest = &mut bytes[pad..];
+    let mut owned = Vec::new();
+    let (mut rest, given) =
+        widening_scratch(op, scratch, regions(&node.ty, input_types), &mut owned)?;
     // Inline storage: a planned step allocates nothing (matmul and scatter_add have 2 operands,
     // reductions 1; shapes up to rank 4 are inline too).
     let mut f32_inputs: SmallVec<[View<'_>; 3]> = SmallVec::new();
@@ -115,6 +94,40 @@ pub fn exec_widened(
         }
     }
     Ok(())
+}
+
+/// The bytes a widened op carves its f32 regions from ([`widen_into`]), from their first
+/// aligned byte: the planned scratch, or `owned` made `need` bytes long when the interpreter
+/// allocates; and whether the scratch was planned (the f32 kernel then gets what is left as
+/// its own). A planned scratch shorter than `need` is an error.
+pub(super) fn widening_scratch<'a>(
+    op: &'static str,
+    scratch: Scratch<'a>,
+    need: usize,
+    owned: &'a mut Vec<u64>,
+) -> Result<(&'a mut [u8], bool), ExecError> {
+    let given = matches!(scratch, Scratch::Given(_));
+    let bytes: &mut [u8] = match scratch {
+        Scratch::Given(b) => b,
+        Scratch::Allocate => {
+            *owned = vec![0; need.div_ceil(8)];
+            // SAFETY: a u64 buffer viewed as its bytes (any bit pattern is a valid u8).
+            unsafe {
+                std::slice::from_raw_parts_mut(owned.as_mut_ptr() as *mut u8, owned.len() * 8)
+            }
+        }
+    };
+    if bytes.len() < need {
+        return Err(ExecError::Invalid {
+            op,
+            reason: format!(
+                "the workspace has {} bytes, bf16 widening needs {need}",
+                bytes.len()
+            ),
+        });
+    }
+    let pad = (ALIGN - bytes.as_ptr() as usize % ALIGN) % ALIGN;
+    Ok((&mut bytes[pad..], given))
 }
 
 /// Carves the next aligned region of `n` f32s from the front of `rest` (which moves past it)

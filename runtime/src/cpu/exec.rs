@@ -1026,7 +1026,7 @@ pub fn accumulate_product(
     out: ViewMut<'_>,
     scratch: Scratch<'_>,
 ) -> Result<(), ExecError> {
-    use ingot_compiler::lower::cpu::widened::{matmul_acc_bytes_of, ALIGN};
+    use ingot_compiler::lower::cpu::widened::matmul_acc_bytes_of;
     let op = node.op.name();
     let Op::MatMulAcc { ta, tb } = node.op else {
         return Err(invalid(op, "not a matmul_acc"));
@@ -1062,30 +1062,9 @@ pub fn accumulate_product(
             )),
         };
     }
+    let mut owned = Vec::new();
     let need = matmul_acc_bytes_of(&node.ty, ab_types);
-    let mut owned: Vec<u64>;
-    let given = matches!(scratch, Scratch::Given(_));
-    let bytes: &mut [u8] = match scratch {
-        Scratch::Given(b) => b,
-        Scratch::Allocate => {
-            owned = vec![0; need.div_ceil(8)];
-            // SAFETY: a u64 buffer viewed as its bytes (any bit pattern is a valid u8).
-            unsafe {
-                std::slice::from_raw_parts_mut(owned.as_mut_ptr() as *mut u8, owned.len() * 8)
-            }
-        }
-    };
-    if bytes.len() < need {
-        return Err(invalid(
-            op,
-            format!(
-                "the workspace has {} bytes, bf16 widening needs {need}",
-                bytes.len()
-            ),
-        ));
-    }
-    let pad = (ALIGN - bytes.as_ptr() as usize % ALIGN) % ALIGN;
-    let mut rest = &mut bytes[pad..];
+    let (mut rest, given) = super::bf16::widening_scratch(op, scratch, need, &mut owned)?;
     let mut wide: SmallVec<[View<'_>; 2]> = SmallVec::new();
     for v in ab {
         match v {
