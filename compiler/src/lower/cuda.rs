@@ -323,18 +323,13 @@ pub(super) fn lower(
     for &(value, target) in &plan.liveness.copies {
         let (from, to) = (p.location[value.index()], p.location[target.index()]);
         if from.bytes > 0 {
-            p.ops.push(DeviceOp::Copy {
-                from: from.offset,
-                to: to.offset,
-                bytes: from.bytes,
-            });
-            p.touches.push(Touch {
-                reads: smallvec::smallvec![from],
-                writes: smallvec::smallvec![Location {
+            p.copy(
+                from,
+                Location {
                     offset: to.offset,
-                    bytes: from.bytes
-                }],
-            });
+                    bytes: from.bytes,
+                },
+            );
         }
     }
     let mut deps = deps::dependencies(&p.touches);

@@ -58,59 +58,70 @@ impl Collective for ThreadRank {
     }
 
     fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError> {
-        let g = &*self.group;
-        {
-            let mut mine = slot(g, self.rank);
-            mine.clear();
-            mine.extend_from_slice(data);
-        }
-        g.barrier.wait();
-        // Every rank checks the same lengths, so all agree on failing (and all reach the
-        // second barrier either way: no rank is left waiting).
-        let lengths: Vec<usize> = (0..g.ranks).map(|r| slot(g, r).len()).collect();
-        let result = if lengths.iter().any(|&l| l != data.len()) {
-            Err(ExecError::Invalid {
-                op: "all_reduce",
-                reason: format!(
-                    "the ranks all-reduce buffers of different lengths ({lengths:?} bytes): \
-                     every rank must run the same step"
-                ),
-            })
-        } else {
-            let slots: Vec<_> = (0..g.ranks).map(|r| slot(g, r)).collect();
-            let parts: Vec<&[u8]> = slots.iter().map(|s| s.as_slice()).collect();
-            mean_into(&parts, data, dtype)
-        };
-        g.barrier.wait();
-        result
+        self.post(data);
+        self.combine("all_reduce", data.len(), true, |parts| {
+            mean_into(parts, data, dtype)
+        })
     }
 
     fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), ExecError> {
+        self.post(send);
+        let fits = recv.len() == send.len() * self.group.ranks;
+        self.combine("all_gather", send.len(), fits, |parts| {
+            for (part, from) in recv.chunks_exact_mut(send.len().max(1)).zip(parts) {
+                part.copy_from_slice(from);
+            }
+            Ok(())
+        })
+    }
+}
+
+impl ThreadRank {
+    /// The first half of a collective: this rank's bytes into its slot, then the wait until
+    /// every rank has written its own.
+    fn post(&self, mine: &[u8]) {
         let g = &*self.group;
         {
-            let mut mine = slot(g, self.rank);
-            mine.clear();
-            mine.extend_from_slice(send);
+            let mut slot = slot(g, self.rank);
+            slot.clear();
+            slot.extend_from_slice(mine);
         }
         g.barrier.wait();
+    }
+
+    /// The second half: every rank checks that all posted `len` bytes (so all agree on
+    /// failing) and that its own output `fits`, then `combine`s the slots in rank order; a
+    /// second barrier keeps the slots until every rank has read them (all reach it, failing
+    /// or not: no rank is left waiting).
+    fn combine(
+        &self,
+        op: &'static str,
+        len: usize,
+        fits: bool,
+        combine: impl FnOnce(&[&[u8]]) -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
+        let g = &*self.group;
         let lengths: Vec<usize> = (0..g.ranks).map(|r| slot(g, r).len()).collect();
-        let result =
-            if lengths.iter().any(|&l| l != send.len()) || recv.len() != send.len() * g.ranks {
-                Err(ExecError::Invalid {
-                    op: "all_gather",
-                    reason: format!(
-                    "the ranks all-gather buffers of different lengths ({lengths:?} bytes, into \
-                     {} bytes on rank {}): every rank must run the same step",
-                    recv.len(),
-                    self.rank
-                ),
-                })
-            } else {
-                for (r, part) in recv.chunks_exact_mut(send.len().max(1)).enumerate() {
-                    part.copy_from_slice(&slot(g, r));
-                }
-                Ok(())
-            };
+        let reason = if lengths.iter().any(|&l| l != len) {
+            Some(format!(
+                "the ranks' {op} buffers have different lengths ({lengths:?} bytes): every rank \
+                 must run the same step"
+            ))
+        } else if !fits {
+            Some(format!(
+                "rank {} gathers {len} bytes a rank into an output of the wrong size",
+                self.rank
+            ))
+        } else {
+            None
+        };
+        let result = if let Some(reason) = reason {
+            Err(ExecError::Invalid { op, reason })
+        } else {
+            let slots: Vec<_> = (0..g.ranks).map(|r| slot(g, r)).collect();
+            let parts: Vec<&[u8]> = slots.iter().map(|s| s.as_slice()).collect();
+            combine(&parts)
+        };
         g.barrier.wait();
         result
     }
