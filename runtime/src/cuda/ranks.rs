@@ -1,6 +1,6 @@
 //! `N` GPUs of this machine as one step executor: the ranks of a step compiled for `N`
 //! data-parallel ranks, rank `r` on GPU `r`, each with its own allocation, stream and end of one
-//! NCCL group, each driven by a thread of its own every step (one process, one thread per GPU).
+//! NCCL group, each driven by a thread of its own kept for the run (one process, one thread per GPU).
 //!
 //! What a session sees is what [`crate::collective::ranks::CpuRanks`] shows it: one step whose
 //! batch is the union of the ranks' shards (an input written for all ranks together is cut into
@@ -10,7 +10,7 @@
 
 use super::device::{CudaOptions, CudaStep, RankGate};
 use super::nccl;
-use crate::collective::ranks::{joined, on_every_rank, ranks_of, shard, write_shards};
+use crate::collective::ranks::{joined, ranks_of, shard, write_shards, RankThreads};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
@@ -33,6 +33,7 @@ pub struct NcclInfo {
 /// The ranks of one data-parallel step, one per GPU.
 pub struct GpuRanks {
     ranks: Vec<CudaStep>,
+    threads: RankThreads,
     nccl: NcclInfo,
 }
 
@@ -127,6 +128,7 @@ impl GpuRanks {
             .collect();
         drop(contexts);
         Ok(GpuRanks {
+            threads: RankThreads::new(ranks.len())?,
             ranks,
             nccl: NcclInfo {
                 version,
@@ -165,7 +167,7 @@ impl StepExecutor for GpuRanks {
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
-        on_every_rank(&mut self.ranks, |_, s| s.step())
+        self.threads.on_every_rank(&mut self.ranks, |_, s| s.step())
     }
 
     fn eval_executable(&self) -> Option<&Executable> {
@@ -193,7 +195,8 @@ impl StepExecutor for GpuRanks {
             })
             .collect();
         let shards = &shards;
-        on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
+        self.threads
+            .on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
     }
 
     fn allocated_bytes(&self) -> usize {
