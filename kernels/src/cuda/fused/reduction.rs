@@ -31,8 +31,11 @@ pub(super) struct Plan {
     pub(super) sp: Spaces,
     pub(super) at: Addresses,
     pub(super) el: Elements,
-    /// The loads kept in registers across the loops (`c{i}[u]`).
+    /// The loads kept in registers across the loops (`c{i}[u]`), the prefetched ones included.
     pub(super) cached: Vec<bool>,
+    /// The output loop's loads read before its first store, by a loop of their own
+    /// ([`Analysis::prefetched_loads`]).
+    pub(super) prefetched: Vec<usize>,
     /// Each loop's guards (passes first, then the output loop).
     pub(super) guards: Vec<Vec<Option<Guard>>>,
 }
@@ -58,9 +61,15 @@ impl Analysis<'_> {
         let row_line = self.row_loop(&mut src, shape.lay, shape.units);
         let at = self.row_addresses(&mut src, &p, &sp);
         let el = Elements::new(self.ix, self.n, shape.lay, shape.cache);
-        let cached = self.cached_loads(&p, shape.cache);
+        let mut cached = self.cached_loads(&p, shape.cache);
         let guards = self.loop_guards(&p, &cached);
-        self.declare_cache(&mut src, &cached, el.per_thread);
+        let final_guards = p.full_outputs.then(|| &guards[p.passes][..]);
+        let prefetched =
+            self.prefetched_loads(&p, shape.cache, &cached, final_guards, el.per_thread);
+        for &i in &prefetched {
+            cached[i] = true;
+        }
+        self.declare_cache(&mut src, &cached, &prefetched, el.per_thread);
         let plan = Plan {
             p,
             shape,
@@ -68,6 +77,7 @@ impl Analysis<'_> {
             at,
             el,
             cached,
+            prefetched,
             guards,
         };
 

@@ -22,9 +22,15 @@ impl Analysis<'_> {
             // The shuffles ended the passes; this orders their reads before the writes.
             src.line("__syncwarp();");
         }
+        let (insts, g) = (&plan.p.final_full, &plan.guards[plan.p.passes]);
+        if !plan.prefetched.is_empty() {
+            src.line("// the final loop's loads, all read before its first store");
+            let mut b = plan.el.body(src, 0);
+            self.loop_insts(&mut b, plan, &plan.prefetched, false, g, loaded)?;
+            plan.el.emit(src, &b.text);
+        }
         src.line("// the full outputs");
         let mut b = plan.el.body(src, 0);
-        let (insts, g) = (&plan.p.final_full, &plan.guards[plan.p.passes]);
         self.loop_insts(&mut b, plan, insts, true, g, loaded)?;
         let (sp, base) = (&plan.sp, plan.at.out_base.clone());
         let out_addr = join(base, sp.red.part(sp.out_vec, "j", ix), ix);
