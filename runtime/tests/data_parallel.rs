@@ -591,6 +591,40 @@ mod cli {
     }
 
     #[test]
+    fn smaller_buckets_make_more_all_reduces_and_the_same_losses_to_the_bit() {
+        let plan = |extra: &[&str]| {
+            let mut a = vec!["plan", "--model", GPT, "--ranks", "2"];
+            a.extend_from_slice(extra);
+            ok(&ingot(&a))
+        };
+        // "... ; N all-reduce buckets of B bytes of gradients"
+        let count = |out: &str| -> usize {
+            let at = out.find(" all-reduce buckets").expect(out);
+            let n = out[..at].rsplit(' ').next().unwrap();
+            n.parse().expect(out)
+        };
+        let (default, small) = (plan(&[]), plan(&["--bucket-size", "4KiB"]));
+        assert!(count(&small) > count(&default), "{default}\n{small}");
+        let train = |extra: &[&str]| {
+            let mut a = vec![
+                "train", "--model", GPT, "--ranks", "2", "--steps", "3", "--json",
+            ];
+            a.extend_from_slice(extra);
+            losses(&ok(&ingot(&a)))
+        };
+        let (a, b) = (train(&[]), train(&["--bucket-size", "4KiB"]));
+        assert_eq!(a.len(), 3, "{a:?}");
+        // A bucket only groups gradients; each element's mean over the ranks is the same sum.
+        assert_eq!(a, b);
+        let zero = ingot(&["plan", "--model", GPT, "--ranks", "2", "--bucket-size", "0"]);
+        let e = String::from_utf8_lossy(&zero.stderr);
+        assert!(
+            !zero.status.success() && e.contains("at least one byte"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_plan_of_two_ranks_lists_its_buckets_and_the_per_rank_total() {
         let out = ok(&ingot(&["plan", "--model", GPT, "--ranks", "2"]));
         assert!(out.contains("data parallel: 2 ranks"), "{out}");

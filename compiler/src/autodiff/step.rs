@@ -56,6 +56,11 @@ pub struct StepOptions {
     /// the bytes on the wire, the mean rounded to bf16 once (PyTorch DDP's
     /// `bf16_compress_hook`). Off by default: the f32 gradients are all-reduced.
     pub reduce_in_bf16: bool,
+    /// With `ranks >= 2`: the all-reduce buckets' size in bytes (DDP's `bucket_cap_mb`);
+    /// 0 (the default) is [`super::buckets::BUCKET_BYTES`], 25 MiB. Smaller buckets start
+    /// their all-reduces earlier in the backward pass and leave a shorter one at its end, in
+    /// more collectives.
+    pub bucket_bytes: usize,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -136,7 +141,11 @@ pub fn training_step_with(
         &mut g,
         &grads,
         opts.ranks,
-        super::buckets::BUCKET_BYTES,
+        if opts.bucket_bytes == 0 {
+            super::buckets::BUCKET_BYTES
+        } else {
+            opts.bucket_bytes
+        },
         opts.reduce_in_bf16,
     )?;
     let b = g.len();

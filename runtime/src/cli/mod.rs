@@ -178,6 +178,19 @@ pub struct ModelArgs {
     /// bf16_compress_hook). Off by default.
     #[arg(long)]
     pub reduce_in_bf16: bool,
+    /// With several ranks: the size of the gradient buckets each all-reduce takes (e.g.
+    /// 10MiB; default 25MiB, as PyTorch DDP's bucket_cap_mb). Smaller buckets start their
+    /// all-reduces earlier in the backward pass and leave less of it to wait for at the end,
+    /// in more collectives.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bucket_size)]
+    pub bucket_size: Option<usize>,
+}
+
+fn parse_bucket_size(v: &str) -> Result<usize, String> {
+    match ingot_compiler::plan::report::parse_size(v)? {
+        0 => Err("a gradient bucket must hold at least one byte".into()),
+        n => Ok(n),
+    }
 }
 
 impl ModelArgs {
@@ -197,6 +210,7 @@ impl ModelArgs {
                 0
             },
             reduce_in_bf16: self.reduce_in_bf16,
+            bucket_bytes: self.bucket_size.unwrap_or(0),
         }
     }
 }
