@@ -1,11 +1,11 @@
 //! `N` CPU ranks as one step executor: `N` planned steps of a step compiled for `N` ranks
 //! (each its own allocation, each rank's end of an in-process [`threads`] group), run side by
-//! side on `N` threads kept for the run ([`RankThreads`]). What a session sees is one step whose batch is the union of
-//! the ranks' shards: a batch written for all ranks together (`N` times one rank's input) is cut
-//! into `N` contiguous shards, rank `r` taking the `r`-th; a value of one rank's size
-//! (parameters, state, scalars, a fixed batch) goes to every rank. Parameters are the same bits
-//! on every rank after each step (every rank applies the same averaged gradients), so they are
-//! read from rank 0, which also writes the checkpoints.
+//! side on `N` threads kept for the run ([`RankThreads`]). What a session sees is one step
+//! whose batch is the union of the ranks' shards: a batch written for all ranks together (`N`
+//! times one rank's input) is cut into `N` contiguous shards, rank `r` taking the `r`-th; a
+//! value of one rank's size (parameters, state, scalars, a fixed batch) goes to every rank.
+//! Parameters are the same bits on every rank after each step (every rank applies the same
+//! averaged gradients), so they are read from rank 0, which also writes the checkpoints.
 
 use super::threads;
 use crate::cpu::planned::PlannedStep;
@@ -91,9 +91,9 @@ pub fn eval_shards<E: StepExecutor>(
 }
 
 /// One thread per rank, started once and kept for the run: a step runs rank `r` on thread `r`
-/// of the pool, and the calling thread waits for all of them. Spawning the threads afresh each
-/// step cost the two-GPU step about 0.4 ms of host time (session 8's measurement); kept
-/// threads also keep whatever the CUDA driver sets up per thread.
+/// of the pool, and the calling thread waits for all of them. With a thread spawned per rank
+/// every step, gpt2's two-GPU step spent 0.42 to 0.50 ms of wall clock beyond its device
+/// time; with kept threads, 0.20 to 0.37 ms (2 × H200, docs/benchmarks.md, session 9).
 pub struct RankThreads {
     pool: rayon::ThreadPool,
 }
