@@ -147,49 +147,29 @@ fn layer_norm(bs: usize, s: usize, d: usize) -> FusedKernel {
 /// LayerNorm backward over the last axis of `[r, d]`, from dy, x, gamma and the saved mean and
 /// rstd (row-level inputs): outputs dx.
 fn layer_norm_backward(r: usize, d: usize) -> FusedKernel {
-    let mut b = B::new(&[r, d], &[1]);
-    let dy = b.input(DType::F32);
-    let x = b.input(DType::F32);
-    let g = b.input_bcast(DType::F32, &[0]);
-    let mean = b.input_bcast(DType::F32, &[1]);
-    let rstd = b.input_bcast(DType::F32, &[1]);
-    let dy = b.load(dy);
-    let x = b.load(x);
-    let g = b.load(g);
-    let mean = b.load(mean);
-    let rstd = b.load(rstd);
-    let xc = b.bin(Sub, x, mean);
-    let xh = b.bin(Mul, xc, rstd);
-    let dyg = b.bin(Mul, dy, g);
-    let s1 = b.red(RSum, dyg);
-    let t = b.bin(Mul, dyg, xh);
-    let s2 = b.red(RSum, t);
-    let inv_n = b.c(1.0 / d as f64, DType::F32);
-    let m1 = b.bin(Mul, s1, inv_n);
-    let m2 = b.bin(Mul, s2, inv_n);
-    let a = b.bin(Sub, dyg, m1);
-    let c = b.bin(Mul, xh, m2);
-    let a = b.bin(Sub, a, c);
-    let dx = b.bin(Mul, a, rstd);
-    b.out(dx).done()
+    layer_norm_backward_with(r, d, false)
 }
 
 /// [`layer_norm_backward`] whose gradient is added to the residual stream's (an input only
 /// the final loop reads), as a transformer's LayerNorm backward is.
 fn layer_norm_backward_into_residual(r: usize, d: usize) -> FusedKernel {
+    layer_norm_backward_with(r, d, true)
+}
+
+fn layer_norm_backward_with(r: usize, d: usize, into_residual: bool) -> FusedKernel {
     let mut b = B::new(&[r, d], &[1]);
     let dy = b.input(DType::F32);
     let x = b.input(DType::F32);
     let g = b.input_bcast(DType::F32, &[0]);
     let mean = b.input_bcast(DType::F32, &[1]);
     let rstd = b.input_bcast(DType::F32, &[1]);
-    let residual = b.input(DType::F32);
+    let residual = into_residual.then(|| b.input(DType::F32));
     let dy = b.load(dy);
     let x = b.load(x);
     let g = b.load(g);
     let mean = b.load(mean);
     let rstd = b.load(rstd);
-    let residual = b.load(residual);
+    let residual = residual.map(|r| b.load(r));
     let xc = b.bin(Sub, x, mean);
     let xh = b.bin(Mul, xc, rstd);
     let dyg = b.bin(Mul, dy, g);
@@ -203,8 +183,11 @@ fn layer_norm_backward_into_residual(r: usize, d: usize) -> FusedKernel {
     let c = b.bin(Mul, xh, m2);
     let a = b.bin(Sub, a, c);
     let dx = b.bin(Mul, a, rstd);
-    let sum = b.bin(Add, dx, residual);
-    b.out(sum).done()
+    let dx = match residual {
+        Some(r) => b.bin(Add, dx, r),
+        None => dx,
+    };
+    b.out(dx).done()
 }
 
 /// Cross-entropy over the last axis of logits `[r, v]` with i64 targets `[r]`: outputs the
