@@ -724,15 +724,8 @@ fn train_with(
             let seed = shuffle_seed.expect("set with --dataset");
             let s = trainer::open_dataset(path, session.graph(), order, seed)?;
             // Data parallelism: each rank's own shard of every batch.
-            let mut s: Box<dyn crate::data::BatchSource> =
-                match (session.exe().data_shard(), session.exe().data_ranks()) {
-                    // One process of several: this rank's shard only.
-                    (Some((r, n)), _) => {
-                        Box::new(crate::collective::ranks::ShardBatches::new(s, r, n)?)
-                    }
-                    (None, 1) => s,
-                    (None, n) => Box::new(crate::collective::ranks::RankBatches::new(s, n)?),
-                };
+            let (shard, ranks) = (session.exe().data_shard(), session.exe().data_ranks());
+            let mut s = crate::collective::ranks::rank_batches(s, shard, ranks)?;
             // Every id checked before the first step, not hours in.
             s.check_all()?;
             Some(s)

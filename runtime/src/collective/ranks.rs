@@ -270,6 +270,23 @@ fn enough_for<S: BatchSource>(inner: &S, ranks: usize) -> Result<usize, DataErro
     Ok(ranks)
 }
 
+/// `source` (one rank's batches) as what a step that trains on `shard` and `ranks` reads:
+/// this process's shard of every batch for one process of several
+/// ([`StepExecutor::data_shard`]), the union of the ranks' shards for several ranks in one
+/// process, `source` itself for one rank. Training and evaluation read their data sets
+/// through it, so every rank sees the rows it would see in any of the three.
+pub fn rank_batches(
+    source: Box<dyn BatchSource>,
+    shard: Option<(usize, usize)>,
+    ranks: usize,
+) -> Result<Box<dyn BatchSource>, DataError> {
+    Ok(match (shard, ranks) {
+        (Some((r, n)), _) => Box::new(ShardBatches::new(source, r, n)?),
+        (None, 0 | 1) => source,
+        (None, n) => Box::new(RankBatches::new(source, n)?),
+    })
+}
+
 /// A batch source for `N` ranks: batch `k` of an epoch is the inner source's batches
 /// `kN, kN + 1, ..., kN + N - 1`, one after another (rank `r` gets batch `kN + r`, its shard):
 /// disjoint shards of the same seeded order, and an epoch has `N` times fewer (larger) batches.
