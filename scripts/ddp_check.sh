@@ -17,7 +17,8 @@
 #    step the all-reduce is not hidden (N-GPU step minus one-GPU step).
 # 4. One process per GPU: `torchrun --no-python ... ingot train --torchrun` over a data set
 #    against `--gpus N` on it (same losses within 1e-6), its checkpoint resumed by a second
-#    torchrun job continuing the uninterrupted run.
+#    torchrun job continuing the uninterrupted run, and its validation losses (--val) against
+#    `--gpus N`'s.
 # Logs go to OUT/*.txt; the last line says PASS or FAIL. INGOT_REQUIRE_GPU=1: a missing GPU or
 # NCCL fails instead of skipping.
 set -uo pipefail
@@ -160,6 +161,12 @@ if [[ $NGPU -ge 2 && ${SKIP_TORCHRUN:-0} != 1 ]]; then
         --resume "$OUT/ck" > "$OUT/torchrun_resumed.txt" 2>&1 || fail "torchrun resumed"
     timeout 300 "$BIN/ingot" train --model gpt-mini --gpus "$NGPU" --dataset "$OUT/tokens.bin" --steps 25 --json \
         > "$OUT/gpus_data25.txt" 2>&1 || fail "--gpus $NGPU over the data set, 25 steps"
+    VAL=(--val "$OUT/tokens.bin" --eval-batches 2 --eval-every 5)
+    timeout 300 "$BIN/ingot" train --model gpt-mini --gpus "$NGPU" --dataset "$OUT/tokens.bin" --steps 10 --json \
+        "${VAL[@]}" > "$OUT/gpus_val.txt" 2>&1 || fail "--gpus $NGPU --val"
+    timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" --no-python \
+        "$BIN/ingot" train --torchrun --model gpt-mini --dataset "$OUT/tokens.bin" --steps 10 --json \
+        "${VAL[@]}" > "$OUT/torchrun_val.txt" 2>&1 || fail "torchrun --val"
     python3 - "$OUT" <<'PY' || status=1
 import json, sys
 out = sys.argv[1]
@@ -184,6 +191,11 @@ if not ok or not worst <= 1e-6:
 print(f"resumed at step 20 to 25: {c}; the uninterrupted --gpus run's steps 21-25: {d[20:]}")
 if len(c) != 5 or any(abs(x - y) > 1e-6 * abs(y) for x, y in zip(c, d[20:])):
     print("FAIL: the resumed run does not continue the uninterrupted one"); ok = False
+va = [l["val_loss"] for l in lines(f"{out}/gpus_val.txt") if "val_loss" in l]
+vb = [l["val_loss"] for l in lines(f"{out}/torchrun_val.txt") if "val_loss" in l]
+print(f"validation losses, --gpus: {va}; torchrun: {vb}")
+if len(va) != 2 or len(vb) != 2 or any(abs(x - y) > 1e-6 * abs(x) for x, y in zip(va, vb)):
+    print("FAIL: torchrun's validation losses are not --gpus's"); ok = False
 n = [l["nccl"] for l in lines(f"{out}/torchrun_data.txt") if "nccl" in l]
 print(f"NCCL (rank 0's line): {n}")
 sys.exit(0 if ok else 1)

@@ -536,6 +536,21 @@ impl Session {
         Session::loaded(Backend::CudaProcess(Box::new(rank)), None, seed)
     }
 
+    /// As [`Session::from_process_rank`], with the pair's evaluation step beside the training
+    /// step in one allocation ([`Session::from_pair`]): each process evaluates its shard of
+    /// each batch, and the loss read is the mean over the processes.
+    pub fn from_process_rank_pair(
+        pair: StepPair,
+        seed: u64,
+        env: &crate::collective::launch::LaunchEnv,
+        serial: bool,
+    ) -> Result<Session, SessionError> {
+        let layout = pair.layout();
+        let load = |e: ExecError| SessionError::Load(Box::new(e));
+        let rank = crate::cuda::process::ProcessRank::pair(pair, env, serial).map_err(load)?;
+        Session::loaded(Backend::CudaProcess(Box::new(rank)), Some(layout), seed)
+    }
+
     /// The GPU ranks of a data-parallel session over NCCL.
     pub fn gpu_ranks(&self) -> Option<&crate::cuda::ranks::GpuRanks> {
         match &self.exe {

@@ -300,12 +300,6 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(env) = &launch {
         step_options.ranks = env.world;
     }
-    if launch.is_some() && a.run.val.is_some() {
-        return Err(Failure::new(
-            2,
-            "--val with --torchrun (one process per GPU) is not built yet: use --gpus N on one machine, or evaluate the saved parameters in a run of one rank",
-        ));
-    }
     if a.run.val.is_some() && (a.run.eval_batches == 0 || a.run.eval_every == Some(0)) {
         return Err(Failure::new(
             2,
@@ -328,9 +322,17 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let (mut session, eval) = match &a.run.val {
         // The validation step is planned into the training step's allocation.
         Some(val) => {
-            let session =
-                crate::trainer::eval::session_with_eval(&model, exe, &opts, a.run.seed, device)
-                    .map_err(|e| Failure::new(1, e))?;
+            let session = match &launch {
+                Some(env) => {
+                    let pair = crate::trainer::eval::pair_with_eval(&model, exe, &opts)
+                        .map_err(|e| Failure::new(1, e))?;
+                    Session::from_process_rank_pair(pair, a.run.seed, env, false)?
+                }
+                None => {
+                    crate::trainer::eval::session_with_eval(&model, exe, &opts, a.run.seed, device)
+                        .map_err(|e| Failure::new(1, e))?
+                }
+            };
             let eval = Evaluator::new(&session, val, a.run.eval_batches, a.run.seed)
                 .map_err(|e| Failure::new(1, e))?;
             (session, Some(eval))

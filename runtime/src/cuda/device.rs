@@ -91,7 +91,7 @@ pub struct CudaStep {
 unsafe impl Send for CudaStep {}
 
 /// Holds the ranks of a group loading side by side at one point until all have reached it
-/// (`CudaStep::rank`), and tells each whether every rank got there without an error.
+/// (`CudaStep::rank_with`), and tells each whether every rank got there without an error.
 pub struct RankGate {
     barrier: std::sync::Barrier,
     failed: std::sync::atomic::AtomicBool,
@@ -190,19 +190,8 @@ impl CudaStep {
     /// `gate` (called with whether this rank loaded so far) holds every rank at the point
     /// before the first collective until all have got there, and says whether all did; if one
     /// did not, all stop (a rank left out would leave the others waiting
-    /// in NCCL for ever).
-    pub fn rank(
-        exe: Executable,
-        opts: CudaOptions,
-        comm: super::nccl::Comm,
-        gate: &(dyn Fn(bool) -> bool + Sync),
-    ) -> Result<CudaStep, ExecError> {
-        let bytes = exe.plan().total_bytes;
-        CudaStep::rank_with(exe, None, bytes, opts, comm, gate)
-    }
-
-    /// As [`CudaStep::rank`], with `eval` (an evaluation step, which has no collective)
-    /// beside the training step in one allocation of `bytes`, as [`CudaStep::pair`] loads it.
+    /// in NCCL for ever). `eval` (an evaluation step, which has no collective) goes beside
+    /// the training step in the one allocation of `bytes`, as [`CudaStep::pair`] loads it.
     pub(super) fn rank_with(
         exe: Executable,
         eval: Option<Executable>,

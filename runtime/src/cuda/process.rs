@@ -15,7 +15,7 @@ use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::driver::{result, CudaContext};
-use ingot_compiler::exe::Executable;
+use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
@@ -44,6 +44,27 @@ impl ProcessRank {
     /// Meets the other processes, makes this rank's NCCL communicator on GPU `LOCAL_RANK`, and
     /// loads `exe` (compiled for `WORLD_SIZE` ranks) there. Every process of the job calls it.
     pub fn new(exe: Executable, env: &LaunchEnv, serial: bool) -> Result<ProcessRank, ExecError> {
+        let bytes = exe.plan().total_bytes;
+        ProcessRank::load(exe, None, bytes, env, serial)
+    }
+
+    /// As [`ProcessRank::new`], with the pair's evaluation step beside the training step in
+    /// one allocation: an evaluation runs on this process's shard of each validation batch,
+    /// and its loss is averaged over the processes as the training loss is.
+    pub fn pair(pair: StepPair, env: &LaunchEnv, serial: bool) -> Result<ProcessRank, ExecError> {
+        let bytes = pair.allocation_bytes();
+        let (train, eval, _) = pair.into_parts();
+        ProcessRank::load(train, Some(eval), bytes, env, serial)
+    }
+
+    /// Loads `exe` (with `eval` beside it, in one allocation of `bytes`) as this process's rank.
+    fn load(
+        exe: Executable,
+        eval: Option<Executable>,
+        bytes: usize,
+        env: &LaunchEnv,
+        serial: bool,
+    ) -> Result<ProcessRank, ExecError> {
         let ranks = ranks_of(&exe);
         if ranks != env.world {
             return Err(crate::collective::needs_collective(ranks, Some(env.world)));
@@ -97,7 +118,7 @@ impl ProcessRank {
             ordinal: env.local_rank,
             serial,
         };
-        let step = CudaStep::rank(exe, opts, comm, &|ok| {
+        let step = CudaStep::rank_with(exe, eval, bytes, opts, comm, &|ok| {
             link.lock().map(|mut l| l.all_ok(ok)).unwrap_or(false)
         })?;
         let bytes = vec![before.saturating_sub(after) + step.memory().collectives];
@@ -153,6 +174,16 @@ impl StepExecutor for ProcessRank {
 
     fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
         self.step.step_with_inputs(inputs)
+    }
+
+    fn eval_executable(&self) -> Option<&Executable> {
+        self.step.eval_executable()
+    }
+
+    /// This process's shard of the batch (the evaluation has no collective; the loss is
+    /// averaged over the processes where it is read, [`StepExecutor::read_scalar`]).
+    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        self.step.eval_with_inputs(inputs)
     }
 
     fn allocated_bytes(&self) -> usize {
