@@ -640,9 +640,9 @@ mod cli {
             a.extend_from_slice(extra);
             ok(&ingot(&a))
         };
-        // "... ; N all-reduce buckets of B bytes of gradients"
+        // "... ; N all-reduce bucket(s) of B bytes of gradients"
         let count = |out: &str| -> usize {
-            let at = out.find(" all-reduce buckets").expect(out);
+            let at = out.find(" all-reduce bucket").expect(out);
             let n = out[..at].rsplit(' ').next().unwrap();
             n.parse().expect(out)
         };

@@ -79,10 +79,11 @@ pub fn table(buckets: &[Bucket], plan: &MemoryPlan) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "data parallel: {} ranks, each runs this plan on its own device ({} bytes per rank); {} all-reduce buckets of {} bytes of gradients",
+        "data parallel: {} ranks, each runs this plan on its own device ({} bytes per rank); {} all-reduce bucket{} of {} bytes of gradients",
         first.ranks,
         plan.total_bytes,
         buckets.len(),
+        if buckets.len() == 1 { "" } else { "s" },
         buckets.iter().map(|b| b.bytes).sum::<usize>()
     );
     let _ = writeln!(
