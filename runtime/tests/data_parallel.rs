@@ -558,26 +558,40 @@ mod cli {
         );
     }
 
+    /// The validation losses of `ingot train --model GPT --ranks RANKS --dataset D --val D
+    /// ... --json` with `args` added, over the token data set of `test`'s scratch folder.
+    fn val_losses(test: &str, ranks: &str, args: &[&str]) -> Vec<f64> {
+        let d = scratch(test);
+        let bin = tokens(&d);
+        let bin = bin.to_str().unwrap();
+        let mut a = vec![
+            "train",
+            "--model",
+            GPT,
+            "--ranks",
+            ranks,
+            "--dataset",
+            bin,
+            "--val",
+            bin,
+            "--json",
+        ];
+        a.extend_from_slice(args);
+        let out = ok(&ingot(&a));
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
+            .collect()
+    }
+
     #[test]
     fn two_ranks_validate_on_the_rows_one_rank_validates_on() {
         // With a learning rate of 1e-30 the parameters keep their seeded initial values (to far
-        // below the check's 1e-6), so two
-        // ranks evaluating one union batch (the data set's batches 0 and 1, one a rank) report
-        // what one rank reports over batches 0 and 1: the mean of the two batches' losses.
-        let d = scratch("val-rows");
-        let bin = tokens(&d);
-        let bin = bin.to_str().unwrap();
-        let val_loss = |ranks: &str, batches: &str| -> f64 {
-            let out = ok(&ingot(&[
-                "train",
-                "--model",
-                GPT,
-                "--ranks",
-                ranks,
-                "--dataset",
-                bin,
-                "--val",
-                bin,
+        // below the check's 1e-6), so two ranks evaluating one union batch (the data set's
+        // batches 0 and 1, one a rank) report what one rank reports over batches 0 and 1: the
+        // mean of the two batches' losses.
+        let first = |ranks: &str, batches: &str| -> f64 {
+            let args = [
                 "--eval-batches",
                 batches,
                 "--eval-every",
@@ -586,50 +600,19 @@ mod cli {
                 "1",
                 "--lr",
                 "1e-30",
-                "--json",
-            ]));
-            let vals: Vec<f64> = out
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
-                .collect();
-            *vals
-                .first()
-                .unwrap_or_else(|| panic!("no val_loss in {out}"))
+            ];
+            let vals = val_losses("val-rows", ranks, &args);
+            *vals.first().expect("a validation loss after the step")
         };
-        let (two, one) = (val_loss("2", "1"), val_loss("1", "2"));
+        let (two, one) = (first("2", "1"), first("1", "2"));
         assert!((two - one).abs() <= 1e-6 * one.abs(), "{two} against {one}");
     }
 
     #[test]
     fn two_cpu_ranks_validate_over_a_data_set_while_they_train() {
-        let d = scratch("val");
-        let bin = tokens(&d);
-        let bin = bin.to_str().unwrap();
-        let out = ok(&ingot(&[
-            "train",
-            "--model",
-            GPT,
-            "--ranks",
-            "2",
-            "--dataset",
-            bin,
-            "--val",
-            bin,
-            "--eval-batches",
-            "2",
-            "--eval-every",
-            "2",
-            "--steps",
-            "4",
-            "--json",
-        ]));
-        let vals: Vec<f64> = out
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
-            .collect();
-        assert_eq!(vals.len(), 2, "{out}");
+        let args = ["--eval-batches", "2", "--eval-every", "2", "--steps", "4"];
+        let vals = val_losses("val", "2", &args);
+        assert_eq!(vals.len(), 2, "{vals:?}");
         assert!(vals.iter().all(|v| v.is_finite() && *v > 0.0), "{vals:?}");
     }
 
