@@ -174,8 +174,8 @@ impl Analysis<'_> {
     /// written over such an input, took 197 µs with its loads between the stores, 63 µs with
     /// them first, and 64 µs with the output written elsewhere. Rows too long for the cache
     /// keep their plain loop: reading four elements a thread ahead of their stores made gpt2's
-    /// cross-entropy kernel (rows of 50304, its gradient written over the logits) slower,
-    /// 1.89 ms against 1.42 ms in bf16.
+    /// cross-entropy kernel (rows of 50304, its gradient written over the logits) slower
+    /// (1.89 ms against 1.42 ms in bf16; the step 0.25 ms slower).
     pub(super) fn prefetched_loads(
         &self,
         p: &Passes,
