@@ -726,8 +726,7 @@ fn train_with(
             let seed = shuffle_seed.expect("set with --dataset");
             let s = trainer::open_dataset(path, session.graph(), order, seed)?;
             // Data parallelism: each rank's own shard of every batch.
-            let (shard, ranks) = (session.exe().data_shard(), session.exe().data_ranks());
-            let mut s = crate::collective::ranks::rank_batches(s, shard, ranks)?;
+            let mut s = crate::collective::ranks::rank_batches(s, session.exe())?;
             // Every id checked before the first step, not hours in.
             s.check_all()?;
             Some(s)

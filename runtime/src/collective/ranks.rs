@@ -270,17 +270,16 @@ fn enough_for<S: BatchSource>(inner: &S, ranks: usize) -> Result<usize, DataErro
     Ok(ranks)
 }
 
-/// `source` (one rank's batches) as what a step that trains on `shard` and `ranks` reads:
-/// this process's shard of every batch for one process of several
-/// ([`StepExecutor::data_shard`]), the union of the ranks' shards for several ranks in one
-/// process, `source` itself for one rank. Training and evaluation read their data sets
-/// through it, so every rank sees the rows it would see in any of the three.
+/// `source` (one rank's batches) as `step` reads them: this process's shard of every batch
+/// for one process of several ([`StepExecutor::data_shard`]), the union of the ranks' shards
+/// for several ranks in one process ([`StepExecutor::data_ranks`]), `source` itself for one
+/// rank. Training and evaluation read their data sets through it, so every rank sees the rows
+/// it would see in any of the three.
 pub fn rank_batches(
     source: Box<dyn BatchSource>,
-    shard: Option<(usize, usize)>,
-    ranks: usize,
+    step: &dyn StepExecutor,
 ) -> Result<Box<dyn BatchSource>, DataError> {
-    Ok(match (shard, ranks) {
+    Ok(match (step.data_shard(), step.data_ranks()) {
         (Some((r, n)), _) => Box::new(ShardBatches::new(source, r, n)?),
         (None, 0 | 1) => source,
         (None, n) => Box::new(RankBatches::new(source, n)?),

@@ -133,9 +133,8 @@ impl Evaluator {
             .eval_executable()
             .map_or(session.graph(), |e| e.graph());
         // Each data-parallel rank evaluates its own shard of every batch, as it trains on one.
-        let (shard, ranks) = (session.exe().data_shard(), session.exe().data_ranks());
         let mut source = super::open_dataset(val, graph, Order::Sequential, seed)
-            .and_then(|s| crate::collective::ranks::rank_batches(s, shard, ranks))
+            .and_then(|s| crate::collective::ranks::rank_batches(s, session.exe()))
             .map_err(|e| format!("--val: {e}"))?;
         source.check_all().map_err(|e| format!("--val: {e}"))?;
         let batches = batches.min(source.batches_per_epoch());
