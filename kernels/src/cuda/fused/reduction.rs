@@ -14,13 +14,13 @@ use super::expr::{accumulate, identity, reduce_op};
 use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
-use super::passes::Passes;
+use super::passes::{OnlineSum, Passes};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
-use crate::cuda::{reg_type, rounded, signature, CodegenError, Launch, Src};
+use crate::cuda::{literal, reg_type, rounded, signature, CodegenError, Launch, Src};
 use crate::fused::Inst;
-use crate::ReduceOp;
+use crate::{DType, ReduceOp};
 
 /// What the stages before the loops over the row decided: every loop reads it, none changes
 /// it (the one thing that changes from loop to loop, which cached loads are already in
@@ -38,6 +38,10 @@ pub(super) struct Plan {
     pub(super) prefetched: Vec<usize>,
     /// Each loop's guards (passes first, then the output loop).
     pub(super) guards: Vec<Vec<Option<Guard>>>,
+    /// The second pass's sums, taken online in the first pass ([`Analysis::online_sums`]):
+    /// rows too long for the register cache only, where the second pass would read the row
+    /// from memory again, and only where a thread's share needs no blocked sum.
+    pub(super) online: Vec<OnlineSum>,
 }
 
 impl Analysis<'_> {
@@ -70,6 +74,10 @@ impl Analysis<'_> {
             cached[i] = true;
         }
         self.declare_cache(&mut src, &cached, &prefetched, el.per_thread);
+        let online = match self.online_sums(&p) {
+            o if !shape.cache && !el.blocks(&o.iter().map(|o| o.sum).collect::<Vec<_>>()) => o,
+            _ => Vec::new(),
+        };
         let plan = Plan {
             p,
             shape,
@@ -79,6 +87,7 @@ impl Analysis<'_> {
             cached,
             prefetched,
             guards,
+            online,
         };
 
         let mut loaded = vec![false; k.body.len()];
@@ -143,23 +152,48 @@ impl Analysis<'_> {
             }
             return Ok(());
         }
-        for &r in &these {
-            let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
-            src.line(format!("{} a{r} = {};", reg_type(ty), identity(op, ty)));
-        }
-        let float_sums: Vec<usize> = (these.iter().copied())
-            .filter(|&r| reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float())
-            .collect();
-        let blocked: &[usize] = if plan.el.blocks(&float_sums) {
-            &float_sums
+        let taken = |o: &&OnlineSum| these.contains(&o.sum);
+        if plan.online.iter().any(|o| taken(&o)) {
+            // Every sum of this pass was taken in the first: each thread's, relative to its
+            // own running maximum `o{max}`, is brought to the row's maximum before they combine.
+            // A row whose maximum is -inf sums exp(-inf - -inf): NaN, as the CPU's does.
+            let (ninf, nan) = (
+                literal(f64::NEG_INFINITY, DType::F32),
+                literal(f64::NAN, DType::F32),
+            );
+            for o in &plan.online {
+                let (s, m) = (o.sum, o.max);
+                src.line(format!(
+                    "if (v{m} == {ninf}) {{ a{s} = {nan}; }} \
+                     else if (o{m} != v{m}) {{ a{s} = a{s} * expf(o{m} - v{m}); }}"
+                ));
+            }
         } else {
-            &[]
-        };
-        let body = self.pass_body(src, plan, p, &these, blocked, loaded)?;
-        if blocked.is_empty() {
-            plan.el.emit(src, &body);
-        } else {
-            self.emit_blocked_loop(src, &plan.el, blocked, &body);
+            let feeds: Vec<&OnlineSum> = (plan.online.iter())
+                .filter(|o| these.contains(&o.max))
+                .collect();
+            for &r in these.iter().chain(feeds.iter().map(|o| &o.sum)) {
+                let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
+                src.line(format!("{} a{r} = {};", reg_type(ty), identity(op, ty)));
+            }
+            let float_sums: Vec<usize> = (these.iter().copied())
+                .filter(|&r| reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float())
+                .collect();
+            let blocked: &[usize] = if plan.el.blocks(&float_sums) {
+                &float_sums
+            } else {
+                &[]
+            };
+            let body = self.pass_body(src, plan, p, &these, blocked, loaded)?;
+            if blocked.is_empty() {
+                plan.el.emit(src, &body);
+            } else {
+                self.emit_blocked_loop(src, &plan.el, blocked, &body);
+            }
+            for o in feeds {
+                // The thread's own running maximum, before the threads combine theirs.
+                src.line(format!("const float o{m} = a{m};", m = o.max));
+            }
         }
         self.fold(src, plan.shape.lay, &these);
         for &r in &these {
@@ -187,6 +221,16 @@ impl Analysis<'_> {
         let mut b = plan.el.body(src, usize::from(!blocked.is_empty()));
         let insts = &plan.p.pass_full[p - 1];
         self.loop_insts(&mut b, plan, insts, false, &plan.guards[p - 1], loaded)?;
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
+            // Before the maximum takes the term: the sum so far is relative to the old one.
+            let (s, m, x) = (o.sum, o.max, o.x);
+            b.line(format!(
+                "{{ const float mn = ig_keep_max(a{m}, v{x}); \
+                 if (mn != a{m}) {{ a{s} = a{s} * expf(a{m} - mn); }} \
+                 a{s} = a{s} + (mn == {ninf} ? 0.0f : expf(v{x} - mn)); }}"
+            ));
+        }
         for &r in these {
             let Inst::Reduce { x, .. } = k.body[r] else {
                 continue;
