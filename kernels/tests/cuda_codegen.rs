@@ -717,11 +717,101 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
 
 #[test]
 fn every_representative_kernel_passes_a_host_syntax_check() {
-    let kernels: Vec<CudaKernel> = representative()
-        .into_iter()
-        .map(|(name, k)| cuda::fused(&k).unwrap_or_else(|e| panic!("{name}: {e}")))
-        .collect();
+    let mut kernels: Vec<CudaKernel> = Vec::new();
+    for (name, k) in representative() {
+        kernels.push(cuda::fused(&k).unwrap_or_else(|e| panic!("{name}: {e}")));
+        // A split column reduction's two kernels as well.
+        let p = cuda::fused_program(&k).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if p.launches.len() > 1 {
+            kernels.extend(p.launches.into_iter().map(|l| l.kernel));
+        }
+    }
     syntax_check("representative", &kernels);
+}
+
+/// `[b, s, d]` bf16 `dy` and `x` with per-token mean and rstd: the gain gradient
+/// `sum(dy * (x - mean) * rstd)` over axes 0 and 1, bf16 as a bf16 step stores it.
+fn gain_gradient_bf16(bs: usize, s: usize, d: usize) -> FusedKernel {
+    let mut b = B::new(&[bs, s, d], &[0, 1]);
+    let dy = b.input(DType::BF16);
+    let x = b.input(DType::BF16);
+    let mean = b.input_bcast(DType::F32, &[2]);
+    let rstd = b.input_bcast(DType::F32, &[2]);
+    let (dy, x, mean, rstd) = (b.load(dy), b.load(x), b.load(mean), b.load(rstd));
+    let dy = b.i(Inst::Convert {
+        x: dy,
+        to: DType::F32,
+    });
+    let x = b.i(Inst::Convert { x, to: DType::F32 });
+    let xc = b.bin(Sub, x, mean);
+    let xh = b.bin(Mul, xc, rstd);
+    let t = b.bin(Mul, dy, xh);
+    let t = b.i(Inst::Convert {
+        x: t,
+        to: DType::BF16,
+    });
+    let s = b.red(RSum, t);
+    b.out(s).done()
+}
+
+#[test]
+fn a_column_reduction_too_narrow_to_fill_the_gpu_runs_as_partial_sums_then_their_fold() {
+    use cuda::FusedArg::{Input as In, Output as Out, Scratch};
+    // GPT-2's bias gradient: 768 columns of 8,192 tokens, 48 blocks as one kernel.
+    let k = column_sum(8192, 768);
+    let p = cuda::fused_program(&k).unwrap();
+    assert_eq!(p.launches.len(), 2);
+    let (partial, finish) = (&p.launches[0], &p.launches[1]);
+    let grid = |l: &cuda::FusedLaunch| l.kernel.launch.grid[0] as usize;
+    assert!(
+        grid(partial) >= 2 * 132,
+        "partial kernel: {} blocks",
+        grid(partial)
+    );
+    assert!(grid(partial) > 4 * cuda::fused(&k).unwrap().launch.grid[0] as usize);
+    // 32 f32 partials a column, in the scratch the planner gives the node.
+    assert_eq!(p.scratch_bytes, 32 * 768 * 4);
+    assert_eq!(cuda::fused_scratch_bytes(&k), p.scratch_bytes);
+    let part = Scratch {
+        offset: 0,
+        bytes: 32 * 768 * 4,
+    };
+    assert_eq!(
+        (partial.args.clone(), partial.reads),
+        (vec![In(0), part], 1)
+    );
+    assert_eq!((finish.args.clone(), finish.reads), (vec![part, Out(0)], 1));
+
+    // The bf16 gain gradient splits along its token axis and carries f32 partials.
+    let k = gain_gradient_bf16(8, 1024, 768);
+    let p = cuda::fused_program(&k).unwrap();
+    assert_eq!(p.launches.len(), 2);
+    assert_eq!(p.scratch_bytes, 32 * 768 * 4, "f32 partials");
+    assert!(p.launches[0].kernel.launch.grid[0] >= 2 * 132);
+    assert!(
+        p.launches[1].kernel.source.contains("ig_to_bf16"),
+        "rounds once, at the end"
+    );
+}
+
+#[test]
+fn reductions_that_fill_the_gpu_or_read_their_sums_again_keep_one_kernel() {
+    for (what, k) in [
+        ("rows", softmax(8192, 768)),
+        (
+            "a row-strategy LayerNorm backward",
+            layer_norm_backward(8192, 768),
+        ),
+        ("columns enough for the GPU", column_sum(8192, 65536)),
+        ("short columns", column_sum(512, 768)),
+        ("an elementwise kernel", adamw(&[768, 3072])),
+    ] {
+        let p = cuda::fused_program(&k).unwrap();
+        assert_eq!(p.launches.len(), 1, "{what}");
+        assert_eq!(p.scratch_bytes, 0, "{what}");
+        assert_eq!(p.launches[0].kernel, cuda::fused(&k).unwrap(), "{what}");
+        assert_eq!(cuda::fused_scratch_bytes(&k), 0, "{what}");
+    }
 }
 
 #[test]
@@ -1567,11 +1657,17 @@ fn a_long_rows_sum_of_exponentials_is_taken_online_in_the_maximums_pass() {
     // has no loop over the row; each thread's sum is brought from its own running maximum to
     // the row's before the threads combine. Rows kept in registers keep their second pass.
     let src = cuda::fused(&cross_entropy(256, 50304)).unwrap().source;
-    let (p2, p3) = (src.find("// pass 2").unwrap(), src.find("// pass 3").unwrap());
+    let (p2, p3) = (
+        src.find("// pass 2").unwrap(),
+        src.find("// pass 3").unwrap(),
+    );
     assert!(!src[p2..p3].contains("for (unsigned j"), "{src}");
     assert!(src[p2..p3].contains("expf(o"), "{src}");
     let p1 = src.find("// pass 1").unwrap();
-    assert!(src[p1..p2].contains("const float mn = ig_keep_max("), "{src}");
+    assert!(
+        src[p1..p2].contains("const float mn = ig_keep_max("),
+        "{src}"
+    );
     let short = cuda::fused(&softmax(64, 1000)).unwrap().source;
     assert!(!short.contains("const float mn"), "{short}");
 }

@@ -42,6 +42,7 @@ mod loops;
 mod passes;
 mod reduction;
 mod space;
+mod split;
 mod store;
 mod text;
 mod tiled;
@@ -49,6 +50,8 @@ mod vec4;
 
 /// The strategy [`generate`] picks for `k` (the runtime's kernel checks name and vary kernels
 /// by it).
+pub(super) use split::split_ways;
+
 pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
     k.check()?;
     Ok(Analysis::new(k).strategy)

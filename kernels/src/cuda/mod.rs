@@ -171,6 +171,121 @@ pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
     fused::generate(k)
 }
 
+/// Where a launch of a fused kernel's program points one of its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedArg {
+    /// The fused kernel's input `n`.
+    Input(usize),
+    /// Its output `j`.
+    Output(usize),
+    /// `bytes` bytes at `offset` of the kernel's scratch space
+    /// ([`FusedProgram::scratch_bytes`]).
+    Scratch { offset: usize, bytes: usize },
+}
+
+/// One launch of a fused kernel's program: its parameters in order, of which the first
+/// `reads` are read and the rest written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedLaunch {
+    pub kernel: CudaKernel,
+    pub args: Vec<FusedArg>,
+    pub reads: usize,
+}
+
+/// How a fused kernel runs on the GPU: its launches in order, and the scratch bytes they share
+/// (planned as the node's workspace). One launch of [`fused`]'s kernel, or a column reduction
+/// that leaves the GPU idle split in two ([`crate::fused::split`]): partials into the scratch,
+/// then the finish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedProgram {
+    pub launches: Vec<FusedLaunch>,
+    pub scratch_bytes: usize,
+}
+
+/// Scratch bytes of a split's partials, each 256-byte aligned as the planner aligns buffers:
+/// `(offset, bytes)` of each of the partial kernel's outputs that is scratch.
+fn scratch_layout(s: &crate::fused::split::Split) -> (Vec<Option<(usize, usize)>>, usize) {
+    let mut at = 0usize;
+    let mut places = Vec::new();
+    for (j, o) in s.partial_outputs.iter().enumerate() {
+        if *o == crate::fused::split::SplitOutput::Scratch {
+            let bytes = s.partial.output_len(j) * s.partial.output_dtype(j).size();
+            places.push(Some((at, bytes)));
+            at += bytes.next_multiple_of(256);
+        } else {
+            places.push(None);
+        }
+    }
+    (places, at)
+}
+
+/// The split [`fused_program`] runs `k` as, if any.
+fn split_of(k: &FusedKernel) -> Option<crate::fused::split::Split> {
+    let (axis, ways) = fused::split_ways(k)?;
+    crate::fused::split::split(k, axis, ways)
+}
+
+/// Scratch bytes [`fused_program`] needs for `k` (0 for one launch), without generating text:
+/// what the planner gives the node as its workspace.
+pub fn fused_scratch_bytes(k: &FusedKernel) -> usize {
+    split_of(k).map_or(0, |s| scratch_layout(&s).1)
+}
+
+/// The launches that compute `k` on the GPU (see [`FusedProgram`]). Checks `k` first.
+pub fn fused_program(k: &FusedKernel) -> Result<FusedProgram, CodegenError> {
+    use crate::fused::split::{FinishInput, SplitOutput};
+    k.check()?;
+    let Some(s) = split_of(k) else {
+        let kernel = fused(k)?;
+        let args = (0..k.inputs.len())
+            .map(FusedArg::Input)
+            .chain((0..k.outputs.len()).map(FusedArg::Output))
+            .collect();
+        return Ok(FusedProgram {
+            launches: vec![FusedLaunch {
+                kernel,
+                args,
+                reads: k.inputs.len(),
+            }],
+            scratch_bytes: 0,
+        });
+    };
+    let (places, scratch_bytes) = scratch_layout(&s);
+    let scratch = |j: usize| places[j].map(|(offset, bytes)| FusedArg::Scratch { offset, bytes });
+    let partial_args = (0..k.inputs.len())
+        .map(FusedArg::Input)
+        .chain(s.partial_outputs.iter().enumerate().map(|(j, o)| match *o {
+            SplitOutput::Scratch => scratch(j).expect("a scratch partial has a place"),
+            SplitOutput::Original(t) => FusedArg::Output(t),
+        }))
+        .collect();
+    let mut finish_args = Vec::new();
+    for f in &s.finish_inputs {
+        finish_args.push(match *f {
+            FinishInput::Partial(j) => scratch(j).ok_or(CodegenError::Invalid(
+                KernelError::Internal("a split's finish reads a partial that is not scratch"),
+            ))?,
+            FinishInput::Original(n) => FusedArg::Input(n),
+        });
+    }
+    finish_args.extend(s.finish_outputs.iter().map(|&j| FusedArg::Output(j)));
+    Ok(FusedProgram {
+        launches: vec![
+            FusedLaunch {
+                kernel: fused(&s.partial)?,
+                args: partial_args,
+                reads: k.inputs.len(),
+            },
+            FusedLaunch {
+                kernel: fused(&s.finish)?,
+                args: finish_args,
+                reads: s.finish_inputs.len(),
+            },
+        ],
+        scratch_bytes,
+    })
+}
+
 /// Choices of [`fused_tuned`] that override the generator's own, for measuring them
 /// (`cuda_kernels --variants`); the default overrides nothing.
 #[doc(hidden)]

@@ -65,7 +65,8 @@ impl Analysis<'_> {
                                 op: ReduceOp::Max,
                                 x: x2,
                             } if x2 == x && self.stage[m] == 1 && !self.row[x] => {
-                                let f32s = [s, t, d, x, m].iter().all(|&i| self.dt[i] == DType::F32);
+                                let f32s =
+                                    [s, t, d, x, m].iter().all(|&i| self.dt[i] == DType::F32);
                                 f32s.then_some(OnlineSum { sum: s, max: m, x })
                             }
                             _ => None,
