@@ -1595,13 +1595,14 @@ fn a_causal_softmax_reads_no_masked_score() {
 fn the_cross_entropy_pick_reads_only_the_target_logit() {
     // Pass 3 sums `select(j == target, x - max - log(sum), 0)`: in that pass the logits are
     // read only at the target. The max and the sum (pass 1, the sum taken online) and the
-    // gradient (the outputs) need every logit, so those reads stay plain.
+    // gradient (the outputs) need every logit, so those read every element (four at a time).
     let src = cuda::fused(&cross_entropy(8192, 50304)).unwrap().source;
-    let guarded: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
-    assert_eq!(guarded.len(), 3, "{src}");
+    let scalar: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
+    assert_eq!(scalar.len(), 1, "{src}");
+    assert!(scalar[0].contains(" ? in0["), "{src}");
     assert_eq!(
-        guarded.iter().filter(|l| l.contains(" ? in0[")).count(),
-        1,
+        src.matches("reinterpret_cast<const float4*>(in0").count(),
+        2,
         "{src}"
     );
     let pass3 = src.find("// pass 3").unwrap();
@@ -1618,6 +1619,60 @@ fn guarded_kernels_pass_the_host_syntax_check() {
     if !syntax_check("guarded", &kernels) {
         eprintln!("skipped: no host C++ compiler for the syntax check");
     }
+}
+
+#[test]
+fn a_row_too_long_for_the_register_cache_is_read_and_written_four_elements_a_thread() {
+    // GPT-2's cross-entropy: rows of 50,304 logits, read from memory by every loop.
+    for dtype in [DType::F32, DType::BF16] {
+        let k = match dtype {
+            DType::BF16 => as_bf16(&cross_entropy(64, 50304)),
+            _ => cross_entropy(64, 50304),
+        };
+        let src = cuda::fused(&k).unwrap().source;
+        let v = if dtype == DType::BF16 {
+            "ushort4"
+        } else {
+            "float4"
+        };
+        // The passes over every logit and the output loop read them as vectors (two loops
+        // where the sum is taken online, in f32; three in the bf16 copy, where it is not)...
+        let loads = format!("*reinterpret_cast<const {v}*>(in0 + (b0 + jb))");
+        let want = if dtype == DType::BF16 { 3 } else { 2 };
+        assert_eq!(src.matches(&loads).count(), want, "{src}");
+        assert!(src.contains("jv < 12576u; jv += 1024u"), "{src}");
+        // ...each lane in its own scope, and the gradient goes out as vectors.
+        assert!(src.contains("r1.w = "), "{src}");
+        assert!(
+            src.contains(&format!("*reinterpret_cast<{v}*>(out1 + (bo + jb)) = r1;")),
+            "{src}"
+        );
+        // The pass that reads only the target's logit keeps its guarded scalar load.
+        assert!(
+            src.contains("? ig_widen(in0[b0 + j])") || src.contains("? in0[b0 + j]"),
+            "{src}"
+        );
+        // One element a thread when asked, or when the row is not a multiple of four.
+        let scalar = cuda::fused_tuned(
+            &k,
+            cuda::Tuning {
+                scalar_rows: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .source;
+        assert!(!scalar.contains("jv"), "{scalar}");
+    }
+    assert!(!cuda::fused(&cross_entropy(64, 50257))
+        .unwrap()
+        .source
+        .contains("jv"));
+    // Rows the register cache holds keep their unrolled loops.
+    assert!(!cuda::fused(&softmax(8192, 1024))
+        .unwrap()
+        .source
+        .contains("jv"));
 }
 
 #[test]

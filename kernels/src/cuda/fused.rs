@@ -41,6 +41,7 @@ mod loads;
 mod loops;
 mod passes;
 mod reduction;
+mod rowvec;
 mod space;
 mod split;
 mod store;

@@ -297,6 +297,8 @@ pub struct Tuning {
     pub row_threads: Option<u32>,
     /// Elementwise kernels one element a thread, never four.
     pub scalar_elementwise: bool,
+    /// Long rows (read from memory in every loop) one element a thread, never four.
+    pub scalar_rows: bool,
     /// Every load read at every element, even where a `select` drops its value (see the
     /// guarded loads of the row strategy).
     pub unguarded_loads: bool,

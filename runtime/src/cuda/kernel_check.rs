@@ -1162,6 +1162,13 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
         Ok(cuda::Strategy::Rows) => {
             let n: usize = k.reduce_axes.iter().map(|&a| k.domain[a]).product();
             let full_out = k.outputs.iter().any(|o| !k.is_row_level(o.value));
+            add(
+                "one element a thread".into(),
+                cuda::Tuning {
+                    scalar_rows: true,
+                    ..Default::default()
+                },
+            );
             if full_out && (2..=8192).contains(&n) {
                 for t in [32u32, 64, 128, 256, 512, 1024] {
                     if t as usize > n.next_power_of_two() {

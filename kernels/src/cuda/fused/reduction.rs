@@ -15,6 +15,7 @@ use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
+use super::rowvec::{RowVectors, LANES};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
@@ -42,6 +43,8 @@ pub(super) struct Plan {
     /// rows too long for the register cache only, where the second pass would read the row
     /// from memory again, and only where a thread's share needs no blocked sum.
     pub(super) online: Vec<OnlineSum>,
+    /// Long rows four elements at a time ([`Analysis::row_vectors`]), if they go so.
+    pub(super) vectors: Option<RowVectors>,
 }
 
 impl Analysis<'_> {
@@ -78,7 +81,7 @@ impl Analysis<'_> {
             o if !shape.cache && !el.blocks(&o.iter().map(|o| o.sum).collect::<Vec<_>>()) => o,
             _ => Vec::new(),
         };
-        let plan = Plan {
+        let mut plan = Plan {
             p,
             shape,
             sp,
@@ -88,7 +91,9 @@ impl Analysis<'_> {
             prefetched,
             guards,
             online,
+            vectors: None,
         };
+        plan.vectors = self.row_vectors(&plan);
 
         let mut loaded = vec![false; k.body.len()];
         for s in 0..=plan.p.passes {
@@ -184,11 +189,25 @@ impl Analysis<'_> {
             } else {
                 &[]
             };
-            let body = self.pass_body(src, plan, p, &these, blocked, loaded)?;
-            if blocked.is_empty() {
-                plan.el.emit(src, &body);
+            let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1);
+            if blocked.is_empty() && vectors.iter().any(|&v| v) {
+                let mut lanes = Vec::new();
+                for lane in LANES {
+                    let at = Src {
+                        text: String::new(),
+                        depth: src.depth,
+                    };
+                    let l = Some((lane, &vectors[..]));
+                    lanes.push(self.pass_body(&at, plan, p, &these, blocked, loaded, l)?);
+                }
+                self.emit_vector_loop(src, plan, &vectors, false, &lanes);
             } else {
-                self.emit_blocked_loop(src, &plan.el, blocked, &body);
+                let body = self.pass_body(src, plan, p, &these, blocked, loaded, None)?;
+                if blocked.is_empty() {
+                    plan.el.emit(src, &body);
+                } else {
+                    self.emit_blocked_loop(src, &plan.el, blocked, &body);
+                }
             }
             for o in feeds {
                 // The thread's own running maximum, before the threads combine theirs.
@@ -207,7 +226,9 @@ impl Analysis<'_> {
 
     /// The body of pass `p`'s loop over the row: the reduce indices it needs, its full
     /// instructions, and each reduction's term folded into its accumulator (`s{r}`, the
-    /// block's sum, for the `blocked` float sums; `a{r}` otherwise).
+    /// block's sum, for the `blocked` float sums; `a{r}` otherwise). With `lane`, the body of
+    /// one lane of a loop four elements at a time ([`Analysis::emit_vector_loop`]).
+    #[allow(clippy::too_many_arguments)]
     fn pass_body(
         &self,
         src: &Src,
@@ -216,11 +237,26 @@ impl Analysis<'_> {
         these: &[usize],
         blocked: &[usize],
         loaded: &mut [bool],
+        lane: Option<(&str, &[bool])>,
     ) -> Result<String, CodegenError> {
         let k = self.k;
-        let mut b = plan.el.body(src, usize::from(!blocked.is_empty()));
+        let mut b = match lane {
+            Some(_) => Src {
+                text: String::new(),
+                depth: src.depth + 2,
+            },
+            None => plan.el.body(src, usize::from(!blocked.is_empty())),
+        };
         let insts = &plan.p.pass_full[p - 1];
-        self.loop_insts(&mut b, plan, insts, false, &plan.guards[p - 1], loaded)?;
+        self.loop_insts(
+            &mut b,
+            plan,
+            insts,
+            false,
+            &plan.guards[p - 1],
+            loaded,
+            lane,
+        )?;
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
         for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
             // Before the maximum takes the term: the sum so far is relative to the old one.
@@ -248,7 +284,9 @@ impl Analysis<'_> {
 
     /// Writes the start of one loop over the row's body: the reduce indices that `insts` (and,
     /// with `outputs`, the full outputs' addresses) need, then `insts` in guard order (a
-    /// guard's condition before the loads it guards).
+    /// guard's condition before the loads it guards). With `lane` (its name, and the inputs
+    /// read as vectors), an unguarded load of such an input takes its lane of the vector.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn loop_insts(
         &self,
         b: &mut Src,
@@ -257,11 +295,18 @@ impl Analysis<'_> {
         outputs: bool,
         g: &[Option<Guard>],
         loaded: &mut [bool],
+        lane: Option<(&str, &[bool])>,
     ) -> Result<(), CodegenError> {
         let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
         plan.sp.red.decompose(b, "j", self.ix, &need);
         let any_axis = |d: usize| plan.sp.any_axis(d);
         for i in guard::order(&self.k.body, &self.row, insts, g) {
+            if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
+                if vectors[*input] && g[i].is_none() {
+                    b.line(self.vector_load_line(i, *input, lane));
+                    continue;
+                }
+            }
             let at = (&plan.at.full[..], &any_axis as &dyn Fn(usize) -> String);
             self.emit_full(b, i, at, g[i], &plan.cached, loaded)?;
         }
