@@ -1718,11 +1718,28 @@ fn a_long_rows_sum_of_exponentials_is_taken_online_in_the_maximums_pass() {
     );
     assert!(!src[p2..p3].contains("for (unsigned j"), "{src}");
     assert!(src[p2..p3].contains("expf(o"), "{src}");
+    // Four elements at a time: one rescale a vector, from the maximum before its lanes.
     let p1 = src.find("// pass 1").unwrap();
+    assert!(src[p1..p2].contains("const float om"), "{src}");
+    assert!(src[p1..p2].contains("expf(ox"), "{src}");
+    // One element a thread: the rescale at every element.
+    let scalar = cuda::fused_tuned(
+        &cross_entropy(256, 50304),
+        cuda::Tuning {
+            scalar_rows: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .source;
+    let (p1, p2) = (
+        scalar.find("// pass 1").unwrap(),
+        scalar.find("// pass 2").unwrap(),
+    );
     assert!(
-        src[p1..p2].contains("const float mn = ig_keep_max("),
-        "{src}"
+        scalar[p1..p2].contains("const float mn = ig_keep_max("),
+        "{scalar}"
     );
     let short = cuda::fused(&softmax(64, 1000)).unwrap().source;
-    assert!(!short.contains("const float mn"), "{short}");
+    assert!(!short.contains("const float mn") && !short.contains("const float om"), "{short}");
 }

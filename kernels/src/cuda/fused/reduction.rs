@@ -200,7 +200,9 @@ impl Analysis<'_> {
                     let l = Some((lane, &vectors[..]));
                     lanes.push(self.pass_body(&at, plan, p, &these, blocked, loaded, l)?);
                 }
-                self.emit_vector_loop(src, plan, &vectors, false, &lanes);
+                let (head, tail) = self.online_per_vector(plan, &these);
+                let ends = (&head[..], &tail[..]);
+                self.emit_vector_loop(src, plan, &vectors, false, &lanes, ends);
             } else {
                 let body = self.pass_body(src, plan, p, &these, blocked, loaded, None)?;
                 if blocked.is_empty() {
@@ -259,8 +261,14 @@ impl Analysis<'_> {
         )?;
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
         for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
-            // Before the maximum takes the term: the sum so far is relative to the old one.
             let (s, m, x) = (o.sum, o.max, o.x);
+            if let Some((lane, _)) = lane {
+                // Four at a time: the vector's terms are taken together after its lanes
+                // ([`Analysis::online_per_vector`]).
+                b.line(format!("ox{s}.{lane} = v{x};"));
+                continue;
+            }
+            // Before the maximum takes the term: the sum so far is relative to the old one.
             b.line(format!(
                 "{{ const float mn = ig_keep_max(a{m}, v{x}); \
                  if (mn != a{m}) {{ a{s} = a{s} * expf(a{m} - mn); }} \
@@ -280,6 +288,30 @@ impl Analysis<'_> {
             b.line(format!("{acc} = {term};"));
         }
         Ok(b.text)
+    }
+
+    /// The online sums of a pass four elements at a time: before the lanes, each sum's old
+    /// maximum (`om{s}`) and a vector for the lanes' terms (`ox{s}`); after them (the maximum
+    /// now has the four terms), the sum brought to the new maximum once and the four
+    /// exponentials added, instead of a rescale check and an exponential chained through every
+    /// element.
+    fn online_per_vector(&self, plan: &Plan, these: &[usize]) -> (Vec<String>, Vec<String>) {
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
+            let (s, m) = (o.sum, o.max);
+            head.push(format!("float4 ox{s}; const float om{s} = a{m};"));
+            let e = |l: &str| format!("expf(ox{s}.{l} - a{m})");
+            tail.push(format!(
+                "if (a{m} != om{s}) {{ a{s} = a{s} * expf(om{s} - a{m}); }} \
+                 if (a{m} != {ninf}) {{ a{s} = a{s} + (({} + {}) + ({} + {})); }}",
+                e("x"),
+                e("y"),
+                e("z"),
+                e("w")
+            ));
+        }
+        (head, tail)
     }
 
     /// Writes the start of one loop over the row's body: the reduce indices that `insts` (and,

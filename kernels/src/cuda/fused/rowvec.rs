@@ -97,7 +97,8 @@ impl Analysis<'_> {
 
     /// A loop over the row four elements at a time around the lanes' bodies `lanes` (written at
     /// depth `src.depth + 2`): reads a vector of each input of `vectors` before the lanes and,
-    /// with `outputs`, writes a vector of each full output after them.
+    /// with `outputs`, writes a vector of each full output after them; the lines `ends.0`
+    /// come before the lanes, `ends.1` after them.
     pub(super) fn emit_vector_loop(
         &self,
         src: &mut Src,
@@ -105,6 +106,7 @@ impl Analysis<'_> {
         vectors: &[bool],
         outputs: bool,
         lanes: &[String],
+        ends: (&[String], &[String]),
     ) {
         let (k, ix) = (self.k, self.ix);
         let (t, Layout::Block { t: threads }) = (ix.ty(), plan.shape.lay) else {
@@ -139,6 +141,9 @@ impl Analysis<'_> {
                 vec4_type(k.output_dtype(j)).unwrap_or("float4")
             ));
         }
+        for l in ends.0 {
+            src.line(l);
+        }
         for (q, body) in lanes.iter().enumerate() {
             src.open("{");
             if mentions(body, "j") {
@@ -150,6 +155,9 @@ impl Analysis<'_> {
             }
             src.text.push_str(body);
             src.close();
+        }
+        for l in ends.1 {
+            src.line(l);
         }
         let out = plan.at.out_base.clone().unwrap_or_else(|| "0".into());
         for &j in &full {

@@ -57,7 +57,7 @@ impl Analysis<'_> {
                 }
                 lanes.push(b.text);
             }
-            self.emit_vector_loop(src, plan, &vectors, vector_outputs, &lanes);
+            self.emit_vector_loop(src, plan, &vectors, vector_outputs, &lanes, (&[], &[]));
             return Ok(());
         }
         let mut b = plan.el.body(src, 0);
