@@ -782,12 +782,23 @@ fn a_column_reduction_too_narrow_to_fill_the_gpu_runs_as_partial_sums_then_their
     );
     assert_eq!((finish.args.clone(), finish.reads), (vec![part, Out(0)], 1));
 
-    // The bf16 gain gradient splits along its token axis and carries f32 partials.
+    // The bf16 gain gradient splits along its outer (batch) axis, eight ways, so that its
+    // slices keep the tokens of a sequence whole, and carries f32 partials.
     let k = gain_gradient_bf16(8, 1024, 768);
     let p = cuda::fused_program(&k).unwrap();
     assert_eq!(p.launches.len(), 2);
-    assert_eq!(p.scratch_bytes, 32 * 768 * 4, "f32 partials");
-    assert!(p.launches[0].kernel.launch.grid[0] >= 2 * 132);
+    assert_eq!(p.scratch_bytes, 8 * 768 * 4, "f32 partials");
+    let whole = cuda::fused(&k).unwrap().launch;
+    let partial = p.launches[0].kernel.launch;
+    let threads = |l: cuda::Launch| l.grid[0] * l.block[0] * l.block[1];
+    assert!(
+        partial.grid[0] >= 4 * whole.grid[0],
+        "{partial:?} {whole:?}"
+    );
+    assert!(
+        threads(partial) >= 4 * threads(whole),
+        "{partial:?} {whole:?}"
+    );
     assert!(
         p.launches[1].kernel.source.contains("ig_to_bf16"),
         "rounds once, at the end"
@@ -1741,5 +1752,8 @@ fn a_long_rows_sum_of_exponentials_is_taken_online_in_the_maximums_pass() {
         "{scalar}"
     );
     let short = cuda::fused(&softmax(64, 1000)).unwrap().source;
-    assert!(!short.contains("const float mn") && !short.contains("const float om"), "{short}");
+    assert!(
+        !short.contains("const float mn") && !short.contains("const float om"),
+        "{short}"
+    );
 }
