@@ -529,7 +529,8 @@ mod tests {
         for seed in 0..4000u64 {
             let k = random::kernel(seed, &opts);
             for &axis in &k.reduce_axes {
-                let Some(ways) = (2..=k.domain[axis]).find(|w| k.domain[axis] % w == 0) else {
+                let Some(ways) = (2..=k.domain[axis]).find(|&w| k.domain[axis].is_multiple_of(w))
+                else {
                     continue;
                 };
                 let Some(s) = split(&k, axis, ways) else {

@@ -57,9 +57,9 @@ impl Analysis<'_> {
         }
         let sp = &plan.sp;
         let aligned = |a: &Access| {
-            a.offset % 4 == 0
+            a.offset.is_multiple_of(4)
                 && (0..k.domain.len())
-                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d] % 4 == 0)
+                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d].is_multiple_of(4))
         };
         let inputs: Vec<bool> = (k.inputs.iter().enumerate())
             .map(|(m, inp)| {
