@@ -717,11 +717,112 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
 
 #[test]
 fn every_representative_kernel_passes_a_host_syntax_check() {
-    let kernels: Vec<CudaKernel> = representative()
-        .into_iter()
-        .map(|(name, k)| cuda::fused(&k).unwrap_or_else(|e| panic!("{name}: {e}")))
-        .collect();
+    let mut kernels: Vec<CudaKernel> = Vec::new();
+    for (name, k) in representative() {
+        kernels.push(cuda::fused(&k).unwrap_or_else(|e| panic!("{name}: {e}")));
+        // A split column reduction's two kernels as well.
+        let p = cuda::fused_program(&k).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if p.launches.len() > 1 {
+            kernels.extend(p.launches.into_iter().map(|l| l.kernel));
+        }
+    }
     syntax_check("representative", &kernels);
+}
+
+/// `[b, s, d]` bf16 `dy` and `x` with per-token mean and rstd: the gain gradient
+/// `sum(dy * (x - mean) * rstd)` over axes 0 and 1, bf16 as a bf16 step stores it.
+fn gain_gradient_bf16(bs: usize, s: usize, d: usize) -> FusedKernel {
+    let mut b = B::new(&[bs, s, d], &[0, 1]);
+    let dy = b.input(DType::BF16);
+    let x = b.input(DType::BF16);
+    let mean = b.input_bcast(DType::F32, &[2]);
+    let rstd = b.input_bcast(DType::F32, &[2]);
+    let (dy, x, mean, rstd) = (b.load(dy), b.load(x), b.load(mean), b.load(rstd));
+    let dy = b.i(Inst::Convert {
+        x: dy,
+        to: DType::F32,
+    });
+    let x = b.i(Inst::Convert { x, to: DType::F32 });
+    let xc = b.bin(Sub, x, mean);
+    let xh = b.bin(Mul, xc, rstd);
+    let t = b.bin(Mul, dy, xh);
+    let t = b.i(Inst::Convert {
+        x: t,
+        to: DType::BF16,
+    });
+    let s = b.red(RSum, t);
+    b.out(s).done()
+}
+
+#[test]
+fn a_column_reduction_too_narrow_to_fill_the_gpu_runs_as_partial_sums_then_their_fold() {
+    use cuda::FusedArg::{Input as In, Output as Out, Scratch};
+    // GPT-2's bias gradient: 768 columns of 8,192 tokens, 48 blocks as one kernel.
+    let k = column_sum(8192, 768);
+    let p = cuda::fused_program(&k).unwrap();
+    assert_eq!(p.launches.len(), 2);
+    let (partial, finish) = (&p.launches[0], &p.launches[1]);
+    let grid = |l: &cuda::FusedLaunch| l.kernel.launch.grid[0] as usize;
+    assert!(
+        grid(partial) >= 2 * 132,
+        "partial kernel: {} blocks",
+        grid(partial)
+    );
+    assert!(grid(partial) > 4 * cuda::fused(&k).unwrap().launch.grid[0] as usize);
+    // 32 f32 partials a column, in the scratch the planner gives the node.
+    assert_eq!(p.scratch_bytes, 32 * 768 * 4);
+    assert_eq!(cuda::fused_scratch_bytes(&k), p.scratch_bytes);
+    let part = Scratch {
+        offset: 0,
+        bytes: 32 * 768 * 4,
+    };
+    assert_eq!(
+        (partial.args.clone(), partial.reads),
+        (vec![In(0), part], 1)
+    );
+    assert_eq!((finish.args.clone(), finish.reads), (vec![part, Out(0)], 1));
+
+    // The bf16 gain gradient splits along its outer (batch) axis, eight ways, so that its
+    // slices keep the tokens of a sequence whole, and carries f32 partials.
+    let k = gain_gradient_bf16(8, 1024, 768);
+    let p = cuda::fused_program(&k).unwrap();
+    assert_eq!(p.launches.len(), 2);
+    assert_eq!(p.scratch_bytes, 8 * 768 * 4, "f32 partials");
+    let whole = cuda::fused(&k).unwrap().launch;
+    let partial = p.launches[0].kernel.launch;
+    let threads = |l: cuda::Launch| l.grid[0] * l.block[0] * l.block[1];
+    assert!(
+        partial.grid[0] >= 4 * whole.grid[0],
+        "{partial:?} {whole:?}"
+    );
+    assert!(
+        threads(partial) >= 4 * threads(whole),
+        "{partial:?} {whole:?}"
+    );
+    assert!(
+        p.launches[1].kernel.source.contains("ig_to_bf16"),
+        "rounds once, at the end"
+    );
+}
+
+#[test]
+fn reductions_that_fill_the_gpu_or_read_their_sums_again_keep_one_kernel() {
+    for (what, k) in [
+        ("rows", softmax(8192, 768)),
+        (
+            "a row-strategy LayerNorm backward",
+            layer_norm_backward(8192, 768),
+        ),
+        ("columns enough for the GPU", column_sum(8192, 65536)),
+        ("short columns", column_sum(512, 768)),
+        ("an elementwise kernel", adamw(&[768, 3072])),
+    ] {
+        let p = cuda::fused_program(&k).unwrap();
+        assert_eq!(p.launches.len(), 1, "{what}");
+        assert_eq!(p.scratch_bytes, 0, "{what}");
+        assert_eq!(p.launches[0].kernel, cuda::fused(&k).unwrap(), "{what}");
+        assert_eq!(cuda::fused_scratch_bytes(&k), 0, "{what}");
+    }
 }
 
 #[test]
@@ -1312,10 +1413,12 @@ fn the_attention_backward_kernel_reads_each_full_input_once() {
     assert!(c.source.contains("float c4[16];"), "{}", c.source);
     // Forced thread counts (for measuring) keep what fits in registers only.
     let k = attention_backward(8, 12, 1024);
+    // Uncached, its loops read memory: three of them (the sum of exponentials is taken
+    // online in the maximum's pass).
     let c = cuda::fused_tuned(&k, threads(32)).unwrap();
     assert_eq!(c.launch.block, [256, 1, 1], "{}", c.source);
     assert!(!c.source.contains("[u]"), "{}", c.source);
-    assert_eq!(c.source.matches("in0[").count(), 4, "{}", c.source);
+    assert_eq!(c.source.matches("in0[").count(), 3, "{}", c.source);
     let c = cuda::fused_tuned(&k, threads(128)).unwrap();
     assert_eq!(c.launch.block, [128, 1, 1], "{}", c.source);
     assert!(c.source.contains("[8]; // %"), "{}", c.source);
@@ -1502,14 +1605,15 @@ fn a_causal_softmax_reads_no_masked_score() {
 #[test]
 fn the_cross_entropy_pick_reads_only_the_target_logit() {
     // Pass 3 sums `select(j == target, x - max - log(sum), 0)`: in that pass the logits are
-    // read only at the target. The max (pass 1), the sum (pass 2) and the gradient (the
-    // outputs) need every logit, so those reads stay plain.
+    // read only at the target. The max and the sum (pass 1, the sum taken online) and the
+    // gradient (the outputs) need every logit, so those read every element (four at a time).
     let src = cuda::fused(&cross_entropy(8192, 50304)).unwrap().source;
-    let guarded: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
-    assert_eq!(guarded.len(), 4, "{src}");
+    let scalar: Vec<&str> = src.lines().filter(|l| l.contains("in0[")).collect();
+    assert_eq!(scalar.len(), 1, "{src}");
+    assert!(scalar[0].contains(" ? in0["), "{src}");
     assert_eq!(
-        guarded.iter().filter(|l| l.contains(" ? in0[")).count(),
-        1,
+        src.matches("reinterpret_cast<const float4*>(in0").count(),
+        2,
         "{src}"
     );
     let pass3 = src.find("// pass 3").unwrap();
@@ -1526,6 +1630,60 @@ fn guarded_kernels_pass_the_host_syntax_check() {
     if !syntax_check("guarded", &kernels) {
         eprintln!("skipped: no host C++ compiler for the syntax check");
     }
+}
+
+#[test]
+fn a_row_too_long_for_the_register_cache_is_read_and_written_four_elements_a_thread() {
+    // GPT-2's cross-entropy: rows of 50,304 logits, read from memory by every loop.
+    for dtype in [DType::F32, DType::BF16] {
+        let k = match dtype {
+            DType::BF16 => as_bf16(&cross_entropy(64, 50304)),
+            _ => cross_entropy(64, 50304),
+        };
+        let src = cuda::fused(&k).unwrap().source;
+        let v = if dtype == DType::BF16 {
+            "ushort4"
+        } else {
+            "float4"
+        };
+        // The passes over every logit and the output loop read them as vectors (two loops
+        // where the sum is taken online, in f32; three in the bf16 copy, where it is not)...
+        let loads = format!("*reinterpret_cast<const {v}*>(in0 + (b0 + jb))");
+        let want = if dtype == DType::BF16 { 3 } else { 2 };
+        assert_eq!(src.matches(&loads).count(), want, "{src}");
+        assert!(src.contains("jv < 12576u; jv += 1024u"), "{src}");
+        // ...each lane in its own scope, and the gradient goes out as vectors.
+        assert!(src.contains("r1.w = "), "{src}");
+        assert!(
+            src.contains(&format!("*reinterpret_cast<{v}*>(out1 + (bo + jb)) = r1;")),
+            "{src}"
+        );
+        // The pass that reads only the target's logit keeps its guarded scalar load.
+        assert!(
+            src.contains("? ig_widen(in0[b0 + j])") || src.contains("? in0[b0 + j]"),
+            "{src}"
+        );
+        // One element a thread when asked, or when the row is not a multiple of four.
+        let scalar = cuda::fused_tuned(
+            &k,
+            cuda::Tuning {
+                scalar_rows: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .source;
+        assert!(!scalar.contains("jv"), "{scalar}");
+    }
+    assert!(!cuda::fused(&cross_entropy(64, 50257))
+        .unwrap()
+        .source
+        .contains("jv"));
+    // Rows the register cache holds keep their unrolled loops.
+    assert!(!cuda::fused(&softmax(8192, 1024))
+        .unwrap()
+        .source
+        .contains("jv"));
 }
 
 #[test]
@@ -1556,5 +1714,46 @@ fn a_row_kernels_final_loop_reads_its_loads_before_its_first_store() {
         !c.source.contains("// the final loop's loads"),
         "{}",
         c.source
+    );
+}
+
+#[test]
+fn a_long_rows_sum_of_exponentials_is_taken_online_in_the_maximums_pass() {
+    // A cross-entropy over rows of 50304 (too long for the register cache): the second pass
+    // has no loop over the row; each thread's sum is brought from its own running maximum to
+    // the row's before the threads combine. Rows kept in registers keep their second pass.
+    let src = cuda::fused(&cross_entropy(256, 50304)).unwrap().source;
+    let (p2, p3) = (
+        src.find("// pass 2").unwrap(),
+        src.find("// pass 3").unwrap(),
+    );
+    assert!(!src[p2..p3].contains("for (unsigned j"), "{src}");
+    assert!(src[p2..p3].contains("expf(o"), "{src}");
+    // Four elements at a time: one rescale a vector, from the maximum before its lanes.
+    let p1 = src.find("// pass 1").unwrap();
+    assert!(src[p1..p2].contains("const float om"), "{src}");
+    assert!(src[p1..p2].contains("expf(ox"), "{src}");
+    // One element a thread: the rescale at every element.
+    let scalar = cuda::fused_tuned(
+        &cross_entropy(256, 50304),
+        cuda::Tuning {
+            scalar_rows: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .source;
+    let (p1, p2) = (
+        scalar.find("// pass 1").unwrap(),
+        scalar.find("// pass 2").unwrap(),
+    );
+    assert!(
+        scalar[p1..p2].contains("const float mn = ig_keep_max("),
+        "{scalar}"
+    );
+    let short = cuda::fused(&softmax(64, 1000)).unwrap().source;
+    assert!(
+        !short.contains("const float mn") && !short.contains("const float om"),
+        "{short}"
     );
 }

@@ -7,9 +7,11 @@
 //! executable; the runtime compiles its kernels' source with NVRTC and replays its operations.
 //!
 //! A node becomes:
-//! - a fused kernel ([`Op::Fused`]): one launch of the CUDA C that
-//!   [`ingot_kernels::cuda::fused`] generates from its description, pointers to its inputs then
-//!   its outputs;
+//! - a fused kernel ([`Op::Fused`]): the launches of the CUDA C that
+//!   [`ingot_kernels::cuda::fused_program`] generates from its description: one, pointers to
+//!   its inputs then its outputs; or, for a column reduction too narrow to fill the GPU, a
+//!   partial kernel writing partial sums into the node's planned workspace and a finish kernel
+//!   folding them;
 //! - a matmul: one cuBLAS strided-batched GEMM, its workspace the node's planned workspace in
 //!   the slab;
 //! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output and
@@ -43,13 +45,15 @@ pub use window::{conv_workspace, ConvWorkspace, COLUMN_BUDGET};
 /// (cuBLAS guide, `cublasSetWorkspace`). It lives in the slab only while its matmul runs.
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
-/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; fused
+/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a fused
+/// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); other fused
 /// kernels keep their intermediates in registers and need none.
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
         Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
+        Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
         _ => 0,
     }
 }
@@ -713,12 +717,7 @@ impl Lowering<'_> {
                 if outs.iter().all(|o| self.location[o.index()].bytes == 0) {
                     return Ok(());
                 }
-                let k = codegen::fused(kernel).map_err(codegen_error)?;
-                let mut args = inputs;
-                args.extend(outs.iter().map(|o| self.location[o.index()].offset));
-                let writes = outs.iter().map(|o| self.location[o.index()]).collect();
-                self.launch(id, k, args, writes);
-                Ok(())
+                self.fused(id, kernel, outs, plan)
             }
             Op::MatMul { ta, tb } => {
                 self.not_in_place(id)?;
@@ -877,6 +876,50 @@ impl Lowering<'_> {
                 ),
             }),
         }
+    }
+
+    /// A fused kernel's launches ([`codegen::fused_program`]): one, or a split column
+    /// reduction's two, whose partials lie in the node's planned workspace.
+    fn fused(
+        &mut self,
+        id: NodeId,
+        kernel: &ingot_kernels::FusedKernel,
+        outs: &[NodeId],
+        plan: &MemoryPlan,
+    ) -> Result<(), LowerError> {
+        let program = codegen::fused_program(kernel).map_err(codegen_error)?;
+        let ws = plan.workspace(id);
+        if program.scratch_bytes > ws.map_or(0, |w| w.bytes) {
+            return Err(LowerError::Invalid {
+                op: "fused",
+                reason: format!(
+                    "the plan gives this fused kernel no {} bytes of workspace for its partial \
+                     sums; plan the step with the CUDA target's options \
+                     (Target::Cuda.plan_options())",
+                    program.scratch_bytes
+                ),
+            });
+        }
+        let node = self.g.node(id);
+        for l in program.launches {
+            let at: Vec<Location> = (l.args.iter())
+                .map(|a| match *a {
+                    codegen::FusedArg::Input(n) => self.location[node.inputs[n].index()],
+                    codegen::FusedArg::Output(j) => self.location[outs[j].index()],
+                    codegen::FusedArg::Scratch { offset, bytes } => Location {
+                        offset: ws.map_or(0, |w| w.offset) + offset,
+                        bytes,
+                    },
+                })
+                .collect();
+            let touch = Touch {
+                reads: at[..l.reads].iter().copied().collect(),
+                writes: at[l.reads..].iter().copied().collect(),
+            };
+            let args = at.iter().map(|l| l.offset).collect();
+            self.launch_touching(id, l.kernel, args, touch);
+        }
+        Ok(())
     }
 
     /// An attention op: one launch of the forward kernel (q, k, v, out, lse), or the backward

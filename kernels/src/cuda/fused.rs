@@ -41,7 +41,9 @@ mod loads;
 mod loops;
 mod passes;
 mod reduction;
+mod rowvec;
 mod space;
+mod split;
 mod store;
 mod text;
 mod tiled;
@@ -49,6 +51,8 @@ mod vec4;
 
 /// The strategy [`generate`] picks for `k` (the runtime's kernel checks name and vary kernels
 /// by it).
+pub(super) use split::split_ways;
+
 pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
     k.check()?;
     Ok(Analysis::new(k).strategy)

@@ -49,13 +49,13 @@
 //!   threads stride over a row's elements, so that consecutive threads read consecutive memory.
 //!   Rows of up to 1024 elements get a group of `w` lanes of one warp each (`w` the row length
 //!   rounded up to a power of two, at most 32), 256 / `w` rows a block of 256 threads, and
-//!   combine their partials by shuffles alone; longer rows get a block each (256 threads, 1024
-//!   for rows of 16384 or more, or of 4096 or more when there are few rows), combining by warp
-//!   shuffles and then across warps through shared memory. Each reduction level is one pass
-//!   over the row, a final pass computes and stores the full outputs. The loads that several
-//!   of these loops read are kept in registers by the first loop that reads them (the loops
-//!   unrolled, so that the cached arrays are indexed by constants), when they fit in 32
-//!   registers a thread: as laid out above if every load the loops read is cached and a thread
+//!   combine their partials by shuffles alone; longer rows get a block each (256 threads; 512
+//!   for rows of 16384 or more; 1024 for rows of 4096 or more when there are few rows),
+//!   combining by warp shuffles and then across warps through shared memory. Each reduction
+//!   level is one pass over the row, a final pass computes and stores the full outputs. The
+//!   loads that several of these loops read are kept in registers by the first loop that reads
+//!   them (the loops unrolled, so that the cached arrays are indexed by constants), when they
+//!   fit in 32 registers a thread: as laid out above if every load the loops read is cached and a thread
 //!   has at most 32 elements of the row (a short softmax), or at most 8 elements; otherwise
 //!   the row gets a block of the fewest threads (64 to 1024) that leave each thread at most 4
 //!   elements (8 with 1024 threads): GPT-2's attention backward, rows of 1024 with two cached
@@ -64,12 +64,17 @@
 //!   earlier loop read) are read into registers by a loop of their own before its first store,
 //!   while they fit in 16 registers a thread: an output may be written over an input, and a
 //!   load issued after a store to the same row waits for it (gpt2's tf32 LayerNorm backward:
-//!   197 µs, 63 µs with its loads first). Rows too long for either read memory in every loop.
+//!   197 µs, 63 µs with its loads first). Rows too long for either read memory in every loop,
+//!   four consecutive elements a thread as one vector where the row's loads and outputs are
+//!   contiguous and aligned (gpt2's cross-entropy, rows of 50304: 1.42 to 1.08 ms in bf16).
 //! - **Columns** (the innermost axis is kept: a bias gradient): block `(X, Y)`; thread `x` takes
 //!   a row (consecutive rows are consecutive in memory, so loads coalesce), threads `y` stride
 //!   over the row's reduced elements, and the `Y` partials are combined through shared memory.
 //!   X is 32, or 16 or 8 when that leaves too few blocks to fill the GPU; X·Y is 256, or 1024
-//!   when blocks are few.
+//!   when blocks are few. A column reduction that still leaves the GPU idle (fewer than two
+//!   blocks an SM, rows of 2048 terms or more) runs as two kernels ([`fused_program`],
+//!   [`crate::fused::split`]): partial sums over slices of its rows into a scratch the planner
+//!   gives the node, then their fold.
 //!
 //! A thread whose share of a row holds more than 1024 terms of a float sum adds them in blocks
 //! of 1024, each block's sum into a second accumulator that moves into the thread's total every
@@ -171,6 +176,121 @@ pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
     fused::generate(k)
 }
 
+/// Where a launch of a fused kernel's program points one of its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedArg {
+    /// The fused kernel's input `n`.
+    Input(usize),
+    /// Its output `j`.
+    Output(usize),
+    /// `bytes` bytes at `offset` of the kernel's scratch space
+    /// ([`FusedProgram::scratch_bytes`]).
+    Scratch { offset: usize, bytes: usize },
+}
+
+/// One launch of a fused kernel's program: its parameters in order, of which the first
+/// `reads` are read and the rest written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedLaunch {
+    pub kernel: CudaKernel,
+    pub args: Vec<FusedArg>,
+    pub reads: usize,
+}
+
+/// How a fused kernel runs on the GPU: its launches in order, and the scratch bytes they share
+/// (planned as the node's workspace). One launch of [`fused`]'s kernel, or a column reduction
+/// that leaves the GPU idle split in two ([`crate::fused::split`]): partials into the scratch,
+/// then the finish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedProgram {
+    pub launches: Vec<FusedLaunch>,
+    pub scratch_bytes: usize,
+}
+
+/// Scratch bytes of a split's partials, each 256-byte aligned as the planner aligns buffers:
+/// `(offset, bytes)` of each of the partial kernel's outputs that is scratch.
+fn scratch_layout(s: &crate::fused::split::Split) -> (Vec<Option<(usize, usize)>>, usize) {
+    let mut at = 0usize;
+    let mut places = Vec::new();
+    for (j, o) in s.partial_outputs.iter().enumerate() {
+        if *o == crate::fused::split::SplitOutput::Scratch {
+            let bytes = s.partial.output_len(j) * s.partial.output_dtype(j).size();
+            places.push(Some((at, bytes)));
+            at += bytes.next_multiple_of(256);
+        } else {
+            places.push(None);
+        }
+    }
+    (places, at)
+}
+
+/// The split [`fused_program`] runs `k` as, if any.
+fn split_of(k: &FusedKernel) -> Option<crate::fused::split::Split> {
+    let (axis, ways) = fused::split_ways(k)?;
+    crate::fused::split::split(k, axis, ways)
+}
+
+/// Scratch bytes [`fused_program`] needs for `k` (0 for one launch), without generating text:
+/// what the planner gives the node as its workspace.
+pub fn fused_scratch_bytes(k: &FusedKernel) -> usize {
+    split_of(k).map_or(0, |s| scratch_layout(&s).1)
+}
+
+/// The launches that compute `k` on the GPU (see [`FusedProgram`]). Checks `k` first.
+pub fn fused_program(k: &FusedKernel) -> Result<FusedProgram, CodegenError> {
+    use crate::fused::split::{FinishInput, SplitOutput};
+    k.check()?;
+    let Some(s) = split_of(k) else {
+        let kernel = fused(k)?;
+        let args = (0..k.inputs.len())
+            .map(FusedArg::Input)
+            .chain((0..k.outputs.len()).map(FusedArg::Output))
+            .collect();
+        return Ok(FusedProgram {
+            launches: vec![FusedLaunch {
+                kernel,
+                args,
+                reads: k.inputs.len(),
+            }],
+            scratch_bytes: 0,
+        });
+    };
+    let (places, scratch_bytes) = scratch_layout(&s);
+    let scratch = |j: usize| places[j].map(|(offset, bytes)| FusedArg::Scratch { offset, bytes });
+    let partial_args = (0..k.inputs.len())
+        .map(FusedArg::Input)
+        .chain(s.partial_outputs.iter().enumerate().map(|(j, o)| match *o {
+            SplitOutput::Scratch => scratch(j).expect("a scratch partial has a place"),
+            SplitOutput::Original(t) => FusedArg::Output(t),
+        }))
+        .collect();
+    let mut finish_args = Vec::new();
+    for f in &s.finish_inputs {
+        finish_args.push(match *f {
+            FinishInput::Partial(j) => scratch(j).ok_or(CodegenError::Invalid(
+                KernelError::Internal("a split's finish reads a partial that is not scratch"),
+            ))?,
+            FinishInput::Original(n) => FusedArg::Input(n),
+        });
+    }
+    finish_args.extend(s.finish_outputs.iter().map(|&j| FusedArg::Output(j)));
+    Ok(FusedProgram {
+        launches: vec![
+            FusedLaunch {
+                kernel: fused(&s.partial)?,
+                args: partial_args,
+                reads: k.inputs.len(),
+            },
+            FusedLaunch {
+                kernel: fused(&s.finish)?,
+                args: finish_args,
+                reads: s.finish_inputs.len(),
+            },
+        ],
+        scratch_bytes,
+    })
+}
+
 /// Choices of [`fused_tuned`] that override the generator's own, for measuring them
 /// (`cuda_kernels --variants`); the default overrides nothing.
 #[doc(hidden)]
@@ -182,6 +302,8 @@ pub struct Tuning {
     pub row_threads: Option<u32>,
     /// Elementwise kernels one element a thread, never four.
     pub scalar_elementwise: bool,
+    /// Long rows (read from memory in every loop) one element a thread, never four.
+    pub scalar_rows: bool,
     /// Every load read at every element, even where a `select` drops its value (see the
     /// guarded loads of the row strategy).
     pub unguarded_loads: bool,

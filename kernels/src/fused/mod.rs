@@ -62,6 +62,7 @@
 pub mod check;
 pub mod cpu;
 pub mod random;
+pub mod split;
 
 pub use check::KernelError;
 

@@ -24,7 +24,9 @@
 
 use cudarc::driver::{result, sys};
 use ingot_compiler::ir::{Graph, Op};
-use ingot_kernels::cuda::{self, CudaKernel, PRELUDE, PRELUDE_BF16};
+use ingot_kernels::cuda::{
+    self, CudaKernel, FusedArg, FusedLaunch, FusedProgram, PRELUDE, PRELUDE_BF16,
+};
 use ingot_kernels::fused::random;
 use ingot_kernels::fused::{cpu, FusedKernel, Inst};
 use ingot_kernels::{BinaryOp, DType, UnaryOp};
@@ -75,9 +77,10 @@ pub enum Work {
     },
 }
 
-/// A distinct kernel to check, generated.
+/// A distinct kernel to check, generated: the launches that compute it (one, or a split
+/// column reduction's two, [`cuda::fused_program`]).
 pub struct Item {
-    pub kernel: CudaKernel,
+    pub program: FusedProgram,
     /// The same work generated otherwise, and how (`variants`).
     pub variants: Vec<(String, CudaKernel)>,
     pub work: Work,
@@ -85,8 +88,44 @@ pub struct Item {
     pub origin: String,
 }
 
+impl Item {
+    /// The first launch's kernel (the only one, unless the work is split).
+    pub fn kernel(&self) -> &CudaKernel {
+        &self.program.launches[0].kernel
+    }
+
+    /// The names of its launches' kernels, joined: what makes two items the same.
+    fn name(&self) -> String {
+        name_of(&self.program)
+    }
+}
+
+fn name_of(p: &FusedProgram) -> String {
+    let names: Vec<&str> = p.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+    names.join("+")
+}
+
 impl Work {
-    fn generate(&self) -> Res<CudaKernel> {
+    fn generate(&self) -> Res<FusedProgram> {
+        if let Work::Fused(k) = self {
+            return cuda::fused_program(k).map_err(|e| e.to_string());
+        }
+        let (ins, outs) = self.buffers();
+        let kernel = self.generate_one()?;
+        Ok(FusedProgram {
+            launches: vec![FusedLaunch {
+                kernel,
+                args: (0..ins.len())
+                    .map(FusedArg::Input)
+                    .chain((0..outs.len()).map(FusedArg::Output))
+                    .collect(),
+                reads: ins.len(),
+            }],
+            scratch_bytes: 0,
+        })
+    }
+
+    fn generate_one(&self) -> Res<CudaKernel> {
         let r = match self {
             Work::Fused(k) => cuda::fused(k),
             Work::Gather {
@@ -756,7 +795,8 @@ fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res
     let mut src = format!("{PRELUDE}{PRELUDE_BF16}");
     let mut seen = HashMap::new();
     for it in items {
-        for k in std::iter::once(&it.kernel).chain(it.variants.iter().map(|(_, k)| k)) {
+        let launches = it.program.launches.iter().map(|l| &l.kernel);
+        for k in launches.chain(it.variants.iter().map(|(_, k)| k)) {
             if seen.insert(k.name.clone(), ()).is_none() {
                 src.push_str(&k.source);
             }
@@ -834,6 +874,27 @@ fn launch(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<
     })
 }
 
+/// Runs `p`'s launches in order on `ins` and `outs`, its scratch at `scratch`.
+fn run_program(
+    dev: &Loaded,
+    p: &FusedProgram,
+    ins: &[sys::CUdeviceptr],
+    outs: &[sys::CUdeviceptr],
+    scratch: sys::CUdeviceptr,
+) -> Res<()> {
+    for l in &p.launches {
+        let args: Vec<sys::CUdeviceptr> = (l.args.iter())
+            .map(|a| match *a {
+                FusedArg::Input(n) => ins[n],
+                FusedArg::Output(j) => outs[j],
+                FusedArg::Scratch { offset, .. } => scratch + offset as u64,
+            })
+            .collect();
+        launch(dev.functions[&l.kernel.name], &l.kernel, &args)?;
+    }
+    Ok(())
+}
+
 fn sync() -> Res<()> {
     driver("kernel execution", result::ctx::synchronize())
 }
@@ -859,8 +920,8 @@ fn resources(f: sys::CUfunction) -> String {
     }
 }
 
-/// Median time of 20 launches of `k` after 3 warm-ups, in milliseconds.
-fn time_ms(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<f64> {
+/// Median time of 20 runs of `run` after 3 warm-ups, in milliseconds.
+fn time_ms(run: impl Fn() -> Res<()>) -> Res<f64> {
     let start = driver(
         "event",
         result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
@@ -870,14 +931,14 @@ fn time_ms(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res
         result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
     )?;
     for _ in 0..3 {
-        launch(f, k, args)?;
+        run()?;
     }
     sync()?;
     let mut ms = Vec::new();
     for _ in 0..20 {
         unsafe {
             driver("record", result::event::record(start, std::ptr::null_mut()))?;
-            launch(f, k, args)?;
+            run()?;
             driver("record", result::event::record(end, std::ptr::null_mut()))?;
             driver("event sync", result::event::synchronize(end))?;
             ms.push(driver("elapsed", result::event::elapsed(start, end))? as f64);
@@ -893,7 +954,6 @@ fn time_ms(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res
 
 /// Runs one kernel: upload, poison, launch, compare, time, and (if allowed) in place.
 fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res<Outcome> {
-    let f = dev.functions[&it.kernel.name];
     let (ins, outs) = it.work.buffers();
     let bytes: usize = ins.iter().chain(&outs).map(|&(d, n)| d.size() * n).sum();
     // Bytes a launch moves: every input and output once, except that gather reads only the
@@ -955,8 +1015,11 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
         }
         Ok(())
     };
+    let scratch = alloc(it.program.scratch_bytes)?;
+    bufs.ptrs.push(scratch);
+    let in_ptrs = bufs.ptrs[..ins.len()].to_vec();
     poison(&out_ptrs)?;
-    launch(f, &it.kernel, &bufs.ptrs)?;
+    run_program(dev, &it.program, &in_ptrs, &out_ptrs, scratch)?;
     sync()?;
     let mut ok = true;
     let mut words = Vec::new();
@@ -979,7 +1042,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
     // Timing.
     let (mut micros, mut gbs) = (f64::NAN, f64::NAN);
     if time {
-        let med = time_ms(f, &it.kernel, &bufs.ptrs)?;
+        let med = time_ms(|| run_program(dev, &it.program, &in_ptrs, &out_ptrs, scratch))?;
         micros = med * 1e3;
         gbs = moved as f64 / (med * 1e-3) / 1e9;
     }
@@ -987,8 +1050,9 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
     let mut variants = Vec::new();
     for (t, vk) in &it.variants {
         let vf = dev.functions[&vk.name];
+        let args: Vec<sys::CUdeviceptr> = in_ptrs.iter().chain(&out_ptrs).copied().collect();
         poison(&out_ptrs)?;
-        launch(vf, vk, &bufs.ptrs)?;
+        launch(vf, vk, &args)?;
         sync()?;
         let mut vok = true;
         let mut bad = Vec::new();
@@ -1002,7 +1066,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             }
         }
         ok &= vok;
-        let med = time_ms(vf, vk, &bufs.ptrs)?;
+        let med = time_ms(|| launch(vf, vk, &args))?;
         variants.push(format!(
             "{} {t:<22} block {:?} grid {:?} ({}) {:>9.1} us {:>7.1} GB/s{}",
             if vok { "ok  " } else { "FAIL" },
@@ -1025,7 +1089,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             .find(|&(i, j)| k.can_write_over(i, j));
         if let Some((i, j)) = pair {
             // Fresh copies of every output, but output j is input i's buffer.
-            let mut args = bufs.ptrs[..ins.len()].to_vec();
+            let args = in_ptrs.clone();
             let mut fresh = Buffers { ptrs: Vec::new() };
             let mut outs_here = Vec::new();
             for (jj, &(d, n)) in outs.iter().enumerate() {
@@ -1048,8 +1112,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             driver("upload", unsafe {
                 result::memcpy_htod_sync(args[i], &host_in[i])
             })?;
-            args.extend(&outs_here);
-            launch(f, &it.kernel, &args)?;
+            run_program(dev, &it.program, &args, &outs_here, scratch)?;
             sync()?;
             let (d, n) = outs[j];
             let mut got = vec![0u8; d.size() * n];
@@ -1099,6 +1162,13 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
         Ok(cuda::Strategy::Rows) => {
             let n: usize = k.reduce_axes.iter().map(|&a| k.domain[a]).product();
             let full_out = k.outputs.iter().any(|o| !k.is_row_level(o.value));
+            add(
+                "one element a thread".into(),
+                cuda::Tuning {
+                    scalar_rows: true,
+                    ..Default::default()
+                },
+            );
             if full_out && (2..=8192).contains(&n) {
                 for t in [32u32, 64, 128, 256, 512, 1024] {
                     if t as usize > n.next_power_of_two() {
@@ -1180,8 +1250,9 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut uses: Vec<Vec<(String, usize)>> = Vec::new();
     let mut add = |work: Work, origin: &str, items: &mut Vec<Item>| -> Res<()> {
-        let kernel = work.generate().map_err(|e| format!("{origin}: {e}"))?;
-        match index.get(&kernel.name) {
+        let program = work.generate().map_err(|e| format!("{origin}: {e}"))?;
+        let name = name_of(&program);
+        match index.get(&name) {
             Some(&i) => {
                 let u = &mut uses[i];
                 match u.iter_mut().find(|(m, _)| m == origin) {
@@ -1190,14 +1261,14 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                 }
             }
             None => {
-                index.insert(kernel.name.clone(), items.len());
+                index.insert(name, items.len());
                 uses.push(vec![(origin.to_string(), 1)]);
                 let variants = match &work {
-                    Work::Fused(k) if variants => variants_of(k, &kernel),
+                    Work::Fused(k) if variants => variants_of(k, &program.launches[0].kernel),
                     _ => Vec::new(),
                 };
                 items.push(Item {
-                    kernel,
+                    program,
                     variants,
                     work,
                     origin: String::new(),
@@ -1302,14 +1373,22 @@ pub fn check_kernels(
     for (i, it) in items.iter().enumerate() {
         let t = Instant::now();
         let r = check_one(&device, it, 1 + i as u64, exact, opts.time);
+        let launches: Vec<String> = (it.program.launches.iter())
+            .map(|l| {
+                format!(
+                    "grid {:?} block {:?} ({})",
+                    l.kernel.launch.grid,
+                    l.kernel.launch.block,
+                    resources(device.functions[&l.kernel.name]),
+                )
+            })
+            .collect();
         let head = format!(
-            "{} {:<11} {:<48} grid {:?} block {:?} ({})",
-            it.kernel.name,
+            "{} {:<11} {:<48} {}",
+            it.name(),
             it.work.kind(),
             it.work.shape(),
-            it.kernel.launch.grid,
-            it.kernel.launch.block,
-            resources(device.functions[&it.kernel.name]),
+            launches.join(" then "),
         );
         let description = || match &it.work {
             Work::Fused(k) => format!("\n{k}"),
@@ -1333,7 +1412,7 @@ pub fn check_kernels(
                     log(&format!("       {v}"));
                 }
                 if !o.micros.is_nan() {
-                    slow.push((o.micros, format!("{} {}", it.kernel.name, it.work.shape())));
+                    slow.push((o.micros, format!("{} {}", it.name(), it.work.shape())));
                 }
                 if o.ok {
                     summary.passed += 1;
@@ -1493,7 +1572,7 @@ mod tests {
     fn the_mlp_step_yields_distinct_fused_kernels_with_their_origins() {
         let items = kernels_of(&Source::Models(vec!["mlp".into()]), false).unwrap();
         assert!(items.len() >= 5, "{} kernels", items.len());
-        let mut names: Vec<&str> = items.iter().map(|i| i.kernel.name.as_str()).collect();
+        let mut names: Vec<String> = items.iter().map(|i| i.name()).collect();
         names.sort();
         names.dedup();
         assert_eq!(names.len(), items.len(), "kernels are not distinct");

@@ -4,6 +4,7 @@
 use super::Analysis;
 use crate::fused::check::operands;
 use crate::fused::Inst;
+use crate::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 /// What a reduction's passes compute (see [`Analysis::passes`]).
 pub(super) struct Passes {
@@ -25,7 +26,65 @@ pub(super) struct Passes {
     pub(super) loop_uses: Vec<usize>,
 }
 
+/// A sum of exponentials computed online ([`Analysis::online_sums`]): `sum` is
+/// `Σ exp(x - max)` where `max` is the maximum of the same `x` over the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct OnlineSum {
+    pub(super) sum: usize,
+    pub(super) max: usize,
+    pub(super) x: usize,
+}
+
 impl Analysis<'_> {
+    /// The second pass's reductions, when every one of them is a sum of exponentials
+    /// `Σ exp(x - max(x))` over the first pass's maximum (a softmax's or a cross-entropy's
+    /// denominator), all in f32: such a sum can be taken in the first pass, beside the maximum
+    /// it needs, each thread keeping its sum relative to its own running maximum and rescaling
+    /// it when the maximum grows, then to the row's maximum before the threads combine
+    /// (Milakov and Gimelshein's online softmax). That saves the second pass's loop over the
+    /// row. Empty otherwise.
+    pub(super) fn online_sums(&self, p: &Passes) -> Vec<OnlineSum> {
+        let body = &self.k.body;
+        let mut sums = Vec::new();
+        for &s in p.reds.iter().filter(|&&r| self.stage[r] == 2) {
+            let found = match body[s] {
+                Inst::Reduce {
+                    op: ReduceOp::Sum,
+                    x: t,
+                } => match body[t] {
+                    Inst::Unary {
+                        op: UnaryOp::Exp,
+                        x: d,
+                    } => match body[d] {
+                        Inst::Binary {
+                            op: BinaryOp::Sub,
+                            a: x,
+                            b: m,
+                        } => match body[m] {
+                            Inst::Reduce {
+                                op: ReduceOp::Max,
+                                x: x2,
+                            } if x2 == x && self.stage[m] == 1 && !self.row[x] => {
+                                let f32s =
+                                    [s, t, d, x, m].iter().all(|&i| self.dt[i] == DType::F32);
+                                f32s.then_some(OnlineSum { sum: s, max: m, x })
+                            }
+                            _ => None,
+                        },
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            };
+            match found {
+                Some(o) => sums.push(o),
+                None => return Vec::new(),
+            }
+        }
+        sums
+    }
+
     /// The strategy stage of a reduction: which instructions each pass over the row and the
     /// final output loop compute, and which row-level values are read. Reductions whose operand
     /// needs an earlier reduction's result run in a later pass, so a softmax takes two passes

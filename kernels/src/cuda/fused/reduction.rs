@@ -14,13 +14,14 @@ use super::expr::{accumulate, identity, reduce_op};
 use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
-use super::passes::Passes;
+use super::passes::{OnlineSum, Passes};
+use super::rowvec::{RowVectors, LANES};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
-use crate::cuda::{reg_type, rounded, signature, CodegenError, Launch, Src};
+use crate::cuda::{literal, reg_type, rounded, signature, CodegenError, Launch, Src};
 use crate::fused::Inst;
-use crate::ReduceOp;
+use crate::{DType, ReduceOp};
 
 /// What the stages before the loops over the row decided: every loop reads it, none changes
 /// it (the one thing that changes from loop to loop, which cached loads are already in
@@ -38,6 +39,12 @@ pub(super) struct Plan {
     pub(super) prefetched: Vec<usize>,
     /// Each loop's guards (passes first, then the output loop).
     pub(super) guards: Vec<Vec<Option<Guard>>>,
+    /// The second pass's sums, taken online in the first pass ([`Analysis::online_sums`]):
+    /// rows too long for the register cache only, where the second pass would read the row
+    /// from memory again, and only where a thread's share needs no blocked sum.
+    pub(super) online: Vec<OnlineSum>,
+    /// Long rows four elements at a time ([`Analysis::row_vectors`]), if they go so.
+    pub(super) vectors: Option<RowVectors>,
 }
 
 impl Analysis<'_> {
@@ -70,7 +77,11 @@ impl Analysis<'_> {
             cached[i] = true;
         }
         self.declare_cache(&mut src, &cached, &prefetched, el.per_thread);
-        let plan = Plan {
+        let online = match self.online_sums(&p) {
+            o if !shape.cache && !el.blocks(&o.iter().map(|o| o.sum).collect::<Vec<_>>()) => o,
+            _ => Vec::new(),
+        };
+        let mut plan = Plan {
             p,
             shape,
             sp,
@@ -79,7 +90,10 @@ impl Analysis<'_> {
             cached,
             prefetched,
             guards,
+            online,
+            vectors: None,
         };
+        plan.vectors = self.row_vectors(&plan);
 
         let mut loaded = vec![false; k.body.len()];
         for s in 0..=plan.p.passes {
@@ -143,23 +157,64 @@ impl Analysis<'_> {
             }
             return Ok(());
         }
-        for &r in &these {
-            let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
-            src.line(format!("{} a{r} = {};", reg_type(ty), identity(op, ty)));
-        }
-        let float_sums: Vec<usize> = (these.iter().copied())
-            .filter(|&r| reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float())
-            .collect();
-        let blocked: &[usize] = if plan.el.blocks(&float_sums) {
-            &float_sums
+        let taken = |o: &&OnlineSum| these.contains(&o.sum);
+        if plan.online.iter().any(|o| taken(&o)) {
+            // Every sum of this pass was taken in the first: each thread's, relative to its
+            // own running maximum `o{max}`, is brought to the row's maximum before they combine.
+            // A row whose maximum is -inf sums exp(-inf - -inf): NaN, as the CPU's does.
+            let (ninf, nan) = (
+                literal(f64::NEG_INFINITY, DType::F32),
+                literal(f64::NAN, DType::F32),
+            );
+            for o in &plan.online {
+                let (s, m) = (o.sum, o.max);
+                src.line(format!(
+                    "if (v{m} == {ninf}) {{ a{s} = {nan}; }} \
+                     else if (o{m} != v{m}) {{ a{s} = a{s} * expf(o{m} - v{m}); }}"
+                ));
+            }
         } else {
-            &[]
-        };
-        let body = self.pass_body(src, plan, p, &these, blocked, loaded)?;
-        if blocked.is_empty() {
-            plan.el.emit(src, &body);
-        } else {
-            self.emit_blocked_loop(src, &plan.el, blocked, &body);
+            let feeds: Vec<&OnlineSum> = (plan.online.iter())
+                .filter(|o| these.contains(&o.max))
+                .collect();
+            for &r in these.iter().chain(feeds.iter().map(|o| &o.sum)) {
+                let (op, ty) = (reduce_op(&k.body[r]), self.dt[r]);
+                src.line(format!("{} a{r} = {};", reg_type(ty), identity(op, ty)));
+            }
+            let float_sums: Vec<usize> = (these.iter().copied())
+                .filter(|&r| reduce_op(&k.body[r]) == ReduceOp::Sum && self.dt[r].is_float())
+                .collect();
+            let blocked: &[usize] = if plan.el.blocks(&float_sums) {
+                &float_sums
+            } else {
+                &[]
+            };
+            let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1);
+            if blocked.is_empty() && vectors.iter().any(|&v| v) {
+                let mut lanes = Vec::new();
+                for lane in LANES {
+                    let at = Src {
+                        text: String::new(),
+                        depth: src.depth,
+                    };
+                    let l = Some((lane, &vectors[..]));
+                    lanes.push(self.pass_body(&at, plan, p, &these, blocked, loaded, l)?);
+                }
+                let (head, tail) = self.online_per_vector(plan, &these);
+                let ends = (&head[..], &tail[..]);
+                self.emit_vector_loop(src, plan, &vectors, false, &lanes, ends);
+            } else {
+                let body = self.pass_body(src, plan, p, &these, blocked, loaded, None)?;
+                if blocked.is_empty() {
+                    plan.el.emit(src, &body);
+                } else {
+                    self.emit_blocked_loop(src, &plan.el, blocked, &body);
+                }
+            }
+            for o in feeds {
+                // The thread's own running maximum, before the threads combine theirs.
+                src.line(format!("const float o{m} = a{m};", m = o.max));
+            }
         }
         self.fold(src, plan.shape.lay, &these);
         for &r in &these {
@@ -173,7 +228,9 @@ impl Analysis<'_> {
 
     /// The body of pass `p`'s loop over the row: the reduce indices it needs, its full
     /// instructions, and each reduction's term folded into its accumulator (`s{r}`, the
-    /// block's sum, for the `blocked` float sums; `a{r}` otherwise).
+    /// block's sum, for the `blocked` float sums; `a{r}` otherwise). With `lane`, the body of
+    /// one lane of a loop four elements at a time ([`Analysis::emit_vector_loop`]).
+    #[allow(clippy::too_many_arguments)]
     fn pass_body(
         &self,
         src: &Src,
@@ -182,11 +239,42 @@ impl Analysis<'_> {
         these: &[usize],
         blocked: &[usize],
         loaded: &mut [bool],
+        lane: Option<(&str, &[bool])>,
     ) -> Result<String, CodegenError> {
         let k = self.k;
-        let mut b = plan.el.body(src, usize::from(!blocked.is_empty()));
+        let mut b = match lane {
+            Some(_) => Src {
+                text: String::new(),
+                depth: src.depth + 2,
+            },
+            None => plan.el.body(src, usize::from(!blocked.is_empty())),
+        };
         let insts = &plan.p.pass_full[p - 1];
-        self.loop_insts(&mut b, plan, insts, false, &plan.guards[p - 1], loaded)?;
+        self.loop_insts(
+            &mut b,
+            plan,
+            insts,
+            false,
+            &plan.guards[p - 1],
+            loaded,
+            lane,
+        )?;
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
+            let (s, m, x) = (o.sum, o.max, o.x);
+            if let Some((lane, _)) = lane {
+                // Four at a time: the vector's terms are taken together after its lanes
+                // ([`Analysis::online_per_vector`]).
+                b.line(format!("ox{s}.{lane} = v{x};"));
+                continue;
+            }
+            // Before the maximum takes the term: the sum so far is relative to the old one.
+            b.line(format!(
+                "{{ const float mn = ig_keep_max(a{m}, v{x}); \
+                 if (mn != a{m}) {{ a{s} = a{s} * expf(a{m} - mn); }} \
+                 a{s} = a{s} + (mn == {ninf} ? 0.0f : expf(v{x} - mn)); }}"
+            ));
+        }
         for &r in these {
             let Inst::Reduce { x, .. } = k.body[r] else {
                 continue;
@@ -202,9 +290,35 @@ impl Analysis<'_> {
         Ok(b.text)
     }
 
+    /// The online sums of a pass four elements at a time: before the lanes, each sum's old
+    /// maximum (`om{s}`) and a vector for the lanes' terms (`ox{s}`); after them (the maximum
+    /// now has the four terms), the sum brought to the new maximum once and the four
+    /// exponentials added, instead of a rescale check and an exponential chained through every
+    /// element.
+    fn online_per_vector(&self, plan: &Plan, these: &[usize]) -> (Vec<String>, Vec<String>) {
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
+            let (s, m) = (o.sum, o.max);
+            head.push(format!("float4 ox{s}; const float om{s} = a{m};"));
+            let e = |l: &str| format!("expf(ox{s}.{l} - a{m})");
+            tail.push(format!(
+                "if (a{m} != om{s}) {{ a{s} = a{s} * expf(om{s} - a{m}); }} \
+                 if (a{m} != {ninf}) {{ a{s} = a{s} + (({} + {}) + ({} + {})); }}",
+                e("x"),
+                e("y"),
+                e("z"),
+                e("w")
+            ));
+        }
+        (head, tail)
+    }
+
     /// Writes the start of one loop over the row's body: the reduce indices that `insts` (and,
     /// with `outputs`, the full outputs' addresses) need, then `insts` in guard order (a
-    /// guard's condition before the loads it guards).
+    /// guard's condition before the loads it guards). With `lane` (its name, and the inputs
+    /// read as vectors), an unguarded load of such an input takes its lane of the vector.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn loop_insts(
         &self,
         b: &mut Src,
@@ -213,11 +327,18 @@ impl Analysis<'_> {
         outputs: bool,
         g: &[Option<Guard>],
         loaded: &mut [bool],
+        lane: Option<(&str, &[bool])>,
     ) -> Result<(), CodegenError> {
         let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
         plan.sp.red.decompose(b, "j", self.ix, &need);
         let any_axis = |d: usize| plan.sp.any_axis(d);
         for i in guard::order(&self.k.body, &self.row, insts, g) {
+            if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
+                if vectors[*input] && g[i].is_none() {
+                    b.line(self.vector_load_line(i, *input, lane));
+                    continue;
+                }
+            }
             let at = (&plan.at.full[..], &any_axis as &dyn Fn(usize) -> String);
             self.emit_full(b, i, at, g[i], &plan.cached, loaded)?;
         }

@@ -3,6 +3,7 @@
 
 use super::layout::Layout;
 use super::reduction::Plan;
+use super::rowvec::LANES;
 use super::space::join;
 use super::Analysis;
 use crate::cuda::{narrowed, CodegenError, Src};
@@ -26,14 +27,41 @@ impl Analysis<'_> {
         if !plan.prefetched.is_empty() {
             src.line("// the final loop's loads, all read before its first store");
             let mut b = plan.el.body(src, 0);
-            self.loop_insts(&mut b, plan, &plan.prefetched, false, g, loaded)?;
+            self.loop_insts(&mut b, plan, &plan.prefetched, false, g, loaded, None)?;
             plan.el.emit(src, &b.text);
         }
         src.line("// the full outputs");
-        let mut b = plan.el.body(src, 0);
-        self.loop_insts(&mut b, plan, insts, true, g, loaded)?;
         let (sp, base) = (&plan.sp, plan.at.out_base.clone());
         let out_addr = join(base, sp.red.part(sp.out_vec, "j", ix), ix);
+        let vectors = self.loop_vectors(plan, insts, plan.p.passes);
+        let vector_outputs = plan.vectors.as_ref().is_some_and(|v| v.outputs);
+        if vectors.iter().any(|&v| v) || vector_outputs {
+            // Four elements at a time: each lane's outputs into its lane of `r{j}`, or stored
+            // one by one where the outputs are not vectors.
+            let mut lanes = Vec::new();
+            for lane in LANES {
+                let mut b = Src {
+                    text: String::new(),
+                    depth: src.depth + 2,
+                };
+                self.loop_insts(&mut b, plan, insts, true, g, loaded, Some((lane, &vectors)))?;
+                for (j, o) in k.outputs.iter().enumerate() {
+                    if !self.row[o.value] {
+                        let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
+                        if vector_outputs {
+                            b.line(format!("r{j}.{lane} = {v};"));
+                        } else {
+                            b.line(format!("out{j}[{out_addr}] = {v};"));
+                        }
+                    }
+                }
+                lanes.push(b.text);
+            }
+            self.emit_vector_loop(src, plan, &vectors, vector_outputs, &lanes, (&[], &[]));
+            return Ok(());
+        }
+        let mut b = plan.el.body(src, 0);
+        self.loop_insts(&mut b, plan, insts, true, g, loaded, None)?;
         for (j, o) in k.outputs.iter().enumerate() {
             if !self.row[o.value] {
                 let v = narrowed(k.output_dtype(j), format!("v{}", o.value));

@@ -1,0 +1,179 @@
+//! Long rows four elements at a time: a row too long for the register cache is read from
+//! memory in every loop over it, and there each thread reads four consecutive elements of a
+//! load as one vector (16 bytes of f32, 8 of bf16) instead of one element, and writes its full
+//! outputs four at a time.
+//!
+//! Why: such a loop keeps one load a thread in flight. GPT-2's cross-entropy kernel (8,192
+//! rows of 50,304 logits, a block of 1,024 threads a row) moved 1.7 TB/s of bf16 that way on
+//! an H200 (docs/benchmarks.md, session 10), far from the memory's 4.8: two bytes a thread
+//! in flight do not cover the memory's latency. Four elements a thread carry four times the
+//! bytes with the same number of loads.
+//!
+//! The thread's elements of a loop are then `4 jv .. 4 jv + 3` for `jv` from the thread's
+//! index in steps of the threads along the row; each lane's body is written in its own scope
+//! with `j` its element, as the plain loop's body, except that a load read as a vector takes
+//! its lane of `l{m}` and a full output sets its lane of `r{j}`.
+
+use super::layout::Layout;
+use super::loops::THREAD_BLOCK;
+use super::reduction::Plan;
+use super::text::mentions;
+use super::vec4::vec4_type;
+use super::Analysis;
+use crate::cuda::{widened, Src};
+use crate::fused::{Access, Inst};
+
+/// The lanes of a vector, in order.
+pub(super) const LANES: [&str; 4] = ["x", "y", "z", "w"];
+
+/// Which loads and outputs of a long-row kernel go four elements at a time.
+pub(super) struct RowVectors {
+    /// Input `m` is read as vectors (where a loop reads it unguarded).
+    pub(super) inputs: Vec<bool>,
+    /// The full outputs are written as vectors.
+    pub(super) outputs: bool,
+}
+
+impl Analysis<'_> {
+    /// Which accesses of a row-strategy kernel go four elements at a time: a block a row, no
+    /// register cache, rows a multiple of 4 long and at most [`THREAD_BLOCK`] elements a
+    /// thread (longer shares sum in blocks, element by element). An input is read as vectors
+    /// if the loops read it contiguously along the row (stride 1 over the reduce axes' one
+    /// linear index), its type has a vector ([`vec4_type`]: f32, i32, bool, bf16) and each
+    /// row's first element is a multiple of 4 (its offset and row strides are; buffers are
+    /// 256-byte aligned, so the vector is aligned). The full outputs are written as vectors
+    /// when all have a vector type and are contiguous along the row the same way.
+    pub(super) fn row_vectors(&self, plan: &Plan) -> Option<RowVectors> {
+        let k = self.k;
+        let Layout::Block { t } = plan.shape.lay else {
+            return None;
+        };
+        if self.tuning.scalar_rows
+            || plan.shape.cache
+            || !self.n.is_multiple_of(4)
+            || self.n / 4 > THREAD_BLOCK * t as usize
+        {
+            return None;
+        }
+        let sp = &plan.sp;
+        let aligned = |a: &Access| {
+            a.offset.is_multiple_of(4)
+                && (0..k.domain.len())
+                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d].is_multiple_of(4))
+        };
+        let inputs: Vec<bool> = (k.inputs.iter().enumerate())
+            .map(|(m, inp)| {
+                sp.full_used[m]
+                    && vec4_type(inp.dtype).is_some()
+                    && sp.red.linear(sp.vec_of[m]) == Some(1)
+                    && aligned(&inp.access)
+            })
+            .collect();
+        let full: Vec<usize> = (0..k.outputs.len())
+            .filter(|&j| !self.row[k.outputs[j].value])
+            .collect();
+        let outputs = plan.p.full_outputs
+            && full.iter().all(|&j| vec4_type(k.output_dtype(j)).is_some())
+            && sp.red.linear(sp.out_vec) == Some(1)
+            && aligned(&Access::contiguous(&k.domain));
+        (inputs.iter().any(|&v| v) || outputs).then_some(RowVectors { inputs, outputs })
+    }
+
+    /// The inputs a loop over `insts` reads as vectors: those [`Analysis::row_vectors`] allows
+    /// that the loop loads unguarded.
+    pub(super) fn loop_vectors(&self, plan: &Plan, insts: &[usize], p: usize) -> Vec<bool> {
+        let mut v = vec![false; self.k.inputs.len()];
+        if let Some(rv) = &plan.vectors {
+            for &i in insts {
+                if let Inst::Load { input } = self.k.body[i] {
+                    if rv.inputs[input] && plan.guards[p][i].is_none() {
+                        v[input] = true;
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// A loop over the row four elements at a time around the lanes' bodies `lanes` (written at
+    /// depth `src.depth + 2`): reads a vector of each input of `vectors` before the lanes and,
+    /// with `outputs`, writes a vector of each full output after them; the lines `ends.0`
+    /// come before the lanes, `ends.1` after them.
+    pub(super) fn emit_vector_loop(
+        &self,
+        src: &mut Src,
+        plan: &Plan,
+        vectors: &[bool],
+        outputs: bool,
+        lanes: &[String],
+        ends: (&[String], &[String]),
+    ) {
+        let (k, ix) = (self.k, self.ix);
+        let (t, Layout::Block { t: threads }) = (ix.ty(), plan.shape.lay) else {
+            return;
+        };
+        src.open(format!(
+            "for ({t} jv = threadIdx.x; jv < {}; jv += {}) {{",
+            ix.lit(self.n / 4),
+            ix.lit(threads as usize)
+        ));
+        src.line(format!("const {t} jb = {} * jv;", ix.lit(4)));
+        let at = |base: &str| {
+            if base == "0" {
+                "jb".to_string()
+            } else {
+                format!("{base} + jb")
+            }
+        };
+        for (m, inp) in k.inputs.iter().enumerate().filter(|(m, _)| vectors[*m]) {
+            src.line(format!(
+                "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
+                at(&plan.at.row[m]),
+                v = vec4_type(inp.dtype).unwrap_or("float4")
+            ));
+        }
+        let full: Vec<usize> = (0..k.outputs.len())
+            .filter(|&j| outputs && !self.row[k.outputs[j].value])
+            .collect();
+        for &j in &full {
+            src.line(format!(
+                "{} r{j};",
+                vec4_type(k.output_dtype(j)).unwrap_or("float4")
+            ));
+        }
+        for l in ends.0 {
+            src.line(l);
+        }
+        for (q, body) in lanes.iter().enumerate() {
+            src.open("{");
+            if mentions(body, "j") {
+                let j = match q {
+                    0 => "jb".to_string(),
+                    q => format!("jb + {}", ix.lit(q)),
+                };
+                src.line(format!("const {t} j = {j};"));
+            }
+            src.text.push_str(body);
+            src.close();
+        }
+        for l in ends.1 {
+            src.line(l);
+        }
+        let out = plan.at.out_base.clone().unwrap_or_else(|| "0".into());
+        for &j in &full {
+            src.line(format!(
+                "*reinterpret_cast<{v}*>(out{j} + ({})) = r{j};",
+                at(&out),
+                v = vec4_type(k.output_dtype(j)).unwrap_or("float4")
+            ));
+        }
+        src.close();
+    }
+
+    /// The line a load read as a vector becomes in lane `lane`.
+    pub(super) fn vector_load_line(&self, i: usize, input: usize, lane: &str) -> String {
+        let ty = crate::cuda::reg_type(self.dt[i]);
+        let e = widened(self.k.inputs[input].dtype, format!("l{input}.{lane}"));
+        format!("const {ty} v{i} = {e};")
+    }
+}
