@@ -627,6 +627,8 @@ struct float4 { float x, y, z, w; };
 struct int4 { int x, y, z, w; };
 struct uchar4 { unsigned char x, y, z, w; };
 struct ushort4 { unsigned short x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
+uint4 make_uint4(unsigned, unsigned, unsigned, unsigned);
 extern ig_uint3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
 int __syncthreads_or(int);
@@ -1634,28 +1636,40 @@ fn guarded_kernels_pass_the_host_syntax_check() {
 
 #[test]
 fn a_row_too_long_for_the_register_cache_is_read_and_written_four_elements_a_thread() {
-    // GPT-2's cross-entropy: rows of 50,304 logits, read from memory by every loop.
+    // GPT-2's cross-entropy: rows of 50,304 logits, read from memory by every loop; 16 bytes
+    // a vector: four f32, or eight bf16 (two to each 32-bit component).
     for dtype in [DType::F32, DType::BF16] {
         let k = match dtype {
             DType::BF16 => as_bf16(&cross_entropy(64, 50304)),
             _ => cross_entropy(64, 50304),
         };
         let src = cuda::fused(&k).unwrap().source;
-        let v = if dtype == DType::BF16 {
-            "ushort4"
+        let (v, width) = if dtype == DType::BF16 {
+            ("uint4", 8)
         } else {
-            "float4"
+            ("float4", 4)
         };
         // The passes over every logit and the output loop read them as vectors (two loops
         // where the sum is taken online, in f32; three in the bf16 copy, where it is not)...
         let loads = format!("*reinterpret_cast<const {v}*>(in0 + (b0 + jb))");
         let want = if dtype == DType::BF16 { 3 } else { 2 };
         assert_eq!(src.matches(&loads).count(), want, "{src}");
-        assert!(src.contains("jv < 12576u; jv += 1024u"), "{src}");
-        // ...each lane in its own scope, and the gradient goes out as vectors.
-        assert!(src.contains("r1.w = "), "{src}");
+        let vectors = 50304 / width;
         assert!(
-            src.contains(&format!("*reinterpret_cast<{v}*>(out1 + (bo + jb)) = r1;")),
+            src.contains(&format!("jv < {vectors}u; jv += 1024u")),
+            "{src}"
+        );
+        // ...each lane in its own scope, and the gradient goes out as vectors.
+        let (last, stored) = if dtype == DType::BF16 {
+            ("r1[7] = ", "make_uint4(")
+        } else {
+            ("r1.w = ", "r1;")
+        };
+        assert!(src.contains(last), "{src}");
+        assert!(
+            src.contains(&format!(
+                "*reinterpret_cast<{v}*>(out1 + (bo + jb)) = {stored}"
+            )),
             "{src}"
         );
         // The pass that reads only the target's logit keeps its guarded scalar load.

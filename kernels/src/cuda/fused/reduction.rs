@@ -15,7 +15,7 @@ use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
-use super::rowvec::{RowVectors, LANES};
+use super::rowvec::RowVectors;
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
@@ -43,7 +43,7 @@ pub(super) struct Plan {
     /// rows too long for the register cache only, where the second pass would read the row
     /// from memory again, and only where a thread's share needs no blocked sum.
     pub(super) online: Vec<OnlineSum>,
-    /// Long rows four elements at a time ([`Analysis::row_vectors`]), if they go so.
+    /// Long rows a vector at a time ([`Analysis::row_vectors`]), if they go so.
     pub(super) vectors: Option<RowVectors>,
 }
 
@@ -192,7 +192,7 @@ impl Analysis<'_> {
             let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1);
             if blocked.is_empty() && vectors.iter().any(|&v| v) {
                 let mut lanes = Vec::new();
-                for lane in LANES {
+                for lane in 0..plan.vectors.as_ref().map_or(4, |v| v.width) {
                     let at = Src {
                         text: String::new(),
                         depth: src.depth,
@@ -229,7 +229,7 @@ impl Analysis<'_> {
     /// The body of pass `p`'s loop over the row: the reduce indices it needs, its full
     /// instructions, and each reduction's term folded into its accumulator (`s{r}`, the
     /// block's sum, for the `blocked` float sums; `a{r}` otherwise). With `lane`, the body of
-    /// one lane of a loop four elements at a time ([`Analysis::emit_vector_loop`]).
+    /// one lane of a loop a vector at a time ([`Analysis::emit_vector_loop`]).
     #[allow(clippy::too_many_arguments)]
     fn pass_body(
         &self,
@@ -239,7 +239,7 @@ impl Analysis<'_> {
         these: &[usize],
         blocked: &[usize],
         loaded: &mut [bool],
-        lane: Option<(&str, &[bool])>,
+        lane: Option<(usize, &[bool])>,
     ) -> Result<String, CodegenError> {
         let k = self.k;
         let mut b = match lane {
@@ -263,9 +263,9 @@ impl Analysis<'_> {
         for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
             let (s, m, x) = (o.sum, o.max, o.x);
             if let Some((lane, _)) = lane {
-                // Four at a time: the vector's terms are taken together after its lanes
+                // A vector at a time: its terms are taken together after its lanes
                 // ([`Analysis::online_per_vector`]).
-                b.line(format!("ox{s}.{lane} = v{x};"));
+                b.line(format!("ox{s}[{lane}] = v{x};"));
                 continue;
             }
             // Before the maximum takes the term: the sum so far is relative to the old one.
@@ -290,25 +290,32 @@ impl Analysis<'_> {
         Ok(b.text)
     }
 
-    /// The online sums of a pass four elements at a time: before the lanes, each sum's old
-    /// maximum (`om{s}`) and a vector for the lanes' terms (`ox{s}`); after them (the maximum
-    /// now has the four terms), the sum brought to the new maximum once and the four
+    /// The online sums of a pass a vector at a time: before the lanes, each sum's old
+    /// maximum (`om{s}`) and an array for the lanes' terms (`ox{s}`); after them (the maximum
+    /// now has the vector's terms), the sum brought to the new maximum once and the lanes'
     /// exponentials added, instead of a rescale check and an exponential chained through every
     /// element.
     fn online_per_vector(&self, plan: &Plan, these: &[usize]) -> (Vec<String>, Vec<String>) {
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
         let (mut head, mut tail) = (Vec::new(), Vec::new());
+        let width = plan.vectors.as_ref().map_or(4, |v| v.width);
         for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
             let (s, m) = (o.sum, o.max);
-            head.push(format!("float4 ox{s}; const float om{s} = a{m};"));
-            let e = |l: &str| format!("expf(ox{s}.{l} - a{m})");
+            head.push(format!("float ox{s}[{width}]; const float om{s} = a{m};"));
+            // The lanes' exponentials added pairwise, a tree of independent sums.
+            let mut terms: Vec<String> = (0..width)
+                .map(|q| format!("expf(ox{s}[{q}] - a{m})"))
+                .collect();
+            while terms.len() > 1 {
+                terms = terms
+                    .chunks(2)
+                    .map(|c| format!("({} + {})", c[0], c[1]))
+                    .collect();
+            }
             tail.push(format!(
                 "if (a{m} != om{s}) {{ a{s} = a{s} * expf(om{s} - a{m}); }} \
-                 if (a{m} != {ninf}) {{ a{s} = a{s} + (({} + {}) + ({} + {})); }}",
-                e("x"),
-                e("y"),
-                e("z"),
-                e("w")
+                 if (a{m} != {ninf}) {{ a{s} = a{s} + {}; }}",
+                terms[0]
             ));
         }
         (head, tail)
@@ -316,7 +323,7 @@ impl Analysis<'_> {
 
     /// Writes the start of one loop over the row's body: the reduce indices that `insts` (and,
     /// with `outputs`, the full outputs' addresses) need, then `insts` in guard order (a
-    /// guard's condition before the loads it guards). With `lane` (its name, and the inputs
+    /// guard's condition before the loads it guards). With `lane` (its index, and the inputs
     /// read as vectors), an unguarded load of such an input takes its lane of the vector.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn loop_insts(
@@ -327,7 +334,7 @@ impl Analysis<'_> {
         outputs: bool,
         g: &[Option<Guard>],
         loaded: &mut [bool],
-        lane: Option<(&str, &[bool])>,
+        lane: Option<(usize, &[bool])>,
     ) -> Result<(), CodegenError> {
         let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
         plan.sp.red.decompose(b, "j", self.ix, &need);
@@ -335,7 +342,7 @@ impl Analysis<'_> {
         for i in guard::order(&self.k.body, &self.row, insts, g) {
             if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
                 if vectors[*input] && g[i].is_none() {
-                    b.line(self.vector_load_line(i, *input, lane));
+                    b.line(self.vector_load_line(plan, i, *input, lane));
                     continue;
                 }
             }

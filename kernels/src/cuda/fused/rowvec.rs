@@ -1,7 +1,7 @@
-//! Long rows four elements at a time: a row too long for the register cache is read from
+//! Long rows several elements at a time: a row too long for the register cache is read from
 //! memory in every loop over it, and there each thread reads four consecutive elements of a
-//! load as one vector (16 bytes of f32, 8 of bf16) instead of one element, and writes its full
-//! outputs four at a time.
+//! load as one vector (16 bytes of f32), or eight where every vector is bf16 (16 bytes, two to
+//! each 32-bit word), instead of one element, and writes its full outputs the same way.
 //!
 //! Why: such a loop keeps one load a thread in flight. GPT-2's cross-entropy kernel (8,192
 //! rows of 50,304 logits, a block of 1,024 threads a row) moved 1.7 TB/s of bf16 that way on
@@ -22,20 +22,23 @@ use super::vec4::vec4_type;
 use super::Analysis;
 use crate::cuda::{widened, Src};
 use crate::fused::{Access, Inst};
+use crate::DType;
 
-/// The lanes of a vector, in order.
-pub(super) const LANES: [&str; 4] = ["x", "y", "z", "w"];
+/// The components of a CUDA vector type, in order.
+const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
-/// Which loads and outputs of a long-row kernel go four elements at a time.
+/// Which loads and outputs of a long-row kernel go several elements at a time.
 pub(super) struct RowVectors {
     /// Input `m` is read as vectors (where a loop reads it unguarded).
     pub(super) inputs: Vec<bool>,
     /// The full outputs are written as vectors.
     pub(super) outputs: bool,
+    /// Elements a vector: 4, or 8 where every vector is of bf16 (16 bytes, as f32's 4).
+    pub(super) width: usize,
 }
 
 impl Analysis<'_> {
-    /// Which accesses of a row-strategy kernel go four elements at a time: a block a row, no
+    /// Which accesses of a row-strategy kernel go a vector at a time: a block a row, no
     /// register cache, rows a multiple of 4 long and at most [`THREAD_BLOCK`] elements a
     /// thread (longer shares sum in blocks, element by element). An input is read as vectors
     /// if the loops read it contiguously along the row (stride 1 over the reduce axes' one
@@ -76,7 +79,27 @@ impl Analysis<'_> {
             && full.iter().all(|&j| vec4_type(k.output_dtype(j)).is_some())
             && sp.red.linear(sp.out_vec) == Some(1)
             && aligned(&Access::contiguous(&k.domain));
-        (inputs.iter().any(|&v| v) || outputs).then_some(RowVectors { inputs, outputs })
+        if !inputs.iter().any(|&v| v) && !outputs {
+            return None;
+        }
+        // Eight bf16 elements (16 bytes) a vector where every vector is bf16 and aligned so.
+        let aligned8 = |a: &Access| {
+            a.offset.is_multiple_of(8)
+                && (0..k.domain.len())
+                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d].is_multiple_of(8))
+        };
+        let wide = self.n.is_multiple_of(8)
+            && (k.inputs.iter().zip(&inputs))
+                .all(|(inp, &v)| !v || (inp.dtype == DType::BF16 && aligned8(&inp.access)))
+            && (!outputs
+                || (full.iter().all(|&j| k.output_dtype(j) == DType::BF16)
+                    && aligned8(&Access::contiguous(&k.domain))));
+        let width = if wide { 8 } else { 4 };
+        Some(RowVectors {
+            inputs,
+            outputs,
+            width,
+        })
     }
 
     /// The inputs a loop over `insts` reads as vectors: those [`Analysis::row_vectors`] allows
@@ -95,7 +118,7 @@ impl Analysis<'_> {
         v
     }
 
-    /// A loop over the row four elements at a time around the lanes' bodies `lanes` (written at
+    /// A loop over the row a vector at a time around the lanes' bodies `lanes` (written at
     /// depth `src.depth + 2`): reads a vector of each input of `vectors` before the lanes and,
     /// with `outputs`, writes a vector of each full output after them; the lines `ends.0`
     /// come before the lanes, `ends.1` after them.
@@ -112,12 +135,14 @@ impl Analysis<'_> {
         let (t, Layout::Block { t: threads }) = (ix.ty(), plan.shape.lay) else {
             return;
         };
+        let width = plan.vectors.as_ref().map_or(4, |v| v.width);
+        let vtype = |d: DType| vector_type(d, width);
         src.open(format!(
             "for ({t} jv = threadIdx.x; jv < {}; jv += {}) {{",
-            ix.lit(self.n / 4),
+            ix.lit(self.n / width),
             ix.lit(threads as usize)
         ));
-        src.line(format!("const {t} jb = {} * jv;", ix.lit(4)));
+        src.line(format!("const {t} jb = {} * jv;", ix.lit(width)));
         let at = |base: &str| {
             if base == "0" {
                 "jb".to_string()
@@ -129,17 +154,17 @@ impl Analysis<'_> {
             src.line(format!(
                 "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
                 at(&plan.at.row[m]),
-                v = vec4_type(inp.dtype).unwrap_or("float4")
+                v = vtype(inp.dtype)
             ));
         }
         let full: Vec<usize> = (0..k.outputs.len())
             .filter(|&j| outputs && !self.row[k.outputs[j].value])
             .collect();
         for &j in &full {
-            src.line(format!(
-                "{} r{j};",
-                vec4_type(k.output_dtype(j)).unwrap_or("float4")
-            ));
+            match width {
+                8 => src.line(format!("unsigned short r{j}[8];")),
+                _ => src.line(format!("{} r{j};", vtype(k.output_dtype(j)))),
+            }
         }
         for l in ends.0 {
             src.line(l);
@@ -161,19 +186,63 @@ impl Analysis<'_> {
         }
         let out = plan.at.out_base.clone().unwrap_or_else(|| "0".into());
         for &j in &full {
+            let value = match width {
+                8 => {
+                    let pair = |w: usize| {
+                        format!(
+                            "(unsigned)r{j}[{}] | ((unsigned)r{j}[{}] << 16)",
+                            2 * w,
+                            2 * w + 1
+                        )
+                    };
+                    format!(
+                        "make_uint4({}, {}, {}, {})",
+                        pair(0),
+                        pair(1),
+                        pair(2),
+                        pair(3)
+                    )
+                }
+                _ => format!("r{j}"),
+            };
             src.line(format!(
-                "*reinterpret_cast<{v}*>(out{j} + ({})) = r{j};",
+                "*reinterpret_cast<{v}*>(out{j} + ({})) = {value};",
                 at(&out),
-                v = vec4_type(k.output_dtype(j)).unwrap_or("float4")
+                v = vtype(k.output_dtype(j))
             ));
         }
         src.close();
     }
 
-    /// The line a load read as a vector becomes in lane `lane`.
-    pub(super) fn vector_load_line(&self, i: usize, input: usize, lane: &str) -> String {
+    /// The line a load read as a vector becomes in lane `q`.
+    pub(super) fn vector_load_line(&self, plan: &Plan, i: usize, input: usize, q: usize) -> String {
         let ty = crate::cuda::reg_type(self.dt[i]);
-        let e = widened(self.k.inputs[input].dtype, format!("l{input}.{lane}"));
+        let bits = match plan.vectors.as_ref().map_or(4, |v| v.width) {
+            // Two bf16 a 32-bit component, the first in its low half.
+            8 if q.is_multiple_of(2) => {
+                format!("(unsigned short)(l{input}.{} & 0xffffu)", COMPONENTS[q / 2])
+            }
+            8 => format!("(unsigned short)(l{input}.{} >> 16)", COMPONENTS[q / 2]),
+            _ => format!("l{input}.{}", COMPONENTS[q]),
+        };
+        let e = widened(self.k.inputs[input].dtype, bits);
         format!("const {ty} v{i} = {e};")
+    }
+
+    /// The line that sets lane `q` of full output `j`'s vector to `v` (a memory value).
+    pub(super) fn vector_store_line(&self, plan: &Plan, j: usize, q: usize, v: &str) -> String {
+        match plan.vectors.as_ref().map_or(4, |v| v.width) {
+            8 => format!("r{j}[{q}] = {v};"),
+            _ => format!("r{j}.{} = {v};", COMPONENTS[q]),
+        }
+    }
+}
+
+/// The CUDA type of a vector of `width` elements of `d` in memory: [`vec4_type`]'s, or
+/// eight bf16 as an `uint4`.
+fn vector_type(d: DType, width: usize) -> &'static str {
+    match width {
+        8 => "uint4",
+        _ => vec4_type(d).unwrap_or("float4"),
     }
 }

@@ -3,7 +3,6 @@
 
 use super::layout::Layout;
 use super::reduction::Plan;
-use super::rowvec::LANES;
 use super::space::join;
 use super::Analysis;
 use crate::cuda::{narrowed, CodegenError, Src};
@@ -39,7 +38,7 @@ impl Analysis<'_> {
             // Four elements at a time: each lane's outputs into its lane of `r{j}`, or stored
             // one by one where the outputs are not vectors.
             let mut lanes = Vec::new();
-            for lane in LANES {
+            for lane in 0..plan.vectors.as_ref().map_or(4, |v| v.width) {
                 let mut b = Src {
                     text: String::new(),
                     depth: src.depth + 2,
@@ -49,7 +48,7 @@ impl Analysis<'_> {
                     if !self.row[o.value] {
                         let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
                         if vector_outputs {
-                            b.line(format!("r{j}.{lane} = {v};"));
+                            b.line(self.vector_store_line(plan, j, lane, &v));
                         } else {
                             b.line(format!("out{j}[{out_addr}] = {v};"));
                         }
