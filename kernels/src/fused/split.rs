@@ -456,27 +456,10 @@ mod tests {
         assert!(split(&k, 2, 5).is_none(), "axis 2 is not reduced");
         assert!(split(&k, 1, 5).is_none(), "12 is not a multiple of 5");
         assert!(split(&k, 1, 1).is_none(), "one way is no split");
+        // The gain gradient's sum with each term scaled by its token's index.
         let mut k = gain_gradient(2, 12, 5);
-        k.body.push(Inst::Index {
-            axis: 1,
-            dtype: DType::F32,
-        });
-        k.body.push(Inst::Binary {
-            op: BinaryOp::Mul,
-            a: 4,
-            b: 7,
-        });
-        k.body[5] = Inst::Reduce {
-            op: ReduceOp::Sum,
-            x: 8,
-        };
-        // The reduce moved after its operand: rebuild in order.
-        let body = vec![
-            k.body[0].clone(),
-            k.body[1].clone(),
-            k.body[2].clone(),
-            k.body[3].clone(),
-            k.body[4].clone(),
+        k.body.truncate(5);
+        k.body.extend([
             Inst::Index {
                 axis: 1,
                 dtype: DType::F32,
@@ -490,8 +473,7 @@ mod tests {
                 op: ReduceOp::Sum,
                 x: 6,
             },
-        ];
-        k.body = body;
+        ]);
         k.outputs = vec![Output { value: 7 }];
         assert!(k.check().is_ok());
         assert!(split(&k, 1, 4).is_none(), "the index along the split axis");
