@@ -192,7 +192,7 @@ impl Analysis<'_> {
             let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1);
             if blocked.is_empty() && vectors.iter().any(|&v| v) {
                 let mut lanes = Vec::new();
-                for lane in 0..plan.vectors.as_ref().map_or(4, |v| v.width) {
+                for lane in 0..plan.vector_width() {
                     let at = Src {
                         text: String::new(),
                         depth: src.depth,
@@ -298,7 +298,7 @@ impl Analysis<'_> {
     fn online_per_vector(&self, plan: &Plan, these: &[usize]) -> (Vec<String>, Vec<String>) {
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
         let (mut head, mut tail) = (Vec::new(), Vec::new());
-        let width = plan.vectors.as_ref().map_or(4, |v| v.width);
+        let width = plan.vector_width();
         for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
             let (s, m) = (o.sum, o.max);
             head.push(format!("float ox{s}[{width}]; const float om{s} = a{m};"));

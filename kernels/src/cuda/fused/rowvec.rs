@@ -37,6 +37,13 @@ pub(super) struct RowVectors {
     pub(super) width: usize,
 }
 
+impl Plan {
+    /// Elements a vector of the kernel's long-row loops (4 where it has none).
+    pub(super) fn vector_width(&self) -> usize {
+        self.vectors.as_ref().map_or(4, |v| v.width)
+    }
+}
+
 impl Analysis<'_> {
     /// Which accesses of a row-strategy kernel go a vector at a time: a block a row, no
     /// register cache, rows a multiple of 4 long and at most [`THREAD_BLOCK`] elements a
@@ -54,7 +61,7 @@ impl Analysis<'_> {
         if self.tuning.scalar_rows
             || plan.shape.cache
             || !self.n.is_multiple_of(4)
-            || self.n / 4 > THREAD_BLOCK * t as usize
+            || self.n.div_ceil(t as usize) > THREAD_BLOCK
         {
             return None;
         }
@@ -135,7 +142,7 @@ impl Analysis<'_> {
         let (t, Layout::Block { t: threads }) = (ix.ty(), plan.shape.lay) else {
             return;
         };
-        let width = plan.vectors.as_ref().map_or(4, |v| v.width);
+        let width = plan.vector_width();
         let vtype = |d: DType| vector_type(d, width);
         src.open(format!(
             "for ({t} jv = threadIdx.x; jv < {}; jv += {}) {{",
@@ -217,7 +224,7 @@ impl Analysis<'_> {
     /// The line a load read as a vector becomes in lane `q`.
     pub(super) fn vector_load_line(&self, plan: &Plan, i: usize, input: usize, q: usize) -> String {
         let ty = crate::cuda::reg_type(self.dt[i]);
-        let bits = match plan.vectors.as_ref().map_or(4, |v| v.width) {
+        let bits = match plan.vector_width() {
             // Two bf16 a 32-bit component, the first in its low half.
             8 if q.is_multiple_of(2) => {
                 format!("(unsigned short)(l{input}.{} & 0xffffu)", COMPONENTS[q / 2])
@@ -231,7 +238,7 @@ impl Analysis<'_> {
 
     /// The line that sets lane `q` of full output `j`'s vector to `v` (a memory value).
     pub(super) fn vector_store_line(&self, plan: &Plan, j: usize, q: usize, v: &str) -> String {
-        match plan.vectors.as_ref().map_or(4, |v| v.width) {
+        match plan.vector_width() {
             8 => format!("r{j}[{q}] = {v};"),
             _ => format!("r{j}.{} = {v};", COMPONENTS[q]),
         }

@@ -38,7 +38,7 @@ impl Analysis<'_> {
             // Four elements at a time: each lane's outputs into its lane of `r{j}`, or stored
             // one by one where the outputs are not vectors.
             let mut lanes = Vec::new();
-            for lane in 0..plan.vectors.as_ref().map_or(4, |v| v.width) {
+            for lane in 0..plan.vector_width() {
                 let mut b = Src {
                     text: String::new(),
                     depth: src.depth + 2,
