@@ -55,18 +55,18 @@
 //!   level is one pass over the row, a final pass computes and stores the full outputs. The
 //!   loads that several of these loops read are kept in registers by the first loop that reads
 //!   them (the loops unrolled, so that the cached arrays are indexed by constants), when they
-//!   fit in 32 registers a thread: as laid out above if every load the loops read is cached and a thread
-//!   has at most 32 elements of the row (a short softmax), or at most 8 elements; otherwise
-//!   the row gets a block of the fewest threads (64 to 1024) that leave each thread at most 4
-//!   elements (8 with 1024 threads): GPT-2's attention backward, rows of 1024 with two cached
-//!   loads, gets 256 threads of 4 elements; a LayerNorm over 768, 256 threads of 3. The row
-//!   is then read from memory once. With the cache, the final loop's own loads (those no
+//!   fit in 32 registers a thread: as laid out above if every load the loops read is cached
+//!   and a thread has at most 32 elements of the row (a short softmax), or at most 8 elements;
+//!   otherwise the row gets a block of the fewest threads (64 to 1024) that leave each thread
+//!   at most 4 elements (8 with 1024 threads): GPT-2's attention backward, rows of 1024 with
+//!   two cached loads, gets 256 threads of 4 elements; a LayerNorm over 768, 256 threads of 3.
+//!   The row is then read from memory once. With the cache, the final loop's own loads (those no
 //!   earlier loop read) are read into registers by a loop of their own before its first store,
 //!   while they fit in 16 registers a thread: an output may be written over an input, and a
 //!   load issued after a store to the same row waits for it (gpt2's tf32 LayerNorm backward:
 //!   197 µs, 63 µs with its loads first). Rows too long for either read memory in every loop,
-//!   four consecutive elements a thread as one vector where the row's loads and outputs are
-//!   contiguous and aligned (gpt2's cross-entropy, rows of 50304: 1.42 to 1.08 ms in bf16).
+//!   a 16-byte vector a thread (four f32, or eight bf16) where the row's loads and outputs are
+//!   contiguous and aligned (gpt2's cross-entropy, rows of 50304: 1.42 to 0.97 ms in bf16).
 //! - **Columns** (the innermost axis is kept: a bias gradient): block `(X, Y)`; thread `x` takes
 //!   a row (consecutive rows are consecutive in memory, so loads coalesce), threads `y` stride
 //!   over the row's reduced elements, and the `Y` partials are combined through shared memory.
@@ -207,6 +207,23 @@ pub struct FusedProgram {
     pub scratch_bytes: usize,
 }
 
+impl FusedProgram {
+    /// One launch of `kernel` on `inputs` inputs then `outputs` outputs, no scratch.
+    pub fn one(kernel: CudaKernel, inputs: usize, outputs: usize) -> FusedProgram {
+        FusedProgram {
+            launches: vec![FusedLaunch {
+                kernel,
+                args: (0..inputs)
+                    .map(FusedArg::Input)
+                    .chain((0..outputs).map(FusedArg::Output))
+                    .collect(),
+                reads: inputs,
+            }],
+            scratch_bytes: 0,
+        }
+    }
+}
+
 /// Scratch bytes of a split's partials, each 256-byte aligned as the planner aligns buffers:
 /// `(offset, bytes)` of each of the partial kernel's outputs that is scratch.
 fn scratch_layout(s: &crate::fused::split::Split) -> (Vec<Option<(usize, usize)>>, usize) {
@@ -241,35 +258,31 @@ pub fn fused_program(k: &FusedKernel) -> Result<FusedProgram, CodegenError> {
     use crate::fused::split::{FinishInput, SplitOutput};
     k.check()?;
     let Some(s) = split_of(k) else {
-        let kernel = fused(k)?;
-        let args = (0..k.inputs.len())
-            .map(FusedArg::Input)
-            .chain((0..k.outputs.len()).map(FusedArg::Output))
-            .collect();
-        return Ok(FusedProgram {
-            launches: vec![FusedLaunch {
-                kernel,
-                args,
-                reads: k.inputs.len(),
-            }],
-            scratch_bytes: 0,
-        });
+        return Ok(FusedProgram::one(
+            fused(k)?,
+            k.inputs.len(),
+            k.outputs.len(),
+        ));
     };
     let (places, scratch_bytes) = scratch_layout(&s);
-    let scratch = |j: usize| places[j].map(|(offset, bytes)| FusedArg::Scratch { offset, bytes });
-    let partial_args = (0..k.inputs.len())
-        .map(FusedArg::Input)
-        .chain(s.partial_outputs.iter().enumerate().map(|(j, o)| match *o {
-            SplitOutput::Scratch => scratch(j).expect("a scratch partial has a place"),
+    let scratch = |j: usize| {
+        places[j]
+            .map(|(offset, bytes)| FusedArg::Scratch { offset, bytes })
+            .ok_or(CodegenError::Invalid(KernelError::Internal(
+                "a split's partial has no place in the scratch",
+            )))
+    };
+    let mut partial_args: Vec<FusedArg> = (0..k.inputs.len()).map(FusedArg::Input).collect();
+    for (j, o) in s.partial_outputs.iter().enumerate() {
+        partial_args.push(match *o {
+            SplitOutput::Scratch => scratch(j)?,
             SplitOutput::Original(t) => FusedArg::Output(t),
-        }))
-        .collect();
+        });
+    }
     let mut finish_args = Vec::new();
     for f in &s.finish_inputs {
         finish_args.push(match *f {
-            FinishInput::Partial(j) => scratch(j).ok_or(CodegenError::Invalid(
-                KernelError::Internal("a split's finish reads a partial that is not scratch"),
-            ))?,
+            FinishInput::Partial(j) => scratch(j)?,
             FinishInput::Original(n) => FusedArg::Input(n),
         });
     }

@@ -24,9 +24,7 @@
 
 use cudarc::driver::{result, sys};
 use ingot_compiler::ir::{Graph, Op};
-use ingot_kernels::cuda::{
-    self, CudaKernel, FusedArg, FusedLaunch, FusedProgram, PRELUDE, PRELUDE_BF16,
-};
+use ingot_kernels::cuda::{self, CudaKernel, FusedArg, FusedProgram, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random;
 use ingot_kernels::fused::{cpu, FusedKernel, Inst};
 use ingot_kernels::{BinaryOp, DType, UnaryOp};
@@ -111,18 +109,11 @@ impl Work {
             return cuda::fused_program(k).map_err(|e| e.to_string());
         }
         let (ins, outs) = self.buffers();
-        let kernel = self.generate_one()?;
-        Ok(FusedProgram {
-            launches: vec![FusedLaunch {
-                kernel,
-                args: (0..ins.len())
-                    .map(FusedArg::Input)
-                    .chain((0..outs.len()).map(FusedArg::Output))
-                    .collect(),
-                reads: ins.len(),
-            }],
-            scratch_bytes: 0,
-        })
+        Ok(FusedProgram::one(
+            self.generate_one()?,
+            ins.len(),
+            outs.len(),
+        ))
     }
 
     fn generate_one(&self) -> Res<CudaKernel> {

@@ -193,12 +193,8 @@ impl Analysis<'_> {
             if blocked.is_empty() && vectors.iter().any(|&v| v) {
                 let mut lanes = Vec::new();
                 for lane in 0..plan.vector_width() {
-                    let at = Src {
-                        text: String::new(),
-                        depth: src.depth,
-                    };
                     let l = Some((lane, &vectors[..]));
-                    lanes.push(self.pass_body(&at, plan, p, &these, blocked, loaded, l)?);
+                    lanes.push(self.pass_body(src, plan, p, &these, blocked, loaded, l)?);
                 }
                 let (head, tail) = self.online_per_vector(plan, &these);
                 let ends = (&head[..], &tail[..]);

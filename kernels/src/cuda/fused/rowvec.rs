@@ -66,11 +66,13 @@ impl Analysis<'_> {
             return None;
         }
         let sp = &plan.sp;
-        let aligned = |a: &Access| {
-            a.offset.is_multiple_of(4)
+        // Each row's first element a multiple of `w` elements.
+        let aligned_to = |w: usize, a: &Access| {
+            a.offset.is_multiple_of(w)
                 && (0..k.domain.len())
-                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d].is_multiple_of(4))
+                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d].is_multiple_of(w))
         };
+        let aligned = |a: &Access| aligned_to(4, a);
         let inputs: Vec<bool> = (k.inputs.iter().enumerate())
             .map(|(m, inp)| {
                 sp.full_used[m]
@@ -90,11 +92,7 @@ impl Analysis<'_> {
             return None;
         }
         // Eight bf16 elements (16 bytes) a vector where every vector is bf16 and aligned so.
-        let aligned8 = |a: &Access| {
-            a.offset.is_multiple_of(8)
-                && (0..k.domain.len())
-                    .all(|d| self.red_axis[d] || k.domain[d] == 1 || a.strides[d].is_multiple_of(8))
-        };
+        let aligned8 = |a: &Access| aligned_to(8, a);
         let wide = self.n.is_multiple_of(8)
             && (k.inputs.iter().zip(&inputs))
                 .all(|(inp, &v)| !v || (inp.dtype == DType::BF16 && aligned8(&inp.access)))
