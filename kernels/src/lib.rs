@@ -1,6 +1,7 @@
 //! Ingot's kernels: the scalar ops and element types, the fused-kernel description with its CPU
 //! implementation, and CPU matrix products. Nothing here knows the IR or touches a device.
 
+pub mod attention;
 pub mod cpu;
 pub mod cuda;
 pub mod dtype;
