@@ -9,6 +9,7 @@
 
 use crate::ir::window::WindowOp;
 use crate::ir::{Graph, NodeId, Op};
+use smallvec::SmallVec;
 
 /// The operations of node `id` of `g` (zero for leaves, views and library bookkeeping).
 pub fn of_node(g: &Graph, id: NodeId) -> u64 {
@@ -49,11 +50,9 @@ pub fn of_node(g: &Graph, id: NodeId) -> u64 {
         }
         // q·kᵀ and p·v: 4·Tq·Tk·D per batch-and-head entry, half of it under a causal mask
         // (FlashAttention's convention).
-        Op::Attention { causal, .. } => attention(&dims(n.inputs[0]), &dims(n.inputs[1]), *causal),
+        Op::Attention { .. } => attention(g, id),
         // The backward pass does five products of that size to the forward's two: 2.5 times.
-        Op::AttentionGrad { causal, .. } => {
-            attention(&dims(n.inputs[0]), &dims(n.inputs[1]), *causal) * 5 / 2
-        }
+        Op::AttentionGrad { .. } => attention(g, id) * 5 / 2,
         Op::Window(w) => match w {
             // Each output element of a convolution is a dot product over C/g·kh·kw; each grad
             // does the same products again, arranged differently.
@@ -90,11 +89,15 @@ pub fn of_node(g: &Graph, id: NodeId) -> u64 {
     }
 }
 
-/// `q [.., Tq, D]`, `k [.., Tk, D]`: 4·(leading)·Tq·Tk·D, halved when causal.
-fn attention(q: &[usize], k: &[usize], causal: bool) -> u64 {
-    let tk = k.get(k.len().saturating_sub(2)).copied().unwrap_or(1) as u64;
-    let full = 4 * q.iter().product::<usize>() as u64 * tk;
-    if causal {
+/// 4·(batch·heads)·Tq·Tk·D, halved when causal; 0 for operands that break the op's rules.
+fn attention(g: &Graph, id: NodeId) -> u64 {
+    let n = g.node(id);
+    let types: SmallVec<[&crate::ir::TensorType; 6]> = n.inputs.iter().map(|&x| g.ty(x)).collect();
+    let Ok(p) = crate::ir::attention_problem(&n.op, &types) else {
+        return 0;
+    };
+    let full = 4 * (p.batch_heads * p.seq_q * p.seq_k * p.head_dim) as u64;
+    if p.causal {
         full / 2
     } else {
         full

@@ -280,7 +280,7 @@ fn a_training_step_with_attention_ops_round_trips_through_the_ir_text() {
     let text = ingot_compiler::ir::text::print(&step.graph);
     assert!(text.contains(" = attention(") && text.contains(" = attention_grad("));
     assert!(
-        text.contains("causal=true scale=0.25 :"),
+        text.contains("causal=true scale=0.25 layout=packed :"),
         "scale 1/sqrt(16)"
     );
     let back = ingot_compiler::ir::text::parse(&text).unwrap();

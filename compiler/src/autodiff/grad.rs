@@ -89,13 +89,8 @@ pub fn grad_of_roots(
         }
         let node = g.node(id).clone();
         let attention = match node.op {
-            Op::Attention { causal, scale } => {
-                // One backward op gives all three operand gradients.
-                let lse = g.output_of(id, 1)?;
-                let [q, k, v] = [node.inputs[0], node.inputs[1], node.inputs[2]];
-                let (dq, dk, dv) = g.attention_grad([q, k, v, id, lse, gy], causal, scale)?;
-                Some([dq, dk, dv])
-            }
+            // One backward op gives every operand's gradient.
+            Op::Attention { .. } => Some(g.attention_grad(id, gy)?),
             _ => None,
         };
         for (slot, &x) in node.inputs.iter().enumerate() {
@@ -103,7 +98,7 @@ pub fn grad_of_roots(
                 continue;
             }
             let gx = match attention {
-                Some(grads) => grads[slot],
+                Some(ref grads) => grads[slot],
                 None => vjp(g, id, slot, gy)?,
             };
             adjoint[x.index()] = Some(match adjoint[x.index()] {

@@ -4,7 +4,6 @@
 
 use super::{Axes, BinaryOp, DType, Init, Op, ReduceOp, Shape, TensorType, UnaryOp};
 use crate::error::IrError;
-use smallvec::SmallVec;
 
 /// Infers the result type of `op` applied to `operands`.
 ///
@@ -380,7 +379,7 @@ pub fn infer(
             need_declared()?.clone()
         }
         Op::Attention { .. } | Op::AttentionGrad { .. } => {
-            let mut outs = attention_outputs(op, operands).map_err(&fail)?;
+            let mut outs = super::attention_outputs(op, operands).map_err(&fail)?;
             outs.swap_remove(0)
         }
         Op::Convert => {
@@ -452,81 +451,6 @@ pub fn infer(
         }
     }
     Ok(inferred)
-}
-
-/// The types of every output of an attention op, output 0 (the node's own value) first:
-/// `[out, lse]` for `attention`, `[dq, dk, dv]` for `attention_grad`. The error says which
-/// operand breaks which rule (see [`Op::Attention`]). Allocates nothing for operands of rank
-/// up to 4 (the CPU executor calls it on every step).
-pub fn attention_outputs(
-    op: &Op,
-    operands: &[&TensorType],
-) -> Result<SmallVec<[TensorType; 3]>, String> {
-    let (scale, grad) = match op {
-        Op::Attention { scale, .. } => (*scale, false),
-        Op::AttentionGrad { scale, .. } => (*scale, true),
-        _ => return Err(format!("{} is not an attention op", op.name())),
-    };
-    let want = if grad { 6 } else { 3 };
-    if operands.len() != want {
-        return Err(format!(
-            "takes {want} operand(s) ({}), got {}",
-            if grad {
-                "q, k, v, out, lse, dout"
-            } else {
-                "q, k, v"
-            },
-            operands.len()
-        ));
-    }
-    if !scale.is_finite() {
-        return Err(format!("scale={scale} must be a finite number"));
-    }
-    let (q, k, v) = (operands[0], operands[1], operands[2]);
-    if !matches!(q.dtype, DType::F32 | DType::BF16) || k.dtype != q.dtype || v.dtype != q.dtype {
-        return Err("q, k and v must share one dtype, f32 or bf16".into());
-    }
-    let r = q.shape.rank();
-    if r < 2 || k.shape.rank() != r || v.shape.rank() != r {
-        return Err("q, k and v must have the same rank, at least 2 ([.., seq, head_dim])".into());
-    }
-    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
-    if qd[..r - 2] != kd[..r - 2] || qd[..r - 2] != vd[..r - 2] {
-        return Err("q, k and v must have equal leading (batch, head) axes".into());
-    }
-    if kd[r - 2] != vd[r - 2] {
-        return Err(format!(
-            "k and v must have one key count, got {} and {}",
-            kd[r - 2],
-            vd[r - 2]
-        ));
-    }
-    if kd[r - 1] != qd[r - 1] || vd[r - 1] != qd[r - 1] {
-        return Err(format!(
-            "q, k and v must have one head_dim, got {}, {} and {}",
-            qd[r - 1],
-            kd[r - 1],
-            vd[r - 1]
-        ));
-    }
-    if qd.contains(&0) || kd.contains(&0) {
-        return Err("attention over an empty axis".into());
-    }
-    let lse = TensorType::new(Shape::new(&qd[..r - 1]), DType::F32);
-    if !grad {
-        return Ok(smallvec::smallvec![q.clone(), lse]);
-    }
-    let (out, l, dout) = (operands[3], operands[4], operands[5]);
-    if out != q {
-        return Err(format!("out must have q's type {q}, got {out}"));
-    }
-    if *l != lse {
-        return Err(format!("lse must be {lse}, got {l}"));
-    }
-    if dout != q {
-        return Err(format!("dout must have q's type {q}, got {dout}"));
-    }
-    Ok(smallvec::smallvec![q.clone(), k.clone(), v.clone()])
 }
 
 /// `(rows, columns)` of the matrices in a `dims`-shaped operand, read transposed if `t`.

@@ -1,6 +1,7 @@
 //! The intermediate representation: a graph of primitive ops with shapes and dtypes checked as
 //! each node is added.
 
+mod attention;
 mod graph;
 mod infer;
 mod op;
@@ -9,10 +10,11 @@ mod shape;
 pub mod text;
 pub mod window;
 
+pub use attention::{attention_outputs, attention_problem, Problem as AttentionProblem};
 pub use graph::{Graph, Mode, Node, NodeId, Operands, Update};
-pub use infer::{attention_outputs, infer};
+pub use infer::infer;
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
-pub use op::{Axes, Init, LeafKind, Op, TensorType};
+pub use op::{AttentionLayout, Axes, Init, LeafKind, Op, TensorType};
 pub use origin::Origin;
 pub use shape::Shape;
 pub use window::{Conv2d, Pool2d, WindowOp};

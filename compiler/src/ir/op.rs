@@ -26,6 +26,46 @@ pub enum Init {
     },
 }
 
+/// How an attention's operands are shaped, and so where its kernels read and write them
+/// (`ingot_kernels::attention::Layout`). Recognition picks the layout in which the model's
+/// own tensors are the operands, so that no transpose or slice is copied on the way in or out.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionLayout {
+    /// q `[.., Tq, D]`, k and v `[.., Tk, D]`, out `[.., Tq, D]`: each problem (the leading
+    /// axes) on its own rows.
+    #[default]
+    Heads,
+    /// q `[B, Tq, H, D]`, k and v `[B, Tk, H, D]`, out `[B, Tq, H, D]`: token-major, as a linear
+    /// layer writes them; problem `b·H + h`.
+    Tokens,
+    /// One operand `qkv [B, T, 3, H, D]` (q, k and v the slots of axis 2, as one fused
+    /// projection writes them); out `[B, T, H, D]`; the gradient is one `dqkv` shaped as `qkv`.
+    Packed,
+}
+
+impl AttentionLayout {
+    /// The name in the IR text form (`layout=...`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionLayout::Heads => "heads",
+            AttentionLayout::Tokens => "tokens",
+            AttentionLayout::Packed => "packed",
+        }
+    }
+
+    /// Operands of the forward op: 1 for a packed q/k/v, else 3.
+    pub fn inputs(self) -> usize {
+        if self == AttentionLayout::Packed {
+            1
+        } else {
+            3
+        }
+    }
+}
+
 /// What a leaf tensor is to the step: it decides where the planner puts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LeafKind {
@@ -137,20 +177,26 @@ pub enum Op {
     },
     /// Fused scaled dot-product attention, `softmax(scale · q·kᵀ [causal mask]) · v`, as one
     /// kernel that never stores the `[.., Tq, Tk]` scores (FlashAttention-2 on CUDA).
-    /// Operands `q [.., Tq, D]`, `k [.., Tk, D]`, `v [.., Tk, D]` (equal leading axes, one float
-    /// dtype, f32 or bf16). The node's value is `out [.., Tq, D]` (q's type); output 1 (a
-    /// [`Op::Result`]) is `lse`, f32 `[.., Tq]`: each row's `ln Σ_j exp(scale · q·k_j)` over
-    /// the visible keys, which the backward pass recomputes the probabilities from. With
-    /// `causal`, key `j` is visible to query `i` iff `j <= i`.
+    /// Operands q, k, v (one float dtype, f32 or bf16), shaped and ordered as `layout` says
+    /// ([`AttentionLayout`]). The node's value is `out` (q's dtype, shaped as `layout` says);
+    /// output 1 (a [`Op::Result`]) is `lse`, f32 `[.., Tq]` over the problems (batch and heads,
+    /// in that order): each row's `ln Σ_j exp(scale · q·k_j)` over the visible keys, which the
+    /// backward pass recomputes the probabilities from. With `causal`, key `j` is visible to
+    /// query `i` iff `j <= i`.
     Attention {
         causal: bool,
         scale: f64,
+        #[serde(default)]
+        layout: AttentionLayout,
     },
-    /// The backward pass of [`Op::Attention`]: operands `q, k, v, out, lse, dout`; the node's
-    /// value is `dq` (q's type), output 1 `dk` (k's type), output 2 `dv` (v's type).
+    /// The backward pass of [`Op::Attention`]: operands the forward's operands, then
+    /// `out, lse, dout`; the values are the gradients of the forward's operands in their order
+    /// and types (`dq`, output 1 `dk`, output 2 `dv`; or one `dqkv` for [`AttentionLayout::Packed`]).
     AttentionGrad {
         causal: bool,
         scale: f64,
+        #[serde(default)]
+        layout: AttentionLayout,
     },
     /// A sliding-window op over NCHW images: convolution, max pooling and their backward ops
     /// (see [`super::window`]).

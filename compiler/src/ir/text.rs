@@ -64,7 +64,7 @@
 //!   | `scatter_add` | `rows=N` |
 //!   | `dropout(x, seed)` | `p=F` (in `[0, 1]`) `salt=N` (see [`Op::Dropout`]) |
 //!   | `matmul` | `ta=true\|false tb=true\|false` (absent means `false`) |
-//!   | `attention(q, k, v)`, `attention_grad(q, k, v, out, lse, dout)` | `scale=F`, `causal=true\|false` (absent means `false`) |
+//!   | `attention(q, k, v)`, `attention_grad(q, k, v, out, lse, dout)`; with `layout=packed`, `attention(qkv)`, `attention_grad(qkv, out, lse, dout)` | `scale=F`, `causal=true\|false` (absent means `false`), `layout=heads\|tokens\|packed` (absent means `heads`; see `AttentionLayout`) |
 //!   | `result(%N)` | `index=N`: output N of a fused kernel or an attention op |
 //!   | `conv2d` | `stride=[A,B] padding=[A,B] dilation=[A,B] groups=N` |
 //!   | `conv2d_grad_input` | those of `conv2d`, and `input=[H,W]` |
@@ -82,8 +82,8 @@
 //! reason that quotes the offending token; no input makes the parser panic.
 
 use super::{
-    Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, Mode, NodeId, Op, ReduceOp, Shape,
-    TensorType, UnaryOp, WindowOp,
+    AttentionLayout, Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, Mode, NodeId, Op,
+    ReduceOp, Shape, TensorType, UnaryOp, WindowOp,
 };
 use crate::error::IrError;
 use std::collections::HashMap;
@@ -181,8 +181,26 @@ fn write_attrs(s: &mut String, op: &Op) {
         Op::Result { index } => write!(s, " index={index}"),
         Op::AllReduce { ranks } | Op::AllGather { ranks } => write!(s, " ranks={ranks}"),
         Op::Dropout { p, salt } => write!(s, " p={} salt={salt}", float(*p)),
-        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
-            write!(s, " causal={causal} scale={}", float(*scale))
+        Op::Attention {
+            causal,
+            scale,
+            layout,
+        }
+        | Op::AttentionGrad {
+            causal,
+            scale,
+            layout,
+        } => {
+            // The default layout is not written, so heads-layout text reads as it always has.
+            match layout {
+                AttentionLayout::Heads => write!(s, " causal={causal} scale={}", float(*scale)),
+                l => write!(
+                    s,
+                    " causal={causal} scale={} layout={}",
+                    float(*scale),
+                    l.name()
+                ),
+            }
         }
         Op::Fused(k) => write!(
             s,
@@ -675,6 +693,23 @@ impl<'a> Attrs<'a> {
         }
     }
 
+    /// `heads`, `tokens` or `packed`; absent means `heads`.
+    fn take_attention_layout(&mut self) -> Result<AttentionLayout, String> {
+        if !self.has("layout") {
+            return Ok(AttentionLayout::Heads);
+        }
+        let all = [
+            AttentionLayout::Heads,
+            AttentionLayout::Tokens,
+            AttentionLayout::Packed,
+        ];
+        match self.take("layout")? {
+            Value::Word(w) => all.into_iter().find(|l| l.name() == w),
+            _ => None,
+        }
+        .ok_or_else(|| "`layout=` must be `heads`, `tokens` or `packed`".to_string())
+    }
+
     /// `true` or `false`; absent means `false`.
     fn take_bool_or_false(&mut self, key: &str) -> Result<bool, String> {
         if !self.has(key) {
@@ -793,10 +828,12 @@ fn op_by_name(name: &str) -> Option<Op> {
         "attention" => Op::Attention {
             causal: false,
             scale: 1.0,
+            layout: AttentionLayout::Heads,
         },
         "attention_grad" => Op::AttentionGrad {
             causal: false,
             scale: 1.0,
+            layout: AttentionLayout::Heads,
         },
         "fused" => Op::Fused(Box::new(ingot_kernels::FusedKernel {
             domain: vec![],
@@ -916,12 +953,21 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
         Op::Attention { .. } | Op::AttentionGrad { .. } => {
             let causal = a.take_bool_or_false("causal")?;
             let scale = a.take_f64("scale")?;
+            let layout = a.take_attention_layout()?;
             let op = if matches!(op, Op::Attention { .. }) {
-                Op::Attention { causal, scale }
+                Op::Attention {
+                    causal,
+                    scale,
+                    layout,
+                }
             } else {
-                Op::AttentionGrad { causal, scale }
+                Op::AttentionGrad {
+                    causal,
+                    scale,
+                    layout,
+                }
             };
-            (op, "it takes `causal=` and `scale=`")
+            (op, "it takes `causal=`, `scale=` and `layout=`")
         }
         Op::Fused(_) => {
             let Some(json) = name else {
@@ -1501,6 +1547,10 @@ output \"loss\" = %1
             (format!("{h}frobnicate\n"), 3, &["`frobnicate`", "`%1 = ...`"]),
             (format!("{h}\n\n# comment\n%1 = neg(%0) : f32[2]\n"), 6, &["neg"]),
             (format!("{h}%1 = concat(%0, %0) axis=9 : f32[2,3]\n"), 3, &["concat", "axis 9"]),
+            (format!("{h}%1 = attention(%0, %0, %0) scale=1 layout=sideways : f32[2,3]\n"), 3, &["`layout=`", "`packed`"]),
+            (format!("{h}%1 = attention(%0) scale=1 layout=packed : f32[2,3]\n"), 3, &["attention", "qkv [batch, seq, 3, heads, head_dim]", "f32[2,3]"]),
+            (format!("{h}%1 = attention(%0, %0, %0) scale=1 layout=tokens : f32[2,3]\n"), 3, &["attention", "rank 4"]),
+            (format!("{h}%1 = attention(%0, %0, %0) scale=1 layout=packed : f32[2,3]\n"), 3, &["attention", "takes 1 operand(s) (qkv), got 3"]),
         ];
         for (text, line, words) in cases {
             let (got_line, reason) = parse_err(&text);

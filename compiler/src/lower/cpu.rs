@@ -146,23 +146,12 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
 fn attention_scratch_bytes(g: &Graph, id: NodeId) -> usize {
     use ingot_kernels::cpu::attention as a;
     let node = g.node(id);
-    let (q, k) = (
-        g.ty(node.inputs[0]).shape.dims(),
-        g.ty(node.inputs[1]).shape.dims(),
-    );
-    let r = q.len();
-    let (causal, scale) = match node.op {
-        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => (causal, scale),
-        _ => return 0,
+    let types: smallvec::SmallVec<[&crate::ir::TensorType; 6]> =
+        node.inputs.iter().map(|&x| g.ty(x)).collect();
+    let Ok(p) = crate::ir::attention_problem(&node.op, &types) else {
+        return 0;
     };
-    let s = a::Shape {
-        batch_heads: q[..r - 2].iter().product(),
-        seq_q: q[r - 2],
-        seq_k: k[r - 2],
-        head_dim: q[r - 1],
-        causal,
-        scale: scale as f32,
-    };
+    let s = p.cpu();
     let f32s = match node.op {
         Op::Attention { .. } => a::forward_scratch_len(&s),
         _ => a::backward_scratch_len(&s),

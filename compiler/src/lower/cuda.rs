@@ -96,28 +96,27 @@ fn attention_workspace(g: &Graph, id: NodeId) -> AttentionWorkspace {
 }
 
 /// The kernel API's description of attention node `id` under `precision` (`None` for another
-/// op): f32 operands run as F32 or, when the step asks for TF32, Tf32; bf16 operands as Bf16.
+/// op or operands that break the op's rules): f32 operands run as F32 or, when the step asks
+/// for TF32, Tf32; bf16 operands as Bf16. The operands' layout comes from the op
+/// ([`crate::ir::attention_problem`]).
 pub fn attention_shape(g: &Graph, id: NodeId, precision: Precision) -> Option<AttentionShape> {
     let node = g.node(id);
-    let (causal, scale) = match node.op {
-        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => (causal, scale),
-        _ => return None,
-    };
-    let (q, k) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
-    let (qd, kd) = (q.shape.dims(), k.shape.dims());
-    let r = qd.len();
+    let types: SmallVec<[&crate::ir::TensorType; 6]> =
+        node.inputs.iter().map(|&x| g.ty(x)).collect();
+    let p = crate::ir::attention_problem(&node.op, &types).ok()?;
     Some(AttentionShape {
-        batch_heads: qd[..r - 2].iter().product(),
-        seq_q: qd[r - 2],
-        seq_k: kd[r - 2],
-        head_dim: qd[r - 1],
-        causal,
-        scale: scale as f32,
-        precision: match (q.dtype, precision) {
+        batch_heads: p.batch_heads,
+        seq_q: p.seq_q,
+        seq_k: p.seq_k,
+        head_dim: p.head_dim,
+        causal: p.causal,
+        scale: p.scale as f32,
+        precision: match (p.dtype, precision) {
             (DType::BF16, _) => AttentionPrecision::Bf16,
             (_, Precision::Tf32) => AttentionPrecision::Tf32,
             _ => AttentionPrecision::F32,
         },
+        layout: p.strides(),
     })
 }
 
@@ -139,6 +138,7 @@ pub fn attention_supported(c: &crate::recognize::Candidate) -> bool {
             causal: c.causal,
             scale: 1.0,
             precision,
+            layout: ingot_kernels::attention::Layout::contiguous(c.seq_q, c.seq_k, c.head_dim),
         };
         attention::forward(&s).is_ok() && attention::backward(&s).is_ok()
     })
@@ -842,9 +842,7 @@ impl Lowering<'_> {
                 }
                 Ok(())
             }
-            Op::Attention { .. } | Op::AttentionGrad { .. } => {
-                self.attention(id, outputs, plan, &inputs)
-            }
+            Op::Attention { .. } | Op::AttentionGrad { .. } => self.attention(id, outputs, plan),
             Op::AllReduce { ranks } => self.all_reduce(id, *ranks, &outputs[id.index()]),
             Op::AllGather { ranks } => {
                 self.not_in_place(id)?;
@@ -931,7 +929,6 @@ impl Lowering<'_> {
         id: NodeId,
         outputs: &[SmallVec<[NodeId; 1]>],
         plan: &MemoryPlan,
-        inputs: &[usize],
     ) -> Result<(), LowerError> {
         let g = self.g;
         let node = g.node(id);
@@ -973,15 +970,33 @@ impl Lowering<'_> {
         for &(index, offset) in &layout.outputs {
             out[index] = in_ws(offset, out_types[index].bytes());
         }
+        // Where q, k, v (and dq, dk, dv) start: their own buffers, or the slots of a packed one.
+        let problem = crate::ir::attention_problem(&node.op, &types)
+            .map_err(|reason| LowerError::Invalid { op, reason })?;
+        let starts = problem.operand_starts();
+        let elem = problem.dtype.size();
+        let at = |l: Location, elems: usize| l.offset + elems * elem;
         let loc = |i: usize| self.location[node.inputs[i].index()];
+        let n = problem.layout.inputs(); // the forward's operands; then out, lse, dout
+        let [q, k, v] = starts.map(|(i, e)| at(loc(i), e));
         let args =
             |ls: &[Location]| -> SmallVec<[usize; 8]> { ls.iter().map(|l| l.offset).collect() };
+        // What a launch reads of the forward's operands: each buffer once.
+        let operands: SmallVec<[Location; 6]> = (0..n).map(loc).collect();
         match node.op {
             Op::Attention { .. } => {
-                let k = attention::forward(&shape).map_err(refused)?;
-                let mut a: SmallVec<[usize; 8]> = inputs.iter().copied().collect();
+                let kernel = attention::forward(&shape).map_err(refused)?;
+                let mut a: SmallVec<[usize; 8]> = smallvec::smallvec![q, k, v];
                 a.extend(out.iter().map(|l| l.offset));
-                self.launch(id, k, a, out.iter().copied().collect());
+                self.launch_touching(
+                    id,
+                    kernel,
+                    a,
+                    Touch {
+                        reads: operands,
+                        writes: out.iter().copied().collect(),
+                    },
+                );
             }
             _ => {
                 let b = attention::backward(&shape).map_err(refused)?;
@@ -989,8 +1004,8 @@ impl Lowering<'_> {
                     layout.delta.unwrap_or(0),
                     attention::backward_workspace_bytes(&shape),
                 );
-                let [q, k, v, o, lse, dout] = [0, 1, 2, 3, 4, 5].map(loc);
-                let (dq, dk, dv) = (out[0], out[1], out[2]);
+                let [o, lse, dout] = [n, n + 1, n + 2].map(loc);
+                let [dq, dk, dv] = starts.map(|(i, e)| at(out[i], e));
                 self.launch_touching(
                     id,
                     b.preprocess,
@@ -1000,22 +1015,35 @@ impl Lowering<'_> {
                         writes: smallvec::smallvec![delta],
                     },
                 );
+                let mut reads = operands.clone();
+                reads.extend([dout, lse, delta]);
+                // dk, dv (their buffers: dq's too when packed, which the dq launch then follows).
+                let grads = |slots: &[usize]| -> SmallVec<[Location; 2]> {
+                    let mut w: SmallVec<[Location; 2]> = SmallVec::new();
+                    for &s in slots {
+                        let l = out[starts[s].0];
+                        if !w.contains(&l) {
+                            w.push(l);
+                        }
+                    }
+                    w
+                };
                 self.launch_touching(
                     id,
                     b.dkdv,
-                    args(&[q, k, v, dout, lse, delta, dk, dv]),
+                    smallvec::smallvec![q, k, v, dout.offset, lse.offset, delta.offset, dk, dv],
                     Touch {
-                        reads: smallvec::smallvec![q, k, v, dout, lse, delta],
-                        writes: smallvec::smallvec![dk, dv],
+                        reads: reads.clone(),
+                        writes: grads(&[1, 2]).into_iter().collect(),
                     },
                 );
                 self.launch_touching(
                     id,
                     b.dq,
-                    args(&[q, k, v, dout, lse, delta, dq]),
+                    smallvec::smallvec![q, k, v, dout.offset, lse.offset, delta.offset, dq],
                     Touch {
-                        reads: smallvec::smallvec![q, k, v, dout, lse, delta],
-                        writes: smallvec::smallvec![dq],
+                        reads,
+                        writes: grads(&[0]).into_iter().collect(),
                     },
                 );
             }

@@ -22,6 +22,7 @@ use crate::plan::check::PlanViolation;
 use crate::plan::{MemoryPlan, PlanOptions};
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::fmt;
 
 /// The outputs of attention node `id` that no result node names (nothing reads them: an lse
@@ -47,18 +48,34 @@ pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec
     let mut lines: Vec<(String, usize)> = Vec::new();
     for id in g.ids() {
         let node = g.node(id);
-        let (causal, scale) = match node.op {
-            crate::ir::Op::Attention { causal, scale }
-            | crate::ir::Op::AttentionGrad { causal, scale } => (causal, scale),
-            _ => continue,
+        if !node.op.is_attention() {
+            continue;
+        }
+        let types: SmallVec<[&crate::ir::TensorType; 6]> =
+            node.inputs.iter().map(|&x| g.ty(x)).collect();
+        let Ok(p) = crate::ir::attention_problem(&node.op, &types) else {
+            continue;
         };
-        let (q, k) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
-        let what = format!(
-            "{} q {q} k,v {} {}scale {scale}",
-            node.op.name(),
-            k.shape,
-            if causal { "causal " } else { "" }
-        );
+        let mask = if p.causal { "causal " } else { "" };
+        let what = match p.layout {
+            crate::ir::AttentionLayout::Packed => format!(
+                "{} packed qkv {} {mask}scale {}",
+                node.op.name(),
+                types[0],
+                p.scale
+            ),
+            layout => format!(
+                "{}{} q {} k,v {} {mask}scale {}",
+                node.op.name(),
+                match layout {
+                    crate::ir::AttentionLayout::Tokens => " tokens",
+                    _ => "",
+                },
+                types[0],
+                types[1].shape,
+                p.scale
+            ),
+        };
         let how = match target {
             Target::Cpu => "cpu::attention (f32 arithmetic)".to_string(),
             Target::Cuda => {

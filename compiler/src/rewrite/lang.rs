@@ -9,7 +9,8 @@
 
 use crate::error::IrError;
 use crate::ir::{
-    infer, Axes, BinaryOp, CmpOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp, WindowOp,
+    infer, AttentionLayout, Axes, BinaryOp, CmpOp, DType, Op, ReduceOp, Shape, TensorType, UnaryOp,
+    WindowOp,
 };
 use egg::Id;
 use smallvec::SmallVec;
@@ -90,10 +91,12 @@ pub enum Kind {
     Attention {
         causal: bool,
         scale_bits: u64,
+        layout: AttentionLayout,
     },
     AttentionGrad {
         causal: bool,
         scale_bits: u64,
+        layout: AttentionLayout,
     },
     /// Output `index` of its operand, a multi-output op (an attention op), of type `ty`.
     Output {
@@ -180,17 +183,27 @@ impl Kind {
                 }),
             ),
             Kind::StopGradient => (Op::StopGradient, None),
-            Kind::Attention { causal, scale_bits } => (
+            Kind::Attention {
+                causal,
+                scale_bits,
+                layout,
+            } => (
                 Op::Attention {
                     causal: *causal,
                     scale: f64::from_bits(*scale_bits),
+                    layout: *layout,
                 },
                 None,
             ),
-            Kind::AttentionGrad { causal, scale_bits } => (
+            Kind::AttentionGrad {
+                causal,
+                scale_bits,
+                layout,
+            } => (
                 Op::AttentionGrad {
                     causal: *causal,
                     scale: f64::from_bits(*scale_bits),
+                    layout: *layout,
                 },
                 None,
             ),
@@ -218,13 +231,23 @@ impl Kind {
                 index: *index,
                 ty: Ty::of(ty),
             },
-            Op::Attention { causal, scale } => Kind::Attention {
+            Op::Attention {
+                causal,
+                scale,
+                layout,
+            } => Kind::Attention {
                 causal: *causal,
                 scale_bits: scale.to_bits(),
+                layout: *layout,
             },
-            Op::AttentionGrad { causal, scale } => Kind::AttentionGrad {
+            Op::AttentionGrad {
+                causal,
+                scale,
+                layout,
+            } => Kind::AttentionGrad {
                 causal: *causal,
                 scale_bits: scale.to_bits(),
+                layout: *layout,
             },
             Op::Full { value } => Kind::full(*value, Ty::of(ty)),
             Op::Iota { axis } => Kind::Iota {
@@ -340,13 +363,25 @@ impl fmt::Display for ENode {
             Kind::Reduce(op, axes) => write!(f, "reduce_{op:?}{axes:?}"),
             Kind::MatMul { ta, tb } => write!(f, "matmul({ta},{tb})"),
             Kind::MatMulAcc { ta, tb } => write!(f, "matmul_acc({ta},{tb})"),
-            Kind::Attention { causal, scale_bits } => {
-                write!(f, "attention({causal},{:?})", f64::from_bits(*scale_bits))
-            }
-            Kind::AttentionGrad { causal, scale_bits } => write!(
+            Kind::Attention {
+                causal,
+                scale_bits,
+                layout,
+            } => write!(
                 f,
-                "attention_grad({causal},{:?})",
-                f64::from_bits(*scale_bits)
+                "attention({causal},{:?},{})",
+                f64::from_bits(*scale_bits),
+                layout.name()
+            ),
+            Kind::AttentionGrad {
+                causal,
+                scale_bits,
+                layout,
+            } => write!(
+                f,
+                "attention_grad({causal},{:?},{})",
+                f64::from_bits(*scale_bits),
+                layout.name()
             ),
             Kind::Output { index, ty } => write!(f, "result({index}):{}", ty.tensor_type()),
             Kind::ScatterAdd(rows) => write!(f, "scatter_add({rows})"),

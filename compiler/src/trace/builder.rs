@@ -4,8 +4,8 @@
 
 use crate::error::{IrError, Result};
 use crate::ir::{
-    Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, ReduceOp, Shape, TensorType,
-    UnaryOp,
+    AttentionLayout, Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, ReduceOp,
+    Shape, TensorType, UnaryOp,
 };
 use smallvec::SmallVec;
 
@@ -334,9 +334,10 @@ impl Graph {
         self.push(Op::Convert, &[a], Some(TensorType::new(shape, dtype)))
     }
 
-    /// Fused attention `softmax(scale · q·kᵀ [causal]) · v` ([`Op::Attention`]): `q [.., Tq, D]`,
-    /// `k` and `v [.., Tk, D]` give `out [.., Tq, D]`. Its row log-sum-exps are
-    /// [`Graph::output_of`]`(out, 1)`; autodiff differentiates it with [`Op::AttentionGrad`].
+    /// Fused attention `softmax(scale · q·kᵀ [causal]) · v` ([`Op::Attention`]) in the heads'
+    /// layout: `q [.., Tq, D]`, `k` and `v [.., Tk, D]` give `out [.., Tq, D]`. Its row
+    /// log-sum-exps are [`Graph::output_of`]`(out, 1)`; autodiff differentiates it with
+    /// [`Op::AttentionGrad`] ([`Graph::attention_grad`]).
     pub fn attention(
         &mut self,
         q: NodeId,
@@ -345,24 +346,64 @@ impl Graph {
         causal: bool,
         scale: f64,
     ) -> Result<NodeId> {
-        self.push(Op::Attention { causal, scale }, &[q, k, v], None)
+        self.attention_in(AttentionLayout::Heads, &[q, k, v], causal, scale)
     }
 
-    /// The backward pass of an attention: `(dq, dk, dv)` from `q, k, v`, its `out` and `lse`,
-    /// and the gradient `dout` of its output.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_grad(
+    /// Fused attention over `operands` laid out as `layout` says (q, k, v; or one packed qkv).
+    pub fn attention_in(
         &mut self,
-        [q, k, v, out, lse, dout]: [NodeId; 6],
+        layout: AttentionLayout,
+        operands: &[NodeId],
         causal: bool,
         scale: f64,
-    ) -> Result<(NodeId, NodeId, NodeId)> {
-        let dq = self.push(
-            Op::AttentionGrad { causal, scale },
-            &[q, k, v, out, lse, dout],
+    ) -> Result<NodeId> {
+        self.push(
+            Op::Attention {
+                causal,
+                scale,
+                layout,
+            },
+            operands,
+            None,
+        )
+    }
+
+    /// The backward pass of attention node `forward` given the gradient `dout` of its output:
+    /// the gradient of each of its operands, in their order.
+    pub fn attention_grad(
+        &mut self,
+        forward: NodeId,
+        dout: NodeId,
+    ) -> Result<SmallVec<[NodeId; 3]>> {
+        let f = self.node(forward).clone();
+        let Op::Attention {
+            causal,
+            scale,
+            layout,
+        } = f.op
+        else {
+            return Err(IrError::Type {
+                op: "attention_grad",
+                node: self.len(),
+                operands: self.ty(forward).to_string(),
+                reason: format!("node {} is a {}, not an attention", forward.0, f.op.name()),
+            });
+        };
+        let lse = self.output_of(forward, 1)?;
+        let mut operands: SmallVec<[NodeId; 6]> = f.inputs.iter().copied().collect();
+        operands.extend([forward, lse, dout]);
+        let first = self.push(
+            Op::AttentionGrad {
+                causal,
+                scale,
+                layout,
+            },
+            &operands,
             None,
         )?;
-        Ok((dq, self.output_of(dq, 1)?, self.output_of(dq, 2)?))
+        (0..f.inputs.len())
+            .map(|i| self.output_of(first, i))
+            .collect()
     }
 
     /// Output `index` of the multi-output node `node` (an attention op): the existing

@@ -2,8 +2,8 @@
 //! `attention_grad` ops, with the semantics the CUDA kernels (`crate::cuda::attention`) share.
 //!
 //! For each of `batch_heads` independent problems, with `q [seq_q, head_dim]`, `k` and
-//! `v [seq_k, head_dim]` (row-major, contiguous) and key `j` visible to query `i` unless
-//! `causal` and `j > i`:
+//! `v [seq_k, head_dim]` (rows where the shape's [`Layout`] puts them) and key `j` visible to
+//! query `i` unless `causal` and `j > i`:
 //! - forward: `s_ij = scale · q_i·k_j`, `m_i = max_j s_ij`, `l_i = Σ_j exp(s_ij − m_i)`,
 //!   `p_ij = exp(s_ij − m_i) / l_i`, `out_i = Σ_j p_ij v_j`, and `lse_i = m_i + ln l_i`;
 //! - backward, from `lse` and `out`: `p_ij = exp(s_ij − lse_i)`, `delta_i = Σ_d dout_id·out_id`,
@@ -17,10 +17,11 @@
 //! deterministic.
 //!
 //! Scratch (f32 elements, [`forward_scratch_len`], [`backward_scratch_len`]) comes from the
-//! caller: the runtime plans it in the slab, so a step allocates nothing. A slice of the wrong
-//! length is a broken precondition and panics with a message; the runtime checks shapes before
-//! it calls in.
+//! caller: the runtime plans it in the slab, so a step allocates nothing. A slice too short for
+//! its layout is a broken precondition and panics with a message; the runtime checks shapes
+//! before it calls in.
 
+use crate::attention::{Layout, Strides};
 use crate::dtype::round_bf16;
 use half::bf16;
 
@@ -34,9 +35,25 @@ pub struct Shape {
     pub head_dim: usize,
     pub causal: bool,
     pub scale: f32,
+    /// Where each operand's rows lie (`Layout::contiguous` for `[batch_heads, seq, head_dim]`).
+    pub layout: Layout,
 }
 
 impl Shape {
+    /// Row `i` of problem `b` of an operand laid out by `st`.
+    fn row<'a, T>(&self, x: &'a [T], st: &Strides, b: usize, i: usize) -> &'a [T] {
+        &x[st.offset(self.layout.heads, b, i)..][..self.head_dim]
+    }
+
+    /// Checks that an operand laid out by `st` with `seq` rows a problem fits in `len`.
+    fn check(&self, what: &str, len: usize, st: &Strides, seq: usize) {
+        let want = st.extent(self.layout.heads, self.batch_heads, seq, self.head_dim);
+        assert!(
+            len >= want,
+            "attention: {what} has {len} elements, its layout reaches {want}"
+        );
+    }
+
     /// Keys visible to query `i`: `0..visible(i)`.
     fn visible(&self, i: usize) -> usize {
         if self.causal {
@@ -126,10 +143,11 @@ pub fn forward<T: Elem>(
     scratch: &mut [f32],
 ) {
     let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
-    check_len("q", q.len(), bh * tq * d);
-    check_len("k", k.len(), bh * tk * d);
-    check_len("v", v.len(), bh * tk * d);
-    check_len("out", out.len(), bh * tq * d);
+    let l = s.layout;
+    s.check("q", q.len(), &l.q, tq);
+    s.check("k", k.len(), &l.kv, tk);
+    s.check("v", v.len(), &l.kv, tk);
+    s.check("out", out.len(), &l.out, tq);
     check_len("lse", lse.len(), bh * tq);
     assert!(
         scratch.len() >= forward_scratch_len(s),
@@ -139,36 +157,60 @@ pub fn forward<T: Elem>(
     );
     let (row, acc) = scratch[..tk + d].split_at_mut(tk);
     for b in 0..bh {
-        let (q, k, v) = (
-            &q[b * tq * d..][..tq * d],
-            &k[b * tk * d..][..tk * d],
-            &v[b * tk * d..][..tk * d],
-        );
         for i in 0..tq {
             let n = s.visible(i);
-            let qi = &q[i * d..][..d];
+            let qi = s.row(q, &l.q, b, i);
             let mut m = f32::NEG_INFINITY;
             for j in 0..n {
-                let x = dot(qi, &k[j * d..][..d]) * s.scale;
+                let x = dot(qi, s.row(k, &l.kv, b, j)) * s.scale;
                 row[j] = x;
                 m = m.max(x);
             }
-            let mut l = 0.0f32;
+            let mut sum = 0.0f32;
             for x in &mut row[..n] {
                 *x = (*x - m).exp();
-                l += *x;
+                sum += *x;
             }
             acc.fill(0.0);
             for j in 0..n {
-                let p = operand::<T>(row[j] / l);
-                for (a, vj) in acc.iter_mut().zip(&v[j * d..][..d]) {
+                let p = operand::<T>(row[j] / sum);
+                for (a, vj) in acc.iter_mut().zip(s.row(v, &l.kv, b, j)) {
                     *a += p * vj.get();
                 }
             }
-            for (o, a) in out[(b * tq + i) * d..][..d].iter_mut().zip(acc.iter()) {
+            let o = &mut out[l.out.offset(l.heads, b, i)..][..d];
+            for (o, a) in o.iter_mut().zip(acc.iter()) {
                 *o = T::put(*a);
             }
-            lse[b * tq + i] = m + l.ln();
+            lse[b * tq + i] = m + sum.ln();
+        }
+    }
+}
+
+/// Where the backward pass writes `dq`, `dk` and `dv`: three buffers, or the slots of one
+/// (a packed layout), each slot's start given in elements.
+pub enum Grads<'a, T> {
+    Separate {
+        dq: &'a mut [T],
+        dk: &'a mut [T],
+        dv: &'a mut [T],
+    },
+    Packed {
+        dqkv: &'a mut [T],
+        starts: [usize; 3],
+    },
+}
+
+impl<T> Grads<'_, T> {
+    /// Gradient `which` (0 dq, 1 dk, 2 dv): its buffer, from where it starts.
+    fn slot(&mut self, which: usize) -> &mut [T] {
+        match self {
+            Grads::Separate { dq, dk, dv } => match which {
+                0 => dq,
+                1 => dk,
+                _ => dv,
+            },
+            Grads::Packed { dqkv, starts } => &mut dqkv[starts[which]..],
         }
     }
 }
@@ -180,24 +222,27 @@ pub fn backward<T: Elem>(
     s: &Shape,
     [q, k, v, out, dout]: [&[T]; 5],
     lse: &[f32],
-    dq: &mut [T],
-    dk: &mut [T],
-    dv: &mut [T],
+    mut grads: Grads<'_, T>,
     scratch: &mut [f32],
 ) {
     let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
-    for (what, x, want) in [
-        ("q", q.len(), bh * tq * d),
-        ("k", k.len(), bh * tk * d),
-        ("v", v.len(), bh * tk * d),
-        ("out", out.len(), bh * tq * d),
-        ("dout", dout.len(), bh * tq * d),
-        ("lse", lse.len(), bh * tq),
-        ("dq", dq.len(), bh * tq * d),
-        ("dk", dk.len(), bh * tk * d),
-        ("dv", dv.len(), bh * tk * d),
+    let l = s.layout;
+    for (what, len, st, seq) in [
+        ("q", q.len(), &l.q, tq),
+        ("k", k.len(), &l.kv, tk),
+        ("v", v.len(), &l.kv, tk),
+        ("out", out.len(), &l.out, tq),
+        ("dout", dout.len(), &l.out, tq),
     ] {
-        check_len(what, x, want);
+        s.check(what, len, st, seq);
+    }
+    check_len("lse", lse.len(), bh * tq);
+    for (what, which, st, seq) in [
+        ("dq", 0, &l.q, tq),
+        ("dk", 1, &l.kv, tk),
+        ("dv", 2, &l.kv, tk),
+    ] {
+        s.check(what, grads.slot(which).len(), st, seq);
     }
     assert!(
         scratch.len() >= backward_scratch_len(s),
@@ -211,40 +256,44 @@ pub fn backward<T: Elem>(
     let (ds_row, rest) = rest.split_at_mut(tk);
     let dq_acc = &mut rest[..d];
     for b in 0..bh {
-        let (kb, vb) = (&k[b * tk * d..][..tk * d], &v[b * tk * d..][..tk * d]);
         dk_acc.fill(0.0);
         dv_acc.fill(0.0);
         for i in 0..tq {
             let n = s.visible(i);
-            let row = (b * tq + i) * d..(b * tq + i + 1) * d;
-            let (qi, oi, gi) = (&q[row.clone()], &out[row.clone()], &dout[row]);
+            let qi = s.row(q, &l.q, b, i);
+            let (oi, gi) = (s.row(out, &l.out, b, i), s.row(dout, &l.out, b, i));
             let delta = dot(gi, oi);
-            let l = lse[b * tq + i];
+            let lse_i = lse[b * tq + i];
             for j in 0..n {
-                let (kj, vj) = (&kb[j * d..][..d], &vb[j * d..][..d]);
-                let p = (dot(qi, kj) * s.scale - l).exp();
+                let (kj, vj) = (s.row(k, &l.kv, b, j), s.row(v, &l.kv, b, j));
+                let p = (dot(qi, kj) * s.scale - lse_i).exp();
                 p_row[j] = p;
                 ds_row[j] = operand::<T>(p * (dot(gi, vj) - delta));
             }
             dq_acc.fill(0.0);
             for j in 0..n {
                 let (p, ds) = (operand::<T>(p_row[j]), ds_row[j]);
-                let kj = &kb[j * d..][..d];
+                let kj = s.row(k, &l.kv, b, j);
                 for c in 0..d {
                     dq_acc[c] += ds * kj[c].get();
                     dk_acc[j * d + c] += ds * qi[c].get();
                     dv_acc[j * d + c] += p * gi[c].get();
                 }
             }
-            for (o, a) in dq[(b * tq + i) * d..][..d].iter_mut().zip(dq_acc.iter()) {
+            let dq = &mut grads.slot(0)[l.q.offset(l.heads, b, i)..][..d];
+            for (o, a) in dq.iter_mut().zip(dq_acc.iter()) {
                 *o = T::put(*a * s.scale);
             }
         }
-        for (o, a) in dk[b * tk * d..][..tk * d].iter_mut().zip(dk_acc.iter()) {
-            *o = T::put(*a * s.scale);
-        }
-        for (o, a) in dv[b * tk * d..][..tk * d].iter_mut().zip(dv_acc.iter()) {
-            *o = T::put(*a);
+        for j in 0..tk {
+            let at = l.kv.offset(l.heads, b, j);
+            let acc = [(1, &*dk_acc, s.scale), (2, &*dv_acc, 1.0)];
+            for (which, acc, factor) in acc {
+                let dst = &mut grads.slot(which)[at..][..d];
+                for (o, a) in dst.iter_mut().zip(&acc[j * d..][..d]) {
+                    *o = T::put(*a * factor);
+                }
+            }
         }
     }
 }
@@ -305,6 +354,7 @@ mod tests {
                 head_dim: 3,
                 causal,
                 scale: 0.7,
+                layout: Layout::contiguous(5, 7, 3),
             };
             let (q, k, v) = (data(30, 1), data(42, 2), data(42, 3));
             let mut out = vec![0.0; 30];
@@ -327,6 +377,7 @@ mod tests {
             head_dim: 3,
             causal: true,
             scale: 0.5,
+            layout: Layout::contiguous(4, 4, 3),
         };
         let n = 12;
         let (q, k, v, w) = (data(n, 4), data(n, 5), data(n, 6), data(n, 7));
@@ -344,9 +395,11 @@ mod tests {
             &s,
             [&q, &k, &v, &out, &w],
             &lse,
-            &mut dq,
-            &mut dk,
-            &mut dv,
+            Grads::Separate {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            },
             &mut scratch,
         );
         let h = 1e-3f32;
@@ -377,6 +430,7 @@ mod tests {
             head_dim: 4,
             causal: true,
             scale: 1.0,
+            layout: Layout::contiguous(1, 1, 4),
         };
         let v: Vec<bf16> = [0.1f32, -2.5, 3.0, 7.75].map(round_bf16).to_vec();
         let q = v.clone();
@@ -386,5 +440,126 @@ mod tests {
         assert_eq!(out, v);
         let want: f32 = q.iter().map(|x| x.to_f32() * x.to_f32()).sum();
         assert!((lse[0] - want).abs() < 1e-5);
+    }
+
+    /// `x [b, h, t, d]` (contiguous problems) as `[b, t, h, d]`.
+    fn to_tokens(x: &[f32], b: usize, h: usize, t: usize, d: usize) -> Vec<f32> {
+        let mut y = vec![0.0; x.len()];
+        for (bi, hi, ti) in
+            (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..t).map(move |ti| (bi, hi, ti))))
+        {
+            let from = ((bi * h + hi) * t + ti) * d;
+            let to = ((bi * t + ti) * h + hi) * d;
+            y[to..to + d].copy_from_slice(&x[from..from + d]);
+        }
+        y
+    }
+
+    /// `[q, k, v]`, each `[b, h, t, d]`, as one `[b, t, 3, h, d]`.
+    fn to_packed(x: [&[f32]; 3], b: usize, h: usize, t: usize, d: usize) -> Vec<f32> {
+        let mut y = vec![0.0; 3 * x[0].len()];
+        for (s, x) in x.iter().enumerate() {
+            for (bi, hi, ti) in
+                (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..t).map(move |ti| (bi, hi, ti))))
+            {
+                let from = ((bi * h + hi) * t + ti) * d;
+                let to = (((bi * t + ti) * 3 + s) * h + hi) * d;
+                y[to..to + d].copy_from_slice(&x[from..from + d]);
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn token_and_packed_layouts_compute_what_the_heads_layout_computes_on_the_same_rows() {
+        let (b, h, t, d) = (2, 3, 5, 4);
+        let n = b * h * t * d;
+        let heads = Shape {
+            batch_heads: b * h,
+            seq_q: t,
+            seq_k: t,
+            head_dim: d,
+            causal: true,
+            scale: 0.6,
+            layout: Layout::contiguous(t, t, d),
+        };
+        let (q, k, v, w) = (data(n, 11), data(n, 12), data(n, 13), data(n, 14));
+        let mut scratch = vec![0.0; backward_scratch_len(&heads).max(forward_scratch_len(&heads))];
+        let (mut out, mut lse) = (vec![0.0; n], vec![0.0; b * h * t]);
+        forward(&heads, &q, &k, &v, &mut out, &mut lse, &mut scratch);
+        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let grads = Grads::Separate {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        backward(&heads, [&q, &k, &v, &out, &w], &lse, grads, &mut scratch);
+        let tok = |x: &[f32]| to_tokens(x, b, h, t, d);
+
+        // Tokens: every operand [b, t, h, d].
+        let s = Shape {
+            layout: Layout::tokens(h, t, t, d),
+            ..heads
+        };
+        let (mut out_t, mut lse_t) = (vec![f32::NAN; n], vec![f32::NAN; b * h * t]);
+        forward(
+            &s,
+            &tok(&q),
+            &tok(&k),
+            &tok(&v),
+            &mut out_t,
+            &mut lse_t,
+            &mut scratch,
+        );
+        assert_eq!(out_t, tok(&out));
+        assert_eq!(lse_t, lse);
+        let (mut gq, mut gk, mut gv) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
+        let grads = Grads::Separate {
+            dq: &mut gq,
+            dk: &mut gk,
+            dv: &mut gv,
+        };
+        backward(
+            &s,
+            [&tok(&q), &tok(&k), &tok(&v), &out_t, &tok(&w)],
+            &lse_t,
+            grads,
+            &mut scratch,
+        );
+        assert_eq!((gq, gk, gv), (tok(&dq), tok(&dk), tok(&dv)));
+
+        // Packed: q, k, v the slots of one [b, t, 3, h, d]; out [b, t, h, d].
+        let s = Shape {
+            layout: Layout::packed(h, t, d),
+            ..heads
+        };
+        let qkv = to_packed([&q, &k, &v], b, h, t, d);
+        let at = |slot: usize| &qkv[Layout::packed_slot(h, d, slot)..];
+        let (mut out_p, mut lse_p) = (vec![f32::NAN; n], vec![f32::NAN; b * h * t]);
+        forward(
+            &s,
+            at(0),
+            at(1),
+            at(2),
+            &mut out_p,
+            &mut lse_p,
+            &mut scratch,
+        );
+        assert_eq!(out_p, tok(&out));
+        assert_eq!(lse_p, lse);
+        let mut dqkv = vec![f32::NAN; 3 * n];
+        let starts = [0, 1, 2].map(|slot| Layout::packed_slot(h, d, slot));
+        let grads = Grads::Packed {
+            dqkv: &mut dqkv,
+            starts,
+        };
+        backward(
+            &s,
+            [at(0), at(1), at(2), &out_p, &tok(&w)],
+            &lse_p,
+            grads,
+            &mut scratch,
+        );
+        assert_eq!(dqkv, to_packed([&dq, &dk, &dv], b, h, t, d));
     }
 }

@@ -346,9 +346,9 @@ pub fn exec_attention(
     use ingot_compiler::lower::cpu::widened::round_up;
     use k::attention as a;
     let op = node.op.name();
-    let (causal, scale, grad) = match node.op {
-        Op::Attention { causal, scale } => (causal, scale, false),
-        Op::AttentionGrad { causal, scale } => (causal, scale, true),
+    let grad = match node.op {
+        Op::Attention { .. } => false,
+        Op::AttentionGrad { .. } => true,
         _ => return Err(invalid(op, "not an attention op")),
     };
     let want =
@@ -388,16 +388,10 @@ pub fn exec_attention(
             }
         }
     }
-    let (q, kt) = (input_types[0].shape.dims(), input_types[1].shape.dims());
-    let r = q.len();
-    let shape = a::Shape {
-        batch_heads: k::numel(&q[..r - 2]),
-        seq_q: q[r - 2],
-        seq_k: kt[r - 2],
-        head_dim: q[r - 1],
-        causal,
-        scale: scale as f32,
-    };
+    let problem =
+        ingot_compiler::ir::attention_problem(&node.op, input_types).map_err(|e| invalid(op, e))?;
+    let shape = problem.cpu();
+    let starts = problem.operand_starts();
     let f32s = if grad {
         a::backward_scratch_len(&shape)
     } else {
@@ -452,33 +446,43 @@ pub fn exec_attention(
             }
         });
     }
+    /// q, k, v (their buffers from where each starts: `starts[i]` is (operand, element));
+    /// then out, lse, dout after the forward's `n` operands.
     fn run<T: Element + a::Elem>(
         shape: &a::Shape,
         grad: bool,
+        starts: [(usize, usize); 3],
         inputs: &[View<'_>],
         outs: &mut [ViewMut<'_>],
         ws: &mut [f32],
     ) -> Option<()> {
         let arg = |i: usize| T::of(inputs[i]);
+        let [q, k, v] = starts.map(|(i, e)| arg(i).and_then(|x| x.get(e..)));
+        let (q, k, v) = (q?, k?, v?);
+        // The forward's operands are the inputs not among out, lse, dout.
+        let n = inputs.len() - if grad { 3 } else { 0 };
         if grad {
-            let lse = f32::of(inputs[4])?;
-            let [dq, dk, dv] = outs else { return None };
-            a::backward::<T>(
-                shape,
-                [arg(0)?, arg(1)?, arg(2)?, arg(3)?, arg(5)?],
-                lse,
-                T::of_mut(reborrow(dq))?,
-                T::of_mut(reborrow(dk))?,
-                T::of_mut(reborrow(dv))?,
-                ws,
-            );
+            let lse = f32::of(inputs[n + 1])?;
+            let grads = match outs {
+                [dq, dk, dv] => a::Grads::Separate {
+                    dq: T::of_mut(reborrow(dq))?,
+                    dk: T::of_mut(reborrow(dk))?,
+                    dv: T::of_mut(reborrow(dv))?,
+                },
+                [dqkv] => a::Grads::Packed {
+                    dqkv: T::of_mut(reborrow(dqkv))?,
+                    starts: starts.map(|(_, e)| e),
+                },
+                _ => return None,
+            };
+            a::backward::<T>(shape, [q, k, v, arg(n)?, arg(n + 2)?], lse, grads, ws);
         } else {
             let [out, lse] = outs else { return None };
             a::forward::<T>(
                 shape,
-                arg(0)?,
-                arg(1)?,
-                arg(2)?,
+                q,
+                k,
+                v,
                 T::of_mut(reborrow(out))?,
                 f32::of_mut(reborrow(lse))?,
                 ws,
@@ -487,8 +491,8 @@ pub fn exec_attention(
         Some(())
     }
     let ran = match input_types[0].dtype {
-        DType::F32 => run::<f32>(&shape, grad, inputs, &mut views, ws),
-        DType::BF16 => run::<bf16>(&shape, grad, inputs, &mut views, ws),
+        DType::F32 => run::<f32>(&shape, grad, starts, inputs, &mut views, ws),
+        DType::BF16 => run::<bf16>(&shape, grad, starts, inputs, &mut views, ws),
         _ => None,
     };
     ran.ok_or_else(|| invalid(op, "buffers of the wrong dtype (checked above: a bug)"))

@@ -424,10 +424,10 @@ impl Part {
                     view_mut(base.add(l.offset), ty.dtype, ty.shape.numel())
                 }));
             }
-            let all = if matches!(node.op, Op::Attention { .. }) {
-                2
-            } else {
-                3
+            // out and lse, or one gradient per forward operand.
+            let all = match node.op {
+                Op::Attention { .. } => 2,
+                _ => node.inputs.len() - 3,
             };
             while outs.len() < all {
                 outs.push(None);

@@ -78,6 +78,7 @@ pub struct AttentionShape {
     /// Multiplies `q·kᵀ` before the softmax.
     pub scale: f32,
     pub precision: AttentionPrecision,
+    pub layout: crate::attention::Layout,
 }
 
 /// Why no kernel exists for a shape (the compiler turns these into refusals at compile time).

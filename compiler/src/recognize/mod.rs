@@ -30,8 +30,11 @@
 //! unchanged: the same nodes in the same order, less the chains' intermediates and what only
 //! they used (the mask, the scale constant), plus a view for a q, k or v stored transposed.
 
+mod layout;
+
 use crate::error::IrError;
 use crate::ir::{BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use layout::Reads;
 use std::collections::HashMap;
 
 /// Fills at most this value (or `-inf`) make a masked score's probability exactly 0.
@@ -92,7 +95,14 @@ pub fn attention_where(g: &Graph, supported: Supported) -> Result<(Graph, usize)
     if found.is_empty() {
         return Ok((g.clone(), 0));
     }
-    let by_out: HashMap<NodeId, &Found> = found.iter().map(|f| (f.out, f)).collect();
+    // Each chain's operands in the layout that reads the model's own tensors (`layout`).
+    let by_out: HashMap<NodeId, (&Found, Reads)> = found
+        .iter()
+        .map(|f| {
+            let k = (f.kt.0, !f.kt.1); // the scores read kᵀ; the attention reads k
+            (f.out, (f, layout::reads(g, [f.q, k, f.v])))
+        })
+        .collect();
     let mut removed = vec![false; g.len()];
     for f in &found {
         for &x in &f.interior {
@@ -113,7 +123,9 @@ pub fn attention_where(g: &Graph, supported: Supported) -> Result<(Graph, usize)
             continue;
         }
         match by_out.get(&id) {
-            Some(f) => stack.extend([f.q.0, f.kt.0, f.v.0]),
+            Some((f, Reads::Heads)) => stack.extend([f.q.0, f.kt.0, f.v.0]),
+            Some((_, Reads::Tokens(qkv))) => stack.extend(qkv),
+            Some((_, Reads::Packed { qkv, .. })) => stack.push(*qkv),
             None => stack.extend(g.node(id).inputs.iter().copied()),
         }
     }
@@ -127,12 +139,17 @@ pub fn attention_where(g: &Graph, supported: Supported) -> Result<(Graph, usize)
         out.set_scope(g.origin(id).clone());
         let m = |x: NodeId| map[x.index()].expect("operands of kept nodes are kept");
         let new = match by_out.get(&id) {
-            Some(f) => {
+            Some((f, Reads::Heads)) => {
                 let q = read(&mut out, m(f.q.0), f.q.1)?;
                 // The scores read kᵀ; the attention reads k.
                 let k = read(&mut out, m(f.kt.0), !f.kt.1)?;
                 let v = read(&mut out, m(f.v.0), f.v.1)?;
                 out.attention(q, k, v, f.causal, f.scale)?
+            }
+            Some((f, r @ Reads::Tokens(qkv))) => strided(&mut out, f, r, &qkv.map(m))?,
+            Some((f, r @ Reads::Packed { qkv, dims })) => {
+                let qkv = out.reshape(m(*qkv), *dims)?;
+                strided(&mut out, f, r, &[qkv])?
             }
             None => {
                 let n = g.node(id);
@@ -144,6 +161,13 @@ pub fn attention_where(g: &Graph, supported: Supported) -> Result<(Graph, usize)
     }
     out.keep_outputs_of(g, |x| map[x.index()].expect("outputs and updates are kept"))?;
     Ok((out, found.len()))
+}
+
+/// The attention of `f` over `operands` in a token-major layout, its `[B, T, H, D]` output
+/// transposed to the chain's `[B, H, T, D]`.
+fn strided(g: &mut Graph, f: &Found, r: &Reads, operands: &[NodeId]) -> Result<NodeId, IrError> {
+    let o = g.attention_in(r.layout(), operands, f.causal, f.scale)?;
+    g.transpose(o, &[0, 2, 1, 3])
 }
 
 /// The shape of the attention `f` computes: its output's (`[.., Tq, D]`) and the keys'.
@@ -413,7 +437,7 @@ fn shapes_fit(g: &Graph, f: &Found) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::Shape;
+    use crate::ir::{AttentionLayout, Shape};
     use crate::trace::nn;
 
     /// x [2, 5, 8] through one causal attention layer, summed: the graph nn traces.
@@ -438,14 +462,19 @@ mod tests {
         r.verify().unwrap();
         let att: Vec<&crate::ir::Node> = r.nodes().iter().filter(|n| n.op.is_attention()).collect();
         assert_eq!(att.len(), 1);
+        // q, k and v are slices of one projection: the op reads it packed, [B, T, 3, H, D],
+        // and gives out token-major, [B, T, H, D].
         assert_eq!(
             att[0].op,
             Op::Attention {
                 causal: true,
-                scale: 1.0 / 2.0
+                scale: 1.0 / 2.0,
+                layout: AttentionLayout::Packed,
             }
         );
-        assert_eq!(att[0].ty.shape, Shape::new(&[2, 2, 5, 4]));
+        assert_eq!(att[0].ty.shape, Shape::new(&[2, 5, 2, 4]));
+        assert_eq!(r.ty(att[0].inputs[0]).shape, Shape::new(&[2, 5, 3, 2, 4]));
+        assert_eq!(count(&r, |o| matches!(o, Op::Slice { .. })), 0);
         // Nothing [.., 5, 5] (scores, mask, probabilities) is left, nor any exp or iota.
         assert!(r
             .nodes()
@@ -464,6 +493,55 @@ mod tests {
                 .collect()
         };
         assert_eq!(leaves(&r), leaves(&g));
+    }
+
+    /// A causal attention over `[B, T, H, D]` values `q`, `k`, `v` transposed to the heads'
+    /// layout, as a model with separate projections writes it; k is read transposed by a
+    /// second view when `kt` is set.
+    fn separate_projections(kt: bool) -> Graph {
+        let mut g = Graph::new();
+        let [q, k, v] = ["q", "k", "v"].map(|n| g.input(n, [2, 5, 3, 16], DType::F32).unwrap());
+        let [q, v] = [q, v].map(|x| g.transpose(x, &[0, 2, 1, 3]).unwrap());
+        let s = if kt {
+            let kt = g.transpose(k, &[0, 2, 3, 1]).unwrap();
+            g.matmul(q, kt).unwrap()
+        } else {
+            let k = g.transpose(k, &[0, 2, 1, 3]).unwrap();
+            g.push(
+                Op::MatMul {
+                    ta: false,
+                    tb: true,
+                },
+                &[q, k],
+                None,
+            )
+            .unwrap()
+        };
+        let p = nn::softmax(&mut g, s).unwrap();
+        let y = g.matmul(p, v).unwrap();
+        let l = g.sum_all(y).unwrap();
+        g.set_output("loss", l).unwrap();
+        g
+    }
+
+    #[test]
+    fn transposed_token_major_operands_are_read_in_place_through_the_tokens_layout() {
+        for kt in [false, true] {
+            let (r, n) = attention(&separate_projections(kt)).unwrap();
+            assert_eq!(n, 1);
+            r.verify().unwrap();
+            let att = r.nodes().iter().find(|n| n.op.is_attention()).unwrap();
+            assert!(matches!(
+                att.op,
+                Op::Attention {
+                    layout: AttentionLayout::Tokens,
+                    ..
+                }
+            ));
+            // The op reads the inputs themselves; its output is transposed back once.
+            assert!(att.inputs.iter().all(|&x| r.node(x).op.is_leaf()));
+            assert_eq!(count(&r, |o| matches!(o, Op::Transpose { .. })), 1);
+        }
     }
 
     #[test]
@@ -533,7 +611,8 @@ mod tests {
             count(&r, |o| *o
                 == Op::Attention {
                     causal: false,
-                    scale: 0.25
+                    scale: 0.25,
+                    layout: AttentionLayout::Heads,
                 }),
             1
         );
