@@ -113,9 +113,11 @@ impl Layout {
 
     /// Whether every stride is a multiple of `elems` (the kernels move 16 bytes at a time).
     pub fn aligned(&self, elems: usize) -> bool {
-        [self.q, self.kv, self.out]
-            .iter()
-            .all(|s| [s.batch, s.head, s.row].iter().all(|x| x.is_multiple_of(elems)))
+        [self.q, self.kv, self.out].iter().all(|s| {
+            [s.batch, s.head, s.row]
+                .iter()
+                .all(|x| x.is_multiple_of(elems))
+        })
     }
 }
 
