@@ -5,6 +5,7 @@
 //! instructions of each precision. (The kernels' arithmetic is checked on the host by
 //! cuda_attention_emu.rs and on the GPU by runtime/tests/cuda_attention.rs.)
 
+use ingot_kernels::attention::{Layout, Strides};
 use ingot_kernels::cuda::attention::{
     self, AttentionError, AttentionPrecision, AttentionShape, TileKernel, SHARED_LIMIT,
 };
@@ -25,7 +26,29 @@ fn shape(p: AttentionPrecision, tq: usize, tk: usize, d: usize, causal: bool) ->
         causal,
         scale: 0.125,
         precision: p,
+        layout: Layout::contiguous(tq, tk, d),
     }
+}
+
+/// [`shape`] (96 problems) in `layout`.
+fn laid_out(
+    p: AttentionPrecision,
+    (tq, tk, d): (usize, usize, usize),
+    causal: bool,
+    layout: Layout,
+) -> AttentionShape {
+    AttentionShape {
+        layout,
+        ..shape(p, tq, tk, d, causal)
+    }
+}
+
+/// The token and packed layouts of 96 problems (batch 8 × 12 heads), Tq = Tk = `t`.
+fn strided(p: AttentionPrecision, t: usize, d: usize, causal: bool) -> [AttentionShape; 2] {
+    [
+        laid_out(p, (t, t, d), causal, Layout::tokens(12, t, t, d)),
+        laid_out(p, (t, t, d), causal, Layout::packed(12, t, d)),
+    ]
 }
 
 fn all(s: &AttentionShape) -> Vec<CudaKernel> {
@@ -308,10 +331,10 @@ fn the_backward_workspace_is_delta() {
     assert_eq!(attention::backward_workspace_bytes(&s), 96 * 123 * 4);
 }
 
-/// Every kernel, compiled by the host's C++ compiler as far as the host goes: the device
-/// built-ins declared, the text must parse and type-check (templates instantiated).
-#[test]
-fn the_generated_text_compiles_as_cpp_on_the_host() {
+/// Compiles `kernels` by the host's C++ compiler as far as the host goes: the device built-ins
+/// declared, the text must parse and type-check (templates instantiated). Skips, saying so,
+/// without a compiler; `tag` names the file (tests run in parallel).
+fn assert_compiles_on_host(kernels: &[CudaKernel], tag: &str) {
     use std::process::Command;
     let Some(cxx) = ["g++", "c++", "clang++"].into_iter().find(|c| {
         Command::new(c)
@@ -347,17 +370,12 @@ static void __syncwarp() {}
     let mut src = format!("{shim}{}", ingot_kernels::cuda::PRELUDE_BF16);
     // Each kernel once (the preprocess kernel of f32 and tf32 is one), as a module holds it.
     let mut names = std::collections::BTreeSet::new();
-    for p in PRECISIONS {
-        for (d, causal) in [(32, true), (80, false), (128, true)] {
-            for k in all(&shape(p, 100, 77, d, causal)) {
-                if names.insert(k.name.clone()) {
-                    src.push_str(&k.source);
-                }
-            }
+    for k in kernels {
+        if names.insert(k.name.clone()) {
+            src.push_str(&k.source);
         }
     }
-    let n = names.len();
-    let dir = std::env::temp_dir().join(format!("ingot_fa_cpp_{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("ingot_fa_cpp_{}_{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("attention.cpp");
     std::fs::write(&file, &src).unwrap();
@@ -375,10 +393,235 @@ static void __syncwarp() {}
         .unwrap();
     assert!(
         out.status.success(),
-        "{n} kernels do not compile on the host ({}):\n{}",
+        "{} kernels do not compile on the host ({}):\n{}",
+        names.len(),
         file.display(),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn the_generated_text_compiles_as_cpp_on_the_host() {
+    let mut kernels = Vec::new();
+    for p in PRECISIONS {
+        for (d, causal) in [(32, true), (80, false), (128, true)] {
+            kernels.extend(all(&shape(p, 100, 77, d, causal)));
+        }
+    }
+    assert_compiles_on_host(&kernels, "contiguous");
+}
+
+#[test]
+fn the_token_and_packed_layouts_generate_text_that_compiles_as_cpp_on_the_host() {
+    let mut kernels = Vec::new();
+    for p in PRECISIONS {
+        for (d, causal) in [(64, true), (96, false)] {
+            for s in strided(p, 100, d, causal) {
+                kernels.extend(all(&s));
+            }
+        }
+    }
+    assert_compiles_on_host(&kernels, "strided");
+}
+
+/// The lines of `k`'s text that declare the layout's constants.
+fn layout_lines(k: &CudaKernel) -> Vec<&str> {
+    k.source
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("constexpr unsigned long long") && l.contains("_S"))
+        .collect()
+}
+
+/// The layout constants `k` should declare: for each operand prefix, its strides in the
+/// `batch, head, row` pattern.
+fn constants(groups: &[(&str, [usize; 3])]) -> Vec<String> {
+    groups
+        .iter()
+        .map(|(p, [b, h, r])| {
+            format!(
+                "constexpr unsigned long long {p}_SB = {b}ull, {p}_SH = {h}ull, {p}_SR = {r}ull;"
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_layout_strides_are_literals_of_every_kernel_and_change_the_names() {
+    let [tokens, packed] = strided(AttentionPrecision::Bf16, 100, 64, true);
+    let (tk, pk) = (all(&tokens), all(&packed));
+    for k in tk.iter().chain(&pk) {
+        assert!(k
+            .source
+            .contains("constexpr unsigned long long HEADS = 12ull;"));
+        assert!(
+            k.source.contains("b = bh / HEADS, h = bh % HEADS;"),
+            "{}",
+            k.name
+        );
+    }
+    // Token-major, 12 heads of 64: a row is a token (12 · 64), a head 64 elements on, a batch
+    // 100 tokens.
+    let token = [76_800, 64, 768];
+    for k in [&tk[0], &tk[2], &tk[3]] {
+        let want = constants(&[("Q", token), ("KV", token), ("O", token)]);
+        assert_eq!(layout_lines(k), want, "{}", k.name);
+    }
+    // The preprocess kernel reads out and dout only, by their layout.
+    assert_eq!(layout_lines(&tk[1]), constants(&[("O", token)]));
+    assert!(tk[1]
+        .source
+        .contains("at = b * O_SB + h * O_SH + i * O_SR;"));
+    assert!(tk[1].source.contains("out[at + d]") && tk[1].source.contains("dout[at + d]"));
+    assert!(
+        tk[1].source.contains("delta[row] = acc;"),
+        "delta stays contiguous"
+    );
+    // Packed: q/k/v rows are tokens of 3 · 12 · 64; out stays token-major.
+    let slot = [230_400, 64, 2304];
+    for k in [&pk[0], &pk[2], &pk[3]] {
+        let want = constants(&[("Q", slot), ("KV", slot), ("O", token)]);
+        assert_eq!(layout_lines(k), want, "{}", k.name);
+    }
+    // Every global row is loaded and stored by its operand's row stride.
+    for (k, strides) in [
+        (&pk[0], ["Q_SR", "KV_SR"].as_slice()),
+        (&pk[2], &["KV_SR", "Q_SR", "O_SR"]),
+        (&pk[3], &["Q_SR", "O_SR", "KV_SR"]),
+    ] {
+        for st in strides {
+            let load = format!(", D, {st}, LD, THREADS, TF32>(");
+            assert!(k.source.contains(&load), "{} loads no rows by {st}", k.name);
+        }
+    }
+    assert!(pk[0].source.contains("ob + (unsigned long long)i0 * O_SR"));
+    assert!(pk[2]
+        .source
+        .contains("dkb + (unsigned long long)r0 * KV_SR"));
+    assert!(pk[2]
+        .source
+        .contains("dvb + (unsigned long long)r1 * KV_SR"));
+    assert!(pk[3].source.contains("dqb + (unsigned long long)r1 * Q_SR"));
+    // The layout is part of the text, so of the name; the preprocess kernel reads only out
+    // and dout, token-major in both layouts: one kernel.
+    let contiguous = all(&shape(AttentionPrecision::Bf16, 100, 100, 64, true));
+    for i in [0, 2, 3] {
+        assert_ne!(contiguous[i].name, tk[i].name);
+        assert_ne!(tk[i].name, pk[i].name);
+    }
+    assert_ne!(contiguous[1].name, tk[1].name);
+    assert_eq!(tk[1], pk[1]);
+}
+
+#[test]
+fn layouts_the_kernels_cannot_address_are_refused_with_what_is_wrong() {
+    use AttentionPrecision::{Bf16, F32};
+    let dims = (10, 10, 64);
+    let tokens = |p, heads| laid_out(p, dims, false, Layout::tokens(heads, 10, 10, 64));
+    let refused = |s: &AttentionShape| {
+        let e = attention::forward(s).unwrap_err();
+        assert_eq!(attention::backward(s).unwrap_err(), e, "{s:?}");
+        assert_eq!(
+            attention::tiling(s, TileKernel::Dq).unwrap_err(),
+            e,
+            "{s:?}"
+        );
+        e
+    };
+    // Heads: none, or not a divisor of the 96 problems.
+    for heads in [0, 5, 97] {
+        let mut s = tokens(Bf16, 12);
+        s.layout.heads = heads;
+        let e = refused(&s);
+        assert_eq!(
+            e,
+            AttentionError::Heads {
+                heads,
+                batch_heads: 96
+            }
+        );
+        assert!(e.to_string().contains(&format!("heads = {heads}")), "{e}");
+    }
+    assert!(attention::forward(&tokens(Bf16, 96)).is_ok());
+    // A row stride below head_dim: rows overlap.
+    let mut s = tokens(F32, 12);
+    s.layout.kv.row = 32;
+    let e = refused(&s);
+    assert_eq!(
+        e,
+        AttentionError::OverlappingRows {
+            operand: "kv",
+            row: 32,
+            head_dim: 64
+        }
+    );
+    assert!(
+        e.to_string()
+            .contains("kv row stride 32 is less than head_dim 64"),
+        "{e}"
+    );
+    // Strides must be whole 16-byte vectors: 8 bf16 or 4 f32 elements.
+    let odd = |p, edit: fn(&mut Layout)| {
+        let mut s = tokens(p, 12);
+        edit(&mut s.layout);
+        s
+    };
+    let head_68 = |l: &mut Layout| l.out.head = 68;
+    let e = refused(&odd(Bf16, head_68));
+    assert_eq!(
+        e,
+        AttentionError::MisalignedStride {
+            operand: "out",
+            stride: "head",
+            value: 68,
+            elems: 8
+        }
+    );
+    assert!(e.to_string().contains("out head stride 68"), "{e}");
+    assert!(e.to_string().contains("16 bytes"), "{e}");
+    assert!(
+        attention::forward(&odd(F32, head_68)).is_ok(),
+        "68 f32 elements are 17 vectors"
+    );
+    let row_770 = |l: &mut Layout| l.q.row = 770;
+    assert!(matches!(
+        refused(&odd(F32, row_770)),
+        AttentionError::MisalignedStride {
+            operand: "q",
+            stride: "row",
+            value: 770,
+            elems: 4
+        }
+    ));
+    let batch_odd = |l: &mut Layout| l.kv.batch += 1;
+    assert!(matches!(
+        refused(&odd(F32, batch_odd)),
+        AttentionError::MisalignedStride {
+            operand: "kv",
+            stride: "batch",
+            ..
+        }
+    ));
+    // The kernels refuse exactly the layouts `Layout::aligned` calls misaligned.
+    for (p, elems) in [(Bf16, 8), (F32, 4)] {
+        for pad in [0, 2, 4, 8, 12, 16] {
+            let l = Layout {
+                heads: 12,
+                q: Strides {
+                    batch: 10 * 800 + pad,
+                    head: 64,
+                    row: 800,
+                },
+                ..Layout::tokens(12, 10, 10, 64)
+            };
+            let s = laid_out(p, dims, true, l);
+            assert_eq!(
+                attention::forward(&s).is_ok(),
+                l.aligned(elems),
+                "{p:?} {pad}"
+            );
+        }
+    }
 }
 
 /// The runtime adds the bf16 prelude only to modules whose kernels call its helpers

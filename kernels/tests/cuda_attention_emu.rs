@@ -2,7 +2,9 @@
 //! compiler with a small emulation of a CUDA block (every thread a coroutine, `__syncthreads`,
 //! `__syncwarp` and shuffles as barriers between them, and the tensor-core instructions and
 //! `ldmatrix` emulated from the PTX ISA's fragment layouts), computes what the f64 reference computes, for
-//! every precision, causal and not, lengths that are not multiples of a tile, Tq ≠ Tk.
+//! every precision, causal and not, lengths that are not multiples of a tile, Tq ≠ Tk; in the
+//! contiguous layout and in strided ones (token-major, packed q/k/v with k and v pointing into
+//! q's buffer, token-major with gaps), with no byte written outside the outputs' rows.
 //!
 //! This checks the kernels' logic (tiling, masking, the online softmax, the backward's
 //! recomputation, which thread stores what) without a GPU; the GPU test
@@ -15,8 +17,13 @@ use ingot_kernels::dtype::{bf16, bf16_from_f64};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+#[path = "cuda_attention_support/placement.rs"]
+mod placement;
 #[path = "cuda_attention_support/reference.rs"]
 mod reference;
+use ingot_kernels::attention::Layout;
+use placement::Operand::{Dk, Dq, Dv, Out};
+use placement::{padded_tokens, Arg::*, Operand, Placement, DKDV, DQ, FORWARD, PREPROCESS};
 use reference::{relative_error, uniform, Problem};
 
 /// The host's stand-ins for what the kernels use of CUDA: a block's threads are ucontext
@@ -134,8 +141,9 @@ template <typename... A, size_t... I> static void call_impl(void (*f)(A...), voi
 template <typename... A> static void call(void (*f)(A...), void** b) { call_impl(f, b, std::index_sequence_for<A...>{}); }
 "#;
 
-/// Runs one kernel: argv[1] the kernel's index; stdin: grid, block, buffer count, then each
-/// buffer (length, bytes); stdout: every buffer after the run.
+/// Runs one kernel: argv[1] the kernel's index; stdin: grid, block, buffer count, each buffer
+/// (length, bytes), argument count, each argument (buffer index, byte offset: several may point
+/// into one buffer, as packed q, k and v do); stdout: every buffer after the run.
 const MAIN: &str = r#"
 static Runner g_run;
 static void** g_args;
@@ -192,8 +200,15 @@ int main(int argc, char** argv) {
     memcpy(p, bufs[i].data(), bufs[i].size());
     ptrs[i] = p;
   }
+  const unsigned long long m = rd();
+  std::vector<void*> args(m);
+  for (unsigned long long i = 0; i < m; ++i) {
+    const unsigned long long b = rd(), off = rd();
+    if (b >= n || off > bufs[b].size() - 16) return 6;
+    args[i] = (char*)ptrs[b] + off;
+  }
   g_run = KERNELS[which];
-  g_args = ptrs.data();
+  g_args = args.data();
   for (unsigned long long b = 0; b < grid; ++b) { blockIdx.x = (unsigned)b; run_block((int)block); }
   for (unsigned long long i = 0; i < n; ++i) fwrite(ptrs[i], 1, bufs[i].size() - 16, stdout);
   return 0;
@@ -237,7 +252,10 @@ impl Emu {
         }
         src.push_str("};\n");
         src.push_str(MAIN);
-        let dir = std::env::temp_dir().join(format!("ingot_fa_emu_{}", std::process::id()));
+        // One directory a build: the tests build their programs in parallel.
+        static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ingot_fa_emu_{}_{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (file, exe) = (dir.join("emu.cpp"), dir.join("emu"));
         std::fs::write(&file, &src).unwrap();
@@ -262,8 +280,9 @@ impl Emu {
         Some(Emu { exe, names })
     }
 
-    /// Runs `k` over `bufs` (in parameter order); returns the buffers afterwards.
-    fn run(&self, k: &CudaKernel, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    /// Runs `k` with its parameters pointing at `args` (buffer index, byte offset into it) of
+    /// `bufs`; returns the buffers afterwards.
+    fn run(&self, k: &CudaKernel, bufs: &[Vec<u8>], args: &[(usize, usize)]) -> Vec<Vec<u8>> {
         let which = self.names.iter().position(|n| *n == k.name).unwrap();
         let mut stdin = Vec::new();
         for x in [k.launch.grid[0], k.launch.block[0], bufs.len() as u32] {
@@ -276,6 +295,11 @@ impl Emu {
         for b in bufs {
             stdin.extend((b.len() as u64).to_ne_bytes());
             stdin.extend(b);
+        }
+        stdin.extend((args.len() as u64).to_ne_bytes());
+        for &(b, offset) in args {
+            stdin.extend((b as u64).to_ne_bytes());
+            stdin.extend((offset as u64).to_ne_bytes());
         }
         let mut child = Command::new(&self.exe)
             .arg(which.to_string())
@@ -358,12 +382,14 @@ fn shape(
         causal,
         scale: 1.0 / (d as f32).sqrt(),
         precision: p,
+        layout: Layout::contiguous(tq, tk, d),
     }
 }
 
-/// Runs forward and backward of `s` in the emulation and compares every output with the
-/// reference; returns the failures.
-fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
+/// Runs forward and backward of `s` in the emulation, its operands placed by `at` (whose
+/// layout is `s.layout`), and compares every output with the reference and checks that no
+/// kernel wrote outside its outputs' rows; returns the failures.
+fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String> {
     let p = s.precision;
     let prob = Problem {
         bh: s.batch_heads,
@@ -383,28 +409,42 @@ fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
     let (want_out, want_lse) = prob.forward(&q, &k, &v);
     let (want_dq, want_dk, want_dv, terms) = prob.backward(&q, &k, &v, &dout);
     let es = if p == AttentionPrecision::Bf16 { 2 } else { 4 };
-    let junk = |n: usize| vec![0xffu8; n];
+    let mut bufs: Vec<Vec<u8>> = at
+        .inputs([&q, &k, &v, &dout])
+        .into_iter()
+        .zip(&at.lens)
+        .map(|(b, &n)| match b {
+            Some(values) => encode(p, &values),
+            None => vec![0xff; n * es],
+        })
+        .collect();
+    bufs.extend([
+        vec![0xff; prob.bh * prob.tq * 4],
+        vec![0xff; prob.bh * prob.tq * 4],
+    ]);
     let fwd = attention::forward(s).unwrap();
-    let r = emu.run(
-        &fwd,
-        &[
-            encode(p, &q),
-            encode(p, &k),
-            encode(p, &v),
-            junk(nq * es),
-            junk(prob.bh * prob.tq * 4),
-        ],
-    );
-    let out = decode(p, &r[3]);
-    let lse = f32s(&r[4]);
     let bwd = attention::backward(s).unwrap();
-    let delta = emu
-        .run(
-            &bwd.preprocess,
-            &[r[3].clone(), encode(p, &dout), junk(prob.bh * prob.tq * 4)],
-        )
-        .pop()
-        .unwrap();
+    let mut bad = Vec::new();
+    for (name, kernel, args, written) in [
+        ("forward", &fwd, &FORWARD[..], &[Out][..]),
+        ("preprocess", &bwd.preprocess, &PREPROCESS[..], &[Out][..]),
+        ("dkdv", &bwd.dkdv, &DKDV[..], &[Out, Dk, Dv][..]),
+        ("dq", &bwd.dq, &DQ[..], &[Out, Dk, Dv, Dq][..]),
+    ] {
+        let args: Vec<(usize, usize)> = args
+            .iter()
+            .map(|&a| {
+                let (b, elems) = at.arg(a);
+                (b, elems * es)
+            })
+            .collect();
+        bufs = emu.run(kernel, &bufs, &args);
+        if let Err(e) = at.untouched(&bufs, es, written) {
+            bad.push(format!("{s:?}: after {name}: {e}"));
+        }
+    }
+    let values = |op: Operand| at.gather(op, &decode(p, &bufs[at.site(op).buffer]));
+    let out = values(Out);
     let want_delta: Vec<f64> = (0..prob.bh * prob.tq)
         .map(|i| {
             (0..prob.d)
@@ -412,34 +452,25 @@ fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
                 .sum()
         })
         .collect();
-    let common = [
-        encode(p, &q),
-        encode(p, &k),
-        encode(p, &v),
-        encode(p, &dout),
-        r[4].clone(),
-        delta.clone(),
-    ];
-    let mut a = common.to_vec();
-    a.extend([junk(nk * es), junk(nk * es)]);
-    let r2 = emu.run(&bwd.dkdv, &a);
-    let mut b = common.to_vec();
-    b.push(junk(nq * es));
-    let r3 = emu.run(&bwd.dq, &b);
     let tol = tolerance(p);
-    let mut bad = Vec::new();
     for (what, got, want, tol, floor) in [
-        ("out", out, want_out, tol, 1e-3),
-        ("lse", lse, want_lse, tol, 1e-3),
-        ("delta", f32s(&delta), want_delta, 1e-5, 1e-3),
-        ("dk", decode(p, &r2[6]), want_dk, tol, terms),
-        ("dv", decode(p, &r2[7]), want_dv, tol, 1e-3),
-        ("dq", decode(p, &r3[6]), want_dq, tol, terms),
+        ("out", out.clone(), want_out, tol, 1e-3),
+        ("lse", f32s(&bufs[at.arg(Lse).0]), want_lse, tol, 1e-3),
+        (
+            "delta",
+            f32s(&bufs[at.arg(Delta).0]),
+            want_delta,
+            1e-5,
+            1e-3,
+        ),
+        ("dk", values(Dk), want_dk, tol, terms),
+        ("dv", values(Dv), want_dv, tol, 1e-3),
+        ("dq", values(Dq), want_dq, tol, terms),
     ] {
         let e = relative_error(&got, &want, floor);
         eprintln!(
-            "{:?} {} {} {} {} {what}: {e:.2e}",
-            p, s.seq_q, s.seq_k, s.head_dim, s.causal
+            "{:?} {} {} {} {} heads {} {what}: {e:.2e}",
+            p, s.seq_q, s.seq_k, s.head_dim, s.causal, s.layout.heads
         );
         if e.is_nan() || e > tol {
             bad.push(format!(
@@ -448,6 +479,30 @@ fn check(emu: &Emu, s: &AttentionShape, seed: u64) -> Vec<String> {
         }
     }
     bad
+}
+
+/// Builds the emulation of every kernel of `cases` and checks each case; panics with the
+/// failures.
+fn check_all(cases: &[(AttentionShape, Placement)]) {
+    let kernels: Vec<(CudaKernel, attention::AttentionBackward)> = cases
+        .iter()
+        .map(|(s, _)| {
+            (
+                attention::forward(s).unwrap(),
+                attention::backward(s).unwrap(),
+            )
+        })
+        .collect();
+    let all: Vec<&CudaKernel> = kernels
+        .iter()
+        .flat_map(|(f, b)| [f, &b.preprocess, &b.dkdv, &b.dq])
+        .collect();
+    let Some(emu) = Emu::build(&all) else { return };
+    let mut bad = Vec::new();
+    for (i, (s, at)) in cases.iter().enumerate() {
+        bad.extend(check(&emu, s, at, 10 * i as u64));
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
 #[test]
@@ -463,23 +518,47 @@ fn the_attention_kernels_emulated_on_the_host_match_the_f64_reference() {
     }
     shapes.push(shape(Bf16, 1, 70, 37, 96, true));
     shapes.push(shape(F32, 1, 37, 70, 48, true));
-    let kernels: Vec<(CudaKernel, attention::AttentionBackward)> = shapes
-        .iter()
+    let cases: Vec<(AttentionShape, Placement)> = shapes
+        .into_iter()
         .map(|s| {
-            (
-                attention::forward(s).unwrap(),
-                attention::backward(s).unwrap(),
-            )
+            let at = Placement::separate(s.layout, s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+            (s, at)
         })
         .collect();
-    let all: Vec<&CudaKernel> = kernels
-        .iter()
-        .flat_map(|(f, b)| [f, &b.preprocess, &b.dkdv, &b.dq])
-        .collect();
-    let Some(emu) = Emu::build(&all) else { return };
-    let mut bad = Vec::new();
-    for (i, s) in shapes.iter().enumerate() {
-        bad.extend(check(&emu, s, 10 * i as u64));
+    check_all(&cases);
+}
+
+/// Token-major operands, packed q/k/v (k and v pointing into q's buffer, dk and dv into dq's),
+/// and token-major rows with gaps between them: read and written where they lie, nothing
+/// written in the gaps or in another operand's slot.
+#[test]
+fn strided_layouts_emulated_on_the_host_match_the_f64_reference() {
+    use AttentionPrecision::*;
+    let mut cases = Vec::new();
+    for p in [F32, Tf32, Bf16] {
+        // batch 2, heads 3: problem bh is batch bh / 3, head bh % 3; Tq ≠ Tk, a partial tile.
+        let (heads, tq, tk, d) = (3, 17, 40, 32);
+        let layout = Layout::tokens(heads, tq, tk, d);
+        let s = AttentionShape {
+            layout,
+            ..shape(p, 2 * heads, tq, tk, d, p != Tf32)
+        };
+        cases.push((s, Placement::separate(layout, s.batch_heads, tq, tk, d)));
+        // batch 2, heads 2, one sequence of 33 (self-attention).
+        let (heads, t, d) = (2, 33, 64);
+        let at = Placement::packed(heads, 2 * heads, t, d);
+        let s = AttentionShape {
+            layout: at.layout,
+            ..shape(p, 2 * heads, t, t, d, p != F32)
+        };
+        cases.push((s, at));
     }
-    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    // Gaps of 16 elements after every token and every batch.
+    let layout = padded_tokens(2, 20, 20, 48, 16);
+    let s = AttentionShape {
+        layout,
+        ..shape(Bf16, 4, 20, 20, 48, true)
+    };
+    cases.push((s, Placement::separate(layout, 4, 20, 20, 48)));
+    check_all(&cases);
 }

@@ -7,6 +7,7 @@
 //!
 //! `cargo run --release -p ingot-runtime --example attention_bench [-- B H T D]`
 
+use ingot_kernels::attention::Layout;
 use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape, TileKernel};
 use ingot_kernels::cuda::CudaKernel;
 
@@ -70,6 +71,7 @@ fn main() -> Res<()> {
             causal: true,
             scale: 1.0 / (d as f32).sqrt(),
             precision: p,
+            layout: Layout::contiguous(t, t, d),
         };
         let fwd = attention::forward(&s).map_err(|e| e.to_string())?;
         let bwd = attention::backward(&s).map_err(|e| e.to_string())?;
@@ -154,6 +156,7 @@ fn tilings(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()
             causal: true,
             scale: 1.0 / (d as f32).sqrt(),
             precision: p,
+            layout: Layout::contiguous(t, t, d),
         };
         let mut ks = Vec::new();
         for kind in [TileKernel::Forward, TileKernel::Dkdv, TileKernel::Dq] {

@@ -114,8 +114,15 @@ impl Modules {
 
     /// Launches `k` on `args` (asynchronously).
     pub fn launch(&self, k: &CudaKernel, args: &[&Buf]) -> Res<()> {
+        let ptrs: Vec<sys::CUdeviceptr> = args.iter().map(|b| b.at(0)).collect();
+        self.launch_at(k, &ptrs)
+    }
+
+    /// Launches `k` with its pointer parameters at `args`: device addresses, which may lie
+    /// inside a buffer ([`Buf::at`]), as packed k and v lie in q's buffer.
+    pub fn launch_at(&self, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
         let f = self.functions[&k.name];
-        let mut vals: Vec<u64> = args.iter().map(|b| b.ptr).collect();
+        let mut vals: Vec<u64> = args.to_vec();
         let mut params: Vec<*mut c_void> = vals
             .iter_mut()
             .map(|v| v as *mut u64 as *mut c_void)
@@ -138,6 +145,18 @@ impl Modules {
 pub struct Buf {
     pub ptr: sys::CUdeviceptr,
     pub bytes: usize,
+}
+
+impl Buf {
+    /// The address `bytes` into the buffer (at most its end).
+    pub fn at(&self, bytes: usize) -> sys::CUdeviceptr {
+        assert!(
+            bytes <= self.bytes,
+            "{bytes} bytes into a buffer of {}",
+            self.bytes
+        );
+        self.ptr + bytes as sys::CUdeviceptr
+    }
 }
 
 impl Drop for Buf {

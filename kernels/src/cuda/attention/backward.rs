@@ -12,8 +12,9 @@
 //! they become a product's operand (in the per-warp shared tile); `ds` is computed from the
 //! unrounded probabilities.
 
+use super::common::{self, Operand};
 use super::tiles::Tiles;
-use super::{common, AttentionError, AttentionShape, Text};
+use super::{AttentionError, AttentionShape, Text};
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
 
 /// Rows (warps) a block of the preprocess kernel.
@@ -33,17 +34,27 @@ pub(super) fn preprocess(s: &AttentionShape) -> Result<CudaKernel, AttentionErro
         ],
     ));
     c.line(format!("constexpr int D = {};", s.head_dim));
+    c.line(format!("constexpr unsigned long long TQ = {}ull;", s.seq_q));
+    common::layout_constants(&mut c, s, &[Operand::Out]);
+    // `row` runs over every problem's rows (delta's index); the layout places row `i` of
+    // problem `bh`.
     c.line(format!(
         "const unsigned long long row = (unsigned long long)blockIdx.x * {PRE_ROWS}ull + (threadIdx.x >> 5);"
     ));
     c.line("const int lane = (int)(threadIdx.x & 31u);");
     c.line(format!("if (row >= {rows}ull) return;"));
+    c.line("const unsigned long long bh = row / TQ, i = row % TQ;");
+    c.line(common::SPLIT_PROBLEM);
+    c.line(format!(
+        "const unsigned long long at = {} + i * O_SR;",
+        Operand::Out.base()
+    ));
     c.line("float acc = 0.0f;");
     c.line("#pragma unroll");
     c.line(format!(
         "for (int d = lane; d < D; d += 32) acc = fmaf({}, {}, acc);",
-        x.widen("out[row * D + d]"),
-        x.widen("dout[row * D + d]")
+        x.widen("out[at + d]"),
+        x.widen("dout[at + d]")
     ));
     c.line("#pragma unroll");
     c.line("for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
@@ -59,6 +70,20 @@ pub(super) fn preprocess(s: &AttentionShape) -> Result<CudaKernel, AttentionErro
     ))
 }
 
+/// Problem `bh`'s batch and head, and where its rows of the inputs start: `qb`, `dob`, `kb`,
+/// `vb` (by the layout of q, out and kv).
+fn problem_bases(c: &mut Src, st: &str) {
+    c.line(common::SPLIT_PROBLEM);
+    for (p, n, op) in [
+        ("qb", "q", Operand::Q),
+        ("dob", "dout", Operand::Out),
+        ("kb", "k", Operand::Kv),
+        ("vb", "v", Operand::Kv),
+    ] {
+        c.line(format!("const {st}* {p} = {n} + {};", op.base()));
+    }
+}
+
 /// Zeroes `name[N][4]`.
 fn zero(c: &mut Src, name: &str, n: &str) {
     c.line(format!("float {name}[{n}][4];"));
@@ -68,9 +93,17 @@ fn zero(c: &mut Src, name: &str, n: &str) {
     ));
 }
 
-/// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, each below
-/// `limit`), times `factor` if any.
-fn store_rows(c: &mut Src, x: &Text, acc: &str, base: &str, factor: Option<&str>, limit: &str) {
+/// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, `op`'s row
+/// stride apart, each below `limit`), times `factor` if any.
+fn store_rows(
+    c: &mut Src,
+    x: &Text,
+    acc: &str,
+    base: &str,
+    op: Operand,
+    factor: Option<&str>,
+    limit: &str,
+) {
     let f = |e: usize| match factor {
         Some(f) => format!("{acc}[n][{e}] * {f}"),
         None => format!("{acc}[n][{e}]"),
@@ -80,7 +113,10 @@ fn store_rows(c: &mut Src, x: &Text, acc: &str, base: &str, factor: Option<&str>
         c.line("#pragma unroll");
         c.open("for (int n = 0; n < D / 8; ++n) {");
         c.line(x.store_output_pair(
-            &format!("{base} + (unsigned long long){row} * D + n * 8 + 2 * t"),
+            &format!(
+                "{base} + (unsigned long long){row} * {} + n * 8 + 2 * t",
+                op.row()
+            ),
             &f(e0),
             &f(e0 + 1),
         ));
@@ -129,16 +165,11 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     // Causal: the first key tiles see the most queries; they start first.
     c.line("const int k0 = (int)(blockIdx.x / (unsigned)BH) * BC;");
     c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
-    for (p, n) in [("qb", "q"), ("dob", "dout")] {
-        c.line(format!("const {st}* {p} = {n} + bh * TQ * D;"));
-    }
-    for (p, n) in [("kb", "k"), ("vb", "v")] {
-        c.line(format!("const {st}* {p} = {n} + bh * TK * D;"));
-    }
+    problem_bases(&mut c, st);
     c.line("const float* lb = lse + bh * TQ;");
     c.line("const float* db = delta + bh * TQ;");
-    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
     zero(&mut c, "dka", "D / 8");
     zero(&mut c, "dva", "D / 8");
     c.line("const int r0 = k0 + warp * 16 + g, r1 = r0 + 8;");
@@ -150,8 +181,8 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     });
     c.open("for (int q0 = qstart; q0 < TQ; q0 += BR) {");
     c.line("__syncthreads();");
-    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
-    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
+    c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, O_SR, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
     c.open("for (int i = (int)threadIdx.x; i < BR; i += THREADS) {");
     c.line("const bool in = q0 + i < TQ;");
     c.line("sl[i] = in ? lb[q0 + i] * LOG2E : 0.0f;");
@@ -214,10 +245,10 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
         x.mm
     ));
     c.close();
-    c.line(format!("{st}* dkb = dk + bh * TK * D;"));
-    c.line(format!("{st}* dvb = dv + bh * TK * D;"));
-    store_rows(&mut c, &x, "dka", "dkb", Some("SCALE"), "TK");
-    store_rows(&mut c, &x, "dva", "dvb", None, "TK");
+    c.line(format!("{st}* dkb = dk + {};", Operand::Kv.base()));
+    c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));
+    store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
+    store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
     c.close();
     Ok(finish(
         c.text,
@@ -267,14 +298,9 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
         tiles
     ));
     c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
-    for (p, n) in [("qb", "q"), ("dob", "dout")] {
-        c.line(format!("const {st}* {p} = {n} + bh * TQ * D;"));
-    }
-    for (p, n) in [("kb", "k"), ("vb", "v")] {
-        c.line(format!("const {st}* {p} = {n} + bh * TK * D;"));
-    }
-    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
-    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
+    problem_bases(&mut c, st);
+    c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line("ig_fa_load<BR, D, O_SR, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
     c.line("const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;");
     c.line("const float L0 = r0 < TQ ? lse[bh * TQ + r0] * LOG2E : 0.0f;");
     c.line("const float L1 = r1 < TQ ? lse[bh * TQ + r1] * LOG2E : 0.0f;");
@@ -289,8 +315,8 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     });
     c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
     c.line("__syncthreads();");
-    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
     c.line("__syncthreads();");
     zero(&mut c, "sc", "BC / 8");
     c.line(format!(
@@ -327,8 +353,8 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
         x.mm
     ));
     c.close();
-    c.line(format!("{st}* dqb = dq + bh * TQ * D;"));
-    store_rows(&mut c, &x, "dqa", "dqb", Some("SCALE"), "TQ");
+    c.line(format!("{st}* dqb = dq + {};", Operand::Q.base()));
+    store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
     c.close();
     Ok(finish(
         c.text,

@@ -4,6 +4,7 @@
 
 use super::tiles::{self, TileKernel, Tiles};
 use super::{AttentionError, AttentionPrecision, AttentionShape};
+use crate::attention::{Layout, Strides};
 use crate::cuda::{literal, Src};
 use crate::DType;
 
@@ -47,6 +48,7 @@ pub(crate) fn check(s: &AttentionShape) -> Result<(), AttentionError> {
             });
         }
     }
+    check_layout(s)?;
     // The preprocess kernel's grid: 8 rows a block.
     let rows = s.batch_heads.saturating_mul(s.seq_q);
     if rows.div_ceil(8) > MAX_GRID {
@@ -57,6 +59,55 @@ pub(crate) fn check(s: &AttentionShape) -> Result<(), AttentionError> {
         });
     }
     Ok(())
+}
+
+/// The layout's operands by the names the kernels and the errors give them.
+fn operands(l: &Layout) -> [(&'static str, Strides); 3] {
+    [("q", l.q), ("kv", l.kv), ("out", l.out)]
+}
+
+/// Whether the kernels can address `s.layout`: every problem has a batch and a head, rows do
+/// not overlap, and every stride keeps the 16-byte vectors aligned (the condition of
+/// [`Layout::aligned`], stride by stride so that the error names the stride).
+fn check_layout(s: &AttentionShape) -> Result<(), AttentionError> {
+    let l = &s.layout;
+    if l.heads == 0 || !s.batch_heads.is_multiple_of(l.heads) {
+        return Err(AttentionError::Heads {
+            heads: l.heads,
+            batch_heads: s.batch_heads,
+        });
+    }
+    for (operand, st) in operands(l) {
+        if st.row < s.head_dim {
+            return Err(AttentionError::OverlappingRows {
+                operand,
+                row: st.row,
+                head_dim: s.head_dim,
+            });
+        }
+    }
+    let elems = vector_elems(s.precision);
+    for (operand, st) in operands(l) {
+        for (stride, value) in [("batch", st.batch), ("head", st.head), ("row", st.row)] {
+            if !value.is_multiple_of(elems) {
+                return Err(AttentionError::MisalignedStride {
+                    operand,
+                    stride,
+                    value,
+                    elems,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Elements of a 16-byte vector: what every stride must be a multiple of.
+fn vector_elems(p: AttentionPrecision) -> usize {
+    match p {
+        AttentionPrecision::Bf16 => 8,
+        AttentionPrecision::F32 | AttentionPrecision::Tf32 => 4,
+    }
 }
 
 /// The tiling of `kernel` for `s`.
@@ -82,6 +133,67 @@ pub(crate) fn grid(s: &AttentionShape, tiles: usize) -> Result<u32, AttentionErr
         });
     }
     Ok(blocks as u32)
+}
+
+/// An operand group of the layout, as the kernels' text names its strides.
+#[derive(Clone, Copy)]
+pub(crate) enum Operand {
+    /// q and dq: `Q_SB`, `Q_SH`, `Q_SR`.
+    Q,
+    /// k, v, dk and dv: `KV_SB`, `KV_SH`, `KV_SR`.
+    Kv,
+    /// out and dout: `O_SB`, `O_SH`, `O_SR`.
+    Out,
+}
+
+impl Operand {
+    fn prefix(self) -> &'static str {
+        match self {
+            Operand::Q => "Q",
+            Operand::Kv => "KV",
+            Operand::Out => "O",
+        }
+    }
+
+    fn strides(self, l: &Layout) -> Strides {
+        match self {
+            Operand::Q => l.q,
+            Operand::Kv => l.kv,
+            Operand::Out => l.out,
+        }
+    }
+
+    /// The row stride's name: the template argument of `ig_fa_load` and the stores' step.
+    pub(crate) fn row(self) -> String {
+        format!("{}_SR", self.prefix())
+    }
+
+    /// Where problem (`b`, `h`)'s rows of this operand start, in elements (after
+    /// [`SPLIT_PROBLEM`]).
+    pub(crate) fn base(self) -> String {
+        let p = self.prefix();
+        format!("b * {p}_SB + h * {p}_SH")
+    }
+}
+
+/// Splits problem `bh` into its batch and head, as the layout numbers them.
+pub(crate) const SPLIT_PROBLEM: &str = "const unsigned long long b = bh / HEADS, h = bh % HEADS;";
+
+/// The layout as literals: `HEADS` and the strides of `operands` (64-bit: a batch stride of a
+/// long sequence passes 2^31 elements), so that the addressing folds at compile time and the
+/// contiguous layout's `b = bh / 1`, `h·0` vanish.
+pub(crate) fn layout_constants(c: &mut Src, s: &AttentionShape, operands: &[Operand]) {
+    c.line(format!(
+        "constexpr unsigned long long HEADS = {}ull;",
+        s.layout.heads
+    ));
+    for op in operands {
+        let (p, st) = (op.prefix(), op.strides(&s.layout));
+        c.line(format!(
+            "constexpr unsigned long long {p}_SB = {}ull, {p}_SH = {}ull, {p}_SR = {}ull;",
+            st.batch, st.head, st.row
+        ));
+    }
 }
 
 /// The precision-dependent pieces of a kernel's text.
@@ -118,8 +230,9 @@ impl Text {
         }
     }
 
-    /// The constants every kernel declares: sizes, tile sizes, the scale (times log2 e: the
-    /// kernels exponentiate with `exp2f`), ln 2 and log2 e, and -infinity.
+    /// The constants every tiled kernel declares: sizes, the layout ([`layout_constants`]),
+    /// tile sizes, the scale (times log2 e: the kernels exponentiate with `exp2f`), ln 2 and
+    /// log2 e, and -infinity.
     pub(crate) fn constants(
         &self,
         c: &mut Src,
@@ -132,6 +245,7 @@ impl Text {
             "constexpr int BH = {}, TQ = {}, TK = {}, D = {};",
             s.batch_heads, s.seq_q, s.seq_k, s.head_dim
         ));
+        layout_constants(c, s, &[Operand::Q, Operand::Kv, Operand::Out]);
         c.line(format!(
             "constexpr int BR = {rows}, BC = {inner}, THREADS = {threads}, LD = {};",
             self.ld

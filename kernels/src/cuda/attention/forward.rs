@@ -10,8 +10,9 @@
 //! Causal blocks stop at the last key tile their rows can see; blocks are ordered so that the
 //! longest (the last query tiles) start first.
 
+use super::common::{self, Operand};
 use super::tiles::Tiles;
-use super::{common, AttentionError, AttentionShape, Text};
+use super::{AttentionError, AttentionShape, Text};
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
 
 pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, AttentionError> {
@@ -51,10 +52,11 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
         tiles
     ));
     c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
-    c.line(format!("const {st}* qb = q + bh * TQ * D;"));
-    c.line(format!("const {st}* kb = k + bh * TK * D;"));
-    c.line(format!("const {st}* vb = v + bh * TK * D;"));
-    c.line("ig_fa_load<BR, D, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+    c.line(common::SPLIT_PROBLEM);
+    c.line(format!("const {st}* qb = q + {};", Operand::Q.base()));
+    c.line(format!("const {st}* kb = k + {};", Operand::Kv.base()));
+    c.line(format!("const {st}* vb = v + {};", Operand::Kv.base()));
+    c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
     c.line("float o[D / 8][4];");
     c.line("#pragma unroll");
     c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }");
@@ -68,8 +70,8 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     });
     c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
     c.line("__syncthreads();");
-    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
     c.line("__syncthreads();");
     c.line("float s[BC / 8][4];");
     c.line("#pragma unroll");
@@ -121,14 +123,14 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     ));
     c.close();
     c.line("l0 = ig_fa_quad_sum(l0); l1 = ig_fa_quad_sum(l1);");
-    c.line(format!("{st}* ob = out + bh * TQ * D;"));
+    c.line(format!("{st}* ob = out + {};", Operand::Out.base()));
     for (row, l, m) in [("i0", "l0", "m0"), ("i1", "l1", "m1")] {
         c.open(format!("if ({row} < TQ) {{"));
         c.line("#pragma unroll");
         c.open("for (int n = 0; n < D / 8; ++n) {");
         let (e0, e1) = if row == "i0" { (0, 1) } else { (2, 3) };
         c.line(x.store_output_pair(
-            &format!("ob + (unsigned long long){row} * D + n * 8 + 2 * t"),
+            &format!("ob + (unsigned long long){row} * O_SR + n * 8 + 2 * t"),
             &format!("o[n][{e0}] / {l}"),
             &format!("o[n][{e1}] / {l}"),
         ));

@@ -174,10 +174,11 @@ __device__ __forceinline__ void ig_fa_mm_kn_f32(float (*c)[4], const float* a, c
     }
   }
 }
-// Rows [row0, row0 + R) of a [rows × D] matrix at `src` into shared memory at `dst` (row stride
-// LD elements), 16 bytes a thread at a time; rows at or past `rows` read as zeros. TF32: each
-// float rounded to tf32 on the way (what the tf32 products read).
-template <int R, int D, int LD, int THREADS, bool TF32, typename T>
+// Rows [row0, row0 + R) of `rows` rows of D elements, RS elements apart from `src` (the
+// operand's row stride: the layout's), into shared memory at `dst` (row stride LD elements),
+// 16 bytes a thread at a time; rows at or past `rows` read as zeros. TF32: each float rounded
+// to tf32 on the way (what the tf32 products read).
+template <int R, int D, unsigned long long RS, int LD, int THREADS, bool TF32, typename T>
 __device__ __forceinline__ void ig_fa_load(T* dst, const T* src, int row0, int rows) {
   constexpr int V = 16 / (int)sizeof(T);
   constexpr int PER_ROW = D / V;
@@ -188,7 +189,7 @@ __device__ __forceinline__ void ig_fa_load(T* dst, const T* src, int row0, int r
     if (R * PER_ROW % THREADS == 0 || i < R * PER_ROW) {
       const int r = i / PER_ROW, col = (i % PER_ROW) * V;
       uint4 x = make_uint4(0u, 0u, 0u, 0u);
-      if (row0 + r < rows) x = *(const uint4*)(src + (unsigned long long)(row0 + r) * D + col);
+      if (row0 + r < rows) x = *(const uint4*)(src + (unsigned long long)(row0 + r) * RS + col);
       if (TF32) {
         x.x = ig_fa_tf32(__uint_as_float(x.x));
         x.y = ig_fa_tf32(__uint_as_float(x.y));

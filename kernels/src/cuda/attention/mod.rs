@@ -24,12 +24,18 @@
 //!   64 × 64 forward and dq, 64 keys × 32 queries dkdv).
 //! - Lengths that are not a multiple of a tile load zeros past the end and mask those keys (or
 //!   queries, in `dkdv`); rows past the end are not stored.
+//! - Addressing ([`crate::attention::Layout`]): a kernel splits its problem `bh` into batch
+//!   `bh / heads` and head `bh % heads`, starts each operand at `batch·SB + head·SH` and steps
+//!   its rows by the row stride, so token-major and packed q/k/v are read and written where
+//!   they lie, without a transpose; lse and delta are contiguous in every layout.
 //!
-//! Every size, the scale and the mask are literals; the text is deterministic and its entry
-//! point is `ingot_{fnv1a64(text)}` as for the fused kernels. Each kernel's text starts with
-//! the helpers behind include guards, so a module holding several of them compiles.
+//! Every size, the layout's strides, the scale and the mask are literals; the text is
+//! deterministic and its entry point is `ingot_{fnv1a64(text)}` as for the fused kernels. Each
+//! kernel's text starts with the helpers behind include guards, so a module holding several of
+//! them compiles.
 
 use super::CudaKernel;
+use crate::attention::Layout;
 use serde::{Deserialize, Serialize};
 
 mod backward;
@@ -63,9 +69,10 @@ pub enum AttentionPrecision {
     Bf16,
 }
 
-/// One fused attention problem set. Layouts (contiguous, row-major): q, out, dout, dq
-/// `[batch_heads, seq_q, head_dim]`; k, v, dk, dv `[batch_heads, seq_k, head_dim]`; lse and
-/// delta f32 `[batch_heads, seq_q]`.
+/// One fused attention problem set. Where the operands lie is [`AttentionShape::layout`]:
+/// rows of `head_dim` contiguous elements, `seq_q` of them a problem for q, out, dout, dq and
+/// `seq_k` for k, v, dk, dv, each problem's rows placed by the layout's strides; lse and delta
+/// are f32 `[batch_heads, seq_q]`, contiguous, whatever the layout.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionShape {
     /// batch × heads: independent attention problems.
@@ -78,7 +85,13 @@ pub struct AttentionShape {
     /// Multiplies `q·kᵀ` before the softmax.
     pub scale: f32,
     pub precision: AttentionPrecision,
-    pub layout: crate::attention::Layout,
+    /// The strides of every operand: `layout.q` for q and dq, `layout.kv` for k, v, dk and dv,
+    /// `layout.out` for out and dout ([`Layout::contiguous`] is
+    /// `[batch_heads, seq, head_dim]`). Each pointer passed at launch is its operand's start
+    /// (for [`Layout::packed`], k and v point at their slots), 16-byte aligned; the strides
+    /// must be multiples of 16 bytes, and a row stride at least `head_dim`, or the kernels
+    /// refuse the shape.
+    pub layout: Layout,
 }
 
 /// Why no kernel exists for a shape (the compiler turns these into refusals at compile time).
@@ -105,6 +118,39 @@ pub enum AttentionError {
         what: &'static str,
         value: usize,
         limit: usize,
+    },
+    /// Problem `bh` is batch `bh / heads`, head `bh % heads`: `heads` must be at least 1 and
+    /// divide `batch_heads`, or some problem has no batch and head.
+    #[error(
+        "fused attention: the layout's heads = {heads} does not split batch_heads = \
+         {batch_heads} into batches (heads must be at least 1 and divide batch_heads)"
+    )]
+    Heads { heads: usize, batch_heads: usize },
+    /// The kernels load and store rows as 16-byte vectors: every stride (in elements) must be
+    /// a multiple of 16 bytes' worth of elements, `elems` (8 for bf16, 4 for f32 and tf32).
+    #[error(
+        "fused attention: the {operand} {stride} stride {value} is not a multiple of {elems} \
+         elements (16 bytes): the kernels move rows as 16-byte vectors"
+    )]
+    MisalignedStride {
+        /// `q`, `kv` or `out` (the field of the layout).
+        operand: &'static str,
+        /// `batch`, `head` or `row`.
+        stride: &'static str,
+        value: usize,
+        elems: usize,
+    },
+    /// A row stride below `head_dim` makes consecutive rows share elements: the kernels would
+    /// read rows that run into each other and write outputs over each other.
+    #[error(
+        "fused attention: the {operand} row stride {row} is less than head_dim {head_dim}: \
+         consecutive rows would overlap"
+    )]
+    OverlappingRows {
+        /// `q`, `kv` or `out` (the field of the layout).
+        operand: &'static str,
+        row: usize,
+        head_dim: usize,
     },
     /// No tiling fits the 48 KiB of shared memory a block may declare (no supported shape
     /// gets this; it guards the tile table).
