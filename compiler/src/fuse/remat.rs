@@ -169,6 +169,11 @@ pub fn recompute_with(
                 && (mat[y.index()] || !super::select::cheap_to_recompute(g, &mat, y, recompute_ops))
         };
         if let Some(expr) = expression(g, read, v, 2 * recompute_ops, |y| is_heavy[y.index()]) {
+            // A copy that would alone keep as many bytes alive to the backward pass as it frees
+            // (a bias add over a product nothing else reads later) only adds a kernel.
+            if !over_heavy && kept_only_for(g, &users, &expr) >= g.ty(v).bytes() {
+                continue;
+            }
             cloned_for[i] = true;
             for x in expr {
                 in_copy[x.index()] = true;
@@ -203,6 +208,52 @@ pub fn recompute_with(
     }
     out.keep_outputs_of(g, |x| new_id[x.index()].expect("all nodes are copied"))?;
     Ok((out, count, copied))
+}
+
+/// Bytes of the library outputs (matrix products, say) the copy `expr` reads that nothing but
+/// the copied expression reads: with the copy, such an output lives on to the backward pass in
+/// place of the value, so the copy frees nothing for them (a bias add over a product that only
+/// the bias add reads). Other reads are counted as free: they are either kept for the backward
+/// pass anyway or recomputed in turn, which the size rule of [`expression`] already bounds.
+fn kept_only_for(g: &Graph, users: &[Vec<NodeId>], expr: &[NodeId]) -> usize {
+    let mut bases: Vec<NodeId> = Vec::new();
+    for &x in expr {
+        for &y in &g.node(x).inputs {
+            let b = super::select::base(g, y);
+            if !expr.contains(&y) && !bases.contains(&b) {
+                bases.push(b);
+            }
+        }
+    }
+    bases
+        .iter()
+        .filter(|&&b| kind(g.node(b)) == Kind::Library && read_only_by(g, users, b, expr))
+        .map(|&b| g.ty(b).bytes())
+        .sum()
+}
+
+/// Whether `b` reaches nothing but the copied value `expr[0]` through the expression: every
+/// reader of `b`, of a reshape of it, or of a node of the expression over it is in the
+/// expression (or is that value). A node of the expression another node reads (a GELU's input,
+/// which its backward pass reads too) keeps `b` alive for that reader anyway.
+fn read_only_by(g: &Graph, users: &[Vec<NodeId>], b: NodeId, expr: &[NodeId]) -> bool {
+    let mut stack = vec![b];
+    let mut seen = vec![b];
+    while let Some(x) = stack.pop() {
+        if x == expr[0] {
+            continue;
+        }
+        for &u in &users[x.index()] {
+            if !(expr.contains(&u) || g.node(u).op.is_alias()) {
+                return false;
+            }
+            if !seen.contains(&u) {
+                seen.push(u);
+                stack.push(u);
+            }
+        }
+    }
+    true
 }
 
 /// A forward value fusion stores and the backward pass reads that is not cheap to recompute:
@@ -458,6 +509,37 @@ mod tests {
             assert!(g
                 .ids()
                 .any(|id| g.origin(id).label().contains(".ln1 (recomputed)")));
+        }
+    }
+
+    /// The q/k/v an attention saves is the projection plus its bias, read packed. A copy of the
+    /// bias add would keep the product (which nothing else reads) alive in its place: the same
+    /// bytes and one more kernel, so it is kept, not recomputed.
+    #[test]
+    fn a_bias_add_over_a_product_only_it_reads_is_kept_not_recomputed() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let opts = Options {
+                precision: Some(precision),
+                ..Options::for_target(crate::lower::Target::Cpu)
+            };
+            let c = compile_model(
+                "gpt:vocab=32,d_model=64,layers=2,heads=2,d_ff=64,seq=8,batch=2",
+                &opts,
+            )
+            .unwrap();
+            let g = &c.graph;
+            // The projection's values (2·8 tokens × 3·64); the LayerNorm output under the
+            // projection is recomputed, and carries the projection's name too.
+            let recomputed: Vec<String> = g
+                .ids()
+                .filter(|&id| g.ty(id).shape.numel() == 2 * 8 * 3 * 64)
+                .map(|id| g.origin(id).label())
+                .filter(|l| l.contains(".qkv") && l.contains("(recomputed)"))
+                .collect();
+            assert!(recomputed.is_empty(), "{precision:?}: {recomputed:?}");
+            assert!(g
+                .ids()
+                .any(|id| g.origin(id).label().contains("(recomputed)")));
         }
     }
 }
