@@ -197,15 +197,11 @@ fn one_key_count_and_head_dim(
     Ok(())
 }
 
-/// The types of every output of an attention op, output 0 (the node's own value) first:
-/// `[out, lse]` for `attention`; for `attention_grad` the forward operands' gradients (`[dq,
-/// dk, dv]`, or `[dqkv]` when packed). The error says which operand breaks which rule (see
-/// [`Op::Attention`]). Allocates nothing for operands of rank up to 4 (the CPU executor calls
-/// it on every step).
-pub fn attention_outputs(
-    op: &Op,
-    operands: &[&TensorType],
-) -> Result<SmallVec<[TensorType; 3]>, String> {
+/// An attention op over `operands` checked against every rule (the forward's operands, and an
+/// `attention_grad`'s `out`, `lse` and `dout`), its problem, and whether it is the backward
+/// op. The error says which operand breaks which rule (see [`Op::Attention`]). Allocates
+/// nothing for types of rank up to 4 (the CPU executor calls it on every step).
+pub fn attention_check(op: &Op, operands: &[&TensorType]) -> Result<(Problem, bool), String> {
     let (_, _, layout, grad) = layout_of(op)?;
     let n = layout.inputs();
     let want = if grad { n + 3 } else { n };
@@ -222,33 +218,74 @@ pub fn attention_outputs(
         ));
     }
     let p = attention_problem(op, operands)?;
-    let out = match layout {
-        AttentionLayout::Heads => operands[0].clone(),
-        _ => TensorType::new(
-            Shape::new(&[p.batch_heads / p.heads, p.seq_q, p.heads, p.head_dim]),
-            p.dtype,
-        ),
+    if grad {
+        let (o, l, dout) = (operands[n], operands[n + 1], operands[n + 2]);
+        let [out, lse] = forward_outputs(&p, operands[0]);
+        if *o != out {
+            return Err(format!("out must be {out}, got {o}"));
+        }
+        if *l != lse {
+            return Err(format!("lse must be {lse}, got {l}"));
+        }
+        if *dout != out {
+            return Err(format!("dout must have out's type {out}, got {dout}"));
+        }
+    }
+    Ok((p, grad))
+}
+
+/// `[out, lse]` of problem `p` whose first operand is `first`.
+fn forward_outputs(p: &Problem, first: &TensorType) -> [TensorType; 2] {
+    let (b, h) = (p.batch_heads / p.heads, p.heads);
+    let out = match p.layout {
+        AttentionLayout::Heads => first.clone(),
+        _ => TensorType::new(Shape::new(&[b, p.seq_q, h, p.head_dim]), p.dtype),
     };
-    let lse_dims: SmallVec<[usize; 4]> = match layout {
+    let lse_dims: SmallVec<[usize; 4]> = match p.layout {
         AttentionLayout::Heads => {
-            let q = operands[0].shape.dims();
+            let q = first.shape.dims();
             q[..q.len() - 1].iter().copied().collect()
         }
-        _ => smallvec::smallvec![p.batch_heads / p.heads, p.heads, p.seq_q],
+        _ => smallvec::smallvec![b, h, p.seq_q],
     };
-    let lse = TensorType::new(Shape(lse_dims), DType::F32);
-    if !grad {
-        return Ok(smallvec::smallvec![out, lse]);
+    [out, TensorType::new(Shape(lse_dims), DType::F32)]
+}
+
+impl Problem {
+    /// The dtype and element count of every output, output 0 first (see
+    /// [`attention_outputs`]), without building their types.
+    pub fn output_elems(&self, grad: bool) -> SmallVec<[(DType, usize); 3]> {
+        let (bh, d) = (self.batch_heads, self.head_dim);
+        if !grad {
+            return smallvec::smallvec![
+                (self.dtype, bh * self.seq_q * d),
+                (DType::F32, bh * self.seq_q)
+            ];
+        }
+        match self.layout {
+            AttentionLayout::Packed => smallvec::smallvec![(self.dtype, 3 * bh * self.seq_q * d)],
+            _ => smallvec::smallvec![
+                (self.dtype, bh * self.seq_q * d),
+                (self.dtype, bh * self.seq_k * d),
+                (self.dtype, bh * self.seq_k * d)
+            ],
+        }
     }
-    let (o, l, dout) = (operands[n], operands[n + 1], operands[n + 2]);
-    if *o != out {
-        return Err(format!("out must be {out}, got {o}"));
+}
+
+/// The types of every output of an attention op, output 0 (the node's own value) first:
+/// `[out, lse]` for `attention`; for `attention_grad` the forward operands' gradients (`[dq,
+/// dk, dv]`, or `[dqkv]` when packed). The error says which operand breaks which rule (see
+/// [`Op::Attention`]).
+pub fn attention_outputs(
+    op: &Op,
+    operands: &[&TensorType],
+) -> Result<SmallVec<[TensorType; 3]>, String> {
+    let (p, grad) = attention_check(op, operands)?;
+    if grad {
+        let n = p.layout.inputs();
+        return Ok(operands[..n].iter().map(|t| (*t).clone()).collect());
     }
-    if *l != lse {
-        return Err(format!("lse must be {lse}, got {l}"));
-    }
-    if *dout != out {
-        return Err(format!("dout must have out's type {out}, got {dout}"));
-    }
-    Ok(operands[..n].iter().map(|t| (*t).clone()).collect())
+    let [out, lse] = forward_outputs(&p, operands[0]);
+    Ok(smallvec::smallvec![out, lse])
 }

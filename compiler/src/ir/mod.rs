@@ -10,7 +10,9 @@ mod shape;
 pub mod text;
 pub mod window;
 
-pub use attention::{attention_outputs, attention_problem, Problem as AttentionProblem};
+pub use attention::{
+    attention_check, attention_outputs, attention_problem, Problem as AttentionProblem,
+};
 pub use graph::{Graph, Mode, Node, NodeId, Operands, Update};
 pub use infer::infer;
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};

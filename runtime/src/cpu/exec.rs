@@ -346,13 +346,17 @@ pub fn exec_attention(
     use ingot_compiler::lower::cpu::widened::round_up;
     use k::attention as a;
     let op = node.op.name();
-    let grad = match node.op {
-        Op::Attention { .. } => false,
-        Op::AttentionGrad { .. } => true,
-        _ => return Err(invalid(op, "not an attention op")),
+    // Checked without building the outputs' types (a packed operand is of rank 5, and types
+    // of rank 5 live on the heap): this runs on every step.
+    let (problem, grad) =
+        ingot_compiler::ir::attention_check(&node.op, input_types).map_err(|e| invalid(op, e))?;
+    let want = problem.output_elems(grad);
+    // The outputs' types, for an error message only.
+    let expected = |i: usize| {
+        ingot_compiler::ir::attention_outputs(&node.op, input_types)
+            .map(|mut ts| ts.swap_remove(i))
+            .map_err(|e| invalid(op, e))
     };
-    let want =
-        ingot_compiler::ir::attention_outputs(&node.op, input_types).map_err(|e| invalid(op, e))?;
     if inputs.len() != input_types.len() || outs.len() != want.len() || outs[0].is_none() {
         return Err(invalid(
             op,
@@ -376,20 +380,18 @@ pub fn exec_attention(
             });
         }
     }
-    for (o, t) in outs.iter().zip(&want) {
+    for (i, (o, &(dtype, n))) in outs.iter().zip(&want).enumerate() {
         if let Some(o) = o {
-            if o.dtype() != t.dtype || o.len() != t.shape.numel() {
+            if o.dtype() != dtype || o.len() != n {
                 return Err(ExecError::Output {
                     op,
-                    expected: t.clone(),
+                    expected: expected(i)?,
                     got_dtype: o.dtype(),
                     got_len: o.len(),
                 });
             }
         }
     }
-    let problem =
-        ingot_compiler::ir::attention_problem(&node.op, input_types).map_err(|e| invalid(op, e))?;
     let shape = problem.cpu();
     let starts = problem.operand_starts();
     let f32s = if grad {
@@ -402,7 +404,7 @@ pub fn exec_attention(
         .iter()
         .zip(&want)
         .filter(|(o, _)| o.is_none())
-        .fold(head, |at, (_, t)| at + round_up(t.bytes()));
+        .fold(head, |at, (_, &(dtype, n))| at + round_up(n * dtype.size()));
     let mut owned: Vec<u64>;
     let bytes: &mut [u8] = match scratch {
         Scratch::Given(bytes) => bytes,
@@ -426,16 +428,16 @@ pub fn exec_attention(
     // every bit pattern is an f32.
     let ws = unsafe { std::slice::from_raw_parts_mut(ws.as_mut_ptr() as *mut f32, f32s) };
     let mut views: SmallVec<[ViewMut<'_>; 3]> = SmallVec::new();
-    for (o, t) in outs.iter_mut().zip(&want) {
+    for (o, &(dtype, n)) in outs.iter_mut().zip(&want) {
         views.push(match o {
             Some(v) => reborrow(v),
             None => {
-                let (region, rest) = std::mem::take(&mut tail).split_at_mut(round_up(t.bytes()));
+                let (region, rest) =
+                    std::mem::take(&mut tail).split_at_mut(round_up(n * dtype.size()));
                 tail = rest;
-                let n = t.shape.numel();
                 // SAFETY: a region of the scratch of at least `n` elements, 64-byte aligned,
                 // exclusively borrowed; every bit pattern is an f32 or a bf16.
-                match t.dtype {
+                match dtype {
                     DType::BF16 => ViewMut::BF16(unsafe {
                         std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut bf16, n)
                     }),
