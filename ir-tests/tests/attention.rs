@@ -268,6 +268,15 @@ fn the_gpt2_loss_keeps_one_tokens_by_vocab_buffer_its_gradient_written_over_the_
             "{target}: logits and their gradient"
         );
         assert_eq!(storages.len(), 1, "{target}: one storage for both");
+        // What `ingot plan` says of it: one kernel over the logits, writing over them.
+        let lines = ingot_compiler::lower::loss_kernels(g, &c.plan, target);
+        assert_eq!(lines.len(), 1, "{target}: {lines:?}");
+        assert!(
+            lines[0].starts_with("   1 x fused [8192, 50304] reduce [1]")
+                && lines[0].contains(", written over the logits -> "),
+            "{target}: {}",
+            lines[0]
+        );
     }
 }
 

@@ -109,6 +109,98 @@ pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec
         .collect()
 }
 
+/// The kernels of `g`'s loss head, one line per distinct kernel with its count (what `ingot
+/// plan` shows beside the attention kernels): the fused kernels that read the head's logits,
+/// the outputs of the library calls (the head's matrix products, one per chunk of a head in
+/// chunks) the loss depends on through fused kernels alone. Each line says its domain and
+/// reduction, whether it writes over the logits in place (the loss's gradient written over
+/// them) and on CUDA its launches.
+pub fn loss_kernels(g: &Graph, plan: &MemoryPlan, target: Target) -> Vec<String> {
+    use crate::fuse::{kind, Kind};
+    use crate::ir::Op;
+    let Some(&loss) = g.outputs.get(crate::autodiff::LOSS) else {
+        return Vec::new();
+    };
+    // The head's products: the library calls reached from the loss through other nodes.
+    let mut heads: Vec<NodeId> = Vec::new();
+    let mut seen = vec![false; g.len()];
+    let mut stack = vec![loss];
+    while let Some(x) = stack.pop() {
+        if std::mem::replace(&mut seen[x.index()], true) {
+            continue;
+        }
+        match (&g.node(x).op, kind(g.node(x))) {
+            (Op::MatMul { .. } | Op::MatMulAcc { .. }, _) => heads.push(x),
+            // An extra output of a fused kernel: the kernel computed it.
+            (Op::Result { .. }, _) => stack.push(g.node(x).inputs[0]),
+            (_, Kind::Library | Kind::Leaf) => {}
+            _ => stack.extend(g.node(x).inputs.iter().copied()),
+        }
+    }
+    let base = |x: NodeId| crate::fuse::select::base(g, x);
+    let mut lines: Vec<(String, usize)> = Vec::new();
+    for id in g.ids() {
+        let Op::Fused(k) = &g.node(id).op else {
+            continue;
+        };
+        let Some(&logits) = g
+            .node(id)
+            .inputs
+            .iter()
+            .find(|&&x| heads.contains(&base(x)))
+        else {
+            continue;
+        };
+        // Any of its outputs (the loss's gradient) written where the logits are.
+        let at = plan.location(g, base(logits)).offset;
+        let in_place = std::iter::once(id)
+            .chain(g.ids().filter(|&r| {
+                matches!(g.node(r).op, Op::Result { .. }) && g.node(r).inputs[0] == id
+            }))
+            .any(|o| plan.location(g, o).offset == at);
+        let what = format!(
+            "fused {:?} reduce {:?} in {} out {}{}",
+            k.domain,
+            k.reduce_axes,
+            k.inputs.len(),
+            k.outputs.len(),
+            if in_place {
+                ", written over the logits"
+            } else {
+                ""
+            }
+        );
+        let how = match target {
+            Target::Cpu => "cpu fused kernel".to_string(),
+            Target::Cuda => match ingot_kernels::cuda::fused_program(k) {
+                Ok(p) => {
+                    let l: Vec<String> = p
+                        .launches
+                        .iter()
+                        .map(|l| {
+                            format!(
+                                "{} grid {:?} block {:?}",
+                                l.kernel.name, l.kernel.launch.grid, l.kernel.launch.block
+                            )
+                        })
+                        .collect();
+                    format!("cuda {}", l.join(", "))
+                }
+                Err(e) => format!("cuda: no kernel ({e})"),
+            },
+        };
+        let line = format!("{what} -> {how}");
+        match lines.iter_mut().find(|(l, _)| *l == line) {
+            Some((_, n)) => *n += 1,
+            None => lines.push((line, 1)),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(l, n)| format!("{n:>4} x {l}"))
+        .collect()
+}
+
 /// The backend a step is planned and lowered for. Backends plan different library workspaces
 /// (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -397,6 +397,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         ) {
             crate::outln!("attention kernel: {line}")?;
         }
+        for line in
+            ingot_compiler::lower::loss_kernels(&compiled.graph, &compiled.plan, device.target())
+        {
+            crate::outln!("loss kernel: {line}")?;
+        }
     }
     if let Some(budget) = a.model.budget {
         if let Some(l) = eval.filter(|l| l.total_bytes > budget) {
