@@ -161,9 +161,9 @@ pub fn forward<T: Elem>(
             let n = s.visible(i);
             let qi = s.row(q, &l.q, b, i);
             let mut m = f32::NEG_INFINITY;
-            for j in 0..n {
+            for (j, r) in row[..n].iter_mut().enumerate() {
                 let x = dot(qi, s.row(k, &l.kv, b, j)) * s.scale;
-                row[j] = x;
+                *r = x;
                 m = m.max(x);
             }
             let mut sum = 0.0f32;
@@ -172,8 +172,8 @@ pub fn forward<T: Elem>(
                 sum += *x;
             }
             acc.fill(0.0);
-            for j in 0..n {
-                let p = operand::<T>(row[j] / sum);
+            for (j, &r) in row[..n].iter().enumerate() {
+                let p = operand::<T>(r / sum);
                 for (a, vj) in acc.iter_mut().zip(s.row(v, &l.kv, b, j)) {
                     *a += p * vj.get();
                 }
