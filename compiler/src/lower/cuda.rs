@@ -1428,6 +1428,70 @@ mod tests {
         assert_eq!(s.precision, AttentionPrecision::Bf16);
     }
 
+    /// A packed attention's launches point k and v (dk and dv) at their slots of the one
+    /// `[B, T, 3, H, D]` buffer: `H·D` and `2·H·D` elements past q's (dq's) start.
+    #[test]
+    fn a_packed_attention_launches_on_the_slots_of_its_one_buffer() {
+        let (b, t, h, d) = (2, 5, 2, 32);
+        let mut g = Graph::new();
+        let w = g
+            .parameter("w", [b, t, 3, h, d], DType::F32, Init::Normal { std: 1.0 })
+            .unwrap();
+        let x = g.input("x", [b, t, 3, h, d], DType::F32).unwrap();
+        let qkv = g.mul(x, w).unwrap();
+        let o = g
+            .attention_in(crate::ir::AttentionLayout::Packed, &[qkv], true, 0.25)
+            .unwrap();
+        assert_eq!(g.ty(o).shape.dims(), [b, t, h, d]);
+        let l = g.sum_all(o).unwrap();
+        g.set_output(crate::autodiff::LOSS, l).unwrap();
+        let m = crate::models::Model {
+            name: "packed attention".into(),
+            graph: g,
+            eval_graph: None,
+            optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
+            precision: crate::precision::Precision::F32,
+        };
+        let c = pipeline::compile(&m, &cuda()).unwrap();
+        let g = &c.graph;
+        let find = |f: fn(&Op) -> bool| g.ids().find(|&id| f(&g.node(id).op)).unwrap();
+        let (fwd, bwd) = (
+            find(|o| matches!(o, Op::Attention { .. })),
+            find(|o| matches!(o, Op::AttentionGrad { .. })),
+        );
+        let exe = c.executable(Target::Cuda).unwrap();
+        let crate::lower::Program::Cuda(p) = exe.program() else {
+            panic!("a CUDA program")
+        };
+        let launches = |node: NodeId| -> Vec<&SmallVec<[usize; 8]>> {
+            p.ops
+                .iter()
+                .filter_map(|o| match o {
+                    DeviceOp::Launch { node: n, args, .. } if *n == node => Some(args),
+                    _ => None,
+                })
+                .collect()
+        };
+        let slot = h * d * 4;
+        let at = |id: NodeId| c.plan.location(g, id).offset;
+        let f = launches(fwd);
+        let q = at(g.node(fwd).inputs[0]);
+        assert_eq!(f[0][..3], [q, q + slot, q + 2 * slot]);
+        let bw = launches(bwd);
+        assert_eq!(bw.len(), 3);
+        let dq = at(bwd);
+        // dkdv: q, k, v, dout, lse, delta, dk, dv; dq: q, k, v, dout, lse, delta, dq.
+        assert_eq!(bw[1][..3], [q, q + slot, q + 2 * slot]);
+        assert_eq!(bw[1][6..], [dq + slot, dq + 2 * slot]);
+        assert_eq!(bw[2][6..], [dq]);
+        let s = attention_shape(g, bwd, crate::precision::Precision::F32).unwrap();
+        assert_eq!(
+            s.layout,
+            ingot_kernels::attention::Layout::packed(h, t, d),
+            "{s:?}"
+        );
+    }
+
     #[test]
     fn attention_lowers_to_one_forward_launch_and_three_backward_launches_on_its_planned_bytes() {
         let c = attention_step(crate::precision::Precision::F32);

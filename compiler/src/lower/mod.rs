@@ -45,7 +45,7 @@ pub fn unnamed_outputs(g: &Graph, id: NodeId) -> Vec<(usize, TensorType)> {
 /// then on CUDA the arithmetic and the kernels' names (or why there is no kernel), on the CPU
 /// the reference kernel.
 pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec<String> {
-    let mut lines: Vec<(String, usize)> = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
     for id in g.ids() {
         let node = g.node(id);
         if !node.op.is_attention() {
@@ -97,16 +97,9 @@ pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec
                 }
             }
         };
-        let line = format!("{what} -> {how}");
-        match lines.iter_mut().find(|(l, _)| *l == line) {
-            Some((_, n)) => *n += 1,
-            None => lines.push((line, 1)),
-        }
+        lines.push(format!("{what} -> {how}"));
     }
-    lines
-        .into_iter()
-        .map(|(l, n)| format!("{n:>4} x {l}"))
-        .collect()
+    tally(lines)
 }
 
 /// The kernels of `g`'s loss head, one line per distinct kernel with its count (what `ingot
@@ -138,7 +131,7 @@ pub fn loss_kernels(g: &Graph, plan: &MemoryPlan, target: Target) -> Vec<String>
         }
     }
     let base = |x: NodeId| crate::fuse::select::base(g, x);
-    let mut lines: Vec<(String, usize)> = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
     for id in g.ids() {
         let Op::Fused(k) = &g.node(id).op else {
             continue;
@@ -189,13 +182,22 @@ pub fn loss_kernels(g: &Graph, plan: &MemoryPlan, target: Target) -> Vec<String>
                 Err(e) => format!("cuda: no kernel ({e})"),
             },
         };
-        let line = format!("{what} -> {how}");
-        match lines.iter_mut().find(|(l, _)| *l == line) {
+        lines.push(format!("{what} -> {how}"));
+    }
+    tally(lines)
+}
+
+/// Each distinct line once, in the order first seen, with how many times it came
+/// (`"  12 x line"`).
+fn tally(lines: Vec<String>) -> Vec<String> {
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for line in lines {
+        match counted.iter_mut().find(|(l, _)| *l == line) {
             Some((_, n)) => *n += 1,
-            None => lines.push((line, 1)),
+            None => counted.push((line, 1)),
         }
     }
-    lines
+    counted
         .into_iter()
         .map(|(l, n)| format!("{n:>4} x {l}"))
         .collect()
