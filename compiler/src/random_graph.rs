@@ -5,7 +5,8 @@
 //! transposes, slices, merging and splitting reshapes, size-1 axes), concats of 2 to 20 parts
 //! (equal parts, which fusion writes as selects, unequal ones, and parts that reshape a split
 //! axis), reductions and softmax-like stages, matmuls on reshaped values, gathers, selects and
-//! elementwise ops whose values stay finite. Autodiff and the optimizer turn it into a real
+//! elementwise ops whose values stay finite, and fused attentions in each of their operand
+//! layouts (heads, tokens, packed q/k/v). Autodiff and the optimizer turn it into a real
 //! step, so the backward pass's broadcasts, sums and scatters are exercised too.
 //!
 //! The property test in ir-tests, the fuzz target `fused_step` and the GPU test
@@ -15,7 +16,7 @@
 
 use crate::autodiff::Optimizer;
 use crate::error::Result;
-use crate::ir::{BinaryOp, CmpOp, DType, Graph, Init, NodeId, Shape, UnaryOp};
+use crate::ir::{AttentionLayout, BinaryOp, CmpOp, DType, Graph, Init, NodeId, Shape, UnaryOp};
 use crate::models::Model;
 use ingot_kernels::fused::random::Rng;
 
@@ -164,7 +165,7 @@ impl Builder {
     fn op(&mut self, x: NodeId) -> Result<Option<NodeId>> {
         let d = self.dims(x);
         let r = d.len();
-        Ok(Some(match self.rng.below(13) {
+        Ok(Some(match self.rng.below(14) {
             0 => self.unary(x)?,
             1 | 2 => self.binary(x)?,
             3 if r >= 2 => {
@@ -243,8 +244,53 @@ impl Builder {
                     rows
                 }
             }
+            13 => self.attention(x)?,
             _ => return Ok(None),
         }))
+    }
+
+    /// A fused attention in a random layout over new leaves, scaled by `x`'s mean so that
+    /// `x` reaches it: head dim 32 (the smallest the CUDA kernels take), a few heads and
+    /// positions, causal or not; the output `[.., T, D]` or `[B, T, H, D]`.
+    fn attention(&mut self, x: NodeId) -> Result<NodeId> {
+        const D: usize = 32;
+        let (b, h) = (self.rng.pick(&[1, 2]), self.rng.pick(&[1, 2]));
+        let (tq, tk) = (self.rng.pick(&[1, 2, 3, 5]), self.rng.pick(&[1, 2, 3, 5]));
+        let causal = self.rng.chance(50);
+        let scale = self.rng.pick(&[0.1, 0.25, 0.5]);
+        let layout = self.rng.pick(&[
+            AttentionLayout::Heads,
+            AttentionLayout::Tokens,
+            AttentionLayout::Packed,
+        ]);
+        let shapes: Vec<Vec<usize>> = match layout {
+            AttentionLayout::Heads => vec![vec![b, h, tq, D], vec![b, h, tk, D], vec![b, h, tk, D]],
+            AttentionLayout::Tokens => {
+                vec![vec![b, tq, h, D], vec![b, tk, h, D], vec![b, tk, h, D]]
+            }
+            AttentionLayout::Packed => vec![vec![b, tq, 3, h, D]],
+        };
+        let all: Vec<usize> = (0..self.dims(x).len()).collect();
+        let mean = if all.is_empty() {
+            x
+        } else {
+            let s = self.g.sum(x, &all)?;
+            let n = self.g.full(
+                numel(&self.dims(x)).max(1) as f64,
+                Shape::scalar(),
+                DType::F32,
+            )?;
+            self.g.div(s, n)?
+        };
+        let f = self.g.tanh(mean)?;
+        let mut operands = Vec::new();
+        for d in shapes {
+            let leaf = self.leaf(&d)?;
+            let fb = self.g.broadcast_to(f, d.as_slice())?;
+            let y = self.g.add(leaf, fb)?;
+            operands.push(y);
+        }
+        self.g.attention_in(layout, &operands, causal, scale)
     }
 
     /// A nonempty, sorted subset of `0..r`.
@@ -476,11 +522,23 @@ mod tests {
     #[test]
     fn the_generator_makes_every_kind_of_op_it_promises() {
         let mut seen = std::collections::BTreeSet::new();
+        let mut layouts = std::collections::BTreeSet::new();
         for seed in 0..300 {
-            for (op, _) in model(seed).unwrap().graph.op_histogram() {
+            let g = model(seed).unwrap().graph;
+            for (op, _) in g.op_histogram() {
                 seen.insert(op.to_string());
             }
+            for n in g.nodes() {
+                if let crate::ir::Op::Attention { layout, .. } = n.op {
+                    layouts.insert(layout);
+                }
+            }
         }
+        assert_eq!(
+            layouts.len(),
+            3,
+            "attention layouts in 300 graphs: {layouts:?}"
+        );
         for op in [
             "broadcast",
             "transpose",
@@ -493,6 +551,7 @@ mod tests {
             "gather",
             "select",
             "exp",
+            "attention",
         ] {
             assert!(seen.contains(op), "no {op} in 300 graphs: {seen:?}");
         }
