@@ -469,15 +469,12 @@ impl CudaStep {
     /// Records every operation of `part` on the stream, in capture mode, into one graph.
     fn capture(&self, part: &Part) -> Result<CudaGraph, ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        // Global mode makes any call that could allocate or synchronise, on any thread, fail
-        // the capture. The ranks of a data-parallel group capture side by side, each on its own
-        // thread, and NCCL's own threads keep working meanwhile: there each capture holds its
-        // own thread to the rule (thread-local mode), not the others.
-        let mode = if self.comm.is_some() {
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        } else {
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL
-        };
+        // Thread-local mode: a call that could allocate or synchronise fails the capture when
+        // this thread makes it, as a step must make none. Other threads are not held to it:
+        // the ranks of a data-parallel group capture side by side, NCCL's own threads keep
+        // working, and a program may drive two sessions from two threads (global mode failed
+        // the second one's cuBLAS calls while the first was capturing).
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         self.stream
             .begin_capture(mode)
             .map_err(driver("starting the step's graph capture"))?;
