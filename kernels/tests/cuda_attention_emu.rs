@@ -374,16 +374,7 @@ fn shape(
     d: usize,
     causal: bool,
 ) -> AttentionShape {
-    AttentionShape {
-        batch_heads: bh,
-        seq_q: tq,
-        seq_k: tk,
-        head_dim: d,
-        causal,
-        scale: 1.0 / (d as f32).sqrt(),
-        precision: p,
-        layout: Layout::contiguous(tq, tk, d),
-    }
+    placement::shape(p, (bh, tq, tk, d, causal), Layout::contiguous(tq, tk, d))
 }
 
 /// Runs forward and backward of `s` in the emulation, its operands placed by `at` (whose

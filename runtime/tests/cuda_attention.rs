@@ -126,17 +126,8 @@ struct Case {
 /// (batch·heads, Tq, Tk, head dim, causal).
 type Dims = (usize, usize, usize, usize, bool);
 
-fn case(p: AttentionPrecision, (bh, tq, tk, d, causal): Dims, at: Placement) -> Case {
-    let shape = AttentionShape {
-        batch_heads: bh,
-        seq_q: tq,
-        seq_k: tk,
-        head_dim: d,
-        causal,
-        scale: 1.0 / (d as f32).sqrt(),
-        precision: p,
-        layout: at.layout,
-    };
+fn case(p: AttentionPrecision, dims: Dims, at: Placement) -> Case {
+    let shape = placement::shape(p, dims, at.layout);
     Case {
         shape,
         at,

@@ -1347,6 +1347,15 @@ mod tests {
         let x = g.input("x", [2, 3, 5, head], DType::F32).unwrap();
         let q = g.mul(x, w).unwrap();
         let o = g.attention(q, q, w, true, 0.25).unwrap();
+        step_summing(g, o, precision)
+    }
+
+    /// The training step (SGD) of `g` with the sum of `o` as its loss, compiled for CUDA.
+    fn step_summing(
+        mut g: Graph,
+        o: NodeId,
+        precision: crate::precision::Precision,
+    ) -> pipeline::Compiled {
         let l = g.sum_all(o).unwrap();
         g.set_output(crate::autodiff::LOSS, l).unwrap();
         let m = crate::models::Model {
@@ -1356,8 +1365,27 @@ mod tests {
             optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
             precision,
         };
-        let opts = cuda();
-        pipeline::compile(&m, &opts).unwrap()
+        pipeline::compile(&m, &cuda()).unwrap()
+    }
+
+    /// The attention node and its backward node of `g`.
+    fn attention_nodes(g: &Graph) -> (NodeId, NodeId) {
+        let find = |f: fn(&Op) -> bool| g.ids().find(|&id| f(&g.node(id).op)).unwrap();
+        (
+            find(|o| matches!(o, Op::Attention { .. })),
+            find(|o| matches!(o, Op::AttentionGrad { .. })),
+        )
+    }
+
+    /// The arguments of each launch of `node` in `p`, in order.
+    fn launches_of(p: &Program, node: NodeId) -> Vec<&SmallVec<[usize; 8]>> {
+        p.ops
+            .iter()
+            .filter_map(|o| match o {
+                DeviceOp::Launch { node: n, args, .. } if *n == node => Some(args),
+                _ => None,
+            })
+            .collect()
     }
 
     #[test]
@@ -1443,35 +1471,14 @@ mod tests {
             .attention_in(crate::ir::AttentionLayout::Packed, &[qkv], true, 0.25)
             .unwrap();
         assert_eq!(g.ty(o).shape.dims(), [b, t, h, d]);
-        let l = g.sum_all(o).unwrap();
-        g.set_output(crate::autodiff::LOSS, l).unwrap();
-        let m = crate::models::Model {
-            name: "packed attention".into(),
-            graph: g,
-            eval_graph: None,
-            optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
-            precision: crate::precision::Precision::F32,
-        };
-        let c = pipeline::compile(&m, &cuda()).unwrap();
+        let c = step_summing(g, o, crate::precision::Precision::F32);
         let g = &c.graph;
-        let find = |f: fn(&Op) -> bool| g.ids().find(|&id| f(&g.node(id).op)).unwrap();
-        let (fwd, bwd) = (
-            find(|o| matches!(o, Op::Attention { .. })),
-            find(|o| matches!(o, Op::AttentionGrad { .. })),
-        );
+        let (fwd, bwd) = attention_nodes(g);
         let exe = c.executable(Target::Cuda).unwrap();
         let crate::lower::Program::Cuda(p) = exe.program() else {
             panic!("a CUDA program")
         };
-        let launches = |node: NodeId| -> Vec<&SmallVec<[usize; 8]>> {
-            p.ops
-                .iter()
-                .filter_map(|o| match o {
-                    DeviceOp::Launch { node: n, args, .. } if *n == node => Some(args),
-                    _ => None,
-                })
-                .collect()
-        };
+        let launches = |node: NodeId| launches_of(p, node);
         let slot = h * d * 4;
         let at = |id: NodeId| c.plan.location(g, id).offset;
         let f = launches(fwd);
@@ -1496,25 +1503,13 @@ mod tests {
     fn attention_lowers_to_one_forward_launch_and_three_backward_launches_on_its_planned_bytes() {
         let c = attention_step(crate::precision::Precision::F32);
         let g = &c.graph;
-        let find = |f: fn(&Op) -> bool| g.ids().find(|&id| f(&g.node(id).op)).unwrap();
-        let (fwd, bwd) = (
-            find(|o| matches!(o, Op::Attention { .. })),
-            find(|o| matches!(o, Op::AttentionGrad { .. })),
-        );
+        let (fwd, bwd) = attention_nodes(g);
         let exe = c.executable(Target::Cuda).unwrap();
         let crate::lower::Program::Cuda(p) = exe.program() else {
             panic!("a CUDA program")
         };
         let at = |id: NodeId| c.plan.location(g, id).offset;
-        let launches = |node: NodeId| -> Vec<&SmallVec<[usize; 8]>> {
-            p.ops
-                .iter()
-                .filter_map(|o| match o {
-                    DeviceOp::Launch { node: n, args, .. } if *n == node => Some(args),
-                    _ => None,
-                })
-                .collect()
-        };
+        let launches = |node: NodeId| launches_of(p, node);
         let inputs =
             |id: NodeId| -> Vec<usize> { g.node(id).inputs.iter().map(|&x| at(x)).collect() };
         let lse = g.result_of(fwd, 1).unwrap();

@@ -262,3 +262,22 @@ pub fn padded_tokens(heads: usize, tq: usize, tk: usize, d: usize, pad: usize) -
         out: rows(tq),
     }
 }
+
+/// The problem `(batch·heads, Tq, Tk, head dim, causal)` in precision `p`, laid out as `layout`,
+/// with the usual scale `1/√d`.
+pub fn shape(
+    p: ingot_kernels::cuda::attention::AttentionPrecision,
+    (bh, tq, tk, d, causal): (usize, usize, usize, usize, bool),
+    layout: Layout,
+) -> ingot_kernels::cuda::attention::AttentionShape {
+    ingot_kernels::cuda::attention::AttentionShape {
+        batch_heads: bh,
+        seq_q: tq,
+        seq_k: tk,
+        head_dim: d,
+        causal,
+        scale: 1.0 / (d as f32).sqrt(),
+        precision: p,
+        layout,
+    }
+}
