@@ -104,7 +104,13 @@ pub fn attention_shape(g: &Graph, id: NodeId, precision: Precision) -> Option<At
     let types: SmallVec<[&crate::ir::TensorType; 6]> =
         node.inputs.iter().map(|&x| g.ty(x)).collect();
     let p = crate::ir::attention_problem(&node.op, &types).ok()?;
-    Some(AttentionShape {
+    Some(kernel_shape(&p, precision))
+}
+
+/// The kernel API's description of attention problem `p` under `precision` (see
+/// [`attention_shape`]).
+pub fn kernel_shape(p: &crate::ir::AttentionProblem, precision: Precision) -> AttentionShape {
+    AttentionShape {
         batch_heads: p.batch_heads,
         seq_q: p.seq_q,
         seq_k: p.seq_k,
@@ -117,7 +123,7 @@ pub fn attention_shape(g: &Graph, id: NodeId, precision: Precision) -> Option<At
             _ => AttentionPrecision::F32,
         },
         layout: p.strides(),
-    })
+    }
 }
 
 /// Whether the fused attention kernels exist for an attention shaped `c`, forward and backward,
@@ -933,7 +939,10 @@ impl Lowering<'_> {
         let g = self.g;
         let node = g.node(id);
         let op = node.op.name();
-        let shape = attention_shape(g, id, self.precision).expect("an attention node");
+        let types: Vec<&crate::ir::TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
+        let problem = crate::ir::attention_problem(&node.op, &types)
+            .map_err(|reason| LowerError::Invalid { op, reason })?;
+        let shape = kernel_shape(&problem, self.precision);
         let refused = |e: attention::AttentionError| LowerError::Invalid {
             op,
             reason: format!("no fused attention kernel for {shape:?}: {e}"),
@@ -956,7 +965,6 @@ impl Lowering<'_> {
             bytes,
         };
         // Every output's bytes, by output index.
-        let types: Vec<&crate::ir::TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
         let out_types = crate::ir::attention_outputs(&node.op, &types)
             .map_err(|reason| LowerError::Invalid { op, reason })?;
         let mut out: Vec<Location> = out_types.iter().map(|t| in_ws(0, t.bytes())).collect();
@@ -971,8 +979,6 @@ impl Lowering<'_> {
             out[index] = in_ws(offset, out_types[index].bytes());
         }
         // Where q, k, v (and dq, dk, dv) start: their own buffers, or the slots of a packed one.
-        let problem = crate::ir::attention_problem(&node.op, &types)
-            .map_err(|reason| LowerError::Invalid { op, reason })?;
         let starts = problem.operand_starts();
         let elem = problem.dtype.size();
         let at = |l: Location, elems: usize| l.offset + elems * elem;

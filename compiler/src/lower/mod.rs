@@ -80,7 +80,7 @@ pub fn attention_kernels(g: &Graph, target: Target, precision: Precision) -> Vec
             Target::Cpu => "cpu::attention (f32 arithmetic)".to_string(),
             Target::Cuda => {
                 use ingot_kernels::cuda::attention as a;
-                let s = cuda::attention_shape(g, id, precision).expect("an attention node");
+                let s = cuda::kernel_shape(&p, precision);
                 let names = if matches!(node.op, crate::ir::Op::Attention { .. }) {
                     a::forward(&s).map(|k| format!("forward {}", k.name))
                 } else {
