@@ -50,9 +50,9 @@ impl Problem {
         }
     }
 
-    /// Elements from the start of the buffer of q (of dq for the gradients) to where q, k and
-    /// v (dq, dk, dv) start, with the buffer each is in: operand `i`'s own for three
-    /// operands, operand 0's slots for a packed one.
+    /// For each of q, k and v (dq, dk and dv): which operand (output) holds it, and how many
+    /// elements into that buffer it starts. Three operands each hold their own from element 0;
+    /// a packed one holds all three in its slots.
     pub fn operand_starts(&self) -> [(usize, usize); 3] {
         match self.layout {
             AttentionLayout::Packed => {
