@@ -111,13 +111,25 @@ impl Layout {
         s * heads * head_dim
     }
 
-    /// Whether every stride is a multiple of `elems` (the kernels move 16 bytes at a time).
-    pub fn aligned(&self, elems: usize) -> bool {
-        [self.q, self.kv, self.out].iter().all(|s| {
-            [s.batch, s.head, s.row]
-                .iter()
-                .all(|x| x.is_multiple_of(elems))
+    /// The operand groups' strides, each with the name the kernels' errors give it.
+    pub fn groups(&self) -> [(&'static str, Strides); 3] {
+        [("q", self.q), ("kv", self.kv), ("out", self.out)]
+    }
+
+    /// The first stride that is not a multiple of `elems` (the kernels move 16 bytes at a
+    /// time): its group's name, the stride's name and its value.
+    pub fn misaligned(&self, elems: usize) -> Option<(&'static str, &'static str, usize)> {
+        self.groups().into_iter().find_map(|(group, st)| {
+            [("batch", st.batch), ("head", st.head), ("row", st.row)]
+                .into_iter()
+                .find(|(_, value)| !value.is_multiple_of(elems))
+                .map(|(stride, value)| (group, stride, value))
         })
+    }
+
+    /// Whether every stride is a multiple of `elems`.
+    pub fn aligned(&self, elems: usize) -> bool {
+        self.misaligned(elems).is_none()
     }
 }
 

@@ -61,14 +61,8 @@ pub(crate) fn check(s: &AttentionShape) -> Result<(), AttentionError> {
     Ok(())
 }
 
-/// The layout's operands by the names the kernels and the errors give them.
-fn operands(l: &Layout) -> [(&'static str, Strides); 3] {
-    [("q", l.q), ("kv", l.kv), ("out", l.out)]
-}
-
 /// Whether the kernels can address `s.layout`: every problem has a batch and a head, rows do
-/// not overlap, and every stride keeps the 16-byte vectors aligned (the condition of
-/// [`Layout::aligned`], stride by stride so that the error names the stride).
+/// not overlap, and every stride keeps the 16-byte vectors aligned ([`Layout::misaligned`]).
 fn check_layout(s: &AttentionShape) -> Result<(), AttentionError> {
     let l = &s.layout;
     if l.heads == 0 || !s.batch_heads.is_multiple_of(l.heads) {
@@ -77,7 +71,7 @@ fn check_layout(s: &AttentionShape) -> Result<(), AttentionError> {
             batch_heads: s.batch_heads,
         });
     }
-    for (operand, st) in operands(l) {
+    for (operand, st) in l.groups() {
         if st.row < s.head_dim {
             return Err(AttentionError::OverlappingRows {
                 operand,
@@ -87,17 +81,13 @@ fn check_layout(s: &AttentionShape) -> Result<(), AttentionError> {
         }
     }
     let elems = vector_elems(s.precision);
-    for (operand, st) in operands(l) {
-        for (stride, value) in [("batch", st.batch), ("head", st.head), ("row", st.row)] {
-            if !value.is_multiple_of(elems) {
-                return Err(AttentionError::MisalignedStride {
-                    operand,
-                    stride,
-                    value,
-                    elems,
-                });
-            }
-        }
+    if let Some((operand, stride, value)) = l.misaligned(elems) {
+        return Err(AttentionError::MisalignedStride {
+            operand,
+            stride,
+            value,
+            elems,
+        });
     }
     Ok(())
 }
