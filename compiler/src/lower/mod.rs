@@ -147,9 +147,7 @@ pub fn loss_kernels(g: &Graph, plan: &MemoryPlan, target: Target) -> Vec<String>
         // Any of its outputs (the loss's gradient) written where the logits are.
         let at = plan.location(g, base(logits)).offset;
         let in_place = std::iter::once(id)
-            .chain(g.ids().filter(|&r| {
-                matches!(g.node(r).op, Op::Result { .. }) && g.node(r).inputs[0] == id
-            }))
+            .chain((1..k.outputs.len()).filter_map(|i| g.result_of(id, i)))
             .any(|o| plan.location(g, o).offset == at);
         let what = format!(
             "fused {:?} reduce {:?} in {} out {}{}",
