@@ -1293,6 +1293,22 @@ fn a_transposing_copy_goes_through_shared_memory_tiles() {
         .contains("__shared__"));
 }
 
+/// How many of `src`'s loops over the row (its passes and its output loop) read input `m`,
+/// one element (`in0[`) or a vector (`in0 + (`) at a time.
+fn loops_reading(src: &str, m: &str) -> usize {
+    let starts: Vec<usize> = (src.match_indices("// pass ").map(|(at, _)| at))
+        .chain(src.find("// the full outputs"))
+        .chain([src.len()])
+        .collect();
+    starts
+        .windows(2)
+        .filter(|w| {
+            let part = &src[w[0]..w[1]];
+            part.contains(&format!("{m}[")) || part.contains(&format!("{m} + ("))
+        })
+        .count()
+}
+
 /// Every use of a cached array `c{i}` in `src` is its declaration or an element `[u]` of the
 /// unrolled loop over the thread's elements (a constant index once unrolled, so the array
 /// lives in registers); returns how many arrays there are.
@@ -1378,15 +1394,37 @@ fn the_attention_backward_kernel_reads_each_full_input_once() {
     // loops (three passes and the outputs). A 32-lane group would keep 2 × 32 values a lane,
     // more than fit; with 98304 rows the GPU is full anyway, so a block of 128 threads per row
     // keeps 2 × 8, half the registers the cache may take.
-    let c = cuda::fused(&attention_backward(8, 12, 1024)).unwrap();
+    let k = attention_backward(8, 12, 1024);
+    let c = cuda::fused(&k).unwrap();
     let src = &c.source;
     assert_eq!(c.launch.block, [128, 1, 1], "{src}");
     assert_eq!(c.launch.grid, [8 * 12 * 1024, 1, 1], "{src}");
-    assert_eq!(src.matches("in0[").count(), 1, "{src}");
-    assert_eq!(src.matches("in1[").count(), 1, "{src}");
     assert_eq!(cached_arrays_in_registers(src), 2);
     assert_eq!(src.matches("[8]; // %").count(), 2, "{src}");
-    assert_eq!(src.matches("u < 8u; ++u").count(), 4, "{src}");
+    // Each full input is read in one loop only, a vector of four at a time (the scores, which
+    // the mask guards, by the first lane that needs them), and kept for the later loops.
+    for m in ["in0", "in1"] {
+        assert_eq!(loops_reading(src, m), 1, "{m}: {src}");
+        assert!(
+            src.contains(&format!("reinterpret_cast<const float4*>({m} + (")),
+            "{m}: {src}"
+        );
+    }
+    assert!(src.contains("&& !h0) { l0 = "), "{src}");
+    // One element a thread when asked: the same, a load an element.
+    let scalar = cuda::fused_tuned(
+        &k,
+        cuda::Tuning {
+            scalar_rows: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .source;
+    assert_eq!(scalar.matches("in0[").count(), 1, "{scalar}");
+    assert_eq!(scalar.matches("in1[").count(), 1, "{scalar}");
+    assert_eq!(scalar.matches("u < 8u; ++u").count(), 4, "{scalar}");
+    assert_eq!(cached_arrays_in_registers(&scalar), 2);
     // Fewer rows (12 × 1024, 1.5 million threads at 128 a row): 256 threads keep 2 × 4.
     let few = cuda::fused(&attention_backward(1, 12, 1024)).unwrap();
     assert_eq!(few.launch.block, [256, 1, 1], "{}", few.source);
@@ -1576,7 +1614,27 @@ fn a_causal_softmax_reads_no_masked_score() {
     // lowest float before anything reads them, so the load is predicated on the mask (read
     // where `col > row` is false, 0 where true) and the mask is computed before the load.
     let k = causal_softmax(96, 1024);
+    // A vector of four scores at a time: read by the first lane whose score is not masked,
+    // not at all where all four are (the mask computed before).
     let src = cuda::fused(&k).unwrap().source;
+    let load = src.find("in0 + (").unwrap();
+    let line_start = src[..load].rfind('\n').unwrap();
+    let line = &src[line_start..load];
+    assert!(line.contains("if (!v") && line.contains(" && !h0) { l0 = "), "{line}\n{src}");
+    let cond = &line[line.find("if (!").unwrap() + 5..line.find(" && !h0").unwrap()];
+    let defined = src.find(&format!("unsigned char {cond} = ")).unwrap();
+    assert!(defined < load, "{src}");
+    assert!(src.contains("? 0.0f : l0.x"), "{src}");
+    // One element a thread: each score's load predicated on its own mask.
+    let src = cuda::fused_tuned(
+        &k,
+        cuda::Tuning {
+            scalar_rows: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .source;
     let load = src.find("in0[").unwrap();
     let line_start = src[..load].rfind('\n').unwrap();
     let line = &src[line_start..load + src[load..].find('\n').unwrap()];

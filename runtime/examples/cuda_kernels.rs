@@ -6,7 +6,8 @@
 //! ```text
 //! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N]
 //! ```
-//! Models default to `mlp gpt-mini gpt2`. `--variants` also runs every row-strategy kernel with
+//! Models default to `mlp gpt-mini gpt2`; `--precision bf16` (or tf32) and
+//! `--no-fuse-attention` (attention as the plain math) compile them so instead. `--variants` also runs every row-strategy kernel with
 //! full outputs and rows of at most 8192 elements at each other thread count per row (32 to
 //! 1024), every elementwise kernel that goes four elements a thread at one, every column
 //! kernel at each other number of rows a block, and guarded kernels unguarded, checked and
@@ -24,6 +25,20 @@ fn main() {
     if variants {
         args.remove(0);
     }
+    let plain_attention = args.iter().any(|a| a == "--no-fuse-attention");
+    args.retain(|a| a != "--no-fuse-attention");
+    let mut precision = None;
+    if let Some(at) = args.iter().position(|a| a == "--precision") {
+        let name = args.get(at + 1).cloned().unwrap_or_default();
+        match ingot_compiler::precision::Precision::from_name(&name) {
+            Some(p) => precision = Some(p),
+            None => {
+                eprintln!("cuda_kernels: --precision takes f32, tf32 or bf16, not {name:?}");
+                std::process::exit(2);
+            }
+        }
+        args.drain(at..(at + 2).min(args.len()));
+    }
     let source = match args.first().map(String::as_str) {
         Some("--random") => match args.get(1).and_then(|s| s.parse::<u64>().ok()) {
             Some(n) => Source::Random(0..n),
@@ -32,10 +47,17 @@ fn main() {
                 std::process::exit(2);
             }
         },
-        _ if args.is_empty() => {
-            Source::Models(vec!["mlp".into(), "gpt-mini".into(), "gpt2".into()])
+        _ => {
+            if args.is_empty() {
+                args = vec!["mlp".into(), "gpt-mini".into(), "gpt2".into()];
+            }
+            let opts = ingot_compiler::pipeline::Options {
+                precision: Some(precision.unwrap_or(ingot_compiler::precision::Precision::F32)),
+                fuse_attention: !plain_attention,
+                ..Default::default()
+            };
+            Source::Compiled(args, opts)
         }
-        _ => Source::Models(args),
     };
     if let Err(e) = ingot_runtime::cuda::available() {
         if ingot_runtime::cuda::require::gpu_required() {
@@ -46,7 +68,7 @@ fn main() {
         return;
     }
     let opts = CheckOptions {
-        time: matches!(source, Source::Models(_)),
+        time: matches!(source, Source::Compiled(..)),
         variants,
     };
     match check_kernels(&source, opts, &mut |line| println!("{line}")) {

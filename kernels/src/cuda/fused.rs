@@ -70,7 +70,7 @@ pub(super) fn generate_tuned(k: &FusedKernel, tuning: Tuning) -> Result<CudaKern
     a.tuning = tuning;
     a.tuning.row_threads = tuning
         .row_threads
-        .filter(|t| t.is_power_of_two() && *t <= 1024);
+        .filter(|t| *t <= 1024 && (t.is_power_of_two() || t.is_multiple_of(32)));
     let (text, launch) = match a.strategy {
         Strategy::Elementwise => a.elementwise()?,
         Strategy::Rows | Strategy::Columns => a.reduction()?,

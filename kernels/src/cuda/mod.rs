@@ -310,7 +310,8 @@ pub fn fused_program(k: &FusedKernel) -> Result<FusedProgram, CodegenError> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tuning {
     /// Threads per row of the row strategy (a power of two up to 1024: up to 32, a group of
-    /// lanes of one warp; above, a block; anything else is ignored). Loads are still kept in
+    /// lanes of one warp; above, a block, whose size may also be any multiple of 32, say 192
+    /// for rows of 768 in vectors of 4; anything else is ignored). Loads are still kept in
     /// registers across passes only where they fit.
     pub row_threads: Option<u32>,
     /// Elementwise kernels one element a thread, never four.

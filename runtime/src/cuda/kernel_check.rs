@@ -1161,7 +1161,18 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
                 },
             );
             if full_out && (2..=8192).contains(&n) {
-                for t in [32u32, 64, 128, 256, 512, 1024] {
+                // Powers of two, and the blocks that give each thread a whole number of
+                // vectors of 4 or 8 (192 or 96 threads for rows of 768).
+                let mut counts = vec![32u32, 64, 128, 256, 512, 1024];
+                for per in [4usize, 8] {
+                    let t = n / per;
+                    if n.is_multiple_of(per) && t.is_multiple_of(32) && (64..=1024).contains(&t) {
+                        counts.push(t as u32);
+                    }
+                }
+                counts.sort_unstable();
+                counts.dedup();
+                for t in counts {
                     if t as usize > n.next_power_of_two() {
                         break;
                     }
@@ -1208,6 +1219,9 @@ pub enum Source {
     Models(Vec<String>),
     /// The same for the bf16 mixed-precision steps (`Precision::Bf16`).
     Bf16Models(Vec<String>),
+    /// The same for steps compiled with these options (say, bf16 with attention left as the
+    /// plain math: `fuse_attention: false`).
+    Compiled(Vec<String>, ingot_compiler::pipeline::Options),
     /// A random fused kernel ([`random::Options::exact`]) for each of these seeds.
     Random(std::ops::Range<u64>),
     /// Dropout kernels: f32, f64 and bf16, of 1, 4099 and 2^20 + 3 elements, at p 0, 0.1, 0.5
@@ -1292,13 +1306,16 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                 }
             }
         }
-        Source::Models(models) | Source::Bf16Models(models) => {
-            let opts = ingot_compiler::pipeline::Options {
-                precision: match source {
-                    Source::Bf16Models(_) => Some(ingot_compiler::precision::Precision::Bf16),
-                    _ => Some(ingot_compiler::precision::Precision::F32),
+        Source::Models(models) | Source::Bf16Models(models) | Source::Compiled(models, _) => {
+            let opts = match source {
+                Source::Compiled(_, o) => o.clone(),
+                _ => ingot_compiler::pipeline::Options {
+                    precision: match source {
+                        Source::Bf16Models(_) => Some(ingot_compiler::precision::Precision::Bf16),
+                        _ => Some(ingot_compiler::precision::Precision::F32),
+                    },
+                    ..Default::default()
                 },
-                ..Default::default()
             };
             for m in models {
                 let model = ingot_compiler::models::by_name(m).map_err(|e| format!("{m}: {e}"))?;

@@ -125,6 +125,11 @@ impl Analysis<'_> {
 /// plain (`j` from the thread's first element in steps of the threads along the row), or, with
 /// the register cache, unrolled over the thread's `per_thread` elements (`u`), so that every
 /// index into a cached array is a compile-time constant and the arrays live in registers.
+/// With the register cache a vector at a time ([`Elements::vector`] above 1), a thread's
+/// elements are runs of `vector` consecutive ones, a run every `vector` times the threads:
+/// element `u` is `j = vector·thread + (u / vector)·(vector·threads) + u % vector`, in every
+/// loop of the kernel, so that a value cached at `u` by a loop a vector at a time is the same
+/// element a plain unrolled loop reads there.
 pub(super) struct Elements {
     ix: Ix,
     /// Elements a row.
@@ -137,6 +142,9 @@ pub(super) struct Elements {
     pub(super) per_thread: usize,
     /// Unrolled, and the row is not a multiple of the step: each element is checked.
     ragged: bool,
+    /// Consecutive elements a thread takes together with the register cache (1: one at a
+    /// time); set by [`Elements::in_vectors`].
+    pub(super) vector: usize,
 }
 
 impl Elements {
@@ -154,6 +162,15 @@ impl Elements {
             cache,
             per_thread: n.div_ceil(step as usize),
             ragged: cache && !n.is_multiple_of(step as usize),
+            vector: 1,
+        }
+    }
+
+    /// The same loops with the register cache taking `width` consecutive elements a thread at
+    /// a time; only where every thread has a whole number of such runs (no ragged row).
+    pub(super) fn in_vectors(&mut self, width: usize) {
+        if self.cache && !self.ragged && self.per_thread.is_multiple_of(width) {
+            self.vector = width;
         }
     }
 
@@ -183,7 +200,15 @@ impl Elements {
                 "for (unsigned u = 0u; u < {}u; ++u) {{",
                 self.per_thread
             ));
-            if self.ragged || mentions(body, "j") {
+            if self.vector > 1 && mentions(body, "j") {
+                let w = self.vector;
+                src.line(format!(
+                    "const {t} j = {} * {} + (u / {w}u) * {} + u % {w}u;",
+                    ix.lit(w),
+                    self.start,
+                    ix.lit(w * self.step as usize)
+                ));
+            } else if self.ragged || mentions(body, "j") {
                 src.line(format!("const {t} j = {} + u * {step};", self.start));
             }
             if self.ragged {

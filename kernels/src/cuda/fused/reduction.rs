@@ -15,7 +15,7 @@ use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
-use super::rowvec::RowVectors;
+use super::rowvec::{RowVectors, VectorRead};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
@@ -94,6 +94,9 @@ impl Analysis<'_> {
             vectors: None,
         };
         plan.vectors = self.row_vectors(&plan);
+        if let (Some(v), true) = (&plan.vectors, plan.shape.cache) {
+            plan.el.in_vectors(v.width);
+        }
 
         let mut loaded = vec![false; k.body.len()];
         for s in 0..=plan.p.passes {
@@ -189,13 +192,18 @@ impl Analysis<'_> {
             } else {
                 &[]
             };
-            let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1);
-            if blocked.is_empty() && vectors.iter().any(|&v| v) {
+            let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1, loaded);
+            if blocked.is_empty() && vectors.iter().any(|&v| v != VectorRead::No) {
                 let mut lanes = Vec::new();
+                let mut after = loaded.to_vec();
                 for lane in 0..plan.vector_width() {
+                    // Each lane caches its own element: all start from what the loop starts with.
+                    let mut l_loaded = loaded.to_vec();
                     let l = Some((lane, &vectors[..]));
-                    lanes.push(self.pass_body(src, plan, p, &these, blocked, loaded, l)?);
+                    lanes.push(self.pass_body(src, plan, p, &these, blocked, &mut l_loaded, l)?);
+                    after = l_loaded;
                 }
+                loaded.copy_from_slice(&after);
                 let (head, tail) = self.online_per_vector(plan, &these);
                 let ends = (&head[..], &tail[..]);
                 self.emit_vector_loop(src, plan, &vectors, false, &lanes, ends);
@@ -235,7 +243,7 @@ impl Analysis<'_> {
         these: &[usize],
         blocked: &[usize],
         loaded: &mut [bool],
-        lane: Option<(usize, &[bool])>,
+        lane: Option<(usize, &[VectorRead])>,
     ) -> Result<String, CodegenError> {
         let k = self.k;
         let mut b = match lane {
@@ -319,8 +327,9 @@ impl Analysis<'_> {
 
     /// Writes the start of one loop over the row's body: the reduce indices that `insts` (and,
     /// with `outputs`, the full outputs' addresses) need, then `insts` in guard order (a
-    /// guard's condition before the loads it guards). With `lane` (its index, and the inputs
-    /// read as vectors), an unguarded load of such an input takes its lane of the vector.
+    /// guard's condition before the loads it guards). With `lane` (its index, and how the loop
+    /// reads each input), a load of an input read as vectors takes its lane of the vector
+    /// (where its guard holds, if it has one), unless the register cache already holds it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn loop_insts(
         &self,
@@ -330,15 +339,28 @@ impl Analysis<'_> {
         outputs: bool,
         g: &[Option<Guard>],
         loaded: &mut [bool],
-        lane: Option<(usize, &[bool])>,
+        lane: Option<(usize, &[VectorRead])>,
     ) -> Result<(), CodegenError> {
         let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
         plan.sp.red.decompose(b, "j", self.ix, &need);
         let any_axis = |d: usize| plan.sp.any_axis(d);
         for i in guard::order(&self.k.body, &self.row, insts, g) {
             if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
-                if vectors[*input] && g[i].is_none() {
-                    b.line(self.vector_load_line(plan, i, *input, lane));
+                let read = vectors[*input];
+                if read != VectorRead::No && !(plan.cached[i] && loaded[i]) {
+                    match g[i] {
+                        None => b.line(self.vector_load_line(plan, i, *input, lane)),
+                        Some(guard) => {
+                            let here = read == VectorRead::Guarded;
+                            for l in self.guarded_vector_load(plan, i, *input, lane, guard, here) {
+                                b.line(l);
+                            }
+                        }
+                    }
+                    if plan.cached[i] {
+                        b.line(format!("c{i}[u] = v{i};"));
+                        loaded[i] = true;
+                    }
                     continue;
                 }
             }

@@ -20,12 +20,26 @@ use super::reduction::Plan;
 use super::text::mentions;
 use super::vec4::vec4_type;
 use super::Analysis;
+use crate::cuda::guard::Guard;
 use crate::cuda::{widened, Src};
 use crate::fused::{Access, Inst};
 use crate::DType;
 
 /// The components of a CUDA vector type, in order.
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
+
+/// How one loop a vector at a time reads an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum VectorRead {
+    /// Element by element (or from the register cache), as the plain loop.
+    No,
+    /// One vector before the lanes: some load of it in the loop is unguarded.
+    Before,
+    /// Every load of it in the loop is guarded (a causal softmax's masked scores): the
+    /// vector is read by the first lane whose guard holds (`h{m}` records it) and by none
+    /// where no lane's does, so a vector wholly masked costs no memory traffic.
+    Guarded,
+}
 
 /// Which loads and outputs of a long-row kernel go several elements at a time.
 pub(super) struct RowVectors {
@@ -45,23 +59,33 @@ impl Plan {
 }
 
 impl Analysis<'_> {
-    /// Which accesses of a row-strategy kernel go a vector at a time: a block a row, no
-    /// register cache, rows a multiple of 4 long and at most [`THREAD_BLOCK`] elements a
-    /// thread (longer shares sum in blocks, element by element). An input is read as vectors
+    /// Which accesses of a row-strategy kernel go a vector at a time: a block a row, rows a
+    /// multiple of 4 long, and either at most [`THREAD_BLOCK`] elements a thread read from
+    /// memory in every loop (longer shares sum in blocks, element by element) or, with the
+    /// register cache, a whole number of vectors a thread (the rows a multiple of the vector
+    /// times the threads). An input is read as vectors
     /// if the loops read it contiguously along the row (stride 1 over the reduce axes' one
     /// linear index), its type has a vector ([`vec4_type`]: f32, i32, bool, bf16) and each
     /// row's first element is a multiple of 4 (its offset and row strides are; buffers are
     /// 256-byte aligned, so the vector is aligned). The full outputs are written as vectors
     /// when all have a vector type and are contiguous along the row the same way.
+    ///
+    /// Why the cached rows too: their unrolled loops read one element a thread a load, and
+    /// two bytes a thread do not cover the memory's latency. GPT-2's causal softmax over
+    /// `[8, 12, 1024, 1024]` bf16 scores moved about 1.4 TB/s so on an H100 (session 11's
+    /// profile: 273 µs forward, 426 µs backward).
     pub(super) fn row_vectors(&self, plan: &Plan) -> Option<RowVectors> {
         let k = self.k;
         let Layout::Block { t } = plan.shape.lay else {
             return None;
         };
+        let cache = plan.shape.cache;
+        // A whole number of vectors of `w` a thread, with the register cache.
+        let runs = |w: usize| !cache || self.n.is_multiple_of(w * t as usize);
         if self.tuning.scalar_rows
-            || plan.shape.cache
             || !self.n.is_multiple_of(4)
-            || self.n.div_ceil(t as usize) > THREAD_BLOCK
+            || !runs(4)
+            || (!cache && self.n.div_ceil(t as usize) > THREAD_BLOCK)
         {
             return None;
         }
@@ -91,11 +115,14 @@ impl Analysis<'_> {
         if !inputs.iter().any(|&v| v) && !outputs {
             return None;
         }
-        // Eight bf16 elements (16 bytes) a vector where every vector is bf16 and aligned so.
+        // Eight elements a vector where every vector is of bf16 (16 bytes) or of bools (8, a
+        // mask beside bf16 scores) and aligned so.
         let aligned8 = |a: &Access| aligned_to(8, a);
+        let eight = |d: DType| d == DType::BF16 || d == DType::Bool;
         let wide = self.n.is_multiple_of(8)
+            && runs(8)
             && (k.inputs.iter().zip(&inputs))
-                .all(|(inp, &v)| !v || (inp.dtype == DType::BF16 && aligned8(&inp.access)))
+                .all(|(inp, &v)| !v || (eight(inp.dtype) && aligned8(&inp.access)))
             && (!outputs
                 || (full.iter().all(|&j| k.output_dtype(j) == DType::BF16)
                     && aligned8(&Access::contiguous(&k.domain))));
@@ -107,16 +134,33 @@ impl Analysis<'_> {
         })
     }
 
-    /// The inputs a loop over `insts` reads as vectors: those [`Analysis::row_vectors`] allows
-    /// that the loop loads unguarded.
-    pub(super) fn loop_vectors(&self, plan: &Plan, insts: &[usize], p: usize) -> Vec<bool> {
-        let mut v = vec![false; self.k.inputs.len()];
+    /// How the loop over `insts` (loop `p`'s guards) reads each input: as vectors where
+    /// [`Analysis::row_vectors`] allows it and the loop loads it from memory (not from the
+    /// register cache, `loaded`); before the lanes where some such load is unguarded; in a
+    /// guarded lane where all are and the rows are cached (a long row's guarded loads pick
+    /// single elements, the cross-entropy's target logit, and stay scalar).
+    pub(super) fn loop_vectors(
+        &self,
+        plan: &Plan,
+        insts: &[usize],
+        p: usize,
+        loaded: &[bool],
+    ) -> Vec<VectorRead> {
+        let mut v = vec![VectorRead::No; self.k.inputs.len()];
         if let Some(rv) = &plan.vectors {
             for &i in insts {
-                if let Inst::Load { input } = self.k.body[i] {
-                    if rv.inputs[input] && plan.guards[p][i].is_none() {
-                        v[input] = true;
+                let Inst::Load { input } = self.k.body[i] else {
+                    continue;
+                };
+                if !rv.inputs[input] || (plan.cached[i] && loaded[i]) {
+                    continue;
+                }
+                match plan.guards[p][i] {
+                    None => v[input] = VectorRead::Before,
+                    Some(_) if plan.shape.cache && v[input] == VectorRead::No => {
+                        v[input] = VectorRead::Guarded
                     }
+                    Some(_) => {}
                 }
             }
         }
@@ -124,14 +168,16 @@ impl Analysis<'_> {
     }
 
     /// A loop over the row a vector at a time around the lanes' bodies `lanes` (written at
-    /// depth `src.depth + 2`): reads a vector of each input of `vectors` before the lanes and,
-    /// with `outputs`, writes a vector of each full output after them; the lines `ends.0`
-    /// come before the lanes, `ends.1` after them.
+    /// depth `src.depth + 2`): reads a vector of each input `vectors` reads before the lanes
+    /// (and declares the guarded ones' vectors) and, with `outputs`, writes a vector of each
+    /// full output after them; the lines `ends.0` come before the lanes, `ends.1` after them.
+    /// With the register cache the loop is unrolled over the thread's vectors (`uv`), and each
+    /// lane's cache index is `u` ([`super::loops::Elements`] maps it to the same element).
     pub(super) fn emit_vector_loop(
         &self,
         src: &mut Src,
         plan: &Plan,
-        vectors: &[bool],
+        vectors: &[VectorRead],
         outputs: bool,
         lanes: &[String],
         ends: (&[String], &[String]),
@@ -142,25 +188,35 @@ impl Analysis<'_> {
         };
         let width = plan.vector_width();
         let vtype = |d: DType| vector_type(d, width);
-        src.open(format!(
-            "for ({t} jv = threadIdx.x; jv < {}; jv += {}) {{",
-            ix.lit(self.n / width),
-            ix.lit(threads as usize)
-        ));
-        src.line(format!("const {t} jb = {} * jv;", ix.lit(width)));
-        let at = |base: &str| {
-            if base == "0" {
-                "jb".to_string()
-            } else {
-                format!("{base} + jb")
-            }
-        };
-        for (m, inp) in k.inputs.iter().enumerate().filter(|(m, _)| vectors[*m]) {
-            src.line(format!(
-                "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
-                at(&plan.at.row[m]),
-                v = vtype(inp.dtype)
+        if plan.shape.cache {
+            src.line("#pragma unroll");
+            src.open(format!(
+                "for (unsigned uv = 0u; uv < {}u; ++uv) {{",
+                plan.el.per_thread / width
             ));
+            src.line(format!(
+                "const {t} jb = {} * threadIdx.x + uv * {};",
+                ix.lit(width),
+                ix.lit(width * threads as usize)
+            ));
+        } else {
+            src.open(format!(
+                "for ({t} jv = threadIdx.x; jv < {}; jv += {}) {{",
+                ix.lit(self.n / width),
+                ix.lit(threads as usize)
+            ));
+            src.line(format!("const {t} jb = {} * jv;", ix.lit(width)));
+        }
+        for (m, inp) in k.inputs.iter().enumerate() {
+            let v = vtype(inp.dtype);
+            match vectors[m] {
+                VectorRead::No => {}
+                VectorRead::Before => src.line(format!(
+                    "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
+                    self.vector_address(plan, m)
+                )),
+                VectorRead::Guarded => src.line(format!("{v} l{m} = {{}}; bool h{m} = false;")),
+            }
         }
         let full: Vec<usize> = (0..k.outputs.len())
             .filter(|&j| outputs && !self.row[k.outputs[j].value])
@@ -176,6 +232,9 @@ impl Analysis<'_> {
         }
         for (q, body) in lanes.iter().enumerate() {
             src.open("{");
+            if plan.shape.cache && mentions(body, "u") {
+                src.line(format!("const unsigned u = uv * {width}u + {q}u;"));
+            }
             if mentions(body, "j") {
                 let j = match q {
                     0 => "jb".to_string(),
@@ -190,6 +249,13 @@ impl Analysis<'_> {
             src.line(l);
         }
         let out = plan.at.out_base.clone().unwrap_or_else(|| "0".into());
+        let at = |base: &str| {
+            if base == "0" {
+                "jb".to_string()
+            } else {
+                format!("{base} + jb")
+            }
+        };
         for &j in &full {
             let value = match width {
                 8 => {
@@ -219,19 +285,65 @@ impl Analysis<'_> {
         src.close();
     }
 
+    /// Where the vector of input `m` at the loop's `jb` starts.
+    fn vector_address(&self, plan: &Plan, m: usize) -> String {
+        match plan.at.row[m].as_str() {
+            "0" => "jb".to_string(),
+            base => format!("{base} + jb"),
+        }
+    }
+
+    /// Lane `q` of input `input`'s vector `l{input}`, widened to its register type.
+    fn vector_lane(&self, plan: &Plan, input: usize, q: usize) -> String {
+        let dtype = self.k.inputs[input].dtype;
+        let bits = match (plan.vector_width(), dtype) {
+            // Four bools a 32-bit component, the first in its lowest byte.
+            (8, DType::Bool) => format!(
+                "(unsigned char)((l{input}.{} >> {}u) & 0xffu)",
+                COMPONENTS[q / 4],
+                8 * (q % 4)
+            ),
+            // Two bf16 a 32-bit component, the first in its low half.
+            (8, _) if q.is_multiple_of(2) => {
+                format!("(unsigned short)(l{input}.{} & 0xffffu)", COMPONENTS[q / 2])
+            }
+            (8, _) => format!("(unsigned short)(l{input}.{} >> 16)", COMPONENTS[q / 2]),
+            _ => format!("l{input}.{}", COMPONENTS[q]),
+        };
+        widened(dtype, bits)
+    }
+
     /// The line a load read as a vector becomes in lane `q`.
     pub(super) fn vector_load_line(&self, plan: &Plan, i: usize, input: usize, q: usize) -> String {
         let ty = crate::cuda::reg_type(self.dt[i]);
-        let bits = match plan.vector_width() {
-            // Two bf16 a 32-bit component, the first in its low half.
-            8 if q.is_multiple_of(2) => {
-                format!("(unsigned short)(l{input}.{} & 0xffffu)", COMPONENTS[q / 2])
-            }
-            8 => format!("(unsigned short)(l{input}.{} >> 16)", COMPONENTS[q / 2]),
-            _ => format!("l{input}.{}", COMPONENTS[q]),
-        };
-        let e = widened(self.k.inputs[input].dtype, bits);
-        format!("const {ty} v{i} = {e};")
+        format!("const {ty} v{i} = {};", self.vector_lane(plan, input, q))
+    }
+
+    /// The lines a guarded load read as a vector becomes in lane `q`: where its guard holds,
+    /// the vector is read unless an earlier lane read it ([`VectorRead::Guarded`]), and the
+    /// lane takes its element of it; elsewhere the load is 0, as a guarded scalar load.
+    pub(super) fn guarded_vector_load(
+        &self,
+        plan: &Plan,
+        i: usize,
+        input: usize,
+        q: usize,
+        guard: Guard,
+        read_here: bool,
+    ) -> Vec<String> {
+        let ty = crate::cuda::reg_type(self.dt[i]);
+        let mut lines = Vec::new();
+        if read_here {
+            let v = vector_type(self.k.inputs[input].dtype, plan.vector_width());
+            lines.push(format!(
+                "if ({} && !h{input}) {{ l{input} = *reinterpret_cast<const {v}*>(in{input} + ({})); h{input} = true; }}",
+                self.guard_condition(guard),
+                self.vector_address(plan, input)
+            ));
+        }
+        let e = self.guarded(self.vector_lane(plan, input, q), i, Some(guard));
+        lines.push(format!("const {ty} v{i} = {e};"));
+        lines
     }
 
     /// The line that sets lane `q` of full output `j`'s vector to `v` (a memory value).
@@ -244,10 +356,11 @@ impl Analysis<'_> {
 }
 
 /// The CUDA type of a vector of `width` elements of `d` in memory: [`vec4_type`]'s, or
-/// eight bf16 as an `uint4`.
+/// eight bf16 as an `uint4`, eight bools as an `uint2`.
 fn vector_type(d: DType, width: usize) -> &'static str {
-    match width {
-        8 => "uint4",
+    match (width, d) {
+        (8, DType::Bool) => "uint2",
+        (8, _) => "uint4",
         _ => vec4_type(d).unwrap_or("float4"),
     }
 }
