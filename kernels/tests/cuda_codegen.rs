@@ -1620,7 +1620,10 @@ fn a_causal_softmax_reads_no_masked_score() {
     let load = src.find("in0 + (").unwrap();
     let line_start = src[..load].rfind('\n').unwrap();
     let line = &src[line_start..load];
-    assert!(line.contains("if (!v") && line.contains(" && !h0) { l0 = "), "{line}\n{src}");
+    assert!(
+        line.contains("if (!v") && line.contains(" && !h0) { l0 = "),
+        "{line}\n{src}"
+    );
     let cond = &line[line.find("if (!").unwrap() + 5..line.find(" && !h0").unwrap()];
     let defined = src.find(&format!("unsigned char {cond} = ")).unwrap();
     assert!(defined < load, "{src}");

@@ -18,7 +18,10 @@
 //! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
 //!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
 //!    statistics, its output and the AdamW moments and parameter each come out of one kernel
-//!    with several outputs;
+//!    with several outputs; then siblings merge: two kernels of one pass over the same domain
+//!    that read a full-size value at the same index, neither reaching the other, become one
+//!    kernel that reads it once (a plain attention's probabilities and its scores' gradient,
+//!    both computed from the scores in the backward pass; a bias's and a gain's gradient sums);
 //! 5. [`widen`]: in each kernel, bf16 arithmetic is computed in f32 and rounded once where it
 //!    is stored, as PyTorch's generated kernels do (f32 kernels are unchanged).
 //!
@@ -668,6 +671,79 @@ fn merge(
             break;
         }
     }
+    // Siblings: two kernels of one pass over the same domain that read a full-size value at
+    // the same index, neither reaching the other, become one kernel that reads it once.
+    // GPT-2's plain attention backward recomputes the probabilities twice from the scores:
+    // once for the product with the output's gradient, once inside the scores' gradient.
+    for b0 in 0..slots.len() {
+        let b = find(&mut parent, b0);
+        if b != b0 || slots[b].is_none() {
+            continue;
+        }
+        let mut a0 = b0;
+        while a0 > 0 {
+            a0 -= 1;
+            let a = find(&mut parent, a0);
+            if a != a0 || a == b {
+                continue;
+            }
+            let (Some(pa), Some(pb)) = (&slots[a], &slots[b]) else {
+                continue;
+            };
+            let Some(domain) = merged_domain(&pa.domain, &pb.domain) else {
+                continue;
+            };
+            let full: usize = domain.dims.iter().product();
+            let shares_full_read = pa.loads.iter().any(|(x, access)| {
+                g.ty(*x).shape.numel() == full
+                    && !matches!(kind(g.node(select::base(g, *x))), Kind::Leaf)
+                    && pb.loads.iter().any(|(y, other)| y == x && other == access)
+            });
+            if !shares_full_read
+                || (is_column_reduction(&domain)
+                    && (pa.roots.iter().chain(&pb.roots)).any(|&r| g.ty(r).shape.numel() == full))
+            {
+                continue;
+            }
+            // One pass: both in the forward pass or both after it.
+            let after = |roots: &[NodeId]| loss.is_some_and(|l| roots.iter().all(|&r| r > l));
+            let before = |roots: &[NodeId]| loss.is_none_or(|l| roots.iter().all(|&r| r <= l));
+            let same_pass =
+                (after(&pa.roots) && after(&pb.roots)) || (before(&pa.roots) && before(&pb.roots));
+            if !same_pass
+                || (pa.roots.iter().chain(&pb.roots)).any(|&r| select::is_accumulation(g, r))
+                || succ[a].contains(&b)
+                || succ[b].contains(&a)
+                || reaches_avoiding(&succ, a, b)
+                || reaches_avoiding(&succ, b, a)
+            {
+                continue;
+            }
+            let mut roots: Vec<NodeId> = pa.roots.iter().chain(&pb.roots).copied().collect();
+            roots.sort();
+            let Ok(lowered) = lower(g, mat, &roots, &domain) else {
+                continue;
+            };
+            let merged = Part::of(Group {
+                roots,
+                domain,
+                lowered,
+            });
+            slots[a] = None;
+            parent[a] = b;
+            for w in std::mem::take(&mut succ[a]) {
+                pred[w].remove(&a);
+                succ[b].insert(w);
+                pred[w].insert(b);
+            }
+            for q in std::mem::take(&mut pred[a]) {
+                succ[q].remove(&a);
+                succ[q].insert(b);
+                pred[b].insert(q);
+            }
+            slots[b] = Some(merged);
+        }
+    }
     let groups = slots
         .into_iter()
         .flatten()
@@ -949,6 +1025,49 @@ mod tests {
             crate::ir::text::print(&emit(&g, &groups).unwrap()),
             shortcuts,
         )
+    }
+
+    /// A plain causal attention's backward pass in bf16 recomputes the probabilities from the
+    /// scores twice: for the product with the output's gradient, and inside the scores'
+    /// gradient.
+    /// The two kernels read the scores at the same index and neither reads the other, so they
+    /// are one kernel with both outputs; the forward softmax, in the other pass, stays apart.
+    #[test]
+    fn sibling_kernels_reading_one_value_at_one_index_are_one_kernel() {
+        for precision in [
+            crate::precision::Precision::F32,
+            crate::precision::Precision::Bf16,
+        ] {
+            let opts = crate::pipeline::Options {
+                precision: Some(precision),
+                fuse_attention: false,
+                ..crate::pipeline::Options::for_target(crate::lower::Target::Cuda)
+            };
+            let c = crate::pipeline::compile_model(
+                "gpt:vocab=32,d_model=32,layers=1,heads=2,d_ff=64,seq=64,batch=2",
+                &opts,
+            )
+            .unwrap();
+            let g = &c.graph;
+            let square: Vec<(NodeId, usize)> = g
+                .ids()
+                .filter_map(|id| match &g.node(id).op {
+                    Op::Fused(k) if k.domain == [2, 2, 64, 64] => Some((id, k.outputs.len())),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(square.len(), 2, "{precision:?}: {square:?}");
+            let loss = g.outputs["loss"];
+            let (forward, backward) = (square[0], square[1]);
+            assert!(
+                forward.0 < loss && backward.0 > loss,
+                "{precision:?}: {square:?}"
+            );
+            // In bf16 the backward pass recomputes the probabilities (f32 keeps them).
+            if precision == crate::precision::Precision::Bf16 {
+                assert_eq!(backward.1, 2, "probabilities and the scores' gradient");
+            }
+        }
     }
 
     #[test]
