@@ -675,6 +675,10 @@ fn merge(
     // the same index, neither reaching the other, become one kernel that reads it once.
     // GPT-2's plain attention backward recomputes the probabilities twice from the scores:
     // once for the product with the output's gradient, once inside the scores' gradient.
+    let lib_flops: Vec<u64> = library
+        .iter()
+        .map(|&id| crate::flops::of_node(g, id))
+        .collect();
     for b0 in 0..slots.len() {
         let b = find(&mut parent, b0);
         if b != b0 || slots[b].is_none() {
@@ -694,12 +698,18 @@ fn merge(
                 continue;
             };
             let full: usize = domain.dims.iter().product();
-            let shares_full_read = pa.loads.iter().any(|(x, access)| {
-                g.ty(*x).shape.numel() == full
-                    && !matches!(kind(g.node(select::base(g, *x))), Kind::Leaf)
-                    && pb.loads.iter().any(|(y, other)| y == x && other == access)
-            });
-            if !shares_full_read
+            let mut shared: Vec<NodeId> = (pa.loads.iter())
+                .filter(|(x, access)| {
+                    g.ty(*x).shape.numel() == full
+                        && !matches!(kind(g.node(select::base(g, *x))), Kind::Leaf)
+                        && pb.loads.iter().any(|(y, other)| y == x && other == access)
+                })
+                .map(|(x, _)| *x)
+                .collect();
+            shared.sort();
+            shared.dedup();
+            let shared_bytes: u64 = shared.iter().map(|&x| g.ty(x).bytes() as u64).sum();
+            if shared.is_empty()
                 || (is_column_reduction(&domain)
                     && (pa.roots.iter().chain(&pb.roots)).any(|&r| g.ty(r).shape.numel() == full))
             {
@@ -716,6 +726,7 @@ fn merge(
                 || succ[b].contains(&a)
                 || reaches_avoiding(&succ, a, b)
                 || reaches_avoiding(&succ, b, a)
+                || delays_more_than_it_saves(&succ, &pred, &lib_flops, a, b, shared_bytes)
             {
                 continue;
             }
@@ -768,6 +779,59 @@ fn merge(
         .collect::<Result<_, IrError>>()?;
     Ok((groups, shortcuts))
 }
+
+/// Whether merging sibling units `a` and `b` (neither reaching the other), which read
+/// `shared_bytes` once instead of twice, may cost more than that read: where one of them gains
+/// a library call among its ancestors (the other's data-gradient product, say), everything
+/// reading it now waits for that call, and the library calls reading it (a weight gradient's
+/// product) can no longer run beside the other's chain.
+///
+/// The read saved takes about `shared_bytes / bandwidth`; the overlap lost is at most those
+/// library calls' time, about `flops / peak`. An H100's peak over its bandwidth is about 300
+/// flops a byte in bf16 and 150 in TF32, so a merge that delays library calls is made only
+/// where they do at most [`FLOPS_PER_BYTE_SAVED`] flops a byte read less. Measured on an H200
+/// (session 12): merging GPT-2's recomputed GELU and LayerNorm outputs (read by the weight
+/// gradients) into the kernels of the data gradients beside them made the TF32 step's
+/// dependency-graph replay 1.6 ms slower (its parallel speedup over the serial chain fell from
+/// 1.057 to 1.001), while the plain attention's probabilities merged into the scores' gradient
+/// (12.9 GFLOP of product against 201 MB of scores) made the bf16 step 0.9 ms faster.
+fn delays_more_than_it_saves(
+    succ: &[BTreeSet<usize>],
+    pred: &[BTreeSet<usize>],
+    lib_flops: &[u64],
+    a: usize,
+    b: usize,
+    shared_bytes: u64,
+) -> bool {
+    let groups = succ.len() - lib_flops.len();
+    let ancestors = |x: usize| {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<usize> = pred[x].iter().copied().collect();
+        while let Some(u) = stack.pop() {
+            if seen.insert(u) {
+                stack.extend(pred[u].iter().copied());
+            }
+        }
+        seen
+    };
+    // What `x`'s library readers would newly wait for: a library call among the other's
+    // ancestors that is not among `x`'s (a small kernel alone, a mask's, delays little).
+    let delayed_flops = |x: usize, other: usize| -> u64 {
+        let before = ancestors(x);
+        if !(ancestors(other).iter()).any(|&q| q >= groups && !before.contains(&q)) {
+            return 0;
+        }
+        (succ[x].iter())
+            .filter(|&&u| u >= groups)
+            .map(|&u| lib_flops[u - groups])
+            .sum()
+    };
+    let most = shared_bytes.saturating_mul(FLOPS_PER_BYTE_SAVED);
+    delayed_flops(a, b) > most || delayed_flops(b, a) > most
+}
+
+/// See [`delays_more_than_it_saves`].
+const FLOPS_PER_BYTE_SAVED: u64 = 100;
 
 /// True if `to` is reachable from `from` by a path of at least two edges.
 fn reaches_avoiding(succ: &[BTreeSet<usize>], from: usize, to: usize) -> bool {
