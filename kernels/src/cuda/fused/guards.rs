@@ -105,17 +105,6 @@ impl Analysis<'_> {
         (per_element, insts, g)
     }
 
-    /// The condition of `guard` as CUDA text (`v3`, `!v3`, `(v3 && !v5)`).
-    pub(super) fn guard_condition(&self, guard: Guard) -> String {
-        let cond: Vec<String> = (guard.literals().iter())
-            .map(|&(c, w)| if w { format!("v{c}") } else { format!("!v{c}") })
-            .collect();
-        match &cond[..] {
-            [one] => one.clone(),
-            all => format!("({})", all.join(" && ")),
-        }
-    }
-
     /// Expression `e` of instruction `i`, read only where `guard` holds (0 elsewhere).
     pub(super) fn guarded(&self, e: String, i: usize, guard: Option<Guard>) -> String {
         match guard {

@@ -348,15 +348,10 @@ impl Analysis<'_> {
             if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
                 let read = vectors[*input];
                 if read != VectorRead::No && !(plan.cached[i] && loaded[i]) {
-                    match g[i] {
-                        None => b.line(self.vector_load_line(plan, i, *input, lane)),
-                        Some(guard) => {
-                            let here = read == VectorRead::Guarded;
-                            for l in self.guarded_vector_load(plan, i, *input, lane, guard, here) {
-                                b.line(l);
-                            }
-                        }
-                    }
+                    b.line(match g[i] {
+                        None => self.vector_load_line(plan, i, *input, lane),
+                        Some(guard) => self.guarded_vector_load(plan, i, *input, lane, guard),
+                    });
                     if plan.cached[i] {
                         b.line(format!("c{i}[u] = v{i};"));
                         loaded[i] = true;
