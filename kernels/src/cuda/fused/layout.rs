@@ -88,14 +88,17 @@ impl Analysis<'_> {
     }
 
     /// The threads of a cached row's block (`t`, a power of two) changed to give each thread a
-    /// whole number of vectors of 4 ([`super::rowvec`]) where `t` does not: a row of `4·t'`
+    /// whole number of vectors of 4 ([`super::rowvec`]) where `t` leaves it 2 or 3 elements
+    /// (or some fraction between): a row of `4·t'`
     /// elements, `t'` a multiple of 32 from 64 to 1024, gets `t'` (rows of 768: 192 threads,
     /// 4 elements each, instead of 256 with 3). Measured on an H200 (session 12), GPT-2's bf16
     /// LayerNorm kernels over 768 took 36.1 µs instead of 40.8 (its backward, 23 a step), 28.1
     /// instead of 29.2 (its forward) and 24.8 instead of 31.5.
     fn in_whole_vectors(&self, t: u32) -> u32 {
         let (n, t) = (self.n, t as usize);
-        if self.tuning.scalar_rows || n.is_multiple_of(4 * t) || !n.is_multiple_of(4) {
+        // A thread with one element (rows of 512 in blocks of 512) is left as it is: four
+        // times fewer threads a row is a different trade, not measured.
+        if self.tuning.scalar_rows || n.is_multiple_of(4 * t) || !n.is_multiple_of(4) || n < 2 * t {
             return t as u32;
         }
         match n / 4 {
