@@ -1390,6 +1390,18 @@ fn a_short_softmax_row_is_read_from_memory_once() {
     assert!(!c.source.contains("[u]"), "{}", c.source);
 }
 
+/// `k` generated one element a load (`Tuning::scalar_rows`), as before row vectors.
+fn one_element_a_load(k: &FusedKernel) -> CudaKernel {
+    cuda::fused_tuned(
+        k,
+        cuda::Tuning {
+            scalar_rows: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 fn threads(t: u32) -> cuda::Tuning {
     cuda::Tuning {
         row_threads: Some(t),
@@ -1422,15 +1434,7 @@ fn the_attention_backward_kernel_reads_each_full_input_once() {
         );
     }
     // One element a thread when asked: the same, a load an element.
-    let scalar = cuda::fused_tuned(
-        &k,
-        cuda::Tuning {
-            scalar_rows: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-    .source;
+    let scalar = one_element_a_load(&k).source;
     assert_eq!(scalar.matches("in0[").count(), 1, "{scalar}");
     assert_eq!(scalar.matches("in1[").count(), 1, "{scalar}");
     assert_eq!(scalar.matches("u < 8u; ++u").count(), 4, "{scalar}");
@@ -1635,15 +1639,7 @@ fn a_causal_softmax_reads_no_masked_score() {
     assert!(src.contains(" ? 0.0f : l0.x;"), "{src}");
     assert!(!src.contains("in0["), "{src}");
     // One element a thread: each score's load predicated on its own mask.
-    let src = cuda::fused_tuned(
-        &k,
-        cuda::Tuning {
-            scalar_rows: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-    .source;
+    let src = one_element_a_load(&k).source;
     let load = src.find("in0[").unwrap();
     let line_start = src[..load].rfind('\n').unwrap();
     let line = &src[line_start..load + src[load..].find('\n').unwrap()];
@@ -1745,15 +1741,7 @@ fn a_row_too_long_for_the_register_cache_is_read_and_written_four_elements_a_thr
             "{src}"
         );
         // One element a thread when asked, or when the row is not a multiple of four.
-        let scalar = cuda::fused_tuned(
-            &k,
-            cuda::Tuning {
-                scalar_rows: true,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .source;
+        let scalar = one_element_a_load(&k).source;
         assert!(!scalar.contains("jv"), "{scalar}");
     }
     assert!(!cuda::fused(&cross_entropy(64, 50257))
