@@ -15,7 +15,7 @@ use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
-use super::rowvec::{RowVectors, VectorRead};
+use super::rowvec::RowVectors;
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
@@ -193,17 +193,11 @@ impl Analysis<'_> {
                 &[]
             };
             let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1, loaded);
-            if blocked.is_empty() && vectors.iter().any(|&v| v != VectorRead::No) {
-                let mut lanes = Vec::new();
-                let mut after = loaded.to_vec();
-                for lane in 0..plan.vector_width() {
-                    // Each lane caches its own element: all start from what the loop starts with.
-                    let mut l_loaded = loaded.to_vec();
+            if blocked.is_empty() && vectors.iter().any(|&v| v) {
+                let lanes = self.vector_lanes(plan, loaded, |lane, loaded| {
                     let l = Some((lane, &vectors[..]));
-                    lanes.push(self.pass_body(src, plan, p, &these, blocked, &mut l_loaded, l)?);
-                    after = l_loaded;
-                }
-                loaded.copy_from_slice(&after);
+                    self.pass_body(src, plan, p, &these, blocked, loaded, l)
+                })?;
                 let (head, tail) = self.online_per_vector(plan, &these);
                 let ends = (&head[..], &tail[..]);
                 self.emit_vector_loop(src, plan, &vectors, false, &lanes, ends);
@@ -243,7 +237,7 @@ impl Analysis<'_> {
         these: &[usize],
         blocked: &[usize],
         loaded: &mut [bool],
-        lane: Option<(usize, &[VectorRead])>,
+        lane: Option<(usize, &[bool])>,
     ) -> Result<String, CodegenError> {
         let k = self.k;
         let mut b = match lane {
@@ -339,15 +333,14 @@ impl Analysis<'_> {
         outputs: bool,
         g: &[Option<Guard>],
         loaded: &mut [bool],
-        lane: Option<(usize, &[VectorRead])>,
+        lane: Option<(usize, &[bool])>,
     ) -> Result<(), CodegenError> {
         let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
         plan.sp.red.decompose(b, "j", self.ix, &need);
         let any_axis = |d: usize| plan.sp.any_axis(d);
         for i in guard::order(&self.k.body, &self.row, insts, g) {
             if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
-                let read = vectors[*input];
-                if read != VectorRead::No && !(plan.cached[i] && loaded[i]) {
+                if vectors[*input] && !(plan.cached[i] && loaded[i]) {
                     b.line(match g[i] {
                         None => self.vector_load_line(plan, i, *input, lane),
                         Some(guard) => self.guarded_vector_load(plan, i, *input, lane, guard),

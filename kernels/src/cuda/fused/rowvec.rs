@@ -21,22 +21,12 @@ use super::text::mentions;
 use super::vec4::vec4_type;
 use super::Analysis;
 use crate::cuda::guard::Guard;
-use crate::cuda::{widened, Src};
+use crate::cuda::{widened, CodegenError, Src};
 use crate::fused::{Access, Inst};
 use crate::DType;
 
 /// The components of a CUDA vector type, in order.
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
-
-/// How one loop a vector at a time reads an input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum VectorRead {
-    /// Element by element (or from the register cache), as the plain loop.
-    No,
-    /// One vector before the lanes, each lane taking its element (where its guard holds, if
-    /// the load has one).
-    Before,
-}
 
 /// Which loads and outputs of a long-row kernel go several elements at a time.
 pub(super) struct RowVectors {
@@ -148,8 +138,8 @@ impl Analysis<'_> {
         insts: &[usize],
         p: usize,
         loaded: &[bool],
-    ) -> Vec<VectorRead> {
-        let mut v = vec![VectorRead::No; self.k.inputs.len()];
+    ) -> Vec<bool> {
+        let mut v = vec![false; self.k.inputs.len()];
         if let Some(rv) = &plan.vectors {
             for &i in insts {
                 let Inst::Load { input } = self.k.body[i] else {
@@ -159,7 +149,7 @@ impl Analysis<'_> {
                     continue;
                 }
                 if plan.guards[p][i].is_none() || plan.shape.cache {
-                    v[input] = VectorRead::Before;
+                    v[input] = true;
                 }
             }
         }
@@ -176,7 +166,7 @@ impl Analysis<'_> {
         &self,
         src: &mut Src,
         plan: &Plan,
-        vectors: &[VectorRead],
+        vectors: &[bool],
         outputs: bool,
         lanes: &[String],
         ends: (&[String], &[String]),
@@ -207,7 +197,7 @@ impl Analysis<'_> {
             src.line(format!("const {t} jb = {} * jv;", ix.lit(width)));
         }
         for (m, inp) in k.inputs.iter().enumerate() {
-            if vectors[m] == VectorRead::Before {
+            if vectors[m] {
                 src.line(format!(
                     "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
                     self.vector_address(plan, m),
@@ -308,6 +298,25 @@ impl Analysis<'_> {
             _ => format!("l{input}.{}", COMPONENTS[q]),
         };
         widened(dtype, bits)
+    }
+
+    /// The lanes' bodies of a loop a vector at a time, `body(lane, loaded)` writing each: every
+    /// lane starts from the cached loads the loop starts with (`loaded`; each lane caches its own
+    /// element), and `loaded` ends as the lanes leave it.
+    pub(super) fn vector_lanes(
+        &self,
+        plan: &Plan,
+        loaded: &mut [bool],
+        mut body: impl FnMut(usize, &mut [bool]) -> Result<String, CodegenError>,
+    ) -> Result<Vec<String>, CodegenError> {
+        let mut lanes = Vec::new();
+        let mut after = loaded.to_vec();
+        for lane in 0..plan.vector_width() {
+            after.copy_from_slice(loaded);
+            lanes.push(body(lane, &mut after)?);
+        }
+        loaded.copy_from_slice(&after);
+        Ok(lanes)
     }
 
     /// The line a load read as a vector becomes in lane `q`.

@@ -3,7 +3,6 @@
 
 use super::layout::Layout;
 use super::reduction::Plan;
-use super::rowvec::VectorRead;
 use super::space::join;
 use super::Analysis;
 use crate::cuda::{narrowed, CodegenError, Src};
@@ -35,20 +34,16 @@ impl Analysis<'_> {
         let out_addr = join(base, sp.red.part(sp.out_vec, "j", ix), ix);
         let vectors = self.loop_vectors(plan, insts, plan.p.passes, loaded);
         let vector_outputs = plan.vectors.as_ref().is_some_and(|v| v.outputs);
-        if vectors.iter().any(|&v| v != VectorRead::No) || vector_outputs {
+        if vectors.iter().any(|&v| v) || vector_outputs {
             // Four elements at a time: each lane's outputs into its lane of `r{j}`, or stored
             // one by one where the outputs are not vectors.
-            let mut lanes = Vec::new();
-            let mut after = loaded.to_vec();
-            for lane in 0..plan.vector_width() {
+            let lanes = self.vector_lanes(plan, loaded, |lane, loaded| {
                 let mut b = Src {
                     text: String::new(),
                     depth: src.depth + 2,
                 };
-                let mut l_loaded = loaded.to_vec();
                 let l = Some((lane, &vectors[..]));
-                self.loop_insts(&mut b, plan, insts, true, g, &mut l_loaded, l)?;
-                after = l_loaded;
+                self.loop_insts(&mut b, plan, insts, true, g, loaded, l)?;
                 for (j, o) in k.outputs.iter().enumerate() {
                     if !self.row[o.value] {
                         let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
@@ -59,9 +54,8 @@ impl Analysis<'_> {
                         }
                     }
                 }
-                lanes.push(b.text);
-            }
-            loaded.copy_from_slice(&after);
+                Ok(b.text)
+            })?;
             self.emit_vector_loop(src, plan, &vectors, vector_outputs, &lanes, (&[], &[]));
             return Ok(());
         }
