@@ -1830,3 +1830,38 @@ fn a_long_rows_sum_of_exponentials_is_taken_online_in_the_maximums_pass() {
         "{short}"
     );
 }
+
+/// A warp a row (for measuring, `Tuning { row_threads: 32, cache_words: 96 }`): a causal
+/// softmax over rows of 1024 keeps each lane's 32 elements in registers, read as vectors
+/// (8 bf16 or bool, 4 f32), eight rows a block of 256; the lanes combine by shuffles alone,
+/// and a group whose row is past the last (`ok` false) writes nothing.
+#[test]
+fn a_warp_a_row_caches_its_lanes_elements_in_vectors() {
+    let tuning = cuda::Tuning {
+        row_threads: Some(32),
+        cache_words: Some(96),
+        ..Default::default()
+    };
+    for (k, vector) in [
+        (causal_softmax(100, 1024), "float4"),
+        (attention_backward(1, 3, 1024), "float4"),
+        (as_bf16(&causal_softmax(100, 1024)), "uint4"),
+    ] {
+        let c = cuda::fused_tuned(&k, tuning).unwrap();
+        let src = &c.source;
+        assert_eq!(c.launch.block, [256, 1, 1], "{src}");
+        assert!(src.contains("[32]; // %"), "{src}");
+        assert!(
+            src.contains(&format!("= *reinterpret_cast<const {vector}*>(in0 + (")),
+            "{src}"
+        );
+        assert_eq!(loops_reading(src, "in0"), 1, "{src}");
+        assert!(!src.contains("__syncthreads"), "{src}");
+        assert!(src.contains("if (ok) {"), "{src}");
+        cached_arrays_in_registers(src);
+        // The default keeps a block a row.
+        let default = cuda::fused(&k).unwrap().source;
+        assert!(!default.contains("const unsigned rr = "), "{default}");
+        syntax_check("warp_a_row", &[c]);
+    }
+}

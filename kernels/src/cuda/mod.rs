@@ -324,6 +324,10 @@ pub struct Tuning {
     /// Rows side by side in a block of the column strategy (a power of two from 1 to 32;
     /// anything else is ignored).
     pub column_rows: Option<u32>,
+    /// 32-bit registers a thread the register cache of a row may take, instead of the
+    /// generator's 32 (with `row_threads`: a warp a row of 1024 caching 32 elements of two
+    /// loads a lane needs 64).
+    pub cache_words: Option<usize>,
 }
 
 /// [`fused`] with some choices forced (see [`Tuning`]).

@@ -1129,8 +1129,8 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
 }
 
 /// The kernel generated otherwise (`--variants`): at every other thread count per row (32 to
-/// 1024) where it is a row-strategy kernel with full outputs and rows of at most 8192
-/// elements; one element a thread where it is an elementwise kernel that goes four; at every
+/// 1024, and 32 or 64 with a register cache up to 96 words) where it is a row-strategy kernel
+/// with full outputs and rows of at most 8192 elements; one element a thread where it is an elementwise kernel that goes four; at every
 /// other number of rows a block (1 to 32) where it is a column-strategy kernel; and with every
 /// load read at every element where some of its loads are guarded.
 fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)> {
@@ -1180,6 +1180,19 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
                         format!("{t} threads a row"),
                         cuda::Tuning {
                             row_threads: Some(t),
+                            ..Default::default()
+                        },
+                    );
+                }
+                // A warp (or two) a row with a register cache up to three times the default:
+                // each lane's 32 (or 16) elements of a row of 1024 kept in vectors, several
+                // rows a block, the reductions without a barrier.
+                for t in [32u32, 64] {
+                    add(
+                        format!("{t} threads a row, cache up to 96 registers"),
+                        cuda::Tuning {
+                            row_threads: Some(t),
+                            cache_words: Some(96),
                             ..Default::default()
                         },
                     );

@@ -148,9 +148,10 @@ impl Analysis<'_> {
             .iter()
             .map(|&i| reg_size(self.dt[i]).div_ceil(4))
             .sum();
+        let most_words = self.tuning.cache_words.unwrap_or(CACHE_WORDS);
         let fits = |t: usize| {
             let per = n.div_ceil(t);
-            per * words <= CACHE_WORDS && (per <= CACHE_SPLIT_MAX || all && per <= CACHE_PER_THREAD)
+            per * words <= most_words && (per <= CACHE_SPLIT_MAX || all && per <= CACHE_PER_THREAD)
         };
         let t0 = steps(default);
         if self.tuning.row_threads.is_some() {

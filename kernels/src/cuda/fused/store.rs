@@ -49,6 +49,8 @@ impl Analysis<'_> {
                         let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
                         if vector_outputs {
                             b.line(self.vector_store_line(plan, j, lane, &v));
+                        } else if matches!(lay, Layout::Group { .. }) {
+                            b.line(format!("if (ok) {{ out{j}[{out_addr}] = {v}; }}"));
                         } else {
                             b.line(format!("out{j}[{out_addr}] = {v};"));
                         }
