@@ -7,9 +7,9 @@
 //! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N]
 //! ```
 //! Models default to `mlp gpt-mini gpt2`; `--precision bf16` (or tf32) and
-//! `--no-fuse-attention` (attention as the plain math) compile them so instead. `--variants` also runs every row-strategy kernel with
-//! full outputs and rows of at most 8192 elements at each other thread count per row (32 to
-//! 1024), every elementwise kernel that goes four elements a thread at one, every column
+//! `--no-fuse-attention` (attention as the plain math) compile them so instead. `--variants`
+//! also runs every row-strategy kernel with full outputs and rows of at most 8192 elements at
+//! each other thread count per row (32 to 1024), every elementwise kernel that goes four elements a thread at one, every column
 //! kernel at each other number of rows a block, and guarded kernels unguarded, checked and
 //! timed the same way (`cuda::fused_tuned`). `--random N` checks N random fused kernels
 //! instead (seeds 0 to N-1 of `fused::random::Options::exact`), untimed.
@@ -56,7 +56,7 @@ fn main() {
                 fuse_attention: !plain_attention,
                 ..Default::default()
             };
-            Source::Compiled(args, opts)
+            Source::Models(args, opts)
         }
     };
     if let Err(e) = ingot_runtime::cuda::available() {
@@ -68,7 +68,7 @@ fn main() {
         return;
     }
     let opts = CheckOptions {
-        time: matches!(source, Source::Compiled(..)),
+        time: matches!(source, Source::Models(..)),
         variants,
     };
     match check_kernels(&source, opts, &mut |line| println!("{line}")) {

@@ -40,7 +40,7 @@ fn bf16_session(spec: &str, seed: u64, device: Device) -> Session {
 }
 
 fn bf16_kernels_pass(model: &str) {
-    let source = Source::Bf16Models(vec![model.into()]);
+    let source = Source::bf16_models(&[model]);
     let summary = check_kernels(&source, CheckOptions::default(), &mut |l| eprintln!("{l}"))
         .unwrap_or_else(|e| panic!("{source:?}: {e}"));
     assert!(summary.kernels > 0, "{source:?} gave no kernels");

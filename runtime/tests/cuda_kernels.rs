@@ -26,21 +26,21 @@ fn all_pass(source: Source) {
 #[test]
 fn every_mlp_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("mlp kernels") {
-        all_pass(Source::Models(vec!["mlp".into()]));
+        all_pass(Source::models(&["mlp"]));
     }
 }
 
 #[test]
 fn every_gpt_mini_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("gpt-mini kernels") {
-        all_pass(Source::Models(vec!["gpt-mini".into()]));
+        all_pass(Source::models(&["gpt-mini"]));
     }
 }
 
 #[test]
 fn every_gpt2_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("gpt2 kernels") {
-        all_pass(Source::Models(vec!["gpt2".into()]));
+        all_pass(Source::models(&["gpt2"]));
     }
 }
 

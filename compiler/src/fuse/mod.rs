@@ -816,9 +816,9 @@ fn delays_more_than_it_saves(
     };
     // What `x`'s library readers would newly wait for: a library call among the other's
     // ancestors that is not among `x`'s (a small kernel alone, a mask's, delays little).
-    let delayed_flops = |x: usize, other: usize| -> u64 {
-        let before = ancestors(x);
-        if !(ancestors(other).iter()).any(|&q| q >= groups && !before.contains(&q)) {
+    let (of_a, of_b) = (ancestors(a), ancestors(b));
+    let delayed_flops = |x: usize, before: &BTreeSet<usize>, other: &BTreeSet<usize>| -> u64 {
+        if !other.iter().any(|&q| q >= groups && !before.contains(&q)) {
             return 0;
         }
         (succ[x].iter())
@@ -827,7 +827,7 @@ fn delays_more_than_it_saves(
             .sum()
     };
     let most = shared_bytes.saturating_mul(FLOPS_PER_BYTE_SAVED);
-    delayed_flops(a, b) > most || delayed_flops(b, a) > most
+    delayed_flops(a, &of_a, &of_b) > most || delayed_flops(b, &of_b, &of_a) > most
 }
 
 /// See [`delays_more_than_it_saves`].

@@ -1129,8 +1129,9 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
 }
 
 /// The kernel generated otherwise (`--variants`): at every other thread count per row (32 to
-/// 1024, and 32 or 64 with a register cache up to 96 words) where it is a row-strategy kernel
-/// with full outputs and rows of at most 8192 elements; one element a thread where it is an elementwise kernel that goes four; at every
+/// 1024, the blocks that give whole vectors, and 32 or 64 with a register cache up to 96
+/// words) where it is a row-strategy kernel with full outputs and rows of at most 8192
+/// elements; one element a thread where it is an elementwise kernel that goes four; at every
 /// other number of rows a block (1 to 32) where it is a column-strategy kernel; and with every
 /// load read at every element where some of its loads are guarded.
 fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)> {
@@ -1228,18 +1229,35 @@ fn variants_of(k: &FusedKernel, chosen: &CudaKernel) -> Vec<(String, CudaKernel)
 /// Where the kernels come from.
 #[derive(Clone, Debug)]
 pub enum Source {
-    /// Every distinct kernel of these models' training steps (default compile options).
-    Models(Vec<String>),
-    /// The same for the bf16 mixed-precision steps (`Precision::Bf16`).
-    Bf16Models(Vec<String>),
-    /// The same for steps compiled with these options (say, bf16 with attention left as the
-    /// plain math: `fuse_attention: false`).
-    Compiled(Vec<String>, ingot_compiler::pipeline::Options),
+    /// Every distinct kernel of these models' training steps, compiled with these options
+    /// ([`Source::models`] and [`Source::bf16_models`] for the defaults; say, bf16 with
+    /// attention left as the plain math: `fuse_attention: false`).
+    Models(Vec<String>, ingot_compiler::pipeline::Options),
     /// A random fused kernel ([`random::Options::exact`]) for each of these seeds.
     Random(std::ops::Range<u64>),
     /// Dropout kernels: f32, f64 and bf16, of 1, 4099 and 2^20 + 3 elements, at p 0, 0.1, 0.5
     /// and 1, with two salts.
     Dropout,
+}
+
+impl Source {
+    /// The kernels of these models' f32 training steps (default compile options).
+    pub fn models(names: &[&str]) -> Source {
+        Source::with_precision(names, ingot_compiler::precision::Precision::F32)
+    }
+
+    /// The same for the bf16 mixed-precision steps (`Precision::Bf16`).
+    pub fn bf16_models(names: &[&str]) -> Source {
+        Source::with_precision(names, ingot_compiler::precision::Precision::Bf16)
+    }
+
+    fn with_precision(names: &[&str], precision: ingot_compiler::precision::Precision) -> Source {
+        let opts = ingot_compiler::pipeline::Options {
+            precision: Some(precision),
+            ..Default::default()
+        };
+        Source::Models(names.iter().map(|n| n.to_string()).collect(), opts)
+    }
 }
 
 /// What else to do besides checking each kernel once.
@@ -1319,20 +1337,10 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                 }
             }
         }
-        Source::Models(models) | Source::Bf16Models(models) | Source::Compiled(models, _) => {
-            let opts = match source {
-                Source::Compiled(_, o) => o.clone(),
-                _ => ingot_compiler::pipeline::Options {
-                    precision: match source {
-                        Source::Bf16Models(_) => Some(ingot_compiler::precision::Precision::Bf16),
-                        _ => Some(ingot_compiler::precision::Precision::F32),
-                    },
-                    ..Default::default()
-                },
-            };
+        Source::Models(models, opts) => {
             for m in models {
                 let model = ingot_compiler::models::by_name(m).map_err(|e| format!("{m}: {e}"))?;
-                let c = ingot_compiler::pipeline::compile(&model, &opts)
+                let c = ingot_compiler::pipeline::compile(&model, opts)
                     .map_err(|e| format!("{m}: {e}"))?;
                 for w in collect(&c.graph) {
                     add(w, m, &mut items)?;
@@ -1560,7 +1568,7 @@ mod tests {
 
     #[test]
     fn the_bf16_gpt_mini_step_yields_bf16_kernels_with_every_tolerance() {
-        let items = kernels_of(&Source::Bf16Models(vec!["gpt-mini".into()]), false).unwrap();
+        let items = kernels_of(&Source::bf16_models(&["gpt-mini"]), false).unwrap();
         let bf16_io = |w: &Work| {
             let (i, o) = w.buffers();
             i.iter().chain(&o).any(|&(d, _)| d == DType::BF16)
@@ -1591,7 +1599,7 @@ mod tests {
 
     #[test]
     fn the_mlp_step_yields_distinct_fused_kernels_with_their_origins() {
-        let items = kernels_of(&Source::Models(vec!["mlp".into()]), false).unwrap();
+        let items = kernels_of(&Source::models(&["mlp"]), false).unwrap();
         assert!(items.len() >= 5, "{} kernels", items.len());
         let mut names: Vec<String> = items.iter().map(|i| i.name()).collect();
         names.sort();

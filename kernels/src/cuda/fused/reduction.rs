@@ -341,10 +341,7 @@ impl Analysis<'_> {
         for i in guard::order(&self.k.body, &self.row, insts, g) {
             if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
                 if vectors[*input] && !(plan.cached[i] && loaded[i]) {
-                    b.line(match g[i] {
-                        None => self.vector_load_line(plan, i, *input, lane),
-                        Some(guard) => self.guarded_vector_load(plan, i, *input, lane, guard),
-                    });
+                    b.line(self.vector_load_line(plan, i, *input, lane, g[i]));
                     if plan.cached[i] {
                         b.line(format!("c{i}[u] = v{i};"));
                         loaded[i] = true;

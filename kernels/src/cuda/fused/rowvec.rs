@@ -46,11 +46,11 @@ impl Plan {
 }
 
 impl Analysis<'_> {
-    /// Which accesses of a row-strategy kernel go a vector at a time: a block a row, rows a
-    /// multiple of 4 long, and either at most [`THREAD_BLOCK`] elements a thread read from
+    /// Which accesses of a row-strategy kernel go a vector at a time: rows a multiple of 4
+    /// long, and either a block a row with at most [`THREAD_BLOCK`] elements a thread read from
     /// memory in every loop (longer shares sum in blocks, element by element) or, with the
-    /// register cache, a whole number of vectors a thread (the rows a multiple of the vector
-    /// times the threads). An input is read as vectors
+    /// register cache, a block or a group of lanes a row with a whole number of vectors a
+    /// thread (the rows a multiple of the vector times the threads). An input is read as vectors
     /// if the loops read it contiguously along the row (stride 1 over the reduce axes' one
     /// linear index), its type has a vector ([`vec4_type`]: f32, i32, bool, bf16) and each
     /// row's first element is a multiple of 4 (its offset and row strides are; buffers are
@@ -161,8 +161,8 @@ impl Analysis<'_> {
 
     /// A loop over the row a vector at a time around the lanes' bodies `lanes` (written at
     /// depth `src.depth + 2`): reads a vector of each input `vectors` reads before the lanes
-    /// and, with `outputs`, writes a vector of each
-    /// full output after them; the lines `ends.0` come before the lanes, `ends.1` after them.
+    /// and, with `outputs`, writes a vector of each full output after them; the lines `ends.0`
+    /// come before the lanes, `ends.1` after them.
     /// With the register cache the loop is unrolled over the thread's vectors (`uv`), and each
     /// lane's cache index is `u` ([`super::loops::Elements`] maps it to the same element).
     pub(super) fn emit_vector_loop(
@@ -206,7 +206,7 @@ impl Analysis<'_> {
             if vectors[m] {
                 src.line(format!(
                     "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
-                    self.vector_address(plan, m),
+                    at_jb(&plan.at.row[m]),
                     v = vtype(inp.dtype)
                 ));
             }
@@ -242,13 +242,6 @@ impl Analysis<'_> {
             src.line(l);
         }
         let out = plan.at.out_base.clone().unwrap_or_else(|| "0".into());
-        let at = |base: &str| {
-            if base == "0" {
-                "jb".to_string()
-            } else {
-                format!("{base} + jb")
-            }
-        };
         for &j in &full {
             let value = match width {
                 8 => {
@@ -271,7 +264,7 @@ impl Analysis<'_> {
             };
             let store = format!(
                 "*reinterpret_cast<{v}*>(out{j} + ({})) = {value};",
-                at(&out),
+                at_jb(&out),
                 v = vtype(k.output_dtype(j))
             );
             // A group's row past the last (`ok` false) read the last row: it writes nothing.
@@ -282,14 +275,6 @@ impl Analysis<'_> {
             });
         }
         src.close();
-    }
-
-    /// Where the vector of input `m` at the loop's `jb` starts.
-    fn vector_address(&self, plan: &Plan, m: usize) -> String {
-        match plan.at.row[m].as_str() {
-            "0" => "jb".to_string(),
-            base => format!("{base} + jb"),
-        }
     }
 
     /// Lane `q` of input `input`'s vector `l{input}`, widened to its register type.
@@ -331,24 +316,18 @@ impl Analysis<'_> {
         Ok(lanes)
     }
 
-    /// The line a load read as a vector becomes in lane `q`.
-    pub(super) fn vector_load_line(&self, plan: &Plan, i: usize, input: usize, q: usize) -> String {
-        let ty = crate::cuda::reg_type(self.dt[i]);
-        format!("const {ty} v{i} = {};", self.vector_lane(plan, input, q))
-    }
-
-    /// The line a guarded load read as a vector becomes in lane `q`: its element where its
-    /// guard holds, 0 elsewhere (as a guarded scalar load).
-    pub(super) fn guarded_vector_load(
+    /// The line load `i` of `input`, read as a vector, becomes in lane `q`: its element (with
+    /// a guard, where the guard holds, 0 elsewhere, as a guarded scalar load).
+    pub(super) fn vector_load_line(
         &self,
         plan: &Plan,
         i: usize,
         input: usize,
         q: usize,
-        guard: Guard,
+        guard: Option<Guard>,
     ) -> String {
         let ty = crate::cuda::reg_type(self.dt[i]);
-        let e = self.guarded(self.vector_lane(plan, input, q), i, Some(guard));
+        let e = self.guarded(self.vector_lane(plan, input, q), i, guard);
         format!("const {ty} v{i} = {e};")
     }
 
@@ -358,6 +337,14 @@ impl Analysis<'_> {
             8 => format!("r{j}[{q}] = {v};"),
             _ => format!("r{j}.{} = {v};", COMPONENTS[q]),
         }
+    }
+}
+
+/// The element index `base + jb` (the vector loop's first element of the thread's vector).
+fn at_jb(base: &str) -> String {
+    match base {
+        "0" => "jb".to_string(),
+        base => format!("{base} + jb"),
     }
 }
 
