@@ -1628,14 +1628,18 @@ fn a_causal_softmax_reads_no_masked_score() {
     // lowest float before anything reads them, so the load is predicated on the mask (read
     // where `col > row` is false, 0 where true) and the mask is computed before the load.
     let k = causal_softmax(96, 1024);
-    // A vector of four scores at a time is read whole, beside the mask: a load predicated on
-    // the lanes' mask would wait for it (measured slower, see `loop_vectors`). Each lane
-    // still takes its score only where the mask lets it through.
+    // A vector of four scores at a time: the mask is computed from indices, so a thread
+    // first asks whether any lane of its vector is unmasked (`k0`) and reads the vector only
+    // then; the vectors wholly above the diagonal are never read. Each lane still takes its
+    // score only where the mask lets it through.
     let src = cuda::fused(&k).unwrap().source;
+    assert!(src.contains("bool k0 = false;"), "{src}");
+    assert!(src.contains("k0 = k0 || (!v"), "{src}");
     assert!(
-        src.contains("const float4 l0 = *reinterpret_cast<const float4*>(in0 + ("),
+        src.contains("if (k0) { l0 = *reinterpret_cast<const float4*>(in0 + ("),
         "{src}"
     );
+    assert!(src.find("bool k0").unwrap() < src.find("if (k0)").unwrap());
     assert!(src.contains(" ? 0.0f : l0.x;"), "{src}");
     assert!(!src.contains("in0["), "{src}");
     // One element a thread: each score's load predicated on its own mask.
@@ -1665,6 +1669,36 @@ fn a_causal_softmax_reads_no_masked_score() {
     .unwrap();
     assert!(!plain.source.contains("? 0.0f : in0["), "{}", plain.source);
     assert_ne!(plain.name, cuda::fused(&k).unwrap().name);
+}
+
+#[test]
+fn a_vector_masked_by_a_loaded_mask_is_read_whole_beside_the_mask() {
+    // The same softmax with its mask read from memory (a bool input): waiting for the mask
+    // before the scores' load measured slower (see `loop_vectors`), so the scores' vector is
+    // read unconditionally and each lane drops its masked score.
+    let mut b = B::new(&[96, 1024, 1024], &[2]);
+    let mask = b.input(DType::Bool);
+    let x = b.input(DType::F32);
+    let masked = b.load(mask);
+    let lowest = b.c(-3.4028234663852886e38, DType::F32);
+    let x = b.load(x);
+    let v = b.i(Inst::Select {
+        cond: masked,
+        a: lowest,
+        b: x,
+    });
+    let m = b.red(RMax, v);
+    let d = b.bin(Sub, v, m);
+    let e = b.un(Exp, d);
+    let s = b.red(RSum, e);
+    let y = b.bin(Div, e, s);
+    let src = cuda::fused(&b.out(y).done()).unwrap().source;
+    assert!(!src.contains("if (k1)"), "{src}");
+    assert!(
+        src.contains("const float4 l1 = *reinterpret_cast<const float4*>(in1 + ("),
+        "{src}"
+    );
+    assert!(src.contains(" ? 0.0f : l1.x;"), "{src}");
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub fn lower(
         memo: HashMap::new(),
         cuts: Vec::new(),
         staged: Vec::new(),
+        numbered: HashMap::new(),
     };
     let mut outputs = Vec::new();
     let mut row_roots = Vec::new();
@@ -135,11 +136,56 @@ struct Lowerer<'a> {
     cuts: Vec<NodeId>,
     /// Reductions expanded as stages.
     staged: Vec<NodeId>,
+    /// Each instruction of the body by its [`numbering_key`].
+    numbered: HashMap<InstKey, usize>,
+}
+
+/// An instruction as a hashable key: a constant by its bits (so `-0.0` and `0.0` stay two).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum InstKey {
+    Inst(Inst2),
+    Const(u64, DType),
+}
+
+/// [`Inst`] without its one float field.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Inst2 {
+    Load(usize),
+    Index(usize, DType),
+    Unary(ingot_kernels::UnaryOp, usize),
+    Binary(ingot_kernels::BinaryOp, usize, usize),
+    Compare(ingot_kernels::CmpOp, usize, usize),
+    Select(usize, usize, usize),
+    Convert(usize, DType),
+    Reduce(ingot_kernels::ReduceOp, usize),
+}
+
+fn numbering_key(i: &Inst) -> InstKey {
+    InstKey::Inst(match *i {
+        Inst::Const { value, dtype } => return InstKey::Const(value.to_bits(), dtype),
+        Inst::Load { input } => Inst2::Load(input),
+        Inst::Index { axis, dtype } => Inst2::Index(axis, dtype),
+        Inst::Unary { op, x } => Inst2::Unary(op, x),
+        Inst::Binary { op, a, b } => Inst2::Binary(op, a, b),
+        Inst::Compare { op, a, b } => Inst2::Compare(op, a, b),
+        Inst::Select { cond, a, b } => Inst2::Select(cond, a, b),
+        Inst::Convert { x, to } => Inst2::Convert(x, to),
+        Inst::Reduce { op, x } => Inst2::Reduce(op, x),
+    })
 }
 
 impl Lowerer<'_> {
+    /// The instruction `i`, pushed unless the body already has it (the same op on the same
+    /// operands): values that two graph nodes compute alike, such as a causal mask and its
+    /// copy recomputed for the backward pass in a kernel that merged both passes' uses, are
+    /// one value, so that the guards of the loads they select see one condition.
     fn push(&mut self, i: Inst) -> usize {
+        let key = numbering_key(&i);
+        if let Some(&at) = self.numbered.get(&key) {
+            return at;
+        }
         self.body.push(i);
+        self.numbered.insert(key, self.body.len() - 1);
         self.body.len() - 1
     }
 

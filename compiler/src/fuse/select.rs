@@ -89,13 +89,44 @@ pub fn shared(g: &Graph, mat: &mut [bool], recompute_ops: usize) {
                 Kind::Reduce => true,
                 // A small value broadcast across many elements (a row's 1/sqrt(var + eps))
                 // is computed once and read, not recomputed at every element it reaches.
-                Kind::Elementwise if widely_broadcast(g, &users[v.index()], v) => true,
+                // Unless it reads nothing: a causal mask computed from its indices costs a
+                // compare where it is used, and loading it would cost a load.
+                Kind::Elementwise if widely_broadcast(g, &users[v.index()], v) => {
+                    !computed_from_indices(g, mat, v, recompute_ops)
+                }
                 Kind::Elementwise | Kind::View => !cheap_to_recompute(g, mat, v, recompute_ops),
                 _ => false,
             };
         }
         kernels[i] = k;
     }
+}
+
+/// Whether `v`'s inlined expression reads no memory (iotas and constants only, no leaf, no
+/// stored value) and has at most `limit` ops: computing it where it is used costs less than
+/// any load of it.
+fn computed_from_indices(g: &Graph, mat: &[bool], v: NodeId, limit: usize) -> bool {
+    let mut stack = vec![v];
+    let mut seen: Vec<NodeId> = vec![v];
+    let mut ops = 0usize;
+    while let Some(x) = stack.pop() {
+        match kind(g.node(x)) {
+            Kind::Source => continue,
+            Kind::Elementwise => ops += 1,
+            Kind::View | Kind::Alias => {}
+            _ => return false,
+        }
+        if x != v && mat[x.index()] || ops > limit {
+            return false;
+        }
+        for &y in &g.node(x).inputs {
+            if !seen.contains(&y) {
+                seen.push(y);
+                stack.push(y);
+            }
+        }
+    }
+    true
 }
 
 /// Whether some user broadcasts `v` to at least 64 times its elements.

@@ -192,7 +192,8 @@ impl Analysis<'_> {
             } else {
                 &[]
             };
-            let vectors = self.loop_vectors(plan, &plan.p.pass_full[p - 1], p - 1, loaded);
+            let insts = &plan.p.pass_full[p - 1];
+            let vectors = self.loop_vectors(plan, insts, p - 1, loaded);
             if blocked.is_empty() && vectors.iter().any(|&v| v) {
                 let lanes = self.vector_lanes(plan, loaded, |lane, loaded| {
                     let l = Some((lane, &vectors[..]));
@@ -200,7 +201,8 @@ impl Analysis<'_> {
                 })?;
                 let (head, tail) = self.online_per_vector(plan, &these);
                 let ends = (&head[..], &tail[..]);
-                self.emit_vector_loop(src, plan, &vectors, false, &lanes, ends);
+                let skips = self.vector_skips(plan, insts, p - 1, &vectors);
+                self.emit_vector_loop(src, plan, &vectors, &skips, false, &lanes, ends)?;
             } else {
                 let body = self.pass_body(src, plan, p, &these, blocked, loaded, None)?;
                 if blocked.is_empty() {

@@ -159,6 +159,65 @@ impl Analysis<'_> {
         v
     }
 
+    /// The vectors of the loop over `insts` (loop `p`'s guards) that may be skipped: for each
+    /// input read as vectors (`vectors`) whose loads there share one guard with literals
+    /// computed from indices alone ([`Analysis::index_only_guard`]), those literals and the
+    /// instructions that compute them. A thread reads such a vector only where some lane's
+    /// literals hold: the masked half of a causal softmax's rows is not read at all, and no
+    /// load waits for another (a mask read from memory would make the scores' load wait).
+    pub(super) fn vector_skips(
+        &self,
+        plan: &Plan,
+        insts: &[usize],
+        p: usize,
+        vectors: &[bool],
+    ) -> Vec<Option<(Guard, Vec<usize>)>> {
+        let k = self.k;
+        (0..k.inputs.len())
+            .map(|m| {
+                if !vectors[m] {
+                    return None;
+                }
+                let mut guards = (insts.iter())
+                    .filter(|&&i| matches!(k.body[i], Inst::Load { input } if input == m))
+                    .map(|&i| plan.guards[p][i]);
+                let first = guards.next()??;
+                if guards.any(|g| g != Some(first)) {
+                    return None;
+                }
+                self.index_only_guard(first)
+            })
+            .collect()
+    }
+
+    /// Writes the lines that set `k{m}` (whether some lane of the thread's vector of input
+    /// `m` needs it) from each lane's literals of `guard`, the instructions `closure`
+    /// computing them.
+    fn write_vector_skip(
+        &self,
+        src: &mut Src,
+        plan: &Plan,
+        m: usize,
+        (guard, closure): &(Guard, Vec<usize>),
+    ) -> Result<(), CodegenError> {
+        let (ix, t) = (self.ix, self.ix.ty());
+        let full: Vec<usize> = closure.iter().copied().filter(|&i| !self.row[i]).collect();
+        let none = vec![None; self.k.body.len()];
+        let cond: Vec<String> = (guard.literals().iter())
+            .map(|&(c, w)| if w { format!("v{c}") } else { format!("!v{c}") })
+            .collect();
+        src.line(format!("bool k{m} = false;"));
+        for q in 0..plan.vector_width() {
+            src.open("{");
+            src.line(format!("const {t} j = jb + {};", ix.lit(q)));
+            let mut scratch = vec![false; self.k.body.len()];
+            self.loop_insts(src, plan, &full, false, &none, &mut scratch, None)?;
+            src.line(format!("k{m} = k{m} || ({});", cond.join(" && ")));
+            src.close();
+        }
+        Ok(())
+    }
+
     /// A loop over the row a vector at a time around the lanes' bodies `lanes` (written at
     /// depth `src.depth + 2`): reads a vector of each input `vectors` reads before the lanes
     /// and, with `outputs`, writes a vector of each full output after them; the lines `ends.0`
@@ -170,16 +229,17 @@ impl Analysis<'_> {
         src: &mut Src,
         plan: &Plan,
         vectors: &[bool],
+        skips: &[Option<(Guard, Vec<usize>)>],
         outputs: bool,
         lanes: &[String],
         ends: (&[String], &[String]),
-    ) {
+    ) -> Result<(), CodegenError> {
         let (k, ix, t) = (self.k, self.ix, self.ix.ty());
         // The thread's index along the row, and the threads a row.
         let (me, threads, group) = match plan.shape.lay {
             Layout::Block { t } => ("threadIdx.x", t, false),
             Layout::Group { w, .. } => ("lane", w, true),
-            Layout::Columns { .. } => return,
+            Layout::Columns { .. } => return Ok(()),
         };
         let width = plan.vector_width();
         let vtype = |d: DType| vector_type(d, width);
@@ -203,12 +263,18 @@ impl Analysis<'_> {
             src.line(format!("const {t} jb = {} * jv;", ix.lit(width)));
         }
         for (m, inp) in k.inputs.iter().enumerate() {
-            if vectors[m] {
-                src.line(format!(
-                    "const {v} l{m} = *reinterpret_cast<const {v}*>(in{m} + ({}));",
-                    at_jb(&plan.at.row[m]),
-                    v = vtype(inp.dtype)
-                ));
+            if !vectors[m] {
+                continue;
+            }
+            let (v, at) = (vtype(inp.dtype), at_jb(&plan.at.row[m]));
+            let load = format!("*reinterpret_cast<const {v}*>(in{m} + ({at}))");
+            match skips.get(m).and_then(Option::as_ref) {
+                Some(skip) => {
+                    self.write_vector_skip(src, plan, m, skip)?;
+                    src.line(format!("{v} l{m} = {{}};"));
+                    src.line(format!("if (k{m}) {{ l{m} = {load}; }}"));
+                }
+                None => src.line(format!("const {v} l{m} = {load};")),
             }
         }
         let full: Vec<usize> = (0..k.outputs.len())
@@ -275,6 +341,7 @@ impl Analysis<'_> {
             });
         }
         src.close();
+        Ok(())
     }
 
     /// Lane `q` of input `input`'s vector `l{input}`, widened to its register type.

@@ -58,7 +58,9 @@ impl Analysis<'_> {
                 }
                 Ok(b.text)
             })?;
-            self.emit_vector_loop(src, plan, &vectors, vector_outputs, &lanes, (&[], &[]));
+            let skips = self.vector_skips(plan, insts, plan.p.passes, &vectors);
+            let ends = (&[][..], &[][..]);
+            self.emit_vector_loop(src, plan, &vectors, &skips, vector_outputs, &lanes, ends)?;
             return Ok(());
         }
         let mut b = plan.el.body(src, 0);
