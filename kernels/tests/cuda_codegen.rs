@@ -1642,6 +1642,21 @@ fn a_causal_softmax_reads_no_masked_score() {
     assert!(src.find("bool k0").unwrap() < src.find("if (k0)").unwrap());
     assert!(src.contains(" ? 0.0f : l0.x;"), "{src}");
     assert!(!src.contains("in0["), "{src}");
+    // A vector whose lanes are all masked is computed apart, in every loop over the row: its
+    // lanes know the mask (a constant) and read no score (its guarded 0), so what they
+    // compute no longer depends on the lane and the compiler computes it once.
+    let loops = src.matches("bool km = false;").count();
+    assert_eq!(loops, 3, "two passes and the outputs: {src}");
+    assert_eq!(src.matches("if (km) {").count(), loops, "{src}");
+    for masked in src.split("else {").skip(1) {
+        let lanes = &masked[..masked.find("\n      }\n").unwrap_or(masked.len())];
+        assert!(lanes.contains(" = 1u;"), "{lanes}");
+        assert!(!lanes.contains("l0."), "{lanes}");
+        assert!(
+            !lanes.contains(" > "),
+            "the mask is not computed again: {lanes}"
+        );
+    }
     // One element a thread: each score's load predicated on its own mask.
     let src = one_element_a_load(&k).source;
     let load = src.find("in0[").unwrap();

@@ -7,6 +7,9 @@
 //!                                               the codegen tests draw them (`Options::wide`)
 //!     kernel_dump MODEL:bf16 [...]              the same for the bf16 mixed-precision step
 //!     kernel_dump ... --no-fuse-attention       attention left as the plain math
+//!     kernel_dump ... --cu DIR                  also write each kernel, after the prelude, to
+//!                                               DIR/NAME.cu (for `nvcc -cubin` and `cuobjdump
+//!                                               -sass` on a GPU machine)
 //!
 //! A refactoring of the CUDA generator keeps every output of this byte-identical.
 use ingot_compiler::ir::Op;
@@ -15,6 +18,20 @@ fn main() {
     let mut a: Vec<String> = std::env::args().skip(1).collect();
     let plain_attention = a.iter().any(|x| x == "--no-fuse-attention");
     a.retain(|x| x != "--no-fuse-attention");
+    let cu_dir = a.iter().position(|x| x == "--cu").map(|at| {
+        let dir = a.get(at + 1).cloned().unwrap_or_else(|| {
+            eprintln!("kernel_dump: --cu takes a directory");
+            std::process::exit(2);
+        });
+        a.drain(at..at + 2);
+        std::path::PathBuf::from(dir)
+    });
+    if let Some(dir) = &cu_dir {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("kernel_dump: creating {}: {e}", dir.display());
+            std::process::exit(1);
+        }
+    }
     let Some(model) = a.first() else {
         eprintln!("usage: kernel_dump MODEL [DOMAIN_SUBSTRING]");
         std::process::exit(2);
@@ -63,7 +80,16 @@ fn main() {
             }
             match ingot_kernels::cuda::fused(k) {
                 Ok(g) if seen.insert(g.name.clone()) => {
-                    println!("=== %{} {}\n{}\n{}", id.index(), g.name, k, g.source)
+                    println!("=== %{} {}\n{}\n{}", id.index(), g.name, k, g.source);
+                    if let Some(dir) = &cu_dir {
+                        let path = dir.join(format!("{}.cu", g.name));
+                        let prelude = ingot_kernels::cuda::prelude_for(std::slice::from_ref(&g));
+                        let text = format!("{prelude}\n{}", g.source);
+                        if let Err(e) = std::fs::write(&path, text) {
+                            eprintln!("kernel_dump: writing {}: {e}", path.display());
+                            std::process::exit(1);
+                        }
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => println!("=== %{}: {e}", id.index()),

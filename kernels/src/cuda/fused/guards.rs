@@ -10,6 +10,10 @@ use crate::cuda::literal;
 use crate::fused::check::operands;
 use crate::fused::Inst;
 
+/// The literals of a guard computed from indices and constants alone, with the instructions
+/// (body order) that compute them ([`Analysis::index_only_guard`]).
+pub(super) type IndexGuard = (Guard, Vec<usize>);
+
 impl Analysis<'_> {
     /// The guards of a reduction's loops over the row (the passes, then the output loop):
     /// where each loop needs each of its full values (the operands of its reductions, or the
@@ -58,7 +62,7 @@ impl Analysis<'_> {
 
     /// The literals of `guard` whose conditions are computed from indices and constants alone,
     /// with the instructions that compute them (body order); `None` if no literal is.
-    pub(super) fn index_only_guard(&self, guard: Guard) -> Option<(Guard, Vec<usize>)> {
+    pub(super) fn index_only_guard(&self, guard: Guard) -> Option<IndexGuard> {
         let body = &self.k.body;
         let closure_of = |c: usize| -> Option<Vec<usize>> {
             let mut seen = vec![false; body.len()];

@@ -15,7 +15,7 @@ use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
-use super::rowvec::RowVectors;
+use super::rowvec::{Lane, RowVectors};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
@@ -194,14 +194,14 @@ impl Analysis<'_> {
             };
             let insts = &plan.p.pass_full[p - 1];
             let vectors = self.loop_vectors(plan, insts, p - 1, loaded);
-            if blocked.is_empty() && vectors.iter().any(|&v| v) {
-                let lanes = self.vector_lanes(plan, loaded, |lane, loaded| {
-                    let l = Some((lane, &vectors[..]));
-                    self.pass_body(src, plan, p, &these, blocked, loaded, l)
+            let mask = self.loop_mask(plan, insts, p - 1);
+            if blocked.is_empty() && (vectors.iter().any(|&v| v) || mask.is_some()) {
+                let skips = self.vector_skips(plan, insts, p - 1, &vectors);
+                let lanes = self.vector_lanes(plan, &vectors, mask, loaded, |lane, loaded| {
+                    self.pass_body(src, plan, p, &these, blocked, loaded, Some(lane))
                 })?;
                 let (head, tail) = self.online_per_vector(plan, &these);
                 let ends = (&head[..], &tail[..]);
-                let skips = self.vector_skips(plan, insts, p - 1, &vectors);
                 self.emit_vector_loop(src, plan, &vectors, &skips, false, &lanes, ends)?;
             } else {
                 let body = self.pass_body(src, plan, p, &these, blocked, loaded, None)?;
@@ -239,7 +239,7 @@ impl Analysis<'_> {
         these: &[usize],
         blocked: &[usize],
         loaded: &mut [bool],
-        lane: Option<(usize, &[bool])>,
+        lane: Option<Lane>,
     ) -> Result<String, CodegenError> {
         let k = self.k;
         let mut b = match lane {
@@ -262,7 +262,7 @@ impl Analysis<'_> {
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
         for o in plan.online.iter().filter(|o| these.contains(&o.max)) {
             let (s, m, x) = (o.sum, o.max, o.x);
-            if let Some((lane, _)) = lane {
+            if let Some(Lane { q: lane, .. }) = lane {
                 // A vector at a time: its terms are taken together after its lanes
                 // ([`Analysis::online_per_vector`]).
                 b.line(format!("ox{s}[{lane}] = v{x};"));
@@ -326,6 +326,8 @@ impl Analysis<'_> {
     /// guard's condition before the loads it guards). With `lane` (its index, and how the loop
     /// reads each input), a load of an input read as vectors takes its lane of the vector
     /// (where its guard holds, if it has one), unless the register cache already holds it.
+    /// A lane that knows a condition's value ([`Lane::known`]) takes it as a constant, and
+    /// every load that condition's value keeps out is its guarded 0, read from nowhere.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn loop_insts(
         &self,
@@ -335,13 +337,37 @@ impl Analysis<'_> {
         outputs: bool,
         g: &[Option<Guard>],
         loaded: &mut [bool],
-        lane: Option<(usize, &[bool])>,
+        lane: Option<Lane>,
     ) -> Result<(), CodegenError> {
         let need = self.loop_need(&plan.sp, insts, outputs, &plan.cached, loaded);
         plan.sp.red.decompose(b, "j", self.ix, &need);
         let any_axis = |d: usize| plan.sp.any_axis(d);
+        let known = lane.and_then(|l| l.known);
         for i in guard::order(&self.k.body, &self.row, insts, g) {
-            if let (Some((lane, vectors)), Inst::Load { input }) = (lane, &self.k.body[i]) {
+            if let Some((c, value)) = known {
+                if i == c {
+                    b.line(format!("const unsigned char v{c} = {}u;", u8::from(value)));
+                    continue;
+                }
+                let kept_out = |g: &Guard| g.literals().iter().any(|&(x, w)| x == c && w != value);
+                if matches!(self.k.body[i], Inst::Load { .. }) && g[i].is_some_and(|g| kept_out(&g))
+                {
+                    let (ty, zero) = (reg_type(self.dt[i]), literal(0.0, self.dt[i]));
+                    b.line(format!("const {ty} v{i} = {zero};"));
+                    if plan.cached[i] && !loaded[i] {
+                        b.line(format!("c{i}[u] = v{i};"));
+                        loaded[i] = true;
+                    }
+                    continue;
+                }
+            }
+            if let (
+                Some(Lane {
+                    q: lane, vectors, ..
+                }),
+                Inst::Load { input },
+            ) = (lane, &self.k.body[i])
+            {
                 if vectors[*input] && !(plan.cached[i] && loaded[i]) {
                     b.line(self.vector_load_line(plan, i, *input, lane, g[i]));
                     if plan.cached[i] {

@@ -14,10 +14,11 @@
 //! with `j` its element, as the plain loop's body, except that a load read as a vector takes
 //! its lane of `l{m}` and a full output sets its lane of `r{j}`.
 
+use super::guards::IndexGuard;
 use super::layout::Layout;
 use super::loops::THREAD_BLOCK;
 use super::reduction::Plan;
-use super::text::mentions;
+use super::text::{mentions, without_unread_values};
 use super::vec4::vec4_type;
 use super::Analysis;
 use crate::cuda::guard::Guard;
@@ -36,6 +37,28 @@ pub(super) struct RowVectors {
     pub(super) outputs: bool,
     /// Elements a vector: 4, or 8 where every vector is of bf16 (16 bytes, as f32's 4).
     pub(super) width: usize,
+}
+
+/// One lane of a loop a vector at a time, as [`Analysis::loop_insts`] writes its body.
+#[derive(Clone, Copy)]
+pub(super) struct Lane<'a> {
+    /// The lane: the vector's element `q`.
+    pub(super) q: usize,
+    /// Which inputs the loop reads as vectors.
+    pub(super) vectors: &'a [bool],
+    /// A condition whose value the lane knows, `(instruction, value)`: in the body of a vector
+    /// whose every lane fails the loop's mask (one literal), its condition is the negation.
+    pub(super) known: Option<(usize, bool)>,
+}
+
+/// The lanes' bodies of one loop a vector at a time: as computed, and where the thread's whole
+/// vector fails the loop's mask ([`Analysis::loop_mask`]; `masked`: the mask, and the lanes
+/// written knowing its condition), so that a masked vector computes only what its known
+/// condition leaves (the lanes of a causal softmax's masked vector compute one value, which
+/// the compiler shares among them) and reads nothing.
+pub(super) struct VectorLanes {
+    pub(super) lanes: Vec<String>,
+    pub(super) masked: Option<(IndexGuard, Vec<String>)>,
 }
 
 impl Plan {
@@ -171,7 +194,7 @@ impl Analysis<'_> {
         insts: &[usize],
         p: usize,
         vectors: &[bool],
-    ) -> Vec<Option<(Guard, Vec<usize>)>> {
+    ) -> Vec<Option<IndexGuard>> {
         let k = self.k;
         (0..k.inputs.len())
             .map(|m| {
@@ -190,15 +213,30 @@ impl Analysis<'_> {
             .collect()
     }
 
-    /// Writes the lines that set `k{m}` (whether some lane of the thread's vector of input
-    /// `m` needs it) from each lane's literals of `guard`, the instructions `closure`
-    /// computing them.
+    /// The mask of the loop over `insts` (loop `p`'s guards), if it has one: a guard of some
+    /// load there (read from memory or from the register cache) whose literals computed from
+    /// indices alone are one, `v{c} == w`, with the instructions that compute it. A vector all
+    /// of whose lanes fail it is written apart ([`VectorLanes::masked`]): there every such
+    /// load is its guarded 0 and `v{c}` is `!w`, so the lanes compute what is left.
+    pub(super) fn loop_mask(&self, plan: &Plan, insts: &[usize], p: usize) -> Option<IndexGuard> {
+        if plan.el.vector <= 1 {
+            return None;
+        }
+        (insts.iter())
+            .filter(|&&i| matches!(self.k.body[i], Inst::Load { .. }))
+            .filter_map(|&i| self.index_only_guard(plan.guards[p][i]?))
+            .find(|(g, _)| g.literals().len() == 1)
+    }
+
+    /// Writes the lines that set `flag` (whether some lane of the thread's vector passes
+    /// `guard`: `k{m}` for a skipped input `m`, `km` for the loop's mask) from each lane's
+    /// literals of `guard`, the instructions `closure` computing them.
     fn write_vector_skip(
         &self,
         src: &mut Src,
         plan: &Plan,
-        m: usize,
-        (guard, closure): &(Guard, Vec<usize>),
+        flag: &str,
+        (guard, closure): &IndexGuard,
     ) -> Result<(), CodegenError> {
         let (ix, t) = (self.ix, self.ix.ty());
         let full: Vec<usize> = closure.iter().copied().filter(|&i| !self.row[i]).collect();
@@ -206,13 +244,13 @@ impl Analysis<'_> {
         let cond: Vec<String> = (guard.literals().iter())
             .map(|&(c, w)| if w { format!("v{c}") } else { format!("!v{c}") })
             .collect();
-        src.line(format!("bool k{m} = false;"));
+        src.line(format!("bool {flag} = false;"));
         for q in 0..plan.vector_width() {
             src.open("{");
             src.line(format!("const {t} j = jb + {};", ix.lit(q)));
             let mut scratch = vec![false; self.k.body.len()];
             self.loop_insts(src, plan, &full, false, &none, &mut scratch, None)?;
-            src.line(format!("k{m} = k{m} || ({});", cond.join(" && ")));
+            src.line(format!("{flag} = {flag} || ({});", cond.join(" && ")));
             src.close();
         }
         Ok(())
@@ -224,14 +262,15 @@ impl Analysis<'_> {
     /// come before the lanes, `ends.1` after them.
     /// With the register cache the loop is unrolled over the thread's vectors (`uv`), and each
     /// lane's cache index is `u` ([`super::loops::Elements`] maps it to the same element).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_vector_loop(
         &self,
         src: &mut Src,
         plan: &Plan,
         vectors: &[bool],
-        skips: &[Option<(Guard, Vec<usize>)>],
+        skips: &[Option<IndexGuard>],
         outputs: bool,
-        lanes: &[String],
+        lanes: &VectorLanes,
         ends: (&[String], &[String]),
     ) -> Result<(), CodegenError> {
         let (k, ix, t) = (self.k, self.ix, self.ix.ty());
@@ -270,7 +309,7 @@ impl Analysis<'_> {
             let load = format!("*reinterpret_cast<const {v}*>(in{m} + ({at}))");
             match skips.get(m).and_then(Option::as_ref) {
                 Some(skip) => {
-                    self.write_vector_skip(src, plan, m, skip)?;
+                    self.write_vector_skip(src, plan, &format!("k{m}"), skip)?;
                     src.line(format!("{v} l{m} = {{}};"));
                     src.line(format!("if (k{m}) {{ l{m} = {load}; }}"));
                 }
@@ -289,20 +328,36 @@ impl Analysis<'_> {
         for l in ends.0 {
             src.line(l);
         }
-        for (q, body) in lanes.iter().enumerate() {
-            src.open("{");
-            if plan.shape.cache && mentions(body, "u") {
-                src.line(format!("const unsigned u = uv * {width}u + {q}u;"));
+        let write_lanes = |src: &mut Src, bodies: &[String]| {
+            for (q, body) in bodies.iter().enumerate() {
+                src.open("{");
+                if plan.shape.cache && mentions(body, "u") {
+                    src.line(format!("const unsigned u = uv * {width}u + {q}u;"));
+                }
+                if mentions(body, "j") {
+                    let j = match q {
+                        0 => "jb".to_string(),
+                        q => format!("jb + {}", ix.lit(q)),
+                    };
+                    src.line(format!("const {t} j = {j};"));
+                }
+                src.text
+                    .push_str(&reindent(body, 1 + usize::from(lanes.masked.is_some())));
+                src.close();
             }
-            if mentions(body, "j") {
-                let j = match q {
-                    0 => "jb".to_string(),
-                    q => format!("jb + {}", ix.lit(q)),
-                };
-                src.line(format!("const {t} j = {j};"));
+        };
+        match &lanes.masked {
+            None => write_lanes(src, &lanes.lanes),
+            Some((mask, masked)) => {
+                self.write_vector_skip(src, plan, "km", mask)?;
+                src.open("if (km) {");
+                write_lanes(src, &lanes.lanes);
+                src.close();
+                src.line("else {");
+                src.depth += 1;
+                write_lanes(src, masked);
+                src.close();
             }
-            src.text.push_str(body);
-            src.close();
         }
         for l in ends.1 {
             src.line(l);
@@ -366,21 +421,44 @@ impl Analysis<'_> {
 
     /// The lanes' bodies of a loop a vector at a time, `body(lane, loaded)` writing each: every
     /// lane starts from the cached loads the loop starts with (`loaded`; each lane caches its own
-    /// element), and `loaded` ends as the lanes leave it.
+    /// element), and `loaded` ends as the lanes leave it. Where a skip of `skips` has one literal
+    /// `(c, w)`, the lanes again knowing that `v{c}` is `!w` ([`VectorLanes::masked`]).
     pub(super) fn vector_lanes(
         &self,
         plan: &Plan,
+        vectors: &[bool],
+        mask: Option<IndexGuard>,
         loaded: &mut [bool],
-        mut body: impl FnMut(usize, &mut [bool]) -> Result<String, CodegenError>,
-    ) -> Result<Vec<String>, CodegenError> {
-        let mut lanes = Vec::new();
-        let mut after = loaded.to_vec();
-        for lane in 0..plan.vector_width() {
-            after.copy_from_slice(loaded);
-            lanes.push(body(lane, &mut after)?);
-        }
-        loaded.copy_from_slice(&after);
-        Ok(lanes)
+        mut body: impl FnMut(Lane, &mut [bool]) -> Result<String, CodegenError>,
+    ) -> Result<VectorLanes, CodegenError> {
+        let start = loaded.to_vec();
+        let mut write = |known: Option<(usize, bool)>, loaded: &mut [bool]| {
+            let mut lanes = Vec::new();
+            let mut after = start.clone();
+            for q in 0..plan.vector_width() {
+                after.copy_from_slice(&start);
+                let lane = Lane { q, vectors, known };
+                lanes.push(body(lane, &mut after)?);
+            }
+            loaded.copy_from_slice(&after);
+            Ok::<_, CodegenError>(lanes)
+        };
+        let lanes = write(None, loaded)?;
+        let masked = match mask {
+            Some(mask) => {
+                let (c, w) = mask.0.literals()[0];
+                let mut after = start.clone();
+                let masked = write(Some((c, !w)), &mut after)?
+                    .iter()
+                    .map(|body| without_unread_values(body))
+                    .collect();
+                // Both bodies must leave the same loads cached (a kept-out load caches its 0),
+                // or the loops after would not know which to read.
+                (after == loaded).then_some((mask, masked))
+            }
+            None => None,
+        };
+        Ok(VectorLanes { lanes, masked })
     }
 
     /// The line load `i` of `input`, read as a vector, becomes in lane `q`: its element (with
@@ -405,6 +483,24 @@ impl Analysis<'_> {
             _ => format!("r{j}.{} = {v};", COMPONENTS[q]),
         }
     }
+}
+
+/// `body` (written for a lane scope at the vector loop's depth + 2) `extra` levels deeper, less
+/// the one the lane scope it was written for already has.
+fn reindent(body: &str, extra: usize) -> String {
+    if extra <= 1 {
+        return body.to_string();
+    }
+    let pad = "  ".repeat(extra - 1);
+    body.lines()
+        .map(|l| {
+            if l.is_empty() {
+                "\n".to_string()
+            } else {
+                format!("{pad}{l}\n")
+            }
+        })
+        .collect()
 }
 
 /// The element index `base + jb` (the vector loop's first element of the thread's vector).

@@ -34,16 +34,18 @@ impl Analysis<'_> {
         let out_addr = join(base, sp.red.part(sp.out_vec, "j", ix), ix);
         let vectors = self.loop_vectors(plan, insts, plan.p.passes, loaded);
         let vector_outputs = plan.vectors.as_ref().is_some_and(|v| v.outputs);
-        if vectors.iter().any(|&v| v) || vector_outputs {
+        let mask = self.loop_mask(plan, insts, plan.p.passes);
+        if vectors.iter().any(|&v| v) || vector_outputs || mask.is_some() {
             // Four elements at a time: each lane's outputs into its lane of `r{j}`, or stored
             // one by one where the outputs are not vectors.
-            let lanes = self.vector_lanes(plan, loaded, |lane, loaded| {
+            let skips = self.vector_skips(plan, insts, plan.p.passes, &vectors);
+            let lanes = self.vector_lanes(plan, &vectors, mask, loaded, |l, loaded| {
+                let lane = l.q;
                 let mut b = Src {
                     text: String::new(),
                     depth: src.depth + 2,
                 };
-                let l = Some((lane, &vectors[..]));
-                self.loop_insts(&mut b, plan, insts, true, g, loaded, l)?;
+                self.loop_insts(&mut b, plan, insts, true, g, loaded, Some(l))?;
                 for (j, o) in k.outputs.iter().enumerate() {
                     if !self.row[o.value] {
                         let v = narrowed(k.output_dtype(j), format!("v{}", o.value));
@@ -58,7 +60,6 @@ impl Analysis<'_> {
                 }
                 Ok(b.text)
             })?;
-            let skips = self.vector_skips(plan, insts, plan.p.passes, &vectors);
             let ends = (&[][..], &[][..]);
             self.emit_vector_loop(src, plan, &vectors, &skips, vector_outputs, &lanes, ends)?;
             return Ok(());

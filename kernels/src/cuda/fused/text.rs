@@ -13,6 +13,32 @@ pub(super) fn text_without_unread_row(mut text: String, row_line: Option<usize>)
     text
 }
 
+/// `body` (a lane's scope of straight-line definitions) without the `const` definitions that
+/// nothing in it reads, repeatedly: a lane that knows a condition's value no longer reads what
+/// computed it, and the compiler is not asked to keep unused values.
+pub(super) fn without_unread_values(body: &str) -> String {
+    let mut lines: Vec<&str> = body.lines().collect();
+    loop {
+        let defined = |l: &str| -> Option<String> {
+            let t = l.trim_start().strip_prefix("const ")?;
+            let (lhs, _) = t.split_once(" = ")?;
+            lhs.rsplit(' ').next().map(str::to_string)
+        };
+        let unread = (0..lines.len()).find(|&k| {
+            defined(lines[k]).is_some_and(|name| {
+                !(lines.iter().enumerate()).any(|(o, l)| o != k && mentions(l, &name))
+            })
+        });
+        match unread {
+            Some(k) => {
+                lines.remove(k);
+            }
+            None => break,
+        }
+    }
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
 /// Whether `text` uses the identifier `word`.
 pub(super) fn mentions(text: &str, word: &str) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
@@ -36,6 +62,20 @@ mod tests {
         assert!(mentions("row", "row"));
         assert!(!mentions("const unsigned rows = rr;", "row"));
         assert!(!mentions("b_row + row2", "row"));
+    }
+
+    #[test]
+    fn definitions_nothing_reads_are_dropped_until_none_is_left() {
+        let body = "const unsigned i3 = j;\nconst int v0 = (int)i3;\n\
+                    const unsigned char v2 = 1u;\nconst float v8 = v2 ? v3 : v7;\n\
+                    a10 = ig_keep_max(a10, v8);\n";
+        assert_eq!(
+            without_unread_values(body),
+            "const unsigned char v2 = 1u;\nconst float v8 = v2 ? v3 : v7;\n\
+             a10 = ig_keep_max(a10, v8);\n"
+        );
+        let all_read = "const float v1 = c1[u];\nr0[0] = ig_narrow(v1);\n";
+        assert_eq!(without_unread_values(all_read), all_read);
     }
 
     #[test]

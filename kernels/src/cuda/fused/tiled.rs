@@ -8,6 +8,7 @@
 //! [`Tiling::loads`] (the staging loop into shared memory) and [`Tiling::store`] (compute and
 //! write along `d`); [`Analysis::elementwise_tiled`] strings them into the kernel's text.
 
+use super::guards::IndexGuard;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
 use crate::cuda::{
@@ -210,7 +211,7 @@ impl Tiling {
         s: &Analysis,
         insts: &[usize],
         g: &[Option<Guard>],
-    ) -> Vec<Option<(Guard, Vec<usize>)>> {
+    ) -> Vec<Option<IndexGuard>> {
         let k = s.k;
         (0..k.inputs.len())
             .map(|n| {
@@ -236,7 +237,7 @@ impl Tiling {
         src: &mut Src,
         s: &Analysis,
         base: &[Option<String>],
-        stage_guard: &[Option<(Guard, Vec<usize>)>],
+        stage_guard: &[Option<IndexGuard>],
     ) -> Result<(), CodegenError> {
         if !self.any_tiled() {
             return Ok(());
