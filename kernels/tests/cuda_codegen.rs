@@ -1687,6 +1687,22 @@ fn a_causal_softmax_reads_no_masked_score() {
 }
 
 #[test]
+fn a_kernel_holding_bf16_divides_by_the_hardware_approximation_and_an_f32_one_exactly() {
+    // The causal softmax's quotient `e / sum`: IEEE division in f32, `div.full.f32` (through
+    // `ig_fdiv`) once the scores are bf16.
+    let f32_src = cuda::fused(&causal_softmax(96, 1024)).unwrap().source;
+    assert!(!f32_src.contains("ig_fdiv("), "{f32_src}");
+    assert!(f32_src.contains(" / v"), "{f32_src}");
+    let k = as_bf16(&causal_softmax(96, 1024));
+    assert!(k.holds_bf16());
+    let src = cuda::fused(&k).unwrap().source;
+    assert!(src.contains("ig_fdiv(v"), "{src}");
+    assert!(!src.contains(" / v"), "{src}");
+    assert!(PRELUDE_BF16.contains("div.full.f32"));
+    assert!(cuda::prelude_for([&cuda::fused(&k).unwrap()]).contains("ig_fdiv"));
+}
+
+#[test]
 fn a_vector_masked_by_a_loaded_mask_is_read_whole_beside_the_mask() {
     // The same softmax with its mask read from memory (a bool input): waiting for the mask
     // before the scores' load measured slower (see `loop_vectors`), so the scores' vector is

@@ -26,7 +26,13 @@
 //! accumulates in f32 and rounds once when its threads have combined, and a store narrows
 //! (`ig_narrow`, exact). The helpers are [`PRELUDE_BF16`], which a module gets only when one of
 //! its kernels uses them ([`prelude_for`]). Gather and concat move the 16 bits; scatter-add
-//! sums bf16 rows in f32 in position order and rounds each sum once. Elementwise kernels read
+//! sums bf16 rows in f32 in position order and rounds each sum once. In a kernel that holds
+//! bf16 values (`FusedKernel::holds_bf16`) f32 division is the hardware's full-range
+//! approximation (`ig_fdiv`, `div.full.f32`: at most 2 ulp), not IEEE division: its error is far
+//! below the bf16 rounding around it, and IEEE division (a reciprocal, its refinement and a
+//! slow-path check per element) was the largest cost of gpt2's plain-attention softmax
+//! kernels, which run out of instructions before memory; the CPU checks such quotients within
+//! the bf16 kernels' drift tolerance. Kernels without bf16 divide as IEEE does. Elementwise kernels read
 //! and write bf16 four elements at a time as `ushort4` (8 bytes) under the same rules as the
 //! 16-byte vectors of the other types (below), each lane widened on load and narrowed on store.
 //!
@@ -435,6 +441,16 @@ __device__ __forceinline__ float ig_to_bf16(double x) {
 __device__ __forceinline__ float ig_to_bf16(int x) { return ig_to_bf16((double)x); }
 __device__ __forceinline__ float ig_to_bf16(long long x) { return ig_to_bf16((double)x); }
 __device__ __forceinline__ float ig_to_bf16(unsigned char x) { return x != 0 ? 1.0f : 0.0f; }
+// f32 division in a kernel holding bf16: full range (subnormals, infinities and NaN as IEEE
+// division gives them), at most 2 ulp from the correctly rounded quotient. (Compiled for a host,
+// as the tests that run generated kernels on the CPU do, it is the host's division.)
+__device__ __forceinline__ float ig_fdiv(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float q; asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b)); return q;
+#else
+  return a / b;
+#endif
+}
 "#;
 
 /// The prelude of a module holding `kernels`: [`PRELUDE`], and [`PRELUDE_BF16`] if a kernel
@@ -455,6 +471,7 @@ fn uses_bf16(source: &str) -> bool {
         "ig_round(",
         "ig_narrow(",
         "ig_to_bf16(",
+        "ig_fdiv(",
     ]
     .iter()
     .any(|h| source.contains(h))

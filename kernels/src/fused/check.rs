@@ -347,6 +347,14 @@ impl FusedKernel {
         Ok(())
     }
 
+    /// Whether the kernel holds bf16 values: an input, or an instruction of dtype bf16. Such a
+    /// kernel is part of a bf16 mixed-precision step, where the CUDA generator computes f32
+    /// division with the hardware's full-range approximation (see `cuda`'s module docs,
+    /// "bf16").
+    pub fn holds_bf16(&self) -> bool {
+        self.inputs.iter().any(|x| x.dtype == DType::BF16) || self.dtypes().contains(&DType::BF16)
+    }
+
     /// Every instruction's dtype (see [`FusedKernel::dtype_of`]).
     pub fn dtypes(&self) -> Vec<DType> {
         let mut out: Vec<DType> = Vec::with_capacity(self.body.len());

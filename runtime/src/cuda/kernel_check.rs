@@ -12,8 +12,8 @@
 //!
 //! Floats pass when `max |gpu - cpu| / max(1, max |cpu|) <= 1e-5` (NaN where the CPU has NaN);
 //! integers and bools must be equal. bf16 values ([`Tolerance`]): where the GPU's f32 arithmetic
-//! is the CPU's (no exp, log or tanh, no sum of several terms, no product an add may fuse with,
-//! upstream of the value), the rounded bf16 must be the CPU's exactly (any NaN matching any
+//! is the CPU's (no exp, log or tanh, no division (approximate in bf16 kernels), no sum of
+//! several terms, no product an add may fuse with, upstream of the value), the rounded bf16 must be the CPU's exactly (any NaN matching any
 //! NaN); where it may differ, one rounding to bf16 may land one bf16 ulp away, so the value
 //! passes within one bf16 ulp at the output's scale (`2^-7` relative to `max(1, max |cpu|)`),
 //! and a value computed from such a rounding (bf16 or f32) within four (`2^-5`). Random kernels are built so that integer results do not
@@ -633,8 +633,12 @@ pub fn tolerances(k: &FusedKernel) -> Vec<Tolerance> {
         };
         let own = match k.body[i] {
             Inst::Unary {
-                op: UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh,
+                op: UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Recip,
                 ..
+            } => true,
+            // A kernel holding bf16 divides by the hardware's approximation (`ig_fdiv`).
+            Inst::Binary {
+                op: BinaryOp::Div, ..
             } => true,
             Inst::Reduce { .. } => reduced > 1,
             Inst::Binary {

@@ -34,6 +34,9 @@ pub(super) struct Analysis<'a> {
     pub(super) ix: Ix,
     /// Choices forced from outside (none by default).
     pub(super) tuning: Tuning,
+    /// f32 division by the hardware's approximation, `ig_fdiv` (a kernel holding bf16: see
+    /// the `cuda` module docs, "bf16").
+    pub(super) fast_div: bool,
 }
 
 impl<'a> Analysis<'a> {
@@ -118,6 +121,7 @@ impl<'a> Analysis<'a> {
             strategy,
             ix,
             tuning: Tuning::default(),
+            fast_div: k.holds_bf16(),
         }
     }
 
