@@ -1134,6 +1134,56 @@ mod tests {
         }
     }
 
+    /// The causal mask `j > i` reads nothing: however widely it is broadcast, no kernel
+    /// stores it, and each kernel that selects with it computes it from its own indices. The
+    /// backward kernel, which merged the forward's mask with its recomputed copy, computes it
+    /// once (one compare, not two), so its scores' load sees one condition.
+    #[test]
+    fn a_mask_computed_from_indices_is_computed_where_it_is_used_and_once_a_kernel() {
+        let opts = crate::pipeline::Options {
+            precision: Some(crate::precision::Precision::Bf16),
+            fuse_attention: false,
+            ..crate::pipeline::Options::for_target(crate::lower::Target::Cuda)
+        };
+        let c = crate::pipeline::compile_model(
+            "gpt:vocab=32,d_model=32,layers=1,heads=2,d_ff=64,seq=64,batch=2",
+            &opts,
+        )
+        .unwrap();
+        let g = &c.graph;
+        let kernels: Vec<&ingot_kernels::FusedKernel> = g
+            .ids()
+            .filter_map(|id| match &g.node(id).op {
+                Op::Fused(k) => Some(&**k),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !kernels.iter().any(|k| k.inputs.is_empty()
+                && k.outputs
+                    .iter()
+                    .all(|o| k.dtypes()[o.value] == crate::ir::DType::Bool)),
+            "a kernel that only computes a mask"
+        );
+        let square: Vec<_> = kernels
+            .iter()
+            .filter(|k| k.domain == [2, 2, 64, 64])
+            .collect();
+        assert_eq!(square.len(), 2);
+        for k in square {
+            assert!(
+                k.inputs.iter().all(|i| i.dtype != crate::ir::DType::Bool),
+                "{k}"
+            );
+            let compares = k
+                .body
+                .iter()
+                .filter(|i| matches!(i, ingot_kernels::fused::Inst::Compare { .. }))
+                .count();
+            assert_eq!(compares, 1, "{k}");
+        }
+    }
+
     #[test]
     fn merging_without_lowering_where_it_is_known_to_succeed_makes_the_same_kernels() {
         let chain = {

@@ -342,7 +342,7 @@ impl Analysis<'_> {
                     src.line(format!("const {t} j = {j};"));
                 }
                 src.text
-                    .push_str(&reindent(body, 1 + usize::from(lanes.masked.is_some())));
+                    .push_str(&indented(body, usize::from(lanes.masked.is_some())));
                 src.close();
             }
         };
@@ -421,8 +421,9 @@ impl Analysis<'_> {
 
     /// The lanes' bodies of a loop a vector at a time, `body(lane, loaded)` writing each: every
     /// lane starts from the cached loads the loop starts with (`loaded`; each lane caches its own
-    /// element), and `loaded` ends as the lanes leave it. Where a skip of `skips` has one literal
-    /// `(c, w)`, the lanes again knowing that `v{c}` is `!w` ([`VectorLanes::masked`]).
+    /// element), and `loaded` ends as the lanes leave it. With the loop's mask (`mask`, one
+    /// literal `v{c} == w`), the lanes again knowing that `v{c}` is `!w`
+    /// ([`VectorLanes::masked`]).
     pub(super) fn vector_lanes(
         &self,
         plan: &Plan,
@@ -485,13 +486,13 @@ impl Analysis<'_> {
     }
 }
 
-/// `body` (written for a lane scope at the vector loop's depth + 2) `extra` levels deeper, less
-/// the one the lane scope it was written for already has.
-fn reindent(body: &str, extra: usize) -> String {
-    if extra <= 1 {
+/// `body` with `levels` more levels of indentation on each line (a lane inside the branches
+/// of a masked loop).
+fn indented(body: &str, levels: usize) -> String {
+    if levels == 0 {
         return body.to_string();
     }
-    let pad = "  ".repeat(extra - 1);
+    let pad = "  ".repeat(levels);
     body.lines()
         .map(|l| {
             if l.is_empty() {
