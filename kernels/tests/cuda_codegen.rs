@@ -1703,6 +1703,51 @@ fn a_kernel_holding_bf16_divides_by_the_hardware_approximation_and_an_f32_one_ex
 }
 
 #[test]
+fn a_mask_that_keeps_where_its_condition_holds_is_known_false_in_a_masked_vector() {
+    // `select(col <= row, x, lowest)`: the score is needed where the condition is true, so a
+    // vector none of whose lanes passes knows the condition is 0 there.
+    let mut b = B::new(&[96, 1024, 1024], &[2]);
+    let x = b.input(DType::F32);
+    let col = b.i(Inst::Index {
+        axis: 2,
+        dtype: DType::I32,
+    });
+    let row = b.i(Inst::Index {
+        axis: 1,
+        dtype: DType::I32,
+    });
+    let keep = b.i(Inst::Compare {
+        op: CmpOp::Le,
+        a: col,
+        b: row,
+    });
+    let lowest = b.c(-3.4028234663852886e38, DType::F32);
+    let x = b.load(x);
+    let v = b.i(Inst::Select {
+        cond: keep,
+        a: x,
+        b: lowest,
+    });
+    let m = b.red(RMax, v);
+    let d = b.bin(Sub, v, m);
+    let e = b.un(Exp, d);
+    let s = b.red(RSum, e);
+    let y = b.bin(Div, e, s);
+    let k = b.out(y).done();
+    let src = cuda::fused(&k).unwrap().source;
+    assert!(src.contains("k0 = k0 || (v"), "{src}");
+    assert!(src.contains("if (km) {"), "{src}");
+    let masked = src.split("else {").nth(1).unwrap();
+    assert!(
+        masked.contains(&format!("const unsigned char v{keep} = 0u;")),
+        "{masked}"
+    );
+    if !syntax_check("mask_kept_where_true", &[cuda::fused(&k).unwrap()]) {
+        eprintln!("skipped the syntax check: no host C++ compiler");
+    }
+}
+
+#[test]
 fn a_vector_masked_by_a_loaded_mask_is_read_whole_beside_the_mask() {
     // The same softmax with its mask read from memory (a bool input): waiting for the mask
     // before the scores' load measured slower (see `loop_vectors`), so the scores' vector is
