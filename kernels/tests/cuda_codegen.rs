@@ -407,6 +407,13 @@ fn heads_transposed(bs: usize, h: usize, s: usize, dh: usize) -> FusedKernel {
 
 /// Masked softmax with index instructions on a row axis and on the reduce axis.
 fn causal_softmax(bh: usize, s: usize) -> FusedKernel {
+    masked_softmax(bh, s, CmpOp::Gt, false).0
+}
+
+/// A softmax over rows of `[bh, s, s]` scores (in0, scaled by 0.125) whose scores are replaced
+/// by the lowest float where `col OP row` is `!keep` (`keep`: the condition says where a score
+/// is kept); outputs the max, the sum and the probabilities. Returns the condition's index too.
+fn masked_softmax(bh: usize, s: usize, op: CmpOp, keep: bool) -> (FusedKernel, usize) {
     let mut b = B::new(&[bh, s, s], &[2]);
     let x = b.input(DType::F32);
     let col = b.i(Inst::Index {
@@ -417,26 +424,25 @@ fn causal_softmax(bh: usize, s: usize) -> FusedKernel {
         axis: 1,
         dtype: DType::I32,
     });
-    let masked = b.i(Inst::Compare {
-        op: CmpOp::Gt,
-        a: col,
-        b: row,
-    });
+    let cond = b.i(Inst::Compare { op, a: col, b: row });
     let lowest = b.c(-3.4028234663852886e38, DType::F32);
     let x = b.load(x);
     let sc = b.c(0.125, DType::F32);
     let xs = b.bin(Mul, x, sc);
-    let v = b.i(Inst::Select {
-        cond: masked,
-        a: lowest,
-        b: xs,
-    });
+    let (a, c) = if keep { (xs, lowest) } else { (lowest, xs) };
+    let v = b.i(Inst::Select { cond, a, b: c });
+    let (m, s, y) = softmax_of(&mut b, v);
+    (b.out(m).out(s).out(y).done(), cond)
+}
+
+/// The max, the sum of exponentials and the probabilities of row values `v`.
+fn softmax_of(b: &mut B, v: usize) -> (usize, usize, usize) {
     let m = b.red(RMax, v);
     let d = b.bin(Sub, v, m);
     let e = b.un(Exp, d);
     let s = b.red(RSum, e);
     let y = b.bin(Div, e, s);
-    b.out(m).out(s).out(y).done()
+    (m, s, y)
 }
 
 /// GPT-2's attention backward through the causal softmax, as fusion makes it (domain
@@ -1706,34 +1712,7 @@ fn a_kernel_holding_bf16_divides_by_the_hardware_approximation_and_an_f32_one_ex
 fn a_mask_that_keeps_where_its_condition_holds_is_known_false_in_a_masked_vector() {
     // `select(col <= row, x, lowest)`: the score is needed where the condition is true, so a
     // vector none of whose lanes passes knows the condition is 0 there.
-    let mut b = B::new(&[96, 1024, 1024], &[2]);
-    let x = b.input(DType::F32);
-    let col = b.i(Inst::Index {
-        axis: 2,
-        dtype: DType::I32,
-    });
-    let row = b.i(Inst::Index {
-        axis: 1,
-        dtype: DType::I32,
-    });
-    let keep = b.i(Inst::Compare {
-        op: CmpOp::Le,
-        a: col,
-        b: row,
-    });
-    let lowest = b.c(-3.4028234663852886e38, DType::F32);
-    let x = b.load(x);
-    let v = b.i(Inst::Select {
-        cond: keep,
-        a: x,
-        b: lowest,
-    });
-    let m = b.red(RMax, v);
-    let d = b.bin(Sub, v, m);
-    let e = b.un(Exp, d);
-    let s = b.red(RSum, e);
-    let y = b.bin(Div, e, s);
-    let k = b.out(y).done();
+    let (k, keep) = masked_softmax(96, 1024, CmpOp::Le, true);
     let src = cuda::fused(&k).unwrap().source;
     assert!(src.contains("k0 = k0 || (v"), "{src}");
     assert!(src.contains("if (km) {"), "{src}");
@@ -1763,11 +1742,7 @@ fn a_vector_masked_by_a_loaded_mask_is_read_whole_beside_the_mask() {
         a: lowest,
         b: x,
     });
-    let m = b.red(RMax, v);
-    let d = b.bin(Sub, v, m);
-    let e = b.un(Exp, d);
-    let s = b.red(RSum, e);
-    let y = b.bin(Div, e, s);
+    let (_, _, y) = softmax_of(&mut b, v);
     let src = cuda::fused(&b.out(y).done()).unwrap().source;
     assert!(!src.contains("if (k1)"), "{src}");
     assert!(

@@ -1091,6 +1091,21 @@ mod tests {
         )
     }
 
+    /// A one-layer GPT's CUDA step (2 heads, 64 positions, batch 2) with attention as the plain
+    /// math, in `precision`.
+    fn plain_attention_step(precision: crate::precision::Precision) -> crate::pipeline::Compiled {
+        let opts = crate::pipeline::Options {
+            precision: Some(precision),
+            fuse_attention: false,
+            ..crate::pipeline::Options::for_target(crate::lower::Target::Cuda)
+        };
+        crate::pipeline::compile_model(
+            "gpt:vocab=32,d_model=32,layers=1,heads=2,d_ff=64,seq=64,batch=2",
+            &opts,
+        )
+        .unwrap()
+    }
+
     /// A plain causal attention's backward pass in bf16 recomputes the probabilities from the
     /// scores twice: for the product with the output's gradient, and inside the scores'
     /// gradient.
@@ -1102,16 +1117,7 @@ mod tests {
             crate::precision::Precision::F32,
             crate::precision::Precision::Bf16,
         ] {
-            let opts = crate::pipeline::Options {
-                precision: Some(precision),
-                fuse_attention: false,
-                ..crate::pipeline::Options::for_target(crate::lower::Target::Cuda)
-            };
-            let c = crate::pipeline::compile_model(
-                "gpt:vocab=32,d_model=32,layers=1,heads=2,d_ff=64,seq=64,batch=2",
-                &opts,
-            )
-            .unwrap();
+            let c = plain_attention_step(precision);
             let g = &c.graph;
             let square: Vec<(NodeId, usize)> = g
                 .ids()
@@ -1140,16 +1146,7 @@ mod tests {
     /// once (one compare, not two), so its scores' load sees one condition.
     #[test]
     fn a_mask_computed_from_indices_is_computed_where_it_is_used_and_once_a_kernel() {
-        let opts = crate::pipeline::Options {
-            precision: Some(crate::precision::Precision::Bf16),
-            fuse_attention: false,
-            ..crate::pipeline::Options::for_target(crate::lower::Target::Cuda)
-        };
-        let c = crate::pipeline::compile_model(
-            "gpt:vocab=32,d_model=32,layers=1,heads=2,d_ff=64,seq=64,batch=2",
-            &opts,
-        )
-        .unwrap();
+        let c = plain_attention_step(crate::precision::Precision::Bf16);
         let g = &c.graph;
         let kernels: Vec<&ingot_kernels::FusedKernel> = g
             .ids()
