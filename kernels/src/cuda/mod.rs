@@ -28,8 +28,9 @@
 //! its kernels uses them ([`prelude_for`]). Gather and concat move the 16 bits; scatter-add
 //! sums bf16 rows in f32 in position order and rounds each sum once. In a kernel that holds
 //! bf16 values (`FusedKernel::holds_bf16`) f32 division is the hardware's full-range
-//! approximation (`ig_fdiv`, `div.full.f32`: at most 2 ulp), not IEEE division: its error is far
-//! below the bf16 rounding around it, and IEEE division (a reciprocal, its refinement and a
+//! approximation (`ig_fdiv`, `div.full.f32`: at most 2 ulp, what Triton 3.6's `/` on f32 lowers
+//! to, so torch.compile's kernels too; triton-lang/triton#10661), not IEEE division: its error
+//! is far below the bf16 rounding around it, and IEEE division (a reciprocal, its refinement and a
 //! slow-path check per element) was the largest cost of gpt2's plain-attention softmax
 //! kernels, which run out of instructions before memory; the CPU checks such quotients within
 //! the bf16 kernels' drift tolerance. Kernels without bf16 divide as IEEE does. Elementwise kernels read
