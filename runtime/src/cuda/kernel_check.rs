@@ -13,8 +13,8 @@
 //! Floats pass when `max |gpu - cpu| / max(1, max |cpu|) <= 1e-5` (NaN where the CPU has NaN);
 //! integers and bools must be equal. bf16 values ([`Tolerance`]): where the GPU's f32 arithmetic
 //! is the CPU's (no exp, log or tanh, no division (approximate in bf16 kernels), no sum of
-//! several terms, no product an add may fuse with, upstream of the value), the rounded bf16 must be the CPU's exactly (any NaN matching any
-//! NaN); where it may differ, one rounding to bf16 may land one bf16 ulp away, so the value
+//! several terms, no product an add may fuse with, upstream of the value), the rounded bf16
+//! must be the CPU's exactly (any NaN matching any NaN); where it may differ, one rounding to bf16 may land one bf16 ulp away, so the value
 //! passes within one bf16 ulp at the output's scale (`2^-7` relative to `max(1, max |cpu|)`),
 //! and a value computed from such a rounding (bf16 or f32) within four (`2^-5`). Random kernels are built so that integer results do not
 //! depend on float rounding and are filled with exact values, so there GPU and CPU must agree
@@ -603,12 +603,12 @@ impl Tolerance {
 }
 
 /// The tolerance of each output of `k` ([`Tolerance`]): whether the GPU's f32 arithmetic may
-/// differ from the CPU's somewhere upstream of it (exp, log and tanh are different functions;
-/// a sum of several terms adds in another order; an f32 product feeding an add or subtract may
+/// differ from the CPU's somewhere upstream of it (exp, log and tanh are different functions,
+/// and a bf16 kernel's division and reciprocal the hardware's approximation; a sum of several terms adds in another order; an f32 product feeding an add or subtract may
 /// become a fused multiply-add), and whether a bf16 rounding of such a value is.
 pub fn tolerances(k: &FusedKernel) -> Vec<Tolerance> {
     let dt = k.dtypes();
-    if !dt.contains(&DType::BF16) && k.inputs.iter().all(|i| i.dtype != DType::BF16) {
+    if !k.holds_bf16() {
         // Kernels without bf16 keep the f32 kernels' rule (1e-5) for every float output.
         return vec![Tolerance::Drift; k.outputs.len()];
     }

@@ -17,13 +17,14 @@ pub(super) fn text_without_unread_row(mut text: String, row_line: Option<usize>)
 /// nothing in it reads, repeatedly: a lane that knows a condition's value no longer reads what
 /// computed it, and the compiler is not asked to keep unused values.
 pub(super) fn without_unread_values(body: &str) -> String {
+    // The name a `const TYPE NAME = ...;` line defines.
+    let defined = |l: &str| -> Option<String> {
+        let t = l.trim_start().strip_prefix("const ")?;
+        let (lhs, _) = t.split_once(" = ")?;
+        lhs.rsplit(' ').next().map(str::to_string)
+    };
     let mut lines: Vec<&str> = body.lines().collect();
     loop {
-        let defined = |l: &str| -> Option<String> {
-            let t = l.trim_start().strip_prefix("const ")?;
-            let (lhs, _) = t.split_once(" = ")?;
-            lhs.rsplit(' ').next().map(str::to_string)
-        };
         let unread = (0..lines.len()).find(|&k| {
             defined(lines[k]).is_some_and(|name| {
                 !(lines.iter().enumerate()).any(|(o, l)| o != k && mentions(l, &name))
