@@ -103,6 +103,52 @@ fn gpu_matches_cpu(model: &str) {
     );
 }
 
+/// A causal attention of 1024 positions left as plain math: its four products with the
+/// probabilities or their gradient are split at the diagonal (`Gemm::split`), leaving out the
+/// zero triangle, and its scores leave out the triangle the softmax masks (whose bytes keep
+/// what they held). Three steps on the GPU match the CPU, which multiplies whole matrices.
+#[test]
+fn causal_attention_products_split_at_the_diagonal_match_the_cpu() {
+    use ingot_compiler::lower::cuda::DeviceOp;
+    use ingot_compiler::lower::Program;
+    let spec = "gpt:vocab=64,d_model=32,layers=1,heads=2,d_ff=64,seq=1024,batch=2";
+    let m = by_name(spec).unwrap();
+    let plain = |device: Device| ingot_compiler::pipeline::Options {
+        fuse_attention: false,
+        ..device.options()
+    };
+    let exe = ingot_compiler::pipeline::compile(&m, &plain(STRICT))
+        .unwrap()
+        .executable(STRICT.target())
+        .unwrap();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("not a CUDA program")
+    };
+    let split = p
+        .ops
+        .iter()
+        .filter(|op| matches!(op, DeviceOp::Gemm(g) if g.split.is_some()))
+        .count();
+    assert_eq!(
+        split, 5,
+        "the layer's products with a zero or unread triangle"
+    );
+    if !cuda::gpu_for_test("split causal products vs cpu") {
+        return;
+    }
+    let mut gpu = Session::from_executable(exe, 5, STRICT).unwrap();
+    let mut cpu = Session::on_with(&m, 5, &plain(Device::Cpu), Device::Cpu).unwrap();
+    for step in 1..=3 {
+        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        eprintln!("split products step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
+        assert!(rel <= 1e-4, "step {step}: gpu loss {a}, cpu loss {b}");
+    }
+    let (rel, worst, worst_rel) = relative(&gpu, &cpu);
+    eprintln!("split products, parameters: rel {rel:.2e}; worst {worst} {worst_rel:.2e}");
+    assert!(rel <= 1e-4, "parameters differ by {rel:e} (relative)");
+}
+
 #[test]
 fn on_the_gpu_mlp_matches_the_cpu_over_ten_steps() {
     if cuda::gpu_for_test("mlp vs cpu") {

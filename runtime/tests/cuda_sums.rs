@@ -7,7 +7,7 @@
 //! --test cuda_sums --no-run` and run the binary there.
 
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-use ingot_kernels::cuda::{self, CudaKernel, PRELUDE};
+use ingot_kernels::cuda::{self, CudaKernel};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp};
 use ingot_runtime::cuda as rt;
@@ -19,7 +19,8 @@ fn run_on_gpu(k: &FusedKernel, input: &[f32]) -> Vec<Vec<f32>> {
     let ctx: Arc<CudaContext> = CudaContext::new(0).unwrap();
     let (major, minor) = ctx.compute_capability().unwrap();
     let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-    let src = format!("{PRELUDE}{}", code.source);
+    // The prelude the step's module would get (the bf16 helpers where the kernel uses them).
+    let src = format!("{}{}", cuda::prelude_for([&code]), code.source);
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch),
         ..Default::default()
@@ -81,6 +82,67 @@ fn sum_and_max(dims: &[usize], axes: &[usize]) -> FusedKernel {
         ],
         outputs: vec![Output { value: 1 }, Output { value: 2 }],
     }
+}
+
+/// Every f32 exponent and sign with low halves at and around the bf16 tie, and random ones:
+/// zeros, subnormals, the largest finite values (which round to infinity above the tie) and
+/// the infinities.
+fn rounding_cases() -> Vec<f32> {
+    let mut v = Vec::new();
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for high in 0u32..=0xffff {
+        if (high & 0x7f80) == 0x7f80 && (high & 0x7f) != 0 {
+            continue; // NaN
+        }
+        for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+            v.push(f32::from_bits(high << 16 | low));
+        }
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        if (high & 0x7f80) != 0x7f80 {
+            v.push(f32::from_bits(high << 16 | (s as u32 & 0xffff)));
+        }
+    }
+    v
+}
+
+#[test]
+fn the_gpu_rounds_every_kind_of_float_to_bf16_as_the_host_does() {
+    if !rt::gpu_for_test("the_gpu_rounds_every_kind_of_float_to_bf16_as_the_host_does") {
+        return;
+    }
+    let x = rounding_cases();
+    let k = FusedKernel {
+        domain: vec![x.len()],
+        reduce_axes: vec![],
+        inputs: vec![Input {
+            dtype: DType::F32,
+            len: x.len(),
+            access: Access::contiguous(&[x.len()]),
+        }],
+        body: vec![
+            Inst::Load { input: 0 },
+            Inst::Convert {
+                x: 0,
+                to: DType::BF16,
+            },
+            Inst::Convert {
+                x: 1,
+                to: DType::F32,
+            },
+        ],
+        outputs: vec![Output { value: 2 }],
+    };
+    let got = &run_on_gpu(&k, &x)[0];
+    let wrong: Vec<String> = x
+        .iter()
+        .zip(got)
+        .filter(|(a, g)| ingot_kernels::dtype::round_bf16(**a).to_f32().to_bits() != g.to_bits())
+        .take(5)
+        .map(|(a, g)| format!("{:#010x} -> {:#010x}", a.to_bits(), g.to_bits()))
+        .collect();
+    assert!(wrong.is_empty(), "of {} floats: {wrong:?}", x.len());
 }
 
 fn random(n: usize) -> Vec<f32> {

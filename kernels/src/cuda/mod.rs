@@ -423,7 +423,13 @@ pub const PRELUDE_BF16: &str = r#"// bf16 (see the module docs on bf16): memory 
 __device__ __forceinline__ unsigned short ig_bf16_bits(float f) {
   const unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // The hardware's round to nearest even: the same bits for every non-NaN float, subnormals
+  // included, in one instruction instead of five.
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 __device__ __forceinline__ float ig_widen(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 __device__ __forceinline__ float ig_round(float f) { return ig_widen(ig_bf16_bits(f)); }

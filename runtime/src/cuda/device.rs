@@ -705,13 +705,6 @@ impl CudaStep {
 
     fn gemm(&self, part: &Part, g: &Gemm) -> Result<(), ExecError> {
         let h = *self.blas.handle();
-        let op = |t: bool| {
-            if t {
-                blas::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                blas::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
         // The lowering chose the types (`Gemm::compute`, from the compile's precision).
         let compute = g.compute;
         use blas::cublasComputeType_t as C;
@@ -747,8 +740,36 @@ impl CudaStep {
         cublas("setting cuBLAS's workspace", unsafe {
             blas::cublasSetWorkspace_v2(h, at(g.workspace.offset), g.workspace.bytes)
         })?;
-        // SAFETY: operand extents lie inside the allocation (the program's check did);
-        // alpha and beta are read during the call (host pointer mode).
+        // One call, or the two of a split that leaves out an operand's zero triangle.
+        for g in &g.calls() {
+            self.gemm_call(part, g, (ty, out_ty, compute_type), (alpha, beta))?;
+        }
+        Ok(())
+    }
+
+    /// One cuBLAS call of a GEMM ([`Gemm::calls`]), with the types and scalars `gemm` chose.
+    fn gemm_call(
+        &self,
+        part: &Part,
+        g: &Gemm,
+        (ty, out_ty, compute_type): (
+            blas::cudaDataType,
+            blas::cudaDataType,
+            blas::cublasComputeType_t,
+        ),
+        (alpha, beta): (*const c_void, *const c_void),
+    ) -> Result<(), ExecError> {
+        let h = *self.blas.handle();
+        let op = |t: bool| {
+            if t {
+                blas::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let at = |o: usize| (self.base + o as u64) as *mut c_void;
+        // SAFETY: operand extents lie inside the allocation (the program's check did, for
+        // every call); alpha and beta are read during the call (host pointer mode).
         let status = unsafe {
             blas::cublasGemmStridedBatchedEx(
                 h,

@@ -122,6 +122,7 @@ impl RowMajor {
             out: self.c.0,
             workspace,
             accumulate: self.accumulate,
+            split: None,
         }
     }
 }
