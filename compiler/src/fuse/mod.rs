@@ -34,6 +34,7 @@ pub mod lower;
 pub mod matmul_acc;
 pub mod remat;
 pub mod select;
+pub mod triangle;
 pub mod widen;
 
 use crate::error::IrError;
@@ -936,6 +937,7 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
                     .collect::<Result<_, _>>()?;
                 let k = widen::bf16_arithmetic_in_f32(&gr.lowered.kernel);
+                let k = triangle::structural_zero_products(&k);
                 let outs: Vec<TensorType> = k
                     .output_rows()
                     .into_iter()

@@ -140,7 +140,8 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
 }
 
 /// `inst` with its operands renumbered by `at`.
-fn remap(inst: Inst, at: impl Fn(usize) -> usize) -> Inst {
+/// `inst` with its operands renumbered by `at`.
+pub(super) fn remap(inst: Inst, at: impl Fn(usize) -> usize) -> Inst {
     match inst {
         Inst::Load { .. } | Inst::Const { .. } | Inst::Index { .. } => inst,
         Inst::Unary { op, x } => Inst::Unary { op, x: at(x) },

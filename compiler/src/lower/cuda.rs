@@ -38,10 +38,9 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
-mod triangle;
 mod window;
 
-pub use triangle::Triangle;
+use crate::fuse::triangle::{self, Triangle};
 pub use window::{conv_workspace, ConvWorkspace, COLUMN_BUDGET};
 
 /// Bytes of cuBLAS workspace planned for every matmul: what NVIDIA recommends on Hopper

@@ -1,7 +1,9 @@
 //! Which values of a step are zero on one side of the diagonal of their last two axes: the
 //! probabilities of a causal softmax and their gradient, written by fused kernels whose bodies
 //! select by comparing two domain indices. A GEMM with such an operand leaves out the products
-//! with its zero triangle ([`super::Split`]).
+//! with its zero triangle, and one whose result is read only on one side computes only that
+//! side (the CUDA lowering's `Split`); inside a kernel, a product with a zero factor does not
+//! read its other factor there ([`structural_zero_products`]).
 //!
 //! The facts come from abstract interpretation of each fused kernel's body over the lanes where
 //! one index exceeds the other (`j > i` or `i > j` on the domain's last two axes), in
@@ -14,6 +16,7 @@
 //! FlashAttention's causal kernels and Ingot's own fused attention, which never read the masked
 //! half.
 
+use super::widen::remap;
 use crate::ir::{Graph, NodeId, Op};
 use ingot_kernels::fused::{Access, FusedKernel, Inst};
 use ingot_kernels::{BinaryOp, CmpOp, DType, UnaryOp};
@@ -47,6 +50,122 @@ pub fn zero_triangles(g: &Graph) -> Vec<Option<Triangle>> {
         };
     }
     facts
+}
+
+/// `k` with every product whose one factor is zero on a triangle its body selects by (see the
+/// module docs) taking its other factor through `select(triangle, 0, factor)`: the factor is
+/// then read only off the triangle ([`ingot_kernels::cuda`]'s guarded loads). A causal
+/// softmax's gradient, `P · (dP - sum(P · dP))`, no longer reads `dP` above the diagonal, where
+/// `P` is zero, so the GEMM that makes `dP` need not compute it there. Exact wherever the factor
+/// is finite; a NaN or infinity there no longer reaches the product, as for a GEMM's zero
+/// triangle.
+pub fn structural_zero_products(k: &FusedKernel) -> FusedKernel {
+    let r = k.domain.len();
+    if r < 2 {
+        return k.clone();
+    }
+    let mut k = k.clone();
+    for t in [Triangle::ZeroAbove, Triangle::ZeroBelow] {
+        let region = Region::of(t, r);
+        // A comparison that holds exactly on the region (true), or exactly off it (false).
+        let Some((cond, on)) = k.body.iter().enumerate().find_map(|(i, inst)| match *inst {
+            Inst::Compare { op, a, b } => match (op, axis_of(&k.body, a), axis_of(&k.body, b)) {
+                (CmpOp::Gt, Some(x), Some(y)) | (CmpOp::Lt, Some(y), Some(x))
+                    if (x, y) == (region.above, region.below) =>
+                {
+                    Some((i, true))
+                }
+                (CmpOp::Le, Some(x), Some(y)) | (CmpOp::Ge, Some(y), Some(x))
+                    if (x, y) == (region.above, region.below) =>
+                {
+                    Some((i, false))
+                }
+                _ => None,
+            },
+            _ => None,
+        }) else {
+            continue;
+        };
+        let facts = interpret(&k.body, region, &vec![false; k.inputs.len()]);
+        let read = |i: usize| !matches!(k.body[i], Inst::Const { .. } | Inst::Index { .. });
+        // The factor of each product to take through the select.
+        let guarded: Vec<Option<usize>> = (k.body.iter().enumerate())
+            .map(|(i, inst)| match *inst {
+                // After the comparison, which the select reads.
+                Inst::Binary {
+                    op: BinaryOp::Mul,
+                    a,
+                    b,
+                } if i > cond => {
+                    if facts[b] == Value::Zero && facts[a] != Value::Zero && read(a) {
+                        Some(a)
+                    } else if facts[a] == Value::Zero && facts[b] != Value::Zero && read(b) {
+                        Some(b)
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            })
+            .collect();
+        if guarded.iter().all(Option::is_none) {
+            continue;
+        }
+        let dtypes = k.dtypes();
+        let mut body: Vec<Inst> = Vec::with_capacity(k.body.len() + 4);
+        let mut new: Vec<usize> = Vec::with_capacity(k.body.len());
+        // The select of each guarded factor (old index), made once; a zero of each dtype.
+        let mut selected: std::collections::HashMap<usize, usize> = Default::default();
+        let mut zeros: std::collections::HashMap<DType, usize> = Default::default();
+        for (i, inst) in k.body.iter().enumerate() {
+            if let Some(f) = guarded[i] {
+                if !selected.contains_key(&f) {
+                    let zero = *zeros.entry(dtypes[f]).or_insert_with(|| {
+                        body.push(Inst::Const {
+                            value: 0.0,
+                            dtype: dtypes[f],
+                        });
+                        body.len() - 1
+                    });
+                    let (a, b) = if on { (zero, new[f]) } else { (new[f], zero) };
+                    body.push(Inst::Select {
+                        cond: new[cond],
+                        a,
+                        b,
+                    });
+                    selected.insert(f, body.len() - 1);
+                }
+            }
+            let at = |j: usize| match guarded[i] {
+                Some(f) if j == f => selected[&f],
+                _ => new[j],
+            };
+            body.push(remap(inst.clone(), at));
+            new.push(body.len() - 1);
+            if let Inst::Const { value, dtype } = *inst {
+                if value.to_bits() == 0 {
+                    zeros.entry(dtype).or_insert(body.len() - 1);
+                }
+            }
+        }
+        for o in &mut k.outputs {
+            o.value = new[o.value];
+        }
+        k.body = body;
+    }
+    k
+}
+
+/// The axis of an integer index instruction (a float index of a long axis could round two
+/// indices together).
+fn axis_of(body: &[Inst], i: usize) -> Option<usize> {
+    match body[i] {
+        Inst::Index {
+            axis,
+            dtype: DType::I32 | DType::I64,
+        } => Some(axis),
+        _ => None,
+    }
 }
 
 /// For every matmul of `g`, the triangle of its result that nothing reads: every user is a
@@ -291,15 +410,7 @@ fn binary(op: BinaryOp, a: Value, b: Value) -> Value {
 
 /// A comparison of two domain indices, decided on the region where one exceeds the other.
 fn compare(body: &[Inst], region: Region, op: CmpOp, a: usize, b: usize) -> Value {
-    // Integer indices only: a float index of a long axis could round two indices together.
-    let axis = |i: usize| match body[i] {
-        Inst::Index {
-            axis,
-            dtype: DType::I32 | DType::I64,
-        } => Some(axis),
-        _ => None,
-    };
-    let (Some(x), Some(y)) = (axis(a), axis(b)) else {
+    let (Some(x), Some(y)) = (axis_of(body, a), axis_of(body, b)) else {
         return Value::Unknown;
     };
     // `greater`: on the region, index x > index y.
@@ -376,7 +487,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_scores_are_read_on_one_side_of_the_diagonal_alone() {
+    fn the_scores_and_their_gradient_before_the_softmax_are_read_below_the_diagonal_alone() {
         use crate::precision::Precision;
         for precision in [Precision::Bf16, Precision::F32] {
             let c = plain_causal(
@@ -389,9 +500,10 @@ mod tests {
                 .filter_map(|(i, t)| t.map(|t| (NodeId(i as u32), t)))
                 .collect();
             // Per layer the scores Q·Kᵀ, which the softmax and its gradient select away above
-            // the diagonal; not dO·Vᵀ, which the gradient multiplies by the zero
-            // probabilities (0 · NaN is NaN in a kernel).
-            assert_eq!(unread.len(), 2, "{precision:?}: {unread:?}");
+            // the diagonal, and dP = dO·Vᵀ, which the gradient multiplies by the zero
+            // probabilities there: `structural_zero_products` selects it away first (a kernel's
+            // 0 · NaN would be NaN).
+            assert_eq!(unread.len(), 4, "{precision:?}: {unread:?}");
             for (id, t) in unread {
                 assert_eq!(t, Triangle::ZeroAbove);
                 let users = c.graph.users();
@@ -451,6 +563,54 @@ mod tests {
         let mut reducing = k(body, 11);
         reducing.reduce_axes = vec![1];
         assert!(!unneeded_loads(&reducing, above)[1]);
+    }
+
+    #[test]
+    fn a_product_with_a_factor_zero_above_the_diagonal_reads_its_other_factor_below_it_alone() {
+        // exp(select(j > i, -inf, load 0)) · load 1: load 1 goes through select(j > i, 0, ·).
+        let mut body = masked_exp(CmpOp::Gt, 1, 0);
+        body.push(Inst::Load { input: 1 });
+        body.push(Inst::Binary {
+            op: BinaryOp::Mul,
+            a: 8,
+            b: 7,
+        });
+        let input = ingot_kernels::fused::Input {
+            dtype: DType::F32,
+            len: 16,
+            access: Access::contiguous(&[4, 4]),
+        };
+        let k = FusedKernel {
+            domain: vec![4, 4],
+            reduce_axes: vec![],
+            inputs: vec![input.clone(), input],
+            body,
+            outputs: vec![ingot_kernels::fused::Output { value: 9 }],
+        };
+        let above = Region::of(Triangle::ZeroAbove, 2);
+        assert_eq!(unneeded_loads(&k, above), [false, false]);
+        let g = structural_zero_products(&k);
+        assert_eq!(unneeded_loads(&g, above), [false, true]);
+        let out = g.outputs[0].value;
+        let Inst::Binary { a, .. } = g.body[out] else {
+            panic!("{g}")
+        };
+        assert!(matches!(g.body[a], Inst::Select { cond: 2, .. }), "{g}");
+        // It computes what the kernel did wherever load 1 is finite, and 0 above the diagonal
+        // where load 1 is NaN (0 · NaN).
+        let x: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let mut y: Vec<f32> = (0..16).map(|i| 3.0 - i as f32).collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_ne_bytes()).collect::<Vec<u8>>();
+        let run = |k: &FusedKernel, y: &[f32]| -> Vec<f32> {
+            let out = ingot_kernels::fused::cpu::run_buffers(k, &[&bytes(&x), &bytes(y)]).unwrap();
+            (out[0].chunks(4))
+                .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        assert_eq!(run(&g, &y), run(&k, &y));
+        y[1] = f32::NAN; // row 0, column 1: above the diagonal
+        assert!(run(&k, &y)[1].is_nan());
+        assert_eq!(run(&g, &y)[1], 0.0);
     }
 
     fn index(axis: usize) -> Inst {
