@@ -119,7 +119,7 @@ pub fn structural_zero_products(k: &FusedKernel) -> FusedKernel {
         let mut zeros: std::collections::HashMap<DType, usize> = Default::default();
         for (i, inst) in k.body.iter().enumerate() {
             if let Some(f) = guarded[i] {
-                if !selected.contains_key(&f) {
+                if let std::collections::hash_map::Entry::Vacant(e) = selected.entry(f) {
                     let zero = *zeros.entry(dtypes[f]).or_insert_with(|| {
                         body.push(Inst::Const {
                             value: 0.0,
@@ -133,7 +133,7 @@ pub fn structural_zero_products(k: &FusedKernel) -> FusedKernel {
                         a,
                         b,
                     });
-                    selected.insert(f, body.len() - 1);
+                    e.insert(body.len() - 1);
                 }
             }
             let at = |j: usize| match guarded[i] {
