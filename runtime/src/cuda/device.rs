@@ -592,6 +592,9 @@ impl CudaStep {
     /// Enqueues one operation on the stream.
     fn enqueue(&self, part: &Part, op: &DeviceOp) -> Result<(), ExecError> {
         let s = self.stream.cu_stream();
+        if matches!(op, DeviceOp::AllReduce { .. }) && skip_all_reduces() {
+            return Ok(());
+        }
         {
             match op {
                 DeviceOp::Launch { node, kernel, args } => {
@@ -1055,4 +1058,16 @@ impl Drop for CudaStep {
         let _ = unsafe { result::free_sync(self.base) };
         self.comm = None;
     }
+}
+
+/// `INGOT_SKIP_ALL_REDUCES=1`, a diagnostic: every rank runs its step without its gradient
+/// all-reduces, so the ranks train apart and their results are wrong. It splits what a
+/// data-parallel step adds to a one-GPU step into the two-rank program's own work (its time
+/// with the all-reduces skipped) and what the all-reduces cost beside it (the rest). The
+/// all-gathers stay: without them the gathered token ids would be zeros, and the embedding's
+/// `scatter_add` would add half the rows into one, a contention the real step never has.
+/// [`super::ranks::GpuRanks`] says so on stderr when it loads.
+pub fn skip_all_reduces() -> bool {
+    static SKIP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SKIP.get_or_init(|| std::env::var("INGOT_SKIP_ALL_REDUCES").is_ok_and(|v| v == "1"))
 }

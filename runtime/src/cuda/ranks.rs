@@ -71,6 +71,12 @@ impl GpuRanks {
         serial: bool,
     ) -> Result<GpuRanks, ExecError> {
         let n = ranks_of(&exe);
+        if super::device::skip_all_reduces() {
+            eprintln!(
+                "warning: INGOT_SKIP_ALL_REDUCES=1: the ranks skip their gradient all-reduces \
+                 and train apart; their losses and parameters are wrong (a timing diagnostic)"
+            );
+        }
         let present = super::available()?;
         if n > present {
             return Err(ExecError::Device {
