@@ -5,6 +5,11 @@
 //! independent operations gains.
 //!
 //!     cuda_profile MODEL [--tf32 | --precision f32|tf32|bf16] [--chunk-loss-head] [--top N]
+//!                  [--gpus N [--reduce-in-bf16]]
+//!
+//! With `--gpus N` the step is compiled for N data-parallel ranks and loaded on N GPUs; the
+//! op-by-op times are rank 0's, every rank running its operations one at a time together (so
+//! an all-reduce's time includes waiting for the other ranks to reach it).
 //!
 //! Needs a GPU; without one it says so and exits 0.
 
@@ -59,6 +64,13 @@ fn main() {
         } else {
             0
         },
+        ranks: args
+            .iter()
+            .position(|a| a == "--gpus")
+            .and_then(|i| args.get(i + 1))
+            .map(|v| v.parse().expect("--gpus N"))
+            .unwrap_or(0),
+        reduce_in_bf16: args.iter().any(|a| a == "--reduce-in-bf16"),
         ..Default::default()
     };
     let session = |opts: &ingot_compiler::pipeline::Options, device: Device| {
@@ -88,7 +100,7 @@ fn main() {
     // Op-by-op runs: the median of three per op.
     let mut runs: Vec<Vec<f32>> = Vec::new();
     for _ in 0..3 {
-        runs.push(s.cuda_mut().unwrap().profile().expect("profile"));
+        runs.push(s.profile_gpu().expect("a GPU session").expect("profile"));
     }
     let c = s.cuda().unwrap();
     let g = s.graph();

@@ -491,6 +491,18 @@ impl Session {
         }
     }
 
+    /// Runs the step's operations one at a time on the GPU with an event after each
+    /// ([`CudaStep::profile`]; on several GPUs every rank at once) and returns (rank 0's) device
+    /// time per operation in milliseconds, in program order; `None` off the GPU or in a
+    /// process of a torchrun job.
+    pub fn profile_gpu(&mut self) -> Option<Result<Vec<f32>, ExecError>> {
+        match &mut self.exe {
+            Backend::Cuda(c) => Some(c.profile()),
+            Backend::CudaRanks(r) => Some(r.profile()),
+            Backend::Cpu(_) | Backend::CpuRanks(_) | Backend::CudaProcess(_) => None,
+        }
+    }
+
     /// The step loaded on the GPU, if the session runs there (for its memory measurements);
     /// rank 0's on several GPUs.
     pub fn cuda(&self) -> Option<&CudaStep> {

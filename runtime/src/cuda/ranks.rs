@@ -153,6 +153,24 @@ impl GpuRanks {
     pub fn nccl(&self) -> &NcclInfo {
         &self.nccl
     }
+
+    /// Every rank runs its step's operations one at a time with an event after each
+    /// ([`CudaStep::profile`]), all ranks at once, so that their collectives meet; returns rank
+    /// 0's device time per operation, in milliseconds, in program order.
+    pub fn profile(&mut self) -> Result<Vec<f32>, ExecError> {
+        let times: std::sync::Mutex<Vec<Option<Vec<f32>>>> =
+            std::sync::Mutex::new(vec![None; self.ranks.len()]);
+        self.threads.on_every_rank(&mut self.ranks, |r, s| {
+            let t = s.profile()?;
+            times.lock().unwrap_or_else(|p| p.into_inner())[r] = Some(t);
+            Ok(())
+        })?;
+        let mut times = times.into_inner().unwrap_or_else(|p| p.into_inner());
+        times[0].take().ok_or_else(|| ExecError::Invalid {
+            op: "profile",
+            reason: "rank 0 returned no times".into(),
+        })
+    }
 }
 
 impl StepExecutor for GpuRanks {
