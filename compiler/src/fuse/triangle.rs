@@ -449,6 +449,16 @@ mod tests {
         pipeline::compile_model(spec, &opts).unwrap()
     }
 
+    /// A two-layer GPT's step with plain causal attention, in bf16 and in f32.
+    fn small_causal_steps(
+    ) -> impl Iterator<Item = (crate::precision::Precision, pipeline::Compiled)> {
+        use crate::precision::Precision;
+        [Precision::Bf16, Precision::F32].into_iter().map(|p| {
+            let spec = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2";
+            (p, plain_causal(spec, p))
+        })
+    }
+
     /// The operands of each batched matmul of `c` (the attention products: rank 4) with a
     /// zero triangle: `(matmul, operand index, triangle)`.
     fn attention_triangles(c: &pipeline::Compiled) -> Vec<(NodeId, usize, Triangle)> {
@@ -469,12 +479,7 @@ mod tests {
 
     #[test]
     fn a_causal_softmax_and_its_gradient_are_zero_above_the_diagonal_in_bf16_and_f32() {
-        use crate::precision::Precision;
-        for precision in [Precision::Bf16, Precision::F32] {
-            let c = plain_causal(
-                "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2",
-                precision,
-            );
+        for (precision, c) in small_causal_steps() {
             let found = attention_triangles(&c);
             // Per layer: P·V and Pᵀ·dO read the probabilities, dS·K and dSᵀ·Q their gradient;
             // the scores Q·Kᵀ and dO·Vᵀ have no zero operand.
@@ -488,12 +493,7 @@ mod tests {
 
     #[test]
     fn the_scores_and_their_gradient_before_the_softmax_are_read_below_the_diagonal_alone() {
-        use crate::precision::Precision;
-        for precision in [Precision::Bf16, Precision::F32] {
-            let c = plain_causal(
-                "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2",
-                precision,
-            );
+        for (precision, c) in small_causal_steps() {
             let unread: Vec<(NodeId, Triangle)> = unread_triangles(&c.graph)
                 .into_iter()
                 .enumerate()
@@ -538,14 +538,10 @@ mod tests {
         let below = Region::of(Triangle::ZeroBelow, 2);
         assert!(!unneeded_loads(&k(masked, 7), below)[0]);
         // 0 · load 1 still reads load 1: a NaN there would make the product NaN.
-        let mut body = masked_exp(CmpOp::Gt, 1, 0);
-        body.push(Inst::Load { input: 1 });
-        body.push(Inst::Binary {
-            op: BinaryOp::Mul,
-            a: 7,
-            b: 8,
-        });
-        assert_eq!(unneeded_loads(&k(body, 9), above), [false, false]);
+        assert_eq!(
+            unneeded_loads(&k(masked_exp_times_load(), 9), above),
+            [false, false]
+        );
         // A row's sum of load 1 (even one selected away above the diagonal afterwards) needs
         // it there: a softmax gradient's sum of dP · P.
         let mut body = masked_exp(CmpOp::Gt, 1, 0);
@@ -568,13 +564,7 @@ mod tests {
     #[test]
     fn a_product_with_a_factor_zero_above_the_diagonal_reads_its_other_factor_below_it_alone() {
         // exp(select(j > i, -inf, load 0)) · load 1: load 1 goes through select(j > i, 0, ·).
-        let mut body = masked_exp(CmpOp::Gt, 1, 0);
-        body.push(Inst::Load { input: 1 });
-        body.push(Inst::Binary {
-            op: BinaryOp::Mul,
-            a: 8,
-            b: 7,
-        });
+        let body = masked_exp_times_load();
         let input = ingot_kernels::fused::Input {
             dtype: DType::F32,
             len: 16,
@@ -611,6 +601,18 @@ mod tests {
         y[1] = f32::NAN; // row 0, column 1: above the diagonal
         assert!(run(&k, &y)[1].is_nan());
         assert_eq!(run(&g, &y)[1], 0.0);
+    }
+
+    /// [`masked_exp`]`(j > i) · load 1`, the product value 9.
+    fn masked_exp_times_load() -> Vec<Inst> {
+        let mut body = masked_exp(CmpOp::Gt, 1, 0);
+        body.push(Inst::Load { input: 1 });
+        body.push(Inst::Binary {
+            op: BinaryOp::Mul,
+            a: 8,
+            b: 7,
+        });
+        body
     }
 
     fn index(axis: usize) -> Inst {

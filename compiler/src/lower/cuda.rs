@@ -1786,18 +1786,8 @@ mod tests {
         // [2, m, k] x [2, k, n] for m, k, n = 3, 4, 5, stored transposed where a flag says so.
         let (m, k, n) = (3, 4, 5);
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let mut g = Graph::new();
-            let a_dims = if ta { [2, k, m] } else { [2, m, k] };
-            let b_dims = if tb { [2, n, k] } else { [2, k, n] };
-            let a = g.input("a", a_dims, DType::F32).unwrap();
-            let b = g.parameter("b", b_dims, DType::F32, Init::Zeros).unwrap();
-            let c = g.matmul_t(a, b, ta, tb).unwrap();
-            g.set_output("c", c).unwrap();
-            let plan = crate::plan::plan(&g, &plan_options()).unwrap();
-            let p = lower(&g, &plan, Precision::F32).unwrap();
-            let [DeviceOp::Gemm(gemm)] = &p.ops[..] else {
-                panic!("one gemm, got {:?}", p.ops)
-            };
+            let (g, plan, gemm, [a, b, c]) = one_gemm((m, k, n), (ta, tb));
+            let gemm = &gemm;
             assert_eq!(gemm.workspace.bytes, CUBLAS_WORKSPACE);
 
             let mut mem = vec![0f32; plan.total_bytes / 4];
@@ -1828,6 +1818,42 @@ mod tests {
         }
     }
 
+    /// `whole` cut by `split`, each of its calls run by the cuBLAS model over a copy of `mem`:
+    /// the memory after, and the calls' multiply-adds.
+    fn split_calls(mem: &[f32], whole: &Gemm, split: Split) -> (Vec<f32>, usize) {
+        let mut got = mem.to_vec();
+        let cut = Gemm {
+            split: Some(split),
+            ..whole.clone()
+        };
+        for call in cut.calls() {
+            cublas_gemm(&mut got, &call);
+        }
+        (got, cut.calls().iter().map(|c| c.m * c.n * c.k).sum())
+    }
+
+    /// `c = a · b` for `[2, m, k] x [2, k, n]`, each stored transposed where its flag says,
+    /// planned for CUDA and lowered: the graph, the plan, its one GEMM and `[a, b, c]`.
+    fn one_gemm(
+        (m, k, n): (usize, usize, usize),
+        (ta, tb): (bool, bool),
+    ) -> (Graph, crate::plan::MemoryPlan, Gemm, [NodeId; 3]) {
+        let mut g = Graph::new();
+        let a_dims = if ta { [2, k, m] } else { [2, m, k] };
+        let b_dims = if tb { [2, n, k] } else { [2, k, n] };
+        let a = g.input("a", a_dims, DType::F32).unwrap();
+        let b = g.parameter("b", b_dims, DType::F32, Init::Zeros).unwrap();
+        let c = g.matmul_t(a, b, ta, tb).unwrap();
+        g.set_output("c", c).unwrap();
+        let plan = crate::plan::plan(&g, &plan_options()).unwrap();
+        let p = lower(&g, &plan, Precision::F32).unwrap();
+        let [DeviceOp::Gemm(gemm)] = &p.ops[..] else {
+            panic!("one gemm, got {:?}", p.ops)
+        };
+        let gemm = gemm.clone();
+        (g, plan, gemm, [a, b, c])
+    }
+
     #[test]
     fn a_split_gemm_computes_what_the_whole_one_does_where_an_operand_has_a_zero_triangle() {
         use triangle::Triangle::{self, ZeroAbove, ZeroBelow};
@@ -1837,18 +1863,9 @@ mod tests {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             for zero_in_a in [true, false] {
                 for tri in [ZeroAbove, ZeroBelow] {
-                    let mut g = Graph::new();
-                    let a_dims = if ta { [2, k, m] } else { [2, m, k] };
-                    let b_dims = if tb { [2, n, k] } else { [2, k, n] };
-                    let a = g.input("a", a_dims, DType::F32).unwrap();
-                    let b = g.parameter("b", b_dims, DType::F32, Init::Zeros).unwrap();
-                    let c = g.matmul_t(a, b, ta, tb).unwrap();
-                    g.set_output("c", c).unwrap();
-                    let plan = crate::plan::plan(&g, &plan_options()).unwrap();
-                    let p = lower(&g, &plan, Precision::F32).unwrap();
-                    let [DeviceOp::Gemm(whole)] = &p.ops[..] else {
-                        panic!("one gemm, got {:?}", p.ops)
-                    };
+                    let (g, plan, whole, [a, b, c]) = one_gemm((m, k, n), (ta, tb));
+                    let whole = &whole;
+                    let (a_dims, b_dims) = (g.ty(a).shape.dims(), g.ty(b).shape.dims());
                     // Both operands filled, one with its stored triangle zero.
                     let mut mem = vec![f32::NAN; plan.total_bytes / 4];
                     let zero = |t: Triangle, row: usize, col: usize| match t {
@@ -1877,15 +1894,7 @@ mod tests {
                     let mut want = mem.clone();
                     cublas_gemm(&mut want, whole);
                     let product = |split: Split| {
-                        let mut got = mem.clone();
-                        let cut = Gemm {
-                            split: Some(split),
-                            ..whole.clone()
-                        };
-                        for call in cut.calls() {
-                            cublas_gemm(&mut got, &call);
-                        }
-                        let work: usize = cut.calls().iter().map(|c| c.m * c.n * c.k).sum();
+                        let (got, work) = split_calls(&mem, whole, split);
                         (got[lc.offset / 4..][..lc.bytes / 4].to_vec(), work)
                     };
                     let (got, work) = product(split);
@@ -1921,18 +1930,8 @@ mod tests {
         let value = |i: usize| ((i * 7 + 3) % 11) as f32 - 5.5;
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             for tri in [ZeroAbove, ZeroBelow] {
-                let mut g = Graph::new();
-                let a_dims = if ta { [2, k, m] } else { [2, m, k] };
-                let b_dims = if tb { [2, n, k] } else { [2, k, n] };
-                let a = g.input("a", a_dims, DType::F32).unwrap();
-                let b = g.parameter("b", b_dims, DType::F32, Init::Zeros).unwrap();
-                let c = g.matmul_t(a, b, ta, tb).unwrap();
-                g.set_output("c", c).unwrap();
-                let plan = crate::plan::plan(&g, &plan_options()).unwrap();
-                let p = lower(&g, &plan, Precision::F32).unwrap();
-                let [DeviceOp::Gemm(whole)] = &p.ops[..] else {
-                    panic!("one gemm, got {:?}", p.ops)
-                };
+                let (g, plan, whole, [a, b, c]) = one_gemm((m, k, n), (ta, tb));
+                let whole = &whole;
                 let mut mem = vec![f32::NAN; plan.total_bytes / 4];
                 for (x, len) in [(a, 2 * m * k), (b, 2 * k * n)] {
                     let at = plan.location(&g, x).offset / 4;
@@ -1942,17 +1941,7 @@ mod tests {
                 }
                 let mut want = mem.clone();
                 cublas_gemm(&mut want, whole);
-                let run = |split: Split| {
-                    let mut got = mem.clone();
-                    let cut = Gemm {
-                        split: Some(split),
-                        ..whole.clone()
-                    };
-                    for call in cut.calls() {
-                        cublas_gemm(&mut got, &call);
-                    }
-                    got
-                };
+                let run = |split: Split| split_calls(&mem, whole, split).0;
                 let split = split_of(whole, (ta, tb), [None, None], Some(tri), 4).unwrap();
                 let got = run(split);
                 let lc = plan.location(&g, c).offset / 4;
