@@ -8,13 +8,13 @@
 //! The facts come from abstract interpretation of each fused kernel's body over the lanes where
 //! one index exceeds the other (`j > i` or `i > j` on the domain's last two axes), in
 //! topological order, so a load of a value a kernel before it wrote carries that value's fact.
-//! What is zero is *structurally* zero: `0 · x`, `0 / x` and `x / ±inf` are taken as 0 and
+//! What is zero is *structurally* zero: `0 · x`, `0 / x` and `x / +inf` are taken as 0 and
 //! `-inf ± x` as `-inf` whatever `x` holds, and a mask's fill value at most `-1e30` (the
 //! dtype's lowest finite value, which PyTorch code often masks with, as gpt2's f32 graph does)
-//! counts as `-inf`: `exp(fill - max)` is 0 exactly for any row maximum above `fill + 104`. That is exact wherever `x` is finite; a NaN or an
-//! infinity inside the triangle of the other operand does not reach the product, as in
-//! FlashAttention's causal kernels and Ingot's own fused attention, which never read the masked
-//! half.
+//! counts as `-inf`: `exp(fill - max)` is 0 exactly for any row maximum above `fill + 104`.
+//! That is exact wherever `x` is finite; a NaN or an infinity inside the triangle of the other
+//! operand does not reach the product, as in FlashAttention's causal kernels and Ingot's own
+//! fused attention, which never read the masked half.
 
 use super::widen::remap;
 use crate::ir::{Graph, NodeId, Op};
@@ -171,7 +171,7 @@ fn axis_of(body: &[Inst], i: usize) -> Option<usize> {
 /// For every matmul of `g`, the triangle of its result that nothing reads: every user is a
 /// fused kernel that loads it in domain order and only selects it away there (a causal
 /// softmax's scores, `select(j > i, -inf, s)`), and it is not an output of the step. Such a
-/// GEMM need not compute that triangle ([`super::Split`]); its bytes keep whatever they held,
+/// GEMM need not compute that triangle (the CUDA lowering's `Split`); its bytes keep whatever they held,
 /// which is why a use that multiplies them, even by zero, keeps the triangle read.
 pub fn unread_triangles(g: &Graph) -> Vec<Option<Triangle>> {
     let users = g.users();
