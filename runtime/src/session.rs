@@ -480,17 +480,6 @@ impl Session {
         }
     }
 
-    /// The step loaded on the GPU, mutably (to profile it).
-    pub fn cuda_mut(&mut self) -> Option<&mut CudaStep> {
-        match &mut self.exe {
-            Backend::Cuda(c) => Some(c),
-            Backend::Cpu(_)
-            | Backend::CpuRanks(_)
-            | Backend::CudaRanks(_)
-            | Backend::CudaProcess(_) => None,
-        }
-    }
-
     /// Runs the step's operations one at a time on the GPU with an event after each
     /// ([`CudaStep::profile`]; on several GPUs every rank at once) and returns (rank 0's) device
     /// time per operation in milliseconds, in program order; `None` off the GPU or in a

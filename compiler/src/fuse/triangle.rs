@@ -18,7 +18,7 @@
 
 use super::widen::remap;
 use crate::ir::{Graph, NodeId, Op};
-use ingot_kernels::fused::{Access, FusedKernel, Inst};
+use ingot_kernels::fused::{Access, FusedKernel, Input, Inst};
 use ingot_kernels::{BinaryOp, CmpOp, DType, UnaryOp};
 
 /// The side of the diagonal of a value's last two axes (row `i`, column `j`) that holds zeros.
@@ -171,8 +171,8 @@ fn axis_of(body: &[Inst], i: usize) -> Option<usize> {
 /// For every matmul of `g`, the triangle of its result that nothing reads: every user is a
 /// fused kernel that loads it in domain order and only selects it away there (a causal
 /// softmax's scores, `select(j > i, -inf, s)`), and it is not an output of the step. Such a
-/// GEMM need not compute that triangle (the CUDA lowering's `Split`); its bytes keep whatever they held,
-/// which is why a use that multiplies them, even by zero, keeps the triangle read.
+/// GEMM need not compute that triangle (the CUDA lowering's `Split`); its bytes keep whatever
+/// they held, which is why a use that multiplies them, even by zero, keeps the triangle read.
 pub fn unread_triangles(g: &Graph) -> Vec<Option<Triangle>> {
     let users = g.users();
     let kept: std::collections::HashSet<NodeId> = g
@@ -195,14 +195,12 @@ pub fn unread_triangles(g: &Graph) -> Vec<Option<Triangle>> {
                             let Op::Fused(k) = &g.node(u).op else {
                                 return false;
                             };
-                            k.domain.as_slice() == dims
-                                && g.node(u).inputs.iter().zip(&k.inputs).all(|(&x, input)| {
-                                    x != id || input.access == Access::contiguous(dims)
-                                })
-                                && unneeded_loads(k, Region::of(t, dims.len()))
-                                    .iter()
-                                    .zip(&g.node(u).inputs)
-                                    .all(|(&unneeded, &x)| x != id || unneeded)
+                            let unneeded = unneeded_loads(k, Region::of(t, dims.len()));
+                            (g.node(u).inputs.iter().zip(&k.inputs).zip(unneeded)).all(
+                                |((&x, input), unneeded)| {
+                                    x != id || in_domain_order(g, k, input, x) && unneeded
+                                },
+                            )
                         })
                 })
         })
@@ -281,15 +279,18 @@ fn output_triangle(
                 .inputs
                 .iter()
                 .zip(inputs)
-                .map(|(input, &x)| {
-                    facts[x.index()] == Some(t)
-                        && g.ty(x).shape.dims() == k.domain.as_slice()
-                        && input.access == Access::contiguous(&k.domain)
-                })
+                .map(|(input, &x)| facts[x.index()] == Some(t) && in_domain_order(g, k, input, x))
                 .collect();
             let values = interpret(&k.body, region, &loads);
             values[out.value] == Value::Zero
         })
+}
+
+/// Whether `k` reads node `x` through `input` element for element in domain order: lane
+/// `[.., i, j]` of the kernel is element `[.., i, j]` of `x`, so a triangle of one is the same
+/// triangle of the other.
+fn in_domain_order(g: &Graph, k: &FusedKernel, input: &Input, x: NodeId) -> bool {
+    g.ty(x).shape.dims() == k.domain.as_slice() && input.access == Access::contiguous(&k.domain)
 }
 
 /// The lanes `index[above] > index[below]` of a kernel's domain.

@@ -254,9 +254,10 @@ pub struct Gemm {
 
 /// A GEMM with a triangle of work to leave out ([`triangle`]), computed as two calls: one of
 /// its free indices (cuBLAS's n where `second`, else m) is cut in two at `at`, and each half
-/// leaves out what [`Leave`] says, on its side of the diagonal. A causal attention's four
-/// products of its probabilities or their gradient (zero above the diagonal) and its scores
-/// (read only below it) each do a quarter less work. Measured on an H100
+/// leaves out what [`Leave`] says, on its side of the diagonal. A causal attention's six
+/// products each do a quarter less work: the four with its probabilities or their gradient
+/// (zero above the diagonal), and the two that make its scores and the probabilities' gradient
+/// (read only below it). Measured on an H100
 /// (`scripts/kernel_experiment/causal_gemm.cu`, gpt2's `[96, 1024, 1024] x [96, 1024, 64]` and
 /// `[96, 1024, 64] x [96, 64, 1024]`): two calls take 0.87 of one, four 0.87 to 0.92, eight
 /// 0.99 to 1.05; so two.
@@ -398,11 +399,11 @@ impl Gemm {
 fn split_of(
     g: &Gemm,
     (ta, tb): (bool, bool),
-    zero: [Option<triangle::Triangle>; 2],
-    unread: Option<triangle::Triangle>,
+    zero: [Option<Triangle>; 2],
+    unread: Option<Triangle>,
     min: usize,
 ) -> Option<Split> {
-    use triangle::Triangle::{ZeroAbove, ZeroBelow};
+    use Triangle::{ZeroAbove, ZeroBelow};
     let split = |second: bool, leave: Leave| Split {
         second,
         leave,
@@ -668,21 +669,16 @@ impl Program {
                                 sp.at,
                             )));
                         }
-                        // A call with nothing to multiply would write zeros, not leave bytes.
-                        if whole
-                            .calls()
-                            .iter()
-                            .any(|c| c.m == 0 || c.n == 0 || c.k == 0)
-                        {
-                            return Err(bad(format!(
-                                "matmul node %{}: a split at {} leaves a call empty",
-                                whole.node.index(),
-                                sp.at,
-                            )));
-                        }
                     }
-                    for gm in whole.calls() {
-                        let gm = &gm;
+                    let calls = whole.calls();
+                    // A call with nothing to multiply would write zeros, not leave bytes.
+                    if calls.len() > 1 && calls.iter().any(|c| c.m == 0 || c.n == 0 || c.k == 0) {
+                        return Err(bad(format!(
+                            "matmul node %{}: a split leaves a call empty",
+                            whole.node.index(),
+                        )));
+                    }
+                    for gm in &calls {
                         // A column-major `rows × cols` matrix of `e`-byte elements with leading
                         // dimension `ld`, `batch` times at `stride` elements apart, spans this
                         // many bytes.
@@ -1474,7 +1470,7 @@ fn gemm(
             "a dimension of {a} x {b} exceeds cuBLAS's 32-bit limit"
         )));
     }
-    Ok(Gemm {
+    let mut gm = Gemm {
         node: id,
         dtype: node.ty.dtype,
         compute,
@@ -1496,13 +1492,10 @@ fn gemm(
         workspace,
         accumulate: false,
         split: None,
-    })
-    .map(|mut gm| {
-        let zero = [at.triangles[a_id.index()], at.triangles[b_id.index()]];
-        let unread = at.unread[id.index()];
-        gm.split = split_of(&gm, (ta, tb), zero, unread, SPLIT_MIN);
-        gm
-    })
+    };
+    let zero = [at.triangles[a_id.index()], at.triangles[b_id.index()]];
+    gm.split = split_of(&gm, (ta, tb), zero, at.unread[id.index()], SPLIT_MIN);
+    Ok(gm)
 }
 
 fn codegen_error(e: codegen::CodegenError) -> LowerError {

@@ -158,15 +158,16 @@ impl GpuRanks {
     /// ([`CudaStep::profile`]), all ranks at once, so that their collectives meet; returns rank
     /// 0's device time per operation, in milliseconds, in program order.
     pub fn profile(&mut self) -> Result<Vec<f32>, ExecError> {
-        let times: std::sync::Mutex<Vec<Option<Vec<f32>>>> =
-            std::sync::Mutex::new(vec![None; self.ranks.len()]);
+        let rank0: std::sync::Mutex<Option<Vec<f32>>> = std::sync::Mutex::new(None);
         self.threads.on_every_rank(&mut self.ranks, |r, s| {
             let t = s.profile()?;
-            times.lock().unwrap_or_else(|p| p.into_inner())[r] = Some(t);
+            if r == 0 {
+                *rank0.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+            }
             Ok(())
         })?;
-        let mut times = times.into_inner().unwrap_or_else(|p| p.into_inner());
-        times[0].take().ok_or_else(|| ExecError::Invalid {
+        let rank0 = rank0.into_inner().unwrap_or_else(|p| p.into_inner());
+        rank0.ok_or_else(|| ExecError::Invalid {
             op: "profile",
             reason: "rank 0 returned no times".into(),
         })
