@@ -655,6 +655,8 @@ float atomicAdd(float*, float);
 double atomicAdd(double*, double);
 int atomicAdd(int*, int);
 unsigned long long atomicAdd(unsigned long long*, unsigned long long);
+unsigned atomicMax(unsigned*, unsigned);
+unsigned atomicOr(unsigned*, unsigned);
 "#;
 
 fn compiler() -> Option<String> {
@@ -834,6 +836,28 @@ fn reductions_that_fill_the_gpu_or_read_their_sums_again_keep_one_kernel() {
 }
 
 #[test]
+fn a_scatter_add_program_keeps_its_ids_table_inside_its_scratch_and_refuses_positions_past_u32() {
+    let p = cuda::scatter_add_program(DType::I64, DType::BF16, 50304, 768, 16384).unwrap();
+    assert_eq!(p.launches.len(), 3, "zero the table, mark the ids, sum");
+    assert!(p.scratch_bytes >= 3 * 4 * 50304);
+    assert_eq!(p.scratch_bytes, cuda::scatter_add_scratch_bytes(50304));
+    assert_eq!(p.scratch_bytes % 256, 0);
+    for l in &p.launches {
+        for a in &l.args {
+            if let cuda::FusedArg::Scratch { offset, bytes } = *a {
+                assert_eq!((offset, bytes), (0, 3 * 4 * 50304));
+            }
+        }
+    }
+    // The sum reads ids, values and the table, and writes only the output.
+    let sum = &p.launches[2];
+    assert_eq!(sum.reads, 3);
+    assert_eq!(sum.args[3], cuda::FusedArg::Output(0));
+    let e = cuda::scatter_add_program(DType::I64, DType::F32, 4, 1, u32::MAX as usize).unwrap_err();
+    assert!(e.to_string().contains("scatter_add"), "{e}");
+}
+
+#[test]
 fn gather_scatter_and_concat_pass_a_host_syntax_check() {
     let mut ks = Vec::new();
     for ids in [DType::I32, DType::I64] {
@@ -852,6 +876,11 @@ fn gather_scatter_and_concat_pass_a_host_syntax_check() {
     // 64-bit indices (an output of 2^32 elements), and rows longer than one column panel.
     ks.push(cuda::scatter_add(DType::I64, DType::F32, 1 << 22, 1024, 16).unwrap());
     ks.push(cuda::scatter_add(DType::I32, DType::F64, 100, 5000, 300).unwrap());
+    // The table's launches of a scatter-add program (zeroed, then marked).
+    for ids in [DType::I32, DType::I64] {
+        let p = cuda::scatter_add_program(ids, DType::F32, 50304, 768, 16384).unwrap();
+        ks.extend(p.launches.into_iter().take(2).map(|l| l.kernel));
+    }
     for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
         ks.push(cuda::concat(t, 8192, &[768, 768, 768]).unwrap());
     }

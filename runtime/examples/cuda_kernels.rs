@@ -4,7 +4,7 @@
 //! `runtime/tests/cuda_kernels.rs` runs without timing on the GPU machine).
 //!
 //! ```text
-//! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N]
+//! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N | --scatter]
 //! ```
 //! Models default to `mlp gpt-mini gpt2`; `--precision bf16` (or tf32) and
 //! `--no-fuse-attention` (attention as the plain math) compile them so instead. `--variants`
@@ -12,7 +12,9 @@
 //! each other thread count per row (32 to 1024), every elementwise kernel that goes four elements a thread at one, every column
 //! kernel at each other number of rows a block, and guarded kernels unguarded, checked and
 //! timed the same way (`cuda::fused_tuned`). `--random N` checks N random fused kernels
-//! instead (seeds 0 to N-1 of `fused::random::Options::exact`), untimed.
+//! instead (seeds 0 to N-1 of `fused::random::Options::exact`), untimed. `--scatter` checks
+//! and times the scatter-add cases of `kernel_check::SCATTER_CASES` (the first is gpt2's token
+//! embedding gradient on two ranks).
 //!
 //! Exit status 1 if any kernel fails; 0 with "skipping: <reason>" on machines without a GPU,
 //! unless `INGOT_REQUIRE_GPU=1` asks for one (then 1).
@@ -40,6 +42,7 @@ fn main() {
         args.drain(at..(at + 2).min(args.len()));
     }
     let source = match args.first().map(String::as_str) {
+        Some("--scatter") => Source::Scatter,
         Some("--random") => match args.get(1).and_then(|s| s.parse::<u64>().ok()) {
             Some(n) => Source::Random(0..n),
             None => {
@@ -68,7 +71,7 @@ fn main() {
         return;
     }
     let opts = CheckOptions {
-        time: matches!(source, Source::Models(..)),
+        time: matches!(source, Source::Models(..) | Source::Scatter),
         variants,
     };
     match check_kernels(&source, opts, &mut |line| println!("{line}")) {

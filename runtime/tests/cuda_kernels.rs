@@ -57,3 +57,10 @@ fn random_fused_kernels_match_the_cpu_on_the_gpu() {
         all_pass(Source::Random(0..300));
     }
 }
+
+#[test]
+fn scatter_add_sums_every_pattern_of_repeated_and_out_of_range_ids_as_the_cpu_does() {
+    if gpu_for_test("scatter-add kernels") {
+        all_pass(Source::Scatter);
+    }
+}

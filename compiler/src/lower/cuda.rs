@@ -48,14 +48,16 @@ pub use window::{conv_workspace, ConvWorkspace, COLUMN_BUDGET};
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a fused
-/// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); other fused
-/// kernels keep their intermediates in registers and need none.
+/// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); a scatter-add,
+/// the table of its ids ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
+/// their intermediates in registers and need none.
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
         Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
         Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
+        Op::ScatterAdd { rows } => codegen::scatter_add_scratch_bytes(rows),
         _ => 0,
     }
 }
@@ -983,8 +985,9 @@ impl Lowering<'_> {
                 let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
                 let n = ids.shape.numel();
                 let row_len = values.shape.numel().checked_div(n).unwrap_or(0);
-                let k = codegen::scatter_add(ids.dtype, values.dtype, *rows, row_len, n)
-                    .map_err(codegen_error)?;
+                let program =
+                    codegen::scatter_add_program(ids.dtype, values.dtype, *rows, row_len, n)
+                        .map_err(codegen_error)?;
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Zero {
                         offset: here.offset,
@@ -994,9 +997,7 @@ impl Lowering<'_> {
                         reads: SmallVec::new(),
                         writes: smallvec::smallvec![here],
                     });
-                    let mut args = inputs;
-                    args.push(here.offset);
-                    self.launch(id, k, args, smallvec::smallvec![here]);
+                    self.program(id, program, &[id], plan, "scatter_add", "its ids' table")?;
                 }
                 Ok(())
             }
@@ -1073,13 +1074,28 @@ impl Lowering<'_> {
         plan: &MemoryPlan,
     ) -> Result<(), LowerError> {
         let program = codegen::fused_program(kernel).map_err(codegen_error)?;
+        self.program(id, program, outs, plan, "fused", "its partial sums")
+    }
+
+    /// The launches of `program` for node `id` (a fused kernel's, or scatter-add's): each
+    /// argument at the node's input, at output `outs[j]`, or in the node's planned workspace,
+    /// which must hold the program's scratch (`scratch` says what it holds, for the error).
+    fn program(
+        &mut self,
+        id: NodeId,
+        program: codegen::FusedProgram,
+        outs: &[NodeId],
+        plan: &MemoryPlan,
+        op: &'static str,
+        scratch: &str,
+    ) -> Result<(), LowerError> {
         let ws = plan.workspace(id);
         if program.scratch_bytes > ws.map_or(0, |w| w.bytes) {
             return Err(LowerError::Invalid {
-                op: "fused",
+                op,
                 reason: format!(
-                    "the plan gives this fused kernel no {} bytes of workspace for its partial \
-                     sums; plan the step with the CUDA target's options \
+                    "the plan gives this {op} kernel no {} bytes of workspace for {scratch}; \
+                     plan the step with the CUDA target's options \
                      (Target::Cuda.plan_options())",
                     program.scratch_bytes
                 ),

@@ -102,7 +102,10 @@ mod guard;
 pub mod ops;
 pub mod window;
 
-pub use ops::{concat, dropout, gather, scatter_add};
+pub use ops::{
+    concat, dropout, gather, scatter_add, scatter_add_marks, scatter_add_program,
+    scatter_add_scratch_bytes,
+};
 
 use crate::fused::{FusedKernel, KernelError};
 use crate::DType;

@@ -104,41 +104,35 @@ fn name_of(p: &FusedProgram) -> String {
 }
 
 impl Work {
+    /// The launches that run this work: a fused kernel's program, scatter-add's three, or one
+    /// kernel.
     fn generate(&self) -> Res<FusedProgram> {
-        if let Work::Fused(k) = self {
-            return cuda::fused_program(k).map_err(|e| e.to_string());
-        }
-        let (ins, outs) = self.buffers();
-        Ok(FusedProgram::one(
-            self.generate_one()?,
-            ins.len(),
-            outs.len(),
-        ))
-    }
-
-    fn generate_one(&self) -> Res<CudaKernel> {
+        let one = |k: Result<CudaKernel, cuda::CodegenError>| {
+            let (ins, outs) = self.buffers();
+            k.map(|k| FusedProgram::one(k, ins.len(), outs.len()))
+        };
         let r = match self {
-            Work::Fused(k) => cuda::fused(k),
-            Work::Gather {
-                table,
-                ids,
-                rows,
-                row_len,
-                n,
-            } => cuda::gather(*table, *ids, *rows, *row_len, *n),
+            Work::Fused(k) => cuda::fused_program(k),
             Work::Scatter {
                 ids,
                 values,
                 rows,
                 row_len,
                 n,
-            } => cuda::scatter_add(*ids, *values, *rows, *row_len, *n),
+            } => cuda::scatter_add_program(*ids, *values, *rows, *row_len, *n),
+            Work::Gather {
+                table,
+                ids,
+                rows,
+                row_len,
+                n,
+            } => one(cuda::gather(*table, *ids, *rows, *row_len, *n)),
             Work::Concat {
                 dtype,
                 outer,
                 widths,
-            } => cuda::concat(*dtype, *outer, widths),
-            Work::Dropout { dtype, n, p, salt } => cuda::dropout(*dtype, *n, *p, *salt),
+            } => one(cuda::concat(*dtype, *outer, widths)),
+            Work::Dropout { dtype, n, p, salt } => one(cuda::dropout(*dtype, *n, *p, *salt)),
         };
         r.map_err(|e| e.to_string())
     }
@@ -301,6 +295,8 @@ enum Fill {
     Positive,
     /// Integers in [0, n) (ids).
     Ids(u64),
+    /// Integers in [-1, n + 1) (ids, some of them out of range).
+    IdsAround(u64),
     /// Exact values: floats multiples of 1/8 in [-4, 4] with some NaN, ±inf, ±0, 1e20 and
     /// 2^31 (random mode); integers in [-20, 20] with some extremes.
     Exact,
@@ -328,6 +324,7 @@ fn fill(dtype: DType, len: usize, how: Fill, seed: u64) -> Vec<u8> {
         };
         let i: i64 = match how {
             Fill::Ids(n) => r.below(n) as i64,
+            Fill::IdsAround(n) => r.below(n + 2) as i64 - 1,
             Fill::Exact if special => {
                 [i64::MAX, i64::MIN, -1, i32::MAX as i64, i32::MIN as i64][r.below(5) as usize]
             }
@@ -404,7 +401,7 @@ fn inputs_for(work: &Work, seed: u64, exact: bool) -> Vec<Vec<u8>> {
             let how = match work {
                 _ if exact => Fill::Exact,
                 Work::Gather { rows, .. } if i == 1 => Fill::Ids(*rows as u64),
-                Work::Scatter { rows, .. } if i == 0 => Fill::Ids(*rows as u64),
+                Work::Scatter { rows, .. } if i == 0 => Fill::IdsAround(*rows as u64),
                 _ if pos[i] => Fill::Positive,
                 _ => Fill::Signed,
             };
@@ -1242,7 +1239,25 @@ pub enum Source {
     /// Dropout kernels: f32, f64 and bf16, of 1, 4099 and 2^20 + 3 elements, at p 0, 0.1, 0.5
     /// and 1, with two salts.
     Dropout,
+    /// Scatter-adds whose ids repeat in every way the table of ids must handle
+    /// ([`SCATTER_CASES`]).
+    Scatter,
 }
+
+/// `(ids, values, rows, row_len, n)` of [`Source::Scatter`]. The ids are drawn from
+/// `-1..rows + 1`, so some are out of range: one row takes every position (rows 1); a few rows
+/// repeat across all 32 groups of positions, groups longer than a chunk of 2048 (rows 3, n
+/// 70,001); most ids appear once (gpt2's token embedding on two ranks); rows longer than a
+/// column panel (2,500); integer sums that wrap; one position; none.
+pub const SCATTER_CASES: [(DType, DType, usize, usize, usize); 7] = [
+    (DType::I64, DType::F32, 50257, 768, 16384),
+    (DType::I32, DType::BF16, 3, 300, 70001),
+    (DType::I64, DType::F64, 1, 5, 4099),
+    (DType::I32, DType::I64, 1000, 2500, 3000),
+    (DType::I64, DType::I32, 100, 33, 2049),
+    (DType::I64, DType::F32, 7, 1, 1),
+    (DType::I64, DType::F32, 5, 3, 0),
+];
 
 impl Source {
     /// The kernels of these models' f32 training steps (default compile options).
@@ -1339,6 +1354,18 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                         }
                     }
                 }
+            }
+        }
+        Source::Scatter => {
+            for (ids, values, rows, row_len, n) in SCATTER_CASES {
+                let w = Work::Scatter {
+                    ids,
+                    values,
+                    rows,
+                    row_len,
+                    n,
+                };
+                add(w, "scatter cases", &mut items)?;
             }
         }
         Source::Models(models, opts) => {
