@@ -337,9 +337,9 @@ impl Scatter {
         src.line(format!(
             "const {t} q = q0 + ({t})i * {BLOCK}u + threadIdx.x;"
         ));
-        src.line(format!(
-            "const unsigned m = __ballot_sync(0xffffffffu, q < end && (long long)ids[q] == id);"
-        ));
+        src.line(
+            "const unsigned m = __ballot_sync(0xffffffffu, q < end && (long long)ids[q] == id);",
+        );
         src.line("if (lane == 0u) marks[i][warp] = m;");
         src.close();
         src.line("__syncthreads();");
