@@ -69,6 +69,11 @@ pub struct CudaStep {
     eval: Option<Part>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// A rank's stream for its collectives, at the GPU's highest priority: the step's graph
+    /// is captured with each collective on it, and instantiated to keep each kernel node's
+    /// priority (`CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`), so NCCL's kernels take the
+    /// next free SMs ahead of the compute kernels queued beside them. `None` for one rank.
+    collectives: Option<Arc<CudaStream>>,
     blas: cudarc::cublas::CudaBlas,
     base: sys::CUdeviceptr,
     bytes: usize,
@@ -262,6 +267,17 @@ impl CudaStep {
         // SAFETY: this step makes no cudarc slices; it orders its own work on one stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let collectives = match comm {
+            Some(_) => {
+                let (_, highest) = result::stream::get_priority_range()
+                    .map_err(driver("reading the stream priorities"))?;
+                Some(
+                    ctx.new_stream_with_priority(highest)
+                        .map_err(driver("creating the collectives' stream"))?,
+                )
+            }
+            None => None,
+        };
         let name = format!(
             "cuda:{} {}",
             opts.ordinal,
@@ -350,6 +366,7 @@ impl CudaStep {
             eval,
             ctx,
             stream,
+            collectives,
             blas,
             base,
             bytes,
@@ -475,15 +492,32 @@ impl CudaStep {
         // working, and a program may drive two sessions from two threads (global mode failed
         // the second one's cuBLAS calls while the first was capturing).
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // The events that fork the collectives' stream into the capture and join it back.
+        let events = match &self.collectives {
+            Some(_) => {
+                let event = || {
+                    self.ctx
+                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                        .map_err(driver("creating an event"))
+                };
+                Some((event()?, event()?))
+            }
+            None => None,
+        };
         self.stream
             .begin_capture(mode)
             .map_err(driver("starting the step's graph capture"))?;
-        let recorded = self.record(part);
+        let recorded = self.record(part, events.as_ref());
         // The capture is ended whatever happened, so the stream is usable (and the error, the
-        // first one, is what is reported).
+        // first one, is what is reported). Kernel nodes keep the priority of the stream they
+        // were captured from (the collectives' is the highest).
+        let flags = match &self.collectives {
+            Some(_) => sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY,
+            None => sys::CUgraphInstantiate_flags(0),
+        };
         let ended = self
             .stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .end_capture(flags)
             .map_err(driver("ending the step's graph capture"));
         recorded?;
         let graph = ended?.ok_or_else(|| ExecError::Device {
@@ -498,8 +532,14 @@ impl CudaStep {
     }
 
     /// Enqueues the step's operations on the stream (captured, never run directly), each
-    /// depending on the graph nodes that its dependencies ended with.
-    fn record(&self, part: &Part) -> Result<(), ExecError> {
+    /// depending on the graph nodes that its dependencies ended with. A rank's collectives go
+    /// on its collectives' stream, forked into the capture at the first one (`events`: the
+    /// fork's and the join's) and joined back at the end.
+    fn record(
+        &self,
+        part: &Part,
+        events: Option<&(CudaEvent, CudaEvent)>,
+    ) -> Result<(), ExecError> {
         if self.opts.serial {
             for op in &part.program.ops {
                 self.enqueue(part, op)?;
@@ -507,6 +547,8 @@ impl CudaStep {
             return Ok(());
         }
         let s = self.stream.cu_stream();
+        let collectives = self.collectives.as_ref().zip(events);
+        let mut forked = false;
         // The graph nodes each operation's capture ended with (a cuBLAS call may add several).
         let mut ends: Vec<SmallVec<[sys::CUgraphNode; 2]>> =
             Vec::with_capacity(part.program.ops.len());
@@ -527,7 +569,35 @@ impl CudaStep {
             }
             .result()
             .map_err(driver("setting an operation's dependencies in the capture"))?;
-            self.enqueue(part, op)?;
+            let on = match collectives {
+                Some((c, (fork, _))) if op.is_collective() => {
+                    if !forked {
+                        // The collectives' stream joins the capture, waiting on what the main
+                        // stream's dependencies are now (`wait`).
+                        fork.record(&self.stream)
+                            .map_err(driver("forking the collectives' stream"))?;
+                        c.wait(fork)
+                            .map_err(driver("forking the collectives' stream"))?;
+                        forked = true;
+                    }
+                    // SAFETY: as above, on the collectives' stream, capturing since the fork.
+                    unsafe {
+                        sys::cuStreamUpdateCaptureDependencies_v2(
+                            c.cu_stream(),
+                            wait.as_mut_ptr(),
+                            std::ptr::null(),
+                            wait.len(),
+                            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES
+                                as u32,
+                        )
+                    }
+                    .result()
+                    .map_err(driver("setting a collective's dependencies in the capture"))?;
+                    c.cu_stream()
+                }
+                _ => s,
+            };
+            self.enqueue_on(part, op, on)?;
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             let mut nodes: *const sys::CUgraphNode = std::ptr::null();
             let mut count = 0usize;
@@ -535,7 +605,7 @@ impl CudaStep {
             // the next call on the stream.
             unsafe {
                 sys::cuStreamGetCaptureInfo_v3(
-                    s,
+                    on,
                     &mut status,
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
@@ -555,6 +625,13 @@ impl CudaStep {
                     .copied()
                     .collect()
             });
+        }
+        if let Some((c, (_, join))) = collectives.filter(|_| forked) {
+            join.record(c)
+                .map_err(driver("joining the collectives' stream"))?;
+            self.stream
+                .wait(join)
+                .map_err(driver("joining the collectives' stream"))?;
         }
         Ok(())
     }
@@ -591,6 +668,11 @@ impl CudaStep {
 
     /// Enqueues one operation on the stream.
     fn enqueue(&self, part: &Part, op: &DeviceOp) -> Result<(), ExecError> {
+        self.enqueue_on(part, op, self.stream.cu_stream())
+    }
+
+    /// Enqueues one operation: a collective on stream `on`, anything else on the step's stream.
+    fn enqueue_on(&self, part: &Part, op: &DeviceOp, on: sys::CUstream) -> Result<(), ExecError> {
         let s = self.stream.cu_stream();
         if matches!(op, DeviceOp::AllReduce { .. }) && skip_all_reduces() {
             return Ok(());
@@ -669,7 +751,7 @@ impl CudaStep {
                             self.base + *offset as u64,
                             bytes / dtype.size(),
                             ty,
-                            s as *mut c_void,
+                            on as *mut c_void,
                         )
                     }
                     .map_err(|e| self.at(part, *node, "all-reducing", e))?;
@@ -696,7 +778,7 @@ impl CudaStep {
                             self.base + *from as u64,
                             self.base + *to as u64,
                             *bytes,
-                            s as *mut c_void,
+                            on as *mut c_void,
                         )
                     }
                     .map_err(|e| self.at(part, *node, "all-gathering", e))?;
