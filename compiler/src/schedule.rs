@@ -172,6 +172,8 @@ fn hasten_gradients(
         }
     }
     let d = dependences(g);
+    let mut pulled = vec![false; n];
+    pick_values_only_they_read(g, &d, outputs, &picked, &mut pulled);
     let mut left: Vec<usize> = (0..n)
         .map(|i| {
             d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
@@ -190,14 +192,96 @@ fn hasten_gradients(
             }
             out.push(NodeId(i as u32));
             for s in d.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
-                left[s.index()] -= 1;
-                if left[s.index()] == 0 && picked[s.index()] {
-                    due.push(s.index());
+                let s = s.index();
+                left[s] -= 1;
+                if !picked[s] || placed[s] {
+                    continue;
+                }
+                if left[s] == 0 {
+                    due.push(s);
+                } else if let Some(first) = pullable_deps(&d, s, &pulled, &placed) {
+                    // Only values computed for `s` are missing: they run now, then `s`.
+                    due.push(s);
+                    due.extend(first.into_iter().rev());
                 }
             }
         }
     }
     out
+}
+
+/// The unplaced dependences of `s`, in an order they can run in, when every one of them is a
+/// pulled node whose own unplaced dependences are too (recursively); `None` otherwise.
+fn pullable_deps(
+    d: &DiGraph<NodeId, ()>,
+    s: usize,
+    pulled: &[bool],
+    placed: &[bool],
+) -> Option<Vec<usize>> {
+    fn visit(
+        d: &DiGraph<NodeId, ()>,
+        v: usize,
+        pulled: &[bool],
+        placed: &[bool],
+        seen: &mut std::collections::HashSet<usize>,
+        out: &mut Vec<usize>,
+    ) -> bool {
+        for p in d.neighbors_directed(NodeIndex::new(v), Direction::Incoming) {
+            let p = p.index();
+            if placed[p] || seen.contains(&p) {
+                continue;
+            }
+            if !pulled[p] || !visit(d, p, pulled, placed, seen, out) {
+                return false;
+            }
+            seen.insert(p);
+            out.push(p);
+        }
+        true
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    visit(d, s, pulled, placed, &mut seen, &mut out).then_some(out)
+}
+
+/// Marks in `pulled` every node computed only for picked nodes (or for pulled ones): a node
+/// with operands, not a named output, all of whose readers are picked or pulled (with its
+/// kernel's other outputs). These are the recomputations a gradient reads (remat's GELU output
+/// for an MLP's weight gradient), which the traced order places after the whole backward pass:
+/// left there, they hold their gradient, the bucket it is in, and that bucket's all-reduce
+/// until the step's end. A pulled node runs right before the first reader that waits only for
+/// pulled nodes, not as soon as its operands exist (a recomputation run in the forward pass
+/// would live through it).
+fn pick_values_only_they_read(
+    g: &Graph,
+    d: &DiGraph<NodeId, ()>,
+    outputs: &[smallvec::SmallVec<[NodeId; 1]>],
+    picked: &[bool],
+    pulled: &mut [bool],
+) {
+    let Ok(topo) = petgraph::algo::toposort(d, None) else {
+        return;
+    };
+    let named: std::collections::HashSet<NodeId> = g.outputs.values().copied().collect();
+    let users = g.users();
+    for v in topo.into_iter().rev() {
+        let id = NodeId(v.index() as u32);
+        let readers = &users[id.index()];
+        if picked[id.index()]
+            || g.node(id).inputs.is_empty()
+            || readers.is_empty()
+            || named.contains(&id)
+            || !readers
+                .iter()
+                .all(|r| picked[r.index()] || pulled[r.index()])
+        {
+            continue;
+        }
+        pulled[id.index()] = true;
+        for &o in &outputs[id.index()] {
+            pulled[o.index()] = true;
+        }
+    }
 }
 
 /// `order` with every node that reads a collective's result, directly or not (the optimizer's

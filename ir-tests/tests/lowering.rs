@@ -191,3 +191,59 @@ fn one_rank_has_no_all_reduce_on_the_gpu_either() {
     };
     assert_eq!(p.counts().all_reduces, 0);
 }
+
+/// Where each collective of `exe`'s CUDA program sits: (all-reduce positions, all-gather
+/// positions).
+fn collective_positions(exe: &Executable) -> (Vec<usize>, Vec<usize>) {
+    use ingot_compiler::lower::cuda::DeviceOp;
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    let at = |f: fn(&DeviceOp) -> bool| -> Vec<usize> {
+        p.ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| f(op))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    (
+        at(|op| matches!(op, DeviceOp::AllReduce { .. })),
+        at(|op| matches!(op, DeviceOp::AllGather { .. })),
+    )
+}
+
+#[test]
+fn a_recomputed_weight_gradient_runs_in_its_layer_so_its_bucket_is_reduced_during_the_backward_pass(
+) {
+    // gpt2 in bf16 recomputes each MLP's GELU output for its weight gradient. Placed where the
+    // traced order put the recomputation (after the whole backward pass), those gradients held
+    // every weight bucket, and its all-reduce, until the step's end. Pulled into their layers,
+    // only the small f32 bucket (biases and LayerNorm gains of every layer) is left after the
+    // embedding's rows are gathered, which needs the whole backward pass.
+    let model = ingot_compiler::models::by_name("gpt2").unwrap();
+    let step = ingot_compiler::autodiff::StepOptions {
+        ranks: 2,
+        reduce_in_bf16: true,
+        ..Default::default()
+    };
+    let opts = Options {
+        precision: Some(ingot_compiler::precision::Precision::Bf16),
+        ..Options::for_target(Target::Cuda)
+    };
+    let exe = pipeline::compile_observed_with(&model, &step, &opts, &mut |_| {})
+        .unwrap()
+        .executable(Target::Cuda)
+        .unwrap();
+    exe.program().check(exe.graph(), exe.plan()).unwrap();
+    let (reduces, gathers) = collective_positions(&exe);
+    let rows = *gathers.last().expect("the embedding's rows are gathered");
+    let late = reduces.iter().filter(|&&i| i > rows).count();
+    assert!(reduces.len() >= 8, "{} all-reduces", reduces.len());
+    assert!(
+        late <= 1,
+        "{late} of {} all-reduces wait for the whole backward pass (at {reduces:?}, rows \
+         gathered at {rows})",
+        reduces.len()
+    );
+}
