@@ -122,48 +122,6 @@ impl RankGate {
     }
 }
 
-/// Holds the ranks of a group at their launch until every one has reached it, spinning (a
-/// rank thread woken by a futex can start tens of microseconds after another, and the first
-/// to launch then waits in its first collective; a thread spinning here starts within
-/// microseconds of the last to arrive), and tells each whether every rank arrived ready.
-/// A rank that never arrives (its thread died) makes the others give up after a minute.
-pub struct LaunchGate {
-    ranks: usize,
-    arrived: std::sync::atomic::AtomicUsize,
-    failed: std::sync::atomic::AtomicBool,
-}
-
-impl LaunchGate {
-    /// A gate for one launch of `ranks` ranks.
-    pub fn new(ranks: usize) -> LaunchGate {
-        LaunchGate {
-            ranks,
-            arrived: std::sync::atomic::AtomicUsize::new(0),
-            failed: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// Arrives (`ok`: ready to launch) and waits for every rank; true when all arrived ready.
-    pub fn pass(&self, ok: bool) -> bool {
-        use std::sync::atomic::Ordering;
-        if !ok {
-            self.failed.store(true, Ordering::SeqCst);
-        }
-        self.arrived.fetch_add(1, Ordering::SeqCst);
-        let start = std::time::Instant::now();
-        let mut spins = 0u32;
-        while self.arrived.load(Ordering::SeqCst) < self.ranks {
-            std::hint::spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins & 4095 == 0 && start.elapsed() > std::time::Duration::from_secs(60) {
-                self.failed.store(true, Ordering::SeqCst);
-                return false;
-            }
-        }
-        !self.failed.load(Ordering::SeqCst)
-    }
-}
-
 /// One loaded program: its executable, its device operations, each node's bytes, its kernels
 /// and its captured graph.
 struct Part {
@@ -956,41 +914,6 @@ impl CudaStep {
     /// The copies have finished when this returns, on success or failure, so the caller may
     /// reuse its buffers.
     fn run_with_inputs(&mut self, eval: bool, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
-        self.run_gated(eval, inputs, None)
-    }
-
-    /// A rank's training step of a group ([`super::ranks::GpuRanks`]): as a step with
-    /// `inputs`, launched only once every rank of the group is ready to launch its own
-    /// ([`LaunchGate`]). A rank that fails before its launch tells the gate, and then no rank
-    /// launches (a rank alone would wait in its first collective for good).
-    pub fn step_in_group(
-        &mut self,
-        inputs: &[(NodeId, &[u8])],
-        gate: &LaunchGate,
-    ) -> Result<(), ExecError> {
-        let mut passed = false;
-        let r = self.run_gated(
-            false,
-            inputs,
-            Some(&mut |ok| {
-                passed = true;
-                gate.pass(ok)
-            }),
-        );
-        if !passed {
-            gate.pass(false);
-        }
-        r
-    }
-
-    /// [`Self::run_with_inputs`], calling `gate` (if any) right before the launch: false
-    /// there means another rank failed, and nothing is launched.
-    fn run_gated(
-        &mut self,
-        eval: bool,
-        inputs: &[(NodeId, &[u8])],
-        gate: Option<&mut dyn FnMut(bool) -> bool>,
-    ) -> Result<(), ExecError> {
         let part = if eval {
             self.eval.as_ref().ok_or_else(|| ExecError::Invalid {
                 op: "eval",
@@ -1029,7 +952,7 @@ impl CudaStep {
                 break;
             }
         }
-        let r = queued.and_then(|()| self.replay(eval, gate));
+        let r = queued.and_then(|()| self.replay(eval));
         if r.is_err() {
             // Whatever failed, no copy may still read the caller's buffers after we return.
             let _ = self.stream.synchronize();
@@ -1039,11 +962,7 @@ impl CudaStep {
 
     /// Replays the training step's graph (or the evaluation step's) and waits for it; the
     /// device time is measured between two events around the replay.
-    fn replay(
-        &mut self,
-        eval: bool,
-        gate: Option<&mut dyn FnMut(bool) -> bool>,
-    ) -> Result<(), ExecError> {
+    fn replay(&mut self, eval: bool) -> Result<(), ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         let part = if eval {
             self.eval.as_ref()
@@ -1056,14 +975,6 @@ impl CudaStep {
                 what: "running the step".into(),
                 reason: "the step was not captured".into(),
             })?;
-        if let Some(gate) = gate {
-            if !gate(true) {
-                return Err(ExecError::Device {
-                    what: "running the step".into(),
-                    reason: "another rank of the group failed before launching its step".into(),
-                });
-            }
-        }
         self.start
             .record(&self.stream)
             .map_err(driver("recording an event"))?;
@@ -1200,7 +1111,7 @@ impl StepExecutor for CudaStep {
     /// Replays the step's graph and waits for it; the step's device time is measured between
     /// two events around the replay.
     fn step(&mut self) -> Result<(), ExecError> {
-        self.replay(false, None)
+        self.replay(false)
     }
 
     fn allocated_bytes(&self) -> usize {
@@ -1241,47 +1152,4 @@ impl Drop for CudaStep {
 pub fn skip_all_reduces() -> bool {
     static SKIP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SKIP.get_or_init(|| std::env::var("INGOT_SKIP_ALL_REDUCES").is_ok_and(|v| v == "1"))
-}
-
-#[cfg(test)]
-mod launch_gate_tests {
-    use super::LaunchGate;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[test]
-    fn a_launch_gate_lets_no_rank_through_before_every_rank_arrives() {
-        let gate = LaunchGate::new(3);
-        let through = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for r in 0..3 {
-                let (gate, through) = (&gate, &through);
-                s.spawn(move || {
-                    if r == 2 {
-                        // The last rank comes late: nobody may have passed yet.
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                        assert_eq!(through.load(Ordering::SeqCst), 0);
-                    }
-                    assert!(gate.pass(true));
-                    through.fetch_add(1, Ordering::SeqCst);
-                });
-            }
-        });
-        assert_eq!(through.load(Ordering::SeqCst), 3);
-    }
-
-    #[test]
-    fn a_rank_that_fails_before_its_launch_stops_every_rank() {
-        let gate = LaunchGate::new(2);
-        let passed: Vec<bool> = std::thread::scope(|s| {
-            let h: Vec<_> = [true, false]
-                .into_iter()
-                .map(|ok| {
-                    let gate = &gate;
-                    s.spawn(move || gate.pass(ok))
-                })
-                .collect();
-            h.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert_eq!(passed, vec![false, false]);
-    }
 }

@@ -8,7 +8,7 @@
 //! every rank), parameters read from rank 0 (every rank applies the same averaged gradients),
 //! and each step's loss the mean of the ranks' losses.
 
-use super::device::{CudaOptions, CudaStep, LaunchGate, RankGate};
+use super::device::{CudaOptions, CudaStep, RankGate};
 use super::nccl;
 use crate::collective::ranks::{joined, ranks_of, shard, write_shards, RankThreads};
 use crate::error::ExecError;
@@ -192,9 +192,7 @@ impl StepExecutor for GpuRanks {
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
-        let gate = LaunchGate::new(self.ranks.len());
-        self.threads
-            .on_every_rank(&mut self.ranks, |_, s| s.step_in_group(&[], &gate))
+        self.threads.on_every_rank(&mut self.ranks, |_, s| s.step())
     }
 
     fn eval_executable(&self) -> Option<&Executable> {
@@ -222,9 +220,8 @@ impl StepExecutor for GpuRanks {
             })
             .collect();
         let shards = &shards;
-        let gate = LaunchGate::new(self.ranks.len());
         self.threads
-            .on_every_rank(&mut self.ranks, |r, s| s.step_in_group(&shards[r], &gate))
+            .on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
     }
 
     fn allocated_bytes(&self) -> usize {
