@@ -173,7 +173,7 @@ fn hasten_gradients(
     }
     let d = dependences(g);
     let mut pulled = vec![false; n];
-    pick_values_only_they_read(g, &d, outputs, &picked, &mut pulled);
+    pull_values_only_they_read(g, &d, outputs, &picked, &mut pulled);
     let mut left: Vec<usize> = (0..n)
         .map(|i| {
             d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
@@ -252,7 +252,7 @@ fn pullable_deps(
 /// until the step's end. A pulled node runs right before the first reader that waits only for
 /// pulled nodes, not as soon as its operands exist (a recomputation run in the forward pass
 /// would live through it).
-fn pick_values_only_they_read(
+fn pull_values_only_they_read(
     g: &Graph,
     d: &DiGraph<NodeId, ()>,
     outputs: &[smallvec::SmallVec<[NodeId; 1]>],

@@ -556,19 +556,9 @@ impl CudaStep {
             let mut wait: SmallVec<[sys::CUgraphNode; 8]> =
                 deps.iter().flat_map(|&i| ends[i].iter().copied()).collect();
             // SAFETY: the stream is capturing; `wait` holds nodes of its graph, captured
-            // earlier; no edge data is passed.
-            unsafe {
-                sys::cuStreamUpdateCaptureDependencies_v2(
-                    s,
-                    wait.as_mut_ptr(),
-                    std::ptr::null(),
-                    wait.len(),
-                    sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES
-                        as u32,
-                )
-            }
-            .result()
-            .map_err(driver("setting an operation's dependencies in the capture"))?;
+            // earlier.
+            unsafe { set_capture_dependencies(s, &mut wait) }
+                .map_err(driver("setting an operation's dependencies in the capture"))?;
             let on = match collectives {
                 Some((c, (fork, _))) if op.is_collective() => {
                     if !forked {
@@ -581,18 +571,8 @@ impl CudaStep {
                         forked = true;
                     }
                     // SAFETY: as above, on the collectives' stream, capturing since the fork.
-                    unsafe {
-                        sys::cuStreamUpdateCaptureDependencies_v2(
-                            c.cu_stream(),
-                            wait.as_mut_ptr(),
-                            std::ptr::null(),
-                            wait.len(),
-                            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES
-                                as u32,
-                        )
-                    }
-                    .result()
-                    .map_err(driver("setting a collective's dependencies in the capture"))?;
+                    unsafe { set_capture_dependencies(c.cu_stream(), &mut wait) }
+                        .map_err(driver("setting a collective's dependencies in the capture"))?;
                     c.cu_stream()
                 }
                 _ => s,
@@ -994,6 +974,25 @@ impl CudaStep {
         self.last_seconds = Some(ms as f64 / 1e3);
         Ok(())
     }
+}
+
+/// Makes `wait` the nodes the next operation captured on `stream` depends on.
+///
+/// # Safety
+/// `stream` is capturing, and `wait` holds nodes of its capture's graph.
+unsafe fn set_capture_dependencies(
+    stream: sys::CUstream,
+    wait: &mut [sys::CUgraphNode],
+) -> Result<(), cudarc::driver::DriverError> {
+    // No edge data is passed.
+    sys::cuStreamUpdateCaptureDependencies_v2(
+        stream,
+        wait.as_mut_ptr(),
+        std::ptr::null(),
+        wait.len(),
+        sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
+    )
+    .result()
 }
 
 /// The CUDA program of `exe`; an error naming its target if it was lowered for another.
