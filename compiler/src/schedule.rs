@@ -172,8 +172,7 @@ fn hasten_gradients(
         }
     }
     let d = dependences(g);
-    let mut pulled = vec![false; n];
-    pull_values_only_they_read(g, &d, outputs, &picked, &mut pulled);
+    let pulled = values_only_they_read(g, &d, outputs, &picked);
     let mut left: Vec<usize> = (0..n)
         .map(|i| {
             d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
@@ -244,25 +243,26 @@ fn pullable_deps(
     visit(d, s, pulled, placed, &mut seen, &mut out).then_some(out)
 }
 
-/// Marks in `pulled` every node computed only for picked nodes (or for pulled ones): a node
-/// with operands, not a named output, all of whose readers are picked or pulled (with its
+/// Marks every node computed only for picked nodes (or for marked ones), which is pulled in
+/// ahead of them: a node with operands, not pinned ([`pinned`]: a leaf or named output), all
+/// of whose readers are picked or marked (with its
 /// kernel's other outputs). These are the recomputations a gradient reads (remat's GELU output
 /// for an MLP's weight gradient), which the traced order places after the whole backward pass:
 /// left there, they hold their gradient, the bucket it is in, and that bucket's all-reduce
 /// until the step's end. A pulled node runs right before the first reader that waits only for
 /// pulled nodes, not as soon as its operands exist (a recomputation run in the forward pass
 /// would live through it).
-fn pull_values_only_they_read(
+fn values_only_they_read(
     g: &Graph,
     d: &DiGraph<NodeId, ()>,
     outputs: &[smallvec::SmallVec<[NodeId; 1]>],
     picked: &[bool],
-    pulled: &mut [bool],
-) {
+) -> Vec<bool> {
+    let mut pulled = vec![false; g.len()];
     let Ok(topo) = petgraph::algo::toposort(d, None) else {
-        return;
+        return pulled;
     };
-    let named: std::collections::HashSet<NodeId> = g.outputs.values().copied().collect();
+    let pinned = pinned(g);
     let users = g.users();
     for v in topo.into_iter().rev() {
         let id = NodeId(v.index() as u32);
@@ -270,7 +270,7 @@ fn pull_values_only_they_read(
         if picked[id.index()]
             || g.node(id).inputs.is_empty()
             || readers.is_empty()
-            || named.contains(&id)
+            || pinned[id.index()]
             || !readers
                 .iter()
                 .all(|r| picked[r.index()] || pulled[r.index()])
@@ -282,6 +282,7 @@ fn pull_values_only_they_read(
             pulled[o.index()] = true;
         }
     }
+    pulled
 }
 
 /// `order` with every node that reads a collective's result, directly or not (the optimizer's
