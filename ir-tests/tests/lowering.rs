@@ -213,6 +213,30 @@ fn collective_positions(exe: &Executable) -> (Vec<usize>, Vec<usize>) {
     )
 }
 
+/// gpt2 compiled for two ranks in bf16, its gradients reduced in bf16, lowered for CUDA and
+/// checked; compiled once for the tests that read it.
+fn gpt2_two_ranks_bf16() -> &'static Executable {
+    static EXE: std::sync::OnceLock<Executable> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let model = ingot_compiler::models::by_name("gpt2").unwrap();
+        let step = ingot_compiler::autodiff::StepOptions {
+            ranks: 2,
+            reduce_in_bf16: true,
+            ..Default::default()
+        };
+        let opts = Options {
+            precision: Some(ingot_compiler::precision::Precision::Bf16),
+            ..Options::for_target(Target::Cuda)
+        };
+        let exe = pipeline::compile_observed_with(&model, &step, &opts, &mut |_| {})
+            .unwrap()
+            .executable(Target::Cuda)
+            .unwrap();
+        exe.program().check(exe.graph(), exe.plan()).unwrap();
+        exe
+    })
+}
+
 #[test]
 fn a_recomputed_weight_gradient_runs_in_its_layer_so_its_bucket_is_reduced_during_the_backward_pass(
 ) {
@@ -221,22 +245,8 @@ fn a_recomputed_weight_gradient_runs_in_its_layer_so_its_bucket_is_reduced_durin
     // every weight bucket, and its all-reduce, until the step's end. Pulled into their layers,
     // only the small f32 bucket (biases and LayerNorm gains of every layer) is left after the
     // embedding's rows are gathered, which needs the whole backward pass.
-    let model = ingot_compiler::models::by_name("gpt2").unwrap();
-    let step = ingot_compiler::autodiff::StepOptions {
-        ranks: 2,
-        reduce_in_bf16: true,
-        ..Default::default()
-    };
-    let opts = Options {
-        precision: Some(ingot_compiler::precision::Precision::Bf16),
-        ..Options::for_target(Target::Cuda)
-    };
-    let exe = pipeline::compile_observed_with(&model, &step, &opts, &mut |_| {})
-        .unwrap()
-        .executable(Target::Cuda)
-        .unwrap();
-    exe.program().check(exe.graph(), exe.plan()).unwrap();
-    let (reduces, gathers) = collective_positions(&exe);
+    let exe = gpt2_two_ranks_bf16();
+    let (reduces, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");
     let late = reduces.iter().filter(|&&i| i > rows).count();
     assert!(reduces.len() >= 8, "{} all-reduces", reduces.len());
@@ -245,5 +255,120 @@ fn a_recomputed_weight_gradient_runs_in_its_layer_so_its_bucket_is_reduced_durin
         "{late} of {} all-reduces wait for the whole backward pass (at {reduces:?}, rows \
          gathered at {rows})",
         reduces.len()
+    );
+}
+
+#[test]
+fn an_update_of_a_reduced_bucket_runs_one_collective_after_its_all_reduce_inside_the_backward_pass()
+{
+    // Deferred to the step's end, the updates of every bucket (Adam over 124M parameters) ran
+    // on the tail with nothing to overlap them. One collective late, an update waits for the
+    // all-reduce after its own to be launched, and comes before the step's last collective.
+    use ingot_compiler::ir::Op;
+    use ingot_compiler::lower::cuda::DeviceOp;
+    let exe = gpt2_two_ranks_bf16();
+    let g = exe.graph();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    let collectives: Vec<(usize, ingot_compiler::ir::NodeId)> = p
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            DeviceOp::AllReduce { node, .. } | DeviceOp::AllGather { node, .. } => Some((i, *node)),
+            _ => None,
+        })
+        .collect();
+    let last = collectives.last().expect("collectives").0;
+    // Where each kernel's node is launched.
+    let launched: std::collections::HashMap<ingot_compiler::ir::NodeId, usize> = p
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            DeviceOp::Launch { node, .. } => Some((*node, i)),
+            _ => None,
+        })
+        .collect();
+    let reads = |reader: ingot_compiler::ir::NodeId, c: ingot_compiler::ir::NodeId| {
+        g.node(reader).inputs.iter().any(|&x| {
+            x == c || matches!(g.node(x).op, Op::Result { .. }) && g.node(x).inputs[0] == c
+        })
+    };
+    let mut checked = 0;
+    for (k, &(at, c)) in collectives.iter().enumerate() {
+        if !matches!(g.node(c).op, Op::AllReduce { .. }) || k + 2 >= collectives.len() {
+            continue;
+        }
+        let next = collectives[k + 1].0;
+        let readers: Vec<usize> = g
+            .ids()
+            .filter(|&r| reads(r, c))
+            .filter_map(|r| launched.get(&r).copied())
+            .collect();
+        assert!(!readers.is_empty(), "the all-reduce at {at} has no update");
+        for r in readers {
+            assert!(
+                next < r && r < last,
+                "an update of the all-reduce at {at} runs at {r}: not between the next \
+                 collective ({next}) and the last ({last})"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 40, "{checked} updates checked");
+}
+
+#[test]
+fn reduced_in_bf16_the_embeddings_rows_are_gathered_in_bf16_and_summed_in_f32() {
+    use ingot_compiler::ir::{DType, Op};
+    let exe = gpt2_two_ranks_bf16();
+    let g = exe.graph();
+    // The gathers: the ids (integers) and the rows.
+    let rows: Vec<_> = g
+        .ids()
+        .filter(|&id| matches!(g.node(id).op, Op::AllGather { .. }))
+        .filter(|&id| !matches!(g.ty(id).dtype, DType::I32 | DType::I64))
+        .collect();
+    assert_eq!(rows.len(), 1, "one gather of rows");
+    assert_eq!(g.ty(rows[0]).dtype, DType::BF16);
+    // Each reader widens them back: the embedding's sum adds f32 rows, as on one rank.
+    let users = g.users();
+    for &u in &users[rows[0].index()] {
+        assert_eq!(g.ty(u).dtype, DType::F32, "{:?}", g.node(u).op.name());
+    }
+}
+
+#[test]
+fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder() {
+    // As DDP's: every bf16 bucket but the last is full (more than half the 25 MiB cap: the
+    // next gradient did not fit), and the last, all-reduced at the end of the backward pass,
+    // holds what is left.
+    use ingot_compiler::ir::DType;
+    use ingot_compiler::lower::cuda::DeviceOp;
+    let exe = gpt2_two_ranks_bf16();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    let bytes: Vec<usize> = p
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            DeviceOp::AllReduce {
+                bytes,
+                dtype: DType::BF16,
+                ..
+            } => Some(*bytes),
+            _ => None,
+        })
+        .collect();
+    let cap = ingot_compiler::autodiff::buckets::BUCKET_BYTES;
+    let (&last, full) = bytes.split_last().expect("bf16 buckets");
+    assert!(full.len() >= 7, "{bytes:?}");
+    assert!(full.iter().all(|&b| 2 * b > cap), "{bytes:?}");
+    assert!(
+        last < cap / 4,
+        "the last bucket holds {last} bytes: {bytes:?}"
     );
 }

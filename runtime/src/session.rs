@@ -492,6 +492,17 @@ impl Session {
         }
     }
 
+    /// Replays the step `replays` times as a graph with a timestamp after each operation
+    /// ([`CudaStep::timeline`]; on several GPUs every rank at once) and returns every rank's
+    /// stamps in nanoseconds, rank 0 first; `None` off the GPU or in a process of a torchrun job.
+    pub fn timeline_gpu(&mut self, replays: usize) -> Option<Result<Vec<Vec<u64>>, ExecError>> {
+        match &mut self.exe {
+            Backend::Cuda(c) => Some(c.timeline(replays).map(|t| vec![t])),
+            Backend::CudaRanks(r) => Some(r.timeline(replays)),
+            Backend::Cpu(_) | Backend::CpuRanks(_) | Backend::CudaProcess(_) => None,
+        }
+    }
+
     /// The step loaded on the GPU, if the session runs there (for its memory measurements);
     /// rank 0's on several GPUs.
     pub fn cuda(&self) -> Option<&CudaStep> {

@@ -33,8 +33,12 @@ pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
 /// gradient node) over `ranks` ranks in buckets of at most `cap` bytes (a gradient larger than
 /// `cap` is a bucket of its own). Returns the averaged gradient of each parameter, in the same
 /// order. One rank (or zero, the default) returns `grads` unchanged and adds no node. With
-/// `in_bf16`, a gradient that is a bf16 value widened to f32 is averaged as that bf16 value
-/// and widened after ([`super::StepOptions::reduce_in_bf16`]).
+/// `in_bf16` ([`super::StepOptions::reduce_in_bf16`]), what a bf16 computation made crosses
+/// between the ranks in bf16: a gradient that is a bf16 value widened to f32 is averaged as
+/// that bf16 value, and an f32 operand of a gathered sum (an embedding's rows: the gradient of
+/// a bf16 model's residual stream) is gathered in bf16; each is widened back to f32 after.
+/// A gradient computed in f32 (a bias's column sum) is all-reduced in f32: narrowing it would
+/// cost a kernel of its own per gradient, as the sum's kernel cannot store it narrowed.
 pub fn all_reduce_buckets(
     g: &mut Graph,
     grads: &[NodeId],
@@ -44,35 +48,6 @@ pub fn all_reduce_buckets(
 ) -> Result<Vec<NodeId>> {
     if ranks <= 1 {
         return Ok(grads.to_vec());
-    }
-    if in_bf16 {
-        // Average the bf16 values, then widen the means as the gradients were widened.
-        let mut narrow = Vec::with_capacity(grads.len());
-        for &x in grads {
-            narrow.push(bf16_source(g, x)?.unwrap_or(x));
-        }
-        let means = all_reduce_buckets(g, &narrow, ranks, cap, false)?;
-        let mut widened = std::collections::HashMap::new();
-        let mut out = Vec::with_capacity(grads.len());
-        for ((&x, &n), mean) in grads.iter().zip(&narrow).zip(means) {
-            if n == x {
-                out.push(mean);
-                continue;
-            }
-            let w = match widened.get(&mean) {
-                Some(&w) => w,
-                None => {
-                    let ty = g.ty(x).clone();
-                    let w = g.with_origin(g.origin(x).clone(), |g| {
-                        g.push(Op::Convert, &[mean], Some(ty))
-                    })?;
-                    widened.insert(mean, w);
-                    w
-                }
-            };
-            out.push(w);
-        }
-        return Ok(out);
     }
     // Gradients made from gathered operands; a pass may make an operand gathered that makes
     // another gradient free to gather (the embeddings' gradients read the same rows), so the
@@ -85,7 +60,7 @@ pub fn all_reduce_buckets(
             if averaged.contains_key(&x) {
                 continue;
             }
-            if let Some(y) = gathered(g, x, ranks, &mut sent)? {
+            if let Some(y) = gathered(g, x, ranks, in_bf16, &mut sent)? {
                 averaged.insert(x, y);
                 more = true;
             }
@@ -94,29 +69,54 @@ pub fn all_reduce_buckets(
             break;
         }
     }
-    let mut order: Vec<NodeId> = grads
-        .iter()
-        .copied()
-        .filter(|x| !averaged.contains_key(x))
-        .collect();
-    order.sort();
-    order.dedup();
-    let mut buckets: Vec<Vec<NodeId>> = Vec::new();
-    let mut bytes = 0usize;
-    for &x in &order {
-        let b = g.ty(x).bytes();
-        let fits = buckets.last().is_some_and(|last| {
-            g.ty(last[0]).dtype == g.ty(x).dtype && bytes.saturating_add(b) <= cap
-        });
-        if fits {
-            buckets.last_mut().expect("checked").push(x);
-            bytes += b;
-        } else {
-            buckets.push(vec![x]);
-            bytes = b;
+    // What each bucketed gradient is all-reduced as: in bf16, the bf16 value it widens.
+    let mut sent_as = std::collections::HashMap::new();
+    for &x in grads {
+        if averaged.contains_key(&x) || sent_as.contains_key(&x) {
+            continue;
         }
+        let n = match in_bf16 {
+            true => bf16_source(g, x)?.unwrap_or(x),
+            false => x,
+        };
+        sent_as.insert(x, n);
     }
-    let mut reduced = averaged;
+    // Buckets fill in the order the backward pass produces the gradients (their node order),
+    // not the order of the values sent (a narrowing is a node made after all of them).
+    let mut order: Vec<(NodeId, NodeId)> = sent_as.iter().map(|(&x, &n)| (x, n)).collect();
+    order.sort();
+    let mut seen = std::collections::HashSet::new();
+    let order: Vec<NodeId> = order
+        .into_iter()
+        .map(|(_, n)| n)
+        .filter(|&n| seen.insert(n))
+        .collect();
+    // One bucket open per dtype (a collective has one); a full one closes and the next opens.
+    // The buckets are then numbered by when their last gradient is produced.
+    let mut buckets: Vec<Vec<NodeId>> = Vec::new();
+    let mut open: Vec<(crate::ir::DType, Vec<NodeId>, usize)> = Vec::new();
+    for &x in &order {
+        let (dtype, b) = (g.ty(x).dtype, g.ty(x).bytes());
+        let k = match open.iter().position(|o| o.0 == dtype) {
+            Some(k) => k,
+            None => {
+                open.push((dtype, Vec::new(), 0));
+                open.len() - 1
+            }
+        };
+        let o = &mut open[k];
+        if !o.1.is_empty() && o.2.saturating_add(b) > cap {
+            buckets.push(std::mem::take(&mut o.1));
+            o.2 = 0;
+        }
+        o.1.push(x);
+        o.2 += b;
+    }
+    buckets.extend(open.into_iter().map(|o| o.1).filter(|b| !b.is_empty()));
+    let rank_of: std::collections::HashMap<NodeId, usize> =
+        order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    buckets.sort_by_key(|b| b.last().map(|n| rank_of[n]));
+    let mut reduced = std::collections::HashMap::new();
     for (k, bucket) in buckets.iter().enumerate() {
         g.scoped(&format!("all-reduce bucket {k}"), |g| -> Result<()> {
             let node = g.push(Op::AllReduce { ranks }, bucket, None)?;
@@ -128,7 +128,47 @@ pub fn all_reduce_buckets(
             Ok(())
         })?;
     }
-    Ok(grads.iter().map(|x| reduced[x]).collect())
+    // Each mean widened back to its gradient's type, once per mean.
+    let mut widened = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(grads.len());
+    for &x in grads {
+        if let Some(&y) = averaged.get(&x) {
+            out.push(y);
+            continue;
+        }
+        let mean = reduced[&sent_as[&x]];
+        if g.ty(mean).dtype == g.ty(x).dtype {
+            out.push(mean);
+            continue;
+        }
+        let w = match widened.get(&mean) {
+            Some(&w) => w,
+            None => {
+                let w = widen(g, mean, g.ty(x).clone(), x)?;
+                widened.insert(mean, w);
+                w
+            }
+        };
+        out.push(w);
+    }
+    Ok(out)
+}
+
+/// `x` (an f32 value) narrowed to bf16 for the wire, with `x`'s origin; other types unchanged.
+fn narrowed(g: &mut Graph, x: NodeId) -> Result<NodeId> {
+    if g.ty(x).dtype != crate::ir::DType::F32 {
+        return Ok(x);
+    }
+    let mut ty = g.ty(x).clone();
+    ty.dtype = crate::ir::DType::BF16;
+    g.with_origin(g.origin(x).clone(), |g| g.push(Op::Convert, &[x], Some(ty)))
+}
+
+/// `v` converted to `ty` (a bf16 mean or gathered value back to f32), with `like`'s origin.
+fn widen(g: &mut Graph, v: NodeId, ty: crate::ir::TensorType, like: NodeId) -> Result<NodeId> {
+    g.with_origin(g.origin(like).clone(), |g| {
+        g.push(Op::Convert, &[v], Some(ty))
+    })
 }
 
 /// The mean over the ranks of gradient `x`, computed on every rank from its operands gathered
@@ -141,11 +181,13 @@ pub fn all_reduce_buckets(
 /// rank receives `(ranks - 1) * b`; a ring all-reduce of `n` bytes, `2 * (ranks - 1) / ranks
 /// * n`. So the operands are gathered when `ranks * b < 2 * n`, `b` counting only operands not
 /// gathered yet. The op then runs over `ranks` times the rows (on gpt2, the embedding's
-/// `scatter_add` over 16,384 positions instead of 8,192).
+/// `scatter_add` over 16,384 positions instead of 8,192). With `in_bf16`, an f32 operand is
+/// gathered as bf16 (half the bytes) and widened after, so the op still sums f32 rows.
 pub fn gathered(
     g: &mut Graph,
     x: NodeId,
     ranks: usize,
+    in_bf16: bool,
     sent: &mut std::collections::HashMap<NodeId, NodeId>,
 ) -> Result<Option<NodeId>> {
     // Reshapes of the sum (a broadcast parameter's gradient, `[1, T, d]` read as `[T, d]`)
@@ -168,11 +210,15 @@ pub fn gathered(
     if !sums_rows {
         return Ok(None);
     }
+    let wire_bytes = |g: &Graph, i: NodeId| match (in_bf16, g.ty(i).dtype) {
+        (true, crate::ir::DType::F32) => g.ty(i).bytes() / 2,
+        _ => g.ty(i).bytes(),
+    };
     let new_bytes: usize = node
         .inputs
         .iter()
         .filter(|i| !sent.contains_key(i))
-        .map(|&i| g.ty(i).bytes())
+        .map(|&i| wire_bytes(g, i))
         .sum();
     if new_bytes.saturating_mul(ranks) >= node.ty.bytes().saturating_mul(2) {
         return Ok(None);
@@ -183,8 +229,15 @@ pub fn gathered(
         for &v in &node.inputs {
             let all = match sent.get(&v) {
                 Some(&all) => all,
-                None => g.scoped(&format!("all-gather for {origin}"), |g| {
-                    g.push(Op::AllGather { ranks }, &[v], None)
+                None => g.scoped(&format!("all-gather for {origin}"), |g| -> Result<NodeId> {
+                    let wire = if in_bf16 { narrowed(g, v)? } else { v };
+                    let all = g.push(Op::AllGather { ranks }, &[wire], None)?;
+                    if wire == v {
+                        return Ok(all);
+                    }
+                    let mut ty = g.ty(all).clone();
+                    ty.dtype = g.ty(v).dtype;
+                    g.push(Op::Convert, &[all], Some(ty))
                 })?,
             };
             sent.insert(v, all);

@@ -400,10 +400,10 @@ impl CudaStep {
         step.connect_collectives()?;
         let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
         step.memory.collectives = before.saturating_sub(free_after);
-        let graph = step.capture(&step.main)?;
+        let graph = step.capture(&step.main, None)?;
         step.main.exec = Some(graph);
         if let Some(eval) = &step.eval {
-            let graph = step.capture(eval)?;
+            let graph = step.capture(eval, None)?;
             step.eval.as_mut().expect("loaded").exec = Some(graph);
         }
         let (free_graph, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
@@ -483,8 +483,9 @@ impl CudaStep {
         self.opts
     }
 
-    /// Records every operation of `part` on the stream, in capture mode, into one graph.
-    fn capture(&self, part: &Part) -> Result<CudaGraph, ExecError> {
+    /// Records every operation of `part` on the stream, in capture mode, into one graph; with
+    /// `stamps`, a timestamp after each ([`super::timeline`]).
+    fn capture(&self, part: &Part, stamps: Option<&Stamps>) -> Result<CudaGraph, ExecError> {
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         // Thread-local mode: a call that could allocate or synchronise fails the capture when
         // this thread makes it, as a step must make none. Other threads are not held to it:
@@ -507,11 +508,11 @@ impl CudaStep {
         self.stream
             .begin_capture(mode)
             .map_err(driver("starting the step's graph capture"))?;
-        let recorded = self.record(part, events.as_ref());
+        let recorded = self.record(part, events.as_ref(), stamps);
         // The capture is ended whatever happened, so the stream is usable (and the error, the
         // first one, is what is reported). Kernel nodes keep the priority of the stream they
         // were captured from (the collectives' is the highest).
-        let flags = match &self.collectives {
+        let flags = match self.collectives.as_ref().or(stamps.map(|s| &s.stream)) {
             Some(_) => sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY,
             None => sys::CUgraphInstantiate_flags(0),
         };
@@ -539,8 +540,9 @@ impl CudaStep {
         &self,
         part: &Part,
         events: Option<&(CudaEvent, CudaEvent)>,
+        stamps: Option<&Stamps>,
     ) -> Result<(), ExecError> {
-        if self.opts.serial {
+        if self.opts.serial && stamps.is_none() {
             for op in &part.program.ops {
                 self.enqueue(part, op)?;
             }
@@ -549,6 +551,23 @@ impl CudaStep {
         let s = self.stream.cu_stream();
         let collectives = self.collectives.as_ref().zip(events);
         let mut forked = false;
+        if let Some(st) = stamps {
+            // The stamps' stream joins the capture with no dependency; its first stamp is the
+            // graph's start.
+            let fork = self
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(driver("creating an event"))?;
+            fork.record(&self.stream)
+                .map_err(driver("forking the stamps' stream"))?;
+            st.stream
+                .wait(&fork)
+                .map_err(driver("forking the stamps' stream"))?;
+            // SAFETY: the stamps' stream is capturing since the fork.
+            unsafe { set_capture_dependencies(st.stream.cu_stream(), &mut []) }
+                .map_err(driver("setting a stamp's dependencies in the capture"))?;
+            st.stamp(0)?;
+        }
         // The graph nodes each operation's capture ended with (a cuBLAS call may add several).
         let mut ends: Vec<SmallVec<[sys::CUgraphNode; 2]>> =
             Vec::with_capacity(part.program.ops.len());
@@ -605,6 +624,25 @@ impl CudaStep {
                     .copied()
                     .collect()
             });
+            if let Some(st) = stamps {
+                let mut after: SmallVec<[sys::CUgraphNode; 8]> =
+                    ends.last().into_iter().flatten().copied().collect();
+                // SAFETY: as above, on the stamps' stream, capturing since the fork.
+                unsafe { set_capture_dependencies(st.stream.cu_stream(), &mut after) }
+                    .map_err(driver("setting a stamp's dependencies in the capture"))?;
+                st.stamp(ends.len())?;
+            }
+        }
+        if let Some(st) = stamps {
+            let join = self
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(driver("creating an event"))?;
+            join.record(&st.stream)
+                .map_err(driver("joining the stamps' stream"))?;
+            self.stream
+                .wait(&join)
+                .map_err(driver("joining the stamps' stream"))?;
         }
         if let Some((c, (_, join))) = collectives.filter(|_| forked) {
             join.record(c)
@@ -644,6 +682,59 @@ impl CudaStep {
             .windows(2)
             .map(|w| w[0].elapsed_ms(&w[1]).map_err(driver("timing")))
             .collect()
+    }
+
+    /// Replays the training step `replays` times as a graph captured with a timestamp after
+    /// each operation ([`super::timeline`]) and returns the last replay's stamps in nanoseconds:
+    /// the graph's start, then each operation's end, in program order. The stamps' buffer is a
+    /// diagnostic's allocation outside the plan, freed before returning; the leaves' values
+    /// change as in a step.
+    pub fn timeline(&mut self, replays: usize) -> Result<Vec<u64>, ExecError> {
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        let slots = self.main.program.ops.len() + 1;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(super::timeline::STAMP_PTX))
+            .map_err(driver("loading the stamp kernel"))?;
+        let function = module
+            .load_function(super::timeline::STAMP_KERNEL)
+            .map_err(driver("finding the stamp kernel"))?;
+        let (_, highest) =
+            result::stream::get_priority_range().map_err(driver("reading stream priorities"))?;
+        let stream = self
+            .ctx
+            .new_stream_with_priority(highest)
+            .map_err(driver("creating the stamps' stream"))?;
+        // SAFETY: a fresh allocation of `slots` u64s, freed below on every path.
+        let base = unsafe { result::malloc_sync(slots * 8) }
+            .map_err(driver("allocating the timeline's stamps"))?;
+        let stamps = Stamps {
+            stream,
+            function,
+            base,
+        };
+        let run = || -> Result<Vec<u64>, ExecError> {
+            let graph = self.capture(&self.main, Some(&stamps))?;
+            for _ in 0..replays.max(1) {
+                graph
+                    .launch()
+                    .map_err(driver("launching the timeline's graph"))?;
+            }
+            self.stream
+                .synchronize()
+                .map_err(driver("running the timeline's graph"))?;
+            let mut out = vec![0u64; slots];
+            // SAFETY: `base` holds `slots` u64s; the stream that wrote them has finished.
+            unsafe { result::memcpy_dtoh_sync(&mut out, base) }
+                .map_err(driver("reading the timeline's stamps"))?;
+            Ok(out)
+        };
+        let out = run();
+        // SAFETY: allocated above; the graph that wrote it is dropped and the stream idle.
+        let freed = unsafe { result::free_sync(base) }.map_err(driver("freeing the stamps"));
+        let out = out?;
+        freed?;
+        Ok(out)
     }
 
     /// Enqueues one operation on the stream.
@@ -973,6 +1064,34 @@ impl CudaStep {
             .map_err(driver("timing the step"))?;
         self.last_seconds = Some(ms as f64 / 1e3);
         Ok(())
+    }
+}
+
+/// A timeline capture's stamps ([`super::timeline`]): the kernel, the highest-priority stream
+/// it is captured on, and the buffer of one u64 slot per stamp.
+struct Stamps {
+    stream: Arc<CudaStream>,
+    function: CudaFunction,
+    base: sys::CUdeviceptr,
+}
+
+impl Stamps {
+    /// Captures stamp `slot` on the stamps' stream, after its current capture dependencies.
+    fn stamp(&self, slot: usize) -> Result<(), ExecError> {
+        let mut addr = self.base + 8 * slot as u64;
+        let mut params = [&mut addr as *mut u64 as *mut c_void];
+        // SAFETY: the kernel takes one device pointer; `slot` lies inside the buffer.
+        unsafe {
+            result::launch_kernel(
+                self.function.cu_function(),
+                (1, 1, 1),
+                (1, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(driver("capturing a stamp"))
     }
 }
 

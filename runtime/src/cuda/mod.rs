@@ -11,7 +11,8 @@
 //! - [`libsearch`]: finding a library PyTorch's Python packages hold, and loading it;
 //! - [`nccl`]: NCCL, found and bound at run time;
 //! - [`ranks`]: the GPUs of a data-parallel step, one rank each, averaging over NCCL;
-//! - [`process`]: one rank of a job of one process per GPU (`--torchrun`).
+//! - [`process`]: one rank of a job of one process per GPU (`--torchrun`);
+//! - [`timeline`]: where time goes inside the step's graph, from a stamp after each operation.
 
 pub mod device;
 pub mod kernel_check;
@@ -22,6 +23,7 @@ pub mod process;
 pub mod ptx;
 pub mod ranks;
 pub mod require;
+pub mod timeline;
 
 pub use device::{available, CudaOptions, CudaStep, DeviceMemory};
 pub use pinned::PinnedBuffer;

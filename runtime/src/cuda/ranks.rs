@@ -174,6 +174,31 @@ impl GpuRanks {
     }
 }
 
+impl GpuRanks {
+    /// Every rank replays its step as a graph with a timestamp after each operation
+    /// ([`CudaStep::timeline`]), all ranks at once so that their collectives meet; returns each
+    /// rank's stamps, rank 0 first.
+    pub fn timeline(&mut self, replays: usize) -> Result<Vec<Vec<u64>>, ExecError> {
+        let n = self.ranks.len();
+        let out: std::sync::Mutex<Vec<Option<Vec<u64>>>> = std::sync::Mutex::new(vec![None; n]);
+        self.threads.on_every_rank(&mut self.ranks, |r, s| {
+            let t = s.timeline(replays)?;
+            out.lock().unwrap_or_else(|p| p.into_inner())[r] = Some(t);
+            Ok(())
+        })?;
+        out.into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .into_iter()
+            .map(|t| {
+                t.ok_or_else(|| ExecError::Invalid {
+                    op: "timeline",
+                    reason: "a rank returned no stamps".into(),
+                })
+            })
+            .collect()
+    }
+}
+
 impl StepExecutor for GpuRanks {
     fn graph(&self) -> &Graph {
         self.ranks[0].graph()
