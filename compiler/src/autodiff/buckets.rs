@@ -91,12 +91,26 @@ pub fn all_reduce_buckets(
         .map(|(_, n)| n)
         .filter(|&n| seen.insert(n))
         .collect();
-    // One bucket open per dtype (a collective has one); a full one closes and the next opens.
-    // The buckets are then numbered by when their last gradient is produced.
+    // One bucket open per dtype (a collective has one). A full one closes, and the other
+    // dtypes' open buckets close with it: a few small f32 gradients (biases, LayerNorm gains)
+    // made beside bf16 ones would otherwise share one bucket over the whole backward pass, all
+    // reduced, and all updated, after it. The buckets are then numbered by when their last
+    // gradient is made.
     let mut buckets: Vec<Vec<NodeId>> = Vec::new();
     let mut open: Vec<(crate::ir::DType, Vec<NodeId>, usize)> = Vec::new();
     for &x in &order {
         let (dtype, b) = (g.ty(x).dtype, g.ty(x).bytes());
+        let full = open
+            .iter()
+            .any(|o| o.0 == dtype && !o.1.is_empty() && o.2.saturating_add(b) > cap);
+        if full {
+            for o in &mut open {
+                if !o.1.is_empty() {
+                    buckets.push(std::mem::take(&mut o.1));
+                    o.2 = 0;
+                }
+            }
+        }
         let k = match open.iter().position(|o| o.0 == dtype) {
             Some(k) => k,
             None => {
@@ -104,13 +118,8 @@ pub fn all_reduce_buckets(
                 open.len() - 1
             }
         };
-        let o = &mut open[k];
-        if !o.1.is_empty() && o.2.saturating_add(b) > cap {
-            buckets.push(std::mem::take(&mut o.1));
-            o.2 = 0;
-        }
-        o.1.push(x);
-        o.2 += b;
+        open[k].1.push(x);
+        open[k].2 += b;
     }
     buckets.extend(open.into_iter().map(|o| o.1).filter(|b| !b.is_empty()));
     let rank_of: std::collections::HashMap<NodeId, usize> =
