@@ -160,11 +160,24 @@ fn hasten_gradients(
 ) -> Vec<NodeId> {
     let n = g.len();
     let mut picked = vec![false; n];
+    // Operands an all-gather sends: their readers sum them and update on the step's tail, so
+    // where several picked nodes are due, these go first (an embedding's rows before the
+    // first layer's small f32 gradients, whose all-reduce would otherwise hold the gather).
+    let mut gathered = vec![false; n];
     for id in g.ids() {
         if g.node(id).op.is_collective() {
+            let gather = matches!(g.node(id).op, Op::AllGather { .. });
             for &x in &g.node(id).inputs {
-                let w = g.writer(x);
+                // The kernel that writes the operand, under the reshapes a collective may read
+                // it through (a LayerNorm gain's `[1, 1, d]` sum sent as `[d]`).
+                let mut v = x;
+                while let Op::Reshape = g.node(v).op {
+                    picked[v.index()] = true;
+                    v = g.node(v).inputs[0];
+                }
+                let w = g.writer(v);
                 picked[w.index()] = true;
+                gathered[w.index()] |= gather;
                 for &o in &outputs[w.index()] {
                     picked[o.index()] = true;
                 }
@@ -185,7 +198,17 @@ fn hasten_gradients(
     due.reverse();
     for id in order {
         let mut next = Some(id.index());
-        while let Some(i) = next.take().or_else(|| due.pop()) {
+        let first_gathered = |due: &mut Vec<usize>, placed: &[bool], left: &[usize]| {
+            let k = due
+                .iter()
+                .rposition(|&i| gathered[i] && !placed[i] && left[i] == 0)?;
+            Some(due.remove(k))
+        };
+        while let Some(i) = next
+            .take()
+            .or_else(|| first_gathered(&mut due, &placed, &left))
+            .or_else(|| due.pop())
+        {
             if std::mem::replace(&mut placed[i], true) {
                 continue;
             }

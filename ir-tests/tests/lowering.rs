@@ -405,3 +405,17 @@ fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder
         "one f32 bucket holds a quarter of them: {f32s:?}"
     );
 }
+
+#[test]
+fn the_embeddings_rows_are_gathered_before_the_first_layers_small_gradients_are_reduced() {
+    // Both are ready as the backward pass ends. The rows' readers (a scatter-add over 16,384
+    // positions, then Adam over the 50,304-row table) are the step's longest tail; the small
+    // f32 all-reduce ahead of them would hold the gather for NCCL's latency.
+    let (reduces, gathers) = collective_positions(gpt2_two_ranks_bf16());
+    let rows = *gathers.last().expect("the embedding's rows are gathered");
+    let last = *reduces.last().expect("all-reduces");
+    assert!(
+        rows < last,
+        "rows gathered at {rows}, after the last all-reduce at {last}"
+    );
+}
