@@ -367,7 +367,7 @@ fn lag_collective_readers(
     let deferred: Vec<bool> = gate.iter().map(Option::is_some).collect();
     let d = dependences(g);
     // A collective stays where the backward pass launches it, though only readers read it.
-    let pulled = values_only_they_read(g, &d, outputs, &deferred, |id| reduced(id));
+    let pulled = values_only_they_read(g, &d, outputs, &deferred, reduced);
     let mut placed = vec![false; n];
     let mut out = Vec::with_capacity(order.len());
     let mut waiting: Vec<usize> = order

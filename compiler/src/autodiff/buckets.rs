@@ -187,11 +187,12 @@ fn widen(g: &mut Graph, v: NodeId, ty: crate::ir::TensorType, like: NodeId) -> R
 /// which later gradients reuse at no cost.
 ///
 /// Cheaper is counted in bytes each rank receives: an all-gather of operands of `b` bytes a
-/// rank receives `(ranks - 1) * b`; a ring all-reduce of `n` bytes, `2 * (ranks - 1) / ranks
-/// * n`. So the operands are gathered when `ranks * b < 2 * n`, `b` counting only operands not
-/// gathered yet. The op then runs over `ranks` times the rows (on gpt2, the embedding's
-/// `scatter_add` over 16,384 positions instead of 8,192). With `in_bf16`, an f32 operand is
-/// gathered as bf16 (half the bytes) and widened after, so the op still sums f32 rows.
+/// rank receives `(ranks - 1) * b`; a ring all-reduce of `n` bytes,
+/// `2 * (ranks - 1) / ranks * n`. So the operands are gathered when `ranks * b < 2 * n`, `b`
+/// counting only operands not gathered yet, as sent. The op then runs over `ranks` times the
+/// rows (on gpt2, the embedding's `scatter_add` over 16,384 positions instead of 8,192). With
+/// `in_bf16`, an f32 operand is sent as bf16 (half the bytes) and widened after, so the op
+/// still sums f32 rows.
 pub fn gathered(
     g: &mut Graph,
     x: NodeId,
