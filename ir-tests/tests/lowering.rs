@@ -352,6 +352,23 @@ fn reduced_in_bf16_the_embeddings_rows_are_gathered_in_bf16_and_summed_in_f32() 
     }
 }
 
+/// The bytes of each all-reduce of `dtype` in `p`, in program order.
+fn all_reduce_bytes(
+    p: &ingot_compiler::lower::cuda::Program,
+    dtype: ingot_compiler::ir::DType,
+) -> Vec<usize> {
+    use ingot_compiler::lower::cuda::DeviceOp;
+    p.ops
+        .iter()
+        .filter_map(|op| match op {
+            DeviceOp::AllReduce {
+                bytes, dtype: d, ..
+            } if *d == dtype => Some(*bytes),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder() {
     // As DDP's: every bf16 bucket but the last is full (more than half the 25 MiB cap: the
@@ -359,23 +376,11 @@ fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder
     // holds what is left. Filled in parameter order instead, the remainder was the bucket
     // reduced first and the last a full 24 MB.
     use ingot_compiler::ir::DType;
-    use ingot_compiler::lower::cuda::DeviceOp;
     let exe = gpt2_two_ranks_bf16();
     let Program::Cuda(p) = exe.program() else {
         panic!("a cuda executable holds a cuda program")
     };
-    let bytes: Vec<usize> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::AllReduce {
-                bytes,
-                dtype: DType::BF16,
-                ..
-            } => Some(*bytes),
-            _ => None,
-        })
-        .collect();
+    let bytes = all_reduce_bytes(p, DType::BF16);
     let cap = ingot_compiler::autodiff::buckets::BUCKET_BYTES;
     let (&last, full) = bytes.split_last().expect("bf16 buckets");
     assert!(full.len() >= 7, "{bytes:?}");
@@ -386,18 +391,7 @@ fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder
     );
     // The f32 gradients (biases, LayerNorm gains: 485 KB in all) close with the bf16 bucket
     // they were made beside, so most are reduced, and updated, inside the backward pass.
-    let f32s: Vec<usize> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::AllReduce {
-                bytes,
-                dtype: DType::F32,
-                ..
-            } => Some(*bytes),
-            _ => None,
-        })
-        .collect();
+    let f32s = all_reduce_bytes(p, DType::F32);
     let total: usize = f32s.iter().sum();
     assert!(f32s.len() >= full.len(), "{f32s:?}");
     assert!(

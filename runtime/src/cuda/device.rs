@@ -493,22 +493,12 @@ impl CudaStep {
         // working, and a program may drive two sessions from two threads (global mode failed
         // the second one's cuBLAS calls while the first was capturing).
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        // The events that fork the collectives' stream into the capture and join it back.
-        let events = match &self.collectives {
-            Some(_) => {
-                let event = || {
-                    self.ctx
-                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                        .map_err(driver("creating an event"))
-                };
-                Some((event()?, event()?))
-            }
-            None => None,
-        };
         self.stream
             .begin_capture(mode)
             .map_err(driver("starting the step's graph capture"))?;
-        let recorded = self.record(part, events.as_ref(), stamps);
+        // The events that fork streams into the capture and join them back, kept until it ends.
+        let mut events = Vec::new();
+        let recorded = self.record(part, stamps, &mut events);
         // The capture is ended whatever happened, so the stream is usable (and the error, the
         // first one, is what is reported). Kernel nodes keep the priority of the stream they
         // were captured from (the collectives' is the highest).
@@ -534,13 +524,13 @@ impl CudaStep {
 
     /// Enqueues the step's operations on the stream (captured, never run directly), each
     /// depending on the graph nodes that its dependencies ended with. A rank's collectives go
-    /// on its collectives' stream, forked into the capture at the first one (`events`: the
-    /// fork's and the join's) and joined back at the end.
+    /// on its collectives' stream, forked into the capture at the first one and joined back at
+    /// the end; `stamps`' stream the same way, from the start.
     fn record(
         &self,
         part: &Part,
-        events: Option<&(CudaEvent, CudaEvent)>,
         stamps: Option<&Stamps>,
+        events: &mut Vec<CudaEvent>,
     ) -> Result<(), ExecError> {
         if self.opts.serial && stamps.is_none() {
             for op in &part.program.ops {
@@ -549,20 +539,17 @@ impl CudaStep {
             return Ok(());
         }
         let s = self.stream.cu_stream();
-        let collectives = self.collectives.as_ref().zip(events);
+        let collectives = self.collectives.as_ref();
         let mut forked = false;
         if let Some(st) = stamps {
             // The stamps' stream joins the capture with no dependency; its first stamp is the
             // graph's start.
-            let fork = self
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(driver("creating an event"))?;
-            fork.record(&self.stream)
-                .map_err(driver("forking the stamps' stream"))?;
-            st.stream
-                .wait(&fork)
-                .map_err(driver("forking the stamps' stream"))?;
+            self.follow(
+                &self.stream,
+                &st.stream,
+                "forking the stamps' stream",
+                events,
+            )?;
             // SAFETY: the stamps' stream is capturing since the fork.
             unsafe { set_capture_dependencies(st.stream.cu_stream(), &mut []) }
                 .map_err(driver("setting a stamp's dependencies in the capture"))?;
@@ -579,14 +566,11 @@ impl CudaStep {
             unsafe { set_capture_dependencies(s, &mut wait) }
                 .map_err(driver("setting an operation's dependencies in the capture"))?;
             let on = match collectives {
-                Some((c, (fork, _))) if op.is_collective() => {
+                Some(c) if op.is_collective() => {
                     if !forked {
                         // The collectives' stream joins the capture, waiting on what the main
                         // stream's dependencies are now (`wait`).
-                        fork.record(&self.stream)
-                            .map_err(driver("forking the collectives' stream"))?;
-                        c.wait(fork)
-                            .map_err(driver("forking the collectives' stream"))?;
+                        self.follow(&self.stream, c, "forking the collectives' stream", events)?;
                         forked = true;
                     }
                     // SAFETY: as above, on the collectives' stream, capturing since the fork.
@@ -634,23 +618,36 @@ impl CudaStep {
             }
         }
         if let Some(st) = stamps {
-            let join = self
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(driver("creating an event"))?;
-            join.record(&st.stream)
-                .map_err(driver("joining the stamps' stream"))?;
-            self.stream
-                .wait(&join)
-                .map_err(driver("joining the stamps' stream"))?;
+            self.follow(
+                &st.stream,
+                &self.stream,
+                "joining the stamps' stream",
+                events,
+            )?;
         }
-        if let Some((c, (_, join))) = collectives.filter(|_| forked) {
-            join.record(c)
-                .map_err(driver("joining the collectives' stream"))?;
-            self.stream
-                .wait(join)
-                .map_err(driver("joining the collectives' stream"))?;
+        if let Some(c) = collectives.filter(|_| forked) {
+            self.follow(c, &self.stream, "joining the collectives' stream", events)?;
         }
+        Ok(())
+    }
+
+    /// Makes `to` wait for what `from` has enqueued so far, through an event kept in `events`
+    /// (until the capture ends): in a capture, `to` joins it (a fork) or `from`'s branch joins
+    /// back (a join).
+    fn follow(
+        &self,
+        from: &CudaStream,
+        to: &CudaStream,
+        what: &str,
+        events: &mut Vec<CudaEvent>,
+    ) -> Result<(), ExecError> {
+        let event = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver("creating an event"))?;
+        event.record(from).map_err(driver(what))?;
+        to.wait(&event).map_err(driver(what))?;
+        events.push(event);
         Ok(())
     }
 
