@@ -196,14 +196,15 @@ fn hasten_gradients(
     let mut out = Vec::with_capacity(order.len());
     let mut due: Vec<usize> = (0..n).filter(|&i| picked[i] && left[i] == 0).collect();
     due.reverse();
+    // The last due all-gather operand whose dependences are all placed, taken out of `due`.
+    let first_gathered = |due: &mut Vec<usize>, placed: &[bool], left: &[usize]| {
+        let k = due
+            .iter()
+            .rposition(|&i| gathered[i] && !placed[i] && left[i] == 0)?;
+        Some(due.remove(k))
+    };
     for id in order {
         let mut next = Some(id.index());
-        let first_gathered = |due: &mut Vec<usize>, placed: &[bool], left: &[usize]| {
-            let k = due
-                .iter()
-                .rposition(|&i| gathered[i] && !placed[i] && left[i] == 0)?;
-            Some(due.remove(k))
-        };
         while let Some(i) = next
             .take()
             .or_else(|| first_gathered(&mut due, &placed, &left))
