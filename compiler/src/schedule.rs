@@ -133,6 +133,28 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
             }
         }
     }
+    // An all-gather overtakes the all-reduce that becomes ready just before it: that bucket's
+    // update is released only after the next collective anyway (`lag_collective_readers`),
+    // while the gathered operands feed a sum and then an update (an embedding's rows, at the
+    // end of the backward pass, the step's longest tail).
+    let ready: Vec<(usize, NodeId)> = after
+        .iter()
+        .enumerate()
+        .flat_map(|(p, cs)| cs.iter().map(move |&c| (p, c)))
+        .collect();
+    for w in ready.windows(2) {
+        let ((p, a), (q, gather)) = (w[0], w[1]);
+        if matches!(g.node(a).op, Op::AllReduce { .. })
+            && matches!(g.node(gather).op, Op::AllGather { .. })
+        {
+            after[p].retain(|&c| c != a);
+            let at = after[q]
+                .iter()
+                .position(|&c| c == gather)
+                .map_or(0, |i| i + 1);
+            after[q].insert(at, a);
+        }
+    }
     let mut out = Vec::with_capacity(order.len());
     for (p, &id) in order.iter().enumerate() {
         if !is_collective(id) {
