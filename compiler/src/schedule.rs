@@ -118,7 +118,9 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
         return order;
     }
     let outputs = g.kernel_outputs();
-    let order = hasten_gradients(g, order, &outputs);
+    // One dependence graph serves both passes: moving nodes changes the order, not the graph.
+    let d = dependences(g);
+    let order = hasten_gradients(g, &d, order, &outputs);
     let mut position = vec![usize::MAX; g.len()];
     for (p, &id) in order.iter().enumerate() {
         position[id.index()] = p;
@@ -164,7 +166,7 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
             out.extend(outputs[c.index()].iter().copied());
         }
     }
-    lag_collective_readers(g, out, &outputs)
+    lag_collective_readers(g, &d, out, &outputs)
 }
 
 /// `order` with each kernel that makes an operand of a collective (a gradient an all-reduce
@@ -177,6 +179,7 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
 /// valid (its dependents were after it and still are).
 fn hasten_gradients(
     g: &Graph,
+    d: &DiGraph<NodeId, ()>,
     order: Vec<NodeId>,
     outputs: &[smallvec::SmallVec<[NodeId; 1]>],
 ) -> Vec<NodeId> {
@@ -206,8 +209,7 @@ fn hasten_gradients(
             }
         }
     }
-    let d = dependences(g);
-    let pulled = values_only_they_read(g, &d, outputs, &picked, |_| false);
+    let pulled = values_only_they_read(g, d, outputs, &picked, |_| false);
     let mut left: Vec<usize> = (0..n)
         .map(|i| {
             d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
@@ -244,7 +246,7 @@ fn hasten_gradients(
                 }
                 if left[s] == 0 {
                     due.push(s);
-                } else if let Some(first) = pullable_deps(&d, s, &pulled, &placed) {
+                } else if let Some(first) = pullable_deps(d, s, &pulled, &placed) {
                     // Only values computed for `s` are missing: they run now, then `s`.
                     due.push(s);
                     due.extend(first.into_iter().rev());
@@ -354,6 +356,7 @@ fn values_only_they_read(
 /// order among themselves.
 fn lag_collective_readers(
     g: &Graph,
+    d: &DiGraph<NodeId, ()>,
     order: Vec<NodeId>,
     outputs: &[smallvec::SmallVec<[NodeId; 1]>],
 ) -> Vec<NodeId> {
@@ -388,9 +391,8 @@ fn lag_collective_readers(
             .max();
     }
     let deferred: Vec<bool> = gate.iter().map(Option::is_some).collect();
-    let d = dependences(g);
     // A collective stays where the backward pass launches it, though only readers read it.
-    let pulled = values_only_they_read(g, &d, outputs, &deferred, reduced);
+    let pulled = values_only_they_read(g, d, outputs, &deferred, reduced);
     let mut placed = vec![false; n];
     let mut out = Vec::with_capacity(order.len());
     let mut waiting: Vec<usize> = order
@@ -418,9 +420,7 @@ fn lag_collective_readers(
         while k < waiting.len() {
             let w = waiting[k];
             let due = gate[w].is_some_and(|c| c + 2 <= launched);
-            let first = due
-                .then(|| pullable_deps(&d, w, &pulled, &placed))
-                .flatten();
+            let first = due.then(|| pullable_deps(d, w, &pulled, &placed)).flatten();
             match first {
                 Some(first) => {
                     for p in first {

@@ -288,10 +288,8 @@ fn an_update_of_a_reduced_bucket_runs_one_collective_after_its_all_reduce_inside
         .ops
         .iter()
         .enumerate()
-        .filter_map(|(i, op)| match op {
-            DeviceOp::AllReduce { node, .. } | DeviceOp::AllGather { node, .. } => Some((i, *node)),
-            _ => None,
-        })
+        .filter(|(_, op)| op.is_collective())
+        .filter_map(|(i, op)| Some((i, op.node()?)))
         .collect();
     let last = collectives.last().expect("collectives").0;
     // Where each kernel's node is launched.

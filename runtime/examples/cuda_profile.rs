@@ -18,7 +18,7 @@
 //!
 //! Needs a GPU; without one it says so and exits 0.
 
-use ingot_compiler::ir::{Graph, NodeId, Op};
+use ingot_compiler::ir::{Graph, Op};
 use ingot_compiler::lower::cuda::{DeviceOp, Program};
 use ingot_compiler::models::by_name;
 use ingot_runtime::cuda::{self, timeline, CudaOptions};
@@ -220,17 +220,6 @@ fn describe(op: &DeviceOp, g: &Graph, program: &Program) -> (&'static str, Strin
     }
 }
 
-/// The graph node an operation computes, if it names one.
-fn node_of(op: &DeviceOp) -> Option<NodeId> {
-    match op {
-        DeviceOp::Launch { node, .. }
-        | DeviceOp::AllReduce { node, .. }
-        | DeviceOp::AllGather { node, .. } => Some(*node),
-        DeviceOp::Gemm(gm) => Some(gm.node),
-        DeviceOp::Zero { .. } | DeviceOp::Copy { .. } => None,
-    }
-}
-
 /// Prints each rank's timeline: the step's length in the graph with stamps, the collectives'
 /// time that no other operation overlapped, every collective's span, and the `top` operations
 /// that end last (the step's tail); with `csv`, every operation's span per rank into that file.
@@ -260,7 +249,8 @@ fn print_timeline(model: &str, s: &Session, stamps: &[Vec<u64>], top: usize, csv
         );
         let label = |i: usize| {
             let (kind, what) = describe(&program.ops[i], g, program);
-            let origin = node_of(&program.ops[i])
+            let origin = program.ops[i]
+                .node()
                 .map(|n| g.origin(n).to_string())
                 .unwrap_or_default();
             (kind, what, origin)

@@ -203,6 +203,18 @@ pub enum DeviceOp {
 }
 
 impl DeviceOp {
+    /// The graph node the operation computes; `None` for a memset or a copy, which the lowering
+    /// adds for a node's output or the step's end rather than computing one.
+    pub fn node(&self) -> Option<NodeId> {
+        match self {
+            DeviceOp::Launch { node, .. }
+            | DeviceOp::AllReduce { node, .. }
+            | DeviceOp::AllGather { node, .. } => Some(*node),
+            DeviceOp::Gemm(gm) => Some(gm.node),
+            DeviceOp::Zero { .. } | DeviceOp::Copy { .. } => None,
+        }
+    }
+
     /// True for the data-parallel collectives, which every rank runs in the same order.
     pub fn is_collective(&self) -> bool {
         matches!(
