@@ -120,7 +120,8 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
     let outputs = g.kernel_outputs();
     // One dependence graph serves both passes: moving nodes changes the order, not the graph.
     let d = dependences(g);
-    let order = hasten_gradients(g, &d, order, &outputs);
+    let operands = operand_writers(g, &outputs);
+    let order = hasten_gradients(g, &d, order, &outputs, &operands);
     let mut position = vec![usize::MAX; g.len()];
     for (p, &id) in order.iter().enumerate() {
         position[id.index()] = p;
@@ -166,7 +167,42 @@ pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
             out.extend(outputs[c.index()].iter().copied());
         }
     }
-    lag_collective_readers(g, &d, out, &outputs)
+    lag_collective_readers(g, &d, out, &outputs, &operands.made)
+}
+
+/// The kernels that make a collective's operands, with their other outputs and the reshapes a
+/// collective reads them through (`made`), and among them those an all-gather sends
+/// (`gathered`), indexed by node.
+struct Operands {
+    made: Vec<bool>,
+    gathered: Vec<bool>,
+}
+
+fn operand_writers(g: &Graph, outputs: &[smallvec::SmallVec<[NodeId; 1]>]) -> Operands {
+    let n = g.len();
+    let mut made = vec![false; n];
+    let mut gathered = vec![false; n];
+    for id in g.ids() {
+        if g.node(id).op.is_collective() {
+            let gather = matches!(g.node(id).op, Op::AllGather { .. });
+            for &x in &g.node(id).inputs {
+                // The kernel that writes the operand, under the reshapes a collective may read
+                // it through (a LayerNorm gain's `[1, 1, d]` sum sent as `[d]`).
+                let mut v = x;
+                while let Op::Reshape = g.node(v).op {
+                    made[v.index()] = true;
+                    v = g.node(v).inputs[0];
+                }
+                let w = g.writer(v);
+                made[w.index()] = true;
+                gathered[w.index()] |= gather;
+                for &o in &outputs[w.index()] {
+                    made[o.index()] = true;
+                }
+            }
+        }
+    }
+    Operands { made, gathered }
 }
 
 /// `order` with each kernel that makes an operand of a collective (a gradient an all-reduce
@@ -182,33 +218,13 @@ fn hasten_gradients(
     d: &DiGraph<NodeId, ()>,
     order: Vec<NodeId>,
     outputs: &[smallvec::SmallVec<[NodeId; 1]>],
+    operands: &Operands,
 ) -> Vec<NodeId> {
     let n = g.len();
-    let mut picked = vec![false; n];
-    // Operands an all-gather sends: their readers sum them and update on the step's tail, so
-    // where several picked nodes are due, these go first (an embedding's rows before the
-    // first layer's small f32 gradients, whose all-reduce would otherwise hold the gather).
-    let mut gathered = vec![false; n];
-    for id in g.ids() {
-        if g.node(id).op.is_collective() {
-            let gather = matches!(g.node(id).op, Op::AllGather { .. });
-            for &x in &g.node(id).inputs {
-                // The kernel that writes the operand, under the reshapes a collective may read
-                // it through (a LayerNorm gain's `[1, 1, d]` sum sent as `[d]`).
-                let mut v = x;
-                while let Op::Reshape = g.node(v).op {
-                    picked[v.index()] = true;
-                    v = g.node(v).inputs[0];
-                }
-                let w = g.writer(v);
-                picked[w.index()] = true;
-                gathered[w.index()] |= gather;
-                for &o in &outputs[w.index()] {
-                    picked[o.index()] = true;
-                }
-            }
-        }
-    }
+    let Operands {
+        made: picked,
+        gathered,
+    } = operands;
     let pulled = values_only_they_read(g, d, outputs, &picked, |_| false);
     let mut left: Vec<usize> = (0..n)
         .map(|i| {
@@ -220,7 +236,10 @@ fn hasten_gradients(
     let mut out = Vec::with_capacity(order.len());
     let mut due: Vec<usize> = (0..n).filter(|&i| picked[i] && left[i] == 0).collect();
     due.reverse();
-    // The last due all-gather operand whose dependences are all placed, taken out of `due`.
+    // Operands an all-gather sends: their readers sum them and update on the step's tail, so
+    // where several picked nodes are due, these go first (an embedding's rows before the first
+    // layer's small f32 gradients, whose all-reduce would otherwise hold the gather). The last
+    // due one whose dependences are all placed is taken out of `due`.
     let first_gathered = |due: &mut Vec<usize>, placed: &[bool], left: &[usize]| {
         let k = due
             .iter()
@@ -359,6 +378,7 @@ fn lag_collective_readers(
     d: &DiGraph<NodeId, ()>,
     order: Vec<NodeId>,
     outputs: &[smallvec::SmallVec<[NodeId; 1]>],
+    made: &[bool],
 ) -> Vec<NodeId> {
     let n = g.len();
     let reduced = |id: NodeId| g.node(g.writer(id)).op.is_collective();
@@ -405,14 +425,26 @@ fn lag_collective_readers(
         placed[i] = true;
         out.push(NodeId(i as u32));
     };
-    for &id in &order {
-        let i = id.index();
-        if deferred[i] || pulled[i] || placed[i] {
+    // The nodes this loop places itself, in order: a release waits while the next of them
+    // makes a collective's operand.
+    let own: Vec<usize> = order
+        .iter()
+        .map(|id| id.index())
+        .filter(|&i| !deferred[i] && !pulled[i])
+        .collect();
+    for (at, &i) in own.iter().enumerate() {
+        if placed[i] {
             continue;
         }
         place(i, &mut placed, &mut out);
-        if g.node(id).op.is_collective() {
+        if g.node(NodeId(i as u32)).op.is_collective() {
             launched += 1;
+        }
+        // A gradient that is ready goes before the released updates: they only wait, its
+        // all-reduce would wait behind them (the first layer's LayerNorm gains behind the
+        // embedding's sum and update, on the step's tail).
+        if own.get(at + 1).is_some_and(|&j| made[j] && !placed[j]) {
+            continue;
         }
         // Release, in order, the waiting readers whose collective's successor is launched and
         // whose dependences are placed or are pulled values (placed first).

@@ -444,3 +444,93 @@ fn the_rows_all_gather_overtakes_the_all_reduce_ready_just_before_it() {
          {reduces:?}, rows gathered at {rows})"
     );
 }
+
+#[test]
+fn kernels_wait_for_the_rows_all_gather_only_through_what_it_gathers() {
+    // An all-gather reads its operand until it is done. Freed at the gather's launch, the
+    // rows' bytes went to the next kernels in the schedule (the sum's index over the ids, the
+    // first layer's LayerNorm gains), and each then waited for the whole gather on the step's
+    // tail. Only what reads the gathered rows, or a collective launched after them, may wait.
+    let exe = gpt2_two_ranks_bf16();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    let g = exe.graph();
+    let (_, gathers) = collective_positions(exe);
+    let rows = *gathers.last().expect("the embedding's rows are gathered");
+    // The nodes computed from the gathered rows or from a later collective's result.
+    let mut after = vec![false; g.len()];
+    for (i, op) in p.ops.iter().enumerate().skip(rows) {
+        if let Some(n) = op.node().filter(|_| op.is_collective()) {
+            after[n.index()] = i >= rows;
+        }
+    }
+    for id in g.ids() {
+        if g.node(id).inputs.iter().any(|x| after[x.index()]) {
+            after[id.index()] = true;
+        }
+    }
+    // The operations that wait for the gather, through any path of the program's edges.
+    let mut waits = vec![false; p.ops.len()];
+    waits[rows] = true;
+    let mut wrong = Vec::new();
+    for j in rows + 1..p.ops.len() {
+        waits[j] = p.deps[j].iter().any(|&d| waits[d]);
+        // A memset has no node: it zeroes the sum's output, which reads the rows anyway.
+        if let Some(n) = p.ops[j].node().filter(|_| waits[j]) {
+            if !after[n.index()] {
+                wrong.push((j, g.node(n).op.name()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "operations waiting for the rows' all-gather (op {rows}) without reading what it \
+         gathered: {wrong:?}"
+    );
+}
+
+#[test]
+fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_released_there() {
+    // The first layer's LayerNorm gains are column sums ready with the embedding's rows; the
+    // updates released by the rows' gather (the embedding's sum and update, 0.4 ms) went
+    // before them, and their all-reduce, the step's last, waited behind those.
+    let exe = gpt2_two_ranks_bf16();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    let g = exe.graph();
+    let (reduces, gathers) = collective_positions(exe);
+    let rows = *gathers.last().expect("the embedding's rows are gathered");
+    let last = *reduces.last().expect("gradients are reduced");
+    // The kernels that make the last all-reduce's operands (through reshapes).
+    let last_node = p.ops[last].node().unwrap();
+    let mut makers = std::collections::HashSet::new();
+    for &x in &g.node(last_node).inputs {
+        let mut v = x;
+        while matches!(g.node(v).op, ingot_compiler::ir::Op::Reshape) {
+            v = g.node(v).inputs[0];
+        }
+        makers.insert(g.writer(v));
+    }
+    let made_at = p
+        .ops
+        .iter()
+        .rposition(|op| op.node().is_some_and(|n| makers.contains(&n)))
+        .expect("the last bucket's gradients are made on the device");
+    // The first kernel that reads the gathered rows.
+    let rows_node = p.ops[rows].node().unwrap();
+    let first_reader = p
+        .ops
+        .iter()
+        .position(|op| {
+            op.node()
+                .is_some_and(|n| g.node(n).inputs.contains(&rows_node))
+        })
+        .expect("the gathered rows are read");
+    assert!(
+        made_at < first_reader,
+        "the last bucket's gradient is made at op {made_at}, after the first reader of the \
+         gathered rows (op {first_reader})"
+    );
+}

@@ -84,6 +84,27 @@ impl Liveness {
         for &o in g.outputs.values() {
             last_read[o.index()] = n;
         }
+        // An all-gather runs on a stream of its own and reads its operand until it is done,
+        // which only the gathered value's readers are sure to follow: the operand lives until
+        // the first of them. Freed at the gather's launch, its bytes would go to the next
+        // kernels, and each would wait for the whole gather (an embedding's rows at the end of
+        // the backward pass: the first layer's last gradients and the sum's index behind them).
+        let users = g.users();
+        for id in g.ids() {
+            if !matches!(g.node(id).op, Op::AllGather { .. }) {
+                continue;
+            }
+            let first = crate::schedule::readers_through_views(g, &users, id)
+                .into_iter()
+                .filter(|&r| !g.node(r).op.is_alias())
+                .map(|r| position[r.index()])
+                .min();
+            if let Some(first) = first {
+                for &x in &g.node(id).inputs {
+                    last_read[x.index()] = last_read[x.index()].max(first);
+                }
+            }
+        }
         let update_target: Vec<Option<NodeId>> = {
             let mut t = vec![None; g.len()];
             for u in &g.updates {
