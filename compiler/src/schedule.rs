@@ -225,7 +225,7 @@ fn hasten_gradients(
         made: picked,
         gathered,
     } = operands;
-    let pulled = values_only_they_read(g, d, outputs, &picked, |_| false);
+    let pulled = values_only_they_read(g, d, outputs, picked, |_| false);
     let mut left: Vec<usize> = (0..n)
         .map(|i| {
             d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
