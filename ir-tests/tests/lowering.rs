@@ -344,11 +344,19 @@ fn reduced_in_bf16_the_embeddings_rows_are_gathered_in_bf16_and_summed_in_f32() 
         .collect();
     assert_eq!(rows.len(), 1, "one gather of rows");
     assert_eq!(g.ty(rows[0]).dtype, DType::BF16);
-    // Each reader widens them back: the embedding's sum adds f32 rows, as on one rank.
+    // Each reader makes f32 of them: the embedding's sum reads the bf16 rows itself and adds
+    // them in f32 (no f32 copy of all 16,384 rows crosses memory first), the position
+    // embedding's column sum widens them in its kernel.
     let users = g.users();
     for &u in &users[rows[0].index()] {
         assert_eq!(g.ty(u).dtype, DType::F32, "{:?}", g.node(u).op.name());
     }
+    assert!(
+        users[rows[0].index()]
+            .iter()
+            .any(|&u| matches!(g.node(u).op, Op::ScatterAdd { .. })),
+        "the embedding's sum reads the gathered bf16 rows"
+    );
 }
 
 /// The bytes of each all-reduce of `dtype` in `p`, in program order.

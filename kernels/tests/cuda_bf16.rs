@@ -465,7 +465,7 @@ fn bf16_gather_concat_move_two_bytes_and_scatter_add_sums_in_float() {
         c.contains("const unsigned short* in1") && c.contains("unsigned short* out"),
         "{c}"
     );
-    let s = cuda::scatter_add(DType::I64, DType::BF16, 100, 64, 10)
+    let s = cuda::scatter_add(DType::I64, DType::BF16, DType::BF16, 100, 64, 10)
         .unwrap()
         .source;
     assert!(s.contains("float acc["), "{s}");
@@ -485,7 +485,7 @@ fn f32_modules_do_not_carry_the_bf16_helpers() {
     .unwrap();
     assert_eq!(cuda::prelude_for([&f]), cuda::PRELUDE);
     let b = cuda::gather(DType::BF16, DType::I32, 4, 4, 4).unwrap();
-    let s = cuda::scatter_add(DType::I32, DType::BF16, 4, 4, 4).unwrap();
+    let s = cuda::scatter_add(DType::I32, DType::BF16, DType::BF16, 4, 4, 4).unwrap();
     assert_eq!(
         cuda::prelude_for([&f, &b]),
         cuda::PRELUDE,

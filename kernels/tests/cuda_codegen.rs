@@ -837,7 +837,8 @@ fn reductions_that_fill_the_gpu_or_read_their_sums_again_keep_one_kernel() {
 
 #[test]
 fn a_scatter_add_program_keeps_its_ids_table_inside_its_scratch_and_refuses_positions_past_u32() {
-    let p = cuda::scatter_add_program(DType::I64, DType::BF16, 50304, 768, 16384).unwrap();
+    let p =
+        cuda::scatter_add_program(DType::I64, DType::BF16, DType::BF16, 50304, 768, 16384).unwrap();
     assert_eq!(p.launches.len(), 3, "zero the table, mark the ids, sum");
     assert!(p.scratch_bytes >= 3 * 4 * 50304);
     assert_eq!(p.scratch_bytes, cuda::scatter_add_scratch_bytes(50304));
@@ -853,7 +854,8 @@ fn a_scatter_add_program_keeps_its_ids_table_inside_its_scratch_and_refuses_posi
     let sum = &p.launches[2];
     assert_eq!(sum.reads, 3);
     assert_eq!(sum.args[3], cuda::FusedArg::Output(0));
-    let e = cuda::scatter_add_program(DType::I64, DType::F32, 4, 1, u32::MAX as usize).unwrap_err();
+    let e = cuda::scatter_add_program(DType::I64, DType::F32, DType::F32, 4, 1, u32::MAX as usize)
+        .unwrap_err();
     assert!(e.to_string().contains("scatter_add"), "{e}");
 }
 
@@ -865,20 +867,20 @@ fn gather_scatter_and_concat_pass_a_host_syntax_check() {
         for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
             ks.push(cuda::gather(t, ids, 50304, 768, 8192).unwrap());
             if t != DType::Bool {
-                ks.push(cuda::scatter_add(ids, t, 50304, 768, 8192).unwrap());
+                ks.push(cuda::scatter_add(ids, t, t, 50304, 768, 8192).unwrap());
             }
         }
     }
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 1, 5).unwrap());
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 0, 5).unwrap());
-    ks.push(cuda::scatter_add(DType::I64, DType::F32, 3, 1, 0).unwrap());
+    ks.push(cuda::scatter_add(DType::I64, DType::F32, DType::F32, 3, 1, 0).unwrap());
     ks.push(cuda::gather(DType::F32, DType::I64, 1 << 22, 1024, 16).unwrap());
     // 64-bit indices (an output of 2^32 elements), and rows longer than one column panel.
-    ks.push(cuda::scatter_add(DType::I64, DType::F32, 1 << 22, 1024, 16).unwrap());
-    ks.push(cuda::scatter_add(DType::I32, DType::F64, 100, 5000, 300).unwrap());
+    ks.push(cuda::scatter_add(DType::I64, DType::F32, DType::F32, 1 << 22, 1024, 16).unwrap());
+    ks.push(cuda::scatter_add(DType::I32, DType::F64, DType::F64, 100, 5000, 300).unwrap());
     // The table's launches of a scatter-add program (zeroed, then marked).
     for ids in [DType::I32, DType::I64] {
-        let p = cuda::scatter_add_program(ids, DType::F32, 50304, 768, 16384).unwrap();
+        let p = cuda::scatter_add_program(ids, DType::F32, DType::F32, 50304, 768, 16384).unwrap();
         ks.extend(p.launches.into_iter().take(2).map(|l| l.kernel));
     }
     for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
@@ -961,9 +963,9 @@ fn bf16_versions_of_the_representative_and_random_kernels_pass_a_host_syntax_che
     );
     for ids in [DType::I32, DType::I64] {
         ks.push(cuda::gather(DType::BF16, ids, 50304, 768, 8192).unwrap());
-        ks.push(cuda::scatter_add(ids, DType::BF16, 50304, 768, 8192).unwrap());
+        ks.push(cuda::scatter_add(ids, DType::BF16, DType::BF16, 50304, 768, 8192).unwrap());
     }
-    ks.push(cuda::scatter_add(DType::I32, DType::BF16, 100, 5000, 300).unwrap());
+    ks.push(cuda::scatter_add(DType::I32, DType::BF16, DType::BF16, 100, 5000, 300).unwrap());
     ks.push(cuda::concat(DType::BF16, 8192, &[768, 768, 768]).unwrap());
     syntax_check("bf16", &ks);
 }
@@ -1605,9 +1607,9 @@ fn invalid_descriptions_give_errors_not_panics() {
         random::break_one(&mut k, &mut Rng(seed));
         assert!(cuda::fused(&k).is_err(), "seed {seed}: accepted\n{k}");
     }
-    assert!(cuda::scatter_add(DType::I64, DType::Bool, 4, 4, 4).is_err());
+    assert!(cuda::scatter_add(DType::I64, DType::Bool, DType::Bool, 4, 4, 4).is_err());
     assert!(cuda::gather(DType::F32, DType::F32, 4, 4, 4).is_err());
-    assert!(cuda::scatter_add(DType::Bool, DType::F32, 4, 4, 4).is_err());
+    assert!(cuda::scatter_add(DType::Bool, DType::F32, DType::F32, 4, 4, 4).is_err());
     assert!(cuda::gather(DType::F32, DType::I64, usize::MAX, 2, 4).is_err());
     assert!(cuda::concat(DType::F32, usize::MAX, &[2, 2]).is_err());
     assert!(cuda::concat(DType::F32, 2, &[usize::MAX, 2]).is_err());

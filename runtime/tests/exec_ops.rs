@@ -1527,3 +1527,61 @@ fn exec_node_rejects_nodes_whose_shapes_disagree_with_their_operands() {
         );
     }
 }
+
+#[test]
+fn a_scatter_add_of_bf16_rows_stated_f32_keeps_its_sums_unrounded() {
+    // A data-parallel step sums the embedding's rows, gathered in bf16, straight into its f32
+    // gradient: each sum is made in f32 in position order and kept, not rounded to bf16.
+    let mut g = Graph::new();
+    let ids = g.input("ids", [5], DType::I64).unwrap();
+    let v = g.input("v", [5, 2], DType::BF16).unwrap();
+    let wide = TensorType::new(Shape::from([4, 2]), DType::F32);
+    let r = g
+        .push(Op::ScatterAdd { rows: 4 }, &[ids, v], Some(wide))
+        .unwrap();
+    assert_eq!(g.ty(r).dtype, DType::F32);
+    g.set_output("y", r).unwrap();
+    // Row 0's second sum, -1.75 + 2^-8, is no bf16 (its ulp there is 2^-7): rounded once to
+    // bf16 it would read -1.75 or -1.7421875.
+    let step = 1.0 / 256.0;
+    let leaves: IndexMap<String, Tensor> = [
+        (
+            "ids".to_string(),
+            tensor(DType::I64, &[5], &[0.0, 2.0, 0.0, 3.0, 0.0]),
+        ),
+        (
+            "v".to_string(),
+            tensor(
+                DType::BF16,
+                &[5, 2],
+                &[1.0, -2.0, 5.0, 0.5, step, step, 7.0, 1.0, step, 0.25],
+            ),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let out = run_graph(&g, &leaves).unwrap();
+    let want = [
+        1.0 + 2.0 * step,
+        -2.0 + step + 0.25,
+        0.0,
+        0.0,
+        5.0,
+        0.5,
+        7.0,
+        1.0,
+    ];
+    assert_eq!(out.outputs["y"].as_f32().unwrap(), &want.map(|x| x as f32));
+    // Stated any other way than the values' type or f32 over bf16, it is refused.
+    let mut g = Graph::new();
+    let ids = g.input("ids", [5], DType::I64).unwrap();
+    let v = g.input("v", [5, 2], DType::F32).unwrap();
+    let err = g
+        .push(
+            Op::ScatterAdd { rows: 4 },
+            &[ids, v],
+            Some(TensorType::new(Shape::from([4, 2]), DType::BF16)),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("stated result"), "{err}");
+}

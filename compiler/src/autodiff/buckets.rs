@@ -36,7 +36,8 @@ pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
 /// `in_bf16` ([`super::StepOptions::reduce_in_bf16`]), what a bf16 computation made crosses
 /// between the ranks in bf16: a gradient that is a bf16 value widened to f32 is averaged as
 /// that bf16 value, and an f32 operand of a gathered sum (an embedding's rows: the gradient of
-/// a bf16 model's residual stream) is gathered in bf16; each is widened back to f32 after.
+/// a bf16 model's residual stream) is gathered in bf16; each is back in f32 after (the mean
+/// widened, the rows summed in f32 by the sum that reads them).
 /// A gradient computed in f32 (a bias's column sum) is all-reduced in f32: narrowing it would
 /// cost a kernel of its own per gradient, as the sum's kernel cannot store it narrowed.
 pub fn all_reduce_buckets(
@@ -180,6 +181,14 @@ fn widen(g: &mut Graph, v: NodeId, ty: crate::ir::TensorType, like: NodeId) -> R
     })
 }
 
+/// An operand gathered from every rank: the all-gather's result (bf16 where the operand was
+/// narrowed for the wire) and, once a sum reads it in the operand's own type, its widening.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    all: NodeId,
+    widened: Option<NodeId>,
+}
+
 /// The mean over the ranks of gradient `x`, computed on every rank from its operands gathered
 /// from all ranks, when `x` is a sum over its operands' rows (a `scatter_add`, or a
 /// `reduce_sum` whose axes include 0, possibly reshaped) and that is the cheaper collective;
@@ -191,14 +200,14 @@ fn widen(g: &mut Graph, v: NodeId, ty: crate::ir::TensorType, like: NodeId) -> R
 /// `2 * (ranks - 1) / ranks * n`. So the operands are gathered when `ranks * b < 2 * n`, `b`
 /// counting only operands not gathered yet, as sent. The op then runs over `ranks` times the
 /// rows (on gpt2, the embedding's `scatter_add` over 16,384 positions instead of 8,192). With
-/// `in_bf16`, an f32 operand is sent as bf16 (half the bytes) and widened after, so the op
-/// still sums f32 rows.
+/// `in_bf16`, an f32 operand is sent as bf16 (half the bytes): a `scatter_add` reads the bf16
+/// rows and sums them in f32 into its f32 result, other sums read them widened back.
 pub fn gathered(
     g: &mut Graph,
     x: NodeId,
     ranks: usize,
     in_bf16: bool,
-    sent: &mut std::collections::HashMap<NodeId, NodeId>,
+    sent: &mut std::collections::HashMap<NodeId, Sent>,
 ) -> Result<Option<NodeId>> {
     // Reshapes of the sum (a broadcast parameter's gradient, `[1, T, d]` read as `[T, d]`)
     // are made again on top of the gathered sum, whose type is the sum's.
@@ -235,23 +244,37 @@ pub fn gathered(
     }
     let origin = g.origin(x).clone();
     g.with_origin(origin.clone(), |g| {
+        let scope = format!("all-gather for {origin}");
         let mut inputs = Vec::with_capacity(node.inputs.len());
-        for &v in &node.inputs {
-            let all = match sent.get(&v) {
-                Some(&all) => all,
-                None => g.scoped(&format!("all-gather for {origin}"), |g| -> Result<NodeId> {
+        for (i, &v) in node.inputs.iter().enumerate() {
+            let mut s = match sent.get(&v) {
+                Some(&s) => s,
+                None => g.scoped(&scope, |g| -> Result<Sent> {
                     let wire = if in_bf16 { narrowed(g, v)? } else { v };
                     let all = g.push(Op::AllGather { ranks }, &[wire], None)?;
-                    if wire == v {
-                        return Ok(all);
-                    }
-                    let mut ty = g.ty(all).clone();
-                    ty.dtype = g.ty(v).dtype;
-                    g.push(Op::Convert, &[all], Some(ty))
+                    Ok(Sent { all, widened: None })
                 })?,
             };
-            sent.insert(v, all);
-            inputs.push(all);
+            let narrow = g.ty(s.all).dtype != g.ty(v).dtype;
+            // A scatter-add sums bf16 rows into its f32 result itself; other sums read them
+            // widened back (a convert their kernel fuses).
+            let summed_wide = matches!(node.op, Op::ScatterAdd { .. })
+                && i == 1
+                && g.ty(s.all).dtype == crate::ir::DType::BF16
+                && node.ty.dtype == crate::ir::DType::F32;
+            let input = match (narrow && !summed_wide, s.widened) {
+                (false, _) => s.all,
+                (true, Some(w)) => w,
+                (true, None) => {
+                    let mut ty = g.ty(s.all).clone();
+                    ty.dtype = g.ty(v).dtype;
+                    let w = g.scoped(&scope, |g| g.push(Op::Convert, &[s.all], Some(ty)))?;
+                    s.widened = Some(w);
+                    w
+                }
+            };
+            sent.insert(v, s);
+            inputs.push(input);
         }
         let mut sum = g.push(node.op.clone(), &inputs, Some(node.ty.clone()))?;
         for ty in reshapes.iter().rev() {

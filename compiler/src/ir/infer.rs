@@ -349,7 +349,14 @@ pub fn infer(
             let mut dims: Axes = Axes::new();
             dims.push(*rows);
             dims.extend_from_slice(&vals.shape.dims()[k..]);
-            TensorType::new(Shape(dims), vals.dtype)
+            // bf16 rows may be summed into f32, stated as the result's type: the sum is kept
+            // unrounded (a data-parallel step's gathered bf16 rows, summed into an f32
+            // gradient, reading the bf16 bytes rather than an f32 copy).
+            let dtype = match declared {
+                Some(d) if vals.dtype == DType::BF16 && d.dtype == DType::F32 => DType::F32,
+                _ => vals.dtype,
+            };
+            TensorType::new(Shape(dims), dtype)
         }
         Op::StopGradient => {
             arity(1)?;

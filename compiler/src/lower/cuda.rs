@@ -997,9 +997,15 @@ impl Lowering<'_> {
                 let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
                 let n = ids.shape.numel();
                 let row_len = values.shape.numel().checked_div(n).unwrap_or(0);
-                let program =
-                    codegen::scatter_add_program(ids.dtype, values.dtype, *rows, row_len, n)
-                        .map_err(codegen_error)?;
+                let program = codegen::scatter_add_program(
+                    ids.dtype,
+                    values.dtype,
+                    node.ty.dtype,
+                    *rows,
+                    row_len,
+                    n,
+                )
+                .map_err(codegen_error)?;
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Zero {
                         offset: here.offset,

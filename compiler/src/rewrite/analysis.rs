@@ -152,7 +152,7 @@ fn fold(
     match kind {
         Kind::Leaf(_)
         | Kind::Gather
-        | Kind::ScatterAdd(_)
+        | Kind::ScatterAdd(..)
         | Kind::Attention { .. }
         | Kind::AttentionGrad { .. }
         | Kind::Output { .. }

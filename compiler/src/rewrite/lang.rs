@@ -83,7 +83,8 @@ pub enum Kind {
         tb: bool,
     },
     Gather,
-    ScatterAdd(usize),
+    /// Into this many rows, summed in this dtype (the values' own, or f32 for bf16 values).
+    ScatterAdd(usize, DType),
     /// To this dtype (the shape is the operand's).
     Convert(DType),
     StopGradient,
@@ -174,7 +175,23 @@ impl Kind {
             Kind::MatMul { ta, tb } => (Op::MatMul { ta: *ta, tb: *tb }, None),
             Kind::MatMulAcc { ta, tb } => (Op::MatMulAcc { ta: *ta, tb: *tb }, None),
             Kind::Gather => (Op::Gather, None),
-            Kind::ScatterAdd(rows) => (Op::ScatterAdd { rows: *rows }, None),
+            Kind::ScatterAdd(rows, dtype) => {
+                // The result type, declared where it is wider than the values'.
+                let declared = match operands {
+                    [ids, vals] if vals.dtype != *dtype => {
+                        let k = ids.shape.rank().min(vals.shape.rank());
+                        let mut dims = Dims::new();
+                        dims.push(*rows);
+                        dims.extend_from_slice(&vals.shape.dims()[k..]);
+                        Some(TensorType {
+                            shape: Shape(dims),
+                            dtype: *dtype,
+                        })
+                    }
+                    _ => None,
+                };
+                (Op::ScatterAdd { rows: *rows }, declared)
+            }
             Kind::Convert(dtype) => (
                 Op::Convert,
                 first.map(|t| TensorType {
@@ -271,7 +288,7 @@ impl Kind {
             Op::MatMul { ta, tb } => Kind::MatMul { ta: *ta, tb: *tb },
             Op::MatMulAcc { ta, tb } => Kind::MatMulAcc { ta: *ta, tb: *tb },
             Op::Gather => Kind::Gather,
-            Op::ScatterAdd { rows } => Kind::ScatterAdd(*rows),
+            Op::ScatterAdd { rows } => Kind::ScatterAdd(*rows, ty.dtype),
             Op::Convert => Kind::Convert(ty.dtype),
             Op::StopGradient => Kind::StopGradient,
             Op::Window(w) => Kind::Window(*w),
@@ -384,7 +401,7 @@ impl fmt::Display for ENode {
                 layout.name()
             ),
             Kind::Output { index, ty } => write!(f, "result({index}):{}", ty.tensor_type()),
-            Kind::ScatterAdd(rows) => write!(f, "scatter_add({rows})"),
+            Kind::ScatterAdd(rows, dtype) => write!(f, "scatter_add({rows},{dtype})"),
             Kind::Convert(d) => write!(f, "convert({d})"),
             Kind::Dropout { p_bits, salt } => {
                 write!(f, "dropout({:?},{salt})", f64::from_bits(*p_bits))

@@ -49,7 +49,8 @@ pub fn gather(
     }))
 }
 
-/// `scatter_add(ids [n], values [n, row_len]) -> out [rows, row_len]` as three launches
+/// `scatter_add(ids [n], values [n, row_len]) -> out [rows, row_len]` (in the values' type, or
+/// f32 for bf16 values, kept unrounded) as three launches
 /// sharing a table of `rows` ids ([`scatter_add_scratch_bytes`], the node's planned workspace):
 /// the table zeroed; [`scatter_add_marks`]; then [`scatter_add`]'s sums. The runtime zeroes
 /// `out` before the first. Params per launch, in order: the table; ids, the table; ids, values,
@@ -70,11 +71,12 @@ pub fn gather(
 pub fn scatter_add_program(
     ids: DType,
     values: DType,
+    out: DType,
     rows: usize,
     row_len: usize,
     n: usize,
 ) -> Result<FusedProgram, CodegenError> {
-    let sum = scatter_add(ids, values, rows, row_len, n)?;
+    let sum = scatter_add(ids, values, out, rows, row_len, n)?;
     let bytes = scatter_table_bytes(rows, n)?;
     let table = FusedArg::Scratch { offset: 0, bytes };
     let zero = elementwise_loop(
@@ -173,10 +175,12 @@ pub fn scatter_add_marks(ids: DType, rows: usize, n: usize) -> Result<CudaKernel
 /// adds the matching rows of `values` in position order into registers, `row_len / 256` columns
 /// per thread (column panels of 2048 for longer rows), storing each sum once. Ids outside
 /// `0..rows` are skipped. Params: ids, values, table, out. Values are f32, f64, i32, i64
-/// (integers wrap) or bf16 (summed in f32, each sum rounded once); ids i32 or i64.
+/// (integers wrap) or bf16 (summed in f32, each sum rounded once, or stored in f32 when `out`
+/// is f32); `out` is the values' type otherwise; ids i32 or i64.
 pub fn scatter_add(
     ids: DType,
     values: DType,
+    out: DType,
     rows: usize,
     row_len: usize,
     n: usize,
@@ -189,12 +193,21 @@ pub fn scatter_add(
             dtype: values,
         });
     }
+    // The sum is stored in the values' type, or (bf16 values) in f32, unrounded.
+    if out != values && (values, out) != (DType::BF16, DType::F32) {
+        return Err(CodegenError::Unsupported {
+            op: "scatter_add",
+            what: "result",
+            dtype: out,
+        });
+    }
     scatter_table_bytes(rows, n)?;
     let total = mul("scatter_add", &[n, row_len])?;
     let out_len = mul("scatter_add", &[rows, row_len])?;
     let s = Scatter::new(
         Ix::for_extents([total, out_len, n, 3 * rows]),
         values,
+        out,
         rows,
         row_len,
         n,
@@ -203,7 +216,7 @@ pub fn scatter_add(
         (format!("const {}*", c_type(ids)), "ids".to_string()),
         (format!("const {}*", s.vt), "values".to_string()),
         ("const unsigned*".to_string(), "table".to_string()),
-        (format!("{}*", s.vt), "out".to_string()),
+        (format!("{}*", c_type(out)), "out".to_string()),
     ];
     let launch = Launch {
         grid: [grid_for(n, 1, MAX_GRID_ELEMENTWISE), 1, 1],
@@ -211,9 +224,13 @@ pub fn scatter_add(
         shared_bytes: 0,
     };
     let mut src = Src::default();
+    let into = match out == values {
+        true => String::new(),
+        false => format!(" of {}", out.name()),
+    };
     src.line(format!(
-        "// ingot scatter_add: {n} rows of {row_len} {} added into {rows} rows, by {} ids, in \
-         position order",
+        "// ingot scatter_add: {n} rows of {row_len} {} added into {rows} rows{into}, by {} ids, \
+         in position order",
         values.name(),
         ids.name()
     ));
@@ -251,6 +268,7 @@ struct Scatter {
     vt: &'static str,
     at: &'static str,
     values: DType,
+    out: DType,
     rows: usize,
     row_len: usize,
     n: usize,
@@ -260,7 +278,7 @@ struct Scatter {
 }
 
 impl Scatter {
-    fn new(ix: Ix, values: DType, rows: usize, row_len: usize, n: usize) -> Scatter {
+    fn new(ix: Ix, values: DType, out: DType, rows: usize, row_len: usize, n: usize) -> Scatter {
         let vt = c_type(values);
         let at = match values {
             DType::I32 => "unsigned",
@@ -275,6 +293,7 @@ impl Scatter {
             vt,
             at,
             values,
+            out,
             rows,
             row_len,
             n,
@@ -362,9 +381,9 @@ impl Scatter {
         src.line(format!(
             "const {t} c = c0 + threadIdx.x + ({t})k * {BLOCK}u;"
         ));
-        let sum = match self.values {
+        let sum = match self.out {
             DType::BF16 => "ig_bf16_bits(acc[k])".to_string(),
-            _ => format!("({})acc[k]", self.vt),
+            out => format!("({})acc[k]", c_type(out)),
         };
         src.line(format!(
             "if (c < {}) out[row + c] = {sum};",

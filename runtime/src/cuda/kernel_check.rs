@@ -57,6 +57,8 @@ pub enum Work {
     Scatter {
         ids: DType,
         values: DType,
+        /// The sum's type: the values', or f32 for bf16 values.
+        out: DType,
         rows: usize,
         row_len: usize,
         n: usize,
@@ -116,10 +118,11 @@ impl Work {
             Work::Scatter {
                 ids,
                 values,
+                out,
                 rows,
                 row_len,
                 n,
-            } => cuda::scatter_add_program(*ids, *values, *rows, *row_len, *n),
+            } => cuda::scatter_add_program(*ids, *values, *out, *rows, *row_len, *n),
             Work::Gather {
                 table,
                 ids,
@@ -189,12 +192,13 @@ impl Work {
             Work::Scatter {
                 ids,
                 values,
+                out,
                 rows,
                 row_len,
                 n,
             } => (
                 vec![(*ids, *n), (*values, n * row_len)],
-                vec![(*values, rows * row_len)],
+                vec![(*out, rows * row_len)],
             ),
             Work::Concat {
                 dtype,
@@ -234,6 +238,7 @@ pub fn collect(graph: &Graph) -> Vec<Work> {
                 out.push(Work::Scatter {
                     ids: ids.dtype,
                     values: values.dtype,
+                    out: node.ty.dtype,
                     rows: *rows,
                     row_len: values.shape.numel().checked_div(n).unwrap_or(0),
                     n,
@@ -440,13 +445,21 @@ fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
         Work::Scatter {
             ids,
             values,
+            out,
             rows,
             row_len,
             n,
         } => {
             let s = values.size();
             if *values == DType::BF16 {
-                return Ok(vec![scatter_bf16(*ids, inputs, *rows, *row_len, *n)]);
+                let sums = scatter_bf16(*ids, inputs, *rows, *row_len, *n);
+                return Ok(vec![match out {
+                    DType::F32 => sums.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+                    _ => sums
+                        .iter()
+                        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
+                        .collect(),
+                }]);
             }
             let mut out = vec![0u8; rows * row_len * s];
             for r in 0..*n {
@@ -521,9 +534,10 @@ fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
     }
 }
 
-/// The bf16 scatter-add reference: each row's sum in f32, in position order, rounded once (as
-/// the CPU executor computes it, `runtime/src/cpu/bf16.rs`).
-fn scatter_bf16(ids: DType, inputs: &[Vec<u8>], rows: usize, row_len: usize, n: usize) -> Vec<u8> {
+/// The bf16 scatter-add reference: each row's sum in f32, in position order (as the CPU
+/// executor computes it, `runtime/src/cpu/bf16.rs`), rounded once by the caller for a bf16
+/// result.
+fn scatter_bf16(ids: DType, inputs: &[Vec<u8>], rows: usize, row_len: usize, n: usize) -> Vec<f32> {
     let widen = |b: &[u8], i: usize| {
         half::bf16::from_bits(u16::from_ne_bytes([b[2 * i], b[2 * i + 1]])).to_f32()
     };
@@ -537,9 +551,7 @@ fn scatter_bf16(ids: DType, inputs: &[Vec<u8>], rows: usize, row_len: usize, n: 
             acc[id as usize * row_len + c] += widen(&inputs[1], r * row_len + c);
         }
     }
-    acc.iter()
-        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
-        .collect()
+    acc
 }
 
 fn read_int(dt: DType, b: &[u8], i: usize) -> i64 {
@@ -1244,19 +1256,21 @@ pub enum Source {
     Scatter,
 }
 
-/// `(ids, values, rows, row_len, n)` of [`Source::Scatter`]. The ids are drawn from
+/// `(ids, values, out, rows, row_len, n)` of [`Source::Scatter`]. The ids are drawn from
 /// `-1..rows + 1`, so some are out of range: one row takes every position (rows 1); a few rows
 /// repeat across all 32 groups of positions, groups longer than a chunk of 2048 (rows 3, n
-/// 70,001); most ids appear once (gpt2's token embedding on two ranks); rows longer than a
-/// column panel (2,500); integer sums that wrap; one position; none.
-pub const SCATTER_CASES: [(DType, DType, usize, usize, usize); 7] = [
-    (DType::I64, DType::F32, 50257, 768, 16384),
-    (DType::I32, DType::BF16, 3, 300, 70001),
-    (DType::I64, DType::F64, 1, 5, 4099),
-    (DType::I32, DType::I64, 1000, 2500, 3000),
-    (DType::I64, DType::I32, 100, 33, 2049),
-    (DType::I64, DType::F32, 7, 1, 1),
-    (DType::I64, DType::F32, 5, 3, 0),
+/// 70,001); most ids appear once (gpt2's token embedding on two ranks, and its bf16 rows summed
+/// into f32); rows longer than a column panel (2,500); integer sums that wrap; one position;
+/// none.
+pub const SCATTER_CASES: [(DType, DType, DType, usize, usize, usize); 8] = [
+    (DType::I64, DType::F32, DType::F32, 50257, 768, 16384),
+    (DType::I64, DType::BF16, DType::F32, 50257, 768, 16384),
+    (DType::I32, DType::BF16, DType::BF16, 3, 300, 70001),
+    (DType::I64, DType::F64, DType::F64, 1, 5, 4099),
+    (DType::I32, DType::I64, DType::I64, 1000, 2500, 3000),
+    (DType::I64, DType::I32, DType::I32, 100, 33, 2049),
+    (DType::I64, DType::F32, DType::F32, 7, 1, 1),
+    (DType::I64, DType::F32, DType::F32, 5, 3, 0),
 ];
 
 impl Source {
@@ -1357,10 +1371,11 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
             }
         }
         Source::Scatter => {
-            for (ids, values, rows, row_len, n) in SCATTER_CASES {
+            for (ids, values, out, rows, row_len, n) in SCATTER_CASES {
                 let w = Work::Scatter {
                     ids,
                     values,
+                    out,
                     rows,
                     row_len,
                     n,
