@@ -17,14 +17,19 @@ use ingot_runtime::init::{init_leaves, synthetic_batch};
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 
-/// Whether this machine has two GPUs and NCCL; a skip (or, where required, a failure) says why.
-fn two_gpus(test: &str) -> bool {
+/// The two GPUs, held by one test at a time, when this machine has two and NCCL; a skip (or,
+/// where required, a failure) says why. One at a time: a test that checks the GPUs' free memory
+/// over 1000 steps would otherwise see the other tests' sessions come and go.
+fn two_gpus(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    static GPUS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if !cuda::gpu_for_test(test) {
-        return false;
+        return None;
     }
     let required = std::env::var("INGOT_REQUIRE_GPUS").is_ok_and(|v| v.trim() == "2");
     let why = match (cuda::available(), nccl::load()) {
-        (Ok(n), Ok(_)) if n >= 2 => return true,
+        (Ok(n), Ok(_)) if n >= 2 => {
+            return Some(GPUS.lock().unwrap_or_else(|p| p.into_inner()));
+        }
         (Ok(n), Ok(_)) => format!("this machine has {n} GPU(s), the test needs 2"),
         (_, Err(e)) => e,
         (Err(e), _) => e.to_string(),
@@ -33,7 +38,7 @@ fn two_gpus(test: &str) -> bool {
         panic!("{test}: INGOT_REQUIRE_GPUS=2 is set but {why}");
     }
     eprintln!("skipping {test}: {why}");
-    false
+    None
 }
 
 #[path = "support/steps.rs"]
@@ -101,9 +106,10 @@ fn gpus_against_union(
 
 #[test]
 fn two_gpus_on_two_shards_train_an_mlp_as_one_gpu_on_the_union() {
-    if !two_gpus("two_gpus_on_two_shards_train_an_mlp_as_one_gpu_on_the_union") {
+    let Some(_gpus) = two_gpus("two_gpus_on_two_shards_train_an_mlp_as_one_gpu_on_the_union")
+    else {
         return;
-    }
+    };
     let worst = gpus_against_union(
         |b| models::mlp_with(b, ingot_compiler::ir::DType::F32).unwrap(),
         2,
@@ -116,9 +122,9 @@ fn two_gpus_on_two_shards_train_an_mlp_as_one_gpu_on_the_union() {
 
 #[test]
 fn two_gpus_on_two_shards_train_a_gpt_as_one_gpu_on_the_union() {
-    if !two_gpus("two_gpus_on_two_shards_train_a_gpt_as_one_gpu_on_the_union") {
+    let Some(_gpus) = two_gpus("two_gpus_on_two_shards_train_a_gpt_as_one_gpu_on_the_union") else {
         return;
-    }
+    };
     let worst = gpus_against_union(
         |b| {
             // Large enough for several gradient buckets, so several all-reduces overlap the
@@ -141,9 +147,10 @@ fn two_gpus_on_two_shards_train_a_gpt_as_one_gpu_on_the_union() {
 
 #[test]
 fn every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any() {
-    if !two_gpus("every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any") {
+    let Some(_gpus) = two_gpus("every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any")
+    else {
         return;
-    }
+    };
     let exe = compile(&models::by_name("gpt-mini").unwrap(), 2);
     let planned = exe.plan().total_bytes;
     let g = exe.graph().clone();
@@ -190,9 +197,9 @@ fn every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any() {
 
 #[test]
 fn two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole() {
-    if !two_gpus("two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole") {
+    let Some(_gpus) = two_gpus("two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole") else {
         return;
-    }
+    };
     // As data_parallel.rs's CPU test: the same parameters and batch of 8 rows, evaluated by two
     // GPUs (4 rows each, the mean of their losses) and by one (all 8), before and after a step.
     let session = |b: usize, ranks: usize| {

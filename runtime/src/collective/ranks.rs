@@ -96,6 +96,57 @@ pub fn eval_shards<E: StepExecutor>(
 /// time; with kept threads, 0.20 to 0.37 ms (2 × H200, docs/benchmarks.md, session 9).
 pub struct RankThreads {
     pool: rayon::ThreadPool,
+    start: StartLine,
+}
+
+/// Where the rank threads meet before each operation, spinning, so that they start it within
+/// a few microseconds of each other. A parked thread wakes tens of microseconds after the one
+/// woken before it; the ranks of a data-parallel step meet at its collectives, so a rank that
+/// started late holds the others there, and the step of the earliest, which is the step's
+/// time, lasts that much longer (gpt2 on 2 × H100: 0.04 ms a step, docs/benchmarks.md,
+/// session 17). `INGOT_LAUNCH_TOGETHER=0` turns it off.
+struct StartLine {
+    ranks: usize,
+    arrived: std::sync::atomic::AtomicUsize,
+    round: std::sync::atomic::AtomicUsize,
+    on: bool,
+}
+
+impl StartLine {
+    fn new(ranks: usize) -> StartLine {
+        StartLine {
+            ranks,
+            arrived: std::sync::atomic::AtomicUsize::new(0),
+            round: std::sync::atomic::AtomicUsize::new(0),
+            on: std::env::var("INGOT_LAUNCH_TOGETHER").map_or(true, |v| v.trim() != "0"),
+        }
+    }
+
+    /// Returns once every rank thread has called it this round (every one does: each runs the
+    /// same operation, and this is its first statement). The last to arrive opens the next
+    /// round only after resetting the count, so no thread of the next round counts early.
+    fn cross(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.on || self.ranks < 2 {
+            return;
+        }
+        let round = self.round.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.ranks {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.round.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.round.load(Ordering::Acquire) == round {
+            spins = spins.saturating_add(1);
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                // A rank thread descheduled for long: give the core away while waiting.
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 impl RankThreads {
@@ -105,7 +156,10 @@ impl RankThreads {
             .num_threads(n.max(1))
             .thread_name(|r| format!("ingot-rank-{r}"))
             .build()
-            .map(|pool| RankThreads { pool })
+            .map(|pool| RankThreads {
+                pool,
+                start: StartLine::new(n.max(1)),
+            })
             .map_err(|e| ExecError::Invalid {
                 op: "step",
                 reason: format!("could not start the rank threads: {e}"),
@@ -133,6 +187,7 @@ impl RankThreads {
         let cells: Vec<std::sync::Mutex<&mut E>> =
             ranks.iter_mut().map(std::sync::Mutex::new).collect();
         let results = self.pool.broadcast(|ctx| {
+            self.start.cross();
             let r = ctx.index();
             let mut rank = cells[r].lock().unwrap_or_else(|p| p.into_inner());
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r, &mut rank)))
@@ -428,6 +483,29 @@ impl<S: BatchSource> BatchSource for ShardBatches<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_rank_thread_leaves_the_start_line_before_every_one_has_reached_it() {
+        // Round after round on one line, each thread counts itself in, crosses, and must then
+        // see every thread of its round counted.
+        let (ranks, rounds) = (4, 200);
+        let mut line = StartLine::new(ranks);
+        line.on = true;
+        let reached: Vec<std::sync::atomic::AtomicUsize> = (0..rounds)
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect();
+        std::thread::scope(|s| {
+            for _ in 0..ranks {
+                s.spawn(|| {
+                    for r in &reached {
+                        r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        line.cross();
+                        assert_eq!(r.load(std::sync::atomic::Ordering::SeqCst), ranks);
+                    }
+                });
+            }
+        });
+    }
     use ingot_compiler::ir::DType;
 
     #[test]
