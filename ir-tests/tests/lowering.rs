@@ -468,9 +468,9 @@ fn kernels_wait_for_the_rows_all_gather_only_through_what_it_gathers() {
     let rows = *gathers.last().expect("the embedding's rows are gathered");
     // The nodes computed from the gathered rows or from a later collective's result.
     let mut after = vec![false; g.len()];
-    for (i, op) in p.ops.iter().enumerate().skip(rows) {
+    for op in &p.ops[rows..] {
         if let Some(n) = op.node().filter(|_| op.is_collective()) {
-            after[n.index()] = i >= rows;
+            after[n.index()] = true;
         }
     }
     for id in g.ids() {
