@@ -425,17 +425,14 @@ fn lag_collective_readers(
         placed[i] = true;
         out.push(NodeId(i as u32));
     };
-    // The nodes this loop places itself, in order: a release waits while the next of them
-    // makes a collective's operand.
+    // The nodes this loop places itself, in order (the others are placed only by a release):
+    // a release waits while the next of them makes a collective's operand.
     let own: Vec<usize> = order
         .iter()
         .map(|id| id.index())
         .filter(|&i| !deferred[i] && !pulled[i])
         .collect();
     for (at, &i) in own.iter().enumerate() {
-        if placed[i] {
-            continue;
-        }
         place(i, &mut placed, &mut out);
         if g.node(NodeId(i as u32)).op.is_collective() {
             launched += 1;
@@ -443,7 +440,7 @@ fn lag_collective_readers(
         // A gradient that is ready goes before the released updates: they only wait, its
         // all-reduce would wait behind them (the first layer's LayerNorm gains behind the
         // embedding's sum and update, on the step's tail).
-        if own.get(at + 1).is_some_and(|&j| made[j] && !placed[j]) {
+        if own.get(at + 1).is_some_and(|&j| made[j]) {
             continue;
         }
         // Release, in order, the waiting readers whose collective's successor is launched and

@@ -89,11 +89,16 @@ impl Liveness {
         // the first of them. Freed at the gather's launch, its bytes would go to the next
         // kernels, and each would wait for the whole gather (an embedding's rows at the end of
         // the backward pass: the first layer's last gradients and the sum's index behind them).
-        let users = g.users();
-        for id in g.ids() {
-            if !matches!(g.node(id).op, Op::AllGather { .. }) {
-                continue;
-            }
+        let gathers: Vec<NodeId> = g
+            .ids()
+            .filter(|&id| matches!(g.node(id).op, Op::AllGather { .. }))
+            .collect();
+        let users = if gathers.is_empty() {
+            Vec::new()
+        } else {
+            g.users()
+        };
+        for id in gathers {
             let first = crate::schedule::readers_through_views(g, &users, id)
                 .into_iter()
                 .filter(|&r| !g.node(r).op.is_alias())
