@@ -224,9 +224,10 @@ pub fn scatter_add(
         shared_bytes: 0,
     };
     let mut src = Src::default();
-    let into = match out == values {
-        true => String::new(),
-        false => format!(" of {}", out.name()),
+    let into = if out == values {
+        String::new()
+    } else {
+        format!(" of {}", out.name())
     };
     src.line(format!(
         "// ingot scatter_add: {n} rows of {row_len} {} added into {rows} rows{into}, by {} ids, \

@@ -483,6 +483,7 @@ impl<S: BatchSource> BatchSource for ShardBatches<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ingot_compiler::ir::DType;
 
     #[test]
     fn no_rank_thread_leaves_the_start_line_before_every_one_has_reached_it() {
@@ -506,7 +507,6 @@ mod tests {
             }
         });
     }
-    use ingot_compiler::ir::DType;
 
     #[test]
     fn each_rank_runs_on_its_own_kept_thread_every_step() {
