@@ -1,6 +1,9 @@
 //! Fitting a training step to a memory budget, in the order that costs least:
 //!
 //! 1. the memory-aware schedule and fusion's cheap recomputation (every compile does both);
+//!    then, over the budget, the weights cast to bf16 in each step instead of kept as bf16
+//!    copies ([`crate::autodiff::copies`]: two resident bytes a weight for one cast each), and
+//!    the loss head in row chunks;
 //! 2. recomputing library calls for the backward pass ([`recompute_to_budget`]): matmul,
 //!    attention and convolution outputs the backward pass reads, cheapest first;
 //! 3. gradient accumulation: the batch in k = 2, 3, 4, ... micro-batches (divisors of the
@@ -108,6 +111,10 @@ pub struct Fitted {
     pub accumulate: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub micro_batch: Option<usize>,
+    /// The weights cast to bf16 in every forward pass instead of kept as bf16 copies
+    /// ([`crate::autodiff::copies`]): two bytes a weight less, resident.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub weights_cast_each_step: bool,
     /// The loss head computed in row chunks ([`crate::autodiff::chunk`]).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub chunked_loss_head: bool,
@@ -126,6 +133,9 @@ impl Fitted {
     /// One line for the report.
     pub fn line(&self) -> String {
         let mut what = Vec::new();
+        if self.weights_cast_each_step {
+            what.push("the weights cast to bf16 in each step (no bf16 copies)".to_string());
+        }
         match self.loss_head_chunk_bytes {
             Some(b) if self.chunked_loss_head && b < crate::autodiff::chunk::HEAD_CHUNK_BYTES => {
                 what.push(format!(
@@ -337,6 +347,39 @@ pub fn fit(
     if base.report.total_bytes <= budget {
         return Ok((model.clone(), base, None));
     }
+    let unfitted = base.report.total_bytes;
+    // First the weights' bf16 copies go, if the step keeps them: two resident bytes a weight,
+    // for a cast of each weight in each step (a few percent of a step's time, far less than
+    // what any later measure costs).
+    let cast_step = StepOptions {
+        cast_weights_each_step: true,
+        ..*step
+    };
+    let (step, r, base, weights_cast_each_step) = if step.cast_weights_each_step {
+        (step, r, base, false)
+    } else {
+        let rc = pipeline::rewritten(model, &cast_step, opts)?;
+        let bc = pipeline::finish(&rc, &[])?;
+        if bc.report.total_bytes < base.report.total_bytes {
+            (&cast_step, rc, bc, true)
+        } else {
+            (step, r, base, false)
+        }
+    };
+    if base.report.total_bytes <= budget {
+        let f = Fitted {
+            budget_bytes: budget,
+            unfitted_bytes: unfitted,
+            chunked_loss_head: false,
+            loss_head_chunk_bytes: None,
+            accumulate: step.accumulate.max(1),
+            micro_batch: None,
+            weights_cast_each_step,
+            recompute: None,
+            total_bytes: base.report.total_bytes,
+        };
+        return Ok((model.clone(), base, Some(f)));
+    }
     if base.report.resident_bytes > budget {
         return Err(FitError::Resident {
             model: model.name.clone(),
@@ -344,9 +387,8 @@ pub fn fit(
             budget,
         });
     }
-    // First the loss head in row chunks: its largest tensor (a language model's logits)
+    // Then the loss head in row chunks: its largest tensor (a language model's logits)
     // shrinks to a chunk's for an addition of the head's weight gradient per extra chunk.
-    let unfitted = base.report.total_bytes;
     let chunked_step = StepOptions {
         loss_head_chunk_bytes: crate::autodiff::chunk::HEAD_CHUNK_BYTES,
         ..*step
@@ -370,6 +412,7 @@ pub fn fit(
             loss_head_chunk_bytes: chunked_loss_head.then_some(step.loss_head_chunk_bytes),
             accumulate: step.accumulate.max(1),
             micro_batch: None,
+            weights_cast_each_step,
             recompute: None,
             total_bytes: base.report.total_bytes,
         };
@@ -392,6 +435,7 @@ pub fn fit(
         loss_head_chunk_bytes: chunked_loss_head.then_some(step.loss_head_chunk_bytes),
         accumulate: k,
         micro_batch: whole.map(|w| w / k),
+        weights_cast_each_step,
         recompute,
         total_bytes: c.report.total_bytes,
     };

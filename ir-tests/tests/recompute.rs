@@ -240,3 +240,37 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
     assert!(c.report.total_bytes <= budget);
     c.plan.validate(&c.graph).unwrap();
 }
+
+#[test]
+fn a_bf16_step_over_its_budget_by_no_more_than_its_weight_copies_gives_them_up_first() {
+    let model = models::by_name(GPT).unwrap();
+    let mut opts = Options::for_target(Target::Cpu);
+    opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
+    let plan = |cast: bool| {
+        let step = StepOptions {
+            cast_weights_each_step: cast,
+            ..Default::default()
+        };
+        let r = pipeline::rewritten(&model, &step, &opts).unwrap();
+        pipeline::finish(&r, &[]).unwrap().report
+    };
+    let (kept, cast) = (plan(false), plan(true));
+    assert!(kept.resident.weight_copies > 0);
+    assert_eq!(cast.resident.weight_copies, 0);
+    assert!(cast.total_bytes < kept.total_bytes);
+    let fit_opts = FitOptions {
+        budget: cast.total_bytes,
+        recompute: true,
+        accumulate: true,
+    };
+    let (_, c, fitted) = fit::fit(&model, &StepOptions::default(), &opts, &fit_opts, None).unwrap();
+    let f = fitted.expect("over the budget with its copies");
+    assert!(f.weights_cast_each_step, "{}", f.line());
+    assert!(f.recompute.is_none() && f.accumulate == 1 && !f.chunked_loss_head);
+    assert!(
+        f.line().contains("cast to bf16 in each step"),
+        "{}",
+        f.line()
+    );
+    assert_eq!(c.report.total_bytes, cast.total_bytes);
+}

@@ -17,6 +17,7 @@
 
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::copies;
 use ingot_compiler::ir::{DType, Graph, Init, LeafKind, Op, TensorType};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -101,17 +102,29 @@ pub fn init_leaf(seed: u64, name: &str, ty: &TensorType, init: &Init) -> Tensor 
     }
 }
 
-/// The initial value of every leaf of `kind` in `g`, by name, in graph order.
+/// The initial value of every leaf of `kind` in `g`, by name, in graph order. A parameter's
+/// bf16 copy ([`ingot_compiler::autodiff::copies`]) is its parameter's initial value cast.
 pub fn init_leaves(g: &Graph, kind: LeafKind, seed: u64) -> IndexMap<String, Tensor> {
+    let value = |id| match &g.node(id).op {
+        Op::Leaf { name, init, .. } => Some((name.clone(), init_leaf(seed, name, g.ty(id), init))),
+        _ => None,
+    };
     g.leaves(kind)
         .into_iter()
-        .filter_map(|id| match &g.node(id).op {
-            Op::Leaf { name, init, .. } => {
-                Some((name.clone(), init_leaf(seed, name, g.ty(id), init)))
+        .filter_map(|id| match copies::param_of(g, id) {
+            Some(p) => {
+                let (_, v) = value(p)?;
+                Some((g.leaf_name(id)?.to_string(), bf16_copy(&v)?))
             }
-            _ => None,
+            None => value(id),
         })
         .collect()
+}
+
+/// An f32 tensor cast to bf16 (rounded to nearest, ties to even, as the step's cast), for a
+/// parameter's copy; `None` for another dtype.
+pub fn bf16_copy(v: &Tensor) -> Option<Tensor> {
+    Some(Tensor::from_f32_as_bf16(v.shape().clone(), v.as_f32()?))
 }
 
 /// The exclusive upper bound of the ids the integer input `name` (`x` or `y`) may hold, read off

@@ -21,6 +21,7 @@ use crate::executor::StepExecutor;
 use crate::init;
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::copies;
 use ingot_compiler::autodiff::optim::STEP_COUNTER;
 use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE};
 use ingot_compiler::exe::{Executable, StepPair, Target};
@@ -576,9 +577,43 @@ impl Session {
         self.steps
     }
 
-    fn leaves_of(&self, kind: LeafKind) -> IndexMap<String, Tensor> {
+    /// The names of the leaves of `kind`, but the parameters' bf16 copies: derived from the
+    /// parameters ([`ingot_compiler::autodiff::copies`]), never saved or loaded on their own.
+    fn leaf_names_of(&self, kind: LeafKind) -> Vec<String> {
+        let g = self.graph();
         self.exe()
             .leaf_names(kind)
+            .into_iter()
+            .filter(|name| !g.leaf(name).is_some_and(|id| copies::is_copy(g, id)))
+            .collect()
+    }
+
+    /// Writes each parameter's bf16 copy from the parameter's value now.
+    fn write_copies(&mut self) -> Result<(), SessionError> {
+        let g = self.graph();
+        let pairs: Vec<(String, String)> = g
+            .leaves(LeafKind::State)
+            .into_iter()
+            .filter_map(|c| {
+                let p = copies::param_of(g, c)?;
+                Some((g.leaf_name(c)?.to_string(), g.leaf_name(p)?.to_string()))
+            })
+            .collect();
+        for (copy, param) in pairs {
+            let value = self.exe().read_leaf(&param)?;
+            let cast =
+                crate::init::bf16_copy(&value).ok_or_else(|| SessionError::ParameterType {
+                    name: param.clone(),
+                    expected: TensorType::new(value.shape().clone(), DType::F32),
+                    got: value.ty.clone(),
+                })?;
+            self.exe_mut().write_leaf(&copy, &cast)?;
+        }
+        Ok(())
+    }
+
+    fn leaves_of(&self, kind: LeafKind) -> IndexMap<String, Tensor> {
+        self.leaf_names_of(kind)
             .into_iter()
             .filter_map(|name| {
                 let value = self.exe().read_leaf(&name).ok()?;
@@ -742,7 +777,7 @@ impl Session {
         for name in known {
             self.exe_mut().write_leaf(&name, &params[&name])?;
         }
-        Ok(())
+        self.write_copies()
     }
 
     /// Replaces the optimizer state (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step` for AdamW)
@@ -779,7 +814,7 @@ impl Session {
             }
             None => None,
         };
-        let mut names = self.exe().leaf_names(LeafKind::State);
+        let mut names = self.leaf_names_of(LeafKind::State);
         for name in &names {
             let id = self.graph().leaf(name).expect("a leaf of the graph");
             let expected = self.graph().ty(id);

@@ -5,6 +5,7 @@
 pub mod accumulate;
 pub mod buckets;
 pub mod chunk;
+pub mod copies;
 pub mod grad;
 pub mod optim;
 pub mod phase;

@@ -61,6 +61,10 @@ pub struct StepOptions {
     /// their all-reduces earlier in the backward pass and leave a shorter one at its end, in
     /// more collectives.
     pub bucket_bytes: usize,
+    /// Cast the weights to bf16 in every forward pass, as autocast does, instead of keeping
+    /// bf16 copies that the update writes ([`super::copies`]). Off by default: a bf16 step
+    /// keeps copies; the two compute the same numbers.
+    pub cast_weights_each_step: bool,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -182,14 +186,17 @@ pub fn training_step_with(
     } else {
         (g, [f, b, n])
     };
-    Ok(Step {
-        graph: g,
-        phases: Phases {
-            forward: 0..f,
-            backward: f..b,
-            optimizer: b..n,
-        },
-    })
+    let phases = Phases {
+        forward: 0..f,
+        backward: f..b,
+        optimizer: b..n,
+    };
+    let (graph, phases) = if opts.cast_weights_each_step {
+        (g, phases)
+    } else {
+        super::copies::keep_weight_copies(g, phases)?
+    };
+    Ok(Step { graph, phases })
 }
 
 /// Names the optimizer's nodes (those from `first` on) after the update they serve:

@@ -159,7 +159,15 @@ pub fn type_label(dtype: &str, shape: &[usize]) -> String {
 pub struct ResidentBytes {
     pub parameters: usize,
     pub optimizer_state: usize,
+    /// The weights' bf16 copies ([`crate::autodiff::copies`]), counted apart from the
+    /// optimizer state they are leaves beside.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub weight_copies: usize,
     pub inputs: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One buffer live at the peak.
@@ -264,6 +272,7 @@ impl Report {
         let mut resident = ResidentBytes {
             parameters: 0,
             optimizer_state: 0,
+            weight_copies: 0,
             inputs: 0,
         };
         for id in g.ids() {
@@ -271,6 +280,9 @@ impl Report {
                 let b = super::align_up(g.ty(id).bytes());
                 match kind {
                     LeafKind::Parameter => resident.parameters += b,
+                    LeafKind::State if crate::autodiff::copies::is_copy(g, id) => {
+                        resident.weight_copies += b
+                    }
                     LeafKind::State => resident.optimizer_state += b,
                     LeafKind::Input => resident.inputs += b,
                 }
@@ -393,6 +405,13 @@ impl Report {
         row(&mut o, "resident", self.resident_bytes);
         row(&mut o, "  parameter", self.resident.parameters);
         row(&mut o, "  optimizer_state", self.resident.optimizer_state);
+        if self.resident.weight_copies > 0 {
+            row(
+                &mut o,
+                "  weight_copies (bf16)",
+                self.resident.weight_copies,
+            );
+        }
         row(&mut o, "  input", self.resident.inputs);
         row(&mut o, "slab", self.slab_bytes);
         row(&mut o, "lower bound (LOAD)", self.lower_bound_bytes);

@@ -178,6 +178,12 @@ pub struct ModelArgs {
     /// bf16_compress_hook). Off by default.
     #[arg(long)]
     pub reduce_in_bf16: bool,
+    /// With --precision bf16: cast the weights to bf16 in every forward pass, as autocast
+    /// does, instead of keeping bf16 copies that the update writes (the default). Two bytes a
+    /// weight less resident memory, for the casts' time in each step (gpt2: 247 MB less, about
+    /// 2% slower). --budget drops the copies by itself before anything else
+    #[arg(long)]
+    pub no_weight_copies: bool,
     /// With several ranks: the size of the gradient buckets each all-reduce takes (e.g.
     /// 10MiB; default 25MiB, as PyTorch DDP's bucket_cap_mb). Smaller buckets start their
     /// all-reduces earlier in the backward pass and leave less of it to wait for at the end,
@@ -211,6 +217,7 @@ impl ModelArgs {
             },
             reduce_in_bf16: self.reduce_in_bf16,
             bucket_bytes: self.bucket_size.unwrap_or(0),
+            cast_weights_each_step: self.no_weight_copies,
         }
     }
 }

@@ -1,0 +1,247 @@
+//! bf16 copies of the weights, kept by the optimizer.
+//!
+//! Under bf16 autocast ([`crate::precision`]) every matrix product reads its f32 weight cast to
+//! bf16: a `convert` of the parameter leaf, made again in every step's forward pass, and
+//! kept until the backward pass has read it. [`keep_weight_copies`] makes that cast a leaf of
+//! its own instead, `{param}.bf16` (resident state), which the step writes after the update:
+//! the cast of the parameter's new value, computed by the update's own kernel. The next
+//! step's forward and backward passes read the copy. It holds exactly the bits the cast would
+//! have made at the start of that step, so the step's numbers do not change, and the forward
+//! pass no longer reads four bytes and writes two per weight before each product (llm.c keeps
+//! its weights the same way: bf16 for the passes, f32 master weights for the update).
+//!
+//! A copy is derived state: it is never saved in a checkpoint. Whoever writes a parameter
+//! writes its copy too ([`param_of`] finds the parameter of a copy): the runtime derives it
+//! when it initialises the leaves and when it loads parameters.
+
+use super::Phases;
+use crate::error::Result;
+use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Op};
+
+/// The suffix of a copy's name: `blocks.0.qkv.weight.bf16`.
+pub const SUFFIX: &str = ".bf16";
+
+/// The parameter whose bf16 copy leaf `id` is (a state leaf named `{param}.bf16` of the
+/// parameter's shape in bf16), if it is one.
+pub fn param_of(g: &Graph, id: NodeId) -> Option<NodeId> {
+    let Op::Leaf {
+        kind: LeafKind::State,
+        name,
+        ..
+    } = &g.node(id).op
+    else {
+        return None;
+    };
+    let p = g.leaf(name.strip_suffix(SUFFIX)?)?;
+    let (pt, ct) = (g.ty(p), g.ty(id));
+    let is_param = matches!(
+        g.node(p).op,
+        Op::Leaf {
+            kind: LeafKind::Parameter,
+            ..
+        }
+    );
+    (is_param && pt.shape == ct.shape && pt.dtype == DType::F32 && ct.dtype == DType::BF16)
+        .then_some(p)
+}
+
+/// Whether leaf `id` is a parameter's bf16 copy ([`param_of`]).
+pub fn is_copy(g: &Graph, id: NodeId) -> bool {
+    param_of(g, id).is_some()
+}
+
+/// Replaces every cast of an updated f32 parameter to bf16 in `g` (a whole training step,
+/// updates declared; `phases` its phases) by that parameter's copy leaf, and declares the
+/// copy's update: the cast of the parameter's new value, with the update's origin. Returns
+/// the step and its phases; a step with no such cast is returned as it is.
+pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
+    let updated: std::collections::HashMap<NodeId, NodeId> =
+        g.updates.iter().map(|u| (u.target, u.value)).collect();
+    // The parameter a cast to bf16 reads, through the views (transposes, reshapes) between
+    // them, which commute with the cast: `convert(transpose(w))` is `transpose(copy)`.
+    let cast_of = |id: NodeId| -> Option<(NodeId, Vec<NodeId>)> {
+        let n = g.node(id);
+        let (Op::Convert, &[mut p]) = (&n.op, n.inputs.as_slice()) else {
+            return None;
+        };
+        let mut views = Vec::new();
+        while matches!(g.node(p).op, Op::Transpose { .. } | Op::Reshape) {
+            views.push(p);
+            p = g.node(p).inputs[0];
+        }
+        views.reverse();
+        let is_param = matches!(
+            g.node(p).op,
+            Op::Leaf {
+                kind: LeafKind::Parameter,
+                ..
+            }
+        );
+        (is_param
+            && n.ty.dtype == DType::BF16
+            && g.ty(p).dtype == DType::F32
+            && updated.contains_key(&p))
+        .then_some((p, views))
+    };
+    if !g.ids().any(|id| cast_of(id).is_some()) {
+        return Ok((g, phases));
+    }
+    let mut out = Graph::new();
+    let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
+    // Each parameter's copy, made where its first cast was.
+    let mut copies: indexmap::IndexMap<NodeId, NodeId> = indexmap::IndexMap::new();
+    // The new graph's length when each old node came to be made: a phase boundary there.
+    let mut len_at = Vec::with_capacity(g.len() + 1);
+    for id in g.ids() {
+        len_at.push(out.len());
+        let node = g.node(id);
+        let new = match cast_of(id) {
+            Some((p, views)) => {
+                let mut cur = match copies.get(&p) {
+                    Some(&c) => c,
+                    None => {
+                        let name = format!("{}{SUFFIX}", g.leaf_name(p).expect("a leaf"));
+                        let leaf = Op::Leaf {
+                            kind: LeafKind::State,
+                            name,
+                            init: Init::Zeros,
+                        };
+                        let mut ty = g.ty(p).clone();
+                        ty.dtype = DType::BF16;
+                        let c = out.push(leaf, &[], Some(ty))?;
+                        copies.insert(p, c);
+                        c
+                    }
+                };
+                for v in views {
+                    let mut ty = g.ty(v).clone();
+                    ty.dtype = DType::BF16;
+                    let op = g.node(v).op.clone();
+                    cur = out.with_origin(g.origin(v).clone(), |o| o.push(op, &[cur], Some(ty)))?;
+                }
+                cur
+            }
+            None => {
+                let inputs: Vec<NodeId> = node
+                    .inputs
+                    .iter()
+                    .map(|i| map[i.index()].expect("operands come first"))
+                    .collect();
+                out.with_origin(g.origin(id).clone(), |o| {
+                    o.push(node.op.clone(), &inputs, Some(node.ty.clone()))
+                })?
+            }
+        };
+        map[id.index()] = Some(new);
+    }
+    len_at.push(out.len());
+    let at = |i: NodeId| map[i.index()].expect("every node is mapped");
+    for (k, &v) in &g.outputs {
+        out.outputs.insert(k.clone(), at(v));
+    }
+    for u in &g.updates {
+        out.set_update(at(u.target), at(u.value))?;
+    }
+    for (&p, &c) in &copies {
+        let value = at(updated[&p]);
+        let origin =
+            crate::ir::Origin::new(&format!("update of {}", g.leaf_name(p).expect("a leaf")));
+        let mut ty = out.ty(value).clone();
+        ty.dtype = DType::BF16;
+        let cast = out.with_origin(origin, |o| o.push(Op::Convert, &[value], Some(ty)))?;
+        out.set_update(c, cast)?;
+    }
+    // The f32 views a cast read are dead now. A phase boundary moves by the nodes made and
+    // dropped before it; the copies' updates join the optimizer phase.
+    let (live, kept) = out.without_dead_code();
+    let at = |i: usize| kept[..len_at[i]].iter().filter(|m| m.is_some()).count();
+    let phases = Phases {
+        forward: 0..at(phases.forward.end),
+        backward: at(phases.backward.start)..at(phases.backward.end),
+        optimizer: at(phases.optimizer.start)..live.len(),
+    };
+    Ok((live, phases))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autodiff::{training_step_with, StepOptions};
+    use crate::models;
+
+    fn step(cast: bool) -> crate::autodiff::Step {
+        let m = models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+            .unwrap();
+        let forward = crate::precision::Precision::Bf16.apply(&m.graph).unwrap();
+        let opts = StepOptions {
+            cast_weights_each_step: cast,
+            ..StepOptions::default()
+        };
+        training_step_with(&forward, &m.optimizer, &opts).unwrap()
+    }
+
+    /// The parameter a cast to bf16 reads, through views, if it reads one.
+    fn cast_param(g: &Graph, id: NodeId) -> Option<NodeId> {
+        let n = g.node(id);
+        if !(matches!(n.op, Op::Convert) && n.ty.dtype == DType::BF16) {
+            return None;
+        }
+        let mut x = n.inputs[0];
+        while matches!(g.node(x).op, Op::Transpose { .. } | Op::Reshape) {
+            x = g.node(x).inputs[0];
+        }
+        g.leaves(LeafKind::Parameter).contains(&x).then_some(x)
+    }
+
+    #[test]
+    fn a_bf16_step_reads_each_cast_weight_from_its_copy_which_the_update_writes_as_its_cast() {
+        let (cast, kept) = (step(true), step(false));
+        let cast_params: std::collections::BTreeSet<String> = cast
+            .graph
+            .ids()
+            .filter_map(|id| cast_param(&cast.graph, id))
+            .map(|p| cast.graph.leaf_name(p).unwrap().to_string())
+            .collect();
+        assert!(cast_params.len() >= 8, "{cast_params:?}");
+        let g = &kept.graph;
+        assert!(
+            !g.ids().any(|id| cast_param(g, id).is_some()),
+            "no step casts a weight"
+        );
+        let copies: Vec<NodeId> = g
+            .leaves(LeafKind::State)
+            .into_iter()
+            .filter(|&c| is_copy(g, c))
+            .collect();
+        let copied: std::collections::BTreeSet<String> = copies
+            .iter()
+            .map(|&c| g.leaf_name(param_of(g, c).unwrap()).unwrap().to_string())
+            .collect();
+        assert_eq!(copied, cast_params, "one copy for each weight cast");
+        for &c in &copies {
+            let p = param_of(g, c).unwrap();
+            let update = |t: NodeId| g.updates.iter().find(|u| u.target == t).unwrap().value;
+            let v = update(c);
+            assert!(matches!(g.node(v).op, Op::Convert), "{}", g.describe(v));
+            assert_eq!(g.node(v).inputs[0], update(p), "the cast of the new weight");
+            assert!(kept.phases.optimizer.contains(&v.index()));
+            assert!(g.origin(v).to_string().contains("update of"));
+        }
+        // Everything else is the same step.
+        assert_eq!(g.updates.len(), cast.graph.updates.len() + copies.len());
+        assert_eq!(
+            kept.phases.backward.len(),
+            cast.phases.backward.len(),
+            "the backward pass is unchanged"
+        );
+    }
+
+    #[test]
+    fn an_f32_step_keeps_no_copies() {
+        let m = models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+            .unwrap();
+        let s = training_step_with(&m.graph, &m.optimizer, &StepOptions::default()).unwrap();
+        let g = &s.graph;
+        assert!(!g.leaves(LeafKind::State).into_iter().any(|c| is_copy(g, c)));
+    }
+}
