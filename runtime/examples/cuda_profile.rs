@@ -5,7 +5,7 @@
 //! independent operations gains.
 //!
 //!     cuda_profile MODEL [--tf32 | --precision f32|tf32|bf16] [--chunk-loss-head] [--top N]
-//!                  [--gpus N [--reduce-in-bf16]] [--timeline [--csv PATH]]
+//!                  [--gpus N [--reduce-in-bf16]] [--no-weight-copies] [--timeline [--csv PATH]]
 //!
 //! With `--gpus N` the step is compiled for N data-parallel ranks and loaded on N GPUs; the
 //! op-by-op times are rank 0's, every rank running its operations one at a time together (so
@@ -76,6 +76,7 @@ fn main() {
             .map(|v| v.parse().expect("--gpus N"))
             .unwrap_or(0),
         reduce_in_bf16: args.iter().any(|a| a == "--reduce-in-bf16"),
+        cast_weights_each_step: args.iter().any(|a| a == "--no-weight-copies"),
         ..Default::default()
     };
     let session = |opts: &ingot_compiler::pipeline::Options, device: Device| {

@@ -153,10 +153,25 @@ pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
 /// A synthetic value of every input leaf of `g`, by name, in graph order: integer inputs uniform
 /// in `0..`[`id_bound`] (`0..1` where there is none), float inputs normal(0, 1).
 pub fn synthetic_batch(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
+    synthetic_union_batch(g, seed, 1)
+}
+
+/// [`synthetic_batch`] for `ranks` data-parallel ranks together: each input with a leading
+/// axis (a batch) is drawn `ranks` times as long, rank `r`'s samples the `r`-th of `ranks`
+/// equal parts, so that every rank trains on samples of its own, as it would on its shard of a
+/// data set. The first rank's part is the one-rank batch (the draws continue one stream).
+/// Scalars are drawn once.
+pub fn synthetic_union_batch(g: &Graph, seed: u64, ranks: usize) -> IndexMap<String, Tensor> {
     let mut out = IndexMap::new();
     for id in g.leaves(LeafKind::Input) {
         let name = g.leaf_name(id).expect("leaves have names").to_string();
-        let ty = g.ty(id);
+        let mut ty = g.ty(id).clone();
+        if let Some(&d0) = ty.shape.dims().first() {
+            let mut dims = ty.shape.dims().to_vec();
+            dims[0] = d0 * ranks.max(1);
+            ty.shape = ingot_compiler::ir::Shape::new(&dims);
+        }
+        let ty = &ty;
         let mut rng = rng_for(seed, &format!("batch/{name}"));
         let n = ty.shape.numel();
         let t = if ty.dtype.is_float() {

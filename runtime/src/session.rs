@@ -438,11 +438,40 @@ impl Session {
         let graph = session.graph();
         let mut values = init::init_leaves(graph, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(graph, LeafKind::State, seed));
-        values.extend(init::synthetic_batch(graph, seed));
         for (name, value) in &values {
             session.exe_mut().write_leaf(name, value)?;
         }
+        session.set_synthetic_batch(seed)?;
         Ok(session)
+    }
+
+    /// Writes the synthetic batch of `seed` ([`init::synthetic_union_batch`]): with several
+    /// data-parallel ranks, one for all of them together, each rank's part its own samples
+    /// (in one process of several, this rank's part alone), as a data set's shards would be.
+    fn set_synthetic_batch(&mut self, seed: u64) -> Result<(), SessionError> {
+        let (ranks, mine) = match self.exe().data_shard() {
+            Some((r, n)) => (n, Some(r)),
+            None => (self.exe().data_ranks(), None),
+        };
+        let one = init::synthetic_batch(self.graph(), seed);
+        let union = init::synthetic_union_batch(self.graph(), seed, ranks);
+        for (name, value) in &union {
+            let id = self.exe().leaf_id(name)?;
+            let batched = !self.graph().ty(id).shape.dims().is_empty();
+            if ranks <= 1 || !batched {
+                self.exe_mut().write_leaf(name, &one[name])?;
+                continue;
+            }
+            let bytes = value.to_le_bytes();
+            let part = bytes.len() / ranks;
+            match mine {
+                Some(r) => self
+                    .exe_mut()
+                    .write_node_bytes(id, &bytes[r * part..(r + 1) * part])?,
+                None => self.exe_mut().write_node_bytes(id, &bytes)?,
+            }
+        }
+        Ok(())
     }
 
     /// The precision the step was compiled in.

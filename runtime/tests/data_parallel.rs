@@ -728,3 +728,38 @@ mod cli {
         assert!(!both.status.success() && e.contains("--gpus"), "{e}");
     }
 }
+
+#[test]
+fn two_ranks_without_a_data_set_train_on_two_halves_of_one_synthetic_batch_twice_as_large() {
+    // The two-rank session's synthetic batch is drawn for both ranks together: rank 0 gets
+    // the one-rank batch of 4 rows, rank 1 the next 4 rows of the same draws. Together they
+    // are the synthetic batch of the model at 8 rows, so the first step's loss (the mean of
+    // the ranks' losses) is the 8-row model's.
+    let spec =
+        |b: usize| format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
+    let session = |b: usize, ranks: usize| {
+        let model = models::by_name(&spec(b)).unwrap();
+        ingot_runtime::session::Session::from_executable(
+            compile(&model, ranks),
+            3,
+            ingot_runtime::session::Device::Cpu,
+        )
+        .unwrap()
+    };
+    let (mut whole, mut two, mut one) = (session(8, 1), session(4, 2), session(4, 1));
+    let (w, t, o) = (
+        whole.step().unwrap().loss,
+        two.step().unwrap().loss,
+        one.step().unwrap().loss,
+    );
+    assert!(
+        ((w - t) / w).abs() <= 1e-6,
+        "8 rows {w}, two ranks of 4 {t}"
+    );
+    assert_ne!(t, o, "rank 1 trains on rows of its own, not rank 0's again");
+    assert_eq!(
+        two.batch()["x"],
+        one.batch()["x"],
+        "rank 0 reads the one-rank batch"
+    );
+}
