@@ -183,6 +183,39 @@ fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
 }
 
 #[test]
+fn a_resumed_bf16_run_rebuilds_its_weight_copies_and_reproduces_the_uninterrupted_run() {
+    // A bf16 step keeps bf16 copies of its weights, which checkpoints leave out: the resumed
+    // run makes them again from the parameters it loads, or its losses would differ.
+    let d = scratch("resume-bf16");
+    let bin = byte_tokens(&d);
+    let ck = d.join("ck");
+    let (bin, ck) = (bin.to_str().unwrap(), ck.to_str().unwrap());
+    let base = [
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--precision",
+        "bf16",
+        "--dataset",
+        bin,
+        "--json",
+    ];
+    let straight = run_losses(&[&base[..], &["--steps", "12"]].concat());
+    let first = run_losses(&[&base[..], &["--steps", "6", "--checkpoint", ck]].concat());
+    let second = run_losses(&[&base[..], &["--steps", "12", "--resume", ck]].concat());
+    let resumed: Vec<(u64, f64)> = first.into_iter().chain(second).collect();
+    assert_eq!(resumed.len(), 12);
+    for ((s, a), (r, b)) in straight.iter().zip(&resumed) {
+        assert_eq!(s, r);
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "step {s}: {a} straight, {b} resumed"
+        );
+    }
+}
+
+#[test]
 fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
     let d = scratch("resume-mismatch");
     let bin = byte_tokens(&d);
