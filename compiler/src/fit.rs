@@ -326,6 +326,18 @@ pub fn recompute_to_budget(
     Ok(Recomputation::Fits(Box::new(best), info))
 }
 
+/// `model`'s step with `variant`'s options, compiled, when its plan is smaller than `base`'s.
+fn smaller(
+    model: &Model,
+    variant: &StepOptions,
+    opts: &Options,
+    base: &Compiled,
+) -> Result<Option<(Rewritten, Compiled)>, FitError> {
+    let r = pipeline::rewritten(model, variant, opts)?;
+    let c = pipeline::finish(&r, &[])?;
+    Ok((c.report.total_bytes < base.report.total_bytes).then_some((r, c)))
+}
+
 /// Compiles `model`'s step to fit `opts.budget`, as the module docs say. `micro_batch(k)`
 /// builds the forward pass of one of `k` micro-batches of the model's batch (`None`: the model
 /// cannot be accumulated, as a model file whose batch is fixed in its text). Returns the model
@@ -355,29 +367,27 @@ pub fn fit(
         cast_weights_each_step: true,
         ..*step
     };
-    let (step, r, base, weights_cast_each_step) = if step.cast_weights_each_step {
-        (step, r, base, false)
-    } else {
-        let rc = pipeline::rewritten(model, &cast_step, opts)?;
-        let bc = pipeline::finish(&rc, &[])?;
-        if bc.report.total_bytes < base.report.total_bytes {
-            (&cast_step, rc, bc, true)
-        } else {
-            (step, r, base, false)
-        }
+    let cast = (!step.cast_weights_each_step)
+        .then(|| smaller(model, &cast_step, opts, &base))
+        .transpose()?
+        .flatten();
+    let (step, r, base, weights_cast_each_step) = match cast {
+        Some((rc, bc)) => (&cast_step, rc, bc, true),
+        None => (step, r, base, false),
+    };
+    let as_asked = |step: &StepOptions, c: &Compiled, chunked_loss_head: bool| Fitted {
+        budget_bytes: budget,
+        unfitted_bytes: unfitted,
+        chunked_loss_head,
+        loss_head_chunk_bytes: chunked_loss_head.then_some(step.loss_head_chunk_bytes),
+        accumulate: step.accumulate.max(1),
+        micro_batch: None,
+        weights_cast_each_step,
+        recompute: None,
+        total_bytes: c.report.total_bytes,
     };
     if base.report.total_bytes <= budget {
-        let f = Fitted {
-            budget_bytes: budget,
-            unfitted_bytes: unfitted,
-            chunked_loss_head: false,
-            loss_head_chunk_bytes: None,
-            accumulate: step.accumulate.max(1),
-            micro_batch: None,
-            weights_cast_each_step,
-            recompute: None,
-            total_bytes: base.report.total_bytes,
-        };
+        let f = as_asked(step, &base, false);
         return Ok((model.clone(), base, Some(f)));
     }
     if base.report.resident_bytes > budget {
@@ -393,29 +403,16 @@ pub fn fit(
         loss_head_chunk_bytes: crate::autodiff::chunk::HEAD_CHUNK_BYTES,
         ..*step
     };
-    let (step, r, base, chunked_loss_head) = if step.loss_head_chunk_bytes == 0 {
-        let rc = pipeline::rewritten(model, &chunked_step, opts)?;
-        let bc = pipeline::finish(&rc, &[])?;
-        if bc.report.total_bytes < base.report.total_bytes {
-            (&chunked_step, rc, bc, true)
-        } else {
-            (step, r, base, false)
-        }
-    } else {
-        (step, r, base, false)
+    let chunked = (step.loss_head_chunk_bytes == 0)
+        .then(|| smaller(model, &chunked_step, opts, &base))
+        .transpose()?
+        .flatten();
+    let (step, r, base, chunked_loss_head) = match chunked {
+        Some((rc, bc)) => (&chunked_step, rc, bc, true),
+        None => (step, r, base, false),
     };
     if base.report.total_bytes <= budget {
-        let f = Fitted {
-            budget_bytes: budget,
-            unfitted_bytes: unfitted,
-            chunked_loss_head,
-            loss_head_chunk_bytes: chunked_loss_head.then_some(step.loss_head_chunk_bytes),
-            accumulate: step.accumulate.max(1),
-            micro_batch: None,
-            weights_cast_each_step,
-            recompute: None,
-            total_bytes: base.report.total_bytes,
-        };
+        let f = as_asked(step, &base, chunked_loss_head);
         return Ok((model.clone(), base, Some(f)));
     }
     let batch = model

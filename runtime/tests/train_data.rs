@@ -126,6 +126,26 @@ fn run_losses(args: &[&str]) -> Vec<(u64, f64)> {
     step_losses(&json_lines(&ok(&ingot(args))))
 }
 
+/// The losses of a run cut in two (`first`, then `second` resumed from its checkpoint) are the
+/// uninterrupted run's, step by step and bit for bit, `steps` of them.
+fn assert_resumed_as_straight(
+    straight: &[(u64, f64)],
+    first: Vec<(u64, f64)>,
+    second: Vec<(u64, f64)>,
+    steps: usize,
+) {
+    let resumed: Vec<(u64, f64)> = first.into_iter().chain(second).collect();
+    assert_eq!(resumed.len(), steps);
+    for ((s, a), (r, b)) in straight.iter().zip(&resumed) {
+        assert_eq!(s, r);
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "step {s}: {a} straight, {b} resumed"
+        );
+    }
+}
+
 #[test]
 fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
     let d = scratch("resume");
@@ -170,16 +190,7 @@ fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
         "older checkpoints' files are removed: {files:?}"
     );
     let second = run_losses(&[&base[..], &["--steps", "40", "--resume", ck]].concat());
-    let resumed: Vec<(u64, f64)> = first.into_iter().chain(second).collect();
-    assert_eq!(resumed.len(), 40);
-    for ((s, a), (r, b)) in straight.iter().zip(&resumed) {
-        assert_eq!(s, r);
-        assert_eq!(
-            a.to_bits(),
-            b.to_bits(),
-            "step {s}: {a} straight, {b} resumed"
-        );
-    }
+    assert_resumed_as_straight(&straight, first, second, 40);
 }
 
 #[test]
@@ -203,16 +214,7 @@ fn a_resumed_bf16_run_rebuilds_its_weight_copies_and_reproduces_the_uninterrupte
     let straight = run_losses(&[&base[..], &["--steps", "12"]].concat());
     let first = run_losses(&[&base[..], &["--steps", "6", "--checkpoint", ck]].concat());
     let second = run_losses(&[&base[..], &["--steps", "12", "--resume", ck]].concat());
-    let resumed: Vec<(u64, f64)> = first.into_iter().chain(second).collect();
-    assert_eq!(resumed.len(), 12);
-    for ((s, a), (r, b)) in straight.iter().zip(&resumed) {
-        assert_eq!(s, r);
-        assert_eq!(
-            a.to_bits(),
-            b.to_bits(),
-            "step {s}: {a} straight, {b} resumed"
-        );
-    }
+    assert_resumed_as_straight(&straight, first, second, 12);
 }
 
 #[test]
