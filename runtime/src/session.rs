@@ -453,15 +453,14 @@ impl Session {
             Some((r, n)) => (n, Some(r)),
             None => (self.exe().data_ranks(), None),
         };
-        let one = init::synthetic_batch(self.graph(), seed);
         let union = init::synthetic_union_batch(self.graph(), seed, ranks);
         for (name, value) in &union {
-            let id = self.exe().leaf_id(name)?;
-            let batched = !self.graph().ty(id).shape.dims().is_empty();
-            if ranks <= 1 || !batched {
-                self.exe_mut().write_leaf(name, &one[name])?;
+            // One rank's batch, or a scalar: the same value on every rank.
+            if ranks <= 1 || value.dims().is_empty() {
+                self.exe_mut().write_leaf(name, value)?;
                 continue;
             }
+            let id = self.exe().leaf_id(name)?;
             let bytes = value.to_le_bytes();
             let part = bytes.len() / ranks;
             match mine {
@@ -617,8 +616,9 @@ impl Session {
             .collect()
     }
 
-    /// Writes each parameter's bf16 copy from the parameter's value now.
-    fn write_copies(&mut self) -> Result<(), SessionError> {
+    /// Writes each parameter's bf16 copy from `params`, the parameters' values just written
+    /// (every parameter, by name: [`Session::load_parameters`] has checked them).
+    fn write_copies(&mut self, params: &IndexMap<String, Tensor>) -> Result<(), SessionError> {
         let g = self.graph();
         let pairs: Vec<(String, String)> = g
             .leaves(LeafKind::State)
@@ -629,13 +629,12 @@ impl Session {
             })
             .collect();
         for (copy, param) in pairs {
-            let value = self.exe().read_leaf(&param)?;
-            let cast =
-                crate::init::bf16_copy(&value).ok_or_else(|| SessionError::ParameterType {
-                    name: param.clone(),
-                    expected: TensorType::new(value.shape().clone(), DType::F32),
-                    got: value.ty.clone(),
-                })?;
+            let value = &params[&param];
+            let cast = init::bf16_copy(value).ok_or_else(|| SessionError::ParameterType {
+                name: param.clone(),
+                expected: TensorType::new(value.shape().clone(), DType::F32),
+                got: value.ty.clone(),
+            })?;
             self.exe_mut().write_leaf(&copy, &cast)?;
         }
         Ok(())
@@ -806,7 +805,7 @@ impl Session {
         for name in known {
             self.exe_mut().write_leaf(&name, &params[&name])?;
         }
-        self.write_copies()
+        self.write_copies(params)
     }
 
     /// Replaces the optimizer state (`{param}.exp_avg`, `{param}.exp_avg_sq`, `step` for AdamW)
