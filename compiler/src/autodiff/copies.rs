@@ -34,15 +34,21 @@ pub fn param_of(g: &Graph, id: NodeId) -> Option<NodeId> {
     };
     let p = g.leaf(name.strip_suffix(SUFFIX)?)?;
     let (pt, ct) = (g.ty(p), g.ty(id));
-    let is_param = matches!(
-        g.node(p).op,
+    (is_parameter(g, p)
+        && pt.shape == ct.shape
+        && pt.dtype == DType::F32
+        && ct.dtype == DType::BF16)
+        .then_some(p)
+}
+
+fn is_parameter(g: &Graph, id: NodeId) -> bool {
+    matches!(
+        g.node(id).op,
         Op::Leaf {
             kind: LeafKind::Parameter,
             ..
         }
-    );
-    (is_param && pt.shape == ct.shape && pt.dtype == DType::F32 && ct.dtype == DType::BF16)
-        .then_some(p)
+    )
 }
 
 /// Whether leaf `id` is a parameter's bf16 copy ([`param_of`]).
@@ -70,14 +76,7 @@ pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
             p = g.node(p).inputs[0];
         }
         views.reverse();
-        let is_param = matches!(
-            g.node(p).op,
-            Op::Leaf {
-                kind: LeafKind::Parameter,
-                ..
-            }
-        );
-        (is_param
+        (is_parameter(&g, p)
             && n.ty.dtype == DType::BF16
             && g.ty(p).dtype == DType::F32
             && updated.contains_key(&p))
@@ -101,14 +100,8 @@ pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
                     Some(&c) => c,
                     None => {
                         let name = format!("{}{SUFFIX}", g.leaf_name(p).expect("a leaf"));
-                        let leaf = Op::Leaf {
-                            kind: LeafKind::State,
-                            name,
-                            init: Init::Zeros,
-                        };
-                        let mut ty = g.ty(p).clone();
-                        ty.dtype = DType::BF16;
-                        let c = out.push(leaf, &[], Some(ty))?;
+                        let shape = g.ty(p).shape.clone();
+                        let c = out.state(&name, shape, DType::BF16, Init::Zeros)?;
                         copies.insert(p, c);
                         c
                     }
@@ -146,9 +139,7 @@ pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
         let value = at(updated[&p]);
         let origin =
             crate::ir::Origin::new(&format!("update of {}", g.leaf_name(p).expect("a leaf")));
-        let mut ty = out.ty(value).clone();
-        ty.dtype = DType::BF16;
-        let cast = out.with_origin(origin, |o| o.push(Op::Convert, &[value], Some(ty)))?;
+        let cast = out.with_origin(origin, |o| o.convert(value, DType::BF16))?;
         out.set_update(c, cast)?;
     }
     // The f32 views a cast read are dead now. A phase boundary moves by the nodes made and
