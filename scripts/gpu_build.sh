@@ -2,7 +2,7 @@
 # Builds what scripts/gpu_check.sh runs on a GPU machine into .devbin/ (git-ignored): the ingot
 # program, the kernel timing and profiling programs (runtime/examples/cuda_kernels.rs,
 # cuda_profile.rs) and every GPU test binary of the runtime (runtime/tests/cuda*.rs, as
-# .devbin/test_<name>).
+# .devbin/test_<name>), and scripts/summ.py, which sums up a `train --json` run in one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .devbin
@@ -22,4 +22,5 @@ for l in sys.stdin:
         want.discard(t["name"])
 sys.exit("test binaries not found: %s" % sorted(want) if want else 0)' $tests
 strip .devbin/*  # debug info would exceed what a device call carries
+cp scripts/summ.py .devbin/  # one line per `ingot train --json` run, for the device scripts
 ls -la .devbin
