@@ -367,7 +367,8 @@ pub fn fit(
         cast_weights_each_step: true,
         ..*step
     };
-    let cast = (!step.cast_weights_each_step)
+    // A sharded optimizer needs the copies (and saves more than they cost): they stay.
+    let cast = (!step.cast_weights_each_step && !step.shard_optimizer)
         .then(|| smaller(model, &cast_step, opts, &base))
         .transpose()?
         .flatten();

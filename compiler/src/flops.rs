@@ -76,7 +76,8 @@ pub fn of_node(g: &Graph, id: NodeId) -> u64 {
         },
         Op::Reduce { .. } => numel(n.inputs[0]),
         Op::ScatterAdd { .. } => numel(n.inputs[1]),
-        Op::AllReduce { .. } => n.inputs.iter().map(|&x| numel(x)).sum(),
+        // A reduction: one per element read, whether every rank keeps the mean or its rows.
+        Op::AllReduce { .. } | Op::ReduceScatter { .. } => n.inputs.iter().map(|&x| numel(x)).sum(),
         // A copy: no arithmetic.
         Op::AllGather { .. } => 0,
         Op::Fused(k) => numel(id) * k.body.len().max(1) as u64,

@@ -106,10 +106,10 @@ pub fn traced(g: &Graph) -> Vec<NodeId> {
     list_schedule(g, &d, false)
 }
 
-/// `order` with each collective (an all-reduce and its result nodes, an all-gather) moved to
-/// right after the last of its operands: a gradient bucket is reduced as soon as the backward
-/// pass has produced it, so on a device that runs collectives on a stream of their own it
-/// overlaps the rest of the backward pass. Moving a node earlier, after all its operands, keeps
+/// `order` with each collective (an all-reduce or a reduce-scatter and its result nodes, an
+/// all-gather) moved to right after the last of its operands: a gradient bucket is reduced as
+/// soon as the backward pass has produced it, so on a device that runs collectives on a stream
+/// of their own it overlaps the rest of the backward pass. Moving a node earlier, after all its operands, keeps
 /// every dependence (its readers were after it and still are). An order without collectives is
 /// returned unchanged.
 pub fn hoist_collectives(g: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
@@ -310,6 +310,21 @@ fn pullable_deps(
     visit(d, s, pulled, placed, &mut seen, &mut out).then_some(out)
 }
 
+/// Every node `v` depends on, directly or not, that is not `placed` yet.
+fn unplaced_ancestors(d: &DiGraph<NodeId, ()>, v: usize, placed: &[bool]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![v];
+    while let Some(u) = stack.pop() {
+        for p in d.neighbors_directed(NodeIndex::new(u), Direction::Incoming) {
+            let p = p.index();
+            if !placed[p] && seen.insert(p) {
+                stack.push(p);
+            }
+        }
+    }
+    seen.into_iter().collect()
+}
+
 /// Marks every node computed only for picked nodes (or for marked ones), which is pulled in
 /// ahead of them: a node with operands, not pinned ([`pinned`]: a leaf or named output), all
 /// of whose readers are picked or marked (with its
@@ -358,7 +373,9 @@ fn values_only_they_read(
 /// update of a reduced bucket, the embedding's sum over the gathered rows), placed one
 /// collective late: right after the collective that follows the latest one it reads is
 /// launched (a reader of the last collective at the end). Values computed only for such
-/// readers (the optimizer's step-size scalars) are pulled in right before the first one.
+/// readers (the optimizer's step-size scalars) are pulled in right before the first one. A
+/// collective that sends what such readers make (a sharded update's new rows, all-gathered
+/// after a reduce-scatter) has them placed right before it instead.
 ///
 /// Run where the memory-aware schedule put it (as early as it frees memory: right after the
 /// bucket's all-reduce), an update would free the bucket's bytes for the next kernels of the
@@ -432,7 +449,25 @@ fn lag_collective_readers(
         .map(|id| id.index())
         .filter(|&i| !deferred[i] && !pulled[i])
         .collect();
+    // Where each node is in `order`, to place a collective's missing dependences in an order
+    // they can run in.
+    let mut rank_in_order = vec![usize::MAX; n];
+    for (k, id) in order.iter().enumerate() {
+        rank_in_order[id.index()] = k;
+    }
     for (at, &i) in own.iter().enumerate() {
+        if g.node(NodeId(i as u32)).op.is_collective() {
+            // A collective may send what readers of an earlier one make (a sharded update's
+            // new rows, all-gathered): they wait for no later collective than this one.
+            let mut missing = unplaced_ancestors(d, i, &placed);
+            if !missing.is_empty() {
+                missing.sort_by_key(|&m| rank_in_order[m]);
+                for &m in &missing {
+                    place(m, &mut placed, &mut out);
+                }
+                waiting.retain(|&w| !placed[w]);
+            }
+        }
         place(i, &mut placed, &mut out);
         if g.node(NodeId(i as u32)).op.is_collective() {
             launched += 1;
@@ -495,11 +530,14 @@ fn own_bytes(g: &Graph, kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>], id: 
         // An all-reduce writes over its operands: it adds nothing.
         Op::Leaf { .. } | Op::Result { .. } | Op::AllReduce { .. } => 0,
         op if op.is_alias() => 0,
-        Op::Fused(_) | Op::Attention { .. } | Op::AttentionGrad { .. } => kernel_outputs
-            [id.index()]
-        .iter()
-        .map(|&o| g.ty(o).bytes() as i64)
-        .sum(),
+        // A reduce-scatter's outputs are buffers of their own, as a kernel's are.
+        Op::Fused(_)
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::ReduceScatter { .. } => kernel_outputs[id.index()]
+            .iter()
+            .map(|&o| g.ty(o).bytes() as i64)
+            .sum(),
         _ => g.ty(id).bytes() as i64,
     }
 }

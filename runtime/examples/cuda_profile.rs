@@ -187,6 +187,19 @@ fn describe(op: &DeviceOp, g: &Graph, program: &Program) -> (&'static str, Strin
             "all-gather",
             format!("all-gather {bytes} bytes from each of {ranks} ranks"),
         ),
+        DeviceOp::ReduceScatter {
+            parts,
+            dtype,
+            ranks,
+            ..
+        } => (
+            "reduce-scatter",
+            format!(
+                "reduce-scatter {} bytes of {dtype:?} in {} parts over {ranks} ranks",
+                parts.iter().map(|p| p.bytes * ranks).sum::<usize>(),
+                parts.len()
+            ),
+        ),
         DeviceOp::Gemm(gm) => (
             "gemm",
             format!(

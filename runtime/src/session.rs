@@ -116,6 +116,10 @@ pub enum SessionError {
     /// (larger than the host's or the GPU's), or the GPU could not be set up.
     #[error("loading the step: {0}")]
     Load(Box<ExecError>),
+    /// A step whose optimizer is sharded over the ranks (`autodiff::shard`): the session
+    /// cannot yet make or checkpoint its leaves.
+    #[error("{model}'s step shards its optimizer over the ranks (parameter {leaf:?} holds one rank's rows); sessions cannot yet initialise, load or checkpoint sharded leaves: compile it without StepOptions::shard_optimizer")]
+    ShardedOptimizer { model: String, leaf: String },
 }
 
 impl From<ExecError> for SessionError {
@@ -436,6 +440,18 @@ impl Session {
             eval,
         };
         let graph = session.graph();
+        // Its leaves would need each rank's rows of a whole initial value, and checkpoints
+        // the rows of every rank: not built yet.
+        if let Some(leaf) = graph
+            .leaves(LeafKind::Parameter)
+            .into_iter()
+            .find(|&l| ingot_compiler::autodiff::shard::ranks_of(graph, l).is_some())
+        {
+            return Err(SessionError::ShardedOptimizer {
+                model: session.model.clone(),
+                leaf: graph.leaf_name(leaf).unwrap_or("?").to_string(),
+            });
+        }
         let mut values = init::init_leaves(graph, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(graph, LeafKind::State, seed));
         for (name, value) in &values {

@@ -22,7 +22,8 @@ use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Op};
 pub const SUFFIX: &str = ".bf16";
 
 /// The parameter whose bf16 copy leaf `id` is (a state leaf named `{param}.bf16` of the
-/// parameter's shape in bf16), if it is one.
+/// parameter's shape in bf16, or, where the optimizer is sharded over R ranks
+/// ([`super::shard`]), of R times the parameter's rows), if it is one.
 pub fn param_of(g: &Graph, id: NodeId) -> Option<NodeId> {
     let Op::Leaf {
         kind: LeafKind::State,
@@ -34,10 +35,14 @@ pub fn param_of(g: &Graph, id: NodeId) -> Option<NodeId> {
     };
     let p = g.leaf(name.strip_suffix(SUFFIX)?)?;
     let (pt, ct) = (g.ty(p), g.ty(id));
-    (is_parameter(g, p)
-        && pt.shape == ct.shape
-        && pt.dtype == DType::F32
-        && ct.dtype == DType::BF16)
+    let (pd, cd) = (pt.shape.dims(), ct.shape.dims());
+    let whole_or_rows = pt.shape == ct.shape
+        || (!pd.is_empty()
+            && pd.len() == cd.len()
+            && pd[1..] == cd[1..]
+            && pd[0] > 0
+            && cd[0].is_multiple_of(pd[0]));
+    (is_parameter(g, p) && whole_or_rows && pt.dtype == DType::F32 && ct.dtype == DType::BF16)
         .then_some(p)
 }
 

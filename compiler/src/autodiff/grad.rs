@@ -383,10 +383,12 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             node.op.name()
         ))),
         Op::Attention { .. } => unreachable!("the attention's gradient is taken in `grad`"),
-        Op::AllReduce { .. } | Op::AllGather { .. } => Err(IrError::Invalid(format!(
-            "cannot differentiate through {y} ({}): it is made after the backward pass",
-            node.op.name()
-        ))),
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+            Err(IrError::Invalid(format!(
+                "cannot differentiate through {y} ({}): it is made after the backward pass",
+                node.op.name()
+            )))
+        }
         Op::AttentionGrad { .. } => Err(IrError::Invalid(format!(
             "cannot differentiate through {y} (attention_grad): no second derivative of attention"
         ))),

@@ -9,6 +9,7 @@ pub mod copies;
 pub mod grad;
 pub mod optim;
 pub mod phase;
+pub mod shard;
 pub mod step;
 
 pub use grad::grad;

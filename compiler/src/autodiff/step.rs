@@ -65,6 +65,10 @@ pub struct StepOptions {
     /// bf16 copies that the update writes ([`super::copies`]). Off by default: a bf16 step
     /// keeps copies; the two compute the same numbers.
     pub cast_weights_each_step: bool,
+    /// With `ranks >= 2` and bf16 weight copies: each rank keeps and updates only its rows of
+    /// each copied weight and of its optimizer state, reduce-scatters those weights' gradients
+    /// and all-gathers their new copies ([`super::shard`], ZeRO stage 1). Off by default.
+    pub shard_optimizer: bool,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -195,6 +199,11 @@ pub fn training_step_with(
         (g, phases)
     } else {
         super::copies::keep_weight_copies(g, phases)?
+    };
+    let (graph, phases) = if opts.shard_optimizer {
+        super::shard::shard_optimizer(graph, phases, opts.ranks)?
+    } else {
+        (graph, phases)
     };
     Ok(Step { graph, phases })
 }

@@ -377,6 +377,7 @@ impl Lowerer<'_> {
             | Op::AttentionGrad { .. }
             | Op::AllReduce { .. }
             | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
             | Op::Dropout { .. }
             | Op::Window(_) => self.cut(v),
         }

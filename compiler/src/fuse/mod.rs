@@ -150,7 +150,8 @@ pub fn kind(n: &Node) -> Kind {
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }
         | Op::AllReduce { .. }
-        | Op::AllGather { .. } => Kind::Library,
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. } => Kind::Library,
         // Dropout is its own kernel (the counter-based draw, see `ingot_kernels::rng`): its
         // operands and result are buffers, and the mask is drawn again wherever it is needed.
         Op::Dropout { .. } => Kind::Library,

@@ -498,19 +498,30 @@ impl Graph {
             }
             return Ok(());
         }
-        if let Op::AllReduce { .. } = writer {
-            // Output `index` of an all-reduce is the mean of operand `index`: its type.
+        if let Op::AllReduce { .. } | Op::ReduceScatter { .. } = writer {
+            // Output `index` of an all-reduce is the mean of operand `index`: its type; that
+            // of a reduce-scatter is one rank's rows of it.
             let Some(&x) = self.node(kernel).inputs.get(index) else {
                 return fail(format!(
-                    "the all_reduce has {} outputs",
+                    "the {} has {} outputs",
+                    writer.name(),
                     self.node(kernel).inputs.len()
                 ));
             };
-            if self.nodes[node].ty != *self.ty(x) {
+            let want = match writer {
+                Op::ReduceScatter { ranks } => super::infer::scattered(self.ty(x), *ranks)
+                    .map_err(|e| {
+                        IrError::Invalid(format!(
+                            "result %{node} (output {index} of {kernel}): operand {x} is {}: {e}",
+                            self.ty(x)
+                        ))
+                    })?,
+                _ => self.ty(x).clone(),
+            };
+            if self.nodes[node].ty != want {
                 return fail(format!(
-                    "typed {} but the output is {}",
-                    self.nodes[node].ty,
-                    self.ty(x)
+                    "typed {} but the output is {want}",
+                    self.nodes[node].ty
                 ));
             }
             if !seen.insert((kernel, index)) {
@@ -520,7 +531,7 @@ impl Graph {
         }
         let Op::Fused(k) = writer else {
             return fail(format!(
-                "{kernel} is a {}, not a fused kernel, an attention or an all-reduce",
+                "{kernel} is a {}, not a fused kernel, an attention or a multi-output collective",
                 writer.name()
             ));
         };

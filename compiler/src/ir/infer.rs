@@ -446,6 +446,32 @@ pub fn infer(
             dims[0] = rows;
             TensorType::new(Shape(dims), x.dtype)
         }
+        Op::ReduceScatter { ranks } => {
+            if *ranks < 2 {
+                return Err(fail(format!(
+                    "a reduce-scatter over {ranks} rank(s) is the identity; it needs ranks >= 2"
+                )));
+            }
+            let Some(first) = operands.first() else {
+                return Err(fail("a reduce-scatter needs at least one operand".into()));
+            };
+            if let Some((i, t)) = operands
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.dtype != first.dtype || !t.dtype.is_float())
+            {
+                return Err(fail(format!(
+                    "operand {i} is {t}: a bucket is of one float dtype ({} here)",
+                    first.dtype
+                )));
+            }
+            // Every operand is checked, not only the first: output `i` is operand `i`'s rows.
+            for (i, t) in operands.iter().enumerate() {
+                scattered(t, *ranks)
+                    .map_err(|reason| fail(format!("operand {i} is {t}: {reason}")))?;
+            }
+            scattered(first, *ranks).map_err(&fail)?
+        }
     };
     if inferred.checked_bytes().is_none() {
         return Err(too_large(&inferred));
@@ -458,6 +484,21 @@ pub fn infer(
         }
     }
     Ok(inferred)
+}
+
+/// One rank's part of `x` in a reduce-scatter over `ranks` ranks: its rows `[n / ranks, ..]`.
+/// Refused (the reason) for a scalar and for rows that do not divide by `ranks`, since every
+/// rank gets the same number of rows.
+pub(super) fn scattered(x: &TensorType, ranks: usize) -> Result<TensorType, String> {
+    let Some(&n) = x.shape.dims().first() else {
+        return Err("a scalar has no rows to split among the ranks (axis 0)".into());
+    };
+    if ranks == 0 || n % ranks != 0 {
+        return Err(format!("its {n} rows do not divide among {ranks} ranks"));
+    }
+    let mut dims = x.shape.0.clone();
+    dims[0] = n / ranks;
+    Ok(TensorType::new(Shape(dims), x.dtype))
 }
 
 /// `(rows, columns)` of the matrices in a `dims`-shaped operand, read transposed if `t`.

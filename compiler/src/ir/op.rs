@@ -218,6 +218,15 @@ pub enum Op {
     AllGather {
         ranks: usize,
     },
+    /// Data parallelism: rank `r`'s rows of the mean over `ranks` ranks of each operand (a
+    /// bucket of gradients, one dtype): operand `[n, ..]` gives `[n / ranks, ..]`, rows
+    /// `r·n/ranks .. (r+1)·n/ranks`, on rank `r`. The node's value is that of operand 0, output
+    /// `i` (an [`Op::Result`]) that of operand `i`; each output is a buffer of its own. One
+    /// collective reduce-scatter per operand, launched together. Made by autodiff's `shard`
+    /// module, where each rank updates only its rows of a weight (ZeRO stage 1).
+    ReduceScatter {
+        ranks: usize,
+    },
 }
 
 impl Op {
@@ -267,6 +276,7 @@ impl Op {
             Op::Window(w) => w.name(),
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
+            Op::ReduceScatter { .. } => "reduce_scatter",
         }
     }
 
@@ -298,19 +308,24 @@ impl Op {
     /// True for ops with several outputs read through [`Op::Result`] nodes that are library
     /// calls, not fused kernels: attention and the data-parallel all-reduce.
     pub fn is_multi_output_call(&self) -> bool {
-        self.is_attention() || matches!(self, Op::AllReduce { .. })
+        self.is_attention() || matches!(self, Op::AllReduce { .. } | Op::ReduceScatter { .. })
     }
 
-    /// True for the data-parallel collectives (all-reduce, all-gather): every rank runs the
-    /// same ones in the same order, and each waits for the one before it.
+    /// True for the data-parallel collectives (all-reduce, all-gather, reduce-scatter): every
+    /// rank runs the same ones in the same order, and each waits for the one before it.
     pub fn is_collective(&self) -> bool {
-        matches!(self, Op::AllReduce { .. } | Op::AllGather { .. })
+        matches!(
+            self,
+            Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. }
+        )
     }
 
     /// The data-parallel ranks of a collective, `None` for every other op.
     pub fn collective_ranks(&self) -> Option<usize> {
         match self {
-            Op::AllReduce { ranks } | Op::AllGather { ranks } => Some(*ranks),
+            Op::AllReduce { ranks } | Op::AllGather { ranks } | Op::ReduceScatter { ranks } => {
+                Some(*ranks)
+            }
             _ => None,
         }
     }

@@ -179,7 +179,9 @@ fn write_attrs(s: &mut String, op: &Op) {
             Ok(())
         }
         Op::Result { index } => write!(s, " index={index}"),
-        Op::AllReduce { ranks } | Op::AllGather { ranks } => write!(s, " ranks={ranks}"),
+        Op::AllReduce { ranks } | Op::AllGather { ranks } | Op::ReduceScatter { ranks } => {
+            write!(s, " ranks={ranks}")
+        }
         Op::Dropout { p, salt } => write!(s, " p={} salt={salt}", float(*p)),
         Op::Attention {
             causal,
@@ -824,6 +826,7 @@ fn op_by_name(name: &str) -> Option<Op> {
         "result" => Op::Result { index: 0 },
         "all_reduce" => Op::AllReduce { ranks: 0 },
         "all_gather" => Op::AllGather { ranks: 0 },
+        "reduce_scatter" => Op::ReduceScatter { ranks: 0 },
         "dropout" => Op::Dropout { p: 0.0, salt: 0 },
         "attention" => Op::Attention {
             causal: false,
@@ -941,6 +944,12 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
         ),
         Op::AllGather { .. } => (
             Op::AllGather {
+                ranks: a.take_usize("ranks")?,
+            },
+            "it takes `ranks=`",
+        ),
+        Op::ReduceScatter { .. } => (
+            Op::ReduceScatter {
                 ranks: a.take_usize("ranks")?,
             },
             "it takes `ranks=`",

@@ -16,7 +16,7 @@
 //! After the last node, the updates the plan could not place in place are copied to their
 //! parameters.
 
-use super::LowerError;
+use super::{LowerError, ScatterPart};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::plan::check::Location;
 use crate::plan::MemoryPlan;
@@ -60,6 +60,16 @@ pub enum Instr {
         bytes: usize,
         ranks: usize,
     },
+    /// Data parallelism's reduce-scatter `node`: for each operand in order, one collective
+    /// writes this rank's rows of the operand's mean over the ranks, as elements of `dtype`,
+    /// into the output's own bytes ([`ScatterPart`]; the planner keeps every output apart from
+    /// every operand).
+    ReduceScatter {
+        node: NodeId,
+        parts: Vec<ScatterPart>,
+        dtype: DType,
+        ranks: usize,
+    },
 }
 
 impl Instr {
@@ -70,14 +80,17 @@ impl Instr {
             | Instr::InPlace { node }
             | Instr::Fused { node, .. }
             | Instr::AllReduce { node, .. }
-            | Instr::AllGather { node, .. } => *node,
+            | Instr::AllGather { node, .. }
+            | Instr::ReduceScatter { node, .. } => *node,
         }
     }
 
     /// The data-parallel ranks of a collective instruction, `None` for the others.
     pub fn ranks(&self) -> Option<usize> {
         match self {
-            Instr::AllReduce { ranks, .. } | Instr::AllGather { ranks, .. } => Some(*ranks),
+            Instr::AllReduce { ranks, .. }
+            | Instr::AllGather { ranks, .. }
+            | Instr::ReduceScatter { ranks, .. } => Some(*ranks),
             _ => None,
         }
     }
@@ -323,6 +336,36 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
             });
             continue;
         }
+        if let Op::ReduceScatter { ranks } = node.op {
+            let outs = &kernel_outputs[id.index()];
+            if outs.len() != node.inputs.len() {
+                return Err(LowerError::Invalid {
+                    op: "reduce_scatter",
+                    reason: format!(
+                        "node {id} has {} operands but {} outputs named",
+                        node.inputs.len(),
+                        outs.len()
+                    ),
+                });
+            }
+            let parts = node
+                .inputs
+                .iter()
+                .zip(outs)
+                .map(|(x, o)| ScatterPart {
+                    from: location[x.index()].offset,
+                    to: location[o.index()].offset,
+                    bytes: location[o.index()].bytes,
+                })
+                .collect();
+            instrs.push(Instr::ReduceScatter {
+                node: id,
+                parts,
+                dtype: node.ty.dtype,
+                ranks,
+            });
+            continue;
+        }
         let here = location[id.index()];
         let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
         instrs.push(if aliased {
@@ -390,6 +433,8 @@ impl Program {
             }
             if matches!(node.op, Op::AllReduce { .. }) != matches!(i, Instr::AllReduce { .. })
                 || matches!(node.op, Op::AllGather { .. }) != matches!(i, Instr::AllGather { .. })
+                || matches!(node.op, Op::ReduceScatter { .. })
+                    != matches!(i, Instr::ReduceScatter { .. })
             {
                 return Err(LowerError::Invalid {
                     op: "cpu lowering",
@@ -433,6 +478,52 @@ impl Program {
                         op: "cpu lowering",
                         reason: format!("all-gather {id} is placed over its operand"),
                     });
+                }
+            }
+            if let Instr::ReduceScatter { parts, ranks, .. } = i {
+                // Each output is written while every operand may still be read (one call per
+                // operand on the CPU, all at once on a device): apart from all of them.
+                let sent = |p: &ScatterPart| p.bytes.saturating_mul(*ranks);
+                if parts.len() != node.inputs.len() {
+                    return Err(LowerError::Invalid {
+                        op: "cpu lowering",
+                        reason: format!(
+                            "reduce-scatter {id} has {} parts for {} operands",
+                            parts.len(),
+                            node.inputs.len()
+                        ),
+                    });
+                }
+                if let Some(p) = parts
+                    .iter()
+                    .find(|p| !fits(p.from, sent(p)) || !fits(p.to, p.bytes))
+                {
+                    return Err(bad(format!(
+                        "the bytes of reduce-scatter {id} at {} -> {}",
+                        p.from, p.to
+                    )));
+                }
+                let apart = |a: usize, an: usize, b: usize, bn: usize| {
+                    an == 0 || bn == 0 || a + an <= b || b + bn <= a
+                };
+                for (j, o) in parts.iter().enumerate() {
+                    let over_operand = parts.iter().any(|x| !apart(o.to, o.bytes, x.from, sent(x)));
+                    let over_output = parts[j + 1..]
+                        .iter()
+                        .any(|o2| !apart(o.to, o.bytes, o2.to, o2.bytes));
+                    if over_operand || over_output {
+                        return Err(LowerError::Invalid {
+                            op: "cpu lowering",
+                            reason: format!(
+                                "output {j} of reduce-scatter {id} is placed over {}",
+                                if over_operand {
+                                    "an operand"
+                                } else {
+                                    "another output"
+                                }
+                            ),
+                        });
+                    }
                 }
             }
             if let (Instr::InPlace { .. }, Op::MatMulAcc { .. }) = (i, &node.op) {
@@ -498,7 +589,8 @@ impl Program {
     /// `ingot inspect`): instruction counts by kind, copies, and an FNV-1a-64 fingerprint of
     /// the whole program.
     pub fn summary(&self) -> String {
-        let (mut exec, mut in_place, mut fused, mut reduces, mut gathers) = (0, 0, 0, 0, 0);
+        let (mut exec, mut in_place, mut fused) = (0, 0, 0);
+        let (mut reduces, mut gathers, mut scatters) = (0, 0, 0);
         for i in &self.instrs {
             match i {
                 Instr::Exec { .. } => exec += 1,
@@ -506,6 +598,7 @@ impl Program {
                 Instr::Fused { .. } => fused += 1,
                 Instr::AllReduce { .. } => reduces += 1,
                 Instr::AllGather { .. } => gathers += 1,
+                Instr::ReduceScatter { .. } => scatters += 1,
             }
         }
         // Said only when there are some, so a one-rank program's summary is what it always was.
@@ -515,6 +608,9 @@ impl Program {
         }
         if gathers > 0 {
             collective += &format!(", {gathers} all-gathers");
+        }
+        if scatters > 0 {
+            collective += &format!(", {scatters} reduce-scatters");
         }
         let json = serde_json::to_vec(self).unwrap_or_default();
         format!(

@@ -200,6 +200,17 @@ pub enum DeviceOp {
         bytes: usize,
         ranks: usize,
     },
+    /// For each part, this rank's `bytes` bytes of the mean over the `ranks` ranks of the
+    /// `ranks * bytes` bytes of `dtype` elements at `from`, into `to` (apart from every
+    /// part's `from`): NCCL's reduce-scatter with `ncclAvg`, one call per part launched
+    /// together (one NCCL group), in the one order of the program's collectives as
+    /// [`DeviceOp::AllReduce`].
+    ReduceScatter {
+        node: NodeId,
+        parts: Vec<super::ScatterPart>,
+        dtype: DType,
+        ranks: usize,
+    },
 }
 
 impl DeviceOp {
@@ -209,7 +220,8 @@ impl DeviceOp {
         match self {
             DeviceOp::Launch { node, .. }
             | DeviceOp::AllReduce { node, .. }
-            | DeviceOp::AllGather { node, .. } => Some(*node),
+            | DeviceOp::AllGather { node, .. }
+            | DeviceOp::ReduceScatter { node, .. } => Some(*node),
             DeviceOp::Gemm(gm) => Some(gm.node),
             DeviceOp::Zero { .. } | DeviceOp::Copy { .. } => None,
         }
@@ -219,7 +231,9 @@ impl DeviceOp {
     pub fn is_collective(&self) -> bool {
         matches!(
             self,
-            DeviceOp::AllReduce { .. } | DeviceOp::AllGather { .. }
+            DeviceOp::AllReduce { .. }
+                | DeviceOp::AllGather { .. }
+                | DeviceOp::ReduceScatter { .. }
         )
     }
 }
@@ -564,6 +578,7 @@ impl Program {
                 DeviceOp::Copy { .. } => c.copies += 1,
                 DeviceOp::AllReduce { .. } => c.all_reduces += 1,
                 DeviceOp::AllGather { .. } => c.all_gathers += 1,
+                DeviceOp::ReduceScatter { .. } => c.reduce_scatters += 1,
             }
         }
         c
@@ -773,6 +788,41 @@ impl Program {
                         )));
                     }
                 }
+                DeviceOp::ReduceScatter {
+                    node, parts, ranks, ..
+                } => {
+                    // The parts run together: each output apart from every operand and from
+                    // the other outputs.
+                    let sent = |p: &super::ScatterPart| p.bytes.saturating_mul(*ranks);
+                    if let Some(p) = parts
+                        .iter()
+                        .find(|p| !fits(p.from, sent(p)) || !fits(p.to, p.bytes))
+                    {
+                        return Err(bad(format!(
+                            "the reduce-scatter of node %{}: {} bytes at {} into {}",
+                            node.index(),
+                            sent(p),
+                            p.from,
+                            p.to
+                        )));
+                    }
+                    let apart = |a: usize, an: usize, b: usize, bn: usize| {
+                        an == 0 || bn == 0 || a + an <= b || b + bn <= a
+                    };
+                    for (j, o) in parts.iter().enumerate() {
+                        if parts.iter().any(|x| !apart(o.to, o.bytes, x.from, sent(x)))
+                            || parts[j + 1..]
+                                .iter()
+                                .any(|o2| !apart(o.to, o.bytes, o2.to, o2.bytes))
+                        {
+                            return Err(bad(format!(
+                                "output {j} of the reduce-scatter of node %{} onto an operand \
+                                 or another output",
+                                node.index()
+                            )));
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -879,6 +929,8 @@ pub struct OpCounts {
     pub all_reduces: usize,
     /// Gradient operands gathered from the data-parallel ranks (0 for one rank).
     pub all_gathers: usize,
+    /// Gradient buckets of which each rank keeps its rows of the mean (a sharded optimizer's).
+    pub reduce_scatters: usize,
 }
 
 struct Lowering<'g> {
@@ -1050,6 +1102,7 @@ impl Lowering<'_> {
             }
             Op::Attention { .. } | Op::AttentionGrad { .. } => self.attention(id, outputs, plan),
             Op::AllReduce { ranks } => self.all_reduce(id, *ranks, &outputs[id.index()]),
+            Op::ReduceScatter { ranks } => self.reduce_scatter(id, *ranks, &outputs[id.index()]),
             Op::AllGather { ranks } => {
                 self.not_in_place(id)?;
                 let (from, to) = (
@@ -1400,6 +1453,49 @@ impl Lowering<'_> {
             reads: smallvec::smallvec![region],
             writes: smallvec::smallvec![region],
         });
+        Ok(())
+    }
+
+    /// A bucket's reduce-scatter: each output, a buffer of its own, gets this rank's rows of
+    /// its operand's mean over the ranks ([`DeviceOp::ReduceScatter`]); it reads the operands
+    /// and writes the outputs, so a later writer of an operand's bytes waits for it.
+    fn reduce_scatter(
+        &mut self,
+        id: NodeId,
+        ranks: usize,
+        outs: &[NodeId],
+    ) -> Result<(), LowerError> {
+        let node = self.g.node(id);
+        if outs.len() != node.inputs.len() || outs.is_empty() {
+            return Err(LowerError::Invalid {
+                op: "reduce_scatter",
+                reason: format!("{} gradients in and {} out", node.inputs.len(), outs.len()),
+            });
+        }
+        let (mut parts, mut touch) = (Vec::new(), Touch::default());
+        for (&x, &o) in node.inputs.iter().zip(outs) {
+            let (from, to) = (self.location[x.index()], self.location[o.index()]);
+            if to.bytes == 0 {
+                continue;
+            }
+            parts.push(super::ScatterPart {
+                from: from.offset,
+                to: to.offset,
+                bytes: to.bytes,
+            });
+            touch.reads.push(from);
+            touch.writes.push(to);
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        self.ops.push(DeviceOp::ReduceScatter {
+            node: id,
+            parts,
+            dtype: node.ty.dtype,
+            ranks,
+        });
+        self.touches.push(touch);
         Ok(())
     }
 

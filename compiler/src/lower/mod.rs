@@ -25,6 +25,16 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::fmt;
 
+/// One operand of a reduce-scatter in a lowered program: the `ranks * bytes` bytes at `from`
+/// (the whole operand) and this rank's `bytes` bytes of their mean at `to` (its output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScatterPart {
+    pub from: usize,
+    pub to: usize,
+    pub bytes: usize,
+}
+
 /// The outputs of attention node `id` that no result node names (nothing reads them: an lse
 /// without backward pass, a dk whose operand needs no gradient), with their types. The kernels
 /// write every output, so these go to the tail of the node's planned workspace.

@@ -1,6 +1,7 @@
 //! The data-parallel part of a plan: each gradient bucket's all-reduce, where its one region
 //! lies, when it runs, and how much of the backward pass is left to overlap it; and each
-//! all-gather that replaces a gradient's all-reduce (`autodiff::buckets::gathered`). Every
+//! all-gather that replaces a gradient's all-reduce (`autodiff::buckets::gathered`); and each
+//! reduce-scatter that gives a sharded update its rows of the mean (`autodiff::shard`). Every
 //! rank runs the same plan on its own device: the plan's total is per rank.
 
 use super::MemoryPlan;
@@ -51,7 +52,12 @@ pub fn buckets(g: &Graph, plan: &MemoryPlan) -> Vec<Bucket> {
             let backward_after = plan.liveness.order[position + 1..]
                 .iter()
                 .filter(|n| phases[n.index()] == phase::Phase::Backward)
-                .filter(|n| !matches!(g.node(**n).op, Op::Result { .. } | Op::AllReduce { .. }))
+                .filter(|n| {
+                    !matches!(
+                        g.node(**n).op,
+                        Op::Result { .. } | Op::AllReduce { .. } | Op::ReduceScatter { .. }
+                    )
+                })
                 .count();
             Some(Bucket {
                 node: id,
@@ -156,6 +162,70 @@ pub fn gather_table(gathers: &[Gather]) -> String {
             s,
             "all-gather over {} ranks at position {}: {} bytes a rank of {} ({} bytes gathered)",
             x.ranks, x.position, x.bytes, x.of, x.gathered_bytes
+        );
+    }
+    s
+}
+
+/// One reduce-scatter in the plan: a bucket of gradients of which each rank keeps its rows of
+/// the mean (the gradients of a sharded optimizer's weights).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Scatter {
+    /// The reduce-scatter node.
+    pub node: NodeId,
+    pub ranks: usize,
+    /// Gradients in the bucket.
+    pub gradients: usize,
+    /// Bytes this rank sends (its whole gradients) and keeps after it (its rows of the mean).
+    pub bytes: usize,
+    pub scattered_bytes: usize,
+    /// Schedule position of the reduce-scatter.
+    pub position: usize,
+    /// The layer whose gradient completes the bucket (the provenance of its last operand).
+    pub after: String,
+}
+
+/// The reduce-scatters of a planned step, in schedule order (none for an unsharded step).
+pub fn scatters(g: &Graph, plan: &MemoryPlan) -> Vec<Scatter> {
+    let outputs = g.kernel_outputs();
+    plan.liveness
+        .order
+        .iter()
+        .enumerate()
+        .filter_map(|(position, &id)| {
+            let Op::ReduceScatter { ranks } = g.node(id).op else {
+                return None;
+            };
+            let inputs = &g.node(id).inputs;
+            let last_operand = *inputs.iter().max()?;
+            Some(Scatter {
+                node: id,
+                ranks,
+                gradients: inputs.len(),
+                bytes: inputs.iter().map(|&x| g.ty(x).bytes()).sum(),
+                scattered_bytes: outputs[id.index()].iter().map(|&o| g.ty(o).bytes()).sum(),
+                position,
+                after: g.describe(g.writer(last_operand)),
+            })
+        })
+        .collect()
+}
+
+/// The reduce-scatters, one line each; empty for a step without them.
+pub fn scatter_table(scatters: &[Scatter]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    for x in scatters {
+        let _ = writeln!(
+            s,
+            "reduce-scatter over {} ranks at position {}: {} gradient{} of {} bytes after {} ({} bytes kept a rank)",
+            x.ranks,
+            x.position,
+            x.gradients,
+            if x.gradients == 1 { "" } else { "s" },
+            x.bytes,
+            x.after,
+            x.scattered_bytes
         );
     }
     s

@@ -89,9 +89,16 @@ impl Liveness {
         // the first of them. Freed at the gather's launch, its bytes would go to the next
         // kernels, and each would wait for the whole gather (an embedding's rows at the end of
         // the backward pass: the first layer's last gradients and the sum's index behind them).
+        // A reduce-scatter's operands are the same (its outputs are buffers of their own, and
+        // its result nodes are only names of them, not readers).
         let gathers: Vec<NodeId> = g
             .ids()
-            .filter(|&id| matches!(g.node(id).op, Op::AllGather { .. }))
+            .filter(|&id| {
+                matches!(
+                    g.node(id).op,
+                    Op::AllGather { .. } | Op::ReduceScatter { .. }
+                )
+            })
             .collect();
         let users = if gathers.is_empty() {
             Vec::new()
@@ -99,9 +106,10 @@ impl Liveness {
             g.users()
         };
         for id in gathers {
-            let first = crate::schedule::readers_through_views(g, &users, id)
-                .into_iter()
-                .filter(|&r| !g.node(r).op.is_alias())
+            let first = kernel_outputs[id.index()]
+                .iter()
+                .flat_map(|&o| crate::schedule::readers_through_views(g, &users, o))
+                .filter(|&r| !g.node(r).op.is_alias() && g.writer(r) != id)
                 .map(|r| position[r.index()])
                 .min();
             if let Some(first) = first {

@@ -158,6 +158,7 @@ fn fold(
         | Kind::Output { .. }
         | Kind::AllReduce(_)
         | Kind::AllGather(_)
+        | Kind::ReduceScatter(_)
         | Kind::MatMulAcc { .. }
         | Kind::Dropout { .. } => None,
         // A window op of a constant is not constant (padding reads zeros).

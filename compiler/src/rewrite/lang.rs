@@ -110,6 +110,8 @@ pub enum Kind {
     AllReduce(usize),
     /// Data parallelism's all-gather over this many ranks (opaque to the rules).
     AllGather(usize),
+    /// Data parallelism's reduce-scatter of a bucket over this many ranks (opaque to the rules).
+    ReduceScatter(usize),
     /// Dropout; `p_bits` is the f64 probability's bit pattern (opaque to the rules).
     Dropout {
         p_bits: u64,
@@ -228,6 +230,7 @@ impl Kind {
             Kind::Window(w) => (Op::Window(*w), None),
             Kind::AllReduce(ranks) => (Op::AllReduce { ranks: *ranks }, None),
             Kind::AllGather(ranks) => (Op::AllGather { ranks: *ranks }, None),
+            Kind::ReduceScatter(ranks) => (Op::ReduceScatter { ranks: *ranks }, None),
             Kind::Dropout { p_bits, salt } => (
                 Op::Dropout {
                     p: f64::from_bits(*p_bits),
@@ -294,6 +297,7 @@ impl Kind {
             Op::Window(w) => Kind::Window(*w),
             Op::AllReduce { ranks } => Kind::AllReduce(*ranks),
             Op::AllGather { ranks } => Kind::AllGather(*ranks),
+            Op::ReduceScatter { ranks } => Kind::ReduceScatter(*ranks),
             Op::Dropout { p, salt } => Kind::Dropout {
                 p_bits: p.to_bits(),
                 salt: *salt,

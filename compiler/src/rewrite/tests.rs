@@ -260,7 +260,8 @@ fn eval(g: &Graph) -> Vec<T> {
             | Op::AttentionGrad { .. }
             | Op::MatMulAcc { .. }
             | Op::AllReduce { .. }
-            | Op::AllGather { .. } => {
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. } => {
                 unreachable!("not in these tests")
             }
         };

@@ -218,6 +218,7 @@ impl ModelArgs {
             reduce_in_bf16: self.reduce_in_bf16,
             bucket_bytes: self.bucket_size.unwrap_or(0),
             cast_weights_each_step: self.no_weight_copies,
+            shard_optimizer: false,
         }
     }
 }

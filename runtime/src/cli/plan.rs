@@ -334,6 +334,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 serde_json::to_value(gathers).map_err(|e| Failure::new(1, e.to_string()))?,
             );
         }
+        let scatters = ingot_compiler::plan::buckets::scatters(&compiled.graph, &compiled.plan);
+        if let (false, Some(o)) = (scatters.is_empty(), doc.as_object_mut()) {
+            o.insert(
+                "scatters".into(),
+                serde_json::to_value(scatters).map_err(|e| Failure::new(1, e.to_string()))?,
+            );
+        }
         if let (Some(f), Some(o)) = (&fitted, doc.as_object_mut()) {
             o.insert(
                 "fitted".into(),
@@ -361,6 +368,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         crate::cli::out(format_args!(
             "{}",
             ingot_compiler::plan::buckets::gather_table(&gathers)
+        ))?;
+        let scatters = ingot_compiler::plan::buckets::scatters(&compiled.graph, &compiled.plan);
+        crate::cli::out(format_args!(
+            "{}",
+            ingot_compiler::plan::buckets::scatter_table(&scatters)
         ))?;
         if let Some(l) = eval {
             crate::outln!("{}", crate::trainer::eval::layout_line(&l))?;

@@ -4,7 +4,8 @@
 //! A [`Collective`] is one rank's end of a group of `N`: every rank calls
 //! [`Collective::all_reduce_mean`] with buffers of the same length, in the same order, and each
 //! gets back the elementwise mean over the ranks; [`Collective::all_gather`] gives every rank
-//! all the ranks' buffers, concatenated in rank order. [`threads`] is the in-process implementation
+//! all the ranks' buffers, concatenated in rank order; [`Collective::reduce_scatter_mean`] gives
+//! each rank its part of the mean. [`threads`] is the in-process implementation
 //! (one thread per rank, sum in rank order then divide, so every run and every rank gets the
 //! same bits): it runs `N` ranks on one machine's CPU, which is how data parallelism is tested
 //! without several GPUs.
@@ -30,6 +31,18 @@ pub trait Collective: Send {
     /// Every rank must call it with the same length, in the same order as its other
     /// collectives; a mismatch is an error on every rank, not a hang.
     fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), ExecError>;
+    /// Writes into `recv` this rank's part of the elementwise mean over the ranks of every
+    /// rank's `send` (little-endian elements of `dtype`): rank `r` gets bytes
+    /// `r * recv.len() .. (r + 1) * recv.len()` of it, `send` being `ranks()` times `recv`'s
+    /// length. Those bytes equal, bit for bit, the same bytes of [`Collective::all_reduce_mean`]
+    /// of the same buffers. Every rank must call it with the same lengths and dtype, in the
+    /// same order as its other collectives; a mismatch is an error on every rank, not a hang.
+    fn reduce_scatter_mean(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+    ) -> Result<(), ExecError>;
 }
 
 /// The error of a step compiled for `ranks` ranks run without a collective of that size.

@@ -4,7 +4,9 @@
 //! arithmetic on every rank and every run, so all ranks hold the same bits afterwards, as they
 //! must for their parameters to stay equal. bf16 is summed in f32 and rounded once, to the
 //! nearest even (as the step rounds every bf16 store). An all-gather copies every rank's slot
-//! into each rank's buffer, in rank order.
+//! into each rank's buffer, in rank order. A reduce-scatter posts as an all-reduce does and
+//! each rank computes only its part of the mean, element by element as the all-reduce does,
+//! so its bytes are the all-reduce's.
 
 use super::Collective;
 use crate::error::ExecError;
@@ -59,19 +61,51 @@ impl Collective for ThreadRank {
 
     fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError> {
         self.post(data);
-        self.combine("all_reduce", data.len(), true, |parts| {
+        self.combine("all_reduce", data.len(), None, |parts| {
             mean_into(parts, data, dtype)
         })
     }
 
     fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), ExecError> {
         self.post(send);
-        let fits = recv.len() == send.len() * self.group.ranks;
-        self.combine("all_gather", send.len(), fits, |parts| {
+        let wrong = (Some(recv.len()) != send.len().checked_mul(self.group.ranks)).then(|| {
+            format!(
+                "rank {} gathers {} bytes a rank into an output of {} bytes, not {} times that",
+                self.rank,
+                send.len(),
+                recv.len(),
+                self.group.ranks
+            )
+        });
+        self.combine("all_gather", send.len(), wrong, |parts| {
             for (part, from) in recv.chunks_exact_mut(send.len().max(1)).zip(parts) {
                 part.copy_from_slice(from);
             }
             Ok(())
+        })
+    }
+
+    fn reduce_scatter_mean(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+    ) -> Result<(), ExecError> {
+        self.post(send);
+        let wrong = (Some(send.len()) != recv.len().checked_mul(self.group.ranks)).then(|| {
+            format!(
+                "rank {} reduce-scatters {} bytes into an output of {} bytes, not a {}th of them",
+                self.rank,
+                send.len(),
+                recv.len(),
+                self.group.ranks
+            )
+        });
+        let (r, n) = (self.rank, recv.len());
+        self.combine("reduce_scatter", send.len(), wrong, |parts| {
+            // Called only when every part is `ranks * n` bytes long: this rank's are in range.
+            let rows: Vec<&[u8]> = parts.iter().map(|p| &p[r * n..(r + 1) * n]).collect();
+            mean_into(&rows, recv, dtype)
         })
     }
 }
@@ -90,14 +124,14 @@ impl ThreadRank {
     }
 
     /// The second half: every rank checks that all posted `len` bytes (so all agree on
-    /// failing) and that its own output `fits`, then `combine`s the slots in rank order; a
-    /// second barrier keeps the slots until every rank has read them (all reach it, failing
-    /// or not: no rank is left waiting).
+    /// failing) and that its own output is not the `wrong` size (the reason when it is), then
+    /// `combine`s the slots in rank order; a second barrier keeps the slots until every rank
+    /// has read them (all reach it, failing or not: no rank is left waiting).
     fn combine(
         &self,
         op: &'static str,
         len: usize,
-        fits: bool,
+        wrong: Option<String>,
         combine: impl FnOnce(&[&[u8]]) -> Result<(), ExecError>,
     ) -> Result<(), ExecError> {
         let g = &*self.group;
@@ -107,13 +141,8 @@ impl ThreadRank {
                 "the ranks' {op} buffers have different lengths ({lengths:?} bytes): every rank \
                  must run the same step"
             ))
-        } else if !fits {
-            Some(format!(
-                "rank {} gathers {len} bytes a rank into an output of the wrong size",
-                self.rank
-            ))
         } else {
-            None
+            wrong
         };
         let result = if let Some(reason) = reason {
             Err(ExecError::Invalid { op, reason })
@@ -254,6 +283,55 @@ mod tests {
             let e = h.join().unwrap().unwrap_err().to_string();
             assert!(e.contains("different lengths"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_thread_ranks_reduce_scatter_is_its_part_of_the_all_reduce_to_the_bit() {
+        // Three ranks, two elements each: sums whose order matters, as in the all-reduce test.
+        let value = |k: f32| f32_bytes(&[k, 1e8 * (k - 1.0), 1.0 + k, 0.1 * k, -k, 3.0, 7.0, k]);
+        // Every rank's thread is started before any is joined: they meet at barriers.
+        let reducing: Vec<_> = group(3)
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let mut data = value(r.rank() as f32);
+                    r.all_reduce_mean(&mut data, DType::F32).unwrap();
+                    data
+                })
+            })
+            .collect();
+        let reduced: Vec<Vec<u8>> = reducing.into_iter().map(|h| h.join().unwrap()).collect();
+        let handles: Vec<_> = group(3)
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let mut recv = vec![0u8; 8];
+                    r.reduce_scatter_mean(&value(r.rank() as f32)[..24], &mut recv, DType::F32)
+                        .unwrap();
+                    recv
+                })
+            })
+            .collect();
+        for (k, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), reduced[0][8 * k..8 * k + 8], "rank {k}");
+        }
+    }
+
+    #[test]
+    fn a_reduce_scatter_into_an_output_of_the_wrong_size_is_an_error_on_that_rank_not_a_hang() {
+        let handles: Vec<_> = group(2)
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || {
+                    let mut recv = vec![0u8; 4 + 4 * r.rank()];
+                    r.reduce_scatter_mean(&[0u8; 8], &mut recv, DType::F32)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(results[0].is_ok());
+        let e = results[1].as_ref().unwrap_err().to_string();
+        assert!(e.contains("reduce-scatters 8 bytes"), "{e}");
     }
 
     #[test]

@@ -298,7 +298,7 @@ pub fn exec_node_with(
             op,
             "attention writes several outputs: it runs through `exec_attention`",
         )),
-        Op::AllReduce { .. } | Op::AllGather { .. } => Err(invalid(
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => Err(invalid(
             op,
             "a collective runs over data-parallel ranks: it runs in a planned step with a \
              collective (`runtime::collective`), not node by node",

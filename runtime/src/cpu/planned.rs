@@ -294,10 +294,7 @@ impl Part {
                     dtype,
                     ranks,
                 } => {
-                    let c = match collective.as_deref_mut() {
-                        Some(c) if c.ranks() == *ranks => c,
-                        other => return Err(needs_collective(*ranks, other.map(|c| c.ranks()))),
-                    };
+                    let c = joining(&mut collective, *ranks)?;
                     for c in copies {
                         // SAFETY: checked program: both ranges lie inside the allocation; an
                         // operand never overlaps another member's output (validated plan).
@@ -317,10 +314,7 @@ impl Part {
                     bytes,
                     ranks,
                 } => {
-                    let c = match collective.as_deref_mut() {
-                        Some(c) if c.ranks() == *ranks => c,
-                        other => return Err(needs_collective(*ranks, other.map(|c| c.ranks()))),
-                    };
+                    let c = joining(&mut collective, *ranks)?;
                     // SAFETY: both ranges lie inside the allocation and apart (checked
                     // program); no other slice of it is alive during the call.
                     let (send, recv) = unsafe {
@@ -331,6 +325,27 @@ impl Part {
                     };
                     c.all_gather(send, recv)
                         .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+                }
+                Instr::ReduceScatter {
+                    node,
+                    parts,
+                    dtype,
+                    ranks,
+                } => {
+                    let c = joining(&mut collective, *ranks)?;
+                    for p in parts {
+                        // SAFETY: every operand and output lies inside the allocation, and
+                        // each output apart from every operand and the other outputs (checked
+                        // program); no other slice of it is alive during the call.
+                        let (send, recv) = unsafe {
+                            (
+                                std::slice::from_raw_parts(base.add(p.from), p.bytes * ranks),
+                                std::slice::from_raw_parts_mut(base.add(p.to), p.bytes),
+                            )
+                        };
+                        c.reduce_scatter_mean(send, recv, *dtype)
+                            .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+                    }
                 }
                 Instr::Exec { node } => self.exec(base, *node)?,
                 Instr::InPlace { node } => self.exec_in_place(base, *node)?,
@@ -663,6 +678,17 @@ impl crate::executor::StepExecutor for PlannedStep {
 
     fn device(&self) -> String {
         "cpu".into()
+    }
+}
+
+/// The step's collective, which must join `ranks` ranks (else the error saying what it has).
+fn joining<'c>(
+    collective: &'c mut Option<&mut (dyn Collective + 'static)>,
+    ranks: usize,
+) -> Result<&'c mut (dyn Collective + 'static), ExecError> {
+    match collective.as_deref_mut() {
+        Some(c) if c.ranks() == ranks => Ok(c),
+        other => Err(needs_collective(ranks, other.map(|c| c.ranks()))),
     }
 }
 

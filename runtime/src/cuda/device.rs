@@ -411,10 +411,11 @@ impl CudaStep {
         Ok(self)
     }
 
-    /// Runs each of the step's all-reduces once, outside any capture, and waits: NCCL connects
-    /// its ranks at a communicator's first collectives (allocating device memory for its
-    /// channels), which a captured call must not do. The slab is all zeros here, so the means
-    /// change nothing. Every rank runs the same all-reduces in the same order.
+    /// Runs each of the step's collectives (all-reduces, all-gathers, reduce-scatters) once,
+    /// outside any capture, and waits: NCCL connects its ranks at a communicator's first
+    /// collectives (allocating device memory for its channels), which a captured call must not
+    /// do. The slab is all zeros here, so the means change nothing. Every rank runs the same
+    /// collectives in the same order.
     fn connect_collectives(&self) -> Result<(), ExecError> {
         let ops: Vec<&DeviceOp> = self
             .main
@@ -850,6 +851,37 @@ impl CudaStep {
                         )
                     }
                     .map_err(|e| self.at(part, *node, "all-gathering", e))?;
+                }
+                DeviceOp::ReduceScatter {
+                    node, parts, dtype, ..
+                } => {
+                    let fail = |reason: String| self.at(part, *node, "reduce-scattering", reason);
+                    let comm = self
+                        .comm
+                        .as_ref()
+                        .ok_or_else(|| fail("the step has no NCCL communicator".into()))?;
+                    let ty = super::nccl::data_type(*dtype)
+                        .ok_or_else(|| fail(format!("NCCL has no {dtype:?} mean")))?;
+                    // One group: NCCL runs the parts as one operation, as it would one bucket.
+                    comm.group(|| {
+                        for p in parts {
+                            // SAFETY: every operand and output lies inside the allocation, each
+                            // output apart from every operand (the program's check); the
+                            // allocation lives as long as the graphs; the stream is this
+                            // device's.
+                            unsafe {
+                                comm.reduce_scatter_mean(
+                                    self.base + p.from as u64,
+                                    self.base + p.to as u64,
+                                    p.bytes / dtype.size(),
+                                    ty,
+                                    on as *mut c_void,
+                                )
+                            }?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(fail)?;
                 }
             }
         }

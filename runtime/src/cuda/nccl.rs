@@ -70,6 +70,16 @@ pub struct Nccl {
     ) -> Res,
     all_gather:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> Res,
+    /// `ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)`.
+    reduce_scatter: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        *mut c_void,
+    ) -> Res,
     group_start: unsafe extern "C" fn() -> Res,
     group_end: unsafe extern "C" fn() -> Res,
 }
@@ -132,6 +142,7 @@ fn bind(lib: &'static libloading::Library, path: PathBuf) -> Result<Nccl, String
         comm_destroy: sym!(b"ncclCommDestroy\0"),
         all_reduce: sym!(b"ncclAllReduce\0"),
         all_gather: sym!(b"ncclAllGather\0"),
+        reduce_scatter: sym!(b"ncclReduceScatter\0"),
         group_start: sym!(b"ncclGroupStart\0"),
         group_end: sym!(b"ncclGroupEnd\0"),
         path,
@@ -278,6 +289,42 @@ impl Comm {
                 stream,
             ),
         )
+    }
+
+    /// Queues this rank's part of a reduce-scatter: its `count` elements of `dtype` of the mean
+    /// over the ranks of the `ranks * count` elements at device address `from` on every rank,
+    /// into `to` (rank `r` gets elements `r * count .. (r + 1) * count`), on `stream`.
+    ///
+    /// # Safety
+    /// `from` must address `ranks * count` and `to` `count` elements of `dtype` of device
+    /// memory, apart, live until the stream has run the operation, and `stream` a stream of
+    /// the communicator's device.
+    pub unsafe fn reduce_scatter_mean(
+        &self,
+        from: u64,
+        to: u64,
+        count: usize,
+        dtype: DataType,
+        stream: *mut c_void,
+    ) -> Result<(), String> {
+        self.nccl.check(
+            "reduce-scatter",
+            (self.nccl.reduce_scatter)(
+                from as *const c_void,
+                to as *mut c_void,
+                count,
+                dtype as c_int,
+                AVG,
+                self.raw,
+                stream,
+            ),
+        )
+    }
+
+    /// Runs `f` (this communicator's calls) as one NCCL group ([`Nccl::group`]), so they
+    /// launch together as one operation.
+    pub fn group<T>(&self, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+        self.nccl.group(f)
     }
 }
 
