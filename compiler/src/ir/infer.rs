@@ -401,27 +401,9 @@ pub fn infer(
             t.clone()
         }
         Op::Window(w) => w.infer(operands).map_err(&fail)?,
-        Op::AllReduce { ranks } => {
-            if *ranks < 2 {
-                return Err(fail(format!(
-                    "an all-reduce over {ranks} rank(s) is the identity; it needs ranks >= 2"
-                )));
-            }
-            let Some(first) = operands.first() else {
-                return Err(fail("an all-reduce needs at least one operand".into()));
-            };
-            if let Some((i, t)) = operands
-                .iter()
-                .enumerate()
-                .find(|(_, t)| t.dtype != first.dtype || !t.dtype.is_float())
-            {
-                return Err(fail(format!(
-                    "operand {i} is {t}: a bucket is of one float dtype ({} here)",
-                    first.dtype
-                )));
-            }
-            (*first).clone()
-        }
+        Op::AllReduce { ranks } => bucket("an all-reduce", *ranks, operands)
+            .map_err(&fail)?
+            .clone(),
         Op::AllGather { ranks } => {
             if *ranks < 2 {
                 return Err(fail(format!(
@@ -447,24 +429,7 @@ pub fn infer(
             TensorType::new(Shape(dims), x.dtype)
         }
         Op::ReduceScatter { ranks } => {
-            if *ranks < 2 {
-                return Err(fail(format!(
-                    "a reduce-scatter over {ranks} rank(s) is the identity; it needs ranks >= 2"
-                )));
-            }
-            let Some(first) = operands.first() else {
-                return Err(fail("a reduce-scatter needs at least one operand".into()));
-            };
-            if let Some((i, t)) = operands
-                .iter()
-                .enumerate()
-                .find(|(_, t)| t.dtype != first.dtype || !t.dtype.is_float())
-            {
-                return Err(fail(format!(
-                    "operand {i} is {t}: a bucket is of one float dtype ({} here)",
-                    first.dtype
-                )));
-            }
+            let first = bucket("a reduce-scatter", *ranks, operands).map_err(&fail)?;
             // Every operand is checked, not only the first: output `i` is operand `i`'s rows.
             for (i, t) in operands.iter().enumerate() {
                 scattered(t, *ranks)
@@ -484,6 +449,35 @@ pub fn infer(
         }
     }
     Ok(inferred)
+}
+
+/// The first operand of a collective over a bucket of gradients (`what`, in the reasons):
+/// refused for fewer than two ranks (the identity), no operand, or operands not all of one
+/// float dtype.
+fn bucket<'t>(
+    what: &str,
+    ranks: usize,
+    operands: &[&'t TensorType],
+) -> Result<&'t TensorType, String> {
+    if ranks < 2 {
+        return Err(format!(
+            "{what} over {ranks} rank(s) is the identity; it needs ranks >= 2"
+        ));
+    }
+    let Some(first) = operands.first() else {
+        return Err(format!("{what} needs at least one operand"));
+    };
+    match operands
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.dtype != first.dtype || !t.dtype.is_float())
+    {
+        Some((i, t)) => Err(format!(
+            "operand {i} is {t}: a bucket is of one float dtype ({} here)",
+            first.dtype
+        )),
+        None => Ok(first),
+    }
 }
 
 /// One rank's part of `x` in a reduce-scatter over `ranks` ranks: its rows `[n / ranks, ..]`.
