@@ -542,3 +542,208 @@ fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_rele
          gathered rows (op {first_reader})"
     );
 }
+
+/// A step built by hand around a reduce-scatter over two ranks, compiled for `target`: `a =
+/// 2·x` (a gradient in the slab), `y = reduce_scatter(a, b)` (`b`'s rows a result node), `c =
+/// y + 1`, then `d`, as large as `a`, made from `c` after it: the bytes `a` leaves free once
+/// the collective's outputs are read are there for `d` to take.
+fn reduce_scatter_step(target: Target) -> Executable {
+    use ingot_compiler::autodiff::{Phases, Step};
+    use ingot_compiler::ir::{DType, Graph, Op, TensorType};
+    let mut g = Graph::new();
+    let x = g.input("x", [256, 64], DType::F32).unwrap();
+    let b = g.input("b", [6, 4], DType::F32).unwrap();
+    let a = g
+        .binary_scalar(ingot_compiler::ir::BinaryOp::Mul, x, 2.0)
+        .unwrap();
+    let b2 = g
+        .binary_scalar(ingot_compiler::ir::BinaryOp::Mul, b, 3.0)
+        .unwrap();
+    let y = g
+        .push(Op::ReduceScatter { ranks: 2 }, &[a, b2], None)
+        .unwrap();
+    let yb = g
+        .push(
+            Op::Result { index: 1 },
+            &[y],
+            Some(TensorType::new(
+                ingot_compiler::ir::Shape::new(&[3, 4]),
+                DType::F32,
+            )),
+        )
+        .unwrap();
+    let c = g
+        .binary_scalar(ingot_compiler::ir::BinaryOp::Add, y, 1.0)
+        .unwrap();
+    let s = g.sum(c, &[0, 1]).unwrap();
+    let sb = g.broadcast_to(s, [256, 64]).unwrap();
+    let d = g.mul(x, sb).unwrap();
+    g.set_output("c", c).unwrap();
+    g.set_output("yb", yb).unwrap();
+    g.set_output("d", d).unwrap();
+    let n = g.len();
+    let step = Step {
+        graph: g,
+        phases: Phases {
+            forward: 0..n,
+            backward: n..n,
+            optimizer: n..n,
+        },
+    };
+    pipeline::compile_step("reduce_scatter", step, &Options::for_target(target))
+        .unwrap()
+        .executable(target)
+        .unwrap()
+}
+
+#[test]
+fn a_reduce_scatter_lowers_to_one_collective_over_its_operands_into_buffers_of_their_own() {
+    use ingot_compiler::ir::Op;
+    use ingot_compiler::lower::cpu::Instr;
+    use ingot_compiler::lower::cuda::DeviceOp;
+    for target in [Target::Cpu, Target::Cuda] {
+        let exe = reduce_scatter_step(target);
+        let (g, plan) = (exe.graph(), exe.plan());
+        exe.program().check(g, plan).unwrap();
+        let node = g
+            .ids()
+            .find(|&id| matches!(g.node(id).op, Op::ReduceScatter { ranks: 2 }))
+            .expect("the reduce-scatter is neither rewritten nor fused away");
+        let outs = &g.kernel_outputs()[node.index()];
+        // Operand i's whole bytes in, this rank's half of them out, apart.
+        let want: Vec<(usize, usize, usize)> = g
+            .node(node)
+            .inputs
+            .iter()
+            .zip(outs)
+            .map(|(&x, &o)| {
+                let (x, o) = (plan.location(g, x), plan.location(g, o));
+                assert_eq!(x.bytes, 2 * o.bytes);
+                assert!(o.offset >= x.offset + x.bytes || x.offset >= o.offset + o.bytes);
+                (x.offset, o.offset, o.bytes)
+            })
+            .collect();
+        assert_eq!(want.len(), 2);
+        let parts = match exe.program() {
+            Program::Cpu(p) => p.instrs.iter().find_map(|i| match i {
+                Instr::ReduceScatter {
+                    node: n,
+                    parts,
+                    ranks: 2,
+                    ..
+                } if *n == node => Some(parts.clone()),
+                _ => None,
+            }),
+            Program::Cuda(p) => {
+                assert_eq!(p.counts().reduce_scatters, 1);
+                p.ops.iter().find_map(|op| match op {
+                    DeviceOp::ReduceScatter {
+                        node: n,
+                        parts,
+                        ranks: 2,
+                        ..
+                    } if *n == node => Some(parts.clone()),
+                    _ => None,
+                })
+            }
+        }
+        .expect("one reduce-scatter instruction for the node");
+        let got: Vec<_> = parts.iter().map(|p| (p.from, p.to, p.bytes)).collect();
+        assert_eq!(got, want, "{target}");
+    }
+}
+
+#[test]
+fn the_program_check_refuses_a_reduce_scatter_written_over_an_operand_or_outside_the_allocation() {
+    use ingot_compiler::lower::cpu::Instr;
+    use ingot_compiler::lower::cuda::DeviceOp;
+    for target in [Target::Cpu, Target::Cuda] {
+        let exe = reduce_scatter_step(target);
+        for (edit, says) in [(0, "operand"), (1, "outside")] {
+            let mut program = exe.program().clone();
+            let parts = match &mut program {
+                Program::Cpu(p) => p.instrs.iter_mut().find_map(|i| match i {
+                    Instr::ReduceScatter { parts, .. } => Some(parts),
+                    _ => None,
+                }),
+                Program::Cuda(p) => p.ops.iter_mut().find_map(|op| match op {
+                    DeviceOp::ReduceScatter { parts, .. } => Some(parts),
+                    _ => None,
+                }),
+            }
+            .unwrap();
+            match edit {
+                // Output 1 onto operand 0's bytes.
+                0 => parts[1].to = parts[0].from,
+                _ => parts[0].from = exe.plan().total_bytes - parts[0].bytes,
+            }
+            let e = program
+                .check(exe.graph(), exe.plan())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{target} {says}: {e}");
+        }
+    }
+}
+
+#[test]
+fn a_later_writer_of_a_reduce_scatters_operand_bytes_waits_for_the_collective() {
+    use ingot_compiler::lower::cuda::DeviceOp;
+    let exe = reduce_scatter_step(Target::Cuda);
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a cuda executable holds a cuda program")
+    };
+    let (g, plan) = (exe.graph(), exe.plan());
+    let rs = p
+        .ops
+        .iter()
+        .position(|op| matches!(op, DeviceOp::ReduceScatter { .. }))
+        .expect("the reduce-scatter is lowered");
+    let node = p.ops[rs].node().unwrap();
+    // It reads its operands and writes its outputs: what the dependency graph is made from.
+    let outs = &g.kernel_outputs()[node.index()];
+    let reads: Vec<_> = g
+        .node(node)
+        .inputs
+        .iter()
+        .map(|&x| plan.location(g, x))
+        .collect();
+    let writes: Vec<_> = outs.iter().map(|&o| plan.location(g, o)).collect();
+    assert_eq!(p.touches[rs].reads.to_vec(), reads);
+    assert_eq!(p.touches[rs].writes.to_vec(), writes);
+    // Some later operation writes into the operand's bytes once they are free (the plan
+    // reuses them), and it waits for the collective, through some path of edges.
+    let overlaps = |a: &ingot_compiler::plan::check::Location,
+                    b: &ingot_compiler::plan::check::Location| {
+        a.bytes > 0 && b.bytes > 0 && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes
+    };
+    let mut waits = vec![false; p.ops.len()];
+    waits[rs] = true;
+    let mut writers = 0;
+    for j in rs + 1..p.ops.len() {
+        waits[j] = p.deps[j].iter().any(|&d| waits[d]);
+        if p.touches[j]
+            .writes
+            .iter()
+            .any(|w| reads.iter().any(|r| overlaps(w, r)))
+        {
+            writers += 1;
+            assert!(waits[j], "op {j} writes over the operands of the reduce-scatter (op {rs}) without waiting for it");
+        }
+    }
+    assert!(
+        writers > 0,
+        "the plan gives the operand's bytes to a later value"
+    );
+    // The edge is a checked invariant: cut every path from the collective and the program's
+    // check refuses it.
+    let mut broken = p.clone();
+    for d in broken.deps.iter_mut().skip(rs + 1) {
+        d.retain(|i| *i != rs);
+    }
+    let e = broken.check(p.total_bytes).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("operations {rs} and")) && e.contains("does not wait"),
+        "{e}"
+    );
+}

@@ -235,3 +235,45 @@ fn two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole() {
         two.step_on(&slots, &x, &y).unwrap();
     }
 }
+
+#[path = "support/scatter.rs"]
+mod scatter;
+
+#[test]
+fn two_gpus_reduce_scatter_each_its_rows_of_the_mean_bit_for_bit_as_their_all_reduce() {
+    let Some(_gpus) = two_gpus(
+        "two_gpus_reduce_scatter_each_its_rows_of_the_mean_bit_for_bit_as_their_all_reduce",
+    ) else {
+        return;
+    };
+    use ingot_compiler::ir::DType;
+    // ncclReduceScatter over two operands in one NCCL group, run once before the capture and
+    // then from the captured graph, against ncclAllReduce of the same inputs.
+    let shapes: &[&[usize]] = &[&[4, 2], &[6, 3]];
+    for dtype in [DType::F32, DType::BF16] {
+        let mut ranks = GpuRanks::new(scatter::step(shapes, dtype, Target::Cuda), false).unwrap();
+        let g = ranks.graph().clone();
+        for (i, dims) in shapes.iter().enumerate() {
+            // Written for both ranks together: each gets its own half ([`scatter::input`]).
+            let both: Vec<u8> = (0..scatter::RANKS)
+                .flat_map(|r| scatter::input(r, i, dims, dtype).to_le_bytes())
+                .collect();
+            let x = g.leaf(&format!("x{i}")).unwrap();
+            ranks.write_node_bytes(x, &both).unwrap();
+        }
+        for _ in 0..2 {
+            ranks.step().unwrap();
+            let out: Vec<IndexMap<String, Vec<u8>>> = ranks
+                .ranks()
+                .iter()
+                .map(|s| {
+                    g.outputs
+                        .keys()
+                        .map(|n| (n.clone(), s.read_output(n).unwrap().to_le_bytes()))
+                        .collect()
+                })
+                .collect();
+            scatter::check_rows(shapes, dtype, &out);
+        }
+    }
+}

@@ -550,3 +550,61 @@ fn check_axes(axes: &[usize], rank: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(dims: &[usize], dtype: DType) -> TensorType {
+        TensorType::new(Shape::new(dims), dtype)
+    }
+
+    fn reduce_scatter(ranks: usize, operands: &[TensorType]) -> Result<TensorType, String> {
+        let refs: Vec<&TensorType> = operands.iter().collect();
+        infer(&Op::ReduceScatter { ranks }, &refs, None, 7).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_reduce_scatter_of_8_rows_over_2_ranks_leaves_each_rank_4() {
+        assert_eq!(
+            reduce_scatter(2, &[t(&[8, 3], DType::F32)]),
+            Ok(t(&[4, 3], DType::F32))
+        );
+        // The node's value is output 0's: operand 0's rows, whatever the others are.
+        assert_eq!(
+            reduce_scatter(2, &[t(&[6], DType::BF16), t(&[8, 3], DType::BF16)]),
+            Ok(t(&[3], DType::BF16))
+        );
+    }
+
+    #[test]
+    fn a_reduce_scatter_is_refused_naming_the_op_and_the_operand_that_cannot_be_split() {
+        for (ranks, operands, says) in [
+            (
+                2,
+                vec![t(&[7, 3], DType::F32)],
+                "operand 0 is f32[7,3]: its 7 rows do not divide among 2 ranks",
+            ),
+            (
+                2,
+                vec![t(&[8], DType::F32), t(&[5, 2], DType::F32)],
+                "operand 1 is f32[5,2]",
+            ),
+            (2, vec![t(&[], DType::F32)], "scalar"),
+            (
+                2,
+                vec![t(&[8], DType::F32), t(&[8], DType::BF16)],
+                "one float dtype",
+            ),
+            (2, vec![t(&[8], DType::I32)], "one float dtype"),
+            (1, vec![t(&[8], DType::F32)], "needs ranks >= 2"),
+            (2, vec![], "at least one operand"),
+        ] {
+            let e = reduce_scatter(ranks, &operands).unwrap_err();
+            assert!(
+                e.contains("reduce_scatter") && e.contains(says),
+                "{says}: {e}"
+            );
+        }
+    }
+}

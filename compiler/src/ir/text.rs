@@ -1352,6 +1352,48 @@ output \"loss\" = %1
     }
 
     #[test]
+    fn a_reduce_scatter_and_its_results_round_trip_and_keep_a_ranks_rows() {
+        let text = "ingot-ir 1
+%0 = input \"a\" : f32[8,3]
+%1 = input \"b\" : f32[6]
+%2 = reduce_scatter(%0, %1) ranks=2 : f32[4,3]
+%3 = result(%2) index=1 : f32[3]
+output \"a\" = %2
+output \"b\" = %3
+";
+        let g = parse(text).unwrap();
+        g.verify().unwrap();
+        assert_eq!(g.node(NodeId(2)).op, Op::ReduceScatter { ranks: 2 });
+        assert_eq!(print(&g), text);
+        assert_eq!(print(&g).parse::<Graph>().unwrap(), g);
+        let head = "ingot-ir 1\n%0 = input \"a\" : f32[8,3]\n%1 = input \"b\" : f32[6]\n";
+        for (bad, says) in [
+            (
+                "%2 = reduce_scatter(%0, %1) ranks=2 : f32[8,3]",
+                "stated result",
+            ),
+            (
+                "%2 = reduce_scatter(%0, %1) ranks=4 : f32[2,3]",
+                "do not divide among 4",
+            ),
+            (
+                "%2 = reduce_scatter(%0) ranks=1 : f32[8,3]",
+                "needs ranks >= 2",
+            ),
+            ("%2 = reduce_scatter(%0) : f32[4,3]", "ranks"),
+        ] {
+            let e = parse(&format!("{head}{bad}\n")).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("line 4"), "{bad}: {e}");
+        }
+        // A result typed as the whole operand, not a rank's rows of it: the verifier says so.
+        let whole = format!(
+            "{head}%2 = reduce_scatter(%0, %1) ranks=2 : f32[4,3]\n%3 = result(%2) index=1 : f32[6]\n"
+        );
+        let e = parse(&whole).unwrap().verify().unwrap_err().to_string();
+        assert!(e.contains("typed f32[6] but the output is f32[3]"), "{e}");
+    }
+
+    #[test]
     fn f64_constants_round_trip_bit_for_bit() {
         let values = [
             0.1,

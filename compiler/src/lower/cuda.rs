@@ -815,11 +815,14 @@ impl Program {
                                 .iter()
                                 .any(|o2| !apart(o.to, o.bytes, o2.to, o2.bytes))
                         {
-                            return Err(bad(format!(
-                                "output {j} of the reduce-scatter of node %{} onto an operand \
-                                 or another output",
-                                node.index()
-                            )));
+                            return Err(LowerError::Invalid {
+                                op: "cuda lowering",
+                                reason: format!(
+                                    "output {j} of the reduce-scatter of node %{} is placed over \
+                                     an operand or another output",
+                                    node.index()
+                                ),
+                            });
                         }
                     }
                 }
