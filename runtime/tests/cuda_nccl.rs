@@ -7,7 +7,7 @@ use cudarc::driver::{CudaContext, DevicePtrMut};
 use ingot_runtime::cuda::{self, nccl, require};
 
 #[test]
-fn a_one_rank_nccl_mean_is_the_identity_and_its_memory_is_measured() {
+fn a_one_rank_nccl_sum_is_the_identity_and_its_memory_is_measured() {
     if !cuda::gpu_for_test("a_one_rank_nccl_mean_is_the_identity_and_its_memory_is_measured") {
         return;
     }
@@ -38,7 +38,7 @@ fn a_one_rank_nccl_mean_is_the_identity_and_its_memory_is_measured() {
         // SAFETY: `dev` holds host.len() f32 on the communicator's device, alive past the sync.
         unsafe {
             comms[0]
-                .all_reduce_mean(
+                .all_reduce_sum(
                     p,
                     host.len(),
                     nccl::DataType::Float32,
@@ -53,7 +53,7 @@ fn a_one_rank_nccl_mean_is_the_identity_and_its_memory_is_measured() {
         back.iter()
             .zip(&host)
             .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "the mean over one rank changed the values"
+        "the sum over one rank changed the values"
     );
     drop(comms.pop());
 }

@@ -763,3 +763,57 @@ fn two_ranks_without_a_data_set_train_on_two_halves_of_one_synthetic_batch_twice
         "rank 0 reads the one-rank batch"
     );
 }
+
+#[test]
+fn two_ranks_given_the_same_batch_train_bit_for_bit_as_one_rank_on_it() {
+    // Each rank differentiates half its loss and the all-reduce sums: x/2 + x/2 is x exactly,
+    // so two ranks on one batch must hold one rank's bits after every step. A rank missing its
+    // share (a sum of whole gradients) would step twice as far under SGD.
+    let model = || {
+        let mut m = mlp(4);
+        m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        m
+    };
+    let one_exe = compile(&model(), 1);
+    let two_exe = compile(&model(), 2);
+    let g = one_exe.graph();
+    let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 7);
+    state.extend(init_leaves(g, LeafKind::State, 7));
+    let batches: Vec<IndexMap<String, Tensor>> =
+        (0..5u64).map(|s| synthetic_batch(g, 200 + s)).collect();
+    let run = |s: &mut PlannedStep| -> IndexMap<String, Vec<u8>> {
+        for (n, v) in &state {
+            s.write_leaf(n, v).unwrap();
+        }
+        for b in &batches {
+            for (n, v) in b {
+                s.write_leaf(n, v).unwrap();
+            }
+            s.step().unwrap();
+        }
+        state
+            .keys()
+            .map(|n| (n.clone(), s.read_leaf(n).unwrap().to_le_bytes()))
+            .collect()
+    };
+    let want = run(&mut PlannedStep::new(one_exe).unwrap());
+    let got: Vec<IndexMap<String, Vec<u8>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = threads::group(2)
+            .into_iter()
+            .map(|c| {
+                let (exe, run) = (two_exe.clone(), &run);
+                scope.spawn(move || {
+                    let mut s = PlannedStep::new(exe).unwrap();
+                    s.set_collective(Box::new(c)).unwrap();
+                    run(&mut s)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, leaves) in got.iter().enumerate() {
+        for (n, bytes) in leaves {
+            assert_eq!(bytes, &want[n], "rank {r}'s {n} after 5 steps");
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The data-parallel reduce-scatter (`Op::ReduceScatter`) on the CPU: two in-process thread
 //! ranks run a graph built by hand through the whole pipeline (rewrite, fusion, plan,
-//! lowering), and each rank's output is its rows of the mean over the ranks, bit for bit the
+//! lowering), and each rank's output is its rows of the sum over the ranks, bit for bit the
 //! same rows of an all-reduce of the same operands.
 
 use indexmap::IndexMap;
@@ -53,7 +53,7 @@ fn run_and_check(shapes: &[&[usize]], dtype: DType) {
 }
 
 #[test]
-fn each_of_two_ranks_gets_its_rows_of_the_mean_bit_for_bit_as_the_all_reduce_has_them() {
+fn each_of_two_ranks_gets_its_rows_of_the_sum_bit_for_bit_as_the_all_reduce_has_them() {
     run_and_check(&[&[4, 2]], DType::F32);
 }
 

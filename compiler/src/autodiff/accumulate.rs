@@ -162,6 +162,7 @@ pub fn accumulated_gradients(
     params: &[NodeId],
     k: usize,
     loss_head_chunk_bytes: usize,
+    ranks: usize,
 ) -> Result<(Graph, NodeId, Vec<NodeId>, Vec<NodeId>)> {
     let mut g = Graph::new();
     let mut mb = MicroBatches::new(&mut g, forward, k)?;
@@ -174,13 +175,16 @@ pub fn accumulated_gradients(
     let mut losses = Vec::with_capacity(k);
     for i in 0..k {
         let loss = mb.forward(&mut g, i)?;
-        let part = g.scoped(&format!("micro-batch {i}"), |g| g.mul_scalar(loss, scale))?;
+        // Each rank of several differentiates its share of the mean over the ranks too
+        // ([`super::step::rank_share`]).
+        let share = scale / ranks.max(1) as f64;
+        let part = g.scoped(&format!("micro-batch {i}"), |g| g.mul_scalar(loss, share))?;
         let chunked = super::chunk::grad_in_chunks(
             &mut g,
             part,
             &new_params,
             loss_head_chunk_bytes,
-            k as f64,
+            (k * ranks.max(1)) as f64,
         )?;
         let grads = chunked.grads;
         // A head in chunks sums the loss anew (the whole head's nodes are dead).

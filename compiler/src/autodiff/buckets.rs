@@ -1,6 +1,7 @@
 //! Data parallelism's gradient buckets: with `ranks >= 2`, the gradients are averaged over the
 //! ranks by all-reduce ops ([`Op::AllReduce`]) before the optimizer reads them, as PyTorch's
-//! `DistributedDataParallel` does.
+//! `DistributedDataParallel` does. Each rank's gradients are of its share of the loss (its
+//! loss over `ranks`, [`super::step::rank_share`]), so the all-reduce is a sum.
 //!
 //! Gradients are grouped, in the order the backward pass produces them (node order), into
 //! buckets of about [`BUCKET_BYTES`] (DDP's `bucket_cap_mb = 25`), one dtype per bucket. Each
@@ -16,7 +17,7 @@
 //! Where those operands are fewer bytes than the gradient ([`gathered`]: an embedding table's
 //! gradient is `[vocab, dim]`, its operands `[tokens, dim]`), or are gathered already for
 //! another gradient, each rank all-gathers them ([`Op::AllGather`]) and computes the summed
-//! gradient itself, then scales it by `1 / ranks`. Every rank adds the same rows in the same
+//! gradient itself (of every rank's share of the loss, so the mean). Every rank adds the same rows in the same
 //! order (rank 0's positions first), so all hold the same bits, and they equal one device's
 //! gradient over the ranks' batches concatenated. For gpt2 on two ranks this sends 25 MiB instead of all-reducing
 //! 147 MiB, and the collective no longer waits for the last kernel of the backward pass.
@@ -280,7 +281,9 @@ pub fn gathered(
         for ty in reshapes.iter().rev() {
             sum = g.push(Op::Reshape, &[sum], Some(ty.clone()))?;
         }
-        g.mul_scalar(sum, 1.0 / ranks as f64).map(Some)
+        // Every rank's rows are of its share of the loss ([`super::step::rank_share`]):
+        // their sum is the mean.
+        Ok(Some(sum))
     })
 }
 

@@ -118,11 +118,13 @@ pub fn training_step_with(
     // no weight decay, no optimizer state (its value stays as loaded, and is still saved).
     let reaches = ancestors(&g, loss);
     let params: Vec<NodeId> = params.into_iter().filter(|p| reaches[p.index()]).collect();
-    // A loss head computed in chunks leaves the whole head's nodes unread.
-    let mut dead_head = false;
+    // A loss head computed in chunks leaves the whole head's nodes unread, and so does the
+    // scaled loss of several ranks (only its gradient is read).
+    let ranks = opts.ranks.max(1);
+    let mut dead_code = ranks > 1;
     let (mut g, params, f, grads) = if opts.accumulate > 1 {
         if opts.loss_head_chunk_bytes > 0 {
-            dead_head = true; // each micro-batch's head may be in chunks
+            dead_code = true; // each micro-batch's head may be in chunks
         }
         let forward_nodes = g.len();
         let (step, _, params, grads) = super::accumulate::accumulated_gradients(
@@ -130,21 +132,34 @@ pub fn training_step_with(
             &params,
             opts.accumulate,
             opts.loss_head_chunk_bytes,
+            ranks,
         )?;
         // The first micro-batch's forward pass (and the leaves) come first; the phases of an
         // accumulated step interleave after it.
         (step, params, forward_nodes, grads)
     } else {
         let f = g.len();
-        let chunked =
-            super::chunk::grad_in_chunks(&mut g, loss, &params, opts.loss_head_chunk_bytes, 1.0)?;
+        // Each of several ranks differentiates its loss over `ranks` ([`rank_share`]), so
+        // the sum its all-reduces take is the mean.
+        let root = match ranks {
+            1 => loss,
+            _ => rank_share(&mut g, loss, ranks)?,
+        };
+        let chunked = super::chunk::grad_in_chunks(
+            &mut g,
+            root,
+            &params,
+            opts.loss_head_chunk_bytes,
+            ranks as f64,
+        )?;
         if chunked.chunks > 1 {
             g.outputs.insert(LOSS.to_string(), chunked.loss);
-            dead_head = true;
+            dead_code = true;
         }
         (g, params, f, chunked.grads)
     };
-    // The mean over the ranks is what every rank's optimizer (and clipping) reads.
+    // The sum over the ranks of their gradients of their shares, the mean of their
+    // gradients, is what every rank's optimizer (and clipping) reads.
     let mut grads = super::buckets::all_reduce_buckets(
         &mut g,
         &grads,
@@ -182,7 +197,7 @@ pub fn training_step_with(
     optimizer.apply_with_inputs(&mut g, &params, &grads, lr_scale, step)?;
     let n = g.len();
     name_updates(&mut g, b);
-    let (g, [f, b, n]) = if dead_head {
+    let (g, [f, b, n]) = if dead_code {
         let (live, map) = g.without_dead_code();
         // Each phase boundary moves down by the dead nodes before it.
         let at = |i: usize| map[..i].iter().filter(|m| m.is_some()).count();
@@ -212,6 +227,19 @@ pub fn training_step_with(
 /// `update of blocks.3.qkv.weight` for a node only one parameter's update reads, `optimizer`
 /// for one several share (AdamW's bias corrections); gradient clipping's nodes, which every
 /// update reads, are `gradient clipping` when the step clips. Deterministic: updates in order.
+/// A rank's share of the loss of `ranks` data-parallel ranks: its own loss over `ranks`, the
+/// value whose gradients it computes. The step's loss is the mean of the ranks' losses, so
+/// each rank's part of its gradient is the gradient of that share, and the ranks' gradients
+/// are *summed* ([`Op::AllReduce`](crate::ir::Op::AllReduce) is a sum), which NCCL's
+/// symmetric-memory kernels run and its average does not (NCCL 2.28: `ncclAvg` of floats
+/// is a pre-multiplied sum, which they do not implement). Scaling the seed scales every
+/// gradient exactly when `ranks` is a power of two (a float times 2^-k is exact short of
+/// the subnormals), so two ranks' sum is, bit for bit, the average of their gradients. Only
+/// the share's gradient is read: the node itself is dead and removed.
+pub fn rank_share(g: &mut Graph, loss: NodeId, ranks: usize) -> Result<NodeId> {
+    g.mul_scalar(loss, 1.0 / ranks as f64)
+}
+
 fn name_updates(g: &mut Graph, first: usize) {
     use crate::ir::Origin;
     let n = g.len();

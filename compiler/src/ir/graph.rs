@@ -499,7 +499,7 @@ impl Graph {
             return Ok(());
         }
         if let Op::AllReduce { .. } | Op::ReduceScatter { .. } = writer {
-            // Output `index` of an all-reduce is the mean of operand `index`: its type; that
+            // Output `index` of an all-reduce is the sum of operand `index`: its type; that
             // of a reduce-scatter is one rank's rows of it.
             let Some(&x) = self.node(kernel).inputs.get(index) else {
                 return fail(format!(

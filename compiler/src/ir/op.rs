@@ -201,9 +201,10 @@ pub enum Op {
     /// A sliding-window op over NCHW images: convolution, max pooling and their backward ops
     /// (see [`super::window`]).
     Window(WindowOp),
-    /// Data parallelism: the mean over `ranks` ranks of each operand (a bucket of gradients,
-    /// one dtype), as one collective all-reduce over the bucket's bytes. The node's value is
-    /// the mean of operand 0, output `i` (an [`Op::Result`]) that of operand `i`; each output
+    /// Data parallelism: the sum over `ranks` ranks of each operand (a bucket of gradients,
+    /// one dtype, each rank's of its share of the loss, so the sum is their mean), as one
+    /// collective all-reduce over the bucket's bytes. The node's value is the sum of operand
+    /// 0, output `i` (an [`Op::Result`]) that of operand `i`; each output
     /// is written in place over its operand, and the plan lays the operands out adjacently in
     /// operand order, so the collective runs on one contiguous region with no copy
     /// (`plan::check` verifies both). Made by autodiff's `buckets` module for `ranks >= 2`.
@@ -218,7 +219,7 @@ pub enum Op {
     AllGather {
         ranks: usize,
     },
-    /// Data parallelism: rank `r`'s rows of the mean over `ranks` ranks of each operand (a
+    /// Data parallelism: rank `r`'s rows of the sum over `ranks` ranks of each operand (a
     /// bucket of gradients, one dtype): operand `[n, ..]` gives `[n / ranks, ..]`, rows
     /// `r·n/ranks .. (r+1)·n/ranks`, on rank `r`. The node's value is that of operand 0, output
     /// `i` (an [`Op::Result`]) that of operand `i`; each output is a buffer of its own. One

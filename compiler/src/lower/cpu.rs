@@ -39,10 +39,10 @@ pub enum Instr {
         outputs: Vec<usize>,
         scratch: usize,
     },
-    /// Data parallelism's all-reduce `node` (mean over the ranks of a gradient bucket): first
+    /// Data parallelism's all-reduce `node` (sum over the ranks of a gradient bucket): first
     /// the operands not placed on their outputs are copied there, then one collective replaces
     /// the `bytes` bytes at `offset` (the outputs, adjacent, and the alignment padding between
-    /// them) by their mean over the ranks, as elements of `dtype`.
+    /// them) by their sum over the ranks, as elements of `dtype`.
     AllReduce {
         node: NodeId,
         copies: Vec<Copy>,
@@ -61,7 +61,7 @@ pub enum Instr {
         ranks: usize,
     },
     /// Data parallelism's reduce-scatter `node`: for each operand in order, one collective
-    /// writes this rank's rows of the operand's mean over the ranks, as elements of `dtype`,
+    /// writes this rank's rows of the operand's sum over the ranks, as elements of `dtype`,
     /// into the output's own bytes ([`ScatterPart`]; the planner keeps every output apart from
     /// every operand).
     ReduceScatter {

@@ -178,8 +178,9 @@ pub enum DeviceOp {
         bytes: usize,
     },
     /// Replace the `bytes` bytes of `dtype` elements at `offset` (one gradient bucket, a
-    /// contiguous planned region) by their mean over the step's `ranks` data-parallel ranks:
-    /// NCCL's in-place all-reduce with `ncclAvg`, on the runtime's communicator. Every rank's
+    /// contiguous planned region) by their sum over the step's `ranks` data-parallel ranks
+    /// (each rank's of its share of the loss: the mean): NCCL's in-place all-reduce with
+    /// `ncclSum`, on the runtime's communicator. Every rank's
     /// program holds the same all-reduces in the same order, and each waits for the one before
     /// it (NCCL requires one order of collectives on every rank; two left unordered on parallel
     /// branches of the step's graph could run in different orders on two ranks and hang).
@@ -200,9 +201,9 @@ pub enum DeviceOp {
         bytes: usize,
         ranks: usize,
     },
-    /// For each part, this rank's `bytes` bytes of the mean over the `ranks` ranks of the
+    /// For each part, this rank's `bytes` bytes of the sum over the `ranks` ranks of the
     /// `ranks * bytes` bytes of `dtype` elements at `from`, into `to` (apart from every
-    /// part's `from`): NCCL's reduce-scatter with `ncclAvg`, one call per part launched
+    /// part's `from`): NCCL's reduce-scatter with `ncclSum`, one call per part launched
     /// together (one NCCL group), in the one order of the program's collectives as
     /// [`DeviceOp::AllReduce`].
     ReduceScatter {
@@ -932,7 +933,7 @@ pub struct OpCounts {
     pub all_reduces: usize,
     /// Gradient operands gathered from the data-parallel ranks (0 for one rank).
     pub all_gathers: usize,
-    /// Gradient buckets of which each rank keeps its rows of the mean (a sharded optimizer's).
+    /// Gradient buckets of which each rank keeps its rows of the sum (a sharded optimizer's).
     pub reduce_scatters: usize,
 }
 
@@ -1460,7 +1461,7 @@ impl Lowering<'_> {
     }
 
     /// A bucket's reduce-scatter: each output, a buffer of its own, gets this rank's rows of
-    /// its operand's mean over the ranks ([`DeviceOp::ReduceScatter`]); it reads the operands
+    /// its operand's sum over the ranks ([`DeviceOp::ReduceScatter`]); it reads the operands
     /// and writes the outputs, so a later writer of an operand's bytes waits for it.
     fn reduce_scatter(
         &mut self,

@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 use std::fmt;
 
 /// One operand of a reduce-scatter in a lowered program: the `ranks * bytes` bytes at `from`
-/// (the whole operand) and this rank's `bytes` bytes of their mean at `to` (its output).
+/// (the whole operand) and this rank's `bytes` bytes of their sum at `to` (its output).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScatterPart {

@@ -1,7 +1,7 @@
 //! The data-parallel part of a plan: each gradient bucket's all-reduce, where its one region
 //! lies, when it runs, and how much of the backward pass is left to overlap it; and each
 //! all-gather that replaces a gradient's all-reduce (`autodiff::buckets::gathered`); and each
-//! reduce-scatter that gives a sharded update its rows of the mean (`autodiff::shard`). Every
+//! reduce-scatter that gives a sharded update its rows of the sum (`autodiff::shard`). Every
 //! rank runs the same plan on its own device: the plan's total is per rank.
 
 use super::MemoryPlan;
@@ -168,7 +168,7 @@ pub fn gather_table(gathers: &[Gather]) -> String {
 }
 
 /// One reduce-scatter in the plan: a bucket of gradients of which each rank keeps its rows of
-/// the mean (the gradients of a sharded optimizer's weights).
+/// the sum (the gradients of a sharded optimizer's weights).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Scatter {
     /// The reduce-scatter node.
@@ -176,7 +176,7 @@ pub struct Scatter {
     pub ranks: usize,
     /// Gradients in the bucket.
     pub gradients: usize,
-    /// Bytes this rank sends (its whole gradients) and keeps after it (its rows of the mean).
+    /// Bytes this rank sends (its whole gradients) and keeps after it (its rows of the sum).
     pub bytes: usize,
     pub scattered_bytes: usize,
     /// Schedule position of the reduce-scatter.

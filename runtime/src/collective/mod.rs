@@ -2,11 +2,12 @@
 //! ([`ingot_compiler::autodiff::buckets`]) calls at each gradient bucket's all-reduce.
 //!
 //! A [`Collective`] is one rank's end of a group of `N`: every rank calls
-//! [`Collective::all_reduce_mean`] with buffers of the same length, in the same order, and each
-//! gets back the elementwise mean over the ranks; [`Collective::all_gather`] gives every rank
-//! all the ranks' buffers, concatenated in rank order; [`Collective::reduce_scatter_mean`] gives
-//! each rank its part of the mean. [`threads`] is the in-process implementation
-//! (one thread per rank, sum in rank order then divide, so every run and every rank gets the
+//! [`Collective::all_reduce_sum`] with buffers of the same length, in the same order, and each
+//! gets back the elementwise sum over the ranks (each rank's gradients are of its share of
+//! the loss, so the sum is their mean); [`Collective::all_gather`] gives every rank
+//! all the ranks' buffers, concatenated in rank order; [`Collective::reduce_scatter_sum`] gives
+//! each rank its part of the sum. [`threads`] is the in-process implementation
+//! (one thread per rank, summed in rank order, so every run and every rank gets the
 //! same bits): it runs `N` ranks on one machine's CPU, which is how data parallelism is tested
 //! without several GPUs.
 
@@ -23,21 +24,21 @@ pub trait Collective: Send {
     fn rank(&self) -> usize;
     /// How many ranks the group has.
     fn ranks(&self) -> usize;
-    /// Replaces `data` (little-endian elements of `dtype`, host memory) by the elementwise mean
+    /// Replaces `data` (little-endian elements of `dtype`, host memory) by the elementwise sum
     /// over the ranks of every rank's `data`. Every rank must call it with the same length and
     /// dtype, in the same order; a mismatch is an error on every rank, not a hang.
-    fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError>;
+    fn all_reduce_sum(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError>;
     /// Writes every rank's `send` into `recv` (`ranks()` times its length), rank 0's first.
     /// Every rank must call it with the same length, in the same order as its other
     /// collectives; a mismatch is an error on every rank, not a hang.
     fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), ExecError>;
-    /// Writes into `recv` this rank's part of the elementwise mean over the ranks of every
+    /// Writes into `recv` this rank's part of the elementwise sum over the ranks of every
     /// rank's `send` (little-endian elements of `dtype`): rank `r` gets bytes
     /// `r * recv.len() .. (r + 1) * recv.len()` of it, `send` being `ranks()` times `recv`'s
-    /// length. Those bytes equal, bit for bit, the same bytes of [`Collective::all_reduce_mean`]
+    /// length. Those bytes equal, bit for bit, the same bytes of [`Collective::all_reduce_sum`]
     /// of the same buffers. Every rank must call it with the same lengths and dtype, in the
     /// same order as its other collectives; a mismatch is an error on every rank, not a hang.
-    fn reduce_scatter_mean(
+    fn reduce_scatter_sum(
         &mut self,
         send: &[u8],
         recv: &mut [u8],

@@ -1,11 +1,11 @@
 //! The in-process collective: `N` ranks are `N` threads of one process sharing a
 //! [`ThreadGroup`]. An all-reduce copies each rank's buffer into its slot, waits for every rank,
-//! then each rank sums the slots in rank order (0, 1, ..., N-1) and divides by `N`: the same
+//! then each rank sums the slots in rank order (0, 1, ..., N-1): the same
 //! arithmetic on every rank and every run, so all ranks hold the same bits afterwards, as they
 //! must for their parameters to stay equal. bf16 is summed in f32 and rounded once, to the
 //! nearest even (as the step rounds every bf16 store). An all-gather copies every rank's slot
 //! into each rank's buffer, in rank order. A reduce-scatter posts as an all-reduce does and
-//! each rank computes only its part of the mean, element by element as the all-reduce does,
+//! each rank computes only its part of the sum, element by element as the all-reduce does,
 //! so its bytes are the all-reduce's.
 
 use super::Collective;
@@ -59,10 +59,10 @@ impl Collective for ThreadRank {
         self.group.ranks
     }
 
-    fn all_reduce_mean(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError> {
+    fn all_reduce_sum(&mut self, data: &mut [u8], dtype: DType) -> Result<(), ExecError> {
         self.post(data);
         self.combine("all_reduce", data.len(), None, |parts| {
-            mean_into(parts, data, dtype)
+            sum_into(parts, data, dtype)
         })
     }
 
@@ -85,7 +85,7 @@ impl Collective for ThreadRank {
         })
     }
 
-    fn reduce_scatter_mean(
+    fn reduce_scatter_sum(
         &mut self,
         send: &[u8],
         recv: &mut [u8],
@@ -105,7 +105,7 @@ impl Collective for ThreadRank {
         self.combine("reduce_scatter", send.len(), wrong, |parts| {
             // Called only when every part is `ranks * n` bytes long: this rank's are in range.
             let rows: Vec<&[u8]> = parts.iter().map(|p| &p[r * n..(r + 1) * n]).collect();
-            mean_into(&rows, recv, dtype)
+            sum_into(&rows, recv, dtype)
         })
     }
 }
@@ -156,9 +156,8 @@ impl ThreadRank {
     }
 }
 
-/// `out = (parts[0] + parts[1] + ... ) / n`, elementwise, summed in rank order.
-fn mean_into(parts: &[&[u8]], out: &mut [u8], dtype: DType) -> Result<(), ExecError> {
-    let n = parts.len();
+/// `out = parts[0] + parts[1] + ...`, elementwise, summed in rank order.
+fn sum_into(parts: &[&[u8]], out: &mut [u8], dtype: DType) -> Result<(), ExecError> {
     match dtype {
         DType::F32 => {
             for (e, o) in out.chunks_exact_mut(4).enumerate() {
@@ -167,7 +166,7 @@ fn mean_into(parts: &[&[u8]], out: &mut [u8], dtype: DType) -> Result<(), ExecEr
                 for p in &parts[1..] {
                     s += at(p);
                 }
-                o.copy_from_slice(&(s / n as f32).to_le_bytes());
+                o.copy_from_slice(&s.to_le_bytes());
             }
         }
         DType::F64 => {
@@ -177,7 +176,7 @@ fn mean_into(parts: &[&[u8]], out: &mut [u8], dtype: DType) -> Result<(), ExecEr
                 for p in &parts[1..] {
                     s += at(p);
                 }
-                o.copy_from_slice(&(s / n as f64).to_le_bytes());
+                o.copy_from_slice(&s.to_le_bytes());
             }
         }
         DType::BF16 => {
@@ -189,13 +188,13 @@ fn mean_into(parts: &[&[u8]], out: &mut [u8], dtype: DType) -> Result<(), ExecEr
                 for p in &parts[1..] {
                     s += at(p);
                 }
-                o.copy_from_slice(&half::bf16::from_f32(s / n as f32).to_le_bytes());
+                o.copy_from_slice(&half::bf16::from_f32(s).to_le_bytes());
             }
         }
         other => {
             return Err(ExecError::Invalid {
                 op: "all_reduce",
-                reason: format!("a mean of {other} elements; gradients are f32, f64 or bf16"),
+                reason: format!("a sum of {other} elements; gradients are f32, f64 or bf16"),
             })
         }
     }
@@ -211,7 +210,7 @@ mod tests {
     }
 
     #[test]
-    fn every_thread_rank_gets_the_mean_summed_in_rank_order() {
+    fn every_thread_rank_gets_the_sum_in_rank_order() {
         let ranks = group(3);
         let handles: Vec<_> = ranks
             .into_iter()
@@ -219,14 +218,14 @@ mod tests {
                 std::thread::spawn(move || {
                     let k = r.rank() as f32;
                     let mut data = f32_bytes(&[k, 1e8 * (k - 1.0), 1.0 + k]);
-                    r.all_reduce_mean(&mut data, DType::F32).unwrap();
+                    r.all_reduce_sum(&mut data, DType::F32).unwrap();
                     data
                 })
             })
             .collect();
         let outs: Vec<Vec<u8>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        // (0 + 1 + 2) / 3, ((-1e8 + 0) + 1e8) / 3 in rank order, (1 + 2 + 3) / 3.
-        let want = f32_bytes(&[1.0, ((-1e8f32 + 0.0) + 1e8) / 3.0, 2.0]);
+        // 0 + 1 + 2, (-1e8 + 0) + 1e8 in rank order, 1 + 2 + 3.
+        let want = f32_bytes(&[3.0, (-1e8f32 + 0.0) + 1e8, 6.0]);
         for o in &outs {
             assert_eq!(o, &want);
         }
@@ -275,7 +274,7 @@ mod tests {
             .map(|mut r| {
                 std::thread::spawn(move || {
                     let mut data = vec![0u8; 4 * (1 + r.rank())];
-                    r.all_reduce_mean(&mut data, DType::F32)
+                    r.all_reduce_sum(&mut data, DType::F32)
                 })
             })
             .collect();
@@ -295,7 +294,7 @@ mod tests {
             .map(|mut r| {
                 std::thread::spawn(move || {
                     let mut data = value(r.rank() as f32);
-                    r.all_reduce_mean(&mut data, DType::F32).unwrap();
+                    r.all_reduce_sum(&mut data, DType::F32).unwrap();
                     data
                 })
             })
@@ -306,7 +305,7 @@ mod tests {
             .map(|mut r| {
                 std::thread::spawn(move || {
                     let mut recv = vec![0u8; 8];
-                    r.reduce_scatter_mean(&value(r.rank() as f32)[..24], &mut recv, DType::F32)
+                    r.reduce_scatter_sum(&value(r.rank() as f32)[..24], &mut recv, DType::F32)
                         .unwrap();
                     recv
                 })
@@ -324,7 +323,7 @@ mod tests {
             .map(|mut r| {
                 std::thread::spawn(move || {
                     let mut recv = vec![0u8; 4 + 4 * r.rank()];
-                    r.reduce_scatter_mean(&[0u8; 8], &mut recv, DType::F32)
+                    r.reduce_scatter_sum(&[0u8; 8], &mut recv, DType::F32)
                 })
             })
             .collect();
@@ -335,15 +334,13 @@ mod tests {
     }
 
     #[test]
-    fn a_bf16_mean_is_summed_in_f32_and_rounded_once() {
+    fn a_bf16_sum_is_summed_in_f32_and_rounded_once() {
         let e = 2.0f32.powi(-8);
         let vals = [1.0f32, e, e];
         // In f32, 1 + 2^-8 + 2^-8 = 1 + 2^-7 exactly; rounding to bf16 after each addition
         // would lose both 2^-8 terms (1 + 2^-8 is a tie, rounded to even: 1).
-        let once = half::bf16::from_f32((1.0 + e + e) / 3.0);
-        let each = half::bf16::from_f32(
-            half::bf16::from_f32(half::bf16::from_f32(1.0 + e).to_f32() + e).to_f32() / 3.0,
-        );
+        let once = half::bf16::from_f32(1.0 + e + e);
+        let each = half::bf16::from_f32(half::bf16::from_f32(1.0 + e).to_f32() + e);
         assert_ne!(once, each, "the case tells the two apart");
         let handles: Vec<_> = group(3)
             .into_iter()
@@ -351,7 +348,7 @@ mod tests {
                 let v = half::bf16::from_f32(vals[r.rank()]);
                 std::thread::spawn(move || {
                     let mut data = v.to_le_bytes().to_vec();
-                    r.all_reduce_mean(&mut data, DType::BF16).unwrap();
+                    r.all_reduce_sum(&mut data, DType::BF16).unwrap();
                     half::bf16::from_le_bytes([data[0], data[1]])
                 })
             })

@@ -304,7 +304,7 @@ impl Part {
                     // other slice of it is alive during the call.
                     let region =
                         unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *bytes) };
-                    c.all_reduce_mean(region, *dtype)
+                    c.all_reduce_sum(region, *dtype)
                         .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
                 }
                 Instr::AllGather {
@@ -343,7 +343,7 @@ impl Part {
                                 std::slice::from_raw_parts_mut(base.add(p.to), p.bytes),
                             )
                         };
-                        c.reduce_scatter_mean(send, recv, *dtype)
+                        c.reduce_scatter_sum(send, recv, *dtype)
                             .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
                     }
                 }

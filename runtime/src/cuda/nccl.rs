@@ -45,8 +45,27 @@ pub enum DataType {
     Bfloat16 = 9,
 }
 
-/// `ncclRedOp_t`'s `ncclAvg`: the sum divided by the number of ranks.
-pub const AVG: c_int = 4;
+/// `ncclRedOp_t`'s `ncclSum`. Every rank's gradients are of its share of the loss
+/// (`autodiff::step::rank_share`), so the sum is the mean; NCCL's symmetric-memory kernels
+/// implement the sum of floats, not `ncclAvg` (a pre-multiplied sum for floats).
+pub const SUM: c_int = 0;
+
+/// `ncclCommWindowRegister`'s `NCCL_WIN_COLL_SYMMETRIC`: every rank passes its collectives
+/// buffers at the same offsets into its window, so NCCL may run its symmetric kernels.
+pub const WIN_COLL_SYMMETRIC: c_int = 1;
+
+/// The environment variable that turns NCCL's symmetric memory off (`0`): each rank's
+/// allocation then comes from the CUDA driver and is not registered with NCCL.
+pub const SYMMETRIC: &str = "INGOT_NCCL_SYMMETRIC";
+
+/// Whether a rank's allocation is NCCL symmetric memory, given [`SYMMETRIC`]'s value: yes
+/// unless it is `0`.
+pub fn symmetric_setting(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_none_or(|v| v != "0")
+}
+
+/// An NCCL window handle (`ncclWindow_t`).
+pub type RawWindow = *mut c_void;
 
 type Res = c_int;
 
@@ -82,6 +101,20 @@ pub struct Nccl {
     ) -> Res,
     group_start: unsafe extern "C" fn() -> Res,
     group_end: unsafe extern "C" fn() -> Res,
+    /// NCCL 2.27's symmetric memory, where the library has it.
+    symmetric: Option<Symmetric>,
+}
+
+/// The functions of NCCL's symmetric memory (2.27 and later): memory NCCL allocates through
+/// CUDA's virtual memory API and maps for its peers, registered as a window each rank sees
+/// at the same offsets, on which NCCL runs kernels that read and write the peers' buffers
+/// directly (no copy through its own buffers, fewer SMs).
+struct Symmetric {
+    mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Res,
+    mem_free: unsafe extern "C" fn(*mut c_void) -> Res,
+    window_register:
+        unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut RawWindow, c_int) -> Res,
+    window_deregister: unsafe extern "C" fn(RawComm, RawWindow) -> Res,
 }
 
 /// The environment variable that tells NCCL whether a communicator's operations may come from
@@ -145,8 +178,22 @@ fn bind(lib: &'static libloading::Library, path: PathBuf) -> Result<Nccl, String
         reduce_scatter: sym!(b"ncclReduceScatter\0"),
         group_start: sym!(b"ncclGroupStart\0"),
         group_end: sym!(b"ncclGroupEnd\0"),
+        symmetric: symmetric(lib),
         path,
     })
+}
+
+/// The symmetric-memory functions, when the library has all four (NCCL 2.27 and later).
+fn symmetric(lib: &'static libloading::Library) -> Option<Symmetric> {
+    // SAFETY: each symbol is NCCL's, of the C signature declared in the field.
+    unsafe {
+        Some(Symmetric {
+            mem_alloc: *lib.get(b"ncclMemAlloc\0").ok()?,
+            mem_free: *lib.get(b"ncclMemFree\0").ok()?,
+            window_register: *lib.get(b"ncclCommWindowRegister\0").ok()?,
+            window_deregister: *lib.get(b"ncclCommWindowDeregister\0").ok()?,
+        })
+    }
 }
 
 impl Nccl {
@@ -173,6 +220,34 @@ impl Nccl {
         // SAFETY: writes the 128 bytes of `id`.
         self.check("unique id", unsafe { (self.get_unique_id)(&mut id) })?;
         Ok(id)
+    }
+
+    /// Whether the library has symmetric memory (NCCL 2.27 and later).
+    pub fn has_symmetric_memory(&self) -> bool {
+        self.symmetric.is_some()
+    }
+
+    /// `bytes` of device memory on the calling thread's current device, from NCCL's
+    /// allocator (`ncclMemAlloc`: CUDA virtual memory, mapped for the peers), which a window
+    /// can register ([`Comm::register_symmetric`]); freed by [`Nccl::free`].
+    pub fn alloc(&self, bytes: usize) -> Result<u64, String> {
+        let s = self.symmetric.as_ref().ok_or_else(no_symmetric)?;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        self.check("allocating symmetric memory", unsafe {
+            (s.mem_alloc)(&mut p, bytes)
+        })?;
+        Ok(p as u64)
+    }
+
+    /// Frees memory from [`Nccl::alloc`].
+    ///
+    /// # Safety
+    /// `ptr` must come from [`Nccl::alloc`], be freed once, with no work left on it and no
+    /// window registered over it.
+    pub unsafe fn free(&self, ptr: u64) -> Result<(), String> {
+        let s = self.symmetric.as_ref().ok_or_else(no_symmetric)?;
+        self.check("freeing symmetric memory", (s.mem_free)(ptr as *mut c_void))
     }
 
     /// One communicator per device of `devices` (ranks in that order), in this process
@@ -226,6 +301,12 @@ impl Nccl {
     }
 }
 
+fn no_symmetric() -> String {
+    "this NCCL has no symmetric memory (ncclMemAlloc, ncclCommWindowRegister: NCCL 2.27 and \
+     later)"
+        .into()
+}
+
 /// One rank's communicator; destroyed on drop.
 pub struct Comm {
     nccl: &'static Nccl,
@@ -242,13 +323,50 @@ impl Comm {
         self.ranks
     }
 
-    /// Queues the in-place mean over the ranks of `count` elements of `dtype` at device address
+    /// Registers `bytes` at `ptr` (from [`Nccl::alloc`]) as this rank's window of symmetric
+    /// memory (`NCCL_WIN_COLL_SYMMETRIC`). Collective: every rank registers its window of the
+    /// same size at once, and passes its collectives buffers at the same offsets into it.
+    pub fn register_symmetric(&self, ptr: u64, bytes: usize) -> Result<RawWindow, String> {
+        let s = self.nccl.symmetric.as_ref().ok_or_else(no_symmetric)?;
+        let mut w = std::ptr::null_mut();
+        // SAFETY: the range is NCCL memory of this rank's device; writes one handle.
+        self.nccl
+            .check("registering the symmetric window", unsafe {
+                (s.window_register)(
+                    self.raw,
+                    ptr as *mut c_void,
+                    bytes,
+                    &mut w,
+                    WIN_COLL_SYMMETRIC,
+                )
+            })?;
+        Ok(w)
+    }
+
+    /// Deregisters a window of [`Comm::register_symmetric`].
+    ///
+    /// # Safety
+    /// `window` must be this communicator's, deregistered once, with no work left on it.
+    pub unsafe fn deregister(&self, window: RawWindow) -> Result<(), String> {
+        let s = self.nccl.symmetric.as_ref().ok_or_else(no_symmetric)?;
+        self.nccl.check(
+            "deregistering the symmetric window",
+            (s.window_deregister)(self.raw, window),
+        )
+    }
+
+    /// The library this communicator is of.
+    pub fn nccl(&self) -> &'static Nccl {
+        self.nccl
+    }
+
+    /// Queues the in-place sum over the ranks of `count` elements of `dtype` at device address
     /// `ptr`, on `stream` (a `CUstream`).
     ///
     /// # Safety
     /// `ptr` must address `count` elements of `dtype` of device memory live until the stream
     /// has run the operation, and `stream` a stream of the communicator's device.
-    pub unsafe fn all_reduce_mean(
+    pub unsafe fn all_reduce_sum(
         &self,
         ptr: u64,
         count: usize,
@@ -258,7 +376,7 @@ impl Comm {
         let p = ptr as *mut c_void;
         self.nccl.check(
             "all-reduce",
-            (self.nccl.all_reduce)(p, p, count, dtype as c_int, AVG, self.raw, stream),
+            (self.nccl.all_reduce)(p, p, count, dtype as c_int, SUM, self.raw, stream),
         )
     }
 }
@@ -291,7 +409,7 @@ impl Comm {
         )
     }
 
-    /// Queues this rank's part of a reduce-scatter: its `count` elements of `dtype` of the mean
+    /// Queues this rank's part of a reduce-scatter: its `count` elements of `dtype` of the sum
     /// over the ranks of the `ranks * count` elements at device address `from` on every rank,
     /// into `to` (rank `r` gets elements `r * count .. (r + 1) * count`), on `stream`.
     ///
@@ -299,7 +417,7 @@ impl Comm {
     /// `from` must address `ranks * count` and `to` `count` elements of `dtype` of device
     /// memory, apart, live until the stream has run the operation, and `stream` a stream of
     /// the communicator's device.
-    pub unsafe fn reduce_scatter_mean(
+    pub unsafe fn reduce_scatter_sum(
         &self,
         from: u64,
         to: u64,
@@ -314,7 +432,7 @@ impl Comm {
                 to as *mut c_void,
                 count,
                 dtype as c_int,
-                AVG,
+                SUM,
                 self.raw,
                 stream,
             ),
@@ -349,6 +467,13 @@ pub fn data_type(dtype: ingot_compiler::ir::DType) -> Option<DataType> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_use_symmetric_memory_unless_the_user_turns_it_off() {
+        assert!(symmetric_setting(None));
+        assert!(symmetric_setting(Some(std::ffi::OsStr::new("1"))));
+        assert!(!symmetric_setting(Some(std::ffi::OsStr::new("0"))));
+    }
 
     #[test]
     fn nccl_is_told_its_operations_are_stream_ordered_unless_the_user_said_otherwise() {

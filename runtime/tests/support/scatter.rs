@@ -58,7 +58,7 @@ pub fn step(shapes: &[&[usize]], dtype: DType, target: Target) -> Executable {
 }
 
 /// Rank `r`'s value of input `i` (`n` elements): different on every rank, and inexact in
-/// binary so that the mean rounds.
+/// binary so that the sum rounds.
 pub fn value(r: usize, i: usize, n: usize) -> Vec<f32> {
     (0..n)
         .map(|e| {
@@ -78,20 +78,21 @@ pub fn input(r: usize, i: usize, dims: &[usize], dtype: DType) -> Tensor {
 
 /// Checks each rank's outputs (`out[r]`, little-endian bytes by name): its `s{i}` is rows
 /// `r·n/R .. (r+1)·n/R` of its `a{i}`, bit for bit, for each operand of `shapes`; and in f32
-/// the all-reduce is `(x0 + x1) / 2` on every rank.
+/// the all-reduce is `x0 + x1` on every rank (each rank's gradients are of its share of the
+/// loss, so the sum is their mean).
 pub fn check_rows(shapes: &[&[usize]], dtype: DType, out: &[indexmap::IndexMap<String, Vec<u8>>]) {
     for (i, s) in shapes.iter().enumerate() {
         let n: usize = s.iter().product();
         if dtype == DType::F32 {
             let want: Vec<u8> = (0..n)
-                .map(|e| (value(0, i, n)[e] + value(1, i, n)[e]) / 2.0)
+                .map(|e| value(0, i, n)[e] + value(1, i, n)[e])
                 .flat_map(f32::to_le_bytes)
                 .collect();
             for o in out {
                 assert_eq!(
                     o[&format!("a{i}")],
                     want,
-                    "the all-reduce of x{i} is the mean"
+                    "the all-reduce of x{i} is the sum"
                 );
             }
         }
