@@ -58,6 +58,8 @@ pub struct NcclRank {
     pub bytes: Vec<i64>,
     /// With --torchrun: this process's rank and the job's number of ranks.
     pub process: Option<(usize, usize)>,
+    /// Whether the ranks' step memory is NCCL symmetric memory (see `cuda::nccl::SYMMETRIC`).
+    pub symmetric: bool,
 }
 
 impl NcclRank {
@@ -70,6 +72,7 @@ impl NcclRank {
             path: info.path.clone(),
             bytes: info.bytes.iter().map(|&b| b as i64).collect(),
             process,
+            symmetric: info.symmetric,
         }
     }
 }
@@ -101,6 +104,7 @@ pub fn one_rank(session: &Session) -> Result<NcclRank, Failure> {
         path: lib.path.clone(),
         bytes: vec![before - after],
         process: None,
+        symmetric: false,
     })
 }
 
@@ -114,6 +118,7 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
                 "ranks": r.process.map_or(r.bytes.len(), |p| p.1),
                 "rank": r.process.map(|p| p.0),
                 "device_bytes": r.bytes,
+                "symmetric_memory": r.symmetric,
             }
         });
         crate::outln!("{line}")
@@ -127,8 +132,12 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
             Some((rank, world)) => format!("rank {rank} of {world}, one process per GPU; its communicator took {} MiB of this GPU's memory", mib.join(" / ")),
             None => format!("{} rank(s), one per GPU; its communicator took {} MiB of device memory on each", r.bytes.len(), mib.join(" / ")),
         };
+        let window = match r.symmetric {
+            true => "; each rank's step memory is registered as an NCCL symmetric window",
+            false => "",
+        };
         crate::outln!(
-            "NCCL {} ({}): {who} (measured once at start, outside the plan)",
+            "NCCL {} ({}): {who} (measured once at start, outside the plan){window}",
             r.version,
             r.path.display(),
         )

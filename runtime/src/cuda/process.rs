@@ -123,6 +123,7 @@ impl ProcessRank {
         })?;
         let bytes = vec![before.saturating_sub(after) + step.memory().collectives];
         drop(ctx);
+        let symmetric = step.symmetric();
         Ok(ProcessRank {
             step,
             link,
@@ -131,6 +132,7 @@ impl ProcessRank {
                 version,
                 path: lib.path.clone(),
                 bytes,
+                symmetric,
             },
         })
     }

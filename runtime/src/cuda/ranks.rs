@@ -28,6 +28,9 @@ pub struct NcclInfo {
     /// Per rank: the drop in free memory making the communicators caused, plus the drop its
     /// first all-reduces (NCCL's connections) caused while loading.
     pub bytes: Vec<usize>,
+    /// Whether every rank's step memory is an NCCL symmetric window
+    /// ([`CudaStep::symmetric`]).
+    pub symmetric: bool,
 }
 
 /// The ranks of one data-parallel step, one per GPU.
@@ -133,6 +136,7 @@ impl GpuRanks {
             .map(|(r, s)| before[r].saturating_sub(after[r]) + s.memory().collectives)
             .collect();
         drop(contexts);
+        let symmetric = ranks.iter().all(CudaStep::symmetric);
         Ok(GpuRanks {
             threads: RankThreads::new(ranks.len())?,
             ranks,
@@ -140,6 +144,7 @@ impl GpuRanks {
                 version,
                 path: lib.path.clone(),
                 bytes,
+                symmetric,
             },
         })
     }
