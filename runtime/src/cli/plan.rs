@@ -278,6 +278,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if let Some(files) = &a.diff {
         return run_diff(files);
     }
+    a.model.check_shard_optimizer(a.model.ranks)?;
     let device = match a.device {
         super::train::Device::Cpu => crate::session::Device::Cpu,
         super::train::Device::Cuda => crate::session::Device::Cuda(Default::default()),
