@@ -2,8 +2,8 @@
 //! the CPU: two thread ranks that each keep and update only their rows of the copied weights
 //! and of their moments train exactly as two ranks that keep every weight whole.
 //!
-//! The runtime does not yet make a sharded step's leaves itself (initial values, checkpoints):
-//! this test gives each rank its rows of the whole step's initial values, as the runtime will.
+//! This test gives each rank its rows of the whole step's initial values by hand, below the
+//! rank executors that do it for a session (`collective::ranks`, tested in sharded_session.rs).
 
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::{shard, StepOptions};
