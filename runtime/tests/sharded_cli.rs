@@ -149,7 +149,7 @@ fn refused(args: &[&str], code: i32, words: &[&str]) {
 }
 
 #[test]
-fn sharding_with_one_rank_f32_gradient_clipping_torchrun_or_val_is_a_clear_error() {
+fn sharding_with_one_rank_f32_gradient_clipping_torchrun_val_or_eval_is_a_clear_error() {
     let base = ["--model", GPT, "--shard-optimizer", "--steps", "1"];
     fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
         [&["train"][..], base, extra].concat()
@@ -204,6 +204,21 @@ fn sharding_with_one_rank_f32_gradient_clipping_torchrun_or_val_is_a_clear_error
         ]),
         2,
         &["--shard-optimizer", "--val"],
+    );
+    refused(
+        &[
+            "plan",
+            "--model",
+            GPT,
+            "--precision",
+            "bf16",
+            "--ranks",
+            "2",
+            "--shard-optimizer",
+            "--eval",
+        ],
+        2,
+        &["--shard-optimizer", "--eval"],
     );
     // plan and compile check the ranks alike.
     refused(
