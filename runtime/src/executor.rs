@@ -8,7 +8,7 @@
 use crate::error::ExecError;
 use crate::tensor::Tensor;
 use ingot_compiler::exe::Executable;
-use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 
@@ -88,19 +88,34 @@ pub trait StepExecutor {
         })
     }
 
+    /// The type of the values [`StepExecutor::write_leaf`] takes and
+    /// [`StepExecutor::read_leaf`] gives for leaf `id`: the graph's, except where several
+    /// ranks each hold rows of the leaf (a sharded optimizer's) and the executor presents the
+    /// whole of it ([`crate::collective::ranks::CpuRanks`]).
+    fn leaf_type(&self, id: NodeId) -> TensorType {
+        self.graph().ty(id).clone()
+    }
+
     /// Writes a leaf's value (parameter, optimizer state or input) into its resident bytes; a
-    /// value of another type is an error naming the leaf and both types.
+    /// value of another type than [`StepExecutor::leaf_type`] is an error naming the leaf and
+    /// both types.
     fn write_leaf(&mut self, name: &str, value: &Tensor) -> Result<(), ExecError> {
         let id = self.leaf_id(name)?;
-        let ty = self.graph().ty(id);
-        if value.ty != *ty {
+        let ty = self.leaf_type(id);
+        if value.ty != ty {
             return Err(ExecError::Invalid {
                 op: "write_leaf",
                 reason: format!("{name:?} is {ty}, the value given is {}", value.ty),
             });
         }
         let bytes = value.to_le_bytes();
-        let planned = self.plan().location(self.graph(), id).bytes;
+        // A whole value of a leaf the ranks hold rows of: each rank's planned bytes, per rank.
+        let own = self.graph().ty(id).shape.numel();
+        let parts = match own {
+            0 => 1,
+            n => ty.shape.numel() / n,
+        };
+        let planned = self.plan().location(self.graph(), id).bytes * parts;
         if bytes.len() != planned {
             return Err(ExecError::Invalid {
                 op: "write_leaf",

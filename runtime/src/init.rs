@@ -17,7 +17,7 @@
 
 use crate::tensor::{Data, Tensor};
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::copies;
+use ingot_compiler::autodiff::{copies, shard};
 use ingot_compiler::ir::{DType, Graph, Init, LeafKind, Op, TensorType};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -104,9 +104,15 @@ pub fn init_leaf(seed: u64, name: &str, ty: &TensorType, init: &Init) -> Tensor 
 
 /// The initial value of every leaf of `kind` in `g`, by name, in graph order. A parameter's
 /// bf16 copy ([`ingot_compiler::autodiff::copies`]) is its parameter's initial value cast.
+/// A leaf each rank holds its rows of (a sharded optimizer's) gets its whole value
+/// ([`shard::whole_type`]): the value the unsharded step's leaf gets, of which each rank is
+/// given its rows, so a sharded run starts where the unsharded one does.
 pub fn init_leaves(g: &Graph, kind: LeafKind, seed: u64) -> IndexMap<String, Tensor> {
     let value = |id| match &g.node(id).op {
-        Op::Leaf { name, init, .. } => Some((name.clone(), init_leaf(seed, name, g.ty(id), init))),
+        Op::Leaf { name, init, .. } => Some((
+            name.clone(),
+            init_leaf(seed, name, &shard::whole_type(g, id), init),
+        )),
         _ => None,
     };
     g.leaves(kind)
@@ -129,9 +135,10 @@ pub fn bf16_copy(v: &Tensor) -> Option<Tensor> {
 
 /// The exclusive upper bound of the ids the integer input `name` (`x` or `y`) may hold, read off
 /// the graph's parameters (see the module docs), or `None` when the graph has no matrix
-/// parameter to read it from.
+/// parameter to read it from. A parameter the ranks hold rows of counts all its rows (a
+/// sharded head still has the whole vocabulary).
 pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
-    let rows = |id| g.ty(id).shape.dims().first().copied();
+    let rows = |id| shard::whole_type(g, id).shape.dims().first().copied();
     if name == "x" {
         if let Some(id) = g.leaf("wte.weight") {
             return rows(id);

@@ -116,9 +116,10 @@ pub enum SessionError {
     /// (larger than the host's or the GPU's), or the GPU could not be set up.
     #[error("loading the step: {0}")]
     Load(Box<ExecError>),
-    /// A step whose optimizer is sharded over the ranks (`autodiff::shard`): the session
-    /// cannot yet make or checkpoint its leaves.
-    #[error("{model}'s step shards its optimizer over the ranks (parameter {leaf:?} holds one rank's rows); sessions cannot yet initialise, load or checkpoint sharded leaves: compile it without StepOptions::shard_optimizer")]
+    /// A step whose optimizer is sharded over the ranks (`autodiff::shard`) on an executor
+    /// that holds one rank alone (a process of a torchrun job): it cannot read or write the
+    /// sharded leaves whole.
+    #[error("{model}'s step shards its optimizer over the ranks (parameter {leaf:?} holds one rank's rows), and this process holds one rank alone: it cannot initialise, load or checkpoint the whole weights; run the ranks in one process (--gpus N, --ranks N) or compile without sharding the optimizer")]
     ShardedOptimizer { model: String, leaf: String },
 }
 
@@ -439,19 +440,8 @@ impl Session {
             dropout_seed,
             eval,
         };
+        session.check_whole_leaves()?;
         let graph = session.graph();
-        // Its leaves would need each rank's rows of a whole initial value, and checkpoints
-        // the rows of every rank: not built yet.
-        if let Some(leaf) = graph
-            .leaves(LeafKind::Parameter)
-            .into_iter()
-            .find(|&l| ingot_compiler::autodiff::shard::ranks_of(graph, l).is_some())
-        {
-            return Err(SessionError::ShardedOptimizer {
-                model: session.model.clone(),
-                leaf: graph.leaf_name(leaf).unwrap_or("?").to_string(),
-            });
-        }
         let mut values = init::init_leaves(graph, LeafKind::Parameter, seed);
         values.extend(init::init_leaves(graph, LeafKind::State, seed));
         for (name, value) in &values {
@@ -459,6 +449,27 @@ impl Session {
         }
         session.set_synthetic_batch(seed)?;
         Ok(session)
+    }
+
+    /// Refuses a step whose optimizer is sharded over the ranks (`autodiff::shard`) where the
+    /// executor cannot present its leaves whole ([`StepExecutor::leaf_type`]): one process of
+    /// a torchrun job holds only its own rank's rows, and joining the others' would take a
+    /// collective. The ranks of one process ([`crate::collective::ranks::CpuRanks`], the GPU
+    /// ranks) present them whole, so their sessions initialise, load and checkpoint whole
+    /// tensors as for the unsharded step.
+    fn check_whole_leaves(&self) -> Result<(), SessionError> {
+        let g = self.graph();
+        let partial = g.leaves(LeafKind::Parameter).into_iter().find(|&l| {
+            ingot_compiler::autodiff::shard::ranks_of(g, l).is_some()
+                && self.exe().leaf_type(l) != ingot_compiler::autodiff::shard::whole_type(g, l)
+        });
+        match partial {
+            Some(leaf) => Err(SessionError::ShardedOptimizer {
+                model: self.model.clone(),
+                leaf: g.leaf_name(leaf).unwrap_or("?").to_string(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Writes the synthetic batch of `seed` ([`init::synthetic_union_batch`]): with several
@@ -785,7 +796,7 @@ impl Session {
         let mut known = Vec::with_capacity(ids.len());
         for &id in &ids {
             let name = self.graph().leaf_name(id).expect("leaves have names");
-            let expected = self.graph().ty(id);
+            let expected = &self.exe().leaf_type(id);
             match params.get(name) {
                 None => {
                     return Err(SessionError::MissingParameter {
@@ -861,7 +872,7 @@ impl Session {
         let mut names = self.leaf_names_of(LeafKind::State);
         for name in &names {
             let id = self.graph().leaf(name).expect("a leaf of the graph");
-            let expected = self.graph().ty(id);
+            let expected = &self.exe().leaf_type(id);
             match state.get(name) {
                 None => {
                     return Err(SessionError::MissingParameter {

@@ -238,6 +238,21 @@ pub fn ranks_of(g: &Graph, leaf: NodeId) -> Option<usize> {
     (ranks >= 2 && w[1..] == c[1..] && w[0] * ranks == c[0]).then_some(ranks)
 }
 
+/// The type of the whole value of leaf `leaf`, which every rank holds a part of: for a leaf
+/// sharded over `R` ranks ([`ranks_of`]), its type with `R` times its rows (the weight or
+/// moment of the unsharded step); for every other leaf, its own type. Whoever presents the
+/// ranks as one step (initial values, checkpoints, loaded parameters) reads and writes leaves
+/// of this type, so a sharded step and an unsharded one exchange the same tensors.
+pub fn whole_type(g: &Graph, leaf: NodeId) -> TensorType {
+    let mut ty = g.ty(leaf).clone();
+    if let Some(ranks) = ranks_of(g, leaf) {
+        let mut d = ty.shape.dims().to_vec();
+        d[0] *= ranks;
+        ty.shape = Shape::from(d.as_slice());
+    }
+    ty
+}
+
 /// The weights of `g` whose updates [`shard_optimizer`] can shard over `ranks`.
 fn shardable(g: &Graph, ranks: usize) -> Vec<Shardable> {
     let value_of: HashMap<NodeId, NodeId> = g.updates.iter().map(|u| (u.target, u.value)).collect();
@@ -460,6 +475,35 @@ mod tests {
             g.ty(gain),
             plain.ty(plain.leaf("blocks.0.ln1.weight").unwrap())
         );
+    }
+
+    #[test]
+    fn the_whole_type_of_a_sharded_leaf_is_the_unsharded_steps_and_other_leaves_keep_theirs() {
+        let plain = step(
+            StepOptions {
+                shard_optimizer: false,
+                ..sharded(2)
+            },
+            true,
+        )
+        .unwrap()
+        .graph;
+        let g = step(sharded(2), true).unwrap().graph;
+        let mut sharded_leaves = 0;
+        for kind in [LeafKind::Parameter, LeafKind::State, LeafKind::Input] {
+            for id in g.leaves(kind) {
+                let name = g.leaf_name(id).unwrap();
+                let whole = plain.ty(plain.leaf(name).unwrap());
+                assert_eq!(&whole_type(&g, id), whole, "{name}");
+                if ranks_of(&g, id).is_some() {
+                    sharded_leaves += 1;
+                    assert_ne!(g.ty(id), whole, "{name} holds its rows alone");
+                } else {
+                    assert_eq!(g.ty(id), whole, "{name}");
+                }
+            }
+        }
+        assert!(sharded_leaves >= 3 * 8, "{sharded_leaves}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
     super::check_outputs([("--output", Some(a.output.as_path()))])?;
+    a.model.check_shard_optimizer(a.model.ranks)?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;

@@ -6,6 +6,13 @@
 //! value of one rank's size (parameters, state, scalars, a fixed batch) goes to every rank.
 //! Parameters are the same bits on every rank after each step (every rank applies the same
 //! averaged gradients), so they are read from rank 0, which also writes the checkpoints.
+//!
+//! A step whose optimizer is sharded ([`ingot_compiler::autodiff::shard`]) gives each rank
+//! only its rows of some leaves (a copied weight and its moments). The ranks present those
+//! leaves whole all the same ([`StepExecutor::leaf_type`]): a whole value written is cut into
+//! the ranks' rows ([`rank_part`]), and a read joins every rank's rows in rank order
+//! ([`read_whole`]). Initial values, loaded parameters and checkpoints are then the
+//! unsharded step's tensors, and a sharded run resumes unsharded, or the other way round.
 
 use super::threads;
 use crate::cpu::planned::PlannedStep;
@@ -13,8 +20,9 @@ use crate::data::{BatchSource, DataError, Dropped, InputSlot};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
+use ingot_compiler::autodiff::shard;
 use ingot_compiler::exe::{Executable, StepPair};
-use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
+use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 
@@ -26,8 +34,9 @@ pub fn ranks_of(exe: &Executable) -> usize {
         .unwrap_or(1)
 }
 
-/// What rank `r` of `n` gets of `bytes` written to node `id`: its shard (the `r`-th of `n`
-/// contiguous ones) when `id` is an input and `bytes` holds it for all ranks together; all of
+/// What rank `r` of `n` gets of `bytes` written to node `id`: its part ([`rank_part`]) when
+/// `bytes` holds `n` ranks' worth of `id` and `id` is an input (a batch for all ranks together)
+/// or a leaf each rank holds its rows of (a sharded optimizer's, [`shard::ranks_of`]); all of
 /// `bytes` otherwise (parameters, state, scalars, a batch of one rank's size).
 pub fn shard<'a>(
     g: &Graph,
@@ -38,11 +47,61 @@ pub fn shard<'a>(
     n: usize,
 ) -> &'a [u8] {
     let one = plan.location(g, id).bytes;
-    let input = g.leaves(LeafKind::Input).contains(&id);
-    if input && one > 0 && n > 1 && bytes.len() == one * n {
-        &bytes[r * one..(r + 1) * one]
-    } else {
-        bytes
+    if one == 0 || n < 2 || bytes.len() != one * n {
+        return bytes;
+    }
+    // Inputs first: they are written every step, and the test allocates nothing.
+    let parted = g.leaves(LeafKind::Input).contains(&id) || shard::ranks_of(g, id) == Some(n);
+    match parted {
+        true => rank_part(bytes, r, n),
+        false => bytes,
+    }
+}
+
+/// Rank `r`'s part of `whole`, the bytes of `n` ranks' values one after another: the `r`-th of
+/// `n` equal contiguous pieces. In row-major order that is rows `r·rows/n .. (r+1)·rows/n` of
+/// a tensor, so one cut serves a batch's shards and a sharded weight's rows.
+pub fn rank_part(whole: &[u8], r: usize, n: usize) -> &[u8] {
+    let one = whole.len() / n.max(1);
+    &whole[r * one..(r + 1) * one]
+}
+
+/// The whole value of type `whole` whose rows `parts` hold, rank 0's first: the inverse of
+/// [`rank_part`]. An error naming both sizes when the parts do not fill `whole` exactly.
+pub fn join_rows(parts: &[Tensor], whole: TensorType) -> Result<Tensor, ExecError> {
+    let bytes: Vec<u8> = parts.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let want = whole.shape.numel() * whole.dtype.size();
+    if bytes.len() != want {
+        return Err(ExecError::Invalid {
+            op: "read_leaf",
+            reason: format!(
+                "{} ranks hold {} bytes of a {whole} value of {want} bytes",
+                parts.len(),
+                bytes.len()
+            ),
+        });
+    }
+    Tensor::from_le_bytes(whole, &bytes)
+}
+
+/// The value of node `id` as the ranks hold it together: every rank's rows joined in rank
+/// order for a leaf sharded over them ([`shard::ranks_of`]); rank 0's value otherwise (the
+/// same bits on every rank, or an output that is rank 0's own).
+pub fn read_whole<E: StepExecutor>(ranks: &[E], id: NodeId) -> Result<Tensor, ExecError> {
+    let first = ranks.first().ok_or_else(|| ExecError::Invalid {
+        op: "read_leaf",
+        reason: "no ranks".into(),
+    })?;
+    let g = first.graph();
+    match shard::ranks_of(g, id) {
+        Some(n) if n == ranks.len() => {
+            let parts = ranks
+                .iter()
+                .map(|s| s.read_node(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            join_rows(&parts, shard::whole_type(g, id))
+        }
+        _ => first.read_node(id),
     }
 }
 
@@ -266,8 +325,15 @@ impl StepExecutor for CpuRanks {
         write_shards(&mut self.ranks, id, bytes)
     }
 
+    /// A sharded leaf's rows joined from every rank ([`read_whole`]).
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
-        self.ranks[0].read_node(id)
+        read_whole(&self.ranks, id)
+    }
+
+    /// A sharded leaf's whole type ([`shard::whole_type`]): [`read_whole`] reads it, and a
+    /// value of it written is cut into the ranks' rows ([`write_shards`]).
+    fn leaf_type(&self, id: NodeId) -> TensorType {
+        shard::whole_type(self.graph(), id)
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
@@ -548,6 +614,28 @@ mod tests {
             .on_every_rank(&mut three, |_, _| Ok(()))
             .unwrap_err();
         assert!(e.to_string().contains("3 ranks on 2 rank threads"), "{e}");
+    }
+
+    #[test]
+    fn the_ranks_rows_joined_in_rank_order_are_the_whole_value_and_a_short_part_is_an_error() {
+        use ingot_compiler::ir::Shape;
+        let whole = Tensor::from_f32(
+            Shape::new(&[6, 2]),
+            (0..12).map(|i| i as f32).collect::<Vec<_>>(),
+        );
+        let bytes = whole.to_le_bytes();
+        let rows = |r: usize| {
+            Tensor::from_le_bytes(
+                TensorType::new(Shape::new(&[2, 2]), DType::F32),
+                rank_part(&bytes, r, 3),
+            )
+            .unwrap()
+        };
+        assert_eq!(rows(1).as_f32().unwrap(), [4.0, 5.0, 6.0, 7.0], "rows 2..4");
+        let parts = [rows(0), rows(1), rows(2)];
+        assert_eq!(join_rows(&parts, whole.ty.clone()).unwrap(), whole);
+        let e = join_rows(&parts[..2], whole.ty.clone()).unwrap_err();
+        assert!(e.to_string().contains("2 ranks hold 32 bytes"), "{e}");
     }
 
     /// Batches whose x bytes are the batch's number within the epoch.

@@ -6,17 +6,18 @@
 //! batch is the union of the ranks' shards (an input written for all ranks together is cut into
 //! `N` contiguous shards, rank `r` taking the `r`-th; anything of one rank's size goes to
 //! every rank), parameters read from rank 0 (every rank applies the same averaged gradients),
-//! and each step's loss the mean of the ranks' losses.
+//! each step's loss the mean of the ranks' losses, and the leaves of a sharded optimizer
+//! whole (written cut into the ranks' rows, read joined from them: the CPU ranks' helpers).
 
 use super::device::{CudaOptions, CudaStep, RankGate};
 use super::nccl;
-use crate::collective::ranks::{joined, ranks_of, shard, write_shards, RankThreads};
+use crate::collective::ranks::{joined, ranks_of, read_whole, shard, write_shards, RankThreads};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use cudarc::driver::{result, CudaContext};
 use ingot_compiler::exe::{Executable, StepPair};
-use ingot_compiler::ir::{DType, Graph, NodeId};
+use ingot_compiler::ir::{DType, Graph, NodeId, TensorType};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::MemoryPlan;
 
@@ -217,8 +218,14 @@ impl StepExecutor for GpuRanks {
         write_shards(&mut self.ranks, id, bytes)
     }
 
+    /// A sharded leaf's rows joined from every rank ([`read_whole`]).
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
-        self.ranks[0].read_node(id)
+        read_whole(&self.ranks, id)
+    }
+
+    /// A sharded leaf's whole type, as [`crate::collective::ranks::CpuRanks`] presents it.
+    fn leaf_type(&self, id: NodeId) -> TensorType {
+        ingot_compiler::autodiff::shard::whole_type(self.graph(), id)
     }
 
     fn step(&mut self) -> Result<(), ExecError> {

@@ -1,0 +1,251 @@
+//! `--shard-optimizer` on the command line: two CPU ranks that each keep and update their
+//! rows of the copied weights train, save, checkpoint and resume as two unsharded ranks, the
+//! plan shows the memory it saves, and what it cannot run with is a clear error.
+
+use ingot_runtime::io;
+use std::path::{Path, PathBuf};
+
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{ingot, ok};
+
+/// A GPT small enough for a CPU test whose matrices' rows divide by two.
+const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
+
+fn scratch(test: &str) -> PathBuf {
+    cli::scratch("sharded-cli-tests", test)
+}
+
+/// `ingot train` of [`GPT`] in bf16 on two CPU ranks with `args` after, sharded or not.
+fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "train",
+        "--model",
+        GPT,
+        "--precision",
+        "bf16",
+        "--ranks",
+        "2",
+        "--json",
+    ];
+    if shard {
+        v.push("--shard-optimizer");
+    }
+    v.extend_from_slice(args);
+    v
+}
+
+/// The JSON lines of a run that succeeded.
+fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
+    ok(&ingot(args))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// Each step's number and its loss's bits.
+fn losses(lines: &[serde_json::Value]) -> Vec<(u64, u64)> {
+    lines
+        .iter()
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap().to_bits(),
+            )
+        })
+        .collect()
+}
+
+/// The summary line's `key`.
+fn summary(lines: &[serde_json::Value], key: &str) -> u64 {
+    let s = lines.iter().find_map(|v| v.get("summary")).unwrap();
+    s[key].as_u64().unwrap()
+}
+
+#[test]
+fn training_two_cpu_ranks_with_a_sharded_optimizer_gives_the_unsharded_losses_and_saved_weights_in_less_memory(
+) {
+    let d = scratch("losses");
+    let (a, b) = (d.join("plain.safetensors"), d.join("sharded.safetensors"));
+    let run = |shard: bool, save: &Path| {
+        json_lines(&train_args(
+            shard,
+            &["--steps", "5", "--save", save.to_str().unwrap()],
+        ))
+    };
+    let (plain, sharded) = (run(false, &a), run(true, &b));
+    assert_eq!(losses(&sharded).len(), 5);
+    assert_eq!(losses(&sharded), losses(&plain), "losses, bit for bit");
+    let (pa, pb) = (io::load(&a).unwrap(), io::load(&b).unwrap());
+    assert_eq!(pa.len(), pb.len());
+    for (name, v) in &pa {
+        assert_eq!(*v, pb[name], "{name} saved whole, the same bits");
+    }
+    for key in ["planned_bytes", "resident_bytes"] {
+        assert!(
+            summary(&sharded, key) < summary(&plain, key),
+            "{key}: sharded {} against {}",
+            summary(&sharded, key),
+            summary(&plain, key)
+        );
+    }
+}
+
+#[test]
+fn a_sharded_runs_checkpoint_resumes_sharded_and_unsharded_as_the_uninterrupted_run() {
+    let d = scratch("resume");
+    let ck = d.join("ck");
+    let ck = ck.to_str().unwrap();
+    let straight = losses(&json_lines(&train_args(true, &["--steps", "6"])));
+    let first = losses(&json_lines(&train_args(
+        true,
+        &["--steps", "3", "--checkpoint", ck],
+    )));
+    for shard in [true, false] {
+        let second = losses(&json_lines(&train_args(
+            shard,
+            &["--steps", "6", "--resume", ck],
+        )));
+        let resumed: Vec<(u64, u64)> = first.iter().copied().chain(second).collect();
+        assert_eq!(resumed, straight, "resumed with --shard-optimizer: {shard}");
+    }
+}
+
+#[test]
+fn the_plan_of_a_sharded_optimizer_holds_fewer_resident_and_total_bytes() {
+    let plan = |shard: bool| {
+        let mut args = vec![
+            "plan",
+            "--model",
+            GPT,
+            "--precision",
+            "bf16",
+            "--ranks",
+            "2",
+            "--json",
+        ];
+        if shard {
+            args.push("--shard-optimizer");
+        }
+        serde_json::from_str::<serde_json::Value>(&ok(&ingot(&args))).unwrap()
+    };
+    let (plain, sharded) = (plan(false), plan(true));
+    let bytes = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert!(bytes(&sharded, "resident_bytes") < bytes(&plain, "resident_bytes"));
+    assert!(bytes(&sharded, "total_bytes") < bytes(&plain, "total_bytes"));
+}
+
+/// Runs `ingot` with `args`, which must fail with exit code `code`, without a panic, saying
+/// every one of `words`.
+fn refused(args: &[&str], code: i32, words: &[&str]) {
+    let out = ingot(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    for w in words {
+        assert!(stderr.contains(w), "{args:?} should say {w:?}: {stderr}");
+    }
+}
+
+#[test]
+fn sharding_with_one_rank_f32_gradient_clipping_torchrun_val_or_eval_is_a_clear_error() {
+    let base = ["--model", GPT, "--shard-optimizer", "--steps", "1"];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [&["train"][..], base, extra].concat()
+    }
+    let train = |extra: &[&'static str]| with(&base, extra);
+    refused(
+        &train(&["--precision", "bf16"]),
+        2,
+        &["--shard-optimizer", "two or more", "--ranks N"],
+    );
+    refused(
+        &train(&["--precision", "bf16", "--gpus", "1"]),
+        2,
+        &["--shard-optimizer", "two or more"],
+    );
+    refused(
+        &train(&["--ranks", "2"]),
+        1,
+        &["bf16 weight copies", "--precision bf16"],
+    );
+    refused(
+        &train(&["--ranks", "2", "--precision", "bf16", "--no-weight-copies"]),
+        1,
+        &["--no-weight-copies"],
+    );
+    refused(
+        &train(&[
+            "--ranks",
+            "2",
+            "--precision",
+            "bf16",
+            "--clip-grad-norm",
+            "1",
+        ]),
+        1,
+        &["clip", "--clip-grad-norm"],
+    );
+    // Refused before the launch environment is read or anything compiles.
+    refused(
+        &train(&["--precision", "bf16", "--torchrun"]),
+        2,
+        &["--shard-optimizer", "--torchrun", "--gpus N"],
+    );
+    refused(
+        &train(&[
+            "--ranks",
+            "2",
+            "--precision",
+            "bf16",
+            "--val",
+            "missing.bin",
+        ]),
+        2,
+        &["--shard-optimizer", "--val"],
+    );
+    refused(
+        &[
+            "plan",
+            "--model",
+            GPT,
+            "--precision",
+            "bf16",
+            "--ranks",
+            "2",
+            "--shard-optimizer",
+            "--eval",
+        ],
+        2,
+        &["--shard-optimizer", "--eval"],
+    );
+    // plan and compile check the ranks alike.
+    refused(
+        &[
+            "plan",
+            "--model",
+            GPT,
+            "--precision",
+            "bf16",
+            "--shard-optimizer",
+        ],
+        2,
+        &["--shard-optimizer", "two or more"],
+    );
+    let d = scratch("refused");
+    let out = d.join("step.ingot");
+    refused(
+        &[
+            "compile",
+            "--model",
+            GPT,
+            "--shard-optimizer",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        2,
+        &["--shard-optimizer", "two or more"],
+    );
+    assert!(!out.exists(), "nothing written");
+}
