@@ -149,7 +149,7 @@ fn refused(args: &[&str], code: i32, words: &[&str]) {
 }
 
 #[test]
-fn sharding_with_one_rank_f32_gradient_clipping_torchrun_val_or_eval_is_a_clear_error() {
+fn sharding_with_one_rank_f32_gradient_clipping_or_torchrun_is_a_clear_error() {
     let base = ["--model", GPT, "--shard-optimizer", "--steps", "1"];
     fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
         [&["train"][..], base, extra].concat()
@@ -193,33 +193,6 @@ fn sharding_with_one_rank_f32_gradient_clipping_torchrun_val_or_eval_is_a_clear_
         2,
         &["--shard-optimizer", "--torchrun", "--gpus N"],
     );
-    refused(
-        &train(&[
-            "--ranks",
-            "2",
-            "--precision",
-            "bf16",
-            "--val",
-            "missing.bin",
-        ]),
-        2,
-        &["--shard-optimizer", "--val"],
-    );
-    refused(
-        &[
-            "plan",
-            "--model",
-            GPT,
-            "--precision",
-            "bf16",
-            "--ranks",
-            "2",
-            "--shard-optimizer",
-            "--eval",
-        ],
-        2,
-        &["--shard-optimizer", "--eval"],
-    );
     // plan and compile check the ranks alike.
     refused(
         &[
@@ -248,4 +221,72 @@ fn sharding_with_one_rank_f32_gradient_clipping_torchrun_val_or_eval_is_a_clear_
         &["--shard-optimizer", "two or more"],
     );
     assert!(!out.exists(), "nothing written");
+}
+
+#[test]
+fn a_sharded_run_validates_as_the_unsharded_run_does_and_plans_its_evaluation() {
+    // The evaluation step reads the whole bf16 copies, which every rank holds, where the
+    // training step keeps them; the sharded f32 rows stay the training step's alone.
+    const BYTES_GPT: &str = "gpt:vocab=256,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
+    let d = scratch("validates");
+    let text: String = (0..3000u32)
+        .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
+        .collect();
+    let txt = d.join("text.txt");
+    std::fs::write(&txt, text).unwrap();
+    let bin = d.join("text.bin");
+    ok(&ingot(&[
+        "data",
+        "bytes",
+        txt.to_str().unwrap(),
+        bin.to_str().unwrap(),
+    ]));
+    let bin = bin.to_str().unwrap();
+    let run = |shard: bool| -> (Vec<(u64, u64)>, Vec<u64>) {
+        let mut a = vec![
+            "train",
+            "--model",
+            BYTES_GPT,
+            "--precision",
+            "bf16",
+            "--ranks",
+            "2",
+            "--json",
+            "--dataset",
+            bin,
+            "--val",
+            bin,
+            "--eval-batches",
+            "2",
+            "--eval-every",
+            "2",
+            "--steps",
+            "4",
+        ];
+        if shard {
+            a.push("--shard-optimizer");
+        }
+        let lines = json_lines(&a);
+        let vals = lines
+            .iter()
+            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
+            .map(f64::to_bits)
+            .collect();
+        (losses(&lines), vals)
+    };
+    let (plain, sharded) = (run(false), run(true));
+    assert_eq!(plain.1.len(), 2, "two evaluations");
+    assert_eq!(sharded, plain, "losses and validation losses, bit for bit");
+    let plan = ok(&ingot(&[
+        "plan",
+        "--model",
+        BYTES_GPT,
+        "--precision",
+        "bf16",
+        "--ranks",
+        "2",
+        "--shard-optimizer",
+        "--eval",
+    ]));
+    assert!(plan.contains("eval"), "{plan}");
 }

@@ -68,28 +68,71 @@ pub fn is_copy(g: &Graph, id: NodeId) -> bool {
 pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
     let updated: std::collections::HashMap<NodeId, NodeId> =
         g.updates.iter().map(|u| (u.target, u.value)).collect();
-    // The parameter a cast to bf16 reads, through the views (transposes, reshapes) between
-    // them, which commute with the cast: `convert(transpose(w))` is `transpose(copy)`.
-    let cast_of = |id: NodeId| -> Option<(NodeId, Vec<NodeId>)> {
-        let n = g.node(id);
-        let (Op::Convert, &[mut p]) = (&n.op, n.inputs.as_slice()) else {
-            return None;
-        };
-        let mut views = Vec::new();
-        while matches!(g.node(p).op, Op::Transpose { .. } | Op::Reshape) {
-            views.push(p);
-            p = g.node(p).inputs[0];
-        }
-        views.reverse();
-        (is_parameter(&g, p)
-            && n.ty.dtype == DType::BF16
-            && g.ty(p).dtype == DType::F32
-            && updated.contains_key(&p))
-        .then_some((p, views))
-    };
+    let cast_of = |id: NodeId| cast_of(&g, id).filter(|(p, _)| updated.contains_key(p));
     if !g.ids().any(|id| cast_of(id).is_some()) {
         return Ok((g, phases));
     }
+    let (out, copies, map, len_at) = with_copies(&g, cast_of, |out, p| {
+        let name = format!("{}{SUFFIX}", g.leaf_name(p).expect("a leaf"));
+        out.state(&name, g.ty(p).shape.clone(), DType::BF16, Init::Zeros)
+    })?;
+    let mut out = out;
+    let at = |i: NodeId| map[i.index()].expect("every node is mapped");
+    for u in &g.updates {
+        out.set_update(at(u.target), at(u.value))?;
+    }
+    for (&p, &c) in &copies {
+        let value = at(updated[&p]);
+        let origin =
+            crate::ir::Origin::new(&format!("update of {}", g.leaf_name(p).expect("a leaf")));
+        let cast = out.with_origin(origin, |o| o.convert(value, DType::BF16))?;
+        out.set_update(c, cast)?;
+    }
+    // The f32 views a cast read are dead now. A phase boundary moves by the nodes made and
+    // dropped before it; the copies' updates join the optimizer phase.
+    let (live, kept) = out.without_dead_code();
+    let at = |i: usize| kept[..len_at[i]].iter().filter(|m| m.is_some()).count();
+    let phases = Phases {
+        forward: 0..at(phases.forward.end),
+        backward: at(phases.backward.start)..at(phases.backward.end),
+        optimizer: at(phases.optimizer.start)..live.len(),
+    };
+    Ok((live, phases))
+}
+
+/// The f32 parameter a cast to bf16 (`id`) reads, and the views (transposes, reshapes) between
+/// them, which commute with the cast: `convert(transpose(w))` is `transpose(copy)`.
+fn cast_of(g: &Graph, id: NodeId) -> Option<(NodeId, Vec<NodeId>)> {
+    let n = g.node(id);
+    let (Op::Convert, &[mut p]) = (&n.op, n.inputs.as_slice()) else {
+        return None;
+    };
+    let mut views = Vec::new();
+    while matches!(g.node(p).op, Op::Transpose { .. } | Op::Reshape) {
+        views.push(p);
+        p = g.node(p).inputs[0];
+    }
+    views.reverse();
+    (is_parameter(g, p) && n.ty.dtype == DType::BF16 && g.ty(p).dtype == DType::F32)
+        .then_some((p, views))
+}
+
+/// `g` again with every cast `casts` picks replaced by its parameter's copy (made by `copy`
+/// where the parameter's first cast was) seen through the cast's views, in bf16. Returns the
+/// new graph with `g`'s outputs (not its updates), each parameter's copy, the map from `g`'s
+/// nodes and the new graph's length when each of `g`'s nodes came to be made.
+#[allow(clippy::type_complexity)]
+fn with_copies(
+    g: &Graph,
+    casts: impl Fn(NodeId) -> Option<(NodeId, Vec<NodeId>)>,
+    copy: impl Fn(&mut Graph, NodeId) -> Result<NodeId>,
+) -> Result<(
+    Graph,
+    indexmap::IndexMap<NodeId, NodeId>,
+    Vec<Option<NodeId>>,
+    Vec<usize>,
+)> {
+    let cast_of = casts;
     let mut out = Graph::new();
     let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
     // Each parameter's copy, made where its first cast was.
@@ -104,9 +147,7 @@ pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
                 let mut cur = match copies.get(&p) {
                     Some(&c) => c,
                     None => {
-                        let name = format!("{}{SUFFIX}", g.leaf_name(p).expect("a leaf"));
-                        let shape = g.ty(p).shape.clone();
-                        let c = out.state(&name, shape, DType::BF16, Init::Zeros)?;
+                        let c = copy(&mut out, p)?;
                         copies.insert(p, c);
                         c
                     }
@@ -133,30 +174,41 @@ pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
         map[id.index()] = Some(new);
     }
     len_at.push(out.len());
-    let at = |i: NodeId| map[i.index()].expect("every node is mapped");
     for (k, &v) in &g.outputs {
-        out.outputs.insert(k.clone(), at(v));
+        out.outputs
+            .insert(k.clone(), map[v.index()].expect("every node is mapped"));
     }
-    for u in &g.updates {
-        out.set_update(at(u.target), at(u.value))?;
-    }
-    for (&p, &c) in &copies {
-        let value = at(updated[&p]);
-        let origin =
-            crate::ir::Origin::new(&format!("update of {}", g.leaf_name(p).expect("a leaf")));
-        let cast = out.with_origin(origin, |o| o.convert(value, DType::BF16))?;
-        out.set_update(c, cast)?;
-    }
-    // The f32 views a cast read are dead now. A phase boundary moves by the nodes made and
-    // dropped before it; the copies' updates join the optimizer phase.
-    let (live, kept) = out.without_dead_code();
-    let at = |i: usize| kept[..len_at[i]].iter().filter(|m| m.is_some()).count();
-    let phases = Phases {
-        forward: 0..at(phases.forward.end),
-        backward: at(phases.backward.start)..at(phases.backward.end),
-        optimizer: at(phases.optimizer.start)..live.len(),
+    Ok((out, copies, map, len_at))
+}
+
+/// `eval` (a forward-only step, no updates) reading the bf16 copies the training step `train`
+/// keeps ([`keep_weight_copies`]) where it casts their parameters: the copy holds exactly the
+/// bits of the cast (the update wrote the cast of the parameter's latest value), so the
+/// evaluation computes what it did, without the casts, and without reading the f32 weight.
+/// That is what lets it run beside a step whose optimizer is sharded ([`super::shard`]):
+/// each rank there holds only its rows of such a weight, and the whole copy. A parameter whose
+/// copy `train` lacks (or holds in another shape) keeps its cast.
+pub fn read_weight_copies(eval: Graph, train: &Graph) -> Result<Graph> {
+    let copy_in_train = |p: NodeId| -> Option<NodeId> {
+        let name = format!("{}{SUFFIX}", eval.leaf_name(p)?);
+        let c = train.leaf(&name)?;
+        let mut want = eval.ty(p).clone();
+        want.dtype = DType::BF16;
+        (is_copy(train, c) && *train.ty(c) == want).then_some(c)
     };
-    Ok((live, phases))
+    let casts = |id: NodeId| cast_of(&eval, id).filter(|(p, _)| copy_in_train(*p).is_some());
+    if !eval.ids().any(|id| casts(id).is_some()) {
+        return Ok(eval);
+    }
+    let (out, copies, map, _) = with_copies(&eval, casts, |out, p| {
+        let name = format!("{}{SUFFIX}", eval.leaf_name(p).expect("a leaf"));
+        out.state(&name, eval.ty(p).shape.clone(), DType::BF16, Init::Zeros)
+    })?;
+    // A weight read only through its casts is no longer the evaluation's to name: a sharded
+    // optimizer's training step holds only its rows.
+    let replaced: std::collections::HashSet<NodeId> =
+        copies.keys().filter_map(|p| map[p.index()]).collect();
+    Ok(out.without_dead_code_and(|id| replaced.contains(&id)).0)
 }
 
 #[cfg(test)]
@@ -174,6 +226,30 @@ mod tests {
             ..StepOptions::default()
         };
         training_step_with(&forward, &m.optimizer, &opts).unwrap()
+    }
+
+    #[test]
+    fn an_evaluation_reads_the_training_steps_copies_in_place_of_casting_their_weights() {
+        let m = models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+            .unwrap();
+        let eval = crate::precision::Precision::Bf16
+            .apply(m.eval_graph())
+            .unwrap();
+        let casts = |g: &Graph| g.ids().filter(|&id| cast_param(g, id).is_some()).count();
+        assert!(casts(&eval) >= 8, "the evaluation casts its weights");
+        // Against a step that casts each time (no copies) it is left as it is.
+        let plain = read_weight_copies(eval.clone(), &step(true).graph).unwrap();
+        assert_eq!(casts(&plain), casts(&eval));
+        let train = step(false).graph;
+        let read = read_weight_copies(eval.clone(), &train).unwrap();
+        assert_eq!(casts(&read), 0, "no weight is cast");
+        for c in read.leaves(LeafKind::State) {
+            let name = read.leaf_name(c).unwrap();
+            if let Some(p) = name.strip_suffix(SUFFIX) {
+                assert!(read.leaf(p).is_none(), "{p} is read only as its copy");
+                assert_eq!(read.ty(c), train.ty(train.leaf(name).unwrap()), "{name}");
+            }
+        }
     }
 
     /// The parameter a cast to bf16 reads, through views, if it reads one.

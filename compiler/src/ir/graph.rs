@@ -367,11 +367,21 @@ impl Graph {
     /// A copy without dead nodes (leaves are always kept: they are the step's interface).
     /// Returns the new graph and, for each old node, its new id.
     pub fn without_dead_code(&self) -> (Graph, Vec<Option<NodeId>>) {
+        self.without_dead_code_and(|_| false)
+    }
+
+    /// As [`Graph::without_dead_code`], also dropping the unread leaves `drop` names: a step
+    /// that no longer reads a leaf and must not name it in its interface (an evaluation that
+    /// reads a weight's bf16 copy in place of the weight, `autodiff::copies`).
+    pub fn without_dead_code_and(
+        &self,
+        drop: impl Fn(NodeId) -> bool,
+    ) -> (Graph, Vec<Option<NodeId>>) {
         let live = self.live_mask();
         let mut map: Vec<Option<NodeId>> = vec![None; self.len()];
         let mut out = Graph::new();
         for (i, n) in self.nodes.iter().enumerate() {
-            if !live[i] && !n.op.is_leaf() {
+            if !live[i] && (!n.op.is_leaf() || drop(NodeId(i as u32))) {
                 continue;
             }
             let inputs: Operands = n

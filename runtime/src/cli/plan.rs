@@ -279,13 +279,6 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         return run_diff(files);
     }
     a.model.check_shard_optimizer(a.model.ranks)?;
-    if a.eval && a.model.shard_optimizer {
-        return Err(Failure::new(
-            2,
-            "--shard-optimizer cannot plan with --eval: the evaluation step reads every \
-             weight whole, and each rank holds only its rows",
-        ));
-    }
     let device = match a.device {
         super::train::Device::Cpu => crate::session::Device::Cpu,
         super::train::Device::Cuda => crate::session::Device::Cuda(Default::default()),

@@ -373,8 +373,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
 /// `--shard-optimizer` against what cannot go with it in a run, before anything compiles:
 /// one process of a `--torchrun` job holds one rank's rows of each sharded weight, and
 /// reading, saving or checkpointing the whole weight would need a collective the runtime does
-/// not have; the evaluation step (`--val`) reads every weight whole beside the training
-/// step's rows. Then the number of ranks ([`super::ModelArgs::check_shard_optimizer`]).
+/// not have. Then the number of ranks ([`super::ModelArgs::check_shard_optimizer`]).
 fn check_sharding(a: &TrainArgs) -> Result<(), Failure> {
     if !a.model.shard_optimizer {
         return Ok(());
@@ -385,14 +384,6 @@ fn check_sharding(a: &TrainArgs) -> Result<(), Failure> {
             "--shard-optimizer cannot run with --torchrun: one process holds one rank's rows \
             of each weight, and the whole weights (--save, checkpoints) would need a \
             collective; use --gpus N for sharded GPU ranks in one process",
-        ));
-    }
-    if a.run.val.is_some() {
-        return Err(Failure::new(
-            2,
-            "--shard-optimizer cannot run with --val: the evaluation step reads every weight \
-            whole, and each rank holds only its rows; evaluate a --save'd model without \
-            sharding",
         ));
     }
     a.model

@@ -58,8 +58,12 @@ pub fn pair_with_eval(
     } else {
         model.eval_graph().clone()
     };
+    // Where the training step keeps bf16 copies of its weights, the evaluation reads them
+    // rather than casting the f32 weights again (the same bits; and each rank of a sharded
+    // optimizer holds only its rows of those).
     let forward = precision
         .apply(&graph)
+        .and_then(|f| ingot_compiler::autodiff::copies::read_weight_copies(f, train.graph()))
         .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?;
     let opts = pipeline::Options {
         precision: Some(precision),
