@@ -117,33 +117,48 @@ struct Symmetric {
     window_deregister: unsafe extern "C" fn(RawComm, RawWindow) -> Res,
 }
 
+/// What Ingot tells NCCL through its environment before loading it, each unless the user has
+/// set the variable (theirs is kept): `(variable, value)`.
+///
+/// - `NCCL_GRAPH_MIXING_SUPPORT=0`: Ingot's use of a communicator is stream ordered: its
+///   operations are captured in the graphs of one rank (the training step, the evaluation
+///   step), which that rank launches one after another on its own stream, or (a profile) run on
+///   that same stream outside a graph. NCCL's default supports graphs of one communicator
+///   launched in parallel, at the cost of more synchronisation on every launch; stream
+///   ordered, it does without (NCCL 2.28: `graphUsageMode` stream-ordered instead of mixed).
+///   On gpt2 in bf16 on two H200 the step is about 0.15 ms shorter (docs/benchmarks.md,
+///   session 19).
+/// - `NCCL_SYM_CTAS=16`: the CTAs of NCCL's symmetric-memory kernels (each rank's memory is a
+///   symmetric window, see [`SYMMETRIC`]). NCCL's own model picks 7 for a 25 MB all-reduce,
+///   charging each SM it takes 2.5% of the time; but the step's all-reduces run beside the
+///   backward pass, where finishing sooner is worth more SMs: gpt2's two-GPU bf16 step is
+///   0.12 ms shorter with 16 (4: 0.15 ms longer; 24 and 32 between; session 20).
+pub const SETTINGS: [(&str, &str); 2] = [(GRAPH_MIXING, "0"), (SYM_CTAS, "16")];
+
 /// The environment variable that tells NCCL whether a communicator's operations may come from
 /// CUDA graphs launched side by side, or mixed with uncaptured calls ("graph mixing").
 pub const GRAPH_MIXING: &str = "NCCL_GRAPH_MIXING_SUPPORT";
 
-/// What [`GRAPH_MIXING`] is set to before NCCL is loaded, given its value in the environment:
-/// `0`, unless the user set it (theirs is kept).
-///
-/// Ingot's use of a communicator is stream ordered: its operations are captured in the graphs
-/// of one rank (the training step, the evaluation step), which that rank launches one after
-/// another on its own stream, or (a profile) run on that same stream outside a graph. NCCL's
-/// default supports graphs of one communicator launched in parallel, at the cost of more
-/// synchronisation on every launch; stream ordered, it does without (NCCL 2.28:
-/// `graphUsageMode` stream-ordered instead of mixed). On gpt2 in bf16 on two H200 the step is
-/// about 0.15 ms shorter (docs/benchmarks.md, session 19).
-pub fn graph_mixing_setting(current: Option<&std::ffi::OsStr>) -> Option<&'static str> {
-    current.is_none().then_some("0")
+/// The environment variable that sets the CTAs of NCCL's symmetric kernels.
+pub const SYM_CTAS: &str = "NCCL_SYM_CTAS";
+
+/// What a variable of [`SETTINGS`] is set to before NCCL is loaded, given its value in the
+/// environment: `value`, unless the user set it.
+pub fn setting(current: Option<&std::ffi::OsStr>, value: &'static str) -> Option<&'static str> {
+    current.is_none().then_some(value)
 }
 
 /// NCCL, found and loaded once per process; the error says where it was looked for. Sets
-/// [`GRAPH_MIXING`] first ([`graph_mixing_setting`]); every caller loads NCCL from the thread
+/// the variables of [`SETTINGS`] first ([`setting`]); every caller loads NCCL from the thread
 /// that then starts the ranks, before any rank thread exists.
 pub fn load() -> Result<&'static Nccl, String> {
     static LOADED: OnceLock<Result<Nccl, String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
-            if let Some(v) = graph_mixing_setting(std::env::var_os(GRAPH_MIXING).as_deref()) {
-                std::env::set_var(GRAPH_MIXING, v);
+            for (name, value) in SETTINGS {
+                if let Some(v) = setting(std::env::var_os(name).as_deref(), value) {
+                    std::env::set_var(name, v);
+                }
             }
             let path = libsearch::find(&NCCL).map_err(|e| e.to_string())?;
             let lib = libsearch::preload(&path)?;
@@ -477,8 +492,18 @@ mod tests {
 
     #[test]
     fn nccl_is_told_its_operations_are_stream_ordered_unless_the_user_said_otherwise() {
-        assert_eq!(graph_mixing_setting(None), Some("0"));
-        assert_eq!(graph_mixing_setting(Some(std::ffi::OsStr::new("1"))), None);
-        assert_eq!(graph_mixing_setting(Some(std::ffi::OsStr::new("0"))), None);
+        let (name, value) = SETTINGS[0];
+        assert_eq!((name, value), (GRAPH_MIXING, "0"));
+        assert_eq!(setting(None, value), Some("0"));
+        assert_eq!(setting(Some(std::ffi::OsStr::new("1")), value), None);
+        assert_eq!(setting(Some(std::ffi::OsStr::new("0")), value), None);
+    }
+
+    #[test]
+    fn nccl_symmetric_kernels_get_sixteen_ctas_unless_the_user_said_otherwise() {
+        let (name, value) = SETTINGS[1];
+        assert_eq!((name, value), (SYM_CTAS, "16"));
+        assert_eq!(setting(None, value), Some("16"));
+        assert_eq!(setting(Some(std::ffi::OsStr::new("0")), value), None);
     }
 }
