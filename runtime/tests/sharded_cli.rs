@@ -16,10 +16,11 @@ fn scratch(test: &str) -> PathBuf {
     cli::scratch("sharded-cli-tests", test)
 }
 
-/// `ingot train` of [`GPT`] in bf16 on two CPU ranks with `args` after, sharded or not.
-fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
+/// `ingot COMMAND` of [`GPT`] in bf16 for two CPU ranks, `--json`, sharded or not, with
+/// `args` after.
+fn gpt_args<'a>(command: &'a str, shard: bool, args: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
-        "train",
+        command,
         "--model",
         GPT,
         "--precision",
@@ -33,6 +34,11 @@ fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
     }
     v.extend_from_slice(args);
     v
+}
+
+/// `ingot train` of [`GPT`] ([`gpt_args`]).
+fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
+    gpt_args("train", shard, args)
 }
 
 /// The JSON lines of a run that succeeded.
@@ -115,20 +121,8 @@ fn a_sharded_runs_checkpoint_resumes_sharded_and_unsharded_as_the_uninterrupted_
 #[test]
 fn the_plan_of_a_sharded_optimizer_holds_fewer_resident_and_total_bytes() {
     let plan = |shard: bool| {
-        let mut args = vec![
-            "plan",
-            "--model",
-            GPT,
-            "--precision",
-            "bf16",
-            "--ranks",
-            "2",
-            "--json",
-        ];
-        if shard {
-            args.push("--shard-optimizer");
-        }
-        serde_json::from_str::<serde_json::Value>(&ok(&ingot(&args))).unwrap()
+        serde_json::from_str::<serde_json::Value>(&ok(&ingot(&gpt_args("plan", shard, &[]))))
+            .unwrap()
     };
     let (plain, sharded) = (plan(false), plan(true));
     let bytes = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();

@@ -402,18 +402,19 @@ mod tests {
         }
     }
 
+    /// The step for two ranks, its optimizer whole and sharded.
+    fn plain_and_sharded() -> (Graph, Graph) {
+        let whole = StepOptions {
+            shard_optimizer: false,
+            ..sharded(2)
+        };
+        let plain = step(whole, true).unwrap().graph;
+        (plain, step(sharded(2), true).unwrap().graph)
+    }
+
     #[test]
     fn each_rank_updates_its_rows_of_a_weight_and_gathers_the_whole_copy() {
-        let plain = step(
-            StepOptions {
-                shard_optimizer: false,
-                ..sharded(2)
-            },
-            true,
-        )
-        .unwrap()
-        .graph;
-        let g = step(sharded(2), true).unwrap().graph;
+        let (plain, g) = plain_and_sharded();
         let weights: Vec<NodeId> = g
             .leaves(LeafKind::State)
             .into_iter()
@@ -479,16 +480,7 @@ mod tests {
 
     #[test]
     fn the_whole_type_of_a_sharded_leaf_is_the_unsharded_steps_and_other_leaves_keep_theirs() {
-        let plain = step(
-            StepOptions {
-                shard_optimizer: false,
-                ..sharded(2)
-            },
-            true,
-        )
-        .unwrap()
-        .graph;
-        let g = step(sharded(2), true).unwrap().graph;
+        let (plain, g) = plain_and_sharded();
         let mut sharded_leaves = 0;
         for kind in [LeafKind::Parameter, LeafKind::State, LeafKind::Input] {
             for id in g.leaves(kind) {
