@@ -16,13 +16,13 @@ fn scratch(test: &str) -> PathBuf {
     cli::scratch("sharded-cli-tests", test)
 }
 
-/// `ingot COMMAND` of [`GPT`] in bf16 for two CPU ranks, `--json`, sharded or not, with
+/// `ingot COMMAND` of `model` in bf16 for two CPU ranks, `--json`, sharded or not, with
 /// `args` after.
-fn gpt_args<'a>(command: &'a str, shard: bool, args: &[&'a str]) -> Vec<&'a str> {
+fn model_args<'a>(command: &'a str, model: &'a str, shard: bool, args: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
         command,
         "--model",
-        GPT,
+        model,
         "--precision",
         "bf16",
         "--ranks",
@@ -36,9 +36,9 @@ fn gpt_args<'a>(command: &'a str, shard: bool, args: &[&'a str]) -> Vec<&'a str>
     v
 }
 
-/// `ingot train` of [`GPT`] ([`gpt_args`]).
+/// `ingot train` of [`GPT`] ([`model_args`]).
 fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
-    gpt_args("train", shard, args)
+    model_args("train", GPT, shard, args)
 }
 
 /// The JSON lines of a run that succeeded.
@@ -121,7 +121,7 @@ fn a_sharded_runs_checkpoint_resumes_sharded_and_unsharded_as_the_uninterrupted_
 #[test]
 fn the_plan_of_a_sharded_optimizer_holds_fewer_resident_and_total_bytes() {
     let plan = |shard: bool| {
-        serde_json::from_str::<serde_json::Value>(&ok(&ingot(&gpt_args("plan", shard, &[]))))
+        serde_json::from_str::<serde_json::Value>(&ok(&ingot(&model_args("plan", GPT, shard, &[]))))
             .unwrap()
     };
     let (plain, sharded) = (plan(false), plan(true));
@@ -237,29 +237,23 @@ fn a_sharded_run_validates_as_the_unsharded_run_does_and_plans_its_evaluation() 
     ]));
     let bin = bin.to_str().unwrap();
     let run = |shard: bool| -> (Vec<(u64, u64)>, Vec<u64>) {
-        let mut a = vec![
+        let a = model_args(
             "train",
-            "--model",
             BYTES_GPT,
-            "--precision",
-            "bf16",
-            "--ranks",
-            "2",
-            "--json",
-            "--dataset",
-            bin,
-            "--val",
-            bin,
-            "--eval-batches",
-            "2",
-            "--eval-every",
-            "2",
-            "--steps",
-            "4",
-        ];
-        if shard {
-            a.push("--shard-optimizer");
-        }
+            shard,
+            &[
+                "--dataset",
+                bin,
+                "--val",
+                bin,
+                "--eval-batches",
+                "2",
+                "--eval-every",
+                "2",
+                "--steps",
+                "4",
+            ],
+        );
         let lines = json_lines(&a);
         let vals = lines
             .iter()
@@ -271,16 +265,6 @@ fn a_sharded_run_validates_as_the_unsharded_run_does_and_plans_its_evaluation() 
     let (plain, sharded) = (run(false), run(true));
     assert_eq!(plain.1.len(), 2, "two evaluations");
     assert_eq!(sharded, plain, "losses and validation losses, bit for bit");
-    let plan = ok(&ingot(&[
-        "plan",
-        "--model",
-        BYTES_GPT,
-        "--precision",
-        "bf16",
-        "--ranks",
-        "2",
-        "--shard-optimizer",
-        "--eval",
-    ]));
+    let plan = ok(&ingot(&model_args("plan", BYTES_GPT, true, &["--eval"])));
     assert!(plan.contains("eval"), "{plan}");
 }
