@@ -268,3 +268,18 @@ fn a_sharded_run_validates_as_the_unsharded_run_does_and_plans_its_evaluation() 
     let plan = ok(&ingot(&model_args("plan", BYTES_GPT, true, &["--eval"])));
     assert!(plan.contains("eval"), "{plan}");
 }
+
+#[test]
+fn a_sharded_optimizer_accumulating_micro_batches_trains_as_the_unsharded_one() {
+    // The sharding pass sees the accumulated step: its reduce-scatters read the micro-batches'
+    // summed gradients, as the plain step's all-reduces do.
+    let run = |shard: bool| {
+        losses(&json_lines(&train_args(
+            shard,
+            &["--accumulate", "2", "--steps", "4"],
+        )))
+    };
+    let plain = run(false);
+    assert_eq!(plain.len(), 4);
+    assert_eq!(run(true), plain, "each step's loss, bit for bit");
+}
