@@ -459,9 +459,9 @@ impl Session {
     /// tensors as for the unsharded step.
     fn check_whole_leaves(&self) -> Result<(), SessionError> {
         let g = self.graph();
+        // Only a sharded leaf's whole type differs from its own.
         let partial = g.leaves(LeafKind::Parameter).into_iter().find(|&l| {
-            ingot_compiler::autodiff::shard::ranks_of(g, l).is_some()
-                && self.exe().leaf_type(l) != ingot_compiler::autodiff::shard::whole_type(g, l)
+            self.exe().leaf_type(l) != ingot_compiler::autodiff::shard::whole_type(g, l)
         });
         match partial {
             Some(leaf) => Err(SessionError::ShardedOptimizer {

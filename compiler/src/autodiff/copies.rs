@@ -72,11 +72,12 @@ pub fn keep_weight_copies(g: Graph, phases: Phases) -> Result<(Graph, Phases)> {
     if !g.ids().any(|id| cast_of(id).is_some()) {
         return Ok((g, phases));
     }
-    let (out, copies, map, len_at) = with_copies(&g, cast_of, |out, p| {
-        let name = format!("{}{SUFFIX}", g.leaf_name(p).expect("a leaf"));
-        out.state(&name, g.ty(p).shape.clone(), DType::BF16, Init::Zeros)
-    })?;
-    let mut out = out;
+    let Copied {
+        mut out,
+        copies,
+        map,
+        len_at,
+    } = with_copies(&g, cast_of)?;
     let at = |i: NodeId| map[i.index()].expect("every node is mapped");
     for u in &g.updates {
         out.set_update(at(u.target), at(u.value))?;
@@ -117,22 +118,24 @@ fn cast_of(g: &Graph, id: NodeId) -> Option<(NodeId, Vec<NodeId>)> {
         .then_some((p, views))
 }
 
-/// `g` again with every cast `casts` picks replaced by its parameter's copy (made by `copy`
-/// where the parameter's first cast was) seen through the cast's views, in bf16. Returns the
-/// new graph with `g`'s outputs (not its updates), each parameter's copy, the map from `g`'s
-/// nodes and the new graph's length when each of `g`'s nodes came to be made.
-#[allow(clippy::type_complexity)]
+/// What [`with_copies`] made.
+struct Copied {
+    /// The new graph, with the old one's outputs (not its updates).
+    out: Graph,
+    /// Each parameter's copy leaf, by the old parameter.
+    copies: indexmap::IndexMap<NodeId, NodeId>,
+    /// Each old node's new node.
+    map: Vec<Option<NodeId>>,
+    /// The new graph's length when each old node came to be made (a phase boundary there).
+    len_at: Vec<usize>,
+}
+
+/// `g` again with every cast `cast_of` picks replaced by its parameter's copy, the state leaf
+/// `{param}.bf16` made where the parameter's first cast was, seen through the cast's views.
 fn with_copies(
     g: &Graph,
-    casts: impl Fn(NodeId) -> Option<(NodeId, Vec<NodeId>)>,
-    copy: impl Fn(&mut Graph, NodeId) -> Result<NodeId>,
-) -> Result<(
-    Graph,
-    indexmap::IndexMap<NodeId, NodeId>,
-    Vec<Option<NodeId>>,
-    Vec<usize>,
-)> {
-    let cast_of = casts;
+    cast_of: impl Fn(NodeId) -> Option<(NodeId, Vec<NodeId>)>,
+) -> Result<Copied> {
     let mut out = Graph::new();
     let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
     // Each parameter's copy, made where its first cast was.
@@ -147,7 +150,9 @@ fn with_copies(
                 let mut cur = match copies.get(&p) {
                     Some(&c) => c,
                     None => {
-                        let c = copy(&mut out, p)?;
+                        let name = format!("{}{SUFFIX}", g.leaf_name(p).expect("a leaf"));
+                        let shape = g.ty(p).shape.clone();
+                        let c = out.state(&name, shape, DType::BF16, Init::Zeros)?;
                         copies.insert(p, c);
                         c
                     }
@@ -178,7 +183,12 @@ fn with_copies(
         out.outputs
             .insert(k.clone(), map[v.index()].expect("every node is mapped"));
     }
-    Ok((out, copies, map, len_at))
+    Ok(Copied {
+        out,
+        copies,
+        map,
+        len_at,
+    })
 }
 
 /// `eval` (a forward-only step, no updates) reading the bf16 copies the training step `train`
@@ -200,10 +210,9 @@ pub fn read_weight_copies(eval: Graph, train: &Graph) -> Result<Graph> {
     if !eval.ids().any(|id| casts(id).is_some()) {
         return Ok(eval);
     }
-    let (out, copies, map, _) = with_copies(&eval, casts, |out, p| {
-        let name = format!("{}{SUFFIX}", eval.leaf_name(p).expect("a leaf"));
-        out.state(&name, eval.ty(p).shape.clone(), DType::BF16, Init::Zeros)
-    })?;
+    let Copied {
+        out, copies, map, ..
+    } = with_copies(&eval, casts)?;
     // A weight read only through its casts is no longer the evaluation's to name: a sharded
     // optimizer's training step holds only its rows.
     let replaced: std::collections::HashSet<NodeId> =

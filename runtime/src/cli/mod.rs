@@ -230,9 +230,7 @@ impl ModelArgs {
             shard_optimizer: self.shard_optimizer,
         }
     }
-}
 
-impl ModelArgs {
     /// `--shard-optimizer` against the `ranks` the step is compiled for (`--ranks N` or
     /// `--gpus N`), checked before anything compiles: a clear error naming the flags, where the
     /// compiler's own refusal would only say "ranks". Its other needs (bf16 weight copies, no
