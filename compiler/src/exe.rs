@@ -562,7 +562,8 @@ fn check_plan(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
 /// Every storage's lifetime `[start, end)` is a non-empty part of the schedule that covers each
 /// value living in it, from where its kernel writes it to its last read (a step output and a
 /// value copied over its update target: to the end); a resident storage spans the whole step
-/// and a workspace exactly its owner's position. The report and the picture read these
+/// and a workspace ends at its owner's position (and starts there, or earlier when filled
+/// ahead of it). The report and the picture read these
 /// lifetimes, and the validator does not (it recomputes liveness), so they are checked here.
 fn check_lifetimes(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
     let lv = &p.liveness;
@@ -581,7 +582,8 @@ fn check_lifetimes(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
             ));
         }
         let at = lv.position[st.owner.index()];
-        if st.workspace && (st.start != at || st.end != at + 1) {
+        // A workspace is held at its node, and may be held from earlier (filled ahead of it).
+        if st.workspace && (st.start > at || st.end != at + 1) {
             return Err(format!(
                 "workspace storage {i} lives [{}, {}), but its owner {} runs at position {at}",
                 st.start, st.end, st.owner

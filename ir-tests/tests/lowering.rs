@@ -526,15 +526,14 @@ fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_rele
         .iter()
         .rposition(|op| op.node().is_some_and(|n| makers.contains(&n)))
         .expect("the last bucket's gradients are made on the device");
-    // The first kernel that reads the gathered rows.
-    let rows_node = p.ops[rows].node().unwrap();
-    let first_reader = p
-        .ops
-        .iter()
-        .position(|op| {
-            op.node()
-                .is_some_and(|n| g.node(n).inputs.contains(&rows_node))
-        })
+    // The first operation that reads the gathered rows' bytes (the embedding's sort, lowered
+    // earlier under the same node, reads only the ids).
+    let gathered = p.touches[rows].writes[0];
+    let overlaps = |l: &ingot_compiler::plan::check::Location| {
+        l.offset < gathered.offset + gathered.bytes && gathered.offset < l.offset + l.bytes
+    };
+    let first_reader = (rows + 1..p.ops.len())
+        .find(|&j| p.touches[j].reads.iter().any(overlaps))
         .expect("the gathered rows are read");
     assert!(
         made_at < first_reader,

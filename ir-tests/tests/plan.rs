@@ -143,6 +143,7 @@ fn check_ws(
         order,
         location: locs,
         workspace: ws,
+        workspace_filled_after: &vec![None; g.len()],
         copies,
         total_bytes: total,
         alignment: ALIGNMENT,
@@ -160,11 +161,55 @@ fn matmul_with_workspace() -> (Graph, NodeId, NodeId) {
     (g, a, m)
 }
 
-fn kib_for_matmul(g: &Graph, id: NodeId) -> usize {
-    if matches!(g.node(id).op, ingot_compiler::ir::Op::MatMul { .. }) {
-        1024
-    } else {
-        0
+fn kib_for_matmul(g: &Graph, id: NodeId) -> plan::WorkspaceNeed {
+    plan::WorkspaceNeed::at_node(match g.node(id).op {
+        ingot_compiler::ir::Op::MatMul { .. } => 1024,
+        _ => 0,
+    })
+}
+
+/// The matmul's 1 KiB filled from its first operand (as a scatter-add's sorted ids are).
+fn kib_for_matmul_filled_from_its_first_operand(g: &Graph, id: NodeId) -> plan::WorkspaceNeed {
+    plan::WorkspaceNeed {
+        filled_from: Some(0).filter(|_| kib_for_matmul(g, id).bytes > 0),
+        ..kib_for_matmul(g, id)
+    }
+}
+
+#[test]
+fn a_workspace_filled_from_an_operand_is_held_from_where_that_operand_is_made() {
+    // x -> exp -> a, exp(a) -> b (alive until the end), matmul(a, x) with its workspace filled
+    // from a: the workspace lives from a's position, beside b, so it may not share b's bytes.
+    let mut g = Graph::new();
+    let x = g.input("x", [16, 16], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let b = g.exp(a).unwrap();
+    let m = g.matmul(a, x).unwrap();
+    let c = g.add(b, m).unwrap();
+    g.set_output("c", c).unwrap();
+    for (need, early) in [
+        (kib_for_matmul as plan::WorkspaceFn, false),
+        (kib_for_matmul_filled_from_its_first_operand, true),
+    ] {
+        let opts = PlanOptions {
+            workspace: Some(need),
+            ..PlanOptions::default()
+        };
+        let p = plan::plan(&g, &opts).unwrap();
+        let l = &p.liveness;
+        let w = &l.storages[l.workspace_of[m.index()].unwrap()];
+        let a_made = l.storages[l.storage_of[a.index()]].start;
+        match early {
+            true => assert_eq!(w.start, a_made),
+            false => assert_eq!(w.start, l.position[m.index()]),
+        }
+        assert_eq!(w.end, l.position[m.index()] + 1);
+        // Whatever is live between a and the matmul has bytes of its own.
+        let (ws, bl) = (p.workspace(m).unwrap(), p.location(&g, b));
+        let apart = ws.offset + ws.bytes <= bl.offset || bl.offset + bl.bytes <= ws.offset;
+        if early {
+            assert!(apart, "the workspace shares b's bytes: {ws:?} {bl:?}");
+        }
     }
 }
 
@@ -182,6 +227,63 @@ fn a_kernel_workspace_is_planned_in_the_slab_only_while_its_op_runs() {
     assert_eq!(p.liveness.storages[s].end - p.liveness.storages[s].start, 1);
     let r = Report::new("ws", &g, &p, None);
     assert!(r.slab_bytes >= 1024 + 2 * 1024);
+}
+
+#[test]
+fn the_validator_rejects_a_workspace_filled_early_that_a_value_made_before_its_node_writes_over() {
+    // x -> a = exp(x) -> b = exp(a) -> m = matmul(a, x) -> c = b + m, each value 1 KiB of
+    // its own; m's workspace filled after a is made (position 1), read by m (position 3).
+    let mut g = Graph::new();
+    let x = g.input("x", [16, 16], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let b = g.exp(a).unwrap();
+    let m = g.matmul(a, x).unwrap();
+    let c = g.add(b, m).unwrap();
+    g.set_output("c", c).unwrap();
+    let order = [x, a, b, m, c];
+    let locs: Vec<Location> = (0..g.len())
+        .map(|i| Location {
+            offset: 1024 * i,
+            bytes: 1024,
+        })
+        .collect();
+    let run = |ws_at: usize, after: usize| {
+        let mut ws = vec![None; g.len()];
+        ws[m.index()] = Some(Location {
+            offset: ws_at,
+            bytes: 1024,
+        });
+        let mut filled = vec![None; g.len()];
+        filled[m.index()] = Some(after);
+        validate(&PlanView {
+            graph: &g,
+            order: &order,
+            location: &locs,
+            workspace: &ws,
+            workspace_filled_after: &filled,
+            copies: &[],
+            total_bytes: 1024 * (g.len() + 1),
+            alignment: ALIGNMENT,
+        })
+    };
+    run(1024 * g.len(), 1).unwrap();
+    // Over b, which is made after the fill and before m: the fill's content is gone.
+    let e = run(locs[b.index()].offset, 1).unwrap_err();
+    assert_eq!(
+        e,
+        V::WorkspaceOverwritten {
+            node: m,
+            op: "matmul",
+            after: 1
+        }
+    );
+    assert!(e.to_string().contains("overwritten before"), "{e}");
+    // Filled at the node's own position (3) or later is not ahead of it.
+    let e = run(1024 * g.len(), 3).unwrap_err();
+    assert!(
+        matches!(e, V::WorkspaceFilledLate { node, after: 3, at: 3, .. } if node == m),
+        "{e}"
+    );
 }
 
 #[test]

@@ -149,7 +149,7 @@ fn the_cuda_generator_takes_bf16_kernels_and_ops() {
     k.outputs[0].value = 3;
     assert!(cuda::fused(&k).unwrap().source.contains("ig_to_bf16(v1)"));
     assert!(cuda::gather(DType::BF16, DType::I64, 4, 2, 3).is_ok());
-    assert!(cuda::scatter_add(DType::I64, DType::BF16, DType::BF16, 4, 2, 3).is_ok());
+    assert!(cuda::scatter_add_program(DType::I64, DType::BF16, DType::BF16, 4, 2, 3).is_ok());
     assert!(cuda::concat(DType::BF16, 2, &[1, 2]).is_ok());
 }
 

@@ -657,6 +657,10 @@ int atomicAdd(int*, int);
 unsigned long long atomicAdd(unsigned long long*, unsigned long long);
 unsigned atomicMax(unsigned*, unsigned);
 unsigned atomicOr(unsigned*, unsigned);
+unsigned atomicAdd(unsigned*, unsigned);
+unsigned __match_any_sync(unsigned mask, unsigned v);
+int __popc(unsigned);
+template <typename T> T __shfl_sync(unsigned mask, T v, int lane, int width = 32);
 "#;
 
 fn compiler() -> Option<String> {
@@ -836,27 +840,83 @@ fn reductions_that_fill_the_gpu_or_read_their_sums_again_keep_one_kernel() {
 }
 
 #[test]
-fn a_scatter_add_program_keeps_its_ids_table_inside_its_scratch_and_refuses_positions_past_u32() {
-    let p =
-        cuda::scatter_add_program(DType::I64, DType::BF16, DType::BF16, 50304, 768, 16384).unwrap();
-    assert_eq!(p.launches.len(), 3, "zero the table, mark the ids, sum");
-    assert!(p.scratch_bytes >= 3 * 4 * 50304);
-    assert_eq!(p.scratch_bytes, cuda::scatter_add_scratch_bytes(50304));
+fn a_scatter_add_programs_sort_reads_only_the_ids_and_its_scratch_and_only_its_sums_read_the_values(
+) {
+    let (rows, n) = (50304, 16384);
+    let p = cuda::scatter_add_program(DType::I64, DType::BF16, DType::F32, rows, 768, n).unwrap();
+    // Two radix passes of 8 bits for ids up to 50,304 (histogram, scan, place each), the
+    // counts zeroed, the runs found, then the short runs' and the long runs' sums.
+    assert_eq!(p.launches.len(), 2 * 3 + 4);
+    assert_eq!(p.scratch_bytes, cuda::scatter_add_scratch_bytes(rows, n));
     assert_eq!(p.scratch_bytes % 256, 0);
-    for l in &p.launches {
-        for a in &l.args {
-            if let cuda::FusedArg::Scratch { offset, bytes } = *a {
-                assert_eq!((offset, bytes), (0, 3 * 4 * 50304));
+    // Sorted keys and positions twice (the passes alternate), two lists of runs, and a
+    // histogram a tile.
+    assert!(p.scratch_bytes >= 6 * 4 * n + 4 * 256 * n.div_ceil(1024));
+    let reads_values = |l: &cuda::FusedLaunch| l.args.contains(&cuda::FusedArg::Input(1));
+    for (i, l) in p.launches.iter().enumerate() {
+        for (j, a) in l.args.iter().enumerate() {
+            match *a {
+                cuda::FusedArg::Scratch { offset, bytes } => {
+                    assert!(offset + bytes <= p.scratch_bytes, "launch {i} arg {j}");
+                    assert_eq!(offset % 256, 0, "launch {i} arg {j}");
+                    // Only the sort and the runs write the scratch.
+                    if reads_values(l) {
+                        assert!(j < l.reads, "launch {i} writes its scratch arg {j}");
+                    }
+                }
+                cuda::FusedArg::Input(_) => assert!(j < l.reads, "launch {i} writes an input"),
+                cuda::FusedArg::Output(_) => assert!(j >= l.reads, "launch {i} reads the output"),
             }
         }
     }
-    // The sum reads ids, values and the table, and writes only the output.
-    let sum = &p.launches[2];
-    assert_eq!(sum.reads, 3);
-    assert_eq!(sum.args[3], cuda::FusedArg::Output(0));
+    // Everything before the sums can run as soon as the ids exist; the last two launches sum.
+    let (sort, sums) = p.launches.split_at(p.launches.len() - 2);
+    for l in sort {
+        assert!(
+            !reads_values(l)
+                && !l
+                    .args
+                    .iter()
+                    .any(|a| matches!(a, cuda::FusedArg::Output(_)))
+        );
+    }
+    for l in sums {
+        assert!(reads_values(l));
+        assert_eq!(l.args.last(), Some(&cuda::FusedArg::Output(0)));
+    }
+    // Enough digits for the ids 0..=rows (rows stands for an id out of range); rows longer
+    // than 1024 columns are summed by panels only.
+    let launches = |rows, row_len| {
+        cuda::scatter_add_program(DType::I32, DType::F32, DType::F32, rows, row_len, 9)
+            .unwrap()
+            .launches
+            .len()
+    };
+    assert_eq!(launches(255, 4), 3 + 4);
+    assert_eq!(launches(256, 4), 6 + 4);
+    assert_eq!(launches((1 << 24) - 1, 4), 9 + 4);
+    assert_eq!(launches(1 << 24, 4), 12 + 4);
+    assert_eq!(launches(256, 1025), 6 + 3);
     let e = cuda::scatter_add_program(DType::I64, DType::F32, DType::F32, 4, 1, u32::MAX as usize)
         .unwrap_err();
     assert!(e.to_string().contains("scatter_add"), "{e}");
+    assert_eq!(
+        cuda::scatter_add_scratch_bytes(4, u32::MAX as usize),
+        usize::MAX
+    );
+}
+
+/// Every launch's kernel of a scatter-add program.
+fn scatter_kernels(
+    ids: DType,
+    values: DType,
+    out: DType,
+    rows: usize,
+    row_len: usize,
+    n: usize,
+) -> Vec<CudaKernel> {
+    let p = cuda::scatter_add_program(ids, values, out, rows, row_len, n).unwrap();
+    p.launches.into_iter().map(|l| l.kernel).collect()
 }
 
 #[test]
@@ -867,22 +927,31 @@ fn gather_scatter_and_concat_pass_a_host_syntax_check() {
         for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
             ks.push(cuda::gather(t, ids, 50304, 768, 8192).unwrap());
             if t != DType::Bool {
-                ks.push(cuda::scatter_add(ids, t, t, 50304, 768, 8192).unwrap());
+                ks.extend(scatter_kernels(ids, t, t, 50304, 768, 8192));
             }
         }
     }
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 1, 5).unwrap());
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 0, 5).unwrap());
-    ks.push(cuda::scatter_add(DType::I64, DType::F32, DType::F32, 3, 1, 0).unwrap());
+    ks.extend(scatter_kernels(DType::I64, DType::F32, DType::F32, 3, 1, 0));
     ks.push(cuda::gather(DType::F32, DType::I64, 1 << 22, 1024, 16).unwrap());
     // 64-bit indices (an output of 2^32 elements), and rows longer than one column panel.
-    ks.push(cuda::scatter_add(DType::I64, DType::F32, DType::F32, 1 << 22, 1024, 16).unwrap());
-    ks.push(cuda::scatter_add(DType::I32, DType::F64, DType::F64, 100, 5000, 300).unwrap());
-    // The table's launches of a scatter-add program (zeroed, then marked).
-    for ids in [DType::I32, DType::I64] {
-        let p = cuda::scatter_add_program(ids, DType::F32, DType::F32, 50304, 768, 16384).unwrap();
-        ks.extend(p.launches.into_iter().take(2).map(|l| l.kernel));
-    }
+    ks.extend(scatter_kernels(
+        DType::I64,
+        DType::F32,
+        DType::F32,
+        1 << 22,
+        1024,
+        16,
+    ));
+    ks.extend(scatter_kernels(
+        DType::I32,
+        DType::F64,
+        DType::F64,
+        100,
+        5000,
+        300,
+    ));
     for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
         ks.push(cuda::concat(t, 8192, &[768, 768, 768]).unwrap());
     }
@@ -963,9 +1032,31 @@ fn bf16_versions_of_the_representative_and_random_kernels_pass_a_host_syntax_che
     );
     for ids in [DType::I32, DType::I64] {
         ks.push(cuda::gather(DType::BF16, ids, 50304, 768, 8192).unwrap());
-        ks.push(cuda::scatter_add(ids, DType::BF16, DType::BF16, 50304, 768, 8192).unwrap());
+        ks.extend(scatter_kernels(
+            ids,
+            DType::BF16,
+            DType::BF16,
+            50304,
+            768,
+            8192,
+        ));
+        ks.extend(scatter_kernels(
+            ids,
+            DType::BF16,
+            DType::F32,
+            50304,
+            768,
+            8192,
+        ));
     }
-    ks.push(cuda::scatter_add(DType::I32, DType::BF16, DType::BF16, 100, 5000, 300).unwrap());
+    ks.extend(scatter_kernels(
+        DType::I32,
+        DType::BF16,
+        DType::BF16,
+        100,
+        5000,
+        300,
+    ));
     ks.push(cuda::concat(DType::BF16, 8192, &[768, 768, 768]).unwrap());
     syntax_check("bf16", &ks);
 }
@@ -1607,9 +1698,9 @@ fn invalid_descriptions_give_errors_not_panics() {
         random::break_one(&mut k, &mut Rng(seed));
         assert!(cuda::fused(&k).is_err(), "seed {seed}: accepted\n{k}");
     }
-    assert!(cuda::scatter_add(DType::I64, DType::Bool, DType::Bool, 4, 4, 4).is_err());
+    assert!(cuda::scatter_add_program(DType::I64, DType::Bool, DType::Bool, 4, 4, 4).is_err());
     assert!(cuda::gather(DType::F32, DType::F32, 4, 4, 4).is_err());
-    assert!(cuda::scatter_add(DType::Bool, DType::F32, DType::F32, 4, 4, 4).is_err());
+    assert!(cuda::scatter_add_program(DType::Bool, DType::F32, DType::F32, 4, 4, 4).is_err());
     assert!(cuda::gather(DType::F32, DType::I64, usize::MAX, 2, 4).is_err());
     assert!(cuda::concat(DType::F32, usize::MAX, &[2, 2]).is_err());
     assert!(cuda::concat(DType::F32, 2, &[usize::MAX, 2]).is_err());

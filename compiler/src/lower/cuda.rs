@@ -14,8 +14,8 @@
 //!   folding them;
 //! - a matmul: one cuBLAS strided-batched GEMM, its workspace the node's planned workspace in
 //!   the slab;
-//! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output and
-//!   one launch that adds into it;
+//! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output, the
+//!   launches that sort its positions by id in its workspace, and one that sums into it;
 //! - a convolution: per chunk of images, im2col (col2im) launches and cuBLAS GEMMs through a
 //!   column buffer in its workspace; max pooling: one launch (the `window` module);
 //! - attention: one launch of the fused forward kernel ([`ingot_kernels::cuda::attention`]);
@@ -49,7 +49,7 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a fused
 /// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); a scatter-add,
-/// the table of its ids ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
+/// its ids sorted ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
 /// their intermediates in registers and need none.
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
@@ -57,8 +57,23 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
         Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
         Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
-        Op::ScatterAdd { rows } => codegen::scatter_add_scratch_bytes(rows),
+        Op::ScatterAdd { rows } => {
+            codegen::scatter_add_scratch_bytes(rows, g.ty(g.node(id).inputs[0]).shape.numel())
+        }
         _ => 0,
+    }
+}
+
+/// [`workspace_bytes`], and the operand that fills the workspace where one does: a
+/// scatter-add's launches sort its ids there, which the step knows long before the values
+/// to sum, so the sort runs beside the forward pass and only the sums wait for the values.
+pub fn workspace_need(g: &Graph, id: NodeId) -> crate::plan::WorkspaceNeed {
+    crate::plan::WorkspaceNeed {
+        bytes: workspace_bytes(g, id),
+        filled_from: match g.node(id).op {
+            Op::ScatterAdd { .. } => Some(0),
+            _ => None,
+        },
     }
 }
 
@@ -509,11 +524,16 @@ pub(super) fn lower(
         touches: Vec::new(),
         triangles: triangle::zero_triangles(g),
         unread: triangle::unread_triangles(g),
+        filled: Default::default(),
     };
     let outputs = g.kernel_outputs();
-    for &id in &plan.liveness.order {
+    let after = early_fills(g, plan);
+    for (pos, &id) in plan.liveness.order.iter().enumerate() {
         p.node(id, &outputs, plan)
             .map_err(|e| LowerError::at(g, id, e))?;
+        for &s in after.get(&pos).into_iter().flatten() {
+            p.fill(s, plan).map_err(|e| LowerError::at(g, s, e))?;
+        }
     }
     for &(value, target) in &plan.liveness.copies {
         let (from, to) = (p.location[value.index()], p.location[target.index()]);
@@ -539,6 +559,35 @@ pub(super) fn lower(
     };
     program.check(plan.total_bytes)?;
     Ok(program)
+}
+
+/// The nodes whose workspace an operand fills ahead of them ([`workspace_need`]: a
+/// scatter-add's sorted ids), by the schedule position after which the launches that fill it
+/// are lowered: where the plan starts holding the workspace
+/// ([`MemoryPlan::workspace_filled_after`], which the validator checks nothing else writes
+/// from there to the node), when the operand is made by then. So those launches come early in
+/// the program as well as in its dependencies, and the graph runs them beside the forward pass
+/// rather than with the node's own launches. A plan that holds the workspace at the node alone
+/// keeps them there.
+fn early_fills(g: &Graph, plan: &MemoryPlan) -> HashMap<usize, Vec<NodeId>> {
+    let mut after = HashMap::<usize, Vec<NodeId>>::new();
+    for &id in &plan.liveness.order {
+        let (Some(i), Some(at)) = (
+            workspace_need(g, id).filled_from,
+            plan.workspace_filled_after(id),
+        ) else {
+            continue;
+        };
+        let operand = g.node(id).inputs[i];
+        let made = match plan.liveness.storages[plan.liveness.storage_of[operand.index()]].region {
+            crate::plan::Region::Resident => 0,
+            crate::plan::Region::Slab => plan.liveness.position[g.writer(operand).index()],
+        };
+        if made <= at {
+            after.entry(at).or_default().push(id);
+        }
+    }
+    after
 }
 
 /// Makes each collective wait for the one before it in program order, so every rank runs its
@@ -949,6 +998,8 @@ struct Lowering<'g> {
     triangles: Vec<Option<Triangle>>,
     /// The triangle of each matmul's result nothing reads ([`triangle::unread_triangles`]).
     unread: Vec<Option<Triangle>>,
+    /// Nodes whose workspace was filled ahead of them ([`early_fills`]).
+    filled: std::collections::HashSet<NodeId>,
 }
 
 impl Lowering<'_> {
@@ -1048,20 +1099,9 @@ impl Lowering<'_> {
                 }
                 Ok(())
             }
-            Op::ScatterAdd { rows } => {
+            Op::ScatterAdd { .. } => {
                 self.not_in_place(id)?;
-                let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
-                let n = ids.shape.numel();
-                let row_len = values.shape.numel().checked_div(n).unwrap_or(0);
-                let program = codegen::scatter_add_program(
-                    ids.dtype,
-                    values.dtype,
-                    node.ty.dtype,
-                    *rows,
-                    row_len,
-                    n,
-                )
-                .map_err(codegen_error)?;
+                let (mut program, fill) = self.scatter_program(id)?;
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Zero {
                         offset: here.offset,
@@ -1071,7 +1111,12 @@ impl Lowering<'_> {
                         reads: SmallVec::new(),
                         writes: smallvec::smallvec![here],
                     });
-                    self.program(id, program, &[id], plan, "scatter_add", "its ids' table")?;
+                    // The launches that sort the ids, where they were lowered where the ids
+                    // are made ([`early_fills`]).
+                    if self.filled.contains(&id) {
+                        program.launches.drain(..fill);
+                    }
+                    self.program(id, program, &[id], plan, "scatter_add", "its sorted ids")?;
                 }
                 Ok(())
             }
@@ -1150,6 +1195,43 @@ impl Lowering<'_> {
     ) -> Result<(), LowerError> {
         let program = codegen::fused_program(kernel).map_err(codegen_error)?;
         self.program(id, program, outs, plan, "fused", "its partial sums")
+    }
+
+    /// Scatter-add `id`'s program, and how many of its launches, first, read only its ids
+    /// and write only its workspace (the sort, [`codegen::scatter_add_program`]).
+    fn scatter_program(&self, id: NodeId) -> Result<(codegen::FusedProgram, usize), LowerError> {
+        let (g, node) = (self.g, self.g.node(id));
+        let Op::ScatterAdd { rows } = node.op else {
+            unreachable!("scatter_program of a {}", node.op.name());
+        };
+        let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
+        let n = ids.shape.numel();
+        let row_len = values.shape.numel().checked_div(n).unwrap_or(0);
+        let program =
+            codegen::scatter_add_program(ids.dtype, values.dtype, node.ty.dtype, rows, row_len, n)
+                .map_err(codegen_error)?;
+        let fill = (program.launches.iter())
+            .take_while(|l| {
+                l.args.iter().all(|a| match a {
+                    codegen::FusedArg::Input(i) => *i == 0,
+                    codegen::FusedArg::Output(_) => false,
+                    codegen::FusedArg::Scratch { .. } => true,
+                })
+            })
+            .count();
+        Ok((program, fill))
+    }
+
+    /// The launches that fill node `id`'s workspace from its operand (a scatter-add's sort of
+    /// its ids), lowered ahead of the node ([`early_fills`]).
+    fn fill(&mut self, id: NodeId, plan: &MemoryPlan) -> Result<(), LowerError> {
+        if self.location[id.index()].bytes == 0 {
+            return Ok(());
+        }
+        let (mut program, fill) = self.scatter_program(id)?;
+        program.launches.truncate(fill);
+        self.filled.insert(id);
+        self.program(id, program, &[id], plan, "scatter_add", "its sorted ids")
     }
 
     /// The launches of `program` for node `id` (a fused kernel's, or scatter-add's): each
@@ -2360,6 +2442,83 @@ mod tests {
         // Every parameter's update is independent of the other parameters' updates at least.
         let params = c.graph.leaves(crate::ir::LeafKind::Parameter).len();
         assert!(free >= params / 2, "{free} of {} ops", p.ops.len());
+    }
+
+    #[test]
+    fn a_scatter_adds_sort_of_its_ids_waits_for_no_gemm_and_only_its_sums_wait_for_the_backward_pass(
+    ) {
+        let c = pipeline::compile_model("gpt-mini", &cuda()).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
+        let scatter = (c.graph.ids())
+            .find(|&id| matches!(c.graph.node(id).op, Op::ScatterAdd { .. }))
+            .unwrap();
+        // The token ids are an input: the sorted ids' bytes are held from the step's start.
+        let w = c.plan.liveness.workspace_of[scatter.index()].unwrap();
+        assert_eq!(c.plan.liveness.storages[w].start, 0);
+        let launches: Vec<usize> = (0..p.ops.len())
+            .filter(|&j| matches!(p.ops[j], DeviceOp::Launch { node, .. } if node == scatter))
+            .collect();
+        assert!(launches.len() >= 4, "{launches:?}");
+        let waits_for_a_gemm = |j: usize| {
+            let mut seen = vec![false; j];
+            let mut stack: Vec<usize> = p.deps[j].to_vec();
+            while let Some(i) = stack.pop() {
+                if !std::mem::replace(&mut seen[i], true) {
+                    if matches!(p.ops[i], DeviceOp::Gemm(_)) {
+                        return true;
+                    }
+                    stack.extend_from_slice(&p.deps[i]);
+                }
+            }
+            false
+        };
+        // The sort and the runs found in it, then the short and the long runs' sums.
+        let (sort, sums) = launches.split_at(launches.len() - 2);
+        for &j in sort {
+            assert!(!waits_for_a_gemm(j), "sort launch {j} waits for a GEMM");
+        }
+        for &j in sums {
+            assert!(waits_for_a_gemm(j));
+        }
+        // In program order too: the sort is lowered before the first GEMM.
+        let first_gemm = (p.ops.iter())
+            .position(|o| matches!(o, DeviceOp::Gemm(_)))
+            .unwrap();
+        assert!(
+            sort.iter().all(|&j| j < first_gemm),
+            "{sort:?} {first_gemm}"
+        );
+    }
+
+    #[test]
+    fn a_plan_that_holds_a_scatter_adds_workspace_at_the_node_alone_gets_its_sort_there() {
+        // A plan made without the CUDA target's fill rule (the bytes at the node alone) must
+        // not have the sort lowered early, where those bytes hold other values.
+        fn at_node(g: &Graph, id: NodeId) -> crate::plan::WorkspaceNeed {
+            crate::plan::WorkspaceNeed::at_node(workspace_bytes(g, id))
+        }
+        let opts = pipeline::Options {
+            plan: crate::plan::PlanOptions {
+                workspace: Some(at_node),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let c = pipeline::compile_model("gpt-mini", &opts).unwrap();
+        let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
+        let scatter = (c.graph.ids())
+            .find(|&id| matches!(c.graph.node(id).op, Op::ScatterAdd { .. }))
+            .unwrap();
+        let launches: Vec<usize> = (0..p.ops.len())
+            .filter(|&j| matches!(p.ops[j], DeviceOp::Launch { node, .. } if node == scatter))
+            .collect();
+        // All of them together, after the memset of the output.
+        assert!(launches.len() >= 4);
+        assert!(
+            launches.windows(2).all(|w| w[1] == w[0] + 1),
+            "{launches:?}"
+        );
+        assert!(matches!(p.ops[launches[0] - 1], DeviceOp::Zero { .. }));
     }
 
     #[test]

@@ -248,10 +248,19 @@ impl Target {
         }
     }
 
+    /// The scratch each node needs on this target, and what fills it
+    /// ([`crate::plan::WorkspaceNeed`]): on CUDA a scatter-add's sorted ids, from its ids.
+    pub fn workspace_need(self) -> crate::plan::WorkspaceFn {
+        match self {
+            Target::Cpu => |g, id| crate::plan::WorkspaceNeed::at_node(cpu::workspace_bytes(g, id)),
+            Target::Cuda => cuda::workspace_need,
+        }
+    }
+
     /// Planner options for this target: its workspaces planned in the slab.
     pub fn plan_options(self) -> PlanOptions {
         PlanOptions {
-            workspace: Some(self.workspace_bytes()),
+            workspace: Some(self.workspace_need()),
             ..Default::default()
         }
     }

@@ -28,6 +28,11 @@ pub struct PlanView<'a> {
     pub location: &'a [Location],
     /// Scratch space each node's kernel may overwrite while it runs, indexed by node.
     pub workspace: &'a [Option<Location>],
+    /// For a node whose workspace is filled ahead of it (a scatter-add's ids sorted there, see
+    /// `liveness::WorkspaceNeed`), the schedule position of the op after which the fill runs:
+    /// from there to the node, nothing else may write the workspace's bytes, and what lived
+    /// there is gone. Indexed by node; `None` for a workspace used only while its node runs.
+    pub workspace_filled_after: &'a [Option<usize>],
     /// `(value, target)` copies done after the last op.
     pub copies: &'a [(NodeId, NodeId)],
     /// Size of the single allocation.
@@ -133,6 +138,27 @@ pub enum PlanViolation {
         operand: NodeId,
         output: NodeId,
     },
+    /// A workspace filled ahead of its node is said to be filled at or after the node runs.
+    #[error(
+        "invalid memory plan: the workspace of {node} ({op}) is filled after position {after}, \
+         not before the node's own position {at}"
+    )]
+    WorkspaceFilledLate {
+        node: NodeId,
+        op: &'static str,
+        after: usize,
+        at: usize,
+    },
+    /// Something is written over a workspace between its early fill and its node.
+    #[error(
+        "invalid memory plan: the workspace of {node} ({op}), filled after position {after}, is \
+         overwritten before {node} runs"
+    )]
+    WorkspaceOverwritten {
+        node: NodeId,
+        op: &'static str,
+        after: usize,
+    },
     /// A kernel's workspace overlaps one of its operands.
     #[error("invalid memory plan: {node} ({op}) has its workspace on its operand {operand}")]
     WorkspaceOnOperand {
@@ -184,6 +210,12 @@ pub enum PlanViolation {
 /// The tag of bytes a kernel used as scratch: no value of the graph.
 const SCRATCH: NodeId = NodeId(u32::MAX);
 
+/// What node `id`'s workspace holds once filled ahead of it: a token no value has (graphs hold
+/// far fewer than 2^31 nodes).
+fn filled(id: NodeId) -> NodeId {
+    NodeId(u32::MAX - 1 - id.0)
+}
+
 /// How a byte range `[offset, offset + bytes)` breaks the placement rules, if it does.
 enum Misplaced {
     Misaligned,
@@ -206,7 +238,10 @@ fn misplaced(offset: usize, bytes: usize, p: &PlanView<'_>) -> Option<Misplaced>
 pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     use PlanViolation as V;
     let g = p.graph;
-    if p.location.len() != g.len() || p.workspace.len() != g.len() {
+    if p.location.len() != g.len()
+        || p.workspace.len() != g.len()
+        || p.workspace_filled_after.len() != g.len()
+    {
         return Err(V::TableLength {
             locations: p.location.len(),
             workspaces: p.workspace.len(),
@@ -307,8 +342,34 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     let overlap = |a: Location, b: Location| {
         a.bytes > 0 && b.bytes > 0 && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes
     };
+    // The workspaces filled ahead of their nodes, by the position after which each is filled.
+    let mut position = vec![0; g.len()];
+    for (i, &id) in p.order.iter().enumerate() {
+        position[id.index()] = i;
+    }
+    let mut fills: Vec<Vec<NodeId>> = vec![Vec::new(); p.order.len()];
+    for id in g.ids() {
+        let Some(after) = p.workspace_filled_after[id.index()] else {
+            continue;
+        };
+        if after >= position[id.index()] || p.workspace[id.index()].is_none() {
+            return Err(V::WorkspaceFilledLate {
+                node: id,
+                op: g.node(id).op.name(),
+                after,
+                at: position[id.index()],
+            });
+        }
+        fills[after].push(id);
+    }
     let mut memory = Memory::default();
-    for &id in p.order {
+    for (at, &id) in p.order.iter().enumerate() {
+        // The fills that run after the op before this one.
+        for &f in at.checked_sub(1).map_or(&[][..], |b| &fills[b]) {
+            if let Some(w) = p.workspace[f.index()] {
+                memory.write(w, filled(f));
+            }
+        }
         let node = g.node(id);
         let here = p.location[id.index()];
         if node.op.is_leaf() {
@@ -382,6 +443,15 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                     op: node.op.name(),
                     output: o,
                 });
+            }
+            if let Some(after) = p.workspace_filled_after[id.index()] {
+                if !memory.holds(w, filled(id)) {
+                    return Err(V::WorkspaceOverwritten {
+                        node: id,
+                        op: node.op.name(),
+                        after,
+                    });
+                }
             }
             // Whatever lived there is gone: later reads of it must fail.
             memory.write(w, SCRATCH);

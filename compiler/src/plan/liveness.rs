@@ -40,7 +40,8 @@ pub struct Storage {
     pub start: usize,
     /// One past the last schedule position at which it is read (or the step's length).
     pub end: usize,
-    /// Scratch space of the owner's kernel (a library's workspace), live only while it runs.
+    /// Scratch space of the owner's kernel (a library's workspace), live while it runs (and
+    /// from where the operand that fills it is made, [`WorkspaceNeed::filled_from`]).
     pub workspace: bool,
 }
 
@@ -59,12 +60,36 @@ pub struct Liveness {
     pub workspace_of: Vec<Option<usize>>,
 }
 
-/// Bytes of scratch space a node's kernel needs on the target (0 for none).
-pub type WorkspaceFn = fn(&Graph, NodeId) -> usize;
+/// The scratch space a node's kernel needs on the target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceNeed {
+    /// Bytes (0 for none).
+    pub bytes: usize,
+    /// The operand (by index) whose value alone fills the scratch, if one does: a scatter-add
+    /// on the GPU sorts its ids there. The scratch is then live from where that value is
+    /// made, so the launches that fill it can run as soon as it exists rather than at the
+    /// node's turn, which is on the step's critical path. `None`: live only at the node.
+    pub filled_from: Option<usize>,
+}
+
+impl WorkspaceNeed {
+    /// Scratch live only while the node's kernel runs.
+    pub fn at_node(bytes: usize) -> WorkspaceNeed {
+        WorkspaceNeed {
+            bytes,
+            filled_from: None,
+        }
+    }
+}
+
+/// The scratch space a node's kernel needs on the target.
+pub type WorkspaceFn = fn(&Graph, NodeId) -> WorkspaceNeed;
 
 impl Liveness {
     /// Runs the analysis for `order`, which must be a valid schedule of `g`. `workspace` says
-    /// how much scratch each node's kernel needs; each gets a storage live only at its node.
+    /// how much scratch each node's kernel needs; each gets a storage live at its node, and
+    /// from where the operand that fills it is made when one does
+    /// ([`WorkspaceNeed::filled_from`]).
     pub fn analyse(g: &Graph, order: &[NodeId], workspace: Option<WorkspaceFn>) -> Liveness {
         let n = order.len();
         let mut position = vec![0; g.len()];
@@ -235,13 +260,22 @@ impl Liveness {
         let mut workspace_of = vec![None; g.len()];
         if let Some(ws) = workspace {
             for (p, &id) in order.iter().enumerate() {
-                let bytes = ws(g, id);
+                let WorkspaceNeed { bytes, filled_from } = ws(g, id);
                 if bytes > 0 {
+                    // Held from where the operand is written; an operand that outlives the
+                    // step exists from its start.
+                    let start =
+                        filled_from
+                            .and_then(|i| g.node(id).inputs.get(i))
+                            .map_or(p, |&x| match storages[storage_of[x.index()]].region {
+                                Region::Resident => 0,
+                                Region::Slab => position[g.writer(x).index()].min(p),
+                            });
                     storages.push(Storage {
                         region: Region::Slab,
                         bytes,
                         owner: id,
-                        start: p,
+                        start,
                         end: p + 1,
                         workspace: true,
                     });

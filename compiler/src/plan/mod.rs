@@ -18,7 +18,7 @@ use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
 use check::{Location, PlanView};
 use ingot_dsa as dsa;
-pub use liveness::{Liveness, Region, Storage, WorkspaceFn};
+pub use liveness::{Liveness, Region, Storage, WorkspaceFn, WorkspaceNeed};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -117,15 +117,25 @@ impl MemoryPlan {
         })
     }
 
+    /// For a workspace held from before its node ([`liveness::WorkspaceNeed::filled_from`]),
+    /// the schedule position of the op after which it is filled: where its storage starts.
+    pub fn workspace_filled_after(&self, id: NodeId) -> Option<usize> {
+        let s = &self.liveness.storages[self.liveness.workspace_of[id.index()]?];
+        (s.start < self.liveness.position[id.index()]).then_some(s.start)
+    }
+
     /// Runs the independent validator over this plan.
     pub fn validate(&self, g: &Graph) -> Result<(), check::PlanViolation> {
         let locations: Vec<Location> = g.ids().map(|id| self.location(g, id)).collect();
         let workspace: Vec<Option<Location>> = g.ids().map(|id| self.workspace(id)).collect();
+        let filled_after: Vec<Option<usize>> =
+            g.ids().map(|id| self.workspace_filled_after(id)).collect();
         check::validate(&PlanView {
             graph: g,
             order: &self.liveness.order,
             location: &locations,
             workspace: &workspace,
+            workspace_filled_after: &filled_after,
             copies: &self.liveness.copies,
             total_bytes: self.total_bytes,
             alignment: ALIGNMENT,

@@ -100,12 +100,11 @@ pub mod attention;
 mod fused;
 mod guard;
 pub mod ops;
+pub mod scatter;
 pub mod window;
 
-pub use ops::{
-    concat, dropout, gather, scatter_add, scatter_add_marks, scatter_add_program,
-    scatter_add_scratch_bytes,
-};
+pub use ops::{concat, dropout, gather};
+pub use scatter::{scatter_add_program, scatter_add_scratch_bytes};
 
 use crate::fused::{FusedKernel, KernelError};
 use crate::DType;

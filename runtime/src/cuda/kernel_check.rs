@@ -62,6 +62,9 @@ pub enum Work {
         rows: usize,
         row_len: usize,
         n: usize,
+        /// Ids drawn log-uniformly (as words in text: id 0 at about 6% of the positions),
+        /// not uniformly.
+        skewed: bool,
     },
     Concat {
         dtype: DType,
@@ -122,6 +125,7 @@ impl Work {
                 rows,
                 row_len,
                 n,
+                ..
             } => cuda::scatter_add_program(*ids, *values, *out, *rows, *row_len, *n),
             Work::Gather {
                 table,
@@ -163,8 +167,15 @@ impl Work {
                 rows, row_len, n, ..
             } => format!("{n} ids into [{rows},{row_len}]"),
             Work::Scatter {
-                rows, row_len, n, ..
-            } => format!("{n} rows of {row_len} into {rows}"),
+                rows,
+                row_len,
+                n,
+                skewed,
+                ..
+            } => format!(
+                "{n} rows of {row_len} into {rows}{}",
+                if *skewed { ", skewed ids" } else { "" }
+            ),
             Work::Concat { outer, widths, .. } => format!("[{outer}, {widths:?}]"),
             Work::Dropout { n, p, .. } => format!("{n} elements, p {p}"),
         }
@@ -196,6 +207,7 @@ impl Work {
                 rows,
                 row_len,
                 n,
+                ..
             } => (
                 vec![(*ids, *n), (*values, n * row_len)],
                 vec![(*out, rows * row_len)],
@@ -242,6 +254,7 @@ pub fn collect(graph: &Graph) -> Vec<Work> {
                     rows: *rows,
                     row_len: values.shape.numel().checked_div(n).unwrap_or(0),
                     n,
+                    skewed: false,
                 });
             }
             Op::Dropout { p, salt } => out.push(Work::Dropout {
@@ -302,6 +315,8 @@ enum Fill {
     Ids(u64),
     /// Integers in [-1, n + 1) (ids, some of them out of range).
     IdsAround(u64),
+    /// Integers in [0, n), log-uniform: `k` about as often as `1 / (k + 1)` (word ids in text).
+    IdsSkewed(u64),
     /// Exact values: floats multiples of 1/8 in [-4, 4] with some NaN, ±inf, ±0, 1e20 and
     /// 2^31 (random mode); integers in [-20, 20] with some extremes.
     Exact,
@@ -330,6 +345,9 @@ fn fill(dtype: DType, len: usize, how: Fill, seed: u64) -> Vec<u8> {
         let i: i64 = match how {
             Fill::Ids(n) => r.below(n) as i64,
             Fill::IdsAround(n) => r.below(n + 2) as i64 - 1,
+            Fill::IdsSkewed(n) => {
+                (((n as f64 + 1.0).ln() * r.unit()).exp() as i64 - 1).clamp(0, n as i64 - 1)
+            }
             Fill::Exact if special => {
                 [i64::MAX, i64::MIN, -1, i32::MAX as i64, i32::MIN as i64][r.below(5) as usize]
             }
@@ -406,6 +424,9 @@ fn inputs_for(work: &Work, seed: u64, exact: bool) -> Vec<Vec<u8>> {
             let how = match work {
                 _ if exact => Fill::Exact,
                 Work::Gather { rows, .. } if i == 1 => Fill::Ids(*rows as u64),
+                Work::Scatter {
+                    rows, skewed: true, ..
+                } if i == 0 => Fill::IdsSkewed(*rows as u64),
                 Work::Scatter { rows, .. } if i == 0 => Fill::IdsAround(*rows as u64),
                 _ if pos[i] => Fill::Positive,
                 _ => Fill::Signed,
@@ -449,6 +470,7 @@ fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
             rows,
             row_len,
             n,
+            ..
         } => {
             let s = values.size();
             if *values == DType::BF16 {
@@ -1049,6 +1071,23 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
         let med = time_ms(|| run_program(dev, &it.program, &in_ptrs, &out_ptrs, scratch))?;
         micros = med * 1e3;
         gbs = moved as f64 / (med * 1e-3) / 1e9;
+        // The launches from the first that reads the last input on (a scatter-add's sums,
+        // after the sort the runs above left in the scratch): what sits on a step's critical
+        // path when the earlier launches read only what the step knows from its start.
+        let last = FusedArg::Input(ins.len().saturating_sub(1));
+        let first = (it.program.launches.iter()).position(|l| l.args.contains(&last));
+        if let Some(k) = first.filter(|&k| k > 0) {
+            let tail = FusedProgram {
+                launches: it.program.launches[k..].to_vec(),
+                scratch_bytes: it.program.scratch_bytes,
+            };
+            let med = time_ms(|| run_program(dev, &tail, &in_ptrs, &out_ptrs, scratch))?;
+            text.push_str(&format!(
+                "; the last {} launches {:.1} us",
+                tail.launches.len(),
+                med * 1e3
+            ));
+        }
     }
     // The other thread counts: poisoned outputs, compared, timed.
     let mut variants = Vec::new();
@@ -1258,8 +1297,8 @@ pub enum Source {
 
 /// `(ids, values, out, rows, row_len, n)` of [`Source::Scatter`]. The ids are drawn from
 /// `-1..rows + 1`, so some are out of range: one row takes every position (rows 1); a few rows
-/// repeat across all 32 groups of positions, groups longer than a chunk of 2048 (rows 3, n
-/// 70,001); most ids appear once (gpt2's token embedding on two ranks, and its bf16 rows summed
+/// take tens of thousands of positions each, runs of many chunks of 32 (rows 3, n 70,001);
+/// most ids appear once (gpt2's token embedding on two ranks, and its bf16 rows summed
 /// into f32); rows longer than a column panel (2,500); integer sums that wrap; one position;
 /// none.
 pub const SCATTER_CASES: [(DType, DType, DType, usize, usize, usize); 8] = [
@@ -1271,6 +1310,14 @@ pub const SCATTER_CASES: [(DType, DType, DType, usize, usize, usize); 8] = [
     (DType::I64, DType::I32, DType::I32, 100, 33, 2049),
     (DType::I64, DType::F32, DType::F32, 7, 1, 1),
     (DType::I64, DType::F32, DType::F32, 5, 3, 0),
+];
+
+/// Scatter-add cases of [`Source::Scatter`] whose ids are drawn as word ids in text are
+/// ([`Fill::IdsSkewed`]): a few rows take hundreds of positions each. gpt2's token embedding
+/// gradient on two ranks and on one.
+pub const SKEWED_SCATTER_CASES: [(DType, DType, DType, usize, usize, usize); 2] = [
+    (DType::I64, DType::BF16, DType::F32, 50257, 768, 16384),
+    (DType::I64, DType::BF16, DType::F32, 50257, 768, 8192),
 ];
 
 impl Source {
@@ -1371,7 +1418,9 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
             }
         }
         Source::Scatter => {
-            for (ids, values, out, rows, row_len, n) in SCATTER_CASES {
+            let cases = (SCATTER_CASES.iter().map(|&c| (c, false)))
+                .chain(SKEWED_SCATTER_CASES.iter().map(|&c| (c, true)));
+            for ((ids, values, out, rows, row_len, n), skewed) in cases {
                 let w = Work::Scatter {
                     ids,
                     values,
@@ -1379,6 +1428,7 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
                     rows,
                     row_len,
                     n,
+                    skewed,
                 };
                 add(w, "scatter cases", &mut items)?;
             }
