@@ -176,10 +176,9 @@ fn kib_for_matmul_filled_from_its_first_operand(g: &Graph, id: NodeId) -> plan::
     }
 }
 
-#[test]
-fn a_workspace_filled_from_an_operand_is_held_from_where_that_operand_is_made() {
-    // x -> exp -> a, exp(a) -> b (alive until the end), matmul(a, x) with its workspace filled
-    // from a: the workspace lives from a's position, beside b, so it may not share b's bytes.
+/// `x -> a = exp(x) -> b = exp(a) -> m = matmul(a, x) -> c = b + m`: `b` is made between `a`
+/// and the matmul and lives to the end. Returns the graph and `[x, a, b, m, c]`.
+fn matmul_beside_a_live_value() -> (Graph, [NodeId; 5]) {
     let mut g = Graph::new();
     let x = g.input("x", [16, 16], DType::F32).unwrap();
     let a = g.exp(x).unwrap();
@@ -187,6 +186,14 @@ fn a_workspace_filled_from_an_operand_is_held_from_where_that_operand_is_made() 
     let m = g.matmul(a, x).unwrap();
     let c = g.add(b, m).unwrap();
     g.set_output("c", c).unwrap();
+    (g, [x, a, b, m, c])
+}
+
+#[test]
+fn a_workspace_filled_from_an_operand_is_held_from_where_that_operand_is_made() {
+    // The matmul's workspace filled from a: it lives from a's position, beside b, so it may
+    // not share b's bytes.
+    let (g, [_, a, b, m, _]) = matmul_beside_a_live_value();
     for (need, early) in [
         (kib_for_matmul as plan::WorkspaceFn, false),
         (kib_for_matmul_filled_from_its_first_operand, true),
@@ -231,16 +238,10 @@ fn a_kernel_workspace_is_planned_in_the_slab_only_while_its_op_runs() {
 
 #[test]
 fn the_validator_rejects_a_workspace_filled_early_that_a_value_made_before_its_node_writes_over() {
-    // x -> a = exp(x) -> b = exp(a) -> m = matmul(a, x) -> c = b + m, each value 1 KiB of
-    // its own; m's workspace filled after a is made (position 1), read by m (position 3).
-    let mut g = Graph::new();
-    let x = g.input("x", [16, 16], DType::F32).unwrap();
-    let a = g.exp(x).unwrap();
-    let b = g.exp(a).unwrap();
-    let m = g.matmul(a, x).unwrap();
-    let c = g.add(b, m).unwrap();
-    g.set_output("c", c).unwrap();
-    let order = [x, a, b, m, c];
+    // Each value 1 KiB of its own; m's workspace filled after a is made (position 1), read by
+    // m (position 3).
+    let (g, order) = matmul_beside_a_live_value();
+    let [_, _, b, m, _] = order;
     let locs: Vec<Location> = (0..g.len())
         .map(|i| Location {
             offset: 1024 * i,

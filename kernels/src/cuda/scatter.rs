@@ -110,32 +110,22 @@ pub fn scatter_add_program(
         args: vec![keys, s.short, s.long, s.counts],
         reads: 1,
     });
-    if let Some(kernel) = sums.short_runs() {
-        launches.push(FusedLaunch {
-            kernel,
-            args: vec![
-                keys,
-                pos,
-                s.short,
-                s.counts,
-                FusedArg::Input(1),
-                FusedArg::Output(0),
-            ],
-            reads: 5,
-        });
-    }
-    launches.push(FusedLaunch {
-        kernel: sums.long_runs(),
+    // Each sum kernel reads the sorted keys and positions, its list of runs, the counts and
+    // the values, and writes the output.
+    let sum = |kernel, runs| FusedLaunch {
+        kernel,
         args: vec![
             keys,
             pos,
-            s.long,
+            runs,
             s.counts,
             FusedArg::Input(1),
             FusedArg::Output(0),
         ],
         reads: 5,
-    });
+    };
+    launches.extend(sums.short_runs().map(|k| sum(k, s.short)));
+    launches.push(sum(sums.long_runs(), s.long));
     Ok(FusedProgram {
         launches,
         scratch_bytes: s.bytes,
@@ -511,14 +501,21 @@ impl Sums {
         })
     }
 
-    /// ` of f32` in a kernel's comment where the sums are stored in another type than the
-    /// values' (bf16 rows summed into f32), nothing otherwise.
-    fn result_words(&self) -> String {
-        if self.out == self.values {
-            String::new()
-        } else {
-            format!(" of {}", self.out.name())
-        }
+    /// A sum kernel's first lines: what it adds into what (` of f32` where the sums are stored
+    /// in another type than the values', bf16 rows summed into f32), and `how`.
+    fn sum_header(&self, src: &mut Src, how: &str, launch: Launch) {
+        let into = match self.out == self.values {
+            true => String::new(),
+            false => format!(" of {}", self.out.name()),
+        };
+        let what = format!(
+            "// ingot scatter_add: {} rows of {} {} added into {} rows{into}, in position order: {how}",
+            self.n,
+            self.row_len,
+            self.values.name(),
+            self.rows,
+        );
+        header(src, what, launch);
     }
 
     /// Finds each id's run in the sorted keys: its first slot goes to the short list (fewer
@@ -603,16 +600,7 @@ impl Sums {
             shared_bytes: 0,
         };
         let mut src = Src::default();
-        header(
-            &mut src,
-            format!(
-                "// ingot scatter_add: {n} rows of {row_len} {} added into {} rows{}, in position order: runs of under 32 positions, a warp a run",
-                self.values.name(),
-                self.rows,
-                self.result_words()
-            ),
-            launch,
-        );
+        self.sum_header(&mut src, "runs of under 32 positions, a warp a run", launch);
         src.open(signature(SUM_BLOCK, &self.sum_params("short_runs")));
         src.line("const unsigned lane = threadIdx.x % 32u;");
         src.line("const unsigned runs = counts[0];");
@@ -673,16 +661,8 @@ impl Sums {
             Some(_) => "runs of 32 positions or more",
             None => "every run",
         };
-        header(
-            &mut src,
-            format!(
-                "// ingot scatter_add: {n} rows of {row_len} {} added into {} rows{}, in position order: {which}, a warp a run and panel of {panel} columns",
-                self.values.name(),
-                self.rows,
-                self.result_words()
-            ),
-            launch,
-        );
+        let how = format!("{which}, a warp a run and panel of {panel} columns");
+        self.sum_header(&mut src, &how, launch);
         src.open(signature(SUM_BLOCK, &self.sum_params("long_runs")));
         src.line("const unsigned lane = threadIdx.x % 32u;");
         src.line(format!(
