@@ -561,6 +561,20 @@ pub(super) fn lower(
     Ok(program)
 }
 
+/// How many of `program`'s launches, first, read only its first input and write only its
+/// scratch: those that fill the workspace (a scatter-add's sort of its ids).
+fn fill_launches(program: &codegen::FusedProgram) -> usize {
+    (program.launches.iter())
+        .take_while(|l| {
+            l.args.iter().all(|a| match a {
+                codegen::FusedArg::Input(i) => *i == 0,
+                codegen::FusedArg::Output(_) => false,
+                codegen::FusedArg::Scratch { .. } => true,
+            })
+        })
+        .count()
+}
+
 /// The nodes whose workspace an operand fills ahead of them ([`workspace_need`]: a
 /// scatter-add's sorted ids), by the schedule position after which the launches that fill it
 /// are lowered: where the plan starts holding the workspace
@@ -998,8 +1012,9 @@ struct Lowering<'g> {
     triangles: Vec<Option<Triangle>>,
     /// The triangle of each matmul's result nothing reads ([`triangle::unread_triangles`]).
     unread: Vec<Option<Triangle>>,
-    /// Nodes whose workspace was filled ahead of them ([`early_fills`]).
-    filled: std::collections::HashSet<NodeId>,
+    /// Nodes whose workspace was filled ahead of them ([`early_fills`]), with the launches of
+    /// their program left for their turn.
+    filled: HashMap<NodeId, codegen::FusedProgram>,
 }
 
 impl Lowering<'_> {
@@ -1101,7 +1116,12 @@ impl Lowering<'_> {
             }
             Op::ScatterAdd { .. } => {
                 self.not_in_place(id)?;
-                let (mut program, fill) = self.scatter_program(id)?;
+                // What is left where the sort was lowered where the ids are made
+                // ([`early_fills`]), else the whole program.
+                let program = match self.filled.remove(&id) {
+                    Some(rest) => rest,
+                    None => self.scatter_program(id)?,
+                };
                 if here.bytes > 0 {
                     self.ops.push(DeviceOp::Zero {
                         offset: here.offset,
@@ -1111,11 +1131,6 @@ impl Lowering<'_> {
                         reads: SmallVec::new(),
                         writes: smallvec::smallvec![here],
                     });
-                    // The launches that sort the ids, where they were lowered where the ids
-                    // are made ([`early_fills`]).
-                    if self.filled.contains(&id) {
-                        program.launches.drain(..fill);
-                    }
                     self.program(id, program, &[id], plan, "scatter_add", "its sorted ids")?;
                 }
                 Ok(())
@@ -1197,9 +1212,8 @@ impl Lowering<'_> {
         self.program(id, program, outs, plan, "fused", "its partial sums")
     }
 
-    /// Scatter-add `id`'s program, and how many of its launches, first, read only its ids
-    /// and write only its workspace (the sort, [`codegen::scatter_add_program`]).
-    fn scatter_program(&self, id: NodeId) -> Result<(codegen::FusedProgram, usize), LowerError> {
+    /// Scatter-add `id`'s program ([`codegen::scatter_add_program`]).
+    fn scatter_program(&self, id: NodeId) -> Result<codegen::FusedProgram, LowerError> {
         let (g, node) = (self.g, self.g.node(id));
         let Op::ScatterAdd { rows } = node.op else {
             unreachable!("scatter_program of a {}", node.op.name());
@@ -1207,19 +1221,8 @@ impl Lowering<'_> {
         let (ids, values) = (g.ty(node.inputs[0]), g.ty(node.inputs[1]));
         let n = ids.shape.numel();
         let row_len = values.shape.numel().checked_div(n).unwrap_or(0);
-        let program =
-            codegen::scatter_add_program(ids.dtype, values.dtype, node.ty.dtype, rows, row_len, n)
-                .map_err(codegen_error)?;
-        let fill = (program.launches.iter())
-            .take_while(|l| {
-                l.args.iter().all(|a| match a {
-                    codegen::FusedArg::Input(i) => *i == 0,
-                    codegen::FusedArg::Output(_) => false,
-                    codegen::FusedArg::Scratch { .. } => true,
-                })
-            })
-            .count();
-        Ok((program, fill))
+        codegen::scatter_add_program(ids.dtype, values.dtype, node.ty.dtype, rows, row_len, n)
+            .map_err(codegen_error)
     }
 
     /// The launches that fill node `id`'s workspace from its operand (a scatter-add's sort of
@@ -1228,9 +1231,12 @@ impl Lowering<'_> {
         if self.location[id.index()].bytes == 0 {
             return Ok(());
         }
-        let (mut program, fill) = self.scatter_program(id)?;
-        program.launches.truncate(fill);
-        self.filled.insert(id);
+        let mut program = self.scatter_program(id)?;
+        let rest = codegen::FusedProgram {
+            launches: program.launches.split_off(fill_launches(&program)),
+            scratch_bytes: program.scratch_bytes,
+        };
+        self.filled.insert(id, rest);
         self.program(id, program, &[id], plan, "scatter_add", "its sorted ids")
     }
 
