@@ -592,12 +592,9 @@ fn early_fills(g: &Graph, plan: &MemoryPlan) -> HashMap<usize, Vec<NodeId>> {
         ) else {
             continue;
         };
-        let operand = g.node(id).inputs[i];
-        let made = match plan.liveness.storages[plan.liveness.storage_of[operand.index()]].region {
-            crate::plan::Region::Resident => 0,
-            crate::plan::Region::Slab => plan.liveness.position[g.writer(operand).index()],
-        };
-        if made <= at {
+        let (lv, operand) = (&plan.liveness, g.node(id).inputs[i]);
+        let region = lv.storages[lv.storage_of[operand.index()]].region;
+        if crate::plan::liveness::made_at(g, &lv.position, region, operand) <= at {
             after.entry(at).or_default().push(id);
         }
     }

@@ -82,6 +82,15 @@ impl WorkspaceNeed {
     }
 }
 
+/// The schedule position from which value `x` (living in `region`) exists: the step's start
+/// for one that outlives the step (an input), else where its kernel writes it.
+pub fn made_at(g: &Graph, position: &[usize], region: Region, x: NodeId) -> usize {
+    match region {
+        Region::Resident => 0,
+        Region::Slab => position[g.writer(x).index()],
+    }
+}
+
 /// The scratch space a node's kernel needs on the target.
 pub type WorkspaceFn = fn(&Graph, NodeId) -> WorkspaceNeed;
 
@@ -262,15 +271,11 @@ impl Liveness {
             for (p, &id) in order.iter().enumerate() {
                 let WorkspaceNeed { bytes, filled_from } = ws(g, id);
                 if bytes > 0 {
-                    // Held from where the operand is written; an operand that outlives the
-                    // step exists from its start.
+                    // Held from where the operand is made.
                     let start =
-                        filled_from
-                            .and_then(|i| g.node(id).inputs.get(i))
-                            .map_or(p, |&x| match storages[storage_of[x.index()]].region {
-                                Region::Resident => 0,
-                                Region::Slab => position[g.writer(x).index()].min(p),
-                            });
+                        (filled_from.and_then(|i| g.node(id).inputs.get(i))).map_or(p, |&x| {
+                            made_at(g, &position, storages[storage_of[x.index()]].region, x).min(p)
+                        });
                     storages.push(Storage {
                         region: Region::Slab,
                         bytes,

@@ -167,7 +167,17 @@ pub fn dropout(dtype: DType, n: usize, p: f64, salt: u64) -> Result<CudaKernel, 
     }))
 }
 
-fn check_ids(op: &'static str, ids: DType) -> Result<(), CodegenError> {
+/// The first lines of a one-dimensional kernel: what it computes (a `//` comment line), then
+/// its launch shape.
+pub(crate) fn header(src: &mut Src, what: &str, launch: Launch) {
+    src.line(what);
+    src.line(format!(
+        "// launch: grid [{},1,1], block [{},1,1]",
+        launch.grid[0], launch.block[0]
+    ));
+}
+
+pub(crate) fn check_ids(op: &'static str, ids: DType) -> Result<(), CodegenError> {
     match ids {
         DType::I32 | DType::I64 => Ok(()),
         _ => Err(CodegenError::Unsupported {
@@ -213,11 +223,7 @@ pub(crate) fn elementwise_loop(
         shared_bytes: 0,
     };
     let mut src = Src::default();
-    src.line(what);
-    src.line(format!(
-        "// launch: grid [{},1,1], block [{},1,1]",
-        launch.grid[0], launch.block[0]
-    ));
+    header(&mut src, what, launch);
     src.open(signature(BLOCK, params));
     if total > 0 {
         let t = ix.ty();

@@ -30,6 +30,7 @@
 //! each id's positions from its first in chunks with one block a position: 92 µs for gpt2's
 //! gradient on two ranks (16,384 positions) on an H100, most of it spent waiting on loads.
 
+use super::ops::{check_ids, header};
 use super::{
     c_type, finish, grid_for, literal, signature, CodegenError, CudaKernel, FusedArg, FusedLaunch,
     FusedProgram, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
@@ -67,7 +68,7 @@ pub fn scatter_add_program(
     row_len: usize,
     n: usize,
 ) -> Result<FusedProgram, CodegenError> {
-    check_ids(ids)?;
+    check_ids("scatter_add", ids)?;
     check_values(values, out)?;
     let s = Scratch::of(rows, n)?;
     let mut launches = Vec::new();
@@ -139,17 +140,6 @@ pub fn scatter_add_program(
 /// the program is generated.
 pub fn scatter_add_scratch_bytes(rows: usize, n: usize) -> usize {
     Scratch::of(rows, n).map_or(usize::MAX, |s| s.bytes)
-}
-
-fn check_ids(ids: DType) -> Result<(), CodegenError> {
-    match ids {
-        DType::I32 | DType::I64 => Ok(()),
-        _ => Err(CodegenError::Unsupported {
-            op: "scatter_add",
-            what: "ids",
-            dtype: ids,
-        }),
-    }
 }
 
 /// Values of any type but bool; the sum is stored in the values' type, or (bf16 values) in
@@ -284,14 +274,6 @@ fn tile_launch(n: usize) -> Launch {
     }
 }
 
-fn header(src: &mut Src, what: String, launch: Launch) {
-    src.line(what);
-    src.line(format!(
-        "// launch: grid [{},1,1], block [{},1,1]",
-        launch.grid[0], launch.block[0]
-    ));
-}
-
 /// Each tile's count of each digit (bits `shift..shift + 8` of the key), stored digit-major:
 /// `hist[d · tiles + tile]`.
 fn histogram(source: Source, rows: usize, n: usize, shift: u32) -> CudaKernel {
@@ -303,7 +285,7 @@ fn histogram(source: Source, rows: usize, n: usize, shift: u32) -> CudaKernel {
     let mut src = Src::default();
     header(
         &mut src,
-        format!(
+        &format!(
             "// ingot scatter_add sort: histogram of bits {shift}.. of {n} ids into {rows} rows, \
              tiles of {TILE}"
         ),
@@ -347,7 +329,7 @@ fn scan(n: usize) -> CudaKernel {
     let mut src = Src::default();
     header(
         &mut src,
-        format!("// ingot scatter_add sort: exclusive scan of {m} counts"),
+        &format!("// ingot scatter_add sort: exclusive scan of {m} counts"),
         launch,
     );
     src.open(signature(TILE as u32, &params));
@@ -393,7 +375,7 @@ fn place(source: Source, rows: usize, n: usize, shift: u32) -> CudaKernel {
     let mut src = Src::default();
     header(
         &mut src,
-        format!(
+        &format!(
             "// ingot scatter_add sort: place {n} ids into {rows} rows by bits {shift}.., stable"
         ),
         launch,
@@ -515,7 +497,7 @@ impl Sums {
             self.values.name(),
             self.rows,
         );
-        header(src, what, launch);
+        header(src, &what, launch);
     }
 
     /// Finds each id's run in the sorted keys: its first slot goes to the short list (fewer
@@ -538,7 +520,7 @@ impl Sums {
         let mut src = Src::default();
         header(
             &mut src,
-            format!(
+            &format!(
                 "// ingot scatter_add runs: the first slot of each of {n} sorted ids' runs into {rows} rows, short or long"
             ),
             launch,
@@ -787,11 +769,7 @@ fn zero_counts() -> CudaKernel {
         shared_bytes: 0,
     };
     let mut src = Src::default();
-    header(
-        &mut src,
-        "// ingot scatter_add runs: counts zeroed".to_string(),
-        launch,
-    );
+    header(&mut src, "// ingot scatter_add runs: counts zeroed", launch);
     src.open(signature(
         32,
         &[("unsigned*".to_string(), "counts".to_string())],
