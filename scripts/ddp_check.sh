@@ -14,7 +14,11 @@
 #    union, 1e-6 over 10 steps; every GPU's allocation its plan; 1000 steps allocate nothing on
 #    any), then gpt2 f32 and bf16 on 1 and on all GPUs (same per-GPU batch), Ingot's
 #    `train --gpus N` beside PyTorch DDP: median step, scaling efficiency, and the time per
-#    step the all-reduce is not hidden (N-GPU step minus one-GPU step).
+#    step the all-reduce is not hidden (N-GPU step minus one-GPU step). The one-GPU step runs
+#    on every GPU alone (CUDA_VISIBLE_DEVICES): the efficiency is given against GPU 0 (rank
+#    0's) and against the slowest GPU, whose pace an N-GPU step cannot beat. DDP_COMPILE=1
+#    adds PyTorch's strongest peer in bf16: DDP over torch.compile with SDPA and a compiled
+#    optimizer step, with and without its bf16 all-reduce hook.
 # 4. One process per GPU: `torchrun --no-python ... ingot train --torchrun` over a data set
 #    against `--gpus N` on it (same losses within 1e-6), its checkpoint resumed by a second
 #    torchrun job continuing the uninterrupted run, and its validation losses (--val) against
@@ -91,16 +95,23 @@ if [[ $NGPU -ge 2 && ${ONLY_TORCHRUN:-0} != 1 ]]; then
     for p in f32 bf16; do
         timeout 300 "$BIN/ingot" train --model gpt2 --device cuda --precision "$p" --steps 30 --json \
             > "$OUT/ingot_${p}_1.txt" 2>&1 || fail "ingot gpt2 $p on 1 GPU"
+        for ((g = 1; g < NGPU; g++)); do
+            CUDA_VISIBLE_DEVICES=$g timeout 300 "$BIN/ingot" train --model gpt2 --device cuda --precision "$p" \
+                --steps 30 --json > "$OUT/ingot_${p}_1_gpu$g.txt" 2>&1 || fail "ingot gpt2 $p on GPU $g alone"
+        done
         timeout 300 "$BIN/ingot" train --model gpt2 --gpus "$NGPU" --precision "$p" --steps 30 --json \
             > "$OUT/ingot_${p}_$NGPU.txt" 2>&1 || fail "ingot gpt2 $p on $NGPU GPUs"
         for w in 1 "$NGPU"; do
             timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$HERE/torch_ddp.py" \
                 --model gpt2 --precision "$p" --steps 30 > "$OUT/torch_ddp_${p}_$w.txt" 2>&1 || fail "torch DDP $p x$w"
             if [[ $p == bf16 && ${DDP_COMPILE:-0} == 1 ]]; then
-                timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$HERE/torch_ddp.py" \
-                    --model gpt2 --precision "$p" --steps 30 --compile > "$OUT/torch_ddp_compile_${p}_$w.txt" 2>&1 \
-                    || echo "torch DDP compile $p x$w failed (see $OUT/torch_ddp_compile_${p}_$w.txt)"
-                grep '^{' "$OUT/torch_ddp_compile_${p}_$w.txt" | tail -n 1
+                for hook in "" --bf16-compress; do
+                    log="$OUT/torch_ddp_compile_${p}_$w${hook}.txt"
+                    timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$HERE/torch_ddp.py" \
+                        --model gpt2 --precision "$p" --steps 30 --warmup 10 --compile --attention sdpa \
+                        --compile-optimizer $hook > "$log" 2>&1 || echo "torch DDP compile $p x$w $hook failed (see $log)"
+                    grep '^{' "$log" | tail -n 1
+                done
             fi
         done
         python3 - "$OUT" "$p" "$NGPU" <<'PY' || status=1
@@ -123,6 +134,11 @@ if ok:
     t1, tn = one["median_wall_seconds"] * 1e3, many["median_wall_seconds"] * 1e3
     d1, dn = one["median_step_seconds"] * 1e3, many["median_step_seconds"] * 1e3
     nccl = [l["nccl"] for l in lines(f"{out}/ingot_{p}_{n}.txt") if "nccl" in l]
+    alone = [one] + [summary(f"{out}/ingot_{p}_1_gpu{g}.txt") for g in range(1, n)]
+    each = [s["median_step_seconds"] * 1e3 for s in alone if s is not None]
+    print(f"Ingot gpt2 {p}, each GPU alone (device ms): {', '.join(f'{x:.2f}' for x in each)}; "
+          f"device-time efficiency against GPU 0 {100 * d1 / dn:.1f}%, against the slowest GPU "
+          f"{100 * max(each) / dn:.1f}%")
     print(f"Ingot gpt2 {p}: {t1:.2f} ms on 1 GPU, {tn:.2f} ms on {n} (wall; device {d1:.2f} / {dn:.2f}): "
           f"scaling efficiency {100 * t1 / tn:.1f}%, all-reduce not hidden {tn - t1:.2f} ms per step; "
           f"planned {many['planned_bytes']} B, measured {many['measured_bytes']} B on rank 0; "
@@ -143,7 +159,7 @@ except Exception as e:
 sys.exit(0 if ok else 1)
 PY
     done
-else
+elif [[ $NGPU -lt 2 ]]; then
     echo "== 3. skipped: $NGPU GPU(s); the N-rank figures need 2 or more"
 fi
 if [[ $NGPU -ge 2 && ${SKIP_TORCHRUN:-0} != 1 ]]; then
