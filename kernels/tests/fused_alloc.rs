@@ -2,50 +2,14 @@
 //! iteration (flat elementwise, reductions along the last axis, reductions over leading axes),
 //! several passes, every dtype, long bodies, and in place.
 //!
-//! A counting global allocator counts the allocations of the calling thread (a thread-local
-//! counter, so the test harness's own threads cannot interfere).
+//! A counting global allocator (support/counting.rs) counts the allocations of the calling
+//! thread.
 
 use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCATIONS.try_with(|a| a.set(a.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        count();
-        System.realloc(p, layout, new)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        System.dealloc(p, layout)
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
-
-fn allocations(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
+#[path = "support/counting.rs"]
+mod counting;
+use counting::allocations;
 
 /// `x` through a chain of ops of every kind, reduced twice (two passes), with full and
 /// row-level outputs of several dtypes.

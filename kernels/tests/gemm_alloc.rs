@@ -2,52 +2,14 @@
 //! `batched_matmul_ws` make no heap allocation, for f32 and f64, every transpose combination,
 //! sizes beyond the block sizes, and bad input (errors are built without allocating).
 //!
-//! A counting global allocator counts the allocations of the calling thread (a thread-local
-//! counter, so the test harness's own threads cannot interfere; the product spawns no threads).
+//! A counting global allocator (support/counting.rs) counts the allocations of the calling
+//! thread; the product spawns no threads.
 
 use ingot_kernels::cpu::gemm::{KC, MC, NC};
 use ingot_kernels::cpu::{batched_matmul_ws, gemm_ws, workspace_len, GemmScalar, MatLayout, Trans};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count() {
-    // `try_with`: the thread-local may be gone while a thread shuts down.
-    let _ = ALLOCATIONS.try_with(|a| a.set(a.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        count();
-        System.realloc(p, layout, new)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        System.dealloc(p, layout)
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
-
-/// Heap allocations `f` makes on this thread.
-fn allocations(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
+#[path = "support/counting.rs"]
+mod counting;
+use counting::allocations;
 
 const TRANS: [(Trans, Trans); 4] = [
     (Trans::N, Trans::N),

@@ -578,6 +578,18 @@ fn a_token_file_that_cannot_fill_one_batch_or_does_not_fit_the_model_is_an_error
         0,
     ));
     assert!(e.contains("token ids need an integer input"), "{e}");
+    // A model whose inputs are not token ids (the mlp's x is features) is refused by name.
+    let mlp = models::by_name("mlp").unwrap().graph;
+    let e = err_text(TokenBatches::for_graph(
+        TokenStream::open(&p).unwrap(),
+        &mlp,
+        Order::Random,
+        0,
+    ));
+    assert!(
+        e.contains("tokens.bin: the model's input y is [256] but x is [256, 784]"),
+        "{e}"
+    );
     // A token out of the model's vocabulary, met while cutting a batch, names its position.
     let p = write(&d, "big.bin", &u16s([1, 2, 3, 99, 4]));
     let mut e = Epochs::new(

@@ -337,12 +337,12 @@ impl TokenBatches {
     ) -> Result<TokenBatches, DataError> {
         let path = stream.path().to_path_buf();
         let (x, y) = model_slots(g, &path)?;
-        let vocab = crate::init::id_bound(g, "x").ok_or_else(|| {
-            DataError::model(
-                &path,
-                "the model has no embedding table to read the vocabulary size off",
-            )
-        })? as u64;
+        let vocab = id_bound(
+            g,
+            &path,
+            "x",
+            "embedding table to read the vocabulary size off",
+        )?;
         TokenBatches::new(stream, x, y, vocab, order, seed)
     }
 
@@ -433,6 +433,14 @@ fn model_slots(g: &Graph, path: &std::path::Path) -> Result<(InputSlot, InputSlo
     let y = graph_slot(g, "y")
         .ok_or_else(|| DataError::model(path, "the model has no input named y"))?;
     Ok((x, y))
+}
+
+/// The bound of input `input`'s ids ([`crate::init::id_bound`]); an error saying the model has
+/// no `what` where it has none.
+fn id_bound(g: &Graph, path: &std::path::Path, input: &str, what: &str) -> Result<u64, DataError> {
+    crate::init::id_bound(g, input)
+        .map(|b| b as u64)
+        .ok_or_else(|| DataError::model(path, &format!("the model has no {what}")))
 }
 
 /// How a sample's features are laid into a row of the model's input `x`.
@@ -560,12 +568,7 @@ impl SampleBatches {
     ) -> Result<SampleBatches, DataError> {
         let path = set.path().clone();
         let (x, y) = model_slots(g, &path)?;
-        let classes = crate::init::id_bound(g, "y").ok_or_else(|| {
-            DataError::model(
-                &path,
-                "the model has no output layer to read the class count off",
-            )
-        })? as u64;
+        let classes = id_bound(g, &path, "y", "output layer to read the class count off")?;
         SampleBatches::new(set, x, y, classes, shuffle, seed)
     }
 
