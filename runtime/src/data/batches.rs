@@ -440,7 +440,7 @@ fn model_slots(g: &Graph, path: &std::path::Path) -> Result<(InputSlot, InputSlo
 fn id_bound(g: &Graph, path: &std::path::Path, input: &str, what: &str) -> Result<u64, DataError> {
     crate::init::id_bound(g, input)
         .map(|b| b as u64)
-        .ok_or_else(|| DataError::model(path, &format!("the model has no {what}")))
+        .ok_or_else(|| DataError::model(path, format!("the model has no {what}")))
 }
 
 /// How a sample's features are laid into a row of the model's input `x`.
