@@ -7,6 +7,8 @@
 //! - [`check_writable`]: output paths are checked before the work that produces them starts
 //!   (a training run, a solve), so a bad `--save` is found in a second, not after the run.
 //! - [`read_capped`]: inputs are read up to a cap, so `/dev/zero` or a runaway pipe is an error.
+//! - [`same_file`]: an output path is refused when it names an input (or another output), by
+//!   device and inode where the file exists, so `--report data.bin` cannot replace the data.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -106,6 +108,40 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         .create_new(true)
         .open(&tmp)?;
     std::fs::remove_file(&tmp)
+}
+
+/// The file a path names, for comparing two paths: the (device, inode) pair of an existing file
+/// (through symbolic links, hard links and `..` alike), else the absolute path of the file it
+/// would create (its existing parent canonicalised, then its name).
+#[derive(Debug, PartialEq, Eq)]
+enum FileKey {
+    Inode(u64, u64),
+    Path(PathBuf),
+}
+
+fn file_key(path: &Path) -> Option<FileKey> {
+    #[cfg(unix)]
+    if let Ok(m) = std::fs::metadata(path) {
+        use std::os::unix::fs::MetadataExt;
+        return Some(FileKey::Inode(m.dev(), m.ino()));
+    }
+    #[cfg(not(unix))]
+    if path.exists() {
+        return std::fs::canonicalize(path).ok().map(FileKey::Path);
+    }
+    let name = path.file_name()?;
+    let dir = std::fs::canonicalize(parent(path)).ok()?;
+    Some(FileKey::Path(dir.join(name)))
+}
+
+/// True when `a` and `b` name the same file: the same existing file by any path (a link, a
+/// hard link, `./x` and `x`), or the same file to be created. Two paths that cannot be
+/// resolved (a missing directory) are compared as written.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (file_key(a), file_key(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 /// Reads the file at `path`, refusing one longer than `cap` bytes (`/dev/zero`, a pipe that does
@@ -208,6 +244,30 @@ mod tests {
                 .is_symlink());
             assert_eq!(std::fs::read(&real).unwrap(), b"new");
             assert!(leftovers(&d).is_empty());
+        }
+    }
+
+    #[test]
+    fn two_paths_to_one_file_are_the_same_file_and_two_files_are_not() {
+        let d = scratch("same");
+        let (a, b) = (d.join("a.bin"), d.join("b.bin"));
+        std::fs::write(&a, b"a").unwrap();
+        std::fs::write(&b, b"b").unwrap();
+        assert!(same_file(&a, &a));
+        assert!(same_file(&a, &d.join(".").join("a.bin")));
+        assert!(!same_file(&a, &b));
+        // A file not yet written is the same as itself by another spelling, not as another.
+        let new = d.join("new.bin");
+        std::fs::create_dir(d.join("sub")).unwrap();
+        assert!(same_file(&new, &d.join("sub/../new.bin")));
+        assert!(!same_file(&new, &a));
+        #[cfg(unix)]
+        {
+            let (link, hard) = (d.join("link.bin"), d.join("hard.bin"));
+            std::os::unix::fs::symlink(&a, &link).unwrap();
+            std::fs::hard_link(&a, &hard).unwrap();
+            assert!(same_file(&link, &a), "a symbolic link names its target");
+            assert!(same_file(&hard, &a), "a hard link is the same inode");
         }
     }
 

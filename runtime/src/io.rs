@@ -66,12 +66,18 @@ impl IoError {
 /// that never stops.
 pub fn load(path: impl AsRef<Path>) -> Result<IndexMap<String, Tensor>, IoError> {
     let path = path.as_ref();
-    let bytes = read_declared(path).map_err(|source| IoError::Os {
+    from_bytes(&read_bytes(path)?, path)
+}
+
+/// The bytes of the safetensors file at `path`, read as [`load`] reads them (as far as its
+/// header declares, plus one byte), for a caller that checks them before parsing (a
+/// checkpoint's checksum).
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, IoError> {
+    read_declared(path).map_err(|source| IoError::Os {
         path: path.to_path_buf(),
         action: "cannot read",
         source,
-    })?;
-    from_bytes(&bytes, path)
+    })
 }
 
 /// The largest header Ingot reads: safetensors' own limit.

@@ -20,6 +20,17 @@ pub enum Data {
     BF16(Vec<bf16>),
 }
 
+/// What [`Tensor::non_finite`] found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NonFinite {
+    /// How many elements are NaN or infinite.
+    pub count: usize,
+    /// The first one's flat (row-major) index.
+    pub first: usize,
+    /// Its value: NaN, inf or -inf.
+    pub value: f64,
+}
+
 /// Borrowed elements of one dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum View<'a> {
@@ -407,6 +418,30 @@ impl Tensor {
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| (x != 0) as u8 as f64).collect(),
             Data::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        }
+    }
+
+    /// The non-finite elements (NaN or infinite) of a float tensor: how many, and the first one's
+    /// flat index and value; `None` when every element is finite (always, for integers and bool).
+    pub fn non_finite(&self) -> Option<NonFinite> {
+        fn scan<T: Copy>(
+            v: &[T],
+            finite: impl Fn(T) -> bool,
+            f64_of: impl Fn(T) -> f64,
+        ) -> Option<NonFinite> {
+            let first = v.iter().position(|&x| !finite(x))?;
+            let count = 1 + v[first + 1..].iter().filter(|&&x| !finite(x)).count();
+            Some(NonFinite {
+                count,
+                first,
+                value: f64_of(v[first]),
+            })
+        }
+        match &self.data {
+            Data::F32(v) => scan(v, f32::is_finite, |x| x as f64),
+            Data::F64(v) => scan(v, f64::is_finite, |x| x),
+            Data::BF16(v) => scan(v, |x| x.is_finite(), |x| x.to_f64()),
+            Data::I32(_) | Data::I64(_) | Data::Bool(_) => None,
         }
     }
 

@@ -180,14 +180,20 @@ fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
         20,
         "the next batch is the 21st: {p:?}"
     );
-    let files: Vec<String> = std::fs::read_dir(ck)
+    let mut files: Vec<String> = std::fs::read_dir(ck)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
+    files.sort();
     assert_eq!(
-        files.len(),
-        3,
-        "older checkpoints' files are removed: {files:?}"
+        files,
+        [
+            "checkpoint.json",
+            "checkpoint.lock",
+            "optimizer-00000020.safetensors",
+            "weights-00000020.safetensors"
+        ],
+        "older checkpoints' files are removed"
     );
     let second = run_losses(&[&base[..], &["--steps", "40", "--resume", ck]].concat());
     assert_resumed_as_straight(&straight, first, second, 40);

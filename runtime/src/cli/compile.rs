@@ -43,7 +43,10 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cpu => session::Device::Cpu,
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
-    super::check_outputs([("--output", Some(a.output.as_path()))])?;
+    super::check_outputs(
+        &[("--output", Some(a.output.as_path()))],
+        &a.model.input_files(),
+    )?;
     a.model.check_shard_optimizer(a.model.ranks)?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;

@@ -29,7 +29,10 @@ pub enum DataCommand {
 pub fn run(a: &DataArgs) -> Result<(), Failure> {
     match &a.command {
         DataCommand::Bytes { input, output } => {
-            super::check_outputs([("OUTPUT", Some(output.as_path()))])?;
+            super::check_outputs(
+                &[("OUTPUT", Some(output.as_path()))],
+                &[("INPUT", Some(input.as_path()))],
+            )?;
             let bytes =
                 ingot_compiler::files::read_capped(input, MAX_INPUT_BYTES).map_err(|e| {
                     Failure::new(1, format!("{}: cannot read it: {e}", input.display()))

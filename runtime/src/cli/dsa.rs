@@ -43,7 +43,10 @@ pub fn time_limit(seconds: f64) -> Result<Duration, Failure> {
 
 pub fn run(a: &DsaArgs) -> Result<(), Failure> {
     let time_limit = time_limit(a.time_limit)?;
-    super::check_outputs([("--output", Some(a.output.as_path()))])?;
+    super::check_outputs(
+        &[("--output", Some(a.output.as_path()))],
+        &[("--input", Some(a.input.as_path()))],
+    )?;
     let text = super::read_text(&a.input, MAX_INPUT_BYTES)?;
     let problem =
         dsa::read_csv(&text).map_err(|e| Failure::new(1, format!("{}: {e}", a.input.display())))?;

@@ -260,6 +260,11 @@ fn parse_betas(v: &str) -> Result<(f64, f64), String> {
 }
 
 impl ModelArgs {
+    /// The files the model is read from, for [`check_outputs`].
+    pub fn input_files(&self) -> [(&'static str, Option<&std::path::Path>); 1] {
+        [("--model-file", self.model_file.as_deref())]
+    }
+
     /// Builds the model: by name, or read and parsed from the file (errors name the file).
     pub fn load(&self) -> Result<ingot_compiler::models::Model, Failure> {
         self.load_at(None, self.accumulate.unwrap_or(1) as usize)
@@ -386,18 +391,43 @@ pub fn read_text(path: &std::path::Path, cap: u64) -> Result<String, Failure> {
 }
 
 /// Checks, before any work, that each output file given can be written (the directory exists
-/// and is writable, the path is not a directory), naming the option and the path when not.
+/// and is writable, the path is not a directory) and that none is the same file as an input or
+/// as another output (it would be written over: the data set under `--report`, the model file
+/// under `-o`), naming the options and the paths when not.
 pub fn check_outputs<'a>(
-    outputs: impl IntoIterator<Item = (&'a str, Option<&'a std::path::Path>)>,
+    outputs: &[(&'a str, Option<&'a std::path::Path>)],
+    inputs: &[(&'a str, Option<&'a std::path::Path>)],
 ) -> Result<(), Failure> {
-    for (option, path) in outputs {
-        if let Some(path) = path {
-            ingot_compiler::files::check_writable(path).map_err(|e| {
-                Failure::new(
-                    1,
-                    format!("{option} {}: cannot write there: {e}", path.display()),
-                )
-            })?;
+    let given =
+        |list: &[(&'a str, Option<&'a std::path::Path>)]| -> Vec<(&'a str, &'a std::path::Path)> {
+            list.iter().filter_map(|&(o, p)| Some((o, p?))).collect()
+        };
+    let (outputs, inputs) = (given(outputs), given(inputs));
+    for (i, &(option, path)) in outputs.iter().enumerate() {
+        ingot_compiler::files::check_writable(path).map_err(|e| {
+            Failure::new(
+                1,
+                format!("{option} {}: cannot write there: {e}", path.display()),
+            )
+        })?;
+        let clash = inputs
+            .iter()
+            .map(|&(o, p)| (o, p, "it would overwrite"))
+            .chain(
+                outputs[..i]
+                    .iter()
+                    .map(|&(o, p)| (o, p, "both would write")),
+            )
+            .find(|&(_, p, _)| ingot_compiler::files::same_file(path, p));
+        if let Some((other, p, what)) = clash {
+            return Err(Failure::new(
+                2,
+                format!(
+                    "{option} {} is the same file as {other} {}: {what} it; give another path",
+                    path.display(),
+                    p.display()
+                ),
+            ));
         }
     }
     Ok(())

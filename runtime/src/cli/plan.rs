@@ -292,7 +292,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if let (true, Some(budget)) = (a.max_batch, a.model.budget) {
         return run_max_batch(a, &opts, budget);
     }
-    super::check_outputs([("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())])?;
+    super::check_outputs(
+        &[("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())],
+        &a.model.input_files(),
+    )?;
     let (model, compiled, trace, fitted) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
     if a.timings {

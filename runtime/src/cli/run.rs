@@ -21,7 +21,9 @@ pub struct RunArgs {
 }
 
 pub fn run(a: &RunArgs) -> Result<(), Failure> {
-    a.run.check_outputs()?;
+    let _held = a
+        .run
+        .check_outputs(&[("FILE", Some(a.file.as_path()))], true)?;
     let exe = Executable::read(&a.file)?;
     let planned_for = match exe.target() {
         Target::Cpu => Device::Cpu,

@@ -188,13 +188,63 @@ pub struct StepArgs {
 }
 
 impl StepArgs {
-    /// Checks that `--save` and `--save-data` can be written, before anything is compiled or run.
-    pub fn check_outputs(&self) -> Result<(), Failure> {
-        super::check_outputs([
-            ("--save", self.save.as_deref()),
-            ("--save-data", self.save_data.as_deref()),
-            ("--report", self.report.as_deref()),
-        ])
+    /// Checks, before anything is compiled or run, that the run's output files can be written
+    /// and that none is the same file as one of its inputs (`inputs`, the model file or the
+    /// executable, besides --init, --data and the files of --dataset and --val) or as another
+    /// output; then takes the checkpoint directories (--checkpoint, and --resume's, which
+    /// another run could be rewriting) for the run, which holds them as long as it keeps the
+    /// returned locks. `writes` is false in the processes of a job other than rank 0: they write
+    /// no file and take no lock.
+    pub fn check_outputs(
+        &self,
+        inputs: &[(&str, Option<&Path>)],
+        writes: bool,
+    ) -> Result<Vec<checkpoint::DirLock>, Failure> {
+        let data_files: Vec<(&str, PathBuf)> = [("--dataset", &self.dataset), ("--val", &self.val)]
+            .into_iter()
+            .filter_map(|(option, path)| Some((option, path.as_deref()?)))
+            .flat_map(|(option, path)| {
+                trainer::dataset_files(path)
+                    .into_iter()
+                    .map(move |f| (option, f))
+            })
+            .collect();
+        let mut all_inputs = inputs.to_vec();
+        all_inputs.push(("--init", self.init.as_deref()));
+        all_inputs.push(("--data", self.data.as_deref()));
+        all_inputs.extend(data_files.iter().map(|(o, f)| (*o, Some(f.as_path()))));
+        super::check_outputs(
+            &[
+                ("--save", self.save.as_deref()),
+                ("--save-data", self.save_data.as_deref()),
+                ("--report", self.report.as_deref()),
+            ],
+            &all_inputs,
+        )?;
+        if !writes {
+            return Ok(Vec::new());
+        }
+        let mut locks: Vec<checkpoint::DirLock> = Vec::new();
+        // A --resume directory that is not there is for `checkpoint::load` to name.
+        let resume = self.resume.as_deref().filter(|d| d.is_dir());
+        for dir in [self.checkpoint.as_deref(), resume].into_iter().flatten() {
+            if locks
+                .iter()
+                .any(|l| ingot_compiler::files::same_file(&l.dir, dir))
+            {
+                continue;
+            }
+            let lock = checkpoint::lock(dir).map_err(|e| Failure::new(1, e))?;
+            if !lock.removed.is_empty() {
+                eprintln!(
+                    "ingot: checkpoint {}: removed what an interrupted save left there: {}",
+                    dir.display(),
+                    lock.removed.join(", ")
+                );
+            }
+            locks.push(lock);
+        }
+        Ok(locks)
     }
 
     /// The session device these arguments ask for; `default` when `--device` is not given.
@@ -281,7 +331,10 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         o.ordinal = env.local_rank;
         crate::cli::set_quiet(env.rank != 0);
     }
-    a.run.check_outputs()?;
+    let _held = a.run.check_outputs(
+        &a.model.input_files(),
+        launch.as_ref().is_none_or(|env| env.rank == 0),
+    )?;
     a.run.check_steps()?;
     // Compiled with the stage spinner (on a terminal, not with --json), then loaded.
     let mut opts = device.options();
@@ -689,6 +742,7 @@ impl Run<'_> {
             ranks: session.exe().data_ranks(),
             weights: String::new(),
             optimizer: String::new(),
+            checksums: Default::default(),
         };
         checkpoint::save(dir, session, record).map_err(|e| Failure::new(1, e))
     }
@@ -777,6 +831,9 @@ fn train_with(
                 .map_err(|e| Failure::new(1, e))?
             {
                 eprintln!("ingot: {note}");
+            }
+            if let Some(note) = checkpoint::check_precision(&ck.info, session.precision().name()) {
+                eprintln!("ingot: checkpoint {}: {note}", dir.display());
             }
             let at = |e: session::SessionError| {
                 Failure::new(1, format!("checkpoint {}: {e}", dir.display()))
@@ -1019,26 +1076,29 @@ fn train_with(
     if let Some((step, what)) = run.non_finite {
         // The parameters were updated with a non-finite gradient: nothing is saved over a
         // good file (nor a checkpoint), and the exit code says the run failed.
-        let mut kept = Vec::new();
-        if let Some(p) = &a.save {
-            kept.push(format!("{} was not written", p.display()));
-        }
-        if let Some(d) = &a.checkpoint {
-            kept.push(format!(
-                "the last checkpoint in {} is kept (resume from it with --resume {0})",
-                d.display()
-            ));
-        }
         return Err(Failure::new(
             1,
             format!(
                 "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
-                if kept.is_empty() { String::new() } else { format!(", and {}", kept.join("; ")) }
+                kept_files(a)
             ),
         ));
     }
     if let Some(path) = a.save.as_ref().filter(|_| writes_files(session)) {
-        io::save(path, &session.parameters())?;
+        // A finite loss does not make finite weights: the update after it can overflow (a
+        // learning rate too large, the gradient of sqrt at 0). Nothing non-finite is written.
+        let params = session.parameters();
+        checkpoint::check_finite("parameter", &params).map_err(|e| {
+            Failure::new(
+                1,
+                format!(
+                    "after step {}: {e}{} (lower the learning rate, or check the data and the initial parameters)",
+                    run.step,
+                    kept_files(a)
+                ),
+            )
+        })?;
+        io::save(path, &params)?;
         if !a.json {
             crate::outln!("saved the parameters to {}", path.display())?;
         }
@@ -1052,6 +1112,25 @@ fn train_with(
         }
     }
     Ok(())
+}
+
+/// What a failed run leaves as it was, for its error message: `--save`'s file not written, the
+/// last checkpoint kept.
+fn kept_files(a: &StepArgs) -> String {
+    let mut kept = Vec::new();
+    if let Some(p) = &a.save {
+        kept.push(format!("{} was not written", p.display()));
+    }
+    if let Some(d) = &a.checkpoint {
+        kept.push(format!(
+            "the last checkpoint in {} is kept (resume from it with --resume {0})",
+            d.display()
+        ));
+    }
+    match kept.is_empty() {
+        true => String::new(),
+        false => format!(", and {}", kept.join("; ")),
+    }
 }
 
 /// The step loop over a data set: a loader thread fills `buffers` in turn, each batch goes

@@ -10,9 +10,18 @@
 //!
 //! Every file is written to a temporary name and renamed
 //! ([`ingot_compiler::files::write_atomically`]), and `checkpoint.json` last: it is the commit
-//! record, naming tensor files that are complete before it is written. A crash at any moment
-//! of a save leaves the previous `checkpoint.json` and the files it names untouched; the files
-//! of older checkpoints are removed only after the new record is in place.
+//! record, naming tensor files that are complete before it is written, with each one's xxh3
+//! checksum (verified when the checkpoint is read, so a flipped bit is an error, not a weight).
+//! A crash at any moment of a save leaves the previous `checkpoint.json` and the files it names
+//! untouched; the files the previous record named are removed only after the new record is in
+//! place.
+//!
+//! A run holds its directory ([`lock`]): an advisory lock on `checkpoint.lock` for as long as
+//! it writes there, so a second run on the same directory is refused with the holder's pid
+//! instead of the two overwriting each other's files. Taking the lock also removes what a save
+//! killed part-way left behind (its temporary files). Nothing that is not finite is saved
+//! ([`check_finite`]): a step that made a weight NaN or infinite stops the run with the last
+//! good checkpoint in place.
 
 use crate::data::Position;
 use crate::io;
@@ -22,8 +31,91 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// A checkpoint directory held by this run: an advisory lock on its [`LOCK`] file, released
+/// when this is dropped (or the process ends, however it ends).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+    /// The directory held.
+    pub dir: PathBuf,
+    /// Temporary files of an interrupted save that taking the lock removed.
+    pub removed: Vec<String>,
+}
+
+/// Takes `dir` for this run, creating it if needed: refused, naming the holder's process id,
+/// while another run holds it; a path that is a file, or a directory that cannot be created,
+/// is an error naming it. With the lock held no other run writes there, so every temporary
+/// file a checkpoint save leaves behind (`.weights-*.tmp`, `.optimizer-*.tmp`,
+/// `.checkpoint.json.*.tmp`) is a killed save's, and is removed.
+pub fn lock(dir: &Path) -> Result<DirLock, String> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(err(
+            dir,
+            "it is a file, not a directory (give a directory for checkpoints)",
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, format!("cannot create it: {e}")))?;
+    let path = dir.join(LOCK);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("{}: cannot open it: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            use std::io::Read;
+            let mut holder = String::new();
+            let _ = (&file).take(64).read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(err(
+                dir,
+                format!(
+                    "another run is using it ({}holds {}); wait for that run to end, or give this one another directory",
+                    if holder.is_empty() { String::new() } else { format!("process {holder} ") },
+                    path.display()
+                ),
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(format!("{}: cannot lock it: {e}", path.display()))
+        }
+    }
+    {
+        use std::io::{Seek, Write};
+        let pid = std::process::id().to_string();
+        file.set_len(0)
+            .and_then(|()| file.seek(std::io::SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(pid.as_bytes()))
+            .map_err(|e| format!("{}: cannot write it: {e}", path.display()))?;
+    }
+    let mut removed = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| err(dir, format!("cannot list it: {e}")))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = ["weights-", "optimizer-", RECORD]
+            .iter()
+            .any(|p| name.starts_with(&format!(".{p}")));
+        if ours && name.ends_with(".tmp") && std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed.sort();
+    Ok(DirLock {
+        _file: file,
+        dir: dir.to_path_buf(),
+        removed,
+    })
+}
+
 /// The record's file name inside a checkpoint directory.
 pub const RECORD: &str = "checkpoint.json";
+/// The lock file a run holds in its checkpoint directory.
+pub const LOCK: &str = "checkpoint.lock";
 /// The record's layout version.
 pub const FORMAT: u32 = 1;
 
@@ -69,6 +161,10 @@ pub struct CheckpointInfo {
     pub weights: String,
     /// The optimizer state's file, in the same directory.
     pub optimizer: String,
+    /// Each tensor file's xxh3-64 checksum (16 hex digits), by file name; absent in
+    /// checkpoints written before checksums were recorded (their files are read unchecked).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub checksums: IndexMap<String, String>,
 }
 
 /// A checkpoint read back.
@@ -83,35 +179,95 @@ fn err(dir: &Path, what: impl std::fmt::Display) -> String {
     format!("checkpoint {}: {what}", dir.display())
 }
 
-/// Writes `session`'s parameters and optimizer state and `info` (whose `weights` and
-/// `optimizer` are set here) into `dir`, creating it if needed. Errors name the file.
+/// The checksum a record keeps of a tensor file's bytes.
+fn checksum(bytes: &[u8]) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+/// A tensor map's first non-finite element, as an error naming the tensor, the element's
+/// index and value, and how many of the tensor's elements are not finite. `what` says whose
+/// tensors they are ("parameter", "optimizer state").
+pub fn check_finite(what: &str, tensors: &IndexMap<String, Tensor>) -> Result<(), String> {
+    for (name, t) in tensors {
+        if let Some(bad) = t.non_finite() {
+            let mut index = Vec::with_capacity(t.dims().len());
+            let mut rest = bad.first;
+            for &d in t.dims().iter().rev() {
+                index.push(rest % d.max(1));
+                rest /= d.max(1);
+            }
+            index.reverse();
+            return Err(format!(
+                "{what} {name:?} is not finite: {} at {index:?} ({} of its {} elements are NaN or infinite)",
+                bad.value,
+                bad.count,
+                t.numel()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `session`'s parameters and optimizer state and `info` (whose `weights`,
+/// `optimizer` and `checksums` are set here) into `dir`, creating it if needed. Refuses, writing
+/// nothing, when a parameter or optimizer state is not finite ([`check_finite`]). Errors name
+/// the file.
 pub fn save(dir: &Path, session: &Session, mut info: CheckpointInfo) -> Result<(), String> {
+    let parameters = session.parameters();
+    let state = session.optimizer_state();
+    check_finite("parameter", &parameters)
+        .and_then(|()| check_finite("optimizer state", &state))
+        .map_err(|e| {
+            err(
+                dir,
+                format!(
+                    "not saved at step {}: {e}; the checkpoint it holds is kept",
+                    info.step
+                ),
+            )
+        })?;
     std::fs::create_dir_all(dir).map_err(|e| err(dir, format!("cannot create it: {e}")))?;
+    // The files the record in place names, removed once the new record replaces it.
+    let previous = read_record(dir).ok().filter(|p| p.step != info.step);
     info.format = FORMAT;
     info.weights = format!("weights-{:08}.safetensors", info.step);
     info.optimizer = format!("optimizer-{:08}.safetensors", info.step);
-    io::save(dir.join(&info.weights), &session.parameters()).map_err(|e| e.to_string())?;
-    io::save(dir.join(&info.optimizer), &session.optimizer_state()).map_err(|e| e.to_string())?;
+    info.checksums.clear();
+    for (name, tensors) in [(&info.weights, &parameters), (&info.optimizer, &state)] {
+        let path = dir.join(name);
+        let bytes = io::to_bytes(tensors, &path).map_err(|e| e.to_string())?;
+        ingot_compiler::files::write_atomically(&path, &bytes)
+            .map_err(|e| format!("{}: cannot write it: {e}", path.display()))?;
+        info.checksums.insert(name.clone(), checksum(&bytes));
+    }
     let json = serde_json::to_vec_pretty(&info).map_err(|e| err(dir, e))?;
     let record = dir.join(RECORD);
     ingot_compiler::files::write_atomically(&record, &json)
         .map_err(|e| format!("{}: cannot write it: {e}", record.display()))?;
-    // The new record is in place: the files of earlier checkpoints may go (best effort; a
-    // leftover file is harmless).
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let ours = name.starts_with("weights-") || name.starts_with("optimizer-");
-            if ours
-                && name.ends_with(".safetensors")
-                && name != info.weights
-                && name != info.optimizer
-            {
-                let _ = std::fs::remove_file(e.path());
+    // The new record is in place: the files the old one named may go (best effort; a
+    // leftover file is harmless). Only those: any other file in the directory is the user's.
+    if let Some(p) = previous {
+        for name in [&p.weights, &p.optimizer] {
+            if plain_name(name) && *name != info.weights && *name != info.optimizer {
+                let _ = std::fs::remove_file(dir.join(name));
             }
         }
     }
     Ok(())
+}
+
+/// A file name a record may name: no directory part, not hidden.
+fn plain_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name.contains('\\') || name.starts_with('.'))
+}
+
+/// Reads and parses `dir`'s record alone.
+fn read_record(dir: &Path) -> Result<CheckpointInfo, String> {
+    let record = dir.join(RECORD);
+    let bytes = ingot_compiler::files::read_capped(&record, 1 << 20)
+        .map_err(|e| format!("{}: cannot read it: {e}", record.display()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{}: not a checkpoint record: {e}", record.display()))
 }
 
 /// Reads the checkpoint in `dir`. Errors name the directory or the file at fault.
@@ -123,10 +279,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
             format!("no {RECORD} there (written by --checkpoint DIR at each save)"),
         ));
     }
-    let bytes = ingot_compiler::files::read_capped(&record, 1 << 20)
-        .map_err(|e| format!("{}: cannot read it: {e}", record.display()))?;
-    let info: CheckpointInfo = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{}: not a checkpoint record: {e}", record.display()))?;
+    let info = read_record(dir)?;
     if info.format != FORMAT {
         return Err(format!(
             "{}: format {} (this ingot reads format {FORMAT})",
@@ -134,17 +287,29 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
             info.format
         ));
     }
-    let file = |name: &str| -> Result<PathBuf, String> {
-        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+    let read = |name: &str| -> Result<IndexMap<String, Tensor>, String> {
+        if !plain_name(name) {
             return Err(format!(
                 "{}: file name {name:?} is not a plain name",
                 record.display()
             ));
         }
-        Ok(dir.join(name))
+        let path = dir.join(name);
+        let bytes = io::read_bytes(&path).map_err(|e| e.to_string())?;
+        if let Some(want) = info.checksums.get(name) {
+            let got = checksum(&bytes);
+            if got != *want {
+                return Err(format!(
+                    "{}: its checksum is {got}, but {} recorded {want} when it was saved: the file changed or is damaged; resume from an intact copy, or start a new run without --resume",
+                    path.display(),
+                    record.display()
+                ));
+            }
+        }
+        io::from_bytes(&bytes, &path).map_err(|e| e.to_string())
     };
-    let parameters = io::load(file(&info.weights)?).map_err(|e| e.to_string())?;
-    let optimizer_state = io::load(file(&info.optimizer)?).map_err(|e| e.to_string())?;
+    let parameters = read(&info.weights)?;
+    let optimizer_state = read(&info.optimizer)?;
     Ok(Checkpoint {
         info,
         parameters,
@@ -249,4 +414,17 @@ pub fn check_optimizer(
     Ok(Some(format!(
         "resuming with optimizer settings {now_text:?} where the checkpoint's run used {then:?} (the new settings apply from the next step)"
     )))
+}
+
+/// The note to print when a run resumes in another precision than the checkpoint's run
+/// (`precision` is this run's: "f32", "tf32" or "bf16"), or `None`. It is not refused: the
+/// parameters and optimizer state are f32 under every precision, so they carry over exactly;
+/// the steps from here compute in the new precision, and their losses follow it.
+pub fn check_precision(info: &CheckpointInfo, precision: &str) -> Option<String> {
+    (info.precision != precision).then(|| {
+        format!(
+            "it was written by a run in {}, and this run computes in {precision}: the weights and optimizer state (f32 in both) carry over exactly, the steps from here are {precision} steps",
+            info.precision
+        )
+    })
 }

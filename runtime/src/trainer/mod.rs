@@ -78,6 +78,16 @@ pub fn open_dataset(
     })
 }
 
+/// The files a data set at `path` is read from: `x.npy` and `y.npy` of a directory, or the
+/// file itself.
+pub fn dataset_files(path: &Path) -> Vec<std::path::PathBuf> {
+    if path.is_dir() {
+        vec![path.join("x.npy"), path.join("y.npy")]
+    } else {
+        vec![path.to_path_buf()]
+    }
+}
+
 /// Blocks a data set's fingerprint hashes in each file (the first and last among them).
 const FINGERPRINT_BLOCKS: u64 = 16;
 /// Bytes of each block.
@@ -91,11 +101,7 @@ const FINGERPRINT_BLOCK: u64 = 64 << 10;
 /// is the same data set; another file, a file of another length, or another batch shape is not.
 /// (A file edited in place to the same length only between those blocks would pass.)
 pub fn dataset_fingerprint(path: &Path, description: &str) -> Result<String, DataError> {
-    let files = if path.is_dir() {
-        vec![path.join("x.npy"), path.join("y.npy")]
-    } else {
-        vec![path.to_path_buf()]
-    };
+    let files = dataset_files(path);
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     let mut sizes = Vec::with_capacity(files.len());
     let mut block = vec![0u8; FINGERPRINT_BLOCK as usize];
