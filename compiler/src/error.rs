@@ -33,3 +33,34 @@ pub enum IrError {
 }
 
 pub type Result<T, E = IrError> = std::result::Result<T, E>;
+
+/// `text` as it may be shown on a terminal: every control character (an escape sequence that
+/// could clear the screen or forge a report line, a newline or tab inside a name) written as a
+/// `\u{..}` escape, everything else as it is. Names come from user files (IR text, ONNX, paths)
+/// and may hold anything; whatever prints one prints it through this.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_print_as_escapes_and_other_text_as_it_is() {
+        assert_eq!(printable("fc1.weight ünï"), "fc1.weight ünï");
+        assert_eq!(printable("a\x1b[2Jb\nc\td"), "a\\u{1b}[2Jb\\u{a}c\\u{9}d");
+        assert_eq!(printable("\u{9b}"), "\\u{9b}", "C1 controls too (CSI)");
+    }
+}

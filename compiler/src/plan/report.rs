@@ -396,7 +396,11 @@ impl Report {
         let _ = writeln!(
             o,
             "memory plan for {} in {} ({} ops, {} kernels, {} schedule)",
-            self.model, self.precision, self.ops, self.kernels, self.schedule
+            crate::error::printable(&self.model),
+            self.precision,
+            self.ops,
+            self.kernels,
+            self.schedule
         );
         let row = |o: &mut String, k: &str, v: usize| {
             let _ = writeln!(o, "  {k:<34} {:>16}  {:>10}", v, human(v));
@@ -424,7 +428,7 @@ impl Report {
             o,
             "peak at schedule position {} ({}), live slab bytes by kind:",
             self.peak_position,
-            self.peak_label()
+            crate::error::printable(&self.peak_label())
         );
         row(
             &mut o,
@@ -474,27 +478,36 @@ impl Report {
 }
 
 /// Rows as aligned columns (two spaces apart, indented by two); the columns in `right` are
-/// right-aligned. Trailing spaces are trimmed.
+/// right-aligned. Trailing spaces are trimmed. Cells print through
+/// [`crate::error::printable`] (a name's control characters escaped), padded by hand: a
+/// format width is limited to 65,535, and a name may be longer.
 pub fn columns<const N: usize>(
     header: &[String; N],
     rows: &[[String; N]],
     right: &[usize],
 ) -> String {
+    let cells: Vec<[std::borrow::Cow<'_, str>; N]> = std::iter::once(header)
+        .chain(rows)
+        .map(|r| std::array::from_fn(|k| crate::error::printable(&r[k])))
+        .collect();
     let mut width = [0usize; N];
-    for r in std::iter::once(header).chain(rows) {
+    for r in &cells {
         for (k, c) in r.iter().enumerate() {
             width[k] = width[k].max(c.chars().count());
         }
     }
     let mut o = String::new();
-    for r in std::iter::once(header).chain(rows) {
+    for r in &cells {
         let mut line = String::from(" ");
         for (k, c) in r.iter().enumerate() {
             line.push(' ');
+            let pad = " ".repeat(width[k] - c.chars().count());
             if right.contains(&k) {
-                let _ = write!(line, "{c:>w$}", w = width[k]);
+                line.push_str(&pad);
+                line.push_str(c);
             } else {
-                let _ = write!(line, "{c:<w$}", w = width[k]);
+                line.push_str(c);
+                line.push_str(&pad);
             }
             if k + 1 < N {
                 line.push(' ');
@@ -599,6 +612,49 @@ mod tests {
     /// mlp planned for the CPU (its matmuls' workspaces included).
     fn mlp_cpu() -> Compiled {
         pipeline::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu)).unwrap()
+    }
+
+    #[test]
+    fn a_name_longer_than_a_format_width_or_holding_escape_codes_prints_escaped_without_panic() {
+        // A name of 70,000 characters and one that would clear the screen: the model's name
+        // heads the table, and any name can be a cell of its columns.
+        let long = "w".repeat(70_000);
+        let text = format!(
+            "ingot-ir 1\n\
+             %0 = parameter \"{long}\" init=zeros : f32[64]\n\
+             %1 = parameter \"evil\\u{{1b}}[2J\" init=zeros : f32[64]\n\
+             %2 = input \"x\" : f32[64]\n\
+             %3 = mul(%0, %1) : f32[64]\n\
+             %4 = mul(%3, %2) : f32[64]\n\
+             %5 = reduce_sum(%4) axes=[0] : f32[1]\n\
+             %6 = reshape(%5) : f32[]\n\
+             output \"loss\" = %6\n"
+        );
+        let model = crate::models::Model::from_ir_text("names\x1b[31m.ir", &text).unwrap();
+        let c = pipeline::compile(&model, &Options::for_target(crate::lower::Target::Cpu)).unwrap();
+        let table = c.report.table();
+        assert!(
+            !table.contains('\x1b'),
+            "no escape character reaches the terminal"
+        );
+        assert!(table.contains("names\\u{1b}[31m.ir"), "{}", &table[..200]);
+        let rows = crate::plan::report::columns(
+            &["name".to_string(), "n".to_string()],
+            &[
+                [long.clone(), "1".into()],
+                ["evil\x1b[2J".into(), "22".into()],
+            ],
+            &[1],
+        );
+        let lines: Vec<&str> = rows.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[1].starts_with(&format!("  {long}")) && lines[1].ends_with(" 1"));
+        assert!(lines[2].starts_with("  evil\\u{1b}[2J") && lines[2].ends_with("22"));
+        assert_eq!(
+            lines[1].chars().count(),
+            lines[2].chars().count(),
+            "columns align"
+        );
     }
 
     #[test]
