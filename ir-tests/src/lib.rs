@@ -1,3 +1,4 @@
 //! Snapshot and property tests live under tests/.
 
+pub mod chains;
 pub mod gradcheck;

@@ -237,3 +237,24 @@ fn a_concat_written_as_selects_gives_the_concat_bit_for_bit() {
     };
     assert_eq!(bits(&want), bits(&got));
 }
+
+#[test]
+fn a_deep_chain_of_row_reductions_fuses_into_kernels_of_bounded_reductions_that_train_as_unfused() {
+    use ingot_compiler::fuse::MAX_KERNEL_REDUCTIONS;
+    // 60 centred layers: one kernel holding them all would evaluate its body 60 times per row
+    // and keep 60 passes of bookkeeping for every instruction.
+    let text = ingot_ir_tests::chains::reduce_chain(60, 4, 8);
+    let m = models::Model::from_ir_text("reduce-chain", &text).unwrap();
+    let c = pipeline::compile(&m, &Session::cpu_options()).unwrap();
+    let mut most = 0;
+    for id in c.graph.ids() {
+        if let Op::Fused(k) = &c.graph.node(id).op {
+            most = most.max(k.reductions());
+        }
+    }
+    assert!(
+        most > 1 && most <= MAX_KERNEL_REDUCTIONS,
+        "the largest kernel holds {most} reductions"
+    );
+    fused_matches_unfused(&m, 3, 1e-5);
+}

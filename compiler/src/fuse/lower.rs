@@ -67,6 +67,7 @@ pub fn lower(
         memo: HashMap::new(),
         cuts: Vec::new(),
         staged: Vec::new(),
+        entered_reductions: 0,
         numbered: HashMap::new(),
     };
     let mut outputs = Vec::new();
@@ -136,6 +137,9 @@ struct Lowerer<'a> {
     cuts: Vec<NodeId>,
     /// Reductions expanded as stages.
     staged: Vec<NodeId>,
+    /// Reductions entered so far (staged, or being expanded): at most
+    /// [`super::MAX_KERNEL_REDUCTIONS`]; any further one is a cut.
+    entered_reductions: usize,
     /// Each instruction of the body by its [`numbering_key`].
     numbered: HashMap<InstKey, usize>,
 }
@@ -362,6 +366,16 @@ impl Lowerer<'_> {
                 if Some(&map) != self.row_map().as_ref() {
                     return self.cut(v);
                 }
+                // A kernel holds at most so many reductions (see the constant). One more is a
+                // cut, read as a load so that the walk goes on and finds every such cut of
+                // the group at once: a chain of n reductions under one root is cut in one
+                // round, not in n / MAX rounds of lowering every group again.
+                if self.entered_reductions == super::MAX_KERNEL_REDUCTIONS {
+                    self.cuts.push(v);
+                    let i = self.load(v, &map);
+                    return self.done(v, map, i);
+                }
+                self.entered_reductions += 1;
                 let id = Map::identity(self.rank);
                 frame(smallvec::smallvec![(x, id)], Fin::Reduce(*op))
             }

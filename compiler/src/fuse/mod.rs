@@ -334,6 +334,17 @@ fn merged_domain(a: &Domain, b: &Domain) -> Option<Domain> {
     })
 }
 
+/// The most reductions one fused kernel holds. An executor evaluates a kernel's body once per
+/// reduction level (a softmax is two passes over its row) and keeps per-pass bookkeeping for
+/// every instruction, so a kernel's work and scratch grow with its reductions times its body:
+/// merging a chain of n row reductions into one kernel cost O(n²) to compile (the growing group
+/// lowered again at each merge), to run and to store (2,000 centred layers of f32[8, 8]
+/// planned 252 MiB of scratch against 0.5 MiB unfused). A merge that would pass this is not
+/// made, and is refused before the merged group is lowered, so each kernel of such a chain
+/// costs a bounded amount. The reference models' largest kernel holds 7 reductions (resnet18's
+/// batch-norm backward), so none of their kernels change.
+pub const MAX_KERNEL_REDUCTIONS: usize = 16;
+
 /// A group while merging: its lowering may be left for the end (see [`merge`]).
 struct Part {
     /// Sorted whenever `lowered` is present.
@@ -341,23 +352,75 @@ struct Part {
     domain: Domain,
     /// `None` after a merge decided without lowering: lowered once, at the end.
     lowered: Option<Lowered>,
-    /// What the kernel loads, with the access of each load (repeats allowed).
-    loads: Vec<(NodeId, Access)>,
+    /// What the kernel loads, with the access of each load (repeats allowed), by the value
+    /// each reads through its views. After a merge decided without lowering it may also hold
+    /// reads of the group's own roots (see [`merge`]): they name the group itself, so no edge
+    /// and no merge comes of them.
+    loads: Loads,
     /// No reduction anywhere: no reduce axes, none staged.
     elementwise: bool,
+    /// The reductions of its kernel (0 for an elementwise group).
+    reductions: usize,
+}
+
+/// A group's loads keyed by the value each reads through its views ([`select::base`]): what
+/// merging asks of them, "does this group read what that one produces, and how", is answered
+/// by looking up the other group's roots, not by scanning every load. A group that absorbs
+/// thousands of small producers (a long backward chain) would otherwise be rescanned at each.
+#[derive(Default)]
+struct Loads(BTreeMap<NodeId, Vec<(NodeId, Access)>>);
+
+impl Loads {
+    fn of(g: &Graph, loads: impl IntoIterator<Item = (NodeId, Access)>) -> Loads {
+        let mut by_base: BTreeMap<NodeId, Vec<(NodeId, Access)>> = BTreeMap::new();
+        for (x, access) in loads {
+            by_base
+                .entry(select::base(g, x))
+                .or_default()
+                .push((x, access));
+        }
+        Loads(by_base)
+    }
+
+    /// Every load.
+    fn iter(&self) -> impl Iterator<Item = &(NodeId, Access)> {
+        self.0.values().flatten()
+    }
+
+    /// The loads of `base` (through any view).
+    fn of_base(&self, base: NodeId) -> &[(NodeId, Access)] {
+        self.0.get(&base).map_or(&[], Vec::as_slice)
+    }
+
+    /// The values read, each once.
+    fn bases(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.0.keys().copied()
+    }
+
+    /// Takes in `other`'s loads (the smaller map is moved into the larger).
+    fn absorb(&mut self, mut other: Loads) {
+        if other.0.len() > self.0.len() {
+            std::mem::swap(self, &mut other);
+        }
+        for (base, mut v) in other.0 {
+            self.0.entry(base).or_default().append(&mut v);
+        }
+    }
 }
 
 impl Part {
-    fn of(gr: Group) -> Part {
-        let loads = gr
-            .lowered
-            .inputs
-            .iter()
-            .zip(&gr.lowered.kernel.inputs)
-            .map(|(&x, i)| (x, i.access.clone()))
-            .collect();
+    fn of(g: &Graph, gr: Group) -> Part {
+        let loads = Loads::of(
+            g,
+            gr.lowered
+                .inputs
+                .iter()
+                .zip(&gr.lowered.kernel.inputs)
+                .map(|(&x, i)| (x, i.access.clone())),
+        );
         Part {
             elementwise: gr.domain.axes.is_none() && gr.lowered.kernel.reduce_axes.is_empty(),
+            reductions: gr.lowered.kernel.reductions(),
             roots: gr.roots,
             domain: gr.domain,
             lowered: Some(gr.lowered),
@@ -431,7 +494,7 @@ fn merge(
             group_of.insert(r, i);
         }
     }
-    let mut slots: Vec<Option<Part>> = groups.into_iter().map(|gr| Some(Part::of(gr))).collect();
+    let mut slots: Vec<Option<Part>> = groups.into_iter().map(|gr| Some(Part::of(g, gr))).collect();
     // Union-find over group indices.
     let mut parent: Vec<usize> = (0..slots.len()).collect();
     fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -478,7 +541,7 @@ fn merge(
         let inputs: Vec<NodeId> = if u < slots.len() {
             slots[u]
                 .as_ref()
-                .map_or_else(Vec::new, |s| s.loads.iter().map(|l| l.0).collect())
+                .map_or_else(Vec::new, |s| s.loads.bases().collect())
         } else {
             g.node(library[u - slots.len()]).inputs.to_vec()
         };
@@ -506,22 +569,28 @@ fn merge(
             }
         }
     }
+    let mut levels = Levels::of(&succ, &pred);
     // Producers in order of their first root.
     for p0 in 0..slots.len() {
         let p = find(&mut parent, p0);
         if p != p0 || slots[p].is_none() {
             continue;
         }
-        // Candidates read what p produces; an anti-dependence alone makes none.
+        // Candidates read what p produces; an anti-dependence alone makes none. A consumer
+        // the merge could never join (its reductions and p's over the limit) is passed over
+        // before its loads are scanned: one kernel that loads thousands of cut reductions is
+        // a successor of each of their producers.
+        let Some(pg) = slots[p].as_ref() else {
+            continue;
+        };
         let consumers: Vec<usize> = succ[p]
             .iter()
             .copied()
             .filter(|&c| {
                 c < slots.len()
                     && slots[c].as_ref().is_some_and(|cg| {
-                        cg.loads
-                            .iter()
-                            .any(|(x, _)| producer(*x, &mut parent) == Some(p))
+                        pg.reductions + cg.reductions <= MAX_KERNEL_REDUCTIONS
+                            && reads_roots_of(cg, pg, p, &mut |x| producer(x, &mut parent))
                     })
             })
             .collect();
@@ -532,6 +601,9 @@ fn merge(
             let Some(domain) = merged_domain(&pg.domain, &cg.domain) else {
                 continue;
             };
+            if pg.reductions + cg.reductions > MAX_KERNEL_REDUCTIONS {
+                continue;
+            }
             // A column reduction (over leading axes) runs on few blocks, one per group of
             // columns: full-size outputs written from it would be written by a small fraction
             // of the GPU. Such outputs stay in a kernel of their own.
@@ -545,7 +617,7 @@ fn merge(
                 continue;
             }
             // No other path p -> ... -> c.
-            if reaches_avoiding(&succ, p, c) {
+            if reaches_avoiding(&succ, levels.as_ref(), p, c) {
                 continue;
             }
             // A backward kernel that follows library work is not pulled into the forward
@@ -567,10 +639,9 @@ fn merge(
             let known = shortcut
                 && pg.elementwise
                 && cg.elementwise
-                && cg.loads.iter().all(|(x, access)| {
-                    producer(*x, &mut parent) != Some(p)
-                        || (select::base(g, *x) == *x && *access == own_index)
-                });
+                && loads_of_roots(cg, pg, p, &mut |x| producer(x, &mut parent))
+                    .iter()
+                    .all(|(x, access)| select::base(g, *x) == *x && *access == own_index);
             let (mut pg, mut cg) = (
                 slots[p].take().expect("checked above"),
                 slots[c].take().expect("checked above"),
@@ -583,38 +654,43 @@ fn merge(
                     (std::mem::take(&mut cg.roots), std::mem::take(&mut pg.roots))
                 };
                 roots.extend(more);
+                // The loads too, without taking out the consumer's reads of p's roots: after
+                // the merge those map to the merged group itself and make no edge, and a
+                // group that absorbs thousands of small producers is not rescanned at each.
                 let mut loads = std::mem::take(&mut pg.loads);
-                loads.extend(
-                    cg.loads
-                        .drain(..)
-                        .filter(|(x, _)| producer(*x, &mut parent) != Some(p)),
-                );
+                loads.absorb(std::mem::take(&mut cg.loads));
                 Part {
                     roots,
                     domain,
                     lowered: None,
                     loads,
                     elementwise: true,
+                    reductions: 0,
                 }
             } else {
                 let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
                 roots.sort();
                 // The merged kernel must compute the producer's roots, not load them.
                 let lowered = lower(g, mat, &roots, &domain).ok().filter(|l| {
-                    !l.inputs
-                        .iter()
-                        .any(|&x| producer(x, &mut parent) == Some(p))
+                    l.kernel.reductions() <= MAX_KERNEL_REDUCTIONS
+                        && !l
+                            .inputs
+                            .iter()
+                            .any(|&x| producer(x, &mut parent) == Some(p))
                 });
                 let Some(lowered) = lowered else {
                     slots[p] = Some(pg);
                     slots[c] = Some(cg);
                     continue;
                 };
-                Part::of(Group {
-                    roots,
-                    domain,
-                    lowered,
-                })
+                Part::of(
+                    g,
+                    Group {
+                        roots,
+                        domain,
+                        lowered,
+                    },
+                )
             };
             shortcuts += usize::from(known);
             parent[p] = c;
@@ -643,8 +719,8 @@ fn merge(
                     }
                 }
             } else {
-                for (x, _) in &merged.loads {
-                    if let Some(q) = producer(*x, &mut parent) {
+                for x in merged.loads.bases() {
+                    if let Some(q) = producer(x, &mut parent) {
                         if q != c {
                             succ[q].insert(c);
                             pred[c].insert(q);
@@ -670,6 +746,10 @@ fn merge(
                 }
             }
             slots[c] = Some(merged);
+            if let Some(l) = &mut levels {
+                let p_level = l.0[p];
+                l.merged(&succ, c, p_level);
+            }
             break;
         }
     }
@@ -704,7 +784,9 @@ fn merge(
                 .filter(|(x, access)| {
                     g.ty(*x).shape.numel() == full
                         && !matches!(kind(g.node(select::base(g, *x))), Kind::Leaf)
-                        && pb.loads.iter().any(|(y, other)| y == x && other == access)
+                        && (pb.loads.of_base(select::base(g, *x)))
+                            .iter()
+                            .any(|(y, other)| y == x && other == access)
                 })
                 .map(|(x, _)| *x)
                 .collect();
@@ -712,6 +794,7 @@ fn merge(
             shared.dedup();
             let shared_bytes: u64 = shared.iter().map(|&x| g.ty(x).bytes() as u64).sum();
             if shared.is_empty()
+                || pa.reductions + pb.reductions > MAX_KERNEL_REDUCTIONS
                 || (is_column_reduction(&domain)
                     && (pa.roots.iter().chain(&pb.roots)).any(|&r| g.ty(r).shape.numel() == full))
             {
@@ -726,22 +809,28 @@ fn merge(
                 || (pa.roots.iter().chain(&pb.roots)).any(|&r| select::is_accumulation(g, r))
                 || succ[a].contains(&b)
                 || succ[b].contains(&a)
-                || reaches_avoiding(&succ, a, b)
-                || reaches_avoiding(&succ, b, a)
+                || reaches_avoiding(&succ, levels.as_ref(), a, b)
+                || reaches_avoiding(&succ, levels.as_ref(), b, a)
                 || delays_more_than_it_saves(&succ, &pred, &lib_flops, a, b, shared_bytes)
             {
                 continue;
             }
             let mut roots: Vec<NodeId> = pa.roots.iter().chain(&pb.roots).copied().collect();
             roots.sort();
-            let Ok(lowered) = lower(g, mat, &roots, &domain) else {
+            let Some(lowered) = lower(g, mat, &roots, &domain)
+                .ok()
+                .filter(|l| l.kernel.reductions() <= MAX_KERNEL_REDUCTIONS)
+            else {
                 continue;
             };
-            let merged = Part::of(Group {
-                roots,
-                domain,
-                lowered,
-            });
+            let merged = Part::of(
+                g,
+                Group {
+                    roots,
+                    domain,
+                    lowered,
+                },
+            );
             slots[a] = None;
             parent[a] = b;
             for w in std::mem::take(&mut succ[a]) {
@@ -755,6 +844,10 @@ fn merge(
                 pred[b].insert(q);
             }
             slots[b] = Some(merged);
+            if let Some(l) = &mut levels {
+                let a_level = l.0[a];
+                l.merged(&succ, b, a_level);
+            }
         }
     }
     let groups = slots
@@ -835,16 +928,112 @@ fn delays_more_than_it_saves(
 /// See [`delays_more_than_it_saves`].
 const FLOPS_PER_BYTE_SAVED: u64 = 100;
 
-/// True if `to` is reachable from `from` by a path of at least two edges.
-fn reaches_avoiding(succ: &[BTreeSet<usize>], from: usize, to: usize) -> bool {
-    let mut stack: Vec<usize> = succ[from].iter().copied().filter(|&u| u != to).collect();
+/// Whether `c` loads a value `p` (unit `p_unit`) produces: `p`'s roots looked up among `c`'s
+/// loads, or `c`'s loaded values asked for their producer, whichever list is shorter.
+fn reads_roots_of(
+    c: &Part,
+    p: &Part,
+    p_unit: usize,
+    producer: &mut dyn FnMut(NodeId) -> Option<usize>,
+) -> bool {
+    if p.roots.len() <= c.loads.0.len() {
+        p.roots.iter().any(|r| c.loads.0.contains_key(r))
+    } else {
+        c.loads.bases().any(|b| producer(b) == Some(p_unit))
+    }
+}
+
+/// The loads of `c` that read values `p` (unit `p_unit`) produces.
+fn loads_of_roots(
+    c: &Part,
+    p: &Part,
+    p_unit: usize,
+    producer: &mut dyn FnMut(NodeId) -> Option<usize>,
+) -> Vec<(NodeId, Access)> {
+    let bases: Vec<NodeId> = if p.roots.len() <= c.loads.0.len() {
+        p.roots.clone()
+    } else {
+        c.loads
+            .bases()
+            .filter(|&b| producer(b) == Some(p_unit))
+            .collect()
+    };
+    bases
+        .into_iter()
+        .flat_map(|b| c.loads.of_base(b).iter().cloned())
+        .collect()
+}
+
+/// Levels of the unit graph: every edge `u -> w` has `level[u] < level[w]`, so a search for a
+/// path to `to` never needs to enter a unit at `to`'s level or above. Kept valid as units
+/// merge ([`Levels::merged`]), which makes [`reaches_avoiding`] visit only the units between
+/// the two ends instead of everything downstream of the first: on a chain of n units, O(n)
+/// merges of O(1) searches rather than O(n) searches of O(n) units each.
+struct Levels(Vec<usize>);
+
+impl Levels {
+    /// Longest-path levels by Kahn's algorithm; `None` if the graph has a cycle (then no search
+    /// is pruned).
+    fn of(succ: &[BTreeSet<usize>], pred: &[BTreeSet<usize>]) -> Option<Levels> {
+        let n = succ.len();
+        let mut level = vec![0usize; n];
+        let mut waiting: Vec<usize> = pred.iter().map(BTreeSet::len).collect();
+        let mut ready: Vec<usize> = (0..n).filter(|&u| waiting[u] == 0).collect();
+        let mut done = 0;
+        while let Some(u) = ready.pop() {
+            done += 1;
+            for &w in &succ[u] {
+                level[w] = level[w].max(level[u] + 1);
+                waiting[w] -= 1;
+                if waiting[w] == 0 {
+                    ready.push(w);
+                }
+            }
+        }
+        (done == n).then_some(Levels(level))
+    }
+
+    /// After `into` took over another unit's edges (whose level was `other`): `into` is at
+    /// least as deep as either, and every unit downstream is pushed below it where needed.
+    fn merged(&mut self, succ: &[BTreeSet<usize>], into: usize, other: usize) {
+        self.0[into] = self.0[into].max(other);
+        let mut work = vec![into];
+        while let Some(u) = work.pop() {
+            for &w in &succ[u] {
+                if self.0[w] <= self.0[u] {
+                    self.0[w] = self.0[u] + 1;
+                    work.push(w);
+                }
+            }
+        }
+    }
+}
+
+/// True if `to` is reachable from `from` by a path of at least two edges. With `levels`, units
+/// at `to`'s level or deeper are not entered (no path from them can reach it).
+fn reaches_avoiding(
+    succ: &[BTreeSet<usize>],
+    levels: Option<&Levels>,
+    from: usize,
+    to: usize,
+) -> bool {
+    let shallow = |u: usize| levels.is_none_or(|l| l.0[u] < l.0[to]);
+    let mut stack: Vec<usize> = succ[from]
+        .iter()
+        .copied()
+        .filter(|&u| u != to && shallow(u))
+        .collect();
     let mut seen = BTreeSet::new();
     while let Some(u) = stack.pop() {
-        if u == to {
-            return true;
-        }
         if seen.insert(u) {
-            stack.extend(succ[u].iter().copied());
+            for &w in &succ[u] {
+                if w == to {
+                    return true;
+                }
+                if shallow(w) {
+                    stack.push(w);
+                }
+            }
         }
     }
     false
@@ -1068,6 +1257,103 @@ pub fn kernel_list(g: &Graph) -> BTreeMap<String, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Random DAGs as edge sets over `n` units, each edge from a lower to a higher unit.
+    fn random_dag(seed: u64, n: usize) -> (Vec<BTreeSet<usize>>, Vec<BTreeSet<usize>>) {
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        let (mut succ, mut pred) = (vec![BTreeSet::new(); n], vec![BTreeSet::new(); n]);
+        for w in 1..n {
+            for _ in 0..next() % 3 {
+                let u = next() % w;
+                succ[u].insert(w);
+                pred[w].insert(u);
+            }
+        }
+        (succ, pred)
+    }
+
+    fn levels_hold(l: &Levels, succ: &[BTreeSet<usize>], live: &[bool]) -> bool {
+        (0..succ.len())
+            .filter(|&u| live[u])
+            .all(|u| succ[u].iter().all(|&w| l.0[u] < l.0[w]))
+    }
+
+    #[test]
+    fn a_search_pruned_by_levels_finds_every_path_the_full_search_finds_through_merges() {
+        for seed in 0..60 {
+            let n = 40;
+            let (mut succ, mut pred) = random_dag(seed, n);
+            let mut levels = Levels::of(&succ, &pred).expect("a DAG");
+            let mut live = vec![true; n];
+            // Merge along edges that have no other path (as fusion does), checking each time
+            // that the levels still increase along every edge and that the pruned search
+            // answers as the full one does.
+            for _ in 0..25 {
+                let edges: Vec<(usize, usize)> = (0..n)
+                    .filter(|&u| live[u])
+                    .flat_map(|u| succ[u].iter().map(move |&w| (u, w)))
+                    .collect();
+                for &(a, b) in &edges {
+                    for (from, to) in [(a, b), (b, a)] {
+                        assert_eq!(
+                            reaches_avoiding(&succ, Some(&levels), from, to),
+                            reaches_avoiding(&succ, None, from, to),
+                            "seed {seed}: {from} -> {to}"
+                        );
+                    }
+                }
+                let Some(&(p, c)) = edges
+                    .iter()
+                    .find(|&&(p, c)| !reaches_avoiding(&succ, None, p, c))
+                else {
+                    break;
+                };
+                // p into c: p's edges become c's.
+                for w in std::mem::take(&mut succ[p]) {
+                    pred[w].remove(&p);
+                    if w != c {
+                        succ[c].insert(w);
+                        pred[w].insert(c);
+                    }
+                }
+                for q in std::mem::take(&mut pred[p]) {
+                    succ[q].remove(&p);
+                    if q != c {
+                        succ[q].insert(c);
+                        pred[c].insert(q);
+                    }
+                }
+                live[p] = false;
+                let p_level = levels.0[p];
+                levels.merged(&succ, c, p_level);
+                assert!(levels_hold(&levels, &succ, &live), "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cycle_gives_no_levels_and_the_search_then_prunes_nothing() {
+        let succ = vec![
+            BTreeSet::from([1]),
+            BTreeSet::from([2]),
+            BTreeSet::from([0]),
+        ];
+        let pred = vec![
+            BTreeSet::from([2]),
+            BTreeSet::from([0]),
+            BTreeSet::from([1]),
+        ];
+        assert!(Levels::of(&succ, &pred).is_none());
+        assert!(reaches_avoiding(&succ, None, 0, 2));
+    }
 
     /// The fused graph's text, with merges decided with or without the shortcut, and how many
     /// merges took it.

@@ -74,6 +74,14 @@ pub struct Graph {
     /// part of the graph's value or equality.
     #[serde(skip)]
     mode: Mode,
+    /// The leaves' names, for [`Graph::push`]'s check that no two leaves share one: a scan of
+    /// every node per leaf made a graph that declares its leaves late (autodiff's optimizer
+    /// state after a deep forward pass) quadratic to build. It covers the first `indexed`
+    /// nodes and catches up when a leaf is pushed (a deserialized graph starts with none).
+    #[serde(skip)]
+    leaf_names: std::collections::HashMap<String, NodeId>,
+    #[serde(skip)]
+    indexed: usize,
 }
 
 /// The mode a model's forward pass is traced in, as PyTorch's `model.train()` / `model.eval()`:
@@ -207,7 +215,8 @@ impl Graph {
             }
         }
         if let Op::Leaf { name, .. } = &op {
-            if self.leaf(name).is_some() {
+            self.index_leaves();
+            if self.leaf_names.contains_key(name) {
                 return Err(IrError::Invalid(format!("two leaves are named {name:?}")));
             }
         }
@@ -228,6 +237,18 @@ impl Graph {
         });
         self.set_origin(NodeId(node as u32), origin);
         Ok(NodeId(node as u32))
+    }
+
+    /// Brings [`Graph::leaf_names`] up to date with the nodes.
+    fn index_leaves(&mut self) {
+        for i in self.indexed..self.nodes.len() {
+            if let Op::Leaf { name, .. } = &self.nodes[i].op {
+                self.leaf_names
+                    .entry(name.clone())
+                    .or_insert(NodeId(i as u32));
+            }
+        }
+        self.indexed = self.nodes.len();
     }
 
     /// The node whose kernel writes `id`'s value: the multi-output node for a [`Op::Result`],

@@ -214,11 +214,14 @@ impl Liveness {
                     .map(|x| storage_of[x.index()])
                     .find(|&s| {
                         let st = &storages[s];
-                        writes_over_safely(g, &storage_of, &mut rows, id, s)
-                        && st.region == Region::Slab
+                        // The cheap tests first: the kernel's operand scan is asked only of
+                        // a storage that dies here at the right size (a kernel reading
+                        // thousands of values would otherwise scan them for each one).
+                        st.region == Region::Slab
                         && st.bytes == bytes
                         && st.end == p + 1
                         && !holds_output[s]
+                        && writes_over_safely(g, &storage_of, &mut rows, id, s)
                         // Two outputs of one kernel never share a storage.
                         && !kernel_outputs[g.writer(id).index()].iter().any(|&o| {
                             o != id && storage_of[o.index()] == s

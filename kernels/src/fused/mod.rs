@@ -82,6 +82,17 @@ pub struct FusedKernel {
     pub outputs: Vec<Output>,
 }
 
+impl FusedKernel {
+    /// How many reductions the body holds: an executor evaluates the body once per reduction
+    /// level, so a kernel's work and bookkeeping grow with this times the body's length.
+    pub fn reductions(&self) -> usize {
+        self.body
+            .iter()
+            .filter(|i| matches!(i, Inst::Reduce { .. }))
+            .count()
+    }
+}
+
 /// A buffer the kernel reads, and how domain indices map into it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Input {
