@@ -444,6 +444,29 @@ fn a_sample_set_is_told_from_a_token_stream_by_its_contents() {
     assert_eq!(tokens[8], b'{');
     assert_eq!(dataset_kind(&tb).unwrap(), DatasetKind::Tokens);
     assert!(dataset_kind(&d.join("missing")).is_err());
+    // Tokens 4, 0, 0, 0 then '{': a length that fits the file and a brace, but no JSON header
+    // behind them: still tokens.
+    let lookalike: Vec<u8> = [4u16, 0, 0, 0, b'{' as u16, b'a' as u16, 7, 9, 11, 13]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    let la = d.join("lookalike.bin");
+    std::fs::write(&la, &lookalike).unwrap();
+    assert_eq!(lookalike[8], b'{');
+    assert_eq!(dataset_kind(&la).unwrap(), DatasetKind::Tokens);
+    // A FIFO is refused at once, not opened (with no writer, opening it waits forever).
+    #[cfg(unix)]
+    {
+        let fifo = d.join("fifo");
+        if std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let e = dataset_kind(&fifo).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+    }
 }
 
 /// A quadratic loss `sum((p - x)^2)` over one parameter vector, as an IR file with an

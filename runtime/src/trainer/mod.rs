@@ -24,19 +24,33 @@ pub enum DatasetKind {
     Samples,
 }
 
+/// The longest safetensors header a sample set is taken to have: `x` and `y` need a few
+/// hundred bytes, so a longer "header" is a token stream's bytes.
+const MAX_SAMPLE_HEADER: u64 = 1 << 20;
+
 /// Tells a sample set from a token stream by what is on disk: a directory is a pair of `.npy`
-/// files; a file that begins as safetensors does (an 8-byte little-endian header length that
-/// fits in the file, then `{`) holds `x` and `y`; anything else is a token stream, whose own
-/// reader then recognises its layout ([`TokenStream::open`]). A raw uint16 token file cannot
-/// pass for safetensors: its first 8 bytes, read as a length, are far larger than the file
-/// unless its tokens 1 to 3 are all 0.
+/// files; a file whose first bytes are a safetensors header (an 8-byte little-endian length
+/// that fits in the file, then that many bytes of JSON object) holds `x` and `y`; anything
+/// else is a token stream, whose own reader then recognises its layout ([`TokenStream::open`]).
+/// The header is parsed, not only its first byte looked at, so a raw uint16 token file whose
+/// first tokens happen to read as a plausible length and a `{` is not taken for safetensors.
+/// A FIFO, socket or device is refused (a data set is read with random access, and opening a
+/// FIFO with no writer would wait forever).
 pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
-    if path.is_dir() {
+    let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, "its metadata", e))?;
+    if meta.is_dir() {
         return Ok(DatasetKind::Samples);
+    }
+    if !meta.is_file() {
+        return Err(DataError::Format {
+            file: path.to_path_buf(),
+            field: "the file's kind".into(),
+            reason: "it is not a regular file (a FIFO, socket or device); a data set is read with random access (offsets, epochs): write it to a file first".into(),
+        });
     }
     let io = |e| DataError::io(path, "the first bytes", e);
     let mut f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
+    let len = meta.len();
     let mut head = [0u8; 9];
     let mut got = 0;
     while got < head.len() {
@@ -47,8 +61,17 @@ pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
     }
     if got == head.len() {
         let n = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-        if head[8] == b'{' && n.checked_add(8).is_some_and(|end| end <= len) {
-            return Ok(DatasetKind::Samples);
+        if head[8] == b'{'
+            && (2..=MAX_SAMPLE_HEADER).contains(&n)
+            && n.checked_add(8).is_some_and(|end| end <= len)
+        {
+            let mut header = vec![0u8; n as usize];
+            header[0] = b'{';
+            f.read_exact(&mut header[1..]).map_err(io)?;
+            if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&header).is_ok()
+            {
+                return Ok(DatasetKind::Samples);
+            }
         }
     }
     Ok(DatasetKind::Tokens)

@@ -47,7 +47,8 @@ impl Schedule {
     /// the remaining steps, `min_ratio` past `total`.
     pub fn factor(&self, done: u64) -> f64 {
         if done < self.warmup {
-            return (done + 1) as f64 / (self.warmup + 1) as f64;
+            // In f64: `warmup + 1` in integers wraps to 0 at u64::MAX (an infinite rate).
+            return (done as f64 + 1.0) / (self.warmup as f64 + 1.0);
         }
         let span = self.total.saturating_sub(self.warmup).saturating_sub(1);
         let t = if span == 0 {
@@ -67,6 +68,20 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_warmup_as_long_as_u64_allows_keeps_the_rate_finite_and_tiny() {
+        let s = Schedule {
+            decay: Decay::Constant,
+            warmup: u64::MAX,
+            total: 10,
+            min_ratio: 0.0,
+        };
+        for done in [0, 1, 9] {
+            let f = s.factor(done);
+            assert!(f.is_finite() && f > 0.0 && f < 1e-15, "step {done}: {f}");
+        }
+    }
 
     #[test]
     fn warmup_rises_linearly_then_cosine_decays_to_the_minimum_at_the_last_step() {
