@@ -314,7 +314,7 @@ fn dropout_in_the_ir_text_form_round_trips_and_is_the_identity_in_eval_mode() {
 
 /// The CUDA compile lowers dropout to its own kernel, forward and backward, in f32 and under
 /// bf16 autocast; the kernel spells the host's generator (checked against the CPU on a GPU by
-/// `runtime/tests/cuda_kernels.rs`).
+/// `testkit/tests/cuda_kernels.rs`).
 #[test]
 fn dropout_compiled_for_cuda_is_a_kernel_that_draws_the_hosts_counter() {
     use ingot_compiler::lower::cuda::DeviceOp;

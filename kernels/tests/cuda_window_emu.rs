@@ -6,7 +6,7 @@
 //! The convolution checks go through the chunked layout the CUDA lowering uses: the column
 //! buffer `[g, K, S·P]` of `S` images at a time, multiplied here by plain f64 loops standing
 //! in for cuBLAS. So this checks the kernels' index arithmetic and the layout algebra
-//! without a GPU; runtime/tests/cuda_conv.rs checks whole steps on the device. Skips (saying
+//! without a GPU; trainer/tests/cuda_conv.rs checks whole steps on the device. Skips (saying
 //! so) without a C++ compiler.
 
 use ingot_kernels::cpu::conv::{self, ConvGeometry, Pass};

@@ -1,7 +1,7 @@
 //! Timings of the CUDA kernels, each checked against the CPU on the way: every distinct kernel
 //! of the given models' training steps, timed (CUDA events, median of 20 launches after 3
 //! warm-ups) with its bandwidth (`ingot_testkit::kernel_check`, which the test
-//! `runtime/tests/cuda_kernels.rs` runs without timing on the GPU machine).
+//! `testkit/tests/cuda_kernels.rs` runs without timing on the GPU machine).
 //!
 //! ```text
 //! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N | --scatter]

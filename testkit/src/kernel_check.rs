@@ -4,8 +4,8 @@
 //! the GPU on seeded random inputs, and compared with the CPU reference
 //! (`ingot_kernels::fused::cpu` for fused kernels, plain loops for the others).
 //!
-//! Shared by the test that runs it on the GPU machine (`runtime/tests/cuda_kernels.rs`) and the
-//! measuring program (`runtime/examples/cuda_kernels.rs`), which also times each kernel (CUDA
+//! Shared by the test that runs it on the GPU machine (`testkit/tests/cuda_kernels.rs`) and the
+//! measuring program (`testkit/examples/cuda_kernels.rs`), which also times each kernel (CUDA
 //! events, median of 20 launches after 3 warm-ups, with its bandwidth: bytes of its inputs and
 //! outputs over the time, for gather and scatter-add of the rows they touch) and, with
 //! `variants`, every other way of generating it (`cuda::fused_tuned`).

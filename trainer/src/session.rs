@@ -4,7 +4,7 @@
 //! [`CudaStep`] runs its kernels in one device slab. Neither allocates per step.
 //!
 //! ```no_run
-//! # use ingot_runtime::session::Session;
+//! # use ingot_trainer::session::Session;
 //! let model = ingot_compiler::models::by_name("mlp").unwrap();
 //! let mut s = Session::new(&model, 0).unwrap(); // seeded weights and a synthetic batch
 //! for _ in 0..10 {
