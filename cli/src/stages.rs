@@ -3,13 +3,11 @@
 
 use super::Failure;
 use indicatif::ProgressBar;
+use ingot_compiler::fit::Fitted;
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline::{self, Compiled, Stage};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
-
-/// What fitting a step to `--budget` did ([`load_and_compile`]).
-pub use ingot_compiler::fit::Fitted;
 
 /// The message of a plan over `budget`: its total, the budget, and what is live at its peak.
 pub fn over_budget(report: &ingot_compiler::plan::report::Report, budget: usize) -> String {

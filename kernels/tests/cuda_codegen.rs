@@ -663,25 +663,11 @@ int __popc(unsigned);
 template <typename T> T __shfl_sync(unsigned mask, T v, int lane, int width = 32);
 "#;
 
-fn compiler() -> Option<String> {
-    for c in ["g++", "c++", "clang++"] {
-        let ok = Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(c.to_string());
-        }
-    }
-    None
-}
-
 /// Writes the shim, the prelude and each distinct kernel once to a file and runs the host
 /// compiler over it with warnings as errors. Returns false (after saying so) when there is no
 /// C++ compiler.
 fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
-    let Some(cxx) = compiler() else {
-        eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
+    let Some(cxx) = ingot_testkit::cxx::host_cxx_or_skip() else {
         return false;
     };
     let mut distinct: BTreeMap<&str, &CudaKernel> = BTreeMap::new();

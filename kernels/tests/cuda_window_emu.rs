@@ -72,16 +72,7 @@ struct Emu {
 
 impl Emu {
     fn build(tag: &str, kernels: &[&CudaKernel]) -> Option<Emu> {
-        let cxx = ["g++", "c++", "clang++"].into_iter().find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-        let Some(cxx) = cxx else {
-            eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
-            return None;
-        };
+        let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
         let mut names: Vec<String> = Vec::new();
         let mut src = format!("{SHIM}{PRELUDE_BF16}");
         for k in kernels {
