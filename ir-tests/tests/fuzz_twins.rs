@@ -1,4 +1,4 @@
-//! The fuzz targets' bounded twins: each fuzz target's body (`ingot_compiler::fuzz`,
+//! The fuzz targets' bounded twins: each fuzz target's body (`ingot_testkit::fuzz`,
 //! `ingot_testkit::fuzz`) fed a few hundred random inputs and mutations of valid ones, so that
 //! CI runs the same properties the fuzzers search (fuzz/README.md): no panic on any input, and
 //! what is accepted round-trips or validates.
@@ -6,10 +6,10 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::exe::{self, Executable, Target, HEADER_BYTES, VERSION};
-use ingot_compiler::fuzz;
 use ingot_compiler::ir::text;
 use ingot_compiler::{models, pipeline};
 use ingot_runtime::{io, Tensor};
+use ingot_testkit::fuzz;
 use ingot_trainer::session::Device;
 use proptest::prelude::*;
 use std::path::Path;

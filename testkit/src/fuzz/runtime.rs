@@ -1,6 +1,4 @@
-//! The body of the safetensors fuzz target (`fuzz/fuzz_targets/safetensors.rs`), shared with
-//! its bounded property-test twin (`ir-tests/tests/fuzz_twins.rs`); the compiler's targets are
-//! in `ingot_compiler::fuzz`. A panic is a finding: in the reader, or a failed property.
+//! The runtime's fuzz body: the safetensors reader.
 
 use ingot_runtime::io;
 use std::path::Path;

@@ -1,14 +1,8 @@
-//! The bodies of the fuzz targets (`fuzz/fuzz_targets/*.rs`), here so that the fuzzers and their
-//! bounded property-test twins (`ir-tests/tests/fuzz_twins.rs`, run by CI) share one body.
-//!
-//! Each takes arbitrary bytes and returns normally when the code under test handled them as it
-//! promises: an error for bad input, and for good input a result with the property named in the
-//! function's doc. Anything else panics, which is what the fuzzer reports: a panic inside the
-//! code under test, or a property that failed (the panic message says which).
+//! The compiler's fuzz bodies: the IR text parser, the executable reader, the planner.
 
-use crate::exe::Executable;
-use crate::ir::{text, Graph};
-use crate::plan::{self, PlanError, PlanOptions};
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{text, Graph};
+use ingot_compiler::plan::{self, PlanError, PlanOptions};
 use std::time::Duration;
 
 /// The IR text parser: arbitrary bytes (as UTF-8, lossily) parse to a graph or an error; a
