@@ -4,7 +4,7 @@
 //! `INGOT_REQUIRE_GPU=1` (scripts/gpu_check.sh sets it) a missing GPU fails them
 //! (`cuda::gpu_for_test`).
 //!
-//! On a GPU machine without cargo, build here with `cargo test --release -p ingot-runtime
+//! On a GPU machine without cargo, build here with `cargo test --release -p ingot
 //! --test cuda --no-run`, copy the test binary there and run it (scripts/gpu_check.sh).
 
 use ingot_compiler::exe::Executable;

@@ -12,7 +12,7 @@
 //! ```toml
 //! [dependencies]
 //! ingot-compiler = { path = "..." }
-//! ingot-runtime = { path = "..." }
+//! ingot-trainer = { path = "..." }
 //! [dev-dependencies]
 //! insta = { version = "1", features = ["yaml"] }
 //! ```

@@ -4,7 +4,7 @@
 //! can tell, through a small shim header that stands in for CUDA's built-ins.
 //!
 //! Numerical checks against the CPU executor run on a GPU: `cargo run --release -p
-//! ingot-runtime --example cuda_kernels`.
+//! ingot-testkit --example cuda_kernels`.
 
 use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random::{self, Rng};

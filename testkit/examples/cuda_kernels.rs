@@ -4,7 +4,7 @@
 //! `testkit/tests/cuda_kernels.rs` runs without timing on the GPU machine).
 //!
 //! ```text
-//! cargo run --release -p ingot-runtime --example cuda_kernels [-- [--variants] MODEL... | --random N | --scatter]
+//! cargo run --release -p ingot-testkit --example cuda_kernels [-- [--variants] MODEL... | --random N | --scatter]
 //! ```
 //! Models default to `mlp gpt-mini gpt2`; `--precision bf16` (or tf32) and
 //! `--no-fuse-attention` (attention as the plain math) compile them so instead. `--variants`

@@ -1,7 +1,7 @@
 //! Checks the random training steps of a range of seeds (`ingot_compiler::random_graph`) on the
 //! CPU against the unfused reference interpreter, and prints each failure and a summary:
 //!
-//!     cargo run --release --example random_steps -- FIRST_SEED END_SEED
+//!     cargo run --release -p ingot-testkit --example random_steps -- FIRST_SEED END_SEED
 use ingot_testkit::random_step::check_cpu;
 
 fn main() {

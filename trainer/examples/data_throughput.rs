@@ -2,7 +2,7 @@
 //! random tokens, cutting a model's `[batch, seq]` rows at random offsets, consumed as fast as
 //! it can fill them (no step in between). The time per batch is what a step must hide.
 //!
-//! `cargo run --release -p ingot-runtime --example data_throughput -- gpt-mini gpt2 [TOKENS]`
+//! `cargo run --release -p ingot-trainer --example data_throughput -- gpt-mini gpt2 [TOKENS]`
 use ingot_compiler::models;
 use ingot_trainer::data::{BatchSource, Epochs, Loader, Order, Staging, TokenBatches, TokenStream};
 use std::time::Instant;

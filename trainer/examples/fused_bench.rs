@@ -2,7 +2,7 @@
 //! same seeded parameters and batch, steps alternate between them, and the medians, their ratio
 //! and the largest relative difference of the losses and updated parameters are printed.
 //!
-//! `cargo run --release -p ingot-runtime --example fused_bench -- mlp gpt-mini`
+//! `cargo run --release -p ingot-trainer --example fused_bench -- mlp gpt-mini`
 use ingot_compiler::models;
 use ingot_compiler::pipeline::Options;
 use ingot_trainer::session::Session;

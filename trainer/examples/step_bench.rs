@@ -1,7 +1,7 @@
 //! Planned execution against the unplanned reference interpreter, side by side in one run:
 //! steps alternate between the two, and the medians and their ratio are printed.
 //!
-//! `cargo run --release -p ingot-runtime --example step_bench -- mlp "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=32,batch=4"`
+//! `cargo run --release -p ingot-trainer --example step_bench -- mlp "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=32,batch=4"`
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::LeafKind;
