@@ -25,7 +25,7 @@ use super::Failure;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ingot_compiler::ir::NodeId;
 use ingot_compiler::plan::report::human;
-use ingot_runtime::cuda::CudaOptions;
+use ingot_runtime::cuda::{CudaOptions, CudaStep};
 use ingot_runtime::io;
 use ingot_trainer::data::{BatchInfo, BatchSource, Epochs, Loader, Order, Staging};
 use ingot_trainer::eval::Evaluator;
@@ -692,7 +692,7 @@ impl Run<'_> {
     fn end_epoch(&mut self, session: &Session, epoch: u64) -> Result<(), Failure> {
         self.measure_memory(session)?;
         let (sum, n) = std::mem::take(&mut self.epoch_loss);
-        let free = session.cuda().map(|c| c.free_memory()).transpose()?;
+        let free = session.cuda().map(CudaStep::free_memory).transpose()?;
         let mean = sum / n.max(1) as f64;
         if self.a.json {
             let line = EpochLine {
@@ -1220,8 +1220,8 @@ fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, Failure> {
         return Ok(None);
     }
     Ok(Some(
-        gpus.iter()
-            .map(|c| c.free_memory())
+        gpus.into_iter()
+            .map(CudaStep::free_memory)
             .collect::<Result<Vec<_>, _>>()?,
     ))
 }

@@ -687,7 +687,7 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("kernels.cpp");
     std::fs::write(&file, &text).unwrap();
-    let out = Command::new(&cxx)
+    let out = Command::new(cxx)
         .args([
             "-std=c++17",
             "-fsyntax-only",

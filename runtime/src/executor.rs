@@ -54,7 +54,7 @@ pub trait StepExecutor {
 
     /// For one process of a job of several (`ingot train --torchrun`): this rank and the
     /// number of ranks. The process then reads only its own shard of each batch
-    /// ([`crate::collective::ranks::ShardBatches`]), one rank's slot.
+    /// (the trainer's `data::shard::ShardBatches`), one rank's slot.
     fn data_shard(&self) -> Option<(usize, usize)> {
         None
     }

@@ -1342,7 +1342,7 @@ pub const SCATTER_CASES: [(DType, DType, DType, usize, usize, usize); 8] = [
 ];
 
 /// Scatter-add cases of [`Source::Scatter`] whose ids are drawn as word ids in text are
-/// ([`Fill::IdsSkewed`]): a few rows take hundreds of positions each. gpt2's token embedding
+/// (`Fill::IdsSkewed`): a few rows take hundreds of positions each. gpt2's token embedding
 /// gradient on two ranks and on one.
 pub const SKEWED_SCATTER_CASES: [(DType, DType, DType, usize, usize, usize); 2] = [
     (DType::I64, DType::BF16, DType::F32, 50257, 768, 16384),

@@ -102,7 +102,7 @@ pub fn read_whole<E: StepExecutor>(ranks: &[E], id: NodeId) -> Result<Tensor, Ex
 }
 
 /// Writes node `id` on every rank: each its shard of a batch written for all ranks together,
-/// or all of `bytes` ([`shard`]).
+/// or all of `bytes` ([`shard()`]).
 pub fn write_shards<E: StepExecutor>(
     ranks: &mut [E],
     id: NodeId,
@@ -122,7 +122,7 @@ pub fn write_shards<E: StepExecutor>(
 }
 
 /// Runs every rank's evaluation step on its shard of `inputs` (written for all ranks together,
-/// [`shard`] against the evaluation step's plan), one rank after another: an evaluation has no
+/// [`shard()`] against the evaluation step's plan), one rank after another: an evaluation has no
 /// collective, so no rank waits for another.
 pub fn eval_shards<E: StepExecutor>(
     ranks: &mut [E],

@@ -59,7 +59,7 @@ impl GpuRanks {
     }
 
     /// As [`GpuRanks::new`], each rank with the pair's evaluation step beside its training step
-    /// in one allocation ([`CudaStep::rank_pair`]): an evaluation runs every rank on its shard
+    /// in one allocation (`CudaStep::rank_with`): an evaluation runs every rank on its shard
     /// of the batch, and its loss is the mean of theirs.
     pub fn pair(pair: StepPair, serial: bool) -> Result<GpuRanks, ExecError> {
         let bytes = pair.allocation_bytes();
