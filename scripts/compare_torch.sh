@@ -56,7 +56,7 @@ usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [[ $# -ge 1 && $1 != -h && $1 != --help ]] || usage
 INGOT=$1; shift
-[[ -x $INGOT ]] || { echo "compare_torch: $INGOT is not an executable (build it: cargo build --release -p ingot-runtime)" >&2; exit 2; }
+[[ -x $INGOT ]] || { echo "compare_torch: $INGOT is not an executable (build it: cargo build --release -p ingot)" >&2; exit 2; }
 DEVICE=cpu
 INGOT_DEVICE=cpu
 STEPS=5

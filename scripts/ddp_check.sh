@@ -74,7 +74,7 @@ planned, measured = s["planned_bytes"], s["measured_bytes"]
 print(f"{m}: 20 losses bit-identical: {la == lb}; planned {planned} B, measured {measured} B; "
       f"CUDA context etc. {s['context_bytes']} B; NCCL {n['version']} communicator {n['device_bytes']} B; "
       f"free memory change over the run {s['free_change_bytes']} B")
-# As runtime/tests/cuda.rs: the drop in free memory is the plan, up to the driver's 2 MiB page.
+# As cli/tests/cuda.rs: the drop in free memory is the plan, up to the driver's 2 MiB page.
 if not (planned <= measured < planned + page):
     print(f"FAIL {m}: measured is not the plan up to the 2 MiB page")
     ok = False

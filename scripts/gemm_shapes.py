@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Times PyTorch's matmuls on the GEMM shapes of Ingot's gpt2 step, to set beside Ingot's own
-op-by-op profile (runtime/examples/cuda_profile.rs), strict f32 and TF32.
+op-by-op profile (trainer/examples/cuda_profile.rs), strict f32 and TF32.
 
     python3 scripts/gemm_shapes.py
 

@@ -728,7 +728,7 @@ def parent_main(a):
             log("--ingot PATH is needed for the ingot cells (or leave ingot out of --systems)")
             return 2
         if not (os.path.isfile(a.ingot) and os.access(a.ingot, os.X_OK)):
-            log(f"--ingot {a.ingot}: not an executable file (build it: cargo build --release -p ingot-runtime)")
+            log(f"--ingot {a.ingot}: not an executable file (build it: cargo build --release -p ingot)")
             return 2
         a.ingot = os.path.abspath(a.ingot)
     for m in a.models:

@@ -6,10 +6,10 @@
 #   scripts/gpu_check.sh .devbin OUT [PART ...]
 #
 # PARTs (default: tests train compare): tests (every GPU test binary, .devbin/test_*, one test at
-# a time: runtime/tests/cuda.rs, GPU vs CPU over 10 steps, zero allocation over 1000 steps,
-# TF32; runtime/tests/cuda_kernels.rs, every distinct kernel of mlp, gpt-mini and gpt2 and 300
-# random kernels against the CPU, in place too; and any other runtime/tests/cuda*.rs), kernels
-# (the kernel timings, each kernel checked on the way: runtime/examples/cuda_kernels.rs), train
+# a time: cli/tests/cuda.rs, GPU vs CPU over 10 steps, zero allocation over 1000 steps,
+# TF32; testkit/tests/cuda_kernels.rs, every distinct kernel of mlp, gpt-mini and gpt2 and 300
+# random kernels against the CPU, in place too; and any other <crate>/tests/cuda*.rs), kernels
+# (the kernel timings, each kernel checked on the way: testkit/examples/cuda_kernels.rs), train
 # (`ingot train --device cuda` on each model, strict f32 and TF32), compare (losses and
 # parameters against PyTorch on the GPU), bf16 (gpt-mini and gpt2 trained with --precision bf16;
 # gpt-mini's 20 losses against PyTorch under bf16 autocast, within 1%), bench (the side by side benchmark against PyTorch and

@@ -8,7 +8,6 @@ pub mod files;
 pub mod fit;
 pub mod flops;
 pub mod fuse;
-pub mod fuzz;
 pub mod ir;
 pub mod lower;
 pub mod models;

@@ -29,7 +29,7 @@ const STAGES: &[&str] = &[
 /// Helpers every stage may use; they use no stage themselves.
 const BASE: &[&str] = &["error", "files"];
 /// Drivers and test tools built on the whole pipeline; no stage may use them.
-const TOOLS: &[&str] = &["fuzz", "random_graph", "snapshot"];
+const TOOLS: &[&str] = &["random_graph", "snapshot"];
 
 /// Where a top-level module sits: base helpers first, then the stages, then the tools.
 fn rank(module: &str) -> Option<usize> {

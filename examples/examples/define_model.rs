@@ -14,7 +14,7 @@ use ingot_compiler::ir::{DType, Graph};
 use ingot_compiler::models::{Model, Precision};
 use ingot_compiler::pipeline;
 use ingot_compiler::trace::nn;
-use ingot_runtime::session::Device;
+use ingot_trainer::session::Device;
 
 /// A two-layer classifier: x [32, 64] -> 128 -> ReLU -> 10 classes, softmax cross-entropy.
 ///
@@ -63,7 +63,7 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ingot_runtime::session::Session;
+    use ingot_trainer::session::Session;
 
     #[test]
     fn the_printed_plan_is_what_the_cpu_session_allocates() {

@@ -14,7 +14,7 @@ use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::report::parse_size;
 use ingot_compiler::snapshot::PlanSnapshot;
-use ingot_runtime::session::Device;
+use ingot_trainer::session::Device;
 use std::path::Path;
 
 /// The example's default model, relative to this crate.

@@ -11,8 +11,8 @@
 //! size; each `step()` runs forward, backward and the SGD update in place and allocates nothing.
 
 use ingot_compiler::models::Model;
-use ingot_runtime::session::Session;
 use ingot_runtime::{io, Tensor};
+use ingot_trainer::session::Session;
 use std::path::Path;
 
 /// The forward pass, compiled into the program.

@@ -1,5 +1,5 @@
 //! Ingot's examples: the programs a new user copies. They use only the public APIs of
-//! `ingot-compiler` and `ingot-runtime`, and live in this crate's `examples/` folder:
+//! `ingot-compiler`, `ingot-runtime` and `ingot-trainer`, and live in this crate's `examples/` folder:
 //!
 //! - `define_model`: a model defined through the Rust API (`ingot_compiler::trace::nn`), its
 //!   memory plan printed before anything runs.

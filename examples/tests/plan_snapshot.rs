@@ -12,14 +12,14 @@
 //! ```toml
 //! [dependencies]
 //! ingot-compiler = { path = "..." }
-//! ingot-runtime = { path = "..." }
+//! ingot-trainer = { path = "..." }
 //! [dev-dependencies]
 //! insta = { version = "1", features = ["yaml"] }
 //! ```
 
 use ingot_compiler::models::{self, Model};
 use ingot_compiler::snapshot::{plan_snapshot, PlanSnapshot};
-use ingot_runtime::session::Device;
+use ingot_trainer::session::Device;
 
 /// The plan the CPU runtime will allocate (its matmul workspace included), as `ingot plan`
 /// prints it. Use `Device::Cuda(Default::default()).options()` for the GPU's plan.

@@ -5,7 +5,7 @@ use ingot_compiler::ir::text;
 use ingot_compiler::models::{Model, Precision};
 use ingot_compiler::pipeline;
 use ingot_compiler::snapshot::plan_snapshot;
-use ingot_runtime::session::{Device, Session};
+use ingot_trainer::session::{Device, Session};
 
 /// The guide's classifier is the example's, compiled in here (its own tests run here too).
 #[allow(dead_code)]

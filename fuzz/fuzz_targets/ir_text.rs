@@ -1,4 +1,4 @@
-//! The IR text parser; the body and its property: `ingot_compiler::fuzz::ir_text`.
+//! The IR text parser; the body and its property: `ingot_testkit::fuzz::ir_text`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_compiler::fuzz::ir_text(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_testkit::fuzz::ir_text(data));

@@ -1,5 +1,5 @@
 //! Plan-then-validate (a graph from bytes, planned, the plan validated); the body and its
-//! property: `ingot_compiler::fuzz::plan_then_validate`.
+//! property: `ingot_testkit::fuzz::plan_then_validate`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_compiler::fuzz::plan_then_validate(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_testkit::fuzz::plan_then_validate(data));

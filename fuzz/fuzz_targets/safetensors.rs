@@ -1,4 +1,4 @@
-//! The safetensors reader; the body and its property: `ingot_runtime::fuzz::safetensors`.
+//! The safetensors reader; the body and its property: `ingot_testkit::fuzz::safetensors`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_runtime::fuzz::safetensors(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ingot_testkit::fuzz::safetensors(data));

@@ -9,8 +9,8 @@ use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;
 use ingot_runtime::cpu::interp::{run_graph, Values};
-use ingot_runtime::session::Session;
 use ingot_runtime::tensor::Tensor;
+use ingot_trainer::session::Session;
 use proptest::prelude::*;
 
 /// `softmax(scale · q kᵀ [causal]) v` as plain math, written as `nn::causal_self_attention`

@@ -296,9 +296,9 @@ use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::planned::PlannedStep;
-use ingot_runtime::init::{init_leaves, synthetic_batch};
-use ingot_runtime::session::Session;
 use ingot_runtime::StepExecutor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_trainer::session::Session;
 
 const SMALL_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 

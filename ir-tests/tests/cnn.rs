@@ -12,10 +12,10 @@ use ingot_compiler::trace::nn;
 use ingot_compiler::{pipeline, plan};
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
-use ingot_runtime::init::{init_leaves, synthetic_batch};
-use ingot_runtime::session::Session;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_trainer::session::Session;
 
 #[test]
 fn the_cnn_has_the_documented_parameters() {
@@ -391,7 +391,7 @@ fn eval_mode_batch_norm_on_the_cpu_equals_a_plain_reference_from_the_running_sta
         ("bn.running_var", Tensor::from_f32([c], rv.clone())),
     ];
     let opts = Session::cpu_options();
-    let step = ingot_runtime::trainer::eval::forward_step(&g);
+    let step = ingot_trainer::eval::forward_step(&g);
     let exe = pipeline::compile_step("bn-eval", step, &opts)
         .unwrap()
         .executable(Target::Cpu)
@@ -473,8 +473,7 @@ fn cpu_session_with_eval(m: &Model, seed: u64) -> Session {
         .unwrap()
         .executable(Target::Cpu)
         .unwrap();
-    ingot_runtime::trainer::eval::session_with_eval(m, exe, &opts, seed, Default::default())
-        .unwrap()
+    ingot_trainer::eval::session_with_eval(m, exe, &opts, seed, Default::default()).unwrap()
 }
 
 /// The evaluation step of a session ([`StepPair`]) normalises by the running statistics the

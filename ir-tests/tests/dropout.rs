@@ -12,10 +12,10 @@ use ingot_compiler::trace::nn::{self, DROPOUT_SEED};
 use ingot_ir_tests::gradcheck::{arg, check};
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
-use ingot_runtime::session::Session;
 use ingot_runtime::tensor::Tensor;
-use ingot_runtime::trainer::eval::forward_step;
 use ingot_runtime::StepExecutor;
+use ingot_trainer::eval::forward_step;
+use ingot_trainer::session::Session;
 
 fn seed(v: i64) -> Tensor {
     Tensor::from_i64(Shape::scalar(), vec![v])
@@ -165,8 +165,8 @@ fn in_eval_mode_dropout_is_the_identity() {
     assert_eq!(e, &plain.graph);
     // Evaluated on the same values: the eval loss is the no-dropout loss, bit for bit.
     let mut values: IndexMap<String, Tensor> =
-        ingot_runtime::init::init_leaves(&m.graph, LeafKind::Parameter, 3);
-    values.extend(ingot_runtime::init::synthetic_batch(&m.graph, 3));
+        ingot_trainer::init::init_leaves(&m.graph, LeafKind::Parameter, 3);
+    values.extend(ingot_trainer::init::synthetic_batch(&m.graph, 3));
     let loss = |g: &Graph| run_graph(g, &values).unwrap().outputs["loss"].to_f64_vec()[0];
     assert_eq!(loss(e).to_bits(), loss(&plain.graph).to_bits());
     assert_ne!(loss(&m.graph), loss(e), "training mode drops");
@@ -314,7 +314,7 @@ fn dropout_in_the_ir_text_form_round_trips_and_is_the_identity_in_eval_mode() {
 
 /// The CUDA compile lowers dropout to its own kernel, forward and backward, in f32 and under
 /// bf16 autocast; the kernel spells the host's generator (checked against the CPU on a GPU by
-/// `runtime/tests/cuda_kernels.rs`).
+/// `testkit/tests/cuda_kernels.rs`).
 #[test]
 fn dropout_compiled_for_cuda_is_a_kernel_that_draws_the_hosts_counter() {
     use ingot_compiler::lower::cuda::DeviceOp;

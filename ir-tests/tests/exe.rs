@@ -5,7 +5,7 @@
 use ingot_compiler::exe::{self, Executable, Problem, Target, HEADER_BYTES, VERSION};
 use ingot_compiler::ir::text;
 use ingot_compiler::pipeline::{self, Compiled};
-use ingot_runtime::session::Device;
+use ingot_trainer::session::Device;
 use proptest::prelude::*;
 use std::sync::OnceLock;
 

@@ -8,10 +8,10 @@ use ingot_compiler::ir::{LeafKind, Op};
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_runtime::cpu::{planned::PlannedStep, run_graph};
-use ingot_runtime::init::{init_leaves, synthetic_batch};
-use ingot_runtime::session::Session;
 use ingot_runtime::tensor::{Data, Tensor};
 use ingot_runtime::StepExecutor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_trainer::session::Session;
 
 const SMALL_GPT: &str = "gpt:vocab=96,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=3";
 

@@ -1,16 +1,16 @@
-//! The fuzz targets' bounded twins: each fuzz target's body (`ingot_compiler::fuzz`,
-//! `ingot_runtime::fuzz`) fed a few hundred random inputs and mutations of valid ones, so that
+//! The fuzz targets' bounded twins: each fuzz target's body (`ingot_testkit::fuzz`,
+//! `ingot_testkit::fuzz`) fed a few hundred random inputs and mutations of valid ones, so that
 //! CI runs the same properties the fuzzers search (fuzz/README.md): no panic on any input, and
 //! what is accepted round-trips or validates.
 
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::exe::{self, Executable, Target, HEADER_BYTES, VERSION};
-use ingot_compiler::fuzz;
 use ingot_compiler::ir::text;
 use ingot_compiler::{models, pipeline};
-use ingot_runtime::session::Device;
 use ingot_runtime::{io, Tensor};
+use ingot_testkit::fuzz;
+use ingot_trainer::session::Device;
 use proptest::prelude::*;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -170,7 +170,7 @@ fn the_valid_seeds_pass_every_body_and_are_accepted() {
             .len(),
         6
     );
-    ingot_runtime::fuzz::safetensors(safetensors_file());
+    ingot_testkit::fuzz::safetensors(safetensors_file());
 }
 
 proptest! {
@@ -233,7 +233,7 @@ proptest! {
         } else {
             apply(safetensors_file(), &edits)
         };
-        ingot_runtime::fuzz::safetensors(&bytes);
+        ingot_testkit::fuzz::safetensors(&bytes);
     }
 }
 

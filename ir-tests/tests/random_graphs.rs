@@ -1,10 +1,10 @@
 //! Random training steps, compiled (rewritten, fused, planned) and run on the CPU, agree with the
-//! unfused reference interpreter ([`ingot_runtime::random_step`]); and the graphs of issue 14
+//! unfused reference interpreter ([`ingot_testkit::random_step`]); and the graphs of issue 14
 //! that once failed their first step (a GPT with a size-1 dimension, a concat of 2 or many
 //! parts, a slice on an inner axis of a reshaped matmul output) now train.
 
 use ingot_compiler::models::{self, Model};
-use ingot_runtime::random_step::{check_cpu, check_model};
+use ingot_testkit::random_step::{check_cpu, check_model};
 use proptest::prelude::*;
 
 #[test]

@@ -8,7 +8,7 @@ use ingot_compiler::fit::{self, FitError, FitOptions, Recomputation};
 use ingot_compiler::lower::Target;
 use ingot_compiler::models::{self, Model};
 use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
-use ingot_runtime::session::{Device, Session};
+use ingot_trainer::session::{Device, Session};
 
 /// Small enough to run ten CPU steps in well under a second; its attention (seq 16) costs
 /// fewer FLOPs per byte kept than its matmuls (d_model 32), so the order is visible.

@@ -9,7 +9,8 @@ use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, 
 use ingot_compiler::rewrite::{simplify, RewriteOptions};
 use ingot_compiler::{autodiff, models};
 use ingot_runtime::cpu::run_graph;
-use ingot_runtime::{init, Tensor};
+use ingot_runtime::Tensor;
+use ingot_trainer::init;
 use proptest::prelude::*;
 
 /// Seeded values for every leaf of `g`: parameters and state from their inits, a batch for the

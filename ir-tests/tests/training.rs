@@ -2,7 +2,7 @@
 //! GPT starts from the loss of a uniform guess, as a correctly initialised model must.
 
 use ingot_compiler::models;
-use ingot_runtime::session::Session;
+use ingot_trainer::session::Session;
 
 #[test]
 fn mlp_loss_falls_on_a_fixed_batch() {

@@ -336,13 +336,7 @@ fn the_backward_workspace_is_delta() {
 /// without a compiler; `tag` names the file (tests run in parallel).
 fn assert_compiles_on_host(kernels: &[CudaKernel], tag: &str) {
     use std::process::Command;
-    let Some(cxx) = ["g++", "c++", "clang++"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }) else {
-        eprintln!("skipping: no C++ compiler");
+    let Some(cxx) = ingot_testkit::cxx::host_cxx_or_skip() else {
         return;
     };
     let shim = r#"#include <math.h>

@@ -215,15 +215,6 @@ int main(int argc, char** argv) {
 }
 "#;
 
-fn cxx() -> Option<&'static str> {
-    ["g++", "c++", "clang++"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 /// The emulation program holding `kernels` (each once, by name).
 struct Emu {
     exe: std::path::PathBuf,
@@ -232,10 +223,7 @@ struct Emu {
 
 impl Emu {
     fn build(kernels: &[&CudaKernel]) -> Option<Emu> {
-        let Some(cxx) = cxx() else {
-            eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
-            return None;
-        };
+        let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
         let mut names: Vec<String> = Vec::new();
         // The kernels use the bf16 helpers only (not the integer and conversion helpers of
         // PRELUDE, which need more CUDA built-ins than this emulation has).

@@ -62,16 +62,7 @@ int main(int argc, char** argv) {
 
 /// Builds the helpers' host program; `None` (after saying so) without a C++ compiler.
 fn helpers_program() -> Option<std::path::PathBuf> {
-    let cxx = ["g++", "c++", "clang++"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let Some(cxx) = cxx else {
-        eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
-        return None;
-    };
+    let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
     let dir = std::env::temp_dir().join(format!("ingot_cuda_bf16_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("helpers.cpp");
@@ -634,13 +625,7 @@ fn same_values(dtype: DType, a: &[u8], b: &[u8]) -> Option<usize> {
 #[test]
 fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bits() {
     use ingot_kernels::fused::{cpu, random};
-    let Some(cxx) = ["g++", "c++", "clang++"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }) else {
-        eprintln!("skipping: no C++ compiler");
+    let Some(cxx) = ingot_testkit::cxx::host_cxx_or_skip() else {
         return;
     };
     let opts = random::Options {

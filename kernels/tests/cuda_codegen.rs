@@ -4,7 +4,7 @@
 //! can tell, through a small shim header that stands in for CUDA's built-ins.
 //!
 //! Numerical checks against the CPU executor run on a GPU: `cargo run --release -p
-//! ingot-runtime --example cuda_kernels`.
+//! ingot-testkit --example cuda_kernels`.
 
 use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random::{self, Rng};
@@ -663,25 +663,11 @@ int __popc(unsigned);
 template <typename T> T __shfl_sync(unsigned mask, T v, int lane, int width = 32);
 "#;
 
-fn compiler() -> Option<String> {
-    for c in ["g++", "c++", "clang++"] {
-        let ok = Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(c.to_string());
-        }
-    }
-    None
-}
-
 /// Writes the shim, the prelude and each distinct kernel once to a file and runs the host
 /// compiler over it with warnings as errors. Returns false (after saying so) when there is no
 /// C++ compiler.
 fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
-    let Some(cxx) = compiler() else {
-        eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
+    let Some(cxx) = ingot_testkit::cxx::host_cxx_or_skip() else {
         return false;
     };
     let mut distinct: BTreeMap<&str, &CudaKernel> = BTreeMap::new();
@@ -701,7 +687,7 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("kernels.cpp");
     std::fs::write(&file, &text).unwrap();
-    let out = Command::new(&cxx)
+    let out = Command::new(cxx)
         .args([
             "-std=c++17",
             "-fsyntax-only",

@@ -6,7 +6,7 @@
 //! The convolution checks go through the chunked layout the CUDA lowering uses: the column
 //! buffer `[g, K, S·P]` of `S` images at a time, multiplied here by plain f64 loops standing
 //! in for cuBLAS. So this checks the kernels' index arithmetic and the layout algebra
-//! without a GPU; runtime/tests/cuda_conv.rs checks whole steps on the device. Skips (saying
+//! without a GPU; trainer/tests/cuda_conv.rs checks whole steps on the device. Skips (saying
 //! so) without a C++ compiler.
 
 use ingot_kernels::cpu::conv::{self, ConvGeometry, Pass};
@@ -72,16 +72,7 @@ struct Emu {
 
 impl Emu {
     fn build(tag: &str, kernels: &[&CudaKernel]) -> Option<Emu> {
-        let cxx = ["g++", "c++", "clang++"].into_iter().find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-        let Some(cxx) = cxx else {
-            eprintln!("skipping: no C++ compiler (tried g++, c++, clang++)");
-            return None;
-        };
+        let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
         let mut names: Vec<String> = Vec::new();
         let mut src = format!("{SHIM}{PRELUDE_BF16}");
         for k in kernels {

@@ -1,6 +1,6 @@
 //! What a loaded step is, whatever runs it: the CPU's [`PlannedStep`] and the GPU's
 //! [`CudaStep`] both hold a step graph, its memory plan and the one allocation every value
-//! lives in, and a [`Session`](crate::session::Session) drives either through this trait.
+//! lives in, and a training session (the `ingot-trainer` crate) drives either through this trait.
 //!
 //! [`PlannedStep`]: crate::cpu::planned::PlannedStep
 //! [`CudaStep`]: crate::cuda::CudaStep
@@ -54,7 +54,7 @@ pub trait StepExecutor {
 
     /// For one process of a job of several (`ingot train --torchrun`): this rank and the
     /// number of ranks. The process then reads only its own shard of each batch
-    /// ([`crate::collective::ranks::ShardBatches`]), one rank's slot.
+    /// (the trainer's `data::shard::ShardBatches`), one rank's slot.
     fn data_shard(&self) -> Option<(usize, usize)> {
         None
     }
@@ -91,7 +91,7 @@ pub trait StepExecutor {
     /// The type of the values [`StepExecutor::write_leaf`] takes and
     /// [`StepExecutor::read_leaf`] gives for leaf `id`: the graph's, except where several
     /// ranks each hold rows of the leaf (a sharded optimizer's) and the executor presents the
-    /// whole of it ([`crate::collective::ranks::CpuRanks`]).
+    /// whole of it ([`crate::cpu::ranks::CpuRanks`]).
     fn leaf_type(&self, id: NodeId) -> TensorType {
         self.graph().ty(id).clone()
     }

@@ -1,19 +1,16 @@
-//! Ingot runtime: host tensors, the CPU backend, the CUDA backend, and the `ingot` program.
+//! Ingot runtime: runs an [`Executable`](ingot_compiler::exe::Executable) and nothing else.
+//! Host tensors and their files ([`tensor`], [`io`]), the step executor trait ([`executor`]),
+//! the CPU and CUDA executors ([`cpu`], [`cuda`]), NCCL and the rank collectives
+//! ([`collective`]). A training run (data sets, the loop, checkpoints) is the `ingot-trainer`
+//! crate's, and the command line the `ingot` crate's: this crate names neither (tests/layers.rs).
 
-pub mod cli;
 pub mod collective;
 pub mod cpu;
 pub mod cuda;
-pub mod data;
 pub mod error;
 pub mod executor;
-pub mod fuzz;
-pub mod init;
 pub mod io;
-pub mod random_step;
-pub mod session;
 pub mod tensor;
-pub mod trainer;
 
 pub use error::ExecError;
 pub use executor::StepExecutor;

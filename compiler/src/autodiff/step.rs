@@ -230,7 +230,7 @@ pub fn training_step_with(
 /// A rank's share of the loss of `ranks` data-parallel ranks: its own loss over `ranks`, the
 /// value whose gradients it computes. The step's loss is the mean of the ranks' losses, so
 /// each rank's part of its gradient is the gradient of that share, and the ranks' gradients
-/// are *summed* ([`Op::AllReduce`](crate::ir::Op::AllReduce) is a sum), which NCCL's
+/// are *summed* ([`Op::AllReduce`] is a sum), which NCCL's
 /// symmetric-memory kernels run and its average does not (NCCL 2.28: `ncclAvg` of floats
 /// is a pre-multiplied sum, which they do not implement). Scaling the seed scales every
 /// gradient exactly when `ranks` is a power of two (a float times 2^-k is exact short of

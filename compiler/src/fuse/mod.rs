@@ -178,7 +178,7 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<Fused, IrError> {
 
 /// The graph fusion groups into kernels, before any recomputation: `g` with its concats of
 /// equal parts turned into selects and its products added into dying values made `matmul_acc`
-/// ([`prepare`]). [`remat::candidates`] lists the heavy values of this graph, and
+/// (`prepare`). [`remat::candidates`] lists the heavy values of this graph, and
 /// [`fuse_recomputing`] takes their ids in it.
 pub fn prepared(g: &Graph) -> Result<Graph, IrError> {
     prepared_with(g, &FuseOptions::default())

@@ -29,7 +29,7 @@
 //! output in bf16, its log-sum-exp in f32) and before autodiff. The graph is otherwise copied
 //! unchanged: the same nodes in the same order, less the chains' intermediates and what only
 //! they used (the mask, the scale constant), plus a view for a q, k or v stored transposed;
-//! where the attention reads the model's own tensors in a token-major layout ([`layout`]), the
+//! where the attention reads the model's own tensors in a token-major layout (`layout`), the
 //! views it no longer needs go too, and its output is transposed back to the chain's layout.
 
 mod layout;

@@ -16,7 +16,7 @@
 //! The e-graph may have cycles (`x * 1` lives in `x`'s own class). Classes are decided in order of
 //! the height of their shallowest term, each among its e-nodes whose children are all strictly
 //! lower, which cannot cycle and leaves every child decided before its parents
-//! ([`ranked`]). Every rule rewrites towards shallower terms, so the restriction loses nothing
+//! (`ranked`). Every rule rewrites towards shallower terms, so the restriction loses nothing
 //! the rules offer. Two candidates are compared by the classes only one of them needs, found by
 //! a search that stops where the two terms meet, so the extraction costs about the size of the
 //! e-graph plus the regions where alternatives differ, not its square. (Until 2026-11 the sets

@@ -25,7 +25,7 @@
 //!   models (they stop by saturation).
 //!
 //! # Type safety
-//! Each e-class knows its [`TensorType`](crate::ir::TensorType) ([`analysis`]). A rule that builds
+//! Each e-class knows its [`TensorType`] ([`analysis`]). A rule that builds
 //! an ill-typed node or equates classes of different types is a bug; it is recorded, the run
 //! stops, and [`simplify`] returns an error naming the rule and both types.
 //!

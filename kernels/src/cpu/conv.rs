@@ -1,5 +1,5 @@
 //! 2-d convolution over NCHW images on the CPU, forward and both backward passes, as im2col
-//! (or its adjoint col2im) plus the packed GEMM of [`super::gemm`]. Every pass works one image
+//! (or its adjoint col2im) plus the packed GEMM of [`super::gemm()`]. Every pass works one image
 //! and one group at a time through a column buffer `[C/g · kh · kw, Ho · Wo]` carved, with the
 //! GEMM's packing space, from a workspace the caller gives ([`workspace_len`]): the runtime
 //! plans it in the slab, so a step allocates nothing.
@@ -8,7 +8,7 @@
 //! - input gradient: `dx[n, group] = col2im(W_gᵀ · dy[n, group])`;
 //! - weight gradient: `dW_g = Σ_n dy[n, group] · col(x[n, group])ᵀ`, images in order.
 //!
-//! The summation order is fixed by the sizes, so results repeat bit for bit. [`reference`]
+//! The summation order is fixed by the sizes, so results repeat bit for bit. [`reference()`]
 //! computes the forward pass with plain loops in f64, for tests.
 
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};

@@ -2,8 +2,8 @@
 //! broadcast, slice) and reductions. Nothing here knows the IR; shapes are explicit arguments.
 //!
 //! The functions allocate nothing on the heap for ranks up to [`layout::INLINE_RANK`]. Matrix
-//! products come two ways: [`gemm`] packs into a workspace the caller passes (the runtime plans
-//! it in the slab, so a step allocates nothing), while [`matmul`], over `matrixmultiply`,
+//! products come two ways: [`gemm()`] packs into a workspace the caller passes (the runtime plans
+//! it in the slab, so a step allocates nothing), while [`matmul()`], over `matrixmultiply`,
 //! allocates its packing buffers on every call and serves as an independent reference.
 //! A caller that breaks a documented precondition (a slice of the wrong length) gets a panic
 //! with a message; the runtime checks shapes before it calls in.

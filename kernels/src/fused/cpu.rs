@@ -14,7 +14,7 @@
 //! no index); the remaining axes split three ways:
 //! - **flat** (no reduce axis of size > 1): chunks are runs of `L` consecutive domain elements
 //!   (row-major), every live instruction is evaluated per chunk and every output stored. A
-//!   reduction over axes of size 1 is its operand (as [`crate::cpu::reduce`] copies).
+//!   reduction over axes of size 1 is its operand (as [`crate::cpu::reduce()`] copies).
 //! - **rows** (the innermost axis is reduced: softmax, layer norm): for each row (index of the
 //!   kept axes) the kernel makes one pass over the row's reduced elements per reduction level,
 //!   in chunks of `L` along the trailing reduced axes. Pass `p` evaluates the full instructions
@@ -36,7 +36,7 @@
 //! Results are identical whichever way a value is read.
 //!
 //! # Summation order
-//! Reductions fold in exactly the order [`crate::cpu::reduce`] uses for a tensor shaped like the
+//! Reductions fold in exactly the order [`crate::cpu::reduce()`] uses for a tensor shaped like the
 //! domain, so a fused reduction gives the unfused op's bits: in the rows case, each contiguous
 //! run along the trailing reduced axes is folded, in blocks of [`RUN_BLOCK`] terms, into eight
 //! interleaved partials combined as `((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))`, and the block sums
@@ -1661,7 +1661,7 @@ fn combine8<T: Copy>(s: &[T], f: impl Fn(T, T) -> T) -> T {
 /// Rows case: folds a chunk, at position `p0` of its run (a multiple of 8), into the slot's
 /// eight interleaved partials; a sum's partials restart at every multiple of [`RUN_BLOCK`],
 /// after their block's sum goes to the row's cascade as value `first + p / RUN_BLOCK - 1`
-/// (`first`: the run's first block's index in the row), as [`crate::cpu::reduce`] does.
+/// (`first`: the run's first block's index in the row), as [`crate::cpu::reduce()`] does.
 fn acc_run<T: NumElem>(op: ReduceOp, x: &[u8], slot: &mut [u8], p0: usize, first: usize) -> R {
     let x = typed::<T>(x)?;
     let slot = typed_mut::<T>(slot)?;

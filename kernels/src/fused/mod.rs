@@ -23,10 +23,10 @@
 //!   outside the reduce axes (sum from 0, integer sums wrapping; max from the lowest value,
 //!   where a term replaces the running max when strictly greater or NaN, so NaN propagates
 //!   and of `0.0` and `-0.0` the earlier stays). The terms come in row-major order of `j`, and
-//!   are combined in the fixed order [`crate::cpu::reduce`] uses for a tensor shaped like the
+//!   are combined in the fixed order [`crate::cpu::reduce()`] uses for a tensor shaped like the
 //!   domain, so that a fused reduction gives the unfused op's bits on the CPU: if the innermost
 //!   axis of size > 1 is reduced, each contiguous run along the trailing reduced axes goes, in
-//!   blocks of [`crate::cpu::reduce::BLOCK`] terms, to eight interleaved partials combined
+//!   blocks of [`crate::cpu::reduce::RUN_BLOCK`] terms, to eight interleaved partials combined
 //!   pairwise, and the blocks of a run and the runs of a row are combined by cascades;
 //!   otherwise each lane's terms go to a cascade (see [`crate::cpu::reduce::Cascade`]: no
 //!   accumulator takes more than `BLOCK` terms, so sums stay accurate at any length). When

@@ -1,6 +1,6 @@
-//! `N` CPU ranks as one step executor: `N` planned steps of a step compiled for `N` ranks
-//! (each its own allocation, each rank's end of an in-process [`threads`] group), run side by
-//! side on `N` threads kept for the run ([`RankThreads`]). What a session sees is one step
+//! What every executor of `N` ranks shares (the CPU's `cpu::ranks::CpuRanks`, the GPUs'
+//! `cuda::ranks`): `N` steps of a step compiled for `N` ranks, run side by side on `N` threads
+//! kept for the run ([`RankThreads`]). What a session sees is one step
 //! whose batch is the union of the ranks' shards: a batch written for all ranks together (`N`
 //! times one rank's input) is cut into `N` contiguous shards, rank `r` taking the `r`-th; a
 //! value of one rank's size (parameters, state, scalars, a fixed batch) goes to every rank.
@@ -14,16 +14,12 @@
 //! ([`read_whole`]). Initial values, loaded parameters and checkpoints are then the
 //! unsharded step's tensors, and a sharded run resumes unsharded, or the other way round.
 
-use super::threads;
-use crate::cpu::planned::PlannedStep;
-use crate::data::{BatchSource, DataError, Dropped, InputSlot};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
 use crate::tensor::Tensor;
 use ingot_compiler::autodiff::shard;
-use ingot_compiler::exe::{Executable, StepPair};
-use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
-use ingot_compiler::plan::check::Location;
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::plan::MemoryPlan;
 
 /// The data-parallel ranks an executable was compiled for (1 when it has no collective).
@@ -106,7 +102,7 @@ pub fn read_whole<E: StepExecutor>(ranks: &[E], id: NodeId) -> Result<Tensor, Ex
 }
 
 /// Writes node `id` on every rank: each its shard of a batch written for all ranks together,
-/// or all of `bytes` ([`shard`]).
+/// or all of `bytes` ([`shard()`]).
 pub fn write_shards<E: StepExecutor>(
     ranks: &mut [E],
     id: NodeId,
@@ -126,7 +122,7 @@ pub fn write_shards<E: StepExecutor>(
 }
 
 /// Runs every rank's evaluation step on its shard of `inputs` (written for all ranks together,
-/// [`shard`] against the evaluation step's plan), one rank after another: an evaluation has no
+/// [`shard()`] against the evaluation step's plan), one rank after another: an evaluation has no
 /// collective, so no rank waits for another.
 pub fn eval_shards<E: StepExecutor>(
     ranks: &mut [E],
@@ -263,287 +259,19 @@ fn panicked() -> ExecError {
     }
 }
 
+/// The type of the whole value of leaf `id`, which every rank holds a part of
+/// ([`shard::whole_type`]): the executors of several ranks present sharded leaves whole
+/// ([`StepExecutor::leaf_type`]). The one place the runtime reads the compiler's sharding
+/// rule, so the layer test names one exception.
+pub fn whole_type(g: &Graph, id: NodeId) -> TensorType {
+    shard::whole_type(g, id)
+}
+
 /// A rank thread's result; an error if the thread panicked.
 pub fn joined<T>(
     h: std::thread::ScopedJoinHandle<'_, Result<T, ExecError>>,
 ) -> Result<T, ExecError> {
     h.join().unwrap_or_else(|_| Err(panicked()))
-}
-
-/// `N` CPU ranks of one data-parallel step.
-pub struct CpuRanks {
-    ranks: Vec<PlannedStep>,
-    threads: RankThreads,
-}
-
-impl CpuRanks {
-    /// Loads `exe` once per rank it was compiled for ([`ranks_of`]), each with its end of one
-    /// thread group.
-    pub fn new(exe: Executable) -> Result<CpuRanks, ExecError> {
-        let n = ranks_of(&exe);
-        let mut ranks = Vec::with_capacity(n);
-        for c in threads::group(n) {
-            let mut s = PlannedStep::new(exe.clone())?;
-            s.set_collective(Box::new(c))?;
-            ranks.push(s);
-        }
-        let threads = RankThreads::new(ranks.len())?;
-        Ok(CpuRanks { ranks, threads })
-    }
-
-    /// As [`CpuRanks::new`], each rank with the pair's evaluation step beside its training
-    /// step in one allocation ([`PlannedStep::pair`]): an evaluation runs every rank on its
-    /// shard of the batch, and its loss is the mean of theirs.
-    pub fn pair(pair: StepPair) -> Result<CpuRanks, ExecError> {
-        let n = ranks_of(pair.train());
-        let mut ranks = Vec::with_capacity(n);
-        for c in threads::group(n) {
-            let mut s = PlannedStep::pair(pair.clone())?;
-            s.set_collective(Box::new(c))?;
-            ranks.push(s);
-        }
-        let threads = RankThreads::new(ranks.len())?;
-        Ok(CpuRanks { ranks, threads })
-    }
-
-    /// The rank steps, rank 0 first.
-    pub fn ranks(&self) -> &[PlannedStep] {
-        &self.ranks
-    }
-}
-
-impl StepExecutor for CpuRanks {
-    fn graph(&self) -> &Graph {
-        self.ranks[0].graph()
-    }
-
-    fn plan(&self) -> &MemoryPlan {
-        self.ranks[0].plan()
-    }
-
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        write_shards(&mut self.ranks, id, bytes)
-    }
-
-    /// A sharded leaf's rows joined from every rank ([`read_whole`]).
-    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
-        read_whole(&self.ranks, id)
-    }
-
-    /// A sharded leaf's whole type ([`shard::whole_type`]): [`read_whole`] reads it, and a
-    /// value of it written is cut into the ranks' rows ([`write_shards`]).
-    fn leaf_type(&self, id: NodeId) -> TensorType {
-        shard::whole_type(self.graph(), id)
-    }
-
-    fn step(&mut self) -> Result<(), ExecError> {
-        self.threads.on_every_rank(&mut self.ranks, |_, s| s.step())
-    }
-
-    fn eval_executable(&self) -> Option<&Executable> {
-        self.ranks[0].eval_executable()
-    }
-
-    /// Every rank evaluates its shard of the batch (no collective: the mean of the ranks'
-    /// losses is taken where it is read, [`StepExecutor::read_scalar`]).
-    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
-        eval_shards(&mut self.ranks, inputs)
-    }
-
-    fn allocated_bytes(&self) -> usize {
-        self.ranks[0].allocated_bytes()
-    }
-
-    fn device(&self) -> String {
-        format!("cpu, {} ranks", self.ranks.len())
-    }
-
-    /// The value at `at` on every rank: the same on all (a gradient norm, read after the
-    /// all-reduce), or each rank's own (its shard's loss), whose mean over the ranks is the
-    /// union's (equal shards of a mean loss).
-    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError> {
-        let values = self
-            .ranks
-            .iter()
-            .map(|s| s.read_scalar(at, dtype))
-            .collect::<Result<Vec<f64>, _>>()?;
-        Ok(super::launch::mean_of_ranks(&values))
-    }
-
-    fn data_ranks(&self) -> usize {
-        self.ranks.len()
-    }
-}
-
-/// `ranks` (at least 1), when `inner` has a batch per epoch for each; otherwise the error
-/// saying a rank would get nothing.
-fn enough_for<S: BatchSource>(inner: &S, ranks: usize) -> Result<usize, DataError> {
-    let ranks = ranks.max(1);
-    if inner.batches_per_epoch() < ranks as u64 {
-        return Err(DataError::TooSmall {
-            file: inner.describe().into(),
-            reason: format!(
-                "{} batches per epoch cannot give each of {ranks} ranks one",
-                inner.batches_per_epoch()
-            ),
-        });
-    }
-    Ok(ranks)
-}
-
-/// `source` (one rank's batches) as `step` reads them: this process's shard of every batch
-/// for one process of several ([`StepExecutor::data_shard`]), the union of the ranks' shards
-/// for several ranks in one process ([`StepExecutor::data_ranks`]), `source` itself for one
-/// rank. Training and evaluation read their data sets through it, so every rank sees the rows
-/// it would see in any of the three.
-pub fn rank_batches(
-    source: Box<dyn BatchSource>,
-    step: &dyn StepExecutor,
-) -> Result<Box<dyn BatchSource>, DataError> {
-    Ok(match (step.data_shard(), step.data_ranks()) {
-        (Some((r, n)), _) => Box::new(ShardBatches::new(source, r, n)?),
-        (None, 0 | 1) => source,
-        (None, n) => Box::new(RankBatches::new(source, n)?),
-    })
-}
-
-/// A batch source for `N` ranks: batch `k` of an epoch is the inner source's batches
-/// `kN, kN + 1, ..., kN + N - 1`, one after another (rank `r` gets batch `kN + r`, its shard):
-/// disjoint shards of the same seeded order, and an epoch has `N` times fewer (larger) batches.
-pub struct RankBatches<S> {
-    inner: S,
-    ranks: usize,
-    x: InputSlot,
-    y: InputSlot,
-}
-
-impl<S: BatchSource> RankBatches<S> {
-    /// `inner` makes one rank's batches; `ranks` at least 1. A data set with fewer batches per
-    /// epoch than ranks is refused (a rank would get nothing).
-    pub fn new(inner: S, ranks: usize) -> Result<RankBatches<S>, DataError> {
-        let ranks = enough_for(&inner, ranks)?;
-        let widen = |s: &InputSlot| {
-            let mut s = s.clone();
-            if let Some(d) = s.dims.first_mut() {
-                *d *= ranks;
-            }
-            s
-        };
-        Ok(RankBatches {
-            x: widen(inner.x()),
-            y: widen(inner.y()),
-            inner,
-            ranks,
-        })
-    }
-}
-
-impl<S: BatchSource> BatchSource for RankBatches<S> {
-    fn x(&self) -> &InputSlot {
-        &self.x
-    }
-    fn y(&self) -> &InputSlot {
-        &self.y
-    }
-    fn batches_per_epoch(&self) -> u64 {
-        self.inner.batches_per_epoch() / self.ranks as u64
-    }
-    fn seed(&self) -> u64 {
-        self.inner.seed()
-    }
-    fn fill(
-        &mut self,
-        epoch: u64,
-        batch: u64,
-        x: &mut [u8],
-        y: &mut [u8],
-    ) -> Result<(), DataError> {
-        let (xb, yb) = (self.inner.x().bytes(), self.inner.y().bytes());
-        for r in 0..self.ranks {
-            let k = batch * self.ranks as u64 + r as u64;
-            self.inner.fill(
-                epoch,
-                k,
-                &mut x[r * xb..(r + 1) * xb],
-                &mut y[r * yb..(r + 1) * yb],
-            )?;
-        }
-        Ok(())
-    }
-    fn dropped_per_epoch(&self) -> Dropped {
-        self.inner.dropped_per_epoch()
-    }
-    fn describe(&self) -> String {
-        format!(
-            "{}, in shards for {} ranks",
-            self.inner.describe(),
-            self.ranks
-        )
-    }
-    fn check_all(&mut self) -> Result<(), DataError> {
-        self.inner.check_all()
-    }
-}
-
-/// One rank's shard of a data set for a job of one process per rank (`--torchrun`): batch `k`
-/// of an epoch is the inner source's batch `kN + r`, the same shard [`RankBatches`] gives rank
-/// `r` inside its union batch, so a run of `N` processes and a run of `N` GPUs in one process
-/// see the same data.
-pub struct ShardBatches<S> {
-    inner: S,
-    rank: usize,
-    ranks: usize,
-}
-
-impl<S: BatchSource> ShardBatches<S> {
-    /// `inner` makes one rank's batches; `rank < ranks`. A data set with fewer batches per
-    /// epoch than ranks is refused (a rank would get nothing).
-    pub fn new(inner: S, rank: usize, ranks: usize) -> Result<ShardBatches<S>, DataError> {
-        let ranks = enough_for(&inner, ranks)?;
-        Ok(ShardBatches {
-            inner,
-            rank: rank.min(ranks - 1),
-            ranks,
-        })
-    }
-}
-
-impl<S: BatchSource> BatchSource for ShardBatches<S> {
-    fn x(&self) -> &InputSlot {
-        self.inner.x()
-    }
-    fn y(&self) -> &InputSlot {
-        self.inner.y()
-    }
-    fn batches_per_epoch(&self) -> u64 {
-        self.inner.batches_per_epoch() / self.ranks as u64
-    }
-    fn seed(&self) -> u64 {
-        self.inner.seed()
-    }
-    fn fill(
-        &mut self,
-        epoch: u64,
-        batch: u64,
-        x: &mut [u8],
-        y: &mut [u8],
-    ) -> Result<(), DataError> {
-        let k = batch * self.ranks as u64 + self.rank as u64;
-        self.inner.fill(epoch, k, x, y)
-    }
-    fn dropped_per_epoch(&self) -> Dropped {
-        self.inner.dropped_per_epoch()
-    }
-    fn describe(&self) -> String {
-        format!(
-            "{}, in shards for {} ranks",
-            self.inner.describe(),
-            self.ranks
-        )
-    }
-    fn check_all(&mut self) -> Result<(), DataError> {
-        self.inner.check_all()
-    }
 }
 
 #[cfg(test)]
@@ -636,73 +364,5 @@ mod tests {
         assert_eq!(join_rows(&parts, whole.ty.clone()).unwrap(), whole);
         let e = join_rows(&parts[..2], whole.ty.clone()).unwrap_err();
         assert!(e.to_string().contains("2 ranks hold 32 bytes"), "{e}");
-    }
-
-    /// Batches whose x bytes are the batch's number within the epoch.
-    struct Numbered(InputSlot, InputSlot);
-
-    impl BatchSource for Numbered {
-        fn x(&self) -> &InputSlot {
-            &self.0
-        }
-        fn y(&self) -> &InputSlot {
-            &self.1
-        }
-        fn batches_per_epoch(&self) -> u64 {
-            10
-        }
-        fn seed(&self) -> u64 {
-            0
-        }
-        fn fill(&mut self, _: u64, b: u64, x: &mut [u8], _: &mut [u8]) -> Result<(), DataError> {
-            x.fill(b as u8);
-            Ok(())
-        }
-        fn dropped_per_epoch(&self) -> Dropped {
-            Dropped {
-                count: 0,
-                unit: "samples",
-            }
-        }
-        fn describe(&self) -> String {
-            "numbered".into()
-        }
-        fn check_all(&mut self) -> Result<(), DataError> {
-            Ok(())
-        }
-    }
-
-    fn numbered() -> Numbered {
-        let slot = |name: &str| InputSlot {
-            name: name.into(),
-            dtype: DType::Bool,
-            dims: vec![2],
-        };
-        Numbered(slot("x"), slot("y"))
-    }
-
-    #[test]
-    fn each_process_reads_the_shard_its_rank_gets_inside_the_union_batch() {
-        let mut union = RankBatches::new(numbered(), 3).unwrap();
-        assert_eq!(union.batches_per_epoch(), 3);
-        let (mut x, mut y) = (vec![0u8; 6], vec![0u8; 6]);
-        union.fill(0, 2, &mut x, &mut y).unwrap();
-        for r in 0..3 {
-            let mut shard = ShardBatches::new(numbered(), r, 3).unwrap();
-            assert_eq!(shard.batches_per_epoch(), 3);
-            assert_eq!(
-                shard.describe(),
-                union.describe(),
-                "one data set, one fingerprint"
-            );
-            let (mut sx, mut sy) = (vec![0u8; 2], vec![0u8; 2]);
-            shard.fill(0, 2, &mut sx, &mut sy).unwrap();
-            assert_eq!(sx, x[2 * r..2 * r + 2], "rank {r}");
-            assert_eq!(sx, vec![(2 * 3 + r) as u8; 2]);
-        }
-        let small = ShardBatches::new(numbered(), 0, 11)
-            .err()
-            .expect("10 batches, 11 ranks");
-        assert!(small.to_string().contains("11 ranks"), "{small}");
     }
 }

@@ -7,6 +7,7 @@ pub mod bf16;
 pub mod exec;
 pub mod interp;
 pub mod planned;
+pub mod ranks;
 
 pub use exec::{exec_node, exec_node_with, Scratch};
 pub use interp::{check_leaves, run_graph, LeafValues, Values};

@@ -6,16 +6,17 @@
 //! offsets, their dependency graph, the kernels' CUDA C); this backend only loads and runs it:
 //! - [`ptx`]: NVRTC compilation, once, with the PTX cached by source and options;
 //! - [`device`]: the loaded step: one allocation, a CUDA graph replayed every step;
-//! - [`kernel_check`]: every kernel of a model, or random ones, on the GPU against the CPU;
 //! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`);
 //! - [`libsearch`]: finding a library PyTorch's Python packages hold, and loading it;
 //! - [`nccl`]: NCCL, found and bound at run time;
 //! - [`ranks`]: the GPUs of a data-parallel step, one rank each, averaging over NCCL;
 //! - [`process`]: one rank of a job of one process per GPU (`--torchrun`);
 //! - [`timeline`]: where time goes inside the step's graph, from a stamp after each operation.
+//!
+//! The check of every kernel against the CPU (a model's, or random ones) is test code: the
+//! dev-only `ingot-testkit` crate's `kernel_check`.
 
 pub mod device;
-pub mod kernel_check;
 pub mod libsearch;
 pub mod nccl;
 pub mod pinned;

@@ -1,6 +1,6 @@
 //! Page-locked host buffers for the data loader's staging: the copy engine reads them directly,
 //! so an input's copy to the GPU is truly asynchronous and the driver stages nothing.
-//! Allocated once per run (two per input, see [`crate::data::Loader`]).
+//! Allocated once per run (two per input, by the trainer's data loader).
 
 use crate::error::ExecError;
 use cudarc::driver::{CudaContext, PinnedHostSlice};

@@ -3,7 +3,7 @@
 //! `WORLD_SIZE` ([`LaunchEnv`]). The processes meet over TCP at rank 0 ([`HostLink`]), which
 //! hands out NCCL's unique id; each makes its communicator (`ncclCommInitRank`) and loads the
 //! step as [`super::ranks::GpuRanks`] loads each of its ranks. Each process reads its own shard
-//! of the data ([`crate::collective::ranks::ShardBatches`]); the loss each reports is the mean
+//! of the data (the trainer's `data::shard::ShardBatches`); the loss each reports is the mean
 //! over the ranks (exchanged over the link, a few bytes per step).
 
 use super::device::{CudaOptions, CudaStep};

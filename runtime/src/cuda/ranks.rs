@@ -2,7 +2,7 @@
 //! data-parallel ranks, rank `r` on GPU `r`, each with its own allocation, stream and end of one
 //! NCCL group, each driven by a thread of its own kept for the run (one process, one thread per GPU).
 //!
-//! What a session sees is what [`crate::collective::ranks::CpuRanks`] shows it: one step whose
+//! What a session sees is what [`crate::cpu::ranks::CpuRanks`] shows it: one step whose
 //! batch is the union of the ranks' shards (an input written for all ranks together is cut into
 //! `N` contiguous shards, rank `r` taking the `r`-th; anything of one rank's size goes to
 //! every rank), parameters read from rank 0 (every rank applies the same averaged gradients),
@@ -59,7 +59,7 @@ impl GpuRanks {
     }
 
     /// As [`GpuRanks::new`], each rank with the pair's evaluation step beside its training step
-    /// in one allocation ([`CudaStep::rank_pair`]): an evaluation runs every rank on its shard
+    /// in one allocation (`CudaStep::rank_with`): an evaluation runs every rank on its shard
     /// of the batch, and its loss is the mean of theirs.
     pub fn pair(pair: StepPair, serial: bool) -> Result<GpuRanks, ExecError> {
         let bytes = pair.allocation_bytes();
@@ -223,9 +223,9 @@ impl StepExecutor for GpuRanks {
         read_whole(&self.ranks, id)
     }
 
-    /// A sharded leaf's whole type, as [`crate::collective::ranks::CpuRanks`] presents it.
+    /// A sharded leaf's whole type, as [`crate::cpu::ranks::CpuRanks`] presents it.
     fn leaf_type(&self, id: NodeId) -> TensorType {
-        ingot_compiler::autodiff::shard::whole_type(self.graph(), id)
+        crate::collective::ranks::whole_type(self.graph(), id)
     }
 
     fn step(&mut self) -> Result<(), ExecError> {

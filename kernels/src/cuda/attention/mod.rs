@@ -14,12 +14,12 @@
 //!   `dkdv` (a block per key tile looping over query tiles) and `dq` (a block per query tile
 //!   looping over key tiles): no atomics, every output element written once, so the results
 //!   are the same bits on every run.
-//! - Products ([`helpers`]): each warp owns 16 rows and computes its tiles with
+//! - Products (`helpers`): each warp owns 16 rows and computes its tiles with
 //!   `mma.sync.m16n8k16` (bf16) or `mma.sync.m16n8k8` (tf32, operands rounded with
 //!   `cvt.rna.tf32.f32`), f32 accumulation; strict f32 computes the same accumulator layout with
 //!   one `fmaf` a term. The probabilities (and the backward's `ds`) go through a per-warp shared
 //!   tile to become the next product's left operand (rounded to bf16 there for bf16).
-//! - Tiles ([`tiles`]): four warps of 16 rows where 48 KiB of shared memory allow, fewer
+//! - Tiles (`tiles`): four warps of 16 rows where 48 KiB of shared memory allow, fewer
 //!   elsewhere, the step of each kernel as measured fastest on an H100 (bf16 head dim 64:
 //!   64 × 64 forward and dq, 64 keys × 32 queries dkdv).
 //! - Lengths that are not a multiple of a tile load zeros past the end and mask those keys (or

@@ -1,0 +1,5 @@
+//! The `ingot` command-line program.
+
+fn main() {
+    std::process::exit(ingot_cli::main());
+}

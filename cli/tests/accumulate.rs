@@ -1,0 +1,216 @@
+//! Gradient accumulation (`StepOptions::accumulate`): a step of K micro-batches of b samples
+//! trains as the step of one batch of K·b (the same losses and parameters within float
+//! rounding), and its plan is smaller.
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::StepOptions;
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{DType, LeafKind};
+use ingot_compiler::lower::Target;
+use ingot_compiler::models::{self, Model};
+use ingot_compiler::pipeline;
+use ingot_runtime::tensor::Tensor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+
+#[path = "../../trainer/tests/support/steps.rs"]
+mod steps;
+
+fn compile(model: &Model, accumulate: usize) -> Executable {
+    let step = StepOptions {
+        accumulate,
+        ..Default::default()
+    };
+    steps::compile(model, step, Target::Cpu)
+}
+
+/// `steps` steps of `spec` at batch `k * b`, whole and as `k` accumulated micro-batches of `b`,
+/// from the same parameters and batches: the largest relative difference of a loss and of a
+/// parameter.
+fn accumulated_against_whole(spec: &str, sgd: bool, k: usize, b: usize, steps: u64) -> (f64, f64) {
+    let at = |batch: usize| {
+        let mut m = models::at_batch(spec, batch, DType::F32).unwrap();
+        if sgd {
+            m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        }
+        m
+    };
+    let whole = compile(&at(k * b), 1);
+    let accumulated = compile(&at(b), k);
+    // The micro-batches' weight gradients are summed by their GEMMs (`matmul_acc`), so these
+    // losses check that op too.
+    assert!(
+        accumulated
+            .graph()
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, ingot_compiler::ir::Op::MatMulAcc { .. })),
+        "{spec}: the micro-batches' products are not accumulated by matmul_acc"
+    );
+    let g = whole.graph();
+    let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
+    state.extend(init_leaves(g, LeafKind::State, 3));
+    let batches: Vec<IndexMap<String, Tensor>> =
+        (0..steps).map(|s| synthetic_batch(g, 50 + s)).collect();
+    steps::run_distance(
+        &steps::train_planned(accumulated, &state, &batches),
+        &steps::train_planned(whole, &state, &batches),
+    )
+}
+
+#[test]
+fn four_accumulated_micro_batches_train_an_mlp_as_the_whole_batch() {
+    let (loss, param) = accumulated_against_whole("mlp", true, 4, 2, 10);
+    assert!(
+        loss <= 1e-6 && param <= 1e-6,
+        "loss {loss:.2e}, parameters {param:.2e}"
+    );
+}
+
+#[test]
+fn two_accumulated_micro_batches_train_a_gpt_as_the_whole_batch() {
+    let spec = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=4";
+    let (loss, param) = accumulated_against_whole(spec, false, 2, 2, 10);
+    // AdamW: as in data_parallel.rs, a gradient that is zero in exact arithmetic (the key bias)
+    // is rounding noise that AdamW scales to a step of either sign; the losses stay close.
+    assert!(loss <= 1e-6, "loss {loss:.2e} (parameters {param:.2e})");
+    let (loss, param) = accumulated_against_whole(spec, true, 2, 2, 10);
+    assert!(
+        loss <= 1e-6 && param <= 1e-6,
+        "SGD: loss {loss:.2e}, parameters {param:.2e}"
+    );
+}
+
+#[test]
+fn accumulating_more_micro_batches_plans_less_memory_for_the_same_batch() {
+    let spec = "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=64,batch=16";
+    let totals: Vec<usize> = [1usize, 2, 4, 8]
+        .iter()
+        .map(|&k| {
+            let m = models::at_batch(spec, 16 / k, DType::F32).unwrap();
+            let exe = compile(&m, k);
+            let x = exe.graph().leaf("x").unwrap();
+            assert_eq!(
+                exe.graph().ty(x).shape.dims()[0],
+                16,
+                "the step takes the whole batch"
+            );
+            exe.plan().total_bytes
+        })
+        .collect();
+    for w in totals.windows(2) {
+        assert!(w[1] < w[0], "{totals:?}");
+    }
+}
+
+#[test]
+fn each_micro_batch_recomputes_its_own_cheap_values_for_its_own_backward_pass() {
+    let spec = "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=64,batch=8";
+    let recomputed = |k: usize| {
+        let m = models::at_batch(spec, 8 / k, DType::F32).unwrap();
+        let step = StepOptions {
+            accumulate: k,
+            ..Default::default()
+        };
+        pipeline::compile_observed_with(
+            &m,
+            &step,
+            &pipeline::Options::for_target(Target::Cpu),
+            &mut |_| {},
+        )
+        .unwrap()
+        .fuse
+        .expect("fusion ran")
+        .recomputed
+    };
+    let one = recomputed(1);
+    assert!(one > 0);
+    for k in [2, 4] {
+        // Each micro-batch's own values, and its slice of the batch's ids (a view the
+        // embedding's gradient reads again), which the whole batch does not have.
+        assert_eq!(recomputed(k), k * (one + 1), "{k} micro-batches");
+    }
+}
+
+#[test]
+fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("accumulate-cli");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = (0..6000u32)
+        .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
+        .collect();
+    std::fs::write(dir.join("t.txt"), text).unwrap();
+    let ingot = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    ingot(&["data", "bytes", "t.txt", "t.bin"]);
+    let spec = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=8";
+    let losses = |out: &str| -> Vec<(u64, f64)> {
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|l| Some((l["step"].as_u64()?, l["loss"].as_f64()?)))
+            .collect()
+    };
+    let first = ingot(&[
+        "train",
+        "--model",
+        spec,
+        "--accumulate",
+        "2",
+        "--dataset",
+        "t.bin",
+        "--steps",
+        "4",
+        "--checkpoint",
+        "ck",
+        "--val",
+        "t.bin",
+        "--eval-batches",
+        "2",
+        "--json",
+    ]);
+    assert!(first.contains("val_loss"), "{first}");
+    let resumed = ingot(&[
+        "train",
+        "--model",
+        spec,
+        "--accumulate",
+        "2",
+        "--dataset",
+        "t.bin",
+        "--steps",
+        "6",
+        "--resume",
+        "ck",
+        "--json",
+    ]);
+    let straight = ingot(&[
+        "train",
+        "--model",
+        spec,
+        "--accumulate",
+        "2",
+        "--dataset",
+        "t.bin",
+        "--steps",
+        "6",
+        "--json",
+    ]);
+    let (r, s) = (losses(&resumed), losses(&straight));
+    assert_eq!(r.len(), 2);
+    assert_eq!(
+        r[..],
+        s[4..],
+        "the resumed run continues the straight one bit for bit"
+    );
+}

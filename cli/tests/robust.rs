@@ -1,0 +1,514 @@
+//! Inputs that used to panic, abort, read forever or lose work, run through the `ingot` program
+//! as a user would: each is now a plan that runs or an error naming what is wrong, with the
+//! program's exit codes (1 an error, 2 bad arguments, 3 a capacity or budget not met).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ingot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("run ingot");
+    let (code, out, err) = (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("memory allocation"),
+        "ingot {:?} crashed: {err}",
+        args.iter().map(|a| a.as_ref()).collect::<Vec<_>>()
+    );
+    (code, out, err)
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// An IR model file of cli/tests/models, by name, relative to the repository root.
+fn model(name: &str) -> String {
+    format!("cli/tests/models/{name}.ir")
+}
+
+/// A fresh directory for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("robust-tests")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The names of the files in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_parameter_that_does_not_reach_the_loss_plans_trains_and_keeps_its_value() {
+    let dir = scratch("unreachable");
+    let (before, after) = (dir.join("p0.safetensors"), dir.join("p3.safetensors"));
+    let file = model("unreachable-parameter");
+    for device in ["cpu", "cuda"] {
+        let (code, out, err) = ingot(&["plan", "--model-file", &file, "--device", device]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("memory plan"), "{out}");
+    }
+    let (code, _, err) = ingot(&[
+        "train",
+        "--model-file",
+        &file,
+        "--steps",
+        "0",
+        "--save",
+        s(&before),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = ingot(&[
+        "train",
+        "--model-file",
+        &file,
+        "--steps",
+        "3",
+        "--json",
+        "--save",
+        s(&after),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let losses: Vec<f64> = json_lines(&out)
+        .iter()
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+        .collect();
+    assert_eq!(losses.len(), 3);
+    assert!(losses[2] < losses[0], "w trains: {losses:?}");
+    let (p0, p3) = (
+        ingot_runtime::io::load(&before).unwrap(),
+        ingot_runtime::io::load(&after).unwrap(),
+    );
+    assert_eq!(
+        p0["v"], p3["v"],
+        "a parameter with no gradient is left as it was"
+    );
+    assert_ne!(p0["w"], p3["w"]);
+}
+
+#[test]
+fn a_loss_that_simplifies_to_a_constant_plans_and_trains() {
+    let file = model("constant-loss");
+    let (code, _, err) = ingot(&["plan", "--model-file", &file]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = ingot(&["train", "--model-file", &file, "--steps", "2", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let losses: Vec<f64> = json_lines(&out)
+        .iter()
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+        .collect();
+    assert_eq!(losses, [0.0, 0.0]);
+}
+
+#[test]
+fn a_loss_that_depends_on_no_parameter_is_refused_as_not_requiring_grad() {
+    let file = model("loss-without-parameters");
+    for cmd in ["plan", "train", "compile"] {
+        let mut args = vec![cmd, "--model-file", &file];
+        match cmd {
+            "train" => args.extend(["--steps", "1"]),
+            "compile" => args.extend(["-o", "/dev/null"]),
+            _ => {}
+        }
+        let (code, out, err) = ingot(&args);
+        assert_eq!(code, 1, "{cmd}: {out}{err}");
+        assert!(
+            err.contains(&file)
+                && err.contains("depends on no parameter")
+                && err.contains("does not require grad"),
+            "{cmd}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_step_count_near_u64_max_reserves_nothing_in_proportion_to_it() {
+    // The run stops at its first non-finite loss (step 15), long before the count.
+    for steps in ["18446744073709551615", "1000000000000"] {
+        let (code, out, err) = ingot(&[
+            "train",
+            "--model-file",
+            &model("diverges"),
+            "--steps",
+            steps,
+        ]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.contains("step    14"), "{out}");
+        assert!(err.contains("step 15"), "{err}");
+    }
+}
+
+#[test]
+fn a_non_finite_loss_stops_training_names_the_step_and_writes_nothing_over_the_weights() {
+    let dir = scratch("non_finite");
+    let weights = dir.join("w.safetensors");
+    let file = model("diverges");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--model-file",
+        &file,
+        "--steps",
+        "2",
+        "--save",
+        s(&weights),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let good = std::fs::read(&weights).unwrap();
+    let exe = dir.join("diverges.ingot");
+    let (code, _, err) = ingot(&["compile", "--model-file", &file, "-o", s(&exe)]);
+    assert_eq!(code, 0, "{err}");
+    let train = ["train", "--model-file", &file];
+    let run = ["run", s(&exe)];
+    for cmd in [&train[..], &run[..]] {
+        let mut args = cmd.to_vec();
+        args.extend(["--steps", "100", "--json", "--save", s(&weights)]);
+        let (code, out, err) = ingot(&args);
+        assert_eq!(code, 1, "{cmd:?}: {err}");
+        assert!(
+            err.contains("step 15")
+                && err.contains("non-finite")
+                && err.contains("was not written"),
+            "{cmd:?}: {err}"
+        );
+        let lines = json_lines(&out);
+        let last_step = &lines[lines.len() - 2];
+        assert_eq!(last_step["step"], 15);
+        assert_eq!(last_step["non_finite"], true, "{last_step}");
+        assert!(lines[..lines.len() - 2]
+            .iter()
+            .all(|l| l.get("non_finite").is_none()));
+        let summary = &lines[lines.len() - 1]["summary"];
+        assert_eq!(summary["steps"], 15);
+        assert_eq!(summary["non_finite_loss_step"], 15);
+        assert_eq!(
+            std::fs::read(&weights).unwrap(),
+            good,
+            "{cmd:?}: the weights are untouched"
+        );
+        // Without --json: the step's line, then the error.
+        args.retain(|a| *a != "--json");
+        let (code, out, err) = ingot(&args);
+        assert_eq!(code, 1);
+        assert!(
+            out.contains("step    15") && err.contains("step 15"),
+            "{out}{err}"
+        );
+    }
+}
+
+#[test]
+fn a_normal_init_with_a_nan_or_negative_std_is_an_error_naming_the_line() {
+    let dir = scratch("bad_init");
+    for std in ["nan", "-0.35", "inf"] {
+        let path = dir.join("m.ir");
+        std::fs::write(
+            &path,
+            format!("ingot-ir 1\n%0 = input \"x\" : f32[2]\n%1 = parameter \"w\" init=normal({std}) : f32[2]\n%2 = mul(%0, %1) : f32[2]\n%3 = reduce_sum(%2) axes=[0] : f32[1]\n%4 = reshape(%3) : f32[]\noutput \"loss\" = %4\n"),
+        )
+        .unwrap();
+        let (code, _, err) = ingot(&["train", "--model-file", s(&path), "--steps", "1"]);
+        assert_eq!(code, 1, "{std}: {err}");
+        assert!(
+            err.contains("line 3") && err.contains("standard deviation"),
+            "{std}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_model_too_large_for_the_host_is_refused_before_allocating_naming_its_sizes() {
+    let (code, _, err) = ingot(&["train", "--model-file", &model("too-large"), "--steps", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("4000000043520 bytes") && err.contains("4000000000000 resident"),
+        "{err}"
+    );
+    let gpt = "gpt:vocab=1099511627776,d_model=32,layers=1,heads=2,d_ff=64,seq=8,batch=2";
+    let (code, _, err) = ingot(&["train", "--model", gpt, "--steps", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the plan needs") && err.contains("resident"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_shape_whose_bytes_overflow_is_an_error_naming_the_line() {
+    let dir = scratch("overflow");
+    let path = dir.join("m.ir");
+    std::fs::write(
+        &path,
+        "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[4294967296,4294967296]\n",
+    )
+    .unwrap();
+    let (code, _, err) = ingot(&["plan", "--model-file", s(&path)]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("line 2")
+            && err.contains("f32[4294967296,4294967296]")
+            && err.contains("too large"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_model_file_that_never_ends_is_refused_at_the_cap() {
+    if !Path::new("/dev/zero").exists() {
+        return;
+    }
+    let (code, _, err) = ingot(&["plan", "--model-file", "/dev/zero"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("/dev/zero") && err.contains("longer than"),
+        "{err}"
+    );
+}
+
+/// A small offset problem in MiniMalloc's CSV format.
+fn dsa_problem(dir: &Path) -> PathBuf {
+    let p = dir.join("p.csv");
+    std::fs::write(&p, "id,lower,upper,size\n0,0,2,10\n1,1,3,10\n2,2,4,10\n").unwrap();
+    p
+}
+
+#[test]
+fn a_dsa_time_limit_too_large_for_a_duration_saturates_and_a_bad_one_is_refused() {
+    let dir = scratch("dsa_time");
+    let (input, output) = (dsa_problem(&dir), dir.join("out.csv"));
+    for t in ["1e300", "inf", "0"] {
+        let (code, _, err) = ingot(&[
+            "dsa",
+            "--input",
+            s(&input),
+            "--output",
+            s(&output),
+            &format!("--time-limit={t}"),
+        ]);
+        assert_eq!(code, 0, "{t}: {err}");
+    }
+    for t in ["nan", "-1", "-inf"] {
+        let (code, _, err) = ingot(&[
+            "dsa",
+            "--input",
+            s(&input),
+            "--output",
+            s(&output),
+            &format!("--time-limit={t}"),
+        ]);
+        assert_eq!(code, 2, "{t}: {err}");
+        assert!(err.contains("--time-limit"), "{err}");
+    }
+}
+
+#[test]
+fn a_dsa_capacity_not_met_says_what_stopped_the_search() {
+    let dir = scratch("dsa_stop");
+    let (input, output) = (dir.join("hard.csv"), dir.join("out.csv"));
+    // LOAD 11, but no packing has a peak below 12 (the solver's own tests prove it).
+    std::fs::write(
+        &input,
+        "id,lower,upper,size\n0,5,6,3\n1,7,8,5\n2,5,7,2\n3,2,6,2\n4,0,4,5\n5,0,2,5\n6,6,8,5\n7,6,8,1\n8,2,7,3\n",
+    )
+    .unwrap();
+    let (code, _, err) = ingot(&[
+        "dsa",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+        "--capacity",
+        "11",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("proved"), "{err}");
+    // With no time to search, the message says the time limit stopped it.
+    let (code, _, err) = ingot(&[
+        "dsa",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+        "--capacity",
+        "11",
+        "--time-limit",
+        "0",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("the time limit of 0.000 s ran out")
+            && err.contains("raise the capacity or the time limit"),
+        "{err}"
+    );
+    assert!(
+        !output.exists(),
+        "nothing is written when the capacity is not met"
+    );
+}
+
+#[test]
+fn every_output_path_is_checked_before_any_work() {
+    let dir = scratch("outputs");
+    let bad = "/nonexistent-ingot-dir/out";
+    let tiny = "docs/examples/tiny-mlp.ir";
+    let exe = dir.join("tiny.ingot");
+    let (code, _, err) = ingot(&["compile", "--model-file", tiny, "-o", s(&exe)]);
+    assert_eq!(code, 0, "{err}");
+    let input = dsa_problem(&dir);
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "--save",
+            vec!["train", "--model-file", tiny, "--steps", "3", "--save", bad],
+        ),
+        (
+            "--save-data",
+            vec![
+                "train",
+                "--model-file",
+                tiny,
+                "--steps",
+                "3",
+                "--save-data",
+                bad,
+            ],
+        ),
+        (
+            "--save",
+            vec!["run", s(&exe), "--steps", "3", "--save", bad],
+        ),
+        ("--output", vec!["compile", "--model-file", tiny, "-o", bad]),
+        ("--html", vec!["plan", "--model-file", tiny, "--html", bad]),
+        ("--svg", vec!["plan", "--model-file", tiny, "--svg", bad]),
+        (
+            "--output",
+            vec!["dsa", "--input", s(&input), "--output", bad],
+        ),
+        // A directory is not a file to write.
+        (
+            "--save",
+            vec![
+                "train",
+                "--model-file",
+                tiny,
+                "--steps",
+                "3",
+                "--save",
+                s(&dir),
+            ],
+        ),
+    ];
+    for (option, args) in cases {
+        let (code, out, err) = ingot(&args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.contains(option) && err.contains("cannot write there"),
+            "{args:?}: {err}"
+        );
+        assert!(!out.contains("step "), "no step ran: {out}");
+    }
+}
+
+#[test]
+fn every_file_ingot_writes_is_complete_and_leaves_no_temporary_beside_it() {
+    let dir = scratch("atomic");
+    let tiny = "docs/examples/tiny-mlp.ir";
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let input = dsa_problem(&dir);
+    // Each target exists already (a good older file): it is replaced whole.
+    for name in [
+        "w.safetensors",
+        "b.safetensors",
+        "t.ingot",
+        "p.html",
+        "p.svg",
+        "out.csv",
+    ] {
+        std::fs::write(dir.join(name), b"old").unwrap();
+    }
+    let runs: Vec<Vec<String>> = vec![
+        vec![
+            "train".into(),
+            "--model-file".into(),
+            tiny.into(),
+            "--steps".into(),
+            "1".into(),
+            "--save".into(),
+            p("w.safetensors"),
+            "--save-data".into(),
+            p("b.safetensors"),
+        ],
+        vec![
+            "compile".into(),
+            "--model-file".into(),
+            tiny.into(),
+            "-o".into(),
+            p("t.ingot"),
+        ],
+        vec![
+            "plan".into(),
+            "--model-file".into(),
+            tiny.into(),
+            "--html".into(),
+            p("p.html"),
+            "--svg".into(),
+            p("p.svg"),
+        ],
+        vec![
+            "dsa".into(),
+            "--input".into(),
+            s(&input).into(),
+            "--output".into(),
+            p("out.csv"),
+        ],
+    ];
+    for args in runs {
+        let (code, _, err) = ingot(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+    }
+    assert_eq!(
+        listing(&dir),
+        [
+            "b.safetensors",
+            "out.csv",
+            "p.csv",
+            "p.html",
+            "p.svg",
+            "t.ingot",
+            "w.safetensors"
+        ]
+    );
+    for name in ["w.safetensors", "b.safetensors"] {
+        ingot_runtime::io::load(dir.join(name)).unwrap();
+    }
+    ingot_compiler::exe::Executable::read(dir.join("t.ingot")).unwrap();
+    assert!(std::fs::read_to_string(dir.join("p.html"))
+        .unwrap()
+        .contains("plan-data"));
+    assert!(std::fs::read_to_string(dir.join("out.csv"))
+        .unwrap()
+        .contains("offset"));
+}

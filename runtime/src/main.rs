@@ -1,5 +1,0 @@
-//! The `ingot` command-line program.
-
-fn main() {
-    std::process::exit(ingot_runtime::cli::main());
-}

@@ -1,0 +1,183 @@
+//! The differential check of a random training step: compiled (rewritten, fused, planned) and
+//! run on a backend, against the unfused reference interpreter.
+//!
+//! [`check_cpu`] is the body that the property test in ir-tests and the fuzz target `fused_step`
+//! call; [`compare_sessions`] is what the GPU test uses to hold a CUDA step against the CPU's.
+//! The graphs come from [`ingot_compiler::random_graph`], so a seed names one graph everywhere.
+//!
+//! Fusion and egg reassociate sums and products, so results agree to a tolerance, not bits:
+//! each tensor's largest difference must be within [`RTOL`] of its largest magnitude, plus
+//! [`ATOL`] (a gradient that is zero in exact arithmetic is rounding noise in both runs). With
+//! AdamW the parameters are not compared, only its moments: AdamW divides such noise by its own
+//! magnitude, so the noise's sign moves the parameter by a full learning rate (the moments
+//! carry the gradients without that amplification).
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::Optimizer;
+use ingot_compiler::ir::{DType, LeafKind, Shape, TensorType};
+use ingot_compiler::models::Model;
+use ingot_compiler::pipeline;
+use ingot_compiler::random_graph;
+use ingot_runtime::cpu::run_graph;
+use ingot_runtime::tensor::{Data, Tensor};
+use ingot_trainer::session::{Device, Session};
+
+/// Relative tolerance, against the tensor's largest magnitude.
+pub const RTOL: f64 = 2e-4;
+/// Absolute tolerance.
+pub const ATOL: f64 = 1e-5;
+
+/// What a passing check saw.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub model: String,
+    /// Ops of the step graph before and kernels after fusion.
+    pub ops: usize,
+    pub kernels: usize,
+    /// The largest difference found, relative to [`RTOL`]'s bound (at most 1).
+    pub worst: f64,
+}
+
+/// How far `got` is from `want`, as a fraction of the allowed difference (above 1 fails); an
+/// error names the tensor where the shapes differ or only one side is finite.
+pub fn closeness(what: &str, got: &Tensor, want: &Tensor) -> Result<f64, String> {
+    if got.ty != want.ty {
+        return Err(format!(
+            "{what}: {} against the reference's {}",
+            got.ty, want.ty
+        ));
+    }
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let scale = b
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f64, |m, x| m.max(x.abs()));
+    let bound = ATOL + RTOL * scale;
+    let mut worst = 0f64;
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        if x.is_finite() != y.is_finite() || (!y.is_finite() && x.to_bits() != y.to_bits()) {
+            if x.is_nan() && y.is_nan() {
+                continue;
+            }
+            return Err(format!("{what}[{i}]: {x} against the reference's {y}"));
+        }
+        if y.is_finite() {
+            let d = (x - y).abs() / bound;
+            if d > 1.0 {
+                return Err(format!(
+                    "{what}[{i}]: {x} against the reference's {y} (largest magnitude {scale:e})"
+                ));
+            }
+            worst = worst.max(d);
+        }
+    }
+    Ok(worst)
+}
+
+/// The leaves a session holds before its first step: parameters, optimizer state, batch.
+fn leaves_of(s: &Session) -> IndexMap<String, Tensor> {
+    let mut l = s.parameters();
+    l.extend(s.optimizer_state());
+    l.extend(s.batch());
+    l
+}
+
+/// Compiles `model` for the CPU, runs one planned step from `seed`'s leaves, and compares the
+/// loss, the new parameters and the new optimizer state with the unfused, unrewritten step run
+/// by the reference interpreter on the same leaves.
+pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
+    let name = &model.name;
+    let c = pipeline::compile(model, &Session::cpu_options())
+        .map_err(|e| format!("{name}: compile: {e}"))?;
+    let kernels = c.fuse.as_ref().map_or(0, |f| f.kernels);
+    let ops = c.step.graph.len();
+    let reference_graph = c.step.graph.clone();
+    let exe = c
+        .executable(Device::Cpu.target())
+        .map_err(|e| format!("{name}: lower: {e}"))?;
+    let mut s = Session::from_executable(exe, seed, Device::Cpu)
+        .map_err(|e| format!("{name}: load: {e}"))?;
+    let leaves = leaves_of(&s);
+    let want =
+        run_graph(&reference_graph, &leaves).map_err(|e| format!("{name}: reference run: {e}"))?;
+    let got = s.step().map_err(|e| format!("{name}: step: {e}"))?;
+    let mut worst = 0f64;
+    let loss = want
+        .outputs
+        .get("loss")
+        .ok_or_else(|| format!("{name}: the reference has no loss"))?;
+    let loss_t = Tensor {
+        ty: loss.ty.clone(),
+        data: match &loss.data {
+            Data::F64(_) => Data::F64(vec![got.loss]),
+            _ => Data::F32(vec![got.loss as f32]),
+        },
+    };
+    worst = worst.max(closeness(&format!("{name}: loss"), &loss_t, loss)?);
+    let mut after = s.parameters();
+    after.extend(s.optimizer_state());
+    let params = s.parameters();
+    for (leaf, w) in &want.updates {
+        if adamw(model) && params.contains_key(leaf) {
+            continue;
+        }
+        let g = after
+            .get(leaf)
+            .ok_or_else(|| format!("{name}: the fused step does not update {leaf:?}"))?;
+        worst = worst.max(closeness(&format!("{name}: updated {leaf}"), g, w)?);
+    }
+    Ok(Outcome {
+        model: name.clone(),
+        ops,
+        kernels,
+        worst,
+    })
+}
+
+fn adamw(m: &Model) -> bool {
+    matches!(m.optimizer, Optimizer::AdamW { .. })
+}
+
+/// [`check_model`] on [`random_graph::model`]`(seed)`.
+pub fn check_cpu(seed: u64) -> Result<Outcome, String> {
+    let m = random_graph::model(seed).map_err(|e| format!("random:{seed}: generator: {e}"))?;
+    check_model(&m, seed)
+}
+
+/// One step of `model` from `seed` on `device` and on the CPU (both compiled and planned for
+/// their target): the losses, new parameters and optimizer state must agree.
+pub fn compare_sessions(model: &Model, seed: u64, device: Device) -> Result<f64, String> {
+    let name = &model.name;
+    let mut a = Session::on(model, seed, device).map_err(|e| format!("{name}: {e}"))?;
+    let mut b = Session::new(model, seed).map_err(|e| format!("{name}: cpu: {e}"))?;
+    let (la, lb) = (
+        a.step().map_err(|e| format!("{name}: step: {e}"))?.loss,
+        b.step().map_err(|e| format!("{name}: cpu step: {e}"))?.loss,
+    );
+    let scalar = |x: f64| Tensor {
+        ty: TensorType::new(Shape::scalar(), DType::F64),
+        data: Data::F64(vec![x]),
+    };
+    let mut worst = closeness(&format!("{name}: loss"), &scalar(la), &scalar(lb))?;
+    let g = a.graph().clone();
+    let kinds: &[LeafKind] = if adamw(model) {
+        &[LeafKind::State]
+    } else {
+        &[LeafKind::Parameter, LeafKind::State]
+    };
+    for &kind in kinds {
+        for id in g.leaves(kind) {
+            let leaf = g.leaf_name(id).unwrap_or("?").to_string();
+            let (x, y) = (
+                a.exe()
+                    .read_leaf(&leaf)
+                    .map_err(|e| format!("{name}: {e}"))?,
+                b.exe()
+                    .read_leaf(&leaf)
+                    .map_err(|e| format!("{name}: {e}"))?,
+            );
+            worst = worst.max(closeness(&format!("{name}: {leaf}"), &x, &y)?);
+        }
+    }
+    Ok(worst)
+}

@@ -1,0 +1,157 @@
+//! A data set on disk opened for the model ([`open_dataset`]): which kind a path holds, its
+//! files, and the fingerprint checkpoints keep to refuse resuming on other data. The `train`
+//! command's loop drives the source with a [`crate::data::Loader`] feeding
+//! [`crate::session::Session::step_on`].
+
+use crate::data::{
+    BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenStream,
+};
+use ingot_compiler::ir::Graph;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+/// Which kind of data set a path holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatasetKind {
+    /// A token stream (raw uint16, an llm.c shard, a 1-D `.npy`): batches of `seq + 1` tokens.
+    Tokens,
+    /// Samples `x` and `y`: a directory holding `x.npy` and `y.npy`, or one safetensors file.
+    Samples,
+}
+
+/// The longest safetensors header a sample set is taken to have: `x` and `y` need a few
+/// hundred bytes, so a longer "header" is a token stream's bytes.
+const MAX_SAMPLE_HEADER: u64 = 1 << 20;
+
+/// Tells a sample set from a token stream by what is on disk: a directory is a pair of `.npy`
+/// files; a file whose first bytes are a safetensors header (an 8-byte little-endian length
+/// that fits in the file, then that many bytes of JSON object) holds `x` and `y`; anything
+/// else is a token stream, whose own reader then recognises its layout ([`TokenStream::open`]).
+/// The header is parsed, not only its first byte looked at, so a raw uint16 token file whose
+/// first tokens happen to read as a plausible length and a `{` is not taken for safetensors.
+/// A FIFO, socket or device is refused (a data set is read with random access, and opening a
+/// FIFO with no writer would wait forever).
+pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
+    let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, "its metadata", e))?;
+    if meta.is_dir() {
+        return Ok(DatasetKind::Samples);
+    }
+    if !meta.is_file() {
+        return Err(DataError::Format {
+            file: path.to_path_buf(),
+            field: "the file's kind".into(),
+            reason: "it is not a regular file (a FIFO, socket or device); a data set is read with random access (offsets, epochs): write it to a file first".into(),
+        });
+    }
+    let io = |e| DataError::io(path, "the first bytes", e);
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let len = meta.len();
+    let mut head = [0u8; 9];
+    let mut got = 0;
+    while got < head.len() {
+        match f.read(&mut head[got..]).map_err(io)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got == head.len() {
+        let n = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        if head[8] == b'{'
+            && (2..=MAX_SAMPLE_HEADER).contains(&n)
+            && n.checked_add(8).is_some_and(|end| end <= len)
+        {
+            let mut header = vec![0u8; n as usize];
+            header[0] = b'{';
+            f.read_exact(&mut header[1..]).map_err(io)?;
+            if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&header).is_ok()
+            {
+                return Ok(DatasetKind::Samples);
+            }
+        }
+    }
+    Ok(DatasetKind::Tokens)
+}
+
+/// Opens the data set at `path` for `g`'s inputs `x` and `y`, cut in `order` (token rows at
+/// random offsets or in order; samples shuffled each epoch or in the file's order) from `seed`.
+pub fn open_dataset(
+    path: &Path,
+    g: &Graph,
+    order: Order,
+    seed: u64,
+) -> Result<Box<dyn BatchSource>, DataError> {
+    Ok(match dataset_kind(path)? {
+        DatasetKind::Tokens => Box::new(TokenBatches::for_graph(
+            TokenStream::open(path)?,
+            g,
+            order,
+            seed,
+        )?),
+        DatasetKind::Samples => Box::new(SampleBatches::for_graph(
+            SampleSet::open(path)?,
+            g,
+            order == Order::Random,
+            seed,
+        )?),
+    })
+}
+
+/// The files a data set at `path` is read from: `x.npy` and `y.npy` of a directory, or the
+/// file itself.
+pub fn dataset_files(path: &Path) -> Vec<std::path::PathBuf> {
+    if path.is_dir() {
+        vec![path.join("x.npy"), path.join("y.npy")]
+    } else {
+        vec![path.to_path_buf()]
+    }
+}
+
+/// Blocks a data set's fingerprint hashes in each file (the first and last among them).
+const FINGERPRINT_BLOCKS: u64 = 16;
+/// Bytes of each block.
+const FINGERPRINT_BLOCK: u64 = 64 << 10;
+
+/// What identifies a data set when a run resumes: its contents and how it is cut, not the path
+/// it was given by. `description` is the batch source's ([`BatchSource::describe`], which names
+/// `path` as typed); the fingerprint holds it with that path left out, each file's size, and an
+/// FNV-1a-64 hash of its bytes: the whole file up to 1 MiB, beyond that 16 blocks of 64 KiB
+/// spread evenly from the first to the last. So the same file by another path, or a copy of it,
+/// is the same data set; another file, a file of another length, or another batch shape is not.
+/// (A file edited in place to the same length only between those blocks would pass.)
+pub fn dataset_fingerprint(path: &Path, description: &str) -> Result<String, DataError> {
+    let files = dataset_files(path);
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut sizes = Vec::with_capacity(files.len());
+    let mut block = vec![0u8; FINGERPRINT_BLOCK as usize];
+    for file in &files {
+        let io = |e| DataError::io(file, "its contents (for the checkpoint's fingerprint)", e);
+        let mut f = std::fs::File::open(file).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        sizes.push(len.to_string());
+        let starts: Vec<u64> = if len <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK {
+            (0..len.div_ceil(FINGERPRINT_BLOCK))
+                .map(|k| k * FINGERPRINT_BLOCK)
+                .collect()
+        } else {
+            let last = len - FINGERPRINT_BLOCK;
+            (0..FINGERPRINT_BLOCKS)
+                .map(|k| last / (FINGERPRINT_BLOCKS - 1) * k)
+                .map(|s| if s > last { last } else { s })
+                .chain(std::iter::once(last))
+                .collect()
+        };
+        for start in starts {
+            let n = FINGERPRINT_BLOCK.min(len - start) as usize;
+            f.seek(SeekFrom::Start(start)).map_err(io)?;
+            f.read_exact(&mut block[..n]).map_err(io)?;
+            for &b in &block[..n] {
+                hash = (hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    let cut = description.replace(&path.display().to_string(), "<data set>");
+    Ok(format!(
+        "{cut}; {} bytes; fnv1a64 {hash:016x}",
+        sizes.join(" + ")
+    ))
+}

@@ -1,0 +1,15 @@
+//! Ingot's training runs as a library, above the runtime (which only runs an executable):
+//! a [`session`] loads a compiled step on a device with its initial values ([`init`]); data sets
+//! are read batch by batch and sharded per rank ([`data`], [`datasets`]); [`eval`] runs the
+//! evaluation step, [`schedule`] gives the learning rate of each step, [`checkpoint`] saves and
+//! resumes a run, and [`report`] is what a run says about itself. The `ingot` command line sits
+//! above this crate, and this crate never names it (tests/layers.rs in the runtime crate).
+
+pub mod checkpoint;
+pub mod data;
+pub mod datasets;
+pub mod eval;
+pub mod init;
+pub mod report;
+pub mod schedule;
+pub mod session;

@@ -1,0 +1,170 @@
+//! Planned execution: one allocation of exactly the plan's total, and steps that compute the
+//! same bits as the unplanned reference interpreter.
+
+use indexmap::IndexMap;
+use ingot_compiler::autodiff::training_step;
+use ingot_compiler::ir::{DType, Graph, LeafKind};
+use ingot_compiler::lower::LowerError;
+use ingot_compiler::models;
+use ingot_compiler::plan;
+use ingot_compiler::plan::check::PlanViolation;
+use ingot_runtime::cpu::interp::run_graph;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+
+/// All leaf values of a step graph from the default initialisation and a synthetic batch.
+fn leaves(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
+    let mut l = init_leaves(g, LeafKind::Parameter, seed);
+    l.extend(init_leaves(g, LeafKind::State, seed));
+    l.extend(synthetic_batch(g, seed));
+    l
+}
+
+fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+    a.ty == b.ty && a.to_le_bytes() == b.to_le_bytes()
+}
+
+/// Runs `steps` training steps both ways and compares the loss and every leaf, bit for bit.
+fn planned_matches_reference(spec: &str, steps: usize) {
+    let m = models::by_name(spec).unwrap();
+    let step = training_step(&m.graph, &m.optimizer).unwrap();
+    let g = step.graph;
+    let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
+    let total = p.total_bytes;
+    let mut planned = PlannedStep::from_plan(g.clone(), p).unwrap();
+    assert_eq!(
+        planned.allocated_bytes(),
+        total,
+        "{spec}: the allocation must be the planned total"
+    );
+    let mut reference = leaves(&g, 3);
+    for (name, value) in &reference {
+        planned.write_leaf(name, value).unwrap();
+    }
+    for s in 0..steps {
+        let mut values = run_graph(&g, &reference).unwrap();
+        planned.step().unwrap();
+        let loss = planned.read_output("loss").unwrap();
+        assert!(
+            same_bits(&loss, &values.outputs["loss"]),
+            "{spec} step {s}: planned loss {loss:?} != reference {:?}",
+            values.outputs["loss"]
+        );
+        values.apply_updates(&mut reference);
+        for (name, value) in &reference {
+            let got = planned.read_leaf(name).unwrap();
+            assert!(
+                same_bits(&got, value),
+                "{spec} step {s}: leaf {name} differs from the reference"
+            );
+        }
+    }
+}
+
+#[test]
+fn planned_mlp_steps_are_bit_identical_to_the_reference_interpreter() {
+    planned_matches_reference("mlp", 2);
+}
+
+#[test]
+fn planned_gpt_steps_are_bit_identical_to_the_reference_interpreter() {
+    planned_matches_reference(
+        "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2",
+        3,
+    );
+}
+
+#[test]
+fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
+    // 5000 elements: two full chunks and a partial one, each op writing over its operand.
+    let mut g = Graph::new();
+    let x = g.input("x", [5000], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let b = g.mul(a, a).unwrap();
+    let c = g.tanh(b).unwrap();
+    let d = g.sub(c, a).unwrap_or(c);
+    let s = g.sum_all(d).unwrap();
+    g.set_output("s", s).unwrap();
+    g.set_output("d", d).unwrap();
+    let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
+    let in_place = g
+        .ids()
+        .filter(|&id| {
+            !g.node(id).op.is_leaf()
+                && p.liveness.storages[p.liveness.storage_of[id.index()]].owner != id
+        })
+        .count();
+    assert!(in_place >= 2, "the chain should run in place");
+    let xs: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.001).sin()).collect();
+    let mut l = IndexMap::new();
+    l.insert("x".to_string(), Tensor::from_f32([5000], xs));
+    let want = run_graph(&g, &l).unwrap();
+    let mut planned = PlannedStep::from_plan(g, p).unwrap();
+    planned.write_leaf("x", &l["x"]).unwrap();
+    planned.step().unwrap();
+    for name in ["s", "d"] {
+        assert!(
+            same_bits(&planned.read_output(name).unwrap(), &want.outputs[name]),
+            "output {name} differs"
+        );
+    }
+}
+
+#[test]
+fn a_corrupted_plan_is_refused_before_it_becomes_an_executable() {
+    let m = models::mlp_with(4, DType::F32).unwrap();
+    let step = training_step(&m.graph, &m.optimizer).unwrap();
+    let mut p = plan::plan(
+        &step.graph,
+        &ingot_compiler::lower::Target::Cpu.plan_options(),
+    )
+    .unwrap();
+    // Move every slab storage onto offset of the first: live values now collide.
+    let first = p.slab_base;
+    for (i, s) in p.liveness.storages.iter().enumerate() {
+        if s.region == ingot_compiler::plan::Region::Slab {
+            p.storage_offset[i] = first;
+        }
+    }
+    // Nothing can run a plan that is not an executable, and lowering validates it.
+    let err = ingot_compiler::exe::Executable::from_plan(
+        "step",
+        step.graph,
+        p,
+        ingot_compiler::lower::Target::Cpu,
+    )
+    .expect_err("a colliding plan must be refused");
+    // Some value is read after another took its bytes, or an op writes over what it reads.
+    assert!(
+        matches!(
+            err,
+            LowerError::Plan(
+                PlanViolation::ReadAfterOverwrite { .. } | PlanViolation::WritesOverOperand { .. }
+            )
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn writing_a_leaf_of_the_wrong_type_names_it() {
+    let m = models::mlp_with(4, DType::F32).unwrap();
+    let step = training_step(&m.graph, &m.optimizer).unwrap();
+    let p = plan::plan(
+        &step.graph,
+        &ingot_compiler::lower::Target::Cpu.plan_options(),
+    )
+    .unwrap();
+    let mut planned = PlannedStep::from_plan(step.graph, p).unwrap();
+    let err = planned
+        .write_leaf("fc1.weight", &Tensor::from_f32([2], vec![0.0, 1.0]))
+        .unwrap_err();
+    assert!(err.to_string().contains("fc1.weight"), "{err}");
+    assert!(planned
+        .write_leaf("nope", &Tensor::from_f32([1], vec![0.0]))
+        .unwrap_err()
+        .to_string()
+        .contains("nope"));
+}
