@@ -246,8 +246,39 @@ def write_case(c):
         ce = -np.take_along_axis(lsm, y[..., None], -1).mean()
         doc["y"] = tensor_json(y)
         doc["ce"] = float(ce)
+    if name == "mlp":
+        doc["lr"] = 0.1
+        doc["sgd_losses"] = mlp_sgd_losses(m, x, y, lr=0.1, steps=5)
     with open(os.path.join(OUT, "ops", name + ".json"), "w") as f:
         json.dump(doc, f, separators=(",", ":"))
+
+
+def mlp_sgd_losses(m, x, y, lr, steps):
+    """The losses of `steps` SGD steps on the mlp fixture (Gemm, Relu, Gemm, mean
+    cross-entropy), backpropagated by hand in f64: an independent reference for Ingot's
+    training step on an imported model."""
+    p = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in m.graph.initializer}
+    x = x.astype(np.float64)
+    n = x.shape[0]
+    losses = []
+    for _ in range(steps):
+        h = x @ p["fc1.weight"].T + p["fc1.bias"]
+        a = np.maximum(h, 0)
+        z = a @ p["fc2.weight"].T + p["fc2.bias"]
+        zs = z - z.max(-1, keepdims=True)
+        e = np.exp(zs)
+        sm = e / e.sum(-1, keepdims=True)
+        losses.append(float(-np.log(sm[np.arange(n), y]).mean()))
+        dz = sm.copy()
+        dz[np.arange(n), y] -= 1
+        dz /= n
+        g = {"fc2.weight": dz.T @ a, "fc2.bias": dz.sum(0)}
+        dh = (dz @ p["fc2.weight"]) * (h > 0)
+        g["fc1.weight"] = dh.T @ x
+        g["fc1.bias"] = dh.sum(0)
+        for k in g:
+            p[k] = p[k] - lr * g[k]
+    return losses
 
 
 def write_errors():
@@ -273,6 +304,9 @@ def write_errors():
         N("Softmax", ["rs"], ["s"], name="softmax_with_junk", junk=3),
         N("MaxPool", ["s"], ["out"], name="pool_ceil", kernel_shape=[2, 2], ceil_mode=1)],
         inits=[numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")])
+    save("dropout_train", [N("Dropout", ["input", "ratio", "training"], ["out"], name="drop")],
+         inits=[numpy_helper.from_array(np.array(0.25, dtype=np.float32), "ratio"),
+                numpy_helper.from_array(np.array(True), "training")])
     sym = helper.make_tensor_value_info("input", F, ["batch", 3])
     W = numpy_helper.from_array(np.ones((3, 2), dtype=np.float32), "W")
     save("symbolic_batch", [N("MatMul", ["input", "W"], ["out"], name="mm")], inputs=[sym], inits=[W])
