@@ -209,6 +209,19 @@ def build_cases():
          inits=[ints("idx", [[4, 0], [1, -1]])])
     case("gather_scalar_index", [N("Gather", ["input", "idx"], ["out"], axis=1)], [2, 5, 3],
          inits=[ints("idx", 2)])
+    case("trilu_lower", [N("Trilu", ["input", "k"], ["out"], upper=0)], [2, 4, 5], inits=[ints("k", 1)])
+    case("trilu_upper", [N("Trilu", ["input"], ["out"])], [4, 4])
+    # A causal mask built in the forward pass, as Hugging Face models export it: folded.
+    case("causal_mask_folded", [
+        N("Shape", ["input"], ["s"]),
+        N("Slice", ["s", "m2", "big"], ["tt"]),
+        N("ConstantOfShape", ["tt"], ["ones"], value=helper.make_tensor("v", F, [1], [1.0])),
+        N("Trilu", ["ones"], ["tri"], upper=0),
+        N("Equal", ["tri", "zero_f"], ["masked"]),
+        N("Where", ["masked", "neg", "input"], ["out"])], [2, 4, 4],
+        inits=[ints("m2", [-2]), ints("big", [9223372036854775807]),
+               numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero_f"),
+               numpy_helper.from_array(np.array(-1e9, dtype=np.float32), "neg")])
     # Whole small models, with a cross-entropy loss.
     case("mlp", [
         N("Gemm", ["input", "fc1.weight", "fc1.bias"], ["h"], name="fc1", transB=1),

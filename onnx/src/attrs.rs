@@ -109,6 +109,7 @@ fn known_attributes(op: &str) -> Option<&'static [&'static str]> {
         "LeakyRelu" => &["alpha"],
         "Gelu" => &["approximate"],
         "Einsum" => &["equation"],
+        "Trilu" => &["upper"],
         "Relu" | "GlobalAveragePool" | "GlobalMaxPool" | "MatMul" | "Add" | "Sub" | "Mul"
         | "Div" | "Max" | "Min" | "Neg" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid"
         | "Reciprocal" | "Abs" | "Pow" | "Identity" | "Slice" | "Size" | "Range" | "Expand"

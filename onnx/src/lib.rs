@@ -249,7 +249,7 @@ fn opset_problem(model: &ModelProto) -> Option<String> {
 fn constant_slot(op: &str, i: usize) -> bool {
     match op {
         "Reshape" | "Expand" | "Squeeze" | "Unsqueeze" | "Split" | "ReduceMean" | "ReduceSum"
-        | "ReduceMax" | "Pow" | "Tile" => i == 1,
+        | "ReduceMax" | "Pow" | "Tile" | "Trilu" => i == 1,
         "Slice" => (1..=4).contains(&i),
         "Clip" | "Dropout" => i == 1 || i == 2,
         "ConstantOfShape" | "Range" => true,

@@ -32,6 +32,9 @@ fn ir<T>(r: ingot_compiler::Result<T>) -> R<T> {
     r.map_err(|e| e.to_string())
 }
 
+/// A 2-d window's kernel, strides, symmetric padding and dilations.
+type Window = ([usize; 2], [usize; 2], [usize; 2], [usize; 2]);
+
 /// The tracer's state: the graph being built and every ONNX name's value so far.
 pub struct Lower<'a> {
     pub g: &'a mut Graph,
@@ -97,7 +100,7 @@ impl Lower<'_> {
         if c.dims.len() == 1 && counts && c.dtype != DType::Bool {
             return ir(self.g.iota(Shape::new(&c.dims), 0, c.dtype));
         }
-        let name = format!("{hint}");
+        let name = hint.to_string();
         if let Some(id) = self.g.leaf(&name) {
             return Ok(id);
         }
@@ -501,10 +504,41 @@ impl Lower<'_> {
                 one(x)
             }
             "Gather" => self.gather(n, &at),
+            "Trilu" => {
+                let x = self.arg(n, 0)?;
+                let x = self.node(&x, &n.input[0])?;
+                let k = self.trilu_k(n)?;
+                let d = self.g.ty(x).shape.dims().to_vec();
+                if d.len() < 2 {
+                    return Err(format!("needs at least two axes, got {:?}", d));
+                }
+                let rc = [d[d.len() - 2], d[d.len() - 1]];
+                let i = ir(self.g.iota(rc, 0, DType::I64))?;
+                let j = ir(self.g.iota(rc, 1, DType::I64))?;
+                let diff = ir(self.g.sub(j, i))?;
+                let kk = ir(self.g.full(k as f64, Shape::scalar(), DType::I64))?;
+                let c = if at.int("upper", 1) != 0 {
+                    CmpOp::Ge
+                } else {
+                    CmpOp::Le
+                };
+                let keep = ir(self.g.compare(c, diff, kk))?;
+                let zero = self.scalar(0.0, x)?;
+                one(ir(self.g.select(keep, x, zero))?)
+            }
             "Einsum" => self.einsum(n, &at),
             _ => Err(format!(
                 "{op} has no import (check_node should have refused it)"
             )),
+        }
+    }
+
+    /// Trilu's diagonal offset `k` (input 1, default 0).
+    fn trilu_k(&self, n: &NodeProto) -> R<i64> {
+        match self.konst_i64s(n, 1)? {
+            None => Ok(0),
+            Some(v) if v.len() == 1 => Ok(v[0]),
+            Some(v) => Err(format!("k must be one integer, got {v:?}")),
         }
     }
 
@@ -764,12 +798,7 @@ impl Lower<'_> {
     }
 
     /// Kernel, strides, symmetric padding and dilations of a 2-d window op over `x`.
-    fn window(
-        &self,
-        at: &Attrs,
-        x: NodeId,
-        kernel: Option<[usize; 2]>,
-    ) -> R<([usize; 2], [usize; 2], [usize; 2], [usize; 2])> {
+    fn window(&self, at: &Attrs, x: NodeId, kernel: Option<[usize; 2]>) -> R<Window> {
         let d = self.g.ty(x).shape.dims().to_vec();
         if d.len() != 4 {
             return Err(format!(
@@ -1258,7 +1287,7 @@ pub fn reshape_dims(input: &[usize], spec: &[i64]) -> R<Vec<usize>> {
     }
     if let Some(i) = infer {
         let known: usize = out.iter().product();
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(format!("cannot reshape {input:?} to {spec:?}"));
         }
         out[i] = total / known;
@@ -1560,6 +1589,39 @@ impl Lower<'_> {
                 out(Const::new(v.dtype, dims, data))
             }
             "Identity" => out(c(0)?),
+            "Trilu" => {
+                let a = c(0)?;
+                let k = self.trilu_k(n)?;
+                let r = a.dims.len();
+                if r < 2 {
+                    return Err(format!("needs at least two axes, got {:?}", a.dims));
+                }
+                let (rows, cols) = (a.dims[r - 2], a.dims[r - 1]);
+                let upper = at.int("upper", 1) != 0;
+                let keep = |flat: usize| {
+                    let (i, j) = (((flat / cols) % rows) as i64, (flat % cols) as i64);
+                    if upper {
+                        j - i >= k
+                    } else {
+                        j - i <= k
+                    }
+                };
+                let data = match &a.data {
+                    Data::I(v) => Data::I(
+                        v.iter()
+                            .enumerate()
+                            .map(|(f, &x)| if keep(f) { x } else { 0 })
+                            .collect(),
+                    ),
+                    Data::F(v) => Data::F(
+                        v.iter()
+                            .enumerate()
+                            .map(|(f, &x)| if keep(f) { x } else { 0.0 })
+                            .collect(),
+                    ),
+                };
+                out(Const::new(a.dtype, a.dims.clone(), data))
+            }
             "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Split" | "Transpose" | "Expand"
             | "Concat" | "Slice" | "Gather" => self.fold_shape_op(n, at).map(Some),
             _ => Ok(None),

@@ -138,10 +138,10 @@ impl Const {
 
     /// The value every element has, when they are all equal (and there is at least one).
     pub fn uniform(&self) -> Option<f64> {
-        let first = self.data.f64_at(0.min(self.numel().saturating_sub(1)));
         if self.numel() == 0 {
             return None;
         }
+        let first = self.data.f64_at(0);
         let same = match &self.data {
             Data::F(v) => v.iter().all(|x| x.to_bits() == v[0].to_bits()),
             Data::I(v) => v.iter().all(|x| *x == v[0]),
