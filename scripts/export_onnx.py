@@ -3,8 +3,9 @@
 (onnx/src/lib.rs): the training-mode graph (BatchNormalization with training_mode=1, Dropout
 with training_mode true), parameters as initializers named as in the module's state_dict
 (`fc1.weight`), no constant folding (which would fold a weight's transpose into a new,
-renamed initializer), opset 17, and the module's float buffers that are not trained listed
-in the model's metadata (`ingot.frozen`) so that Ingot does not train them.
+renamed initializer), opset 17, and the module's parameters listed in the model's metadata
+(`ingot.parameters`; its float buffers as `ingot.frozen`) so that Ingot trains those and
+nothing else (the exporter also writes literal constants as initializers).
 
 As a library:
 
@@ -61,6 +62,10 @@ def export(module, args, path, input_names=("input",), output_names=("logits",),
         print(f"warning: {path}: parameters not exported under their names: {missing} "
               "(tied or unused weights, or renamed by the exporter); --init files will not match them")
     frozen = [n for n, b in module.named_buffers() if b.is_floating_point() and n in inits]
+    # What Ingot trains: the module's parameters; every other initializer is a constant.
+    entry = model.metadata_props.add()
+    entry.key = "ingot.parameters"
+    entry.value = ",".join(n for n in params if n in inits)
     if frozen:
         entry = model.metadata_props.add()
         entry.key = "ingot.frozen"

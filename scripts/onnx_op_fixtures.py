@@ -121,6 +121,10 @@ def build_cases():
     case("global_maxpool", [N("GlobalMaxPool", ["input"], ["out"])], [2, 3, 5, 5])
     case("gemm", [N("Gemm", ["input", "fc.weight", "fc.bias"], ["out"], name="fc", transB=1, alpha=0.5, beta=2.0)],
          [4, 6], inits=[init("fc.weight", [5, 6], r), init("fc.bias", [5], r)])
+    case("gemm_listed_parameters",
+         [N("Gemm", ["input", "fc.weight", "fc.bias"], ["out"], name="fc", transB=1)],
+         [4, 6], inits=[init("fc.weight", [5, 6], r), init("fc.bias", [5], r)],
+         meta={"ingot.parameters": "fc.weight"})
     case("gemm_trans_a", [N("Gemm", ["input", "W"], ["out"], transA=1)], [6, 4], inits=[init("W", [6, 3], r)])
     case("matmul_batched_2d_weight", [N("MatMul", ["input", "W"], ["out"])], [2, 3, 4, 5],
          inits=[init("W", [5, 6], r)])
@@ -222,6 +226,11 @@ def build_cases():
         inits=[ints("m2", [-2]), ints("big", [9223372036854775807]),
                numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero_f"),
                numpy_helper.from_array(np.array(-1e9, dtype=np.float32), "neg")])
+    # A causal mask kept as a bool buffer (nanoGPT's `bias`), imported as two iotas.
+    case("causal_mask_buffer", [
+        N("Constant", [], ["neg"], value=helper.make_tensor("neg", F, [], [-1e9])),
+        N("Where", ["mask", "input", "neg"], ["out"])], [2, 1, 4, 4],
+         inits=[numpy_helper.from_array(np.tril(np.ones((4, 4), dtype=bool))[None, None], "mask")])
     # Whole small models, with a cross-entropy loss.
     case("mlp", [
         N("Gemm", ["input", "fc1.weight", "fc1.bias"], ["h"], name="fc1", transB=1),
@@ -244,6 +253,8 @@ def build_cases():
 def write_case(c):
     name, nodes, x_shape, outputs, inits, x, opset, loss, kw = c
     m = model(name, nodes, x_shape, outputs, inits, opset=opset, x_type=kw.get("x_type", F))
+    for k, v in kw.get("meta", {}).items():
+        helper.set_model_props(m, {k: v})
     if x is None:
         x = rng(name).standard_normal(x_shape).astype(np.float32)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -20,8 +20,10 @@
 //!   `Init::Zeros`, so **load the weights** before the first step.
 //! - **State** (resident, not trained): a BatchNormalization's running mean and variance
 //!   (updated in place by the training step, read by the evaluation step), the initializers
-//!   the exporter lists as buffers (metadata `ingot.frozen`, comma-separated names, which
-//!   `scripts/export_onnx.py` writes; or [`ImportOptions::frozen`]), and any other constant a
+//!   the exporter lists as buffers (metadata `ingot.frozen`, comma-separated names; or
+//!   [`ImportOptions::frozen`]), every initializer not in the metadata `ingot.parameters`
+//!   when the file has that list (`scripts/export_onnx.py` writes both, from the module's
+//!   `named_parameters` and `named_buffers`), and any other constant a
 //!   graph op reads whose elements are not all equal. Constants whose elements are all equal
 //!   become `full` nodes, and `0..n` becomes `iota`.
 //! - **Inputs**: a model's data inputs (its graph inputs that are not initializers) become
@@ -285,15 +287,34 @@ fn prepare<'a>(
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     // Roles of initializers, from how nodes read them.
     let mut frozen: HashSet<String> = opts.frozen.iter().cloned().collect();
-    for p in &model.metadata_props {
-        if p.key() == "ingot.frozen" {
-            frozen.extend(
+    let listed = |key: &str| {
+        model
+            .metadata_props
+            .iter()
+            .filter(|p| p.key() == key)
+            .flat_map(|p| {
                 p.value()
                     .split(',')
                     .filter(|s| !s.is_empty())
-                    .map(String::from),
-            );
-        }
+                    .map(String::from)
+            })
+            .collect::<HashSet<String>>()
+    };
+    frozen.extend(listed("ingot.frozen"));
+    // With the exporter's list of parameters, every other initializer is a constant.
+    if model
+        .metadata_props
+        .iter()
+        .any(|p| p.key() == "ingot.parameters")
+    {
+        let params = listed("ingot.parameters");
+        frozen.extend(
+            graph
+                .initializer
+                .iter()
+                .map(|t| t.name().to_string())
+                .filter(|n| !params.contains(n)),
+        );
     }
     let mut data_use: HashSet<String> = HashSet::new();
     let mut state: Vec<String> = Vec::new();

@@ -100,6 +100,28 @@ impl Lower<'_> {
         if c.dims.len() == 1 && counts && c.dtype != DType::Bool {
             return ir(self.g.iota(Shape::new(&c.dims), 0, c.dtype));
         }
+        if let Some((k, low, high)) = c.triangle() {
+            // `select(j − i <= k, low, high)` from two iotas: a mask is computed, not stored.
+            let r = c.dims.len();
+            let rc = [c.dims[r - 2], c.dims[r - 1]];
+            let i = ir(self.g.iota(rc, 0, DType::I64))?;
+            let j = ir(self.g.iota(rc, 1, DType::I64))?;
+            let d = ir(self.g.sub(j, i))?;
+            let kk = ir(self.g.full(k as f64, Shape::scalar(), DType::I64))?;
+            let below = ir(self.g.compare(CmpOp::Le, d, kk))?;
+            let v = if c.dtype == DType::Bool {
+                if low != 0.0 {
+                    below
+                } else {
+                    ir(self.g.compare(CmpOp::Gt, d, kk))?
+                }
+            } else {
+                let a = ir(self.g.full(low, Shape::scalar(), c.dtype))?;
+                let b = ir(self.g.full(high, Shape::scalar(), c.dtype))?;
+                ir(self.g.select(below, a, b))?
+            };
+            return ir(self.g.reshape(v, Shape::new(&c.dims)));
+        }
         let name = hint.to_string();
         if let Some(id) = self.g.leaf(&name) {
             return Ok(id);

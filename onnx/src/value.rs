@@ -149,6 +149,48 @@ impl Const {
         same.then_some(first)
     }
 
+    /// When the elements over the last two axes depend only on the diagonal `d = j − i`, as
+    /// one value up to some `d = k` and another after (a causal mask, a triangle of ones), and
+    /// every leading axis has size 1: `(k, value for d <= k, value for d > k)`.
+    pub fn triangle(&self) -> Option<(i64, f64, f64)> {
+        let r = self.dims.len();
+        if r < 2 || self.dims[..r - 2].iter().any(|&d| d != 1) {
+            return None;
+        }
+        let (rows, cols) = (self.dims[r - 2], self.dims[r - 1]);
+        if rows == 0 || cols == 0 {
+            return None;
+        }
+        // The value of each diagonal, from its first cell; every other cell must agree.
+        let diag = |d: i64| -> f64 {
+            let (i, j) = if d >= 0 {
+                (0, d as usize)
+            } else {
+                ((-d) as usize, 0)
+            };
+            self.data.f64_at(i * cols + j)
+        };
+        for i in 0..rows {
+            for j in 0..cols {
+                let d = j as i64 - i as i64;
+                if self.data.f64_at(i * cols + j).to_bits() != diag(d).to_bits() {
+                    return None;
+                }
+            }
+        }
+        let first = diag(-(rows as i64 - 1));
+        let mut k = None;
+        for d in -(rows as i64 - 1)..cols as i64 {
+            let v = diag(d);
+            match k {
+                None if v.to_bits() != first.to_bits() => k = Some((d - 1, v)),
+                Some((_, high)) if v.to_bits() != high.to_bits() => return None,
+                _ => {}
+            }
+        }
+        k.map(|(k, high)| (k, first, high))
+    }
+
     /// The same elements with a new dtype (integer casts truncate toward zero, as ONNX's
     /// `Cast` does; a cast to bool is `x != 0`). Float values are rounded to the target's
     /// precision (f32 values kept as f64 are rounded through f32).
@@ -323,6 +365,26 @@ mod tests {
         let b = Const::new(DType::I64, vec![2, 2], Data::I(vec![3, 4, 5, 6]));
         let c = Const::concat(&[a, b], 1);
         assert_eq!(c.data, Data::I(vec![1, 3, 4, 2, 5, 6]));
+    }
+
+    #[test]
+    fn a_causal_mask_is_a_triangle_and_a_scattered_matrix_is_not() {
+        let lower = Const::new(
+            DType::Bool,
+            vec![1, 3, 3],
+            Data::I(vec![1, 0, 0, 1, 1, 0, 1, 1, 1]),
+        );
+        assert_eq!(lower.triangle(), Some((0, 1.0, 0.0)));
+        let upper = Const::new(
+            DType::F32,
+            vec![2, 3],
+            Data::F(vec![0.0, 5.0, 5.0, 0.0, 0.0, 5.0]),
+        );
+        assert_eq!(upper.triangle(), Some((0, 0.0, 5.0)));
+        let scattered = Const::new(DType::I64, vec![2, 2], Data::I(vec![0, 1, 1, 0]));
+        assert_eq!(scattered.triangle(), None);
+        let two_steps = Const::new(DType::I64, vec![1, 3], Data::I(vec![0, 1, 2]));
+        assert_eq!(two_steps.triangle(), None);
     }
 
     #[test]

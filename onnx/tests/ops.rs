@@ -106,3 +106,92 @@ fn every_op_fixture_matches_onnxruntime_within_1e_5_relative() {
     );
     assert!(total > 1000, "only {total} elements compared");
 }
+
+#[test]
+fn a_causal_mask_buffer_is_computed_from_iotas_not_stored() {
+    let imp = import(
+        &fixtures().join("ops/causal_mask_buffer.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let g = &imp.model.graph;
+    assert!(g.leaves(ingot_compiler::ir::LeafKind::State).is_empty());
+    assert!(imp.weights.is_empty(), "{:?}", imp.weights.keys());
+    assert!(g
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, ingot_compiler::ir::Op::Iota { .. })));
+}
+
+#[test]
+fn a_constant_with_no_pattern_is_a_state_leaf_holding_its_elements() {
+    let imp = import(
+        &fixtures().join("ops/constant_expand.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let w: Vec<(&String, &ingot_onnx::Weight)> = imp.weights.iter().collect();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].1.kind, ingot_compiler::ir::LeafKind::State);
+    assert_eq!(w[0].1.ty.shape.dims(), [3, 4]);
+}
+
+#[test]
+fn initializers_the_options_freeze_are_constants_not_parameters() {
+    let path = fixtures().join("ops/add_broadcast.onnx");
+    let mse = || ImportOptions {
+        loss: Loss::Mse { output: None },
+        ..Default::default()
+    };
+    let trained = import(&path, &mse()).unwrap();
+    assert_eq!(
+        trained.weights["b"].kind,
+        ingot_compiler::ir::LeafKind::Parameter
+    );
+    let frozen = import(
+        &path,
+        &ImportOptions {
+            frozen: vec!["b".into()],
+            ..mse()
+        },
+    )
+    .unwrap();
+    assert!(frozen
+        .model
+        .graph
+        .leaves(ingot_compiler::ir::LeafKind::Parameter)
+        .is_empty());
+    assert_eq!(
+        frozen.weights["b"].kind,
+        ingot_compiler::ir::LeafKind::State
+    );
+}
+
+#[test]
+fn with_the_exporters_list_of_parameters_every_other_initializer_is_a_constant() {
+    let imp = import(
+        &fixtures().join("ops/gemm_listed_parameters.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let g = &imp.model.graph;
+    let params: Vec<&str> = g
+        .leaves(ingot_compiler::ir::LeafKind::Parameter)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect();
+    assert_eq!(params, ["fc.weight"]);
+    assert_eq!(
+        imp.weights["fc.bias"].kind,
+        ingot_compiler::ir::LeafKind::State
+    );
+}
