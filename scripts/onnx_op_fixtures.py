@@ -231,6 +231,22 @@ def build_cases():
         N("Constant", [], ["neg"], value=helper.make_tensor("neg", F, [], [-1e9])),
         N("Where", ["mask", "input", "neg"], ["out"])], [2, 1, 4, 4],
          inits=[numpy_helper.from_array(np.tril(np.ones((4, 4), dtype=bool))[None, None], "mask")])
+    # The rest of the comparisons and logic, integer rounding on constants, CastLike, Size,
+    # ReduceMin and a variadic Max.
+    case("logic_and_rounding", [
+        N("Greater", ["input", "lo"], ["g"]), N("LessOrEqual", ["input", "hi"], ["le"]),
+        N("And", ["g", "le"], ["band"]), N("GreaterOrEqual", ["input", "hi"], ["ge"]),
+        N("Or", ["band", "ge"], ["either"]), N("CastLike", ["either", "input"], ["ef"]),
+        N("Size", ["input"], ["n"]), N("CastLike", ["n", "input"], ["nf"]),
+        N("Constant", [], ["frac"], value=helper.make_tensor("frac", F, [], [-0.25])),
+        N("Floor", ["frac"], ["fl"]), N("Ceil", ["frac"], ["ce"]), N("Add", ["fl", "ce"], ["fc"]),
+        N("ReduceMin", ["input", "ax"], ["mn"]),
+        N("Max", ["input", "mn", "fc"], ["m3"]),
+        N("Div", ["ef", "nf"], ["efn"]),
+        N("Add", ["m3", "efn"], ["out"])], [3, 5],
+         inits=[numpy_helper.from_array(np.array(-0.3, dtype=np.float32), "lo"),
+                numpy_helper.from_array(np.array(0.4, dtype=np.float32), "hi"),
+                ints("ax", [1])])
     # Whole small models, with a cross-entropy loss.
     case("mlp", [
         N("Gemm", ["input", "fc1.weight", "fc1.bias"], ["h"], name="fc1", transB=1),

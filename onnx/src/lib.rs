@@ -81,6 +81,7 @@ pub mod proto;
 mod read;
 mod value;
 
+pub use attrs::SUPPORTED;
 pub use error::{OnnxError, Result, Unsupported};
 pub use read::{MAX_FILE_BYTES, MAX_TENSOR_BYTES};
 
@@ -251,7 +252,7 @@ fn opset_problem(model: &ModelProto) -> Option<String> {
 fn constant_slot(op: &str, i: usize) -> bool {
     match op {
         "Reshape" | "Expand" | "Squeeze" | "Unsqueeze" | "Split" | "ReduceMean" | "ReduceSum"
-        | "ReduceMax" | "Pow" | "Tile" | "Trilu" => i == 1,
+        | "ReduceMax" | "ReduceMin" | "Pow" | "Tile" | "Trilu" => i == 1,
         "Slice" => (1..=4).contains(&i),
         "Clip" | "Dropout" => i == 1 || i == 2,
         "ConstantOfShape" | "Range" => true,

@@ -416,7 +416,10 @@ impl Lower<'_> {
                 one(y)
             }
             "LayerNormalization" => self.layer_norm(n, &at),
-            "ReduceMean" | "ReduceSum" | "ReduceMax" => self.reduce(n, &at),
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => self.reduce(n, &at),
+            "Range" | "ConstantOfShape" | "Floor" | "Ceil" => Err(format!(
+                "{op} of a computed value: Ingot evaluates it only on constants (shapes and values known at import); on tensors it needs a primitive of its own"
+            )),
             "Dropout" => {
                 let x = self.float_in(n, 0)?;
                 let p = match self.konst(n, 1)? {
@@ -1078,6 +1081,12 @@ impl Lower<'_> {
         let y = match n.op_type() {
             "ReduceMean" => ir(self.g.mean(x, &axes))?,
             "ReduceSum" => ir(self.g.sum(x, &axes))?,
+            "ReduceMin" => {
+                // min x = −max(−x), exactly.
+                let nx = ir(self.g.neg(x))?;
+                let m = ir(self.g.reduce(ReduceOp::Max, nx, &axes))?;
+                ir(self.g.neg(m))?
+            }
             _ => ir(self.g.reduce(ReduceOp::Max, x, &axes))?,
         };
         if at.int("keepdims", 1) != 0 {

@@ -195,3 +195,26 @@ fn with_the_exporters_list_of_parameters_every_other_initializer_is_a_constant()
         ingot_compiler::ir::LeafKind::State
     );
 }
+
+#[test]
+fn every_supported_op_type_appears_in_a_fixture() {
+    use ingot_onnx::proto::ModelProto;
+    use prost::Message;
+    let mut seen = std::collections::BTreeSet::new();
+    for dir in ["ops", "errors"] {
+        for e in std::fs::read_dir(fixtures().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "onnx") {
+                let m = ModelProto::decode(std::fs::read(&p).unwrap().as_slice()).unwrap();
+                for n in &m.graph.unwrap().node {
+                    seen.insert(n.op_type().to_string());
+                }
+            }
+        }
+    }
+    let missing: Vec<&&str> = ingot_onnx::SUPPORTED
+        .iter()
+        .filter(|op| !seen.contains(**op))
+        .collect();
+    assert!(missing.is_empty(), "no fixture has {missing:?}");
+}
