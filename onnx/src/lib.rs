@@ -150,6 +150,11 @@ impl Default for ImportOptions {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Weight {
     pub kind: LeafKind,
+    /// A constant the graph reads (a frozen initializer, a `Constant` with no pattern Ingot
+    /// computes): state the training step never changes, but needs, so a step that does not
+    /// load it computes something else. Batch norm's running statistics are state, not
+    /// constants.
+    pub constant: bool,
     pub ty: TensorType,
     /// Little-endian elements of `ty`'s dtype.
     pub bytes: Vec<u8>,
@@ -268,6 +273,8 @@ struct Prepared<'a> {
     frozen: HashSet<String>,
     data_use: HashSet<String>,
     state: Vec<String>,
+    /// The batch norms' running variances among `state`.
+    variances: HashSet<String>,
     inputs: Vec<(String, String)>,
     input_types: Vec<TensorType>,
     dir: read::DataDir,
@@ -319,6 +326,7 @@ fn prepare<'a>(
     }
     let mut data_use: HashSet<String> = HashSet::new();
     let mut state: Vec<String> = Vec::new();
+    let mut variances: HashSet<String> = HashSet::new();
     for n in &graph.node {
         for (i, inp) in n.input.iter().enumerate() {
             if !inits.contains(inp.as_str()) {
@@ -327,6 +335,9 @@ fn prepare<'a>(
             if n.op_type() == "BatchNormalization" && (i == 3 || i == 4) {
                 if !state.contains(inp) {
                     state.push(inp.clone());
+                }
+                if i == 4 {
+                    variances.insert(inp.clone());
                 }
             } else if !constant_slot(n.op_type(), i) {
                 data_use.insert(inp.clone());
@@ -365,6 +376,7 @@ fn prepare<'a>(
         frozen,
         data_use,
         state,
+        variances,
         inputs,
         input_types,
         dir,
@@ -530,6 +542,7 @@ impl Prepared<'_> {
             let id = g.parameter(n, Shape::new(&c.dims), c.dtype, Init::Zeros)?;
             w.entry(n.to_string()).or_insert_with(|| Weight {
                 kind: LeafKind::Parameter,
+                constant: false,
                 ty: g.ty(id).clone(),
                 bytes: c.to_le_bytes(c.dtype),
             });
@@ -537,9 +550,16 @@ impl Prepared<'_> {
         }
         for n in &self.state {
             let c = &self.consts[n];
-            let id = g.state(n, Shape::new(&c.dims), c.dtype, Init::Zeros)?;
+            // A running variance starts at one, as PyTorch's does, where no weights are loaded.
+            let init = if self.variances.contains(n) {
+                Init::Ones
+            } else {
+                Init::Zeros
+            };
+            let id = g.state(n, Shape::new(&c.dims), c.dtype, init)?;
             w.entry(n.to_string()).or_insert_with(|| Weight {
                 kind: LeafKind::State,
+                constant: false,
                 ty: g.ty(id).clone(),
                 bytes: c.to_le_bytes(c.dtype),
             });
@@ -592,6 +612,7 @@ impl Prepared<'_> {
         for (name, (ty, bytes)) in std::mem::take(&mut l.constants) {
             w.entry(name).or_insert(Weight {
                 kind: LeafKind::State,
+                constant: true,
                 ty,
                 bytes,
             });

@@ -112,3 +112,35 @@ fn onnx_flags_without_onnx_and_a_symbolic_batch_without_batch_are_refused_by_nam
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("total_bytes"), "{out}");
 }
+
+#[test]
+fn compile_refuses_an_onnx_model_whose_constants_an_executable_cannot_hold() {
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-exe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("step.ingot");
+    let (code, _, err) = ingot(&[
+        "compile",
+        "--onnx",
+        &fixture("ops/constant_expand.onnx"),
+        "--loss",
+        "mse",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("constants") && err.contains("ingot train --onnx"),
+        "{err}"
+    );
+    let (code, _, err) = ingot(&[
+        "compile",
+        "--onnx",
+        &fixture("ops/mlp.onnx"),
+        "--loss",
+        "cross-entropy",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{err}");
+}

@@ -152,6 +152,35 @@ impl OnnxModelArgs {
     }
 }
 
+impl OnnxModelArgs {
+    /// Refuses to compile an --onnx model that reads constants into a step executable: the
+    /// executable holds no weights, and `ingot run` would start those constants at zero (its
+    /// parameters, like any model's, come from --init or the seed). Nothing to do without
+    /// --onnx.
+    pub fn check_executable(&self) -> Result<(), Failure> {
+        let Some(imp) = self.import()? else {
+            return Ok(());
+        };
+        let constants: Vec<&str> = imp
+            .weights
+            .iter()
+            .filter(|(_, w)| w.constant)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if constants.is_empty() {
+            return Ok(());
+        }
+        Err(Failure::new(
+            1,
+            format!(
+                "{}: the model reads constants ({}) that a step executable cannot hold yet (`ingot run` would start them at zero): train it with `ingot train --onnx`",
+                self.onnx.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                constants.join(", ")
+            ),
+        ))
+    }
+}
+
 /// `ingot onnx check MODEL.onnx`.
 pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
     match &a.command {
@@ -174,5 +203,15 @@ pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
                 ),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_with_the_onnx_flags_is_consistent() {
+        super::super::Cli::command().debug_assert();
     }
 }
