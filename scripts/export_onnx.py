@@ -53,6 +53,16 @@ def export(module, args, path, input_names=("input",), output_names=("logits",),
         except TypeError:
             # A torch without the `dynamo` argument exports with TorchScript anyway.
             torch.onnx.export(module, args, path, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a torch whose TorchScript exporter is gone
+            print(f"note: the TorchScript exporter failed ({type(e).__name__}: {e}); "
+                  "exporting with torch.export (dynamo=True) from the module in training mode")
+            dyn = {k: kwargs[k] for k in ("input_names", "output_names")}
+            dyn["opset_version"] = max(opset, 18)
+            try:
+                torch.onnx.export(module, args, path, dynamo=True, external_data=False,
+                                  optimize=False, **dyn)
+            except TypeError:
+                torch.onnx.export(module, args, path, dynamo=True, **dyn)
     module.load_state_dict(saved)
     model = onnx.load(path)
     inits = {t.name for t in model.graph.initializer}

@@ -7,7 +7,9 @@
 //! ```
 //!
 //! With `--check` it writes nothing and exits 1 when the committed file differs from a fresh
-//! generation (`scripts/onnx_proto.sh --check` runs that).
+//! generation (`cargo run --release --manifest-path onnx/codegen/Cargo.toml -- --check`; not
+//! a workspace test, since building protox and prost-build takes about 4 minutes on two
+//! cores).
 
 use std::path::Path;
 
