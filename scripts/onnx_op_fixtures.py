@@ -254,6 +254,7 @@ def build_cases():
         N("Gemm", ["a", "fc2.weight", "fc2.bias"], ["out"], name="fc2", transB=1)],
         [4, 6], inits=[init("fc1.weight", [8, 6], r), init("fc1.bias", [8], r),
                        init("fc2.weight", [3, 8], r), init("fc2.bias", [3], r)], loss="ce")
+    gpt_case(r)
     case("cnn", [
         N("Conv", ["input", "conv.weight", "conv.bias"], ["c"], name="conv", pads=[1, 1, 1, 1]),
         N("BatchNormalization", ["c", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
@@ -264,6 +265,97 @@ def build_cases():
         N("Gemm", ["f", "fc.weight", "fc.bias"], ["out"], name="fc", transB=1)],
         [2, 3, 4, 4], inits=[init("conv.weight", [3, 3, 3, 3], r), init("conv.bias", [3], r)] + bn
         + [init("fc.weight", [5, 12], r), init("fc.bias", [5], r)], loss="ce")
+
+
+def gpt_case(r, vocab=11, d=8, heads=2, t=5, b=2):
+    """A GPT-like model written as PyTorch's TorchScript exporter writes one: embedding
+    Gathers, position ids from Shape and Range, LayerNormalization, linear layers as MatMul by
+    a Transpose of the weight, q/k/v by Split, heads by Reshape and Transpose with shapes from
+    Shape/Gather/Concat, a causal mask sliced from a bool buffer and negated, Where with the
+    dtype's lowest value, Softmax, GELU(tanh) written out with Pow 3, residual Adds."""
+    hd = d // heads
+    nodes, inits = [], []
+
+    def p(name, shape, scale=0.3):
+        inits.append(init(name, shape, r, scale))
+        return name
+
+    def const(name, value, dtype=np.float32):
+        nodes.append(N("Constant", [], [name], value=numpy_helper.from_array(np.array(value, dtype=dtype), name)))
+        return name
+
+    def linear(x, name, din, dout, out):
+        w = p(name + ".weight", [dout, din])
+        bias = p(name + ".bias", [dout], 0.1)
+        nodes.append(N("Transpose", [w], [name + ".wT"], perm=[1, 0]))
+        nodes.append(N("MatMul", [x, name + ".wT"], [name + ".mm"]))
+        nodes.append(N("Add", [name + ".mm", bias], [out]))
+        return out
+
+    inits.append(numpy_helper.from_array(np.tril(np.ones((t, t), dtype=bool))[None, None], "attn.mask"))
+    nodes.append(N("Shape", ["input"], ["shp"]))
+    const("one_i", 1, np.int64)
+    nodes.append(N("Gather", ["shp", "one_i"], ["T"], axis=0))
+    const("zero_i", 0, np.int64)
+    nodes.append(N("Range", ["zero_i", "T", "one_i"], ["pos"]))
+    p("wte.weight", [vocab, d])
+    p("wpe.weight", [t, d])
+    nodes.append(N("Gather", ["wte.weight", "input"], ["tok"]))
+    nodes.append(N("Gather", ["wpe.weight", "pos"], ["pe"]))
+    nodes.append(N("Add", ["tok", "pe"], ["h0"]))
+    p("ln1.weight", [d]), p("ln1.bias", [d], 0.1)
+    nodes.append(N("LayerNormalization", ["h0", "ln1.weight", "ln1.bias"], ["a0"], epsilon=1e-5))
+    linear("a0", "attn.qkv", d, 3 * d, "qkv")
+    inits.append(ints("split_d", [d, d, d]))
+    nodes.append(N("Split", ["qkv", "split_d"], ["q", "k", "v"], axis=2))
+    inits.append(ints("heads_shape", [heads, hd]))
+    nodes.append(N("Gather", ["shp", "zero_i"], ["B"], axis=0))
+    inits.append(ints("ax0", [0]))
+    nodes.append(N("Unsqueeze", ["B", "ax0"], ["B1"]))
+    nodes.append(N("Unsqueeze", ["T", "ax0"], ["T1"]))
+    nodes.append(N("Concat", ["B1", "T1", "heads_shape"], ["hshape"], axis=0))
+    for z in "qkv":
+        nodes.append(N("Reshape", [z, "hshape"], [z + "4"]))
+        nodes.append(N("Transpose", [z + "4"], [z + "h"], perm=[0, 2, 1, 3]))
+    nodes.append(N("Transpose", ["kh"], ["khT"], perm=[0, 1, 3, 2]))
+    nodes.append(N("MatMul", ["qh", "khT"], ["att0"]))
+    const("scale", 1.0 / hd ** 0.5)
+    nodes.append(N("Mul", ["att0", "scale"], ["att1"]))
+    inits.append(ints("sl_start", [0, 0]))
+    nodes.append(N("Concat", ["T1", "T1"], ["sl_end"], axis=0))
+    inits.append(ints("sl_axes", [2, 3]))
+    nodes.append(N("Slice", ["attn.mask", "sl_start", "sl_end", "sl_axes"], ["m"]))
+    nodes.append(N("Not", ["m"], ["notm"]))
+    const("lowest", np.finfo(np.float32).min)
+    nodes.append(N("Where", ["notm", "lowest", "att1"], ["att2"]))
+    nodes.append(N("Softmax", ["att2"], ["att"], axis=-1))
+    nodes.append(N("MatMul", ["att", "vh"], ["y4"]))
+    nodes.append(N("Transpose", ["y4"], ["y4t"], perm=[0, 2, 1, 3]))
+    inits.append(ints("bt_d", [0, 0, d]))
+    nodes.append(N("Reshape", ["y4t", "bt_d"], ["y"]))
+    linear("y", "attn.proj", d, d, "yo")
+    nodes.append(N("Add", ["h0", "yo"], ["h1"]))
+    p("ln2.weight", [d]), p("ln2.bias", [d], 0.1)
+    nodes.append(N("LayerNormalization", ["h1", "ln2.weight", "ln2.bias"], ["a1"], epsilon=1e-5))
+    linear("a1", "fc", d, 4 * d, "f")
+    const("three", 3.0)
+    const("kappa", 0.044715)
+    const("beta", (2 / np.pi) ** 0.5)
+    const("one_f", 1.0)
+    const("half_f", 0.5)
+    nodes += [N("Pow", ["f", "three"], ["f3"]), N("Mul", ["f3", "kappa"], ["kf3"]),
+              N("Add", ["f", "kf3"], ["inner"]), N("Mul", ["inner", "beta"], ["binner"]),
+              N("Tanh", ["binner"], ["th"]), N("Add", ["th", "one_f"], ["th1"]),
+              N("Mul", ["f", "th1"], ["fth"]), N("Mul", ["fth", "half_f"], ["gelu"])]
+    linear("gelu", "fc2", 4 * d, d, "g2")
+    nodes.append(N("Add", ["h1", "g2"], ["h2"]))
+    p("lnf.weight", [d]), p("lnf.bias", [d], 0.1)
+    nodes.append(N("LayerNormalization", ["h2", "lnf.weight", "lnf.bias"], ["hf"], epsilon=1e-5))
+    p("head.weight", [vocab, d])
+    nodes.append(N("Transpose", ["head.weight"], ["headT"], perm=[1, 0]))
+    nodes.append(N("MatMul", ["hf", "headT"], ["out"]))
+    x = rng("gpt_x").integers(0, vocab, (b, t)).astype(np.int64)
+    case("gpt", nodes, [b, t], inits=inits, x=x, x_type=I64, loss="ce")
 
 
 def write_case(c):

@@ -68,6 +68,7 @@ fn imported_graphs_have_the_gradients_finite_differences_give() {
         "shape_folding",
         "reduce_sum_drop",
         "gelu_tanh",
+        "gpt",
     ] {
         gradcheck_fixture(name);
     }

@@ -172,3 +172,36 @@ fn a_training_mode_dropout_draws_a_seeded_mask_and_is_the_identity_in_evaluation
         assert!(v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6, "{v}");
     }
 }
+
+#[test]
+fn an_imported_gpt_like_model_trains_from_onnxruntimes_first_loss_downwards() {
+    let dir = fixtures().join("ops");
+    let doc = json(&dir.join("gpt.json"));
+    let imp = import(
+        &dir.join("gpt.onnx"),
+        &ImportOptions {
+            loss: Loss::CrossEntropy { logits: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The causal mask buffer is computed, not stored: the model's only leaves are parameters.
+    assert!(imp.weights.values().all(|w| w.kind == LeafKind::Parameter));
+    let mut s = session(&imp, &params_of(&imp), &IndexMap::new());
+    s.set_batch(
+        &tensor(&doc["x"], DType::F32),
+        &tensor(&doc["y"], DType::F32),
+    )
+    .unwrap();
+    let first = s.step().unwrap().loss;
+    let want = doc["ce"].as_f64().unwrap();
+    assert!(
+        close(first, want, 1e-5),
+        "first loss {first}, onnxruntime's logits give {want}"
+    );
+    let mut last = first;
+    for _ in 0..4 {
+        last = s.step().unwrap().loss;
+    }
+    assert!(last < first, "5 SGD steps on one batch: {first} -> {last}");
+}
