@@ -101,26 +101,31 @@ impl Lower<'_> {
             return ir(self.g.iota(Shape::new(&c.dims), 0, c.dtype));
         }
         if let Some((k, low, high)) = c.triangle() {
-            // `select(j − i <= k, low, high)` from two iotas: a mask is computed, not stored.
+            // `select(j − i <= k, low, high)` from two iotas shaped as the constant: a mask
+            // is computed, not stored. On the diagonal (`k = 0`) the iotas are compared
+            // directly (`j > i`), the causal mask attention recognition fuses.
             let r = c.dims.len();
-            let rc = [c.dims[r - 2], c.dims[r - 1]];
-            let i = ir(self.g.iota(rc, 0, DType::I64))?;
-            let j = ir(self.g.iota(rc, 1, DType::I64))?;
-            let d = ir(self.g.sub(j, i))?;
-            let kk = ir(self.g.full(k as f64, Shape::scalar(), DType::I64))?;
-            let below = ir(self.g.compare(CmpOp::Le, d, kk))?;
-            let v = if c.dtype == DType::Bool {
-                if low != 0.0 {
-                    below
-                } else {
-                    ir(self.g.compare(CmpOp::Gt, d, kk))?
-                }
+            let shape = Shape::new(&c.dims);
+            let i = ir(self.g.iota(shape.clone(), r - 2, DType::I64))?;
+            let j = ir(self.g.iota(shape, r - 1, DType::I64))?;
+            let (lhs, rhs) = if k == 0 {
+                (j, i)
             } else {
-                let a = ir(self.g.full(low, Shape::scalar(), c.dtype))?;
-                let b = ir(self.g.full(high, Shape::scalar(), c.dtype))?;
-                ir(self.g.select(below, a, b))?
+                let d = ir(self.g.sub(j, i))?;
+                let kk = ir(self.g.full(k as f64, Shape::scalar(), DType::I64))?;
+                (d, kk)
             };
-            return ir(self.g.reshape(v, Shape::new(&c.dims)));
+            let above = ir(self.g.compare(CmpOp::Gt, lhs, rhs))?;
+            if c.dtype == DType::Bool {
+                return if low == 0.0 {
+                    Ok(above)
+                } else {
+                    ir(self.g.compare(CmpOp::Le, lhs, rhs))
+                };
+            }
+            let a = ir(self.g.full(high, Shape::scalar(), c.dtype))?;
+            let b = ir(self.g.full(low, Shape::scalar(), c.dtype))?;
+            return ir(self.g.select(above, a, b));
         }
         let name = hint.to_string();
         if let Some(id) = self.g.leaf(&name) {

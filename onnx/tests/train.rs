@@ -205,3 +205,17 @@ fn an_imported_gpt_like_model_trains_from_onnxruntimes_first_loss_downwards() {
     }
     assert!(last < first, "5 SGD steps on one batch: {first} -> {last}");
 }
+
+#[test]
+fn an_imported_causal_attention_is_recognized_as_one_fused_attention() {
+    let imp = import(
+        &fixtures().join("ops/gpt.onnx"),
+        &ImportOptions {
+            loss: Loss::CrossEntropy { logits: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (_, fused) = ingot_compiler::recognize::attention(&imp.model.graph).unwrap();
+    assert_eq!(fused, 1);
+}
