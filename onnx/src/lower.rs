@@ -25,6 +25,11 @@ pub enum Val {
     Const(Const),
 }
 
+/// The most elements a constant computed while importing may have (a `ConstantOfShape`, a
+/// `Range`, a folded `Expand`): shapes and masks are far smaller, and a file cannot make the
+/// importer allocate without bound.
+const MAX_FOLDED: usize = 1 << 24;
+
 /// A failure inside one node (the caller adds the node's op type and name).
 pub type R<T> = std::result::Result<T, String>;
 
@@ -491,6 +496,7 @@ impl Lower<'_> {
                 let x = self.lift(x, rank)?;
                 one(ir(self.g.broadcast_to(x, Shape::new(&target)))?)
             }
+            "Concat" if n.input.is_empty() => Err("joins no inputs".into()),
             "Concat" => {
                 let parts: Vec<Val> = (0..n.input.len())
                     .map(|i| self.arg(n, i))
@@ -859,6 +865,11 @@ impl Lower<'_> {
         }
         let s = two("strides", 1)?;
         let dil = two("dilations", 1)?;
+        if [k, s, dil].iter().flatten().any(|&v| v == 0) {
+            return Err(format!(
+                "kernel {k:?}, strides {s:?} and dilations {dil:?} must all be at least 1"
+            ));
+        }
         let pads = match at.ints("pads") {
             None => [0; 4],
             Some(p) if p.len() == 4 && p.iter().all(|&x| x >= 0) => {
@@ -1592,7 +1603,7 @@ impl Lower<'_> {
                     return Err("delta is 0".into());
                 }
                 let count = ((l - s) / d).ceil().max(0.0) as usize;
-                if count > 1 << 28 {
+                if count > MAX_FOLDED {
                     return Err(format!("Range of {count} elements is too large"));
                 }
                 let dt = c(0)?.dtype;
@@ -1612,7 +1623,7 @@ impl Lower<'_> {
                 let count = dims
                     .iter()
                     .try_fold(1usize, |a, &d| a.checked_mul(d))
-                    .filter(|&c| c <= 1 << 28)
+                    .filter(|&c| c <= MAX_FOLDED)
                     .ok_or("too large")?;
                 let v = match at.tensor("value") {
                     Some(t) => tensor(t, self.float, &self.dir).map_err(|e| e.to_string())?,
@@ -1676,7 +1687,15 @@ impl Lower<'_> {
             "Transpose" => one(x.transposed(&transpose_perm(at.ints("perm"), d.len())?)),
             "Expand" => {
                 let shape = self.konst_i64s(n, 1)?.ok_or("needs a shape")?;
-                one(x.broadcast(&expand_dims(&d, &shape)?))
+                let target = expand_dims(&d, &shape)?;
+                if target
+                    .iter()
+                    .try_fold(1usize, |a, &x| a.checked_mul(x))
+                    .is_none_or(|c| c > MAX_FOLDED)
+                {
+                    return Err(format!("expanding a constant to {target:?} is too large"));
+                }
+                one(x.broadcast(&target))
             }
             "Concat" => {
                 let parts: Vec<Const> = (0..n.input.len())

@@ -228,3 +228,37 @@ fn importing_twice_gives_equal_models_and_weights() {
     assert_eq!(a.model, b.model);
     assert_eq!(a.weights, b.weights);
 }
+
+#[test]
+fn flipping_any_byte_of_a_model_gives_an_import_or_an_error_never_a_panic() {
+    let mut imported = 0;
+    let mut refused = 0;
+    for name in [
+        "gpt",
+        "cnn",
+        "shape_folding",
+        "conv_groups_dilation_stride",
+        "slice",
+    ] {
+        let bytes = std::fs::read(fixtures().join(format!("ops/{name}.onnx"))).unwrap();
+        let step = (bytes.len() / 400).max(1);
+        for at in (0..bytes.len()).step_by(step) {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[at] ^= flip;
+                let opts = ImportOptions {
+                    loss: Loss::CrossEntropy { logits: None },
+                    ..Default::default()
+                };
+                match import_bytes(&b, name, &opts) {
+                    Ok(_) => imported += 1,
+                    Err(_) => refused += 1,
+                }
+            }
+        }
+    }
+    assert!(
+        imported > 0 && refused > 0,
+        "{imported} imported, {refused} refused"
+    );
+}
