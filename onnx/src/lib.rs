@@ -23,9 +23,12 @@
 //!   the exporter lists as buffers (metadata `ingot.frozen`, comma-separated names; or
 //!   [`ImportOptions::frozen`]), every initializer not in the metadata `ingot.parameters`
 //!   when the file has that list (`scripts/export_onnx.py` writes both, from the module's
-//!   `named_parameters` and `named_buffers`), and any other constant a
-//!   graph op reads whose elements are not all equal. Constants whose elements are all equal
-//!   become `full` nodes, and `0..n` becomes `iota`.
+//!   `named_parameters` and `named_buffers`), and any other constant a graph op reads that
+//!   Ingot cannot compute ([`Weight::constant`]: a step that does not load it computes
+//!   something else, so `ingot compile` refuses such a model). Constants Ingot computes are
+//!   not stored: all elements equal is a `full` node, `0..n` an `iota`, and a triangle (a
+//!   causal mask, a buffer or built with `Trilu`) a compare of two iotas, the form attention
+//!   recognition fuses.
 //! - **Inputs**: a model's data inputs (its graph inputs that are not initializers) become
 //!   Ingot's `x` and `y`, the two inputs every Ingot model has and the trainer feeds: with
 //!   [`Loss::Output`] the first data input is `x` and a second, if any, is `y` (a model that
@@ -51,6 +54,14 @@
 //!   op type, name and what Ingot would need ([`check`] lists them without importing). Ops with
 //!   no exact expression in Ingot's primitives (`Erf` and exact `Gelu`, `ConvTranspose`,
 //!   `Resize`, ...) are refused, never approximated.
+//!
+//! # The command line
+//!
+//! `ingot onnx check MODEL.onnx` prints [`check`]'s list; `ingot plan|train|compile --onnx
+//! MODEL.onnx [--loss output|cross-entropy|mse] [--logits NAME] [--batch N]` imports with
+//! these options, and `train` loads [`Imported::weights`] into the session before `--init`
+//! (runtime/src/cli/onnx.rs). [`trace_forward`] traces a model into a graph of the caller's
+//! (the gradient checks use it).
 //!
 //! # Reading files
 //!
