@@ -439,6 +439,17 @@ def write_errors():
     save("dropout_train", [N("Dropout", ["input", "ratio", "training"], ["out"], name="drop")],
          inits=[numpy_helper.from_array(np.array(0.25, dtype=np.float32), "ratio"),
                 numpy_helper.from_array(np.array(True), "training")])
+    # A model that computes its own loss from (data, target): two inputs, a scalar output.
+    tgt = helper.make_tensor_value_info("target", F, [2, 3])
+    loss = helper.make_tensor_value_info("loss", F, [])
+    save("own_loss", [N("Mul", ["input", "w"], ["p"], name="scale"), N("Sub", ["p", "target"], ["d"], name="diff"),
+                      N("Mul", ["d", "d"], ["sq"], name="square"),
+                      N("ReduceMean", ["sq"], ["loss"], name="mean", keepdims=0)],
+         inputs=[xi, tgt], inits=[numpy_helper.from_array(np.full((3,), 2.0, dtype=np.float32), "w")],
+         outputs=[loss])
+    three = helper.make_tensor_value_info("third", F, [2, 3])
+    save("three_inputs", [N("Add", ["input", "target"], ["s"]), N("Add", ["s", "third"], ["out"])],
+         inputs=[xi, tgt, three])
     sym = helper.make_tensor_value_info("input", F, ["batch", 3])
     W = numpy_helper.from_array(np.ones((3, 2), dtype=np.float32), "W")
     save("symbolic_batch", [N("MatMul", ["input", "W"], ["out"], name="mm")], inputs=[sym], inits=[W])

@@ -219,3 +219,55 @@ fn an_imported_causal_attention_is_recognized_as_one_fused_attention() {
     let (_, fused) = ingot_compiler::recognize::attention(&imp.model.graph).unwrap();
     assert_eq!(fused, 1);
 }
+
+#[test]
+fn a_model_computing_its_own_loss_takes_data_as_x_and_target_as_y() {
+    let imp = import(
+        &fixtures().join("errors/own_loss.onnx"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        imp.inputs,
+        [
+            ("input".to_string(), "x".to_string()),
+            ("target".to_string(), "y".to_string())
+        ]
+    );
+    let mut leaves = weights(&imp);
+    let x = [0.5f32, -1.0, 2.0, 0.0, 1.5, -0.5];
+    let y = [1.0f32, 0.0, 3.0, -1.0, 2.0, 1.0];
+    leaves.insert(
+        "x".into(),
+        Tensor::from_f32(Shape::new(&[2, 3]), x.to_vec()),
+    );
+    leaves.insert(
+        "y".into(),
+        Tensor::from_f32(Shape::new(&[2, 3]), y.to_vec()),
+    );
+    let got = run_graph(&imp.model.graph, &leaves).unwrap().outputs["loss"].to_f64_vec()[0];
+    let want: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| ((2.0 * a - b) as f64).powi(2))
+        .sum::<f64>()
+        / 6.0;
+    assert!(close(got, want, 1e-6), "{got} vs {want}");
+}
+
+#[test]
+fn a_model_with_three_data_inputs_is_refused_naming_them() {
+    let e = import(
+        &fixtures().join("errors/three_inputs.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("\"input\", \"target\", \"third\"") && e.contains("at most 1"),
+        "{e}"
+    );
+}
