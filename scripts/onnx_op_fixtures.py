@@ -87,6 +87,13 @@ def build_cases():
          [2, 4, 9, 9], inits=[init("W", [6, 2, 3, 3], r)])
     case("conv_same_upper", [N("Conv", ["input", "W"], ["out"], auto_pad="SAME_UPPER")],
          [1, 2, 7, 7], inits=[init("W", [3, 2, 3, 3], r)])
+    case("conv1d", [N("Conv", ["input", "W", "B"], ["out"], pads=[2, 2], strides=[2], dilations=[2])],
+         [2, 3, 11], inits=[init("W", [4, 3, 3], r), init("B", [4], r)])
+    case("conv1d_same", [N("Conv", ["input", "W"], ["out"], auto_pad="SAME_UPPER", group=3)],
+         [2, 3, 9], inits=[init("W", [3, 1, 5], r)])
+    case("maxpool1d", [N("MaxPool", ["input"], ["out"], kernel_shape=[3], strides=[2], pads=[1, 1])], [2, 3, 10])
+    case("avgpool1d", [N("AveragePool", ["input"], ["out"], kernel_shape=[3], strides=[2], pads=[1, 1])],
+         [2, 3, 10])
     bn = [init("bn.weight", [3], r), init("bn.bias", [3], r),
           numpy_helper.from_array(r.standard_normal(3).astype(np.float32) * 0.1, "bn.running_mean"),
           numpy_helper.from_array((r.random(3) + 0.5).astype(np.float32), "bn.running_var")]

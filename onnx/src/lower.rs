@@ -834,21 +834,41 @@ impl Lower<'_> {
     }
 
     /// Kernel, strides, symmetric padding and dilations of a 2-d window op over `x`.
-    fn window(&self, at: &Attrs, x: NodeId, kernel: Option<[usize; 2]>) -> R<Window> {
+    /// `x` as an image: `[N, C, L]` (a 1-d window op) becomes `[N, C, 1, L]`; whether it was.
+    fn as_image(&mut self, x: NodeId) -> R<(NodeId, bool)> {
         let d = self.g.ty(x).shape.dims().to_vec();
-        if d.len() != 4 {
-            return Err(format!(
-                "Ingot imports 2-d windows over [N, C, H, W] only; the input is {:?}",
-                d
-            ));
+        match d.len() {
+            4 => Ok((x, false)),
+            3 => Ok((ir(self.g.reshape(x, [d[0], d[1], 1, d[2]]))?, true)),
+            _ => Err(format!(
+                "Ingot imports 1-d and 2-d windows over [N, C, L] or [N, C, H, W]; the input is {d:?}"
+            )),
         }
+    }
+
+    /// A window op's output `[N, C, 1, L]` back as `[N, C, L]` when its input was 1-d.
+    fn from_image(&mut self, y: NodeId, one_d: bool) -> R<NodeId> {
+        if !one_d {
+            return Ok(y);
+        }
+        let d = self.g.ty(y).shape.dims().to_vec();
+        ir(self.g.reshape(y, [d[0], d[1], d[3]]))
+    }
+
+    /// Kernel, strides, symmetric padding and dilations of a window op over the image `x`
+    /// (`one_d`: the attributes are a 1-d op's, applied along the last axis).
+    fn window(&self, at: &Attrs, x: NodeId, kernel: Option<[usize; 2]>, one_d: bool) -> R<Window> {
+        let d = self.g.ty(x).shape.dims().to_vec();
+        let sp = if one_d { 1 } else { 2 };
         let two = |name: &str, default: usize| -> R<[usize; 2]> {
             match at.ints(name) {
                 None => Ok([default; 2]),
-                Some(v) if v.len() == 2 && v.iter().all(|&x| x >= 0) => {
-                    Ok([v[0] as usize, v[1] as usize])
-                }
-                Some(v) => Err(format!("{name} {v:?} must be two non-negative sizes")),
+                Some(v) if v.len() == sp && v.iter().all(|&x| x >= 0) => Ok(if one_d {
+                    [default, v[0] as usize]
+                } else {
+                    [v[0] as usize, v[1] as usize]
+                }),
+                Some(v) => Err(format!("{name} {v:?} must be {sp} non-negative size(s)")),
             }
         };
         let k = match (at.ints("kernel_shape"), kernel) {
@@ -872,10 +892,14 @@ impl Lower<'_> {
         }
         let pads = match at.ints("pads") {
             None => [0; 4],
-            Some(p) if p.len() == 4 && p.iter().all(|&x| x >= 0) => {
-                [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
+            Some(p) if p.len() == 2 * sp && p.iter().all(|&x| x >= 0) => {
+                if one_d {
+                    [0, p[0] as usize, 0, p[1] as usize]
+                } else {
+                    [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
+                }
             }
-            Some(p) => return Err(format!("pads {p:?} must be four non-negative sizes")),
+            Some(p) => return Err(format!("pads {p:?} must be {} non-negative sizes", 2 * sp)),
         };
         let pad = match at.string("auto_pad", "NOTSET").as_str() {
             "VALID" => [0, 0],
@@ -909,14 +933,19 @@ impl Lower<'_> {
 
     fn conv(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
         let x = self.float_in(n, 0)?;
+        let (x, one_d) = self.as_image(x)?;
         let w = self.float_in(n, 1)?;
+        let w = match self.g.ty(w).shape.dims().to_vec()[..] {
+            [o, c, k] if one_d => ir(self.g.reshape(w, [o, c, 1, k]))?,
+            _ => w,
+        };
         let wd = self.g.ty(w).shape.dims().to_vec();
         if wd.len() != 4 {
             return Err(format!(
-                "Ingot imports 2-d convolutions only; the weight is {wd:?}"
+                "Ingot imports 1-d and 2-d convolutions; the weight is {wd:?}"
             ));
         }
-        let (_, stride, padding, dilation) = self.window(at, x, Some([wd[2], wd[3]]))?;
+        let (_, stride, padding, dilation) = self.window(at, x, Some([wd[2], wd[3]]), one_d)?;
         let groups = at.int("group", 1);
         if groups < 1 {
             return Err(format!("group {groups} must be at least 1"));
@@ -933,19 +962,21 @@ impl Lower<'_> {
             let b = ir(self.g.reshape(b, [wd[0], 1, 1]))?;
             y = ir(self.g.add(y, b))?;
         }
-        Ok(vec![Val::Node(y)])
+        Ok(vec![Val::Node(self.from_image(y, one_d)?)])
     }
 
     fn max_pool(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
         let x = self.float_in(n, 0)?;
-        let (kernel, stride, padding, dilation) = self.window(at, x, None)?;
+        let (x, one_d) = self.as_image(x)?;
+        let (kernel, stride, padding, dilation) = self.window(at, x, None, one_d)?;
         let pool = Pool2d {
             kernel,
             stride,
             padding,
             dilation,
         };
-        Ok(vec![Val::Node(ir(self.g.max_pool2d(x, pool))?)])
+        let y = ir(self.g.max_pool2d(x, pool))?;
+        Ok(vec![Val::Node(self.from_image(y, one_d)?)])
     }
 
     /// Average pooling as a convolution of each channel with a constant window; with
@@ -953,7 +984,8 @@ impl Lower<'_> {
     /// number of image elements it covers (a convolution of ones, which rewriting folds).
     fn avg_pool(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
         let x = self.float_in(n, 0)?;
-        let (kernel, stride, padding, _) = self.window(at, x, None)?;
+        let (x, one_d) = self.as_image(x)?;
+        let (kernel, stride, padding, _) = self.window(at, x, None, one_d)?;
         let d = self.g.ty(x).shape.dims().to_vec();
         let dt = self.g.ty(x).dtype;
         let (nb, c, h, w) = (d[0], d[1], d[2], d[3]);
@@ -977,7 +1009,8 @@ impl Lower<'_> {
             ir(self.g.conv2d(folded, k, conv))?
         };
         let o = self.g.ty(y).shape.dims().to_vec();
-        Ok(vec![Val::Node(ir(self.g.reshape(y, [nb, c, o[2], o[3]]))?)])
+        let y = ir(self.g.reshape(y, [nb, c, o[2], o[3]]))?;
+        Ok(vec![Val::Node(self.from_image(y, one_d)?)])
     }
 
     /// BatchNormalization over axis 1 of `[N, C, ...]`. Traced in training mode with

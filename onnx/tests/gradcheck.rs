@@ -42,6 +42,8 @@ fn imported_graphs_have_the_gradients_finite_differences_give() {
     for name in [
         "conv",
         "conv_groups_dilation_stride",
+        "conv1d",
+        "avgpool1d",
         "batchnorm_train",
         "batchnorm_eval",
         "layer_norm",
