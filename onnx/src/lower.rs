@@ -847,7 +847,7 @@ impl Lower<'_> {
     }
 
     /// A window op's output `[N, C, 1, L]` back as `[N, C, L]` when its input was 1-d.
-    fn from_image(&mut self, y: NodeId, one_d: bool) -> R<NodeId> {
+    fn image_back(&mut self, y: NodeId, one_d: bool) -> R<NodeId> {
         if !one_d {
             return Ok(y);
         }
@@ -962,7 +962,7 @@ impl Lower<'_> {
             let b = ir(self.g.reshape(b, [wd[0], 1, 1]))?;
             y = ir(self.g.add(y, b))?;
         }
-        Ok(vec![Val::Node(self.from_image(y, one_d)?)])
+        Ok(vec![Val::Node(self.image_back(y, one_d)?)])
     }
 
     fn max_pool(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
@@ -976,7 +976,7 @@ impl Lower<'_> {
             dilation,
         };
         let y = ir(self.g.max_pool2d(x, pool))?;
-        Ok(vec![Val::Node(self.from_image(y, one_d)?)])
+        Ok(vec![Val::Node(self.image_back(y, one_d)?)])
     }
 
     /// Average pooling as a convolution of each channel with a constant window; with
@@ -1010,7 +1010,7 @@ impl Lower<'_> {
         };
         let o = self.g.ty(y).shape.dims().to_vec();
         let y = ir(self.g.reshape(y, [nb, c, o[2], o[3]]))?;
-        Ok(vec![Val::Node(self.from_image(y, one_d)?)])
+        Ok(vec![Val::Node(self.image_back(y, one_d)?)])
     }
 
     /// BatchNormalization over axis 1 of `[N, C, ...]`. Traced in training mode with
