@@ -48,6 +48,8 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         &a.model.input_files(),
     )?;
     a.model.check_shard_optimizer(a.model.ranks)?;
+    // An executable holds no weights: an ONNX model's constants would be lost.
+    a.model.onnx.check_executable()?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;

@@ -8,6 +8,7 @@ mod data;
 mod dsa;
 mod gpus;
 mod inspect;
+pub mod onnx;
 mod plan;
 mod run;
 mod stages;
@@ -29,7 +30,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Print the memory report of a model's training step, before anything runs.
-    #[command(mut_arg("model", |a| a.required_unless_present_any(["model_file", "diff"])))]
+    #[command(mut_arg("model", |a| a.required_unless_present_any(["model_file", "onnx", "diff"])))]
     Plan(plan::PlanArgs),
     /// Train a model for some steps and print the loss of each.
     Train(Box<train::TrainArgs>),
@@ -43,6 +44,8 @@ pub enum Command {
     Dsa(dsa::DsaArgs),
     /// Prepare data sets: `ingot data bytes INPUT OUT.bin` writes byte-level tokens.
     Data(data::DataArgs),
+    /// ONNX models: `ingot onnx check MODEL.onnx` lists every node Ingot cannot import.
+    Onnx(onnx::OnnxArgs),
 }
 
 /// The precision a command compiles in: `--precision f32|tf32|bf16`, `--tf32` its alias for tf32.
@@ -108,15 +111,18 @@ pub struct ModelArgs {
     /// mlp, gpt-mini, gpt2, cnn, resnet18, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
     #[arg(
         long,
-        required_unless_present = "model_file",
-        conflicts_with = "model_file"
+        required_unless_present_any = ["model_file", "onnx"],
+        conflicts_with_all = ["model_file", "onnx"]
     )]
     pub model: Option<String>,
     /// A forward pass in Ingot's IR text form with a scalar output "loss" (e.g.
     /// docs/examples/tiny-mlp.ir), instead of --model. It trains with SGD, lr 0.1, unless the
     /// file has an `optimizer` line or --optimizer is given.
-    #[arg(long = "model-file", value_name = "PATH")]
+    #[arg(long = "model-file", value_name = "PATH", conflicts_with = "onnx")]
     pub model_file: Option<std::path::PathBuf>,
+    /// An ONNX model instead of --model (see `ingot onnx`), with its loss and batch.
+    #[command(flatten)]
+    pub onnx: onnx::OnnxModelArgs,
     /// The optimizer: sgd, momentum (SGD with momentum) or adamw (default: the model's own:
     /// AdamW for the GPTs, SGD lr 0.1 for mlp and files). A new one starts from PyTorch's
     /// defaults for it (sgd/momentum: lr 0.1, momentum 0.9; adamw: lr 1e-3, betas 0.9,0.999,
@@ -261,8 +267,11 @@ fn parse_betas(v: &str) -> Result<(f64, f64), String> {
 
 impl ModelArgs {
     /// The files the model is read from, for [`check_outputs`].
-    pub fn input_files(&self) -> [(&'static str, Option<&std::path::Path>); 1] {
-        [("--model-file", self.model_file.as_deref())]
+    pub fn input_files(&self) -> [(&'static str, Option<&std::path::Path>); 2] {
+        [
+            ("--model-file", self.model_file.as_deref()),
+            ("--onnx", self.onnx.onnx.as_deref()),
+        ]
     }
 
     /// Builds the model: by name, or read and parsed from the file (errors name the file).
@@ -351,6 +360,9 @@ impl ModelArgs {
     }
 
     fn load_model(&self) -> Result<ingot_compiler::models::Model, Failure> {
+        if let Some(m) = self.onnx.load()? {
+            return Ok(m);
+        }
         match (&self.model, &self.model_file) {
             (Some(name), _) => Ok(ingot_compiler::models::by_name(name)?),
             (None, Some(path)) => {
@@ -366,7 +378,10 @@ impl ModelArgs {
                     )
                 })
             }
-            (None, None) => Err(Failure::new(2, "give --model NAME or --model-file PATH")),
+            (None, None) => Err(Failure::new(
+                2,
+                "give --model NAME, --model-file PATH or --onnx MODEL.onnx",
+            )),
         }
     }
 }
@@ -513,6 +528,7 @@ pub fn main() -> i32 {
         Command::Inspect(a) => inspect::run(&a),
         Command::Dsa(a) => dsa::run(&a),
         Command::Data(a) => data::run(&a),
+        Command::Onnx(a) => onnx::run(&a),
     };
     match result {
         Ok(()) => 0,

@@ -399,6 +399,8 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             None => (Session::from_executable(exe, a.run.seed, device)?, None),
         },
     };
+    // An ONNX model starts from the file's weights (--init, applied later, replaces them).
+    a.model.onnx.load_weights(&mut session)?;
     // NCCL's communicator, kept for the run; its memory measured once, before the first step.
     let _nccl = match a.gpus {
         _ if a.torchrun => {

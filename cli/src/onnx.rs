@@ -1,0 +1,217 @@
+//! ONNX models on the command line: `ingot onnx check MODEL.onnx` (every node Ingot cannot
+//! import, listed at once), and `--onnx MODEL.onnx` for `plan`, `train` and `compile` (with
+//! `--loss`, `--logits`, `--batch`), which imports the file with `ingot_onnx` (a forward graph
+//! becomes the same `Model` the built-in models give) and starts training from the file's
+//! weights.
+
+use super::Failure;
+use ingot_trainer::session::Session;
+use ingot_runtime::tensor::Tensor;
+use indexmap::IndexMap;
+use ingot_compiler::ir::LeafKind;
+use ingot_compiler::models::Model;
+use ingot_onnx::{ImportOptions, Imported, Loss};
+use std::path::PathBuf;
+
+/// `ingot onnx ...`.
+#[derive(clap::Args, Debug)]
+pub struct OnnxArgs {
+    #[command(subcommand)]
+    pub command: OnnxCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum OnnxCommand {
+    /// List every node of an ONNX model that Ingot cannot import (op type, node name, and
+    /// what would be needed); exit code 1 when there is one.
+    Check {
+        /// The .onnx file.
+        model: PathBuf,
+    },
+}
+
+/// What the loss of an imported model is.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossName {
+    /// The graph's scalar float output (named `loss`, or the only one).
+    Output,
+    /// Mean softmax cross-entropy of the logits output against integer labels `y`.
+    CrossEntropy,
+    /// Mean squared error of the output against a float target `y` of its shape.
+    Mse,
+}
+
+/// The flags that choose an ONNX model (flattened into `ModelArgs`).
+#[derive(clap::Args, Debug, Default)]
+pub struct OnnxModelArgs {
+    /// An ONNX model (a forward pass exported by PyTorch or another framework, e.g. with
+    /// scripts/export_onnx.py) instead of --model: its initializers are the parameters, named
+    /// as in the file, and training starts from their values (--init replaces them).
+    #[arg(long, value_name = "MODEL.onnx")]
+    pub onnx: Option<PathBuf>,
+    /// The loss of --onnx: output (the graph's scalar output, the default), cross-entropy
+    /// (of the logits output against integer labels y, a new input), or mse (against a float
+    /// target y).
+    #[arg(long, value_enum, requires = "onnx")]
+    pub loss: Option<LossName>,
+    /// The graph output the loss reads (--loss cross-entropy or mse), when it has several.
+    #[arg(long, value_name = "NAME", requires = "onnx")]
+    pub logits: Option<String>,
+    /// The batch of an --onnx model whose batch axis is symbolic.
+    #[arg(long = "batch", value_name = "N", requires = "onnx", value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch: Option<u64>,
+}
+
+impl OnnxModelArgs {
+    fn options(&self) -> ImportOptions {
+        let loss = match self.loss {
+            None | Some(LossName::Output) => match &self.logits {
+                Some(n) => Loss::Output(n.clone()),
+                None => Loss::Auto,
+            },
+            Some(LossName::CrossEntropy) => Loss::CrossEntropy {
+                logits: self.logits.clone(),
+            },
+            Some(LossName::Mse) => Loss::Mse {
+                output: self.logits.clone(),
+            },
+        };
+        ImportOptions {
+            loss,
+            batch: self.batch.map(|b| b as usize),
+            ..Default::default()
+        }
+    }
+
+    fn import(&self) -> Result<Option<Imported>, Failure> {
+        let Some(path) = &self.onnx else {
+            return Ok(None);
+        };
+        ingot_onnx::import(path, &self.options())
+            .map(Some)
+            .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))
+    }
+
+    /// The imported model, when --onnx is given; `--loss`, `--logits` or `--batch` without
+    /// it is an error naming the flag.
+    pub fn load(&self) -> Result<Option<Model>, Failure> {
+        if self.onnx.is_none() {
+            let given = [
+                ("--loss", self.loss.is_some()),
+                ("--logits", self.logits.is_some()),
+                ("--batch", self.batch.is_some()),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                return Err(Failure::new(
+                    2,
+                    format!("{flag} applies to an ONNX model: add --onnx MODEL.onnx"),
+                ));
+            }
+        }
+        Ok(self.import()?.map(|i| i.model))
+    }
+
+    /// Writes the file's weights into `session`: every parameter, and the state the model
+    /// reads (batch norm's running statistics, constants); the optimizer's own state stays as
+    /// it is. Nothing to do without --onnx.
+    pub fn load_weights(&self, session: &mut Session) -> Result<(), Failure> {
+        let Some(imp) = self.import()? else {
+            return Ok(());
+        };
+        let at = |e: String| {
+            Failure::new(
+                1,
+                format!(
+                    "{}: {e}",
+                    self.onnx
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                ),
+            )
+        };
+        let mut params = IndexMap::new();
+        let mut state = session.optimizer_state();
+        for (name, w) in &imp.weights {
+            let t = Tensor::from_le_bytes(w.ty.clone(), &w.bytes).map_err(|e| at(e.to_string()))?;
+            match w.kind {
+                LeafKind::Parameter => {
+                    params.insert(name.clone(), t);
+                }
+                _ => {
+                    state.insert(name.clone(), t);
+                }
+            }
+        }
+        session
+            .load_parameters(&params)
+            .map_err(|e| at(e.to_string()))?;
+        session
+            .load_optimizer_state(&state)
+            .map_err(|e| at(e.to_string()))
+    }
+}
+
+impl OnnxModelArgs {
+    /// Refuses to compile an --onnx model that reads constants into a step executable: the
+    /// executable holds no weights, and `ingot run` would start those constants at zero (its
+    /// parameters, like any model's, come from --init or the seed). Nothing to do without
+    /// --onnx.
+    pub fn check_executable(&self) -> Result<(), Failure> {
+        let Some(imp) = self.import()? else {
+            return Ok(());
+        };
+        let constants: Vec<&str> = imp
+            .weights
+            .iter()
+            .filter(|(_, w)| w.constant)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if constants.is_empty() {
+            return Ok(());
+        }
+        Err(Failure::new(
+            1,
+            format!(
+                "{}: the model reads constants ({}) that a step executable cannot hold yet (`ingot run` would start them at zero): train it with `ingot train --onnx`",
+                self.onnx.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                constants.join(", ")
+            ),
+        ))
+    }
+}
+
+/// `ingot onnx check MODEL.onnx`.
+pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
+    match &a.command {
+        OnnxCommand::Check { model } => {
+            let listed = ingot_onnx::check(model)
+                .map_err(|e| Failure::new(1, format!("{}: {e}", model.display())))?;
+            if listed.is_empty() {
+                crate::outln!("{}: every node can be imported", model.display())?;
+                return Ok(());
+            }
+            for u in &listed {
+                crate::outln!("{u}")?;
+            }
+            Err(Failure::new(
+                1,
+                format!(
+                    "{}: {} node(s) cannot be imported",
+                    model.display(),
+                    listed.len()
+                ),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_with_the_onnx_flags_is_consistent() {
+        super::super::Cli::command().debug_assert();
+    }
+}

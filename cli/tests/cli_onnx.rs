@@ -1,0 +1,146 @@
+//! `ingot onnx check` and `--onnx`, run as a user would, on the importer's fixtures
+//! (onnx/tests/fixtures, written by scripts/onnx_op_fixtures.py).
+
+use indexmap::IndexMap;
+use ingot_runtime::tensor::Tensor;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn ingot(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .output()
+        .expect("run ingot");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fixture(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../onnx/tests/fixtures")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn onnx_check_lists_every_node_that_cannot_be_imported_and_exits_1() {
+    let (code, out, err) = ingot(&["onnx", "check", &fixture("errors/unsupported.onnx")]);
+    assert_eq!(code, 1, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines[0].starts_with("Erf node \"the_erf\""), "{out}");
+    assert!(err.contains("4 node(s) cannot be imported"), "{err}");
+    let (code, out, _) = ingot(&["onnx", "check", &fixture("ops/cnn.onnx")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("every node can be imported"), "{out}");
+}
+
+#[test]
+fn train_onnx_starts_from_the_files_weights_and_gives_the_reference_losses() {
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("ops/mlp.json")).unwrap()).unwrap();
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let ids: Vec<i64> = doc["y"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let batch = dir.join("batch.safetensors");
+    let mut b = IndexMap::new();
+    b.insert("x".to_string(), Tensor::from_f32([4, 6], floats(&doc["x"])));
+    b.insert("y".to_string(), Tensor::from_i64([4], ids));
+    ingot_runtime::io::save(&batch, &b).unwrap();
+    let (code, out, err) = ingot(&[
+        "train",
+        "--onnx",
+        &fixture("ops/mlp.onnx"),
+        "--loss",
+        "cross-entropy",
+        "--data",
+        batch.to_str().unwrap(),
+        "--steps",
+        "5",
+        "--json",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{err}");
+    let losses: Vec<f64> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect();
+    let want: Vec<f64> = doc["sgd_losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * w.abs(),
+            "step {i}: {g} vs numpy {w}"
+        );
+    }
+}
+
+#[test]
+fn onnx_flags_without_onnx_and_a_symbolic_batch_without_batch_are_refused_by_name() {
+    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--loss", "mse"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--loss") && err.contains("--onnx"), "{err}");
+    let path = fixture("errors/symbolic_batch.onnx");
+    let (code, _, err) = ingot(&["plan", "--onnx", &path, "--loss", "mse"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("axis 0") && err.contains("--batch"), "{err}");
+    let (code, out, err) = ingot(&[
+        "plan", "--onnx", &path, "--loss", "mse", "--batch", "16", "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("total_bytes"), "{out}");
+}
+
+#[test]
+fn compile_refuses_an_onnx_model_whose_constants_an_executable_cannot_hold() {
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-exe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("step.ingot");
+    let (code, _, err) = ingot(&[
+        "compile",
+        "--onnx",
+        &fixture("ops/constant_expand.onnx"),
+        "--loss",
+        "mse",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("constants") && err.contains("ingot train --onnx"),
+        "{err}"
+    );
+    let (code, _, err) = ingot(&[
+        "compile",
+        "--onnx",
+        &fixture("ops/mlp.onnx"),
+        "--loss",
+        "cross-entropy",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{err}");
+}

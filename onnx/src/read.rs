@@ -1,0 +1,289 @@
+//! Reading an ONNX file, bounded: a cap on the file's size, tensors decoded only when their
+//! data agrees with their type, and external data files resolved only inside the model's own
+//! folder (no absolute paths, no `..`, no symbolic link out of it), each one's size checked
+//! against the tensor's type before it is read.
+
+use crate::error::{OnnxError, Result};
+use crate::proto::{tensor_proto, ModelProto, TensorProto};
+use crate::value::{Const, Data};
+use ingot_compiler::ir::DType;
+use prost::Message;
+use std::path::{Path, PathBuf};
+
+/// The largest model file read unless [`crate::ImportOptions::max_file_bytes`] says otherwise
+/// (protobuf itself cannot hold more than 2 GiB; larger models keep their weights as external
+/// data).
+pub const MAX_FILE_BYTES: u64 = 2 << 30;
+
+/// The largest single tensor read (external data included).
+pub const MAX_TENSOR_BYTES: u64 = 16 << 30;
+
+/// Reads and decodes the model at `path`, refusing files over `max_bytes`.
+pub fn read_model(path: &Path, max_bytes: u64) -> Result<ModelProto> {
+    let io = |reason: String| OnnxError::Io {
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| io(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(io("not a file".into()));
+    }
+    if meta.len() > max_bytes {
+        return Err(io(format!(
+            "{} bytes is over the limit of {max_bytes} bytes (raise ImportOptions::max_file_bytes)",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
+    decode_model(&bytes, &path.display().to_string())
+}
+
+/// Decodes `bytes` as a `ModelProto`; `what` names them in errors.
+pub fn decode_model(bytes: &[u8], what: &str) -> Result<ModelProto> {
+    if bytes.is_empty() {
+        return Err(OnnxError::Decode {
+            what: what.into(),
+            reason: "the file is empty".into(),
+        });
+    }
+    let model = ModelProto::decode(bytes).map_err(|e| OnnxError::Decode {
+        what: what.into(),
+        reason: format!("{e} (truncated or not an ONNX file?)"),
+    })?;
+    if model.graph.is_none() {
+        return Err(OnnxError::Decode {
+            what: what.into(),
+            reason: "it has no graph (not an ONNX model file?)".into(),
+        });
+    }
+    Ok(model)
+}
+
+/// The Ingot dtype of ONNX element type `t` (with floats traced as `float`), or why not.
+pub fn dtype_of(t: i32, float: DType) -> std::result::Result<DType, String> {
+    use tensor_proto::DataType as T;
+    match T::try_from(t) {
+        Ok(T::Float) => Ok(float),
+        Ok(T::Double) => Ok(if float == DType::F32 { DType::F64 } else { float }),
+        Ok(T::Bfloat16) => Ok(DType::BF16),
+        Ok(T::Int64) => Ok(DType::I64),
+        Ok(T::Int32) => Ok(DType::I32),
+        Ok(T::Bool) => Ok(DType::Bool),
+        Ok(other) => Err(format!(
+            "element type {} is not one Ingot has (it has float, double, bfloat16, int64, int32, bool)",
+            other.as_str_name()
+        )),
+        Err(_) => Err(format!("element type {t} is not an ONNX type")),
+    }
+}
+
+/// Where external data may be read from: the model file's folder.
+#[derive(Clone, Debug)]
+pub struct DataDir(pub Option<PathBuf>);
+
+/// Decodes `t` (an initializer or a `Constant`'s value) into a host constant; floats are
+/// traced as `float`. Its data must agree with its dims and type.
+pub fn tensor(t: &TensorProto, float: DType, dir: &DataDir) -> Result<Const> {
+    let name = if t.name().is_empty() {
+        "a constant tensor".to_string()
+    } else {
+        format!("tensor {:?}", t.name())
+    };
+    let bad = |reason: String| OnnxError::Graph(format!("{name}: {reason}"));
+    let dtype = dtype_of(t.data_type(), float).map_err(bad)?;
+    let mut dims = Vec::with_capacity(t.dims.len());
+    for &d in &t.dims {
+        if d < 0 {
+            return Err(bad(format!("dims {:?} has a negative size", t.dims)));
+        }
+        dims.push(d as usize);
+    }
+    let n = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|n| (*n as u64).saturating_mul(8) <= MAX_TENSOR_BYTES)
+        .ok_or_else(|| bad(format!("dims {:?} are too large", t.dims)))?;
+    if t.segment.is_some() {
+        return Err(bad("segmented tensors are not supported".into()));
+    }
+    let onnx_type = tensor_proto::DataType::try_from(t.data_type()).unwrap_or_default();
+    let width = match onnx_type {
+        tensor_proto::DataType::Float | tensor_proto::DataType::Int32 => 4,
+        tensor_proto::DataType::Double | tensor_proto::DataType::Int64 => 8,
+        tensor_proto::DataType::Bfloat16 => 2,
+        _ => 1,
+    };
+    let external = t.data_location == Some(tensor_proto::DataLocation::External as i32);
+    let raw: Option<Vec<u8>> = if external {
+        Some(external_data(t, dir, (n * width) as u64).map_err(bad)?)
+    } else if t.raw_data.is_some() {
+        Some(t.raw_data().to_vec())
+    } else {
+        None
+    };
+    let data = match raw {
+        Some(raw) => {
+            if raw.len() != n * width {
+                return Err(bad(format!(
+                    "holds {} bytes of data, but {n} elements of its type need {}",
+                    raw.len(),
+                    n * width
+                )));
+            }
+            from_le(&raw, onnx_type)
+        }
+        None => {
+            let (len, data) = match onnx_type {
+                tensor_proto::DataType::Float => (
+                    t.float_data.len(),
+                    Data::F(t.float_data.iter().map(|&x| x as f64).collect()),
+                ),
+                tensor_proto::DataType::Double => {
+                    (t.double_data.len(), Data::F(t.double_data.clone()))
+                }
+                tensor_proto::DataType::Int64 => {
+                    (t.int64_data.len(), Data::I(t.int64_data.clone()))
+                }
+                tensor_proto::DataType::Int32 | tensor_proto::DataType::Bool => (
+                    t.int32_data.len(),
+                    Data::I(t.int32_data.iter().map(|&x| x as i64).collect()),
+                ),
+                tensor_proto::DataType::Bfloat16 => (
+                    t.int32_data.len(),
+                    Data::F(
+                        t.int32_data
+                            .iter()
+                            .map(|&x| f32::from_bits((x as u32 & 0xffff) << 16) as f64)
+                            .collect(),
+                    ),
+                ),
+                _ => (0, Data::I(vec![])),
+            };
+            if len != n {
+                return Err(bad(format!(
+                    "holds {len} elements, but its dims {:?} need {n}",
+                    t.dims
+                )));
+            }
+            data
+        }
+    };
+    let data = match (dtype, data) {
+        (DType::Bool, Data::I(v)) => Data::I(v.into_iter().map(|x| (x != 0) as i64).collect()),
+        (_, d) => d,
+    };
+    Ok(Const::new(dtype, dims, data))
+}
+
+fn from_le(raw: &[u8], t: tensor_proto::DataType) -> Data {
+    use tensor_proto::DataType as T;
+    match t {
+        T::Float => Data::F(
+            raw.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+                .collect(),
+        ),
+        T::Double => Data::F(
+            raw.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ),
+        T::Bfloat16 => Data::F(
+            raw.chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64)
+                .collect(),
+        ),
+        T::Int64 => Data::I(
+            raw.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ),
+        T::Int32 => Data::I(
+            raw.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
+                .collect(),
+        ),
+        _ => Data::I(raw.iter().map(|&b| b as i64).collect()),
+    }
+}
+
+/// The bytes of an external-data tensor: `location` (relative, inside `dir`), `offset` and
+/// `length` from its `external_data` entries; exactly `want` bytes.
+fn external_data(
+    t: &TensorProto,
+    dir: &DataDir,
+    want: u64,
+) -> std::result::Result<Vec<u8>, String> {
+    let Some(dir) = &dir.0 else {
+        return Err("its data is in an external file, and the model was given as bytes: import it from its path".into());
+    };
+    let (mut location, mut offset, mut length) = (None, 0u64, None);
+    for e in &t.external_data {
+        match e.key() {
+            "location" => location = Some(e.value().to_string()),
+            "offset" => {
+                offset = e
+                    .value()
+                    .parse()
+                    .map_err(|_| format!("offset {:?} is not a number", e.value()))?
+            }
+            "length" => {
+                length = Some(
+                    e.value()
+                        .parse::<u64>()
+                        .map_err(|_| format!("length {:?} is not a number", e.value()))?,
+                )
+            }
+            "checksum" => {}
+            k => return Err(format!("external data key {k:?} is not one ONNX defines")),
+        }
+    }
+    let location = location.ok_or("its external data has no location")?;
+    let rel = Path::new(&location);
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(format!(
+            "external data location {location:?} must be a plain path inside the model's folder"
+        ));
+    }
+    let base = dir
+        .canonicalize()
+        .map_err(|e| format!("the model's folder {}: {e}", dir.display()))?;
+    let file = base.join(rel);
+    let real = file
+        .canonicalize()
+        .map_err(|e| format!("external data {}: {e}", file.display()))?;
+    if !real.starts_with(&base) {
+        return Err(format!(
+            "external data {location:?} resolves outside the model's folder (to {})",
+            real.display()
+        ));
+    }
+    if let Some(len) = length {
+        if len != want {
+            return Err(format!(
+                "external data length {len} does not match the {want} bytes its type needs"
+            ));
+        }
+    }
+    let size = std::fs::metadata(&real)
+        .map_err(|e| format!("external data {}: {e}", real.display()))?
+        .len();
+    if offset.checked_add(want).is_none_or(|end| end > size) {
+        return Err(format!(
+            "external data {location:?} has {size} bytes; bytes {offset}..{} are needed",
+            offset.saturating_add(want)
+        ));
+    }
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("{}: {e}", real.display()))?;
+    let mut buf = vec![0u8; want as usize];
+    f.read_exact(&mut buf)
+        .map_err(|e| format!("{}: {e}", real.display()))?;
+    Ok(buf)
+}

@@ -1,0 +1,68 @@
+//! Shared by the importer's tests: the fixtures' folder, their JSON tensors, and an imported
+//! model's leaves as runtime tensors.
+#![allow(dead_code)]
+
+use indexmap::IndexMap;
+use ingot_compiler::ir::{DType, Shape, TensorType};
+use ingot_onnx::Imported;
+use ingot_runtime::tensor::Tensor;
+use serde_json::Value;
+use std::path::PathBuf;
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// A tensor of the fixtures' JSON form (`{"shape", "dtype": "f32"|"i64", "data"}`), with
+/// floats as `float`.
+pub fn tensor(v: &Value, float: DType) -> Tensor {
+    let shape: Vec<usize> = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data = v["data"].as_array().unwrap();
+    match (v["dtype"].as_str().unwrap(), float) {
+        ("i64", _) => Tensor::from_i64(
+            Shape::new(&shape),
+            data.iter().map(|x| x.as_i64().unwrap()).collect(),
+        ),
+        (_, DType::F64) => Tensor::from_f64(
+            Shape::new(&shape),
+            data.iter().map(|x| x.as_f64().unwrap()).collect(),
+        ),
+        _ => Tensor::from_f32(
+            Shape::new(&shape),
+            data.iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+        ),
+    }
+}
+
+pub fn json(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The imported weights (parameters and state) as tensors, by leaf name.
+pub fn weights(imp: &Imported) -> IndexMap<String, Tensor> {
+    imp.weights
+        .iter()
+        .map(|(k, w)| {
+            (
+                k.clone(),
+                Tensor::from_le_bytes(w.ty.clone(), &w.bytes).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Zeros of a leaf's type.
+pub fn zeros(ty: &TensorType) -> Tensor {
+    Tensor::zeros(ty.clone())
+}
+
+/// Whether `got` is within `rel` of `want` relative to its size, with an absolute floor of
+/// `rel / 10` for values near zero.
+pub fn close(got: f64, want: f64, rel: f64) -> bool {
+    (got - want).abs() <= rel * want.abs().max(0.1) || got == want
+}

@@ -1,0 +1,89 @@
+//! Models exported from PyTorch train in Ingot as they train in PyTorch: for each fixture
+//! folder `onnx/tests/torch/<name>/` (written by `scripts/onnx_torch_fixtures.py` on a machine
+//! with PyTorch), the imported model, loaded with PyTorch's initial state_dict (every
+//! parameter found under its PyTorch name) and trained 5 SGD steps on the CPU on the saved
+//! batch, gives PyTorch's losses within 1e-4 relative. A missing folder is skipped, saying
+//! which and how to make it.
+
+mod support;
+
+use indexmap::IndexMap;
+use ingot_compiler::ir::LeafKind;
+use ingot_compiler::models::Optimizer;
+use ingot_onnx::{import, ImportOptions, Loss};
+use ingot_runtime::io;
+use ingot_trainer::session::Session;
+use ingot_runtime::tensor::Tensor;
+use std::path::PathBuf;
+use support::*;
+
+const MODELS: [&str; 3] = ["mlp", "cnn", "gpt"];
+
+fn train_like_pytorch(name: &str) -> Option<()> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/torch")
+        .join(name);
+    if !dir.join("losses.json").exists() {
+        eprintln!(
+            "skipping the PyTorch fixture {name}: {} is missing (run `python3 scripts/onnx_torch_fixtures.py onnx/tests/torch` where PyTorch is installed)",
+            dir.display()
+        );
+        return None;
+    }
+    let doc = json(&dir.join("losses.json"));
+    let lr = doc["lr"].as_f64().unwrap();
+    let opts = ImportOptions {
+        loss: Loss::CrossEntropy {
+            logits: doc["logits"].as_str().map(String::from),
+        },
+        optimizer: Optimizer::Sgd { lr },
+        ..Default::default()
+    };
+    let imp = import(&dir.join("model.onnx"), &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let init = io::load(dir.join("init.safetensors")).unwrap();
+    let file = weights(&imp);
+    let mut params = IndexMap::new();
+    let mut state: IndexMap<String, Tensor> = IndexMap::new();
+    for (k, w) in &imp.weights {
+        match w.kind {
+            LeafKind::Parameter => {
+                let t = init.get(k).unwrap_or_else(|| {
+                    panic!(
+                        "{name}: parameter {k} is not in PyTorch's state_dict ({:?})",
+                        init.keys().collect::<Vec<_>>()
+                    )
+                });
+                params.insert(k.clone(), t.clone());
+            }
+            _ => {
+                state.insert(k.clone(), init.get(k).unwrap_or(&file[k]).clone());
+            }
+        }
+    }
+    let mut s = Session::new(&imp.model, 0).unwrap();
+    s.load_parameters(&params)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    s.load_optimizer_state(&state)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let batch = io::load(dir.join("batch.safetensors")).unwrap();
+    s.set_batch(&batch["x"], &batch["y"])
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (i, want) in doc["losses"].as_array().unwrap().iter().enumerate() {
+        let want = want.as_f64().unwrap();
+        let got = s.step().unwrap().loss;
+        assert!(
+            close(got, want, 1e-4),
+            "{name}: step {i}: Ingot's loss {got}, PyTorch's {want}"
+        );
+    }
+    Some(())
+}
+
+#[test]
+fn models_exported_from_pytorch_train_with_pytorchs_losses() {
+    let ran: Vec<&str> = MODELS
+        .into_iter()
+        .filter(|m| train_like_pytorch(m).is_some())
+        .collect();
+    eprintln!("PyTorch fixtures trained: {ran:?} of {MODELS:?}");
+}

@@ -1,0 +1,273 @@
+//! Imported models train: Ingot's planned CPU step on an imported model gives the losses an
+//! independent reference computes (the mlp fixture's SGD steps backpropagated by hand in
+//! numpy, scripts/onnx_op_fixtures.py), batch norm's running statistics are state the
+//! training step updates and the evaluation step reads, and a training-mode Dropout trains
+//! with a seeded mask and is the identity in evaluation.
+
+mod support;
+
+use indexmap::IndexMap;
+use ingot_compiler::ir::{DType, LeafKind, Op, Shape};
+use ingot_onnx::{import, ImportOptions, Imported, Loss};
+use ingot_runtime::cpu::interp::run_graph;
+use ingot_trainer::session::Session;
+use ingot_runtime::tensor::Tensor;
+use support::*;
+
+/// A CPU session on `imp` with the file's weights: parameters, and state (batch norm's
+/// running statistics, constants) from `state` where given, else from the file.
+pub fn session(
+    imp: &Imported,
+    params: &IndexMap<String, Tensor>,
+    state: &IndexMap<String, Tensor>,
+) -> Session {
+    let mut s = Session::new(&imp.model, 0).unwrap();
+    s.load_parameters(params).unwrap();
+    let w = weights(imp);
+    let st: IndexMap<String, Tensor> = imp
+        .weights
+        .iter()
+        .filter(|(_, v)| v.kind == LeafKind::State)
+        .map(|(k, _)| (k.clone(), state.get(k).unwrap_or(&w[k]).clone()))
+        .collect();
+    s.load_optimizer_state(&st).unwrap();
+    s
+}
+
+fn params_of(imp: &Imported) -> IndexMap<String, Tensor> {
+    let w = weights(imp);
+    imp.weights
+        .iter()
+        .filter(|(_, v)| v.kind == LeafKind::Parameter)
+        .map(|(k, _)| (k.clone(), w[k].clone()))
+        .collect()
+}
+
+#[test]
+fn an_imported_mlp_trains_with_the_losses_of_hand_written_sgd() {
+    let dir = fixtures().join("ops");
+    let doc = json(&dir.join("mlp.json"));
+    let imp = import(
+        &dir.join("mlp.onnx"),
+        &ImportOptions {
+            loss: Loss::CrossEntropy { logits: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let names: Vec<&String> = imp.weights.keys().collect();
+    assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+    let mut s = session(&imp, &params_of(&imp), &IndexMap::new());
+    s.set_batch(
+        &tensor(&doc["x"], DType::F32),
+        &tensor(&doc["y"], DType::F32),
+    )
+    .unwrap();
+    let want: Vec<f64> = doc["sgd_losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    for (i, w) in want.iter().enumerate() {
+        let got = s.step().unwrap().loss;
+        assert!(close(got, *w, 1e-4), "step {i}: loss {got}, numpy {w}");
+    }
+}
+
+#[test]
+fn batch_norm_running_statistics_are_state_updated_in_training_and_read_in_evaluation() {
+    let dir = fixtures().join("ops");
+    let opts = ImportOptions {
+        loss: Loss::CrossEntropy { logits: None },
+        ..Default::default()
+    };
+    let imp = import(&dir.join("cnn.onnx"), &opts).unwrap();
+    let g = &imp.model.graph;
+    let state: Vec<&str> = g
+        .leaves(LeafKind::State)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect();
+    assert_eq!(state, ["bn.running_mean", "bn.running_var"]);
+    assert_eq!(g.updates.len(), 2);
+    let eval = imp
+        .model
+        .eval_graph
+        .as_ref()
+        .expect("batch norm traces differently in evaluation");
+    assert!(eval.updates.is_empty());
+    // The batch norm's updated statistics after one step are the ones onnxruntime computes.
+    let bn = json(&dir.join("batchnorm_train.json"));
+    let imp = import(
+        &dir.join("batchnorm_train.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse {
+                output: Some("out".into()),
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut leaves = weights(&imp);
+    leaves.insert("x".into(), tensor(&bn["x"], DType::F32));
+    let y = imp.model.graph.leaf("y").unwrap();
+    leaves.insert("y".into(), zeros(imp.model.graph.ty(y)));
+    let vals = run_graph(&imp.model.graph, &leaves).unwrap();
+    for (leaf, out) in [("bn.running_mean", "rm"), ("bn.running_var", "rv")] {
+        let got = vals.updates[leaf].to_f64_vec();
+        let want = tensor(&bn["outputs"][out], DType::F64).to_f64_vec();
+        for (a, b) in got.iter().zip(&want) {
+            assert!(close(*a, *b, 1e-5), "{leaf}: {a} vs onnxruntime {b}");
+        }
+    }
+}
+
+#[test]
+fn a_training_mode_dropout_draws_a_seeded_mask_and_is_the_identity_in_evaluation() {
+    let imp = import(
+        &fixtures().join("errors/dropout_train.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let g = &imp.model.graph;
+    let drops: Vec<f64> = g
+        .nodes()
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::Dropout { p, .. } => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drops, [0.25]);
+    assert!(g.leaf("dropout_seed").is_some());
+    let eval = imp
+        .model
+        .eval_graph
+        .as_ref()
+        .expect("dropout traces differently in evaluation");
+    assert!(!eval
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::Dropout { .. })));
+    // Ones through the training graph: each element dropped (0) or kept and scaled by
+    // 1/(1 − p).
+    let mut g2 = g.clone();
+    g2.set_output("onnx.out", imp.outputs["out"]).unwrap();
+    let mut leaves = IndexMap::new();
+    leaves.insert(
+        "x".to_string(),
+        Tensor::from_f32(Shape::new(&[2, 3]), vec![1.0; 6]),
+    );
+    leaves.insert(
+        "y".to_string(),
+        Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0; 6]),
+    );
+    leaves.insert("dropout_seed".to_string(), Tensor::scalar(7i64));
+    let out = run_graph(&g2, &leaves).unwrap().outputs["onnx.out"].to_f64_vec();
+    for v in out {
+        assert!(v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6, "{v}");
+    }
+}
+
+#[test]
+fn an_imported_gpt_like_model_trains_from_onnxruntimes_first_loss_downwards() {
+    let dir = fixtures().join("ops");
+    let doc = json(&dir.join("gpt.json"));
+    let imp = import(
+        &dir.join("gpt.onnx"),
+        &ImportOptions {
+            loss: Loss::CrossEntropy { logits: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The causal mask buffer is computed, not stored: the model's only leaves are parameters.
+    assert!(imp.weights.values().all(|w| w.kind == LeafKind::Parameter));
+    let mut s = session(&imp, &params_of(&imp), &IndexMap::new());
+    s.set_batch(
+        &tensor(&doc["x"], DType::F32),
+        &tensor(&doc["y"], DType::F32),
+    )
+    .unwrap();
+    let first = s.step().unwrap().loss;
+    let want = doc["ce"].as_f64().unwrap();
+    assert!(
+        close(first, want, 1e-5),
+        "first loss {first}, onnxruntime's logits give {want}"
+    );
+    let mut last = first;
+    for _ in 0..4 {
+        last = s.step().unwrap().loss;
+    }
+    assert!(last < first, "5 SGD steps on one batch: {first} -> {last}");
+}
+
+#[test]
+fn an_imported_causal_attention_is_recognized_as_one_fused_attention() {
+    let imp = import(
+        &fixtures().join("ops/gpt.onnx"),
+        &ImportOptions {
+            loss: Loss::CrossEntropy { logits: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (_, fused) = ingot_compiler::recognize::attention(&imp.model.graph).unwrap();
+    assert_eq!(fused, 1);
+}
+
+#[test]
+fn a_model_computing_its_own_loss_takes_data_as_x_and_target_as_y() {
+    let imp = import(
+        &fixtures().join("errors/own_loss.onnx"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        imp.inputs,
+        [
+            ("input".to_string(), "x".to_string()),
+            ("target".to_string(), "y".to_string())
+        ]
+    );
+    let mut leaves = weights(&imp);
+    let x = [0.5f32, -1.0, 2.0, 0.0, 1.5, -0.5];
+    let y = [1.0f32, 0.0, 3.0, -1.0, 2.0, 1.0];
+    leaves.insert(
+        "x".into(),
+        Tensor::from_f32(Shape::new(&[2, 3]), x.to_vec()),
+    );
+    leaves.insert(
+        "y".into(),
+        Tensor::from_f32(Shape::new(&[2, 3]), y.to_vec()),
+    );
+    let got = run_graph(&imp.model.graph, &leaves).unwrap().outputs["loss"].to_f64_vec()[0];
+    let want: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| ((2.0 * a - b) as f64).powi(2))
+        .sum::<f64>()
+        / 6.0;
+    assert!(close(got, want, 1e-6), "{got} vs {want}");
+}
+
+#[test]
+fn a_model_with_three_data_inputs_is_refused_naming_them() {
+    let e = import(
+        &fixtures().join("errors/three_inputs.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("\"input\", \"target\", \"third\"") && e.contains("at most 1"),
+        "{e}"
+    );
+}

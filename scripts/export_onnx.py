@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Exports a PyTorch module to ONNX with the settings Ingot's importer needs
+(onnx/src/lib.rs): the training-mode graph (BatchNormalization with training_mode=1, Dropout
+with training_mode true), parameters as initializers named as in the module's state_dict
+(`fc1.weight`), no constant folding (which would fold a weight's transpose into a new,
+renamed initializer), opset 17, and the module's parameters listed in the model's metadata
+(`ingot.parameters`; its float buffers as `ingot.frozen`) so that Ingot trains those and
+nothing else (the exporter also writes literal constants as initializers).
+
+As a library:
+
+    from export_onnx import export
+    export(module, (x,), "model.onnx", input_names=["input"], output_names=["logits"])
+
+Then `ingot_onnx::import` (or `ingot train --onnx model.onnx --loss cross-entropy`) reads it.
+Ingot plans static shapes: export with the batch you will train with, or pass
+`dynamic_batch=True` and give Ingot the batch (`ImportOptions::batch`, `--batch N`).
+"""
+import warnings
+
+import onnx
+import torch
+
+OPSET = 17
+
+
+def export(module, args, path, input_names=("input",), output_names=("logits",), opset=OPSET,
+           dynamic_batch=False):
+    """Writes `module` (called on `args`) to `path` as Ingot imports it; returns the names of
+    the module's parameters that are initializers of the file (all of them, or a warning says
+    which are missing). The module's state (running statistics) is restored after export,
+    since tracing runs it once in training mode."""
+    if not isinstance(args, tuple):
+        args = (args,)
+    saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    module.train()
+    kwargs = dict(
+        export_params=True,
+        do_constant_folding=False,
+        keep_initializers_as_inputs=False,
+        opset_version=opset,
+        input_names=list(input_names),
+        output_names=list(output_names),
+        training=torch.onnx.TrainingMode.TRAINING,
+    )
+    if dynamic_batch:
+        kwargs["dynamic_axes"] = {n: {0: "batch"} for n in list(input_names) + list(output_names)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            # The TorchScript exporter: it honours `training` and keeps state_dict names.
+            torch.onnx.export(module, args, path, dynamo=False, **kwargs)
+        except TypeError:
+            # A torch without the `dynamo` argument exports with TorchScript anyway.
+            torch.onnx.export(module, args, path, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a torch whose TorchScript exporter is gone
+            print(f"note: the TorchScript exporter failed ({type(e).__name__}: {e}); "
+                  "exporting with torch.export (dynamo=True) from the module in training mode")
+            dyn = {k: kwargs[k] for k in ("input_names", "output_names")}
+            dyn["opset_version"] = max(opset, 18)
+            try:
+                torch.onnx.export(module, args, path, dynamo=True, external_data=False,
+                                  optimize=False, **dyn)
+            except TypeError:
+                torch.onnx.export(module, args, path, dynamo=True, **dyn)
+    module.load_state_dict(saved)
+    model = onnx.load(path)
+    inits = {t.name for t in model.graph.initializer}
+    params = [n for n, _ in module.named_parameters()]
+    missing = [n for n in params if n not in inits]
+    if missing:
+        print(f"warning: {path}: parameters not exported under their names: {missing} "
+              "(tied or unused weights, or renamed by the exporter); --init files will not match them")
+    frozen = [n for n, b in module.named_buffers() if b.is_floating_point() and n in inits]
+    # What Ingot trains: the module's parameters; every other initializer is a constant.
+    entry = model.metadata_props.add()
+    entry.key = "ingot.parameters"
+    entry.value = ",".join(n for n in params if n in inits)
+    if frozen:
+        entry = model.metadata_props.add()
+        entry.key = "ingot.frozen"
+        entry.value = ",".join(frozen)
+    model.producer_name = "scripts/export_onnx.py"
+    onnx.save(model, path)
+    return [n for n in params if n in inits]
+
+
+if __name__ == "__main__":
+    import argparse
+    import importlib
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("factory", help="module:function returning (module, example_input)")
+    ap.add_argument("output")
+    ap.add_argument("--dynamic-batch", action="store_true")
+    a = ap.parse_args()
+    mod, fn = a.factory.split(":")
+    module, x = getattr(importlib.import_module(mod), fn)()
+    names = export(module, x, a.output, dynamic_batch=a.dynamic_batch)
+    print(f"wrote {a.output}: {len(names)} parameters")
