@@ -597,6 +597,9 @@ fn representative() -> Vec<(&'static str, FusedKernel)> {
         ("attention_backward", attention_backward(2, 3, 128)),
         ("attention_backward_ragged", attention_backward(1, 2, 1000)),
         ("layer_norm_backward_long", layer_norm_backward(16, 3000)),
+        // Rows long enough that both of its passes (the mean, then the variance) sum in blocks:
+        // two blocked loops in one kernel, each with its own block counter.
+        ("layer_norm_long_rows", layer_norm(1, 2, (1 << 21) + 3)),
         ("middle_sum", middle_sum(4, 100, 300)),
         ("empty_rows", empty_rows(10)),
         ("empty_rows_none", empty_rows(0)),

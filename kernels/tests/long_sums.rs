@@ -246,7 +246,7 @@ fn a_cuda_thread_with_a_long_share_of_a_row_sums_it_in_blocks() {
     assert!(src.contains("s1 = s1 + v0;"), "{src}");
     assert!(src.contains("m1 = m1 + s1;"), "{src}");
     assert!(
-        src.contains("if (++nb == 1024u) { a1 = a1 + m1; m1 = 0.0f; nb = 0u; }"),
+        src.contains("if (++nb1 == 1024u) { a1 = a1 + m1; m1 = 0.0f; nb1 = 0u; }"),
         "{src}"
     );
     assert!(src.contains("a1 = a1 + m1;"), "{src}");

@@ -78,7 +78,11 @@ impl Analysis<'_> {
             let ty = self.dt[r];
             src.line(format!("{} m{r} = {};", reg_type(ty), literal(0.0, ty)));
         }
-        src.line("unsigned nb = 0u;");
+        // The block counter is named for the loop's first sum: a kernel of several passes
+        // has one blocked loop a pass, all in one scope (a LayerNorm over rows of millions:
+        // the mean's loop, then the variance's).
+        let nb = format!("nb{}", sums.first().copied().unwrap_or(0));
+        src.line(format!("unsigned {nb} = 0u;"));
         src.open(format!(
             "for ({t} jb = {start}; jb < {n}; jb += {span}) {{",
             n = ix.lit(n),
@@ -109,7 +113,7 @@ impl Analysis<'_> {
             .map(|&r| format!("a{r} = a{r} + m{r}; m{r} = {};", literal(0.0, self.dt[r])))
             .collect();
         src.line(format!(
-            "if (++nb == {THREAD_BLOCK}u) {{ {} nb = 0u; }}",
+            "if (++{nb} == {THREAD_BLOCK}u) {{ {} {nb} = 0u; }}",
             up.join(" ")
         ));
         src.close();
