@@ -5,12 +5,12 @@
 //! weights.
 
 use super::Failure;
-use ingot_trainer::session::Session;
-use ingot_runtime::tensor::Tensor;
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::Model;
 use ingot_onnx::{ImportOptions, Imported, Loss};
+use ingot_runtime::tensor::Tensor;
+use ingot_trainer::session::Session;
 use std::path::PathBuf;
 
 /// `ingot onnx ...`.

@@ -12,8 +12,8 @@ use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::Optimizer;
 use ingot_onnx::{import, ImportOptions, Loss};
 use ingot_runtime::io;
-use ingot_trainer::session::Session;
 use ingot_runtime::tensor::Tensor;
+use ingot_trainer::session::Session;
 use std::path::PathBuf;
 use support::*;
 

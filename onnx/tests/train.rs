@@ -10,8 +10,8 @@ use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, LeafKind, Op, Shape};
 use ingot_onnx::{import, ImportOptions, Imported, Loss};
 use ingot_runtime::cpu::interp::run_graph;
-use ingot_trainer::session::Session;
 use ingot_runtime::tensor::Tensor;
+use ingot_trainer::session::Session;
 use support::*;
 
 /// A CPU session on `imp` with the file's weights: parameters, and state (batch norm's
