@@ -1270,11 +1270,11 @@ mod tests {
             (state >> 33) as usize
         };
         let (mut succ, mut pred) = (vec![BTreeSet::new(); n], vec![BTreeSet::new(); n]);
-        for w in 1..n {
+        for (w, into_w) in pred.iter_mut().enumerate().skip(1) {
             for _ in 0..next() % 3 {
                 let u = next() % w;
                 succ[u].insert(w);
-                pred[w].insert(u);
+                into_w.insert(u);
             }
         }
         (succ, pred)
