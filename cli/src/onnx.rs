@@ -108,7 +108,13 @@ impl OnnxModelArgs {
                 ));
             }
         }
-        Ok(self.import()?.map(|i| i.model))
+        // Named by its path, as a --model-file model is (what checkpoints record and compare).
+        Ok(self.import()?.map(|mut i| {
+            if let Some(path) = &self.onnx {
+                i.model.name = path.display().to_string();
+            }
+            i.model
+        }))
     }
 
     /// Writes the file's weights into `session`: every parameter, and the state the model

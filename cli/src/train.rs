@@ -422,7 +422,15 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         }
         None => None,
     };
-    train_with(&mut session, &a.run, device, eval, Some(model.optimizer))
+    let file_weights = a.model.onnx.onnx.is_some();
+    train_with(
+        &mut session,
+        &a.run,
+        device,
+        eval,
+        Some(model.optimizer),
+        file_weights,
+    )
 }
 
 /// `--shard-optimizer` against what cannot go with it in a run, before anything compiles:
@@ -765,17 +773,19 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    train_with(session, a, device, None, None)
+    train_with(session, a, device, None, None, false)
 }
 
 /// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
-/// known (recorded in checkpoints and compared on resume).
+/// known (recorded in checkpoints and compared on resume); `file_weights`: the session holds
+/// the weights of the model's file (an ONNX model's), which `--init` or `--resume` replace.
 fn train_with(
     session: &mut Session,
     a: &StepArgs,
     device: session::Device,
     eval: Option<Evaluator>,
     optimizer: Option<ingot_compiler::models::Optimizer>,
+    file_weights: bool,
 ) -> Result<(), Failure> {
     a.check_steps()?;
     if let Some(path) = &a.init {
@@ -883,6 +893,8 @@ fn train_with(
                 "resumed"
             } else if a.init.is_some() {
                 "loaded"
+            } else if file_weights {
+                "the model file's"
             } else {
                 "seeded"
             },

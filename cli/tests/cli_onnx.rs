@@ -144,3 +144,24 @@ fn compile_refuses_an_onnx_model_whose_constants_an_executable_cannot_hold() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn a_trained_onnx_model_is_named_by_its_path_and_starts_from_the_files_weights() {
+    let model = fixture("ops/mlp.onnx");
+    let (code, out, err) = ingot(&[
+        "train",
+        "--onnx",
+        &model,
+        "--loss",
+        "cross-entropy",
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.starts_with(&format!("model {model}:"))
+            && header.contains("the model file's parameters"),
+        "{header}"
+    );
+}
