@@ -761,14 +761,54 @@ fn merge(
         .iter()
         .map(|&id| crate::flops::of_node(g, id))
         .collect();
+    // Which groups read each computed value: a sibling shares a load with `b`, so only these
+    // are looked at (trying every earlier group for every group was quadratic in depth). Kept
+    // a superset as groups merge: entries name a group or one merged into another since.
+    // Only full-size reads count (what a sibling merge saves), so a small value every group
+    // reads (a scalar of the optimizer's) does not make every group a candidate.
+    let mut readers: HashMap<NodeId, Vec<usize>> = HashMap::new();
+    let full_reads = |part: &Part| -> Vec<NodeId> {
+        let full: usize = part.domain.dims.iter().product();
+        (part.loads.0.iter())
+            .filter(|(base, loads)| {
+                !matches!(kind(g.node(**base)), Kind::Leaf)
+                    && loads.iter().any(|(x, _)| g.ty(*x).shape.numel() == full)
+            })
+            .map(|(base, _)| *base)
+            .collect()
+    };
+    for (i, slot) in slots.iter().enumerate() {
+        for x in slot.iter().flat_map(full_reads) {
+            readers.entry(x).or_default().push(i);
+        }
+    }
+    let mut candidates: BTreeSet<usize> = BTreeSet::new();
     for b0 in 0..slots.len() {
         let b = find(&mut parent, b0);
         if b != b0 || slots[b].is_none() {
             continue;
         }
-        let mut a0 = b0;
-        while a0 > 0 {
-            a0 -= 1;
+        // The earlier groups sharing a computed load with `b`, tried from the nearest down as
+        // before; a merge adds those sharing one with what `b` took in, below the one taken.
+        candidates.clear();
+        let sharing = |readers: &HashMap<NodeId, Vec<usize>>,
+                       part: &Part,
+                       below: usize,
+                       parent: &mut Vec<usize>,
+                       out: &mut BTreeSet<usize>| {
+            for x in full_reads(part) {
+                for &r0 in readers.get(&x).into_iter().flatten() {
+                    let r = find(parent, r0);
+                    if r < below {
+                        out.insert(r);
+                    }
+                }
+            }
+        };
+        if let Some(pb) = &slots[b] {
+            sharing(&readers, pb, b0, &mut parent, &mut candidates);
+        }
+        while let Some(a0) = candidates.pop_last() {
             let a = find(&mut parent, a0);
             if a != a0 || a == b {
                 continue;
@@ -843,6 +883,10 @@ fn merge(
                 succ[q].insert(b);
                 pred[b].insert(q);
             }
+            for x in full_reads(&merged) {
+                readers.entry(x).or_default().push(b);
+            }
+            sharing(&readers, &merged, a0, &mut parent, &mut candidates);
             slots[b] = Some(merged);
             if let Some(l) = &mut levels {
                 let a_level = l.0[a];
@@ -899,6 +943,19 @@ fn delays_more_than_it_saves(
     shared_bytes: u64,
 ) -> bool {
     let groups = succ.len() - lib_flops.len();
+    let most = shared_bytes.saturating_mul(FLOPS_PER_BYTE_SAVED);
+    // The flops of the library calls reading `x`: what would wait, if anything does. Asked
+    // first, since it needs no walk: most pairs have no heavy library reader at all.
+    let readers_flops = |x: usize| -> u64 {
+        (succ[x].iter())
+            .filter(|&&u| u >= groups)
+            .map(|&u| lib_flops[u - groups])
+            .sum()
+    };
+    let (flops_a, flops_b) = (readers_flops(a), readers_flops(b));
+    if flops_a <= most && flops_b <= most {
+        return false;
+    }
     let ancestors = |x: usize| {
         let mut seen = BTreeSet::new();
         let mut stack: Vec<usize> = pred[x].iter().copied().collect();
@@ -909,20 +966,13 @@ fn delays_more_than_it_saves(
         }
         seen
     };
-    // What `x`'s library readers would newly wait for: a library call among the other's
+    // Whether `x`'s library readers would newly wait: a library call among the other's
     // ancestors that is not among `x`'s (a small kernel alone, a mask's, delays little).
     let (of_a, of_b) = (ancestors(a), ancestors(b));
-    let delayed_flops = |x: usize, before: &BTreeSet<usize>, other: &BTreeSet<usize>| -> u64 {
-        if !other.iter().any(|&q| q >= groups && !before.contains(&q)) {
-            return 0;
-        }
-        (succ[x].iter())
-            .filter(|&&u| u >= groups)
-            .map(|&u| lib_flops[u - groups])
-            .sum()
+    let waits = |before: &BTreeSet<usize>, other: &BTreeSet<usize>| {
+        other.iter().any(|&q| q >= groups && !before.contains(&q))
     };
-    let most = shared_bytes.saturating_mul(FLOPS_PER_BYTE_SAVED);
-    delayed_flops(a, &of_a, &of_b) > most || delayed_flops(b, &of_b, &of_a) > most
+    (flops_a > most && waits(&of_a, &of_b)) || (flops_b > most && waits(&of_b, &of_a))
 }
 
 /// See [`delays_more_than_it_saves`].
