@@ -250,12 +250,27 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
     Ok(())
 }
 
+/// The most bytes `plan --diff` reads of a report: gpt2's `plan --json` is about 130 KB, and
+/// the largest plan of a reference model under 1 MB, so this leaves room for models a
+/// thousand times larger while `/dev/zero` or a runaway pipe stops with an error.
+const MAX_PLAN_JSON_BYTES: u64 = 1 << 30;
+
 /// `ingot plan --diff OLD NEW`.
 fn run_diff(files: &[std::path::PathBuf]) -> Result<(), Failure> {
     use ingot_compiler::plan::diff;
     let read = |p: &std::path::Path| -> Result<_, Failure> {
-        let text = std::fs::read_to_string(p)
+        let bytes = ingot_compiler::files::read_capped(p, MAX_PLAN_JSON_BYTES)
             .map_err(|e| Failure::new(2, format!("reading {}: {e}", p.display())))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Failure::new(
+                2,
+                format!(
+                    "reading {}: not UTF-8 text (byte {}): a plan report is `ingot plan --json` output",
+                    p.display(),
+                    e.utf8_error().valid_up_to()
+                ),
+            )
+        })?;
         diff::read_report(&p.display().to_string(), &text)
             .map_err(|e| Failure::new(2, e.to_string()))
     };

@@ -36,6 +36,7 @@ pub fn model(seed: u64) -> Result<Model> {
         pool: Vec::new(),
         params: 0,
         inputs: 0,
+        layers: 0,
     };
     let loss = b.build()?;
     let mut g = b.g;
@@ -61,6 +62,8 @@ struct Builder {
     pool: Vec<NodeId>,
     params: usize,
     inputs: usize,
+    /// Named layers built (convolutions, batch norms, dropouts): their names are unique.
+    layers: usize,
 }
 
 fn numel(d: &[usize]) -> usize {
@@ -165,7 +168,7 @@ impl Builder {
     fn op(&mut self, x: NodeId) -> Result<Option<NodeId>> {
         let d = self.dims(x);
         let r = d.len();
-        Ok(Some(match self.rng.below(14) {
+        Ok(Some(match self.rng.below(16) {
             0 => self.unary(x)?,
             1 | 2 => self.binary(x)?,
             3 if r >= 2 => {
@@ -245,6 +248,13 @@ impl Builder {
                 }
             }
             13 => self.attention(x)?,
+            14 => self.image_block(x)?,
+            15 => {
+                // dropout: a seeded mask drawn in the forward pass and again in the backward.
+                self.layers += 1;
+                let p = self.rng.pick(&[0.1, 0.5]);
+                crate::trace::nn::dropout(&mut self.g, &format!("drop{}", self.layers), x, p)?
+            }
             _ => return Ok(None),
         }))
     }
@@ -291,6 +301,68 @@ impl Builder {
             operands.push(y);
         }
         self.g.attention_in(layout, &operands, causal, scale)
+    }
+
+    /// A small convolutional block over a new image leaf shifted by `x`'s mean (so `x` reaches
+    /// it): a convolution (kernel 1 to 3, stride 1 or 2, padding 0 or 1, with or without
+    /// bias), then a batch norm (running statistics updated as state) or not, then a max or
+    /// average pooling, a global average pooling, or nothing.
+    fn image_block(&mut self, x: NodeId) -> Result<NodeId> {
+        use crate::trace::nn;
+        let n = self.rng.pick(&[1, 2]);
+        let c = self.rng.pick(&[1, 2, 3]);
+        let (h, w) = (3 + self.rng.below(4), 3 + self.rng.below(4));
+        let image = self.leaf(&[n, c, h, w])?;
+        let f = self.mean_of(x)?;
+        let f = self.g.tanh(f)?;
+        let fb = self.g.broadcast_to(f, &[n, c, h, w][..])?;
+        let image = self.g.add(image, fb)?;
+        self.layers += 1;
+        let out = self.rng.pick(&[1, 2, 4]);
+        let kernel = self.rng.pick(&[1, 2, 3]);
+        let stride = self.rng.pick(&[1, 1, 2]);
+        let padding = if kernel > 1 { self.rng.below(2) } else { 0 };
+        let bias = self.rng.chance(50);
+        let name = format!("conv{}", self.layers);
+        let mut y = nn::conv2d(
+            &mut self.g,
+            &name,
+            image,
+            c,
+            out,
+            kernel,
+            stride,
+            padding,
+            1,
+            1,
+            bias,
+        )?;
+        let [_, _, oh, ow] = <[usize; 4]>::try_from(self.dims(y)).expect("an image");
+        if self.rng.chance(50) && n * oh * ow > 1 {
+            self.layers += 1;
+            y = nn::batch_norm2d(&mut self.g, &format!("bn{}", self.layers), y, 1e-5)?;
+        }
+        Ok(match self.rng.below(4) {
+            0 if oh >= 2 && ow >= 2 => self.g.scoped("pool", |g| nn::max_pool2d(g, y, 2, 2, 0))?,
+            1 if oh >= 2 && ow >= 2 => self.g.scoped("pool", |g| nn::avg_pool2d(g, y, 2, 1, 0))?,
+            2 => nn::global_avg_pool(&mut self.g, y)?,
+            _ => y,
+        })
+    }
+
+    /// The mean of every element of `x` (a scalar; `x` itself when it is one).
+    fn mean_of(&mut self, x: NodeId) -> Result<NodeId> {
+        let all: Vec<usize> = (0..self.dims(x).len()).collect();
+        if all.is_empty() {
+            return Ok(x);
+        }
+        let s = self.g.sum(x, &all)?;
+        let n = self.g.full(
+            numel(&self.dims(x)).max(1) as f64,
+            Shape::scalar(),
+            DType::F32,
+        )?;
+        self.g.div(s, n)
     }
 
     /// A nonempty, sorted subset of `0..r`.
@@ -552,6 +624,9 @@ mod tests {
             "select",
             "exp",
             "attention",
+            "conv2d",
+            "max_pool2d",
+            "dropout",
         ] {
             assert!(seen.contains(op), "no {op} in 300 graphs: {seen:?}");
         }

@@ -97,7 +97,14 @@ pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
         .map_err(|e| format!("{name}: lower: {e}"))?;
     let mut s = Session::from_executable(exe, seed, Device::Cpu)
         .map_err(|e| format!("{name}: load: {e}"))?;
-    let leaves = leaves_of(&s);
+    let mut leaves = leaves_of(&s);
+    // Dropout's seed, which the session writes with each step's inputs: its first step's.
+    let dropout = ingot_compiler::trace::nn::DROPOUT_SEED;
+    if reference_graph.leaf(dropout).is_some() {
+        let first = ingot_kernels::rng::step_seed(seed, 0) as i64;
+        let ty = TensorType::new(Shape::scalar(), DType::I64);
+        leaves.insert(dropout.to_string(), Tensor { ty, data: Data::I64(vec![first]) });
+    }
     let want =
         run_graph(&reference_graph, &leaves).map_err(|e| format!("{name}: reference run: {e}"))?;
     let got = s.step().map_err(|e| format!("{name}: step: {e}"))?;
