@@ -8,6 +8,7 @@ mod data;
 mod dsa;
 mod gpus;
 mod inspect;
+pub mod numbers;
 pub mod onnx;
 mod plan;
 mod run;
@@ -130,24 +131,24 @@ pub struct ModelArgs {
     #[arg(long, value_name = "NAME", value_parser = ["sgd", "momentum", "adamw"])]
     pub optimizer: Option<String>,
     /// Learning rate.
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", allow_hyphen_values = true, value_parser = numbers::positive)]
     pub lr: Option<f64>,
     /// Weight decay: decoupled for adamw (p *= 1 - lr * wd), added to the gradient for
     /// sgd/momentum (as torch.optim.SGD).
-    #[arg(long = "weight-decay", value_name = "WD")]
+    #[arg(long = "weight-decay", value_name = "WD", allow_hyphen_values = true, value_parser = numbers::non_negative)]
     pub weight_decay: Option<f64>,
     /// AdamW's betas, B1,B2 (e.g. 0.9,0.95).
-    #[arg(long, value_name = "B1,B2", value_parser = parse_betas)]
+    #[arg(long, value_name = "B1,B2", allow_hyphen_values = true, value_parser = numbers::betas)]
     pub betas: Option<(f64, f64)>,
     /// The momentum of --optimizer momentum.
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", allow_hyphen_values = true, value_parser = numbers::below_one)]
     pub momentum: Option<f64>,
     /// AdamW's eps.
-    #[arg(long, value_name = "EPS")]
+    #[arg(long, value_name = "EPS", allow_hyphen_values = true, value_parser = numbers::positive)]
     pub eps: Option<f64>,
     /// Clip the gradients by their global L2 norm inside the step, as PyTorch's
     /// clip_grad_norm_ (the norm, before clipping, is logged each step).
-    #[arg(long = "clip-grad-norm", value_name = "MAX")]
+    #[arg(long = "clip-grad-norm", value_name = "MAX", allow_hyphen_values = true, value_parser = numbers::positive)]
     pub clip_grad_norm: Option<f64>,
     /// Data parallelism over N ranks: the step averages its gradients over the ranks with
     /// all-reduces in buckets of about 25 MiB (the plan shows them). 1 (the default) is the
@@ -169,7 +170,7 @@ pub struct ModelArgs {
     /// done); what cannot fit exits with code 3 naming the smallest plan found and what is
     /// live at its peak, or the resident bytes when they alone are over. With --accumulate
     /// given (1 for none) it is a gate only.
-    #[arg(long, value_parser = ingot_compiler::plan::report::parse_size)]
+    #[arg(long, value_parser = numbers::size)]
     pub budget: Option<usize>,
     /// Compute and differentiate the loss head in row chunks: a head whose largest value (a
     /// language model's [tokens, vocab] logits and their softmax) is over 512 MiB runs a block
@@ -208,7 +209,7 @@ pub struct ModelArgs {
 }
 
 fn parse_bucket_size(v: &str) -> Result<usize, String> {
-    match ingot_compiler::plan::report::parse_size(v)? {
+    match numbers::size(v)? {
         0 => Err("a gradient bucket must hold at least one byte".into()),
         n => Ok(n),
     }
@@ -259,10 +260,6 @@ impl ModelArgs {
 fn model_batch(m: &ingot_compiler::models::Model) -> Option<usize> {
     let x = m.graph.leaf("x")?;
     m.graph.ty(x).shape.dims().first().copied()
-}
-
-fn parse_betas(v: &str) -> Result<(f64, f64), String> {
-    ingot_compiler::models::optimizer_betas(v)
 }
 
 impl ModelArgs {

@@ -562,7 +562,11 @@ fn the_command_line_chooses_the_optimizer_of_any_model() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("adamw"));
     let out = ingot(&["train", "--model-file", ir, "--steps", "1", "--lr=-1"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lr must be"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--lr") && err.contains("not a finite number above 0"),
+        "{err}"
+    );
     // Different learning rates give different losses after the first step.
     let l = |lr: &str| {
         run_losses(&[
