@@ -32,7 +32,7 @@ fn onnx_check_lists_every_node_that_cannot_be_imported_and_exits_1() {
     assert_eq!(code, 1, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
-    assert!(lines[0].starts_with("Erf node \"the_erf\""), "{out}");
+    assert!(lines[0].starts_with("Hardmax node \"the_hardmax\""), "{out}");
     assert!(err.contains("4 node(s) cannot be imported"), "{err}");
     let (code, out, _) = ingot(&["onnx", "check", &fixture("ops/cnn.onnx")]);
     assert_eq!(code, 0);

@@ -184,6 +184,9 @@ pub struct Imported {
     /// The ONNX graph's outputs that are computed (not constants), by name, as nodes of
     /// `model.graph` (so a harness can read them: `graph.set_output(name, id)`).
     pub outputs: IndexMap<String, NodeId>,
+    /// The same outputs as nodes of `model.eval_graph`, when the model traces differently in
+    /// evaluation (empty otherwise).
+    pub eval_outputs: IndexMap<String, NodeId>,
 }
 
 /// Imports the model at `path` (external data is read from its folder).
@@ -232,8 +235,33 @@ fn unsupported(model: &ModelProto) -> Vec<Unsupported> {
             reason: v,
         });
     }
+    // Who reads each value: a random draw is imported only as a Bernoulli mask (a comparison
+    // with a constant), so its readers are checked here, with the graph in view.
+    let mut readers: HashMap<&str, Vec<&str>> = HashMap::new();
+    for n in &graph.node {
+        for i in &n.input {
+            readers.entry(i.as_str()).or_default().push(n.op_type());
+        }
+    }
+    for o in &graph.output {
+        readers.entry(o.name()).or_default().push("(graph output)");
+    }
     for (i, n) in graph.node.iter().enumerate() {
-        if let Err(reason) = attrs::check_node(n) {
+        let checked = attrs::check_node(n).and_then(|()| {
+            if n.op_type() != "RandomUniformLike" {
+                return Ok(());
+            }
+            let rs = n.output.first().and_then(|o| readers.get(o.as_str()));
+            match rs.into_iter().flatten().find(|r| {
+                !matches!(**r, "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual")
+            }) {
+                Some(r) => Err(format!(
+                    "its draw is read by {r}: Ingot imports a uniform draw only compared with a constant (a Bernoulli mask, as PyTorch's bernoulli_ exports), drawn with its seeded dropout mask"
+                )),
+                None => Ok(()),
+            }
+        });
+        if let Err(reason) = checked {
             let op_type = if n.domain().is_empty() {
                 n.op_type().to_string()
             } else {
@@ -270,6 +298,8 @@ fn constant_slot(op: &str, i: usize) -> bool {
         "Reshape" | "Expand" | "Squeeze" | "Unsqueeze" | "Split" | "ReduceMean" | "ReduceSum"
         | "ReduceMax" | "ReduceMin" | "Pow" | "Tile" | "Trilu" => i == 1,
         "Slice" => (1..=4).contains(&i),
+        "Resize" => i >= 1,
+        "RandomUniformLike" => true,
         "Clip" | "Dropout" => i == 1 || i == 2,
         "ConstantOfShape" | "Range" => true,
         _ => false,
@@ -405,12 +435,15 @@ fn import_model(
     let weights: RefCell<IndexMap<String, Weight>> = RefCell::new(IndexMap::new());
     let failure: RefCell<Option<OnnxError>> = RefCell::new(None);
     let outputs: RefCell<IndexMap<String, NodeId>> = RefCell::new(IndexMap::new());
+    let eval_outputs: RefCell<IndexMap<String, NodeId>> = RefCell::new(IndexMap::new());
     let build = |g: &mut Graph| -> ingot_compiler::Result<()> {
         let r = p.trace(g, opts, &weights, true);
         match r {
             Ok(outs) => {
                 if g.mode() == Mode::Train {
                     *outputs.borrow_mut() = outs;
+                } else {
+                    *eval_outputs.borrow_mut() = outs;
                 }
                 Ok(())
             }
@@ -426,6 +459,7 @@ fn import_model(
         return Err(e);
     }
     let (graph_train, eval_graph) = traced?;
+    let eval_graph_present = eval_graph.is_some();
     let mut inputs = p.inputs.clone();
     if labels {
         inputs.push((String::new(), "y".into()));
@@ -441,6 +475,11 @@ fn import_model(
         weights: weights.into_inner(),
         inputs,
         outputs: outputs.into_inner(),
+        eval_outputs: if eval_graph_present {
+            eval_outputs.into_inner()
+        } else {
+            IndexMap::new()
+        },
     })
 }
 
@@ -586,6 +625,14 @@ impl Prepared<'_> {
             dir: self.dir.clone(),
             env,
             constants: IndexMap::new(),
+            used: graph
+                .node
+                .iter()
+                .flat_map(|n| n.input.iter().cloned())
+                .chain(graph.output.iter().map(|o| o.name().to_string()))
+                .collect(),
+            uniforms: HashMap::new(),
+            bernoulli: HashMap::new(),
         };
         for &i in &self.order {
             let n: &NodeProto = &graph.node[i];

@@ -271,3 +271,140 @@ fn a_model_with_three_data_inputs_is_refused_naming_them() {
         "{e}"
     );
 }
+
+/// Runs `g` (training or evaluation graph of `imp`) on `x` with the dropout seed `seed`,
+/// returning the named ONNX outputs.
+fn run_outputs(
+    imp: &Imported,
+    eval: bool,
+    x: &Tensor,
+    seed: i64,
+    outs: &[&str],
+) -> Vec<Vec<f64>> {
+    let mut g = if eval {
+        imp.model.eval_graph.clone().unwrap_or(imp.model.graph.clone())
+    } else {
+        imp.model.graph.clone()
+    };
+    for o in outs {
+        let id = if eval && imp.model.eval_graph.is_some() {
+            imp.eval_outputs[*o]
+        } else {
+            imp.outputs[*o]
+        };
+        g.set_output(&format!("onnx.{o}"), id).unwrap();
+    }
+    let mut leaves = IndexMap::new();
+    leaves.insert("x".to_string(), x.clone());
+    if let Some(y) = g.leaf("y") {
+        leaves.insert("y".to_string(), Tensor::zeros(g.ty(y).clone()));
+    }
+    if g.leaf("dropout_seed").is_some() {
+        leaves.insert("dropout_seed".to_string(), Tensor::scalar(seed));
+    }
+    let vals = run_graph(&g, &leaves).unwrap();
+    outs.iter()
+        .map(|o| vals.outputs[&format!("onnx.{o}")].to_f64_vec())
+        .collect()
+}
+
+fn ramp(rows: usize, cols: usize) -> Tensor {
+    Tensor::from_f32(
+        Shape::new(&[rows, cols]),
+        (0..rows * cols).map(|i| 1.0 + (i % 97) as f32 / 10.0).collect(),
+    )
+}
+
+#[test]
+fn a_dropouts_mask_output_is_the_draw_its_output_applied() {
+    let imp = import(
+        &fixtures().join("random/dropout_mask_train.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse {
+                output: Some("out".into()),
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let x = ramp(40, 50);
+    let xs = x.to_f64_vec();
+    let r = run_outputs(&imp, false, &x, 11, &["out", "kept"]);
+    let (out, kept) = (&r[0], &r[1]);
+    let mut n_kept = 0;
+    for i in 0..xs.len() {
+        if kept[i] == 1.0 {
+            n_kept += 1;
+            assert!((out[i] - xs[i] / 0.75).abs() < 1e-5, "{i}: {} vs {}", out[i], xs[i]);
+        } else {
+            assert_eq!((kept[i], out[i]), (0.0, 0.0), "element {i}");
+        }
+    }
+    // 2000 draws at p = 0.25: 1500 kept expected, σ ≈ 19.
+    assert!((1400..=1600).contains(&n_kept), "{n_kept} of 2000 kept");
+    // Another seed draws another mask.
+    let other = run_outputs(&imp, false, &x, 12, &["kept"]);
+    assert_ne!(&other[0], kept);
+    // Evaluation: the identity, every element kept.
+    let e = run_outputs(&imp, true, &x, 11, &["out", "kept"]);
+    assert_eq!(e[0], xs);
+    assert!(e[1].iter().all(|&k| k == 1.0));
+}
+
+#[test]
+fn stochastic_depth_drops_whole_samples_at_its_rate_and_is_the_identity_in_evaluation() {
+    let imp = import(
+        &fixtures().join("random/stochastic_depth.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(imp
+        .model
+        .graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::Dropout { p, .. } if (p - 0.2).abs() < 1e-6)));
+    let x = ramp(2000, 3);
+    let xs = x.to_f64_vec();
+    let out = &run_outputs(&imp, false, &x, 5, &["out"])[0];
+    let mut kept_rows = 0;
+    for row in 0..2000 {
+        let r = &out[row * 3..row * 3 + 3];
+        if r.iter().all(|&v| v == 0.0) {
+            continue;
+        }
+        kept_rows += 1;
+        for c in 0..3 {
+            let want = xs[row * 3 + c] / 0.8;
+            assert!((r[c] - want).abs() < 1e-5 * want, "row {row}: {r:?}");
+        }
+    }
+    // 2000 samples kept with probability 0.8: 1600 expected, σ ≈ 18.
+    assert!((1500..=1700).contains(&kept_rows), "{kept_rows} of 2000 kept");
+    let again = &run_outputs(&imp, false, &x, 6, &["out"])[0];
+    assert_ne!(again, out, "another seed, another draw");
+    let eval = &run_outputs(&imp, true, &x, 5, &["out"])[0];
+    for (a, b) in eval.iter().zip(&xs) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "evaluation: {a} vs {b}");
+    }
+}
+
+#[test]
+fn a_random_draw_read_other_than_by_a_comparison_is_refused_naming_the_node() {
+    let e = import(
+        &fixtures().join("random/random_read_directly.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("RandomUniformLike") && e.contains("\"noise\"") && e.contains("Add"),
+        "{e}"
+    );
+}

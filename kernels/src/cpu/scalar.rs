@@ -90,6 +90,8 @@ pub trait Float: Num {
     fn sqrt(self) -> Self;
     fn tanh(self) -> Self;
     fn recip(self) -> Self;
+    /// The error function (libm's, as CUDA's `erff`/`erf` compute it to within an ulp or two).
+    fn erf(self) -> Self;
 }
 
 macro_rules! float_num {
@@ -142,8 +144,30 @@ macro_rules! float_num {
             fn recip(self) -> Self {
                 1.0 / self
             }
+            #[inline(always)]
+            fn erf(self) -> Self {
+                erf_of(self)
+            }
         }
     };
+}
+
+/// libm's erf of each float width (std has none on stable).
+trait ErfOf {
+    fn erf_of(self) -> Self;
+}
+impl ErfOf for f32 {
+    fn erf_of(self) -> f32 {
+        libm::erff(self)
+    }
+}
+impl ErfOf for f64 {
+    fn erf_of(self) -> f64 {
+        libm::erf(self)
+    }
+}
+fn erf_of<T: ErfOf>(x: T) -> T {
+    x.erf_of()
 }
 float_num!(f32);
 float_num!(f64);
