@@ -585,6 +585,41 @@ def write_random():
         N("Add", ["input", "u"], ["out"], name="add_noise")], [2, 3], ["out"], [])
 
 
+def save_safetensors(path, tensors):
+    """A safetensors file (the format torch's safetensors.torch.save_file writes), without
+    the safetensors package: an 8-byte header length, the JSON header, the data."""
+    import struct
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        a = np.array(a, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}[a.dtype]
+        b = a.tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_state_dict():
+    """A whole PyTorch state_dict of the cnn fixture's module (what `model.state_dict()` of a
+    Conv2d, BatchNorm2d, Linear module saved with safetensors holds): parameters, running
+    statistics, and the batch norm's i64 `num_batches_tracked`, with values unlike the
+    .onnx file's, for `ingot train --onnx ops/cnn.onnx --init`."""
+    d = os.path.join(OUT, "state_dict")
+    os.makedirs(d, exist_ok=True)
+    r = rng("state_dict")
+    f = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)
+    save_safetensors(os.path.join(d, "cnn.safetensors"), {
+        "conv.weight": f(3, 3, 3, 3), "conv.bias": f(3),
+        "bn.weight": (1 + f(3)).astype(np.float32), "bn.bias": f(3),
+        "bn.running_mean": f(3), "bn.running_var": (r.random(3) + 0.5).astype(np.float32),
+        "bn.num_batches_tracked": np.array(7, dtype=np.int64),
+        "fc.weight": f(5, 12), "fc.bias": f(5)})
+
+
 def main():
     os.makedirs(os.path.join(OUT, "ops"), exist_ok=True)
     os.makedirs(os.path.join(OUT, "errors"), exist_ok=True)
@@ -593,6 +628,7 @@ def main():
         write_case(c)
     write_errors()
     write_random()
+    write_state_dict()
     print(f"wrote {len(CASES)} op fixtures and the error fixtures under {OUT}")
 
 

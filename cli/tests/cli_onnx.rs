@@ -165,3 +165,74 @@ fn a_trained_onnx_model_is_named_by_its_path_and_starts_from_the_files_weights()
         "{header}"
     );
 }
+
+#[test]
+fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-sd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let init = fixture("state_dict/cnn.safetensors");
+    let sd = ingot_runtime::io::load(&init).unwrap();
+    let train = |steps: &str, init: &str, save: &std::path::Path| {
+        ingot(&[
+            "train",
+            "--onnx",
+            &fixture("ops/cnn.onnx"),
+            "--loss",
+            "cross-entropy",
+            "--init",
+            init,
+            "--steps",
+            steps,
+            "--save",
+            save.to_str().unwrap(),
+        ])
+    };
+    // No steps: the file written is the state_dict read, running statistics and count included.
+    let same = dir.join("same.safetensors");
+    let (code, out, err) = train("0", &init, &same);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("running statistics"), "{out}");
+    let back = ingot_runtime::io::load(&same).unwrap();
+    let names = |m: &IndexMap<String, Tensor>| {
+        let mut v: Vec<String> = m.keys().cloned().collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&back), names(&sd));
+    for (k, t) in &sd {
+        assert_eq!(back[k].ty, t.ty, "{k}");
+        assert_eq!(back[k].as_f32(), t.as_f32(), "{k}");
+    }
+    assert_eq!(back["bn.num_batches_tracked"].as_i64(), Some(&[7i64][..]));
+    // Three training steps: the running statistics move from the loaded ones (batch norm in
+    // training mode) and the batch count advances by three.
+    let trained = dir.join("trained.safetensors");
+    let (code, _, err) = train("3", &init, &trained);
+    assert_eq!(code, 0, "{err}");
+    let t = ingot_runtime::io::load(&trained).unwrap();
+    assert_eq!(names(&t), names(&sd));
+    assert_eq!(t["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
+    assert_ne!(t["bn.running_mean"].as_f32(), sd["bn.running_mean"].as_f32());
+    // The file written is read back as an --init.
+    let again = dir.join("again.safetensors");
+    let (code, _, err) = train("0", trained.to_str().unwrap(), &again);
+    assert_eq!(code, 0, "{err}");
+    // A name the model lacks, and a running statistic of the wrong shape, are errors naming them.
+    let mut bad = sd.clone();
+    bad.insert("layer9.weight".into(), Tensor::from_f32([2], vec![0.0; 2]));
+    let bad_path = dir.join("bad.safetensors");
+    ingot_runtime::io::save(&bad_path, &bad).unwrap();
+    let (code, _, err) = train("0", bad_path.to_str().unwrap(), &again);
+    assert_eq!(code, 1);
+    assert!(err.contains("layer9.weight"), "{err}");
+    let mut bad = sd.clone();
+    bad.insert(
+        "bn.running_var".into(),
+        Tensor::from_f32([4], vec![1.0; 4]),
+    );
+    ingot_runtime::io::save(&bad_path, &bad).unwrap();
+    let (code, _, err) = train("0", bad_path.to_str().unwrap(), &again);
+    assert_eq!(code, 1);
+    assert!(err.contains("bn.running_var") && err.contains("[4]"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

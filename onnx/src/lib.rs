@@ -187,6 +187,9 @@ pub struct Imported {
     /// The same outputs as nodes of `model.eval_graph`, when the model traces differently in
     /// evaluation (empty otherwise).
     pub eval_outputs: IndexMap<String, NodeId>,
+    /// The names of the file's initializers, leaves or not (a constant Ingot computes, such as
+    /// a causal mask buffer, is an initializer of the file but no leaf).
+    pub initializers: Vec<String>,
 }
 
 /// Imports the model at `path` (external data is read from its folder).
@@ -475,6 +478,12 @@ fn import_model(
         weights: weights.into_inner(),
         inputs,
         outputs: outputs.into_inner(),
+        initializers: p
+            .graph
+            .initializer
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect(),
         eval_outputs: if eval_graph_present {
             eval_outputs.into_inner()
         } else {
