@@ -60,6 +60,26 @@ pub struct OnnxModelArgs {
     /// The batch of an --onnx model whose batch axis is symbolic.
     #[arg(long = "batch", value_name = "N", requires = "onnx", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
+    /// Hold a data input of --onnx at one value instead of feeding it (repeatable):
+    /// `--input-value attention_mask=1 --input-value token_type_ids=0` for a BERT exported
+    /// with those inputs. Ingot's trainer feeds two inputs (x and y), so a model with more data
+    /// inputs trains with the rest held this way.
+    #[arg(long = "input-value", value_name = "NAME=VALUE", requires = "onnx", value_parser = parse_input_value)]
+    pub input_value: Vec<(String, f64)>,
+}
+
+fn parse_input_value(s: &str) -> Result<(String, f64), String> {
+    let (name, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+    let v: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{v:?} (in {s:?}) is not a number"))?;
+    if name.is_empty() || !v.is_finite() {
+        return Err(format!("{s:?} needs an input name and a finite value"));
+    }
+    Ok((name.to_string(), v))
 }
 
 impl OnnxModelArgs {
@@ -79,6 +99,7 @@ impl OnnxModelArgs {
         ImportOptions {
             loss,
             batch: self.batch.map(|b| b as usize),
+            fixed_inputs: self.input_value.iter().cloned().collect(),
             ..Default::default()
         }
     }
@@ -100,6 +121,7 @@ impl OnnxModelArgs {
                 ("--loss", self.loss.is_some()),
                 ("--logits", self.logits.is_some()),
                 ("--batch", self.batch.is_some()),
+                ("--input-value", !self.input_value.is_empty()),
             ];
             if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(Failure::new(

@@ -141,6 +141,11 @@ pub struct ImportOptions {
     pub max_file_bytes: u64,
     /// The optimizer of the training step ([`Model::FILE_OPTIMIZER`] unless set).
     pub optimizer: Optimizer,
+    /// Data inputs held at one value, by ONNX name (BERT's `attention_mask` at 1 and
+    /// `token_type_ids` at 0): each becomes a constant of its declared type and shape, folded
+    /// into what reads it, instead of a step input. Ingot's trainer feeds two inputs (`x`, `y`),
+    /// so a model with more data inputs than that trains with the rest held this way.
+    pub fixed_inputs: BTreeMap<String, f64>,
 }
 
 impl Default for ImportOptions {
@@ -153,6 +158,7 @@ impl Default for ImportOptions {
             frozen: Vec::new(),
             max_file_bytes: MAX_FILE_BYTES,
             optimizer: Model::FILE_OPTIMIZER,
+            fixed_inputs: BTreeMap::new(),
         }
     }
 }
@@ -311,6 +317,8 @@ fn constant_slot(op: &str, i: usize) -> bool {
 
 /// A model checked and decoded, ready to trace (in either mode, into any graph).
 struct Prepared<'a> {
+    /// Data inputs held at a value ([`ImportOptions::fixed_inputs`]).
+    fixed: Vec<(String, Const)>,
     graph: &'a proto::GraphProto,
     order: Vec<usize>,
     consts: HashMap<String, Const>,
@@ -388,16 +396,49 @@ fn prepare<'a>(
             }
         }
     }
-    let data_inputs: Vec<&proto::ValueInfoProto> = graph
+    let all_data: Vec<&proto::ValueInfoProto> = graph
         .input
         .iter()
         .filter(|v| !inits.contains(v.name()))
+        .collect();
+    if let Some(bad) = opts
+        .fixed_inputs
+        .keys()
+        .find(|k| !all_data.iter().any(|v| v.name() == k.as_str()))
+    {
+        let names: Vec<&str> = all_data.iter().map(|v| v.name()).collect();
+        return Err(OnnxError::Options(format!(
+            "{bad:?} is held at a value, but it is not a data input of the model (they are {names:?})"
+        )));
+    }
+    let mut fixed = Vec::new();
+    for v in all_data.iter().filter(|v| opts.fixed_inputs.contains_key(v.name())) {
+        let ty = input_type(v, opts)?;
+        let value = opts.fixed_inputs[v.name()];
+        let numel = ty.shape.numel();
+        if numel > lower::MAX_FOLDED {
+            return Err(OnnxError::Options(format!(
+                "input {:?} ({ty}) is too large to hold at a value",
+                v.name()
+            )));
+        }
+        let data = if ty.dtype.is_float() {
+            value::Data::F(vec![value; numel])
+        } else {
+            value::Data::I(vec![value as i64; numel])
+        };
+        let c = Const::new(ty.dtype, ty.shape.dims().to_vec(), data);
+        fixed.push((v.name().to_string(), c));
+    }
+    let data_inputs: Vec<&proto::ValueInfoProto> = all_data
+        .into_iter()
+        .filter(|v| !opts.fixed_inputs.contains_key(v.name()))
         .collect();
     let max_inputs = if labels { 1 } else { 2 };
     if data_inputs.len() > max_inputs {
         let names: Vec<&str> = data_inputs.iter().map(|v| v.name()).collect();
         return Err(OnnxError::Options(format!(
-            "the model has {} data inputs ({names:?}); Ingot feeds at most {max_inputs} with this loss (x{}), so a model with more inputs is not supported yet",
+            "the model has {} data inputs ({names:?}); Ingot's trainer feeds {max_inputs} with this loss (x{}): hold the others at a value (`--input-value NAME=VALUE`, e.g. attention_mask=1 token_type_ids=0; ImportOptions::fixed_inputs)",
             names.len(),
             if labels { ", and the labels y" } else { " and y" }
         )));
@@ -414,6 +455,7 @@ fn prepare<'a>(
         consts.insert(t.name().to_string(), read::tensor(t, opts.float, &dir)?);
     }
     Ok(Prepared {
+        fixed,
         graph,
         order,
         consts,
@@ -585,6 +627,9 @@ impl Prepared<'_> {
                 None => g.input(ingot, ty.shape.clone(), ty.dtype)?,
             };
             env.insert(onnx.clone(), Val::Node(id));
+        }
+        for (name, c) in &self.fixed {
+            env.insert(name.clone(), Val::Const(c.clone()));
         }
         let mut w = weights.borrow_mut();
         // Parameters in the file's order, then state.

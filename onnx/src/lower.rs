@@ -28,7 +28,7 @@ pub enum Val {
 /// The most elements a constant computed while importing may have (a `ConstantOfShape`, a
 /// `Range`, a folded `Expand`): shapes and masks are far smaller, and a file cannot make the
 /// importer allocate without bound.
-const MAX_FOLDED: usize = 1 << 24;
+pub const MAX_FOLDED: usize = 1 << 24;
 
 /// A failure inside one node (the caller adds the node's op type and name).
 pub type R<T> = std::result::Result<T, String>;

@@ -267,9 +267,41 @@ fn a_model_with_three_data_inputs_is_refused_naming_them() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("\"input\", \"target\", \"third\"") && e.contains("at most 1"),
+        e.contains("\"input\", \"target\", \"third\"") && e.contains("--input-value"),
         "{e}"
     );
+}
+
+#[test]
+fn data_inputs_held_at_a_value_are_folded_constants_and_the_rest_are_fed() {
+    let path = fixtures().join("errors/three_inputs.onnx");
+    let opts = |fixed: &[(&str, f64)]| ImportOptions {
+        loss: Loss::Mse { output: None },
+        fixed_inputs: fixed.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        ..Default::default()
+    };
+    let imp = import(&path, &opts(&[("target", 1.5), ("third", -4.0)])).unwrap();
+    assert_eq!(imp.inputs[0], ("input".to_string(), "x".to_string()));
+    let g = &imp.model.graph;
+    let inputs: Vec<&str> = g
+        .leaves(LeafKind::Input)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect();
+    assert_eq!(inputs, ["x", "y"], "the held inputs are not step inputs");
+    let mut g2 = g.clone();
+    g2.set_output("onnx.out", imp.outputs["out"]).unwrap();
+    let x = Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    let mut leaves = IndexMap::new();
+    leaves.insert("x".to_string(), x);
+    leaves.insert("y".to_string(), Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0; 6]));
+    let out = run_graph(&g2, &leaves).unwrap().outputs["onnx.out"].to_f64_vec();
+    assert_eq!(out, [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]);
+    // Holding a name that is not a data input is an error naming it.
+    let e = import(&path, &opts(&[("nope", 1.0), ("target", 0.0), ("third", 0.0)]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"nope\"") && e.contains("third"), "{e}");
 }
 
 /// Runs `g` (training or evaluation graph of `imp`) on `x` with the dropout seed `seed`,
