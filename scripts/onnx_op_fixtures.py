@@ -571,6 +571,10 @@ def write_random():
         N("Dropout", ["input", "ratio", "training"], ["out", "mask"], name="drop"),
         N("Cast", ["mask"], ["kept"], to=F, name="mask_float")], [40, 50], ["out", "kept"],
         [f32("ratio", 0.25), numpy_helper.from_array(np.array(True), "training")])
+    # As PyTorch's exporter writes nn.Dropout in training mode: the mask declared, never read.
+    save("dropout_mask_unread", [
+        N("Dropout", ["input", "ratio", "training"], ["out", "mask"], name="drop")], [40, 50], ["out"],
+        [f32("ratio", 0.25), numpy_helper.from_array(np.array(True), "training")])
     save("stochastic_depth", [
         N("Constant", [], ["survival"], name="sd/Constant", value=f32("v", 0.8)),
         N("ConstantOfShape", ["shape"], ["empty"], name="empty"),

@@ -700,7 +700,9 @@ impl Prepared<'_> {
                 reason,
             })?;
             for (k, o) in n.output.iter().enumerate() {
-                if o.is_empty() {
+                // An output nothing reads (a Dropout's mask, as PyTorch's exporter declares
+                // it) need not be computed.
+                if o.is_empty() || (out.get(k).is_none() && !l.used.contains(o)) {
                     continue;
                 }
                 let v = out.get(k).cloned().ok_or_else(|| OnnxError::Node {

@@ -440,3 +440,32 @@ fn a_random_draw_read_other_than_by_a_comparison_is_refused_naming_the_node() {
         "{e}"
     );
 }
+
+#[test]
+fn a_dropout_whose_declared_mask_nothing_reads_imports_without_computing_it() {
+    // PyTorch's exporter writes nn.Dropout in training mode with its mask output declared.
+    let imp = import(
+        &fixtures().join("random/dropout_mask_unread.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let drops = imp
+        .model
+        .graph
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Dropout { .. }))
+        .count();
+    assert_eq!(drops, 1, "the unread mask is not drawn a second time");
+    let x = ramp(40, 50);
+    let xs = x.to_f64_vec();
+    let out = &run_outputs(&imp, false, &x, 3, &["out"])[0];
+    let kept = out.iter().filter(|&&v| v != 0.0).count();
+    for (o, x) in out.iter().zip(&xs) {
+        assert!(*o == 0.0 || (o - x / 0.75).abs() < 1e-5, "{o} from {x}");
+    }
+    assert!((1400..=1600).contains(&kept), "{kept} of 2000 kept");
+}
