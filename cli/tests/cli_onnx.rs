@@ -236,3 +236,66 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     assert!(err.contains("bn.running_var") && err.contains("[4]"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_under_its_names() {
+    // onnx/tests/torch/cnn: exported by scripts/export_onnx.py, its init.safetensors PyTorch's
+    // own state_dict (running statistics and num_batches_tracked included), and PyTorch's
+    // losses of 5 SGD steps on batch.safetensors.
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-torchsd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/torch/cnn");
+    let p = |f: &str| base.join(f).display().to_string();
+    let saved = dir.join("trained.safetensors");
+    let (code, out, err) = ingot(&[
+        "train",
+        "--onnx",
+        &p("model.onnx"),
+        "--loss",
+        "cross-entropy",
+        "--init",
+        &p("init.safetensors"),
+        "--data",
+        &p("batch.safetensors"),
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.1",
+        "--steps",
+        "5",
+        "--save",
+        saved.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let losses: Vec<f64> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("losses.json")).unwrap()).unwrap();
+    let want: Vec<f64> = doc["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * w.abs(), "step {i}: {g} vs PyTorch {w}");
+    }
+    let init = ingot_runtime::io::load(p("init.safetensors")).unwrap();
+    let back = ingot_runtime::io::load(&saved).unwrap();
+    let mut a: Vec<&String> = init.keys().collect();
+    let mut b: Vec<&String> = back.keys().collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "--save writes the state_dict's names, no more, no fewer");
+    for (k, t) in &init {
+        assert_eq!(back[k].ty, t.ty, "{k}");
+        if k.ends_with("num_batches_tracked") {
+            assert_eq!(back[k].as_i64().unwrap()[0], t.as_i64().unwrap()[0] + 5, "{k}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
