@@ -32,7 +32,10 @@ fn onnx_check_lists_every_node_that_cannot_be_imported_and_exits_1() {
     assert_eq!(code, 1, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
-    assert!(lines[0].starts_with("Hardmax node \"the_hardmax\""), "{out}");
+    assert!(
+        lines[0].starts_with("Hardmax node \"the_hardmax\""),
+        "{out}"
+    );
     assert!(err.contains("4 node(s) cannot be imported"), "{err}");
     let (code, out, _) = ingot(&["onnx", "check", &fixture("ops/cnn.onnx")]);
     assert_eq!(code, 0);
@@ -212,7 +215,10 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     let t = ingot_runtime::io::load(&trained).unwrap();
     assert_eq!(names(&t), names(&sd));
     assert_eq!(t["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
-    assert_ne!(t["bn.running_mean"].as_f32(), sd["bn.running_mean"].as_f32());
+    assert_ne!(
+        t["bn.running_mean"].as_f32(),
+        sd["bn.running_mean"].as_f32()
+    );
     // The file written is read back as an --init.
     let again = dir.join("again.safetensors");
     let (code, _, err) = train("0", trained.to_str().unwrap(), &again);
@@ -226,14 +232,14 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     assert_eq!(code, 1);
     assert!(err.contains("layer9.weight"), "{err}");
     let mut bad = sd.clone();
-    bad.insert(
-        "bn.running_var".into(),
-        Tensor::from_f32([4], vec![1.0; 4]),
-    );
+    bad.insert("bn.running_var".into(), Tensor::from_f32([4], vec![1.0; 4]));
     ingot_runtime::io::save(&bad_path, &bad).unwrap();
     let (code, _, err) = train("0", bad_path.to_str().unwrap(), &again);
     assert_eq!(code, 1);
-    assert!(err.contains("bn.running_var") && err.contains("[4]"), "{err}");
+    assert!(
+        err.contains("bn.running_var") && err.contains("[4]"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -282,7 +288,10 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
         .collect();
     assert_eq!(losses.len(), 5, "{out}");
     for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
-        assert!((g - w).abs() <= 1e-4 * w.abs(), "step {i}: {g} vs PyTorch {w}");
+        assert!(
+            (g - w).abs() <= 1e-4 * w.abs(),
+            "step {i}: {g} vs PyTorch {w}"
+        );
     }
     let init = ingot_runtime::io::load(p("init.safetensors")).unwrap();
     let back = ingot_runtime::io::load(&saved).unwrap();
@@ -290,11 +299,18 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
     let mut b: Vec<&String> = back.keys().collect();
     a.sort();
     b.sort();
-    assert_eq!(a, b, "--save writes the state_dict's names, no more, no fewer");
+    assert_eq!(
+        a, b,
+        "--save writes the state_dict's names, no more, no fewer"
+    );
     for (k, t) in &init {
         assert_eq!(back[k].ty, t.ty, "{k}");
         if k.ends_with("num_batches_tracked") {
-            assert_eq!(back[k].as_i64().unwrap()[0], t.as_i64().unwrap()[0] + 5, "{k}");
+            assert_eq!(
+                back[k].as_i64().unwrap()[0],
+                t.as_i64().unwrap()[0] + 5,
+                "{k}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

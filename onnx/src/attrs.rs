@@ -136,7 +136,8 @@ fn known_attributes(op: &str) -> Option<&'static [&'static str]> {
         | "Div" | "Max" | "Min" | "Neg" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid"
         | "Reciprocal" | "Abs" | "Pow" | "Identity" | "Slice" | "Size" | "Range" | "Expand"
         | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not"
-        | "And" | "Or" | "HardSwish" | "Softplus" | "Floor" | "Ceil" | "CastLike" | "Erf" | "IsNaN" => &[],
+        | "And" | "Or" | "HardSwish" | "Softplus" | "Floor" | "Ceil" | "CastLike" | "Erf"
+        | "IsNaN" => &[],
         _ => return None,
     })
 }

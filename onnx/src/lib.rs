@@ -33,8 +33,11 @@
 //!   Ingot's `x` and `y`, the two inputs every Ingot model has and the trainer feeds: with
 //!   [`Loss::Output`] the first data input is `x` and a second, if any, is `y` (a model that
 //!   computes its own loss from `(data, target)`); with [`Loss::CrossEntropy`] or [`Loss::Mse`]
-//!   the model has one data input, `x`, and the loss adds `y`, the labels. More data inputs
-//!   than that are refused naming them. [`Imported::inputs`] maps ONNX names to Ingot's.
+//!   the model has one data input, `x`, and the loss adds `y`, the labels. Other data inputs
+//!   are held at a value ([`ImportOptions::fixed_inputs`], `--input-value NAME=VALUE`: BERT's
+//!   `attention_mask` at 1, `token_type_ids` at 0), constants folded into what reads them;
+//!   more data inputs than that are refused naming them. [`Imported::inputs`] maps ONNX names
+//!   to Ingot's.
 //! - **Shapes are static**: a symbolic axis 0 of a data input takes [`ImportOptions::batch`],
 //!   another symbolic axis its size in [`ImportOptions::dims`] (by its `dim_param` name); one
 //!   left unresolved is an error naming the input and the axis. Shape arithmetic (`Shape`,
@@ -47,13 +50,21 @@
 //!   batch's biased variance as onnxruntime computes it; PyTorch's own running variance uses
 //!   the unbiased one), and a Dropout with `training_mode` true draws Ingot's seeded mask
 //!   (`nn::dropout`, salted by the node's name; the file's `seed` attribute is not used, since
-//!   no mask would match another framework's draw anyway). In evaluation mode both are the
-//!   inference forms.
+//!   no mask would match another framework's draw anyway); its mask output, where a node reads
+//!   it, is the same draw of a tensor of ones (an output nothing reads is not computed). A
+//!   `RandomUniformLike` compared with a constant (PyTorch's `bernoulli_`, torchvision's
+//!   stochastic depth) is a Bernoulli mask drawn the same way, salted by its node; read any
+//!   other way it is refused. In evaluation mode these are the inference forms: dropout and
+//!   its mask the identity and all true, a Bernoulli mask all true, and cast to a float its
+//!   expectation (so stochastic depth's `mask / p` is 1).
 //! - **Refusals**: every op, attribute and dtype Ingot cannot compute exactly is refused before
 //!   anything is traced, all such nodes in one [`OnnxError::Unsupported`] naming each node's
 //!   op type, name and what Ingot would need ([`check`] lists them without importing). Ops with
-//!   no exact expression in Ingot's primitives (`Erf` and exact `Gelu`, `ConvTranspose`,
-//!   `Resize`, ...) are refused, never approximated.
+//!   no exact expression in Ingot's primitives (`Resize` by a fraction or in cubic mode, `Pad`,
+//!   `ArgMax`, ...) are refused, never approximated. `Erf` and exact `Gelu` use the IR's
+//!   `erf`; `ConvTranspose` is the input with zeros between its elements, padded, convolved
+//!   with the flipped kernel (differentiable, as Ingot's conv is); `Resize` by integer factors
+//!   repeats (nearest) or blends neighbours with fixed weights (linear).
 //!
 //! # The command line
 //!
@@ -412,7 +423,10 @@ fn prepare<'a>(
         )));
     }
     let mut fixed = Vec::new();
-    for v in all_data.iter().filter(|v| opts.fixed_inputs.contains_key(v.name())) {
+    for v in all_data
+        .iter()
+        .filter(|v| opts.fixed_inputs.contains_key(v.name()))
+    {
         let ty = input_type(v, opts)?;
         let value = opts.fixed_inputs[v.name()];
         let numel = ty.shape.numel();

@@ -669,7 +669,11 @@ impl Lower<'_> {
     /// evaluation mode the mask is all true (and cast to a float, its expectation: see
     /// `Cast`). `None` when neither operand is a uniform draw.
     fn bernoulli_draw(&mut self, n: &NodeProto, c: CmpOp) -> R<Option<NodeId>> {
-        let side = (0..2).find(|&i| n.input.get(i).is_some_and(|s| self.uniforms.contains_key(s)));
+        let side = (0..2).find(|&i| {
+            n.input
+                .get(i)
+                .is_some_and(|s| self.uniforms.contains_key(s))
+        });
         let Some(side) = side else {
             return Ok(None);
         };
@@ -1121,7 +1125,9 @@ impl Lower<'_> {
             ));
         }
         if cut_b > 0 || cut_e > 0 {
-            x = ir(self.g.slice(x, axis, cut_b as usize, (size - cut_e) as usize))?;
+            x = ir(self
+                .g
+                .slice(x, axis, cut_b as usize, (size - cut_e) as usize))?;
         }
         let (add_b, add_e) = (begin.max(0) as usize, end.max(0) as usize);
         if add_b == 0 && add_e == 0 {
@@ -1279,7 +1285,9 @@ impl Lower<'_> {
             (Some(s), _) if s.numel() > 0 => {
                 let s = s.to_f64s();
                 if s.len() != d.len() {
-                    return Err(format!("scales {s:?} must have one entry per axis of {d:?}"));
+                    return Err(format!(
+                        "scales {s:?} must have one entry per axis of {d:?}"
+                    ));
                 }
                 s.iter()
                     .map(|&f| {
@@ -2030,7 +2038,11 @@ impl Lower<'_> {
                     |x, y| x % y,
                     |x, y| {
                         let m = x.checked_rem(y)?;
-                        Some(if !fmod && m != 0 && (m < 0) != (y < 0) { m + y } else { m })
+                        Some(if !fmod && m != 0 && (m < 0) != (y < 0) {
+                            m + y
+                        } else {
+                            m
+                        })
                     },
                 )
                 .ok_or("constant operands do not broadcast, or a division by zero")?;
@@ -2052,13 +2064,18 @@ impl Lower<'_> {
                     ));
                 }
                 let ids = idx.to_i64s().ok_or("indices must be integers")?;
-                let (ds, is) = (crate::value::strides(&data.dims), crate::value::strides(&idx.dims));
+                let (ds, is) = (
+                    crate::value::strides(&data.dims),
+                    crate::value::strides(&idx.dims),
+                );
                 let mut picks = Vec::with_capacity(ids.len());
                 for (flat, &i) in ids.iter().enumerate() {
                     let size = data.dims[axis] as i64;
                     let j = if i < 0 { i + size } else { i };
                     if j < 0 || j >= size {
-                        return Err(format!("index {i} is out of range for axis {axis} of size {size}"));
+                        return Err(format!(
+                            "index {i} is out of range for axis {axis} of size {size}"
+                        ));
                     }
                     let mut src = 0;
                     for k in 0..r {

@@ -294,27 +294,30 @@ fn data_inputs_held_at_a_value_are_folded_constants_and_the_rest_are_fed() {
     let x = Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
     let mut leaves = IndexMap::new();
     leaves.insert("x".to_string(), x);
-    leaves.insert("y".to_string(), Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0; 6]));
+    leaves.insert(
+        "y".to_string(),
+        Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0; 6]),
+    );
     let out = run_graph(&g2, &leaves).unwrap().outputs["onnx.out"].to_f64_vec();
     assert_eq!(out, [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]);
     // Holding a name that is not a data input is an error naming it.
-    let e = import(&path, &opts(&[("nope", 1.0), ("target", 0.0), ("third", 0.0)]))
-        .unwrap_err()
-        .to_string();
+    let e = import(
+        &path,
+        &opts(&[("nope", 1.0), ("target", 0.0), ("third", 0.0)]),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("\"nope\"") && e.contains("third"), "{e}");
 }
 
 /// Runs `g` (training or evaluation graph of `imp`) on `x` with the dropout seed `seed`,
 /// returning the named ONNX outputs.
-fn run_outputs(
-    imp: &Imported,
-    eval: bool,
-    x: &Tensor,
-    seed: i64,
-    outs: &[&str],
-) -> Vec<Vec<f64>> {
+fn run_outputs(imp: &Imported, eval: bool, x: &Tensor, seed: i64, outs: &[&str]) -> Vec<Vec<f64>> {
     let mut g = if eval {
-        imp.model.eval_graph.clone().unwrap_or(imp.model.graph.clone())
+        imp.model
+            .eval_graph
+            .clone()
+            .unwrap_or(imp.model.graph.clone())
     } else {
         imp.model.graph.clone()
     };
@@ -343,7 +346,9 @@ fn run_outputs(
 fn ramp(rows: usize, cols: usize) -> Tensor {
     Tensor::from_f32(
         Shape::new(&[rows, cols]),
-        (0..rows * cols).map(|i| 1.0 + (i % 97) as f32 / 10.0).collect(),
+        (0..rows * cols)
+            .map(|i| 1.0 + (i % 97) as f32 / 10.0)
+            .collect(),
     )
 }
 
@@ -367,7 +372,12 @@ fn a_dropouts_mask_output_is_the_draw_its_output_applied() {
     for i in 0..xs.len() {
         if kept[i] == 1.0 {
             n_kept += 1;
-            assert!((out[i] - xs[i] / 0.75).abs() < 1e-5, "{i}: {} vs {}", out[i], xs[i]);
+            assert!(
+                (out[i] - xs[i] / 0.75).abs() < 1e-5,
+                "{i}: {} vs {}",
+                out[i],
+                xs[i]
+            );
         } else {
             assert_eq!((kept[i], out[i]), (0.0, 0.0), "element {i}");
         }
@@ -415,7 +425,10 @@ fn stochastic_depth_drops_whole_samples_at_its_rate_and_is_the_identity_in_evalu
         }
     }
     // 2000 samples kept with probability 0.8: 1600 expected, σ ≈ 18.
-    assert!((1500..=1700).contains(&kept_rows), "{kept_rows} of 2000 kept");
+    assert!(
+        (1500..=1700).contains(&kept_rows),
+        "{kept_rows} of 2000 kept"
+    );
     let again = &run_outputs(&imp, false, &x, 6, &["out"])[0];
     assert_ne!(again, out, "another seed, another draw");
     let eval = &run_outputs(&imp, true, &x, 5, &["out"])[0];

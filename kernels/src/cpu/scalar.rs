@@ -217,7 +217,11 @@ mod erf_tests {
         for (x, want) in table {
             for s in [1.0f64, -1.0] {
                 let (x, want) = (s * x, s * want);
-                assert!((Float::erf(x) - want).abs() <= 2e-16, "erf({x}) = {}", Float::erf(x));
+                assert!(
+                    (Float::erf(x) - want).abs() <= 2e-16,
+                    "erf({x}) = {}",
+                    Float::erf(x)
+                );
                 let got32 = Float::erf(x as f32) as f64;
                 assert!((got32 - want).abs() <= 2e-7, "erff({x}) = {got32}");
             }
