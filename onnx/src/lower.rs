@@ -1177,7 +1177,7 @@ impl Lower<'_> {
             ));
         }
         let groups = at.int("group", 1);
-        if groups < 1 || wd[0] % groups as usize != 0 || xd[1] != wd[0] {
+        if groups < 1 || !wd[0].is_multiple_of(groups as usize) || xd[1] != wd[0] {
             return Err(format!(
                 "group {groups}: the weight {wd:?} must be [C_in, C_out/group, kH, kW] with C_in = the input's {} channels, divisible by the groups",
                 xd[1]
