@@ -326,6 +326,9 @@ def new_op_cases():
          [2, 4, 3, 3], inits=[init("W", [4, 2, 2, 2], r), init("B", [2], r)])
     case("conv_transpose_stride1", [N("ConvTranspose", ["input", "W"], ["out"], pads=[0, 1, 0, 1])],
          [1, 2, 4, 4], inits=[init("W", [2, 3, 3, 3], r)])
+    case("conv_transpose_groups_dilation", [N("ConvTranspose", ["input", "W", "B"], ["out"], group=2,
+                                             strides=[1, 2], dilations=[2, 1], pads=[1, 0, 2, 1])],
+         [1, 4, 3, 4], inits=[init("W", [4, 3, 3, 2], r), init("B", [6], r)])
     case("conv_transpose1d", [N("ConvTranspose", ["input", "W"], ["out"], strides=[3], pads=[1, 0])],
          [2, 2, 5], inits=[init("W", [2, 3, 4], r)])
     case("resize_nearest_scales", [N("Resize", ["input", "", "sc"], ["out"], mode="nearest")],

@@ -78,6 +78,7 @@ fn imported_graphs_have_the_gradients_finite_differences_give() {
         "conv_transpose_unet",
         "conv_transpose_stride1",
         "conv_transpose1d",
+        "conv_transpose_groups_dilation",
         "resize_nearest_scales",
         "resize_nearest_sizes",
         "resize_linear",
