@@ -315,3 +315,35 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn input_value_holds_extra_data_inputs_and_without_it_the_error_names_them_and_the_flag() {
+    let path = fixture("errors/three_inputs.onnx");
+    let (code, _, err) = ingot(&["plan", "--onnx", &path, "--loss", "mse"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("\"target\"") && err.contains("\"third\"") && err.contains("--input-value"),
+        "{err}"
+    );
+    let (code, out, err) = ingot(&[
+        "plan",
+        "--onnx",
+        &path,
+        "--loss",
+        "mse",
+        "--input-value",
+        "target=1",
+        "--input-value",
+        "third=0.5",
+    ]);
+    // The inputs are accepted; this fixture (input + target + third) has nothing to train,
+    // which is the next thing planning says.
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("no parameters to train") && !err.contains("--input-value"),
+        "{err}"
+    );
+    let (code, _, err) = ingot(&["plan", "--onnx", &path, "--input-value", "third"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("NAME=VALUE"), "{err}");
+}
