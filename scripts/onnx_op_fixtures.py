@@ -272,6 +272,77 @@ def build_cases():
         N("Gemm", ["f", "fc.weight", "fc.bias"], ["out"], name="fc", transB=1)],
         [2, 3, 4, 4], inits=[init("conv.weight", [3, 3, 3, 3], r), init("conv.bias", [3], r)] + bn
         + [init("fc.weight", [5, 12], r), init("fc.bias", [5], r)], loss="ce")
+    new_op_cases()
+
+
+def new_op_cases():
+    """Erf and exact GELU, IsNaN, Mod and GatherElements (folded shape arithmetic), a
+    Dropout whose mask is read, ConvTranspose and Resize (their own rng, so the cases above
+    keep their values)."""
+    r = rng("session24")
+    f32 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    case("erf", [N("Erf", ["input"], ["out"])], [3, 7],
+         x=(rng("erf").standard_normal([3, 7]) * 1.5).astype(np.float32))
+    case("gelu_exact", [N("Gelu", ["input"], ["out"])], [3, 7], opset=20,
+         x=(rng("gelu_exact").standard_normal([3, 7]) * 2).astype(np.float32))
+    # GELU as PyTorch's TorchScript exporter writes F.gelu: x·½·(1 + erf(x/√2)).
+    case("gelu_erf_pattern", [N("Div", ["input", "sqrt2"], ["d"]), N("Erf", ["d"], ["e"]),
+                              N("Add", ["e", "one"], ["e1"]), N("Mul", ["input", "e1"], ["m"]),
+                              N("Mul", ["m", "half"], ["out"])], [2, 6],
+         inits=[f32("sqrt2", 1.4142135381698608), f32("one", 1.0), f32("half", 0.5)])
+    case("isnan_where", [N("Sqrt", ["input"], ["s"]), N("IsNaN", ["s"], ["nan"]),
+                         N("Where", ["nan", "zero", "s"], ["out"])], [3, 5],
+         inits=[f32("zero", 0.0)])
+    # Mod in shape arithmetic: fmod=0 takes the divisor's sign (Python's %), fmod=1 the
+    # dividend's; the reshape fails unless both fold as ONNX says.
+    case("mod_shape", [
+        N("Shape", ["input"], ["sh"]),
+        N("Mod", ["sh", "m"], ["md"]),
+        N("Mod", ["neg7", "three"], ["py"]),
+        N("Mod", ["neg7", "three"], ["c"], fmod=1),
+        N("Abs", ["c"], ["ac"]),
+        N("Mul", ["py", "ac"], ["p1"]),
+        N("Mul", ["p1", "six"], ["last"]),
+        N("Concat", ["md", "last"], ["target"], axis=0),
+        N("Reshape", ["input", "target"], ["out"])], [2, 6, 4],
+         inits=[ints("m", [5, 4, 3]), ints("neg7", [-7]), ints("three", [3]), ints("six", [6])])
+    # BERT's token type ids: a constant buffer gathered by constant position ids.
+    case("gather_elements_const", [
+        N("GatherElements", ["buf", "pos"], ["g"], axis=1),
+        N("Cast", ["g"], ["gf"], to=F),
+        N("Add", ["input", "gf"], ["out"])], [2, 3],
+         inits=[ints("buf", [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]]),
+                ints("pos", [[1, 3, -1], [0, 7, 2]])])
+    case("dropout_mask_eval", [
+        N("Dropout", ["input", "ratio", "training"], ["d", "mask"], name="drop"),
+        N("Cast", ["mask"], ["mf"], to=F),
+        N("Mul", ["d", "mf"], ["out"])], [3, 4],
+         inits=[f32("ratio", 0.3), numpy_helper.from_array(np.array(False), "training")])
+    case("conv_transpose", [N("ConvTranspose", ["input", "W", "B"], ["out"], name="up",
+                              strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])],
+         [2, 3, 4, 5], inits=[init("W", [3, 4, 3, 3], r), init("B", [4], r)])
+    case("conv_transpose_unet", [N("ConvTranspose", ["input", "W", "B"], ["out"], kernel_shape=[2, 2],
+                                   strides=[2, 2])],
+         [2, 4, 3, 3], inits=[init("W", [4, 2, 2, 2], r), init("B", [2], r)])
+    case("conv_transpose_stride1", [N("ConvTranspose", ["input", "W"], ["out"], pads=[0, 1, 0, 1])],
+         [1, 2, 4, 4], inits=[init("W", [2, 3, 3, 3], r)])
+    case("conv_transpose_groups_dilation", [N("ConvTranspose", ["input", "W", "B"], ["out"], group=2,
+                                             strides=[1, 2], dilations=[2, 1], pads=[1, 0, 2, 1])],
+         [1, 4, 3, 4], inits=[init("W", [4, 3, 3, 2], r), init("B", [6], r)])
+    case("conv_transpose1d", [N("ConvTranspose", ["input", "W"], ["out"], strides=[3], pads=[1, 0])],
+         [2, 2, 5], inits=[init("W", [2, 3, 4], r)])
+    case("resize_nearest_scales", [N("Resize", ["input", "", "sc"], ["out"], mode="nearest")],
+         [2, 3, 3, 4], inits=[f32("sc", [1, 1, 2, 3])])
+    case("resize_nearest_torch", [N("Resize", ["input", "", "sc"], ["out"], mode="nearest",
+                                    coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
+         [1, 2, 3, 3], inits=[f32("sc", [1, 1, 2, 2])])
+    case("resize_nearest_sizes", [N("Resize", ["input", "", "", "sz"], ["out"], mode="nearest")],
+         [1, 2, 3, 2], inits=[ints("sz", [1, 2, 6, 8])])
+    case("resize_linear", [N("Resize", ["input", "", "sc"], ["out"], mode="linear")],
+         [2, 2, 3, 4], inits=[f32("sc", [1, 1, 2, 2])])
+    case("resize_linear_asymmetric", [N("Resize", ["input", "", "", "sz"], ["out"], mode="linear",
+                                       coordinate_transformation_mode="asymmetric")],
+         [1, 2, 3, 4], inits=[ints("sz", [1, 2, 9, 8])])
 
 
 def gpt_case(r, vocab=11, d=8, heads=2, t=5, b=2):
@@ -437,9 +508,9 @@ def write_errors():
                    N("Add", ["input", "a"], ["out"], name="sum")])
     save("dangling", [N("Add", ["input", "nowhere"], ["out"], name="add_missing")])
     save("unsupported", [
-        N("Erf", ["input"], ["e"], name="the_erf"),
+        N("Hardmax", ["input"], ["e"], name="the_hardmax"),
         N("Relu", ["e"], ["r"], name="fine_relu"),
-        N("Resize", ["r", "", "scales"], ["rs"], name="upsample"),
+        N("Resize", ["r", "", "scales"], ["rs"], name="upsample", mode="cubic"),
         N("Softmax", ["rs"], ["s"], name="softmax_with_junk", junk=3),
         N("MaxPool", ["s"], ["out"], name="pool_ceil", kernel_shape=[2, 2], ceil_mode=1)],
         inits=[numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")])
@@ -484,6 +555,78 @@ def write_errors():
     onnx.save(m3, os.path.join(ext, "short.onnx"))
 
 
+def write_random():
+    """Training-mode randomness, which no reference reproduces draw for draw (the tests check
+    the draws' structure and rate): a Dropout whose mask is read, and stochastic depth as
+    PyTorch's exporter writes torchvision's (`bernoulli_(0.8)` then `div_(0.8)`)."""
+    d = os.path.join(OUT, "random")
+    os.makedirs(d, exist_ok=True)
+    f32 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+
+    def save(name, nodes, x_shape, outputs, inits):
+        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("input", F, x_shape)],
+                              [helper.make_tensor_value_info(o, F, None) for o in outputs],
+                              initializer=list(inits))
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+        onnx.save(m, os.path.join(d, name + ".onnx"))
+
+    save("dropout_mask_train", [
+        N("Dropout", ["input", "ratio", "training"], ["out", "mask"], name="drop"),
+        N("Cast", ["mask"], ["kept"], to=F, name="mask_float")], [40, 50], ["out", "kept"],
+        [f32("ratio", 0.25), numpy_helper.from_array(np.array(True), "training")])
+    # As PyTorch's exporter writes nn.Dropout in training mode: the mask declared, never read.
+    save("dropout_mask_unread", [
+        N("Dropout", ["input", "ratio", "training"], ["out", "mask"], name="drop")], [40, 50], ["out"],
+        [f32("ratio", 0.25), numpy_helper.from_array(np.array(True), "training")])
+    save("stochastic_depth", [
+        N("Constant", [], ["survival"], name="sd/Constant", value=f32("v", 0.8)),
+        N("ConstantOfShape", ["shape"], ["empty"], name="empty"),
+        N("RandomUniformLike", ["empty"], ["u"], name="sd/RandomUniformLike", dtype=F),
+        N("Less", ["u", "survival"], ["keep"], name="sd/Less"),
+        N("Cast", ["keep"], ["keepf"], to=F, name="sd/Cast"),
+        N("Div", ["keepf", "survival"], ["noise"], name="sd/Div"),
+        N("Mul", ["input", "noise"], ["out"], name="sd/Mul")], [2000, 3], ["out"],
+        [ints("shape", [2000, 1])])
+    save("random_read_directly", [
+        N("RandomUniformLike", ["input"], ["u"], name="noise"),
+        N("Add", ["input", "u"], ["out"], name="add_noise")], [2, 3], ["out"], [])
+
+
+def save_safetensors(path, tensors):
+    """A safetensors file (the format torch's safetensors.torch.save_file writes), without
+    the safetensors package: an 8-byte header length, the JSON header, the data."""
+    import struct
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        a = np.array(a, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}[a.dtype]
+        b = a.tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_state_dict():
+    """A whole PyTorch state_dict of the cnn fixture's module (what `model.state_dict()` of a
+    Conv2d, BatchNorm2d, Linear module saved with safetensors holds): parameters, running
+    statistics, and the batch norm's i64 `num_batches_tracked`, with values unlike the
+    .onnx file's, for `ingot train --onnx ops/cnn.onnx --init`."""
+    d = os.path.join(OUT, "state_dict")
+    os.makedirs(d, exist_ok=True)
+    r = rng("state_dict")
+    f = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)
+    save_safetensors(os.path.join(d, "cnn.safetensors"), {
+        "conv.weight": f(3, 3, 3, 3), "conv.bias": f(3),
+        "bn.weight": (1 + f(3)).astype(np.float32), "bn.bias": f(3),
+        "bn.running_mean": f(3), "bn.running_var": (r.random(3) + 0.5).astype(np.float32),
+        "bn.num_batches_tracked": np.array(7, dtype=np.int64),
+        "fc.weight": f(5, 12), "fc.bias": f(5)})
+
+
 def main():
     os.makedirs(os.path.join(OUT, "ops"), exist_ok=True)
     os.makedirs(os.path.join(OUT, "errors"), exist_ok=True)
@@ -491,6 +634,8 @@ def main():
     for c in CASES:
         write_case(c)
     write_errors()
+    write_random()
+    write_state_dict()
     print(f"wrote {len(CASES)} op fixtures and the error fixtures under {OUT}")
 
 

@@ -400,7 +400,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         },
     };
     // An ONNX model starts from the file's weights (--init, applied later, replaces them).
-    a.model.onnx.load_weights(&mut session)?;
+    let state_dict = a.model.onnx.load_weights(&mut session)?;
     // NCCL's communicator, kept for the run; its memory measured once, before the first step.
     let _nccl = match a.gpus {
         _ if a.torchrun => {
@@ -422,14 +422,13 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         }
         None => None,
     };
-    let file_weights = a.model.onnx.onnx.is_some();
     train_with(
         &mut session,
         &a.run,
         device,
         eval,
         Some(model.optimizer),
-        file_weights,
+        state_dict,
     )
 }
 
@@ -773,26 +772,42 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    train_with(session, a, device, None, None, false)
+    train_with(session, a, device, None, None, None)
 }
 
 /// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
-/// known (recorded in checkpoints and compared on resume); `file_weights`: the session holds
-/// the weights of the model's file (an ONNX model's), which `--init` or `--resume` replace.
+/// known (recorded in checkpoints and compared on resume); `state_dict`: the session holds
+/// the weights of the model's file (an ONNX model's), which `--init` or `--resume` replace;
+/// `--init` reads, and `--save` writes, a whole PyTorch `state_dict` for it (running
+/// statistics and `num_batches_tracked` included).
 fn train_with(
     session: &mut Session,
     a: &StepArgs,
     device: session::Device,
     eval: Option<Evaluator>,
     optimizer: Option<ingot_compiler::models::Optimizer>,
-    file_weights: bool,
+    mut state_dict: Option<super::onnx::StateDict>,
 ) -> Result<(), Failure> {
     a.check_steps()?;
+    let file_weights = state_dict.is_some();
     if let Some(path) = &a.init {
         let params = io::load(path)?;
-        session
-            .load_parameters(&params)
-            .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))?;
+        match state_dict.as_mut() {
+            Some(sd) => {
+                sd.load_init(session, &params, path)?;
+                if !sd.ignored.is_empty() && !a.json {
+                    crate::outln!(
+                        "{}: ignored {} buffer(s) the model computes or does not read ({})",
+                        path.display(),
+                        sd.ignored.len(),
+                        sd.ignored.join(", ")
+                    )?;
+                }
+            }
+            None => session
+                .load_parameters(&params)
+                .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))?,
+        }
     }
     if let Some(path) = &a.data {
         let batch = io::load(path)?;
@@ -1101,7 +1116,12 @@ fn train_with(
     if let Some(path) = a.save.as_ref().filter(|_| writes_files(session)) {
         // A finite loss does not make finite weights: the update after it can overflow (a
         // learning rate too large, the gradient of sqrt at 0). Nothing non-finite is written.
-        let params = session.parameters();
+        let mut params = session.parameters();
+        // An imported model's file is a whole PyTorch state_dict: running statistics and
+        // batch counts too, so that `load_state_dict` takes it back.
+        if let Some(sd) = &state_dict {
+            params.extend(sd.extra(session, run.step));
+        }
         checkpoint::check_finite("parameter", &params).map_err(|e| {
             Failure::new(
                 1,
@@ -1114,7 +1134,15 @@ fn train_with(
         })?;
         io::save(path, &params)?;
         if !a.json {
-            crate::outln!("saved the parameters to {}", path.display())?;
+            crate::outln!(
+                "saved the parameters{} to {}",
+                if state_dict.is_some() {
+                    " and running statistics (a PyTorch state_dict)"
+                } else {
+                    ""
+                },
+                path.display()
+            )?;
         }
     }
     if let Some(dir) = &a.checkpoint {

@@ -12,6 +12,8 @@ pub enum UnaryOp {
     Sqrt,
     Tanh,
     Recip,
+    /// The error function, `2/√π ∫₀ˣ e^(−t²) dt` (exact GELU is `x·½·(1 + erf(x/√2))`).
+    Erf,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -68,7 +70,7 @@ macro_rules! op_names {
     };
 }
 
-op_names!(UnaryOp { Neg => "neg", Exp => "exp", Log => "log", Sqrt => "sqrt", Tanh => "tanh", Recip => "recip" });
+op_names!(UnaryOp { Neg => "neg", Exp => "exp", Log => "log", Sqrt => "sqrt", Tanh => "tanh", Recip => "recip", Erf => "erf" });
 op_names!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Max => "max", Min => "min" });
 op_names!(CmpOp { Lt => "lt", Le => "le", Gt => "gt", Ge => "ge", Eq => "eq", Ne => "ne" });
 

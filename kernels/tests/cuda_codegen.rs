@@ -572,6 +572,34 @@ fn many_rows() -> FusedKernel {
     softmax(3 << 20, 4)
 }
 
+/// Exact GELU, `x·½·(1 + erf(x/√2))`, elementwise in `dtype`.
+fn exact_gelu(n: usize, dtype: DType) -> FusedKernel {
+    let mut b = B::new(&[n], &[]);
+    let x = b.input(dtype);
+    let x = b.load(x);
+    let c = b.c(std::f64::consts::FRAC_1_SQRT_2, dtype);
+    let s = b.bin(Mul, x, c);
+    let e = b.un(Erf, s);
+    let one = b.c(1.0, dtype);
+    let e1 = b.bin(Add, e, one);
+    let half = b.c(0.5, dtype);
+    let h = b.bin(Mul, x, half);
+    let y = b.bin(Mul, h, e1);
+    b.out(y).done()
+}
+
+#[test]
+fn erf_is_cudas_erff_in_f32_and_bf16_and_erf_in_f64() {
+    let src = |dt| cuda::fused(&exact_gelu(64, dt)).unwrap().source;
+    assert!(src(DType::F32).contains("erff("), "{}", src(DType::F32));
+    assert!(src(DType::BF16).contains("erff("), "{}", src(DType::BF16));
+    let f64_src = src(DType::F64);
+    assert!(
+        f64_src.contains("erf(") && !f64_src.contains("erff("),
+        "{f64_src}"
+    );
+}
+
 fn representative() -> Vec<(&'static str, FusedKernel)> {
     vec![
         ("softmax", softmax(64, 1000)),
@@ -612,6 +640,9 @@ fn representative() -> Vec<(&'static str, FusedKernel)> {
         ("scalar", scalar()),
         ("huge", huge()),
         ("many_rows", many_rows()),
+        ("exact_gelu_f32", exact_gelu(1000, DType::F32)),
+        ("exact_gelu_f64", exact_gelu(1000, DType::F64)),
+        ("exact_gelu_bf16", exact_gelu(1000, DType::BF16)),
         ("empty_elementwise", {
             let mut b = B::new(&[0, 5], &[]);
             let x = b.input(DType::F32);

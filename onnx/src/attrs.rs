@@ -109,12 +109,35 @@ fn known_attributes(op: &str) -> Option<&'static [&'static str]> {
         "LeakyRelu" => &["alpha"],
         "Gelu" => &["approximate"],
         "Einsum" => &["equation"],
+        "Mod" => &["fmod"],
+        "ConvTranspose" => &[
+            "auto_pad",
+            "dilations",
+            "group",
+            "kernel_shape",
+            "output_padding",
+            "pads",
+            "strides",
+        ],
+        "Resize" => &[
+            "antialias",
+            "coordinate_transformation_mode",
+            "cubic_coeff_a",
+            "exclude_outside",
+            "extrapolation_value",
+            "mode",
+            "nearest_mode",
+            "keep_aspect_ratio_policy",
+        ],
+        "GatherElements" => &["axis"],
+        "RandomUniformLike" => &["dtype", "high", "low", "seed"],
         "Trilu" => &["upper"],
         "Relu" | "GlobalAveragePool" | "GlobalMaxPool" | "MatMul" | "Add" | "Sub" | "Mul"
         | "Div" | "Max" | "Min" | "Neg" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid"
         | "Reciprocal" | "Abs" | "Pow" | "Identity" | "Slice" | "Size" | "Range" | "Expand"
         | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not"
-        | "And" | "Or" | "HardSwish" | "Softplus" | "Floor" | "Ceil" | "CastLike" => &[],
+        | "And" | "Or" | "HardSwish" | "Softplus" | "Floor" | "Ceil" | "CastLike" | "Erf"
+        | "IsNaN" => &[],
         _ => return None,
     })
 }
@@ -122,9 +145,7 @@ fn known_attributes(op: &str) -> Option<&'static [&'static str]> {
 /// Why an op ONNX defines has no import, and what Ingot would need for one.
 fn missing(op: &str) -> String {
     match op {
-        "Erf" => "needs an erf primitive: Ingot's IR has no exact expression of erf (export GELU with approximate='tanh', which Ingot imports exactly)".into(),
-        "ConvTranspose" => "needs a transposed-convolution forward op (Ingot's conv2d_grad_input computes one, but is not a differentiable forward primitive)".into(),
-        "Resize" | "Upsample" => "needs an interpolation (resize) primitive".into(),
+        "Upsample" => "is deprecated since opset 10 (export with a newer opset: Resize is imported)".into(),
         "LSTM" | "GRU" | "RNN" | "Loop" | "Scan" | "If" => "needs control flow or a recurrent op; Ingot plans a static graph of primitives".into(),
         "ArgMax" | "ArgMin" | "TopK" | "NonZero" | "Unique" => "needs an index-producing primitive (argmax/top-k), which Ingot's IR lacks".into(),
         "Pad" => "needs an explicit pad primitive (padding folded into a Conv or pool is imported)".into(),
@@ -206,6 +227,13 @@ pub const SUPPORTED: &[&str] = &[
     "Floor",
     "Ceil",
     "CastLike",
+    "Erf",
+    "IsNaN",
+    "Mod",
+    "GatherElements",
+    "RandomUniformLike",
+    "ConvTranspose",
+    "Resize",
 ];
 
 /// Whether Ingot imports node `n`, judged from its op type and attributes alone (shapes and
@@ -251,12 +279,27 @@ pub fn check_node(n: &NodeProto) -> Result<(), String> {
         "AveragePool" if at.ints("dilations").is_some_and(|d| d.iter().any(|&x| x != 1)) => {
             refuse("dilated average pooling is not supported".into())
         }
-        "Dropout" if n.output.len() > 1 && !n.output[1].is_empty() => refuse(
-            "its mask output is read; Ingot draws the mask inside the dropout op and never stores it".into(),
+        "Gelu" if !matches!(at.string("approximate", "none").as_str(), "none" | "tanh") => refuse(
+            format!("approximate {:?} is not an ONNX value (none or tanh)", at.string("approximate", "none")),
         ),
-        "Gelu" if at.string("approximate", "none") != "tanh" => refuse(
-            "exact GELU needs an erf primitive: Ingot's IR has no exact expression of erf (approximate='tanh' is imported exactly)".into(),
-        ),
+        "ConvTranspose" if auto_pad != "NOTSET" => {
+            refuse(format!("auto_pad {auto_pad:?}: Ingot imports ConvTranspose with explicit pads"))
+        }
+        "Resize" if at.int("antialias", 0) != 0 => refuse("antialias=1 is not supported".into()),
+        "Resize" if at.int("exclude_outside", 0) != 0 => {
+            refuse("exclude_outside=1 is not supported".into())
+        }
+        "Resize"
+            if at.string("keep_aspect_ratio_policy", "stretch") != "stretch" =>
+        {
+            refuse("keep_aspect_ratio_policy other than stretch is not supported".into())
+        }
+        "Resize" if !matches!(at.string("mode", "nearest").as_str(), "nearest" | "linear") => {
+            refuse(format!(
+                "mode {:?}: Ingot imports nearest and linear resizing",
+                at.string("mode", "nearest")
+            ))
+        }
         "LayerNormalization" if at.int("stash_type", 1) != 1 => {
             refuse("stash_type other than 1 (f32 statistics) is not supported".into())
         }

@@ -33,8 +33,11 @@
 //!   Ingot's `x` and `y`, the two inputs every Ingot model has and the trainer feeds: with
 //!   [`Loss::Output`] the first data input is `x` and a second, if any, is `y` (a model that
 //!   computes its own loss from `(data, target)`); with [`Loss::CrossEntropy`] or [`Loss::Mse`]
-//!   the model has one data input, `x`, and the loss adds `y`, the labels. More data inputs
-//!   than that are refused naming them. [`Imported::inputs`] maps ONNX names to Ingot's.
+//!   the model has one data input, `x`, and the loss adds `y`, the labels. Other data inputs
+//!   are held at a value ([`ImportOptions::fixed_inputs`], `--input-value NAME=VALUE`: BERT's
+//!   `attention_mask` at 1, `token_type_ids` at 0), constants folded into what reads them;
+//!   more data inputs than that are refused naming them. [`Imported::inputs`] maps ONNX names
+//!   to Ingot's.
 //! - **Shapes are static**: a symbolic axis 0 of a data input takes [`ImportOptions::batch`],
 //!   another symbolic axis its size in [`ImportOptions::dims`] (by its `dim_param` name); one
 //!   left unresolved is an error naming the input and the axis. Shape arithmetic (`Shape`,
@@ -47,13 +50,21 @@
 //!   batch's biased variance as onnxruntime computes it; PyTorch's own running variance uses
 //!   the unbiased one), and a Dropout with `training_mode` true draws Ingot's seeded mask
 //!   (`nn::dropout`, salted by the node's name; the file's `seed` attribute is not used, since
-//!   no mask would match another framework's draw anyway). In evaluation mode both are the
-//!   inference forms.
+//!   no mask would match another framework's draw anyway); its mask output, where a node reads
+//!   it, is the same draw of a tensor of ones (an output nothing reads is not computed). A
+//!   `RandomUniformLike` compared with a constant (PyTorch's `bernoulli_`, torchvision's
+//!   stochastic depth) is a Bernoulli mask drawn the same way, salted by its node; read any
+//!   other way it is refused. In evaluation mode these are the inference forms: dropout and
+//!   its mask the identity and all true, a Bernoulli mask all true, and cast to a float its
+//!   expectation (so stochastic depth's `mask / p` is 1).
 //! - **Refusals**: every op, attribute and dtype Ingot cannot compute exactly is refused before
 //!   anything is traced, all such nodes in one [`OnnxError::Unsupported`] naming each node's
 //!   op type, name and what Ingot would need ([`check`] lists them without importing). Ops with
-//!   no exact expression in Ingot's primitives (`Erf` and exact `Gelu`, `ConvTranspose`,
-//!   `Resize`, ...) are refused, never approximated.
+//!   no exact expression in Ingot's primitives (`Resize` by a fraction or in cubic mode, `Pad`,
+//!   `ArgMax`, ...) are refused, never approximated. `Erf` and exact `Gelu` use the IR's
+//!   `erf`; `ConvTranspose` is the input with zeros between its elements, padded, convolved
+//!   with the flipped kernel (differentiable, as Ingot's conv is); `Resize` by integer factors
+//!   repeats (nearest) or blends neighbours with fixed weights (linear).
 //!
 //! # The command line
 //!
@@ -141,6 +152,11 @@ pub struct ImportOptions {
     pub max_file_bytes: u64,
     /// The optimizer of the training step ([`Model::FILE_OPTIMIZER`] unless set).
     pub optimizer: Optimizer,
+    /// Data inputs held at one value, by ONNX name (BERT's `attention_mask` at 1 and
+    /// `token_type_ids` at 0): each becomes a constant of its declared type and shape, folded
+    /// into what reads it, instead of a step input. Ingot's trainer feeds two inputs (`x`, `y`),
+    /// so a model with more data inputs than that trains with the rest held this way.
+    pub fixed_inputs: BTreeMap<String, f64>,
 }
 
 impl Default for ImportOptions {
@@ -153,6 +169,7 @@ impl Default for ImportOptions {
             frozen: Vec::new(),
             max_file_bytes: MAX_FILE_BYTES,
             optimizer: Model::FILE_OPTIMIZER,
+            fixed_inputs: BTreeMap::new(),
         }
     }
 }
@@ -184,6 +201,12 @@ pub struct Imported {
     /// The ONNX graph's outputs that are computed (not constants), by name, as nodes of
     /// `model.graph` (so a harness can read them: `graph.set_output(name, id)`).
     pub outputs: IndexMap<String, NodeId>,
+    /// The same outputs as nodes of `model.eval_graph`, when the model traces differently in
+    /// evaluation (empty otherwise).
+    pub eval_outputs: IndexMap<String, NodeId>,
+    /// The names of the file's initializers, leaves or not (a constant Ingot computes, such as
+    /// a causal mask buffer, is an initializer of the file but no leaf).
+    pub initializers: Vec<String>,
 }
 
 /// Imports the model at `path` (external data is read from its folder).
@@ -232,8 +255,33 @@ fn unsupported(model: &ModelProto) -> Vec<Unsupported> {
             reason: v,
         });
     }
+    // Who reads each value: a random draw is imported only as a Bernoulli mask (a comparison
+    // with a constant), so its readers are checked here, with the graph in view.
+    let mut readers: HashMap<&str, Vec<&str>> = HashMap::new();
+    for n in &graph.node {
+        for i in &n.input {
+            readers.entry(i.as_str()).or_default().push(n.op_type());
+        }
+    }
+    for o in &graph.output {
+        readers.entry(o.name()).or_default().push("(graph output)");
+    }
     for (i, n) in graph.node.iter().enumerate() {
-        if let Err(reason) = attrs::check_node(n) {
+        let checked = attrs::check_node(n).and_then(|()| {
+            if n.op_type() != "RandomUniformLike" {
+                return Ok(());
+            }
+            let rs = n.output.first().and_then(|o| readers.get(o.as_str()));
+            match rs.into_iter().flatten().find(|r| {
+                !matches!(**r, "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual")
+            }) {
+                Some(r) => Err(format!(
+                    "its draw is read by {r}: Ingot imports a uniform draw only compared with a constant (a Bernoulli mask, as PyTorch's bernoulli_ exports), drawn with its seeded dropout mask"
+                )),
+                None => Ok(()),
+            }
+        });
+        if let Err(reason) = checked {
             let op_type = if n.domain().is_empty() {
                 n.op_type().to_string()
             } else {
@@ -270,6 +318,8 @@ fn constant_slot(op: &str, i: usize) -> bool {
         "Reshape" | "Expand" | "Squeeze" | "Unsqueeze" | "Split" | "ReduceMean" | "ReduceSum"
         | "ReduceMax" | "ReduceMin" | "Pow" | "Tile" | "Trilu" => i == 1,
         "Slice" => (1..=4).contains(&i),
+        "Resize" => i >= 1,
+        "RandomUniformLike" => true,
         "Clip" | "Dropout" => i == 1 || i == 2,
         "ConstantOfShape" | "Range" => true,
         _ => false,
@@ -278,6 +328,8 @@ fn constant_slot(op: &str, i: usize) -> bool {
 
 /// A model checked and decoded, ready to trace (in either mode, into any graph).
 struct Prepared<'a> {
+    /// Data inputs held at a value ([`ImportOptions::fixed_inputs`]).
+    fixed: Vec<(String, Const)>,
     graph: &'a proto::GraphProto,
     order: Vec<usize>,
     consts: HashMap<String, Const>,
@@ -355,16 +407,52 @@ fn prepare<'a>(
             }
         }
     }
-    let data_inputs: Vec<&proto::ValueInfoProto> = graph
+    let all_data: Vec<&proto::ValueInfoProto> = graph
         .input
         .iter()
         .filter(|v| !inits.contains(v.name()))
+        .collect();
+    if let Some(bad) = opts
+        .fixed_inputs
+        .keys()
+        .find(|k| !all_data.iter().any(|v| v.name() == k.as_str()))
+    {
+        let names: Vec<&str> = all_data.iter().map(|v| v.name()).collect();
+        return Err(OnnxError::Options(format!(
+            "{bad:?} is held at a value, but it is not a data input of the model (they are {names:?})"
+        )));
+    }
+    let mut fixed = Vec::new();
+    for v in all_data
+        .iter()
+        .filter(|v| opts.fixed_inputs.contains_key(v.name()))
+    {
+        let ty = input_type(v, opts)?;
+        let value = opts.fixed_inputs[v.name()];
+        let numel = ty.shape.numel();
+        if numel > lower::MAX_FOLDED {
+            return Err(OnnxError::Options(format!(
+                "input {:?} ({ty}) is too large to hold at a value",
+                v.name()
+            )));
+        }
+        let data = if ty.dtype.is_float() {
+            value::Data::F(vec![value; numel])
+        } else {
+            value::Data::I(vec![value as i64; numel])
+        };
+        let c = Const::new(ty.dtype, ty.shape.dims().to_vec(), data);
+        fixed.push((v.name().to_string(), c));
+    }
+    let data_inputs: Vec<&proto::ValueInfoProto> = all_data
+        .into_iter()
+        .filter(|v| !opts.fixed_inputs.contains_key(v.name()))
         .collect();
     let max_inputs = if labels { 1 } else { 2 };
     if data_inputs.len() > max_inputs {
         let names: Vec<&str> = data_inputs.iter().map(|v| v.name()).collect();
         return Err(OnnxError::Options(format!(
-            "the model has {} data inputs ({names:?}); Ingot feeds at most {max_inputs} with this loss (x{}), so a model with more inputs is not supported yet",
+            "the model has {} data inputs ({names:?}); Ingot's trainer feeds {max_inputs} with this loss (x{}): hold the others at a value (`--input-value NAME=VALUE`, e.g. attention_mask=1 token_type_ids=0; ImportOptions::fixed_inputs)",
             names.len(),
             if labels { ", and the labels y" } else { " and y" }
         )));
@@ -381,6 +469,7 @@ fn prepare<'a>(
         consts.insert(t.name().to_string(), read::tensor(t, opts.float, &dir)?);
     }
     Ok(Prepared {
+        fixed,
         graph,
         order,
         consts,
@@ -405,12 +494,15 @@ fn import_model(
     let weights: RefCell<IndexMap<String, Weight>> = RefCell::new(IndexMap::new());
     let failure: RefCell<Option<OnnxError>> = RefCell::new(None);
     let outputs: RefCell<IndexMap<String, NodeId>> = RefCell::new(IndexMap::new());
+    let eval_outputs: RefCell<IndexMap<String, NodeId>> = RefCell::new(IndexMap::new());
     let build = |g: &mut Graph| -> ingot_compiler::Result<()> {
         let r = p.trace(g, opts, &weights, true);
         match r {
             Ok(outs) => {
                 if g.mode() == Mode::Train {
                     *outputs.borrow_mut() = outs;
+                } else {
+                    *eval_outputs.borrow_mut() = outs;
                 }
                 Ok(())
             }
@@ -426,6 +518,7 @@ fn import_model(
         return Err(e);
     }
     let (graph_train, eval_graph) = traced?;
+    let eval_graph_present = eval_graph.is_some();
     let mut inputs = p.inputs.clone();
     if labels {
         inputs.push((String::new(), "y".into()));
@@ -441,6 +534,17 @@ fn import_model(
         weights: weights.into_inner(),
         inputs,
         outputs: outputs.into_inner(),
+        initializers: p
+            .graph
+            .initializer
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect(),
+        eval_outputs: if eval_graph_present {
+            eval_outputs.into_inner()
+        } else {
+            IndexMap::new()
+        },
     })
 }
 
@@ -538,6 +642,9 @@ impl Prepared<'_> {
             };
             env.insert(onnx.clone(), Val::Node(id));
         }
+        for (name, c) in &self.fixed {
+            env.insert(name.clone(), Val::Const(c.clone()));
+        }
         let mut w = weights.borrow_mut();
         // Parameters in the file's order, then state.
         for t in &graph.initializer {
@@ -586,6 +693,14 @@ impl Prepared<'_> {
             dir: self.dir.clone(),
             env,
             constants: IndexMap::new(),
+            used: graph
+                .node
+                .iter()
+                .flat_map(|n| n.input.iter().cloned())
+                .chain(graph.output.iter().map(|o| o.name().to_string()))
+                .collect(),
+            uniforms: HashMap::new(),
+            bernoulli: HashMap::new(),
         };
         for &i in &self.order {
             let n: &NodeProto = &graph.node[i];
@@ -599,7 +714,9 @@ impl Prepared<'_> {
                 reason,
             })?;
             for (k, o) in n.output.iter().enumerate() {
-                if o.is_empty() {
+                // An output nothing reads (a Dropout's mask, as PyTorch's exporter declares
+                // it) need not be computed.
+                if o.is_empty() || (out.get(k).is_none() && !l.used.contains(o)) {
                     continue;
                 }
                 let v = out.get(k).cloned().ok_or_else(|| OnnxError::Node {

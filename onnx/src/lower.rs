@@ -28,7 +28,7 @@ pub enum Val {
 /// The most elements a constant computed while importing may have (a `ConstantOfShape`, a
 /// `Range`, a folded `Expand`): shapes and masks are far smaller, and a file cannot make the
 /// importer allocate without bound.
-const MAX_FOLDED: usize = 1 << 24;
+pub const MAX_FOLDED: usize = 1 << 24;
 
 /// A failure inside one node (the caller adds the node's op type and name).
 pub type R<T> = std::result::Result<T, String>;
@@ -48,6 +48,15 @@ pub struct Lower<'a> {
     pub env: HashMap<String, Val>,
     /// Constants materialized as state leaves: their name, type and little-endian bytes.
     pub constants: IndexMap<String, (TensorType, Vec<u8>)>,
+    /// Every name some node reads or the graph outputs (an output no one reads, such as a
+    /// Dropout's mask, is not computed).
+    pub used: std::collections::HashSet<String>,
+    /// `RandomUniformLike` outputs: the node's name (the draw's salt), `low` and `high`. Only
+    /// a comparison with a constant reads one ([`crate::attrs`] checks), which becomes a
+    /// Bernoulli draw of Ingot's seeded dropout mask.
+    pub uniforms: HashMap<String, (String, f64, f64)>,
+    /// Bernoulli masks (comparisons of a uniform draw), by ONNX name: the probability of true.
+    pub bernoulli: HashMap<String, f64>,
 }
 
 fn norm_axis(axis: i64, rank: usize) -> R<usize> {
@@ -270,6 +279,9 @@ impl Lower<'_> {
                     "LessOrEqual" => CmpOp::Le,
                     _ => CmpOp::Ge,
                 };
+                if let Some(v) = self.bernoulli_draw(n, c)? {
+                    return one(v);
+                }
                 let (a, b) = (self.arg(n, 0)?, self.arg(n, 1)?);
                 let (x, y) = self.pair(n, &a, &b)?;
                 one(ir(self.g.compare(c, x, y))?)
@@ -362,10 +374,29 @@ impl Lower<'_> {
                     one(y)
                 }
             }
-            "Gelu" => {
+            "Gelu" if at.string("approximate", "none") == "tanh" => {
                 let x = self.float_in(n, 0)?;
                 one(ir(nn::gelu_tanh(self.g, x))?)
             }
+            "Gelu" => {
+                // Exact GELU, `x·½·(1 + erf(x/√2))` (PyTorch's default `F.gelu`).
+                let x = self.float_in(n, 0)?;
+                let s = ir(self.g.mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2))?;
+                let e = ir(self.g.unary(UnaryOp::Erf, s))?;
+                let e1 = ir(self.g.add_scalar(e, 1.0))?;
+                let h = ir(self.g.mul_scalar(x, 0.5))?;
+                one(ir(self.g.mul(h, e1))?)
+            }
+            "Erf" => {
+                let x = self.float_in(n, 0)?;
+                one(ir(self.g.unary(UnaryOp::Erf, x))?)
+            }
+            "IsNaN" => {
+                // NaN is the one value unequal to itself.
+                let x = self.float_in(n, 0)?;
+                one(ir(self.g.compare(CmpOp::Ne, x, x))?)
+            }
+            "RandomUniformLike" => self.random_uniform(n, &at, name),
             "Pow" => self.pow(n),
             "Clip" => {
                 let x = self.float_in(n, 0)?;
@@ -389,6 +420,16 @@ impl Lower<'_> {
                     let like = self.arg(n, 1)?;
                     self.dtype(&like)
                 };
+                // A Bernoulli(q) mask cast to a float is, in evaluation mode, its expectation
+                // q: `mask / q` (stochastic depth, `bernoulli_` then `div_`) is then 1, the
+                // identity PyTorch's evaluation mode computes.
+                if let Some(&q) = self.bernoulli.get(&n.input[0]) {
+                    if self.g.mode() == Mode::Eval && to.is_float() {
+                        let x = self.arg(n, 0)?;
+                        let d = self.dims(&x);
+                        return one(ir(self.g.full(q, Shape::new(&d), to))?);
+                    }
+                }
                 let x = self.arg(n, 0)?;
                 let x = self.node(&x, &n.input[0])?;
                 one(ir(self.g.convert(x, to))?)
@@ -396,6 +437,8 @@ impl Lower<'_> {
             "MatMul" => self.matmul(n),
             "Gemm" => self.gemm(n, &at),
             "Conv" => self.conv(n, &at),
+            "ConvTranspose" => self.conv_transpose(n, &at),
+            "Resize" => self.resize(n, &at),
             "BatchNormalization" => self.batch_norm(n, &at, name),
             "MaxPool" => self.max_pool(n, &at),
             "AveragePool" => self.avg_pool(n, &at),
@@ -440,11 +483,33 @@ impl Lower<'_> {
                     Some(c) => c.scalar().ok_or("training_mode must be a scalar")? != 0.0,
                     None => false,
                 };
+                let mask_used = n.output.get(1).is_some_and(|m| self.used.contains(m));
                 if !train || self.g.mode() == Mode::Eval {
+                    if mask_used {
+                        let d = self.g.ty(x).shape.clone();
+                        let t = ir(self.g.full(1.0, d, DType::Bool))?;
+                        return Ok(vec![Val::Node(x), Val::Node(t)]);
+                    }
                     return one(x);
                 }
-                one(ir(nn::dropout(self.g, name, x, p))?)
+                let y = ir(nn::dropout(self.g, name, x, p))?;
+                if !mask_used {
+                    return one(y);
+                }
+                // The mask is the same draw (seed, the node's salt, each element's index) of
+                // a tensor of ones: kept where it is not zero.
+                let ones = ir(self.g.full_like(1.0, x))?;
+                let kept = ir(nn::dropout(self.g, name, ones, p))?;
+                let zero = self.scalar(0.0, x)?;
+                let mask = ir(self.g.compare(CmpOp::Ne, kept, zero))?;
+                Ok(vec![Val::Node(y), Val::Node(mask)])
             }
+            "GatherElements" => Err(
+                "GatherElements of a computed tensor needs a gather-elements primitive (Ingot folds it when data and indices are constants)".into(),
+            ),
+            "Mod" => Err(
+                "Mod of a computed value: Ingot evaluates it only on constants (shape arithmetic)".into(),
+            ),
             "Flatten" => {
                 let x = self.arg(n, 0)?;
                 let d = self.dims(&x);
@@ -567,6 +632,89 @@ impl Lower<'_> {
                 "{op} has no import (check_node should have refused it)"
             )),
         }
+    }
+
+    /// `RandomUniformLike`: recorded, not computed. Its only readers are comparisons with a
+    /// constant ([`Self::bernoulli_draw`]); the value returned here stands for the draw's
+    /// shape and is never read.
+    fn random_uniform(&mut self, n: &NodeProto, at: &Attrs, name: &str) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let d = self.dims(&x);
+        let (low, high) = (at.float("low", 0.0), at.float("high", 1.0));
+        if high <= low {
+            return Err(format!("high {high} is not above low {low}"));
+        }
+        let dt = if at.has("dtype") {
+            dtype_of(at.int("dtype", 1) as i32, self.float)?
+        } else {
+            self.dtype(&x)
+        };
+        if !dt.is_float() {
+            return Err(format!("dtype {dt} is not a float"));
+        }
+        let out = n.output.first().ok_or("has no output")?;
+        self.uniforms
+            .insert(out.clone(), (name.to_string(), low, high));
+        Ok(vec![Val::Node(ir(self.g.full(
+            (low + high) / 2.0,
+            Shape::new(&d),
+            dt,
+        ))?)])
+    }
+
+    /// A comparison of a `RandomUniformLike` draw `u` with a constant scalar `q` (PyTorch's
+    /// `bernoulli_(p)`: `u < p`): a Bernoulli mask, true with the probability the comparison
+    /// has, drawn as Ingot's seeded dropout mask of a tensor of ones (salted by the uniform's
+    /// node, so every step draws anew and the backward pass sees the same draw). In
+    /// evaluation mode the mask is all true (and cast to a float, its expectation: see
+    /// `Cast`). `None` when neither operand is a uniform draw.
+    fn bernoulli_draw(&mut self, n: &NodeProto, c: CmpOp) -> R<Option<NodeId>> {
+        let side = (0..2).find(|&i| {
+            n.input
+                .get(i)
+                .is_some_and(|s| self.uniforms.contains_key(s))
+        });
+        let Some(side) = side else {
+            return Ok(None);
+        };
+        let (salt, low, high) = self.uniforms[&n.input[side]].clone();
+        let q = self
+            .konst(n, 1 - side)
+            .map_err(|_| "compares a random draw with a computed value: Ingot imports a comparison of RandomUniformLike with a constant (a Bernoulli draw) only".to_string())?
+            .and_then(|k| k.scalar())
+            .ok_or("compares a random draw with something other than one constant")?;
+        // The comparison as `u OP q` (swapped when the draw is on the right).
+        let c = if side == 0 {
+            c
+        } else {
+            match c {
+                CmpOp::Lt => CmpOp::Gt,
+                CmpOp::Gt => CmpOp::Lt,
+                CmpOp::Le => CmpOp::Ge,
+                CmpOp::Ge => CmpOp::Le,
+                other => other,
+            }
+        };
+        let below = ((q - low) / (high - low)).clamp(0.0, 1.0);
+        let keep = match c {
+            CmpOp::Lt | CmpOp::Le => below,
+            CmpOp::Gt | CmpOp::Ge => 1.0 - below,
+            _ => return Err("compares a random draw for equality (probability 0): not a Bernoulli draw Ingot imports".into()),
+        };
+        let u = self.node(&self.arg(n, side)?, &n.input[side])?;
+        let shape = self.g.ty(u).shape.clone();
+        let out = n.output.first().ok_or("has no output")?.clone();
+        self.bernoulli.insert(out, keep);
+        if self.g.mode() == Mode::Eval || keep >= 1.0 {
+            return Ok(Some(ir(self.g.full(1.0, shape, DType::Bool))?));
+        }
+        if keep <= 0.0 {
+            return Ok(Some(ir(self.g.full(0.0, shape, DType::Bool))?));
+        }
+        let ones = ir(self.g.full(1.0, shape, self.float))?;
+        let kept = ir(nn::dropout(self.g, &salt, ones, 1.0 - keep))?;
+        let zero = ir(self.g.full(0.0, Shape::scalar(), self.float))?;
+        Ok(Some(ir(self.g.compare(CmpOp::Ne, kept, zero))?))
     }
 
     /// Trilu's diagonal offset `k` (input 1, default 0).
@@ -963,6 +1111,312 @@ impl Lower<'_> {
             y = ir(self.g.add(y, b))?;
         }
         Ok(vec![Val::Node(self.image_back(y, one_d)?)])
+    }
+
+    /// `x` along `axis` with `begin` elements added before and `end` after (zeros), or
+    /// removed where negative.
+    fn pad_axis(&mut self, x: NodeId, axis: usize, begin: i64, end: i64) -> R<NodeId> {
+        let mut x = x;
+        let size = self.g.ty(x).shape.dims()[axis] as i64;
+        let (cut_b, cut_e) = ((-begin).max(0), (-end).max(0));
+        if cut_b + cut_e >= size {
+            return Err(format!(
+                "the padding ({begin}, {end}) leaves nothing of an axis of {size}"
+            ));
+        }
+        if cut_b > 0 || cut_e > 0 {
+            x = ir(self
+                .g
+                .slice(x, axis, cut_b as usize, (size - cut_e) as usize))?;
+        }
+        let (add_b, add_e) = (begin.max(0) as usize, end.max(0) as usize);
+        if add_b == 0 && add_e == 0 {
+            return Ok(x);
+        }
+        let dt = self.g.ty(x).dtype;
+        let mut parts = Vec::new();
+        for (k, first) in [(add_b, true), (add_e, false)] {
+            if k == 0 {
+                continue;
+            }
+            let mut d = self.g.ty(x).shape.dims().to_vec();
+            d[axis] = k;
+            let z = ir(self.g.full(0.0, Shape::new(&d), dt))?;
+            if first {
+                parts.push(z);
+                parts.push(x);
+            } else {
+                if parts.is_empty() {
+                    parts.push(x);
+                }
+                parts.push(z);
+            }
+        }
+        ir(self.g.concat(&parts, axis))
+    }
+
+    /// ConvTranspose (groups, strides, dilations, pads, output_padding; 1-d and 2-d) written
+    /// with Ingot's differentiable ops: the input with `stride − 1` zeros between elements,
+    /// padded by `(k − 1)·dilation − pad` (cut where negative) and `output_padding` more at the
+    /// end, convolved with the kernel flipped in space and with its channel axes swapped
+    /// (within each group). This is the transposed convolution's definition; autodiff gives
+    /// its gradients (a convolution for the input, the weight's through the same conv).
+    fn conv_transpose(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.float_in(n, 0)?;
+        let (x, one_d) = self.as_image(x)?;
+        let w = self.float_in(n, 1)?;
+        let w = match self.g.ty(w).shape.dims().to_vec()[..] {
+            [c, o, k] if one_d => ir(self.g.reshape(w, [c, o, 1, k]))?,
+            _ => w,
+        };
+        let wd = self.g.ty(w).shape.dims().to_vec();
+        let xd = self.g.ty(x).shape.dims().to_vec();
+        if wd.len() != 4 {
+            return Err(format!(
+                "Ingot imports 1-d and 2-d transposed convolutions; the weight is {wd:?}"
+            ));
+        }
+        let groups = at.int("group", 1);
+        if groups < 1 || !wd[0].is_multiple_of(groups as usize) || xd[1] != wd[0] {
+            return Err(format!(
+                "group {groups}: the weight {wd:?} must be [C_in, C_out/group, kH, kW] with C_in = the input's {} channels, divisible by the groups",
+                xd[1]
+            ));
+        }
+        let gr = groups as usize;
+        let sp = if one_d { 1 } else { 2 };
+        let two = |name: &str, default: i64| -> R<[i64; 2]> {
+            match at.ints(name) {
+                None => Ok([default; 2]),
+                Some(v) if v.len() == sp && v.iter().all(|&x| x >= 0) => {
+                    Ok(if one_d { [default, v[0]] } else { [v[0], v[1]] })
+                }
+                Some(v) => Err(format!("{name} {v:?} must be {sp} non-negative size(s)")),
+            }
+        };
+        let k = [wd[2] as i64, wd[3] as i64];
+        if let Some(ks) = at.ints("kernel_shape") {
+            let want: Vec<i64> = if one_d { vec![k[1]] } else { k.to_vec() };
+            if ks != want {
+                return Err(format!(
+                    "kernel_shape {ks:?} does not match the weight's {want:?}"
+                ));
+            }
+        }
+        let stride = two("strides", 1)?;
+        let dil = two("dilations", 1)?;
+        let op = two("output_padding", 0)?;
+        if stride.contains(&0) || dil.contains(&0) {
+            return Err(format!(
+                "strides {stride:?} and dilations {dil:?} must be at least 1"
+            ));
+        }
+        let pads: [i64; 4] = match at.ints("pads") {
+            None => [0; 4],
+            Some(p) if p.len() == 2 * sp && p.iter().all(|&x| x >= 0) => {
+                if one_d {
+                    [0, p[0], 0, p[1]]
+                } else {
+                    [p[0], p[1], p[2], p[3]]
+                }
+            }
+            Some(p) => return Err(format!("pads {p:?} must be {} non-negative sizes", 2 * sp)),
+        };
+        // Zeros between elements: [N, C, H, W] -> [N, C, H, s, W, s] -> [N, C, Hs, Ws], cut
+        // to (H − 1)s + 1.
+        let (nb, c, h, wi) = (xd[0], xd[1], xd[2], xd[3]);
+        let (sh, sw) = (stride[0] as usize, stride[1] as usize);
+        let mut xs = x;
+        if sh > 1 || sw > 1 {
+            let x6 = ir(self.g.reshape(x, [nb, c, h, 1, wi, 1]))?;
+            let x6 = self.pad_axis(x6, 3, 0, sh as i64 - 1)?;
+            let x6 = self.pad_axis(x6, 5, 0, sw as i64 - 1)?;
+            let x4 = ir(self.g.reshape(x6, [nb, c, h * sh, wi * sw]))?;
+            let x4 = ir(self.g.slice(x4, 2, 0, (h - 1) * sh + 1))?;
+            xs = ir(self.g.slice(x4, 3, 0, (wi - 1) * sw + 1))?;
+        }
+        // Padding: symmetric part by the convolution, the rest explicitly.
+        let mut padding = [0usize; 2];
+        for i in 0..2 {
+            let full = (k[i] - 1) * dil[i];
+            let (b, e) = (full - pads[i], full - pads[i + 2] + op[i]);
+            let common = b.min(e).max(0);
+            padding[i] = common as usize;
+            xs = self.pad_axis(xs, 2 + i, b - common, e - common)?;
+        }
+        // The kernel: [C_in, C_out/g, kH, kW] -> [C_out, C_in/g, kH, kW], flipped in space.
+        let (cin, cog) = (wd[0], wd[1]);
+        let w5 = ir(self.g.reshape(w, [gr, cin / gr, cog, wd[2], wd[3]]))?;
+        let w5 = ir(self.g.transpose(w5, &[0, 2, 1, 3, 4]))?;
+        let mut wf = ir(self.g.reshape(w5, [gr * cog, cin / gr, wd[2], wd[3]]))?;
+        for axis in [2, 3] {
+            let size = wd[axis];
+            if size > 1 {
+                let parts: Vec<NodeId> = (0..size)
+                    .rev()
+                    .map(|i| ir(self.g.slice(wf, axis, i, i + 1)))
+                    .collect::<R<_>>()?;
+                wf = ir(self.g.concat(&parts, axis))?;
+            }
+        }
+        let conv = Conv2d {
+            stride: [1, 1],
+            padding,
+            dilation: [dil[0] as usize, dil[1] as usize],
+            groups: gr,
+        };
+        let mut y = ir(self.g.conv2d(xs, wf, conv))?;
+        if let Some(b) = self.opt(n, 2)? {
+            let b = self.node(&b, &n.input[2])?;
+            let b = ir(self.g.reshape(b, [gr * cog, 1, 1]))?;
+            y = ir(self.g.add(y, b))?;
+        }
+        Ok(vec![Val::Node(self.image_back(y, one_d)?)])
+    }
+
+    /// Resize by integer factors: `nearest` (each element repeated, which every coordinate
+    /// mode with a floor or round gives for an integer factor) and `linear` with `half_pixel`,
+    /// `pytorch_half_pixel` or `asymmetric` coordinates (each output element a fixed blend of
+    /// an input element and its neighbour, edges clamped), one axis at a time.
+    fn resize(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.float_in(n, 0)?;
+        let d = self.g.ty(x).shape.dims().to_vec();
+        let factors: Vec<usize> = match (self.konst(n, 2)?, self.konst(n, 3)?) {
+            (Some(s), _) if s.numel() > 0 => {
+                let s = s.to_f64s();
+                if s.len() != d.len() {
+                    return Err(format!(
+                        "scales {s:?} must have one entry per axis of {d:?}"
+                    ));
+                }
+                s.iter()
+                    .map(|&f| {
+                        if f >= 1.0 && f.fract() == 0.0 {
+                            Ok(f as usize)
+                        } else {
+                            Err(format!("scale {f} is not a whole number of at least 1 (Ingot resizes by integer factors)"))
+                        }
+                    })
+                    .collect::<R<_>>()?
+            }
+            (_, Some(z)) => {
+                let z = z.to_i64s().ok_or("sizes must be integers")?;
+                if z.len() != d.len() {
+                    return Err(format!("sizes {z:?} must have one entry per axis of {d:?}"));
+                }
+                z.iter()
+                    .zip(&d)
+                    .map(|(&o, &i)| {
+                        if o >= i as i64 && o % i as i64 == 0 {
+                            Ok((o / i as i64) as usize)
+                        } else {
+                            Err(format!("size {o} is not a whole multiple of the input's {i} (Ingot resizes by integer factors)"))
+                        }
+                    })
+                    .collect::<R<_>>()?
+            }
+            _ => return Err("needs scales or sizes".into()),
+        };
+        let mode = at.string("mode", "nearest");
+        let ctm = at.string("coordinate_transformation_mode", "half_pixel");
+        let mut y = x;
+        for (axis, &s) in factors.iter().enumerate() {
+            if s == 1 {
+                continue;
+            }
+            y = match mode.as_str() {
+                "nearest" => {
+                    let nm = at.string("nearest_mode", "round_prefer_floor");
+                    let ok = match ctm.as_str() {
+                        "asymmetric" => nm == "floor",
+                        "half_pixel" | "pytorch_half_pixel" => {
+                            matches!(nm.as_str(), "round_prefer_floor" | "round_prefer_ceil")
+                        }
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(format!(
+                            "nearest with coordinate_transformation_mode {ctm:?} and nearest_mode {nm:?} does not repeat elements; Ingot imports asymmetric with floor (PyTorch's nn.Upsample) and half_pixel with round_prefer_floor/ceil"
+                        ));
+                    }
+                    self.repeat_axis(y, axis, s)?
+                }
+                "linear" => {
+                    let frac: Vec<f64> = match ctm.as_str() {
+                        "half_pixel" | "pytorch_half_pixel" => (0..s)
+                            .map(|r| (r as f64 + 0.5) / s as f64 - 0.5)
+                            .collect(),
+                        "asymmetric" => (0..s).map(|r| r as f64 / s as f64).collect(),
+                        _ => {
+                            return Err(format!(
+                                "linear with coordinate_transformation_mode {ctm:?}: Ingot imports half_pixel, pytorch_half_pixel (PyTorch's align_corners=False) and asymmetric"
+                            ))
+                        }
+                    };
+                    self.lerp_axis(y, axis, &frac)?
+                }
+                m => {
+                    return Err(format!(
+                        "mode {m:?}: Ingot imports nearest and linear resizing"
+                    ))
+                }
+            };
+        }
+        Ok(vec![Val::Node(y)])
+    }
+
+    /// Each element along `axis` repeated `s` times.
+    fn repeat_axis(&mut self, x: NodeId, axis: usize, s: usize) -> R<NodeId> {
+        let d = self.g.ty(x).shape.dims().to_vec();
+        let mut d1 = d[..=axis].to_vec();
+        d1.push(1);
+        d1.extend(&d[axis + 1..]);
+        let x1 = ir(self.g.reshape(x, Shape::new(&d1)))?;
+        let mut d2 = d1.clone();
+        d2[axis + 1] = s;
+        let x2 = ir(self.g.broadcast_to(x1, Shape::new(&d2)))?;
+        let mut out = d.clone();
+        out[axis] *= s;
+        ir(self.g.reshape(x2, Shape::new(&out)))
+    }
+
+    /// Linear upsampling along `axis` by `frac.len()`: output `i·s + r` blends input `i` with
+    /// its neighbour at offset `frac[r]` (below when negative), edges clamped.
+    fn lerp_axis(&mut self, x: NodeId, axis: usize, frac: &[f64]) -> R<NodeId> {
+        let d = self.g.ty(x).shape.dims().to_vec();
+        let size = d[axis];
+        // x shifted by one either way, the edge element repeated.
+        let (next, prev) = if size > 1 {
+            let tail = ir(self.g.slice(x, axis, 1, size))?;
+            let last = ir(self.g.slice(x, axis, size - 1, size))?;
+            let head = ir(self.g.slice(x, axis, 0, size - 1))?;
+            let first = ir(self.g.slice(x, axis, 0, 1))?;
+            (
+                ir(self.g.concat(&[tail, last], axis))?,
+                ir(self.g.concat(&[first, head], axis))?,
+            )
+        } else {
+            (x, x)
+        };
+        let mut d1 = d[..=axis].to_vec();
+        d1.push(1);
+        d1.extend(&d[axis + 1..]);
+        let mut parts = Vec::new();
+        for &f in frac {
+            let (other, w) = if f < 0.0 { (prev, -f) } else { (next, f) };
+            let p = if w == 0.0 {
+                x
+            } else {
+                let a = ir(self.g.mul_scalar(x, 1.0 - w))?;
+                let b = ir(self.g.mul_scalar(other, w))?;
+                ir(self.g.add(a, b))?
+            };
+            parts.push(ir(self.g.reshape(p, Shape::new(&d1)))?);
+        }
+        let y = ir(self.g.concat(&parts, axis + 1))?;
+        let mut out = d.clone();
+        out[axis] *= frac.len();
+        ir(self.g.reshape(y, Shape::new(&out)))
     }
 
     fn max_pool(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
@@ -1568,6 +2022,76 @@ impl Lower<'_> {
                 )
                 .ok_or("constant operands do not broadcast")?;
                 out(r.cast(DType::Bool))
+            }
+            "Mod" => {
+                let (a, b) = (c(0)?, c(1)?);
+                let fmod = at.int("fmod", 0) != 0;
+                if a.dtype.is_float() && !fmod {
+                    return Err("Mod of floats needs fmod=1 (ONNX's rule)".into());
+                }
+                // fmod=1: C's fmod (the sign of the dividend, Rust's `%`); fmod=0: the sign of
+                // the divisor (Python's `%`, integers only).
+                let r = zip(
+                    &a,
+                    &b,
+                    a.dtype,
+                    |x, y| x % y,
+                    |x, y| {
+                        let m = x.checked_rem(y)?;
+                        Some(if !fmod && m != 0 && (m < 0) != (y < 0) {
+                            m + y
+                        } else {
+                            m
+                        })
+                    },
+                )
+                .ok_or("constant operands do not broadcast, or a division by zero")?;
+                out(fit(r))
+            }
+            "IsNaN" => {
+                let a = c(0)?;
+                let v: Vec<i64> = a.to_f64s().iter().map(|x| x.is_nan() as i64).collect();
+                out(Const::new(DType::Bool, a.dims.clone(), Data::I(v)))
+            }
+            "GatherElements" => {
+                let (data, idx) = (c(0)?, c(1)?);
+                let r = data.dims.len();
+                let axis = norm_axis(at.int("axis", 0), r)?;
+                if idx.dims.len() != r {
+                    return Err(format!(
+                        "indices {:?} must have the rank of the data {:?}",
+                        idx.dims, data.dims
+                    ));
+                }
+                let ids = idx.to_i64s().ok_or("indices must be integers")?;
+                let (ds, is) = (
+                    crate::value::strides(&data.dims),
+                    crate::value::strides(&idx.dims),
+                );
+                let mut picks = Vec::with_capacity(ids.len());
+                for (flat, &i) in ids.iter().enumerate() {
+                    let size = data.dims[axis] as i64;
+                    let j = if i < 0 { i + size } else { i };
+                    if j < 0 || j >= size {
+                        return Err(format!(
+                            "index {i} is out of range for axis {axis} of size {size}"
+                        ));
+                    }
+                    let mut src = 0;
+                    for k in 0..r {
+                        let pos = (flat / is[k]) % idx.dims[k];
+                        if k != axis && pos >= data.dims[k] {
+                            return Err(format!(
+                                "indices {:?} are larger than the data {:?} on axis {k}",
+                                idx.dims, data.dims
+                            ));
+                        }
+                        src += if k == axis { j as usize } else { pos } * ds[k];
+                    }
+                    picks.push(src);
+                }
+                let flat = data.reshaped(vec![data.numel()]).sliced(0, &picks);
+                out(flat.reshaped(idx.dims.clone()))
             }
             "Not" => {
                 let a = c(0)?;

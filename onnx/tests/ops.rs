@@ -201,7 +201,7 @@ fn every_supported_op_type_appears_in_a_fixture() {
     use ingot_onnx::proto::ModelProto;
     use prost::Message;
     let mut seen = std::collections::BTreeSet::new();
-    for dir in ["ops", "errors"] {
+    for dir in ["ops", "errors", "random"] {
         for e in std::fs::read_dir(fixtures().join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "onnx") {

@@ -267,7 +267,218 @@ fn a_model_with_three_data_inputs_is_refused_naming_them() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("\"input\", \"target\", \"third\"") && e.contains("at most 1"),
+        e.contains("\"input\", \"target\", \"third\"") && e.contains("--input-value"),
         "{e}"
     );
+}
+
+#[test]
+fn data_inputs_held_at_a_value_are_folded_constants_and_the_rest_are_fed() {
+    let path = fixtures().join("errors/three_inputs.onnx");
+    let opts = |fixed: &[(&str, f64)]| ImportOptions {
+        loss: Loss::Mse { output: None },
+        fixed_inputs: fixed.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        ..Default::default()
+    };
+    let imp = import(&path, &opts(&[("target", 1.5), ("third", -4.0)])).unwrap();
+    assert_eq!(imp.inputs[0], ("input".to_string(), "x".to_string()));
+    let g = &imp.model.graph;
+    let inputs: Vec<&str> = g
+        .leaves(LeafKind::Input)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect();
+    assert_eq!(inputs, ["x", "y"], "the held inputs are not step inputs");
+    let mut g2 = g.clone();
+    g2.set_output("onnx.out", imp.outputs["out"]).unwrap();
+    let x = Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    let mut leaves = IndexMap::new();
+    leaves.insert("x".to_string(), x);
+    leaves.insert(
+        "y".to_string(),
+        Tensor::from_f32(Shape::new(&[2, 3]), vec![0.0; 6]),
+    );
+    let out = run_graph(&g2, &leaves).unwrap().outputs["onnx.out"].to_f64_vec();
+    assert_eq!(out, [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]);
+    // Holding a name that is not a data input is an error naming it.
+    let e = import(
+        &path,
+        &opts(&[("nope", 1.0), ("target", 0.0), ("third", 0.0)]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("\"nope\"") && e.contains("third"), "{e}");
+}
+
+/// Runs `g` (training or evaluation graph of `imp`) on `x` with the dropout seed `seed`,
+/// returning the named ONNX outputs.
+fn run_outputs(imp: &Imported, eval: bool, x: &Tensor, seed: i64, outs: &[&str]) -> Vec<Vec<f64>> {
+    let mut g = if eval {
+        imp.model
+            .eval_graph
+            .clone()
+            .unwrap_or(imp.model.graph.clone())
+    } else {
+        imp.model.graph.clone()
+    };
+    for o in outs {
+        let id = if eval && imp.model.eval_graph.is_some() {
+            imp.eval_outputs[*o]
+        } else {
+            imp.outputs[*o]
+        };
+        g.set_output(&format!("onnx.{o}"), id).unwrap();
+    }
+    let mut leaves = IndexMap::new();
+    leaves.insert("x".to_string(), x.clone());
+    if let Some(y) = g.leaf("y") {
+        leaves.insert("y".to_string(), Tensor::zeros(g.ty(y).clone()));
+    }
+    if g.leaf("dropout_seed").is_some() {
+        leaves.insert("dropout_seed".to_string(), Tensor::scalar(seed));
+    }
+    let vals = run_graph(&g, &leaves).unwrap();
+    outs.iter()
+        .map(|o| vals.outputs[&format!("onnx.{o}")].to_f64_vec())
+        .collect()
+}
+
+fn ramp(rows: usize, cols: usize) -> Tensor {
+    Tensor::from_f32(
+        Shape::new(&[rows, cols]),
+        (0..rows * cols)
+            .map(|i| 1.0 + (i % 97) as f32 / 10.0)
+            .collect(),
+    )
+}
+
+#[test]
+fn a_dropouts_mask_output_is_the_draw_its_output_applied() {
+    let imp = import(
+        &fixtures().join("random/dropout_mask_train.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse {
+                output: Some("out".into()),
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let x = ramp(40, 50);
+    let xs = x.to_f64_vec();
+    let r = run_outputs(&imp, false, &x, 11, &["out", "kept"]);
+    let (out, kept) = (&r[0], &r[1]);
+    let mut n_kept = 0;
+    for i in 0..xs.len() {
+        if kept[i] == 1.0 {
+            n_kept += 1;
+            assert!(
+                (out[i] - xs[i] / 0.75).abs() < 1e-5,
+                "{i}: {} vs {}",
+                out[i],
+                xs[i]
+            );
+        } else {
+            assert_eq!((kept[i], out[i]), (0.0, 0.0), "element {i}");
+        }
+    }
+    // 2000 draws at p = 0.25: 1500 kept expected, σ ≈ 19.
+    assert!((1400..=1600).contains(&n_kept), "{n_kept} of 2000 kept");
+    // Another seed draws another mask.
+    let other = run_outputs(&imp, false, &x, 12, &["kept"]);
+    assert_ne!(&other[0], kept);
+    // Evaluation: the identity, every element kept.
+    let e = run_outputs(&imp, true, &x, 11, &["out", "kept"]);
+    assert_eq!(e[0], xs);
+    assert!(e[1].iter().all(|&k| k == 1.0));
+}
+
+#[test]
+fn stochastic_depth_drops_whole_samples_at_its_rate_and_is_the_identity_in_evaluation() {
+    let imp = import(
+        &fixtures().join("random/stochastic_depth.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(imp
+        .model
+        .graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::Dropout { p, .. } if (p - 0.2).abs() < 1e-6)));
+    let x = ramp(2000, 3);
+    let xs = x.to_f64_vec();
+    let out = &run_outputs(&imp, false, &x, 5, &["out"])[0];
+    let mut kept_rows = 0;
+    for row in 0..2000 {
+        let r = &out[row * 3..row * 3 + 3];
+        if r.iter().all(|&v| v == 0.0) {
+            continue;
+        }
+        kept_rows += 1;
+        for c in 0..3 {
+            let want = xs[row * 3 + c] / 0.8;
+            assert!((r[c] - want).abs() < 1e-5 * want, "row {row}: {r:?}");
+        }
+    }
+    // 2000 samples kept with probability 0.8: 1600 expected, σ ≈ 18.
+    assert!(
+        (1500..=1700).contains(&kept_rows),
+        "{kept_rows} of 2000 kept"
+    );
+    let again = &run_outputs(&imp, false, &x, 6, &["out"])[0];
+    assert_ne!(again, out, "another seed, another draw");
+    let eval = &run_outputs(&imp, true, &x, 5, &["out"])[0];
+    for (a, b) in eval.iter().zip(&xs) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "evaluation: {a} vs {b}");
+    }
+}
+
+#[test]
+fn a_random_draw_read_other_than_by_a_comparison_is_refused_naming_the_node() {
+    let e = import(
+        &fixtures().join("random/random_read_directly.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("RandomUniformLike") && e.contains("\"noise\"") && e.contains("Add"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dropout_whose_declared_mask_nothing_reads_imports_without_computing_it() {
+    // PyTorch's exporter writes nn.Dropout in training mode with its mask output declared.
+    let imp = import(
+        &fixtures().join("random/dropout_mask_unread.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let drops = imp
+        .model
+        .graph
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Dropout { .. }))
+        .count();
+    assert_eq!(drops, 1, "the unread mask is not drawn a second time");
+    let x = ramp(40, 50);
+    let xs = x.to_f64_vec();
+    let out = &run_outputs(&imp, false, &x, 3, &["out"])[0];
+    let kept = out.iter().filter(|&&v| v != 0.0).count();
+    for (o, x) in out.iter().zip(&xs) {
+        assert!(*o == 0.0 || (o - x / 0.75).abs() < 1e-5, "{o} from {x}");
+    }
+    assert!((1400..=1600).contains(&kept), "{kept} of 2000 kept");
 }

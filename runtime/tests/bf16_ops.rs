@@ -56,6 +56,7 @@ fn bf16_elementwise_ops_are_the_f32_op_rounded_once() {
         UnaryOp::Sqrt,
         UnaryOp::Tanh,
         UnaryOp::Recip,
+        UnaryOp::Erf,
     ] {
         let mut g = Graph::new();
         let x = g.input("a", [n], DType::BF16).unwrap();
@@ -69,6 +70,7 @@ fn bf16_elementwise_ops_are_the_f32_op_rounded_once() {
             UnaryOp::Sqrt => x.sqrt(),
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Recip => 1.0 / x,
+            UnaryOp::Erf => ingot_kernels::cpu::Float::erf(x),
         };
         let want: Vec<bf16> = a.iter().map(|x| bf16::from_f32(f(x.to_f32()))).collect();
         same_bits(out["y"].as_bf16().unwrap(), &want, &format!("{u:?}"));

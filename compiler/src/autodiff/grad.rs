@@ -239,6 +239,14 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
                 let t = g.mul(gy, yy)?;
                 g.neg(t)
             }
+            UnaryOp::Erf => {
+                // d erf(x) = 2/√π · e^(−x²)
+                let xx = g.mul(x, x)?;
+                let n = g.neg(xx)?;
+                let e = g.exp(n)?;
+                let d = g.mul_scalar(e, std::f64::consts::FRAC_2_SQRT_PI)?;
+                g.mul(gy, d)
+            }
         },
         Op::Binary(b) => {
             let (a, c) = (node.inputs[0], node.inputs[1]);

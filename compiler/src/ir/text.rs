@@ -1148,6 +1148,7 @@ mod tests {
             UnaryOp::Sqrt,
             UnaryOp::Tanh,
             UnaryOp::Recip,
+            UnaryOp::Erf,
         ] {
             e = g.unary(u, e).unwrap();
         }
@@ -1242,6 +1243,7 @@ mod tests {
             "div",
             "dropout",
             "eq",
+            "erf",
             "exp",
             "full",
             "gather",

@@ -250,6 +250,7 @@ pub fn unary(u: UnaryOp, v: f64, dtype: DType) -> Option<f64> {
                 UnaryOp::Sqrt => x.sqrt(),
                 UnaryOp::Tanh => x.tanh(),
                 UnaryOp::Recip => 1.0 / x,
+                UnaryOp::Erf => ingot_kernels::cpu::Float::erf(x),
             } as f64)
         }
         DType::F64 => Some(match u {
@@ -259,6 +260,7 @@ pub fn unary(u: UnaryOp, v: f64, dtype: DType) -> Option<f64> {
             UnaryOp::Sqrt => v.sqrt(),
             UnaryOp::Tanh => v.tanh(),
             UnaryOp::Recip => 1.0 / v,
+            UnaryOp::Erf => ingot_kernels::cpu::Float::erf(v),
         }),
         DType::I32 => match u {
             UnaryOp::Neg => Some((v as i32).wrapping_neg() as f64),

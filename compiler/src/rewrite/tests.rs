@@ -115,6 +115,7 @@ fn eval(g: &Graph) -> Vec<T> {
                 UnaryOp::Sqrt => x[0].sqrt(),
                 UnaryOp::Tanh => x[0].tanh(),
                 UnaryOp::Recip => 1.0 / x[0],
+                UnaryOp::Erf => ingot_kernels::cpu::Float::erf(x[0]),
             }),
             Op::Binary(b) => map(&|x| match b {
                 BinaryOp::Add => x[0] + x[1],

@@ -715,6 +715,7 @@ fn unary_float<T: FloatElem>(op: UnaryOp, a: &[u8], o: &mut [u8]) -> R {
         UnaryOp::Sqrt => map(a, o, T::sqrt),
         UnaryOp::Tanh => map(a, o, T::tanh),
         UnaryOp::Recip => map(a, o, T::recip),
+        UnaryOp::Erf => map(a, o, T::erf),
     }
     Ok(())
 }

@@ -160,6 +160,7 @@ pub fn unary(u: UnaryOp, a: &[bf16], o: &mut [bf16]) {
         UnaryOp::Sqrt => Float::sqrt,
         UnaryOp::Tanh => Float::tanh,
         UnaryOp::Recip => Float::recip,
+        UnaryOp::Erf => Float::erf,
     };
     for (o, &a) in o.iter_mut().zip(a) {
         *o = bf16::from_f32(f(a.to_f32()));

@@ -705,6 +705,7 @@ fn unary(cx: &Cx, u: UnaryOp, out: ViewMut<'_>) -> Result<(), ExecError> {
             UnaryOp::Sqrt => map(a, o, Float::sqrt),
             UnaryOp::Tanh => map(a, o, Float::tanh),
             UnaryOp::Recip => map(a, o, Float::recip),
+            UnaryOp::Erf => map(a, o, Float::erf),
         }
         Ok(())
     }

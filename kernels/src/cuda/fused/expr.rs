@@ -70,6 +70,8 @@ impl Analysis<'_> {
                     (UnaryOp::Tanh, DType::F64) => format!("tanh({x})"),
                     (UnaryOp::Recip, DType::F32) => self.f32_div("1.0f", &x),
                     (UnaryOp::Recip, DType::F64) => format!("1.0 / {x}"),
+                    (UnaryOp::Erf, DType::F32) => format!("erff({x})"),
+                    (UnaryOp::Erf, DType::F64) => format!("erf({x})"),
                     _ => return Err(unsupported(op.name(), d)),
                 }
             }
@@ -144,6 +146,7 @@ impl Analysis<'_> {
             UnaryOp::Sqrt => format!("sqrtf({x})"),
             UnaryOp::Tanh => format!("tanhf({x})"),
             UnaryOp::Recip => format!("1.0f / {x}"),
+            UnaryOp::Erf => format!("erff({x})"),
         }
     }
 
