@@ -601,20 +601,19 @@ impl crate::executor::StepExecutor for PlannedStep {
         PlannedStep::plan(self)
     }
 
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let l = self.main.location[id.index()];
-        if bytes.len() != l.bytes {
-            return Err(ExecError::Invalid {
-                op: "write_node_bytes",
+    fn write_at(&mut self, at: Location, bytes: &[u8]) -> Result<(), ExecError> {
+        let to = self
+            .bytes_mut()
+            .get_mut(at.offset..at.offset + bytes.len())
+            .ok_or_else(|| ExecError::Invalid {
+                op: "write_at",
                 reason: format!(
-                    "node %{} holds {} bytes, not {}",
-                    id.index(),
-                    l.bytes,
-                    bytes.len()
+                    "{} bytes at offset {} are outside the allocation",
+                    bytes.len(),
+                    at.offset
                 ),
-            });
-        }
-        self.bytes_mut()[l.offset..l.offset + l.bytes].copy_from_slice(bytes);
+            })?;
+        to.copy_from_slice(bytes);
         Ok(())
     }
 
