@@ -69,12 +69,17 @@ pub fn init() -> Res<Gpu> {
     })
 }
 
-/// Loads the module `ptx` (in the current context, for the rest of the process) and looks up
-/// the functions `names`.
+/// A function of a module [`load`]ed: only `load` makes one, so a launch of it names a live
+/// function for as long as the module stays loaded (the callers unload a module, if ever, only
+/// after their last launch: `kernel_check` at its end).
+#[derive(Clone, Copy, Debug)]
+pub struct Function(sys::CUfunction);
+
+/// Loads the module `ptx` (in the current context) and looks up the functions `names`.
 pub fn load<'a>(
     ptx: String,
     names: impl IntoIterator<Item = &'a str>,
-) -> Res<(sys::CUmodule, HashMap<String, sys::CUfunction>)> {
+) -> Res<(sys::CUmodule, HashMap<String, Function>)> {
     let image = CString::new(ptx).map_err(|e| e.to_string())?;
     // SAFETY: `image` is a NUL-terminated PTX text that outlives the call, and [`init`] made a
     // context current on this thread.
@@ -89,7 +94,7 @@ pub fn load<'a>(
         let f = driver("cuModuleGetFunction", unsafe {
             result::module::get_function(module, c)
         })?;
-        functions.insert(name.to_string(), f);
+        functions.insert(name.to_string(), Function(f));
     }
     Ok((module, functions))
 }
@@ -106,17 +111,17 @@ pub fn pointer_params(values: &mut [u64]) -> Vec<*mut c_void> {
 /// Launches `k` (its function `f`, of a module [`load`]ed) on the default stream with its
 /// pointer parameters at `args`, device addresses (which may lie inside a buffer, as packed
 /// k and v lie in q's); asynchronously.
-pub fn launch(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
+pub fn launch(f: Function, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
     let mut values: Vec<u64> = args.to_vec();
     let mut params = pointer_params(&mut values);
     let l = k.launch;
     // SAFETY: `params` holds one pointer per kernel argument, each to a live `u64` device
     // pointer of `values` (alive until the call returns, when the driver has copied them), as
-    // the generated kernel's signature takes them; `f` belongs to a loaded module; the null
-    // stream is the current context's default.
+    // the generated kernel's signature takes them; `f` is a function of a loaded module
+    // ([`Function`]); the null stream is the current context's default.
     driver("cuLaunchKernel", unsafe {
         result::launch_kernel(
-            f,
+            f.0,
             (l.grid[0], l.grid[1], l.grid[2]),
             (l.block[0], l.block[1], l.block[2]),
             l.shared_bytes,
@@ -128,11 +133,11 @@ pub fn launch(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> 
 
 /// Registers a thread and local (spilled) bytes a thread of function `f` (-1 where the driver
 /// does not say).
-pub fn resources(f: sys::CUfunction) -> (i32, i32) {
+pub fn resources(f: Function) -> (i32, i32) {
     use sys::CUfunction_attribute_enum as A;
-    // SAFETY: `f` is a function of a loaded module; reading an attribute writes only the
-    // returned value.
-    let get = |a| unsafe { result::function::get_function_attribute(f, a) }.unwrap_or(-1);
+    // SAFETY: `f` is a function of a loaded module ([`Function`]); reading an attribute
+    // writes only the returned value.
+    let get = |a| unsafe { result::function::get_function_attribute(f.0, a) }.unwrap_or(-1);
     (
         get(A::CU_FUNC_ATTRIBUTE_NUM_REGS),
         get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),

@@ -810,7 +810,7 @@ fn compare(dt: DType, gpu: &[u8], cpu: &[u8], tol: Tolerance) -> (bool, f64, Str
 
 struct Loaded {
     module: sys::CUmodule,
-    functions: HashMap<String, sys::CUfunction>,
+    functions: HashMap<String, device::Function>,
 }
 
 fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res<Loaded> {
@@ -894,7 +894,7 @@ struct Outcome {
 
 /// Registers a thread, and local memory a thread if any (spills, or arrays indexed at run
 /// time), as the loaded module says.
-fn resources(f: sys::CUfunction) -> String {
+fn resources(f: device::Function) -> String {
     match device::resources(f) {
         (regs, 0) => format!("{regs} regs"),
         (regs, local) => format!("{regs} regs, {local} B LOCAL"),

@@ -23,10 +23,12 @@ use crate::record::StepTimes;
 use crate::report::RunRecord;
 use crate::schedule::{Decay, Schedule};
 use crate::session::{self, Session, SessionError, StepResult};
+use indexmap::IndexMap;
 use ingot_compiler::ir::NodeId;
 use ingot_runtime::cuda::CudaStep;
 use ingot_runtime::error::ExecError;
 use ingot_runtime::io::{self, IoError};
+use ingot_runtime::tensor::Tensor;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use thiserror::Error;
@@ -119,16 +121,19 @@ pub enum RunError {
     #[error("{0}")]
     Usage(String),
     #[error(transparent)]
-    Session(#[from] SessionError),
+    Session(Box<SessionError>),
     #[error(transparent)]
-    Exec(#[from] ExecError),
+    Exec(Box<ExecError>),
     #[error(transparent)]
-    Io(#[from] IoError),
+    Io(Box<IoError>),
     #[error(transparent)]
-    Data(#[from] DataError),
+    Data(Box<DataError>),
     /// A file given (`--init`, `--data`) that does not fit the session.
     #[error("{}: {source}", .path.display())]
-    File { path: PathBuf, source: SessionError },
+    File {
+        path: PathBuf,
+        source: Box<SessionError>,
+    },
     /// A checkpoint that cannot be read, resumed from or written.
     #[error("{0}")]
     Checkpoint(String),
@@ -152,6 +157,23 @@ pub enum RunError {
     #[error("{0}")]
     Observer(ObserverError),
 }
+
+/// The errors a run passes on as they are (boxed: a `Result` of a run stays small).
+macro_rules! boxed_from {
+    ($($variant:ident($error:ty)),*) => {
+        $(impl From<$error> for RunError {
+            fn from(e: $error) -> RunError {
+                RunError::$variant(Box::new(e))
+            }
+        })*
+    };
+}
+boxed_from!(
+    Session(SessionError),
+    Exec(ExecError),
+    Io(IoError),
+    Data(DataError)
+);
 
 /// What the run says beside its per-step reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -386,23 +408,18 @@ fn prepare(
     o: &RunOptions,
     observer: &mut dyn Observer,
 ) -> Result<Prepared, RunError> {
-    if let Some(path) = &o.init {
-        let params = io::load(path)?;
-        session
-            .load_parameters(&params)
-            .map_err(|source| RunError::File {
+    type Load = fn(&mut Session, &IndexMap<String, Tensor>) -> Result<(), SessionError>;
+    let files: [(&Option<PathBuf>, Load); 2] = [
+        (&o.init, Session::load_parameters),
+        (&o.data, Session::set_batch_map),
+    ];
+    for (path, load) in files {
+        if let Some(path) = path {
+            load(session, &io::load(path)?).map_err(|source| RunError::File {
                 path: path.clone(),
-                source,
+                source: Box::new(source),
             })?;
-    }
-    if let Some(path) = &o.data {
-        let batch = io::load(path)?;
-        session
-            .set_batch_map(&batch)
-            .map_err(|source| RunError::File {
-                path: path.clone(),
-                source,
-            })?;
+        }
     }
     if let Some(path) = &o.save_data {
         io::save(path, &session.batch())?;
@@ -952,7 +969,7 @@ pub fn writes_files(session: &Session) -> bool {
 }
 
 /// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).
-fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, ExecError> {
+fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, RunError> {
     let gpus = session.cuda_ranks();
     if gpus.is_empty() {
         return Ok(None);

@@ -524,11 +524,14 @@ impl Part {
                 let ty = self.exe.graph().ty(x);
                 let l = self.location[x.index()];
                 let size = ty.dtype.size();
-                // SAFETY: an operand placed on the output is read from the stash; any other
-                // operand does not overlap the output (validated) and has the output's length.
                 let v = if l == here {
+                    // SAFETY: an operand placed on the output is read from the stash, which
+                    // holds this chunk's `len` elements of it, copied above.
                     unsafe { view(stash.0.as_ptr() as *mut u8, ty.dtype, len) }
                 } else {
+                    // SAFETY: any other operand does not overlap the output (validated) and
+                    // has the output's length, so the chunk's `len` elements from `start` lie
+                    // inside its planned bytes.
                     unsafe { view(base.add(l.offset + start * size), ty.dtype, len) }
                 };
                 inputs.push(v);

@@ -1340,12 +1340,14 @@ impl Drop for CudaStep {
             let _ = unsafe { comm.deregister(w) };
         }
         match (self.allocator, &self.comm) {
-            // SAFETY: allocated in `prepare`, freed once, after all work on it finished.
             (Allocator::Nccl, Some(comm)) => {
+                // SAFETY: allocated by NCCL in `prepare`, freed once, here, after all work on
+                // it finished (the stream synchronized and the graphs dropped above).
                 let _ = unsafe { comm.nccl().free(self.base) };
             }
-            // SAFETY: as above.
             _ => {
+                // SAFETY: allocated by the driver in `prepare`, freed once, here, after all
+                // work on it finished (the stream synchronized and the graphs dropped above).
                 let _ = unsafe { result::free_sync(self.base) };
             }
         }

@@ -21,7 +21,7 @@ pub fn init() -> Res<(String, &'static str)> {
 
 /// Loaded kernels by name.
 pub struct Modules {
-    functions: HashMap<String, sys::CUfunction>,
+    functions: HashMap<String, device::Function>,
 }
 
 /// Compiles `kernels` (each once) in `chunks` modules, in parallel, and loads them.

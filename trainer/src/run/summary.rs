@@ -3,7 +3,6 @@
 use super::{free_on_gpus, planned_total};
 use crate::record::StepTimes;
 use crate::session::Session;
-use ingot_runtime::error::ExecError;
 
 /// The summary's figures, in the order of the command line's `{"summary": ..}` line.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -69,7 +68,7 @@ pub(super) fn finished(
     free_after_first: Option<&[usize]>,
     non_finite_loss_step: Option<u64>,
     staged: bool,
-) -> Result<Finished, ExecError> {
+) -> Result<Finished, super::RunError> {
     let plan = session.exe().plan();
     let mem = session.cuda().map(|c| c.memory());
     // Per GPU: free memory now minus after the first step.
