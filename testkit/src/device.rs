@@ -1,8 +1,11 @@
 //! The raw CUDA driver calls that the GPU harnesses share: GPU 0 made current, generated kernels
 //! loaded from PTX and launched on the default stream, buffers, timing with CUDA events. Used
-//! by the kernel check ([`crate::kernel_check`]) and the fused-attention harness
-//! (runtime/tests/support/attention_device.rs). The runtime's own executor does not use it: it
-//! owns its contexts, streams and one allocation (runtime/src/cuda/).
+//! by the kernel check (`kernel_check`) and the fused-attention harness
+//! (runtime/tests/support/attention_device.rs), which includes this file by path: the runtime
+//! may not depend on the test kit, a layer above it (runtime/tests/layers.rs). So this file
+//! names nothing of the test kit, only cudarc and the kernels' description. The runtime's own
+//! executor does not use it: it owns its contexts, streams and one allocation
+//! (runtime/src/cuda/).
 //!
 //! What does not need a GPU (the argument packing of a launch, the median of the timings, the
 //! refusal without a driver) is tested on any machine (the tests below).

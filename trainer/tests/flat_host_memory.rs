@@ -12,10 +12,6 @@ use std::sync::atomic::Ordering;
 mod counting;
 use counting::LIVE_BYTES;
 
-/// The tests of this file run one at a time: the live bytes are the whole process's, and
-/// another test's allocations would land in them.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Notes the live bytes after chosen steps.
 struct Watch {
     at: Vec<(u64, isize)>,
@@ -38,55 +34,47 @@ fn tiny() -> Model {
     Model::from_ir_text("tiny-mlp.ir", text).unwrap()
 }
 
-#[test]
-fn a_run_of_100_000_steps_holds_after_its_last_step_the_bytes_it_held_after_step_100() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+/// The live bytes after each of `steps` of a run of the tiny model as `o` says.
+fn live_bytes(o: &RunOptions, steps: &[u64]) -> Vec<(u64, isize)> {
     let mut session = Session::new(&tiny(), 0).unwrap();
-    let steps = [100, 1_000, 10_000, 100_000];
     let mut watch = Watch {
         at: Vec::with_capacity(steps.len()),
         steps: steps.to_vec(),
     };
+    run::train(&mut session, o, None, &mut watch).unwrap();
+    assert_eq!(watch.at.len(), steps.len());
+    watch.at
+}
+
+/// One test in this binary, so that nothing else runs while it counts: the live bytes are the
+/// whole process's, and the test harness's own bookkeeping of another test finishing (its
+/// result, its captured output) would land in them.
+#[test]
+fn a_run_of_100_000_steps_holds_after_its_last_step_the_bytes_it_held_after_step_100() {
     let o = RunOptions {
         steps: Some(100_000),
         ..Default::default()
     };
-    run::train(&mut session, &o, None, &mut watch).unwrap();
-    assert_eq!(watch.at.len(), steps.len());
-    let first = watch.at[0].1;
-    for &(step, live) in &watch.at {
+    let at = live_bytes(&o, &[100, 1_000, 10_000, 100_000]);
+    let first = at[0].1;
+    for &(step, live) in &at {
         assert_eq!(
             live, first,
             "live bytes after step {step}: {live}, after step 100: {first}"
         );
     }
-}
 
-#[test]
-fn a_run_writing_its_report_is_flat_too() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut session = Session::new(&tiny(), 0).unwrap();
+    // With a report, whose curves are kept in fixed-size form as the run goes.
     let dir = std::env::temp_dir().join(format!("ingot-flat-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let report = dir.join("run.html");
-    let steps = [100, 5_000, 20_000];
-    let mut watch = Watch {
-        at: Vec::with_capacity(steps.len()),
-        steps: steps.to_vec(),
-    };
     let o = RunOptions {
         steps: Some(20_000),
-        // The report's curves are kept in fixed-size form as the run goes.
         report: Some(report.clone()),
         ..Default::default()
     };
-    run::train(&mut session, &o, None, &mut watch).unwrap();
-    let first = watch.at[0].1;
-    assert!(
-        watch.at.iter().all(|&(_, live)| live == first),
-        "{:?}",
-        watch.at
-    );
+    let at = live_bytes(&o, &[100, 5_000, 20_000]);
+    assert!(at.iter().all(|&(_, live)| live == at[0].1), "{at:?}");
     let page = std::fs::read_to_string(&report).unwrap();
     assert!(page.contains("<tr><td>steps</td><td>20000</td></tr>"));
     std::fs::remove_dir_all(&dir).unwrap();

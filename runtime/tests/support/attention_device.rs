@@ -2,7 +2,7 @@
 //! by runtime/tests/cuda_attention.rs and runtime/examples/attention_bench.rs): NVRTC-compiles
 //! generated kernels (the prelude first, as the runtime does, several modules compiled in
 //! parallel), allocates, copies, launches and times them with CUDA events, through the driver
-//! calls the GPU harnesses share (`ingot_testkit::device`).
+//! calls the GPU harnesses share (testkit/src/device.rs, `ingot_testkit::device`).
 
 #![allow(dead_code)]
 
@@ -10,8 +10,11 @@ use cudarc::driver::sys;
 use ingot_kernels::cuda::{CudaKernel, PRELUDE, PRELUDE_BF16};
 use std::collections::HashMap;
 
-use ingot_testkit::device;
-pub use ingot_testkit::device::Res;
+/// The driver calls the GPU harnesses share, the test kit's own file: included by path, since
+/// the runtime may not depend on the test kit, a layer above it (tests/layers.rs).
+#[path = "../../../testkit/src/device.rs"]
+mod device;
+pub use device::Res;
 
 /// GPU 0 made current; its name and NVRTC architecture (`compute_XY`).
 pub fn init() -> Res<(String, &'static str)> {
