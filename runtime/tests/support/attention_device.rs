@@ -13,8 +13,9 @@ use std::collections::HashMap;
 /// The driver calls the GPU harnesses share, the test kit's own file: included by path, since
 /// the runtime may not depend on the test kit, a layer above it (tests/layers.rs).
 #[path = "../../../testkit/src/device.rs"]
-mod device;
+mod driver_calls;
 pub use device::Res;
+use driver_calls as device;
 
 /// GPU 0 made current; its name and NVRTC architecture (`compute_XY`).
 pub fn init() -> Res<(String, &'static str)> {
