@@ -11,6 +11,7 @@ use ingot_compiler::models::Model;
 use ingot_onnx::{ImportOptions, Imported, Loss};
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::Session;
+use ingot_trainer::state_dict::StateDict;
 use std::path::PathBuf;
 
 /// `ingot onnx ...`.
@@ -147,7 +148,7 @@ impl OnnxModelArgs {
         let Some(imp) = self.import()? else {
             return Ok(None);
         };
-        let info = StateDict::of(&imp);
+        let info = state_dict_of(&imp);
         let at = |e: String| {
             Failure::new(
                 1,
@@ -183,130 +184,23 @@ impl OnnxModelArgs {
     }
 }
 
-/// PyTorch's suffix of a batch norm's count of training batches (an i64 scalar buffer).
-const TRACKED: &str = "num_batches_tracked";
-
-/// How an imported model's weights map onto a PyTorch `state_dict`: its parameters, its batch
-/// norms' running statistics (state the training step updates), and each batch norm's
-/// `num_batches_tracked` (named after its `running_mean`), which the ONNX graph never reads.
-#[derive(Clone, Debug, Default)]
-pub struct StateDict {
-    /// The running statistics, by name.
-    running: IndexMap<String, ingot_compiler::ir::TensorType>,
-    /// `{module}.num_batches_tracked` for each `{module}.running_mean`, with the count read
-    /// by `--init` (0 otherwise).
-    tracked: IndexMap<String, i64>,
-    /// The file's initializers that are not leaves (constants Ingot computes or folded).
-    computed: std::collections::HashSet<String>,
-    /// Names `--init` read and ignored, for the run's header.
-    pub ignored: Vec<String>,
-}
-
-impl StateDict {
-    fn of(imp: &Imported) -> StateDict {
-        let running: IndexMap<String, ingot_compiler::ir::TensorType> = imp
-            .weights
-            .iter()
-            .filter(|(_, w)| w.kind == LeafKind::State && !w.constant)
-            .map(|(k, w)| (k.clone(), w.ty.clone()))
-            .collect();
-        let tracked = running
-            .keys()
-            .filter_map(|k| k.strip_suffix("running_mean"))
-            .map(|m| (format!("{m}{TRACKED}"), 0))
-            .collect();
-        let computed = imp
-            .initializers
-            .iter()
-            .filter(|n| !imp.weights.contains_key(*n))
-            .cloned()
-            .collect();
-        StateDict {
-            running,
-            tracked,
-            computed,
-            ignored: Vec::new(),
-        }
-    }
-
-    /// Loads a `state_dict` (`--init`): parameters by name (every one there, shapes checked,
-    /// as for any model), running statistics (shapes and dtypes checked; one missing keeps
-    /// the model file's), `num_batches_tracked` (kept for `--save`), and buffers of the file
-    /// that Ingot computes rather than stores (a causal mask: ignored). Any other name is an
-    /// error listing it. On error nothing changes.
-    pub fn load_init(
-        &mut self,
-        session: &mut Session,
-        dict: &IndexMap<String, Tensor>,
-        path: &std::path::Path,
-    ) -> Result<(), Failure> {
-        let at = |e: String| Failure::new(1, format!("{}: {e}", path.display()));
-        let params_known = session.parameters();
-        let mut params = IndexMap::new();
-        let mut state = session.optimizer_state();
-        let mut tracked = self.tracked.clone();
-        let mut ignored = Vec::new();
-        let mut unknown = Vec::new();
-        for (name, t) in dict {
-            if params_known.contains_key(name) {
-                params.insert(name.clone(), t.clone());
-            } else if let Some(ty) = self.running.get(name) {
-                if &t.ty != ty {
-                    return Err(at(format!(
-                        "{name} is {}, but the model's running statistic is {ty}",
-                        t.ty
-                    )));
-                }
-                state.insert(name.clone(), t.clone());
-            } else if let Some(slot) = tracked.get_mut(name) {
-                match (t.numel(), t.as_i64()) {
-                    (1, Some(v)) => *slot = v[0],
-                    _ => {
-                        return Err(at(format!(
-                            "{name} is {}, not PyTorch's count of batches (an i64 scalar)",
-                            t.ty
-                        )))
-                    }
-                }
-            } else if self.computed.contains(name) || name.ends_with(TRACKED) {
-                ignored.push(name.clone());
-            } else {
-                unknown.push(name.clone());
-            }
-        }
-        if !unknown.is_empty() {
-            return Err(at(format!(
-                "names that are not the model's parameters, running statistics or buffers: {unknown:?} (the model's parameters are named as in the ONNX file: {:?}{})",
-                params_known.keys().take(4).collect::<Vec<_>>(),
-                if params_known.len() > 4 { ", ..." } else { "" }
-            )));
-        }
-        session
-            .load_parameters(&params)
-            .map_err(|e| at(e.to_string()))?;
-        session
-            .load_optimizer_state(&state)
-            .map_err(|e| at(e.to_string()))?;
-        self.tracked = tracked;
-        self.ignored = ignored;
-        Ok(())
-    }
-
-    /// What `--save` writes besides the parameters so that `load_state_dict` takes the file
-    /// back: the running statistics as the session holds them, and each batch norm's
-    /// `num_batches_tracked` advanced by the `steps` trained.
-    pub fn extra(&self, session: &Session, steps: u64) -> IndexMap<String, Tensor> {
-        let state = session.optimizer_state();
-        let mut out: IndexMap<String, Tensor> = self
-            .running
-            .keys()
-            .filter_map(|k| state.get(k).map(|t| (k.clone(), t.clone())))
-            .collect();
-        for (k, &v) in &self.tracked {
-            out.insert(k.clone(), Tensor::scalar(v + steps as i64));
-        }
-        out
-    }
+/// How an imported model's weights map onto a PyTorch `state_dict`
+/// ([`ingot_trainer::state_dict::StateDict`]): its batch norms' running statistics (state the
+/// training step updates, not constants) and the file's initializers Ingot computes instead.
+fn state_dict_of(imp: &Imported) -> StateDict {
+    let running: IndexMap<String, ingot_compiler::ir::TensorType> = imp
+        .weights
+        .iter()
+        .filter(|(_, w)| w.kind == LeafKind::State && !w.constant)
+        .map(|(k, w)| (k.clone(), w.ty.clone()))
+        .collect();
+    let computed = imp
+        .initializers
+        .iter()
+        .filter(|n| !imp.weights.contains_key(*n))
+        .cloned()
+        .collect();
+    StateDict::new(running, computed)
 }
 
 impl OnnxModelArgs {

@@ -17,25 +17,24 @@
 //! and position in the data to the same end. On the CPU its losses are the uninterrupted
 //! run's, bit for bit (`tests/train_data.rs`).
 //!
+//! The run itself is the trainer's ([`ingot_trainer::run::train`]); this module turns the flags
+//! into its options and prints what it reports ([`printer::Printer`], an observer of the run).
 //! `ingot run` trains a step executable through the same [`train`] function, so the two print
 //! the same lines. On a terminal (stdout, no `--json`) a progress bar shows the epoch, step,
 //! last loss, throughput and ETA; elsewhere only the plain lines are printed.
 
 use super::Failure;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use ingot_compiler::ir::NodeId;
-use ingot_compiler::plan::report::human;
-use ingot_runtime::cuda::{CudaOptions, CudaStep};
-use ingot_runtime::io;
-use ingot_trainer::data::{BatchInfo, BatchSource, Epochs, Loader, Order, Staging};
+use ingot_runtime::cuda::CudaOptions;
+use ingot_trainer::data::Order;
 use ingot_trainer::eval::Evaluator;
-use ingot_trainer::report::RunRecord;
-use ingot_trainer::schedule::{Decay, Schedule};
-use ingot_trainer::session::{self, Session, StepResult};
+use ingot_trainer::run::{RunError, RunOptions};
+use ingot_trainer::schedule::Decay;
+use ingot_trainer::session::{self, Session};
+use ingot_trainer::state_dict::StateDict;
 use ingot_trainer::{checkpoint, datasets};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+
+mod printer;
 
 /// Where the step runs.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,8 +176,8 @@ pub struct StepArgs {
     /// The learning rate's decay after the warmup, from the optimizer's rate down to
     /// --min-lr-ratio times it at the run's last step. Any schedule (or --warmup) compiles the
     /// step with a learning-rate scale input that the host writes before each step.
-    #[arg(long, value_enum, default_value_t = Decay::Constant)]
-    pub schedule: Decay,
+    #[arg(long, value_enum, default_value_t = DecayArg::Constant)]
+    pub schedule: DecayArg,
     /// Steps of linear warmup: step i (from 0) runs at (i + 1) / (N + 1) of the rate.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub warmup: u64,
@@ -259,60 +258,6 @@ impl StepArgs {
     }
 }
 
-/// One line of `--json` output, fields in this order.
-#[derive(serde::Serialize)]
-struct StepLine {
-    /// The epoch of the step's batch (data set runs only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    epoch: Option<u64>,
-    step: u64,
-    loss: f64,
-    /// The step's device time on a GPU, its wall-clock time on the CPU.
-    seconds: f64,
-    /// The wall clock of the step and the loss's copy to the host.
-    wall_seconds: f64,
-    /// Step to step: the wall clock from the end of the previous step's loop iteration to the
-    /// end of this one (data waits, staging, the step, the loss's copy, this line's printing):
-    /// what a run's throughput is made of, on a fixed batch and over a data set alike.
-    interval_seconds: f64,
-    /// Tokens (of a token stream) trained on per second of wall clock, data waits included.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tokens_per_s: Option<f64>,
-    /// Samples (of a sample set) trained on per second of wall clock, data waits included.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    samples_per_s: Option<f64>,
-    /// The factor the schedule scaled the learning rate by (scheduled runs only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lr_scale: Option<f64>,
-    /// The gradients' global norm before clipping (with --clip-grad-norm).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grad_norm: Option<f64>,
-    /// Present (and true) only on a step whose loss is NaN or infinite: `loss` alone would
-    /// print as `null` for both.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    non_finite: bool,
-}
-
-/// The `--json` line of an evaluation.
-#[derive(serde::Serialize)]
-struct EvalLine {
-    /// The step after which the evaluation ran.
-    eval_step: u64,
-    val_loss: f64,
-}
-
-/// The `--json` line at the end of each epoch of a data set run.
-#[derive(serde::Serialize)]
-struct EpochLine {
-    epoch_end: u64,
-    /// The step that finished it.
-    step: u64,
-    mean_loss: f64,
-    /// GPU only: free device memory now (flat from epoch to epoch when nothing allocates).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    free_device_bytes: Option<usize>,
-}
-
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     check_sharding(a)?;
     if let Some(n) = a.gpus {
@@ -343,7 +288,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .precision
         .for_device(a.run.device.unwrap_or(default_device))?;
     opts.fuse_attention &= !a.no_fuse_attention;
-    let scheduled = a.run.schedule != Decay::Constant || a.run.warmup > 0;
+    let scheduled = a.run.schedule != DecayArg::Constant || a.run.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     let mut step_options = a.model.step_options(scheduled);
@@ -452,319 +397,63 @@ fn check_sharding(a: &TrainArgs) -> Result<(), Failure> {
         .check_shard_optimizer(a.gpus.unwrap_or(a.model.ranks))
 }
 
+/// The run `a` asks for, as the trainer takes it.
+fn options(a: &StepArgs, device: session::Device) -> RunOptions {
+    RunOptions {
+        steps: a.steps,
+        epochs: a.epochs,
+        init: a.init.clone(),
+        data: a.data.clone(),
+        dataset: a.dataset.clone(),
+        order: Some(match a.order {
+            DataOrder::Shuffled => Order::Random,
+            DataOrder::Sequential => Order::Sequential,
+        }),
+        shuffle_seed: a.shuffle_seed,
+        checkpoint: a.checkpoint.clone(),
+        checkpoint_every: a.checkpoint_every,
+        resume: a.resume.clone(),
+        skip_nonfinite: a.skip_nonfinite,
+        save: a.save.clone(),
+        save_data: a.save_data.clone(),
+        seed: a.seed,
+        eval_every: a.eval_every,
+        report: a.report.clone(),
+        schedule: a.schedule.into(),
+        warmup: a.warmup,
+        min_lr_ratio: a.min_lr_ratio,
+        device,
+        optimizer: None,
+        file_weights: false,
+        state_dict: None,
+    }
+}
+
 impl StepArgs {
     /// `--steps` is needed unless `--dataset` with `--epochs` bounds the run.
     pub fn check_steps(&self) -> Result<(), Failure> {
-        if self.steps.is_none() && self.epochs.is_none() {
-            return Err(Failure::new(
-                2,
-                if self.dataset.is_some() {
-                    "give --epochs N or --steps N (or both) for a run over --dataset"
-                } else {
-                    "give --steps N"
-                },
-            ));
-        }
-        if self.checkpoint_every == Some(0) {
-            return Err(Failure::new(2, "--checkpoint-every must be at least 1"));
-        }
-        Ok(())
+        options(self, session::Device::Cpu)
+            .check_steps()
+            .map_err(failure)
     }
 }
 
-/// What the step loop has learnt so far, and how it reports.
-struct Run<'a> {
-    a: &'a StepArgs,
-    /// What --report draws.
-    record: RunRecord,
-    /// The validation step (--val), and the last validation loss.
-    eval: Option<Evaluator>,
-    val_loss: Option<f64>,
-    /// The step of the last evaluation.
-    evaluated_at: Option<u64>,
-    /// The learning-rate schedule, when the step has its scale input.
-    schedule: Option<Schedule>,
-    /// The precision line saved in checkpoints.
-    precision: String,
-    /// Steps done, counted from the run's start (a resumed run starts at the checkpoint's).
-    step: u64,
-    /// The last step to run.
-    last: Option<u64>,
-    /// "tokens" or "samples" and how many a batch holds (data set runs).
-    units: Option<(&'static str, usize)>,
-    dataset: Option<String>,
-    /// The data set's identity saved in checkpoints ([`datasets::dataset_fingerprint`]).
-    dataset_fingerprint: Option<String>,
-    /// The optimizer and its settings saved in checkpoints, where known.
-    optimizer: Option<ingot_compiler::models::Optimizer>,
-    shuffle_seed: Option<u64>,
-    bar: Option<ProgressBar>,
-    planned: String,
-    seconds: Vec<f64>,
-    wall: Vec<f64>,
-    free_after_first: Option<Vec<usize>>,
-    /// The first step with a non-finite loss or gradient norm, and which, where the run
-    /// stopped without --skip-nonfinite.
-    non_finite: Option<(u64, String)>,
-    skipped: u64,
-    /// Loss sum and steps of the current epoch.
-    epoch_loss: (f64, u64),
-    last_done: Instant,
-}
-
-/// Whether the loop goes on.
-#[derive(PartialEq)]
-enum Next {
-    Go,
-    Stop,
-}
-
-impl Run<'_> {
-    /// Writes the schedule's learning-rate factor for the next step (allocates nothing).
-    fn before_step(&self, session: &mut Session) -> Result<(), Failure> {
-        if let Some(s) = self.schedule {
-            session.set_lr_scale(s.factor(self.step))?;
-        }
-        Ok(())
-    }
-
-    fn done(&self) -> bool {
-        self.last.is_some_and(|l| self.step >= l)
-    }
-
-    /// Records and prints step `self.step + 1`'s result; writes a checkpoint when one is due.
-    /// `info` is the batch's (data set runs).
-    fn after_step(
-        &mut self,
-        session: &mut Session,
-        r: StepResult,
-        info: Option<BatchInfo>,
-    ) -> Result<Next, Failure> {
-        self.step += 1;
-        let i = self.step;
-        let now = Instant::now();
-        let interval = now.duration_since(self.last_done).as_secs_f64();
-        self.last_done = now;
-        self.seconds.push(r.seconds);
-        self.wall.push(r.wall_seconds);
-        if self.seconds.len() == 1 {
-            self.free_after_first = free_on_gpus(session)?;
-            self.measure_memory(session)?;
-        }
-        if r.loss.is_finite() {
-            self.record.losses.push((i, r.loss));
-        }
-        let grad_norm = session.last_grad_norm();
-        let lr_scale = self.schedule.map(|s| s.factor(i - 1));
-        let finite = r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite);
-        let rate = self
-            .units
-            .map(|(unit, n)| (unit, n as f64 / interval.max(1e-12)));
-        let epoch = info.map(|b| b.epoch);
-        if self.a.json {
-            let line = StepLine {
-                epoch,
-                step: i,
-                loss: r.loss,
-                seconds: r.seconds,
-                wall_seconds: r.wall_seconds,
-                interval_seconds: interval,
-                tokens_per_s: rate.filter(|r| r.0 == "tokens").map(|r| r.1),
-                samples_per_s: rate.filter(|r| r.0 == "samples").map(|r| r.1),
-                lr_scale,
-                grad_norm,
-                non_finite: !finite,
-            };
-            crate::outln!("{}", json(&line)?)?;
-        } else {
-            let e = epoch.map(|e| format!("epoch {e:>3}  ")).unwrap_or_default();
-            let extra = grad_norm
-                .map(|n| format!("  grad norm {n:>10.4}"))
-                .unwrap_or_default()
-                + &lr_scale
-                    .map(|f| format!("  lr x{f:.4}"))
-                    .unwrap_or_default();
-            let text = format!(
-                "{e}step {i:>5}  loss {:>12.6}  {:>9.3} ms{extra}",
-                r.loss,
-                r.seconds * 1e3
-            );
-            if let Some(bar) = &self.bar {
-                bar.println(text);
-                let speed = rate
-                    .map(|(unit, v)| format!("  {v:.0} {unit}/s"))
-                    .unwrap_or_default();
-                let val = self
-                    .val_loss
-                    .map(|v| format!("  val {v:.4}"))
-                    .unwrap_or_default();
-                bar.set_message(format!(
-                    "{e}loss {:.6}{val}{speed}  {:.3} ms/step  memory {}",
-                    r.loss,
-                    r.seconds * 1e3,
-                    self.planned
-                ));
-                bar.set_position(i);
-            } else {
-                crate::outln!("{text}")?;
-            }
-        }
-        if !finite {
-            let what = if r.loss.is_finite() {
-                format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
-            } else {
-                format!("the loss is {}", r.loss)
-            };
-            if !self.a.skip_nonfinite {
-                self.non_finite = Some((i, what));
-                return Ok(Next::Stop);
-            }
-            self.skipped += 1;
-            let note = format!(
-                "step {i}: {what}; --skip-nonfinite: going on (the step's update was applied)"
-            );
-            match &self.bar {
-                Some(bar) => bar.println(note),
-                None => eprintln!("ingot: {note}"),
-            }
-        } else {
-            self.epoch_loss.0 += r.loss;
-        }
-        self.epoch_loss.1 += 1;
-        let epoch_ended = info.is_some_and(|b| b.next.batch == 0);
-        if let Some(b) = info.filter(|_| epoch_ended) {
-            self.end_epoch(session, b.epoch)?;
-        }
-        let due = match self.a.eval_every {
-            Some(n) => i.is_multiple_of(n),
-            None => epoch_ended,
-        };
-        if due {
-            self.evaluate(session)?;
-        }
-        if let (Some(dir), Some(every)) = (&self.a.checkpoint, self.a.checkpoint_every) {
-            if i.is_multiple_of(every) && !self.done() {
-                self.save_checkpoint(dir, session, info)?;
-            }
-        }
-        Ok(Next::Go)
-    }
-
-    /// Runs the validation step (if any) on the current parameters and reports its loss.
-    fn evaluate(&mut self, session: &mut Session) -> Result<(), Failure> {
-        let Some(eval) = &mut self.eval else {
-            return Ok(());
-        };
-        if self.evaluated_at == Some(self.step) {
-            return Ok(());
-        }
-        let v = eval.evaluate(session).map_err(|e| Failure::new(1, e))?;
-        self.val_loss = Some(v);
-        self.record.val.push((self.step, v));
-        self.evaluated_at = Some(self.step);
-        if self.a.json {
-            let line = EvalLine {
-                eval_step: self.step,
-                val_loss: v,
-            };
-            crate::outln!("{}", json(&line)?)?;
-        } else {
-            let text = format!(
-                "eval after step {}: val loss {v:.6} over {} batches",
-                self.step,
-                eval.batches()
-            );
-            match &self.bar {
-                Some(bar) => bar.println(text),
-                None => crate::outln!("{text}")?,
-            }
-        }
-        Ok(())
-    }
-
-    /// On a GPU, records the device memory the run holds now: the allocation plus any drop
-    /// in free memory since the first step.
-    fn measure_memory(&mut self, session: &Session) -> Result<(), Failure> {
-        if let (Some(c), Some(first)) = (
-            session.cuda(),
-            self.free_after_first
-                .as_ref()
-                .and_then(|f| f.first().copied()),
-        ) {
-            let now = c.free_memory()? as i64;
-            let held = c.memory().allocation as i64 + (first as i64 - now);
-            self.record.memory.push((self.step, held.max(0) as usize));
-        }
-        Ok(())
-    }
-
-    fn end_epoch(&mut self, session: &Session, epoch: u64) -> Result<(), Failure> {
-        self.measure_memory(session)?;
-        let (sum, n) = std::mem::take(&mut self.epoch_loss);
-        let free = session.cuda().map(CudaStep::free_memory).transpose()?;
-        let mean = sum / n.max(1) as f64;
-        if self.a.json {
-            let line = EpochLine {
-                epoch_end: epoch,
-                step: self.step,
-                mean_loss: mean,
-                free_device_bytes: free,
-            };
-            crate::outln!("{}", json(&line)?)?;
-        } else {
-            let text = format!(
-                "epoch {epoch} done at step {}: mean loss {mean:.6}{}",
-                self.step,
-                free.map(|f| format!(", free device memory {f} bytes"))
-                    .unwrap_or_default()
-            );
-            match &self.bar {
-                Some(bar) => bar.println(text),
-                None => crate::outln!("{text}")?,
-            }
-        }
-        Ok(())
-    }
-
-    fn save_checkpoint(
-        &self,
-        dir: &Path,
-        session: &Session,
-        info: Option<BatchInfo>,
-    ) -> Result<(), Failure> {
-        if !writes_files(session) {
-            return Ok(());
-        }
-        let record = checkpoint::CheckpointInfo {
-            format: checkpoint::FORMAT,
-            step: self.step,
-            epoch: info.map_or(0, |b| b.next.epoch),
-            position: info.map(|b| b.next),
-            shuffle_seed: self.shuffle_seed,
-            model: session.model().to_string(),
-            device: session.exe().device(),
-            precision: self.precision.clone(),
-            dataset: self.dataset.clone(),
-            schedule: self.schedule,
-            dataset_fingerprint: self.dataset_fingerprint.clone(),
-            optimizer_settings: self.optimizer.map(|o| o.to_string()),
-            ranks: session.exe().data_ranks(),
-            weights: String::new(),
-            optimizer: String::new(),
-            checksums: Default::default(),
-        };
-        checkpoint::save(dir, session, record).map_err(|e| Failure::new(1, e))
+/// A run's error as the command line's failure: bad options exit with 2, a failure to print
+/// with its own code, everything else with 1.
+fn failure(e: RunError) -> Failure {
+    match e {
+        RunError::Usage(message) => Failure::new(2, message),
+        RunError::Observer(e) => match e.downcast::<printer::Printing>() {
+            Ok(p) => p.0,
+            Err(e) => Failure::new(1, e.to_string()),
+        },
+        e => Failure::new(1, e.to_string()),
     }
 }
 
-fn json(v: &impl serde::Serialize) -> Result<String, Failure> {
-    serde_json::to_string(v).map_err(|e| Failure::new(1, e.to_string()))
-}
-
-/// Trains `session` as `a` says: loads `--init` or `--resume` and `--data`, writes
-/// `--save-data`, runs the steps on the fixed batch or over `--dataset`, printing each one's loss
-/// (a line of text, or of JSON), then the summary, then writes `--save` and the last
-/// checkpoint. `ingot train` and `ingot run` both end here, so their output is the same.
+/// Trains `session` as `a` says ([`ingot_trainer::run::train`]), printing each step's loss (a
+/// line of text, or of JSON), then the summary. `ingot train` and `ingot run` both end here,
+/// so their output is the same.
 pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Result<(), Failure> {
     if a.val.is_some() {
         return Err(Failure::new(
@@ -786,626 +475,37 @@ fn train_with(
     device: session::Device,
     eval: Option<Evaluator>,
     optimizer: Option<ingot_compiler::models::Optimizer>,
-    mut state_dict: Option<super::onnx::StateDict>,
+    state_dict: Option<StateDict>,
 ) -> Result<(), Failure> {
-    a.check_steps()?;
-    let file_weights = state_dict.is_some();
-    if let Some(path) = &a.init {
-        let params = io::load(path)?;
-        match state_dict.as_mut() {
-            Some(sd) => {
-                sd.load_init(session, &params, path)?;
-                if !sd.ignored.is_empty() && !a.json {
-                    crate::outln!(
-                        "{}: ignored {} buffer(s) the model computes or does not read ({})",
-                        path.display(),
-                        sd.ignored.len(),
-                        sd.ignored.join(", ")
-                    )?;
-                }
-            }
-            None => session
-                .load_parameters(&params)
-                .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))?,
-        }
-    }
-    if let Some(path) = &a.data {
-        let batch = io::load(path)?;
-        session
-            .set_batch_map(&batch)
-            .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))?;
-    }
-    if let Some(path) = &a.save_data {
-        io::save(path, &session.batch())?;
-    }
-    let shuffle_seed = a.dataset.as_ref().map(|_| a.shuffle_seed.unwrap_or(a.seed));
-    let source = match &a.dataset {
-        Some(path) => {
-            let order = match a.order {
-                DataOrder::Shuffled => Order::Random,
-                DataOrder::Sequential => Order::Sequential,
-            };
-            let seed = shuffle_seed.expect("set with --dataset");
-            let s = datasets::open_dataset(path, session.graph(), order, seed)?;
-            // Data parallelism: each rank's own shard of every batch.
-            let mut s = ingot_trainer::data::shard::rank_batches(s, session.exe())?;
-            // Every id checked before the first step, not hours in.
-            s.check_all()?;
-            Some(s)
-        }
-        None => None,
-    };
-    let dataset = source.as_ref().map(|s| s.describe());
-    let dataset_fingerprint = match (&a.dataset, &dataset) {
-        (Some(path), Some(d)) => Some(datasets::dataset_fingerprint(path, d)?),
-        _ => None,
-    };
-    let resumed = match &a.resume {
-        Some(dir) => {
-            let ck = checkpoint::load(dir).map_err(|e| Failure::new(1, e))?;
-            // First: another number of ranks also cuts the data set differently.
-            checkpoint::check_ranks(dir, &ck.info, session.exe().data_ranks())
-                .map_err(|e| Failure::new(1, e))?;
-            checkpoint::check_same_run(
-                dir,
-                &ck.info,
-                session.model(),
-                dataset.as_deref(),
-                dataset_fingerprint.as_deref(),
-            )
-            .map_err(|e| Failure::new(1, e))?;
-            if let Some(note) = checkpoint::check_optimizer(dir, &ck.info, optimizer.as_ref())
-                .map_err(|e| Failure::new(1, e))?
-            {
-                eprintln!("ingot: {note}");
-            }
-            if let Some(note) = checkpoint::check_precision(&ck.info, session.precision().name()) {
-                eprintln!("ingot: checkpoint {}: {note}", dir.display());
-            }
-            let at = |e: session::SessionError| {
-                Failure::new(1, format!("checkpoint {}: {e}", dir.display()))
-            };
-            session.load_parameters(&ck.parameters).map_err(at)?;
-            session
-                .load_optimizer_state(&ck.optimizer_state)
-                .map_err(at)?;
-            // AdamW's step number, where it is an input: the updates the checkpoint made.
-            session.set_updates_done(ck.info.step);
-            Some(ck.info)
-        }
-        None => None,
-    };
-    let start = resumed.as_ref().map_or(0, |r| r.step);
-    let per_epoch = source.as_ref().map(|s| s.batches_per_epoch());
-    let last = match (a.steps, a.epochs, per_epoch) {
-        (s, Some(e), Some(p)) => {
-            Some(s.map_or(e.saturating_mul(p), |s| s.min(e.saturating_mul(p))))
-        }
-        (s, _, _) => s,
-    };
-    let precision = session.precision().name().to_string();
-    if !a.json {
-        let params: usize = session.parameters().values().map(|t| t.numel()).sum();
-        crate::outln!(
-            "model {}: {} parameters, {} on {}{}, {} parameters, {}",
-            session.model(),
-            params,
-            match (last, a.epochs) {
-                (_, Some(e)) => format!("{e} epochs ({} steps)", last.unwrap_or(0)),
-                (Some(s), None) => format!("{s} steps"),
-                (None, None) => "? steps".into(),
-            },
-            session.exe().device(),
-            match (device, session.precision()) {
-                (_, ingot_compiler::precision::Precision::Bf16) => " (bf16 mixed precision)",
-                (session::Device::Cuda(_), ingot_compiler::precision::Precision::Tf32) => {
-                    " (tf32 matmuls)"
-                }
-                (session::Device::Cuda(_), _) => " (strict f32)",
-                (session::Device::Cpu, _) => "",
-            },
-            if a.resume.is_some() {
-                "resumed"
-            } else if a.init.is_some() {
-                "loaded"
-            } else if file_weights {
-                "the model file's"
-            } else {
-                "seeded"
-            },
-            match (&dataset, per_epoch) {
-                (Some(d), Some(p)) => format!("{d}, {p} batches an epoch"),
-                _ if a.data.is_some() => "loaded batch".into(),
-                _ => "synthetic batch".into(),
-            },
-        )?;
-        if let Some(r) = &resumed {
-            crate::outln!(
-                "resuming after step {} (epoch {}) from {}",
-                r.step,
-                r.epoch,
-                a.resume.as_deref().map(Path::display).expect("resumed")
-            )?;
-        }
-    }
-    if let Some(s) = &source {
-        let d = s.dropped_per_epoch();
-        if d.count > 0 {
-            let text = format!(
-                "each epoch leaves out the last {} {} (a partial batch is dropped)",
-                d.count, d.unit
-            );
-            if a.json {
-                eprintln!("ingot: {text}");
-            } else {
-                crate::outln!("{text}")?;
-            }
-        }
-    }
-    // On a terminal (and without --json), a progress bar on stdout below the step lines;
-    // otherwise the lines alone, unchanged.
-    let bar = (!a.json && std::io::stdout().is_terminal()).then(|| {
-        let bar = ProgressBar::with_draw_target(last, ProgressDrawTarget::stdout());
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:30.cyan/blue} step {pos}/{len}  {msg}  [{elapsed_precise}, ETA {eta}]",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        bar.set_position(start);
-        bar.reset_eta();
-        bar
-    });
-    let units = source.as_ref().map(|s| {
-        let tokens = matches!(
-            datasets::dataset_kind(a.dataset.as_deref().expect("given")),
-            Ok(datasets::DatasetKind::Tokens)
-        );
-        let x = s.x();
-        if tokens {
-            ("tokens", x.dims.iter().product())
-        } else {
-            ("samples", x.dims.first().copied().unwrap_or(0))
-        }
-    });
-    let scheduled = a.schedule != Decay::Constant || a.warmup > 0;
-    let schedule = match (scheduled, session.has_lr_scale()) {
-        (true, false) => {
-            return Err(Failure::new(
-                1,
-                "this step has no learning-rate scale input for --schedule/--warmup: compile it with `ingot compile ... --lr-scale-input`",
-            ))
-        }
-        (true, true) => {
-            if !(0.0..=1.0).contains(&a.min_lr_ratio) {
-                return Err(Failure::new(
-                    2,
-                    format!("--min-lr-ratio must be in [0, 1], not {}", a.min_lr_ratio),
-                ));
-            }
-            let total = last.ok_or_else(|| {
-                Failure::new(2, "a schedule needs the run's length: give --steps or --epochs")
-            })?;
-            Some(Schedule {
-                decay: a.schedule,
-                warmup: a.warmup,
-                total,
-                min_ratio: a.min_lr_ratio,
-            })
-        }
-        (false, _) => None,
-    };
-    let record = RunRecord {
-        model: session.model().to_string(),
-        device: session.exe().device(),
-        dataset: dataset.clone(),
-        planned_bytes: planned_total(session),
-        eval_layout: session.shared_layout(),
-        ..Default::default()
-    };
-    let mut run = Run {
-        a,
-        record,
-        eval,
-        val_loss: None,
-        evaluated_at: None,
-        schedule,
-        precision,
-        step: start,
-        last,
-        units,
-        dataset,
-        dataset_fingerprint,
+    let o = RunOptions {
         optimizer,
-        shuffle_seed,
-        bar,
-        planned: human(planned_total(session)),
-        seconds: Vec::new(),
-        wall: Vec::new(),
-        free_after_first: None,
-        non_finite: None,
-        skipped: 0,
-        epoch_loss: (0.0, 0),
-        last_done: Instant::now(),
+        file_weights: state_dict.is_some(),
+        state_dict,
+        ..options(a, device)
     };
-    let mut last_info = None;
-    match source {
-        None => {
-            while !run.done() {
-                run.before_step(session)?;
-                let r = session.step()?;
-                if run.after_step(session, r, None)? == Next::Stop {
-                    break;
-                }
-            }
-        }
-        Some(source) => {
-            let mut epochs = Epochs::new(source);
-            if let Some(e) = a.epochs {
-                epochs = epochs.epochs(e);
-            }
-            if let Some(p) = resumed.as_ref().and_then(|r| r.position) {
-                epochs.restore(p).map_err(|e| {
-                    Failure::new(
-                        1,
-                        format!(
-                            "checkpoint {}: {e}",
-                            a.resume.as_deref().map(Path::display).expect("resumed")
-                        ),
-                    )
-                })?;
-            }
-            let slots = session.input_slots()?;
-            last_info = match session.cuda() {
-                Some(c) => {
-                    let mut buffers = Vec::with_capacity(2);
-                    for _ in 0..2 {
-                        buffers.push(Staging {
-                            x: c.pinned_buffer(slots[0].1)?,
-                            y: c.pinned_buffer(slots[1].1)?,
-                        });
-                    }
-                    let buffers: [_; 2] = buffers.try_into().ok().expect("two");
-                    over_data(session, &mut run, epochs, buffers, &slots)?
-                }
-                None => {
-                    let buffers = [0, 1].map(|_| Staging {
-                        x: vec![0u8; slots[0].1],
-                        y: vec![0u8; slots[1].1],
-                    });
-                    over_data(session, &mut run, epochs, buffers, &slots)?
-                }
-            };
+    let mut printer = printer::Printer::new(a.json);
+    ingot_trainer::run::train(session, &o, eval, &mut printer).map_err(failure)
+}
+
+/// `--schedule`: the shape of the learning rate's decay after the warmup
+/// ([`ingot_trainer::schedule::Decay`], named here for the command line).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DecayArg {
+    /// The optimizer's learning rate throughout (after any warmup).
+    #[default]
+    Constant,
+    /// Half a cosine from the full rate down to the minimum at the last step (nanoGPT's).
+    Cosine,
+    /// A straight line from the full rate down to the minimum at the last step.
+    Linear,
+}
+
+impl From<DecayArg> for Decay {
+    fn from(d: DecayArg) -> Decay {
+        match d {
+            DecayArg::Constant => Decay::Constant,
+            DecayArg::Cosine => Decay::Cosine,
+            DecayArg::Linear => Decay::Linear,
         }
     }
-    if run.non_finite.is_none() && !run.seconds.is_empty() {
-        run.evaluate(session)?;
-    }
-    run.measure_memory(session)?;
-    if let Some(path) = &a.report {
-        super::write_file(path, ingot_trainer::report::html(&run.record).as_bytes())?;
-    }
-    let bar = run.bar.take();
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    summary(
-        a,
-        session,
-        &run.seconds,
-        &run.wall,
-        run.free_after_first.as_deref(),
-        run.non_finite.as_ref().map(|(i, _)| *i),
-        a.dataset
-            .as_ref()
-            .and_then(|_| session.input_slots().ok())
-            .map(|s| 2 * (s[0].1 + s[1].1)),
-    )?;
-    if let Some((step, what)) = run.non_finite {
-        // The parameters were updated with a non-finite gradient: nothing is saved over a
-        // good file (nor a checkpoint), and the exit code says the run failed.
-        return Err(Failure::new(
-            1,
-            format!(
-                "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
-                kept_files(a)
-            ),
-        ));
-    }
-    if let Some(path) = a.save.as_ref().filter(|_| writes_files(session)) {
-        // A finite loss does not make finite weights: the update after it can overflow (a
-        // learning rate too large, the gradient of sqrt at 0). Nothing non-finite is written.
-        let mut params = session.parameters();
-        // An imported model's file is a whole PyTorch state_dict: running statistics and
-        // batch counts too, so that `load_state_dict` takes it back.
-        if let Some(sd) = &state_dict {
-            params.extend(sd.extra(session, run.step));
-        }
-        checkpoint::check_finite("parameter", &params).map_err(|e| {
-            Failure::new(
-                1,
-                format!(
-                    "after step {}: {e}{} (lower the learning rate, or check the data and the initial parameters)",
-                    run.step,
-                    kept_files(a)
-                ),
-            )
-        })?;
-        io::save(path, &params)?;
-        if !a.json {
-            crate::outln!(
-                "saved the parameters{} to {}",
-                if state_dict.is_some() {
-                    " and running statistics (a PyTorch state_dict)"
-                } else {
-                    ""
-                },
-                path.display()
-            )?;
-        }
-    }
-    if let Some(dir) = &a.checkpoint {
-        if !run.seconds.is_empty() || a.resume.is_none() {
-            run.save_checkpoint(dir, session, last_info)?;
-            if !a.json {
-                crate::outln!("saved checkpoint at step {} in {}", run.step, dir.display())?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// What a failed run leaves as it was, for its error message: `--save`'s file not written, the
-/// last checkpoint kept.
-fn kept_files(a: &StepArgs) -> String {
-    let mut kept = Vec::new();
-    if let Some(p) = &a.save {
-        kept.push(format!("{} was not written", p.display()));
-    }
-    if let Some(d) = &a.checkpoint {
-        kept.push(format!(
-            "the last checkpoint in {} is kept (resume from it with --resume {0})",
-            d.display()
-        ));
-    }
-    match kept.is_empty() {
-        true => String::new(),
-        false => format!(", and {}", kept.join("; ")),
-    }
-}
-
-/// The step loop over a data set: a loader thread fills `buffers` in turn, each batch goes
-/// straight into the input slots (`slots`), and the staged batch is handed back only after
-/// its step (and so its copy) finished. Returns the last batch's info.
-fn over_data<B>(
-    session: &mut Session,
-    run: &mut Run<'_>,
-    epochs: Epochs<Box<dyn BatchSource>>,
-    buffers: [Staging<B>; 2],
-    slots: &[(NodeId, usize); 2],
-) -> Result<Option<BatchInfo>, Failure>
-where
-    B: AsMut<[u8]> + std::ops::Deref<Target = [u8]> + Send + 'static,
-{
-    let mut last = None;
-    if run.done() {
-        return Ok(last);
-    }
-    let mut loader = Loader::spawn(epochs, buffers)?;
-    run.last_done = Instant::now();
-    while !run.done() {
-        let Some(batch) = loader.next_batch()? else {
-            break;
-        };
-        run.before_step(session)?;
-        let r = session.step_on(slots, &batch.x, &batch.y)?;
-        let info = batch.info;
-        drop(batch);
-        last = Some(info);
-        if run.after_step(session, r, Some(info))? == Next::Stop {
-            break;
-        }
-    }
-    Ok(last)
-}
-
-/// The last `--json` line: what the run measured, beside what was planned.
-#[derive(serde::Serialize)]
-struct Summary {
-    device: String,
-    /// Steps run (fewer than asked when a non-finite loss stopped the run).
-    steps: u64,
-    /// The step whose loss was NaN or infinite, where training stopped; absent when none was.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    non_finite_loss_step: Option<u64>,
-    median_step_seconds: Option<f64>,
-    median_wall_seconds: Option<f64>,
-    /// The plan's total: the one allocation's size, reported before launch (with --val, the
-    /// total of the training and validation steps together).
-    planned_bytes: usize,
-    resident_bytes: usize,
-    /// The training step's slab.
-    slab_bytes: usize,
-    /// With --val: how the one allocation divides between the two steps.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    eval: Option<ingot_compiler::plan::shared::SharedLayout>,
-    /// GPU only: the drop in free device memory the allocation caused.
-    measured_bytes: Option<usize>,
-    /// GPU only: device memory in use before the allocation (CUDA context, cuBLAS, kernels).
-    context_bytes: Option<usize>,
-    /// GPU only: device memory the captured step graph took.
-    graph_bytes: Option<usize>,
-    /// GPU only: free device memory after the last step minus after the first (0: the steps
-    /// allocated nothing).
-    free_change_bytes: Option<i64>,
-    /// Several GPUs: each GPU's change in free memory, rank 0 first (`free_change_bytes` is
-    /// rank 0's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ranks_free_change_bytes: Option<Vec<i64>>,
-    /// Data set runs: the loader's two staging buffers of x and y (page-locked on the GPU),
-    /// allocated once before the first step.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    staging_bytes: Option<usize>,
-}
-
-/// Whether this process writes the run's files (--save, checkpoints): every run but the
-/// processes of a job other than rank 0, whose parameters are rank 0's bits.
-fn writes_files(session: &Session) -> bool {
-    session.exe().data_shard().is_none_or(|(rank, _)| rank == 0)
-}
-
-/// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).
-fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, Failure> {
-    let gpus = session.cuda_ranks();
-    if gpus.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(
-        gpus.into_iter()
-            .map(CudaStep::free_memory)
-            .collect::<Result<Vec<_>, _>>()?,
-    ))
-}
-
-/// The one allocation's planned size: the training step's plan total, or with a validation
-/// step, the two steps' shared total.
-fn planned_total(session: &Session) -> usize {
-    session
-        .shared_layout()
-        .map_or(session.exe().plan().total_bytes, |l| l.total_bytes)
-}
-
-fn median(xs: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
-fn summary(
-    a: &StepArgs,
-    session: &Session,
-    seconds: &[f64],
-    wall: &[f64],
-    free_after_first: Option<&[usize]>,
-    non_finite_loss_step: Option<u64>,
-    staging_bytes: Option<usize>,
-) -> Result<(), Failure> {
-    let plan = session.exe().plan();
-    let cuda = session.cuda();
-    let mem = cuda.map(|c| c.memory());
-    // Per GPU: free memory now minus after the first step.
-    let changes: Option<Vec<i64>> = match (free_on_gpus(session)?, free_after_first) {
-        (Some(now), Some(first)) => Some(
-            now.iter()
-                .zip(first)
-                .map(|(&n, &f)| n as i64 - f as i64)
-                .collect(),
-        ),
-        _ => None,
-    };
-    let free_change = changes.as_ref().and_then(|c| c.first().copied());
-    let ranks_free_change = changes.filter(|c| c.len() > 1);
-    let s = Summary {
-        device: session.exe().device(),
-        steps: seconds.len() as u64,
-        non_finite_loss_step,
-        median_step_seconds: median(seconds),
-        median_wall_seconds: median(wall),
-        planned_bytes: planned_total(session),
-        resident_bytes: plan.resident_bytes,
-        slab_bytes: plan.slab_bytes,
-        eval: session.shared_layout(),
-        measured_bytes: mem.map(|m| m.allocation),
-        context_bytes: mem.map(|m| m.before_allocation),
-        graph_bytes: mem.map(|m| m.graph),
-        free_change_bytes: free_change,
-        ranks_free_change_bytes: ranks_free_change.clone(),
-        staging_bytes,
-    };
-    if a.json {
-        #[derive(serde::Serialize)]
-        struct Line<'a> {
-            summary: &'a Summary,
-        }
-        let line = serde_json::to_string(&Line { summary: &s })
-            .map_err(|e| Failure::new(1, e.to_string()))?;
-        return crate::outln!("{line}");
-    }
-    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
-    if let (Some(m), Some(w)) = (median(seconds), median(wall)) {
-        crate::outln!(
-            "median step {:.3} ms over {} steps ({:.3} ms wall clock, with launch and the loss's copy)",
-            m * 1e3,
-            seconds.len(),
-            w * 1e3
-        )?;
-    }
-    match s.eval {
-        None => crate::outln!(
-            "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation{}",
-            mib(s.planned_bytes),
-            mib(s.resident_bytes),
-            mib(s.slab_bytes),
-            match session.exe().data_ranks() {
-                1 => String::new(),
-                n => format!(" per rank, on each of {n} ranks"),
-            }
-        )?,
-        Some(l) => crate::outln!(
-            "memory planned: {:.1} MiB, one allocation; {}",
-            mib(s.planned_bytes),
-            ingot_trainer::eval::layout_line(&l)
-        )?,
-    }
-    if let Some(b) = staging_bytes {
-        crate::outln!(
-            "data staging: {:.2} MiB of host memory{} in two buffers, allocated once",
-            mib(b),
-            if cuda.is_some() { " (page-locked)" } else { "" }
-        )?;
-    }
-    if let Some(m) = mem {
-        crate::outln!(
-            "memory measured on the GPU: {:.1} MiB taken by the allocation (asked {:.1} MiB; the driver rounds up to its page)",
-            mib(m.allocation),
-            mib(m.requested)
-        )?;
-        crate::outln!(
-            "CUDA context, cuBLAS and kernels (not the step's): {:.1} MiB; step graph: {:.1} MiB",
-            mib(m.before_allocation),
-            mib(m.graph)
-        )?;
-    }
-    if let Some(c) = &ranks_free_change {
-        crate::outln!(
-            "free device memory after step 1 and after step {}, on each of {} GPUs: {}",
-            seconds.len(),
-            c.len(),
-            if c.iter().all(|&d| d == 0) {
-                "identical (no allocation during the steps)".to_string()
-            } else {
-                format!("changed by {c:?} bytes")
-            }
-        )?;
-    } else if let Some(d) = free_change {
-        crate::outln!(
-            "free device memory after step 1 and after step {}: {}",
-            seconds.len(),
-            if d == 0 {
-                "identical (no allocation during the steps)".to_string()
-            } else {
-                format!("changed by {d} bytes")
-            }
-        )?;
-    }
-    Ok(())
 }

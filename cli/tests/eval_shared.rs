@@ -29,6 +29,9 @@ impl Large {
     }
 }
 
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
+// allocator keeps `GlobalAlloc`'s contract exactly as `System` does; what it adds (a count in
+// an atomic or a thread-local) never allocates.
 unsafe impl GlobalAlloc for Large {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         Large::note(layout.size());

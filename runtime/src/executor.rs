@@ -16,8 +16,34 @@ pub trait StepExecutor {
     fn graph(&self) -> &Graph;
     fn plan(&self) -> &MemoryPlan;
     /// Copies `bytes` (the node's value, little-endian, exactly its planned size) into node
-    /// `id`'s memory.
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError>;
+    /// `id`'s memory: its planned location in the one allocation ([`StepExecutor::write_at`]).
+    /// Executors of several allocations (the ranks, each holding its own) write each rank's
+    /// shard instead.
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        let at = self.plan().location(self.graph(), id);
+        if bytes.len() != at.bytes {
+            return Err(ExecError::Invalid {
+                op: "write_node_bytes",
+                reason: format!(
+                    "node %{} holds {} bytes, not {}",
+                    id.index(),
+                    at.bytes,
+                    bytes.len()
+                ),
+            });
+        }
+        self.write_at(at, bytes)
+    }
+    /// Copies `bytes` (exactly `at.bytes` of them) into the one allocation at `at`, a location
+    /// of the plan; allocates nothing. Only executors of one allocation have it.
+    fn write_at(&mut self, _at: Location, _bytes: &[u8]) -> Result<(), ExecError> {
+        Err(ExecError::Invalid {
+            op: "write_at",
+            reason: "this executor holds one allocation per rank: write a node's value \
+                     (write_node_bytes), which it cuts into the ranks' shards"
+                .into(),
+        })
+    }
     /// The current value of node `id` (a leaf, or an output after a step), copied to the host.
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError>;
     /// Runs one step; allocates nothing.

@@ -1310,6 +1310,9 @@ mod counting {
         let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
     }
 
+    // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
+    // allocator keeps `GlobalAlloc`'s contract exactly as `System` does; what it adds (a count in
+    // an atomic or a thread-local) never allocates.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, l: Layout) -> *mut u8 {
             count();

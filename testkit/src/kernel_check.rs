@@ -29,16 +29,13 @@ use ingot_kernels::fused::random;
 use ingot_kernels::fused::{cpu, FusedKernel, Inst};
 use ingot_kernels::{BinaryOp, DType, UnaryOp};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
 use std::time::Instant;
 
 type Res<T> = Result<T, String>;
 /// (dtype, elements) of each buffer.
 type Shapes = Vec<(DType, usize)>;
 
-fn driver<T>(what: &str, r: Result<T, result::DriverError>) -> Res<T> {
-    r.map_err(|e| format!("{what}: {e:?}"))
-}
+use crate::device::{self, alloc, driver, launch, sync};
 
 // ---------------------------------------------------------------------------------------------
 // What to run.
@@ -813,7 +810,7 @@ fn compare(dt: DType, gpu: &[u8], cpu: &[u8], tol: Tolerance) -> (bool, f64, Str
 
 struct Loaded {
     module: sys::CUmodule,
-    functions: HashMap<String, sys::CUfunction>,
+    functions: HashMap<String, device::Function>,
 }
 
 fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res<Loaded> {
@@ -849,21 +846,7 @@ fn compile(items: &[Item], arch: &'static str, log: &mut dyn FnMut(&str)) -> Res
         src.len() / 1024,
         t.elapsed().as_secs_f64()
     ));
-    let image = CString::new(ptx.to_src()).map_err(|e| e.to_string())?;
-    // SAFETY: `image` is a NUL-terminated PTX text that outlives the call, and the
-    // context made current in `check_kernels` is current on this thread.
-    let module = driver("loading the module", unsafe {
-        result::module::load_data(image.as_ptr() as *const c_void)
-    })?;
-    let mut functions = HashMap::new();
-    for name in seen.keys() {
-        // SAFETY: `module` was loaded just above and is not unloaded before `Loaded` is
-        // dropped; the name is a NUL-terminated C string.
-        let f = driver("cuModuleGetFunction", unsafe {
-            result::module::get_function(module, CString::new(name.as_str()).unwrap())
-        })?;
-        functions.insert(name.clone(), f);
-    }
+    let (module, functions) = device::load(ptx.to_src(), seen.keys().map(String::as_str))?;
     Ok(Loaded { module, functions })
 }
 
@@ -874,41 +857,9 @@ struct Buffers {
 impl Drop for Buffers {
     fn drop(&mut self) {
         for &p in &self.ptrs {
-            // SAFETY: each pointer came from `alloc` and is freed once, here; no launch that
-            // uses it is pending (every use ends in `sync`).
-            unsafe {
-                let _ = result::free_sync(p);
-            }
+            device::free(p);
         }
     }
-}
-
-fn alloc(bytes: usize) -> Res<sys::CUdeviceptr> {
-    // SAFETY: a plain device allocation in the current context; the pointer is
-    // freed by `Buffers`.
-    driver("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })
-}
-
-fn launch(f: sys::CUfunction, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
-    let mut vals: Vec<u64> = args.to_vec();
-    let mut params: Vec<*mut c_void> = vals
-        .iter_mut()
-        .map(|v| v as *mut u64 as *mut c_void)
-        .collect();
-    let l = k.launch;
-    // SAFETY: `params` holds one pointer per kernel argument, each to a live `u64`
-    // device pointer of `vals`, as the generated kernel's signature takes them; `f` belongs to
-    // the loaded module; the null stream is the context's default.
-    driver("cuLaunchKernel", unsafe {
-        result::launch_kernel(
-            f,
-            (l.grid[0], l.grid[1], l.grid[2]),
-            (l.block[0], l.block[1], l.block[2]),
-            l.shared_bytes,
-            std::ptr::null_mut(),
-            &mut params,
-        )
-    })
 }
 
 /// Runs `p`'s launches in order on `ins` and `outs`, its scratch at `scratch`.
@@ -932,10 +883,6 @@ fn run_program(
     Ok(())
 }
 
-fn sync() -> Res<()> {
-    driver("kernel execution", result::ctx::synchronize())
-}
-
 struct Outcome {
     ok: bool,
     words: String,
@@ -947,52 +894,16 @@ struct Outcome {
 
 /// Registers a thread, and local memory a thread if any (spills, or arrays indexed at run
 /// time), as the loaded module says.
-fn resources(f: sys::CUfunction) -> String {
-    use sys::CUfunction_attribute_enum as A;
-    // SAFETY: `f` is a function of the loaded module; reading an attribute
-    // writes only the returned value.
-    let get = |a| unsafe { result::function::get_function_attribute(f, a) }.unwrap_or(-1);
-    let regs = get(A::CU_FUNC_ATTRIBUTE_NUM_REGS);
-    match get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) {
-        0 => format!("{regs} regs"),
-        local => format!("{regs} regs, {local} B LOCAL"),
+fn resources(f: device::Function) -> String {
+    match device::resources(f) {
+        (regs, 0) => format!("{regs} regs"),
+        (regs, local) => format!("{regs} regs, {local} B LOCAL"),
     }
 }
 
 /// Median time of 20 runs of `run` after 3 warm-ups, in milliseconds.
 fn time_ms(run: impl Fn() -> Res<()>) -> Res<f64> {
-    let start = driver(
-        "event",
-        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
-    )?;
-    let end = driver(
-        "event",
-        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
-    )?;
-    for _ in 0..3 {
-        run()?;
-    }
-    sync()?;
-    let mut ms = Vec::new();
-    for _ in 0..20 {
-        // SAFETY: `start` and `end` are events created above in the current context and
-        // destroyed only after the loop; the null stream is the context's default.
-        unsafe {
-            driver("record", result::event::record(start, std::ptr::null_mut()))?;
-            run()?;
-            driver("record", result::event::record(end, std::ptr::null_mut()))?;
-            driver("event sync", result::event::synchronize(end))?;
-            ms.push(driver("elapsed", result::event::elapsed(start, end))? as f64);
-        }
-    }
-    // SAFETY: the events are not used after this, and every record on them has
-    // completed (`synchronize(end)` above).
-    unsafe {
-        let _ = result::event::destroy(start);
-        let _ = result::event::destroy(end);
-    }
-    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(ms[ms.len() / 2])
+    device::time_ms(20, run)
 }
 
 /// Runs one kernel: upload, poison, launch, compare, time, and (if allowed) in place.
@@ -1037,9 +948,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
     for (b, &(d, n)) in host_in.iter().zip(&ins) {
         let p = alloc(d.size() * n)?;
         bufs.ptrs.push(p);
-        // SAFETY: `p` was allocated just above with `d.size() * n` bytes, the length of
-        // `b`, the host input.
-        driver("upload", unsafe { result::memcpy_htod_sync(p, b) })?;
+        device::upload(p, b)?;
     }
     let mut out_ptrs = Vec::new();
     for &(d, n) in &outs {
@@ -1054,10 +963,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             } else {
                 0xFF
             };
-            driver("memset", unsafe {
-                // SAFETY: `p` is an output buffer of exactly `d.size() * n` bytes.
-                result::memset_d8_sync(p, v, d.size() * n)
-            })?;
+            device::memset(p, v, d.size() * n)?;
         }
         Ok(())
     };
@@ -1072,9 +978,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
     let mut worst = 0f64;
     for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
         let mut got = vec![0u8; d.size() * n];
-        // SAFETY: `p` holds `d.size() * n` bytes, the length of `got`; `sync` above
-        // finished every launch writing it.
-        driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
+        device::download(p, &mut got)?;
         let (o, e, w) = compare(d, &got, &want[j], tol[j]);
         ok &= o;
         worst = worst.max(e);
@@ -1123,9 +1027,7 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
         let mut bad = Vec::new();
         for (j, (&p, &(d, n))) in out_ptrs.iter().zip(&outs).enumerate() {
             let mut got = vec![0u8; d.size() * n];
-            // SAFETY: `p` holds `d.size() * n` bytes, the length of `got`; `sync` above
-            // finished every launch writing it.
-            driver("download", unsafe { result::memcpy_dtoh_sync(&mut got, p) })?;
+            device::download(p, &mut got)?;
             let (o, _, w) = compare(d, &got, &want[j], tol[j]);
             if !o {
                 vok = false;
@@ -1170,27 +1072,16 @@ fn check_one(dev: &Loaded, it: &Item, seed: u64, exact: bool, time: bool) -> Res
             }
             for (jj, (&p, &(d, n))) in outs_here.iter().zip(&outs).enumerate() {
                 if jj != j {
-                    driver("memset", unsafe {
-                        // SAFETY: `p` is a fresh output buffer of `d.size() * n` bytes.
-                        result::memset_d8_sync(p, 0xFF, d.size() * n)
-                    })?;
+                    device::memset(p, 0xFF, d.size() * n)?;
                 }
             }
             // Input i must hold its data again (timing runs do not change inputs).
-            driver("upload", unsafe {
-                // SAFETY: `args[i]` is input `i`'s buffer, allocated with the length of
-                // `host_in[i]`.
-                result::memcpy_htod_sync(args[i], &host_in[i])
-            })?;
+            device::upload(args[i], &host_in[i])?;
             run_program(dev, &it.program, &args, &outs_here, scratch)?;
             sync()?;
             let (d, n) = outs[j];
             let mut got = vec![0u8; d.size() * n];
-            driver("download", unsafe {
-                // SAFETY: output `j` here is input `i`'s buffer, `d.size() * n` bytes as `got`;
-                // `sync` above finished the launches.
-                result::memcpy_dtoh_sync(&mut got, outs_here[j])
-            })?;
+            device::download(outs_here[j], &mut got)?;
             let (o, _, w) = compare(d, &got, &want[j], tol[j]);
             ok &= o;
             text += &if o {
@@ -1491,37 +1382,12 @@ pub fn check_kernels(
     opts: CheckOptions,
     log: &mut dyn FnMut(&str),
 ) -> Res<Summary> {
-    // SAFETY: only tries to open the driver library; nothing of it is called.
-    if !unsafe { sys::is_culib_present() } {
-        return Err("no CUDA driver (libcuda.so could not be loaded)".into());
-    }
-    // SAFETY: only tries to open the NVRTC library; nothing of it is called.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err("the CUDA driver is present but NVRTC is not; install NVRTC".into());
-    }
+    let gpu = device::init()?;
     let items = kernels_of(source, opts.variants)?;
     let exact = matches!(source, Source::Random(_));
-
-    // Device.
-    driver("cuInit", result::init())?;
-    let dev = driver("cuDeviceGet", result::device::get(0))?;
-    let name = driver("device name", result::device::get_name(dev))?;
-    let attr = |a| {
-        // SAFETY: `dev` is device 0, obtained above; the attribute is written into the
-        // returned value only.
-        driver("attribute", unsafe {
-            result::device::get_attribute(dev, a)
-        })
-    };
-    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-    // SAFETY: `dev` is a valid device; the primary context is released at the end
-    // of this function.
-    let ctx = driver("context", unsafe { result::primary_ctx::retain(dev) })?;
-    // SAFETY: `ctx` was retained just above and stays alive until released below.
-    driver("context", unsafe { result::ctx::set_current(ctx) })?;
-    log(&format!("device: {name} (compute {major}.{minor})"));
-    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let (major, minor) = gpu.compute;
+    log(&format!("device: {} (compute {major}.{minor})", gpu.name));
+    let (arch, dev) = (gpu.arch, gpu.device);
     let device = compile(&items, arch, log)?;
 
     let t0 = Instant::now();

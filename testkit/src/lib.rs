@@ -3,9 +3,12 @@
 //! - [`kernel_check`]: every kernel of a model, or random ones, run on the GPU against the CPU;
 //! - [`random_step`]: random training steps checked against the unfused reference interpreter;
 //! - [`fuzz`]: the bodies and properties of the fuzz targets (fuzz/), and their bounded twins;
+//! - [`device`]: the raw CUDA driver calls the GPU harnesses share (GPU 0, load, launch, copy,
+//!   time), the kernel check's and the attention tests' (runtime/tests/support/attention_device.rs);
 //! - [`cxx`]: the host's C++ compiler, for the kernel tests that compile CUDA C for the host.
 
 pub mod cxx;
+pub mod device;
 pub mod fuzz;
 pub mod kernel_check;
 pub mod random_step;

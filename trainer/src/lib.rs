@@ -2,7 +2,9 @@
 //! a [`session`] loads a compiled step on a device with its initial values ([`init`]); data sets
 //! are read batch by batch and sharded per rank ([`data`], [`datasets`]); [`eval`] runs the
 //! evaluation step, [`schedule`] gives the learning rate of each step, [`checkpoint`] saves and
-//! resumes a run, and [`report`] is what a run says about itself. The `ingot` command line sits
+//! resumes a run, and [`report`] is what a run says about itself. [`run`] is the training loop
+//! itself, telling an observer its steps, evaluations and epochs, and keeping what it records
+//! in fixed-size summaries ([`record`]). The `ingot` command line sits
 //! above this crate, and this crate never names it (tests/layers.rs in the runtime crate).
 
 pub mod checkpoint;
@@ -10,6 +12,9 @@ pub mod data;
 pub mod datasets;
 pub mod eval;
 pub mod init;
+pub mod record;
 pub mod report;
+pub mod run;
 pub mod schedule;
 pub mod session;
+pub mod state_dict;

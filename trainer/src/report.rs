@@ -1,6 +1,9 @@
 //! `--report run.html`: one self-contained page (inline SVG, no script, no external file) with
 //! the training and validation loss curves and the memory over the run, the planned figure
-//! beside the measured one.
+//! beside the measured one. Its curves are [`Curve`]s: every point of a run of up to
+//! [`Curve::POINTS`] steps, evenly thinned beyond (the first and last always drawn).
+
+use crate::record::Curve;
 
 /// What a run recorded for its report.
 #[derive(Clone, Debug, Default)]
@@ -9,9 +12,9 @@ pub struct RunRecord {
     pub device: String,
     pub dataset: Option<String>,
     /// (step, training loss), finite ones.
-    pub losses: Vec<(u64, f64)>,
+    pub losses: Curve<f64>,
     /// (step, validation loss).
-    pub val: Vec<(u64, f64)>,
+    pub val: Curve<f64>,
     /// The one allocation: the training step's plan total, or with a validation step, the
     /// two steps' shared total.
     pub planned_bytes: usize,
@@ -20,7 +23,7 @@ pub struct RunRecord {
     pub eval_layout: Option<ingot_compiler::plan::shared::SharedLayout>,
     /// (step, device memory the run holds, measured): on a GPU the allocation plus any change
     /// in free device memory since the first step; empty on the CPU.
-    pub memory: Vec<(u64, usize)>,
+    pub memory: Curve<usize>,
 }
 
 fn escape(s: &str) -> String {
@@ -120,7 +123,7 @@ fn short(v: f64) -> String {
 
 /// The page.
 pub fn html(r: &RunRecord) -> String {
-    let f = |v: &[(u64, f64)]| v.iter().map(|&(s, y)| (s as f64, y)).collect::<Vec<_>>();
+    let f = |v: &Curve<f64>| v.points().map(|(s, y)| (s as f64, y)).collect::<Vec<_>>();
     let mut loss_series = vec![("training loss", "#1f77b4", f(&r.losses))];
     if !r.val.is_empty() {
         loss_series.push(("validation loss", "#d62728", f(&r.val)));
@@ -139,7 +142,7 @@ pub fn html(r: &RunRecord) -> String {
         mem_series.push((
             "measured on the device",
             "#ff7f0e",
-            r.memory.iter().map(|&(s, b)| (s as f64, mib(b))).collect(),
+            r.memory.points().map(|(s, b)| (s as f64, mib(b))).collect(),
         ));
     }
     let memory_note = if r.memory.is_empty() {
@@ -162,7 +165,7 @@ pub fn html(r: &RunRecord) -> String {
         model = escape(&r.model),
         device = escape(&r.device),
         dataset = escape(r.dataset.as_deref().unwrap_or("one fixed batch")),
-        steps = r.losses.len(),
+        steps = r.losses.count(),
         last_loss = r.losses.last().map_or("-".into(), |p| format!("{:.6}", p.1)),
         last_val = r.val.last().map_or("-".into(), |p| format!("{:.6}", p.1)),
         planned = mib(r.planned_bytes),
@@ -193,7 +196,7 @@ mod tests {
             device: "cpu".into(),
             dataset: Some("tokens a.bin".into()),
             losses: (1..=10).map(|i| (i, 5.0 - i as f64 * 0.1)).collect(),
-            val: vec![(5, 4.8), (10, 4.3)],
+            val: [(5, 4.8), (10, 4.3)].into_iter().collect(),
             planned_bytes: 3 << 20,
             eval_layout: Some(ingot_compiler::plan::shared::SharedLayout {
                 resident_bytes: 1 << 20,
@@ -206,7 +209,7 @@ mod tests {
                 eval_alone_bytes: 2 << 20,
                 total_bytes: 3 << 20,
             }),
-            memory: vec![],
+            memory: Curve::new(),
         };
         let page = html(&r);
         assert!(page.starts_with("<!DOCTYPE html>"));

@@ -3,17 +3,9 @@
 //! each step and writes it into the input's slot, so one compiled step serves the whole run.
 
 /// The shape of the decay after the warmup.
-#[derive(
-    clap::ValueEnum,
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+/// The command line names its values (`--schedule constant|cosine|linear`) with an enum of its
+/// own, so this crate does not depend on an argument parser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Decay {
     /// The optimizer's learning rate throughout (after any warmup).

@@ -274,6 +274,136 @@ pub fn joined<T>(
     h.join().unwrap_or_else(|_| Err(panicked()))
 }
 
+/// A one-rank step executor that [`Ranks`] runs `N` of: the CPU's planned step, a GPU's step.
+pub trait RankStep: StepExecutor + Send + Sized {
+    /// Whether [`Ranks`] has each rank copy its shard of a step's inputs on the rank's own
+    /// thread, right before its step (GPUs: each copy is queued on the rank's stream, so the
+    /// copies overlap), rather than writing every rank's shard first, one rank after another,
+    /// and then stepping them all (the CPU, where a copy is a `memcpy` into the allocation).
+    const INPUTS_ON_RANK_THREADS: bool;
+
+    /// Where `ranks` run, in words ("cpu, 2 ranks").
+    fn ranks_device(ranks: &[Self]) -> String;
+}
+
+/// `N` ranks of one data-parallel step as one step executor (the CPU's
+/// `cpu::ranks::CpuRanks`, the GPUs' `cuda::ranks::GpuRanks`): rank `r` is `ranks[r]`, each its
+/// own allocation, run on thread `r` of [`RankThreads`]; `X` is what the kind of rank keeps
+/// beside them (the GPUs' NCCL information).
+pub struct Ranks<E, X = ()> {
+    pub(crate) ranks: Vec<E>,
+    pub(crate) threads: RankThreads,
+    pub(crate) extra: X,
+}
+
+impl<E, X> Ranks<E, X> {
+    /// The rank steps, rank 0 first.
+    pub fn ranks(&self) -> &[E] {
+        &self.ranks
+    }
+}
+
+impl<E: RankStep, X> StepExecutor for Ranks<E, X> {
+    fn graph(&self) -> &Graph {
+        self.ranks[0].graph()
+    }
+
+    fn plan(&self) -> &MemoryPlan {
+        self.ranks[0].plan()
+    }
+
+    /// Each rank's shard of a batch written for all ranks together, or all of `bytes`
+    /// ([`write_shards`]).
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        write_shards(&mut self.ranks, id, bytes)
+    }
+
+    /// A sharded leaf's rows joined from every rank ([`read_whole`]).
+    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        read_whole(&self.ranks, id)
+    }
+
+    /// A sharded leaf's whole type ([`whole_type`]): [`read_whole`] reads it, and a value of it
+    /// written is cut into the ranks' rows ([`write_shards`]).
+    fn leaf_type(&self, id: NodeId) -> TensorType {
+        whole_type(self.graph(), id)
+    }
+
+    fn step(&mut self) -> Result<(), ExecError> {
+        self.threads.on_every_rank(&mut self.ranks, |_, s| s.step())
+    }
+
+    /// Each rank's shard of the inputs, then every rank's step: see
+    /// [`RankStep::INPUTS_ON_RANK_THREADS`].
+    fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        if !E::INPUTS_ON_RANK_THREADS {
+            for &(id, bytes) in inputs {
+                self.write_node_bytes(id, bytes)?;
+            }
+            return self.step();
+        }
+        let n = self.ranks.len();
+        let shards: Vec<Vec<(NodeId, &[u8])>> = (0..n)
+            .map(|r| {
+                inputs
+                    .iter()
+                    .map(|&(id, b)| (id, shard(self.graph(), self.plan(), id, b, r, n)))
+                    .collect()
+            })
+            .collect();
+        let shards = &shards;
+        self.threads
+            .on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
+    }
+
+    fn eval_executable(&self) -> Option<&Executable> {
+        self.ranks[0].eval_executable()
+    }
+
+    /// Every rank evaluates its shard of the batch (no collective: the mean of the ranks'
+    /// losses is taken where it is read, [`StepExecutor::read_scalar`]), one after another.
+    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
+        eval_shards(&mut self.ranks, inputs)
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.ranks[0].allocated_bytes()
+    }
+
+    fn device(&self) -> String {
+        E::ranks_device(&self.ranks)
+    }
+
+    /// The slowest rank's device time, where the ranks measure it: the step is done when every
+    /// rank is.
+    fn last_step_device_seconds(&self) -> Option<f64> {
+        self.ranks
+            .iter()
+            .filter_map(|s| s.last_step_device_seconds())
+            .reduce(f64::max)
+    }
+
+    /// The value at `at` on every rank: the same on all (a gradient norm, read after the
+    /// all-reduce), or each rank's own (its shard's loss), whose mean over the ranks is the
+    /// union's (equal shards of a mean loss).
+    fn read_scalar(
+        &self,
+        at: ingot_compiler::plan::check::Location,
+        dtype: ingot_compiler::ir::DType,
+    ) -> Result<f64, ExecError> {
+        let values = self
+            .ranks
+            .iter()
+            .map(|s| s.read_scalar(at, dtype))
+            .collect::<Result<Vec<f64>, _>>()?;
+        Ok(crate::collective::launch::mean_of_ranks(&values))
+    }
+
+    fn data_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -435,15 +435,25 @@ pub fn exec_attention(
                 let (region, rest) =
                     std::mem::take(&mut tail).split_at_mut(round_up(n * dtype.size()));
                 tail = rest;
-                // SAFETY: a region of the scratch of at least `n` elements, 64-byte aligned,
-                // exclusively borrowed; every bit pattern is an f32 or a bf16.
                 match dtype {
-                    DType::BF16 => ViewMut::BF16(unsafe {
-                        std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut bf16, n)
-                    }),
-                    _ => ViewMut::F32(unsafe {
-                        std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut f32, n)
-                    }),
+                    DType::BF16 => {
+                        // SAFETY: a region of the scratch of at least `n` bf16s (rounded up
+                        // above), 64-byte aligned, exclusively borrowed; every bit pattern is
+                        // a bf16.
+                        let v = unsafe {
+                            std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut bf16, n)
+                        };
+                        ViewMut::BF16(v)
+                    }
+                    _ => {
+                        // SAFETY: a region of the scratch of at least `n` f32s (rounded up
+                        // above), 64-byte aligned, exclusively borrowed; every bit pattern is
+                        // an f32.
+                        let v = unsafe {
+                            std::slice::from_raw_parts_mut(region.as_mut_ptr() as *mut f32, n)
+                        };
+                        ViewMut::F32(v)
+                    }
                 }
             }
         });

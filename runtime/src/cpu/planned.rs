@@ -524,11 +524,14 @@ impl Part {
                 let ty = self.exe.graph().ty(x);
                 let l = self.location[x.index()];
                 let size = ty.dtype.size();
-                // SAFETY: an operand placed on the output is read from the stash; any other
-                // operand does not overlap the output (validated) and has the output's length.
                 let v = if l == here {
+                    // SAFETY: an operand placed on the output is read from the stash, which
+                    // holds this chunk's `len` elements of it, copied above.
                     unsafe { view(stash.0.as_ptr() as *mut u8, ty.dtype, len) }
                 } else {
+                    // SAFETY: any other operand does not overlap the output (validated) and
+                    // has the output's length, so the chunk's `len` elements from `start` lie
+                    // inside its planned bytes.
                     unsafe { view(base.add(l.offset + start * size), ty.dtype, len) }
                 };
                 inputs.push(v);
@@ -601,20 +604,19 @@ impl crate::executor::StepExecutor for PlannedStep {
         PlannedStep::plan(self)
     }
 
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let l = self.main.location[id.index()];
-        if bytes.len() != l.bytes {
-            return Err(ExecError::Invalid {
-                op: "write_node_bytes",
+    fn write_at(&mut self, at: Location, bytes: &[u8]) -> Result<(), ExecError> {
+        let to = self
+            .bytes_mut()
+            .get_mut(at.offset..at.offset + bytes.len())
+            .ok_or_else(|| ExecError::Invalid {
+                op: "write_at",
                 reason: format!(
-                    "node %{} holds {} bytes, not {}",
-                    id.index(),
-                    l.bytes,
-                    bytes.len()
+                    "{} bytes at offset {} are outside the allocation",
+                    bytes.len(),
+                    at.offset
                 ),
-            });
-        }
-        self.bytes_mut()[l.offset..l.offset + l.bytes].copy_from_slice(bytes);
+            })?;
+        to.copy_from_slice(bytes);
         Ok(())
     }
 

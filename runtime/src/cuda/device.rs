@@ -1239,24 +1239,24 @@ impl StepExecutor for CudaStep {
         self.main.exe.plan()
     }
 
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        let l = self.main.location[id.index()];
-        if bytes.len() != l.bytes {
+    fn write_at(&mut self, at: Location, bytes: &[u8]) -> Result<(), ExecError> {
+        if at.offset + bytes.len() > self.bytes {
             return Err(ExecError::Invalid {
-                op: "write_node_bytes",
+                op: "write_at",
                 reason: format!(
-                    "node %{} holds {} bytes, not {}",
-                    id.index(),
-                    l.bytes,
-                    bytes.len()
+                    "{} bytes at offset {} are outside the allocation",
+                    bytes.len(),
+                    at.offset
                 ),
             });
         }
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
         self.stream.synchronize().map_err(driver("synchronizing"))?;
-        if l.bytes > 0 {
-            // SAFETY: the range lies inside the allocation; the stream is idle.
-            unsafe { result::memcpy_htod_sync(self.base + l.offset as u64, bytes) }
+        if !bytes.is_empty() {
+            // SAFETY: the range `at.offset..at.offset + bytes.len()` lies inside the allocation
+            // (checked above) and the stream is idle (synchronized), so no kernel reads or
+            // writes it while the synchronous copy runs.
+            unsafe { result::memcpy_htod_sync(self.base + at.offset as u64, bytes) }
                 .map_err(driver("copying to the GPU"))?;
         }
         Ok(())
@@ -1340,12 +1340,14 @@ impl Drop for CudaStep {
             let _ = unsafe { comm.deregister(w) };
         }
         match (self.allocator, &self.comm) {
-            // SAFETY: allocated in `prepare`, freed once, after all work on it finished.
             (Allocator::Nccl, Some(comm)) => {
+                // SAFETY: allocated by NCCL in `prepare`, freed once, here, after all work on
+                // it finished (the stream synchronized and the graphs dropped above).
                 let _ = unsafe { comm.nccl().free(self.base) };
             }
-            // SAFETY: as above.
             _ => {
+                // SAFETY: allocated by the driver in `prepare`, freed once, here, after all
+                // work on it finished (the stream synchronized and the graphs dropped above).
                 let _ = unsafe { result::free_sync(self.base) };
             }
         }

@@ -345,16 +345,16 @@ impl Comm {
         let s = self.nccl.symmetric.as_ref().ok_or_else(no_symmetric)?;
         let mut w = std::ptr::null_mut();
         // SAFETY: the range is NCCL memory of this rank's device; writes one handle.
-        self.nccl
-            .check("registering the symmetric window", unsafe {
-                (s.window_register)(
-                    self.raw,
-                    ptr as *mut c_void,
-                    bytes,
-                    &mut w,
-                    WIN_COLL_SYMMETRIC,
-                )
-            })?;
+        let r = unsafe {
+            (s.window_register)(
+                self.raw,
+                ptr as *mut c_void,
+                bytes,
+                &mut w,
+                WIN_COLL_SYMMETRIC,
+            )
+        };
+        self.nccl.check("registering the symmetric window", r)?;
         Ok(w)
     }
 

@@ -162,8 +162,8 @@ impl StepExecutor for ProcessRank {
         self.step.plan()
     }
 
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        self.step.write_node_bytes(id, bytes)
+    fn write_at(&mut self, at: Location, bytes: &[u8]) -> Result<(), ExecError> {
+        self.step.write_at(at, bytes)
     }
 
     fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {

@@ -11,15 +11,11 @@
 
 use super::device::{CudaOptions, CudaStep, RankGate};
 use super::nccl;
-use crate::collective::ranks::{joined, ranks_of, read_whole, shard, write_shards, RankThreads};
+use crate::collective::ranks::{joined, ranks_of, RankStep, RankThreads, Ranks};
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
-use crate::tensor::Tensor;
 use cudarc::driver::{result, CudaContext};
 use ingot_compiler::exe::{Executable, StepPair};
-use ingot_compiler::ir::{DType, Graph, NodeId, TensorType};
-use ingot_compiler::plan::check::Location;
-use ingot_compiler::plan::MemoryPlan;
 
 /// NCCL as the group found it, and the device memory its communicators took.
 #[derive(Clone, Debug)]
@@ -34,11 +30,21 @@ pub struct NcclInfo {
     pub symmetric: bool,
 }
 
-/// The ranks of one data-parallel step, one per GPU.
-pub struct GpuRanks {
-    ranks: Vec<CudaStep>,
-    threads: RankThreads,
-    nccl: NcclInfo,
+/// The ranks of one data-parallel step, one per GPU, and NCCL's information.
+pub type GpuRanks = Ranks<CudaStep, NcclInfo>;
+
+impl RankStep for CudaStep {
+    /// Each rank queues its shard's copies on its own stream, from its own thread.
+    const INPUTS_ON_RANK_THREADS: bool = true;
+
+    fn ranks_device(ranks: &[CudaStep]) -> String {
+        format!(
+            "{} ... cuda:{}, {} ranks",
+            ranks[0].device(),
+            ranks.len() - 1,
+            ranks.len()
+        )
+    }
 }
 
 fn device_error(what: &str) -> impl FnOnce(String) -> ExecError + '_ {
@@ -138,10 +144,10 @@ impl GpuRanks {
             .collect();
         drop(contexts);
         let symmetric = ranks.iter().all(CudaStep::symmetric);
-        Ok(GpuRanks {
+        Ok(Ranks {
             threads: RankThreads::new(ranks.len())?,
             ranks,
-            nccl: NcclInfo {
+            extra: NcclInfo {
                 version,
                 path: lib.path.clone(),
                 bytes,
@@ -150,14 +156,9 @@ impl GpuRanks {
         })
     }
 
-    /// The rank steps, rank 0 first.
-    pub fn ranks(&self) -> &[CudaStep] {
-        &self.ranks
-    }
-
     /// NCCL's version, path and memory per rank.
     pub fn nccl(&self) -> &NcclInfo {
-        &self.nccl
+        &self.extra
     }
 
     /// Every rank runs its step's operations one at a time with an event after each
@@ -202,98 +203,5 @@ impl GpuRanks {
                 })
             })
             .collect()
-    }
-}
-
-impl StepExecutor for GpuRanks {
-    fn graph(&self) -> &Graph {
-        self.ranks[0].graph()
-    }
-
-    fn plan(&self) -> &MemoryPlan {
-        self.ranks[0].plan()
-    }
-
-    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
-        write_shards(&mut self.ranks, id, bytes)
-    }
-
-    /// A sharded leaf's rows joined from every rank ([`read_whole`]).
-    fn read_node(&self, id: NodeId) -> Result<Tensor, ExecError> {
-        read_whole(&self.ranks, id)
-    }
-
-    /// A sharded leaf's whole type, as [`crate::cpu::ranks::CpuRanks`] presents it.
-    fn leaf_type(&self, id: NodeId) -> TensorType {
-        crate::collective::ranks::whole_type(self.graph(), id)
-    }
-
-    fn step(&mut self) -> Result<(), ExecError> {
-        self.threads.on_every_rank(&mut self.ranks, |_, s| s.step())
-    }
-
-    fn eval_executable(&self) -> Option<&Executable> {
-        self.ranks[0].eval_executable()
-    }
-
-    /// Every rank evaluates its shard of the batch (no collective), one after another.
-    fn eval_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
-        crate::collective::ranks::eval_shards(&mut self.ranks, inputs)
-    }
-
-    /// Each rank copies its shard of the inputs and runs its step, all at once.
-    fn step_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), ExecError> {
-        let shards: Vec<Vec<(NodeId, &[u8])>> = (0..self.ranks.len())
-            .map(|r| {
-                inputs
-                    .iter()
-                    .map(|&(id, b)| {
-                        (
-                            id,
-                            shard(self.graph(), self.plan(), id, b, r, self.ranks.len()),
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
-        let shards = &shards;
-        self.threads
-            .on_every_rank(&mut self.ranks, |r, s| s.step_with_inputs(&shards[r]))
-    }
-
-    fn allocated_bytes(&self) -> usize {
-        self.ranks[0].allocated_bytes()
-    }
-
-    fn device(&self) -> String {
-        format!(
-            "{} ... cuda:{}, {} ranks",
-            self.ranks[0].device(),
-            self.ranks.len() - 1,
-            self.ranks.len()
-        )
-    }
-
-    /// The slowest rank's device time: the step is done when every rank is.
-    fn last_step_device_seconds(&self) -> Option<f64> {
-        self.ranks
-            .iter()
-            .filter_map(|s| s.last_step_device_seconds())
-            .reduce(f64::max)
-    }
-
-    /// The same value on every rank (read after the all-reduce), or each rank's own (its
-    /// shard's loss), whose mean over the ranks is the union's (equal shards of a mean loss).
-    fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError> {
-        let values = self
-            .ranks
-            .iter()
-            .map(|s| s.read_scalar(at, dtype))
-            .collect::<Result<Vec<f64>, _>>()?;
-        Ok(crate::collective::launch::mean_of_ranks(&values))
-    }
-
-    fn data_ranks(&self) -> usize {
-        self.ranks.len()
     }
 }

@@ -1,48 +1,31 @@
 //! A minimal raw-kernel harness for the fused-attention kernels on GPU 0 (`#[path]`-included
 //! by runtime/tests/cuda_attention.rs and runtime/examples/attention_bench.rs): NVRTC-compiles
 //! generated kernels (the prelude first, as the runtime does, several modules compiled in
-//! parallel), allocates, copies, launches and times them with CUDA events.
+//! parallel), allocates, copies, launches and times them with CUDA events, through the driver
+//! calls the GPU harnesses share (testkit/src/device.rs, `ingot_testkit::device`).
 
 #![allow(dead_code)]
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::sys;
 use ingot_kernels::cuda::{CudaKernel, PRELUDE, PRELUDE_BF16};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
 
-pub type Res<T> = Result<T, String>;
-
-fn driver<T>(what: &str, r: Result<T, result::DriverError>) -> Res<T> {
-    r.map_err(|e| format!("{what}: {e:?}"))
-}
+/// The driver calls the GPU harnesses share, the test kit's own file: included by path, since
+/// the runtime may not depend on the test kit, a layer above it (tests/layers.rs).
+#[path = "../../../testkit/src/device.rs"]
+mod driver_calls;
+pub use device::Res;
+use driver_calls as device;
 
 /// GPU 0 made current; its name and NVRTC architecture (`compute_XY`).
 pub fn init() -> Res<(String, &'static str)> {
-    if !unsafe { sys::is_culib_present() } {
-        return Err("no CUDA driver".into());
-    }
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err("no NVRTC".into());
-    }
-    driver("cuInit", result::init())?;
-    let dev = driver("cuDeviceGet", result::device::get(0))?;
-    let name = driver("device name", result::device::get_name(dev))?;
-    let attr = |a| {
-        driver("attribute", unsafe {
-            result::device::get_attribute(dev, a)
-        })
-    };
-    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-    let ctx = driver("context", unsafe { result::primary_ctx::retain(dev) })?;
-    driver("context", unsafe { result::ctx::set_current(ctx) })?;
-    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-    Ok((name, arch))
+    let gpu = device::init()?;
+    Ok((gpu.name, gpu.arch))
 }
 
 /// Loaded kernels by name.
 pub struct Modules {
-    functions: HashMap<String, sys::CUfunction>,
+    functions: HashMap<String, device::Function>,
 }
 
 /// Compiles `kernels` (each once) in `chunks` modules, in parallel, and loads them.
@@ -85,16 +68,8 @@ pub fn compile(kernels: &[&CudaKernel], arch: &'static str, chunks: usize) -> Re
     let mut functions = HashMap::new();
     for r in ptxs {
         let (ptx, names) = r?;
-        let image = CString::new(ptx).map_err(|e| e.to_string())?;
-        let module = driver("loading a module", unsafe {
-            result::module::load_data(image.as_ptr() as *const c_void)
-        })?;
-        for n in names {
-            let f = driver("cuModuleGetFunction", unsafe {
-                result::module::get_function(module, CString::new(n.as_str()).unwrap())
-            })?;
-            functions.insert(n, f);
-        }
+        let (_, loaded) = device::load(ptx, names.iter().map(String::as_str))?;
+        functions.extend(loaded);
     }
     Ok(Modules { functions })
 }
@@ -102,14 +77,8 @@ pub fn compile(kernels: &[&CudaKernel], arch: &'static str, chunks: usize) -> Re
 impl Modules {
     /// Registers a thread and local (spilled) bytes a thread of `k`.
     pub fn resources(&self, k: &CudaKernel) -> String {
-        use sys::CUfunction_attribute_enum as A;
-        let f = self.functions[&k.name];
-        let get = |a| unsafe { result::function::get_function_attribute(f, a) }.unwrap_or(-1);
-        format!(
-            "{} regs, {} B local",
-            get(A::CU_FUNC_ATTRIBUTE_NUM_REGS),
-            get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
-        )
+        let (regs, local) = device::resources(self.functions[&k.name]);
+        format!("{regs} regs, {local} B local")
     }
 
     /// Launches `k` on `args` (asynchronously).
@@ -121,23 +90,7 @@ impl Modules {
     /// Launches `k` with its pointer parameters at `args`: device addresses, which may lie
     /// inside a buffer ([`Buf::at`]), as packed k and v lie in q's buffer.
     pub fn launch_at(&self, k: &CudaKernel, args: &[sys::CUdeviceptr]) -> Res<()> {
-        let f = self.functions[&k.name];
-        let mut vals: Vec<u64> = args.to_vec();
-        let mut params: Vec<*mut c_void> = vals
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
-        let l = k.launch;
-        driver("cuLaunchKernel", unsafe {
-            result::launch_kernel(
-                f,
-                (l.grid[0], l.grid[1], l.grid[2]),
-                (l.block[0], l.block[1], l.block[2]),
-                l.shared_bytes,
-                std::ptr::null_mut(),
-                &mut params,
-            )
-        })
+        device::launch(self.functions[&k.name], k, args)
     }
 }
 
@@ -161,70 +114,39 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        unsafe {
-            let _ = result::free_sync(self.ptr);
-        }
+        device::free(self.ptr);
     }
 }
 
 /// A buffer holding `bytes`.
 pub fn upload(bytes: &[u8]) -> Res<Buf> {
     let b = filled(bytes.len(), 0)?;
-    driver("upload", unsafe { result::memcpy_htod_sync(b.ptr, bytes) })?;
+    device::upload(b.ptr, bytes)?;
     Ok(b)
 }
 
 /// A buffer of `n` bytes, each `byte`.
 pub fn filled(n: usize, byte: u8) -> Res<Buf> {
-    let ptr = driver("cuMemAlloc", unsafe { result::malloc_sync(n.max(1)) })?;
-    driver("memset", unsafe { result::memset_d8_sync(ptr, byte, n) })?;
-    Ok(Buf { ptr, bytes: n })
+    let b = Buf {
+        ptr: device::alloc(n)?,
+        bytes: n,
+    };
+    device::memset(b.ptr, byte, n)?;
+    Ok(b)
 }
 
 /// The buffer's bytes (after every launch has finished).
 pub fn download(b: &Buf) -> Res<Vec<u8>> {
-    sync()?;
     let mut v = vec![0u8; b.bytes];
-    driver("download", unsafe {
-        result::memcpy_dtoh_sync(&mut v, b.ptr)
-    })?;
+    device::download(b.ptr, &mut v)?;
     Ok(v)
 }
 
 pub fn sync() -> Res<()> {
-    driver("kernel execution", result::ctx::synchronize())
+    device::sync()
 }
 
 /// Median milliseconds of `reps` runs of `f` after 3 warm-ups (CUDA events around each run).
-pub fn time_ms(reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
-    let ev = || {
-        driver(
-            "event",
-            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
-        )
-    };
-    let (start, end) = (ev()?, ev()?);
-    for _ in 0..3 {
-        f()?;
-    }
-    sync()?;
-    let mut ms = Vec::new();
-    for _ in 0..reps {
-        unsafe {
-            driver("record", result::event::record(start, std::ptr::null_mut()))?;
-            f()?;
-            driver("record", result::event::record(end, std::ptr::null_mut()))?;
-            driver("event sync", result::event::synchronize(end))?;
-            ms.push(f64::from(driver(
-                "elapsed",
-                result::event::elapsed(start, end),
-            )?));
-        }
-    }
-    unsafe {
-        let _ = result::event::destroy(start);
-        let _ = result::event::destroy(end);
-    }
-    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(ms[ms.len() / 2])
+pub fn time_ms(reps: usize, f: impl FnMut() -> Res<()>) -> Res<f64> {
+    device::time_ms(reps, f)
 }

@@ -1,0 +1,1038 @@
+//! A training run: [`train`] loads `--init` or `--resume` and `--data`, writes `--save-data`,
+//! runs the steps on one fixed batch or over a data set, evaluates, writes checkpoints, the
+//! report, `--save` and the last checkpoint, and tells an [`Observer`] what happens (each step,
+//! evaluation and epoch, and the run's summary). It prints nothing: the `ingot` command line's
+//! observer prints the lines, the progress bar and the JSON, and maps a [`RunError`] to an exit
+//! code.
+//!
+//! A data set is read batch by batch over epochs by a loader thread that fills the next batch
+//! into one of two staging buffers (page-locked on the GPU) while the current step runs, each
+//! batch copied straight into the input's planned slot ([`Session::step_on`]): nothing is
+//! allocated per step. What the run keeps of its steps is of fixed size ([`crate::record`]), so
+//! its host memory is flat however many steps it runs (`tests/flat_host_memory.rs`).
+//!
+//! `steps` and `epochs` are the run's totals counted from its start: a run resumed from a
+//! checkpoint goes on from the checkpoint's step and position in the data to the same end. On
+//! the CPU its losses are the uninterrupted run's, bit for bit.
+
+use crate::checkpoint::{self, CheckpointInfo};
+use crate::data::{BatchInfo, BatchSource, DataError, Epochs, Loader, Order, Staging};
+use crate::datasets;
+use crate::eval::Evaluator;
+use crate::record::StepTimes;
+use crate::report::RunRecord;
+use crate::schedule::{Decay, Schedule};
+use crate::session::{self, Session, SessionError, StepResult};
+use crate::state_dict::StateDict;
+use indexmap::IndexMap;
+use ingot_compiler::ir::NodeId;
+use ingot_runtime::cuda::CudaStep;
+use ingot_runtime::error::ExecError;
+use ingot_runtime::io::{self, IoError};
+use ingot_runtime::tensor::Tensor;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use thiserror::Error;
+
+mod summary;
+pub use summary::{Finished, Summary};
+
+/// How a run goes: what `ingot train` and `ingot run` take from their flags.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Steps, counted from the run's start. With a data set, `steps`, `epochs` or both (the run
+    /// ends at whichever comes first).
+    pub steps: Option<u64>,
+    /// With a data set: passes over it, counted from the run's start.
+    pub epochs: Option<u64>,
+    /// Initial parameters (safetensors) instead of seeded ones.
+    pub init: Option<PathBuf>,
+    /// One fixed batch (safetensors holding x and y) trained on at every step.
+    pub data: Option<PathBuf>,
+    /// A data set read batch by batch over epochs ([`datasets::open_dataset`]).
+    pub dataset: Option<PathBuf>,
+    /// How batches are drawn from the data set.
+    pub order: Option<Order>,
+    /// The seed of the data set's shuffle (default: `seed`).
+    pub shuffle_seed: Option<u64>,
+    /// Where checkpoints go, every `checkpoint_every` steps and at the end.
+    pub checkpoint: Option<PathBuf>,
+    pub checkpoint_every: Option<u64>,
+    /// The checkpoint directory a resumed run goes on from.
+    pub resume: Option<PathBuf>,
+    /// Go on past a step whose loss or gradient norm is not finite.
+    pub skip_nonfinite: bool,
+    /// Where the parameters go after the last step.
+    pub save: Option<PathBuf>,
+    /// Where the fixed batch the steps train on goes.
+    pub save_data: Option<PathBuf>,
+    /// The seed of the initial parameters and of the synthetic batch.
+    pub seed: u64,
+    /// With an evaluator: evaluate every N steps (default: at the end of each epoch).
+    pub eval_every: Option<u64>,
+    /// Where the HTML report goes ([`crate::report::html`]).
+    pub report: Option<PathBuf>,
+    /// The learning-rate schedule: its decay, warmup steps and final ratio.
+    pub schedule: Decay,
+    pub warmup: u64,
+    pub min_lr_ratio: f64,
+    /// The device the session runs on (for the run's description).
+    pub device: session::Device,
+    /// The step's optimizer, where known (recorded in checkpoints and compared on resume).
+    pub optimizer: Option<ingot_compiler::models::Optimizer>,
+    /// The session holds the weights of the model's file (an ONNX model's), which `init` or
+    /// `resume` replace.
+    pub file_weights: bool,
+    /// An imported model's weight files are PyTorch `state_dict`s: `init` reads, and `save`
+    /// writes, its running statistics and `num_batches_tracked` besides the parameters.
+    pub state_dict: Option<StateDict>,
+}
+
+impl RunOptions {
+    /// `steps` is needed unless a data set with `epochs` bounds the run.
+    pub fn check_steps(&self) -> Result<(), RunError> {
+        if self.steps.is_none() && self.epochs.is_none() {
+            return Err(RunError::Usage(
+                if self.dataset.is_some() {
+                    "give --epochs N or --steps N (or both) for a run over --dataset"
+                } else {
+                    "give --steps N"
+                }
+                .into(),
+            ));
+        }
+        if self.checkpoint_every == Some(0) {
+            return Err(RunError::Usage(
+                "--checkpoint-every must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a schedule drives the learning rate (the step needs its scale input).
+    pub fn scheduled(&self) -> bool {
+        self.schedule != Decay::Constant || self.warmup > 0
+    }
+}
+
+/// An observer's failure (the command line's: standard output could not be written).
+pub type ObserverError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a run stopped. Each message names the file, step or tensor at fault and says what to do.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The options do not make a run (exit code 2 on the command line).
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Session(Box<SessionError>),
+    #[error(transparent)]
+    Exec(Box<ExecError>),
+    #[error(transparent)]
+    Io(Box<IoError>),
+    #[error(transparent)]
+    Data(Box<DataError>),
+    /// A file given (`--init`, `--data`) that does not fit the session.
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: PathBuf,
+        source: Box<SessionError>,
+    },
+    /// A `state_dict` given as `init` that does not fit the model.
+    #[error("{}: {message}", .path.display())]
+    StateDict { path: PathBuf, message: String },
+    /// A checkpoint that cannot be read, resumed from or written.
+    #[error("{0}")]
+    Checkpoint(String),
+    /// The evaluation step failed.
+    #[error("{0}")]
+    Eval(String),
+    /// The report could not be written.
+    #[error("{}: cannot write it: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A loss or gradient norm that is not finite stopped the run (nothing was saved over a
+    /// good file), or the parameters after the last step are not finite.
+    #[error("{0}")]
+    NonFinite(String),
+    /// A schedule asked of a step compiled without its learning-rate scale input.
+    #[error("this step has no learning-rate scale input for --schedule/--warmup: compile it with `ingot compile ... --lr-scale-input`")]
+    NoLrScaleInput,
+    /// The observer failed.
+    #[error("{0}")]
+    Observer(ObserverError),
+}
+
+/// The errors a run passes on as they are (boxed: a `Result` of a run stays small).
+macro_rules! boxed_from {
+    ($($variant:ident($error:ty)),*) => {
+        $(impl From<$error> for RunError {
+            fn from(e: $error) -> RunError {
+                RunError::$variant(Box::new(e))
+            }
+        })*
+    };
+}
+boxed_from!(
+    Session(SessionError),
+    Exec(ExecError),
+    Io(IoError),
+    Data(DataError)
+);
+
+/// What the run says beside its per-step reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Note {
+    /// Resuming: the checkpoint's optimizer or precision differs from the run's (the text says
+    /// how, and what was done).
+    Resume(String),
+    /// `skip_nonfinite`: a step whose loss or gradient norm was not finite, gone past.
+    Skipped(String),
+    /// Files written: `--save`'s parameters, the last checkpoint.
+    Saved(String),
+    /// What `init` (a `state_dict`) held that the model computes or does not read, ignored.
+    Ignored(String),
+}
+
+/// How the run's parameters start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weights {
+    Seeded,
+    Loaded,
+    Resumed,
+    /// The model file's own (an ONNX model's).
+    FromFile,
+}
+
+/// What a run is, before its first step.
+#[derive(Clone, Debug)]
+pub struct Start {
+    pub model: String,
+    pub parameters: usize,
+    /// The last step to run, and the epochs asked for.
+    pub last: Option<u64>,
+    pub epochs: Option<u64>,
+    /// The session's device (`cpu`, `cuda:0`, ...), and the session's [`session::Device`].
+    pub device_name: String,
+    pub device: session::Device,
+    pub precision: ingot_compiler::precision::Precision,
+    pub weights: Weights,
+    /// The data set's description and its batches per epoch; otherwise whether the fixed batch
+    /// was loaded (`--data`) or is synthetic.
+    pub dataset: Option<(String, u64)>,
+    pub loaded_batch: bool,
+    /// Resumed: the checkpoint's step and epoch, and its directory.
+    pub resumed: Option<(u64, u64, PathBuf)>,
+    /// What each epoch leaves out (a partial batch is dropped).
+    pub dropped: Option<String>,
+    /// The first step's number less one (a resumed run's checkpoint step, else 0).
+    pub first: u64,
+    /// The planned total of the one allocation.
+    pub planned_bytes: usize,
+}
+
+/// One step's report.
+#[derive(Clone, Copy, Debug)]
+pub struct StepEvent {
+    /// The epoch of the step's batch (data set runs only).
+    pub epoch: Option<u64>,
+    /// The step's number, counted from the run's start (from 1).
+    pub step: u64,
+    pub result: StepResult,
+    /// The wall clock from the end of the previous step's loop iteration to the end of this
+    /// one (data waits, staging, the step, the loss's copy, the observer's reporting).
+    pub interval_seconds: f64,
+    /// ("tokens" or "samples", per second of wall clock, data waits included).
+    pub rate: Option<(&'static str, f64)>,
+    /// The factor the schedule scaled the learning rate by (scheduled runs only).
+    pub lr_scale: Option<f64>,
+    /// The gradients' global norm before clipping (steps that clip).
+    pub grad_norm: Option<f64>,
+    /// The loss and the gradient norm are finite.
+    pub finite: bool,
+}
+
+/// An evaluation's report.
+#[derive(Clone, Copy, Debug)]
+pub struct EvalEvent {
+    /// The step after which the evaluation ran.
+    pub step: u64,
+    pub val_loss: f64,
+    /// The batches it ran.
+    pub batches: u64,
+}
+
+/// The end of an epoch of a data set run.
+#[derive(Clone, Copy, Debug)]
+pub struct EpochEvent {
+    pub epoch: u64,
+    /// The step that finished it.
+    pub step: u64,
+    /// The mean of its finite losses.
+    pub mean_loss: f64,
+    /// GPU only: free device memory now (flat from epoch to epoch when nothing allocates).
+    pub free_device_bytes: Option<usize>,
+}
+
+/// What a run tells as it goes. Every method does nothing unless implemented; an error stops
+/// the run ([`RunError::Observer`]).
+pub trait Observer {
+    /// Before the first step.
+    fn start(&mut self, _start: &Start) -> Result<(), ObserverError> {
+        Ok(())
+    }
+    /// After each step.
+    fn step(&mut self, _step: &StepEvent) -> Result<(), ObserverError> {
+        Ok(())
+    }
+    /// After each evaluation.
+    fn eval(&mut self, _eval: &EvalEvent) -> Result<(), ObserverError> {
+        Ok(())
+    }
+    /// At the end of each epoch of a data set run.
+    fn epoch(&mut self, _epoch: &EpochEvent) -> Result<(), ObserverError> {
+        Ok(())
+    }
+    /// Something said beside the steps.
+    fn note(&mut self, _note: &Note) -> Result<(), ObserverError> {
+        Ok(())
+    }
+    /// After the last step (and the last evaluation), before any file is saved.
+    fn finish(&mut self, _finished: &Finished) -> Result<(), ObserverError> {
+        Ok(())
+    }
+}
+
+/// An observer that is told nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// Trains `session` as `o` says, evaluating with `eval`: loads `init` or `resume` and `data`,
+/// writes `save_data`, runs the steps on the fixed batch or over the data set, telling
+/// `observer` each one, then writes the report, `save` and the last checkpoint.
+pub fn train(
+    session: &mut Session,
+    o: &RunOptions,
+    eval: Option<Evaluator>,
+    observer: &mut dyn Observer,
+) -> Result<(), RunError> {
+    o.check_steps()?;
+    let prepared = prepare(session, o, observer)?;
+    let start = prepared.resumed.as_ref().map_or(0, |r| r.step);
+    let per_epoch = prepared.source.as_ref().map(|s| s.batches_per_epoch());
+    let last = match (o.steps, o.epochs, per_epoch) {
+        (s, Some(e), Some(p)) => {
+            Some(s.map_or(e.saturating_mul(p), |s| s.min(e.saturating_mul(p))))
+        }
+        (s, _, _) => s,
+    };
+    observer
+        .start(&describe(session, o, &prepared, last, per_epoch))
+        .map_err(RunError::Observer)?;
+    let schedule = schedule(session, o, last)?;
+    let units = prepared.source.as_ref().map(|s| {
+        let tokens = matches!(
+            datasets::dataset_kind(o.dataset.as_deref().expect("given")),
+            Ok(datasets::DatasetKind::Tokens)
+        );
+        let x = s.x();
+        if tokens {
+            ("tokens", x.dims.iter().product())
+        } else {
+            ("samples", x.dims.first().copied().unwrap_or(0))
+        }
+    });
+    let record = RunRecord {
+        model: session.model().to_string(),
+        device: session.exe().device(),
+        dataset: prepared.dataset.clone(),
+        planned_bytes: planned_total(session),
+        eval_layout: session.shared_layout(),
+        ..Default::default()
+    };
+    let Prepared {
+        source,
+        dataset,
+        dataset_fingerprint,
+        resumed,
+        state_dict,
+    } = prepared;
+    let mut run = Run {
+        o,
+        observer,
+        record,
+        eval,
+        evaluated_at: None,
+        schedule,
+        precision: session.precision().name().to_string(),
+        step: start,
+        last,
+        units,
+        dataset,
+        dataset_fingerprint,
+        shuffle_seed: o.dataset.as_ref().map(|_| o.shuffle_seed.unwrap_or(o.seed)),
+        seconds: StepTimes::new(),
+        wall: StepTimes::new(),
+        steps_run: 0,
+        free_after_first: None,
+        non_finite: None,
+        epoch_loss: (0.0, 0),
+        last_done: Instant::now(),
+        state_dict,
+    };
+    let last_info = match source {
+        None => {
+            while !run.done() {
+                run.before_step(session)?;
+                let r = session.step()?;
+                if run.after_step(session, r, None)? == Next::Stop {
+                    break;
+                }
+            }
+            None
+        }
+        Some(source) => {
+            let position = resumed.as_ref().and_then(|r| r.position);
+            over_data(session, &mut run, source, position)?
+        }
+    };
+    run.finish(session, last_info)
+}
+
+/// What [`prepare`] readies: the data set, its description and identity, and the checkpoint
+/// resumed from.
+struct Prepared {
+    source: Option<Box<dyn BatchSource>>,
+    dataset: Option<String>,
+    dataset_fingerprint: Option<String>,
+    resumed: Option<CheckpointInfo>,
+    /// `o.state_dict` with the batch counts `init` held.
+    state_dict: Option<StateDict>,
+}
+
+/// Loads `init` and `data`, writes `save_data`, opens the data set (every id checked before
+/// the first step, not hours in) and resumes from `resume`.
+fn prepare(
+    session: &mut Session,
+    o: &RunOptions,
+    observer: &mut dyn Observer,
+) -> Result<Prepared, RunError> {
+    type Load = fn(&mut Session, &IndexMap<String, Tensor>) -> Result<(), SessionError>;
+    let mut state_dict = o.state_dict.clone();
+    let init = match (&o.init, &mut state_dict) {
+        (Some(path), Some(sd)) => {
+            sd.load_init(session, &io::load(path)?)
+                .map_err(|message| RunError::StateDict {
+                    path: path.clone(),
+                    message,
+                })?;
+            if !sd.ignored.is_empty() {
+                observer
+                    .note(&Note::Ignored(format!(
+                        "{}: ignored {} buffer(s) the model computes or does not read ({})",
+                        path.display(),
+                        sd.ignored.len(),
+                        sd.ignored.join(", ")
+                    )))
+                    .map_err(RunError::Observer)?;
+            }
+            &None
+        }
+        _ => &o.init,
+    };
+    let files: [(&Option<PathBuf>, Load); 2] = [
+        (init, Session::load_parameters),
+        (&o.data, Session::set_batch_map),
+    ];
+    for (path, load) in files {
+        if let Some(path) = path {
+            load(session, &io::load(path)?).map_err(|source| RunError::File {
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
+        }
+    }
+    if let Some(path) = &o.save_data {
+        io::save(path, &session.batch())?;
+    }
+    let source = match &o.dataset {
+        Some(path) => {
+            let seed = o.shuffle_seed.unwrap_or(o.seed);
+            let order = o.order.unwrap_or(Order::Random);
+            let s = datasets::open_dataset(path, session.graph(), order, seed)?;
+            // Data parallelism: each rank's own shard of every batch.
+            let mut s = crate::data::shard::rank_batches(s, session.exe())?;
+            s.check_all()?;
+            Some(s)
+        }
+        None => None,
+    };
+    let dataset = source.as_ref().map(|s| s.describe());
+    let dataset_fingerprint = match (&o.dataset, &dataset) {
+        (Some(path), Some(d)) => Some(datasets::dataset_fingerprint(path, d)?),
+        _ => None,
+    };
+    let resumed = match &o.resume {
+        Some(dir) => Some(resume(
+            session,
+            o,
+            dir,
+            dataset.as_deref(),
+            dataset_fingerprint.as_deref(),
+            observer,
+        )?),
+        None => None,
+    };
+    Ok(Prepared {
+        source,
+        dataset,
+        dataset_fingerprint,
+        resumed,
+        state_dict,
+    })
+}
+
+/// Loads the checkpoint in `dir` into `session` after checking it is this run's.
+fn resume(
+    session: &mut Session,
+    o: &RunOptions,
+    dir: &Path,
+    dataset: Option<&str>,
+    fingerprint: Option<&str>,
+    observer: &mut dyn Observer,
+) -> Result<CheckpointInfo, RunError> {
+    let ck = checkpoint::load(dir).map_err(RunError::Checkpoint)?;
+    // First: another number of ranks also cuts the data set differently.
+    checkpoint::check_ranks(dir, &ck.info, session.exe().data_ranks())
+        .map_err(RunError::Checkpoint)?;
+    checkpoint::check_same_run(dir, &ck.info, session.model(), dataset, fingerprint)
+        .map_err(RunError::Checkpoint)?;
+    if let Some(note) = checkpoint::check_optimizer(dir, &ck.info, o.optimizer.as_ref())
+        .map_err(RunError::Checkpoint)?
+    {
+        observer
+            .note(&Note::Resume(note))
+            .map_err(RunError::Observer)?;
+    }
+    if let Some(note) = checkpoint::check_precision(&ck.info, session.precision().name()) {
+        observer
+            .note(&Note::Resume(format!(
+                "checkpoint {}: {note}",
+                dir.display()
+            )))
+            .map_err(RunError::Observer)?;
+    }
+    let at = |e: SessionError| RunError::Checkpoint(format!("checkpoint {}: {e}", dir.display()));
+    session.load_parameters(&ck.parameters).map_err(at)?;
+    session
+        .load_optimizer_state(&ck.optimizer_state)
+        .map_err(at)?;
+    // AdamW's step number, where it is an input: the updates the checkpoint made.
+    session.set_updates_done(ck.info.step);
+    Ok(ck.info)
+}
+
+/// The run as its observer is first told it.
+fn describe(
+    session: &Session,
+    o: &RunOptions,
+    p: &Prepared,
+    last: Option<u64>,
+    per_epoch: Option<u64>,
+) -> Start {
+    Start {
+        model: session.model().to_string(),
+        parameters: session.parameters().values().map(|t| t.numel()).sum(),
+        last,
+        epochs: o.epochs,
+        device_name: session.exe().device(),
+        device: o.device,
+        precision: session.precision(),
+        weights: if o.resume.is_some() {
+            Weights::Resumed
+        } else if o.init.is_some() {
+            Weights::Loaded
+        } else if o.file_weights {
+            Weights::FromFile
+        } else {
+            Weights::Seeded
+        },
+        dataset: p.dataset.clone().zip(per_epoch),
+        loaded_batch: o.data.is_some(),
+        resumed: p.resumed.as_ref().map(|r| {
+            (
+                r.step,
+                r.epoch,
+                o.resume.clone().expect("resumed from a directory"),
+            )
+        }),
+        dropped: p
+            .source
+            .as_ref()
+            .map(|s| s.dropped_per_epoch())
+            .filter(|d| d.count > 0)
+            .map(|d| {
+                format!(
+                    "each epoch leaves out the last {} {} (a partial batch is dropped)",
+                    d.count, d.unit
+                )
+            }),
+        first: p.resumed.as_ref().map_or(0, |r| r.step),
+        planned_bytes: planned_total(session),
+    }
+}
+
+/// The learning-rate schedule of a scheduled run, checked against the step and the options.
+fn schedule(
+    session: &Session,
+    o: &RunOptions,
+    last: Option<u64>,
+) -> Result<Option<Schedule>, RunError> {
+    match (o.scheduled(), session.has_lr_scale()) {
+        (true, false) => Err(RunError::NoLrScaleInput),
+        (true, true) => {
+            if !(0.0..=1.0).contains(&o.min_lr_ratio) {
+                return Err(RunError::Usage(format!(
+                    "--min-lr-ratio must be in [0, 1], not {}",
+                    o.min_lr_ratio
+                )));
+            }
+            let total = last.ok_or_else(|| {
+                RunError::Usage(
+                    "a schedule needs the run's length: give --steps or --epochs".into(),
+                )
+            })?;
+            Ok(Some(Schedule {
+                decay: o.schedule,
+                warmup: o.warmup,
+                total,
+                min_ratio: o.min_lr_ratio,
+            }))
+        }
+        (false, _) => Ok(None),
+    }
+}
+
+/// The step loop over a data set: a loader thread fills two staging buffers in turn, each
+/// batch goes straight into the input slots, and the staged batch is handed back only after its
+/// step (and so its copy) finished. Returns the last batch's info.
+fn over_data(
+    session: &mut Session,
+    run: &mut Run<'_>,
+    source: Box<dyn BatchSource>,
+    position: Option<crate::data::Position>,
+) -> Result<Option<BatchInfo>, RunError> {
+    let mut epochs = Epochs::new(source);
+    if let Some(e) = run.o.epochs {
+        epochs = epochs.epochs(e);
+    }
+    if let Some(p) = position {
+        epochs.restore(p).map_err(|e| {
+            RunError::Checkpoint(format!(
+                "checkpoint {}: {e}",
+                run.o.resume.as_deref().map(Path::display).expect("resumed")
+            ))
+        })?;
+    }
+    let slots = session.input_slots()?;
+    match session.cuda() {
+        Some(c) => {
+            let mut buffers = Vec::with_capacity(2);
+            for _ in 0..2 {
+                buffers.push(Staging {
+                    x: c.pinned_buffer(slots[0].1)?,
+                    y: c.pinned_buffer(slots[1].1)?,
+                });
+            }
+            let buffers: [_; 2] = buffers.try_into().ok().expect("two");
+            staged_loop(session, run, epochs, buffers, &slots)
+        }
+        None => {
+            let buffers = [0, 1].map(|_| Staging {
+                x: vec![0u8; slots[0].1],
+                y: vec![0u8; slots[1].1],
+            });
+            staged_loop(session, run, epochs, buffers, &slots)
+        }
+    }
+}
+
+fn staged_loop<B>(
+    session: &mut Session,
+    run: &mut Run<'_>,
+    epochs: Epochs<Box<dyn BatchSource>>,
+    buffers: [Staging<B>; 2],
+    slots: &[(NodeId, usize); 2],
+) -> Result<Option<BatchInfo>, RunError>
+where
+    B: AsMut<[u8]> + std::ops::Deref<Target = [u8]> + Send + 'static,
+{
+    let mut last = None;
+    if run.done() {
+        return Ok(last);
+    }
+    let mut loader = Loader::spawn(epochs, buffers)?;
+    run.last_done = Instant::now();
+    while !run.done() {
+        let Some(batch) = loader.next_batch()? else {
+            break;
+        };
+        run.before_step(session)?;
+        let r = session.step_on(slots, &batch.x, &batch.y)?;
+        let info = batch.info;
+        drop(batch);
+        last = Some(info);
+        if run.after_step(session, r, Some(info))? == Next::Stop {
+            break;
+        }
+    }
+    Ok(last)
+}
+
+/// What the step loop has learnt so far, and whom it tells. Of fixed size: nothing in it grows
+/// with the steps.
+struct Run<'a> {
+    o: &'a RunOptions,
+    observer: &'a mut dyn Observer,
+    /// What the report draws.
+    record: RunRecord,
+    /// The validation step, and the step of the last evaluation.
+    eval: Option<Evaluator>,
+    evaluated_at: Option<u64>,
+    /// The learning-rate schedule, when the step has its scale input.
+    schedule: Option<Schedule>,
+    /// The precision line saved in checkpoints.
+    precision: String,
+    /// Steps done, counted from the run's start (a resumed run starts at the checkpoint's).
+    step: u64,
+    /// The last step to run.
+    last: Option<u64>,
+    /// "tokens" or "samples" and how many a batch holds (data set runs).
+    units: Option<(&'static str, usize)>,
+    dataset: Option<String>,
+    /// The data set's identity saved in checkpoints ([`datasets::dataset_fingerprint`]).
+    dataset_fingerprint: Option<String>,
+    shuffle_seed: Option<u64>,
+    /// The steps' own times and their wall-clock times.
+    seconds: StepTimes,
+    wall: StepTimes,
+    /// Steps run by this process.
+    steps_run: u64,
+    free_after_first: Option<Vec<usize>>,
+    /// The first step with a non-finite loss or gradient norm, and which, where the run
+    /// stopped without `skip_nonfinite`.
+    non_finite: Option<(u64, String)>,
+    /// Loss sum and steps of the current epoch.
+    epoch_loss: (f64, u64),
+    last_done: Instant,
+    /// The imported model's `state_dict` format, for `save` ([`RunOptions::state_dict`]).
+    state_dict: Option<StateDict>,
+}
+
+/// Whether the loop goes on.
+#[derive(PartialEq)]
+enum Next {
+    Go,
+    Stop,
+}
+
+impl Run<'_> {
+    /// Writes the schedule's learning-rate factor for the next step (allocates nothing).
+    fn before_step(&self, session: &mut Session) -> Result<(), RunError> {
+        if let Some(s) = self.schedule {
+            session.set_lr_scale(s.factor(self.step))?;
+        }
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.last.is_some_and(|l| self.step >= l)
+    }
+
+    /// Records and reports step `self.step + 1`'s result; writes a checkpoint when one is due.
+    /// `info` is the batch's (data set runs).
+    fn after_step(
+        &mut self,
+        session: &mut Session,
+        r: StepResult,
+        info: Option<BatchInfo>,
+    ) -> Result<Next, RunError> {
+        self.step += 1;
+        let i = self.step;
+        let now = Instant::now();
+        let interval = now.duration_since(self.last_done).as_secs_f64();
+        self.last_done = now;
+        self.seconds.push(r.seconds);
+        self.wall.push(r.wall_seconds);
+        self.steps_run += 1;
+        if self.steps_run == 1 {
+            self.free_after_first = free_on_gpus(session)?;
+            self.measure_memory(session)?;
+        }
+        if r.loss.is_finite() {
+            self.record.losses.push(i, r.loss);
+        }
+        let grad_norm = session.last_grad_norm();
+        let finite = r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite);
+        let event = StepEvent {
+            epoch: info.map(|b| b.epoch),
+            step: i,
+            result: r,
+            interval_seconds: interval,
+            rate: self
+                .units
+                .map(|(unit, n)| (unit, n as f64 / interval.max(1e-12))),
+            lr_scale: self.schedule.map(|s| s.factor(i - 1)),
+            grad_norm,
+            finite,
+        };
+        self.observer.step(&event).map_err(RunError::Observer)?;
+        if !finite {
+            let what = if r.loss.is_finite() {
+                format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
+            } else {
+                format!("the loss is {}", r.loss)
+            };
+            if !self.o.skip_nonfinite {
+                self.non_finite = Some((i, what));
+                return Ok(Next::Stop);
+            }
+            let note = format!(
+                "step {i}: {what}; --skip-nonfinite: going on (the step's update was applied)"
+            );
+            self.observer
+                .note(&Note::Skipped(note))
+                .map_err(RunError::Observer)?;
+        } else {
+            self.epoch_loss.0 += r.loss;
+        }
+        self.epoch_loss.1 += 1;
+        let epoch_ended = info.is_some_and(|b| b.next.batch == 0);
+        if let Some(b) = info.filter(|_| epoch_ended) {
+            self.end_epoch(session, b.epoch)?;
+        }
+        let due = match self.o.eval_every {
+            Some(n) => i.is_multiple_of(n),
+            None => epoch_ended,
+        };
+        if due {
+            self.evaluate(session)?;
+        }
+        if let (Some(dir), Some(every)) = (&self.o.checkpoint, self.o.checkpoint_every) {
+            if i.is_multiple_of(every) && !self.done() {
+                self.save_checkpoint(dir, session, info)?;
+            }
+        }
+        Ok(Next::Go)
+    }
+
+    /// Runs the validation step (if any) on the current parameters and reports its loss.
+    fn evaluate(&mut self, session: &mut Session) -> Result<(), RunError> {
+        let Some(eval) = &mut self.eval else {
+            return Ok(());
+        };
+        if self.evaluated_at == Some(self.step) {
+            return Ok(());
+        }
+        let v = eval.evaluate(session).map_err(RunError::Eval)?;
+        self.record.val.push(self.step, v);
+        self.evaluated_at = Some(self.step);
+        let event = EvalEvent {
+            step: self.step,
+            val_loss: v,
+            batches: eval.batches(),
+        };
+        self.observer.eval(&event).map_err(RunError::Observer)
+    }
+
+    /// On a GPU, records the device memory the run holds now: the allocation plus any drop
+    /// in free memory since the first step.
+    fn measure_memory(&mut self, session: &Session) -> Result<(), RunError> {
+        if let (Some(c), Some(first)) = (
+            session.cuda(),
+            self.free_after_first
+                .as_ref()
+                .and_then(|f| f.first().copied()),
+        ) {
+            let now = c.free_memory()? as i64;
+            let held = c.memory().allocation as i64 + (first as i64 - now);
+            self.record.memory.push(self.step, held.max(0) as usize);
+        }
+        Ok(())
+    }
+
+    fn end_epoch(&mut self, session: &Session, epoch: u64) -> Result<(), RunError> {
+        self.measure_memory(session)?;
+        let (sum, n) = std::mem::take(&mut self.epoch_loss);
+        let event = EpochEvent {
+            epoch,
+            step: self.step,
+            mean_loss: sum / n.max(1) as f64,
+            free_device_bytes: session.cuda().map(CudaStep::free_memory).transpose()?,
+        };
+        self.observer.epoch(&event).map_err(RunError::Observer)
+    }
+
+    fn save_checkpoint(
+        &self,
+        dir: &Path,
+        session: &Session,
+        info: Option<BatchInfo>,
+    ) -> Result<(), RunError> {
+        if !writes_files(session) {
+            return Ok(());
+        }
+        let record = CheckpointInfo {
+            format: checkpoint::FORMAT,
+            step: self.step,
+            epoch: info.map_or(0, |b| b.next.epoch),
+            position: info.map(|b| b.next),
+            shuffle_seed: self.shuffle_seed,
+            model: session.model().to_string(),
+            device: session.exe().device(),
+            precision: self.precision.clone(),
+            dataset: self.dataset.clone(),
+            schedule: self.schedule,
+            dataset_fingerprint: self.dataset_fingerprint.clone(),
+            optimizer_settings: self.o.optimizer.map(|o| o.to_string()),
+            ranks: session.exe().data_ranks(),
+            weights: String::new(),
+            optimizer: String::new(),
+            checksums: Default::default(),
+        };
+        checkpoint::save(dir, session, record).map_err(RunError::Checkpoint)
+    }
+
+    /// After the loop: the last evaluation, the report, the summary, then `save` and the last
+    /// checkpoint, unless a non-finite step stopped the run.
+    fn finish(mut self, session: &mut Session, last: Option<BatchInfo>) -> Result<(), RunError> {
+        let o = self.o;
+        if self.non_finite.is_none() && self.steps_run > 0 {
+            self.evaluate(session)?;
+        }
+        self.measure_memory(session)?;
+        if let Some(path) = &o.report {
+            ingot_compiler::files::write_atomically(
+                path,
+                crate::report::html(&self.record).as_bytes(),
+            )
+            .map_err(|source| RunError::Write {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        let finished = summary::finished(
+            session,
+            &self.seconds,
+            &self.wall,
+            self.steps_run,
+            self.free_after_first.as_deref(),
+            self.non_finite.as_ref().map(|(i, _)| *i),
+            o.dataset.is_some(),
+        )?;
+        self.observer
+            .finish(&finished)
+            .map_err(RunError::Observer)?;
+        if let Some((step, what)) = self.non_finite.take() {
+            // The parameters were updated with a non-finite gradient: nothing is saved over a
+            // good file (nor a checkpoint).
+            return Err(RunError::NonFinite(format!(
+                "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
+                kept_files(o)
+            )));
+        }
+        if let Some(path) = o.save.as_ref().filter(|_| writes_files(session)) {
+            // A finite loss does not make finite weights: the update after it can overflow (a
+            // learning rate too large, the gradient of sqrt at 0). Nothing non-finite is written.
+            let mut params = session.parameters();
+            // An imported model's file is a whole PyTorch state_dict: running statistics and
+            // batch counts too, so that `load_state_dict` takes it back.
+            if let Some(sd) = &self.state_dict {
+                params.extend(sd.extra(session, self.step));
+            }
+            checkpoint::check_finite("parameter", &params).map_err(|e| {
+                RunError::NonFinite(format!(
+                    "after step {}: {e}{} (lower the learning rate, or check the data and the initial parameters)",
+                    self.step,
+                    kept_files(o)
+                ))
+            })?;
+            io::save(path, &params)?;
+            self.observer
+                .note(&Note::Saved(format!(
+                    "saved the parameters{} to {}",
+                    if self.state_dict.is_some() {
+                        " and running statistics (a PyTorch state_dict)"
+                    } else {
+                        ""
+                    },
+                    path.display()
+                )))
+                .map_err(RunError::Observer)?;
+        }
+        if let Some(dir) = &o.checkpoint {
+            if self.steps_run > 0 || o.resume.is_none() {
+                self.save_checkpoint(dir, session, last)?;
+                let note = format!(
+                    "saved checkpoint at step {} in {}",
+                    self.step,
+                    dir.display()
+                );
+                self.observer
+                    .note(&Note::Saved(note))
+                    .map_err(RunError::Observer)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a failed run leaves as it was, for its error message: `save`'s file not written, the
+/// last checkpoint kept.
+fn kept_files(o: &RunOptions) -> String {
+    let mut kept = Vec::new();
+    if let Some(p) = &o.save {
+        kept.push(format!("{} was not written", p.display()));
+    }
+    if let Some(d) = &o.checkpoint {
+        kept.push(format!(
+            "the last checkpoint in {} is kept (resume from it with --resume {0})",
+            d.display()
+        ));
+    }
+    match kept.is_empty() {
+        true => String::new(),
+        false => format!(", and {}", kept.join("; ")),
+    }
+}
+
+/// Whether this process writes the run's files (`save`, checkpoints): every run but the
+/// processes of a job other than rank 0, whose parameters are rank 0's bits.
+pub fn writes_files(session: &Session) -> bool {
+    session.exe().data_shard().is_none_or(|(rank, _)| rank == 0)
+}
+
+/// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).
+fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, RunError> {
+    let gpus = session.cuda_ranks();
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        gpus.into_iter()
+            .map(CudaStep::free_memory)
+            .collect::<Result<Vec<_>, _>>()?,
+    ))
+}
+
+/// The one allocation's planned size: the training step's plan total, or with a validation
+/// step, the two steps' shared total.
+pub fn planned_total(session: &Session) -> usize {
+    session
+        .shared_layout()
+        .map_or(session.exe().plan().total_bytes, |l| l.total_bytes)
+}

@@ -1,0 +1,111 @@
+//! The run's summary: what it measured, beside what was planned.
+
+use super::{free_on_gpus, planned_total};
+use crate::record::StepTimes;
+use crate::session::Session;
+
+/// The summary's figures, in the order of the command line's `{"summary": ..}` line.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub device: String,
+    /// Steps run (fewer than asked when a non-finite loss stopped the run).
+    pub steps: u64,
+    /// The step whose loss was NaN or infinite, where training stopped; absent when none was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub non_finite_loss_step: Option<u64>,
+    /// The median of the steps' times, and of their wall-clock times: of every step of a run
+    /// of up to [`StepTimes::WINDOW`] steps, of the last `median_of_last` steps of a longer one.
+    pub median_step_seconds: Option<f64>,
+    pub median_wall_seconds: Option<f64>,
+    /// Present where the medians are of the last this many steps, not of all of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_of_last: Option<u64>,
+    /// The plan's total: the one allocation's size, reported before launch (with a validation
+    /// step, the total of the training and validation steps together).
+    pub planned_bytes: usize,
+    pub resident_bytes: usize,
+    /// The training step's slab.
+    pub slab_bytes: usize,
+    /// With a validation step: how the one allocation divides between the two steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<ingot_compiler::plan::shared::SharedLayout>,
+    /// GPU only: the drop in free device memory the allocation caused.
+    pub measured_bytes: Option<usize>,
+    /// GPU only: device memory in use before the allocation (CUDA context, cuBLAS, kernels).
+    pub context_bytes: Option<usize>,
+    /// GPU only: device memory the captured step graph took.
+    pub graph_bytes: Option<usize>,
+    /// GPU only: free device memory after the last step minus after the first (0: the steps
+    /// allocated nothing).
+    pub free_change_bytes: Option<i64>,
+    /// Several GPUs: each GPU's change in free memory, rank 0 first (`free_change_bytes` is
+    /// rank 0's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks_free_change_bytes: Option<Vec<i64>>,
+    /// Data set runs: the loader's two staging buffers of x and y (page-locked on the GPU),
+    /// allocated once before the first step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staging_bytes: Option<usize>,
+}
+
+/// The end of a run as its observer is told it: the summary, and what a reader of it needs
+/// besides.
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub summary: Summary,
+    /// GPU only: the bytes asked of the driver for the one allocation.
+    pub requested_bytes: Option<usize>,
+    /// The data-parallel ranks the step runs on.
+    pub data_ranks: usize,
+}
+
+/// The summary of a run of `steps` steps timed in `seconds` and `wall`.
+pub(super) fn finished(
+    session: &Session,
+    seconds: &StepTimes,
+    wall: &StepTimes,
+    steps: u64,
+    free_after_first: Option<&[usize]>,
+    non_finite_loss_step: Option<u64>,
+    staged: bool,
+) -> Result<Finished, super::RunError> {
+    let plan = session.exe().plan();
+    let mem = session.cuda().map(|c| c.memory());
+    // Per GPU: free memory now minus after the first step.
+    let changes: Option<Vec<i64>> = match (free_on_gpus(session)?, free_after_first) {
+        (Some(now), Some(first)) => Some(
+            now.iter()
+                .zip(first)
+                .map(|(&n, &f)| n as i64 - f as i64)
+                .collect(),
+        ),
+        _ => None,
+    };
+    let staging_bytes = staged
+        .then(|| session.input_slots().ok())
+        .flatten()
+        .map(|s| 2 * (s[0].1 + s[1].1));
+    let summary = Summary {
+        device: session.exe().device(),
+        steps,
+        non_finite_loss_step,
+        median_step_seconds: seconds.median(),
+        median_wall_seconds: wall.median(),
+        median_of_last: seconds.median_window(),
+        planned_bytes: planned_total(session),
+        resident_bytes: plan.resident_bytes,
+        slab_bytes: plan.slab_bytes,
+        eval: session.shared_layout(),
+        measured_bytes: mem.map(|m| m.allocation),
+        context_bytes: mem.map(|m| m.before_allocation),
+        graph_bytes: mem.map(|m| m.graph),
+        free_change_bytes: changes.as_ref().and_then(|c| c.first().copied()),
+        ranks_free_change_bytes: changes.filter(|c| c.len() > 1),
+        staging_bytes,
+    };
+    Ok(Finished {
+        summary,
+        requested_bytes: mem.map(|m| m.requested),
+        data_ranks: session.exe().data_ranks(),
+    })
+}
