@@ -84,11 +84,11 @@ pub struct StepArgs {
     /// Number of training steps, counted from the run's start (0: only initialise, e.g. to
     /// --save the initial parameters). With --dataset, give --steps, --epochs or both (the run
     /// ends at whichever comes first).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::numbers::count)]
     pub steps: Option<u64>,
     /// With --dataset: the number of epochs (passes over the data set), counted from the
     /// run's start.
-    #[arg(long, requires = "dataset")]
+    #[arg(long, requires = "dataset", value_parser = crate::numbers::positive_count)]
     pub epochs: Option<u64>,
     /// Where to run the steps (train: cpu unless given; run: the executable's target).
     #[arg(long, value_enum)]
@@ -118,7 +118,7 @@ pub struct StepArgs {
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
     /// With --checkpoint: save every N steps (default: only at the end).
-    #[arg(long = "checkpoint-every", value_name = "N", requires = "checkpoint")]
+    #[arg(long = "checkpoint-every", value_name = "N", requires = "checkpoint", value_parser = crate::numbers::positive_count)]
     pub checkpoint_every: Option<u64>,
     /// Continue the run saved in this checkpoint directory: give the same model, data set and
     /// --steps/--epochs as the run that wrote it.
@@ -159,7 +159,7 @@ pub struct StepArgs {
     #[arg(long, value_name = "PATH", requires = "dataset")]
     pub val: Option<PathBuf>,
     /// With --val: evaluate every N steps.
-    #[arg(long = "eval-every", value_name = "N", requires = "val")]
+    #[arg(long = "eval-every", value_name = "N", requires = "val", value_parser = crate::numbers::positive_count)]
     pub eval_every: Option<u64>,
     /// With --val: the batches each evaluation runs (the first K of the set, in order).
     #[arg(
@@ -179,10 +179,10 @@ pub struct StepArgs {
     #[arg(long, value_enum, default_value_t = DecayArg::Constant)]
     pub schedule: DecayArg,
     /// Steps of linear warmup: step i (from 0) runs at (i + 1) / (N + 1) of the rate.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = crate::numbers::count)]
     pub warmup: u64,
     /// The schedule's final learning rate as a fraction of the optimizer's (e.g. 0.1).
-    #[arg(long = "min-lr-ratio", value_name = "R", default_value_t = 0.0)]
+    #[arg(long = "min-lr-ratio", value_name = "R", default_value_t = 0.0, allow_hyphen_values = true, value_parser = crate::numbers::unit)]
     pub min_lr_ratio: f64,
 }
 

@@ -424,3 +424,43 @@ fn a_run_resumed_in_another_precision_says_so() {
         "{e}"
     );
 }
+
+#[test]
+fn every_number_out_of_range_is_refused_when_parsed_naming_the_flag() {
+    // Each was taken before: --warmup 2^64-1 wrapped `warmup + 1` to 0 (an infinite learning
+    // rate, exit 0); a NaN learning rate reached the optimizer; a budget past the address space
+    // was planned for.
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["--warmup", "18446744073709551615"], "--warmup", "2^53"),
+        (&["--lr", "nan"], "--lr", "not a finite number above 0"),
+        (&["--lr", "-1"], "--lr", "not a finite number above 0"),
+        (&["--lr", "inf"], "--lr", "not a finite number above 0"),
+        (&["--weight-decay", "-0.1"], "--weight-decay", "at least 0"),
+        (&["--clip-grad-norm", "nan"], "--clip-grad-norm", "finite"),
+        (&["--min-lr-ratio", "1.5"], "--min-lr-ratio", "[0, 1]"),
+        (&["--budget", "9000000TiB"], "--budget", "address space"),
+        (
+            &["--optimizer", "momentum", "--momentum", "1"],
+            "--momentum",
+            "[0, 1)",
+        ),
+        (
+            &["--optimizer", "adamw", "--betas", "0.9,nan"],
+            "--betas",
+            "B2",
+        ),
+    ];
+    for (args, flag, why) in cases {
+        let mut all = vec!["train", "--model", "mlp", "--steps", "2"];
+        all.extend_from_slice(args);
+        let out = ingot(&all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(why), "{args:?}: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} ran: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
