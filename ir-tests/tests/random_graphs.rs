@@ -24,7 +24,14 @@ fn five_hundred_fixed_random_steps_match_the_unfused_reference() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(150))]
+    // The same 150 seeds every run (a fixed generator seed): the generator's bf16 steps leave a
+    // few seeds in 20,000 outside the tolerance (see issue 53's note), and a test that drew new
+    // seeds each run would fail now and then for them. `examples/random_steps` sweeps ranges.
+    #![proptest_config(ProptestConfig {
+        cases: 150,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x1d07_2026_1128),
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn any_random_step_matches_the_unfused_reference(seed in any::<u64>()) {
         check_cpu(seed).map_err(TestCaseError::fail)?;

@@ -13,7 +13,7 @@
 //! carry the gradients without that amplification).
 
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::Optimizer;
+use ingot_compiler::autodiff::{copies, Optimizer};
 use ingot_compiler::ir::{DType, LeafKind, Shape, TensorType};
 use ingot_compiler::models::{Model, Precision};
 use ingot_compiler::pipeline;
@@ -46,11 +46,15 @@ pub fn closeness(what: &str, got: &Tensor, want: &Tensor) -> Result<f64, String>
 
 /// How much wider than [`RTOL`] and [`ATOL`] the tolerance is for a model's precision: bf16
 /// keeps 8 bits of mantissa where f32 keeps 24, and a fused kernel rounds to it only at its
-/// outputs where the reference rounds after every op; TF32 products keep 11 bits.
+/// outputs where the reference rounds after every op; TF32 products keep 11 bits, and a chain
+/// of them (a convolution into a batch norm into AdamW's moments) or a gradient that is zero in
+/// exact arithmetic (a causal attention row with one key) carries their rounding. Measured on
+/// an H200 over 300 random steps: 1.43 of a 10x slack (a TF32 convolution's moment) and a
+/// 1.04e-4 noise where the CPU's f32 gives 0, so 50.
 pub fn slack(model: &Model) -> f64 {
     match model.precision {
         Precision::F32 => 1.0,
-        Precision::Tf32 => 10.0,
+        Precision::Tf32 => 50.0,
         Precision::Bf16 => 100.0,
     }
 }
@@ -180,7 +184,10 @@ pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
     after.extend(s.optimizer_state());
     let params = s.parameters();
     for (leaf, w) in &want.updates {
-        if adamw(model) && params.contains_key(leaf) {
+        // AdamW's parameters and their bf16 copies (see the module docs).
+        let copy =
+            (reference_graph.leaf(leaf)).is_some_and(|id| copies::is_copy(&reference_graph, id));
+        if adamw(model) && (params.contains_key(leaf) || copy) {
             continue;
         }
         // The bf16 copies are not listed with the state: read from the executor.
@@ -244,6 +251,9 @@ pub fn compare_sessions(model: &Model, seed: u64, device: Device) -> Result<f64,
     };
     for &kind in kinds {
         for id in g.leaves(kind) {
+            if adamw(model) && copies::is_copy(&g, id) {
+                continue;
+            }
             let leaf = g.leaf_name(id).unwrap_or("?").to_string();
             let (x, y) = (
                 a.exe()
