@@ -286,18 +286,7 @@ impl Builder {
             }
             AttentionLayout::Packed => vec![vec![b, tq, 3, h, D]],
         };
-        let all: Vec<usize> = (0..self.dims(x).len()).collect();
-        let mean = if all.is_empty() {
-            x
-        } else {
-            let s = self.g.sum(x, &all)?;
-            let n = self.g.full(
-                numel(&self.dims(x)).max(1) as f64,
-                Shape::scalar(),
-                DType::F32,
-            )?;
-            self.g.div(s, n)?
-        };
+        let mean = self.mean_of(x)?;
         let f = self.g.tanh(mean)?;
         let mut operands = Vec::new();
         for d in shapes {
