@@ -93,13 +93,17 @@ pub fn size(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
-/// AdamW's betas, `B1,B2`, each in [0, 1).
+/// AdamW's betas, `B1,B2` (parsed as the compiler parses them), each in [0, 1).
 pub fn betas(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s
-        .split_once(',')
-        .ok_or_else(|| format!("{s:?}: expected two numbers, B1,B2 (e.g. 0.9,0.95)"))?;
-    let one = |x: &str, which: &str| below_one(x).map_err(|e| format!("{which}: {e}"));
-    Ok((one(a, "B1")?, one(b, "B2")?))
+    let (b1, b2) = ingot_compiler::models::optimizer_betas(s)?;
+    let one = |x: f64, which: &str| {
+        if (0.0..1.0).contains(&x) {
+            Ok(x)
+        } else {
+            Err(format!("{which}: {x} is not in [0, 1)"))
+        }
+    };
+    Ok((one(b1, "B1")?, one(b2, "B2")?))
 }
 
 #[cfg(test)]
