@@ -24,9 +24,17 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
     for id in g.ids() {
         d.add_node(id);
     }
+    // One edge per distinct input: a node reads few inputs, so they are deduplicated locally
+    // (`update_edge` would walk the input's whole list of readers, and a value read by every
+    // layer, a shared constant, made that quadratic in depth).
+    let mut seen: Vec<NodeId> = Vec::new();
     for id in g.ids() {
+        seen.clear();
         for &x in &g.node(id).inputs {
-            d.update_edge(NodeIndex::new(x.index()), NodeIndex::new(id.index()), ());
+            if !seen.contains(&x) {
+                seen.push(x);
+                d.add_edge(NodeIndex::new(x.index()), NodeIndex::new(id.index()), ());
+            }
         }
     }
     let users = g.users();

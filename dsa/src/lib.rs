@@ -127,6 +127,13 @@ pub struct SolveOptions {
     /// Worker threads for the greedy portfolio (0: use what the machine has). The result does not
     /// depend on it.
     pub threads: usize,
+    /// Without a capacity, on problems of more than [`LARGE_PROBLEM`] buffers: a peak at most
+    /// this many parts per million above LOAD ends the solve. There the skyline dives and the search cost
+    /// seconds (every long-lived buffer meets a number of others that grows with the problem,
+    /// so they grow faster than linearly), while the cheap best fits already land within a
+    /// few parts in ten thousand of LOAD on deep models; they can gain at most this much.
+    /// 0: minimize towards LOAD within the budget whatever the size.
+    pub large_problem_gap_ppm: u64,
 }
 
 impl Default for SolveOptions {
@@ -136,6 +143,7 @@ impl Default for SolveOptions {
             time_limit: Duration::from_secs(1),
             node_limit: u64::MAX,
             threads: 0,
+            large_problem_gap_ppm: 1000,
         }
     }
 }
@@ -584,7 +592,7 @@ fn run_strategy(
 
 /// Problems with more buffers than this get a shorter portfolio and, instead of the full
 /// search, capacity-aware dives.
-pub(crate) const LARGE_PROBLEM: usize = 4000;
+pub const LARGE_PROBLEM: usize = 4000;
 
 /// The best result of the greedy portfolio.
 struct PortfolioResult {
@@ -593,11 +601,16 @@ struct PortfolioResult {
     strategy: Greedy,
 }
 
-/// Runs the greedy portfolio in waves of `threads` strategies (in the order of
-/// [`Greedy::ALL`]), stopping after a wave once the peak is at most `target` or the deadline
-/// has passed. The first wave always runs to completion; later strategies give up at the
-/// deadline. The winner is the lowest peak, ties to the earlier strategy, so the result does
-/// not depend on the number of threads unless the deadline cut the portfolio short.
+/// Runs the greedy portfolio in waves of up to `threads` strategies of one family (best/first
+/// fits, then skyline dives, in the order of [`Greedy::ALL`]), stopping after a wave once some
+/// peak is at most `target` or the deadline has passed. The first wave always runs to
+/// completion; later strategies give up at the deadline.
+///
+/// The winner does not depend on the number of threads: it is the lowest peak among the
+/// strategies up to the first (in portfolio order) whose peak meets `target`, ties to the
+/// earlier one; results a wider wave computed past that point are set aside. Where nothing
+/// meets `target`, the lowest peak of everything run wins (the same set on any machine unless
+/// the deadline cut the portfolio short).
 fn run_portfolio(
     inst: &Instance,
     threads: usize,
@@ -625,16 +638,14 @@ fn run_portfolio(
     } else {
         threads.clamp(1, all.len())
     };
-    let mut best: Option<PortfolioResult> = None;
-    for (w, wave) in all.chunks(threads).enumerate() {
-        if w > 0 {
-            let done = best.as_ref().is_some_and(|b| b.peak <= target);
-            if done || deadline.is_some_and(|d| Instant::now() >= d) {
-                break;
-            }
+    let mut results: Vec<(Greedy, Option<(Vec<u64>, u64)>)> = Vec::with_capacity(all.len());
+    let mut met = None;
+    for (w, wave) in waves(all, threads).into_iter().enumerate() {
+        if w > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
         }
         let limit = if w == 0 { None } else { deadline };
-        let results: Vec<Option<(Vec<u64>, u64)>> = if wave.len() == 1 {
+        let found: Vec<Option<(Vec<u64>, u64)>> = if wave.len() == 1 {
             vec![run_strategy(inst, wave[0], &contention, limit)]
         } else {
             std::thread::scope(|scope| {
@@ -649,19 +660,47 @@ fn run_portfolio(
                     .collect()
             })
         };
-        for (&strategy, r) in wave.iter().zip(results) {
-            if let Some((offsets, peak)) = r {
-                if best.as_ref().is_none_or(|b| peak < b.peak) {
-                    best = Some(PortfolioResult {
-                        offsets,
-                        peak,
-                        strategy,
-                    });
-                }
+        results.extend(wave.iter().copied().zip(found));
+        met = results
+            .iter()
+            .position(|(_, r)| r.as_ref().is_some_and(|&(_, peak)| peak <= target));
+        if met.is_some() {
+            break;
+        }
+    }
+    let considered = met.map_or(results.len(), |k| k + 1);
+    let mut best: Option<PortfolioResult> = None;
+    for (strategy, r) in results.into_iter().take(considered) {
+        if let Some((offsets, peak)) = r {
+            if best.as_ref().is_none_or(|b| peak < b.peak) {
+                best = Some(PortfolioResult {
+                    offsets,
+                    peak,
+                    strategy,
+                });
             }
         }
     }
     best.expect("the first wave always completes")
+}
+
+/// The portfolio's waves: consecutive strategies of one family, at most `threads` each, so
+/// that a cheap fit never waits in a wave for a dive that costs a hundred times more.
+fn waves(all: &[Greedy], threads: usize) -> Vec<&[Greedy]> {
+    let dive = |g: &Greedy| matches!(g, Greedy::Dive { .. });
+    let mut out = Vec::new();
+    let mut rest = all;
+    while let Some(first) = rest.first() {
+        let same = rest
+            .iter()
+            .take(threads)
+            .take_while(|g| dive(g) == dive(first))
+            .count();
+        let (wave, tail) = rest.split_at(same);
+        out.push(wave);
+        rest = tail;
+    }
+    out
 }
 
 /// Solves `p`: see the module documentation for the method.
@@ -675,7 +714,15 @@ pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats),
     let deadline = start.checked_add(opts.time_limit);
     let inst = Instance::new(p)?;
     let load = inst.load;
-    let target = opts.capacity.unwrap_or(load);
+    let target = opts.capacity.unwrap_or_else(|| {
+        if inst.n > LARGE_PROBLEM {
+            // Rounded down: the target is never above what the gap allows.
+            let gap = u128::from(load) * u128::from(opts.large_problem_gap_ppm) / 1_000_000;
+            load.saturating_add(u64::try_from(gap).unwrap_or(u64::MAX))
+        } else {
+            load
+        }
+    });
     let g = run_portfolio(&inst, opts.threads, target, deadline);
     let greedy_elapsed = start.elapsed();
     let (greedy_peak, greedy) = (g.peak, g.strategy);

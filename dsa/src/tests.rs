@@ -742,3 +742,78 @@ fn a_capacity_missed_for_lack_of_time_says_the_time_limit_stopped_it() {
     );
     assert!(err.to_string().contains("node limit"), "{err}");
 }
+
+/// A deep model's buffers: each of `layers` forward activations is saved until its backward
+/// (nested lifetimes across the forward/backward turn), with short-lived temporaries of
+/// varied sizes beside every layer in both passes.
+fn deep_model(layers: u64) -> Problem {
+    let turn = 4 * layers;
+    let mut spec = Vec::new();
+    let mut x = 0x2545f4914f6cdd1du64;
+    for l in 0..layers {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let (fwd, bwd) = (4 * l, 2 * turn - 4 * l);
+        spec.push((fwd, bwd, 4096 + (x % 8) * 512));
+        spec.push((fwd + 1, fwd + 3, 1024 + (x >> 8) % 4096));
+        spec.push((fwd + 2, fwd + 4, 2048 + (x >> 20) % 2048));
+        spec.push((bwd - 3, bwd - 1, 1024 + (x >> 32) % 8192));
+        spec.push((bwd - 2, bwd + 1, 512 + (x >> 44) % 1024));
+    }
+    problem(&spec, 64)
+}
+
+#[test]
+fn a_large_problem_stops_within_the_gap_whatever_the_threads() {
+    let p = deep_model(1000);
+    assert!(p.buffers.len() > super::LARGE_PROBLEM);
+    let opts = |threads| SolveOptions {
+        threads,
+        ..generous()
+    };
+    let (one, st) = solve_ok(&p, &opts(1));
+    let ppm = SolveOptions::default().large_problem_gap_ppm;
+    assert!(ppm > 0);
+    assert!(
+        u128::from(one.peak) * 1_000_000 <= u128::from(st.load) * u128::from(1_000_000 + ppm),
+        "peak {} against LOAD {}",
+        one.peak,
+        st.load
+    );
+    // A machine with more threads runs wider waves; what it computed past the first strategy
+    // to meet the gap is set aside, so every machine gives the same offsets.
+    for threads in [2, 3, 4, 16] {
+        let (other, _) = solve_ok(&p, &opts(threads));
+        assert_eq!(one, other, "{threads} threads");
+    }
+}
+
+#[test]
+fn without_the_gap_a_large_problem_is_minimised_further() {
+    let p = deep_model(1000);
+    let (near, _) = solve_ok(&p, &generous());
+    let (full, st) = solve_ok(
+        &p,
+        &SolveOptions {
+            large_problem_gap_ppm: 0,
+            ..generous()
+        },
+    );
+    assert!(full.peak <= near.peak);
+    assert!(full.peak >= st.load);
+}
+
+#[test]
+fn the_portfolio_waves_never_mix_fits_and_dives() {
+    for threads in 1..=12 {
+        let waves = super::waves(&Greedy::ALL, threads);
+        let flat: Vec<Greedy> = waves.iter().flat_map(|w| w.iter().copied()).collect();
+        assert_eq!(flat, Greedy::ALL, "{threads} threads: the portfolio's order is kept");
+        for w in &waves {
+            assert!(!w.is_empty() && w.len() <= threads);
+            let dives = w.iter().filter(|g| matches!(g, Greedy::Dive { .. })).count();
+            assert!(dives == 0 || dives == w.len(), "{threads} threads: {w:?}");
+        }
+    }
+}

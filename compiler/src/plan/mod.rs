@@ -41,6 +41,10 @@ pub struct PlanOptions {
     /// `solver_nodes`) could differ between machines, so it is set far above what the node
     /// budget needs.
     pub solver_time: Duration,
+    /// Threads for the offset solver's greedy portfolio (0: what the machine has). The plan
+    /// does not depend on it (the solver picks its winner the same way on any machine); a
+    /// timing that should count one thread's work sets 1.
+    pub solver_threads: usize,
     /// Which schedules to try; the smallest plan wins.
     pub strategies: Vec<Strategy>,
     /// Scratch bytes each node's kernel needs on the target (the CPU runtime's matmul packs its
@@ -53,6 +57,7 @@ impl Default for PlanOptions {
         PlanOptions {
             solver_nodes: 100_000,
             solver_time: Duration::from_secs(10),
+            solver_threads: 0,
             strategies: vec![Strategy::Traced, Strategy::MemoryAware],
             workspace: None,
         }
@@ -170,7 +175,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
         if best.as_ref().is_some_and(|b| c.load_bytes >= b.slab_bytes) {
             continue;
         }
-        let p = c.solve(opts.solver_nodes, opts.solver_time)?;
+        let p = c.solve(opts)?;
         if cfg!(debug_assertions) {
             p.validate(g)?;
         }
@@ -210,7 +215,10 @@ pub fn plan_order(
     solver_time: Duration,
 ) -> Result<MemoryPlan, PlanError> {
     complete(g, order, strategy)?;
-    Prepared::new(g, order, strategy, None)?.solve(PlanOptions::default().solver_nodes, solver_time)
+    Prepared::new(g, order, strategy, None)?.solve(&PlanOptions {
+        solver_time,
+        ..PlanOptions::default()
+    })
 }
 
 /// A schedule with its liveness, resident layout and slab problem, before offsets are solved.
@@ -303,13 +311,14 @@ impl Prepared {
         })
     }
 
-    fn solve(mut self, solver_nodes: u64, solver_time: Duration) -> Result<MemoryPlan, PlanError> {
+    fn solve(mut self, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
         let slab_base = align_up(self.resident_bytes);
         let (solution, _stats) = dsa::solve(
             &self.problem,
             &dsa::SolveOptions {
-                time_limit: solver_time,
-                node_limit: solver_nodes,
+                time_limit: opts.solver_time,
+                node_limit: opts.solver_nodes,
+                threads: opts.solver_threads,
                 ..Default::default()
             },
         )?;
