@@ -15,8 +15,6 @@ use ingot_kernels::fused::Access;
 use rules::{fold_refused, siblings_refused, Fold, Siblings};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use units::{find, Units};
-#[cfg(test)]
-pub(super) use units::{reaches_avoiding, Levels};
 
 /// The domain of a group made of `a`'s and `b`'s roots, if they iterate the same space.
 fn merged_domain(a: &Domain, b: &Domain) -> Option<Domain> {
