@@ -18,15 +18,8 @@ mod placement;
 mod replay;
 mod schedule;
 
+pub use super::location::Location;
 use crate::ir::{Graph, NodeId};
-
-/// Where one node's value lives, as an absolute byte range of the step's single allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Location {
-    pub offset: usize,
-    pub bytes: usize,
-}
 
 /// What the checker needs to know about a plan.
 pub struct PlanView<'a> {
