@@ -11,7 +11,7 @@ use super::train::Device;
 use super::Failure;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::lower::Program;
-use ingot_compiler::plan::report::human;
+use ingot_compiler::report::human;
 use ingot_trainer::session;
 use std::path::PathBuf;
 

@@ -5,7 +5,7 @@
 use super::Failure;
 use ingot_compiler::exe::{Executable, Layout, VERSION};
 use ingot_compiler::lower::Program;
-use ingot_compiler::plan::report::{human, Report};
+use ingot_compiler::report::{human, Report};
 use ingot_kernels::cuda::CudaKernel;
 use std::path::PathBuf;
 

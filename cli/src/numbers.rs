@@ -84,7 +84,7 @@ pub fn positive_count(s: &str) -> Result<u64, String> {
 
 /// A size in bytes (`16GiB`, `512MiB`, `1000000`), at most [`MAX_BYTES`].
 pub fn size(s: &str) -> Result<usize, String> {
-    let n = ingot_compiler::plan::report::parse_size(s)?;
+    let n = ingot_compiler::report::parse_size(s)?;
     if n as u64 > MAX_BYTES {
         return Err(format!(
             "{s} is {n} bytes, beyond the address space ({MAX_BYTES} bytes at most)"

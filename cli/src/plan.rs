@@ -2,7 +2,7 @@
 
 use super::Failure;
 use ingot_compiler::pipeline;
-use ingot_compiler::plan::report::human;
+use ingot_compiler::report::human;
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -257,7 +257,7 @@ const MAX_PLAN_JSON_BYTES: u64 = 1 << 30;
 
 /// `ingot plan --diff OLD NEW`.
 fn run_diff(files: &[std::path::PathBuf]) -> Result<(), Failure> {
-    use ingot_compiler::plan::diff;
+    use ingot_compiler::report::diff;
     let read = |p: &std::path::Path| -> Result<_, Failure> {
         let bytes = ingot_compiler::files::read_capped(p, MAX_PLAN_JSON_BYTES)
             .map_err(|e| Failure::new(2, format!("reading {}: {e}", p.display())))?;
@@ -324,7 +324,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         ),
         false => None,
     };
-    use ingot_compiler::plan::picture;
+    use ingot_compiler::report::picture;
     let pictures = [
         (&a.html, picture::html as fn(&_, &_, &_) -> String),
         (&a.svg, picture::svg),

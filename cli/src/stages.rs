@@ -10,8 +10,8 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 /// The message of a plan over `budget`: its total, the budget, and what is live at its peak.
-pub fn over_budget(report: &ingot_compiler::plan::report::Report, budget: usize) -> String {
-    use ingot_compiler::plan::report::human;
+pub fn over_budget(report: &ingot_compiler::report::Report, budget: usize) -> String {
+    use ingot_compiler::report::human;
     let mut msg = format!(
         "the plan needs {} ({} bytes), over the budget of {} ({} bytes). At the peak (position {}, {}) live:",
         human(report.total_bytes),

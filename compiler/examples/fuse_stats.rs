@@ -4,7 +4,8 @@
 
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::fuse::{fuse, FuseOptions};
-use ingot_compiler::plan::{self, report::Report, PlanOptions};
+use ingot_compiler::plan::{self, PlanOptions};
+use ingot_compiler::report::Report;
 use ingot_compiler::{models, rewrite};
 use std::time::Instant;
 

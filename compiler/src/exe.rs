@@ -34,10 +34,10 @@
 use crate::error::IrError;
 use crate::ir::{text, Graph, LeafKind, Op};
 use crate::lower::{self, LowerError, Program};
-use crate::plan::report::{BufferKind, Report};
 use crate::plan::shared::{SharedError, SharedLayout};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
 use crate::precision::Precision;
+use crate::report::{BufferKind, Report};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

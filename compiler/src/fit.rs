@@ -27,7 +27,7 @@ use crate::fuse::{self};
 use crate::ir::NodeId;
 use crate::models::Model;
 use crate::pipeline::{self, CompileError, Compiled, Options, Rewritten};
-use crate::plan::report::human;
+use crate::report::human;
 use serde::Serialize;
 
 /// The most arithmetic recomputation may add, in percent of the step's, before more

@@ -16,6 +16,7 @@ pub mod plan;
 pub mod precision;
 pub mod random_graph;
 pub mod recognize;
+pub mod report;
 pub mod rewrite;
 pub mod schedule;
 pub mod snapshot;

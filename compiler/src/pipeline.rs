@@ -9,10 +9,10 @@ use crate::fuse::{self, FuseOptions, FuseReport};
 use crate::ir::Graph;
 use crate::lower::{LowerError, Target};
 use crate::models::{self, Model};
-use crate::plan::report::Report;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
 use crate::precision::Precision;
 use crate::recognize;
+use crate::report::Report;
 use crate::rewrite::{self, RewriteOptions, RewriteReport};
 use std::time::{Duration, Instant};
 

@@ -21,7 +21,7 @@
 
 use crate::models::Model;
 use crate::pipeline::{self, CompileError, Compiled};
-use crate::plan::report::{human, KindBytes, PeakBuffer, Report, ResidentBytes};
+use crate::report::{human, KindBytes, PeakBuffer, Report, ResidentBytes};
 use serde::{Deserialize, Serialize};
 
 /// What a plan costs and what holds its peak, in a form meant to be committed and diffed.

@@ -42,31 +42,69 @@ fn rank(module: &str) -> Option<usize> {
     TOOLS.contains(&module).then_some(1 + STAGES.len())
 }
 
-/// The top-level modules a line names through `crate::` (`crate::a::..`, `crate::{a, b}`).
-/// Capitalised names are items the crate root re-exports (`crate::IrError`), not modules.
-fn modules_named(line: &str) -> Vec<String> {
+/// The top-level modules `text` names through `crate::` (`crate::a::..`, `crate::{a, b}`), each
+/// with the 1-based line it is named on: the item's own line inside a `use` group spread over
+/// several lines. Capitalised names are items the crate root re-exports (`crate::IrError`),
+/// not modules.
+fn modules_named(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    let mut rest = line;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
-        let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            group[..end]
-                .split(',')
-                .map(|n| n.trim().split("::").next().unwrap_or("").trim())
-                .collect()
+    let mut from = 0;
+    while let Some(i) = text[from..].find("crate::") {
+        let start = from + i + "crate::".len();
+        from = start;
+        let rest = &text[start..];
+        let names: Vec<(usize, &str)> = if rest.starts_with('{') {
+            group_heads(text, start)
         } else {
-            let end = rest
-                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            vec![&rest[..end]]
+            vec![(start, first_segment(rest))]
         };
         out.extend(
             names
                 .into_iter()
-                .filter(|n| n.starts_with(|c: char| c.is_ascii_lowercase()))
-                .map(str::to_string),
+                .filter(|(_, n)| n.starts_with(|c: char| c.is_ascii_lowercase()))
+                .map(|(at, n)| (text[..at].matches('\n').count() + 1, n.to_string())),
         );
+    }
+    out
+}
+
+/// The identifier `rest` starts with.
+fn first_segment(rest: &str) -> &str {
+    let end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// The first segment of each item of the `{..}` group opening at byte `open` of `text`, with
+/// the byte where the item starts; nested groups belong to their item. An unclosed group ends
+/// with the text.
+fn group_heads(text: &str, open: usize) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut item = None;
+    for (j, c) in text[open..].char_indices() {
+        let at = open + j;
+        match c {
+            '{' => {
+                depth += 1;
+                if depth == 1 {
+                    item = Some(at + 1);
+                }
+            }
+            '}' | ',' if depth == 1 => {
+                if let Some(s) = item.take() {
+                    let skip = text[s..at].len() - text[s..at].trim_start().len();
+                    out.push((s + skip, first_segment(&text[s + skip..at])));
+                }
+                if c == '}' {
+                    break;
+                }
+                item = Some(at + 1);
+            }
+            '}' => depth -= 1,
+            _ => {}
+        }
     }
     out
 }
@@ -79,26 +117,32 @@ fn violations(file: &str, module: &str, text: &str) -> Vec<String> {
             "{file}: module `{module}` is in no list of tests/stage_order.rs; place it"
         )];
     };
+    let code = before_tests(text);
     let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("#[cfg(test)]") {
-            break;
-        }
-        for used in modules_named(line) {
-            match rank(&used) {
-                None => out.push(format!(
-                    "{file}:{}: `{used}` is in no list of tests/stage_order.rs",
-                    n + 1
-                )),
-                Some(r) if r > own => out.push(format!(
-                    "{file}:{}: `{module}` uses the later `crate::{used}`",
-                    n + 1
-                )),
-                Some(_) => {}
-            }
+    for (line, used) in modules_named(code) {
+        match rank(&used) {
+            None => out.push(format!(
+                "{file}:{line}: `{used}` is in no list of tests/stage_order.rs"
+            )),
+            Some(r) if r > own => out.push(format!(
+                "{file}:{line}: `{module}` uses the later `crate::{used}`"
+            )),
+            Some(_) => {}
         }
     }
     out
+}
+
+/// The part of a file before its `#[cfg(test)]` tail.
+fn before_tests(text: &str) -> &str {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_start().starts_with("#[cfg(test)]") {
+            return &text[..at];
+        }
+        at += line.len();
+    }
+    text
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -171,4 +215,23 @@ fn the_scan_rejects_a_base_helper_using_a_stage_and_an_unplaced_module() {
 fn the_scan_leaves_a_modules_unit_tests_and_root_items_alone() {
     let text = "use crate::IrError;\n#[cfg(test)]\nmod tests { use crate::pipeline; }\n";
     assert!(violations("compiler/src/plan/mod.rs", "plan", text).is_empty());
+}
+
+#[test]
+fn the_scan_reads_a_use_group_over_several_lines_and_names_the_items_line() {
+    let text =
+        "use crate::{\n    error::IrError,\n    ir::{Graph, NodeId},\n    plan::Location,\n};\n";
+    assert_eq!(
+        violations("compiler/src/fuse/mod.rs", "fuse", text),
+        vec!["compiler/src/fuse/mod.rs:4: `fuse` uses the later `crate::plan`"]
+    );
+}
+
+#[test]
+fn the_scan_reads_nested_groups_by_their_first_segment_only() {
+    let text = "use crate::{ir::{Graph, plan}, lower::{cpu, cuda::{x, y}}};\n";
+    assert_eq!(
+        violations("compiler/src/plan/mod.rs", "plan", text),
+        vec!["compiler/src/plan/mod.rs:1: `plan` uses the later `crate::lower`"]
+    );
 }

@@ -12,7 +12,7 @@
 
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
-use ingot_compiler::plan::report::parse_size;
+use ingot_compiler::report::parse_size;
 use ingot_compiler::snapshot::PlanSnapshot;
 use ingot_trainer::session::Device;
 use std::path::Path;

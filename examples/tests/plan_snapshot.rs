@@ -53,7 +53,7 @@ fn tiny_mlp_from_ir_text_plan() {
 #[test]
 fn mlp_fits_in_its_budget() {
     let model = models::by_name("mlp").unwrap();
-    let budget = ingot_compiler::plan::report::parse_size("32MiB").unwrap();
+    let budget = ingot_compiler::report::parse_size("32MiB").unwrap();
     if let Err(msg) = cpu_plan(&model).assert_within(budget) {
         panic!("{msg}");
     }

@@ -529,7 +529,7 @@ fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_rele
     // The first operation that reads the gathered rows' bytes (the embedding's sort, lowered
     // earlier under the same node, reads only the ids).
     let gathered = p.touches[rows].writes[0];
-    let overlaps = |l: &ingot_compiler::plan::check::Location| {
+    let overlaps = |l: &ingot_compiler::plan::Location| {
         l.offset < gathered.offset + gathered.bytes && gathered.offset < l.offset + l.bytes
     };
     let first_reader = (rows + 1..p.ops.len())
@@ -712,8 +712,7 @@ fn a_later_writer_of_a_reduce_scatters_operand_bytes_waits_for_the_collective() 
     assert_eq!(p.touches[rs].writes.to_vec(), writes);
     // Some later operation writes into the operand's bytes once they are free (the plan
     // reuses them), and it waits for the collective, through some path of edges.
-    let overlaps = |a: &ingot_compiler::plan::check::Location,
-                    b: &ingot_compiler::plan::check::Location| {
+    let overlaps = |a: &ingot_compiler::plan::Location, b: &ingot_compiler::plan::Location| {
         a.bytes > 0 && b.bytes > 0 && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes
     };
     let mut waits = vec![false; p.ops.len()];

@@ -4,9 +4,10 @@
 use ingot_compiler::autodiff::{training_step, Optimizer};
 use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
 use ingot_compiler::models;
-use ingot_compiler::plan::check::{validate, Location, PlanView, PlanViolation as V};
-use ingot_compiler::plan::report::Report;
+use ingot_compiler::plan::check::{validate, PlanView, PlanViolation as V};
+use ingot_compiler::plan::Location;
 use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
+use ingot_compiler::report::Report;
 use ingot_compiler::schedule::{self, Strategy};
 use proptest::prelude::*;
 

@@ -5,7 +5,7 @@
 use ingot_compiler::ir::{DType, Graph, Init};
 use ingot_compiler::pipeline;
 use ingot_compiler::plan;
-use ingot_compiler::plan::report::Report;
+use ingot_compiler::report::Report;
 
 fn cpu_options() -> pipeline::Options {
     pipeline::Options {

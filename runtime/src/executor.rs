@@ -9,7 +9,7 @@ use crate::error::ExecError;
 use crate::tensor::Tensor;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
-use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::Location;
 use ingot_compiler::plan::MemoryPlan;
 
 pub trait StepExecutor {

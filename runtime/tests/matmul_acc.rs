@@ -252,6 +252,6 @@ fn a_matmul_acc_over_its_dying_accumulator_adds_in_place_and_computes_the_refere
     }
 }
 
-fn report(g: &Graph, p: &plan::MemoryPlan) -> ingot_compiler::plan::report::Report {
-    ingot_compiler::plan::report::Report::new("t", g, p, None)
+fn report(g: &Graph, p: &plan::MemoryPlan) -> ingot_compiler::report::Report {
+    ingot_compiler::report::Report::new("t", g, p, None)
 }

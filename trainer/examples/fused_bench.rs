@@ -54,7 +54,7 @@ fn main() {
         let count = |s: &Session| {
             s.graph()
                 .ids()
-                .filter(|&id| ingot_compiler::plan::report::launches(s.graph(), id))
+                .filter(|&id| ingot_compiler::report::launches(s.graph(), id))
                 .count()
         };
         let (ma, mb) = (median(a), median(b));

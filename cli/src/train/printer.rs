@@ -4,7 +4,7 @@
 
 use crate::Failure;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use ingot_compiler::plan::report::human;
+use ingot_compiler::report::human;
 use ingot_trainer::run::{
     EpochEvent, EvalEvent, Finished, Note, Observer, ObserverError, Start, StepEvent, Summary,
     Weights,

@@ -10,7 +10,7 @@
 //! origin of its first user that has one ([`fill_missing`]). Reports, the plan page and errors
 //! name buffers by it first and by node id second, since node ids change with every pass and
 //! every compiler version; the memory report also tells gradients (what autodiff made) from
-//! other values of the backward pass by it (`plan::report::storage_kinds`).
+//! other values of the backward pass by it (`report::storage_kinds`).
 //!
 //! An origin is debug information, like a source location: it takes no part in a graph's
 //! equality (two graphs computing the same thing are equal wherever their nodes came from), and

@@ -18,7 +18,7 @@
 
 use super::{LowerError, ScatterPart};
 use crate::ir::{DType, Graph, NodeId, Op};
-use crate::plan::check::Location;
+use crate::plan::Location;
 use crate::plan::MemoryPlan;
 use serde::{Deserialize, Serialize};
 

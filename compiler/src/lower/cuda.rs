@@ -29,7 +29,7 @@
 use super::deps::{self, Touch};
 use super::LowerError;
 use crate::ir::{DType, Graph, NodeId, Op};
-use crate::plan::check::Location;
+use crate::plan::Location;
 use crate::plan::MemoryPlan;
 use crate::precision::Precision;
 use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};

@@ -19,7 +19,7 @@
 //! the graph is small; [`check`] verifies, independently, that every conflicting pair is
 //! ordered by some path.
 
-use crate::plan::check::Location;
+use crate::plan::Location;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 

@@ -8,17 +8,16 @@
 
 pub mod buckets;
 pub mod check;
-pub mod diff;
 pub mod liveness;
-pub mod picture;
-pub mod report;
+pub mod location;
 pub mod shared;
 
 use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
-use check::{Location, PlanView};
+use check::PlanView;
 use ingot_dsa as dsa;
 pub use liveness::{Liveness, Region, Storage, WorkspaceFn, WorkspaceNeed};
+pub use location::Location;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

@@ -18,8 +18,8 @@
 //! ([`check_disjoint`]): no value of the evaluation step other than a shared parameter touches a
 //! byte the training step keeps between steps.
 
-use super::check::Location;
 use super::liveness::Region;
+use super::Location;
 use super::{align_up, MemoryPlan};
 use crate::ir::{Graph, LeafKind, Op};
 use serde::{Deserialize, Serialize};

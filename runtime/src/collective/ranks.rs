@@ -388,7 +388,7 @@ impl<E: RankStep, X> StepExecutor for Ranks<E, X> {
     /// union's (equal shards of a mean loss).
     fn read_scalar(
         &self,
-        at: ingot_compiler::plan::check::Location,
+        at: ingot_compiler::plan::Location,
         dtype: ingot_compiler::ir::DType,
     ) -> Result<f64, ExecError> {
         let values = self

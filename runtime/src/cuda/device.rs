@@ -26,7 +26,7 @@ use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, NodeId};
 use ingot_compiler::lower::cuda::{Compute, DeviceOp, Gemm, Program};
 use ingot_compiler::lower::{self, Target};
-use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::Location;
 use ingot_compiler::plan::MemoryPlan;
 use smallvec::SmallVec;
 use std::ffi::c_void;

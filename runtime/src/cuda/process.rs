@@ -17,7 +17,7 @@ use crate::tensor::Tensor;
 use cudarc::driver::{result, CudaContext};
 use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, NodeId};
-use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::Location;
 use ingot_compiler::plan::MemoryPlan;
 use std::sync::Mutex;
 use std::time::Duration;

@@ -13,7 +13,7 @@ use super::{Compute, DeviceOp, Gemm, Lowering, CUBLAS_WORKSPACE};
 use crate::ir::{DType, Graph, NodeId, WindowOp};
 use crate::lower::deps::Touch;
 use crate::lower::LowerError;
-use crate::plan::check::Location;
+use crate::plan::Location;
 use crate::plan::MemoryPlan;
 use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
 use ingot_kernels::cuda::window as kernels;

@@ -3,7 +3,7 @@
 //! ([`Report::by_provenance`]) rather than by node id, so that two compiler versions, whose node
 //! ids differ, still compare layer by layer. Meant for CI logs when a plan snapshot fails.
 
-use super::report::{human, BufferKind, Report, SourceBytes, REPORT_VERSION};
+use super::{human, BufferKind, Report, SourceBytes, REPORT_VERSION};
 use std::collections::BTreeMap;
 use std::fmt::{self, Write};
 
@@ -217,7 +217,7 @@ fn section(
             ]
         })
         .collect();
-    o.push_str(&super::report::columns(&header, &table, &[2, 3]));
+    o.push_str(&super::columns(&header, &table, &[2, 3]));
     if rows.len() > ROWS_LISTED {
         let rest = &rows[ROWS_LISTED..];
         let bytes: usize = rest.iter().map(|c| c.new_bytes.abs_diff(c.old_bytes)).sum();
@@ -270,7 +270,7 @@ impl fmt::Display for PlanDiff {
                     [c.what.to_string(), show(c.old), show(c.new), change]
                 })
                 .collect();
-            o.push_str(&super::report::columns(&header, &rows, &[1, 2, 3]));
+            o.push_str(&super::columns(&header, &rows, &[1, 2, 3]));
         }
         if let Some((a, b)) = &self.peak_op {
             let _ = writeln!(o, "the peak moved: {a} -> {b}");

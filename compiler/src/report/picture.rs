@@ -15,10 +15,10 @@
 //!
 //! Both are pure and deterministic: the same plan gives the same bytes. Every text is escaped.
 
-use super::report::{human, storage_kinds, storage_provenance, BufferKind, Report};
-use super::{MemoryPlan, Region};
+use super::{human, storage_kinds, storage_provenance, BufferKind, Report};
 use crate::autodiff::{Phase, LOSS};
 use crate::ir::Graph;
+use crate::plan::{MemoryPlan, Region, Storage};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -91,7 +91,7 @@ fn phases(g: &Graph) -> Vec<Phase> {
 }
 
 /// A storage's type: `f32[8,1024]`, or `u8[N]` for a workspace.
-fn storage_type(g: &Graph, s: &super::Storage) -> (String, String) {
+fn storage_type(g: &Graph, s: &Storage) -> (String, String) {
     if s.workspace {
         return ("u8".into(), format!("[{}]", s.bytes));
     }
@@ -398,7 +398,7 @@ fn page_data(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
     let phase_names = ["forward", "backward", "update"];
     // The band shows the schedule's parts: up to the last forward op, the forward pass (kernels
     // only the backward reads but that run in it included), then backward and update.
-    let forward_end = super::report::forward_end(g, plan, Some(&ph));
+    let forward_end = super::forward_end(g, plan, Some(&ph));
     let phase_of: Vec<usize> = lv
         .order
         .iter()

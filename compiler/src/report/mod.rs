@@ -1,9 +1,15 @@
 //! The report before launch: what the step will allocate, the lower bound it is measured
 //! against, and what holds the peak. Printed as a table or as a versioned JSON document.
+//!
+//! The presentation of a plan, after [`crate::plan`] made it: [`picture`] draws the slab over
+//! the schedule as one HTML page, and [`diff`] compares two reports.
 
-use super::{MemoryPlan, Region};
+pub mod diff;
+pub mod picture;
+
 use crate::autodiff::Phase;
 use crate::ir::{Graph, LeafKind, NodeId, Op};
+use crate::plan::{MemoryPlan, Region, Storage};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -136,7 +142,7 @@ pub fn forward_end(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> us
 /// Where storage `s` came from, in the user's words: its owner's provenance (the first source
 /// of a fused kernel's), `workspace of ...` for a workspace, or the op's name when the origin
 /// is unknown. Node ids are not part of it, so it survives recompiles.
-pub fn storage_provenance(g: &Graph, s: &super::Storage) -> String {
+pub fn storage_provenance(g: &Graph, s: &Storage) -> String {
     let base = match g.origin(s.owner).primary() {
         Some(p) => p.to_string(),
         None => g.node(s.owner).op.name().to_string(),
@@ -277,7 +283,7 @@ impl Report {
         };
         for id in g.ids() {
             if let Op::Leaf { kind, .. } = &g.node(id).op {
-                let b = super::align_up(g.ty(id).bytes());
+                let b = crate::plan::align_up(g.ty(id).bytes());
                 match kind {
                     LeafKind::Parameter => resident.parameters += b,
                     LeafKind::State if crate::autodiff::copies::is_copy(g, id) => {
@@ -638,7 +644,7 @@ mod tests {
             "no escape character reaches the terminal"
         );
         assert!(table.contains("names\\u{1b}[31m.ir"), "{}", &table[..200]);
-        let rows = crate::plan::report::columns(
+        let rows = crate::report::columns(
             &["name".to_string(), "n".to_string()],
             &[
                 [long.clone(), "1".into()],

@@ -1,0 +1,860 @@
+//! The text form's tests: round trips, the documented form, every error naming its line, and
+//! property tests that no input makes the parser panic.
+
+use super::parse::op_by_name;
+use super::*;
+use crate::ir::{BinaryOp, CmpOp, DType, Init, LeafKind, NodeId, Op, Shape, TensorType, UnaryOp};
+use proptest::prelude::*;
+
+/// A graph with every op, every dtype and every kind of leaf and init.
+fn every_op_graph() -> Graph {
+    let mut g = Graph::new();
+    let w = g
+        .parameter("fc1.weight", [3, 4], DType::F32, Init::Normal { std: 0.02 })
+        .unwrap();
+    let b = g
+        .parameter("fc1.bias", [3], DType::F32, Init::Zeros)
+        .unwrap();
+    let m = g
+        .state("adam.m.fc1.weight", [3, 4], DType::F32, Init::Ones)
+        .unwrap();
+    let x = g.input("x", [2, 4], DType::F32).unwrap();
+    let ids = g
+        .input("tokens \"quoted\" \\ # not a comment", [2], DType::I32)
+        .unwrap();
+    let ids64 = g.input("ids64", [2], DType::I64).unwrap();
+    let xd = g.input("x64", [2, 3], DType::F64).unwrap();
+
+    let wt = g.transpose(w, &[1, 0]).unwrap();
+    let h = g.matmul(x, wt).unwrap();
+    let h = g.add(h, b).unwrap(); // broadcast + add
+    let zero = g.full(0.0, [2, 3], DType::F32).unwrap();
+    let mask = g.compare(CmpOp::Gt, h, zero).unwrap();
+    let r = g.select(mask, h, zero).unwrap();
+    let mut e = r;
+    for u in [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Recip,
+        UnaryOp::Erf,
+    ] {
+        e = g.unary(u, e).unwrap();
+    }
+    for op in [
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ] {
+        e = g.binary(op, e, r).unwrap();
+    }
+    let mut masks = vec![];
+    for op in [CmpOp::Lt, CmpOp::Le, CmpOp::Ge, CmpOp::Eq, CmpOp::Ne] {
+        masks.push(g.compare(op, e, r).unwrap());
+    }
+    let flat = g.reshape(e, [6]).unwrap();
+    let sl = g.slice(flat, 0, 1, 4).unwrap();
+    let cat = g.concat(&[sl, sl, flat], 0).unwrap();
+    let s = g.sum(cat, &[0]).unwrap();
+    let mx = g.max(e, &[0, 1]).unwrap();
+    let _ = g.sum_all(mx).unwrap();
+    let rows = g.gather(w, ids).unwrap();
+    let rows64 = g.gather(w, ids64).unwrap();
+    let back = g.scatter_add(ids, rows, 3).unwrap();
+    let _ = g.scatter_add(ids64, rows64, 5).unwrap();
+    let io = g.iota([2, 3], 1, DType::I64).unwrap();
+    let iof = g.convert(io, DType::F64).unwrap();
+    let _ = g.add(iof, xd).unwrap();
+    let _ = g.convert(masks[0], DType::F32).unwrap();
+    let _ = g.full(1.0, [], DType::Bool).unwrap();
+    let _ = g.full(-7.0, [2], DType::I32).unwrap();
+    let _ = g.full(f64::INFINITY, [], DType::F64).unwrap();
+    // bf16 storage: a cast in, arithmetic, a cast out.
+    let hb = g.convert(h, DType::BF16).unwrap();
+    let hb = g.mul(hb, hb).unwrap();
+    let _ = g.convert(hb, DType::F32).unwrap();
+    // A bf16 product accumulated into an f32 value.
+    let xb = g.convert(x, DType::BF16).unwrap();
+    let wb = g.convert(w, DType::BF16).unwrap();
+    let _ = g.matmul_acc(h, xb, wb, false, true).unwrap();
+    let seed = g.input("dropout_seed", [], DType::I64).unwrap();
+    let _ = g
+        .dropout_mask(h, seed, 0.125, 0xdead_beef_0123_4567)
+        .unwrap();
+
+    let newm = g.add(m, back).unwrap();
+    let lr = g.full(0.1, [3, 4], DType::F32).unwrap();
+    let step = g.mul(newm, lr).unwrap();
+    let neww = g.sub(w, step).unwrap();
+    g.set_output("loss", s).unwrap();
+    g.set_output("max", mx).unwrap();
+    g.set_update(w, neww).unwrap();
+    g.set_update(m, newm).unwrap();
+    g
+}
+
+fn parse_err(text: &str) -> (usize, String) {
+    match parse(text) {
+        Err(IrError::Parse { line, reason }) => (line, reason),
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_bf16_op_on_an_f32_operand_without_a_cast_is_a_type_error_naming_the_line() {
+    let good = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n%1 = input \"h\" : bf16[2,3]\n\
+                %2 = convert(%0) : bf16[2,3]\n%3 = add(%2, %1) : bf16[2,3]\noutput \"y\" = %3\n";
+    let g = parse(good).unwrap();
+    assert_eq!(g.ty(NodeId(3)).dtype, DType::BF16);
+    assert_eq!(g.ty(NodeId(3)).bytes(), 12, "bf16 is 2 bytes an element");
+    assert_eq!(print(&g), good, "bf16 prints as it parses");
+    let bad = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n%1 = input \"h\" : bf16[2,3]\n\
+               %2 = add(%0, %1) : bf16[2,3]\n";
+    let (line, reason) = parse_err(bad);
+    assert_eq!(line, 4, "{reason}");
+    assert!(
+        reason.contains("f32") && reason.contains("bf16"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn the_reference_graph_uses_every_op_and_every_dtype() {
+    let g = every_op_graph();
+    let names: Vec<&str> = g.op_histogram().keys().copied().collect();
+    let all = [
+        "add",
+        "broadcast",
+        "concat",
+        "convert",
+        "div",
+        "dropout",
+        "eq",
+        "erf",
+        "exp",
+        "full",
+        "gather",
+        "ge",
+        "gt",
+        "input",
+        "iota",
+        "le",
+        "log",
+        "lt",
+        "matmul",
+        "matmul_acc",
+        "max",
+        "min",
+        "mul",
+        "ne",
+        "neg",
+        "parameter",
+        "recip",
+        "reduce_max",
+        "reduce_sum",
+        "reshape",
+        "scatter_add",
+        "select",
+        "slice",
+        "sqrt",
+        "state",
+        "sub",
+        "tanh",
+        "transpose",
+    ];
+    for op in all {
+        assert!(names.contains(&op), "missing op {op}");
+        assert!(
+            op_by_name(op).is_some_and(|o| o.name() == op),
+            "op_by_name disagrees with Op::name for {op}"
+        );
+    }
+    for d in DType::ALL {
+        assert!(
+            g.nodes().iter().any(|n| n.ty.dtype == d),
+            "missing dtype {d}"
+        );
+    }
+}
+
+#[test]
+fn print_then_parse_gives_an_equal_graph_and_the_same_text() {
+    let g = every_op_graph();
+    g.verify().unwrap();
+    let text = print(&g);
+    let back = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(back, g);
+    back.verify().unwrap();
+    assert_eq!(print(&back), text);
+    assert_eq!(back.to_string(), text);
+    assert_eq!(text.parse::<Graph>().unwrap(), g);
+}
+
+#[test]
+fn the_printed_form_reads_as_documented() {
+    let mut g = Graph::new();
+    let w = g
+        .parameter(
+            "fc1.weight",
+            [1024, 784],
+            DType::F32,
+            Init::Normal { std: 0.02 },
+        )
+        .unwrap();
+    let x = g.input("x", [256, 784], DType::F32).unwrap();
+    let wt = g.transpose(w, &[1, 0]).unwrap();
+    let h = g.matmul(x, wt).unwrap();
+    let s = g.sum(h, &[1]).unwrap();
+    let y = g.slice(s, 0, 0, 2).unwrap();
+    g.set_output("loss", y).unwrap();
+    let expected = "\
+ingot-ir 1
+%0 = parameter \"fc1.weight\" init=normal(0.02) : f32[1024,784]
+%1 = input \"x\" : f32[256,784]
+%2 = transpose(%0) perm=[1,0] : f32[784,1024]
+%3 = matmul(%1, %2) : f32[256,1024]
+%4 = reduce_sum(%3) axes=[1] : f32[256,1]
+%5 = slice(%4) axis=0 start=0 end=2 : f32[2,1]
+output \"loss\" = %5
+";
+    assert_eq!(print(&g), expected);
+}
+
+#[test]
+fn an_all_gather_round_trips_and_concatenates_the_ranks_along_axis_0() {
+    let text = "ingot-ir 1
+%0 = input \"x\" : f32[3,5]
+%1 = all_gather(%0) ranks=2 : f32[6,5]
+output \"loss\" = %1
+";
+    let g = parse(text).unwrap();
+    assert_eq!(print(&g), text);
+    for (bad, says) in [
+        ("%1 = all_gather(%0) ranks=2 : f32[3,5]", "stated result"),
+        ("%1 = all_gather(%0) ranks=1 : f32[3,5]", "needs ranks >= 2"),
+        ("%1 = all_gather(%0) : f32[6,5]", "ranks"),
+    ] {
+        let text = format!("ingot-ir 1\n%0 = input \"x\" : f32[3,5]\n{bad}\n");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("line 3"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn a_reduce_scatter_and_its_results_round_trip_and_keep_a_ranks_rows() {
+    let text = "ingot-ir 1
+%0 = input \"a\" : f32[8,3]
+%1 = input \"b\" : f32[6]
+%2 = reduce_scatter(%0, %1) ranks=2 : f32[4,3]
+%3 = result(%2) index=1 : f32[3]
+output \"a\" = %2
+output \"b\" = %3
+";
+    let g = parse(text).unwrap();
+    g.verify().unwrap();
+    assert_eq!(g.node(NodeId(2)).op, Op::ReduceScatter { ranks: 2 });
+    assert_eq!(print(&g), text);
+    assert_eq!(print(&g).parse::<Graph>().unwrap(), g);
+    let head = "ingot-ir 1\n%0 = input \"a\" : f32[8,3]\n%1 = input \"b\" : f32[6]\n";
+    for (bad, says) in [
+        (
+            "%2 = reduce_scatter(%0, %1) ranks=2 : f32[8,3]",
+            "stated result",
+        ),
+        (
+            "%2 = reduce_scatter(%0, %1) ranks=4 : f32[2,3]",
+            "do not divide among 4",
+        ),
+        (
+            "%2 = reduce_scatter(%0) ranks=1 : f32[8,3]",
+            "needs ranks >= 2",
+        ),
+        ("%2 = reduce_scatter(%0) : f32[4,3]", "ranks"),
+    ] {
+        let e = parse(&format!("{head}{bad}\n")).unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("line 4"), "{bad}: {e}");
+    }
+    // A result typed as the whole operand, not a rank's rows of it: the verifier says so.
+    let whole = format!(
+        "{head}%2 = reduce_scatter(%0, %1) ranks=2 : f32[4,3]\n%3 = result(%2) index=1 : f32[6]\n"
+    );
+    let e = parse(&whole).unwrap().verify().unwrap_err().to_string();
+    assert!(e.contains("typed f32[6] but the output is f32[3]"), "{e}");
+}
+
+#[test]
+fn f64_constants_round_trip_bit_for_bit() {
+    let values = [
+        0.1,
+        1e-8,
+        -0.0,
+        0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::MIN_POSITIVE,
+        5e-324,
+        f64::MAX,
+        f64::MIN,
+        1.0 / 3.0,
+        -2.5e300,
+        123456789.0,
+    ];
+    for v in values {
+        let mut g = Graph::new();
+        g.full(v, [2], DType::F64).unwrap();
+        // A standard deviation must be finite and not negative; the constant takes any.
+        let std_of = if v.is_finite() && v >= 0.0 {
+            v
+        } else {
+            v.abs().min(f64::MAX)
+        };
+        g.parameter("p", [1], DType::F32, Init::Normal { std: std_of })
+            .unwrap();
+        let back = parse(&print(&g)).unwrap();
+        let Op::Full { value } = back.node(NodeId(0)).op else {
+            panic!()
+        };
+        assert_eq!(
+            value.to_bits(),
+            v.to_bits(),
+            "{v:?} printed as {}",
+            print(&g)
+        );
+        let Op::Leaf {
+            init: Init::Normal { std },
+            ..
+        } = back.node(NodeId(1)).op
+        else {
+            panic!()
+        };
+        assert_eq!(std.to_bits(), std_of.to_bits());
+    }
+}
+
+#[test]
+fn a_normal_init_with_a_nan_infinite_or_negative_std_is_an_error_naming_the_line() {
+    for bad in ["nan", "inf", "-inf", "-0.35", "-1e-300"] {
+        let text = format!(
+            "ingot-ir 1\n%0 = input \"x\" : f32[2]\n%1 = parameter \"w\" init=normal({bad}) : f32[2]\n"
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains("line 3"), "{bad}: {e}");
+        assert!(
+            e.contains("normal(") && e.contains("standard deviation"),
+            "{bad}: {e}"
+        );
+    }
+    // Zero is a valid standard deviation (the leaf starts at zeros).
+    parse("ingot-ir 1\n%0 = parameter \"w\" init=normal(0) : f32[2]\n").unwrap();
+}
+
+#[test]
+fn a_shape_whose_bytes_overflow_is_an_error_naming_the_line_and_the_shape() {
+    let text = "ingot-ir 1\n%0 = input \"x\" : f32[4611686018427387904,4]\n";
+    let e = parse(text).unwrap_err().to_string();
+    assert!(
+        e.contains("line 2") && e.contains("4611686018427387904"),
+        "{e}"
+    );
+    // Each dimension fits, their product does not.
+    let text = "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[4294967296,4294967296]\n";
+    let e = parse(text).unwrap_err().to_string();
+    assert!(e.contains("line 2") && e.contains("too large"), "{e}");
+}
+
+#[test]
+fn nan_inf_and_minus_inf_are_accepted_as_written() {
+    let g = parse("ingot-ir 1\n%0 = full value=nan : f32[]\n%1 = full value=inf : f32[]\n%2 = full value=-inf : f64[2]\n")
+        .unwrap();
+    let v = |i| match g.node(NodeId(i)).op {
+        Op::Full { value } => value,
+        _ => unreachable!(),
+    };
+    assert!(v(0).is_nan());
+    assert_eq!(v(1), f64::INFINITY);
+    assert_eq!(v(2), f64::NEG_INFINITY);
+    assert!(print(&g).contains("value=nan"));
+    let again = parse(&print(&g)).unwrap();
+    assert_eq!(print(&again), print(&g));
+}
+
+#[test]
+fn names_with_quotes_backslashes_and_control_characters_round_trip() {
+    for name in [
+        "a\"b",
+        "back\\slash",
+        "tab\there",
+        "new\nline",
+        "bell\u{7}",
+        "# hash",
+        "üñï©ødé",
+        "%0 = x",
+    ] {
+        let mut g = Graph::new();
+        let p = g.parameter(name, [2], DType::F32, Init::Ones).unwrap();
+        g.set_output(name, p).unwrap();
+        let text = print(&g);
+        assert_eq!(text.lines().count(), 3, "one line per entry: {text}");
+        assert_eq!(parse(&text).unwrap(), g, "{text}");
+    }
+}
+
+#[test]
+fn comments_blank_lines_and_spacing_are_ignored() {
+    let text = "# a leading comment\n\n  ingot-ir   1   # the header\n\n%0=input \"x\":f32[2,3]#c\n  %1 = neg( %0 )  :  f32[ 2 , 3 ]\noutput \"y\"=%1\n";
+    let g = parse(text).unwrap();
+    assert_eq!(g.len(), 2);
+    assert_eq!(g.outputs["y"], NodeId(1));
+}
+
+#[test]
+fn attributes_may_come_in_any_order() {
+    let a = parse(
+        "ingot-ir 1\n%0 = input \"x\" : f32[5]\n%1 = slice(%0) end=4 axis=0 start=1 : f32[3]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        a.node(NodeId(1)).op,
+        Op::Slice {
+            axis: 0,
+            start: 1,
+            end: 4
+        }
+    );
+}
+
+#[test]
+fn a_header_alone_is_an_empty_graph() {
+    assert_eq!(parse("ingot-ir 1\n").unwrap(), Graph::new());
+}
+
+/// Each case: the text, the line the error must name, and words the reason must contain.
+#[test]
+fn each_error_names_its_line_and_the_offending_token() {
+    let h = "ingot-ir 1\n%0 = input \"x\" : f32[2,3]\n";
+    let cases: Vec<(String, usize, &[&str])> = vec![
+        ("".into(), 1, &["empty", "ingot-ir 1"]),
+        ("# only a comment\n".into(), 1, &["empty"]),
+        ("%0 = input \"x\" : f32[]\n".into(), 1, &["header", "`%0`"]),
+        ("ingot-ir 2\n".into(), 1, &["unsupported version", "`2`"]),
+        ("ingot-ir\n".into(), 1, &["version", "end of the line"]),
+        ("ingot-ir 1 extra\n".into(), 1, &["`extra`"]),
+        (
+            format!("{h}%1 = frobnicate(%0) : f32[2,3]\n"),
+            3,
+            &["unknown op", "`frobnicate`"],
+        ),
+        (
+            format!("{h}%2 = neg(%0) : f32[2,3]\n"),
+            3,
+            &["`%2`", "out of order", "`%1`"],
+        ),
+        (
+            format!("{h}%0 = neg(%0) : f32[2,3]\n"),
+            3,
+            &["`%0`", "out of order"],
+        ),
+        (
+            format!("{h}%1 = neg(%7) : f32[2,3]\n"),
+            3,
+            &["`%7`", "not defined"],
+        ),
+        (
+            format!("{h}%1 = neg(%1) : f32[2,3]\n"),
+            3,
+            &["`%1`", "not defined"],
+        ),
+        (format!("{h}%1 = neg(%x) : f32[2,3]\n"), 3, &["`%x`"]),
+        (
+            format!("{h}%1 = neg(%0)\n"),
+            3,
+            &["result type", "end of the line"],
+        ),
+        (
+            format!("{h}%1 = neg(%0) : f33[2,3]\n"),
+            3,
+            &["unknown dtype", "`f33`"],
+        ),
+        (
+            format!("{h}%1 = neg(%0) : f32[2,x]\n"),
+            3,
+            &["bad number", "`x`"],
+        ),
+        (
+            format!("{h}%1 = neg(%0) : f32[2,-3]\n"),
+            3,
+            &["bad number", "`-3`"],
+        ),
+        (format!("{h}%1 = neg(%0) : f32[2,3] junk\n"), 3, &["`junk`"]),
+        (
+            format!("{h}%1 = neg(%0) : f32[99999999999999999999]\n"),
+            3,
+            &["bad number"],
+        ),
+        (
+            format!("{h}%1 = neg(%0) : f32[4611686018427387904,8]\n"),
+            3,
+            &["too large"],
+        ),
+        (
+            format!("{h}%1 = neg(%0) bogus=1 : f32[2,3]\n"),
+            3,
+            &["unknown attribute", "`bogus`", "`neg`"],
+        ),
+        (
+            format!("{h}%1 = transpose(%0) perm=[1,0] axis=1 : f32[3,2]\n"),
+            3,
+            &["unknown attribute", "`axis`"],
+        ),
+        (
+            format!("{h}%1 = transpose(%0) : f32[3,2]\n"),
+            3,
+            &["`transpose`", "`perm=`"],
+        ),
+        (
+            format!("{h}%1 = transpose(%0) perm=1 : f32[3,2]\n"),
+            3,
+            &["`perm=`", "`1`"],
+        ),
+        (
+            format!("{h}%1 = transpose(%0) perm=[1,0 : f32[3,2]\n"),
+            3,
+            &["`,` or `]`", "`:`"],
+        ),
+        (
+            format!("{h}%1 = slice(%0) axis=0 start=0 : f32[1,3]\n"),
+            3,
+            &["`end=`"],
+        ),
+        (
+            format!("{h}%1 = slice(%0) axis=0 start=0 end=1 end=1 : f32[1,3]\n"),
+            3,
+            &["`end`", "twice"],
+        ),
+        (
+            format!("{h}%1 = full value=abc : f32[]\n"),
+            3,
+            &["bad number", "`abc`"],
+        ),
+        (
+            format!("{h}%1 = full value=1.0.0 : f32[]\n"),
+            3,
+            &["bad number", "`1.0.0`"],
+        ),
+        (
+            format!("{h}%1 = iota axis=-1 : i32[3]\n"),
+            3,
+            &["bad number", "`-1`"],
+        ),
+        (
+            format!("{h}%1 = parameter init=zeros : f32[]\n"),
+            3,
+            &["name in quotes"],
+        ),
+        (
+            format!("{h}%1 = parameter \"w\" : f32[]\n"),
+            3,
+            &["`init=`"],
+        ),
+        (
+            format!("{h}%1 = parameter \"w\" init=laplace(1) : f32[]\n"),
+            3,
+            &["`init=`", "`laplace(1)`"],
+        ),
+        (
+            format!("{h}%1 = parameter \"w\" init=normal(x) : f32[]\n"),
+            3,
+            &["bad number", "`x`"],
+        ),
+        (
+            format!("{h}%1 = parameter \"x\" init=zeros : f32[]\n"),
+            3,
+            &["two leaves", "\"x\""],
+        ),
+        (
+            format!("{h}%1 = parameter \"w : f32[]\n"),
+            3,
+            &["unterminated string"],
+        ),
+        (
+            format!("{h}%1 = parameter \"w\\q\" init=zeros : f32[]\n"),
+            3,
+            &["unknown escape", "\\q"],
+        ),
+        (
+            format!("{h}%1 = neg(%0) \"name\" : f32[2,3]\n"),
+            3,
+            &["`neg`", "no name"],
+        ),
+        (
+            format!("{h}%1 = neg(%0 %0) : f32[2,3]\n"),
+            3,
+            &["`,` or `)`", "`%0`"],
+        ),
+        // Type errors from Graph::push keep their message and gain the line.
+        (
+            format!("{h}%1 = neg(%0) : f32[3,2]\n"),
+            3,
+            &["neg", "stated result f32[3,2]", "f32[2,3]"],
+        ),
+        (
+            format!("{h}%1 = matmul(%0, %0) : f32[2,3]\n"),
+            3,
+            &["matmul", "inner dimensions"],
+        ),
+        (
+            format!("{h}%1 = matmul_acc(%0, %0, %0) : f32[2,3]\n"),
+            3,
+            &["matmul_acc", "%1", "inner dimensions"],
+        ),
+        (format!("{h}%1 = neg : f32[2,3]\n"), 3, &["neg", "operand"]),
+        (
+            format!("{h}%1 = broadcast(%0) : f32[5,3]\n"),
+            3,
+            &["broadcast", "cannot broadcast"],
+        ),
+        (
+            format!("{h}output \"y\" = %0\noutput \"y\" = %0\n"),
+            4,
+            &["\"y\"", "twice", "line 3"],
+        ),
+        (format!("{h}output y = %0\n"), 3, &["output's name", "`y`"]),
+        (
+            format!("{h}output \"y\" = %4\n"),
+            3,
+            &["`%4`", "not defined"],
+        ),
+        (format!("{h}output \"y\" %0\n"), 3, &["`=`", "`%0`"]),
+        (
+            format!("{h}update %0 = %0\n"),
+            3,
+            &["update target", "input"],
+        ),
+        (format!("{h}update %0 = %3\n"), 3, &["`%3`", "not defined"]),
+        (
+            format!(
+                "{h}%1 = parameter \"w\" init=ones : f32[2,3]\nupdate %1 = %0\nupdate %1 = %0\n"
+            ),
+            5,
+            &["twice", "line 4"],
+        ),
+        (
+            format!("{h}frobnicate\n"),
+            3,
+            &["`frobnicate`", "`%1 = ...`"],
+        ),
+        (
+            format!("{h}\n\n# comment\n%1 = neg(%0) : f32[2]\n"),
+            6,
+            &["neg"],
+        ),
+        (
+            format!("{h}%1 = concat(%0, %0) axis=9 : f32[2,3]\n"),
+            3,
+            &["concat", "axis 9"],
+        ),
+        (
+            format!("{h}%1 = attention(%0, %0, %0) scale=1 layout=sideways : f32[2,3]\n"),
+            3,
+            &["`layout=`", "`packed`"],
+        ),
+        (
+            format!("{h}%1 = attention(%0) scale=1 layout=packed : f32[2,3]\n"),
+            3,
+            &[
+                "attention",
+                "qkv [batch, seq, 3, heads, head_dim]",
+                "f32[2,3]",
+            ],
+        ),
+        (
+            format!("{h}%1 = attention(%0, %0, %0) scale=1 layout=tokens : f32[2,3]\n"),
+            3,
+            &["attention", "rank 4"],
+        ),
+        (
+            format!("{h}%1 = attention(%0, %0, %0) scale=1 layout=packed : f32[2,3]\n"),
+            3,
+            &["attention", "takes 1 operand(s) (qkv), got 3"],
+        ),
+    ];
+    for (text, line, words) in cases {
+        let (got_line, reason) = parse_err(&text);
+        assert_eq!(got_line, line, "wrong line for {text:?}: {reason}");
+        for w in words {
+            assert!(
+                reason.contains(w),
+                "reason for {text:?} should contain {w:?}: {reason}"
+            );
+        }
+        // The Display form starts with the line, so users see it first.
+        let shown = IrError::Parse {
+            line: got_line,
+            reason: reason.clone(),
+        }
+        .to_string();
+        assert!(shown.starts_with(&format!("line {line}: ")));
+    }
+}
+
+#[test]
+fn concat_sizes_that_would_overflow_are_an_error_not_a_panic() {
+    let text = "ingot-ir 1\n%0 = input \"x\" : bool[9223372036854775807]\n%1 = concat(%0, %0, %0) axis=0 : bool[1]\n";
+    let (line, reason) = parse_err(text);
+    assert_eq!(line, 3);
+    assert!(reason.contains("concat"), "{reason}");
+}
+
+#[test]
+fn the_tiny_mlp_example_parses_and_verifies() {
+    let text = include_str!("../../../../docs/examples/tiny-mlp.ir");
+    let g = parse(text).unwrap_or_else(|e| panic!("docs/examples/tiny-mlp.ir: {e}"));
+    g.verify().unwrap();
+    let loss = g.outputs["loss"];
+    assert_eq!(*g.ty(loss), TensorType::new(Shape::scalar(), DType::F32));
+    assert_eq!(g.leaves(LeafKind::Parameter).len(), 4);
+    assert_eq!(g.leaves(LeafKind::Input).len(), 2);
+    // Its printed form (comments dropped) reads back to the same graph.
+    assert_eq!(parse(&print(&g)).unwrap(), g);
+}
+
+/// Small edits of a valid text: the parser must answer (Ok or Err), never panic.
+#[derive(Debug, Clone)]
+enum Mutation {
+    Truncate(usize),
+    DeleteChar(usize),
+    InsertChar(usize, char),
+    ReplaceChar(usize, char),
+    SwapLines(usize, usize),
+    DuplicateLine(usize),
+    DeleteLine(usize),
+}
+
+fn apply(text: &str, m: &Mutation) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let n = chars.len().max(1);
+    let mut lines: Vec<&str> = text.lines().collect();
+    let nl = lines.len().max(1);
+    match *m {
+        Mutation::Truncate(i) => chars[..i % n].iter().collect(),
+        Mutation::DeleteChar(i) => chars
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| k != i % n)
+            .map(|(_, c)| c)
+            .collect(),
+        Mutation::InsertChar(i, c) => {
+            let mut v = chars.clone();
+            v.insert(i % n, c);
+            v.into_iter().collect()
+        }
+        Mutation::ReplaceChar(i, c) => {
+            let mut v = chars.clone();
+            if !v.is_empty() {
+                v[i % n] = c;
+            }
+            v.into_iter().collect()
+        }
+        Mutation::SwapLines(a, b) => {
+            if !lines.is_empty() {
+                lines.swap(a % nl, b % nl);
+            }
+            lines.join("\n")
+        }
+        Mutation::DuplicateLine(a) => {
+            if !lines.is_empty() {
+                let l = lines[a % nl];
+                lines.insert(a % nl, l);
+            }
+            lines.join("\n")
+        }
+        Mutation::DeleteLine(a) => {
+            if !lines.is_empty() {
+                lines.remove(a % nl);
+            }
+            lines.join("\n")
+        }
+    }
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let ch = prop_oneof![
+        prop::sample::select(vec![
+            '%', '=', '(', ')', '[', ']', ',', ':', '"', '\\', '#', ' ', '\n', '0', '9', '-', 'e',
+            'x'
+        ]),
+        any::<char>(),
+    ];
+    prop_oneof![
+        any::<usize>().prop_map(Mutation::Truncate),
+        any::<usize>().prop_map(Mutation::DeleteChar),
+        (any::<usize>(), ch.clone()).prop_map(|(i, c)| Mutation::InsertChar(i, c)),
+        (any::<usize>(), ch).prop_map(|(i, c)| Mutation::ReplaceChar(i, c)),
+        (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Mutation::SwapLines(a, b)),
+        any::<usize>().prop_map(Mutation::DuplicateLine),
+        any::<usize>().prop_map(Mutation::DeleteLine),
+    ]
+}
+
+/// After a parse, whatever comes back is either a graph that verifies and round-trips, or a
+/// parse error with a line inside the text.
+fn check_answer(text: &str) {
+    match parse(text) {
+        Ok(g) => {
+            g.verify().unwrap();
+            let printed = print(&g);
+            let again = parse(&printed).unwrap();
+            assert_eq!(print(&again), printed);
+        }
+        Err(IrError::Parse { line, .. }) => {
+            assert!(line >= 1 && line <= text.lines().count().max(1))
+        }
+        Err(e) => panic!("non-parse error {e:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_strings_never_make_the_parser_panic(s in ".*") {
+        check_answer(&s);
+        check_answer(&format!("ingot-ir 1\n{s}"));
+    }
+
+    #[test]
+    fn random_token_soup_never_makes_the_parser_panic(
+        parts in prop::collection::vec(prop::sample::select(vec![
+            "%0", "%1", "%2", "=", "(", ")", "[", "]", ",", ":", "\"x\"", "\"", "input", "parameter",
+            "add", "concat", "slice", "reduce_sum", "full", "f32", "i32", "bool", "[]", "0", "1", "2",
+            "18446744073709551615", "axis=", "perm=", "init=", "normal(", "nan", "output", "update", "\n", " ",
+        ]), 0..60)
+    ) {
+        check_answer(&format!("ingot-ir 1\n{}", parts.join(" ")));
+        check_answer(&format!("ingot-ir 1\n{}", parts.concat()));
+    }
+
+    #[test]
+    fn mutations_of_a_valid_text_never_make_the_parser_panic(ms in prop::collection::vec(mutation(), 1..4)) {
+        let mut text = print(&every_op_graph());
+        for m in &ms {
+            text = apply(&text, m);
+        }
+        check_answer(&text);
+    }
+
+    #[test]
+    fn any_leaf_name_round_trips(name in "\\PC*|.*", std in 0.0..f64::MAX) {
+        prop_assume!(!name.is_empty());
+        let mut g = Graph::new();
+        let p = g.parameter(&name, [1], DType::F32, Init::Normal { std }).unwrap();
+        g.set_output(&name, p).unwrap();
+        let back = parse(&print(&g)).unwrap();
+        prop_assert_eq!(print(&back), print(&g));
+        prop_assert_eq!(back.leaf_name(NodeId(0)), Some(name.as_str()));
+    }
+}
