@@ -273,6 +273,52 @@ def build_cases():
         [2, 3, 4, 4], inits=[init("conv.weight", [3, 3, 3, 3], r), init("conv.bias", [3], r)] + bn
         + [init("fc.weight", [5, 12], r), init("fc.bias", [5], r)], loss="ce")
     new_op_cases()
+    packed_attention_cases()
+
+
+def packed_attention_cases():
+    """nn.MultiheadAttention's packed projection as torch.onnx (opset 17) exports it in
+    torchvision's vit_b_16: one in_proj matmul, `unflatten(-1, (3, E))` written as a Reshape
+    to `Concat(shape[:2], [3, E], shape[3:])` where `shape[3:]` is `Slice(Shape, [3],
+    [INT64_MAX])`, empty (the slice the H200 run refused), then q, k and v sliced off with
+    starts and ends given as Constant nodes, negative, INT64_MAX, from Shape arithmetic; and a
+    shape reversed by a step of -1 from INT64_MAX to INT64_MIN. Nodes are made directly
+    (named as PyTorch names them), so the numbering of the cases above is unchanged."""
+    r = rng("packed_attention")
+    imax, imin = 9223372036854775807, -9223372036854775808
+    mk = helper.make_node
+    cst = lambda out, v: mk("Constant", [], [out], name=f"/attn/{out}",
+                            value=numpy_helper.from_array(np.array(v, dtype=np.int64), out))
+    nodes = [
+        mk("Transpose", ["in_proj_weight"], ["wT"], name="/attn/Transpose", perm=[1, 0]),
+        mk("MatMul", ["input", "wT"], ["mm"], name="/attn/MatMul"),
+        mk("Add", ["mm", "in_proj_bias"], ["proj"], name="/attn/Add"),
+        mk("Shape", ["proj"], ["shape"], name="/attn/Shape"),
+        cst("zero", [0]), cst("two", [2]), cst("one", [1]), cst("three_i", [3]),
+        cst("int64_max", [imax]), cst("int64_min", [imin]), cst("minus1", [-1]),
+        cst("minus2", [-2]), cst("axis_m2", [-2]),
+        mk("Slice", ["shape", "zero", "two"], ["head"], name="/attn/Slice"),
+        mk("Add", ["two", "one"], ["tail_start"], name="/attn/Add_1"),
+        mk("Slice", ["shape", "tail_start", "int64_max"], ["tail"], name="/attn/Slice_1"),
+        mk("Shape", ["proj"], ["last"], name="/attn/Shape_1", start=-1),
+        mk("Div", ["last", "three_i"], ["e"], name="/attn/Div"),
+        mk("Concat", ["head", "three_i", "e", "tail"], ["unflat"], name="/attn/Concat", axis=0),
+        mk("Reshape", ["proj", "unflat"], ["qkv"], name="/attn/Reshape"),
+        mk("Slice", ["qkv", "zero", "one", "axis_m2"], ["q"], name="/attn/Slice_2"),
+        mk("Slice", ["qkv", "minus2", "minus1", "axis_m2"], ["k"], name="/attn/Slice_3"),
+        mk("Slice", ["qkv", "two", "int64_max", "axis_m2"], ["v"], name="/attn/Slice_4"),
+        mk("Mul", ["q", "k"], ["qk"], name="/attn/Mul"),
+        mk("Add", ["qk", "v"], ["mix"], name="/attn/Add_2"),
+        # [2, 5, 36] reversed is [36, 5, 2]: its last two, reversed again, are [5, 2]... read
+        # as (batch, seq) = (rev[2], rev[1]).
+        mk("Slice", ["shape", "int64_max", "int64_min", "zero", "minus1"], ["rev"], name="/attn/Slice_5"),
+        mk("Slice", ["rev", "two", "int64_max"], ["b"], name="/attn/Slice_6"),
+        mk("Slice", ["rev", "one", "two"], ["s"], name="/attn/Slice_7"),
+        mk("Concat", ["b", "s", "minus1"], ["flat_shape"], name="/attn/Concat_1", axis=0),
+        mk("Reshape", ["mix", "flat_shape"], ["out"], name="/attn/Reshape_1"),
+    ]
+    case("packed_attention_slices", nodes, [2, 5, 12],
+         inits=[init("in_proj_weight", [36, 12], r), init("in_proj_bias", [36], r)])
 
 
 def new_op_cases():
@@ -553,6 +599,16 @@ def write_errors():
         if e.key == "length":
             e.value = "20"
     onnx.save(m3, os.path.join(ext, "short.onnx"))
+
+    # Every op supported, so `check`'s node list is empty; the import fails at tracing (a
+    # computed tensor sliced to nothing), which `ingot onnx check` must report too.
+    save("slice_to_nothing", [
+        helper.make_node("Slice", ["input", "st", "en", "ax"], ["s"], name="/attn/Slice_9"),
+        helper.make_node("Mul", ["s", "w"], ["out"], name="/attn/Mul")],
+        inits=[numpy_helper.from_array(np.array([3], dtype=np.int64), "st"),
+               numpy_helper.from_array(np.array([2**63 - 1], dtype=np.int64), "en"),
+               numpy_helper.from_array(np.array([1], dtype=np.int64), "ax"),
+               numpy_helper.from_array(np.full((1,), 2.0, dtype=np.float32), "w")])
 
 
 def write_random():

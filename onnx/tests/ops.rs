@@ -108,6 +108,32 @@ fn every_op_fixture_matches_onnxruntime_within_1e_5_relative() {
 }
 
 #[test]
+fn vit_b_16s_packed_attention_slices_import_a_shape_sliced_to_nothing_included() {
+    // nn.MultiheadAttention's in_proj as torch.onnx writes it: `unflatten(-1, (3, E))` takes
+    // `shape[3:]` (Slice to INT64_MAX from 3, empty), then q, k, v are sliced with negative,
+    // INT64_MAX and Constant-node bounds; and a shape reversed by a step of -1.
+    let compared = run_case("packed_attention_slices").unwrap();
+    assert_eq!(compared, 2 * 5 * 12);
+}
+
+#[test]
+fn a_computed_tensor_sliced_to_nothing_is_refused_naming_the_node() {
+    let err = import(
+        &fixtures().join("errors/slice_to_nothing.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("/attn/Slice_9") && err.contains("to nothing") && err.contains("size 3"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_causal_mask_buffer_is_computed_from_iotas_not_stored() {
     let imp = import(
         &fixtures().join("ops/causal_mask_buffer.onnx"),
