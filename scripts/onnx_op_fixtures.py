@@ -319,6 +319,22 @@ def packed_attention_cases():
     ]
     case("packed_attention_slices", nodes, [2, 5, 12],
          inits=[init("in_proj_weight", [36, 12], r), init("in_proj_bias", [36], r)])
+    # BERT's masked-LM head in small: the decoder tied to the word embeddings (one
+    # initializer, read by the Gather and, transposed, by the head's MatMul), so the last
+    # matrix parameter (the transform's dense, 4 rows) is not the vocabulary (7): logits
+    # [2, 3, 7], token labels [2, 3] up to 6 (the H200 run's "outside 0..128").
+    nodes = [
+        mk("Gather", ["word_embeddings.weight", "input"], ["h"], name="/embeddings/Gather"),
+        mk("MatMul", ["h", "dense.weight"], ["h2"], name="/transform/MatMul"),
+        mk("Tanh", ["h2"], ["h3"], name="/transform/Tanh"),
+        mk("Transpose", ["word_embeddings.weight"], ["decT"], name="/decoder/Transpose", perm=[1, 0]),
+        mk("MatMul", ["h3", "decT"], ["z"], name="/decoder/MatMul"),
+        mk("Add", ["z", "decoder.bias"], ["out"], name="/decoder/Add"),
+    ]
+    x = rng("tied_head_x").integers(0, 7, (2, 3)).astype(np.int64)
+    case("tied_head", nodes, [2, 3], x=x, x_type=I64, loss="ce",
+         inits=[init("word_embeddings.weight", [7, 4], r), init("dense.weight", [4, 4], r),
+                init("decoder.bias", [7], r)])
 
 
 def new_op_cases():
@@ -502,6 +518,14 @@ def write_case(c):
         ce = -np.take_along_axis(lsm, y[..., None], -1).mean()
         doc["y"] = tensor_json(y)
         doc["ce"] = float(ce)
+    if name == "tied_head":
+        # The other reading of [2, 3, 7] logits: classes on axis 1 (3 of them), labels [2, 7].
+        y1 = rng(name + "y1").integers(0, got[0].shape[1], (got[0].shape[0], got[0].shape[2])).astype(np.int64)
+        z = np.moveaxis(got[0].astype(np.float64), 1, -1)
+        z = z - z.max(-1, keepdims=True)
+        lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        doc["y_axis1"] = tensor_json(y1)
+        doc["ce_axis1"] = float(-np.take_along_axis(lsm, y1[..., None], -1).mean())
     if name == "mlp":
         doc["lr"] = 0.1
         doc["sgd_losses"] = mlp_sgd_losses(m, x, y, lr=0.1, steps=5)
@@ -600,6 +624,10 @@ def write_errors():
             e.value = "20"
     onnx.save(m3, os.path.join(ext, "short.onnx"))
 
+    # Logits [2, 3, 3]: labels [2, 3] fit both class axes (1 and the last).
+    save("class_axis_square", [helper.make_node("Mul", ["input", "w"], ["out"], name="scale")],
+         inputs=[helper.make_tensor_value_info("input", F, [2, 3, 3])],
+         inits=[numpy_helper.from_array(np.full((3,), 2.0, dtype=np.float32), "w")])
     # Every op supported, so `check`'s node list is empty; the import fails at tracing (a
     # computed tensor sliced to nothing), which `ingot onnx check` must report too.
     save("slice_to_nothing", [
