@@ -307,7 +307,7 @@ pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
                     .filter(|w| w.kind == LeafKind::Parameter)
                     .count();
                 crate::outln!(
-                    "{}: every node can be imported (traced with static shapes: {params} parameters{})",
+                    "{}: every node can be imported (traced with static shapes: {params} parameter tensors{})",
                     model.display(),
                     if opts.loss == Loss::Forward {
                         "; the forward pass alone: give --loss to check the loss train adds"

@@ -386,7 +386,7 @@ fn save_with_metadata(
         .collect();
     header.insert("__metadata__".into(), meta.into());
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -68,9 +68,11 @@
 //!
 //! # The command line
 //!
-//! `ingot onnx check MODEL.onnx` prints [`check`]'s list; `ingot plan|train|compile --onnx
-//! MODEL.onnx [--loss output|cross-entropy|mse] [--logits NAME] [--batch N]` imports with
-//! these options, and `train` loads [`Imported::weights`] into the session before `--init`
+//! `ingot onnx check MODEL.onnx` prints [`check`]'s list, and when it is empty runs the whole
+//! [`import`] with the same flags as train (without `--loss`, [`Loss::Forward`]), so that a file
+//! check passes imports in train too; `ingot plan|train|compile --onnx MODEL.onnx [--loss
+//! output|cross-entropy|mse] [--logits NAME] [--batch N] [--class-axis last|1]` imports with
+//! these options ([`ClassAxis`]: which axis of three-or-more-axis logits holds the classes), and `train` loads [`Imported::weights`] into the session before `--init`
 //! (cli/src/onnx.rs). [`trace_forward`] traces a model into a graph of the caller's
 //! (the gradient checks use it).
 //!

@@ -128,17 +128,15 @@ pub fn save(path: impl AsRef<Path>, tensors: &IndexMap<String, Tensor>) -> Resul
     })
 }
 
+/// A safetensors file's tensors, by name, and its metadata strings.
+pub type WithMetadata = (
+    IndexMap<String, Tensor>,
+    std::collections::BTreeMap<String, String>,
+);
+
 /// [`load`], and the file's metadata (the header's `__metadata__` strings: PyTorch's
 /// `save_model` records there the names of tied tensors it kept once, `{"dropped": "kept"}`).
-pub fn load_with_metadata(
-    path: impl AsRef<Path>,
-) -> Result<
-    (
-        IndexMap<String, Tensor>,
-        std::collections::BTreeMap<String, String>,
-    ),
-    IoError,
-> {
+pub fn load_with_metadata(path: impl AsRef<Path>) -> Result<WithMetadata, IoError> {
     let path = path.as_ref();
     let bytes = read_bytes(path)?;
     let tensors = from_bytes(&bytes, path)?;
