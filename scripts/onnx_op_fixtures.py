@@ -273,6 +273,68 @@ def build_cases():
         [2, 3, 4, 4], inits=[init("conv.weight", [3, 3, 3, 3], r), init("conv.bias", [3], r)] + bn
         + [init("fc.weight", [5, 12], r), init("fc.bias", [5], r)], loss="ce")
     new_op_cases()
+    packed_attention_cases()
+
+
+def packed_attention_cases():
+    """nn.MultiheadAttention's packed projection as torch.onnx (opset 17) exports it in
+    torchvision's vit_b_16: one in_proj matmul, `unflatten(-1, (3, E))` written as a Reshape
+    to `Concat(shape[:2], [3, E], shape[3:])` where `shape[3:]` is `Slice(Shape, [3],
+    [INT64_MAX])`, empty (the slice the H200 run refused), then q, k and v sliced off with
+    starts and ends given as Constant nodes, negative, INT64_MAX, from Shape arithmetic; and a
+    shape reversed by a step of -1 from INT64_MAX to INT64_MIN. Nodes are made directly
+    (named as PyTorch names them), so the numbering of the cases above is unchanged."""
+    r = rng("packed_attention")
+    imax, imin = 9223372036854775807, -9223372036854775808
+    mk = helper.make_node
+    cst = lambda out, v: mk("Constant", [], [out], name=f"/attn/{out}",
+                            value=numpy_helper.from_array(np.array(v, dtype=np.int64), out))
+    nodes = [
+        mk("Transpose", ["in_proj_weight"], ["wT"], name="/attn/Transpose", perm=[1, 0]),
+        mk("MatMul", ["input", "wT"], ["mm"], name="/attn/MatMul"),
+        mk("Add", ["mm", "in_proj_bias"], ["proj"], name="/attn/Add"),
+        mk("Shape", ["proj"], ["shape"], name="/attn/Shape"),
+        cst("zero", [0]), cst("two", [2]), cst("one", [1]), cst("three_i", [3]),
+        cst("int64_max", [imax]), cst("int64_min", [imin]), cst("minus1", [-1]),
+        cst("minus2", [-2]), cst("axis_m2", [-2]),
+        mk("Slice", ["shape", "zero", "two"], ["head"], name="/attn/Slice"),
+        mk("Add", ["two", "one"], ["tail_start"], name="/attn/Add_1"),
+        mk("Slice", ["shape", "tail_start", "int64_max"], ["tail"], name="/attn/Slice_1"),
+        mk("Shape", ["proj"], ["last"], name="/attn/Shape_1", start=-1),
+        mk("Div", ["last", "three_i"], ["e"], name="/attn/Div"),
+        mk("Concat", ["head", "three_i", "e", "tail"], ["unflat"], name="/attn/Concat", axis=0),
+        mk("Reshape", ["proj", "unflat"], ["qkv"], name="/attn/Reshape"),
+        mk("Slice", ["qkv", "zero", "one", "axis_m2"], ["q"], name="/attn/Slice_2"),
+        mk("Slice", ["qkv", "minus2", "minus1", "axis_m2"], ["k"], name="/attn/Slice_3"),
+        mk("Slice", ["qkv", "two", "int64_max", "axis_m2"], ["v"], name="/attn/Slice_4"),
+        mk("Mul", ["q", "k"], ["qk"], name="/attn/Mul"),
+        mk("Add", ["qk", "v"], ["mix"], name="/attn/Add_2"),
+        # [2, 5, 36] reversed is [36, 5, 2]: its last two, reversed again, are [5, 2]... read
+        # as (batch, seq) = (rev[2], rev[1]).
+        mk("Slice", ["shape", "int64_max", "int64_min", "zero", "minus1"], ["rev"], name="/attn/Slice_5"),
+        mk("Slice", ["rev", "two", "int64_max"], ["b"], name="/attn/Slice_6"),
+        mk("Slice", ["rev", "one", "two"], ["s"], name="/attn/Slice_7"),
+        mk("Concat", ["b", "s", "minus1"], ["flat_shape"], name="/attn/Concat_1", axis=0),
+        mk("Reshape", ["mix", "flat_shape"], ["out"], name="/attn/Reshape_1"),
+    ]
+    case("packed_attention_slices", nodes, [2, 5, 12],
+         inits=[init("in_proj_weight", [36, 12], r), init("in_proj_bias", [36], r)])
+    # BERT's masked-LM head in small: the decoder tied to the word embeddings (one
+    # initializer, read by the Gather and, transposed, by the head's MatMul), so the last
+    # matrix parameter (the transform's dense, 4 rows) is not the vocabulary (7): logits
+    # [2, 3, 7], token labels [2, 3] up to 6 (the H200 run's "outside 0..128").
+    nodes = [
+        mk("Gather", ["word_embeddings.weight", "input"], ["h"], name="/embeddings/Gather"),
+        mk("MatMul", ["h", "dense.weight"], ["h2"], name="/transform/MatMul"),
+        mk("Tanh", ["h2"], ["h3"], name="/transform/Tanh"),
+        mk("Transpose", ["word_embeddings.weight"], ["decT"], name="/decoder/Transpose", perm=[1, 0]),
+        mk("MatMul", ["h3", "decT"], ["z"], name="/decoder/MatMul"),
+        mk("Add", ["z", "decoder.bias"], ["out"], name="/decoder/Add"),
+    ]
+    x = rng("tied_head_x").integers(0, 7, (2, 3)).astype(np.int64)
+    case("tied_head", nodes, [2, 3], x=x, x_type=I64, loss="ce",
+         inits=[init("word_embeddings.weight", [7, 4], r), init("dense.weight", [4, 4], r),
+                init("decoder.bias", [7], r)])
 
 
 def new_op_cases():
@@ -456,6 +518,14 @@ def write_case(c):
         ce = -np.take_along_axis(lsm, y[..., None], -1).mean()
         doc["y"] = tensor_json(y)
         doc["ce"] = float(ce)
+    if name == "tied_head":
+        # The other reading of [2, 3, 7] logits: classes on axis 1 (3 of them), labels [2, 7].
+        y1 = rng(name + "y1").integers(0, got[0].shape[1], (got[0].shape[0], got[0].shape[2])).astype(np.int64)
+        z = np.moveaxis(got[0].astype(np.float64), 1, -1)
+        z = z - z.max(-1, keepdims=True)
+        lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        doc["y_axis1"] = tensor_json(y1)
+        doc["ce_axis1"] = float(-np.take_along_axis(lsm, y1[..., None], -1).mean())
     if name == "mlp":
         doc["lr"] = 0.1
         doc["sgd_losses"] = mlp_sgd_losses(m, x, y, lr=0.1, steps=5)
@@ -553,6 +623,20 @@ def write_errors():
         if e.key == "length":
             e.value = "20"
     onnx.save(m3, os.path.join(ext, "short.onnx"))
+
+    # Logits [2, 3, 3]: labels [2, 3] fit both class axes (1 and the last).
+    save("class_axis_square", [helper.make_node("Mul", ["input", "w"], ["out"], name="scale")],
+         inputs=[helper.make_tensor_value_info("input", F, [2, 3, 3])],
+         inits=[numpy_helper.from_array(np.full((3,), 2.0, dtype=np.float32), "w")])
+    # Every op supported, so `check`'s node list is empty; the import fails at tracing (a
+    # computed tensor sliced to nothing), which `ingot onnx check` must report too.
+    save("slice_to_nothing", [
+        helper.make_node("Slice", ["input", "st", "en", "ax"], ["s"], name="/attn/Slice_9"),
+        helper.make_node("Mul", ["s", "w"], ["out"], name="/attn/Mul")],
+        inits=[numpy_helper.from_array(np.array([3], dtype=np.int64), "st"),
+               numpy_helper.from_array(np.array([2**63 - 1], dtype=np.int64), "en"),
+               numpy_helper.from_array(np.array([1], dtype=np.int64), "ax"),
+               numpy_helper.from_array(np.full((1,), 2.0, dtype=np.float32), "w")])
 
 
 def write_random():

@@ -107,7 +107,7 @@ impl PrecisionArgs {
 /// Which model a command compiles: a named one (`--model`) or the IR text form of a forward
 /// pass (`--model-file`), exactly one of the two; and the optimizer its step trains with, the
 /// model's own unless changed here.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// mlp, gpt-mini, gpt2, cnn, resnet18, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
     #[arg(

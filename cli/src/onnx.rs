@@ -8,7 +8,7 @@ use super::Failure;
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::Model;
-use ingot_onnx::{ImportOptions, Imported, Loss};
+use ingot_onnx::{ClassAxis, ImportOptions, Imported, Loss};
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::Session;
 use ingot_trainer::state_dict::StateDict;
@@ -24,10 +24,15 @@ pub struct OnnxArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum OnnxCommand {
     /// List every node of an ONNX model that Ingot cannot import (op type, node name, and
-    /// what would be needed); exit code 1 when there is one.
+    /// what would be needed); exit code 1 when there is one. When every node's op is
+    /// supported, the whole import that train runs follows (every node traced with its static
+    /// shapes, and the loss with --loss), with the same flags, so a model check passes does
+    /// not then fail to import in train.
     Check {
         /// The .onnx file.
         model: PathBuf,
+        #[command(flatten)]
+        import: ImportFlags,
     },
 }
 
@@ -42,31 +47,58 @@ pub enum LossName {
     Mse,
 }
 
+/// Which axis of cross-entropy logits holds the classes (`--class-axis`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassAxisName {
+    /// The last axis: a token model's [N, S, V] logits with labels [N, S].
+    Last,
+    /// Axis 1: PyTorch's CrossEntropyLoss layout, [N, C, d1, ..] with labels [N, d1, ..].
+    #[value(name = "1")]
+    One,
+}
+
 /// The flags that choose an ONNX model (flattened into `ModelArgs`).
-#[derive(clap::Args, Debug, Default)]
+#[derive(clap::Args, Clone, Debug, Default)]
 pub struct OnnxModelArgs {
     /// An ONNX model (a forward pass exported by PyTorch or another framework, e.g. with
     /// scripts/export_onnx.py) instead of --model: its initializers are the parameters, named
     /// as in the file, and training starts from their values (--init replaces them).
     #[arg(long, value_name = "MODEL.onnx")]
     pub onnx: Option<PathBuf>,
+    #[command(flatten)]
+    pub import: ImportFlags,
+}
+
+/// How an ONNX model is imported: its loss, batch and held inputs (for --onnx, and for
+/// `ingot onnx check`, which runs the same import). Without --onnx they are refused by name.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ImportFlags {
     /// The loss of --onnx: output (the graph's scalar output, the default), cross-entropy
     /// (of the logits output against integer labels y, a new input), or mse (against a float
     /// target y).
-    #[arg(long, value_enum, requires = "onnx")]
+    #[arg(long, value_enum)]
     pub loss: Option<LossName>,
     /// The graph output the loss reads (--loss cross-entropy or mse), when it has several.
-    #[arg(long, value_name = "NAME", requires = "onnx")]
+    #[arg(long, value_name = "NAME")]
     pub logits: Option<String>,
     /// The batch of an --onnx model whose batch axis is symbolic.
-    #[arg(long = "batch", value_name = "N", requires = "onnx", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = "batch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
     /// Hold a data input of --onnx at one value instead of feeding it (repeatable):
     /// `--input-value attention_mask=1 --input-value token_type_ids=0` for a BERT exported
     /// with those inputs. Ingot's trainer feeds two inputs (x and y), so a model with more data
     /// inputs trains with the rest held this way.
-    #[arg(long = "input-value", value_name = "NAME=VALUE", requires = "onnx", value_parser = parse_input_value)]
+    #[arg(long = "input-value", value_name = "NAME=VALUE", value_parser = parse_input_value)]
     pub input_value: Vec<(String, f64)>,
+    /// The class axis of --loss cross-entropy's logits when they have more than two axes:
+    /// last (a token model's [N, S, V], labels [N, S]) or 1 (PyTorch's CrossEntropyLoss,
+    /// [N, C, d1, ..], labels [N, d1, ..]). Without it, train decides by the shape of --data's
+    /// y (the axis whose removal gives it), and anything else asks for it.
+    #[arg(long = "class-axis", value_enum, value_name = "last|1")]
+    pub class_axis: Option<ClassAxisName>,
+    /// The labels' shape, where train knows it (--data's y), for the class axis.
+    #[arg(skip)]
+    pub labels_shape: Option<Vec<usize>>,
 }
 
 fn parse_input_value(s: &str) -> Result<(String, f64), String> {
@@ -83,9 +115,12 @@ fn parse_input_value(s: &str) -> Result<(String, f64), String> {
     Ok((name.to_string(), v))
 }
 
-impl OnnxModelArgs {
-    fn options(&self) -> ImportOptions {
+impl ImportFlags {
+    /// The import's options; `forward` when no loss is given: `Loss::Forward` (the check's
+    /// trace of the forward pass alone) instead of the graph's own scalar output.
+    fn options(&self, forward: bool) -> ImportOptions {
         let loss = match self.loss {
+            None if forward && self.logits.is_none() => Loss::Forward,
             None | Some(LossName::Output) => match &self.logits {
                 Some(n) => Loss::Output(n.clone()),
                 None => Loss::Auto,
@@ -101,8 +136,20 @@ impl OnnxModelArgs {
             loss,
             batch: self.batch.map(|b| b as usize),
             fixed_inputs: self.input_value.iter().cloned().collect(),
+            class_axis: match self.class_axis {
+                None => ClassAxis::FromLabels,
+                Some(ClassAxisName::Last) => ClassAxis::Last,
+                Some(ClassAxisName::One) => ClassAxis::Second,
+            },
+            labels_shape: self.labels_shape.clone(),
             ..Default::default()
         }
+    }
+}
+
+impl OnnxModelArgs {
+    fn options(&self) -> ImportOptions {
+        self.import.options(false)
     }
 
     fn import(&self) -> Result<Option<Imported>, Failure> {
@@ -118,11 +165,13 @@ impl OnnxModelArgs {
     /// it is an error naming the flag.
     pub fn load(&self) -> Result<Option<Model>, Failure> {
         if self.onnx.is_none() {
+            let f = &self.import;
             let given = [
-                ("--loss", self.loss.is_some()),
-                ("--logits", self.logits.is_some()),
-                ("--batch", self.batch.is_some()),
-                ("--input-value", !self.input_value.is_empty()),
+                ("--loss", f.loss.is_some()),
+                ("--logits", f.logits.is_some()),
+                ("--batch", f.batch.is_some()),
+                ("--input-value", !f.input_value.is_empty()),
+                ("--class-axis", f.class_axis.is_some()),
             ];
             if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(Failure::new(
@@ -163,14 +212,15 @@ impl OnnxModelArgs {
         };
         let mut params = IndexMap::new();
         let mut state = session.optimizer_state();
-        for (name, w) in &imp.weights {
-            let t = Tensor::from_le_bytes(w.ty.clone(), &w.bytes).map_err(|e| at(e.to_string()))?;
+        // Each weight's bytes are dropped as its tensor is made: the model's size held once.
+        for (name, w) in imp.weights {
+            let t = Tensor::from_le_bytes(w.ty, &w.bytes).map_err(|e| at(e.to_string()))?;
             match w.kind {
                 LeafKind::Parameter => {
-                    params.insert(name.clone(), t);
+                    params.insert(name, t);
                 }
                 _ => {
-                    state.insert(name.clone(), t);
+                    state.insert(name, t);
                 }
             }
         }
@@ -235,11 +285,36 @@ impl OnnxModelArgs {
 /// `ingot onnx check MODEL.onnx`.
 pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
     match &a.command {
-        OnnxCommand::Check { model } => {
+        OnnxCommand::Check { model, import } => {
             let listed = ingot_onnx::check(model)
                 .map_err(|e| Failure::new(1, format!("{}: {e}", model.display())))?;
             if listed.is_empty() {
-                crate::outln!("{}: every node can be imported", model.display())?;
+                // The whole import train runs (shape inference, folding, the loss when one is
+                // given): a node whose op is supported can still fail to trace.
+                let opts = import.options(true);
+                let imp = ingot_onnx::import(model, &opts).map_err(|e| {
+                    Failure::new(
+                        1,
+                        format!(
+                            "{}: every node's op is supported, but the import fails: {e}",
+                            model.display()
+                        ),
+                    )
+                })?;
+                let params = imp
+                    .weights
+                    .values()
+                    .filter(|w| w.kind == LeafKind::Parameter)
+                    .count();
+                crate::outln!(
+                    "{}: every node can be imported (traced with static shapes: {params} parameter tensors{})",
+                    model.display(),
+                    if opts.loss == Loss::Forward {
+                        "; the forward pass alone: give --loss to check the loss train adds"
+                    } else {
+                        ", and the loss"
+                    }
+                )?;
                 return Ok(());
             }
             for u in &listed {

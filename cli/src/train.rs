@@ -258,6 +258,19 @@ impl StepArgs {
     }
 }
 
+/// `a.model`, with an ONNX model's labels' shape read off --data's `y` (for the class axis
+/// of a cross-entropy on logits of more than two axes). A file that cannot be read is left to
+/// the run, which names it.
+fn with_labels_shape(a: &TrainArgs) -> super::ModelArgs {
+    let mut m = a.model.clone();
+    if let (Some(_), Some(path)) = (&m.onnx.onnx, &a.run.data) {
+        if let Ok(batch) = ingot_runtime::io::load(path) {
+            m.onnx.import.labels_shape = batch.get("y").map(|y| y.ty.shape.dims().to_vec());
+        }
+    }
+    m
+}
+
 pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     check_sharding(a)?;
     if let Some(n) = a.gpus {
@@ -291,7 +304,9 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let scheduled = a.run.schedule != DecayArg::Constant || a.run.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
     // resumed run too; the learning-rate scale input only where a schedule drives it.
-    let mut step_options = a.model.step_options(scheduled);
+    // An ONNX model's cross-entropy class axis may be decided by the shape of --data's y.
+    let model_args = with_labels_shape(a);
+    let mut step_options = model_args.step_options(scheduled);
     step_options.step_input = true;
     if let Some(n) = a.gpus {
         step_options.ranks = n as usize;
@@ -306,7 +321,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         ));
     }
     let (model, compiled, _, fitted) =
-        super::stages::load_and_compile(&a.model, &step_options, &opts, !a.run.json)?;
+        super::stages::load_and_compile(&model_args, &step_options, &opts, !a.run.json)?;
     if let Some(f) = &fitted {
         if a.run.json {
             let line = serde_json::json!({ "fitted": f });
@@ -345,7 +360,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         },
     };
     // An ONNX model starts from the file's weights (--init, applied later, replaces them).
-    let state_dict = a.model.onnx.load_weights(&mut session)?;
+    let state_dict = model_args.onnx.load_weights(&mut session)?;
     // NCCL's communicator, kept for the run; its memory measured once, before the first step.
     let _nccl = match a.gpus {
         _ if a.torchrun => {

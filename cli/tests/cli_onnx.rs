@@ -347,3 +347,298 @@ fn input_value_holds_extra_data_inputs_and_without_it_the_error_names_them_and_t
     assert_eq!(code, 2);
     assert!(err.contains("NAME=VALUE"), "{err}");
 }
+
+/// The mlp fixture's own weights as a PyTorch state_dict (its initializers, by name).
+fn mlp_state_dict() -> IndexMap<String, Tensor> {
+    let imp = ingot_onnx::import(
+        std::path::Path::new(&fixture("ops/mlp.onnx")),
+        &ingot_onnx::ImportOptions {
+            loss: ingot_onnx::Loss::CrossEntropy { logits: None },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    imp.weights
+        .iter()
+        .map(|(k, w)| {
+            (
+                k.clone(),
+                Tensor::from_le_bytes(w.ty.clone(), &w.bytes).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A safetensors file of `tensors` whose header carries `metadata` (as PyTorch's
+/// `safetensors.torch.save_model` writes one: `{"dropped name": "kept name"}` for tied ones).
+fn save_with_metadata(
+    path: &std::path::Path,
+    tensors: &IndexMap<String, Tensor>,
+    metadata: &[(&str, &str)],
+) {
+    let bytes = ingot_runtime::io::to_bytes(tensors, path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let meta: serde_json::Map<String, serde_json::Value> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    header.insert("__metadata__".into(), meta.into());
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_names() {
+    // GPT-2's lm_head.weight is transformer.wte.weight: PyTorch's state_dict has both names,
+    // the ONNX file one initializer. Here head.weight is the mlp's fc2.weight, bit for bit.
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-tied-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut sd = mlp_state_dict();
+    let fc2 = sd["fc2.weight"].clone();
+    sd.insert("head.weight".into(), fc2.clone());
+    let init = dir.join("tied.safetensors");
+    ingot_runtime::io::save(&init, &sd).unwrap();
+    let model = fixture("ops/mlp.onnx");
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--onnx", &model, "--loss", "cross-entropy"];
+        args.extend_from_slice(extra);
+        ingot(&args)
+    };
+    let saved = dir.join("saved.safetensors");
+    let (code, out, err) = train(&[
+        "--init",
+        init.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--save",
+        saved.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("tied") && out.contains("head.weight = fc2.weight"),
+        "the run says which names are tied: {out}"
+    );
+    let back = ingot_runtime::io::load(&saved).unwrap();
+    let mut a: Vec<&String> = sd.keys().collect();
+    let mut b: Vec<&String> = back.keys().collect();
+    a.sort();
+    b.sort();
+    assert_eq!(
+        a, b,
+        "--save writes both names, as load_state_dict wants them"
+    );
+    assert_eq!(
+        back["head.weight"].to_le_bytes(),
+        back["fc2.weight"].to_le_bytes(),
+        "the alias holds the trained value"
+    );
+    assert_ne!(
+        back["fc2.weight"].as_f32(),
+        fc2.as_f32(),
+        "2 steps trained it"
+    );
+
+    // safetensors' save_model keeps one name of a tied pair (the first sorted) and records
+    // the other in its metadata: fc2.weight absent, head.weight present.
+    let mut one = sd.clone();
+    one.shift_remove("fc2.weight");
+    let meta_init = dir.join("save_model.safetensors");
+    save_with_metadata(
+        &meta_init,
+        &one,
+        &[("fc2.weight", "head.weight"), ("format", "pt")],
+    );
+    let saved2 = dir.join("saved2.safetensors");
+    let (code, _, err) = train(&[
+        "--init",
+        meta_init.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--save",
+        saved2.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let back2 = ingot_runtime::io::load(&saved2).unwrap();
+    assert_eq!(
+        back2["fc2.weight"].to_le_bytes(),
+        back["fc2.weight"].to_le_bytes(),
+        "the same run as from the file with both names"
+    );
+    assert_eq!(
+        back2["head.weight"].to_le_bytes(),
+        back2["fc2.weight"].to_le_bytes()
+    );
+
+    // A checkpoint keeps the alias list: a resumed run's --save writes both names too.
+    let ck = dir.join("ck");
+    let (code, _, err) = train(&[
+        "--init",
+        init.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let saved3 = dir.join("saved3.safetensors");
+    let (code, _, err) = train(&[
+        "--resume",
+        ck.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--save",
+        saved3.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let back3 = ingot_runtime::io::load(&saved3).unwrap();
+    assert_eq!(
+        back3["head.weight"].to_le_bytes(),
+        back["fc2.weight"].to_le_bytes(),
+        "resumed after step 1, saved after step 2: the uninterrupted run's weights"
+    );
+
+    // An alias whose values differ from its twin is refused, naming both.
+    let mut bad = sd.clone();
+    let mut v = fc2.as_f32().unwrap().to_vec();
+    v[0] += 1.0;
+    bad.insert(
+        "head.weight".into(),
+        Tensor::from_f32(fc2.ty.shape.clone(), v),
+    );
+    let bad_path = dir.join("bad.safetensors");
+    ingot_runtime::io::save(&bad_path, &bad).unwrap();
+    let (code, _, err) = train(&["--init", bad_path.to_str().unwrap(), "--steps", "0"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("head.weight") && err.contains("fc2.weight") && err.contains("bit for bit"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tied_head_model_trains_on_labels_up_to_its_vocabulary_with_the_class_axis_read_off_the_labels()
+{
+    // ops/tied_head: BERT's masked-LM head in small (the decoder tied to the embeddings, so
+    // the last matrix parameter has 4 rows, the vocabulary 7): logits [2, 3, 7], token labels
+    // [2, 3] holding ids up to 6. The H200 run refused BERT's "id 913 ... outside 0..128".
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("ops/tied_head.json")).unwrap())
+            .unwrap();
+    let ints = |v: &serde_json::Value| -> Vec<i64> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-head-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let batch = dir.join("batch.safetensors");
+    let mut b = IndexMap::new();
+    b.insert("x".to_string(), Tensor::from_i64([2, 3], ints(&doc["x"])));
+    b.insert("y".to_string(), Tensor::from_i64([2, 3], ints(&doc["y"])));
+    ingot_runtime::io::save(&batch, &b).unwrap();
+    let model = fixture("ops/tied_head.onnx");
+    let (code, out, err) = ingot(&[
+        "train",
+        "--onnx",
+        &model,
+        "--loss",
+        "cross-entropy",
+        "--data",
+        batch.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let loss = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .next()
+        .unwrap();
+    let want = doc["ce"].as_f64().unwrap();
+    assert!((loss - want).abs() <= 1e-5 * want, "{loss} vs numpy {want}");
+    // Without labels to read the axis off, three-axis logits ask for --class-axis.
+    let (code, _, err) = ingot(&["plan", "--onnx", &model, "--loss", "cross-entropy"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--class-axis"), "{err}");
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--onnx",
+        &model,
+        "--loss",
+        "cross-entropy",
+        "--class-axis",
+        "last",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // A synthetic batch draws labels over the whole vocabulary, the declared bound.
+    let saved = dir.join("synthetic.safetensors");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--onnx",
+        &model,
+        "--loss",
+        "cross-entropy",
+        "--class-axis",
+        "last",
+        "--steps",
+        "0",
+        "--save-data",
+        saved.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let y = ingot_runtime::io::load(&saved).unwrap()["y"].clone();
+    let ids: Vec<i64> = match y.as_i64() {
+        Some(v) => v.to_vec(),
+        None => y.as_i32().unwrap().iter().map(|&i| i as i64).collect(),
+    };
+    assert!(ids.iter().all(|&i| (0..7).contains(&i)), "{ids:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn onnx_check_runs_the_whole_import_so_it_fails_where_train_would() {
+    // Every op of this file is supported; its Slice empties a computed tensor, which only
+    // tracing finds. Before, check said "every node can be imported" and train then failed.
+    let path = fixture("errors/slice_to_nothing.onnx");
+    let (code, out, err) = ingot(&["onnx", "check", &path]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("import fails") && err.contains("/attn/Slice_9"),
+        "{err}"
+    );
+    let (code, _, train_err) = ingot(&["train", "--onnx", &path, "--loss", "mse", "--steps", "1"]);
+    assert_eq!(code, 1);
+    assert!(train_err.contains("/attn/Slice_9"), "{train_err}");
+    // The same flags as train: the loss is checked when given.
+    let head = fixture("ops/tied_head.onnx");
+    let (code, _, err) = ingot(&["onnx", "check", &head, "--loss", "cross-entropy"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--class-axis"), "{err}");
+    let (code, out, err) = ingot(&[
+        "onnx",
+        "check",
+        &head,
+        "--loss",
+        "cross-entropy",
+        "--class-axis",
+        "last",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("every node can be imported") && out.contains("the loss"),
+        "{out}"
+    );
+}

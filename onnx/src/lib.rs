@@ -68,9 +68,11 @@
 //!
 //! # The command line
 //!
-//! `ingot onnx check MODEL.onnx` prints [`check`]'s list; `ingot plan|train|compile --onnx
-//! MODEL.onnx [--loss output|cross-entropy|mse] [--logits NAME] [--batch N]` imports with
-//! these options, and `train` loads [`Imported::weights`] into the session before `--init`
+//! `ingot onnx check MODEL.onnx` prints [`check`]'s list, and when it is empty runs the whole
+//! [`import`] with the same flags as train (without `--loss`, [`Loss::Forward`]), so that a file
+//! check passes imports in train too; `ingot plan|train|compile --onnx MODEL.onnx [--loss
+//! output|cross-entropy|mse] [--logits NAME] [--batch N] [--class-axis last|1]` imports with
+//! these options ([`ClassAxis`]: which axis of three-or-more-axis logits holds the classes), and `train` loads [`Imported::weights`] into the session before `--init`
 //! (cli/src/onnx.rs). [`trace_forward`] traces a model into a graph of the caller's
 //! (the gradient checks use it).
 //!
@@ -133,6 +135,26 @@ pub enum Loss {
     /// Mean squared error (`F.mse_loss`) of an output (this one, else the only output)
     /// against a float target `y` of its shape, a new input.
     Mse { output: Option<String> },
+    /// No loss: the forward pass alone, traced with its shapes (what `ingot onnx check` imports
+    /// when no loss is asked for). Such a model has no `loss` output and cannot be trained.
+    Forward,
+}
+
+/// Which axis of a cross-entropy's logits holds the classes. PyTorch's `CrossEntropyLoss`
+/// takes `[N, C, d1, ..]` with labels `[N, d1, ..]` (axis 1); a token model's logits are
+/// `[N, S, V]` with labels `[N, S]` (the last axis: `F.cross_entropy(z.view(-1, V),
+/// y.view(-1))`). The two agree for `[N, C]`; for more axes the labels' shape tells them apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClassAxis {
+    /// The axis (1 or the last) whose removal gives [`ImportOptions::labels_shape`]; an error
+    /// when both readings fit it, when neither does, or when the labels' shape is not known
+    /// and the logits have more than two axes.
+    #[default]
+    FromLabels,
+    /// The last axis (token models: `[N, S, V]`, labels `[N, S]`).
+    Last,
+    /// Axis 1 (`CrossEntropyLoss`'s layout: `[N, C, d1, ..]`, labels `[N, d1, ..]`).
+    Second,
 }
 
 /// How to import a model.
@@ -157,6 +179,11 @@ pub struct ImportOptions {
     /// into what reads it, instead of a step input. Ingot's trainer feeds two inputs (`x`, `y`),
     /// so a model with more data inputs than that trains with the rest held this way.
     pub fixed_inputs: BTreeMap<String, f64>,
+    /// Which axis of [`Loss::CrossEntropy`]'s logits holds the classes.
+    pub class_axis: ClassAxis,
+    /// The labels' shape, where the caller knows it (a batch file's `y`), for
+    /// [`ClassAxis::FromLabels`].
+    pub labels_shape: Option<Vec<usize>>,
 }
 
 impl Default for ImportOptions {
@@ -170,6 +197,8 @@ impl Default for ImportOptions {
             max_file_bytes: MAX_FILE_BYTES,
             optimizer: Model::FILE_OPTIMIZER,
             fixed_inputs: BTreeMap::new(),
+            class_axis: ClassAxis::default(),
+            labels_shape: None,
         }
     }
 }
@@ -332,9 +361,13 @@ struct Prepared<'a> {
     fixed: Vec<(String, Const)>,
     graph: &'a proto::GraphProto,
     order: Vec<usize>,
+    /// The initializers that are not leaves, as constants (folded into what reads them).
     consts: HashMap<String, Const>,
-    frozen: HashSet<String>,
-    data_use: HashSet<String>,
+    /// The leaves' (parameters', running statistics') dtypes and dims, by name.
+    leaf_types: HashMap<String, (DType, Vec<usize>)>,
+    /// Their elements (little-endian, of the leaf's dtype), moved into the first trace's
+    /// weights: held once, never as f64 ([`read::leaf_bytes`]).
+    leaf_bytes: RefCell<HashMap<String, Vec<u8>>>,
     state: Vec<String>,
     /// The batch norms' running variances among `state`.
     variances: HashSet<String>,
@@ -465,16 +498,27 @@ fn prepare<'a>(
         inputs.push((v.name().to_string(), ingot.to_string()));
     }
     let mut consts: HashMap<String, Const> = HashMap::new();
+    let mut leaf_types = HashMap::new();
+    let mut leaf_bytes = HashMap::new();
     for t in &graph.initializer {
-        consts.insert(t.name().to_string(), read::tensor(t, opts.float, &dir)?);
+        let n = t.name();
+        let float = read::dtype_of(t.data_type(), opts.float).is_ok_and(|d| d.is_float());
+        let param = float && data_use.contains(n) && !frozen.contains(n);
+        if param || state.iter().any(|s| s == n) {
+            let (dtype, dims, bytes) = read::leaf_bytes(t, opts.float, &dir)?;
+            leaf_types.insert(n.to_string(), (dtype, dims));
+            leaf_bytes.insert(n.to_string(), bytes);
+        } else {
+            consts.insert(n.to_string(), read::tensor(t, opts.float, &dir)?);
+        }
     }
     Ok(Prepared {
         fixed,
         graph,
         order,
         consts,
-        frozen,
-        data_use,
+        leaf_types,
+        leaf_bytes: RefCell::new(leaf_bytes),
         state,
         variances,
         inputs,
@@ -489,14 +533,15 @@ fn import_model(
     dir: read::DataDir,
     opts: &ImportOptions,
 ) -> Result<Imported> {
-    let labels = !matches!(opts.loss, Loss::Auto | Loss::Output(_));
+    let labels = matches!(opts.loss, Loss::CrossEntropy { .. } | Loss::Mse { .. });
+    let with_loss = opts.loss != Loss::Forward;
     let p = prepare(model, dir, opts, labels)?;
     let weights: RefCell<IndexMap<String, Weight>> = RefCell::new(IndexMap::new());
     let failure: RefCell<Option<OnnxError>> = RefCell::new(None);
     let outputs: RefCell<IndexMap<String, NodeId>> = RefCell::new(IndexMap::new());
     let eval_outputs: RefCell<IndexMap<String, NodeId>> = RefCell::new(IndexMap::new());
     let build = |g: &mut Graph| -> ingot_compiler::Result<()> {
-        let r = p.trace(g, opts, &weights, true);
+        let r = p.trace(g, opts, &weights, with_loss);
         match r {
             Ok(outs) => {
                 if g.mode() == Mode::Train {
@@ -646,46 +691,47 @@ impl Prepared<'_> {
             env.insert(name.clone(), Val::Const(c.clone()));
         }
         let mut w = weights.borrow_mut();
+        // The leaves' bytes move into the weights the first time (a second trace, of the
+        // other mode, finds them there).
+        let bytes_of = |n: &str| self.leaf_bytes.borrow_mut().remove(n).unwrap_or_default();
         // Parameters in the file's order, then state.
         for t in &graph.initializer {
             let n = t.name();
-            let c = &self.consts[n];
-            let param = c.dtype.is_float()
-                && self.data_use.contains(n)
-                && !self.frozen.contains(n)
-                && !self.state.iter().any(|s| s == n);
-            if !param {
+            let Some((dtype, dims)) = self.leaf_types.get(n) else {
+                continue;
+            };
+            if self.state.iter().any(|s| s == n) {
                 continue;
             }
-            let id = g.parameter(n, Shape::new(&c.dims), c.dtype, Init::Zeros)?;
+            let id = g.parameter(n, Shape::new(dims), *dtype, Init::Zeros)?;
             w.entry(n.to_string()).or_insert_with(|| Weight {
                 kind: LeafKind::Parameter,
                 constant: false,
                 ty: g.ty(id).clone(),
-                bytes: c.to_le_bytes(c.dtype),
+                bytes: bytes_of(n),
             });
             env.insert(n.to_string(), Val::Node(id));
         }
         for n in &self.state {
-            let c = &self.consts[n];
+            let (dtype, dims) = &self.leaf_types[n];
             // A running variance starts at one, as PyTorch's does, where no weights are loaded.
             let init = if self.variances.contains(n) {
                 Init::Ones
             } else {
                 Init::Zeros
             };
-            let id = g.state(n, Shape::new(&c.dims), c.dtype, init)?;
+            let id = g.state(n, Shape::new(dims), *dtype, init)?;
             w.entry(n.to_string()).or_insert_with(|| Weight {
                 kind: LeafKind::State,
                 constant: false,
                 ty: g.ty(id).clone(),
-                bytes: c.to_le_bytes(c.dtype),
+                bytes: bytes_of(n),
             });
             env.insert(n.to_string(), Val::Node(id));
         }
-        for t in &graph.initializer {
-            env.entry(t.name().to_string())
-                .or_insert_with(|| Val::Const(self.consts[t.name()].clone()));
+        for (name, c) in &self.consts {
+            env.entry(name.clone())
+                .or_insert_with(|| Val::Const(c.clone()));
         }
         let mut l = Lower {
             g,
@@ -782,6 +828,53 @@ fn output_node(
     }
 }
 
+/// `d` without axis `axis`.
+fn without_axis(d: &[usize], axis: usize) -> Vec<usize> {
+    d.iter()
+        .enumerate()
+        .filter(|&(a, _)| a != axis)
+        .map(|(_, &s)| s)
+        .collect()
+}
+
+/// The class axis of cross-entropy logits of dims `d` ([`ClassAxis`]): 1 or the last.
+fn class_axis(d: &[usize], opts: &ImportOptions) -> Result<usize> {
+    let last = d.len() - 1;
+    if last == 1 {
+        return Ok(1);
+    }
+    match opts.class_axis {
+        ClassAxis::Last => return Ok(last),
+        ClassAxis::Second => return Ok(1),
+        ClassAxis::FromLabels => {}
+    }
+    let readings = format!(
+        "axis 1 (PyTorch's CrossEntropyLoss layout [N, C, ..]: {} classes, labels {:?}) or the last axis (a token model's [N, S, V]: {} classes, labels {:?})",
+        d[1],
+        without_axis(d, 1),
+        d[last],
+        without_axis(d, last)
+    );
+    let Some(labels) = &opts.labels_shape else {
+        return Err(OnnxError::Options(format!(
+            "cross-entropy on logits {d:?}: the classes are on {readings}; say which with --class-axis 1|last (ImportOptions::class_axis), or give the labels (a --data file with y) to decide by their shape"
+        )));
+    };
+    let fits: Vec<usize> = [1, last]
+        .into_iter()
+        .filter(|&a| &without_axis(d, a) == labels)
+        .collect();
+    match fits.as_slice() {
+        [a] => Ok(*a),
+        [] => Err(OnnxError::Options(format!(
+            "cross-entropy on logits {d:?}: labels {labels:?} fit neither {readings}"
+        ))),
+        _ => Err(OnnxError::Options(format!(
+            "cross-entropy on logits {d:?} with labels {labels:?}: both readings fit, {readings}; say which with --class-axis 1|last (ImportOptions::class_axis)"
+        ))),
+    }
+}
+
 fn attach_loss(l: &mut Lower, graph: &proto::GraphProto, opts: &ImportOptions) -> Result<NodeId> {
     let scalar_float = |l: &Lower, id: NodeId| {
         let t = l.g.ty(id);
@@ -827,18 +920,35 @@ fn attach_loss(l: &mut Lower, graph: &proto::GraphProto, opts: &ImportOptions) -
             let t = l.g.ty(z).clone();
             if t.shape.rank() < 2 || !t.dtype.is_float() {
                 return Err(OnnxError::Options(format!(
-                    "cross-entropy needs float logits [.., C], got {t}"
+                    "cross-entropy needs float logits [N, C, ..] or [N, .., C], got {t}"
                 )));
             }
-            let d = t.shape.dims();
-            let lead = &d[..d.len() - 1];
+            let d = t.shape.dims().to_vec();
+            let axis = class_axis(&d, opts)?;
+            let classes = d[axis];
+            let lead = without_axis(&d, axis);
             let rows: usize = lead.iter().product();
-            let y =
-                l.g.input("y", Shape::new(lead), ingot_compiler::models::ID_DTYPE)?;
-            let z2 = l.g.reshape(z, [rows, d[d.len() - 1]])?;
+            // The labels declare their range: the class count (BERT's tied head leaves no
+            // parameter whose rows say it).
+            let y = l.g.ids_input(
+                "y",
+                Shape::new(&lead),
+                ingot_compiler::models::ID_DTYPE,
+                classes as u64,
+            )?;
+            // Axis 1 moved last: each row of [rows, C] is one position's logits.
+            let zc = if axis == d.len() - 1 {
+                z
+            } else {
+                let mut perm: Vec<usize> = (0..d.len()).filter(|&a| a != axis).collect();
+                perm.push(axis);
+                l.g.transpose(z, &perm)?
+            };
+            let z2 = l.g.reshape(zc, [rows, classes])?;
             let y2 = l.g.reshape(y, [rows])?;
             Ok(l.g.scoped("loss", |g| nn::softmax_cross_entropy(g, z2, y2))?)
         }
+        Loss::Forward => unreachable!("no loss is attached without one"),
         Loss::Mse { output } => {
             let z = output_node(l, graph, output.as_deref(), "mse")?;
             let t = l.g.ty(z).clone();

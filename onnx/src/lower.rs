@@ -570,6 +570,10 @@ impl Lower<'_> {
                 let axis = norm_axis(at.int("axis", 0), r)?;
                 let mut ids = Vec::new();
                 for (i, p) in parts.iter().enumerate() {
+                    // An empty constant part (a shape sliced to nothing) adds nothing.
+                    if matches!(p, Val::Const(c) if c.dims.get(axis) == Some(&0)) {
+                        continue;
+                    }
                     ids.push(self.node(p, &n.input[i])?);
                 }
                 one(ir(self.g.concat(&ids, axis))?)
@@ -592,6 +596,12 @@ impl Lower<'_> {
                 let x = self.arg(n, 0)?;
                 let d = self.dims(&x);
                 let picks = slice_picks(self, n, &d)?;
+                if let Some((axis, _)) = picks.iter().find(|(_, p)| p.is_empty()) {
+                    return Err(format!(
+                        "slices axis {axis} (size {}) of a computed tensor to nothing: Ingot's tensors cannot be zero-sized",
+                        d[*axis]
+                    ));
+                }
                 let mut x = self.node(&x, &n.input[0])?;
                 for (axis, p) in picks {
                     let (s, e) = (p[0], p[p.len() - 1] + 1);
@@ -1913,6 +1923,13 @@ fn split_sizes(split: Option<Vec<i64>>, at: &Attrs, outputs: usize, size: usize)
 }
 
 /// Slice's picked indices per sliced axis (ONNX's clamping rules, any step).
+/// The indices a `Slice` keeps on each axis it slices, by ONNX's rules: a negative start or
+/// end counts from the end (adds the dim), then both are clamped (to `0..=dim` for a positive
+/// step, to `-1..=dim-1` for a negative one), so `INT64_MAX` and `INT64_MIN` mean "to the
+/// end" and "to the start". A list may be empty: shape arithmetic slices a shape to nothing
+/// (PyTorch's `unflatten` of the last axis takes `shape[rank:]`, `Slice(shape, [rank],
+/// [INT64_MAX])`, and concatenates it); only the caller knows whether an empty result is a
+/// constant (fine) or a computed tensor (which Ingot cannot hold at size zero).
 fn slice_picks(l: &Lower, n: &NodeProto, d: &[usize]) -> R<Vec<(usize, Vec<usize>)>> {
     let starts = l.konst_i64s(n, 1)?.ok_or("needs starts")?;
     let ends = l.konst_i64s(n, 2)?.ok_or("needs ends")?;
@@ -1948,11 +1965,6 @@ fn slice_picks(l: &Lower, n: &NodeProto, d: &[usize]) -> R<Vec<(usize, Vec<usize
             }
             v
         };
-        if picks.is_empty() {
-            return Err(format!(
-                "slices axis {axis} to nothing (a zero-sized tensor)"
-            ));
-        }
         out.push((axis, picks));
     }
     Ok(out)

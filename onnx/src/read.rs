@@ -175,6 +175,45 @@ pub fn tensor(t: &TensorProto, float: DType, dir: &DataDir) -> Result<Const> {
     Ok(Const::new(dtype, dims, data))
 }
 
+/// A leaf initializer's (a parameter's, a running statistic's) elements as little-endian bytes
+/// of the leaf's dtype, its dtype and dims. An f32 initializer imported as f32 (every model
+/// but a gradient check's) is its own bytes, never widened to the f64 [`tensor`] folds in: a
+/// model's import holds its weights once, at their size. Anything else goes through
+/// [`tensor`].
+pub fn leaf_bytes(
+    t: &TensorProto,
+    float: DType,
+    dir: &DataDir,
+) -> Result<(DType, Vec<usize>, Vec<u8>)> {
+    let onnx_type = tensor_proto::DataType::try_from(t.data_type()).unwrap_or_default();
+    let external = t.data_location == Some(tensor_proto::DataLocation::External as i32);
+    let dims: Option<Vec<usize>> = t.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
+    let n = dims.as_ref().and_then(|d| {
+        d.iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .filter(|n| (*n as u64).saturating_mul(8) <= MAX_TENSOR_BYTES)
+    });
+    let fast = onnx_type == tensor_proto::DataType::Float
+        && float == DType::F32
+        && t.segment.is_none()
+        && (external || t.raw_data.is_some());
+    if let (true, Some(dims), Some(n)) = (fast, dims, n) {
+        let raw = if external {
+            external_data(t, dir, (n * 4) as u64)
+                .map_err(|reason| OnnxError::Graph(format!("tensor {:?}: {reason}", t.name())))?
+        } else {
+            t.raw_data().to_vec()
+        };
+        if raw.len() == n * 4 {
+            return Ok((DType::F32, dims, raw));
+        }
+    }
+    // Every other case (and every error, which `tensor` names).
+    let c = tensor(t, float, dir)?;
+    let bytes = c.to_le_bytes(c.dtype);
+    Ok((c.dtype, c.dims, bytes))
+}
+
 fn from_le(raw: &[u8], t: tensor_proto::DataType) -> Data {
     use tensor_proto::DataType as T;
     match t {

@@ -5,7 +5,9 @@
 
 mod support;
 
-use ingot_onnx::{check, check_bytes, import, import_bytes, ImportOptions, Loss, OnnxError};
+use ingot_onnx::{
+    check, check_bytes, import, import_bytes, ClassAxis, ImportOptions, Loss, OnnxError,
+};
 use std::collections::BTreeMap;
 use support::*;
 
@@ -223,6 +225,7 @@ fn importing_twice_gives_equal_models_and_weights() {
     let path = fixtures().join("ops/cnn.onnx");
     let opts = ImportOptions {
         loss: Loss::CrossEntropy { logits: None },
+        class_axis: ClassAxis::Last,
         ..Default::default()
     };
     let (a, b) = (import(&path, &opts).unwrap(), import(&path, &opts).unwrap());
@@ -249,6 +252,7 @@ fn flipping_any_byte_of_a_model_gives_an_import_or_an_error_never_a_panic() {
                 b[at] ^= flip;
                 let opts = ImportOptions {
                     loss: Loss::CrossEntropy { logits: None },
+                    class_axis: ClassAxis::Last,
                     ..Default::default()
                 };
                 match import_bytes(&b, name, &opts) {

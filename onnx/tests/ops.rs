@@ -5,7 +5,8 @@
 mod support;
 
 use ingot_compiler::ir::DType;
-use ingot_onnx::{import, ImportOptions, Loss};
+use ingot_compiler::ir::{Init, Op};
+use ingot_onnx::{import, ClassAxis, ImportOptions, Loss};
 use ingot_runtime::cpu::interp::run_graph;
 use support::*;
 
@@ -23,6 +24,8 @@ fn run_case(name: &str) -> Result<usize, String> {
     };
     let opts = ImportOptions {
         loss,
+        // The fixtures' labels are the logits' shape less the last axis.
+        class_axis: ClassAxis::Last,
         ..Default::default()
     };
     let imp = import(&dir.join(format!("{name}.onnx")), &opts).map_err(|e| e.to_string())?;
@@ -105,6 +108,113 @@ fn every_op_fixture_matches_onnxruntime_within_1e_5_relative() {
         failures.join("\n")
     );
     assert!(total > 1000, "only {total} elements compared");
+}
+
+#[test]
+fn vit_b_16s_packed_attention_slices_import_a_shape_sliced_to_nothing_included() {
+    // nn.MultiheadAttention's in_proj as torch.onnx writes it: `unflatten(-1, (3, E))` takes
+    // `shape[3:]` (Slice to INT64_MAX from 3, empty), then q, k, v are sliced with negative,
+    // INT64_MAX and Constant-node bounds; and a shape reversed by a step of -1.
+    let compared = run_case("packed_attention_slices").unwrap();
+    assert_eq!(compared, 2 * 5 * 12);
+}
+
+#[test]
+fn a_computed_tensor_sliced_to_nothing_is_refused_naming_the_node() {
+    let err = import(
+        &fixtures().join("errors/slice_to_nothing.onnx"),
+        &ImportOptions {
+            loss: Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("/attn/Slice_9") && err.contains("to nothing") && err.contains("size 3"),
+        "{err}"
+    );
+}
+
+/// The labels leaf `y` of `opts`'s import of `file`: its dims and its declared id bound.
+fn labels_of(file: &str, opts: ImportOptions) -> Result<(Vec<usize>, Option<u64>), String> {
+    let opts = ImportOptions {
+        loss: Loss::CrossEntropy { logits: None },
+        ..opts
+    };
+    let imp = import(&fixtures().join(file), &opts).map_err(|e| e.to_string())?;
+    let g = &imp.model.graph;
+    let y = g.leaf("y").unwrap();
+    let bound = match &g.node(y).op {
+        Op::Leaf {
+            init: Init::Ids { bound },
+            ..
+        } => Some(*bound),
+        _ => None,
+    };
+    Ok((g.ty(y).shape.dims().to_vec(), bound))
+}
+
+#[test]
+fn the_class_axis_of_three_axis_logits_is_the_one_whose_removal_gives_the_labels_shape() {
+    // tied_head: logits [2, 3, 7] (BERT's head in small, the decoder tied to the embeddings).
+    let err = labels_of("ops/tied_head.onnx", ImportOptions::default()).unwrap_err();
+    assert!(
+        err.contains("--class-axis") && err.contains("[2, 7]") && err.contains("[2, 3]"),
+        "without the labels' shape both readings are named: {err}"
+    );
+    let with = |labels: Vec<usize>| ImportOptions {
+        labels_shape: Some(labels),
+        ..Default::default()
+    };
+    // Token labels [2, 3]: the last axis, 7 classes, declared on y (no parameter has 7 rows
+    // last: the last matrix parameter is the transform's 4x4).
+    assert_eq!(
+        labels_of("ops/tied_head.onnx", with(vec![2, 3])).unwrap(),
+        (vec![2, 3], Some(7))
+    );
+    // Labels [2, 7]: PyTorch's [N, C, d1] layout, 3 classes on axis 1.
+    assert_eq!(
+        labels_of("ops/tied_head.onnx", with(vec![2, 7])).unwrap(),
+        (vec![2, 7], Some(3))
+    );
+    let err = labels_of("ops/tied_head.onnx", with(vec![3, 7])).unwrap_err();
+    assert!(err.contains("fit neither"), "{err}");
+    // The flag decides without labels.
+    let second = ImportOptions {
+        class_axis: ClassAxis::Second,
+        ..Default::default()
+    };
+    assert_eq!(
+        labels_of("ops/tied_head.onnx", second).unwrap(),
+        (vec![2, 7], Some(3))
+    );
+    // [2, 3, 3] with labels [2, 3]: both fit, an error that says so and names the flag.
+    let err = labels_of("errors/class_axis_square.onnx", with(vec![2, 3])).unwrap_err();
+    assert!(
+        err.contains("both readings fit") && err.contains("--class-axis"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cross_entropy_on_axis_1_matches_numpys_over_the_moved_axis() {
+    // The [N, C, d1] reading of tied_head's logits against numpy's loss (fixture's ce_axis1).
+    let dir = fixtures().join("ops");
+    let doc = json(&dir.join("tied_head.json"));
+    let opts = ImportOptions {
+        loss: Loss::CrossEntropy { logits: None },
+        class_axis: ClassAxis::Second,
+        ..Default::default()
+    };
+    let imp = import(&dir.join("tied_head.onnx"), &opts).unwrap();
+    let mut leaves = weights(&imp);
+    leaves.insert("x".into(), tensor(&doc["x"], DType::F32));
+    leaves.insert("y".into(), tensor(&doc["y_axis1"], DType::F32));
+    let vals = run_graph(&imp.model.graph, &leaves).unwrap();
+    let got = vals.outputs["loss"].to_f64_vec()[0];
+    let want = doc["ce_axis1"].as_f64().unwrap();
+    assert!(close(got, want, 1e-5), "{got} vs numpy {want}");
 }
 
 #[test]

@@ -10,7 +10,7 @@ mod support;
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::Optimizer;
-use ingot_onnx::{import, ImportOptions, Loss};
+use ingot_onnx::{import, ClassAxis, ImportOptions, Loss};
 use ingot_runtime::io;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::Session;
@@ -36,6 +36,7 @@ fn train_like_pytorch(name: &str) -> Option<()> {
         loss: Loss::CrossEntropy {
             logits: doc["logits"].as_str().map(String::from),
         },
+        class_axis: ClassAxis::Last,
         optimizer: Optimizer::Sgd { lr },
         ..Default::default()
     };

@@ -8,7 +8,7 @@ mod support;
 
 use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, LeafKind, Op, Shape};
-use ingot_onnx::{import, ImportOptions, Imported, Loss};
+use ingot_onnx::{import, ClassAxis, ImportOptions, Imported, Loss};
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::Session;
@@ -51,6 +51,7 @@ fn an_imported_mlp_trains_with_the_losses_of_hand_written_sgd() {
         &dir.join("mlp.onnx"),
         &ImportOptions {
             loss: Loss::CrossEntropy { logits: None },
+            class_axis: ClassAxis::Last,
             ..Default::default()
         },
     )
@@ -80,6 +81,7 @@ fn batch_norm_running_statistics_are_state_updated_in_training_and_read_in_evalu
     let dir = fixtures().join("ops");
     let opts = ImportOptions {
         loss: Loss::CrossEntropy { logits: None },
+        class_axis: ClassAxis::Last,
         ..Default::default()
     };
     let imp = import(&dir.join("cnn.onnx"), &opts).unwrap();
@@ -181,6 +183,7 @@ fn an_imported_gpt_like_model_trains_from_onnxruntimes_first_loss_downwards() {
         &dir.join("gpt.onnx"),
         &ImportOptions {
             loss: Loss::CrossEntropy { logits: None },
+            class_axis: ClassAxis::Last,
             ..Default::default()
         },
     )
@@ -212,6 +215,7 @@ fn an_imported_causal_attention_is_recognized_as_one_fused_attention() {
         &fixtures().join("ops/gpt.onnx"),
         &ImportOptions {
             loss: Loss::CrossEntropy { logits: None },
+            class_axis: ClassAxis::Last,
             ..Default::default()
         },
     )

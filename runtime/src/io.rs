@@ -128,6 +128,31 @@ pub fn save(path: impl AsRef<Path>, tensors: &IndexMap<String, Tensor>) -> Resul
     })
 }
 
+/// A safetensors file's tensors, by name, and its metadata strings.
+pub type WithMetadata = (
+    IndexMap<String, Tensor>,
+    std::collections::BTreeMap<String, String>,
+);
+
+/// [`load`], and the file's metadata (the header's `__metadata__` strings: PyTorch's
+/// `save_model` records there the names of tied tensors it kept once, `{"dropped": "kept"}`).
+pub fn load_with_metadata(path: impl AsRef<Path>) -> Result<WithMetadata, IoError> {
+    let path = path.as_ref();
+    let bytes = read_bytes(path)?;
+    let tensors = from_bytes(&bytes, path)?;
+    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| IoError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let meta = metadata
+        .metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok((tensors, meta))
+}
+
 /// Parses the bytes of a safetensors file; `path` is what errors name.
 pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<IndexMap<String, Tensor>, IoError> {
     let corrupt = |e: safetensors::SafeTensorError| IoError::Corrupt {

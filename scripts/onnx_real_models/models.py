@@ -2,6 +2,10 @@
 (training mode: dropout, stochastic depth) and with every dropout/stochastic-depth p set to 0
 (deterministic, for the loss comparison) -- plus its full state_dict (safetensors.torch.save_model),
 one batch, and PyTorch's 5 strict-f32 SGD losses on that batch from those weights.
+The state_dict is written whole (state_dict.safetensors: every name of model.state_dict(), a
+tied pair such as GPT-2's lm_head.weight / transformer.wte.weight under both names, cloned);
+safetensors' save_model file (one name of a tied pair, the other in its metadata) is written
+too, as state_dict_save_model.safetensors.
 usage: models.py NAME OUTDIR"""
 import json, os, sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -100,7 +104,9 @@ def main(name, out):
       export(m, args, f"{out}/{'det' if det else 'train'}.onnx", input_names=in_names)
   print(f"{name}: exported both in {time.time() - t:.1f} s", flush=True)
   m = build(name, True)
-  save_model(m, f"{out}/state_dict.safetensors")
+  save_file({k: v.detach().clone().contiguous() for k, v in m.state_dict().items()},
+            f"{out}/state_dict.safetensors")
+  save_model(m, f"{out}/state_dict_save_model.safetensors")
   save_file({"x": x.contiguous(), "y": y.contiguous()}, f"{out}/batch.safetensors")
   torch.backends.cuda.matmul.allow_tf32 = False
   torch.backends.cudnn.allow_tf32 = False

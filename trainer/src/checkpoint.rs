@@ -165,6 +165,11 @@ pub struct CheckpointInfo {
     /// checkpoints written before checksums were recorded (their files are read unchecked).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub checksums: IndexMap<String, String>,
+    /// An imported model's tied aliases (a `state_dict` name → the parameter it holds,
+    /// [`crate::state_dict::StateDict::tied`]), so that a resumed run's `--save` writes them
+    /// too; absent when there are none.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub tied: IndexMap<String, String>,
 }
 
 /// A checkpoint read back.

@@ -12,7 +12,9 @@
 //! Synthetic ids are uniform in `0..n`, where `n` is read off the model's parameters: an integer
 //! `x` indexes the embedding table (`wte.weight`, else the first matrix parameter), so `n` is
 //! its rows; `y` holds class ids or next tokens for the output layer, so `n` is the rows of the
-//! last matrix parameter (`fc3.weight` of the mlp: 10; `head.weight` of a GPT: the vocabulary).
+//! last matrix parameter (`fc3.weight` of the mlp: 10; `head.weight` of a GPT: the vocabulary),
+//! unless the input declares its bound (`Init::Ids`: an imported model's labels, whose class
+//! count is its logits' class axis).
 //! A float `x` is normal(0, 1).
 
 use indexmap::IndexMap;
@@ -99,6 +101,9 @@ pub fn init_leaf(seed: u64, name: &str, ty: &TensorType, init: &Init) -> Tensor 
         Init::Ones => Tensor::full(ty.clone(), 1.0),
         Init::Normal { std } => normal(ty, 0.0, std, &mut rng_for(seed, name)),
         Init::Uniform { bound } => uniform(ty, bound, &mut rng_for(seed, name)),
+        // Only an integer input declares its ids (shape inference refuses it elsewhere);
+        // inputs are drawn by `synthetic_batch`, not here.
+        Init::Ids { .. } => Tensor::zeros(ty.clone()),
     }
 }
 
@@ -138,6 +143,14 @@ pub fn bf16_copy(v: &Tensor) -> Option<Tensor> {
 /// parameter to read it from. A parameter the ranks hold rows of counts all its rows (a
 /// sharded head still has the whole vocabulary).
 pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
+    // Declared by the graph (an imported model's labels: its logits' class count).
+    if let Some(Op::Leaf {
+        init: Init::Ids { bound },
+        ..
+    }) = g.leaf(name).map(|id| &g.node(id).op)
+    {
+        return usize::try_from(*bound).ok();
+    }
     let rows = |id| shard::whole_type(g, id).shape.dims().first().copied();
     if name == "x" {
         if let Some(id) = g.leaf("wte.weight") {

@@ -194,6 +194,9 @@ pub enum Note {
     Saved(String),
     /// What `init` (a `state_dict`) held that the model computes or does not read, ignored.
     Ignored(String),
+    /// Names of `init` (a `state_dict`) that are a parameter's tied alias: trained as that
+    /// parameter, and written again under their own names by `save`.
+    Tied(String),
 }
 
 /// How the run's parameters start.
@@ -425,11 +428,27 @@ fn prepare(
     let mut state_dict = o.state_dict.clone();
     let init = match (&o.init, &mut state_dict) {
         (Some(path), Some(sd)) => {
-            sd.load_init(session, &io::load(path)?)
+            let (dict, metadata) = io::load_with_metadata(path)?;
+            sd.load_init(session, &dict, &metadata)
                 .map_err(|message| RunError::StateDict {
                     path: path.clone(),
                     message,
                 })?;
+            if !sd.tied().is_empty() {
+                let pairs: Vec<String> = sd
+                    .tied()
+                    .iter()
+                    .map(|(alias, param)| format!("{alias} = {param}"))
+                    .collect();
+                observer
+                    .note(&Note::Tied(format!(
+                        "{}: {} tied weight(s), one tensor under two names ({}): trained as the model's parameter, and --save writes both names",
+                        path.display(),
+                        pairs.len(),
+                        pairs.join(", ")
+                    )))
+                    .map_err(RunError::Observer)?;
+            }
             if !sd.ignored.is_empty() {
                 observer
                     .note(&Note::Ignored(format!(
@@ -487,6 +506,12 @@ fn prepare(
         )?),
         None => None,
     };
+    // A resumed run's --save writes the tied aliases its checkpoint recorded.
+    if let (Some(sd), Some(info)) = (&mut state_dict, &resumed) {
+        if !info.tied.is_empty() {
+            sd.set_tied(info.tied.clone());
+        }
+    }
     Ok(Prepared {
         source,
         dataset,
@@ -903,6 +928,11 @@ impl Run<'_> {
             weights: String::new(),
             optimizer: String::new(),
             checksums: Default::default(),
+            tied: self
+                .state_dict
+                .as_ref()
+                .map(|sd| sd.tied().clone())
+                .unwrap_or_default(),
         };
         checkpoint::save(dir, session, record).map_err(RunError::Checkpoint)
     }
@@ -952,7 +982,8 @@ impl Run<'_> {
             // An imported model's file is a whole PyTorch state_dict: running statistics and
             // batch counts too, so that `load_state_dict` takes it back.
             if let Some(sd) = &self.state_dict {
-                params.extend(sd.extra(session, self.step));
+                let extra = sd.extra(session, self.step, &params);
+                params.extend(extra);
             }
             checkpoint::check_finite("parameter", &params).map_err(|e| {
                 RunError::NonFinite(format!(

@@ -1,10 +1,21 @@
 //! An imported model's weight file as PyTorch writes it: a whole `state_dict` (parameters,
 //! batch norms' running statistics, `num_batches_tracked`), which `init` reads and `save`
 //! writes so that `model.load_state_dict` takes the trained weights back.
+//!
+//! Tied weights: transformers' GPT-2 ties `lm_head.weight` to `transformer.wte.weight` (one
+//! tensor, two names in `model.state_dict()`), and the ONNX export keeps one initializer. A
+//! name of the file that is no leaf of the model but holds, bit for bit, a parameter the same
+//! file gives is that parameter's alias: recorded (the run says so), trained as the one tensor
+//! it is, and written again under its own name by `--save` with the trained value, so that
+//! PyTorch's strict `load_state_dict` takes the file back. An alias whose values differ from
+//! its twin is refused naming both. safetensors' `save_model`, which keeps one name of a tied
+//! pair and records the other in the file's metadata (`{"dropped": "kept"}`), is read the same
+//! way: the model's parameter the file lacks is loaded from the name the metadata gives.
 
 use crate::session::Session;
 use indexmap::IndexMap;
 use ingot_runtime::tensor::Tensor;
+use std::collections::BTreeMap;
 
 /// PyTorch's suffix of a batch norm's count of training batches (an i64 scalar buffer).
 const TRACKED: &str = "num_batches_tracked";
@@ -23,6 +34,9 @@ pub struct StateDict {
     computed: std::collections::HashSet<String>,
     /// Names `--init` read and ignored, for the run's header.
     pub ignored: Vec<String>,
+    /// Tied aliases: a `state_dict` name that is no leaf of the model → the parameter it
+    /// holds (see the module docs), in the file's order.
+    tied: IndexMap<String, String>,
 }
 
 impl StateDict {
@@ -42,18 +56,32 @@ impl StateDict {
             tracked,
             computed,
             ignored: Vec::new(),
+            tied: IndexMap::new(),
         }
+    }
+
+    /// The tied aliases `--init` found (alias → the parameter it holds).
+    pub fn tied(&self) -> &IndexMap<String, String> {
+        &self.tied
+    }
+
+    /// Sets the tied aliases (a resumed run's, from its checkpoint), for `--save`.
+    pub fn set_tied(&mut self, tied: IndexMap<String, String>) {
+        self.tied = tied;
     }
 
     /// Loads a `state_dict` (`--init`): parameters by name (every one there, shapes checked,
     /// as for any model), running statistics (shapes and dtypes checked; one missing keeps
     /// the model file's), `num_batches_tracked` (kept for `--save`), and buffers of the file
-    /// that Ingot computes rather than stores (a causal mask: ignored). Any other name is an
-    /// error listing it. On error nothing changes.
+    /// that Ingot computes rather than stores (a causal mask: ignored), and tied aliases (a
+    /// name bit-equal to a parameter the file gives, or named by safetensors' `metadata` as
+    /// the kept name of a parameter the file lacks). Any other name is an error listing it.
+    /// On error nothing changes.
     pub fn load_init(
         &mut self,
         session: &mut Session,
         dict: &IndexMap<String, Tensor>,
+        metadata: &BTreeMap<String, String>,
     ) -> Result<(), String> {
         let params_known = session.parameters();
         let mut params = IndexMap::new();
@@ -88,9 +116,10 @@ impl StateDict {
                 unknown.push(name.clone());
             }
         }
+        let tied = tied_aliases(&params_known, &mut params, dict, metadata, &mut unknown)?;
         if !unknown.is_empty() {
             return Err(format!(
-                "names that are not the model's parameters, running statistics or buffers: {unknown:?} (the model's parameters are named as in the ONNX file: {:?}{})",
+                "names that are not the model's parameters, running statistics or buffers, nor tied to one (bit-equal to a parameter the file gives): {unknown:?} (the model's parameters are named as in the ONNX file: {:?}{})",
                 params_known.keys().take(4).collect::<Vec<_>>(),
                 if params_known.len() > 4 { ", ..." } else { "" }
             ));
@@ -103,13 +132,20 @@ impl StateDict {
             .map_err(|e| e.to_string())?;
         self.tracked = tracked;
         self.ignored = ignored;
+        self.tied = tied;
         Ok(())
     }
 
-    /// What `--save` writes besides the parameters so that `load_state_dict` takes the file
-    /// back: the running statistics as the session holds them, and each batch norm's
-    /// `num_batches_tracked` advanced by the `steps` trained.
-    pub fn extra(&self, session: &Session, steps: u64) -> IndexMap<String, Tensor> {
+    /// What `--save` writes besides the parameters (`params`, as the session holds them) so
+    /// that `load_state_dict` takes the file back: the running statistics as the session
+    /// holds them, each batch norm's `num_batches_tracked` advanced by the `steps` trained,
+    /// and each tied alias holding its parameter's value.
+    pub fn extra(
+        &self,
+        session: &Session,
+        steps: u64,
+        params: &IndexMap<String, Tensor>,
+    ) -> IndexMap<String, Tensor> {
         let state = session.optimizer_state();
         let mut out: IndexMap<String, Tensor> = self
             .running
@@ -119,6 +155,80 @@ impl StateDict {
         for (k, &v) in &self.tracked {
             out.insert(k.clone(), Tensor::scalar(v + steps as i64));
         }
+        for (alias, param) in &self.tied {
+            if let Some(t) = params.get(param) {
+                out.insert(alias.clone(), t.clone());
+            }
+        }
         out
     }
+}
+
+/// Resolves the file's `unknown` names that are tied aliases (see the module docs), removing
+/// them from `unknown`: first a parameter the file lacks whose name safetensors' `metadata`
+/// maps to a name the file holds (loaded into `params` from it), then a name bit-equal to
+/// exactly one parameter the file gives. Returns alias → parameter. A name bit-equal to
+/// several parameters is an error naming them (which one is its twin is not known), and so is
+/// a name of the type of exactly one given parameter but other values, naming both.
+fn tied_aliases(
+    known: &IndexMap<String, Tensor>,
+    params: &mut IndexMap<String, Tensor>,
+    dict: &IndexMap<String, Tensor>,
+    metadata: &BTreeMap<String, String>,
+    unknown: &mut Vec<String>,
+) -> Result<IndexMap<String, String>, String> {
+    let mut tied = IndexMap::new();
+    for (param, leaf) in known {
+        if params.contains_key(param) {
+            continue;
+        }
+        let Some(kept) = metadata.get(param).filter(|k| unknown.contains(k)) else {
+            continue;
+        };
+        let t = &dict[kept];
+        if t.ty != leaf.ty {
+            return Err(format!(
+                "{kept} is {}, but the file's metadata names it as the tensor of the model's parameter {param} ({}): a tied pair holds one tensor",
+                t.ty, leaf.ty
+            ));
+        }
+        params.insert(param.clone(), t.clone());
+        tied.insert(kept.clone(), param.clone());
+    }
+    unknown.retain(|u| !tied.contains_key(u));
+    let mut rest = Vec::new();
+    for u in unknown.drain(..) {
+        let t = &dict[&u];
+        let bytes = t.to_le_bytes();
+        let same_type: Vec<&String> = params
+            .iter()
+            .filter(|(k, p)| p.ty == t.ty && !tied.contains_key(*k))
+            .map(|(k, _)| k)
+            .collect();
+        let twins: Vec<&String> = same_type
+            .iter()
+            .filter(|k| params[k.as_str()].to_le_bytes() == bytes)
+            .copied()
+            .collect();
+        match twins.as_slice() {
+            [twin] => {
+                tied.insert(u.clone(), (*twin).clone());
+            }
+            [_, _, ..] => {
+                // (Freshly initialised biases are all zeros: equal values do not say which.)
+                return Err(format!(
+                    "{u} is not a parameter of the model, and it equals several of its parameters bit for bit ({twins:?}): Ingot cannot tell which one it is tied to (save the state_dict with safetensors' save_model, whose metadata names the tensor a dropped name shares, or with trained weights)"
+                ));
+            }
+            [] if same_type.len() == 1 => {
+                return Err(format!(
+                    "{u} is not a parameter of the model, and its twin of the same shape and dtype ({}, {}) holds other values: a tied alias (PyTorch's second name of one tensor, as GPT-2's lm_head.weight is transformer.wte.weight) must equal its parameter bit for bit",
+                    same_type[0], t.ty
+                ));
+            }
+            [] => rest.push(u),
+        }
+    }
+    *unknown = rest;
+    Ok(tied)
 }

@@ -138,6 +138,7 @@ fn info(step: u64) -> CheckpointInfo {
         weights: String::new(),
         optimizer: String::new(),
         checksums: Default::default(),
+        tied: Default::default(),
     }
 }
 

@@ -254,6 +254,8 @@ impl Observer for Printer {
             Note::Saved(_) => {}
             Note::Ignored(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
             Note::Ignored(_) => {}
+            Note::Tied(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
+            Note::Tied(_) => {}
         }
         Ok(())
     }

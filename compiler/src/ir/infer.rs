@@ -48,7 +48,7 @@ pub fn infer(
         return Err(too_large(d));
     }
     let inferred = match op {
-        Op::Leaf { name, init, .. } => {
+        Op::Leaf { name, init, kind } => {
             arity(0)?;
             if name.is_empty() {
                 return Err(fail("a leaf needs a non-empty name".into()));
@@ -57,6 +57,15 @@ pub fn infer(
                 if !(bound.is_finite() && *bound >= 0.0) {
                     return Err(fail(format!(
                         "init=uniform({bound}): the bound must be a finite number >= 0"
+                    )));
+                }
+            }
+            if let Init::Ids { bound } = init {
+                let int_input = *kind == crate::ir::LeafKind::Input
+                    && declared.is_some_and(|d| d.dtype.is_int());
+                if *bound == 0 || !int_input {
+                    return Err(fail(format!(
+                        "init=ids({bound}) declares the ids of an integer input (bound >= 1), not of this leaf"
                     )));
                 }
             }

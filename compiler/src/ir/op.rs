@@ -24,6 +24,13 @@ pub enum Init {
     Uniform {
         bound: f64,
     },
+    /// An integer input's ids lie in `0..bound`: a synthetic batch draws them there and a
+    /// loaded one is checked against it. Declared where the graph cannot show it: an imported
+    /// model's labels, whose class count is its logits' class axis (no parameter's rows say
+    /// it when the output head is tied to the embedding, as BERT's is).
+    Ids {
+        bound: u64,
+    },
 }
 
 /// How an attention's operands are shaped, and so where its kernels read and write them

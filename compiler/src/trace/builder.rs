@@ -56,6 +56,18 @@ impl Graph {
         self.add_leaf(LeafKind::Input, name, shape, dtype, Init::Zeros)
     }
 
+    /// An integer step input whose ids lie in `0..bound` ([`Init::Ids`]: labels whose class
+    /// count no parameter shows).
+    pub fn ids_input(
+        &mut self,
+        name: &str,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        bound: u64,
+    ) -> Result<NodeId> {
+        self.add_leaf(LeafKind::Input, name, shape, dtype, Init::Ids { bound })
+    }
+
     /// A constant tensor.
     pub fn full(&mut self, value: f64, shape: impl Into<Shape>, dtype: DType) -> Result<NodeId> {
         self.push(Op::Full { value }, &[], Some(TensorType::new(shape, dtype)))

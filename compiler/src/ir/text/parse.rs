@@ -313,8 +313,15 @@ impl<'a> Attrs<'a> {
             Value::Call("uniform", bound) => Ok(Init::Uniform {
                 bound: number(bound, "uniform")?,
             }),
+            Value::Call("ids", bound) => {
+                let b = number(bound, "ids")?;
+                if !(b >= 1.0 && b.fract() == 0.0 && b < 2f64.powi(53)) {
+                    return Err(format!("`init=ids(N)` needs a whole number N >= 1, found {b}"));
+                }
+                Ok(Init::Ids { bound: b as u64 })
+            }
             v => Err(format!(
-                "`init=` must be `zeros`, `ones`, `normal(STD)` or `uniform(BOUND)`, found {v}"
+                "`init=` must be `zeros`, `ones`, `normal(STD)`, `uniform(BOUND)` or `ids(N)`, found {v}"
             )),
         }
     }

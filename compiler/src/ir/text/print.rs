@@ -51,6 +51,9 @@ fn write_attrs(s: &mut String, op: &Op) {
                     Init::Uniform { bound } => {
                         let _ = write!(s, "uniform({})", float(*bound));
                     }
+                    Init::Ids { bound } => {
+                        let _ = write!(s, "ids({bound})");
+                    }
                 }
             }
             Ok(())

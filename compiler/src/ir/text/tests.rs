@@ -702,6 +702,31 @@ fn each_error_names_its_line_and_the_offending_token() {
 }
 
 #[test]
+fn an_integer_inputs_declared_id_bound_round_trips_and_only_an_integer_input_takes_one() {
+    let text = "ingot-ir 1\n%0 = input \"y\" init=ids(7) : i64[2,3]\n";
+    let g = parse(text).unwrap();
+    assert!(matches!(
+        g.node(NodeId(0)).op,
+        Op::Leaf {
+            init: Init::Ids { bound: 7 },
+            ..
+        }
+    ));
+    assert_eq!(parse(&print(&g)).unwrap(), g);
+    for bad in [
+        "%0 = input \"y\" init=ids(0) : i64[2]",
+        "%0 = input \"y\" init=ids(2.5) : i64[2]",
+        "%0 = input \"x\" init=ids(7) : f32[2]",
+        "%0 = parameter \"w\" init=ids(7) : i64[2]",
+    ] {
+        let e = parse(&format!("ingot-ir 1\n{bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains("ids"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn concat_sizes_that_would_overflow_are_an_error_not_a_panic() {
     let text = "ingot-ir 1\n%0 = input \"x\" : bool[9223372036854775807]\n%1 = concat(%0, %0, %0) axis=0 : bool[1]\n";
     let (line, reason) = parse_err(text);
