@@ -49,8 +49,11 @@ pub struct RunOptions {
     pub init: Option<PathBuf>,
     /// One fixed batch (safetensors holding x and y) trained on at every step.
     pub data: Option<PathBuf>,
-    /// A data set read batch by batch over epochs ([`datasets::open_dataset`]).
+    /// A data set read batch by batch over epochs ([`datasets::open_dataset_as`]).
     pub dataset: Option<PathBuf>,
+    /// How `dataset` (and the validation set) are read: detected from their first bytes, or
+    /// the format the user names.
+    pub dataset_format: datasets::DatasetFormat,
     /// How batches are drawn from the data set.
     pub order: Option<Order>,
     /// The seed of the data set's shuffle (default: `seed`).
@@ -336,7 +339,7 @@ pub fn train(
     let schedule = schedule(session, o, last)?;
     let units = prepared.source.as_ref().map(|s| {
         let tokens = matches!(
-            datasets::dataset_kind(o.dataset.as_deref().expect("given")),
+            datasets::dataset_kind_as(o.dataset.as_deref().expect("given"), o.dataset_format),
             Ok(datasets::DatasetKind::Tokens)
         );
         let x = s.x();
@@ -463,7 +466,8 @@ fn prepare(
         Some(path) => {
             let seed = o.shuffle_seed.unwrap_or(o.seed);
             let order = o.order.unwrap_or(Order::Random);
-            let s = datasets::open_dataset(path, session.graph(), order, seed)?;
+            let s =
+                datasets::open_dataset_as(path, session.graph(), order, seed, o.dataset_format)?;
             // Data parallelism: each rank's own shard of every batch.
             let mut s = crate::data::shard::rank_batches(s, session.exe())?;
             s.check_all()?;
