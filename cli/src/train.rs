@@ -53,6 +53,35 @@ pub enum DataOrder {
     Sequential,
 }
 
+/// `--dataset-format`: how a data set file is read ([`datasets::DatasetFormat`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DatasetFormatArg {
+    /// As the file's first bytes say (a safetensors header, the .npy magic, an llm.c magic
+    /// number, else raw uint16 tokens; a directory holds x.npy and y.npy).
+    #[default]
+    Auto,
+    /// Raw little-endian uint16 tokens, whatever the first bytes look like.
+    Raw,
+    /// An llm.c token shard.
+    Llmc,
+    /// A 1-D .npy of tokens (a directory: x.npy and y.npy samples).
+    Npy,
+    /// A safetensors file of samples x and y.
+    Safetensors,
+}
+
+impl From<DatasetFormatArg> for datasets::DatasetFormat {
+    fn from(f: DatasetFormatArg) -> Self {
+        match f {
+            DatasetFormatArg::Auto => datasets::DatasetFormat::Auto,
+            DatasetFormatArg::Raw => datasets::DatasetFormat::Raw,
+            DatasetFormatArg::Llmc => datasets::DatasetFormat::LlmC,
+            DatasetFormatArg::Npy => datasets::DatasetFormat::Npy,
+            DatasetFormatArg::Safetensors => datasets::DatasetFormat::Safetensors,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     #[command(flatten)]
@@ -110,6 +139,10 @@ pub struct StepArgs {
     /// or sequential (file order).
     #[arg(long, value_enum, default_value_t = DataOrder::Shuffled, requires = "dataset")]
     pub order: DataOrder,
+    /// With --dataset (and --val): how the files are read. auto detects the format from the
+    /// first bytes and, when that reading fails, says what it took the file for.
+    #[arg(long = "dataset-format", value_enum, default_value_t = DatasetFormatArg::Auto, requires = "dataset")]
+    pub dataset_format: DatasetFormatArg,
     /// With --dataset: the seed of the shuffle or of the random offsets (default: --seed).
     #[arg(long = "shuffle-seed", requires = "dataset")]
     pub shuffle_seed: Option<u64>,
@@ -347,7 +380,13 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
                         .map_err(|e| Failure::new(1, e))?
                 }
             };
-            let eval = Evaluator::new(&session, val, a.run.eval_batches, a.run.seed)
+            let eval = Evaluator::new_as(
+                &session,
+                val,
+                a.run.eval_batches,
+                a.run.seed,
+                a.run.dataset_format.into(),
+            )
                 .map_err(|e| Failure::new(1, e))?;
             (session, Some(eval))
         }
@@ -420,6 +459,7 @@ fn options(a: &StepArgs, device: session::Device) -> RunOptions {
         init: a.init.clone(),
         data: a.data.clone(),
         dataset: a.dataset.clone(),
+        dataset_format: a.dataset_format.into(),
         order: Some(match a.order {
             DataOrder::Shuffled => Order::Random,
             DataOrder::Sequential => Order::Sequential,

@@ -469,6 +469,46 @@ fn a_sample_set_is_told_from_a_token_stream_by_its_contents() {
     }
 }
 
+/// Issue 53: raw uint16 tokens whose first bytes are a valid safetensors header (tokens 2, 0,
+/// 0, 0 are the length 2, token 32123 the bytes `{}`) are taken for a sample set; the error
+/// says so and names the flag, and `--dataset-format raw` reads the same file as tokens.
+#[test]
+fn a_token_file_that_reads_as_safetensors_says_so_and_trains_when_read_as_raw() {
+    let d = scratch("format-lookalike");
+    let gpt = "gpt:vocab=32768,d_model=8,layers=1,heads=1,d_ff=16,seq=8,batch=2";
+    let mut tokens: Vec<u16> = vec![2, 0, 0, 0, u16::from_le_bytes(*b"{}")];
+    tokens.extend((0..200u16).map(|i| i * 7 % 1000));
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let bin = d.join("train.bin");
+    std::fs::write(&bin, &bytes).unwrap();
+    assert_eq!(dataset_kind(&bin).unwrap(), DatasetKind::Samples);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            gpt,
+            "--dataset",
+            bin.to_str().unwrap(),
+            "--steps",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        ingot(&args)
+    };
+    let out = run(&[]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(
+        e.contains("was taken for a safetensors file of samples x and y by its first bytes")
+            && e.contains("--dataset-format raw"),
+        "{e}"
+    );
+    ok(&run(&["--dataset-format", "raw"]));
+    // Forced to a format it is not, the file is refused saying what is missing.
+    let e = String::from_utf8_lossy(&run(&["--dataset-format", "llmc"]).stderr).into_owned();
+    assert!(e.contains("does not begin with magic"), "{e}");
+}
+
 /// A quadratic loss `sum((p - x)^2)` over one parameter vector, as an IR file with an
 /// `optimizer` line.
 fn quadratic(optimizer_line: &str) -> ingot_compiler::models::Model {

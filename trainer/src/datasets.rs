@@ -4,7 +4,8 @@
 //! [`crate::session::Session::step_on`].
 
 use crate::data::{
-    BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenStream,
+    BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenLayout,
+    TokenStream,
 };
 use ingot_compiler::ir::Graph;
 use std::io::{Read, Seek, SeekFrom};
@@ -17,6 +18,101 @@ pub enum DatasetKind {
     Tokens,
     /// Samples `x` and `y`: a directory holding `x.npy` and `y.npy`, or one safetensors file.
     Samples,
+}
+
+/// How a data set is read: as its first bytes say ([`DatasetFormat::Auto`], what
+/// [`detect_format`] finds), or as the user says (`--dataset-format`), whatever they look like.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DatasetFormat {
+    #[default]
+    Auto,
+    /// Raw little-endian uint16 tokens (nanoGPT's `train.bin`).
+    Raw,
+    /// An llm.c token shard.
+    LlmC,
+    /// A 1-D `.npy` of tokens, or a directory of `x.npy` and `y.npy` samples.
+    Npy,
+    /// A safetensors file of samples `x` and `y`.
+    Safetensors,
+}
+
+impl DatasetFormat {
+    /// The name `--dataset-format` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            DatasetFormat::Auto => "auto",
+            DatasetFormat::Raw => "raw",
+            DatasetFormat::LlmC => "llmc",
+            DatasetFormat::Npy => "npy",
+            DatasetFormat::Safetensors => "safetensors",
+        }
+    }
+
+    /// What a file of this format is, in words.
+    fn what(self) -> &'static str {
+        match self {
+            DatasetFormat::Auto => "a data set",
+            DatasetFormat::Raw => "raw uint16 tokens",
+            DatasetFormat::LlmC => "an llm.c token shard",
+            DatasetFormat::Npy => "a .npy array",
+            DatasetFormat::Safetensors => "a safetensors file of samples x and y",
+        }
+    }
+
+    /// The kind of data set this format holds (`path` tells a directory of `.npy` samples
+    /// from a `.npy` token file).
+    fn kind(self, path: &Path) -> DatasetKind {
+        match self {
+            DatasetFormat::Safetensors => DatasetKind::Samples,
+            DatasetFormat::Npy | DatasetFormat::Auto if path.is_dir() => DatasetKind::Samples,
+            _ => DatasetKind::Tokens,
+        }
+    }
+}
+
+/// The format `path`'s data set is read as under `format`: `format` itself when given, else
+/// what its first bytes say ([`detect_format`]).
+pub fn resolve_format(path: &Path, format: DatasetFormat) -> Result<DatasetFormat, DataError> {
+    match format {
+        DatasetFormat::Auto => detect_format(path),
+        f => Ok(f),
+    }
+}
+
+/// The format `path`'s first bytes announce: a directory is `.npy` samples; a file is
+/// safetensors, `.npy`, an llm.c shard or raw tokens, tested in that order ([`dataset_kind`],
+/// [`crate::data::tokens::detect_layout`]).
+pub fn detect_format(path: &Path) -> Result<DatasetFormat, DataError> {
+    if path.is_dir() {
+        return Ok(DatasetFormat::Npy);
+    }
+    if dataset_kind(path)? == DatasetKind::Samples {
+        return Ok(DatasetFormat::Safetensors);
+    }
+    let mut reader = crate::data::array::WindowReader::open(path)?;
+    Ok(match crate::data::tokens::detect_layout(reader.head(12)?) {
+        TokenLayout::Raw => DatasetFormat::Raw,
+        TokenLayout::LlmC => DatasetFormat::LlmC,
+        TokenLayout::Npy => DatasetFormat::Npy,
+    })
+}
+
+/// The sentence that tells a user of a detected format how to read the file otherwise.
+fn how_to_force(took: DatasetFormat) -> String {
+    let others: Vec<&str> = [
+        DatasetFormat::Raw,
+        DatasetFormat::LlmC,
+        DatasetFormat::Npy,
+        DatasetFormat::Safetensors,
+    ]
+    .into_iter()
+    .filter(|&f| f != took)
+    .map(DatasetFormat::name)
+    .collect();
+    format!(
+        "--dataset-format {} reads it as another format",
+        others.join("|")
+    )
 }
 
 /// The longest safetensors header a sample set is taken to have: `x` and `y` need a few
@@ -73,27 +169,66 @@ pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
 }
 
 /// Opens the data set at `path` for `g`'s inputs `x` and `y`, cut in `order` (token rows at
-/// random offsets or in order; samples shuffled each epoch or in the file's order) from `seed`.
+/// random offsets or in order; samples shuffled each epoch or in the file's order) from `seed`;
+/// its format is detected from its first bytes.
 pub fn open_dataset(
     path: &Path,
     g: &Graph,
     order: Order,
     seed: u64,
 ) -> Result<Box<dyn BatchSource>, DataError> {
-    Ok(match dataset_kind(path)? {
-        DatasetKind::Tokens => Box::new(TokenBatches::for_graph(
-            TokenStream::open(path)?,
-            g,
-            order,
-            seed,
-        )?),
-        DatasetKind::Samples => Box::new(SampleBatches::for_graph(
-            SampleSet::open(path)?,
-            g,
-            order == Order::Random,
-            seed,
-        )?),
+    open_dataset_as(path, g, order, seed, DatasetFormat::Auto)
+}
+
+/// As [`open_dataset`], read as `format`. A file whose detected format does not read is an
+/// error that says what it was taken for and how to force another reading
+/// ([`DataError::Detected`]).
+pub fn open_dataset_as(
+    path: &Path,
+    g: &Graph,
+    order: Order,
+    seed: u64,
+    format: DatasetFormat,
+) -> Result<Box<dyn BatchSource>, DataError> {
+    let took = resolve_format(path, format)?;
+    let open = || -> Result<Box<dyn BatchSource>, DataError> {
+        let layout = match took {
+            DatasetFormat::Raw => Some(TokenLayout::Raw),
+            DatasetFormat::LlmC => Some(TokenLayout::LlmC),
+            _ => Some(TokenLayout::Npy),
+        };
+        Ok(match took.kind(path) {
+            DatasetKind::Tokens => Box::new(TokenBatches::for_graph(
+                TokenStream::open_as(path, layout)?,
+                g,
+                order,
+                seed,
+            )?),
+            DatasetKind::Samples => Box::new(SampleBatches::for_graph(
+                SampleSet::open(path)?,
+                g,
+                order == Order::Random,
+                seed,
+            )?),
+        })
+    };
+    open().map_err(|e| match e {
+        // Only a format's own complaint is about the guess; a model or loader error is not.
+        DataError::Format { .. } if format == DatasetFormat::Auto && !path.is_dir() => {
+            DataError::Detected {
+                file: path.to_path_buf(),
+                took: took.what().to_string(),
+                force: how_to_force(took),
+                source: Box::new(e),
+            }
+        }
+        e => e,
     })
+}
+
+/// The kind of data set `path` holds when read as `format` (see [`DatasetFormat`]).
+pub fn dataset_kind_as(path: &Path, format: DatasetFormat) -> Result<DatasetKind, DataError> {
+    Ok(resolve_format(path, format)?.kind(path))
 }
 
 /// The files a data set at `path` is read from: `x.npy` and `y.npy` of a directory, or the

@@ -127,6 +127,17 @@ impl Evaluator {
         batches: u64,
         seed: u64,
     ) -> Result<Evaluator, String> {
+        Evaluator::new_as(session, val, batches, seed, crate::datasets::DatasetFormat::Auto)
+    }
+
+    /// As [`Evaluator::new`], `val` read as `format` (`--dataset-format`).
+    pub fn new_as(
+        session: &Session,
+        val: &Path,
+        batches: u64,
+        seed: u64,
+        format: crate::datasets::DatasetFormat,
+    ) -> Result<Evaluator, String> {
         let slots = session
             .eval_input_slots()
             .ok_or("the session was loaded without an evaluation step")?;
@@ -137,7 +148,7 @@ impl Evaluator {
             .eval_executable()
             .map_or(session.graph(), |e| e.graph());
         // Each data-parallel rank evaluates its own shard of every batch, as it trains on one.
-        let mut source = crate::datasets::open_dataset(val, graph, Order::Sequential, seed)
+        let mut source = crate::datasets::open_dataset_as(val, graph, Order::Sequential, seed, format)
             .and_then(|s| crate::data::shard::rank_batches(s, session.exe()))
             .map_err(|e| format!("--val: {e}"))?;
         source.check_all().map_err(|e| format!("--val: {e}"))?;

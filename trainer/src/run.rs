@@ -49,8 +49,11 @@ pub struct RunOptions {
     pub init: Option<PathBuf>,
     /// One fixed batch (safetensors holding x and y) trained on at every step.
     pub data: Option<PathBuf>,
-    /// A data set read batch by batch over epochs ([`datasets::open_dataset`]).
+    /// A data set read batch by batch over epochs ([`datasets::open_dataset_as`]).
     pub dataset: Option<PathBuf>,
+    /// How `dataset` (and the validation set) are read: detected from their first bytes, or
+    /// the format the user names.
+    pub dataset_format: datasets::DatasetFormat,
     /// How batches are drawn from the data set.
     pub order: Option<Order>,
     /// The seed of the data set's shuffle (default: `seed`).
@@ -60,7 +63,7 @@ pub struct RunOptions {
     pub checkpoint_every: Option<u64>,
     /// The checkpoint directory a resumed run goes on from.
     pub resume: Option<PathBuf>,
-    /// Go on past a step whose loss or gradient norm is not finite.
+    /// Go on past a step whose loss, gradient norm or updated parameters are not finite.
     pub skip_nonfinite: bool,
     /// Where the parameters go after the last step.
     pub save: Option<PathBuf>,
@@ -339,7 +342,7 @@ pub fn train(
     let schedule = schedule(session, o, last)?;
     let units = prepared.source.as_ref().map(|s| {
         let tokens = matches!(
-            datasets::dataset_kind(o.dataset.as_deref().expect("given")),
+            datasets::dataset_kind_as(o.dataset.as_deref().expect("given"), o.dataset_format),
             Ok(datasets::DatasetKind::Tokens)
         );
         let x = s.x();
@@ -482,7 +485,8 @@ fn prepare(
         Some(path) => {
             let seed = o.shuffle_seed.unwrap_or(o.seed);
             let order = o.order.unwrap_or(Order::Random);
-            let s = datasets::open_dataset(path, session.graph(), order, seed)?;
+            let s =
+                datasets::open_dataset_as(path, session.graph(), order, seed, o.dataset_format)?;
             // Data parallelism: each rank's own shard of every batch.
             let mut s = crate::data::shard::rank_batches(s, session.exe())?;
             s.check_all()?;
@@ -802,7 +806,11 @@ impl Run<'_> {
             self.record.losses.push(i, r.loss);
         }
         let grad_norm = session.last_grad_norm();
-        let finite = r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite);
+        // The step's count of non-finite values among the updated parameters, read with the
+        // loss: a non-finite weight stops the run as a non-finite loss does.
+        let finite = r.loss.is_finite()
+            && grad_norm.is_none_or(f64::is_finite)
+            && r.nonfinite_parameters == 0.0;
         let event = StepEvent {
             epoch: info.map(|b| b.epoch),
             step: i,
@@ -817,10 +825,14 @@ impl Run<'_> {
         };
         self.observer.step(&event).map_err(RunError::Observer)?;
         if !finite {
-            let what = if r.loss.is_finite() {
+            // The first cause: the loss, the gradient norm, or the update (a finite loss can
+            // make non-finite weights: a learning rate too large, the gradient of sqrt at 0).
+            let what = if !r.loss.is_finite() {
+                format!("the loss is {}", r.loss)
+            } else if !grad_norm.is_none_or(f64::is_finite) {
                 format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
             } else {
-                format!("the loss is {}", r.loss)
+                nonfinite_parameter(session, r.nonfinite_parameters)
             };
             if !self.o.skip_nonfinite {
                 self.non_finite = Some((i, what));
@@ -971,7 +983,7 @@ impl Run<'_> {
             // The parameters were updated with a non-finite gradient: nothing is saved over a
             // good file (nor a checkpoint).
             return Err(RunError::NonFinite(format!(
-                "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
+                "step {step}: {what}; training stopped at the first non-finite loss, gradient norm or parameter{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
                 kept_files(o)
             )));
         }
@@ -1019,6 +1031,20 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Which parameter the step made non-finite, for the message of a step whose
+/// [`crate::session::StepResult::nonfinite_parameters`] is `count`: the parameters are read to
+/// the host only on this path, never on a good step.
+fn nonfinite_parameter(session: &Session, count: f64) -> String {
+    let found = checkpoint::check_finite("parameter", &session.parameters());
+    match found {
+        Err(e) => format!("the update made {count} parameter values NaN or infinite: {e}"),
+        // Another rank's rows (a sharded optimizer) or a value the host read sees otherwise.
+        Ok(()) => format!(
+            "the update made {count} parameter values NaN or infinite (the step counted them; this process's copy of the parameters reads finite)"
+        ),
     }
 }
 

@@ -32,7 +32,7 @@ pub use batches::{
 };
 pub use loader::{Loader, Staged, Staging};
 pub use samples::SampleSet;
-pub use tokens::{TokenFormat, TokenStream};
+pub use tokens::{TokenFormat, TokenLayout, TokenStream};
 
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -72,6 +72,15 @@ pub enum DataError {
     /// The loader thread could not start, or stopped, or was given buffers too small.
     #[error("data loader: {0}")]
     Stopped(String),
+    /// A data set whose format was detected from its first bytes failed to read as that
+    /// format: the error, what the file was taken for, and how to read it otherwise.
+    #[error("{source} ({} was taken for {took} by its first bytes; {force})", file.display())]
+    Detected {
+        file: PathBuf,
+        took: String,
+        force: String,
+        source: Box<DataError>,
+    },
 }
 
 impl DataError {

@@ -58,15 +58,52 @@ pub struct TokenStream {
     reader: WindowReader,
 }
 
+/// A token file's layout, without its details: what [`TokenStream::open_as`] may be told to
+/// read a file as, whatever its first bytes look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenLayout {
+    Raw,
+    LlmC,
+    Npy,
+}
+
+/// The layout a token file's first bytes announce (see the module docs).
+pub fn detect_layout(head: &[u8]) -> TokenLayout {
+    let magic = (head.len() >= 4).then(|| i32::from_le_bytes(head[..4].try_into().expect("4")));
+    if npy::is_npy(head) {
+        TokenLayout::Npy
+    } else if matches!(magic, Some(LLMC_MAGIC_U16 | LLMC_MAGIC_U32)) {
+        TokenLayout::LlmC
+    } else {
+        TokenLayout::Raw
+    }
+}
+
 impl TokenStream {
-    /// Opens the token file at `path` and checks its header and length.
+    /// Opens the token file at `path` and checks its header and length; its layout is the
+    /// one its first bytes announce ([`detect_layout`]).
     pub fn open(path: &Path) -> Result<TokenStream, DataError> {
+        TokenStream::open_as(path, None)
+    }
+
+    /// As [`TokenStream::open`], read as `layout` when given: a raw file whose first tokens
+    /// happen to spell a `.npy` magic string or an llm.c magic number is read as raw tokens.
+    pub fn open_as(path: &Path, layout: Option<TokenLayout>) -> Result<TokenStream, DataError> {
         let mut reader = WindowReader::open(path)?;
         let file_len = reader.file_len()?;
         let head = reader.head(12)?.to_vec();
         let fmt = |field: &str, reason: String| DataError::format(path, field, reason);
         let magic = (head.len() >= 4).then(|| i32::from_le_bytes(head[..4].try_into().expect("4")));
-        let (format, elem, offset, len) = if npy::is_npy(&head) {
+        let layout = layout.unwrap_or_else(|| detect_layout(&head));
+        if layout == TokenLayout::LlmC && !matches!(magic, Some(LLMC_MAGIC_U16 | LLMC_MAGIC_U32)) {
+            return Err(fmt(
+                "llm.c header",
+                format!(
+                    "read as an llm.c shard, but the file does not begin with magic {LLMC_MAGIC_U16} or {LLMC_MAGIC_U32}"
+                ),
+            ));
+        }
+        let (format, elem, offset, len) = if layout == TokenLayout::Npy {
             let info = npy::read_header(&mut reader, path, "tokens")?;
             if info.shape.len() != 1 {
                 return Err(fmt(
@@ -92,7 +129,9 @@ impl TokenStream {
                 info.offset,
                 info.shape[0] as u64,
             )
-        } else if let Some(magic @ (LLMC_MAGIC_U16 | LLMC_MAGIC_U32)) = magic {
+        } else if let (TokenLayout::LlmC, Some(magic @ (LLMC_MAGIC_U16 | LLMC_MAGIC_U32))) =
+            (layout, magic)
+        {
             let (version, elem) = if magic == LLMC_MAGIC_U16 {
                 (1, Elem::U16)
             } else {
