@@ -844,6 +844,10 @@ impl crate::executor::StepExecutor for PlannedStep {
     fn device(&self) -> String {
         "cpu".into()
     }
+
+    fn threads(&self) -> Option<usize> {
+        Some(PlannedStep::threads(self))
+    }
 }
 
 /// The step's collective, which must join `ranks` ranks (else the error saying what it has).
