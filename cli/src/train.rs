@@ -260,7 +260,9 @@ impl StepArgs {
             Device::Cpu => {
                 // The CPU executor is made deep inside the session; its thread count is the
                 // process's default, set here once for the run.
-                let n = self.threads.map_or_else(threads::machine_threads, |n| n as usize);
+                let n = self
+                    .threads
+                    .map_or_else(threads::machine_threads, |n| n as usize);
                 if n > threads::MAX_THREADS {
                     return Err(Failure::new(
                         2,

@@ -23,7 +23,9 @@ fn pool(n: usize) -> rayon::ThreadPool {
 
 /// Values with a spread of magnitudes, so that a changed summation order changes bits.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
@@ -39,10 +41,26 @@ fn product(m: usize, k: usize, n: usize, ta: bool, tb: bool, beta: f32, seed: u6
     let b = values(k * n, seed + 1);
     let mut c = values(m * n, seed + 2);
     let tr = |t: bool| if t { Trans::T } else { Trans::N };
-    let (la, lb) = (MatLayout::stored(tr(ta), m, k), MatLayout::stored(tr(tb), k, n));
+    let (la, lb) = (
+        MatLayout::stored(tr(ta), m, k),
+        MatLayout::stored(tr(tb), k, n),
+    );
     let mut ws = vec![0.0f32; workspace_len::<f32>(m, k, n)];
-    gemm_ws(m, k, n, 0.75, &a, la, &b, lb, beta, &mut c, MatLayout::row_major(n), &mut ws)
-        .expect("gemm");
+    gemm_ws(
+        m,
+        k,
+        n,
+        0.75,
+        &a,
+        la,
+        &b,
+        lb,
+        beta,
+        &mut c,
+        MatLayout::row_major(n),
+        &mut ws,
+    )
+    .expect("gemm");
     c
 }
 
@@ -102,7 +120,11 @@ fn attention<T: att::Elem + PartialEq + std::fmt::Debug>(
 
 #[test]
 fn attention_gives_the_same_bits_on_any_number_of_threads() {
-    for (bh, tq, tk, d, causal) in [(16, 64, 64, 32, true), (6, 33, 70, 16, false), (3, 128, 128, 8, true)] {
+    for (bh, tq, tk, d, causal) in [
+        (16, 64, 64, 32, true),
+        (6, 33, 70, 16, false),
+        (3, 128, 128, 8, true),
+    ] {
         let s = Shape {
             batch_heads: bh,
             seq_q: tq,
@@ -116,7 +138,11 @@ fn attention_gives_the_same_bits_on_any_number_of_threads() {
         let one16 = attention::<bf16>(&s, bf16::from_f32);
         for t in THREADS {
             let p = pool(t);
-            assert_eq!(p.install(|| attention::<f32>(&s, |x| x)), one, "f32 {s:?} on {t} threads");
+            assert_eq!(
+                p.install(|| attention::<f32>(&s, |x| x)),
+                one,
+                "f32 {s:?} on {t} threads"
+            );
             assert_eq!(
                 p.install(|| attention::<bf16>(&s, bf16::from_f32)),
                 one16,

@@ -58,8 +58,14 @@ fn run(spec: &str, precision: Precision, threads: usize, steps: usize) -> Vec<Ve
 
 const MODELS: [(&str, Precision); 5] = [
     // The README's main job with one layer: every fused kernel of it is large enough to be cut.
-    ("gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8", Precision::F32),
-    ("gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8", Precision::Bf16),
+    (
+        "gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8",
+        Precision::F32,
+    ),
+    (
+        "gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8",
+        Precision::Bf16,
+    ),
     ("mlp", Precision::F32),
     ("mlp", Precision::Bf16),
     ("cnn", Precision::F32),
@@ -99,6 +105,8 @@ fn a_step_on_several_threads_holds_its_thread_scratch_in_the_one_allocation() {
         four.allocated_bytes(),
         total.div_ceil(256) * 256 + four.thread_scratch_bytes()
     );
-    let e = PlannedStep::with_threads(exe, 0).err().expect("0 threads is refused");
+    let e = PlannedStep::with_threads(exe, 0)
+        .err()
+        .expect("0 threads is refused");
     assert!(e.to_string().contains("threads"), "{e}");
 }

@@ -108,7 +108,10 @@ fn allocations_in_steps(spec: &str, threads: usize, steps: usize) -> usize {
     )
     .unwrap();
     let mut planned = PlannedStep::with_threads(exe, threads).unwrap();
-    assert!(planned.thread_scratch_bytes() > 0, "no fused kernel was cut");
+    assert!(
+        planned.thread_scratch_bytes() > 0,
+        "no fused kernel was cut"
+    );
     for (name, value) in &leaves {
         planned.write_leaf(name, value).unwrap();
     }

@@ -25,8 +25,8 @@
 //! its layout is a broken precondition and panics with a message; the runtime checks shapes
 //! before it calls in.
 
-use crate::attention::{Layout, Strides};
 use super::par::pool_threads;
+use crate::attention::{Layout, Strides};
 use crate::dtype::round_bf16;
 use half::bf16;
 
@@ -235,8 +235,7 @@ fn by_problem(
     one: impl Fn(usize, &mut [f32]) + Sync,
 ) {
     let threads = pool_threads();
-    if threads > 1 && bh > 1 && need <= STACK_SCRATCH && bh.saturating_mul(work) >= PARALLEL_WORK
-    {
+    if threads > 1 && bh > 1 && need <= STACK_SCRATCH && bh.saturating_mul(work) >= PARALLEL_WORK {
         use rayon::prelude::*;
         let tasks = bh.min(threads * 4);
         (0..tasks).into_par_iter().for_each(|t| {

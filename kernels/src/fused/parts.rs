@@ -74,7 +74,13 @@ pub fn cut(k: &FusedKernel, pieces: usize, min_elems: usize) -> Option<Vec<Piece
         let output_start = k
             .outputs
             .iter()
-            .map(|o| lo * if row_level[o.value] { row_stride } else { full_stride })
+            .map(|o| {
+                lo * if row_level[o.value] {
+                    row_stride
+                } else {
+                    full_stride
+                }
+            })
             .collect();
         out.push(Piece {
             kernel: piece,
@@ -148,7 +154,10 @@ mod tests {
         assert_eq!(pieces.len(), 3);
         let sizes: Vec<usize> = pieces.iter().map(|p| p.kernel.domain[0]).collect();
         assert_eq!(sizes, [3, 3, 4]);
-        let starts: Vec<usize> = pieces.iter().map(|p| p.kernel.inputs[0].access.offset).collect();
+        let starts: Vec<usize> = pieces
+            .iter()
+            .map(|p| p.kernel.inputs[0].access.offset)
+            .collect();
         assert_eq!(starts, [0, 21, 42]);
         // The full output advances 7 elements a row, the row-level one 1.
         assert_eq!(pieces[2].output_start, [42, 6]);

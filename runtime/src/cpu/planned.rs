@@ -427,7 +427,13 @@ impl Part {
             // own indices, and every other byte the pieces touch is only read. No other slice
             // of the allocation is alive while they run: the step waits for all of them.
             let mem = unsafe { std::slice::from_raw_parts_mut(base.get(), len) };
-            fused::cpu::run(&p.kernel, mem, inputs, &p.outputs, slots.at + i * slots.bytes)
+            fused::cpu::run(
+                &p.kernel,
+                mem,
+                inputs,
+                &p.outputs,
+                slots.at + i * slots.bytes,
+            )
         })
     }
 
@@ -525,15 +531,15 @@ impl Part {
                         }
                     };
                     ran.map_err(|e| {
-                            at(
-                                *node,
-                                self.exe.graph().node(*node),
-                                ExecError::Invalid {
-                                    op: "fused",
-                                    reason: e.to_string(),
-                                },
-                            )
-                        })?;
+                        at(
+                            *node,
+                            self.exe.graph().node(*node),
+                            ExecError::Invalid {
+                                op: "fused",
+                                reason: e.to_string(),
+                            },
+                        )
+                    })?;
                 }
             }
         }
