@@ -94,8 +94,8 @@ pub struct StepArgs {
     /// Where to run the steps (train: cpu unless given; run: the executable's target).
     #[arg(long, value_enum)]
     pub device: Option<Device>,
-    /// On the CPU: the threads every kernel runs on (default: the machine's cores). Results
-    /// are the same bits for any count.
+    /// On the CPU: the threads every kernel runs on (default: INGOT_THREADS if set, else the
+    /// machine's cores). Results are the same bits for any count.
     #[arg(long, value_name = "N", value_parser = crate::numbers::positive_count)]
     pub threads: Option<u64>,
     /// Initial parameters (safetensors, PyTorch names and layouts) instead of seeded ones.
@@ -259,10 +259,15 @@ impl StepArgs {
         match device {
             Device::Cpu => {
                 // The CPU executor is made deep inside the session; its thread count is the
-                // process's default, set here once for the run.
-                let n = self
-                    .threads
-                    .map_or_else(threads::machine_threads, |n| n as usize);
+                // process's default, set here once for the run: --threads, else INGOT_THREADS
+                // (a test harness running many commands at once sets 1), else every core.
+                let n = match self.threads {
+                    Some(n) => n as usize,
+                    None if std::env::var_os("INGOT_THREADS").is_some() => {
+                        threads::default_threads()
+                    }
+                    None => threads::machine_threads(),
+                };
                 if n > threads::MAX_THREADS {
                     return Err(Failure::new(
                         2,

@@ -1,6 +1,6 @@
 //! The CPU executor's threads: one rayon pool per loaded step, sized when it is loaded.
 //!
-//! Every kernel of a step runs inside the pool ([`Pool::install`]), and the kernels split their
+//! Every kernel of a step runs inside the pool (`Pool::install`), and the kernels split their
 //! work over the pool they are called in ([`ingot_kernels::cpu::par`]): GEMM tiles, attention
 //! problems, and the pieces of fused kernels ([`ingot_kernels::fused::parts`]). Each split
 //! partitions outputs, never the terms of a sum, so a step computes the same bits on any number
