@@ -24,6 +24,7 @@
 //! last loss, throughput and ETA; elsewhere only the plain lines are printed.
 
 use super::Failure;
+use ingot_runtime::cpu::threads;
 use ingot_runtime::cuda::CudaOptions;
 use ingot_trainer::data::Order;
 use ingot_trainer::eval::Evaluator;
@@ -122,6 +123,10 @@ pub struct StepArgs {
     /// Where to run the steps (train: cpu unless given; run: the executable's target).
     #[arg(long, value_enum)]
     pub device: Option<Device>,
+    /// On the CPU: the threads every kernel runs on (default: INGOT_THREADS if set, else the
+    /// machine's cores). Results are the same bits for any count.
+    #[arg(long, value_name = "N", value_parser = crate::numbers::positive_count)]
+    pub threads: Option<u64>,
     /// Initial parameters (safetensors, PyTorch names and layouts) instead of seeded ones.
     #[arg(long, value_name = "P.safetensors", conflicts_with = "resume")]
     pub init: Option<PathBuf>,
@@ -285,7 +290,26 @@ impl StepArgs {
         // Refuses tf32 on the CPU; the compile takes the precision itself (`opts.precision`).
         self.precision.for_device(device)?;
         match device {
-            Device::Cpu => Ok(session::Device::Cpu),
+            Device::Cpu => {
+                // The CPU executor is made deep inside the session; its thread count is the
+                // process's default, set here once for the run: --threads, else INGOT_THREADS
+                // (a test harness running many commands at once sets 1), else every core.
+                let n = match self.threads {
+                    Some(n) => n as usize,
+                    None if std::env::var_os("INGOT_THREADS").is_some() => {
+                        threads::default_threads()
+                    }
+                    None => threads::machine_threads(),
+                };
+                if n > threads::MAX_THREADS {
+                    return Err(Failure::new(
+                        2,
+                        format!("--threads {n}: give at most {}", threads::MAX_THREADS),
+                    ));
+                }
+                threads::set_default_threads(n);
+                Ok(session::Device::Cpu)
+            }
             Device::Cuda => Ok(session::Device::Cuda(CudaOptions::default())),
         }
     }

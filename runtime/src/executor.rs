@@ -52,6 +52,10 @@ pub trait StepExecutor {
     fn allocated_bytes(&self) -> usize;
     /// Where the step runs, in words ("cpu", "cuda:0 NVIDIA H100 80GB HBM3").
     fn device(&self) -> String;
+    /// The host threads the step's kernels run on (the CPU backend); `None` for a device.
+    fn threads(&self) -> Option<usize> {
+        None
+    }
     /// The device's own time for the last step, where the backend measures it (CUDA events);
     /// `None` where the caller's wall clock is the measure.
     fn last_step_device_seconds(&self) -> Option<f64> {

@@ -75,4 +75,50 @@ fn a_planned_training_step_allocates_nothing_on_the_heap() {
             );
         }
     }
+    // Several threads (in this same test too): fused kernels cut into pieces with thread
+    // scratch in the allocation, GEMM tiles and attention problems over the step's pool.
+    // Rayon's queue of jobs sent into a pool from outside is a list of blocks of 63 slots: a
+    // new block is allocated (and the old one freed) once every 63 steps; nothing else may.
+    let steps = 126;
+    let allocations = allocations_in_steps(
+        "gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8",
+        2,
+        steps,
+    );
+    assert!(
+        allocations <= steps / 63 + 1,
+        "{allocations} allocations in {steps} steps on 2 threads"
+    );
+}
+
+/// Allocations in `steps` fused f32 steps of `spec` on `threads` threads, after one.
+fn allocations_in_steps(spec: &str, threads: usize, steps: usize) -> usize {
+    let m = models::by_name(spec).unwrap();
+    let c = ingot_compiler::pipeline::compile(&m, &ingot_trainer::session::Session::cpu_options())
+        .unwrap();
+    let g = c.graph;
+    let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);
+    leaves.extend(init_leaves(&g, LeafKind::State, 1));
+    leaves.extend(synthetic_batch(&g, 1));
+    let exe = ingot_compiler::exe::Executable::from_plan(
+        "step",
+        g,
+        c.plan,
+        ingot_compiler::lower::Target::Cpu,
+    )
+    .unwrap();
+    let mut planned = PlannedStep::with_threads(exe, threads).unwrap();
+    assert!(
+        planned.thread_scratch_bytes() > 0,
+        "no fused kernel was cut"
+    );
+    for (name, value) in &leaves {
+        planned.write_leaf(name, value).unwrap();
+    }
+    planned.step().unwrap();
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    for _ in 0..steps {
+        planned.step().unwrap();
+    }
+    ALLOCATIONS.load(Ordering::SeqCst) - before
 }

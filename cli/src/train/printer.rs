@@ -333,6 +333,14 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
             w * 1e3
         )?;
     }
+    match (s.threads, s.gflops) {
+        (Some(n), Some(g)) => crate::outln!(
+            "cpu: {n} thread{}, {g:.1} GFLOP/s (matmul, convolution and attention FLOPs over the median step)",
+            if n == 1 { "" } else { "s" }
+        )?,
+        (Some(n), None) => crate::outln!("cpu: {n} thread{}", if n == 1 { "" } else { "s" })?,
+        _ => {}
+    }
     match s.eval {
         None => crate::outln!(
             "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation{}",

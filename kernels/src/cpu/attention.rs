@@ -17,10 +17,15 @@
 //! deterministic.
 //!
 //! Scratch (f32 elements, [`forward_scratch_len`], [`backward_scratch_len`]) comes from the
-//! caller: the runtime plans it in the slab, so a step allocates nothing. A slice too short for
+//! caller: the runtime plans it in the slab, so a step allocates nothing.
+//!
+//! Inside a rayon pool of several threads (the CPU executor's), the problems are spread over the
+//! threads, each range of problems with its scratch on its thread's stack; every problem is
+//! computed exactly as on one thread, so the bits do not depend on the number of threads. A slice too short for
 //! its layout is a broken precondition and panics with a message; the runtime checks shapes
 //! before it calls in.
 
+use super::par::pool_threads;
 use crate::attention::{Layout, Strides};
 use crate::dtype::round_bf16;
 use half::bf16;
@@ -155,8 +160,10 @@ pub fn forward<T: Elem>(
         scratch.len(),
         forward_scratch_len(s)
     );
-    let (row, acc) = scratch[..tk + d].split_at_mut(tk);
-    for b in 0..bh {
+    let (out_p, lse_p) = (Out(out.as_mut_ptr()), Out(lse.as_mut_ptr()));
+    // One problem, with `scratch` for its row of scores and its output row.
+    let one = |b: usize, scratch: &mut [f32]| {
+        let (row, acc) = scratch[..tk + d].split_at_mut(tk);
         for i in 0..tq {
             let n = s.visible(i);
             let qi = s.row(q, &l.q, b, i);
@@ -178,11 +185,68 @@ pub fn forward<T: Elem>(
                     *a += p * vj.get();
                 }
             }
-            let o = &mut out[l.out.offset(l.heads, b, i)..][..d];
+            // SAFETY: the row lies inside `out` (checked above: the layout's extent fits) and
+            // belongs to problem `b` alone, so no other call writes it; likewise lse's element.
+            let o = unsafe { out_p.rows(l.out.offset(l.heads, b, i), d) };
             for (o, a) in o.iter_mut().zip(acc.iter()) {
                 *o = T::put(*a);
             }
-            lse[b * tq + i] = m + sum.ln();
+            // SAFETY: `b·tq + i < bh·tq = lse.len()` (checked), written by problem `b` only.
+            unsafe { *lse_p.rows(b * tq + i, 1).as_mut_ptr() = m + sum.ln() };
+        }
+    };
+    by_problem(bh, tq * tk * d, tk + d, scratch, one);
+}
+
+/// A raw output pointer that problems running on different threads write through, each its
+/// own rows (the callers vouch for that at every use).
+#[derive(Clone, Copy)]
+struct Out<T>(*mut T);
+// SAFETY: used only to write rows that belong to one problem each (see `by_problem`).
+unsafe impl<T> Send for Out<T> {}
+// SAFETY: as for Send.
+unsafe impl<T> Sync for Out<T> {}
+impl<T> Out<T> {
+    /// `len` elements from element `at`.
+    ///
+    /// # Safety
+    /// They lie inside the buffer and no other live reference covers them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn rows(&self, at: usize, len: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(at), len)
+    }
+}
+
+/// Problems whose f32 scratch is at most this long run on several threads, each task with its
+/// scratch on its stack (256 KiB); longer ones run one after another in the planned scratch.
+const STACK_SCRATCH: usize = 1 << 16;
+/// Multiply-adds per problem times problems below which a pass stays on one thread.
+const PARALLEL_WORK: usize = 1 << 18;
+
+/// Runs `one(b, scratch)` for every problem `b < bh`: on the calling thread with `planned`
+/// scratch, or, inside a pool of several threads and with enough work, spread over the pool in
+/// contiguous ranges of problems, each range with its own scratch of `need` f32s. Each problem
+/// computes the same bits wherever it runs: problems share no sums.
+fn by_problem(
+    bh: usize,
+    work: usize,
+    need: usize,
+    planned: &mut [f32],
+    one: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let threads = pool_threads();
+    if threads > 1 && bh > 1 && need <= STACK_SCRATCH && bh.saturating_mul(work) >= PARALLEL_WORK {
+        use rayon::prelude::*;
+        let tasks = bh.min(threads * 4);
+        (0..tasks).into_par_iter().for_each(|t| {
+            let mut scratch = [0.0f32; STACK_SCRATCH];
+            for b in bh * t / tasks..bh * (t + 1) / tasks {
+                one(b, &mut scratch[..need]);
+            }
+        });
+    } else {
+        for b in 0..bh {
+            one(b, planned);
         }
     }
 }
@@ -250,12 +314,15 @@ pub fn backward<T: Elem>(
         scratch.len(),
         backward_scratch_len(s)
     );
-    let (dk_acc, rest) = scratch.split_at_mut(tk * d);
-    let (dv_acc, rest) = rest.split_at_mut(tk * d);
-    let (p_row, rest) = rest.split_at_mut(tk);
-    let (ds_row, rest) = rest.split_at_mut(tk);
-    let dq_acc = &mut rest[..d];
-    for b in 0..bh {
+    let mut slot = |which: usize| Out(grads.slot(which).as_mut_ptr());
+    let (dq_p, dk_p, dv_p) = (slot(0), slot(1), slot(2));
+    // One problem, with `scratch` for its f32 accumulators.
+    let one = |b: usize, scratch: &mut [f32]| {
+        let (dk_acc, rest) = scratch.split_at_mut(tk * d);
+        let (dv_acc, rest) = rest.split_at_mut(tk * d);
+        let (p_row, rest) = rest.split_at_mut(tk);
+        let (ds_row, rest) = rest.split_at_mut(tk);
+        let dq_acc = &mut rest[..d];
         dk_acc.fill(0.0);
         dv_acc.fill(0.0);
         for i in 0..tq {
@@ -280,22 +347,26 @@ pub fn backward<T: Elem>(
                     dv_acc[j * d + c] += p * gi[c].get();
                 }
             }
-            let dq = &mut grads.slot(0)[l.q.offset(l.heads, b, i)..][..d];
+            // SAFETY: the row lies inside dq's slot (checked above) and belongs to problem `b`
+            // alone; the slots of a packed buffer are disjoint.
+            let dq = unsafe { dq_p.rows(l.q.offset(l.heads, b, i), d) };
             for (o, a) in dq.iter_mut().zip(dq_acc.iter()) {
                 *o = T::put(*a * s.scale);
             }
         }
         for j in 0..tk {
             let at = l.kv.offset(l.heads, b, j);
-            let acc = [(1, &*dk_acc, s.scale), (2, &*dv_acc, 1.0)];
-            for (which, acc, factor) in acc {
-                let dst = &mut grads.slot(which)[at..][..d];
+            let acc = [(dk_p, &*dk_acc, s.scale), (dv_p, &*dv_acc, 1.0)];
+            for (dst, acc, factor) in acc {
+                // SAFETY: as for dq: inside the slot (checked), problem `b`'s row alone.
+                let dst = unsafe { dst.rows(at, d) };
                 for (o, a) in dst.iter_mut().zip(&acc[j * d..][..d]) {
                     *o = T::put(*a * factor);
                 }
             }
         }
-    }
+    };
+    by_problem(bh, tq * tk * d * 3, backward_scratch_len(s), scratch, one);
 }
 
 #[cfg(test)]

@@ -38,10 +38,12 @@
 //! The AVX-512 kernels use `std::arch` intrinsics stable since Rust 1.89.
 //!
 //! # Threads
-//! Single-threaded on purpose: the development machine's two vCPUs share one physical core, so
-//! a second thread adds nothing there, and a step that spawns or wakes threads is harder to
-//! reason about. A caller that wants parallelism can split `C` into row blocks, each with its
-//! own workspace.
+//! Called inside a rayon pool (the CPU executor runs every step inside its own), a product
+//! whose `MC × NC × KC` blocks are large enough spreads the micro-tiles of each block over the
+//! pool's threads; the packed panels are shared, so the workspace is the same as for one
+//! thread. Outside any pool it runs on the calling thread alone. Every element of `C` is still
+//! summed by one micro-kernel call per `KC` block in the order below, so the result is
+//! bit-identical for any number of threads.
 //!
 //! # Determinism
 //! Every element of `C` is summed in one fixed order that depends only on `k`: the products
@@ -66,6 +68,7 @@
 //! `k = 0`, `A` and `B` are not read and `C ← β·C`.
 
 use super::matmul::{GemmScalar, MatLayout, Trans};
+use super::par::{pool_threads, SendPtr};
 use std::any::TypeId;
 use std::ops::{Add, Mul};
 
@@ -704,6 +707,7 @@ unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
     debug_assert!(packed_len(p.m, p.k, p.n, K::MR, K::NR) <= p.ws_len);
     let bpack = p.ws;
     let apack = p.ws.add(round_up(p.n.min(nc_max), K::NR) * kc_max);
+    let threads = pool_threads();
     let mut jc = 0;
     while jc < p.n {
         let nc = nc_max.min(p.n - jc);
@@ -731,29 +735,39 @@ unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
                     p.acs,
                     apack,
                 );
-                let mut jr = 0;
-                while jr < nc {
-                    let nr = K::NR.min(nc - jr);
-                    let bp = bpack.add(jr * kc);
-                    let mut ir = 0;
-                    while ir < mc {
-                        let mr = K::MR.min(mc - ir);
-                        let cp = p.c.add((ic + ir) * p.crs + (jc + jr) * p.ccs);
-                        K::tile(
-                            kc,
-                            apack.add(ir * kc),
-                            bp,
-                            cp,
-                            p.crs,
-                            p.ccs,
-                            mr,
-                            nr,
-                            p.alpha,
-                            beta,
-                        );
-                        ir += K::MR;
+                let (rows, cols) = (mc.div_ceil(K::MR), nc.div_ceil(K::NR));
+                // One micro-tile of the `mc × nc` block: tile `t` is row tile `t % rows` of
+                // column tile `t / rows` (the serial order walks the same tiles the same way).
+                let tile = |t: usize| {
+                    let (ir, jr) = ((t % rows) * K::MR, (t / rows) * K::NR);
+                    let (mr, nr) = (K::MR.min(mc - ir), K::NR.min(nc - jr));
+                    K::tile(
+                        kc,
+                        apack.add(ir * kc),
+                        bpack.add(jr * kc),
+                        p.c.add((ic + ir) * p.crs + (jc + jr) * p.ccs),
+                        p.crs,
+                        p.ccs,
+                        mr,
+                        nr,
+                        p.alpha,
+                        beta,
+                    );
+                };
+                if threads > 1 && mc * nc * kc >= PARALLEL_WORK && rows * cols > 1 {
+                    let shared = SendPtr(&tile);
+                    // SAFETY (of the tiles run on other threads): each tile writes its own
+                    // `mr × nr` corner of C (distinct elements, checked in gemm_typed) and only
+                    // reads the packed panels, which no tile writes; the closure's captures are
+                    // plain pointers and sizes, valid until the loop below returns.
+                    rayon::iter::ParallelIterator::for_each(
+                        rayon::iter::IntoParallelIterator::into_par_iter(0..rows * cols),
+                        |t| (*shared.get())(t),
+                    );
+                } else {
+                    for t in 0..rows * cols {
+                        tile(t);
                     }
-                    jr += K::NR;
                 }
                 ic += mc_max;
             }
@@ -762,6 +776,10 @@ unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
         jc += nc_max;
     }
 }
+
+/// Multiply-adds a `mc × nc` block must hold before its tiles are spread over threads: below
+/// it, waking the pool's threads costs more than the tiles take (about 25 µs of one core).
+const PARALLEL_WORK: usize = 1 << 20;
 
 /// Packs the `kc × nc` block of B at `src` (strides `rs`, `cs`) as micro-panels of `NR`
 /// columns, `kc` rows of `NR` values each, zero-padding the last panel's missing columns.

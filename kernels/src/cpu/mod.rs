@@ -13,6 +13,7 @@ pub mod conv;
 pub mod gemm;
 pub mod layout;
 pub mod matmul;
+pub mod par;
 pub mod pool;
 pub mod reduce;
 pub mod scalar;

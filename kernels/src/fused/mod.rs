@@ -61,6 +61,7 @@
 
 pub mod check;
 pub mod cpu;
+pub mod parts;
 pub mod random;
 pub mod split;
 

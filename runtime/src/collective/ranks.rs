@@ -374,6 +374,10 @@ impl<E: RankStep, X> StepExecutor for Ranks<E, X> {
         E::ranks_device(&self.ranks)
     }
 
+    fn threads(&self) -> Option<usize> {
+        self.ranks[0].threads()
+    }
+
     /// The slowest rank's device time, where the ranks measure it: the step is done when every
     /// rank is.
     fn last_step_device_seconds(&self) -> Option<f64> {

@@ -8,6 +8,7 @@ pub mod exec;
 pub mod interp;
 pub mod planned;
 pub mod ranks;
+pub mod threads;
 
 pub use exec::{exec_node, exec_node_with, Scratch};
 pub use interp::{check_leaves, run_graph, LeafValues, Values};

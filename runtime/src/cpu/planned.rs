@@ -16,6 +16,7 @@
 //! the op runs on the chunk, so no `&` and `&mut` slice ever cover the same byte.
 
 use super::exec::{accumulate_product, exec_attention, exec_node, exec_node_with, Scratch};
+use super::threads::{default_threads, Base, Pool};
 use crate::collective::{needs_collective, Collective};
 use crate::error::ExecError;
 use crate::tensor::{Tensor, View, ViewMut};
@@ -25,6 +26,7 @@ use ingot_compiler::lower::cpu::{Instr, Program};
 use ingot_compiler::lower::{self, Target};
 use ingot_compiler::plan::check::Location;
 use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
+use ingot_kernels::fused::{self, FusedKernel, KernelError};
 use smallvec::SmallVec;
 
 /// One block of the allocation: blocks make the base pointer 256-byte aligned.
@@ -46,6 +48,56 @@ pub struct PlannedStep {
     memory: Vec<Block>,
     /// This rank's end of the data-parallel group, for a step compiled for several ranks.
     collective: Option<Box<dyn Collective>>,
+    /// The threads every kernel runs on.
+    pool: Pool,
+    /// Where the threads' scratch lies in `memory`, after the plan's bytes.
+    slots: Slots,
+}
+
+/// Per-thread scratch for the pieces of fused kernels ([`fused::parts`]): `count` slots of
+/// `bytes` each, from byte `at` of the allocation (after the plan's total), one per piece of a
+/// kernel. Sized when the step is loaded; empty for one thread.
+#[derive(Clone, Copy, Debug, Default)]
+struct Slots {
+    at: usize,
+    bytes: usize,
+    count: usize,
+}
+
+impl Slots {
+    /// Slots for `threads` pieces, each the largest scratch any piece of `parts` needs, after
+    /// `plan_bytes`; none when no kernel was cut.
+    fn after(plan_bytes: usize, threads: usize, parts: &[&Part]) -> Slots {
+        let need = parts.iter().map(|p| p.piece_scratch).max().unwrap_or(0);
+        if need == 0 {
+            return Slots::default();
+        }
+        Slots {
+            at: plan_bytes.div_ceil(ALIGNMENT) * ALIGNMENT,
+            bytes: need.div_ceil(ALIGNMENT) * ALIGNMENT,
+            count: threads,
+        }
+    }
+
+    /// Bytes of the allocation: the plan's, then the slots.
+    fn end(&self, plan_bytes: usize) -> usize {
+        if self.count == 0 {
+            plan_bytes
+        } else {
+            self.at + self.bytes * self.count
+        }
+    }
+}
+
+/// Fused kernels with at least this many domain elements a piece are cut into pieces that run
+/// on several threads; smaller ones cost less than waking the threads.
+const MIN_PIECE: usize = 16 * 1024;
+
+/// One piece of a fused kernel: the kernel over its slice of the domain, and its outputs'
+/// byte offsets in the allocation (the inputs are the whole kernel's).
+struct PieceRun {
+    kernel: FusedKernel,
+    outputs: Vec<usize>,
 }
 
 /// One loaded program: its executable, its instructions, and each node's bytes.
@@ -58,6 +110,10 @@ struct Part {
     chunk_node: Vec<Option<Node>>,
     /// The values each node's kernel writes (an attention's result nodes besides its own).
     kernel_outputs: Vec<SmallVec<[NodeId; 1]>>,
+    /// Per instruction: a fused kernel's pieces, when it is cut to run on several threads.
+    pieces: Vec<Option<Vec<PieceRun>>>,
+    /// The largest scratch a piece needs (0: no kernel was cut).
+    piece_scratch: usize,
 }
 
 /// Bytes the host can give without swapping: `MemAvailable` of /proc/meminfo (Linux), or
@@ -103,15 +159,33 @@ fn zeroed_blocks(bytes: usize) -> Result<Vec<Block>, ExecError> {
 impl PlannedStep {
     /// Loads a CPU executable: makes the step's one allocation (zeroed), refusing a plan larger
     /// than the host's available memory before allocating.
+    ///
+    /// Runs on [`default_threads`] threads (1 unless the program or `INGOT_THREADS` says
+    /// otherwise); [`PlannedStep::with_threads`] chooses.
     pub fn new(exe: Executable) -> Result<PlannedStep, ExecError> {
-        let main = Part::load(exe)?;
-        refuse_beyond_host_memory(main.exe.plan(), available_host_memory())?;
-        let memory = zeroed_blocks(main.exe.plan().total_bytes)?;
+        PlannedStep::with_threads(exe, default_threads())
+    }
+
+    /// [`PlannedStep::new`] on `threads` threads (a rayon pool held by the step; none for 1).
+    /// The results are the same bits for any count. With several threads the allocation also
+    /// holds one scratch slot per thread for the pieces of fused kernels, after the plan's
+    /// bytes ([`PlannedStep::thread_scratch_bytes`]).
+    pub fn with_threads(exe: Executable, threads: usize) -> Result<PlannedStep, ExecError> {
+        let pool = Pool::new(threads)?;
+        let main = Part::load(exe, threads)?;
+        let plan_bytes = main.exe.plan().total_bytes;
+        let slots = Slots::after(plan_bytes, threads, &[&main]);
+        let mut whole = main.exe.plan().clone();
+        whole.total_bytes = slots.end(plan_bytes);
+        refuse_beyond_host_memory(&whole, available_host_memory())?;
+        let memory = zeroed_blocks(whole.total_bytes)?;
         Ok(PlannedStep {
             main,
             eval: None,
             memory,
             collective: None,
+            pool,
+            slots,
         })
     }
 
@@ -120,20 +194,40 @@ impl PlannedStep {
     /// runs the training step, [`PlannedStep::eval_step`] the evaluation step, over the same
     /// parameters.
     pub fn pair(pair: StepPair) -> Result<PlannedStep, ExecError> {
+        PlannedStep::pair_with_threads(pair, default_threads())
+    }
+
+    /// [`PlannedStep::pair`] on `threads` threads, as [`PlannedStep::with_threads`].
+    pub fn pair_with_threads(pair: StepPair, threads: usize) -> Result<PlannedStep, ExecError> {
+        let pool = Pool::new(threads)?;
         let bytes = pair.allocation_bytes();
         let (train, eval, _) = pair.into_parts();
-        let main = Part::load(train)?;
-        let eval = Part::load(eval)?;
+        let main = Part::load(train, threads)?;
+        let eval = Part::load(eval, threads)?;
+        let slots = Slots::after(bytes, threads, &[&main, &eval]);
         let mut whole = main.exe.plan().clone();
-        whole.total_bytes = bytes;
+        whole.total_bytes = slots.end(bytes);
         refuse_beyond_host_memory(&whole, available_host_memory())?;
-        let memory = zeroed_blocks(bytes)?;
+        let memory = zeroed_blocks(whole.total_bytes)?;
         Ok(PlannedStep {
             main,
             eval: Some(eval),
             memory,
             collective: None,
+            pool,
+            slots,
         })
+    }
+
+    /// The threads the step runs on.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Bytes of the allocation that hold the threads' scratch (after the plan's total; 0 on
+    /// one thread or when no fused kernel is large enough to be cut).
+    pub fn thread_scratch_bytes(&self) -> usize {
+        self.slots.bytes * self.slots.count
     }
 
     /// A graph planned outside the pipeline (`plan` made with the CPU target's options), made a
@@ -161,7 +255,8 @@ impl PlannedStep {
         self.main.exe.plan()
     }
 
-    /// Bytes of the one allocation (the plan's total, rounded up to whole 256-byte blocks).
+    /// Bytes of the one allocation (the plan's total, rounded up to whole 256-byte blocks, plus
+    /// [`PlannedStep::thread_scratch_bytes`]).
     pub fn allocated_bytes(&self) -> usize {
         self.memory.len() * ALIGNMENT
     }
@@ -199,8 +294,11 @@ impl PlannedStep {
     /// operands of rank at most eight), except inside matmul when its library does.
     pub fn step(&mut self) -> Result<(), ExecError> {
         let len = self.memory.len() * ALIGNMENT;
-        let base = self.memory.as_mut_ptr() as *mut u8;
-        self.main.run(base, len, self.collective.as_deref_mut())
+        let base = Base(self.memory.as_mut_ptr() as *mut u8);
+        let (main, slots) = (&self.main, self.slots);
+        let collective = self.collective.as_deref_mut();
+        self.pool
+            .install(move || main.run(base.get(), len, collective, slots))
     }
 
     /// The data-parallel ranks the step was compiled for (1 for a step without all-reduce).
@@ -227,8 +325,10 @@ impl PlannedStep {
     /// an error if there is none. Allocates nothing, as [`PlannedStep::step`].
     pub fn eval_step(&mut self) -> Result<(), ExecError> {
         let len = self.memory.len() * ALIGNMENT;
-        let base = self.memory.as_mut_ptr() as *mut u8;
-        self.eval.as_ref().ok_or_else(no_eval)?.run(base, len, None)
+        let base = Base(self.memory.as_mut_ptr() as *mut u8);
+        let (eval, slots) = (self.eval.as_ref().ok_or_else(no_eval)?, self.slots);
+        self.pool
+            .install(move || eval.run(base.get(), len, None, slots))
     }
 }
 
@@ -240,7 +340,7 @@ fn no_eval() -> ExecError {
 }
 
 impl Part {
-    fn load(exe: Executable) -> Result<Part, ExecError> {
+    fn load(exe: Executable, threads: usize) -> Result<Part, ExecError> {
         let lower::Program::Cpu(program) = exe.program().clone() else {
             return Err(ExecError::Invalid {
                 op: "load",
@@ -267,12 +367,73 @@ impl Part {
             }
         }
         let kernel_outputs = graph.kernel_outputs();
+        let mut pieces = Vec::with_capacity(program.instrs.len());
+        let mut piece_scratch = 0;
+        for i in &program.instrs {
+            let cut = match i {
+                Instr::Fused { node, outputs, .. } if threads > 1 => match &graph.node(*node).op {
+                    Op::Fused(k) => fused::parts::cut(k, threads, MIN_PIECE).map(|ps| {
+                        ps.into_iter()
+                            .map(|p| PieceRun {
+                                outputs: outputs
+                                    .iter()
+                                    .zip(&p.output_start)
+                                    .enumerate()
+                                    .map(|(j, (&at, &start))| at + start * k.output_dtype(j).size())
+                                    .collect(),
+                                kernel: p.kernel,
+                            })
+                            .collect::<Vec<_>>()
+                    }),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some(ps) = &cut {
+                for p in ps {
+                    piece_scratch = piece_scratch.max(fused::cpu::scratch_bytes(&p.kernel));
+                }
+            }
+            pieces.push(cut);
+        }
         Ok(Part {
             exe,
             program,
             location,
             chunk_node,
             kernel_outputs,
+            pieces,
+            piece_scratch,
+        })
+    }
+
+    /// Runs the pieces of a cut fused kernel, each on a thread of the pool with its own scratch
+    /// slot; they write disjoint ranges of the kernel's outputs.
+    fn run_pieces(
+        base: *mut u8,
+        len: usize,
+        pieces: &[PieceRun],
+        inputs: &[usize],
+        slots: Slots,
+    ) -> Result<(), KernelError> {
+        use rayon::prelude::*;
+        debug_assert!(pieces.len() <= slots.count);
+        let base = Base(base);
+        pieces.par_iter().enumerate().try_for_each(|(i, p)| {
+            // SAFETY: the pieces of one kernel write disjoint bytes: each its own range of the
+            // kernel's outputs ([`fused::parts`]: a row-major slice along the outermost axis)
+            // and its own scratch slot (inside the allocation: `slots.end` bytes were
+            // allocated); an input a piece writes over (in place) is read only at the piece's
+            // own indices, and every other byte the pieces touch is only read. No other slice
+            // of the allocation is alive while they run: the step waits for all of them.
+            let mem = unsafe { std::slice::from_raw_parts_mut(base.get(), len) };
+            fused::cpu::run(
+                &p.kernel,
+                mem,
+                inputs,
+                &p.outputs,
+                slots.at + i * slots.bytes,
+            )
         })
     }
 
@@ -282,6 +443,7 @@ impl Part {
         base: *mut u8,
         len: usize,
         mut collective: Option<&mut (dyn Collective + 'static)>,
+        slots: Slots,
     ) -> Result<(), ExecError> {
         debug_assert!(len >= self.exe.plan().total_bytes);
         for k in 0..self.program.instrs.len() {
@@ -358,21 +520,26 @@ impl Part {
                     let Op::Fused(kernel) = &self.exe.graph().node(*node).op else {
                         unreachable!("fused instructions are made for fused nodes")
                     };
-                    // SAFETY: no other slice of the allocation is alive during the call; the
-                    // kernel reads and writes through this one, at offsets the validated plan
-                    // gives (in place only where the kernel allows it).
-                    let mem = unsafe { std::slice::from_raw_parts_mut(base, len) };
-                    ingot_kernels::fused::cpu::run(kernel, mem, inputs, outputs, *scratch)
-                        .map_err(|e| {
-                            at(
-                                *node,
-                                self.exe.graph().node(*node),
-                                ExecError::Invalid {
-                                    op: "fused",
-                                    reason: e.to_string(),
-                                },
-                            )
-                        })?;
+                    let ran = match &self.pieces[k] {
+                        Some(pieces) => Part::run_pieces(base, len, pieces, inputs, slots),
+                        None => {
+                            // SAFETY: no other slice of the allocation is alive during the
+                            // call; the kernel reads and writes through this one, at offsets
+                            // the validated plan gives (in place only where the kernel allows).
+                            let mem = unsafe { std::slice::from_raw_parts_mut(base, len) };
+                            fused::cpu::run(kernel, mem, inputs, outputs, *scratch)
+                        }
+                    };
+                    ran.map_err(|e| {
+                        at(
+                            *node,
+                            self.exe.graph().node(*node),
+                            ExecError::Invalid {
+                                op: "fused",
+                                reason: e.to_string(),
+                            },
+                        )
+                    })?;
                 }
             }
         }
@@ -667,7 +834,9 @@ impl crate::executor::StepExecutor for PlannedStep {
             // SAFETY: the slot lies inside the allocation (asserted); no slice of it is alive.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(l.offset), l.bytes) };
         }
-        eval.run(base, len, None)
+        let (base, slots) = (Base(base), self.slots);
+        self.pool
+            .install(move || eval.run(base.get(), len, None, slots))
     }
 
     fn step(&mut self) -> Result<(), ExecError> {
@@ -680,6 +849,10 @@ impl crate::executor::StepExecutor for PlannedStep {
 
     fn device(&self) -> String {
         "cpu".into()
+    }
+
+    fn threads(&self) -> Option<usize> {
+        Some(PlannedStep::threads(self))
     }
 }
 

@@ -8,6 +8,13 @@ use crate::session::Session;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Summary {
     pub device: String,
+    /// CPU only: the threads every kernel of the step ran on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    /// The step's arithmetic ([`ingot_compiler::flops::of_graph`]: matmul, convolution and
+    /// attention FLOPs) over the median step time, in GFLOP/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gflops: Option<f64>,
     /// Steps run (fewer than asked when a non-finite loss stopped the run).
     pub steps: u64,
     /// The step whose loss was NaN or infinite, where training stopped; absent when none was.
@@ -85,8 +92,14 @@ pub(super) fn finished(
         .then(|| session.input_slots().ok())
         .flatten()
         .map(|s| 2 * (s[0].1 + s[1].1));
+    let gflops = seconds
+        .median()
+        .filter(|&t| t > 0.0)
+        .map(|t| ingot_compiler::flops::of_graph(session.graph()) as f64 / t / 1e9);
     let summary = Summary {
         device: session.exe().device(),
+        threads: session.exe().threads(),
+        gflops,
         steps,
         non_finite_loss_step,
         median_step_seconds: seconds.median(),

@@ -1,0 +1,218 @@
+//! The CPU kernels on several threads give the bits they give on one: GEMM (tiles spread over
+//! a pool), attention (problems spread over a pool) and fused kernels cut into pieces
+//! (`fused::parts`), for pools of 1, 2, 3 and 16 threads. The one-thread reference is the
+//! kernel called outside any pool, which is the single-threaded path the other tests check
+//! against independent references.
+
+use half::bf16;
+use ingot_kernels::attention::Layout;
+use ingot_kernels::cpu::attention::{self as att, Grads, Shape};
+use ingot_kernels::cpu::gemm::{gemm_ws, workspace_len};
+use ingot_kernels::cpu::{MatLayout, Trans};
+use ingot_kernels::fused::{cpu, parts, random};
+use proptest::prelude::*;
+
+const THREADS: [usize; 4] = [1, 2, 3, 16];
+
+fn pool(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .expect("a pool")
+}
+
+/// Values with a spread of magnitudes, so that a changed summation order changes bits.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            u * if s & 1 == 0 { 1.0 } else { 1e-3 }
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product(m: usize, k: usize, n: usize, ta: bool, tb: bool, beta: f32, seed: u64) -> Vec<f32> {
+    let a = values(m * k, seed);
+    let b = values(k * n, seed + 1);
+    let mut c = values(m * n, seed + 2);
+    let tr = |t: bool| if t { Trans::T } else { Trans::N };
+    let (la, lb) = (
+        MatLayout::stored(tr(ta), m, k),
+        MatLayout::stored(tr(tb), k, n),
+    );
+    let mut ws = vec![0.0f32; workspace_len::<f32>(m, k, n)];
+    gemm_ws(
+        m,
+        k,
+        n,
+        0.75,
+        &a,
+        la,
+        &b,
+        lb,
+        beta,
+        &mut c,
+        MatLayout::row_major(n),
+        &mut ws,
+    )
+    .expect("gemm");
+    c
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Shapes large enough that a block's tiles are spread over the pool (m·n·k well above
+    /// the threshold), in every transpose combination, with and without accumulation.
+    #[test]
+    fn gemm_gives_the_same_bits_on_any_number_of_threads(
+        m in 1usize..400, k in 1usize..700, n in 1usize..400,
+        ta: bool, tb: bool, acc: bool, seed in 0u64..1000,
+    ) {
+        let beta = if acc { 1.0 } else { 0.0 };
+        let one = product(m, k, n, ta, tb, beta, seed);
+        for t in THREADS {
+            let got = pool(t).install(|| product(m, k, n, ta, tb, beta, seed));
+            prop_assert!(
+                got.iter().zip(&one).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{m}x{k}x{n} (ta {ta}, tb {tb}, beta {beta}) differs on {t} threads"
+            );
+        }
+    }
+}
+
+fn attention<T: att::Elem + PartialEq + std::fmt::Debug>(
+    s: &Shape,
+    from: impl Fn(f32) -> T,
+) -> (Vec<T>, Vec<f32>, [Vec<T>; 3]) {
+    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    let q: Vec<T> = values(bh * tq * d, 1).into_iter().map(&from).collect();
+    let k: Vec<T> = values(bh * tk * d, 2).into_iter().map(&from).collect();
+    let v: Vec<T> = values(bh * tk * d, 3).into_iter().map(&from).collect();
+    let dout: Vec<T> = values(bh * tq * d, 4).into_iter().map(&from).collect();
+    let mut out = vec![from(0.0); bh * tq * d];
+    let mut lse = vec![0.0f32; bh * tq];
+    let mut ws = vec![0.0f32; att::forward_scratch_len(s).max(att::backward_scratch_len(s))];
+    att::forward(s, &q, &k, &v, &mut out, &mut lse, &mut ws);
+    let (mut dq, mut dk, mut dv) = (
+        vec![from(0.0); q.len()],
+        vec![from(0.0); k.len()],
+        vec![from(0.0); v.len()],
+    );
+    att::backward(
+        s,
+        [&q, &k, &v, &out, &dout],
+        &lse,
+        Grads::Separate {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        },
+        &mut ws,
+    );
+    (out, lse, [dq, dk, dv])
+}
+
+#[test]
+fn attention_gives_the_same_bits_on_any_number_of_threads() {
+    for (bh, tq, tk, d, causal) in [
+        (16, 64, 64, 32, true),
+        (6, 33, 70, 16, false),
+        (3, 128, 128, 8, true),
+    ] {
+        let s = Shape {
+            batch_heads: bh,
+            seq_q: tq,
+            seq_k: tk,
+            head_dim: d,
+            causal,
+            scale: 1.0 / (d as f32).sqrt(),
+            layout: Layout::contiguous(tq, tk, d),
+        };
+        let one = attention::<f32>(&s, |x| x);
+        let one16 = attention::<bf16>(&s, bf16::from_f32);
+        for t in THREADS {
+            let p = pool(t);
+            assert_eq!(
+                p.install(|| attention::<f32>(&s, |x| x)),
+                one,
+                "f32 {s:?} on {t} threads"
+            );
+            assert_eq!(
+                p.install(|| attention::<bf16>(&s, bf16::from_f32)),
+                one16,
+                "bf16 {s:?} on {t} threads"
+            );
+        }
+    }
+}
+
+/// Bytes of random data for an input of a random kernel (any bit pattern of its dtype but
+/// bool, which must be 0 or 1).
+fn input_bytes(inp: &ingot_kernels::fused::Input, seed: u64) -> Vec<u8> {
+    let size = inp.dtype.size();
+    let raw = values(inp.len * size, seed);
+    match inp.dtype {
+        ingot_kernels::DType::Bool => raw.iter().map(|x| (*x > 0.0) as u8).collect(),
+        _ => raw
+            .iter()
+            .map(|x| (x.to_bits() >> 7) as u8)
+            .collect::<Vec<u8>>()
+            .chunks(size)
+            .flat_map(|c| {
+                // Moderate values: the float's exponent byte set from a fixed table.
+                let mut c = c.to_vec();
+                if size >= 4 {
+                    c[size - 1] = 0x3f ^ (c[size - 1] & 0x80);
+                }
+                c
+            })
+            .collect(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Every piece of a cut kernel computes exactly the slice of the whole kernel's outputs
+    /// that its `output_start` names, and the pieces tile the outputs: every dtype, reduction,
+    /// broadcast and layout the random kernels have.
+    #[test]
+    fn the_pieces_of_a_fused_kernel_compute_its_outputs_bit_for_bit(
+        seed in 0u64..1_000_000, pieces in 2usize..17,
+    ) {
+        let k = random::kernel(seed, &random::Options::small());
+        let Some(cut) = parts::cut(&k, pieces, 1) else { return Ok(()) };
+        let inputs: Vec<Vec<u8>> = k
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(n, inp)| input_bytes(inp, seed * 31 + n as u64))
+            .collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let whole = cpu::run_buffers(&k, &refs).expect("the whole kernel runs");
+        let mut covered = vec![0usize; k.outputs.len()];
+        for p in &cut {
+            prop_assert!(p.kernel.check().is_ok(), "a piece does not check: {}", p.kernel);
+            let got = cpu::run_buffers(&p.kernel, &refs).expect("a piece runs");
+            for (j, bytes) in got.iter().enumerate() {
+                let size = k.output_dtype(j).size();
+                let at = p.output_start[j] * size;
+                prop_assert_eq!(at, covered[j], "output {} of piece starts at {}", j, at);
+                prop_assert!(
+                    whole[j][at..at + bytes.len()] == bytes[..],
+                    "output {} of a piece differs from the whole kernel's (seed {})", j, seed
+                );
+                covered[j] += bytes.len();
+            }
+        }
+        for (j, w) in whole.iter().enumerate() {
+            prop_assert_eq!(covered[j], w.len(), "the pieces do not cover output {}", j);
+        }
+    }
+}

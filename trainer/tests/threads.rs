@@ -1,0 +1,112 @@
+//! A CPU step on several threads computes the bits it computes on one: whole training steps of
+//! the reference models (fused kernels cut into pieces, GEMM tiles, attention problems and
+//! convolutions spread over the step's pool) on 1, 2, 3 and 16 threads, compared leaf by leaf
+//! after each step; the one-thread step is the path `planned.rs` checks against the reference
+//! interpreter. (That a step on several threads allocates nothing is in zero_alloc.rs: its
+//! counter sees every thread, so it must run alone.)
+
+use indexmap::IndexMap;
+use ingot_compiler::ir::{Graph, LeafKind};
+use ingot_compiler::models;
+use ingot_compiler::precision::Precision;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_trainer::session::Session;
+
+fn leaves(g: &Graph) -> IndexMap<String, Tensor> {
+    let mut l = init_leaves(g, LeafKind::Parameter, 5);
+    l.extend(init_leaves(g, LeafKind::State, 5));
+    l.extend(synthetic_batch(g, 5));
+    l
+}
+
+fn compiled(spec: &str, precision: Precision) -> ingot_compiler::pipeline::Compiled {
+    let m = models::by_name(spec).unwrap();
+    let mut opts = Session::cpu_options();
+    opts.precision = Some(precision);
+    ingot_compiler::pipeline::compile(&m, &opts).unwrap()
+}
+
+/// Every leaf and the loss after each of `steps` steps on `threads` threads, as bytes.
+fn run(spec: &str, precision: Precision, threads: usize, steps: usize) -> Vec<Vec<u8>> {
+    let c = compiled(spec, precision);
+    let values = leaves(&c.graph);
+    let exe = ingot_compiler::exe::Executable::from_plan(
+        "step",
+        c.graph,
+        c.plan,
+        ingot_compiler::lower::Target::Cpu,
+    )
+    .unwrap();
+    let mut p = PlannedStep::with_threads(exe, threads).unwrap();
+    assert_eq!(p.threads(), threads);
+    for (name, v) in &values {
+        p.write_leaf(name, v).unwrap();
+    }
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        p.step().unwrap();
+        out.push(p.read_output("loss").unwrap().to_le_bytes());
+        for name in values.keys() {
+            out.push(p.read_leaf(name).unwrap().to_le_bytes());
+        }
+    }
+    out
+}
+
+const MODELS: [(&str, Precision); 5] = [
+    // The README's main job with one layer: every fused kernel of it is large enough to be cut.
+    (
+        "gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8",
+        Precision::F32,
+    ),
+    (
+        "gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8",
+        Precision::Bf16,
+    ),
+    ("mlp", Precision::F32),
+    ("mlp", Precision::Bf16),
+    ("cnn", Precision::F32),
+];
+
+#[test]
+fn a_cpu_step_gives_the_same_bits_on_1_2_3_and_16_threads() {
+    for (spec, precision) in MODELS {
+        let one = run(spec, precision, 1, 2);
+        for t in [2, 3, 16] {
+            let got = run(spec, precision, t, 2);
+            assert!(
+                got == one,
+                "{spec} ({precision:?}): a step on {t} threads differs from one thread"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_step_on_several_threads_holds_its_thread_scratch_in_the_one_allocation() {
+    let c = compiled(MODELS[0].0, Precision::F32);
+    let exe = ingot_compiler::exe::Executable::from_plan(
+        "step",
+        c.graph,
+        c.plan,
+        ingot_compiler::lower::Target::Cpu,
+    )
+    .unwrap();
+    let total = exe.plan().total_bytes;
+    let one = PlannedStep::with_threads(exe.clone(), 1).unwrap();
+    assert_eq!(one.allocated_bytes(), total);
+    assert_eq!(one.thread_scratch_bytes(), 0);
+    let four = PlannedStep::with_threads(exe.clone(), 4).unwrap();
+    assert!(four.thread_scratch_bytes() > 0, "no fused kernel was cut");
+    assert_eq!(
+        four.allocated_bytes(),
+        total.div_ceil(256) * 256 + four.thread_scratch_bytes()
+    );
+    let e = PlannedStep::with_threads(exe, 0)
+        .err()
+        .expect("0 threads is refused");
+    assert!(e.to_string().contains("threads"), "{e}");
+}
