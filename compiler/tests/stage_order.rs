@@ -133,16 +133,11 @@ fn violations(file: &str, module: &str, text: &str) -> Vec<String> {
     out
 }
 
-/// The part of a file before its `#[cfg(test)]` tail.
+/// The part of a file before its `#[cfg(test)]` tail (the line that starts with it).
 fn before_tests(text: &str) -> &str {
-    let mut at = 0;
-    for line in text.split_inclusive('\n') {
-        if line.trim_start().starts_with("#[cfg(test)]") {
-            return &text[..at];
-        }
-        at += line.len();
-    }
-    text
+    let lines = text.split_inclusive('\n');
+    let kept = lines.take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"));
+    &text[..kept.map(str::len).sum::<usize>()]
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
