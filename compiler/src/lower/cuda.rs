@@ -7,7 +7,7 @@
 //! executable; the runtime compiles its kernels' source with NVRTC and replays its operations.
 //!
 //! A node becomes:
-//! - a fused kernel ([`Op::Fused`]): the launches of the CUDA C that
+//! - a fused kernel ([`Op::Fused`](crate::ir::Op::Fused)): the launches of the CUDA C that
 //!   [`ingot_kernels::cuda::fused_program`] generates from its description: one, pointers to
 //!   its inputs then its outputs; or, for a column reduction too narrow to fill the GPU, a
 //!   partial kernel writing partial sums into the node's planned workspace and a finish kernel

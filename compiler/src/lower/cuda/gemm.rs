@@ -50,7 +50,7 @@ pub struct Gemm {
     pub split: Option<Split>,
 }
 
-/// A GEMM with a triangle of work to leave out ([`triangle`]), computed as two calls: one of
+/// A GEMM with a triangle of work to leave out ([`triangle`](crate::fuse::triangle)), computed as two calls: one of
 /// its free indices (cuBLAS's n where `second`, else m) is cut in two at `at`, and each half
 /// leaves out what [`Leave`] says, on its side of the diagonal. A causal attention's six
 /// products each do a quarter less work: the four with its probabilities or their gradient

@@ -104,7 +104,7 @@ pub struct Program {
     pub ops: Vec<DeviceOp>,
     /// The bytes each operation reads and writes (one per op).
     pub touches: Vec<Touch>,
-    /// The earlier operations each one waits for ([`deps::dependencies`], one list per op).
+    /// The earlier operations each one waits for ([`deps::dependencies`](crate::lower::deps::dependencies), one list per op).
     pub deps: Vec<SmallVec<[usize; 4]>>,
     /// Bytes of the one allocation every offset lies in.
     pub total_bytes: usize,
