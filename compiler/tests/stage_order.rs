@@ -133,16 +133,26 @@ fn violations(file: &str, module: &str, text: &str) -> Vec<String> {
     out
 }
 
-/// The part of a file before its `#[cfg(test)]` tail.
+/// The part of a file before its `#[cfg(test)]` tail (the line that starts with it).
 fn before_tests(text: &str) -> &str {
-    let mut at = 0;
-    for line in text.split_inclusive('\n') {
-        if line.trim_start().starts_with("#[cfg(test)]") {
-            return &text[..at];
-        }
-        at += line.len();
-    }
-    text
+    let lines = text.split_inclusive('\n');
+    let kept = lines.take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"));
+    &text[..kept.map(str::len).sum::<usize>()]
+}
+
+/// Whether `path` is a module's unit tests in a file of their own: a `tests.rs` its parent
+/// (the folder's `mod.rs`, or the file named as the folder) declares `#[cfg(test)] mod tests;`.
+/// Exempt, as a `#[cfg(test)]` tail is.
+fn is_unit_test_file(path: &Path) -> bool {
+    let Some(dir) = path.parent() else {
+        return false;
+    };
+    path.file_name().is_some_and(|n| n == "tests.rs")
+        && [dir.join("mod.rs"), dir.with_extension("rs")]
+            .iter()
+            .any(|p| {
+                std::fs::read_to_string(p).is_ok_and(|t| t.contains("#[cfg(test)]\nmod tests;"))
+            })
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -177,7 +187,7 @@ fn no_compiler_module_uses_a_later_pipeline_stage() {
             .to_str()
             .unwrap();
         let module = first.strip_suffix(".rs").unwrap_or(first);
-        if module == "lib" {
+        if module == "lib" || is_unit_test_file(path) {
             continue;
         }
         let text = std::fs::read_to_string(path).unwrap();
@@ -234,4 +244,13 @@ fn the_scan_reads_nested_groups_by_their_first_segment_only() {
         violations("compiler/src/plan/mod.rs", "plan", text),
         vec!["compiler/src/plan/mod.rs:1: `plan` uses the later `crate::lower`"]
     );
+}
+
+#[test]
+fn a_tests_file_is_exempt_only_where_its_parent_declares_it_under_cfg_test() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert!(is_unit_test_file(&src.join("lower/cuda/tests.rs")));
+    assert!(is_unit_test_file(&src.join("rewrite/tests.rs")));
+    assert!(!is_unit_test_file(&src.join("lower/cuda/lowering.rs")));
+    assert!(!is_unit_test_file(&src.join("fuse/tests.rs")));
 }

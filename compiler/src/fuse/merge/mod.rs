@@ -250,26 +250,16 @@ fn try_fold(
     let merged = if known {
         appended(pg, cg, domain)
     } else {
-        let mut roots: Vec<NodeId> = pg.roots.iter().chain(&cg.roots).copied().collect();
-        roots.sort();
         // The merged kernel must compute the producer's roots, not load them.
-        let lowered = lower(g, mat, &roots, &domain).ok().filter(|l| {
-            l.kernel.reductions() <= MAX_KERNEL_REDUCTIONS
-                && !l.inputs.iter().any(|&x| u.producer(g, x) == Some(p))
+        let merged = lowered_union(g, mat, &pg, &cg, domain, |l| {
+            !l.inputs.iter().any(|&x| u.producer(g, x) == Some(p))
         });
-        let Some(lowered) = lowered else {
+        let Some(merged) = merged else {
             u.slots[p] = Some(pg);
             u.slots[c] = Some(cg);
             return None;
         };
-        Part::of(
-            g,
-            Group {
-                roots,
-                domain,
-                lowered,
-            },
-        )
+        merged
     };
     u.folded(g, p, c, known, merged);
     Some(known)
@@ -380,11 +370,24 @@ fn sibling_merge(
     if siblings_refused(&siblings) {
         return None;
     }
-    let mut roots: Vec<NodeId> = pa.roots.iter().chain(&pb.roots).copied().collect();
+    lowered_union(g, mat, pa, pb, domain, |_| true)
+}
+
+/// The group of `x`'s and `y`'s roots over `domain`, lowered, if it lowers within
+/// [`MAX_KERNEL_REDUCTIONS`] and `accept` takes its lowering.
+fn lowered_union(
+    g: &Graph,
+    mat: &[bool],
+    x: &Part,
+    y: &Part,
+    domain: Domain,
+    mut accept: impl FnMut(&Lowered) -> bool,
+) -> Option<Part> {
+    let mut roots: Vec<NodeId> = x.roots.iter().chain(&y.roots).copied().collect();
     roots.sort();
     let lowered = lower(g, mat, &roots, &domain)
         .ok()
-        .filter(|l| l.kernel.reductions() <= MAX_KERNEL_REDUCTIONS)?;
+        .filter(|l| l.kernel.reductions() <= MAX_KERNEL_REDUCTIONS && accept(l))?;
     Some(Part::of(
         g,
         Group {

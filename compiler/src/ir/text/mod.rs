@@ -47,7 +47,7 @@
 //!
 //! - Node ids count up from `%0` with no gaps, one node per line, and an operand must be a node
 //!   defined on an earlier line (so the file order is the graph's topological order).
-//! - `op` is exactly [`Op::name`]. Every node states its result type; [`Graph::push`] checks it,
+//! - `op` is exactly [`Op::name`](crate::ir::Op::name). Every node states its result type; [`Graph::push`] checks it,
 //!   and a type error comes back naming the line.
 //! - Attributes may come in any order; each op takes exactly these:
 //!
@@ -62,7 +62,7 @@
 //!   | `concat` | `axis=N` |
 //!   | `reduce_sum`, `reduce_max` | `axes=[N,...]` |
 //!   | `scatter_add` | `rows=N` |
-//!   | `dropout(x, seed)` | `p=F` (in `[0, 1]`) `salt=N` (see [`Op::Dropout`]) |
+//!   | `dropout(x, seed)` | `p=F` (in `[0, 1]`) `salt=N` (see [`Op::Dropout`](crate::ir::Op::Dropout)) |
 //!   | `matmul` | `ta=true\|false tb=true\|false` (absent means `false`) |
 //!   | `attention(q, k, v)`, `attention_grad(q, k, v, out, lse, dout)`; with `layout=packed`, `attention(qkv)`, `attention_grad(qkv, out, lse, dout)` | `scale=F`, `causal=true\|false` (absent means `false`), `layout=heads\|tokens\|packed` (absent means `heads`; see `AttentionLayout`) |
 //!   | `result(%N)` | `index=N`: output N of a fused kernel or an attention op |

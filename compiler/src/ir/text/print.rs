@@ -4,7 +4,7 @@ use super::{MAGIC, VERSION};
 use crate::ir::{AttentionLayout, Axes, Graph, Init, LeafKind, Op};
 use std::fmt::Write as _;
 
-/// The text form of `g`; [`parse()`] reads it back into an equal graph.
+/// The text form of `g`; [`parse()`](super::parse()) reads it back into an equal graph.
 pub fn print(g: &Graph) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{MAGIC} {VERSION}");

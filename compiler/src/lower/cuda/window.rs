@@ -9,7 +9,8 @@
 //! the geometry, so the plan knows it before anything runs, and nothing is allocated at run
 //! time.
 
-use super::{Compute, DeviceOp, Gemm, Lowering, CUBLAS_WORKSPACE};
+use super::lowering::Lowering;
+use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
 use crate::ir::{DType, Graph, NodeId, WindowOp};
 use crate::lower::deps::Touch;
 use crate::lower::LowerError;

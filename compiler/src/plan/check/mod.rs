@@ -10,8 +10,8 @@
 //! index. A fused kernel writes all its outputs when it runs; its `result` nodes do nothing.
 //!
 //! It checks in three parts, each reporting the first [`PlanViolation`] it finds: the
-//! [`schedule`] (every node once, after its operands), the [`placement`] (every location and
-//! workspace the right size, aligned and inside the allocation), and the [`replay`] (the
+//! `schedule` (every node once, after its operands), the `placement` (every location and
+//! workspace the right size, aligned and inside the allocation), and the `replay` (the
 //! schedule run over the map of bytes).
 
 mod placement;

@@ -1,0 +1,256 @@
+//! A program is sound to run: its tables agree, every byte it touches lies inside the
+//! allocation, and its dependency graph orders every conflicting pair.
+
+use super::{DeviceOp, Program};
+use crate::lower::deps;
+use crate::lower::LowerError;
+use crate::plan::Location;
+
+impl Program {
+    /// The program is sound to run in an allocation of `total_bytes`: its tables agree with
+    /// each other (one touch and one dependency list per operation, every kernel index names
+    /// a kernel, kernel names are distinct, launch shapes are launchable), every byte range an
+    /// operation touches lies inside the allocation, and the dependency graph orders every pair
+    /// of operations that share a byte one of them writes ([`deps::check`]). The plan's
+    /// validator already checks buffers; this checks the lowering's own arithmetic (GEMM
+    /// extents, kernel arguments) against the same bound, so a mistake here (or a damaged file)
+    /// is an error, not a wild write.
+    pub fn check(&self, total_bytes: usize) -> Result<(), LowerError> {
+        let invalid = |reason: String| LowerError::Invalid {
+            op: "cuda lowering",
+            reason,
+        };
+        if self.total_bytes != total_bytes {
+            return Err(invalid(format!(
+                "the program is for an allocation of {} bytes, the plan's is {total_bytes}",
+                self.total_bytes
+            )));
+        }
+        if self.touches.len() != self.ops.len() {
+            return Err(invalid(format!(
+                "{} touch lists for {} operations",
+                self.touches.len(),
+                self.ops.len()
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for k in &self.kernels {
+            if !names.insert(k.name.as_str()) {
+                return Err(invalid(format!("kernel {} appears twice", k.name)));
+            }
+            let (grid, block) = (k.launch.grid, k.launch.block);
+            let threads = block.iter().map(|&b| b as u64).product::<u64>();
+            if grid.contains(&0) || block.contains(&0) || threads > 1024 {
+                return Err(invalid(format!(
+                    "kernel {} has launch shape grid {grid:?} block {block:?}: every dimension \
+                     must be at least 1 and a block at most 1024 threads",
+                    k.name
+                )));
+            }
+        }
+        for op in &self.ops {
+            if let DeviceOp::Launch { kernel, .. } = op {
+                if *kernel >= self.kernels.len() {
+                    return Err(invalid(format!(
+                        "a launch of kernel {kernel}, but the program has {}",
+                        self.kernels.len()
+                    )));
+                }
+            }
+        }
+        self.check_bounds()?;
+        let collectives: Vec<usize> = (0..self.ops.len())
+            .filter(|&i| self.ops[i].is_collective())
+            .collect();
+        if let Some(w) = collectives
+            .windows(2)
+            .find(|w| !self.deps.get(w[1]).is_some_and(|d| d.contains(&w[0])))
+        {
+            return Err(invalid(format!(
+                "collective {} does not wait for collective {} before it: the ranks could run \
+                 their collectives in different orders",
+                w[1], w[0]
+            )));
+        }
+        // A touch outside the allocation would make the dependency check meaningless.
+        let inside = |l: &Location| {
+            l.offset
+                .checked_add(l.bytes)
+                .is_some_and(|e| e <= total_bytes)
+        };
+        if !self
+            .touches
+            .iter()
+            .all(|t| t.reads.iter().chain(&t.writes).all(inside))
+        {
+            return Err(invalid(
+                "a touched byte range falls outside the allocation".into(),
+            ));
+        }
+        deps::check(&self.touches, &self.deps).map_err(invalid)
+    }
+
+    /// Every byte range an operation touches lies inside the allocation.
+    pub(super) fn check_bounds(&self) -> Result<(), LowerError> {
+        let fits = |offset: usize, bytes: usize| {
+            offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= self.total_bytes)
+        };
+        let bad = |what: String| LowerError::Invalid {
+            op: "cuda lowering",
+            reason: format!(
+                "{what} falls outside the {} bytes of the allocation",
+                self.total_bytes
+            ),
+        };
+        for op in &self.ops {
+            match op {
+                DeviceOp::Launch { node, args, .. } => {
+                    if let Some(a) = args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
+                        return Err(bad(format!("an argument of node %{} at {a}", node.index())));
+                    }
+                }
+                DeviceOp::Gemm(whole) => {
+                    if let Some(sp) = whole.split {
+                        let free = if sp.second { whole.n } else { whole.m };
+                        if sp.at == 0 || sp.at >= free {
+                            return Err(bad(format!(
+                                "matmul node %{}: a split at {} of {free}",
+                                whole.node.index(),
+                                sp.at,
+                            )));
+                        }
+                    }
+                    let calls = whole.calls();
+                    // A call with nothing to multiply would write zeros, not leave bytes.
+                    if calls.len() > 1 && calls.iter().any(|c| c.m == 0 || c.n == 0 || c.k == 0) {
+                        return Err(bad(format!(
+                            "matmul node %{}: a split leaves a call empty",
+                            whole.node.index(),
+                        )));
+                    }
+                    for gm in &calls {
+                        // A column-major `rows × cols` matrix of `e`-byte elements with leading
+                        // dimension `ld`, `batch` times at `stride` elements apart, spans this
+                        // many bytes.
+                        let span =
+                            |e: usize, stride: usize, rows: usize, cols: usize, ld: usize| {
+                                if rows == 0 || cols == 0 || gm.batch == 0 {
+                                    return 0;
+                                }
+                                ((gm.batch - 1) * stride + (cols - 1) * ld + rows) * e
+                            };
+                        // cuBLAS's first operand is m×k (k×m transposed); its second k×n (n×k).
+                        let (fr, fc) = if gm.trans_first {
+                            (gm.k, gm.m)
+                        } else {
+                            (gm.m, gm.k)
+                        };
+                        let (sr, sc) = if gm.trans_second {
+                            (gm.n, gm.k)
+                        } else {
+                            (gm.k, gm.n)
+                        };
+                        let (eo, e) = (gm.operand_dtype().size(), gm.dtype.size());
+                        let checks = [
+                            (gm.first, span(eo, gm.stride_first, fr, fc, gm.ld_first)),
+                            (gm.second, span(eo, gm.stride_second, sr, sc, gm.ld_second)),
+                            (gm.out, span(e, gm.stride_out, gm.m, gm.n, gm.ld_out)),
+                            (gm.workspace.offset, gm.workspace.bytes),
+                        ];
+                        if let Some((o, b)) = checks.iter().find(|(o, b)| !fits(*o, *b)) {
+                            return Err(bad(format!(
+                                "matmul node %{}: {b} bytes at {o}",
+                                gm.node.index()
+                            )));
+                        }
+                    }
+                }
+                DeviceOp::Zero { offset, bytes } => {
+                    if !fits(*offset, *bytes) {
+                        return Err(bad(format!("a memset of {bytes} bytes at {offset}")));
+                    }
+                }
+                DeviceOp::Copy { from, to, bytes } => {
+                    if !fits(*from, *bytes) || !fits(*to, *bytes) {
+                        return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
+                    }
+                }
+                DeviceOp::AllGather {
+                    node,
+                    from,
+                    to,
+                    bytes,
+                    ranks,
+                } => {
+                    let all = bytes.checked_mul(*ranks).unwrap_or(usize::MAX);
+                    if !fits(*from, *bytes) || !fits(*to, all) {
+                        return Err(bad(format!(
+                            "the all-gather of node %{}: {bytes} bytes at {from} into {to}",
+                            node.index()
+                        )));
+                    }
+                    if *from < to + all && *to < from + bytes {
+                        return Err(bad(format!(
+                            "the all-gather of node %{} onto its own operand",
+                            node.index()
+                        )));
+                    }
+                }
+                DeviceOp::AllReduce {
+                    node,
+                    offset,
+                    bytes,
+                    ..
+                } => {
+                    if !fits(*offset, *bytes) {
+                        return Err(bad(format!(
+                            "the all-reduce of node %{}: {bytes} bytes at {offset}",
+                            node.index()
+                        )));
+                    }
+                }
+                DeviceOp::ReduceScatter {
+                    node, parts, ranks, ..
+                } => {
+                    // The parts run together: each output apart from every operand and from
+                    // the other outputs.
+                    let sent = |p: &crate::lower::ScatterPart| p.bytes.saturating_mul(*ranks);
+                    if let Some(p) = parts
+                        .iter()
+                        .find(|p| !fits(p.from, sent(p)) || !fits(p.to, p.bytes))
+                    {
+                        return Err(bad(format!(
+                            "the reduce-scatter of node %{}: {} bytes at {} into {}",
+                            node.index(),
+                            sent(p),
+                            p.from,
+                            p.to
+                        )));
+                    }
+                    let apart = |a: usize, an: usize, b: usize, bn: usize| {
+                        an == 0 || bn == 0 || a + an <= b || b + bn <= a
+                    };
+                    for (j, o) in parts.iter().enumerate() {
+                        if parts.iter().any(|x| !apart(o.to, o.bytes, x.from, sent(x)))
+                            || parts[j + 1..]
+                                .iter()
+                                .any(|o2| !apart(o.to, o.bytes, o2.to, o2.bytes))
+                        {
+                            return Err(LowerError::Invalid {
+                                op: "cuda lowering",
+                                reason: format!(
+                                    "output {j} of the reduce-scatter of node %{} is placed over \
+                                     an operand or another output",
+                                    node.index()
+                                ),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,244 @@
+//! The CUDA program's format: the device operations of one step, the kernels they launch, the
+//! bytes each touches and what each waits for; stored in the step executable as is.
+
+use super::gemm::Gemm;
+use crate::ir::{DType, NodeId};
+use crate::lower::deps::Touch;
+use ingot_kernels::cuda::CudaKernel;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+/// One device operation of a step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeviceOp {
+    /// Launch kernel `kernel` of [`Program::kernels`] with these byte offsets as its pointer
+    /// arguments, in the kernel's parameter order.
+    Launch {
+        node: NodeId,
+        kernel: usize,
+        args: SmallVec<[usize; 8]>,
+    },
+    Gemm(Gemm),
+    /// Set `bytes` bytes at `offset` to zero.
+    Zero {
+        offset: usize,
+        bytes: usize,
+    },
+    /// Copy `bytes` bytes from `from` to `to` (an update the plan could not place in place).
+    Copy {
+        from: usize,
+        to: usize,
+        bytes: usize,
+    },
+    /// Replace the `bytes` bytes of `dtype` elements at `offset` (one gradient bucket, a
+    /// contiguous planned region) by their sum over the step's `ranks` data-parallel ranks
+    /// (each rank's of its share of the loss: the mean): NCCL's in-place all-reduce with
+    /// `ncclSum`, on the runtime's communicator. Every rank's
+    /// program holds the same all-reduces in the same order, and each waits for the one before
+    /// it (NCCL requires one order of collectives on every rank; two left unordered on parallel
+    /// branches of the step's graph could run in different orders on two ranks and hang).
+    AllReduce {
+        node: NodeId,
+        offset: usize,
+        bytes: usize,
+        dtype: DType,
+        ranks: usize,
+    },
+    /// Every rank's `bytes` bytes at `from`, rank 0's first, into the `ranks * bytes` bytes at
+    /// `to` (apart from `from`): NCCL's all-gather of bytes, on the runtime's communicator, in
+    /// the one order of the program's collectives as [`DeviceOp::AllReduce`].
+    AllGather {
+        node: NodeId,
+        from: usize,
+        to: usize,
+        bytes: usize,
+        ranks: usize,
+    },
+    /// For each part, this rank's `bytes` bytes of the sum over the `ranks` ranks of the
+    /// `ranks * bytes` bytes of `dtype` elements at `from`, into `to` (apart from every
+    /// part's `from`): NCCL's reduce-scatter with `ncclSum`, one call per part launched
+    /// together (one NCCL group), in the one order of the program's collectives as
+    /// [`DeviceOp::AllReduce`].
+    ReduceScatter {
+        node: NodeId,
+        parts: Vec<crate::lower::ScatterPart>,
+        dtype: DType,
+        ranks: usize,
+    },
+}
+
+impl DeviceOp {
+    /// The graph node the operation computes; `None` for a memset or a copy, which the lowering
+    /// adds for a node's output or the step's end rather than computing one.
+    pub fn node(&self) -> Option<NodeId> {
+        match self {
+            DeviceOp::Launch { node, .. }
+            | DeviceOp::AllReduce { node, .. }
+            | DeviceOp::AllGather { node, .. }
+            | DeviceOp::ReduceScatter { node, .. } => Some(*node),
+            DeviceOp::Gemm(gm) => Some(gm.node),
+            DeviceOp::Zero { .. } | DeviceOp::Copy { .. } => None,
+        }
+    }
+
+    /// True for the data-parallel collectives, which every rank runs in the same order.
+    pub fn is_collective(&self) -> bool {
+        matches!(
+            self,
+            DeviceOp::AllReduce { .. }
+                | DeviceOp::AllGather { .. }
+                | DeviceOp::ReduceScatter { .. }
+        )
+    }
+}
+
+/// The device operations of one step and the kernels they launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Program {
+    /// Source placed before the kernels in the module: the generator's prelude.
+    pub prelude: String,
+    /// Distinct kernels, each generated once (the same fused kernel in every layer is one).
+    pub kernels: Vec<CudaKernel>,
+    pub ops: Vec<DeviceOp>,
+    /// The bytes each operation reads and writes (one per op).
+    pub touches: Vec<Touch>,
+    /// The earlier operations each one waits for ([`deps::dependencies`](crate::lower::deps::dependencies), one list per op).
+    pub deps: Vec<SmallVec<[usize; 4]>>,
+    /// Bytes of the one allocation every offset lies in.
+    pub total_bytes: usize,
+}
+
+impl Program {
+    /// The CUDA C of the module holding every kernel: the shared prelude, then each kernel once.
+    pub fn module_source(&self) -> String {
+        let mut s = self.prelude.clone();
+        for k in &self.kernels {
+            s.push('\n');
+            s.push_str(&k.source);
+        }
+        s
+    }
+
+    /// Kernel launches, GEMMs, memsets and copies per step.
+    pub fn counts(&self) -> OpCounts {
+        let mut c = OpCounts::default();
+        for op in &self.ops {
+            match op {
+                DeviceOp::Launch { .. } => c.launches += 1,
+                DeviceOp::Gemm(_) => c.gemms += 1,
+                DeviceOp::Zero { .. } => c.memsets += 1,
+                DeviceOp::Copy { .. } => c.copies += 1,
+                DeviceOp::AllReduce { .. } => c.all_reduces += 1,
+                DeviceOp::AllGather { .. } => c.all_gathers += 1,
+                DeviceOp::ReduceScatter { .. } => c.reduce_scatters += 1,
+            }
+        }
+        c
+    }
+}
+
+impl Program {
+    /// A short text account of the program, stable across machines, for snapshots and
+    /// `ingot inspect`: operation counts, the dependency graph's size and depth, the kernels'
+    /// launch shapes, the GEMM shapes with their counts, and an FNV-1a-64 fingerprint of the
+    /// whole program (every offset, argument and source byte), so that any change to the
+    /// lowering shows as a changed line.
+    pub fn summary(&self) -> String {
+        use std::collections::BTreeMap;
+        use std::fmt::Write as _;
+        let c = self.counts();
+        let edges: usize = self.deps.iter().map(|d| d.len()).sum();
+        // The longest chain of operations each waiting for the one before (the critical path
+        // in operations), and the most operations at one depth (how many may overlap).
+        let mut depth = vec![0usize; self.ops.len()];
+        for j in 0..self.ops.len() {
+            depth[j] = self.deps[j]
+                .iter()
+                .map(|&i| depth[i] + 1)
+                .max()
+                .unwrap_or(0);
+        }
+        let mut per_depth: BTreeMap<usize, usize> = BTreeMap::new();
+        for &d in &depth {
+            *per_depth.entry(d).or_default() += 1;
+        }
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} operations: {} kernel launches, {} GEMMs, {} memsets, {} copies",
+            self.ops.len(),
+            c.launches,
+            c.gemms,
+            c.memsets,
+            c.copies
+        );
+        let _ = writeln!(
+            out,
+            "dependency graph: {edges} edges, {} operations deep, at most {} at one depth",
+            per_depth.len(),
+            per_depth.values().max().copied().unwrap_or(0)
+        );
+        let _ = writeln!(out, "allocation: {} bytes", self.total_bytes);
+        let mut shapes: BTreeMap<String, usize> = BTreeMap::new();
+        for k in &self.kernels {
+            let l = k.launch;
+            *shapes
+                .entry(format!(
+                    "grid {:?} block {:?} shared {}",
+                    l.grid, l.block, l.shared_bytes
+                ))
+                .or_default() += 1;
+        }
+        let _ = writeln!(
+            out,
+            "{} distinct kernels, {} bytes of CUDA C with the prelude; launch shapes:",
+            self.kernels.len(),
+            self.prelude.len() + self.kernels.iter().map(|k| k.source.len()).sum::<usize>()
+        );
+        for (shape, n) in &shapes {
+            let _ = writeln!(out, "  {n:4} x {shape}");
+        }
+        let mut gemms: BTreeMap<String, usize> = BTreeMap::new();
+        for op in &self.ops {
+            if let DeviceOp::Gemm(g) = op {
+                let t = |x: bool| if x { 'T' } else { 'N' };
+                *gemms
+                    .entry(format!(
+                        "{}{} {} m={} n={} k={} batch={}",
+                        t(g.trans_first),
+                        t(g.trans_second),
+                        g.dtype,
+                        g.m,
+                        g.n,
+                        g.k,
+                        g.batch
+                    ))
+                    .or_default() += 1;
+            }
+        }
+        let _ = writeln!(out, "GEMMs (cuBLAS column-major):");
+        for (shape, n) in &gemms {
+            let _ = writeln!(out, "  {n:4} x {shape}");
+        }
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let _ = writeln!(out, "fingerprint: {:016x}", crate::files::fnv1a64(&json));
+        out
+    }
+}
+
+/// How many operations of each kind one step runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OpCounts {
+    pub launches: usize,
+    pub gemms: usize,
+    pub memsets: usize,
+    pub copies: usize,
+    /// Gradient buckets averaged over the data-parallel ranks (0 for one rank).
+    pub all_reduces: usize,
+    /// Gradient operands gathered from the data-parallel ranks (0 for one rank).
+    pub all_gathers: usize,
+    /// Gradient buckets of which each rank keeps its rows of the sum (a sharded optimizer's).
+    pub reduce_scatters: usize,
+}

@@ -1,0 +1,134 @@
+//! The scratch each node is planned on the CUDA target, and the attention kernels' shapes.
+
+use super::window::conv_workspace;
+use crate::ir::{DType, Graph, NodeId, Op};
+use crate::precision::Precision;
+use ingot_kernels::cuda as codegen;
+use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};
+use smallvec::SmallVec;
+
+/// Bytes of cuBLAS workspace planned for every matmul: what NVIDIA recommends on Hopper
+/// (cuBLAS guide, `cublasSetWorkspace`). It lives in the slab only while its matmul runs.
+pub const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a fused
+/// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); a scatter-add,
+/// its ids sorted ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
+/// their intermediates in registers and need none.
+pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
+    match g.node(id).op {
+        Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
+        Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
+        Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
+        Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
+        Op::ScatterAdd { rows } => {
+            codegen::scatter_add_scratch_bytes(rows, g.ty(g.node(id).inputs[0]).shape.numel())
+        }
+        _ => 0,
+    }
+}
+
+/// [`workspace_bytes`], and the operand that fills the workspace where one does: a
+/// scatter-add's launches sort its ids there, which the step knows long before the values
+/// to sum, so the sort runs beside the forward pass and only the sums wait for the values.
+pub fn workspace_need(g: &Graph, id: NodeId) -> crate::plan::WorkspaceNeed {
+    crate::plan::WorkspaceNeed {
+        bytes: workspace_bytes(g, id),
+        filled_from: match g.node(id).op {
+            Op::ScatterAdd { .. } => Some(0),
+            _ => None,
+        },
+    }
+}
+
+/// Where an attention node's workspace puts what its kernels need besides its planned
+/// outputs: the backward pass's `delta` ([`attention::backward_workspace_bytes`]) first, then
+/// each output no result node names ([`crate::lower::unnamed_outputs`]), which the kernels write all
+/// the same; each region 256-byte aligned.
+pub(super) struct AttentionWorkspace {
+    /// Byte offset of `delta` within the workspace (backward only).
+    pub(super) delta: Option<usize>,
+    /// `(output index, offset within the workspace)` of each unnamed output.
+    pub(super) outputs: Vec<(usize, usize)>,
+    pub(super) total: usize,
+}
+
+pub(super) fn attention_workspace(g: &Graph, id: NodeId) -> AttentionWorkspace {
+    let align = |x: usize| x.div_ceil(256) * 256;
+    let mut at = 0;
+    let delta = match attention_shape(g, id, Precision::F32) {
+        Some(s) if matches!(g.node(id).op, Op::AttentionGrad { .. }) => {
+            at = align(attention::backward_workspace_bytes(&s));
+            Some(0)
+        }
+        _ => None,
+    };
+    let outputs = crate::lower::unnamed_outputs(g, id)
+        .into_iter()
+        .map(|(i, t)| {
+            let o = at;
+            at += align(t.bytes());
+            (i, o)
+        })
+        .collect();
+    AttentionWorkspace {
+        delta,
+        outputs,
+        total: at,
+    }
+}
+
+/// The kernel API's description of attention node `id` under `precision` (`None` for another
+/// op or operands that break the op's rules): f32 operands run as F32 or, when the step asks
+/// for TF32, Tf32; bf16 operands as Bf16. The operands' layout comes from the op
+/// ([`crate::ir::attention_problem`]).
+pub fn attention_shape(g: &Graph, id: NodeId, precision: Precision) -> Option<AttentionShape> {
+    let node = g.node(id);
+    let types: SmallVec<[&crate::ir::TensorType; 6]> =
+        node.inputs.iter().map(|&x| g.ty(x)).collect();
+    let p = crate::ir::attention_problem(&node.op, &types).ok()?;
+    Some(kernel_shape(&p, precision))
+}
+
+/// The kernel API's description of attention problem `p` under `precision` (see
+/// [`attention_shape`]).
+pub fn kernel_shape(p: &crate::ir::AttentionProblem, precision: Precision) -> AttentionShape {
+    AttentionShape {
+        batch_heads: p.batch_heads,
+        seq_q: p.seq_q,
+        seq_k: p.seq_k,
+        head_dim: p.head_dim,
+        causal: p.causal,
+        scale: p.scale as f32,
+        precision: match (p.dtype, precision) {
+            (DType::BF16, _) => AttentionPrecision::Bf16,
+            (_, Precision::Tf32) => AttentionPrecision::Tf32,
+            _ => AttentionPrecision::F32,
+        },
+        layout: p.strides(),
+    }
+}
+
+/// Whether the fused attention kernels exist for an attention shaped `c`, forward and backward,
+/// in every precision (head dims the kernels were written for; sizes within their limits).
+pub fn attention_supported(c: &crate::recognize::Candidate) -> bool {
+    [
+        AttentionPrecision::F32,
+        AttentionPrecision::Tf32,
+        AttentionPrecision::Bf16,
+    ]
+    .into_iter()
+    .all(|precision| {
+        let s = AttentionShape {
+            batch_heads: c.batch_heads,
+            seq_q: c.seq_q,
+            seq_k: c.seq_k,
+            head_dim: c.head_dim,
+            causal: c.causal,
+            scale: 1.0,
+            precision,
+            layout: ingot_kernels::attention::Layout::contiguous(c.seq_q, c.seq_k, c.head_dim),
+        };
+        attention::forward(&s).is_ok() && attention::backward(&s).is_ok()
+    })
+}
