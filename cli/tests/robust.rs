@@ -522,3 +522,38 @@ fn every_file_ingot_writes_is_complete_and_leaves_no_temporary_beside_it() {
         .unwrap()
         .contains("offset"));
 }
+
+/// Issue 53: names with terminal escape codes are printed escaped, never raw: in the plan, a
+/// run's lines, and an error that names a parameter (here `--init` without it).
+#[test]
+fn names_holding_escape_sequences_print_escaped_everywhere() {
+    let dir = scratch("escape-names");
+    let file = model("escape-names");
+    let init = dir.join("init.safetensors");
+    let mut t = indexmap::IndexMap::new();
+    t.insert(
+        "other".to_string(),
+        ingot_runtime::Tensor::from_f32([4], vec![0.0; 4]),
+    );
+    ingot_runtime::io::save(&init, &t).unwrap();
+    let runs: [&[&str]; 4] = [
+        &["plan", "--model-file", &file],
+        &["plan", "--model-file", &file, "--json"],
+        &["train", "--model-file", &file, "--steps", "2"],
+        &["train", "--model-file", &file, "--steps", "1", "--init", init.to_str().unwrap()],
+    ];
+    let mut escaped = 0;
+    for args in runs {
+        let (_, out, err) = ingot(args);
+        for text in [&out, &err] {
+            for bad in ['\u{1b}', '\u{7}', '\u{9b}'] {
+                assert!(
+                    !text.contains(bad),
+                    "ingot {args:?} printed {bad:?} raw:\n{text}"
+                );
+            }
+            escaped += text.matches("\\u{1b}").count() + text.matches("\\u001b").count();
+        }
+    }
+    assert!(escaped > 0, "no name was printed at all");
+}
