@@ -80,7 +80,7 @@ pub fn run(a: &DsaArgs) -> Result<(), Failure> {
         Err(e) => return Err(Failure::new(3, format!("{}: {e}", a.input.display()))),
     };
     super::write_file(&a.output, dsa::write_csv(&problem, &solution).as_bytes())?;
-    eprintln!(
+    crate::errln!(
         "{} buffers, peak {} bytes, LOAD {} ({:.4}x), {:.3} ms",
         problem.buffers.len(),
         solution.peak,

@@ -490,7 +490,15 @@ pub fn out(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
         return Ok(());
     }
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_fmt(text).and_then(|_| stdout.flush()) {
+    // Names in the text may hold control characters (terminal escapes): written escaped.
+    let text = match text.as_str() {
+        Some(s) => printable(s),
+        None => std::borrow::Cow::Owned(printable(&text.to_string()).into_owned()),
+    };
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush())
+    {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         Err(e) => Err(Failure::new(
@@ -498,6 +506,19 @@ pub fn out(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
             format!("cannot write to standard output: {e}"),
         )),
     }
+}
+
+/// Text safe to print to a terminal ([`ingot_compiler::printable::printable`]): every line
+/// the program writes, to standard output ([`out`]) or standard error ([`errln!`]), goes
+/// through it, so a name holding an escape sequence is printed escaped wherever it was put.
+pub use ingot_compiler::printable::printable;
+
+/// `eprintln!` with the line made [`printable`].
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        eprintln!("{}", $crate::printable(&format!($($arg)*)))
+    };
 }
 
 /// `println!` through [`out`].
@@ -530,7 +551,7 @@ pub fn main() -> i32 {
     match result {
         Ok(()) => 0,
         Err(f) => {
-            eprintln!("ingot: {}", f.message);
+            errln!("ingot: {}", f.message);
             f.code
         }
     }

@@ -273,7 +273,7 @@ impl StepArgs {
             }
             let lock = checkpoint::lock(dir).map_err(|e| Failure::new(1, e))?;
             if !lock.removed.is_empty() {
-                eprintln!(
+                crate::errln!(
                     "ingot: checkpoint {}: removed what an interrupted save left there: {}",
                     dir.display(),
                     lock.removed.join(", ")

@@ -255,7 +255,7 @@ fn a_model_too_large_for_the_host_is_refused_before_allocating_naming_its_sizes(
     let (code, _, err) = ingot(&["train", "--model-file", &model("too-large"), "--steps", "1"]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("4000000043520 bytes") && err.contains("4000000000000 resident"),
+        err.contains("4000000069376 bytes") && err.contains("4000000000000 resident"),
         "{err}"
     );
     let gpt = "gpt:vocab=1099511627776,d_model=32,layers=1,heads=2,d_ff=64,seq=8,batch=2";
@@ -521,4 +521,39 @@ fn every_file_ingot_writes_is_complete_and_leaves_no_temporary_beside_it() {
     assert!(std::fs::read_to_string(dir.join("out.csv"))
         .unwrap()
         .contains("offset"));
+}
+
+/// Issue 53: names with terminal escape codes are printed escaped, never raw: in the plan, a
+/// run's lines, and an error that names a parameter (here `--init` without it).
+#[test]
+fn names_holding_escape_sequences_print_escaped_everywhere() {
+    let dir = scratch("escape-names");
+    let file = model("escape-names");
+    let init = dir.join("init.safetensors");
+    let mut t = indexmap::IndexMap::new();
+    t.insert(
+        "other".to_string(),
+        ingot_runtime::Tensor::from_f32([4], vec![0.0; 4]),
+    );
+    ingot_runtime::io::save(&init, &t).unwrap();
+    let runs: [&[&str]; 4] = [
+        &["plan", "--model-file", &file],
+        &["plan", "--model-file", &file, "--json"],
+        &["train", "--model-file", &file, "--steps", "2"],
+        &["train", "--model-file", &file, "--steps", "1", "--init", init.to_str().unwrap()],
+    ];
+    let mut escaped = 0;
+    for args in runs {
+        let (_, out, err) = ingot(args);
+        for text in [&out, &err] {
+            for bad in ['\u{1b}', '\u{7}', '\u{9b}'] {
+                assert!(
+                    !text.contains(bad),
+                    "ingot {args:?} printed {bad:?} raw:\n{text}"
+                );
+            }
+            escaped += text.matches("\\u{1b}").count() + text.matches("\\u001b").count();
+        }
+    }
+    assert!(escaped > 0, "no name was printed at all");
 }

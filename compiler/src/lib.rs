@@ -14,6 +14,7 @@ pub mod models;
 pub mod pipeline;
 pub mod plan;
 pub mod precision;
+pub mod printable;
 pub mod random_graph;
 pub mod recognize;
 pub mod report;

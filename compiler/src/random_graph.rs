@@ -7,7 +7,8 @@
 //! axis), reductions and softmax-like stages, matmuls on reshaped values, gathers, selects and
 //! elementwise ops whose values stay finite, and fused attentions in each of their operand
 //! layouts (heads, tokens, packed q/k/v). Autodiff and the optimizer turn it into a real
-//! step, so the backward pass's broadcasts, sums and scatters are exercised too.
+//! step, so the backward pass's broadcasts, sums and scatters are exercised too; a quarter of
+//! the seeds accumulate gradients over 2 or 3 micro-batches ([`step_options`]).
 //!
 //! The property test in ir-tests, the fuzz target `fused_step` and the GPU test
 //! `cuda_random_graphs` all draw from this one generator, so a failing seed names the same graph
@@ -59,6 +60,28 @@ pub fn model(seed: u64) -> Result<Model> {
         optimizer,
         precision,
     })
+}
+
+/// How many micro-batches seed `seed`'s step accumulates its gradients over
+/// ([`crate::autodiff::StepOptions::accumulate`]): 2 or 3 for a quarter of the seeds, else 1
+/// (none). Drawn from a stream of its own, so every seed's graph is what it was before
+/// accumulation was drawn; every input of rank one or more is the batch then (its rows are
+/// the micro-batches'), so any generated graph accumulates.
+pub fn micro_batches(seed: u64) -> usize {
+    let mut r = Rng(seed ^ 0xacc0_c0de_0053_0001);
+    match r.below(8) {
+        0 => 2,
+        1 => 3,
+        _ => 1,
+    }
+}
+
+/// The step options seed `seed`'s step is built with: its [`micro_batches`].
+pub fn step_options(seed: u64) -> crate::autodiff::StepOptions {
+    crate::autodiff::StepOptions {
+        accumulate: micro_batches(seed),
+        ..Default::default()
+    }
 }
 
 struct Builder {

@@ -27,7 +27,7 @@ const STAGES: &[&str] = &[
     "fit",
 ];
 /// Helpers every stage may use; they use no stage themselves.
-const BASE: &[&str] = &["error", "files"];
+const BASE: &[&str] = &["error", "files", "printable"];
 /// Drivers and test tools built on the whole pipeline; no stage may use them.
 const TOOLS: &[&str] = &["random_graph", "snapshot"];
 

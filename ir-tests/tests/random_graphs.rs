@@ -50,6 +50,27 @@ fn the_bf16_steps_that_went_nan_fused_match_the_unfused_reference() {
     }
 }
 
+/// Issue 53: the generator accumulates gradients over micro-batches (a quarter of the seeds,
+/// 2 or 3 of them), so the fixed and random seeds above check accumulated steps too; here a
+/// few of each count, checked alone.
+#[test]
+fn random_steps_that_accumulate_micro_batches_match_the_unfused_reference() {
+    use ingot_compiler::random_graph::micro_batches;
+    let mut seen = [0usize; 4];
+    for seed in 0..200 {
+        let k = micro_batches(seed);
+        if seen[k] < 6 && k > 1 {
+            let o = check_cpu(seed).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(o.micro_batches, k, "seed {seed}: the step accumulates");
+        }
+        seen[k] += 1;
+    }
+    assert!(
+        seen[2] >= 6 && seen[3] >= 6 && seen[1] > seen[2] + seen[3],
+        "micro-batch counts drawn: {seen:?}"
+    );
+}
+
 fn trains(m: &Model) {
     let o = check_model(m, 7).unwrap_or_else(|e| panic!("{e}"));
     assert!(o.kernels > 0, "{}: nothing was fused", m.name);

@@ -13,7 +13,7 @@
 //! carry the gradients without that amplification).
 
 use indexmap::IndexMap;
-use ingot_compiler::autodiff::{copies, Optimizer};
+use ingot_compiler::autodiff::{copies, Optimizer, StepOptions};
 use ingot_compiler::ir::{DType, LeafKind, Shape, TensorType};
 use ingot_compiler::models::{Model, Precision};
 use ingot_compiler::pipeline;
@@ -36,6 +36,8 @@ pub struct Outcome {
     pub kernels: usize,
     /// The largest difference found, relative to [`RTOL`]'s bound (at most 1).
     pub worst: f64,
+    /// The micro-batches the step accumulated over (its `loss/i` outputs; 1 without).
+    pub micro_batches: usize,
 }
 
 /// How far `got` is from `want`, as a fraction of the allowed difference (above 1 fails); an
@@ -121,10 +123,16 @@ fn leaves_of(s: &Session) -> IndexMap<String, Tensor> {
 /// loss, the new parameters and the new optimizer state with the unfused, unrewritten step run
 /// by the reference interpreter on the same leaves.
 pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
+    check_model_with(model, &StepOptions::default(), seed)
+}
+
+/// As [`check_model`], the step built with `step` (gradient accumulation over micro-batches,
+/// say): the reference runs the same step graph, unfused and unrewritten.
+pub fn check_model_with(model: &Model, step: &StepOptions, seed: u64) -> Result<Outcome, String> {
     let model = &on_cpu(model);
     let name = &model.name;
     let slack = slack(model);
-    let c = pipeline::compile(model, &Session::cpu_options())
+    let c = pipeline::compile_observed_with(model, step, &Session::cpu_options(), &mut |_| {})
         .map_err(|e| format!("{name}: compile: {e}"))?;
     let kernels = c.fuse.as_ref().map_or(0, |f| f.kernels);
     let ops = c.step.graph.len();
@@ -200,11 +208,18 @@ pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
             slack,
         )?);
     }
+    let micro_batches = reference_graph
+        .outputs
+        .keys()
+        .filter(|n| ingot_compiler::autodiff::accumulate::is_micro_batch_loss(n))
+        .count()
+        .max(1);
     Ok(Outcome {
         model: name.clone(),
         ops,
         kernels,
         worst,
+        micro_batches,
     })
 }
 
@@ -212,10 +227,12 @@ fn adamw(m: &Model) -> bool {
     matches!(m.optimizer, Optimizer::AdamW { .. })
 }
 
-/// [`check_model`] on [`random_graph::model`]`(seed)`.
+/// [`check_model_with`] on [`random_graph::model`]`(seed)`, with the seed's step options
+/// ([`random_graph::step_options`]: gradient accumulation over 2 or 3 micro-batches for a
+/// quarter of the seeds).
 pub fn check_cpu(seed: u64) -> Result<Outcome, String> {
     let m = random_graph::model(seed).map_err(|e| format!("random:{seed}: generator: {e}"))?;
-    check_model(&m, seed)
+    check_model_with(&m, &random_graph::step_options(seed), seed)
 }
 
 /// One step of `model` from `seed` on `device` and on the CPU (both compiled and planned for

@@ -107,7 +107,7 @@ impl Printer {
     fn line(&self, text: String) -> Result<(), ObserverError> {
         match &self.bar {
             Some(bar) => {
-                bar.println(text);
+                bar.println(crate::printable(&text));
                 Ok(())
             }
             None => crate::outln!("{text}").map_err(printing),
@@ -127,7 +127,7 @@ impl Observer for Printer {
         }
         if let Some(text) = &s.dropped {
             if self.json {
-                eprintln!("ingot: {text}");
+                crate::errln!("ingot: {text}");
             } else {
                 crate::outln!("{text}").map_err(printing)?;
             }
@@ -188,7 +188,7 @@ impl Observer for Printer {
         let Some(bar) = &self.bar else {
             return crate::outln!("{text}").map_err(printing);
         };
-        bar.println(text);
+        bar.println(crate::printable(&text));
         let speed = e
             .rate
             .map(|(unit, v)| format!("  {v:.0} {unit}/s"))
@@ -245,10 +245,10 @@ impl Observer for Printer {
 
     fn note(&mut self, note: &Note) -> Result<(), ObserverError> {
         match note {
-            Note::Resume(text) => eprintln!("ingot: {text}"),
+            Note::Resume(text) => crate::errln!("ingot: {text}"),
             Note::Skipped(text) => match &self.bar {
-                Some(bar) => bar.println(text),
-                None => eprintln!("ingot: {text}"),
+                Some(bar) => bar.println(crate::printable(text)),
+                None => crate::errln!("ingot: {text}"),
             },
             Note::Saved(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
             Note::Saved(_) => {}
