@@ -207,7 +207,7 @@ def main():
         for s in a.systems:
             c = run_cell(a, m, s)
             cells.append(c)
-            got = f"{c['result']['median_ms']:.1f} ms" if c["ok"] else c["error"][:300]
+            got = f"{c['result']['median_ms']:.1f} ms" if c["ok"] else c["error"][-300:]
             print(f"{m} {s} ({a.threads} threads): {got} [{c['wall_seconds']:.0f} s]",
                   file=sys.stderr, flush=True)
             if a.json:
