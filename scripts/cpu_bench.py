@@ -21,8 +21,9 @@ batch; torch-compile compiles the model's forward + loss (torch.compile, default
 first warm-up step includes the compile. Nothing is downloaded; torchvision is not needed.
 
 Default steps (timed, after warm-up) per model, chosen so that the whole run takes a few
-minutes on a 16-core host: mlp 20 (5), cnn 10 (3), resnet18 5 (2), gpt-mini 5 (2); --steps and
---warmup override them for every model.
+minutes on a 16-core host: mlp 20 (3), cnn 5 (2), resnet18 3 (2), gpt-mini 3 (2); --steps and
+--warmup override them for every model. (Two warm-up steps: torch.compile compiles in the
+first, and may recompile in the second.)
 
 Output: progress on stderr; a markdown table on stdout (and in --md), with every cell's
 command, steps and median in --json:
@@ -44,7 +45,7 @@ import time
 
 MODELS = ["mlp", "gpt-mini", "cnn", "resnet18"]
 SYSTEMS = ["ingot", "torch-eager", "torch-compile"]
-DEFAULT_STEPS = {"mlp": (20, 5), "cnn": (10, 3), "resnet18": (5, 2), "gpt-mini": (5, 2)}
+DEFAULT_STEPS = {"mlp": (20, 3), "cnn": (5, 2), "resnet18": (3, 2), "gpt-mini": (3, 2)}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -206,7 +207,7 @@ def main():
         for s in a.systems:
             c = run_cell(a, m, s)
             cells.append(c)
-            got = f"{c['result']['median_ms']:.1f} ms" if c["ok"] else c["error"][:300]
+            got = f"{c['result']['median_ms']:.1f} ms" if c["ok"] else c["error"][-300:]
             print(f"{m} {s} ({a.threads} threads): {got} [{c['wall_seconds']:.0f} s]",
                   file=sys.stderr, flush=True)
             if a.json:

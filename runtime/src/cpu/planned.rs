@@ -175,10 +175,10 @@ impl PlannedStep {
         let main = Part::load(exe, threads)?;
         let plan_bytes = main.exe.plan().total_bytes;
         let slots = Slots::after(plan_bytes, threads, &[&main]);
-        let mut whole = main.exe.plan().clone();
-        whole.total_bytes = slots.end(plan_bytes);
-        refuse_beyond_host_memory(&whole, available_host_memory())?;
-        let memory = zeroed_blocks(whole.total_bytes)?;
+        // The plan's own sizes name what is too large; the threads' scratch is small beside it
+        // (and its allocation is fallible too).
+        refuse_beyond_host_memory(main.exe.plan(), available_host_memory())?;
+        let memory = zeroed_blocks(slots.end(plan_bytes))?;
         Ok(PlannedStep {
             main,
             eval: None,
@@ -206,9 +206,9 @@ impl PlannedStep {
         let eval = Part::load(eval, threads)?;
         let slots = Slots::after(bytes, threads, &[&main, &eval]);
         let mut whole = main.exe.plan().clone();
-        whole.total_bytes = slots.end(bytes);
+        whole.total_bytes = bytes;
         refuse_beyond_host_memory(&whole, available_host_memory())?;
-        let memory = zeroed_blocks(whole.total_bytes)?;
+        let memory = zeroed_blocks(slots.end(bytes))?;
         Ok(PlannedStep {
             main,
             eval: Some(eval),
