@@ -63,7 +63,7 @@ pub struct RunOptions {
     pub checkpoint_every: Option<u64>,
     /// The checkpoint directory a resumed run goes on from.
     pub resume: Option<PathBuf>,
-    /// Go on past a step whose loss, gradient norm or updated parameters are not finite.
+    /// Go on past a step whose loss or gradient norm is not finite.
     pub skip_nonfinite: bool,
     /// Where the parameters go after the last step.
     pub save: Option<PathBuf>,
@@ -806,11 +806,7 @@ impl Run<'_> {
             self.record.losses.push(i, r.loss);
         }
         let grad_norm = session.last_grad_norm();
-        // The step's count of non-finite values among the updated parameters, read with the
-        // loss: a non-finite weight stops the run as a non-finite loss does.
-        let finite = r.loss.is_finite()
-            && grad_norm.is_none_or(f64::is_finite)
-            && r.nonfinite_parameters == 0.0;
+        let finite = r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite);
         let event = StepEvent {
             epoch: info.map(|b| b.epoch),
             step: i,
@@ -825,14 +821,10 @@ impl Run<'_> {
         };
         self.observer.step(&event).map_err(RunError::Observer)?;
         if !finite {
-            // The first cause: the loss, the gradient norm, or the update (a finite loss can
-            // make non-finite weights: a learning rate too large, the gradient of sqrt at 0).
-            let what = if !r.loss.is_finite() {
-                format!("the loss is {}", r.loss)
-            } else if !grad_norm.is_none_or(f64::is_finite) {
+            let what = if r.loss.is_finite() {
                 format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
             } else {
-                nonfinite_parameter(session, r.nonfinite_parameters)
+                format!("the loss is {}", r.loss)
             };
             if !self.o.skip_nonfinite {
                 self.non_finite = Some((i, what));
@@ -983,7 +975,7 @@ impl Run<'_> {
             // The parameters were updated with a non-finite gradient: nothing is saved over a
             // good file (nor a checkpoint).
             return Err(RunError::NonFinite(format!(
-                "step {step}: {what}; training stopped at the first non-finite loss, gradient norm or parameter{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
+                "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
                 kept_files(o)
             )));
         }
@@ -1031,20 +1023,6 @@ impl Run<'_> {
             }
         }
         Ok(())
-    }
-}
-
-/// Which parameter the step made non-finite, for the message of a step whose
-/// [`crate::session::StepResult::nonfinite_parameters`] is `count`: the parameters are read to
-/// the host only on this path, never on a good step.
-fn nonfinite_parameter(session: &Session, count: f64) -> String {
-    let found = checkpoint::check_finite("parameter", &session.parameters());
-    match found {
-        Err(e) => format!("the update made {count} parameter values NaN or infinite: {e}"),
-        // Another rank's rows (a sharded optimizer) or a value the host read sees otherwise.
-        Ok(()) => format!(
-            "the update made {count} parameter values NaN or infinite (the step counted them; this process's copy of the parameters reads finite)"
-        ),
     }
 }
 

@@ -18,7 +18,7 @@ use crate::init;
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::copies;
 use ingot_compiler::autodiff::optim::STEP_COUNTER;
-use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE, NONFINITE_PARAMETERS};
+use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE};
 use ingot_compiler::exe::{Executable, StepPair, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
@@ -148,9 +148,6 @@ pub struct StepResult {
     /// Wall-clock seconds of the step and the loss's return to the host: what a training loop
     /// waits, launch and synchronisation included.
     pub wall_seconds: f64,
-    /// How many values of the updated parameters are not finite after the step (the step's
-    /// [`NONFINITE_PARAMETERS`] output, read with the loss; 0 for a step without it).
-    pub nonfinite_parameters: f64,
 }
 
 /// Where a session's step runs.
@@ -200,8 +197,6 @@ pub struct Session {
     steps: u64,
     /// Where the step's loss lives, read after each step without allocating.
     loss: Option<(Location, DType)>,
-    /// Where the step's count of non-finite parameter values lives, read with the loss.
-    nonfinite: Option<(Location, DType)>,
     /// The learning-rate scale input and the factor written with each step's inputs.
     lr_scale: Option<(NodeId, f64)>,
     /// AdamW's step-number input ([`ingot_compiler::autodiff::StepOptions::step_input`]) and
@@ -401,7 +396,6 @@ impl Session {
         };
         let graph = step.graph();
         let loss = scalar_at(graph, step.plan(), LOSS);
-        let nonfinite = scalar_at(graph, step.plan(), NONFINITE_PARAMETERS);
         let lr_scale = input(graph, LR_SCALE).map(|id| (id, 1.0));
         let step_number = input(graph, STEP_COUNTER).map(|id| (id, 1));
         let dropout_seed = input(graph, DROPOUT_SEED).map(|id| (id, seed, 0));
@@ -445,7 +439,6 @@ impl Session {
             exe: backend,
             steps: 0,
             loss,
-            nonfinite,
             lr_scale,
             step_number,
             dropout_seed,
@@ -1140,15 +1133,10 @@ impl Session {
             reason: format!("the step graph has no scalar output {LOSS:?}"),
         })?;
         let loss = self.exe().read_scalar(at, dtype)?;
-        let nonfinite_parameters = match self.nonfinite {
-            Some((at, dtype)) => self.exe().read_scalar(at, dtype)?,
-            None => 0.0,
-        };
         let wall = start.elapsed().as_secs_f64();
         self.steps += 1;
         Ok(StepResult {
             loss,
-            nonfinite_parameters,
             seconds: self.exe().last_step_device_seconds().unwrap_or(wall),
             wall_seconds: wall,
         })

@@ -15,7 +15,4 @@ pub mod step;
 pub use grad::grad;
 pub use optim::Optimizer;
 pub use phase::{Phase, Phases};
-pub use step::{
-    count_nonfinite_parameters, training_step, training_step_with, Step, StepOptions, GRAD_NORM,
-    LOSS, LR_SCALE, NONFINITE_PARAMETERS,
-};
+pub use step::{training_step, training_step_with, Step, StepOptions, GRAD_NORM, LOSS, LR_SCALE};

@@ -18,10 +18,6 @@ pub struct Step {
 pub const LR_SCALE: &str = "lr_scale";
 /// The name of the output holding the gradients' global norm ([`StepOptions::clip_grad_norm`]).
 pub const GRAD_NORM: &str = "grad_norm";
-/// The name of the f64 scalar output counting the non-finite values (NaN, ±inf) among the
-/// parameters the step updated ([`count_nonfinite_parameters`]): every step has it, so a run
-/// reads it with the loss and stops before a non-finite weight is saved.
-pub const NONFINITE_PARAMETERS: &str = "nonfinite_parameters";
 
 /// What a training step computes besides the gradients and the optimizer's update. The
 /// default adds nothing: the step is exactly [`training_step`]'s.
@@ -219,62 +215,12 @@ pub fn training_step_with(
     } else {
         super::copies::keep_weight_copies(g, phases)?
     };
-    let (mut graph, mut phases) = if opts.shard_optimizer {
+    let (graph, phases) = if opts.shard_optimizer {
         super::shard::shard_optimizer(graph, phases, opts.ranks)?
     } else {
         (graph, phases)
     };
-    count_nonfinite_parameters(&mut graph)?;
-    phases.optimizer.end = graph.len();
     Ok(Step { graph, phases })
-}
-
-/// Adds the output [`NONFINITE_PARAMETERS`]: how many values of the parameters' new values
-/// (the step's updates of float parameters) are not finite. `x - x` is 0 for a finite `x`
-/// and NaN for NaN and ±inf (no rewrite folds it: that would be wrong for them), and
-/// `d != d` is true exactly for NaN; the flags are counted per tensor in f32 and added in f64.
-/// Each count reads the value its update writes, at its own index, so fusion places it in the
-/// update's kernel: the check costs a reduction there, not another pass over the weights.
-/// The count, not a flag, so that a test can hold it to the number of bad values; the run
-/// finds which parameter only when it is nonzero (a host read on that path alone).
-pub fn count_nonfinite_parameters(g: &mut Graph) -> Result<NodeId> {
-    use crate::ir::{CmpOp, DType, Origin, Shape};
-    let values: Vec<NodeId> = g
-        .updates
-        .iter()
-        .filter(|u| {
-            matches!(
-                g.node(u.target).op,
-                Op::Leaf {
-                    kind: LeafKind::Parameter,
-                    ..
-                }
-            ) && g.ty(u.value).dtype.is_float()
-        })
-        .map(|u| u.value)
-        .collect();
-    let first = g.len();
-    let mut total = None;
-    for v in values {
-        let d = g.sub(v, v)?;
-        let bad = g.compare(CmpOp::Ne, d, d)?;
-        let bad = g.convert(bad, DType::F32)?;
-        let n = g.sum_all(bad)?;
-        let n = g.convert(n, DType::F64)?;
-        total = Some(match total {
-            None => n,
-            Some(t) => g.add(t, n)?,
-        });
-    }
-    let total = match total {
-        Some(t) => t,
-        None => g.full(0.0, Shape::scalar(), DType::F64)?,
-    };
-    for i in first..g.len() {
-        g.set_origin(NodeId(i as u32), Origin::new("non-finite parameter check"));
-    }
-    g.set_output(NONFINITE_PARAMETERS, total)?;
-    Ok(total)
 }
 
 /// Names the optimizer's nodes (those from `first` on) after the update they serve:
