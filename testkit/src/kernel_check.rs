@@ -1589,9 +1589,9 @@ mod tests {
                 }
             }
         }
-        // Casts and products are exact; a softmax's rounded output drifts (expf); the gelu's
-        // values after its rounded tanh are coarse (each bf16 value rounds where the IR types it).
-        for t in ["Exact", "Drift", "Coarse"] {
+        // Casts and products are exact; a softmax's rounded output drifts (expf). Arithmetic
+        // inside a kernel is f32 (fuse::widen), so a drift is rounded once, at the store.
+        for t in ["Exact", "Drift"] {
             assert!(seen.contains(t), "no bf16 output is {t}: {seen:?}");
         }
     }

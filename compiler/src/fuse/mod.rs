@@ -22,10 +22,8 @@
 //!    that read a full-size value at the same index, neither reaching the other, become one
 //!    kernel that reads it once (a plain attention's probabilities and its scores' gradient,
 //!    both computed from the scores in the backward pass; a bias's and a gain's gradient sums);
-//! 5. in each kernel, every bf16 value stays rounded to bf16 where the IR types it bf16, as the
-//!    unfused ops round it: a value a kernel keeps in registers then equals the one another
-//!    kernel reads from memory (a max's gradient compares the two; issue 53), and fusion
-//!    changes no bit of a bf16 step on the CPU.
+//! 5. [`widen`]: in each kernel, bf16 arithmetic is computed in f32 and rounded once where it
+//!    is stored, as PyTorch's generated kernels do (f32 kernels are unchanged).
 //!
 //! The result is again a [`Graph`]: leaves, library ops, reshapes of buffers, and `fused`
 //! nodes with `result` nodes for their extra outputs, which the planner and runtimes take as is.
@@ -38,6 +36,7 @@ mod merge;
 pub mod remat;
 pub mod select;
 pub mod triangle;
+pub mod widen;
 
 use crate::error::IrError;
 use crate::ir::{Graph, Node, NodeId, Op, Shape, TensorType};
@@ -407,7 +406,8 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .iter()
                     .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
                     .collect::<Result<_, _>>()?;
-                let k = triangle::structural_zero_products(&gr.lowered.kernel);
+                let k = widen::bf16_arithmetic_in_f32(&gr.lowered.kernel);
+                let k = triangle::structural_zero_products(&k);
                 let outs: Vec<TensorType> = k
                     .output_rows()
                     .into_iter()

@@ -16,6 +16,7 @@
 //! operand does not reach the product, as in FlashAttention's causal kernels and Ingot's own
 //! fused attention, which never read the masked half.
 
+use super::widen::remap;
 use crate::ir::{Graph, NodeId, Op};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst};
 use ingot_kernels::{BinaryOp, CmpOp, DType, UnaryOp};
@@ -431,31 +432,6 @@ fn compare(body: &[Inst], region: Region, op: CmpOp, a: usize, b: usize) -> Valu
         Value::True
     } else {
         Value::False
-    }
-}
-
-/// `inst` with its operands renumbered by `at`.
-fn remap(inst: Inst, at: impl Fn(usize) -> usize) -> Inst {
-    match inst {
-        Inst::Load { .. } | Inst::Const { .. } | Inst::Index { .. } => inst,
-        Inst::Unary { op, x } => Inst::Unary { op, x: at(x) },
-        Inst::Binary { op, a, b } => Inst::Binary {
-            op,
-            a: at(a),
-            b: at(b),
-        },
-        Inst::Compare { op, a, b } => Inst::Compare {
-            op,
-            a: at(a),
-            b: at(b),
-        },
-        Inst::Select { cond, a, b } => Inst::Select {
-            cond: at(cond),
-            a: at(a),
-            b: at(b),
-        },
-        Inst::Convert { x, to } => Inst::Convert { x: at(x), to },
-        Inst::Reduce { op, x } => Inst::Reduce { op, x: at(x) },
     }
 }
 

@@ -1,0 +1,316 @@
+//! bf16 arithmetic inside a fused kernel is computed in f32 and rounded once, where it leaves
+//! the kernel.
+//!
+//! The IR types every op of an autocast region bf16, and op by op that means a rounding after
+//! each one. Inside a fused kernel those intermediates never reach memory, so the roundings buy
+//! nothing but error and time: a GELU and its gradient are some thirty ops, and rounding each
+//! made those kernels compute-bound (four times slower than their memory traffic on an H100).
+//! PyTorch's generated kernels do what this pass does: load bf16, compute in f32, round at the
+//! store. The IR's bf16 ops thus mean "stored as bf16": a value is rounded where it is written
+//! to a buffer, or where the step converts it explicitly (a cast is kept as a rounding).
+//!
+//! The pass rewrites one kernel's body, so the CPU executor and the CUDA generator, which both
+//! read that body, compute the same thing; f32 kernels come back unchanged (the same value,
+//! bit for bit).
+//!
+//! Per instruction of the old body, with bf16 values replaced by f32 ones:
+//! - a load of a bf16 input is followed by a conversion to f32;
+//! - a bf16 constant is the f32 constant of the same value (rounded to f32, not to bf16);
+//! - a bf16 index and a conversion to bf16 keep their rounding: the f32 value of the rounded
+//!   bf16 (a convert to bf16 and back);
+//! - arithmetic, compare, select and reduce take their dtype from their operands, so they
+//!   become f32 by themselves;
+//! - an output whose value was bf16 stores that value converted to bf16.
+
+use ingot_kernels::fused::{FusedKernel, Inst, Output};
+use ingot_kernels::DType;
+
+/// `k` with its bf16 arithmetic done in f32 (see the module docs); `k` itself when it has no
+/// bf16 instruction.
+pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
+    let dtypes = k.dtypes();
+    if !dtypes.contains(&DType::BF16) {
+        return k.clone();
+    }
+    let mut body: Vec<Inst> = Vec::with_capacity(k.body.len() + 8);
+    // new[i]: the instruction of the new body holding old instruction i's value (as f32 where
+    // the old value was bf16).
+    let mut new: Vec<usize> = Vec::with_capacity(k.body.len());
+    let push = |body: &mut Vec<Inst>, inst: Inst| {
+        body.push(inst);
+        body.len() - 1
+    };
+    for (i, inst) in k.body.iter().enumerate() {
+        let at = |j: usize| new[j];
+        let v = match (inst.clone(), dtypes[i]) {
+            (Inst::Load { input }, DType::BF16) => {
+                let l = push(&mut body, Inst::Load { input });
+                push(
+                    &mut body,
+                    Inst::Convert {
+                        x: l,
+                        to: DType::F32,
+                    },
+                )
+            }
+            (Inst::Const { value, .. }, DType::BF16) => push(
+                &mut body,
+                Inst::Const {
+                    value,
+                    dtype: DType::F32,
+                },
+            ),
+            (Inst::Index { axis, .. }, DType::BF16) => {
+                let x = push(
+                    &mut body,
+                    Inst::Index {
+                        axis,
+                        dtype: DType::BF16,
+                    },
+                );
+                push(&mut body, Inst::Convert { x, to: DType::F32 })
+            }
+            (Inst::Convert { x, to: DType::BF16 }, _) => {
+                let r = push(
+                    &mut body,
+                    Inst::Convert {
+                        x: at(x),
+                        to: DType::BF16,
+                    },
+                );
+                push(
+                    &mut body,
+                    Inst::Convert {
+                        x: r,
+                        to: DType::F32,
+                    },
+                )
+            }
+            (inst, _) => push(&mut body, remap(inst, at)),
+        };
+        new.push(v);
+    }
+    let outputs = k
+        .outputs
+        .iter()
+        .map(|o| {
+            let v = new[o.value];
+            if dtypes[o.value] != DType::BF16 {
+                return Output { value: v };
+            }
+            // A rounded value (a convert to bf16 and back) stores its bf16 directly.
+            let value = match body[v] {
+                Inst::Convert { x, to: DType::F32 }
+                    if matches!(body[x], Inst::Load { .. })
+                        || matches!(
+                            body[x],
+                            Inst::Convert {
+                                to: DType::BF16,
+                                ..
+                            }
+                        )
+                        || matches!(
+                            body[x],
+                            Inst::Index {
+                                dtype: DType::BF16,
+                                ..
+                            }
+                        ) =>
+                {
+                    x
+                }
+                _ => push(
+                    &mut body,
+                    Inst::Convert {
+                        x: v,
+                        to: DType::BF16,
+                    },
+                ),
+            };
+            Output { value }
+        })
+        .collect();
+    FusedKernel {
+        domain: k.domain.clone(),
+        reduce_axes: k.reduce_axes.clone(),
+        inputs: k.inputs.clone(),
+        body,
+        outputs,
+    }
+}
+
+/// `inst` with its operands renumbered by `at`.
+/// `inst` with its operands renumbered by `at`.
+pub(super) fn remap(inst: Inst, at: impl Fn(usize) -> usize) -> Inst {
+    match inst {
+        Inst::Load { .. } | Inst::Const { .. } | Inst::Index { .. } => inst,
+        Inst::Unary { op, x } => Inst::Unary { op, x: at(x) },
+        Inst::Binary { op, a, b } => Inst::Binary {
+            op,
+            a: at(a),
+            b: at(b),
+        },
+        Inst::Compare { op, a, b } => Inst::Compare {
+            op,
+            a: at(a),
+            b: at(b),
+        },
+        Inst::Select { cond, a, b } => Inst::Select {
+            cond: at(cond),
+            a: at(a),
+            b: at(b),
+        },
+        Inst::Convert { x, to } => Inst::Convert { x: at(x), to },
+        Inst::Reduce { op, x } => Inst::Reduce { op, x: at(x) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_kernels::fused::{Access, Input};
+    use ingot_kernels::{BinaryOp, UnaryOp};
+
+    fn input(dtype: DType, n: usize) -> Input {
+        Input {
+            dtype,
+            len: n,
+            access: Access::contiguous(&[n]),
+        }
+    }
+
+    /// `tanh(x * 0.7978845608) + x`, over one input of dtype `d`.
+    fn chain(d: DType) -> FusedKernel {
+        FusedKernel {
+            domain: vec![4],
+            reduce_axes: vec![],
+            inputs: vec![input(d, 4)],
+            body: vec![
+                Inst::Load { input: 0 },
+                Inst::Const {
+                    value: 0.7978845608028654,
+                    dtype: d,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Mul,
+                    a: 0,
+                    b: 1,
+                },
+                Inst::Unary {
+                    op: UnaryOp::Tanh,
+                    x: 2,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Add,
+                    a: 3,
+                    b: 0,
+                },
+            ],
+            outputs: vec![Output { value: 4 }],
+        }
+    }
+
+    #[test]
+    fn an_f32_kernel_comes_back_unchanged() {
+        let k = chain(DType::F32);
+        assert_eq!(bf16_arithmetic_in_f32(&k), k);
+    }
+
+    #[test]
+    fn a_bf16_chain_computes_in_f32_and_rounds_once_at_the_store() {
+        let k = bf16_arithmetic_in_f32(&chain(DType::BF16));
+        k.check().unwrap();
+        let d = k.dtypes();
+        // Only the load and the stored value are bf16; every op in between is f32.
+        let bf16: Vec<usize> = (0..d.len()).filter(|&i| d[i] == DType::BF16).collect();
+        assert_eq!(bf16, vec![0, k.body.len() - 1]);
+        assert_eq!(k.output_dtypes(), vec![DType::BF16]);
+        assert!(matches!(
+            k.body[1],
+            Inst::Convert {
+                x: 0,
+                to: DType::F32
+            }
+        ));
+        assert!(k
+            .body
+            .iter()
+            .any(|i| matches!(i, Inst::Const { dtype: DType::F32, value } if *value == 0.7978845608028654)));
+    }
+
+    #[test]
+    fn an_explicit_cast_to_bf16_inside_a_kernel_still_rounds() {
+        // f32 input -> convert to bf16 -> mul by itself -> output (bf16).
+        let k = FusedKernel {
+            domain: vec![4],
+            reduce_axes: vec![],
+            inputs: vec![input(DType::F32, 4)],
+            body: vec![
+                Inst::Load { input: 0 },
+                Inst::Convert {
+                    x: 0,
+                    to: DType::BF16,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Mul,
+                    a: 1,
+                    b: 1,
+                },
+            ],
+            outputs: vec![Output { value: 2 }],
+        };
+        let w = bf16_arithmetic_in_f32(&k);
+        w.check().unwrap();
+        // load, round (to bf16 and back), mul in f32, store as bf16.
+        assert!(matches!(
+            w.body[1],
+            Inst::Convert {
+                x: 0,
+                to: DType::BF16
+            }
+        ));
+        assert!(matches!(
+            w.body[2],
+            Inst::Convert {
+                x: 1,
+                to: DType::F32
+            }
+        ));
+        assert!(matches!(w.body[3], Inst::Binary { a: 2, b: 2, .. }));
+        assert_eq!(w.output_dtypes(), vec![DType::BF16]);
+    }
+
+    #[test]
+    fn a_stored_load_or_cast_is_stored_without_a_second_conversion() {
+        let k = FusedKernel {
+            domain: vec![4],
+            reduce_axes: vec![],
+            inputs: vec![input(DType::BF16, 4), input(DType::F32, 4)],
+            body: vec![
+                Inst::Load { input: 0 },
+                Inst::Load { input: 1 },
+                Inst::Convert {
+                    x: 1,
+                    to: DType::BF16,
+                },
+            ],
+            outputs: vec![Output { value: 0 }, Output { value: 2 }],
+        };
+        let w = bf16_arithmetic_in_f32(&k);
+        w.check().unwrap();
+        assert_eq!(w.output_dtypes(), vec![DType::BF16, DType::BF16]);
+        assert!(matches!(
+            w.body[w.outputs[0].value],
+            Inst::Load { input: 0 }
+        ));
+        assert!(matches!(
+            w.body[w.outputs[1].value],
+            Inst::Convert {
+                to: DType::BF16,
+                ..
+            }
+        ));
+        // Nothing was appended for either output.
+        assert_eq!(w.body.len(), 5);
+    }
+}
