@@ -314,7 +314,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     let (model, compiled, trace, fitted) =
         super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
     if a.timings {
-        eprint!("{}", crate::printable(&super::stages::timings_table(trace, &compiled)));
+        eprint!(
+            "{}",
+            crate::printable(&super::stages::timings_table(trace, &compiled))
+        );
     }
     let report = &compiled.report;
     let eval = match a.eval {

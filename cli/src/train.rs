@@ -411,7 +411,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
                 a.run.seed,
                 a.run.dataset_format.into(),
             )
-                .map_err(|e| Failure::new(1, e))?;
+            .map_err(|e| Failure::new(1, e))?;
             (session, Some(eval))
         }
         None => match &launch {

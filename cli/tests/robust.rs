@@ -540,7 +540,15 @@ fn names_holding_escape_sequences_print_escaped_everywhere() {
         &["plan", "--model-file", &file],
         &["plan", "--model-file", &file, "--json"],
         &["train", "--model-file", &file, "--steps", "2"],
-        &["train", "--model-file", &file, "--steps", "1", "--init", init.to_str().unwrap()],
+        &[
+            "train",
+            "--model-file",
+            &file,
+            "--steps",
+            "1",
+            "--init",
+            init.to_str().unwrap(),
+        ],
     ];
     let mut escaped = 0;
     for args in runs {

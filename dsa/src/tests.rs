@@ -809,10 +809,17 @@ fn the_portfolio_waves_never_mix_fits_and_dives() {
     for threads in 1..=12 {
         let waves = super::waves(&Greedy::ALL, threads);
         let flat: Vec<Greedy> = waves.iter().flat_map(|w| w.iter().copied()).collect();
-        assert_eq!(flat, Greedy::ALL, "{threads} threads: the portfolio's order is kept");
+        assert_eq!(
+            flat,
+            Greedy::ALL,
+            "{threads} threads: the portfolio's order is kept"
+        );
         for w in &waves {
             assert!(!w.is_empty() && w.len() <= threads);
-            let dives = w.iter().filter(|g| matches!(g, Greedy::Dive { .. })).count();
+            let dives = w
+                .iter()
+                .filter(|g| matches!(g, Greedy::Dive { .. }))
+                .count();
             assert!(dives == 0 || dives == w.len(), "{threads} threads: {w:?}");
         }
     }

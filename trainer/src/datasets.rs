@@ -4,8 +4,7 @@
 //! [`crate::session::Session::step_on`].
 
 use crate::data::{
-    BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenLayout,
-    TokenStream,
+    BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenLayout, TokenStream,
 };
 use ingot_compiler::ir::Graph;
 use std::io::{Read, Seek, SeekFrom};

@@ -127,7 +127,13 @@ impl Evaluator {
         batches: u64,
         seed: u64,
     ) -> Result<Evaluator, String> {
-        Evaluator::new_as(session, val, batches, seed, crate::datasets::DatasetFormat::Auto)
+        Evaluator::new_as(
+            session,
+            val,
+            batches,
+            seed,
+            crate::datasets::DatasetFormat::Auto,
+        )
     }
 
     /// As [`Evaluator::new`], `val` read as `format` (`--dataset-format`).
@@ -148,9 +154,10 @@ impl Evaluator {
             .eval_executable()
             .map_or(session.graph(), |e| e.graph());
         // Each data-parallel rank evaluates its own shard of every batch, as it trains on one.
-        let mut source = crate::datasets::open_dataset_as(val, graph, Order::Sequential, seed, format)
-            .and_then(|s| crate::data::shard::rank_batches(s, session.exe()))
-            .map_err(|e| format!("--val: {e}"))?;
+        let mut source =
+            crate::datasets::open_dataset_as(val, graph, Order::Sequential, seed, format)
+                .and_then(|s| crate::data::shard::rank_batches(s, session.exe()))
+                .map_err(|e| format!("--val: {e}"))?;
         source.check_all().map_err(|e| format!("--val: {e}"))?;
         let batches = batches.min(source.batches_per_epoch());
         Ok(Evaluator {
