@@ -594,6 +594,9 @@ fn run_strategy(
 /// search, capacity-aware dives.
 pub const LARGE_PROBLEM: usize = 4000;
 
+/// A strategy's offsets and their peak.
+type Placed = (Vec<u64>, u64);
+
 /// The best result of the greedy portfolio.
 struct PortfolioResult {
     offsets: Vec<u64>,
@@ -638,14 +641,14 @@ fn run_portfolio(
     } else {
         threads.clamp(1, all.len())
     };
-    let mut results: Vec<(Greedy, Option<(Vec<u64>, u64)>)> = Vec::with_capacity(all.len());
+    let mut results: Vec<(Greedy, Option<Placed>)> = Vec::with_capacity(all.len());
     let mut met = None;
     for (w, wave) in waves(all, threads).into_iter().enumerate() {
         if w > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
         let limit = if w == 0 { None } else { deadline };
-        let found: Vec<Option<(Vec<u64>, u64)>> = if wave.len() == 1 {
+        let found: Vec<Option<Placed>> = if wave.len() == 1 {
             vec![run_strategy(inst, wave[0], &contention, limit)]
         } else {
             std::thread::scope(|scope| {
