@@ -40,10 +40,6 @@ pub struct PlanOptions {
     /// `solver_nodes`) could differ between machines, so it is set far above what the node
     /// budget needs.
     pub solver_time: Duration,
-    /// Threads for the offset solver's greedy portfolio (0: what the machine has). The plan
-    /// does not depend on it (the solver picks its winner the same way on any machine); a
-    /// timing that should count one thread's work sets 1.
-    pub solver_threads: usize,
     /// Which schedules to try; the smallest plan wins.
     pub strategies: Vec<Strategy>,
     /// Scratch bytes each node's kernel needs on the target (the CPU runtime's matmul packs its
@@ -56,7 +52,6 @@ impl Default for PlanOptions {
         PlanOptions {
             solver_nodes: 100_000,
             solver_time: Duration::from_secs(10),
-            solver_threads: 0,
             strategies: vec![Strategy::Traced, Strategy::MemoryAware],
             workspace: None,
         }
@@ -317,7 +312,6 @@ impl Prepared {
             &dsa::SolveOptions {
                 time_limit: opts.solver_time,
                 node_limit: opts.solver_nodes,
-                threads: opts.solver_threads,
                 ..Default::default()
             },
         )?;
