@@ -106,6 +106,38 @@ pub fn betas(s: &str) -> Result<(f64, f64), String> {
     Ok((one(b1, "B1")?, one(b2, "B2")?))
 }
 
+/// Per-channel values R,G,B (`--image-mean`, `--image-std`): three finite numbers, or one for
+/// all three. `positive` also refuses values at or below 0 (a standard deviation).
+fn channels(s: &str, positive: bool) -> Result<[f32; 3], String> {
+    let values: Vec<f64> = s.split(',').map(number).collect::<Result<_, _>>()?;
+    for &v in &values {
+        let ok = v.is_finite() && (!positive || v > 0.0) && (v as f32).is_finite();
+        if !ok {
+            return Err(format!(
+                "{v} is not a finite number{}",
+                if positive { " above 0" } else { "" }
+            ));
+        }
+    }
+    match values[..] {
+        [v] => Ok([v as f32; 3]),
+        [r, g, b] => Ok([r as f32, g as f32, b as f32]),
+        _ => Err(format!(
+            "{s:?}: give three values R,G,B (e.g. 0.485,0.456,0.406) or one for every channel"
+        )),
+    }
+}
+
+/// `--image-mean`: R,G,B or one value.
+pub fn image_mean(s: &str) -> Result<[f32; 3], String> {
+    channels(s, false)
+}
+
+/// `--image-std`: R,G,B or one value, each above 0.
+pub fn image_std(s: &str) -> Result<[f32; 3], String> {
+    channels(s, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +185,17 @@ mod tests {
         let e = size("9000000TiB").unwrap_err();
         assert!(e.contains("address space"), "{e}");
         assert_eq!(size("16GiB"), Ok(16 << 30));
+    }
+
+    #[test]
+    fn image_means_and_deviations_take_three_values_or_one() {
+        assert_eq!(image_mean("0.5,0.25,0"), Ok([0.5, 0.25, 0.0]));
+        assert_eq!(image_std("0.5"), Ok([0.5; 3]));
+        for bad in ["0.1,0.2", "x", "1,2,3,4", "nan", ""] {
+            assert!(image_mean(bad).is_err(), "{bad:?} was taken");
+        }
+        for bad in ["0", "0.2,-1,0.2", "inf"] {
+            assert!(image_std(bad).is_err(), "{bad:?} was taken");
+        }
     }
 }

@@ -26,6 +26,7 @@
 use super::Failure;
 use ingot_runtime::cpu::threads;
 use ingot_runtime::cuda::CudaOptions;
+use ingot_trainer::data::images::ImageOptions;
 use ingot_trainer::data::Order;
 use ingot_trainer::eval::Evaluator;
 use ingot_trainer::run::{RunError, RunOptions};
@@ -58,7 +59,8 @@ pub enum DataOrder {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DatasetFormatArg {
     /// As the file's first bytes say (a safetensors header, the .npy magic, an llm.c magic
-    /// number, else raw uint16 tokens; a directory holds x.npy and y.npy).
+    /// number, else raw uint16 tokens; a directory holding x.npy and y.npy is a sample set, any
+    /// other directory an image folder).
     #[default]
     Auto,
     /// Raw little-endian uint16 tokens, whatever the first bytes look like.
@@ -69,6 +71,8 @@ pub enum DatasetFormatArg {
     Npy,
     /// A safetensors file of samples x and y.
     Safetensors,
+    /// A directory of class folders of JPEG/PNG images (torchvision's ImageFolder layout).
+    Images,
 }
 
 impl From<DatasetFormatArg> for datasets::DatasetFormat {
@@ -79,6 +83,7 @@ impl From<DatasetFormatArg> for datasets::DatasetFormat {
             DatasetFormatArg::Llmc => datasets::DatasetFormat::LlmC,
             DatasetFormatArg::Npy => datasets::DatasetFormat::Npy,
             DatasetFormatArg::Safetensors => datasets::DatasetFormat::Safetensors,
+            DatasetFormatArg::Images => datasets::DatasetFormat::Images(Default::default()),
         }
     }
 }
@@ -124,7 +129,9 @@ pub struct StepArgs {
     #[arg(long, value_enum)]
     pub device: Option<Device>,
     /// On the CPU: the threads every kernel runs on (default: INGOT_THREADS if set, else the
-    /// machine's cores). Results are the same bits for any count.
+    /// machine's cores). Results are the same bits for any count. With an image folder, on any
+    /// device, also the threads that decode and augment its images (the same batches for any
+    /// count).
     #[arg(long, value_name = "N", value_parser = crate::numbers::positive_count)]
     pub threads: Option<u64>,
     /// Initial parameters (safetensors, PyTorch names and layouts) instead of seeded ones.
@@ -137,7 +144,12 @@ pub struct StepArgs {
     /// A data set read batch by batch over epochs: a token stream for a language model (raw
     /// uint16 as nanoGPT's train.bin, an llm.c shard, a 1-D .npy; `ingot data bytes` makes one
     /// from any text) or samples for a classifier (a directory holding x.npy and y.npy, or a
-    /// safetensors file holding x and y). A final partial batch of each epoch is dropped.
+    /// safetensors file holding x and y), or an image folder for an image classifier (one
+    /// folder of .jpg/.jpeg/.png images per class, torchvision's ImageFolder layout: class ids
+    /// in sorted folder order; shuffled, random-resized-cropped and flipped each epoch, resized
+    /// and center-cropped for --val or --order sequential; normalised by --image-mean and
+    /// --image-std; an unreadable image is skipped with a warning and counted). A final
+    /// partial batch of each epoch is dropped.
     #[arg(long, value_name = "PATH")]
     pub dataset: Option<PathBuf>,
     /// With --dataset: shuffled (token rows at random offsets, samples reshuffled each epoch)
@@ -148,6 +160,14 @@ pub struct StepArgs {
     /// first bytes and, when that reading fails, says what it took the file for.
     #[arg(long = "dataset-format", value_enum, default_value_t = DatasetFormatArg::Auto, requires = "dataset")]
     pub dataset_format: DatasetFormatArg,
+    /// With an image folder: the per-channel mean R,G,B subtracted from pixels in [0, 1]
+    /// (one value: all three; a one-channel model takes their average).
+    #[arg(long = "image-mean", value_name = "R,G,B", default_value = "0.485,0.456,0.406", value_parser = crate::numbers::image_mean, requires = "dataset")]
+    pub image_mean: [f32; 3],
+    /// With an image folder: the per-channel standard deviation R,G,B that pixels are divided
+    /// by after the mean is subtracted.
+    #[arg(long = "image-std", value_name = "R,G,B", default_value = "0.229,0.224,0.225", value_parser = crate::numbers::image_std, requires = "dataset")]
+    pub image_std: [f32; 3],
     /// With --dataset: the seed of the shuffle or of the random offsets (default: --seed).
     #[arg(long = "shuffle-seed", requires = "dataset")]
     pub shuffle_seed: Option<u64>,
@@ -225,6 +245,37 @@ pub struct StepArgs {
 }
 
 impl StepArgs {
+    /// How image folders are read: --image-mean and --image-std, and the threads that decode
+    /// them (--threads, else INGOT_THREADS, else every core); with a new log of skipped files,
+    /// to be shared by the training and the validation folder.
+    pub fn image_options(&self) -> ImageOptions {
+        let threads = match self.threads {
+            Some(n) => n as usize,
+            None if std::env::var_os("INGOT_THREADS").is_some() => threads::default_threads(),
+            None => 0,
+        };
+        ImageOptions {
+            mean: self.image_mean,
+            std: self.image_std,
+            threads,
+            ..Default::default()
+        }
+    }
+
+    /// `--dataset-format` for the data set at `path`, an image folder read with `images`
+    /// ([`datasets::with_image_options`]).
+    pub fn format_for(
+        &self,
+        path: Option<&Path>,
+        images: &ImageOptions,
+    ) -> datasets::DatasetFormat {
+        let format = self.dataset_format.into();
+        match path {
+            Some(path) => datasets::with_image_options(format, path, images),
+            None => format,
+        }
+    }
+
     /// Checks, before anything is compiled or run, that the run's output files can be written
     /// and that none is the same file as one of its inputs (`inputs`, the model file or the
     /// executable, besides --init, --data and the files of --dataset and --val) or as another
@@ -390,6 +441,8 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
+    // One log of skipped images for the training and the validation folder.
+    let images = a.run.image_options();
     let (mut session, eval) = match &a.run.val {
         // The validation step is planned into the training step's allocation.
         Some(val) => {
@@ -409,7 +462,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
                 val,
                 a.run.eval_batches,
                 a.run.seed,
-                a.run.dataset_format.into(),
+                a.run.format_for(Some(val), &images),
             )
             .map_err(|e| Failure::new(1, e))?;
             (session, Some(eval))
@@ -452,6 +505,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         eval,
         Some(model.optimizer),
         state_dict,
+        &images,
     )
 }
 
@@ -476,14 +530,14 @@ fn check_sharding(a: &TrainArgs) -> Result<(), Failure> {
 }
 
 /// The run `a` asks for, as the trainer takes it.
-fn options(a: &StepArgs, device: session::Device) -> RunOptions {
+fn options(a: &StepArgs, device: session::Device, images: &ImageOptions) -> RunOptions {
     RunOptions {
         steps: a.steps,
         epochs: a.epochs,
         init: a.init.clone(),
         data: a.data.clone(),
         dataset: a.dataset.clone(),
-        dataset_format: a.dataset_format.into(),
+        dataset_format: a.format_for(a.dataset.as_deref(), images),
         order: Some(match a.order {
             DataOrder::Shuffled => Order::Random,
             DataOrder::Sequential => Order::Sequential,
@@ -511,7 +565,7 @@ fn options(a: &StepArgs, device: session::Device) -> RunOptions {
 impl StepArgs {
     /// `--steps` is needed unless `--dataset` with `--epochs` bounds the run.
     pub fn check_steps(&self) -> Result<(), Failure> {
-        options(self, session::Device::Cpu)
+        options(self, session::Device::Cpu, &ImageOptions::default())
             .check_steps()
             .map_err(failure)
     }
@@ -540,7 +594,7 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    train_with(session, a, device, None, None, None)
+    train_with(session, a, device, None, None, None, &a.image_options())
 }
 
 /// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
@@ -555,12 +609,13 @@ fn train_with(
     eval: Option<Evaluator>,
     optimizer: Option<ingot_compiler::models::Optimizer>,
     state_dict: Option<StateDict>,
+    images: &ImageOptions,
 ) -> Result<(), Failure> {
     let o = RunOptions {
         optimizer,
         file_weights: state_dict.is_some(),
         state_dict,
-        ..options(a, device)
+        ..options(a, device, images)
     };
     let mut printer = printer::Printer::new(a.json);
     ingot_trainer::run::train(session, &o, eval, &mut printer).map_err(failure)

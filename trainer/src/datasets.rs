@@ -3,6 +3,7 @@
 //! command's loop drives the source with a [`crate::data::Loader`] feeding
 //! [`crate::session::Session::step_on`].
 
+use crate::data::images::{ImageBatches, ImageFolder, ImageOptions, Transform};
 use crate::data::{
     BatchSource, DataError, Order, SampleBatches, SampleSet, TokenBatches, TokenLayout, TokenStream,
 };
@@ -17,11 +18,17 @@ pub enum DatasetKind {
     Tokens,
     /// Samples `x` and `y`: a directory holding `x.npy` and `y.npy`, or one safetensors file.
     Samples,
+    /// An image folder: one folder of JPEG/PNG images per class ([`crate::data::images`]).
+    Images,
 }
 
 /// How a data set is read: as its first bytes say ([`DatasetFormat::Auto`], what
 /// [`detect_format`] finds), or as the user says (`--dataset-format`), whatever they look like.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// An image folder's format carries how its images are read (normalisation, threads, and the
+/// log of skipped files), so that the training and the validation folder, each opened through
+/// [`open_dataset_as`] with the run's format, are read alike and report to one log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum DatasetFormat {
     #[default]
     Auto,
@@ -33,35 +40,40 @@ pub enum DatasetFormat {
     Npy,
     /// A safetensors file of samples `x` and `y`.
     Safetensors,
+    /// A directory of class folders of JPEG/PNG images (torchvision's `ImageFolder`).
+    Images(ImageOptions),
 }
 
 impl DatasetFormat {
     /// The name `--dataset-format` takes.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             DatasetFormat::Auto => "auto",
             DatasetFormat::Raw => "raw",
             DatasetFormat::LlmC => "llmc",
             DatasetFormat::Npy => "npy",
             DatasetFormat::Safetensors => "safetensors",
+            DatasetFormat::Images(_) => "images",
         }
     }
 
     /// What a file of this format is, in words.
-    fn what(self) -> &'static str {
+    fn what(&self) -> &'static str {
         match self {
             DatasetFormat::Auto => "a data set",
             DatasetFormat::Raw => "raw uint16 tokens",
             DatasetFormat::LlmC => "an llm.c token shard",
             DatasetFormat::Npy => "a .npy array",
             DatasetFormat::Safetensors => "a safetensors file of samples x and y",
+            DatasetFormat::Images(_) => "an image folder",
         }
     }
 
     /// The kind of data set this format holds (`path` tells a directory of `.npy` samples
     /// from a `.npy` token file).
-    fn kind(self, path: &Path) -> DatasetKind {
+    fn kind(&self, path: &Path) -> DatasetKind {
         match self {
+            DatasetFormat::Images(_) => DatasetKind::Images,
             DatasetFormat::Safetensors => DatasetKind::Samples,
             DatasetFormat::Npy | DatasetFormat::Auto if path.is_dir() => DatasetKind::Samples,
             _ => DatasetKind::Tokens,
@@ -78,12 +90,16 @@ pub fn resolve_format(path: &Path, format: DatasetFormat) -> Result<DatasetForma
     }
 }
 
-/// The format `path`'s first bytes announce: a directory is `.npy` samples; a file is
-/// safetensors, `.npy`, an llm.c shard or raw tokens, tested in that order ([`dataset_kind`],
-/// [`crate::data::tokens::detect_layout`]).
+/// The format `path`'s first bytes announce: a directory holding `x.npy` or `y.npy` is
+/// `.npy` samples, any other directory an image folder (with the default
+/// [`ImageOptions`]); a file is safetensors, `.npy`, an llm.c shard or raw tokens, tested in
+/// that order ([`dataset_kind`], [`crate::data::tokens::detect_layout`]).
 pub fn detect_format(path: &Path) -> Result<DatasetFormat, DataError> {
     if path.is_dir() {
-        return Ok(DatasetFormat::Npy);
+        return Ok(match is_sample_dir(path) {
+            true => DatasetFormat::Npy,
+            false => DatasetFormat::Images(ImageOptions::default()),
+        });
     }
     if dataset_kind(path)? == DatasetKind::Samples {
         return Ok(DatasetFormat::Safetensors);
@@ -96,8 +112,32 @@ pub fn detect_format(path: &Path) -> Result<DatasetFormat, DataError> {
     })
 }
 
+/// Whether the directory `dir` is a sample set (`x.npy` and `y.npy`) rather than an image
+/// folder.
+fn is_sample_dir(dir: &Path) -> bool {
+    dir.join("x.npy").exists() || dir.join("y.npy").exists()
+}
+
+/// `format` for the data set at `path`, with image folders read as `images` says: an explicit
+/// image format takes `images`, and so does [`DatasetFormat::Auto`] where `path` is detected
+/// as an image folder; every other format is left as it is (and a path that cannot be
+/// inspected too, for opening it to name what is wrong).
+pub fn with_image_options(
+    format: DatasetFormat,
+    path: &Path,
+    images: &ImageOptions,
+) -> DatasetFormat {
+    match format {
+        DatasetFormat::Images(_) => DatasetFormat::Images(images.clone()),
+        DatasetFormat::Auto if matches!(detect_format(path), Ok(DatasetFormat::Images(_))) => {
+            DatasetFormat::Images(images.clone())
+        }
+        f => f,
+    }
+}
+
 /// The sentence that tells a user of a detected format how to read the file otherwise.
-fn how_to_force(took: DatasetFormat) -> String {
+fn how_to_force(took: &DatasetFormat) -> String {
     let others: Vec<&str> = [
         DatasetFormat::Raw,
         DatasetFormat::LlmC,
@@ -105,8 +145,8 @@ fn how_to_force(took: DatasetFormat) -> String {
         DatasetFormat::Safetensors,
     ]
     .into_iter()
-    .filter(|&f| f != took)
-    .map(DatasetFormat::name)
+    .filter(|f| f != took)
+    .map(|f| f.name())
     .collect();
     format!(
         "--dataset-format {} reads it as another format",
@@ -119,7 +159,7 @@ fn how_to_force(took: DatasetFormat) -> String {
 const MAX_SAMPLE_HEADER: u64 = 1 << 20;
 
 /// Tells a sample set from a token stream by what is on disk: a directory is a pair of `.npy`
-/// files; a file whose first bytes are a safetensors header (an 8-byte little-endian length
+/// files, or an image folder where it holds neither `x.npy` nor `y.npy`; a file whose first bytes are a safetensors header (an 8-byte little-endian length
 /// that fits in the file, then that many bytes of JSON object) holds `x` and `y`; anything
 /// else is a token stream, whose own reader then recognises its layout ([`TokenStream::open`]).
 /// The header is parsed, not only its first byte looked at, so a raw uint16 token file whose
@@ -129,7 +169,10 @@ const MAX_SAMPLE_HEADER: u64 = 1 << 20;
 pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, "its metadata", e))?;
     if meta.is_dir() {
-        return Ok(DatasetKind::Samples);
+        return Ok(match is_sample_dir(path) {
+            true => DatasetKind::Samples,
+            false => DatasetKind::Images,
+        });
     }
     if !meta.is_file() {
         return Err(DataError::Format {
@@ -170,6 +213,11 @@ pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
 /// Opens the data set at `path` for `g`'s inputs `x` and `y`, cut in `order` (token rows at
 /// random offsets or in order; samples shuffled each epoch or in the file's order) from `seed`;
 /// its format is detected from its first bytes.
+///
+/// An image folder read at random ([`Order::Random`], training's default) is shuffled each
+/// epoch and augmented (random resized crop and flip); read in order ([`Order::Sequential`],
+/// how a validation set is read) it goes through the evaluation transform (resize and center
+/// crop) in the folder's order.
 pub fn open_dataset(
     path: &Path,
     g: &Graph,
@@ -189,7 +237,7 @@ pub fn open_dataset_as(
     seed: u64,
     format: DatasetFormat,
 ) -> Result<Box<dyn BatchSource>, DataError> {
-    let took = resolve_format(path, format)?;
+    let took = resolve_format(path, format.clone())?;
     let open = || -> Result<Box<dyn BatchSource>, DataError> {
         let layout = match took {
             DatasetFormat::Raw => Some(TokenLayout::Raw),
@@ -197,6 +245,23 @@ pub fn open_dataset_as(
             _ => Some(TokenLayout::Npy),
         };
         Ok(match took.kind(path) {
+            DatasetKind::Images => {
+                let options = match &took {
+                    DatasetFormat::Images(o) => o.clone(),
+                    _ => ImageOptions::default(),
+                };
+                let transform = match order {
+                    Order::Random => Transform::Train,
+                    Order::Sequential => Transform::Eval,
+                };
+                Box::new(ImageBatches::for_graph(
+                    ImageFolder::open(path)?,
+                    g,
+                    transform,
+                    seed,
+                    options,
+                )?)
+            }
             DatasetKind::Tokens => Box::new(TokenBatches::for_graph(
                 TokenStream::open_as(path, layout)?,
                 g,
@@ -217,7 +282,7 @@ pub fn open_dataset_as(
             DataError::Detected {
                 file: path.to_path_buf(),
                 took: took.what().to_string(),
-                force: how_to_force(took),
+                force: how_to_force(&took),
                 source: Box::new(e),
             }
         }
@@ -230,10 +295,10 @@ pub fn dataset_kind_as(path: &Path, format: DatasetFormat) -> Result<DatasetKind
     Ok(resolve_format(path, format)?.kind(path))
 }
 
-/// The files a data set at `path` is read from: `x.npy` and `y.npy` of a directory, or the
-/// file itself.
+/// The files a data set at `path` is read from: `x.npy` and `y.npy` of a directory, the
+/// folder itself for an image folder, or the file itself.
 pub fn dataset_files(path: &Path) -> Vec<std::path::PathBuf> {
-    if path.is_dir() {
+    if path.is_dir() && is_sample_dir(path) {
         vec![path.join("x.npy"), path.join("y.npy")]
     } else {
         vec![path.to_path_buf()]
@@ -252,7 +317,19 @@ const FINGERPRINT_BLOCK: u64 = 64 << 10;
 /// spread evenly from the first to the last. So the same file by another path, or a copy of it,
 /// is the same data set; another file, a file of another length, or another batch shape is not.
 /// (A file edited in place to the same length only between those blocks would pass.)
+///
+/// An image folder's fingerprint is its listing's and a few of its images' instead
+/// ([`ImageFolder::fingerprint`]): a million files are not read to resume a run.
 pub fn dataset_fingerprint(path: &Path, description: &str) -> Result<String, DataError> {
+    if path.is_dir() && !is_sample_dir(path) {
+        let folder = ImageFolder::open(path)?;
+        let cut = description.replace(&path.display().to_string(), "<data set>");
+        return Ok(format!(
+            "{cut}; {} images; fnv1a64 {:016x}",
+            folder.len(),
+            folder.fingerprint()?
+        ));
+    }
     let files = dataset_files(path);
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     let mut sizes = Vec::with_capacity(files.len());

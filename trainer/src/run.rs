@@ -200,6 +200,9 @@ pub enum Note {
     /// Names of `init` (a `state_dict`) that are a parameter's tied alias: trained as that
     /// parameter, and written again under their own names by `save`.
     Tied(String),
+    /// A data set's warning: an image of an image folder that could not be read or decoded,
+    /// skipped (named once; the summary counts them).
+    Data(String),
 }
 
 /// How the run's parameters start.
@@ -342,7 +345,10 @@ pub fn train(
     let schedule = schedule(session, o, last)?;
     let units = prepared.source.as_ref().map(|s| {
         let tokens = matches!(
-            datasets::dataset_kind_as(o.dataset.as_deref().expect("given"), o.dataset_format),
+            datasets::dataset_kind_as(
+                o.dataset.as_deref().expect("given"),
+                o.dataset_format.clone()
+            ),
             Ok(datasets::DatasetKind::Tokens)
         );
         let x = s.x();
@@ -366,6 +372,7 @@ pub fn train(
         dataset_fingerprint,
         resumed,
         state_dict,
+        image_log,
     } = prepared;
     let mut run = Run {
         o,
@@ -389,6 +396,7 @@ pub fn train(
         epoch_loss: (0.0, 0),
         last_done: Instant::now(),
         state_dict,
+        image_log,
     };
     let last_info = match source {
         None => {
@@ -418,6 +426,9 @@ struct Prepared {
     resumed: Option<CheckpointInfo>,
     /// `o.state_dict` with the batch counts `init` held.
     state_dict: Option<StateDict>,
+    /// Where an image folder's skipped files are told (the validation folder's too, when it
+    /// was opened with the run's format).
+    image_log: Option<crate::data::images::SkipLog>,
 }
 
 /// Loads `init` and `data`, writes `save_data`, opens the data set (every id checked before
@@ -481,12 +492,24 @@ fn prepare(
     if let Some(path) = &o.save_data {
         io::save(path, &session.batch())?;
     }
+    // An image folder's format, resolved here so that the run holds the log its skipped
+    // files are told to (a detected folder otherwise gets a log of its own).
+    let format = match &o.dataset {
+        Some(path) => match datasets::resolve_format(path, o.dataset_format.clone()) {
+            Ok(f @ datasets::DatasetFormat::Images(_)) => f,
+            _ => o.dataset_format.clone(),
+        },
+        None => o.dataset_format.clone(),
+    };
+    let image_log = match &format {
+        datasets::DatasetFormat::Images(images) => Some(images.log.clone()),
+        _ => None,
+    };
     let source = match &o.dataset {
         Some(path) => {
             let seed = o.shuffle_seed.unwrap_or(o.seed);
             let order = o.order.unwrap_or(Order::Random);
-            let s =
-                datasets::open_dataset_as(path, session.graph(), order, seed, o.dataset_format)?;
+            let s = datasets::open_dataset_as(path, session.graph(), order, seed, format)?;
             // Data parallelism: each rank's own shard of every batch.
             let mut s = crate::data::shard::rank_batches(s, session.exe())?;
             s.check_all()?;
@@ -522,6 +545,7 @@ fn prepare(
         dataset_fingerprint,
         resumed,
         state_dict,
+        image_log,
     })
 }
 
@@ -760,6 +784,8 @@ struct Run<'a> {
     last_done: Instant,
     /// The imported model's `state_dict` format, for `save` ([`RunOptions::state_dict`]).
     state_dict: Option<StateDict>,
+    /// An image folder's skipped files ([`Prepared::image_log`]).
+    image_log: Option<crate::data::images::SkipLog>,
 }
 
 /// Whether the loop goes on.
@@ -820,6 +846,7 @@ impl Run<'_> {
             finite,
         };
         self.observer.step(&event).map_err(RunError::Observer)?;
+        self.tell_skipped()?;
         if !finite {
             let what = if r.loss.is_finite() {
                 format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
@@ -875,7 +902,21 @@ impl Run<'_> {
             val_loss: v,
             batches: eval.batches(),
         };
+        self.tell_skipped()?;
         self.observer.eval(&event).map_err(RunError::Observer)
+    }
+
+    /// Tells the observer the images skipped since it was last told, one note per file.
+    fn tell_skipped(&mut self) -> Result<(), RunError> {
+        let Some(log) = &self.image_log else {
+            return Ok(());
+        };
+        for warning in log.take_new() {
+            self.observer
+                .note(&Note::Data(warning))
+                .map_err(RunError::Observer)?;
+        }
+        Ok(())
     }
 
     /// On a GPU, records the device memory the run holds now: the allocation plus any drop
@@ -959,7 +1000,8 @@ impl Run<'_> {
                 source,
             })?;
         }
-        let finished = summary::finished(
+        self.tell_skipped()?;
+        let mut finished = summary::finished(
             session,
             &self.seconds,
             &self.wall,
@@ -968,6 +1010,7 @@ impl Run<'_> {
             self.non_finite.as_ref().map(|(i, _)| *i),
             o.dataset.is_some(),
         )?;
+        finished.summary.skipped_images = self.image_log.as_ref().map(|l| l.count());
         self.observer
             .finish(&finished)
             .map_err(RunError::Observer)?;

@@ -256,6 +256,10 @@ impl Observer for Printer {
             Note::Ignored(_) => {}
             Note::Tied(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
             Note::Tied(_) => {}
+            Note::Data(text) => match &self.bar {
+                Some(bar) => bar.println(crate::printable(&format!("warning: {text}"))),
+                None => crate::errln!("ingot: warning: {text}"),
+            },
         }
         Ok(())
     }
@@ -364,6 +368,16 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
             mib(b),
             if s.measured_bytes.is_some() {
                 " (page-locked)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    if let Some(n) = s.skipped_images {
+        crate::outln!(
+            "images skipped as unreadable: {n}{}",
+            if n > 0 {
+                " (each named in a warning on stderr)"
             } else {
                 ""
             }

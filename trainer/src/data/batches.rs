@@ -219,7 +219,7 @@ fn put_float(dtype: DType, out: &mut [u8], i: usize, v: f64) {
 }
 
 /// A generator keyed by (seed, epoch, batch): the same triple gives the same draws anywhere.
-fn rng_at(seed: u64, epoch: u64, batch: u64) -> ChaCha8Rng {
+pub(crate) fn rng_at(seed: u64, epoch: u64, batch: u64) -> ChaCha8Rng {
     let mut key = [0u8; 32];
     key[..8].copy_from_slice(&seed.to_le_bytes());
     key[8..16].copy_from_slice(&epoch.to_le_bytes());
@@ -229,7 +229,7 @@ fn rng_at(seed: u64, epoch: u64, batch: u64) -> ChaCha8Rng {
 }
 
 /// The graph's input leaf `name`, as a slot.
-fn graph_slot(g: &Graph, name: &str) -> Option<InputSlot> {
+pub(crate) fn graph_slot(g: &Graph, name: &str) -> Option<InputSlot> {
     let id = g.leaf(name)?;
     g.leaves(LeafKind::Input).contains(&id).then(|| {
         let ty = g.ty(id);
@@ -437,7 +437,12 @@ fn model_slots(g: &Graph, path: &std::path::Path) -> Result<(InputSlot, InputSlo
 
 /// The bound of input `input`'s ids ([`crate::init::id_bound`]); an error saying the model has
 /// no `what` where it has none.
-fn id_bound(g: &Graph, path: &std::path::Path, input: &str, what: &str) -> Result<u64, DataError> {
+pub(crate) fn id_bound(
+    g: &Graph,
+    path: &std::path::Path,
+    input: &str,
+    what: &str,
+) -> Result<u64, DataError> {
     crate::init::id_bound(g, input)
         .map(|b| b as u64)
         .ok_or_else(|| DataError::model(path, format!("the model has no {what}")))

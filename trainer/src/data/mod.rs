@@ -9,6 +9,8 @@
 //! - [`loader`]: a thread that fills the next batch into one of two caller-supplied buffers
 //!   while the current step runs, allocating nothing per batch.
 //! - [`bytes`]: any file as byte-level tokens (vocabulary 256), for `ingot data bytes`.
+//! - [`images`]: image folders (one folder of JPEG/PNG images per class, torchvision's
+//!   `ImageFolder`), decoded and augmented on CPU threads into image batches.
 //! - [`shard`]: batches as the ranks of a data-parallel step read them, each rank its shard.
 //!
 //! Files are never read whole: readers parse the header, keep the file open, and read each
@@ -19,6 +21,7 @@
 pub mod array;
 pub mod batches;
 pub mod bytes;
+pub mod images;
 pub mod loader;
 pub mod npy;
 pub mod safetensors_header;

@@ -53,6 +53,10 @@ pub struct Summary {
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging_bytes: Option<usize>,
+    /// Image folder runs: the images skipped because they could not be read or decoded (each
+    /// named in a warning when it was met), in the training and validation folders.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_images: Option<u64>,
 }
 
 /// The end of a run as its observer is told it: the summary, and what a reader of it needs
@@ -115,6 +119,7 @@ pub(super) fn finished(
         free_change_bytes: changes.as_ref().and_then(|c| c.first().copied()),
         ranks_free_change_bytes: changes.filter(|c| c.len() > 1),
         staging_bytes,
+        skipped_images: None,
     };
     Ok(Finished {
         summary,
