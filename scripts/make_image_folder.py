@@ -2,7 +2,7 @@
 """Writes an image folder of generated JPEGs in torchvision's ImageFolder layout, for measuring
 `ingot train --dataset DIR` against a fixed batch (issue 48).
 
-    python3 scripts/make_image_folder.py DIR [--classes 1000] [--per-class 26] [--seed 0]
+    python3 scripts/make_image_folder.py DIR [--classes 1000] [--per-class 26] [--seed 0] [--jobs N]
 
 DIR/class0000/img00000.jpg, ...: each image about ImageNet's typical size (width 400 +- 50,
 height 350 +- 50), quality 90, of color gradients and blobs under a blocky texture and fine
@@ -12,6 +12,7 @@ writes the same files.
 """
 
 import argparse
+import multiprocessing
 import os
 import sys
 
@@ -43,25 +44,34 @@ def image(rng: np.random.Generator) -> Image.Image:
     return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8), "RGB")
 
 
+def write_class(job):
+    """Writes class `c`'s images from a generator seeded by (seed, c): the same files whatever
+    the number of processes."""
+    root, c, per_class, seed = job
+    rng = np.random.default_rng([seed, c])
+    d = os.path.join(root, f"class{c:04d}")
+    os.makedirs(d, exist_ok=True)
+    size = 0
+    for i in range(per_class):
+        path = os.path.join(d, f"img{i:05d}.jpg")
+        image(rng).save(path, quality=90)
+        size += os.path.getsize(path)
+    return size
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--per-class", type=int, default=26, help="images per class (default 26: 26,000 images)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes (default: every core)")
     a = ap.parse_args()
-    rng = np.random.default_rng(a.seed)
-    total = 0
-    size = 0
-    for c in range(a.classes):
-        d = os.path.join(a.dir, f"class{c:04d}")
-        os.makedirs(d, exist_ok=True)
-        for i in range(a.per_class):
-            path = os.path.join(d, f"img{i:05d}.jpg")
-            image(rng).save(path, quality=90)
-            total += 1
-            size += os.path.getsize(path)
-    print(f"{a.dir}: {total} images in {a.classes} classes, {size / total / 1024:.0f} KiB each on average")
+    jobs = [(a.dir, c, a.per_class, a.seed) for c in range(a.classes)]
+    with multiprocessing.Pool(max(1, a.jobs)) as pool:
+        size = sum(pool.imap_unordered(write_class, jobs))
+    total = a.classes * a.per_class
+    print(f"{a.dir}: {total} images in {a.classes} classes, {size / max(total, 1) / 1024:.0f} KiB each on average")
 
 
 if __name__ == "__main__":
