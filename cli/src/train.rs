@@ -59,8 +59,8 @@ pub enum DataOrder {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DatasetFormatArg {
     /// As the file's first bytes say (a safetensors header, the .npy magic, an llm.c magic
-    /// number, else raw uint16 tokens; a directory holding x.npy and y.npy is a sample set, any
-    /// other directory an image folder).
+    /// number, else raw uint16 tokens; a directory of folders and no x.npy or y.npy is an image
+    /// folder, any other directory a sample set of x.npy and y.npy).
     #[default]
     Auto,
     /// Raw little-endian uint16 tokens, whatever the first bytes look like.

@@ -90,15 +90,15 @@ pub fn resolve_format(path: &Path, format: DatasetFormat) -> Result<DatasetForma
     }
 }
 
-/// The format `path`'s first bytes announce: a directory holding `x.npy` or `y.npy` is
-/// `.npy` samples, any other directory an image folder (with the default
-/// [`ImageOptions`]); a file is safetensors, `.npy`, an llm.c shard or raw tokens, tested in
+/// The format `path`'s first bytes announce: a directory of folders holding no `x.npy` or
+/// `y.npy` is an image folder (with the default [`ImageOptions`]), any other directory `.npy`
+/// samples; a file is safetensors, `.npy`, an llm.c shard or raw tokens, tested in
 /// that order ([`dataset_kind`], [`crate::data::tokens::detect_layout`]).
 pub fn detect_format(path: &Path) -> Result<DatasetFormat, DataError> {
     if path.is_dir() {
-        return Ok(match is_sample_dir(path) {
-            true => DatasetFormat::Npy,
-            false => DatasetFormat::Images(ImageOptions::default()),
+        return Ok(match is_image_folder(path) {
+            true => DatasetFormat::Images(ImageOptions::default()),
+            false => DatasetFormat::Npy,
         });
     }
     if dataset_kind(path)? == DatasetKind::Samples {
@@ -112,10 +112,18 @@ pub fn detect_format(path: &Path) -> Result<DatasetFormat, DataError> {
     })
 }
 
-/// Whether the directory `dir` is a sample set (`x.npy` and `y.npy`) rather than an image
-/// folder.
-fn is_sample_dir(dir: &Path) -> bool {
-    dir.join("x.npy").exists() || dir.join("y.npy").exists()
+/// Whether the directory `dir` is an image folder: it holds a folder (a class) and neither
+/// `x.npy` nor `y.npy`. Any other directory is taken for a sample set (whose reader names the
+/// missing `.npy` file).
+fn is_image_folder(dir: &Path) -> bool {
+    if dir.join("x.npy").exists() || dir.join("y.npy").exists() {
+        return false;
+    }
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.is_dir()))
+    })
 }
 
 /// `format` for the data set at `path`, with image folders read as `images` says: an explicit
@@ -159,7 +167,7 @@ fn how_to_force(took: &DatasetFormat) -> String {
 const MAX_SAMPLE_HEADER: u64 = 1 << 20;
 
 /// Tells a sample set from a token stream by what is on disk: a directory is a pair of `.npy`
-/// files, or an image folder where it holds neither `x.npy` nor `y.npy`; a file whose first bytes are a safetensors header (an 8-byte little-endian length
+/// files, or an image folder where it holds folders and neither `x.npy` nor `y.npy`; a file whose first bytes are a safetensors header (an 8-byte little-endian length
 /// that fits in the file, then that many bytes of JSON object) holds `x` and `y`; anything
 /// else is a token stream, whose own reader then recognises its layout ([`TokenStream::open`]).
 /// The header is parsed, not only its first byte looked at, so a raw uint16 token file whose
@@ -169,9 +177,9 @@ const MAX_SAMPLE_HEADER: u64 = 1 << 20;
 pub fn dataset_kind(path: &Path) -> Result<DatasetKind, DataError> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, "its metadata", e))?;
     if meta.is_dir() {
-        return Ok(match is_sample_dir(path) {
-            true => DatasetKind::Samples,
-            false => DatasetKind::Images,
+        return Ok(match is_image_folder(path) {
+            true => DatasetKind::Images,
+            false => DatasetKind::Samples,
         });
     }
     if !meta.is_file() {
@@ -298,7 +306,7 @@ pub fn dataset_kind_as(path: &Path, format: DatasetFormat) -> Result<DatasetKind
 /// The files a data set at `path` is read from: `x.npy` and `y.npy` of a directory, the
 /// folder itself for an image folder, or the file itself.
 pub fn dataset_files(path: &Path) -> Vec<std::path::PathBuf> {
-    if path.is_dir() && is_sample_dir(path) {
+    if path.is_dir() && !is_image_folder(path) {
         vec![path.join("x.npy"), path.join("y.npy")]
     } else {
         vec![path.to_path_buf()]
@@ -321,7 +329,7 @@ const FINGERPRINT_BLOCK: u64 = 64 << 10;
 /// An image folder's fingerprint is its listing's and a few of its images' instead
 /// ([`ImageFolder::fingerprint`]): a million files are not read to resume a run.
 pub fn dataset_fingerprint(path: &Path, description: &str) -> Result<String, DataError> {
-    if path.is_dir() && !is_sample_dir(path) {
+    if path.is_dir() && is_image_folder(path) {
         let folder = ImageFolder::open(path)?;
         let cut = description.replace(&path.display().to_string(), "<data set>");
         return Ok(format!(

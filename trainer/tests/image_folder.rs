@@ -426,3 +426,33 @@ fn random_resized_crops_stay_in_the_image_and_in_their_ranges() {
         }
     );
 }
+
+/// A directory of class folders is told from a sample set (`x.npy`, `y.npy`) and opened for a
+/// model's inputs: resnet18's `[N, 3, 32, 32]` and 10 classes, shuffled and augmented when read
+/// at random, in order with the evaluation transform when read in order (as `--val` is).
+#[test]
+fn a_directory_of_class_folders_is_detected_and_opened_for_a_models_inputs() {
+    use ingot_trainer::data::Order;
+    use ingot_trainer::datasets::{self, DatasetFormat, DatasetKind};
+    let d = scratch("detect");
+    folder(&d, 10, 1);
+    assert_eq!(datasets::dataset_kind(&d).unwrap(), DatasetKind::Images);
+    assert!(matches!(
+        datasets::detect_format(&d).unwrap(),
+        DatasetFormat::Images(_)
+    ));
+    let g = ingot_compiler::models::resnet18_with(2, DType::F32)
+        .unwrap()
+        .graph;
+    let train = datasets::open_dataset(&d, &g, Order::Random, 1).unwrap();
+    assert!(train.describe().contains("random resized crop"), "{}", train.describe());
+    assert_eq!(train.batches_per_epoch(), 5);
+    let val = datasets::open_dataset(&d, &g, Order::Sequential, 1).unwrap();
+    assert!(val.describe().contains("center crop"), "{}", val.describe());
+    // The fingerprint names the listing, not the path typed.
+    let f = datasets::dataset_fingerprint(&d, &train.describe()).unwrap();
+    assert!(f.contains("10 images") && !f.contains(&*d.to_string_lossy()), "{f}");
+    // A folder beside x.npy is a sample set's directory still.
+    std::fs::write(d.join("x.npy"), b"").unwrap();
+    assert_eq!(datasets::dataset_kind(&d).unwrap(), DatasetKind::Samples);
+}
