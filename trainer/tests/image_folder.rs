@@ -445,13 +445,20 @@ fn a_directory_of_class_folders_is_detected_and_opened_for_a_models_inputs() {
         .unwrap()
         .graph;
     let train = datasets::open_dataset(&d, &g, Order::Random, 1).unwrap();
-    assert!(train.describe().contains("random resized crop"), "{}", train.describe());
+    assert!(
+        train.describe().contains("random resized crop"),
+        "{}",
+        train.describe()
+    );
     assert_eq!(train.batches_per_epoch(), 5);
     let val = datasets::open_dataset(&d, &g, Order::Sequential, 1).unwrap();
     assert!(val.describe().contains("center crop"), "{}", val.describe());
     // The fingerprint names the listing, not the path typed.
     let f = datasets::dataset_fingerprint(&d, &train.describe()).unwrap();
-    assert!(f.contains("10 images") && !f.contains(&*d.to_string_lossy()), "{f}");
+    assert!(
+        f.contains("10 images") && !f.contains(&*d.to_string_lossy()),
+        "{f}"
+    );
     // A folder beside x.npy is a sample set's directory still.
     std::fs::write(d.join("x.npy"), b"").unwrap();
     assert_eq!(datasets::dataset_kind(&d).unwrap(), DatasetKind::Samples);

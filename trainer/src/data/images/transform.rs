@@ -204,30 +204,61 @@ pub fn resize_into(
         .map_err(|e| e.to_string())?;
     let out = dst.buffer();
     let (ow, plane) = (out_w as usize, out_w as usize * out_h as usize);
-    // Each 8-bit level's normalised value, computed once per channel by the formula itself
-    // (the same bits as computing it per pixel, in a table lookup).
-    let size = dtype.size();
-    let mut table = [0u8; 256 * 8];
     for c in 0..channels {
         let (m, s) = (mean[c], std[c]);
-        for v in 0..256usize {
-            let t = &mut table[v * size..(v + 1) * size];
-            match dtype {
-                DType::F64 => {
-                    t.copy_from_slice(&((v as f64 / 255.0 - m as f64) / s as f64).to_ne_bytes())
-                }
-                _ => t.copy_from_slice(&((v as f32 / 255.0 - m) / s).to_ne_bytes()),
+        // Each 8-bit level's normalised value, computed once per channel by the formula itself
+        // (the same bits as computing it per pixel, in a table lookup).
+        match dtype {
+            DType::F64 => {
+                let table: [[u8; 8]; 256] = std::array::from_fn(|v| {
+                    ((v as f64 / 255.0 - m as f64) / s as f64).to_ne_bytes()
+                });
+                write_plane(
+                    &table,
+                    out,
+                    c,
+                    channels,
+                    ow,
+                    flip,
+                    &mut row[c * plane * 8..][..plane * 8],
+                );
             }
-        }
-        let dst = &mut row[c * plane * size..(c + 1) * plane * size];
-        for (y, line) in dst.chunks_exact_mut(ow * size).enumerate() {
-            let src = &out[y * ow * channels..(y + 1) * ow * channels];
-            for (x, d) in line.chunks_exact_mut(size).enumerate() {
-                let sx = if flip { ow - 1 - x } else { x };
-                let v = src[sx * channels + c] as usize;
-                d.copy_from_slice(&table[v * size..(v + 1) * size]);
+            _ => {
+                let table: [[u8; 4]; 256] =
+                    std::array::from_fn(|v| ((v as f32 / 255.0 - m) / s).to_ne_bytes());
+                write_plane(
+                    &table,
+                    out,
+                    c,
+                    channels,
+                    ow,
+                    flip,
+                    &mut row[c * plane * 4..][..plane * 4],
+                );
             }
         }
     }
     Ok(())
+}
+
+/// Writes channel `c` of the interleaved 8-bit image `pixels` (rows of `width` pixels of
+/// `channels`) into `plane` through `table` (each level's bytes), mirrored when `flip`.
+fn write_plane<const N: usize>(
+    table: &[[u8; N]; 256],
+    pixels: &[u8],
+    c: usize,
+    channels: usize,
+    width: usize,
+    flip: bool,
+    plane: &mut [u8],
+) {
+    for (line, src) in plane
+        .chunks_exact_mut(width * N)
+        .zip(pixels.chunks_exact(width * channels))
+    {
+        for (x, d) in line.chunks_exact_mut(N).enumerate() {
+            let sx = if flip { width - 1 - x } else { x };
+            d.copy_from_slice(&table[src[sx * channels + c] as usize]);
+        }
+    }
 }
