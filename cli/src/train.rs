@@ -363,6 +363,8 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     // An ONNX model's cross-entropy class axis may be decided by the shape of --data's y.
     let model_args = with_labels_shape(a);
+    // One import of an --onnx file serves the compile and the session's weights.
+    model_args.onnx.keep_import();
     let mut step_options = model_args.step_options(scheduled);
     step_options.step_input = true;
     if let Some(n) = a.gpus {

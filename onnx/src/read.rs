@@ -373,10 +373,16 @@ mod tests {
             .iter()
             .flat_map(|b| b.to_le_bytes())
             .collect();
-        let f64s: Vec<u8> = [1.0f64 / 3.0, -2.5].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f64s: Vec<u8> = [1.0f64 / 3.0, -2.5]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let i64s: Vec<u8> = [i64::MIN, 7].iter().flat_map(|x| x.to_le_bytes()).collect();
         let i32s: Vec<u8> = [-3i32, 9].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let f32s: Vec<u8> = [0.1f32, -7.25].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [0.1f32, -7.25]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let cases = [
             (raw(T::Bfloat16, &[2, 2], bf16.clone()), DType::BF16),
             (raw(T::Double, &[2], f64s.clone()), DType::F64),
@@ -387,19 +393,34 @@ mod tests {
         for (t, dtype) in cases {
             let (got_dtype, dims, bytes) = leaf_bytes(&t, DType::F32, &DataDir(None)).unwrap();
             assert_eq!(got_dtype, dtype);
-            assert_eq!(bytes, t.raw_data.clone().unwrap(), "{dtype:?} kept as it is");
+            assert_eq!(
+                bytes,
+                t.raw_data.clone().unwrap(),
+                "{dtype:?} kept as it is"
+            );
             if dtype != DType::BF16 {
                 // (bf16's NaN payload is normalised by the folding path; the rest agree.)
                 assert_eq!((got_dtype, dims, bytes), folded(&t, DType::F32));
             }
         }
-        assert_eq!(same_bytes(T::Float as i32, DType::F64), None, "widened for a gradient check");
-        assert_eq!(same_bytes(T::Bool as i32, DType::F32), None, "booleans are normalised");
+        assert_eq!(
+            same_bytes(T::Float as i32, DType::F64),
+            None,
+            "widened for a gradient check"
+        );
+        assert_eq!(
+            same_bytes(T::Bool as i32, DType::F32),
+            None,
+            "booleans are normalised"
+        );
     }
 
     #[test]
     fn a_leaf_widened_for_a_gradient_check_goes_through_the_folding_path() {
-        let f32s: Vec<u8> = [0.1f32, -7.25].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [0.1f32, -7.25]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let t = raw(tensor_proto::DataType::Float, &[2], f32s);
         let (dtype, dims, bytes) = leaf_bytes(&t, DType::F64, &DataDir(None)).unwrap();
         assert_eq!((dtype, dims.clone()), (DType::F64, vec![2]));
@@ -413,7 +434,9 @@ mod tests {
     #[test]
     fn a_leaf_with_too_few_bytes_is_an_error_naming_it() {
         let t = raw(tensor_proto::DataType::Bfloat16, &[3], vec![0; 4]);
-        let e = leaf_bytes(&t, DType::F32, &DataDir(None)).unwrap_err().to_string();
+        let e = leaf_bytes(&t, DType::F32, &DataDir(None))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"w\"") && e.contains("bytes"), "{e}");
     }
 }
