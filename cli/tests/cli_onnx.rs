@@ -223,6 +223,44 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     let again = dir.join("again.safetensors");
     let (code, _, err) = train("0", trained.to_str().unwrap(), &again);
     assert_eq!(code, 0, "{err}");
+    // A checkpoint keeps the count --init read: resumed after step 1, the run saved after
+    // step 3 writes the uninterrupted run's count and statistics.
+    let ck = dir.join("ck");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--onnx",
+        &fixture("ops/cnn.onnx"),
+        "--loss",
+        "cross-entropy",
+        "--init",
+        &init,
+        "--steps",
+        "1",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let resumed = dir.join("resumed.safetensors");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--onnx",
+        &fixture("ops/cnn.onnx"),
+        "--loss",
+        "cross-entropy",
+        "--resume",
+        ck.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--save",
+        resumed.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = ingot_runtime::io::load(&resumed).unwrap();
+    assert_eq!(r["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
+    assert_eq!(
+        r["bn.running_mean"].to_le_bytes(),
+        t["bn.running_mean"].to_le_bytes()
+    );
     // A name the model lacks, and a running statistic of the wrong shape, are errors naming them.
     let mut bad = sd.clone();
     bad.insert("layer9.weight".into(), Tensor::from_f32([2], vec![0.0; 2]));

@@ -510,11 +510,12 @@ fn prepare(
         )?),
         None => None,
     };
-    // A resumed run's --save writes the tied aliases its checkpoint recorded.
+    // A resumed run's --save writes the tied aliases and batch counts its checkpoint recorded.
     if let (Some(sd), Some(info)) = (&mut state_dict, &resumed) {
         if !info.tied.is_empty() {
             sd.set_tied(info.tied.clone());
         }
+        sd.set_tracked(&info.tracked);
     }
     Ok(Prepared {
         source,
@@ -936,6 +937,11 @@ impl Run<'_> {
                 .state_dict
                 .as_ref()
                 .map(|sd| sd.tied().clone())
+                .unwrap_or_default(),
+            tracked: self
+                .state_dict
+                .as_ref()
+                .map(|sd| sd.tracked().clone())
                 .unwrap_or_default(),
         };
         checkpoint::save(dir, session, record).map_err(RunError::Checkpoint)

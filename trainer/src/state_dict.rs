@@ -70,6 +70,22 @@ impl StateDict {
         self.tied = tied;
     }
 
+    /// Each batch norm's `num_batches_tracked` before the run's first step (as `--init` read
+    /// it; 0 otherwise), by name.
+    pub fn tracked(&self) -> &IndexMap<String, i64> {
+        &self.tracked
+    }
+
+    /// Sets the counts before the first step (a resumed run's, from its checkpoint), for
+    /// `--save`: names the model does not have are ignored.
+    pub fn set_tracked(&mut self, tracked: &IndexMap<String, i64>) {
+        for (name, &count) in tracked {
+            if let Some(slot) = self.tracked.get_mut(name) {
+                *slot = count;
+            }
+        }
+    }
+
     /// Loads a `state_dict` (`--init`): parameters by name (every one there, shapes checked,
     /// as for any model), running statistics (shapes and dtypes checked; one missing keeps
     /// the model file's), `num_batches_tracked` (kept for `--save`), and buffers of the file
