@@ -117,6 +117,56 @@ fn onnx_flags_without_onnx_and_a_symbolic_batch_without_batch_are_refused_by_nam
 }
 
 #[test]
+fn max_batch_of_an_onnx_model_with_a_symbolic_batch_fits_and_the_next_batch_does_not() {
+    let path = fixture("errors/symbolic_batch.onnx");
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan", "--onnx", &path, "--loss", "mse"];
+        args.extend_from_slice(extra);
+        ingot(&args)
+    };
+    // The budget: what batch 16 needs, so that the largest batch is at least 16.
+    let (code, out, err) = plan(&["--batch", "16", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let budget = doc["total_bytes"].as_u64().unwrap().to_string();
+    let (code, out, err) = plan(&["--budget", &budget, "--max-batch", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(doc["model"].as_str(), Some(path.as_str()));
+    let cheap = doc["max_batch"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["recompute"] == "cheap")
+        .unwrap();
+    let n = cheap["max_batch"].as_u64().unwrap();
+    assert!(n >= 16, "{doc}");
+    let gate = |b: u64| {
+        let b = b.to_string();
+        plan(&["--batch", &b, "--budget", &budget, "--accumulate", "1"]).0
+    };
+    assert_eq!(gate(n), 0, "batch {n} fits");
+    assert_eq!(gate(n + 1), 3, "batch {} does not", n + 1);
+    // A file whose batch is fixed cannot be searched: the error names the axis.
+    let fixed = fixture("ops/cnn.onnx");
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--onnx",
+        &fixed,
+        "--loss",
+        "cross-entropy",
+        "--budget",
+        "1GiB",
+        "--max-batch",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("axis 0") && err.contains("fixed size"),
+        "{err}"
+    );
+}
+
+#[test]
 fn compile_refuses_an_onnx_model_whose_constants_an_executable_cannot_hold() {
     let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-exe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
