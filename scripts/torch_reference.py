@@ -391,7 +391,11 @@ def main():
     model, make_optimizer = build(a.model)
     params = load_safetensors(a.init)
     expected = model.state_dict()
-    # Every parameter must be in the file; buffers (running statistics) may be.
+    # Every parameter must be in the file; buffers (running statistics) may be. Ingot's --save
+    # of a model with batch norms is a whole state_dict: its num_batches_tracked counts (which
+    # momentum 0.1 never reads) are left out here.
+    params = {k: v for k, v in params.items()
+              if not (k.endswith("num_batches_tracked") and k in expected)}
     needed = dict(model.named_parameters())
     missing = [k for k in needed if k not in params]
     unknown = [k for k in params if k not in expected or k.endswith("num_batches_tracked")]
