@@ -2,22 +2,13 @@
 //! `ingot run` trains it exactly as `ingot train` trains the model, `ingot inspect` shows what
 //! `ingot plan` shows, and a damaged file is an error naming it, never a panic.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 const TINY_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 
-fn ingot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("run ingot");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{run as ingot, s};
 
 /// Runs ingot and expects success; returns stdout.
 fn ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
@@ -28,16 +19,7 @@ fn ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
 
 /// A fresh directory for one test's files.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("exe-tests")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    cli::scratch("exe-tests", test)
 }
 
 /// The losses of `--json` step lines.
