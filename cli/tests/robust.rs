@@ -39,11 +39,7 @@ fn scratch(test: &str) -> PathBuf {
     cli::scratch("robust-tests", test)
 }
 
-fn json_lines(out: &str) -> Vec<serde_json::Value> {
-    out.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
+use cli::json_lines;
 
 /// The names of the files in `dir`, sorted.
 fn listing(dir: &Path) -> Vec<String> {

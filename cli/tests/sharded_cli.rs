@@ -43,10 +43,7 @@ fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
 
 /// The JSON lines of a run that succeeded.
 fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
-    ok(&ingot(args))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
+    cli::json_lines(&ok(&ingot(args)))
 }
 
 /// Each step's number and its loss's bits.

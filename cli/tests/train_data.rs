@@ -39,12 +39,7 @@ fn byte_tokens(dir: &Path) -> PathBuf {
     cli::byte_tokens_of(dir, &text)
 }
 
-fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
-}
+use cli::json_lines;
 
 /// The (step, loss) of every step line.
 fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {

@@ -73,6 +73,14 @@ pub fn letter_tokens(dir: &Path, n: u32) -> PathBuf {
     byte_tokens_of(dir, &text)
 }
 
+/// Every line of `stdout` read as JSON (the panic names the line that is not).
+pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
 /// A path as a command-line argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
