@@ -111,6 +111,26 @@ fn matrix(dims: &[usize], t: bool) -> (usize, usize) {
     }
 }
 
+/// An error naming the first operand whose buffer is not of its type's dtype and length.
+fn check_operands(
+    op: &'static str,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+) -> Result<(), ExecError> {
+    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
+        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
+            return Err(ExecError::Operand {
+                op,
+                index,
+                expected: (*t).clone(),
+                got_dtype: v.dtype(),
+                got_len: v.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// [`exec_node`] with the kernel's scratch memory given explicitly: planned execution passes
 /// the node's planned workspace, so the call allocates nothing.
 pub fn exec_node_with(
@@ -154,17 +174,7 @@ fn check_buffers(
             ),
         ));
     }
-    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
-        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
-            return Err(ExecError::Operand {
-                op,
-                index,
-                expected: (*t).clone(),
-                got_dtype: v.dtype(),
-                got_len: v.len(),
-            });
-        }
-    }
+    check_operands(op, inputs, input_types)?;
     if out.dtype() != node.ty.dtype || out.len() != node.ty.shape.numel() {
         return Err(ExecError::Output {
             op,
@@ -414,17 +424,7 @@ pub fn exec_attention(
             ),
         ));
     }
-    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
-        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
-            return Err(ExecError::Operand {
-                op,
-                index,
-                expected: (*t).clone(),
-                got_dtype: v.dtype(),
-                got_len: v.len(),
-            });
-        }
-    }
+    check_operands(op, inputs, input_types)?;
     for (i, (o, &(dtype, n))) in outs.iter().zip(&want).enumerate() {
         if let Some(o) = o {
             if o.dtype() != dtype || o.len() != n {

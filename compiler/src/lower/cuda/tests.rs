@@ -561,16 +561,7 @@ fn a_bf16_gpt_step_lowers_with_every_kernel_generated_and_bf16_gemms_accumulatin
             _ => None,
         })
         .collect();
-    let matmuls = c
-        .graph
-        .ids()
-        .filter(|&id| {
-            matches!(
-                c.graph.node(id).op,
-                Op::MatMul { .. } | Op::MatMulAcc { .. }
-            )
-        })
-        .count();
+    let matmuls = matmul_count(&c.graph);
     assert_eq!(gemms.len(), matmuls);
     for g in gemms {
         match c.graph.node(g.node).op {
@@ -660,21 +651,19 @@ fn a_program_survives_its_json_form_unchanged() {
     assert_eq!(back, p);
 }
 
+/// The matrix products of `g` (plain and accumulating): one GEMM each.
+fn matmul_count(g: &Graph) -> usize {
+    g.ids()
+        .filter(|&id| matches!(g.node(id).op, Op::MatMul { .. } | Op::MatMulAcc { .. }))
+        .count()
+}
+
 #[test]
 fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
     let c = pipeline::compile_model("mlp", &cuda()).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     let counts = p.counts();
-    let matmuls = c
-        .graph
-        .ids()
-        .filter(|&id| {
-            matches!(
-                c.graph.node(id).op,
-                Op::MatMul { .. } | Op::MatMulAcc { .. }
-            )
-        })
-        .count();
+    let matmuls = matmul_count(&c.graph);
     let fused = c
         .graph
         .ids()
