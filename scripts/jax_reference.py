@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 import time
 
@@ -28,6 +27,8 @@ import numpy as np
 # still take effect if set after this, before the first array is made.
 import jax
 import jax.numpy as jnp
+
+import safetensors_io  # beside this script
 
 # --- the shapes of reference-models.md (the same as torch_reference.py's) ----------------------
 
@@ -237,19 +238,7 @@ def fail(msg):
 
 def load_safetensors(path):
     """{name: numpy array} of a safetensors file."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        fail(f"{path}: not a safetensors file (shorter than 8 bytes)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if 8 + n > len(raw):
-        fail(f"{path}: not a safetensors file (header length {n} past the end)")
-    try:
-        header = json.loads(raw[8 : 8 + n].decode("utf-8"))
-    except ValueError as e:
-        fail(f"{path}: not a safetensors file ({e})")
-    header.pop("__metadata__", None)
-    base = 8 + n
+    raw, header, base = safetensors_io.read_header(path, fail)
     out = {}
     for name, info in header.items():
         if info["dtype"] not in NP_DTYPES:
@@ -266,21 +255,13 @@ def load_safetensors(path):
 
 def save_safetensors(path, tensors):
     """Writes {name: array} as a safetensors file (little-endian; the header padded to 8)."""
-    header, chunks, offset = {}, [], 0
-    for name, a in tensors.items():
+
+    def entry(name, a):
         a = np.ascontiguousarray(np.asarray(a))
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        data = a.tobytes()
-        header[name] = {"dtype": NP_NAMES[a.dtype.str], "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for c in chunks:
-            f.write(c)
+        return name, NP_NAMES[a.dtype.str], a.shape, a.tobytes()
+
+    safetensors_io.write(path, (entry(name, a) for name, a in tensors.items()))
 
 
 # --- command line -------------------------------------------------------------------------------

@@ -29,13 +29,14 @@ buffers.
 import argparse
 import json
 import math
-import struct
 import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import safetensors_io  # beside this script
 
 # --- safetensors, by hand -----------------------------------------------------------------------
 
@@ -61,19 +62,7 @@ def fail(msg):
 
 def load_safetensors(path):
     """{name: tensor} of a safetensors file, in the order of the data."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        fail(f"{path}: not a safetensors file (shorter than 8 bytes)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if 8 + n > len(raw):
-        fail(f"{path}: not a safetensors file (header length {n} past the end)")
-    try:
-        header = json.loads(raw[8 : 8 + n].decode("utf-8"))
-    except ValueError as e:
-        fail(f"{path}: not a safetensors file ({e})")
-    header.pop("__metadata__", None)
-    base = 8 + n
+    raw, header, base = safetensors_io.read_header(path, fail)
     out = {}
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         if info["dtype"] not in DTYPES:
@@ -109,19 +98,7 @@ def save_safetensors(path, tensors):
     """Writes {name: tensor} as a safetensors file (little-endian; the header padded to 8)."""
     if sys.byteorder != "little":
         fail("this script writes safetensors only on little-endian machines")
-    header, chunks, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = tensor_bytes(t)
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for c in chunks:
-            f.write(c)
+    safetensors_io.write(path, ((name, NAMES[t.dtype], t.shape, tensor_bytes(t)) for name, t in tensors.items()))
 
 
 # --- the models of reference-models.md ----------------------------------------------------------
@@ -391,7 +368,11 @@ def main():
     model, make_optimizer = build(a.model)
     params = load_safetensors(a.init)
     expected = model.state_dict()
-    # Every parameter must be in the file; buffers (running statistics) may be.
+    # Every parameter must be in the file; buffers (running statistics) may be. Ingot's --save
+    # of a model with batch norms is a whole state_dict: its num_batches_tracked counts (which
+    # momentum 0.1 never reads) are left out here.
+    params = {k: v for k, v in params.items()
+              if not (k.endswith("num_batches_tracked") and k in expected)}
     needed = dict(model.named_parameters())
     missing = [k for k in needed if k not in params]
     unknown = [k for k in params if k not in expected or k.endswith("num_batches_tracked")]

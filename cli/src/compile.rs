@@ -48,7 +48,9 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         &a.model.input_files(),
     )?;
     a.model.check_shard_optimizer(a.model.ranks)?;
-    // An executable holds no weights: an ONNX model's constants would be lost.
+    // An executable holds no weights: an ONNX model's constants would be lost. (The one
+    // import serves this check and the compile.)
+    a.model.onnx.keep_import();
     a.model.onnx.check_executable()?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;

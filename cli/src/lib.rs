@@ -109,7 +109,7 @@ impl PrecisionArgs {
 /// model's own unless changed here.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// mlp, gpt-mini, gpt2, cnn, resnet18, or gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+    /// mlp, gpt-mini, gpt2, cnn, resnet18, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=.., or resnet:depth=18|34|50|101|152,side=..,batch=..,classes=..,width=.. (torchvision's ResNets; side 224, batch 32, classes 1000, width 64 unless given)
     #[arg(
         long,
         required_unless_present_any = ["model_file", "onnx"],
@@ -330,10 +330,17 @@ impl ModelArgs {
             (Some(b), Some(name)) => {
                 ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?
             }
+            // An ONNX model at another batch: imported again with that batch (the file's
+            // batch axis must be symbolic; the import says so otherwise).
+            (Some(b), None) if self.onnx.onnx.is_some() && k == 1 => {
+                let mut at = self.onnx.clone();
+                at.import.batch = Some(b as u64);
+                at.load()?.expect("--onnx is given")
+            }
             (Some(_), None) => {
                 return Err(Failure::new(
                     2,
-                    "another batch size needs --model NAME: a model file's batch is written in its text",
+                    "another batch size needs --model NAME or --onnx MODEL.onnx: a model file's batch is written in its text",
                 ))
             }
         };

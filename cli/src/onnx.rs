@@ -67,6 +67,27 @@ pub struct OnnxModelArgs {
     pub onnx: Option<PathBuf>,
     #[command(flatten)]
     pub import: ImportFlags,
+    /// The file's import, shared by the clones of these flags (see [`ImportCache`]).
+    #[arg(skip)]
+    cache: ImportCache,
+}
+
+/// One import of the --onnx file serving every use in a command: `train` reads the model (to
+/// compile its step), then its weights (to start the session), and `compile` the model, then
+/// its constants, and each import parses and traces the whole file. The import is kept only between those uses: [`OnnxModelArgs::keep_import`]
+/// asks for it (train does), [`OnnxModelArgs::load_weights`] takes it, and a command that
+/// never reads the weights (plan) drops them once the model is taken. An import made with
+/// other options (the labels' shape is read from --data after the flags are parsed) is not
+/// reused.
+#[derive(Clone, Debug, Default)]
+struct ImportCache(std::sync::Arc<std::sync::Mutex<Cached>>);
+
+#[derive(Debug, Default)]
+struct Cached {
+    /// Keep the import after a use (set by [`OnnxModelArgs::keep_import`]).
+    keep: bool,
+    /// The options it was made with (their `Debug` form), and the import.
+    held: Option<(String, Imported)>,
 }
 
 /// How an ONNX model is imported: its loss, batch and held inputs (for --onnx, and for
@@ -152,13 +173,48 @@ impl OnnxModelArgs {
         self.import.options(false)
     }
 
-    fn import(&self) -> Result<Option<Imported>, Failure> {
+    /// Keeps the import between uses, for a command that reads the model and then its
+    /// weights ([`ImportCache`]).
+    pub fn keep_import(&self) {
+        self.cache.0.lock().unwrap_or_else(|p| p.into_inner()).keep = true;
+    }
+
+    /// The cache, holding the file's import with these flags' options (made now, or the one
+    /// kept from an earlier use with the same options); `None` without --onnx.
+    fn imported(&self) -> Result<Option<std::sync::MutexGuard<'_, Cached>>, Failure> {
         let Some(path) = &self.onnx else {
             return Ok(None);
         };
-        ingot_onnx::import(path, &self.options())
-            .map(Some)
-            .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))
+        let options = self.options();
+        let key = format!("{options:?}");
+        let mut cached = self.cache.0.lock().unwrap_or_else(|p| p.into_inner());
+        if cached.held.as_ref().is_none_or(|(k, _)| *k != key) {
+            cached.held = None;
+            let imported = ingot_onnx::import(path, &options)
+                .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))?;
+            cached.held = Some((key, imported));
+        }
+        Ok(Some(cached))
+    }
+
+    /// `f` of the file's import; kept afterwards only when [`Self::keep_import`] asked.
+    fn with_import<T>(&self, f: impl FnOnce(&Imported) -> T) -> Result<Option<T>, Failure> {
+        let Some(mut cached) = self.imported()? else {
+            return Ok(None);
+        };
+        let out = cached.held.as_ref().map(|(_, i)| f(i));
+        if !cached.keep {
+            cached.held = None;
+        }
+        Ok(out)
+    }
+
+    /// The file's import, out of the cache: its last use.
+    fn take_import(&self) -> Result<Option<Imported>, Failure> {
+        Ok(self
+            .imported()?
+            .and_then(|mut cached| cached.held.take())
+            .map(|(_, i)| i))
     }
 
     /// The imported model, when --onnx is given; `--loss`, `--logits` or `--batch` without
@@ -181,12 +237,12 @@ impl OnnxModelArgs {
             }
         }
         // Named by its path, as a --model-file model is (what checkpoints record and compare).
-        Ok(self.import()?.map(|mut i| {
-            if let Some(path) = &self.onnx {
-                i.model.name = path.display().to_string();
-            }
-            i.model
-        }))
+        let name = self.onnx.as_ref().map(|p| p.display().to_string());
+        self.with_import(|i| {
+            let mut model = i.model.clone();
+            model.name = name.unwrap_or_default();
+            model
+        })
     }
 
     /// Writes the file's weights into `session`: every parameter, and the state the model
@@ -194,7 +250,7 @@ impl OnnxModelArgs {
     /// it is. Returns what `--init` and `--save` need to read and write a PyTorch `state_dict`
     /// for the model ([`StateDict`]). Nothing to do without --onnx.
     pub fn load_weights(&self, session: &mut Session) -> Result<Option<StateDict>, Failure> {
-        let Some(imp) = self.import()? else {
+        let Some(imp) = self.take_import()? else {
             return Ok(None);
         };
         let info = state_dict_of(&imp);
@@ -259,15 +315,15 @@ impl OnnxModelArgs {
     /// parameters, like any model's, come from --init or the seed). Nothing to do without
     /// --onnx.
     pub fn check_executable(&self) -> Result<(), Failure> {
-        let Some(imp) = self.import()? else {
-            return Ok(());
-        };
-        let constants: Vec<&str> = imp
-            .weights
-            .iter()
-            .filter(|(_, w)| w.constant)
-            .map(|(k, _)| k.as_str())
-            .collect();
+        let constants: Vec<String> = self
+            .with_import(|imp| {
+                imp.weights
+                    .iter()
+                    .filter(|(_, w)| w.constant)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })?
+            .unwrap_or_default();
         if constants.is_empty() {
             return Ok(());
         }
@@ -339,5 +395,53 @@ mod tests {
     #[test]
     fn the_command_line_with_the_onnx_flags_is_consistent() {
         super::super::Cli::command().debug_assert();
+    }
+
+    /// Flags importing a copy of a small fixture, and the copy's path (to take it away): a
+    /// file of its own per test.
+    fn flags_on_a_copy(test: &str) -> (super::OnnxModelArgs, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ingot-cli-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../onnx/tests/fixtures/ops/add_broadcast.onnx");
+        let copy = dir.join("model.onnx");
+        std::fs::copy(fixture, &copy).unwrap();
+        let mut flags = super::OnnxModelArgs {
+            onnx: Some(copy.clone()),
+            ..Default::default()
+        };
+        flags.import.loss = Some(super::LossName::Mse);
+        (flags, copy)
+    }
+
+    #[test]
+    fn a_kept_import_serves_the_model_and_then_the_weights_without_reading_the_file_again() {
+        let (flags, copy) = flags_on_a_copy("kept");
+        flags.keep_import();
+        let model = flags.load().unwrap().expect("--onnx given");
+        // A clone of the flags (as train's labels' shape makes) shares the import.
+        let clone = flags.clone();
+        std::fs::remove_file(&copy).unwrap();
+        let taken = clone.take_import().unwrap().expect("kept");
+        assert_eq!(taken.model.graph.len(), model.graph.len());
+        // Taken: the next use reads the file, which is gone.
+        assert!(flags.load().is_err());
+    }
+
+    #[test]
+    fn an_import_not_kept_is_dropped_after_its_use_and_other_options_import_again() {
+        let (flags, copy) = flags_on_a_copy("dropped");
+        flags.load().unwrap().expect("--onnx given");
+        assert!(
+            flags.cache.0.lock().unwrap().held.is_none(),
+            "plan holds no weights"
+        );
+        flags.keep_import();
+        flags.load().unwrap();
+        let mut other = flags.clone();
+        other.import.labels_shape = Some(vec![3]);
+        std::fs::remove_file(&copy).unwrap();
+        assert!(flags.load().is_ok(), "same options: the kept import");
+        assert!(other.load().is_err(), "other options: imported again");
     }
 }

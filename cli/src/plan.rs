@@ -159,10 +159,10 @@ fn largest_batch(
 /// `ingot plan --budget SIZE --max-batch`.
 fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Result<(), Failure> {
     use std::io::IsTerminal;
-    if a.model.model.is_none() {
+    if a.model.model.is_none() && a.model.onnx.onnx.is_none() {
         return Err(Failure::new(
             2,
-            "--max-batch needs --model NAME: a model file's batch is written in its text",
+            "--max-batch needs --model NAME or --onnx MODEL.onnx (with a symbolic batch axis): a model file's batch is written in its text",
         ));
     }
     if a.model.accumulate.is_some_and(|k| k > 1) {
@@ -200,7 +200,11 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
     for (label, r) in found {
         results.push((label, r?));
     }
-    let name = a.model.model.as_deref().unwrap_or_default();
+    let name = match (&a.model.model, &a.model.onnx.onnx) {
+        (Some(name), _) => name.clone(),
+        (None, Some(path)) => path.display().to_string(),
+        (None, None) => String::new(),
+    };
     if a.json {
         let rows: Vec<serde_json::Value> = results
             .iter()

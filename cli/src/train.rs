@@ -414,6 +414,8 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     // An ONNX model's cross-entropy class axis may be decided by the shape of --data's y.
     let model_args = with_labels_shape(a);
+    // One import of an --onnx file serves the compile and the session's weights.
+    model_args.onnx.keep_import();
     let mut step_options = model_args.step_options(scheduled);
     step_options.step_input = true;
     if let Some(n) = a.gpus {
@@ -476,7 +478,12 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         },
     };
     // An ONNX model starts from the file's weights (--init, applied later, replaces them).
-    let state_dict = model_args.onnx.load_weights(&mut session)?;
+    let onnx_state_dict = model_args.onnx.load_weights(&mut session)?;
+    let file_weights = onnx_state_dict.is_some();
+    // Any other model with batch norms reads and writes a whole PyTorch state_dict too (running
+    // statistics and num_batches_tracked beside the parameters), by the same mechanism.
+    let state_dict = onnx_state_dict
+        .or_else(|| ingot_trainer::state_dict::StateDict::of_running_stats(&session));
     // NCCL's communicator, kept for the run; its memory measured once, before the first step.
     let _nccl = match a.gpus {
         _ if a.torchrun => {
@@ -505,6 +512,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         eval,
         Some(model.optimizer),
         state_dict,
+        file_weights,
         &images,
     )
 }
@@ -594,14 +602,15 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    train_with(session, a, device, None, None, None, &a.image_options())
+    let state_dict = ingot_trainer::state_dict::StateDict::of_running_stats(session);
+    train_with(session, a, device, None, None, state_dict, false, &a.image_options())
 }
 
 /// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
-/// known (recorded in checkpoints and compared on resume); `state_dict`: the session holds
-/// the weights of the model's file (an ONNX model's), which `--init` or `--resume` replace;
-/// `--init` reads, and `--save` writes, a whole PyTorch `state_dict` for it (running
-/// statistics and `num_batches_tracked` included).
+/// known (recorded in checkpoints and compared on resume); `state_dict`: `--init` reads, and
+/// `--save` writes, a whole PyTorch `state_dict` for the model (running statistics and
+/// `num_batches_tracked` included); `file_weights`: the session holds the weights of the
+/// model's file (an ONNX model's), which `--init` or `--resume` replace.
 fn train_with(
     session: &mut Session,
     a: &StepArgs,
@@ -609,11 +618,12 @@ fn train_with(
     eval: Option<Evaluator>,
     optimizer: Option<ingot_compiler::models::Optimizer>,
     state_dict: Option<StateDict>,
+    file_weights: bool,
     images: &ImageOptions,
 ) -> Result<(), Failure> {
     let o = RunOptions {
         optimizer,
-        file_weights: state_dict.is_some(),
+        file_weights,
         state_dict,
         ..options(a, device, images)
     };

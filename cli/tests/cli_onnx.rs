@@ -4,19 +4,12 @@
 use indexmap::IndexMap;
 use ingot_runtime::tensor::Tensor;
 use std::path::PathBuf;
-use std::process::Command;
 
-fn ingot(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("run ingot");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::run as ingot;
+#[path = "../../onnx/tests/support/mod.rs"]
+mod onnx_support;
 
 fn fixture(rel: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -60,8 +53,7 @@ fn train_onnx_starts_from_the_files_weights_and_gives_the_reference_losses() {
         .iter()
         .map(|x| x.as_i64().unwrap())
         .collect();
-    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-onnx-tests", "cli-onnx");
     let batch = dir.join("batch.safetensors");
     let mut b = IndexMap::new();
     b.insert("x".to_string(), Tensor::from_f32([4, 6], floats(&doc["x"])));
@@ -85,12 +77,7 @@ fn train_onnx_starts_from_the_files_weights_and_gives_the_reference_losses() {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
         .collect();
-    let want: Vec<f64> = doc["sgd_losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let want = onnx_support::f64s(&doc["sgd_losses"]);
     assert_eq!(losses.len(), 5, "{out}");
     for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
         assert!(
@@ -117,9 +104,58 @@ fn onnx_flags_without_onnx_and_a_symbolic_batch_without_batch_are_refused_by_nam
 }
 
 #[test]
+fn max_batch_of_an_onnx_model_with_a_symbolic_batch_fits_and_the_next_batch_does_not() {
+    let path = fixture("errors/symbolic_batch.onnx");
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan", "--onnx", &path, "--loss", "mse"];
+        args.extend_from_slice(extra);
+        ingot(&args)
+    };
+    // The budget: what batch 16 needs, so that the largest batch is at least 16.
+    let (code, out, err) = plan(&["--batch", "16", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let budget = doc["total_bytes"].as_u64().unwrap().to_string();
+    let (code, out, err) = plan(&["--budget", &budget, "--max-batch", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(doc["model"].as_str(), Some(path.as_str()));
+    let cheap = doc["max_batch"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["recompute"] == "cheap")
+        .unwrap();
+    let n = cheap["max_batch"].as_u64().unwrap();
+    assert!(n >= 16, "{doc}");
+    let gate = |b: u64| {
+        let b = b.to_string();
+        plan(&["--batch", &b, "--budget", &budget, "--accumulate", "1"]).0
+    };
+    assert_eq!(gate(n), 0, "batch {n} fits");
+    assert_eq!(gate(n + 1), 3, "batch {} does not", n + 1);
+    // A file whose batch is fixed cannot be searched: the error names the axis.
+    let fixed = fixture("ops/cnn.onnx");
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--onnx",
+        &fixed,
+        "--loss",
+        "cross-entropy",
+        "--budget",
+        "1GiB",
+        "--max-batch",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("axis 0") && err.contains("fixed size"),
+        "{err}"
+    );
+}
+
+#[test]
 fn compile_refuses_an_onnx_model_whose_constants_an_executable_cannot_hold() {
-    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-exe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-onnx-tests", "cli-onnx-exe");
     let out = dir.join("step.ingot");
     let (code, _, err) = ingot(&[
         "compile",
@@ -171,8 +207,7 @@ fn a_trained_onnx_model_is_named_by_its_path_and_starts_from_the_files_weights()
 
 #[test]
 fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
-    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-sd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-onnx-tests", "cli-onnx-sd");
     let init = fixture("state_dict/cnn.safetensors");
     let sd = ingot_runtime::io::load(&init).unwrap();
     let train = |steps: &str, init: &str, save: &std::path::Path| {
@@ -223,6 +258,44 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     let again = dir.join("again.safetensors");
     let (code, _, err) = train("0", trained.to_str().unwrap(), &again);
     assert_eq!(code, 0, "{err}");
+    // A checkpoint keeps the count --init read: resumed after step 1, the run saved after
+    // step 3 writes the uninterrupted run's count and statistics.
+    let ck = dir.join("ck");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--onnx",
+        &fixture("ops/cnn.onnx"),
+        "--loss",
+        "cross-entropy",
+        "--init",
+        &init,
+        "--steps",
+        "1",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let resumed = dir.join("resumed.safetensors");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--onnx",
+        &fixture("ops/cnn.onnx"),
+        "--loss",
+        "cross-entropy",
+        "--resume",
+        ck.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--save",
+        resumed.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = ingot_runtime::io::load(&resumed).unwrap();
+    assert_eq!(r["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
+    assert_eq!(
+        r["bn.running_mean"].to_le_bytes(),
+        t["bn.running_mean"].to_le_bytes()
+    );
     // A name the model lacks, and a running statistic of the wrong shape, are errors naming them.
     let mut bad = sd.clone();
     bad.insert("layer9.weight".into(), Tensor::from_f32([2], vec![0.0; 2]));
@@ -248,8 +321,7 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
     // onnx/tests/torch/cnn: exported by scripts/export_onnx.py, its init.safetensors PyTorch's
     // own state_dict (running statistics and num_batches_tracked included), and PyTorch's
     // losses of 5 SGD steps on batch.safetensors.
-    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-torchsd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-onnx-tests", "cli-onnx-torchsd");
     let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/torch/cnn");
     let p = |f: &str| base.join(f).display().to_string();
     let saved = dir.join("trained.safetensors");
@@ -280,12 +352,7 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
         .collect();
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p("losses.json")).unwrap()).unwrap();
-    let want: Vec<f64> = doc["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let want = onnx_support::f64s(&doc["losses"]);
     assert_eq!(losses.len(), 5, "{out}");
     for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
         assert!(
@@ -358,15 +425,7 @@ fn mlp_state_dict() -> IndexMap<String, Tensor> {
         },
     )
     .unwrap();
-    imp.weights
-        .iter()
-        .map(|(k, w)| {
-            (
-                k.clone(),
-                Tensor::from_le_bytes(w.ty.clone(), &w.bytes).unwrap(),
-            )
-        })
-        .collect()
+    onnx_support::weights(&imp)
 }
 
 /// A safetensors file of `tensors` whose header carries `metadata` (as PyTorch's
@@ -399,8 +458,7 @@ fn save_with_metadata(
 fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_names() {
     // GPT-2's lm_head.weight is transformer.wte.weight: PyTorch's state_dict has both names,
     // the ONNX file one initializer. Here head.weight is the mlp's fc2.weight, bit for bit.
-    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-tied-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-onnx-tests", "cli-onnx-tied");
     let mut sd = mlp_state_dict();
     let fc2 = sd["fc2.weight"].clone();
     sd.insert("head.weight".into(), fc2.clone());
@@ -541,8 +599,7 @@ fn a_tied_head_model_trains_on_labels_up_to_its_vocabulary_with_the_class_axis_r
             .map(|x| x.as_i64().unwrap())
             .collect()
     };
-    let dir = std::env::temp_dir().join(format!("ingot-cli-onnx-head-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-onnx-tests", "cli-onnx-head");
     let batch = dir.join("batch.safetensors");
     let mut b = IndexMap::new();
     b.insert("x".to_string(), Tensor::from_i64([2, 3], ints(&doc["x"])));

@@ -1,18 +1,8 @@
 //! The `ingot plan` and `ingot dsa` commands, run as a user would.
 
-use std::process::Command;
-
-fn ingot(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("run ingot");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::run as ingot;
 
 #[test]
 fn plan_json_is_a_versioned_document_with_the_totals() {
@@ -65,8 +55,7 @@ fn a_malformed_budget_or_model_is_a_clear_error() {
 
 #[test]
 fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
-    let dir = std::env::temp_dir().join(format!("ingot-dsa-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-plan-tests", "dsa");
     let input = dir.join("p.csv");
     let output = dir.join("s.csv");
     // Three buffers: two overlap in time, the third reuses the first's space.
@@ -119,8 +108,7 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
 
 #[test]
 fn plan_writes_the_html_page_and_the_svg() {
-    let dir = std::env::temp_dir().join(format!("ingot-picture-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-plan-tests", "picture");
     let html = dir.join("plan.html");
     let svg = dir.join("plan.svg");
     let (code, out, err) = ingot(&[
@@ -155,8 +143,7 @@ fn plan_writes_the_html_page_and_the_svg() {
 
 #[test]
 fn plan_diff_exits_0_for_equal_plans_1_for_different_ones_and_2_for_a_bad_file() {
-    let dir = std::env::temp_dir().join(format!("ingot-diff-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("cli-plan-tests", "diff");
     let write = |name: &str, model: &str| {
         let (code, out, err) = ingot(&["plan", "--model", model, "--json"]);
         assert_eq!(code, 0, "{err}");

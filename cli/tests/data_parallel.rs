@@ -487,19 +487,7 @@ mod cli {
 
     /// 4000 byte tokens of a deterministic text.
     fn tokens(dir: &Path) -> PathBuf {
-        let text: String = (0..4000u32)
-            .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
-            .collect();
-        let txt = dir.join("text.txt");
-        std::fs::write(&txt, text).unwrap();
-        let bin = dir.join("text.bin");
-        ok(&ingot(&[
-            "data",
-            "bytes",
-            txt.to_str().unwrap(),
-            bin.to_str().unwrap(),
-        ]));
-        bin
+        super::cli_support::letter_tokens(dir, 4000)
     }
 
     fn losses(stdout: &str) -> Vec<u64> {

@@ -295,12 +295,9 @@ fn training_and_evaluating_in_the_shared_allocation_allocate_nothing_per_step() 
     );
 }
 
-fn ingot(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("ingot runs")
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::ingot;
 
 fn json_of(out: &std::process::Output) -> serde_json::Value {
     assert!(

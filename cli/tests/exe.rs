@@ -2,22 +2,13 @@
 //! `ingot run` trains it exactly as `ingot train` trains the model, `ingot inspect` shows what
 //! `ingot plan` shows, and a damaged file is an error naming it, never a panic.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 const TINY_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 
-fn ingot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("run ingot");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{run as ingot, s};
 
 /// Runs ingot and expects success; returns stdout.
 fn ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
@@ -28,16 +19,7 @@ fn ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
 
 /// A fresh directory for one test's files.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("exe-tests")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    cli::scratch("exe-tests", test)
 }
 
 /// The losses of `--json` step lines.
@@ -64,29 +46,10 @@ fn compile_then_run_gives_the_same_losses_and_parameters_as_train() {
         let exe = dir.join(format!("step{i}.ingot"));
         let (trained, ran) = (dir.join(format!("t{i}.st")), dir.join(format!("r{i}.st")));
         ok(&["compile", "--model", model, "-o", s(&exe)]);
-        let train = ok(&[
-            "train",
-            "--model",
-            model,
-            "--steps",
-            "3",
-            "--seed",
-            "7",
-            "--json",
-            "--save",
-            s(&trained),
-        ]);
-        let run = ok(&[
-            "run",
-            s(&exe),
-            "--steps",
-            "3",
-            "--seed",
-            "7",
-            "--json",
-            "--save",
-            s(&ran),
-        ]);
+        // The same flags for both, the file saved last.
+        let flags = ["--steps", "3", "--seed", "7", "--json", "--save"];
+        let train = ok(&[&["train", "--model", model][..], &flags, &[s(&trained)]].concat());
+        let run = ok(&[&["run", s(&exe)][..], &flags, &[s(&ran)]].concat());
         let (a, b) = (losses(&train), losses(&run));
         assert_eq!(a.len(), 3, "{model}: {train}");
         assert_eq!(
@@ -113,15 +76,7 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
     let dir = scratch("inspect");
     for device in ["cpu", "cuda"] {
         let exe = dir.join(format!("{device}.ingot"));
-        ok(&[
-            "compile",
-            "--model",
-            TINY_GPT,
-            "--device",
-            device,
-            "-o",
-            s(&exe),
-        ]);
+        compile(TINY_GPT, device, &exe);
         let plan = ok(&["plan", "--model", TINY_GPT, "--device", device]);
         // `plan` prints the table, then a line each about rewriting and fusion.
         let table: String = plan
@@ -190,15 +145,7 @@ fn the_same_model_compiles_to_byte_identical_files() {
             dir.join(format!("b-{device}")),
         );
         for f in [&a, &b] {
-            ok(&[
-                "compile",
-                "--model",
-                TINY_GPT,
-                "--device",
-                device,
-                "-o",
-                s(f),
-            ]);
+            compile(TINY_GPT, device, f);
         }
         let (a, b) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
         assert!(a.starts_with(b"INGOTEXE"));
@@ -262,20 +209,26 @@ fn a_damaged_file_is_an_error_naming_the_file_and_the_damage() {
     );
 }
 
+/// `ingot compile` of `model` for `device` into `path` (for `cuda` too: planning and CUDA C
+/// generation need no GPU).
+fn compile(model: &str, device: &str, path: &std::path::Path) {
+    ok(&[
+        "compile",
+        "--model",
+        model,
+        "--device",
+        device,
+        "-o",
+        s(path),
+    ]);
+}
+
 #[test]
 fn a_file_runs_only_on_the_target_it_was_planned_for() {
     let dir = scratch("targets");
     let (cpu, cuda) = (dir.join("cpu.ingot"), dir.join("cuda.ingot"));
     ok(&["compile", "--model", "mlp", "-o", s(&cpu)]);
-    ok(&[
-        "compile",
-        "--model",
-        "mlp",
-        "--device",
-        "cuda",
-        "-o",
-        s(&cuda),
-    ]);
+    compile("mlp", "cuda", &cuda);
     for (file, device, planned) in [(&cpu, "cuda", "cpu"), (&cuda, "cpu", "cuda")] {
         let (code, _, err) = ingot(&["run", s(file), "--steps", "1", "--device", device]);
         assert_eq!(code, 1, "{err}");
@@ -298,16 +251,7 @@ fn running_a_cuda_file_without_a_gpu_is_the_usual_clear_error() {
     }
     let dir = scratch("no_gpu");
     let cuda = dir.join("cuda.ingot");
-    // Planning and CUDA C generation need no GPU.
-    ok(&[
-        "compile",
-        "--model",
-        "mlp",
-        "--device",
-        "cuda",
-        "-o",
-        s(&cuda),
-    ]);
+    compile("mlp", "cuda", &cuda);
     for args in [
         vec!["run", s(&cuda), "--steps", "1"],
         vec!["run", s(&cuda), "--steps", "1", "--device", "cuda"],

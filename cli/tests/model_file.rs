@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+#[path = "support/cli.rs"]
+mod cli;
+
 fn ingot(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ingot"))
         .args(args)
@@ -17,16 +20,22 @@ fn repo_root() -> PathBuf {
 
 const TINY: &str = "docs/examples/tiny-mlp.ir";
 
-#[test]
-fn plan_prints_a_report_for_a_model_file() {
-    let out = ingot(&["plan", "--model-file", TINY]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+/// The stdout of `ingot args`, which must exit 0 (a failure shows stdout and stderr).
+fn succeeds(args: &[&str]) -> String {
+    let out = ingot(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.status.code(),
         Some(0),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn plan_prints_a_report_for_a_model_file() {
+    let stdout = succeeds(&["plan", "--model-file", TINY]);
     assert!(
         stdout.contains(TINY),
         "the report names the file:\n{stdout}"
@@ -36,14 +45,7 @@ fn plan_prints_a_report_for_a_model_file() {
 
 #[test]
 fn train_on_a_model_file_lowers_the_loss() {
-    let out = ingot(&["train", "--model-file", TINY, "--steps", "5", "--json"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeds(&["train", "--model-file", TINY, "--steps", "5", "--json"]);
     let losses: Vec<f64> = stdout
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -57,17 +59,10 @@ fn train_on_a_model_file_lowers_the_loss() {
 
 #[test]
 fn compile_and_run_a_model_file() {
-    let dir = std::env::temp_dir().join(format!("ingot-model-file-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = cli::scratch("model-file-tests", "model-file");
     let exe = dir.join("tiny.ingot");
     let exe = exe.to_str().unwrap();
-    let out = ingot(&["compile", "--model-file", TINY, "-o", exe]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&["compile", "--model-file", TINY, "-o", exe]);
     let trained = ingot(&["train", "--model-file", TINY, "--steps", "2"]);
     let ran = ingot(&["run", exe, "--steps", "2"]);
     assert_eq!(
@@ -89,16 +84,20 @@ fn compile_and_run_a_model_file() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `text` written as the file `name` in a fresh directory for `test`.
+fn ir_file(test: &str, name: &str, text: &str) -> PathBuf {
+    let f = cli::scratch("model-file-tests", test).join(name);
+    std::fs::write(&f, text).unwrap();
+    f
+}
+
 #[test]
 fn a_syntax_error_names_the_file_and_line_and_exits_1() {
-    let dir = std::env::temp_dir().join(format!("ingot-model-file-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.ir");
-    std::fs::write(
-        &bad,
+    let bad = ir_file(
+        "model-file-bad",
+        "bad.ir",
         "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\n%1 = reduce_sum(%0 axes=[0] : f32[1]\n",
-    )
-    .unwrap();
+    );
     let bad = bad.to_str().unwrap();
     for cmd in ["plan", "train"] {
         let mut args = vec![cmd, "--model-file", bad];
@@ -117,19 +116,15 @@ fn a_syntax_error_names_the_file_and_line_and_exits_1() {
     let missing = ingot(&["plan", "--model-file", "no/such/file.ir"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no/such/file.ir"));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn a_file_without_a_scalar_loss_is_an_error_naming_it() {
-    let dir = std::env::temp_dir().join(format!("ingot-model-file-noloss-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("noloss.ir");
-    std::fs::write(
-        &f,
+    let f = ir_file(
+        "model-file-noloss",
+        "noloss.ir",
         "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\noutput \"out\" = %0\n",
-    )
-    .unwrap();
+    );
     let out = ingot(&["plan", "--model-file", f.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -137,7 +132,6 @@ fn a_file_without_a_scalar_loss_is_an_error_naming_it() {
         stderr.contains("noloss.ir") && stderr.contains("\"loss\""),
         "{stderr}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

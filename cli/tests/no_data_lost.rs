@@ -6,13 +6,9 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{ingot, ok, scratch};
+use cli::{ingot, ok, s, scratch};
 use ingot_trainer::checkpoint;
-use std::path::{Path, PathBuf};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use std::path::PathBuf;
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

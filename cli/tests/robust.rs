@@ -5,16 +5,17 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "support/cli.rs"]
+mod cli;
+use cli::s;
+
 fn ingot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .expect("run ingot");
-    let (code, out, err) = (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    let (code, out, err) = cli::code_out_err(
+        &Command::new(env!("CARGO_BIN_EXE_ingot"))
+            .args(args)
+            .current_dir(repo_root())
+            .output()
+            .expect("run ingot"),
     );
     assert!(
         !err.contains("panicked") && !err.contains("memory allocation"),
@@ -35,23 +36,10 @@ fn model(name: &str) -> String {
 
 /// A fresh directory for one test's files.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("robust-tests")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    cli::scratch("robust-tests", test)
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn json_lines(out: &str) -> Vec<serde_json::Value> {
-    out.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
+use cli::json_lines;
 
 /// The names of the files in `dir`, sorted.
 fn listing(dir: &Path) -> Vec<String> {

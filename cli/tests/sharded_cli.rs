@@ -43,10 +43,7 @@ fn train_args<'a>(shard: bool, args: &[&'a str]) -> Vec<&'a str> {
 
 /// The JSON lines of a run that succeeded.
 fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
-    ok(&ingot(args))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
+    cli::json_lines(&ok(&ingot(args)))
 }
 
 /// Each step's number and its loss's bits.
@@ -223,18 +220,7 @@ fn a_sharded_run_validates_as_the_unsharded_run_does_and_plans_its_evaluation() 
     // training step keeps them; the sharded f32 rows stay the training step's alone.
     const BYTES_GPT: &str = "gpt:vocab=256,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
     let d = scratch("validates");
-    let text: String = (0..3000u32)
-        .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
-        .collect();
-    let txt = d.join("text.txt");
-    std::fs::write(&txt, text).unwrap();
-    let bin = d.join("text.bin");
-    ok(&ingot(&[
-        "data",
-        "bytes",
-        txt.to_str().unwrap(),
-        bin.to_str().unwrap(),
-    ]));
+    let bin = cli::letter_tokens(&d, 3000);
     let bin = bin.to_str().unwrap();
     let run = |shard: bool| -> (Vec<(u64, u64)>, Vec<u64>) {
         let a = model_args(

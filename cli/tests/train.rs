@@ -8,18 +8,16 @@ use ingot_runtime::io::{self, IoError};
 use ingot_runtime::Tensor;
 use ingot_trainer::session::{Session, SessionError};
 use std::path::PathBuf;
-use std::process::Command;
+
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{ingot, ok};
 
 const TINY_GPT: &str = "gpt:vocab=32,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2";
 
 /// A fresh directory for one test's files.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("train-tests")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    cli::scratch("train-tests", test)
 }
 
 fn bits(t: &Tensor) -> (Vec<usize>, DType, Vec<u8>) {
@@ -223,13 +221,6 @@ fn an_id_outside_the_vocabulary_is_an_error_naming_the_input_and_position() {
 
 // --- the `ingot train` command ---------------------------------------------------------------
 
-fn ingot(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(args)
-        .output()
-        .expect("ingot runs")
-}
-
 fn losses(out: &std::process::Output) -> Vec<f64> {
     let stdout = String::from_utf8(out.stdout.clone()).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
@@ -256,15 +247,6 @@ fn losses(out: &std::process::Output) -> Vec<f64> {
             v["loss"].as_f64().unwrap()
         })
         .collect()
-}
-
-fn ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "exit {:?}: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
@@ -306,33 +288,18 @@ fn ingot_train_save_writes_parameters_that_init_reads_back() {
     assert_eq!(io::load(&b0).unwrap(), session.batch());
 
     // Loading them (with another seed) trains exactly as the seeded run does.
-    let seeded = ingot(&[
-        "train",
-        "--model",
-        TINY_GPT,
-        "--steps",
-        "3",
-        "--seed",
-        "4",
-        "--json",
-        "--save",
-        &s(&p1),
-    ]);
+    let three_steps = [
+        "train", "--model", TINY_GPT, "--steps", "3", "--json", "--seed",
+    ];
+    let seeded = ingot(&[&three_steps[..], &["4", "--save", s(&p1).as_str()]].concat());
     ok(&seeded);
-    let loaded = ingot(&[
-        "train",
-        "--model",
-        TINY_GPT,
-        "--steps",
-        "3",
-        "--seed",
-        "99",
-        "--json",
-        "--init",
-        &s(&p0),
-        "--data",
-        &s(&b0),
-    ]);
+    let loaded = ingot(
+        &[
+            &three_steps[..],
+            &["99", "--init", s(&p0).as_str(), "--data", s(&b0).as_str()],
+        ]
+        .concat(),
+    );
     ok(&loaded);
     let (a, b) = (losses(&seeded), losses(&loaded));
     assert_eq!(a.len(), 3);

@@ -36,24 +36,10 @@ fn byte_tokens(dir: &Path) -> PathBuf {
     }
     // 5000 tokens: 156 rows of 32 + 1, 19 whole batches of 8, and tokens left over.
     text.truncate(5000);
-    let txt = dir.join("text.txt");
-    std::fs::write(&txt, text).unwrap();
-    let bin = dir.join("text.bin");
-    ok(&ingot(&[
-        "data",
-        "bytes",
-        txt.to_str().unwrap(),
-        bin.to_str().unwrap(),
-    ]));
-    bin
+    cli::byte_tokens_of(dir, &text)
 }
 
-fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
-}
+use cli::json_lines;
 
 /// The (step, loss) of every step line.
 fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {

@@ -31,16 +31,9 @@ const DIMS: [usize; 8] = [1, 1, 2, 3, 4, 5, 6, 8];
 /// Every op is drawn only on operands it accepts, so an error here is a bug in the generator
 /// (or in the IR's shape rules), never a property of the seed.
 pub fn model(seed: u64) -> Result<Model> {
-    let mut b = Builder {
-        g: Graph::new(),
-        rng: Rng(seed),
-        pool: Vec::new(),
-        params: 0,
-        inputs: 0,
-        layers: 0,
-    };
-    let loss = b.build()?;
-    let mut g = b.g;
+    let mut b = Builder::new(seed);
+    let loss = b.build(None)?;
+    let mut g = std::mem::take(&mut b.g);
     g.set_output("loss", loss)?;
     let optimizer = if b.rng.chance(50) {
         Optimizer::Sgd { lr: 0.1 }
@@ -84,6 +77,124 @@ pub fn step_options(seed: u64) -> crate::autodiff::StepOptions {
     }
 }
 
+/// One op of a [`Description`]: the kinds of op [`model`] draws from, named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    Unary,
+    Binary,
+    /// A random permutation (of a value with two axes or more).
+    Transpose,
+    Slice,
+    Concat,
+    /// A sum or max over random axes.
+    Reduce,
+    Softmax,
+    Reshape,
+    MatMul,
+    Broadcast,
+    /// A comparison and a select.
+    Select,
+    /// Rows of a new table gathered by iota ids (the embedding pattern).
+    Gather,
+    Attention,
+    /// A convolution, batch norm or pooling block over an image.
+    Image,
+    Dropout,
+}
+
+impl OpKind {
+    /// Every kind, in the order [`model`]'s draw numbers them.
+    pub const ALL: [OpKind; 15] = [
+        OpKind::Unary,
+        OpKind::Binary,
+        OpKind::Transpose,
+        OpKind::Slice,
+        OpKind::Concat,
+        OpKind::Reduce,
+        OpKind::Softmax,
+        OpKind::Reshape,
+        OpKind::MatMul,
+        OpKind::Broadcast,
+        OpKind::Select,
+        OpKind::Gather,
+        OpKind::Attention,
+        OpKind::Image,
+        OpKind::Dropout,
+    ];
+
+    /// The number [`Builder::op`] knows the kind by (what `rng.below(16)` draws for it).
+    fn code(self) -> usize {
+        match self {
+            OpKind::Unary => 0,
+            OpKind::Binary => 1,
+            OpKind::Transpose => 3,
+            OpKind::Slice => 4,
+            OpKind::Concat => 5,
+            OpKind::Reduce => 6,
+            OpKind::Softmax => 7,
+            OpKind::Reshape => 8,
+            OpKind::MatMul => 9,
+            OpKind::Broadcast => 10,
+            OpKind::Select => 11,
+            OpKind::Gather => 12,
+            OpKind::Attention => 13,
+            OpKind::Image => 14,
+            OpKind::Dropout => 15,
+        }
+    }
+}
+
+/// The most ops of a [`Description`] that [`described`] builds (the rest are ignored), so
+/// that a graph stays small enough to compile and run in milliseconds.
+pub const MAX_OPS: usize = 32;
+
+/// A random graph described op by op rather than by one seed: the fuzz target `fused_step`
+/// builds one from its input, so that the fuzzer's mutations add, remove or change ops and
+/// the step's options one at a time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Description {
+    /// Seeds the draws the description leaves to the generator: shapes, axes, and which
+    /// values each op reads.
+    pub seed: u64,
+    /// The ops, in order, each on a value drawn from those built so far (one that does not
+    /// apply to the value drawn is skipped).
+    pub ops: Vec<OpKind>,
+    /// AdamW, else SGD.
+    pub adamw: bool,
+    pub precision: crate::models::Precision,
+    /// Micro-batches the step accumulates its gradients over (1 to 3; others are clamped).
+    pub micro_batches: usize,
+}
+
+/// The model that `d` describes, named `described:SEED`: built as [`model`] builds one, with
+/// `d`'s ops, optimizer and precision where [`model`] draws them.
+pub fn described(d: &Description) -> Result<Model> {
+    let mut b = Builder::new(d.seed);
+    let ops = &d.ops[..d.ops.len().min(MAX_OPS)];
+    let loss = b.build(Some(ops))?;
+    let mut g = std::mem::take(&mut b.g);
+    g.set_output("loss", loss)?;
+    Ok(Model {
+        name: format!("described:{}", d.seed),
+        graph: g,
+        eval_graph: None,
+        optimizer: if d.adamw {
+            Optimizer::adamw(0.01, 0.01)
+        } else {
+            Optimizer::Sgd { lr: 0.1 }
+        },
+        precision: d.precision,
+    })
+}
+
+/// The step options `d`'s step is built with: its micro-batches, clamped to 1 to 3.
+pub fn described_step_options(d: &Description) -> crate::autodiff::StepOptions {
+    crate::autodiff::StepOptions {
+        accumulate: d.micro_batches.clamp(1, 3),
+        ..Default::default()
+    }
+}
+
 struct Builder {
     g: Graph,
     rng: Rng,
@@ -100,6 +211,17 @@ fn numel(d: &[usize]) -> usize {
 }
 
 impl Builder {
+    fn new(seed: u64) -> Builder {
+        Builder {
+            g: Graph::new(),
+            rng: Rng(seed),
+            pool: Vec::new(),
+            params: 0,
+            inputs: 0,
+            layers: 0,
+        }
+    }
+
     fn dims(&self, x: NodeId) -> Vec<usize> {
         self.g.ty(x).shape.dims().to_vec()
     }
@@ -136,7 +258,9 @@ impl Builder {
         }
     }
 
-    fn build(&mut self) -> Result<NodeId> {
+    /// The forward pass and its loss: `script`'s ops in order, else a drawn number of drawn
+    /// ops.
+    fn build(&mut self, script: Option<&[OpKind]>) -> Result<NodeId> {
         let first = self.random_shape();
         let p = self.parameter(&first)?;
         self.pool.push(p);
@@ -145,10 +269,17 @@ impl Builder {
             let x = self.leaf(&s)?;
             self.pool.push(x);
         }
-        let ops = 3 + self.rng.below(14);
-        for _ in 0..ops {
+        let ops = match script {
+            Some(s) => s.len(),
+            None => 3 + self.rng.below(14),
+        };
+        for i in 0..ops {
             let x = self.pick();
-            if let Some(mut y) = self.op(x)? {
+            let kind = match script {
+                Some(s) => s[i].code(),
+                None => self.rng.below(16),
+            };
+            if let Some(mut y) = self.op(x, kind)? {
                 // Every value built reaches the loss (so does every parameter); one that grew
                 // too large is summed down to one element first.
                 let d = self.dims(y);
@@ -193,11 +324,12 @@ impl Builder {
         })
     }
 
-    /// One random op on `x`, or `None` where the drawn op does not apply to it.
-    fn op(&mut self, x: NodeId) -> Result<Option<NodeId>> {
+    /// One random op of kind `kind` (an [`OpKind::code`]) on `x`, or `None` where it does not
+    /// apply to it.
+    fn op(&mut self, x: NodeId, kind: usize) -> Result<Option<NodeId>> {
         let d = self.dims(x);
         let r = d.len();
-        Ok(Some(match self.rng.below(16) {
+        Ok(Some(match kind {
             0 => self.unary(x)?,
             1 | 2 => self.binary(x)?,
             3 if r >= 2 => {
@@ -612,6 +744,26 @@ mod tests {
                     "seed {seed}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_description_of_every_kind_of_op_builds_a_valid_forward_pass() {
+        for seed in 0..20 {
+            let d = Description {
+                seed,
+                ops: OpKind::ALL
+                    .iter()
+                    .chain(OpKind::ALL.iter().rev())
+                    .copied()
+                    .collect(),
+                adamw: seed % 2 == 0,
+                precision: crate::models::Precision::F32,
+                micro_batches: 1,
+            };
+            let m = described(&d).unwrap();
+            assert_eq!(m, described(&d).unwrap(), "seed {seed}");
+            m.graph.verify().unwrap();
         }
     }
 

@@ -5,7 +5,7 @@
 //! naming the file and line of each one that reaches a later stage. A module's `#[cfg(test)]`
 //! tail is exempt: a unit test may drive the whole pipeline to get a realistic input.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The pipeline's stages, in the order data flows through them.
 const STAGES: &[&str] = &[
@@ -155,20 +155,9 @@ fn is_unit_test_file(path: &Path) -> bool {
             })
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
+#[path = "support/rust_files.rs"]
+mod rust_files;
+use rust_files::rust_files;
 
 #[test]
 fn no_compiler_module_uses_a_later_pipeline_stage() {

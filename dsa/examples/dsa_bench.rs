@@ -16,6 +16,19 @@
 use ingot_dsa::{self as dsa, Greedy, Problem, SolveOptions};
 use std::time::{Duration, Instant};
 
+/// Runs greedy `g` alone on `problem` and prints its line: peak, peak over load, seconds.
+fn greedy_line(problem: &Problem, g: Greedy) {
+    let t = Instant::now();
+    let sol = dsa::solve_greedy(problem, g).expect("valid problem");
+    println!(
+        "    {:<32} {:>14} {:>9.5} {:>8.3}",
+        g.to_string(),
+        sol.peak,
+        sol.peak as f64 / dsa::load(problem) as f64,
+        t.elapsed().as_secs_f64()
+    );
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut dir = None;
@@ -83,15 +96,7 @@ fn main() {
                 {
                     continue;
                 }
-                let t = Instant::now();
-                let sol = dsa::solve_greedy(&problem, g).expect("valid problem");
-                println!(
-                    "    {:<32} {:>14} {:>9.5} {:>8.3}",
-                    g.to_string(),
-                    sol.peak,
-                    sol.peak as f64 / dsa::load(&problem) as f64,
-                    t.elapsed().as_secs_f64()
-                );
+                greedy_line(&problem, g);
             }
             continue;
         }
@@ -141,15 +146,7 @@ fn main() {
         }
         if all_greedy {
             for g in Greedy::ALL {
-                let t = Instant::now();
-                let sol = dsa::solve_greedy(&problem, g).expect("valid problem");
-                println!(
-                    "    {:<32} {:>14} {:>9.5} {:>8.3}",
-                    g.to_string(),
-                    sol.peak,
-                    sol.peak as f64 / dsa::load(&problem) as f64,
-                    t.elapsed().as_secs_f64()
-                );
+                greedy_line(&problem, g);
             }
         }
     }

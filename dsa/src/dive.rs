@@ -616,276 +616,429 @@ pub(crate) fn dive(
     deadline: Option<Instant>,
     steps: &mut u64,
 ) -> DiveResult {
-    let n = inst.n;
-    let (lo_of, hi_of, size) = (&inst.lo, &inst.hi, &inst.size);
-    let sec = |slot: u32| setup.first_section[slot as usize] as usize;
-    let nsec = setup.section_slot.len();
     if setup.total.iter().any(|&t| t > cap) {
         return DiveResult::Failed;
     }
-    let mut live = LiveIndex::new(lo_of, hi_of, &setup.members);
-    // The same with time reversed (slot t becomes `slots - 1 - t`), to find buffers that end
-    // before a given slot.
-    let t_end = inst.slots as u32;
-    let rev_lo: Vec<u32> = hi_of.iter().map(|&h| t_end - h).collect();
-    let rev_hi: Vec<u32> = lo_of.iter().map(|&l| t_end - l).collect();
-    let mut live_rev = LiveIndex::new(&rev_lo, &rev_hi, &setup.members);
-    let mut floor = vec![0u64; nsec];
-    let mut total = setup.total.clone();
-    let mut total_tree = TotalTree::new(&total);
-    // Without a capacity (`cap == u64::MAX`) nothing can be rejected: a plain skyline dive.
-    let infer = cap != u64::MAX;
-    let mut wit = Witnesses::new(inst, setup);
-    // This dive's copy of the section lists, compacted as buffers are placed: `len[s]` entries
-    // from `start[s]`, `dead[s]` of them placed.
-    let mut lists = setup
-        .lists
-        .as_ref()
-        .map(|l| (l.by_lo.clone(), l.by_hi.clone()));
-    let mut len: Vec<usize> = setup.lists.as_ref().map_or(Vec::new(), |l| {
-        (0..nsec).map(|s| l.start[s + 1] - l.start[s]).collect()
-    });
-    let mut dead = vec![0usize; len.len()];
-    let mut near: Vec<u32> = Vec::new();
-    let mut min_off = vec![0u64; n];
-    let mut placed = vec![false; n];
-    let mut parked = vec![false; n];
-    let mut offsets = vec![0u64; n];
-    // Candidates by (lowest feasible offset, rank), and buffers by lowest reachable top; both
-    // kept exact: every raise moves the entries.
-    let mut cand = ExactQueue::new(rank.to_vec());
-    let mut height = ExactQueue::new(if infer {
-        (0..n as u32).collect()
-    } else {
-        Vec::new()
-    });
-    for &b in &setup.members {
-        cand.insert(b as usize, 0);
-        if infer {
-            height.insert(b as usize, size[b as usize]);
-        }
-    }
-    let mut stack = Vec::new();
-    let mut at_risk: Vec<u32> = Vec::new();
-    let mut lifted: Vec<(u32, u64, u32)> = Vec::new();
-    let mut rejected: Vec<(u64, u32, u32)> = Vec::new();
-    let mut mark = vec![0u64; nsec];
-    let mut epoch = 0u64;
+    let mut state = Dive::new(inst, setup, cap, rank);
     let (mut last_off, mut last_rank) = (0u64, 0u32);
-
     for _ in 0..setup.members.len() {
         *steps += 1;
         if *steps & 31 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
             return DiveResult::Aborted;
         }
+        let (b, off, r) = match state.choose(last_off, last_rank, deadline) {
+            Pick::Chosen(b, off, r) => (b, off, r),
+            Pick::Failed => return DiveResult::Failed,
+            Pick::Aborted => return DiveResult::Aborted,
+        };
+        state.place(b, off);
+        last_off = off;
+        last_rank = r;
+    }
+    DiveResult::Found(state.offsets)
+}
+
+/// What [`Dive::choose`] found: a buffer, its offset and rank; none that fits; or the deadline.
+enum Pick {
+    Chosen(u32, u64, u32),
+    Failed,
+    Aborted,
+}
+
+/// A candidate placement being checked: buffer `b` at an offset whose top is `top`.
+struct Candidate {
+    b: u32,
+    /// Its slots `[blo, bhi)`, and the sections `[span_lo, span_hi)` they cover.
+    blo: u32,
+    bhi: u32,
+    span_lo: usize,
+    span_hi: usize,
+    top: u64,
+    /// `top` aligned: the least offset a buffer meeting `b` can take once it is placed.
+    raised: u64,
+}
+
+impl Candidate {
+    /// Buffer `o`'s lowest feasible offset once the candidate is placed.
+    fn reach(&self, inst: &Instance, o: usize, min_off: &[u64]) -> u64 {
+        if inst.lo[o] < self.bhi && self.blo < inst.hi[o] {
+            min_off[o].max(self.raised)
+        } else {
+            min_off[o]
+        }
+    }
+}
+
+/// One dive's state.
+struct Dive<'a> {
+    inst: &'a Instance,
+    setup: &'a DiveSetup,
+    cap: u64,
+    /// Without a capacity (`cap == u64::MAX`) nothing can be rejected: a plain skyline dive.
+    infer: bool,
+    t_end: u32,
+    live: LiveIndex,
+    /// The same with time reversed (slot t becomes `slots - 1 - t`), to find buffers that end
+    /// before a given slot.
+    live_rev: LiveIndex,
+    floor: Vec<u64>,
+    total: Vec<u64>,
+    total_tree: TotalTree,
+    wit: Witnesses,
+    /// This dive's copy of the section lists, compacted as buffers are placed: `len[s]`
+    /// entries from `start[s]`, `dead[s]` of them placed.
+    lists: Option<(Vec<u32>, Vec<u32>)>,
+    len: Vec<usize>,
+    dead: Vec<usize>,
+    near: Vec<u32>,
+    min_off: Vec<u64>,
+    placed: Vec<bool>,
+    parked: Vec<bool>,
+    offsets: Vec<u64>,
+    /// Candidates by (lowest feasible offset, rank), and buffers by lowest reachable top; both
+    /// kept exact: every raise moves the entries.
+    cand: ExactQueue,
+    height: ExactQueue,
+    stack: Vec<(usize, usize, usize)>,
+    at_risk: Vec<u32>,
+    lifted: Vec<(u32, u64, u32)>,
+    rejected: Vec<(u64, u32, u32)>,
+    mark: Vec<u64>,
+    epoch: u64,
+}
+
+impl<'a> Dive<'a> {
+    fn new(inst: &'a Instance, setup: &'a DiveSetup, cap: u64, rank: &[u32]) -> Dive<'a> {
+        let n = inst.n;
+        let (lo_of, hi_of, size) = (&inst.lo, &inst.hi, &inst.size);
+        let nsec = setup.section_slot.len();
+        let live = LiveIndex::new(lo_of, hi_of, &setup.members);
+        let t_end = inst.slots as u32;
+        let rev_lo: Vec<u32> = hi_of.iter().map(|&h| t_end - h).collect();
+        let rev_hi: Vec<u32> = lo_of.iter().map(|&l| t_end - l).collect();
+        let live_rev = LiveIndex::new(&rev_lo, &rev_hi, &setup.members);
+        let total = setup.total.clone();
+        let total_tree = TotalTree::new(&total);
+        let infer = cap != u64::MAX;
+        let wit = Witnesses::new(inst, setup);
+        let lists = setup
+            .lists
+            .as_ref()
+            .map(|l| (l.by_lo.clone(), l.by_hi.clone()));
+        let len: Vec<usize> = setup.lists.as_ref().map_or(Vec::new(), |l| {
+            (0..nsec).map(|s| l.start[s + 1] - l.start[s]).collect()
+        });
+        let dead = vec![0usize; len.len()];
+        let mut cand = ExactQueue::new(rank.to_vec());
+        let mut height = ExactQueue::new(if infer {
+            (0..n as u32).collect()
+        } else {
+            Vec::new()
+        });
+        for &b in &setup.members {
+            cand.insert(b as usize, 0);
+            if infer {
+                height.insert(b as usize, size[b as usize]);
+            }
+        }
+        Dive {
+            inst,
+            setup,
+            cap,
+            infer,
+            t_end,
+            live,
+            live_rev,
+            floor: vec![0u64; nsec],
+            total,
+            total_tree,
+            wit,
+            lists,
+            len,
+            dead,
+            near: Vec::new(),
+            min_off: vec![0u64; n],
+            placed: vec![false; n],
+            parked: vec![false; n],
+            offsets: vec![0u64; n],
+            cand,
+            height,
+            stack: Vec::new(),
+            at_risk: Vec::new(),
+            lifted: Vec::new(),
+            rejected: Vec::new(),
+            mark: vec![0u64; nsec],
+            epoch: 0,
+        }
+    }
+
+    /// The next buffer to place: the lowest candidate (by offset, then rank) not below the
+    /// last placement whose placement keeps every section within the capacity.
+    fn choose(&mut self, last_off: u64, last_rank: u32, deadline: Option<Instant>) -> Pick {
+        let inst = self.inst;
+        let size = &inst.size;
         // The lowest top an unplaced buffer could reach (dominance).
-        let min_height = match height.peek() {
+        let min_height = match self.height.peek() {
             Some((k, _, b)) => {
-                debug_assert_eq!(k, min_off[b as usize] + size[b as usize]);
+                debug_assert_eq!(k, self.min_off[b as usize] + size[b as usize]);
                 k
             }
             None => NONE,
         };
         // Offsets only rise, so every section needs its unplaced total above `off`.
-        let highest = cap.saturating_sub(total_tree.global_max());
-        rejected.clear();
+        let highest = self.cap.saturating_sub(self.total_tree.global_max());
+        self.rejected.clear();
         let mut chosen = None;
         let mut attempts = 0u32;
-        while let Some((key_off, r, b)) = cand.pop() {
+        while let Some((key_off, r, b)) = self.cand.pop() {
             let bi = b as usize;
-            if placed[bi] {
+            if self.placed[bi] {
                 continue;
             }
             attempts += 1;
             if attempts & 7 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
-                return DiveResult::Aborted;
+                return Pick::Aborted;
             }
-            debug_assert_eq!(min_off[bi], key_off, "keys are exact");
+            debug_assert_eq!(self.min_off[bi], key_off, "keys are exact");
             let key = key_off;
             let off = key;
             if off >= min_height || off > highest {
-                rejected.push((key, r, b));
+                self.rejected.push((key, r, b));
                 break;
             }
             if off < last_off || (off == last_off && r < last_rank) {
                 // Below the current offset: it can only come back once something placed later
                 // raises it. Park it until then.
-                parked[bi] = true;
+                self.parked[bi] = true;
                 continue;
             }
-            if off + size[bi] > cap {
-                rejected.push((key, r, b));
+            if off + size[bi] > self.cap {
+                self.rejected.push((key, r, b));
                 continue;
             }
-            if !infer {
+            if !self.infer || self.keeps_room(b, off) {
                 chosen = Some((b, off, r));
                 break;
             }
-            let top = off + size[bi];
-            let raised = align_up(top, inst.align);
-            let (blo, bhi) = (lo_of[bi], hi_of[bi]);
-            let (span_lo, span_hi) = (sec(blo), sec(bhi));
-            let new_m = |o: usize, min_off: &[u64]| {
-                if lo_of[o] < bhi && blo < hi_of[o] {
-                    min_off[o].max(raised)
-                } else {
-                    min_off[o]
-                }
-            };
-            // Sections whose witness this placement breaks: those of `b` itself and of the
-            // buffers it raises.
-            at_risk.clear();
-            epoch += 1;
-            near.clear();
-            wit.index.for_each_overlapping(blo, bhi, &mut stack, |o| {
-                if o != b && min_off[o as usize] < raised {
+            self.rejected.push((key, r, b));
+        }
+        for &(k, _, b) in &self.rejected {
+            self.cand.insert(b as usize, k);
+        }
+        match chosen {
+            Some((b, off, r)) => Pick::Chosen(b, off, r),
+            None => Pick::Failed,
+        }
+    }
+
+    /// Whether placing `b` at `off` leaves every section whose witness it breaks room for its
+    /// unplaced total; the floors to lift (and their new witnesses) are left in `lifted`.
+    fn keeps_room(&mut self, b: u32, off: u64) -> bool {
+        let inst = self.inst;
+        let bi = b as usize;
+        let top = off + inst.size[bi];
+        let (blo, bhi) = (inst.lo[bi], inst.hi[bi]);
+        let sec = |slot: u32| self.setup.first_section[slot as usize] as usize;
+        let c = Candidate {
+            b,
+            blo,
+            bhi,
+            span_lo: sec(blo),
+            span_hi: sec(bhi),
+            top,
+            raised: align_up(top, inst.align),
+        };
+        self.collect_at_risk(&c);
+        self.lifted.clear();
+        let at_risk = std::mem::take(&mut self.at_risk);
+        let mut ok = true;
+        for &s in &at_risk {
+            if !self.section_keeps_room(&c, s as usize) {
+                ok = false;
+                break;
+            }
+        }
+        self.at_risk = at_risk;
+        ok
+    }
+
+    /// Sections whose witness placing `c` breaks: those of `b` itself and of the buffers it
+    /// raises.
+    fn collect_at_risk(&mut self, c: &Candidate) {
+        self.at_risk.clear();
+        self.epoch += 1;
+        self.near.clear();
+        let (min_off, near) = (&self.min_off, &mut self.near);
+        self.wit
+            .index
+            .for_each_overlapping(c.blo, c.bhi, &mut self.stack, |o| {
+                if o != c.b && min_off[o as usize] < c.raised {
                     near.push(o);
                 }
                 true
             });
-            wit.collect(b, &mut mark, epoch, &mut at_risk);
-            for &o in &near {
-                wit.collect(o, &mut mark, epoch, &mut at_risk);
-            }
-            lifted.clear();
-            let mut ok = true;
-            for &s in &at_risk {
-                let s = s as usize;
-                let in_span = span_lo <= s && s < span_hi;
-                let (f, t) = if in_span {
-                    (floor[s].max(top), total[s] - size[bi])
-                } else {
-                    (floor[s], total[s])
-                };
-                let w = wit.of[s] as usize;
-                if w != bi && new_m(w, &min_off) <= f {
-                    continue;
-                }
-                let slot = setup.section_slot[s];
-                let mut lowest = NONE;
-                let (mut low, mut arg) = (NO_BUFFER, NO_BUFFER);
-                let mut visit = |o: u32| {
-                    if o == b {
-                        return true;
-                    }
-                    let m = new_m(o as usize, &min_off);
-                    if m <= f {
-                        low = o;
-                        return false;
-                    }
-                    if m < lowest {
-                        lowest = m;
-                        arg = o;
-                    }
-                    true
-                };
-                if w == bi {
-                    // `b`'s own section: every buffer there meets `b`; look at all of them.
-                    if let (Some(l), Some((by_lo, _))) = (&setup.lists, &lists) {
-                        for &o in by_lo[l.start[s]..l.start[s] + len[s]].iter().rev() {
-                            if !placed[o as usize] && !visit(o) {
-                                break;
-                            }
-                        }
-                    } else {
-                        live.for_each_overlapping(slot, slot + 1, &mut stack, visit);
-                    }
-                } else {
-                    // The witness meets `b` and rises to exactly `raised`, the least any buffer
-                    // meeting `b` can reach: only the buffers that miss `b` can do better: to the
-                    // right of `b`, those starting after it ends (latest start first); to the
-                    // left, those ending before it starts (earliest end first).
-                    if let (Some(l), Some((by_lo, by_hi))) = (&setup.lists, &lists) {
-                        let range = l.start[s]..l.start[s] + len[s];
-                        // Walk from the end nearest the section; stop at the first buffer
-                        // that meets `b` (the lists are sorted, so all the rest do too).
-                        if s >= span_hi {
-                            for &o in by_lo[range].iter().rev() {
-                                if lo_of[o as usize] < bhi {
-                                    break;
-                                }
-                                if !placed[o as usize] && !visit(o) {
-                                    break;
-                                }
-                            }
-                        } else if s < span_lo {
-                            for &o in &by_hi[range] {
-                                if hi_of[o as usize] > blo {
-                                    break;
-                                }
-                                if !placed[o as usize] && !visit(o) {
-                                    break;
-                                }
-                            }
-                        }
-                    } else if s >= span_hi {
-                        live.for_each_overlapping_from(
-                            bhi,
-                            slot,
-                            slot + 1,
-                            &mut stack,
-                            true,
-                            &mut visit,
-                        );
-                    } else if s < span_lo {
-                        let r = t_end - 1 - slot;
-                        live_rev.for_each_overlapping_from(
-                            t_end - blo,
-                            r,
-                            r + 1,
-                            &mut stack,
-                            true,
-                            &mut visit,
-                        );
-                    }
-                    if low == NO_BUFFER && raised < lowest {
-                        lowest = raised;
-                        arg = w as u32;
-                    }
-                }
-                if low != NO_BUFFER {
-                    // A witness after the placement; also one now (keep it whatever happens)
-                    // if its offset is already within the current floor.
-                    if min_off[low as usize] <= floor[s] {
-                        wit.set(s, low);
-                    } else {
-                        lifted.push((s as u32, 0, low));
-                    }
-                    continue;
-                }
-                if lowest == NONE {
-                    continue; // nothing left to place there
-                }
-                if lowest + t > cap {
-                    ok = false;
-                    break;
-                }
-                lifted.push((s as u32, lowest, arg));
-            }
-            if ok {
-                chosen = Some((b, off, r));
-                break;
-            }
-            rejected.push((key, r, b));
+        self.wit
+            .collect(c.b, &mut self.mark, self.epoch, &mut self.at_risk);
+        for &o in &self.near {
+            self.wit
+                .collect(o, &mut self.mark, self.epoch, &mut self.at_risk);
         }
-        for &(k, _, b) in &rejected {
-            cand.insert(b as usize, k);
-        }
-        let Some((b, off, r)) = chosen else {
-            return DiveResult::Failed;
+    }
+
+    /// Whether section `s` keeps room for its unplaced total once `c` is placed: its witness
+    /// still holds, a new one is found, or its floor lifts (recorded in `lifted`) within the
+    /// capacity.
+    fn section_keeps_room(&mut self, c: &Candidate, s: usize) -> bool {
+        let inst = self.inst;
+        let bi = c.b as usize;
+        let in_span = c.span_lo <= s && s < c.span_hi;
+        let (f, t) = if in_span {
+            (self.floor[s].max(c.top), self.total[s] - inst.size[bi])
+        } else {
+            (self.floor[s], self.total[s])
         };
-        // Place it.
+        let w = self.wit.of[s] as usize;
+        if w != bi && c.reach(inst, w, &self.min_off) <= f {
+            return true;
+        }
+        let (low, lowest, arg) = self.lowest_in_section(c, s, w, f);
+        if low != NO_BUFFER {
+            // A witness after the placement; also one now (keep it whatever happens)
+            // if its offset is already within the current floor.
+            if self.min_off[low as usize] <= self.floor[s] {
+                self.wit.set(s, low);
+            } else {
+                self.lifted.push((s as u32, 0, low));
+            }
+            return true;
+        }
+        if lowest == NONE {
+            return true; // nothing left to place there
+        }
+        if lowest + t > self.cap {
+            return false;
+        }
+        self.lifted.push((s as u32, lowest, arg));
+        true
+    }
+
+    /// Searches section `s` (witness `w`, floor `f` after placing `c`) for a new witness:
+    /// `(low, lowest, arg)`, `low` an unplaced buffer that could sit within the floor
+    /// ([`NO_BUFFER`] if none), else the lowest feasible offset there and its buffer.
+    fn lowest_in_section(&mut self, c: &Candidate, s: usize, w: usize, f: u64) -> (u32, u64, u32) {
+        let Dive {
+            inst,
+            setup,
+            t_end,
+            live,
+            live_rev,
+            lists,
+            len,
+            min_off,
+            placed,
+            stack,
+            ..
+        } = self;
+        let (inst, t_end) = (*inst, *t_end);
+        let (lo_of, hi_of) = (&inst.lo, &inst.hi);
+        let (b, blo, bhi) = (c.b, c.blo, c.bhi);
+        let slot = setup.section_slot[s];
+        let mut lowest = NONE;
+        let (mut low, mut arg) = (NO_BUFFER, NO_BUFFER);
+        let mut visit = |o: u32| {
+            if o == b {
+                return true;
+            }
+            let m = c.reach(inst, o as usize, min_off);
+            if m <= f {
+                low = o;
+                return false;
+            }
+            if m < lowest {
+                lowest = m;
+                arg = o;
+            }
+            true
+        };
+        if w == b as usize {
+            // `b`'s own section: every buffer there meets `b`; look at all of them.
+            if let (Some(l), Some((by_lo, _))) = (&setup.lists, &*lists) {
+                for &o in by_lo[l.start[s]..l.start[s] + len[s]].iter().rev() {
+                    if !placed[o as usize] && !visit(o) {
+                        break;
+                    }
+                }
+            } else {
+                live.for_each_overlapping(slot, slot + 1, stack, visit);
+            }
+            return (low, lowest, arg);
+        }
+        // The witness meets `b` and rises to exactly `raised`, the least any buffer
+        // meeting `b` can reach: only the buffers that miss `b` can do better: to the
+        // right of `b`, those starting after it ends (latest start first); to the
+        // left, those ending before it starts (earliest end first).
+        if let (Some(l), Some((by_lo, by_hi))) = (&setup.lists, &*lists) {
+            let range = l.start[s]..l.start[s] + len[s];
+            // Walk from the end nearest the section; stop at the first buffer
+            // that meets `b` (the lists are sorted, so all the rest do too).
+            if s >= c.span_hi {
+                for &o in by_lo[range].iter().rev() {
+                    if lo_of[o as usize] < bhi {
+                        break;
+                    }
+                    if !placed[o as usize] && !visit(o) {
+                        break;
+                    }
+                }
+            } else if s < c.span_lo {
+                for &o in &by_hi[range] {
+                    if hi_of[o as usize] > blo {
+                        break;
+                    }
+                    if !placed[o as usize] && !visit(o) {
+                        break;
+                    }
+                }
+            }
+        } else if s >= c.span_hi {
+            live.for_each_overlapping_from(bhi, slot, slot + 1, stack, true, &mut visit);
+        } else if s < c.span_lo {
+            let r = t_end - 1 - slot;
+            live_rev.for_each_overlapping_from(t_end - blo, r, r + 1, stack, true, &mut visit);
+        }
+        if low == NO_BUFFER && c.raised < lowest {
+            lowest = c.raised;
+            arg = w as u32;
+        }
+        (low, lowest, arg)
+    }
+
+    /// Places `b` at `off`: raises the buffers it meets, lowers the sections' unplaced totals
+    /// and lifts their floors as [`Self::keeps_room`] found.
+    fn place(&mut self, b: u32, off: u64) {
+        let inst = self.inst;
+        let size = &inst.size;
         let bi = b as usize;
         let top = off + size[bi];
         let raised = align_up(top, inst.align);
-        placed[bi] = true;
-        if infer {
-            height.remove(bi);
+        self.placed[bi] = true;
+        if self.infer {
+            self.height.remove(bi);
         }
-        offsets[bi] = off;
-        live.remove(bi);
-        live_rev.remove(bi);
-        live.for_each_overlapping(lo_of[bi], hi_of[bi], &mut stack, |o| {
+        self.offsets[bi] = off;
+        self.live.remove(bi);
+        self.live_rev.remove(bi);
+        let Dive {
+            live,
+            stack,
+            min_off,
+            parked,
+            cand,
+            height,
+            infer,
+            ..
+        } = self;
+        live.for_each_overlapping(inst.lo[bi], inst.hi[bi], stack, |o| {
             let o = o as usize;
             if min_off[o] < raised {
                 min_off[o] = raised;
@@ -895,54 +1048,62 @@ pub(crate) fn dive(
                 } else if cand.contains(o) {
                     cand.update(o, raised);
                 }
-                if infer {
+                if *infer {
                     height.update(o, raised + size[o]);
                 }
             }
             true
         });
-        let (span_lo, span_hi) = (sec(lo_of[bi]), sec(hi_of[bi]));
+        let sec = |slot: u32| self.setup.first_section[slot as usize] as usize;
+        let (span_lo, span_hi) = (sec(inst.lo[bi]), sec(inst.hi[bi]));
         for s in span_lo..span_hi {
-            floor[s] = floor[s].max(top);
-            total[s] -= size[bi];
+            self.floor[s] = self.floor[s].max(top);
+            self.total[s] -= size[bi];
         }
-        if let (true, Some(l), Some((by_lo, by_hi))) = (infer, &setup.lists, &mut lists) {
-            for s in span_lo..span_hi {
-                dead[s] += 1;
-                if 2 * dead[s] > len[s] {
-                    let (a, n) = (l.start[s], len[s]);
-                    let mut keep = 0;
-                    for i in 0..n {
-                        if !placed[by_lo[a + i] as usize] {
-                            by_lo[a + keep] = by_lo[a + i];
-                            keep += 1;
-                        }
+        if self.infer {
+            self.compact_lists(span_lo, span_hi);
+        }
+        self.total_tree.subtract(span_lo, span_hi, size[bi]);
+        for &(s, v, w) in &self.lifted {
+            let s = s as usize;
+            self.floor[s] = self.floor[s].max(v);
+            self.wit.set(s, w);
+        }
+        if self.infer {
+            self.wit.index.remove(bi);
+            self.wit.lists[bi] = Vec::new();
+        }
+    }
+
+    /// Counts a placement in each section of `[span_lo, span_hi)` and drops the placed buffers
+    /// from a section's lists once they are more than half of it.
+    fn compact_lists(&mut self, span_lo: usize, span_hi: usize) {
+        let (Some(l), Some((by_lo, by_hi))) = (&self.setup.lists, &mut self.lists) else {
+            return;
+        };
+        let (placed, len, dead) = (&self.placed, &mut self.len, &mut self.dead);
+        for s in span_lo..span_hi {
+            dead[s] += 1;
+            if 2 * dead[s] > len[s] {
+                let (a, n) = (l.start[s], len[s]);
+                let mut keep = 0;
+                for i in 0..n {
+                    if !placed[by_lo[a + i] as usize] {
+                        by_lo[a + keep] = by_lo[a + i];
+                        keep += 1;
                     }
-                    let mut keep2 = 0;
-                    for i in 0..n {
-                        if !placed[by_hi[a + i] as usize] {
-                            by_hi[a + keep2] = by_hi[a + i];
-                            keep2 += 1;
-                        }
-                    }
-                    debug_assert_eq!(keep, keep2);
-                    len[s] = keep;
-                    dead[s] = 0;
                 }
+                let mut keep2 = 0;
+                for i in 0..n {
+                    if !placed[by_hi[a + i] as usize] {
+                        by_hi[a + keep2] = by_hi[a + i];
+                        keep2 += 1;
+                    }
+                }
+                debug_assert_eq!(keep, keep2);
+                len[s] = keep;
+                dead[s] = 0;
             }
         }
-        total_tree.subtract(span_lo, span_hi, size[bi]);
-        for &(s, v, w) in &lifted {
-            let s = s as usize;
-            floor[s] = floor[s].max(v);
-            wit.set(s, w);
-        }
-        if infer {
-            wit.index.remove(bi);
-            wit.lists[bi] = Vec::new();
-        }
-        last_off = off;
-        last_rank = r;
     }
-    DiveResult::Found(offsets)
 }

@@ -1,4 +1,6 @@
 //! Snapshot and property tests live under tests/.
 
 pub mod chains;
+pub mod exe_file;
 pub mod gradcheck;
+pub mod planned;

@@ -12,14 +12,9 @@ use ingot_runtime::tensor::Tensor;
 
 /// Deterministic values in [-1, 1).
 fn values(seed: u64, n: usize) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = ingot_kernels::fused::random::xorshift(seed);
     (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        })
+        .map(|_| (next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0)
         .collect()
 }
 
@@ -295,9 +290,7 @@ use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
-use ingot_runtime::cpu::planned::PlannedStep;
-use ingot_runtime::StepExecutor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_ir_tests::planned::{assert_planned_step_is_reference, seeded_leaves};
 use ingot_trainer::session::Session;
 
 const SMALL_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
@@ -410,9 +403,7 @@ fn a_fused_planned_bf16_step_is_bit_identical_to_its_fused_reference_run_and_nea
     let g = c.graph.clone();
     assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Fused(_))));
     assert!(g.ids().any(|id| g.node(id).ty.dtype == DType::BF16));
-    let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 5);
-    leaves.extend(init_leaves(&g, LeafKind::State, 5));
-    leaves.extend(synthetic_batch(&g, 5));
+    let leaves = seeded_leaves(&g, 5);
     // The unfused step graph (rewritten, not fused) on the same leaves.
     let unfused = pipeline::compile(
         &m,
@@ -423,18 +414,7 @@ fn a_fused_planned_bf16_step_is_bit_identical_to_its_fused_reference_run_and_nea
     )
     .unwrap();
     let plain = run_graph(&unfused.graph, &leaves).unwrap();
-    let reference = run_graph(&g, &leaves).unwrap();
-    let mut planned = PlannedStep::from_plan(g, c.plan).unwrap();
-    for (name, v) in &leaves {
-        planned.write_leaf(name, v).unwrap();
-    }
-    planned.step().unwrap();
-    for (name, v) in &reference.outputs {
-        assert_eq!(&planned.read_output(name).unwrap(), v, "output {name}");
-    }
-    for (name, v) in &reference.updates {
-        assert_eq!(&planned.read_leaf(name).unwrap(), v, "updated {name}");
-    }
+    let reference = assert_planned_step_is_reference(&c, &leaves);
     // The unfused step rounds after every op, the fused one where values are stored
     // (fuse::widen): the losses agree within bf16 rounding, and are not the same bits.
     let (a, b) = (

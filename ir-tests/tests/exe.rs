@@ -29,15 +29,7 @@ fn fuzz_file() -> &'static [u8] {
     })
 }
 
-/// `payload` behind a header that is right for it (so only the payload's own checks run).
-fn sealed(payload: &[u8]) -> Vec<u8> {
-    let mut f = exe::MAGIC.to_vec();
-    f.extend_from_slice(&VERSION.to_le_bytes());
-    f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    f.extend_from_slice(&exe::fnv1a64(payload).to_le_bytes());
-    f.extend_from_slice(payload);
-    f
-}
+use ingot_ir_tests::exe_file::sealed;
 
 /// The payload as JSON, edited by `edit`, sealed again.
 fn edited(file: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {

@@ -7,10 +7,9 @@ use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::{LeafKind, Op};
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
-use ingot_runtime::cpu::{planned::PlannedStep, run_graph};
+use ingot_ir_tests::planned::{assert_planned_step_is_reference, seeded_leaves};
+use ingot_runtime::cpu::run_graph;
 use ingot_runtime::tensor::{Data, Tensor};
-use ingot_runtime::StepExecutor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
 use ingot_trainer::session::Session;
 
 const SMALL_GPT: &str = "gpt:vocab=96,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=3";
@@ -84,21 +83,7 @@ fn a_fused_planned_step_is_bit_identical_to_its_reference_run() {
     let g = c.graph.clone();
     assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Fused(_))));
     assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Result { .. })));
-    let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 5);
-    leaves.extend(init_leaves(&g, LeafKind::State, 5));
-    leaves.extend(synthetic_batch(&g, 5));
-    let reference = run_graph(&g, &leaves).unwrap();
-    let mut planned = PlannedStep::from_plan(g, c.plan).unwrap();
-    for (name, v) in &leaves {
-        planned.write_leaf(name, v).unwrap();
-    }
-    planned.step().unwrap();
-    for (name, v) in &reference.outputs {
-        assert_eq!(&planned.read_output(name).unwrap(), v, "output {name}");
-    }
-    for (name, v) in &reference.updates {
-        assert_eq!(&planned.read_leaf(name).unwrap(), v, "updated {name}");
-    }
+    assert_planned_step_is_reference(&c, &seeded_leaves(&g, 5));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
-use ingot_compiler::exe::{self, Executable, Target, HEADER_BYTES, VERSION};
+use ingot_compiler::exe::{Executable, Target, HEADER_BYTES};
 use ingot_compiler::ir::text;
 use ingot_compiler::{models, pipeline};
 use ingot_runtime::{io, Tensor};
@@ -144,16 +144,7 @@ fn apply(bytes: &[u8], edits: &[Edit]) -> Vec<u8> {
     b
 }
 
-/// `payload` behind a header that is right for it, so that the damage gets past the checksum
-/// to the JSON, graph and plan checks.
-fn sealed(payload: &[u8]) -> Vec<u8> {
-    let mut f = exe::MAGIC.to_vec();
-    f.extend_from_slice(&VERSION.to_le_bytes());
-    f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    f.extend_from_slice(&exe::fnv1a64(payload).to_le_bytes());
-    f.extend_from_slice(payload);
-    f
-}
+use ingot_ir_tests::exe_file::sealed;
 
 #[test]
 fn the_valid_seeds_pass_every_body_and_are_accepted() {

@@ -547,7 +547,7 @@ fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_rele
 /// y + 1`, then `d`, as large as `a`, made from `c` after it: the bytes `a` leaves free once
 /// the collective's outputs are read are there for `d` to take.
 fn reduce_scatter_step(target: Target) -> Executable {
-    use ingot_compiler::autodiff::{Phases, Step};
+    use ingot_compiler::autodiff::Step;
     use ingot_compiler::ir::{DType, Graph, Op, TensorType};
     let mut g = Graph::new();
     let x = g.input("x", [256, 64], DType::F32).unwrap();
@@ -580,16 +580,8 @@ fn reduce_scatter_step(target: Target) -> Executable {
     g.set_output("c", c).unwrap();
     g.set_output("yb", yb).unwrap();
     g.set_output("d", d).unwrap();
-    let n = g.len();
-    let step = Step {
-        graph: g,
-        phases: Phases {
-            forward: 0..n,
-            backward: n..n,
-            optimizer: n..n,
-        },
-    };
-    pipeline::compile_step("reduce_scatter", step, &Options::for_target(target))
+    let opts = Options::for_target(target);
+    pipeline::compile_step("reduce_scatter", Step::forward_only(g), &opts)
         .unwrap()
         .executable(target)
         .unwrap()

@@ -4,7 +4,9 @@
 //! parts, a slice on an inner axis of a reshaped matmul output) now train.
 
 use ingot_compiler::models::{self, Model};
-use ingot_testkit::random_step::{check_cpu, check_model};
+use ingot_testkit::random_step::{
+    check_cpu, check_described, check_model, Description, OpKind, Precision,
+};
 use proptest::prelude::*;
 
 #[test]
@@ -35,6 +37,32 @@ proptest! {
     #[test]
     fn any_random_step_matches_the_unfused_reference(seed in any::<u64>()) {
         check_cpu(seed).map_err(TestCaseError::fail)?;
+    }
+}
+
+proptest! {
+    // The twin of the fuzz target `fused_step`: steps described op by op (as the fuzzer's input
+    // is read), in f32, from a fixed generator seed as above.
+    #![proptest_config(ProptestConfig {
+        cases: 40,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x1d07_2026_1129),
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn any_described_random_step_matches_the_unfused_reference(
+        seed in any::<u64>(),
+        ops in proptest::collection::vec(0..OpKind::ALL.len(), 1..16),
+        adamw in any::<bool>(),
+        micro_batches in 1usize..=3,
+    ) {
+        let d = Description {
+            seed,
+            ops: ops.iter().map(|&i| OpKind::ALL[i]).collect(),
+            adamw,
+            precision: Precision::F32,
+            micro_batches,
+        };
+        check_described(&d).map_err(TestCaseError::fail)?;
     }
 }
 

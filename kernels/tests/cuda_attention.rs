@@ -335,7 +335,6 @@ fn the_backward_workspace_is_delta() {
 /// declared, the text must parse and type-check (templates instantiated). Skips, saying so,
 /// without a compiler; `tag` names the file (tests run in parallel).
 fn assert_compiles_on_host(kernels: &[CudaKernel], tag: &str) {
-    use std::process::Command;
     let Some(cxx) = ingot_testkit::cxx::host_cxx_or_skip() else {
         return;
     };
@@ -369,29 +368,18 @@ static void __syncwarp() {}
             src.push_str(&k.source);
         }
     }
-    let dir = std::env::temp_dir().join(format!("ingot_fa_cpp_{}_{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("attention.cpp");
-    std::fs::write(&file, &src).unwrap();
-    let out = Command::new(cxx)
-        .args([
-            "-std=c++17",
-            "-fsyntax-only",
-            "-Wall",
-            "-Wno-unused-variable",
-            "-Wno-unused-but-set-variable",
-            "-Wno-unknown-pragmas",
-        ])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{} kernels do not compile on the host ({}):\n{}",
-        names.len(),
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let flags = [
+        "-std=c++17",
+        "-fsyntax-only",
+        "-Wall",
+        "-Wno-unused-variable",
+        "-Wno-unused-but-set-variable",
+        "-Wno-unknown-pragmas",
+    ];
+    let dir = format!("ingot_fa_cpp_{tag}");
+    if let Err(e) = ingot_testkit::cxx::compile(cxx, &dir, "attention.cpp", &src, &flags) {
+        panic!("{} kernels do not compile on the host: {e}", names.len());
+    }
 }
 
 #[test]

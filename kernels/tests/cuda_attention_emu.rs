@@ -13,18 +13,19 @@
 
 use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};
 use ingot_kernels::cuda::{CudaKernel, PRELUDE_BF16};
-use ingot_kernels::dtype::{bf16, bf16_from_f64};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use ingot_testkit::cxx::{self, Emu};
 
 #[path = "cuda_attention_support/placement.rs"]
 mod placement;
 #[path = "cuda_attention_support/reference.rs"]
 mod reference;
+#[path = "cuda_attention_support/values.rs"]
+mod values;
 use ingot_kernels::attention::Layout;
 use placement::Operand::{Dk, Dq, Dv, Out};
 use placement::{padded_tokens, Arg::*, Operand, Placement, DKDV, DQ, FORWARD, PREPROCESS};
-use reference::{relative_error, uniform, Problem};
+use reference::relative_error;
+use values::{decode, encode, f32s, inputs, problem, row_dots, tolerance};
 
 /// The host's stand-ins for what the kernels use of CUDA: a block's threads are ucontext
 /// coroutines run one at a time; a thread at a barrier yields, and the scheduler releases a
@@ -215,143 +216,44 @@ int main(int argc, char** argv) {
 }
 "#;
 
-/// The emulation program holding `kernels` (each once, by name).
-struct Emu {
-    exe: std::path::PathBuf,
-    names: Vec<String>,
-}
-
-impl Emu {
-    fn build(kernels: &[&CudaKernel]) -> Option<Emu> {
-        let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
-        let mut names: Vec<String> = Vec::new();
-        // The kernels use the bf16 helpers only (not the integer and conversion helpers of
-        // PRELUDE, which need more CUDA built-ins than this emulation has).
-        let mut src = format!("{EMU}{PRELUDE_BF16}");
-        for k in kernels {
-            if !names.contains(&k.name) {
-                names.push(k.name.clone());
-                src.push_str(&k.source);
-            }
+/// The emulation program holding `kernels` (each once, by name); `None` (after saying so)
+/// without a C++ compiler or `ucontext.h`.
+fn build(kernels: &[&CudaKernel]) -> Option<Emu> {
+    let cxx = cxx::host_cxx_or_skip()?;
+    // The kernels use the bf16 helpers only (not the integer and conversion helpers of
+    // PRELUDE, which need more CUDA built-ins than this emulation has).
+    let head = format!("{EMU}{PRELUDE_BF16}");
+    // One directory a build: the tests build their programs in parallel.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = format!("ingot_fa_emu_{n}");
+    match Emu::build(cxx, &dir, &head, kernels.iter().copied(), MAIN) {
+        Ok(emu) => Some(emu),
+        Err(err) if err.contains("ucontext.h") => {
+            eprintln!("skipping: the host has no ucontext.h");
+            None
         }
-        src.push_str("static Runner KERNELS[] = {\n");
-        for n in &names {
-            src.push_str(&format!("  [](void** b) {{ call({n}, b); }},\n"));
-        }
-        src.push_str("};\n");
-        src.push_str(MAIN);
-        // One directory a build: the tests build their programs in parallel.
-        static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ingot_fa_emu_{}_{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (file, exe) = (dir.join("emu.cpp"), dir.join("emu"));
-        std::fs::write(&file, &src).unwrap();
-        let out = Command::new(cxx)
-            .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
-            .arg(&exe)
-            .arg(&file)
-            .output()
-            .unwrap();
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            if err.contains("ucontext.h") {
-                eprintln!("skipping: the host has no ucontext.h");
-                return None;
-            }
-            panic!(
-                "the attention kernels do not compile on the host ({}):\n{}",
-                file.display(),
-                err.lines().take(40).collect::<Vec<_>>().join("\n")
-            );
-        }
-        Some(Emu { exe, names })
-    }
-
-    /// Runs `k` with its parameters pointing at `args` (buffer index, byte offset into it) of
-    /// `bufs`; returns the buffers afterwards.
-    fn run(&self, k: &CudaKernel, bufs: &[Vec<u8>], args: &[(usize, usize)]) -> Vec<Vec<u8>> {
-        let which = self.names.iter().position(|n| *n == k.name).unwrap();
-        let mut stdin = Vec::new();
-        for x in [k.launch.grid[0], k.launch.block[0], bufs.len() as u32] {
-            stdin.extend(u64::from(x).to_ne_bytes());
-        }
-        assert_eq!(
-            k.launch.grid[1] * k.launch.grid[2] * k.launch.block[1] * k.launch.block[2],
-            1
-        );
-        for b in bufs {
-            stdin.extend((b.len() as u64).to_ne_bytes());
-            stdin.extend(b);
-        }
-        stdin.extend((args.len() as u64).to_ne_bytes());
-        for &(b, offset) in args {
-            stdin.extend((b as u64).to_ne_bytes());
-            stdin.extend((offset as u64).to_ne_bytes());
-        }
-        let mut child = Command::new(&self.exe)
-            .arg(which.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut w = child.stdin.take().unwrap();
-        let writer = std::thread::spawn(move || w.write_all(&stdin).unwrap());
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap();
-        assert!(
-            out.status.success(),
-            "emulated {} failed: {}",
-            k.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut at = 0;
-        bufs.iter()
-            .map(|b| {
-                let v = out.stdout[at..at + b.len()].to_vec();
-                at += b.len();
-                v
-            })
-            .collect()
+        Err(err) => panic!(
+            "the attention kernels do not compile on the host: {}",
+            err.lines().take(40).collect::<Vec<_>>().join("\n")
+        ),
     }
 }
 
-/// Values as the kernels store them (f32, or bf16 rounded to nearest even), and back.
-fn encode(p: AttentionPrecision, xs: &[f64]) -> Vec<u8> {
-    match p {
-        AttentionPrecision::Bf16 => xs
-            .iter()
-            .flat_map(|&x| bf16_from_f64(x).to_bits().to_ne_bytes())
-            .collect(),
-        _ => xs.iter().flat_map(|&x| (x as f32).to_ne_bytes()).collect(),
+/// Runs `k` with its parameters pointing at `args` (buffer index, byte offset into it) of
+/// `bufs`; returns the buffers afterwards.
+fn run(emu: &Emu, k: &CudaKernel, bufs: &[Vec<u8>], args: &[(usize, usize)]) -> Vec<Vec<u8>> {
+    assert_eq!(
+        k.launch.grid[1] * k.launch.grid[2] * k.launch.block[1] * k.launch.block[2],
+        1
+    );
+    let mut stdin = cxx::launch_input(k, bufs);
+    stdin.extend((args.len() as u64).to_ne_bytes());
+    for &(b, offset) in args {
+        stdin.extend((b as u64).to_ne_bytes());
+        stdin.extend((offset as u64).to_ne_bytes());
     }
-}
-fn decode(p: AttentionPrecision, b: &[u8]) -> Vec<f64> {
-    match p {
-        AttentionPrecision::Bf16 => b
-            .chunks(2)
-            .map(|c| bf16::from_bits(u16::from_ne_bytes([c[0], c[1]])).to_f64())
-            .collect(),
-        _ => b
-            .chunks(4)
-            .map(|c| f64::from(f32::from_ne_bytes(c.try_into().unwrap())))
-            .collect(),
-    }
-}
-fn f32s(b: &[u8]) -> Vec<f64> {
-    b.chunks(4)
-        .map(|c| f64::from(f32::from_ne_bytes(c.try_into().unwrap())))
-        .collect()
-}
-
-/// Tolerance of each precision, relative to the output's scale.
-fn tolerance(p: AttentionPrecision) -> f64 {
-    match p {
-        AttentionPrecision::F32 => 1e-5,
-        AttentionPrecision::Tf32 => 5e-3,
-        AttentionPrecision::Bf16 => 2e-2,
-    }
+    cxx::split_like(&emu.run(k, stdin), bufs)
 }
 
 fn shape(
@@ -370,21 +272,9 @@ fn shape(
 /// kernel wrote outside its outputs' rows; returns the failures.
 fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String> {
     let p = s.precision;
-    let prob = Problem {
-        bh: s.batch_heads,
-        tq: s.seq_q,
-        tk: s.seq_k,
-        d: s.head_dim,
-        causal: s.causal,
-        scale: f64::from(s.scale),
-    };
-    let (nq, nk) = (prob.bh * prob.tq * prob.d, prob.bh * prob.tk * prob.d);
+    let prob = problem(s);
     // Inputs as the kernels see them (rounded to the storage type).
-    let round = |xs: Vec<f64>| decode(p, &encode(p, &xs));
-    let q = round(uniform(nq, seed, 2.0));
-    let k = round(uniform(nk, seed + 1, 1.0));
-    let v = round(uniform(nk, seed + 2, 1.0));
-    let dout = round(uniform(nq, seed + 3, 1.0));
+    let [q, k, v, dout] = inputs(p, &prob, seed);
     let (want_out, want_lse) = prob.forward(&q, &k, &v);
     let (want_dq, want_dk, want_dv, terms) = prob.backward(&q, &k, &v, &dout);
     let es = if p == AttentionPrecision::Bf16 { 2 } else { 4 };
@@ -417,20 +307,14 @@ fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String
                 (b, elems * es)
             })
             .collect();
-        bufs = emu.run(kernel, &bufs, &args);
+        bufs = run(emu, kernel, &bufs, &args);
         if let Err(e) = at.untouched(&bufs, es, written) {
             bad.push(format!("{s:?}: after {name}: {e}"));
         }
     }
     let values = |op: Operand| at.gather(op, &decode(p, &bufs[at.site(op).buffer]));
     let out = values(Out);
-    let want_delta: Vec<f64> = (0..prob.bh * prob.tq)
-        .map(|i| {
-            (0..prob.d)
-                .map(|c| out[i * prob.d + c] * dout[i * prob.d + c])
-                .sum()
-        })
-        .collect();
+    let want_delta = row_dots(&prob, &out, &dout);
     let tol = tolerance(p);
     for (what, got, want, tol, floor) in [
         ("out", out.clone(), want_out, tol, 1e-3),
@@ -476,7 +360,7 @@ fn check_all(cases: &[(AttentionShape, Placement)]) {
         .iter()
         .flat_map(|(f, b)| [f, &b.preprocess, &b.dkdv, &b.dq])
         .collect();
-    let Some(emu) = Emu::build(&all) else { return };
+    let Some(emu) = build(&all) else { return };
     let mut bad = Vec::new();
     for (i, (s, at)) in cases.iter().enumerate() {
         bad.extend(check(&emu, s, at, 10 * i as u64));

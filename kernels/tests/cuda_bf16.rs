@@ -8,8 +8,7 @@ use ingot_kernels::cuda::{self, Strategy, PRELUDE_BF16};
 use ingot_kernels::dtype::{bf16, bf16_from_f64};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use ingot_testkit::cxx;
 
 // ---------------------------------------------------------------------------------------------
 // The prelude's helpers, run on the host.
@@ -62,39 +61,22 @@ int main(int argc, char** argv) {
 
 /// Builds the helpers' host program; `None` (after saying so) without a C++ compiler.
 fn helpers_program() -> Option<std::path::PathBuf> {
-    let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
-    let dir = std::env::temp_dir().join(format!("ingot_cuda_bf16_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("helpers.cpp");
-    let exe = dir.join("helpers");
-    std::fs::write(&src, format!("{HOST_SHIM}{PRELUDE_BF16}{HOST_MAIN}")).unwrap();
+    let cxx = cxx::host_cxx_or_skip()?;
+    let src = format!("{HOST_SHIM}{PRELUDE_BF16}{HOST_MAIN}");
     // No -ffast-math: IEEE arithmetic, as NVRTC's defaults give for these operations.
-    let out = Command::new(cxx)
-        .args(["-std=c++17", "-O2", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the bf16 prelude does not compile on the host:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let flags = ["-std=c++17", "-O2", "-Wall", "-Werror"];
+    let exe = cxx::compile(cxx, "ingot_cuda_bf16", "helpers.cpp", &src, &flags)
+        .unwrap_or_else(|e| panic!("the bf16 prelude does not compile on the host: {e}"));
     Some(exe)
 }
 
 fn run(exe: &std::path::Path, mode: &str, input: Vec<u8>) -> Vec<u8> {
-    let mut child = Command::new(exe)
-        .arg(mode)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(&input).unwrap());
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    assert!(out.status.success());
+    let out = cxx::run_fed(exe, &[mode], input);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }
 
@@ -565,17 +547,11 @@ int main(int argc, char** argv) {
 /// Deterministic buffer contents: floats anywhere in [-4, 4] (so that conversions to bf16
 /// round), some of them specials; integers small; bools 0 or 1.
 fn emu_fill(dtype: DType, len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = ingot_kernels::fused::random::xorshift(seed);
     let mut out = Vec::with_capacity(len * dtype.size());
     for _ in 0..len {
         let r = next();
-        let f = if r % 50 == 0 {
+        let f = if r.is_multiple_of(50) {
             [f64::NAN, f64::INFINITY, -0.0, 1e30, 3.0e38][(r >> 8) as usize % 5]
         } else {
             ((r >> 11) as f64 / (1u64 << 53) as f64) * 8.0 - 4.0
@@ -625,7 +601,7 @@ fn same_values(dtype: DType, a: &[u8], b: &[u8]) -> Option<usize> {
 #[test]
 fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bits() {
     use ingot_kernels::fused::{cpu, random};
-    let Some(cxx) = ingot_testkit::cxx::host_cxx_or_skip() else {
+    let Some(cxx) = cxx::host_cxx_or_skip() else {
         return;
     };
     let opts = random::Options {
@@ -634,18 +610,7 @@ fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bit
     };
     let mut picked = Vec::new();
     for seed in 0..3000u64 {
-        let mut k = random::kernel(seed, &opts);
-        let b = |d: DType| if d == DType::F32 { DType::BF16 } else { d };
-        for i in &mut k.inputs {
-            i.dtype = b(i.dtype);
-        }
-        for inst in &mut k.body {
-            match inst {
-                Inst::Const { dtype, .. } | Inst::Index { dtype, .. } => *dtype = b(*dtype),
-                Inst::Convert { to, .. } => *to = b(*to),
-                _ => {}
-            }
-        }
+        let k = random::as_bf16(&random::kernel(seed, &opts));
         // Kernels that store bf16 (and so round, or carry, bf16 values to memory).
         if k.check().is_err() || !(0..k.outputs.len()).any(|j| k.output_dtype(j) == DType::BF16) {
             continue;
@@ -671,32 +636,15 @@ fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bit
         "{} bf16 elementwise kernels",
         picked.len()
     );
-    let mut src = format!("{EMU_SHIM}{}{PRELUDE_BF16}", cuda::PRELUDE);
-    for (_, c) in &picked {
-        src.push_str(&c.source);
-    }
-    src.push_str("typedef void (*Runner)(void**);\nstatic Runner KERNELS[] = {\n");
-    for (_, c) in &picked {
-        src.push_str(&format!("  [](void** b) {{ call({}, b); }},\n", c.name));
-    }
-    src.push_str("};\n");
-    src.push_str(EMU_MAIN);
-    let dir = std::env::temp_dir().join(format!("ingot_cuda_bf16_emu_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (file, exe) = (dir.join("emu.cpp"), dir.join("emu"));
-    std::fs::write(&file, &src).unwrap();
-    let out = Command::new(cxx)
-        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
-        .arg(&exe)
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the emulation does not compile ({}):\n{}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
+    let head = format!(
+        "{EMU_SHIM}{}{PRELUDE_BF16}typedef void (*Runner)(void**);\n",
+        cuda::PRELUDE
     );
+    let kernels = picked.iter().map(|(_, c)| c);
+    let exe = cxx::Emu::build(cxx, "ingot_cuda_bf16_emu", &head, kernels, EMU_MAIN)
+        .unwrap_or_else(|e| panic!("the emulation does not compile: {e}"))
+        .exe;
+    let dir = exe.parent().unwrap().to_path_buf();
     let mut bad = Vec::new();
     for (n, (k, c)) in picked.iter().enumerate() {
         let inputs: Vec<Vec<u8>> = k

@@ -11,8 +11,6 @@ use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 // ---------------------------------------------------------------------------------------------
 // Building descriptions.
@@ -716,33 +714,21 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
     for k in distinct.values() {
         text.push_str(&k.source);
     }
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("ingot_cuda_codegen_{}_{}", std::process::id(), tag));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("kernels.cpp");
-    std::fs::write(&file, &text).unwrap();
-    let out = Command::new(cxx)
-        .args([
-            "-std=c++17",
-            "-fsyntax-only",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wno-unused-parameter",
-            "-Wno-unknown-pragmas",
-            "-Wno-type-limits",
-            "-Wno-tautological-compare",
-        ])
-        .arg(&file)
-        .output()
-        .expect("running the C++ compiler");
-    assert!(
-        out.status.success(),
-        "{cxx} rejects the generated kernels ({}):\n{}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    let flags = [
+        "-std=c++17",
+        "-fsyntax-only",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wno-unused-parameter",
+        "-Wno-unknown-pragmas",
+        "-Wno-type-limits",
+        "-Wno-tautological-compare",
+    ];
+    let dir = format!("ingot_cuda_codegen_{tag}");
+    let file = ingot_testkit::cxx::compile(cxx, &dir, "kernels.cpp", &text, &flags)
+        .unwrap_or_else(|e| panic!("{cxx} rejects the generated kernels: {e}"));
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
     true
 }
 
@@ -1002,24 +988,6 @@ fn random_descriptions_generate_kernels_that_pass_a_host_syntax_check() {
     syntax_check("random", &ks);
 }
 
-/// `k` with every f32 made bf16: its inputs, constants, indices and converts (bf16 takes every
-/// op f32 does, so the kernel still checks).
-fn as_bf16(k: &FusedKernel) -> FusedKernel {
-    let b = |d: DType| if d == DType::F32 { DType::BF16 } else { d };
-    let mut k = k.clone();
-    for i in &mut k.inputs {
-        i.dtype = b(i.dtype);
-    }
-    for inst in &mut k.body {
-        match inst {
-            Inst::Const { dtype, .. } | Inst::Index { dtype, .. } => *dtype = b(*dtype),
-            Inst::Convert { to, .. } => *to = b(*to),
-            _ => {}
-        }
-    }
-    k
-}
-
 #[test]
 fn bf16_versions_of_the_representative_and_random_kernels_pass_a_host_syntax_check() {
     let mut ks = Vec::new();
@@ -1034,7 +1002,7 @@ fn bf16_versions_of_the_representative_and_random_kernels_pass_a_host_syntax_che
         .into_iter()
         .map(|(n, k)| (n.to_string(), k));
     for (name, k) in named.chain(random) {
-        let k = as_bf16(&k);
+        let k = random::as_bf16(&k);
         k.check()
             .unwrap_or_else(|e| panic!("{name} in bf16 does not check: {e}"));
         let c = cuda::fused(&k).unwrap_or_else(|e| panic!("{name} in bf16: {e}\n{k}"));
@@ -1841,7 +1809,7 @@ fn a_kernel_holding_bf16_divides_by_the_hardware_approximation_and_an_f32_one_ex
     let f32_src = cuda::fused(&causal_softmax(96, 1024)).unwrap().source;
     assert!(!f32_src.contains("ig_fdiv("), "{f32_src}");
     assert!(f32_src.contains(" / v"), "{f32_src}");
-    let k = as_bf16(&causal_softmax(96, 1024));
+    let k = random::as_bf16(&causal_softmax(96, 1024));
     assert!(k.holds_bf16());
     let src = cuda::fused(&k).unwrap().source;
     assert!(src.contains("ig_fdiv(v"), "{src}");
@@ -1930,7 +1898,7 @@ fn a_row_too_long_for_the_register_cache_is_read_and_written_four_elements_a_thr
     // a vector: four f32, or eight bf16 (two to each 32-bit component).
     for dtype in [DType::F32, DType::BF16] {
         let k = match dtype {
-            DType::BF16 => as_bf16(&cross_entropy(64, 50304)),
+            DType::BF16 => random::as_bf16(&cross_entropy(64, 50304)),
             _ => cross_entropy(64, 50304),
         };
         let src = cuda::fused(&k).unwrap().source;
@@ -2072,7 +2040,7 @@ fn a_warp_a_row_caches_its_lanes_elements_in_vectors() {
     for (k, vector) in [
         (causal_softmax(100, 1024), "float4"),
         (attention_backward(1, 3, 1024), "float4"),
-        (as_bf16(&causal_softmax(100, 1024)), "uint4"),
+        (random::as_bf16(&causal_softmax(100, 1024)), "uint4"),
     ] {
         let c = cuda::fused_tuned(&k, tuning).unwrap();
         let src = &c.source;

@@ -15,8 +15,7 @@ use ingot_kernels::cuda::window as w;
 use ingot_kernels::cuda::{CudaKernel, PRELUDE_BF16};
 use ingot_kernels::dtype::bf16;
 use ingot_kernels::DType;
-use std::io::Write;
-use std::process::{Command, Stdio};
+use ingot_testkit::cxx::{self, Emu};
 
 const SHIM: &str = r#"#include <math.h>
 #include <stdio.h>
@@ -65,80 +64,18 @@ int main(int argc, char** argv) {
 }
 "#;
 
-struct Emu {
-    exe: std::path::PathBuf,
-    names: Vec<String>,
+/// The emulation of `kernels`; `None` (after saying so) without a C++ compiler.
+fn build(tag: &str, kernels: &[&CudaKernel]) -> Option<Emu> {
+    let cxx = cxx::host_cxx_or_skip()?;
+    let head = format!("{SHIM}{PRELUDE_BF16}");
+    let dir = format!("ingot_window_emu_{tag}");
+    let emu = Emu::build(cxx, &dir, &head, kernels.iter().copied(), MAIN);
+    Some(emu.unwrap_or_else(|e| panic!("the window kernels do not compile on the host: {e}")))
 }
 
-impl Emu {
-    fn build(tag: &str, kernels: &[&CudaKernel]) -> Option<Emu> {
-        let cxx = ingot_testkit::cxx::host_cxx_or_skip()?;
-        let mut names: Vec<String> = Vec::new();
-        let mut src = format!("{SHIM}{PRELUDE_BF16}");
-        for k in kernels {
-            if !names.contains(&k.name) {
-                names.push(k.name.clone());
-                src.push_str(&k.source);
-            }
-        }
-        src.push_str("static Runner KERNELS[] = {\n");
-        for n in &names {
-            src.push_str(&format!("  [](void** b) {{ call({n}, b); }},\n"));
-        }
-        src.push_str("};\n");
-        src.push_str(MAIN);
-        let dir =
-            std::env::temp_dir().join(format!("ingot_window_emu_{}_{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (file, exe) = (dir.join("emu.cpp"), dir.join("emu"));
-        std::fs::write(&file, &src).unwrap();
-        let out = Command::new(cxx)
-            .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
-            .arg(&exe)
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the window kernels do not compile on the host ({}):\n{}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Some(Emu { exe, names })
-    }
-
-    /// Runs `k` over `bufs` (in parameter order); returns the buffers afterwards.
-    fn run(&self, k: &CudaKernel, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
-        let which = self.names.iter().position(|n| *n == k.name).unwrap();
-        let mut stdin = Vec::new();
-        for x in [k.launch.grid[0], k.launch.block[0], bufs.len() as u32] {
-            stdin.extend(u64::from(x).to_ne_bytes());
-        }
-        for b in bufs {
-            stdin.extend((b.len() as u64).to_ne_bytes());
-            stdin.extend(b);
-        }
-        let mut child = Command::new(&self.exe)
-            .arg(which.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        let writer = std::thread::spawn(move || input.write_all(&stdin).unwrap());
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap();
-        assert!(out.status.success(), "emulated {} failed", k.name);
-        let mut at = 0;
-        bufs.iter()
-            .map(|b| {
-                let v = out.stdout[at..at + b.len()].to_vec();
-                at += b.len();
-                v
-            })
-            .collect()
-    }
+/// Runs `k` over `bufs` (in parameter order); returns the buffers afterwards.
+fn run(emu: &Emu, k: &CudaKernel, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    cxx::split_like(&emu.run(k, cxx::launch_input(k, bufs)), bufs)
 }
 
 /// Deterministic values in [-1, 1) (exact in f32).
@@ -187,7 +124,11 @@ fn close(what: &str, got: &[f64], want: &[f64], tol: f64) {
 fn columns(emu: &Emu, k: &CudaKernel, g: &ConvGeometry, x: &[f64], c: usize) -> Vec<f64> {
     let image = g.in_ch * g.in_hw[0] * g.in_hw[1];
     let chunk = &x[c * S * image..(c + 1) * S * image];
-    let out = emu.run(k, &[f32_bytes(chunk), vec![0; w::column_len(g, S) * 4]]);
+    let out = run(
+        emu,
+        k,
+        &[f32_bytes(chunk), vec![0; w::column_len(g, S) * 4]],
+    );
     f32s(&out[1])
 }
 
@@ -195,7 +136,7 @@ fn columns(emu: &Emu, k: &CudaKernel, g: &ConvGeometry, x: &[f64], c: usize) -> 
 fn im2col_then_the_chunked_gemm_is_the_convolution() {
     let g = geometry();
     let k = w::im2col(DType::F32, &g, S).unwrap();
-    let Some(emu) = Emu::build("forward", &[&k]) else {
+    let Some(emu) = build("forward", &[&k]) else {
         return;
     };
     let x = values(g.batch * g.in_ch * g.in_hw[0] * g.in_hw[1], 1);
@@ -226,7 +167,7 @@ fn im2col_then_the_chunked_gemm_is_the_convolution() {
 fn the_transposed_gemm_then_col2im_is_the_input_gradient() {
     let g = geometry();
     let k = w::col2im(DType::F32, &g, S).unwrap();
-    let Some(emu) = Emu::build("grad_input", &[&k]) else {
+    let Some(emu) = build("grad_input", &[&k]) else {
         return;
     };
     let (kk, p, og) = (g.col_rows(), g.positions(), g.out_ch / g.groups);
@@ -250,7 +191,7 @@ fn the_transposed_gemm_then_col2im_is_the_input_gradient() {
                 }
             }
         }
-        let out = emu.run(&k, &[f32_bytes(&col), vec![0; S * image * 4]]);
+        let out = run(&emu, &k, &[f32_bytes(&col), vec![0; S * image * 4]]);
         dx.extend(f32s(&out[1]));
     }
     let mut want = vec![0.0; g.batch * image];
@@ -266,7 +207,7 @@ fn im2col_with_dy_side_by_side_and_accumulated_chunks_is_the_weight_gradient() {
     let (kk, p, og) = (g.col_rows(), g.positions(), g.out_ch / g.groups);
     let ki = w::im2col(DType::F32, &g, S).unwrap();
     let ks = w::images_side_by_side(DType::F32, S, g.out_ch, p).unwrap();
-    let Some(emu) = Emu::build("grad_weight", &[&ki, &ks]) else {
+    let Some(emu) = build("grad_weight", &[&ki, &ks]) else {
         return;
     };
     let x = values(g.batch * g.in_ch * g.in_hw[0] * g.in_hw[1], 5);
@@ -275,7 +216,7 @@ fn im2col_with_dy_side_by_side_and_accumulated_chunks_is_the_weight_gradient() {
     for c in 0..g.batch / S {
         let col = columns(&emu, &ki, &g, &x, c);
         let chunk = &dy[c * S * g.out_ch * p..(c + 1) * S * g.out_ch * p];
-        let side = f32s(&emu.run(&ks, &[f32_bytes(chunk), vec![0; chunk.len() * 4]])[1]);
+        let side = f32s(&run(&emu, &ks, &[f32_bytes(chunk), vec![0; chunk.len() * 4]])[1]);
         for gi in 0..g.groups {
             for o in 0..og {
                 for r in 0..kk {
@@ -338,7 +279,7 @@ fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
                 w::max_pool2d(d, g).unwrap(),
                 w::max_pool2d_grad(d, g).unwrap(),
             );
-            let Some(emu) = Emu::build(&format!("pool{i}{d:?}"), &[&kf, &kb]) else {
+            let Some(emu) = build(&format!("pool{i}{d:?}"), &[&kf, &kb]) else {
                 return;
             };
             let nx = g.planes * g.in_hw[0] * g.in_hw[1];
@@ -355,7 +296,7 @@ fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
                     pool::max_forward(g, &xf, &mut y).unwrap();
                     let mut dx = vec![0f32; nx];
                     pool::max_backward(g, &xf, &dyf, &mut dx).unwrap();
-                    let out = emu.run(&kf, &[f32_bytes(&x), vec![0; ny * 4]]);
+                    let out = run(&emu, &kf, &[f32_bytes(&x), vec![0; ny * 4]]);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     let got = |b: &[u8]| {
                         b.chunks(4)
@@ -363,7 +304,7 @@ fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
                             .collect::<Vec<_>>()
                     };
                     assert_eq!(got(&out[1]), bits(&y), "pool {i} f32 forward");
-                    let out = emu.run(&kb, &[f32_bytes(&x), f32_bytes(&dy), vec![0; nx * 4]]);
+                    let out = run(&emu, &kb, &[f32_bytes(&x), f32_bytes(&dy), vec![0; nx * 4]]);
                     assert_eq!(got(&out[2]), bits(&dx), "pool {i} f32 backward");
                 }
                 _ => {
@@ -391,9 +332,9 @@ fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
                     pool::max_forward(g, &wide(&xb), &mut y).unwrap();
                     let mut dx = vec![0f32; nx];
                     pool::max_backward(g, &wide(&xb), &wide(&dyb), &mut dx).unwrap();
-                    let out = emu.run(&kf, &[bytes(&xb), vec![0; ny * 2]]);
+                    let out = run(&emu, &kf, &[bytes(&xb), vec![0; ny * 2]]);
                     assert_eq!(got(&out[1]), rounded(&y), "pool {i} bf16 forward");
-                    let out = emu.run(&kb, &[bytes(&xb), bytes(&dyb), vec![0; nx * 2]]);
+                    let out = run(&emu, &kb, &[bytes(&xb), bytes(&dyb), vec![0; nx * 2]]);
                     assert_eq!(got(&out[2]), rounded(&dx), "pool {i} bf16 backward");
                 }
             }

@@ -12,6 +12,10 @@ use ingot_kernels::fused::{self, Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp};
 use zerocopy::IntoBytes;
 
+#[path = "support/sum_kernels.rs"]
+mod sum_kernels;
+use sum_kernels::sum_and_max;
+
 /// A shape, its reduced axes, and what the shape exercises.
 struct Case {
     dims: &'static [usize],
@@ -203,35 +207,6 @@ fn sums_past_2_pow_27_are_exact_for_ones_accurate_for_random_values_and_fused_as
 
 // ---------------------------------------------------------------------------------------------
 // The generated CUDA C: a thread that adds more than 1024 terms of a float sum blocks them.
-
-fn f32_input(dims: &[usize]) -> Input {
-    Input {
-        dtype: DType::F32,
-        len: numel(dims),
-        access: Access::contiguous(dims),
-    }
-}
-
-/// `sum` and `max` of the input over `axes` (the max is not blocked: it is exact).
-fn sum_and_max(dims: &[usize], axes: &[usize]) -> FusedKernel {
-    FusedKernel {
-        domain: dims.to_vec(),
-        reduce_axes: axes.to_vec(),
-        inputs: vec![f32_input(dims)],
-        body: vec![
-            Inst::Load { input: 0 },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 0,
-            },
-        ],
-        outputs: vec![Output { value: 1 }, Output { value: 2 }],
-    }
-}
 
 const BLOCKED: &str = "float sums in blocks of 1024 terms a thread";
 

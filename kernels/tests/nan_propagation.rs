@@ -4,8 +4,10 @@
 
 use ingot_kernels::cpu::{self, Num, ReduceKind, Scalar};
 use ingot_kernels::cuda::{self, PRELUDE};
-use ingot_kernels::fused::{self, Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp};
+use ingot_kernels::fused::{self, FusedKernel};
+
+#[path = "support/sum_kernels.rs"]
+mod sum_kernels;
 
 #[test]
 fn scalar_max_and_min_of_nan_are_nan_in_either_position() {
@@ -67,41 +69,7 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 
 /// `relu = max(x, 0)`, `lo = min(x, 0)`, and `m = reduce max(relu)` over `axes`.
 fn relu_max(dims: &[usize], axes: &[usize]) -> FusedKernel {
-    FusedKernel {
-        domain: dims.to_vec(),
-        reduce_axes: axes.to_vec(),
-        inputs: vec![Input {
-            dtype: DType::F32,
-            len: dims.iter().product(),
-            access: Access::contiguous(dims),
-        }],
-        body: vec![
-            Inst::Load { input: 0 },
-            Inst::Const {
-                value: 0.0,
-                dtype: DType::F32,
-            },
-            Inst::Binary {
-                op: BinaryOp::Max,
-                a: 0,
-                b: 1,
-            },
-            Inst::Binary {
-                op: BinaryOp::Min,
-                a: 0,
-                b: 1,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 2,
-            },
-        ],
-        outputs: vec![
-            Output { value: 2 },
-            Output { value: 3 },
-            Output { value: 4 },
-        ],
-    }
+    sum_kernels::max_min_and_reduce_max(dims, axes, 2)
 }
 
 #[test]

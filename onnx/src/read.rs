@@ -176,16 +176,17 @@ pub fn tensor(t: &TensorProto, float: DType, dir: &DataDir) -> Result<Const> {
 }
 
 /// A leaf initializer's (a parameter's, a running statistic's) elements as little-endian bytes
-/// of the leaf's dtype, its dtype and dims. An f32 initializer imported as f32 (every model
-/// but a gradient check's) is its own bytes, never widened to the f64 [`tensor`] folds in: a
-/// model's import holds its weights once, at their size. Anything else goes through
-/// [`tensor`].
+/// of the leaf's dtype, its dtype and dims. Raw data whose ONNX encoding is already the leaf
+/// dtype's (float as f32, double as f64, bfloat16, int64, int32: every model's weights but a
+/// gradient check's, which widens f32 to f64) is kept as its own bytes, never widened to the
+/// f64 [`tensor`] folds in: a model's import holds its weights once, at their size. Anything
+/// else (typed fields, booleans, a widening) goes through [`tensor`], which also names every
+/// error.
 pub fn leaf_bytes(
     t: &TensorProto,
     float: DType,
     dir: &DataDir,
 ) -> Result<(DType, Vec<usize>, Vec<u8>)> {
-    let onnx_type = tensor_proto::DataType::try_from(t.data_type()).unwrap_or_default();
     let external = t.data_location == Some(tensor_proto::DataLocation::External as i32);
     let dims: Option<Vec<usize>> = t.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
     let n = dims.as_ref().and_then(|d| {
@@ -193,25 +194,41 @@ pub fn leaf_bytes(
             .try_fold(1usize, |a, &x| a.checked_mul(x))
             .filter(|n| (*n as u64).saturating_mul(8) <= MAX_TENSOR_BYTES)
     });
-    let fast = onnx_type == tensor_proto::DataType::Float
-        && float == DType::F32
-        && t.segment.is_none()
-        && (external || t.raw_data.is_some());
-    if let (true, Some(dims), Some(n)) = (fast, dims, n) {
+    let as_is = same_bytes(t.data_type(), float)
+        .filter(|_| t.segment.is_none() && (external || t.raw_data.is_some()));
+    if let (Some(dtype), Some(dims), Some(n)) = (as_is, dims, n) {
+        let want = n * dtype.size();
         let raw = if external {
-            external_data(t, dir, (n * 4) as u64)
+            external_data(t, dir, want as u64)
                 .map_err(|reason| OnnxError::Graph(format!("tensor {:?}: {reason}", t.name())))?
         } else {
             t.raw_data().to_vec()
         };
-        if raw.len() == n * 4 {
-            return Ok((DType::F32, dims, raw));
+        if raw.len() == want {
+            return Ok((dtype, dims, raw));
         }
     }
     // Every other case (and every error, which `tensor` names).
     let c = tensor(t, float, dir)?;
     let bytes = c.to_le_bytes(c.dtype);
     Ok((c.dtype, c.dims, bytes))
+}
+
+/// The leaf dtype of ONNX element type `t` when its raw little-endian bytes are already that
+/// dtype's (no widening, no normalising); `None` otherwise. Booleans are not: ONNX allows any
+/// nonzero byte for true.
+fn same_bytes(t: i32, float: DType) -> Option<DType> {
+    use tensor_proto::DataType as T;
+    let dtype = dtype_of(t, float).ok()?;
+    let source = match T::try_from(t).ok()? {
+        T::Float => DType::F32,
+        T::Double => DType::F64,
+        T::Bfloat16 => DType::BF16,
+        T::Int64 => DType::I64,
+        T::Int32 => DType::I32,
+        _ => return None,
+    };
+    (source == dtype).then_some(dtype)
 }
 
 fn from_le(raw: &[u8], t: tensor_proto::DataType) -> Data {
@@ -325,4 +342,101 @@ fn external_data(
     f.read_exact(&mut buf)
         .map_err(|e| format!("{}: {e}", real.display()))?;
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(dtype: tensor_proto::DataType, dims: &[i64], bytes: Vec<u8>) -> TensorProto {
+        TensorProto {
+            name: Some("w".into()),
+            dims: dims.to_vec(),
+            data_type: Some(dtype as i32),
+            raw_data: Some(bytes),
+            ..Default::default()
+        }
+    }
+
+    /// What the folding path makes of `t`: the reference [`leaf_bytes`] must agree with.
+    fn folded(t: &TensorProto, float: DType) -> (DType, Vec<usize>, Vec<u8>) {
+        let c = tensor(t, float, &DataDir(None)).unwrap();
+        let bytes = c.to_le_bytes(c.dtype);
+        (c.dtype, c.dims, bytes)
+    }
+
+    #[test]
+    fn a_leaf_whose_bytes_are_its_dtypes_is_imported_as_they_are_and_equals_the_folded_value() {
+        use tensor_proto::DataType as T;
+        // bf16 with odd bit patterns (a NaN payload, a subnormal) must come through untouched.
+        let bf16: Vec<u8> = [0x3f80u16, 0x7fc1, 0x0001, 0xc2f7]
+            .iter()
+            .flat_map(|b| b.to_le_bytes())
+            .collect();
+        let f64s: Vec<u8> = [1.0f64 / 3.0, -2.5]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let i64s: Vec<u8> = [i64::MIN, 7].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let i32s: Vec<u8> = [-3i32, 9].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [0.1f32, -7.25]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let cases = [
+            (raw(T::Bfloat16, &[2, 2], bf16.clone()), DType::BF16),
+            (raw(T::Double, &[2], f64s.clone()), DType::F64),
+            (raw(T::Int64, &[2], i64s.clone()), DType::I64),
+            (raw(T::Int32, &[2], i32s.clone()), DType::I32),
+            (raw(T::Float, &[2], f32s.clone()), DType::F32),
+        ];
+        for (t, dtype) in cases {
+            let (got_dtype, dims, bytes) = leaf_bytes(&t, DType::F32, &DataDir(None)).unwrap();
+            assert_eq!(got_dtype, dtype);
+            assert_eq!(
+                bytes,
+                t.raw_data.clone().unwrap(),
+                "{dtype:?} kept as it is"
+            );
+            if dtype != DType::BF16 {
+                // (bf16's NaN payload is normalised by the folding path; the rest agree.)
+                assert_eq!((got_dtype, dims, bytes), folded(&t, DType::F32));
+            }
+        }
+        assert_eq!(
+            same_bytes(T::Float as i32, DType::F64),
+            None,
+            "widened for a gradient check"
+        );
+        assert_eq!(
+            same_bytes(T::Bool as i32, DType::F32),
+            None,
+            "booleans are normalised"
+        );
+    }
+
+    #[test]
+    fn a_leaf_widened_for_a_gradient_check_goes_through_the_folding_path() {
+        let f32s: Vec<u8> = [0.1f32, -7.25]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let t = raw(tensor_proto::DataType::Float, &[2], f32s);
+        let (dtype, dims, bytes) = leaf_bytes(&t, DType::F64, &DataDir(None)).unwrap();
+        assert_eq!((dtype, dims.clone()), (DType::F64, vec![2]));
+        let want: Vec<u8> = [0.1f32 as f64, -7.25]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(bytes, want);
+    }
+
+    #[test]
+    fn a_leaf_with_too_few_bytes_is_an_error_naming_it() {
+        let t = raw(tensor_proto::DataType::Bfloat16, &[3], vec![0; 4]);
+        let e = leaf_bytes(&t, DType::F32, &DataDir(None))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"w\"") && e.contains("bytes"), "{e}");
+    }
 }

@@ -121,15 +121,9 @@ fn vit_b_16s_packed_attention_slices_import_a_shape_sliced_to_nothing_included()
 
 #[test]
 fn a_computed_tensor_sliced_to_nothing_is_refused_naming_the_node() {
-    let err = import(
-        &fixtures().join("errors/slice_to_nothing.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let err = import_mse("errors/slice_to_nothing.onnx")
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("/attn/Slice_9") && err.contains("to nothing") && err.contains("size 3"),
         "{err}"
@@ -219,14 +213,7 @@ fn cross_entropy_on_axis_1_matches_numpys_over_the_moved_axis() {
 
 #[test]
 fn a_causal_mask_buffer_is_computed_from_iotas_not_stored() {
-    let imp = import(
-        &fixtures().join("ops/causal_mask_buffer.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let imp = import_mse("ops/causal_mask_buffer.onnx").unwrap();
     let g = &imp.model.graph;
     assert!(g.leaves(ingot_compiler::ir::LeafKind::State).is_empty());
     assert!(imp.weights.is_empty(), "{:?}", imp.weights.keys());
@@ -238,14 +225,7 @@ fn a_causal_mask_buffer_is_computed_from_iotas_not_stored() {
 
 #[test]
 fn a_constant_with_no_pattern_is_a_state_leaf_holding_its_elements() {
-    let imp = import(
-        &fixtures().join("ops/constant_expand.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let imp = import_mse("ops/constant_expand.onnx").unwrap();
     let w: Vec<(&String, &ingot_onnx::Weight)> = imp.weights.iter().collect();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].1.kind, ingot_compiler::ir::LeafKind::State);
@@ -285,14 +265,7 @@ fn initializers_the_options_freeze_are_constants_not_parameters() {
 
 #[test]
 fn with_the_exporters_list_of_parameters_every_other_initializer_is_a_constant() {
-    let imp = import(
-        &fixtures().join("ops/gemm_listed_parameters.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let imp = import_mse("ops/gemm_listed_parameters.onnx").unwrap();
     let g = &imp.model.graph;
     let params: Vec<&str> = g
         .leaves(ingot_compiler::ir::LeafKind::Parameter)

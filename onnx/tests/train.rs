@@ -64,12 +64,7 @@ fn an_imported_mlp_trains_with_the_losses_of_hand_written_sgd() {
         &tensor(&doc["y"], DType::F32),
     )
     .unwrap();
-    let want: Vec<f64> = doc["sgd_losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let want = f64s(&doc["sgd_losses"]);
     for (i, w) in want.iter().enumerate() {
         let got = s.step().unwrap().loss;
         assert!(close(got, *w, 1e-4), "step {i}: loss {got}, numpy {w}");
@@ -127,14 +122,7 @@ fn batch_norm_running_statistics_are_state_updated_in_training_and_read_in_evalu
 
 #[test]
 fn a_training_mode_dropout_draws_a_seeded_mask_and_is_the_identity_in_evaluation() {
-    let imp = import(
-        &fixtures().join("errors/dropout_train.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let imp = import_mse("errors/dropout_train.onnx").unwrap();
     let g = &imp.model.graph;
     let drops: Vec<f64> = g
         .nodes()
@@ -261,15 +249,9 @@ fn a_model_computing_its_own_loss_takes_data_as_x_and_target_as_y() {
 
 #[test]
 fn a_model_with_three_data_inputs_is_refused_naming_them() {
-    let e = import(
-        &fixtures().join("errors/three_inputs.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let e = import_mse("errors/three_inputs.onnx")
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("\"input\", \"target\", \"third\"") && e.contains("--input-value"),
         "{e}"
@@ -399,14 +381,7 @@ fn a_dropouts_mask_output_is_the_draw_its_output_applied() {
 
 #[test]
 fn stochastic_depth_drops_whole_samples_at_its_rate_and_is_the_identity_in_evaluation() {
-    let imp = import(
-        &fixtures().join("random/stochastic_depth.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let imp = import_mse("random/stochastic_depth.onnx").unwrap();
     assert!(imp
         .model
         .graph
@@ -443,15 +418,9 @@ fn stochastic_depth_drops_whole_samples_at_its_rate_and_is_the_identity_in_evalu
 
 #[test]
 fn a_random_draw_read_other_than_by_a_comparison_is_refused_naming_the_node() {
-    let e = import(
-        &fixtures().join("random/random_read_directly.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let e = import_mse("random/random_read_directly.onnx")
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("RandomUniformLike") && e.contains("\"noise\"") && e.contains("Add"),
         "{e}"
@@ -461,14 +430,7 @@ fn a_random_draw_read_other_than_by_a_comparison_is_refused_naming_the_node() {
 #[test]
 fn a_dropout_whose_declared_mask_nothing_reads_imports_without_computing_it() {
     // PyTorch's exporter writes nn.Dropout in training mode with its mask output declared.
-    let imp = import(
-        &fixtures().join("random/dropout_mask_unread.onnx"),
-        &ImportOptions {
-            loss: Loss::Mse { output: None },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let imp = import_mse("random/dropout_mask_unread.onnx").unwrap();
     let drops = imp
         .model
         .graph

@@ -63,16 +63,7 @@ fn main() -> Res<()> {
         AttentionPrecision::Tf32,
         AttentionPrecision::Bf16,
     ] {
-        let s = AttentionShape {
-            batch_heads: b * h,
-            seq_q: t,
-            seq_k: t,
-            head_dim: d,
-            causal: true,
-            scale: 1.0 / (d as f32).sqrt(),
-            precision: p,
-            layout: Layout::contiguous(t, t, d),
-        };
+        let s = causal_shape(b * h, t, d, p);
         let fwd = attention::forward(&s).map_err(|e| e.to_string())?;
         let bwd = attention::backward(&s).map_err(|e| e.to_string())?;
         let all: Vec<&CudaKernel> = vec![&fwd, &bwd.preprocess, &bwd.dkdv, &bwd.dq];
@@ -142,22 +133,27 @@ fn main() -> Res<()> {
     Ok(())
 }
 
+/// Causal self-attention of `bh` heads of `t` tokens of `d` elements, contiguous.
+fn causal_shape(bh: usize, t: usize, d: usize, p: AttentionPrecision) -> AttentionShape {
+    AttentionShape {
+        batch_heads: bh,
+        seq_q: t,
+        seq_k: t,
+        head_dim: d,
+        causal: true,
+        scale: 1.0 / (d as f32).sqrt(),
+        precision: p,
+        layout: Layout::contiguous(t, t, d),
+    }
+}
+
 /// Every tiling the kernels take (2, 4 or 8 warps; steps of 16 to 128 rows) of each tf32 and
 /// bf16 kernel, timed alone: what the tile table in `attention::tiles` is chosen from.
 fn tilings(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()> {
     println!("| tiling | kernel | warps x step | ms | resources |");
     println!("|---|---|---|---:|---|");
     for p in [AttentionPrecision::Tf32, AttentionPrecision::Bf16] {
-        let s = AttentionShape {
-            batch_heads: b * h,
-            seq_q: t,
-            seq_k: t,
-            head_dim: d,
-            causal: true,
-            scale: 1.0 / (d as f32).sqrt(),
-            precision: p,
-            layout: Layout::contiguous(t, t, d),
-        };
+        let s = causal_shape(b * h, t, d, p);
         let mut ks = Vec::new();
         for kind in [TileKernel::Forward, TileKernel::Dkdv, TileKernel::Dq] {
             let chosen = attention::tiling(&s, kind).map_err(|e| e.to_string())?;

@@ -49,15 +49,7 @@ fn same_bits(got: &[bf16], want: &[bf16], what: &str) {
 fn bf16_elementwise_ops_are_the_f32_op_rounded_once() {
     let n = 512;
     let (a, b) = (samples(n, 1), samples(n, 2));
-    for u in [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Tanh,
-        UnaryOp::Recip,
-        UnaryOp::Erf,
-    ] {
+    for &u in UnaryOp::ALL {
         let mut g = Graph::new();
         let x = g.input("a", [n], DType::BF16).unwrap();
         let y = g.unary(u, x).unwrap();
@@ -75,14 +67,7 @@ fn bf16_elementwise_ops_are_the_f32_op_rounded_once() {
         let want: Vec<bf16> = a.iter().map(|x| bf16::from_f32(f(x.to_f32()))).collect();
         same_bits(out["y"].as_bf16().unwrap(), &want, &format!("{u:?}"));
     }
-    for op in [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Max,
-        BinaryOp::Min,
-    ] {
+    for &op in BinaryOp::ALL {
         let mut g = Graph::new();
         let x = g.input("a", [n], DType::BF16).unwrap();
         let y = g.input("b", [n], DType::BF16).unwrap();
@@ -135,26 +120,20 @@ fn bf16_sums_and_matmuls_accumulate_in_f32() {
 #[test]
 fn a_bf16_matmul_is_the_exact_product_rounded_once_up_to_f32_accumulation() {
     let (m, k, n) = (7, 33, 5);
-    let a: Vec<bf16> = samples(m * k, 3)
-        .into_iter()
-        .map(|x| {
-            if x.is_finite() && x.to_f32().abs() < 100.0 {
-                x
-            } else {
-                bf16::ONE
-            }
-        })
-        .collect();
-    let b: Vec<bf16> = samples(k * n, 4)
-        .into_iter()
-        .map(|x| {
-            if x.is_finite() && x.to_f32().abs() < 100.0 {
-                x
-            } else {
-                bf16::ONE
-            }
-        })
-        .collect();
+    // Samples with the infinities, NaNs and huge values made 1.
+    let tame = |n: usize, seed: u32| -> Vec<bf16> {
+        samples(n, seed)
+            .into_iter()
+            .map(|x| {
+                if x.is_finite() && x.to_f32().abs() < 100.0 {
+                    x
+                } else {
+                    bf16::ONE
+                }
+            })
+            .collect()
+    };
+    let (a, b) = (tame(m * k, 3), tame(k * n, 4));
     let mut g = Graph::new();
     let x = g.input("a", [m, k], DType::BF16).unwrap();
     let y = g.input("b", [k, n], DType::BF16).unwrap();

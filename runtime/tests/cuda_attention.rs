@@ -16,7 +16,6 @@
 
 use ingot_kernels::cuda::attention::{self, AttentionBackward, AttentionPrecision, AttentionShape};
 use ingot_kernels::cuda::CudaKernel;
-use ingot_kernels::dtype::{bf16, bf16_from_f64};
 use ingot_runtime::cuda;
 
 #[path = "support/attention_device.rs"]
@@ -25,45 +24,14 @@ mod device;
 mod placement;
 #[path = "../../kernels/tests/cuda_attention_support/reference.rs"]
 mod reference;
+#[path = "../../kernels/tests/cuda_attention_support/values.rs"]
+mod values;
 
 use device::{download, upload, Buf, Modules, Res};
 use ingot_kernels::attention::Layout;
 use placement::{padded_tokens, Arg, Operand, Placement, DKDV, DQ, FORWARD, PREPROCESS};
-use reference::{relative_error, uniform, Problem};
-
-fn encode(p: AttentionPrecision, xs: &[f64]) -> Vec<u8> {
-    match p {
-        AttentionPrecision::Bf16 => xs
-            .iter()
-            .flat_map(|&x| bf16_from_f64(x).to_bits().to_ne_bytes())
-            .collect(),
-        _ => xs.iter().flat_map(|&x| (x as f32).to_ne_bytes()).collect(),
-    }
-}
-
-fn decode(p: AttentionPrecision, b: &[u8]) -> Vec<f64> {
-    match p {
-        AttentionPrecision::Bf16 => b
-            .chunks(2)
-            .map(|c| bf16::from_bits(u16::from_ne_bytes([c[0], c[1]])).to_f64())
-            .collect(),
-        _ => f32s(b),
-    }
-}
-
-fn f32s(b: &[u8]) -> Vec<f64> {
-    b.chunks(4)
-        .map(|c| f64::from(f32::from_ne_bytes(c.try_into().unwrap())))
-        .collect()
-}
-
-fn tolerance(p: AttentionPrecision) -> f64 {
-    match p {
-        AttentionPrecision::F32 => 1e-5,
-        AttentionPrecision::Tf32 => 5e-3,
-        AttentionPrecision::Bf16 => 2e-2,
-    }
-}
+use reference::relative_error;
+use values::{decode, encode, f32s, inputs, problem, row_dots, tolerance};
 
 /// The shapes checked in each precision: (batch·heads, Tq, Tk, head dim, causal).
 const SHAPES: [(usize, usize, usize, usize, bool); 22] = [
@@ -212,21 +180,8 @@ fn check_all(m: &Modules, cases: &[Case]) -> Vec<String> {
         let s = &c.shape;
         let p = s.precision;
         let es = element_size(p);
-        let prob = Problem {
-            bh: s.batch_heads,
-            tq: s.seq_q,
-            tk: s.seq_k,
-            d: s.head_dim,
-            causal: s.causal,
-            scale: f64::from(s.scale),
-        };
-        let (nq, nk) = (prob.bh * prob.tq * prob.d, prob.bh * prob.tk * prob.d);
-        let seed = 1000 + 10 * n as u64;
-        let round = |xs: Vec<f64>| decode(p, &encode(p, &xs));
-        let q = round(uniform(nq, seed, 2.0));
-        let k = round(uniform(nk, seed + 1, 1.0));
-        let v = round(uniform(nk, seed + 2, 1.0));
-        let dout = round(uniform(nq, seed + 3, 1.0));
+        let prob = problem(s);
+        let [q, k, v, dout] = inputs(p, &prob, 1000 + 10 * n as u64);
         // Outputs (and lse, delta) are filled with NaN bytes: an element a kernel forgets to
         // write fails.
         let mut buffers: Vec<Vec<u8>> =
@@ -265,13 +220,7 @@ fn check_all(m: &Modules, cases: &[Case]) -> Vec<String> {
         let (want_out, want_lse) = prob.forward(&q, &k, &v);
         let (want_dq, want_dk, want_dv, terms) = prob.backward(&q, &k, &v, &dout);
         let out = values(Operand::Out);
-        let want_delta: Vec<f64> = (0..rows)
-            .map(|i| {
-                (0..prob.d)
-                    .map(|c| out[i * prob.d + c] * dout[i * prob.d + c])
-                    .sum()
-            })
-            .collect();
+        let want_delta = row_dots(&prob, &out, &dout);
         let tol = tolerance(p);
         let mut line = format!("{p:?} {s:?}:");
         for (what, g, w, tol, floor) in [

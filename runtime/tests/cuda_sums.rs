@@ -9,9 +9,13 @@
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use ingot_kernels::cuda::{self, CudaKernel};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp};
+use ingot_kernels::DType;
 use ingot_runtime::cuda as rt;
 use std::sync::Arc;
+
+#[path = "../../kernels/tests/support/sum_kernels.rs"]
+mod sum_kernels;
+use sum_kernels::{max_min_and_reduce_max, sum_and_max};
 
 /// Compiles `k` (with the prelude) for device 0 and runs it on `input`, returning every output.
 fn run_on_gpu(k: &FusedKernel, input: &[f32]) -> Vec<Vec<f32>> {
@@ -57,31 +61,6 @@ fn run_on_gpu(k: &FusedKernel, input: &[f32]) -> Vec<Vec<f32>> {
             v
         })
         .collect()
-}
-
-/// `sum` and `max` over `axes` of a contiguous f32 input shaped `dims`.
-fn sum_and_max(dims: &[usize], axes: &[usize]) -> FusedKernel {
-    FusedKernel {
-        domain: dims.to_vec(),
-        reduce_axes: axes.to_vec(),
-        inputs: vec![Input {
-            dtype: DType::F32,
-            len: dims.iter().product(),
-            access: Access::contiguous(dims),
-        }],
-        body: vec![
-            Inst::Load { input: 0 },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 0,
-            },
-        ],
-        outputs: vec![Output { value: 1 }, Output { value: 2 }],
-    }
 }
 
 /// Every f32 exponent and sign with low halves at and around the bf16 tie, and random ones:
@@ -203,41 +182,7 @@ fn gpu_max_min_and_reduce_max_of_nan_are_nan() {
     let mut x: Vec<f32> = (0..r * c).map(|i| (i % 97) as f32 - 48.0).collect();
     x[5 * c + 7] = f32::NAN;
     for axes in [vec![1usize], vec![0]] {
-        let k = FusedKernel {
-            domain: vec![r, c],
-            reduce_axes: axes.clone(),
-            inputs: vec![Input {
-                dtype: DType::F32,
-                len: r * c,
-                access: Access::contiguous(&[r, c]),
-            }],
-            body: vec![
-                Inst::Load { input: 0 },
-                Inst::Const {
-                    value: 0.0,
-                    dtype: DType::F32,
-                },
-                Inst::Binary {
-                    op: BinaryOp::Max,
-                    a: 0,
-                    b: 1,
-                },
-                Inst::Binary {
-                    op: BinaryOp::Min,
-                    a: 0,
-                    b: 1,
-                },
-                Inst::Reduce {
-                    op: ReduceOp::Max,
-                    x: 0,
-                },
-            ],
-            outputs: vec![
-                Output { value: 2 },
-                Output { value: 3 },
-                Output { value: 4 },
-            ],
-        };
+        let k = max_min_and_reduce_max(&[r, c], &axes, 0);
         let out = run_on_gpu(&k, &x);
         for (e, &v) in x.iter().enumerate() {
             assert_eq!(out[0][e].is_nan(), v.is_nan(), "max(x, 0) at {e}");

@@ -246,20 +246,9 @@ fn dependencies(toml: &str) -> Vec<String> {
     out
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
+#[path = "../../compiler/tests/support/rust_files.rs"]
+mod rust_files;
+use rust_files::rust_files;
 
 /// Every source file of `crate_dir/src`, as (path relative to src, text).
 fn sources(crate_dir: &Path) -> Vec<(String, String)> {

@@ -13,14 +13,9 @@ use ingot_runtime::StepExecutor;
 
 /// Deterministic values in [-2, 2).
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = ingot_kernels::fused::random::xorshift(seed);
     (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
-        })
+        .map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0)
         .collect()
 }
 

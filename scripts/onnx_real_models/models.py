@@ -14,7 +14,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from export_onnx import export
 
-B = 8
+# The batch (BATCH=N to time a larger one, session 26); DET_ONLY=1 skips the as-is export.
+B = int(os.environ.get("BATCH", "8"))
 LR = 0.01
 
 
@@ -99,7 +100,8 @@ def main(name, out):
       loss_fn = F.cross_entropy
 
   t = time.time()
-  for det in ((True,) if name in ("vit_b_16", "unet") else (False, True)):
+  only_det = name in ("vit_b_16", "unet") or os.environ.get("DET_ONLY") == "1"
+  for det in ((True,) if only_det else (False, True)):
       m = build(name, det)
       export(m, args, f"{out}/{'det' if det else 'train'}.onnx", input_names=in_names)
   print(f"{name}: exported both in {time.time() - t:.1f} s", flush=True)

@@ -1,9 +1,10 @@
 //! The differential check of a random training step: compiled (rewritten, fused, planned) and
 //! run on a backend, against the unfused reference interpreter.
 //!
-//! [`check_cpu`] is the body that the property test in ir-tests and the fuzz target `fused_step`
-//! call; [`compare_sessions`] is what the GPU test uses to hold a CUDA step against the CPU's.
-//! The graphs come from [`ingot_compiler::random_graph`], so a seed names one graph everywhere.
+//! [`check_cpu`] is the body that the property test in ir-tests calls on a seed, and
+//! [`check_described`] the fuzz target `fused_step`'s on a structured description of the graph;
+//! [`compare_sessions`] is what the GPU test uses to hold a CUDA step against the CPU's. The
+//! graphs come from [`ingot_compiler::random_graph`], so a seed names one graph everywhere.
 //!
 //! Fusion and egg reassociate sums and products, so results agree to a tolerance, not bits:
 //! each tensor's largest difference must be within [`RTOL`] of its largest magnitude, plus
@@ -15,9 +16,12 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::{copies, Optimizer, StepOptions};
 use ingot_compiler::ir::{DType, LeafKind, Shape, TensorType};
-use ingot_compiler::models::{Model, Precision};
+use ingot_compiler::models::Model;
+// What the fuzz target `fused_step` describes a step with (it depends on this crate alone).
+pub use ingot_compiler::models::Precision;
 use ingot_compiler::pipeline;
 use ingot_compiler::random_graph;
+pub use ingot_compiler::random_graph::{Description, OpKind, MAX_OPS};
 use ingot_runtime::cpu::run_graph;
 use ingot_runtime::tensor::{Data, Tensor};
 use ingot_trainer::session::{Device, Session};
@@ -233,6 +237,15 @@ fn adamw(m: &Model) -> bool {
 pub fn check_cpu(seed: u64) -> Result<Outcome, String> {
     let m = random_graph::model(seed).map_err(|e| format!("random:{seed}: generator: {e}"))?;
     check_model_with(&m, &random_graph::step_options(seed), seed)
+}
+
+/// The body of the fuzz target `fused_step`: [`check_model_with`] on the model a structured
+/// description gives ([`random_graph::described`], with its step options), seeded with the
+/// description's seed.
+pub fn check_described(d: &Description) -> Result<Outcome, String> {
+    let m = random_graph::described(d).map_err(|e| format!("{d:?}: generator: {e}"))?;
+    check_model_with(&m, &random_graph::described_step_options(d), d.seed)
+        .map_err(|e| format!("{d:?}: {e}"))
 }
 
 /// One step of `model` from `seed` on `device` and on the CPU (both compiled and planned for

@@ -170,6 +170,15 @@ pub struct CheckpointInfo {
     /// too; absent when there are none.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub tied: IndexMap<String, String>,
+    /// An imported model's batch norms' `num_batches_tracked` as `--init` read them (the
+    /// counts before the run's first step, [`crate::state_dict::StateDict::tracked`]), so that
+    /// a resumed run's `--save` writes the counts PyTorch would; absent when all are 0.
+    #[serde(default, skip_serializing_if = "all_zero")]
+    pub tracked: IndexMap<String, i64>,
+}
+
+fn all_zero(counts: &IndexMap<String, i64>) -> bool {
+    counts.values().all(|&c| c == 0)
 }
 
 /// A checkpoint read back.

@@ -4,9 +4,13 @@
 //! parameters the training step just wrote, in place, and its transient values overlap the
 //! training step's, because the two never run at the same time. The session allocates once
 //! ([`Session::from_pair`]); an evaluation copies nothing but its batch.
+//!
+//! A classifier's evaluation step also counts its top-1 and top-5 hits in the step
+//! ([`ingot_compiler::trace::accuracy`] says why there rather than from logits read back):
+//! [`Evaluator::evaluate_all`] reports them as accuracies beside the loss.
 
 use crate::data::{BatchSource, Order};
-use crate::session::{Device, Session};
+use crate::session::{Device, Session, TopK};
 use ingot_compiler::autodiff::{Phases, Step};
 use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::models::Model;
@@ -51,12 +55,16 @@ pub fn pair_with_eval(
     let precision = train.precision();
     // The forward pass traced in evaluation mode (batch norm by its running statistics,
     // dropout the identity), attention fused as it is in the training step.
+    // A classifier's step counts its top-1 and top-5 hits beside the loss.
+    let counted = ingot_compiler::trace::accuracy::with_top_k_counts(model.eval_graph())
+        .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?;
+    let eval_graph = counted.as_ref().unwrap_or(model.eval_graph());
     let graph = if opts.fuse_attention {
-        ingot_compiler::recognize::attention_where(model.eval_graph(), opts.attention_supported)
+        ingot_compiler::recognize::attention_where(eval_graph, opts.attention_supported)
             .map_err(|e| format!("the forward-only step of {}: {e}", model.name))?
             .0
     } else {
-        model.eval_graph().clone()
+        eval_graph.clone()
     };
     // Where the training step keeps bf16 copies of its weights, the evaluation reads them
     // rather than casting the f32 weights again (the same bits; and each rank of a sharded
@@ -177,15 +185,47 @@ impl Evaluator {
     /// batches every time, so evaluations compare), run by its evaluation step in the training
     /// step's allocation.
     pub fn evaluate(&mut self, session: &mut Session) -> Result<f64, String> {
+        Ok(self.evaluate_all(session)?.loss)
+    }
+
+    /// As [`Evaluator::evaluate`], with a classifier's top-1 and top-5 accuracy over the same
+    /// batches (the fraction of their rows whose label is the top class, or among the top
+    /// five).
+    pub fn evaluate_all(&mut self, session: &mut Session) -> Result<Evaluation, String> {
         let mut sum = 0.0;
+        let mut hits: Option<TopK> = None;
         for b in 0..self.batches {
             self.source
                 .fill(0, b, &mut self.x, &mut self.y)
                 .map_err(|e| format!("--val: {e}"))?;
-            sum += session
-                .eval_on(&self.x, &self.y)
+            let out = session
+                .eval_batch_on(&self.x, &self.y)
                 .map_err(|e| format!("evaluating: {e}"))?;
+            sum += out.loss;
+            if let Some(k) = out.top_k {
+                let h = hits.get_or_insert_with(TopK::default);
+                h.top1 += k.top1;
+                h.top5 += k.top5;
+                h.rows += k.rows;
+            }
         }
-        Ok(sum / self.batches.max(1) as f64)
+        let accuracy = hits
+            .filter(|h| h.rows > 0.0)
+            .map(|h| (h.top1 / h.rows, h.top5 / h.rows));
+        Ok(Evaluation {
+            loss: sum / self.batches.max(1) as f64,
+            top1: accuracy.map(|a| a.0),
+            top5: accuracy.map(|a| a.1),
+        })
     }
+}
+
+/// One evaluation's results ([`Evaluator::evaluate_all`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    /// The mean loss over the batches.
+    pub loss: f64,
+    /// A classifier's top-1 and top-5 accuracy (fractions in 0..=1); `None` for other models.
+    pub top1: Option<f64>,
+    pub top5: Option<f64>,
 }

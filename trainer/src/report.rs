@@ -15,6 +15,9 @@ pub struct RunRecord {
     pub losses: Curve<f64>,
     /// (step, validation loss).
     pub val: Curve<f64>,
+    /// (step, (top-1, top-5) validation accuracy) of a classifier, counted in its evaluation
+    /// step ([`ingot_compiler::trace::accuracy`]); empty for other models.
+    pub val_top_k: Curve<(f64, f64)>,
     /// The one allocation: the training step's plan total, or with a validation step, the
     /// two steps' shared total.
     pub planned_bytes: usize,
@@ -128,6 +131,27 @@ pub fn html(r: &RunRecord) -> String {
     if !r.val.is_empty() {
         loss_series.push(("validation loss", "#d62728", f(&r.val)));
     }
+    let accuracy = if r.val_top_k.is_empty() {
+        String::new()
+    } else {
+        let pct = |k: fn((f64, f64)) -> f64| {
+            r.val_top_k
+                .points()
+                .map(|(s, a)| (s as f64, 100.0 * k(a)))
+                .collect::<Vec<_>>()
+        };
+        let series = [
+            ("top-1", "#9467bd", pct(|a| a.0)),
+            ("top-5", "#8c564b", pct(|a| a.1)),
+        ];
+        format!(
+            "<h2>Validation accuracy</h2>{}",
+            chart("validation accuracy", "%", &series)
+        )
+    };
+    let last_acc = r.val_top_k.last().map_or("-".into(), |(_, (a, b))| {
+        format!("top-1 {:.2}%, top-5 {:.2}%", 100.0 * a, 100.0 * b)
+    });
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     let (first, last) = (
         r.losses.first().map_or(0, |p| p.0),
@@ -160,8 +184,9 @@ pub fn html(r: &RunRecord) -> String {
          <tr><td>steps</td><td>{steps}</td></tr>\
          <tr><td>last loss</td><td>{last_loss}</td></tr>\
          <tr><td>last validation loss</td><td>{last_val}</td></tr>\
+         <tr><td>last validation accuracy</td><td>{last_acc}</td></tr>\
          <tr><td>planned memory</td><td>{planned:.1} MiB{eval}</td></tr></table>\
-         <h2>Loss</h2>{loss}<h2>Memory</h2>{mem}<p>{memory_note}</p></body></html>\n",
+         <h2>Loss</h2>{loss}{accuracy}<h2>Memory</h2>{mem}<p>{memory_note}</p></body></html>\n",
         model = escape(&r.model),
         device = escape(&r.device),
         dataset = escape(r.dataset.as_deref().unwrap_or("one fixed batch")),
@@ -197,6 +222,7 @@ mod tests {
             dataset: Some("tokens a.bin".into()),
             losses: (1..=10).map(|i| (i, 5.0 - i as f64 * 0.1)).collect(),
             val: [(5, 4.8), (10, 4.3)].into_iter().collect(),
+            val_top_k: Curve::new(),
             planned_bytes: 3 << 20,
             eval_layout: Some(ingot_compiler::plan::shared::SharedLayout {
                 resident_bytes: 1 << 20,
@@ -222,6 +248,30 @@ mod tests {
         assert!(
             page.contains("3.0 MiB")
                 && page.contains("max(2.0 MiB training slab, 1.0 MiB validation slab)")
+        );
+        assert!(
+            !page.contains("Validation accuracy"),
+            "no classifier counts, no chart"
+        );
+    }
+
+    #[test]
+    fn a_classifier_s_report_shows_its_last_top_1_and_top_5_accuracy_and_their_curves() {
+        let r = RunRecord {
+            losses: (1..=4).map(|i| (i, 2.0)).collect(),
+            val: [(2, 1.5), (4, 1.2)].into_iter().collect(),
+            val_top_k: [(2, (0.25, 0.5)), (4, (0.375, 0.875))]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        let page = html(&r);
+        assert!(page.contains("top-1 37.50%, top-5 87.50%"), "{page}");
+        assert!(page.contains("Validation accuracy"));
+        assert_eq!(
+            page.matches("<polyline").count(),
+            5,
+            "train, val, top-1, top-5, planned"
         );
     }
 }

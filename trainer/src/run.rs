@@ -86,8 +86,9 @@ pub struct RunOptions {
     /// The session holds the weights of the model's file (an ONNX model's), which `init` or
     /// `resume` replace.
     pub file_weights: bool,
-    /// An imported model's weight files are PyTorch `state_dict`s: `init` reads, and `save`
-    /// writes, its running statistics and `num_batches_tracked` besides the parameters.
+    /// The model's weight files are PyTorch `state_dict`s (an imported model's, or any with
+    /// batch norms): `init` reads, and `save` writes, its running statistics and
+    /// `num_batches_tracked` besides the parameters.
     pub state_dict: Option<StateDict>,
 }
 
@@ -269,6 +270,9 @@ pub struct EvalEvent {
     /// The step after which the evaluation ran.
     pub step: u64,
     pub val_loss: f64,
+    /// A classifier's top-1 and top-5 accuracy (fractions), counted in the evaluation step.
+    pub top1: Option<f64>,
+    pub top5: Option<f64>,
     /// The batches it ran.
     pub batches: u64,
 }
@@ -533,11 +537,12 @@ fn prepare(
         )?),
         None => None,
     };
-    // A resumed run's --save writes the tied aliases its checkpoint recorded.
+    // A resumed run's --save writes the tied aliases and batch counts its checkpoint recorded.
     if let (Some(sd), Some(info)) = (&mut state_dict, &resumed) {
         if !info.tied.is_empty() {
             sd.set_tied(info.tied.clone());
         }
+        sd.set_tracked(&info.tracked);
     }
     Ok(Prepared {
         source,
@@ -894,12 +899,17 @@ impl Run<'_> {
         if self.evaluated_at == Some(self.step) {
             return Ok(());
         }
-        let v = eval.evaluate(session).map_err(RunError::Eval)?;
-        self.record.val.push(self.step, v);
+        let v = eval.evaluate_all(session).map_err(RunError::Eval)?;
+        self.record.val.push(self.step, v.loss);
+        if let (Some(a), Some(b)) = (v.top1, v.top5) {
+            self.record.val_top_k.push(self.step, (a, b));
+        }
         self.evaluated_at = Some(self.step);
         let event = EvalEvent {
             step: self.step,
-            val_loss: v,
+            val_loss: v.loss,
+            top1: v.top1,
+            top5: v.top5,
             batches: eval.batches(),
         };
         self.tell_skipped()?;
@@ -977,6 +987,11 @@ impl Run<'_> {
                 .state_dict
                 .as_ref()
                 .map(|sd| sd.tied().clone())
+                .unwrap_or_default(),
+            tracked: self
+                .state_dict
+                .as_ref()
+                .map(|sd| sd.tracked().clone())
                 .unwrap_or_default(),
         };
         checkpoint::save(dir, session, record).map_err(RunError::Checkpoint)

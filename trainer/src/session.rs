@@ -216,6 +216,26 @@ struct EvalStep {
     layout: SharedLayout,
     loss: (Location, DType),
     slots: [(NodeId, usize); 2],
+    /// Where a classifier's evaluation step counts its top-1 and top-5 hits
+    /// ([`ingot_compiler::trace::accuracy`]), and the rows of its batch.
+    top_k: Option<([(Location, DType); 2], usize)>,
+}
+
+/// What one evaluation batch gives ([`Session::eval_batch_on`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalOutput {
+    pub loss: f64,
+    /// A classifier's rows whose label is the top class, and within the top five, out of
+    /// `rows` (averaged over data-parallel ranks, as the loss is); `None` for other models.
+    pub top_k: Option<TopK>,
+}
+
+/// Top-k hit counts of one evaluation batch (or their sums over several).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TopK {
+    pub top1: f64,
+    pub top5: f64,
+    pub rows: f64,
 }
 
 impl std::fmt::Debug for Session {
@@ -425,10 +445,19 @@ impl Session {
                     };
                     Ok::<_, SessionError>((id, plan.location(g, id).bytes * union))
                 };
+                use ingot_compiler::trace::accuracy::{TOP1, TOP5};
+                let top_k = match (scalar_at(g, plan, TOP1), scalar_at(g, plan, TOP5)) {
+                    (Some(a), Some(b)) => {
+                        let rows = input(g, "y").map_or(0, |id| g.ty(id).shape.dims()[0]);
+                        Some(([a, b], rows))
+                    }
+                    _ => None,
+                };
                 Some(EvalStep {
                     layout,
                     loss,
                     slots: [slot("x")?, slot("y")?],
+                    top_k,
                 })
             }
             _ => None,
@@ -769,18 +798,33 @@ impl Session {
     /// given as the bytes of `x` and `y`, copied straight into its input slots, and returns its
     /// loss. Nothing is allocated; the parameters and optimizer state are not changed.
     pub fn eval_on(&mut self, x: &[u8], y: &[u8]) -> Result<f64, SessionError> {
+        Ok(self.eval_batch_on(x, y)?.loss)
+    }
+
+    /// As [`Session::eval_on`], with a classifier's top-1 and top-5 hit counts, which its
+    /// evaluation step computes beside the loss (two scalars, read as the loss is).
+    pub fn eval_batch_on(&mut self, x: &[u8], y: &[u8]) -> Result<EvalOutput, SessionError> {
         let eval = self.eval.as_ref().ok_or_else(|| {
             SessionError::Exec(Box::new(ExecError::Invalid {
                 op: "eval",
                 reason: "this session was loaded without an evaluation step".into(),
             }))
         })?;
-        let (slots, (at, dtype)) = (eval.slots, eval.loss);
+        let (slots, (at, dtype), top_k) = (eval.slots, eval.loss, eval.top_k);
         let x = x.get(..slots[0].1).unwrap_or(x);
         let y = y.get(..slots[1].1).unwrap_or(y);
         self.exe_mut()
             .eval_with_inputs(&[(slots[0].0, x), (slots[1].0, y)])?;
-        Ok(self.exe().read_scalar(at, dtype)?)
+        let loss = self.exe().read_scalar(at, dtype)?;
+        let top_k = match top_k {
+            Some(([(a1, d1), (a5, d5)], rows)) => Some(TopK {
+                top1: self.exe().read_scalar(a1, d1)?,
+                top5: self.exe().read_scalar(a5, d5)?,
+                rows: rows as f64,
+            }),
+            None => None,
+        };
+        Ok(EvalOutput { loss, top_k })
     }
 
     /// The gradients' global norm of the last step, where the step clips them

@@ -1,6 +1,9 @@
-//! An imported model's weight file as PyTorch writes it: a whole `state_dict` (parameters,
-//! batch norms' running statistics, `num_batches_tracked`), which `init` reads and `save`
-//! writes so that `model.load_state_dict` takes the trained weights back.
+//! A model's weight file as PyTorch writes it: a whole `state_dict` (parameters, batch norms'
+//! running statistics, `num_batches_tracked`), which `init` reads and `save` writes so that
+//! `model.load_state_dict` takes the trained weights back. One mechanism for every model with
+//! batch norms: an imported one ([`StateDict::new`], from the ONNX file) and a built-in or
+//! IR-file one ([`StateDict::of_running_stats`], from the session's state), so that a
+//! torchvision ResNet's `state_dict` loads into `resnet:depth=50` and back.
 //!
 //! Tied weights: transformers' GPT-2 ties `lm_head.weight` to `transformer.wte.weight` (one
 //! tensor, two names in `model.state_dict()`), and the ONNX export keeps one initializer. A
@@ -60,6 +63,21 @@ impl StateDict {
         }
     }
 
+    /// The state_dict of the model `session` trains, where its resident state holds batch
+    /// norms' running statistics (`{module}.running_mean` and `{module}.running_var`, as
+    /// [`ingot_compiler::trace::nn::batch_norm2d`] names them): those, and each module's
+    /// `num_batches_tracked`. `None` for a model without them, whose weight file is its
+    /// parameters alone.
+    pub fn of_running_stats(session: &Session) -> Option<StateDict> {
+        let running: IndexMap<String, ingot_compiler::ir::TensorType> = session
+            .optimizer_state()
+            .into_iter()
+            .filter(|(k, _)| k.ends_with(".running_mean") || k.ends_with(".running_var"))
+            .map(|(k, t)| (k, t.ty))
+            .collect();
+        (!running.is_empty()).then(|| StateDict::new(running, Default::default()))
+    }
+
     /// The tied aliases `--init` found (alias → the parameter it holds).
     pub fn tied(&self) -> &IndexMap<String, String> {
         &self.tied
@@ -68,6 +86,22 @@ impl StateDict {
     /// Sets the tied aliases (a resumed run's, from its checkpoint), for `--save`.
     pub fn set_tied(&mut self, tied: IndexMap<String, String>) {
         self.tied = tied;
+    }
+
+    /// Each batch norm's `num_batches_tracked` before the run's first step (as `--init` read
+    /// it; 0 otherwise), by name.
+    pub fn tracked(&self) -> &IndexMap<String, i64> {
+        &self.tracked
+    }
+
+    /// Sets the counts before the first step (a resumed run's, from its checkpoint), for
+    /// `--save`: names the model does not have are ignored.
+    pub fn set_tracked(&mut self, tracked: &IndexMap<String, i64>) {
+        for (name, &count) in tracked {
+            if let Some(slot) = self.tracked.get_mut(name) {
+                *slot = count;
+            }
+        }
     }
 
     /// Loads a `state_dict` (`--init`): parameters by name (every one there, shapes checked,
@@ -119,7 +153,7 @@ impl StateDict {
         let tied = tied_aliases(&params_known, &mut params, dict, metadata, &mut unknown)?;
         if !unknown.is_empty() {
             return Err(format!(
-                "names that are not the model's parameters, running statistics or buffers, nor tied to one (bit-equal to a parameter the file gives): {unknown:?} (the model's parameters are named as in the ONNX file: {:?}{})",
+                "names that are not the model's parameters, running statistics or buffers, nor tied to one (bit-equal to a parameter the file gives): {unknown:?} (the model's parameters are named as PyTorch's state_dict names them: {:?}{})",
                 params_known.keys().take(4).collect::<Vec<_>>(),
                 if params_known.len() > 4 { ", ..." } else { "" }
             ));

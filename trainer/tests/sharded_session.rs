@@ -139,6 +139,7 @@ fn info(step: u64) -> CheckpointInfo {
         optimizer: String::new(),
         checksums: Default::default(),
         tied: Default::default(),
+        tracked: Default::default(),
     }
 }
 

@@ -29,17 +29,22 @@ fn compiled(spec: &str, precision: Precision) -> ingot_compiler::pipeline::Compi
     ingot_compiler::pipeline::compile(&m, &opts).unwrap()
 }
 
-/// Every leaf and the loss after each of `steps` steps on `threads` threads, as bytes.
-fn run(spec: &str, precision: Precision, threads: usize, steps: usize) -> Vec<Vec<u8>> {
-    let c = compiled(spec, precision);
-    let values = leaves(&c.graph);
-    let exe = ingot_compiler::exe::Executable::from_plan(
+/// The CPU executable of `c`.
+fn cpu_exe(c: ingot_compiler::pipeline::Compiled) -> ingot_compiler::exe::Executable {
+    ingot_compiler::exe::Executable::from_plan(
         "step",
         c.graph,
         c.plan,
         ingot_compiler::lower::Target::Cpu,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Every leaf and the loss after each of `steps` steps on `threads` threads, as bytes.
+fn run(spec: &str, precision: Precision, threads: usize, steps: usize) -> Vec<Vec<u8>> {
+    let c = compiled(spec, precision);
+    let values = leaves(&c.graph);
+    let exe = cpu_exe(c);
     let mut p = PlannedStep::with_threads(exe, threads).unwrap();
     assert_eq!(p.threads(), threads);
     for (name, v) in &values {
@@ -88,13 +93,7 @@ fn a_cpu_step_gives_the_same_bits_on_1_2_3_and_16_threads() {
 #[test]
 fn a_step_on_several_threads_holds_its_thread_scratch_in_the_one_allocation() {
     let c = compiled(MODELS[0].0, Precision::F32);
-    let exe = ingot_compiler::exe::Executable::from_plan(
-        "step",
-        c.graph,
-        c.plan,
-        ingot_compiler::lower::Target::Cpu,
-    )
-    .unwrap();
+    let exe = cpu_exe(c);
     let total = exe.plan().total_bytes;
     let one = PlannedStep::with_threads(exe.clone(), 1).unwrap();
     assert_eq!(one.allocated_bytes(), total);

@@ -52,6 +52,11 @@ struct EvalLine {
     /// The step after which the evaluation ran.
     eval_step: u64,
     val_loss: f64,
+    /// A classifier's top-1 and top-5 accuracy (fractions), counted in the evaluation step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    val_top1: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    val_top5: Option<f64>,
 }
 
 /// The `--json` line at the end of each epoch of a data set run.
@@ -91,6 +96,8 @@ pub struct Printer {
     planned: String,
     /// The last validation loss, as the progress bar shows it.
     val_loss: Option<f64>,
+    /// The last validation top-1 accuracy of a classifier, as the progress bar shows it.
+    val_top1: Option<f64>,
 }
 
 impl Printer {
@@ -100,6 +107,7 @@ impl Printer {
             bar: None,
             planned: String::new(),
             val_loss: None,
+            val_top1: None,
         }
     }
 
@@ -197,6 +205,10 @@ impl Observer for Printer {
             .val_loss
             .map(|v| format!("  val {v:.4}"))
             .unwrap_or_default();
+        let val = match self.val_top1 {
+            Some(a) => format!("{val} top-1 {:.1}%", 100.0 * a),
+            None => val,
+        };
         bar.set_message(format!(
             "{ep}loss {:.6}{val}{speed}  {:.3} ms/step  memory {}",
             r.loss,
@@ -209,15 +221,22 @@ impl Observer for Printer {
 
     fn eval(&mut self, e: &EvalEvent) -> Result<(), ObserverError> {
         self.val_loss = Some(e.val_loss);
+        self.val_top1 = e.top1;
         if self.json {
             let line = EvalLine {
                 eval_step: e.step,
                 val_loss: e.val_loss,
+                val_top1: e.top1,
+                val_top5: e.top5,
             };
             return crate::outln!("{}", json(&line)?).map_err(printing);
         }
+        let accuracy = match (e.top1, e.top5) {
+            (Some(a), Some(b)) => format!(", top-1 {:.2}%, top-5 {:.2}%", 100.0 * a, 100.0 * b),
+            _ => String::new(),
+        };
         self.line(format!(
-            "eval after step {}: val loss {:.6} over {} batches",
+            "eval after step {}: val loss {:.6}{accuracy} over {} batches",
             e.step, e.val_loss, e.batches
         ))
     }

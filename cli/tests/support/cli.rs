@@ -1,7 +1,10 @@
 //! Running the `ingot` program from a test: a fresh scratch directory per test, the program's
-//! output, and its stdout once it succeeded. `#[path]`-included by the CLI test binaries.
+//! output, and its stdout once it succeeded. `#[path]`-included by the CLI test binaries, each
+//! of which uses a part of it.
+#![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// An empty directory for `test` under `group`, in cargo's scratch space for tests.
@@ -22,6 +25,25 @@ pub fn ingot(args: &[&str]) -> Output {
         .expect("ingot runs")
 }
 
+/// Runs `ingot` with `args`: its exit code (-1 where a signal ended it), stdout and stderr.
+pub fn run<S: AsRef<OsStr>>(args: &[S]) -> (i32, String, String) {
+    code_out_err(
+        &Command::new(env!("CARGO_BIN_EXE_ingot"))
+            .args(args)
+            .output()
+            .expect("run ingot"),
+    )
+}
+
+/// The exit code (-1 where a signal ended the program), stdout and stderr of `out`.
+pub fn code_out_err(out: &Output) -> (i32, String, String) {
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The stdout of a run that must have succeeded (the failure shows its exit code and stderr).
 pub fn ok(out: &Output) -> String {
     assert!(
@@ -31,4 +53,35 @@ pub fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// `text` written to `dir/text.txt` and turned into byte-level tokens, `dir/text.bin`, by
+/// `ingot data bytes`.
+pub fn byte_tokens_of(dir: &Path, text: &str) -> PathBuf {
+    let txt = dir.join("text.txt");
+    std::fs::write(&txt, text).unwrap();
+    let bin = dir.join("text.bin");
+    ok(&ingot(&["data", "bytes", s(&txt), s(&bin)]));
+    bin
+}
+
+/// `n` byte-level tokens of a deterministic text of letters ([`byte_tokens_of`]).
+pub fn letter_tokens(dir: &Path, n: u32) -> PathBuf {
+    let text: String = (0..n)
+        .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
+        .collect();
+    byte_tokens_of(dir, &text)
+}
+
+/// Every line of `stdout` read as JSON (the panic names the line that is not).
+pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
 }

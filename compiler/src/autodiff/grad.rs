@@ -4,7 +4,7 @@
 //! like the forward pass.
 
 use crate::error::{IrError, Result};
-use crate::ir::{BinaryOp, CmpOp, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp, WindowOp};
+use crate::ir::{BinaryOp, CmpOp, Graph, Node, NodeId, Op, ReduceOp, Shape, UnaryOp, WindowOp};
 
 /// Appends the gradient of the scalar `loss` with respect to each node of `wrt` and returns the
 /// gradient nodes in the same order. A `wrt` node the loss does not depend on gets zeros.
@@ -219,61 +219,8 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
     let x = node.inputs[slot];
     let xs = g.ty(x).shape.clone();
     match &node.op {
-        Op::Unary(u) => match u {
-            UnaryOp::Neg => g.neg(gy),
-            UnaryOp::Exp => g.mul(gy, y),
-            UnaryOp::Log => g.div(gy, x),
-            UnaryOp::Sqrt => {
-                // d sqrt(x) = 1 / (2 sqrt(x))
-                let two_y = g.mul_scalar(y, 2.0)?;
-                g.div(gy, two_y)
-            }
-            UnaryOp::Tanh => {
-                let yy = g.mul(y, y)?;
-                let one = g.full_like(1.0, y)?;
-                let d = g.sub(one, yy)?;
-                g.mul(gy, d)
-            }
-            UnaryOp::Recip => {
-                let yy = g.mul(y, y)?;
-                let t = g.mul(gy, yy)?;
-                g.neg(t)
-            }
-            UnaryOp::Erf => {
-                // d erf(x) = 2/√π · e^(−x²)
-                let xx = g.mul(x, x)?;
-                let n = g.neg(xx)?;
-                let e = g.exp(n)?;
-                let d = g.mul_scalar(e, std::f64::consts::FRAC_2_SQRT_PI)?;
-                g.mul(gy, d)
-            }
-        },
-        Op::Binary(b) => {
-            let (a, c) = (node.inputs[0], node.inputs[1]);
-            match (b, slot) {
-                (BinaryOp::Add, _) => Ok(gy),
-                (BinaryOp::Sub, 0) => Ok(gy),
-                (BinaryOp::Sub, _) => g.neg(gy),
-                (BinaryOp::Mul, 0) => g.mul(gy, c),
-                (BinaryOp::Mul, _) => g.mul(gy, a),
-                (BinaryOp::Div, 0) => g.div(gy, c),
-                (BinaryOp::Div, _) => {
-                    // d(a/c)/dc = -(a/c)/c
-                    let t = g.div(y, c)?;
-                    let t = g.mul(gy, t)?;
-                    g.neg(t)
-                }
-                // The second operand takes the gradient where `a <= c` (`a >= c` for min), the
-                // first elsewhere: where `a` wins, and where either is NaN (the output is NaN
-                // then). Ties go to the second operand, so max(x, 0) has gradient 0 at x = 0 and
-                // the gradient itself at x = NaN, as PyTorch's relu backward
-                // (`threshold_backward`: the gradient where the output is not <= 0). PyTorch's
-                // `maximum` of two tensors gives a NaN operand's gradient to both operands (and
-                // half to each at ties); here one operand takes all of it.
-                (BinaryOp::Max, _) => route(g, CmpOp::Le, a, c, slot, gy),
-                (BinaryOp::Min, _) => route(g, CmpOp::Ge, a, c, slot, gy),
-            }
-        }
+        Op::Unary(u) => unary_vjp(g, *u, x, y, gy),
+        Op::Binary(b) => binary_vjp(g, *b, &node.inputs, y, slot, gy),
         Op::Select => {
             let cond = node.inputs[0];
             let zero = g.full_like(0.0, gy)?;
@@ -292,26 +239,7 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             }
             g.transpose(gy, &inverse)
         }
-        Op::Slice { axis, start, end } => {
-            let (axis, start, end) = (*axis, *start, *end);
-            let dt = g.ty(gy).dtype;
-            let zeros = |g: &mut Graph, len: usize| -> Result<Option<NodeId>> {
-                if len == 0 {
-                    return Ok(None);
-                }
-                let mut dims = xs.0.clone();
-                dims[axis] = len;
-                g.full(0.0, Shape(dims), dt).map(Some)
-            };
-            let before = zeros(g, start)?;
-            let after = zeros(g, xs.dims()[axis] - end)?;
-            let parts: Vec<NodeId> = before.into_iter().chain([gy]).chain(after).collect();
-            if parts.len() == 1 {
-                Ok(gy)
-            } else {
-                g.concat(&parts, axis)
-            }
-        }
+        Op::Slice { axis, start, end } => slice_vjp(g, &xs, *axis, *start, *end, gy),
         Op::Concat { axis } => {
             let start: usize = node.inputs[..slot]
                 .iter()
@@ -325,31 +253,10 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
         Op::Reduce {
             op: ReduceOp::Max,
             axes,
-        } => {
-            // Ties share the gradient equally, as PyTorch's amax does: `(gy / count) · hit`.
-            // A NaN max matches no element (count 0), so its row's gradient is NaN, as
-            // PyTorch's (`gy / 0 · 0`).
-            let yb = g.broadcast_to(y, xs.clone())?;
-            let hit = g.compare(CmpOp::Eq, x, yb)?;
-            let dt = g.ty(x).dtype;
-            let hits = g.convert(hit, dt)?;
-            let count = g.sum(hits, axes)?;
-            let share = g.div(gy, count)?;
-            let share = g.broadcast_to(share, xs)?;
-            g.mul(share, hits)
-        }
+        } => max_vjp(g, x, y, &xs, axes, gy),
         Op::MatMul { ta, tb } => {
-            // y = A'B' with A' = A^T if ta, else A (B' likewise). dA' = gy B'^T and
-            // dB' = A'^T gy; a transposed operand takes the transpose of its adjoint, which the
-            // flags express without a transpose op: (gy B'^T)^T = B' gy^T, (A'^T gy)^T = gy^T A'.
             let (a, b) = (node.inputs[0], node.inputs[1]);
-            let (ta, tb) = (*ta, *tb);
-            match (slot, ta, tb) {
-                (0, false, _) => g.matmul_t(gy, b, false, !tb),
-                (0, true, _) => g.matmul_t(b, gy, tb, true),
-                (_, _, false) => g.matmul_t(a, gy, !ta, false),
-                (_, _, true) => g.matmul_t(gy, a, true, ta),
-            }
+            matmul_vjp(g, a, b, *ta, *tb, slot == 0, gy)
         }
         Op::MatMulAcc { ta, tb } => {
             // y = c + a·b: dc = gy; da and db as for `matmul(a, b)`, from gy in the operands'
@@ -365,41 +272,8 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
             } else {
                 g.convert(gy, dt)?
             };
-            let (ta, tb) = (*ta, *tb);
-            match (slot, ta, tb) {
-                (1, false, _) => g.matmul_t(gy, b, false, !tb),
-                (1, true, _) => g.matmul_t(b, gy, tb, true),
-                (_, _, false) => g.matmul_t(a, gy, !ta, false),
-                (_, _, true) => g.matmul_t(gy, a, true, ta),
-            }
+            matmul_vjp(g, a, b, *ta, *tb, slot == 1, gy)
         }
-        Op::StopGradient => unreachable!("stop_gradient passes no gradient"),
-        Op::Result { .. } if g.node(node.inputs[0]).op.is_attention() => {
-            Err(IrError::Invalid(format!(
-                "cannot differentiate through {y}, output {} of the {} {}: only an attention's \
-                 out carries a gradient (its lse is for the backward pass)",
-                match node.op {
-                    Op::Result { index } => index,
-                    _ => 0,
-                },
-                g.node(node.inputs[0]).op.name(),
-                node.inputs[0]
-            )))
-        }
-        Op::Fused(_) | Op::Result { .. } => Err(IrError::Invalid(format!(
-            "cannot differentiate through {} (fusion runs after autodiff)",
-            node.op.name()
-        ))),
-        Op::Attention { .. } => unreachable!("the attention's gradient is taken in `grad`"),
-        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
-            Err(IrError::Invalid(format!(
-                "cannot differentiate through {y} ({}): it is made after the backward pass",
-                node.op.name()
-            )))
-        }
-        Op::AttentionGrad { .. } => Err(IrError::Invalid(format!(
-            "cannot differentiate through {y} (attention_grad): no second derivative of attention"
-        ))),
         Op::Gather => {
             let rows = xs.dims()[0];
             g.scatter_add(node.inputs[1], gy, rows)
@@ -412,15 +286,203 @@ fn vjp(g: &mut Graph, y: NodeId, slot: usize, gy: NodeId) -> Result<NodeId> {
         Op::Window(w) => window_vjp(g, *w, &node.inputs, slot, gy),
         // Linear in x given the mask, and the mask is the same draw again: the same op on dy.
         Op::Dropout { p, salt } if slot == 0 => g.dropout_mask(gy, node.inputs[1], *p, *salt),
-        Op::Dropout { .. } => Err(IrError::Invalid(format!(
+        _ => Err(no_vjp(g, y, &node)),
+    }
+}
+
+/// The VJP of an elementwise unary op `y = u(x)`.
+fn unary_vjp(g: &mut Graph, u: UnaryOp, x: NodeId, y: NodeId, gy: NodeId) -> Result<NodeId> {
+    match u {
+        UnaryOp::Neg => g.neg(gy),
+        UnaryOp::Exp => g.mul(gy, y),
+        UnaryOp::Log => g.div(gy, x),
+        UnaryOp::Sqrt => {
+            // d sqrt(x) = 1 / (2 sqrt(x))
+            let two_y = g.mul_scalar(y, 2.0)?;
+            g.div(gy, two_y)
+        }
+        UnaryOp::Tanh => {
+            let yy = g.mul(y, y)?;
+            let one = g.full_like(1.0, y)?;
+            let d = g.sub(one, yy)?;
+            g.mul(gy, d)
+        }
+        UnaryOp::Recip => {
+            let yy = g.mul(y, y)?;
+            let t = g.mul(gy, yy)?;
+            g.neg(t)
+        }
+        UnaryOp::Erf => {
+            // d erf(x) = 2/√π · e^(−x²)
+            let xx = g.mul(x, x)?;
+            let n = g.neg(xx)?;
+            let e = g.exp(n)?;
+            let d = g.mul_scalar(e, std::f64::consts::FRAC_2_SQRT_PI)?;
+            g.mul(gy, d)
+        }
+    }
+}
+
+/// The VJP of an elementwise binary op `y = b(a, c)` (`inputs` are `a, c`) to operand `slot`.
+fn binary_vjp(
+    g: &mut Graph,
+    b: BinaryOp,
+    inputs: &[NodeId],
+    y: NodeId,
+    slot: usize,
+    gy: NodeId,
+) -> Result<NodeId> {
+    let (a, c) = (inputs[0], inputs[1]);
+    match (b, slot) {
+        (BinaryOp::Add, _) => Ok(gy),
+        (BinaryOp::Sub, 0) => Ok(gy),
+        (BinaryOp::Sub, _) => g.neg(gy),
+        (BinaryOp::Mul, 0) => g.mul(gy, c),
+        (BinaryOp::Mul, _) => g.mul(gy, a),
+        (BinaryOp::Div, 0) => g.div(gy, c),
+        (BinaryOp::Div, _) => {
+            // d(a/c)/dc = -(a/c)/c
+            let t = g.div(y, c)?;
+            let t = g.mul(gy, t)?;
+            g.neg(t)
+        }
+        // The second operand takes the gradient where `a <= c` (`a >= c` for min), the
+        // first elsewhere: where `a` wins, and where either is NaN (the output is NaN
+        // then). Ties go to the second operand, so max(x, 0) has gradient 0 at x = 0 and
+        // the gradient itself at x = NaN, as PyTorch's relu backward
+        // (`threshold_backward`: the gradient where the output is not <= 0). PyTorch's
+        // `maximum` of two tensors gives a NaN operand's gradient to both operands (and
+        // half to each at ties); here one operand takes all of it.
+        (BinaryOp::Max, _) => route(g, CmpOp::Le, a, c, slot, gy),
+        (BinaryOp::Min, _) => route(g, CmpOp::Ge, a, c, slot, gy),
+    }
+}
+
+/// The VJP of `slice(x, axis, start, end)` for `x` shaped `xs`: `gy` padded with zeros back
+/// to `xs` along `axis`.
+fn slice_vjp(
+    g: &mut Graph,
+    xs: &Shape,
+    axis: usize,
+    start: usize,
+    end: usize,
+    gy: NodeId,
+) -> Result<NodeId> {
+    let dt = g.ty(gy).dtype;
+    let zeros = |g: &mut Graph, len: usize| -> Result<Option<NodeId>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let mut dims = xs.0.clone();
+        dims[axis] = len;
+        g.full(0.0, Shape(dims), dt).map(Some)
+    };
+    let before = zeros(g, start)?;
+    let after = zeros(g, xs.dims()[axis] - end)?;
+    let parts: Vec<NodeId> = before.into_iter().chain([gy]).chain(after).collect();
+    if parts.len() == 1 {
+        Ok(gy)
+    } else {
+        g.concat(&parts, axis)
+    }
+}
+
+/// The VJP of `y = max(x)` over `axes`, for `x` shaped `xs`.
+fn max_vjp(
+    g: &mut Graph,
+    x: NodeId,
+    y: NodeId,
+    xs: &Shape,
+    axes: &[usize],
+    gy: NodeId,
+) -> Result<NodeId> {
+    // Ties share the gradient equally, as PyTorch's amax does: `(gy / count) · hit`.
+    // A NaN max matches no element (count 0), so its row's gradient is NaN, as
+    // PyTorch's (`gy / 0 · 0`).
+    let yb = g.broadcast_to(y, xs.clone())?;
+    let hit = g.compare(CmpOp::Eq, x, yb)?;
+    let dt = g.ty(x).dtype;
+    let hits = g.convert(hit, dt)?;
+    let count = g.sum(hits, axes)?;
+    let share = g.div(gy, count)?;
+    let share = g.broadcast_to(share, xs.clone())?;
+    g.mul(share, hits)
+}
+
+/// The VJP of the product `a·b` (read transposed as `ta`, `tb` say) to `a` if `wrt_a`, else
+/// to `b`.
+fn matmul_vjp(
+    g: &mut Graph,
+    a: NodeId,
+    b: NodeId,
+    ta: bool,
+    tb: bool,
+    wrt_a: bool,
+    gy: NodeId,
+) -> Result<NodeId> {
+    // y = A'B' with A' = A^T if ta, else A (B' likewise). dA' = gy B'^T and
+    // dB' = A'^T gy; a transposed operand takes the transpose of its adjoint, which the
+    // flags express without a transpose op: (gy B'^T)^T = B' gy^T, (A'^T gy)^T = gy^T A'.
+    match (wrt_a, ta, tb) {
+        (true, false, _) => g.matmul_t(gy, b, false, !tb),
+        (true, true, _) => g.matmul_t(b, gy, tb, true),
+        (false, _, false) => g.matmul_t(a, gy, !ta, false),
+        (false, _, true) => g.matmul_t(gy, a, true, ta),
+    }
+}
+
+/// Why node `y` (`node`) passes no gradient to its operands here: ops made after autodiff,
+/// attention (whose gradient is taken in `grad`), and ops `needs_gradient` should have left
+/// out.
+fn no_vjp(g: &Graph, y: NodeId, node: &Node) -> IrError {
+    match &node.op {
+        Op::StopGradient => unreachable!("stop_gradient passes no gradient"),
+        Op::Result { index } if g.node(node.inputs[0]).op.is_attention() => {
+            IrError::Invalid(format!(
+                "cannot differentiate through {y}, output {index} of the {} {}: only an attention's \
+                 out carries a gradient (its lse is for the backward pass)",
+                g.node(node.inputs[0]).op.name(),
+                node.inputs[0]
+            ))
+        }
+        Op::Fused(_) | Op::Result { .. } => IrError::Invalid(format!(
+            "cannot differentiate through {} (fusion runs after autodiff)",
+            node.op.name()
+        )),
+        Op::Attention { .. } => unreachable!("the attention's gradient is taken in `grad`"),
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+            IrError::Invalid(format!(
+                "cannot differentiate through {y} ({}): it is made after the backward pass",
+                node.op.name()
+            ))
+        }
+        Op::AttentionGrad { .. } => IrError::Invalid(format!(
+            "cannot differentiate through {y} (attention_grad): no second derivative of attention"
+        )),
+        Op::Dropout { .. } => IrError::Invalid(format!(
             "{y} (dropout) carries no gradient to its seed; this is a bug in needs_gradient"
-        ))),
+        )),
         Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Compare(_) => {
-            Err(IrError::Invalid(format!(
+            IrError::Invalid(format!(
                 "{} ({y}) carries no gradient; this is a bug in needs_gradient",
                 node.op.name()
-            )))
+            ))
         }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Select
+        | Op::Broadcast
+        | Op::Reshape
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Reduce { .. }
+        | Op::MatMul { .. }
+        | Op::MatMulAcc { .. }
+        | Op::Gather
+        | Op::ScatterAdd { .. }
+        | Op::Convert
+        | Op::Window(_) => unreachable!("`vjp` differentiates {}", node.op.name()),
     }
 }
 

@@ -27,6 +27,15 @@ pub enum Phase {
 }
 
 impl Phases {
+    /// The phases of a step of `n` nodes that is a forward pass alone.
+    pub fn forward_only(n: usize) -> Phases {
+        Phases {
+            forward: 0..n,
+            backward: n..n,
+            optimizer: n..n,
+        }
+    }
+
     /// The phase of each node of the step graph these ranges describe.
     pub fn of_nodes(&self, n: usize) -> Vec<Phase> {
         (0..n)

@@ -14,6 +14,17 @@ pub struct Step {
     pub phases: Phases,
 }
 
+impl Step {
+    /// `graph` as a step that is a forward pass alone: no backward pass, no update.
+    pub fn forward_only(graph: Graph) -> Step {
+        let n = graph.len();
+        Step {
+            graph,
+            phases: Phases::forward_only(n),
+        }
+    }
+}
+
 /// The name of the f64 scalar input that scales the learning rate ([`StepOptions::lr_scale`]).
 pub const LR_SCALE: &str = "lr_scale";
 /// The name of the output holding the gradients' global norm ([`StepOptions::clip_grad_norm`]).

@@ -504,6 +504,19 @@ impl Graph {
                 "result %{node} (output {index} of {kernel}): {reason}"
             )))
         };
+        // The result has the type of the output it names, and no other result names that output.
+        let typed_once = |want: &TensorType, seen: &mut std::collections::BTreeSet<_>| {
+            if self.nodes[node].ty != *want {
+                return fail(format!(
+                    "typed {} but the output is {want}",
+                    self.nodes[node].ty
+                ));
+            }
+            if !seen.insert((kernel, index)) {
+                return fail("another result node names the same output".into());
+            }
+            Ok(())
+        };
         let writer = &self.node(kernel).op;
         if writer.is_attention() {
             let operands: SmallVec<[&TensorType; 6]> = self
@@ -518,16 +531,7 @@ impl Graph {
             let Some(want) = outs.get(index) else {
                 return fail(format!("the {} has {} outputs", writer.name(), outs.len()));
             };
-            if self.nodes[node].ty != *want {
-                return fail(format!(
-                    "typed {} but the output is {want}",
-                    self.nodes[node].ty
-                ));
-            }
-            if !seen.insert((kernel, index)) {
-                return fail("another result node names the same output".into());
-            }
-            return Ok(());
+            return typed_once(want, seen);
         }
         if let Op::AllReduce { .. } | Op::ReduceScatter { .. } = writer {
             // Output `index` of an all-reduce is the sum of operand `index`: its type; that
@@ -549,16 +553,7 @@ impl Graph {
                     })?,
                 _ => self.ty(x).clone(),
             };
-            if self.nodes[node].ty != want {
-                return fail(format!(
-                    "typed {} but the output is {want}",
-                    self.nodes[node].ty
-                ));
-            }
-            if !seen.insert((kernel, index)) {
-                return fail("another result node names the same output".into());
-            }
-            return Ok(());
+            return typed_once(&want, seen);
         }
         let Op::Fused(k) = writer else {
             return fail(format!(
@@ -573,16 +568,7 @@ impl Graph {
             .entry(kernel)
             .or_insert_with(|| (k.output_rows(), k.output_dtypes()));
         let want = TensorType::new(Shape::new(&k.output_dims_with(rows[index])), dtypes[index]);
-        if self.nodes[node].ty != want {
-            return fail(format!(
-                "typed {} but the output is {want}",
-                self.nodes[node].ty
-            ));
-        }
-        if !seen.insert((kernel, index)) {
-            return fail("another result node names the same output".into());
-        }
-        Ok(())
+        typed_once(&want, seen)
     }
 }
 

@@ -9,8 +9,9 @@
 //! for class and token indices, so a batch saved from PyTorch loads without conversion. (The
 //! builder and the layers accept `i32` ids as well.)
 //!
-//! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`, or
-//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape.
+//! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`,
+//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape, or
+//! `resnet:depth=..,side=..,batch=..,classes=..,width=..` for torchvision's ResNets.
 
 mod cnn;
 mod gpt;
@@ -25,7 +26,9 @@ pub use gpt::{gpt, GptConfig, LN_EPS};
 pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
 pub use optimizer::{parse_betas as optimizer_betas, Optimizer, OptimizerKind, OptimizerSettings};
 pub use precision::Precision;
-pub use resnet::{resnet18, resnet18_with, RESNET_BATCH, RESNET_CLASSES, RESNET_SIDE};
+pub use resnet::{
+    resnet, resnet18, resnet18_with, ResNetConfig, RESNET_BATCH, RESNET_CLASSES, RESNET_SIDE,
+};
 pub use spec::{at_batch, by_name, by_name_with, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};

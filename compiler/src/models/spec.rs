@@ -1,18 +1,20 @@
-//! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`, and
-//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..`.
+//! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`,
+//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` and
+//! `resnet:depth=..,side=..,batch=..,classes=..,width=..`.
 
-use super::{cnn, gpt, mlp, model_err, resnet18, GptConfig, Model};
+use super::{cnn, gpt, mlp, model_err, resnet, resnet18, GptConfig, Model, ResNetConfig};
 use crate::error::Result;
 use crate::ir::DType;
 
 /// The names [`by_name`] accepts (the last stands for any GPT shape).
-pub const KNOWN_MODELS: [&str; 6] = [
+pub const KNOWN_MODELS: [&str; 7] = [
     "mlp",
     "gpt-mini",
     "gpt2",
     "cnn",
     "resnet18",
     "gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..",
+    "resnet:depth=18|34|50|101|152,side=..,batch=..,classes=..,width=..",
 ];
 
 /// The model `spec` names, in f32.
@@ -28,19 +30,29 @@ pub fn by_name_with(spec: &str, dtype: DType) -> Result<Model> {
         "gpt2" => gpt(&GptConfig::gpt2(), dtype),
         "cnn" => cnn(dtype),
         "resnet18" => resnet18(dtype),
-        _ => match spec.strip_prefix("gpt:") {
-            Some(rest) => {
+        _ => {
+            if let Some(rest) = spec.strip_prefix("gpt:") {
                 let cfg = parse_as(spec, rest)?;
                 let mut m = gpt(&cfg, dtype)?;
                 m.name = format!("gpt:{cfg}");
                 Ok(m)
+            } else if let Some(rest) = spec.strip_prefix("resnet:") {
+                resnet_named(spec, &parse_resnet_as(spec, rest)?, dtype)
+            } else {
+                Err(model_err(
+                    spec,
+                    format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
+                ))
             }
-            None => Err(model_err(
-                spec,
-                format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
-            )),
-        },
+        }
     }
+}
+
+/// The ResNet `cfg` shapes, named by its full `resnet:` spec; an error names `spec` (what the
+/// user typed).
+fn resnet_named(spec: &str, cfg: &ResNetConfig, dtype: DType) -> Result<Model> {
+    cfg.validate(spec)?;
+    resnet(cfg, dtype)
 }
 
 /// The model `spec` names, at batch `batch` instead of its own (in `dtype`): every named model
@@ -61,30 +73,62 @@ pub fn at_batch(spec: &str, batch: usize, dtype: DType) -> Result<Model> {
         "resnet18" => super::resnet18_with(batch, dtype),
         "gpt-mini" => gpt_at(GptConfig::gpt_mini()),
         "gpt2" => gpt_at(GptConfig::gpt2()),
-        _ => match spec.strip_prefix("gpt:") {
-            Some(rest) => gpt_at(parse_as(spec, rest)?),
-            None => Err(model_err(
-                spec,
-                format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
-            )),
-        },
+        _ => {
+            if let Some(rest) = spec.strip_prefix("gpt:") {
+                gpt_at(parse_as(spec, rest)?)
+            } else if let Some(rest) = spec.strip_prefix("resnet:") {
+                let cfg = ResNetConfig {
+                    batch,
+                    ..parse_resnet_as(spec, rest)?
+                };
+                resnet_named(spec, &cfg, dtype)
+            } else {
+                Err(model_err(
+                    spec,
+                    format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
+                ))
+            }
+        }
     }
 }
 
-impl GptConfig {
-    /// Reads `vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` (every key exactly
-    /// once, any order, spaces around items allowed). An unknown, repeated or missing key, a value
-    /// that is not a positive integer, or `d_model` not divisible by `heads` is an
-    /// [`crate::IrError::Model`] naming the key.
-    pub fn parse(s: &str) -> Result<GptConfig> {
-        parse_as(s, s)
+impl ResNetConfig {
+    /// Reads `depth=..,side=..,batch=..,classes=..,width=..` (any order, spaces allowed):
+    /// `depth` is required, the other keys default to [`ResNetConfig::DEFAULTS`]. An unknown
+    /// or repeated key, a value that is not a positive integer, or a shape
+    /// [`ResNetConfig::validate`] refuses is an [`crate::IrError::Model`] naming the key.
+    pub fn parse(s: &str) -> Result<ResNetConfig> {
+        parse_resnet_as(s, s)
     }
 }
 
-/// Parses `body`, reporting errors against `spec` (the whole name the user typed).
-fn parse_as(spec: &str, body: &str) -> Result<GptConfig> {
-    let keys = GptConfig::KEYS;
-    let mut vals: [Option<usize>; 7] = [None; 7];
+/// Parses a ResNet spec's `body`, reporting errors against `spec`.
+fn parse_resnet_as(spec: &str, body: &str) -> Result<ResNetConfig> {
+    let keys = ResNetConfig::KEYS;
+    let vals = parse_keys(spec, body, &keys)?;
+    let d = ResNetConfig::DEFAULTS;
+    let Some(depth) = vals[0] else {
+        return Err(model_err(
+            spec,
+            "missing key \"depth\" (18, 34, 50, 101 or 152; side, batch, classes and width have defaults)",
+        ));
+    };
+    let cfg = ResNetConfig {
+        depth,
+        side: vals[1].unwrap_or(d.side),
+        batch: vals[2].unwrap_or(d.batch),
+        classes: vals[3].unwrap_or(d.classes),
+        width: vals[4].unwrap_or(d.width),
+    };
+    cfg.validate(spec)?;
+    Ok(cfg)
+}
+
+/// Reads `key=value` items separated by commas (spaces around them allowed), each key one of
+/// `keys` at most once, each value a non-negative integer; returns the values in `keys`'
+/// order. Errors name the item or key, against `spec`.
+fn parse_keys(spec: &str, body: &str, keys: &[&str]) -> Result<Vec<Option<usize>>> {
+    let mut vals: Vec<Option<usize>> = vec![None; keys.len()];
     for item in body.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let Some((k, v)) = item.split_once('=') else {
             return Err(model_err(
@@ -107,6 +151,23 @@ fn parse_as(spec: &str, body: &str) -> Result<GptConfig> {
             .map_err(|_| model_err(spec, format!("key {k:?}: {v:?} is not a positive integer")))?;
         vals[i] = Some(n);
     }
+    Ok(vals)
+}
+
+impl GptConfig {
+    /// Reads `vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` (every key exactly
+    /// once, any order, spaces around items allowed). An unknown, repeated or missing key, a value
+    /// that is not a positive integer, or `d_model` not divisible by `heads` is an
+    /// [`crate::IrError::Model`] naming the key.
+    pub fn parse(s: &str) -> Result<GptConfig> {
+        parse_as(s, s)
+    }
+}
+
+/// Parses `body`, reporting errors against `spec` (the whole name the user typed).
+fn parse_as(spec: &str, body: &str) -> Result<GptConfig> {
+    let keys = GptConfig::KEYS;
+    let vals = parse_keys(spec, body, &keys)?;
     let mut got = [0usize; 7];
     for (i, v) in vals.iter().enumerate() {
         got[i] = v.ok_or_else(|| {
@@ -250,5 +311,75 @@ mod tests {
             "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=32,seq=4,batch=2"
         );
         m.graph.verify().unwrap();
+    }
+
+    fn resnet_err(spec: &str) -> String {
+        match by_name(spec).unwrap_err() {
+            IrError::Model { spec: s, reason } => {
+                assert_eq!(s, spec);
+                reason
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_resnet_spec_fills_defaults_and_is_named_by_its_full_form() {
+        let cfg = ResNetConfig::parse("depth=50").unwrap();
+        assert_eq!(cfg, ResNetConfig::imagenet(50, 32));
+        assert_eq!(ResNetConfig::parse(&cfg.to_string()).unwrap(), cfg);
+        let m = by_name("resnet: side=32 ,depth=18,batch=2,width=8,classes=5").unwrap();
+        assert_eq!(m.name, "resnet:depth=18,side=32,batch=2,classes=5,width=8");
+    }
+
+    #[test]
+    fn a_depth_torchvision_does_not_define_is_named() {
+        let e = resnet_err("resnet:depth=20,side=32,batch=2");
+        assert!(e.contains("key \"depth\"") && e.contains("20"), "{e}");
+        let e = resnet_err("resnet:side=32,batch=2");
+        assert!(e.contains("missing key \"depth\""), "{e}");
+    }
+
+    #[test]
+    fn a_side_too_small_to_downsample_five_times_is_named() {
+        let e = resnet_err("resnet:depth=50,side=16,batch=2");
+        assert!(
+            e.contains("key \"side\"") && e.contains("at least 32"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_zero_or_one_value_batch_is_named() {
+        let e = resnet_err("resnet:depth=18,side=32,batch=0");
+        assert!(e.contains("key \"batch\" must be at least 1"), "{e}");
+        // One image at 32x32 leaves layer4 1x1: one value per channel for its batch norms.
+        let e = resnet_err("resnet:depth=18,side=32,batch=1");
+        assert!(e.contains("key \"batch\""), "{e}");
+        // At 64x64 layer4 is 2x2, and one image is enough.
+        by_name("resnet:depth=18,side=64,batch=1,width=4").unwrap();
+        let e = at_batch("resnet:depth=18,side=32,batch=2", 1, DType::F32).unwrap_err();
+        assert!(e.to_string().contains("key \"batch\""), "{e}");
+    }
+
+    #[test]
+    fn resnet_spec_errors_name_the_key_or_item() {
+        let e = resnet_err("resnet:depth=18,depth=34");
+        assert!(e.contains("key \"depth\" is given twice"), "{e}");
+        let e = resnet_err("resnet:depth=18,heads=2");
+        assert!(e.contains("unknown key \"heads\""), "{e}");
+        let e = resnet_err("resnet:depth=18,width=-1");
+        assert!(e.contains("key \"width\""), "{e}");
+        let e = resnet_err(&format!("resnet:depth=18,width={}", usize::MAX / 4));
+        assert!(e.contains("too large"), "{e}");
+    }
+
+    #[test]
+    fn at_batch_changes_only_a_resnet_s_batch() {
+        let m = at_batch("resnet:depth=34,side=32,batch=8,width=4", 2, DType::F32).unwrap();
+        assert_eq!(
+            m.name,
+            "resnet:depth=34,side=32,batch=2,classes=1000,width=4"
+        );
     }
 }

@@ -18,6 +18,7 @@
 
 use crate::ir::{DType, Graph, NodeId, Op};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 
 /// Where a storage lives.
@@ -108,189 +109,34 @@ impl Liveness {
         let kernel_outputs = g.kernel_outputs();
         // Where each value is written: its kernel's position.
         let def: Vec<usize> = g.ids().map(|id| position[g.writer(id).index()]).collect();
-        // The last position each value is read at; outputs are read at the step's end.
-        let mut last_read: Vec<usize> = def.clone();
-        for id in g.ids() {
-            for &x in g.reads(id) {
-                last_read[x.index()] = last_read[x.index()].max(position[id.index()]);
-            }
-        }
-        for &o in g.outputs.values() {
-            last_read[o.index()] = n;
-        }
-        // An all-gather runs on a stream of its own and reads its operand until it is done,
-        // which only the gathered value's readers are sure to follow: the operand lives until
-        // the first of them. Freed at the gather's launch, its bytes would go to the next
-        // kernels, and each would wait for the whole gather (an embedding's rows at the end of
-        // the backward pass: the first layer's last gradients and the sum's index behind them).
-        // A reduce-scatter's operands are the same (its outputs are buffers of their own, and
-        // its result nodes are only names of them, not readers).
-        let gathers: Vec<NodeId> = g
-            .ids()
-            .filter(|&id| {
-                matches!(
-                    g.node(id).op,
-                    Op::AllGather { .. } | Op::ReduceScatter { .. }
-                )
-            })
-            .collect();
-        let users = if gathers.is_empty() {
-            Vec::new()
-        } else {
-            g.users()
-        };
-        for id in gathers {
-            let first = kernel_outputs[id.index()]
-                .iter()
-                .flat_map(|&o| crate::schedule::readers_through_views(g, &users, o))
-                .filter(|&r| !g.node(r).op.is_alias() && g.writer(r) != id)
-                .map(|r| position[r.index()])
-                .min();
-            if let Some(first) = first {
-                for &x in &g.node(id).inputs {
-                    last_read[x.index()] = last_read[x.index()].max(first);
-                }
-            }
-        }
-        let update_target: Vec<Option<NodeId>> = {
-            let mut t = vec![None; g.len()];
-            for u in &g.updates {
-                if t[u.value.index()].is_none() {
-                    t[u.value.index()] = Some(u.target);
-                }
-            }
-            t
-        };
+        let mut last_read = last_reads(g, &position, &def, n);
+        collective_operands_read_until_used(g, &position, &kernel_outputs, &mut last_read);
+        let update_target = update_targets(g);
 
-        let mut storages: Vec<Storage> = Vec::new();
-        let mut storage_of = vec![usize::MAX; g.len()];
-        let mut copies = Vec::new();
-        let mut holds_output: Vec<bool> = Vec::new();
-        // The latest last read among the values placed in each storage so far.
-        let mut members_read: Vec<usize> = Vec::new();
-        let mut rows = OutputRows::default();
+        let mut placing = Placing {
+            g,
+            kernel_outputs: &kernel_outputs,
+            update_target: &update_target,
+            storages: Vec::new(),
+            storage_of: vec![usize::MAX; g.len()],
+            holds_output: Vec::new(),
+            members_read: Vec::new(),
+            rows: OutputRows::default(),
+        };
         for &id in order {
-            let node = g.node(id);
-            let bytes = node.ty.bytes();
             // Decisions are taken where the value is written (its kernel's position).
-            let p = def[id.index()];
-            let reuse = if node.op.is_leaf() {
-                None
-            } else if node.op.is_alias() {
-                Some(storage_of[node.inputs[0].index()])
-            } else if let Op::AllReduce { .. } = g.node(g.writer(id)).op {
-                // Output `i` of an all-reduce is written over operand `i` when that operand
-                // dies here; otherwise it gets storage of its own and the operand is copied in
-                // first (the collective then works in place on the outputs).
-                let w = g.writer(id);
-                let i = match node.op {
-                    Op::Result { index } => index,
-                    _ => 0,
-                };
-                let s = storage_of[g.node(w).inputs[i].index()];
-                let st = &storages[s];
-                (st.region == Region::Slab
-                    && st.bytes == bytes
-                    && st.end == p + 1
-                    && !holds_output[s]
-                    && !kernel_outputs[w.index()]
-                        .iter()
-                        .any(|&o| o != id && storage_of[o.index()] == s))
-                .then_some(s)
-            } else if let Some(t) = update_target[id.index()].filter(|&t| {
-                // The new value of leaf t may be written over t when no other node reads
-                // t's bytes after p (every value placed in t's storage so far is last read
-                // no later than p), and its kernel reads t only at its own index.
-                let st = storage_of[t.index()];
-                storages[st].region == Region::Resident
-                    && g.ty(id).bytes() == storages[st].bytes
-                    && members_read[st] <= p
-                    && writes_over_safely(g, &storage_of, &mut rows, id, st)
-            }) {
-                Some(storage_of[t.index()])
-            } else {
-                g.reads(g.writer(id))
-                    .iter()
-                    .map(|x| storage_of[x.index()])
-                    .find(|&s| {
-                        let st = &storages[s];
-                        // The cheap tests first: the kernel's operand scan is asked only of
-                        // a storage that dies here at the right size (a kernel reading
-                        // thousands of values would otherwise scan them for each one).
-                        st.region == Region::Slab
-                        && st.bytes == bytes
-                        && st.end == p + 1
-                        && !holds_output[s]
-                        && writes_over_safely(g, &storage_of, &mut rows, id, s)
-                        // Two outputs of one kernel never share a storage.
-                        && !kernel_outputs[g.writer(id).index()].iter().any(|&o| {
-                            o != id && storage_of[o.index()] == s
-                        })
-                    })
-            };
-            let s = match reuse {
-                Some(s) => s,
-                None => {
-                    let region = if node.op.is_leaf() {
-                        Region::Resident
-                    } else {
-                        Region::Slab
-                    };
-                    storages.push(Storage {
-                        region,
-                        bytes,
-                        owner: id,
-                        start: p,
-                        end: p + 1,
-                        workspace: false,
-                    });
-                    storages.len() - 1
-                }
-            };
-            storage_of[id.index()] = s;
-            if holds_output.len() < storages.len() {
-                holds_output.push(false);
-                members_read.push(0);
-            }
-            // A new value not written over its leaf is copied there at the step's end: it is
-            // read then, like an output, so no later value may take its storage.
-            let copied = update_target[id.index()].is_some_and(|t| storage_of[t.index()] != s);
-            let read_until = if copied { n } else { last_read[id.index()] };
-            members_read[s] = members_read[s].max(read_until);
-            holds_output[s] |= read_until == n;
-            let st = &mut storages[s];
-            st.end = st.end.max((read_until + 1).min(n));
+            placing.place(id, def[id.index()], last_read[id.index()], n);
         }
-        for u in &g.updates {
-            if storage_of[u.value.index()] != storage_of[u.target.index()] {
-                copies.push((u.value, u.target));
-                // The value must survive until the copy at the step's end.
-                let s = storage_of[u.value.index()];
-                storages[s].end = n;
-            }
-        }
-        let mut workspace_of = vec![None; g.len()];
-        if let Some(ws) = workspace {
-            for (p, &id) in order.iter().enumerate() {
-                let WorkspaceNeed { bytes, filled_from } = ws(g, id);
-                if bytes > 0 {
-                    // Held from where the operand is made.
-                    let start =
-                        (filled_from.and_then(|i| g.node(id).inputs.get(i))).map_or(p, |&x| {
-                            made_at(g, &position, storages[storage_of[x.index()]].region, x).min(p)
-                        });
-                    storages.push(Storage {
-                        region: Region::Slab,
-                        bytes,
-                        owner: id,
-                        start,
-                        end: p + 1,
-                        workspace: true,
-                    });
-                    workspace_of[id.index()] = Some(storages.len() - 1);
-                }
-            }
-        }
+        let Placing {
+            mut storages,
+            storage_of,
+            ..
+        } = placing;
+        let copies = update_copies(g, &storage_of, &mut storages, n);
+        let workspace_of = workspace.map_or_else(
+            || vec![None; g.len()],
+            |ws| add_workspaces(g, order, &position, &storage_of, &mut storages, ws),
+        );
         for s in &mut storages {
             if s.region == Region::Resident {
                 s.start = 0;
@@ -306,6 +152,267 @@ impl Liveness {
             workspace_of,
         }
     }
+}
+
+/// The last position each value is read at (its definition `def` if never); outputs are read
+/// at the step's end, `n`.
+fn last_reads(g: &Graph, position: &[usize], def: &[usize], n: usize) -> Vec<usize> {
+    let mut last_read: Vec<usize> = def.to_vec();
+    for id in g.ids() {
+        for &x in g.reads(id) {
+            last_read[x.index()] = last_read[x.index()].max(position[id.index()]);
+        }
+    }
+    for &o in g.outputs.values() {
+        last_read[o.index()] = n;
+    }
+    last_read
+}
+
+/// An all-gather runs on a stream of its own and reads its operand until it is done,
+/// which only the gathered value's readers are sure to follow: the operand lives until
+/// the first of them. Freed at the gather's launch, its bytes would go to the next
+/// kernels, and each would wait for the whole gather (an embedding's rows at the end of
+/// the backward pass: the first layer's last gradients and the sum's index behind them).
+/// A reduce-scatter's operands are the same (its outputs are buffers of their own, and
+/// its result nodes are only names of them, not readers).
+fn collective_operands_read_until_used(
+    g: &Graph,
+    position: &[usize],
+    kernel_outputs: &[SmallVec<[NodeId; 1]>],
+    last_read: &mut [usize],
+) {
+    let gathers: Vec<NodeId> = g
+        .ids()
+        .filter(|&id| {
+            matches!(
+                g.node(id).op,
+                Op::AllGather { .. } | Op::ReduceScatter { .. }
+            )
+        })
+        .collect();
+    let users = if gathers.is_empty() {
+        Vec::new()
+    } else {
+        g.users()
+    };
+    for id in gathers {
+        let first = kernel_outputs[id.index()]
+            .iter()
+            .flat_map(|&o| crate::schedule::readers_through_views(g, &users, o))
+            .filter(|&r| !g.node(r).op.is_alias() && g.writer(r) != id)
+            .map(|r| position[r.index()])
+            .min();
+        if let Some(first) = first {
+            for &x in &g.node(id).inputs {
+                last_read[x.index()] = last_read[x.index()].max(first);
+            }
+        }
+    }
+}
+
+/// For each node, the leaf its value updates (the first update naming it), if any.
+fn update_targets(g: &Graph) -> Vec<Option<NodeId>> {
+    let mut t = vec![None; g.len()];
+    for u in &g.updates {
+        if t[u.value.index()].is_none() {
+            t[u.value.index()] = Some(u.target);
+        }
+    }
+    t
+}
+
+/// The storages made so far while walking the schedule, and which one each value lives in.
+struct Placing<'a> {
+    g: &'a Graph,
+    kernel_outputs: &'a [SmallVec<[NodeId; 1]>],
+    update_target: &'a [Option<NodeId>],
+    storages: Vec<Storage>,
+    storage_of: Vec<usize>,
+    holds_output: Vec<bool>,
+    /// The latest last read among the values placed in each storage so far.
+    members_read: Vec<usize>,
+    rows: OutputRows,
+}
+
+impl Placing<'_> {
+    /// Places value `id`, written at position `p` and last read at `last_read`, in a storage
+    /// it takes over or in a new one, and extends that storage's lifetime.
+    fn place(&mut self, id: NodeId, p: usize, last_read: usize, n: usize) {
+        let g = self.g;
+        let node = g.node(id);
+        let bytes = node.ty.bytes();
+        let s = match self.reuse(id, p, bytes) {
+            Some(s) => s,
+            None => {
+                let region = if node.op.is_leaf() {
+                    Region::Resident
+                } else {
+                    Region::Slab
+                };
+                self.storages.push(Storage {
+                    region,
+                    bytes,
+                    owner: id,
+                    start: p,
+                    end: p + 1,
+                    workspace: false,
+                });
+                self.storages.len() - 1
+            }
+        };
+        self.storage_of[id.index()] = s;
+        if self.holds_output.len() < self.storages.len() {
+            self.holds_output.push(false);
+            self.members_read.push(0);
+        }
+        // A new value not written over its leaf is copied there at the step's end: it is
+        // read then, like an output, so no later value may take its storage.
+        let copied =
+            self.update_target[id.index()].is_some_and(|t| self.storage_of[t.index()] != s);
+        let read_until = if copied { n } else { last_read };
+        self.members_read[s] = self.members_read[s].max(read_until);
+        self.holds_output[s] |= read_until == n;
+        let st = &mut self.storages[s];
+        st.end = st.end.max((read_until + 1).min(n));
+    }
+
+    /// The storage value `id` (`bytes`, written at `p`) takes over, if one: its operand's for
+    /// a view, an all-reduce's operand, the leaf it updates, or an operand dying here.
+    fn reuse(&mut self, id: NodeId, p: usize, bytes: usize) -> Option<usize> {
+        let g = self.g;
+        let node = g.node(id);
+        if node.op.is_leaf() {
+            None
+        } else if node.op.is_alias() {
+            Some(self.storage_of[node.inputs[0].index()])
+        } else if let Op::AllReduce { .. } = g.node(g.writer(id)).op {
+            self.all_reduce_reuse(id, p, bytes)
+        } else if let Some(t) =
+            self.update_target[id.index()].filter(|&t| self.writes_over_leaf(id, t, p))
+        {
+            Some(self.storage_of[t.index()])
+        } else {
+            self.operand_reuse(id, p, bytes)
+        }
+    }
+
+    /// Output `i` of an all-reduce is written over operand `i` when that operand dies here;
+    /// otherwise it gets storage of its own and the operand is copied in first (the
+    /// collective then works in place on the outputs).
+    fn all_reduce_reuse(&self, id: NodeId, p: usize, bytes: usize) -> Option<usize> {
+        let g = self.g;
+        let w = g.writer(id);
+        let i = match g.node(id).op {
+            Op::Result { index } => index,
+            _ => 0,
+        };
+        let s = self.storage_of[g.node(w).inputs[i].index()];
+        let st = &self.storages[s];
+        (st.region == Region::Slab
+            && st.bytes == bytes
+            && st.end == p + 1
+            && !self.holds_output[s]
+            && !self.kernel_outputs[w.index()]
+                .iter()
+                .any(|&o| o != id && self.storage_of[o.index()] == s))
+        .then_some(s)
+    }
+
+    /// The new value `id` of leaf `t` may be written over t when no other node reads t's
+    /// bytes after `p` (every value placed in t's storage so far is last read no later than
+    /// `p`), and its kernel reads t only at its own index.
+    fn writes_over_leaf(&mut self, id: NodeId, t: NodeId, p: usize) -> bool {
+        let g = self.g;
+        let st = self.storage_of[t.index()];
+        self.storages[st].region == Region::Resident
+            && g.ty(id).bytes() == self.storages[st].bytes
+            && self.members_read[st] <= p
+            && writes_over_safely(g, &self.storage_of, &mut self.rows, id, st)
+    }
+
+    /// The storage of an operand of `id`'s kernel that dies at `p`, of `bytes`, which the
+    /// kernel may write `id` over.
+    fn operand_reuse(&mut self, id: NodeId, p: usize, bytes: usize) -> Option<usize> {
+        let g = self.g;
+        let Placing {
+            kernel_outputs,
+            storages,
+            storage_of,
+            holds_output,
+            rows,
+            ..
+        } = self;
+        g.reads(g.writer(id))
+            .iter()
+            .map(|x| storage_of[x.index()])
+            .find(|&s| {
+                let st = &storages[s];
+                // The cheap tests first: the kernel's operand scan is asked only of
+                // a storage that dies here at the right size (a kernel reading
+                // thousands of values would otherwise scan them for each one).
+                st.region == Region::Slab
+                && st.bytes == bytes
+                && st.end == p + 1
+                && !holds_output[s]
+                && writes_over_safely(g, storage_of, rows, id, s)
+                // Two outputs of one kernel never share a storage.
+                && !kernel_outputs[g.writer(id).index()].iter().any(|&o| {
+                    o != id && storage_of[o.index()] == s
+                })
+            })
+    }
+}
+
+/// The updates whose new value does not live in its target's storage: copied over the target
+/// at the step's end, so the value's storage lives until then.
+fn update_copies(
+    g: &Graph,
+    storage_of: &[usize],
+    storages: &mut [Storage],
+    n: usize,
+) -> Vec<(NodeId, NodeId)> {
+    let mut copies = Vec::new();
+    for u in &g.updates {
+        if storage_of[u.value.index()] != storage_of[u.target.index()] {
+            copies.push((u.value, u.target));
+            // The value must survive until the copy at the step's end.
+            let s = storage_of[u.value.index()];
+            storages[s].end = n;
+        }
+    }
+    copies
+}
+
+/// A storage for each kernel's scratch space that `ws` asks for; the storage index per node.
+fn add_workspaces(
+    g: &Graph,
+    order: &[NodeId],
+    position: &[usize],
+    storage_of: &[usize],
+    storages: &mut Vec<Storage>,
+    ws: WorkspaceFn,
+) -> Vec<Option<usize>> {
+    let mut workspace_of = vec![None; g.len()];
+    for (p, &id) in order.iter().enumerate() {
+        let WorkspaceNeed { bytes, filled_from } = ws(g, id);
+        if bytes > 0 {
+            // Held from where the operand is made.
+            let start = (filled_from.and_then(|i| g.node(id).inputs.get(i))).map_or(p, |&x| {
+                made_at(g, position, storages[storage_of[x.index()]].region, x).min(p)
+            });
+            storages.push(Storage {
+                region: Region::Slab,
+                bytes,
+                owner: id,
+                start,
+                end: p + 1,
+                workspace: true,
+            });
+            workspace_of[id.index()] = Some(storages.len() - 1);
+        }
+    }
+    workspace_of
 }
 
 /// Per fused kernel, [`ingot_kernels::FusedKernel::output_rows`] and `output_dtypes`, computed

@@ -263,26 +263,21 @@ pub fn check_disjoint(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::autodiff::{Phases, Step};
+    use crate::autodiff::Step;
     use crate::exe::Target;
     use crate::pipeline::{self, Options};
+
+    /// `model`'s forward pass alone as a step (no backward pass, no update).
+    fn forward_only(model: &crate::models::Model) -> Step {
+        Step::forward_only(model.graph.without_dead_code().0)
+    }
 
     /// mlp's training step and its forward pass alone, each planned on its own for the CPU.
     fn steps() -> (pipeline::Compiled, pipeline::Compiled) {
         let model = crate::models::by_name("mlp").unwrap();
         let opts = Options::for_target(Target::Cpu);
         let train = pipeline::compile(&model, &opts).unwrap();
-        let (graph, _) = model.graph.without_dead_code();
-        let n = graph.len();
-        let step = Step {
-            graph,
-            phases: Phases {
-                forward: 0..n,
-                backward: n..n,
-                optimizer: n..n,
-            },
-        };
-        let eval = pipeline::compile_step("mlp (eval)", step, &opts).unwrap();
+        let eval = pipeline::compile_step("mlp (eval)", forward_only(&model), &opts).unwrap();
         (train, eval)
     }
 
@@ -338,18 +333,12 @@ mod tests {
         let other =
             crate::models::by_name("gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2")
                 .unwrap();
-        let (graph, _) = other.graph.without_dead_code();
-        let n = graph.len();
-        let step = Step {
-            graph,
-            phases: Phases {
-                forward: 0..n,
-                backward: n..n,
-                optimizer: n..n,
-            },
-        };
-        let e =
-            pipeline::compile_step("gpt (eval)", step, &Options::for_target(Target::Cpu)).unwrap();
+        let e = pipeline::compile_step(
+            "gpt (eval)",
+            forward_only(&other),
+            &Options::for_target(Target::Cpu),
+        )
+        .unwrap();
         let err = rebase(&t.graph, &t.plan, &e.graph, &e.plan).unwrap_err();
         assert!(matches!(err, SharedError::MissingParameter { .. }), "{err}");
     }

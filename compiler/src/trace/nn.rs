@@ -368,6 +368,62 @@ pub fn softmax_cross_entropy(g: &mut Graph, logits: NodeId, targets: NodeId) -> 
     g.mul_scalar(total, -1.0 / n as f64)
 }
 
+/// The logits and the one-hot label mask of `g`'s softmax cross-entropy (as
+/// [`softmax_cross_entropy`] builds it) over labels read from the rank-1 input `y`: the last
+/// `select(hot, log_softmax(logits), 0)` whose mask compares class ids (an iota) with `y`.
+/// `None` when there is none. Used to count top-k accuracy beside the loss
+/// ([`super::accuracy`]).
+pub fn softmax_cross_entropy_parts(g: &Graph) -> Option<(NodeId, NodeId)> {
+    use crate::ir::Op;
+    let y = g.leaf("y")?;
+    if g.ty(y).shape.rank() != 1 {
+        return None;
+    }
+    let n = g.ty(y).shape.dims()[0];
+    let is = |id: NodeId, op: &Op| &g.node(id).op == op;
+    let reads_y = |mut id: NodeId| {
+        // The labels reach the compare through views (reshape, broadcast) and casts only.
+        for _ in 0..4 {
+            if id == y {
+                return true;
+            }
+            match g.node(id).inputs.as_slice() {
+                [one] => id = *one,
+                _ => return false,
+            }
+        }
+        id == y
+    };
+    (0..g.len() as u32).rev().map(NodeId).find_map(|id| {
+        let node = g.node(id);
+        let [hot, lsm, _zero] = node.inputs.as_slice() else {
+            return None;
+        };
+        if node.op != Op::Select || node.ty.shape.rank() != 2 || node.ty.shape.dims()[0] != n {
+            return None;
+        }
+        let mask = g.node(*hot);
+        let [a, b] = mask.inputs.as_slice() else {
+            return None;
+        };
+        let iota_vs_y =
+            |i: NodeId, t: NodeId| matches!(g.node(i).op, Op::Iota { axis: 1 }) && reads_y(t);
+        if mask.op != Op::Compare(CmpOp::Eq) || !(iota_vs_y(*a, *b) || iota_vs_y(*b, *a)) {
+            return None;
+        }
+        // log_softmax(x) = (x - max) - log(sum(exp(x - max))).
+        let sub = Op::Binary(crate::ir::BinaryOp::Sub);
+        let [z, _lse] = g.node(*lsm).inputs.as_slice() else {
+            return None;
+        };
+        if !is(*lsm, &sub) || !is(*z, &sub) {
+            return None;
+        }
+        let logits = g.node(*z).inputs[0];
+        (g.ty(logits).shape == node.ty.shape).then_some((logits, *hot))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -351,15 +351,10 @@ mod tests {
     }
 
     fn data(len: usize, seed: u64) -> Vec<f64> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = crate::fused::random::xorshift(seed);
+        // Small integers: every product and sum is exact in f32 and f64.
         (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                // Small integers: every product and sum is exact in f32 and f64.
-                ((x >> 40) % 9) as f64 - 4.0
-            })
+            .map(|_| ((next() >> 40) % 9) as f64 - 4.0)
             .collect()
     }
 

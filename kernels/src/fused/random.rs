@@ -38,8 +38,39 @@ impl Rng {
     }
 }
 
+/// Marsaglia's xorshift64 (shifts 13, 7, 17) from `seed` times the golden ratio's 64 bits
+/// (made odd, so never zero): each call the next 64 bits. The deterministic test values of
+/// several crates come from it.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Random kernels.
+
+/// `k` with every f32 made bf16: its inputs, constants, indices and converts (bf16 takes every
+/// op f32 does, so the kernel still checks).
+pub fn as_bf16(k: &FusedKernel) -> FusedKernel {
+    let b = |d: DType| if d == DType::F32 { DType::BF16 } else { d };
+    let mut k = k.clone();
+    for i in &mut k.inputs {
+        i.dtype = b(i.dtype);
+    }
+    for inst in &mut k.body {
+        match inst {
+            Inst::Const { dtype, .. } | Inst::Index { dtype, .. } => *dtype = b(*dtype),
+            Inst::Convert { to, .. } => *to = b(*to),
+            _ => {}
+        }
+    }
+    k
+}
 
 /// Sizes of the generated kernels and what they may compute. The presets are what each user
 /// needs: [`Options::small`] (the CPU executor against a naive evaluator, one domain index at a
@@ -262,14 +293,8 @@ fn draw(r: &mut Rng, opts: &Options) -> FusedKernel {
                     continue;
                 };
                 if dt[x].is_float() {
-                    let op = r.pick(&[
-                        UnaryOp::Neg,
-                        UnaryOp::Exp,
-                        UnaryOp::Log,
-                        UnaryOp::Sqrt,
-                        UnaryOp::Tanh,
-                        UnaryOp::Recip,
-                    ]);
+                    // Every op but Erf, the last (a kernel of a seed stays the kernel it was).
+                    let op = r.pick(&UnaryOp::ALL[..6]);
                     let op = match op {
                         UnaryOp::Exp | UnaryOp::Log | UnaryOp::Recip if strict && !exact[x] => {
                             UnaryOp::Tanh
@@ -322,14 +347,7 @@ fn draw(r: &mut Rng, opts: &Options) -> FusedKernel {
                 };
                 let d = dt[a];
                 let b = pick(&|e, x| e == d && (!strict || x), r).unwrap_or(a);
-                let op = r.pick(&[
-                    CmpOp::Lt,
-                    CmpOp::Le,
-                    CmpOp::Gt,
-                    CmpOp::Ge,
-                    CmpOp::Eq,
-                    CmpOp::Ne,
-                ]);
+                let op = r.pick(CmpOp::ALL);
                 (Inst::Compare { op, a, b }, DType::Bool, true)
             }
             7 => {

@@ -13,6 +13,18 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// The fixture `file` (relative to the fixtures' folder) imported with a mean-squared-error loss
+/// and every other option at its default.
+pub fn import_mse(file: &str) -> ingot_onnx::Result<Imported> {
+    ingot_onnx::import(
+        &fixtures().join(file),
+        &ingot_onnx::ImportOptions {
+            loss: ingot_onnx::Loss::Mse { output: None },
+            ..Default::default()
+        },
+    )
+}
+
 /// A tensor of the fixtures' JSON form (`{"shape", "dtype": "f32"|"i64", "data"}`), with
 /// floats as `float`.
 pub fn tensor(v: &Value, float: DType) -> Tensor {
@@ -37,6 +49,15 @@ pub fn tensor(v: &Value, float: DType) -> Tensor {
             data.iter().map(|x| x.as_f64().unwrap() as f32).collect(),
         ),
     }
+}
+
+/// A JSON array of numbers.
+pub fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 pub fn json(path: &std::path::Path) -> Value {

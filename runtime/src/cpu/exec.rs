@@ -111,6 +111,26 @@ fn matrix(dims: &[usize], t: bool) -> (usize, usize) {
     }
 }
 
+/// An error naming the first operand whose buffer is not of its type's dtype and length.
+fn check_operands(
+    op: &'static str,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+) -> Result<(), ExecError> {
+    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
+        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
+            return Err(ExecError::Operand {
+                op,
+                index,
+                expected: (*t).clone(),
+                got_dtype: v.dtype(),
+                got_len: v.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// [`exec_node`] with the kernel's scratch memory given explicitly: planned execution passes
 /// the node's planned workspace, so the call allocates nothing.
 pub fn exec_node_with(
@@ -119,6 +139,28 @@ pub fn exec_node_with(
     input_types: &[&TensorType],
     out: ViewMut<'_>,
     scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
+    let op = node.op.name();
+    check_buffers(node, inputs, input_types, &out)?;
+    if ingot_compiler::lower::cpu::widened::runs_widened(&node.op, &node.ty, input_types) {
+        return super::bf16::exec_widened(node, inputs, input_types, out, scratch);
+    }
+    let cx = Cx {
+        op,
+        inputs,
+        types: input_types,
+        ty: &node.ty,
+    };
+    exec_op(&cx, node, out, scratch)
+}
+
+/// Refuses buffers that do not match the node: their count, each operand's dtype and length,
+/// and the output's.
+fn check_buffers(
+    node: &Node,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+    out: &ViewMut<'_>,
 ) -> Result<(), ExecError> {
     let op = node.op.name();
     if inputs.len() != node.inputs.len() || input_types.len() != node.inputs.len() {
@@ -132,17 +174,7 @@ pub fn exec_node_with(
             ),
         ));
     }
-    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
-        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
-            return Err(ExecError::Operand {
-                op,
-                index,
-                expected: (*t).clone(),
-                got_dtype: v.dtype(),
-                got_len: v.len(),
-            });
-        }
-    }
+    check_operands(op, inputs, input_types)?;
     if out.dtype() != node.ty.dtype || out.len() != node.ty.shape.numel() {
         return Err(ExecError::Output {
             op,
@@ -151,15 +183,12 @@ pub fn exec_node_with(
             got_len: out.len(),
         });
     }
-    if ingot_compiler::lower::cpu::widened::runs_widened(&node.op, &node.ty, input_types) {
-        return super::bf16::exec_widened(node, inputs, input_types, out, scratch);
-    }
-    let cx = Cx {
-        op,
-        inputs,
-        types: input_types,
-        ty: &node.ty,
-    };
+    Ok(())
+}
+
+/// Runs `node`'s op, its buffers checked, through the kernel of its op.
+fn exec_op(cx: &Cx, node: &Node, out: ViewMut<'_>, scratch: Scratch<'_>) -> Result<(), ExecError> {
+    let (op, inputs, input_types) = (cx.op, cx.inputs, cx.types);
     match &node.op {
         Op::Leaf { .. } => Err(invalid(
             op,
@@ -169,103 +198,44 @@ pub fn exec_node_with(
             full(*value, out);
             Ok(())
         }
-        Op::Iota { axis } => iota(&cx, *axis, out),
+        Op::Iota { axis } => iota(cx, *axis, out),
         Op::Unary(u) => {
             cx.elementwise(1)?;
-            unary(&cx, *u, out)
+            unary(cx, *u, out)
         }
         Op::Binary(b) => {
             cx.elementwise(2)?;
-            binary(&cx, *b, out)
+            binary(cx, *b, out)
         }
         Op::Compare(c) => {
             cx.elementwise(2)?;
-            by_dtype!(cx.types[0].dtype, compare(&cx, *c, out))
+            by_dtype!(cx.types[0].dtype, compare(cx, *c, out))
         }
         Op::Select => {
             cx.elementwise(3)?;
-            by_dtype!(out.dtype(), select(&cx, out))
+            by_dtype!(out.dtype(), select(cx, out))
         }
         Op::Convert => {
             cx.elementwise(1)?;
             convert(cx.inputs[0], out);
             Ok(())
         }
-        Op::Broadcast => {
-            cx.arity(1)?;
-            let (src, dst) = (cx.types[0].shape.dims(), cx.ty.shape.dims());
-            let strides = k::broadcast_strides(src, dst).ok_or_else(|| {
-                invalid(
-                    op,
-                    format!(
-                        "{} does not broadcast to {}",
-                        cx.types[0].shape, cx.ty.shape
-                    ),
-                )
-            })?;
-            by_dtype!(out.dtype(), strided(&cx, 0, dst, &strides, out))
-        }
-        Op::Reshape => {
-            cx.arity(1)?;
-            if cx.types[0].shape.numel() != cx.ty.shape.numel() {
-                return Err(invalid(
-                    op,
-                    format!("cannot reshape {} to {}", cx.types[0].shape, cx.ty.shape),
-                ));
-            }
-            by_dtype!(
-                out.dtype(),
-                strided(&cx, 0, &[cx.ty.shape.numel()], &[1], out)
-            )
-        }
-        Op::Transpose { perm } => {
-            cx.arity(1)?;
-            let src = cx.types[0].shape.dims();
-            let (dims, strides) = k::permuted(src, perm).ok_or_else(|| {
-                invalid(
-                    op,
-                    format!(
-                        "{perm:?} is not a permutation of the axes of {}",
-                        cx.types[0].shape
-                    ),
-                )
-            })?;
-            cx.expect_dims(&dims)?;
-            by_dtype!(out.dtype(), strided(&cx, 0, &dims, &strides, out))
-        }
-        Op::Slice { axis, start, end } => {
-            cx.arity(1)?;
-            let src = cx.types[0].shape.dims();
-            if *axis >= src.len() || start >= end || *end > src[*axis] {
-                return Err(invalid(
-                    op,
-                    format!(
-                        "range [{start}, {end}) along axis {axis} does not fit {}",
-                        cx.types[0].shape
-                    ),
-                ));
-            }
-            let mut dims: Dims = src.iter().copied().collect();
-            dims[*axis] = end - start;
-            cx.expect_dims(&dims)?;
-            let strides = k::row_major_strides(src);
-            by_dtype!(
-                out.dtype(),
-                strided(&cx, start * strides[*axis], &dims, &strides, out)
-            )
-        }
-        Op::Concat { axis } => by_dtype!(out.dtype(), concat(&cx, *axis, out)),
+        Op::Broadcast => broadcast(cx, out),
+        Op::Reshape => reshape(cx, out),
+        Op::Transpose { perm } => transpose(cx, perm, out),
+        Op::Slice { axis, start, end } => slice(cx, *axis, *start, *end, out),
+        Op::Concat { axis } => by_dtype!(out.dtype(), concat(cx, *axis, out)),
         Op::Reduce { op: r, axes } => {
             cx.arity(1)?;
             let kind = match r {
                 ReduceOp::Sum => ReduceKind::Sum,
                 ReduceOp::Max => ReduceKind::Max,
             };
-            by_num!(out.dtype(), op, reduce(&cx, kind, axes, out))
+            by_num!(out.dtype(), op, reduce(cx, kind, axes, out))
         }
         Op::MatMul { ta, tb } => match out {
-            ViewMut::F32(o) => matmul(&cx, *ta, *tb, o, false, scratch),
-            ViewMut::F64(o) => matmul(&cx, *ta, *tb, o, false, scratch),
+            ViewMut::F32(o) => matmul(cx, *ta, *tb, o, false, scratch),
+            ViewMut::F64(o) => matmul(cx, *ta, *tb, o, false, scratch),
             _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
         },
         Op::MatMulAcc { .. } => {
@@ -287,7 +257,7 @@ pub fn exec_node_with(
             cx.elementwise(1)?;
             by_dtype!(
                 out.dtype(),
-                strided(&cx, 0, &[cx.ty.shape.numel()], &[1], out)
+                strided(cx, 0, &[cx.ty.shape.numel()], &[1], out)
             )
         }
         Op::Fused(_) | Op::Result { .. } => Err(invalid(
@@ -303,32 +273,117 @@ pub fn exec_node_with(
             "a collective runs over data-parallel ranks: it runs in a planned step with a \
              collective (`runtime::collective`), not node by node",
         )),
-        Op::Gather => by_dtype!(out.dtype(), gather(&cx, out)),
-        Op::Dropout { p, salt } => {
-            cx.arity(2)?;
-            let seed = match cx.inputs[1] {
-                View::I64([s]) => *s as u64,
-                _ => {
-                    return Err(invalid(
-                        op,
-                        "the seed must be one i64 (the step's seed input)",
-                    ))
-                }
-            };
-            match (cx.inputs[0], out) {
-                (View::F32(x), ViewMut::F32(o)) => rng::dropout_f32(x, o, seed, *salt, *p),
-                (View::F64(x), ViewMut::F64(o)) => rng::dropout_f64(x, o, seed, *salt, *p),
-                _ => return Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
-            }
-            Ok(())
-        }
-        Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(&cx, *rows, out)),
+        Op::Gather => by_dtype!(out.dtype(), gather(cx, out)),
+        Op::Dropout { p, salt } => dropout(cx, *p, *salt, out),
+        Op::ScatterAdd { rows } => by_num!(out.dtype(), op, scatter_add(cx, *rows, out)),
         Op::Window(w) => match out {
-            ViewMut::F32(o) => window(&cx, w, o, scratch),
-            ViewMut::F64(o) => window(&cx, w, o, scratch),
+            ViewMut::F32(o) => window(cx, w, o, scratch),
+            ViewMut::F64(o) => window(cx, w, o, scratch),
             _ => Err(invalid(op, format!("not defined for {}", node.ty.dtype))),
         },
     }
+}
+
+/// A broadcast: the operand read with stride 0 along the axes it broadcasts.
+fn broadcast(cx: &Cx, out: ViewMut<'_>) -> Result<(), ExecError> {
+    let op = cx.op;
+    cx.arity(1)?;
+    let (src, dst) = (cx.types[0].shape.dims(), cx.ty.shape.dims());
+    let strides = k::broadcast_strides(src, dst).ok_or_else(|| {
+        invalid(
+            op,
+            format!(
+                "{} does not broadcast to {}",
+                cx.types[0].shape, cx.ty.shape
+            ),
+        )
+    })?;
+    by_dtype!(out.dtype(), strided(cx, 0, dst, &strides, out))
+}
+
+/// A reshape: the operand's elements copied in order.
+fn reshape(cx: &Cx, out: ViewMut<'_>) -> Result<(), ExecError> {
+    let op = cx.op;
+    cx.arity(1)?;
+    if cx.types[0].shape.numel() != cx.ty.shape.numel() {
+        return Err(invalid(
+            op,
+            format!("cannot reshape {} to {}", cx.types[0].shape, cx.ty.shape),
+        ));
+    }
+    by_dtype!(
+        out.dtype(),
+        strided(cx, 0, &[cx.ty.shape.numel()], &[1], out)
+    )
+}
+
+/// A transpose: the operand read with its strides permuted.
+fn transpose(cx: &Cx, perm: &[usize], out: ViewMut<'_>) -> Result<(), ExecError> {
+    let op = cx.op;
+    cx.arity(1)?;
+    let src = cx.types[0].shape.dims();
+    let (dims, strides) = k::permuted(src, perm).ok_or_else(|| {
+        invalid(
+            op,
+            format!(
+                "{perm:?} is not a permutation of the axes of {}",
+                cx.types[0].shape
+            ),
+        )
+    })?;
+    cx.expect_dims(&dims)?;
+    by_dtype!(out.dtype(), strided(cx, 0, &dims, &strides, out))
+}
+
+/// A slice `[start, end)` along `axis`: the operand read from the slice's first element.
+fn slice(
+    cx: &Cx,
+    axis: usize,
+    start: usize,
+    end: usize,
+    out: ViewMut<'_>,
+) -> Result<(), ExecError> {
+    let op = cx.op;
+    cx.arity(1)?;
+    let src = cx.types[0].shape.dims();
+    if axis >= src.len() || start >= end || end > src[axis] {
+        return Err(invalid(
+            op,
+            format!(
+                "range [{start}, {end}) along axis {axis} does not fit {}",
+                cx.types[0].shape
+            ),
+        ));
+    }
+    let mut dims: Dims = src.iter().copied().collect();
+    dims[axis] = end - start;
+    cx.expect_dims(&dims)?;
+    let strides = k::row_major_strides(src);
+    by_dtype!(
+        out.dtype(),
+        strided(cx, start * strides[axis], &dims, &strides, out)
+    )
+}
+
+/// Dropout of operand 0 with the seed in operand 1 (one i64).
+fn dropout(cx: &Cx, p: f64, salt: u64, out: ViewMut<'_>) -> Result<(), ExecError> {
+    let op = cx.op;
+    cx.arity(2)?;
+    let seed = match cx.inputs[1] {
+        View::I64([s]) => *s as u64,
+        _ => {
+            return Err(invalid(
+                op,
+                "the seed must be one i64 (the step's seed input)",
+            ))
+        }
+    };
+    match (cx.inputs[0], out) {
+        (View::F32(x), ViewMut::F32(o)) => rng::dropout_f32(x, o, seed, salt, p),
+        (View::F64(x), ViewMut::F64(o)) => rng::dropout_f64(x, o, seed, salt, p),
+        _ => return Err(invalid(op, format!("not defined for {}", cx.ty.dtype))),
+    }
+    Ok(())
 }
 
 /// Runs an attention op (`attention`, `attention_grad`) from its operands into all of its
@@ -369,17 +424,7 @@ pub fn exec_attention(
             ),
         ));
     }
-    for (index, (v, t)) in inputs.iter().zip(input_types).enumerate() {
-        if v.dtype() != t.dtype || v.len() != t.shape.numel() {
-            return Err(ExecError::Operand {
-                op,
-                index,
-                expected: (*t).clone(),
-                got_dtype: v.dtype(),
-                got_len: v.len(),
-            });
-        }
-    }
+    check_operands(op, inputs, input_types)?;
     for (i, (o, &(dtype, n))) in outs.iter().zip(&want).enumerate() {
         if let Some(o) = o {
             if o.dtype() != dtype || o.len() != n {

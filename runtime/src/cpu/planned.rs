@@ -24,7 +24,7 @@ use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, Node, NodeId, Op, Shape, TensorType};
 use ingot_compiler::lower::cpu::{Instr, Program};
 use ingot_compiler::lower::{self, Target};
-use ingot_compiler::plan::check::Location;
+use ingot_compiler::plan::location::Location;
 use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
 use ingot_kernels::fused::{self, FusedKernel, KernelError};
 use smallvec::SmallVec;

@@ -27,29 +27,24 @@ impl CpuRanks {
     /// Loads `exe` once per rank it was compiled for ([`ranks_of`]), each with its end of one
     /// thread group.
     pub fn new(exe: Executable) -> Result<CpuRanks, ExecError> {
-        let n = ranks_of(&exe);
-        let mut ranks = Vec::with_capacity(n);
-        for c in threads::group(n) {
-            let mut s = PlannedStep::new(exe.clone())?;
-            s.set_collective(Box::new(c))?;
-            ranks.push(s);
-        }
-        let threads = RankThreads::new(ranks.len())?;
-        Ok(Ranks {
-            ranks,
-            threads,
-            extra: (),
-        })
+        CpuRanks::group(ranks_of(&exe), || PlannedStep::new(exe.clone()))
     }
 
     /// As [`CpuRanks::new`], each rank with the pair's evaluation step beside its training
     /// step in one allocation ([`PlannedStep::pair`]): an evaluation runs every rank on its
     /// shard of the batch, and its loss is the mean of theirs.
     pub fn pair(pair: StepPair) -> Result<CpuRanks, ExecError> {
-        let n = ranks_of(pair.train());
+        CpuRanks::group(ranks_of(pair.train()), || PlannedStep::pair(pair.clone()))
+    }
+
+    /// `n` ranks, each a step `load` gives with its end of one thread group.
+    fn group(
+        n: usize,
+        load: impl Fn() -> Result<PlannedStep, ExecError>,
+    ) -> Result<CpuRanks, ExecError> {
         let mut ranks = Vec::with_capacity(n);
         for c in threads::group(n) {
-            let mut s = PlannedStep::pair(pair.clone())?;
+            let mut s = load()?;
             s.set_collective(Box::new(c))?;
             ranks.push(s);
         }

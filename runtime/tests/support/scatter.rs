@@ -2,7 +2,7 @@
 //! reduce-scatter and an all-reduce of the same inputs over two ranks, and each rank's inputs.
 #![allow(dead_code)]
 
-use ingot_compiler::autodiff::{Phases, Step};
+use ingot_compiler::autodiff::Step;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{DType, Graph, NodeId, Op, TensorType};
 use ingot_compiler::lower::Target;
@@ -42,16 +42,8 @@ pub fn step(shapes: &[&[usize]], dtype: DType, target: Target) -> Executable {
         g.set_output(&format!("s{i}"), s).unwrap();
         g.set_output(&format!("a{i}"), a).unwrap();
     }
-    let n = g.len();
-    let step = Step {
-        graph: g,
-        phases: Phases {
-            forward: 0..n,
-            backward: n..n,
-            optimizer: n..n,
-        },
-    };
-    pipeline::compile_step("reduce_scatter", step, &Options::for_target(target))
+    let opts = Options::for_target(target);
+    pipeline::compile_step("reduce_scatter", Step::forward_only(g), &opts)
         .unwrap()
         .executable(target)
         .unwrap()

@@ -5,7 +5,7 @@
 //! promises: an error for bad input, and for good input a result with the property named in the
 //! function's doc. Anything else panics, which is what the fuzzer reports: a panic inside the
 //! code under test, or a property that failed (the panic message says which). The random-step
-//! target's body is [`crate::random_step::check_cpu`].
+//! target's body is [`crate::random_step::check_described`].
 
 mod compiler;
 mod runtime;

@@ -32,15 +32,7 @@ fn every_op_graph() -> Graph {
     let mask = g.compare(CmpOp::Gt, h, zero).unwrap();
     let r = g.select(mask, h, zero).unwrap();
     let mut e = r;
-    for u in [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Tanh,
-        UnaryOp::Recip,
-        UnaryOp::Erf,
-    ] {
+    for &u in UnaryOp::ALL {
         e = g.unary(u, e).unwrap();
     }
     for op in [

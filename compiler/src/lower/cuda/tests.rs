@@ -561,16 +561,7 @@ fn a_bf16_gpt_step_lowers_with_every_kernel_generated_and_bf16_gemms_accumulatin
             _ => None,
         })
         .collect();
-    let matmuls = c
-        .graph
-        .ids()
-        .filter(|&id| {
-            matches!(
-                c.graph.node(id).op,
-                Op::MatMul { .. } | Op::MatMulAcc { .. }
-            )
-        })
-        .count();
+    let matmuls = matmul_count(&c.graph);
     assert_eq!(gemms.len(), matmuls);
     for g in gemms {
         match c.graph.node(g.node).op {
@@ -660,21 +651,19 @@ fn a_program_survives_its_json_form_unchanged() {
     assert_eq!(back, p);
 }
 
+/// The matrix products of `g` (plain and accumulating): one GEMM each.
+fn matmul_count(g: &Graph) -> usize {
+    g.ids()
+        .filter(|&id| matches!(g.node(id).op, Op::MatMul { .. } | Op::MatMulAcc { .. }))
+        .count()
+}
+
 #[test]
 fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
     let c = pipeline::compile_model("mlp", &cuda()).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     let counts = p.counts();
-    let matmuls = c
-        .graph
-        .ids()
-        .filter(|&id| {
-            matches!(
-                c.graph.node(id).op,
-                Op::MatMul { .. } | Op::MatMulAcc { .. }
-            )
-        })
-        .count();
+    let matmuls = matmul_count(&c.graph);
     let fused = c
         .graph
         .ids()
@@ -693,6 +682,28 @@ fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
             k.name
         );
     }
+    // Split into modules of 3 kernels, each kernel is in exactly one module, in order, after
+    // the prelude.
+    let modules = p.module_sources(3);
+    assert_eq!(modules.len(), p.kernels.len().div_ceil(3));
+    let mut next = 0;
+    for (text, range) in &modules {
+        assert_eq!(range.start, next);
+        assert!(range.len() <= 3 && !range.is_empty());
+        assert!(text.starts_with(&p.prelude));
+        for k in &p.kernels[range.clone()] {
+            assert_eq!(
+                text.matches(&format!(" {}(", k.name)).count(),
+                1,
+                "{}",
+                k.name
+            );
+        }
+        next = range.end;
+    }
+    assert_eq!(next, p.kernels.len());
+    let whole: usize = modules.iter().map(|(t, _)| t.len() - p.prelude.len()).sum();
+    assert_eq!(whole, src.len() - p.prelude.len(), "nothing added or lost");
 }
 
 #[test]

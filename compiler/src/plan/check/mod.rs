@@ -18,7 +18,7 @@ mod placement;
 mod replay;
 mod schedule;
 
-pub use super::location::Location;
+use super::location::Location;
 use crate::ir::{Graph, NodeId};
 
 /// What the checker needs to know about a plan.

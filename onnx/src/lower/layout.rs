@@ -1,0 +1,341 @@
+//! Ops that move elements without arithmetic: reshapes, transposes, broadcasts, joins, splits
+//! and slices (and Trilu's mask), with the shape arithmetic they share with folding.
+
+use super::*;
+
+impl Lower<'_> {
+    /// Flatten: the axes before `axis` and those from it, each joined into one.
+    pub(super) fn flatten(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let d = self.dims(&x);
+        let axis = at.int("axis", 1);
+        let axis = if axis < 0 {
+            axis + d.len() as i64
+        } else {
+            axis
+        };
+        if axis < 0 || axis as usize > d.len() {
+            return Err(format!(
+                "axis {} is out of range for rank {}",
+                at.int("axis", 1),
+                d.len()
+            ));
+        }
+        let a = axis as usize;
+        let shape = [d[..a].iter().product::<usize>(), d[a..].iter().product()];
+        self.reshape_val(n, x, &shape)
+    }
+
+    /// Reshape to a constant shape.
+    pub(super) fn reshape(&mut self, n: &NodeProto) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let spec = self.konst_i64s(n, 1)?.ok_or("needs a shape")?;
+        let shape = reshape_dims(&self.dims(&x), &spec)?;
+        self.reshape_val(n, x, &shape)
+    }
+
+    /// Squeeze and Unsqueeze, with axes as an input or an attribute.
+    pub(super) fn squeeze(&mut self, n: &NodeProto, at: &Attrs, op: &str) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let axes = match self.konst_i64s(n, 1)? {
+            Some(a) => Some(a),
+            None => at.ints("axes"),
+        };
+        let shape = squeeze_dims(op, &self.dims(&x), axes.as_deref())?;
+        self.reshape_val(n, x, &shape)
+    }
+
+    /// Transpose (reversed axes without `perm`).
+    pub(super) fn transpose(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let r = self.dims(&x).len();
+        let perm = transpose_perm(at.ints("perm"), r)?;
+        let x = self.node(&x, &n.input[0])?;
+        one(ir(self.g.transpose(x, &perm))?)
+    }
+
+    /// Expand: broadcast to a constant shape.
+    pub(super) fn expand(&mut self, n: &NodeProto) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let shape = self.konst_i64s(n, 1)?.ok_or("needs a shape")?;
+        let target = expand_dims(&self.dims(&x), &shape)?;
+        let x = self.node(&x, &n.input[0])?;
+        let rank = target.len();
+        let x = self.lift(x, rank)?;
+        one(ir(self.g.broadcast_to(x, Shape::new(&target)))?)
+    }
+
+    /// Concat (an empty constant part adds nothing).
+    pub(super) fn concat(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let parts: Vec<Val> = (0..n.input.len())
+            .map(|i| self.arg(n, i))
+            .collect::<R<_>>()?;
+        let r = self.dims(&parts[0]).len();
+        let axis = norm_axis(at.int("axis", 0), r)?;
+        let mut ids = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            // An empty constant part (a shape sliced to nothing) adds nothing.
+            if matches!(p, Val::Const(c) if c.dims.get(axis) == Some(&0)) {
+                continue;
+            }
+            ids.push(self.node(p, &n.input[i])?);
+        }
+        one(ir(self.g.concat(&ids, axis))?)
+    }
+
+    /// Split into the sizes given, or equal parts.
+    pub(super) fn split(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let d = self.dims(&x);
+        let axis = norm_axis(at.int("axis", 0), d.len())?;
+        let sizes = split_sizes(self.konst_i64s(n, 1)?, at, n.output.len(), d[axis])?;
+        let x = self.node(&x, &n.input[0])?;
+        let mut out = Vec::new();
+        let mut start = 0;
+        for s in sizes {
+            out.push(Val::Node(ir(self.g.slice(x, axis, start, start + s))?));
+            start += s;
+        }
+        Ok(out)
+    }
+
+    /// Slice with constant starts, ends and unit steps.
+    pub(super) fn slice(&mut self, n: &NodeProto) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let d = self.dims(&x);
+        let picks = slice_picks(self, n, &d)?;
+        if let Some((axis, _)) = picks.iter().find(|(_, p)| p.is_empty()) {
+            return Err(format!(
+                    "slices axis {axis} (size {}) of a computed tensor to nothing: Ingot's tensors cannot be zero-sized",
+                    d[*axis]
+                ));
+        }
+        let mut x = self.node(&x, &n.input[0])?;
+        for (axis, p) in picks {
+            let (s, e) = (p[0], p[p.len() - 1] + 1);
+            if p.len() > 1 && p.windows(2).any(|w| w[1] != w[0] + 1) {
+                return Err(format!(
+                        "a step other than 1 on axis {axis} of a computed tensor needs a strided slice primitive"
+                    ));
+            }
+            x = ir(self.g.slice(x, axis, s, e))?;
+        }
+        one(x)
+    }
+
+    /// Trilu: the upper (lower) triangle from diagonal `k`, the rest zero.
+    pub(super) fn trilu(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let x = self.node(&x, &n.input[0])?;
+        let k = self.trilu_k(n)?;
+        let d = self.g.ty(x).shape.dims().to_vec();
+        if d.len() < 2 {
+            return Err(format!("needs at least two axes, got {:?}", d));
+        }
+        let rc = [d[d.len() - 2], d[d.len() - 1]];
+        let i = ir(self.g.iota(rc, 0, DType::I64))?;
+        let j = ir(self.g.iota(rc, 1, DType::I64))?;
+        let diff = ir(self.g.sub(j, i))?;
+        let kk = ir(self.g.full(k as f64, Shape::scalar(), DType::I64))?;
+        let c = if at.int("upper", 1) != 0 {
+            CmpOp::Ge
+        } else {
+            CmpOp::Le
+        };
+        let keep = ir(self.g.compare(c, diff, kk))?;
+        let zero = self.scalar(0.0, x)?;
+        one(ir(self.g.select(keep, x, zero))?)
+    }
+
+    /// `x` with `rank − its rank` leading axes of size 1.
+    pub(super) fn lift(&mut self, x: NodeId, rank: usize) -> R<NodeId> {
+        let d = self.g.ty(x).shape.dims().to_vec();
+        if d.len() >= rank {
+            return Ok(x);
+        }
+        let mut nd = vec![1; rank - d.len()];
+        nd.extend(d);
+        ir(self.g.reshape(x, Shape::new(&nd)))
+    }
+
+    pub(super) fn reshape_val(&mut self, n: &NodeProto, x: Val, shape: &[usize]) -> R<Vec<Val>> {
+        let have: usize = self.dims(&x).iter().product();
+        if have != shape.iter().product::<usize>() {
+            return Err(format!(
+                "cannot reshape {:?} ({have} elements) to {shape:?}",
+                self.dims(&x)
+            ));
+        }
+        match x {
+            Val::Const(c) => Ok(vec![Val::Const(c.reshaped(shape.to_vec()))]),
+            v => {
+                let id = self.node(&v, &n.input[0])?;
+                Ok(vec![Val::Node(ir(self.g.reshape(id, Shape::new(shape)))?)])
+            }
+        }
+    }
+}
+
+/// Reshape's target: `0` keeps the input's size (allowzero=0), `-1` takes what is left.
+pub fn reshape_dims(input: &[usize], spec: &[i64]) -> R<Vec<usize>> {
+    let total: usize = input.iter().product();
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer = None;
+    for (i, &s) in spec.iter().enumerate() {
+        match s {
+            0 => out.push(*input.get(i).ok_or_else(|| {
+                format!("shape {spec:?}: 0 at axis {i} copies an axis the input {input:?} lacks")
+            })?),
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                out.push(1);
+            }
+            s if s > 0 => out.push(s as usize),
+            _ => return Err(format!("shape {spec:?} is not a valid Reshape target")),
+        }
+    }
+    if let Some(i) = infer {
+        let known: usize = out.iter().product();
+        if known == 0 || !total.is_multiple_of(known) {
+            return Err(format!("cannot reshape {input:?} to {spec:?}"));
+        }
+        out[i] = total / known;
+    }
+    if out.iter().product::<usize>() != total {
+        return Err(format!(
+            "cannot reshape {input:?} ({total} elements) to {spec:?}"
+        ));
+    }
+    Ok(out)
+}
+
+pub(super) fn squeeze_dims(op: &str, d: &[usize], axes: Option<&[i64]>) -> R<Vec<usize>> {
+    if op == "Squeeze" {
+        let axes = match axes {
+            Some(a) => norm_axes(a, d.len())?,
+            None => (0..d.len()).filter(|&i| d[i] == 1).collect(),
+        };
+        if let Some(&a) = axes.iter().find(|&&a| d[a] != 1) {
+            return Err(format!("cannot squeeze axis {a} of size {}", d[a]));
+        }
+        Ok(d.iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &s)| s)
+            .collect())
+    } else {
+        let axes = axes.ok_or("needs axes")?;
+        let r = d.len() + axes.len();
+        let axes = norm_axes(axes, r)?;
+        let mut it = d.iter();
+        Ok((0..r)
+            .map(|i| {
+                if axes.contains(&i) {
+                    1
+                } else {
+                    *it.next().unwrap_or(&1)
+                }
+            })
+            .collect())
+    }
+}
+
+pub(super) fn transpose_perm(perm: Option<Vec<i64>>, r: usize) -> R<Vec<usize>> {
+    match perm {
+        None => Ok((0..r).rev().collect()),
+        Some(p) => {
+            let p: Vec<usize> = p.iter().map(|&a| norm_axis(a, r)).collect::<R<_>>()?;
+            let mut s = p.clone();
+            s.sort_unstable();
+            if s != (0..r).collect::<Vec<_>>() {
+                return Err(format!("perm {p:?} is not a permutation of {r} axes"));
+            }
+            Ok(p)
+        }
+    }
+}
+
+pub(super) fn expand_dims(d: &[usize], shape: &[i64]) -> R<Vec<usize>> {
+    if shape.iter().any(|&s| s < 0) {
+        return Err(format!("shape {shape:?} has a negative size"));
+    }
+    let s: Vec<usize> = shape.iter().map(|&x| x as usize).collect();
+    broadcast_dims(d, &s).ok_or_else(|| format!("{d:?} does not broadcast to {shape:?}"))
+}
+
+pub(super) fn split_sizes(
+    split: Option<Vec<i64>>,
+    at: &Attrs,
+    outputs: usize,
+    size: usize,
+) -> R<Vec<usize>> {
+    let split = split.or_else(|| at.ints("split"));
+    if let Some(s) = split {
+        if s.iter().any(|&x| x < 0) || s.iter().sum::<i64>() as usize != size {
+            return Err(format!(
+                "split {s:?} does not add up to the axis size {size}"
+            ));
+        }
+        return Ok(s.iter().map(|&x| x as usize).collect());
+    }
+    let parts = if at.has("num_outputs") {
+        at.int("num_outputs", 1) as usize
+    } else {
+        outputs
+    };
+    if parts == 0 {
+        return Err("splits into no parts".into());
+    }
+    let chunk = size.div_ceil(parts);
+    Ok((0..parts)
+        .map(|i| chunk.min(size.saturating_sub(i * chunk)))
+        .collect())
+}
+
+/// Slice's picked indices per sliced axis (ONNX's clamping rules, any step).
+/// The indices a `Slice` keeps on each axis it slices, by ONNX's rules: a negative start or
+/// end counts from the end (adds the dim), then both are clamped (to `0..=dim` for a positive
+/// step, to `-1..=dim-1` for a negative one), so `INT64_MAX` and `INT64_MIN` mean "to the
+/// end" and "to the start". A list may be empty: shape arithmetic slices a shape to nothing
+/// (PyTorch's `unflatten` of the last axis takes `shape[rank:]`, `Slice(shape, [rank],
+/// [INT64_MAX])`, and concatenates it); only the caller knows whether an empty result is a
+/// constant (fine) or a computed tensor (which Ingot cannot hold at size zero).
+pub(super) fn slice_picks(l: &Lower, n: &NodeProto, d: &[usize]) -> R<Vec<(usize, Vec<usize>)>> {
+    let starts = l.konst_i64s(n, 1)?.ok_or("needs starts")?;
+    let ends = l.konst_i64s(n, 2)?.ok_or("needs ends")?;
+    let axes = match l.konst_i64s(n, 3)? {
+        Some(a) => a,
+        None => (0..starts.len() as i64).collect(),
+    };
+    let steps = l.konst_i64s(n, 4)?.unwrap_or(vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, ends, axes and steps must have one entry per sliced axis".into());
+    }
+    let mut out = Vec::new();
+    for i in 0..starts.len() {
+        let axis = norm_axis(axes[i], d.len())?;
+        let dim = d[axis] as i64;
+        let step = steps[i];
+        if step == 0 {
+            return Err("a step of 0".into());
+        }
+        let fix = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
+        let picks: Vec<usize> = if step > 0 {
+            let s = fix(starts[i]).clamp(0, dim);
+            let e = fix(ends[i]).clamp(0, dim);
+            (s..e).step_by(step as usize).map(|x| x as usize).collect()
+        } else {
+            let s = fix(starts[i]).clamp(0, dim - 1);
+            let e = fix(ends[i]).clamp(-1, dim - 1);
+            let mut v = Vec::new();
+            let mut k = s;
+            while k > e {
+                v.push(k as usize);
+                k += step;
+            }
+            v
+        };
+        out.push((axis, picks));
+    }
+    Ok(out)
+}
