@@ -5,8 +5,9 @@ TF32 on or off), SGD (lr 0.1, momentum 0.9, weight decay 5e-4, as Ingot's resnet
 median of 20 timed steps (CUDA events around each), and torch.cuda.max_memory_allocated()
 over the timed steps. One JSON line per run.
 usage: resnet_beside_torch.py --depth 50 --side 224 --batch 128 --precision bf16|tf32|f32 [--nchw]"""
-import argparse, json, statistics
+import argparse, json
 import torch, torch.nn.functional as F, torchvision
+from torch_timing import time_steps
 
 p = argparse.ArgumentParser()
 p.add_argument("--depth", type=int, default=50)
@@ -38,19 +39,7 @@ def step():
     opt.step()
 
 
-for _ in range(5):
-    step()
-torch.cuda.synchronize()
-torch.cuda.reset_peak_memory_stats()
-times = []
-for _ in range(20):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    step()
-    e.record()
-    torch.cuda.synchronize()
-    times.append(s.elapsed_time(e))
+step_ms, allocated, reserved, _ = time_steps(step)
 print(json.dumps({"system": "torch.compile" + ("" if a.nchw else " channels_last"), "depth": a.depth,
                   "side": a.side, "batch": a.batch, "precision": a.precision,
-                  "step_ms": statistics.median(times), "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
-                  "reserved_mib": torch.cuda.max_memory_reserved() / 2**20}), flush=True)
+                  "step_ms": step_ms, "peak_mib": allocated / 2**20, "reserved_mib": reserved / 2**20}), flush=True)

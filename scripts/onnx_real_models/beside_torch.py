@@ -12,11 +12,13 @@ after models.py has written OUTDIR (state_dict.safetensors, batch.safetensors):
 
 Writes OUTDIR/torch_bf16.json and prints one line.
 usage: beside_torch.py NAME OUTDIR"""
-import json, os, statistics, sys, time
+import json, os, sys
 import torch, torch.nn.functional as F
 from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from models import LR, build
+from torch_timing import time_steps
 
 CONV = {"resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "unet"}
 
@@ -82,27 +84,14 @@ def main(name, out):
         opt.step()
         return loss
 
-    t = time.time()
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    warm = time.time() - t
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+    step_ms, allocated, reserved, warm = time_steps(step)
     r = {
         "model": name,
         "batch": int(x.shape[0]),
         "bf16_losses": losses,
-        "compile_step_ms": statistics.median(times),
-        "compile_peak_allocated": torch.cuda.max_memory_allocated(),
-        "compile_peak_reserved": torch.cuda.max_memory_reserved(),
+        "compile_step_ms": step_ms,
+        "compile_peak_allocated": allocated,
+        "compile_peak_reserved": reserved,
         "channels_last": cl,
         "warmup_s": warm,
     }

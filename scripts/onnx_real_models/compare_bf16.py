@@ -2,20 +2,13 @@
 (OUTDIR/torch_bf16.json from beside_torch.py): the first 5 losses and their largest relative
 difference (the check: at most 1%), the median step, planned and measured bytes.
 usage: ingot train ... --json | compare_bf16.py NAME OUTDIR"""
-import json, sys
+import json, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from summ import read_run
 
 name, out = sys.argv[1], sys.argv[2]
 t = json.load(open(f"{out}/torch_bf16.json"))
-losses, summary = [], None
-for line in sys.stdin:
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    d = json.loads(line)
-    if "summary" in d:
-        summary = d["summary"]
-    elif "loss" in d:
-        losses.append(d["loss"])
+losses, summary = read_run(sys.stdin)
 if summary is None or len(losses) < 5:
     sys.exit(f"{name}: no summary or fewer than 5 losses from ingot")
 rel = max(abs(a - b) / abs(b) for a, b in zip(losses[:5], t["bf16_losses"]))
