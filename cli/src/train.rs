@@ -32,7 +32,6 @@ use ingot_trainer::eval::Evaluator;
 use ingot_trainer::run::{RunError, RunOptions};
 use ingot_trainer::schedule::Decay;
 use ingot_trainer::session::{self, Session};
-use ingot_trainer::state_dict::StateDict;
 use ingot_trainer::{checkpoint, datasets};
 use std::path::{Path, PathBuf};
 
@@ -505,16 +504,13 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         }
         None => None,
     };
-    train_with(
-        &mut session,
-        &a.run,
-        device,
-        eval,
-        Some(model.optimizer),
-        state_dict,
+    let o = RunOptions {
+        optimizer: Some(model.optimizer),
         file_weights,
-        &images,
-    )
+        state_dict,
+        ..options(&a.run, device, &images)
+    };
+    train_with(&mut session, &o, eval, a.run.json)
 }
 
 /// `--shard-optimizer` against what cannot go with it in a run, before anything compiles:
@@ -602,33 +598,27 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
-    let state_dict = ingot_trainer::state_dict::StateDict::of_running_stats(session);
-    train_with(session, a, device, None, None, state_dict, false, &a.image_options())
+    let o = RunOptions {
+        state_dict: ingot_trainer::state_dict::StateDict::of_running_stats(session),
+        ..options(a, device, &a.image_options())
+    };
+    train_with(session, &o, None, a.json)
 }
 
-/// As [`train`], evaluating with `eval` (`--val`) as `a` says; `optimizer` is the step's, where
-/// known (recorded in checkpoints and compared on resume); `state_dict`: `--init` reads, and
-/// `--save` writes, a whole PyTorch `state_dict` for the model (running statistics and
-/// `num_batches_tracked` included); `file_weights`: the session holds the weights of the
-/// model's file (an ONNX model's), which `--init` or `--resume` replace.
+/// Runs `o` in `session`, evaluating with `eval` (`--val`), printing lines or JSON. Callers
+/// fill in what [`options`] cannot know from the flags: the step's optimizer, where known
+/// (recorded in checkpoints and compared on resume); the `state_dict` that `--init` reads and
+/// `--save` writes whole (running statistics and `num_batches_tracked` included); and
+/// `file_weights`, when the session holds the weights of the model's file (an ONNX model's),
+/// which `--init` or `--resume` replace.
 fn train_with(
     session: &mut Session,
-    a: &StepArgs,
-    device: session::Device,
+    o: &RunOptions,
     eval: Option<Evaluator>,
-    optimizer: Option<ingot_compiler::models::Optimizer>,
-    state_dict: Option<StateDict>,
-    file_weights: bool,
-    images: &ImageOptions,
+    json: bool,
 ) -> Result<(), Failure> {
-    let o = RunOptions {
-        optimizer,
-        file_weights,
-        state_dict,
-        ..options(a, device, images)
-    };
-    let mut printer = printer::Printer::new(a.json);
-    ingot_trainer::run::train(session, &o, eval, &mut printer).map_err(failure)
+    let mut printer = printer::Printer::new(json);
+    ingot_trainer::run::train(session, o, eval, &mut printer).map_err(failure)
 }
 
 /// `--schedule`: the shape of the learning rate's decay after the warmup
