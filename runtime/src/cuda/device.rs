@@ -1208,47 +1208,25 @@ fn cuda_program(exe: &Executable) -> Result<Program, ExecError> {
     }
 }
 
-/// Kernels per NVRTC program ([`Program::module_sources`]): a step of a few dozen kernels
-/// (the GPT family) stays one or two programs; a CNN's hundreds compile side by side.
-const KERNELS_PER_MODULE: usize = 48;
-
-/// Compiles (or takes from the PTX cache) and loads `program`'s kernels in `ctx`: its modules
-/// compiled on the global rayon pool's threads (NVRTC programs are independent), then loaded
-/// in order. The source reported is the costliest of the modules' (compiled, else from disk,
-/// else from memory).
+/// Compiles (or takes from the PTX cache) and loads `program`'s kernels in `ctx`.
 fn load_kernels(
     ctx: &Arc<CudaContext>,
     program: &Program,
     options: &[String],
 ) -> Result<(Vec<CudaFunction>, ptx::Source), ExecError> {
-    use rayon::prelude::*;
-    let modules = program.module_sources(KERNELS_PER_MODULE);
-    let compiled: Vec<(String, ptx::Source)> = modules
-        .par_iter()
-        .map(|(text, _)| ptx::compile(text, options))
-        .collect::<Result<_, _>>()?;
-    let mut functions = Vec::with_capacity(program.kernels.len());
-    for ((ptx_text, _), (_, range)) in compiled.iter().zip(&modules) {
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx_text.as_str()))
-            .map_err(driver("loading the step's kernels"))?;
-        for k in &program.kernels[range.clone()] {
-            functions.push(
-                module
-                    .load_function(&k.name)
-                    .map_err(driver(&format!("finding kernel {}", k.name)))?,
-            );
-        }
-    }
-    let source = compiled
+    let (ptx_text, source) = ptx::compile(&program.module_source(), options)?;
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_src(ptx_text))
+        .map_err(driver("loading the step's kernels"))?;
+    let functions = program
+        .kernels
         .iter()
-        .map(|(_, s)| *s)
-        .max_by_key(|s| match s {
-            ptx::Source::Memory => 0,
-            ptx::Source::Disk => 1,
-            ptx::Source::Compiled => 2,
+        .map(|k| {
+            module
+                .load_function(&k.name)
+                .map_err(driver(&format!("finding kernel {}", k.name)))
         })
-        .unwrap_or(ptx::Source::Memory);
+        .collect::<Result<Vec<_>, _>>()?;
     Ok((functions, source))
 }
 

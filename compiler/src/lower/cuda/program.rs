@@ -121,28 +121,6 @@ impl Program {
         s
     }
 
-    /// The kernels as modules of at most `per_module` kernels each (at least one), each module
-    /// the shared prelude and then its kernels, with the range of [`Self::kernels`] it holds.
-    /// NVRTC compiles one program on one thread, and a CNN's step holds hundreds of kernels,
-    /// so the runtime compiles these side by side; [`Self::module_source`] is the one-module
-    /// form. The split depends on the program alone (not on the machine's cores), so the PTX
-    /// cache's keys are the same everywhere.
-    pub fn module_sources(&self, per_module: usize) -> Vec<(String, std::ops::Range<usize>)> {
-        let per_module = per_module.max(1);
-        (0..self.kernels.len())
-            .step_by(per_module)
-            .map(|start| {
-                let end = (start + per_module).min(self.kernels.len());
-                let mut s = self.prelude.clone();
-                for k in &self.kernels[start..end] {
-                    s.push('\n');
-                    s.push_str(&k.source);
-                }
-                (s, start..end)
-            })
-            .collect()
-    }
-
     /// Kernel launches, GEMMs, memsets and copies per step.
     pub fn counts(&self) -> OpCounts {
         let mut c = OpCounts::default();
