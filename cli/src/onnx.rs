@@ -173,8 +173,10 @@ impl OnnxModelArgs {
         self.import.options(false)
     }
 
-    /// Keeps the import between uses, for a command that reads the model and then its
-    /// weights ([`ImportCache`]).
+    /// Keeps the file's import between uses, for a command that reads the model and then its
+    /// weights or constants (train, compile): the file is parsed and traced once. Taken by
+    /// [`Self::load_weights`]; without this call each use imports the file again and drops the
+    /// import after it.
     pub fn keep_import(&self) {
         self.cache.0.lock().unwrap_or_else(|p| p.into_inner()).keep = true;
     }
