@@ -210,13 +210,14 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     let dir = cli::scratch("cli-onnx-tests", "cli-onnx-sd");
     let init = fixture("state_dict/cnn.safetensors");
     let sd = ingot_runtime::io::load(&init).unwrap();
+    let model = fixture("ops/cnn.onnx");
+    let on_cnn = |flags: &[&str]| {
+        let mut args = vec!["train", "--onnx", &model, "--loss", "cross-entropy"];
+        args.extend_from_slice(flags);
+        ingot(&args)
+    };
     let train = |steps: &str, init: &str, save: &std::path::Path| {
-        ingot(&[
-            "train",
-            "--onnx",
-            &fixture("ops/cnn.onnx"),
-            "--loss",
-            "cross-entropy",
+        on_cnn(&[
             "--init",
             init,
             "--steps",
@@ -261,29 +262,13 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     // A checkpoint keeps the count --init read: resumed after step 1, the run saved after
     // step 3 writes the uninterrupted run's count and statistics.
     let ck = dir.join("ck");
-    let (code, _, err) = ingot(&[
-        "train",
-        "--onnx",
-        &fixture("ops/cnn.onnx"),
-        "--loss",
-        "cross-entropy",
-        "--init",
-        &init,
-        "--steps",
-        "1",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-    ]);
+    let ck = ck.to_str().unwrap();
+    let (code, _, err) = on_cnn(&["--init", &init, "--steps", "1", "--checkpoint", ck]);
     assert_eq!(code, 0, "{err}");
     let resumed = dir.join("resumed.safetensors");
-    let (code, _, err) = ingot(&[
-        "train",
-        "--onnx",
-        &fixture("ops/cnn.onnx"),
-        "--loss",
-        "cross-entropy",
+    let (code, _, err) = on_cnn(&[
         "--resume",
-        ck.to_str().unwrap(),
+        ck,
         "--steps",
         "3",
         "--save",
