@@ -11,7 +11,7 @@
 
 use crate::data::{BatchSource, Order};
 use crate::session::{Device, Session, TopK};
-use ingot_compiler::autodiff::{Phases, Step};
+use ingot_compiler::autodiff::Step;
 use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::models::Model;
 use ingot_compiler::pipeline;
@@ -30,16 +30,7 @@ pub struct Evaluator {
 /// The forward pass of `graph` (a model's forward graph, in the precision it is compiled in)
 /// alone, as a step with no backward pass and no update.
 pub fn forward_step(graph: &ingot_compiler::ir::Graph) -> Step {
-    let (graph, _) = graph.without_dead_code();
-    let n = graph.len();
-    Step {
-        graph,
-        phases: Phases {
-            forward: 0..n,
-            backward: n..n,
-            optimizer: n..n,
-        },
-    }
+    Step::forward_only(graph.without_dead_code().0)
 }
 
 /// Compiles `model`'s forward-only step with `opts` (the training step's options: its
