@@ -218,6 +218,23 @@ fn put_float(dtype: DType, out: &mut [u8], i: usize, v: f64) {
     }
 }
 
+/// Fills `order` with `0..n`, shuffled when `shuffle` by the generator of (`seed`, `epoch`)
+/// (Fisher-Yates from the end): the epoch order of the sample sets and the image folders, the
+/// same on every machine. Reuses `order`'s allocation.
+pub(crate) fn epoch_order(order: &mut Vec<u32>, n: u32, shuffle: bool, seed: u64, epoch: u64) {
+    order.clear();
+    order.extend(0..n);
+    if shuffle {
+        let mut rng = rng_at(seed, epoch, u64::MAX);
+        for i in (1..n as usize).rev() {
+            let j = Uniform::new_inclusive(0, i)
+                .expect("0 <= i")
+                .sample(&mut rng);
+            order.swap(i, j);
+        }
+    }
+}
+
 /// A generator keyed by (seed, epoch, batch): the same triple gives the same draws anywhere.
 pub(crate) fn rng_at(seed: u64, epoch: u64, batch: u64) -> ChaCha8Rng {
     let mut key = [0u8; 32];
@@ -587,18 +604,13 @@ impl SampleBatches {
         if self.order_epoch == Some(epoch) {
             return;
         }
-        let n = self.set.len() as u32;
-        self.order.clear();
-        self.order.extend(0..n);
-        if self.shuffle {
-            let mut rng = rng_at(self.seed, epoch, u64::MAX);
-            for i in (1..n as usize).rev() {
-                let j = Uniform::new_inclusive(0, i)
-                    .expect("0 <= i")
-                    .sample(&mut rng);
-                self.order.swap(i, j);
-            }
-        }
+        epoch_order(
+            &mut self.order,
+            self.set.len() as u32,
+            self.shuffle,
+            self.seed,
+            epoch,
+        );
         self.order_epoch = Some(epoch);
     }
 

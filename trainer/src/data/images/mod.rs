@@ -29,7 +29,7 @@ pub use folder::ImageFolder;
 pub use options::{ImageOptions, SkipLog, IMAGENET_MEAN, IMAGENET_STD};
 pub use transform::Transform;
 
-use super::batches::{graph_slot, id_bound, rng_at};
+use super::batches::{epoch_order, graph_slot, id_bound};
 use super::{BatchSource, DataError, Dropped, InputSlot};
 use ingot_compiler::ir::{DType, Graph};
 use rand_chacha::rand_core::SeedableRng;
@@ -217,18 +217,14 @@ impl ImageBatches {
         if self.order_epoch == Some(epoch) {
             return;
         }
-        let n = self.folder.len() as u32;
-        self.order.clear();
-        self.order.extend(0..n);
-        if self.transform == Transform::Train {
-            let mut rng = rng_at(self.seed, epoch, u64::MAX);
-            for i in (1..n as usize).rev() {
-                let j = Uniform::new_inclusive(0, i)
-                    .expect("0 <= i")
-                    .sample(&mut rng);
-                self.order.swap(i, j);
-            }
-        }
+        let shuffle = self.transform == Transform::Train;
+        epoch_order(
+            &mut self.order,
+            self.folder.len() as u32,
+            shuffle,
+            self.seed,
+            epoch,
+        );
         self.order_epoch = Some(epoch);
     }
 
