@@ -121,7 +121,7 @@ impl Liveness {
             storage_of: vec![usize::MAX; g.len()],
             holds_output: Vec::new(),
             members_read: Vec::new(),
-            rows: OutputRows::default(),
+            facts: KernelFacts::default(),
         };
         for &id in order {
             // Decisions are taken where the value is written (its kernel's position).
@@ -232,7 +232,7 @@ struct Placing<'a> {
     holds_output: Vec<bool>,
     /// The latest last read among the values placed in each storage so far.
     members_read: Vec<usize>,
-    rows: OutputRows,
+    facts: KernelFacts,
 }
 
 impl Placing<'_> {
@@ -328,7 +328,7 @@ impl Placing<'_> {
         self.storages[st].region == Region::Resident
             && g.ty(id).bytes() == self.storages[st].bytes
             && self.members_read[st] <= p
-            && writes_over_safely(g, &self.storage_of, &mut self.rows, id, st)
+            && writes_over_safely(g, &self.storage_of, &mut self.facts, id, st)
     }
 
     /// The storage of an operand of `id`'s kernel that dies at `p`, of `bytes`, which the
@@ -340,7 +340,7 @@ impl Placing<'_> {
             storages,
             storage_of,
             holds_output,
-            rows,
+            facts,
             ..
         } = self;
         g.reads(g.writer(id))
@@ -355,7 +355,7 @@ impl Placing<'_> {
                 && st.bytes == bytes
                 && st.end == p + 1
                 && !holds_output[s]
-                && writes_over_safely(g, storage_of, rows, id, s)
+                && writes_over_safely(g, storage_of, facts, id, s)
                 // Two outputs of one kernel never share a storage.
                 && !kernel_outputs[g.writer(id).index()].iter().any(|&o| {
                     o != id && storage_of[o.index()] == s
@@ -415,20 +415,45 @@ fn add_workspaces(
     workspace_of
 }
 
-/// Per fused kernel, [`ingot_kernels::FusedKernel::output_rows`] and `output_dtypes`, computed
-/// once: asking the kernel output by output walks its body each time (quadratic for thousands
-/// of outputs).
+/// What placement asks of a kernel, computed once per kernel: asked output by output, each
+/// walk would be repeated for every output (quadratic for kernels of thousands of outputs and
+/// operands).
 #[derive(Default)]
-struct OutputRows(HashMap<NodeId, (Vec<bool>, Vec<DType>)>);
+struct KernelFacts {
+    /// Per fused kernel, [`ingot_kernels::FusedKernel::output_rows`] and `output_dtypes`.
+    rows: HashMap<NodeId, (Vec<bool>, Vec<DType>)>,
+    /// For the kernel placed last, its operand slots by the storage each reads; its operands
+    /// are all placed before it, so the map holds while its outputs are placed.
+    slots: Option<(NodeId, HashMap<usize, SmallVec<[usize; 2]>>)>,
+}
 
-impl OutputRows {
-    fn of(&mut self, g: &Graph, kernel: NodeId) -> &(Vec<bool>, Vec<DType>) {
-        self.0
+impl KernelFacts {
+    fn rows(&mut self, g: &Graph, kernel: NodeId) -> &(Vec<bool>, Vec<DType>) {
+        self.rows
             .entry(kernel)
             .or_insert_with(|| match &g.node(kernel).op {
                 Op::Fused(k) => (k.output_rows(), k.output_dtypes()),
                 _ => Default::default(),
             })
+    }
+
+    /// The operand slots of `kernel` that read storage `s`.
+    fn slots_reading(
+        &mut self,
+        g: &Graph,
+        storage_of: &[usize],
+        kernel: NodeId,
+        s: usize,
+    ) -> SmallVec<[usize; 2]> {
+        if self.slots.as_ref().is_none_or(|(k, _)| *k != kernel) {
+            let mut by_storage: HashMap<usize, SmallVec<[usize; 2]>> = HashMap::new();
+            for (i, x) in g.node(kernel).inputs.iter().enumerate() {
+                by_storage.entry(storage_of[x.index()]).or_default().push(i);
+            }
+            self.slots = Some((kernel, by_storage));
+        }
+        let (_, by_storage) = self.slots.as_ref().expect("just filled");
+        by_storage.get(&s).cloned().unwrap_or_default()
     }
 }
 
@@ -441,7 +466,7 @@ impl OutputRows {
 fn writes_over_safely(
     g: &Graph,
     storage_of: &[usize],
-    rows: &mut OutputRows,
+    facts: &mut KernelFacts,
     v: NodeId,
     s: usize,
 ) -> bool {
@@ -451,19 +476,16 @@ fn writes_over_safely(
         Op::Result { index } => index,
         _ => 0,
     };
-    node.inputs
-        .iter()
-        .enumerate()
-        .filter(|(_, x)| storage_of[x.index()] == s)
-        .all(|(i, _)| match &node.op {
-            Op::Fused(k) => {
-                let (r, d) = rows.of(g, writer);
-                match (r.get(output), d.get(output)) {
-                    (Some(&row), Some(&dtype)) => k.can_write_over_with(i, output, row, dtype),
-                    _ => false,
-                }
+    let slots = facts.slots_reading(g, storage_of, writer, s);
+    slots.into_iter().all(|i| match &node.op {
+        Op::Fused(k) => {
+            let (r, d) = facts.rows(g, writer);
+            match (r.get(output), d.get(output)) {
+                (Some(&row), Some(&dtype)) => k.can_write_over_with(i, output, row, dtype),
+                _ => false,
             }
-            Op::MatMulAcc { .. } => i == 0,
-            op => op.is_elementwise(),
-        })
+        }
+        Op::MatMulAcc { .. } => i == 0,
+        op => op.is_elementwise(),
+    })
 }
