@@ -128,6 +128,80 @@ impl RowMajor {
     }
 }
 
+/// One operand of a convolution chunk's GEMMs: group `gi`'s matrix for image `j` starts
+/// `gi·per_group + j·per_image` elements after `at` (bytes), rows `ld` elements long.
+#[derive(Clone, Copy)]
+struct Operand {
+    at: usize,
+    ld: usize,
+    per_group: usize,
+    per_image: usize,
+    trans: bool,
+}
+
+impl Operand {
+    fn at(at: usize, ld: usize, per_group: usize, per_image: usize) -> Operand {
+        Operand {
+            at,
+            ld,
+            per_group,
+            per_image,
+            trans: false,
+        }
+    }
+
+    fn transposed(self) -> Operand {
+        Operand {
+            trans: true,
+            ..self
+        }
+    }
+}
+
+/// The `groups × images` products `C = op(A)·op(B)`, `[m, k] × [k, n]`, of a convolution
+/// chunk as strided batched GEMMs: a call per group batched over the images, or a call per
+/// image batched over the groups, whichever makes fewer calls. A depthwise convolution of
+/// 1,152 channels is then a call per image rather than 1,152 calls of a 1-row product each.
+#[allow(clippy::too_many_arguments)]
+fn grouped_gemms(
+    (m, n, k): (usize, usize, usize),
+    [a, b, c]: [Operand; 3],
+    groups: usize,
+    images: usize,
+    e: usize,
+    accumulate: bool,
+) -> Vec<RowMajor> {
+    let by_group = groups <= images;
+    let (calls, batch) = if by_group {
+        (groups, images)
+    } else {
+        (images, groups)
+    };
+    let place = |o: Operand, i: usize| {
+        let (step, stride) = if by_group {
+            (o.per_group, o.per_image)
+        } else {
+            (o.per_image, o.per_group)
+        };
+        (o.at + i * step * e, o.ld, stride, o.trans)
+    };
+    (0..calls)
+        .map(|i| {
+            let (at, ld, stride, _) = place(c, i);
+            RowMajor {
+                m,
+                n,
+                k,
+                a: place(a, i),
+                b: place(b, i),
+                c: (at, ld, stride),
+                batch,
+                accumulate,
+            }
+        })
+        .collect()
+}
+
 impl Lowering<'_> {
     /// A window op: pooling is one launch; a convolution its chunks of launches and GEMMs.
     pub(super) fn window(
@@ -221,17 +295,12 @@ impl Lowering<'_> {
                 for c in 0..chunks {
                     let (xc, yc) = (chunk(x, c, image_x), chunk(here, c, image_y));
                     self.launch_from_to(id, im2col.clone(), xc, col);
-                    for gi in 0..geo.groups {
-                        let gemm = RowMajor {
-                            m: og,
-                            n: p,
-                            k,
-                            a: (wt.offset + gi * og * k * e, k, 0, false),
-                            b: (col.offset + gi * k * col_ld * e, col_ld, p, false),
-                            c: (yc.offset + gi * og * p * e, p, geo.out_ch * p),
-                            batch: s,
-                            accumulate: false,
-                        };
+                    let operands = [
+                        Operand::at(wt.offset, k, og * k, 0),
+                        Operand::at(col.offset, col_ld, k * col_ld, p),
+                        Operand::at(yc.offset, p, og * p, geo.out_ch * p),
+                    ];
+                    for gemm in grouped_gemms((og, p, k), operands, geo.groups, s, e, false) {
                         self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, col], yc, blas);
                     }
                 }
@@ -241,17 +310,12 @@ impl Lowering<'_> {
                 let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
                     let (dyc, dxc) = (chunk(dy, c, image_y), chunk(here, c, image_x));
-                    for gi in 0..geo.groups {
-                        let gemm = RowMajor {
-                            m: k,
-                            n: p,
-                            k: og,
-                            a: (wt.offset + gi * og * k * e, k, 0, true),
-                            b: (dyc.offset + gi * og * p * e, p, geo.out_ch * p, false),
-                            c: (col.offset + gi * k * col_ld * e, col_ld, p),
-                            batch: s,
-                            accumulate: false,
-                        };
+                    let operands = [
+                        Operand::at(wt.offset, k, og * k, 0).transposed(),
+                        Operand::at(dyc.offset, p, og * p, geo.out_ch * p),
+                        Operand::at(col.offset, col_ld, k * col_ld, p),
+                    ];
+                    for gemm in grouped_gemms((k, p, og), operands, geo.groups, s, e, false) {
                         self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, dyc], col, blas);
                     }
                     self.launch_from_to(id, col2im.clone(), col, dxc);
@@ -270,22 +334,18 @@ impl Lowering<'_> {
                     let (xc, dyc) = (chunk(x, c, image_x), chunk(dy, c, image_y));
                     self.launch_from_to(id, im2col.clone(), xc, col);
                     self.launch_from_to(id, arrange.clone(), dyc, side);
-                    for gi in 0..geo.groups {
-                        let gemm = RowMajor {
-                            m: og,
-                            n: k,
-                            k: col_ld,
-                            a: (side.offset + gi * og * col_ld * e, col_ld, 0, false),
-                            b: (col.offset + gi * k * col_ld * e, col_ld, 0, true),
-                            c: (here.offset + gi * og * k * e, k, 0),
-                            batch: 1,
-                            // The chunks add up, in image order.
-                            accumulate: c > 0,
-                        };
-                        let mut reads = vec![side, col];
-                        if c > 0 {
-                            reads.push(here);
-                        }
+                    // The chunk's images are side by side along the product's inner axis, so
+                    // the groups are the only batch; the chunks add up, in image order.
+                    let operands = [
+                        Operand::at(side.offset, col_ld, og * col_ld, 0),
+                        Operand::at(col.offset, col_ld, k * col_ld, 0).transposed(),
+                        Operand::at(here.offset, k, og * k, 0),
+                    ];
+                    let mut reads = vec![side, col];
+                    if c > 0 {
+                        reads.push(here);
+                    }
+                    for gemm in grouped_gemms((og, k, col_ld), operands, geo.groups, 1, e, c > 0) {
                         self.gemm_touching(gemm.gemm(id, d, compute, blas), &reads, here, blas);
                     }
                 }
