@@ -216,3 +216,101 @@ proptest! {
         }
     }
 }
+
+/// A convolution's three passes: im2col and col2im spread a group's input channels over the
+/// pool, beside the GEMM's tiles.
+fn conv_passes(geo: &ingot_kernels::cpu::conv::ConvGeometry, seed: u64) -> [Vec<f32>; 3] {
+    use ingot_kernels::cpu::conv::{self, Pass};
+    let g = *geo;
+    let x_len = g.batch * g.in_ch * g.in_hw[0] * g.in_hw[1];
+    let y_len = g.batch * g.out_ch * g.positions();
+    let w_len = g.out_ch * g.col_rows();
+    let (x, w, dy) = (
+        values(x_len, seed),
+        values(w_len, seed + 1),
+        values(y_len, seed + 2),
+    );
+    let ws = |p: Pass| vec![0.0f32; conv::workspace_len::<f32>(&g, p)];
+    let mut y = vec![0.0f32; y_len];
+    conv::forward(&g, &x, &w, &mut y, &mut ws(Pass::Forward)).expect("forward");
+    let mut dx = vec![0.0f32; x_len];
+    conv::grad_input(&g, &dy, &w, &mut dx, &mut ws(Pass::GradInput)).expect("grad_input");
+    let mut dw = vec![0.0f32; w_len];
+    conv::grad_weight(&g, &x, &dy, &mut dw, &mut ws(Pass::GradWeight)).expect("grad_weight");
+    [y, dx, dw]
+}
+
+/// Max pooling's two passes: planes spread over the pool.
+fn pool_passes(g: &ingot_kernels::cpu::pool::PoolGeometry, seed: u64) -> [Vec<f32>; 2] {
+    use ingot_kernels::cpu::pool;
+    let x_len = g.planes * g.in_hw[0] * g.in_hw[1];
+    let y_len = g.planes * g.out_hw[0] * g.out_hw[1];
+    let (x, dy) = (values(x_len, seed), values(y_len, seed + 1));
+    let mut y = vec![0.0f32; y_len];
+    pool::max_forward(g, &x, &mut y).expect("forward");
+    let mut dx = vec![7.0f32; x_len];
+    pool::max_backward(g, &x, &dy, &mut dx).expect("backward");
+    [y, dx]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Geometries whose column buffers pass the parallel threshold, with strides, padding,
+    /// dilation and groups.
+    #[test]
+    fn convolutions_give_the_same_bits_on_any_number_of_threads(
+        batch in 1usize..3, cg in 1usize..12, groups in 1usize..3, og in 1usize..6,
+        hw in 12usize..24, k in 1usize..4, stride in 1usize..3, pad in 0usize..2,
+        dil in 1usize..3, seed in 0u64..1000,
+    ) {
+        let geo = ingot_kernels::cpu::conv::ConvGeometry::new(
+            [batch, cg * groups, hw, hw + 3],
+            [og * groups, cg, k, k],
+            [stride, stride],
+            [pad, pad],
+            [dil, dil],
+            groups,
+        );
+        prop_assume!(geo.is_ok());
+        let geo = geo.unwrap();
+        let one = conv_passes(&geo, seed);
+        for t in THREADS {
+            let got = pool(t).install(|| conv_passes(&geo, seed));
+            for (pass, (a, b)) in ["forward", "grad_input", "grad_weight"].iter().zip(got.iter().zip(&one)) {
+                prop_assert!(
+                    a.iter().zip(b).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    "{} differs on {} threads ({:?})", pass, t, geo
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn max_pooling_gives_the_same_bits_on_any_number_of_threads(
+        planes in 1usize..40, hw in 8usize..40, k in 1usize..4, stride in 1usize..3,
+        pad in 0usize..2, seed in 0u64..1000,
+    ) {
+        prop_assume!(pad < k);
+        let out = |n: usize| (n + 2 * pad - k) / stride + 1;
+        let g = ingot_kernels::cpu::pool::PoolGeometry {
+            planes,
+            in_hw: [hw, hw + 5],
+            kernel: [k, k],
+            stride: [stride, stride],
+            padding: [pad, pad],
+            dilation: [1, 1],
+            out_hw: [out(hw), out(hw + 5)],
+        };
+        let one = pool_passes(&g, seed);
+        for t in THREADS {
+            let got = pool(t).install(|| pool_passes(&g, seed));
+            for (pass, (a, b)) in ["forward", "backward"].iter().zip(got.iter().zip(&one)) {
+                prop_assert!(
+                    a.iter().zip(b).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    "{} differs on {} threads ({:?})", pass, t, g
+                );
+            }
+        }
+    }
+}

@@ -13,6 +13,7 @@
 
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
 use super::matmul::{GemmScalar, MatLayout};
+use super::par::for_each_block;
 use super::scalar::{Float, Scalar};
 
 /// The sizes of one convolution: `x [batch, in_ch, in_hw]`, `w [out_ch, in_ch/groups, kernel]`,
@@ -159,46 +160,64 @@ fn check_ws(len: usize, need: usize) -> Result<(), ConvError> {
     }
 }
 
-/// Calls `f(row, position, source)` for every element of the column buffer of one group of one
-/// image, `source` the index in that group's `[C/g, H, W]` block or `None` in the padding.
+/// Calls `f(row, position, source)` for every element of one input channel's `kh·kw` rows of
+/// a column buffer (rows numbered from the channel's first), `source` the index in the
+/// channel's `[H, W]` plane or `None` in the padding. Every channel's rows read its own plane
+/// alike, so the column buffer is filled (and summed back) a channel at a time.
 #[inline]
-fn each_col(g: &ConvGeometry, mut f: impl FnMut(usize, usize, Option<usize>)) {
-    let (cg, [kh, kw], [h, w], [oh, ow]) = (g.in_ch / g.groups, g.kernel, g.in_hw, g.out_hw);
-    for c in 0..cg {
-        for a in 0..kh {
-            for b in 0..kw {
-                let row = (c * kh + a) * kw + b;
-                for i in 0..oh {
-                    let ih = (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
-                    for j in 0..ow {
-                        let iw = (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
-                        let src = (ih < h && iw < w).then(|| (c * h + ih) * w + iw);
-                        f(row, i * ow + j, src);
-                    }
+fn each_channel_col(g: &ConvGeometry, mut f: impl FnMut(usize, usize, Option<usize>)) {
+    let ([kh, kw], [h, w], [oh, ow]) = (g.kernel, g.in_hw, g.out_hw);
+    for a in 0..kh {
+        for b in 0..kw {
+            let row = a * kw + b;
+            for i in 0..oh {
+                let ih = (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
+                for j in 0..ow {
+                    let iw = (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
+                    let src = (ih < h && iw < w).then(|| ih * w + iw);
+                    f(row, i * ow + j, src);
                 }
             }
         }
     }
 }
 
-/// The column buffer `[C/g·kh·kw, Ho·Wo]` of one group's block `x` `[C/g, H, W]`.
+/// The column buffer `[C/g·kh·kw, Ho·Wo]` of one group's block `x` `[C/g, H, W]`; the rows of
+/// each input channel are filled by one thread (a copy: the same bits on any number).
 fn im2col<T: Scalar>(g: &ConvGeometry, x: &[T], col: &mut [T]) {
-    let p = g.positions();
-    each_col(g, |row, pos, src| {
-        col[row * p + pos] = match src {
-            Some(s) => x[s],
-            None => T::ZERO,
-        }
+    let (p, rows, plane) = (
+        g.positions(),
+        g.kernel[0] * g.kernel[1],
+        g.in_hw[0] * g.in_hw[1],
+    );
+    let work = col.len();
+    for_each_block(&mut col[..g.col_rows() * p], rows * p, work, |c, col| {
+        let xc = &x[c * plane..(c + 1) * plane];
+        each_channel_col(g, |row, pos, src| {
+            col[row * p + pos] = match src {
+                Some(s) => xc[s],
+                None => T::ZERO,
+            }
+        });
     });
 }
 
-/// Adds the column buffer back onto one group's block `dx` (the adjoint of [`im2col`]).
+/// Adds the column buffer back onto one group's block `dx` (the adjoint of [`im2col`]): each
+/// input channel's plane is summed by one thread, its rows in order as on one thread.
 fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
-    let p = g.positions();
-    each_col(g, |row, pos, src| {
-        if let Some(s) = src {
-            dx[s] = dx[s].add(col[row * p + pos]);
-        }
+    let (p, rows, plane) = (
+        g.positions(),
+        g.kernel[0] * g.kernel[1],
+        g.in_hw[0] * g.in_hw[1],
+    );
+    let work = g.col_rows() * p;
+    for_each_block(dx, plane, work, |c, dxc| {
+        let colc = &col[c * rows * p..(c + 1) * rows * p];
+        each_channel_col(g, |row, pos, src| {
+            if let Some(s) = src {
+                dxc[s] = dxc[s].add(colc[row * p + pos]);
+            }
+        });
     });
 }
 

@@ -28,3 +28,39 @@ impl<'a, F> SendPtr<'a, F> {
         self.0
     }
 }
+
+/// Elements of work below which a kernel stays on the calling thread: waking the pool costs
+/// more than it saves.
+pub const PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// Calls `f(b, block)` for every `block`-sized block `b` of `out` (its length a multiple of
+/// `block`), spread over the pool's threads in contiguous runs of blocks when there are several
+/// threads and `work` elements of work in all reach [`PARALLEL_ELEMENTS`]; otherwise in order
+/// on this thread. Each call owns its block, so the result does not depend on the threads.
+pub fn for_each_block<T: Send>(
+    out: &mut [T],
+    block: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if block == 0 {
+        return;
+    }
+    let threads = pool_threads();
+    let blocks = out.len() / block;
+    if threads > 1 && blocks > 1 && work >= PARALLEL_ELEMENTS {
+        use rayon::prelude::*;
+        let per = blocks.div_ceil(threads * 4);
+        out.par_chunks_mut(per * block)
+            .enumerate()
+            .for_each(|(t, run)| {
+                for (i, b) in run.chunks_mut(block).enumerate() {
+                    f(t * per + i, b);
+                }
+            });
+    } else {
+        for (b, chunk) in out.chunks_mut(block).enumerate() {
+            f(b, chunk);
+        }
+    }
+}

@@ -7,6 +7,7 @@
 //! from `x` and adds the window's gradient there, windows in row-major order, so the result
 //! repeats bit for bit and no index tensor is stored between the passes.
 
+use super::par::for_each_block;
 use super::scalar::{Float, Scalar};
 
 /// The sizes of one pooling: `x [planes, in_hw]` (`planes` = N·C), `y [planes, out_hw]`.
@@ -82,17 +83,19 @@ pub fn max_forward<T: Float>(g: &PoolGeometry, x: &[T], y: &mut [T]) -> Result<(
     check("x", x.len(), g.x_len())?;
     check("y", y.len(), g.y_len())?;
     let (plane, [oh, ow]) = (g.in_hw[0] * g.in_hw[1], g.out_hw);
-    for p in 0..g.planes {
+    let work = g.y_len() * g.kernel[0] * g.kernel[1];
+    // Planes are independent: each thread writes the output planes of its own.
+    for_each_block(y, oh * ow, work, |p, yp| {
         let xp = &x[p * plane..(p + 1) * plane];
         for i in 0..oh {
             for j in 0..ow {
-                y[(p * oh + i) * ow + j] = match g.pick(xp, i, j) {
+                yp[i * ow + j] = match g.pick(xp, i, j) {
                     Some(s) => xp[s],
                     None => T::LOWEST,
                 };
             }
         }
-    }
+    });
     Ok(())
 }
 
@@ -106,11 +109,12 @@ pub fn max_backward<T: Float>(
     check("x", x.len(), g.x_len())?;
     check("dy", dy.len(), g.y_len())?;
     check("dx", dx.len(), g.x_len())?;
-    dx.fill(T::ZERO);
     let (plane, [oh, ow]) = (g.in_hw[0] * g.in_hw[1], g.out_hw);
-    for p in 0..g.planes {
+    let work = g.y_len() * g.kernel[0] * g.kernel[1];
+    // A plane's windows add into that plane only, in row-major order as on one thread.
+    for_each_block(dx, plane, work, |p, dxp| {
+        dxp.fill(T::ZERO);
         let xp = &x[p * plane..(p + 1) * plane];
-        let dxp = &mut dx[p * plane..(p + 1) * plane];
         for i in 0..oh {
             for j in 0..ow {
                 if let Some(s) = g.pick(xp, i, j) {
@@ -118,7 +122,7 @@ pub fn max_backward<T: Float>(
                 }
             }
         }
-    }
+    });
     Ok(())
 }
 
