@@ -140,7 +140,7 @@ pub fn bf16_copy(v: &Tensor) -> Option<Tensor> {
 
 /// The exclusive upper bound of the ids the integer input `name` (`x` or `y`) may hold, read off
 /// the graph's parameters (see the module docs; in a forward-only bf16 step, the weight copies
-/// it reads in their place, [`weights`]), or `None` when the graph has no matrix parameter to
+/// it reads in their place), or `None` when the graph has no matrix parameter to
 /// read it from. A parameter the ranks hold rows of counts all its rows (a
 /// sharded head still has the whole vocabulary).
 pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
