@@ -288,11 +288,39 @@ impl ModelArgs {
         self.load_at(None, k)
     }
 
+    /// `--batch N` beside a named model: the batch to build it at. A batch the model's spec
+    /// writes itself (`cnn:batch=64`) must be the same, or both are named; `--batch` beside a
+    /// model file is refused (its batch is in its text). `None` without `--batch`, and for
+    /// `--onnx`, whose import takes it.
+    fn named_batch(&self) -> Result<Option<usize>, Failure> {
+        let Some(b) = self.onnx.import.batch else {
+            return Ok(None);
+        };
+        if self.onnx.onnx.is_some() {
+            return Ok(None);
+        }
+        let Some(name) = &self.model else {
+            return Err(Failure::new(
+                2,
+                "--batch applies to a named model (--model NAME) or an ONNX model (--onnx MODEL.onnx): a model file's batch is written in its text",
+            ));
+        };
+        match ingot_compiler::models::spec_batch(name)? {
+            Some(s) if s as u64 != b => Err(Failure::new(
+                2,
+                format!("--batch {b} contradicts batch={s} in --model {name}: give the batch once"),
+            )),
+            _ => Ok(Some(b as usize)),
+        }
+    }
+
     fn load_at(
         &self,
         batch: Option<usize>,
         k: usize,
     ) -> Result<ingot_compiler::models::Model, Failure> {
+        let given = self.named_batch()?;
+        let batch = batch.or(given);
         // With accumulation the forward graph is one micro-batch's: batch / K.
         let batch = match (k > 1, batch) {
             (false, b) => b,
@@ -322,6 +350,14 @@ impl ModelArgs {
         };
         let mut model = match (batch, &self.model) {
             (None, _) => self.load_model()?,
+            // --batch N at the model's own batch: the model as its name builds it.
+            (Some(b), Some(name)) if k == 1 && given == Some(b) => {
+                let m = ingot_compiler::models::by_name(name)?;
+                match model_batch(&m) == Some(b) {
+                    true => m,
+                    false => ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?,
+                }
+            }
             (Some(b), Some(name)) if k > 1 => {
                 let mut m = ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?;
                 m.name = format!("{name} in {k} micro-batches");

@@ -102,7 +102,8 @@ pub struct ImportFlags {
     /// The graph output the loss reads (--loss cross-entropy or mse), when it has several.
     #[arg(long, value_name = "NAME")]
     pub logits: Option<String>,
-    /// The batch of an --onnx model whose batch axis is symbolic.
+    /// The batch to build the model at: any named model (--model NAME; a batch written in its
+    /// spec must agree), or an --onnx model whose batch axis is symbolic.
     #[arg(long = "batch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
     /// Hold a data input of --onnx at one value instead of feeding it (repeatable):
@@ -219,15 +220,15 @@ impl OnnxModelArgs {
             .map(|(_, i)| i))
     }
 
-    /// The imported model, when --onnx is given; `--loss`, `--logits` or `--batch` without
-    /// it is an error naming the flag.
+    /// The imported model, when --onnx is given; `--loss`, `--logits`, `--input-value` or
+    /// `--class-axis` without it is an error naming the flag (`--batch` also applies to a
+    /// named model: [`super::ModelArgs`] checks it).
     pub fn load(&self) -> Result<Option<Model>, Failure> {
         if self.onnx.is_none() {
             let f = &self.import;
             let given = [
                 ("--loss", f.loss.is_some()),
                 ("--logits", f.logits.is_some()),
-                ("--batch", f.batch.is_some()),
                 ("--input-value", !f.input_value.is_empty()),
                 ("--class-axis", f.class_axis.is_some()),
             ];

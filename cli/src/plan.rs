@@ -64,9 +64,11 @@ struct Probe {
     resident_bytes: usize,
 }
 
-/// The largest batch within `budget` (plans are compiled as `opts` says): doubling from 1, then
-/// bisecting between the last that fit and the first over. Returns the largest fitting probe
-/// and the smallest one over, or an error naming batch 1's total when nothing fits.
+/// The largest batch within `budget` (plans are compiled as `opts` says): doubling from the
+/// model's smallest batch (1, or 2 for a ResNet whose batch norms need two values,
+/// [`ingot_compiler::models::min_batch`]), then bisecting between the last that fit and the
+/// first over. Returns the largest fitting probe and the smallest one over, or an error naming
+/// the smallest batch's total when nothing fits.
 fn largest_batch(
     a: &PlanArgs,
     opts: &pipeline::Options,
@@ -88,6 +90,7 @@ fn largest_batch(
                 budget,
                 recompute: true,
                 accumulate: false,
+                min_micro_batch: 1,
             };
             match fit(&model, &step, opts, &fo, None) {
                 Ok((_, c, _)) => c,
@@ -111,12 +114,16 @@ fn largest_batch(
             resident_bytes: c.report.resident_bytes,
         })
     };
-    let one = probe(1)?;
+    let least = match &a.model.model {
+        Some(name) => ingot_compiler::models::min_batch(name)?,
+        None => 1,
+    };
+    let one = probe(least)?;
     if one.total_bytes > budget {
         return Err(Failure::new(
             3,
             format!(
-                "no batch fits {} ({budget} bytes): batch 1 alone needs {} ({} bytes), of which {} is resident (parameters, optimizer state, inputs){}",
+                "no batch fits {} ({budget} bytes): batch {least} alone needs {} ({} bytes), of which {} is resident (parameters, optimizer state, inputs){}",
                 human(budget),
                 human(one.total_bytes),
                 one.total_bytes,
@@ -163,6 +170,12 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
         return Err(Failure::new(
             2,
             "--max-batch needs --model NAME or --onnx MODEL.onnx (with a symbolic batch axis): a model file's batch is written in its text",
+        ));
+    }
+    if a.model.model.is_some() && a.model.onnx.import.batch.is_some() {
+        return Err(Failure::new(
+            2,
+            "--max-batch searches the batch itself: leave out --batch",
         ));
     }
     if a.model.accumulate.is_some_and(|k| k > 1) {
@@ -242,6 +255,12 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
             over.batch,
             human(over.total_bytes),
             over.total_bytes
+        )?;
+    }
+    if let (Some(_), Some((_, (fit, _)))) = (&a.model.model, results.get(1)) {
+        crate::outln!(
+            "  train or plan at that batch with: --model {name} --batch {}",
+            fit.batch
         )?;
     }
     if let Some((_, (fit, _))) = results.first() {

@@ -65,6 +65,10 @@ pub fn load_and_compile(
         budget,
         recompute: !gate,
         accumulate: !gate && model.model.is_some(),
+        min_micro_batch: match &model.model {
+            Some(name) => ingot_compiler::models::min_batch(name)?,
+            None => 1,
+        },
     };
     let micro = |k: usize| model.load_accumulated(k).map_err(|f| f.message);
     let builder: Option<&dyn Fn(usize) -> Result<Model, String>> = match model.model {

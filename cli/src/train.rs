@@ -14,7 +14,9 @@
 //!
 //! `--steps` and `--epochs` are the run's totals counted from its start: a run resumed from a
 //! checkpoint (`--resume DIR`) is given the same flags and goes on from the checkpoint's step
-//! and position in the data to the same end. On the CPU its losses are the uninterrupted
+//! and position in the data to the same end; its schedule (`--schedule`, `--warmup`,
+//! `--min-lr-ratio`) and `--clip-grad-norm` default to the checkpoint's, and flags that differ
+//! from the checkpoint's are applied and said. On the CPU its losses are the uninterrupted
 //! run's, bit for bit (`tests/train_data.rs`).
 //!
 //! The run itself is the trainer's ([`ingot_trainer::run::train`]); this module turns the flags
@@ -231,16 +233,20 @@ pub struct StepArgs {
     #[arg(long, value_name = "run.html")]
     pub report: Option<PathBuf>,
     /// The learning rate's decay after the warmup, from the optimizer's rate down to
-    /// --min-lr-ratio times it at the run's last step. Any schedule (or --warmup) compiles the
-    /// step with a learning-rate scale input that the host writes before each step.
-    #[arg(long, value_enum, default_value_t = DecayArg::Constant)]
-    pub schedule: DecayArg,
-    /// Steps of linear warmup: step i (from 0) runs at (i + 1) / (N + 1) of the rate.
-    #[arg(long, value_name = "N", default_value_t = 0, value_parser = crate::numbers::count)]
-    pub warmup: u64,
-    /// The schedule's final learning rate as a fraction of the optimizer's (e.g. 0.1).
-    #[arg(long = "min-lr-ratio", value_name = "R", default_value_t = 0.0, allow_hyphen_values = true, value_parser = crate::numbers::unit)]
-    pub min_lr_ratio: f64,
+    /// --min-lr-ratio times it at the run's last step (default: constant). Any schedule (or
+    /// --warmup) compiles the step with a learning-rate scale input that the host writes before
+    /// each step. A resumed run without it goes on with the checkpoint's schedule, and with it
+    /// says what changed.
+    #[arg(long, value_enum)]
+    pub schedule: Option<DecayArg>,
+    /// Steps of linear warmup: step i (from 0) runs at (i + 1) / (N + 1) of the rate (default
+    /// 0; a resumed run's default is its checkpoint's).
+    #[arg(long, value_name = "N", value_parser = crate::numbers::count)]
+    pub warmup: Option<u64>,
+    /// The schedule's final learning rate as a fraction of the optimizer's, e.g. 0.1 (default
+    /// 0; a resumed run's default is its checkpoint's).
+    #[arg(long = "min-lr-ratio", value_name = "R", allow_hyphen_values = true, value_parser = crate::numbers::unit)]
+    pub min_lr_ratio: Option<f64>,
 }
 
 impl StepArgs {
@@ -408,7 +414,9 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .precision
         .for_device(a.run.device.unwrap_or(default_device))?;
     opts.fuse_attention &= !a.no_fuse_attention;
-    let scheduled = a.run.schedule != DecayArg::Constant || a.run.warmup > 0;
+    // A resumed run's schedule and clipping default to its checkpoint's.
+    let training = a.run.training(a.model.clip_grad_norm)?;
+    let scheduled = training.decay != Decay::Constant || training.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
     // resumed run too; the learning-rate scale input only where a schedule drives it.
     // An ONNX model's cross-entropy class axis may be decided by the shape of --data's y.
@@ -417,6 +425,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     model_args.onnx.keep_import();
     let mut step_options = model_args.step_options(scheduled);
     step_options.step_input = true;
+    step_options.clip_grad_norm = training.clip_grad_norm;
     if let Some(n) = a.gpus {
         step_options.ranks = n as usize;
     }
@@ -506,9 +515,10 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     };
     let o = RunOptions {
         optimizer: Some(model.optimizer),
+        clip_grad_norm: Some(training.clip_grad_norm),
         file_weights,
         state_dict,
-        ..options(&a.run, device, &images)
+        ..options(&a.run, &training, device, &images)
     };
     train_with(&mut session, &o, eval, a.run.json)
 }
@@ -533,8 +543,14 @@ fn check_sharding(a: &TrainArgs) -> Result<(), Failure> {
         .check_shard_optimizer(a.gpus.unwrap_or(a.model.ranks))
 }
 
-/// The run `a` asks for, as the trainer takes it.
-fn options(a: &StepArgs, device: session::Device, images: &ImageOptions) -> RunOptions {
+/// The run `a` asks for, as the trainer takes it, with the schedule of `training`
+/// ([`StepArgs::training`]).
+fn options(
+    a: &StepArgs,
+    training: &checkpoint::Training,
+    device: session::Device,
+    images: &ImageOptions,
+) -> RunOptions {
     RunOptions {
         steps: a.steps,
         epochs: a.epochs,
@@ -556,11 +572,12 @@ fn options(a: &StepArgs, device: session::Device, images: &ImageOptions) -> RunO
         seed: a.seed,
         eval_every: a.eval_every,
         report: a.report.clone(),
-        schedule: a.schedule.into(),
-        warmup: a.warmup,
-        min_lr_ratio: a.min_lr_ratio,
+        schedule: training.decay,
+        warmup: training.warmup,
+        min_lr_ratio: training.min_lr_ratio,
         device,
         optimizer: None,
+        clip_grad_norm: None,
         file_weights: false,
         state_dict: None,
     }
@@ -569,9 +586,33 @@ fn options(a: &StepArgs, device: session::Device, images: &ImageOptions) -> RunO
 impl StepArgs {
     /// `--steps` is needed unless `--dataset` with `--epochs` bounds the run.
     pub fn check_steps(&self) -> Result<(), Failure> {
-        options(self, session::Device::Cpu, &ImageOptions::default())
-            .check_steps()
-            .map_err(failure)
+        let training = checkpoint::Training::default();
+        options(
+            self,
+            &training,
+            session::Device::Cpu,
+            &ImageOptions::default(),
+        )
+        .check_steps()
+        .map_err(failure)
+    }
+
+    /// The run's schedule and gradient clipping (`clip_grad_norm`, the flag where the command
+    /// has it): the flags given, and for a flag not given, the checkpoint's that `--resume`
+    /// names (its record is read here, before the step is compiled: a schedule and clipping
+    /// are compiled into the step), so a resumed run goes on as its checkpoint's run went.
+    pub fn training(&self, clip_grad_norm: Option<f64>) -> Result<checkpoint::Training, Failure> {
+        let given = checkpoint::GivenTraining {
+            decay: self.schedule.map(Decay::from),
+            warmup: self.warmup,
+            min_lr_ratio: self.min_lr_ratio,
+            clip_grad_norm,
+        };
+        let resumed = match &self.resume {
+            Some(dir) => Some(checkpoint::read_info(dir).map_err(|e| Failure::new(1, e))?),
+            None => None,
+        };
+        Ok(given.or_resumed(resumed.as_ref()))
     }
 }
 
@@ -598,9 +639,10 @@ pub fn train(session: &mut Session, a: &StepArgs, device: session::Device) -> Re
             "--val needs the model's forward pass, which a step executable does not hold: evaluate with `ingot train`",
         ));
     }
+    let training = a.training(None)?;
     let o = RunOptions {
         state_dict: ingot_trainer::state_dict::StateDict::of_running_stats(session),
-        ..options(a, device, &a.image_options())
+        ..options(a, &training, device, &a.image_options())
     };
     train_with(session, &o, None, a.json)
 }

@@ -405,3 +405,134 @@ fn chunk_loss_head_plans_gpt2_in_less_memory_and_a_small_model_as_before() {
         total(&[&mlp[..], &["--chunk-loss-head"]].concat())
     );
 }
+
+/// A ResNet small enough to plan in a test, at CIFAR-10's side: its `layer4` is 1×1, so its
+/// batch norms need a batch of at least 2 (as `resnet18`'s do).
+const SMALL_RESNET: &str = "resnet:depth=18,side=32,width=8,classes=10";
+
+/// The largest batch of the default plan (`--max-batch`'s "cheap" row) within `budget`.
+fn cheap_max_batch(model: &str, budget: &str) -> u64 {
+    let (code, out, err) = ingot(&[
+        "plan",
+        "--model",
+        model,
+        "--budget",
+        budget,
+        "--max-batch",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{model}: {err}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let rows = doc["max_batch"].as_array().unwrap();
+    let cheap = rows.iter().find(|r| r["recompute"] == "cheap").unwrap();
+    cheap["max_batch"].as_u64().unwrap()
+}
+
+/// `--max-batch` on a ResNet starts at its smallest batch, 2 (it used to plan batch 1 and fail
+/// with "batch must be at least 2"); on `cnn` it reports a batch that `--batch` (or
+/// `cnn:batch=N`) then builds: that batch's plan fits the budget and the next one's does not
+/// (it used to report a batch nothing could build, `cnn` taking no batch).
+#[test]
+fn max_batch_reports_a_batch_the_model_then_takes_from_the_models_smallest_batch_up() {
+    for (model, spec_of) in [
+        (SMALL_RESNET, None),
+        ("cnn", Some(|b: u64| format!("cnn:batch={b}"))),
+    ] {
+        // The budget: what batch 6 needs, so the largest batch is at least 6.
+        let (code, doc) = planned_total(&["--model", model, "--batch", "6"]);
+        assert_eq!(code, 0, "{doc}");
+        let budget = doc["total_bytes"].as_u64().unwrap().to_string();
+        let n = cheap_max_batch(model, &budget);
+        assert!(n >= 6, "{model}: {n}");
+        let gate = |b: u64| {
+            let b = b.to_string();
+            ingot(&[
+                "plan",
+                "--model",
+                model,
+                "--batch",
+                &b,
+                "--budget",
+                &budget,
+                "--accumulate",
+                "1",
+            ])
+        };
+        let (fits, _, e) = gate(n);
+        assert_eq!(fits, 0, "{model} at batch {n}: {e}");
+        let (over, _, e) = gate(n + 1);
+        assert_eq!(over, 3, "{model} at batch {}: {e}", n + 1);
+        if let Some(spec) = spec_of {
+            let (code, doc) = planned_total(&["--model", &spec(n)]);
+            assert_eq!(code, 0, "{doc}");
+            assert!(doc["total_bytes"].as_u64().unwrap() <= budget.parse().unwrap());
+        }
+    }
+    // Under batch 2's plan nothing fits, and the error names batch 2.
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--model",
+        SMALL_RESNET,
+        "--budget",
+        "1KiB",
+        "--max-batch",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("batch 2 alone needs"), "{err}");
+}
+
+/// A budget over a ResNet's resident state but under anything accumulation can reach exits 3
+/// naming the smallest plan (it used to exit 1, building a micro-batch of one image that the
+/// batch norms refuse, after planning every number of micro-batches).
+#[test]
+fn a_budget_no_micro_batch_of_a_resnet_meets_exits_3() {
+    let (code, doc) = planned_total(&["--model", SMALL_RESNET]);
+    assert_eq!(code, 0, "{doc}");
+    let resident = doc["resident_bytes"].as_u64().unwrap();
+    let budget = (resident + 4096).to_string();
+    let (code, _, err) = ingot(&["plan", "--model", SMALL_RESNET, "--budget", &budget]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("it does not fit") && err.contains("micro-batches"),
+        "{err}"
+    );
+}
+
+/// `--batch` builds any named model at that batch; beside a spec that writes another batch it
+/// is refused naming both, and beside a model file it is refused.
+#[test]
+fn batch_builds_any_named_model_and_a_contradicting_spec_batch_is_refused() {
+    for model in ["mlp", "gpt-mini", "cnn"] {
+        let (code, small) = planned_total(&["--model", model, "--batch", "2"]);
+        assert_eq!(code, 0, "{model}: {small}");
+        let (code, own) = planned_total(&["--model", model]);
+        assert_eq!(code, 0, "{model}: {own}");
+        let total = |d: &serde_json::Value| d["total_bytes"].as_u64().unwrap();
+        assert!(total(&small) < total(&own), "{model} at batch 2: {small}");
+    }
+    let (code, a) = planned_total(&["--model", "cnn", "--batch", "4"]);
+    let (code2, b) = planned_total(&["--model", "cnn:batch=4"]);
+    assert_eq!((code, code2), (0, 0));
+    assert_eq!(
+        a["total_bytes"], b["total_bytes"],
+        "one model by two spellings"
+    );
+    let (code, _, err) = ingot(&["plan", "--model", "cnn:batch=64", "--batch", "32"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--batch 32") && err.contains("batch=64"),
+        "{err}"
+    );
+    let (code, _, err) = ingot(&[
+        "plan",
+        "--model-file",
+        "../docs/examples/tiny-mlp.ir",
+        "--batch",
+        "2",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--batch") && err.contains("model file"),
+        "{err}"
+    );
+}

@@ -185,6 +185,137 @@ fn a_resumed_run_reproduces_the_uninterrupted_runs_losses_bit_for_bit() {
     assert_resumed_as_straight(&straight, first, second, 40);
 }
 
+/// A run of 12 steps with a cosine schedule, warmup and clipping dies at step 8 (its
+/// checkpoint cannot be written there: a directory stands where the file goes), leaving the
+/// checkpoint of step 4. Resumed without `--schedule`, `--warmup` or `--clip-grad-norm`, it
+/// goes on with the checkpoint's (it used to go on at the full rate, unclipped), and its
+/// losses are the uninterrupted run's bit for bit. Resumed with another schedule, it applies
+/// it and says what changed.
+#[test]
+fn a_resumed_run_without_its_schedule_flags_continues_on_the_checkpoints_schedule() {
+    let d = scratch("resume-schedule");
+    let bin = byte_tokens(&d);
+    let ck = d.join("ck");
+    let (bin, cks) = (bin.to_str().unwrap(), ck.to_str().unwrap());
+    let base = [
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin,
+        "--json",
+        "--steps",
+        "12",
+    ];
+    let scheduled = [
+        "--schedule",
+        "cosine",
+        "--warmup",
+        "2",
+        "--min-lr-ratio",
+        "0.1",
+        "--clip-grad-norm",
+        "0.5",
+    ];
+    let straight = run_losses(&[&base[..], &scheduled].concat());
+    assert_eq!(straight.len(), 12);
+    std::fs::create_dir_all(ck.join("weights-00000008.safetensors")).unwrap();
+    let out = ingot(
+        &[
+            &base[..],
+            &scheduled,
+            &["--checkpoint", cks, "--checkpoint-every", "4"],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(1), "the save at step 8 fails");
+    let first: Vec<(u64, f64)> = step_losses(&json_lines(&String::from_utf8_lossy(&out.stdout)))
+        .into_iter()
+        .take(4)
+        .collect();
+    let record = checkpoint::read_info(&ck).unwrap();
+    assert_eq!(record.step, 4, "the checkpoint of step 4 is what is left");
+    assert_eq!(record.clip_grad_norm, Some(Some(0.5)), "{record:?}");
+    let out = ingot(&[&base[..], &["--resume", cks]].concat());
+    let second = step_losses(&json_lines(&ok(&out)));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!e.contains("resuming with"), "nothing changed: {e}");
+    assert_resumed_as_straight(&straight, first, second, 12);
+    // Another schedule is applied, and said with the checkpoint's.
+    let out = ingot(&[&base[..], &["--resume", cks, "--schedule", "linear"]].concat());
+    let relinear = step_losses(&json_lines(&ok(&out)));
+    assert_ne!(
+        relinear[1].1.to_bits(),
+        straight[5].1.to_bits(),
+        "{relinear:?}"
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("resuming with schedule linear (warmup 2, down to 0.1 of the rate at step 12)")
+            && e.contains("where the checkpoint's run used schedule cosine"),
+        "{e}"
+    );
+}
+
+/// A record's clipping tells "none" (`null`) from "not known" (absent, as in checkpoints
+/// written before it was recorded), and what a resumed run trains with is each flag given,
+/// else the checkpoint's, else the default.
+#[test]
+fn a_resumed_runs_settings_are_the_flags_given_else_the_checkpoints() {
+    use ingot_trainer::checkpoint::{GivenTraining, Training};
+    use ingot_trainer::schedule::{Decay, Schedule};
+    let d = scratch("record-clip");
+    let bin = byte_tokens(&d);
+    let ck = d.join("ck");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        BYTE_GPT,
+        "--dataset",
+        bin.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+    ]));
+    let text = std::fs::read_to_string(ck.join("checkpoint.json")).unwrap();
+    let mut info: checkpoint::CheckpointInfo = serde_json::from_str(&text).unwrap();
+    assert_eq!(info.clip_grad_norm, Some(None), "recorded as none: {text}");
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v.as_object_mut().unwrap().remove("clip_grad_norm");
+    let old: checkpoint::CheckpointInfo = serde_json::from_value(v).unwrap();
+    assert_eq!(old.clip_grad_norm, None, "not known");
+    info.schedule = Some(Schedule {
+        decay: Decay::Cosine,
+        warmup: 3,
+        total: 10,
+        min_ratio: 0.25,
+    });
+    info.clip_grad_norm = Some(Some(2.0));
+    let none = GivenTraining::default();
+    let want = Training {
+        decay: Decay::Cosine,
+        warmup: 3,
+        min_lr_ratio: 0.25,
+        clip_grad_norm: Some(2.0),
+    };
+    assert_eq!(none.or_resumed(Some(&info)), want);
+    assert_eq!(none.or_resumed(None), Training::default());
+    let given = GivenTraining {
+        decay: Some(Decay::Linear),
+        clip_grad_norm: Some(1.0),
+        ..GivenTraining::default()
+    };
+    assert_eq!(
+        given.or_resumed(Some(&info)),
+        Training {
+            decay: Decay::Linear,
+            clip_grad_norm: Some(1.0),
+            ..want
+        }
+    );
+}
+
 #[test]
 fn a_resumed_bf16_run_rebuilds_its_weight_copies_and_reproduces_the_uninterrupted_run() {
     // A bf16 step keeps bf16 copies of its weights, which checkpoints leave out: the resumed
@@ -978,6 +1109,47 @@ fn a_cnn_and_a_resnet18_train_with_validation_on_the_cpu() {
         assert!(
             vals.iter().all(|l| l.is_finite() && *l > 0.0),
             "{model}: {vals:?}"
+        );
+    }
+}
+
+/// `ingot train --precision bf16 --val` on a classifier: the validation step reads the
+/// weights through their bf16 copies (its f32 weights are not in its graph), and the class
+/// count of the labels is read off those copies; it used to fail at start with "the model has
+/// no output layer to read the class count off".
+#[test]
+fn a_bf16_classifier_validates_reading_its_class_count_off_the_weight_copies() {
+    for (model, c, side) in [
+        ("cnn:batch=8", 1, 28),
+        ("resnet:depth=18,side=32,batch=2,classes=10,width=8", 3, 32),
+    ] {
+        let d = scratch(&format!("bf16-val-{}", &model[..3]));
+        image_samples(&d, 8, c, side);
+        let dir = d.to_str().unwrap();
+        let out = ingot(&[
+            "train",
+            "--model",
+            model,
+            "--precision",
+            "bf16",
+            "--dataset",
+            dir,
+            "--val",
+            dir,
+            "--steps",
+            "1",
+            "--eval-batches",
+            "1",
+            "--json",
+        ]);
+        let lines = json_lines(&ok(&out));
+        let vals: Vec<f64> = lines
+            .iter()
+            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
+            .collect();
+        assert!(
+            !vals.is_empty() && vals.iter().all(|l| l.is_finite() && *l > 0.0),
+            "{model}: {lines:?}"
         );
     }
 }

@@ -179,6 +179,10 @@ pub struct FitOptions {
     /// Accumulate gradients over more micro-batches (step 3; needs a way to build a
     /// micro-batch's model, see [`fit`]).
     pub accumulate: bool,
+    /// The fewest samples a micro-batch may hold: the model's smallest batch
+    /// ([`crate::models::min_batch`]; 2 for a ResNet whose `layer4` batch norms would
+    /// otherwise see one value per channel). Smaller micro-batches are not tried.
+    pub min_micro_batch: usize,
 }
 
 /// Why a step could not be fitted.
@@ -338,6 +342,40 @@ fn smaller(
     Ok((c.report.total_bytes < base.report.total_bytes).then_some((r, c)))
 }
 
+/// The most accumulating `k` micro-batches can do: one micro-batch's model (`build(k)`)
+/// accumulated `k` times, with every recomputation candidate recomputed when `recompute` (or
+/// without any, when that is smaller). Returns that plan when it is over `budget`: then no
+/// number of micro-batches up to `k` fits either (a micro-batch's plan only grows with its
+/// size), and the fitter refuses the budget in the time of one or two compiles instead of
+/// planning every number of micro-batches.
+fn floor_over(
+    build: &dyn Fn(usize) -> Result<Model, String>,
+    step: &StepOptions,
+    k: usize,
+    opts: &Options,
+    recompute: bool,
+    budget: usize,
+) -> Result<Option<Compiled>, FitError> {
+    let micro = build(k).map_err(FitError::Model)?;
+    let step_k = StepOptions {
+        accumulate: k,
+        ..*step
+    };
+    let r = pipeline::rewritten(&micro, &step_k, opts)?;
+    let mut floor = pipeline::finish(&r, &[])?;
+    let cands = match recompute {
+        true => ordered_candidates(&r)?,
+        false => Vec::new(),
+    };
+    if !cands.is_empty() {
+        let all = pipeline::finish(&r, &cands.iter().map(|c| c.node).collect::<Vec<_>>())?;
+        if all.report.total_bytes < floor.report.total_bytes {
+            floor = all;
+        }
+    }
+    Ok((floor.report.total_bytes > budget).then_some(floor))
+}
+
 /// Compiles `model`'s step to fit `opts.budget`, as the module docs say. `micro_batch(k)`
 /// builds the forward pass of one of `k` micro-batches of the model's batch (`None`: the model
 /// cannot be accumulated, as a model file whose batch is fixed in its text). Returns the model
@@ -424,7 +462,8 @@ pub fn fit(
     let recompute_on = fit.recompute && opts.fuse.as_ref().is_some_and(|f| f.remat);
     let mut ks = vec![step.accumulate.max(1)];
     if let (true, Some(whole), Some(_)) = (fit.accumulate, whole, micro_batch) {
-        ks.extend((ks[0] + 1..=whole).filter(|k| whole % k == 0));
+        let least = fit.min_micro_batch.max(1);
+        ks.extend((ks[0] + 1..=whole).filter(|k| whole % k == 0 && whole / k >= least));
     }
     let fitted = |k: usize, c: &Compiled, recompute: Option<Recompute>| Fitted {
         budget_bytes: budget,
@@ -515,6 +554,17 @@ pub fn fit(
                     }
                 }
                 bytes /= 2;
+            }
+        }
+        // Before accumulating over 2, 3, ... micro-batches: when even the most accumulation
+        // can do is over, nothing between is tried ([`floor_over`]).
+        if let (true, Some(build)) = (k == ks[0] && ks.len() > 2, micro_batch) {
+            let last = ks[ks.len() - 1];
+            if let Some(floor) = floor_over(build, step, last, opts, recompute_on, budget)? {
+                if floor.report.total_bytes < smallest.report.total_bytes {
+                    smallest = floor;
+                }
+                break;
             }
         }
     }

@@ -24,6 +24,7 @@
 //! good checkpoint in place.
 
 use crate::data::Position;
+use crate::schedule::{Decay, Schedule};
 use crate::session::Session;
 use indexmap::IndexMap;
 use ingot_runtime::io;
@@ -143,6 +144,15 @@ pub struct CheckpointInfo {
     /// The learning-rate schedule, where the run has one.
     #[serde(default)]
     pub schedule: Option<crate::schedule::Schedule>,
+    /// The gradient clipping of the run's step (`Some(None)`: none), where the run knew it
+    /// (`ingot train`; a step executable does not record it). Absent when not known, and in
+    /// checkpoints written before it was recorded.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "recorded"
+    )]
+    pub clip_grad_norm: Option<Option<f64>>,
     /// What identifies the data set on resume: its contents and cut, not its path
     /// ([`crate::datasets::dataset_fingerprint`]); absent in checkpoints written before it was
     /// recorded (their `dataset` descriptions are compared instead).
@@ -175,6 +185,12 @@ pub struct CheckpointInfo {
     /// a resumed run's `--save` writes the counts PyTorch would; absent when all are 0.
     #[serde(default, skip_serializing_if = "all_zero")]
     pub tracked: IndexMap<String, i64>,
+}
+
+/// A field that is present, `null` included: `null` is a value recorded (no clipping), told
+/// apart from a field not written at all (not known), which `#[serde(default)]` gives.
+fn recorded<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+    Option::<f64>::deserialize(d).map(Some)
 }
 
 fn all_zero(counts: &IndexMap<String, i64>) -> bool {
@@ -284,8 +300,9 @@ fn read_record(dir: &Path) -> Result<CheckpointInfo, String> {
         .map_err(|e| format!("{}: not a checkpoint record: {e}", record.display()))
 }
 
-/// Reads the checkpoint in `dir`. Errors name the directory or the file at fault.
-pub fn load(dir: &Path) -> Result<Checkpoint, String> {
+/// Reads the record of the checkpoint in `dir` alone (what a run is resumed from, before its
+/// step is compiled). Errors name the directory or the record.
+pub fn read_info(dir: &Path) -> Result<CheckpointInfo, String> {
     let record = dir.join(RECORD);
     if !record.is_file() {
         return Err(err(
@@ -301,6 +318,13 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
             info.format
         ));
     }
+    Ok(info)
+}
+
+/// Reads the checkpoint in `dir`. Errors name the directory or the file at fault.
+pub fn load(dir: &Path) -> Result<Checkpoint, String> {
+    let record = dir.join(RECORD);
+    let info = read_info(dir)?;
     let read = |name: &str| -> Result<IndexMap<String, Tensor>, String> {
         if !plain_name(name) {
             return Err(format!(
@@ -441,4 +465,111 @@ pub fn check_precision(info: &CheckpointInfo, precision: &str) -> Option<String>
             info.precision
         )
     })
+}
+
+/// A run's learning-rate schedule (its shape: the length is the run's own) and gradient
+/// clipping, as the run trains with them.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Training {
+    pub decay: Decay,
+    pub warmup: u64,
+    pub min_lr_ratio: f64,
+    pub clip_grad_norm: Option<f64>,
+}
+
+/// The schedule and clipping as the command line gives them: `None` where a flag is not
+/// given.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct GivenTraining {
+    pub decay: Option<Decay>,
+    pub warmup: Option<u64>,
+    pub min_lr_ratio: Option<f64>,
+    pub clip_grad_norm: Option<f64>,
+}
+
+impl GivenTraining {
+    /// What the run trains with: each setting given; for one not given, the checkpoint's a
+    /// run resumes from (`resumed`, its record), so that a resumed run goes on as the
+    /// checkpoint's run went without the flags typed again; else the default (constant rate,
+    /// no warmup, minimum ratio 0, no clipping).
+    pub fn or_resumed(&self, resumed: Option<&CheckpointInfo>) -> Training {
+        let schedule = resumed.and_then(|i| i.schedule);
+        let clip = resumed.and_then(|i| i.clip_grad_norm).flatten();
+        Training {
+            decay: self.decay.or(schedule.map(|s| s.decay)).unwrap_or_default(),
+            warmup: self.warmup.or(schedule.map(|s| s.warmup)).unwrap_or(0),
+            min_lr_ratio: self
+                .min_lr_ratio
+                .or(schedule.map(|s| s.min_ratio))
+                .unwrap_or(0.0),
+            clip_grad_norm: self.clip_grad_norm.or(clip),
+        }
+    }
+}
+
+/// The note to print when a run resumes with another schedule or clipping than the
+/// checkpoint's run had (`schedule` and `clip_grad_norm` this run's; `None` for a clipping not
+/// known), naming both; `None` when nothing changed. Like other optimizer settings they may
+/// change on resume (lowering the rate past a divergence): the new ones apply from the next
+/// step.
+pub fn check_training(
+    dir: &Path,
+    info: &CheckpointInfo,
+    schedule: Option<&Schedule>,
+    clip_grad_norm: Option<Option<f64>>,
+) -> Option<String> {
+    let mut now = Vec::new();
+    let mut then = Vec::new();
+    let constant = |s: Option<&Schedule>| s.is_none_or(|s| s.is_constant());
+    let same_schedule = match (schedule, info.schedule.as_ref()) {
+        (Some(a), Some(b)) => a == b,
+        (a, b) => constant(a) && constant(b),
+    };
+    if !same_schedule {
+        now.push(schedule_text(schedule));
+        then.push(schedule_text(info.schedule.as_ref()));
+    }
+    if let (Some(a), Some(b)) = (clip_grad_norm, info.clip_grad_norm) {
+        if a != b {
+            now.push(clip_text(a));
+            then.push(clip_text(b));
+        }
+    }
+    (!now.is_empty()).then(|| {
+        err(
+            dir,
+            format!(
+                "resuming with {} where the checkpoint's run used {} (the new settings apply from the next step)",
+                now.join(" and "),
+                then.join(" and ")
+            ),
+        )
+    })
+}
+
+/// A schedule in words: `schedule cosine (warmup 10, down to 0.1 of the rate at step 200)`.
+fn schedule_text(s: Option<&Schedule>) -> String {
+    match s {
+        Some(s) if !s.is_constant() => {
+            let decay = match s.decay {
+                Decay::Constant => "constant",
+                Decay::Cosine => "cosine",
+                Decay::Linear => "linear",
+            };
+            let end = match s.decay {
+                Decay::Constant => String::new(),
+                _ => format!(", down to {} of the rate at step {}", s.min_ratio, s.total),
+            };
+            format!("schedule {decay} (warmup {}{end})", s.warmup)
+        }
+        _ => "a constant learning rate".to_string(),
+    }
+}
+
+/// Gradient clipping in words.
+fn clip_text(c: Option<f64>) -> String {
+    match c {
+        Some(c) => format!("--clip-grad-norm {c}"),
+        None => "no gradient clipping".to_string(),
+    }
 }

@@ -139,8 +139,9 @@ pub fn bf16_copy(v: &Tensor) -> Option<Tensor> {
 }
 
 /// The exclusive upper bound of the ids the integer input `name` (`x` or `y`) may hold, read off
-/// the graph's parameters (see the module docs), or `None` when the graph has no matrix
-/// parameter to read it from. A parameter the ranks hold rows of counts all its rows (a
+/// the graph's parameters (see the module docs; in a forward-only bf16 step, the weight copies
+/// it reads in their place), or `None` when the graph has no matrix parameter to
+/// read it from. A parameter the ranks hold rows of counts all its rows (a
 /// sharded head still has the whole vocabulary).
 pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
     // Declared by the graph (an imported model's labels: its logits' class count).
@@ -153,12 +154,11 @@ pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
     }
     let rows = |id| shard::whole_type(g, id).shape.dims().first().copied();
     if name == "x" {
-        if let Some(id) = g.leaf("wte.weight") {
+        if let Some(id) = g.leaf("wte.weight").or_else(|| g.leaf("wte.weight.bf16")) {
             return rows(id);
         }
     }
-    let matrices: Vec<_> = g
-        .leaves(LeafKind::Parameter)
+    let matrices: Vec<_> = weights(g)
         .into_iter()
         .filter(|&id| g.ty(id).shape.rank() == 2)
         .collect();
@@ -168,6 +168,32 @@ pub fn id_bound(g: &Graph, name: &str) -> Option<usize> {
         matrices.last()
     };
     table.and_then(|&id| rows(id))
+}
+
+/// The weights of `g`, in graph order: its parameters, and each bf16 weight copy that stands
+/// in for a parameter the graph does not hold. A forward-only step under bf16 reads its
+/// weights through the training step's copies ([`copies::read_weight_copies`]), and the f32
+/// parameters it no longer reads are not in its graph: their copies carry their shapes.
+fn weights(g: &Graph) -> Vec<ingot_compiler::ir::NodeId> {
+    g.ids()
+        .filter(|&id| match &g.node(id).op {
+            Op::Leaf {
+                kind: LeafKind::Parameter,
+                ..
+            } => true,
+            Op::Leaf {
+                kind: LeafKind::State,
+                name,
+                ..
+            } => {
+                g.ty(id).dtype == DType::BF16
+                    && name
+                        .strip_suffix(copies::SUFFIX)
+                        .is_some_and(|p| g.leaf(p).is_none())
+            }
+            _ => false,
+        })
+        .collect()
 }
 
 /// A synthetic value of every input leaf of `g`, by name, in graph order: integer inputs uniform

@@ -83,6 +83,10 @@ pub struct RunOptions {
     pub device: session::Device,
     /// The step's optimizer, where known (recorded in checkpoints and compared on resume).
     pub optimizer: Option<ingot_compiler::models::Optimizer>,
+    /// The step's gradient clipping (`Some(None)`: none), where known (recorded in
+    /// checkpoints and compared on resume, [`checkpoint::check_training`]); a step
+    /// executable's is not.
+    pub clip_grad_norm: Option<Option<f64>>,
     /// The session holds the weights of the model's file (an ONNX model's), which `init` or
     /// `resume` replace.
     pub file_weights: bool,
@@ -343,10 +347,20 @@ pub fn train(
         }
         (s, _, _) => s,
     };
+    let schedule = schedule(session, o, last)?;
+    // A resumed run says what it changed of the checkpoint's schedule and clipping.
+    if let (Some(info), Some(dir)) = (&prepared.resumed, &o.resume) {
+        if let Some(note) =
+            checkpoint::check_training(dir, info, schedule.as_ref(), o.clip_grad_norm)
+        {
+            observer
+                .note(&Note::Resume(note))
+                .map_err(RunError::Observer)?;
+        }
+    }
     observer
         .start(&describe(session, o, &prepared, last, per_epoch))
         .map_err(RunError::Observer)?;
-    let schedule = schedule(session, o, last)?;
     let units = prepared.source.as_ref().map(|s| {
         let tokens = matches!(
             datasets::dataset_kind_as(
@@ -977,6 +991,7 @@ impl Run<'_> {
             precision: self.precision.clone(),
             dataset: self.dataset.clone(),
             schedule: self.schedule,
+            clip_grad_norm: self.o.clip_grad_norm,
             dataset_fingerprint: self.dataset_fingerprint.clone(),
             optimizer_settings: self.o.optimizer.map(|o| o.to_string()),
             ranks: session.exe().data_ranks(),

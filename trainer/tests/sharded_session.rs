@@ -132,6 +132,7 @@ fn info(step: u64) -> CheckpointInfo {
         precision: "bf16".into(),
         dataset: None,
         schedule: None,
+        clip_grad_norm: None,
         dataset_fingerprint: None,
         optimizer_settings: None,
         ranks: RANKS,

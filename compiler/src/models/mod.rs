@@ -10,7 +10,8 @@
 //! builder and the layers accept `i32` ids as well.)
 //!
 //! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`,
-//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape, or
+//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape,
+//! `cnn:batch=..,classes=..,side=..` for the `cnn` at another shape, or
 //! `resnet:depth=..,side=..,batch=..,classes=..,width=..` for torchvision's ResNets.
 
 mod cnn;
@@ -21,7 +22,7 @@ mod precision;
 mod resnet;
 mod spec;
 
-pub use cnn::{cnn, cnn_with, CNN_BATCH, CNN_CLASSES, CNN_SIDE};
+pub use cnn::{cnn, cnn_of, cnn_with, CnnConfig, CNN_BATCH, CNN_CLASSES, CNN_SIDE};
 pub use gpt::{gpt, GptConfig, LN_EPS};
 pub use mlp::{mlp, mlp_with, MLP_BATCH, MLP_CLASSES, MLP_HIDDEN, MLP_IN};
 pub use optimizer::{parse_betas as optimizer_betas, Optimizer, OptimizerKind, OptimizerSettings};
@@ -29,7 +30,7 @@ pub use precision::Precision;
 pub use resnet::{
     resnet, resnet18, resnet18_with, ResNetConfig, RESNET_BATCH, RESNET_CLASSES, RESNET_SIDE,
 };
-pub use spec::{at_batch, by_name, by_name_with, KNOWN_MODELS};
+pub use spec::{at_batch, by_name, by_name_with, min_batch, spec_batch, KNOWN_MODELS};
 
 use crate::error::{IrError, Result};
 use crate::ir::{DType, Graph, LeafKind, Mode};

@@ -150,6 +150,18 @@ impl ResNetConfig {
         (0..5).fold(self.side, |s, _| s.saturating_sub(1) / 2 + 1)
     }
 
+    /// The smallest batch this shape takes: every batch norm must see at least two values per
+    /// channel (the running variance divides by n - 1), and `layer4`'s see the batch times
+    /// its side squared: 2 where `layer4` is 1×1 (sides under 64), else 1.
+    pub fn min_batch(&self) -> usize {
+        let last = self.final_side();
+        if last.saturating_mul(last) >= 2 {
+            1
+        } else {
+            2
+        }
+    }
+
     /// Checks the shape, naming the key at fault (as `spec`'s error): a depth torchvision does
     /// not define, a zero, a side under 32 (five halvings would leave layers 3 and 4 nothing
     /// to downsample), a batch norm with one value per channel (batch 1 at a 1×1 `layer4`),
@@ -184,12 +196,15 @@ impl ResNetConfig {
             ));
         }
         let last = self.final_side();
-        if self.batch.saturating_mul(last.saturating_mul(last)) < 2 {
+        if self.batch < self.min_batch() {
             return Err(model_err(
                 spec,
                 format!(
-                    "key \"batch\": {} is too small: layer4's batch norms would see one value per channel ({}x{} images), and the running variance divides by n - 1; use a batch of at least 2",
-                    self.batch, last, last
+                    "key \"batch\": {} is too small: layer4's batch norms would see one value per channel ({}x{} images), and the running variance divides by n - 1; use a batch of at least {}",
+                    self.batch,
+                    last,
+                    last,
+                    self.min_batch()
                 ),
             ));
         }

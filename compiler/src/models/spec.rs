@@ -1,21 +1,65 @@
 //! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`,
-//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` and
-//! `resnet:depth=..,side=..,batch=..,classes=..,width=..`.
+//! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..`,
+//! `cnn:batch=..,classes=..,side=..` and `resnet:depth=..,side=..,batch=..,classes=..,width=..`.
+//!
+//! Every name is read into one [`Spec`] first; building the model, building it at another
+//! batch ([`at_batch`]), the batch a spec names ([`spec_batch`]) and the smallest batch the
+//! model takes ([`min_batch`]) are all answered from it.
 
-use super::{cnn, gpt, mlp, model_err, resnet, resnet18, GptConfig, Model, ResNetConfig};
+use super::{
+    cnn_of, gpt, mlp, model_err, resnet, resnet18, CnnConfig, GptConfig, Model, ResNetConfig,
+};
 use crate::error::Result;
 use crate::ir::DType;
 
-/// The names [`by_name`] accepts (the last stands for any GPT shape).
-pub const KNOWN_MODELS: [&str; 7] = [
+/// The names [`by_name`] accepts (the `gpt:`, `cnn:` and `resnet:` forms stand for any shape).
+pub const KNOWN_MODELS: [&str; 8] = [
     "mlp",
     "gpt-mini",
     "gpt2",
     "cnn",
     "resnet18",
     "gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..",
+    "cnn:batch=..,classes=..,side=..",
     "resnet:depth=18|34|50|101|152,side=..,batch=..,classes=..,width=..",
 ];
+
+/// A model name read: which model, at which shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Spec {
+    Mlp,
+    /// `gpt-mini`, `gpt2` or a `gpt:` spec.
+    Gpt(GptConfig),
+    Cnn(CnnConfig),
+    /// The reference `resnet18` (its own name).
+    ResNet18,
+    ResNet(ResNetConfig),
+}
+
+/// Reads `spec`; an unknown name or a bad spec is an error naming it.
+fn parse_spec(spec: &str) -> Result<Spec> {
+    Ok(match spec {
+        "mlp" => Spec::Mlp,
+        "gpt-mini" => Spec::Gpt(GptConfig::gpt_mini()),
+        "gpt2" => Spec::Gpt(GptConfig::gpt2()),
+        "cnn" => Spec::Cnn(CnnConfig::DEFAULTS),
+        "resnet18" => Spec::ResNet18,
+        _ => {
+            if let Some(rest) = spec.strip_prefix("gpt:") {
+                Spec::Gpt(parse_as(spec, rest)?)
+            } else if let Some(rest) = spec.strip_prefix("cnn:") {
+                Spec::Cnn(parse_cnn_as(spec, rest)?)
+            } else if let Some(rest) = spec.strip_prefix("resnet:") {
+                Spec::ResNet(parse_resnet_as(spec, rest)?)
+            } else {
+                return Err(model_err(
+                    spec,
+                    format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
+                ));
+            }
+        }
+    })
+}
 
 /// The model `spec` names, in f32.
 pub fn by_name(spec: &str) -> Result<Model> {
@@ -24,27 +68,18 @@ pub fn by_name(spec: &str) -> Result<Model> {
 
 /// The model `spec` names, in `dtype` (f64 for gradient checks).
 pub fn by_name_with(spec: &str, dtype: DType) -> Result<Model> {
-    match spec {
-        "mlp" => mlp(dtype),
-        "gpt-mini" => gpt(&GptConfig::gpt_mini(), dtype),
-        "gpt2" => gpt(&GptConfig::gpt2(), dtype),
-        "cnn" => cnn(dtype),
-        "resnet18" => resnet18(dtype),
-        _ => {
-            if let Some(rest) = spec.strip_prefix("gpt:") {
-                let cfg = parse_as(spec, rest)?;
-                let mut m = gpt(&cfg, dtype)?;
+    match parse_spec(spec)? {
+        Spec::Mlp => mlp(dtype),
+        Spec::Gpt(cfg) => {
+            let mut m = gpt(&cfg, dtype)?;
+            if spec.starts_with("gpt:") {
                 m.name = format!("gpt:{cfg}");
-                Ok(m)
-            } else if let Some(rest) = spec.strip_prefix("resnet:") {
-                resnet_named(spec, &parse_resnet_as(spec, rest)?, dtype)
-            } else {
-                Err(model_err(
-                    spec,
-                    format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
-                ))
             }
+            Ok(m)
         }
+        Spec::Cnn(cfg) => cnn_of(&cfg, dtype),
+        Spec::ResNet18 => resnet18(dtype),
+        Spec::ResNet(cfg) => resnet_named(spec, &cfg, dtype),
     }
 }
 
@@ -56,40 +91,77 @@ fn resnet_named(spec: &str, cfg: &ResNetConfig, dtype: DType) -> Result<Model> {
 }
 
 /// The model `spec` names, at batch `batch` instead of its own (in `dtype`): every named model
-/// and every `gpt:` spec. A GPT keeps its other settings and is named by its full `gpt:` spec.
+/// and every spec. A GPT keeps its other settings and is named by its full `gpt:` spec, a `cnn`
+/// by its `cnn:` spec ([`CnnConfig::name`]), a ResNet spec by its `resnet:` spec.
 pub fn at_batch(spec: &str, batch: usize, dtype: DType) -> Result<Model> {
     if batch == 0 {
         return Err(model_err(spec, String::from("a batch of 0")));
     }
-    let gpt_at = |mut cfg: GptConfig| -> Result<Model> {
-        cfg.batch = batch;
-        let mut m = gpt(&cfg, dtype)?;
-        m.name = format!("gpt:{cfg}");
-        Ok(m)
-    };
-    match spec {
-        "mlp" => super::mlp_with(batch, dtype),
-        "cnn" => super::cnn_with(batch, dtype),
-        "resnet18" => super::resnet18_with(batch, dtype),
-        "gpt-mini" => gpt_at(GptConfig::gpt_mini()),
-        "gpt2" => gpt_at(GptConfig::gpt2()),
-        _ => {
-            if let Some(rest) = spec.strip_prefix("gpt:") {
-                gpt_at(parse_as(spec, rest)?)
-            } else if let Some(rest) = spec.strip_prefix("resnet:") {
-                let cfg = ResNetConfig {
-                    batch,
-                    ..parse_resnet_as(spec, rest)?
-                };
-                resnet_named(spec, &cfg, dtype)
-            } else {
-                Err(model_err(
-                    spec,
-                    format!("unknown model; known models: {}", KNOWN_MODELS.join(", ")),
-                ))
-            }
+    match parse_spec(spec)? {
+        Spec::Mlp => super::mlp_with(batch, dtype),
+        Spec::Gpt(cfg) => {
+            let cfg = GptConfig { batch, ..cfg };
+            let mut m = gpt(&cfg, dtype)?;
+            m.name = format!("gpt:{cfg}");
+            Ok(m)
         }
+        Spec::Cnn(cfg) => cnn_of(&CnnConfig { batch, ..cfg }, dtype),
+        Spec::ResNet18 => super::resnet18_with(batch, dtype),
+        Spec::ResNet(cfg) => resnet_named(spec, &ResNetConfig { batch, ..cfg }, dtype),
     }
+}
+
+/// The batch `spec` itself gives (`batch=..` written in a `gpt:`, `cnn:` or `resnet:` spec),
+/// or `None` for a plain name or a spec that leaves it to its default: what a `--batch` flag
+/// beside it must agree with.
+pub fn spec_batch(spec: &str) -> Result<Option<usize>> {
+    parse_spec(spec)?;
+    let given = |body: &str, keys: &[&str]| -> Result<Option<usize>> {
+        let i = keys.iter().position(|&k| k == "batch").unwrap_or(0);
+        Ok(parse_keys(spec, body, keys)?[i])
+    };
+    if let Some(rest) = spec.strip_prefix("gpt:") {
+        given(rest, &GptConfig::KEYS)
+    } else if let Some(rest) = spec.strip_prefix("cnn:") {
+        given(rest, &CnnConfig::KEYS)
+    } else if let Some(rest) = spec.strip_prefix("resnet:") {
+        given(rest, &ResNetConfig::KEYS)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The smallest batch the model `spec` names can be built at: 1, or for a ResNet whose
+/// `layer4` is 1×1 (side under 64), 2 (its batch norms need two values per channel,
+/// [`ResNetConfig::validate`]). The batch searches (`--max-batch`, accumulation's
+/// micro-batches) start here.
+pub fn min_batch(spec: &str) -> Result<usize> {
+    let cfg = match parse_spec(spec)? {
+        Spec::ResNet(cfg) => cfg,
+        Spec::ResNet18 => ResNetConfig {
+            depth: 18,
+            side: super::RESNET_SIDE,
+            batch: super::RESNET_BATCH,
+            classes: super::RESNET_CLASSES,
+            width: 64,
+        },
+        _ => return Ok(1),
+    };
+    Ok(cfg.min_batch())
+}
+
+/// Parses a `cnn:` spec's `body` (any keys of [`CnnConfig::KEYS`], the rest
+/// [`CnnConfig::DEFAULTS`]), reporting errors against `spec`.
+fn parse_cnn_as(spec: &str, body: &str) -> Result<CnnConfig> {
+    let vals = parse_keys(spec, body, &CnnConfig::KEYS)?;
+    let d = CnnConfig::DEFAULTS;
+    let cfg = CnnConfig {
+        batch: vals[0].unwrap_or(d.batch),
+        classes: vals[1].unwrap_or(d.classes),
+        side: vals[2].unwrap_or(d.side),
+    };
+    cfg.validate(spec)?;
+    Ok(cfg)
 }
 
 impl ResNetConfig {
@@ -381,5 +453,63 @@ mod tests {
             m.name,
             "resnet:depth=34,side=32,batch=2,classes=1000,width=4"
         );
+    }
+
+    #[test]
+    fn a_cnn_spec_takes_its_batch_classes_and_side_and_is_named_by_its_full_form() {
+        let m = by_name("cnn: side=32,batch=4,classes=3").unwrap();
+        assert_eq!(m.name, "cnn:batch=4,classes=3,side=32");
+        let ty = |n: &str| m.graph.ty(m.graph.leaf(n).unwrap()).shape.dims().to_vec();
+        assert_eq!(ty("x"), [4, 1, 32, 32]);
+        assert_eq!(ty("fc1.weight"), [128, 64 * 8 * 8]);
+        assert_eq!(ty("fc2.weight"), [3, 128]);
+        // The reference shape keeps its plain name, however it is written.
+        assert_eq!(by_name("cnn:batch=128").unwrap().name, "cnn");
+        // `cnn:batch=64` and the cnn at batch 64 are one model, by one name.
+        assert_eq!(
+            at_batch("cnn", 64, DType::F32).unwrap(),
+            by_name("cnn:batch=64").unwrap()
+        );
+    }
+
+    #[test]
+    fn cnn_spec_errors_name_the_key() {
+        let e = resnet_err("cnn:batch=4,side=3");
+        assert!(
+            e.contains("key \"side\"") && e.contains("at least 4"),
+            "{e}"
+        );
+        let e = resnet_err("cnn:classes=0");
+        assert!(e.contains("key \"classes\" must be at least 1"), "{e}");
+        let e = resnet_err("cnn:depth=3");
+        assert!(e.contains("unknown key \"depth\""), "{e}");
+    }
+
+    #[test]
+    fn the_batch_a_spec_writes_is_told_apart_from_its_default() {
+        assert_eq!(spec_batch("cnn").unwrap(), None);
+        assert_eq!(spec_batch("cnn:side=32").unwrap(), None);
+        assert_eq!(spec_batch("cnn:batch=64").unwrap(), Some(64));
+        assert_eq!(spec_batch("resnet:depth=18,batch=3").unwrap(), Some(3));
+        assert_eq!(spec_batch("resnet:depth=18").unwrap(), None);
+        assert_eq!(spec_batch(&format!("gpt:{MINI}")).unwrap(), Some(16));
+        assert_eq!(spec_batch("gpt2").unwrap(), None);
+        assert!(spec_batch("cnn:batch=x").is_err());
+        assert!(spec_batch("vgg").is_err());
+    }
+
+    #[test]
+    fn the_smallest_batch_is_two_only_where_a_resnets_layer4_is_one_by_one() {
+        assert_eq!(min_batch("resnet18").unwrap(), 2);
+        assert_eq!(min_batch("resnet:depth=50,side=32").unwrap(), 2);
+        assert_eq!(min_batch("resnet:depth=50,side=64").unwrap(), 1);
+        assert_eq!(min_batch("cnn").unwrap(), 1);
+        assert_eq!(min_batch("mlp").unwrap(), 1);
+        // What min_batch says is what the builders take.
+        for spec in ["resnet18", "resnet:depth=18,side=32,width=4"] {
+            let b = min_batch(spec).unwrap();
+            at_batch(spec, b, DType::F32).unwrap();
+            assert!(at_batch(spec, b - 1, DType::F32).is_err());
+        }
     }
 }

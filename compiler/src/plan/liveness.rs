@@ -415,6 +415,9 @@ fn add_workspaces(
     workspace_of
 }
 
+/// A kernel's operand slots by the storage each reads.
+type SlotsByStorage = HashMap<usize, SmallVec<[usize; 2]>>;
+
 /// What placement asks of a kernel, computed once per kernel: asked output by output, each
 /// walk would be repeated for every output (quadratic for kernels of thousands of outputs and
 /// operands).
@@ -424,7 +427,7 @@ struct KernelFacts {
     rows: HashMap<NodeId, (Vec<bool>, Vec<DType>)>,
     /// For the kernel placed last, its operand slots by the storage each reads; its operands
     /// are all placed before it, so the map holds while its outputs are placed.
-    slots: Option<(NodeId, HashMap<usize, SmallVec<[usize; 2]>>)>,
+    slots: Option<(NodeId, SlotsByStorage)>,
 }
 
 impl KernelFacts {
