@@ -130,24 +130,27 @@ fn generated_tokens_allocate_nothing_after_the_first() {
         seed: 1,
     };
     let n = 1000;
-    let mut out = Vec::with_capacity(n);
-    // Each token takes the count before it: the first may warm up, none after may allocate.
-    let mut counts = Vec::with_capacity(n + 1);
-    counts.push(counting::ALLOCATIONS.load(Ordering::SeqCst));
-    g.generate(&[3], n, &s, |t| {
-        out.push(t);
-        counts.push(counting::ALLOCATIONS.load(Ordering::SeqCst));
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(out.len(), n);
-    assert_eq!(
-        counts[n] - counts[1],
-        0,
-        "{} allocations in {} tokens",
-        counts[n] - counts[1],
-        n - 1
-    );
+    // The counter sees every thread, the test harness's too (it prints another test's result
+    // while this one runs): the least of three runs is this one's own.
+    let least = (0..3)
+        .map(|_| {
+            let mut out = Vec::with_capacity(n);
+            // Each token takes the count before it: the first may warm up, none after may
+            // allocate.
+            let mut counts = Vec::with_capacity(n + 1);
+            counts.push(counting::ALLOCATIONS.load(Ordering::SeqCst));
+            g.generate(&[3], n, &s, |t| {
+                out.push(t);
+                counts.push(counting::ALLOCATIONS.load(Ordering::SeqCst));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(out.len(), n);
+            counts[n] - counts[1]
+        })
+        .min()
+        .unwrap();
+    assert_eq!(least, 0, "{least} allocations in {} tokens", n - 1);
 }
 
 #[test]
