@@ -4,9 +4,9 @@
 //! and top-5 accuracy, `predict` writes one CSV row per sample (its predicted class, that
 //! class's probability, and its label).
 //!
-//! The data set is read in file order in whole batches of the model's batch (`--batch` sets
-//! it for a named or ONNX model); samples past the last whole batch are left out and said so,
-//! so a batch that divides the sample count covers them all.
+//! The data set is read in file order in whole batches of the model's batch (`--batch-size`
+//! sets it for a named or ONNX model); samples past the last whole batch are left out and said
+//! so, so a batch that divides the sample count covers them all.
 
 use super::Failure;
 use crate::train::{DatasetFormatArg, Device};
@@ -23,7 +23,12 @@ use std::path::{Path, PathBuf};
 pub struct WeightsArgs {
     /// A checkpoint directory written by `ingot train --checkpoint DIR`: its weights (and a
     /// batch norm's running statistics).
-    #[arg(long, value_name = "DIR", required_unless_present = "init", conflicts_with = "init")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "init",
+        conflicts_with = "init"
+    )]
     pub checkpoint: Option<PathBuf>,
     /// Weights as safetensors with PyTorch's names (what `ingot train --save` writes, or a
     /// whole torchvision state_dict).
@@ -62,7 +67,10 @@ impl WeightsArgs {
                 model: None,
                 source: path.display().to_string(),
             }),
-            (None, None) => Err(Failure::new(2, "give --checkpoint DIR or --init P.safetensors")),
+            (None, None) => Err(Failure::new(
+                2,
+                "give --checkpoint DIR or --init P.safetensors",
+            )),
         }
     }
 
@@ -92,7 +100,10 @@ impl Weights {
                 };
                 Failure::new(
                     1,
-                    format!("{}{whose} does not hold the weights of {model}: {e}", self.source),
+                    format!(
+                        "{}{whose} does not hold the weights of {model}: {e}",
+                        self.source
+                    ),
                 )
             })
     }
@@ -155,8 +166,9 @@ pub struct EvalArgs {
     #[arg(long = "image-std", value_name = "R,G,B", default_value = "0.229,0.224,0.225", value_parser = crate::numbers::image_std)]
     pub image_std: [f32; 3],
     /// The batch the forward step runs (a named or ONNX model; default: the model's own).
-    #[arg(long, value_name = "N", value_parser = crate::numbers::positive_count)]
-    pub batch: Option<u64>,
+    /// (`--batch` is an ONNX model's batch of import.)
+    #[arg(long = "batch-size", value_name = "N", value_parser = crate::numbers::positive_count)]
+    pub batch_size: Option<u64>,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
@@ -187,12 +199,13 @@ fn prepare(
     let device = a.device.session_device()?;
     let precision = a.precision.for_device(a.device.device)?;
     let weights = a.weights.read()?;
-    let model = match a.batch {
+    let model = match a.batch_size {
         Some(b) => a.model.load_at_batch(b as usize)?,
         None => a.model.load()?,
     };
     let fail = |e: ingot_compiler::IrError| Failure::new(1, format!("{}: {e}", model.name));
-    let counted = ingot_compiler::trace::accuracy::with_top_k_counts(model.eval_graph()).map_err(fail)?;
+    let counted =
+        ingot_compiler::trace::accuracy::with_top_k_counts(model.eval_graph()).map_err(fail)?;
     let mut graph = counted.unwrap_or_else(|| model.eval_graph().clone());
     if logits {
         graph = ingot_compiler::trace::logits::with_logits(&graph).map_err(fail)?;
@@ -200,8 +213,14 @@ fn prepare(
     let mut opts = device.options();
     opts.precision = precision;
     let name = format!("{} (forward)", model.name);
-    let mut step = Inference::new(&name, &graph, precision.unwrap_or(model.precision), &opts, device)
-        .map_err(|e| Failure::new(1, e))?;
+    let mut step = Inference::new(
+        &name,
+        &graph,
+        precision.unwrap_or(model.precision),
+        &opts,
+        device,
+    )
+    .map_err(|e| Failure::new(1, e))?;
     weights.load_into(&mut step, &model.name)?;
     let images = ImageOptions {
         mean: a.image_mean,
@@ -223,7 +242,7 @@ fn dropped_note(source: &dyn ingot_trainer::data::BatchSource) -> Option<String>
     let d = source.dropped_per_epoch();
     (d.count > 0).then(|| {
         format!(
-            "the last {} {} do not fill a batch and were left out (--batch N with N dividing the data set covers them all)",
+            "the last {} {} do not fill a batch and were left out (--batch-size N with N dividing the data set covers them all)",
             d.count, d.unit
         )
     })
@@ -270,7 +289,10 @@ pub fn run_predict(a: &PredictArgs) -> Result<(), Failure> {
     if a.out.exists() && !a.force {
         return Err(Failure::new(
             2,
-            format!("--out {} exists: give --force to write over it, or another path", a.out.display()),
+            format!(
+                "--out {} exists: give --force to write over it, or another path",
+                a.out.display()
+            ),
         ));
     }
     let weight_files = e.weights.files();

@@ -46,7 +46,10 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
     let device = a.device.session_device()?;
     let weights = a.weights.read()?;
     let name = a.model.clone().or(weights.model.clone()).ok_or_else(|| {
-        Failure::new(2, "--init needs --model NAME (a weights file does not record its model)")
+        Failure::new(
+            2,
+            "--init needs --model NAME (a weights file does not record its model)",
+        )
     })?;
     let model = ingot_compiler::models::at_batch(&name, 1, ingot_compiler::ir::DType::F32)?;
     let mut generator = Generator::new(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 mod cli;
 use cli::{ingot, json_lines, ok, run, s};
 
-const N: usize = 48;
+const N: usize = 256;
 
 /// `N` samples for the mlp (`[N, 784]` f32, deterministic) and labels in `0..10`, as x.npy and
 /// y.npy in `dir`.
@@ -39,8 +39,17 @@ fn mlp_samples(dir: &Path) -> (Vec<f32>, Vec<i64>) {
 fn trained_mlp(dir: &Path, data: &Path) -> PathBuf {
     let w = dir.join("w.safetensors");
     ok(&ingot(&[
-        "train", "--model", "mlp", "--dataset", s(data), "--steps", "3", "--save", s(&w),
-        "--threads", "1",
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        s(data),
+        "--steps",
+        "3",
+        "--save",
+        s(&w),
+        "--threads",
+        "1",
     ]));
     w
 }
@@ -73,21 +82,42 @@ fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
     let rows: Vec<&[f32]> = logits.chunks(10).collect();
     let top1 = (0..N).filter(|&i| argmax(rows[i]) == y[i] as usize).count() as f64 / N as f64;
 
-    // Batches of 16 cover the 48 samples: the mean of their losses is the whole set's.
-    let common = ["--model", "mlp", "--init", s(&w), "--dataset", s(&data), "--batch", "16"];
-    let out = ok(&ingot(&[&["eval"][..], &common, &["--json", "--threads", "1"]].concat()));
+    // Batches of 64 cover the 256 samples: the mean of their losses is the whole set's.
+    let common = [
+        "--model",
+        "mlp",
+        "--init",
+        s(&w),
+        "--dataset",
+        s(&data),
+        "--batch-size",
+        "64",
+    ];
+    let out = ok(&ingot(
+        &[&["eval"][..], &common, &["--json", "--threads", "1"]].concat(),
+    ));
     let v = &json_lines(&out)[0];
     assert_eq!(v["samples"], N);
-    assert!((v["loss"].as_f64().unwrap() - loss).abs() < 1e-4, "{v} vs {loss}");
-    assert!((v["top1"].as_f64().unwrap() - top1).abs() < 1e-9, "{v} vs {top1}");
+    assert!(
+        (v["loss"].as_f64().unwrap() - loss).abs() < 1e-4,
+        "{v} vs {loss}"
+    );
+    assert!(
+        (v["top1"].as_f64().unwrap() - top1).abs() < 1e-9,
+        "{v} vs {top1}"
+    );
     assert!(v["top5"].as_f64().unwrap() >= top1);
 
     let csv = d.join("predictions.csv");
-    ok(&ingot(&[&["predict"][..], &common, &["--out", s(&csv)]].concat()));
+    ok(&ingot(
+        &[&["predict"][..], &common, &["--out", s(&csv)]].concat(),
+    ));
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("index,predicted,probability,label"));
-    let body: Vec<Vec<String>> = lines.map(|l| l.split(',').map(String::from).collect()).collect();
+    let body: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
     assert_eq!(body.len(), N);
     for (i, r) in body.iter().enumerate() {
         let row = rows[i];
@@ -95,7 +125,10 @@ fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
         let total: f64 = row.iter().map(|&l| ((l - row[best]) as f64).exp()).sum();
         assert_eq!(r[0], i.to_string());
         assert_eq!(r[1], best.to_string(), "sample {i}");
-        assert!((r[2].parse::<f64>().unwrap() - 1.0 / total).abs() < 1e-5, "sample {i}: {r:?}");
+        assert!(
+            (r[2].parse::<f64>().unwrap() - 1.0 / total).abs() < 1e-5,
+            "sample {i}: {r:?}"
+        );
         assert_eq!(r[3], y[i].to_string());
     }
 
@@ -103,8 +136,7 @@ fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
     let (code, _, e) = run(&[&["predict"][..], &common, &["--out", s(&csv)]].concat());
     assert_eq!(code, 2, "{e}");
     assert!(e.contains("exists") && e.contains("--force"), "{e}");
-    let (code, _, e) =
-        run(&[&["predict"][..], &common, &["--out", s(&w), "--force"]].concat());
+    let (code, _, e) = run(&[&["predict"][..], &common, &["--out", s(&w), "--force"]].concat());
     assert_eq!(code, 2, "{e}");
     assert!(e.contains("same file as --init"), "{e}");
 }
@@ -116,12 +148,27 @@ fn train_with_no_steps_evaluates_the_given_weights() {
     std::fs::create_dir_all(&data).unwrap();
     mlp_samples(&data);
     let out = ok(&ingot(&[
-        "train", "--model", "mlp", "--dataset", s(&data), "--val", s(&data), "--steps", "0",
-        "--json", "--threads", "1", "--eval-batches", "1",
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        s(&data),
+        "--val",
+        s(&data),
+        "--steps",
+        "0",
+        "--json",
+        "--threads",
+        "1",
+        "--eval-batches",
+        "1",
     ]));
     let lines = json_lines(&out);
     assert!(
-        lines.iter().any(|v| v.get("val_loss").and_then(|l| l.as_f64()).is_some_and(f64::is_finite)),
+        lines.iter().any(|v| v
+            .get("val_loss")
+            .and_then(|l| l.as_f64())
+            .is_some_and(f64::is_finite)),
         "{lines:?}"
     );
 }
@@ -136,17 +183,45 @@ fn weights_of_another_model_and_data_of_another_shape_are_refused_naming_them() 
     let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2";
     let ckpt = d.join("ckpt");
     ok(&ingot(&[
-        "train", "--model", gpt, "--dataset", s(&text), "--steps", "1", "--checkpoint", s(&ckpt),
-        "--threads", "1",
+        "train",
+        "--model",
+        gpt,
+        "--dataset",
+        s(&text),
+        "--steps",
+        "1",
+        "--checkpoint",
+        s(&ckpt),
+        "--threads",
+        "1",
     ]));
     let (code, _, e) = run(&[
-        "eval", "--model", "mlp", "--checkpoint", s(&ckpt), "--dataset", s(&data), "--threads", "1",
+        "eval",
+        "--model",
+        "mlp",
+        "--checkpoint",
+        s(&ckpt),
+        "--dataset",
+        s(&data),
+        "--threads",
+        "1",
     ]);
     assert_eq!(code, 1, "{e}");
-    assert!(e.contains("written by a run of gpt:") && e.contains("mlp"), "{e}");
+    assert!(
+        e.contains("written by a run of gpt:") && e.contains("mlp"),
+        "{e}"
+    );
     // The gpt's own weights over the mlp's samples: the data set's shape is named.
     let (code, _, e) = run(&[
-        "eval", "--model", gpt, "--checkpoint", s(&ckpt), "--dataset", s(&data), "--threads", "1",
+        "eval",
+        "--model",
+        gpt,
+        "--checkpoint",
+        s(&ckpt),
+        "--dataset",
+        s(&data),
+        "--threads",
+        "1",
     ]);
     assert_eq!(code, 1, "{e}");
     assert!(e.contains("--dataset"), "{e}");
@@ -159,19 +234,46 @@ fn generate_continues_a_prompt_and_repeats_under_a_seed() {
     let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=4";
     let ckpt = d.join("ckpt");
     ok(&ingot(&[
-        "train", "--model", gpt, "--dataset", s(&text), "--steps", "5", "--checkpoint", s(&ckpt),
-        "--threads", "1",
+        "train",
+        "--model",
+        gpt,
+        "--dataset",
+        s(&text),
+        "--steps",
+        "5",
+        "--checkpoint",
+        s(&ckpt),
+        "--threads",
+        "1",
     ]));
     let args = [
-        "generate", "--checkpoint", s(&ckpt), "--prompt", "abc", "--tokens", "24", "--seed", "5",
-        "--top-k", "8", "--json", "--threads", "1",
+        "generate",
+        "--checkpoint",
+        s(&ckpt),
+        "--prompt",
+        "abc",
+        "--tokens",
+        "24",
+        "--seed",
+        "5",
+        "--top-k",
+        "8",
+        "--json",
+        "--threads",
+        "1",
     ];
     let a = json_lines(&ok(&ingot(&args)));
     let b = json_lines(&ok(&ingot(&args)));
     assert_eq!(a, b);
     assert_eq!(a[0]["tokens"].as_array().unwrap().len(), 24);
     let (code, _, e) = run(&[
-        "generate", "--init", s(&ckpt.join("weights.safetensors")), "--prompt", "a", "--tokens", "1",
+        "generate",
+        "--init",
+        s(&ckpt.join("weights.safetensors")),
+        "--prompt",
+        "a",
+        "--tokens",
+        "1",
     ]);
     assert_eq!(code, 2, "{e}");
     assert!(e.contains("--model"), "{e}");

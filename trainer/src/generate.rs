@@ -43,7 +43,10 @@ impl Tokenizer {
     pub fn decode(&self, tokens: &[u32]) -> String {
         match self {
             Tokenizer::Bytes => {
-                let bytes: Vec<u8> = tokens.iter().map(|&t| u8::try_from(t).unwrap_or(0xFF)).collect();
+                let bytes: Vec<u8> = tokens
+                    .iter()
+                    .map(|&t| u8::try_from(t).unwrap_or(0xFF))
+                    .collect();
                 String::from_utf8_lossy(&bytes).into_owned()
             }
         }
@@ -204,12 +207,7 @@ impl Generator {
 /// the softmax of `logits / temperature` over the `top_k` largest (ties at the k-th kept in
 /// id order), computed in f64. `order` is a scratch permutation of `0..logits.len()`. Allocates
 /// nothing.
-pub fn sample(
-    logits: &[f32],
-    order: &mut [u32],
-    sampling: &Sampling,
-    rng: &mut ChaCha8Rng,
-) -> u32 {
+pub fn sample(logits: &[f32], order: &mut [u32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> u32 {
     let argmax = || {
         let mut best = 0;
         for (i, &l) in logits.iter().enumerate() {
@@ -268,7 +266,10 @@ mod tests {
             seed: 0,
         };
         let mut order = vec![0; 4];
-        assert_eq!(sample(&[0.1, 3.0, -1.0, 3.0], &mut order, &s, &mut rng()), 1);
+        assert_eq!(
+            sample(&[0.1, 3.0, -1.0, 3.0], &mut order, &s, &mut rng()),
+            1
+        );
     }
 
     #[test]
@@ -281,7 +282,10 @@ mod tests {
         let mut order = vec![0; 5];
         let mut r = rng();
         for _ in 0..50 {
-            assert_eq!(sample(&[0.0, 1.0, 2.5, 2.0, -3.0], &mut order, &s, &mut r), 2);
+            assert_eq!(
+                sample(&[0.0, 1.0, 2.5, 2.0, -3.0], &mut order, &s, &mut r),
+                2
+            );
         }
     }
 

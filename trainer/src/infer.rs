@@ -192,9 +192,8 @@ impl Inference {
     /// Row `row` of the logits after the last run, as f32, into `out` (the classes long):
     /// copied from its planned slot through a buffer allocated once. Allocates nothing.
     pub fn logits_row(&mut self, row: usize, out: &mut [f32]) -> Result<(), String> {
-        let (at, dtype, rows, classes) = self
-            .logits
-            .ok_or("the forward step has no logits output")?;
+        let (at, dtype, rows, classes) =
+            self.logits.ok_or("the forward step has no logits output")?;
         if row >= rows || out.len() != classes {
             return Err(format!(
                 "logits row {row} into {} values: the logits are {rows} rows of {classes}",
@@ -212,7 +211,9 @@ impl Inference {
         for (o, b) in out.iter_mut().zip(self.row_bytes.chunks_exact(size)) {
             *o = match dtype {
                 DType::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")),
-                DType::BF16 => f32::from_bits((u16::from_le_bytes(b.try_into().expect("2 bytes")) as u32) << 16),
+                DType::BF16 => f32::from_bits(
+                    (u16::from_le_bytes(b.try_into().expect("2 bytes")) as u32) << 16,
+                ),
                 other => return Err(format!("logits of {other} cannot be read as numbers")),
             };
         }
@@ -236,7 +237,9 @@ impl Inference {
                 .fill(0, b, &mut x, &mut y)
                 .map_err(|e| format!("--dataset: {e}"))?;
             self.run(&x, Some(&y))?;
-            loss += self.scalar(ingot_compiler::autodiff::LOSS)?.unwrap_or(f64::NAN);
+            loss += self
+                .scalar(ingot_compiler::autodiff::LOSS)?
+                .unwrap_or(f64::NAN);
             use ingot_compiler::trace::accuracy::{TOP1, TOP5};
             if let (Some(a), Some(b)) = (self.scalar(TOP1)?, self.scalar(TOP5)?) {
                 let h = hits.get_or_insert((0.0, 0.0));

@@ -36,8 +36,7 @@ fn model_and_weights() -> (Model, IndexMap<String, Tensor>) {
 
 fn generator(m: &Model, w: &IndexMap<String, Tensor>) -> Generator {
     ingot_runtime::cpu::threads::set_default_threads(1);
-    let mut g =
-        Generator::new(m, Precision::F32, &Session::cpu_options(), Device::Cpu).unwrap();
+    let mut g = Generator::new(m, Precision::F32, &Session::cpu_options(), Device::Cpu).unwrap();
     g.step_mut().load_weights(w, &IndexMap::new()).unwrap();
     g
 }
@@ -96,7 +95,10 @@ fn greedy_generation_takes_the_references_argmax_at_every_token_through_a_slidin
     let want = reference_greedy(&m, &w, &prompt, 12);
     assert_eq!(got, want);
     let distinct: std::collections::BTreeSet<_> = want.iter().collect();
-    assert!(distinct.len() > 1, "the reference repeats one token: {want:?}");
+    assert!(
+        distinct.len() > 1,
+        "the reference repeats one token: {want:?}"
+    );
 }
 
 #[test]
@@ -164,7 +166,10 @@ fn a_prompt_outside_the_vocabulary_is_refused_naming_the_token() {
         seed: 0,
     };
     let e = g.generate(&[1, 40], 3, &s, |_| Ok(())).unwrap_err();
-    assert!(e.contains("prompt token 1 is 40") && e.contains("32"), "{e}");
+    assert!(
+        e.contains("prompt token 1 is 40") && e.contains("32"),
+        "{e}"
+    );
     let e = g.generate(&[], 3, &s, |_| Ok(())).unwrap_err();
     assert!(e.contains("no token"), "{e}");
 }

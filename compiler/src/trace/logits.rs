@@ -16,13 +16,15 @@ pub const LOGITS: &str = "logits";
 
 /// The logits node of `g`'s softmax cross-entropy, or an error saying the model has none.
 fn logits_of(g: &Graph) -> Result<NodeId> {
-    cross_entropy_parts(g).map(|(logits, _)| logits).ok_or_else(|| {
-        IrError::Invalid(
-            "the model's loss is not a softmax cross-entropy of logits against the labels y, \
+    cross_entropy_parts(g)
+        .map(|(logits, _)| logits)
+        .ok_or_else(|| {
+            IrError::Invalid(
+                "the model's loss is not a softmax cross-entropy of logits against the labels y, \
              so it has no logits to predict from"
-                .into(),
-        )
-    })
+                    .into(),
+            )
+        })
 }
 
 /// `g` (a forward pass) with its logits as one more output, [`LOGITS`], beside the loss (and
@@ -54,8 +56,9 @@ mod tests {
 
     #[test]
     fn a_language_models_logits_are_found_and_its_labels_dropped() {
-        let m = crate::models::by_name("gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=1")
-            .unwrap();
+        let m =
+            crate::models::by_name("gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=1")
+                .unwrap();
         let g = logits_only(&m.graph).unwrap();
         assert_eq!(g.outputs.len(), 1);
         assert_eq!(g.ty(g.outputs[LOGITS]).shape.dims(), &[4, 16]);
