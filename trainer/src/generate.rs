@@ -159,7 +159,8 @@ impl Generator {
                 prompt[i], self.vocab
             ));
         }
-        if sampling.top_k == Some(0) || !(sampling.temperature >= 0.0) {
+        if sampling.top_k == Some(0) || sampling.temperature.is_nan() || sampling.temperature < 0.0
+        {
             return Err("top-k must be at least 1 and the temperature 0 or more".into());
         }
         let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
