@@ -6,6 +6,8 @@
 mod compile;
 mod data;
 mod dsa;
+mod eval;
+mod generate;
 mod gpus;
 mod inspect;
 pub mod numbers;
@@ -47,6 +49,14 @@ pub enum Command {
     Data(data::DataArgs),
     /// ONNX models: `ingot onnx check MODEL.onnx` lists every node Ingot cannot import.
     Onnx(onnx::OnnxArgs),
+    /// Evaluate trained weights on a data set: the loss, and a classifier's top-1 and top-5
+    /// accuracy, by a forward-only planned step.
+    Eval(Box<eval::EvalArgs>),
+    /// Predict with trained weights: one CSV row per sample of a data set (index, predicted
+    /// class, its probability, label).
+    Predict(Box<eval::PredictArgs>),
+    /// Generate text from a trained GPT: a prompt continued token by token.
+    Generate(generate::GenerateArgs),
 }
 
 /// The precision a command compiles in: `--precision f32|tf32|bf16`, `--tf32` its alias for tf32.
@@ -590,6 +600,9 @@ pub fn main() -> i32 {
         Command::Dsa(a) => dsa::run(&a),
         Command::Data(a) => data::run(&a),
         Command::Onnx(a) => onnx::run(&a),
+        Command::Eval(a) => eval::run_eval(&a),
+        Command::Predict(a) => eval::run_predict(&a),
+        Command::Generate(a) => generate::run(&a),
     };
     match result {
         Ok(()) => 0,

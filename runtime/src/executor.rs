@@ -94,6 +94,19 @@ pub trait StepExecutor {
     /// every step is read this way).
     fn read_scalar(&self, at: Location, dtype: DType) -> Result<f64, ExecError>;
 
+    /// Copies `out.len()` bytes of the allocation, from `at.offset` and within `at` (a location
+    /// of the plan), into `out`, after the last step: a slice of an output read into a buffer
+    /// the caller allocated once (a language model's logits at one position, token after
+    /// token). Only executors of one allocation have it.
+    fn read_at(&self, _at: Location, _out: &mut [u8]) -> Result<(), ExecError> {
+        Err(ExecError::Invalid {
+            op: "read_at",
+            reason: "this executor holds one allocation per rank: read a node's value \
+                     (read_node)"
+                .into(),
+        })
+    }
+
     /// The forward-only evaluation step loaded beside this one in the same allocation
     /// ([`ingot_compiler::exe::StepPair`]), if any.
     fn eval_executable(&self) -> Option<&Executable> {

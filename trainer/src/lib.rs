@@ -11,6 +11,8 @@ pub mod checkpoint;
 pub mod data;
 pub mod datasets;
 pub mod eval;
+pub mod generate;
+pub mod infer;
 pub mod init;
 pub mod record;
 pub mod report;

@@ -1016,7 +1016,9 @@ impl Run<'_> {
     /// checkpoint, unless a non-finite step stopped the run.
     fn finish(mut self, session: &mut Session, last: Option<BatchInfo>) -> Result<(), RunError> {
         let o = self.o;
-        if self.non_finite.is_none() && self.steps_run > 0 {
+        // Also a run of no steps (`--steps 0 --val V`, or a finished run resumed): it
+        // evaluates the parameters it was given.
+        if self.non_finite.is_none() {
             self.evaluate(session)?;
         }
         self.measure_memory(session)?;

@@ -827,6 +827,21 @@ impl Session {
         Ok(EvalOutput { loss, top_k })
     }
 
+    /// Runs the step once with `inputs` written into their planned slots and no other input
+    /// (no learning-rate scale, step number or dropout seed): a forward-only step's run
+    /// ([`crate::infer`]). Allocates nothing; counts no training step.
+    pub fn run_with_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), SessionError> {
+        self.exe_mut().step_with_inputs(inputs)?;
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from `at` (a location of the plan) after the last step into
+    /// `out` ([`StepExecutor::read_at`]): a slice of an output, into a buffer allocated once.
+    pub fn read_at(&self, at: Location, out: &mut [u8]) -> Result<(), SessionError> {
+        self.exe().read_at(at, out)?;
+        Ok(())
+    }
+
     /// The gradients' global norm of the last step, where the step clips them
     /// ([`ingot_compiler::autodiff::StepOptions::clip_grad_norm`]).
     pub fn last_grad_norm(&self) -> Option<f64> {

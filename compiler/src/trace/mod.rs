@@ -4,6 +4,7 @@
 pub mod accuracy;
 mod builder;
 pub mod conv;
+pub mod logits;
 pub mod nn;
 
 pub use builder::broadcast_shapes;

@@ -374,12 +374,20 @@ pub fn softmax_cross_entropy(g: &mut Graph, logits: NodeId, targets: NodeId) -> 
 /// `None` when there is none. Used to count top-k accuracy beside the loss
 /// ([`super::accuracy`]).
 pub fn softmax_cross_entropy_parts(g: &Graph) -> Option<(NodeId, NodeId)> {
-    use crate::ir::Op;
     let y = g.leaf("y")?;
     if g.ty(y).shape.rank() != 1 {
         return None;
     }
-    let n = g.ty(y).shape.dims()[0];
+    cross_entropy_parts(g)
+}
+
+/// As [`softmax_cross_entropy_parts`], over labels `y` of any rank whose elements are the
+/// logits' rows (a language model's `[batch, seq]` targets against `[batch·seq, vocab]`
+/// logits): what the inference steps read the logits off ([`super::logits`]).
+pub fn cross_entropy_parts(g: &Graph) -> Option<(NodeId, NodeId)> {
+    use crate::ir::Op;
+    let y = g.leaf("y")?;
+    let n = g.ty(y).shape.numel();
     let is = |id: NodeId, op: &Op| &g.node(id).op == op;
     let reads_y = |mut id: NodeId| {
         // The labels reach the compare through views (reshape, broadcast) and casts only.

@@ -806,6 +806,24 @@ impl crate::executor::StepExecutor for PlannedStep {
         crate::executor::scalar_from_le(bytes, dtype)
     }
 
+    fn read_at(&self, at: Location, out: &mut [u8]) -> Result<(), ExecError> {
+        let from = self
+            .bytes()
+            .get(at.offset..at.offset + at.bytes)
+            .and_then(|b| b.get(..out.len()))
+            .ok_or_else(|| ExecError::Invalid {
+                op: "read_at",
+                reason: format!(
+                    "{} bytes at offset {} are not inside {} bytes of the allocation",
+                    out.len(),
+                    at.offset,
+                    at.bytes
+                ),
+            })?;
+        out.copy_from_slice(from);
+        Ok(())
+    }
+
     fn eval_executable(&self) -> Option<&Executable> {
         PlannedStep::eval_executable(self)
     }

@@ -1291,6 +1291,29 @@ impl StepExecutor for CudaStep {
         crate::executor::scalar_from_le(&host[..at.bytes], dtype)
     }
 
+    fn read_at(&self, at: Location, out: &mut [u8]) -> Result<(), ExecError> {
+        if out.len() > at.bytes || at.offset + at.bytes > self.bytes {
+            return Err(ExecError::Invalid {
+                op: "read_at",
+                reason: format!(
+                    "{} bytes at {} are not inside {} bytes of the allocation",
+                    out.len(),
+                    at.offset,
+                    at.bytes
+                ),
+            });
+        }
+        self.ctx.bind_to_thread().map_err(driver("binding"))?;
+        // The stream is idle after a step once synchronised: a synchronous copy reads its result.
+        self.stream.synchronize().map_err(driver("synchronizing"))?;
+        if !out.is_empty() {
+            // SAFETY: the range lies inside the allocation (checked); the stream is idle.
+            unsafe { result::memcpy_dtoh_sync(out, self.base + at.offset as u64) }
+                .map_err(driver("copying to the host"))?;
+        }
+        Ok(())
+    }
+
     fn eval_executable(&self) -> Option<&Executable> {
         self.eval.as_ref().map(|p| &p.exe)
     }

@@ -1,0 +1,280 @@
+//! Using what was trained (issue 50): `ingot eval` and `ingot predict` over a data set by a
+//! forward-only planned step, checked against the CPU interpreter on the same weights;
+//! `train --steps 0 --val` evaluating; `ingot generate` repeating under a seed; and the errors
+//! (weights of another model, a data set of another shape, an --out that exists or is an input).
+
+use indexmap::IndexMap;
+use ingot_compiler::models;
+use ingot_runtime::tensor::Tensor;
+use std::path::{Path, PathBuf};
+
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{ingot, json_lines, ok, run, s};
+
+const N: usize = 256;
+
+/// `N` samples for the mlp (`[N, 784]` f32, deterministic) and labels in `0..10`, as x.npy and
+/// y.npy in `dir`.
+fn mlp_samples(dir: &Path) -> (Vec<f32>, Vec<i64>) {
+    use ingot_trainer::data::npy::encode;
+    let mut state = 7u64;
+    let x: Vec<f32> = (0..N * 784)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    let y: Vec<i64> = (0..N as i64).map(|i| (i * 3) % 10).collect();
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let yb: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.join("x.npy"), encode("<f4", &[N, 784], &xb)).unwrap();
+    std::fs::write(dir.join("y.npy"), encode("<i8", &[N], &yb)).unwrap();
+    (x, y)
+}
+
+/// Trains the mlp for a few steps on the samples and saves its weights: `dir/w.safetensors`.
+fn trained_mlp(dir: &Path, data: &Path) -> PathBuf {
+    let w = dir.join("w.safetensors");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        s(data),
+        "--steps",
+        "3",
+        "--save",
+        s(&w),
+        "--threads",
+        "1",
+    ]));
+    w
+}
+
+/// The reference: the interpreter runs the mlp's forward graph at batch `N` on the weights;
+/// the logits are read off through `trace::logits`.
+fn reference_logits(w: &Path, x: &[f32], y: &[i64]) -> (Vec<f32>, f64) {
+    let m = models::at_batch("mlp", N, ingot_compiler::ir::DType::F32).unwrap();
+    let g = ingot_compiler::trace::logits::with_logits(&m.graph).unwrap();
+    let mut leaves: IndexMap<String, Tensor> = ingot_runtime::io::load(w).unwrap();
+    leaves.insert("x".into(), Tensor::from_f32([N, 784], x.to_vec()));
+    leaves.insert("y".into(), Tensor::from_i64([N], y.to_vec()));
+    let out = ingot_runtime::cpu::interp::run_graph(&g, &leaves).unwrap();
+    let loss = out.outputs["loss"].scalar_f64().unwrap();
+    (out.outputs["logits"].as_f32().unwrap().to_vec(), loss)
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
+}
+
+#[test]
+fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
+    let d = cli::scratch("infer", "eval_predict");
+    let data = d.join("set");
+    std::fs::create_dir_all(&data).unwrap();
+    let (x, y) = mlp_samples(&data);
+    let w = trained_mlp(&d, &data);
+    let (logits, loss) = reference_logits(&w, &x, &y);
+    let rows: Vec<&[f32]> = logits.chunks(10).collect();
+    let top1 = (0..N).filter(|&i| argmax(rows[i]) == y[i] as usize).count() as f64 / N as f64;
+
+    // Batches of 64 cover the 256 samples: the mean of their losses is the whole set's.
+    let common = [
+        "--model",
+        "mlp",
+        "--init",
+        s(&w),
+        "--dataset",
+        s(&data),
+        "--batch-size",
+        "64",
+    ];
+    let out = ok(&ingot(
+        &[&["eval"][..], &common, &["--json", "--threads", "1"]].concat(),
+    ));
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["samples"], N);
+    assert!(
+        (v["loss"].as_f64().unwrap() - loss).abs() < 1e-4,
+        "{v} vs {loss}"
+    );
+    assert!(
+        (v["top1"].as_f64().unwrap() - top1).abs() < 1e-9,
+        "{v} vs {top1}"
+    );
+    assert!(v["top5"].as_f64().unwrap() >= top1);
+
+    let csv = d.join("predictions.csv");
+    ok(&ingot(
+        &[&["predict"][..], &common, &["--out", s(&csv)]].concat(),
+    ));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("index,predicted,probability,label"));
+    let body: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
+    assert_eq!(body.len(), N);
+    for (i, r) in body.iter().enumerate() {
+        let row = rows[i];
+        let best = argmax(row);
+        let total: f64 = row.iter().map(|&l| ((l - row[best]) as f64).exp()).sum();
+        assert_eq!(r[0], i.to_string());
+        assert_eq!(r[1], best.to_string(), "sample {i}");
+        assert!(
+            (r[2].parse::<f64>().unwrap() - 1.0 / total).abs() < 1e-5,
+            "sample {i}: {r:?}"
+        );
+        assert_eq!(r[3], y[i].to_string());
+    }
+
+    // An --out that exists is refused without --force; an input file even with it.
+    let (code, _, e) = run(&[&["predict"][..], &common, &["--out", s(&csv)]].concat());
+    assert_eq!(code, 2, "{e}");
+    assert!(e.contains("exists") && e.contains("--force"), "{e}");
+    let (code, _, e) = run(&[&["predict"][..], &common, &["--out", s(&w), "--force"]].concat());
+    assert_eq!(code, 2, "{e}");
+    assert!(e.contains("same file as --init"), "{e}");
+}
+
+#[test]
+fn train_with_no_steps_evaluates_the_given_weights() {
+    let d = cli::scratch("infer", "steps0");
+    let data = d.join("set");
+    std::fs::create_dir_all(&data).unwrap();
+    mlp_samples(&data);
+    let out = ok(&ingot(&[
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        s(&data),
+        "--val",
+        s(&data),
+        "--steps",
+        "0",
+        "--json",
+        "--threads",
+        "1",
+        "--eval-batches",
+        "1",
+    ]));
+    let lines = json_lines(&out);
+    assert!(
+        lines.iter().any(|v| v
+            .get("val_loss")
+            .and_then(|l| l.as_f64())
+            .is_some_and(f64::is_finite)),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn weights_of_another_model_and_data_of_another_shape_are_refused_naming_them() {
+    let d = cli::scratch("infer", "errors");
+    let data = d.join("set");
+    std::fs::create_dir_all(&data).unwrap();
+    mlp_samples(&data);
+    let text = cli::letter_tokens(&d, 600);
+    let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2";
+    let ckpt = d.join("ckpt");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        gpt,
+        "--dataset",
+        s(&text),
+        "--steps",
+        "1",
+        "--checkpoint",
+        s(&ckpt),
+        "--threads",
+        "1",
+    ]));
+    let (code, _, e) = run(&[
+        "eval",
+        "--model",
+        "mlp",
+        "--checkpoint",
+        s(&ckpt),
+        "--dataset",
+        s(&data),
+        "--threads",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{e}");
+    assert!(
+        e.contains("written by a run of gpt:") && e.contains("mlp"),
+        "{e}"
+    );
+    // The gpt's own weights over the mlp's samples: the data set's shape is named.
+    let (code, _, e) = run(&[
+        "eval",
+        "--model",
+        gpt,
+        "--checkpoint",
+        s(&ckpt),
+        "--dataset",
+        s(&data),
+        "--threads",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{e}");
+    assert!(e.contains("--dataset"), "{e}");
+}
+
+#[test]
+fn generate_continues_a_prompt_and_repeats_under_a_seed() {
+    let d = cli::scratch("infer", "generate");
+    let text = cli::letter_tokens(&d, 600);
+    let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=4";
+    let ckpt = d.join("ckpt");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        gpt,
+        "--dataset",
+        s(&text),
+        "--steps",
+        "5",
+        "--checkpoint",
+        s(&ckpt),
+        "--threads",
+        "1",
+    ]));
+    let args = [
+        "generate",
+        "--checkpoint",
+        s(&ckpt),
+        "--prompt",
+        "abc",
+        "--tokens",
+        "24",
+        "--seed",
+        "5",
+        "--top-k",
+        "8",
+        "--json",
+        "--threads",
+        "1",
+    ];
+    let a = json_lines(&ok(&ingot(&args)));
+    let b = json_lines(&ok(&ingot(&args)));
+    assert_eq!(a, b);
+    assert_eq!(a[0]["tokens"].as_array().unwrap().len(), 24);
+    let (code, _, e) = run(&[
+        "generate",
+        "--init",
+        s(&ckpt.join("weights.safetensors")),
+        "--prompt",
+        "a",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 2, "{e}");
+    assert!(e.contains("--model"), "{e}");
+}
