@@ -3,22 +3,28 @@
 
 use super::*;
 
-/// Where things are in the scratch region.
+/// Where things are in the scratch region: the analysis's tables, then the lane buffers, the
+/// reductions' slots and the columns case's cascade levels.
 pub(super) struct Layout {
     /// Bound on the number of passes: reductions + 1.
     pub(super) pb: usize,
     pub(super) lanes: usize,
     pub(super) meta_bytes: usize,
+    /// One per buffer [`super::liveness::assign`] gives out, each `lanes * WORD + SKEW` bytes.
     pub(super) buf_bytes: usize,
+    /// One [`SLOT`] per reduction slot.
     pub(super) part_bytes: usize,
-    /// Upper cascade levels of the columns case's reductions, `LEVELS - 1` lane vectors each;
-    /// only for kernels whose reductions take more than [`FAN`] terms (0 bytes otherwise).
+    /// Upper cascade levels of the columns case's reductions, `LEVELS - 1` lane vectors per
+    /// reduction slot; only for kernels whose reductions take more than [`FAN`] terms (0
+    /// bytes otherwise).
     pub(super) level_bytes: usize,
     pub(super) total: usize,
 }
 
 impl Layout {
-    pub(super) fn of(k: &FusedKernel) -> Option<Layout> {
+    /// The tables alone (buffers still 0 bytes), from the kernel's counts of instructions,
+    /// reductions, axes and inputs: what the analysis needs before it runs.
+    pub(super) fn tables(k: &FusedKernel) -> Option<Layout> {
         let n = k.body.len();
         let rank = k.domain.len();
         let n_red = k
@@ -30,14 +36,14 @@ impl Layout {
         let lanes = lane_count(n);
         // In the order `Meta::carve` takes them.
         let words = [
-            n.checked_mul(5)?,              // dt, flags, depth, mark, src
-            pb.checked_add(1)?,             // eval_start
-            pb.checked_mul(n)?,             // eval
-            pb.checked_add(1)?,             // acc_start
-            n,                              // acc
-            pb.checked_add(2)?,             // stage_start
-            n,                              // stage
-            rank.checked_mul(5)?,           // idx, axis, t, o, k axes
+            n.checked_mul(10)?, // dt, flags, depth, mark, src, slot, part, by_start, by_end, free
+            pb.checked_add(1)?, // eval_start
+            pb.checked_mul(n)?, // eval
+            pb.checked_add(1)?, // acc_start
+            n,                  // acc
+            pb.checked_add(2)?, // stage_start
+            n,                  // stage
+            rank.checked_mul(5)?, // idx, axis, t, o, k axes
             k.inputs.len().checked_mul(2)?, // blk, step
         ]
         .iter()
@@ -45,22 +51,36 @@ impl Layout {
         let meta_bytes = words
             .checked_mul(size_of::<usize>())?
             .checked_next_multiple_of(ALIGN)?;
-        let buf_bytes = n.checked_mul(lanes * WORD + SKEW)?;
-        let part_bytes = n.checked_mul(SLOT * WORD)?;
-        let level_bytes = if long_columns(k) {
-            n_red.checked_mul((LEVELS - 1) * lanes * WORD)?
-        } else {
-            0
-        };
-        let total = ALIGN
-            .checked_add(meta_bytes)?
-            .checked_add(buf_bytes)?
-            .checked_add(part_bytes)?
-            .checked_add(level_bytes)?;
         Some(Layout {
             pb,
             lanes,
             meta_bytes,
+            buf_bytes: 0,
+            part_bytes: 0,
+            level_bytes: 0,
+            total: ALIGN.checked_add(meta_bytes)?,
+        })
+    }
+
+    /// The whole scratch: these tables and the buffers `b` that the analysis found.
+    pub(super) fn with(&self, k: &FusedKernel, b: Buffers) -> Option<Layout> {
+        let lanes = self.lanes;
+        let buf_bytes = b.lanes.checked_mul(lanes * WORD + SKEW)?;
+        let part_bytes = b.reductions.checked_mul(SLOT * WORD)?;
+        let level_bytes = if long_columns(k) {
+            b.reductions.checked_mul((LEVELS - 1) * lanes * WORD)?
+        } else {
+            0
+        };
+        let total = ALIGN
+            .checked_add(self.meta_bytes)?
+            .checked_add(buf_bytes)?
+            .checked_add(part_bytes)?
+            .checked_add(level_bytes)?;
+        Some(Layout {
+            pb: self.pb,
+            lanes,
+            meta_bytes: self.meta_bytes,
             buf_bytes,
             part_bytes,
             level_bytes,
@@ -95,6 +115,13 @@ pub(super) struct Meta<'a> {
     pub(super) depth: &'a mut [usize],
     pub(super) mark: &'a mut [usize],
     pub(super) src: &'a mut [usize],
+    /// Per instruction: its lane buffer ([`super::liveness`]).
+    pub(super) slot: &'a mut [usize],
+    /// Per reduction: its slot among its pass's reductions ([`super::liveness`]).
+    pub(super) part: &'a mut [usize],
+    pub(super) by_start: &'a mut [usize],
+    pub(super) by_end: &'a mut [usize],
+    pub(super) free: &'a mut [usize],
     pub(super) eval_start: &'a mut [usize],
     pub(super) eval: &'a mut [usize],
     pub(super) acc_start: &'a mut [usize],
@@ -129,6 +156,11 @@ impl<'a> Meta<'a> {
             depth: take(w, n)?,
             mark: take(w, n)?,
             src: take(w, n)?,
+            slot: take(w, n)?,
+            part: take(w, n)?,
+            by_start: take(w, n)?,
+            by_end: take(w, n)?,
+            free: take(w, n)?,
             eval_start: take(w, pb + 1)?,
             eval: take(w, pb * n)?,
             acc_start: take(w, pb + 1)?,

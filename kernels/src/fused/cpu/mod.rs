@@ -3,14 +3,16 @@
 //! [`run`] executes a [`FusedKernel`] over buffers that live in one byte arena (the step's memory
 //! slab): each input and output is a byte offset into it, and so is a scratch region of
 //! [`scratch_bytes`] bytes that the caller plans. A run allocates nothing on the heap (the
-//! kernel's analysis, its per-instruction lane buffers and its loop indices all live in the
-//! scratch region) and never panics: inconsistent arguments give a [`KernelError`].
+//! kernel's analysis, its lane buffers and its loop indices all live in the scratch region)
+//! and never panics: inconsistent arguments give a [`KernelError`].
 //! [`run_buffers`] is the allocating convenience for tests and reference interpreters.
 //!
 //! # Strategy
 //! Instructions are evaluated one at a time over a chunk of `L` lanes (`L` between 16 and 1024,
-//! fewer for long bodies), each into its own lane buffer in the scratch, so that dispatch costs
-//! once per chunk and the loops over lanes vectorize. Axes of size 1 are dropped (they change
+//! fewer for long bodies), each into a lane buffer in the scratch, so that dispatch costs
+//! once per chunk and the loops over lanes vectorize. A lane buffer is reused once the last
+//! reader of its value has run (the `liveness` module), so the scratch grows with the values live at
+//! once, not with the kernel's length. Axes of size 1 are dropped (they change
 //! no index); the remaining axes split three ways:
 //! - **flat** (no reduce axis of size > 1): chunks are runs of `L` consecutive domain elements
 //!   (row-major), every live instruction is evaluated per chunk and every output stored. A
@@ -75,11 +77,13 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 mod analysis;
 #[macro_use]
 mod lanes;
+mod liveness;
 mod plan;
 mod reduce;
 
 use analysis::*;
 use lanes::*;
+use liveness::Buffers;
 use plan::*;
 use reduce::*;
 
@@ -121,17 +125,74 @@ const SKEW: usize = 192;
 const AX_RED: usize = 1;
 const AX_T: usize = 2;
 
-/// Bytes of scratch that [`run`] needs for `k`, alignment slack included. Depends only on the
-/// numbers of instructions, reductions, axes and inputs; 0 if those overflow (then [`run`]
-/// refuses the kernel).
+/// Bytes of scratch that [`run`] needs for `k`, alignment slack included: the analysis's
+/// tables (which grow with the numbers of instructions, reductions, axes and inputs) and one
+/// lane buffer per value live at once (the `liveness` module). [`run`] lays out its scratch with the
+/// same function, so the planner and the run agree to the byte. 0 if the counts overflow (then
+/// [`run`] refuses the kernel); for a kernel that does not check, the tables' bytes (then
+/// [`run`] names what is wrong with it).
 pub fn scratch_bytes(k: &FusedKernel) -> usize {
-    Layout::of(k).map_or(0, |l| l.total)
+    let Some(tables) = Layout::tables(k) else {
+        return 0;
+    };
+    let mut words = Vec::new();
+    if words
+        .try_reserve_exact(tables.meta_bytes / size_of::<usize>())
+        .is_err()
+    {
+        return tables.total;
+    }
+    words.resize(tables.meta_bytes / size_of::<usize>(), 0usize);
+    prepare(k, &mut words, &tables).map_or(tables.total, |(_, _, lay)| lay.total)
+}
+
+/// Checks `k` into the tables carved from `words`, analyses it and gives its values lane
+/// buffers: the tables, the analysis and the whole scratch's layout. The one place that
+/// decides the scratch's size, for [`scratch_bytes`] and [`run`] alike.
+fn prepare<'a>(
+    k: &FusedKernel,
+    words: &'a mut [usize],
+    tables: &Layout,
+) -> R<(Meta<'a>, Info, Layout)> {
+    let mut m = Meta::carve(words, k, tables.pb)?;
+    k.check_into(m.dt)?;
+    let info = analyze(k, &mut m, tables.pb)?;
+    let b: Buffers = liveness::assign(k, &mut m, &info)?;
+    let lay = tables
+        .with(k, b)
+        .ok_or_else(|| KernelError::DomainTooLarge {
+            domain: k.domain.clone(),
+        })?;
+    Ok((m, info, lay))
 }
 
 /// Lanes per chunk: up to 1024, fewer for long bodies, so that the lane buffers of f32 values
 /// stay near 32 KiB (most of them are dead at any one time).
 fn lane_count(n: usize) -> usize {
     ((LANE_BUDGET / n.max(1)) / 8 * 8).clamp(MIN_LANES, MAX_LANES)
+}
+
+/// The end of a scratch region of `bytes` at `scratch`, if it fits in an arena of `mem` bytes.
+fn scratch_end(scratch: usize, bytes: usize, mem: usize) -> R<usize> {
+    match scratch.checked_add(bytes) {
+        Some(e) if e <= mem => Ok(e),
+        _ => Err(KernelError::BufferOutOfRange {
+            what: "scratch",
+            index: 0,
+            offset: scratch,
+            bytes,
+            mem,
+        }),
+    }
+}
+
+/// Checks that every input fits in the arena outside the scratch region `[s0, s1)`.
+fn check_inputs(k: &FusedKernel, inputs: &[usize], mem: usize, s0: usize, s1: usize) -> R {
+    for (n, (inp, &off)) in k.inputs.iter().zip(inputs).enumerate() {
+        let bytes = inp.len.saturating_mul(inp.dtype.size());
+        check_range("input", n, off, bytes, mem, s0, s1)?;
+    }
+    Ok(())
 }
 
 /// Checks that `[offset, offset + bytes)` fits in `mem` and stays out of the scratch region.
@@ -198,54 +259,36 @@ pub fn run(
             given: outputs.len(),
         });
     }
-    let lay = Layout::of(k).ok_or_else(|| KernelError::DomainTooLarge {
+    let too_large = || KernelError::DomainTooLarge {
         domain: k.domain.clone(),
-    })?;
+    };
+    let tables = Layout::tables(k).ok_or_else(too_large)?;
     let mem_len = mem.len();
     let s0 = scratch;
-    let s1 = match scratch.checked_add(lay.total) {
-        Some(e) if e <= mem_len => e,
-        _ => {
-            return Err(KernelError::BufferOutOfRange {
-                what: "scratch",
-                index: 0,
-                offset: scratch,
-                bytes: lay.total,
-                mem: mem_len,
-            })
-        }
-    };
-    for (n, (inp, &off)) in k.inputs.iter().zip(inputs).enumerate() {
-        let bytes = inp.len.saturating_mul(inp.dtype.size());
-        check_range("input", n, off, bytes, mem_len, s0, s1)?;
-    }
-
+    // The tables first (the analysis decides the rest), then the whole scratch.
+    let s1 = scratch_end(scratch, tables.total, mem_len)?;
+    check_inputs(k, inputs, mem_len, s0, s1)?;
     let (lo, rest) = mem.split_at_mut(s0);
-    let (sc, hi) = rest.split_at_mut(lay.total);
-    let pad = (ALIGN - sc.as_ptr() as usize % ALIGN) % ALIGN;
-    let sc = sub_mut(sc, pad, lay.total - ALIGN)?;
-    let (meta_b, rest) = sc.split_at_mut(lay.meta_bytes);
-    let (bufs, rest) = rest.split_at_mut(lay.buf_bytes);
+    let pad = (ALIGN - rest.as_ptr() as usize % ALIGN) % ALIGN;
+    let (meta_b, tail) = rest.split_at_mut(pad + tables.meta_bytes);
+    let words = <[usize]>::mut_from_bytes(&mut meta_b[pad..])
+        .map_err(|_| KernelError::Internal("scratch misaligned"))?;
+    let (m, info, lay) = prepare(k, words, &tables)?;
+    let s1 = scratch_end(scratch, lay.total, mem_len)?;
+    check_inputs(k, inputs, mem_len, s0, s1)?;
+    let (sc, hi) = tail.split_at_mut(lay.total - pad - tables.meta_bytes);
+    let (bufs, rest) = sc.split_at_mut(lay.buf_bytes);
     let (parts, rest) = rest.split_at_mut(lay.part_bytes);
     let levels = sub_mut(rest, 0, lay.level_bytes)?;
-    let words = <[usize]>::mut_from_bytes(meta_b)
-        .map_err(|_| KernelError::Internal("scratch misaligned"))?;
-    let mut m = Meta::carve(words, k, lay.pb)?;
 
-    k.check_into(m.dt)?;
-    let numel = checked_numel(&k.domain).ok_or_else(|| KernelError::DomainTooLarge {
-        domain: k.domain.clone(),
-    })?;
+    let numel = checked_numel(&k.domain).ok_or_else(too_large)?;
     let rows = k
         .domain
         .iter()
         .enumerate()
         .filter(|(d, _)| k.reduce_axes.binary_search(d).is_err())
         .try_fold(1usize, |n, (_, &d)| n.checked_mul(d))
-        .ok_or_else(|| KernelError::DomainTooLarge {
-            domain: k.domain.clone(),
-        })?;
-    let info = analyze(k, &mut m, lay.pb)?;
+        .ok_or_else(too_large)?;
     for (j, (out, &off)) in k.outputs.iter().zip(outputs).enumerate() {
         let v = out.value;
         let n = if m.flags[v] & ROW != 0 { rows } else { numel };
@@ -262,6 +305,8 @@ pub fn run(
         dt,
         flags,
         src,
+        slot,
+        part,
         eval_start,
         eval,
         acc_start,
@@ -281,6 +326,8 @@ pub fn run(
         k,
         dt,
         flags,
+        slot,
+        part,
         eval_start,
         eval,
         acc_start,

@@ -9,6 +9,10 @@ pub(super) struct Plan<'a> {
     pub(super) k: &'a FusedKernel,
     pub(super) dt: &'a [usize],
     pub(super) flags: &'a [usize],
+    /// Per instruction: its lane buffer ([`super::liveness`]).
+    pub(super) slot: &'a [usize],
+    /// Per reduction: its reduction slot, and its cascade levels' (columns case).
+    pub(super) part: &'a [usize],
     pub(super) eval_start: &'a [usize],
     pub(super) eval: &'a [usize],
     pub(super) acc_start: &'a [usize],
@@ -53,6 +57,61 @@ pub(super) struct State<'a> {
     pub(super) levels: &'a mut [u8],
     pub(super) lo: &'a mut [u8],
     pub(super) hi: &'a mut [u8],
+}
+
+/// The lane buffers around one instruction's own (which it writes while it reads the others):
+/// the bytes before it and after it, by their offsets among all the buffers.
+pub(super) struct Others<'b> {
+    before: &'b [u8],
+    after: &'b [u8],
+    /// Where the written buffer's bytes end (`after` starts).
+    gap_end: usize,
+}
+
+impl<'b> Others<'b> {
+    /// All the lane buffers, none being written.
+    pub(super) fn all(bufs: &'b [u8]) -> Others<'b> {
+        Others {
+            before: bufs,
+            after: &[],
+            gap_end: bufs.len(),
+        }
+    }
+
+    /// `bytes` bytes at offset `at` among the lane buffers, outside the one being written.
+    pub(super) fn get(&self, at: usize, bytes: usize) -> R<&'b [u8]> {
+        if at.saturating_add(bytes) <= self.before.len() {
+            sub(self.before, at, bytes)
+        } else if at >= self.gap_end {
+            sub(self.after, at - self.gap_end, bytes)
+        } else {
+            Err(KernelError::Internal(
+                "an operand in the lane buffer being written",
+            ))
+        }
+    }
+}
+
+/// Splits the lane buffers into buffer `at..at + stride` (to write) and the others.
+pub(super) fn split_buffers(
+    bufs: &mut [u8],
+    at: usize,
+    stride: usize,
+) -> R<(Others<'_>, &mut [u8])> {
+    let end = at
+        .checked_add(stride)
+        .filter(|&e| e <= bufs.len())
+        .ok_or(KernelError::Internal("lane buffer"))?;
+    let (before, rest) = bufs.split_at_mut(at);
+    let (own, after) = rest.split_at_mut(stride);
+    Ok((
+        Others {
+            before,
+            after,
+            gap_end: end,
+        },
+        own,
+    ))
 }
 
 pub(super) fn list<'a>(start: &[usize], items: &'a [usize], p: usize) -> &'a [usize] {
@@ -251,13 +310,13 @@ impl Plan<'_> {
         Ok(Some(self.inputs[n] + start * sz))
     }
 
-    /// The bytes of instruction `j`'s value on `len` lanes: its lane buffer (in `bufs`, which
-    /// starts at buffer 0), or the input memory a load is read from in place.
+    /// The bytes of instruction `j`'s value on `len` lanes: its lane buffer (among `bufs`),
+    /// or the input memory a load is read from in place.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn value<'b>(
         &self,
         src: &[usize],
-        bufs: &'b [u8],
+        bufs: &Others<'b>,
         lo: &'b [u8],
         hi: &'b [u8],
         j: usize,
@@ -265,9 +324,25 @@ impl Plan<'_> {
     ) -> R<&'b [u8]> {
         let bytes = len * self.dtype(j).size();
         match src[j] {
-            IN_BUFFER => sub(bufs, j * self.stride, bytes),
+            IN_BUFFER => bufs.get(self.at(j)?, bytes),
             at => region(lo, hi, self.s0, self.s1, at, bytes),
         }
+    }
+
+    /// The offset of instruction `i`'s lane buffer among the lane buffers.
+    pub(super) fn at(&self, i: usize) -> R<usize> {
+        self.slot
+            .get(i)
+            .and_then(|&s| s.checked_mul(self.stride))
+            .ok_or(KernelError::Internal("a value without a lane buffer"))
+    }
+
+    /// The offset of reduction `r`'s slot among the reduction slots.
+    pub(super) fn part_at(&self, r: usize) -> R<usize> {
+        self.part
+            .get(r)
+            .and_then(|&q| q.checked_mul(SLOT * WORD))
+            .ok_or(KernelError::Internal("a reduction without a slot"))
     }
 
     /// The index along `axis` at `len` chunk positions from `p0`.
@@ -312,14 +387,8 @@ impl Plan<'_> {
     pub(super) fn eval(&self, st: &mut State<'_>, i: usize, len: usize, p0: usize) -> R {
         let dt = self.dtype(i);
         let sz = dt.size();
-        let at = i * self.stride;
-        if at > st.bufs.len() {
-            return Err(KernelError::Internal("lane buffer"));
-        }
-        let (before, rest) = st.bufs.split_at_mut(at);
-        let before: &[u8] = before;
-        let out = sub_mut(rest, 0, len * sz)?;
-        let stride = self.stride;
+        let (before, own) = split_buffers(st.bufs, self.at(i)?, self.stride)?;
+        let out = sub_mut(own, 0, len * sz)?;
         if let Inst::Load { input } = self.k.body[i] {
             if self.k.inputs[input].dtype == DType::BF16 {
                 st.src[i] = IN_BUFFER;
@@ -336,7 +405,7 @@ impl Plan<'_> {
             return self.load(st.idx, st.lo, st.hi, input, len, p0, out);
         }
         let (src, lo, hi) = (&*st.src, &*st.lo, &*st.hi);
-        let arg = |j: usize| self.value(src, before, lo, hi, j, len);
+        let arg = |j: usize| self.value(src, &before, lo, hi, j, len);
         let rounds = self.bf16(i)
             && matches!(
                 self.k.body[i],
@@ -361,7 +430,7 @@ impl Plan<'_> {
             Inst::Binary { op, a, b } => {
                 let operand = |j: usize| -> R<Arg<'_>> {
                     Ok(if self.uniform(j) {
-                        Arg::Uniform(sub(before, j * stride, self.dtype(j).size())?)
+                        Arg::Uniform(before.get(self.at(j)?, self.dtype(j).size())?)
                     } else {
                         Arg::Lanes(arg(j)?)
                     })
@@ -423,8 +492,8 @@ impl Plan<'_> {
             let sz = self.dtype(i).size();
             if let Inst::Reduce { .. } = self.k.body[i] {
                 if self.case == Case::Rows {
-                    let v = sub(st.parts, i * SLOT * WORD + 8 * sz, sz)?;
-                    let b = sub_mut(st.bufs, i * self.stride, sz)?;
+                    let v = sub(st.parts, self.part_at(i)? + 8 * sz, sz)?;
+                    let b = sub_mut(st.bufs, self.at(i)?, sz)?;
                     b.copy_from_slice(v);
                     if self.bf16(i) {
                         quantize_lanes(b)?;
@@ -434,7 +503,7 @@ impl Plan<'_> {
                 self.eval(st, i, len, p0)?;
             }
             if self.case == Case::Rows && self.flags[i] & BCAST != 0 && w > 1 {
-                let b = sub_mut(st.bufs, i * self.stride, w * sz)?;
+                let b = sub_mut(st.bufs, self.at(i)?, w * sz)?;
                 let (first, rest) = b.split_at_mut(sz);
                 fill_bytes(first, rest)?;
             }
@@ -455,14 +524,14 @@ impl Plan<'_> {
                 return Err(KernelError::Internal("not a reduction"));
             };
             let dt = self.dtype(r);
-            let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * dt.size())?;
+            let slot = sub_mut(st.parts, self.part_at(r)?, SLOT * dt.size())?;
             by_num!(dt, slot_op(op, slot, what, runs))?;
         }
         Ok(())
     }
 
-    /// Columns case: the upper cascade levels of the `c`-th reduction of the pass lists, on
-    /// `len` lanes (empty when the kernel has none).
+    /// Columns case: the upper cascade levels of reduction slot `c`, on `len` lanes (empty
+    /// when the kernel has none).
     pub(super) fn levels<'m>(
         &self,
         levels: &'m mut [u8],
@@ -477,13 +546,11 @@ impl Plan<'_> {
         sub_mut(levels, c * per, (LEVELS - 1) * len * sz)
     }
 
-    /// The pass's reductions with their index in the pass lists.
+    /// The pass's reductions with their reduction slot.
     pub(super) fn reductions(&self, p: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let first = self.acc_start.get(p).copied().unwrap_or(0);
         list(self.acc_start, self.acc, p)
             .iter()
-            .enumerate()
-            .map(move |(q, &r)| (first + q, r))
+            .map(move |&r| (self.part.get(r).copied().unwrap_or(usize::MAX), r))
     }
 
     /// Accumulates the pass's reductions over the chunk's `len` lanes: at position `p0` of run
@@ -503,18 +570,14 @@ impl Plan<'_> {
             let dt = self.dtype(r);
             let sz = dt.size();
             if self.case == Case::Rows {
-                let xs = self.value(st.src, st.bufs, st.lo, st.hi, x, len)?;
-                let slot = sub_mut(st.parts, r * SLOT * WORD, SLOT * sz)?;
+                let xs = self.value(st.src, &Others::all(st.bufs), st.lo, st.hi, x, len)?;
+                let slot = sub_mut(st.parts, self.part_at(r)?, SLOT * sz)?;
                 let first = term * self.n_t.div_ceil(RUN_BLOCK);
                 by_num!(dt, acc_run(op, xs, slot, p0, first))?;
             } else {
-                let at = r * self.stride;
-                if at > st.bufs.len() {
-                    return Err(KernelError::Internal("lane buffer"));
-                }
-                let (before, rest) = st.bufs.split_at_mut(at);
-                let xs = self.value(st.src, before, st.lo, st.hi, x, len)?;
-                let acc = sub_mut(rest, 0, len * sz)?;
+                let (others, own) = split_buffers(st.bufs, self.at(r)?, self.stride)?;
+                let xs = self.value(st.src, &others, st.lo, st.hi, x, len)?;
+                let acc = sub_mut(own, 0, len * sz)?;
                 let upper = self.levels(st.levels, c, len, sz)?;
                 by_num!(dt, acc_lanes(op, xs, acc, upper, term))?;
             }
@@ -529,7 +592,7 @@ impl Plan<'_> {
                 return Err(KernelError::Internal("not a reduction"));
             };
             let dt = self.dtype(r);
-            let b = sub_mut(st.bufs, r * self.stride, len * dt.size())?;
+            let b = sub_mut(st.bufs, self.at(r)?, len * dt.size())?;
             by_num!(dt, fill_identity(op, b))?;
             self.levels(st.levels, c, len, dt.size())?.fill(0);
         }
@@ -551,7 +614,7 @@ impl Plan<'_> {
             }
             let dt = self.dtype(r);
             let sz = dt.size();
-            let acc = sub_mut(st.bufs, r * self.stride, len * sz)?;
+            let acc = sub_mut(st.bufs, self.at(r)?, len * sz)?;
             let upper = self.levels(st.levels, c, len, sz)?;
             by_num!(dt, finish_cascade_lanes(acc, upper, self.n_o))?;
         }
@@ -562,7 +625,7 @@ impl Plan<'_> {
     pub(super) fn round_lanes(&self, st: &mut State<'_>, p: usize, len: usize) -> R {
         for (_, r) in self.reductions(p) {
             if self.bf16(r) {
-                quantize_lanes(sub_mut(st.bufs, r * self.stride, len * 4)?)?;
+                quantize_lanes(sub_mut(st.bufs, self.at(r)?, len * 4)?)?;
             }
         }
         Ok(())
@@ -582,7 +645,7 @@ impl Plan<'_> {
             } else {
                 self.numel
             };
-            let src = sub(st.bufs, v * self.stride, len * sz)?;
+            let src = sub(st.bufs, self.at(v)?, len * sz)?;
             if self.bf16(v) {
                 // The lanes are rounded already: narrowing is exact.
                 let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * 2)?;
