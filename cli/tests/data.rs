@@ -1140,7 +1140,7 @@ fn a_tokenized_text_holds_the_python_librarys_ids_in_each_layout_the_loader_read
             sample.as_os_str(),
             out.as_os_str(),
         ];
-        args.extend(flags.iter().map(|f| f.as_ref()));
+        args.extend(flags.iter().map(std::ffi::OsStr::new));
         let (code, said, err) = tokenize(&args);
         assert_eq!(code, Some(0), "{flags:?}: {err}");
         assert!(

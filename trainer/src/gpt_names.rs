@@ -149,9 +149,9 @@ pub fn to_ingot(
         })?;
         used.insert(theirs.clone());
         let (t, stored) = if transposed {
-            (transpose(t), format!("{}", transposed_type(want)))
+            (transpose(t), transposed_type(want).to_string())
         } else {
-            (t.clone(), format!("{want}"))
+            (t.clone(), want.to_string())
         };
         let t = if ours == "wpe.weight" {
             crop_rows(t, want, &theirs, &mut notes)
