@@ -85,7 +85,7 @@ const OUTER: [(&str, &str); 4] = [
 const IGNORED: [&str; 2] = ["attn.bias", "attn.masked_bias"];
 
 /// The number of blocks of Ingot's GPT whose parameters are `params`, or `None` when they are
-/// not a GPT's (every name of [`BLOCK`] and [`OUTER`] and `head.weight`, nothing else).
+/// not a GPT's: the tensors of the module docs' table, nothing else.
 pub fn gpt_layers(params: &IndexMap<String, Tensor>) -> Option<usize> {
     let layers = (0..)
         .take_while(|i| params.contains_key(&format!("blocks.{i}.qkv.weight")))
