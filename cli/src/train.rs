@@ -31,6 +31,7 @@ use ingot_runtime::cuda::CudaOptions;
 use ingot_trainer::data::images::ImageOptions;
 use ingot_trainer::data::Order;
 use ingot_trainer::eval::Evaluator;
+use ingot_trainer::gpt_names;
 use ingot_trainer::run::{RunError, RunOptions};
 use ingot_trainer::schedule::Decay;
 use ingot_trainer::session::{self, Session};
@@ -135,7 +136,9 @@ pub struct StepArgs {
     /// count).
     #[arg(long, value_name = "N", value_parser = crate::numbers::positive_count)]
     pub threads: Option<u64>,
-    /// Initial parameters (safetensors, PyTorch names and layouts) instead of seeded ones.
+    /// Initial parameters (safetensors, PyTorch names and layouts) instead of seeded ones. A
+    /// GPT also reads GPT-2 weights under Hugging Face's names (transformers' GPT2LMHeadModel
+    /// or GPT2Model) or nanoGPT's, recognised by the names.
     #[arg(long, value_name = "P.safetensors", conflicts_with = "resume")]
     pub init: Option<PathBuf>,
     /// One fixed batch (safetensors holding x and y), trained on at every step, instead of a
@@ -193,6 +196,12 @@ pub struct StepArgs {
     /// Write the parameters after the last step here.
     #[arg(long, value_name = "P.safetensors")]
     pub save: Option<PathBuf>,
+    /// With --save, for a GPT: write the weights under Hugging Face's names and layouts
+    /// (transformers' GPT2LMHeadModel: `transformer.h.N...`, Conv1D weights [in, out]) or
+    /// nanoGPT's, for `from_pretrained`/`load_state_dict` there (--init recognises both by
+    /// their names).
+    #[arg(long, value_enum, requires = "save")]
+    pub names: Option<NamesArg>,
     /// Write the fixed batch the steps train on (x and y) here.
     #[arg(
         long = "save-data",
@@ -580,7 +589,20 @@ fn options(
         clip_grad_norm: None,
         file_weights: false,
         state_dict: None,
+        names: a.names.map(|n| match n {
+            NamesArg::Hf => gpt_names::Naming::HuggingFace,
+            NamesArg::Nanogpt => gpt_names::Naming::NanoGpt,
+        }),
     }
+}
+
+/// `--names`: the naming `--save` writes a GPT under.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamesArg {
+    /// Hugging Face's (transformers' GPT2LMHeadModel).
+    Hf,
+    /// nanoGPT's.
+    Nanogpt,
 }
 
 impl StepArgs {

@@ -1087,6 +1087,113 @@ fn a_text_written_as_byte_tokens_reads_back_as_the_same_bytes() {
     assert!(String::from_utf8_lossy(&failed.stderr).contains("nope.txt: cannot read it"));
 }
 
+// ---------------------------------------------------------------- tokenize
+
+/// The trainer's tokenizer fixture (made by scripts/tokenizer_fixture.py).
+fn tokenizer_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../trainer/tests/fixtures/tokenizer")
+        .join(name)
+}
+
+/// `ingot data tokenize` with `args` after the subcommand: exit code, stdout, stderr.
+fn tokenize(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["data", "tokenize"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_tokenized_text_holds_the_python_librarys_ids_in_each_layout_the_loader_reads() {
+    let d = scratch("tokenize");
+    let tok = tokenizer_fixture("tokenizer.json");
+    let sample = tokenizer_fixture("sample.txt");
+    let want: Vec<u64> =
+        serde_json::from_slice(&std::fs::read(tokenizer_fixture("sample_ids.json")).unwrap())
+            .unwrap();
+    for (flags, format) in [
+        (
+            &[][..],
+            TokenFormat::LlmC {
+                magic: LLMC_MAGIC_U16,
+            },
+        ),
+        (
+            &["--dtype", "u32"][..],
+            TokenFormat::LlmC {
+                magic: LLMC_MAGIC_U32,
+            },
+        ),
+        (&["--raw"][..], TokenFormat::RawU16),
+    ] {
+        let out = d.join("out.bin");
+        let mut args = vec![
+            "--tokenizer".as_ref(),
+            tok.as_os_str(),
+            sample.as_os_str(),
+            out.as_os_str(),
+        ];
+        args.extend(flags.iter().map(std::ffi::OsStr::new));
+        let (code, said, err) = tokenize(&args);
+        assert_eq!(code, Some(0), "{flags:?}: {err}");
+        assert!(
+            said.contains(&format!("{} tokens (vocabulary 512", want.len())),
+            "{said}"
+        );
+        let mut s = TokenStream::open(&out).unwrap();
+        assert_eq!(s.format(), format, "{flags:?}");
+        assert_eq!(all_tokens(&mut s, 512).unwrap(), want, "{flags:?}");
+    }
+}
+
+#[test]
+fn tokenize_names_a_missing_or_unreadable_tokenizer_and_refuses_raw_u32() {
+    let d = scratch("tokenize-errors");
+    let sample = tokenizer_fixture("sample.txt");
+    let out = d.join("out.bin");
+    let nope = d.join("nope.json");
+    let (code, _, err) = tokenize(&[
+        "--tokenizer".as_ref(),
+        nope.as_os_str(),
+        sample.as_os_str(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("nope.json"), "{err}");
+    let bad = write(&d, "bad.json", b"{\"model\": 3}");
+    let (code, _, err) = tokenize(&[
+        "--tokenizer".as_ref(),
+        bad.as_os_str(),
+        sample.as_os_str(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("bad.json") && err.contains("tokenizer"),
+        "{err}"
+    );
+    let tok = tokenizer_fixture("tokenizer.json");
+    let (code, _, err) = tokenize(&[
+        "--tokenizer".as_ref(),
+        tok.as_os_str(),
+        sample.as_os_str(),
+        out.as_os_str(),
+        "--raw".as_ref(),
+        "--dtype".as_ref(),
+        "u32".as_ref(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--raw"), "{err}");
+    assert!(!out.exists(), "nothing is written on error");
+}
+
 // ---------------------------------------------------------------- fuzz
 
 /// Opens `bytes` as every kind of data file and reads all it can; only errors may come back.

@@ -374,3 +374,79 @@ fn ingot_train_names_an_unknown_model_or_a_bad_file() {
         "{e}"
     );
 }
+
+/// The trainer's GPT-2 names fixture (made by scripts/gpt2_names_fixture.py).
+fn gpt2_fixture(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../trainer/tests/fixtures/gpt2_names")
+        .join(name);
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_transformers_gpt2_read_with_init_saves_under_nanogpts_names_and_trains_from_transformers_loss()
+{
+    let dir = scratch("gpt2_names");
+    let torch: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(gpt2_fixture("torch.json")).unwrap()).unwrap();
+    let model = torch["model"].as_str().unwrap();
+    let nano = dir.join("nano.safetensors");
+    let nano = nano.to_str().unwrap();
+    // Hugging Face's names in, nanoGPT's out: the script's nanoGPT file, mask buffers aside.
+    let said = ok(&ingot(&[
+        "train",
+        "--model",
+        model,
+        "--init",
+        &gpt2_fixture("hf.safetensors"),
+        "--steps",
+        "0",
+        "--save",
+        nano,
+        "--names",
+        "nanogpt",
+    ]));
+    assert!(
+        said.contains("under Hugging Face's (transformers' GPT2LMHeadModel) names")
+            && said.contains("saved the parameters under nanoGPT's names"),
+        "{said}"
+    );
+    let written = io::load(nano).unwrap();
+    let want = io::load(gpt2_fixture("nanogpt.safetensors")).unwrap();
+    assert_eq!(written.len() + 2, want.len());
+    for (name, t) in &written {
+        assert_eq!(bits(t), bits(&want[name]), "{name}");
+    }
+    // Read back under nanoGPT's names: the first step's loss is transformers'.
+    let out = ok(&ingot(&[
+        "train",
+        "--model",
+        model,
+        "--init",
+        nano,
+        "--data",
+        &gpt2_fixture("batch.safetensors"),
+        "--steps",
+        "1",
+        "--json",
+    ]));
+    let step: serde_json::Value = out
+        .lines()
+        .find(|l| l.contains("\"loss\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("a step line");
+    let (got, want) = (
+        step["loss"].as_f64().unwrap(),
+        torch["loss_f32"].as_f64().unwrap(),
+    );
+    assert!(
+        (got - want).abs() <= 1e-5,
+        "Ingot {got}, transformers {want}"
+    );
+    // --names refuses a model that is not Ingot's GPT, before anything trains.
+    let refused = ingot(&[
+        "train", "--model", "mlp", "--steps", "1", "--save", nano, "--names", "hf",
+    ]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not Ingot's GPT"));
+}

@@ -19,6 +19,7 @@ use crate::checkpoint::{self, CheckpointInfo};
 use crate::data::{BatchInfo, BatchSource, DataError, Epochs, Loader, Order, Staging};
 use crate::datasets;
 use crate::eval::Evaluator;
+use crate::gpt_names;
 use crate::record::StepTimes;
 use crate::report::RunRecord;
 use crate::schedule::{Decay, Schedule};
@@ -94,6 +95,10 @@ pub struct RunOptions {
     /// batch norms): `init` reads, and `save` writes, its running statistics and
     /// `num_batches_tracked` besides the parameters.
     pub state_dict: Option<StateDict>,
+    /// `save` writes a GPT's parameters under these names and layouts (Hugging Face's or
+    /// nanoGPT's, [`crate::gpt_names`]) instead of Ingot's. `init` needs no such option: a
+    /// file under those names is recognised by them.
+    pub names: Option<gpt_names::Naming>,
 }
 
 impl RunOptions {
@@ -205,6 +210,9 @@ pub enum Note {
     /// Names of `init` (a `state_dict`) that are a parameter's tied alias: trained as that
     /// parameter, and written again under their own names by `save`.
     Tied(String),
+    /// `init` held a GPT-2 under Hugging Face's or nanoGPT's names, read onto Ingot's GPT
+    /// (the text says which naming, and what was tied, ignored or cut).
+    Names(String),
     /// A data set's warning: an image of an image folder that could not be read or decoded,
     /// skipped (named once; the summary counts them).
     Data(String),
@@ -435,6 +443,44 @@ pub fn train(
     run.finish(session, last_info)
 }
 
+/// `file` (read from `path` for `init`) under Ingot's names: mapped from Hugging Face's or
+/// nanoGPT's GPT-2 names ([`gpt_names`]) when it holds a GPT-2 under them and the model is
+/// Ingot's GPT, telling `observer` so; else as it is.
+fn pretrained_names(
+    session: &Session,
+    path: &Path,
+    file: IndexMap<String, Tensor>,
+    observer: &mut dyn Observer,
+) -> Result<IndexMap<String, Tensor>, RunError> {
+    let Some((naming, prefix)) = gpt_names::detect(&file) else {
+        return Ok(file);
+    };
+    let model = session.parameters();
+    if gpt_names::gpt_layers(&model).is_none() {
+        return Ok(file);
+    }
+    let (params, notes) =
+        gpt_names::to_ingot(&file, &model, naming, &prefix).map_err(|message| {
+            RunError::StateDict {
+                path: path.to_path_buf(),
+                message,
+            }
+        })?;
+    let mut text = format!(
+        "{}: read {} tensor(s) under {naming} names onto Ingot's GPT",
+        path.display(),
+        params.len()
+    );
+    for note in notes {
+        text.push_str("; ");
+        text.push_str(&note);
+    }
+    observer
+        .note(&Note::Names(text))
+        .map_err(RunError::Observer)?;
+    Ok(params)
+}
+
 /// What [`prepare`] readies: the data set, its description and identity, and the checkpoint
 /// resumed from.
 struct Prepared {
@@ -456,7 +502,6 @@ fn prepare(
     o: &RunOptions,
     observer: &mut dyn Observer,
 ) -> Result<Prepared, RunError> {
-    type Load = fn(&mut Session, &IndexMap<String, Tensor>) -> Result<(), SessionError>;
     let mut state_dict = o.state_dict.clone();
     let init = match (&o.init, &mut state_dict) {
         (Some(path), Some(sd)) => {
@@ -495,17 +540,30 @@ fn prepare(
         }
         _ => &o.init,
     };
-    let files: [(&Option<PathBuf>, Load); 2] = [
-        (init, Session::load_parameters),
-        (&o.data, Session::set_batch_map),
-    ];
-    for (path, load) in files {
-        if let Some(path) = path {
-            load(session, &io::load(path)?).map_err(|source| RunError::File {
+    if let Some(naming) = o.names {
+        if gpt_names::gpt_layers(&session.parameters()).is_none() {
+            return Err(RunError::Usage(format!(
+                "--names writes a GPT's weights under {naming} names, but the model {} is not Ingot's GPT",
+                session.model()
+            )));
+        }
+    }
+    if let Some(path) = init {
+        let params = pretrained_names(session, path, io::load(path)?, observer)?;
+        session
+            .load_parameters(&params)
+            .map_err(|source| RunError::File {
                 path: path.clone(),
                 source: Box::new(source),
             })?;
-        }
+    }
+    if let Some(path) = &o.data {
+        session
+            .set_batch_map(&io::load(path)?)
+            .map_err(|source| RunError::File {
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
     }
     if let Some(path) = &o.save_data {
         io::save(path, &session.batch())?;
@@ -1064,6 +1122,9 @@ impl Run<'_> {
                 let extra = sd.extra(session, self.step, &params);
                 params.extend(extra);
             }
+            if let Some(naming) = o.names {
+                params = gpt_names::from_ingot(&params, naming).map_err(RunError::Usage)?;
+            }
             checkpoint::check_finite("parameter", &params).map_err(|e| {
                 RunError::NonFinite(format!(
                     "after step {}: {e}{} (lower the learning rate, or check the data and the initial parameters)",
@@ -1075,10 +1136,10 @@ impl Run<'_> {
             self.observer
                 .note(&Note::Saved(format!(
                     "saved the parameters{} to {}",
-                    if self.state_dict.is_some() {
-                        " and running statistics (a PyTorch state_dict)"
-                    } else {
-                        ""
+                    match (&self.state_dict, o.names) {
+                        (Some(_), _) => " and running statistics (a PyTorch state_dict)".into(),
+                        (None, Some(naming)) => format!(" under {naming} names"),
+                        (None, None) => String::new(),
                     },
                     path.display()
                 )))

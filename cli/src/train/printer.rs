@@ -275,6 +275,8 @@ impl Observer for Printer {
             Note::Ignored(_) => {}
             Note::Tied(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
             Note::Tied(_) => {}
+            Note::Names(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
+            Note::Names(_) => {}
             Note::Data(text) => match &self.bar {
                 Some(bar) => bar.println(crate::printable(&format!("warning: {text}"))),
                 None => crate::errln!("ingot: warning: {text}"),

@@ -9,6 +9,8 @@
 //! - [`loader`]: a thread that fills the next batch into one of two caller-supplied buffers
 //!   while the current step runs, allocating nothing per batch.
 //! - [`bytes`]: any file as byte-level tokens (vocabulary 256), for `ingot data bytes`.
+//! - [`tokenizer`]: text through a Hugging Face `tokenizer.json` (GPT-2's BPE and the rest),
+//!   for `ingot data tokenize`, and ids decoded back into text.
 //! - [`images`]: image folders (one folder of JPEG/PNG images per class, torchvision's
 //!   `ImageFolder`), decoded and augmented on CPU threads into image batches.
 //! - [`shard`]: batches as the ranks of a data-parallel step read them, each rank its shard.
@@ -27,6 +29,7 @@ pub mod npy;
 pub mod safetensors_header;
 pub mod samples;
 pub mod shard;
+pub mod tokenizer;
 pub mod tokens;
 
 pub use batches::{
