@@ -123,23 +123,9 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// The session's device, the CPU's thread count set for the process.
     pub fn session_device(&self) -> Result<session::Device, Failure> {
-        use ingot_runtime::cpu::threads;
         match self.device {
             Device::Cpu => {
-                let n = match self.threads {
-                    Some(n) => n as usize,
-                    None if std::env::var_os("INGOT_THREADS").is_some() => {
-                        threads::default_threads()
-                    }
-                    None => threads::machine_threads(),
-                };
-                if n > threads::MAX_THREADS {
-                    return Err(Failure::new(
-                        2,
-                        format!("--threads {n}: give at most {}", threads::MAX_THREADS),
-                    ));
-                }
-                threads::set_default_threads(n);
+                crate::train::set_cpu_threads(self.threads)?;
                 Ok(session::Device::Cpu)
             }
             Device::Cuda => Ok(session::Device::Cuda(Default::default())),

@@ -258,6 +258,25 @@ pub struct StepArgs {
     pub min_lr_ratio: Option<f64>,
 }
 
+/// Sets the CPU executor's thread count for the process: `given` (--threads), else
+/// INGOT_THREADS (a test harness running many commands at once sets 1), else every core. The
+/// executor is made deep inside the session, so the count is the process's default, set once.
+pub(crate) fn set_cpu_threads(given: Option<u64>) -> Result<(), Failure> {
+    let n = match given {
+        Some(n) => n as usize,
+        None if std::env::var_os("INGOT_THREADS").is_some() => threads::default_threads(),
+        None => threads::machine_threads(),
+    };
+    if n > threads::MAX_THREADS {
+        return Err(Failure::new(
+            2,
+            format!("--threads {n}: give at most {}", threads::MAX_THREADS),
+        ));
+    }
+    threads::set_default_threads(n);
+    Ok(())
+}
+
 impl StepArgs {
     /// How image folders are read: --image-mean and --image-std, and the threads that decode
     /// them (--threads, else INGOT_THREADS, else every core); with a new log of skipped files,
@@ -356,23 +375,7 @@ impl StepArgs {
         self.precision.for_device(device)?;
         match device {
             Device::Cpu => {
-                // The CPU executor is made deep inside the session; its thread count is the
-                // process's default, set here once for the run: --threads, else INGOT_THREADS
-                // (a test harness running many commands at once sets 1), else every core.
-                let n = match self.threads {
-                    Some(n) => n as usize,
-                    None if std::env::var_os("INGOT_THREADS").is_some() => {
-                        threads::default_threads()
-                    }
-                    None => threads::machine_threads(),
-                };
-                if n > threads::MAX_THREADS {
-                    return Err(Failure::new(
-                        2,
-                        format!("--threads {n}: give at most {}", threads::MAX_THREADS),
-                    ));
-                }
-                threads::set_default_threads(n);
+                set_cpu_threads(self.threads)?;
                 Ok(session::Device::Cpu)
             }
             Device::Cuda => Ok(session::Device::Cuda(CudaOptions::default())),

@@ -243,7 +243,7 @@ fn a_model_too_large_for_the_host_is_refused_before_allocating_naming_its_sizes(
     let (code, _, err) = ingot(&["train", "--model-file", &model("too-large"), "--steps", "1"]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("4000000043520 bytes") && err.contains("4000000000000 resident"),
+        err.contains("4000000034560 bytes") && err.contains("4000000000000 resident"),
         "{err}"
     );
     let gpt = "gpt:vocab=1099511627776,d_model=32,layers=1,heads=2,d_ff=64,seq=8,batch=2";
