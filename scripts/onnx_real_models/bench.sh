@@ -38,8 +38,8 @@ for name in ${MODELS:-resnet50 vit_b_16 gpt2 bert resnet18 convnext_tiny efficie
   o=$W/$name; mkdir -p $o
   echo "================ $name (t=$(( $(date +%s) - START )) s)"
   case $name in
-    bert) extra="--loss cross-entropy --input-value attention_mask=1 --input-value token_type_ids=0"; b=8;;
-    gpt2) extra="--loss cross-entropy"; b=8;;
+    bert|bert_base) extra="--loss cross-entropy --input-value attention_mask=1 --input-value token_type_ids=0"; b=8;;
+    gpt2|gpt2_124m) extra="--loss cross-entropy"; b=8;;
     unet) extra="--loss mse"; b=${BATCH:-32};;
     *) extra="--loss cross-entropy"; b=${BATCH:-32};;
   esac

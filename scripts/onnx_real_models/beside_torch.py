@@ -17,14 +17,14 @@ import torch, torch.nn.functional as F
 from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from models import LR, build
+from models import LR, TEXT, build
 from torch_timing import time_steps
 
 CONV = {"resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "unet"}
 
 
 def loss_fn(name):
-    if name in ("bert", "gpt2"):
+    if name in TEXT:
         return lambda z, y: F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
     if name == "unet":
         return F.mse_loss
@@ -32,7 +32,7 @@ def loss_fn(name):
 
 
 def inputs(name, x):
-    if name == "bert":
+    if name.startswith("bert"):
         b, s = x.shape
         return (x, torch.ones(b, s, dtype=torch.long, device=x.device),
                 torch.zeros(b, s, dtype=torch.long, device=x.device))

@@ -17,6 +17,9 @@ from export_onnx import export
 # The batch (BATCH=N to time a larger one, session 26); DET_ONLY=1 skips the as-is export.
 B = int(os.environ.get("BATCH", "8"))
 LR = 0.01
+# The transformers models: small configs (2 layers, width 128, sequence 32) and real sizes
+# (GPT-2 small at sequence 1024, BERT-base at 512): vocabulary and sequence of each.
+TEXT = {"gpt2": (1000, 32), "bert": (1000, 32), "gpt2_124m": (50257, 1024), "bert_base": (30522, 512)}
 
 
 class Wrap(nn.Module):
@@ -56,9 +59,20 @@ class UNet(nn.Module):
 def build(name, det):
     import torchvision
     torch.manual_seed(0)
-    if name in ("bert", "gpt2"):
+    if name in TEXT:
         import transformers as tf
         p = 0.0 if det else 0.1
+        if name == "bert_base":
+            # BERT-base's shape (bert-base-uncased's config), random weights.
+            cfg = tf.BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                intermediate_size=3072, max_position_embeddings=512,
+                                hidden_dropout_prob=p, attention_probs_dropout_prob=p)
+            return Wrap(tf.BertForMaskedLM(cfg))
+        if name == "gpt2_124m":
+            # GPT-2 small's shape (the `gpt2` checkpoint's config), random weights.
+            cfg = tf.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                                resid_pdrop=p, embd_pdrop=p, attn_pdrop=p)
+            return Wrap(tf.GPT2LMHeadModel(cfg))
         if name == "bert":
             cfg = tf.BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=256, max_position_embeddings=64,
@@ -81,12 +95,13 @@ def build(name, det):
 
 def main(name, out):
   os.makedirs(out, exist_ok=True)
-  seq = 32
-  if name in ("bert", "gpt2"):
-      x = torch.randint(0, 1000, (B, seq))
-      y = torch.randint(0, 1000, (B, seq))
-      args = (x, torch.ones(B, seq, dtype=torch.long), torch.zeros(B, seq, dtype=torch.long)) if name == "bert" else (x,)
-      in_names = ["input_ids", "attention_mask", "token_type_ids"] if name == "bert" else ["input_ids"]
+  if name in TEXT:
+      vocab, seq = TEXT[name]
+      x = torch.randint(0, vocab, (B, seq))
+      y = torch.randint(0, vocab, (B, seq))
+      bert = name.startswith("bert")
+      args = (x, torch.ones(B, seq, dtype=torch.long), torch.zeros(B, seq, dtype=torch.long)) if bert else (x,)
+      in_names = ["input_ids", "attention_mask", "token_type_ids"] if bert else ["input_ids"]
       loss_fn = lambda z, y: F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
   elif name == "unet":
       x = torch.randn(B, 3, 64, 64)
@@ -100,7 +115,7 @@ def main(name, out):
       loss_fn = F.cross_entropy
 
   t = time.time()
-  only_det = name in ("vit_b_16", "unet") or os.environ.get("DET_ONLY") == "1"
+  only_det = name in ("vit_b_16", "unet", "gpt2_124m", "bert_base") or os.environ.get("DET_ONLY") == "1"
   for det in ((True,) if only_det else (False, True)):
       m = build(name, det)
       export(m, args, f"{out}/{'det' if det else 'train'}.onnx", input_names=in_names)
