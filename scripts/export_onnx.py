@@ -4,7 +4,8 @@
 with training_mode true), parameters as initializers named as in the module's state_dict
 (`fc1.weight`), no constant folding (which would fold a weight's transpose into a new,
 renamed initializer), opset 17, and the module's parameters listed in the model's metadata
-(`ingot.parameters`; its float buffers as `ingot.frozen`) so that Ingot trains those and
+(`ingot.parameters`; its float buffers as `ingot.frozen`; its embeddings' padding rows as
+`ingot.padding_idx`) so that Ingot trains those and
 nothing else (the exporter also writes literal constants as initializers).
 
 As a library:
@@ -80,6 +81,16 @@ def export(module, args, path, input_names=("input",), output_names=("logits",),
         entry = model.metadata_props.add()
         entry.key = "ingot.frozen"
         entry.value = ",".join(frozen)
+    # Embeddings' padding rows: PyTorch passes them no gradient from the lookup, which ONNX's
+    # Gather cannot say (BERT's word embeddings, tied to its output layer, train differently
+    # without it).
+    padding = [f"{name}.weight:{m.padding_idx}" for name, m in module.named_modules()
+               if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None
+               and f"{name}.weight" in inits]
+    if padding:
+        entry = model.metadata_props.add()
+        entry.key = "ingot.padding_idx"
+        entry.value = ",".join(padding)
     model.producer_name = "scripts/export_onnx.py"
     onnx.save(model, path)
     return [n for n in params if n in inits]

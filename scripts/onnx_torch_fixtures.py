@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes the PyTorch fixtures of the ONNX importer's training test (onnx/tests/torch.rs):
 for a few small models (an MLP, a torchvision-like CNN with batch norm and a residual block,
-a GPT-like transformer), a folder OUT_DIR/<name>/ holding
+a GPT-like transformer, and where transformers is installed its GPT-2 and BERT at a tiny
+config), a folder OUT_DIR/<name>/ holding
 
     model.onnx           the training-mode export (scripts/export_onnx.py)
     init.safetensors     the initial state_dict (parameters and buffers)
     batch.safetensors    one batch: x, and the labels y
-    losses.json          the losses of 5 SGD steps in PyTorch (f32, CPU), lr, the logits output
+    losses.json          the losses of 5 SGD steps in PyTorch (f32, CPU), lr, the logits output,
+                         and for a transformer how many attentions Ingot must fuse
 
     python3 scripts/onnx_torch_fixtures.py onnx/tests/torch
 
@@ -120,17 +122,54 @@ class GPT(nn.Module):
         return self.head(self.lnf(x))
 
 
+class Logits(nn.Module):
+    """A transformers model called on token ids alone, returning its logits; BERT's attention
+    mask (all ones) and token types (all zeros) are made inside, so they export as constants."""
+
+    def __init__(self, m, bert):
+        super().__init__()
+        self.m = m
+        self.bert = bert
+
+    def forward(self, idx):
+        if self.bert:
+            return self.m(input_ids=idx, attention_mask=torch.ones_like(idx),
+                          token_type_ids=torch.zeros_like(idx)).logits
+        return self.m(input_ids=idx).logits
+
+
+def transformers_models():
+    """transformers' GPT-2 and BERT at a tiny config (random weights, no dropout): their
+    exported attention (PyTorch's SDPA export: q and k each scaled, an additive mask, a NaN
+    guard) must become Ingot's fused attention, one per layer (`attentions`)."""
+    try:
+        import transformers as tf
+    except ImportError:
+        print("transformers is not installed: the hf_gpt2 and hf_bert fixtures are not written")
+        return
+    gpt = tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)
+    yield "hf_gpt2", Logits(tf.GPT2LMHeadModel(gpt), False), 2
+    bert = tf.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=8,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    yield "hf_bert", Logits(tf.BertForMaskedLM(bert), True), 2
+
+
 def cases():
     g = torch.Generator().manual_seed(0)
-    yield "mlp", MLP(), torch.randn(8, 20, generator=g), torch.randint(0, 10, (8,), generator=g)
-    yield "cnn", CNN(), torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
-    yield "gpt", GPT(), torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g)
+    yield "mlp", MLP(), torch.randn(8, 20, generator=g), torch.randint(0, 10, (8,), generator=g), None
+    yield "cnn", CNN(), torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g), None
+    yield "gpt", GPT(), torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g), 2
+    for name, module, attentions in transformers_models():
+        yield name, module, torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g), attentions
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "onnx/tests/torch"
     torch.manual_seed(0)
-    for name, module, x, y in cases():
+    for name, module, x, y, attentions in cases():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         module = module.float().train()
@@ -152,7 +191,8 @@ def main():
             losses.append(loss.item())
         with open(os.path.join(d, "losses.json"), "w") as f:
             json.dump({"losses": losses, "lr": LR, "optimizer": "sgd", "loss": "cross-entropy",
-                       "logits": "logits", "torch": torch.__version__}, f, indent=1)
+                       "logits": "logits", "torch": torch.__version__,
+                       **({"attentions": attentions} if attentions else {})}, f, indent=1)
         print(f"{d}: losses {', '.join(f'{v:.6f}' for v in losses)}")
 
 

@@ -29,6 +29,10 @@
 //!   not stored: all elements equal is a `full` node, `0..n` an `iota`, and a triangle (a
 //!   causal mask, a buffer or built with `Trilu`) a compare of two iotas, the form attention
 //!   recognition fuses.
+//! - **Embeddings' padding rows**: PyTorch's `nn.Embedding(padding_idx=r)` passes no gradient
+//!   from the lookup into row `r`, which an ONNX `Gather` cannot say; the metadata
+//!   `ingot.padding_idx` (`table:row,...`, written by `scripts/export_onnx.py`) restores it
+//!   (`select(ids == r, stop_gradient(y), y)`: the same values, no gradient at those rows).
 //! - **Inputs**: a model's data inputs (its graph inputs that are not initializers) become
 //!   Ingot's `x` and `y`, the two inputs every Ingot model has and the trainer feeds: with
 //!   [`Loss::Output`] the first data input is `x` and a second, if any, is `y` (a model that
@@ -374,6 +378,8 @@ struct Prepared<'a> {
     inputs: Vec<(String, String)>,
     input_types: Vec<TensorType>,
     dir: read::DataDir,
+    /// Embedding tables' padding rows (metadata `ingot.padding_idx`): [`Lower::padding`].
+    padding: HashMap<String, i64>,
 }
 
 fn prepare<'a>(
@@ -512,6 +518,7 @@ fn prepare<'a>(
             consts.insert(n.to_string(), read::tensor(t, opts.float, &dir)?);
         }
     }
+    let padding = padding_rows(model)?;
     Ok(Prepared {
         fixed,
         graph,
@@ -524,7 +531,34 @@ fn prepare<'a>(
         inputs,
         input_types,
         dir,
+        padding,
     })
+}
+
+/// The metadata `ingot.padding_idx` (`table:row,...`, written by `scripts/export_onnx.py` for
+/// each `nn.Embedding` with a `padding_idx`): rows whose embedding lookups pass no gradient back,
+/// as PyTorch's embedding backward skips them. ONNX's `Gather` cannot say so, and without it
+/// a tied table (BERT's word embeddings) trains its padding row differently from PyTorch.
+fn padding_rows(model: &ModelProto) -> Result<HashMap<String, i64>> {
+    let mut rows = HashMap::new();
+    for p in model
+        .metadata_props
+        .iter()
+        .filter(|p| p.key() == "ingot.padding_idx")
+    {
+        for entry in p.value().split(',').filter(|s| !s.is_empty()) {
+            let row = entry
+                .rsplit_once(':')
+                .and_then(|(name, row)| Some((name, row.parse::<i64>().ok()?)));
+            let Some((name, row)) = row else {
+                return Err(OnnxError::Options(format!(
+                    "metadata ingot.padding_idx: {entry:?} is not TABLE:ROW"
+                )));
+            };
+            rows.insert(name.to_string(), row);
+        }
+    }
+    Ok(rows)
 }
 
 fn import_model(
@@ -747,6 +781,7 @@ impl Prepared<'_> {
                 .collect(),
             uniforms: HashMap::new(),
             bernoulli: HashMap::new(),
+            padding: &self.padding,
         };
         for &i in &self.order {
             let n: &NodeProto = &graph.node[i];

@@ -2,8 +2,9 @@
 //! folder `onnx/tests/torch/<name>/` (written by `scripts/onnx_torch_fixtures.py` on a machine
 //! with PyTorch), the imported model, loaded with PyTorch's initial state_dict (every
 //! parameter found under its PyTorch name) and trained 5 SGD steps on the CPU on the saved
-//! batch, gives PyTorch's losses within 1e-4 relative. A missing folder is skipped, saying
-//! which and how to make it.
+//! batch, gives PyTorch's losses within 1e-4 relative, and a transformer's attention layers
+//! (transformers' GPT-2 and BERT included, as PyTorch's SDPA export writes them) become
+//! Ingot's fused attention. A missing folder is skipped, saying which and how to make it.
 
 mod support;
 
@@ -17,7 +18,7 @@ use ingot_trainer::session::Session;
 use std::path::PathBuf;
 use support::*;
 
-const MODELS: [&str; 3] = ["mlp", "cnn", "gpt"];
+const MODELS: [&str; 5] = ["mlp", "cnn", "gpt", "hf_gpt2", "hf_bert"];
 
 fn train_like_pytorch(name: &str) -> Option<()> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -41,6 +42,11 @@ fn train_like_pytorch(name: &str) -> Option<()> {
         ..Default::default()
     };
     let imp = import(&dir.join("model.onnx"), &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // A transformer's attention, however its exporter wrote it, is Ingot's fused attention.
+    if let Some(want) = doc["attentions"].as_u64() {
+        let (_, fused) = ingot_compiler::recognize::attention(&imp.model.graph).unwrap();
+        assert_eq!(fused as u64, want, "{name}: attentions fused");
+    }
     let init = io::load(dir.join("init.safetensors")).unwrap();
     let file = weights(&imp);
     let mut params = IndexMap::new();

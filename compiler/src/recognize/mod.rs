@@ -33,6 +33,7 @@
 //! views it no longer needs go too, and its output is transposed back to the chain's layout.
 
 mod layout;
+mod mask;
 
 use crate::error::IrError;
 use crate::ir::{BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceOp, UnaryOp};
@@ -238,8 +239,17 @@ fn find(g: &Graph, uses: &[usize], out: NodeId) -> Option<Found> {
     let mut take = |x: NodeId, n: usize| -> Option<NodeId> {
         (uses[x.index()] == n).then(|| interior.push(x)).map(|_| x)
     };
-    // p = e / broadcast(Σ e)
+    // p = e / broadcast(Σ e), or that with its NaNs replaced (`select(p != p, c, p)`, PyTorch's
+    // SDPA export): a softmax over finite scores with a visible key in every row, which the
+    // masks accepted below leave, has no NaN, so the guard changes nothing.
     take(p, 1)?;
+    let p = match nan_guard(g, p) {
+        Some((ne, inner)) => {
+            take(ne, 1)?;
+            take(inner, 3)?
+        }
+        None => p,
+    };
     let (e, sb) = binary(g, p, BinaryOp::Div)?;
     let sum = through_broadcast(g, sb, &mut take)?;
     take(sum, 1)?;
@@ -263,13 +273,16 @@ fn find(g: &Graph, uses: &[usize], out: NodeId) -> Option<Found> {
         return None;
     }
     take(s, 2)?;
-    // s = select(causal mask, fill, scaled) or the scaled scores themselves.
-    let (scaled, causal) = match causal_select(g, s) {
-        Some(scaled) => {
-            take(scaled, 1)?;
-            (scaled, true)
-        }
-        None => (s, false),
+    // s = select(causal mask, fill, scaled), scaled + a mask computed from constants (`mask`),
+    // or the scaled scores themselves.
+    let (scaled, causal) = if let Some(scaled) = causal_select(g, s) {
+        take(scaled, 1)?;
+        (scaled, true)
+    } else if let Some((scaled, effect)) = added_mask(g, s) {
+        take(scaled, 1)?;
+        (scaled, effect == mask::Effect::Causal)
+    } else {
+        (s, false)
     };
     // scaled = scores · c, c · scores, scores / c, or the scores themselves.
     let (scores, scale) = match scaling(g, scaled) {
@@ -283,6 +296,20 @@ fn find(g: &Graph, uses: &[usize], out: NodeId) -> Option<Found> {
         return None;
     };
     let (q, k) = (g.node(scores).inputs[0], g.node(scores).inputs[1]);
+    // q and kᵀ each scaled before their product (PyTorch's SDPA export multiplies both by
+    // √scale): the scales multiply.
+    let mut scale = scale;
+    let mut unscaled = |x: NodeId| -> Option<NodeId> {
+        match scaling(g, x) {
+            Some((inner, c)) if uses[x.index()] == 1 => {
+                take(x, 1)?;
+                scale *= c;
+                Some(inner)
+            }
+            _ => Some(x),
+        }
+    };
+    let (q, k) = (unscaled(q)?, unscaled(k)?);
     if !scale.is_finite() || g.ty(q).dtype != node.ty.dtype {
         return None;
     }
@@ -344,6 +371,28 @@ fn scaling(g: &Graph, x: NodeId) -> Option<(NodeId, f64)> {
         Op::Binary(BinaryOp::Div) => constant(g, n.inputs[1]).map(|c| (n.inputs[0], 1.0 / c)),
         _ => None,
     }
+}
+
+/// `(ne, p)` when `x` is `select(ne(p, p), c, p)` for a constant `c`: `p` with its NaNs replaced.
+fn nan_guard(g: &Graph, x: NodeId) -> Option<(NodeId, NodeId)> {
+    let n = g.node(x);
+    if n.op != Op::Select {
+        return None;
+    }
+    let (ne, c, p) = (n.inputs[0], n.inputs[1], n.inputs[2]);
+    let cmp = g.node(ne);
+    let guards = cmp.op == Op::Compare(CmpOp::Ne) && cmp.inputs[..] == [p, p];
+    (guards && constant(g, c).is_some()).then_some((ne, p))
+}
+
+/// `(scaled, effect)` when `s` is `scaled + m` (or `m + scaled`) for a mask `m` computed from
+/// constants that masks nothing or exactly the future keys ([`mask::additive`]).
+fn added_mask(g: &Graph, s: NodeId) -> Option<(NodeId, mask::Effect)> {
+    let (a, b) = binary(g, s, BinaryOp::Add)?;
+    let dims = g.ty(s).shape.dims();
+    [(a, b), (b, a)]
+        .into_iter()
+        .find_map(|(scaled, m)| mask::additive(g, m, dims).map(|e| (scaled, e)))
 }
 
 /// Which position along the scores' axes an index value stands for.
@@ -651,6 +700,67 @@ mod tests {
                 1,
                 "spelling {k}"
             );
+        }
+    }
+
+    /// PyTorch's SDPA export: q and kᵀ each scaled by √scale, `where(j > i, -inf, 0)` added to
+    /// the scores (`mask`: the compare of `j` with `i` choosing the fill), and the
+    /// probabilities' NaNs replaced by 0.
+    fn sdpa_export(mask: Option<CmpOp>) -> Graph {
+        let mut g = Graph::new();
+        let q = g.input("q", [3, 4, 6, 8], DType::F32).unwrap();
+        let k = g.input("k", [3, 4, 6, 8], DType::F32).unwrap();
+        let v = g.input("v", [3, 4, 6, 8], DType::F32).unwrap();
+        let q = g.mul_scalar(q, 0.5).unwrap();
+        let kt = g.transpose_last(k).unwrap();
+        let kt = g.mul_scalar(kt, 0.5).unwrap();
+        let mut s = g.matmul(q, kt).unwrap();
+        if let Some(cmp) = mask {
+            let i = g.iota([6, 6], 0, DType::I64).unwrap();
+            let j = g.iota([6, 6], 1, DType::I64).unwrap();
+            let future = g.compare(cmp, j, i).unwrap();
+            let fill = g.full(f64::NEG_INFINITY, [6, 6], DType::F32).unwrap();
+            let zero = g.full(0.0, [6, 6], DType::F32).unwrap();
+            let m = g.select(future, fill, zero).unwrap();
+            let m = g.broadcast_to(m, [3, 4, 6, 6]).unwrap();
+            s = g.add(s, m).unwrap();
+        }
+        let p = nn::softmax(&mut g, s).unwrap();
+        let nan = g.compare(CmpOp::Ne, p, p).unwrap();
+        let zero = g.full(0.0, [3, 4, 6, 6], DType::F32).unwrap();
+        let p = g.select(nan, zero, p).unwrap();
+        let o = g.matmul(p, v).unwrap();
+        let l = g.sum_all(o).unwrap();
+        g.set_output("loss", l).unwrap();
+        g
+    }
+
+    #[test]
+    fn pytorchs_sdpa_export_with_split_scales_an_added_mask_and_a_nan_guard_is_one_attention() {
+        for causal in [true, false] {
+            let (r, n) = attention(&sdpa_export(causal.then_some(CmpOp::Gt))).unwrap();
+            assert_eq!(n, 1, "causal {causal}");
+            assert_eq!(
+                count(&r, |o| *o
+                    == Op::Attention {
+                        causal,
+                        scale: 0.25,
+                        layout: AttentionLayout::Heads,
+                    }),
+                1,
+                "causal {causal}"
+            );
+            // Nothing of the chain is left: no exponential, no select, no iota.
+            assert_eq!(count(&r, |o| matches!(o, Op::Unary(UnaryOp::Exp))), 0);
+            assert_eq!(count(&r, |o| matches!(o, Op::Select | Op::Iota { .. })), 0);
+        }
+    }
+
+    #[test]
+    fn an_added_mask_that_hides_the_diagonal_leaves_the_math_as_it_is() {
+        for wrong in [CmpOp::Ge, CmpOp::Lt, CmpOp::Ne] {
+            let g = sdpa_export(Some(wrong));
+            assert_eq!(attention(&g).unwrap().1, 0, "{wrong:?}");
         }
     }
 

@@ -80,6 +80,11 @@ impl Lower<'_> {
             }
             ids.push(self.node(p, &n.input[i])?);
         }
+        // A join of one part is that part (PyTorch's SDPA export concatenates a lone key and
+        // value onto an empty cache): no copy, and attention recognition sees the projection.
+        if let [only] = ids[..] {
+            return one(only);
+        }
         one(ir(self.g.concat(&ids, axis))?)
     }
 

@@ -67,6 +67,9 @@ pub struct Lower<'a> {
     pub uniforms: HashMap<String, (String, f64, f64)>,
     /// Bernoulli masks (comparisons of a uniform draw), by ONNX name: the probability of true.
     pub bernoulli: HashMap<String, f64>,
+    /// Embedding tables' padding rows, by initializer name: a `Gather` of such a table passes
+    /// no gradient back to the rows it reads at that index (PyTorch's `padding_idx`).
+    pub padding: &'a HashMap<String, i64>,
 }
 
 fn norm_axis(axis: i64, rank: usize) -> R<usize> {

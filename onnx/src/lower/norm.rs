@@ -180,6 +180,25 @@ impl Lower<'_> {
 
     /// `Gather(data, indices, axis)`: the table's `axis` moved first, rows gathered, the
     /// index axes put back where `axis` was. A constant scalar index is a slice.
+    /// `y = gather(table, ids)` with the rows read at index `row` cut from the backward pass:
+    /// `select(ids == row, stop_gradient(y), y)`, the same values, no gradient into the table's
+    /// padding row from this lookup (PyTorch's `nn.Embedding(padding_idx=row)`).
+    fn padding_passes_no_gradient(&mut self, y: NodeId, ids: NodeId, row: i64) -> R<NodeId> {
+        let id_dims = self.g.ty(ids).shape.dims().to_vec();
+        let y_dims = self.g.ty(y).shape.dims().to_vec();
+        let pad = ir(self
+            .g
+            .full(row as f64, Shape::new(&id_dims), self.g.ty(ids).dtype))?;
+        let at_pad = ir(self.g.compare(CmpOp::Eq, ids, pad))?;
+        // [i...] -> [i..., 1...] -> y's [i..., d...].
+        let mut ones = id_dims;
+        ones.resize(y_dims.len(), 1);
+        let at_pad = ir(self.g.reshape(at_pad, Shape::new(&ones)))?;
+        let at_pad = ir(self.g.broadcast_to(at_pad, Shape::new(&y_dims)))?;
+        let kept = ir(self.g.stop_gradient(y))?;
+        ir(self.g.select(at_pad, kept, y))
+    }
+
     pub(super) fn gather(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
         let data = self.arg(n, 0)?;
         let idx = self.arg(n, 1)?;
@@ -230,6 +249,10 @@ impl Lower<'_> {
         };
         let y = ir(self.g.gather(table, ids))?;
         if axis == 0 {
+            let y = match self.padding.get(&n.input[0]) {
+                Some(&row) => self.padding_passes_no_gradient(y, ids, row)?,
+                None => y,
+            };
             return Ok(vec![Val::Node(y)]);
         }
         // y is [idx..., d[0..axis], d[axis+1..]]; the output is [d[0..axis], idx..., d[axis+1..]].
