@@ -157,6 +157,11 @@ def transformers_models():
     yield "hf_bert", Logits(tf.BertForMaskedLM(bert), True), 2
 
 
+def transformers_version():
+    import transformers
+    return transformers.__version__
+
+
 def cases():
     g = torch.Generator().manual_seed(0)
     yield "mlp", MLP(), torch.randn(8, 20, generator=g), torch.randint(0, 10, (8,), generator=g), None
@@ -192,7 +197,9 @@ def main():
         with open(os.path.join(d, "losses.json"), "w") as f:
             json.dump({"losses": losses, "lr": LR, "optimizer": "sgd", "loss": "cross-entropy",
                        "logits": "logits", "torch": torch.__version__,
-                       **({"attentions": attentions} if attentions else {})}, f, indent=1)
+                       **({"attentions": attentions} if attentions else {}),
+                       **({"transformers": transformers_version()} if name.startswith("hf_") else {})},
+                      f, indent=1)
         print(f"{d}: losses {', '.join(f'{v:.6f}' for v in losses)}")
 
 

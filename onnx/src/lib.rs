@@ -26,7 +26,8 @@
 //!   `named_parameters` and `named_buffers`), and any other constant a graph op reads that
 //!   Ingot cannot compute ([`Weight::constant`]: a step that does not load it computes
 //!   something else, so `ingot compile` refuses such a model). Constants Ingot computes are
-//!   not stored: all elements equal is a `full` node, `0..n` an `iota`, and a triangle (a
+//!   not stored: all elements equal is a `full` node, `0..n` an `iota`, one repeated along an
+//!   axis that smaller constant broadcast, and a triangle (a
 //!   causal mask, a buffer or built with `Trilu`) a compare of two iotas, the form attention
 //!   recognition fuses.
 //! - **Embeddings' padding rows**: PyTorch's `nn.Embedding(padding_idx=r)` passes no gradient

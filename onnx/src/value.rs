@@ -149,6 +149,41 @@ impl Const {
         same.then_some(first)
     }
 
+    /// The constant with every axis its elements repeat along cut to size 1, when there is
+    /// such an axis: the constant is that smaller one broadcast back (an exported attention
+    /// mask `[batch, 1, T, T]` is one `[1, 1, T, T]` triangle for every sample).
+    pub fn repeated(&self) -> Option<Const> {
+        let mut cur = self.clone();
+        let mut cut = false;
+        for a in 0..cur.dims.len() {
+            let n = cur.dims[a];
+            if n <= 1 {
+                continue;
+            }
+            let outer: usize = cur.dims[..a].iter().product();
+            let inner: usize = cur.dims[a + 1..].iter().product();
+            let bits = |i: usize| cur.data.f64_at(i).to_bits();
+            let same = (0..outer).all(|o| {
+                let base = o * n * inner;
+                (1..n).all(|k| (0..inner).all(|i| bits(base + k * inner + i) == bits(base + i)))
+            });
+            if !same {
+                continue;
+            }
+            let keep: Vec<usize> = (0..outer)
+                .flat_map(|o| (0..inner).map(move |i| o * n * inner + i))
+                .collect();
+            let data = match &cur.data {
+                Data::F(v) => Data::F(keep.iter().map(|&i| v[i]).collect()),
+                Data::I(v) => Data::I(keep.iter().map(|&i| v[i]).collect()),
+            };
+            cur.dims[a] = 1;
+            cur.data = data;
+            cut = true;
+        }
+        cut.then_some(cur)
+    }
+
     /// When the elements over the last two axes depend only on the diagonal `d = j − i`, as
     /// one value up to some `d = k` and another after (a causal mask, a triangle of ones), and
     /// every leading axis has size 1: `(k, value for d <= k, value for d > k)`.
@@ -365,6 +400,24 @@ mod tests {
         let b = Const::new(DType::I64, vec![2, 2], Data::I(vec![3, 4, 5, 6]));
         let c = Const::concat(&[a, b], 1);
         assert_eq!(c.data, Data::I(vec![1, 3, 4, 2, 5, 6]));
+    }
+
+    #[test]
+    fn a_mask_repeated_over_the_batch_is_one_triangle_and_a_varying_one_is_kept() {
+        // [2, 1, 3, 3]: the same causal mask for both samples.
+        let tri = [0.0, -1.0, -1.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0];
+        let both: Vec<f64> = tri.iter().chain(tri.iter()).copied().collect();
+        let c = Const::new(DType::F32, vec![2, 1, 3, 3], Data::F(both.clone()));
+        let small = c.repeated().unwrap();
+        assert_eq!(small.dims, [1, 1, 3, 3]);
+        assert_eq!(small.triangle(), Some((0, 0.0, -1.0)));
+        // A padded sample differs from the other: nothing repeats.
+        let mut padded = both;
+        padded[9 + 2] = -1.0;
+        padded[9 + 5] = -1.0;
+        padded[9 + 8] = -1.0;
+        let c = Const::new(DType::F32, vec![2, 1, 3, 3], Data::F(padded));
+        assert_eq!(c.repeated(), None);
     }
 
     #[test]

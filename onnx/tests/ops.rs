@@ -224,12 +224,14 @@ fn a_causal_mask_buffer_is_computed_from_iotas_not_stored() {
 }
 
 #[test]
-fn a_constant_with_no_pattern_is_a_state_leaf_holding_its_elements() {
+fn a_constant_with_no_pattern_is_a_state_leaf_holding_its_elements_once() {
+    // A [3, 1] constant expanded to [3, 4]: the state holds its 3 elements, broadcast.
     let imp = import_mse("ops/constant_expand.onnx").unwrap();
     let w: Vec<(&String, &ingot_onnx::Weight)> = imp.weights.iter().collect();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].1.kind, ingot_compiler::ir::LeafKind::State);
-    assert_eq!(w[0].1.ty.shape.dims(), [3, 4]);
+    assert_eq!(w[0].1.ty.shape.dims(), [3, 1]);
+    assert_eq!(w[0].1.bytes.len(), 3 * 4);
 }
 
 #[test]

@@ -18,7 +18,16 @@ use ingot_trainer::session::Session;
 use std::path::PathBuf;
 use support::*;
 
-const MODELS: [&str; 5] = ["mlp", "cnn", "gpt", "hf_gpt2", "hf_bert"];
+// hf_gpt2_mask_once: transformers 5.17's GPT-2, whose causal mask is built once for the model (a
+// folded constant `[batch, 1, T, T]`) where later versions build it in every layer.
+const MODELS: [&str; 6] = [
+    "mlp",
+    "cnn",
+    "gpt",
+    "hf_gpt2",
+    "hf_bert",
+    "hf_gpt2_mask_once",
+];
 
 fn train_like_pytorch(name: &str) -> Option<()> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

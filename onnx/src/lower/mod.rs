@@ -127,6 +127,10 @@ impl Lower<'_> {
         if c.dims.len() == 1 && counts && c.dtype != DType::Bool {
             return ir(self.g.iota(Shape::new(&c.dims), 0, c.dtype));
         }
+        if let Some(small) = c.repeated() {
+            let x = self.materialize(&small, hint)?;
+            return ir(self.g.broadcast_to(x, Shape::new(&c.dims)));
+        }
         if let Some((k, low, high)) = c.triangle() {
             // `select(j − i <= k, low, high)` from two iotas shaped as the constant: a mask
             // is computed, not stored. On the diagonal (`k = 0`) the iotas are compared
