@@ -1,6 +1,6 @@
 //! The update's non-finite count (`StepOptions::count_nonfinite`) as fusion and the planner
 //! see it: its first stage inside each update's kernel, cut in one round of lowering however
-//! many parameters there are, and a plan that grows by a few bytes at most.
+//! many parameters there are, and plans that grow by a kernel's scratch at most.
 
 use ingot_compiler::autodiff::{StepOptions, NONFINITE};
 use ingot_compiler::ir::{Graph, NodeId, Op};
@@ -85,8 +85,11 @@ fn on_cuda_each_update_kernel_counts_its_rows_and_nothing_reads_a_new_weight_aga
     }
 }
 
+/// The count's bytes (a few 256-byte blocks) and, on the CPU, the lane buffers of the few
+/// values it adds to each update's kernel (scratch that counts where the peak is in the
+/// update, as in small models); at GPT-2's size it moves no plan.
 #[test]
-fn the_count_adds_at_most_a_few_blocks_to_a_plan() {
+fn the_count_adds_at_most_a_kernels_scratch_to_small_plans_and_nothing_to_gpt2s() {
     for spec in ["mlp".to_string(), gpt(2)] {
         for target in [Target::Cpu, Target::Cuda] {
             let opts = Options::for_target(target);
@@ -94,11 +97,20 @@ fn the_count_adds_at_most_a_few_blocks_to_a_plan() {
             let without = compiled(&spec, StepOptions::default(), &opts)
                 .plan
                 .total_bytes;
-            eprintln!("{spec} {target}: {without} -> {with} bytes");
+            eprintln!("{spec} on {target}: {without} -> {with} bytes");
             assert!(
-                with <= without + 4 * 1024,
+                with <= without + 16 * 1024,
                 "{spec} on {target}: {without} bytes without the count, {with} with it"
             );
         }
     }
+    let opts = Options {
+        precision: Some(Precision::Bf16),
+        ..Options::for_target(Target::Cuda)
+    };
+    let with = compiled("gpt2", counting(), &opts).plan.total_bytes;
+    let without = compiled("gpt2", StepOptions::default(), &opts)
+        .plan
+        .total_bytes;
+    assert_eq!(with, without, "gpt2 in bf16 on CUDA");
 }
