@@ -6,8 +6,9 @@
 //! step the run only learns of it when it reads the weights (to save them), steps later. The
 //! count is a reduction over each new parameter value, appended after the update so that
 //! fusion folds its first stage (a sum per row, [`count_by_rows`]) into the update's own
-//! kernel (the value is in registers there: no extra pass over the weights), and read by the host with the loss each step; a nonzero count
-//! stops the run, and only then does the host look for which parameter it was.
+//! kernel (the value is in registers there: no extra pass over the weights). The host reads
+//! it with the loss each step; a nonzero count stops the run, and only then does the host
+//! look for which parameter it was.
 //!
 //! An element `x` is non-finite exactly when `x - x` is not 0 (`inf - inf` and `NaN - NaN`
 //! are NaN; every finite `x` gives 0), so the count is `Σ select(x - x ≠ 0, 1, 0)`: each
