@@ -5,7 +5,7 @@
 //! rate too large) or divide by zero (the gradient of `sqrt` at 0). Without a check inside the
 //! step the run only learns of it when it reads the weights (to save them), steps later. The
 //! count is a reduction over each new parameter value, appended after the update so that
-//! fusion folds its first stage (a sum per row, [`count_by_rows`]) into the update's own
+//! fusion folds its first stage (a sum per row, `count_by_rows`) into the update's own
 //! kernel (the value is in registers there: no extra pass over the weights). The host reads
 //! it with the loss each step; a nonzero count stops the run, and only then does the host
 //! look for which parameter it was.
@@ -23,7 +23,7 @@ use crate::ir::{CmpOp, DType, Graph, LeafKind, Op, Origin, Shape};
 /// step has just written ([`super::StepOptions::count_nonfinite`]).
 pub const NONFINITE: &str = "nonfinite_parameters";
 
-/// Elements a row of the first stage of [`count_by_rows`] holds at least, where the
+/// Elements a row of the first stage of `count_by_rows` holds at least, where the
 /// parameter has the axes for it: a row kernel's threads stride along a row.
 const MIN_ROW: usize = 256;
 
