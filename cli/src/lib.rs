@@ -226,8 +226,9 @@ fn parse_bucket_size(v: &str) -> Result<usize, String> {
 }
 
 impl ModelArgs {
-    /// What the training step computes besides gradients and update: gradient clipping as
-    /// asked, and, when `inputs`, a learning-rate scale input (a schedule will drive it) and
+    /// What the training step computes besides gradients and update: the count of non-finite
+    /// parameters after the update (always: a run stops at the step that makes one), gradient
+    /// clipping as asked, and, when `inputs`, a learning-rate scale input (a schedule will drive it) and
     /// AdamW's step number as an input (the host counts steps; a resumed run passes its own).
     pub fn step_options(&self, inputs: bool) -> ingot_compiler::autodiff::StepOptions {
         ingot_compiler::autodiff::StepOptions {
@@ -245,6 +246,7 @@ impl ModelArgs {
             bucket_bytes: self.bucket_size.unwrap_or(0),
             cast_weights_each_step: self.no_weight_copies,
             shard_optimizer: self.shard_optimizer,
+            count_nonfinite: true,
         }
     }
 

@@ -186,8 +186,10 @@ pub struct StepArgs {
     /// --steps/--epochs as the run that wrote it.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// Keep going after a step whose loss is NaN or infinite, logging it (default: stop there,
-    /// naming the step, with the last checkpoint kept). The step's update is NOT undone: it
+    /// Keep going after a step whose loss, gradient norm or updated parameters are NaN or
+    /// infinite (the step counts its parameters' non-finite values each step), logging it
+    /// (default: stop there, naming the step and the parameter, with the last checkpoint
+    /// kept). The step's update is NOT undone: it
     /// runs inside the compiled step and has been applied when the loss is seen, so parameters
     /// it made non-finite stay so; prefer resuming from the last checkpoint with a lower
     /// learning rate.

@@ -243,7 +243,7 @@ fn a_model_too_large_for_the_host_is_refused_before_allocating_naming_its_sizes(
     let (code, _, err) = ingot(&["train", "--model-file", &model("too-large"), "--steps", "1"]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("4000000034560 bytes") && err.contains("4000000000000 resident"),
+        err.contains("4000000039168 bytes") && err.contains("4000000000000 resident"),
         "{err}"
     );
     let gpt = "gpt:vocab=1099511627776,d_model=32,layers=1,heads=2,d_ff=64,seq=8,batch=2";
@@ -552,4 +552,145 @@ fn names_holding_escape_sequences_print_escaped_everywhere() {
         }
     }
     assert!(escaped > 0, "no name was printed at all");
+}
+
+/// Every file of a directory and its bytes, sorted by name, but the lock file (which holds
+/// the pid of the last run that opened the directory).
+fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    listing(dir)
+        .into_iter()
+        .filter(|n| n != "checkpoint.lock")
+        .map(|n| {
+            let bytes = std::fs::read(dir.join(&n)).unwrap();
+            (n, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn an_update_that_makes_a_parameter_non_finite_stops_the_run_at_that_step_naming_it() {
+    let dir = scratch("non_finite_update");
+    let (weights, ck) = (dir.join("w.safetensors"), dir.join("ck"));
+    // Two good steps: a checkpoint at step 2 and the weights saved.
+    let (code, _, err) = ingot(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "2",
+        "--checkpoint",
+        s(&ck),
+        "--save",
+        s(&weights),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (good, good_ck) = (std::fs::read(&weights).unwrap(), contents(&ck));
+    // Resumed with a learning rate of 1e39: step 3's loss is finite, its update is not.
+    let exe = dir.join("mlp.ingot");
+    let (code, _, err) = ingot(&["compile", "--model", "mlp", "--lr", "1e39", "-o", s(&exe)]);
+    assert_eq!(code, 0, "{err}");
+    let train = ["train", "--model", "mlp", "--lr", "1e39"];
+    let run = ["run", s(&exe)];
+    for cmd in [&train[..], &run[..]] {
+        let mut args = cmd.to_vec();
+        args.extend([
+            "--steps",
+            "5",
+            "--json",
+            "--resume",
+            s(&ck),
+            "--checkpoint",
+            s(&ck),
+            "--checkpoint-every",
+            "1",
+            "--save",
+            s(&weights),
+        ]);
+        let (code, out, err) = ingot(&args);
+        assert_eq!(code, 1, "{cmd:?}: {err}");
+        assert!(
+            err.contains("step 3: after its update, parameter \"")
+                && err.contains("is not finite")
+                && err.contains("was not written")
+                && err.contains("the last checkpoint"),
+            "{cmd:?}: {err}"
+        );
+        let lines = json_lines(&out);
+        let last_step = &lines[lines.len() - 2];
+        assert_eq!(last_step["step"], 3, "{cmd:?}: {out}");
+        assert_eq!(last_step["non_finite"], true, "{last_step}");
+        assert!(last_step["loss"].as_f64().is_some_and(f64::is_finite));
+        assert_eq!(lines[lines.len() - 1]["summary"]["steps"], 1);
+        assert!(
+            std::fs::read(&weights).unwrap() == good,
+            "{cmd:?}: --save untouched"
+        );
+        let now = contents(&ck);
+        assert!(
+            now == good_ck,
+            "{cmd:?}: the checkpoint is untouched: {:?}",
+            now.iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+    }
+    // From the start, as the issue's command: stopped at step 1, nothing written.
+    let fresh = dir.join("fresh.safetensors");
+    let (code, _, err) = ingot(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "3",
+        "--lr",
+        "1e39",
+        "--save",
+        s(&fresh),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("step 1: after its update, parameter"), "{err}");
+    assert!(!fresh.exists());
+}
+
+#[test]
+fn a_parameter_made_infinite_by_the_gradient_of_sqrt_at_zero_stops_the_run_at_step_one() {
+    let dir = scratch("sqrt_at_zero");
+    let weights = dir.join("w.safetensors");
+    let file = model("sqrt-at-zero");
+    let (code, out, err) = ingot(&[
+        "train",
+        "--model-file",
+        &file,
+        "--steps",
+        "3",
+        "--json",
+        "--save",
+        s(&weights),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("step 1: after its update, parameter \"w\" is not finite")
+            && err.contains("4 of its 4 elements"),
+        "{err}"
+    );
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["step"], 1);
+    assert_eq!(lines[0]["loss"], 0.0, "the loss at w = 0 is finite");
+    assert_eq!(lines[0]["non_finite"], true);
+    assert!(!weights.exists());
+    // --skip-nonfinite goes on past it, says so, and still writes no non-finite weights.
+    let (code, _, err) = ingot(&[
+        "train",
+        "--model-file",
+        &file,
+        "--steps",
+        "2",
+        "--skip-nonfinite",
+        "--save",
+        s(&weights),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("step 1: after its update") && err.contains("--skip-nonfinite: going on"),
+        "{err}"
+    );
+    assert!(!weights.exists());
 }

@@ -64,7 +64,7 @@ pub struct RunOptions {
     pub checkpoint_every: Option<u64>,
     /// The checkpoint directory a resumed run goes on from.
     pub resume: Option<PathBuf>,
-    /// Go on past a step whose loss or gradient norm is not finite.
+    /// Go on past a step whose loss, gradient norm or updated parameters are not finite.
     pub skip_nonfinite: bool,
     /// Where the parameters go after the last step.
     pub save: Option<PathBuf>,
@@ -166,7 +166,7 @@ pub enum RunError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// A loss or gradient norm that is not finite stopped the run (nothing was saved over a
+    /// A loss, gradient norm or updated parameter that is not finite stopped the run (nothing was saved over a
     /// good file), or the parameters after the last step are not finite.
     #[error("{0}")]
     NonFinite(String),
@@ -201,7 +201,7 @@ pub enum Note {
     /// Resuming: the checkpoint's optimizer or precision differs from the run's (the text says
     /// how, and what was done).
     Resume(String),
-    /// `skip_nonfinite`: a step whose loss or gradient norm was not finite, gone past.
+    /// `skip_nonfinite`: a step whose loss, gradient norm or updated parameters were not finite, gone past.
     Skipped(String),
     /// Files written: `--save`'s parameters, the last checkpoint.
     Saved(String),
@@ -853,7 +853,7 @@ struct Run<'a> {
     /// Steps run by this process.
     steps_run: u64,
     free_after_first: Option<Vec<usize>>,
-    /// The first step with a non-finite loss or gradient norm, and which, where the run
+    /// The first step with a non-finite loss, gradient norm or updated parameter, and which, where the run
     /// stopped without `skip_nonfinite`.
     non_finite: Option<(u64, String)>,
     /// Loss sum and steps of the current epoch.
@@ -909,7 +909,11 @@ impl Run<'_> {
             self.record.losses.push(i, r.loss);
         }
         let grad_norm = session.last_grad_norm();
-        let finite = r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite);
+        // The step's own count of non-finite parameters after its update (a finite loss can
+        // be followed by an update that overflows): read as the loss is, each step.
+        let nonfinite = session.last_nonfinite_count()?.filter(|&n| n != 0.0);
+        let finite =
+            r.loss.is_finite() && grad_norm.is_none_or(f64::is_finite) && nonfinite.is_none();
         let event = StepEvent {
             epoch: info.map(|b| b.epoch),
             step: i,
@@ -925,10 +929,17 @@ impl Run<'_> {
         self.observer.step(&event).map_err(RunError::Observer)?;
         self.tell_skipped()?;
         if !finite {
-            let what = if r.loss.is_finite() {
-                format!("the gradient norm is {}", grad_norm.unwrap_or(f64::NAN))
-            } else {
+            let what = if !r.loss.is_finite() {
                 format!("the loss is {}", r.loss)
+            } else if let Some(norm) = grad_norm.filter(|n| !n.is_finite()) {
+                format!("the gradient norm is {norm}")
+            } else {
+                // Only now are the parameters read, to name the first that is not finite.
+                let count = nonfinite.unwrap_or(f64::NAN);
+                let first = session.first_nonfinite_parameter().unwrap_or_else(|| {
+                    "a parameter is not finite (but none read back is)".to_string()
+                });
+                format!("after its update, {first}; the step counted {count} such values")
             };
             if !self.o.skip_nonfinite {
                 self.non_finite = Some((i, what));
@@ -1108,7 +1119,7 @@ impl Run<'_> {
             // The parameters were updated with a non-finite gradient: nothing is saved over a
             // good file (nor a checkpoint).
             return Err(RunError::NonFinite(format!(
-                "step {step}: {what}; training stopped at the first non-finite loss or gradient norm{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
+                "step {step}: {what}; training stopped at the first non-finite loss, gradient norm or parameter{} (lower the learning rate, or check the data and the initial parameters; --skip-nonfinite goes on past such steps)",
                 kept_files(o)
             )));
         }

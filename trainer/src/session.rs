@@ -18,7 +18,7 @@ use crate::init;
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::copies;
 use ingot_compiler::autodiff::optim::STEP_COUNTER;
-use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE};
+use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE, NONFINITE};
 use ingot_compiler::exe::{Executable, StepPair, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
@@ -197,6 +197,9 @@ pub struct Session {
     steps: u64,
     /// Where the step's loss lives, read after each step without allocating.
     loss: Option<(Location, DType)>,
+    /// Where the step counts the non-finite values of the parameters it wrote
+    /// ([`ingot_compiler::autodiff::StepOptions::count_nonfinite`]), read as the loss is.
+    nonfinite: Option<(Location, DType)>,
     /// The learning-rate scale input and the factor written with each step's inputs.
     lr_scale: Option<(NodeId, f64)>,
     /// AdamW's step-number input ([`ingot_compiler::autodiff::StepOptions::step_input`]) and
@@ -416,6 +419,7 @@ impl Session {
         };
         let graph = step.graph();
         let loss = scalar_at(graph, step.plan(), LOSS);
+        let nonfinite = scalar_at(graph, step.plan(), NONFINITE);
         let lr_scale = input(graph, LR_SCALE).map(|id| (id, 1.0));
         let step_number = input(graph, STEP_COUNTER).map(|id| (id, 1));
         let dropout_seed = input(graph, DROPOUT_SEED).map(|id| (id, seed, 0));
@@ -468,6 +472,7 @@ impl Session {
             exe: backend,
             steps: 0,
             loss,
+            nonfinite,
             lr_scale,
             step_number,
             dropout_seed,
@@ -847,6 +852,25 @@ impl Session {
     pub fn last_grad_norm(&self) -> Option<f64> {
         self.graph().outputs.get(GRAD_NORM)?;
         self.exe().read_output(GRAD_NORM).ok()?.scalar_f64()
+    }
+
+    /// How many values of the parameters the last step wrote are NaN or infinite (averaged
+    /// over data-parallel ranks, as the loss is: nonzero when any rank's are), where the step
+    /// counts them ([`ingot_compiler::autodiff::StepOptions::count_nonfinite`]). A few bytes
+    /// read as the loss is: nothing allocated.
+    pub fn last_nonfinite_count(&self) -> Result<Option<f64>, SessionError> {
+        match self.nonfinite {
+            Some((at, dtype)) => Ok(Some(self.exe().read_scalar(at, dtype)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The first parameter holding a NaN or infinite value, as a message naming it, the first
+    /// such element's index and value, and how many there are ([`checkpoint::check_finite`]);
+    /// `None` when all are finite. Reads every parameter to the host: for after a step whose
+    /// count ([`Session::last_nonfinite_count`]) was not 0.
+    pub fn first_nonfinite_parameter(&self) -> Option<String> {
+        crate::checkpoint::check_finite("parameter", &self.parameters()).err()
     }
 
     /// Replaces every parameter with the one of the same name in `params`. Every parameter of

@@ -7,12 +7,14 @@ pub mod buckets;
 pub mod chunk;
 pub mod copies;
 pub mod grad;
+pub mod nonfinite;
 pub mod optim;
 pub mod phase;
 pub mod shard;
 pub mod step;
 
 pub use grad::grad;
+pub use nonfinite::NONFINITE;
 pub use optim::Optimizer;
 pub use phase::{Phase, Phases};
 pub use step::{training_step, training_step_with, Step, StepOptions, GRAD_NORM, LOSS, LR_SCALE};

@@ -80,6 +80,11 @@ pub struct StepOptions {
     /// each copied weight and of its optimizer state, reduce-scatters those weights' gradients
     /// and all-gathers their new copies ([`super::shard`], ZeRO stage 1). Off by default.
     pub shard_optimizer: bool,
+    /// Count the non-finite values of the parameters the update writes, as the f64 scalar
+    /// output [`super::nonfinite::NONFINITE`], read with the loss each step: a finite loss
+    /// whose update overflows the weights stops a run at that step. Off by default (the step
+    /// is exactly [`training_step`]'s); the `ingot` program turns it on.
+    pub count_nonfinite: bool,
 }
 
 /// Builds the training step of `forward` (which must name its scalar loss `"loss"`):
@@ -228,6 +233,13 @@ pub fn training_step_with(
     };
     let (graph, phases) = if opts.shard_optimizer {
         super::shard::shard_optimizer(graph, phases, opts.ranks)?
+    } else {
+        (graph, phases)
+    };
+    // Last, so that it reads the values the update writes as the step finally writes them
+    // (a sharded rank's rows).
+    let (graph, phases) = if opts.count_nonfinite {
+        super::nonfinite::count_nonfinite(graph, phases)?
     } else {
         (graph, phases)
     };

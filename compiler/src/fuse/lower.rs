@@ -354,8 +354,15 @@ impl Lowerer<'_> {
                 let x = operand(0);
                 let mut axes: Vec<usize> = axes.to_vec();
                 axes.sort_unstable();
+                // A reduction over another domain than the kernel's is stored whatever else is
+                // cut; read as a load, so that the walk goes on and finds every such cut of the
+                // group at once (a sum of n such reductions, as gradient clipping's norm and the
+                // update's non-finite count add them, is cut in one round, not in n rounds of
+                // lowering every group again).
                 if g.ty(x).shape.dims() != self.domain.dims.as_slice() {
-                    return self.cut(v);
+                    self.cuts.push(v);
+                    let i = self.load(v, &map);
+                    return self.done(v, map, i);
                 }
                 match &self.domain.axes {
                     None => self.domain.axes = Some(axes.clone()),
