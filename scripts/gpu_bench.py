@@ -893,7 +893,7 @@ def rate_table(cells):
         if c.get("ok") and r.get("tflops"):
             rows.append(f"| {c['model']} | {LABELS.get(c['system'], c['system'])} | {c['mode']} | {ms(r['median_ms'])} | "
                         f"{r['tflops']:.1f} | {mib(r.get('peak_bytes'))} |")  # fmt: skip
-    return "\n".join(rows) if len(rows) > 2 else ""
+    return "\n" + "\n".join(rows) if len(rows) > 2 else ""
 
 
 def table_main(paths):
