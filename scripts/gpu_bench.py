@@ -5,7 +5,7 @@ PyTorch torch.compile and JAX jit, on the models of reference-models.md.
     python3 scripts/gpu_bench.py --ingot target/release/ingot \\
         [--models mlp gpt-mini gpt2] [--modes f32 tf32 bf16] \\
         [--systems ingot torch-eager torch-compile jax] \\
-        [--steps 50] [--warmup 10] [--timeout 300] [--json OUT.json]
+        [--steps 50] [--warmup 10] [--timeout 300] [--json OUT.json] [--batch N]
 
 Every (model, system, mode) cell runs in a fresh subprocess, so each system's device memory is
 measured alone and a crash, an out-of-memory or a timeout of one cell only marks that cell as
@@ -32,6 +32,16 @@ What is measured, per system:
       memory_analysis() (temp size, ...) are kept as well.
   ingot  `INGOT train --model M --device cuda --steps W+N --json [--tf32]`; the step time is the
       median of the per-step "seconds" after the warmup, the peak its summary's measured_bytes.
+
+Models: mlp, gpt-mini, gpt2, gpt2-medium (d_model 1024, 24 layers, 16 heads), gpt-1.3b (d_model
+2048, 24 layers, 16 heads), or any gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..
+shape; `--batch N` runs every GPT at batch N (each becomes its gpt: spec with batch=N, for every
+system alike). Each GPT cell also reports the step's model FLOPs (the forward and backward
+products, counted as Ingot's `flops::model` counts them: 6 per weight and token for the weight
+matrices, the causal attention's 2·T·d per token and layer forward and 2.5 times that backward)
+and TFLOP/s: those FLOPs over the cell's median step time, the same count for every system; an
+Ingot cell's summary gives its own count, and a note says if the two differ. A second table after
+the first gives them: | model | system | mode | step ms | TFLOP/s | peak MiB |.
 
 Environment: INGOT_BENCH_ARGS adds arguments to every ingot cell's command (`--budget 4GiB`,
 `--chunk-loss-head`); TORCH_BENCH_CHECKPOINT=1 wraps every transformer block of the torch cells
@@ -98,6 +108,14 @@ SYSTEMS = ["ingot", "torch-eager", "torch-compile", "jax"]
 EXTRA_SYSTEMS = ["torch-compile-sdpa", "ingot-plain"]
 MODES = ["f32", "tf32", "bf16"]
 MODELS = ["mlp", "gpt-mini", "gpt2"]
+# The named GPTs (compiler/src/models/gpt.rs, scripts/torch_reference.py): name -> shape.
+GPT_KEYS = ["vocab", "d_model", "layers", "heads", "d_ff", "seq", "batch"]
+NAMED_GPTS = {
+    "gpt-mini": dict(vocab=8192, d_model=512, layers=4, heads=8, d_ff=2048, seq=256, batch=16),
+    "gpt2": dict(vocab=50304, d_model=768, layers=12, heads=12, d_ff=3072, seq=1024, batch=8),
+    "gpt2-medium": dict(vocab=50304, d_model=1024, layers=24, heads=16, d_ff=4096, seq=1024, batch=8),
+    "gpt-1.3b": dict(vocab=50304, d_model=2048, layers=24, heads=16, d_ff=8192, seq=1024, batch=8),
+}
 LABELS = {
     "ingot": "Ingot",
     "torch-eager": "PyTorch eager",
@@ -584,12 +602,59 @@ def ingot_cell(a, model, mode, plain_attention=False):
         return dict(cell, ok=False, error=str(e), stderr_tail=tail(err, 20), stdout_tail=tail(out, 5))
 
 
+def gpt_shape(spec):
+    """The shape (a dict of GPT_KEYS) of a GPT model name or gpt: spec; None for others."""
+    if spec in NAMED_GPTS:
+        return dict(NAMED_GPTS[spec])
+    if spec.startswith("gpt:"):
+        try:
+            cfg = dict((k.strip(), int(v)) for k, v in (i.split("=", 1) for i in spec[4:].split(",") if i.strip()))
+        except ValueError:
+            return None
+        return cfg if set(cfg) == set(GPT_KEYS) else None
+    return None
+
+
+def at_batch(spec, batch):
+    """The gpt: spec of GPT `spec` at `batch` (what --batch runs), or None for a model that is not a GPT."""
+    cfg = gpt_shape(spec)
+    if cfg is None:
+        return None
+    cfg["batch"] = batch
+    return "gpt:" + ",".join(f"{k}={cfg[k]}" for k in GPT_KEYS)
+
+
+def gpt_model_flops(spec):
+    """The model FLOPs of one training step of GPT `spec`, as Ingot's flops::model counts them
+    (forward and backward products, recomputation left out); None for a model that is not a GPT."""
+    cfg = gpt_shape(spec)
+    if cfg is None:
+        return None
+    v, d, l, f, t, b = (cfg[k] for k in ("vocab", "d_model", "layers", "d_ff", "seq", "batch"))
+    weights = l * (3 * d * d + d * d + 2 * d * f) + v * d
+    attention_forward = l * 2 * t * d * b * t  # causal: half of q·kᵀ and p·v
+    return 6 * weights * b * t + attention_forward + attention_forward * 5 // 2
+
+
+def with_rate(model, result):
+    """`result` with the step's model FLOPs and TFLOP/s over its median step (GPT models)."""
+    flops = gpt_model_flops(model)
+    if flops is None or not result.get("median_ms"):
+        return result
+    result["model_flops"] = flops
+    result["tflops"] = flops / (result["median_ms"] * 1e-3) / 1e12
+    own = (result.get("summary") or {}).get("model_flops")
+    if own is not None and own != flops:
+        result.setdefault("notes", []).append(f"ingot counts {own} model FLOPs, this script {flops}")
+    return result
+
+
 def model_error(spec):
     """Why a model name is not one the workers know, or None (checked before any cell runs)."""
-    if spec in MODELS:
+    if spec in MODELS or spec in NAMED_GPTS:
         return None
     if not spec.startswith("gpt:"):
-        return f"unknown model {spec!r}; known: mlp, gpt-mini, gpt2, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=.."
+        return f"unknown model {spec!r}; known: mlp, gpt-mini, gpt2, gpt2-medium, gpt-1.3b, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=.."
     keys = {"vocab", "d_model", "layers", "heads", "d_ff", "seq", "batch"}
     try:
         cfg = dict((k.strip(), int(v)) for k, v in (i.split("=", 1) for i in spec[4:].split(",") if i.strip()))
@@ -735,6 +800,14 @@ def parent_main(a):
         if (why := model_error(m)) is not None:
             log(why)
             return 2
+    if a.batch is not None:
+        if a.batch < 1:
+            log("--batch must be at least 1")
+            return 2
+        if any(at_batch(m, a.batch) is None for m in a.models):
+            log(f"--batch {a.batch}: only GPT models take a batch here, not {[m for m in a.models if at_batch(m, 1) is None]}")
+            return 2
+        a.models = [at_batch(m, a.batch) for m in a.models]
     if a.steps < 1 or a.warmup < 0 or a.timeout <= 0:
         log("--steps must be at least 1, --warmup at least 0 and --timeout positive")
         return 2
@@ -784,6 +857,8 @@ def parent_main(a):
             break
         except OSError as e:  # could not start the process at all
             cell = {"ok": False, "error": f"could not start: {e}"}
+        if cell.get("ok"):
+            cell["result"] = with_rate(model, cell["result"])
         cell = {"model": model, "system": system, "mode": mode, "steps_run": a.warmup + a.steps, **cell}
         doc["cells"].append(cell)
         doc["loss_checks"] = loss_checks(doc["cells"])
@@ -791,7 +866,8 @@ def parent_main(a):
         if cell["ok"]:
             r = cell["result"]
             extra = "; ".join(r.get("notes") or [])
-            log(f"[{n}/{len(plan)}] {model} {system} {mode}: {ms(r['median_ms'])} ms, peak {mib(r.get('peak_bytes'))} MiB, "
+            rate = f", {r['tflops']:.1f} TFLOP/s" if r.get("tflops") else ""
+            log(f"[{n}/{len(plan)}] {model} {system} {mode}: {ms(r['median_ms'])} ms{rate}, peak {mib(r.get('peak_bytes'))} MiB, "
                 f"first loss {r['first_loss']:.6f} ({cell['wall_seconds']} s){'; ' + extra if extra else ''}")  # fmt: skip
         else:
             log(f"[{n}/{len(plan)}] {model} {system} {mode}: FAILED: {cell['error']}")
@@ -801,11 +877,23 @@ def parent_main(a):
     print(f"\nsteps: {a.warmup} warmup + {a.steps} timed, median; GPU: {gpu['name'] if gpu else a.device}; "
           f"{doc['meta']['date']}", flush=True)  # fmt: skip
     print(table(doc["cells"], a.models, a.systems), flush=True)
+    print(rate_table(doc["cells"]), flush=True)
     if a.json:
         log(f"raw numbers: {a.json}")
     if interrupted:
         return 130
     return 0 if all(c["ok"] for c in doc["cells"]) and all(c["ok"] for c in doc["loss_checks"]) else 1
+
+
+def rate_table(cells):
+    """| model | system | mode | step ms | TFLOP/s | peak MiB | of the cells that have a rate."""
+    rows = ["| model | system | mode | step ms | TFLOP/s | peak MiB |", "|---|---|---|---:|---:|---:|"]
+    for c in cells:
+        r = c.get("result") or {}
+        if c.get("ok") and r.get("tflops"):
+            rows.append(f"| {c['model']} | {LABELS.get(c['system'], c['system'])} | {c['mode']} | {ms(r['median_ms'])} | "
+                        f"{r['tflops']:.1f} | {mib(r.get('peak_bytes'))} |")  # fmt: skip
+    return "\n" + "\n".join(rows) if len(rows) > 2 else ""
 
 
 def table_main(paths):
@@ -828,6 +916,7 @@ def table_main(paths):
         print(f"{m.get('date')}: {m.get('warmup')} warmup + {m.get('steps')} timed steps, median; GPU: {gpu}; "
               f"torch {m['versions'].get('torch')}, jax {m['versions'].get('jax')}")  # fmt: skip
     print(table(list(cells.values()), models, SYSTEMS + EXTRA_SYSTEMS), flush=True)
+    print(rate_table(list(cells.values())), flush=True)
     return 0
 
 
@@ -843,7 +932,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ingot", help="the ingot binary (needed for the ingot cells)")
     ap.add_argument("--models", nargs="+", default=MODELS, metavar="MODEL",
-                    help="mlp, gpt-mini, gpt2 or gpt:vocab=..,... (default: mlp gpt-mini gpt2)")
+                    help="mlp, gpt-mini, gpt2, gpt2-medium, gpt-1.3b or gpt:vocab=..,... (default: mlp gpt-mini gpt2)")
+    ap.add_argument("--batch", type=int, help="run every GPT at this batch (its gpt: spec with batch=N)")
     ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES, help="default: f32 tf32 bf16")
     ap.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS + EXTRA_SYSTEMS,
                     help="default: the first four; also torch-compile-sdpa, ingot-plain")

@@ -8,7 +8,7 @@ docs/reference-models.md, to check Ingot's losses on the same weights and batch.
 prints one JSON object per step: {"step": i, "loss": ..., "seconds": ...}; the loss is the loss
 of the batch before that step's update, as `ingot train --json` prints it.
 
-Models: mlp, cnn, resnet18, gpt-mini, gpt2,
+Models: mlp, cnn, resnet18, gpt-mini, gpt2, gpt2-medium, gpt-1.3b,
 gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=.. (the batch size and sequence
 length are taken from the batch file). Everything is float32, with TF32 off (--precision bf16:
 under bf16 autocast). Only torch is needed (not torchvision: resnet18 is written out here with
@@ -282,6 +282,10 @@ def sgd(lr, momentum=0.0, weight_decay=0.0, foreach=False):
 GPT_KEYS = ["vocab", "d_model", "layers", "heads", "d_ff", "seq", "batch"]
 GPT_MINI = dict(vocab=8192, d_model=512, layers=4, heads=8, d_ff=2048, seq=256, batch=16)
 GPT2 = dict(vocab=50304, d_model=768, layers=12, heads=12, d_ff=3072, seq=1024, batch=8)
+# The larger GPTs Ingot names (compiler/src/models/gpt.rs): GPT-2 medium's shape and GPT-3's 1.3B.
+GPT2_MEDIUM = dict(vocab=50304, d_model=1024, layers=24, heads=16, d_ff=4096, seq=1024, batch=8)
+GPT_1_3B = dict(vocab=50304, d_model=2048, layers=24, heads=16, d_ff=8192, seq=1024, batch=8)
+NAMED_GPTS = {"gpt-mini": GPT_MINI, "gpt2": GPT2, "gpt2-medium": GPT2_MEDIUM, "gpt-1.3b": GPT_1_3B}
 
 
 def parse_gpt(body):
@@ -306,14 +310,12 @@ def gpt_config(spec):
     """None for the mlp, else the gpt configuration (a dict of GPT_KEYS) of a model name."""
     if spec == "mlp":
         return None
-    if spec == "gpt-mini":
-        cfg = dict(GPT_MINI)
-    elif spec == "gpt2":
-        cfg = dict(GPT2)
+    if spec in NAMED_GPTS:
+        cfg = dict(NAMED_GPTS[spec])
     elif spec.startswith("gpt:"):
         cfg = parse_gpt(spec[len("gpt:") :])
     else:
-        fail(f"unknown model {spec!r}; known: mlp, cnn, resnet18, gpt-mini, gpt2, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..")
+        fail(f"unknown model {spec!r}; known: mlp, cnn, resnet18, gpt-mini, gpt2, gpt2-medium, gpt-1.3b, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..")
     if cfg["d_model"] % cfg["heads"] != 0:
         fail("d_model must be divisible by heads")
     return cfg

@@ -119,7 +119,7 @@ impl PrecisionArgs {
 /// model's own unless changed here.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// mlp, gpt-mini, gpt2, cnn, resnet18, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=.., or resnet:depth=18|34|50|101|152,side=..,batch=..,classes=..,width=.. (torchvision's ResNets; side 224, batch 32, classes 1000, width 64 unless given)
+    /// mlp, gpt-mini, gpt2, gpt2-medium, gpt-1.3b, cnn, resnet18, gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=.., or resnet:depth=18|34|50|101|152,side=..,batch=..,classes=..,width=.. (torchvision's ResNets; side 224, batch 32, classes 1000, width 64 unless given)
     #[arg(
         long,
         required_unless_present_any = ["model_file", "onnx"],

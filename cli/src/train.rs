@@ -204,6 +204,12 @@ pub struct StepArgs {
     /// their names).
     #[arg(long, value_enum, requires = "save")]
     pub names: Option<NamesArg>,
+    /// The device's peak in TFLOP/s that each step's FLOP rate is shown as a fraction of,
+    /// instead of the table's (H200 and H100 SXM: 989.4 bf16, 494.7 tf32, 66.9 f32; A100:
+    /// 312, 156, 19.5; dense, NVIDIA's published figures). A device the table does not name
+    /// (the CPU among them) shows its rate with no fraction unless this is given.
+    #[arg(long = "peak-tflops", value_name = "X", value_parser = crate::numbers::positive)]
+    pub peak_tflops: Option<f64>,
     /// Write the fixed batch the steps train on (x and y) here.
     #[arg(
         long = "save-data",
@@ -598,6 +604,7 @@ fn options(
             NamesArg::Hf => gpt_names::Naming::HuggingFace,
             NamesArg::Nanogpt => gpt_names::Naming::NanoGpt,
         }),
+        peak_tflops: a.peak_tflops,
     }
 }
 

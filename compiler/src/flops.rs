@@ -6,6 +6,19 @@
 //! element it writes (a reduction one per element it reads). The figures are a model of the
 //! work, not a measurement: a fused kernel does the same arithmetic as its primitive ops, so
 //! the count is taken on the unfused graph (what fusion receives).
+//!
+//! [`model`] is the narrower count a training log reports as achieved FLOP/s and as the
+//! fraction of the device's peak (model FLOPs utilisation, MFU): the products alone (matrix
+//! products, attention, convolutions, forward and backward), as PaLM's appendix B, nanoGPT's
+//! `estimate_mfu` and PyTorch's `FlopCounterMode` count them, and without the products the
+//! step recomputes for its backward pass under a memory budget. Recomputation is work the
+//! hardware does but the model does not need, so counting it would flatter the rate (PaLM calls
+//! the count with it "hardware FLOPs utilisation"); elementwise work, reductions and the
+//! optimizer's update are left out as those papers leave them out (for gpt2, by a rough count, about 1%
+//! of the products). One difference from the 6·N + 12·L·H·Q·T rule of thumb: a causal
+//! attention counts half of its square and its backward 2.5 times its forward
+//! (FlashAttention's convention, the work its kernels do), where PaLM's formula counts the
+//! whole square and the backward as twice the forward (5.8% more than this count for gpt2).
 
 use crate::ir::window::WindowOp;
 use crate::ir::{Graph, NodeId, Op};
@@ -110,6 +123,44 @@ pub fn of_graph(g: &Graph) -> u64 {
     g.ids().map(|id| of_node(g, id)).sum()
 }
 
+/// Whether node `id` is a product: a matmul, an attention or its gradient, a convolution or one
+/// of its gradients.
+pub fn is_product(g: &Graph, id: NodeId) -> bool {
+    match &g.node(id).op {
+        Op::MatMul { .. } | Op::MatMulAcc { .. } | Op::Attention { .. } => true,
+        Op::AttentionGrad { .. } => true,
+        Op::Window(w) => matches!(
+            w,
+            WindowOp::Conv2d(_)
+                | WindowOp::Conv2dGradInput { .. }
+                | WindowOp::Conv2dGradWeight { .. }
+        ),
+        _ => false,
+    }
+}
+
+/// The model FLOPs of a step graph (unfused or fused; see the module's doc): the products'
+/// operations, a `matmul_acc` counted as its product alone, without the copies the step
+/// recomputes for its backward pass (named `... (recomputed)` by fusion, [`crate::ir::origin`]).
+/// A graph read back from an executable file has no origins, so there a recomputed product
+/// cannot be told from the first one and is counted too.
+pub fn model(g: &Graph) -> u64 {
+    g.ids()
+        .filter(|&id| is_product(g, id))
+        .filter(|&id| {
+            !g.origin(id)
+                .sources()
+                .iter()
+                .any(|s| s.ends_with("(recomputed)"))
+        })
+        .map(|id| match &g.node(id).op {
+            // The accumulation's additions are not the product's.
+            Op::MatMulAcc { .. } => of_node(g, id) - g.ty(id).shape.numel() as u64,
+            _ => of_node(g, id),
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +174,63 @@ mod tests {
         let c = g.push(Op::MATMUL, &[a, b], None).unwrap();
         assert_eq!(of_node(&g, c), 2 * 8 * 5 * 3);
         assert_eq!(of_graph(&g), 2 * 8 * 5 * 3);
+    }
+
+    /// nanoGPT's count of a GPT's training step, written out: every weight matrix of shape
+    /// `[n, m]` costs 2·n·m FLOPs per token forward and twice that backward (the input's and the
+    /// weight's gradients), so 6·n·m; the causal attention's q·kᵀ and p·v cost 2·T·d per token
+    /// and layer forward (half of the 4·T·d square), 2.5 times that backward.
+    fn gpt_model_flops(cfg: &crate::models::GptConfig) -> u64 {
+        let (v, d, l, f, t, b) = (
+            cfg.vocab as u64,
+            cfg.d_model as u64,
+            cfg.layers as u64,
+            cfg.d_ff as u64,
+            cfg.seq as u64,
+            cfg.batch as u64,
+        );
+        let weights = l * (3 * d * d + d * d + 2 * d * f) + v * d;
+        let tokens = b * t;
+        let attention_forward = l * 2 * t * d * tokens;
+        6 * weights * tokens + attention_forward + attention_forward * 5 / 2
+    }
+
+    #[test]
+    fn a_gpt_step_s_model_flops_are_six_per_weight_and_token_plus_its_attention() {
+        let cfg = crate::models::GptConfig {
+            vocab: 96,
+            d_model: 32,
+            layers: 2,
+            heads: 4,
+            d_ff: 64,
+            seq: 16,
+            batch: 3,
+        };
+        let m = crate::models::gpt(&cfg, DType::F32).unwrap();
+        let want = gpt_model_flops(&cfg);
+        let opts = crate::pipeline::Options::for_target(crate::lower::Target::Cpu);
+        let r = crate::pipeline::rewritten(&m, &Default::default(), &opts).unwrap();
+        let base = crate::pipeline::finish(&r, &[]).unwrap();
+        assert_eq!(model(&base.step.graph), want, "the traced step");
+        assert_eq!(model(&base.graph), want, "the fused step");
+        // Every matmul and attention output recomputed for the backward pass: more products
+        // run, the model's count stays.
+        let heavy: Vec<NodeId> = crate::fit::ordered_candidates(&r)
+            .unwrap()
+            .iter()
+            .map(|c| c.node)
+            .collect();
+        let recomputing = crate::pipeline::finish(&r, &heavy).unwrap();
+        let g = &recomputing.graph;
+        let run: u64 = g
+            .ids()
+            .filter(|&id| is_product(g, id))
+            .map(|id| of_node(g, id))
+            .sum();
+        assert!(
+            run > want + want / 20,
+            "the recomputing step runs more products: {run} against {want}"
+        );
+        assert_eq!(model(g), want, "the recomputing step");
     }
 }

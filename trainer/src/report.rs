@@ -27,6 +27,29 @@ pub struct RunRecord {
     /// (step, device memory the run holds, measured): on a GPU the allocation plus any change
     /// in free device memory since the first step; empty on the CPU.
     pub memory: Curve<usize>,
+    /// The step's model FLOPs and the device's peak ([`crate::flop_rate`]), and the median
+    /// step time: the page's FLOP rate row.
+    pub flop_rate: Option<crate::flop_rate::FlopRate>,
+    pub median_step_seconds: Option<f64>,
+}
+
+/// The FLOP rate row of `r`: the model FLOPs of a step, the rate of the median step and the
+/// fraction of the device's peak (where it is known).
+fn rate_row(r: &RunRecord) -> String {
+    let Some(rate) = r.flop_rate else {
+        return String::new();
+    };
+    let achieved = r
+        .median_step_seconds
+        .map(|s| rate.text(s, r.device == "cpu"))
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "-".into());
+    format!(
+        "<tr><td>model FLOPs per step</td><td>{:.4e}</td></tr>\
+         <tr><td>FLOP rate (median step)</td><td>{}</td></tr>",
+        rate.model_flops as f64,
+        escape(&achieved)
+    )
 }
 
 fn escape(s: &str) -> String {
@@ -185,7 +208,7 @@ pub fn html(r: &RunRecord) -> String {
          <tr><td>last loss</td><td>{last_loss}</td></tr>\
          <tr><td>last validation loss</td><td>{last_val}</td></tr>\
          <tr><td>last validation accuracy</td><td>{last_acc}</td></tr>\
-         <tr><td>planned memory</td><td>{planned:.1} MiB{eval}</td></tr></table>\
+         <tr><td>planned memory</td><td>{planned:.1} MiB{eval}</td></tr>{rate}</table>\
          <h2>Loss</h2>{loss}{accuracy}<h2>Memory</h2>{mem}<p>{memory_note}</p></body></html>\n",
         model = escape(&r.model),
         device = escape(&r.device),
@@ -205,6 +228,7 @@ pub fn html(r: &RunRecord) -> String {
                 mib(l.separate_bytes()),
             ))
             .unwrap_or_default(),
+        rate = rate_row(r),
         loss = chart("loss per step", "loss", &loss_series),
         mem = chart("device memory held by the run", "MiB", &mem_series),
     )
@@ -236,6 +260,11 @@ mod tests {
                 total_bytes: 3 << 20,
             }),
             memory: Curve::new(),
+            flop_rate: Some(crate::flop_rate::FlopRate {
+                model_flops: 3_000_000_000,
+                peak_tflops: None,
+            }),
+            median_step_seconds: Some(0.5),
         };
         let page = html(&r);
         assert!(page.starts_with("<!DOCTYPE html>"));
@@ -252,6 +281,31 @@ mod tests {
         assert!(
             !page.contains("Validation accuracy"),
             "no classifier counts, no chart"
+        );
+        assert!(
+            page.contains("<td>model FLOPs per step</td><td>3.0000e9</td>")
+                && page.contains("<td>FLOP rate (median step)</td><td>6.00 GFLOP/s</td>"),
+            "the CPU's rate, without a fraction: {page}"
+        );
+    }
+
+    #[test]
+    fn a_gpu_s_report_gives_its_rate_as_a_fraction_of_the_device_s_peak() {
+        let r = RunRecord {
+            device: "cuda:0 NVIDIA H200".into(),
+            flop_rate: Some(crate::flop_rate::FlopRate::new(
+                8_500_000_000_000,
+                "cuda:0 NVIDIA H200",
+                ingot_compiler::precision::Precision::Bf16,
+                None,
+            )),
+            median_step_seconds: Some(0.02),
+            ..Default::default()
+        };
+        let page = html(&r);
+        assert!(
+            page.contains("425.0 TFLOP/s (43.0% of 989.4 peak)"),
+            "{page}"
         );
     }
 

@@ -99,6 +99,9 @@ pub struct RunOptions {
     /// nanoGPT's, [`crate::gpt_names`]) instead of Ingot's. `init` needs no such option: a
     /// file under those names is recognised by them.
     pub names: Option<gpt_names::Naming>,
+    /// The device's peak in TFLOP/s that the step's FLOP rate is held against, instead of
+    /// [`crate::flop_rate::PEAKS`]'s (`--peak-tflops`).
+    pub peak_tflops: Option<f64>,
 }
 
 impl RunOptions {
@@ -114,6 +117,7 @@ impl RunOptions {
                 .into(),
             ));
         }
+        crate::flop_rate::check_given(self.peak_tflops).map_err(RunError::Usage)?;
         if self.checkpoint_every == Some(0) {
             return Err(RunError::Usage(
                 "--checkpoint-every must be at least 1".into(),
@@ -253,6 +257,8 @@ pub struct Start {
     pub first: u64,
     /// The planned total of the one allocation.
     pub planned_bytes: usize,
+    /// The step's model FLOPs (per rank) and the peak they are held against.
+    pub flop_rate: crate::flop_rate::FlopRate,
 }
 
 /// One step's report.
@@ -274,6 +280,11 @@ pub struct StepEvent {
     pub grad_norm: Option<f64>,
     /// The loss and the gradient norm are finite.
     pub finite: bool,
+    /// The step's model FLOPs over its `seconds`, in TFLOP/s (per GPU with several), and the
+    /// fraction of the device's peak that is, where the peak is known
+    /// ([`crate::flop_rate::FlopRate`]).
+    pub tflops: Option<f64>,
+    pub peak_fraction: Option<f64>,
 }
 
 /// An evaluation's report.
@@ -390,6 +401,7 @@ pub fn train(
         dataset: prepared.dataset.clone(),
         planned_bytes: planned_total(session),
         eval_layout: session.shared_layout(),
+        flop_rate: Some(flop_rate(session, o)),
         ..Default::default()
     };
     let Prepared {
@@ -423,6 +435,7 @@ pub fn train(
         last_done: Instant::now(),
         state_dict,
         image_log,
+        flop_rate: flop_rate(session, o),
     };
     let last_info = match source {
         None => {
@@ -713,7 +726,19 @@ fn describe(
             }),
         first: p.resumed.as_ref().map_or(0, |r| r.step),
         planned_bytes: planned_total(session),
+        flop_rate: flop_rate(session, o),
     }
+}
+
+/// The step's model FLOPs and the peak of the session's device at its precision (or the one
+/// `o` gives).
+fn flop_rate(session: &Session, o: &RunOptions) -> crate::flop_rate::FlopRate {
+    crate::flop_rate::FlopRate::new(
+        ingot_compiler::flops::model(session.graph()),
+        &session.exe().device(),
+        session.precision(),
+        o.peak_tflops,
+    )
 }
 
 /// The learning-rate schedule of a scheduled run, checked against the step and the options.
@@ -863,6 +888,8 @@ struct Run<'a> {
     state_dict: Option<StateDict>,
     /// An image folder's skipped files ([`Prepared::image_log`]).
     image_log: Option<crate::data::images::SkipLog>,
+    /// The step's model FLOPs and the device's peak, for each step's rate.
+    flop_rate: crate::flop_rate::FlopRate,
 }
 
 /// Whether the loop goes on.
@@ -925,6 +952,8 @@ impl Run<'_> {
             lr_scale: self.schedule.map(|s| s.factor(i - 1)),
             grad_norm,
             finite,
+            tflops: self.flop_rate.tflops(r.seconds),
+            peak_fraction: self.flop_rate.fraction(r.seconds),
         };
         self.observer.step(&event).map_err(RunError::Observer)?;
         self.tell_skipped()?;
@@ -1091,7 +1120,18 @@ impl Run<'_> {
             self.evaluate(session)?;
         }
         self.measure_memory(session)?;
+        let mut finished = summary::finished(
+            session,
+            &self.seconds,
+            &self.wall,
+            self.steps_run,
+            self.free_after_first.as_deref(),
+            self.non_finite.as_ref().map(|(i, _)| *i),
+            o.dataset.is_some(),
+            &self.flop_rate,
+        )?;
         if let Some(path) = &o.report {
+            self.record.median_step_seconds = finished.summary.median_step_seconds;
             ingot_compiler::files::write_atomically(
                 path,
                 crate::report::html(&self.record).as_bytes(),
@@ -1102,15 +1142,6 @@ impl Run<'_> {
             })?;
         }
         self.tell_skipped()?;
-        let mut finished = summary::finished(
-            session,
-            &self.seconds,
-            &self.wall,
-            self.steps_run,
-            self.free_after_first.as_deref(),
-            self.non_finite.as_ref().map(|(i, _)| *i),
-            o.dataset.is_some(),
-        )?;
         finished.summary.skipped_images = self.image_log.as_ref().map(|l| l.count());
         self.observer
             .finish(&finished)

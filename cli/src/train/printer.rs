@@ -40,6 +40,12 @@ struct StepLine {
     /// The gradients' global norm before clipping (with --clip-grad-norm).
     #[serde(skip_serializing_if = "Option::is_none")]
     grad_norm: Option<f64>,
+    /// The step's model FLOPs over `seconds`, in TFLOP/s (of one GPU, with several).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tflops: Option<f64>,
+    /// `tflops` as a fraction of the device's dense peak, where the peak is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_fraction: Option<f64>,
     /// Present (and true) only on a step whose loss is NaN or infinite: `loss` alone would
     /// print as `null` for both.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -98,6 +104,8 @@ pub struct Printer {
     val_loss: Option<f64>,
     /// The last validation top-1 accuracy of a classifier, as the progress bar shows it.
     val_top1: Option<f64>,
+    /// The step's FLOP rate, as the step lines show it, and whether in GFLOP/s (the CPU).
+    rate: Option<(ingot_trainer::flop_rate::FlopRate, bool)>,
 }
 
 impl Printer {
@@ -108,6 +116,7 @@ impl Printer {
             planned: String::new(),
             val_loss: None,
             val_top1: None,
+            rate: None,
         }
     }
 
@@ -130,6 +139,7 @@ fn json(v: &impl serde::Serialize) -> Result<String, ObserverError> {
 impl Observer for Printer {
     fn start(&mut self, s: &Start) -> Result<(), ObserverError> {
         self.planned = human(s.planned_bytes);
+        self.rate = Some((s.flop_rate, s.device == session::Device::Cpu));
         if !self.json {
             header(s).map_err(printing)?;
         }
@@ -173,6 +183,8 @@ impl Observer for Printer {
                 samples_per_s: e.rate.filter(|r| r.0 == "samples").map(|r| r.1),
                 lr_scale: e.lr_scale,
                 grad_norm: e.grad_norm,
+                tflops: e.tflops,
+                peak_fraction: e.peak_fraction,
                 non_finite: !e.finite,
             };
             return crate::outln!("{}", json(&line)?).map_err(printing);
@@ -188,8 +200,14 @@ impl Observer for Printer {
             + &e.lr_scale
                 .map(|f| format!("  lr x{f:.4}"))
                 .unwrap_or_default();
+        let rate = self
+            .rate
+            .map(|(rate, cpu)| rate.text(r.seconds, cpu))
+            .filter(|t| !t.is_empty())
+            .map(|t| format!("  {t}"))
+            .unwrap_or_default();
         let text = format!(
-            "{ep}step {i:>5}  loss {:>12.6}  {:>9.3} ms{extra}",
+            "{ep}step {i:>5}  loss {:>12.6}  {:>9.3} ms{rate}{extra}",
             r.loss,
             r.seconds * 1e3
         );
@@ -210,7 +228,7 @@ impl Observer for Printer {
             None => val,
         };
         bar.set_message(format!(
-            "{ep}loss {:.6}{val}{speed}  {:.3} ms/step  memory {}",
+            "{ep}loss {:.6}{val}{speed}  {:.3} ms/step{rate}  memory {}",
             r.loss,
             r.seconds * 1e3,
             self.planned
@@ -358,12 +376,22 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
             w * 1e3
         )?;
     }
-    match (s.threads, s.gflops) {
-        (Some(n), Some(g)) => crate::outln!(
-            "cpu: {n} thread{}, {g:.1} GFLOP/s (matmul, convolution and attention FLOPs over the median step)",
-            if n == 1 { "" } else { "s" }
+    let fraction = match (s.peak_fraction, s.peak_tflops) {
+        (Some(f), Some(p)) => format!(", {:.1}% of the device's {p} TFLOP/s peak", 100.0 * f),
+        _ => String::new(),
+    };
+    match (s.threads, s.gflops, s.tflops) {
+        (Some(n), Some(g), _) => crate::outln!(
+            "cpu: {n} thread{}, {g:.1} GFLOP/s{fraction} (the step's {:.3e} model FLOPs, forward and backward products, over the median step)",
+            if n == 1 { "" } else { "s" },
+            s.model_flops as f64
         )?,
-        (Some(n), None) => crate::outln!("cpu: {n} thread{}", if n == 1 { "" } else { "s" })?,
+        (Some(n), None, _) => crate::outln!("cpu: {n} thread{}", if n == 1 { "" } else { "s" })?,
+        (None, _, Some(t)) => crate::outln!(
+            "FLOP rate: {t:.1} TFLOP/s{fraction}{} (the step's {:.3e} model FLOPs, forward and backward products, over the median step)",
+            if f.data_ranks > 1 { ", per GPU" } else { "" },
+            s.model_flops as f64
+        )?,
         _ => {}
     }
     match s.eval {

@@ -57,6 +57,44 @@ impl GptConfig {
         }
     }
 
+    /// `gpt2-medium`: GPT-2 medium's shape (d_model 1024, 24 layers, 16 heads; vocab padded
+    /// to 50304), 406,382,592 parameters (the head untied, as in every GPT here).
+    pub fn gpt2_medium() -> GptConfig {
+        GptConfig {
+            vocab: 50304,
+            d_model: 1024,
+            layers: 24,
+            heads: 16,
+            d_ff: 4096,
+            seq: 1024,
+            batch: 8,
+        }
+    }
+
+    /// `gpt-1.3b`: the 1.3B GPT of GPT-3's table (d_model 2048, 24 layers, 16 heads of 128;
+    /// vocab padded to 50304), 1,416,744,960 parameters with the untied head.
+    pub fn gpt_1_3b() -> GptConfig {
+        GptConfig {
+            vocab: 50304,
+            d_model: 2048,
+            layers: 24,
+            heads: 16,
+            d_ff: 8192,
+            seq: 1024,
+            batch: 8,
+        }
+    }
+
+    /// The named shapes, with their names: what [`name_of`] and the model names agree on.
+    pub fn named() -> [(&'static str, GptConfig); 4] {
+        [
+            ("gpt-mini", GptConfig::gpt_mini()),
+            ("gpt2", GptConfig::gpt2()),
+            ("gpt2-medium", GptConfig::gpt2_medium()),
+            ("gpt-1.3b", GptConfig::gpt_1_3b()),
+        ]
+    }
+
     /// The values in [`GptConfig::KEYS`] order.
     pub fn values(&self) -> [usize; 7] {
         [
@@ -136,14 +174,12 @@ impl fmt::Display for GptConfig {
     }
 }
 
-/// The model's name: `gpt-mini` and `gpt2` for their shapes, else `gpt:` and the spec form.
+/// The model's name: `gpt-mini`, `gpt2`, `gpt2-medium` or `gpt-1.3b` for their shapes, else
+/// `gpt:` and the spec form.
 fn name_of(cfg: &GptConfig) -> String {
-    if *cfg == GptConfig::gpt_mini() {
-        "gpt-mini".into()
-    } else if *cfg == GptConfig::gpt2() {
-        "gpt2".into()
-    } else {
-        format!("gpt:{cfg}")
+    match GptConfig::named().iter().find(|(_, c)| c == cfg) {
+        Some((name, _)) => (*name).into(),
+        None => format!("gpt:{cfg}"),
     }
 }
 

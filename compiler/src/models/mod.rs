@@ -9,7 +9,7 @@
 //! for class and token indices, so a batch saved from PyTorch loads without conversion. (The
 //! builder and the layers accept `i32` ids as well.)
 //!
-//! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`,
+//! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `gpt2-medium`, `gpt-1.3b`, `cnn`, `resnet18`,
 //! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape,
 //! `cnn:batch=..,classes=..,side=..` for the `cnn` at another shape, or
 //! `resnet:depth=..,side=..,batch=..,classes=..,width=..` for torchvision's ResNets.
@@ -332,6 +332,22 @@ mod tests {
         assert_eq!(parameter_count(&m.graph), 163_109_376);
         // Only graph construction: no tensor data exists. Generous bound for slow CI machines.
         assert!(took.as_secs_f64() < 5.0, "building gpt2 took {took:?}");
+    }
+
+    #[test]
+    fn the_larger_gpts_have_the_parameters_their_shapes_give() {
+        // Per block 4d² + 2·d·d_ff + 9d + d_ff; wte, wpe, the final norm and the untied head.
+        for (name, want) in [("gpt2-medium", 406_382_592), ("gpt-1.3b", 1_416_744_960)] {
+            let m = by_name(name).unwrap();
+            assert_eq!(parameter_count(&m.graph), want, "{name}");
+            assert_eq!(m.name, name, "named by its own name");
+        }
+        let m = at_batch("gpt-1.3b", 2, DType::F32).unwrap();
+        assert_eq!(
+            *m.graph.ty(m.graph.leaf("x").unwrap()),
+            TensorType::new([2, 1024], ID_DTYPE),
+            "--batch builds it at another batch"
+        );
     }
 
     #[test]

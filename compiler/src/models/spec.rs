@@ -1,4 +1,5 @@
-//! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, `cnn`, `resnet18`,
+//! Model names as the command line takes them: `mlp`, `gpt-mini`, `gpt2`, `gpt2-medium`,
+//! `gpt-1.3b`, `cnn`, `resnet18`,
 //! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..`,
 //! `cnn:batch=..,classes=..,side=..` and `resnet:depth=..,side=..,batch=..,classes=..,width=..`.
 //!
@@ -13,10 +14,12 @@ use crate::error::Result;
 use crate::ir::DType;
 
 /// The names [`by_name`] accepts (the `gpt:`, `cnn:` and `resnet:` forms stand for any shape).
-pub const KNOWN_MODELS: [&str; 8] = [
+pub const KNOWN_MODELS: [&str; 10] = [
     "mlp",
     "gpt-mini",
     "gpt2",
+    "gpt2-medium",
+    "gpt-1.3b",
     "cnn",
     "resnet18",
     "gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..",
@@ -28,7 +31,7 @@ pub const KNOWN_MODELS: [&str; 8] = [
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Spec {
     Mlp,
-    /// `gpt-mini`, `gpt2` or a `gpt:` spec.
+    /// `gpt-mini`, `gpt2`, `gpt2-medium`, `gpt-1.3b` or a `gpt:` spec.
     Gpt(GptConfig),
     Cnn(CnnConfig),
     /// The reference `resnet18` (its own name).
@@ -42,6 +45,8 @@ fn parse_spec(spec: &str) -> Result<Spec> {
         "mlp" => Spec::Mlp,
         "gpt-mini" => Spec::Gpt(GptConfig::gpt_mini()),
         "gpt2" => Spec::Gpt(GptConfig::gpt2()),
+        "gpt2-medium" => Spec::Gpt(GptConfig::gpt2_medium()),
+        "gpt-1.3b" => Spec::Gpt(GptConfig::gpt_1_3b()),
         "cnn" => Spec::Cnn(CnnConfig::DEFAULTS),
         "resnet18" => Spec::ResNet18,
         _ => {
@@ -282,7 +287,7 @@ mod tests {
 
     #[test]
     fn the_spec_form_of_a_config_parses_back_to_it() {
-        for cfg in [GptConfig::gpt_mini(), GptConfig::gpt2()] {
+        for (_, cfg) in GptConfig::named() {
             assert_eq!(GptConfig::parse(&cfg.to_string()).unwrap(), cfg);
         }
         assert_eq!(cfg_from(MINI), GptConfig::gpt_mini());

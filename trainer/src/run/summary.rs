@@ -11,10 +11,22 @@ pub struct Summary {
     /// CPU only: the threads every kernel of the step ran on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
-    /// The step's arithmetic ([`ingot_compiler::flops::of_graph`]: matmul, convolution and
-    /// attention FLOPs) over the median step time, in GFLOP/s.
+    /// The step's model FLOPs ([`ingot_compiler::flops::model`]: the matmul, convolution and
+    /// attention FLOPs of the forward and backward passes, recomputation left out) over the
+    /// median step time, in GFLOP/s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gflops: Option<f64>,
+    /// The step's model FLOPs (on one rank).
+    pub model_flops: u64,
+    /// `model_flops` over the median step time, in TFLOP/s (of one GPU, with several).
+    pub tflops: Option<f64>,
+    /// The device's dense peak at the step's precision, TFLOP/s (`--peak-tflops`, or
+    /// [`crate::flop_rate::PEAKS`]); absent for a device the table does not name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_tflops: Option<f64>,
+    /// `tflops` over `peak_tflops`; absent without a peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_fraction: Option<f64>,
     /// Steps run (fewer than asked when a non-finite loss stopped the run).
     pub steps: u64,
     /// The step whose loss was NaN or infinite, where training stopped; absent when none was.
@@ -70,7 +82,9 @@ pub struct Finished {
     pub data_ranks: usize,
 }
 
-/// The summary of a run of `steps` steps timed in `seconds` and `wall`.
+/// The summary of a run of `steps` steps timed in `seconds` and `wall`, its FLOP rate from
+/// `rate`.
+#[allow(clippy::too_many_arguments)] // each is one figure of the run loop's own state
 pub(super) fn finished(
     session: &Session,
     seconds: &StepTimes,
@@ -79,6 +93,7 @@ pub(super) fn finished(
     free_after_first: Option<&[usize]>,
     non_finite_loss_step: Option<u64>,
     staged: bool,
+    rate: &crate::flop_rate::FlopRate,
 ) -> Result<Finished, super::RunError> {
     let plan = session.exe().plan();
     let mem = session.cuda().map(|c| c.memory());
@@ -96,14 +111,16 @@ pub(super) fn finished(
         .then(|| session.input_slots().ok())
         .flatten()
         .map(|s| 2 * (s[0].1 + s[1].1));
-    let gflops = seconds
-        .median()
-        .filter(|&t| t > 0.0)
-        .map(|t| ingot_compiler::flops::of_graph(session.graph()) as f64 / t / 1e9);
+    let median = seconds.median().unwrap_or(0.0);
+    let tflops = rate.tflops(median);
     let summary = Summary {
         device: session.exe().device(),
         threads: session.exe().threads(),
-        gflops,
+        gflops: tflops.map(|t| t * 1e3),
+        model_flops: rate.model_flops,
+        tflops,
+        peak_tflops: rate.peak_tflops,
+        peak_fraction: rate.fraction(median),
         steps,
         non_finite_loss_step,
         median_step_seconds: seconds.median(),
