@@ -1114,17 +1114,22 @@ impl Run<'_> {
             })?;
         }
         self.tell_skipped()?;
+        // Before the summary allocates anything of its own (the device's name).
+        let heap_change = self
+            .heap_after_first
+            .zip(crate::host_memory::live_bytes())
+            .map(|(first, now)| now as i64 - first as i64);
         let mut finished = summary::finished(
             session,
             &self.seconds,
             &self.wall,
             self.steps_run,
             self.free_after_first.as_deref(),
-            self.heap_after_first,
             self.non_finite.as_ref().map(|(i, _)| *i),
             o.dataset.is_some(),
         )?;
         finished.summary.skipped_images = self.image_log.as_ref().map(|l| l.count());
+        finished.summary.heap_change_bytes = heap_change;
         self.observer
             .finish(&finished)
             .map_err(RunError::Observer)?;

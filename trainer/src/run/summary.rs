@@ -85,14 +85,9 @@ pub(super) fn finished(
     wall: &StepTimes,
     steps: u64,
     free_after_first: Option<&[usize]>,
-    heap_after_first: Option<usize>,
     non_finite_loss_step: Option<u64>,
     staged: bool,
 ) -> Result<Finished, super::RunError> {
-    // First, before this function allocates anything of its own (the device's name).
-    let heap_change_bytes = heap_after_first
-        .zip(crate::host_memory::live_bytes())
-        .map(|(first, now)| now as i64 - first as i64);
     let plan = session.exe().plan();
     let mem = session.cuda().map(|c| c.memory());
     // Per GPU: free memory now minus after the first step.
@@ -131,7 +126,7 @@ pub(super) fn finished(
         graph_bytes: mem.map(|m| m.graph),
         free_change_bytes: changes.as_ref().and_then(|c| c.first().copied()),
         ranks_free_change_bytes: changes.filter(|c| c.len() > 1),
-        heap_change_bytes,
+        heap_change_bytes: None,
         staging_bytes,
         skipped_images: None,
     };
