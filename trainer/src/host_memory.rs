@@ -27,7 +27,11 @@ pub static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 fn allocated(bytes: isize) {
-    INSTALLED.store(true, Ordering::Relaxed);
+    // Written once: a store on every allocation would bounce the flag's cache line between
+    // the threads.
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
     ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
     LIVE_BYTES.fetch_add(bytes, Ordering::SeqCst);
 }
