@@ -16,6 +16,7 @@ use ingot_trainer::data::images::ImageOptions;
 use ingot_trainer::data::Order;
 use ingot_trainer::infer::{Inference, Totals};
 use ingot_trainer::{checkpoint, datasets, session};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// Where a trained model's weights come from: `--checkpoint DIR` or `--init P.safetensors`.
@@ -185,9 +186,10 @@ fn prepare(
     let device = a.device.session_device()?;
     let precision = a.precision.for_device(a.device.device)?;
     let weights = a.weights.read()?;
+    let model_args = model_of(&a.model, &weights)?;
     let model = match a.batch_size {
-        Some(b) => a.model.load_at_batch(b as usize)?,
-        None => a.model.load()?,
+        Some(b) => model_args.load_at_batch(b as usize)?,
+        None => model_args.load()?,
     };
     let fail = |e: ingot_compiler::IrError| Failure::new(1, format!("{}: {e}", model.name));
     let counted =
@@ -221,6 +223,61 @@ fn prepare(
         .check_all()
         .map_err(|e| Failure::new(1, format!("--dataset: {e}")))?;
     Ok((step, source))
+}
+
+/// The model flags as given, or, where none of `--model`, `--model-file` and `--onnx` is (clap
+/// allows that only with `--checkpoint DIR`), the model the checkpoint's record names: a model
+/// name or spec (a run that accumulated gradients records `NAME in K micro-batches`: the
+/// model is NAME), or the path of the IR file it was read from. An ONNX model is not
+/// re-imported from its path alone (its import flags are not recorded), and a record that names
+/// nothing loadable is an error saying what to give.
+fn model_of<'a>(
+    m: &'a super::ModelArgs,
+    w: &Weights,
+) -> Result<Cow<'a, super::ModelArgs>, Failure> {
+    if m.model.is_some() || m.model_file.is_some() || m.onnx.onnx.is_some() {
+        return Ok(Cow::Borrowed(m));
+    }
+    let give = "give --model NAME, --model-file PATH or --onnx MODEL.onnx";
+    let recorded = w
+        .model
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            Failure::new(
+                2,
+                format!("{} does not record the model it trained: {give}", w.source),
+            )
+        })?;
+    let name = recorded
+        .split_once(" in ")
+        .filter(|(_, k)| k.ends_with(" micro-batches"))
+        .map_or(recorded, |(name, _)| name);
+    let mut args = m.clone();
+    let path = Path::new(name);
+    if ingot_compiler::models::by_name(name).is_ok() {
+        args.model = Some(name.to_string());
+    } else if path.extension().is_some_and(|e| e == "onnx") {
+        return Err(Failure::new(
+            2,
+            format!(
+                "{} records the ONNX model {name}, whose import flags it does not record: give --onnx {name} with the flags it was trained with",
+                w.source
+            ),
+        ));
+    } else if path.is_file() {
+        args.model_file = Some(path.to_path_buf());
+    } else {
+        return Err(Failure::new(
+            2,
+            format!(
+                "{} records the model {recorded:?}, which is neither a model name nor a model file found from here: {give}",
+                w.source
+            ),
+        ));
+    }
+    Ok(Cow::Owned(args))
 }
 
 /// The line saying what the pass left out, if anything.

@@ -50,10 +50,14 @@ pub enum Command {
     /// ONNX models: `ingot onnx check MODEL.onnx` lists every node Ingot cannot import.
     Onnx(onnx::OnnxArgs),
     /// Evaluate trained weights on a data set: the loss, and a classifier's top-1 and top-5
-    /// accuracy, by a forward-only planned step.
+    /// accuracy, by a forward-only planned step. With --checkpoint DIR, --model defaults to the
+    /// model the checkpoint's run trained.
+    #[command(mut_arg("model", |a| a.required_unless_present_any(["checkpoint"])))]
     Eval(Box<eval::EvalArgs>),
     /// Predict with trained weights: one CSV row per sample of a data set (index, predicted
-    /// class, its probability, label).
+    /// class, its probability, label). With --checkpoint DIR, --model defaults to the model the
+    /// checkpoint's run trained.
+    #[command(mut_arg("model", |a| a.required_unless_present_any(["checkpoint"])))]
     Predict(Box<eval::PredictArgs>),
     /// Generate text from a trained GPT: a prompt continued token by token.
     Generate(generate::GenerateArgs),

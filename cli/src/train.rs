@@ -100,6 +100,11 @@ pub struct TrainArgs {
     /// replacing it by the fused attention op (for comparisons).
     #[arg(long = "no-fuse-attention")]
     pub no_fuse_attention: bool,
+    /// No gradient clipping: what a run resumed from a checkpoint that clipped
+    /// (`--clip-grad-norm`) says to turn it off (a resumed run otherwise clips as its
+    /// checkpoint's run did); without --resume, the default.
+    #[arg(long = "no-clip-grad-norm", conflicts_with = "clip_grad_norm")]
+    pub no_clip_grad_norm: bool,
     /// Data-parallel training on N GPUs of this machine over NCCL, one thread per GPU: the
     /// model's batch is each GPU's; gradients are averaged in buckets of about 25 MiB as the
     /// backward pass makes them. NCCL's memory is reported on its own line.
@@ -435,7 +440,12 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         .for_device(a.run.device.unwrap_or(default_device))?;
     opts.fuse_attention &= !a.no_fuse_attention;
     // A resumed run's schedule and clipping default to its checkpoint's.
-    let training = a.run.training(a.model.clip_grad_norm)?;
+    let clip = match (a.model.clip_grad_norm, a.no_clip_grad_norm) {
+        (Some(max), _) => Some(Some(max)),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
+    let training = a.run.training(clip)?;
     let scheduled = training.decay != Decay::Constant || training.warmup > 0;
     // AdamW's step number is an input the session counts, so the one compiled step serves a
     // resumed run too; the learning-rate scale input only where a schedule drives it.
@@ -631,11 +641,16 @@ impl StepArgs {
         .map_err(failure)
     }
 
-    /// The run's schedule and gradient clipping (`clip_grad_norm`, the flag where the command
-    /// has it): the flags given, and for a flag not given, the checkpoint's that `--resume`
-    /// names (its record is read here, before the step is compiled: a schedule and clipping
-    /// are compiled into the step), so a resumed run goes on as its checkpoint's run went.
-    pub fn training(&self, clip_grad_norm: Option<f64>) -> Result<checkpoint::Training, Failure> {
+    /// The run's schedule and gradient clipping (`clip_grad_norm`, the flags where the command
+    /// has them: `Some(Some(max))` for `--clip-grad-norm MAX`, `Some(None)` for
+    /// `--no-clip-grad-norm`): the flags given, and for a flag not given, the checkpoint's that
+    /// `--resume` names (its record is read here, before the step is compiled: a schedule and
+    /// clipping are compiled into the step), so a resumed run goes on as its checkpoint's run
+    /// went.
+    pub fn training(
+        &self,
+        clip_grad_norm: Option<Option<f64>>,
+    ) -> Result<checkpoint::Training, Failure> {
         let given = checkpoint::GivenTraining {
             decay: self.schedule.map(Decay::from),
             warmup: self.warmup,

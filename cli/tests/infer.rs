@@ -141,6 +141,77 @@ fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
     assert!(e.contains("same file as --init"), "{e}");
 }
 
+/// `eval` and `predict` given only `--checkpoint DIR` run the model the checkpoint's record
+/// names, as `--model` would; a record that names none, or names what cannot be loaded, is an
+/// error saying what to give.
+#[test]
+fn eval_and_predict_without_a_model_run_the_one_the_checkpoint_records() {
+    let d = cli::scratch("infer", "recorded_model");
+    let data = d.join("set");
+    std::fs::create_dir_all(&data).unwrap();
+    mlp_samples(&data);
+    let ck = d.join("ck");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        s(&data),
+        "--steps",
+        "2",
+        "--checkpoint",
+        s(&ck),
+        "--threads",
+        "1",
+    ]));
+    let common = ["--dataset", s(&data), "--json", "--threads", "1"];
+    let recorded = ok(&ingot(
+        &[&["eval", "--checkpoint", s(&ck)][..], &common].concat(),
+    ));
+    let named = ok(&ingot(
+        &[
+            &["eval", "--model", "mlp", "--checkpoint", s(&ck)][..],
+            &common,
+        ]
+        .concat(),
+    ));
+    assert_eq!(recorded, named);
+    assert_eq!(json_lines(&recorded)[0]["samples"], N);
+    let csv = d.join("p.csv");
+    ok(&ingot(&[
+        "predict",
+        "--checkpoint",
+        s(&ck),
+        "--dataset",
+        s(&data),
+        "--out",
+        s(&csv),
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap().lines().count(),
+        N + 1
+    );
+
+    // Without --checkpoint, a model is still needed.
+    let (code, _, e) = run(&["eval", "--init", s(&csv), "--dataset", s(&data)]);
+    assert_eq!(code, 2, "{e}");
+    assert!(e.contains("--model"), "{e}");
+
+    let record = ck.join("checkpoint.json");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (model, says) in [
+        ("", "does not record the model it trained: give --model NAME, --model-file PATH or --onnx MODEL.onnx"),
+        ("no-such-model", "records the model \"no-such-model\", which is neither a model name nor a model file found from here"),
+    ] {
+        v["model"] = model.into();
+        std::fs::write(&record, v.to_string()).unwrap();
+        let (code, _, e) = run(&[&["eval", "--checkpoint", s(&ck)][..], &common].concat());
+        assert_eq!(code, 2, "{e}");
+        assert!(e.contains(says), "{e}");
+    }
+}
+
 #[test]
 fn train_with_no_steps_evaluates_the_given_weights() {
     let d = cli::scratch("infer", "steps0");

@@ -259,6 +259,75 @@ fn ingot_train_json_prints_one_line_per_step_with_a_falling_loss() {
     assert!(l[7] < l[0], "{l:?}");
 }
 
+/// The y coordinates of the polyline drawn just before the label `name` in a report page.
+fn curve_ys(page: &str, name: &str) -> Vec<String> {
+    let at = page
+        .find(&format!(">{name}</text>"))
+        .unwrap_or_else(|| panic!("no curve {name:?} in the report"));
+    let line = &page[page[..at].rfind("<polyline").unwrap()..at];
+    let points = line
+        .split("points=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    points
+        .split(' ')
+        .map(|p| p.split(',').nth(1).unwrap().to_string())
+        .collect()
+}
+
+/// The `ingot` program counts its heap (issue 50): on the CPU `measured_bytes` is the host
+/// memory loading the step took (its one allocation, so at least the plan's total, and its
+/// program), the heap after the last of 1,000 steps is the heap after the first, and the
+/// report draws the measured memory over the run as a flat line beside the planned one.
+#[test]
+fn a_cpu_run_measures_its_heap_beside_the_plan_and_1000_steps_hold_no_more_of_it() {
+    let dir = scratch("host_memory");
+    let report = dir.join("run.html");
+    let out = ingot(&[
+        "train",
+        "--model",
+        TINY_GPT,
+        "--steps",
+        "1000",
+        "--json",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    let lines = cli::json_lines(&ok(&out));
+    let summary = &lines.last().unwrap()["summary"];
+    let planned = summary["planned_bytes"].as_u64().unwrap();
+    let measured = summary["measured_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no measured bytes on the CPU: {summary}"));
+    assert!(measured >= planned, "{summary}");
+    assert_eq!(summary["heap_change_bytes"].as_i64(), Some(0), "{summary}");
+    let page = std::fs::read_to_string(&report).unwrap();
+    assert!(page.contains("host memory held by the run"), "{page}");
+    let ys = curve_ys(&page, "measured on the host (heap)");
+    assert!(ys.len() > 100, "a point per step, thinned: {}", ys.len());
+    assert!(ys.iter().all(|y| *y == ys[0]), "not flat: {ys:?}");
+    assert_ne!(
+        ys[0],
+        curve_ys(&page, "planned (one allocation)")[0],
+        "drawn apart from the planned line"
+    );
+
+    // The lines a person reads say the same.
+    let out = ingot(&["train", "--model", TINY_GPT, "--steps", "20"]);
+    let text = ok(&out);
+    assert!(
+        text.contains("memory measured on the host: ")
+            && text.contains("taken by loading the step (its one allocation and its program)")
+            && text.contains(
+                "host heap after step 1 and after step 20: identical (the steps held no new memory)"
+            ),
+        "{text}"
+    );
+}
+
 #[test]
 fn ingot_train_save_writes_parameters_that_init_reads_back() {
     let dir = scratch("save_init");

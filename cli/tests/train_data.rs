@@ -255,6 +255,35 @@ fn a_resumed_run_without_its_schedule_flags_continues_on_the_checkpoints_schedul
             && e.contains("where the checkpoint's run used schedule cosine"),
         "{e}"
     );
+    // `--no-clip-grad-norm` turns the checkpoint's clipping off, and says so.
+    let out = ingot(&[&base[..], &["--resume", cks, "--no-clip-grad-norm"]].concat());
+    let unclipped = step_losses(&json_lines(&ok(&out)));
+    assert_ne!(
+        unclipped[1].1.to_bits(),
+        straight[5].1.to_bits(),
+        "step 5's update unclipped: {unclipped:?}"
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains(
+            "resuming with no gradient clipping where the checkpoint's run used --clip-grad-norm 0.5"
+        ),
+        "{e}"
+    );
+    let out = ingot(
+        &[
+            &base[..],
+            &[
+                "--resume",
+                cks,
+                "--no-clip-grad-norm",
+                "--clip-grad-norm",
+                "1",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(2), "both: a usage error");
 }
 
 /// A record's clipping tells "none" (`null`) from "not known" (absent, as in checkpoints
@@ -303,7 +332,7 @@ fn a_resumed_runs_settings_are_the_flags_given_else_the_checkpoints() {
     assert_eq!(none.or_resumed(None), Training::default());
     let given = GivenTraining {
         decay: Some(Decay::Linear),
-        clip_grad_norm: Some(1.0),
+        clip_grad_norm: Some(Some(1.0)),
         ..GivenTraining::default()
     };
     assert_eq!(
@@ -311,6 +340,18 @@ fn a_resumed_runs_settings_are_the_flags_given_else_the_checkpoints() {
         Training {
             decay: Decay::Linear,
             clip_grad_norm: Some(1.0),
+            ..want
+        }
+    );
+    // `--no-clip-grad-norm`: off, whatever the checkpoint clipped at.
+    let off = GivenTraining {
+        clip_grad_norm: Some(None),
+        ..GivenTraining::default()
+    };
+    assert_eq!(
+        off.or_resumed(Some(&info)),
+        Training {
+            clip_grad_norm: None,
             ..want
         }
     );

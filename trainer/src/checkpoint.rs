@@ -484,7 +484,9 @@ pub struct GivenTraining {
     pub decay: Option<Decay>,
     pub warmup: Option<u64>,
     pub min_lr_ratio: Option<f64>,
-    pub clip_grad_norm: Option<f64>,
+    /// `Some(Some(max))`: clip at `max`; `Some(None)`: clipping turned off
+    /// (`--no-clip-grad-norm`, which a resumed run needs to stop its checkpoint's clipping).
+    pub clip_grad_norm: Option<Option<f64>>,
 }
 
 impl GivenTraining {
@@ -502,7 +504,7 @@ impl GivenTraining {
                 .min_lr_ratio
                 .or(schedule.map(|s| s.min_ratio))
                 .unwrap_or(0.0),
-            clip_grad_norm: self.clip_grad_norm.or(clip),
+            clip_grad_norm: self.clip_grad_norm.unwrap_or(clip),
         }
     }
 }

@@ -5,9 +5,10 @@
 //! resumes a run, and [`report`] is what a run says about itself ([`flop_rate`]: its FLOP/s and
 //! the fraction of the device's peak). [`run`] is the training loop
 //! itself, telling an observer its steps, evaluations and epochs, and keeping what it records
-//! in fixed-size summaries ([`record`]). [`gpt_names`] maps GPT-2 weights under Hugging Face's and
-//! nanoGPT's names onto Ingot's GPT and back. The `ingot` command line sits
-//! above this crate, and this crate never names it (tests/layers.rs in the runtime crate).
+//! in fixed-size summaries ([`record`]); on the CPU it measures its heap with [`host_memory`].
+//! [`gpt_names`] maps GPT-2 weights under Hugging Face's and nanoGPT's names onto Ingot's GPT
+//! and back. The `ingot` command line sits above this crate, and this crate never names it
+//! (tests/layers.rs in the runtime crate).
 
 pub mod checkpoint;
 pub mod data;
@@ -16,6 +17,7 @@ pub mod eval;
 pub mod flop_rate;
 pub mod generate;
 pub mod gpt_names;
+pub mod host_memory;
 pub mod infer;
 pub mod init;
 pub mod record;

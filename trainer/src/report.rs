@@ -24,8 +24,10 @@ pub struct RunRecord {
     /// How the one allocation divides between the training and validation steps, where there
     /// is a validation step.
     pub eval_layout: Option<ingot_compiler::plan::shared::SharedLayout>,
-    /// (step, device memory the run holds, measured): on a GPU the allocation plus any change
-    /// in free device memory since the first step; empty on the CPU.
+    /// (step, memory the run holds, measured): on a GPU the allocation plus any change in free
+    /// device memory since the first step; on the CPU, where the process counts its heap
+    /// ([`crate::host_memory`]), the bytes loading the step took plus any growth of the heap
+    /// since the first step; empty where nothing was measured.
     pub memory: Curve<usize>,
     /// The step's model FLOPs and the device's peak ([`crate::flop_rate`]), and the median
     /// step time: the page's FLOP rate row.
@@ -185,9 +187,14 @@ pub fn html(r: &RunRecord) -> String {
         (last as f64, mib(r.planned_bytes)),
     ];
     let mut mem_series = vec![("planned (one allocation)", "#2ca02c", planned)];
+    let on_host = r.device.starts_with("cpu");
     if !r.memory.is_empty() {
         mem_series.push((
-            "measured on the device",
+            if on_host {
+                "measured on the host (heap)"
+            } else {
+                "measured on the device"
+            },
             "#ff7f0e",
             r.memory.points().map(|(s, b)| (s as f64, mib(b))).collect(),
         ));
@@ -195,6 +202,8 @@ pub fn html(r: &RunRecord) -> String {
     let memory_note = if r.memory.is_empty() {
         "On the CPU the step's one allocation is made once, of exactly the planned size; nothing is allocated per step (tests/zero_alloc.rs, tests/data_loader.rs count)."
             .to_string()
+    } else if on_host {
+        "Measured: the host bytes loading the step took (its one allocation, the threads' scratch and its program), counted by the process's allocator, plus any growth of the heap since the first step (flat when the steps hold no new memory).".to_string()
     } else {
         "Measured: the allocation as the driver sized it, plus any change in free device memory since the first step (flat when the steps allocate nothing).".to_string()
     };
@@ -230,7 +239,15 @@ pub fn html(r: &RunRecord) -> String {
             .unwrap_or_default(),
         rate = rate_row(r),
         loss = chart("loss per step", "loss", &loss_series),
-        mem = chart("device memory held by the run", "MiB", &mem_series),
+        mem = chart(
+            if on_host {
+                "host memory held by the run"
+            } else {
+                "device memory held by the run"
+            },
+            "MiB",
+            &mem_series
+        ),
     )
 }
 

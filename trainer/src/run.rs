@@ -430,6 +430,7 @@ pub fn train(
         wall: StepTimes::new(),
         steps_run: 0,
         free_after_first: None,
+        heap_after_first: None,
         non_finite: None,
         epoch_loss: (0.0, 0),
         last_done: Instant::now(),
@@ -878,6 +879,9 @@ struct Run<'a> {
     /// Steps run by this process.
     steps_run: u64,
     free_after_first: Option<Vec<usize>>,
+    /// CPU only, where the process counts its heap: its live bytes as the first step left
+    /// them (read when the second step has run, at the point every later step's are read).
+    heap_after_first: Option<usize>,
     /// The first step with a non-finite loss, gradient norm or updated parameter, and which, where the run
     /// stopped without `skip_nonfinite`.
     non_finite: Option<(u64, String)>,
@@ -930,6 +934,14 @@ impl Run<'_> {
         self.steps_run += 1;
         if self.steps_run == 1 {
             self.free_after_first = free_on_gpus(session)?;
+            self.measure_memory(session)?;
+        } else if session.host_loaded_bytes().is_some() {
+            // The heap as the first step left it, its reporting done (what the observer keeps
+            // from its first call is the run's, not a step's), read where every later step's is.
+            if self.steps_run == 2 {
+                self.heap_after_first = crate::host_memory::live_bytes();
+            }
+            // On the CPU every step is drawn: reading the count is one atomic load.
             self.measure_memory(session)?;
         }
         if r.loss.is_finite() {
@@ -1041,9 +1053,20 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// On a GPU, records the device memory the run holds now: the allocation plus any drop
-    /// in free memory since the first step.
+    /// Records the memory the run holds now. On a GPU: the allocation plus any drop in free
+    /// memory since the first step. On the CPU (where the process counts its heap): the bytes
+    /// loading the step took plus any growth of the heap since the first step.
     fn measure_memory(&mut self, session: &Session) -> Result<(), RunError> {
+        if let (Some(loaded), Some(now)) = (
+            session.host_loaded_bytes(),
+            crate::host_memory::live_bytes(),
+        ) {
+            let grown = self
+                .heap_after_first
+                .map_or(0, |first| now as i64 - first as i64);
+            let held = loaded as i64 + grown;
+            self.record.memory.push(self.step, held.max(0) as usize);
+        }
         if let (Some(c), Some(first)) = (
             session.cuda(),
             self.free_after_first
@@ -1120,6 +1143,11 @@ impl Run<'_> {
             self.evaluate(session)?;
         }
         self.measure_memory(session)?;
+        // Before the summary allocates anything of its own (the device's name).
+        let heap_change = self
+            .heap_after_first
+            .zip(crate::host_memory::live_bytes())
+            .map(|(first, now)| now as i64 - first as i64);
         let mut finished = summary::finished(
             session,
             &self.seconds,
@@ -1143,6 +1171,7 @@ impl Run<'_> {
         }
         self.tell_skipped()?;
         finished.summary.skipped_images = self.image_log.as_ref().map(|l| l.count());
+        finished.summary.heap_change_bytes = heap_change;
         self.observer
             .finish(&finished)
             .map_err(RunError::Observer)?;

@@ -212,6 +212,9 @@ pub struct Session {
     dropout_seed: Option<(NodeId, u64, u64)>,
     /// The evaluation step loaded in the same allocation ([`Session::from_pair`]).
     eval: Option<EvalStep>,
+    /// CPU only, where the process counts its heap ([`crate::host_memory`]): the bytes loading
+    /// the step left allocated (its one allocation and its program).
+    host_loaded: Option<usize>,
 }
 
 /// What the session knows of its evaluation step.
@@ -341,21 +344,35 @@ impl Session {
         // The allocation first: a plan too large for the device is refused (naming its sizes)
         // before any leaf's initial value is made on the host.
         let load = |e: ExecError| SessionError::Load(Box::new(e));
-        let backend = match device {
-            Device::Cpu if ingot_runtime::collective::ranks::ranks_of(&exe) > 1 => {
-                Backend::CpuRanks(Box::new(
-                    ingot_runtime::cpu::ranks::CpuRanks::new(exe).map_err(load)?,
-                ))
-            }
-            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
-            Device::Cuda(o) if ingot_runtime::collective::ranks::ranks_of(&exe) > 1 => {
-                Backend::CudaRanks(Box::new(
-                    ingot_runtime::cuda::ranks::GpuRanks::new(exe, o.serial).map_err(load)?,
-                ))
-            }
-            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
-        };
-        Session::loaded(backend, None, seed)
+        // On the CPU, the host heap the loading took (the one allocation and the program) is
+        // measured where the process counts its allocations ([`crate::host_memory`]).
+        let (backend, host) = crate::host_memory::held_by(|| -> Result<Backend, SessionError> {
+            Ok(match device {
+                Device::Cpu if ingot_runtime::collective::ranks::ranks_of(&exe) > 1 => {
+                    Backend::CpuRanks(Box::new(
+                        ingot_runtime::cpu::ranks::CpuRanks::new(exe).map_err(load)?,
+                    ))
+                }
+                Device::Cpu => Backend::Cpu(Box::new(PlannedStep::new(exe).map_err(load)?)),
+                Device::Cuda(o) if ingot_runtime::collective::ranks::ranks_of(&exe) > 1 => {
+                    Backend::CudaRanks(Box::new(
+                        ingot_runtime::cuda::ranks::GpuRanks::new(exe, o.serial).map_err(load)?,
+                    ))
+                }
+                Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::new(exe, o).map_err(load)?)),
+            })
+        });
+        let mut session = Session::loaded(backend?, None, seed)?;
+        session.host_loaded = host.filter(|_| matches!(device, Device::Cpu));
+        Ok(session)
+    }
+
+    /// CPU only, where the process counts its heap ([`crate::host_memory::Counting`] is its
+    /// allocator): the host bytes loading the step left allocated, its one allocation (the
+    /// planned total, and the threads' scratch after it) and its loaded program. `None` on a
+    /// GPU, whose allocation [`CudaStep::memory`] measures, and without the counting allocator.
+    pub fn host_loaded_bytes(&self) -> Option<usize> {
+        self.host_loaded
     }
 
     /// A session running a training step and its forward-only evaluation step in one
@@ -374,17 +391,21 @@ impl Session {
         let layout = pair.layout();
         let load = |e: ExecError| SessionError::Load(Box::new(e));
         let ranks = ingot_runtime::collective::ranks::ranks_of(exe);
-        let backend = match device {
-            Device::Cpu if ranks > 1 => Backend::CpuRanks(Box::new(
-                ingot_runtime::cpu::ranks::CpuRanks::pair(pair).map_err(load)?,
-            )),
-            Device::Cpu => Backend::Cpu(Box::new(PlannedStep::pair(pair).map_err(load)?)),
-            Device::Cuda(o) if ranks > 1 => Backend::CudaRanks(Box::new(
-                ingot_runtime::cuda::ranks::GpuRanks::pair(pair, o.serial).map_err(load)?,
-            )),
-            Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::pair(pair, o).map_err(load)?)),
-        };
-        Session::loaded(backend, Some(layout), seed)
+        let (backend, host) = crate::host_memory::held_by(|| -> Result<Backend, SessionError> {
+            Ok(match device {
+                Device::Cpu if ranks > 1 => Backend::CpuRanks(Box::new(
+                    ingot_runtime::cpu::ranks::CpuRanks::pair(pair).map_err(load)?,
+                )),
+                Device::Cpu => Backend::Cpu(Box::new(PlannedStep::pair(pair).map_err(load)?)),
+                Device::Cuda(o) if ranks > 1 => Backend::CudaRanks(Box::new(
+                    ingot_runtime::cuda::ranks::GpuRanks::pair(pair, o.serial).map_err(load)?,
+                )),
+                Device::Cuda(o) => Backend::Cuda(Box::new(CudaStep::pair(pair, o).map_err(load)?)),
+            })
+        });
+        let mut session = Session::loaded(backend?, Some(layout), seed)?;
+        session.host_loaded = host.filter(|_| matches!(device, Device::Cpu));
+        Ok(session)
     }
 
     fn loaded(
@@ -477,6 +498,7 @@ impl Session {
             step_number,
             dropout_seed,
             eval,
+            host_loaded: None,
         };
         session.check_whole_leaves()?;
         let graph = session.graph();

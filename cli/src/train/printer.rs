@@ -415,7 +415,7 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
         crate::outln!(
             "data staging: {:.2} MiB of host memory{} in two buffers, allocated once",
             mib(b),
-            if s.measured_bytes.is_some() {
+            if s.context_bytes.is_some() {
                 " (page-locked)"
             } else {
                 ""
@@ -449,6 +449,12 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
             mib(graph)
         )?;
     }
+    if let (Some(loaded), None) = (s.measured_bytes, s.context_bytes) {
+        crate::outln!(
+            "memory measured on the host: {:.1} MiB taken by loading the step (its one allocation and its program)",
+            mib(loaded)
+        )?;
+    }
     free_change(s)
 }
 
@@ -475,6 +481,15 @@ fn free_change(s: &Summary) -> Result<(), Failure> {
             "free device memory after step 1 and after step {}: {}",
             s.steps,
             said(&[d])
+        )?;
+    } else if let Some(d) = s.heap_change_bytes {
+        crate::outln!(
+            "host heap after step 1 and after step {}: {}",
+            s.steps,
+            match d {
+                0 => "identical (the steps held no new memory)".to_string(),
+                d => format!("changed by {d} bytes"),
+            }
         )?;
     }
     Ok(())

@@ -48,7 +48,10 @@ pub struct Summary {
     /// With a validation step: how the one allocation divides between the two steps.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval: Option<ingot_compiler::plan::shared::SharedLayout>,
-    /// GPU only: the drop in free device memory the allocation caused.
+    /// Measured, beside `planned_bytes`. On a GPU: the drop in free device memory the
+    /// allocation caused. On the CPU, where the process counts its heap
+    /// ([`crate::host_memory`]; the `ingot` program does): the host bytes loading the step took,
+    /// its one allocation (the plan's total and the threads' scratch) and its loaded program.
     pub measured_bytes: Option<usize>,
     /// GPU only: device memory in use before the allocation (CUDA context, cuBLAS, kernels).
     pub context_bytes: Option<usize>,
@@ -61,6 +64,11 @@ pub struct Summary {
     /// rank 0's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks_free_change_bytes: Option<Vec<i64>>,
+    /// CPU only, where the process counts its heap, in a run of two steps or more: its live
+    /// bytes after the last step minus as the first step left them (0: the run held no more
+    /// memory at its end than after its first step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heap_change_bytes: Option<i64>,
     /// Data set runs: the loader's two staging buffers of x and y (page-locked on the GPU),
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,11 +138,12 @@ pub(super) fn finished(
         resident_bytes: plan.resident_bytes,
         slab_bytes: plan.slab_bytes,
         eval: session.shared_layout(),
-        measured_bytes: mem.map(|m| m.allocation),
+        measured_bytes: mem.map(|m| m.allocation).or(session.host_loaded_bytes()),
         context_bytes: mem.map(|m| m.before_allocation),
         graph_bytes: mem.map(|m| m.graph),
         free_change_bytes: changes.as_ref().and_then(|c| c.first().copied()),
         ranks_free_change_bytes: changes.filter(|c| c.len() > 1),
+        heap_change_bytes: None,
         staging_bytes,
         skipped_images: None,
     };

@@ -49,7 +49,8 @@
 //!   defined on an earlier line (so the file order is the graph's topological order).
 //! - `op` is exactly [`Op::name`](crate::ir::Op::name). Every node states its result type; [`Graph::push`] checks it,
 //!   and a type error comes back naming the line.
-//! - Attributes may come in any order; each op takes exactly these:
+//! - Attributes may come in any order; each op takes exactly these (every op, with its
+//!   operands and meaning, is in docs/ir-reference.md, generated from [`reference`]):
 //!
 //!   | op | attributes |
 //!   |---|---|
@@ -83,6 +84,7 @@
 
 mod parse;
 mod print;
+pub mod reference;
 mod tokens;
 
 pub use parse::{parse, parse_in};
