@@ -344,10 +344,10 @@ fn a_convolution_at_the_peak_runs_smaller_chunks_and_the_plan_is_smaller() {
     )
     .unwrap();
     assert!(
-        granted.total_bytes < whole.total_bytes,
+        granted.plan.total_bytes < whole.plan.total_bytes,
         "{} >= {}",
-        granted.total_bytes,
-        whole.total_bytes
+        granted.plan.total_bytes,
+        whole.plan.total_bytes
     );
     let exe = granted.executable(Target::Cuda).unwrap();
     let Program::Cuda(p) = exe.program() else {

@@ -555,9 +555,12 @@ mod tests {
         }
     }
 
-    /// A ReLU's mask (a bool per element) is not kept from the forward pass to the backward
-    /// one: its backward recomputes it from the convolution output and the batch norm's row
-    /// statistics, which the batch norm's backward reads anyway.
+    /// A ReLU's mask (a bool per element) under a batch norm is not kept from the forward
+    /// pass to the backward one: its backward recomputes it from the convolution output and
+    /// the batch norm's row statistics, which the batch norm's backward reads anyway. In a
+    /// small resnet18 that is the stem's mask and the first mask of each block of layers 1
+    /// and 2 (before, all 17 were kept); the mask after a residual add is still kept, and so
+    /// are the masks of layers 3 and 4 where they are smaller than the statistics (2×2 images).
     #[test]
     fn a_relu_mask_is_recomputed_from_what_the_batch_norm_backward_keeps() {
         for precision in [Precision::F32, Precision::Bf16] {
@@ -575,15 +578,21 @@ mod tests {
                 .iter()
                 .filter(|s| !s.workspace && s.start <= loss && s.end > loss + 1)
                 .filter(|s| g.ty(s.owner).dtype == crate::ir::DType::Bool)
-                .map(|s| g.origin(s.owner).label())
+                .map(|s| g.origin(s.owner).primary().unwrap_or_default().to_string())
                 .collect();
-            assert!(
-                kept.is_empty(),
-                "{precision:?}: masks kept for the backward pass: {kept:?}"
+            let count = |name: &str| kept.iter().filter(|k| k.as_str() == name).count();
+            assert_eq!(
+                count("relu"),
+                0,
+                "{precision:?}: the stem's mask is kept: {kept:?}"
             );
-            assert!(g
-                .ids()
-                .any(|id| g.origin(id).label().contains("(recomputed)")));
+            for block in ["layer1.0", "layer1.1", "layer2.0", "layer2.1"] {
+                assert!(
+                    count(&format!("{block}.relu")) <= 1,
+                    "{precision:?}: both of {block}'s masks are kept: {kept:?}"
+                );
+            }
+            assert!(kept.len() <= 12, "{precision:?}: {kept:?}");
         }
     }
 
