@@ -338,7 +338,7 @@ fn batches_staged_in_pinned_buffers_train_as_set_batches_do_and_allocate_nothing
 /// CPU's losses and parameters.
 #[test]
 fn grouped_convolutions_batch_their_groups_and_match_the_cpu() {
-    use ingot_compiler::lower::cuda::{conv_workspace, DeviceOp};
+    use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp};
     use ingot_compiler::lower::Program;
     use std::collections::BTreeMap;
     let text = "ingot-ir 1
@@ -369,7 +369,7 @@ output \"loss\" = %8
     let mut convs = 0;
     for (&node, &count) in &gemms {
         let id = ingot_compiler::ir::NodeId(node);
-        let Some(w) = conv_workspace(g, id) else {
+        let Some(w) = planned_conv_workspace(g, &compiled.plan, id) else {
             continue;
         };
         convs += 1;

@@ -179,7 +179,7 @@ fn a_step_updates_batch_norm_running_statistics_as_pytorch_does() {
 #[test]
 fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_planned_workspace() {
     use ingot_compiler::ir::Op;
-    use ingot_compiler::lower::cuda::{conv_workspace, DeviceOp};
+    use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp};
     use ingot_compiler::lower::Program;
     for precision in [Precision::F32, Precision::Bf16] {
         let m = models::cnn_with(4, DType::F32).unwrap();
@@ -202,7 +202,7 @@ fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_p
         assert_eq!(convs.len(), 9, "{precision:?}");
         let mut conv_nodes = 0;
         for &id in &convs {
-            let Some(ws) = conv_workspace(g, id) else {
+            let Some(ws) = planned_conv_workspace(g, exe.plan(), id) else {
                 continue;
             };
             conv_nodes += 1;
@@ -236,28 +236,12 @@ fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_p
 #[test]
 fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first() {
     use ingot_compiler::ir::Op;
-    use ingot_compiler::lower::cuda::{conv_workspace, DeviceOp, COLUMN_BUDGET};
+    use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp, COLUMN_BUDGET};
     use ingot_compiler::lower::Program;
     // A 3×3 conv of 16 channels over 64×64 images, batch 32: its column buffer (75 MiB)
     // is larger than the budget, so it runs in chunks.
     let batch = 32;
-    let mut g = Graph::new();
-    let x = g.input("x", [batch, 16, 64, 64], DType::F32).unwrap();
-    let y = g.input("y", [batch], models::ID_DTYPE).unwrap();
-    let h = nn::conv2d(&mut g, "conv0", x, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
-    let h = nn::conv2d(&mut g, "conv1", h, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
-    let h = nn::global_avg_pool(&mut g, h).unwrap();
-    let h = nn::flatten(&mut g, h).unwrap();
-    let logits = nn::linear_kaiming(&mut g, "fc", h, 16, 10, true).unwrap();
-    let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
-    g.set_output("loss", loss).unwrap();
-    let m = Model {
-        name: "big-conv".into(),
-        graph: g,
-        eval_graph: None,
-        optimizer: Optimizer::Sgd { lr: 0.1 },
-        precision: Precision::F32,
-    };
+    let m = big_conv_model(batch);
     let compiled = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
     let exe = compiled.executable(Target::Cuda).unwrap();
     let Program::Cuda(p) = exe.program() else {
@@ -269,7 +253,7 @@ fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first
         let Op::Window(w) = &g.node(id).op else {
             continue;
         };
-        let Some(ws) = conv_workspace(g, id) else {
+        let Some(ws) = planned_conv_workspace(g, exe.plan(), id) else {
             continue;
         };
         assert!(ws.column_bytes + ws.side.map_or(0, |s| s.1) <= COLUMN_BUDGET || ws.samples == 1);
@@ -303,6 +287,95 @@ fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first
     }
     // conv0 and conv1 forward and weight gradients, conv1 input gradient.
     assert_eq!(chunked, 5);
+}
+
+/// Two 3×3 convolutions of 16 channels over 64×64 images, a global pool and a linear layer:
+/// column buffers of 75 MiB at batch 32, larger than [`COLUMN_BUDGET`].
+fn big_conv_model(batch: usize) -> Model {
+    let mut g = Graph::new();
+    let x = g.input("x", [batch, 16, 64, 64], DType::F32).unwrap();
+    let y = g.input("y", [batch], models::ID_DTYPE).unwrap();
+    let h = nn::conv2d(&mut g, "conv0", x, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
+    let h = nn::conv2d(&mut g, "conv1", h, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
+    let h = nn::global_avg_pool(&mut g, h).unwrap();
+    let h = nn::flatten(&mut g, h).unwrap();
+    let logits = nn::linear_kaiming(&mut g, "fc", h, 16, 10, true).unwrap();
+    let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
+    g.set_output("loss", loss).unwrap();
+    Model {
+        name: "big-conv".into(),
+        graph: g,
+        eval_graph: None,
+        optimizer: Optimizer::Sgd { lr: 0.1 },
+        precision: Precision::F32,
+    }
+}
+
+/// A convolution's column buffer gets only the room the step's peak leaves: where the peak
+/// is at a convolution, it runs fewer images a chunk than its budget allows and the plan is
+/// smaller than one giving every convolution its whole budget; the lowering runs the chunk
+/// the plan granted, its GEMMs covering every image once.
+#[test]
+fn a_convolution_at_the_peak_runs_smaller_chunks_and_the_plan_is_smaller() {
+    use ingot_compiler::ir::NodeId;
+    use ingot_compiler::lower::cuda::{conv_workspace, planned_conv_workspace, DeviceOp};
+    use ingot_compiler::lower::Program;
+    use ingot_compiler::plan::{PlanOptions, WorkspaceNeed};
+    fn whole_budget(g: &Graph, id: NodeId) -> WorkspaceNeed {
+        let need = Target::Cuda.workspace_need()(g, id);
+        WorkspaceNeed {
+            bytes: need.bytes.max(need.up_to),
+            ..need
+        }
+    }
+    let batch = 32;
+    let m = big_conv_model(batch);
+    let opts = pipeline::Options::for_target(Target::Cuda);
+    let granted = pipeline::compile(&m, &opts).unwrap();
+    let whole = pipeline::compile(
+        &m,
+        &pipeline::Options {
+            plan: PlanOptions {
+                workspace: Some(whole_budget),
+                ..Target::Cuda.plan_options()
+            },
+            ..opts
+        },
+    )
+    .unwrap();
+    assert!(
+        granted.plan.total_bytes < whole.plan.total_bytes,
+        "{} >= {}",
+        granted.plan.total_bytes,
+        whole.plan.total_bytes
+    );
+    let exe = granted.executable(Target::Cuda).unwrap();
+    let Program::Cuda(p) = exe.program() else {
+        panic!("a CUDA program")
+    };
+    let g = exe.graph();
+    let mut smaller = 0;
+    for id in g.ids() {
+        let (Some(most), Some(ran)) = (
+            conv_workspace(g, id),
+            planned_conv_workspace(g, exe.plan(), id),
+        ) else {
+            continue;
+        };
+        assert!(ran.samples <= most.samples && batch % ran.samples == 0);
+        assert!(ran.total <= exe.plan().workspace(id).unwrap().bytes);
+        smaller += usize::from(ran.samples < most.samples);
+        let gemms = p
+            .ops
+            .iter()
+            .filter(|op| matches!(op, DeviceOp::Gemm(gm) if gm.node == id))
+            .count();
+        assert_eq!(gemms, batch / ran.samples, "%{}", id.index());
+    }
+    assert!(
+        smaller > 0,
+        "no convolution runs smaller chunks than its budget allows"
+    );
 }
 
 #[test]

@@ -117,6 +117,7 @@ pub fn recompute_with(
     // reads those rather than recomputing them, unless they get copies of their own.
     let mut stored = mat.clone();
     super::select::shared(g, &mut stored, recompute_ops);
+    let kept_anyway = read_by_backward(g, &ends, &stored);
     // Values fusion inlines (stores nowhere) whose expression reads a heavy value: a backward
     // kernel inlining one would read the heavy value itself.
     let forward = if heavy.is_empty() {
@@ -168,7 +169,14 @@ pub fn recompute_with(
                 && !is_heavy[y.index()]
                 && (mat[y.index()] || !super::select::cheap_to_recompute(g, &mat, y, recompute_ops))
         };
-        if let Some(expr) = expression(g, read, v, 2 * recompute_ops, |y| is_heavy[y.index()]) {
+        let heavy = |y: NodeId| is_heavy[y.index()];
+        // Only a mask's copy reads what the backward pass keeps anyway for free: a copy a
+        // library call reads (a LayerNorm output under a matmul) is a buffer of its own in
+        // the backward pass, and a wider one may reach values the backward pass reads only
+        // through what gets copies itself.
+        let mask = g.ty(v).dtype == crate::ir::DType::Bool;
+        let free = |y: NodeId| mask && kept_anyway[y.index()];
+        if let Some(expr) = expression(g, read, v, 2 * recompute_ops, heavy, free) {
             // A copy that would alone keep as many bytes alive to the backward pass as it frees
             // (a bias add over a product nothing else reads later) only adds a kernel.
             if !over_heavy && kept_only_for(g, &users, &expr) >= g.ty(v).bytes() {
@@ -208,6 +216,40 @@ pub fn recompute_with(
     }
     out.keep_outputs_of(g, |x| new_id[x.index()].expect("all nodes are copied"))?;
     Ok((out, count, copied))
+}
+
+/// The stored values the backward passes read whatever is recomputed: those a backward node
+/// reads itself, or through values fusion inlines into it (a batch norm's backward reads the
+/// convolution output under its normalized values). A copy that reads one keeps nothing alive
+/// that is not kept anyway, so [`expression`]'s size rule does not count it for a mask: a
+/// ReLU's or a sigmoid's mask (a bool per element, read again by its backward) is then
+/// recomputed from the convolution output and the row statistics rather than kept from the
+/// forward pass (efficientnet_b0 at batch 32 in bf16: 369 MiB of masks).
+/// A walk stops at every stored value, so a value read only through another stored one (which
+/// may itself get a copy) does not count as read.
+fn read_by_backward(g: &Graph, ends: &[NodeId], stored: &[bool]) -> Vec<bool> {
+    let mut read = vec![false; g.len()];
+    let mut walked = vec![false; g.len()];
+    for u in g.ids() {
+        for &x in &g.node(u).inputs {
+            if end_of(ends, x).is_none_or(|end| u <= end) {
+                continue;
+            }
+            let mut stack = vec![x];
+            while let Some(y) = stack.pop() {
+                if std::mem::replace(&mut walked[y.index()], true) {
+                    continue;
+                }
+                let n = g.node(y);
+                if stored[y.index()] {
+                    read[y.index()] = true;
+                } else if !n.op.is_leaf() {
+                    stack.extend(n.inputs.iter().copied());
+                }
+            }
+        }
+    }
+    read
 }
 
 /// Bytes of the library outputs (matrix products, say) the copy `expr` reads that nothing but
@@ -368,6 +410,7 @@ fn expression(
     v: NodeId,
     limit: usize,
     heavy: impl Fn(NodeId) -> bool,
+    kept_anyway: impl Fn(NodeId) -> bool,
 ) -> Option<Vec<NodeId>> {
     // The alias chain from v down to its stored base belongs to the copy.
     let mut chain = vec![v];
@@ -414,7 +457,7 @@ fn expression(
     let own = g.ty(v).bytes();
     let stored: Vec<NodeId> = read
         .into_iter()
-        .filter(|&y| !g.node(y).op.is_leaf())
+        .filter(|&y| !g.node(y).op.is_leaf() && !kept_anyway(y))
         .collect();
     let read_bytes: usize = stored.iter().map(|&y| g.ty(y).bytes()).sum();
     (read_bytes <= own + own / 8).then_some(expr)
@@ -509,6 +552,47 @@ mod tests {
             assert!(g
                 .ids()
                 .any(|id| g.origin(id).label().contains(".ln1 (recomputed)")));
+        }
+    }
+
+    /// A ReLU's mask (a bool per element) under a batch norm is not kept from the forward
+    /// pass to the backward one: its backward recomputes it from the convolution output and
+    /// the batch norm's row statistics, which the batch norm's backward reads anyway. In a
+    /// small resnet18 that is the stem's mask and the first mask of each block of layers 1
+    /// and 2 (before, all 17 were kept); the mask after a residual add is still kept, and so
+    /// are the masks of layers 3 and 4 where they are smaller than the statistics (2×2 images).
+    #[test]
+    fn a_relu_mask_is_recomputed_from_what_the_batch_norm_backward_keeps() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let opts = Options {
+                precision: Some(precision),
+                ..Options::for_target(crate::lower::Target::Cpu)
+            };
+            let c =
+                compile_model("resnet:depth=18,side=32,batch=2,classes=5,width=8", &opts).unwrap();
+            let g = &c.graph;
+            let lv = &c.plan.liveness;
+            let loss = lv.position[g.outputs["loss"].index()];
+            let kept: Vec<String> = lv
+                .storages
+                .iter()
+                .filter(|s| !s.workspace && s.start <= loss && s.end > loss + 1)
+                .filter(|s| g.ty(s.owner).dtype == crate::ir::DType::Bool)
+                .map(|s| g.origin(s.owner).primary().unwrap_or_default().to_string())
+                .collect();
+            let count = |name: &str| kept.iter().filter(|k| k.as_str() == name).count();
+            assert_eq!(
+                count("relu"),
+                0,
+                "{precision:?}: the stem's mask is kept: {kept:?}"
+            );
+            for block in ["layer1.0", "layer1.1", "layer2.0", "layer2.1"] {
+                assert!(
+                    count(&format!("{block}.relu")) <= 1,
+                    "{precision:?}: both of {block}'s masks are kept: {kept:?}"
+                );
+            }
+            assert!(kept.len() <= 12, "{precision:?}: {kept:?}");
         }
     }
 

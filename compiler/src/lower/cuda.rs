@@ -41,7 +41,10 @@ pub mod workspace;
 pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
-pub use window::{conv_workspace, ConvWorkspace, COLUMN_BUDGET};
+pub use window::{
+    conv_workspace, conv_workspace_least, conv_workspace_within, planned_conv_workspace,
+    ConvWorkspace, COLUMN_BUDGET,
+};
 pub use workspace::{
     attention_shape, attention_supported, kernel_shape, workspace_bytes, workspace_need,
     CUBLAS_WORKSPACE,

@@ -64,8 +64,12 @@ pub struct Liveness {
 /// The scratch space a node's kernel needs on the target.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkspaceNeed {
-    /// Bytes (0 for none).
+    /// Bytes (0 for none): the least the kernel runs in.
     pub bytes: usize,
+    /// Bytes the kernel runs faster in, when more than `bytes` (a convolution's column buffer
+    /// for a chunk of several images rather than one): the planner grants up to this where
+    /// the step's peak leaves room ([`grow_workspaces`]). 0, or at most `bytes`: no more.
+    pub up_to: usize,
     /// The operand (by index) whose value alone fills the scratch, if one does: a scatter-add
     /// on the GPU sorts its ids there. The scratch is then live from where that value is
     /// made, so the launches that fill it can run as soon as it exists rather than at the
@@ -78,6 +82,7 @@ impl WorkspaceNeed {
     pub fn at_node(bytes: usize) -> WorkspaceNeed {
         WorkspaceNeed {
             bytes,
+            up_to: 0,
             filled_from: None,
         }
     }
@@ -142,6 +147,13 @@ impl Liveness {
                 s.start = 0;
                 s.end = n;
             }
+        }
+        if let Some(ws) = workspace {
+            let wanted: Vec<(usize, usize)> = order
+                .iter()
+                .filter_map(|&id| Some((workspace_of[id.index()]?, ws(g, id).up_to)))
+                .collect();
+            grow_workspaces(&mut storages, &wanted, n);
         }
         Liveness {
             order: order.to_vec(),
@@ -384,6 +396,59 @@ fn update_copies(
     copies
 }
 
+/// The peak may grow by 1/`GROWTH_SLACK` of itself for workspaces that run faster in more
+/// bytes: a few KiB of column buffer is not worth running a small net's convolutions an
+/// image at a time.
+const GROWTH_SLACK: usize = 64;
+
+/// And by 1 MiB, however small the step: a small net's convolutions are bound by launches.
+const MIN_GROWTH_SLACK: usize = 1 << 20;
+
+/// Grants each workspace that runs faster in more bytes (`wanted`: storage index and
+/// [`WorkspaceNeed::up_to`], in schedule order) what the step's peak leaves room for over its
+/// lifetime. The peak with every workspace at its least is the least those workspaces allow,
+/// so it stays the peak (within 1/[`GROWTH_SLACK`]): a workspace at the peak keeps about its
+/// least bytes (a convolution there runs an image or a few at a time), one elsewhere grows
+/// into the room below the peak, up to what it asks for. A plan never needs more than with
+/// every workspace at its `up_to`. In schedule order, so the same step gets the same grants
+/// on every machine.
+pub(crate) fn grow_workspaces(storages: &mut [Storage], wanted: &[(usize, usize)], n: usize) {
+    if wanted.iter().all(|&(s, up_to)| up_to <= storages[s].bytes) {
+        return;
+    }
+    // Bytes live at each position: a running sum of the storages' starts and ends.
+    let mut delta = vec![0isize; n + 1];
+    for s in storages.iter().filter(|s| s.region == Region::Slab) {
+        delta[s.start.min(n)] += s.bytes as isize;
+        delta[s.end.min(n)] -= s.bytes as isize;
+    }
+    let mut live = vec![0usize; n + 1];
+    let mut sum = 0isize;
+    for (l, d) in live.iter_mut().zip(&delta) {
+        sum += d;
+        *l = sum as usize;
+    }
+    let peak = live.iter().copied().max().unwrap_or(0);
+    let ceiling = peak + (peak / GROWTH_SLACK).max(MIN_GROWTH_SLACK);
+    for &(i, up_to) in wanted {
+        let s = &storages[i];
+        if up_to <= s.bytes {
+            continue;
+        }
+        let (start, end) = (s.start.min(n), s.end.min(n));
+        let busiest = live[start..end].iter().copied().max().unwrap_or(ceiling);
+        let room = (ceiling - busiest.min(ceiling)) / 256 * 256;
+        let extra = (up_to - s.bytes).min(room);
+        if extra == 0 {
+            continue;
+        }
+        storages[i].bytes += extra;
+        for l in &mut live[start..end] {
+            *l += extra;
+        }
+    }
+}
+
 /// A storage for each kernel's scratch space that `ws` asks for; the storage index per node.
 fn add_workspaces(
     g: &Graph,
@@ -395,7 +460,9 @@ fn add_workspaces(
 ) -> Vec<Option<usize>> {
     let mut workspace_of = vec![None; g.len()];
     for (p, &id) in order.iter().enumerate() {
-        let WorkspaceNeed { bytes, filled_from } = ws(g, id);
+        let WorkspaceNeed {
+            bytes, filled_from, ..
+        } = ws(g, id);
         if bytes > 0 {
             // Held from where the operand is made.
             let start = (filled_from.and_then(|i| g.node(id).inputs.get(i))).map_or(p, |&x| {
@@ -491,4 +558,50 @@ fn writes_over_safely(
         Op::MatMulAcc { .. } => i == 0,
         op => op.is_elementwise(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{grow_workspaces, Region, Storage};
+    use crate::ir::NodeId;
+
+    fn storage(bytes: usize, start: usize, end: usize, workspace: bool) -> Storage {
+        Storage {
+            region: Region::Slab,
+            bytes,
+            owner: NodeId(0),
+            start,
+            end,
+            workspace,
+        }
+    }
+
+    /// Two workspaces asking for up to 64 MiB: the one at the step's peak (beside 256 MiB of
+    /// values) keeps its least 256 bytes but for the slack, a 64th of the peak; the one beside
+    /// 1 MiB gets all it asks for, and so does one asking for little.
+    #[test]
+    fn a_workspace_grows_into_the_room_below_the_peak_and_one_at_the_peak_keeps_its_least() {
+        let mib = 1 << 20;
+        let mut storages = vec![
+            storage(mib, 0, 2, false),
+            storage(256 * mib, 2, 4, false),
+            storage(256, 1, 2, true),
+            storage(256, 3, 4, true),
+            storage(256, 0, 1, true),
+        ];
+        let peak = 256 * mib + 256;
+        grow_workspaces(&mut storages, &[(4, 512), (2, 64 * mib), (3, 64 * mib)], 4);
+        assert_eq!(storages[3].bytes, 256 + peak / 64 / 256 * 256);
+        assert_eq!(storages[3].bytes, 256 + 4 * mib);
+        assert_eq!(storages[2].bytes, 64 * mib);
+        assert_eq!(storages[4].bytes, 512);
+    }
+
+    /// Where every workspace fits its ask, the plan is the one with every workspace at it.
+    #[test]
+    fn workspaces_that_all_fit_get_all_they_ask_for() {
+        let mut storages = vec![storage(1 << 20, 0, 3, false), storage(256, 1, 2, true)];
+        grow_workspaces(&mut storages, &[(1, 4096)], 3);
+        assert_eq!(storages[1].bytes, 4096);
+    }
 }

@@ -3,11 +3,13 @@
 //! buffer in the node's planned workspace ([`ingot_kernels::cuda::window`] says the layout);
 //! max pooling is one launch.
 //!
-//! The chunk is the largest divisor of the batch whose column buffer (and, for the weight
-//! gradient, the rearranged `dy`) fits in [`COLUMN_BUDGET`]: the whole batch at once for a
-//! small net, 8 or 16 images at a time for a ResNet's first layers. The workspace is fixed by
-//! the geometry, so the plan knows it before anything runs, and nothing is allocated at run
-//! time.
+//! The chunk is at most the largest divisor of the batch whose column buffer (and, for the
+//! weight gradient, the rearranged `dy`) fits in [`COLUMN_BUDGET`]: the whole batch at once
+//! for a small net, 8 or 16 images at a time for a ResNet's first layers. The planner asks
+//! for one image's workspace and grants up to that chunk's where the step's peak leaves room
+//! (`WorkspaceNeed::up_to`), so a convolution at the peak runs an image at a time rather
+//! than raise it; the lowering runs the largest chunk the planned workspace holds. The plan
+//! knows every workspace before anything runs, and nothing is allocated at run time.
 
 use super::lowering::Lowering;
 use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
@@ -46,35 +48,81 @@ pub struct ConvWorkspace {
     pub total: usize,
 }
 
-/// The workspace layout of convolution node `id` (`None` for any other node, pooling
-/// included, or operands that make no convolution).
+/// The workspace layout convolution node `id` runs fastest in: the largest chunk of images
+/// whose column buffer fits [`COLUMN_BUDGET`] (`None` for any other node, pooling included,
+/// or operands that make no convolution). The planner grants it where the step's peak leaves
+/// room ([`crate::plan::WorkspaceNeed::up_to`]); [`conv_workspace_within`] says what runs in
+/// what it granted.
 pub fn conv_workspace(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
+    let (geometry, pass, e) = conv_parts(g, id)?;
+    let samples = (1..=geometry.batch.max(1))
+        .rev()
+        .filter(|s| geometry.batch % s == 0)
+        .find(|&s| column_and_side(&geometry, pass, e, s) <= COLUMN_BUDGET)
+        .unwrap_or(1);
+    Some(layout(geometry, pass, e, samples))
+}
+
+/// The smallest workspace convolution node `id` runs in: one image at a time.
+pub fn conv_workspace_least(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
+    let (geometry, pass, e) = conv_parts(g, id)?;
+    Some(layout(geometry, pass, e, 1))
+}
+
+/// The layout convolution node `id` runs in within `bytes` of planned workspace: the largest
+/// chunk of images (a divisor of the batch, at most [`conv_workspace`]'s) whose layout fits.
+/// `None` when not even one image's does, or the node is no convolution.
+pub fn conv_workspace_within(g: &Graph, id: NodeId, bytes: usize) -> Option<ConvWorkspace> {
+    let (geometry, pass, e) = conv_parts(g, id)?;
+    let most = conv_workspace(g, id)?.samples;
+    (1..=most)
+        .rev()
+        .filter(|s| geometry.batch % s == 0)
+        .map(|s| layout(geometry, pass, e, s))
+        .find(|l| l.total <= bytes)
+}
+
+/// The layout convolution node `id` runs in under `plan` (see [`conv_workspace_within`]).
+pub fn planned_conv_workspace(g: &Graph, plan: &MemoryPlan, id: NodeId) -> Option<ConvWorkspace> {
+    conv_workspace_within(g, id, plan.workspace(id)?.bytes)
+}
+
+/// A convolution node's geometry, pass and element size.
+fn conv_parts(g: &Graph, id: NodeId) -> Option<(ConvGeometry, Pass, usize)> {
     let node = g.node(id);
     let crate::ir::Op::Window(w) = &node.op else {
         return None;
     };
     let dims: SmallVec<[&[usize]; 2]> = node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
     let (geometry, pass) = w.conv_geometry(&dims, node.ty.shape.dims())?;
-    let e = node.ty.dtype.size();
-    let column = |s: usize| kernels::column_len(&geometry, s) * e;
-    let side = |s: usize| match pass {
+    Some((geometry, pass, node.ty.dtype.size()))
+}
+
+/// Bytes of a chunk of `s` images' column buffer and, for the weight gradient, its `dy` side
+/// by side.
+fn column_and_side(geometry: &ConvGeometry, pass: Pass, e: usize, s: usize) -> usize {
+    kernels::column_len(geometry, s) * e + side_bytes(geometry, pass, e, s)
+}
+
+fn side_bytes(geometry: &ConvGeometry, pass: Pass, e: usize, s: usize) -> usize {
+    match pass {
         Pass::GradWeight => s * geometry.out_ch * geometry.positions() * e,
         _ => 0,
-    };
-    let samples = (1..=geometry.batch.max(1))
-        .rev()
-        .filter(|s| geometry.batch % s == 0)
-        .find(|&s| column(s) + side(s) <= COLUMN_BUDGET)
-        .unwrap_or(1);
-    let column_bytes = column(samples);
+    }
+}
+
+/// The workspace of a convolution run `samples` images at a time.
+fn layout(geometry: ConvGeometry, pass: Pass, e: usize, samples: usize) -> ConvWorkspace {
+    let column_bytes = kernels::column_len(&geometry, samples) * e;
     let mut at = align(column_bytes);
     let side = (pass == Pass::GradWeight).then(|| {
         let o = at;
-        at += align(side(samples));
-        (o, side(samples))
+        let bytes = side_bytes(&geometry, pass, e, samples);
+        at += align(bytes);
+        (o, bytes)
     });
     let blas = at;
-    Some(ConvWorkspace {
+    ConvWorkspace {
         geometry,
         pass,
         samples,
@@ -82,7 +130,7 @@ pub fn conv_workspace(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
         side,
         blas,
         total: blas + CUBLAS_WORKSPACE,
-    })
+    }
 }
 
 /// A row-major product `C[b] (+)= op(A[b]) · op(B[b])`, `[m, k] × [k, n]`, of matrices stored
@@ -236,19 +284,21 @@ impl Lowering<'_> {
             self.launch(id, k, args, smallvec![here]);
             return Ok(());
         }
-        let layout = conv_workspace(g, id).ok_or_else(|| LowerError::Invalid {
+        let least = conv_workspace_least(g, id).ok_or_else(|| LowerError::Invalid {
             op,
             reason: "the operands do not make a convolution".into(),
         })?;
-        let ws = plan
+        // The chunk is the largest the planned workspace holds (the planner grants more
+        // than one image's where the step's peak leaves room).
+        let (ws, layout) = plan
             .workspace(id)
-            .filter(|w| w.bytes >= layout.total)
+            .and_then(|w| Some((w, conv_workspace_within(g, id, w.bytes)?)))
             .ok_or_else(|| LowerError::Invalid {
                 op,
                 reason: format!(
                     "the plan gives this convolution no {} bytes of workspace; plan the step \
                      with the CUDA target's options (Target::Cuda.plan_options())",
-                    layout.total
+                    least.total
                 ),
             })?;
         if here.bytes == 0 {

@@ -1,6 +1,6 @@
 //! The scratch each node is planned on the CUDA target, and the attention kernels' shapes.
 
-use super::window::conv_workspace;
+use super::window::{conv_workspace, conv_workspace_least};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::precision::Precision;
 use ingot_kernels::cuda as codegen;
@@ -11,7 +11,9 @@ use smallvec::SmallVec;
 /// (cuBLAS guide, `cublasSetWorkspace`). It lives in the slab only while its matmul runs.
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
-/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a fused
+/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a
+/// convolution's for one image at a time (more is granted where the peak leaves room,
+/// [`workspace_need`]); a fused
 /// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); a scatter-add,
 /// its ids sorted ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
 /// their intermediates in registers and need none.
@@ -19,7 +21,7 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
-        Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
+        Op::Window(_) => conv_workspace_least(g, id).map_or(0, |w| w.total),
         Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
         Op::ScatterAdd { rows } => {
             codegen::scatter_add_scratch_bytes(rows, g.ty(g.node(id).inputs[0]).shape.numel())
@@ -34,6 +36,11 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
 pub fn workspace_need(g: &Graph, id: NodeId) -> crate::plan::WorkspaceNeed {
     crate::plan::WorkspaceNeed {
         bytes: workspace_bytes(g, id),
+        // A convolution runs faster a larger chunk of images at a time.
+        up_to: match g.node(id).op {
+            Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
+            _ => 0,
+        },
         filled_from: match g.node(id).op {
             Op::ScatterAdd { .. } => Some(0),
             _ => None,
