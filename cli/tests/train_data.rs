@@ -1026,9 +1026,10 @@ fn a_run_writes_its_report_page_with_the_loss_and_validation_curves() {
     assert!(html.contains("validation loss") && html.contains("training loss"));
     assert_eq!(
         html.matches("<polyline").count(),
-        3,
-        "train, val, planned memory"
+        4,
+        "train, val, planned memory, the host memory measured at each step"
     );
+    assert!(html.contains("measured on the host"));
     assert!(html.contains(BYTE_GPT));
     let out = ingot(&[
         "train",

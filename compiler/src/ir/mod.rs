@@ -6,6 +6,7 @@ mod graph;
 mod infer;
 mod op;
 pub mod origin;
+pub mod scalar;
 mod shape;
 pub mod text;
 pub mod window;

@@ -11,8 +11,8 @@
 //! a mask too large to evaluate) leaves the chain as it is.
 
 use super::MASK_FILL_MAX;
+use crate::ir::scalar as analysis;
 use crate::ir::{Graph, NodeId, Op};
-use crate::rewrite::analysis;
 use std::collections::HashMap;
 use std::rc::Rc;
 
