@@ -888,7 +888,7 @@ impl Session {
     }
 
     /// The first parameter holding a NaN or infinite value, as a message naming it, the first
-    /// such element's index and value, and how many there are ([`checkpoint::check_finite`]);
+    /// such element's index and value, and how many there are ([`crate::checkpoint::check_finite`]);
     /// `None` when all are finite. Reads every parameter to the host: for after a step whose
     /// count ([`Session::last_nonfinite_count`]) was not 0.
     pub fn first_nonfinite_parameter(&self) -> Option<String> {

@@ -85,7 +85,7 @@ impl GptConfig {
         }
     }
 
-    /// The named shapes, with their names: what [`name_of`] and the model names agree on.
+    /// The named shapes, with their names: what `name_of` and the model names agree on.
     pub fn named() -> [(&'static str, GptConfig); 4] {
         [
             ("gpt-mini", GptConfig::gpt_mini()),

@@ -68,7 +68,7 @@ pub struct WorkspaceNeed {
     pub bytes: usize,
     /// Bytes the kernel runs faster in, when more than `bytes` (a convolution's column buffer
     /// for a chunk of several images rather than one): the planner grants up to this where
-    /// the step's peak leaves room ([`grow_workspaces`]). 0, or at most `bytes`: no more.
+    /// the step's peak leaves room (`grow_workspaces`). 0, or at most `bytes`: no more.
     pub up_to: usize,
     /// The operand (by index) whose value alone fills the scratch, if one does: a scatter-add
     /// on the GPU sorts its ids there. The scratch is then live from where that value is

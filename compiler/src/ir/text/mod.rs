@@ -50,7 +50,7 @@
 //! - `op` is exactly [`Op::name`](crate::ir::Op::name). Every node states its result type; [`Graph::push`] checks it,
 //!   and a type error comes back naming the line.
 //! - Attributes may come in any order; each op takes exactly these (every op, with its
-//!   operands and meaning, is in docs/ir-reference.md, generated from [`reference`]):
+//!   operands and meaning, is in docs/ir-reference.md, generated from the `reference` module):
 //!
 //!   | op | attributes |
 //!   |---|---|
