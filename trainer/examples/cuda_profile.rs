@@ -16,6 +16,10 @@
 //! the collectives' spans, the part of their time no other operation overlapped, and the
 //! operations that end last; `--csv` writes every operation's span.
 //!
+//! MODEL may also be a step executable written by `ingot compile --device cuda` (a path that
+//! names a file): an imported ONNX model is profiled that way, its precision and options as
+//! compiled (`--tf32`, `--precision` and the step flags then do not apply).
+//!
 //! Needs a GPU; without one it says so and exits 0.
 
 use ingot_compiler::ir::{Graph, Op};
@@ -39,7 +43,13 @@ fn main() {
         println!("skipping: {e}");
         return;
     }
-    let m = by_name(&model).expect("a model name");
+    let compiled = std::path::Path::new(&model)
+        .is_file()
+        .then(|| ingot_compiler::exe::Executable::read(&model).expect("a step executable"));
+    let m = match compiled {
+        Some(_) => by_name("mlp").expect("mlp"),
+        None => by_name(&model).expect("a model name"),
+    };
     let device = |serial| {
         Device::Cuda(CudaOptions {
             serial,
@@ -80,6 +90,9 @@ fn main() {
         ..Default::default()
     };
     let session = |opts: &ingot_compiler::pipeline::Options, device: Device| {
+        if let Some(exe) = &compiled {
+            return Session::from_executable(exe.clone(), 0, device).expect("a session");
+        }
         let exe = ingot_compiler::pipeline::compile_observed_with(&m, &step, opts, &mut |_| {})
             .expect("the step compiles")
             .executable(device.target())

@@ -16,12 +16,12 @@
 //! schedule put one after another, now overlap where the GPU has room.
 //!
 //! [`dependencies`] keeps only the edges no other path implies (a transitive reduction), so
-//! the graph is small; [`check`] verifies, independently, that every conflicting pair is
-//! ordered by some path.
+//! the graph is small; [`check`] verifies that every conflicting pair is ordered by some path.
 
 use crate::plan::Location;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use std::collections::BTreeMap;
 
 /// The bytes one device operation reads and writes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,36 +50,198 @@ fn overlap(a: Location, b: Location) -> bool {
 /// For each operation, the earlier operations it must wait for directly: every conflicting
 /// earlier operation is one of these or reached through them, and none of these is reached
 /// through another.
+///
+/// Linear in the step's length for the programs steps make: the conflicting earlier
+/// operations are found through [`Accesses`] (the last writer of each byte and its readers
+/// since: every other conflict is ordered through them), and an edge is dropped when a later
+/// kept one reaches it, by a walk that stops below the earliest candidate. A convolution run
+/// a few images at a time is thousands of operations on one workspace; comparing every pair,
+/// as this did before, took minutes and gigabytes for a ResNet at a large batch.
 pub fn dependencies(touches: &[Touch]) -> Vec<SmallVec<[usize; 4]>> {
-    let n = touches.len();
-    let words = n.div_ceil(64);
-    // reach[j]: the operations j waits for, directly or not.
-    let mut reach: Vec<Vec<u64>> = Vec::with_capacity(n);
-    let mut deps = Vec::with_capacity(n);
-    for j in 0..n {
-        let mut covered = vec![0u64; words];
-        let mut direct: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut accesses = Accesses::default();
+    let mut walk = Walk::new(touches.len());
+    let mut deps: Vec<SmallVec<[usize; 4]>> = Vec::with_capacity(touches.len());
+    for (j, t) in touches.iter().enumerate() {
+        let mut candidates = accesses.conflicts(t);
         // Latest first: an earlier conflict reached through a later one needs no edge.
-        for i in (0..j).rev() {
-            if covered[i / 64] >> (i % 64) & 1 == 1 || !touches[i].conflicts(&touches[j]) {
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.dedup();
+        let floor = candidates.last().copied().unwrap_or(0);
+        walk.start();
+        let mut direct: SmallVec<[usize; 4]> = SmallVec::new();
+        for &i in &candidates {
+            if walk.seen(i) {
                 continue;
             }
             direct.push(i);
-            covered[i / 64] |= 1 << (i % 64);
-            for (c, r) in covered.iter_mut().zip(&reach[i]) {
-                *c |= r;
-            }
+            walk.visit_from(i, floor, &deps);
         }
         direct.reverse();
-        reach.push(covered);
         deps.push(direct);
+        accesses.record(j, t);
     }
     deps
 }
 
-/// Checks `deps` against `touches` without sharing code with [`dependencies`]: every edge
-/// points to an earlier operation, and for every pair of conflicting operations the later one
-/// reaches the earlier through edges. The error names the first pair left unordered.
+/// Which operations last touched each byte, as a step's operations are taken in order: for
+/// every run of bytes, the last operation that wrote it and those that read it since. An
+/// operation that reads a run must wait for its writer; one that writes it must wait for the
+/// writer and the readers. Every other earlier conflict is ordered through these: the writer
+/// waited for the writers and readers before it, and a reader for the writer before it.
+#[derive(Default)]
+struct Accesses {
+    /// Disjoint runs of bytes by their first byte: (one past the last byte, the state).
+    runs: BTreeMap<usize, (usize, Run)>,
+}
+
+#[derive(Clone, Default)]
+struct Run {
+    writer: Option<usize>,
+    readers: SmallVec<[usize; 2]>,
+}
+
+impl Accesses {
+    /// The earlier operations `t` conflicts with directly (with repeats).
+    fn conflicts(&self, t: &Touch) -> Vec<usize> {
+        let mut out = Vec::new();
+        for l in t.reads.iter().filter(|l| l.bytes > 0) {
+            for (_, run) in self.overlapping(*l) {
+                out.extend(run.writer);
+            }
+        }
+        for l in t.writes.iter().filter(|l| l.bytes > 0) {
+            for (_, run) in self.overlapping(*l) {
+                out.extend(run.writer);
+                out.extend_from_slice(&run.readers);
+            }
+        }
+        out
+    }
+
+    /// The runs sharing a byte with `l`, by first byte.
+    fn overlapping(&self, l: Location) -> impl Iterator<Item = (usize, &Run)> {
+        let end = l.offset + l.bytes;
+        let before = self
+            .runs
+            .range(..l.offset)
+            .next_back()
+            .filter(|(_, (e, _))| *e > l.offset);
+        before
+            .into_iter()
+            .chain(self.runs.range(l.offset..end))
+            .map(|(&s, (_, run))| (s, run))
+    }
+
+    /// Operation `j`'s touches taken: its reads first, then its writes (which leave only `j`
+    /// as the bytes' last toucher: its own read is ordered before its write within it).
+    fn record(&mut self, j: usize, t: &Touch) {
+        for l in t.reads.iter().filter(|l| l.bytes > 0) {
+            self.split(l.offset);
+            self.split(l.offset + l.bytes);
+            let end = l.offset + l.bytes;
+            // Bytes no run covers yet become runs read by `j` alone.
+            let mut at = l.offset;
+            let mut gaps = Vec::new();
+            for (&s, (e, run)) in self.runs.range_mut(l.offset..end) {
+                if s > at {
+                    gaps.push((at, s));
+                }
+                run.readers.push(j);
+                at = *e;
+            }
+            if at < end {
+                gaps.push((at, end));
+            }
+            for (s, e) in gaps {
+                let mut run = Run::default();
+                run.readers.push(j);
+                self.runs.insert(s, (e, run));
+            }
+        }
+        for l in t.writes.iter().filter(|l| l.bytes > 0) {
+            self.split(l.offset);
+            self.split(l.offset + l.bytes);
+            let end = l.offset + l.bytes;
+            let inside: Vec<usize> = self.runs.range(l.offset..end).map(|(&s, _)| s).collect();
+            for s in inside {
+                self.runs.remove(&s);
+            }
+            let run = Run {
+                writer: Some(j),
+                readers: SmallVec::new(),
+            };
+            self.runs.insert(l.offset, (end, run));
+        }
+    }
+
+    /// Makes `at` the first byte of a run if a run covers it.
+    fn split(&mut self, at: usize) {
+        let Some((&s, (e, run))) = self.runs.range(..at).next_back() else {
+            return;
+        };
+        if *e > at {
+            let (e, run) = (*e, run.clone());
+            self.runs.insert(s, (at, run.clone()));
+            self.runs.insert(at, (e, run));
+        }
+    }
+}
+
+/// A walk backwards over dependency edges from some operations, which marks what they reach
+/// and stops below a floor (edges only point back, so nothing below it reaches above it).
+struct Walk {
+    mark: Vec<u32>,
+    round: u32,
+    stack: Vec<usize>,
+}
+
+impl Walk {
+    fn new(n: usize) -> Walk {
+        Walk {
+            mark: vec![0; n],
+            round: 0,
+            stack: Vec::new(),
+        }
+    }
+
+    /// Forgets every mark.
+    fn start(&mut self) {
+        self.round += 1;
+        if self.round == u32::MAX {
+            self.mark.fill(0);
+            self.round = 1;
+        }
+    }
+
+    fn seen(&self, i: usize) -> bool {
+        self.mark[i] == self.round
+    }
+
+    /// Marks `from` and everything at or above `floor` that it reaches through `deps`.
+    fn visit_from(&mut self, from: usize, floor: usize, deps: &[SmallVec<[usize; 4]>]) {
+        self.stack.push(from);
+        while let Some(i) = self.stack.pop() {
+            if i < floor || self.mark[i] == self.round {
+                continue;
+            }
+            self.mark[i] = self.round;
+            self.stack.extend(deps[i].iter().copied().filter(|&k| k >= floor));
+        }
+    }
+}
+
+/// Programs up to this many operations are checked pair by pair ([`check`]).
+const CHECK_EVERY_PAIR_UP_TO: usize = 4096;
+
+/// Checks `deps` against `touches`: every edge points to an earlier operation, and for every
+/// pair of conflicting operations the later one reaches the earlier through edges. The error
+/// names the first pair left unordered.
+///
+/// Up to [`CHECK_EVERY_PAIR_UP_TO`] operations (every reference model's step) it compares
+/// every pair and shares no code with [`dependencies`]. Longer programs would take minutes
+/// that way; there the pairs are those [`Accesses`] finds (each conflict is ordered through
+/// them, and a test holds the two checks to the same verdicts), and reachability is walked
+/// over the edges given, so a missing or wrong edge is still found.
 pub fn check(touches: &[Touch], deps: &[SmallVec<[usize; 4]>]) -> Result<(), String> {
     if deps.len() != touches.len() {
         return Err(format!(
@@ -95,6 +257,19 @@ pub fn check(touches: &[Touch], deps: &[SmallVec<[usize; 4]>]) -> Result<(), Str
             ));
         }
     }
+    if touches.len() <= CHECK_EVERY_PAIR_UP_TO {
+        check_every_pair(touches, deps)
+    } else {
+        check_through_accesses(touches, deps)
+    }
+}
+
+fn unordered(i: usize, j: usize) -> String {
+    format!("operations {i} and {j} touch a common byte that one writes, but {j} does not wait for {i}")
+}
+
+/// [`check`] by comparing every pair of operations.
+fn check_every_pair(touches: &[Touch], deps: &[SmallVec<[usize; 4]>]) -> Result<(), String> {
     for j in 0..touches.len() {
         // Everything j reaches, by a walk over the edges.
         let mut seen = vec![false; j];
@@ -119,12 +294,34 @@ pub fn check(touches: &[Touch], deps: &[SmallVec<[usize; 4]>]) -> Result<(), Str
                 || shared(&a.writes, &b.writes)
                 || shared(&a.reads, &b.writes);
             if conflict && !seen[i] {
-                return Err(format!(
-                    "operations {i} and {j} touch a common byte that one writes, but {j} does \
-                     not wait for {i}"
-                ));
+                return Err(unordered(i, j));
             }
         }
+    }
+    Ok(())
+}
+
+/// [`check`] through the conflicts [`Accesses`] finds, reachability walked over `deps`.
+fn check_through_accesses(
+    touches: &[Touch],
+    deps: &[SmallVec<[usize; 4]>],
+) -> Result<(), String> {
+    let mut accesses = Accesses::default();
+    let mut walk = Walk::new(touches.len());
+    for (j, t) in touches.iter().enumerate() {
+        let mut needed = accesses.conflicts(t);
+        needed.sort_unstable();
+        needed.dedup();
+        if let Some(&floor) = needed.first() {
+            walk.start();
+            for &i in &deps[j] {
+                walk.visit_from(i, floor, deps);
+            }
+            if let Some(&i) = needed.iter().find(|&&i| !walk.seen(i)) {
+                return Err(unordered(i, j));
+            }
+        }
+        accesses.record(j, t);
     }
     Ok(())
 }
@@ -211,6 +408,39 @@ mod tests {
         proptest::collection::vec(one, 0..40)
     }
 
+    #[test]
+    fn a_long_chunked_program_gets_its_chain_of_edges_and_passes_the_check() {
+        // A convolution a few images at a time: each chunk's unfold writes the shared column
+        // buffer, its product reads it and writes its images' rows of the output. 60,000
+        // operations: comparing every pair would take minutes and gigabytes.
+        let chunks = 30_000;
+        let mut t = Vec::with_capacity(2 * chunks);
+        for k in 0..chunks {
+            t.push(touch(&[(1 << 30, 4096)], &[(0, 4096)]));
+            t.push(touch(&[(0, 4096), (1 << 29, 64)], &[((1 << 31) + 64 * k, 64)]));
+        }
+        let d = dependencies(&t);
+        for k in 1..chunks {
+            // The unfold waits for the previous product only (which waited for its unfold).
+            assert_eq!(d[2 * k].as_slice(), &[2 * k - 1]);
+            assert_eq!(d[2 * k + 1].as_slice(), &[2 * k]);
+        }
+        check(&t, &d).unwrap();
+        let mut broken = d.clone();
+        broken[2 * chunks - 2].clear();
+        let err = check(&t, &broken).unwrap_err();
+        assert!(err.contains(&format!("operations {} and {}", 2 * chunks - 3, 2 * chunks - 2)), "{err}");
+    }
+
+    fn arb_deps(n: usize) -> impl Strategy<Value = Vec<SmallVec<[usize; 4]>>> {
+        proptest::collection::vec(proptest::collection::vec(0usize..64, 0..4), n).prop_map(|d| {
+            d.into_iter()
+                .enumerate()
+                .map(|(j, v)| v.into_iter().filter(|&i| i < j).collect())
+                .collect()
+        })
+    }
+
     proptest! {
         #[test]
         fn every_conflicting_pair_is_ordered_and_no_edge_is_implied_by_others(t in arb_touches()) {
@@ -225,6 +455,28 @@ mod tests {
                     prop_assert!(check(&t, &fewer).is_err(), "edge {} -> {j} is implied", d[j][k]);
                 }
             }
+        }
+
+        #[test]
+        fn the_check_through_accesses_gives_the_pairwise_verdict(
+            (t, other) in arb_touches().prop_flat_map(|t| { let n = t.len(); (Just(t), arb_deps(n)) })
+        ) {
+            let d = dependencies(&t);
+            let verdicts = |d: &[SmallVec<[usize; 4]>]| {
+                (check_every_pair(&t, d).is_ok(), check_through_accesses(&t, d).is_ok())
+            };
+            let (a, b) = verdicts(&d);
+            prop_assert!(a && b);
+            for j in 0..d.len() {
+                for k in 0..d[j].len() {
+                    let mut fewer = d.clone();
+                    fewer[j].remove(k);
+                    let (a, b) = verdicts(&fewer);
+                    prop_assert_eq!(a, b, "without edge {} -> {}", d[j][k], j);
+                }
+            }
+            let (a, b) = verdicts(&other);
+            prop_assert_eq!(a, b, "random edges {:?}", other);
         }
     }
 }
