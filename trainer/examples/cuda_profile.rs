@@ -17,7 +17,7 @@
 //! operations that end last; `--csv` writes every operation's span.
 //!
 //! MODEL may also be a step executable written by `ingot compile --device cuda` (a path that
-//! names a file): an imported ONNX model is profiled that way, its precision and options as
+//! names a file), its precision and options as
 //! compiled (`--tf32`, `--precision` and the step flags then do not apply).
 //!
 //! Needs a GPU; without one it says so and exits 0.
@@ -163,7 +163,7 @@ fn main() {
     println!(
         "{model} ({}): graph replay {:.3} ms as a dependency graph ({} edges), {:.3} ms as a \
          serial chain ({:.3}x); op by op {:.3} ms over {} ops",
-        opts.precision.unwrap_or_default(),
+        compiled.as_ref().map_or(opts.precision.unwrap_or_default(), |e| e.precision()),
         graph_ms[0],
         edges,
         graph_ms[1],
