@@ -25,6 +25,13 @@ fn ingot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
     (code, out, err)
 }
 
+/// `ingot train --model-file FILE --steps STEPS EXTRA..`: how most tests here start.
+fn train_file(file: &str, steps: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["train", "--model-file", file, "--steps", steps];
+    args.extend_from_slice(extra);
+    ingot(&args)
+}
+
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -61,26 +68,9 @@ fn a_parameter_that_does_not_reach_the_loss_plans_trains_and_keeps_its_value() {
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("memory plan"), "{out}");
     }
-    let (code, _, err) = ingot(&[
-        "train",
-        "--model-file",
-        &file,
-        "--steps",
-        "0",
-        "--save",
-        s(&before),
-    ]);
+    let (code, _, err) = train_file(&file, "0", &["--save", s(&before)]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = ingot(&[
-        "train",
-        "--model-file",
-        &file,
-        "--steps",
-        "3",
-        "--json",
-        "--save",
-        s(&after),
-    ]);
+    let (code, out, err) = train_file(&file, "3", &["--json", "--save", s(&after)]);
     assert_eq!(code, 0, "{err}");
     let losses: Vec<f64> = json_lines(&out)
         .iter()
@@ -104,7 +94,7 @@ fn a_loss_that_simplifies_to_a_constant_plans_and_trains() {
     let file = model("constant-loss");
     let (code, _, err) = ingot(&["plan", "--model-file", &file]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = ingot(&["train", "--model-file", &file, "--steps", "2", "--json"]);
+    let (code, out, err) = train_file(&file, "2", &["--json"]);
     assert_eq!(code, 0, "{err}");
     let losses: Vec<f64> = json_lines(&out)
         .iter()
@@ -139,24 +129,12 @@ fn a_step_count_near_u64_max_reserves_nothing_in_proportion_to_it() {
     // The run stops at its first non-finite loss (step 15), long before the count. (A count
     // past 2^53 is refused as it is parsed: cli/src/numbers.rs.)
     for steps in ["9007199254740992", "1000000000000"] {
-        let (code, out, err) = ingot(&[
-            "train",
-            "--model-file",
-            &model("diverges"),
-            "--steps",
-            steps,
-        ]);
+        let (code, out, err) = train_file(&model("diverges"), steps, &[]);
         assert_eq!(code, 1, "{out}{err}");
         assert!(out.contains("step    14"), "{out}");
         assert!(err.contains("step 15"), "{err}");
     }
-    let (code, _, err) = ingot(&[
-        "train",
-        "--model-file",
-        &model("diverges"),
-        "--steps",
-        "18446744073709551615",
-    ]);
+    let (code, _, err) = train_file(&model("diverges"), "18446744073709551615", &[]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--steps") && err.contains("2^53"), "{err}");
 }
@@ -166,15 +144,7 @@ fn a_non_finite_loss_stops_training_names_the_step_and_writes_nothing_over_the_w
     let dir = scratch("non_finite");
     let weights = dir.join("w.safetensors");
     let file = model("diverges");
-    let (code, _, err) = ingot(&[
-        "train",
-        "--model-file",
-        &file,
-        "--steps",
-        "2",
-        "--save",
-        s(&weights),
-    ]);
+    let (code, _, err) = train_file(&file, "2", &["--save", s(&weights)]);
     assert_eq!(code, 0, "{err}");
     let good = std::fs::read(&weights).unwrap();
     let exe = dir.join("diverges.ingot");
@@ -655,16 +625,7 @@ fn a_parameter_made_infinite_by_the_gradient_of_sqrt_at_zero_stops_the_run_at_st
     let dir = scratch("sqrt_at_zero");
     let weights = dir.join("w.safetensors");
     let file = model("sqrt-at-zero");
-    let (code, out, err) = ingot(&[
-        "train",
-        "--model-file",
-        &file,
-        "--steps",
-        "3",
-        "--json",
-        "--save",
-        s(&weights),
-    ]);
+    let (code, out, err) = train_file(&file, "3", &["--json", "--save", s(&weights)]);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("step 1: after its update, parameter \"w\" is not finite")
@@ -677,16 +638,7 @@ fn a_parameter_made_infinite_by_the_gradient_of_sqrt_at_zero_stops_the_run_at_st
     assert_eq!(lines[0]["non_finite"], true);
     assert!(!weights.exists());
     // --skip-nonfinite goes on past it, says so, and still writes no non-finite weights.
-    let (code, _, err) = ingot(&[
-        "train",
-        "--model-file",
-        &file,
-        "--steps",
-        "2",
-        "--skip-nonfinite",
-        "--save",
-        s(&weights),
-    ]);
+    let (code, _, err) = train_file(&file, "2", &["--skip-nonfinite", "--save", s(&weights)]);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("step 1: after its update") && err.contains("--skip-nonfinite: going on"),

@@ -163,7 +163,9 @@ fn main() {
     println!(
         "{model} ({}): graph replay {:.3} ms as a dependency graph ({} edges), {:.3} ms as a \
          serial chain ({:.3}x); op by op {:.3} ms over {} ops",
-        compiled.as_ref().map_or(opts.precision.unwrap_or_default(), |e| e.precision()),
+        compiled
+            .as_ref()
+            .map_or(opts.precision.unwrap_or_default(), |e| e.precision()),
         graph_ms[0],
         edges,
         graph_ms[1],
