@@ -122,6 +122,4 @@ impl std::str::FromStr for Graph {
 }
 
 #[cfg(test)]
-mod layer_tests;
-#[cfg(test)]
 mod tests;
