@@ -69,9 +69,12 @@ struct Step {
     shown: Option<Vec<String>>,
 }
 
-/// The fenced blocks of `text` whose info string is empty (command blocks; `rust`, `toml`,
-/// `python`, ... blocks are code, checked elsewhere), each with the mark on the line before
-/// its fence.
+/// The info strings of command blocks: none, or a shell's.
+const SHELL_INFO: [&str; 5] = ["", "sh", "bash", "shell", "console"];
+
+/// The fenced blocks of `text` whose info string is empty or a shell's (command blocks;
+/// `rust`, `toml`, `python`, ... blocks are code, checked elsewhere), each with the mark on
+/// the line before its fence.
 fn blocks(file: &str, text: &str) -> Result<Vec<Block>, String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
@@ -91,7 +94,7 @@ fn blocks(file: &str, text: &str) -> Result<Vec<Block>, String> {
             }
             _ => None,
         };
-        if info.trim().is_empty() {
+        if SHELL_INFO.contains(&info.trim()) {
             out.push(Block {
                 at: format!("{file}:{}", open + 1),
                 first_line: open + 2,
@@ -100,7 +103,7 @@ fn blocks(file: &str, text: &str) -> Result<Vec<Block>, String> {
             });
         } else if mark.is_some() {
             return Err(format!(
-                "{file}:{}: a doc-test mark on a `{info}` block (only blocks without a language run)",
+                "{file}:{}: a doc-test mark on a `{info}` block (only blocks without a language, or a shell's, run)",
                 open + 1
             ));
         }
