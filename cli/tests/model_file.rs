@@ -151,3 +151,62 @@ fn model_and_model_file_together_or_neither_are_usage_errors() {
     let neither = ingot(&["plan"]);
     assert_eq!(neither.status.code(), Some(2));
 }
+
+const LAYERED: &str = "docs/examples/tiny-classifier.ir";
+const SPELLED: &str = "cli/tests/models/tiny-classifier-primitives.ir";
+
+/// The losses of `--json` step lines, as their bits.
+fn loss_bits(stdout: &str) -> Vec<u64> {
+    cli::json_lines(stdout)
+        .iter()
+        .filter_map(|l| l["loss"].as_f64())
+        .map(f64::to_bits)
+        .collect()
+}
+
+#[test]
+fn a_file_of_layer_lines_plans_and_trains_to_the_losses_of_its_primitives_spelled_out() {
+    let train = |file: &str| {
+        loss_bits(&succeeds(&[
+            "train",
+            "--model-file",
+            file,
+            "--steps",
+            "8",
+            "--seed",
+            "3",
+            "--json",
+        ]))
+    };
+    let (layered, spelled) = (train(LAYERED), train(SPELLED));
+    assert_eq!(layered.len(), 8);
+    assert_eq!(layered, spelled, "the same losses, bit for bit");
+    let first = f64::from_bits(layered[0]);
+    let last = f64::from_bits(layered[7]);
+    assert!(last < first, "it trains: {first} -> {last}");
+    // The same plan, to the byte (the reports differ only in the file's name).
+    let total = |file: &str| {
+        let json: serde_json::Value =
+            serde_json::from_str(&succeeds(&["plan", "--model-file", file, "--json"])).unwrap();
+        (json["total_bytes"].clone(), json["ops"].clone())
+    };
+    assert_eq!(total(LAYERED), total(SPELLED));
+}
+
+#[test]
+fn a_wrong_layer_line_names_the_file_and_line_and_exits_1() {
+    let path = ir_file(
+        "wrong_layer_line",
+        "step.ir",
+        "ingot-ir 1\n%0 = input \"x\" : f32[4,8]\n%1 = linear(%0) \"fc1\" out=16 : f32[4,12]\n",
+    );
+    let out = ingot(&["plan", "--model-file", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("step.ir"), "{stderr}");
+    assert!(stderr.contains("line 3"), "{stderr}");
+    assert!(
+        stderr.contains("`linear` gives f32[4,16], but the line states f32[4,12]"),
+        "{stderr}"
+    );
+}

@@ -157,17 +157,13 @@ impl Model {
             body.push('\n');
         }
         let text = body.as_str();
-        let mut graph = crate::ir::text::parse(text)?;
-        // Each node's provenance is its line of the file (`step:12`): node lines are the lines
-        // starting with `%`, one node each, in order.
-        let node_lines = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| l.trim_start().starts_with('%'))
-            .map(|(i, _)| i + 1);
-        for (k, line) in node_lines.take(graph.len()).enumerate() {
+        let parsed = crate::trace::layers::parse(text, Mode::Train)?;
+        let mut graph = parsed.graph;
+        // Each node's provenance is its line of the file (`step:12`), unless a layer line
+        // named it (`fc1`, as the Rust API's layer does).
+        for (k, line) in parsed.lines.iter().enumerate() {
             let id = crate::ir::NodeId(k as u32);
-            if !graph.node(id).op.is_leaf() {
+            if !graph.node(id).op.is_leaf() && graph.origin(id).is_empty() {
                 graph.set_origin(id, crate::ir::Origin::new(&format!("{name}:{line}")));
             }
         }
@@ -207,7 +203,7 @@ impl Model {
             .iter()
             .any(|n| matches!(n.op, crate::ir::Op::Dropout { .. }))
         {
-            let mut e = crate::ir::text::parse_in(text, Mode::Eval)?;
+            let mut e = crate::trace::layers::parse(text, Mode::Eval)?.graph;
             for id in graph.ids() {
                 e.set_origin(id, graph.origin(id).clone());
             }

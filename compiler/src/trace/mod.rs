@@ -4,6 +4,7 @@
 pub mod accuracy;
 mod builder;
 pub mod conv;
+pub mod layers;
 pub mod logits;
 pub mod nn;
 

@@ -115,6 +115,21 @@ pub fn linear(
     out_features: usize,
     bias: bool,
 ) -> Result<NodeId> {
+    let init = Init::Normal { std: INIT_STD };
+    linear_with_init(g, name, x, [in_features, out_features], bias, init)
+}
+
+/// [`linear`] with the weight initialised by `weight_init` (an IR file's `linear ... init=`);
+/// `sizes` is `[in_features, out_features]`. The bias is zeros.
+pub fn linear_with_init(
+    g: &mut Graph,
+    name: &str,
+    x: NodeId,
+    sizes: [usize; 2],
+    bias: bool,
+    weight_init: Init,
+) -> Result<NodeId> {
+    let [in_features, out_features] = sizes;
     let dtype = float_dtype(g, name, "linear", x)?;
     let xs = g.ty(x).shape.clone();
     if xs.rank() == 0 || xs.last() != in_features {
@@ -135,7 +150,7 @@ pub fn linear(
             &format!("{name}.weight"),
             [out_features, in_features],
             dtype,
-            Init::Normal { std: INIT_STD },
+            weight_init,
         )?;
         let x2 = g.reshape(x, [n, in_features])?;
         let wt = g.transpose_last(w)?;

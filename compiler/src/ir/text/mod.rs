@@ -79,15 +79,22 @@
 //! - Outputs and updates may appear anywhere after the nodes they name; the printer puts them
 //!   last, in the graph's order.
 //!
+//! - A layer line (`%2 = linear(%1) "fc1" out=16 : f32[4,16]`; [`layers`]) stands for a whole
+//!   layer of the Rust API and expands into its ops as it is read, by the [`Layers`] given to
+//!   [`parse_with`] (`Model::from_ir_text` gives the tracing stage's); `%N` then names the
+//!   line's result, and [`parse`] alone refuses the line, naming it.
+//!
 //! Any text that is not a valid graph gives [`IrError::Parse`] with the 1-based line and a
 //! reason that quotes the offending token; no input makes the parser panic.
 
+pub mod layers;
 mod parse;
 mod print;
 pub mod reference;
 mod tokens;
 
-pub use parse::{parse, parse_in};
+pub use layers::{Layer, Layers};
+pub use parse::{parse, parse_in, parse_with, Parsed};
 pub use print::print;
 
 use super::Graph;

@@ -1,6 +1,7 @@
 //! Parsing: the text form read back into a graph, line by line, each error naming its line
 //! and the offending token.
 
+use super::layers::{layer_named, Layer, LayerDoc, Layers};
 use super::print::quote;
 use super::tokens::{tokenize, Tok};
 use super::{MAGIC, VERSION};
@@ -24,11 +25,29 @@ pub fn parse(text: &str) -> Result<Graph, IrError> {
 /// `dropout` line, checked as always, becomes the identity (a `reshape` of its operand to its
 /// own shape, so that line `%N` is still node `N`). In [`Mode::Train`] it is [`parse`].
 pub fn parse_in(text: &str, mode: Mode) -> Result<Graph, IrError> {
+    parse_with(text, mode, None).map(|p| p.graph)
+}
+
+/// A graph read from its text form, with the line each of its nodes was read from.
+#[derive(Debug)]
+pub struct Parsed {
+    pub graph: Graph,
+    /// The 1-based line of each node, by node index. A layer line's nodes all have its line.
+    pub lines: Vec<usize>,
+}
+
+/// [`parse_in`], with layer lines ([`super::layers`]) built by `layers`. Without `layers` a
+/// layer line is an error naming it. With them, the `%N` of a line names the line's result:
+/// a layer line adds several nodes, so the graph's node ids are then no longer the file's.
+pub fn parse_with(text: &str, mode: Mode, layers: Option<&dyn Layers>) -> Result<Parsed, IrError> {
     let mut g = Graph::new();
     g.set_mode(mode);
     let mut header = false;
     let mut output_lines: HashMap<String, usize> = HashMap::new();
     let mut update_lines: HashMap<usize, usize> = HashMap::new();
+    // The graph node each `%N` of the file names, and the line of each graph node.
+    let mut ids: Vec<NodeId> = Vec::new();
+    let mut lines: Vec<usize> = Vec::new();
     let mut last = 0;
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
@@ -45,12 +64,15 @@ pub fn parse_in(text: &str, mode: Mode) -> Result<Graph, IrError> {
             continue;
         }
         match c.peek() {
-            Some(Tok::Ref(_)) => read_node(&mut c, &mut g).map_err(err)?,
+            Some(Tok::Ref(_)) => {
+                read_node(&mut c, &mut g, &mut ids, layers).map_err(err)?;
+                lines.resize(g.len(), line);
+            }
             Some(Tok::Word("output")) => {
                 c.next();
                 let name = c.string("the output's name in quotes").map_err(err)?;
                 c.punct('=', "`=` after the output's name").map_err(err)?;
-                let id = c.node_ref(&g, "the output's node").map_err(err)?;
+                let id = c.node_ref(&ids, "the output's node").map_err(err)?;
                 c.end().map_err(err)?;
                 if let Some(first) = output_lines.get(&name) {
                     return Err(err(format!(
@@ -64,10 +86,10 @@ pub fn parse_in(text: &str, mode: Mode) -> Result<Graph, IrError> {
             Some(Tok::Word("update")) => {
                 c.next();
                 let target = c
-                    .node_ref(&g, "the updated parameter or state, like `%0`")
+                    .node_ref(&ids, "the updated parameter or state, like `%0`")
                     .map_err(err)?;
                 c.punct('=', "`=` after the update's target").map_err(err)?;
-                let value = c.node_ref(&g, "the new value, like `%9`").map_err(err)?;
+                let value = c.node_ref(&ids, "the new value, like `%9`").map_err(err)?;
                 c.end().map_err(err)?;
                 if let Some(first) = update_lines.get(&target.index()) {
                     return Err(err(format!(
@@ -82,7 +104,7 @@ pub fn parse_in(text: &str, mode: Mode) -> Result<Graph, IrError> {
                 let found = c.describe();
                 return Err(err(format!(
                     "expected a node (`%{} = ...`), `output` or `update`, found {found}",
-                    g.len()
+                    ids.len()
                 )));
             }
         }
@@ -94,7 +116,7 @@ pub fn parse_in(text: &str, mode: Mode) -> Result<Graph, IrError> {
         });
     }
     g.set_mode(Mode::Train);
-    Ok(g)
+    Ok(Parsed { graph: g, lines })
 }
 
 /// The tokens of one line and a position in them. Errors are reasons without the line number.
@@ -162,12 +184,12 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// A reference to a node already defined in `g`.
-    fn node_ref(&mut self, g: &Graph, what: &str) -> Result<NodeId, String> {
+    /// A reference to a node already defined: `ids` maps the file's `%N` to graph nodes.
+    fn node_ref(&mut self, ids: &[NodeId], what: &str) -> Result<NodeId, String> {
         match self.peek() {
             Some(&Tok::Ref(n)) => {
                 self.pos += 1;
-                defined(g, n)
+                defined(ids, n)
             }
             _ => Err(self.expected(what)),
         }
@@ -181,15 +203,15 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn defined(g: &Graph, n: usize) -> Result<NodeId, String> {
-    if n < g.len() {
-        Ok(NodeId(n as u32))
-    } else if g.is_empty() {
+fn defined(ids: &[NodeId], n: usize) -> Result<NodeId, String> {
+    if let Some(&id) = ids.get(n) {
+        Ok(id)
+    } else if ids.is_empty() {
         Err(format!("`%{n}` is not defined (no node is defined yet)"))
     } else {
         Err(format!(
             "`%{n}` is not defined (nodes so far are %0 to %{}; operands must be defined on earlier lines)",
-            g.len() - 1
+            ids.len() - 1
         ))
     }
 }
@@ -624,22 +646,29 @@ fn with_attrs(op: Op, name: Option<String>, mut a: Attrs<'_>) -> Result<Op, Stri
     Ok(op)
 }
 
-fn read_node(c: &mut Cursor<'_>, g: &mut Graph) -> Result<(), String> {
+/// Reads one node line (a layer line's several nodes) into `g`.
+fn read_node(
+    c: &mut Cursor<'_>,
+    g: &mut Graph,
+    ids: &mut Vec<NodeId>,
+    layers: Option<&dyn Layers>,
+) -> Result<(), String> {
     let Some(Tok::Ref(id)) = c.next() else {
         return Err("expected a node id like `%0`".into());
     };
-    if id != g.len() {
+    if id != ids.len() {
         return Err(format!(
             "node `%{id}` is out of order: the next node must be `%{}` (ids count up from %0 with no gaps)",
-            g.len()
+            ids.len()
         ));
     }
     c.punct('=', &format!("`=` after `%{id}`"))?;
-    let op_name = c.word("an op name, like `add` or `matmul`")?;
-    let Some(op) = op_by_name(op_name) else {
-        return Err(format!("unknown op `{op_name}`"));
-    };
-    let op_name = op.name();
+    let word = c.word("an op name, like `add` or `matmul`")?;
+    let op = op_by_name(word);
+    let is_layer = super::layers::LAYERS.iter().any(|l| l.name == word);
+    if op.is_none() && !is_layer {
+        return Err(format!("unknown op `{word}`"));
+    }
 
     let mut inputs: Vec<NodeId> = Vec::new();
     if c.is_punct('(') {
@@ -648,12 +677,12 @@ fn read_node(c: &mut Cursor<'_>, g: &mut Graph) -> Result<(), String> {
             c.next();
         } else {
             loop {
-                inputs.push(c.node_ref(g, &format!("an operand of `{op_name}`, like `%0`"))?);
+                inputs.push(c.node_ref(ids, &format!("an operand of `{word}`, like `%0`"))?);
                 if c.is_punct(')') {
                     c.next();
                     break;
                 }
-                c.punct(',', &format!("`,` or `)` in the operands of `{op_name}`"))?;
+                c.punct(',', &format!("`,` or `)` in the operands of `{word}`"))?;
             }
         }
     }
@@ -661,6 +690,12 @@ fn read_node(c: &mut Cursor<'_>, g: &mut Graph) -> Result<(), String> {
     let name = match c.peek() {
         Some(Tok::Str(_)) => Some(c.string("a name")?),
         _ => None,
+    };
+    let layer = layer_named(word, name.is_some());
+    let op_name = match (layer, &op) {
+        (Some(l), _) => l.name,
+        (None, Some(op)) => op.name(),
+        (None, None) => return Err(format!("unknown op `{word}`")),
     };
 
     let mut attrs = Attrs {
@@ -680,6 +715,45 @@ fn read_node(c: &mut Cursor<'_>, g: &mut Graph) -> Result<(), String> {
     let ty = read_type(c)?;
     c.end()?;
 
+    if let Some(doc) = layer {
+        let Some(layers) = layers else {
+            return Err(format!(
+                "`{op_name}` is a layer line, which `ir::text::parse` does not read: read the file with `Model::from_ir_text` (as `ingot --model-file` does) or `trace::layers::parse`"
+            ));
+        };
+        let layer = read_layer(doc, name, inputs.len(), attrs, ty.dtype)?;
+        let out = layers
+            .build(g, &layer, &inputs)
+            .map_err(|e| format!("`{op_name}`: {e}"))?;
+        if g.ty(out) != &ty {
+            return Err(format!(
+                "`{op_name}` gives {}, but the line states {ty}",
+                g.ty(out)
+            ));
+        }
+        ids.push(out);
+        return Ok(());
+    }
+    let Some(op) = op else {
+        return Err(format!("unknown op `{word}`"));
+    };
+    ids.push(NodeId(g.len() as u32));
+    // Type errors name the file's `%N`, which differs from the graph's node after a layer line.
+    let in_file = |e: IrError| match e {
+        IrError::Type {
+            op,
+            operands,
+            reason,
+            ..
+        } => IrError::Type {
+            op,
+            node: id,
+            operands,
+            reason,
+        }
+        .to_string(),
+        e => e.to_string(),
+    };
     let op = with_attrs(op, name, attrs)?;
     if let Op::Concat { axis } = &op {
         // `infer` adds the sizes along `axis`; keep that sum from overflowing.
@@ -696,13 +770,111 @@ fn read_node(c: &mut Cursor<'_>, g: &mut Graph) -> Result<(), String> {
     }
     if matches!(op, Op::Dropout { .. }) && g.mode() == Mode::Eval {
         let types: Vec<&TensorType> = inputs.iter().map(|&x| g.ty(x)).collect();
-        crate::ir::infer(&op, &types, Some(&ty), g.len()).map_err(|e| e.to_string())?;
+        crate::ir::infer(&op, &types, Some(&ty), id).map_err(in_file)?;
         g.push(Op::Reshape, &inputs[..1], Some(ty))
-            .map_err(|e| e.to_string())?;
+            .map_err(in_file)?;
         return Ok(());
     }
-    g.push(op, &inputs, Some(ty)).map_err(|e| e.to_string())?;
+    g.push(op, &inputs, Some(ty)).map_err(in_file)?;
     Ok(())
+}
+
+/// A layer line's [`Layer`], from its operand count, name string and attributes.
+fn read_layer(
+    doc: &LayerDoc,
+    name: Option<String>,
+    operands: usize,
+    mut a: Attrs<'_>,
+    dtype: DType,
+) -> Result<Layer, String> {
+    let l = doc.name;
+    let want = doc.operands.split(',').count();
+    if operands != want {
+        return Err(format!(
+            "`{l}` takes {want} operand(s), `{l}{}`, found {operands}",
+            doc.operands
+        ));
+    }
+    let name = match (doc.named, name) {
+        (true, Some(n)) if !n.is_empty() => n,
+        (true, _) => {
+            return Err(format!(
+                "`{l}` needs the layer's name in quotes after its operands, like `{l}(%0) \"fc1\"` (its parameters are named `fc1.weight`, ...)"
+            ))
+        }
+        (false, Some(_)) => {
+            return Err(format!("`{l}` takes no name string (it has no parameters)"));
+        }
+        (false, None) => String::new(),
+    };
+    let flag = |a: &mut Attrs<'_>, key: &str, default: bool| {
+        if a.has(key) {
+            a.take_bool_or_false(key)
+        } else {
+            Ok(default)
+        }
+    };
+    let count = |a: &mut Attrs<'_>, key: &str, default: usize| {
+        if a.has(key) {
+            a.take_usize(key)
+        } else {
+            Ok(default)
+        }
+    };
+    let layer = match l {
+        "linear" => Layer::Linear {
+            out: a.take_usize("out")?,
+            bias: flag(&mut a, "bias", true)?,
+            init: if a.has("init") {
+                Some(a.take_init()?)
+            } else {
+                None
+            },
+            name,
+        },
+        "conv2d" => Layer::Conv2d {
+            out: a.take_usize("out")?,
+            kernel: a.take_usize("kernel")?,
+            stride: count(&mut a, "stride", 1)?,
+            padding: count(&mut a, "padding", 0)?,
+            dilation: count(&mut a, "dilation", 1)?,
+            groups: count(&mut a, "groups", 1)?,
+            bias: flag(&mut a, "bias", true)?,
+            name,
+        },
+        "layer_norm" => Layer::LayerNorm {
+            eps: if a.has("eps") {
+                a.take_f64("eps")?
+            } else {
+                1e-5
+            },
+            name,
+        },
+        "embedding" => Layer::Embedding {
+            rows: a.take_usize("rows")?,
+            dim: a.take_usize("dim")?,
+            name,
+            dtype,
+        },
+        "relu" => Layer::Relu,
+        "gelu_tanh" => Layer::GeluTanh,
+        "softmax" => Layer::Softmax,
+        "log_softmax" => Layer::LogSoftmax,
+        "cross_entropy" => Layer::CrossEntropy,
+        "flatten" => Layer::Flatten,
+        other => {
+            return Err(format!(
+                "`{other}` has no reader (a layer of the table without one)"
+            ))
+        }
+    };
+    let allowed = if doc.attributes == "-" {
+        "it takes no attributes".to_string()
+    } else {
+        format!("it takes {}", doc.attributes)
+    };
+    a.finish(&allowed)?;
+    Ok(layer)
 }
 
 /// `DTYPE[d0,d1,...]`, then nothing else on the line.

@@ -6,6 +6,7 @@
 //! or an attribute, that the parser does not read, and an op added to the parser fails the
 //! tests until it is documented here.
 
+use super::layers::LAYERS;
 use ingot_kernels::{BinaryOp, CmpOp, UnaryOp};
 
 /// One op of the text form.
@@ -445,7 +446,9 @@ pub fn markdown() -> String {
          - Node ids count up from `%0` with no gaps; an operand is a node of an earlier line.\n\
          - Types are `DTYPE[dims]`: `f32`, `f64`, `bf16`, `i32`, `i64`, `bool`; a scalar is `f32[]`.\n\
          - Attributes come in any order; each op takes exactly those listed below.\n\
-         - `#` starts a comment. Floats are Rust's shortest round-tripping form (`nan`, `inf`).\n\n\
+         - `#` starts a comment. Floats are Rust's shortest round-tripping form (`nan`, `inf`).\n\
+         - A [layer line](#layers) (`%2 = linear(%1) \"fc1\" out=16 : f32[4,16]`) stands for a whole layer \
+         and expands into its ops as it is read.\n\n\
          ## Ops\n\n",
     );
     let groups = groups();
@@ -484,6 +487,40 @@ pub fn markdown() -> String {
             s.push_str("```\n");
         }
     }
+    s.push_str(&layers_markdown());
+    s
+}
+
+/// The page's section on layer lines, from [`LAYERS`].
+fn layers_markdown() -> String {
+    let mut s = String::from(
+        "\n## Layers\n\n\
+         A layer line stands for a layer of the Rust API (`ingot_compiler::trace::nn` and `trace::conv`) and \
+         expands, as the file is read, into exactly the ops and parameters that layer adds in Rust, with \
+         PyTorch's parameter names (`NAME.weight`, `NAME.bias`) and the layer's initialisation. It is written \
+         like a node line and states its result type; its `%N` names the layer's result, so node ids in a \
+         file with layer lines are the file's, not the graph's. The layer's own nodes are named by the layer \
+         in the plan's report (`fc1`, `fc1 (backward)`), the unnamed ones by their line. A wrong use (a \
+         missing name or attribute, an input the layer cannot take, a result type other than the layer's) \
+         is an error naming the line. docs/examples/tiny-classifier.ir is a whole model written with them.\n\n\
+         | layer | operands | name | attributes | computes |\n|---|---|---|---|---|\n",
+    );
+    for l in LAYERS {
+        s.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            l.name,
+            l.operands,
+            if l.named { "required" } else { "-" },
+            l.attributes.replace('|', "\\|"),
+            l.meaning.replace('|', "\\|")
+        ));
+    }
+    s.push_str("\n```text\n");
+    for l in LAYERS {
+        s.push_str(l.example.lines().last().unwrap_or(""));
+        s.push('\n');
+    }
+    s.push_str("```\n");
     s
 }
 
