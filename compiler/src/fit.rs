@@ -4,8 +4,11 @@
 //!    then, over the budget, the weights cast to bf16 in each step instead of kept as bf16
 //!    copies ([`crate::autodiff::copies`]: two resident bytes a weight for one cast each), and
 //!    the loss head in row chunks;
-//! 2. recomputing library calls for the backward pass ([`recompute_to_budget`]): matmul,
-//!    attention and convolution outputs the backward pass reads, cheapest first;
+//! 2. recomputing for the backward pass ([`recompute_to_budget`]): matmul, attention and
+//!    convolution outputs the backward pass reads, and whole segments between the cuts of the
+//!    forward pass ([`crate::fuse::segment`]: a transformer block or half of one, a ResNet
+//!    block, with their LayerNorm, batch-norm, ReLU and elementwise outputs), cheapest per byte
+//!    first;
 //! 3. gradient accumulation: the batch in k = 2, 3, 4, ... micro-batches (divisors of the
 //!    batch), each k tried alone first, then with recomputation.
 //!
@@ -23,6 +26,7 @@
 
 use crate::autodiff::StepOptions;
 use crate::fuse::remat::{candidates, Candidate};
+use crate::fuse::segment::{self, Segment};
 use crate::fuse::{self};
 use crate::ir::NodeId;
 use crate::models::Model;
@@ -53,11 +57,47 @@ pub struct Recomputed {
     pub flops: u64,
 }
 
+/// A segment of the forward pass recomputed whole for the backward pass
+/// ([`crate::fuse::segment`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RecomputedSegment {
+    /// The layer of its first library call (`blocks.3.qkv`): it names the segment.
+    pub first: String,
+    /// How many nodes of the forward pass it recomputes.
+    pub nodes: usize,
+    /// The bytes of the value it is recomputed from, kept from the forward pass (0 for a
+    /// segment that starts from the batch).
+    pub keeps_bytes: usize,
+    /// The bytes of the values inside it that the forward pass stored for the backward pass:
+    /// what recomputing it frees at most.
+    pub frees_bytes: usize,
+    /// The arithmetic of recomputing it, and that in percent of the step's.
+    pub flops: u64,
+    pub flops_percent: f64,
+}
+
+impl RecomputedSegment {
+    /// `blocks.3.qkv recomputed: keeps 12.00 MiB, frees up to 96.00 MiB, +2.1% FLOPs`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} recomputed ({} nodes): keeps {}, frees up to {}, +{:.1}% FLOPs",
+            self.first,
+            self.nodes,
+            human(self.keeps_bytes),
+            human(self.frees_bytes),
+            self.flops_percent
+        )
+    }
+}
+
 /// What recomputation under a budget did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Recompute {
     /// The library calls recomputed, in the order they were chosen (cheapest first).
     pub values: Vec<Recomputed>,
+    /// The segments recomputed whole, in the order they were chosen.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<RecomputedSegment>,
     /// The arithmetic the copies add (with the cheap values recomputed because of them), over
     /// what the step without them does.
     pub added_flops: u64,
@@ -80,11 +120,20 @@ impl Recompute {
                 None => by_op.push((&v.op, 1)),
             }
         }
-        let counts: Vec<String> = by_op
+        let mut counts: Vec<String> = by_op
             .iter()
             .map(|(op, n)| format!("{n} {op} output{}", if *n == 1 { "" } else { "s" }))
             .collect();
-        let names: Vec<&str> = self.values.iter().map(|v| v.provenance.as_str()).collect();
+        if !self.segments.is_empty() {
+            let n = self.segments.len();
+            counts.insert(0, format!("{n} segment{}", if n == 1 { "" } else { "s" }));
+        }
+        let names: Vec<&str> = self
+            .segments
+            .iter()
+            .map(|s| s.first.as_str())
+            .chain(self.values.iter().map(|v| v.provenance.as_str()))
+            .collect();
         let shown = names.iter().take(6).copied().collect::<Vec<_>>().join(", ");
         let more = names.len().saturating_sub(6);
         format!(
@@ -158,7 +207,7 @@ impl Fitted {
         if let Some(r) = &self.recompute {
             what.push(format!("recomputing {}", r.summary()));
         }
-        format!(
+        let mut line = format!(
             "fitted to the budget of {}: {}, {} ({} bytes) instead of {} ({} bytes)",
             human(self.budget_bytes),
             what.join("; "),
@@ -166,7 +215,13 @@ impl Fitted {
             self.total_bytes,
             human(self.unfitted_bytes),
             self.unfitted_bytes
-        )
+        );
+        // One line more for each segment recomputed whole.
+        for seg in self.recompute.iter().flat_map(|r| &r.segments) {
+            line.push_str("\n  ");
+            line.push_str(&seg.line());
+        }
+        line
     }
 }
 
@@ -229,6 +284,74 @@ pub fn ordered_candidates(r: &Rewritten) -> Result<Vec<Candidate>, CompileError>
     Ok(c)
 }
 
+/// One thing the fitter may recompute for the backward pass: a library call's output or a
+/// whole segment of the forward pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Value(Candidate),
+    Segment(Segment),
+}
+
+impl Choice {
+    fn flops(&self) -> u64 {
+        match self {
+            Choice::Value(c) => c.flops,
+            Choice::Segment(s) => s.flops,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Choice::Value(c) => c.bytes,
+            Choice::Segment(s) => s.bytes,
+        }
+    }
+
+    /// Its first node, for ties.
+    fn node(&self) -> NodeId {
+        match self {
+            Choice::Value(c) => c.node,
+            Choice::Segment(s) => s.nodes[0],
+        }
+    }
+}
+
+/// How segments are offered to the fitter, besides none: pieces between consecutive cuts
+/// (a transformer's half block, a ResNet block), and pairs of them starting at the first or at
+/// the second piece (a whole transformer block from its input, or from the residual between its
+/// attention and its MLP: keeping one residual per block, as PyTorch's checkpoint around every
+/// block does).
+pub const SEGMENTINGS: [(usize, usize); 3] = [(1, 0), (2, 0), (2, 1)];
+
+/// What [`ordered_choices`] offers besides the library calls: segments grouped
+/// `(group, offset)` ([`segment::grouped`]), or none.
+pub type Segmenting = Option<(usize, usize)>;
+
+/// The library calls of [`ordered_candidates`] and the segments of `segmenting` in the order
+/// recomputation takes them: fewest FLOPs per byte freed first; equal ratios in node order.
+pub fn ordered_choices(r: &Rewritten, segmenting: Segmenting) -> Result<Vec<Choice>, CompileError> {
+    let opts = r.options.fuse.clone().unwrap_or_default();
+    let g = fuse::prepared_with(&r.graph, &opts)?;
+    let mut c: Vec<Choice> = candidates(&g, opts.recompute_ops)
+        .into_iter()
+        .map(Choice::Value)
+        .collect();
+    if let Some((group, offset)) = segmenting {
+        let pieces = segment::pieces(&g, opts.recompute_ops);
+        c.extend(
+            segment::grouped(&g, &pieces, group, offset)
+                .into_iter()
+                .map(Choice::Segment),
+        );
+    }
+    c.sort_by(|a, b| {
+        let x = a.flops() as u128 * b.bytes().max(1) as u128;
+        let y = b.flops() as u128 * a.bytes().max(1) as u128;
+        x.cmp(&y).then(a.node().cmp(&b.node()))
+    });
+    Ok(c)
+}
+
 /// The step `r` compiled recomputing `chosen` (candidates of [`ordered_candidates`]), and what
 /// that did against `base` (the step compiled without them, [`pipeline::finish`]`(r, &[])`).
 pub fn recompute(
@@ -237,7 +360,26 @@ pub fn recompute(
     chosen: &[Candidate],
     candidates: usize,
 ) -> Result<(Compiled, Recompute), CompileError> {
-    let ids: Vec<NodeId> = chosen.iter().map(|c| c.node).collect();
+    let chosen: Vec<Choice> = chosen.iter().cloned().map(Choice::Value).collect();
+    recompute_choices(r, base, &chosen, candidates)
+}
+
+/// As [`recompute`], for choices of [`ordered_choices`] (segments among them).
+pub fn recompute_choices(
+    r: &Rewritten,
+    base: &Compiled,
+    chosen: &[Choice],
+    candidates: usize,
+) -> Result<(Compiled, Recompute), CompileError> {
+    let mut ids: Vec<NodeId> = Vec::new();
+    for ch in chosen {
+        match ch {
+            Choice::Value(c) => ids.push(c.node),
+            Choice::Segment(s) => ids.extend(s.nodes.iter().copied()),
+        }
+    }
+    ids.sort();
+    ids.dedup();
     let c = pipeline::finish(r, &ids)?;
     let g = fuse::prepared_with(&r.graph, &r.options.fuse.clone().unwrap_or_default())?;
     let (done, added, step_flops) = match (&c.fuse, &base.fuse) {
@@ -248,9 +390,42 @@ pub fn recompute(
         ),
         _ => (Vec::new(), 0, crate::flops::of_graph(&g)),
     };
+    let percent = |f: u64| {
+        if step_flops == 0 {
+            0.0
+        } else {
+            f as f64 * 100.0 / step_flops as f64
+        }
+    };
+    let segments = chosen
+        .iter()
+        .filter_map(|c| match c {
+            Choice::Segment(s) => Some(s),
+            Choice::Value(_) => None,
+        })
+        .filter(|s| s.nodes.iter().any(|n| done.contains(n)))
+        .map(|s| {
+            let first = s.first(&g);
+            RecomputedSegment {
+                first: g
+                    .origin(first)
+                    .primary()
+                    .map_or_else(|| g.origin(first).label(), str::to_string),
+                nodes: s.nodes.len(),
+                keeps_bytes: s.input.map_or(0, |x| g.ty(x).bytes()),
+                frees_bytes: s.bytes,
+                flops: s.flops,
+                flops_percent: percent(s.flops),
+            }
+        })
+        .collect();
     // In the order chosen, those that did get copies.
     let values = chosen
         .iter()
+        .filter_map(|c| match c {
+            Choice::Value(v) => Some(v),
+            Choice::Segment(_) => None,
+        })
         .filter(|c| done.contains(&c.node))
         .map(|c| Recomputed {
             provenance: g.origin(c.node).label(),
@@ -262,6 +437,7 @@ pub fn recompute(
         .collect();
     let info = Recompute {
         values,
+        segments,
         added_flops: added,
         step_flops,
         added_percent: if step_flops == 0 {
@@ -284,10 +460,12 @@ pub enum Recomputation {
     Over(Box<Compiled>),
 }
 
-/// Recomputes the fewest library calls it can so that `r`'s plan fits `budget`: the
-/// candidates are ordered by FLOPs per byte kept ([`ordered_candidates`]), and the shortest
-/// prefix of that order whose plan fits is found by bisection, each probe a real compile and
-/// plan (about log2 of the candidates plus one).
+/// Recomputes as little as it can so that `r`'s plan fits `budget`. For each way of offering
+/// choices (the library calls alone, then with the segments of each of [`SEGMENTINGS`]) the
+/// choices are ordered by FLOPs per byte freed ([`ordered_choices`]), and the shortest prefix
+/// of that order whose plan fits is found by bisection, each probe a real compile and plan
+/// (about log2 of the choices plus one); of the plans that fit, the one adding the least
+/// arithmetic is taken (ties: the smaller plan, then the earlier way).
 ///
 /// This is a greedy order with exact peaks, not an exact optimum: a cheaper set off the order
 /// (Checkmate's integer program would find it) may exist, and bisection assumes that
@@ -299,26 +477,59 @@ pub fn recompute_to_budget(
     base: &Compiled,
     budget: usize,
 ) -> Result<Recomputation, CompileError> {
-    let cands = ordered_candidates(r)?;
-    if cands.is_empty() {
-        return Ok(Recomputation::Over(Box::new(base.clone())));
+    let mut best: Option<(Compiled, Recompute)> = None;
+    let mut smallest = base.clone();
+    let ways = std::iter::once(None).chain(SEGMENTINGS.iter().map(|&w| Some(w)));
+    let mut offered: Vec<Vec<Choice>> = Vec::new();
+    for way in ways {
+        let cands = ordered_choices(r, way)?;
+        // A way that offers nothing new (no segments, or the same ones) is not tried again.
+        if cands.is_empty() || offered.contains(&cands) {
+            continue;
+        }
+        offered.push(cands.clone());
+        match recompute_prefix(r, base, &cands, budget)? {
+            Ok((c, info)) => {
+                let better = best.as_ref().is_none_or(|(bc, bi)| {
+                    (info.added_flops, c.report.total_bytes)
+                        < (bi.added_flops, bc.report.total_bytes)
+                });
+                if better {
+                    best = Some((c, info));
+                }
+            }
+            Err(all) => {
+                if all.report.total_bytes < smallest.report.total_bytes {
+                    smallest = all;
+                }
+            }
+        }
     }
-    let (all, mut info) = recompute(r, base, &cands, cands.len())?;
+    Ok(match best {
+        Some((c, info)) => Recomputation::Fits(Box::new(c), info),
+        None => Recomputation::Over(Box::new(smallest)),
+    })
+}
+
+/// The shortest prefix of `cands` whose plan fits `budget`, by bisection: that plan and what
+/// it did, or the plan recomputing every one of them when even that is over.
+fn recompute_prefix(
+    r: &Rewritten,
+    base: &Compiled,
+    cands: &[Choice],
+    budget: usize,
+) -> Result<Result<(Compiled, Recompute), Compiled>, CompileError> {
+    let (all, mut info) = recompute_choices(r, base, cands, cands.len())?;
     let mut probes = 1;
     if all.report.total_bytes > budget {
-        let smaller = if all.report.total_bytes < base.report.total_bytes {
-            all
-        } else {
-            base.clone()
-        };
-        return Ok(Recomputation::Over(Box::new(smaller)));
+        return Ok(Err(all));
     }
     // lo: a prefix known over (the empty one is `base`); hi: one known to fit.
     let (mut lo, mut hi) = (0, cands.len());
     let mut best = all;
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        let (c, i) = recompute(r, base, &cands[..mid], cands.len())?;
+        let (c, i) = recompute_choices(r, base, &cands[..mid], cands.len())?;
         probes += 1;
         if c.report.total_bytes <= budget {
             (hi, best, info) = (mid, c, i);
@@ -327,7 +538,37 @@ pub fn recompute_to_budget(
         }
     }
     info.probes = probes;
-    Ok(Recomputation::Fits(Box::new(best), info))
+    Ok(Ok((best, info)))
+}
+
+/// The smallest plan of `r` recomputing everything one way offers (library calls alone, or
+/// with the segments of one of [`SEGMENTINGS`]), if smaller than `floor`.
+fn most_recomputed(r: &Rewritten, floor: &Compiled) -> Result<Option<Compiled>, CompileError> {
+    let mut smallest: Option<Compiled> = None;
+    let ways = std::iter::once(None).chain(SEGMENTINGS.iter().map(|&w| Some(w)));
+    for way in ways {
+        let cands = ordered_choices(r, way)?;
+        if cands.is_empty() {
+            continue;
+        }
+        let mut ids: Vec<NodeId> = Vec::new();
+        for ch in &cands {
+            match ch {
+                Choice::Value(c) => ids.push(c.node),
+                Choice::Segment(s) => ids.extend(s.nodes.iter().copied()),
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        let all = pipeline::finish(r, &ids)?;
+        let least = smallest
+            .as_ref()
+            .map_or(floor.report.total_bytes, |s| s.report.total_bytes);
+        if all.report.total_bytes < least {
+            smallest = Some(all);
+        }
+    }
+    Ok(smallest)
 }
 
 /// `model`'s step with `variant`'s options, compiled, when its plan is smaller than `base`'s.
@@ -343,8 +584,9 @@ fn smaller(
 }
 
 /// The most accumulating `k` micro-batches can do: one micro-batch's model (`build(k)`)
-/// accumulated `k` times, with every recomputation candidate recomputed when `recompute` (or
-/// without any, when that is smaller). Returns that plan when it is over `budget`: then no
+/// accumulated `k` times, with everything one way of [`recompute_to_budget`] offers
+/// recomputed when `recompute` (the smallest such plan, or none recomputed when that is
+/// smaller). Returns that plan when it is over `budget`: then no
 /// number of micro-batches up to `k` fits either (a micro-batch's plan only grows with its
 /// size), and the fitter refuses the budget in the time of one or two compiles instead of
 /// planning every number of micro-batches.
@@ -363,13 +605,8 @@ fn floor_over(
     };
     let r = pipeline::rewritten(&micro, &step_k, opts)?;
     let mut floor = pipeline::finish(&r, &[])?;
-    let cands = match recompute {
-        true => ordered_candidates(&r)?,
-        false => Vec::new(),
-    };
-    if !cands.is_empty() {
-        let all = pipeline::finish(&r, &cands.iter().map(|c| c.node).collect::<Vec<_>>())?;
-        if all.report.total_bytes < floor.report.total_bytes {
+    if recompute {
+        if let Some(all) = most_recomputed(&r, &floor)? {
             floor = all;
         }
     }
@@ -572,8 +809,8 @@ pub fn fit(
         return Ok((m, c, Some(f)));
     }
     let tried = match (recompute_on, ks.len() > 1) {
-        (true, true) => format!("recomputing every matmul, attention and convolution output the backward pass reads, and {} to {} micro-batches", ks[0], ks.last().copied().unwrap_or(1)),
-        (true, false) => "recomputing every matmul, attention and convolution output the backward pass reads; accumulation was not tried (it needs a named model and no --accumulate of its own)".to_string(),
+        (true, true) => format!("recomputing every matmul, attention and convolution output the backward pass reads and every segment between the forward pass's cuts, and {} to {} micro-batches", ks[0], ks.last().copied().unwrap_or(1)),
+        (true, false) => "recomputing every matmul, attention and convolution output the backward pass reads and every segment between the forward pass's cuts; accumulation was not tried (it needs a named model and no --accumulate of its own)".to_string(),
         (false, true) => format!("{} to {} micro-batches, no recomputation", ks[0], ks.last().copied().unwrap_or(1)),
         (false, false) => "nothing was tried: recomputation is off and accumulation needs a named model and no --accumulate of its own".to_string(),
     };

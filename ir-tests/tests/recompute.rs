@@ -110,7 +110,7 @@ fn a_plan_fitted_by_recomputation_is_under_the_budget_to_the_byte_and_valid() {
         .unwrap();
         let f = fitted.expect("over the budget as asked, so fitted");
         let r = f.recompute.as_ref().expect("fitted by recomputation");
-        assert!(!r.values.is_empty());
+        assert!(!r.values.is_empty() || !r.segments.is_empty());
         assert!(
             c.report.total_bytes <= budget,
             "{} > {budget}",
@@ -233,13 +233,15 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
     let f = fitted.expect("gpt2 is over 3,174 MiB as asked");
     assert_eq!(f.accumulate, 1, "{}", f.line());
     assert!(f.chunked_loss_head);
+    // (Since whole segments are recomputed too, the default chunks fit this budget: the
+    // smaller ones are no longer needed here, but still come before micro-batches.)
     let chunk = f.loss_head_chunk_bytes.expect("the chunk size is reported");
     assert!(
-        (fit::MIN_HEAD_CHUNK_BYTES..ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES)
+        (fit::MIN_HEAD_CHUNK_BYTES..=ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES)
             .contains(&chunk),
         "{chunk}"
     );
-    assert!(f.line().contains("row chunks of at most"), "{}", f.line());
+    assert!(f.line().contains("row chunks"), "{}", f.line());
     assert!(c.report.total_bytes <= budget);
     c.plan.validate(&c.graph).unwrap();
 }

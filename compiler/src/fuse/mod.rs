@@ -34,6 +34,7 @@ pub mod lower;
 pub mod matmul_acc;
 mod merge;
 pub mod remat;
+pub mod segment;
 pub mod select;
 pub mod triangle;
 pub mod widen;

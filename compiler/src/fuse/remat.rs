@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 /// Where each forward pass of a step ends: its micro-batch losses (`loss/0`, `loss/1`, ...,
 /// [`crate::autodiff::accumulate`]), or its one loss; sorted. `None` for a graph without a loss.
-fn forward_ends(g: &Graph) -> Option<Vec<NodeId>> {
+pub(super) fn forward_ends(g: &Graph) -> Option<Vec<NodeId>> {
     let &last_loss = g.outputs.get(LOSS)?;
     let mut ends: Vec<NodeId> = g
         .outputs
@@ -31,14 +31,14 @@ fn forward_ends(g: &Graph) -> Option<Vec<NodeId>> {
 }
 
 /// The end of the forward pass `v` belongs to (the first end at or after it).
-fn end_of(ends: &[NodeId], v: NodeId) -> Option<NodeId> {
+pub(super) fn end_of(ends: &[NodeId], v: NodeId) -> Option<NodeId> {
     let k = ends.partition_point(|&e| e < v);
     ends.get(k).copied()
 }
 
 /// The nodes of the forward passes: those some loss depends on. (In node order a micro-batch's
 /// backward nodes come before the next micro-batch's loss too, but no loss depends on them.)
-fn forward_nodes(g: &Graph, ends: &[NodeId]) -> Vec<bool> {
+pub(super) fn forward_nodes(g: &Graph, ends: &[NodeId]) -> Vec<bool> {
     let mut fwd = vec![false; g.len()];
     let mut stack: Vec<NodeId> = ends.to_vec();
     while let Some(x) = stack.pop() {
@@ -50,7 +50,7 @@ fn forward_nodes(g: &Graph, ends: &[NodeId]) -> Vec<bool> {
 }
 
 /// Step outputs and update values: never recomputed (their own node must be the one written).
-fn pinned(g: &Graph) -> Vec<bool> {
+pub(super) fn pinned(g: &Graph) -> Vec<bool> {
     let mut p = vec![false; g.len()];
     for &o in g.outputs.values() {
         p[o.index()] = true;
@@ -112,6 +112,14 @@ pub fn recompute_with(
             is_heavy[id.index()] = true;
         }
     }
+    // Values asked for that are not library calls: the inside of a segment recomputed whole
+    // ([`super::segment`]). A copy of one recomputes everything down to what it reads outside
+    // the segment however many ops that is: the fitter chose it and measures it with the
+    // planner.
+    let in_segment: Vec<bool> = g
+        .ids()
+        .map(|id| is_heavy[id.index()] && kind(g.node(id)) != Kind::Library)
+        .collect();
     // What fusion will store as the graph stands: the forced values and the shared values
     // that are not cheap to recompute (the residual stream under a LayerNorm, say). A copy
     // reads those rather than recomputing them, unless they get copies of their own.
@@ -176,7 +184,12 @@ pub fn recompute_with(
         // through what gets copies itself.
         let mask = g.ty(v).dtype == crate::ir::DType::Bool;
         let free = |y: NodeId| mask && kept_anyway[y.index()];
-        if let Some(expr) = expression(g, read, v, 2 * recompute_ops, heavy, free) {
+        let limit = if in_segment[b.index()] || in_segment[i] {
+            usize::MAX / 16
+        } else {
+            2 * recompute_ops
+        };
+        if let Some(expr) = expression(g, read, v, limit, heavy, free) {
             // A copy that would alone keep as many bytes alive to the backward pass as it frees
             // (a bias add over a product nothing else reads later) only adds a kernel.
             if !over_heavy && kept_only_for(g, &users, &expr) >= g.ty(v).bytes() {
@@ -227,7 +240,7 @@ pub fn recompute_with(
 /// forward pass (efficientnet_b0 at batch 32 in bf16: 369 MiB of masks).
 /// A walk stops at every stored value, so a value read only through another stored one (which
 /// may itself get a copy) does not count as read.
-fn read_by_backward(g: &Graph, ends: &[NodeId], stored: &[bool]) -> Vec<bool> {
+pub(super) fn read_by_backward(g: &Graph, ends: &[NodeId], stored: &[bool]) -> Vec<bool> {
     let mut read = vec![false; g.len()];
     let mut walked = vec![false; g.len()];
     for u in g.ids() {
@@ -421,13 +434,19 @@ fn expression(
     let mut stack = vec![v];
     let mut read: Vec<NodeId> = Vec::new();
     let mut ops = 1;
+    // The nodes of the expression that are not heavy: what the limit bounds.
+    let mut light = 1;
+    // Membership, for the expressions of whole segments (hundreds of nodes).
+    let mut in_expr: std::collections::HashSet<NodeId> = [v].into_iter().collect();
+    let mut in_read: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
     while let Some(x) = stack.pop() {
         for &y in &g.node(x).inputs {
-            if expr.contains(&y) || read.contains(&y) {
+            if in_expr.contains(&y) || in_read.contains(&y) {
                 continue;
             }
             let k = kind(g.node(y));
             if heavy(y) {
+                in_expr.insert(y);
                 expr.push(y);
                 stack.push(y);
                 continue;
@@ -438,15 +457,18 @@ fn expression(
                 || k == Kind::Reduce
                 || (stored(y) && k != Kind::Source && !chain.contains(&y))
             {
+                in_read.insert(y);
                 read.push(y);
                 continue;
             }
             if k == Kind::Elementwise {
                 ops += 1;
             }
-            if ops > limit || expr.len() > 8 * limit {
+            if ops > limit || light > 8 * limit {
                 return None;
             }
+            light += 1;
+            in_expr.insert(y);
             expr.push(y);
             stack.push(y);
         }
