@@ -15,7 +15,16 @@
 //!
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
+//!
+//! Convolutions ([`DeviceOp::Conv`]) run through cuDNN where it loads ([`super::cudnn`]): a
+//! handle on the step's stream is made with cuBLAS's, each convolution's algorithm is chosen
+//! once the allocation is made (deterministic, within its planned workspace), and each runs
+//! once on the zeroed allocation (which stays zero: a convolution of zeros is zeros, and the
+//! allocation is zeroed again after) so that cuDNN loads its kernels outside the capture. A
+//! convolution cuDNN does not take, or every one where cuDNN is missing or `INGOT_CONV=im2col`
+//! (said once on stderr), runs its fallback's im2col ops; `INGOT_LOG=1` prints each choice.
 
+use super::cudnn;
 use super::ptx;
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
@@ -75,6 +84,8 @@ pub struct CudaStep {
     /// next free SMs ahead of the compute kernels queued beside them. `None` for one rank.
     collectives: Option<Arc<CudaStream>>,
     blas: cudarc::cublas::CudaBlas,
+    /// A cuDNN handle on `stream`, where the program has convolutions and cuDNN loads.
+    cudnn: Option<cudnn::Handle>,
     base: sys::CUdeviceptr,
     bytes: usize,
     start: CudaEvent,
@@ -146,6 +157,10 @@ struct Part {
     location: Vec<Location>,
     functions: Vec<CudaFunction>,
     exec: Option<CudaGraph>,
+    /// The convolutions that run through cuDNN, by node; the others run their fallback.
+    convs: std::collections::HashMap<NodeId, cudnn::ConvRun>,
+    /// What each convolution runs as, in program order.
+    conv_choices: Vec<cudnn::ConvChoice>,
 }
 
 /// Whether a CUDA driver and a GPU are there; the error says which is missing.
@@ -319,8 +334,7 @@ impl CudaStep {
         // A step compiled in tf32 (its GEMMs' compute type `Tf32`, which
         // `GemmStridedBatchedEx` takes) runs with the TF32 math mode, as it always has.
         let tf32 = program
-            .ops
-            .iter()
+            .all_ops()
             .any(|op| matches!(op, DeviceOp::Gemm(g) if g.compute == Compute::Tf32));
         let mode = if tf32 {
             blas::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
@@ -331,6 +345,12 @@ impl CudaStep {
         cublas("setting cuBLAS's math mode", unsafe {
             blas::cublasSetMathMode(*blas.handle(), mode)
         })?;
+        let has_convs = |p: &Program| p.ops.iter().any(|op| matches!(op, DeviceOp::Conv(_)));
+        let cudnn = if has_convs(&program) || eval_program.as_ref().is_some_and(has_convs) {
+            cudnn_handle(&stream)?
+        } else {
+            None
+        };
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(driver("creating an event"))?;
@@ -384,6 +404,8 @@ impl CudaStep {
                 location,
                 functions,
                 exec: None,
+                convs: Default::default(),
+                conv_choices: Vec::new(),
             }
         };
         let main = part(exe, program, functions);
@@ -398,6 +420,7 @@ impl CudaStep {
             stream,
             collectives,
             blas,
+            cudnn,
             base,
             bytes,
             start,
@@ -420,7 +443,63 @@ impl CudaStep {
         };
         // SAFETY: the allocation is `bytes` long.
         unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
+        let mut step = step;
+        if step.cudnn.is_some() {
+            step.choose_convolutions()?;
+            // SAFETY: as above; the convolutions run on the zeroed allocation have finished.
+            unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
+        }
         Ok(step)
+    }
+
+    /// Chooses each convolution's algorithm ([`cudnn::choose`]) and runs it once, outside
+    /// any capture, on the zeroed allocation: cuDNN loads its kernels now, and one that fails
+    /// to run leaves its convolution to the fallback. Each choice is printed under `INGOT_LOG`.
+    fn choose_convolutions(&mut self) -> Result<(), ExecError> {
+        let Some(h) = &self.cudnn else {
+            return Ok(());
+        };
+        let parts = std::iter::once(&mut self.main).chain(self.eval.as_mut());
+        for (i, part) in parts.enumerate() {
+            for op in &part.program.ops {
+                let DeviceOp::Conv(c) = op else {
+                    continue;
+                };
+                let tried = cudnn::choose(h, c).and_then(|run| {
+                    // SAFETY: the program's check put every byte of `c` inside the
+                    // allocation at `self.base`; the stream is the handle's.
+                    unsafe { run.enqueue(h, c, self.base) }?;
+                    self.stream
+                        .synchronize()
+                        .map_err(|e| format!("running it once: {e}"))?;
+                    Ok(run)
+                });
+                let choice = match tried {
+                    Ok(run) => {
+                        let choice = run.choice.clone();
+                        part.convs.insert(c.node, run);
+                        choice
+                    }
+                    Err(reason) => cudnn::ConvChoice {
+                        node: c.node,
+                        pass: c.pass,
+                        path: cudnn::ConvPath::Im2col { reason },
+                    },
+                };
+                if cudnn::logging() {
+                    let which = if i == 0 { "step" } else { "eval step" };
+                    eprintln!("{which}: {choice}");
+                }
+                part.conv_choices.push(choice);
+            }
+        }
+        Ok(())
+    }
+
+    /// What each convolution of the training step runs as (cuDNN's algorithm and workspace,
+    /// or the fallback and why), in program order; empty without convolutions.
+    pub fn conv_choices(&self) -> &[cudnn::ConvChoice] {
+        &self.main.conv_choices
     }
 
     /// The rest of loading: the allocation registered as the rank's symmetric window (where
@@ -445,10 +524,10 @@ impl CudaStep {
         step.connect_collectives()?;
         let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
         step.memory.collectives = before.saturating_sub(free_after);
-        let graph = step.capture(&step.main, None)?;
+        let graph = step.capture_or_fall_back(false)?;
         step.main.exec = Some(graph);
-        if let Some(eval) = &step.eval {
-            let graph = step.capture(eval, None)?;
+        if step.eval.is_some() {
+            let graph = step.capture_or_fall_back(true)?;
             step.eval.as_mut().expect("loaded").exec = Some(graph);
         }
         let (free_graph, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
@@ -533,6 +612,39 @@ impl CudaStep {
 
     pub fn options(&self) -> CudaOptions {
         self.opts
+    }
+
+    /// Captures the training step (the evaluation step where `eval`); where that fails with
+    /// convolutions through cuDNN, says so and captures it again with every convolution on its
+    /// fallback.
+    fn capture_or_fall_back(&mut self, eval: bool) -> Result<CudaGraph, ExecError> {
+        fn part(s: &CudaStep, eval: bool) -> &Part {
+            match (eval, &s.eval) {
+                (true, Some(e)) => e,
+                _ => &s.main,
+            }
+        }
+        match self.capture(part(self, eval), None) {
+            Err(e) if !part(self, eval).convs.is_empty() => {
+                eprintln!(
+                    "warning: capturing the step with its convolutions through cuDNN failed \
+                     ({e}); they run as im2col + cuBLAS instead"
+                );
+                let p = if eval {
+                    self.eval.as_mut().expect("an eval step")
+                } else {
+                    &mut self.main
+                };
+                p.convs.clear();
+                for c in &mut p.conv_choices {
+                    c.path = cudnn::ConvPath::Im2col {
+                        reason: "the capture with cuDNN failed".into(),
+                    };
+                }
+                self.capture(part(self, eval), None)
+            }
+            other => other,
+        }
     }
 
     /// Records every operation of `part` on the stream, in capture mode, into one graph; with
@@ -824,6 +936,17 @@ impl CudaStep {
                     .map_err(|e| self.at(part, *node, "launching", e.to_string()))?;
                 }
                 DeviceOp::Gemm(g) => self.gemm(part, g)?,
+                DeviceOp::Conv(c) => match (part.convs.get(&c.node), &self.cudnn) {
+                    // SAFETY: the program's check put every byte of `c` inside the
+                    // allocation; the handle's stream is `s`.
+                    (Some(run), Some(h)) => unsafe { run.enqueue(h, c, self.base) }
+                        .map_err(|e| self.at(part, c.node, "recording", e))?,
+                    _ => {
+                        for op in &c.fallback {
+                            self.enqueue_on(part, op, s)?;
+                        }
+                    }
+                },
                 DeviceOp::Zero { offset, bytes } => {
                     // SAFETY: inside the allocation (checked by the program's check).
                     unsafe { result::memset_d8_async(self.base + *offset as u64, 0, *bytes, s) }
@@ -1195,6 +1318,45 @@ unsafe fn set_capture_dependencies(
 }
 
 /// The CUDA program of `exe`; an error naming its target if it was lowered for another.
+/// A cuDNN handle on `stream` for a program with convolutions; `None` (said once on stderr)
+/// where `INGOT_CONV=im2col` asks for the fallback or cuDNN does not load.
+fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>, ExecError> {
+    let setting =
+        cudnn::conv_setting(std::env::var(cudnn::CONV_PATH).ok().as_deref()).map_err(|reason| {
+            ExecError::Device {
+                what: "choosing the convolutions' path".into(),
+                reason,
+            }
+        })?;
+    if setting == cudnn::ConvSetting::Im2col {
+        cudnn::say_once(
+            "im2col",
+            "INGOT_CONV=im2col: convolutions run as im2col + cuBLAS GEMMs, not cuDNN",
+        );
+        return Ok(None);
+    }
+    let handle = cudnn::load().and_then(|lib| {
+        let h = cudnn::Handle::new(lib, stream.cu_stream() as *mut c_void)?;
+        if cudnn::logging() {
+            cudnn::say_once(
+                "loaded",
+                &format!("cuDNN {} loaded from {}", lib.version, lib.path),
+            );
+        }
+        Ok(h)
+    });
+    match handle {
+        Ok(h) => Ok(Some(h)),
+        Err(e) => {
+            cudnn::say_once(
+                "missing",
+                &format!("warning: convolutions run as im2col + cuBLAS GEMMs, not cuDNN: {e}"),
+            );
+            Ok(None)
+        }
+    }
+}
+
 fn cuda_program(exe: &Executable) -> Result<Program, ExecError> {
     match exe.program() {
         lower::Program::Cuda(p) => Ok(p.clone()),
@@ -1357,6 +1519,12 @@ impl Drop for CudaStep {
         if let Some(e) = &mut self.eval {
             e.exec = None;
         }
+        // The convolutions' descriptors and cuDNN's handle, while the context lives.
+        self.main.convs.clear();
+        if let Some(e) = &mut self.eval {
+            e.convs.clear();
+        }
+        self.cudnn = None;
         // Then the window over it (before the memory and the communicator go), and it.
         if let (Some(w), Some(comm)) = (self.window.take(), &self.comm) {
             // SAFETY: registered in `finish`, deregistered once; the stream is idle.
