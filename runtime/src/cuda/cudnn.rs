@@ -251,8 +251,9 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// A handle on `stream` in the current context.
-    pub fn new(lib: &'static Cudnn, stream: *mut c_void) -> Result<Handle, String> {
+    /// A handle on `stream` (the step's) in the current context.
+    pub fn new(lib: &'static Cudnn, stream: &cudarc::driver::CudaStream) -> Result<Handle, String> {
+        let stream = stream.cu_stream() as *mut c_void;
         let mut raw = std::ptr::null_mut();
         // SAFETY: an out-pointer; the context is current on this thread (the caller's).
         lib.check("creating a cuDNN handle", unsafe { (lib.create)(&mut raw) })?;

@@ -1336,7 +1336,7 @@ fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>, ExecError>
         return Ok(None);
     }
     let handle = cudnn::load().and_then(|lib| {
-        let h = cudnn::Handle::new(lib, stream.cu_stream() as *mut c_void)?;
+        let h = cudnn::Handle::new(lib, stream)?;
         if cudnn::logging() {
             cudnn::say_once(
                 "loaded",
