@@ -13,13 +13,26 @@
 //! not know is an error, never undefined behaviour; cudarc's `cudnn::sys` enums are only
 //! passed in.
 //!
+//! Opt-in, for now: the convolutions run their fallback (im2col + cuBLAS) unless
+//! `INGOT_CONV=cudnn` (or [`set_conv_path`]) asks for cuDNN. Measured on an H200 (2026-11-29,
+//! torchvision resnet50 imported, 224x224, batch 128, bf16): 507.8 ms a step through cuDNN as
+//! chosen here against 77.2 ms through im2col, with the same plan (5,337,981,440 bytes). Likely
+//! causes: NCHW bf16 tensors (cuDNN's tensor-core kernels want NHWC, so it transposes around
+//! them) and the heuristics' first deterministic algorithm not being a fast one (the
+//! deterministic filter and data gradients are `ALGO_1`). Timing the candidates at load, and
+//! NHWC layouts, are the next steps.
+//!
 //! Choosing: when a step is loaded, each convolution asks cuDNN's heuristics
 //! (`cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7`) for its algorithms
-//! in cuDNN's order of preference and keeps the first that succeeds, is deterministic (the same
-//! bits on every run) and whose workspace fits the planned one ([`Conv::workspace`]). A strict
-//! f32 step runs with the FMA math type (no TF32); a tf32 step allows TF32 tensor cores; bf16
-//! tensors accumulate in f32 on tensor cores. Where none fits, or cuDNN is missing, or
-//! `INGOT_CONV=im2col`, the convolution runs its fallback ([`Conv::fallback`]).
+//! and keeps those that succeed, are deterministic (the same bits on every run) and whose
+//! workspace fits the planned one ([`Conv::workspace`]) ([`candidates`]); the runtime then times
+//! each of them and the fallback on the zeroed allocation and takes the fastest, remembering
+//! the choice for every later convolution of the same shape in the process ([`remembered`]),
+//! so repeated layers are timed once and two loads in one process compute the same bits
+//! (another process may time differently and choose otherwise). A strict f32 step runs with
+//! the FMA math type (no TF32); a tf32 step allows TF32 tensor cores; bf16 tensors accumulate
+//! in f32 on tensor cores. Where none fits or runs, or cuDNN is missing, or it was not asked
+//! for, the convolution runs its fallback ([`Conv::fallback`]).
 
 use super::libsearch::{self, Library};
 use cudarc::cudnn::sys as dnn;
@@ -37,8 +50,8 @@ pub const CUDNN: Library = Library {
                    bring) or set INGOT_CUDNN_DIR to the directory holding libcudnn.so.9",
 };
 
-/// The environment variable that picks the convolutions' path: `cudnn` (the default) or
-/// `im2col` (the fallback ops, for measuring one against the other).
+/// The environment variable that picks the convolutions' path: `im2col` (the default: the
+/// fallback ops) or `cudnn` (opt-in; see the module docs for why).
 pub const CONV_PATH: &str = "INGOT_CONV";
 
 /// The environment variable that makes loading print each convolution's choice.
@@ -51,15 +64,37 @@ pub enum ConvSetting {
     Im2col,
 }
 
-/// [`CONV_PATH`]'s value read: unset or empty is cuDNN; anything but `cudnn` or `im2col` is
-/// an error naming both.
+/// [`CONV_PATH`]'s value read: unset or empty is im2col; anything but `cudnn` or `im2col`
+/// is an error naming both.
 pub fn conv_setting(value: Option<&str>) -> Result<ConvSetting, String> {
     match value.map(str::trim) {
-        None | Some("") | Some("cudnn") => Ok(ConvSetting::Cudnn),
-        Some("im2col") => Ok(ConvSetting::Im2col),
+        None | Some("") | Some("im2col") => Ok(ConvSetting::Im2col),
+        Some("cudnn") => Ok(ConvSetting::Cudnn),
         Some(v) => Err(format!(
-            "{CONV_PATH}={v:?}: the convolutions' path is `cudnn` (the default) or `im2col`"
+            "{CONV_PATH}={v:?}: the convolutions' path is `im2col` (the default) or `cudnn`"
         )),
+    }
+}
+
+/// The path set by [`set_conv_path`]: 0 none (read [`CONV_PATH`]), 1 cuDNN, 2 im2col.
+static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the convolutions' path for the steps this process loads from now on, over
+/// [`CONV_PATH`] (a program's or a test's choice).
+pub fn set_conv_path(setting: ConvSetting) {
+    let v = match setting {
+        ConvSetting::Cudnn => 1,
+        ConvSetting::Im2col => 2,
+    };
+    CHOSEN.store(v, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The convolutions' path a step loaded now takes: [`set_conv_path`]'s, else [`CONV_PATH`]'s.
+pub fn conv_path() -> Result<ConvSetting, String> {
+    match CHOSEN.load(std::sync::atomic::Ordering::SeqCst) {
+        1 => Ok(ConvSetting::Cudnn),
+        2 => Ok(ConvSetting::Im2col),
+        _ => conv_setting(std::env::var(CONV_PATH).ok().as_deref()),
     }
 }
 
@@ -283,6 +318,9 @@ pub struct ConvChoice {
     pub node: NodeId,
     pub pass: ConvPass,
     pub path: ConvPath,
+    /// What each candidate took when timed at load (empty where the choice came from an
+    /// earlier one of the same shape, [`remembered`]).
+    pub timings: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -316,7 +354,49 @@ impl std::fmt::Display for ConvChoice {
                 "cuDNN {algo}, workspace {workspace} of the {planned} bytes planned"
             ),
             ConvPath::Im2col { reason } => write!(f, "im2col + cuBLAS ({reason})"),
+        }?;
+        if !self.timings.is_empty() {
+            write!(f, "; timed: {}", self.timings)?;
         }
+        Ok(())
+    }
+}
+
+/// What a convolution of one shape (pass, sizes, dtype, compute type, planned workspace)
+/// chose when timed: cuDNN's algorithm, or `None` for the fallback. Kept for the process's
+/// life, so that every later one of the same shape (a ResNet's repeated layers, the next
+/// load of the same step) takes the same path without timing again, and two loads in one
+/// process compute the same bits.
+pub fn remembered(c: &Conv) -> Option<Option<u32>> {
+    let key = shape_key(c);
+    let timed = TIMED.lock().ok()?;
+    timed.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+}
+
+/// Records what a convolution shaped as `c` chose ([`remembered`]); the first record stays.
+pub fn remember(c: &Conv, algo: Option<u32>) {
+    let key = shape_key(c);
+    if let Ok(mut timed) = TIMED.lock() {
+        if !timed.iter().any(|(k, _)| *k == key) {
+            timed.push((key, algo));
+        }
+    }
+}
+
+/// [`remember`]'s records: (shape, choice), in the order first timed.
+static TIMED: std::sync::Mutex<Vec<(String, Option<u32>)>> = std::sync::Mutex::new(Vec::new());
+
+fn shape_key(c: &Conv) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {}",
+        c.pass, c.dims, c.dtype, c.compute, c.workspace.bytes
+    )
+}
+
+impl ConvRun {
+    /// cuDNN's value of the algorithm this runs.
+    pub fn algo(&self) -> u32 {
+        self.algo
     }
 }
 
@@ -436,6 +516,22 @@ fn algo_name(pass: ConvPass, algo: u32) -> String {
 /// The descriptors of `c` and the first of cuDNN's algorithms that succeeds, is
 /// deterministic and fits the planned workspace; the error says why none is taken.
 pub fn choose(h: &Handle, c: &Conv) -> Result<ConvRun, String> {
+    nth(h, c, 0).map(|r| r.expect("the first eligible algorithm"))
+}
+
+/// Every algorithm [`choose`] could take (deterministic, within the planned workspace), in
+/// cuDNN's order, each with descriptors of its own; the error says why there is none.
+pub fn candidates(h: &Handle, c: &Conv) -> Result<Vec<ConvRun>, String> {
+    let mut out = vec![choose(h, c)?];
+    while let Some(run) = nth(h, c, out.len())? {
+        out.push(run);
+    }
+    Ok(out)
+}
+
+/// The `n`th algorithm [`choose`] could take; `None` past the last (an error when there is
+/// none at all).
+fn nth(h: &Handle, c: &Conv, n: usize) -> Result<Option<ConvRun>, String> {
     let l = h.lib;
     let (data, compute, strict_math) = types(c.dtype, c.compute)?;
     let d = c.dims;
@@ -454,6 +550,7 @@ pub fn choose(h: &Handle, c: &Conv) -> Result<ConvRun, String> {
             path: ConvPath::Im2col {
                 reason: String::new(),
             },
+            timings: String::new(),
         },
     };
     let nchw = dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
@@ -562,12 +659,16 @@ pub fn choose(h: &Handle, c: &Conv) -> Result<ConvRun, String> {
         dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION as u32,
     ];
     let granted = c.workspace.bytes;
-    let Some(p) = results.iter().find(|p| {
+    let mut eligible = results.iter().filter(|p| {
         p.status == SUCCESS
             && p.determinism == DETERMINISTIC
             && p.memory <= granted
             && !(strict && tensor_ops.contains(&p.math_type))
-    }) else {
+    });
+    let Some(p) = eligible.nth(n) else {
+        if n > 0 {
+            return Ok(None);
+        }
         let offered: Vec<String> = results
             .iter()
             .map(|p| {
@@ -607,7 +708,7 @@ pub fn choose(h: &Handle, c: &Conv) -> Result<ConvRun, String> {
         workspace: p.memory,
         planned: granted,
     };
-    Ok(run)
+    Ok(Some(run))
 }
 
 impl ConvRun {
@@ -706,9 +807,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_conv_path_is_cudnn_unless_im2col_is_asked_for_and_anything_else_is_refused() {
-        assert_eq!(conv_setting(None), Ok(ConvSetting::Cudnn));
-        assert_eq!(conv_setting(Some("")), Ok(ConvSetting::Cudnn));
+    fn the_conv_path_is_im2col_unless_cudnn_is_asked_for_and_anything_else_is_refused() {
+        assert_eq!(conv_setting(None), Ok(ConvSetting::Im2col));
+        assert_eq!(conv_setting(Some("")), Ok(ConvSetting::Im2col));
         assert_eq!(conv_setting(Some("cudnn")), Ok(ConvSetting::Cudnn));
         assert_eq!(conv_setting(Some("im2col")), Ok(ConvSetting::Im2col));
         let e = conv_setting(Some("fft")).unwrap_err();

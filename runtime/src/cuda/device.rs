@@ -16,13 +16,15 @@
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 //!
-//! Convolutions ([`DeviceOp::Conv`]) run through cuDNN where it loads ([`super::cudnn`]): a
-//! handle on the step's stream is made with cuBLAS's, each convolution's algorithm is chosen
-//! once the allocation is made (deterministic, within its planned workspace), and each runs
-//! once on the zeroed allocation (which stays zero: a convolution of zeros is zeros, and the
-//! allocation is zeroed again after) so that cuDNN loads its kernels outside the capture. A
-//! convolution cuDNN does not take, or every one where cuDNN is missing or `INGOT_CONV=im2col`
-//! (said once on stderr), runs its fallback's im2col ops; `INGOT_LOG=1` prints each choice.
+//! Convolutions ([`DeviceOp::Conv`]) run their im2col fallback unless `INGOT_CONV=cudnn`
+//! asks for cuDNN (opt-in: measured slower for now, [`super::cudnn`]); then, where it loads, a
+//! handle on the step's stream is made with cuBLAS's, and once the allocation is made each
+//! convolution's deterministic algorithms that fit its planned workspace and its fallback are
+//! timed on the zeroed allocation (which stays zero: a convolution of zeros is zeros, and the
+//! allocation is zeroed again after), the fastest taken; so cuDNN also loads its kernels
+//! outside the capture. A
+//! convolution cuDNN does not take, or every one where cuDNN is missing (said once on stderr),
+//! runs its fallback's im2col ops; `INGOT_LOG=1` prints each choice.
 
 use super::cudnn;
 use super::ptx;
@@ -452,48 +454,143 @@ impl CudaStep {
         Ok(step)
     }
 
-    /// Chooses each convolution's algorithm ([`cudnn::choose`]) and runs it once, outside
-    /// any capture, on the zeroed allocation: cuDNN loads its kernels now, and one that fails
-    /// to run leaves its convolution to the fallback. Each choice is printed under `INGOT_LOG`.
+    /// Chooses how each convolution runs, outside any capture, on the zeroed allocation (a
+    /// convolution of zeros writes zeros): each of cuDNN's candidates ([`cudnn::candidates`])
+    /// and the fallback run once (cuDNN and the fallback load their kernels now) and then are
+    /// timed over three runs; the fastest is taken. The choice is kept for every later
+    /// convolution of the same shape in the process ([`cudnn::remembered`]), which then runs
+    /// without timing. Each choice (with its timings) is printed under `INGOT_LOG`.
     fn choose_convolutions(&mut self) -> Result<(), ExecError> {
-        let Some(h) = &self.cudnn else {
+        if self.cudnn.is_none() {
             return Ok(());
-        };
-        let parts = std::iter::once(&mut self.main).chain(self.eval.as_mut());
-        for (i, part) in parts.enumerate() {
+        }
+        for eval in [false, true] {
+            let part = match (eval, &self.eval) {
+                (false, _) => &self.main,
+                (true, Some(e)) => e,
+                (true, None) => break,
+            };
+            let mut chosen = Vec::new();
             for op in &part.program.ops {
                 let DeviceOp::Conv(c) = op else {
                     continue;
                 };
-                let tried = cudnn::choose(h, c).and_then(|run| {
-                    // SAFETY: the program's check put every byte of `c` inside the
-                    // allocation at `self.base`; the stream is the handle's.
-                    unsafe { run.enqueue(h, c, self.base) }?;
-                    self.stream
-                        .synchronize()
-                        .map_err(|e| format!("running it once: {e}"))?;
-                    Ok(run)
-                });
-                let choice = match tried {
-                    Ok(run) => {
-                        let choice = run.choice.clone();
-                        part.convs.insert(c.node, run);
-                        choice
-                    }
-                    Err(reason) => cudnn::ConvChoice {
-                        node: c.node,
-                        pass: c.pass,
-                        path: cudnn::ConvPath::Im2col { reason },
-                    },
-                };
+                let (run, choice) = self.time_convolution(part, c);
                 if cudnn::logging() {
-                    let which = if i == 0 { "step" } else { "eval step" };
+                    let which = if eval { "eval step" } else { "step" };
                     eprintln!("{which}: {choice}");
+                }
+                chosen.push((c.node, run, choice));
+            }
+            let part = if eval {
+                self.eval.as_mut().expect("an eval step")
+            } else {
+                &mut self.main
+            };
+            for (node, run, choice) in chosen {
+                if let Some(run) = run {
+                    part.convs.insert(node, run);
                 }
                 part.conv_choices.push(choice);
             }
         }
         Ok(())
+    }
+
+    /// How convolution `c` of `part` runs: the remembered choice for its shape, else the
+    /// fastest of cuDNN's candidates and the fallback, timed ([`Self::choose_convolutions`]).
+    fn time_convolution(
+        &self,
+        part: &Part,
+        c: &ingot_compiler::lower::cuda::Conv,
+    ) -> (Option<cudnn::ConvRun>, cudnn::ConvChoice) {
+        let h = self.cudnn.as_ref().expect("a cuDNN handle");
+        let choice = |path: cudnn::ConvPath, timings: String| cudnn::ConvChoice {
+            node: c.node,
+            pass: c.pass,
+            path,
+            timings,
+        };
+        let fallback = |reason: String, timings: String| {
+            (None, choice(cudnn::ConvPath::Im2col { reason }, timings))
+        };
+        let candidates = match cudnn::candidates(h, c) {
+            Ok(v) => v,
+            Err(reason) => return fallback(reason, String::new()),
+        };
+        if let Some(known) = cudnn::remembered(c) {
+            return match candidates.into_iter().find(|r| Some(r.algo()) == known) {
+                Some(run) => {
+                    let path = run.choice.path.clone();
+                    (Some(run), choice(path, String::new()))
+                }
+                None => fallback(
+                    "faster when a convolution of this shape was timed".into(),
+                    String::new(),
+                ),
+            };
+        }
+        // Milliseconds a run of `f` takes: one run (loading its kernels), then three timed.
+        let time = |f: &dyn Fn() -> Result<(), String>| -> Result<f32, String> {
+            let sync = || self.stream.synchronize().map_err(|e| e.to_string());
+            f()?;
+            sync()?;
+            self.start.record(&self.stream).map_err(|e| e.to_string())?;
+            for _ in 0..3 {
+                f()?;
+            }
+            self.stop.record(&self.stream).map_err(|e| e.to_string())?;
+            sync()?;
+            let ms = self
+                .start
+                .elapsed_ms(&self.stop)
+                .map_err(|e| e.to_string())?;
+            Ok(ms / 3.0)
+        };
+        let s = self.stream.cu_stream();
+        let im2col = time(&|| {
+            for op in &c.fallback {
+                self.enqueue_on(part, op, s).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        let mut timings = vec![match &im2col {
+            Ok(ms) => format!("im2col {ms:.3} ms"),
+            Err(e) => format!("im2col failed ({e})"),
+        }];
+        let mut best: Option<(f32, cudnn::ConvRun)> = None;
+        for run in candidates {
+            let name = match &run.choice.path {
+                cudnn::ConvPath::Cudnn { algo, .. } => algo.clone(),
+                _ => String::new(),
+            };
+            // SAFETY: the program's check put every byte of `c` inside the allocation at
+            // `self.base`; the stream is the handle's.
+            let timed = time(&|| unsafe { run.enqueue(h, c, self.base) });
+            match timed {
+                Ok(ms) => {
+                    timings.push(format!("{name} {ms:.3} ms"));
+                    if best.as_ref().is_none_or(|(b, _)| ms < *b) {
+                        best = Some((ms, run));
+                    }
+                }
+                Err(e) => timings.push(format!("{name} failed ({e})")),
+            }
+        }
+        let timings = timings.join(", ");
+        let im2col = im2col.ok();
+        match (best, im2col) {
+            (Some((ms, run)), f) if f.is_none_or(|f| ms < f) => {
+                cudnn::remember(c, Some(run.algo()));
+                let path = run.choice.path.clone();
+                (Some(run), choice(path, timings))
+            }
+            (None, _) => fallback("every cuDNN algorithm failed to run".into(), timings),
+            _ => {
+                cudnn::remember(c, None);
+                fallback("faster than cuDNN's algorithms".into(), timings)
+            }
+        }
     }
 
     /// What each convolution of the training step runs as (cuDNN's algorithm and workspace,
@@ -637,6 +734,7 @@ impl CudaStep {
                 };
                 p.convs.clear();
                 for c in &mut p.conv_choices {
+                    c.timings.clear();
                     c.path = cudnn::ConvPath::Im2col {
                         reason: "the capture with cuDNN failed".into(),
                     };
@@ -1318,21 +1416,15 @@ unsafe fn set_capture_dependencies(
 }
 
 /// The CUDA program of `exe`; an error naming its target if it was lowered for another.
-/// A cuDNN handle on `stream` for a program with convolutions; `None` (said once on stderr)
-/// where `INGOT_CONV=im2col` asks for the fallback or cuDNN does not load.
+/// A cuDNN handle on `stream` for a program with convolutions where `INGOT_CONV=cudnn` asks
+/// for it; `None` by default (the fallback) or where cuDNN does not load (said once on
+/// stderr).
 fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>, ExecError> {
-    let setting =
-        cudnn::conv_setting(std::env::var(cudnn::CONV_PATH).ok().as_deref()).map_err(|reason| {
-            ExecError::Device {
-                what: "choosing the convolutions' path".into(),
-                reason,
-            }
-        })?;
+    let setting = cudnn::conv_path().map_err(|reason| ExecError::Device {
+        what: "choosing the convolutions' path".into(),
+        reason,
+    })?;
     if setting == cudnn::ConvSetting::Im2col {
-        cudnn::say_once(
-            "im2col",
-            "INGOT_CONV=im2col: convolutions run as im2col + cuBLAS GEMMs, not cuDNN",
-        );
         return Ok(None);
     }
     let handle = cudnn::load().and_then(|lib| {
