@@ -361,7 +361,8 @@ output \"loss\" = %8
         panic!("not a CUDA program")
     };
     let mut gemms: BTreeMap<u32, usize> = BTreeMap::new();
-    for op in &p.ops {
+    // The im2col path's GEMMs: each convolution's fallback.
+    for op in p.all_ops() {
         if let DeviceOp::Gemm(gemm) = op {
             *gemms.entry(gemm.node.0).or_default() += 1;
         }

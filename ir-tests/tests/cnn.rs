@@ -210,9 +210,9 @@ fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_p
             assert!(planned.bytes >= ws.total, "{precision:?} %{}", id.index());
             // Four images fit in one chunk: one GEMM per group.
             assert_eq!(ws.samples, 4);
+            // The im2col path: the cuDNN operation's fallback.
             let gemms: Vec<_> = p
-                .ops
-                .iter()
+                .all_ops()
                 .filter_map(|op| match op {
                     DeviceOp::Gemm(gm) if gm.node == id => Some(gm),
                     _ => None,
@@ -259,8 +259,7 @@ fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first
         assert!(ws.column_bytes + ws.side.map_or(0, |s| s.1) <= COLUMN_BUDGET || ws.samples == 1);
         assert_eq!(batch % ws.samples, 0);
         let gemms: Vec<bool> = p
-            .ops
-            .iter()
+            .all_ops()
             .filter_map(|op| match op {
                 DeviceOp::Gemm(gm) if gm.node == id => Some(gm.accumulate),
                 _ => None,
@@ -366,8 +365,7 @@ fn a_convolution_at_the_peak_runs_smaller_chunks_and_the_plan_is_smaller() {
         assert!(ran.total <= exe.plan().workspace(id).unwrap().bytes);
         smaller += usize::from(ran.samples < most.samples);
         let gemms = p
-            .ops
-            .iter()
+            .all_ops()
             .filter(|op| matches!(op, DeviceOp::Gemm(gm) if gm.node == id))
             .count();
         assert_eq!(gemms, batch / ran.samples, "%{}", id.index());

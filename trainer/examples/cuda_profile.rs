@@ -222,6 +222,17 @@ fn describe(op: &DeviceOp, g: &Graph, program: &Program) -> (&'static str, Strin
                 gm.m, gm.n, gm.k, gm.batch, gm.trans_first, gm.trans_second
             ),
         ),
+        DeviceOp::Conv(c) => (
+            "convolution",
+            format!(
+                "conv {} {:?} {:?} groups={} (or {} fallback ops)",
+                c.pass.name(),
+                c.dtype,
+                c.dims,
+                c.dims.groups,
+                c.fallback.len()
+            ),
+        ),
         DeviceOp::Launch { node, kernel, .. } => {
             let n = g.node(*node);
             let desc = match &n.op {

@@ -16,8 +16,10 @@
 //!   the slab;
 //! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output, the
 //!   launches that sort its positions by id in its workspace, and one that sums into it;
-//! - a convolution: per chunk of images, im2col (col2im) launches and cuBLAS GEMMs through a
-//!   column buffer in its workspace; max pooling: one launch (the `window` module);
+//! - a convolution pass: one cuDNN convolution ([`conv::Conv`], its algorithm chosen when the
+//!   step is loaded), holding as its fallback, per chunk of images, im2col (col2im) launches
+//!   and cuBLAS GEMMs through a column buffer in its workspace; max pooling: one launch (the
+//!   `window` module);
 //! - attention: one launch of the fused forward kernel ([`ingot_kernels::cuda::attention`]);
 //!   its backward pass three launches, with `delta` in the node's planned workspace;
 //! - leaves, reshapes and kernel results: nothing (the host writes leaves; a reshape is a view;
@@ -32,12 +34,14 @@
 //! program) and `window` (convolutions and pooling).
 
 mod check;
+pub mod conv;
 pub mod gemm;
 mod lowering;
 pub mod program;
 mod window;
 pub mod workspace;
 
+pub use conv::{Conv, ConvDims, ConvPass};
 pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
@@ -50,5 +54,7 @@ pub use workspace::{
     CUBLAS_WORKSPACE,
 };
 
+#[cfg(test)]
+mod conv_tests;
 #[cfg(test)]
 mod tests;

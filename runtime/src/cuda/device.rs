@@ -15,7 +15,18 @@
 //!
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
+//!
+//! Convolutions ([`DeviceOp::Conv`]) run their im2col fallback unless `INGOT_CONV=cudnn`
+//! asks for cuDNN (opt-in: measured slower for now, [`super::cudnn`]); then, where it loads, a
+//! handle on the step's stream is made with cuBLAS's, and once the allocation is made each
+//! convolution's deterministic algorithms that fit its planned workspace and its fallback are
+//! timed on the zeroed allocation (which stays zero: a convolution of zeros is zeros, and the
+//! allocation is zeroed again after), the fastest taken; so cuDNN also loads its kernels
+//! outside the capture. A
+//! convolution cuDNN does not take, or every one where cuDNN is missing (said once on stderr),
+//! runs its fallback's im2col ops; `INGOT_LOG=1` prints each choice.
 
+use super::cudnn;
 use super::ptx;
 use crate::error::ExecError;
 use crate::executor::StepExecutor;
@@ -75,6 +86,8 @@ pub struct CudaStep {
     /// next free SMs ahead of the compute kernels queued beside them. `None` for one rank.
     collectives: Option<Arc<CudaStream>>,
     blas: cudarc::cublas::CudaBlas,
+    /// A cuDNN handle on `stream`, where the program has convolutions and cuDNN loads.
+    cudnn: Option<cudnn::Handle>,
     base: sys::CUdeviceptr,
     bytes: usize,
     start: CudaEvent,
@@ -146,6 +159,10 @@ struct Part {
     location: Vec<Location>,
     functions: Vec<CudaFunction>,
     exec: Option<CudaGraph>,
+    /// The convolutions that run through cuDNN, by node; the others run their fallback.
+    convs: std::collections::HashMap<NodeId, cudnn::ConvRun>,
+    /// What each convolution runs as, in program order.
+    conv_choices: Vec<cudnn::ConvChoice>,
 }
 
 /// Whether a CUDA driver and a GPU are there; the error says which is missing.
@@ -319,8 +336,7 @@ impl CudaStep {
         // A step compiled in tf32 (its GEMMs' compute type `Tf32`, which
         // `GemmStridedBatchedEx` takes) runs with the TF32 math mode, as it always has.
         let tf32 = program
-            .ops
-            .iter()
+            .all_ops()
             .any(|op| matches!(op, DeviceOp::Gemm(g) if g.compute == Compute::Tf32));
         let mode = if tf32 {
             blas::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
@@ -331,6 +347,12 @@ impl CudaStep {
         cublas("setting cuBLAS's math mode", unsafe {
             blas::cublasSetMathMode(*blas.handle(), mode)
         })?;
+        let has_convs = |p: &Program| p.ops.iter().any(|op| matches!(op, DeviceOp::Conv(_)));
+        let cudnn = if has_convs(&program) || eval_program.as_ref().is_some_and(has_convs) {
+            cudnn_handle(&stream)?
+        } else {
+            None
+        };
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(driver("creating an event"))?;
@@ -384,6 +406,8 @@ impl CudaStep {
                 location,
                 functions,
                 exec: None,
+                convs: Default::default(),
+                conv_choices: Vec::new(),
             }
         };
         let main = part(exe, program, functions);
@@ -398,6 +422,7 @@ impl CudaStep {
             stream,
             collectives,
             blas,
+            cudnn,
             base,
             bytes,
             start,
@@ -420,7 +445,158 @@ impl CudaStep {
         };
         // SAFETY: the allocation is `bytes` long.
         unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
+        let mut step = step;
+        if step.cudnn.is_some() {
+            step.choose_convolutions()?;
+            // SAFETY: as above; the convolutions run on the zeroed allocation have finished.
+            unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
+        }
         Ok(step)
+    }
+
+    /// Chooses how each convolution runs, outside any capture, on the zeroed allocation (a
+    /// convolution of zeros writes zeros): each of cuDNN's candidates ([`cudnn::candidates`])
+    /// and the fallback run once (cuDNN and the fallback load their kernels now) and then are
+    /// timed over three runs; the fastest is taken. The choice is kept for every later
+    /// convolution of the same shape in the process ([`cudnn::remembered`]), which then runs
+    /// without timing. Each choice (with its timings) is printed under `INGOT_LOG`.
+    fn choose_convolutions(&mut self) -> Result<(), ExecError> {
+        if self.cudnn.is_none() {
+            return Ok(());
+        }
+        for eval in [false, true] {
+            let part = match (eval, &self.eval) {
+                (false, _) => &self.main,
+                (true, Some(e)) => e,
+                (true, None) => break,
+            };
+            let mut chosen = Vec::new();
+            for op in &part.program.ops {
+                let DeviceOp::Conv(c) = op else {
+                    continue;
+                };
+                let (run, choice) = self.time_convolution(part, c);
+                if cudnn::logging() {
+                    let which = if eval { "eval step" } else { "step" };
+                    eprintln!("{which}: {choice}");
+                }
+                chosen.push((c.node, run, choice));
+            }
+            let part = if eval {
+                self.eval.as_mut().expect("an eval step")
+            } else {
+                &mut self.main
+            };
+            for (node, run, choice) in chosen {
+                if let Some(run) = run {
+                    part.convs.insert(node, run);
+                }
+                part.conv_choices.push(choice);
+            }
+        }
+        Ok(())
+    }
+
+    /// How convolution `c` of `part` runs: the remembered choice for its shape, else the
+    /// fastest of cuDNN's candidates and the fallback, timed ([`Self::choose_convolutions`]).
+    fn time_convolution(
+        &self,
+        part: &Part,
+        c: &ingot_compiler::lower::cuda::Conv,
+    ) -> (Option<cudnn::ConvRun>, cudnn::ConvChoice) {
+        let h = self.cudnn.as_ref().expect("a cuDNN handle");
+        let choice = |path: cudnn::ConvPath, timings: String| cudnn::ConvChoice {
+            node: c.node,
+            pass: c.pass,
+            path,
+            timings,
+        };
+        let fallback = |reason: String, timings: String| {
+            (None, choice(cudnn::ConvPath::Im2col { reason }, timings))
+        };
+        let candidates = match cudnn::candidates(h, c) {
+            Ok(v) => v,
+            Err(reason) => return fallback(reason, String::new()),
+        };
+        if let Some(known) = cudnn::remembered(c) {
+            return match candidates.into_iter().find(|r| Some(r.algo()) == known) {
+                Some(run) => {
+                    let path = run.choice.path.clone();
+                    (Some(run), choice(path, String::new()))
+                }
+                None => fallback(
+                    "faster when a convolution of this shape was timed".into(),
+                    String::new(),
+                ),
+            };
+        }
+        // Milliseconds a run of `f` takes: one run (loading its kernels), then three timed.
+        let time = |f: &dyn Fn() -> Result<(), String>| -> Result<f32, String> {
+            let sync = || self.stream.synchronize().map_err(|e| e.to_string());
+            f()?;
+            sync()?;
+            self.start.record(&self.stream).map_err(|e| e.to_string())?;
+            for _ in 0..3 {
+                f()?;
+            }
+            self.stop.record(&self.stream).map_err(|e| e.to_string())?;
+            sync()?;
+            let ms = self
+                .start
+                .elapsed_ms(&self.stop)
+                .map_err(|e| e.to_string())?;
+            Ok(ms / 3.0)
+        };
+        let s = self.stream.cu_stream();
+        let im2col = time(&|| {
+            for op in &c.fallback {
+                self.enqueue_on(part, op, s).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        let mut timings = vec![match &im2col {
+            Ok(ms) => format!("im2col {ms:.3} ms"),
+            Err(e) => format!("im2col failed ({e})"),
+        }];
+        let mut best: Option<(f32, cudnn::ConvRun)> = None;
+        for run in candidates {
+            let name = match &run.choice.path {
+                cudnn::ConvPath::Cudnn { algo, .. } => algo.clone(),
+                _ => String::new(),
+            };
+            // SAFETY: the program's check put every byte of `c` inside the allocation at
+            // `self.base`; the stream is the handle's.
+            let timed = time(&|| unsafe { run.enqueue(h, c, self.base) });
+            match timed {
+                Ok(ms) => {
+                    timings.push(format!("{name} {ms:.3} ms"));
+                    if best.as_ref().is_none_or(|(b, _)| ms < *b) {
+                        best = Some((ms, run));
+                    }
+                }
+                Err(e) => timings.push(format!("{name} failed ({e})")),
+            }
+        }
+        let timings = timings.join(", ");
+        let im2col = im2col.ok();
+        match (best, im2col) {
+            (Some((ms, run)), f) if f.is_none_or(|f| ms < f) => {
+                cudnn::remember(c, Some(run.algo()));
+                let path = run.choice.path.clone();
+                (Some(run), choice(path, timings))
+            }
+            (None, _) => fallback("every cuDNN algorithm failed to run".into(), timings),
+            _ => {
+                cudnn::remember(c, None);
+                fallback("faster than cuDNN's algorithms".into(), timings)
+            }
+        }
+    }
+
+    /// What each convolution of the training step runs as (cuDNN's algorithm and workspace,
+    /// or the fallback and why), in program order; empty without convolutions.
+    pub fn conv_choices(&self) -> &[cudnn::ConvChoice] {
+        &self.main.conv_choices
     }
 
     /// The rest of loading: the allocation registered as the rank's symmetric window (where
@@ -445,10 +621,10 @@ impl CudaStep {
         step.connect_collectives()?;
         let (free_after, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
         step.memory.collectives = before.saturating_sub(free_after);
-        let graph = step.capture(&step.main, None)?;
+        let graph = step.capture_or_fall_back(false)?;
         step.main.exec = Some(graph);
-        if let Some(eval) = &step.eval {
-            let graph = step.capture(eval, None)?;
+        if step.eval.is_some() {
+            let graph = step.capture_or_fall_back(true)?;
             step.eval.as_mut().expect("loaded").exec = Some(graph);
         }
         let (free_graph, _) = result::mem_get_info().map_err(driver("reading free memory"))?;
@@ -533,6 +709,40 @@ impl CudaStep {
 
     pub fn options(&self) -> CudaOptions {
         self.opts
+    }
+
+    /// Captures the training step (the evaluation step where `eval`); where that fails with
+    /// convolutions through cuDNN, says so and captures it again with every convolution on its
+    /// fallback.
+    fn capture_or_fall_back(&mut self, eval: bool) -> Result<CudaGraph, ExecError> {
+        fn part(s: &CudaStep, eval: bool) -> &Part {
+            match (eval, &s.eval) {
+                (true, Some(e)) => e,
+                _ => &s.main,
+            }
+        }
+        match self.capture(part(self, eval), None) {
+            Err(e) if !part(self, eval).convs.is_empty() => {
+                eprintln!(
+                    "warning: capturing the step with its convolutions through cuDNN failed \
+                     ({e}); they run as im2col + cuBLAS instead"
+                );
+                let p = if eval {
+                    self.eval.as_mut().expect("an eval step")
+                } else {
+                    &mut self.main
+                };
+                p.convs.clear();
+                for c in &mut p.conv_choices {
+                    c.timings.clear();
+                    c.path = cudnn::ConvPath::Im2col {
+                        reason: "the capture with cuDNN failed".into(),
+                    };
+                }
+                self.capture(part(self, eval), None)
+            }
+            other => other,
+        }
     }
 
     /// Records every operation of `part` on the stream, in capture mode, into one graph; with
@@ -824,6 +1034,17 @@ impl CudaStep {
                     .map_err(|e| self.at(part, *node, "launching", e.to_string()))?;
                 }
                 DeviceOp::Gemm(g) => self.gemm(part, g)?,
+                DeviceOp::Conv(c) => match (part.convs.get(&c.node), &self.cudnn) {
+                    // SAFETY: the program's check put every byte of `c` inside the
+                    // allocation; the handle's stream is `s`.
+                    (Some(run), Some(h)) => unsafe { run.enqueue(h, c, self.base) }
+                        .map_err(|e| self.at(part, c.node, "recording", e))?,
+                    _ => {
+                        for op in &c.fallback {
+                            self.enqueue_on(part, op, s)?;
+                        }
+                    }
+                },
                 DeviceOp::Zero { offset, bytes } => {
                     // SAFETY: inside the allocation (checked by the program's check).
                     unsafe { result::memset_d8_async(self.base + *offset as u64, 0, *bytes, s) }
@@ -1195,6 +1416,39 @@ unsafe fn set_capture_dependencies(
 }
 
 /// The CUDA program of `exe`; an error naming its target if it was lowered for another.
+/// A cuDNN handle on `stream` for a program with convolutions where `INGOT_CONV=cudnn` asks
+/// for it; `None` by default (the fallback) or where cuDNN does not load (said once on
+/// stderr).
+fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>, ExecError> {
+    let setting = cudnn::conv_path().map_err(|reason| ExecError::Device {
+        what: "choosing the convolutions' path".into(),
+        reason,
+    })?;
+    if setting == cudnn::ConvSetting::Im2col {
+        return Ok(None);
+    }
+    let handle = cudnn::load().and_then(|lib| {
+        let h = cudnn::Handle::new(lib, stream)?;
+        if cudnn::logging() {
+            cudnn::say_once(
+                "loaded",
+                &format!("cuDNN {} loaded from {}", lib.version, lib.path),
+            );
+        }
+        Ok(h)
+    });
+    match handle {
+        Ok(h) => Ok(Some(h)),
+        Err(e) => {
+            cudnn::say_once(
+                "missing",
+                &format!("warning: convolutions run as im2col + cuBLAS GEMMs, not cuDNN: {e}"),
+            );
+            Ok(None)
+        }
+    }
+}
+
 fn cuda_program(exe: &Executable) -> Result<Program, ExecError> {
     match exe.program() {
         lower::Program::Cuda(p) => Ok(p.clone()),
@@ -1357,6 +1611,12 @@ impl Drop for CudaStep {
         if let Some(e) = &mut self.eval {
             e.exec = None;
         }
+        // The convolutions' descriptors and cuDNN's handle, while the context lives.
+        self.main.convs.clear();
+        if let Some(e) = &mut self.eval {
+            e.convs.clear();
+        }
+        self.cudnn = None;
         // Then the window over it (before the memory and the communicator go), and it.
         if let (Some(w), Some(comm)) = (self.window.take(), &self.comm) {
             // SAFETY: registered in `finish`, deregistered once; the stream is idle.

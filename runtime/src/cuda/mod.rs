@@ -9,6 +9,7 @@
 //! - [`require`]: whether a GPU test runs, skips or fails (`INGOT_REQUIRE_GPU`);
 //! - [`libsearch`]: finding a library PyTorch's Python packages hold, and loading it;
 //! - [`nccl`]: NCCL, found and bound at run time;
+//! - [`cudnn`]: cuDNN, found and bound at run time, for the convolutions;
 //! - [`ranks`]: the GPUs of a data-parallel step, one rank each, averaging over NCCL;
 //! - [`process`]: one rank of a job of one process per GPU (`--torchrun`);
 //! - [`timeline`]: where time goes inside the step's graph, from a stamp after each operation.
@@ -16,6 +17,7 @@
 //! The check of every kernel against the CPU (a model's, or random ones) is test code: the
 //! dev-only `ingot-testkit` crate's `kernel_check`.
 
+pub mod cudnn;
 pub mod device;
 pub mod libsearch;
 pub mod nccl;

@@ -48,7 +48,7 @@ impl Program {
                 )));
             }
         }
-        for op in &self.ops {
+        for op in self.all_ops() {
             if let DeviceOp::Launch { kernel, .. } = op {
                 if *kernel >= self.kernels.len() {
                     return Err(invalid(format!(
@@ -104,8 +104,35 @@ impl Program {
                 self.total_bytes
             ),
         };
-        for op in &self.ops {
+        for op in self.all_ops() {
             match op {
+                DeviceOp::Conv(c) => {
+                    let [x, w, y] = c.tensors();
+                    let named = [("x", x), ("w", w), ("y", y), ("workspace", c.workspace)];
+                    if let Some((what, l)) = named.iter().find(|(_, l)| !fits(l.offset, l.bytes)) {
+                        return Err(bad(format!(
+                            "convolution node %{}: its {what}, {} bytes at {}",
+                            c.node.index(),
+                            l.bytes,
+                            l.offset
+                        )));
+                    }
+                    // The fallback runs in the convolution's place, in one chain: launches
+                    // and GEMMs of this node only.
+                    if let Some(op) = c.fallback.iter().find(|op| {
+                        !matches!(op, DeviceOp::Launch { .. } | DeviceOp::Gemm(_))
+                            || op.node() != Some(c.node)
+                    }) {
+                        return Err(LowerError::Invalid {
+                            op: "cuda lowering",
+                            reason: format!(
+                                "the fallback of convolution node %{} holds {op:?}: only the \
+                                 node's launches and GEMMs may stand in for it",
+                                c.node.index()
+                            ),
+                        });
+                    }
+                }
                 DeviceOp::Launch { node, args, .. } => {
                     if let Some(a) = args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
                         return Err(bad(format!("an argument of node %{} at {a}", node.index())));

@@ -585,7 +585,7 @@ impl Lowering<'_> {
 
     /// Records what the op just pushed for `node` touches: it reads the node's operands and
     /// writes `writes`.
-    fn touched(&mut self, node: NodeId, writes: SmallVec<[Location; 2]>) {
+    pub(super) fn touched(&mut self, node: NodeId, writes: SmallVec<[Location; 2]>) {
         let reads = self
             .g
             .node(node)

@@ -1,6 +1,7 @@
 //! The CUDA program's format: the device operations of one step, the kernels they launch, the
 //! bytes each touches and what each waits for; stored in the step executable as is.
 
+use super::conv::Conv;
 use super::gemm::Gemm;
 use crate::ir::{DType, NodeId};
 use crate::lower::deps::Touch;
@@ -20,6 +21,8 @@ pub enum DeviceOp {
         args: SmallVec<[usize; 8]>,
     },
     Gemm(Gemm),
+    /// A convolution pass through cuDNN, with its im2col ops as the fallback ([`Conv`]).
+    Conv(Conv),
     /// Set `bytes` bytes at `offset` to zero.
     Zero {
         offset: usize,
@@ -78,8 +81,19 @@ impl DeviceOp {
             | DeviceOp::AllGather { node, .. }
             | DeviceOp::ReduceScatter { node, .. } => Some(*node),
             DeviceOp::Gemm(gm) => Some(gm.node),
+            DeviceOp::Conv(c) => Some(c.node),
             DeviceOp::Zero { .. } | DeviceOp::Copy { .. } => None,
         }
+    }
+
+    /// The operation and, for a convolution, its fallback's operations after it: every
+    /// operation the runtime may run for this one.
+    pub fn with_fallback(&self) -> impl Iterator<Item = &DeviceOp> + '_ {
+        let fallback: &[DeviceOp] = match self {
+            DeviceOp::Conv(c) => &c.fallback,
+            _ => &[],
+        };
+        std::iter::once(self).chain(fallback)
     }
 
     /// True for the data-parallel collectives, which every rank runs in the same order.
@@ -121,13 +135,21 @@ impl Program {
         s
     }
 
-    /// Kernel launches, GEMMs, memsets and copies per step.
+    /// Every operation the runtime may run: the program's, each convolution followed by its
+    /// fallback's ([`DeviceOp::with_fallback`]).
+    pub fn all_ops(&self) -> impl Iterator<Item = &DeviceOp> + '_ {
+        self.ops.iter().flat_map(DeviceOp::with_fallback)
+    }
+
+    /// Kernel launches, GEMMs, cuDNN convolutions, memsets and copies per step (a
+    /// convolution's fallback not counted: it runs only in place of the convolution).
     pub fn counts(&self) -> OpCounts {
         let mut c = OpCounts::default();
         for op in &self.ops {
             match op {
                 DeviceOp::Launch { .. } => c.launches += 1,
                 DeviceOp::Gemm(_) => c.gemms += 1,
+                DeviceOp::Conv(_) => c.convs += 1,
                 DeviceOp::Zero { .. } => c.memsets += 1,
                 DeviceOp::Copy { .. } => c.copies += 1,
                 DeviceOp::AllReduce { .. } => c.all_reduces += 1,
@@ -174,6 +196,14 @@ impl Program {
             c.memsets,
             c.copies
         );
+        if c.convs > 0 {
+            let fallback = self.all_ops().count() - self.ops.len();
+            let _ = writeln!(
+                out,
+                "{} cuDNN convolutions, with {fallback} im2col launches and GEMMs as their fallback",
+                c.convs
+            );
+        }
         let _ = writeln!(
             out,
             "dependency graph: {edges} edges, {} operations deep, at most {} at one depth",
@@ -233,6 +263,9 @@ impl Program {
 pub struct OpCounts {
     pub launches: usize,
     pub gemms: usize,
+    /// Convolution passes through cuDNN ([`DeviceOp::Conv`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub convs: usize,
     pub memsets: usize,
     pub copies: usize,
     /// Gradient buckets averaged over the data-parallel ranks (0 for one rank).
@@ -241,4 +274,8 @@ pub struct OpCounts {
     pub all_gathers: usize,
     /// Gradient buckets of which each rank keeps its rows of the sum (a sharded optimizer's).
     pub reduce_scatters: usize,
+}
+
+fn is_zero(x: &usize) -> bool {
+    *x == 0
 }

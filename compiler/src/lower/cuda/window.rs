@@ -1,7 +1,7 @@
-//! The CUDA lowering of the sliding-window ops (`Op::Window`): a convolution becomes, a chunk
-//! of images at a time, im2col (or col2im) launches around cuBLAS GEMMs, through a column
-//! buffer in the node's planned workspace ([`ingot_kernels::cuda::window`] says the layout);
-//! max pooling is one launch.
+//! The CUDA lowering of the sliding-window ops (`Op::Window`): a convolution becomes one cuDNN
+//! operation ([`Conv`]) holding, as its fallback, a chunk of images at a time, im2col (or
+//! col2im) launches around cuBLAS GEMMs, through a column buffer in the node's planned
+//! workspace ([`ingot_kernels::cuda::window`] says the layout); max pooling is one launch.
 //!
 //! The chunk is at most the largest divisor of the batch whose column buffer (and, for the
 //! weight gradient, the rearranged `dy`) fits in [`COLUMN_BUDGET`]: the whole batch at once
@@ -11,6 +11,7 @@
 //! than raise it; the lowering runs the largest chunk the planned workspace holds. The plan
 //! knows every workspace before anything runs, and nothing is allocated at run time.
 
+use super::conv::{Conv, ConvDims, ConvPass};
 use super::lowering::Lowering;
 use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
 use crate::ir::{DType, Graph, NodeId, WindowOp};
@@ -336,6 +337,10 @@ impl Lowering<'_> {
             bytes: s * per_image,
         };
         let loc = |i: usize| self.location[node.inputs[i].index()];
+        // The im2col ops are lowered as before, then taken out as the fallback of one cuDNN
+        // operation in their place.
+        let start = self.ops.len();
+        let (a, b) = (loc(0).offset, loc(1).offset);
         let chunks = geo.batch / s;
         let col_ld = s * p;
         match layout.pass {
@@ -401,6 +406,28 @@ impl Lowering<'_> {
                 }
             }
         }
+        let fallback: Vec<DeviceOp> = self.ops.drain(start..).collect();
+        self.touches.truncate(start);
+        let (x, w, y) = match layout.pass {
+            Pass::Forward => (a, b, here.offset),
+            Pass::GradInput => (here.offset, b, a),
+            Pass::GradWeight => (a, here.offset, b),
+        };
+        self.ops.push(DeviceOp::Conv(Conv {
+            node: id,
+            pass: ConvPass::of(layout.pass),
+            dims: ConvDims::of(&geo),
+            dtype: d,
+            compute,
+            x,
+            w,
+            y,
+            workspace: ws,
+            fallback,
+        }));
+        // It reads its operands and writes its result and the whole workspace, whichever
+        // path runs.
+        self.touched(id, smallvec![here, ws]);
         Ok(())
     }
 

@@ -1,0 +1,249 @@
+//! Tests of the convolutions' lowering to cuDNN operations: host logic, run without a GPU.
+
+use super::*;
+use crate::ir::{Conv2d, DType, Graph, Init, NodeId, Op};
+use crate::lower::Target;
+use crate::pipeline;
+use crate::plan::MemoryPlan;
+use crate::precision::Precision;
+
+/// `(in_ch, out_ch, kernel, stride, padding, dilation, groups)` of the convolution under test.
+type Layer = (usize, usize, usize, usize, usize, usize, usize);
+
+/// The convolutions checked: stride 2 with padding, dilation, groups, depthwise, 1x1, 7x7.
+const LAYERS: [Layer; 6] = [
+    (8, 16, 3, 2, 1, 1, 1),
+    (8, 8, 3, 1, 2, 2, 1),
+    (8, 12, 3, 1, 1, 1, 4),
+    (8, 8, 3, 1, 1, 1, 8),
+    (8, 16, 1, 1, 0, 1, 1),
+    (8, 4, 7, 2, 3, 1, 1),
+];
+
+/// The training step (SGD) of `x [2, 3, 14, 14] -> conv 3→8 (3x3, padding 1) -> layer`,
+/// loss the sum of the result, compiled for CUDA in `precision`: the layer's convolution has
+/// all three passes (its input is the first convolution's output, which needs a gradient).
+fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
+    let (cin, cout, k, stride, padding, dilation, groups) = layer;
+    let mut g = Graph::new();
+    let x = g.input("x", [2, 3, 14, 14], DType::F32).unwrap();
+    let init = Init::Normal { std: 0.1 };
+    let w0 = g.parameter("w0", [cin, 3, 3, 3], DType::F32, init).unwrap();
+    let w1 = (g.parameter("w1", [cout, cin / groups, k, k], DType::F32, init)).unwrap();
+    let c0 = Conv2d {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    let h = g.conv2d(x, w0, c0).unwrap();
+    let c1 = Conv2d {
+        stride: [stride; 2],
+        padding: [padding; 2],
+        dilation: [dilation; 2],
+        groups,
+    };
+    let o = g.conv2d(h, w1, c1).unwrap();
+    let l = g.sum_all(o).unwrap();
+    g.set_output(crate::autodiff::LOSS, l).unwrap();
+    let m = crate::models::Model {
+        name: "conv".into(),
+        graph: g,
+        eval_graph: None,
+        optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
+        precision,
+    };
+    pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
+}
+
+fn lowered(c: &pipeline::Compiled, precision: Precision) -> Program {
+    lower(&c.graph, &c.plan, precision).unwrap()
+}
+
+/// The convolution operations of `p`, by node.
+fn convs(p: &Program) -> Vec<&Conv> {
+    p.ops
+        .iter()
+        .filter_map(|op| match op {
+            DeviceOp::Conv(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The byte offset of node `id` under `plan`.
+fn at(g: &Graph, plan: &MemoryPlan, id: NodeId) -> usize {
+    plan.location(g, id).offset
+}
+
+#[test]
+fn every_convolution_pass_lowers_to_one_cudnn_operation_with_its_geometry_and_planned_bytes() {
+    for layer in LAYERS {
+        let c = conv_step(layer, Precision::F32);
+        let p = lowered(&c, Precision::F32);
+        let (g, plan) = (&c.graph, &c.plan);
+        let windows: Vec<NodeId> = g
+            .ids()
+            .filter(|&id| matches!(g.node(id).op, Op::Window(_)))
+            .collect();
+        let ops = convs(&p);
+        // Two forwards, two filter gradients, the second layer's data gradient.
+        assert_eq!(ops.len(), 5, "{layer:?}");
+        assert_eq!(windows.len(), 5, "{layer:?}");
+        let mut passes = Vec::new();
+        for op in ops {
+            let id = op.node;
+            let node = g.node(id);
+            let Op::Window(w) = &node.op else {
+                panic!("{layer:?}: a convolution op for {}", node.op.name())
+            };
+            let dims: Vec<&[usize]> = node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
+            let (geo, pass) = w.conv_geometry(&dims, node.ty.shape.dims()).unwrap();
+            assert_eq!(op.dims, ConvDims::of(&geo), "{layer:?}");
+            assert_eq!(op.pass, ConvPass::of(pass), "{layer:?}");
+            assert_eq!((op.dtype, op.compute), (DType::F32, Compute::F32));
+            let (a, b, here) = (
+                at(g, plan, node.inputs[0]),
+                at(g, plan, node.inputs[1]),
+                at(g, plan, id),
+            );
+            let expected = match op.pass {
+                ConvPass::Forward => (a, b, here),
+                ConvPass::Data => (here, b, a),
+                ConvPass::Filter => (a, here, b),
+            };
+            assert_eq!((op.x, op.w, op.y), expected, "{layer:?} {:?}", op.pass);
+            assert_eq!(Some(op.workspace), plan.workspace(id), "{layer:?}");
+            // The tensors' extents are the planned buffers'.
+            let (result, _) = op.result_and_operands();
+            assert_eq!(result, plan.location(g, id), "{layer:?} {:?}", op.pass);
+            passes.push(op.pass);
+            if op.dims.kernel == [layer.2; 2] && op.dims.in_ch == layer.0 {
+                let (_, _, k, s, pad, d, groups) = layer;
+                assert_eq!(op.dims.kernel, [k, k]);
+                assert_eq!(op.dims.stride, [s, s]);
+                assert_eq!(op.dims.padding, [pad, pad]);
+                assert_eq!(op.dims.dilation, [d, d]);
+                assert_eq!(op.dims.groups, groups);
+            }
+        }
+        passes.sort_by_key(|p| *p as u8);
+        use ConvPass::*;
+        assert_eq!(
+            passes,
+            [Forward, Forward, Data, Filter, Filter],
+            "{layer:?}"
+        );
+    }
+}
+
+#[test]
+fn a_convolutions_fallback_is_its_im2col_launches_and_gemms_chunk_by_chunk() {
+    for layer in LAYERS {
+        let c = conv_step(layer, Precision::F32);
+        let p = lowered(&c, Precision::F32);
+        for op in convs(&p) {
+            let ws = planned_conv_workspace(&c.graph, &c.plan, op.node).unwrap();
+            let chunks = op.dims.batch / ws.samples;
+            let launches = (op.fallback.iter())
+                .filter(|f| matches!(f, DeviceOp::Launch { .. }))
+                .count();
+            let gemms: Vec<&Gemm> = (op.fallback.iter())
+                .filter_map(|f| match f {
+                    DeviceOp::Gemm(g) => Some(g),
+                    _ => None,
+                })
+                .collect();
+            // im2col (col2im) per chunk; the filter gradient also lays dy side by side.
+            let per_chunk = if op.pass == ConvPass::Filter { 2 } else { 1 };
+            assert_eq!(launches, per_chunk * chunks, "{layer:?} {:?}", op.pass);
+            assert_eq!(launches + gemms.len(), op.fallback.len());
+            assert!(!gemms.is_empty());
+            assert!(op.fallback.iter().all(|f| f.node() == Some(op.node)));
+            for gm in gemms {
+                assert_eq!(gm.compute, Compute::F32);
+                // Inside the convolution's workspace: cuBLAS's part of it.
+                let (w, ws) = (gm.workspace, op.workspace);
+                assert!(w.offset >= ws.offset && w.offset + w.bytes <= ws.offset + ws.bytes);
+            }
+        }
+        // Every launch of the fallbacks names a kernel of the program.
+        p.check(p.total_bytes).unwrap();
+        assert!(p.all_ops().count() > p.ops.len());
+    }
+}
+
+#[test]
+fn a_tf32_or_bf16_step_convolves_in_its_precision() {
+    let layer = LAYERS[0];
+    for (precision, dtype, compute) in [
+        (Precision::Tf32, DType::F32, Compute::Tf32),
+        (Precision::Bf16, DType::BF16, Compute::Bf16F32),
+    ] {
+        let c = conv_step(layer, precision);
+        let p = lowered(&c, precision);
+        let ops = convs(&p);
+        assert_eq!(ops.len(), 5);
+        for op in ops {
+            assert_eq!((op.dtype, op.compute), (dtype, compute), "{precision:?}");
+            assert!(op.fallback.iter().all(|f| match f {
+                DeviceOp::Gemm(g) => g.compute == compute,
+                _ => true,
+            }));
+        }
+    }
+}
+
+#[test]
+fn a_convolution_reads_its_operands_and_writes_its_result_and_whole_workspace() {
+    let c = conv_step(LAYERS[2], Precision::F32);
+    let p = lowered(&c, Precision::F32);
+    for (i, op) in p.ops.iter().enumerate() {
+        let DeviceOp::Conv(conv) = op else { continue };
+        let (result, operands) = conv.result_and_operands();
+        let t = &p.touches[i];
+        assert_eq!(t.writes.as_slice(), [result, conv.workspace]);
+        for o in operands {
+            assert!(t.reads.contains(&o), "{:?} reads {:?}", conv.pass, t.reads);
+        }
+    }
+}
+
+#[test]
+fn a_damaged_convolution_is_refused_naming_it() {
+    let c = conv_step(LAYERS[0], Precision::F32);
+    let p = lowered(&c, Precision::F32);
+    let total = p.total_bytes;
+    let i = p
+        .ops
+        .iter()
+        .position(|op| matches!(op, DeviceOp::Conv(_)))
+        .unwrap();
+    let refused = |q: &Program, says: &str| {
+        let e = q.check(total).unwrap_err().to_string();
+        assert!(e.contains(says), "{says:?} not in {e}");
+    };
+    let mut q = p.clone();
+    if let DeviceOp::Conv(conv) = &mut q.ops[i] {
+        conv.y = total;
+    }
+    refused(&q, "convolution node");
+    let mut q = p.clone();
+    if let DeviceOp::Conv(conv) = &mut q.ops[i] {
+        conv.fallback.push(DeviceOp::Zero {
+            offset: 0,
+            bytes: 1,
+        });
+    }
+    refused(&q, "fallback");
+    let mut q = p.clone();
+    if let DeviceOp::Conv(conv) = &mut q.ops[i] {
+        if let Some(DeviceOp::Launch { kernel, .. }) = conv.fallback.first_mut() {
+            *kernel = 999;
+        }
+    }
+    refused(&q, "kernel 999");
+    // And the program's JSON form keeps every convolution and its fallback.
+    let back: Program = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+}

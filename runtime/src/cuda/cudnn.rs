@@ -1,0 +1,846 @@
+//! cuDNN, loaded at run time, for the step's convolutions ([`DeviceOp::Conv`]).
+//!
+//! Finding the library: [`super::libsearch`] looks for `libcudnn.so.9` in `INGOT_CUDNN_DIR`,
+//! every directory of `LD_LIBRARY_PATH`, Python's site-packages joined with `nvidia/cudnn/lib`
+//! (where PyTorch's CUDA wheels install cuDNN), then the system library directories; where it
+//! is in none, the dynamic loader's own search (`dlopen("libcudnn.so.9")`, its cache). The file
+//! found is opened with `RTLD_GLOBAL`, so that the sub-libraries cuDNN 9 opens by name
+//! (`libcudnn_cnn.so.9`, the engines) resolve beside it, and the functions used here are bound
+//! from that handle (as [`super::nccl`] binds NCCL's): cudarc's own cuDNN loader tries the
+//! names `libcudnn.so`, `libcudnn.so.13`, ... first, and could pick another cuDNN than the one
+//! found, and it panics where there is none. Only cuDNN 9 is taken (the bindings' version).
+//! Statuses and the heuristics' results are read as plain integers, so a value this build does
+//! not know is an error, never undefined behaviour; cudarc's `cudnn::sys` enums are only
+//! passed in.
+//!
+//! Opt-in, for now: the convolutions run their fallback (im2col + cuBLAS) unless
+//! `INGOT_CONV=cudnn` (or [`set_conv_path`]) asks for cuDNN. Measured on an H200 (2026-11-29,
+//! torchvision resnet50 imported, 224x224, batch 128, bf16): 507.8 ms a step through cuDNN as
+//! chosen here against 77.2 ms through im2col, with the same plan (5,337,981,440 bytes). Likely
+//! causes: NCHW bf16 tensors (cuDNN's tensor-core kernels want NHWC, so it transposes around
+//! them) and the heuristics' first deterministic algorithm not being a fast one (the
+//! deterministic filter and data gradients are `ALGO_1`). Timing the candidates at load, and
+//! NHWC layouts, are the next steps.
+//!
+//! Choosing: when a step is loaded, each convolution asks cuDNN's heuristics
+//! (`cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7`) for its algorithms
+//! and keeps those that succeed, are deterministic (the same bits on every run) and whose
+//! workspace fits the planned one ([`Conv::workspace`]) ([`candidates`]); the runtime then times
+//! each of them and the fallback on the zeroed allocation and takes the fastest, remembering
+//! the choice for every later convolution of the same shape in the process ([`remembered`]),
+//! so repeated layers are timed once and two loads in one process compute the same bits
+//! (another process may time differently and choose otherwise). A strict f32 step runs with
+//! the FMA math type (no TF32); a tf32 step allows TF32 tensor cores; bf16 tensors accumulate
+//! in f32 on tensor cores. Where none fits or runs, or cuDNN is missing, or it was not asked
+//! for, the convolution runs its fallback ([`Conv::fallback`]).
+
+use super::libsearch::{self, Library};
+use cudarc::cudnn::sys as dnn;
+use ingot_compiler::ir::{DType, NodeId};
+use ingot_compiler::lower::cuda::{Compute, Conv, ConvPass};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+/// cuDNN 9 as PyTorch's wheels ship it.
+pub const CUDNN: Library = Library {
+    file: "libcudnn.so.9",
+    env_dir: "INGOT_CUDNN_DIR",
+    python_subdirs: &["nvidia/cudnn/lib"],
+    install_hint: "install cuDNN 9 (`pip install nvidia-cudnn-cu12`, which PyTorch's CUDA wheels \
+                   bring) or set INGOT_CUDNN_DIR to the directory holding libcudnn.so.9",
+};
+
+/// The environment variable that picks the convolutions' path: `im2col` (the default: the
+/// fallback ops) or `cudnn` (opt-in; see the module docs for why).
+pub const CONV_PATH: &str = "INGOT_CONV";
+
+/// The environment variable that makes loading print each convolution's choice.
+pub const LOG: &str = "INGOT_LOG";
+
+/// Which path the convolutions take ([`CONV_PATH`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvSetting {
+    Cudnn,
+    Im2col,
+}
+
+/// [`CONV_PATH`]'s value read: unset or empty is im2col; anything but `cudnn` or `im2col`
+/// is an error naming both.
+pub fn conv_setting(value: Option<&str>) -> Result<ConvSetting, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("im2col") => Ok(ConvSetting::Im2col),
+        Some("cudnn") => Ok(ConvSetting::Cudnn),
+        Some(v) => Err(format!(
+            "{CONV_PATH}={v:?}: the convolutions' path is `im2col` (the default) or `cudnn`"
+        )),
+    }
+}
+
+/// The path set by [`set_conv_path`]: 0 none (read [`CONV_PATH`]), 1 cuDNN, 2 im2col.
+static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the convolutions' path for the steps this process loads from now on, over
+/// [`CONV_PATH`] (a program's or a test's choice).
+pub fn set_conv_path(setting: ConvSetting) {
+    let v = match setting {
+        ConvSetting::Cudnn => 1,
+        ConvSetting::Im2col => 2,
+    };
+    CHOSEN.store(v, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The convolutions' path a step loaded now takes: [`set_conv_path`]'s, else [`CONV_PATH`]'s.
+pub fn conv_path() -> Result<ConvSetting, String> {
+    match CHOSEN.load(std::sync::atomic::Ordering::SeqCst) {
+        1 => Ok(ConvSetting::Cudnn),
+        2 => Ok(ConvSetting::Im2col),
+        _ => conv_setting(std::env::var(CONV_PATH).ok().as_deref()),
+    }
+}
+
+type Status = u32;
+const SUCCESS: Status = 0;
+type Handle_ = *mut c_void;
+type Desc = *mut c_void;
+
+/// One of the heuristics' results (`cudnnConvolution*AlgoPerf_t`: the three share this
+/// layout), read as plain integers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Perf {
+    algo: u32,
+    status: u32,
+    time: f32,
+    memory: usize,
+    determinism: u32,
+    math_type: u32,
+    reserved: [c_int; 3],
+}
+
+const DETERMINISTIC: u32 = dnn::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32;
+
+type GetAlgorithms =
+    unsafe extern "C" fn(Handle_, Desc, Desc, Desc, Desc, c_int, *mut c_int, *mut Perf) -> Status;
+type Convolve = unsafe extern "C" fn(
+    Handle_,
+    *const c_void,
+    Desc,
+    *const c_void,
+    Desc,
+    *const c_void,
+    Desc,
+    u32,
+    *mut c_void,
+    usize,
+    *const c_void,
+    Desc,
+    *mut c_void,
+) -> Status;
+
+/// The functions of the loaded library.
+pub struct Cudnn {
+    /// Where it was loaded from.
+    pub path: String,
+    /// `cudnnGetVersion()`, e.g. 90100 for 9.1.0.
+    pub version: usize,
+    error_string: unsafe extern "C" fn(Status) -> *const c_char,
+    create: unsafe extern "C" fn(*mut Handle_) -> Status,
+    destroy: unsafe extern "C" fn(Handle_) -> Status,
+    set_stream: unsafe extern "C" fn(Handle_, *mut c_void) -> Status,
+    create_tensor: unsafe extern "C" fn(*mut Desc) -> Status,
+    set_tensor: unsafe extern "C" fn(
+        Desc,
+        dnn::cudnnTensorFormat_t,
+        dnn::cudnnDataType_t,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+    ) -> Status,
+    destroy_tensor: unsafe extern "C" fn(Desc) -> Status,
+    create_filter: unsafe extern "C" fn(*mut Desc) -> Status,
+    set_filter: unsafe extern "C" fn(
+        Desc,
+        dnn::cudnnDataType_t,
+        dnn::cudnnTensorFormat_t,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+    ) -> Status,
+    destroy_filter: unsafe extern "C" fn(Desc) -> Status,
+    create_conv: unsafe extern "C" fn(*mut Desc) -> Status,
+    set_conv: unsafe extern "C" fn(
+        Desc,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+        dnn::cudnnConvolutionMode_t,
+        dnn::cudnnDataType_t,
+    ) -> Status,
+    set_groups: unsafe extern "C" fn(Desc, c_int) -> Status,
+    set_math: unsafe extern "C" fn(Desc, u32) -> Status,
+    destroy_conv: unsafe extern "C" fn(Desc) -> Status,
+    forward_algorithms: GetAlgorithms,
+    data_algorithms: GetAlgorithms,
+    filter_algorithms: GetAlgorithms,
+    forward: Convolve,
+    data: Convolve,
+    filter: Convolve,
+}
+
+// SAFETY: function pointers into a library loaded for the process's life; cuDNN's functions
+// may be called from any thread.
+unsafe impl Send for Cudnn {}
+// SAFETY: as above; nothing in it changes after loading.
+unsafe impl Sync for Cudnn {}
+
+impl Cudnn {
+    fn check(&self, what: &str, status: Status) -> Result<(), String> {
+        if status == SUCCESS {
+            return Ok(());
+        }
+        // SAFETY: cuDNN returns a static string for any status value.
+        let text = unsafe {
+            let p = (self.error_string)(status);
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        Err(format!("{what}: cuDNN status {status} ({text})"))
+    }
+}
+
+/// cuDNN, loaded once per process (see the module docs for where it is looked for); the error
+/// says where it was looked for, or why the file found could not be used.
+pub fn load() -> Result<&'static Cudnn, String> {
+    static LIB: OnceLock<Result<Cudnn, String>> = OnceLock::new();
+    LIB.get_or_init(open).as_ref().map_err(Clone::clone)
+}
+
+fn open() -> Result<Cudnn, String> {
+    let (lib, path): (&'static libloading::Library, String) = match libsearch::find(&CUDNN) {
+        Ok(path) => (libsearch::preload(&path)?, path.display().to_string()),
+        Err(not_found) => {
+            // The loader's own search (its cache, the default directories) last.
+            // SAFETY: cuDNN's initialisers, found by its soname.
+            match unsafe { libloading::Library::new(CUDNN.file) } {
+                Ok(l) => (&*Box::leak(Box::new(l)), CUDNN.file.to_string()),
+                Err(_) => return Err(not_found.to_string()),
+            }
+        }
+    };
+    // SAFETY: each symbol is bound to the signature cuDNN 9's headers give it (enums as the
+    // 32-bit integers they are); the library stays loaded for the process's life.
+    unsafe {
+        macro_rules! bind {
+            ($name:literal) => {
+                *lib.get(concat!($name, "\0").as_bytes())
+                    .map_err(|e| format!("{path}: has no {}: {e}", $name))?
+            };
+        }
+        let get_version: unsafe extern "C" fn() -> usize = bind!("cudnnGetVersion");
+        let version = get_version();
+        if !(90000..100000).contains(&version) {
+            return Err(format!(
+                "{path} is cuDNN {version}, not cuDNN 9 (the version Ingot's bindings are for)"
+            ));
+        }
+        Ok(Cudnn {
+            path: path.clone(),
+            version,
+            error_string: bind!("cudnnGetErrorString"),
+            create: bind!("cudnnCreate"),
+            destroy: bind!("cudnnDestroy"),
+            set_stream: bind!("cudnnSetStream"),
+            create_tensor: bind!("cudnnCreateTensorDescriptor"),
+            set_tensor: bind!("cudnnSetTensor4dDescriptor"),
+            destroy_tensor: bind!("cudnnDestroyTensorDescriptor"),
+            create_filter: bind!("cudnnCreateFilterDescriptor"),
+            set_filter: bind!("cudnnSetFilter4dDescriptor"),
+            destroy_filter: bind!("cudnnDestroyFilterDescriptor"),
+            create_conv: bind!("cudnnCreateConvolutionDescriptor"),
+            set_conv: bind!("cudnnSetConvolution2dDescriptor"),
+            set_groups: bind!("cudnnSetConvolutionGroupCount"),
+            set_math: bind!("cudnnSetConvolutionMathType"),
+            destroy_conv: bind!("cudnnDestroyConvolutionDescriptor"),
+            forward_algorithms: bind!("cudnnGetConvolutionForwardAlgorithm_v7"),
+            data_algorithms: bind!("cudnnGetConvolutionBackwardDataAlgorithm_v7"),
+            filter_algorithms: bind!("cudnnGetConvolutionBackwardFilterAlgorithm_v7"),
+            forward: bind!("cudnnConvolutionForward"),
+            data: bind!("cudnnConvolutionBackwardData"),
+            filter: bind!("cudnnConvolutionBackwardFilter"),
+        })
+    }
+}
+
+/// A cuDNN handle bound to the step's stream (its convolutions are captured from it).
+pub struct Handle {
+    lib: &'static Cudnn,
+    raw: Handle_,
+}
+
+impl Handle {
+    /// A handle on `stream` (the step's) in the current context.
+    pub fn new(lib: &'static Cudnn, stream: &cudarc::driver::CudaStream) -> Result<Handle, String> {
+        let stream = stream.cu_stream() as *mut c_void;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: an out-pointer; the context is current on this thread (the caller's).
+        lib.check("creating a cuDNN handle", unsafe { (lib.create)(&mut raw) })?;
+        let h = Handle { lib, raw };
+        // SAFETY: a live handle and the step's stream.
+        lib.check("setting cuDNN's stream", unsafe {
+            (lib.set_stream)(raw, stream)
+        })?;
+        Ok(h)
+    }
+
+    pub fn library(&self) -> &'static Cudnn {
+        self.lib
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once, after the work on its stream.
+        let _ = unsafe { (self.lib.destroy)(self.raw) };
+    }
+}
+
+/// What a convolution runs as, once the step is loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvChoice {
+    pub node: NodeId,
+    pub pass: ConvPass,
+    pub path: ConvPath,
+    /// What each candidate took when timed at load (empty where the choice came from an
+    /// earlier one of the same shape, [`remembered`]).
+    pub timings: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConvPath {
+    /// cuDNN's algorithm (its name in cuDNN's enum), the workspace it needs and the planned
+    /// workspace it may use.
+    Cudnn {
+        algo: String,
+        workspace: usize,
+        planned: usize,
+    },
+    /// The fallback's im2col ops, and why.
+    Im2col { reason: String },
+}
+
+impl std::fmt::Display for ConvChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "convolution %{} ({}): ",
+            self.node.index(),
+            self.pass.name()
+        )?;
+        match &self.path {
+            ConvPath::Cudnn {
+                algo,
+                workspace,
+                planned,
+            } => write!(
+                f,
+                "cuDNN {algo}, workspace {workspace} of the {planned} bytes planned"
+            ),
+            ConvPath::Im2col { reason } => write!(f, "im2col + cuBLAS ({reason})"),
+        }?;
+        if !self.timings.is_empty() {
+            write!(f, "; timed: {}", self.timings)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a convolution of one shape (pass, sizes, dtype, compute type, planned workspace)
+/// chose when timed: cuDNN's algorithm, or `None` for the fallback. Kept for the process's
+/// life, so that every later one of the same shape (a ResNet's repeated layers, the next
+/// load of the same step) takes the same path without timing again, and two loads in one
+/// process compute the same bits.
+pub fn remembered(c: &Conv) -> Option<Option<u32>> {
+    let key = shape_key(c);
+    let timed = TIMED.lock().ok()?;
+    timed.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+}
+
+/// Records what a convolution shaped as `c` chose ([`remembered`]); the first record stays.
+pub fn remember(c: &Conv, algo: Option<u32>) {
+    let key = shape_key(c);
+    if let Ok(mut timed) = TIMED.lock() {
+        if !timed.iter().any(|(k, _)| *k == key) {
+            timed.push((key, algo));
+        }
+    }
+}
+
+/// [`remember`]'s records: (shape, choice), in the order first timed.
+static TIMED: std::sync::Mutex<Vec<(String, Option<u32>)>> = std::sync::Mutex::new(Vec::new());
+
+fn shape_key(c: &Conv) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {}",
+        c.pass, c.dims, c.dtype, c.compute, c.workspace.bytes
+    )
+}
+
+impl ConvRun {
+    /// cuDNN's value of the algorithm this runs.
+    pub fn algo(&self) -> u32 {
+        self.algo
+    }
+}
+
+/// A convolution's descriptors and chosen algorithm, ready to enqueue.
+pub struct ConvRun {
+    lib: &'static Cudnn,
+    pass: ConvPass,
+    x: Desc,
+    y: Desc,
+    w: Desc,
+    conv: Desc,
+    algo: u32,
+    double: bool,
+    pub choice: ConvChoice,
+}
+
+impl Drop for ConvRun {
+    fn drop(&mut self) {
+        let l = self.lib;
+        // SAFETY: each made once in `choose` (null where creation failed), destroyed once.
+        unsafe {
+            for d in [self.x, self.y] {
+                if !d.is_null() {
+                    (l.destroy_tensor)(d);
+                }
+            }
+            if !self.w.is_null() {
+                (l.destroy_filter)(self.w);
+            }
+            if !self.conv.is_null() {
+                (l.destroy_conv)(self.conv);
+            }
+        }
+    }
+}
+
+fn int(x: usize, what: &str) -> Result<c_int, String> {
+    c_int::try_from(x).map_err(|_| format!("{what} {x} exceeds cuDNN's 32-bit sizes"))
+}
+
+/// The data type of the tensors and of the arithmetic, and the math type a strict step
+/// runs with (`None`: the heuristics' own choice per algorithm).
+fn types(
+    dtype: DType,
+    compute: Compute,
+) -> Result<
+    (
+        dnn::cudnnDataType_t,
+        dnn::cudnnDataType_t,
+        dnn::cudnnMathType_t,
+    ),
+    String,
+> {
+    use dnn::cudnnDataType_t as T;
+    use dnn::cudnnMathType_t as M;
+    Ok(match (dtype, compute) {
+        (DType::F32, Compute::F32) => (T::CUDNN_DATA_FLOAT, T::CUDNN_DATA_FLOAT, M::CUDNN_FMA_MATH),
+        (DType::F32, Compute::Tf32) => (
+            T::CUDNN_DATA_FLOAT,
+            T::CUDNN_DATA_FLOAT,
+            M::CUDNN_DEFAULT_MATH,
+        ),
+        (DType::F64, Compute::F64) => (
+            T::CUDNN_DATA_DOUBLE,
+            T::CUDNN_DATA_DOUBLE,
+            M::CUDNN_DEFAULT_MATH,
+        ),
+        (DType::BF16, Compute::Bf16F32) => (
+            T::CUDNN_DATA_BFLOAT16,
+            T::CUDNN_DATA_FLOAT,
+            M::CUDNN_TENSOR_OP_MATH,
+        ),
+        (d, c) => {
+            return Err(format!(
+                "no cuDNN convolution of {d} tensors computing {c:?}"
+            ))
+        }
+    })
+}
+
+/// The algorithm names of each pass, by value (cuDNN 9's enums).
+fn algo_name(pass: ConvPass, algo: u32) -> String {
+    let names: &[&str] = match pass {
+        ConvPass::Forward => &[
+            "IMPLICIT_GEMM",
+            "IMPLICIT_PRECOMP_GEMM",
+            "GEMM",
+            "DIRECT",
+            "FFT",
+            "FFT_TILING",
+            "WINOGRAD",
+            "WINOGRAD_NONFUSED",
+        ],
+        ConvPass::Data => &[
+            "ALGO_0",
+            "ALGO_1",
+            "FFT",
+            "FFT_TILING",
+            "WINOGRAD",
+            "WINOGRAD_NONFUSED",
+        ],
+        ConvPass::Filter => &[
+            "ALGO_0",
+            "ALGO_1",
+            "FFT",
+            "ALGO_3",
+            "WINOGRAD",
+            "WINOGRAD_NONFUSED",
+            "FFT_TILING",
+        ],
+    };
+    names
+        .get(algo as usize)
+        .map_or_else(|| format!("algorithm {algo}"), |n| n.to_string())
+}
+
+/// The descriptors of `c` and the first of cuDNN's algorithms that succeeds, is
+/// deterministic and fits the planned workspace; the error says why none is taken.
+pub fn choose(h: &Handle, c: &Conv) -> Result<ConvRun, String> {
+    nth(h, c, 0).map(|r| r.expect("the first eligible algorithm"))
+}
+
+/// Every algorithm [`choose`] could take (deterministic, within the planned workspace), in
+/// cuDNN's order, each with descriptors of its own; the error says why there is none.
+pub fn candidates(h: &Handle, c: &Conv) -> Result<Vec<ConvRun>, String> {
+    let mut out = vec![choose(h, c)?];
+    while let Some(run) = nth(h, c, out.len())? {
+        out.push(run);
+    }
+    Ok(out)
+}
+
+/// The `n`th algorithm [`choose`] could take; `None` past the last (an error when there is
+/// none at all).
+fn nth(h: &Handle, c: &Conv, n: usize) -> Result<Option<ConvRun>, String> {
+    let l = h.lib;
+    let (data, compute, strict_math) = types(c.dtype, c.compute)?;
+    let d = c.dims;
+    let mut run = ConvRun {
+        lib: l,
+        pass: c.pass,
+        x: std::ptr::null_mut(),
+        y: std::ptr::null_mut(),
+        w: std::ptr::null_mut(),
+        conv: std::ptr::null_mut(),
+        algo: 0,
+        double: c.dtype == DType::F64,
+        choice: ConvChoice {
+            node: c.node,
+            pass: c.pass,
+            path: ConvPath::Im2col {
+                reason: String::new(),
+            },
+            timings: String::new(),
+        },
+    };
+    let nchw = dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+    // SAFETY: out-pointers for the descriptors, which `run` destroys when dropped; sizes
+    // checked to fit cuDNN's ints.
+    unsafe {
+        l.check(
+            "creating a tensor descriptor",
+            (l.create_tensor)(&mut run.x),
+        )?;
+        l.check(
+            "creating a tensor descriptor",
+            (l.create_tensor)(&mut run.y),
+        )?;
+        l.check(
+            "creating a filter descriptor",
+            (l.create_filter)(&mut run.w),
+        )?;
+        l.check(
+            "creating a convolution descriptor",
+            (l.create_conv)(&mut run.conv),
+        )?;
+        let n = int(d.batch, "the batch")?;
+        let (c_in, k) = (int(d.in_ch, "in channels")?, int(d.out_ch, "out channels")?);
+        let groups = int(d.groups, "the groups")?;
+        l.check(
+            "describing x",
+            (l.set_tensor)(
+                run.x,
+                nchw,
+                data,
+                n,
+                c_in,
+                int(d.in_hw[0], "the height")?,
+                int(d.in_hw[1], "the width")?,
+            ),
+        )?;
+        l.check(
+            "describing y",
+            (l.set_tensor)(
+                run.y,
+                nchw,
+                data,
+                n,
+                k,
+                int(d.out_hw[0], "the output height")?,
+                int(d.out_hw[1], "the output width")?,
+            ),
+        )?;
+        l.check(
+            "describing w",
+            (l.set_filter)(
+                run.w,
+                data,
+                nchw,
+                k,
+                int(d.in_ch / d.groups.max(1), "channels per group")?,
+                int(d.kernel[0], "the kernel height")?,
+                int(d.kernel[1], "the kernel width")?,
+            ),
+        )?;
+        l.check(
+            "describing the convolution",
+            (l.set_conv)(
+                run.conv,
+                int(d.padding[0], "the padding")?,
+                int(d.padding[1], "the padding")?,
+                int(d.stride[0], "the stride")?,
+                int(d.stride[1], "the stride")?,
+                int(d.dilation[0], "the dilation")?,
+                int(d.dilation[1], "the dilation")?,
+                dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                compute,
+            ),
+        )?;
+        l.check("setting the groups", (l.set_groups)(run.conv, groups))?;
+        l.check(
+            "setting the math type",
+            (l.set_math)(run.conv, strict_math as u32),
+        )?;
+    }
+    let mut perf = [Perf::default(); 16];
+    let mut count: c_int = 0;
+    let (get, a, b, cc, e) = match c.pass {
+        ConvPass::Forward => (l.forward_algorithms, run.x, run.w, run.conv, run.y),
+        ConvPass::Data => (l.data_algorithms, run.w, run.y, run.conv, run.x),
+        ConvPass::Filter => (l.filter_algorithms, run.x, run.y, run.conv, run.w),
+    };
+    // SAFETY: live descriptors; `perf` holds the 16 results asked for at most.
+    l.check("asking cuDNN's heuristics", unsafe {
+        get(
+            h.raw,
+            a,
+            b,
+            cc,
+            e,
+            perf.len() as c_int,
+            &mut count,
+            perf.as_mut_ptr(),
+        )
+    })?;
+    let results = &perf[..(count.max(0) as usize).min(perf.len())];
+    let strict = matches!(c.compute, Compute::F32 | Compute::F64);
+    let tensor_ops = [
+        dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH as u32,
+        dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION as u32,
+    ];
+    let granted = c.workspace.bytes;
+    let mut eligible = results.iter().filter(|p| {
+        p.status == SUCCESS
+            && p.determinism == DETERMINISTIC
+            && p.memory <= granted
+            && !(strict && tensor_ops.contains(&p.math_type))
+    });
+    let Some(p) = eligible.nth(n) else {
+        if n > 0 {
+            return Ok(None);
+        }
+        let offered: Vec<String> = results
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} (status {}, {}, {} bytes)",
+                    algo_name(c.pass, p.algo),
+                    p.status,
+                    if p.determinism == DETERMINISTIC {
+                        "deterministic"
+                    } else {
+                        "not deterministic"
+                    },
+                    p.memory
+                )
+            })
+            .collect();
+        return Err(format!(
+            "cuDNN offers no deterministic algorithm within the {granted} bytes planned: {}",
+            if offered.is_empty() {
+                "none at all".to_string()
+            } else {
+                offered.join(", ")
+            }
+        ));
+    };
+    // A strict step keeps the FMA math type; the others run each algorithm with the math
+    // type the heuristics gave it.
+    if !strict && p.math_type <= 3 {
+        // SAFETY: a live descriptor; a math type cuDNN itself reported.
+        l.check("setting the math type", unsafe {
+            (l.set_math)(run.conv, p.math_type)
+        })?;
+    }
+    run.algo = p.algo;
+    run.choice.path = ConvPath::Cudnn {
+        algo: algo_name(c.pass, p.algo),
+        workspace: p.memory,
+        planned: granted,
+    };
+    Ok(Some(run))
+}
+
+impl ConvRun {
+    /// Enqueues the convolution on the handle's stream (`y`, `dx` or `dw` replaced, not
+    /// accumulated), its tensors and workspace at their offsets from `base`.
+    ///
+    /// # Safety
+    /// `base` is the step's allocation, which holds every byte `c` names ([`Conv::tensors`],
+    /// checked when the program was lowered and loaded); `c` is the operation `self` was made
+    /// for.
+    pub unsafe fn enqueue(&self, h: &Handle, c: &Conv, base: u64) -> Result<(), String> {
+        let l = self.lib;
+        let at = |o: usize| (base + o as u64) as *mut c_void;
+        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if self.double {
+            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+        } else {
+            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+        };
+        let ws = (at(c.workspace.offset), c.workspace.bytes);
+        // SAFETY: live descriptors made for `c`; every address inside the allocation (the
+        // caller's promise); alpha and beta are read during the call.
+        let status = unsafe {
+            match self.pass {
+                ConvPass::Forward => (l.forward)(
+                    h.raw,
+                    alpha,
+                    self.x,
+                    at(c.x),
+                    self.w,
+                    at(c.w),
+                    self.conv,
+                    self.algo,
+                    ws.0,
+                    ws.1,
+                    beta,
+                    self.y,
+                    at(c.y),
+                ),
+                ConvPass::Data => (l.data)(
+                    h.raw,
+                    alpha,
+                    self.w,
+                    at(c.w),
+                    self.y,
+                    at(c.y),
+                    self.conv,
+                    self.algo,
+                    ws.0,
+                    ws.1,
+                    beta,
+                    self.x,
+                    at(c.x),
+                ),
+                ConvPass::Filter => (l.filter)(
+                    h.raw,
+                    alpha,
+                    self.x,
+                    at(c.x),
+                    self.y,
+                    at(c.y),
+                    self.conv,
+                    self.algo,
+                    ws.0,
+                    ws.1,
+                    beta,
+                    self.w,
+                    at(c.w),
+                ),
+            }
+        };
+        l.check("a cuDNN convolution", status)
+    }
+}
+
+/// Says `message` on stderr, once per process for each distinct `key`.
+pub fn say_once(key: &str, message: &str) {
+    static SAID: OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    let said = SAID.get_or_init(Default::default);
+    if said
+        .lock()
+        .map(|mut s| s.insert(key.to_string()))
+        .unwrap_or(false)
+    {
+        eprintln!("{message}");
+    }
+}
+
+/// Whether [`LOG`] asks for each convolution's choice on stderr.
+pub fn logging() -> bool {
+    std::env::var_os(LOG).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_conv_path_is_im2col_unless_cudnn_is_asked_for_and_anything_else_is_refused() {
+        assert_eq!(conv_setting(None), Ok(ConvSetting::Im2col));
+        assert_eq!(conv_setting(Some("")), Ok(ConvSetting::Im2col));
+        assert_eq!(conv_setting(Some("cudnn")), Ok(ConvSetting::Cudnn));
+        assert_eq!(conv_setting(Some("im2col")), Ok(ConvSetting::Im2col));
+        let e = conv_setting(Some("fft")).unwrap_err();
+        assert!(e.contains("INGOT_CONV") && e.contains("im2col"), "{e}");
+    }
+
+    #[test]
+    fn cudnn_is_looked_for_in_its_own_variable_then_the_loader_path_then_pythons_packages() {
+        let env = |v: &str| match v {
+            "INGOT_CUDNN_DIR" => Some("/own".to_string()),
+            "LD_LIBRARY_PATH" => Some("/ld".to_string()),
+            _ => None,
+        };
+        let dirs =
+            libsearch::directories(&CUDNN, &env, &|| vec![std::path::PathBuf::from("/site")]);
+        assert_eq!(dirs[0], std::path::Path::new("/own"));
+        assert_eq!(dirs[1], std::path::Path::new("/ld"));
+        assert!(dirs.contains(&std::path::PathBuf::from("/site/nvidia/cudnn/lib")));
+    }
+
+    #[test]
+    fn the_heuristics_results_have_cudnn_9s_layout() {
+        // cudnnConvolutionFwdAlgoPerf_t: algo, status, time, memory (size_t), determinism,
+        // mathType, reserved[3].
+        assert_eq!(
+            std::mem::size_of::<Perf>(),
+            std::mem::size_of::<dnn::cudnnConvolutionFwdAlgoPerf_t>()
+        );
+        assert_eq!(
+            std::mem::size_of::<Perf>(),
+            std::mem::size_of::<dnn::cudnnConvolutionBwdFilterAlgoPerf_t>()
+        );
+    }
+}
