@@ -77,6 +77,27 @@ fn planned_gpt_steps_are_bit_identical_to_the_reference_interpreter() {
 }
 
 #[test]
+fn most_of_a_gpts_fused_kernels_run_compiled() {
+    // The bit-identity tests above only say something about compiled kernels if the step has
+    // them: most of a GPT's fused kernels (layer norms, the loss, GELU, the optimizer) are
+    // all-f32 flat or row kernels.
+    let m = models::by_name("gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2")
+        .unwrap();
+    let step = training_step(&m.graph, &m.optimizer).unwrap();
+    let p = plan::plan(
+        &step.graph,
+        &ingot_compiler::lower::Target::Cpu.plan_options(),
+    )
+    .unwrap();
+    let planned = PlannedStep::from_plan(step.graph.clone(), p).unwrap();
+    let (compiled, fused) = planned.compiled_kernels();
+    assert!(
+        fused > 0 && 2 * compiled > fused,
+        "{compiled} of {fused} fused kernels compiled"
+    );
+}
+
+#[test]
 fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     // 5000 elements: two full chunks and a partial one, each op writing over its operand.
     let mut g = Graph::new();
