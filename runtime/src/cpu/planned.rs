@@ -247,6 +247,17 @@ impl PlannedStep {
         (compiled, fused)
     }
 
+    /// Runs every fused kernel through the interpreter from now on, as with
+    /// `INGOT_FUSED_INTERPRET=1`: the reference that the programs are held to.
+    pub fn interpret_fused(&mut self) {
+        for part in std::iter::once(&mut self.main).chain(self.eval.as_mut()) {
+            part.compiled.iter_mut().for_each(|c| *c = None);
+            for p in part.pieces.iter_mut().flatten().flatten() {
+                p.compiled = None;
+            }
+        }
+    }
+
     /// The threads the step runs on.
     pub fn threads(&self) -> usize {
         self.pool.threads()
