@@ -13,6 +13,7 @@ use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_trainer::session::Session;
 
 /// All leaf values of a step graph from the default initialisation and a synthetic batch.
 fn leaves(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
@@ -74,6 +75,76 @@ fn planned_gpt_steps_are_bit_identical_to_the_reference_interpreter() {
         "gpt:vocab=128,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=2",
         3,
     );
+}
+
+/// The loss and every leaf after each of `steps` fused steps of `spec` on `threads` threads,
+/// with fused kernels compiled (where they can be) or all interpreted; and how many of the
+/// step's fused kernels were compiled, of how many.
+fn fused_steps(
+    spec: &str,
+    threads: usize,
+    steps: usize,
+    interpret: bool,
+) -> (Vec<Vec<u8>>, (usize, usize)) {
+    let m = models::by_name(spec).unwrap();
+    let c = ingot_compiler::pipeline::compile(&m, &Session::cpu_options()).unwrap();
+    let mut values = init_leaves(&c.graph, LeafKind::Parameter, 7);
+    values.extend(init_leaves(&c.graph, LeafKind::State, 7));
+    values.extend(synthetic_batch(&c.graph, 7));
+    let exe = ingot_compiler::exe::Executable::from_plan(
+        "step",
+        c.graph,
+        c.plan,
+        ingot_compiler::lower::Target::Cpu,
+    )
+    .unwrap();
+    let mut p = PlannedStep::with_threads(exe, threads).unwrap();
+    if interpret {
+        p.interpret_fused();
+    }
+    for (name, v) in &values {
+        p.write_leaf(name, v).unwrap();
+    }
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        p.step().unwrap();
+        out.push(p.read_output("loss").unwrap().to_le_bytes());
+        for name in values.keys() {
+            out.push(p.read_leaf(name).unwrap().to_le_bytes());
+        }
+    }
+    (out, p.compiled_kernels())
+}
+
+#[test]
+fn fused_steps_with_compiled_kernels_give_the_interpreters_bits() {
+    for spec in [
+        "gpt:vocab=256,d_model=64,layers=1,heads=4,d_ff=256,seq=64,batch=8",
+        "mlp",
+        "cnn",
+    ] {
+        for threads in [1, 2] {
+            let (want, _) = fused_steps(spec, threads, 2, true);
+            let (got, (compiled, fused)) = fused_steps(spec, threads, 2, false);
+            assert!(
+                got == want,
+                "{spec} on {threads} threads: compiled kernels changed the step's bits"
+            );
+            // Otherwise the comparison says nothing: the step has compiled kernels (a third of
+            // the GPT's at least: its layer norms, GELU, softmax rows and optimizer updates).
+            eprintln!("{spec}: {compiled} of {fused} fused kernels compiled");
+            assert!(
+                compiled > 0,
+                "{spec}: none of {fused} fused kernels compiled"
+            );
+            if spec.starts_with("gpt") {
+                assert!(
+                    3 * compiled >= fused,
+                    "{spec}: {compiled} of {fused} compiled"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -26,6 +26,7 @@ use ingot_compiler::lower::cpu::{Instr, Program};
 use ingot_compiler::lower::{self, Target};
 use ingot_compiler::plan::location::Location;
 use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
+use ingot_kernels::fused::cpu::Compiled;
 use ingot_kernels::fused::{self, FusedKernel, KernelError};
 use smallvec::SmallVec;
 
@@ -89,6 +90,14 @@ impl Slots {
     }
 }
 
+/// Whether fused kernels run as programs made when the step is loaded
+/// ([`fused::cpu::Compiled`], the same bits) where they can: yes, unless the environment sets
+/// `INGOT_FUSED_INTERPRET=1`, which runs every fused kernel through the interpreter (to compare
+/// the two, or to rule the programs out).
+fn compile_fused() -> bool {
+    std::env::var("INGOT_FUSED_INTERPRET").map_or(true, |v| v.trim() != "1")
+}
+
 /// Fused kernels with at least this many domain elements a piece are cut into pieces that run
 /// on several threads; smaller ones cost less than waking the threads.
 const MIN_PIECE: usize = 16 * 1024;
@@ -98,6 +107,8 @@ const MIN_PIECE: usize = 16 * 1024;
 struct PieceRun {
     kernel: FusedKernel,
     outputs: Vec<usize>,
+    /// The piece's program, where it has one ([`fused::cpu::Compiled`]).
+    compiled: Option<Compiled>,
 }
 
 /// One loaded program: its executable, its instructions, and each node's bytes.
@@ -112,6 +123,9 @@ struct Part {
     kernel_outputs: Vec<SmallVec<[NodeId; 1]>>,
     /// Per instruction: a fused kernel's pieces, when it is cut to run on several threads.
     pieces: Vec<Option<Vec<PieceRun>>>,
+    /// Per instruction: a fused kernel's program, where it has one; the interpreter runs
+    /// the others.
+    compiled: Vec<Option<Compiled>>,
     /// The largest scratch a piece needs (0: no kernel was cut).
     piece_scratch: usize,
 }
@@ -217,6 +231,31 @@ impl PlannedStep {
             pool,
             slots,
         })
+    }
+
+    /// Of the training step's fused kernels, how many run as programs made at load
+    /// ([`fused::cpu::Compiled`]), and how many there are: `(compiled, fused)`.
+    pub fn compiled_kernels(&self) -> (usize, usize) {
+        let fused = self
+            .main
+            .program
+            .instrs
+            .iter()
+            .filter(|i| matches!(i, Instr::Fused { .. }))
+            .count();
+        let compiled = self.main.compiled.iter().filter(|c| c.is_some()).count();
+        (compiled, fused)
+    }
+
+    /// Runs every fused kernel through the interpreter from now on, as with
+    /// `INGOT_FUSED_INTERPRET=1`: the reference that the programs are held to.
+    pub fn interpret_fused(&mut self) {
+        for part in std::iter::once(&mut self.main).chain(self.eval.as_mut()) {
+            part.compiled.iter_mut().for_each(|c| *c = None);
+            for p in part.pieces.iter_mut().flatten().flatten() {
+                p.compiled = None;
+            }
+        }
     }
 
     /// The threads the step runs on.
@@ -369,6 +408,8 @@ impl Part {
         let kernel_outputs = graph.kernel_outputs();
         let mut pieces = Vec::with_capacity(program.instrs.len());
         let mut piece_scratch = 0;
+        let compile = compile_fused();
+        let mut compiled = Vec::with_capacity(program.instrs.len());
         for i in &program.instrs {
             let cut = match i {
                 Instr::Fused { node, outputs, .. } if threads > 1 => match &graph.node(*node).op {
@@ -381,6 +422,11 @@ impl Part {
                                     .enumerate()
                                     .map(|(j, (&at, &start))| at + start * k.output_dtype(j).size())
                                     .collect(),
+                                compiled: if compile {
+                                    Compiled::new(&p.kernel)
+                                } else {
+                                    None
+                                },
                                 kernel: p.kernel,
                             })
                             .collect::<Vec<_>>()
@@ -395,6 +441,13 @@ impl Part {
                 }
             }
             pieces.push(cut);
+            compiled.push(match i {
+                Instr::Fused { node, .. } if compile => match &graph.node(*node).op {
+                    Op::Fused(k) => Compiled::new(k),
+                    _ => None,
+                },
+                _ => None,
+            });
         }
         Ok(Part {
             exe,
@@ -404,6 +457,7 @@ impl Part {
             kernel_outputs,
             pieces,
             piece_scratch,
+            compiled,
         })
     }
 
@@ -427,13 +481,11 @@ impl Part {
             // own indices, and every other byte the pieces touch is only read. No other slice
             // of the allocation is alive while they run: the step waits for all of them.
             let mem = unsafe { std::slice::from_raw_parts_mut(base.get(), len) };
-            fused::cpu::run(
-                &p.kernel,
-                mem,
-                inputs,
-                &p.outputs,
-                slots.at + i * slots.bytes,
-            )
+            let scratch = slots.at + i * slots.bytes;
+            match &p.compiled {
+                Some(c) => c.run(&p.kernel, mem, inputs, &p.outputs, scratch),
+                None => fused::cpu::run(&p.kernel, mem, inputs, &p.outputs, scratch),
+            }
         })
     }
 
@@ -527,7 +579,10 @@ impl Part {
                             // call; the kernel reads and writes through this one, at offsets
                             // the validated plan gives (in place only where the kernel allows).
                             let mem = unsafe { std::slice::from_raw_parts_mut(base, len) };
-                            fused::cpu::run(kernel, mem, inputs, outputs, *scratch)
+                            match &self.compiled[k] {
+                                Some(c) => c.run(kernel, mem, inputs, outputs, *scratch),
+                                None => fused::cpu::run(kernel, mem, inputs, outputs, *scratch),
+                            }
                         }
                     };
                     ran.map_err(|e| {

@@ -75,6 +75,7 @@ use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 mod analysis;
+pub mod compiled;
 #[macro_use]
 mod lanes;
 mod liveness;
@@ -82,6 +83,7 @@ mod plan;
 mod reduce;
 
 use analysis::*;
+pub use compiled::Compiled;
 use lanes::*;
 use liveness::Buffers;
 use plan::*;
