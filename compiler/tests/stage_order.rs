@@ -140,19 +140,17 @@ fn before_tests(text: &str) -> &str {
     &text[..kept.map(str::len).sum::<usize>()]
 }
 
-/// Whether `path` is a module's unit tests in a file of their own: a `tests.rs` its parent
-/// (the folder's `mod.rs`, or the file named as the folder) declares `#[cfg(test)] mod tests;`.
-/// Exempt, as a `#[cfg(test)]` tail is.
+/// Whether `path` is unit tests in a file of their own: a module its parent (the folder's
+/// `mod.rs`, or the file named as the folder) declares only under `#[cfg(test)]` (`mod tests;`,
+/// `mod conv_tests;`). Exempt, as a `#[cfg(test)]` tail is.
 fn is_unit_test_file(path: &Path) -> bool {
-    let Some(dir) = path.parent() else {
+    let (Some(dir), Some(stem)) = (path.parent(), path.file_stem().and_then(|s| s.to_str())) else {
         return false;
     };
-    path.file_name().is_some_and(|n| n == "tests.rs")
-        && [dir.join("mod.rs"), dir.with_extension("rs")]
-            .iter()
-            .any(|p| {
-                std::fs::read_to_string(p).is_ok_and(|t| t.contains("#[cfg(test)]\nmod tests;"))
-            })
+    let declaration = format!("#[cfg(test)]\nmod {stem};");
+    [dir.join("mod.rs"), dir.with_extension("rs")]
+        .iter()
+        .any(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(&declaration)))
 }
 
 #[path = "support/rust_files.rs"]
@@ -239,6 +237,7 @@ fn the_scan_reads_nested_groups_by_their_first_segment_only() {
 fn a_tests_file_is_exempt_only_where_its_parent_declares_it_under_cfg_test() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     assert!(is_unit_test_file(&src.join("lower/cuda/tests.rs")));
+    assert!(is_unit_test_file(&src.join("lower/cuda/conv_tests.rs")));
     assert!(is_unit_test_file(&src.join("rewrite/tests.rs")));
     assert!(!is_unit_test_file(&src.join("lower/cuda/lowering.rs")));
     assert!(!is_unit_test_file(&src.join("fuse/tests.rs")));

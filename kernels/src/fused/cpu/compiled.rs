@@ -223,73 +223,11 @@ impl Compiled {
     pub fn new(k: &FusedKernel) -> Option<Compiled> {
         k.check().ok()?;
         let n_body = k.body.len();
-        let dts = k.dtypes();
         let dims = &k.domain;
-        if dims.contains(&0) || k.outputs.is_empty() {
+        if dims.contains(&0) || k.outputs.is_empty() || !f32_only(k) {
             return None;
         }
-        // Values are f32; compares give bools that only selects read, as their condition.
-        for (i, inst) in k.body.iter().enumerate() {
-            let ok = match *inst {
-                Inst::Load { input } => k.inputs[input].dtype == DType::F32,
-                Inst::Const { dtype, .. } => dtype == DType::F32,
-                Inst::Unary { .. } | Inst::Binary { .. } | Inst::Select { .. } => {
-                    dts[i] == DType::F32
-                }
-                Inst::Compare { a, .. } => dts[a] == DType::F32,
-                Inst::Reduce { .. } => dts[i] == DType::F32,
-                Inst::Index { .. } | Inst::Convert { .. } => false,
-            };
-            if !ok {
-                return None;
-            }
-            let (ops, c) = super::operands(inst);
-            for (q, &o) in ops[..c].iter().enumerate() {
-                let cond = matches!(inst, Inst::Select { .. }) && q == 0;
-                if (dts[o] == DType::Bool) != cond {
-                    return None;
-                }
-            }
-        }
-        if k.outputs.iter().any(|o| dts[o.value] != DType::F32) {
-            return None;
-        }
-        // Axes of size 1 change no index: drop them. The chunk axes are the innermost ones.
-        let eff: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
-        let red = |d: usize| k.reduce_axes.contains(&d);
-        let reduced: Vec<usize> = eff.iter().copied().filter(|&d| red(d)).collect();
-        let flat = reduced.is_empty();
-        if flat && k.body.iter().any(|i| matches!(i, Inst::Reduce { .. })) {
-            return None;
-        }
-        let composes = |q: usize, axes: &[usize]| {
-            let s = &k.inputs[q].access.strides;
-            axes.windows(2)
-                .all(|w| s[w[1]].checked_mul(dims[w[1]]) == Some(s[w[0]]))
-        };
-        let inner: Vec<usize> = if flat {
-            // The longest innermost run of axes every input walks with one stride.
-            let mut t = eff.len().min(1);
-            while t < eff.len() {
-                let axes = &eff[eff.len() - t - 1..];
-                if !(0..k.inputs.len()).all(|q| composes(q, axes)) {
-                    break;
-                }
-                t += 1;
-            }
-            eff[eff.len() - t..].to_vec()
-        } else {
-            // Rows: the reduced axes are exactly the innermost ones (one run per row).
-            let t = reduced.len();
-            if eff[eff.len() - t..] != reduced[..] {
-                return None;
-            }
-            if !(0..k.inputs.len()).all(|q| composes(q, &reduced)) {
-                return None;
-            }
-            reduced
-        };
-        let outer: Vec<usize> = eff[..eff.len() - inner.len()].to_vec();
+        let (inner, outer, flat) = chunk_axes(k)?;
         let n = inner
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(dims[d]))?;
@@ -297,56 +235,8 @@ impl Compiled {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(dims[d]))?;
 
-        // Levels: row-level (flat kernels have none: every value is per element), constant,
-        // live, and depth (reductions one deeper than their operand).
-        let row: Vec<bool> = if flat {
-            vec![false; n_body]
-        } else {
-            k.row_levels()
-        };
-        let mut konst: Vec<Option<f32>> = vec![None; n_body];
-        let mut live = vec![false; n_body];
-        let mut depth = vec![0usize; n_body];
-        for o in &k.outputs {
-            live[o.value] = true;
-        }
-        for i in (0..n_body).rev() {
-            if live[i] {
-                let (ops, c) = super::operands(&k.body[i]);
-                for &o in &ops[..c] {
-                    live[o] = true;
-                }
-            }
-        }
-        for (i, inst) in k.body.iter().enumerate() {
-            let (ops, c) = super::operands(inst);
-            let d = ops[..c].iter().map(|&o| depth[o]).max().unwrap_or(0);
-            depth[i] = if matches!(inst, Inst::Reduce { .. }) {
-                d + 1
-            } else {
-                d
-            };
-            konst[i] = match *inst {
-                Inst::Const { value, .. } => Some(value as f32),
-                Inst::Load { .. } | Inst::Reduce { .. } | Inst::Index { .. } => None,
-                _ => {
-                    let vals: Vec<Option<f32>> = ops[..c].iter().map(|&o| konst[o]).collect();
-                    if vals.iter().all(|v| v.is_some()) {
-                        let v = |q: usize| vals.get(q).copied().flatten().unwrap_or(0.0);
-                        Some(fold_const(code_of(inst)?, v(0), v(1), v(2)))
-                    } else {
-                        None
-                    }
-                }
-            };
-            // A reduction of a row-level value or a constant would need its value broadcast
-            // over the row's lanes: left to the interpreter.
-            if let Inst::Reduce { x, .. } = *inst {
-                if row[x] || konst[x].is_some() {
-                    return None;
-                }
-            }
-        }
+        let lv = levels(k, flat)?;
+        let (row, konst, live, depth) = (&lv.row, &lv.konst, &lv.live, &lv.depth);
         let full = |i: usize| !row[i] && konst[i].is_none();
         let passes = {
             let mut p = usize::from(flat);
@@ -378,112 +268,7 @@ impl Compiled {
             None => Src::Row(row_buf[j]),
         };
 
-        // Passes: pass p evaluates, in body order, the full values that the reductions of
-        // depth p + 1 (and in the last pass, the full outputs) need; lane buffers are reused
-        // once a value's last reader in the pass has run.
-        let mut out_passes = Vec::with_capacity(passes);
-        let mut lane_bufs = 0usize;
-        let mut last_buf = vec![usize::MAX; n_body];
-        let mut slots = 0usize;
-        for p in 0..passes {
-            let last = p + 1 == passes;
-            let mut need = vec![false; n_body];
-            let mut folds_src = Vec::new();
-            for i in (0..n_body).rev() {
-                if !live[i] {
-                    continue;
-                }
-                if let Inst::Reduce { x, .. } = k.body[i] {
-                    if depth[i] == p + 1 {
-                        need[x] = true;
-                        folds_src.push(i);
-                    }
-                }
-                if last && full(i) && k.outputs.iter().any(|o| o.value == i) {
-                    need[i] = true;
-                }
-                if need[i] && full(i) {
-                    let (ops, c) = super::operands(&k.body[i]);
-                    for &o in &ops[..c] {
-                        if full(o) {
-                            need[o] = true;
-                        }
-                    }
-                }
-            }
-            folds_src.reverse();
-            let list: Vec<usize> = (0..n_body).filter(|&i| need[i] && full(i)).collect();
-            // Last reader of each value within the pass (usize::MAX: read after the steps).
-            let mut last_use = vec![0usize; n_body];
-            for (pos, &i) in list.iter().enumerate() {
-                let (ops, c) = super::operands(&k.body[i]);
-                for &o in &ops[..c] {
-                    last_use[o] = pos;
-                }
-            }
-            for &r in &folds_src {
-                if let Inst::Reduce { x, .. } = k.body[r] {
-                    last_use[x] = usize::MAX;
-                }
-            }
-            if last {
-                for o in &k.outputs {
-                    last_use[o.value] = usize::MAX;
-                }
-            }
-            let mut buf = vec![usize::MAX; n_body];
-            let mut free: Vec<usize> = Vec::new();
-            let mut count = 0usize;
-            let mut steps = Vec::with_capacity(list.len());
-            for (pos, &i) in list.iter().enumerate() {
-                let out = free.pop().unwrap_or_else(|| {
-                    count += 1;
-                    count - 1
-                });
-                buf[i] = out;
-                let (ops, c) = super::operands(&k.body[i]);
-                let mut args = [Src::Const(0.0); 3];
-                for (q, &o) in ops[..c].iter().enumerate() {
-                    args[q] = if full(o) {
-                        Src::Lanes(buf[o])
-                    } else {
-                        src_row(o, &row_buf)
-                    };
-                }
-                steps.push(Step {
-                    code: code_of(&k.body[i])?,
-                    args,
-                    out,
-                });
-                for &o in &ops[..c] {
-                    if full(o) && last_use[o] == pos && !free.contains(&buf[o]) {
-                        free.push(buf[o]);
-                    }
-                }
-            }
-            lane_bufs = lane_bufs.max(count);
-            if last {
-                last_buf = buf.clone();
-            }
-            let mut folds = Vec::with_capacity(folds_src.len());
-            for (q, &r) in folds_src.iter().enumerate() {
-                let Inst::Reduce { op, x } = k.body[r] else {
-                    return None;
-                };
-                slots = slots.max(q + 1);
-                folds.push(Fold {
-                    op,
-                    from: buf[x],
-                    slot: q,
-                    to: row_buf[r],
-                });
-            }
-            out_passes.push(Pass {
-                steps,
-                folds,
-                stage: Vec::new(),
-            });
-        }
+        let (mut out_passes, lane_bufs, last_buf, slots) = build_passes(k, &lv, passes, &row_buf)?;
         // Stages: row-level values of depth s are evaluated before pass s (after the last
         // pass for s = passes), in body order; reductions are finished by their pass.
         let mut stages: Vec<Vec<Step>> = vec![Vec::new(); passes + 1];
@@ -582,6 +367,274 @@ impl Compiled {
             scratch,
         })
     }
+}
+
+/// The kernel's passes over each row ([`Pass`]: the full values the reductions of each depth
+/// need, and in the last pass the full outputs), with the lane buffers they take (reused once a
+/// value's last reader in the pass has run), where the last pass leaves each value, and the
+/// reductions' slots.
+fn build_passes(
+    k: &FusedKernel,
+    lv: &Levels,
+    passes: usize,
+    row_buf: &[usize],
+) -> Option<(Vec<Pass>, usize, Vec<usize>, usize)> {
+    let (row, konst, live, depth) = (&lv.row, &lv.konst, &lv.live, &lv.depth);
+    let n_body = k.body.len();
+    let full = |i: usize| !row[i] && konst[i].is_none();
+    let src_row = |j: usize, row_buf: &[usize]| match konst[j] {
+        Some(v) => Src::Const(v),
+        None => Src::Row(row_buf[j]),
+    };
+    // Passes: pass p evaluates, in body order, the full values that the reductions of
+    // depth p + 1 (and in the last pass, the full outputs) need; lane buffers are reused
+    // once a value's last reader in the pass has run.
+    let mut out_passes = Vec::with_capacity(passes);
+    let mut lane_bufs = 0usize;
+    let mut last_buf = vec![usize::MAX; n_body];
+    let mut slots = 0usize;
+    for p in 0..passes {
+        let last = p + 1 == passes;
+        let mut need = vec![false; n_body];
+        let mut folds_src = Vec::new();
+        for i in (0..n_body).rev() {
+            if !live[i] {
+                continue;
+            }
+            if let Inst::Reduce { x, .. } = k.body[i] {
+                if depth[i] == p + 1 {
+                    need[x] = true;
+                    folds_src.push(i);
+                }
+            }
+            if last && full(i) && k.outputs.iter().any(|o| o.value == i) {
+                need[i] = true;
+            }
+            if need[i] && full(i) {
+                let (ops, c) = super::operands(&k.body[i]);
+                for &o in &ops[..c] {
+                    if full(o) {
+                        need[o] = true;
+                    }
+                }
+            }
+        }
+        folds_src.reverse();
+        let list: Vec<usize> = (0..n_body).filter(|&i| need[i] && full(i)).collect();
+        // Last reader of each value within the pass (usize::MAX: read after the steps).
+        let mut last_use = vec![0usize; n_body];
+        for (pos, &i) in list.iter().enumerate() {
+            let (ops, c) = super::operands(&k.body[i]);
+            for &o in &ops[..c] {
+                last_use[o] = pos;
+            }
+        }
+        for &r in &folds_src {
+            if let Inst::Reduce { x, .. } = k.body[r] {
+                last_use[x] = usize::MAX;
+            }
+        }
+        if last {
+            for o in &k.outputs {
+                last_use[o.value] = usize::MAX;
+            }
+        }
+        let mut buf = vec![usize::MAX; n_body];
+        let mut free: Vec<usize> = Vec::new();
+        let mut count = 0usize;
+        let mut steps = Vec::with_capacity(list.len());
+        for (pos, &i) in list.iter().enumerate() {
+            let out = free.pop().unwrap_or_else(|| {
+                count += 1;
+                count - 1
+            });
+            buf[i] = out;
+            let (ops, c) = super::operands(&k.body[i]);
+            let mut args = [Src::Const(0.0); 3];
+            for (q, &o) in ops[..c].iter().enumerate() {
+                args[q] = if full(o) {
+                    Src::Lanes(buf[o])
+                } else {
+                    src_row(o, &row_buf)
+                };
+            }
+            steps.push(Step {
+                code: code_of(&k.body[i])?,
+                args,
+                out,
+            });
+            for &o in &ops[..c] {
+                if full(o) && last_use[o] == pos && !free.contains(&buf[o]) {
+                    free.push(buf[o]);
+                }
+            }
+        }
+        lane_bufs = lane_bufs.max(count);
+        if last {
+            last_buf = buf.clone();
+        }
+        let mut folds = Vec::with_capacity(folds_src.len());
+        for (q, &r) in folds_src.iter().enumerate() {
+            let Inst::Reduce { op, x } = k.body[r] else {
+                return None;
+            };
+            slots = slots.max(q + 1);
+            folds.push(Fold {
+                op,
+                from: buf[x],
+                slot: q,
+                to: row_buf[r],
+            });
+        }
+        out_passes.push(Pass {
+            steps,
+            folds,
+            stage: Vec::new(),
+        });
+    }
+    Some((out_passes, lane_bufs, last_buf, slots))
+}
+
+/// The chunk's axes (the innermost ones every input walks with one stride; for a reduction,
+/// exactly its reduced axes) and the outer ones, axes of size 1 dropped, and whether the kernel
+/// is flat (reduces nothing); `None` where no such split exists.
+fn chunk_axes(k: &FusedKernel) -> Option<(Vec<usize>, Vec<usize>, bool)> {
+    let dims = &k.domain;
+    // Axes of size 1 change no index: drop them. The chunk axes are the innermost ones.
+    let eff: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
+    let red = |d: usize| k.reduce_axes.contains(&d);
+    let reduced: Vec<usize> = eff.iter().copied().filter(|&d| red(d)).collect();
+    let flat = reduced.is_empty();
+    if flat && k.body.iter().any(|i| matches!(i, Inst::Reduce { .. })) {
+        return None;
+    }
+    let composes = |q: usize, axes: &[usize]| {
+        let s = &k.inputs[q].access.strides;
+        axes.windows(2)
+            .all(|w| s[w[1]].checked_mul(dims[w[1]]) == Some(s[w[0]]))
+    };
+    let inner: Vec<usize> = if flat {
+        // The longest innermost run of axes every input walks with one stride.
+        let mut t = eff.len().min(1);
+        while t < eff.len() {
+            let axes = &eff[eff.len() - t - 1..];
+            if !(0..k.inputs.len()).all(|q| composes(q, axes)) {
+                break;
+            }
+            t += 1;
+        }
+        eff[eff.len() - t..].to_vec()
+    } else {
+        // Rows: the reduced axes are exactly the innermost ones (one run per row).
+        let t = reduced.len();
+        if eff[eff.len() - t..] != reduced[..] {
+            return None;
+        }
+        if !(0..k.inputs.len()).all(|q| composes(q, &reduced)) {
+            return None;
+        }
+        reduced
+    };
+    let outer: Vec<usize> = eff[..eff.len() - inner.len()].to_vec();
+    Some((inner, outer, flat))
+}
+
+/// Whether every value of `k` is f32, and its compares give bools that only selects read, as
+/// their condition: what compiled kernels cover.
+fn f32_only(k: &FusedKernel) -> bool {
+    let dts = k.dtypes();
+    // Values are f32; compares give bools that only selects read, as their condition.
+    for (i, inst) in k.body.iter().enumerate() {
+        let ok = match *inst {
+            Inst::Load { input } => k.inputs[input].dtype == DType::F32,
+            Inst::Const { dtype, .. } => dtype == DType::F32,
+            Inst::Unary { .. } | Inst::Binary { .. } | Inst::Select { .. } => dts[i] == DType::F32,
+            Inst::Compare { a, .. } => dts[a] == DType::F32,
+            Inst::Reduce { .. } => dts[i] == DType::F32,
+            Inst::Index { .. } | Inst::Convert { .. } => false,
+        };
+        if !ok {
+            return false;
+        }
+        let (ops, c) = super::operands(inst);
+        for (q, &o) in ops[..c].iter().enumerate() {
+            let cond = matches!(inst, Inst::Select { .. }) && q == 0;
+            if (dts[o] == DType::Bool) != cond {
+                return false;
+            }
+        }
+    }
+    k.outputs.iter().all(|o| dts[o.value] == DType::F32)
+}
+
+/// What the analysis of a kernel's body knows of each value: row-level (one value per row;
+/// flat kernels have none: every value is per element), a constant, live (an output reads it),
+/// and depth (reductions one deeper than their operand).
+struct Levels {
+    row: Vec<bool>,
+    konst: Vec<Option<f32>>,
+    live: Vec<bool>,
+    depth: Vec<usize>,
+}
+
+/// Each value's levels ([`Levels`]), or `None` where a reduction reads a row-level value or a
+/// constant (its value would need broadcasting over the row's lanes: left to the interpreter).
+fn levels(k: &FusedKernel, flat: bool) -> Option<Levels> {
+    let n_body = k.body.len();
+    let row: Vec<bool> = if flat {
+        vec![false; n_body]
+    } else {
+        k.row_levels()
+    };
+    let mut konst: Vec<Option<f32>> = vec![None; n_body];
+    let mut live = vec![false; n_body];
+    let mut depth = vec![0usize; n_body];
+    for o in &k.outputs {
+        live[o.value] = true;
+    }
+    for i in (0..n_body).rev() {
+        if live[i] {
+            let (ops, c) = super::operands(&k.body[i]);
+            for &o in &ops[..c] {
+                live[o] = true;
+            }
+        }
+    }
+    for (i, inst) in k.body.iter().enumerate() {
+        let (ops, c) = super::operands(inst);
+        let d = ops[..c].iter().map(|&o| depth[o]).max().unwrap_or(0);
+        depth[i] = if matches!(inst, Inst::Reduce { .. }) {
+            d + 1
+        } else {
+            d
+        };
+        konst[i] = match *inst {
+            Inst::Const { value, .. } => Some(value as f32),
+            Inst::Load { .. } | Inst::Reduce { .. } | Inst::Index { .. } => None,
+            _ => {
+                let vals: Vec<Option<f32>> = ops[..c].iter().map(|&o| konst[o]).collect();
+                if vals.iter().all(|v| v.is_some()) {
+                    let v = |q: usize| vals.get(q).copied().flatten().unwrap_or(0.0);
+                    Some(fold_const(code_of(inst)?, v(0), v(1), v(2)))
+                } else {
+                    None
+                }
+            }
+        };
+        // A reduction of a row-level value or a constant would need its value broadcast
+        // over the row's lanes: left to the interpreter.
+        if let Inst::Reduce { x, .. } = *inst {
+            if row[x] || konst[x].is_some() {
+                return None;
+            }
+        }
+    }
+    Some(Levels {
+        row,
+        konst,
+        live,
+        depth,
+    })
 }
 
 fn code_of(inst: &Inst) -> Option<Code> {
