@@ -52,7 +52,7 @@ fn overlap(a: Location, b: Location) -> bool {
 /// through another.
 ///
 /// Linear in the step's length for the programs steps make: the conflicting earlier
-/// operations are found through [`Accesses`] (the last writer of each byte and its readers
+/// operations are found through `Accesses` (the last writer of each byte and its readers
 /// since: every other conflict is ordered through them), and an edge is dropped when a later
 /// kept one reaches it, by a walk that stops below the earliest candidate. A convolution run
 /// a few images at a time is thousands of operations on one workspace; comparing every pair,
@@ -238,9 +238,9 @@ const CHECK_EVERY_PAIR_UP_TO: usize = 4096;
 /// pair of conflicting operations the later one reaches the earlier through edges. The error
 /// names the first pair left unordered.
 ///
-/// Up to [`CHECK_EVERY_PAIR_UP_TO`] operations (every reference model's step) it compares
+/// Up to `CHECK_EVERY_PAIR_UP_TO` (4,096) operations (every reference model's step) it compares
 /// every pair and shares no code with [`dependencies`]. Longer programs would take minutes
-/// that way; there the pairs are those [`Accesses`] finds (each conflict is ordered through
+/// that way; there the pairs are those `Accesses` finds (each conflict is ordered through
 /// them, and a test holds the two checks to the same verdicts), and reachability is walked
 /// over the edges given, so a missing or wrong edge is still found.
 pub fn check(touches: &[Touch], deps: &[SmallVec<[usize; 4]>]) -> Result<(), String> {

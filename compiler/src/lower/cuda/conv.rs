@@ -7,7 +7,7 @@
 //! cuDNN's algorithms suit its GPU; both are settled when the step is loaded (the runtime's
 //! `cuda::cudnn`): cuDNN's heuristics, keeping the first deterministic algorithm whose
 //! workspace fits the planned one, else the fallback. The workspace is planned exactly as the
-//! fallback needs it ([`super::window`]: at least one image's column buffer and cuBLAS's
+//! fallback needs it (`super::window`: at least one image's column buffer and cuBLAS's
 //! workspace, up to a chunk's where the step's peak leaves room), so both paths run in what
 //! the plan holds and nothing is allocated at run time; cuDNN's implicit-GEMM algorithms need
 //! none of it, the others get up to the whole of it.

@@ -455,7 +455,7 @@ fn build_passes(
                 args[q] = if full(o) {
                     Src::Lanes(buf[o])
                 } else {
-                    src_row(o, &row_buf)
+                    src_row(o, row_buf)
                 };
             }
             steps.push(Step {
