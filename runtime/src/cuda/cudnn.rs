@@ -1,4 +1,4 @@
-//! cuDNN, loaded at run time, for the step's convolutions ([`DeviceOp::Conv`]).
+//! cuDNN, loaded at run time, for the step's convolutions ([`ingot_compiler::lower::cuda::DeviceOp::Conv`]).
 //!
 //! Finding the library: [`super::libsearch`] looks for `libcudnn.so.9` in `INGOT_CUDNN_DIR`,
 //! every directory of `LD_LIBRARY_PATH`, Python's site-packages joined with `nvidia/cudnn/lib`
