@@ -70,22 +70,27 @@ impl Pool {
         let pool = if threads == 1 {
             None
         } else {
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("ingot-cpu-{i}"))
-                    // Attention tasks keep 256 KiB of scratch on their stack, and a thread
-                    // waiting inside one (a GEMM's join) may steal and run another on top of
-                    // it: up to one frame per task of the pass. Rust's default 2 MiB
-                    // overflowed with 16 threads (trainer/tests/threads.rs); the stack is
-                    // reserved, not committed, so a large one costs address space only.
-                    .stack_size(STACK_BYTES)
-                    .build()
-                    .map_err(|e| ExecError::Invalid {
-                        op: "threads",
-                        reason: format!("cannot start {threads} threads: {e}"),
-                    })?,
-            )
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("ingot-cpu-{i}"))
+                // Attention tasks keep 256 KiB of scratch on their stack, and a thread
+                // waiting inside one (a GEMM's join) may steal and run another on top of
+                // it: up to one frame per task of the pass. Rust's default 2 MiB
+                // overflowed with 16 threads (trainer/tests/threads.rs); the stack is
+                // reserved, not committed, so a large one costs address space only.
+                .stack_size(STACK_BYTES)
+                .build()
+                .map_err(|e| ExecError::Invalid {
+                    op: "threads",
+                    reason: format!("cannot start {threads} threads: {e}"),
+                })?;
+            // Every worker runs one job before the pool is handed out, so that what a thread
+            // allocates once when it first looks for work (its entry in the work-stealing
+            // queues' memory reclamation, ~2 KiB) is taken while the step loads, not during
+            // whichever step that thread first wakes in: on a loaded machine a worker can
+            // start late, and the run's heap then grew mid-run (issue 50's flat line).
+            pool.broadcast(|_| ());
+            Some(pool)
         };
         Ok(Pool { pool, threads })
     }
