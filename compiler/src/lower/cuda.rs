@@ -41,7 +41,7 @@ pub mod program;
 mod window;
 pub mod workspace;
 
-pub use conv::{Conv, ConvDims, ConvPass};
+pub use conv::{Conv, ConvPass};
 pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};

@@ -17,8 +17,11 @@ use super::par::for_each_block;
 use super::scalar::{Float, Scalar};
 
 /// The sizes of one convolution: `x [batch, in_ch, in_hw]`, `w [out_ch, in_ch/groups, kernel]`,
-/// `y [batch, out_ch, out_hw]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// `y [batch, out_ch, out_hw]` (PyTorch's `conv2d` semantics: cross-correlation, symmetric zero
+/// padding; NCHW, contiguous). Serializable because the CUDA executable's convolution
+/// operations carry it as they are (`ingot_compiler::lower::cuda::Conv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConvGeometry {
     pub batch: usize,
     pub in_ch: usize,
@@ -86,6 +89,15 @@ impl ConvGeometry {
             groups,
             out_hw,
         })
+    }
+
+    /// Elements of `x`, `w` and `y`.
+    pub fn elements(&self) -> [usize; 3] {
+        [
+            self.batch * self.in_ch * self.in_hw[0] * self.in_hw[1],
+            self.out_ch * (self.in_ch / self.groups.max(1)) * self.kernel[0] * self.kernel[1],
+            self.batch * self.out_ch * self.out_hw[0] * self.out_hw[1],
+        ]
     }
 
     /// Rows of the column buffer: `C/g · kh · kw`.

@@ -48,50 +48,6 @@ impl ConvPass {
     }
 }
 
-/// A 2-d convolution's sizes (PyTorch's `conv2d` semantics: cross-correlation, symmetric zero
-/// padding): `x [batch, in_ch, in_hw]`, `w [out_ch, in_ch / groups, kernel]`,
-/// `y [batch, out_ch, out_hw]`, all NCHW and contiguous.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConvDims {
-    pub batch: usize,
-    pub in_ch: usize,
-    pub in_hw: [usize; 2],
-    pub out_ch: usize,
-    pub kernel: [usize; 2],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-    pub dilation: [usize; 2],
-    pub groups: usize,
-    pub out_hw: [usize; 2],
-}
-
-impl ConvDims {
-    pub fn of(g: &ConvGeometry) -> ConvDims {
-        ConvDims {
-            batch: g.batch,
-            in_ch: g.in_ch,
-            in_hw: g.in_hw,
-            out_ch: g.out_ch,
-            kernel: g.kernel,
-            stride: g.stride,
-            padding: g.padding,
-            dilation: g.dilation,
-            groups: g.groups,
-            out_hw: g.out_hw,
-        }
-    }
-
-    /// Elements of `x`, `w` and `y`.
-    pub fn elements(&self) -> [usize; 3] {
-        [
-            self.batch * self.in_ch * self.in_hw[0] * self.in_hw[1],
-            self.out_ch * (self.in_ch / self.groups.max(1)) * self.kernel[0] * self.kernel[1],
-            self.batch * self.out_ch * self.out_hw[0] * self.out_hw[1],
-        ]
-    }
-}
-
 /// One convolution pass through cuDNN, or, where the loading runtime has no cuDNN (or cuDNN
 /// has no deterministic algorithm within the workspace), through `fallback`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,7 +55,7 @@ impl ConvDims {
 pub struct Conv {
     pub node: NodeId,
     pub pass: ConvPass,
-    pub dims: ConvDims,
+    pub dims: ConvGeometry,
     /// The dtype of all three tensors.
     pub dtype: DType,
     /// The arithmetic: f32 FMA, TF32 tensor cores (a tf32 step), f64, or bf16 tensors with

@@ -99,7 +99,7 @@ fn every_convolution_pass_lowers_to_one_cudnn_operation_with_its_geometry_and_pl
             };
             let dims: Vec<&[usize]> = node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
             let (geo, pass) = w.conv_geometry(&dims, node.ty.shape.dims()).unwrap();
-            assert_eq!(op.dims, ConvDims::of(&geo), "{layer:?}");
+            assert_eq!(op.dims, geo, "{layer:?}");
             assert_eq!(op.pass, ConvPass::of(pass), "{layer:?}");
             assert_eq!((op.dtype, op.compute), (DType::F32, Compute::F32));
             let (a, b, here) = (

@@ -11,7 +11,7 @@
 //! than raise it; the lowering runs the largest chunk the planned workspace holds. The plan
 //! knows every workspace before anything runs, and nothing is allocated at run time.
 
-use super::conv::{Conv, ConvDims, ConvPass};
+use super::conv::{Conv, ConvPass};
 use super::lowering::Lowering;
 use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
 use crate::ir::{DType, Graph, NodeId, WindowOp};
@@ -416,7 +416,7 @@ impl Lowering<'_> {
         self.ops.push(DeviceOp::Conv(Conv {
             node: id,
             pass: ConvPass::of(layout.pass),
-            dims: ConvDims::of(&geo),
+            dims: geo,
             dtype: d,
             compute,
             x,
