@@ -48,10 +48,9 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         &a.model.input_files(),
     )?;
     a.model.check_shard_optimizer(a.model.ranks)?;
-    // An executable holds no weights: an ONNX model's constants would be lost. (The one
-    // import serves this check and the compile.)
+    // An executable holds no weights, but an ONNX model's constants travel in it. (The one
+    // import serves the compile and the constants.)
     a.model.onnx.keep_import();
-    a.model.onnx.check_executable()?;
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;
@@ -67,6 +66,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     let exe = compiled
         .executable(device.target())
         .map_err(|e| Failure::new(1, format!("lowering for {}: {e}", device.target())))?;
+    let exe = a.model.onnx.with_constants(exe)?;
     let bytes = exe.to_bytes()?;
     // What is written must read back as what was compiled: the reader's checks (the plan
     // validated against the graph) pass, and the graph's text form loses nothing.

@@ -59,6 +59,9 @@ struct Document<'a> {
     kernel_source_bytes: usize,
     planned_bytes: usize,
     layouts: &'a [Layout],
+    /// The names of the state leaves whose values the file carries (an imported model's
+    /// constants).
+    constants: Vec<&'a str>,
     report: &'a Report,
 }
 
@@ -105,6 +108,7 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
             kernel_source_bytes,
             planned_bytes: exe.plan().total_bytes,
             layouts: exe.layouts(),
+            constants: exe.constants().iter().map(|c| c.name.as_str()).collect(),
             report,
         };
         return crate::outln!(
@@ -158,6 +162,13 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
         count("state"),
         count("input")
     )?;
+    if !exe.constants().is_empty() {
+        crate::outln!(
+            "  constant {} of the state leaves, their values carried in the file ({})",
+            exe.constants().len(),
+            human(exe.constants().iter().map(|c| c.bytes.len()).sum::<usize>())
+        )?;
+    }
     crate::outln!(
         "  bytes    {} planned in one allocation ({})",
         exe.plan().total_bytes,

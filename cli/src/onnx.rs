@@ -6,6 +6,7 @@
 
 use super::Failure;
 use indexmap::IndexMap;
+use ingot_compiler::exe::{Constant, Executable};
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::Model;
 use ingot_onnx::{ClassAxis, ImportOptions, Imported, Loss};
@@ -313,31 +314,48 @@ fn state_dict_of(imp: &Imported) -> StateDict {
 }
 
 impl OnnxModelArgs {
-    /// Refuses to compile an --onnx model that reads constants into a step executable: the
-    /// executable holds no weights, and `ingot run` would start those constants at zero (its
-    /// parameters, like any model's, come from --init or the seed). Nothing to do without
-    /// --onnx.
-    pub fn check_executable(&self) -> Result<(), Failure> {
-        let constants: Vec<String> = self
+    /// `exe` carrying the --onnx model's constants (the state it reads and never changes, which
+    /// `ingot run` could not otherwise make: its parameters come from --init or the seed, its
+    /// state starts at zero). Each must have the type the step reads it as. `exe` as it is
+    /// without --onnx.
+    pub fn with_constants(&self, exe: Executable) -> Result<Executable, Failure> {
+        let file = || {
+            self.onnx
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        let constants = self
             .with_import(|imp| {
                 imp.weights
                     .iter()
                     .filter(|(_, w)| w.constant)
-                    .map(|(k, _)| k.clone())
-                    .collect()
+                    .map(|(name, w)| {
+                        let layout = exe.layouts().iter().find(|l| l.name == *name);
+                        match layout {
+                            Some(l)
+                                if l.dtype == w.ty.dtype.name()
+                                    && l.shape == w.ty.shape.dims() =>
+                            {
+                                Ok(Constant {
+                                    name: name.clone(),
+                                    bytes: w.bytes.clone(),
+                                })
+                            }
+                            Some(l) => Err(format!(
+                                "constant {name} is {} in the file, but the step reads it as {} {:?}",
+                                w.ty, l.dtype, l.shape
+                            )),
+                            None => Err(format!("constant {name} is not a leaf of the step")),
+                        }
+                    })
+                    .collect::<Result<Vec<_>, String>>()
             })?
+            .transpose()
+            .map_err(|e| Failure::new(1, format!("{}: {e}", file())))?
             .unwrap_or_default();
-        if constants.is_empty() {
-            return Ok(());
-        }
-        Err(Failure::new(
-            1,
-            format!(
-                "{}: the model reads constants ({}) that a step executable cannot hold yet (`ingot run` would start them at zero): train it with `ingot train --onnx`",
-                self.onnx.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                constants.join(", ")
-            ),
-        ))
+        exe.with_constants(constants)
+            .map_err(|e| Failure::new(1, format!("{}: {e}", file())))
     }
 }
 

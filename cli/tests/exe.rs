@@ -92,7 +92,7 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
         );
         let header = &shown[..shown.len() - table.len()];
         for part in [
-            "format version 3",
+            "format version 4",
             &format!("target   {device}"),
             TINY_GPT,
             "launches per step",
@@ -119,7 +119,12 @@ fn inspect_prints_the_report_plan_prints_for_both_targets() {
         let doc: serde_json::Value =
             serde_json::from_str(&ok(&["inspect", s(&exe), "--json"])).unwrap();
         assert_eq!(doc["report"], plan, "{device}");
-        assert_eq!(doc["format_version"], 3);
+        assert_eq!(doc["format_version"], ingot_compiler::exe::VERSION);
+        assert_eq!(
+            doc["constants"],
+            serde_json::json!([]),
+            "a built-in model has none"
+        );
         assert_eq!(doc["target"], device);
         let kernels = doc["kernels"].as_array().unwrap();
         assert_eq!(kernels.is_empty(), device == "cpu", "{device}: {kernels:?}");
@@ -198,7 +203,7 @@ fn a_damaged_file_is_an_error_naming_the_file_and_the_damage() {
     }
     let (_, _, err) = ingot(&["inspect", s(&dir.join("version.ingot"))]);
     assert!(
-        err.contains("reads version 3") && err.contains("recompile"),
+        err.contains("reads version 4") && err.contains("recompile"),
         "{err}"
     );
     let (code, _, err) = ingot(&["inspect", s(&dir.join("missing.ingot"))]);

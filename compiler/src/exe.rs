@@ -47,8 +47,9 @@ pub const MAGIC: [u8; 8] = *b"INGOTEXE";
 /// The format version this code writes and reads. Bumped on any change to the header or the
 /// payload; a file of another version is refused with a message saying to recompile.
 /// Version 3: the payload holds the lowered program (`program`) instead of kernel sources
-/// that the runtime matched against a second lowering of its own.
-pub const VERSION: u32 = 3;
+/// that the runtime matched against a second lowering of its own. Version 4: the payload
+/// holds the values of the step's constant leaves (`constants`, [`Constant`]).
+pub const VERSION: u32 = 4;
 
 /// Bytes before the payload: magic, version, length, checksum.
 pub const HEADER_BYTES: usize = 28;
@@ -58,6 +59,9 @@ pub const HEADER_BYTES: usize = 28;
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
 
 pub use crate::lower::Target;
+
+mod constants;
+pub use constants::Constant;
 
 /// Where one leaf (parameter, optimizer state or input) lives in the step's one allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +93,7 @@ pub struct Executable {
     layouts: Vec<Layout>,
     program: Program,
     report: Report,
+    constants: Vec<Constant>,
 }
 
 /// The payload as it is written: [`Executable`] with the graph in its text form.
@@ -107,6 +112,8 @@ struct Payload {
     /// The lowered program of `target` ([`crate::lower`]).
     program: Program,
     report: Report,
+    /// The constant leaves' values ([`Constant`]), in the order they were given.
+    constants: Vec<constants::Record>,
 }
 
 /// A step executable that cannot be written or read: the file, and what is wrong with it.
@@ -205,7 +212,23 @@ impl Executable {
             plan,
             program,
             report,
+            constants: Vec::new(),
         })
+    }
+
+    /// The executable carrying `constants`: the values of state leaves the step reads and
+    /// never writes (an imported model's exporter-made constants), which a session writes
+    /// into their leaves when it loads the step. Each must name a distinct state leaf and
+    /// hold exactly its bytes; what does not is an error naming the constant.
+    pub fn with_constants(mut self, constants: Vec<Constant>) -> Result<Executable, String> {
+        constants::check(&self.layouts, &constants)?;
+        self.constants = constants;
+        Ok(self)
+    }
+
+    /// The constant leaves' values ([`Executable::with_constants`]).
+    pub fn constants(&self) -> &[Constant] {
+        &self.constants
     }
 
     /// [`Executable::new`] with the plan's report made here ([`Report::new`], without the
@@ -288,6 +311,7 @@ impl Executable {
             layouts: self.layouts.clone(),
             program: self.program.clone(),
             report: self.report.clone(),
+            constants: constants::encode(&self.constants),
         };
         let json = serde_json::to_vec(&payload)
             .map_err(|e| ExeError::new(Path::new("<memory>"), Problem::Encode(e.to_string())))?;
@@ -356,6 +380,7 @@ impl Executable {
                 p.precision, p.report.precision
             ))));
         }
+        let constants = constants::decode(p.constants).map_err(|e| fail(Problem::Corrupt(e)))?;
         let exe = Executable {
             model: p.model,
             precision: p.precision,
@@ -364,8 +389,10 @@ impl Executable {
             layouts: p.layouts,
             program: p.program,
             report: p.report,
+            constants,
         };
         exe.check_tables().map_err(|e| fail(Problem::Corrupt(e)))?;
+        constants::check(&exe.layouts, &exe.constants).map_err(|e| fail(Problem::Corrupt(e)))?;
         if cfg!(debug_assertions) {
             exe.check_program()
                 .map_err(|e| fail(Problem::Program(e.to_string())))?;

@@ -110,7 +110,7 @@ fn each_damage_to_the_envelope_is_named() {
     let e = problem(&v);
     assert_eq!(
         e.to_string(),
-        "step.ingot: it is a step executable of format version 2, but this ingot reads version 3; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
+        "step.ingot: it is a step executable of format version 2, but this ingot reads version 4; recompile it with this ingot (`ingot compile --model NAME -o FILE`)"
     );
     let mut v = good.to_vec();
     *v.last_mut().unwrap() ^= 1;
@@ -119,6 +119,107 @@ fn each_damage_to_the_envelope_is_named() {
     let e = problem(b"{\"model\": \"mlp\"}");
     assert!(matches!(e.problem, Problem::Magic { .. }), "{e}");
     assert!(e.to_string().contains("\"{\\\"model\\\""), "{e}");
+}
+
+#[test]
+fn a_constant_state_leaf_travels_in_the_file_and_one_that_fits_no_state_leaf_is_refused() {
+    let exe = Executable::from_bytes(fuzz_file(), "step.ingot").unwrap();
+    assert!(exe.constants().is_empty());
+    let state = |i: usize| {
+        exe.layouts()
+            .iter()
+            .filter(|l| l.kind == "state")
+            .nth(i)
+            .unwrap()
+            .clone()
+    };
+    let (a, b) = (state(1), state(2));
+    let value = |l: &exe::Layout, seed: u8| -> Vec<u8> {
+        (0..l.bytes)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    };
+    let constants = vec![
+        exe::Constant {
+            name: b.name.clone(),
+            bytes: value(&b, 7),
+        },
+        exe::Constant {
+            name: a.name.clone(),
+            bytes: value(&a, 1),
+        },
+    ];
+    let with = exe.clone().with_constants(constants.clone()).unwrap();
+    let bytes = with.to_bytes().unwrap();
+    let back = Executable::from_bytes(&bytes, "step.ingot").unwrap();
+    assert!(back == with, "the constants read back differ");
+    assert_eq!(back.constants(), &constants[..], "in the order given");
+    assert!(back.to_bytes().unwrap() == bytes);
+
+    // What cannot be a constant is refused naming it, when made and when read.
+    let param = exe
+        .layouts()
+        .iter()
+        .find(|l| l.kind == "parameter")
+        .unwrap();
+    let cases = [
+        (
+            param.name.clone(),
+            value(param, 0),
+            "names a parameter leaf",
+        ),
+        ("no.such.leaf".to_string(), vec![0; 4], "names no leaf"),
+        (a.name.clone(), value(&a, 0)[1..].to_vec(), "holds"),
+    ];
+    for (name, bytes, says) in cases {
+        let c = exe::Constant {
+            name: name.clone(),
+            bytes,
+        };
+        let e = exe.clone().with_constants(vec![c.clone()]).unwrap_err();
+        assert!(e.contains(&name) && e.contains(says), "{e}");
+        let file = edited(fuzz_file(), |v| {
+            v["constants"] = serde_json::json!([{
+                "name": c.name,
+                "data": base64_of(&c.bytes),
+            }]);
+        });
+        let e = Executable::from_bytes(&file, "step.ingot")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("corrupted") && e.contains(says), "{e}");
+    }
+    let twice = vec![constants[1].clone(), constants[1].clone()];
+    let e = exe.clone().with_constants(twice).unwrap_err();
+    assert!(e.contains("given twice"), "{e}");
+    let file = edited(fuzz_file(), |v| {
+        v["constants"] = serde_json::json!([{"name": a.name, "data": "not base64!"}]);
+    });
+    let e = Executable::from_bytes(&file, "step.ingot")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is not base64"), "{e}");
+}
+
+/// RFC 4648 base64 with padding, written here so the test does not read the file with the
+/// code it checks.
+fn base64_of(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.len();
+        let word = (chunk[0] as u32) << 16
+            | (*chunk.get(1).unwrap_or(&0) as u32) << 8
+            | *chunk.get(2).unwrap_or(&0) as u32;
+        for k in 0..4 {
+            if k <= n {
+                out.push(ABC[(word >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 #[test]

@@ -344,6 +344,8 @@ impl Session {
         // The allocation first: a plan too large for the device is refused (naming its sizes)
         // before any leaf's initial value is made on the host.
         let load = |e: ExecError| SessionError::Load(Box::new(e));
+        // Written into their leaves once the step is loaded (the executable moves into it).
+        let constants = exe.constants().to_vec();
         // On the CPU, the host heap the loading took (the one allocation and the program) is
         // measured where the process counts its allocations ([`crate::host_memory`]).
         let (backend, host) = crate::host_memory::held_by(|| -> Result<Backend, SessionError> {
@@ -364,6 +366,13 @@ impl Session {
         });
         let mut session = Session::loaded(backend?, None, seed)?;
         session.host_loaded = host.filter(|_| matches!(device, Device::Cpu));
+        // The state the step reads and never writes (an imported model's constants): the
+        // file's values, not the zeros state starts at.
+        for c in &constants {
+            let id = session.exe().leaf_id(&c.name)?;
+            let value = Tensor::from_le_bytes(session.exe().leaf_type(id), &c.bytes)?;
+            session.exe_mut().write_leaf(&c.name, &value)?;
+        }
         Ok(session)
     }
 
