@@ -5,7 +5,7 @@
 
 use ingot_compiler::autodiff::Step;
 use ingot_compiler::ir::DType;
-use ingot_compiler::models::gpt_decode::{gpt_decode, gpt_config_of};
+use ingot_compiler::models::gpt_decode::{gpt_config_of, gpt_decode};
 use ingot_compiler::pipeline;
 
 /// The README's main-job model, at batch 1 as `ingot generate` runs it.

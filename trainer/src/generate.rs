@@ -139,7 +139,13 @@ impl Generator {
             ));
         }
         let window = vec![0; seq * id_dtype.size()];
-        Ok(Generator::with(step, Engine::Window { window }, seq, vocab, id_dtype))
+        Ok(Generator::with(
+            step,
+            Engine::Window { window },
+            seq,
+            vocab,
+            id_dtype,
+        ))
     }
 
     /// Compiles and loads the decode step of `model`, a GPT (its name a `gpt:` spec or one of
@@ -164,8 +170,8 @@ impl Generator {
             _ => DType::F32,
         };
         let name = format!("{} (decode)", model.name);
-        let graph = gpt_decode::gpt_decode(&cfg, DType::F32, cache)
-            .map_err(|e| format!("{name}: {e}"))?;
+        let graph =
+            gpt_decode::gpt_decode(&cfg, DType::F32, cache).map_err(|e| format!("{name}: {e}"))?;
         // The attention recognizer knows the whole window's causal attention, not one query
         // over a masked cache: the decode step's attention stays plain math.
         let opts = pipeline::Options {

@@ -153,9 +153,7 @@ impl Inference {
             .collect();
         let params: IndexMap<String, Tensor> = parameters
             .iter()
-            .filter(|(n, _)| {
-                !is_state(n) && !is_cache(n) && !n.ends_with(".num_batches_tracked")
-            })
+            .filter(|(n, _)| !is_state(n) && !is_cache(n) && !n.ends_with(".num_batches_tracked"))
             .map(|(n, t)| (n.clone(), t.clone()))
             .collect();
         let buffers: IndexMap<String, Tensor> = parameters

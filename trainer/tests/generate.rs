@@ -190,7 +190,10 @@ fn the_cached_step_gives_the_whole_windows_tokens_and_logits_for_a_hundred_token
     assert_eq!(got, want);
     for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
         let r = relative_difference(a, b);
-        assert!(r <= 1e-5, "drawn token {i}: the logits differ by {r:e} relative");
+        assert!(
+            r <= 1e-5,
+            "drawn token {i}: the logits differ by {r:e} relative"
+        );
     }
     let distinct: std::collections::BTreeSet<_> = want.iter().collect();
     assert!(distinct.len() > 8, "too few distinct tokens: {want:?}");
@@ -211,7 +214,10 @@ fn the_cached_bf16_step_keeps_its_cache_in_bf16_and_follows_the_bf16_whole_windo
         let (_, a) = run_observed(&mut kv, &tokens[..end], 1, &GREEDY);
         let (_, b) = run_observed(&mut whole, &tokens[..end], 1, &GREEDY);
         let r = relative_difference(&a[0], &b[0]);
-        assert!(r <= 0.05, "prefix {end}: the bf16 logits differ by {r:e} relative");
+        assert!(
+            r <= 0.05,
+            "prefix {end}: the bf16 logits differ by {r:e} relative"
+        );
     }
 }
 

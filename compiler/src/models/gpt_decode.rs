@@ -104,7 +104,16 @@ pub fn gpt_decode(cfg: &GptConfig, dtype: DType, cache_dtype: DType) -> Result<G
     for i in 0..layers {
         let p = format!("blocks.{i}");
         let a = nn::layer_norm(&mut g, &format!("{p}.ln1"), h, LN_EPS)?;
-        let a = cached_attention(&mut g, &p, i, a, [batch, heads, seq, hd], cache_dtype, fill, future)?;
+        let a = cached_attention(
+            &mut g,
+            &p,
+            i,
+            a,
+            [batch, heads, seq, hd],
+            cache_dtype,
+            fill,
+            future,
+        )?;
         h = g
             .scoped(&p, |g| g.add(h, a))
             .map_err(|e| nn::in_layer(&p, e))?;
@@ -218,11 +227,19 @@ mod tests {
         let names: Vec<_> = caches.iter().map(|&id| g.leaf_name(id).unwrap()).collect();
         assert_eq!(
             names,
-            ["kv_cache.0.k", "kv_cache.0.v", "kv_cache.1.k", "kv_cache.1.v"]
+            [
+                "kv_cache.0.k",
+                "kv_cache.0.v",
+                "kv_cache.1.k",
+                "kv_cache.1.v"
+            ]
         );
         for &c in &caches {
             assert_eq!(g.ty(c).to_string(), "bf16[1,2,4,4]");
-            assert!(g.updates.iter().any(|u| u.target == c), "{c} is not updated");
+            assert!(
+                g.updates.iter().any(|u| u.target == c),
+                "{c} is not updated"
+            );
         }
         assert_eq!(g.ty(g.outputs["logits"]).shape.dims(), &[1, 16]);
         g.verify().unwrap();
