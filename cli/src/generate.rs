@@ -1,6 +1,8 @@
 //! `ingot generate`: text from a trained language model of the GPT family
 //! ([`ingot_trainer::generate::Generator`]): the prompt's tokens, then `--tokens N` more drawn
-//! one at a time by a forward-only step planned before the first token.
+//! one at a time by the model's decode step with its KV cache (or, with `--whole-window`, the
+//! forward step over the whole context window, the reference), planned before the first token;
+//! the planned bytes are printed on standard error before it.
 
 use super::eval::{DeviceArgs, WeightsArgs};
 use super::Failure;
@@ -31,6 +33,13 @@ pub struct GenerateArgs {
     pub seed: u64,
     #[command(flatten)]
     pub device: DeviceArgs,
+    #[command(flatten)]
+    pub precision: super::PrecisionArgs,
+    /// Run the forward step over the whole context window for each token instead of the
+    /// decode step with its KV cache: the reference the cached step is checked against
+    /// (the same context, so the same greedy tokens), `seq` times the work per token.
+    #[arg(long = "whole-window")]
+    pub whole_window: bool,
     /// Print one JSON object ({"prompt", "text", "tokens"}) instead of the text.
     #[arg(long)]
     pub json: bool,
@@ -52,14 +61,38 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
         )
     })?;
     let model = ingot_compiler::models::at_batch(&name, 1, ingot_compiler::ir::DType::F32)?;
-    let mut generator = Generator::new(
-        &model,
-        ingot_compiler::precision::Precision::F32,
-        &device.options(),
-        device,
-    )
+    let precision = a
+        .precision
+        .for_device(a.device.device)?
+        .unwrap_or(model.precision);
+    let mut opts = device.options();
+    opts.precision = Some(precision);
+    // The decode step is the GPT family's; another language model runs the whole window.
+    let cached =
+        !a.whole_window && ingot_compiler::models::gpt_decode::gpt_config_of(&model.name).is_some();
+    let mut generator = if cached {
+        Generator::cached(&model, precision, &opts, device)
+    } else {
+        Generator::new(&model, precision, &opts, device)
+    }
     .map_err(|e| Failure::new(1, e))?;
     weights.load_into(generator.step_mut(), &model.name)?;
+    // The peak, before the first token.
+    let human = ingot_compiler::report::human;
+    if generator.is_cached() {
+        crate::errln!(
+            "generate: the decode step of {} planned in one allocation of {} (KV cache {}), in {precision}",
+            model.name,
+            human(generator.planned_bytes()),
+            human(generator.cache_bytes())
+        );
+    } else {
+        crate::errln!(
+            "generate: the whole-window step of {} planned in one allocation of {}, in {precision}",
+            model.name,
+            human(generator.planned_bytes())
+        );
+    }
     let tokenizer = Tokenizer::Bytes;
     let prompt = tokenizer.encode(&a.prompt);
     let sampling = Sampling {
@@ -68,15 +101,30 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
         seed: a.seed,
     };
     let mut tokens = Vec::with_capacity(a.tokens as usize);
+    let started = std::time::Instant::now();
     generator
         .generate(&prompt, a.tokens as usize, &sampling, |t| {
             tokens.push(t);
             Ok(())
         })
         .map_err(|e| Failure::new(1, e))?;
+    // The rate on standard error, so the text (and the JSON) stay the same run to run.
+    let seconds = started.elapsed().as_secs_f64();
+    crate::errln!(
+        "generate: {} tokens in {seconds:.3} s ({:.1} tokens/s, after a {}-token prompt)",
+        tokens.len(),
+        tokens.len() as f64 / seconds.max(1e-9),
+        prompt.len()
+    );
     let text = tokenizer.decode(&tokens);
     if a.json {
-        let line = serde_json::json!({ "prompt": a.prompt, "text": text, "tokens": tokens });
+        let line = serde_json::json!({
+            "prompt": a.prompt,
+            "text": text,
+            "tokens": tokens,
+            "cached": generator.is_cached(),
+            "planned_bytes": generator.planned_bytes(),
+        });
         return crate::outln!("{line}");
     }
     crate::outln!("{}{text}", a.prompt)

@@ -349,3 +349,72 @@ fn generate_continues_a_prompt_and_repeats_under_a_seed() {
     assert_eq!(code, 2, "{e}");
     assert!(e.contains("--model"), "{e}");
 }
+
+#[test]
+fn generate_by_the_kv_cache_prints_its_plan_first_and_the_whole_windows_greedy_text() {
+    let d = cli::scratch("infer", "generate_cached");
+    let text = cli::letter_tokens(&d, 600);
+    let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=4";
+    let weights = d.join("w.safetensors");
+    ok(&ingot(&[
+        "train",
+        "--model",
+        gpt,
+        "--dataset",
+        s(&text),
+        "--steps",
+        "20",
+        "--save",
+        s(&weights),
+        "--threads",
+        "1",
+    ]));
+    // 40 greedy tokens after a 3-token prompt: the 16-token window slides 4 times.
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            gpt,
+            "--init",
+            s(&weights),
+            "--prompt",
+            "abc",
+            "--tokens",
+            "40",
+            "--temperature",
+            "0",
+            "--threads",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{err}");
+        (json_lines(&out).remove(0), err)
+    };
+    let (cached, err) = generate(&[]);
+    let (whole, whole_err) = generate(&["--whole-window"]);
+    assert_eq!(cached["tokens"], whole["tokens"]);
+    assert_eq!(cached["tokens"].as_array().unwrap().len(), 40);
+    assert_eq!(
+        (cached["cached"].as_bool(), whole["cached"].as_bool()),
+        (Some(true), Some(false))
+    );
+    let planned = err.find("the decode step of").expect(&err);
+    let rate = err.find("40 tokens in").expect(&err);
+    assert!(
+        planned < rate,
+        "the plan is printed after the tokens: {err}"
+    );
+    assert!(
+        err.contains("(KV cache ") && err.contains("in f32"),
+        "{err}"
+    );
+    assert!(
+        whole_err.contains("the whole-window step of"),
+        "{whole_err}"
+    );
+    let (bf16, err) = generate(&["--precision", "bf16"]);
+    assert!(err.contains("in bf16"), "{err}");
+    assert_eq!(bf16["tokens"].as_array().unwrap().len(), 40);
+}

@@ -1,23 +1,31 @@
-//! Text generation from a trained language model (the GPT family): a forward-only step over
-//! the model's whole context window ([`crate::infer::Inference`] of the model's graph reduced
-//! to its logits, [`ingot_compiler::trace::logits::logits_only`]), planned before the first
-//! token, run once per token; the logits at the last filled position are sampled, and when
-//! the window is full it slides by one token (nanoGPT's `idx[:, -block_size:]`).
+//! Text generation from a trained language model (the GPT family), by one of two steps, each
+//! planned before the first token (its peak known, [`Generator::planned_bytes`]) and run once
+//! per token with nothing allocated:
+//! - [`Generator::cached`] (the default of `ingot generate`): the model's decode step
+//!   ([`ingot_compiler::models::gpt_decode`]), one token at a time against a KV cache that is
+//!   resident state of the step, `O(seq · d)` per layer and token;
+//! - [`Generator::new`], the reference: a forward-only step over the model's whole context window
+//!   ([`crate::infer::Inference`] of the model's graph reduced to its logits,
+//!   [`ingot_compiler::trace::logits::logits_only`]), whose logits at the last filled position
+//!   are sampled (causal attention makes the padding past it invisible), `seq` times the FLOPs.
 //!
-//! Why the whole window each token rather than a KV cache: a cache needs the step to write one
-//! position of a resident buffer chosen at run time (a dynamic update slice) and attention to
-//! read a growing prefix, which the IR does not express yet. The whole window costs `seq` times
-//! the FLOPs of one cached position, but it is exact (causal attention makes the padding past
-//! the last filled position invisible to it), and it keeps the plan's promise: one allocation,
-//! nothing allocated per token.
+//! Both see the same context, so greedy decoding gives the same tokens by either: the prompt's
+//! last `seq` tokens, then each drawn token; when the window is full, the context keeps its last
+//! `seq / 2` tokens (llama.cpp's context shift). The learned position embeddings tie a cached key
+//! to its position, so a slide by one token would have to recompute the whole cache each token;
+//! halving recomputes it once per `seq / 2` tokens (the cached step refills its cache by feeding
+//! the kept tokens from position 0), about one more decode step per generated token.
+//! The prompt goes through the decode step token by token too (the decode step is the one step
+//! planned; a prompt is at most `seq` tokens of `O(seq · d)` each).
 //!
 //! Tokens come from a [`Tokenizer`]: the byte-level one ([`Tokenizer::Bytes`], the tokens
 //! `ingot data bytes` writes) is the only one now; others plug in as variants.
 
 use crate::infer::Inference;
 use crate::session::Device;
-use ingot_compiler::ir::{DType, LeafKind};
-use ingot_compiler::models::Model;
+use ingot_compiler::ir::{DType, LeafKind, NodeId};
+use ingot_compiler::models::gpt_decode::{self, gpt_config_of};
+use ingot_compiler::models::{GptConfig, Model};
 use ingot_compiler::pipeline;
 use ingot_compiler::precision::Precision;
 use rand_chacha::rand_core::{Rng, SeedableRng};
@@ -65,22 +73,39 @@ pub struct Sampling {
     pub seed: u64,
 }
 
+/// How the loaded step sees the context.
+enum Engine {
+    /// The whole window each token: the window's ids as the input `x` holds them
+    /// (`[1, seq]`, little-endian).
+    Window { window: Vec<u8> },
+    /// The decode step: its token and position inputs, and how many tokens of the context
+    /// its KV cache holds (the first `fed`).
+    Cached {
+        token: NodeId,
+        position: NodeId,
+        fed: usize,
+    },
+}
+
 /// A language model's generation step, loaded, with the buffers each token reuses.
 pub struct Generator {
     step: Inference,
+    engine: Engine,
     seq: usize,
     vocab: usize,
-    /// The window's ids as the input `x` holds them (`[1, seq]`, little-endian).
-    window: Vec<u8>,
     id_dtype: DType,
+    /// The tokens the model sees (at most `seq`; allocated once).
+    context: Vec<u32>,
     logits: Vec<f32>,
     /// Token ids ordered for top-k (allocated once).
     order: Vec<u32>,
 }
 
 impl Generator {
-    /// Compiles and loads the generation step of `model` (a language model at batch 1: input
-    /// `x` of `[1, seq]` ids, a softmax cross-entropy over `[seq, vocab]` logits) on `device`.
+    /// Compiles and loads the whole-window generation step of `model` (a language model at
+    /// batch 1: input `x` of `[1, seq]` ids, a softmax cross-entropy over `[seq, vocab]`
+    /// logits) on `device`: the reference [`Generator::cached`] is checked against, and the
+    /// step for language models that are not of the GPT family.
     pub fn new(
         model: &Model,
         precision: Precision,
@@ -113,15 +138,73 @@ impl Generator {
                 model.name
             ));
         }
-        Ok(Generator {
+        let window = vec![0; seq * id_dtype.size()];
+        Ok(Generator::with(
             step,
+            Engine::Window { window },
             seq,
             vocab,
-            window: vec![0; seq * id_dtype.size()],
             id_dtype,
+        ))
+    }
+
+    /// Compiles and loads the decode step of `model`, a GPT (its name a `gpt:` spec or one of
+    /// the named GPTs; its batch is ignored: one sequence), with its KV cache (bf16 under
+    /// [`Precision::Bf16`], else f32) in the step's one allocation, on `device`. A model that
+    /// is not a GPT is an error saying so.
+    pub fn cached(
+        model: &Model,
+        precision: Precision,
+        opts: &pipeline::Options,
+        device: Device,
+    ) -> Result<Generator, String> {
+        let cfg = gpt_config_of(&model.name).ok_or_else(|| {
+            format!(
+                "{}: the cached decode step is built for the GPT family only; this model needs the whole-window step",
+                model.name
+            )
+        })?;
+        let cfg = GptConfig { batch: 1, ..cfg };
+        let cache = match precision {
+            Precision::Bf16 => DType::BF16,
+            _ => DType::F32,
+        };
+        let name = format!("{} (decode)", model.name);
+        let graph =
+            gpt_decode::gpt_decode(&cfg, DType::F32, cache).map_err(|e| format!("{name}: {e}"))?;
+        // The attention recognizer knows the whole window's causal attention, not one query
+        // over a masked cache: the decode step's attention stays plain math.
+        let opts = pipeline::Options {
+            fuse_attention: false,
+            ..opts.clone()
+        };
+        let step = Inference::new(&name, &graph, precision, &opts, device)?;
+        let slot = |input: &str| {
+            step.input(input)
+                .map(|(id, _)| id)
+                .ok_or_else(|| format!("{name} has no input {input}"))
+        };
+        let (token, position) = (slot(gpt_decode::TOKEN)?, slot(gpt_decode::POSITION)?);
+        let id_dtype = step.graph().ty(token).dtype;
+        let engine = Engine::Cached {
+            token,
+            position,
+            fed: 0,
+        };
+        Ok(Generator::with(step, engine, cfg.seq, cfg.vocab, id_dtype))
+    }
+
+    fn with(step: Inference, engine: Engine, seq: usize, vocab: usize, id_dtype: DType) -> Self {
+        Generator {
+            step,
+            engine,
+            seq,
+            vocab,
+            id_dtype,
+            context: Vec::with_capacity(seq),
             logits: vec![0.0; vocab],
             order: (0..vocab as u32).collect(),
-        })
+        }
     }
 
     /// The loaded step (to load weights into, or to read its plan).
@@ -134,21 +217,50 @@ impl Generator {
         &self.step
     }
 
+    /// Whether this is the cached decode step (else the whole window's).
+    pub fn is_cached(&self) -> bool {
+        matches!(self.engine, Engine::Cached { .. })
+    }
+
+    /// The bytes of the step's one allocation (weights, KV cache, activations): the peak,
+    /// known before the first token.
+    pub fn planned_bytes(&self) -> usize {
+        self.step.planned_bytes()
+    }
+
+    /// The bytes of the KV cache within [`Generator::planned_bytes`] (0 for the whole window).
+    pub fn cache_bytes(&self) -> usize {
+        self.step.state_bytes(gpt_decode::is_cache)
+    }
+
     /// The model's context window and vocabulary.
     pub fn window_and_vocab(&self) -> (usize, usize) {
         (self.seq, self.vocab)
     }
 
-    /// Generates `n` tokens after `prompt`, handing each to `emit` as it is drawn. The step
-    /// runs once per token on the last `seq` tokens so far; nothing is allocated per token
-    /// here (the caller's `emit` decides what it keeps). An empty prompt, or a token outside
-    /// the vocabulary, is an error naming it.
+    /// Generates `n` tokens after `prompt`, handing each to `emit` as it is drawn
+    /// ([`Generator::generate_observed`] without the logits).
     pub fn generate(
         &mut self,
         prompt: &[u32],
         n: usize,
         sampling: &Sampling,
         mut emit: impl FnMut(u32) -> Result<(), String>,
+    ) -> Result<(), String> {
+        self.generate_observed(prompt, n, sampling, |t, _| emit(t))
+    }
+
+    /// Generates `n` tokens after `prompt`, handing each to `emit` as it is drawn, with the
+    /// logits it was drawn from. The step runs once per token (the cached step also once per
+    /// prompt token, and per kept token after a slide); nothing is allocated per token here
+    /// (the caller's `emit` decides what it keeps). An empty prompt, or a token outside the
+    /// vocabulary, is an error naming it.
+    pub fn generate_observed(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        sampling: &Sampling,
+        mut emit: impl FnMut(u32, &[f32]) -> Result<(), String>,
     ) -> Result<(), String> {
         if prompt.is_empty() {
             return Err("the prompt holds no token: give at least one character".into());
@@ -164,43 +276,70 @@ impl Generator {
             return Err("top-k must be at least 1 and the temperature 0 or more".into());
         }
         let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
-        // The window: the prompt's last `seq` tokens, then each drawn token.
+        // The context: the prompt's last `seq` tokens, then each drawn token.
         let start = prompt.len().saturating_sub(self.seq);
-        let mut filled = 0;
-        for &t in &prompt[start..] {
-            self.put(filled, t);
-            filled += 1;
-        }
+        self.context.clear();
+        self.context.extend_from_slice(&prompt[start..]);
+        self.forget_cache();
         for _ in 0..n {
-            self.step.run(&self.window, None)?;
-            self.step.logits_row(filled - 1, &mut self.logits)?;
-            let token = self.draw(sampling, &mut rng);
-            emit(token)?;
-            if filled == self.seq {
-                // Slide by one token: drop the oldest id.
-                let size = self.id_dtype.size();
-                self.window.copy_within(size.., 0);
-                filled -= 1;
+            self.forward()?;
+            let token = sample(&self.logits, &mut self.order, sampling, &mut rng);
+            emit(token, &self.logits)?;
+            if self.context.len() == self.seq {
+                // Keep the last half; the cache holds positions no longer theirs.
+                let keep = self.seq / 2;
+                self.context.copy_within(self.seq - keep.., 0);
+                self.context.truncate(keep);
+                self.forget_cache();
             }
-            self.put(filled, token);
-            filled += 1;
+            self.context.push(token);
         }
         Ok(())
     }
 
-    /// Writes token `t` at position `i` of the window, in the input's id type.
-    fn put(&mut self, i: usize, t: u32) {
-        let size = self.id_dtype.size();
-        let at = &mut self.window[i * size..(i + 1) * size];
-        match self.id_dtype {
-            DType::I32 => at.copy_from_slice(&(t as i32).to_le_bytes()),
-            _ => at.copy_from_slice(&(t as i64).to_le_bytes()[..size]),
+    /// Marks the KV cache as holding none of the context.
+    fn forget_cache(&mut self) {
+        if let Engine::Cached { fed, .. } = &mut self.engine {
+            *fed = 0;
         }
     }
 
-    /// The next token from `self.logits` as `sampling` says.
-    fn draw(&mut self, sampling: &Sampling, rng: &mut ChaCha8Rng) -> u32 {
-        sample(&self.logits, &mut self.order, sampling, rng)
+    /// Runs the step on the context and reads the next token's logits into `self.logits`.
+    fn forward(&mut self) -> Result<(), String> {
+        let size = self.id_dtype.size();
+        let last = self.context.len() - 1;
+        match &mut self.engine {
+            Engine::Window { window } => {
+                for (i, &t) in self.context.iter().enumerate() {
+                    put(&mut window[i * size..(i + 1) * size], self.id_dtype, t);
+                }
+                self.step.run(window, None)?;
+                self.step.logits_row(last, &mut self.logits)
+            }
+            Engine::Cached {
+                token,
+                position,
+                fed,
+            } => {
+                let (mut t, mut p) = ([0u8; 8], [0u8; 8]);
+                while *fed < self.context.len() {
+                    put(&mut t[..size], self.id_dtype, self.context[*fed]);
+                    put(&mut p[..size], self.id_dtype, *fed as u32);
+                    self.step
+                        .run_inputs(&[(*token, &t[..size]), (*position, &p[..size])])?;
+                    *fed += 1;
+                }
+                self.step.logits_row(0, &mut self.logits)
+            }
+        }
+    }
+}
+
+/// Writes id `t` into `at` in the id type `dtype` (i32, else i64 cut to `at`'s length).
+fn put(at: &mut [u8], dtype: DType, t: u32) {
+    match dtype {
+        DType::I32 => at.copy_from_slice(&(t as i32).to_le_bytes()),
+        _ => at.copy_from_slice(&(t as i64).to_le_bytes()[..at.len()]),
     }
 }
 

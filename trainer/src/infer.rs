@@ -15,6 +15,7 @@ use crate::data::BatchSource;
 use crate::session::{Device, Session};
 use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
+use ingot_compiler::models::gpt_decode::is_cache;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::Location;
 use ingot_compiler::precision::Precision;
@@ -140,16 +141,27 @@ impl Inference {
             .filter_map(|id| g.leaf_name(id).map(str::to_string))
             .collect();
         let is_state = |n: &str| state_leaves.iter().any(|s| s == n);
+        // A decode step's KV cache is state of the step, not of the model: it starts at zeros
+        // (whatever was saved) and the step fills it.
+        let cache: IndexMap<String, Tensor> = g
+            .leaves(LeafKind::State)
+            .into_iter()
+            .filter_map(|id| {
+                let name = g.leaf_name(id)?;
+                is_cache(name).then(|| (name.to_string(), Tensor::zeros(g.ty(id).clone())))
+            })
+            .collect();
         let params: IndexMap<String, Tensor> = parameters
             .iter()
-            .filter(|(n, _)| !is_state(n) && !n.ends_with(".num_batches_tracked"))
+            .filter(|(n, _)| !is_state(n) && !is_cache(n) && !n.ends_with(".num_batches_tracked"))
             .map(|(n, t)| (n.clone(), t.clone()))
             .collect();
         let buffers: IndexMap<String, Tensor> = parameters
             .iter()
             .chain(state)
-            .filter(|(n, _)| is_state(n))
+            .filter(|(n, _)| is_state(n) && !is_cache(n))
             .map(|(n, t)| (n.clone(), t.clone()))
+            .chain(cache)
             .collect();
         self.session
             .load_parameters(&params)
@@ -160,6 +172,38 @@ impl Inference {
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// The planned slot of the step input `name` (its node and bytes), if the step has it.
+    pub fn input(&self, name: &str) -> Option<(NodeId, usize)> {
+        let g = self.session.graph();
+        g.leaf(name)
+            .filter(|id| g.leaves(LeafKind::Input).contains(id))
+            .map(|id| (id, self.session.exe().plan().location(g, id).bytes))
+    }
+
+    /// The bytes of the step's one allocation: its whole peak, known before the first run.
+    pub fn planned_bytes(&self) -> usize {
+        self.session.exe().plan().total_bytes
+    }
+
+    /// The resident bytes of the step's state leaves whose names `which` accepts (a decode
+    /// step's KV cache).
+    pub fn state_bytes(&self, which: impl Fn(&str) -> bool) -> usize {
+        let g = self.session.graph();
+        g.leaves(LeafKind::State)
+            .into_iter()
+            .filter(|&id| g.leaf_name(id).is_some_and(&which))
+            .map(|id| g.ty(id).bytes())
+            .sum()
+    }
+
+    /// Runs the step with `inputs` (nodes from [`Inference::input`] and their bytes) copied
+    /// into their planned slots. Allocates nothing.
+    pub fn run_inputs(&mut self, inputs: &[(NodeId, &[u8])]) -> Result<(), String> {
+        self.session
+            .run_with_inputs(inputs)
+            .map_err(|e| format!("running the forward step: {e}"))
     }
 
     /// Runs the step on the batch given as the bytes of `x` (and `y`, where the step reads

@@ -1,7 +1,9 @@
-//! Text generation ([`ingot_trainer::generate`]): the planned generation step's greedy tokens
-//! are the ones an independent reference takes (the CPU interpreter running the unplanned,
-//! unfused forward graph, its argmax taken here), draws repeat under a seed, and tokens after
-//! the first allocate nothing (a counting allocator watches this test binary).
+//! Text generation ([`ingot_trainer::generate`]): the planned generation steps' greedy tokens
+//! (the whole window's and the cached decode step's) are the ones an independent reference
+//! takes (the CPU interpreter running the unplanned, unfused forward graph over the same
+//! context, its argmax taken here), the cached step's logits are the whole window's at every
+//! position, draws repeat under a seed, and tokens after the first allocate nothing (a counting
+//! allocator watches this test binary).
 
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
@@ -35,10 +37,63 @@ fn model_and_weights() -> (Model, IndexMap<String, Tensor>) {
 }
 
 fn generator(m: &Model, w: &IndexMap<String, Tensor>) -> Generator {
+    generator_in(m, w, Precision::F32, false)
+}
+
+fn cached(m: &Model, w: &IndexMap<String, Tensor>) -> Generator {
+    generator_in(m, w, Precision::F32, true)
+}
+
+/// The whole-window generator of `m`, or with `cached` its decode step, with weights `w`.
+fn generator_in(
+    m: &Model,
+    w: &IndexMap<String, Tensor>,
+    precision: Precision,
+    cached: bool,
+) -> Generator {
     ingot_runtime::cpu::threads::set_default_threads(1);
-    let mut g = Generator::new(m, Precision::F32, &Session::cpu_options(), Device::Cpu).unwrap();
+    let opts = Session::cpu_options();
+    let mut g = if cached {
+        Generator::cached(m, precision, &opts, Device::Cpu).unwrap()
+    } else {
+        Generator::new(m, precision, &opts, Device::Cpu).unwrap()
+    };
+    assert_eq!(g.is_cached(), cached);
     g.step_mut().load_weights(w, &IndexMap::new()).unwrap();
     g
+}
+
+const GREEDY: Sampling = Sampling {
+    temperature: 0.0,
+    top_k: None,
+    seed: 0,
+};
+
+/// The tokens and, for each, the logits it was drawn from.
+fn run_observed(
+    g: &mut Generator,
+    prompt: &[u32],
+    n: usize,
+    s: &Sampling,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+    g.generate_observed(prompt, n, s, |t, l| {
+        tokens.push(t);
+        logits.push(l.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    (tokens, logits)
+}
+
+/// The largest difference between two rows of logits over the largest magnitude in `want`.
+fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
+    let scale = want.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+    diff / scale.max(f64::MIN_POSITIVE)
 }
 
 fn run(g: &mut Generator, prompt: &[u32], n: usize, s: &Sampling) -> Vec<u32> {
@@ -51,14 +106,17 @@ fn run(g: &mut Generator, prompt: &[u32], n: usize, s: &Sampling) -> Vec<u32> {
     out
 }
 
-/// Greedy tokens by the interpreter on the forward graph reduced to its logits, the window
-/// sliding as nanoGPT's `idx[:, -block_size:]`.
+/// Greedy tokens by the interpreter on the forward graph reduced to its logits, over the
+/// context the generators keep: the prompt's last `seq` tokens and each drawn one, the last
+/// `seq / 2` kept when the window is full.
 fn reference_greedy(m: &Model, w: &IndexMap<String, Tensor>, prompt: &[u32], n: usize) -> Vec<u32> {
     let g = ingot_compiler::trace::logits::logits_only(&m.graph).unwrap();
     let (seq, vocab) = (8, 32);
     let mut all: Vec<u32> = prompt.to_vec();
+    let mut start = prompt.len().saturating_sub(seq);
     for _ in 0..n {
-        let window = &all[all.len().saturating_sub(seq)..];
+        let window = &all[start..];
+        assert!(window.len() <= seq);
         let mut ids = vec![0i64; seq];
         for (i, &t) in window.iter().enumerate() {
             ids[i] = t as i64;
@@ -74,31 +132,103 @@ fn reference_greedy(m: &Model, w: &IndexMap<String, Tensor>, prompt: &[u32], n: 
                 best = i;
             }
         }
+        if window.len() == seq {
+            start = all.len() - seq / 2;
+        }
         all.push(best as u32);
     }
     all[prompt.len()..].to_vec()
 }
 
 #[test]
-fn greedy_generation_takes_the_references_argmax_at_every_token_through_a_sliding_window() {
+fn greedy_generation_takes_the_references_argmax_at_every_token_through_window_slides() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (m, w) = model_and_weights();
-    let mut g = generator(&m, &w);
-    let greedy = Sampling {
-        temperature: 0.0,
-        top_k: None,
-        seed: 0,
-    };
-    // 3 prompt tokens and 12 more: the 8-token window slides for the last 7.
+    // 3 prompt tokens and 20 more: the 8-token window fills and slides several times.
     let prompt = [5, 17, 2];
-    let got = run(&mut g, &prompt, 12, &greedy);
-    let want = reference_greedy(&m, &w, &prompt, 12);
-    assert_eq!(got, want);
+    let want = reference_greedy(&m, &w, &prompt, 20);
     let distinct: std::collections::BTreeSet<_> = want.iter().collect();
     assert!(
         distinct.len() > 1,
         "the reference repeats one token: {want:?}"
     );
+    for is_cached in [false, true] {
+        let mut g = generator_in(&m, &w, Precision::F32, is_cached);
+        assert_eq!(
+            run(&mut g, &prompt, 20, &GREEDY),
+            want,
+            "cached: {is_cached}"
+        );
+    }
+}
+
+#[test]
+fn the_cached_step_gives_the_whole_windows_tokens_and_logits_for_a_hundred_tokens_past_slides() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (m, w) = model_and_weights();
+    let mut whole = generator(&m, &w);
+    let mut kv = cached(&m, &w);
+    // A prompt longer than the window (its last 8 tokens are the context), then 120 tokens:
+    // the window slides every 4.
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 32).collect();
+    let (want, want_logits) = run_observed(&mut whole, &prompt, 120, &GREEDY);
+    let (got, got_logits) = run_observed(&mut kv, &prompt, 120, &GREEDY);
+    assert_eq!(got, want);
+    for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
+        let r = relative_difference(a, b);
+        assert!(r <= 1e-5, "token {i}: the logits differ by {r:e} relative");
+    }
+    // Greedy decoding of these weights settles on a few tokens; draws at temperature 1 (the
+    // same logits and seed give the same draws) take the two steps through varied contexts.
+    let s = Sampling {
+        temperature: 1.0,
+        top_k: None,
+        seed: 9,
+    };
+    let (want, want_logits) = run_observed(&mut whole, &prompt, 120, &s);
+    let (got, got_logits) = run_observed(&mut kv, &prompt, 120, &s);
+    assert_eq!(got, want);
+    for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
+        let r = relative_difference(a, b);
+        assert!(
+            r <= 1e-5,
+            "drawn token {i}: the logits differ by {r:e} relative"
+        );
+    }
+    let distinct: std::collections::BTreeSet<_> = want.iter().collect();
+    assert!(distinct.len() > 8, "too few distinct tokens: {want:?}");
+}
+
+#[test]
+fn the_cached_bf16_step_keeps_its_cache_in_bf16_and_follows_the_bf16_whole_window() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (m, w) = model_and_weights();
+    let mut kv = generator_in(&m, &w, Precision::Bf16, true);
+    let mut whole = generator_in(&m, &w, Precision::Bf16, false);
+    // 2 layers, K and V, [1, 2 heads, 8, 8] in bf16.
+    assert_eq!(kv.cache_bytes(), 4 * 2 * 8 * 8 * 2);
+    // Teacher-forced over one token sequence, so both see the same contexts: the logits of
+    // each prefix agree to bf16's precision (the two steps round at different places).
+    let tokens: Vec<u32> = (0..14).map(|i| (i * 5 + 1) % 32).collect();
+    for end in 1..=tokens.len() {
+        let (_, a) = run_observed(&mut kv, &tokens[..end], 1, &GREEDY);
+        let (_, b) = run_observed(&mut whole, &tokens[..end], 1, &GREEDY);
+        let r = relative_difference(&a[0], &b[0]);
+        assert!(
+            r <= 0.05,
+            "prefix {end}: the bf16 logits differ by {r:e} relative"
+        );
+    }
+}
+
+#[test]
+fn the_cached_step_is_refused_for_a_model_outside_the_gpt_family() {
+    let m = models::by_name("mlp").unwrap();
+    let e = match Generator::cached(&m, Precision::F32, &Session::cpu_options(), Device::Cpu) {
+        Ok(_) => panic!("the mlp has a decode step"),
+        Err(e) => e,
+    };
+    assert!(e.contains("mlp") && e.contains("GPT family"), "{e}");
 }
 
 #[test]
@@ -125,7 +255,18 @@ fn the_same_seed_draws_the_same_tokens_and_another_seed_others() {
 fn generated_tokens_allocate_nothing_after_the_first() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (m, w) = model_and_weights();
-    let mut g = generator(&m, &w);
+    allocates_nothing_after_the_first_token(&mut generator(&m, &w));
+}
+
+#[test]
+fn a_thousand_cached_tokens_allocate_nothing_after_the_first() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (m, w) = model_and_weights();
+    allocates_nothing_after_the_first_token(&mut cached(&m, &w));
+}
+
+/// 1,000 tokens from `g` (the window sliding every few), the heap's allocations counted.
+fn allocates_nothing_after_the_first_token(g: &mut Generator) {
     let s = Sampling {
         temperature: 1.0,
         top_k: Some(5),

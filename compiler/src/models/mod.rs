@@ -16,6 +16,7 @@
 
 mod cnn;
 mod gpt;
+pub mod gpt_decode;
 mod mlp;
 mod optimizer;
 mod precision;
