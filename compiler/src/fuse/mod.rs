@@ -335,9 +335,9 @@ pub const SCRATCH_FREE: usize = 64 << 10;
 /// tables and lane buffers, which grow with its body) is over it is cut into pieces of about
 /// that scratch each, at values evenly spaced through what it expanded. The plan holds the
 /// largest value anyway, so a kernel's scratch under it is bounded by the plan it is part
-/// of; over it, a kernel that expanded a long chain of tiny values (a deep model's weight
-/// gradient summed over 2,000 layers of f32[8, 8]: 1.26 MiB of scratch for 256-byte values)
-/// costs more than storing them. Every kernel of the reference models is far under their
+/// of; over it, a kernel that expanded a long chain of tiny single-use values (one of 2,000
+/// layers of f32[8, 8] had 1.26 MiB of scratch, for 256-byte values) costs more than storing
+/// them. Every kernel of the reference models is far under their
 /// largest value, so none is cut.
 fn scratch_cuts(g: &Graph, mat: &[bool], groups: &[Group], largest: usize) -> Vec<NodeId> {
     let bound = largest.max(SCRATCH_FREE);
