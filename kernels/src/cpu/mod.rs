@@ -17,6 +17,7 @@ pub mod par;
 pub mod pool;
 pub mod reduce;
 pub mod scalar;
+pub mod tanh;
 
 pub use gemm::{batched_matmul_ws, gemm_ws, workspace_len, GemmError};
 pub use layout::{
