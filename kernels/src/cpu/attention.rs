@@ -10,7 +10,8 @@
 //!   `dp_ij = dout_i·v_j`, `ds_ij = p_ij (dp_ij − delta_i)`; `dv_j = Σ_i p_ij dout_i`,
 //!   `dq_i = scale Σ_j ds_ij k_j`, `dk_j = scale Σ_i ds_ij q_i`.
 //!
-//! Arithmetic is f32. bf16 operands are widened exactly; as in the bf16 tensor-core kernels,
+//! Arithmetic is f32, the exponentials [`exp_f32`]'s (branch-free, within 1 ulp, so that a row's
+//! run of them vectorises; the CUDA kernels use CUDA's). bf16 operands are widened exactly; as in the bf16 tensor-core kernels,
 //! the probabilities (and in the backward pass `ds`) are rounded to bf16 before they enter a
 //! product with a bf16 operand, and every bf16 output is rounded once, to nearest even, when
 //! stored. Sums run in index order (keys for a row, queries for a key), so results are
@@ -34,6 +35,7 @@
 //! its layout is a broken precondition and panics with a message; the runtime checks shapes
 //! before it calls in.
 
+use super::exp::exp_f32;
 use super::par::pool_threads;
 use crate::attention::{Layout, Strides};
 use crate::dtype::round_bf16;
@@ -244,11 +246,11 @@ fn forward_with<T: Elem>(
                     m = m.max(x);
                 }
             }
-            let mut sum = 0.0f32;
+            // The exponentials in one vectorised loop, then their sum in index order.
             for x in &mut row[..n] {
-                *x = (*x - m).exp();
-                sum += *x;
+                *x = exp_f32(*x - m);
             }
+            let sum = row[..n].iter().fold(0.0f32, |a, &x| a + x);
             acc.fill(0.0);
             for (j, &r) in row[..n].iter().enumerate() {
                 let p = operand::<T>(r / sum);
@@ -440,13 +442,13 @@ fn backward_with<T: Elem>(
                 dots_transposed(qi, kt, tk, &mut p_row[..n]);
                 dots_transposed(gi, vt, tk, &mut ds_row[..n]);
                 for (p, ds) in p_row[..n].iter_mut().zip(&mut ds_row[..n]) {
-                    *p = (*p * s.scale - lse_i).exp();
+                    *p = exp_f32(*p * s.scale - lse_i);
                     *ds = operand::<T>(*p * (*ds - delta));
                 }
             } else {
                 for j in 0..n {
                     let (kj, vj) = (s.row(k, &l.kv, b, j), s.row(v, &l.kv, b, j));
-                    let p = (dot(qi, kj) * s.scale - lse_i).exp();
+                    let p = exp_f32(dot(qi, kj) * s.scale - lse_i);
                     p_row[j] = p;
                     ds_row[j] = operand::<T>(p * (dot(gi, vj) - delta));
                 }
