@@ -30,9 +30,9 @@ pub fn exp_f32(x: f32) -> f32 {
     let n = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     let r = c - k * 0.693_359_375 - k * -2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
+        + 1.666_666_6e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let e = p * (r * r) + r + 1.0;
     // 2^k = 2^(k/2) · 2^(k - k/2), each factor a normal f32 (exponents -75..=65).
     let n1 = n >> 1;
