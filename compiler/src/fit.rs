@@ -812,7 +812,7 @@ pub fn fit(
         (true, true) => format!("recomputing every matmul, attention and convolution output the backward pass reads and every segment between the forward pass's cuts, and {} to {} micro-batches", ks[0], ks.last().copied().unwrap_or(1)),
         (true, false) => "recomputing every matmul, attention and convolution output the backward pass reads and every segment between the forward pass's cuts; accumulation was not tried (it needs a named model and no --accumulate of its own)".to_string(),
         (false, true) => format!("{} to {} micro-batches, no recomputation", ks[0], ks.last().copied().unwrap_or(1)),
-        (false, false) => "nothing was tried: recomputation is off and accumulation needs a named model and no --accumulate of its own".to_string(),
+        (false, false) => "only the plan as compiled: recomputation is off, and accumulation needs a named model and no --accumulate of its own".to_string(),
     };
     Err(FitError::Over {
         model: model.name.clone(),
