@@ -88,8 +88,6 @@ pub trait Float: Num {
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
-    /// For f32 [`tanh_f32`](super::tanh::tanh_f32) (branch-free, so loops over lanes
-    /// vectorise), for f64 std's.
     fn tanh(self) -> Self;
     fn recip(self) -> Self;
     /// The error function (libm's, as CUDA's `erff`/`erf` compute it to within an ulp or two).
@@ -97,7 +95,7 @@ pub trait Float: Num {
 }
 
 macro_rules! float_num {
-    ($t:ty, $tanh:path) => {
+    ($t:ty) => {
         impl Num for $t {
             #[inline(always)]
             fn sub(self, o: Self) -> Self {
@@ -140,7 +138,7 @@ macro_rules! float_num {
             }
             #[inline(always)]
             fn tanh(self) -> Self {
-                $tanh(self)
+                <$t>::tanh(self)
             }
             #[inline(always)]
             fn recip(self) -> Self {
@@ -171,8 +169,8 @@ impl ErfOf for f64 {
 fn erf_of<T: ErfOf>(x: T) -> T {
     x.erf_of()
 }
-float_num!(f32, super::tanh::tanh_f32);
-float_num!(f64, f64::tanh);
+float_num!(f32);
+float_num!(f64);
 
 macro_rules! int_num {
     ($t:ty) => {
