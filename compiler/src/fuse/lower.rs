@@ -55,6 +55,18 @@ pub fn lower(
     roots: &[NodeId],
     domain: &Domain,
 ) -> Result<Lowered, Vec<NodeId>> {
+    lower_with_interior(g, mat, roots, domain).map(|(l, _)| l)
+}
+
+/// As [`lower`], with the group's interior: the computed values (elementwise ops and
+/// reductions, not roots, not buffers) its kernel expanded, in graph order. Each is a value
+/// the kernel keeps out of memory, and a place where it could be cut.
+pub fn lower_with_interior(
+    g: &Graph,
+    mat: &[bool],
+    roots: &[NodeId],
+    domain: &Domain,
+) -> Result<(Lowered, Vec<NodeId>), Vec<NodeId>> {
     let mut l = Lowerer {
         g,
         mat,
@@ -114,7 +126,17 @@ pub fn lower(
             return Err(cuts);
         }
     }
-    Ok(Lowered { kernel, inputs })
+    let mut interior: Vec<NodeId> = (l.memo.keys())
+        .map(|(v, _)| *v)
+        .filter(|&v| {
+            !mat[v.index()]
+                && roots.binary_search(&v).is_err()
+                && matches!(kind(g.node(v)), Kind::Elementwise | Kind::Reduce)
+        })
+        .collect();
+    interior.sort();
+    interior.dedup();
+    Ok((Lowered { kernel, inputs }, interior))
 }
 
 fn dedup(mut v: Vec<NodeId>) -> Vec<NodeId> {

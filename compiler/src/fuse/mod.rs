@@ -232,16 +232,22 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     let recomputed_flops = crate::flops::of_graph(&g).saturating_sub(flops_before);
     let mut mat = select::forced(&g);
     let mut rounds = 0;
+    let largest = g.ids().map(|id| g.ty(id).bytes()).max().unwrap_or(0);
     let groups = loop {
         rounds += 1;
         select::shared(&g, &mut mat, opts.recompute_ops);
-        match lower_all(&g, &mat) {
-            Ok(groups) => break groups,
-            Err(cuts) => {
-                for c in cuts {
-                    mat[c.index()] = true;
+        let cuts = match lower_all(&g, &mat) {
+            Ok(groups) => {
+                let cuts = scratch_cuts(&g, &mat, &groups, largest);
+                if cuts.is_empty() {
+                    break groups;
                 }
+                cuts
             }
+            Err(cuts) => cuts,
+        };
+        for c in cuts {
+            mat[c.index()] = true;
         }
         if rounds > g.len() + 1 {
             return Err(IrError::Invalid(
@@ -318,6 +324,40 @@ fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
     } else {
         Err(cuts)
     }
+}
+
+/// Scratch bytes a kernel may take without being weighed against what it saves: the CPU
+/// executor's lane buffers alone take tens of KiB for any small kernel, whatever its values.
+pub const SCRATCH_FREE: usize = 64 << 10;
+
+/// Values to store so that no kernel's scratch exceeds the step's largest value (or
+/// [`SCRATCH_FREE`]), where that is possible: a kernel whose scratch (the CPU executor's
+/// tables and lane buffers, which grow with its body) is over it is cut into pieces of about
+/// that scratch each, at values evenly spaced through what it expanded. The plan holds the
+/// largest value anyway, so a kernel's scratch under it is bounded by the plan it is part
+/// of; over it, a kernel that expanded a long chain of tiny single-use values (one of 2,000
+/// layers of f32[8, 8] had 1.26 MiB of scratch, for 256-byte values) costs more than storing
+/// them. Every kernel of the reference models is far under their
+/// largest value, so none is cut.
+fn scratch_cuts(g: &Graph, mat: &[bool], groups: &[Group], largest: usize) -> Vec<NodeId> {
+    let bound = largest.max(SCRATCH_FREE);
+    let mut cuts = Vec::new();
+    for gr in groups {
+        let scratch = ingot_kernels::fused::cpu::scratch_bytes(&gr.lowered.kernel);
+        if scratch <= bound {
+            continue;
+        }
+        let Ok((_, interior)) = lower::lower_with_interior(g, mat, &gr.roots, &gr.domain) else {
+            continue;
+        };
+        if interior.is_empty() {
+            continue;
+        }
+        let pieces = scratch.div_ceil(bound).min(interior.len());
+        let step = (interior.len() / pieces).max(1);
+        cuts.extend(interior.iter().skip(step - 1).step_by(step).copied());
+    }
+    cuts
 }
 
 /// Builds the fused graph: leaves, then units in dependence order (ties: earliest root).

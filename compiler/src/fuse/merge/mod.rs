@@ -59,6 +59,28 @@ struct Part {
     elementwise: bool,
     /// The reductions of its kernel (0 for an elementwise group).
     reductions: usize,
+    /// Scratch bytes its kernel needs on the CPU executor
+    /// ([`ingot_kernels::fused::cpu::scratch_bytes`]): exact for a lowered group, estimated by
+    /// [`merged_scratch`] for one merged without lowering.
+    scratch: usize,
+    /// Instructions of its kernel's body (for a group merged without lowering, its parts'
+    /// together: at most that).
+    body: usize,
+}
+
+/// Bytes of the CPU executor's per-instruction tables for each instruction of a kernel with
+/// `reductions` reductions (`kernels/src/fused/cpu/analysis.rs`: twelve words an instruction
+/// and one more per reduction level, a level being each reduction and the final pass).
+fn table_bytes_per_instruction(reductions: usize) -> usize {
+    8 * (13 + reductions)
+}
+
+/// The scratch of `x` and `y` merged into one kernel: the larger one's, plus the other's
+/// instructions in the tables (each at the merged kernel's reduction levels). Lane buffers do
+/// not add up: the executor gives a longer body fewer lanes.
+fn merged_scratch(x: &Part, y: &Part) -> usize {
+    let per = table_bytes_per_instruction(x.reductions + y.reductions);
+    x.scratch.max(y.scratch) + per * x.body.min(y.body)
 }
 
 /// A group's loads keyed by the value each reads through its views ([`select::base`]): what
@@ -119,6 +141,8 @@ impl Part {
         Part {
             elementwise: gr.domain.axes.is_none() && gr.lowered.kernel.reduce_axes.is_empty(),
             reductions: gr.lowered.kernel.reductions(),
+            scratch: ingot_kernels::fused::cpu::scratch_bytes(&gr.lowered.kernel),
+            body: gr.lowered.kernel.body.len(),
             roots: gr.roots,
             domain: gr.domain,
             lowered: Some(gr.lowered),
@@ -165,14 +189,16 @@ pub(super) fn merge(
 ) -> Result<(Vec<Group>, usize), IrError> {
     let slots = groups.into_iter().map(|gr| Some(Part::of(g, gr))).collect();
     let mut units = Units::new(g, slots);
-    let shortcuts = fold_producers(g, mat, shortcut, &mut units);
+    // The step's largest value: its plan holds at least this much at its peak.
+    let largest = g.ids().map(|id| g.ty(id).bytes()).max().unwrap_or(0);
+    let shortcuts = fold_producers(g, mat, shortcut, largest, &mut units);
     merge_siblings(g, mat, &mut units);
     Ok((lowered_groups(g, mat, units.slots)?, shortcuts))
 }
 
 /// Folds each producer, in order of its first root, into the first consumer it can join;
 /// returns how many folds were decided without lowering.
-fn fold_producers(g: &Graph, mat: &[bool], shortcut: bool, u: &mut Units) -> usize {
+fn fold_producers(g: &Graph, mat: &[bool], shortcut: bool, largest: usize, u: &mut Units) -> usize {
     let mut shortcuts = 0;
     for p0 in 0..u.slots.len() {
         let p = find(&mut u.parent, p0);
@@ -180,7 +206,7 @@ fn fold_producers(g: &Graph, mat: &[bool], shortcut: bool, u: &mut Units) -> usi
             continue;
         }
         for c in consumers(g, u, p) {
-            if let Some(known) = try_fold(g, mat, shortcut, u, p, c) {
+            if let Some(known) = try_fold(g, mat, shortcut, largest, u, p, c) {
                 shortcuts += usize::from(known);
                 break;
             }
@@ -216,6 +242,7 @@ fn try_fold(
     g: &Graph,
     mat: &[bool],
     shortcut: bool,
+    largest: usize,
     u: &mut Units,
     p: usize,
     c: usize,
@@ -224,6 +251,8 @@ fn try_fold(
         return None;
     };
     let domain = merged_domain(&pg.domain, &cg.domain)?;
+    let root_loads = loads_of_roots(cg, pg, p, &mut |x| u.producers.of(g, x, &mut u.parent));
+    let saved = saved_bytes(g, &root_loads);
     let fold = Fold {
         g,
         units: u,
@@ -232,6 +261,8 @@ fn try_fold(
         pg,
         cg,
         domain: &domain,
+        saved,
+        largest,
     };
     if fold_refused(&fold) {
         return None;
@@ -240,9 +271,7 @@ fn try_fold(
     let known = shortcut
         && pg.elementwise
         && cg.elementwise
-        && loads_of_roots(cg, pg, p, &mut |x| u.producers.of(g, x, &mut u.parent))
-            .iter()
-            .all(|(x, access)| select::base(g, *x) == *x && *access == own_index);
+        && (root_loads.iter()).all(|(x, access)| select::base(g, *x) == *x && *access == own_index);
     let (pg, cg) = (
         u.slots[p].take().expect("checked above"),
         u.slots[c].take().expect("checked above"),
@@ -268,6 +297,7 @@ fn try_fold(
 /// The group of `pg` folded into `cg`, both elementwise, where the fold is known to lower:
 /// lowered at the end.
 fn appended(mut pg: Part, mut cg: Part, domain: Domain) -> Part {
+    let scratch = merged_scratch(&pg, &cg);
     // Append the smaller root list to the larger, sorting only at the end.
     let (mut roots, more) = if pg.roots.len() >= cg.roots.len() {
         (std::mem::take(&mut pg.roots), std::mem::take(&mut cg.roots))
@@ -287,7 +317,21 @@ fn appended(mut pg: Part, mut cg: Part, domain: Domain) -> Part {
         loads,
         elementwise: true,
         reductions: 0,
+        scratch,
+        body: pg.body + cg.body,
     }
+}
+
+/// The bytes a fold saves: each value of the producer that the consumer loads (once per
+/// value, however many loads read it), which the merged kernel computes instead of reading.
+fn saved_bytes(g: &Graph, root_loads: &[(NodeId, Access)]) -> usize {
+    let mut values: Vec<NodeId> = root_loads
+        .iter()
+        .map(|(x, _)| select::base(g, *x))
+        .collect();
+    values.sort();
+    values.dedup();
+    values.iter().map(|&x| g.ty(x).bytes()).sum()
 }
 
 /// Siblings: two kernels of one pass over the same domain that read a full-size value at
