@@ -108,7 +108,7 @@ impl V {
             (V::F32(x), UnaryOp::Exp) => V::F32(x.exp()),
             (V::F32(x), UnaryOp::Log) => V::F32(x.ln()),
             (V::F32(x), UnaryOp::Sqrt) => V::F32(x.sqrt()),
-            (V::F32(x), UnaryOp::Tanh) => V::F32(x.tanh()),
+            (V::F32(x), UnaryOp::Tanh) => V::F32(ingot_kernels::cpu::Float::tanh(x)),
             (V::F32(x), UnaryOp::Recip) => V::F32(1.0 / x),
             (V::F64(x), UnaryOp::Neg) => V::F64(-x),
             (V::F64(x), UnaryOp::Exp) => V::F64(x.exp()),

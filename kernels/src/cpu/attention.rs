@@ -10,7 +10,8 @@
 //!   `dp_ij = dout_i·v_j`, `ds_ij = p_ij (dp_ij − delta_i)`; `dv_j = Σ_i p_ij dout_i`,
 //!   `dq_i = scale Σ_j ds_ij k_j`, `dk_j = scale Σ_i ds_ij q_i`.
 //!
-//! Arithmetic is f32. bf16 operands are widened exactly; as in the bf16 tensor-core kernels,
+//! Arithmetic is f32, the exponentials [`exp_f32`]'s (branch-free, within 1 ulp, so that a row's
+//! run of them vectorises; the CUDA kernels use CUDA's). bf16 operands are widened exactly; as in the bf16 tensor-core kernels,
 //! the probabilities (and in the backward pass `ds`) are rounded to bf16 before they enter a
 //! product with a bf16 operand, and every bf16 output is rounded once, to nearest even, when
 //! stored. Sums run in index order (keys for a row, queries for a key), so results are
@@ -21,10 +22,20 @@
 //!
 //! Inside a rayon pool of several threads (the CPU executor's), the problems are spread over the
 //! threads, each range of problems with its scratch on its thread's stack; every problem is
-//! computed exactly as on one thread, so the bits do not depend on the number of threads. A slice too short for
+//! computed exactly as on one thread, so the bits do not depend on the number of threads.
+//!
+//! # Speed: the keys transposed
+//! A score `q_i·k_j` summed along the head dimension, one product after another, is a chain
+//! of dependent additions: on the README's main job (head_dim 16) attention spent most of its
+//! time waiting on them. When a problem's transposed keys (and, backward, values) fit beside
+//! its scratch in [`STACK_SCRATCH`], they are copied once per problem as f32 columns, and the
+//! scores of a row are computed for all its keys at once, each key in its own lane
+//! ([`dots_transposed`]): every score is still summed over `c = 0, 1, …` from `0.0`, so the
+//! bits are those of the one-key-at-a-time [`dot`], which larger problems still use. A slice too short for
 //! its layout is a broken precondition and panics with a message; the runtime checks shapes
 //! before it calls in.
 
+use super::exp::exp_f32;
 use super::par::pool_threads;
 use crate::attention::{Layout, Strides};
 use crate::dtype::round_bf16;
@@ -129,6 +140,31 @@ fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
         .fold(0.0f32, |acc, (x, y)| acc + x.get() * y.get())
 }
 
+/// Rows `0..seq` of problem `b` of `x` (laid out by `st`), widened to f32 and transposed:
+/// `t[c·seq + j] = x_jc`.
+fn transpose_rows<T: Elem>(s: &Shape, x: &[T], st: &Strides, b: usize, seq: usize, t: &mut [f32]) {
+    for j in 0..seq {
+        for (c, e) in s.row(x, st, b, j).iter().enumerate() {
+            t[c * seq + j] = e.get();
+        }
+    }
+}
+
+/// `out[j] = dot(x, row j)` for `j < out.len()`, from the rows transposed by
+/// [`transpose_rows`] into `t` (`seq` of them): the same sums as [`dot`] (from `0.0`, over
+/// `c` in order, `x_c · row_jc` each), so the same bits, but with the keys in the lanes of
+/// one vectorised loop instead of one chain of additions per key.
+fn dots_transposed<T: Elem>(x: &[T], t: &[f32], seq: usize, out: &mut [f32]) {
+    let n = out.len();
+    out.fill(0.0);
+    for (c, xc) in x.iter().enumerate() {
+        let xc = xc.get();
+        for (o, &tv) in out.iter_mut().zip(&t[c * seq..][..n]) {
+            *o += xc * tv;
+        }
+    }
+}
+
 fn check_len(what: &str, got: usize, want: usize) {
     assert!(
         got == want,
@@ -147,7 +183,7 @@ pub fn forward<T: Elem>(
     lse: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    let (bh, tq, tk) = (s.batch_heads, s.seq_q, s.seq_k);
     let l = s.layout;
     s.check("q", q.len(), &l.q, tq);
     s.check("k", k.len(), &l.kv, tk);
@@ -160,24 +196,61 @@ pub fn forward<T: Elem>(
         scratch.len(),
         forward_scratch_len(s)
     );
+    forward_with(s, [q, k, v], out, lse, scratch, Speed::Best);
+}
+
+/// How the scores are summed: [`Speed::Best`] transposes the keys when they fit
+/// ([`dots_transposed`]); [`Speed::Plain`] always sums one key at a time ([`dot`]), the path of
+/// problems too large for the stack (the tests compare the two).
+#[derive(Clone, Copy, PartialEq)]
+enum Speed {
+    Best,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Plain,
+}
+
+/// [`forward`], its checks done, by `speed`.
+fn forward_with<T: Elem>(
+    s: &Shape,
+    [q, k, v]: [&[T]; 3],
+    out: &mut [T],
+    lse: &mut [f32],
+    scratch: &mut [f32],
+    speed: Speed,
+) {
+    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    let l = s.layout;
     let (out_p, lse_p) = (Out(out.as_mut_ptr()), Out(lse.as_mut_ptr()));
-    // One problem, with `scratch` for its row of scores and its output row.
-    let one = |b: usize, scratch: &mut [f32]| {
-        let (row, acc) = scratch[..tk + d].split_at_mut(tk);
+    // One problem, with `scratch` for its row of scores and its output row, then (when
+    // `fast`) its keys transposed.
+    let one = |b: usize, scratch: &mut [f32], fast: bool| {
+        let (row, rest) = scratch.split_at_mut(tk);
+        let (acc, kt) = rest.split_at_mut(d);
+        if fast {
+            transpose_rows(s, k, &l.kv, b, tk, &mut kt[..tk * d]);
+        }
         for i in 0..tq {
             let n = s.visible(i);
             let qi = s.row(q, &l.q, b, i);
             let mut m = f32::NEG_INFINITY;
-            for (j, r) in row[..n].iter_mut().enumerate() {
-                let x = dot(qi, s.row(k, &l.kv, b, j)) * s.scale;
-                *r = x;
-                m = m.max(x);
+            if fast {
+                dots_transposed(qi, kt, tk, &mut row[..n]);
+                for r in &mut row[..n] {
+                    *r *= s.scale;
+                    m = m.max(*r);
+                }
+            } else {
+                for (j, r) in row[..n].iter_mut().enumerate() {
+                    let x = dot(qi, s.row(k, &l.kv, b, j)) * s.scale;
+                    *r = x;
+                    m = m.max(x);
+                }
             }
-            let mut sum = 0.0f32;
+            // The exponentials in one vectorised loop, then their sum in index order.
             for x in &mut row[..n] {
-                *x = (*x - m).exp();
-                sum += *x;
+                *x = exp_f32(*x - m);
             }
+            let sum = row[..n].iter().fold(0.0f32, |a, &x| a + x);
             acc.fill(0.0);
             for (j, &r) in row[..n].iter().enumerate() {
                 let p = operand::<T>(r / sum);
@@ -195,7 +268,8 @@ pub fn forward<T: Elem>(
             unsafe { *lse_p.rows(b * tq + i, 1).as_mut_ptr() = m + sum.ln() };
         }
     };
-    by_problem(bh, tq * tk * d, tk + d, scratch, one);
+    let need = forward_scratch_len(s);
+    by_problem(bh, tq * tk * d, [need, need + tk * d], speed, scratch, one);
 }
 
 /// A raw output pointer that problems running on different threads write through, each its
@@ -223,17 +297,24 @@ const STACK_SCRATCH: usize = 1 << 16;
 /// Multiply-adds per problem times problems below which a pass stays on one thread.
 const PARALLEL_WORK: usize = 1 << 18;
 
-/// Runs `one(b, scratch)` for every problem `b < bh`: on the calling thread with `planned`
-/// scratch, or, inside a pool of several threads and with enough work, spread over the pool in
-/// contiguous ranges of problems, each range with its own scratch of `need` f32s. Each problem
-/// computes the same bits wherever it runs: problems share no sums.
+/// Runs `one(b, scratch, fast)` for every problem `b < bh`. `need` is the f32 scratch of a
+/// problem without and with its transposed operands; `fast` says the scratch has room for
+/// them, which it has whenever they fit in [`STACK_SCRATCH`] (and `speed` allows). Inside a
+/// pool of several threads and with enough work, the problems are spread over the pool in
+/// contiguous ranges, each with its own scratch on its thread's stack; otherwise they run on
+/// the calling thread, with stack scratch when fast, else in the `planned` scratch. Each
+/// problem computes the same bits wherever it runs (problems share no sums), and fast or not
+/// (see [`dots_transposed`]).
 fn by_problem(
     bh: usize,
     work: usize,
-    need: usize,
+    [plain, with_transposed]: [usize; 2],
+    speed: Speed,
     planned: &mut [f32],
-    one: impl Fn(usize, &mut [f32]) + Sync,
+    one: impl Fn(usize, &mut [f32], bool) + Sync,
 ) {
+    let fast = speed == Speed::Best && with_transposed <= STACK_SCRATCH;
+    let need = if fast { with_transposed } else { plain };
     let threads = pool_threads();
     if threads > 1 && bh > 1 && need <= STACK_SCRATCH && bh.saturating_mul(work) >= PARALLEL_WORK {
         use rayon::prelude::*;
@@ -241,12 +322,17 @@ fn by_problem(
         (0..tasks).into_par_iter().for_each(|t| {
             let mut scratch = [0.0f32; STACK_SCRATCH];
             for b in bh * t / tasks..bh * (t + 1) / tasks {
-                one(b, &mut scratch[..need]);
+                one(b, &mut scratch[..need], fast);
             }
         });
+    } else if fast {
+        let mut scratch = [0.0f32; STACK_SCRATCH];
+        for b in 0..bh {
+            one(b, &mut scratch[..need], true);
+        }
     } else {
         for b in 0..bh {
-            one(b, planned);
+            one(b, planned, false);
         }
     }
 }
@@ -289,7 +375,7 @@ pub fn backward<T: Elem>(
     mut grads: Grads<'_, T>,
     scratch: &mut [f32],
 ) {
-    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    let (bh, tq, tk) = (s.batch_heads, s.seq_q, s.seq_k);
     let l = s.layout;
     for (what, len, st, seq) in [
         ("q", q.len(), &l.q, tq),
@@ -314,15 +400,35 @@ pub fn backward<T: Elem>(
         scratch.len(),
         backward_scratch_len(s)
     );
+    backward_with(s, [q, k, v, out, dout], lse, grads, scratch, Speed::Best);
+}
+
+/// [`backward`], its checks done, by `speed`.
+fn backward_with<T: Elem>(
+    s: &Shape,
+    [q, k, v, out, dout]: [&[T]; 5],
+    lse: &[f32],
+    mut grads: Grads<'_, T>,
+    scratch: &mut [f32],
+    speed: Speed,
+) {
+    let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+    let l = s.layout;
     let mut slot = |which: usize| Out(grads.slot(which).as_mut_ptr());
     let (dq_p, dk_p, dv_p) = (slot(0), slot(1), slot(2));
-    // One problem, with `scratch` for its f32 accumulators.
-    let one = |b: usize, scratch: &mut [f32]| {
+    // One problem, with `scratch` for its f32 accumulators, then (when `fast`) its keys and
+    // values transposed.
+    let one = |b: usize, scratch: &mut [f32], fast: bool| {
         let (dk_acc, rest) = scratch.split_at_mut(tk * d);
         let (dv_acc, rest) = rest.split_at_mut(tk * d);
         let (p_row, rest) = rest.split_at_mut(tk);
         let (ds_row, rest) = rest.split_at_mut(tk);
-        let dq_acc = &mut rest[..d];
+        let (dq_acc, rest) = rest.split_at_mut(d);
+        let (kt, vt) = rest.split_at_mut(if fast { tk * d } else { 0 });
+        if fast {
+            transpose_rows(s, k, &l.kv, b, tk, kt);
+            transpose_rows(s, v, &l.kv, b, tk, &mut vt[..tk * d]);
+        }
         dk_acc.fill(0.0);
         dv_acc.fill(0.0);
         for i in 0..tq {
@@ -331,20 +437,34 @@ pub fn backward<T: Elem>(
             let (oi, gi) = (s.row(out, &l.out, b, i), s.row(dout, &l.out, b, i));
             let delta = dot(gi, oi);
             let lse_i = lse[b * tq + i];
-            for j in 0..n {
-                let (kj, vj) = (s.row(k, &l.kv, b, j), s.row(v, &l.kv, b, j));
-                let p = (dot(qi, kj) * s.scale - lse_i).exp();
-                p_row[j] = p;
-                ds_row[j] = operand::<T>(p * (dot(gi, vj) - delta));
+            if fast {
+                // Scores into p_row, dp = dout_i·v_j into ds_row, then both finished in place.
+                dots_transposed(qi, kt, tk, &mut p_row[..n]);
+                dots_transposed(gi, vt, tk, &mut ds_row[..n]);
+                for (p, ds) in p_row[..n].iter_mut().zip(&mut ds_row[..n]) {
+                    *p = exp_f32(*p * s.scale - lse_i);
+                    *ds = operand::<T>(*p * (*ds - delta));
+                }
+            } else {
+                for j in 0..n {
+                    let (kj, vj) = (s.row(k, &l.kv, b, j), s.row(v, &l.kv, b, j));
+                    let p = exp_f32(dot(qi, kj) * s.scale - lse_i);
+                    p_row[j] = p;
+                    ds_row[j] = operand::<T>(p * (dot(gi, vj) - delta));
+                }
             }
             dq_acc.fill(0.0);
-            for j in 0..n {
+            let rows = dk_acc.chunks_exact_mut(d).zip(dv_acc.chunks_exact_mut(d));
+            for (j, (dk_j, dv_j)) in rows.take(n).enumerate() {
                 let (p, ds) = (operand::<T>(p_row[j]), ds_row[j]);
-                let kj = s.row(k, &l.kv, b, j);
-                for c in 0..d {
-                    dq_acc[c] += ds * kj[c].get();
-                    dk_acc[j * d + c] += ds * qi[c].get();
-                    dv_acc[j * d + c] += p * gi[c].get();
+                for (a, x) in dq_acc.iter_mut().zip(s.row(k, &l.kv, b, j)) {
+                    *a += ds * x.get();
+                }
+                for (a, x) in dk_j.iter_mut().zip(qi) {
+                    *a += ds * x.get();
+                }
+                for (a, x) in dv_j.iter_mut().zip(gi) {
+                    *a += p * x.get();
                 }
             }
             // SAFETY: the row lies inside dq's slot (checked above) and belongs to problem `b`
@@ -366,7 +486,16 @@ pub fn backward<T: Elem>(
             }
         }
     };
-    by_problem(bh, tq * tk * d * 3, backward_scratch_len(s), scratch, one);
+    let need = backward_scratch_len(s);
+    let with_transposed = need + 2 * tk * d;
+    by_problem(
+        bh,
+        tq * tk * d * 3,
+        [need, with_transposed],
+        speed,
+        scratch,
+        one,
+    );
 }
 
 #[cfg(test)]
@@ -632,5 +761,75 @@ mod tests {
             &mut scratch,
         );
         assert_eq!(dqkv, to_packed([&dq, &dk, &dv], b, h, t, d));
+    }
+
+    /// Forward and backward of `s` on data from `seed`, by `speed`: out, lse, dq, dk, dv.
+    fn run_by<T: Elem>(
+        s: &Shape,
+        from: impl Fn(f32) -> T,
+        seed: u32,
+        speed: Speed,
+    ) -> (Vec<T>, Vec<f32>, Vec<T>) {
+        let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
+        let mk =
+            |n: usize, k: u32| -> Vec<T> { data(n, seed * 8 + k).into_iter().map(&from).collect() };
+        let (q, k, v, w) = (
+            mk(bh * tq * d, 1),
+            mk(bh * tk * d, 2),
+            mk(bh * tk * d, 3),
+            mk(bh * tq * d, 4),
+        );
+        let mut scratch = vec![f32::NAN; forward_scratch_len(s).max(backward_scratch_len(s))];
+        let (mut out, mut lse) = (vec![from(0.0); q.len()], vec![0.0; bh * tq]);
+        forward_with(s, [&q, &k, &v], &mut out, &mut lse, &mut scratch, speed);
+        let mut grads = vec![from(f32::NAN); q.len() + 2 * k.len()];
+        let (dq, rest) = grads.split_at_mut(q.len());
+        let (dk, dv) = rest.split_at_mut(k.len());
+        let g = Grads::Separate { dq, dk, dv };
+        backward_with(s, [&q, &k, &v, &out, &w], &lse, g, &mut scratch, speed);
+        (out, lse, grads)
+    }
+
+    #[test]
+    fn transposed_keys_give_the_bits_of_one_key_at_a_time_in_f32_and_bf16() {
+        let bits32 = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let bits16 = |x: &[bf16]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let shapes = [
+            (3, 64, 64, 16, true, Layout::contiguous(64, 64, 16)),
+            (2, 5, 9, 7, false, Layout::contiguous(5, 9, 7)),
+            (2, 9, 5, 3, true, Layout::contiguous(9, 5, 3)),
+            (4, 17, 17, 1, true, Layout::tokens(2, 17, 17, 1)),
+            (2, 70, 33, 8, true, Layout::tokens(1, 70, 33, 8)),
+        ];
+        for (seed, (bh, tq, tk, d, causal, layout)) in shapes.into_iter().enumerate() {
+            let s = Shape {
+                batch_heads: bh,
+                seq_q: tq,
+                seq_k: tk,
+                head_dim: d,
+                causal,
+                scale: 0.37,
+                layout,
+            };
+            let seed = seed as u32;
+            let (a, b) = (
+                run_by(&s, |x| x, seed, Speed::Best),
+                run_by(&s, |x| x, seed, Speed::Plain),
+            );
+            assert_eq!(bits32(&a.0), bits32(&b.0), "{s:?} out");
+            assert_eq!(bits32(&a.1), bits32(&b.1), "{s:?} lse");
+            assert_eq!(bits32(&a.2), bits32(&b.2), "{s:?} grads");
+            assert!(
+                a.2.iter().all(|x| x.is_finite()),
+                "{s:?}: every gradient written"
+            );
+            let (a, b) = (
+                run_by(&s, round_bf16, seed, Speed::Best),
+                run_by(&s, round_bf16, seed, Speed::Plain),
+            );
+            assert_eq!(bits16(&a.0), bits16(&b.0), "{s:?} bf16 out");
+            assert_eq!(bits32(&a.1), bits32(&b.1), "{s:?} bf16 lse");
+            assert_eq!(bits16(&a.2), bits16(&b.2), "{s:?} bf16 grads");
+        }
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod exp;
 pub mod gemm;
 pub mod layout;
 pub mod matmul;
@@ -17,6 +18,7 @@ pub mod par;
 pub mod pool;
 pub mod reduce;
 pub mod scalar;
+pub mod tanh;
 
 pub use gemm::{batched_matmul_ws, gemm_ws, workspace_len, GemmError};
 pub use layout::{

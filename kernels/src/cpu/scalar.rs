@@ -88,6 +88,8 @@ pub trait Float: Num {
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
+    /// For f32 [`tanh_f32`](super::tanh::tanh_f32) (branch-free, so loops over lanes
+    /// vectorise), for f64 std's.
     fn tanh(self) -> Self;
     fn recip(self) -> Self;
     /// The error function (libm's, as CUDA's `erff`/`erf` compute it to within an ulp or two).
@@ -95,7 +97,7 @@ pub trait Float: Num {
 }
 
 macro_rules! float_num {
-    ($t:ty) => {
+    ($t:ty, $tanh:path) => {
         impl Num for $t {
             #[inline(always)]
             fn sub(self, o: Self) -> Self {
@@ -138,7 +140,7 @@ macro_rules! float_num {
             }
             #[inline(always)]
             fn tanh(self) -> Self {
-                <$t>::tanh(self)
+                $tanh(self)
             }
             #[inline(always)]
             fn recip(self) -> Self {
@@ -169,8 +171,8 @@ impl ErfOf for f64 {
 fn erf_of<T: ErfOf>(x: T) -> T {
     x.erf_of()
 }
-float_num!(f32);
-float_num!(f64);
+float_num!(f32, super::tanh::tanh_f32);
+float_num!(f64, f64::tanh);
 
 macro_rules! int_num {
     ($t:ty) => {
