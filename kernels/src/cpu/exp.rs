@@ -28,7 +28,7 @@ pub fn exp_f32(x: f32) -> f32 {
     let k = t - ROUND;
     // k in -150..=129, from the low bits of t.
     let n = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-    let r = c - k * 0.693_359_375 - k * -2.121_944_4e-4;
+    let r = c - k * 0.693_359_4 - k * -2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_6e-1)
         * r
