@@ -39,7 +39,7 @@ pub fn unary(u: UnaryOp, v: f64, dtype: DType) -> Option<f64> {
             let x = v as f32;
             Some(match u {
                 UnaryOp::Neg => -x,
-                UnaryOp::Exp => x.exp(),
+                UnaryOp::Exp => ingot_kernels::cpu::Float::exp(x),
                 UnaryOp::Log => x.ln(),
                 UnaryOp::Sqrt => x.sqrt(),
                 UnaryOp::Tanh => ingot_kernels::cpu::Float::tanh(x),
