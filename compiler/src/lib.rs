@@ -1,6 +1,7 @@
 //! Ingot's compiler: a training step traced into an IR, differentiated, rewritten, fused,
 //! scheduled and planned into one slab whose peak is known before launch.
 
+pub mod align;
 pub mod autodiff;
 pub mod error;
 pub mod exe;

@@ -81,6 +81,9 @@ pub struct Options {
     pub fuse_attention: bool,
     /// The attention shapes the target has a fused kernel for; the others stay plain math.
     pub attention_supported: crate::recognize::Supported,
+    /// Pad matrix products whose output rows are not a multiple of this many elements
+    /// ([`crate::align`]), after the precision policy and before autodiff; `None` leaves them.
+    pub align_matmuls: Option<usize>,
 }
 
 impl Default for Options {
@@ -92,6 +95,7 @@ impl Default for Options {
             precision: None,
             fuse_attention: true,
             attention_supported: crate::recognize::any_shape,
+            align_matmuls: None,
         }
     }
 }
@@ -104,6 +108,7 @@ impl Options {
             plan: target.plan_options(),
             // Each attention whose shape the target's kernels cover is fused.
             attention_supported: target.attention_supported(),
+            align_matmuls: target.matmul_alignment(),
             ..Default::default()
         }
     }
@@ -118,6 +123,7 @@ impl Options {
             precision: None,
             fuse_attention: false,
             attention_supported: crate::recognize::any_shape,
+            align_matmuls: None,
         }
     }
 }
@@ -240,7 +246,11 @@ fn rewritten_observed(
         model.graph.clone()
     };
     let step = stage(Stage::Autodiff, observer, &mut timings, || {
-        training_step_with(&precision.apply(&forward)?, &model.optimizer, step)
+        let mut forward = precision.apply(&forward)?;
+        if let Some(align) = opts.align_matmuls {
+            forward = crate::align::pad_matmuls(&forward, align)?.0;
+        }
+        training_step_with(&forward, &model.optimizer, step)
     })?;
     let opts = Options {
         precision: Some(precision),

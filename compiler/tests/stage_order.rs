@@ -15,6 +15,7 @@ const STAGES: &[&str] = &[
     "models",
     "recognize",
     "precision",
+    "align",
     "autodiff",
     "rewrite",
     "fuse",

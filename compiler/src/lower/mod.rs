@@ -248,6 +248,16 @@ impl Target {
         }
     }
 
+    /// The row alignment, in elements, that matrix products are padded to on this target
+    /// ([`crate::align`]): CUDA's tensor-core GEMMs want rows on 16-byte boundaries, and 64
+    /// elements also fill whole tiles; the CPU's GEMM has no such need.
+    pub fn matmul_alignment(self) -> Option<usize> {
+        match self {
+            Target::Cpu => None,
+            Target::Cuda => Some(64),
+        }
+    }
+
     /// The scratch each node needs on this target, and what fills it
     /// ([`crate::plan::WorkspaceNeed`]): on CUDA a scatter-add's sorted ids, from its ids.
     pub fn workspace_need(self) -> crate::plan::WorkspaceFn {
