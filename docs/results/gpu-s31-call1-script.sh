@@ -1,10 +1,10 @@
 #!/bin/bash
-# Session 31, call 1 (one H200). NEW = main with the matmul alignment pass (compiler/src/align.rs),
-# OLD = main before it (.devbin/ingot_old); both release builds of this session's main.
-#  1. gpt2's shape with transformers' vocabulary (50257) and the padded one (50304), OLD and NEW
-#     alternating, bf16 and tf32, SGD lr 0.01, 20 steps.
+# Session 31, call 1 (one H200). NEW = main with the matmul alignment pass (compiler/src/align.rs,
+# release build, .devbin/ingot). Session 29 measured the step before the pass (call 6).
+#  1. gpt2's shape with transformers' vocabulary (50257) and the padded one (50304) alternating,
+#     bf16 and tf32, SGD lr 0.01, 20 steps.
 #  2. transformers' GPT-2 small imported (seq 1024, batch 8, bf16) beside torch.compile + SDPA (bench.sh),
-#     then OLD and NEW alternating on the same export.
+#     then the built-in gpt2 and the import alternating (SGD, 30 steps).
 #  3. ingot generate on CUDA: a small GPT trained 300 steps on the README's bytes (CUDA, f32), then
 #     greedy tokens from the decode step (KV cache), the whole window, and the CPU: the same text?
 #  4. issue 49's table: scripts/cpu_bench.sh (Ingot beside PyTorch eager and torch.compile on the
@@ -12,7 +12,6 @@
 # usage: bash docs/results/gpu-s31-call1-script.sh   (writes nothing outside /tmp and $OUT)
 START=$(date +%s)
 NEW=$PWD/.devbin/ingot
-OLD=$PWD/.devbin/ingot_old
 S=$PWD/scripts
 OUT=${OUT:-/tmp/s31-out}; mkdir -p $OUT
 exec > >(tee -a $OUT/log.txt) 2>&1
@@ -20,20 +19,17 @@ t() { echo "[t=$(( $(date +%s) - START )) s]"; }
 left() { [ $(( $(date +%s) - START )) -lt $1 ]; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
 G="d_model=768,layers=12,heads=12,d_ff=3072,seq=1024,batch=8"
-echo "== 1. odd vocabulary: OLD and NEW alternating, SGD lr 0.01, 20 steps"
-for p in bf16 tf32; do for v in 50257 50304; do for i in 1 2; do for b in $OLD $NEW; do
-  [ $v = 50304 ] && [ $i = 2 ] && continue
-  echo -n "$p vocab $v $(basename $b): "; timeout 90 $b train --model gpt:vocab=$v,$G --optimizer sgd --lr 0.01 --device cuda --precision $p --steps 20 --json 2>$OUT/v$v-$p-$(basename $b).err | python3 $S/summ.py || tail -3 $OUT/v$v-$p-$(basename $b).err
-done; done; done; done; t
-$NEW plan --model gpt:vocab=50257,$G --device cuda --precision bf16 > $OUT/plan-50257-new.txt 2>&1
-$OLD plan --model gpt:vocab=50257,$G --device cuda --precision bf16 > $OUT/plan-50257-old.txt 2>&1
-grep -i "total\|peak" $OUT/plan-50257-*.txt | head -6
+echo "== 1. odd vocabulary: 50257 and 50304 alternating, SGD lr 0.01, 20 steps"
+for p in bf16 tf32; do for i in 1 2; do for v in 50257 50304; do
+  echo -n "$p vocab $v: "; timeout 90 $NEW train --model gpt:vocab=$v,$G --optimizer sgd --lr 0.01 --device cuda --precision $p --steps 20 --json 2>$OUT/v$v-$p.err | python3 $S/summ.py || tail -3 $OUT/v$v-$p.err
+done; done; done; t
 echo "== 2. transformers' GPT-2 small imported, bf16, beside torch.compile + SDPA (NEW)"
 WORK=/tmp/s31 BUDGET_S=200 MODELS="gpt2_124m" BIN=$NEW bash $S/onnx_real_models/bench.sh 2>&1 | grep -v "^done"; t
 if [ -f /tmp/s31/gpt2_124m/det.onnx ]; then
-  for i in 1 2; do for b in $OLD $NEW; do
-    echo -n "imported GPT-2 $(basename $b): "; timeout 100 $b train --onnx /tmp/s31/gpt2_124m/det.onnx --loss cross-entropy --device cuda --precision bf16 --init /tmp/s31/gpt2_124m/state_dict.safetensors --data /tmp/s31/gpt2_124m/batch.safetensors --optimizer sgd --lr 0.01 --steps 30 --json 2>$OUT/g2i.err | python3 $S/summ.py || tail -3 $OUT/g2i.err
-  done; done; t
+  for i in 1 2; do
+    echo -n "built-in gpt2 (vocab 50304, untied): "; timeout 100 $NEW train --model gpt2 --device cuda --precision bf16 --optimizer sgd --lr 0.01 --steps 30 --json 2>$OUT/g2.err | python3 $S/summ.py || tail -3 $OUT/g2.err
+    echo -n "imported GPT-2: "; timeout 100 $NEW train --onnx /tmp/s31/gpt2_124m/det.onnx --loss cross-entropy --device cuda --precision bf16 --init /tmp/s31/gpt2_124m/state_dict.safetensors --data /tmp/s31/gpt2_124m/batch.safetensors --optimizer sgd --lr 0.01 --steps 30 --json 2>$OUT/g2i.err | python3 $S/summ.py || tail -3 $OUT/g2i.err
+  done; t
 fi
 echo "== 3. generate on CUDA"
 M="gpt:vocab=256,d_model=128,layers=4,heads=4,d_ff=512,seq=128,batch=16"
