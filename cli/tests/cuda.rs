@@ -163,6 +163,15 @@ fn on_the_gpu_gpt_mini_matches_the_cpu_over_ten_steps() {
     }
 }
 
+/// The head over an odd vocabulary runs on CUDA as a product padded to 64 columns and sliced
+/// back (`compiler/src/align.rs`); the CPU multiplies the matrices as they are.
+#[test]
+fn on_the_gpu_an_odd_vocabulary_gpt_padded_matches_the_cpu_over_ten_steps() {
+    if cuda::gpu_for_test("odd vocabulary vs cpu") {
+        gpu_matches_cpu("gpt:vocab=301,d_model=64,layers=2,heads=4,d_ff=128,seq=32,batch=4");
+    }
+}
+
 #[test]
 fn a_gpu_step_allocates_nothing_and_takes_exactly_its_plan() {
     if !cuda::gpu_for_test("zero allocation") {
