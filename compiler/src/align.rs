@@ -11,9 +11,9 @@
 //! padded product and every one of its three GEMMs is aligned:
 //!
 //! ```text
-//! y = a · b            [.., m, n]      n not a multiple of the alignment
+//! y = a · b            [.., m, n]      rows of n elements not on 16-byte boundaries
 //! =>
-//! b' = concat(b, 0)    n rounded up to `align` along b's output axis
+//! b' = concat(b, 0)    n rounded up to a multiple of `align` along b's output axis
 //! y  = slice(a · b', last axis, 0..n)
 //! ```
 //!
@@ -29,8 +29,13 @@ use crate::ir::{Graph, NodeId, Op, Shape};
 /// Products with an output row shorter than this are not padded.
 pub const MIN_COLUMNS: usize = 256;
 
+/// The boundary, in bytes, that cuBLAS's tensor-core kernels want every row to start on.
+pub const ROW_BYTES: usize = 16;
+
 /// `g` with every matrix product whose output rows are at least [`MIN_COLUMNS`] long and not a
-/// multiple of `align` elements padded as the module says, and how many were.
+/// multiple of [`ROW_BYTES`] padded to a multiple of `align` elements, as the module says, and
+/// how many were. (A row already aligned, such as an ImageNet classifier's 1,000 classes, is
+/// left alone: padding it would only copy.)
 pub fn pad_matmuls(g: &Graph, align: usize) -> Result<(Graph, usize), IrError> {
     if align < 2 || !g.ids().any(|id| padded_columns(g, id, align).is_some()) {
         return Ok((g.clone(), 0));
@@ -73,7 +78,8 @@ fn padded_columns(g: &Graph, id: NodeId, align: usize) -> Option<usize> {
         return None;
     }
     let cols = *n.ty.shape.dims().last()?;
-    (cols >= MIN_COLUMNS && cols % align != 0).then(|| cols.div_ceil(align) * align)
+    let misaligned = cols * n.ty.dtype.size() % ROW_BYTES != 0;
+    (cols >= MIN_COLUMNS && misaligned).then(|| cols.div_ceil(align) * align)
 }
 
 #[cfg(test)]
@@ -127,7 +133,7 @@ mod tests {
 
     #[test]
     fn aligned_and_small_products_are_left_as_they_are() {
-        for vocab in [1024, 10, 255] {
+        for vocab in [1024, 1000, 10, 255] {
             let (g, _) = head(vocab);
             let (p, count) = pad_matmuls(&g, 64).unwrap();
             assert_eq!(count, 0, "vocab {vocab}");
