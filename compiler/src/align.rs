@@ -24,7 +24,8 @@
 //! Small outputs (a classifier's ten classes) are left alone: their GEMMs are launch-bound.
 
 use crate::error::IrError;
-use crate::ir::{Graph, NodeId, Op, Shape};
+use crate::ir::{CmpOp, DType, Graph, NodeId, Op, Shape};
+use std::collections::HashMap;
 
 /// Products with an output row shorter than this are not padded.
 pub const MIN_COLUMNS: usize = 256;
@@ -71,6 +72,160 @@ pub fn pad_matmuls(g: &Graph, align: usize) -> Result<(Graph, usize), IrError> {
     Ok((out, count))
 }
 
+/// After autodiff, `g` with each zero-padded concat of an elementwise value computed on the
+/// padded width instead, and how many were.
+///
+/// The padded product's gradient is `concat(dy, 0)`: as a library call it is a copy of the
+/// logits' gradient, and both are live at once (786 MiB each for gpt2's head in bf16). But `dy`
+/// is elementwise in values that are themselves views of wider ones (the logits, a slice of the
+/// padded product), row statistics broadcast along the row, an `iota` (the labels' one-hot) and
+/// constants, so the same expression evaluated over the padded width reads nothing out of
+/// bounds, and
+///
+/// ```text
+/// concat(dy, full(c)) => select(iota < n, dy widened, full(c))
+/// ```
+///
+/// is one kernel that fusion writes straight into the padded buffer. What `dy` computes in the
+/// extra columns is discarded by the select. A concat whose first part reaches anything else
+/// (a reduction along the axis, a library call, a reshape) stays as it is.
+pub fn widen_padded_concats(g: &Graph) -> Result<(Graph, usize), IrError> {
+    let padded = |id: NodeId| -> Option<(usize, f64)> {
+        let n = g.node(id);
+        let Op::Concat { axis } = n.op else {
+            return None;
+        };
+        let [x, z] = n.inputs[..] else {
+            return None;
+        };
+        let Op::Full { value } = g.node(z).op else {
+            return None;
+        };
+        let to = n.ty.shape.dims()[axis];
+        (g.ty(x).dtype.is_float() && widens(g, x, axis, to, &mut HashMap::new()))
+            .then_some((axis, value))
+    };
+    let found: Vec<(NodeId, usize, f64)> = g
+        .ids()
+        .filter_map(|id| padded(id).map(|(a, v)| (id, a, v)))
+        .collect();
+    if found.is_empty() {
+        return Ok((g.clone(), 0));
+    }
+    let mut out = Graph::new();
+    let mut new_id: Vec<NodeId> = Vec::with_capacity(g.len());
+    let mut at = found.iter().peekable();
+    for id in g.ids() {
+        let n = g.node(id);
+        out.set_scope(g.origin(id).clone());
+        let mapped = match at.peek() {
+            Some(&&(c, axis, value)) if c == id => {
+                at.next();
+                let x = n.inputs[0];
+                let shape = n.ty.shape.clone();
+                let mut memo = HashMap::new();
+                let wide = widen(g, &mut out, &new_id, x, axis, &shape, &mut memo)?;
+                let index = out.iota(shape.clone(), axis, DType::I32)?;
+                let n_cols = g.ty(x).shape.dims()[axis];
+                let bound = out.full(n_cols as f64, shape.clone(), DType::I32)?;
+                let inside = out.compare(CmpOp::Lt, index, bound)?;
+                let fill = out.full(value, shape, n.ty.dtype)?;
+                out.select(inside, wide, fill)?
+            }
+            _ => {
+                let ins: Vec<NodeId> = n.inputs.iter().map(|x| new_id[x.index()]).collect();
+                out.push(n.op.clone(), &ins, Some(n.ty.clone()))?
+            }
+        };
+        new_id.push(mapped);
+    }
+    out.keep_outputs_of(g, |x| new_id[x.index()])?;
+    Ok((out.without_dead_code().0, found.len()))
+}
+
+/// Whether `x`'s value can be computed with `axis` `to` long by [`widen`].
+fn widens(g: &Graph, x: NodeId, axis: usize, to: usize, memo: &mut HashMap<NodeId, bool>) -> bool {
+    if let Some(&w) = memo.get(&x) {
+        return w;
+    }
+    let n = g.node(x);
+    let len = n.ty.shape.dims()[axis];
+    let w = match &n.op {
+        Op::Full { .. } | Op::Iota { .. } => true,
+        // A view of the first columns of a value wide enough.
+        Op::Slice {
+            axis: a, start: 0, ..
+        } if *a == axis => g.ty(n.inputs[0]).shape.dims()[axis] >= to,
+        // Broadcast along the axis (row statistics), or of a value that widens itself.
+        Op::Broadcast => {
+            let from = g.ty(n.inputs[0]).shape.dims();
+            from.len() == n.ty.shape.dims().len()
+                && (from[axis] == 1 || widens(g, n.inputs[0], axis, to, memo))
+        }
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert => n
+            .inputs
+            .iter()
+            .all(|&i| g.ty(i).shape.dims().get(axis) == Some(&len) && widens(g, i, axis, to, memo)),
+        _ => false,
+    };
+    memo.insert(x, w);
+    w
+}
+
+/// `x`'s expression (checked by [`widens`]) built in `out` over `shape`, which is `x`'s shape
+/// with `axis` wider: slices read further into their operand, broadcasts and constants are
+/// made wider, elementwise ops are applied to their widened operands.
+fn widen(
+    g: &Graph,
+    out: &mut Graph,
+    new_id: &[NodeId],
+    x: NodeId,
+    axis: usize,
+    shape: &Shape,
+    memo: &mut HashMap<NodeId, NodeId>,
+) -> Result<NodeId, IrError> {
+    if let Some(&w) = memo.get(&x) {
+        return Ok(w);
+    }
+    let n = g.node(x);
+    let to = shape.dims()[axis];
+    let w = match &n.op {
+        Op::Full { value } => out.full(*value, shape.clone(), n.ty.dtype)?,
+        Op::Iota { axis: a } => out.iota(shape.clone(), *a, n.ty.dtype)?,
+        Op::Slice { .. } => {
+            // `widens` checked that the operand is at least `to` long.
+            let from = new_id[n.inputs[0].index()];
+            if out.ty(from).shape.dims()[axis] == to {
+                from
+            } else {
+                out.slice(from, axis, 0, to)?
+            }
+        }
+        Op::Broadcast => {
+            let src = n.inputs[0];
+            let from = if g.ty(src).shape.dims()[axis] == 1 {
+                new_id[src.index()]
+            } else {
+                let mut s = g.ty(src).shape.clone();
+                s.0[axis] = to;
+                widen(g, out, new_id, src, axis, &s, memo)?
+            };
+            out.broadcast_to(from, shape.clone())?
+        }
+        _ => {
+            let mut ins = Vec::with_capacity(n.inputs.len());
+            for &i in &n.inputs {
+                ins.push(widen(g, out, new_id, i, axis, shape, memo)?);
+            }
+            let mut ty = n.ty.clone();
+            ty.shape = shape.clone();
+            out.push(n.op.clone(), &ins, Some(ty))?
+        }
+    };
+    memo.insert(x, w);
+    Ok(w)
+}
+
 /// The padded row length of product `id`, when the pass pads it.
 fn padded_columns(g: &Graph, id: NodeId, align: usize) -> Option<usize> {
     let n = g.node(id);
@@ -85,7 +240,7 @@ fn padded_columns(g: &Graph, id: NodeId, align: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{DType, Init};
+    use crate::ir::{CmpOp, DType, Init};
 
     fn head(vocab: usize) -> (Graph, NodeId) {
         let mut g = Graph::new();
@@ -129,6 +284,65 @@ mod tests {
         let wide = p.node(mm).inputs[1];
         assert!(matches!(p.node(wide).op, Op::Concat { axis: 0 }));
         assert_eq!(p.ty(wide).shape.dims(), &[1024, 16]);
+    }
+
+    /// A softmax-like gradient of the first 301 columns of a `[4, 320]` value, zero-padded.
+    fn padded_gradient(narrow_operand: bool) -> Graph {
+        let mut g = Graph::new();
+        let wide = g.input("logits", [4, 320], DType::F32).unwrap();
+        let labels = g.input("labels", [4, 1], DType::I32).unwrap();
+        let y = g.slice(wide, 1, 0, 301).unwrap();
+        let m = g.max(y, &[1]).unwrap();
+        let mb = g.broadcast_to(m, [4, 301]).unwrap();
+        let mut e = g.sub(y, mb).unwrap();
+        e = g.exp(e).unwrap();
+        // Normalised by its row's sum: a row statistic of the narrow value, broadcast.
+        let s = g.sum(e, &[1]).unwrap();
+        let s = g.broadcast_to(s, [4, 301]).unwrap();
+        e = g.div(e, s).unwrap();
+        if narrow_operand {
+            // A value only 301 columns wide (a leaf): nothing to read past them.
+            let w = g.input("weights", [4, 301], DType::F32).unwrap();
+            e = g.mul(e, w).unwrap();
+        }
+        let iota = g.iota([4, 301], 1, DType::I32).unwrap();
+        let lb = g.broadcast_to(labels, [4, 301]).unwrap();
+        let hit = g.compare(CmpOp::Eq, iota, lb).unwrap();
+        let one = g.full(1.0, [4, 301], DType::F32).unwrap();
+        let oh = g.select(hit, one, e).unwrap();
+        let dy = g.sub(e, oh).unwrap();
+        let z = g.full(0.0, [4, 19], DType::F32).unwrap();
+        let c = g.concat(&[dy, z], 1).unwrap();
+        g.set_output("grad", c).unwrap();
+        g
+    }
+
+    #[test]
+    fn a_zero_padded_elementwise_gradient_is_computed_on_the_padded_width_and_masked() {
+        let g = padded_gradient(false);
+        let (w, count) = widen_padded_concats(&g).unwrap();
+        assert_eq!(count, 1);
+        assert!(!w.ids().any(|id| matches!(w.node(id).op, Op::Concat { .. })));
+        let out = w.outputs["grad"];
+        assert!(matches!(w.node(out).op, Op::Select));
+        assert_eq!(w.ty(out).shape.dims(), &[4, 320]);
+        // The widened expression reads the logits whole, not their first 301 columns.
+        let logits = w.leaf("logits").unwrap();
+        assert!(w.ids().any(
+            |id| matches!(w.node(id).op, Op::Unary(crate::ir::UnaryOp::Exp))
+                && w.ty(id).shape.dims() == [4, 320]
+        ));
+        assert!(w
+            .ids()
+            .any(|id| w.node(id).inputs.contains(&logits) && w.ty(id).shape.dims() == [4, 320]));
+    }
+
+    #[test]
+    fn a_padded_value_of_an_operand_as_narrow_as_itself_stays_a_concat() {
+        let g = padded_gradient(true);
+        let (w, count) = widen_padded_concats(&g).unwrap();
+        assert_eq!(count, 0);
+        assert_eq!(w.len(), g.len());
     }
 
     #[test]

@@ -275,6 +275,11 @@ fn rewrite_step(
         }
         None => (step.graph.clone(), None),
     };
+    // The padded products' gradients computed straight into their padded width.
+    let graph = match opts.align_matmuls {
+        Some(_) => crate::align::widen_padded_concats(&graph)?.0,
+        None => graph,
+    };
     Ok(Rewritten {
         model: name.to_string(),
         step,

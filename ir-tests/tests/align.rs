@@ -65,6 +65,29 @@ fn on_cuda_every_gemm_of_an_odd_vocabulary_gpt_reads_and_writes_aligned_rows() {
     }
 }
 
+/// The padded logits' gradient is computed over the padded width and written over the padded
+/// logits (`align::widen_padded_concats`), not copied beside them: the odd vocabulary plans no
+/// more bytes than the vocabulary rounded up to the padding (whose head is bigger).
+#[test]
+fn on_cuda_an_odd_vocabulary_plans_no_more_than_the_vocabulary_rounded_up() {
+    for precision in [Precision::F32, Precision::Bf16] {
+        let cuda = Options {
+            precision: Some(precision),
+            ..Options::for_target(Target::Cuda)
+        };
+        let odd = compile(&cuda).plan.total_bytes;
+        let rounded =
+            pipeline::compile(&models::by_name(&ODD.replace("301", "320")).unwrap(), &cuda)
+                .unwrap()
+                .plan
+                .total_bytes;
+        assert!(
+            odd <= rounded,
+            "{precision:?}: {odd} bytes at 301 against {rounded} at 320"
+        );
+    }
+}
+
 #[test]
 fn padding_the_head_changes_no_loss_over_ten_cpu_steps() {
     let cpu = Options::for_target(Target::Cpu);
