@@ -337,7 +337,16 @@ fn finish_observed(
         }
         None => (graph, None),
     };
-    let plan = stage(Stage::Plan, observer, t, || plan::plan(&graph, &opts.plan))?;
+    // A step that recomputes forward values for the backward pass sinks its schedule: the
+    // copies free memory only when they run right before their readers.
+    let recomputes = fuse
+        .as_ref()
+        .is_some_and(|f| !f.recomputed_heavy.is_empty());
+    let plan_opts = PlanOptions {
+        sink: opts.plan.sink || recomputes,
+        ..opts.plan.clone()
+    };
+    let plan = stage(Stage::Plan, observer, t, || plan::plan(&graph, &plan_opts))?;
     let report = stage(Stage::Report, observer, t, || {
         let phases = if opts.rewrite.is_none() && opts.fuse.is_none() {
             step.phases.of_nodes(graph.len())

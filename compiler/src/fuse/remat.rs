@@ -163,6 +163,18 @@ pub fn recompute_with(
         if !(cheap || over_heavy) || pinned[b.index()] || pinned[i] {
             continue;
         }
+        // What a segment recomputed whole keeps: its output (the cut after it, a final
+        // LayerNorm's output that the head's weight gradient reads) and the reductions inside
+        // it, stored values computed from the segment but not part of it. A copy of one would
+        // recompute the whole segment wherever its first backward reader is (the last block's
+        // MLP for the head's backward pass, live through its peak).
+        let kept_by_segment = stored[b.index()]
+            && !is_heavy[b.index()]
+            && !in_segment[b.index()]
+            && g.node(b).inputs.iter().any(|x| in_segment[x.index()]);
+        if kept_by_segment {
+            continue;
+        }
         let Some(end) = end_of(v) else { continue };
         let (early, late) = users[i].iter().partition::<Vec<NodeId>, _>(|u| **u <= end);
         if late.is_empty() || (early.is_empty() && !over_heavy) {

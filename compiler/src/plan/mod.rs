@@ -45,6 +45,11 @@ pub struct PlanOptions {
     /// Scratch bytes each node's kernel needs on the target (the CPU runtime's matmul packs its
     /// panels there); `None` plans no workspace.
     pub workspace: Option<WorkspaceFn>,
+    /// Sink each schedule ([`schedule::sink`]): every node moved down to just before the
+    /// first node that needs it where that cannot raise the bytes live. On for steps that
+    /// recompute forward values for the backward pass (whose copies free memory only if they
+    /// run late), off otherwise, so those plans stay as they were.
+    pub sink: bool,
 }
 
 impl Default for PlanOptions {
@@ -54,6 +59,7 @@ impl Default for PlanOptions {
             solver_time: Duration::from_secs(10),
             strategies: vec![Strategy::Traced, Strategy::MemoryAware],
             workspace: None,
+            sink: false,
         }
     }
 }
@@ -153,15 +159,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     let mut candidates: Vec<Prepared> = opts
         .strategies
         .iter()
-        .map(|&strategy| {
-            let order = match strategy {
-                Strategy::Traced => schedule::traced(g),
-                Strategy::MemoryAware => schedule::memory_aware(g),
-            };
-            let order = schedule::hoist_collectives(g, order);
-            complete(g, &order, strategy)?;
-            Prepared::new(g, &order, strategy, opts.workspace)
-        })
+        .map(|&strategy| prepare(g, strategy, opts))
         .collect::<Result<_, PlanError>>()?;
     candidates.sort_by_key(|c| c.load_bytes);
     let mut best: Option<MemoryPlan> = None;
@@ -182,6 +180,32 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     // Release builds validate a plan once, where the lower stage turns it into addresses;
     // debug builds validated every candidate above too (DESIGN.md, invariant 1).
     Ok(best)
+}
+
+/// The schedule of `strategy` with its liveness. With [`PlanOptions::sink`], the schedule
+/// sunk ([`schedule::sink`]) unless that raises its LOAD: sinking never lets a value live
+/// longer at a position that stays, but a chain of nodes moved together can meet, where it
+/// lands, values (and a kernel's scratch) it did not meet before.
+fn prepare(g: &Graph, strategy: Strategy, opts: &PlanOptions) -> Result<Prepared, PlanError> {
+    let order = match strategy {
+        Strategy::Traced => schedule::traced(g),
+        Strategy::MemoryAware => schedule::memory_aware(g),
+    };
+    let sunk = opts.sink.then(|| schedule::sink(g, &order, opts.workspace));
+    let order = schedule::hoist_collectives(g, order);
+    complete(g, &order, strategy)?;
+    let plain = Prepared::new(g, &order, strategy, opts.workspace)?;
+    let Some(sunk) = sunk else {
+        return Ok(plain);
+    };
+    let sunk = schedule::hoist_collectives(g, sunk);
+    complete(g, &sunk, strategy)?;
+    let sunk = Prepared::new(g, &sunk, strategy, opts.workspace)?;
+    Ok(if sunk.load_bytes <= plain.load_bytes {
+        sunk
+    } else {
+        plain
+    })
 }
 
 /// Every node of `g` is in `order` (a list schedule leaves out the nodes of a dependence
