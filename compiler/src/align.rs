@@ -233,7 +233,7 @@ fn padded_columns(g: &Graph, id: NodeId, align: usize) -> Option<usize> {
         return None;
     }
     let cols = *n.ty.shape.dims().last()?;
-    let misaligned = cols * n.ty.dtype.size() % ROW_BYTES != 0;
+    let misaligned = !(cols * n.ty.dtype.size()).is_multiple_of(ROW_BYTES);
     (cols >= MIN_COLUMNS && misaligned).then(|| cols.div_ceil(align) * align)
 }
 

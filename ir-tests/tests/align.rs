@@ -28,7 +28,7 @@ fn misaligned_products(g: &Graph) -> Vec<(String, usize)> {
         for v in n.inputs.iter().copied().chain([id]) {
             let ty = g.ty(v);
             let row = *ty.shape.dims().last().unwrap_or(&1);
-            if row >= 256 && row * ty.dtype.size() % 16 != 0 {
+            if row >= 256 && !(row * ty.dtype.size()).is_multiple_of(16) {
                 bad.push((format!("{id:?} {}", g.origin(id).label()), row));
             }
         }
