@@ -54,6 +54,28 @@ fn trained_mlp(dir: &Path, data: &Path) -> PathBuf {
     w
 }
 
+/// The GPT the generate tests train: small enough for a few CPU steps, a window of 16 tokens.
+const SMALL_GPT: &str = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=4";
+
+/// Trains [`SMALL_GPT`] for `steps` steps on 600 letter tokens written in `dir`, its weights
+/// kept at `at` by `keep` (`--checkpoint` for a checkpoint folder, `--save` for a weights file).
+fn train_small_gpt(dir: &Path, steps: &str, keep: &str, at: &Path) {
+    let text = cli::letter_tokens(dir, 600);
+    ok(&ingot(&[
+        "train",
+        "--model",
+        SMALL_GPT,
+        "--dataset",
+        s(&text),
+        "--steps",
+        steps,
+        keep,
+        s(at),
+        "--threads",
+        "1",
+    ]));
+}
+
 /// The reference: the interpreter runs the mlp's forward graph at batch `N` on the weights;
 /// the logits are read off through `trace::logits`.
 fn reference_logits(w: &Path, x: &[f32], y: &[i64]) -> (Vec<f32>, f64) {
@@ -301,22 +323,8 @@ fn weights_of_another_model_and_data_of_another_shape_are_refused_naming_them() 
 #[test]
 fn generate_continues_a_prompt_and_repeats_under_a_seed() {
     let d = cli::scratch("infer", "generate");
-    let text = cli::letter_tokens(&d, 600);
-    let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=4";
     let ckpt = d.join("ckpt");
-    ok(&ingot(&[
-        "train",
-        "--model",
-        gpt,
-        "--dataset",
-        s(&text),
-        "--steps",
-        "5",
-        "--checkpoint",
-        s(&ckpt),
-        "--threads",
-        "1",
-    ]));
+    train_small_gpt(&d, "5", "--checkpoint", &ckpt);
     let args = [
         "generate",
         "--checkpoint",
@@ -353,28 +361,14 @@ fn generate_continues_a_prompt_and_repeats_under_a_seed() {
 #[test]
 fn generate_by_the_kv_cache_prints_its_plan_first_and_the_whole_windows_greedy_text() {
     let d = cli::scratch("infer", "generate_cached");
-    let text = cli::letter_tokens(&d, 600);
-    let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=4";
     let weights = d.join("w.safetensors");
-    ok(&ingot(&[
-        "train",
-        "--model",
-        gpt,
-        "--dataset",
-        s(&text),
-        "--steps",
-        "20",
-        "--save",
-        s(&weights),
-        "--threads",
-        "1",
-    ]));
+    train_small_gpt(&d, "20", "--save", &weights);
     // 40 greedy tokens after a 3-token prompt: the 16-token window slides 4 times.
     let generate = |extra: &[&str]| {
         let mut args = vec![
             "generate",
             "--model",
-            gpt,
+            SMALL_GPT,
             "--init",
             s(&weights),
             "--prompt",

@@ -47,11 +47,8 @@ pub fn model(seed: u64) -> Result<Model> {
         _ => crate::models::Precision::F32,
     };
     Ok(Model {
-        name: format!("random:{seed}"),
-        graph: g,
-        eval_graph: None,
-        optimizer,
         precision,
+        ..Model::new(format!("random:{seed}"), g, optimizer)
     })
 }
 
@@ -174,16 +171,14 @@ pub fn described(d: &Description) -> Result<Model> {
     let loss = b.build(Some(ops))?;
     let mut g = std::mem::take(&mut b.g);
     g.set_output("loss", loss)?;
+    let optimizer = if d.adamw {
+        Optimizer::adamw(0.01, 0.01)
+    } else {
+        Optimizer::Sgd { lr: 0.1 }
+    };
     Ok(Model {
-        name: format!("described:{}", d.seed),
-        graph: g,
-        eval_graph: None,
-        optimizer: if d.adamw {
-            Optimizer::adamw(0.01, 0.01)
-        } else {
-            Optimizer::Sgd { lr: 0.1 }
-        },
         precision: d.precision,
+        ..Model::new(format!("described:{}", d.seed), g, optimizer)
     })
 }
 

@@ -14,7 +14,7 @@ use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_testkit::steps::{assert_planned_matches_reference, same_bits};
 use ingot_trainer::session::Session;
 
 #[test]
@@ -64,40 +64,12 @@ fn the_cnn_loss_falls_over_20_steps_on_a_fixed_batch() {
     );
 }
 
-fn same_bits(a: &Tensor, b: &Tensor) -> bool {
-    a.ty == b.ty && a.to_le_bytes() == b.to_le_bytes()
-}
-
 /// Runs `steps` planned steps of `m` beside the reference interpreter, comparing the loss and
 /// every leaf bit for bit.
 fn planned_matches_reference(m: &Model, steps: usize) {
     let g = training_step(&m.graph, &m.optimizer).unwrap().graph;
     let p = plan::plan(&g, &Target::Cpu.plan_options()).unwrap();
-    let mut planned = PlannedStep::from_plan(g.clone(), p).unwrap();
-    let mut reference = init_leaves(&g, LeafKind::Parameter, 5);
-    reference.extend(init_leaves(&g, LeafKind::State, 5));
-    reference.extend(synthetic_batch(&g, 5));
-    for (name, value) in &reference {
-        planned.write_leaf(name, value).unwrap();
-    }
-    for s in 0..steps {
-        let mut values = run_graph(&g, &reference).unwrap();
-        planned.step().unwrap();
-        let loss = planned.read_output("loss").unwrap();
-        assert!(
-            same_bits(&loss, &values.outputs["loss"]),
-            "{} step {s}: planned loss {loss:?} != reference",
-            m.name
-        );
-        values.apply_updates(&mut reference);
-        for (name, value) in &reference {
-            assert!(
-                same_bits(&planned.read_leaf(name).unwrap(), value),
-                "{} step {s}: leaf {name} differs from the reference",
-                m.name
-            );
-        }
-    }
+    assert_planned_matches_reference(&m.name, &g, p, 5, steps);
 }
 
 #[test]
@@ -123,15 +95,8 @@ fn conv_bn_model(batch: usize) -> Model {
     })
     .unwrap();
     Model {
-        name: "conv-bn".into(),
-        graph,
         eval_graph,
-        optimizer: Optimizer::Momentum {
-            lr: 0.1,
-            momentum: 0.9,
-            weight_decay: 5e-4,
-        },
-        precision: Precision::F32,
+        ..Model::new("conv-bn", graph, Optimizer::momentum(0.1, 0.9, 5e-4))
     }
 }
 
@@ -301,13 +266,7 @@ fn big_conv_model(batch: usize) -> Model {
     let logits = nn::linear_kaiming(&mut g, "fc", h, 16, 10, true).unwrap();
     let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
     g.set_output("loss", loss).unwrap();
-    Model {
-        name: "big-conv".into(),
-        graph: g,
-        eval_graph: None,
-        optimizer: Optimizer::Sgd { lr: 0.1 },
-        precision: Precision::F32,
-    }
+    Model::new("big-conv", g, Optimizer::Sgd { lr: 0.1 })
 }
 
 /// A convolution's column buffer gets only the room the step's peak leaves: where the peak
@@ -598,11 +557,7 @@ fn the_eval_step_normalises_by_the_running_statistics_and_does_not_change_them()
 #[test]
 fn a_small_batch_resnet18_trains_and_validates_on_the_cpu() {
     let mut m = models::resnet18_with(2, DType::F32).unwrap();
-    m.optimizer = Optimizer::Momentum {
-        lr: 1e-3,
-        momentum: 0.9,
-        weight_decay: 5e-4,
-    };
+    m.optimizer = Optimizer::momentum(1e-3, 0.9, 5e-4);
     let mut s = cpu_session_with_eval(&m, 3);
     for _ in 0..2 {
         s.step().unwrap();

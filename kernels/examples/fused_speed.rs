@@ -5,124 +5,28 @@
 //! Run with `cargo run --release -p ingot-kernels --example fused_speed`. Prints the best of a
 //! few runs of each and the ratio fused / hand-written (lower is better, 1.0 is parity).
 
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
+use ingot_kernels::fused::{cpu, FusedKernel, Inst, Output};
+use ingot_kernels::{BinaryOp, ReduceOp};
+use ingot_testkit::fused_kernels::{bin, f32_const, layer_norm, softmax_rows, strided_input};
 use std::hint::black_box;
 use std::time::Instant;
-
-fn input(domain: &[usize], strides: &[usize]) -> Input {
-    let len = 1 + domain
-        .iter()
-        .zip(strides)
-        .map(|(&d, &s)| s * (d - 1))
-        .sum::<usize>();
-    Input {
-        dtype: DType::F32,
-        len,
-        access: Access {
-            offset: 0,
-            strides: strides.to_vec(),
-        },
-    }
-}
-
-fn bin(op: BinaryOp, a: usize, b: usize) -> Inst {
-    Inst::Binary { op, a, b }
-}
-
-fn c(value: f64) -> Inst {
-    Inst::Const {
-        value,
-        dtype: DType::F32,
-    }
-}
-
-fn softmax(r: usize, n: usize) -> FusedKernel {
-    FusedKernel {
-        domain: vec![r, n],
-        reduce_axes: vec![1],
-        inputs: vec![input(&[r, n], &[n, 1])],
-        body: vec![
-            Inst::Load { input: 0 },
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 0,
-            },
-            bin(BinaryOp::Sub, 0, 1),
-            Inst::Unary {
-                op: UnaryOp::Exp,
-                x: 2,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 3,
-            },
-            bin(BinaryOp::Div, 3, 4),
-        ],
-        outputs: vec![Output { value: 5 }],
-    }
-}
-
-fn layer_norm(r: usize, n: usize) -> FusedKernel {
-    FusedKernel {
-        domain: vec![r, n],
-        reduce_axes: vec![1],
-        inputs: vec![
-            input(&[r, n], &[n, 1]),
-            input(&[r, n], &[0, 1]),
-            input(&[r, n], &[0, 1]),
-        ],
-        body: vec![
-            Inst::Load { input: 0 }, // 0 x
-            c(n as f64),             // 1
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            }, // 2
-            bin(BinaryOp::Div, 2, 1), // 3 mean
-            bin(BinaryOp::Sub, 0, 3), // 4 d
-            bin(BinaryOp::Mul, 4, 4), // 5
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 5,
-            }, // 6
-            bin(BinaryOp::Div, 6, 1), // 7 var
-            c(1e-5),                 // 8
-            bin(BinaryOp::Add, 7, 8), // 9
-            Inst::Unary {
-                op: UnaryOp::Sqrt,
-                x: 9,
-            }, // 10
-            Inst::Unary {
-                op: UnaryOp::Recip,
-                x: 10,
-            }, // 11 rstd
-            bin(BinaryOp::Mul, 4, 11), // 12
-            Inst::Load { input: 1 }, // 13 g
-            bin(BinaryOp::Mul, 12, 13), // 14
-            Inst::Load { input: 2 }, // 15 b
-            bin(BinaryOp::Add, 14, 15), // 16
-        ],
-        outputs: vec![Output { value: 16 }],
-    }
-}
 
 /// `((x·2 + 1) max 0)·x − 0.5`
 fn chain(n: usize) -> FusedKernel {
     FusedKernel {
         domain: vec![n],
         reduce_axes: vec![],
-        inputs: vec![input(&[n], &[1])],
+        inputs: vec![strided_input(&[n], &[1])],
         body: vec![
             Inst::Load { input: 0 },
-            c(2.0),
+            f32_const(2.0),
             bin(BinaryOp::Mul, 0, 1),
-            c(1.0),
+            f32_const(1.0),
             bin(BinaryOp::Add, 2, 3),
-            c(0.0),
+            f32_const(0.0),
             bin(BinaryOp::Max, 4, 5),
             bin(BinaryOp::Mul, 6, 0),
-            c(0.5),
+            f32_const(0.5),
             bin(BinaryOp::Sub, 7, 8),
         ],
         outputs: vec![Output { value: 9 }],
@@ -133,7 +37,7 @@ fn column_sum(r: usize, n: usize) -> FusedKernel {
     FusedKernel {
         domain: vec![r, n],
         reduce_axes: vec![0],
-        inputs: vec![input(&[r, n], &[n, 1])],
+        inputs: vec![strided_input(&[r, n], &[n, 1])],
         body: vec![
             Inst::Load { input: 0 },
             Inst::Reduce {
@@ -257,7 +161,7 @@ fn main() {
         let (r, n) = (4096, 1024);
         let x = data(r * n, 1);
         let mut y = vec![0f32; r * n];
-        let f = time_fused(&softmax(r, n), std::slice::from_ref(&x), reps);
+        let f = time_fused(&softmax_rows(r, n), std::slice::from_ref(&x), reps);
         let h = best(reps, || hand_softmax(black_box(&x), black_box(&mut y), n));
         report("softmax [4096, 1024]", f, h, r * n);
     }
@@ -266,7 +170,11 @@ fn main() {
         let x = data(r * n, 2);
         let (g, b) = (data(n, 3), data(n, 4));
         let mut y = vec![0f32; r * n];
-        let f = time_fused(&layer_norm(r, n), &[x.clone(), g.clone(), b.clone()], reps);
+        let f = time_fused(
+            &layer_norm(r, n, true, false),
+            &[x.clone(), g.clone(), b.clone()],
+            reps,
+        );
         let h = best(reps, || {
             hand_layer_norm(black_box(&x), &g, &b, black_box(&mut y), n)
         });

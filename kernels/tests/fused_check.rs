@@ -1,46 +1,13 @@
 //! `FusedKernel::check` rejects each kind of malformed kernel with an error that names the
 //! place (instruction, input, output) and what is wrong; `cpu::run` rejects bad buffers.
 
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, KernelError, Output};
+use ingot_kernels::fused::{cpu, FusedKernel, Inst, KernelError, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use ingot_testkit::fused_kernels::softmax_rows;
 
 /// softmax over [4, 8]: valid, and the base the broken kernels start from.
 fn good() -> FusedKernel {
-    FusedKernel {
-        domain: vec![4, 8],
-        reduce_axes: vec![1],
-        inputs: vec![Input {
-            dtype: DType::F32,
-            len: 32,
-            access: Access::contiguous(&[4, 8]),
-        }],
-        body: vec![
-            Inst::Load { input: 0 },
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 0,
-            },
-            Inst::Binary {
-                op: BinaryOp::Sub,
-                a: 0,
-                b: 1,
-            },
-            Inst::Unary {
-                op: UnaryOp::Exp,
-                x: 2,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 3,
-            },
-            Inst::Binary {
-                op: BinaryOp::Div,
-                a: 3,
-                b: 4,
-            },
-        ],
-        outputs: vec![Output { value: 5 }],
-    }
+    softmax_rows(4, 8)
 }
 
 fn with(f: impl FnOnce(&mut FusedKernel)) -> KernelError {

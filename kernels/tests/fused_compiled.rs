@@ -4,8 +4,9 @@
 
 use ingot_kernels::fused::cpu::{self, Compiled};
 use ingot_kernels::fused::random::{self, Rng};
-use ingot_kernels::fused::{parts, Access, FusedKernel, Input, Inst, KernelError, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
+use ingot_kernels::fused::{parts, FusedKernel, Input, Inst, KernelError, Output};
+use ingot_kernels::{DType, UnaryOp};
+use ingot_testkit::fused_kernels::layer_norm;
 use zerocopy::IntoBytes;
 #[path = "support/counting.rs"]
 mod counting;
@@ -198,73 +199,10 @@ fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
     );
 }
 
-/// Layer norm over rows of `n`: `y = (x - mean) / sqrt(var + eps) * w`, with the mean and the
-/// reciprocal deviation as row-level outputs.
-fn layer_norm(rows: usize, n: usize) -> FusedKernel {
-    let c = |value: f64| Inst::Const {
-        value,
-        dtype: DType::F32,
-    };
-    let bin = |op, a, b| Inst::Binary { op, a, b };
-    FusedKernel {
-        domain: vec![rows, n],
-        reduce_axes: vec![1],
-        inputs: vec![
-            Input {
-                dtype: DType::F32,
-                len: rows * n,
-                access: Access::contiguous(&[rows, n]),
-            },
-            Input {
-                dtype: DType::F32,
-                len: n,
-                access: Access {
-                    offset: 0,
-                    strides: vec![0, 1],
-                },
-            },
-        ],
-        body: vec![
-            Inst::Load { input: 0 }, // 0 x
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            }, // 1
-            c(1.0 / n as f64),       // 2
-            bin(BinaryOp::Mul, 1, 2), // 3 mean
-            bin(BinaryOp::Sub, 0, 3), // 4 d
-            bin(BinaryOp::Mul, 4, 4), // 5
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 5,
-            }, // 6
-            bin(BinaryOp::Mul, 6, 2), // 7 var
-            c(1e-5),                 // 8
-            bin(BinaryOp::Add, 7, 8), // 9
-            Inst::Unary {
-                op: UnaryOp::Sqrt,
-                x: 9,
-            }, // 10
-            Inst::Unary {
-                op: UnaryOp::Recip,
-                x: 10,
-            }, // 11 rstd
-            bin(BinaryOp::Mul, 4, 11), // 12
-            Inst::Load { input: 1 }, // 13 w
-            bin(BinaryOp::Mul, 12, 13), // 14 y
-        ],
-        outputs: vec![
-            Output { value: 14 },
-            Output { value: 3 },
-            Output { value: 11 },
-        ],
-    }
-}
-
 #[test]
 fn a_layer_norms_short_rows_run_several_to_a_chunk_with_the_interpreters_bits() {
     for (rows, n) in [(512, 64), (37, 256), (5, 3000), (300, 2)] {
-        let k = layer_norm(rows, n);
+        let k = layer_norm(rows, n, false, true);
         k.check().unwrap();
         let c = Compiled::new(&k).expect("a layer norm compiles");
         let (lanes, group) = c.shape();
@@ -286,17 +224,17 @@ fn a_layer_norms_short_rows_run_several_to_a_chunk_with_the_interpreters_bits() 
 #[test]
 fn kernels_outside_the_compiled_subset_are_left_to_the_interpreter() {
     // An index, a bf16 input, a column reduction: `None`, so that the interpreter runs them.
-    let mut k = layer_norm(8, 16);
+    let mut k = layer_norm(8, 16, false, true);
     k.body.push(Inst::Index {
         axis: 1,
         dtype: DType::F32,
     });
     k.outputs.push(Output { value: 15 });
     assert!(Compiled::new(&k).is_none());
-    let mut k = layer_norm(8, 16);
+    let mut k = layer_norm(8, 16, false, true);
     k.inputs[1].dtype = DType::BF16;
     assert!(Compiled::new(&k).is_none());
-    let mut k = layer_norm(8, 16);
+    let mut k = layer_norm(8, 16, false, true);
     k.reduce_axes = vec![0];
     k.inputs[1].access.strides = vec![1, 0];
     k.inputs[1].len = 8;
@@ -306,7 +244,7 @@ fn kernels_outside_the_compiled_subset_are_left_to_the_interpreter() {
 
 #[test]
 fn running_a_compiled_kernel_allocates_nothing() {
-    let k = layer_norm(512, 64);
+    let k = layer_norm(512, 64, false, true);
     let c = Compiled::new(&k).unwrap();
     let mut r = Rng(7);
     let inputs: Vec<Vec<u8>> = k.inputs.iter().map(|i| data(&mut r, i)).collect();

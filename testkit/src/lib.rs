@@ -5,10 +5,14 @@
 //! - [`fuzz`]: the bodies and properties of the fuzz targets (fuzz/), and their bounded twins;
 //! - [`device`]: the raw CUDA driver calls the GPU harnesses share (GPU 0, load, launch, copy,
 //!   time), the kernel check's and the attention tests' (runtime/tests/support/attention_device.rs);
-//! - [`cxx`]: the host's C++ compiler, for the kernel tests that compile CUDA C for the host.
+//! - [`fused_kernels`]: the hand-built fused kernels (softmax, layer norm) of the kernel tests;
+//! - [`cxx`]: the host's C++ compiler, for the kernel tests that compile CUDA C for the host;
+//! - [`steps`]: whole CPU training steps against the reference interpreter, and their bytes.
 
 pub mod cxx;
 pub mod device;
+pub mod fused_kernels;
 pub mod fuzz;
 pub mod kernel_check;
 pub mod random_step;
+pub mod steps;

@@ -57,17 +57,7 @@ fn model() -> Model {
     let logits = nn::linear_kaiming(&mut g, "fc", h, 24, 10, true).unwrap();
     let loss = nn::softmax_cross_entropy(&mut g, logits, y).unwrap();
     g.set_output("loss", loss).unwrap();
-    Model {
-        name: "convs".into(),
-        graph: g,
-        eval_graph: None,
-        optimizer: Optimizer::Momentum {
-            lr: 0.01,
-            momentum: 0.9,
-            weight_decay: 0.0,
-        },
-        precision: Precision::F32,
-    }
+    Model::new("convs", g, Optimizer::momentum(0.01, 0.9, 0.0))
 }
 
 fn session(precision: Precision, device: Device) -> Session {

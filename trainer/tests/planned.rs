@@ -3,7 +3,7 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
-use ingot_compiler::ir::{DType, Graph, LeafKind};
+use ingot_compiler::ir::{DType, Graph};
 use ingot_compiler::lower::LowerError;
 use ingot_compiler::models;
 use ingot_compiler::plan;
@@ -12,56 +12,18 @@ use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_testkit::steps::{
+    assert_planned_matches_reference, cpu_executable, same_bits, seeded_leaves, step_bytes,
+};
 use ingot_trainer::session::Session;
 
-/// All leaf values of a step graph from the default initialisation and a synthetic batch.
-fn leaves(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
-    let mut l = init_leaves(g, LeafKind::Parameter, seed);
-    l.extend(init_leaves(g, LeafKind::State, seed));
-    l.extend(synthetic_batch(g, seed));
-    l
-}
-
-fn same_bits(a: &Tensor, b: &Tensor) -> bool {
-    a.ty == b.ty && a.to_le_bytes() == b.to_le_bytes()
-}
-
-/// Runs `steps` training steps both ways and compares the loss and every leaf, bit for bit.
+/// Runs `steps` training steps of `spec` planned and by the reference interpreter, comparing
+/// the loss and every leaf, bit for bit.
 fn planned_matches_reference(spec: &str, steps: usize) {
     let m = models::by_name(spec).unwrap();
-    let step = training_step(&m.graph, &m.optimizer).unwrap();
-    let g = step.graph;
+    let g = training_step(&m.graph, &m.optimizer).unwrap().graph;
     let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
-    let total = p.total_bytes;
-    let mut planned = PlannedStep::from_plan(g.clone(), p).unwrap();
-    assert_eq!(
-        planned.allocated_bytes(),
-        total,
-        "{spec}: the allocation must be the planned total"
-    );
-    let mut reference = leaves(&g, 3);
-    for (name, value) in &reference {
-        planned.write_leaf(name, value).unwrap();
-    }
-    for s in 0..steps {
-        let mut values = run_graph(&g, &reference).unwrap();
-        planned.step().unwrap();
-        let loss = planned.read_output("loss").unwrap();
-        assert!(
-            same_bits(&loss, &values.outputs["loss"]),
-            "{spec} step {s}: planned loss {loss:?} != reference {:?}",
-            values.outputs["loss"]
-        );
-        values.apply_updates(&mut reference);
-        for (name, value) in &reference {
-            let got = planned.read_leaf(name).unwrap();
-            assert!(
-                same_bits(&got, value),
-                "{spec} step {s}: leaf {name} differs from the reference"
-            );
-        }
-    }
+    assert_planned_matches_reference(spec, &g, p, 3, steps);
 }
 
 #[test]
@@ -88,31 +50,12 @@ fn fused_steps(
 ) -> (Vec<Vec<u8>>, (usize, usize)) {
     let m = models::by_name(spec).unwrap();
     let c = ingot_compiler::pipeline::compile(&m, &Session::cpu_options()).unwrap();
-    let mut values = init_leaves(&c.graph, LeafKind::Parameter, 7);
-    values.extend(init_leaves(&c.graph, LeafKind::State, 7));
-    values.extend(synthetic_batch(&c.graph, 7));
-    let exe = ingot_compiler::exe::Executable::from_plan(
-        "step",
-        c.graph,
-        c.plan,
-        ingot_compiler::lower::Target::Cpu,
-    )
-    .unwrap();
-    let mut p = PlannedStep::with_threads(exe, threads).unwrap();
+    let values = seeded_leaves(&c.graph, 7);
+    let mut p = PlannedStep::with_threads(cpu_executable(c), threads).unwrap();
     if interpret {
         p.interpret_fused();
     }
-    for (name, v) in &values {
-        p.write_leaf(name, v).unwrap();
-    }
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        p.step().unwrap();
-        out.push(p.read_output("loss").unwrap().to_le_bytes());
-        for name in values.keys() {
-            out.push(p.read_leaf(name).unwrap().to_le_bytes());
-        }
-    }
+    let out = step_bytes(&mut p, &values, steps);
     (out, p.compiled_kernels())
 }
 

@@ -5,22 +5,11 @@
 //! interpreter. (That a step on several threads allocates nothing is in zero_alloc.rs: its
 //! counter sees every thread, so it must run alone.)
 
-use indexmap::IndexMap;
-use ingot_compiler::ir::{Graph, LeafKind};
 use ingot_compiler::models;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::planned::PlannedStep;
-use ingot_runtime::tensor::Tensor;
-use ingot_runtime::StepExecutor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_testkit::steps::{cpu_executable, seeded_leaves, step_bytes};
 use ingot_trainer::session::Session;
-
-fn leaves(g: &Graph) -> IndexMap<String, Tensor> {
-    let mut l = init_leaves(g, LeafKind::Parameter, 5);
-    l.extend(init_leaves(g, LeafKind::State, 5));
-    l.extend(synthetic_batch(g, 5));
-    l
-}
 
 fn compiled(spec: &str, precision: Precision) -> ingot_compiler::pipeline::Compiled {
     let m = models::by_name(spec).unwrap();
@@ -29,36 +18,13 @@ fn compiled(spec: &str, precision: Precision) -> ingot_compiler::pipeline::Compi
     ingot_compiler::pipeline::compile(&m, &opts).unwrap()
 }
 
-/// The CPU executable of `c`.
-fn cpu_exe(c: ingot_compiler::pipeline::Compiled) -> ingot_compiler::exe::Executable {
-    ingot_compiler::exe::Executable::from_plan(
-        "step",
-        c.graph,
-        c.plan,
-        ingot_compiler::lower::Target::Cpu,
-    )
-    .unwrap()
-}
-
 /// Every leaf and the loss after each of `steps` steps on `threads` threads, as bytes.
 fn run(spec: &str, precision: Precision, threads: usize, steps: usize) -> Vec<Vec<u8>> {
     let c = compiled(spec, precision);
-    let values = leaves(&c.graph);
-    let exe = cpu_exe(c);
-    let mut p = PlannedStep::with_threads(exe, threads).unwrap();
+    let values = seeded_leaves(&c.graph, 5);
+    let mut p = PlannedStep::with_threads(cpu_executable(c), threads).unwrap();
     assert_eq!(p.threads(), threads);
-    for (name, v) in &values {
-        p.write_leaf(name, v).unwrap();
-    }
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        p.step().unwrap();
-        out.push(p.read_output("loss").unwrap().to_le_bytes());
-        for name in values.keys() {
-            out.push(p.read_leaf(name).unwrap().to_le_bytes());
-        }
-    }
-    out
+    step_bytes(&mut p, &values, steps)
 }
 
 const MODELS: [(&str, Precision); 5] = [
@@ -93,7 +59,7 @@ fn a_cpu_step_gives_the_same_bits_on_1_2_3_and_16_threads() {
 #[test]
 fn a_step_on_several_threads_holds_its_thread_scratch_in_the_one_allocation() {
     let c = compiled(MODELS[0].0, Precision::F32);
-    let exe = cpu_exe(c);
+    let exe = cpu_executable(c);
     let total = exe.plan().total_bytes;
     let one = PlannedStep::with_threads(exe.clone(), 1).unwrap();
     assert_eq!(one.allocated_bytes(), total);

@@ -17,7 +17,7 @@
 //! - default initialisation, as PyTorch's: every weight and bias uniform on `±1/√fan_in`
 //!   (kaiming-uniform with `a = √5`; fan_in 9, 288, 64·s² and 128), from the seeded generator
 
-use super::{check_float, check_size, model_err, Model, Optimizer, Precision, ID_DTYPE};
+use super::{check_float, check_size, model_err, Model, Optimizer, ID_DTYPE};
 use crate::error::Result;
 use crate::ir::{DType, Graph};
 use crate::trace::nn;
@@ -147,15 +147,5 @@ pub fn cnn_of(cfg: &CnnConfig, dtype: DType) -> Result<Model> {
     let logits = nn::linear_kaiming(&mut g, "fc2", h, 128, classes, true)?;
     let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
     g.set_output("loss", loss)?;
-    Ok(Model {
-        name,
-        graph: g,
-        eval_graph: None,
-        optimizer: Optimizer::Momentum {
-            lr: 0.01,
-            momentum: 0.9,
-            weight_decay: 0.0,
-        },
-        precision: Precision::F32,
-    })
+    Ok(Model::new(name, g, Optimizer::momentum(0.01, 0.9, 0.0)))
 }

@@ -2,10 +2,10 @@
 //! embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a final LayerNorm and
 //! an untied head without bias; mean cross-entropy over every batch × sequence position; AdamW.
 
+use super::Optimizer;
 use super::{check_float, check_size, model_err, Model, ID_DTYPE};
-use super::{Optimizer, Precision};
 use crate::error::Result;
-use crate::ir::{DType, Graph, Init};
+use crate::ir::{DType, Graph, Init, NodeId};
 use crate::trace::nn;
 use std::fmt;
 
@@ -199,46 +199,17 @@ pub fn gpt(cfg: &GptConfig, dtype: DType) -> Result<Model> {
     let name = name_of(cfg);
     check_float(&name, dtype)?;
     cfg.validate(&name)?;
-    let GptConfig {
-        vocab,
-        d_model: d,
-        layers,
-        heads,
-        d_ff,
-        seq,
-        batch,
-    } = *cfg;
+    let (vocab, d, heads, seq, batch) = (cfg.vocab, cfg.d_model, cfg.heads, cfg.seq, cfg.batch);
     let mut g = Graph::new();
     let x = g.input("x", [batch, seq], ID_DTYPE)?;
     let y = g.input("y", [batch, seq], ID_DTYPE)?;
-    let tok = nn::embedding(&mut g, "wte", x, vocab, d, dtype)?; // [B, T, d]
-    let wpe = g.parameter(
-        "wpe.weight",
-        [seq, d],
-        dtype,
-        Init::Normal { std: nn::INIT_STD },
-    )?;
-    let mut h = g
+    let (tok, wpe) = embeddings(&mut g, cfg, x, dtype)?; // [B, T, d], [T, d]
+    let h = g
         .scoped("wpe", |g| g.add(tok, wpe))
         .map_err(|e| nn::in_layer("wpe", e))?;
-    for i in 0..layers {
-        let p = format!("blocks.{i}");
-        let a = nn::layer_norm(&mut g, &format!("{p}.ln1"), h, LN_EPS)?;
-        let a = nn::causal_self_attention(&mut g, &p, a, heads)?;
-        h = g
-            .scoped(&p, |g| g.add(h, a))
-            .map_err(|e| nn::in_layer(&p, e))?;
-        let m = nn::layer_norm(&mut g, &format!("{p}.ln2"), h, LN_EPS)?;
-        let m = nn::linear(&mut g, &format!("{p}.fc"), m, d, d_ff, true)?;
-        let m = g
-            .scoped(&format!("{p}.gelu"), |g| nn::gelu_tanh(g, m))
-            .map_err(|e| nn::in_layer(&p, e))?;
-        let m = nn::linear(&mut g, &format!("{p}.fc2"), m, d_ff, d, true)?;
-        h = g
-            .scoped(&p, |g| g.add(h, m))
-            .map_err(|e| nn::in_layer(&p, e))?;
-    }
-    let h = nn::layer_norm(&mut g, "lnf", h, LN_EPS)?;
+    let h = blocks_and_final_norm(&mut g, cfg, h, |g, p, _, a| {
+        nn::causal_self_attention(g, p, a, heads)
+    })?;
     // The head and the loss work on the B·T positions as rows.
     let n = batch * seq;
     let h = g.scoped("head", |g| g.reshape(h, [n, d]))?;
@@ -248,11 +219,60 @@ pub fn gpt(cfg: &GptConfig, dtype: DType) -> Result<Model> {
         nn::softmax_cross_entropy(g, logits, targets)
     })?;
     g.set_output("loss", loss)?;
-    Ok(Model {
-        name,
-        graph: g,
-        eval_graph: None,
-        optimizer: Optimizer::adamw(3e-4, 0.01),
-        precision: Precision::F32,
-    })
+    Ok(Model::new(name, g, Optimizer::adamw(3e-4, 0.01)))
+}
+
+/// The token embedding of `x` (`wte`, `[vocab, d]`, rows gathered: `[.., d]`) and the position
+/// table `wpe.weight` (`[seq, d]`), in the order both steps create them, so that the training
+/// and decode steps have the same parameters in the same order.
+pub(super) fn embeddings(
+    g: &mut Graph,
+    cfg: &GptConfig,
+    x: NodeId,
+    dtype: DType,
+) -> Result<(NodeId, NodeId)> {
+    let tok = nn::embedding(g, "wte", x, cfg.vocab, cfg.d_model, dtype)?;
+    let wpe = g.parameter(
+        "wpe.weight",
+        [cfg.seq, cfg.d_model],
+        dtype,
+        Init::Normal { std: nn::INIT_STD },
+    )?;
+    Ok((tok, wpe))
+}
+
+/// `cfg.layers` pre-LayerNorm blocks on the residual stream `h`, then the final norm `lnf`.
+/// Block `i` (named `blocks.{i}`): `ln1`, the attention `attend(g, name, i, x)` computes, its
+/// residual add, and [`mlp_residual`]. The training and decode steps differ only in `attend`.
+pub(super) fn blocks_and_final_norm(
+    g: &mut Graph,
+    cfg: &GptConfig,
+    mut h: NodeId,
+    mut attend: impl FnMut(&mut Graph, &str, usize, NodeId) -> Result<NodeId>,
+) -> Result<NodeId> {
+    for i in 0..cfg.layers {
+        let p = format!("blocks.{i}");
+        let a = nn::layer_norm(g, &format!("{p}.ln1"), h, LN_EPS)?;
+        let a = attend(g, &p, i, a)?;
+        h = residual(g, &p, h, a)?;
+        h = mlp_residual(g, &p, h, cfg.d_model, cfg.d_ff)?;
+    }
+    nn::layer_norm(g, "lnf", h, LN_EPS)
+}
+
+/// `h + x` in block `p`'s scope: a block's residual connection (its errors name the block).
+fn residual(g: &mut Graph, p: &str, h: NodeId, x: NodeId) -> Result<NodeId> {
+    g.scoped(p, |g| g.add(h, x)).map_err(|e| nn::in_layer(p, e))
+}
+
+/// Block `p`'s MLP half on the residual stream `h` (`[.., d]`): `ln2`, `fc` (`d -> d_ff`), the
+/// tanh GELU, `fc2` (`d_ff -> d`) and the residual add.
+fn mlp_residual(g: &mut Graph, p: &str, h: NodeId, d: usize, d_ff: usize) -> Result<NodeId> {
+    let m = nn::layer_norm(g, &format!("{p}.ln2"), h, LN_EPS)?;
+    let m = nn::linear(g, &format!("{p}.fc"), m, d, d_ff, true)?;
+    let m = g
+        .scoped(&format!("{p}.gelu"), |g| nn::gelu_tanh(g, m))
+        .map_err(|e| nn::in_layer(p, e))?;
+    let m = nn::linear(g, &format!("{p}.fc2"), m, d_ff, d, true)?;
+    residual(g, p, h, m)
 }

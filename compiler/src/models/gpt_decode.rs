@@ -23,7 +23,8 @@
 //! caller compiles it with `fuse_attention` off): its patterns are the whole window's
 //! `[T, T]` causal attention, and this one is a single query over a masked cache.
 
-use super::{GptConfig, ID_DTYPE, LN_EPS};
+use super::gpt::{blocks_and_final_norm, embeddings};
+use super::{GptConfig, ID_DTYPE};
 use crate::error::{IrError, Result};
 use crate::ir::{CmpOp, DType, Graph, Init, LeafKind, NodeId, Shape};
 use crate::trace::nn;
@@ -67,27 +68,13 @@ pub fn gpt_decode(cfg: &GptConfig, dtype: DType, cache_dtype: DType) -> Result<G
             "the decode step of {name} needs float parameters and cache, not {dtype} and {cache_dtype}"
         )));
     }
-    let GptConfig {
-        vocab,
-        d_model: d,
-        layers,
-        heads,
-        d_ff,
-        seq,
-        batch,
-    } = *cfg;
+    let (vocab, d, heads, seq, batch) = (cfg.vocab, cfg.d_model, cfg.heads, cfg.seq, cfg.batch);
     let hd = d / heads;
     let mut g = Graph::new();
     let x = g.ids_input(TOKEN, [batch, 1], ID_DTYPE, vocab as u64)?;
     let pos = g.ids_input(POSITION, [1], ID_DTYPE, seq as u64)?;
-    let tok = nn::embedding(&mut g, "wte", x, vocab, d, dtype)?; // [B, 1, d]
-    let wpe = g.parameter(
-        "wpe.weight",
-        [seq, d],
-        dtype,
-        Init::Normal { std: nn::INIT_STD },
-    )?;
-    let mut h = g
+    let (tok, wpe) = embeddings(&mut g, cfg, x, dtype)?; // [B, 1, d], [seq, d]
+    let h = g
         .scoped("wpe", |g| {
             let row = g.gather(wpe, pos)?; // [1, d]
             g.add(tok, row)
@@ -101,33 +88,10 @@ pub fn gpt_decode(cfg: &GptConfig, dtype: DType, cache_dtype: DType) -> Result<G
         let future = g.compare(CmpOp::Gt, cols, pos)?; // [seq]
         Ok::<_, IrError>((fill, future))
     })?;
-    for i in 0..layers {
-        let p = format!("blocks.{i}");
-        let a = nn::layer_norm(&mut g, &format!("{p}.ln1"), h, LN_EPS)?;
-        let a = cached_attention(
-            &mut g,
-            &p,
-            i,
-            a,
-            [batch, heads, seq, hd],
-            cache_dtype,
-            fill,
-            future,
-        )?;
-        h = g
-            .scoped(&p, |g| g.add(h, a))
-            .map_err(|e| nn::in_layer(&p, e))?;
-        let m = nn::layer_norm(&mut g, &format!("{p}.ln2"), h, LN_EPS)?;
-        let m = nn::linear(&mut g, &format!("{p}.fc"), m, d, d_ff, true)?;
-        let m = g
-            .scoped(&format!("{p}.gelu"), |g| nn::gelu_tanh(g, m))
-            .map_err(|e| nn::in_layer(&p, e))?;
-        let m = nn::linear(&mut g, &format!("{p}.fc2"), m, d_ff, d, true)?;
-        h = g
-            .scoped(&p, |g| g.add(h, m))
-            .map_err(|e| nn::in_layer(&p, e))?;
-    }
-    let h = nn::layer_norm(&mut g, "lnf", h, LN_EPS)?;
+    let h = blocks_and_final_norm(&mut g, cfg, h, |g, p, i, a| {
+        let shape = [batch, heads, seq, hd];
+        cached_attention(g, p, i, a, shape, cache_dtype, fill, future)
+    })?;
     let h = g.scoped("head", |g| g.reshape(h, [batch, d]))?;
     let logits = nn::linear(&mut g, "head", h, d, vocab, false)?; // [B, vocab]
     g.set_output(crate::trace::logits::LOGITS, logits)?;

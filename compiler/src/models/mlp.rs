@@ -1,8 +1,8 @@
 //! `mlp`: Linear(784→1024) → ReLU → Linear(1024→1024) → ReLU → Linear(1024→10), mean softmax
 //! cross-entropy, SGD lr 0.1 without momentum. 1,863,690 parameters.
 
+use super::Optimizer;
 use super::{check_float, check_size, model_err, Model, ID_DTYPE};
-use super::{Optimizer, Precision};
 use crate::error::Result;
 use crate::ir::DType;
 use crate::ir::Graph;
@@ -44,11 +44,5 @@ pub fn mlp_with(batch: usize, dtype: DType) -> Result<Model> {
     let logits = nn::linear(&mut g, "fc3", h, MLP_HIDDEN, MLP_CLASSES, true)?;
     let loss = g.scoped("loss", |g| nn::softmax_cross_entropy(g, logits, y))?;
     g.set_output("loss", loss)?;
-    Ok(Model {
-        name,
-        graph: g,
-        eval_graph: None,
-        optimizer: Optimizer::Sgd { lr: 0.1 },
-        precision: Precision::F32,
-    })
+    Ok(Model::new(name, g, Optimizer::Sgd { lr: 0.1 }))
 }

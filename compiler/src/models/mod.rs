@@ -62,6 +62,19 @@ impl Model {
     /// `mlp`'s optimizer).
     pub const FILE_OPTIMIZER: Optimizer = Optimizer::Sgd { lr: 0.1 };
 
+    /// A model named `name` that trains `graph` with `optimizer` in f32 (the built-in models'
+    /// precision) and evaluates the same trace (`eval_graph` `None`: set it, or the precision,
+    /// with struct update syntax where a model differs).
+    pub fn new(name: impl Into<String>, graph: Graph, optimizer: Optimizer) -> Model {
+        Model {
+            name: name.into(),
+            graph,
+            eval_graph: None,
+            optimizer,
+            precision: Precision::F32,
+        }
+    }
+
     /// The forward pass the evaluation step runs: the [`Mode::Eval`] trace, or `graph` when the
     /// model traces the same in both modes. Its loss reads the same parameter and state leaves
     /// as `graph` (same names and types), and it updates nothing.

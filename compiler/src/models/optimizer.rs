@@ -57,6 +57,15 @@ impl Optimizer {
         }
     }
 
+    /// `torch.optim.SGD` with `momentum` and `weight_decay` (dampening 0, not Nesterov).
+    pub fn momentum(lr: f64, momentum: f64, weight_decay: f64) -> Optimizer {
+        Optimizer::Momentum {
+            lr,
+            momentum,
+            weight_decay,
+        }
+    }
+
     /// `torch.optim.AdamW`'s defaults but for the learning rate and weight decay given.
     pub fn adamw(lr: f64, weight_decay: f64) -> Optimizer {
         Optimizer::AdamW {

@@ -38,7 +38,7 @@
 //! The reference `resnet18` has 11,181,642 parameters; `resnet:depth=50` at 1000 classes has
 //! torchvision's 25,557,032.
 
-use super::{check_float, check_size, model_err, Model, Optimizer, Precision, ID_DTYPE};
+use super::{check_float, check_size, model_err, Model, Optimizer, ID_DTYPE};
 use crate::error::Result;
 use crate::ir::{DType, Graph, Init, NodeId};
 use crate::trace::nn;
@@ -274,15 +274,8 @@ fn build(name: &str, cfg: &ResNetConfig, dtype: DType) -> Result<Model> {
         Ok(())
     })?;
     Ok(Model {
-        name: name.to_string(),
-        graph,
         eval_graph,
-        optimizer: Optimizer::Momentum {
-            lr: 0.1,
-            momentum: 0.9,
-            weight_decay: 5e-4,
-        },
-        precision: Precision::F32,
+        ..Model::new(name, graph, Optimizer::momentum(0.1, 0.9, 5e-4))
     })
 }
 

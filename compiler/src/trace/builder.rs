@@ -9,6 +9,28 @@ use crate::ir::{
 };
 use smallvec::SmallVec;
 
+/// Methods named for one op of a family: `neg(a)` is `unary(UnaryOp::Neg, a)`, `add(a, b)` is
+/// `binary(BinaryOp::Add, a, b)`. One line per op rather than three, so that the list reads as
+/// the table it is.
+macro_rules! shortcuts {
+    (unary: $($name:ident $variant:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("`unary(UnaryOp::", stringify!($variant), ", a)`.")]
+            pub fn $name(&mut self, a: NodeId) -> Result<NodeId> {
+                self.unary(UnaryOp::$variant, a)
+            }
+        )*
+    };
+    (binary: $($name:ident $variant:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("`binary(BinaryOp::", stringify!($variant), ", a, b)`.")]
+            pub fn $name(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+                self.binary(BinaryOp::$variant, a, b)
+            }
+        )*
+    };
+}
+
 impl Graph {
     fn add_leaf(
         &mut self,
@@ -95,23 +117,8 @@ impl Graph {
         self.push(Op::Unary(op), &[a], None)
     }
 
-    pub fn neg(&mut self, a: NodeId) -> Result<NodeId> {
-        self.unary(UnaryOp::Neg, a)
-    }
-    pub fn exp(&mut self, a: NodeId) -> Result<NodeId> {
-        self.unary(UnaryOp::Exp, a)
-    }
-    pub fn log(&mut self, a: NodeId) -> Result<NodeId> {
-        self.unary(UnaryOp::Log, a)
-    }
-    pub fn sqrt(&mut self, a: NodeId) -> Result<NodeId> {
-        self.unary(UnaryOp::Sqrt, a)
-    }
-    pub fn tanh(&mut self, a: NodeId) -> Result<NodeId> {
-        self.unary(UnaryOp::Tanh, a)
-    }
-    pub fn recip(&mut self, a: NodeId) -> Result<NodeId> {
-        self.unary(UnaryOp::Recip, a)
+    shortcuts! {
+        unary: neg Neg, exp Exp, log Log, sqrt Sqrt, tanh Tanh, recip Recip
     }
 
     /// The NumPy broadcast of the shapes of `a` and `b`, or an error naming `op` and both.
@@ -151,23 +158,8 @@ impl Graph {
         self.push(Op::Binary(op), &[a, b], None)
     }
 
-    pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.binary(BinaryOp::Add, a, b)
-    }
-    pub fn sub(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.binary(BinaryOp::Sub, a, b)
-    }
-    pub fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.binary(BinaryOp::Mul, a, b)
-    }
-    pub fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.binary(BinaryOp::Div, a, b)
-    }
-    pub fn maximum(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.binary(BinaryOp::Max, a, b)
-    }
-    pub fn minimum(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.binary(BinaryOp::Min, a, b)
+    shortcuts! {
+        binary: add Add, sub Sub, mul Mul, div Div, maximum Max, minimum Min
     }
 
     /// `a op c` for a scalar constant `c` of `a`'s dtype.

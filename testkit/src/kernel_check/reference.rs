@@ -322,20 +322,9 @@ pub(super) fn compare(dt: DType, gpu: &[u8], cpu: &[u8], tol: Tolerance) -> (boo
             let bad: Vec<usize> = (0..g.len())
                 .filter(|&i| !(g[i] == c[i] || (g[i].is_nan() && c[i].is_nan())))
                 .collect();
-            match bad.first() {
-                None => (true, 0.0, "exact".into()),
-                Some(&i) => (
-                    false,
-                    f64::INFINITY,
-                    format!(
-                        "{} of {} bf16 values differ, first at {i} (gpu {} cpu {})",
-                        bad.len(),
-                        g.len(),
-                        g[i],
-                        c[i]
-                    ),
-                ),
-            }
+            exact_verdict(&bad, g.len(), "bf16 values ", |i| {
+                format!("gpu {} cpu {}", g[i], c[i])
+            })
         }
         DType::BF16 => floats(bf16s(gpu), bf16s(cpu)),
         DType::F32 => floats(
@@ -359,20 +348,32 @@ pub(super) fn compare(dt: DType, gpu: &[u8], cpu: &[u8], tol: Tolerance) -> (boo
             let bad: Vec<usize> = (0..gpu.len() / s)
                 .filter(|&i| gpu[i * s..(i + 1) * s] != cpu[i * s..(i + 1) * s])
                 .collect();
-            match bad.first() {
-                None => (true, 0.0, "exact".into()),
-                Some(&i) => (
-                    false,
-                    f64::INFINITY,
-                    format!(
-                        "{} of {} differ, first at {i} (gpu {:?} cpu {:?})",
-                        bad.len(),
-                        gpu.len() / s,
-                        &gpu[i * s..(i + 1) * s],
-                        &cpu[i * s..(i + 1) * s]
-                    ),
-                ),
-            }
+            exact_verdict(&bad, gpu.len() / s, "", |i| {
+                let (g, c) = (&gpu[i * s..(i + 1) * s], &cpu[i * s..(i + 1) * s]);
+                format!("gpu {g:?} cpu {c:?}")
+            })
         }
+    }
+}
+
+/// The verdict of an exact comparison of `total` values (`kind` names them, with a trailing
+/// space, or is empty) of which those at `bad` differ: `show(i)` gives both sides' value `i`.
+fn exact_verdict(
+    bad: &[usize],
+    total: usize,
+    kind: &str,
+    show: impl Fn(usize) -> String,
+) -> (bool, f64, String) {
+    match bad.first() {
+        None => (true, 0.0, "exact".into()),
+        Some(&i) => (
+            false,
+            f64::INFINITY,
+            format!(
+                "{} of {total} {kind}differ, first at {i} ({})",
+                bad.len(),
+                show(i)
+            ),
+        ),
     }
 }

@@ -218,10 +218,46 @@ fn put_float(dtype: DType, out: &mut [u8], i: usize, v: f64) {
     }
 }
 
+/// The sample order of one epoch of the sample sets and the image folders, allocated once and
+/// drawn again in place when the epoch changes ([`epoch_order`]). One copy of the cache and
+/// its batch slicing for [`SampleBatches`] and the image batches.
+#[derive(Debug)]
+pub(crate) struct EpochOrder {
+    order: Vec<u32>,
+    /// The epoch `order` is the order of.
+    epoch: Option<u64>,
+}
+
+impl EpochOrder {
+    /// An order of `n` samples, drawn at the first [`EpochOrder::prepare`].
+    pub(crate) fn new(n: usize) -> EpochOrder {
+        EpochOrder {
+            order: Vec::with_capacity(n),
+            epoch: None,
+        }
+    }
+
+    /// Makes the order the one of `epoch` over `n` samples (drawn only when it holds another
+    /// epoch's).
+    pub(crate) fn prepare(&mut self, epoch: u64, n: u32, shuffle: bool, seed: u64) {
+        if self.epoch == Some(epoch) {
+            return;
+        }
+        epoch_order(&mut self.order, n, shuffle, seed, epoch);
+        self.epoch = Some(epoch);
+    }
+
+    /// The samples of batch `batch` of `b` samples in the prepared epoch, in order.
+    pub(crate) fn batch(&self, batch: u64, b: usize) -> &[u32] {
+        let s = batch as usize * b;
+        &self.order[s..s + b]
+    }
+}
+
 /// Fills `order` with `0..n`, shuffled when `shuffle` by the generator of (`seed`, `epoch`)
 /// (Fisher-Yates from the end): the epoch order of the sample sets and the image folders, the
 /// same on every machine. Reuses `order`'s allocation.
-pub(crate) fn epoch_order(order: &mut Vec<u32>, n: u32, shuffle: bool, seed: u64, epoch: u64) {
+fn epoch_order(order: &mut Vec<u32>, n: u32, shuffle: bool, seed: u64, epoch: u64) {
     order.clear();
     order.extend(0..n);
     if shuffle {
@@ -494,9 +530,8 @@ pub struct SampleBatches {
     classes: u64,
     shuffle: bool,
     seed: u64,
-    /// The sample order of epoch `order_epoch` (allocated once, reshuffled in place).
-    order: Vec<u32>,
-    order_epoch: Option<u64>,
+    /// The sample order of the epoch being read (allocated once, reshuffled in place).
+    order: EpochOrder,
 }
 
 impl SampleBatches {
@@ -575,8 +610,7 @@ impl SampleBatches {
             classes,
             shuffle,
             seed,
-            order: Vec::with_capacity(n as usize),
-            order_epoch: None,
+            order: EpochOrder::new(n as usize),
         })
     }
 
@@ -601,25 +635,14 @@ impl SampleBatches {
     /// The sample order of `epoch`: the file's order, or a Fisher-Yates shuffle drawn from a
     /// generator keyed by (seed, epoch). Reuses the order's allocation.
     fn order_for(&mut self, epoch: u64) {
-        if self.order_epoch == Some(epoch) {
-            return;
-        }
-        epoch_order(
-            &mut self.order,
-            self.set.len() as u32,
-            self.shuffle,
-            self.seed,
-            epoch,
-        );
-        self.order_epoch = Some(epoch);
+        let n = self.set.len() as u32;
+        self.order.prepare(epoch, n, self.shuffle, self.seed);
     }
 
     /// The samples of batch `batch` of `epoch`, in order (for tests and logs).
     pub fn samples_of(&mut self, epoch: u64, batch: u64) -> &[u32] {
         self.order_for(epoch);
-        let b = self.x.dims[0];
-        let s = batch as usize * b;
-        &self.order[s..s + b]
+        self.order.batch(batch, self.x.dims[0])
     }
 }
 
@@ -650,7 +673,7 @@ impl BatchSource for SampleBatches {
         let (xd, yd) = (self.x.dtype, self.y.dtype);
         let (layout, unit_scale) = (self.layout, self.unit_scale);
         for r in 0..b {
-            let i = self.order[batch as usize * b + r] as u64;
+            let i = self.order.batch(batch, b)[r] as u64;
             let label = self.set.label(i, self.classes)?;
             put_int(yd, y, r, label);
             let bytes = self.set.features(i)?;

@@ -47,11 +47,8 @@ fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
     let l = g.sum_all(o).unwrap();
     g.set_output(crate::autodiff::LOSS, l).unwrap();
     let m = crate::models::Model {
-        name: "conv".into(),
-        graph: g,
-        eval_graph: None,
-        optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
         precision,
+        ..crate::models::Model::new("conv", g, crate::models::Optimizer::Sgd { lr: 0.1 })
     };
     pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
 }

@@ -52,11 +52,8 @@ fn step_summing(
     let l = g.sum_all(o).unwrap();
     g.set_output(crate::autodiff::LOSS, l).unwrap();
     let m = crate::models::Model {
-        name: "attention".into(),
-        graph: g,
-        eval_graph: None,
-        optimizer: crate::models::Optimizer::Sgd { lr: 0.1 },
         precision,
+        ..crate::models::Model::new("attention", g, crate::models::Optimizer::Sgd { lr: 0.1 })
     };
     pipeline::compile(&m, &cuda()).unwrap()
 }

@@ -13,26 +13,25 @@
 //! unrounded probabilities.
 
 use super::common::{self, Operand};
+use super::frame;
 use super::tiles::Tiles;
 use super::{AttentionError, AttentionShape, Text};
-use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
+use crate::cuda::{signature, CudaKernel, Src};
 
 /// Rows (warps) a block of the preprocess kernel.
 const PRE_ROWS: usize = 8;
+
+/// The f32 inputs of the dkdv and dq kernels, after q, k, v and dout: each row's log-sum-exp
+/// and `delta`.
+const BACKWARD_F32: &[&str] = &["lse", "delta"];
 
 pub(super) fn preprocess(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
     let rows = s.batch_heads * s.seq_q;
     let mut c = Src::default();
-    c.open(signature(
-        (32 * PRE_ROWS) as u32,
-        &[
-            (format!("const {st}*"), "out".into()),
-            (format!("const {st}*"), "dout".into()),
-            ("float*".into(), "delta".into()),
-        ],
-    ));
+    let params = frame::params(st, &["out", "dout"], &[], &[], &["delta"]);
+    c.open(signature((32 * PRE_ROWS) as u32, &params));
     c.line(format!("constexpr int D = {};", s.head_dim));
     c.line(format!("constexpr unsigned long long TQ = {}ull;", s.seq_q));
     common::layout_constants(&mut c, s, &[Operand::Out]);
@@ -59,14 +58,10 @@ pub(super) fn preprocess(s: &AttentionShape) -> Result<CudaKernel, AttentionErro
     c.line("#pragma unroll");
     c.line("for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
     c.line("if (lane == 0) delta[row] = acc;");
-    c.close();
-    Ok(finish(
-        c.text,
-        Launch {
-            grid: [rows.div_ceil(PRE_ROWS) as u32, 1, 1],
-            block: [(32 * PRE_ROWS) as u32, 1, 1],
-            shared_bytes: 0,
-        },
+    Ok(frame::close(
+        c,
+        rows.div_ceil(PRE_ROWS) as u32,
+        32 * PRE_ROWS,
     ))
 }
 
@@ -82,15 +77,6 @@ fn problem_bases(c: &mut Src, st: &str) {
     ] {
         c.line(format!("const {st}* {p} = {n} + {};", op.base()));
     }
-}
-
-/// Zeroes `name[N][4]`.
-fn zero(c: &mut Src, name: &str, n: &str) {
-    c.line(format!("float {name}[{n}][4];"));
-    c.line("#pragma unroll");
-    c.line(format!(
-        "for (int n = 0; n < {n}; ++n) {{ {name}[n][0] = 0.0f; {name}[n][1] = 0.0f; {name}[n][2] = 0.0f; {name}[n][3] = 0.0f; }}"
-    ));
 }
 
 /// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, `op`'s row
@@ -133,35 +119,24 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     let (bc, br) = (tl.rows, tl.inner);
     let tiles = s.seq_k.div_ceil(bc);
     let grid = common::grid(s, tiles)?;
-    let mut c = Src::default();
-    c.text.push_str(&super::helpers::all());
-    c.open(signature(
-        threads as u32,
-        &[
-            (format!("const {st}*"), "q".into()),
-            (format!("const {st}*"), "k".into()),
-            (format!("const {st}*"), "v".into()),
-            (format!("const {st}*"), "dout".into()),
-            ("const float*".into(), "lse".into()),
-            ("const float*".into(), "delta".into()),
-            (format!("{st}*"), "dk".into()),
-            (format!("{st}*"), "dv".into()),
-        ],
-    ));
-    x.constants(&mut c, s, br, bc, threads);
-    c.line(format!("constexpr int LDP = {};", br + x.pad));
-    c.line(format!("__shared__ __align__(16) {st} sk[{}];", bc * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sv[{}];", bc * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sq[{}];", br * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sdo[{}];", br * x.ld));
-    c.line(format!(
-        "__shared__ __align__(16) {st} sp[{}];",
-        bc * (br + x.pad)
-    ));
+    let params = frame::params(
+        st,
+        &["q", "k", "v", "dout"],
+        BACKWARD_F32,
+        &["dk", "dv"],
+        &[],
+    );
+    let shared = [
+        ("sk", bc * x.ld),
+        ("sv", bc * x.ld),
+        ("sq", br * x.ld),
+        ("sdo", br * x.ld),
+        ("sp", bc * (br + x.pad)),
+    ];
+    let mut c = frame::open(&x, s, (br, bc, threads), &params, br + x.pad, &shared);
     c.line(format!("__shared__ float sl[{br}];"));
     c.line(format!("__shared__ float sd[{br}];"));
-    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
-    c.line("const int g = lane >> 2, t = lane & 3;");
+    frame::lanes(&mut c);
     // Causal: the first key tiles see the most queries; they start first.
     c.line("const int k0 = (int)(blockIdx.x / (unsigned)BH) * BC;");
     c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
@@ -170,8 +145,8 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.line("const float* db = delta + bh * TQ;");
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
-    zero(&mut c, "dka", "D / 8");
-    zero(&mut c, "dva", "D / 8");
+    frame::zero(&mut c, "dka", "D / 8");
+    frame::zero(&mut c, "dva", "D / 8");
     c.line("const int r0 = k0 + warp * 16 + g, r1 = r0 + 8;");
     c.line(format!("{st}* pw = sp + warp * 16 * LDP;"));
     c.line(if s.causal {
@@ -189,20 +164,13 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.line("sd[i] = in ? db[q0 + i] : 0.0f;");
     c.close();
     c.line("__syncthreads();");
-    zero(&mut c, "pt", "BR / 8");
-    c.line(format!(
-        "ig_fa_mm_nk_{}<BR / 8, D, LD, LD>(pt, sk + warp * 16 * LD, sq, g, t);",
-        x.mm
-    ));
+    frame::product_nk(&mut c, &x, "pt", "BR / 8", "sk", "sq");
     c.line(if s.causal {
         "const bool edge = q0 + BR > TQ || q0 < k0 + BC - 1;"
     } else {
         "const bool edge = q0 + BR > TQ;"
     });
-    c.line("#pragma unroll");
-    c.open("for (int n = 0; n < BR / 8; ++n) {");
-    c.line("#pragma unroll");
-    c.open("for (int e = 0; e < 4; ++e) {");
+    frame::fragment_loops(&mut c, "BR / 8");
     c.line("const int il = n * 8 + 2 * t + (e & 1);");
     c.line("float p = exp2f(pt[n][e] * SCALE_LOG2 - sl[il]);");
     c.open("if (edge) {");
@@ -219,16 +187,8 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "pt[n][0]", "pt[n][1]"));
     c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "pt[n][2]", "pt[n][3]"));
     c.close();
-    c.line("__syncwarp();");
-    c.line(format!(
-        "ig_fa_mm_kn_{}<D / 8, BR, LDP, LD>(dva, pw, sdo, g, t);",
-        x.mm
-    ));
-    zero(&mut c, "dpt", "BR / 8");
-    c.line(format!(
-        "ig_fa_mm_nk_{}<BR / 8, D, LD, LD>(dpt, sv + warp * 16 * LD, sdo, g, t);",
-        x.mm
-    ));
+    frame::product_kn(&mut c, &x, "dva", "BR", "sdo");
+    frame::product_nk(&mut c, &x, "dpt", "BR / 8", "sv", "sdo");
     c.line("__syncwarp();");
     c.line("#pragma unroll");
     c.open("for (int n = 0; n < BR / 8; ++n) {");
@@ -239,25 +199,13 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "s0", "s1"));
     c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "s2", "s3"));
     c.close();
-    c.line("__syncwarp();");
-    c.line(format!(
-        "ig_fa_mm_kn_{}<D / 8, BR, LDP, LD>(dka, pw, sq, g, t);",
-        x.mm
-    ));
+    frame::product_kn(&mut c, &x, "dka", "BR", "sq");
     c.close();
     c.line(format!("{st}* dkb = dk + {};", Operand::Kv.base()));
     c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));
     store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
     store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
-    c.close();
-    Ok(finish(
-        c.text,
-        Launch {
-            grid: [grid, 1, 1],
-            block: [threads as u32, 1, 1],
-            shared_bytes: 0,
-        },
-    ))
+    Ok(frame::close(c, grid, threads))
 }
 
 pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
@@ -267,37 +215,17 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     let (br, bc) = (tl.rows, tl.inner);
     let tiles = s.seq_q.div_ceil(br);
     let grid = common::grid(s, tiles)?;
-    let mut c = Src::default();
-    c.text.push_str(&super::helpers::all());
-    c.open(signature(
-        threads as u32,
-        &[
-            (format!("const {st}*"), "q".into()),
-            (format!("const {st}*"), "k".into()),
-            (format!("const {st}*"), "v".into()),
-            (format!("const {st}*"), "dout".into()),
-            ("const float*".into(), "lse".into()),
-            ("const float*".into(), "delta".into()),
-            (format!("{st}*"), "dq".into()),
-        ],
-    ));
-    x.constants(&mut c, s, br, bc, threads);
-    c.line(format!("constexpr int LDP = {};", bc + x.pad));
-    c.line(format!("__shared__ __align__(16) {st} sq[{}];", br * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sdo[{}];", br * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sk[{}];", bc * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sv[{}];", bc * x.ld));
-    c.line(format!(
-        "__shared__ __align__(16) {st} sp[{}];",
-        br * (bc + x.pad)
-    ));
-    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
-    c.line("const int g = lane >> 2, t = lane & 3;");
-    c.line(format!(
-        "const int q0 = ({} - 1 - (int)(blockIdx.x / (unsigned)BH)) * BR;",
-        tiles
-    ));
-    c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
+    let params = frame::params(st, &["q", "k", "v", "dout"], BACKWARD_F32, &["dq"], &[]);
+    let shared = [
+        ("sq", br * x.ld),
+        ("sdo", br * x.ld),
+        ("sk", bc * x.ld),
+        ("sv", bc * x.ld),
+        ("sp", br * (bc + x.pad)),
+    ];
+    let mut c = frame::open(&x, s, (br, bc, threads), &params, bc + x.pad, &shared);
+    frame::lanes(&mut c);
+    frame::query_tile_longest_first(&mut c, tiles);
     problem_bases(&mut c, st);
     c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
     c.line("ig_fa_load<BR, D, O_SR, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
@@ -306,37 +234,13 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     c.line("const float L1 = r1 < TQ ? lse[bh * TQ + r1] * LOG2E : 0.0f;");
     c.line("const float E0 = r0 < TQ ? delta[bh * TQ + r0] : 0.0f;");
     c.line("const float E1 = r1 < TQ ? delta[bh * TQ + r1] : 0.0f;");
-    zero(&mut c, "dqa", "D / 8");
+    frame::zero(&mut c, "dqa", "D / 8");
     c.line(format!("{st}* pw = sp + warp * 16 * LDP;"));
-    c.line(if s.causal {
-        "const int kend = TK < q0 + BR ? TK : q0 + BR;"
-    } else {
-        "const int kend = TK;"
-    });
-    c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
-    c.line("__syncthreads();");
-    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
-    c.line("__syncthreads();");
-    zero(&mut c, "sc", "BC / 8");
-    c.line(format!(
-        "ig_fa_mm_nk_{}<BC / 8, D, LD, LD>(sc, sq + warp * 16 * LD, sk, g, t);",
-        x.mm
-    ));
-    zero(&mut c, "dp", "BC / 8");
-    c.line(format!(
-        "ig_fa_mm_nk_{}<BC / 8, D, LD, LD>(dp, sdo + warp * 16 * LD, sv, g, t);",
-        x.mm
-    ));
-    c.line(if s.causal {
-        "const bool edge = k0 + BC > TK || k0 + BC - 1 > q0;"
-    } else {
-        "const bool edge = k0 + BC > TK;"
-    });
-    c.line("#pragma unroll");
-    c.open("for (int n = 0; n < BC / 8; ++n) {");
-    c.line("#pragma unroll");
-    c.open("for (int e = 0; e < 4; ++e) {");
+    frame::key_tiles(&mut c, s);
+    frame::product_nk(&mut c, &x, "sc", "BC / 8", "sq", "sk");
+    frame::product_nk(&mut c, &x, "dp", "BC / 8", "sdo", "sv");
+    frame::key_tile_edge(&mut c, s);
+    frame::fragment_loops(&mut c, "BC / 8");
     c.line("float p = exp2f(sc[n][e] * SCALE_LOG2 - (e < 2 ? L0 : L1));");
     c.open("if (edge) {");
     c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? r0 : r1;");
@@ -347,21 +251,9 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "sc[n][0]", "sc[n][1]"));
     c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "sc[n][2]", "sc[n][3]"));
     c.close();
-    c.line("__syncwarp();");
-    c.line(format!(
-        "ig_fa_mm_kn_{}<D / 8, BC, LDP, LD>(dqa, pw, sk, g, t);",
-        x.mm
-    ));
+    frame::product_kn(&mut c, &x, "dqa", "BC", "sk");
     c.close();
     c.line(format!("{st}* dqb = dq + {};", Operand::Q.base()));
     store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
-    c.close();
-    Ok(finish(
-        c.text,
-        Launch {
-            grid: [grid, 1, 1],
-            block: [threads as u32, 1, 1],
-            shared_bytes: 0,
-        },
-    ))
+    Ok(frame::close(c, grid, threads))
 }

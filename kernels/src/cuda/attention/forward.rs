@@ -11,9 +11,10 @@
 //! longest (the last query tiles) start first.
 
 use super::common::{self, Operand};
+use super::frame;
 use super::tiles::Tiles;
 use super::{AttentionError, AttentionShape, Text};
-use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
+use crate::cuda::CudaKernel;
 
 pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
@@ -23,73 +24,30 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     let tiles = s.seq_q.div_ceil(br);
     let grid = common::grid(s, tiles)?;
 
-    let mut c = Src::default();
-    c.text.push_str(&super::helpers::all());
-    c.open(signature(
-        threads as u32,
-        &[
-            (format!("const {st}*"), "q".into()),
-            (format!("const {st}*"), "k".into()),
-            (format!("const {st}*"), "v".into()),
-            (format!("{st}*"), "out".into()),
-            ("float*".into(), "lse".into()),
-        ],
-    ));
-    x.constants(&mut c, s, br, bc, threads);
-    c.line(format!("constexpr int LDP = {};", bc + x.pad));
-    c.line(format!("__shared__ __align__(16) {st} sq[{}];", br * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sk[{}];", bc * x.ld));
-    c.line(format!("__shared__ __align__(16) {st} sv[{}];", bc * x.ld));
-    c.line(format!(
-        "__shared__ __align__(16) {st} sp[{}];",
-        br * (bc + x.pad)
-    ));
-    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
-    c.line("const int g = lane >> 2, t = lane & 3;");
-    // Longest blocks first: the last query tile of every head, then the one before, ...
-    c.line(format!(
-        "const int q0 = ({} - 1 - (int)(blockIdx.x / (unsigned)BH)) * BR;",
-        tiles
-    ));
-    c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
+    let params = frame::params(st, &["q", "k", "v"], &[], &["out"], &["lse"]);
+    let shared = [
+        ("sq", br * x.ld),
+        ("sk", bc * x.ld),
+        ("sv", bc * x.ld),
+        ("sp", br * (bc + x.pad)),
+    ];
+    let mut c = frame::open(&x, s, (br, bc, threads), &params, bc + x.pad, &shared);
+    frame::lanes(&mut c);
+    frame::query_tile_longest_first(&mut c, tiles);
     c.line(common::SPLIT_PROBLEM);
     c.line(format!("const {st}* qb = q + {};", Operand::Q.base()));
     c.line(format!("const {st}* kb = k + {};", Operand::Kv.base()));
     c.line(format!("const {st}* vb = v + {};", Operand::Kv.base()));
     c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
-    c.line("float o[D / 8][4];");
-    c.line("#pragma unroll");
-    c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }");
+    frame::zero(&mut c, "o", "D / 8");
     c.line("// Running max (log2 domain, scaled) and this lane's share of the running sum, rows g and g + 8.");
     c.line("float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;");
     c.line("const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;");
-    c.line(if s.causal {
-        "const int kend = TK < q0 + BR ? TK : q0 + BR;"
-    } else {
-        "const int kend = TK;"
-    });
-    c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
-    c.line("__syncthreads();");
-    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
-    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
-    c.line("__syncthreads();");
-    c.line("float s[BC / 8][4];");
-    c.line("#pragma unroll");
-    c.line("for (int n = 0; n < BC / 8; ++n) { s[n][0] = 0.0f; s[n][1] = 0.0f; s[n][2] = 0.0f; s[n][3] = 0.0f; }");
-    c.line(format!(
-        "ig_fa_mm_nk_{}<BC / 8, D, LD, LD>(s, sq + warp * 16 * LD, sk, g, t);",
-        x.mm
-    ));
-    c.line(if s.causal {
-        "const bool edge = k0 + BC > TK || k0 + BC - 1 > q0;"
-    } else {
-        "const bool edge = k0 + BC > TK;"
-    });
+    frame::key_tiles(&mut c, s);
+    frame::product_nk(&mut c, &x, "s", "BC / 8", "sq", "sk");
+    frame::key_tile_edge(&mut c, s);
     c.line("float r0 = NEG_INF, r1 = NEG_INF;");
-    c.line("#pragma unroll");
-    c.open("for (int n = 0; n < BC / 8; ++n) {");
-    c.line("#pragma unroll");
-    c.open("for (int e = 0; e < 4; ++e) {");
+    frame::fragment_loops(&mut c, "BC / 8");
     c.line("float z = s[n][e] * SCALE_LOG2;");
     c.open("if (edge) {");
     c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? i0 : i1;");
@@ -116,11 +74,7 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     c.close();
     c.line("#pragma unroll");
     c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }");
-    c.line("__syncwarp();");
-    c.line(format!(
-        "ig_fa_mm_kn_{}<D / 8, BC, LDP, LD>(o, pw, sv, g, t);",
-        x.mm
-    ));
+    frame::product_kn(&mut c, &x, "o", "BC", "sv");
     c.close();
     c.line("l0 = ig_fa_quad_sum(l0); l1 = ig_fa_quad_sum(l1);");
     c.line(format!("{st}* ob = out + {};", Operand::Out.base()));
@@ -140,13 +94,5 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
         ));
         c.close();
     }
-    c.close();
-    Ok(finish(
-        c.text,
-        Launch {
-            grid: [grid, 1, 1],
-            block: [threads as u32, 1, 1],
-            shared_bytes: 0,
-        },
-    ))
+    Ok(frame::close(c, grid, threads))
 }

@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 mod backward;
 mod common;
 mod forward;
+mod frame;
 mod helpers;
 mod tiles;
 

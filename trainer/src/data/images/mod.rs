@@ -29,7 +29,7 @@ pub use folder::ImageFolder;
 pub use options::{ImageOptions, SkipLog, IMAGENET_MEAN, IMAGENET_STD};
 pub use transform::Transform;
 
-use super::batches::{epoch_order, graph_slot, id_bound};
+use super::batches::{graph_slot, id_bound, EpochOrder};
 use super::{BatchSource, DataError, Dropped, InputSlot};
 use ingot_compiler::ir::{DType, Graph};
 use rand_chacha::rand_core::SeedableRng;
@@ -67,9 +67,8 @@ pub struct ImageBatches {
     /// The threads a batch is decoded on (none for one: the loader's thread).
     pool: Option<rayon::ThreadPool>,
     threads: usize,
-    /// The sample order of epoch `order_epoch`.
-    order: Vec<u32>,
-    order_epoch: Option<u64>,
+    /// The sample order of the epoch being read.
+    order: EpochOrder,
     /// Images found unreadable (a cache: they would fail the same way again).
     bad: Mutex<HashSet<u32>>,
 }
@@ -164,7 +163,7 @@ impl ImageBatches {
         };
         let (mean, std) = options.norm(channels);
         Ok(ImageBatches {
-            order: Vec::with_capacity(folder.len()),
+            order: EpochOrder::new(folder.len()),
             folder,
             x,
             y,
@@ -178,7 +177,6 @@ impl ImageBatches {
             options,
             pool,
             threads,
-            order_epoch: None,
             bad: Mutex::new(HashSet::new()),
         })
     }
@@ -214,26 +212,15 @@ impl ImageBatches {
 
     /// The order of `epoch`: the folder's, or the seeded shuffle of sample arrays.
     fn order_for(&mut self, epoch: u64) {
-        if self.order_epoch == Some(epoch) {
-            return;
-        }
         let shuffle = self.transform == Transform::Train;
-        epoch_order(
-            &mut self.order,
-            self.folder.len() as u32,
-            shuffle,
-            self.seed,
-            epoch,
-        );
-        self.order_epoch = Some(epoch);
+        let n = self.folder.len() as u32;
+        self.order.prepare(epoch, n, shuffle, self.seed);
     }
 
     /// The images of batch `batch` of `epoch` before any is skipped, in order (for tests).
     pub fn samples_of(&mut self, epoch: u64, batch: u64) -> &[u32] {
         self.order_for(epoch);
-        let b = self.x.dims[0];
-        let s = batch as usize * b;
-        &self.order[s..s + b]
+        self.order.batch(batch, self.x.dims[0])
     }
 
     /// Fills `row` (one sample of x) from image `index` at `position` of `epoch`, or from the
@@ -331,10 +318,11 @@ impl BatchSource for ImageBatches {
         let (xrow, yrow) = (self.x.bytes() / b, self.y.bytes() / b);
         let first = batch as usize * b;
         let this = &*self;
+        let samples = this.order.batch(batch, b);
         let ydt = this.y.dtype;
         let work = |(r, (xr, yr)): (usize, (&mut [u8], &mut [u8]))| -> Result<(), DataError> {
             let position = (first + r) as u64;
-            let label = this.one(this.order[first + r], epoch, position, xr)?;
+            let label = this.one(samples[r], epoch, position, xr)?;
             put_label(ydt, yr, label);
             Ok(())
         };

@@ -1,0 +1,146 @@
+//! The frame of the tiled kernels (forward, dkdv, dq): their opening (the helpers, the
+//! signature, the constants, the shared tiles), the lines that place each thread in its warp's
+//! fragments and each block on its tile, zeroed accumulators, and the closing launch. Written
+//! once so that the three kernels cannot drift apart in the parts they share.
+
+use super::common::Text;
+use super::AttentionShape;
+use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
+
+/// The pointer parameters, in order: `inputs` of the storage type `st` (const), `f32_inputs`
+/// (const float), `outputs` of the storage type, then `f32_outputs` (float).
+pub(super) fn params(
+    st: &str,
+    inputs: &[&str],
+    f32_inputs: &[&str],
+    outputs: &[&str],
+    f32_outputs: &[&str],
+) -> Vec<(String, String)> {
+    let with = |ty: String, names: &[&str]| {
+        names
+            .iter()
+            .map(|n| (ty.clone(), n.to_string()))
+            .collect::<Vec<_>>()
+    };
+    let mut p = with(format!("const {st}*"), inputs);
+    p.extend(with("const float*".into(), f32_inputs));
+    p.extend(with(format!("{st}*"), outputs));
+    p.extend(with("float*".into(), f32_outputs));
+    p
+}
+
+/// A tiled kernel's text up to its own work: the helpers, the signature of `threads` threads
+/// taking `params`, the constants of `rows` × `inner` tiles ([`Text::constants`]), `LDP` (the
+/// row length `ldp` of the per-warp tile) and the 16-byte aligned shared tiles `(name,
+/// elements)` of the storage type.
+pub(super) fn open(
+    x: &Text,
+    s: &AttentionShape,
+    (rows, inner, threads): (usize, usize, usize),
+    params: &[(String, String)],
+    ldp: usize,
+    tiles: &[(&str, usize)],
+) -> Src {
+    let mut c = Src::default();
+    c.text.push_str(&super::helpers::all());
+    c.open(signature(threads as u32, params));
+    x.constants(&mut c, s, rows, inner, threads);
+    c.line(format!("constexpr int LDP = {ldp};"));
+    for (name, len) in tiles {
+        c.line(format!("__shared__ __align__(16) {} {name}[{len}];", x.st));
+    }
+    c
+}
+
+/// Each thread's warp and lane, and its row group `g` and column pair `t` in the warp's
+/// product fragments.
+pub(super) fn lanes(c: &mut Src) {
+    c.line("const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);");
+    c.line("const int g = lane >> 2, t = lane & 3;");
+}
+
+/// The block's query tile `q0` and problem `bh` for a kernel of `tiles` query tiles a problem,
+/// the longest blocks first (causal: the last query tile of every problem, then the one
+/// before, ...).
+pub(super) fn query_tile_longest_first(c: &mut Src, tiles: usize) {
+    c.line(format!(
+        "const int q0 = ({} - 1 - (int)(blockIdx.x / (unsigned)BH)) * BR;",
+        tiles
+    ));
+    c.line("const unsigned long long bh = blockIdx.x % (unsigned)BH;");
+}
+
+/// Declares `name[n][4]`, zeroed.
+pub(super) fn zero(c: &mut Src, name: &str, n: &str) {
+    c.line(format!("float {name}[{n}][4];"));
+    c.line("#pragma unroll");
+    c.line(format!(
+        "for (int n = 0; n < {n}; ++n) {{ {name}[n][0] = 0.0f; {name}[n][1] = 0.0f; {name}[n][2] = 0.0f; {name}[n][3] = 0.0f; }}"
+    ));
+}
+
+/// The kernel of text `c` (its body closed here), launched as `grid` blocks of `threads`.
+pub(super) fn close(mut c: Src, grid: u32, threads: usize) -> CudaKernel {
+    c.close();
+    finish(
+        c.text,
+        Launch {
+            grid: [grid, 1, 1],
+            block: [threads as u32, 1, 1],
+            shared_bytes: 0,
+        },
+    )
+}
+
+/// `acc[n][4]` zeroed, then `acc += a_w · bᵀ`, where `a_w` is this warp's 16 rows of the
+/// shared tile `a` (`ig_fa_mm_nk`: `n` column groups of 8 over the head dim).
+pub(super) fn product_nk(c: &mut Src, x: &Text, acc: &str, n: &str, a: &str, b: &str) {
+    zero(c, acc, n);
+    c.line(format!(
+        "ig_fa_mm_nk_{}<{n}, D, LD, LD>({acc}, {a} + warp * 16 * LD, {b}, g, t);",
+        x.mm
+    ));
+}
+
+/// After the warp's writes to its tile `pw`: `acc += pw · b` over `k` rows of the shared tile
+/// `b` (`ig_fa_mm_kn`, into the head dim).
+pub(super) fn product_kn(c: &mut Src, x: &Text, acc: &str, k: &str, b: &str) {
+    c.line("__syncwarp();");
+    c.line(format!(
+        "ig_fa_mm_kn_{}<D / 8, {k}, LDP, LD>({acc}, pw, {b}, g, t);",
+        x.mm
+    ));
+}
+
+/// Opens the loops over a lane's fragment of `n` column groups: `n`, then its 4 elements `e`.
+pub(super) fn fragment_loops(c: &mut Src, n: &str) {
+    c.line("#pragma unroll");
+    c.open(format!("for (int n = 0; n < {n}; ++n) {{"));
+    c.line("#pragma unroll");
+    c.open("for (int e = 0; e < 4; ++e) {");
+}
+
+/// Opens the loop over the key tiles the block's query rows can see (causal: up to the
+/// diagonal), each loaded into `sk` and `sv` (`kb` and `vb`: the problem's k and v).
+pub(super) fn key_tiles(c: &mut Src, s: &AttentionShape) {
+    c.line(if s.causal {
+        "const int kend = TK < q0 + BR ? TK : q0 + BR;"
+    } else {
+        "const int kend = TK;"
+    });
+    c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
+    c.line("__syncthreads();");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
+    c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
+    c.line("__syncthreads();");
+}
+
+/// Declares `edge` in a key tile: whether it crosses the end of the keys or (causal) the
+/// diagonal, so that its scores need the mask.
+pub(super) fn key_tile_edge(c: &mut Src, s: &AttentionShape) {
+    c.line(if s.causal {
+        "const bool edge = k0 + BC > TK || k0 + BC - 1 > q0;"
+    } else {
+        "const bool edge = k0 + BC > TK;"
+    });
+}

@@ -1,0 +1,97 @@
+//! Whole CPU training steps as the tests compare them: the leaves a seed gives, a planned step
+//! checked bit for bit against the reference interpreter step after step, and the bytes of the
+//! loss and every leaf after each step (what two runs of one step on other settings, threads or
+//! interpreted kernels, must agree on). One copy for trainer/ and ir-tests/, which wrote these
+//! loops each for itself.
+
+use indexmap::IndexMap;
+use ingot_compiler::exe::Executable;
+use ingot_compiler::ir::{Graph, LeafKind};
+use ingot_compiler::lower::Target;
+use ingot_compiler::pipeline::Compiled;
+use ingot_compiler::plan::MemoryPlan;
+use ingot_runtime::cpu::interp::run_graph;
+use ingot_runtime::cpu::planned::PlannedStep;
+use ingot_runtime::tensor::Tensor;
+use ingot_runtime::StepExecutor;
+use ingot_trainer::init::{init_leaves, synthetic_batch};
+
+/// Every leaf of `g` from `seed`: the parameters and state as initialised, a synthetic batch.
+pub fn seeded_leaves(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
+    let mut leaves = init_leaves(g, LeafKind::Parameter, seed);
+    leaves.extend(init_leaves(g, LeafKind::State, seed));
+    leaves.extend(synthetic_batch(g, seed));
+    leaves
+}
+
+/// Whether `a` and `b` have one type and the same bytes (NaN payloads included).
+pub fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+    a.ty == b.ty && a.to_le_bytes() == b.to_le_bytes()
+}
+
+/// The CPU executable of a compiled step.
+pub fn cpu_executable(c: Compiled) -> Executable {
+    Executable::from_plan("step", c.graph, c.plan, Target::Cpu).unwrap()
+}
+
+/// Runs `steps` steps of `g` both ways, planned by `plan` and by the reference interpreter,
+/// from the leaves of `seed`, and asserts that the allocation is the plan's total and that the
+/// loss and every leaf agree bit for bit after each step; `what` names the step in a failure.
+pub fn assert_planned_matches_reference(
+    what: &str,
+    g: &Graph,
+    plan: MemoryPlan,
+    seed: u64,
+    steps: usize,
+) {
+    let total = plan.total_bytes;
+    let mut planned = PlannedStep::from_plan(g.clone(), plan).unwrap();
+    assert_eq!(
+        planned.allocated_bytes(),
+        total,
+        "{what}: the allocation must be the planned total"
+    );
+    let mut reference = seeded_leaves(g, seed);
+    for (name, value) in &reference {
+        planned.write_leaf(name, value).unwrap();
+    }
+    for s in 0..steps {
+        let mut values = run_graph(g, &reference).unwrap();
+        planned.step().unwrap();
+        let loss = planned.read_output("loss").unwrap();
+        assert!(
+            same_bits(&loss, &values.outputs["loss"]),
+            "{what} step {s}: planned loss {loss:?} != reference {:?}",
+            values.outputs["loss"]
+        );
+        values.apply_updates(&mut reference);
+        for (name, value) in &reference {
+            let got = planned.read_leaf(name).unwrap();
+            assert!(
+                same_bits(&got, value),
+                "{what} step {s}: leaf {name} differs from the reference"
+            );
+        }
+    }
+}
+
+/// Writes `leaves` into `p`, runs `steps` steps and returns the bytes of the loss and of every
+/// leaf of `leaves` (in its order) after each step.
+pub fn step_bytes(
+    p: &mut PlannedStep,
+    leaves: &IndexMap<String, Tensor>,
+    steps: usize,
+) -> Vec<Vec<u8>> {
+    for (name, v) in leaves {
+        p.write_leaf(name, v).unwrap();
+    }
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        p.step().unwrap();
+        out.push(p.read_output("loss").unwrap().to_le_bytes());
+        for name in leaves.keys() {
+            out.push(p.read_leaf(name).unwrap().to_le_bytes());
+        }
+    }
+    out
+}
