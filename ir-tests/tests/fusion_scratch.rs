@@ -11,8 +11,8 @@
 //! unfused, because the CPU executor gave a kernel over 64 elements 1,024 lanes (its lane
 //! buffers 8 KiB each) and a kernel's scratch up to `fuse::SCRATCH_FREE` (then 64 KiB, for
 //! those lane buffers) was not weighed against what it saves. Lanes now stop at the kernel's
-//! domain, the scratch let be is 16 times the step's largest value up to 64 KiB
-//! (`fuse::scratch_bound`: 4 KiB here), and a fold past it is refused when the merged
+//! domain, the scratch let be is 64 times the step's largest value up to 64 KiB
+//! (`fuse::scratch_bound`: 16 KiB here), and a fold past it is refused when the merged
 //! kernel's whole scratch exceeds what the fold saves.
 
 use ingot_compiler::lower::Target;
