@@ -226,8 +226,11 @@ pub(crate) fn fit(
         let (lo, hi) = (inst.lo[b] as usize, inst.hi[b] as usize);
         scratch.clear();
         let top_node = occ.query(lo, hi, &mut scratch);
-        // A concatenation of sorted lists: the stable sort merges the runs it finds.
-        scratch.sort_unstable_by_key(|r| r.0);
+        // A concatenation of sorted lists: the stable sort merges the runs it finds (2% fewer
+        // instructions in the fits than the unstable sort at 200 layers of a narrow GPT, where
+        // this sort is two thirds of their work: the ranges gathered grow with the live
+        // buffers). The order of ranges with equal starts does not change the gaps walked.
+        scratch.sort_by_key(|r| r.0);
         let cached: &[(u64, u64)] = if top_node >= 1 {
             &occ.path_union[top_node]
         } else {

@@ -327,11 +327,24 @@ fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
 }
 
 /// Scratch bytes a kernel may take without being weighed against what it saves: the CPU
-/// executor's lane buffers alone take tens of KiB for any small kernel, whatever its values.
+/// executor's lane buffers alone take tens of KiB for a kernel over a thousand elements or
+/// more, whatever its values.
 pub const SCRATCH_FREE: usize = 64 << 10;
 
+/// The scratch a kernel of a step whose largest value is `largest` bytes may take unweighed:
+/// that value (the plan holds it anyway) or 64 times it up to [`SCRATCH_FREE`], whichever is
+/// more. A lane buffer holds at most twice its kernel's domain in f32 bytes (the executor's
+/// lanes stop at the domain), and no domain is larger than the largest value's elements, so
+/// 64 times it covers 32 lane buffers; a step of tiny values (a deep chain of f32[8, 8]
+/// layers, 256 bytes each) gets 16 KiB, not the 64 KiB that let one of its kernels plan more
+/// scratch than 150 layers hold unfused. (16 times, 4 KiB there, cut that chain into ten
+/// times as many kernels and made its compile grow 5.2x for 4x the layers.)
+pub fn scratch_bound(largest: usize) -> usize {
+    largest.max(SCRATCH_FREE.min(largest.saturating_mul(64)))
+}
+
 /// Values to store so that no kernel's scratch exceeds the step's largest value (or
-/// [`SCRATCH_FREE`]), where that is possible: a kernel whose scratch (the CPU executor's
+/// [`scratch_bound`]), where that is possible: a kernel whose scratch (the CPU executor's
 /// tables and lane buffers, which grow with its body) is over it is cut into pieces of about
 /// that scratch each, at values evenly spaced through what it expanded. The plan holds the
 /// largest value anyway, so a kernel's scratch under it is bounded by the plan it is part
@@ -340,7 +353,7 @@ pub const SCRATCH_FREE: usize = 64 << 10;
 /// them. Every kernel of the reference models is far under their
 /// largest value, so none is cut.
 fn scratch_cuts(g: &Graph, mat: &[bool], groups: &[Group], largest: usize) -> Vec<NodeId> {
-    let bound = largest.max(SCRATCH_FREE);
+    let bound = scratch_bound(largest);
     let mut cuts = Vec::new();
     for gr in groups {
         let scratch = ingot_kernels::fused::cpu::scratch_bytes(&gr.lowered.kernel);

@@ -82,6 +82,22 @@ pub struct Graph {
     leaf_names: std::collections::HashMap<String, NodeId>,
     #[serde(skip)]
     indexed: usize,
+    /// Each [`Op::Result`] node by the output it names, the first one pushed for each, for
+    /// [`Graph::result_of`]: a scan from the node to the graph's end for each attention's
+    /// outputs made liveness and autodiff quadratic in depth (every attention asked for its
+    /// unnamed outputs). It covers the first `results_indexed` nodes and catches up on
+    /// [`Graph::push`] (a deserialized graph starts with none; the tail is scanned).
+    #[serde(skip)]
+    results: std::collections::HashMap<(NodeId, usize), NodeId>,
+    #[serde(skip)]
+    results_indexed: usize,
+    /// The targets of the first `updates_indexed` updates, for [`Graph::set_update`]'s check
+    /// that no target is updated twice: a scan of every update per update made passes that
+    /// copy a graph's updates ([`Graph::keep_outputs_of`]) quadratic in the parameters.
+    #[serde(skip)]
+    update_targets: std::collections::HashSet<NodeId>,
+    #[serde(skip)]
+    updates_indexed: usize,
 }
 
 /// The mode a model's forward pass is traced in, as PyTorch's `model.train()` / `model.eval()`:
@@ -235,8 +251,22 @@ impl Graph {
             inputs: SmallVec::from_slice(inputs),
             ty,
         });
+        self.index_results();
         self.set_origin(NodeId(node as u32), origin);
         Ok(NodeId(node as u32))
+    }
+
+    /// Brings [`Graph::results`] up to date with the nodes.
+    fn index_results(&mut self) {
+        for i in self.results_indexed..self.nodes.len() {
+            let n = &self.nodes[i];
+            if let Op::Result { index } = n.op {
+                self.results
+                    .entry((n.inputs[0], index))
+                    .or_insert(NodeId(i as u32));
+            }
+        }
+        self.results_indexed = self.nodes.len();
     }
 
     /// Brings [`Graph::leaf_names`] up to date with the nodes.
@@ -295,7 +325,11 @@ impl Graph {
 
     /// The [`Op::Result`] node naming output `index` of `node`, if the graph has one.
     pub fn result_of(&self, node: NodeId, index: usize) -> Option<NodeId> {
-        (node.index() + 1..self.len())
+        if let Some(&r) = self.results.get(&(node, index)) {
+            return Some(r);
+        }
+        // Only nodes the index does not cover yet (all of a deserialized graph's).
+        (node.index().max(self.results_indexed.saturating_sub(1)) + 1..self.len())
             .map(|i| NodeId(i as u32))
             .find(|&r| self.node(r).op == (Op::Result { index }) && self.node(r).inputs[0] == node)
     }
@@ -365,11 +399,29 @@ impl Graph {
     /// Declares that the step writes `value` over the parameter or state leaf `target`.
     pub fn set_update(&mut self, target: NodeId, value: NodeId) -> Result<(), IrError> {
         check_update(self, Update { target, value })?;
-        if self.updates.iter().any(|u| u.target == target) {
+        if self.is_updated(target) {
             return Err(IrError::Invalid(format!("{target} is updated twice")));
         }
         self.updates.push(Update { target, value });
         Ok(())
+    }
+
+    /// Whether some update already targets `target`. [`Graph::update_targets`] catches up with
+    /// the updates first (they are public: a deserialized graph's, or updates pushed directly,
+    /// are indexed then; updates cut shorter are indexed again), and a target it holds is
+    /// confirmed against the updates themselves, so a stale entry never refuses an update.
+    /// (An update whose target was changed in place, which nothing does, could hide a repeat
+    /// here; [`Graph::verify`] checks every update anyway.)
+    fn is_updated(&mut self, target: NodeId) -> bool {
+        if self.updates_indexed > self.updates.len() {
+            self.update_targets.clear();
+            self.updates_indexed = 0;
+        }
+        for u in &self.updates[self.updates_indexed..] {
+            self.update_targets.insert(u.target);
+        }
+        self.updates_indexed = self.updates.len();
+        self.update_targets.contains(&target) && self.updates.iter().any(|u| u.target == target)
     }
 
     /// Nodes that some output or update depends on (the rest is dead code).

@@ -79,23 +79,25 @@ fn fold_exceeds_the_reductions(f: &Fold) -> bool {
     f.pg.reductions + f.cg.reductions > MAX_KERNEL_REDUCTIONS
 }
 
-/// The merged kernel's scratch would exceed both what the fold saves and the step's largest
-/// value (or [`crate::fuse::SCRATCH_FREE`]). A kernel's scratch (the CPU executor's tables and
-/// lane buffers) grows with its body; two kernels run one after the other reuse one scratch
-/// region, so merging them adds to the larger one's scratch the other's instructions in the
-/// tables ([`super::merged_scratch`]), while the fold saves the producer's values that the
-/// consumer stops reading. Where the values are tiny (a deep chain of f32[8, 8] layers), one
-/// merged kernel's scratch grew past what the whole unfused step holds (2,000 layers planned
-/// 4.07 MiB against 1.47 MiB unfused, 3.1 MiB of it one backward kernel's scratch): such a
-/// fold is refused. A scratch
-/// up to the step's largest value is let be: the plan holds at least that value, and only
-/// one kernel's scratch is live at a time, so such a scratch is bounded by the plan it is
-/// part of; every kernel of the reference models is far under it, and none of their folds
-/// is refused.
+/// The fold adds scratch and the merged kernel's scratch would exceed both what the fold saves
+/// and the step's largest value (or [`crate::fuse::scratch_bound`]). A kernel's scratch (the CPU
+/// executor's tables and lane buffers) grows with its body; two kernels run one after the
+/// other reuse one scratch region, so merging them adds to the larger one's scratch the
+/// other's instructions in the tables ([`super::merged_scratch`]), while the fold saves the
+/// producer's values that the consumer stops reading. Where the values are tiny (a deep chain
+/// of f32[8, 8] layers), one merged kernel's scratch grew past what the whole unfused step
+/// holds (2,000 layers planned 4.07 MiB against 1.47 MiB unfused, 3.1 MiB of it one backward
+/// kernel's scratch). The whole merged scratch is weighed, not what the fold adds: the values
+/// folds save are live one after another, a kernel's scratch all at once, so folds that each
+/// saved a 256-byte value for a few instructions' tables grew one kernel of 150 such layers to
+/// 123 KiB of scratch (its whole unfused step plans 113.5 KiB). A scratch up to the step's
+/// largest value is let be: the plan holds at least that value, and only one kernel's scratch
+/// is live at a time, so such a scratch is bounded by the plan it is part of; every kernel of
+/// the reference models is far under it, and none of their folds is refused.
 fn fold_needs_more_scratch_than_it_saves(f: &Fold) -> bool {
     let merged = super::merged_scratch(f.pg, f.cg);
-    let added = merged - f.pg.scratch.max(f.cg.scratch);
-    added > f.saved && merged > f.largest.max(crate::fuse::SCRATCH_FREE)
+    let added = merged > f.pg.scratch.max(f.cg.scratch);
+    added && merged > f.saved && merged > crate::fuse::scratch_bound(f.largest)
 }
 
 /// A column reduction (over leading axes) runs on few blocks, one per group of columns:

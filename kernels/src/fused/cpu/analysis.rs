@@ -33,7 +33,8 @@ impl Layout {
             .filter(|i| matches!(i, Inst::Reduce { .. }))
             .count();
         let pb = n_red + 1;
-        let lanes = lane_count(n);
+        // An overflowing domain is refused later, by the check.
+        let lanes = lane_count(n, checked_numel(&k.domain).unwrap_or(usize::MAX));
         // In the order `Meta::carve` takes them.
         let words = [
             n.checked_mul(10)?, // dt, flags, depth, mark, src, slot, part, by_start, by_end, free

@@ -168,10 +168,19 @@ fn prepare<'a>(
     Ok((m, info, lay))
 }
 
-/// Lanes per chunk: up to 1024, fewer for long bodies, so that the lane buffers of f32 values
-/// stay near 32 KiB (most of them are dead at any one time).
-fn lane_count(n: usize) -> usize {
-    ((LANE_BUDGET / n.max(1)) / 8 * 8).clamp(MIN_LANES, MAX_LANES)
+/// Lanes per chunk for a body of `n` instructions over `numel` domain elements: up to 1024,
+/// fewer for long bodies, so that the lane buffers of f32 values stay near 32 KiB (most of them
+/// are dead at any one time), and no more than the smallest power of two (at least
+/// [`MIN_LANES`]) that covers the domain: no chunk of any case is longer than the domain, so
+/// lanes beyond it would be scratch that nothing reads (a kernel over 64 elements took 1,024
+/// lanes, 8 KiB a buffer). Every chunk keeps its length, so results do not change.
+fn lane_count(n: usize, numel: usize) -> usize {
+    let by_body = ((LANE_BUDGET / n.max(1)) / 8 * 8).clamp(MIN_LANES, MAX_LANES);
+    let by_domain = numel
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_LANES)
+        .clamp(MIN_LANES, MAX_LANES);
+    by_body.min(by_domain)
 }
 
 /// The end of a scratch region of `bytes` at `scratch`, if it fits in an arena of `mem` bytes.
