@@ -1,6 +1,7 @@
 //! Compiled fused kernels (`fused::cpu::Compiled`) against the interpreter (`fused::cpu::run`),
 //! which stays the reference: the same bits on random kernels, on their pieces for 1, 2 and 3
-//! threads, and on a layer norm's short rows run several to a chunk; and no allocation.
+//! threads, on a layer norm's short rows run several to a chunk, and on column sums run
+//! several terms to a chunk; and no allocation.
 
 use ingot_kernels::fused::cpu::{self, Compiled};
 use ingot_kernels::fused::random::{self, Rng};
@@ -64,6 +65,16 @@ fn data(r: &mut Rng, inp: &Input) -> Vec<u8> {
         out.extend_from_slice(&x.to_ne_bytes());
     }
     out
+}
+
+/// `bytes` (f32 values) with every NaN made an infinity.
+fn without_nan(mut bytes: Vec<u8>) -> Vec<u8> {
+    for c in bytes.chunks_exact_mut(4) {
+        if f32::from_ne_bytes([c[0], c[1], c[2], c[3]]).is_nan() {
+            c.copy_from_slice(&f32::INFINITY.to_ne_bytes());
+        }
+    }
+    bytes
 }
 
 /// An arena (8-aligned) with the inputs and outputs at 256-aligned offsets and `scratch`
@@ -163,7 +174,7 @@ fn same(k: &FusedKernel, got: &[Vec<u8>], want: &[Vec<u8>]) -> Result<(), String
 
 #[test]
 fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
-    let (mut compiled, mut rows, mut multi_row) = (0, 0, 0);
+    let (mut compiled, mut rows, mut multi_row, mut columns) = (0, 0, 0, 0);
     for seed in 0..6000u64 {
         let Some(k) = f32_kernel(seed, &random::Options::small()) else {
             continue;
@@ -172,6 +183,7 @@ fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
             continue;
         };
         compiled += 1;
+        columns += usize::from(c.is_columns());
         if k.reduce_axes.iter().any(|&a| k.domain[a] > 1) {
             rows += 1;
             if c.shape().1 > 1 {
@@ -192,6 +204,7 @@ fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
     }
     // The generator must reach the compiled path often, rows several to a chunk included.
     assert!(compiled >= 500, "{compiled} kernels compiled");
+    assert!(columns >= 100, "{columns} column reductions compiled");
     assert!(rows >= 100, "{rows} row kernels compiled");
     assert!(
         multi_row >= 50,
@@ -223,7 +236,8 @@ fn a_layer_norms_short_rows_run_several_to_a_chunk_with_the_interpreters_bits() 
 
 #[test]
 fn kernels_outside_the_compiled_subset_are_left_to_the_interpreter() {
-    // An index, a bf16 input, a column reduction: `None`, so that the interpreter runs them.
+    // An index, a bf16 input, a reduced axis inside a kept one: `None`, so that the
+    // interpreter runs them.
     let mut k = layer_norm(8, 16, false, true);
     k.body.push(Inst::Index {
         axis: 1,
@@ -234,12 +248,139 @@ fn kernels_outside_the_compiled_subset_are_left_to_the_interpreter() {
     let mut k = layer_norm(8, 16, false, true);
     k.inputs[1].dtype = DType::BF16;
     assert!(Compiled::new(&k).is_none());
-    let mut k = layer_norm(8, 16, false, true);
-    k.reduce_axes = vec![0];
-    k.inputs[1].access.strides = vec![1, 0];
-    k.inputs[1].len = 8;
+    // A column reduction with a kept axis before its reduced one: [2, 3, 4] summed over 3.
+    let mut k = column_sums(&[3], 4, false);
+    k.domain = vec![2, 3, 4];
+    k.reduce_axes = vec![1];
+    for (n, i) in k.inputs.iter_mut().enumerate() {
+        if n < 2 {
+            i.len = 24;
+            i.access.strides = vec![12, 4, 1];
+        } else {
+            i.access.strides = vec![0, 0, 1];
+        }
+    }
     assert!(k.check().is_ok());
     assert!(Compiled::new(&k).is_none());
+}
+
+/// Gradients of a bias and of a layer norm's weight: `dy` and `xhat` of shape
+/// `[terms.., cols]` summed over the terms: `Σ dy`, `Σ dy·w·xhat` (`w` one value per
+/// column), `max xhat`, and per-column values computed from them (`0.5 Σ dy·w·xhat`, plus `w`);
+/// with `full`, also the full `dy·w·xhat`.
+fn column_sums(terms: &[usize], cols: usize, full: bool) -> FusedKernel {
+    let mut domain = terms.to_vec();
+    domain.push(cols);
+    let numel: usize = domain.iter().product();
+    let mut w_strides = vec![0; terms.len()];
+    w_strides.push(1);
+    let bin = |op, a, b| Inst::Binary { op, a, b };
+    let full_in = || Input {
+        dtype: DType::F32,
+        len: numel,
+        access: Access::contiguous(&domain),
+    };
+    let mut outputs = vec![
+        Output { value: 5 },
+        Output { value: 9 },
+        Output { value: 7 },
+        Output { value: 10 },
+    ];
+    if full {
+        outputs.push(Output { value: 4 });
+    }
+    FusedKernel {
+        domain: domain.clone(),
+        reduce_axes: (0..terms.len()).collect(),
+        inputs: vec![
+            full_in(),
+            full_in(),
+            Input {
+                dtype: DType::F32,
+                len: cols,
+                access: Access {
+                    offset: 0,
+                    strides: w_strides,
+                },
+            },
+        ],
+        body: vec![
+            Inst::Load { input: 0 },  // 0 dy
+            Inst::Load { input: 1 },  // 1 xhat
+            Inst::Load { input: 2 },  // 2 w, per column
+            bin(BinaryOp::Mul, 0, 2), // 3
+            bin(BinaryOp::Mul, 3, 1), // 4
+            Inst::Reduce {
+                op: ReduceOp::Sum,
+                x: 0,
+            }, // 5
+            Inst::Reduce {
+                op: ReduceOp::Sum,
+                x: 4,
+            }, // 6
+            Inst::Reduce {
+                op: ReduceOp::Max,
+                x: 1,
+            }, // 7
+            Inst::Const {
+                value: 0.5,
+                dtype: DType::F32,
+            }, // 8
+            bin(BinaryOp::Mul, 6, 8), // 9
+            bin(BinaryOp::Add, 9, 2), // 10
+        ],
+        outputs,
+    }
+}
+
+#[test]
+fn column_sums_run_several_terms_a_chunk_with_the_interpreters_bits_on_1_2_and_3_threads() {
+    // Rows of a bias gradient, batch × seq of a layer norm's, more terms than a cascade level
+    // takes, more columns than a chunk holds, and a few of each.
+    let shapes: [(&[usize], usize); 7] = [
+        (&[512], 64),
+        (&[8, 64], 64),
+        (&[3], 5),
+        (&[70], 3),
+        (&[5000], 2),
+        (&[100], 1500),
+        (&[2, 3], 700),
+    ];
+    for (terms, cols) in shapes {
+        for full in [false, true] {
+            let k = column_sums(terms, cols, full);
+            k.check().unwrap();
+            let c = Compiled::new(&k).expect("a column reduction compiles");
+            assert!(c.is_columns(), "{terms:?} x {cols}");
+            assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
+            let (lanes, per_chunk) = c.shape();
+            if cols <= 128 {
+                assert!(
+                    per_chunk > 1,
+                    "{cols} columns: {per_chunk} terms a chunk of {lanes}"
+                );
+            }
+            let mut r = Rng((cols * 31 + terms[0]) as u64);
+            // No NaN inputs: a sum meeting two NaNs keeps either payload (LLVM may swap an
+            // addition's operands), so NaN bits are not the claim here.
+            let inputs: Vec<Vec<u8>> = k
+                .inputs
+                .iter()
+                .map(|i| without_nan(data(&mut r, i)))
+                .collect();
+            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+            let want = cpu::run_buffers(&k, &refs).unwrap();
+            for threads in [1, 2, 3] {
+                // A full output keeps the kernel whole (it is not cut along its columns).
+                let cut = parts::cut(&k, threads, 1).map_or(1, |p| p.len());
+                // Nor is a kernel of fewer than 4 columns (2 at least a piece).
+                let cuts = threads > 1 && !full && cols >= 4;
+                assert_eq!(cut > 1, cuts, "{terms:?} x {cols}");
+                let got = run_compiled(&k, &inputs, threads).unwrap();
+                same(&k, &got, &want).unwrap_or_else(|e| panic!("{threads} threads: {e}"));
+            }
+        }
+    }
 }
 
 #[test]

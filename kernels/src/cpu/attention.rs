@@ -56,9 +56,14 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Row `i` of problem `b` of an operand laid out by `st`.
-    fn row<'a, T>(&self, x: &'a [T], st: &Strides, b: usize, i: usize) -> &'a [T] {
-        &x[st.offset(self.layout.heads, b, i)..][..self.head_dim]
+    /// The rows of problem `b` of an operand laid out by `st`.
+    fn rows<'a, T>(&self, x: &'a [T], st: &Strides, b: usize) -> Rows<'a, T> {
+        Rows {
+            x,
+            base: st.offset(self.layout.heads, b, 0),
+            step: st.row,
+            len: self.head_dim,
+        }
     }
 
     /// Checks that an operand laid out by `st` with `seq` rows a problem fits in `len`.
@@ -77,6 +82,26 @@ impl Shape {
         } else {
             self.seq_k
         }
+    }
+}
+
+/// The rows of one problem of one operand: where its row 0 starts, found once per problem
+/// ([`Strides::offset`] divides by the head count), and the step from one row to the next, so
+/// that reading a row inside the loops costs a multiply-add (`Strides::offset(b, i)` is
+/// `offset(b, 0) + i · row` for every layout).
+#[derive(Clone, Copy)]
+struct Rows<'a, T> {
+    x: &'a [T],
+    base: usize,
+    step: usize,
+    len: usize,
+}
+
+impl<'a, T> Rows<'a, T> {
+    /// Row `i`.
+    #[inline(always)]
+    fn get(&self, i: usize) -> &'a [T] {
+        &self.x[self.base + i * self.step..][..self.len]
     }
 }
 
@@ -140,11 +165,11 @@ fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
         .fold(0.0f32, |acc, (x, y)| acc + x.get() * y.get())
 }
 
-/// Rows `0..seq` of problem `b` of `x` (laid out by `st`), widened to f32 and transposed:
+/// Rows `0..seq` of one problem's `x`, widened to f32 and transposed:
 /// `t[c·seq + j] = x_jc`.
-fn transpose_rows<T: Elem>(s: &Shape, x: &[T], st: &Strides, b: usize, seq: usize, t: &mut [f32]) {
+fn transpose_rows<T: Elem>(x: Rows<'_, T>, seq: usize, t: &mut [f32]) {
     for j in 0..seq {
-        for (c, e) in s.row(x, st, b, j).iter().enumerate() {
+        for (c, e) in x.get(j).iter().enumerate() {
             t[c * seq + j] = e.get();
         }
     }
@@ -226,12 +251,14 @@ fn forward_with<T: Elem>(
     let one = |b: usize, scratch: &mut [f32], fast: bool| {
         let (row, rest) = scratch.split_at_mut(tk);
         let (acc, kt) = rest.split_at_mut(d);
+        let (qb, kb, vb) = (s.rows(q, &l.q, b), s.rows(k, &l.kv, b), s.rows(v, &l.kv, b));
+        let out_b = l.out.offset(l.heads, b, 0);
         if fast {
-            transpose_rows(s, k, &l.kv, b, tk, &mut kt[..tk * d]);
+            transpose_rows(kb, tk, &mut kt[..tk * d]);
         }
         for i in 0..tq {
             let n = s.visible(i);
-            let qi = s.row(q, &l.q, b, i);
+            let qi = qb.get(i);
             let mut m = f32::NEG_INFINITY;
             if fast {
                 dots_transposed(qi, kt, tk, &mut row[..n]);
@@ -241,7 +268,7 @@ fn forward_with<T: Elem>(
                 }
             } else {
                 for (j, r) in row[..n].iter_mut().enumerate() {
-                    let x = dot(qi, s.row(k, &l.kv, b, j)) * s.scale;
+                    let x = dot(qi, kb.get(j)) * s.scale;
                     *r = x;
                     m = m.max(x);
                 }
@@ -254,13 +281,13 @@ fn forward_with<T: Elem>(
             acc.fill(0.0);
             for (j, &r) in row[..n].iter().enumerate() {
                 let p = operand::<T>(r / sum);
-                for (a, vj) in acc.iter_mut().zip(s.row(v, &l.kv, b, j)) {
+                for (a, vj) in acc.iter_mut().zip(vb.get(j)) {
                     *a += p * vj.get();
                 }
             }
             // SAFETY: the row lies inside `out` (checked above: the layout's extent fits) and
             // belongs to problem `b` alone, so no other call writes it; likewise lse's element.
-            let o = unsafe { out_p.rows(l.out.offset(l.heads, b, i), d) };
+            let o = unsafe { out_p.rows(out_b + i * l.out.row, d) };
             for (o, a) in o.iter_mut().zip(acc.iter()) {
                 *o = T::put(*a);
             }
@@ -425,16 +452,19 @@ fn backward_with<T: Elem>(
         let (ds_row, rest) = rest.split_at_mut(tk);
         let (dq_acc, rest) = rest.split_at_mut(d);
         let (kt, vt) = rest.split_at_mut(if fast { tk * d } else { 0 });
+        let (qb, kb, vb) = (s.rows(q, &l.q, b), s.rows(k, &l.kv, b), s.rows(v, &l.kv, b));
+        let (ob, gb) = (s.rows(out, &l.out, b), s.rows(dout, &l.out, b));
+        let (dq_b, dkv_b) = (l.q.offset(l.heads, b, 0), l.kv.offset(l.heads, b, 0));
         if fast {
-            transpose_rows(s, k, &l.kv, b, tk, kt);
-            transpose_rows(s, v, &l.kv, b, tk, &mut vt[..tk * d]);
+            transpose_rows(kb, tk, kt);
+            transpose_rows(vb, tk, &mut vt[..tk * d]);
         }
         dk_acc.fill(0.0);
         dv_acc.fill(0.0);
         for i in 0..tq {
             let n = s.visible(i);
-            let qi = s.row(q, &l.q, b, i);
-            let (oi, gi) = (s.row(out, &l.out, b, i), s.row(dout, &l.out, b, i));
+            let qi = qb.get(i);
+            let (oi, gi) = (ob.get(i), gb.get(i));
             let delta = dot(gi, oi);
             let lse_i = lse[b * tq + i];
             if fast {
@@ -447,7 +477,7 @@ fn backward_with<T: Elem>(
                 }
             } else {
                 for j in 0..n {
-                    let (kj, vj) = (s.row(k, &l.kv, b, j), s.row(v, &l.kv, b, j));
+                    let (kj, vj) = (kb.get(j), vb.get(j));
                     let p = exp_f32(dot(qi, kj) * s.scale - lse_i);
                     p_row[j] = p;
                     ds_row[j] = operand::<T>(p * (dot(gi, vj) - delta));
@@ -457,7 +487,7 @@ fn backward_with<T: Elem>(
             let rows = dk_acc.chunks_exact_mut(d).zip(dv_acc.chunks_exact_mut(d));
             for (j, (dk_j, dv_j)) in rows.take(n).enumerate() {
                 let (p, ds) = (operand::<T>(p_row[j]), ds_row[j]);
-                for (a, x) in dq_acc.iter_mut().zip(s.row(k, &l.kv, b, j)) {
+                for (a, x) in dq_acc.iter_mut().zip(kb.get(j)) {
                     *a += ds * x.get();
                 }
                 for (a, x) in dk_j.iter_mut().zip(qi) {
@@ -469,13 +499,13 @@ fn backward_with<T: Elem>(
             }
             // SAFETY: the row lies inside dq's slot (checked above) and belongs to problem `b`
             // alone; the slots of a packed buffer are disjoint.
-            let dq = unsafe { dq_p.rows(l.q.offset(l.heads, b, i), d) };
+            let dq = unsafe { dq_p.rows(dq_b + i * l.q.row, d) };
             for (o, a) in dq.iter_mut().zip(dq_acc.iter()) {
                 *o = T::put(*a * s.scale);
             }
         }
         for j in 0..tk {
-            let at = l.kv.offset(l.heads, b, j);
+            let at = dkv_b + j * l.kv.row;
             let acc = [(dk_p, &*dk_acc, s.scale), (dv_p, &*dv_acc, 1.0)];
             for (dst, acc, factor) in acc {
                 // SAFETY: as for dq: inside the slot (checked), problem `b`'s row alone.

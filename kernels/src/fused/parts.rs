@@ -12,9 +12,13 @@
 //! order of every reduction's terms depends only on the row, never on which rows share a run),
 //! so the pieces together give the whole kernel's bits, however many there are.
 //!
-//! Kernels that read [`Inst::Index`] of the sliced axis are not cut (a piece would see indices
-//! from 0), nor are kernels whose outermost axis is reduced (a bias gradient summed over the
-//! batch: its rows are not contiguous in the outputs).
+//! A column reduction (the outermost axis of size > 1 reduced: a bias gradient summed over the
+//! batch) is cut along its first kept axis instead, when every output is row-level (one value
+//! per column): each piece sums its own columns, every column's terms in the order the whole
+//! kernel adds them, and its outputs are a contiguous range of columns. A column reduction
+//! with a full output (one value per element) is not cut: a range of columns is not a
+//! contiguous range of it. Kernels that read [`Inst::Index`] of the sliced axis are not cut (a
+//! piece would see indices from 0).
 
 use super::{FusedKernel, Inst};
 
@@ -27,16 +31,26 @@ pub struct Piece {
     pub output_start: Vec<usize>,
 }
 
-/// The axis a kernel can be cut along: the first axis of size > 1, if every axis before it has
-/// size 1, it is not reduced and no instruction reads its index.
+/// The axis a kernel can be cut along: the first axis of size > 1 when it is kept; in a
+/// column reduction (that axis reduced), the first kept axis of size > 1 when every output is
+/// row-level; either only when no instruction reads the axis's index.
 pub fn cut_axis(k: &FusedKernel) -> Option<usize> {
     let a = k.domain.iter().position(|&d| d > 1)?;
-    let reduced = k.reduce_axes.contains(&a);
-    let indexed = k
-        .body
+    let indexed = |a: usize| {
+        k.body
+            .iter()
+            .any(|i| matches!(i, Inst::Index { axis, .. } if *axis == a))
+    };
+    if !k.reduce_axes.contains(&a) {
+        return (!indexed(a)).then_some(a);
+    }
+    let c = (a + 1..k.domain.len()).find(|&d| k.domain[d] > 1 && !k.reduce_axes.contains(&d))?;
+    let row = row_level(k);
+    let per_column = k
+        .outputs
         .iter()
-        .any(|i| matches!(i, Inst::Index { axis, .. } if *axis == a));
-    (!reduced && !indexed).then_some(a)
+        .all(|o| row.get(o.value).copied().unwrap_or(false));
+    (per_column && !indexed(c)).then_some(c)
 }
 
 /// `k` cut into at most `pieces` pieces of nearly equal size along [`cut_axis`], each holding
@@ -49,7 +63,22 @@ pub fn cut(k: &FusedKernel, pieces: usize, min_elems: usize) -> Option<Vec<Piece
     let numel = k.domain.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
     let per_index = numel / size;
     let by_work = numel / min_elems.max(1);
-    let n = pieces.min(size).min(by_work);
+    // A column reduction's piece keeps two columns at least: with one, it would be a
+    // reduction along its innermost axis, which sums its terms in another order.
+    let column = k.reduce_axes.iter().any(|&r| r < a && k.domain[r] > 1);
+    let kept_after: usize = k
+        .domain
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| *d > a && !k.reduce_axes.contains(d))
+        .map(|(_, &x)| x)
+        .product();
+    let most = if column && kept_after == 1 {
+        size / 2
+    } else {
+        size
+    };
+    let n = pieces.min(most).min(by_work);
     if n < 2 {
         return None;
     }
@@ -167,9 +196,38 @@ mod tests {
     }
 
     #[test]
-    fn a_reduced_or_indexed_outer_axis_is_not_cut() {
+    fn a_column_reduction_is_cut_into_ranges_of_columns_unless_it_stores_a_full_value() {
+        // softmax(10, 7) summed over its rows instead: 7 columns of 10 terms.
         let mut k = softmax(10, 7);
         k.reduce_axes = vec![0];
+        k.outputs = vec![Output { value: 1 }];
+        let pieces = cut(&k, 3, 1).expect("cut along the columns");
+        let cols: Vec<usize> = pieces.iter().map(|p| p.kernel.domain[1]).collect();
+        assert_eq!(cols, [2, 2, 3]);
+        // Never one column a piece (it would sum along its innermost axis instead).
+        let cols: Vec<usize> = cut(&k, 16, 1)
+            .expect("cut")
+            .iter()
+            .map(|p| p.kernel.domain[1])
+            .collect();
+        assert_eq!(cols, [2, 2, 3]);
+        assert!(pieces.iter().all(|p| p.kernel.domain[0] == 10));
+        let starts: Vec<usize> = pieces.iter().map(|p| p.output_start[0]).collect();
+        assert_eq!(starts, [0, 2, 4]);
+        let offsets: Vec<usize> = pieces
+            .iter()
+            .map(|p| p.kernel.inputs[0].access.offset)
+            .collect();
+        assert_eq!(offsets, [0, 2, 4]);
+        // With the full exp stored too, a range of columns is not contiguous in it.
+        k.outputs.push(Output { value: 2 });
+        assert_eq!(cut(&k, 3, 1), None);
+    }
+
+    #[test]
+    fn a_reduced_or_indexed_outer_axis_is_not_cut() {
+        let mut k = softmax(10, 7);
+        k.reduce_axes = vec![0, 1];
         assert_eq!(cut(&k, 4, 1), None);
         let mut k = softmax(10, 7);
         k.body.push(Inst::Index {

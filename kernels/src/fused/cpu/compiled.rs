@@ -18,10 +18,12 @@
 //! constants, unary, binary, compare and select instructions and sum or max reductions, in the
 //! interpreter's flat case or its rows case with every reduced axis of size > 1 inside the kept
 //! ones (one contiguous run per row), and whose every input reaches the innermost axes of the
-//! chunk with a single stride. [`Compiled::new`] says `None` for the rest, which the interpreter
-//! runs as before: indices, converts, other dtypes (bf16 included), column reductions, empty
-//! domains, and kernels whose program would not fit in the scratch the planner reserved for
-//! the interpreter ([`super::scratch_bytes`]), which is all a compiled kernel uses.
+//! chunk with a single stride; and column reductions whose reduced axes all come before their
+//! kept ones, as the programs of [`super::columns`]. [`Compiled::new`] says `None` for the
+//! rest, which the interpreter runs as before: indices, converts, other dtypes (bf16
+//! included), other column reductions, empty domains, and kernels whose program would not fit
+//! in the scratch the planner reserved for the interpreter ([`super::scratch_bytes`]), which
+//! is all a compiled kernel uses.
 //!
 //! # The same bits
 //! Every value is computed by the same scalar functions the interpreter calls
@@ -37,6 +39,7 @@
 //! are stored in the last pass, so an output written over an input that
 //! [`FusedKernel::can_write_over`] allows is read before it is overwritten.
 
+use super::columns::Columns;
 use super::reduce::{acc_run, slot_op, Runs, SlotStep};
 use super::{check_range, scratch_bytes, KernelError, ALIGN, R, RUNS, SLOT};
 use crate::cpu::{Float, Num, Scalar};
@@ -47,13 +50,13 @@ use zerocopy::{FromBytes, IntoBytes};
 /// The most lanes a chunk holds.
 pub const MAX_LANES: usize = 1024;
 /// Lane counts tried, largest first: the largest whose scratch fits is taken.
-const LANE_CHOICES: [usize; 7] = [1024, 512, 256, 128, 64, 32, 16];
+pub(super) const LANE_CHOICES: [usize; 7] = [1024, 512, 256, 128, 64, 32, 16];
 /// The most rows one chunk holds (bounds the per-row slots and bases).
 const MAX_ROWS: usize = 128;
 
 /// Where an operand's value is, for the chunk being computed.
 #[derive(Clone, Copy, Debug)]
-enum Src {
+pub(super) enum Src {
     /// Lane buffer `n`: one value per lane.
     Lanes(usize),
     /// Row buffer `n`: one value per row of the chunk.
@@ -63,7 +66,7 @@ enum Src {
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Code {
+pub(super) enum Code {
     Load { input: usize },
     Unary(UnaryOp),
     Binary(BinaryOp),
@@ -74,32 +77,95 @@ enum Code {
 /// One instruction: what it computes, from where, into which buffer (a lane buffer in a pass,
 /// a row buffer in a stage).
 #[derive(Clone, Copy, Debug)]
-struct Step {
-    code: Code,
-    args: [Src; 3],
-    out: usize,
+pub(super) struct Step {
+    pub(super) code: Code,
+    pub(super) args: [Src; 3],
+    pub(super) out: usize,
 }
 
 /// A reduction fed in a pass: its operand's lane buffer, its slot, its row buffer.
 #[derive(Clone, Copy, Debug)]
-struct Fold {
-    op: ReduceOp,
-    from: usize,
-    slot: usize,
-    to: usize,
+pub(super) struct Fold {
+    pub(super) op: ReduceOp,
+    pub(super) from: usize,
+    pub(super) slot: usize,
+    pub(super) to: usize,
 }
 
 #[derive(Clone, Debug, Default)]
-struct Pass {
-    steps: Vec<Step>,
-    folds: Vec<Fold>,
+pub(super) struct Pass {
+    pub(super) steps: Vec<Step>,
+    pub(super) folds: Vec<Fold>,
     /// Row-level instructions evaluated after the pass (its reductions finished).
-    stage: Vec<Step>,
+    pub(super) stage: Vec<Step>,
 }
 
-/// A fused kernel made into a program once; see the [module docs](self).
+/// A fused kernel made into a program once, when a step is loaded: a flat or rows-case
+/// [`Program`] (this module), or a column reduction ([`super::columns`]). See the
+/// [module docs](self).
 #[derive(Clone, Debug)]
-pub struct Compiled {
+pub struct Compiled(Kind);
+
+#[derive(Clone, Debug)]
+enum Kind {
+    Rows(Program),
+    Columns(Columns),
+}
+
+impl Compiled {
+    /// The program for `k`, or `None` when `k` is outside what compiled kernels cover (see the
+    /// [module docs](self)); then the interpreter runs it.
+    pub fn new(k: &FusedKernel) -> Option<Compiled> {
+        match Program::new(k) {
+            Some(p) => Some(Compiled(Kind::Rows(p))),
+            None => Columns::new(k).map(|c| Compiled(Kind::Columns(c))),
+        }
+    }
+
+    /// Bytes of scratch the program uses: never more than [`super::scratch_bytes`] of its
+    /// kernel, which is what the planner reserves.
+    pub fn scratch_bytes(&self) -> usize {
+        match &self.0 {
+            Kind::Rows(p) => p.scratch_bytes(),
+            Kind::Columns(c) => c.scratch_bytes(),
+        }
+    }
+
+    /// Lanes per chunk, and rows per chunk (a column reduction: terms per chunk), for reports
+    /// and tests.
+    pub fn shape(&self) -> (usize, usize) {
+        match &self.0 {
+            Kind::Rows(p) => p.shape(),
+            Kind::Columns(c) => c.shape(),
+        }
+    }
+
+    /// Whether this is a column reduction's program ([`super::columns`]).
+    pub fn is_columns(&self) -> bool {
+        matches!(self.0, Kind::Columns(_))
+    }
+
+    /// Runs the program of `k` (the kernel it was made from) as [`super::run`] runs `k`: the
+    /// same arguments, checks and results, bit for bit. Buffers whose bytes are not aligned
+    /// for f32 are left to the interpreter. Allocates nothing.
+    pub fn run(
+        &self,
+        k: &FusedKernel,
+        mem: &mut [u8],
+        inputs: &[usize],
+        outputs: &[usize],
+        scratch: usize,
+    ) -> R {
+        match &self.0 {
+            Kind::Rows(p) => p.run(k, mem, inputs, outputs, scratch),
+            Kind::Columns(c) => c.run(k, mem, inputs, outputs, scratch),
+        }
+    }
+}
+
+/// A flat or rows-case fused kernel made into a program once; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub(super) struct Program {
     /// Row-level instructions evaluated before the first pass.
     stage0: Vec<Step>,
     passes: Vec<Pass>,
@@ -217,12 +283,11 @@ fn compare_fn(op: CmpOp) -> fn(f32, f32) -> bool {
     }
 }
 
-impl Compiled {
+impl Program {
     /// The program for `k`, or `None` when `k` is outside what compiled kernels cover (see the
     /// [module docs](self)); then the interpreter runs it.
-    pub fn new(k: &FusedKernel) -> Option<Compiled> {
+    pub(super) fn new(k: &FusedKernel) -> Option<Program> {
         k.check().ok()?;
-        let n_body = k.body.len();
         let dims = &k.domain;
         if dims.contains(&0) || k.outputs.is_empty() || !f32_only(k) {
             return None;
@@ -235,6 +300,90 @@ impl Compiled {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(dims[d]))?;
 
+        let Body {
+            stage0,
+            passes: out_passes,
+            outputs,
+            lane_bufs,
+            row_bufs,
+            slots,
+        } = Body::of(k, flat)?;
+
+        // Inputs: offset, strides over the outer axes, one step along the chunk.
+        let in_offset = k.inputs.iter().map(|i| i.access.offset).collect();
+        let in_outer = k
+            .inputs
+            .iter()
+            .map(|i| outer.iter().map(|&a| i.access.strides[a]).collect())
+            .collect();
+        let in_step = k
+            .inputs
+            .iter()
+            .map(|i| inner.last().map_or(0, |&a| i.access.strides[a]))
+            .collect();
+        let in_len = k.inputs.iter().map(|i| i.len).collect();
+        let outer_dims: Vec<usize> = outer.iter().map(|&a| dims[a]).collect();
+
+        // The most lanes whose scratch fits in what the planner reserved.
+        let avail = scratch_bytes(k);
+        let mut pick = None;
+        for &lanes in &LANE_CHOICES {
+            let group = if n <= lanes {
+                (lanes / n).clamp(1, MAX_ROWS)
+            } else {
+                1
+            };
+            let Some(c) = carve(k.inputs.len(), group, lanes, lane_bufs, row_bufs, slots) else {
+                continue;
+            };
+            if c.end.checked_add(ALIGN).is_some_and(|e| e <= avail) {
+                pick = Some((lanes, group, c.end + ALIGN));
+                break;
+            }
+        }
+        let (lanes, group, scratch) = pick?;
+        Some(Program {
+            stage0,
+            passes: out_passes,
+            outputs,
+            in_offset,
+            in_outer,
+            in_step,
+            in_len,
+            out_len: (0..k.outputs.len()).map(|j| k.output_len(j)).collect(),
+            outer: outer_dims,
+            rows,
+            n,
+            lanes,
+            group: group.min(rows.max(1)),
+            lane_bufs,
+            row_bufs,
+            slots,
+            scratch,
+        })
+    }
+}
+
+/// What a compiled kernel computes, whatever the chunks it runs over: the row-level steps
+/// before the first pass, the passes (full steps, folds, stages), where each output is, and
+/// the lane buffers, row buffers and reduction slots they use. The rows and flat programs
+/// ([`Program`]) and the columns programs ([`super::columns`]) run it.
+#[derive(Clone, Debug)]
+pub(super) struct Body {
+    pub(super) stage0: Vec<Step>,
+    pub(super) passes: Vec<Pass>,
+    /// Per output: its value, and whether it is stored once per row.
+    pub(super) outputs: Vec<(Src, bool)>,
+    pub(super) lane_bufs: usize,
+    pub(super) row_bufs: usize,
+    pub(super) slots: usize,
+}
+
+impl Body {
+    /// The body of `k` (flat: it reduces nothing), or `None` when some value has no place a
+    /// compiled kernel can keep it in.
+    pub(super) fn of(k: &FusedKernel, flat: bool) -> Option<Body> {
+        let n_body = k.body.len();
         let lv = levels(k, flat)?;
         let (row, konst, live, depth) = (&lv.row, &lv.konst, &lv.live, &lv.depth);
         let full = |i: usize| !row[i] && konst[i].is_none();
@@ -313,58 +462,13 @@ impl Compiled {
         }) {
             return None;
         }
-
-        // Inputs: offset, strides over the outer axes, one step along the chunk.
-        let in_offset = k.inputs.iter().map(|i| i.access.offset).collect();
-        let in_outer = k
-            .inputs
-            .iter()
-            .map(|i| outer.iter().map(|&a| i.access.strides[a]).collect())
-            .collect();
-        let in_step = k
-            .inputs
-            .iter()
-            .map(|i| inner.last().map_or(0, |&a| i.access.strides[a]))
-            .collect();
-        let in_len = k.inputs.iter().map(|i| i.len).collect();
-        let outer_dims: Vec<usize> = outer.iter().map(|&a| dims[a]).collect();
-
-        // The most lanes whose scratch fits in what the planner reserved.
-        let avail = scratch_bytes(k);
-        let mut pick = None;
-        for &lanes in &LANE_CHOICES {
-            let group = if n <= lanes {
-                (lanes / n).clamp(1, MAX_ROWS)
-            } else {
-                1
-            };
-            let Some(c) = carve(k.inputs.len(), group, lanes, lane_bufs, row_bufs, slots) else {
-                continue;
-            };
-            if c.end.checked_add(ALIGN).is_some_and(|e| e <= avail) {
-                pick = Some((lanes, group, c.end + ALIGN));
-                break;
-            }
-        }
-        let (lanes, group, scratch) = pick?;
-        Some(Compiled {
+        Some(Body {
             stage0,
             passes: out_passes,
             outputs,
-            in_offset,
-            in_outer,
-            in_step,
-            in_len,
-            out_len: (0..k.outputs.len()).map(|j| k.output_len(j)).collect(),
-            outer: outer_dims,
-            rows,
-            n,
-            lanes,
-            group: group.min(rows.max(1)),
             lane_bufs,
             row_bufs,
             slots,
-            scratch,
         })
     }
 }
@@ -541,7 +645,7 @@ fn chunk_axes(k: &FusedKernel) -> Option<(Vec<usize>, Vec<usize>, bool)> {
 
 /// Whether every value of `k` is f32, and its compares give bools that only selects read, as
 /// their condition: what compiled kernels cover.
-fn f32_only(k: &FusedKernel) -> bool {
+pub(super) fn f32_only(k: &FusedKernel) -> bool {
     let dts = k.dtypes();
     // Values are f32; compares give bools that only selects read, as their condition.
     for (i, inst) in k.body.iter().enumerate() {
@@ -652,7 +756,7 @@ fn code_of(inst: &Inst) -> Option<Code> {
 
 /// An operand over one segment of lanes: a slice, or one value for every lane.
 #[derive(Clone, Copy)]
-enum Val<'a> {
+pub(super) enum Val<'a> {
     Lanes(&'a [f32]),
     One(f32),
 }
@@ -691,7 +795,7 @@ fn map2(a: Val<'_>, b: Val<'_>, o: &mut [f32], f: impl Fn(f32, f32) -> f32) {
     }
 }
 
-fn unary_lanes(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
+pub(super) fn unary_lanes(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
     match op {
         UnaryOp::Neg => map1(a, o, <f32 as Num>::neg),
         UnaryOp::Exp => map1(a, o, <f32 as Float>::exp),
@@ -703,7 +807,7 @@ fn unary_lanes(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
     }
 }
 
-fn binary_lanes(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+pub(super) fn binary_lanes(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     match op {
         BinaryOp::Add => map2(a, b, o, <f32 as Scalar>::add),
         BinaryOp::Sub => map2(a, b, o, <f32 as Num>::sub),
@@ -714,7 +818,7 @@ fn binary_lanes(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     }
 }
 
-fn compare_lanes(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+pub(super) fn compare_lanes(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     match op {
         CmpOp::Lt => map2(a, b, o, |x, y| bool_f32(x < y)),
         CmpOp::Le => map2(a, b, o, |x, y| bool_f32(x <= y)),
@@ -726,7 +830,7 @@ fn compare_lanes(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
 }
 
 /// `select` moves the operands' bits (as the interpreter's does), whatever they hold.
-fn select_lanes(c: Val<'_>, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+pub(super) fn select_lanes(c: Val<'_>, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     let pick = |c: f32, a: f32, b: f32| if c != 0.0 { a } else { b };
     match (c, a, b) {
         (Val::One(c), a, b) => map1(if c != 0.0 { a } else { b }, o, |x| x),
@@ -748,7 +852,13 @@ fn select_lanes(c: Val<'_>, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
 }
 
 /// Buffer `i` (of `w` values) among `before`, the written buffer's gap, and `after`.
-fn other<'b>(before: &'b [f32], after: &'b [f32], gap: usize, w: usize, i: usize) -> R<&'b [f32]> {
+pub(super) fn other<'b>(
+    before: &'b [f32],
+    after: &'b [f32],
+    gap: usize,
+    w: usize,
+    i: usize,
+) -> R<&'b [f32]> {
     let at = i
         .checked_mul(w)
         .ok_or(KernelError::Internal("buffer index"))?;
@@ -823,7 +933,7 @@ struct Work<'m> {
 }
 
 /// The bytes `[a, a + bytes)` of the arena as f32, outside the scratch; `None` if misaligned.
-fn f32s<'m>(
+pub(super) fn f32s<'m>(
     lo: &'m [u8],
     hi: &'m [u8],
     s0: usize,
@@ -835,7 +945,7 @@ fn f32s<'m>(
     Ok(<[f32]>::ref_from_bytes(b).ok())
 }
 
-fn f32s_mut<'m>(
+pub(super) fn f32s_mut<'m>(
     lo: &'m mut [u8],
     hi: &'m mut [u8],
     s0: usize,
@@ -847,22 +957,22 @@ fn f32s_mut<'m>(
     <[f32]>::mut_from_bytes(b).map_err(|_| KernelError::Internal("output misaligned"))
 }
 
-impl Compiled {
+impl Program {
     /// Bytes of scratch the program uses: never more than [`super::scratch_bytes`] of its
     /// kernel, which is what the planner reserves.
-    pub fn scratch_bytes(&self) -> usize {
+    pub(super) fn scratch_bytes(&self) -> usize {
         self.scratch
     }
 
     /// Lanes per chunk, and rows per chunk (for reports and tests).
-    pub fn shape(&self) -> (usize, usize) {
+    pub(super) fn shape(&self) -> (usize, usize) {
         (self.lanes, self.group)
     }
 
     /// Runs the program of `k` (the kernel it was made from) as [`super::run`] runs `k`: the
     /// same arguments, checks and results, bit for bit. Buffers whose bytes are not aligned
     /// for f32 are left to the interpreter. Allocates nothing.
-    pub fn run(
+    pub(super) fn run(
         &self,
         k: &FusedKernel,
         mem: &mut [u8],

@@ -75,6 +75,7 @@ use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 mod analysis;
+mod columns;
 pub mod compiled;
 #[macro_use]
 mod lanes;

@@ -1,0 +1,495 @@
+//! Column reductions made into programs when a step is loaded: the interpreter's columns case
+//! (a bias gradient summed over the batch, a layer norm's weight gradient summed over its rows)
+//! as loops over several terms at once.
+//!
+//! # Why
+//! The interpreter's columns case puts the kept columns in its lanes and walks the reduced
+//! indices (each column's terms) one at a time: every term costs the dispatch of the whole
+//! body over as many lanes as there are columns (64 on the README's main job, whose 14 column
+//! kernels were 7% of its step on one thread). A [`Columns`] program puts **several terms in
+//! one chunk** (`terms × columns` lanes, up to [`MAX_LANES`](super::compiled::MAX_LANES)):
+//! each instruction is one loop over the whole chunk, and each reduction then adds the chunk's
+//! terms into its per-column accumulators one term after another, a vector add each.
+//!
+//! # Which kernels
+//! What compiled programs cover ([`super::compiled`]: f32 values, loads, constants, unary,
+//! binary, compare, select, sum and max), in the columns case with every axis of size > 1 that
+//! is reduced before every kept one, each input walking the reduced axes with one stride and
+//! the kept axes with one stride (`[rows, columns]` summed over rows; `[batch, seq, d]` summed
+//! over batch and seq). Other kernels stay with the interpreter.
+//!
+//! # The same bits
+//! Every value is computed by the scalar functions the interpreter calls, and every column's
+//! terms go, in the interpreter's order (row-major over the reduced axes), through the
+//! interpreter's own `acc_lanes` (the cascade of [`FAN`] values a level) and
+//! `finish_cascade_lanes`, whatever the number of terms a chunk or of columns a block. A kernel
+//! cut into ranges of columns ([`crate::fused::parts`]) therefore gives the same bits on any
+//! number of threads: each column is computed as it is alone.
+
+use super::compiled::{
+    binary_lanes, compare_lanes, f32_only, f32s, f32s_mut, other, select_lanes, unary_lanes, Body,
+    Code, Src, Step, Val, LANE_CHOICES,
+};
+use super::reduce::{acc_lanes, finish_cascade_lanes, identity};
+use super::{check_range, scratch_bytes, KernelError, ALIGN, R};
+use crate::cpu::reduce::{FAN, LEVELS};
+use crate::fused::FusedKernel;
+use crate::ReduceOp;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// A column-reduction kernel made into a program once; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub(super) struct Columns {
+    body: Body,
+    /// Per input: its offset, and its strides along the terms and along the columns.
+    in_offset: Vec<usize>,
+    in_term: Vec<usize>,
+    in_col: Vec<usize>,
+    in_len: Vec<usize>,
+    /// Per output: its elements.
+    out_len: Vec<usize>,
+    /// Terms of every column's reductions (the reduced indices) and columns (the kept ones).
+    terms: usize,
+    cols: usize,
+    lanes: usize,
+    /// Columns a block: all of them when they fit in a chunk, else a chunk's worth.
+    width: usize,
+    /// Whether the sums need cascade levels above their accumulator (more than [`FAN`] terms).
+    upper: bool,
+    scratch: usize,
+}
+
+/// Where the parts of the scratch start, in f32 elements from its aligned start: lane
+/// buffers, row buffers (one value a column of the block), cascade levels; and the end.
+struct Carve {
+    rows_at: usize,
+    upper_at: usize,
+    end: usize,
+}
+
+fn carve(body: &Body, lanes: usize, width: usize, upper: bool) -> Option<Carve> {
+    let rows_at = body.lane_bufs.checked_mul(lanes)?;
+    let upper_at = rows_at.checked_add(body.row_bufs.checked_mul(width)?)?;
+    let levels = if upper {
+        body.slots.checked_mul((LEVELS - 1) * width)?
+    } else {
+        0
+    };
+    Some(Carve {
+        rows_at,
+        upper_at,
+        end: upper_at.checked_add(levels)?,
+    })
+}
+
+/// The scratch of a run, as f32: lane buffers, row buffers, cascade levels.
+struct Work<'m> {
+    lo: &'m mut [u8],
+    hi: &'m mut [u8],
+    s0: usize,
+    s1: usize,
+    lanes: &'m mut [f32],
+    rows: &'m mut [f32],
+    upper: &'m mut [f32],
+}
+
+impl Columns {
+    /// The program for `k`, or `None` when `k` is not a column reduction this module covers.
+    pub(super) fn new(k: &FusedKernel) -> Option<Columns> {
+        k.check().ok()?;
+        let dims = &k.domain;
+        if dims.contains(&0) || k.outputs.is_empty() || !f32_only(k) {
+            return None;
+        }
+        let red = |d: usize| k.reduce_axes.contains(&d);
+        let eff: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
+        let split = eff.iter().take_while(|&&d| red(d)).count();
+        let (reduced, kept) = eff.split_at(split);
+        if reduced.is_empty() || kept.is_empty() || kept.iter().any(|&d| red(d)) {
+            return None;
+        }
+        let composes = |s: &[usize], axes: &[usize]| {
+            axes.windows(2)
+                .all(|w| s[w[1]].checked_mul(dims[w[1]]) == Some(s[w[0]]))
+        };
+        if !k
+            .inputs
+            .iter()
+            .all(|i| composes(&i.access.strides, reduced) && composes(&i.access.strides, kept))
+        {
+            return None;
+        }
+        let count = |axes: &[usize]| axes.iter().try_fold(1usize, |a, &d| a.checked_mul(dims[d]));
+        let (terms, cols) = (count(reduced)?, count(kept)?);
+        let body = Body::of(k, false)?;
+        let upper = terms > FAN;
+        let avail = scratch_bytes(k);
+        let mut pick = None;
+        for &lanes in &LANE_CHOICES {
+            let width = cols.min(lanes);
+            let Some(c) = carve(&body, lanes, width, upper) else {
+                continue;
+            };
+            let bytes = c.end.checked_mul(4)?.checked_add(ALIGN)?;
+            if bytes <= avail {
+                pick = Some((lanes, width, bytes));
+                break;
+            }
+        }
+        let (lanes, width, scratch) = pick?;
+        let last = |axes: &[usize], s: &[usize]| axes.last().map_or(0, |&a| s[a]);
+        Some(Columns {
+            in_offset: k.inputs.iter().map(|i| i.access.offset).collect(),
+            in_term: k
+                .inputs
+                .iter()
+                .map(|i| last(reduced, &i.access.strides))
+                .collect(),
+            in_col: k
+                .inputs
+                .iter()
+                .map(|i| last(kept, &i.access.strides))
+                .collect(),
+            in_len: k.inputs.iter().map(|i| i.len).collect(),
+            out_len: (0..k.outputs.len()).map(|j| k.output_len(j)).collect(),
+            body,
+            terms,
+            cols,
+            lanes,
+            width,
+            upper,
+            scratch,
+        })
+    }
+
+    /// Bytes of scratch the program uses: never more than [`super::scratch_bytes`] of its
+    /// kernel.
+    pub(super) fn scratch_bytes(&self) -> usize {
+        self.scratch
+    }
+
+    /// Lanes per chunk, and terms per chunk when a block holds every column.
+    pub(super) fn shape(&self) -> (usize, usize) {
+        (self.lanes, (self.lanes / self.width).max(1))
+    }
+
+    /// Runs the program of `k` as [`super::run`] runs `k`: the same arguments, checks and
+    /// results, bit for bit. Buffers not aligned for f32 are left to the interpreter.
+    /// Allocates nothing.
+    pub(super) fn run(
+        &self,
+        k: &FusedKernel,
+        mem: &mut [u8],
+        inputs: &[usize],
+        outputs: &[usize],
+        scratch: usize,
+    ) -> R {
+        if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
+            return super::run(k, mem, inputs, outputs, scratch);
+        }
+        let mem_len = mem.len();
+        let s0 = scratch;
+        let s1 = super::scratch_end(scratch, self.scratch, mem_len)?;
+        super::check_inputs(k, inputs, mem_len, s0, s1)?;
+        for (j, (&off, &len)) in outputs.iter().zip(&self.out_len).enumerate() {
+            check_range("output", j, off, len.saturating_mul(4), mem_len, s0, s1)?;
+        }
+        let base = mem.as_ptr() as usize;
+        if inputs
+            .iter()
+            .chain(outputs)
+            .any(|&o| !(base.wrapping_add(o)).is_multiple_of(4))
+        {
+            return super::run(k, mem, inputs, outputs, scratch);
+        }
+        let (lo, rest) = mem.split_at_mut(s0);
+        let (sc, hi) = rest.split_at_mut(self.scratch);
+        let pad = (ALIGN - sc.as_ptr() as usize % ALIGN) % ALIGN;
+        let c = carve(&self.body, self.lanes, self.width, self.upper)
+            .ok_or(KernelError::Internal("columns scratch"))?;
+        let sc = super::sub_mut(sc, pad, c.end * 4)?;
+        let sc = <[f32]>::mut_from_bytes(sc)
+            .map_err(|_| KernelError::Internal("columns scratch misaligned"))?;
+        let (lanes, rest) = sc.split_at_mut(c.rows_at);
+        let (rows, upper) = rest.split_at_mut(c.upper_at - c.rows_at);
+        let mut w = Work {
+            lo,
+            hi,
+            s0,
+            s1,
+            lanes,
+            rows,
+            upper,
+        };
+        let mut c0 = 0;
+        while c0 < self.cols {
+            let n = self.width.min(self.cols - c0);
+            self.block(&mut w, inputs, outputs, c0, n)?;
+            c0 += n;
+        }
+        Ok(())
+    }
+
+    /// Columns `c0 .. c0 + n`: their stages, passes over every term, and stores.
+    fn block(
+        &self,
+        w: &mut Work<'_>,
+        inputs: &[usize],
+        outputs: &[usize],
+        c0: usize,
+        n: usize,
+    ) -> R {
+        let per_chunk = (self.lanes / n).max(1);
+        self.stage(w, inputs, &self.body.stage0, c0, n)?;
+        let n_passes = self.body.passes.len();
+        for (p, pass) in self.body.passes.iter().enumerate() {
+            let last = p + 1 == n_passes;
+            for f in &pass.folds {
+                super::sub_mut(w.rows, f.to * self.width, n)?.fill(identity::<f32>(f.op));
+                self.levels(w.upper, f.slot, n)?.fill(0.0);
+            }
+            let mut t0 = 0;
+            while t0 < self.terms {
+                let g = per_chunk.min(self.terms - t0);
+                for st in &pass.steps {
+                    self.full_step(w, inputs, st, c0, n, t0, g)?;
+                }
+                for f in &pass.folds {
+                    let acc = super::sub_mut(w.rows, f.to * self.width, n)?;
+                    let upper = self.levels(w.upper, f.slot, n)?;
+                    for j in 0..g {
+                        let xs = super::sub(w.lanes, f.from * self.lanes + j * n, n)?;
+                        acc_lanes::<f32>(
+                            f.op,
+                            xs.as_bytes(),
+                            acc.as_mut_bytes(),
+                            upper.as_mut_bytes(),
+                            t0 + j,
+                        )?;
+                    }
+                }
+                if last {
+                    self.store_full(w, outputs, c0, n, t0, g)?;
+                }
+                t0 += g;
+            }
+            for f in &pass.folds {
+                if f.op == ReduceOp::Sum {
+                    let acc = super::sub_mut(w.rows, f.to * self.width, n)?;
+                    let upper = self.levels(w.upper, f.slot, n)?;
+                    finish_cascade_lanes::<f32>(
+                        acc.as_mut_bytes(),
+                        upper.as_mut_bytes(),
+                        self.terms,
+                    )?;
+                }
+            }
+            self.stage(w, inputs, &pass.stage, c0, n)?;
+        }
+        for (o, &(src, per_col)) in self.body.outputs.iter().enumerate() {
+            if !per_col {
+                continue;
+            }
+            let dst = f32s_mut(w.lo, w.hi, w.s0, w.s1, outputs[o], self.cols)?;
+            let d = super::sub_mut(dst, c0, n)?;
+            match src {
+                Src::Row(b) => d.copy_from_slice(super::sub(w.rows, b * self.width, n)?),
+                Src::Const(c) => d.fill(c),
+                Src::Lanes(_) => return Err(KernelError::Internal("full value stored per column")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The cascade levels above reduction slot `slot`'s accumulator, for `n` columns (empty
+    /// when no sum has more than [`FAN`] terms).
+    fn levels<'u>(&self, upper: &'u mut [f32], slot: usize, n: usize) -> R<&'u mut [f32]> {
+        if !self.upper {
+            return Ok(&mut []);
+        }
+        let per = (LEVELS - 1) * self.width;
+        super::sub_mut(upper, slot * per, (LEVELS - 1) * n)
+    }
+
+    /// Stores the chunk's terms `t0 .. t0 + g` of every full output, columns `c0 .. c0 + n`.
+    fn store_full(
+        &self,
+        w: &mut Work<'_>,
+        outputs: &[usize],
+        c0: usize,
+        n: usize,
+        t0: usize,
+        g: usize,
+    ) -> R {
+        for (o, &(src, per_col)) in self.body.outputs.iter().enumerate() {
+            if per_col {
+                continue;
+            }
+            let dst = f32s_mut(w.lo, w.hi, w.s0, w.s1, outputs[o], self.out_len[o])?;
+            let whole = n == self.cols;
+            let rows = if whole { 1 } else { g };
+            let len = if whole { g * n } else { n };
+            for j in 0..rows {
+                let d = super::sub_mut(dst, (t0 + j) * self.cols + c0, len)?;
+                match src {
+                    Src::Lanes(b) => {
+                        d.copy_from_slice(super::sub(w.lanes, b * self.lanes + j * n, len)?)
+                    }
+                    Src::Const(c) => d.fill(c),
+                    Src::Row(_) => return Err(KernelError::Internal("column value stored full")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Column-level steps over columns `c0 .. c0 + n` (operands: row buffers, constants).
+    fn stage(&self, w: &mut Work<'_>, inputs: &[usize], steps: &[Step], c0: usize, n: usize) -> R {
+        let width = self.width;
+        for st in steps {
+            let end = st.out * width + width;
+            if end > w.rows.len() {
+                return Err(KernelError::Internal("row buffer"));
+            }
+            let (before, rest) = w.rows.split_at_mut(st.out * width);
+            let (own, after) = rest.split_at_mut(width);
+            let out = &mut own[..n];
+            let (before, after): (&[f32], &[f32]) = (before, after);
+            let val = |s: Src| {
+                Ok(match s {
+                    Src::Const(c) => Val::One(c),
+                    Src::Row(b) => {
+                        Val::Lanes(super::sub(other(before, after, end, width, b)?, 0, n)?)
+                    }
+                    Src::Lanes(_) => return Err(KernelError::Internal("lane value in a stage")),
+                })
+            };
+            match st.code {
+                Code::Load { input } => {
+                    let src = f32s(w.lo, w.hi, w.s0, w.s1, inputs[input], self.in_len[input])?
+                        .ok_or(KernelError::Internal("input misaligned"))?;
+                    let step = self.in_col[input];
+                    for (c, o) in out.iter_mut().enumerate() {
+                        let at = (c0 + c)
+                            .checked_mul(step)
+                            .and_then(|x| x.checked_add(self.in_offset[input]));
+                        *o = *at
+                            .and_then(|a| src.get(a))
+                            .ok_or(KernelError::Internal("load outside its input"))?;
+                    }
+                }
+                Code::Unary(op) => unary_lanes(op, val(st.args[0])?, out),
+                Code::Binary(op) => binary_lanes(op, val(st.args[0])?, val(st.args[1])?, out),
+                Code::Compare(op) => compare_lanes(op, val(st.args[0])?, val(st.args[1])?, out),
+                Code::Select => {
+                    select_lanes(val(st.args[0])?, val(st.args[1])?, val(st.args[2])?, out)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A full step over terms `t0 .. t0 + g` of columns `c0 .. c0 + n`: lane `j·n + c` is
+    /// term `t0 + j` of column `c0 + c`.
+    #[allow(clippy::too_many_arguments)]
+    fn full_step(
+        &self,
+        w: &mut Work<'_>,
+        inputs: &[usize],
+        st: &Step,
+        c0: usize,
+        n: usize,
+        t0: usize,
+        g: usize,
+    ) -> R {
+        let lw = self.lanes;
+        let end = st.out * lw + lw;
+        if end > w.lanes.len() {
+            return Err(KernelError::Internal("lane buffer"));
+        }
+        let (before, rest) = w.lanes.split_at_mut(st.out * lw);
+        let (own, after) = rest.split_at_mut(lw);
+        let out = &mut own[..g * n];
+        if let Code::Load { input } = st.code {
+            let src = f32s(w.lo, w.hi, w.s0, w.s1, inputs[input], self.in_len[input])?
+                .ok_or(KernelError::Internal("input misaligned"))?;
+            return load(
+                src,
+                out,
+                self.in_offset[input],
+                [self.in_term[input], self.in_col[input]],
+                [t0, c0],
+                n,
+            );
+        }
+        // A column-level operand differs from column to column: the chunk runs term by term.
+        let per_term = st.args.iter().any(|a| matches!(a, Src::Row(_)));
+        let (segs, seg) = if per_term { (g, n) } else { (1, g * n) };
+        let rows = &*w.rows;
+        let (before, after): (&[f32], &[f32]) = (before, after);
+        let val = |s: Src, j: usize| {
+            Ok(match s {
+                Src::Const(c) => Val::One(c),
+                Src::Row(b) => Val::Lanes(super::sub(rows, b * self.width, n)?),
+                Src::Lanes(b) => {
+                    Val::Lanes(super::sub(other(before, after, end, lw, b)?, j * seg, seg)?)
+                }
+            })
+        };
+        let a = st.args;
+        for (j, o) in out.chunks_exact_mut(seg).take(segs).enumerate() {
+            match st.code {
+                Code::Unary(op) => unary_lanes(op, val(a[0], j)?, o),
+                Code::Binary(op) => binary_lanes(op, val(a[0], j)?, val(a[1], j)?, o),
+                Code::Compare(op) => compare_lanes(op, val(a[0], j)?, val(a[1], j)?, o),
+                Code::Select => select_lanes(val(a[0], j)?, val(a[1], j)?, val(a[2], j)?, o),
+                Code::Load { .. } => return Err(KernelError::Internal("load")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies terms `t0 ..` of columns `c0 .. c0 + n` of an input (element `offset + t·term +
+/// c·col`) into `out`, `n` lanes a term: one copy when the chunk is contiguous in the input,
+/// else a copy, a fill or a gather per term.
+fn load(
+    src: &[f32],
+    out: &mut [f32],
+    offset: usize,
+    [term, col]: [usize; 2],
+    [t0, c0]: [usize; 2],
+    n: usize,
+) -> R {
+    let oob = || KernelError::Internal("load outside its input");
+    let at = |t: usize| {
+        t.checked_mul(term)
+            .and_then(|x| x.checked_add(c0.checked_mul(col)?))
+            .and_then(|x| x.checked_add(offset))
+            .ok_or_else(oob)
+    };
+    if col == 1 && term == n {
+        let start = at(t0)?;
+        let s = start.checked_add(out.len()).and_then(|e| src.get(start..e));
+        out.copy_from_slice(s.ok_or_else(oob)?);
+        return Ok(());
+    }
+    for (j, o) in out.chunks_exact_mut(n).enumerate() {
+        let start = at(t0 + j)?;
+        match col {
+            0 => o.fill(*src.get(start).ok_or_else(oob)?),
+            1 => {
+                let s = start.checked_add(n).and_then(|e| src.get(start..e));
+                o.copy_from_slice(s.ok_or_else(oob)?)
+            }
+            _ => {
+                let last = (n - 1).checked_mul(col).and_then(|x| x.checked_add(start));
+                let s = last.and_then(|l| src.get(start..=l)).ok_or_else(oob)?;
+                for (o, &x) in o.iter_mut().zip(s.iter().step_by(col)) {
+                    *o = x;
+                }
+            }
+        }
+    }
+    Ok(())
+}
