@@ -105,7 +105,7 @@ impl V {
     fn unary(self, op: UnaryOp) -> V {
         match (self, op) {
             (V::F32(x), UnaryOp::Neg) => V::F32(-x),
-            (V::F32(x), UnaryOp::Exp) => V::F32(x.exp()),
+            (V::F32(x), UnaryOp::Exp) => V::F32(ingot_kernels::cpu::Float::exp(x)),
             (V::F32(x), UnaryOp::Log) => V::F32(x.ln()),
             (V::F32(x), UnaryOp::Sqrt) => V::F32(x.sqrt()),
             (V::F32(x), UnaryOp::Tanh) => V::F32(ingot_kernels::cpu::Float::tanh(x)),
