@@ -5,8 +5,8 @@
 
 use ingot_kernels::fused::cpu::{self, Compiled};
 use ingot_kernels::fused::random::{self, Rng};
-use ingot_kernels::fused::{parts, FusedKernel, Input, Inst, KernelError, Output};
-use ingot_kernels::{DType, UnaryOp};
+use ingot_kernels::fused::{parts, Access, FusedKernel, Input, Inst, KernelError, Output};
+use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use ingot_testkit::fused_kernels::layer_norm;
 use zerocopy::IntoBytes;
 #[path = "support/counting.rs"]
