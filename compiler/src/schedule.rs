@@ -9,10 +9,7 @@
 use crate::ir::{Graph, NodeId, Op};
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
-pub use sink::sink;
 use std::collections::BTreeSet;
-
-mod sink;
 
 /// Which order a schedule was made by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

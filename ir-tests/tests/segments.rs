@@ -200,7 +200,7 @@ fn recomputing_a_resnets_blocks_keeps_none_of_their_forward_batch_norm_outputs()
         .starts_with("layer2.0.conv1 (recomputed)")));
 }
 
-/// Met since the schedule of a recomputing step is sunk (`schedule::sink`) and a segment
+/// Met since the schedule of a recomputing step is sunk (`plan::sink`) and a segment
 /// keeps its output (the final LayerNorm's, which the head's weight gradient reads) instead
 /// of recomputing the whole last block for it: with every half-block segment recomputed
 /// this GPT plans 9,000,448 bytes at one micro-batch, under the 9,352,089 asked (main
@@ -401,7 +401,7 @@ fn replanned(c: &Compiled, opts: &Options, strategy: Strategy, on: bool) -> Memo
     plan::plan(&c.graph, &p).unwrap()
 }
 
-/// Sinking (`schedule::sink`, on in plans that recompute) raises neither the bytes live at
+/// Sinking (`plan::sink`, on in plans that recompute) raises neither the bytes live at
 /// the peak (LOAD) nor the planned slab, under either schedule, in any model family with
 /// everything it offers recomputed.
 #[test]
@@ -450,7 +450,7 @@ fn sinking_a_random_step_that_recomputes_gives_a_valid_schedule_and_no_higher_lo
         recomputing += 1;
         let g = &c.graph;
         for order in [schedule::traced(g), schedule::memory_aware(g)] {
-            let sunk = schedule::sink(g, &order, cpu().plan.workspace);
+            let sunk = ingot_compiler::plan::sink::sink(g, &order, cpu().plan.workspace);
             assert!(schedule::is_valid_order(g, &sunk), "seed {seed}");
         }
         for strategy in [Strategy::Traced, Strategy::MemoryAware] {

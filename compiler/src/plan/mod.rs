@@ -11,6 +11,7 @@ pub mod check;
 pub mod liveness;
 pub mod location;
 pub mod shared;
+pub mod sink;
 
 use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
@@ -45,7 +46,7 @@ pub struct PlanOptions {
     /// Scratch bytes each node's kernel needs on the target (the CPU runtime's matmul packs its
     /// panels there); `None` plans no workspace.
     pub workspace: Option<WorkspaceFn>,
-    /// Sink each schedule ([`schedule::sink`]): every node moved down to just before the
+    /// Sink each schedule ([`sink::sink`]): every node moved down to just before the
     /// first node that needs it where that cannot raise the bytes live. On for steps that
     /// recompute forward values for the backward pass (whose copies free memory only if they
     /// run late), off otherwise, so those plans stay as they were.
@@ -183,7 +184,7 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
 }
 
 /// The schedule of `strategy` with its liveness. With [`PlanOptions::sink`], the schedule
-/// sunk ([`schedule::sink`]) unless that raises its LOAD: sinking never lets a value live
+/// sunk ([`sink::sink`]) unless that raises its LOAD: sinking never lets a value live
 /// longer at a position that stays, but a chain of nodes moved together can meet, where it
 /// lands, values (and a kernel's scratch) it did not meet before.
 fn prepare(g: &Graph, strategy: Strategy, opts: &PlanOptions) -> Result<Prepared, PlanError> {
@@ -191,7 +192,7 @@ fn prepare(g: &Graph, strategy: Strategy, opts: &PlanOptions) -> Result<Prepared
         Strategy::Traced => schedule::traced(g),
         Strategy::MemoryAware => schedule::memory_aware(g),
     };
-    let sunk = opts.sink.then(|| schedule::sink(g, &order, opts.workspace));
+    let sunk = opts.sink.then(|| sink::sink(g, &order, opts.workspace));
     let order = schedule::hoist_collectives(g, order);
     complete(g, &order, strategy)?;
     let plain = Prepared::new(g, &order, strategy, opts.workspace)?;

@@ -27,15 +27,15 @@
 //! their temporaries and scratch) did not meet where it was: the planner keeps the sunk
 //! schedule only when its LOAD is no higher ([`crate::plan::plan`]).
 
+use super::{align_up, WorkspaceFn};
 use crate::ir::{Graph, NodeId};
-use crate::plan::{align_up, WorkspaceFn};
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 
 /// `order` (a valid schedule of `g`) with every node that can sink without raising the bytes
 /// live moved to just before the first node that needs it (see the module docs). The result
 /// is a valid schedule: each node still runs after all its dependences (data and update
-/// order, [`super::dependences`]) and before all its dependents.
+/// order, [`crate::schedule::dependences`]) and before all its dependents.
 ///
 /// `workspace` is the target's scratch need per node ([`crate::plan::PlanOptions::workspace`]):
 /// a node whose scratch is filled from an operand ([`crate::plan::WorkspaceNeed::filled_from`])
@@ -46,7 +46,7 @@ pub fn sink(g: &Graph, order: &[NodeId], workspace: Option<WorkspaceFn>) -> Vec<
         // Not a schedule of `g` (the planner reports a missing node itself).
         return order.to_vec();
     }
-    let d = super::dependences(g);
+    let d = crate::schedule::dependences(g);
     let mut pos = vec![0usize; n];
     for (p, &id) in order.iter().enumerate() {
         pos[id.index()] = p;
@@ -141,7 +141,7 @@ fn anchors(
 }
 
 /// Whether `v` may move at all: not a leaf (leaves cost nothing and are taken first), not a
-/// collective or one of its results (their place is decided by [`super::hoist_collectives`]),
+/// collective or one of its results (their place is decided by [`crate::schedule::hoist_collectives`]),
 /// not a node whose scratch is filled from an operand.
 fn movable(g: &Graph, v: NodeId, workspace: Option<WorkspaceFn>) -> bool {
     let op = &g.node(g.writer(v)).op;
