@@ -28,10 +28,10 @@
 //! A score `q_i·k_j` summed along the head dimension, one product after another, is a chain
 //! of dependent additions: on the README's main job (head_dim 16) attention spent most of its
 //! time waiting on them. When a problem's transposed keys (and, backward, values) fit beside
-//! its scratch in [`STACK_SCRATCH`], they are copied once per problem as f32 columns, and the
+//! its scratch in `STACK_SCRATCH`, they are copied once per problem as f32 columns, and the
 //! scores of a row are computed for all its keys at once, each key in its own lane
-//! ([`dots_transposed`]): every score is still summed over `c = 0, 1, …` from `0.0`, so the
-//! bits are those of the one-key-at-a-time [`dot`], which larger problems still use. A slice too short for
+//! (`dots_transposed`): every score is still summed over `c = 0, 1, …` from `0.0`, so the
+//! bits are those of the one-key-at-a-time `dot`, which larger problems still use. A slice too short for
 //! its layout is a broken precondition and panics with a message; the runtime checks shapes
 //! before it calls in.
 

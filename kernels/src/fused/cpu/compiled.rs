@@ -19,7 +19,7 @@
 //! interpreter's flat case or its rows case with every reduced axis of size > 1 inside the kept
 //! ones (one contiguous run per row), and whose every input reaches the innermost axes of the
 //! chunk with a single stride; and column reductions whose reduced axes all come before their
-//! kept ones, as the programs of [`super::columns`]. [`Compiled::new`] says `None` for the
+//! kept ones, as the programs of `columns`. [`Compiled::new`] says `None` for the
 //! rest, which the interpreter runs as before: indices, converts, other dtypes (bf16
 //! included), other column reductions, empty domains, and kernels whose program would not fit
 //! in the scratch the planner reserved for the interpreter ([`super::scratch_bytes`]), which
@@ -101,7 +101,7 @@ pub(super) struct Pass {
 }
 
 /// A fused kernel made into a program once, when a step is loaded: a flat or rows-case
-/// [`Program`] (this module), or a column reduction ([`super::columns`]). See the
+/// `Program` (this module), or a column reduction (`columns`). See the
 /// [module docs](self).
 #[derive(Clone, Debug)]
 pub struct Compiled(Kind);
@@ -140,7 +140,7 @@ impl Compiled {
         }
     }
 
-    /// Whether this is a column reduction's program ([`super::columns`]).
+    /// Whether this is a column reduction's program (`columns`).
     pub fn is_columns(&self) -> bool {
         matches!(self.0, Kind::Columns(_))
     }
