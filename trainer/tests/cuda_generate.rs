@@ -4,13 +4,15 @@
 //! and pass; with `INGOT_REQUIRE_GPU=1` a missing GPU fails them.
 
 use indexmap::IndexMap;
-use ingot_compiler::ir::LeafKind;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::models::Model;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cuda::{self, CudaOptions};
-use ingot_runtime::tensor::{Data, Tensor};
+use ingot_runtime::tensor::Tensor;
 use ingot_trainer::generate::{Generator, Sampling};
 use ingot_trainer::session::Device;
+
+#[path = "support/scaled_weights.rs"]
+mod scaled_weights;
 
 const STRICT: Device = Device::Cuda(CudaOptions {
     ordinal: 0,
@@ -19,16 +21,9 @@ const STRICT: Device = Device::Cuda(CudaOptions {
 
 const SPEC: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=1";
 
-/// Seeded weights with the matrices scaled up, so that the logits differ clearly.
+/// The model and its weights (`support/scaled_weights.rs`).
 fn model_and_weights() -> (Model, IndexMap<String, Tensor>) {
-    let m = models::by_name(SPEC).unwrap();
-    let mut w = ingot_trainer::init::init_leaves(&m.graph, LeafKind::Parameter, 5);
-    for (name, t) in w.iter_mut() {
-        if let (Data::F32(v), false) = (&mut t.data, name.contains("ln")) {
-            v.iter_mut().for_each(|x| *x *= 25.0);
-        }
-    }
-    (m, w)
+    scaled_weights::model_and_weights(SPEC, 5)
 }
 
 fn generator(m: &Model, w: &IndexMap<String, Tensor>, device: Device, cached: bool) -> Generator {

@@ -6,14 +6,16 @@
 //! allocator watches this test binary).
 
 use indexmap::IndexMap;
-use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::{self, Model};
 use ingot_compiler::precision::Precision;
-use ingot_runtime::tensor::{Data, Tensor};
+use ingot_runtime::tensor::Tensor;
 use ingot_trainer::generate::{Generator, Sampling};
 use ingot_trainer::session::{Device, Session};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+
+#[path = "support/scaled_weights.rs"]
+mod scaled_weights;
 
 #[path = "support/counting.rs"]
 mod counting;
@@ -23,17 +25,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 const SPEC: &str = "gpt:vocab=32,d_model=16,layers=2,heads=2,d_ff=32,seq=8,batch=1";
 
-/// The model and weights large enough that its logits differ clearly (seeded, then the
-/// matrices scaled up from GPT-2's 0.02).
+/// The model and its weights (`support/scaled_weights.rs`).
 fn model_and_weights() -> (Model, IndexMap<String, Tensor>) {
-    let m = models::by_name(SPEC).unwrap();
-    let mut w = ingot_trainer::init::init_leaves(&m.graph, LeafKind::Parameter, 11);
-    for (name, t) in w.iter_mut() {
-        if let (Data::F32(v), false) = (&mut t.data, name.contains("ln")) {
-            v.iter_mut().for_each(|x| *x *= 25.0);
-        }
-    }
-    (m, w)
+    scaled_weights::model_and_weights(SPEC, 11)
 }
 
 fn generator(m: &Model, w: &IndexMap<String, Tensor>) -> Generator {
