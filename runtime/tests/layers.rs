@@ -341,8 +341,11 @@ fn the_runtime_never_names_the_trainer_or_the_command_line_nor_the_trainer_the_c
         // The test kit is dev-only (`publish = false`): the trainer's own tests may share its
         // step loops; its code may not.
         let dev = dev_dependencies(&toml);
-        for dep in dependencies(&toml) {
-            let dev_kit = dep == "ingot-testkit" && dir == trainer_dir() && dev.contains(&dep);
+        let all = dependencies(&toml);
+        for dep in &all {
+            // Named only under [dev-dependencies] (each name once a section).
+            let dev_only = dev.contains(dep) && all.iter().filter(|d| *d == dep).count() == 1;
+            let dev_kit = dep == "ingot-testkit" && dir == trainer_dir() && dev_only;
             if above.contains(&dep.as_str()) && !dev_kit {
                 bad.push(format!(
                     "{}/Cargo.toml: depends on `{dep}`, a layer above",
