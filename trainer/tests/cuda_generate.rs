@@ -11,8 +11,9 @@ use ingot_runtime::tensor::Tensor;
 use ingot_trainer::generate::{Generator, Sampling};
 use ingot_trainer::session::Device;
 
-#[path = "support/scaled_weights.rs"]
-mod scaled_weights;
+#[path = "support/generation.rs"]
+mod generation;
+use generation::{relative_difference, run_observed as run};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
     ordinal: 0,
@@ -21,9 +22,9 @@ const STRICT: Device = Device::Cuda(CudaOptions {
 
 const SPEC: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=1";
 
-/// The model and its weights (`support/scaled_weights.rs`).
+/// The model and its weights (`support/generation.rs`).
 fn model_and_weights() -> (Model, IndexMap<String, Tensor>) {
-    scaled_weights::model_and_weights(SPEC, 5)
+    generation::model_and_weights(SPEC, 5)
 }
 
 fn generator(m: &Model, w: &IndexMap<String, Tensor>, device: Device, cached: bool) -> Generator {
@@ -35,18 +36,6 @@ fn generator(m: &Model, w: &IndexMap<String, Tensor>, device: Device, cached: bo
     };
     g.step_mut().load_weights(w, &IndexMap::new()).unwrap();
     g
-}
-
-/// The tokens of a generation and the logits each was drawn from.
-fn run(g: &mut Generator, prompt: &[u32], n: usize, s: &Sampling) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
-    g.generate_observed(prompt, n, s, |t, l| {
-        tokens.push(t);
-        logits.push(l.to_vec());
-        Ok(())
-    })
-    .unwrap();
-    (tokens, logits)
 }
 
 #[test]
@@ -78,14 +67,10 @@ fn on_the_gpu_the_cached_step_takes_the_whole_windows_and_the_cpus_tokens_past_s
             "whole window on the GPU against the CPU, {s:?}"
         );
         for (i, (a, b)) in kv_logits.iter().zip(&want_logits).enumerate() {
-            let scale = b.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-            let diff = a
-                .iter()
-                .zip(b)
-                .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+            let r = relative_difference(a, b);
             assert!(
-                diff <= 1e-4 * scale,
-                "token {i}: the GPU's logits differ by {diff:e} (scale {scale:e})"
+                r <= 1e-4,
+                "token {i}: the GPU's logits differ by {r:e} relative"
             );
         }
         // Draws take the steps through varied contexts (greedy decoding may settle).

@@ -14,8 +14,9 @@ use ingot_trainer::session::{Device, Session};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-#[path = "support/scaled_weights.rs"]
-mod scaled_weights;
+#[path = "support/generation.rs"]
+mod generation;
+use generation::{relative_difference, run_observed};
 
 #[path = "support/counting.rs"]
 mod counting;
@@ -25,9 +26,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 const SPEC: &str = "gpt:vocab=32,d_model=16,layers=2,heads=2,d_ff=32,seq=8,batch=1";
 
-/// The model and its weights (`support/scaled_weights.rs`).
+/// The model and its weights (`support/generation.rs`).
 fn model_and_weights() -> (Model, IndexMap<String, Tensor>) {
-    scaled_weights::model_and_weights(SPEC, 11)
+    generation::model_and_weights(SPEC, 11)
 }
 
 fn generator(m: &Model, w: &IndexMap<String, Tensor>) -> Generator {
@@ -62,33 +63,6 @@ const GREEDY: Sampling = Sampling {
     top_k: None,
     seed: 0,
 };
-
-/// The tokens and, for each, the logits it was drawn from.
-fn run_observed(
-    g: &mut Generator,
-    prompt: &[u32],
-    n: usize,
-    s: &Sampling,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
-    g.generate_observed(prompt, n, s, |t, l| {
-        tokens.push(t);
-        logits.push(l.to_vec());
-        Ok(())
-    })
-    .unwrap();
-    (tokens, logits)
-}
-
-/// The largest difference between two rows of logits over the largest magnitude in `want`.
-fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
-    let scale = want.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-    let diff = got
-        .iter()
-        .zip(want)
-        .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
-    diff / scale.max(f64::MIN_POSITIVE)
-}
 
 fn run(g: &mut Generator, prompt: &[u32], n: usize, s: &Sampling) -> Vec<u32> {
     let mut out = Vec::with_capacity(n);
