@@ -60,12 +60,15 @@ def export(module, args, path, input_names=("input",), output_names=("logits",),
             dyn = {k: kwargs[k] for k in ("input_names", "output_names")}
             dyn["opset_version"] = max(opset, 18)
             try:
-                torch.onnx.export(module, args, path, dynamo=True, external_data=False,
+                large = sum(t.numel() * t.element_size() for t in module.state_dict().values()) > 1.5e9
+                torch.onnx.export(module, args, path, dynamo=True, external_data=large,
                                   optimize=False, **dyn)
             except TypeError:
                 torch.onnx.export(module, args, path, dynamo=True, **dyn)
     module.load_state_dict(saved)
-    model = onnx.load(path)
+    # External data (a model over protobuf's 2 GiB, which the exporter writes as files beside
+    # the model) stays where the exporter put it: loaded as references and saved as such.
+    model = onnx.load(path, load_external_data=False)
     inits = {t.name for t in model.graph.initializer}
     params = [n for n, _ in module.named_parameters()]
     missing = [n for n in params if n not in inits]

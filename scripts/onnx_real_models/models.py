@@ -19,7 +19,7 @@ B = int(os.environ.get("BATCH", "8"))
 LR = 0.01
 # The transformers models: small configs (2 layers, width 128, sequence 32) and real sizes
 # (GPT-2 small at sequence 1024, BERT-base at 512): vocabulary and sequence of each.
-TEXT = {"gpt2": (1000, 32), "bert": (1000, 32), "gpt2_124m": (50257, 1024), "bert_base": (30522, 512)}
+TEXT = {"gpt2": (1000, 32), "bert": (1000, 32), "gpt2_124m": (50257, 1024), "gpt2_large": (50257, 1024), "bert_base": (30522, 512)}
 
 
 class Wrap(nn.Module):
@@ -73,6 +73,12 @@ def build(name, det):
             cfg = tf.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
                                 resid_pdrop=p, embd_pdrop=p, attn_pdrop=p)
             return Wrap(tf.GPT2LMHeadModel(cfg))
+        if name == "gpt2_large":
+            # GPT-2 large's shape (774 M parameters, 3.1 GB in f32: past protobuf's 2 GiB, so
+            # exported with external data), random weights.
+            cfg = tf.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=1280, n_layer=36, n_head=20,
+                                resid_pdrop=p, embd_pdrop=p, attn_pdrop=p)
+            return Wrap(tf.GPT2LMHeadModel(cfg))
         if name == "bert":
             cfg = tf.BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=256, max_position_embeddings=64,
@@ -115,7 +121,7 @@ def main(name, out):
       loss_fn = F.cross_entropy
 
   t = time.time()
-  only_det = name in ("vit_b_16", "unet", "gpt2_124m", "bert_base") or os.environ.get("DET_ONLY") == "1"
+  only_det = name in ("vit_b_16", "unet", "gpt2_124m", "gpt2_large", "bert_base") or os.environ.get("DET_ONLY") == "1"
   for det in ((True,) if only_det else (False, True)):
       m = build(name, det)
       export(m, args, f"{out}/{'det' if det else 'train'}.onnx", input_names=in_names)
