@@ -1,6 +1,6 @@
 """An MLP whose weights pass protobuf's 2 GiB, written as ONNX with external data, with a batch
 and the cross-entropy loss of its first step computed here in float64 (issue 46: models over
-2 GB import). Needs onnx and numpy (no PyTorch).
+2 GB import). Needs onnx, numpy and safetensors (no PyTorch).
 
 usage: python3 scripts/onnx_large_mlp.py OUTDIR [--width 16384] [--layers 2] [--batch 4] [--classes 1000]
 Writes OUTDIR/model.onnx, OUTDIR/weights.bin (external data, one file), OUTDIR/batch.safetensors
@@ -8,25 +8,11 @@ Writes OUTDIR/model.onnx, OUTDIR/weights.bin (external data, one file), OUTDIR/b
     ingot train --onnx OUTDIR/model.onnx --loss cross-entropy --data OUTDIR/batch.safetensors \
         --optimizer sgd --lr 0.01 --steps 2
 """
-import argparse, json, os, struct
+import argparse, os
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-
-
-def safetensors(path, tensors):
-    """Writes a safetensors file (header length, JSON header, data) without the safetensors package."""
-    header, blobs, at = {}, [], 0
-    for name, a in tensors.items():
-        dtype = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}[a.dtype]
-        b = np.ascontiguousarray(a).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
-        blobs.append(b)
-        at += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+from safetensors.numpy import save_file
 
 
 def main():
@@ -61,7 +47,7 @@ def main():
               location="weights.bin", size_threshold=0)
     x = rng.standard_normal((a.batch, a.width), dtype=np.float32)
     y = rng.integers(0, a.classes, a.batch).astype(np.int64)
-    safetensors(os.path.join(a.out, "batch.safetensors"), {"x": x, "y": y})
+    save_file({"x": x, "y": y}, os.path.join(a.out, "batch.safetensors"))
     # The first step's loss in float64, from the weights as written.
     z = x.astype(np.float64)
     for i, t in enumerate(inits):
