@@ -92,10 +92,10 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
     // The tokenizer first: a wrong file fails before a model is compiled.
     let tokenizer = match &a.tokenizer {
         None => Tokenizer::Bytes,
-        Some(path) => Tokenizer::File(
+        Some(path) => Tokenizer::File(Box::new(
             TextTokenizer::from_file(path)
                 .map_err(|e| Failure::new(1, format!("--tokenizer: {e}")))?,
-        ),
+        )),
     };
     let weights = if a.checkpoint.is_some() || a.init.is_some() {
         let args = WeightsArgs {
@@ -112,7 +112,8 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
         .as_ref()
         .and_then(|w| w.model.as_deref())
         .map(Path::new)
-        .filter(|p| a.model.is_none() && p.extension().is_some_and(|e| e == "onnx") && p.is_file());
+        .filter(|p| a.model.is_none() && p.is_file())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"));
     let precision = a.precision.for_device(a.device.device)?;
     let (mut generator, name, precision) = match a.onnx.as_deref().or(recorded_onnx) {
         Some(path) => onnx_generator(a, path, weights.as_ref(), precision, device)?,
@@ -299,8 +300,12 @@ fn onnx_generator(
             return Err(Failure::new(
                 1,
                 format!(
-                    "{} does not hold the weights of {name}: it lacks {missing:?} (a run of `ingot train --onnx {name}` saves them)",
-                    w.source
+                    "{} does not hold the weights of {name}: it lacks {} of its {} parameters, {:?}{} (a run of `ingot train --onnx {name}` saves them)",
+                    w.source,
+                    missing.len(),
+                    params.len(),
+                    &missing[..missing.len().min(4)],
+                    if missing.len() > 4 { " and more" } else { "" }
                 ),
             ));
         }

@@ -49,7 +49,7 @@ pub enum Tokenizer {
     Bytes,
     /// A Hugging Face `tokenizer.json` (GPT-2's byte-level BPE, or any the `tokenizers` crate
     /// reads): the same encoding `ingot data tokenize --tokenizer` gives the training data.
-    File(TextTokenizer),
+    File(Box<TextTokenizer>),
 }
 
 impl Tokenizer {
