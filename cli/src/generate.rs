@@ -32,6 +32,11 @@ pub struct GenerateArgs {
     /// only one shaped [batch, seq, vocab] over the input's [batch, seq] token ids.
     #[arg(long, value_name = "NAME", requires = "onnx")]
     pub logits: Option<String>,
+    /// The size of a symbolic axis of --onnx's input other than the batch, by its name
+    /// (repeatable): `--dim sequence=64` for a decoder exported with a dynamic sequence axis
+    /// (Ingot plans static shapes: this is the context window).
+    #[arg(long = "dim", value_name = "NAME=SIZE", requires = "onnx", value_parser = parse_dim)]
+    pub dims: Vec<(String, usize)>,
     /// A checkpoint directory written by `ingot train --checkpoint DIR`: its weights.
     #[arg(
         long,
@@ -252,11 +257,16 @@ fn onnx_generator(
     let options = |batch| ImportOptions {
         loss: Loss::Forward,
         batch,
+        dims: a.dims.iter().cloned().collect(),
         ..Default::default()
     };
-    let imported = import(path, &options(None))
-        .or_else(|_| import(path, &options(Some(a.prompt.len()))))
-        .map_err(|e| fail(e.to_string()))?;
+    // One row per prompt where the batch axis is symbolic; where the file fixes it (the
+    // importer says so), the file's batch.
+    let imported = match import(path, &options(Some(a.prompt.len()))) {
+        Err(e) if e.to_string().contains("has the fixed size") => import(path, &options(None)),
+        other => other,
+    }
+    .map_err(|e| fail(e.to_string()))?;
     // The forward pass as evaluation traces it (dropout the identity).
     let (graph, outputs) = if imported.eval_outputs.is_empty() {
         (&imported.model.graph, &imported.outputs)
@@ -318,4 +328,15 @@ fn onnx_generator(
         .load_weights(&params, &state)
         .map_err(|e| Failure::new(1, format!("{source}: the weights of {name}: {e}")))?;
     Ok((generator, name, precision))
+}
+
+/// `NAME=SIZE` of `--dim`: an axis name and a positive size.
+fn parse_dim(s: &str) -> Result<(String, usize), String> {
+    let (name, size) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=SIZE"))?;
+    match size.trim().parse::<usize>() {
+        Ok(n) if n > 0 && !name.is_empty() => Ok((name.to_string(), n)),
+        _ => Err(format!("{s:?} needs an axis name and a positive size")),
+    }
 }

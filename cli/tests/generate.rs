@@ -406,3 +406,34 @@ fn several_prompts_at_once_each_get_the_tokens_they_get_alone() {
         "{err}"
     );
 }
+
+#[test]
+fn a_symbolic_window_axis_of_an_onnx_model_takes_its_size_from_dim() {
+    // A model whose input is [2, "seq"] (an MLP over it, no decoder logits).
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../onnx/tests/fixtures/errors/symbolic_seq.onnx");
+    let generate = |extra: &[&str]| {
+        let base = [
+            "generate",
+            "--onnx",
+            s(&path),
+            "--prompt",
+            "\u{1}",
+            "--tokens",
+            "1",
+        ];
+        run(&[&base[..], extra].concat())
+    };
+    let (code, _, err) = generate(&[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("axis 1") && err.contains("\"seq\""), "{err}");
+    // Sized, the import goes through, and what stops it is the model's outputs.
+    let (code, _, err) = generate(&["--dim", "seq=4"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        !err.contains("is symbolic") && err.contains("[batch, seq, vocab]"),
+        "{err}"
+    );
+    let (code, _, err) = generate(&["--dim", "seq=0"]);
+    assert_eq!(code, 2, "{err}");
+}
