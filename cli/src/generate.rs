@@ -1,24 +1,64 @@
-//! `ingot generate`: text from a trained language model of the GPT family
-//! ([`ingot_trainer::generate::Generator`]): the prompt's tokens, then `--tokens N` more drawn
-//! one at a time by the model's decode step with its KV cache (or, with `--whole-window`, the
-//! forward step over the whole context window, the reference), planned before the first token;
-//! the planned bytes are printed on standard error before it.
+//! `ingot generate`: text from a trained language model ([`ingot_trainer::generate::Generator`]):
+//! each prompt's tokens, then `--tokens N` more drawn one at a time, planned before the first
+//! token (the planned bytes are printed on standard error before it). A GPT of the built-in
+//! family runs its decode step with its KV cache (or, with `--whole-window`, the forward step
+//! over the whole context window, the reference); an imported ONNX decoder (`--onnx`) runs its
+//! forward graph over the whole window, its logits output found by name or by shape. Text
+//! becomes tokens as bytes, or by a Hugging Face `tokenizer.json` (`--tokenizer`).
 
-use super::eval::{DeviceArgs, WeightsArgs};
+use super::eval::{DeviceArgs, Weights, WeightsArgs};
 use super::Failure;
-use ingot_trainer::generate::{Generator, Sampling, Tokenizer};
+use indexmap::IndexMap;
+use ingot_compiler::ir::LeafKind;
+use ingot_compiler::precision::Precision;
+use ingot_runtime::tensor::Tensor;
+use ingot_trainer::data::tokenizer::TextTokenizer;
+use ingot_trainer::generate::{decoder_logits, Generator, Sampling, Tokenizer};
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     /// The model (gpt-mini, gpt2, gpt:vocab=..,..); default: the one the --checkpoint's run
-    /// trained. Its batch is ignored: generation runs one sequence.
-    #[arg(long)]
+    /// trained. Its batch is ignored: generation runs one sequence per prompt.
+    #[arg(long, conflicts_with = "onnx")]
     pub model: Option<String>,
-    #[command(flatten)]
-    pub weights: WeightsArgs,
-    /// The text the generated tokens continue (byte-level tokens: each byte one token).
-    #[arg(long, allow_hyphen_values = true)]
-    pub prompt: String,
+    /// An ONNX decoder (a forward pass from token ids to logits, e.g. transformers' GPT-2
+    /// exported by scripts/export_onnx.py) instead of --model: its forward graph runs over the
+    /// whole context window for each token, with the file's weights unless --init or
+    /// --checkpoint (of a run that trained this file) gives them.
+    #[arg(long, value_name = "MODEL.onnx")]
+    pub onnx: Option<PathBuf>,
+    /// The output of --onnx holding the logits; default: the output named logits, else the
+    /// only one shaped [batch, seq, vocab] over the input's [batch, seq] token ids.
+    #[arg(long, value_name = "NAME", requires = "onnx")]
+    pub logits: Option<String>,
+    /// The size of a symbolic axis of --onnx's input other than the batch, by its name
+    /// (repeatable): `--dim sequence=64` for a decoder exported with a dynamic sequence axis
+    /// (Ingot plans static shapes: this is the context window).
+    #[arg(long = "dim", value_name = "NAME=SIZE", requires = "onnx", value_parser = parse_dim)]
+    pub dims: Vec<(String, usize)>,
+    /// A checkpoint directory written by `ingot train --checkpoint DIR`: its weights.
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present_any = ["init", "onnx"],
+        conflicts_with = "init"
+    )]
+    pub checkpoint: Option<PathBuf>,
+    /// Weights as safetensors with PyTorch's names (what `ingot train --save` writes).
+    #[arg(long, value_name = "P.safetensors")]
+    pub init: Option<PathBuf>,
+    /// The text the generated tokens continue (byte-level tokens: each byte one token, unless
+    /// --tokenizer). Repeat it to continue several prompts at once: the whole-window step runs
+    /// them as the rows of its batch, the decode step one after another; each prompt's tokens
+    /// are the ones it gets alone.
+    #[arg(long, allow_hyphen_values = true, required = true)]
+    pub prompt: Vec<String>,
+    /// A Hugging Face tokenizer.json (as `ingot data tokenize --tokenizer` reads): the prompt
+    /// is encoded and the tokens decoded with it instead of as bytes. Its vocabulary must not
+    /// be larger than the model's.
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
     /// How many tokens to generate.
     #[arg(long, value_name = "N", value_parser = crate::numbers::count)]
     pub tokens: u64,
@@ -40,36 +80,156 @@ pub struct GenerateArgs {
     /// (the same context, so the same greedy tokens), `seq` times the work per token.
     #[arg(long = "whole-window")]
     pub whole_window: bool,
-    /// Print one JSON object ({"prompt", "text", "tokens"}) instead of the text.
+    /// Print one JSON object per prompt ({"prompt", "prompt_tokens", "text", "tokens", ...})
+    /// instead of the text.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
-    if a.model.is_none() && a.weights.checkpoint.is_none() {
+    if a.model.is_none() && a.onnx.is_none() && a.checkpoint.is_none() {
         return Err(Failure::new(
             2,
-            "--init needs --model NAME (a checkpoint records its model; a weights file does not)",
+            "--init needs --model NAME or --onnx MODEL.onnx (a checkpoint records its model; a weights file does not)",
         ));
     }
     let device = a.device.session_device()?;
-    let weights = a.weights.read()?;
-    let name = a.model.clone().or(weights.model.clone()).ok_or_else(|| {
-        Failure::new(
-            2,
-            "--init needs --model NAME (a weights file does not record its model)",
-        )
-    })?;
-    let model = ingot_compiler::models::at_batch(&name, 1, ingot_compiler::ir::DType::F32)?;
-    let precision = a
-        .precision
-        .for_device(a.device.device)?
-        .unwrap_or(model.precision);
-    let mut opts = device.options();
-    opts.precision = Some(precision);
+    // The tokenizer first: a wrong file fails before a model is compiled.
+    let tokenizer = match &a.tokenizer {
+        None => Tokenizer::Bytes,
+        Some(path) => Tokenizer::File(Box::new(
+            TextTokenizer::from_file(path)
+                .map_err(|e| Failure::new(1, format!("--tokenizer: {e}")))?,
+        )),
+    };
+    let weights = if a.checkpoint.is_some() || a.init.is_some() {
+        let args = WeightsArgs {
+            checkpoint: a.checkpoint.clone(),
+            init: a.init.clone(),
+        };
+        Some(args.read()?)
+    } else {
+        None
+    };
+    // A checkpoint of `train --onnx M.onnx` records M.onnx: generation imports it again (its
+    // training flags, the loss's, do not change the forward pass).
+    let recorded_onnx = weights
+        .as_ref()
+        .and_then(|w| w.model.as_deref())
+        .map(Path::new)
+        .filter(|p| a.model.is_none() && p.is_file())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"));
+    let precision = a.precision.for_device(a.device.device)?;
+    let (mut generator, name, precision) = match a.onnx.as_deref().or(recorded_onnx) {
+        Some(path) => onnx_generator(a, path, weights.as_ref(), precision, device)?,
+        None => named_generator(a, weights.as_ref(), precision, device)?,
+    };
+    let (_, vocab) = generator.window_and_vocab();
+    tokenizer
+        .check_model_vocab(vocab)
+        .map_err(|e| Failure::new(1, format!("--tokenizer: {e}")))?;
+    // The peak, before the first token.
+    let human = ingot_compiler::report::human;
+    if generator.is_cached() {
+        crate::errln!(
+            "generate: the decode step of {name} planned in one allocation of {} (KV cache {}), in {precision}",
+            human(generator.planned_bytes()),
+            human(generator.cache_bytes())
+        );
+    } else {
+        crate::errln!(
+            "generate: the whole-window step of {name} planned in one allocation of {}, in {precision}",
+            human(generator.planned_bytes())
+        );
+    }
+    let prompts = a
+        .prompt
+        .iter()
+        .map(|p| tokenizer.encode(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Failure::new(1, format!("--prompt: {e}")))?;
+    let sampling = Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k.map(|k| k as usize),
+        seed: a.seed,
+    };
+    let n = a.tokens as usize;
+    let mut tokens: Vec<Vec<u32>> = prompts.iter().map(|_| Vec::with_capacity(n)).collect();
+    let rows: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let started = std::time::Instant::now();
+    generator
+        .generate_rows(&rows, n, &sampling, |row, t, _| {
+            tokenizer.check_drawn(t, vocab)?;
+            tokens[row].push(t);
+            Ok(())
+        })
+        .map_err(|e| Failure::new(1, e))?;
+    // The rate on standard error, so the text (and the JSON) stay the same run to run.
+    let seconds = started.elapsed().as_secs_f64();
+    let drawn: usize = tokens.iter().map(Vec::len).sum();
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let after = match prompts.len() {
+        1 => format!("a {prompt_tokens}-token prompt"),
+        k => format!("{k} prompts of {prompt_tokens} tokens in all"),
+    };
+    crate::errln!(
+        "generate: {drawn} tokens in {seconds:.3} s ({:.1} tokens/s, after {after})",
+        drawn as f64 / seconds.max(1e-9),
+    );
+    for (i, ((given, encoded), drawn)) in a.prompt.iter().zip(&prompts).zip(&tokens).enumerate() {
+        let text = tokenizer
+            .decode(drawn)
+            .map_err(|e| Failure::new(1, format!("decoding the tokens: {e}")))?;
+        if a.json {
+            let line = serde_json::json!({
+                "prompt": given,
+                "prompt_tokens": encoded,
+                "text": text,
+                "tokens": drawn,
+                "cached": generator.is_cached(),
+                "planned_bytes": generator.planned_bytes(),
+            });
+            crate::outln!("{line}")?;
+        } else {
+            // Several prompts' texts are told apart by an empty line.
+            if i > 0 {
+                crate::outln!("")?;
+            }
+            crate::outln!("{given}{text}")?;
+        }
+    }
+    Ok(())
+}
+
+/// The generator of a named model (`--model`, or the model a checkpoint records) with its
+/// weights, and the model's name: the decode step of a GPT, else (or with `--whole-window`)
+/// the whole window at a batch of one row per prompt.
+fn named_generator(
+    a: &GenerateArgs,
+    weights: Option<&Weights>,
+    precision: Option<Precision>,
+    device: ingot_trainer::session::Device,
+) -> Result<(Generator, String, Precision), Failure> {
+    let name = a
+        .model
+        .clone()
+        .or(weights.and_then(|w| w.model.clone()))
+        .ok_or_else(|| {
+            Failure::new(
+                2,
+                "--init needs --model NAME (a weights file does not record its model)",
+            )
+        })?;
+    let weights =
+        weights.ok_or_else(|| Failure::new(2, "give --checkpoint DIR or --init P.safetensors"))?;
     // The decode step is the GPT family's; another language model runs the whole window.
     let cached =
-        !a.whole_window && ingot_compiler::models::gpt_decode::gpt_config_of(&model.name).is_some();
+        !a.whole_window && ingot_compiler::models::gpt_decode::gpt_config_of(&name).is_some();
+    let batch = if cached { 1 } else { a.prompt.len() };
+    let model = ingot_compiler::models::at_batch(&name, batch, ingot_compiler::ir::DType::F32)?;
+    let precision = precision.unwrap_or(model.precision);
+    let mut opts = device.options();
+    opts.precision = Some(precision);
     let mut generator = if cached {
         Generator::cached(&model, precision, &opts, device)
     } else {
@@ -77,55 +237,106 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
     }
     .map_err(|e| Failure::new(1, e))?;
     weights.load_into(generator.step_mut(), &model.name)?;
-    // The peak, before the first token.
-    let human = ingot_compiler::report::human;
-    if generator.is_cached() {
-        crate::errln!(
-            "generate: the decode step of {} planned in one allocation of {} (KV cache {}), in {precision}",
-            model.name,
-            human(generator.planned_bytes()),
-            human(generator.cache_bytes())
-        );
-    } else {
-        crate::errln!(
-            "generate: the whole-window step of {} planned in one allocation of {}, in {precision}",
-            model.name,
-            human(generator.planned_bytes())
-        );
-    }
-    let tokenizer = Tokenizer::Bytes;
-    let prompt = tokenizer.encode(&a.prompt);
-    let sampling = Sampling {
-        temperature: a.temperature,
-        top_k: a.top_k.map(|k| k as usize),
-        seed: a.seed,
+    Ok((generator, model.name, precision))
+}
+
+/// The whole-window generator of the ONNX decoder at `path`, with the file's weights or, where
+/// given, a trained run's (every parameter of the file's among them), and the model's name
+/// (its path). A batch axis the file fixes is the step's (prompts fill its first rows); a
+/// symbolic one takes one row per prompt.
+fn onnx_generator(
+    a: &GenerateArgs,
+    path: &Path,
+    weights: Option<&Weights>,
+    precision: Option<Precision>,
+    device: ingot_trainer::session::Device,
+) -> Result<(Generator, String, Precision), Failure> {
+    use ingot_onnx::{import, ImportOptions, Loss};
+    let name = path.display().to_string();
+    let fail = |e: String| Failure::new(1, format!("{name}: {e}"));
+    let options = |batch| ImportOptions {
+        loss: Loss::Forward,
+        batch,
+        dims: a.dims.iter().cloned().collect(),
+        ..Default::default()
     };
-    let mut tokens = Vec::with_capacity(a.tokens as usize);
-    let started = std::time::Instant::now();
-    generator
-        .generate(&prompt, a.tokens as usize, &sampling, |t| {
-            tokens.push(t);
-            Ok(())
-        })
-        .map_err(|e| Failure::new(1, e))?;
-    // The rate on standard error, so the text (and the JSON) stay the same run to run.
-    let seconds = started.elapsed().as_secs_f64();
-    crate::errln!(
-        "generate: {} tokens in {seconds:.3} s ({:.1} tokens/s, after a {}-token prompt)",
-        tokens.len(),
-        tokens.len() as f64 / seconds.max(1e-9),
-        prompt.len()
-    );
-    let text = tokenizer.decode(&tokens);
-    if a.json {
-        let line = serde_json::json!({
-            "prompt": a.prompt,
-            "text": text,
-            "tokens": tokens,
-            "cached": generator.is_cached(),
-            "planned_bytes": generator.planned_bytes(),
-        });
-        return crate::outln!("{line}");
+    // One row per prompt where the batch axis is symbolic; where the file fixes it (the
+    // importer says so), the file's batch.
+    let imported = match import(path, &options(Some(a.prompt.len()))) {
+        Err(e) if e.to_string().contains("has the fixed size") => import(path, &options(None)),
+        other => other,
     }
-    crate::outln!("{}{text}", a.prompt)
+    .map_err(|e| fail(e.to_string()))?;
+    // The forward pass as evaluation traces it (dropout the identity).
+    let (graph, outputs) = if imported.eval_outputs.is_empty() {
+        (&imported.model.graph, &imported.outputs)
+    } else {
+        (imported.model.eval_graph(), &imported.eval_outputs)
+    };
+    let graph = decoder_logits(graph, outputs, a.logits.as_deref()).map_err(fail)?;
+    let fed: Vec<&str> = imported
+        .inputs
+        .iter()
+        .filter(|(_, ours)| graph.leaf(ours).is_some())
+        .map(|(theirs, _)| theirs.as_str())
+        .collect();
+    if fed.len() > 1 {
+        return Err(fail(format!(
+            "the logits read the data inputs {fed:?}; generation feeds the token ids alone"
+        )));
+    }
+    let precision = precision.unwrap_or(imported.model.precision);
+    let mut opts = device.options();
+    opts.precision = Some(precision);
+    let mut generator = Generator::whole_window(&name, &graph, precision, &opts, device)
+        .map_err(|e| Failure::new(1, e))?;
+    let mut params = IndexMap::new();
+    let mut state = IndexMap::new();
+    for (n, w) in &imported.weights {
+        let t = Tensor::from_le_bytes(w.ty.clone(), &w.bytes).map_err(|e| fail(e.to_string()))?;
+        match w.kind {
+            LeafKind::Parameter => params.insert(n.clone(), t),
+            _ => state.insert(n.clone(), t),
+        };
+    }
+    drop(imported);
+    if let Some(w) = weights {
+        let missing: Vec<&str> = params
+            .keys()
+            .filter(|n| !w.parameters.contains_key(*n))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(Failure::new(
+                1,
+                format!(
+                    "{} does not hold the weights of {name}: it lacks {} of its {} parameters, {:?}{} (a run of `ingot train --onnx {name}` saves them)",
+                    w.source,
+                    missing.len(),
+                    params.len(),
+                    &missing[..missing.len().min(4)],
+                    if missing.len() > 4 { " and more" } else { "" }
+                ),
+            ));
+        }
+        params.extend(w.parameters.iter().map(|(k, v)| (k.clone(), v.clone())));
+        state.extend(w.state.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    let source = weights.map_or_else(|| name.clone(), |w| w.source.clone());
+    generator
+        .step_mut()
+        .load_weights(&params, &state)
+        .map_err(|e| Failure::new(1, format!("{source}: the weights of {name}: {e}")))?;
+    Ok((generator, name, precision))
+}
+
+/// `NAME=SIZE` of `--dim`: an axis name and a positive size.
+fn parse_dim(s: &str) -> Result<(String, usize), String> {
+    let (name, size) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=SIZE"))?;
+    match size.trim().parse::<usize>() {
+        Ok(n) if n > 0 && !name.is_empty() => Ok((name.to_string(), n)),
+        _ => Err(format!("{s:?} needs an axis name and a positive size")),
+    }
 }

@@ -1,0 +1,439 @@
+//! `ingot generate` with what the field brings (issue 50): a Hugging Face tokenizer.json encodes
+//! the prompt and decodes the tokens (the fixture's ids are the Python `tokenizers` library's),
+//! and a tokenizer that does not fit the model is an error naming both vocabularies.
+
+use std::path::{Path, PathBuf};
+
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{ingot, json_lines, ok, run, s};
+
+/// The trainer's tokenizer fixture (a byte-level BPE of 512 ids, made by
+/// scripts/tokenizer_fixture.py) and the Python library's ids of its sample text.
+fn tokenizer_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../trainer/tests/fixtures/tokenizer")
+        .join(name)
+}
+
+/// A small GPT of `vocab` tokens and a 64-token window, at its initial weights (seed 0), saved
+/// at `dir/w{vocab}.safetensors`; returns its spec and the weights.
+fn initial_gpt(dir: &Path, vocab: usize) -> (String, PathBuf) {
+    let spec = format!("gpt:vocab={vocab},d_model=16,layers=1,heads=2,d_ff=32,seq=64,batch=1");
+    let w = dir.join(format!("w{vocab}.safetensors"));
+    ok(&ingot(&[
+        "train",
+        "--model",
+        &spec,
+        "--steps",
+        "0",
+        "--save",
+        s(&w),
+        "--threads",
+        "1",
+    ]));
+    (spec, w)
+}
+
+#[test]
+fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_the_tokens() {
+    let d = cli::scratch("generate", "tokenizer");
+    let (spec, w) = initial_gpt(&d, 512);
+    let tok = tokenizer_fixture("tokenizer.json");
+    // The first line of the sample, without its newline: the Python library's ids of it are
+    // the first ids of the whole sample's (the byte-level pre-tokenizer cuts before a newline).
+    let sample = std::fs::read_to_string(tokenizer_fixture("sample.txt")).unwrap();
+    let line = sample.lines().next().unwrap();
+    let all: Vec<u64> =
+        serde_json::from_slice(&std::fs::read(tokenizer_fixture("sample_ids.json")).unwrap())
+            .unwrap();
+    let out = json_lines(&ok(&ingot(&[
+        "generate",
+        "--model",
+        &spec,
+        "--init",
+        s(&w),
+        "--tokenizer",
+        s(&tok),
+        "--prompt",
+        line,
+        "--tokens",
+        "12",
+        "--seed",
+        "3",
+        "--json",
+        "--threads",
+        "1",
+    ])))
+    .remove(0);
+    let prompt: Vec<u64> = serde_json::from_value(out["prompt_tokens"].clone()).unwrap();
+    assert!(
+        !prompt.is_empty() && prompt.len() < all.len() && all.starts_with(&prompt),
+        "the prompt's ids {prompt:?} are not the start of the library's {all:?}"
+    );
+    let tokens: Vec<u32> = serde_json::from_value(out["tokens"].clone()).unwrap();
+    assert_eq!(tokens.len(), 12);
+    let decoded = ingot_trainer::data::tokenizer::TextTokenizer::from_file(&tok)
+        .unwrap()
+        .decode(&tokens)
+        .unwrap();
+    assert_eq!(out["text"].as_str(), Some(decoded.as_str()));
+    // Byte-level tokens stay the default: the same prompt, one token per byte.
+    let bytes = json_lines(&ok(&ingot(&[
+        "generate",
+        "--model",
+        &spec,
+        "--init",
+        s(&w),
+        "--prompt",
+        line,
+        "--tokens",
+        "1",
+        "--json",
+        "--threads",
+        "1",
+    ])))
+    .remove(0);
+    assert_eq!(bytes["prompt_tokens"].as_array().unwrap().len(), line.len());
+}
+
+#[test]
+fn a_tokenizer_that_does_not_fit_the_model_is_an_error_naming_both_vocabularies() {
+    let d = cli::scratch("generate", "tokenizer_sizes");
+    let tok = tokenizer_fixture("tokenizer.json");
+    let generate = |spec: &str, w: &Path, temperature: &str| {
+        run(&[
+            "generate",
+            "--model",
+            spec,
+            "--init",
+            s(w),
+            "--tokenizer",
+            s(&tok),
+            "--prompt",
+            "the plan",
+            "--tokens",
+            "48",
+            "--temperature",
+            temperature,
+            "--threads",
+            "1",
+        ])
+    };
+    // The tokenizer's 512 ids reach past a model of 256.
+    let (spec, w) = initial_gpt(&d, 256);
+    let (code, _, err) = generate(&spec, &w, "0.8");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("512") && err.contains("256") && err.contains("tokenizer.json"),
+        "{err}"
+    );
+    // A model of 1024 tokens draws ids the tokenizer does not have (a draw at a high
+    // temperature is near uniform: 48 draws all below 512 would be a 1-in-2^48 chance).
+    let (spec, w) = initial_gpt(&d, 1024);
+    let (code, _, err) = generate(&spec, &w, "100");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the model drew token") && err.contains("512") && err.contains("1024"),
+        "{err}"
+    );
+    // A missing file names itself.
+    let (code, _, err) = run(&[
+        "generate",
+        "--model",
+        &spec,
+        "--init",
+        s(&w),
+        "--tokenizer",
+        "nope.json",
+        "--prompt",
+        "a",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("nope.json"), "{err}");
+}
+
+// ---------------------------------------------------------------- ONNX decoders
+
+/// transformers' GPT-2 at a tiny config (vocab 32, a window of 8, 2 layers of width 16, batch
+/// 2 fixed in the file), exported by scripts/onnx_torch_fixtures.py, and its initial weights
+/// under transformers' names.
+fn hf_gpt2(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../onnx/tests/torch/hf_gpt2")
+        .join(file)
+}
+
+/// The same shape in Ingot's built-in GPT (transformers' GPT-2 block: pre-norm, tanh GELU, a
+/// 4 × width MLP, the head tied at initialization).
+const HF_GPT2_AS_GPT: &str = "gpt:vocab=32,d_model=16,layers=2,heads=2,d_ff=64,seq=8,batch=1";
+
+/// Prompts of token ids below the fixture's vocabulary of 32, as byte-level text.
+const PROMPTS: [&str; 2] = ["\u{3}\u{11}\u{7}", "\u{1d}\u{2}"];
+
+/// `ingot generate` with `args`, its JSON lines' token lists.
+fn generated(args: &[&str]) -> Vec<Vec<u64>> {
+    let base = ["generate", "--json", "--threads", "1"];
+    let all: Vec<&str> = base.iter().chain(args).copied().collect();
+    json_lines(&ok(&ingot(&all)))
+        .iter()
+        .map(|l| serde_json::from_value(l["tokens"].clone()).unwrap())
+        .collect()
+}
+
+/// `weights` (transformers' names, as the ONNX file names its initializers) mapped onto
+/// Ingot's GPT by `train --init` and saved under Ingot's names at `at`.
+fn as_ingot_gpt(weights: &Path, at: &Path) {
+    ok(&ingot(&[
+        "train",
+        "--model",
+        HF_GPT2_AS_GPT,
+        "--init",
+        s(weights),
+        "--steps",
+        "0",
+        "--save",
+        s(at),
+        "--threads",
+        "1",
+    ]));
+}
+
+#[test]
+fn an_imported_gpt2_draws_the_tokens_of_its_weights_in_ingots_own_gpt() {
+    let d = cli::scratch("generate", "onnx_gpt2");
+    let model = hf_gpt2("model.onnx");
+    let ingot_names = d.join("as_gpt.safetensors");
+    as_ingot_gpt(&hf_gpt2("init.safetensors"), &ingot_names);
+    // 12 tokens after 2 or 3: the window of 8 slides twice. Greedy, and drawn at temperature
+    // 1 from the same seed (the draws follow the whole softmax, so logits that differed would
+    // soon draw another token; greedy decoding of these random weights settles on one token).
+    for prompt in PROMPTS {
+        for (temperature, distinct_at_least) in [("0", 1), ("1", 4)] {
+            let draw = [
+                "--prompt",
+                prompt,
+                "--tokens",
+                "12",
+                "--temperature",
+                temperature,
+                "--seed",
+                "4",
+            ];
+            let imported = generated(&[&["--onnx", s(&model)][..], &draw].concat());
+            let reference = generated(
+                &[
+                    &["--model", HF_GPT2_AS_GPT, "--init", s(&ingot_names)][..],
+                    &draw,
+                ]
+                .concat(),
+            );
+            assert_eq!(imported, reference, "prompt {prompt:?} at {temperature}");
+            let distinct: std::collections::BTreeSet<u64> = imported[0].iter().copied().collect();
+            assert!(
+                distinct.len() >= distinct_at_least,
+                "too few distinct tokens to prove much: {imported:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_imported_gpt2_trained_by_ingot_generates_from_its_saved_weights() {
+    let d = cli::scratch("generate", "onnx_trained");
+    let model = hf_gpt2("model.onnx");
+    let trained = d.join("trained.safetensors");
+    ok(&ingot(&[
+        "train",
+        "--onnx",
+        s(&model),
+        "--loss",
+        "cross-entropy",
+        "--class-axis",
+        "last",
+        "--data",
+        s(&hf_gpt2("batch.safetensors")),
+        "--steps",
+        "5",
+        "--save",
+        s(&trained),
+        "--checkpoint",
+        s(&d.join("ckpt")),
+        "--threads",
+        "1",
+    ]));
+    let ingot_names = d.join("as_gpt.safetensors");
+    as_ingot_gpt(&trained, &ingot_names);
+    let greedy = [
+        "--prompt",
+        PROMPTS[0],
+        "--tokens",
+        "10",
+        "--temperature",
+        "0",
+    ];
+    let from_file = generated(&[&["--onnx", s(&model)][..], &greedy].concat());
+    let imported =
+        generated(&[&["--onnx", s(&model), "--init", s(&trained)][..], &greedy].concat());
+    let reference = generated(
+        &[
+            &["--model", HF_GPT2_AS_GPT, "--init", s(&ingot_names)][..],
+            &greedy,
+        ]
+        .concat(),
+    );
+    assert_eq!(imported, reference);
+    // The run's checkpoint records the file: it needs no --onnx.
+    let recorded = generated(&[&["--checkpoint", s(&d.join("ckpt"))][..], &greedy].concat());
+    assert_eq!(recorded, imported);
+    assert_ne!(
+        imported, from_file,
+        "the trained weights change nothing: the test proves nothing"
+    );
+    // Weights of another model name what they lack.
+    let (code, _, err) = run(&[
+        "generate",
+        "--onnx",
+        s(&model),
+        "--init",
+        s(&ingot_names),
+        "--prompt",
+        "\u{1}",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("lacks") && err.contains("as_gpt.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_onnx_model_without_decoder_logits_is_an_error_listing_its_outputs() {
+    let classifier =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/torch/mlp/model.onnx");
+    let (code, _, err) = run(&[
+        "generate",
+        "--onnx",
+        s(&classifier),
+        "--prompt",
+        "a",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("[batch, seq, vocab]") && err.contains("classifier") && err.contains("logits"),
+        "{err}"
+    );
+    let (code, _, err) = run(&[
+        "generate",
+        "--onnx",
+        s(&hf_gpt2("model.onnx")),
+        "--logits",
+        "scores",
+        "--prompt",
+        "\u{1}",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("\"scores\"") && err.contains("logits"),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------- several prompts
+
+#[test]
+fn several_prompts_at_once_each_get_the_tokens_they_get_alone() {
+    let d = cli::scratch("generate", "rows");
+    let onnx = hf_gpt2("model.onnx");
+    let weights = d.join("as_gpt.safetensors");
+    as_ingot_gpt(&hf_gpt2("init.safetensors"), &weights);
+    // Drawn at a temperature (each prompt its own draws from the seed), past a window slide.
+    let draw = ["--tokens", "11", "--temperature", "1.5", "--seed", "9"];
+    let models: [&[&str]; 3] = [
+        // The file's batch of 2: the two prompts are its two rows.
+        &["--onnx", s(&onnx)],
+        // The built-in GPT's whole window at a batch of 2, and its decode step prompt by prompt.
+        &[
+            "--model",
+            HF_GPT2_AS_GPT,
+            "--init",
+            s(&weights),
+            "--whole-window",
+        ],
+        &["--model", HF_GPT2_AS_GPT, "--init", s(&weights)],
+    ];
+    for model in models {
+        let together = generated(
+            &[
+                model,
+                &["--prompt", PROMPTS[0], "--prompt", PROMPTS[1]],
+                &draw,
+            ]
+            .concat(),
+        );
+        let alone: Vec<Vec<u64>> = PROMPTS
+            .iter()
+            .flat_map(|p| generated(&[model, &["--prompt", p], &draw].concat()))
+            .collect();
+        assert_eq!(together, alone, "{model:?}");
+        assert_ne!(together[0], together[1], "{model:?}");
+    }
+    // Three prompts do not fit the file's batch of 2.
+    let (code, _, err) = run(&[
+        "generate",
+        "--onnx",
+        s(&onnx),
+        "--prompt",
+        "\u{1}",
+        "--prompt",
+        "\u{2}",
+        "--prompt",
+        "\u{3}",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("3 prompts") && err.contains("batch of 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_symbolic_window_axis_of_an_onnx_model_takes_its_size_from_dim() {
+    // A model whose input is [2, "seq"] (an MLP over it, no decoder logits).
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../onnx/tests/fixtures/errors/symbolic_seq.onnx");
+    let generate = |extra: &[&str]| {
+        let base = [
+            "generate",
+            "--onnx",
+            s(&path),
+            "--prompt",
+            "\u{1}",
+            "--tokens",
+            "1",
+        ];
+        run(&[&base[..], extra].concat())
+    };
+    let (code, _, err) = generate(&[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("axis 1") && err.contains("\"seq\""), "{err}");
+    // Sized, the import goes through, and what stops it is the model's outputs.
+    let (code, _, err) = generate(&["--dim", "seq=4"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        !err.contains("is symbolic") && err.contains("[batch, seq, vocab]"),
+        "{err}"
+    );
+    let (code, _, err) = generate(&["--dim", "seq=0"]);
+    assert_eq!(code, 2, "{err}");
+}
