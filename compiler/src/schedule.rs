@@ -552,6 +552,12 @@ fn own_bytes(g: &Graph, kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>], id: 
 
 /// List scheduling over the dependence graph. Leaves are taken first (they cost nothing); then,
 /// with `by_memory`, the ready op with the best byte balance ([`peek`]), else the earliest traced.
+///
+/// The ready ops are kept ordered by (balance, index), and a balance is recomputed only when it
+/// can change: when an operand's count of readers yet to run drops to one, the last of them
+/// now frees it. Each value drops to one once, so the bookkeeping costs the graph's edges, where
+/// rescanning every ready op at every step cost the ready set's size per step (quadratic in
+/// depth for a step whose backward pass keeps many ops ready).
 fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<NodeId> {
     let n = g.len();
     let mut indeg: Vec<usize> = (0..n)
@@ -560,8 +566,6 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
                 .count()
         })
         .collect();
-    let mut ready: BTreeSet<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
-    let mut order = Vec::with_capacity(n);
     let users = g.users();
     let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
     let pinned = pinned(g);
@@ -570,48 +574,93 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
         .ids()
         .map(|id| own_bytes(g, &kernel_outputs, id))
         .collect();
-    while !ready.is_empty() {
-        // Leaves cost nothing: take them first, in order.
-        let pick = match ready
-            .iter()
-            .copied()
-            .find(|&i| g.node(NodeId(i)).op.is_leaf())
-        {
-            Some(leaf) => leaf,
-            None => {
-                let mut best: Option<(i64, u32)> = None;
-                for &i in &ready {
-                    let s = if by_memory {
-                        peek(g, NodeId(i), &remaining, &pinned, &bytes)
-                    } else {
-                        0
-                    };
-                    if best.is_none_or(|(bs, _)| s > bs) {
-                        best = Some((s, i));
-                    }
-                }
-                best.expect("ready is not empty").1
-            }
-        };
-        ready.remove(&pick);
+    let mut ready = Ready::new(n);
+    let balance = |i: u32, remaining: &[usize]| {
+        if by_memory {
+            peek(g, NodeId(i), remaining, &pinned, &bytes)
+        } else {
+            0
+        }
+    };
+    for i in (0..n as u32).filter(|&i| indeg[i as usize] == 0) {
+        ready.insert(i, g.node(NodeId(i)).op.is_leaf(), balance(i, &remaining));
+    }
+    let mut done = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    let mut seen: Vec<NodeId> = Vec::new();
+    while let Some(pick) = ready.pop() {
         let id = NodeId(pick);
-        let node = g.node(id);
-        let mut seen: Vec<NodeId> = Vec::new();
-        for &x in &node.inputs {
-            if !seen.contains(&x) {
-                seen.push(x);
-                remaining[x.index()] -= 1;
+        done[pick as usize] = true;
+        seen.clear();
+        for &x in &g.node(id).inputs {
+            if seen.contains(&x) {
+                continue;
+            }
+            seen.push(x);
+            remaining[x.index()] -= 1;
+            // The one reader left of `x` now frees it: its balance changes.
+            if by_memory && remaining[x.index()] == 1 {
+                if let Some(&last) = users[x.index()].iter().find(|u| !done[u.index()]) {
+                    ready.rescore(last.0, balance(last.0, &remaining));
+                }
             }
         }
         order.push(id);
         for s in d.neighbors_directed(NodeIndex::new(pick as usize), Direction::Outgoing) {
             indeg[s.index()] -= 1;
             if indeg[s.index()] == 0 {
-                ready.insert(s.index() as u32);
+                let i = s.index() as u32;
+                ready.insert(i, g.node(NodeId(i)).op.is_leaf(), balance(i, &remaining));
             }
         }
     }
     order
+}
+
+/// The ready set of [`list_schedule`]: leaves by index; other ops by best balance, then index.
+struct Ready {
+    leaves: BTreeSet<u32>,
+    ops: BTreeSet<(std::cmp::Reverse<i64>, u32)>,
+    /// The balance an op in `ops` is filed under (`None`: not in `ops`).
+    filed: Vec<Option<i64>>,
+}
+
+impl Ready {
+    fn new(n: usize) -> Self {
+        Ready {
+            leaves: BTreeSet::new(),
+            ops: BTreeSet::new(),
+            filed: vec![None; n],
+        }
+    }
+
+    fn insert(&mut self, i: u32, leaf: bool, balance: i64) {
+        if leaf {
+            self.leaves.insert(i);
+        } else {
+            self.ops.insert((std::cmp::Reverse(balance), i));
+            self.filed[i as usize] = Some(balance);
+        }
+    }
+
+    /// Files a ready op under a new balance; an op not ready yet is scored when it becomes so.
+    fn rescore(&mut self, i: u32, balance: i64) {
+        if let Some(old) = self.filed[i as usize] {
+            self.ops.remove(&(std::cmp::Reverse(old), i));
+            self.ops.insert((std::cmp::Reverse(balance), i));
+            self.filed[i as usize] = Some(balance);
+        }
+    }
+
+    /// The first ready leaf, else the op with the best balance (ties: the earliest traced).
+    fn pop(&mut self) -> Option<u32> {
+        if let Some(leaf) = self.leaves.pop_first() {
+            return Some(leaf);
+        }
+        let (_, i) = self.ops.pop_first()?;
+        self.filed[i as usize] = None;
+        Some(i)
+    }
 }
 
 /// The byte balance of running `id` now: bytes of operands it is the last reader of, minus its
@@ -644,4 +693,86 @@ pub fn is_valid_order(g: &Graph, order: &[NodeId]) -> bool {
         let (a, b) = d.edge_endpoints(e).expect("edge exists");
         pos[a.index()] < pos[b.index()]
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{self, Options};
+
+    /// The memory-aware list schedule as it was before its ready set was kept ordered: every
+    /// step rescans every ready op's balance. The reference the incremental one must equal.
+    fn rescanning(g: &Graph) -> Vec<NodeId> {
+        let d = dependences(g);
+        let n = g.len();
+        let mut indeg: Vec<usize> = (0..n)
+            .map(|i| {
+                d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                    .count()
+            })
+            .collect();
+        let mut ready: BTreeSet<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
+        let users = g.users();
+        let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
+        let pinned = pinned(g);
+        let kernel_outputs = g.kernel_outputs();
+        let bytes: Vec<i64> = g
+            .ids()
+            .map(|id| own_bytes(g, &kernel_outputs, id))
+            .collect();
+        let mut order = Vec::with_capacity(n);
+        while !ready.is_empty() {
+            let leaf = ready
+                .iter()
+                .copied()
+                .find(|&i| g.node(NodeId(i)).op.is_leaf());
+            let pick = leaf.unwrap_or_else(|| {
+                let mut best: Option<(i64, u32)> = None;
+                for &i in &ready {
+                    let s = peek(g, NodeId(i), &remaining, &pinned, &bytes);
+                    if best.is_none_or(|(bs, _)| s > bs) {
+                        best = Some((s, i));
+                    }
+                }
+                best.expect("ready is not empty").1
+            });
+            ready.remove(&pick);
+            let mut seen: Vec<NodeId> = Vec::new();
+            for &x in &g.node(NodeId(pick)).inputs {
+                if !seen.contains(&x) {
+                    seen.push(x);
+                    remaining[x.index()] -= 1;
+                }
+            }
+            order.push(NodeId(pick));
+            for s in d.neighbors_directed(NodeIndex::new(pick as usize), Direction::Outgoing) {
+                indeg[s.index()] -= 1;
+                if indeg[s.index()] == 0 {
+                    ready.insert(s.index() as u32);
+                }
+            }
+        }
+        order
+    }
+
+    #[test]
+    fn the_incremental_memory_aware_schedule_is_the_one_that_rescans_every_ready_op() {
+        let mut graphs: Vec<(String, Graph)> = Vec::new();
+        for name in ["mlp", "gpt-mini", "cnn"] {
+            let m = crate::models::by_name(name).expect("a reference model");
+            let c = pipeline::compile(&m, &Options::default()).expect("it compiles");
+            graphs.push((name.to_string(), c.step.graph.clone()));
+            graphs.push((format!("{name} fused"), c.graph));
+        }
+        for seed in 0..40 {
+            let m = crate::random_graph::model(seed).expect("the generator's graphs are valid");
+            let c = pipeline::compile(&m, &Options::default()).expect("it compiles");
+            graphs.push((format!("random:{seed}"), c.graph));
+        }
+        for (name, g) in &graphs {
+            let order = memory_aware(g);
+            assert!(is_valid_order(g, &order), "{name}");
+            assert!(order == rescanning(g), "{name}: the orders differ");
+        }
+    }
 }
