@@ -251,7 +251,7 @@ fn onnx_generator(
     precision: Option<Precision>,
     device: ingot_trainer::session::Device,
 ) -> Result<(Generator, String, Precision), Failure> {
-    use ingot_onnx::{import, ImportOptions, Loss};
+    use ingot_onnx::{import, ImportOptions, Loss, OnnxError};
     let name = path.display().to_string();
     let fail = |e: String| Failure::new(1, format!("{name}: {e}"));
     let options = |batch| ImportOptions {
@@ -263,7 +263,7 @@ fn onnx_generator(
     // One row per prompt where the batch axis is symbolic; where the file fixes it (the
     // importer says so), the file's batch.
     let imported = match import(path, &options(Some(a.prompt.len()))) {
-        Err(e) if e.to_string().contains("has the fixed size") => import(path, &options(None)),
+        Err(OnnxError::FixedBatch { .. }) => import(path, &options(None)),
         other => other,
     }
     .map_err(|e| fail(e.to_string()))?;

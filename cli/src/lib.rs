@@ -59,7 +59,7 @@ pub enum Command {
     /// checkpoint's run trained.
     #[command(mut_arg("model", |a| a.required_unless_present_any(["checkpoint"])))]
     Predict(Box<eval::PredictArgs>),
-    /// Generate text from a trained GPT: a prompt continued token by token.
+    /// Generate text from a trained GPT or an imported ONNX decoder: prompts continued token by token.
     Generate(generate::GenerateArgs),
 }
 

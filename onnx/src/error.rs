@@ -44,6 +44,15 @@ pub enum OnnxError {
         node: String,
         reason: String,
     },
+    /// A batch size was asked for ([`crate::ImportOptions::batch`]) where the file fixes the
+    /// input's batch axis to another: a caller that can take the file's batch imports again
+    /// without one.
+    #[error("input {input:?}: axis 0 has the fixed size {fixed} in the file, so the batch cannot be set to {asked} (export with a dynamic batch axis)")]
+    FixedBatch {
+        input: String,
+        fixed: i64,
+        asked: usize,
+    },
     /// A graph input Ingot cannot make static, or the loss cannot be attached as asked.
     #[error("{0}")]
     Options(String),

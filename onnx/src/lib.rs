@@ -666,9 +666,11 @@ fn input_type(v: &proto::ValueInfoProto, opts: &ImportOptions) -> Result<TensorT
             Some(D::DimValue(s)) if *s > 0 => {
                 if axis == 0 {
                     if let Some(b) = opts.batch.filter(|&b| b as i64 != *s) {
-                        return Err(bad(format!(
-                            "axis 0 has the fixed size {s} in the file, so the batch cannot be set to {b} (export with a dynamic batch axis)"
-                        )));
+                        return Err(OnnxError::FixedBatch {
+                            input: v.name().to_string(),
+                            fixed: *s,
+                            asked: b,
+                        });
                     }
                 }
                 *s as usize
