@@ -139,10 +139,12 @@ impl ConvGeometry {
 /// GEMM is too small to spread over threads.
 pub const MAX_LANES: usize = 16;
 
-/// Bytes of lane workspace a pass may take before it runs fewer lanes: large images (a
-/// ResNet-50 at 224x224) have column buffers of several MiB each, and their GEMMs are large
-/// enough to use the threads alone.
-pub const LANE_BUDGET_BYTES: usize = 32 << 20;
+/// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) may take before
+/// it runs fewer lanes (or fewer channel ranges): the workspace is planned in the slab, and a
+/// pass that runs at the step's peak adds it to the peak. Large images (a ResNet-50 at 224x224)
+/// have column buffers of several MiB each, and their GEMMs are large enough to use the
+/// threads alone; small ones fit sixteen lanes.
+pub const LANE_BUDGET_BYTES: usize = 8 << 20;
 
 /// How one pass is cut into units of work and lanes. A function of the geometry, the pass and
 /// the element type only (never of the threads), so the workspace, and with it the memory
@@ -172,31 +174,49 @@ pub fn is_pointwise(g: &ConvGeometry) -> bool {
 }
 
 fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Split {
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    match pass {
+        Pass::Forward | Pass::GradInput => split_into::<T>(g, pass, 1, budget),
+        // The weight gradient sums over the images, so its units split the channels instead:
+        // up to MAX_LANES units in all, each summing its channels' products over every image
+        // in order, fewer when their partial sums and lanes would pass the budget.
+        Pass::GradWeight => {
+            let mut ranges = (MAX_LANES / g.groups.max(1)).clamp(1, (g.in_ch / g.groups).max(1));
+            loop {
+                let s = split_into::<T>(g, pass, ranges, budget);
+                if ranges == 1 || s.partial + s.lanes * s.lane_len <= budget {
+                    return s;
+                }
+                ranges /= 2;
+            }
+        }
+    }
+}
+
+/// The split of `pass` with each group's channels cut into `ranges` ranges (the weight
+/// gradient's; one for the other passes), with as many lanes as `budget` elements hold.
+fn split_into<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize, budget: usize) -> Split {
     let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
     let taps = g.kernel[0] * g.kernel[1];
-    let k = cg * taps;
-    // The weight gradient sums over the images, so its units split the channels instead: up
-    // to MAX_LANES units in all, each summing its channels' products over every image in order.
-    let (units, chunk, gemm) = match pass {
-        Pass::Forward => (g.batch * g.groups, cg, gemm_len::<T>(og, k, p)),
-        Pass::GradInput => (g.batch * g.groups, cg, gemm_len::<T>(k, og, p)),
-        Pass::GradWeight => {
-            let ranges = (MAX_LANES / g.groups.max(1)).clamp(1, cg.max(1));
-            let chunk = cg.div_ceil(ranges).max(1);
-            let units = g.groups * cg.div_ceil(chunk);
-            (units, chunk, gemm_len::<T>(og, p, chunk * taps))
-        }
+    let chunk = cg.div_ceil(ranges.max(1)).max(1);
+    let (units, gemm) = match pass {
+        Pass::Forward => (g.batch * g.groups, gemm_len::<T>(og, cg * taps, p)),
+        Pass::GradInput => (g.batch * g.groups, gemm_len::<T>(cg * taps, og, p)),
+        Pass::GradWeight => (
+            g.groups * cg.div_ceil(chunk),
+            gemm_len::<T>(og, p, chunk * taps),
+        ),
     };
     let col_len = if is_pointwise(g) { 0 } else { chunk * taps * p };
     // At least one element, so that the lanes' slices can always be cut.
     let lane_len = (col_len + gemm).max(1);
-    let cap = (LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1) / lane_len).max(1);
-    let lanes = units.clamp(1, MAX_LANES).min(cap);
     // Units that cover a whole group write its rows of the weight gradient in place.
     let partial = match pass {
         Pass::GradWeight if chunk < cg => units * og * chunk * taps,
         _ => 0,
     };
+    let cap = (budget.saturating_sub(partial) / lane_len).max(1);
+    let lanes = units.clamp(1, MAX_LANES).min(cap);
     Split {
         units,
         chunk,
@@ -825,6 +845,26 @@ mod tests {
         let s = split::<f32>(&big, Pass::Forward);
         assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
         assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
+        // resnet18's last 3x3 convolution (512 channels at 1x1): the weight gradient's partial
+        // sums alone would pass the budget, so its one unit per group writes dw in place.
+        let wide = ConvGeometry::new(
+            [128, 512, 1, 1],
+            [512, 512, 3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+        )
+        .unwrap();
+        let s = split::<f32>(&wide, Pass::GradWeight);
+        assert_eq!((s.units, s.partial), (1, 0), "{s:?}");
+        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
+            assert!(
+                4 * workspace_len::<f32>(&wide, pass)
+                    <= LANE_BUDGET_BYTES.max(4 * split::<f32>(&wide, pass).lane_len),
+                "{pass:?}"
+            );
+        }
         // A pointwise convolution needs no column buffer.
         let pw =
             ConvGeometry::new([8, 64, 7, 7], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
