@@ -340,6 +340,7 @@ fn convolutions_of_resnet_and_cnn_shapes_give_the_same_bits_on_any_number_of_thr
         ([8, 64, 8, 8], [64, 64, 3, 3], 1, 1, 1),
         // A bottleneck's pointwise convolution, read in place.
         ([8, 64, 7, 7], [128, 64, 1, 1], 1, 0, 1),
+        ([4, 512, 4, 4], [64, 512, 1, 1], 1, 0, 1),
         // A strided 1x1 shortcut and a depthwise convolution.
         ([8, 32, 8, 8], [64, 32, 1, 1], 2, 0, 1),
         ([8, 24, 10, 10], [24, 1, 3, 3], 1, 1, 24),
