@@ -643,30 +643,17 @@ impl Plan<'_> {
                 self.numel
             };
             let src = sub(st.bufs, self.at(v)?, len * sz)?;
+            let (s0, s1, at) = (self.s0, self.s1, self.outputs[j]);
             if self.bf16(v) {
                 // The lanes are rounded already: narrowing is exact.
-                let dst = region(
-                    &mut *st.lo,
-                    &mut *st.hi,
-                    self.s0,
-                    self.s1,
-                    self.outputs[j],
-                    n * 2,
-                )?;
+                let dst = region(&mut *st.lo, &mut *st.hi, s0, s1, at, n * 2)?;
                 let dst = sub_mut(dst, elem * 2, len * 2)?;
                 for (d, x) in dst.chunks_exact_mut(2).zip(typed::<f32>(src)?) {
                     d.copy_from_slice(&half::bf16::from_f32(*x).to_bits().to_ne_bytes());
                 }
                 continue;
             }
-            let dst = region(
-                &mut *st.lo,
-                &mut *st.hi,
-                self.s0,
-                self.s1,
-                self.outputs[j],
-                n * sz,
-            )?;
+            let dst = region(&mut *st.lo, &mut *st.hi, s0, s1, at, n * sz)?;
             sub_mut(dst, elem * sz, len * sz)?.copy_from_slice(src);
         }
         Ok(())
