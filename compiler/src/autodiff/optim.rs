@@ -211,18 +211,12 @@ fn adamw(
                 (a, b)
             }
         };
-        let m = g.state(
-            &format!("{name}.exp_avg"),
-            ty.shape.clone(),
-            dt,
-            Init::Zeros,
-        )?;
-        let v = g.state(
-            &format!("{name}.exp_avg_sq"),
-            ty.shape.clone(),
-            dt,
-            Init::Zeros,
-        )?;
+        // The moments: zero-initialised state shaped like the parameter.
+        let moment = |g: &mut Graph, what: &str| {
+            g.state(&format!("{name}.{what}"), ty.shape.clone(), dt, Init::Zeros)
+        };
+        let m = moment(g, "exp_avg")?;
+        let v = moment(g, "exp_avg_sq")?;
         // p *= 1 - lr * wd
         let decayed = match lr_scale {
             None => g.mul_scalar(p, 1.0 - lr * weight_decay)?,
