@@ -41,34 +41,28 @@ pub fn pad_matmuls(g: &Graph, align: usize) -> Result<(Graph, usize), IrError> {
     if align < 2 || !g.ids().any(|id| padded_columns(g, id, align).is_some()) {
         return Ok((g.clone(), 0));
     }
-    let mut out = Graph::new();
-    let mut new_id: Vec<NodeId> = Vec::with_capacity(g.len());
     let mut count = 0;
-    for id in g.ids() {
+    // The pad and the slice belong to the product (`rebuild` keeps each node's origin).
+    let out = g.rebuild(|out, map, id| {
         let n = g.node(id);
-        out.set_scope(g.origin(id).clone()); // the pad and the slice belong to the product
-        let ins: Vec<NodeId> = n.inputs.iter().map(|x| new_id[x.index()]).collect();
-        let mapped = match (&n.op, padded_columns(g, id, align)) {
-            (&Op::MatMul { ta, tb }, Some(to)) => {
-                count += 1;
-                let b = ins[1];
-                let bdims = out.ty(b).shape.dims().to_vec();
-                // b's axis that becomes the output's columns: its last, or the one before when
-                // b is read transposed.
-                let axis = bdims.len() - if tb { 2 } else { 1 };
-                let mut zdims = bdims.clone();
-                zdims[axis] = to - bdims[axis];
-                let zeros = out.full(0.0, Shape(zdims.into()), out.ty(b).dtype)?;
-                let wide = out.concat(&[b, zeros], axis)?;
-                let y = out.push(Op::MatMul { ta, tb }, &[ins[0], wide], None)?;
-                let last = n.ty.shape.dims().len() - 1;
-                out.slice(y, last, 0, n.ty.shape.dims()[last])?
-            }
-            _ => out.push(n.op.clone(), &ins, Some(n.ty.clone()))?,
+        let (&Op::MatMul { ta, tb }, Some(to)) = (&n.op, padded_columns(g, id, align)) else {
+            return Ok(None);
         };
-        new_id.push(mapped);
-    }
-    out.keep_outputs_of(g, |x| new_id[x.index()])?;
+        count += 1;
+        let b = map[n.inputs[1].index()];
+        let bdims = out.ty(b).shape.dims().to_vec();
+        // b's axis that becomes the output's columns: its last, or the one before when b is
+        // read transposed.
+        let axis = bdims.len() - if tb { 2 } else { 1 };
+        let mut zdims = bdims.clone();
+        zdims[axis] = to - bdims[axis];
+        let zeros = out.full(0.0, Shape(zdims.into()), out.ty(b).dtype)?;
+        let wide = out.concat(&[b, zeros], axis)?;
+        let a = map[n.inputs[0].index()];
+        let y = out.push(Op::MatMul { ta, tb }, &[a, wide], None)?;
+        let last = n.ty.shape.dims().len() - 1;
+        Ok(Some(out.slice(y, last, 0, n.ty.shape.dims()[last])?))
+    })?;
     Ok((out, count))
 }
 
@@ -112,34 +106,23 @@ pub fn widen_padded_concats(g: &Graph) -> Result<(Graph, usize), IrError> {
     if found.is_empty() {
         return Ok((g.clone(), 0));
     }
-    let mut out = Graph::new();
-    let mut new_id: Vec<NodeId> = Vec::with_capacity(g.len());
     let mut at = found.iter().peekable();
-    for id in g.ids() {
-        let n = g.node(id);
-        out.set_scope(g.origin(id).clone());
-        let mapped = match at.peek() {
-            Some(&&(c, axis, value)) if c == id => {
-                at.next();
-                let x = n.inputs[0];
-                let shape = n.ty.shape.clone();
-                let mut memo = HashMap::new();
-                let wide = widen(g, &mut out, &new_id, x, axis, &shape, &mut memo)?;
-                let index = out.iota(shape.clone(), axis, DType::I32)?;
-                let n_cols = g.ty(x).shape.dims()[axis];
-                let bound = out.full(n_cols as f64, shape.clone(), DType::I32)?;
-                let inside = out.compare(CmpOp::Lt, index, bound)?;
-                let fill = out.full(value, shape, n.ty.dtype)?;
-                out.select(inside, wide, fill)?
-            }
-            _ => {
-                let ins: Vec<NodeId> = n.inputs.iter().map(|x| new_id[x.index()]).collect();
-                out.push(n.op.clone(), &ins, Some(n.ty.clone()))?
-            }
+    let out = g.rebuild(|out, map, id| {
+        let Some(&(_, axis, value)) = at.next_if(|&&(c, ..)| c == id) else {
+            return Ok(None);
         };
-        new_id.push(mapped);
-    }
-    out.keep_outputs_of(g, |x| new_id[x.index()])?;
+        let n = g.node(id);
+        let x = n.inputs[0];
+        let shape = n.ty.shape.clone();
+        let mut memo = HashMap::new();
+        let wide = widen(g, out, map, x, axis, &shape, &mut memo)?;
+        let index = out.iota(shape.clone(), axis, DType::I32)?;
+        let n_cols = g.ty(x).shape.dims()[axis];
+        let bound = out.full(n_cols as f64, shape.clone(), DType::I32)?;
+        let inside = out.compare(CmpOp::Lt, index, bound)?;
+        let fill = out.full(value, shape, n.ty.dtype)?;
+        Ok(Some(out.select(inside, wide, fill)?))
+    })?;
     Ok((out.without_dead_code().0, found.len()))
 }
 

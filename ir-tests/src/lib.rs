@@ -3,4 +3,5 @@
 pub mod chains;
 pub mod exe_file;
 pub mod gradcheck;
+pub mod losses;
 pub mod planned;

@@ -7,7 +7,7 @@ use ingot_compiler::lower::Target;
 use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
-use ingot_trainer::session::{Device, Session};
+use ingot_ir_tests::losses::cpu_loss_bits;
 
 /// A GPT whose vocabulary (301) is odd and long enough to be padded (to 320).
 const ODD: &str = "gpt:vocab=301,d_model=32,layers=2,heads=2,d_ff=128,seq=16,batch=4";
@@ -36,12 +36,9 @@ fn misaligned_products(g: &Graph) -> Vec<(String, usize)> {
     bad
 }
 
+/// The loss bits of `steps` CPU steps of `c` (leaves from seed 7).
 fn losses(c: &Compiled, steps: usize) -> Vec<u64> {
-    let exe = c.executable(Target::Cpu).unwrap();
-    let mut s = Session::from_executable(exe, 7, Device::Cpu).unwrap();
-    (0..steps)
-        .map(|_| s.step().unwrap().loss.to_bits())
-        .collect()
+    cpu_loss_bits(c, 7, steps)
 }
 
 #[test]

@@ -8,7 +8,7 @@ use ingot_compiler::fit::{self, FitError, FitOptions, Recomputation};
 use ingot_compiler::lower::Target;
 use ingot_compiler::models::{self, Model};
 use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
-use ingot_trainer::session::{Device, Session};
+use ingot_ir_tests::losses::cpu_loss_bits;
 
 /// Small enough to run ten CPU steps in well under a second; its attention (seq 16) costs
 /// fewer FLOPs per byte kept than its matmuls (d_model 32), so the order is visible.
@@ -38,12 +38,9 @@ fn without_and_with(k: usize) -> (Compiled, Compiled, fit::Recompute) {
     (base, all, info)
 }
 
+/// The loss bits of `steps` CPU steps of `c` (leaves from seed 3).
 fn losses(c: &Compiled, steps: usize) -> Vec<u64> {
-    let exe = c.executable(Target::Cpu).unwrap();
-    let mut s = Session::from_executable(exe, 3, Device::Cpu).unwrap();
-    (0..steps)
-        .map(|_| s.step().unwrap().loss.to_bits())
-        .collect()
+    cpu_loss_bits(c, 3, steps)
 }
 
 #[test]

@@ -15,7 +15,7 @@ use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
 use ingot_compiler::plan::{self, MemoryPlan, PlanOptions};
 use ingot_compiler::precision::Precision;
 use ingot_compiler::schedule::{self, Strategy};
-use ingot_trainer::session::{Device, Session};
+use ingot_ir_tests::losses::cpu_loss_bits;
 use petgraph::graph::NodeIndex;
 
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=128,seq=16,batch=4";
@@ -85,12 +85,9 @@ fn segments_of(r: &Rewritten, way: (usize, usize)) -> Vec<Choice> {
         .collect()
 }
 
+/// The loss bits of `steps` CPU steps of `c` (leaves from seed 3).
 fn losses(c: &Compiled, steps: usize) -> Vec<u64> {
-    let exe = c.executable(Target::Cpu).unwrap();
-    let mut s = Session::from_executable(exe, 3, Device::Cpu).unwrap();
-    (0..steps)
-        .map(|_| s.step().unwrap().loss.to_bits())
-        .collect()
+    cpu_loss_bits(c, 3, steps)
 }
 
 #[test]

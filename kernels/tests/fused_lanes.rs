@@ -6,56 +6,7 @@
 //! keeps its length, so the values do not change.
 
 use ingot_kernels::fused::cpu::{self, Compiled};
-use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp};
-
-/// `x * 0.75 + 0.5`, `ops` times in turn, over f32[`dims`], then (when `reduce`) the max of
-/// each row of the innermost axis.
-fn chain(ops: usize, dims: &[usize], reduce: bool) -> FusedKernel {
-    let len: usize = dims.iter().product();
-    let mut body = vec![
-        Inst::Load { input: 0 },
-        Inst::Const {
-            value: 0.75,
-            dtype: DType::F32,
-        },
-        Inst::Const {
-            value: 0.5,
-            dtype: DType::F32,
-        },
-    ];
-    let mut v = 0;
-    for o in 0..ops {
-        let (op, c) = if o % 2 == 0 {
-            (BinaryOp::Mul, 1)
-        } else {
-            (BinaryOp::Add, 2)
-        };
-        body.push(Inst::Binary { op, a: v, b: c });
-        v = body.len() - 1;
-    }
-    let mut outputs = vec![Output { value: v }];
-    if reduce {
-        body.push(Inst::Reduce {
-            op: ReduceOp::Max,
-            x: v,
-        });
-        outputs.push(Output {
-            value: body.len() - 1,
-        });
-    }
-    FusedKernel {
-        domain: dims.to_vec(),
-        reduce_axes: if reduce { vec![dims.len() - 1] } else { vec![] },
-        inputs: vec![Input {
-            dtype: DType::F32,
-            len,
-            access: Access::contiguous(dims),
-        }],
-        body,
-        outputs,
-    }
-}
+use ingot_kernels::fused::sample::chain;
 
 /// The chain's values computed one element at a time, and each row's max.
 fn reference(ops: usize, x: &[f32], row: usize) -> (Vec<f32>, Vec<f32>) {

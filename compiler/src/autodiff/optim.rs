@@ -4,7 +4,7 @@
 pub use crate::models::Optimizer;
 
 use crate::error::{IrError, Result};
-use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Shape};
+use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Shape, TensorType};
 
 /// The name of the shared step counter that AdamW keeps as state, or, with
 /// [`super::StepOptions::step_input`], of the f64 scalar input the host writes before each step
@@ -87,6 +87,14 @@ impl Optimizer {
     }
 }
 
+/// The name and type of the parameter leaf `p`, whose optimizer state is named after it.
+fn leaf_of(g: &Graph, p: NodeId) -> Result<(String, TensorType)> {
+    let name = g
+        .leaf_name(p)
+        .ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?;
+    Ok((name.to_string(), g.ty(p).clone()))
+}
+
 /// `torch.optim.SGD(lr, momentum, weight_decay)` (single-tensor path, dampening 0, not
 /// Nesterov): `d = g + wd * p`; `buf = momentum * buf + d` (PyTorch's first step sets
 /// `buf = d`, which is the same from a zero buffer); `p -= lr * buf`.
@@ -100,11 +108,7 @@ fn sgd_momentum(
     lr_scale: Option<NodeId>,
 ) -> Result<()> {
     for (&p, &gp) in params.iter().zip(grads) {
-        let name = g
-            .leaf_name(p)
-            .ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?
-            .to_string();
-        let ty = g.ty(p).clone();
+        let (name, ty) = leaf_of(g, p)?;
         let d = if weight_decay != 0.0 {
             let wp = g.mul_scalar(p, weight_decay)?;
             g.add(gp, wp)?
@@ -187,11 +191,7 @@ fn adamw(
     let bc2_sqrt = g.sqrt(bc2)?;
     let mut scalars: Vec<(DType, NodeId, NodeId)> = Vec::new();
     for (&p, &gp) in params.iter().zip(grads) {
-        let name = g
-            .leaf_name(p)
-            .ok_or_else(|| IrError::Invalid(format!("{p} is not a parameter leaf")))?
-            .to_string();
-        let ty = g.ty(p).clone();
+        let (name, ty) = leaf_of(g, p)?;
         if !matches!(
             g.node(p).op,
             crate::ir::Op::Leaf {
@@ -211,18 +211,12 @@ fn adamw(
                 (a, b)
             }
         };
-        let m = g.state(
-            &format!("{name}.exp_avg"),
-            ty.shape.clone(),
-            dt,
-            Init::Zeros,
-        )?;
-        let v = g.state(
-            &format!("{name}.exp_avg_sq"),
-            ty.shape.clone(),
-            dt,
-            Init::Zeros,
-        )?;
+        // The moments: zero-initialised state shaped like the parameter.
+        let moment = |g: &mut Graph, what: &str| {
+            g.state(&format!("{name}.{what}"), ty.shape.clone(), dt, Init::Zeros)
+        };
+        let m = moment(g, "exp_avg")?;
+        let v = moment(g, "exp_avg_sq")?;
         // p *= 1 - lr * wd
         let decayed = match lr_scale {
             None => g.mul_scalar(p, 1.0 - lr * weight_decay)?,

@@ -30,35 +30,29 @@ pub fn as_selects(g: &Graph) -> Result<(Graph, usize), IrError> {
     {
         return Ok((g.clone(), 0));
     }
-    let mut out = Graph::new();
-    let mut new_id: Vec<NodeId> = Vec::with_capacity(g.len());
     let mut count = 0;
-    for id in g.ids() {
+    // The selects keep the concat's origin (`rebuild` keeps each node's).
+    let out = g.rebuild(|out, map, id| {
         let n = g.node(id);
-        out.set_scope(g.origin(id).clone()); // the selects keep the concat's origin
-        let mapped = match (&n.op, equal_parts(g, id)) {
-            (&Op::Concat { axis }, Some(parts)) if parts > 1 => {
-                count += 1;
-                let split = finer_split(g, &n.inputs, axis);
-                // A part's own value: the reshape's operand where the split comes from it.
-                let sources: Vec<NodeId> = n
-                    .inputs
-                    .iter()
-                    .map(|&x| match &split {
-                        Split::Through(_) => new_id[g.node(x).inputs[0].index()],
-                        Split::Plain(_) => new_id[x.index()],
-                    })
-                    .collect();
-                select_chain(&mut out, &sources, &n.ty.shape, axis, split.dims())?
-            }
-            _ => {
-                let ins: Vec<NodeId> = n.inputs.iter().map(|x| new_id[x.index()]).collect();
-                out.push(n.op.clone(), &ins, Some(n.ty.clone()))?
-            }
+        let (&Op::Concat { axis }, Some(parts)) = (&n.op, equal_parts(g, id)) else {
+            return Ok(None);
         };
-        new_id.push(mapped);
-    }
-    out.keep_outputs_of(g, |x| new_id[x.index()])?;
+        if parts <= 1 {
+            return Ok(None);
+        }
+        count += 1;
+        let split = finer_split(g, &n.inputs, axis);
+        // A part's own value: the reshape's operand where the split comes from it.
+        let sources: Vec<NodeId> = n
+            .inputs
+            .iter()
+            .map(|&x| match &split {
+                Split::Through(_) => map[g.node(x).inputs[0].index()],
+                Split::Plain(_) => map[x.index()],
+            })
+            .collect();
+        select_chain(out, &sources, &n.ty.shape, axis, split.dims()).map(Some)
+    })?;
     // The reshapes whose operands the selects read directly are dead now.
     Ok((out.without_dead_code().0, count))
 }

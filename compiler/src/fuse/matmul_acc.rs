@@ -196,19 +196,14 @@ pub fn form(g: &Graph) -> Result<(Graph, usize), IrError> {
         };
         made_at[at.index()].push(id);
     }
-    let mut out = Graph::new();
-    let mut new_id: Vec<NodeId> = Vec::with_capacity(g.len());
     let mut made: Vec<Option<NodeId>> = vec![None; g.len()];
-    for id in g.ids() {
-        let n = g.node(id);
-        out.set_scope(g.origin(id).clone());
-        let ins: Vec<NodeId> = n.inputs.iter().map(|x| new_id[x.index()]).collect();
+    let out = g.rebuild(|out, new_id, id| {
         let mut mapped = match replaced[id.index()] {
             Some(_) if made[id.index()].is_some() => made[id.index()].expect("made"),
             // Made here, below.
             Some(_) => NodeId(u32::MAX),
             // (The replaced matmuls and casts are copied too; nothing reads them: dead code.)
-            None => out.push(n.op.clone(), &ins, Some(n.ty.clone()))?,
+            None => out.push_copy(g, new_id, id)?,
         };
         for &t in &made_at[id.index()] {
             let (c, p) = replaced[t.index()].expect("a replacement");
@@ -227,9 +222,8 @@ pub fn form(g: &Graph) -> Result<(Graph, usize), IrError> {
             }
         }
         debug_assert_ne!(mapped, NodeId(u32::MAX));
-        new_id.push(mapped);
-    }
-    out.keep_outputs_of(g, |x| new_id[x.index()])?;
+        Ok(Some(mapped))
+    })?;
     // The products (and their casts) the accumulations replaced are dead now.
     Ok((out.without_dead_code().0, count))
 }

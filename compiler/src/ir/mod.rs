@@ -6,6 +6,7 @@ mod graph;
 mod infer;
 mod op;
 pub mod origin;
+mod rebuild;
 pub mod scalar;
 mod shape;
 pub mod text;

@@ -121,59 +121,48 @@ pub fn conv2d_with_init(
 ) -> Result<NodeId> {
     // Every node of the layer carries its name (the report's and errors' provenance).
     g.scoped(name, |g| {
-        conv2d_with_init_in_scope(g, name, x, sizes, bias, weight_init)
-    })
-}
-
-fn conv2d_with_init_in_scope(
-    g: &mut Graph,
-    name: &str,
-    x: NodeId,
-    sizes: [usize; 7],
-    bias: bool,
-    weight_init: Init,
-) -> Result<NodeId> {
-    let [in_ch, out_ch, kernel, stride, padding, dilation, groups] = sizes;
-    let ([_, c, _, _], dtype) = image(g, name, "conv2d", x)?;
-    if c != in_ch || groups == 0 || in_ch % groups != 0 {
-        return Err(IrError::Type {
-            op: "conv2d",
-            node: g.len(),
-            operands: g.ty(x).to_string(),
-            reason: format!(
-                "layer {name} takes {in_ch} channels in {groups} group(s), but x has {c} channels"
-            ),
-        });
-    }
-    let fan_in = (in_ch / groups) * kernel * kernel;
-    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
-    let conv = Conv2d {
-        stride: [stride; 2],
-        padding: [padding; 2],
-        dilation: [dilation; 2],
-        groups,
-    };
-    (|| {
-        let w = g.parameter(
-            &format!("{name}.weight"),
-            [out_ch, in_ch / groups, kernel, kernel],
-            dtype,
-            weight_init,
-        )?;
-        let y = g.conv2d(x, w, conv)?;
-        if !bias {
-            return Ok(y);
+        let [in_ch, out_ch, kernel, stride, padding, dilation, groups] = sizes;
+        let ([_, c, _, _], dtype) = image(g, name, "conv2d", x)?;
+        if c != in_ch || groups == 0 || in_ch % groups != 0 {
+            return Err(IrError::Type {
+                op: "conv2d",
+                node: g.len(),
+                operands: g.ty(x).to_string(),
+                reason: format!(
+                    "layer {name} takes {in_ch} channels in {groups} group(s), but x has {c} channels"
+                ),
+            });
         }
-        let b = g.parameter(
-            &format!("{name}.bias"),
-            [out_ch],
-            dtype,
-            Init::Uniform { bound },
-        )?;
-        let b = g.reshape(b, [out_ch, 1, 1])?;
-        g.add(y, b)
-    })()
-    .map_err(|e| in_layer(name, e))
+        let fan_in = (in_ch / groups) * kernel * kernel;
+        let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+        let conv = Conv2d {
+            stride: [stride; 2],
+            padding: [padding; 2],
+            dilation: [dilation; 2],
+            groups,
+        };
+        (|| {
+            let w = g.parameter(
+                &format!("{name}.weight"),
+                [out_ch, in_ch / groups, kernel, kernel],
+                dtype,
+                weight_init,
+            )?;
+            let y = g.conv2d(x, w, conv)?;
+            if !bias {
+                return Ok(y);
+            }
+            let b = g.parameter(
+                &format!("{name}.bias"),
+                [out_ch],
+                dtype,
+                Init::Uniform { bound },
+            )?;
+            let b = g.reshape(b, [out_ch, 1, 1])?;
+            g.add(y, b)
+        })()
+        .map_err(|e| in_layer(name, e))
+    })
 }
 
 /// `nn.MaxPool2d(kernel, stride, padding)` (dilation 1).
@@ -271,58 +260,56 @@ pub const BN_MOMENTUM: f64 = 0.1;
 /// same four leaves, read only.
 pub fn batch_norm2d(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<NodeId> {
     // Every node of the layer carries its name (the report's and errors' provenance).
-    g.scoped(name, |g| batch_norm2d_in_scope(g, name, x, eps))
-}
-
-fn batch_norm2d_in_scope(g: &mut Graph, name: &str, x: NodeId, eps: f64) -> Result<NodeId> {
-    let ([n, c, h, w], dtype) = image(g, name, "batch_norm2d", x)?;
-    let count = n * h * w;
-    (|| {
-        let gain = g.parameter(&format!("{name}.weight"), [c], dtype, Init::Ones)?;
-        let shift = g.parameter(&format!("{name}.bias"), [c], dtype, Init::Zeros)?;
-        let rm = g.state(&format!("{name}.running_mean"), [c], dtype, Init::Zeros)?;
-        let rv = g.state(&format!("{name}.running_var"), [c], dtype, Init::Ones)?;
-        // `xc / √(var + eps) · weight + bias`, per channel: both modes end so.
-        let scale_shift = |g: &mut Graph, xc: NodeId, var: NodeId| -> Result<NodeId> {
-            let var_eps = g.add_scalar(var, eps)?;
-            let std = g.sqrt(var_eps)?;
-            let rstd = g.recip(std)?;
-            let xhat = g.mul(xc, rstd)?;
-            let gain4 = g.reshape(gain, [c, 1, 1])?;
-            let shift4 = g.reshape(shift, [c, 1, 1])?;
-            let y = g.mul(xhat, gain4)?;
-            g.add(y, shift4)
-        };
-        if g.mode() == Mode::Eval {
-            let rm4 = g.reshape(rm, [c, 1, 1])?;
-            let rv4 = g.reshape(rv, [c, 1, 1])?;
-            let xc = g.sub(x, rm4)?;
-            return scale_shift(g, xc, rv4);
-        }
-        let axes = [0, 2, 3];
-        let mean = g.mean(x, &axes)?;
-        let xc = g.sub(x, mean)?;
-        let sq = g.mul(xc, xc)?;
-        let var = g.mean(sq, &axes)?;
-        let y = scale_shift(g, xc, var)?;
-        // The running estimates: no gradient flows into them (they do not reach the loss).
-        let m = BN_MOMENTUM;
-        let mean_c = g.reshape(mean, [c])?;
-        let mean_c = g.stop_gradient(mean_c)?;
-        let old_m = g.mul_scalar(rm, 1.0 - m)?;
-        let new_m = g.mul_scalar(mean_c, m)?;
-        let new_rm = g.add(old_m, new_m)?;
-        let var_c = g.reshape(var, [c])?;
-        let var_c = g.stop_gradient(var_c)?;
-        let unbiased = count as f64 / (count.max(2) - 1) as f64;
-        let old_v = g.mul_scalar(rv, 1.0 - m)?;
-        let new_v = g.mul_scalar(var_c, m * unbiased)?;
-        let new_rv = g.add(old_v, new_v)?;
-        g.set_update(rm, new_rm)?;
-        g.set_update(rv, new_rv)?;
-        Ok(y)
-    })()
-    .map_err(|e| in_layer(name, e))
+    g.scoped(name, |g| {
+        let ([n, c, h, w], dtype) = image(g, name, "batch_norm2d", x)?;
+        let count = n * h * w;
+        (|| {
+            let gain = g.parameter(&format!("{name}.weight"), [c], dtype, Init::Ones)?;
+            let shift = g.parameter(&format!("{name}.bias"), [c], dtype, Init::Zeros)?;
+            let rm = g.state(&format!("{name}.running_mean"), [c], dtype, Init::Zeros)?;
+            let rv = g.state(&format!("{name}.running_var"), [c], dtype, Init::Ones)?;
+            // `xc / √(var + eps) · weight + bias`, per channel: both modes end so.
+            let scale_shift = |g: &mut Graph, xc: NodeId, var: NodeId| -> Result<NodeId> {
+                let var_eps = g.add_scalar(var, eps)?;
+                let std = g.sqrt(var_eps)?;
+                let rstd = g.recip(std)?;
+                let xhat = g.mul(xc, rstd)?;
+                let gain4 = g.reshape(gain, [c, 1, 1])?;
+                let shift4 = g.reshape(shift, [c, 1, 1])?;
+                let y = g.mul(xhat, gain4)?;
+                g.add(y, shift4)
+            };
+            if g.mode() == Mode::Eval {
+                let rm4 = g.reshape(rm, [c, 1, 1])?;
+                let rv4 = g.reshape(rv, [c, 1, 1])?;
+                let xc = g.sub(x, rm4)?;
+                return scale_shift(g, xc, rv4);
+            }
+            let axes = [0, 2, 3];
+            let mean = g.mean(x, &axes)?;
+            let xc = g.sub(x, mean)?;
+            let sq = g.mul(xc, xc)?;
+            let var = g.mean(sq, &axes)?;
+            let y = scale_shift(g, xc, var)?;
+            // The running estimates: no gradient flows into them (they do not reach the loss).
+            let m = BN_MOMENTUM;
+            let mean_c = g.reshape(mean, [c])?;
+            let mean_c = g.stop_gradient(mean_c)?;
+            let old_m = g.mul_scalar(rm, 1.0 - m)?;
+            let new_m = g.mul_scalar(mean_c, m)?;
+            let new_rm = g.add(old_m, new_m)?;
+            let var_c = g.reshape(var, [c])?;
+            let var_c = g.stop_gradient(var_c)?;
+            let unbiased = count as f64 / (count.max(2) - 1) as f64;
+            let old_v = g.mul_scalar(rv, 1.0 - m)?;
+            let new_v = g.mul_scalar(var_c, m * unbiased)?;
+            let new_rv = g.add(old_v, new_v)?;
+            g.set_update(rm, new_rm)?;
+            g.set_update(rv, new_rv)?;
+            Ok(y)
+        })()
+        .map_err(|e| in_layer(name, e))
+    })
 }
 
 /// `nn.Linear(in → out)` with PyTorch's default init (kaiming-uniform with `a = √5`: weight and
@@ -338,47 +325,36 @@ pub fn linear_kaiming(
 ) -> Result<NodeId> {
     // Every node of the layer carries its name (the report's and errors' provenance).
     g.scoped(name, |g| {
-        linear_kaiming_in_scope(g, name, x, in_features, out_features, bias)
-    })
-}
-
-fn linear_kaiming_in_scope(
-    g: &mut Graph,
-    name: &str,
-    x: NodeId,
-    in_features: usize,
-    out_features: usize,
-    bias: bool,
-) -> Result<NodeId> {
-    let t = g.ty(x).clone();
-    if t.shape.rank() != 2 || t.shape.last() != in_features || !t.dtype.is_float() {
-        return Err(IrError::Type {
-            op: "linear",
-            node: g.len(),
-            operands: t.to_string(),
-            reason: format!("layer {name} takes float inputs [N, {in_features}], got {t}"),
-        });
-    }
-    let bound = 1.0 / (in_features.max(1) as f64).sqrt();
-    (|| {
-        let w = g.parameter(
-            &format!("{name}.weight"),
-            [out_features, in_features],
-            t.dtype,
-            Init::Uniform { bound },
-        )?;
-        let wt = g.transpose_last(w)?;
-        let y = g.matmul(x, wt)?;
-        if !bias {
-            return Ok(y);
+        let t = g.ty(x).clone();
+        if t.shape.rank() != 2 || t.shape.last() != in_features || !t.dtype.is_float() {
+            return Err(IrError::Type {
+                op: "linear",
+                node: g.len(),
+                operands: t.to_string(),
+                reason: format!("layer {name} takes float inputs [N, {in_features}], got {t}"),
+            });
         }
-        let b = g.parameter(
-            &format!("{name}.bias"),
-            [out_features],
-            t.dtype,
-            Init::Uniform { bound },
-        )?;
-        g.add(y, b)
-    })()
-    .map_err(|e| in_layer(name, e))
+        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+        (|| {
+            let w = g.parameter(
+                &format!("{name}.weight"),
+                [out_features, in_features],
+                t.dtype,
+                Init::Uniform { bound },
+            )?;
+            let wt = g.transpose_last(w)?;
+            let y = g.matmul(x, wt)?;
+            if !bias {
+                return Ok(y);
+            }
+            let b = g.parameter(
+                &format!("{name}.bias"),
+                [out_features],
+                t.dtype,
+                Init::Uniform { bound },
+            )?;
+            g.add(y, b)
+        })()
+        .map_err(|e| in_layer(name, e))
+    })
 }

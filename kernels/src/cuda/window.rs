@@ -173,6 +173,7 @@ pub fn col2im(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, 
     let cg = g.in_ch / g.groups;
     let acc = acc_type(d);
     let [ho, wo] = g.out_hw;
+    let taps = [g.padding, g.dilation, g.stride];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
         src.line(format!(
             "const long long xw = (long long)(e % {});",
@@ -199,23 +200,9 @@ pub fn col2im(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, 
         ));
         src.line(format!("{acc} sum = 0;"));
         src.open(format!("for (int a = 0; a < {kh}; ++a) {{"));
-        src.line(format!(
-            "const long long th = xh + {} - (long long)a * {};",
-            g.padding[0], g.dilation[0]
-        ));
-        src.line(format!(
-            "if (th < 0 || th % {} != 0 || th / {} >= {ho}) continue;",
-            g.stride[0], g.stride[0]
-        ));
+        window_tap(src, taps, 0, "a", ho);
         src.open(format!("for (int b = 0; b < {kw}; ++b) {{"));
-        src.line(format!(
-            "const long long tw = xw + {} - (long long)b * {};",
-            g.padding[1], g.dilation[1]
-        ));
-        src.line(format!(
-            "if (tw < 0 || tw % {} != 0 || tw / {} >= {wo}) continue;",
-            g.stride[1], g.stride[1]
-        ));
+        window_tap(src, taps, 1, "b", wo);
         let v = widened(
             d,
             format!(
@@ -232,6 +219,22 @@ pub fn col2im(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, 
         src.close();
         src.line(format!("dx[e] = {};", store_sum(d, "sum")));
     }))
+}
+
+/// The lines of a backward window kernel that take the input position along `axis` (`xh`,
+/// `xw`) and kernel tap `k` to the output position the tap came from: `th` (`tw`) `= xh +
+/// padding - k * dilation`, and the tap skipped (`continue`) unless it is a multiple of the
+/// stride whose quotient is inside the `out` output positions. `taps` is the geometry's
+/// `[padding, dilation, stride]`. col2im and the max pool's gradient walk both axes so.
+fn window_tap(src: &mut super::Src, taps: [[usize; 2]; 3], axis: usize, k: &str, out: usize) {
+    let [padding, dilation, stride] = taps.map(|v| v[axis]);
+    let (t, x) = (["th", "tw"][axis], ["xh", "xw"][axis]);
+    src.line(format!(
+        "const long long {t} = {x} + {padding} - (long long){k} * {dilation};"
+    ));
+    src.line(format!(
+        "if ({t} < 0 || {t} % {stride} != 0 || {t} / {stride} >= {out}) continue;"
+    ));
 }
 
 /// The memory value of dtype `d` of the (already rounded, for bf16) register `v`.
@@ -383,6 +386,7 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
     ];
     let what = format!("// ingot max_pool2d_grad: {}", pool_describe(g));
     let acc = acc_type(d);
+    let taps = [g.padding, g.dilation, g.stride];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
         src.line(format!(
             "const long long xw = (long long)(e % {});",
@@ -410,27 +414,13 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
             "for (int ka = {}; ka >= 0; --ka) {{",
             g.kernel[0] - 1
         ));
-        src.line(format!(
-            "const long long th = xh + {} - (long long)ka * {};",
-            g.padding[0], g.dilation[0]
-        ));
-        src.line(format!(
-            "if (th < 0 || th % {} != 0 || th / {} >= {ho}) continue;",
-            g.stride[0], g.stride[0]
-        ));
+        window_tap(src, taps, 0, "ka", ho);
         src.line(format!("const long long wi = th / {};", g.stride[0]));
         src.open(format!(
             "for (int kb = {}; kb >= 0; --kb) {{",
             g.kernel[1] - 1
         ));
-        src.line(format!(
-            "const long long tw = xw + {} - (long long)kb * {};",
-            g.padding[1], g.dilation[1]
-        ));
-        src.line(format!(
-            "if (tw < 0 || tw % {} != 0 || tw / {} >= {wo}) continue;",
-            g.stride[1], g.stride[1]
-        ));
+        window_tap(src, taps, 1, "kb", wo);
         src.line(format!("const long long wj = tw / {};", g.stride[1]));
         pick_source(src, d, g);
         src.line(format!(

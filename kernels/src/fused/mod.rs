@@ -63,6 +63,7 @@ pub mod check;
 pub mod cpu;
 pub mod parts;
 pub mod random;
+pub mod sample;
 pub mod split;
 
 pub use check::KernelError;

@@ -13,10 +13,24 @@
 //! unrounded probabilities.
 
 use super::common::{self, Operand};
-use super::frame;
+use super::frame::{self, Own, Tiling};
 use super::tiles::Tiles;
 use super::{AttentionError, AttentionShape, Text};
 use crate::cuda::{signature, CudaKernel, Src};
+
+/// dkdv's block owns key rows (its k and v tiles) and streams query rows (q and dout).
+const DKDV: Tiling = Tiling {
+    own: Own::Keys,
+    owned: &["sk", "sv"],
+    streamed: &["sq", "sdo"],
+};
+
+/// dq's block owns query rows (its q and dout tiles) and streams key rows (k and v).
+const DQ: Tiling = Tiling {
+    own: Own::Queries,
+    owned: &["sq", "sdo"],
+    streamed: &["sk", "sv"],
+};
 
 /// Rows (warps) a block of the preprocess kernel.
 const PRE_ROWS: usize = 8;
@@ -114,11 +128,7 @@ fn store_rows(
 pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
-    let threads = 32 * tl.warps;
     // Here the block owns key rows (BC, the warps' rows) and streams query tiles (BR).
-    let (bc, br) = (tl.rows, tl.inner);
-    let tiles = s.seq_k.div_ceil(bc);
-    let grid = common::grid(s, tiles)?;
     let params = frame::params(
         st,
         &["q", "k", "v", "dout"],
@@ -126,14 +136,8 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
         &["dk", "dv"],
         &[],
     );
-    let shared = [
-        ("sk", bc * x.ld),
-        ("sv", bc * x.ld),
-        ("sq", br * x.ld),
-        ("sdo", br * x.ld),
-        ("sp", bc * (br + x.pad)),
-    ];
-    let mut c = frame::open(&x, s, (br, bc, threads), &params, br + x.pad, &shared);
+    let (mut c, b) = frame::open_tiled(&x, s, tl, &params, DKDV)?;
+    let br = tl.inner;
     c.line(format!("__shared__ float sl[{br}];"));
     c.line(format!("__shared__ float sd[{br}];"));
     frame::lanes(&mut c);
@@ -184,8 +188,7 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.close();
     c.line("pt[n][e] = p;");
     c.close();
-    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "pt[n][0]", "pt[n][1]"));
-    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "pt[n][2]", "pt[n][3]"));
+    frame::store_fragment(&mut c, &x, ["pt[n][0]", "pt[n][1]", "pt[n][2]", "pt[n][3]"]);
     c.close();
     frame::product_kn(&mut c, &x, "dva", "BR", "sdo");
     frame::product_nk(&mut c, &x, "dpt", "BR / 8", "sv", "sdo");
@@ -196,8 +199,7 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.line("const float d0 = sd[il], d1 = sd[il + 1];");
     c.line("const float s0 = pt[n][0] * (dpt[n][0] - d0), s1 = pt[n][1] * (dpt[n][1] - d1);");
     c.line("const float s2 = pt[n][2] * (dpt[n][2] - d0), s3 = pt[n][3] * (dpt[n][3] - d1);");
-    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "s0", "s1"));
-    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "s2", "s3"));
+    frame::store_fragment(&mut c, &x, ["s0", "s1", "s2", "s3"]);
     c.close();
     frame::product_kn(&mut c, &x, "dka", "BR", "sq");
     c.close();
@@ -205,27 +207,16 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));
     store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
     store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
-    Ok(frame::close(c, grid, threads))
+    Ok(b.close(c))
 }
 
 pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
-    let threads = 32 * tl.warps;
-    let (br, bc) = (tl.rows, tl.inner);
-    let tiles = s.seq_q.div_ceil(br);
-    let grid = common::grid(s, tiles)?;
     let params = frame::params(st, &["q", "k", "v", "dout"], BACKWARD_F32, &["dq"], &[]);
-    let shared = [
-        ("sq", br * x.ld),
-        ("sdo", br * x.ld),
-        ("sk", bc * x.ld),
-        ("sv", bc * x.ld),
-        ("sp", br * (bc + x.pad)),
-    ];
-    let mut c = frame::open(&x, s, (br, bc, threads), &params, bc + x.pad, &shared);
+    let (mut c, b) = frame::open_tiled(&x, s, tl, &params, DQ)?;
     frame::lanes(&mut c);
-    frame::query_tile_longest_first(&mut c, tiles);
+    frame::query_tile_longest_first(&mut c, b.tiles);
     problem_bases(&mut c, st);
     c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
     c.line("ig_fa_load<BR, D, O_SR, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
@@ -242,18 +233,14 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     frame::key_tile_edge(&mut c, s);
     frame::fragment_loops(&mut c, "BC / 8");
     c.line("float p = exp2f(sc[n][e] * SCALE_LOG2 - (e < 2 ? L0 : L1));");
-    c.open("if (edge) {");
-    c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? r0 : r1;");
-    c.line(format!("if ({}) p = 0.0f;", x.hidden("i", "j")));
-    c.close();
+    frame::mask_on_edge(&mut c, &x, ("r0", "r1"), "p = 0.0f");
     c.line("sc[n][e] = p * (dp[n][e] - (e < 2 ? E0 : E1));");
     c.close();
-    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "sc[n][0]", "sc[n][1]"));
-    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "sc[n][2]", "sc[n][3]"));
+    frame::store_fragment(&mut c, &x, ["sc[n][0]", "sc[n][1]", "sc[n][2]", "sc[n][3]"]);
     c.close();
     frame::product_kn(&mut c, &x, "dqa", "BC", "sk");
     c.close();
     c.line(format!("{st}* dqb = dq + {};", Operand::Q.base()));
     store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
-    Ok(frame::close(c, grid, threads))
+    Ok(b.close(c))
 }

@@ -11,29 +11,25 @@
 //! longest (the last query tiles) start first.
 
 use super::common::{self, Operand};
-use super::frame;
+use super::frame::{self, Own, Tiling};
 use super::tiles::Tiles;
 use super::{AttentionError, AttentionShape, Text};
 use crate::cuda::CudaKernel;
 
+/// The block owns query rows (its q tile) and streams key rows (k and v).
+const TILING: Tiling = Tiling {
+    own: Own::Queries,
+    owned: &["sq"],
+    streamed: &["sk", "sv"],
+};
+
 pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
-    let threads = 32 * t.warps;
-    let (br, bc) = (t.rows, t.inner);
-    let tiles = s.seq_q.div_ceil(br);
-    let grid = common::grid(s, tiles)?;
-
     let params = frame::params(st, &["q", "k", "v"], &[], &["out"], &["lse"]);
-    let shared = [
-        ("sq", br * x.ld),
-        ("sk", bc * x.ld),
-        ("sv", bc * x.ld),
-        ("sp", br * (bc + x.pad)),
-    ];
-    let mut c = frame::open(&x, s, (br, bc, threads), &params, bc + x.pad, &shared);
+    let (mut c, b) = frame::open_tiled(&x, s, t, &params, TILING)?;
     frame::lanes(&mut c);
-    frame::query_tile_longest_first(&mut c, tiles);
+    frame::query_tile_longest_first(&mut c, b.tiles);
     c.line(common::SPLIT_PROBLEM);
     c.line(format!("const {st}* qb = q + {};", Operand::Q.base()));
     c.line(format!("const {st}* kb = k + {};", Operand::Kv.base()));
@@ -49,10 +45,7 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     c.line("float r0 = NEG_INF, r1 = NEG_INF;");
     frame::fragment_loops(&mut c, "BC / 8");
     c.line("float z = s[n][e] * SCALE_LOG2;");
-    c.open("if (edge) {");
-    c.line("const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? i0 : i1;");
-    c.line(format!("if ({}) z = NEG_INF;", x.hidden("i", "j")));
-    c.close();
+    frame::mask_on_edge(&mut c, &x, ("i0", "i1"), "z = NEG_INF");
     c.line("s[n][e] = z;");
     c.line("if (e < 2) r0 = fmaxf(r0, z); else r1 = fmaxf(r1, z);");
     c.close();
@@ -69,8 +62,7 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     c.line("const float p0 = exp2f(s[n][0] - b0), p1 = exp2f(s[n][1] - b0);");
     c.line("const float p2 = exp2f(s[n][2] - b1), p3 = exp2f(s[n][3] - b1);");
     c.line("l0 += p0 + p1; l1 += p2 + p3;");
-    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", "p0", "p1"));
-    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", "p2", "p3"));
+    frame::store_fragment(&mut c, &x, ["p0", "p1", "p2", "p3"]);
     c.close();
     c.line("#pragma unroll");
     c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }");
@@ -94,5 +86,5 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
         ));
         c.close();
     }
-    Ok(frame::close(c, grid, threads))
+    Ok(b.close(c))
 }

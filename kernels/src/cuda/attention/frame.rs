@@ -3,8 +3,9 @@
 //! fragments and each block on its tile, zeroed accumulators, and the closing launch. Written
 //! once so that the three kernels cannot drift apart in the parts they share.
 
-use super::common::Text;
-use super::AttentionShape;
+use super::common::{self, Text};
+use super::tiles::Tiles;
+use super::{AttentionError, AttentionShape};
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
 
 /// The pointer parameters, in order: `inputs` of the storage type `st` (const), `f32_inputs`
@@ -50,6 +51,66 @@ pub(super) fn open(
         c.line(format!("__shared__ __align__(16) {} {name}[{len}];", x.st));
     }
     c
+}
+
+/// Which rows a tiled kernel's block owns (its warps' rows, 16 each): query rows (`BR`:
+/// forward, dq) or key rows (`BC`: dkdv); it streams the other operand's rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Own {
+    Queries,
+    Keys,
+}
+
+/// A tiled kernel's rows and shared tiles: the block owns `tl.rows` rows (`own` says which)
+/// held in the tiles named `owned`, and streams `tl.inner` rows a step through the tiles
+/// named `streamed`.
+pub(super) struct Tiling {
+    pub own: Own,
+    pub owned: &'static [&'static str],
+    pub streamed: &'static [&'static str],
+}
+
+/// A tiled kernel's launch: `tiles` owned-row tiles a problem, `grid` blocks of `threads`.
+pub(super) struct Block {
+    pub tiles: usize,
+    grid: u32,
+    threads: usize,
+}
+
+impl Block {
+    /// The kernel of text `c` (its body closed here), launched as this block's grid.
+    pub(super) fn close(&self, c: Src) -> CudaKernel {
+        close(c, self.grid, self.threads)
+    }
+}
+
+/// [`open`] for a kernel of tiling `t`: its shared tiles in `t`'s order, then a tile `sp`
+/// whose rows are the warps' (16 each) of the owned × the streamed rows (`LDP` the streamed
+/// rows and padding). The three kernels differ only in their [`Tiling`], so their shared
+/// tiles are declared here for all of them.
+pub(super) fn open_tiled(
+    x: &Text,
+    s: &AttentionShape,
+    tl: Tiles,
+    params: &[(String, String)],
+    t: Tiling,
+) -> Result<(Src, Block), AttentionError> {
+    let (rows, inner) = (tl.rows, tl.inner);
+    let (br, bc, seq) = match t.own {
+        Own::Queries => (rows, inner, s.seq_q),
+        Own::Keys => (inner, rows, s.seq_k),
+    };
+    let tiles = seq.div_ceil(rows);
+    let b = Block {
+        tiles,
+        grid: common::grid(s, tiles)?,
+        threads: 32 * tl.warps,
+    };
+    let mut shared: Vec<(&str, usize)> = t.owned.iter().map(|&n| (n, rows * x.ld)).collect();
+    shared.extend(t.streamed.iter().map(|&n| (n, inner * x.ld)));
+    shared.push(("sp", rows * (inner + x.pad)));
+    let c = open(x, s, (br, bc, b.threads), params, inner + x.pad, &shared);
+    Ok((c, b))
 }
 
 /// Each thread's warp and lane, and its row group `g` and column pair `t` in the warp's
@@ -110,6 +171,26 @@ pub(super) fn product_kn(c: &mut Src, x: &Text, acc: &str, k: &str, b: &str) {
         "ig_fa_mm_kn_{}<D / 8, {k}, LDP, LD>({acc}, pw, {b}, g, t);",
         x.mm
     ));
+}
+
+/// In the fragment loops over a key tile: on a tile that needs the mask (`edge`), `hide` (an
+/// assignment) where key `j` of the element is hidden from its query row `i` (`rows`: the
+/// lane's two rows, `g` and `g + 8`). The forward's scores and dq's probabilities are masked
+/// so.
+pub(super) fn mask_on_edge(c: &mut Src, x: &Text, (r0, r1): (&str, &str), hide: &str) {
+    c.open("if (edge) {");
+    c.line(format!(
+        "const int j = k0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? {r0} : {r1};"
+    ));
+    c.line(format!("if ({}) {hide};", x.hidden("i", "j")));
+    c.close();
+}
+
+/// Stores a lane's four fragment values `v` (rows `g` and `g + 8`, columns `n * 8 + 2t` and
+/// the next) to the warp's tile `pw`, where they become the next product's left operand.
+pub(super) fn store_fragment(c: &mut Src, x: &Text, v: [&str; 4]) {
+    c.line(x.store_pair("pw + g * LDP + n * 8 + 2 * t", v[0], v[1]));
+    c.line(x.store_pair("pw + (g + 8) * LDP + n * 8 + 2 * t", v[2], v[3]));
 }
 
 /// Opens the loops over a lane's fragment of `n` column groups: `n`, then its 4 elements `e`.

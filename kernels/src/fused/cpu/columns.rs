@@ -27,11 +27,11 @@
 //! number of threads: each column is computed as it is alone.
 
 use super::compiled::{
-    binary_lanes, compare_lanes, f32_only, f32s, f32s_mut, other, select_lanes, unary_lanes, Body,
-    Code, Src, Step, Val, LANE_CHOICES,
+    apply_lanes, covered, in_blocks, other, step_out, Arena, Body, Code, Io, Src, Step, Val,
+    LANE_CHOICES,
 };
 use super::reduce::{acc_lanes, finish_cascade_lanes, identity};
-use super::{check_range, scratch_bytes, KernelError, ALIGN, R};
+use super::{scratch_bytes, KernelError, ALIGN, R};
 use crate::cpu::reduce::{FAN, LEVELS};
 use crate::fused::FusedKernel;
 use crate::ReduceOp;
@@ -84,10 +84,7 @@ fn carve(body: &Body, lanes: usize, width: usize, upper: bool) -> Option<Carve> 
 
 /// The scratch of a run, as f32: lane buffers, row buffers, cascade levels.
 struct Work<'m> {
-    lo: &'m mut [u8],
-    hi: &'m mut [u8],
-    s0: usize,
-    s1: usize,
+    io: Io<'m>,
     lanes: &'m mut [f32],
     rows: &'m mut [f32],
     upper: &'m mut [f32],
@@ -96,11 +93,10 @@ struct Work<'m> {
 impl Columns {
     /// The program for `k`, or `None` when `k` is not a column reduction this module covers.
     pub(super) fn new(k: &FusedKernel) -> Option<Columns> {
-        k.check().ok()?;
-        let dims = &k.domain;
-        if dims.contains(&0) || k.outputs.is_empty() || !f32_only(k) {
+        if !covered(k) {
             return None;
         }
+        let dims = &k.domain;
         let red = |d: usize| k.reduce_axes.contains(&d);
         let eff: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
         let split = eff.iter().take_while(|&&d| red(d)).count();
@@ -173,74 +169,39 @@ impl Columns {
         (self.lanes, (self.lanes / self.width).max(1))
     }
 
-    /// Runs the program of `k` as [`super::run`] runs `k`: the same arguments, checks and
-    /// results, bit for bit. Buffers not aligned for f32 are left to the interpreter.
-    /// Allocates nothing.
-    pub(super) fn run(
-        &self,
-        k: &FusedKernel,
-        mem: &mut [u8],
-        inputs: &[usize],
-        outputs: &[usize],
-        scratch: usize,
-    ) -> R {
-        if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
-            return super::run(k, mem, inputs, outputs, scratch);
-        }
-        let mem_len = mem.len();
-        let s0 = scratch;
-        let s1 = super::scratch_end(scratch, self.scratch, mem_len)?;
-        super::check_inputs(k, inputs, mem_len, s0, s1)?;
-        for (j, (&off, &len)) in outputs.iter().zip(&self.out_len).enumerate() {
-            check_range("output", j, off, len.saturating_mul(4), mem_len, s0, s1)?;
-        }
-        let base = mem.as_ptr() as usize;
-        if inputs
-            .iter()
-            .chain(outputs)
-            .any(|&o| !(base.wrapping_add(o)).is_multiple_of(4))
-        {
-            return super::run(k, mem, inputs, outputs, scratch);
-        }
-        let (lo, rest) = mem.split_at_mut(s0);
-        let (sc, hi) = rest.split_at_mut(self.scratch);
-        let pad = (ALIGN - sc.as_ptr() as usize % ALIGN) % ALIGN;
+    /// The elements of each output.
+    pub(super) fn out_len(&self) -> &[usize] {
+        &self.out_len
+    }
+
+    /// Runs the program on the arena that [`Compiled::run`](super::Compiled::run) checked
+    /// and split, a block of columns at a time.
+    pub(super) fn run(&self, a: Arena<'_>) -> R {
+        let mut w = self.work(a)?;
+        in_blocks(self.cols, self.width, |c0, n| self.block(&mut w, c0, n))
+    }
+
+    /// The scratch of the arena, carved into this program's parts.
+    fn work<'m>(&self, a: Arena<'m>) -> R<Work<'m>> {
         let c = carve(&self.body, self.lanes, self.width, self.upper)
             .ok_or(KernelError::Internal("columns scratch"))?;
-        let sc = super::sub_mut(sc, pad, c.end * 4)?;
+        let sc = super::sub_mut(a.scratch, 0, c.end * 4)?;
         let sc = <[f32]>::mut_from_bytes(sc)
             .map_err(|_| KernelError::Internal("columns scratch misaligned"))?;
         let (lanes, rest) = sc.split_at_mut(c.rows_at);
         let (rows, upper) = rest.split_at_mut(c.upper_at - c.rows_at);
-        let mut w = Work {
-            lo,
-            hi,
-            s0,
-            s1,
+        Ok(Work {
+            io: a.io,
             lanes,
             rows,
             upper,
-        };
-        let mut c0 = 0;
-        while c0 < self.cols {
-            let n = self.width.min(self.cols - c0);
-            self.block(&mut w, inputs, outputs, c0, n)?;
-            c0 += n;
-        }
-        Ok(())
+        })
     }
 
     /// Columns `c0 .. c0 + n`: their stages, passes over every term, and stores.
-    fn block(
-        &self,
-        w: &mut Work<'_>,
-        inputs: &[usize],
-        outputs: &[usize],
-        c0: usize,
-        n: usize,
-    ) -> R {
+    fn block(&self, w: &mut Work<'_>, c0: usize, n: usize) -> R {
         let per_chunk = (self.lanes / n).max(1);
-        self.stage(w, inputs, &self.body.stage0, c0, n)?;
+        self.stage(w, &self.body.stage0, c0, n)?;
         let n_passes = self.body.passes.len();
         for (p, pass) in self.body.passes.iter().enumerate() {
             let last = p + 1 == n_passes;
@@ -252,7 +213,7 @@ impl Columns {
             while t0 < self.terms {
                 let g = per_chunk.min(self.terms - t0);
                 for st in &pass.steps {
-                    self.full_step(w, inputs, st, c0, n, t0, g)?;
+                    self.full_step(w, st, c0, n, t0, g)?;
                 }
                 for f in &pass.folds {
                     let acc = super::sub_mut(w.rows, f.to * self.width, n)?;
@@ -269,7 +230,7 @@ impl Columns {
                     }
                 }
                 if last {
-                    self.store_full(w, outputs, c0, n, t0, g)?;
+                    self.store_full(w, c0, n, t0, g)?;
                 }
                 t0 += g;
             }
@@ -284,21 +245,9 @@ impl Columns {
                     )?;
                 }
             }
-            self.stage(w, inputs, &pass.stage, c0, n)?;
+            self.stage(w, &pass.stage, c0, n)?;
         }
-        for (o, &(src, per_col)) in self.body.outputs.iter().enumerate() {
-            if !per_col {
-                continue;
-            }
-            let dst = f32s_mut(w.lo, w.hi, w.s0, w.s1, outputs[o], self.cols)?;
-            let d = super::sub_mut(dst, c0, n)?;
-            match src {
-                Src::Row(b) => d.copy_from_slice(super::sub(w.rows, b * self.width, n)?),
-                Src::Const(c) => d.fill(c),
-                Src::Lanes(_) => return Err(KernelError::Internal("full value stored per column")),
-            }
-        }
-        Ok(())
+        w.io.store_rows(&self.body.outputs, w.rows, self.width, self.cols, c0, n)
     }
 
     /// The cascade levels above reduction slot `slot`'s accumulator, for `n` columns (empty
@@ -312,20 +261,12 @@ impl Columns {
     }
 
     /// Stores the chunk's terms `t0 .. t0 + g` of every full output, columns `c0 .. c0 + n`.
-    fn store_full(
-        &self,
-        w: &mut Work<'_>,
-        outputs: &[usize],
-        c0: usize,
-        n: usize,
-        t0: usize,
-        g: usize,
-    ) -> R {
+    fn store_full(&self, w: &mut Work<'_>, c0: usize, n: usize, t0: usize, g: usize) -> R {
         for (o, &(src, per_col)) in self.body.outputs.iter().enumerate() {
             if per_col {
                 continue;
             }
-            let dst = f32s_mut(w.lo, w.hi, w.s0, w.s1, outputs[o], self.out_len[o])?;
+            let dst = w.io.output(o, self.out_len[o])?;
             let whole = n == self.cols;
             let rows = if whole { 1 } else { g };
             let len = if whole { g * n } else { n };
@@ -344,17 +285,10 @@ impl Columns {
     }
 
     /// Column-level steps over columns `c0 .. c0 + n` (operands: row buffers, constants).
-    fn stage(&self, w: &mut Work<'_>, inputs: &[usize], steps: &[Step], c0: usize, n: usize) -> R {
+    fn stage(&self, w: &mut Work<'_>, steps: &[Step], c0: usize, n: usize) -> R {
         let width = self.width;
         for st in steps {
-            let end = st.out * width + width;
-            if end > w.rows.len() {
-                return Err(KernelError::Internal("row buffer"));
-            }
-            let (before, rest) = w.rows.split_at_mut(st.out * width);
-            let (own, after) = rest.split_at_mut(width);
-            let out = &mut own[..n];
-            let (before, after): (&[f32], &[f32]) = (before, after);
+            let (before, out, after, end) = step_out(w.rows, st.out, width, n, "row buffer")?;
             let val = |s: Src| {
                 Ok(match s {
                     Src::Const(c) => Val::One(c),
@@ -366,8 +300,7 @@ impl Columns {
             };
             match st.code {
                 Code::Load { input } => {
-                    let src = f32s(w.lo, w.hi, w.s0, w.s1, inputs[input], self.in_len[input])?
-                        .ok_or(KernelError::Internal("input misaligned"))?;
+                    let src = w.io.input(input, self.in_len[input])?;
                     let step = self.in_col[input];
                     for (c, o) in out.iter_mut().enumerate() {
                         let at = (c0 + c)
@@ -378,12 +311,7 @@ impl Columns {
                             .ok_or(KernelError::Internal("load outside its input"))?;
                     }
                 }
-                Code::Unary(op) => unary_lanes(op, val(st.args[0])?, out),
-                Code::Binary(op) => binary_lanes(op, val(st.args[0])?, val(st.args[1])?, out),
-                Code::Compare(op) => compare_lanes(op, val(st.args[0])?, val(st.args[1])?, out),
-                Code::Select => {
-                    select_lanes(val(st.args[0])?, val(st.args[1])?, val(st.args[2])?, out)
-                }
+                _ => apply_lanes(st, val, out)?,
             }
         }
         Ok(())
@@ -395,7 +323,6 @@ impl Columns {
     fn full_step(
         &self,
         w: &mut Work<'_>,
-        inputs: &[usize],
         st: &Step,
         c0: usize,
         n: usize,
@@ -403,16 +330,9 @@ impl Columns {
         g: usize,
     ) -> R {
         let lw = self.lanes;
-        let end = st.out * lw + lw;
-        if end > w.lanes.len() {
-            return Err(KernelError::Internal("lane buffer"));
-        }
-        let (before, rest) = w.lanes.split_at_mut(st.out * lw);
-        let (own, after) = rest.split_at_mut(lw);
-        let out = &mut own[..g * n];
+        let (before, out, after, end) = step_out(w.lanes, st.out, lw, g * n, "lane buffer")?;
         if let Code::Load { input } = st.code {
-            let src = f32s(w.lo, w.hi, w.s0, w.s1, inputs[input], self.in_len[input])?
-                .ok_or(KernelError::Internal("input misaligned"))?;
+            let src = w.io.input(input, self.in_len[input])?;
             return load(
                 src,
                 out,
@@ -436,15 +356,8 @@ impl Columns {
                 }
             })
         };
-        let a = st.args;
         for (j, o) in out.chunks_exact_mut(seg).take(segs).enumerate() {
-            match st.code {
-                Code::Unary(op) => unary_lanes(op, val(a[0], j)?, o),
-                Code::Binary(op) => binary_lanes(op, val(a[0], j)?, val(a[1], j)?, o),
-                Code::Compare(op) => compare_lanes(op, val(a[0], j)?, val(a[1], j)?, o),
-                Code::Select => select_lanes(val(a[0], j)?, val(a[1], j)?, val(a[2], j)?, o),
-                Code::Load { .. } => return Err(KernelError::Internal("load")),
-            }
+            apply_lanes(st, |s| val(s, j), o)?;
         }
         Ok(())
     }

@@ -148,6 +148,9 @@ impl Compiled {
     /// Runs the program of `k` (the kernel it was made from) as [`super::run`] runs `k`: the
     /// same arguments, checks and results, bit for bit. Buffers whose bytes are not aligned
     /// for f32 are left to the interpreter. Allocates nothing.
+    ///
+    /// The checks and the split of `mem` around the scratch are the same for both kinds of
+    /// program, so they are made here once and each program gets the [`Arena`].
     pub fn run(
         &self,
         k: &FusedKernel,
@@ -156,9 +159,47 @@ impl Compiled {
         outputs: &[usize],
         scratch: usize,
     ) -> R {
+        let (out_len, bytes) = match &self.0 {
+            Kind::Rows(p) => (&p.out_len[..], p.scratch),
+            Kind::Columns(c) => (c.out_len(), c.scratch_bytes()),
+        };
+        if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
+            return super::run(k, mem, inputs, outputs, scratch);
+        }
+        let mem_len = mem.len();
+        let s0 = scratch;
+        let s1 = super::scratch_end(scratch, bytes, mem_len)?;
+        super::check_inputs(k, inputs, mem_len, s0, s1)?;
+        for (j, (&off, &len)) in outputs.iter().zip(out_len).enumerate() {
+            check_range("output", j, off, len.saturating_mul(4), mem_len, s0, s1)?;
+        }
+        let base = mem.as_ptr() as usize;
+        let misaligned = inputs
+            .iter()
+            .chain(outputs)
+            .any(|&o| !(base.wrapping_add(o)).is_multiple_of(4));
+        if misaligned {
+            return super::run(k, mem, inputs, outputs, scratch);
+        }
+        let (lo, rest) = mem.split_at_mut(s0);
+        let (sc, hi) = rest.split_at_mut(bytes);
+        let pad = (ALIGN - sc.as_ptr() as usize % ALIGN) % ALIGN;
+        let arena = Arena {
+            io: Io {
+                lo,
+                hi,
+                s0,
+                s1,
+                inputs,
+                outputs,
+            },
+            scratch: sc
+                .get_mut(pad..)
+                .ok_or(KernelError::Internal("compiled scratch"))?,
+        };
         match &self.0 {
-            Kind::Rows(p) => p.run(k, mem, inputs, outputs, scratch),
-            Kind::Columns(c) => c.run(k, mem, inputs, outputs, scratch),
+            Kind::Rows(p) => p.run(arena),
+            Kind::Columns(c) => c.run(arena),
         }
     }
 }
@@ -287,11 +328,10 @@ impl Program {
     /// The program for `k`, or `None` when `k` is outside what compiled kernels cover (see the
     /// [module docs](self)); then the interpreter runs it.
     pub(super) fn new(k: &FusedKernel) -> Option<Program> {
-        k.check().ok()?;
-        let dims = &k.domain;
-        if dims.contains(&0) || k.outputs.is_empty() || !f32_only(k) {
+        if !covered(k) {
             return None;
         }
+        let dims = &k.domain;
         let (inner, outer, flat) = chunk_axes(k)?;
         let n = inner
             .iter()
@@ -643,6 +683,12 @@ fn chunk_axes(k: &FusedKernel) -> Option<(Vec<usize>, Vec<usize>, bool)> {
     Some((inner, outer, flat))
 }
 
+/// Whether `k` checks, has elements and outputs, and every value f32 ([`f32_only`]): what both
+/// kinds of program ask before they look at the kernel's case.
+pub(super) fn covered(k: &FusedKernel) -> bool {
+    k.check().is_ok() && !k.domain.contains(&0) && !k.outputs.is_empty() && f32_only(k)
+}
+
 /// Whether every value of `k` is f32, and its compares give bools that only selects read, as
 /// their condition: what compiled kernels cover.
 pub(super) fn f32_only(k: &FusedKernel) -> bool {
@@ -795,6 +841,25 @@ fn map2(a: Val<'_>, b: Val<'_>, o: &mut [f32], f: impl Fn(f32, f32) -> f32) {
     }
 }
 
+/// Evaluates `st`, an operation (a load is an error here), into `o`, reading operand `s`
+/// as `arg(s)`: the dispatch every stage and full step of both kinds of program makes.
+#[inline(always)]
+pub(super) fn apply_lanes<'a>(
+    st: &Step,
+    mut arg: impl FnMut(Src) -> R<Val<'a>>,
+    o: &mut [f32],
+) -> R {
+    let a = st.args;
+    match st.code {
+        Code::Unary(op) => unary_lanes(op, arg(a[0])?, o),
+        Code::Binary(op) => binary_lanes(op, arg(a[0])?, arg(a[1])?, o),
+        Code::Compare(op) => compare_lanes(op, arg(a[0])?, arg(a[1])?, o),
+        Code::Select => select_lanes(arg(a[0])?, arg(a[1])?, arg(a[2])?, o),
+        Code::Load { .. } => return Err(KernelError::Internal("load")),
+    }
+    Ok(())
+}
+
 pub(super) fn unary_lanes(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
     match op {
         UnaryOp::Neg => map1(a, o, <f32 as Num>::neg),
@@ -920,41 +985,123 @@ impl<'a> Around<'a> {
     }
 }
 
-/// What a run works on: the arena outside the scratch, and the scratch's parts.
-struct Work<'m> {
+/// The arena of a compiled program's run once [`Compiled::run`] has checked it: the bytes
+/// outside the scratch, where the inputs and outputs are, and the scratch from its first
+/// [`ALIGN`]ed byte.
+pub(super) struct Arena<'m> {
+    pub(super) io: Io<'m>,
+    pub(super) scratch: &'m mut [u8],
+}
+
+/// The arena outside the scratch `[s0, s1)` (`lo` is `[0, s0)`, `hi` is from `s1` on), and
+/// the offsets of the kernel's inputs and outputs in it.
+pub(super) struct Io<'m> {
     lo: &'m mut [u8],
     hi: &'m mut [u8],
     s0: usize,
     s1: usize,
+    inputs: &'m [usize],
+    outputs: &'m [usize],
+}
+
+impl Io<'_> {
+    /// The `n` f32 of input `q`.
+    pub(super) fn input(&self, q: usize, n: usize) -> R<&[f32]> {
+        let a = *self
+            .inputs
+            .get(q)
+            .ok_or(KernelError::Internal("input index"))?;
+        let b = super::plan::region(
+            &*self.lo,
+            &*self.hi,
+            self.s0,
+            self.s1,
+            a,
+            n.saturating_mul(4),
+        )?;
+        <[f32]>::ref_from_bytes(b).map_err(|_| KernelError::Internal("input misaligned"))
+    }
+
+    /// The `n` f32 of output `o`.
+    pub(super) fn output(&mut self, o: usize, n: usize) -> R<&mut [f32]> {
+        let a = *self
+            .outputs
+            .get(o)
+            .ok_or(KernelError::Internal("output index"))?;
+        let (s0, s1, bytes) = (self.s0, self.s1, n.saturating_mul(4));
+        let b = super::plan::region(&mut *self.lo, &mut *self.hi, s0, s1, a, bytes)?;
+        <[f32]>::mut_from_bytes(b).map_err(|_| KernelError::Internal("output misaligned"))
+    }
+
+    /// Stores the row-level outputs among `outputs` (those marked `true`), `total` elements
+    /// each, at `start .. start + n`: each from its row buffer (buffer `b` at `b * stride` in
+    /// `rows`) or its constant. A rows program's group of rows and a columns program's block
+    /// of columns both end so.
+    pub(super) fn store_rows(
+        &mut self,
+        outputs: &[(Src, bool)],
+        rows: &[f32],
+        stride: usize,
+        total: usize,
+        start: usize,
+        n: usize,
+    ) -> R {
+        for (o, &(src, per_row)) in outputs.iter().enumerate() {
+            if !per_row {
+                continue;
+            }
+            let d = super::sub_mut(self.output(o, total)?, start, n)?;
+            match src {
+                Src::Row(b) => d.copy_from_slice(super::sub(rows, b * stride, n)?),
+                Src::Const(c) => d.fill(c),
+                Src::Lanes(_) => return Err(KernelError::Internal("full value stored per row")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a run works on: the arena outside the scratch, and the scratch's parts.
+struct Work<'m> {
+    io: Io<'m>,
     bases: &'m mut [usize],
     lanes: &'m mut [f32],
     rows: &'m mut [f32],
     slots: &'m mut [f32],
 }
 
-/// The bytes `[a, a + bytes)` of the arena as f32, outside the scratch; `None` if misaligned.
-pub(super) fn f32s<'m>(
-    lo: &'m [u8],
-    hi: &'m [u8],
-    s0: usize,
-    s1: usize,
-    a: usize,
-    n: usize,
-) -> R<Option<&'m [f32]>> {
-    let b = super::plan::region(lo, hi, s0, s1, a, n.saturating_mul(4))?;
-    Ok(<[f32]>::ref_from_bytes(b).ok())
+/// Buffer `i` of the `w`-long buffers in `bufs` split from the others for a step that writes
+/// its first `len` elements and reads the others: the buffers before it, its elements, the
+/// buffers after it, and where it ends (the gap [`other`] steps over). `what` names the
+/// buffers in the error when `i` is past them.
+#[allow(clippy::type_complexity)]
+pub(super) fn step_out<'b>(
+    bufs: &'b mut [f32],
+    i: usize,
+    w: usize,
+    len: usize,
+    what: &'static str,
+) -> R<(&'b [f32], &'b mut [f32], &'b [f32], usize)> {
+    let end = i * w + w;
+    if end > bufs.len() {
+        return Err(KernelError::Internal(what));
+    }
+    let (before, rest) = bufs.split_at_mut(i * w);
+    let (own, after) = rest.split_at_mut(w);
+    let out = own.get_mut(..len).ok_or(KernelError::Internal(what))?;
+    Ok((before, out, after, end))
 }
 
-pub(super) fn f32s_mut<'m>(
-    lo: &'m mut [u8],
-    hi: &'m mut [u8],
-    s0: usize,
-    s1: usize,
-    a: usize,
-    n: usize,
-) -> R<&'m mut [f32]> {
-    let b = super::plan::region_mut(lo, hi, s0, s1, a, n.saturating_mul(4))?;
-    <[f32]>::mut_from_bytes(b).map_err(|_| KernelError::Internal("output misaligned"))
+/// Calls `f(start, n)` on the blocks of `size` (the last one shorter) that cover `0 .. total`,
+/// in order: a rows program's groups of rows, a columns program's blocks of columns.
+pub(super) fn in_blocks(total: usize, size: usize, mut f: impl FnMut(usize, usize) -> R) -> R {
+    let mut start = 0;
+    while start < total {
+        let n = size.min(total - start);
+        f(start, n)?;
+        start += n;
+    }
+    Ok(())
 }
 
 impl Program {
@@ -969,39 +1116,15 @@ impl Program {
         (self.lanes, self.group)
     }
 
-    /// Runs the program of `k` (the kernel it was made from) as [`super::run`] runs `k`: the
-    /// same arguments, checks and results, bit for bit. Buffers whose bytes are not aligned
-    /// for f32 are left to the interpreter. Allocates nothing.
-    pub(super) fn run(
-        &self,
-        k: &FusedKernel,
-        mem: &mut [u8],
-        inputs: &[usize],
-        outputs: &[usize],
-        scratch: usize,
-    ) -> R {
-        if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
-            return super::run(k, mem, inputs, outputs, scratch);
-        }
-        let mem_len = mem.len();
-        let s0 = scratch;
-        let s1 = super::scratch_end(scratch, self.scratch, mem_len)?;
-        super::check_inputs(k, inputs, mem_len, s0, s1)?;
-        for (j, (&off, &len)) in outputs.iter().zip(&self.out_len).enumerate() {
-            let bytes = len.saturating_mul(4);
-            check_range("output", j, off, bytes, mem_len, s0, s1)?;
-        }
-        let base = mem.as_ptr() as usize;
-        let misaligned = inputs
-            .iter()
-            .chain(outputs)
-            .any(|&o| !(base.wrapping_add(o)).is_multiple_of(4));
-        if misaligned {
-            return super::run(k, mem, inputs, outputs, scratch);
-        }
-        let (lo, rest) = mem.split_at_mut(s0);
-        let (sc, hi) = rest.split_at_mut(self.scratch);
-        let pad = (ALIGN - sc.as_ptr() as usize % ALIGN) % ALIGN;
+    /// Runs the program on the arena that [`Compiled::run`] checked and split, a group of
+    /// rows at a time.
+    fn run(&self, a: Arena<'_>) -> R {
+        let mut w = self.work(a)?;
+        in_blocks(self.rows, self.group, |r0, g| self.group_run(&mut w, r0, g))
+    }
+
+    /// The scratch of the arena, carved into this program's parts.
+    fn work<'m>(&self, a: Arena<'m>) -> R<Work<'m>> {
         let c = carve(
             self.in_len.len(),
             self.group,
@@ -1011,7 +1134,7 @@ impl Program {
             self.slots,
         )
         .ok_or(KernelError::Internal("compiled scratch"))?;
-        let sc = super::sub_mut(sc, pad, c.end)?;
+        let sc = super::sub_mut(a.scratch, 0, c.end)?;
         let (b_bases, rest) = sc.split_at_mut(c.lanes_at);
         let (b_lanes, rest) = rest.split_at_mut(c.rows_at - c.lanes_at);
         let (b_rows, b_slots) = rest.split_at_mut(c.slots_at - c.rows_at);
@@ -1023,34 +1146,17 @@ impl Program {
         let rows_b = &mut b_rows[..self.row_bufs * self.group * 4];
         let rows = <[f32]>::mut_from_bytes(rows_b).map_err(|_| bad())?;
         let slots = <[f32]>::mut_from_bytes(b_slots).map_err(|_| bad())?;
-        let mut w = Work {
-            lo,
-            hi,
-            s0,
-            s1,
+        Ok(Work {
+            io: a.io,
             bases,
             lanes,
             rows,
             slots,
-        };
-        let mut r0 = 0;
-        while r0 < self.rows {
-            let g = self.group.min(self.rows - r0);
-            self.group_run(&mut w, inputs, outputs, r0, g)?;
-            r0 += g;
-        }
-        Ok(())
+        })
     }
 
     /// Rows `r0 .. r0 + g`: their bases, stages, passes and stores.
-    fn group_run(
-        &self,
-        w: &mut Work<'_>,
-        inputs: &[usize],
-        outputs: &[usize],
-        r0: usize,
-        g: usize,
-    ) -> R {
+    fn group_run(&self, w: &mut Work<'_>, r0: usize, g: usize) -> R {
         // Each input's element index at the start of each row of the group.
         let ni = self.in_len.len();
         for q in 0..ni {
@@ -1065,7 +1171,7 @@ impl Program {
                 w.bases[q * self.group + j] = at;
             }
         }
-        self.stage(w, inputs, &self.stage0, g)?;
+        self.stage(w, &self.stage0, g)?;
         let n_passes = self.passes.len();
         let chunk = self.n.min(self.lanes);
         for (p, pass) in self.passes.iter().enumerate() {
@@ -1081,7 +1187,7 @@ impl Program {
             while p0 < self.n {
                 let len = chunk.min(self.n - p0);
                 for st in &pass.steps {
-                    self.full_step(w, inputs, st, g, len, p0)?;
+                    self.full_step(w, st, g, len, p0)?;
                 }
                 for f in &pass.folds {
                     for j in 0..g {
@@ -1095,7 +1201,7 @@ impl Program {
                         if per_row {
                             continue;
                         }
-                        let dst = f32s_mut(w.lo, w.hi, w.s0, w.s1, outputs[o], self.rows * self.n)?;
+                        let dst = w.io.output(o, self.rows * self.n)?;
                         let at = r0 * self.n + p0;
                         if len == self.n {
                             let d = super::sub_mut(dst, at, g * len)?;
@@ -1135,21 +1241,9 @@ impl Program {
                         .ok_or(KernelError::Internal("row buffer"))? = v;
                 }
             }
-            self.stage(w, inputs, &pass.stage, g)?;
+            self.stage(w, &pass.stage, g)?;
         }
-        for (o, &(src, per_row)) in self.outputs.iter().enumerate() {
-            if !per_row {
-                continue;
-            }
-            let dst = f32s_mut(w.lo, w.hi, w.s0, w.s1, outputs[o], self.rows)?;
-            let d = super::sub_mut(dst, r0, g)?;
-            match src {
-                Src::Row(b) => d.copy_from_slice(super::sub(w.rows, b * self.group, g)?),
-                Src::Const(c) => d.fill(c),
-                Src::Lanes(_) => return Err(KernelError::Internal("full value stored per row")),
-            }
-        }
-        Ok(())
+        w.io.store_rows(&self.outputs, w.rows, self.group, self.rows, r0, g)
     }
 
     /// The rows case's run bookkeeping: one run of `n` elements per row.
@@ -1167,23 +1261,15 @@ impl Program {
     }
 
     /// Row-level steps over the group's `g` rows (operands: row buffers and constants).
-    fn stage(&self, w: &mut Work<'_>, inputs: &[usize], steps: &[Step], g: usize) -> R {
+    fn stage(&self, w: &mut Work<'_>, steps: &[Step], g: usize) -> R {
         let gw = self.group;
         for st in steps {
-            let end = st.out * gw + gw;
-            if end > w.rows.len() {
-                return Err(KernelError::Internal("row buffer"));
-            }
-            let (before, rest) = w.rows.split_at_mut(st.out * gw);
-            let (own, after) = rest.split_at_mut(gw);
-            let out = &mut own[..g];
-            let (before, after): (&[f32], &[f32]) = (before, after);
+            let (before, out, after, end) = step_out(w.rows, st.out, gw, g, "row buffer")?;
             let val = |s: Src| row_val(s, before, after, end, gw, g);
             match st.code {
                 Code::Load { input } => {
                     let len = self.in_len[input];
-                    let src = f32s(w.lo, w.hi, w.s0, w.s1, inputs[input], len)?
-                        .ok_or(KernelError::Internal("input misaligned"))?;
+                    let src = w.io.input(input, len)?;
                     for (j, o) in out.iter_mut().enumerate() {
                         let at = w.bases[input * gw + j];
                         *o = *src
@@ -1191,40 +1277,20 @@ impl Program {
                             .ok_or(KernelError::Internal("load outside its input"))?;
                     }
                 }
-                Code::Unary(op) => unary_lanes(op, val(st.args[0])?, out),
-                Code::Binary(op) => binary_lanes(op, val(st.args[0])?, val(st.args[1])?, out),
-                Code::Compare(op) => compare_lanes(op, val(st.args[0])?, val(st.args[1])?, out),
-                Code::Select => {
-                    select_lanes(val(st.args[0])?, val(st.args[1])?, val(st.args[2])?, out)
-                }
+                _ => apply_lanes(st, val, out)?,
             }
         }
         Ok(())
     }
 
     /// A full step over `g` rows of `len` lanes each, at position `p0` of the rows.
-    fn full_step(
-        &self,
-        w: &mut Work<'_>,
-        inputs: &[usize],
-        st: &Step,
-        g: usize,
-        len: usize,
-        p0: usize,
-    ) -> R {
+    fn full_step(&self, w: &mut Work<'_>, st: &Step, g: usize, len: usize, p0: usize) -> R {
         let lw = self.lanes;
         let gw = self.group;
-        let end = st.out * lw + lw;
-        if end > w.lanes.len() {
-            return Err(KernelError::Internal("lane buffer"));
-        }
-        let (before, rest) = w.lanes.split_at_mut(st.out * lw);
-        let (own, after) = rest.split_at_mut(lw);
-        let out = &mut own[..g * len];
+        let (before, out, after, end) = step_out(w.lanes, st.out, lw, g * len, "lane buffer")?;
         if let Code::Load { input } = st.code {
             let n = self.in_len[input];
-            let src = f32s(w.lo, w.hi, w.s0, w.s1, inputs[input], n)?
-                .ok_or(KernelError::Internal("input misaligned"))?;
+            let src = w.io.input(input, n)?;
             let step = self.in_step[input];
             let oob = || KernelError::Internal("load outside its input");
             for (j, o) in out.chunks_exact_mut(len).enumerate() {
@@ -1262,19 +1328,7 @@ impl Program {
         let (segs, seg) = if per_row { (g, len) } else { (1, g * len) };
         for j in 0..segs {
             let o = &mut out[j * seg..(j + 1) * seg];
-            let a = st.args;
-            match st.code {
-                Code::Unary(op) => unary_lanes(op, val(a[0], j, seg)?, o),
-                Code::Binary(op) => binary_lanes(op, val(a[0], j, seg)?, val(a[1], j, seg)?, o),
-                Code::Compare(op) => compare_lanes(op, val(a[0], j, seg)?, val(a[1], j, seg)?, o),
-                Code::Select => select_lanes(
-                    val(a[0], j, seg)?,
-                    val(a[1], j, seg)?,
-                    val(a[2], j, seg)?,
-                    o,
-                ),
-                Code::Load { .. } => return Err(KernelError::Internal("load")),
-            }
+            apply_lanes(st, |s| val(s, j, seg), o)?;
         }
         Ok(())
     }

@@ -254,44 +254,11 @@ fn colour(m: &mut Meta<'_>, n: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::super::{prepare, run_buffers, scratch_bytes, Layout};
-    use crate::fused::{Access, FusedKernel, Input, Inst, Output};
-    use crate::{BinaryOp, DType};
+    use crate::fused::{sample, FusedKernel};
 
-    /// `x` multiplied by 0.75 and added 0.5 in turn, `ops` times, over f32[`len`]: one
-    /// constant each, read by every step, as fusion's deduplicated constants are.
+    /// `x * 0.75 + 0.5`, `ops` times in turn, over f32[`len`] ([`sample::chain`]).
     fn chain(ops: usize, len: usize) -> FusedKernel {
-        let mut body = vec![
-            Inst::Load { input: 0 },
-            Inst::Const {
-                value: 0.75,
-                dtype: DType::F32,
-            },
-            Inst::Const {
-                value: 0.5,
-                dtype: DType::F32,
-            },
-        ];
-        let mut v = 0;
-        for o in 0..ops {
-            let (op, c) = if o % 2 == 0 {
-                (BinaryOp::Mul, 1)
-            } else {
-                (BinaryOp::Add, 2)
-            };
-            body.push(Inst::Binary { op, a: v, b: c });
-            v = body.len() - 1;
-        }
-        FusedKernel {
-            domain: vec![len],
-            reduce_axes: vec![],
-            inputs: vec![Input {
-                dtype: DType::F32,
-                len,
-                access: Access::contiguous(&[len]),
-            }],
-            body,
-            outputs: vec![Output { value: v }],
-        }
+        sample::chain(ops, &[len], false)
     }
 
     /// The scratch's layout for `k`, as `run` lays it out.

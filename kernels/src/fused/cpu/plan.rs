@@ -121,48 +121,45 @@ pub(super) fn list<'a>(start: &[usize], items: &'a [usize], p: usize) -> &'a [us
     }
 }
 
-/// The bytes `[a, a + bytes)` of the arena, outside the scratch region.
-pub(super) fn region<'m>(
-    lo: &'m [u8],
-    hi: &'m [u8],
-    s0: usize,
-    s1: usize,
-    a: usize,
-    bytes: usize,
-) -> R<&'m [u8]> {
-    if bytes == 0 {
-        return Ok(&[]);
+/// `&[u8]` or `&mut [u8]`: what [`region`] cuts a buffer from, so that one function serves
+/// the reads and the writes.
+pub(super) trait Bytes: Sized {
+    fn empty() -> Self;
+    /// The `len` bytes from `start`.
+    fn cut(self, start: usize, len: usize) -> R<Self>;
+}
+
+impl Bytes for &[u8] {
+    fn empty() -> Self {
+        &[]
     }
-    let b = a
-        .checked_add(bytes)
-        .ok_or(KernelError::Internal("buffer range"))?;
-    if b <= s0 {
-        sub(lo, a, bytes)
-    } else if a >= s1 {
-        sub(hi, a - s1, bytes)
-    } else {
-        Err(KernelError::Internal("buffer inside the scratch region"))
+    fn cut(self, start: usize, len: usize) -> R<Self> {
+        sub(self, start, len)
     }
 }
 
-pub(super) fn region_mut<'m>(
-    lo: &'m mut [u8],
-    hi: &'m mut [u8],
-    s0: usize,
-    s1: usize,
-    a: usize,
-    bytes: usize,
-) -> R<&'m mut [u8]> {
+impl Bytes for &mut [u8] {
+    fn empty() -> Self {
+        &mut []
+    }
+    fn cut(self, start: usize, len: usize) -> R<Self> {
+        sub_mut(self, start, len)
+    }
+}
+
+/// The bytes `[a, a + bytes)` of the arena, outside the scratch region `[s0, s1)`: in `lo`
+/// (the arena below the scratch) or `hi` (from `s1` on).
+pub(super) fn region<B: Bytes>(lo: B, hi: B, s0: usize, s1: usize, a: usize, bytes: usize) -> R<B> {
     if bytes == 0 {
-        return Ok(&mut []);
+        return Ok(B::empty());
     }
     let b = a
         .checked_add(bytes)
         .ok_or(KernelError::Internal("buffer range"))?;
     if b <= s0 {
-        sub_mut(lo, a, bytes)
+        lo.cut(a, bytes)
     } else if a >= s1 {
-        sub_mut(hi, a - s1, bytes)
+        hi.cut(a - s1, bytes)
     } else {
         Err(KernelError::Internal("buffer inside the scratch region"))
     }
@@ -646,16 +643,17 @@ impl Plan<'_> {
                 self.numel
             };
             let src = sub(st.bufs, self.at(v)?, len * sz)?;
+            let (s0, s1, at) = (self.s0, self.s1, self.outputs[j]);
             if self.bf16(v) {
                 // The lanes are rounded already: narrowing is exact.
-                let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * 2)?;
+                let dst = region(&mut *st.lo, &mut *st.hi, s0, s1, at, n * 2)?;
                 let dst = sub_mut(dst, elem * 2, len * 2)?;
                 for (d, x) in dst.chunks_exact_mut(2).zip(typed::<f32>(src)?) {
                     d.copy_from_slice(&half::bf16::from_f32(*x).to_bits().to_ne_bytes());
                 }
                 continue;
             }
-            let dst = region_mut(st.lo, st.hi, self.s0, self.s1, self.outputs[j], n * sz)?;
+            let dst = region(&mut *st.lo, &mut *st.hi, s0, s1, at, n * sz)?;
             sub_mut(dst, elem * sz, len * sz)?.copy_from_slice(src);
         }
         Ok(())
