@@ -1,28 +1,19 @@
 //! 2-d convolution over NCHW images on the CPU, forward and both backward passes, as im2col
-//! (or its adjoint col2im) plus the packed GEMM of [`super::gemm()`]. Each pass is cut into
-//! units of work (an image and a group; for the weight gradient, a group and a range of its
-//! input channels) spread over up to [`MAX_LANES`] lanes, each lane with its own column buffer
-//! `[channels · kh · kw, Ho · Wo]` and GEMM packing space carved from a workspace the caller
-//! gives ([`workspace_len`]): the runtime plans it in the slab, so a step allocates nothing.
-//! The pool's threads take the lanes, so small images (whose GEMMs are too small to spread
-//! over threads) still use every core.
+//! (or its adjoint col2im) plus the packed GEMM of [`super::gemm()`]. Every pass works one image
+//! and one group at a time through a column buffer `[C/g · kh · kw, Ho · Wo]` carved, with the
+//! GEMM's packing space, from a workspace the caller gives ([`workspace_len`]): the runtime
+//! plans it in the slab, so a step allocates nothing.
 //!
 //! - forward: `y[n, group] = W_g · col(x[n, group])` (`[O/g, K] × [K, P]`);
 //! - input gradient: `dx[n, group] = col2im(W_gᵀ · dy[n, group])`;
-//! - weight gradient: `dW_g[:, range] = Σ_n dy[n, group] · col(x[n, range])ᵀ`, images in order.
+//! - weight gradient: `dW_g = Σ_n dy[n, group] · col(x[n, group])ᵀ`, images in order.
 //!
-//! A pointwise convolution (1x1, stride 1, no padding: [`is_pointwise`]) has the image itself
-//! as its column buffer, so its passes read `x` and write `dx` in place, with no im2col or
-//! col2im.
-//!
-//! Every element is summed by one GEMM whose order depends only on the reduction's length
-//! (see [`super::gemm`]), whichever lane or thread runs its unit, so results repeat bit for
-//! bit on any number of threads, and equal those of one image and one whole group at a time.
-//! [`reference()`] computes the forward pass with plain loops in f64, for tests.
+//! The summation order is fixed by the sizes, so results repeat bit for bit. [`reference()`]
+//! computes the forward pass with plain loops in f64, for tests.
 
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
 use super::matmul::{GemmScalar, MatLayout};
-use super::par::{for_each_block, pool_threads, PARALLEL_ELEMENTS};
+use super::par::for_each_block;
 use super::scalar::{Float, Scalar};
 
 /// The sizes of one convolution: `x [batch, in_ch, in_hw]`, `w [out_ch, in_ch/groups, kernel]`,
@@ -132,116 +123,15 @@ impl ConvGeometry {
     }
 }
 
-/// Most lanes a pass is cut into: each lane owns a slice of the workspace (its column buffer
-/// and GEMM packing space) and runs its share of the pass's units (images and groups, or for
-/// the weight gradient groups and channel ranges) one after the other; the pool's threads take
-/// lanes. Sixteen keeps the cores of a 16-core host busy on small images, where one image's
-/// GEMM is too small to spread over threads.
-pub const MAX_LANES: usize = 16;
-
-/// Fewest columns of the weight gradient (channels times kernel taps) a channel range takes:
-/// every range packs each image's output gradient again for its GEMM, which narrower ranges
-/// would not repay (measured on cnn: with 18-column ranges the packing took 14% of a step).
-pub const MIN_RANGE_COLUMNS: usize = 128;
-
-/// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) may take before
-/// it runs fewer lanes (or fewer channel ranges): the workspace is planned in the slab, and a
-/// pass that runs at the step's peak adds it to the peak. Large images (a ResNet-50 at 224x224)
-/// have column buffers of several MiB each, and their GEMMs are large enough to use the
-/// threads alone; small ones fit sixteen lanes.
-pub const LANE_BUDGET_BYTES: usize = 8 << 20;
-
-/// How one pass is cut into units of work and lanes. A function of the geometry, the pass and
-/// the element type only (never of the threads), so the workspace, and with it the memory
-/// plan, is the same on every machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Split {
-    /// Units of work: `(image, group)` pairs for the forward and input-gradient passes,
-    /// `(group, channel range)` pairs for the weight gradient.
-    units: usize,
-    /// Input channels per unit (all of a group's, except in the weight gradient's ranges).
-    chunk: usize,
-    /// Lanes the units are spread over, each with `lane_len` elements of workspace.
-    lanes: usize,
-    lane_len: usize,
-    /// Elements of a lane's column buffer (zero for a pointwise convolution, which reads its
-    /// operands in place).
-    col_len: usize,
-    /// Elements of the weight gradient's partial sums, one block per unit, before the lanes
-    /// (none when each unit covers a whole group and writes its block of `dw` in place).
-    partial: usize,
-}
-
-/// A 1x1 convolution with unit stride and no padding: its column buffer would be a copy of
-/// the input, so every pass reads and writes the images in place.
-pub fn is_pointwise(g: &ConvGeometry) -> bool {
-    g.kernel == [1, 1] && g.stride == [1, 1] && g.padding == [0, 0]
-}
-
-fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Split {
-    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
-    match pass {
-        Pass::Forward | Pass::GradInput => split_into::<T>(g, pass, 1, budget),
-        // The weight gradient sums over the images, so its units split the channels instead:
-        // up to MAX_LANES units in all, each summing its channels' products over every image
-        // in order, fewer when their partial sums and lanes would pass the budget.
-        Pass::GradWeight => {
-            let cg = g.in_ch / g.groups;
-            let widest = (cg * g.kernel[0] * g.kernel[1] / MIN_RANGE_COLUMNS).max(1);
-            let mut ranges = (MAX_LANES / g.groups.max(1))
-                .clamp(1, cg.max(1))
-                .min(widest);
-            loop {
-                let s = split_into::<T>(g, pass, ranges, budget);
-                if ranges == 1 || s.partial + s.lanes * s.lane_len <= budget {
-                    return s;
-                }
-                ranges /= 2;
-            }
-        }
-    }
-}
-
-/// The split of `pass` with each group's channels cut into `ranges` ranges (the weight
-/// gradient's; one for the other passes), with as many lanes as `budget` elements hold.
-fn split_into<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize, budget: usize) -> Split {
-    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
-    let taps = g.kernel[0] * g.kernel[1];
-    let chunk = cg.div_ceil(ranges.max(1)).max(1);
-    let (units, gemm) = match pass {
-        Pass::Forward => (g.batch * g.groups, gemm_len::<T>(og, cg * taps, p)),
-        Pass::GradInput => (g.batch * g.groups, gemm_len::<T>(cg * taps, og, p)),
-        Pass::GradWeight => (
-            g.groups * cg.div_ceil(chunk),
-            gemm_len::<T>(og, p, chunk * taps),
-        ),
-    };
-    let col_len = if is_pointwise(g) { 0 } else { chunk * taps * p };
-    // At least one element, so that the lanes' slices can always be cut.
-    let lane_len = (col_len + gemm).max(1);
-    // Units that cover a whole group write its rows of the weight gradient in place.
-    let partial = match pass {
-        Pass::GradWeight if chunk < cg => units * og * chunk * taps,
-        _ => 0,
-    };
-    let cap = (budget.saturating_sub(partial) / lane_len).max(1);
-    let lanes = units.clamp(1, MAX_LANES).min(cap);
-    Split {
-        units,
-        chunk,
-        lanes,
-        lane_len,
-        col_len,
-        partial,
-    }
-}
-
-/// Elements of workspace `pass` needs: for each lane a column buffer (none for a pointwise
-/// convolution) and the GEMM's packing space, and for the weight gradient the units' partial
-/// sums in front.
+/// Elements of workspace `pass` needs: the column buffer, then the GEMM's packing space.
 pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
-    let s = split::<T>(g, pass);
-    s.partial + s.lanes * s.lane_len
+    let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
+    let gemm = match pass {
+        Pass::Forward => gemm_len::<T>(og, k, p),
+        Pass::GradInput => gemm_len::<T>(k, og, p),
+        Pass::GradWeight => gemm_len::<T>(og, p, k),
+    };
+    k * p + gemm
 }
 
 /// [`workspace_len`] in bytes.
@@ -282,129 +172,43 @@ fn check_ws(len: usize, need: usize) -> Result<(), ConvError> {
     }
 }
 
-/// Runs `f(unit, out, lane)` for every unit of `s`, where `out` is the unit's own `unit`-long
-/// block of `out` (units in order) and `lane` the workspace of the lane that runs it. Lane `l`
-/// runs units `l·per .. (l+1)·per` in order; the lanes run on the pool's threads when there
-/// are several and `work` is worth waking them. Each unit computes the same bits whichever
-/// lane or thread runs it, so the result does not depend on the number of threads.
-fn for_each_unit<T: Send>(
-    out: &mut [T],
-    unit: usize,
-    ws: &mut [T],
-    s: &Split,
-    work: usize,
-    f: impl Fn(usize, &mut [T], &mut [T]) -> Result<(), GemmError> + Sync,
-) -> Result<(), GemmError> {
-    if unit == 0 || s.units == 0 {
-        return Ok(());
-    }
-    let per = s.units.div_ceil(s.lanes);
-    let run = |(l, (outs, lane)): (usize, (&mut [T], &mut [T]))| {
-        outs.chunks_mut(unit)
-            .enumerate()
-            .try_for_each(|(i, o)| f(l * per + i, o, lane))
-    };
-    let (outs, ws) = (&mut out[..s.units * unit], &mut ws[..s.lanes * s.lane_len]);
-    if pool_threads() > 1 && s.lanes > 1 && work >= PARALLEL_ELEMENTS {
-        use rayon::prelude::*;
-        outs.par_chunks_mut(per * unit)
-            .zip(ws.par_chunks_mut(s.lane_len))
-            .enumerate()
-            .try_for_each(run)
-    } else {
-        outs.chunks_mut(per * unit)
-            .zip(ws.chunks_mut(s.lane_len))
-            .enumerate()
-            .try_for_each(run)
-    }
-}
-
-/// Multiply-adds of a pass's GEMMs, to decide whether its lanes are worth threads.
-fn gemm_work(g: &ConvGeometry) -> usize {
-    g.batch
-        .saturating_mul(g.out_ch)
-        .saturating_mul(g.col_rows())
-        .saturating_mul(g.positions())
-}
-
-/// One row segment of a channel's column buffer: output positions `pos .. pos + len` of
-/// kernel tap `row` read input elements `src, src + step, ..` of the channel's plane; the
-/// positions of the row (`out_w` of them from `row_start`) outside the segment read padding.
-#[derive(Clone, Copy)]
-struct Segment {
-    row_start: usize,
-    pos: usize,
-    len: usize,
-    src: usize,
-    step: usize,
-}
-
-/// Calls `f` with every output row (`i`) of every kernel tap (`a`, `b`) of one input
-/// channel's column rows, in that order (rows numbered from the channel's first): the same
-/// order, element by element, as a walk over taps, then output rows, then output columns.
-/// Every channel's rows read its own plane alike, so the column buffer is filled (and summed
-/// back) a channel at a time.
+/// Calls `f(row, position, source)` for every element of one input channel's `kh·kw` rows of
+/// a column buffer (rows numbered from the channel's first), `source` the index in the
+/// channel's `[H, W]` plane or `None` in the padding. Every channel's rows read its own plane
+/// alike, so the column buffer is filled (and summed back) a channel at a time.
 #[inline]
-fn each_channel_segment(g: &ConvGeometry, mut f: impl FnMut(Segment)) {
+fn each_channel_col(g: &ConvGeometry, mut f: impl FnMut(usize, usize, Option<usize>)) {
     let ([kh, kw], [h, w], [oh, ow]) = (g.kernel, g.in_hw, g.out_hw);
-    let ([sh, sw], [dh, dw], [ph, pw]) = (g.stride, g.dilation, g.padding);
     for a in 0..kh {
         for b in 0..kw {
             let row = a * kw + b;
-            // Output columns j whose input column j·sw + b·dw − pw lies in 0..w.
-            let off = b * dw;
-            let lo = pw.saturating_sub(off).div_ceil(sw).min(ow);
-            let hi = if w + pw > off {
-                ((w + pw - off - 1) / sw + 1).clamp(lo, ow)
-            } else {
-                lo
-            };
             for i in 0..oh {
-                let row_start = row * g.positions() + i * ow;
-                let ih = (i * sh + a * dh).wrapping_sub(ph);
-                let (len, src) = if ih < h && hi > lo {
-                    (hi - lo, ih * w + lo * sw + off - pw)
-                } else {
-                    (0, 0)
-                };
-                f(Segment {
-                    row_start,
-                    pos: row_start + lo,
-                    len,
-                    src,
-                    step: sw,
-                });
+                let ih = (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
+                for j in 0..ow {
+                    let iw = (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
+                    let src = (ih < h && iw < w).then(|| ih * w + iw);
+                    f(row, i * ow + j, src);
+                }
             }
         }
     }
 }
 
-/// The column buffer `[c·kh·kw, Ho·Wo]` of the `c` channels `x` `[c, H, W]` holds (a group's,
-/// or a range of them), in the front of `col`; the rows of each input channel are filled by
-/// one thread (a copy: the same bits on any number), a row segment at a time.
+/// The column buffer `[C/g·kh·kw, Ho·Wo]` of one group's block `x` `[C/g, H, W]`; the rows of
+/// each input channel are filled by one thread (a copy: the same bits on any number).
 fn im2col<T: Scalar>(g: &ConvGeometry, x: &[T], col: &mut [T]) {
-    let (p, rows, plane, ow) = (
+    let (p, rows, plane) = (
         g.positions(),
         g.kernel[0] * g.kernel[1],
         g.in_hw[0] * g.in_hw[1],
-        g.out_hw[1],
     );
-    let channels = x.len() / plane.max(1);
-    let used = channels * rows * p;
-    for_each_block(&mut col[..used], rows * p, used, |c, col| {
+    let work = col.len();
+    for_each_block(&mut col[..g.col_rows() * p], rows * p, work, |c, col| {
         let xc = &x[c * plane..(c + 1) * plane];
-        each_channel_segment(g, |s| {
-            let out = &mut col[s.row_start..s.row_start + ow];
-            let (before, rest) = out.split_at_mut(s.pos - s.row_start);
-            let (seg, after) = rest.split_at_mut(s.len);
-            before.fill(T::ZERO);
-            after.fill(T::ZERO);
-            if s.step == 1 {
-                seg.copy_from_slice(&xc[s.src..s.src + s.len]);
-            } else {
-                for (t, v) in seg.iter_mut().enumerate() {
-                    *v = xc[s.src + t * s.step];
-                }
+        each_channel_col(g, |row, pos, src| {
+            col[row * p + pos] = match src {
+                Some(s) => xc[s],
+                None => T::ZERO,
             }
         });
     });
@@ -421,25 +225,15 @@ fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
     let work = g.col_rows() * p;
     for_each_block(dx, plane, work, |c, dxc| {
         let colc = &col[c * rows * p..(c + 1) * rows * p];
-        each_channel_segment(g, |s| {
-            let seg = &colc[s.pos..s.pos + s.len];
-            if s.step == 1 {
-                for (d, &v) in dxc[s.src..s.src + s.len].iter_mut().zip(seg) {
-                    *d = d.add(v);
-                }
-            } else {
-                for (t, &v) in seg.iter().enumerate() {
-                    let d = &mut dxc[s.src + t * s.step];
-                    *d = d.add(v);
-                }
+        each_channel_col(g, |row, pos, src| {
+            if let Some(s) = src {
+                dxc[s] = dxc[s].add(colc[row * p + pos]);
             }
         });
     });
 }
 
 /// `y = conv(x, w)`. `ws` holds at least [`workspace_len`]`(g, Pass::Forward)` elements.
-/// Each `(image, group)` unit is `y[n, group] = W_g · col(x[n, group])`, the column buffer
-/// being the image itself for a pointwise convolution.
 pub fn forward<T: GemmScalar + Float>(
     g: &ConvGeometry,
     x: &[T],
@@ -451,40 +245,33 @@ pub fn forward<T: GemmScalar + Float>(
     check("w", w.len(), g.w_len())?;
     check("y", y.len(), g.y_len())?;
     check_ws(ws.len(), workspace_len::<T>(g, Pass::Forward))?;
-    let s = split::<T>(g, Pass::Forward);
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let direct = is_pointwise(g);
-    for_each_unit(y, og * p, ws, &s, gemm_work(g), |u, yu, lane| {
-        let (gi, start) = (u % g.groups, u * xg);
-        let (col, gws) = lane.split_at_mut(s.col_len);
-        let (b, lb) = if direct {
-            (x, MatLayout::row_major(p).at(start))
-        } else {
+    let (col, gws) = ws.split_at_mut(k * p);
+    for n in 0..g.batch {
+        for gi in 0..g.groups {
+            let start = (n * g.groups + gi) * xg;
             im2col(g, &x[start..start + xg], col);
-            (&*col, MatLayout::row_major(p))
-        };
-        gemm_ws(
-            og,
-            k,
-            p,
-            <T as GemmScalar>::ONE,
-            w,
-            MatLayout::row_major(k).at(gi * og * k),
-            b,
-            lb,
-            <T as GemmScalar>::ZERO,
-            yu,
-            MatLayout::row_major(p),
-            gws,
-        )
-    })?;
+            gemm_ws(
+                og,
+                k,
+                p,
+                <T as GemmScalar>::ONE,
+                w,
+                MatLayout::row_major(k).at(gi * og * k),
+                col,
+                MatLayout::row_major(p),
+                <T as GemmScalar>::ZERO,
+                y,
+                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
+                gws,
+            )?;
+        }
+    }
     Ok(())
 }
 
-/// `dx`, the gradient of `conv(x, w)` in `x` given the output's gradient `dy`: each
-/// `(image, group)` unit is `col2im(W_gᵀ · dy[n, group])`, written straight into `dx` for a
-/// pointwise convolution.
+/// `dx`, the gradient of `conv(x, w)` in `x` given the output's gradient `dy`.
 pub fn grad_input<T: GemmScalar + Float>(
     g: &ConvGeometry,
     dy: &[T],
@@ -496,45 +283,35 @@ pub fn grad_input<T: GemmScalar + Float>(
     check("w", w.len(), g.w_len())?;
     check("dx", dx.len(), g.x_len())?;
     check_ws(ws.len(), workspace_len::<T>(g, Pass::GradInput))?;
-    let s = split::<T>(g, Pass::GradInput);
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let direct = is_pointwise(g);
-    let product = |c: &mut [T], u: usize, gws: &mut [T]| {
-        gemm_ws(
-            k,
-            og,
-            p,
-            <T as GemmScalar>::ONE,
-            w,
-            MatLayout::col_major(k).at(u % g.groups * og * k),
-            dy,
-            MatLayout::row_major(p).at(u * og * p),
-            <T as GemmScalar>::ZERO,
-            c,
-            MatLayout::row_major(p),
-            gws,
-        )
-    };
-    for_each_unit(dx, xg, ws, &s, gemm_work(g), |u, dxu, lane| {
-        let (col, gws) = lane.split_at_mut(s.col_len);
-        if direct {
-            product(dxu, u, gws)
-        } else {
-            product(col, u, gws)?;
-            dxu.fill(<T as Scalar>::ZERO);
-            col2im_add(g, col, dxu);
-            Ok(())
+    let (col, gws) = ws.split_at_mut(k * p);
+    dx.fill(<T as Scalar>::ZERO);
+    for n in 0..g.batch {
+        for gi in 0..g.groups {
+            gemm_ws(
+                k,
+                og,
+                p,
+                <T as GemmScalar>::ONE,
+                w,
+                MatLayout::col_major(k).at(gi * og * k),
+                dy,
+                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
+                <T as GemmScalar>::ZERO,
+                col,
+                MatLayout::row_major(p),
+                gws,
+            )?;
+            let start = (n * g.groups + gi) * xg;
+            col2im_add(g, col, &mut dx[start..start + xg]);
         }
-    })?;
+    }
     Ok(())
 }
 
-/// `dw`, the gradient of `conv(x, w)` in `w` given the output's gradient `dy`. Each
-/// `(group, channel range)` unit sums `dy[n, group] · col(x[n, range])ᵀ` over the images in
-/// order into its own block of partial sums in the workspace (the column buffer being the
-/// images themselves for a pointwise convolution), which is then copied into `dw`: every
-/// element is summed as one unit over the whole group would sum it.
+/// `dw`, the gradient of `conv(x, w)` in `w` given the output's gradient `dy` (summed over the
+/// images in order).
 pub fn grad_weight<T: GemmScalar + Float>(
     g: &ConvGeometry,
     x: &[T],
@@ -546,41 +323,16 @@ pub fn grad_weight<T: GemmScalar + Float>(
     check("dy", dy.len(), g.y_len())?;
     check("dw", dw.len(), g.w_len())?;
     check_ws(ws.len(), workspace_len::<T>(g, Pass::GradWeight))?;
-    if g.batch == 0 || dw.is_empty() {
+    let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
+    let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
+    let (col, gws) = ws.split_at_mut(k * p);
+    if g.batch == 0 || p == 0 {
         dw.fill(<T as Scalar>::ZERO);
-        return Ok(());
     }
-    let s = split::<T>(g, Pass::GradWeight);
-    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
-    let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
-    let (k, xg, ranges) = (cg * taps, cg * plane, s.units / g.groups);
-    let direct = is_pointwise(g);
-    // Unit `u` covers group `u / ranges`, channels `c0 .. c0 + cw` of it.
-    let range = |u: usize| {
-        let c0 = (u % ranges) * s.chunk;
-        (u / ranges, c0, s.chunk.min(cg - c0))
-    };
-    let (partial, lanes) = ws.split_at_mut(s.partial);
-    let unit = og * s.chunk * taps;
-    let into = if s.partial == 0 {
-        &mut *dw
-    } else {
-        &mut *partial
-    };
-    for_each_unit(into, unit, lanes, &s, gemm_work(g), |u, part, lane| {
-        let (gi, c0, cw) = range(u);
-        let n_cols = cw * taps;
-        let part = &mut part[..og * n_cols];
-        let (col, gws) = lane.split_at_mut(s.col_len);
-        for n in 0..g.batch {
-            let start = (n * g.groups + gi) * xg + c0 * plane;
-            let b: &[T] = if direct {
-                x
-            } else {
-                im2col(g, &x[start..start + cw * plane], col);
-                col
-            };
-            let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
+    for n in 0..g.batch {
+        for gi in 0..g.groups {
+            let start = (n * g.groups + gi) * xg;
+            im2col(g, &x[start..start + xg], col);
             let beta = if n == 0 {
                 <T as GemmScalar>::ZERO
             } else {
@@ -589,27 +341,17 @@ pub fn grad_weight<T: GemmScalar + Float>(
             gemm_ws(
                 og,
                 p,
-                n_cols,
+                k,
                 <T as GemmScalar>::ONE,
                 dy,
                 MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
-                b,
-                lb,
+                col,
+                MatLayout::col_major(p),
                 beta,
-                part,
-                MatLayout::row_major(n_cols),
+                dw,
+                MatLayout::row_major(k).at(gi * og * k),
                 gws,
             )?;
-        }
-        Ok(())
-    })?;
-    for u in (0..s.units).filter(|_| s.partial > 0) {
-        let (gi, c0, cw) = range(u);
-        let n_cols = cw * taps;
-        for o in 0..og {
-            let from = u * unit + o * n_cols;
-            let to = (gi * og + o) * k + c0 * taps;
-            dw[to..to + n_cols].copy_from_slice(&partial[from..from + n_cols]);
         }
     }
     Ok(())
@@ -675,16 +417,6 @@ mod tests {
             ([1, 4, 10, 10], [4, 1, 3, 3], 1, 2, 2, 4),
             ([3, 2, 5, 5], [3, 2, 1, 1], 1, 0, 1, 1),
             ([2, 3, 8, 7], [2, 3, 4, 3], 3, 2, 1, 1),
-            // Pointwise (read in place), with groups and with channel ranges.
-            ([2, 6, 5, 4], [4, 3, 1, 1], 1, 0, 1, 2),
-            ([3, 21, 4, 3], [5, 21, 1, 1], 1, 0, 1, 1),
-            ([2, 300, 3, 2], [3, 300, 1, 1], 1, 0, 1, 1),
-            // A 1x1 kernel that is not pointwise (strided, padded).
-            ([2, 4, 6, 6], [3, 4, 1, 1], 2, 1, 1, 1),
-            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels.
-            ([2, 37, 5, 6], [3, 37, 3, 3], 1, 1, 1, 1),
-            // Depthwise, more groups than lanes.
-            ([2, 20, 5, 5], [20, 1, 3, 3], 1, 1, 1, 20),
         ] {
             out.push(ConvGeometry::new(x, w, [s, s], [p, p], [d, d], gr).unwrap());
         }
@@ -739,161 +471,6 @@ mod tests {
             assert!((lhs - dot(&x, &dx)).abs() < 1e-9, "{g:?}: input adjoint");
             assert!((lhs - dot(&w, &dw)).abs() < 1e-9, "{g:?}: weight adjoint");
         }
-    }
-
-    /// The passes as they ran before lanes: one image and one whole group at a time through
-    /// a full column buffer, the weight gradient summed over the images into `dw` itself.
-    fn one_unit_at_a_time(g: &ConvGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 3] {
-        let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
-        let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-        let mut col = vec![0f32; k * p];
-        let glen = gemm_len::<f32>(og, k, p)
-            .max(gemm_len::<f32>(og, p, k))
-            .max(gemm_len::<f32>(k, og, p));
-        let mut gws = vec![0f32; glen];
-        let (mut y, mut dx, mut dw) = (
-            vec![0f32; g.y_len()],
-            vec![0f32; g.x_len()],
-            vec![0f32; g.w_len()],
-        );
-        let rm = MatLayout::row_major;
-        for n in 0..g.batch {
-            for gi in 0..g.groups {
-                let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
-                im2col(g, &x[xs..xs + xg], &mut col);
-                gemm_ws(
-                    og,
-                    k,
-                    p,
-                    1.0,
-                    w,
-                    rm(k).at(gi * og * k),
-                    &col,
-                    rm(p),
-                    0.0,
-                    &mut y,
-                    rm(p).at(ys),
-                    &mut gws,
-                )
-                .unwrap();
-                let beta = if n == 0 { 0.0 } else { 1.0 };
-                gemm_ws(
-                    og,
-                    p,
-                    k,
-                    1.0,
-                    dy,
-                    rm(p).at(ys),
-                    &col,
-                    MatLayout::col_major(p),
-                    beta,
-                    &mut dw,
-                    rm(k).at(gi * og * k),
-                    &mut gws,
-                )
-                .unwrap();
-                gemm_ws(
-                    k,
-                    og,
-                    p,
-                    1.0,
-                    w,
-                    MatLayout::col_major(k).at(gi * og * k),
-                    dy,
-                    rm(p).at(ys),
-                    0.0,
-                    &mut col,
-                    rm(p),
-                    &mut gws,
-                )
-                .unwrap();
-                col2im_add(g, &col, &mut dx[xs..xs + xg]);
-            }
-        }
-        [y, dx, dw]
-    }
-
-    #[test]
-    fn lanes_channel_ranges_and_pointwise_operands_give_the_bits_of_one_whole_group_at_a_time() {
-        let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
-        for g in geometries() {
-            let (x, w, dy) = (
-                f32s(values(g.x_len(), 6)),
-                f32s(values(g.w_len(), 7)),
-                f32s(values(g.y_len(), 8)),
-            );
-            let want = one_unit_at_a_time(&g, &x, &w, &dy);
-            let mut got = [
-                vec![f32::NAN; g.y_len()],
-                vec![f32::NAN; g.x_len()],
-                vec![f32::NAN; g.w_len()],
-            ];
-            let ws = |pass| vec![f32::NAN; workspace_len::<f32>(&g, pass)];
-            forward(&g, &x, &w, &mut got[0], &mut ws(Pass::Forward)).unwrap();
-            grad_input(&g, &dy, &w, &mut got[1], &mut ws(Pass::GradInput)).unwrap();
-            grad_weight(&g, &x, &dy, &mut got[2], &mut ws(Pass::GradWeight)).unwrap();
-            for (name, (a, b)) in ["y", "dx", "dw"].iter().zip(got.iter().zip(&want)) {
-                assert!(
-                    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{g:?}: {name} differs from one whole group at a time"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn the_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
-        // resnet18's 3x3 convolutions at 8x8, batch 128: sixteen lanes.
-        let small =
-            ConvGeometry::new([128, 64, 8, 8], [64, 64, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
-        for pass in [Pass::Forward, Pass::GradInput] {
-            assert_eq!(split::<f32>(&small, pass).lanes, MAX_LANES, "{pass:?}");
-        }
-        // Its weight gradient: ranges of 16 channels (144 columns), one lane each.
-        let s = split::<f32>(&small, Pass::GradWeight);
-        assert_eq!((s.units, s.chunk, s.lanes), (4, 16, 4), "{s:?}");
-        // 37 channels of 3x3 (333 columns, as in `geometries`): two ranges, summed apart.
-        let g37 =
-            ConvGeometry::new([2, 37, 5, 6], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
-        let s = split::<f32>(&g37, Pass::GradWeight);
-        assert_eq!(
-            (s.units, s.chunk, s.partial),
-            (2, 19, 2 * 3 * 19 * 9),
-            "{s:?}"
-        );
-        // A ResNet-50 stem at 224x224: 7 MiB column buffers, so fewer lanes.
-        let big = ConvGeometry::new([128, 3, 224, 224], [64, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1)
-            .unwrap();
-        let s = split::<f32>(&big, Pass::Forward);
-        assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
-        assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
-        // resnet18's last 3x3 convolution (512 channels at 1x1): the weight gradient's partial
-        // sums alone would pass the budget, so its one unit per group writes dw in place.
-        let wide = ConvGeometry::new(
-            [128, 512, 1, 1],
-            [512, 512, 3, 3],
-            [1, 1],
-            [1, 1],
-            [1, 1],
-            1,
-        )
-        .unwrap();
-        let s = split::<f32>(&wide, Pass::GradWeight);
-        assert_eq!((s.units, s.partial), (1, 0), "{s:?}");
-        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-            assert!(
-                4 * workspace_len::<f32>(&wide, pass)
-                    <= LANE_BUDGET_BYTES.max(4 * split::<f32>(&wide, pass).lane_len),
-                "{pass:?}"
-            );
-        }
-        // A pointwise convolution needs no column buffer.
-        let pw =
-            ConvGeometry::new([8, 64, 7, 7], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
-        assert_eq!(split::<f32>(&pw, Pass::Forward).col_len, 0);
-        assert!(
-            workspace_len::<f32>(&pw, Pass::Forward) < workspace_len::<f32>(&small, Pass::Forward)
-        );
     }
 
     #[test]
