@@ -4,7 +4,7 @@
 use super::{Access, FusedKernel, Input, Inst, Output};
 use crate::{BinaryOp, DType, ReduceOp};
 
-/// `x * 0.75 + 0.5`, `ops` times in turn (a multiply, then an add, ...), over f32[`dims`]: one
+/// `x * 0.75 + 0.5`, `ops` times in turn (a multiply, then an add, ...), over `f32[dims]`: one
 /// constant each, read by every step, as fusion's deduplicated constants are; then, when
 /// `reduce`, also the max of each row of the innermost axis as a second output.
 pub fn chain(ops: usize, dims: &[usize], reduce: bool) -> FusedKernel {

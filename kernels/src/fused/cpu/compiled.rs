@@ -150,7 +150,7 @@ impl Compiled {
     /// for f32 are left to the interpreter. Allocates nothing.
     ///
     /// The checks and the split of `mem` around the scratch are the same for both kinds of
-    /// program, so they are made here once and each program gets the [`Arena`].
+    /// program, so they are made here once and each program gets the `Arena`.
     pub fn run(
         &self,
         k: &FusedKernel,
