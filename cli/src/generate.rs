@@ -197,7 +197,7 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
                 "cached": generator.is_cached(),
                 "planned_bytes": generator.planned_bytes(),
             });
-            crate::outln!("{line}")?;
+            crate::outln!("{}", json_escaped(&line.to_string()))?;
         } else {
             // Several prompts' texts are told apart by an empty line.
             if i > 0 {
@@ -378,6 +378,24 @@ fn unfed(model: &str, inputs: &[String]) -> Failure {
     )
 }
 
+/// `json` (serde_json's text) with DEL and the C1 controls written as JSON escapes
+/// (`\u007f`): serde_json escapes only the C0 controls, and standard output writes every
+/// control a terminal may act on in Rust's escaped form ([`crate::printable`]), `\u{7f}`,
+/// which is not JSON. Generated text holds any byte a model draws, so a line of
+/// `generate --json` held such escapes and did not parse. The value is the same; the line
+/// passes through standard output unchanged.
+fn json_escaped(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c.is_control() && c as u32 >= 0x7f {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `NAME=SIZE` of `--dim`: an axis name and a positive size.
 fn parse_dim(s: &str) -> Result<(String, usize), String> {
     let (name, size) = s
@@ -386,5 +404,25 @@ fn parse_dim(s: &str) -> Result<(String, usize), String> {
     match size.trim().parse::<usize>() {
         Ok(n) if n > 0 && !name.is_empty() => Ok((name.to_string(), n)),
         _ => Err(format!("{s:?} needs an axis name and a positive size")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generated_text_with_del_and_c1_controls_prints_as_json_that_parses_back() {
+        let text = "a\u{7f}b\u{85}c\u{9f}\u{1b}d\u{a0}é";
+        let line = serde_json::json!({ "text": text }).to_string();
+        let escaped = super::json_escaped(&line);
+        assert_eq!(
+            escaped,
+            "{\"text\":\"a\\u007fb\\u0085c\\u009f\\u001bd\u{a0}é\"}"
+        );
+        // Unchanged by standard output's escaping, and the same value when parsed.
+        assert_eq!(crate::printable(&escaped), escaped.as_str());
+        let back: serde_json::Value = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(back["text"], text);
+        // What standard output made of serde_json's own line: not JSON.
+        assert!(serde_json::from_str::<serde_json::Value>(&crate::printable(&line)).is_err());
     }
 }
