@@ -62,7 +62,7 @@ mod tests {
         assert_eq!(format!("{:.6}", Figure(-6e-7)), "-0.000001");
         assert_eq!(format!("{:.4}", Figure(-6e-5)), "-0.0001");
         assert_eq!(format!("{:>12.6}", Figure(-1.25)), "   -1.250000");
-        assert_eq!(format!("{:.6}", Figure(2.302585)), "2.302585");
+        assert_eq!(format!("{:.6}", Figure(1.234567)), "1.234567");
         assert_eq!(format!("{}", Figure(-3e-9)), "-0.000000003");
         assert_eq!(format!("{:.6}", Figure(f64::NAN)), "NaN");
         assert_eq!(format!("{:.2}", Figure(f64::NEG_INFINITY)), "-inf");
