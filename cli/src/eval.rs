@@ -317,7 +317,7 @@ fn print_totals(t: &Totals, dropped: Option<String>, json: bool) -> Result<(), F
     };
     crate::outln!(
         "loss {:.4}{accuracy} over {} samples ({} batches)",
-        t.loss,
+        ingot_trainer::figure::Figure(t.loss),
         t.samples,
         t.batches
     )?;

@@ -3,7 +3,8 @@
 //! token (the planned bytes are printed on standard error before it). A GPT of the built-in
 //! family runs its decode step with its KV cache (or, with `--whole-window`, the forward step
 //! over the whole context window, the reference); an imported ONNX decoder (`--onnx`) runs its
-//! forward graph over the whole window, its logits output found by name or by shape. Text
+//! forward graph over the whole window, its logits output found by name or by shape, its data
+//! inputs other than the token ids held at a value (`--input-value`, train's parser). Text
 //! becomes tokens as bytes, or by a Hugging Face `tokenizer.json` (`--tokenizer`).
 
 use super::eval::{DeviceArgs, Weights, WeightsArgs};
@@ -11,6 +12,7 @@ use super::Failure;
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::precision::Precision;
+use ingot_onnx::HeldValue;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::data::tokenizer::TextTokenizer;
 use ingot_trainer::generate::{decoder_logits, Generator, Sampling, Tokenizer};
@@ -37,6 +39,12 @@ pub struct GenerateArgs {
     /// (Ingot plans static shapes: this is the context window).
     #[arg(long = "dim", value_name = "NAME=SIZE", requires = "onnx", value_parser = parse_dim)]
     pub dims: Vec<(String, usize)>,
+    /// Hold a data input of the ONNX decoder other than the token ids at a value
+    /// (repeatable), as train's --input-value: `attention_mask=1` (a mask of ones: every
+    /// position of the window seen), `position_ids=positions` (0, 1, .. along the window, where
+    /// generation places the tokens), `token_type_ids=0`.
+    #[arg(long = "input-value", value_name = "NAME=VALUE", value_parser = crate::onnx::parse_input_value)]
+    pub input_value: Vec<(String, HeldValue)>,
     /// A checkpoint directory written by `ingot train --checkpoint DIR`: its weights.
     #[arg(
         long,
@@ -189,7 +197,7 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
                 "cached": generator.is_cached(),
                 "planned_bytes": generator.planned_bytes(),
             });
-            crate::outln!("{line}")?;
+            crate::outln!("{}", json_escaped(&line.to_string()))?;
         } else {
             // Several prompts' texts are told apart by an empty line.
             if i > 0 {
@@ -222,6 +230,12 @@ fn named_generator(
         })?;
     let weights =
         weights.ok_or_else(|| Failure::new(2, "give --checkpoint DIR or --init P.safetensors"))?;
+    if !a.input_value.is_empty() {
+        return Err(Failure::new(
+            2,
+            format!("--input-value applies to an ONNX decoder (--onnx MODEL.onnx); {name} reads the token ids alone"),
+        ));
+    }
     // The decode step is the GPT family's; another language model runs the whole window.
     let cached =
         !a.whole_window && ingot_compiler::models::gpt_decode::gpt_config_of(&name).is_some();
@@ -258,6 +272,7 @@ fn onnx_generator(
         loss: Loss::Forward,
         batch,
         dims: a.dims.iter().cloned().collect(),
+        fixed_inputs: a.input_value.iter().cloned().collect(),
         ..Default::default()
     };
     // One row per prompt where the batch axis is symbolic; where the file fixes it (the
@@ -266,7 +281,11 @@ fn onnx_generator(
         Err(OnnxError::FixedBatch { .. }) => import(path, &options(None)),
         other => other,
     }
-    .map_err(|e| fail(e.to_string()))?;
+    .map_err(|e| match e {
+        // More inputs than even training feeds: all but the token ids need a value.
+        OnnxError::DataInputs { names, .. } => unfed(&name, &names),
+        e => fail(e.to_string()),
+    })?;
     // The forward pass as evaluation traces it (dropout the identity).
     let (graph, outputs) = if imported.eval_outputs.is_empty() {
         (&imported.model.graph, &imported.outputs)
@@ -281,9 +300,8 @@ fn onnx_generator(
         .map(|(theirs, _)| theirs.as_str())
         .collect();
     if fed.len() > 1 {
-        return Err(fail(format!(
-            "the logits read the data inputs {fed:?}; generation feeds the token ids alone"
-        )));
+        let names: Vec<String> = fed.iter().map(|n| n.to_string()).collect();
+        return Err(unfed(&name, &names));
     }
     let precision = precision.unwrap_or(imported.model.precision);
     let mut opts = device.options();
@@ -330,6 +348,54 @@ fn onnx_generator(
     Ok((generator, name, precision))
 }
 
+/// The error of an ONNX decoder whose data inputs besides the token ids (`inputs[0]`, the
+/// first, as the importer feeds it) were given no value: it names each and shows the flag
+/// with a value that suits its name (a mask of ones, the positions, else 0).
+fn unfed(model: &str, inputs: &[String]) -> Failure {
+    let (tokens, others) = inputs
+        .split_first()
+        .map_or(("", inputs), |(t, o)| (t.as_str(), o));
+    let suggested: Vec<String> = others
+        .iter()
+        .map(|n| {
+            let value = if n.contains("mask") {
+                "1"
+            } else if n.contains("position") {
+                crate::onnx::POSITIONS
+            } else {
+                "0"
+            };
+            format!("--input-value {n}={value}")
+        })
+        .collect();
+    Failure::new(
+        2,
+        format!(
+            "{model}: generation feeds the token ids ({tokens}) alone, but the model also reads {others:?}: hold each at a value, e.g. {} (a number fills the input; {} holds 0, 1, .. along the window)",
+            suggested.join(" "),
+            crate::onnx::POSITIONS
+        ),
+    )
+}
+
+/// `json` (serde_json's text) with DEL and the C1 controls written as JSON escapes
+/// (`\u007f`): serde_json escapes only the C0 controls, and standard output writes every
+/// control a terminal may act on in Rust's escaped form ([`crate::printable`]), `\u{7f}`,
+/// which is not JSON. Generated text holds any byte a model draws, so a line of
+/// `generate --json` held such escapes and did not parse. The value is the same; the line
+/// passes through standard output unchanged.
+fn json_escaped(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c.is_control() && c as u32 >= 0x7f {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `NAME=SIZE` of `--dim`: an axis name and a positive size.
 fn parse_dim(s: &str) -> Result<(String, usize), String> {
     let (name, size) = s
@@ -338,5 +404,25 @@ fn parse_dim(s: &str) -> Result<(String, usize), String> {
     match size.trim().parse::<usize>() {
         Ok(n) if n > 0 && !name.is_empty() => Ok((name.to_string(), n)),
         _ => Err(format!("{s:?} needs an axis name and a positive size")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generated_text_with_del_and_c1_controls_prints_as_json_that_parses_back() {
+        let text = "a\u{7f}b\u{85}c\u{9f}\u{1b}d\u{a0}é";
+        let line = serde_json::json!({ "text": text }).to_string();
+        let escaped = super::json_escaped(&line);
+        assert_eq!(
+            escaped,
+            "{\"text\":\"a\\u007fb\\u0085c\\u009f\\u001bd\u{a0}é\"}"
+        );
+        // Unchanged by standard output's escaping, and the same value when parsed.
+        assert_eq!(crate::printable(&escaped), escaped.as_str());
+        let back: serde_json::Value = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(back["text"], text);
+        // What standard output made of serde_json's own line: not JSON.
+        assert!(serde_json::from_str::<serde_json::Value>(&crate::printable(&line)).is_err());
     }
 }

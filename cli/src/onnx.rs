@@ -9,7 +9,7 @@ use indexmap::IndexMap;
 use ingot_compiler::exe::{Constant, Executable};
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::models::Model;
-use ingot_onnx::{ClassAxis, ImportOptions, Imported, Loss};
+use ingot_onnx::{ClassAxis, HeldValue, ImportOptions, Imported, Loss};
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::Session;
 use ingot_trainer::state_dict::StateDict;
@@ -107,12 +107,13 @@ pub struct ImportFlags {
     /// spec must agree), or an --onnx model whose batch axis is symbolic.
     #[arg(long = "batch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
-    /// Hold a data input of --onnx at one value instead of feeding it (repeatable):
+    /// Hold a data input of --onnx at a value instead of feeding it (repeatable):
     /// `--input-value attention_mask=1 --input-value token_type_ids=0` for a BERT exported
-    /// with those inputs. Ingot's trainer feeds two inputs (x and y), so a model with more data
-    /// inputs trains with the rest held this way.
+    /// with those inputs; `position_ids=positions` holds each element at its index along the
+    /// input's last axis (0, 1, .. along the sequence). Ingot's trainer feeds two inputs (x and
+    /// y), so a model with more data inputs trains with the rest held this way.
     #[arg(long = "input-value", value_name = "NAME=VALUE", value_parser = parse_input_value)]
-    pub input_value: Vec<(String, f64)>,
+    pub input_value: Vec<(String, HeldValue)>,
     /// The class axis of --loss cross-entropy's logits when they have more than two axes:
     /// last (a token model's [N, S, V], labels [N, S]) or 1 (PyTorch's CrossEntropyLoss,
     /// [N, C, d1, ..], labels [N, d1, ..]). Without it, train decides by the shape of --data's
@@ -124,18 +125,28 @@ pub struct ImportFlags {
     pub labels_shape: Option<Vec<usize>>,
 }
 
-fn parse_input_value(s: &str) -> Result<(String, f64), String> {
+/// The word of `--input-value NAME=positions`.
+pub(crate) const POSITIONS: &str = "positions";
+
+/// `NAME=VALUE` of `--input-value` (train, plan, compile, `onnx check` and generate): an input
+/// name and a finite number, or `positions` ([`HeldValue::Positions`]).
+pub(crate) fn parse_input_value(s: &str) -> Result<(String, HeldValue), String> {
     let (name, v) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
-    let v: f64 = v
-        .trim()
-        .parse()
-        .map_err(|_| format!("{v:?} (in {s:?}) is not a number"))?;
-    if name.is_empty() || !v.is_finite() {
-        return Err(format!("{s:?} needs an input name and a finite value"));
+    if name.is_empty() {
+        return Err(format!("{s:?} needs an input name before ="));
     }
-    Ok((name.to_string(), v))
+    if v.trim() == POSITIONS {
+        return Ok((name.to_string(), HeldValue::Positions));
+    }
+    let v: f64 = v.trim().parse().map_err(|_| {
+        format!("{v:?} (in {s:?}) is neither a number nor {POSITIONS} (0, 1, .. along the input's last axis)")
+    })?;
+    if !v.is_finite() {
+        return Err(format!("{s:?} needs a finite value"));
+    }
+    Ok((name.to_string(), HeldValue::Fill(v)))
 }
 
 impl ImportFlags {
@@ -416,6 +427,25 @@ mod tests {
     #[test]
     fn the_command_line_with_the_onnx_flags_is_consistent() {
         super::super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_input_value_is_a_number_or_the_positions_and_anything_else_is_refused_by_name() {
+        use super::{parse_input_value, HeldValue};
+        let held = parse_input_value;
+        assert_eq!(
+            held("attention_mask=1"),
+            Ok(("attention_mask".into(), HeldValue::Fill(1.0)))
+        );
+        assert_eq!(
+            held("position_ids=positions"),
+            Ok(("position_ids".into(), HeldValue::Positions))
+        );
+        let e = held("position_ids=position").unwrap_err();
+        assert!(e.contains("\"position\"") && e.contains("positions"), "{e}");
+        assert!(held("=1").unwrap_err().contains("input name"));
+        assert!(held("mask").unwrap_err().contains("NAME=VALUE"));
+        assert!(held("mask=inf").unwrap_err().contains("finite"));
     }
 
     /// Flags importing a copy of a small fixture, and the copy's path (to take it away): a

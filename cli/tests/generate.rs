@@ -437,3 +437,135 @@ fn a_symbolic_window_axis_of_an_onnx_model_takes_its_size_from_dim() {
     let (code, _, err) = generate(&["--dim", "seq=0"]);
     assert_eq!(code, 2, "{err}");
 }
+
+// ---------------------------------------------------------------- decoders with more inputs
+
+/// Two small decoders of the same weights (scripts/decoder_inputs_fixture.py): `plain.onnx`
+/// reads the token ids alone (its positions the constant 0..8); `inputs.onnx` also reads
+/// `attention_mask` and `position_ids`, as transformers exports a decoder. Vocabulary 32, a
+/// window of 8, a symbolic batch.
+fn decoder(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/decoder_inputs")
+        .join(file)
+}
+
+/// Both prompts, 12 tokens each (the window of 8 slides), from seed 4 at `temperature`.
+fn draw(temperature: &str) -> Vec<&str> {
+    let mut args = Vec::new();
+    for p in PROMPTS {
+        args.extend(["--prompt", p]);
+    }
+    args.extend([
+        "--tokens",
+        "12",
+        "--temperature",
+        temperature,
+        "--seed",
+        "4",
+    ]);
+    args
+}
+
+#[test]
+fn a_decoder_with_its_mask_held_at_one_and_its_positions_along_the_window_draws_the_tokens_of_the_same_decoder_without_those_inputs(
+) {
+    let inputs = decoder("inputs.onnx");
+    let plain = decoder("plain.onnx");
+    let held = [
+        "--input-value",
+        "attention_mask=1",
+        "--input-value",
+        "position_ids=positions",
+    ];
+    for temperature in ["0", "1"] {
+        let reference = generated(&[&["--onnx", s(&plain)][..], &draw(temperature)].concat());
+        let with_inputs =
+            generated(&[&["--onnx", s(&inputs)][..], &held, &draw(temperature)].concat());
+        assert_eq!(with_inputs, reference, "at temperature {temperature}");
+        assert_eq!(reference.len(), 2);
+        let distinct: std::collections::BTreeSet<u64> =
+            reference.iter().flatten().copied().collect();
+        assert!(
+            distinct.len() >= 3,
+            "too few distinct tokens to prove much: {reference:?}"
+        );
+    }
+    // The positions are read: held at 0 instead, the tokens differ.
+    let at_zero = generated(
+        &[
+            &["--onnx", s(&inputs)][..],
+            &["--input-value", "attention_mask=1"],
+            &["--input-value", "position_ids=0"],
+            &draw("1"),
+        ]
+        .concat(),
+    );
+    let reference = generated(&[&["--onnx", s(&plain)][..], &draw("1")].concat());
+    assert_ne!(at_zero, reference);
+}
+
+#[test]
+fn a_decoder_input_given_no_value_is_refused_naming_it_and_the_flag() {
+    let inputs = decoder("inputs.onnx");
+    let generate = |extra: &[&str]| {
+        let base = [
+            "generate",
+            "--onnx",
+            s(&inputs),
+            "--prompt",
+            "\u{1}",
+            "--tokens",
+            "1",
+        ];
+        run(&[&base[..], extra].concat())
+    };
+    // Neither held: both named, each with a value that suits it.
+    let (code, _, err) = generate(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("(input_ids)")
+            && err.contains("--input-value attention_mask=1")
+            && err.contains("--input-value position_ids=positions"),
+        "{err}"
+    );
+    // The mask held, the positions not: only they are named.
+    let (code, _, err) = generate(&["--input-value", "attention_mask=1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--input-value position_ids=positions") && !err.contains("attention_mask"),
+        "{err}"
+    );
+    // A name the model does not have, and a value that is neither a number nor positions.
+    let (code, _, err) = generate(&["--input-value", "token_type_ids=0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("\"token_type_ids\"") && err.contains("not a data input"),
+        "{err}"
+    );
+    let (code, _, err) = generate(&["--input-value", "position_ids=position"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("positions"), "{err}");
+}
+
+#[test]
+fn plan_takes_the_positions_with_the_same_flag_as_generate() {
+    let inputs = decoder("inputs.onnx");
+    let out = ok(&ingot(&[
+        "plan",
+        "--onnx",
+        s(&inputs),
+        "--loss",
+        "cross-entropy",
+        "--class-axis",
+        "last",
+        "--batch",
+        "2",
+        "--input-value",
+        "attention_mask=1",
+        "--input-value",
+        "position_ids=positions",
+        "--json",
+    ]));
+    assert!(out.contains("total_bytes"), "{out}");
+}

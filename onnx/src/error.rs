@@ -53,12 +53,30 @@ pub enum OnnxError {
         fixed: i64,
         asked: usize,
     },
+    /// More data inputs than the trainer feeds (`fed`: `x`, and `y` unless the loss adds the
+    /// labels), none held at a value: `names` lists them all in the file's order, so a caller
+    /// that feeds fewer (generation feeds the first alone) can say which need a value.
+    #[error("the model has {} data inputs ({names:?}); Ingot's trainer feeds {fed} with this loss (x{}): hold the others at a value (`--input-value NAME=VALUE`, e.g. attention_mask=1 token_type_ids=0; ImportOptions::fixed_inputs)", .names.len(), and_y(*.labels))]
+    DataInputs {
+        names: Vec<String>,
+        fed: usize,
+        labels: bool,
+    },
     /// A graph input Ingot cannot make static, or the loss cannot be attached as asked.
     #[error("{0}")]
     Options(String),
     /// The finished graph was refused by Ingot's IR (a bug of the importer if it happens).
     #[error(transparent)]
     Ir(#[from] IrError),
+}
+
+/// What the trainer feeds besides `x`: the labels a loss adds, or the model's `y`.
+fn and_y(labels: bool) -> &'static str {
+    if labels {
+        ", and the labels y"
+    } else {
+        " and y"
+    }
 }
 
 fn list(items: &[Unsupported]) -> String {

@@ -40,8 +40,9 @@
 //!   computes its own loss from `(data, target)`); with [`Loss::CrossEntropy`] or [`Loss::Mse`]
 //!   the model has one data input, `x`, and the loss adds `y`, the labels. Other data inputs
 //!   are held at a value ([`ImportOptions::fixed_inputs`], `--input-value NAME=VALUE`: BERT's
-//!   `attention_mask` at 1, `token_type_ids` at 0), constants folded into what reads them;
-//!   more data inputs than that are refused naming them. [`Imported::inputs`] maps ONNX names
+//!   `attention_mask` at 1, `token_type_ids` at 0, a decoder's `position_ids` at 0, 1, ..
+//!   along the sequence, [`HeldValue`]), constants folded into what reads them; more data
+//!   inputs than that are refused naming them ([`OnnxError::DataInputs`]). [`Imported::inputs`] maps ONNX names
 //!   to Ingot's.
 //! - **Shapes are static**: a symbolic axis 0 of a data input takes [`ImportOptions::batch`],
 //!   another symbolic axis its size in [`ImportOptions::dims`] (by its `dim_param` name); one
@@ -162,6 +163,34 @@ pub enum ClassAxis {
     Second,
 }
 
+/// The value a data input is held at instead of being fed ([`ImportOptions::fixed_inputs`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum HeldValue {
+    /// Every element this number: BERT's `attention_mask` at 1, `token_type_ids` at 0.
+    Fill(f64),
+    /// Each element its index along the input's last axis, 0, 1, ..: a decoder's
+    /// `position_ids` `[batch, seq]` (transformers' exports take them as an input) for tokens
+    /// that sit at positions 0.. of the window, as Ingot's training batches and generation's
+    /// windows place them.
+    Positions,
+}
+
+impl HeldValue {
+    /// The value of element `i` of an input whose last axis has `last` elements.
+    fn at(self, i: usize, last: usize) -> f64 {
+        match self {
+            HeldValue::Fill(v) => v,
+            HeldValue::Positions => (i % last.max(1)) as f64,
+        }
+    }
+}
+
+impl From<f64> for HeldValue {
+    fn from(v: f64) -> HeldValue {
+        HeldValue::Fill(v)
+    }
+}
+
 /// How to import a model.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
@@ -179,11 +208,12 @@ pub struct ImportOptions {
     pub max_file_bytes: u64,
     /// The optimizer of the training step ([`Model::FILE_OPTIMIZER`] unless set).
     pub optimizer: Optimizer,
-    /// Data inputs held at one value, by ONNX name (BERT's `attention_mask` at 1 and
-    /// `token_type_ids` at 0): each becomes a constant of its declared type and shape, folded
-    /// into what reads it, instead of a step input. Ingot's trainer feeds two inputs (`x`, `y`),
-    /// so a model with more data inputs than that trains with the rest held this way.
-    pub fixed_inputs: BTreeMap<String, f64>,
+    /// Data inputs held at a value, by ONNX name (BERT's `attention_mask` at 1 and
+    /// `token_type_ids` at 0, a decoder's `position_ids` at [`HeldValue::Positions`]): each
+    /// becomes a constant of its declared type and shape, folded into what reads it, instead
+    /// of a step input. Ingot's trainer feeds two inputs (`x`, `y`), so a model with more data
+    /// inputs than that trains with the rest held this way.
+    pub fixed_inputs: BTreeMap<String, HeldValue>,
     /// Which axis of [`Loss::CrossEntropy`]'s logits holds the classes.
     pub class_axis: ClassAxis,
     /// The labels' shape, where the caller knows it (a batch file's `y`), for
@@ -470,16 +500,18 @@ fn prepare<'a>(
         let ty = input_type(v, opts)?;
         let value = opts.fixed_inputs[v.name()];
         let numel = ty.shape.numel();
+        let last = ty.shape.dims().last().copied().unwrap_or(1);
         if numel > lower::MAX_FOLDED {
             return Err(OnnxError::Options(format!(
                 "input {:?} ({ty}) is too large to hold at a value",
                 v.name()
             )));
         }
+        let at = |i| value.at(i, last);
         let data = if ty.dtype.is_float() {
-            value::Data::F(vec![value; numel])
+            value::Data::F((0..numel).map(at).collect())
         } else {
-            value::Data::I(vec![value as i64; numel])
+            value::Data::I((0..numel).map(|i| at(i) as i64).collect())
         };
         let c = Const::new(ty.dtype, ty.shape.dims().to_vec(), data);
         fixed.push((v.name().to_string(), c));
@@ -490,12 +522,11 @@ fn prepare<'a>(
         .collect();
     let max_inputs = if labels { 1 } else { 2 };
     if data_inputs.len() > max_inputs {
-        let names: Vec<&str> = data_inputs.iter().map(|v| v.name()).collect();
-        return Err(OnnxError::Options(format!(
-            "the model has {} data inputs ({names:?}); Ingot's trainer feeds {max_inputs} with this loss (x{}): hold the others at a value (`--input-value NAME=VALUE`, e.g. attention_mask=1 token_type_ids=0; ImportOptions::fixed_inputs)",
-            names.len(),
-            if labels { ", and the labels y" } else { " and y" }
-        )));
+        return Err(OnnxError::DataInputs {
+            names: data_inputs.iter().map(|v| v.name().to_string()).collect(),
+            fed: max_inputs,
+            labels,
+        });
     }
     let mut inputs = Vec::new();
     let mut input_types = Vec::new();

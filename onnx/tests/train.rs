@@ -263,7 +263,10 @@ fn data_inputs_held_at_a_value_are_folded_constants_and_the_rest_are_fed() {
     let path = fixtures().join("errors/three_inputs.onnx");
     let opts = |fixed: &[(&str, f64)]| ImportOptions {
         loss: Loss::Mse { output: None },
-        fixed_inputs: fixed.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        fixed_inputs: fixed
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).into()))
+            .collect(),
         ..Default::default()
     };
     let imp = import(&path, &opts(&[("target", 1.5), ("third", -4.0)])).unwrap();

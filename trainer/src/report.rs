@@ -3,6 +3,7 @@
 //! beside the measured one. Its curves are [`Curve`]s: every point of a run of up to
 //! [`Curve::POINTS`] steps, evenly thinned beyond (the first and last always drawn).
 
+use crate::figure::Figure;
 use crate::record::Curve;
 
 /// What a run recorded for its report.
@@ -145,7 +146,7 @@ fn short(v: f64) -> String {
     } else if v.abs() >= 100.0 {
         format!("{v:.0}")
     } else {
-        format!("{v:.3}")
+        format!("{:.3}", Figure(v))
     }
 }
 
@@ -223,8 +224,14 @@ pub fn html(r: &RunRecord) -> String {
         device = escape(&r.device),
         dataset = escape(r.dataset.as_deref().unwrap_or("one fixed batch")),
         steps = r.losses.count(),
-        last_loss = r.losses.last().map_or("-".into(), |p| format!("{:.6}", p.1)),
-        last_val = r.val.last().map_or("-".into(), |p| format!("{:.6}", p.1)),
+        last_loss = r
+            .losses
+            .last()
+            .map_or("-".into(), |p| format!("{:.6}", Figure(p.1))),
+        last_val = r
+            .val
+            .last()
+            .map_or("-".into(), |p| format!("{:.6}", Figure(p.1))),
         planned = mib(r.planned_bytes),
         eval = r
             .eval_layout

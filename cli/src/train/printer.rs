@@ -5,6 +5,7 @@
 use crate::Failure;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ingot_compiler::report::human;
+use ingot_trainer::figure::Figure;
 use ingot_trainer::run::{
     EpochEvent, EvalEvent, Finished, Note, Observer, ObserverError, Start, StepEvent, Summary,
     Weights,
@@ -208,7 +209,7 @@ impl Observer for Printer {
             .unwrap_or_default();
         let text = format!(
             "{ep}step {i:>5}  loss {:>12.6}  {:>9.3} ms{rate}{extra}",
-            r.loss,
+            Figure(r.loss),
             r.seconds * 1e3
         );
         let Some(bar) = &self.bar else {
@@ -221,7 +222,7 @@ impl Observer for Printer {
             .unwrap_or_default();
         let val = self
             .val_loss
-            .map(|v| format!("  val {v:.4}"))
+            .map(|v| format!("  val {:.4}", Figure(v)))
             .unwrap_or_default();
         let val = match self.val_top1 {
             Some(a) => format!("{val} top-1 {:.1}%", 100.0 * a),
@@ -229,7 +230,7 @@ impl Observer for Printer {
         };
         bar.set_message(format!(
             "{ep}loss {:.6}{val}{speed}  {:.3} ms/step{rate}  memory {}",
-            r.loss,
+            Figure(r.loss),
             r.seconds * 1e3,
             self.planned
         ));
@@ -255,7 +256,9 @@ impl Observer for Printer {
         };
         self.line(format!(
             "eval after step {}: val loss {:.6}{accuracy} over {} batches",
-            e.step, e.val_loss, e.batches
+            e.step,
+            Figure(e.val_loss),
+            e.batches
         ))
     }
 
@@ -273,7 +276,7 @@ impl Observer for Printer {
             "epoch {} done at step {}: mean loss {:.6}{}",
             e.epoch,
             e.step,
-            e.mean_loss,
+            Figure(e.mean_loss),
             e.free_device_bytes
                 .map(|f| format!(", free device memory {f} bytes"))
                 .unwrap_or_default()

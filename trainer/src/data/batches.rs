@@ -94,15 +94,88 @@ pub struct Dropped {
     pub unit: &'static str,
 }
 
+/// What every source holds alike: the model's inputs `x` and `y` its batches fill, and the
+/// seed of its shuffle or random offsets. A source lends it by [`BatchSource::cut`], and the
+/// trait's [`BatchSource::x`], [`BatchSource::y`] and [`BatchSource::seed`] read it, so each
+/// source writes one accessor instead of three; the checks and counts that token, sample and
+/// image batches share are its methods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cut {
+    pub x: InputSlot,
+    pub y: InputSlot,
+    pub seed: u64,
+}
+
+impl Cut {
+    /// The inputs `x` and `y` of `g` with `seed`; a model without one is an error naming the
+    /// data set at `path`.
+    pub fn of_graph(g: &Graph, path: &std::path::Path, seed: u64) -> Result<Cut, DataError> {
+        let slot = |name: &str| {
+            graph_slot(g, name).ok_or_else(|| {
+                DataError::model(path, format!("the model has no input named {name}"))
+            })
+        };
+        Ok(Cut {
+            x: slot("x")?,
+            y: slot("y")?,
+            seed,
+        })
+    }
+
+    /// The rows (samples, token windows) of a batch: the first axis of `x`.
+    pub fn batch(&self) -> usize {
+        self.x.dims.first().copied().unwrap_or(0)
+    }
+
+    /// Checks that `y` takes one integer class id per sample of the batch, as classifiers'
+    /// labels do; an error naming the data set at `path` otherwise.
+    pub(crate) fn check_labels(&self, path: &std::path::Path) -> Result<(), DataError> {
+        let (batch, y) = (self.batch(), &self.y);
+        if y.dims.iter().product::<usize>() != batch || !matches!(y.dtype, DType::I32 | DType::I64)
+        {
+            return Err(DataError::model(
+                path,
+                format!(
+                    "the model's input y is {:?} {}; class labels need {batch} integer ids (i32 or i64)",
+                    y.dims,
+                    y.dtype.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The whole batches of an epoch over `n` samples, each sample at most once.
+    pub(crate) fn sample_batches(&self, n: u64) -> u64 {
+        n / self.batch() as u64
+    }
+
+    /// What an epoch over `n` samples leaves out: those past the last whole batch.
+    pub(crate) fn samples_dropped(&self, n: u64) -> Dropped {
+        Dropped {
+            count: n % self.batch() as u64,
+            unit: "samples",
+        }
+    }
+}
+
 /// A data set cut into batches, each named by (epoch, index).
 pub trait BatchSource: Send {
-    fn x(&self) -> &InputSlot;
-    fn y(&self) -> &InputSlot;
+    /// The inputs the batches fill and the seed they are cut with.
+    fn cut(&self) -> &Cut;
+    fn x(&self) -> &InputSlot {
+        &self.cut().x
+    }
+    fn y(&self) -> &InputSlot {
+        &self.cut().y
+    }
+    /// The seed of the shuffle or of the random offsets.
+    fn seed(&self) -> u64 {
+        self.cut().seed
+    }
     /// Whole batches per epoch (at least 1: a data set that cannot fill one is refused when
     /// the source is made).
     fn batches_per_epoch(&self) -> u64;
-    /// The seed of the shuffle or of the random offsets.
-    fn seed(&self) -> u64;
     /// Fills batch `batch` (< [`BatchSource::batches_per_epoch`]) of `epoch` into `x` and `y`,
     /// which are [`InputSlot::bytes`] long (or longer). Allocates nothing.
     fn fill(&mut self, epoch: u64, batch: u64, x: &mut [u8], y: &mut [u8])
@@ -118,17 +191,11 @@ pub trait BatchSource: Send {
 }
 
 impl<S: BatchSource + ?Sized> BatchSource for Box<S> {
-    fn x(&self) -> &InputSlot {
-        (**self).x()
-    }
-    fn y(&self) -> &InputSlot {
-        (**self).y()
+    fn cut(&self) -> &Cut {
+        (**self).cut()
     }
     fn batches_per_epoch(&self) -> u64 {
         (**self).batches_per_epoch()
-    }
-    fn seed(&self) -> u64 {
-        (**self).seed()
     }
     fn fill(
         &mut self,
@@ -307,11 +374,9 @@ pub enum Order {
 #[derive(Debug)]
 pub struct TokenBatches {
     stream: TokenStream,
-    x: InputSlot,
-    y: InputSlot,
+    cut: Cut,
     vocab: u64,
     order: Order,
-    seed: u64,
     rows: u64,
 }
 
@@ -371,11 +436,9 @@ impl TokenBatches {
         stream.reserve(seq + 1);
         Ok(TokenBatches {
             stream,
-            x,
-            y,
+            cut: Cut { x, y, seed },
             vocab,
             order,
-            seed,
             rows,
         })
     }
@@ -389,7 +452,7 @@ impl TokenBatches {
         seed: u64,
     ) -> Result<TokenBatches, DataError> {
         let path = stream.path().to_path_buf();
-        let (x, y) = model_slots(g, &path)?;
+        let Cut { x, y, seed } = Cut::of_graph(g, &path, seed)?;
         let vocab = id_bound(
             g,
             &path,
@@ -404,22 +467,16 @@ impl TokenBatches {
     }
 
     fn shape(&self) -> (usize, usize) {
-        (self.x.dims[0], self.x.dims[1])
+        (self.cut.x.dims[0], self.cut.x.dims[1])
     }
 }
 
 impl BatchSource for TokenBatches {
-    fn x(&self) -> &InputSlot {
-        &self.x
-    }
-    fn y(&self) -> &InputSlot {
-        &self.y
+    fn cut(&self) -> &Cut {
+        &self.cut
     }
     fn batches_per_epoch(&self) -> u64 {
         self.rows / self.shape().0 as u64
-    }
-    fn seed(&self) -> u64 {
-        self.seed
     }
     fn fill(
         &mut self,
@@ -429,9 +486,9 @@ impl BatchSource for TokenBatches {
         y: &mut [u8],
     ) -> Result<(), DataError> {
         let (rows, seq) = self.shape();
-        let (xd, yd) = (self.x.dtype, self.y.dtype);
+        let (xd, yd) = (self.cut.x.dtype, self.cut.y.dtype);
         let last_start = self.stream.len() - seq as u64 - 1;
-        let mut rng = rng_at(self.seed, epoch, batch);
+        let mut rng = rng_at(self.cut.seed, epoch, batch);
         let offsets = Uniform::new_inclusive(0, last_start).expect("0 <= last_start");
         for r in 0..rows {
             let start = match self.order {
@@ -468,8 +525,8 @@ impl BatchSource for TokenBatches {
         format!(
             "tokens {}: batch {} x seq {}, {:?}, vocab {}",
             self.stream.describe(),
-            self.x.dims[0],
-            self.x.dims[1],
+            self.cut.x.dims[0],
+            self.cut.x.dims[1],
             self.order,
             self.vocab
         )
@@ -477,15 +534,6 @@ impl BatchSource for TokenBatches {
     fn check_all(&mut self) -> Result<(), DataError> {
         self.stream.check_ids(self.vocab)
     }
-}
-
-/// The model's inputs `x` and `y`, or an error naming the data file.
-fn model_slots(g: &Graph, path: &std::path::Path) -> Result<(InputSlot, InputSlot), DataError> {
-    let x = graph_slot(g, "x")
-        .ok_or_else(|| DataError::model(path, "the model has no input named x"))?;
-    let y = graph_slot(g, "y")
-        .ok_or_else(|| DataError::model(path, "the model has no input named y"))?;
-    Ok((x, y))
 }
 
 /// The bound of input `input`'s ids ([`crate::init::id_bound`]); an error saying the model has
@@ -525,11 +573,9 @@ pub struct SampleBatches {
     layout: Layout,
     /// uint8 features into a float input: divided by 255.
     unit_scale: bool,
-    x: InputSlot,
-    y: InputSlot,
+    cut: Cut,
     classes: u64,
     shuffle: bool,
-    seed: u64,
     /// The sample order of the epoch being read (allocated once, reshuffled in place).
     order: EpochOrder,
 }
@@ -579,13 +625,8 @@ impl SampleBatches {
                 ))
             }
         }
-        if y.dims.iter().product::<usize>() != batch || !matches!(y.dtype, DType::I32 | DType::I64)
-        {
-            return Err(DataError::model(
-                &yf,
-                format!("the model's input y is {:?} {}; class labels need {batch} integer ids (i32 or i64)", y.dims, y.dtype.name()),
-            ));
-        }
+        let cut = Cut { x, y, seed };
+        cut.check_labels(&yf)?;
         let n = set.len();
         if n > u32::MAX as u64 {
             return Err(DataError::TooSmall {
@@ -600,16 +641,14 @@ impl SampleBatches {
             });
         }
         set.reserve();
-        let unit_scale = x.dtype.is_float() && set.x().elem == super::array::Elem::U8;
+        let unit_scale = cut.x.dtype.is_float() && set.x().elem == super::array::Elem::U8;
         Ok(SampleBatches {
             set,
             layout,
             unit_scale,
-            x,
-            y,
+            cut,
             classes,
             shuffle,
-            seed,
             order: EpochOrder::new(n as usize),
         })
     }
@@ -623,7 +662,7 @@ impl SampleBatches {
         seed: u64,
     ) -> Result<SampleBatches, DataError> {
         let path = set.path().clone();
-        let (x, y) = model_slots(g, &path)?;
+        let Cut { x, y, seed } = Cut::of_graph(g, &path, seed)?;
         let classes = id_bound(g, &path, "y", "output layer to read the class count off")?;
         SampleBatches::new(set, x, y, classes, shuffle, seed)
     }
@@ -636,28 +675,22 @@ impl SampleBatches {
     /// generator keyed by (seed, epoch). Reuses the order's allocation.
     fn order_for(&mut self, epoch: u64) {
         let n = self.set.len() as u32;
-        self.order.prepare(epoch, n, self.shuffle, self.seed);
+        self.order.prepare(epoch, n, self.shuffle, self.cut.seed);
     }
 
     /// The samples of batch `batch` of `epoch`, in order (for tests and logs).
     pub fn samples_of(&mut self, epoch: u64, batch: u64) -> &[u32] {
         self.order_for(epoch);
-        self.order.batch(batch, self.x.dims[0])
+        self.order.batch(batch, self.cut.batch())
     }
 }
 
 impl BatchSource for SampleBatches {
-    fn x(&self) -> &InputSlot {
-        &self.x
-    }
-    fn y(&self) -> &InputSlot {
-        &self.y
+    fn cut(&self) -> &Cut {
+        &self.cut
     }
     fn batches_per_epoch(&self) -> u64 {
-        self.set.len() / self.x.dims[0] as u64
-    }
-    fn seed(&self) -> u64 {
-        self.seed
+        self.cut.sample_batches(self.set.len())
     }
     fn fill(
         &mut self,
@@ -667,10 +700,10 @@ impl BatchSource for SampleBatches {
         y: &mut [u8],
     ) -> Result<(), DataError> {
         self.order_for(epoch);
-        let b = self.x.dims[0];
+        let b = self.cut.batch();
         let row = self.set.x().row_elems() as usize;
         let src = self.set.x().elem;
-        let (xd, yd) = (self.x.dtype, self.y.dtype);
+        let (xd, yd) = (self.cut.x.dtype, self.cut.y.dtype);
         let (layout, unit_scale) = (self.layout, self.unit_scale);
         for r in 0..b {
             let i = self.order.batch(batch, b)[r] as u64;
@@ -705,16 +738,13 @@ impl BatchSource for SampleBatches {
         Ok(())
     }
     fn dropped_per_epoch(&self) -> Dropped {
-        Dropped {
-            count: self.set.len() % self.x.dims[0] as u64,
-            unit: "samples",
-        }
+        self.cut.samples_dropped(self.set.len())
     }
     fn describe(&self) -> String {
         format!(
             "samples {}: batch {}, {} classes, shuffle {}",
             self.set.describe(),
-            self.x.dims[0],
+            self.cut.batch(),
             self.classes,
             self.shuffle
         )

@@ -33,7 +33,7 @@ pub mod tokenizer;
 pub mod tokens;
 
 pub use batches::{
-    BatchInfo, BatchSource, Dropped, Epochs, InputSlot, Order, Position, SampleBatches,
+    BatchInfo, BatchSource, Cut, Dropped, Epochs, InputSlot, Order, Position, SampleBatches,
     TokenBatches,
 };
 pub use loader::{Loader, Staged, Staging};

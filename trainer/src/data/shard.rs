@@ -3,7 +3,7 @@
 //! process of several ([`ShardBatches`]). Rank `r` of `N` reads the same rows either way, so a
 //! run gives the same losses in-process and as a job of processes.
 
-use super::{BatchSource, DataError, Dropped, InputSlot};
+use super::{BatchSource, Cut, DataError, Dropped, InputSlot};
 use ingot_runtime::StepExecutor;
 
 /// `ranks` (at least 1), when `inner` has a batch per epoch for each; otherwise the error
@@ -44,8 +44,8 @@ pub fn rank_batches(
 pub struct RankBatches<S> {
     inner: S,
     ranks: usize,
-    x: InputSlot,
-    y: InputSlot,
+    /// The inner source's slots with `ranks` times its batch, and its seed.
+    cut: Cut,
 }
 
 impl<S: BatchSource> RankBatches<S> {
@@ -61,8 +61,11 @@ impl<S: BatchSource> RankBatches<S> {
             s
         };
         Ok(RankBatches {
-            x: widen(inner.x()),
-            y: widen(inner.y()),
+            cut: Cut {
+                x: widen(inner.x()),
+                y: widen(inner.y()),
+                seed: inner.seed(),
+            },
             inner,
             ranks,
         })
@@ -70,17 +73,11 @@ impl<S: BatchSource> RankBatches<S> {
 }
 
 impl<S: BatchSource> BatchSource for RankBatches<S> {
-    fn x(&self) -> &InputSlot {
-        &self.x
-    }
-    fn y(&self) -> &InputSlot {
-        &self.y
+    fn cut(&self) -> &Cut {
+        &self.cut
     }
     fn batches_per_epoch(&self) -> u64 {
         self.inner.batches_per_epoch() / self.ranks as u64
-    }
-    fn seed(&self) -> u64 {
-        self.inner.seed()
     }
     fn fill(
         &mut self,
@@ -140,17 +137,11 @@ impl<S: BatchSource> ShardBatches<S> {
 }
 
 impl<S: BatchSource> BatchSource for ShardBatches<S> {
-    fn x(&self) -> &InputSlot {
-        self.inner.x()
-    }
-    fn y(&self) -> &InputSlot {
-        self.inner.y()
+    fn cut(&self) -> &Cut {
+        self.inner.cut()
     }
     fn batches_per_epoch(&self) -> u64 {
         self.inner.batches_per_epoch() / self.ranks as u64
-    }
-    fn seed(&self) -> u64 {
-        self.inner.seed()
     }
     fn fill(
         &mut self,
@@ -183,20 +174,14 @@ mod tests {
     use ingot_compiler::ir::DType;
 
     /// Batches whose x bytes are the batch's number within the epoch.
-    struct Numbered(InputSlot, InputSlot);
+    struct Numbered(Cut);
 
     impl BatchSource for Numbered {
-        fn x(&self) -> &InputSlot {
+        fn cut(&self) -> &Cut {
             &self.0
-        }
-        fn y(&self) -> &InputSlot {
-            &self.1
         }
         fn batches_per_epoch(&self) -> u64 {
             10
-        }
-        fn seed(&self) -> u64 {
-            0
         }
         fn fill(&mut self, _: u64, b: u64, x: &mut [u8], _: &mut [u8]) -> Result<(), DataError> {
             x.fill(b as u8);
@@ -222,7 +207,11 @@ mod tests {
             dtype: DType::Bool,
             dims: vec![2],
         };
-        Numbered(slot("x"), slot("y"))
+        Numbered(Cut {
+            x: slot("x"),
+            y: slot("y"),
+            seed: 0,
+        })
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub use folder::ImageFolder;
 pub use options::{ImageOptions, SkipLog, IMAGENET_MEAN, IMAGENET_STD};
 pub use transform::Transform;
 
-use super::batches::{graph_slot, id_bound, EpochOrder};
+use super::batches::{id_bound, Cut, EpochOrder};
 use super::{BatchSource, DataError, Dropped, InputSlot};
 use ingot_compiler::ir::{DType, Graph};
 use rand_chacha::rand_core::SeedableRng;
@@ -53,14 +53,12 @@ fn sample_rng(seed: u64, epoch: u64, position: u64) -> ChaCha8Rng {
 /// ([`Transform::Train`]) or in the folder's order with the evaluation transform.
 pub struct ImageBatches {
     folder: ImageFolder,
-    x: InputSlot,
-    y: InputSlot,
+    cut: Cut,
     /// The model's `C`, `H`, `W`.
     channels: usize,
     height: u32,
     width: u32,
     transform: Transform,
-    seed: u64,
     mean: Vec<f32>,
     std: Vec<f32>,
     options: ImageOptions,
@@ -121,17 +119,8 @@ impl ImageBatches {
                 ),
             ));
         }
-        if y.dims.iter().product::<usize>() != batch || !matches!(y.dtype, DType::I32 | DType::I64)
-        {
-            return Err(DataError::model(
-                &root,
-                format!(
-                    "the model's input y is {:?} {}; class labels need {batch} integer ids (i32 or i64)",
-                    y.dims,
-                    y.dtype.name()
-                ),
-            ));
-        }
+        let cut = Cut { x, y, seed };
+        cut.check_labels(&root)?;
         let found = folder.classes().len() as u64;
         if found != classes {
             return Err(DataError::model(
@@ -165,13 +154,11 @@ impl ImageBatches {
         Ok(ImageBatches {
             order: EpochOrder::new(folder.len()),
             folder,
-            x,
-            y,
+            cut,
             channels,
             height: height as u32,
             width: width as u32,
             transform,
-            seed,
             mean,
             std,
             options,
@@ -191,12 +178,7 @@ impl ImageBatches {
         options: ImageOptions,
     ) -> Result<ImageBatches, DataError> {
         let root = folder.root().to_path_buf();
-        let slot = |name: &str| {
-            graph_slot(g, name).ok_or_else(|| {
-                DataError::model(&root, format!("the model has no input named {name}"))
-            })
-        };
-        let (x, y) = (slot("x")?, slot("y")?);
+        let Cut { x, y, seed } = Cut::of_graph(g, &root, seed)?;
         let classes = id_bound(g, &root, "y", "output layer to read the class count off")?;
         ImageBatches::new(folder, x, y, classes, transform, seed, options)
     }
@@ -214,13 +196,13 @@ impl ImageBatches {
     fn order_for(&mut self, epoch: u64) {
         let shuffle = self.transform == Transform::Train;
         let n = self.folder.len() as u32;
-        self.order.prepare(epoch, n, shuffle, self.seed);
+        self.order.prepare(epoch, n, shuffle, self.cut.seed);
     }
 
     /// The images of batch `batch` of `epoch` before any is skipped, in order (for tests).
     pub fn samples_of(&mut self, epoch: u64, batch: u64) -> &[u32] {
         self.order_for(epoch);
-        self.order.batch(batch, self.x.dims[0])
+        self.order.batch(batch, self.cut.batch())
     }
 
     /// Fills `row` (one sample of x) from image `index` at `position` of `epoch`, or from the
@@ -247,7 +229,7 @@ impl ImageBatches {
                 }
                 Err(transform::Failed::Fatal(e)) => return Err(e),
             };
-            let mut rng = sample_rng(self.seed, epoch, position);
+            let mut rng = sample_rng(self.cut.seed, epoch, position);
             let (region, flip) = match self.transform {
                 Transform::Train => {
                     let r = transform::random_resized_crop(w, h, &mut rng);
@@ -269,7 +251,7 @@ impl ImageBatches {
                 (self.width, self.height),
                 flip,
                 (&self.mean, &self.std),
-                self.x.dtype,
+                self.cut.x.dtype,
                 row,
             )
             .map_err(|e| DataError::format(&path, "resizing", e))?;
@@ -292,17 +274,11 @@ fn put_label(dtype: DType, out: &mut [u8], v: u64) {
 }
 
 impl BatchSource for ImageBatches {
-    fn x(&self) -> &InputSlot {
-        &self.x
-    }
-    fn y(&self) -> &InputSlot {
-        &self.y
+    fn cut(&self) -> &Cut {
+        &self.cut
     }
     fn batches_per_epoch(&self) -> u64 {
-        self.folder.len() as u64 / self.x.dims[0] as u64
-    }
-    fn seed(&self) -> u64 {
-        self.seed
+        self.cut.sample_batches(self.folder.len() as u64)
     }
     /// Decodes the batch's images on the pool, one task each; the first error in batch order
     /// (not the first to happen) is the one returned, so failures are deterministic too.
@@ -314,12 +290,12 @@ impl BatchSource for ImageBatches {
         y: &mut [u8],
     ) -> Result<(), DataError> {
         self.order_for(epoch);
-        let b = self.x.dims[0];
-        let (xrow, yrow) = (self.x.bytes() / b, self.y.bytes() / b);
+        let b = self.cut.batch();
+        let (xrow, yrow) = (self.cut.x.bytes() / b, self.cut.y.bytes() / b);
         let first = batch as usize * b;
         let this = &*self;
         let samples = this.order.batch(batch, b);
-        let ydt = this.y.dtype;
+        let ydt = this.cut.y.dtype;
         let work = |(r, (xr, yr)): (usize, (&mut [u8], &mut [u8]))| -> Result<(), DataError> {
             let position = (first + r) as u64;
             let label = this.one(samples[r], epoch, position, xr)?;
@@ -345,10 +321,7 @@ impl BatchSource for ImageBatches {
         results.into_iter().collect()
     }
     fn dropped_per_epoch(&self) -> Dropped {
-        Dropped {
-            count: self.folder.len() as u64 % self.x.dims[0] as u64,
-            unit: "samples",
-        }
+        self.cut.samples_dropped(self.folder.len() as u64)
     }
     fn describe(&self) -> String {
         let f = |v: &[f32]| {
@@ -362,7 +335,7 @@ impl BatchSource for ImageBatches {
             self.folder.root().display(),
             self.folder.len(),
             self.folder.classes().len(),
-            self.x.dims[0],
+            self.cut.batch(),
             self.channels,
             self.height,
             self.width,
