@@ -97,6 +97,9 @@ impl Domain {
     }
 }
 
+/// The entries of `mat` a lowering read, each with its value then (repeats allowed).
+pub type Reads = Vec<(NodeId, bool)>;
+
 /// A lowered group: the kernel and the nodes its inputs load, in input order.
 pub struct Lowered {
     pub kernel: FusedKernel,
@@ -128,14 +131,14 @@ pub fn lower_with_interior(
 
 /// As [`lower_with_interior`], with every entry of `mat` the lowering read and its value then:
 /// the lowering is a function of the graph, the roots, the domain and those entries alone, so
-/// it holds for any `mat` that agrees with them ([`super::rounds`] keeps lowerings between
+/// it holds for any `mat` that agrees with them (fusion keeps lowerings between
 /// fusion's rounds on that ground).
 pub fn lower_reading(
     g: &Graph,
     mat: &[bool],
     roots: &[NodeId],
     domain: &Domain,
-) -> Result<(Lowered, Vec<NodeId>, Vec<(NodeId, bool)>), Vec<NodeId>> {
+) -> Result<(Lowered, Vec<NodeId>, Reads), Vec<NodeId>> {
     let mut l = Lowerer {
         g,
         mat,
@@ -235,8 +238,8 @@ struct Lowerer<'a> {
     entered_reductions: usize,
     /// Each instruction of the body by its [`numbering_key`].
     numbered: HashMap<InstKey, usize>,
-    /// Every entry of `mat` read, with its value (repeats allowed).
-    read: Vec<(NodeId, bool)>,
+    /// Every entry of `mat` read, with its value.
+    read: Reads,
 }
 
 /// An instruction as a hashable key: a constant by its bits (so `-0.0` and `0.0` stay two).

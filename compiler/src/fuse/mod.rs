@@ -15,7 +15,7 @@
 //! 3. [`lower`](mod@lower): each materialized value becomes the root of a kernel; where a root
 //!    cannot be expanded (a reduction over other axes, a view a linear index cannot express) the
 //!    value in the way is materialized too, and lowering starts again (taking the lowerings
-//!    the new buffers leave alone, [`rounds`]);
+//!    the new buffers leave alone: `rounds.rs`);
 //! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
 //!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
 //!    statistics, its output and the AdamW moments and parameter each come out of one kernel

@@ -6,16 +6,16 @@
 //! lowering reads `mat` only at the values it enters ([`lower_reading`] lists them), so a
 //! lowering whose reads all still hold is the one lowering again would give, and is taken as it
 //! is. Lowering every group again at every round made the loop's work the rounds times the
-//! step's (three rounds for a deep GPT, most of fusion's time).
+//! step's (three rounds for a deep GPT: more than half of fusion's instructions).
 
-use super::lower::{lower_reading, Domain, Lowered};
+use super::lower::{lower_reading, Domain, Lowered, Reads};
 use super::{kind, Group, Kind};
 use crate::ir::{Graph, NodeId};
 
 /// A one-root lowering and the entries of `mat` it read.
 struct Kept {
     lowered: Lowered,
-    read: Vec<(NodeId, bool)>,
+    read: Reads,
 }
 
 /// Lowerings by root (node index), each valid while `mat` agrees with what it read.
@@ -44,7 +44,7 @@ impl Lowerings {
 
     /// Keeps the lowerings of one-root `groups` (a round that ended in cuts) for the next
     /// round; `reads` are their reads, in the same order.
-    pub(super) fn keep_groups(&mut self, groups: Vec<Group>, reads: Vec<Vec<(NodeId, bool)>>) {
+    pub(super) fn keep_groups(&mut self, groups: Vec<Group>, reads: Vec<Reads>) {
         for (gr, read) in groups.into_iter().zip(reads) {
             let root = gr.roots[0];
             self.keep(
@@ -59,7 +59,7 @@ impl Lowerings {
 }
 
 /// A round's groups and, in the same order, the entries of `mat` each lowering read.
-pub(super) type Round = (Vec<Group>, Vec<Vec<(NodeId, bool)>>);
+pub(super) type Round = (Vec<Group>, Vec<Reads>);
 
 /// Lowers every materialized computed value as a one-root group, taking kept lowerings that
 /// still hold; on failure, every cut (the groups that lowered are kept for the next round).
