@@ -11,7 +11,63 @@ use super::{kind, Kind};
 use crate::ir::{DType, Graph, NodeId, Op};
 use ingot_kernels::fused::{FusedKernel, Input, Inst, Output};
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The lowering's maps, hashed with [`FxHasher`]: each entered value is looked up under its
+/// index map, and std's SipHash of those keys was a third of a lowering's work. Nothing
+/// iterates these maps in an order that reaches the kernel (loads are numbered, the interior
+/// sorted), so the hasher changes no result.
+type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// The multiply-rotate hash of rustc's own tables (the `rustc-hash` crate's, version 1): fast
+/// on small integer keys, and deterministic.
+#[derive(Clone, Copy, Default)]
+struct FxHasher {
+    hash: u64,
+}
+
+impl FxHasher {
+    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u16(&mut self, i: u16) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
 
 /// The domain and reduce axes of a group, from its first root.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +97,9 @@ impl Domain {
     }
 }
 
+/// The entries of `mat` a lowering read, each with its value then (repeats allowed).
+pub type Reads = Vec<(NodeId, bool)>;
+
 /// A lowered group: the kernel and the nodes its inputs load, in input order.
 pub struct Lowered {
     pub kernel: FusedKernel,
@@ -67,6 +126,19 @@ pub fn lower_with_interior(
     roots: &[NodeId],
     domain: &Domain,
 ) -> Result<(Lowered, Vec<NodeId>), Vec<NodeId>> {
+    lower_reading(g, mat, roots, domain).map(|(l, interior, _)| (l, interior))
+}
+
+/// As [`lower_with_interior`], with every entry of `mat` the lowering read and its value then:
+/// the lowering is a function of the graph, the roots, the domain and those entries alone, so
+/// it holds for any `mat` that agrees with them (fusion keeps lowerings between
+/// fusion's rounds on that ground).
+pub fn lower_reading(
+    g: &Graph,
+    mat: &[bool],
+    roots: &[NodeId],
+    domain: &Domain,
+) -> Result<(Lowered, Vec<NodeId>, Reads), Vec<NodeId>> {
     let mut l = Lowerer {
         g,
         mat,
@@ -75,12 +147,13 @@ pub fn lower_with_interior(
         domain: domain.clone(),
         body: Vec::new(),
         inputs: Vec::new(),
-        loads: HashMap::new(),
-        memo: HashMap::new(),
+        loads: HashMap::default(),
+        memo: HashMap::default(),
         cuts: Vec::new(),
         staged: Vec::new(),
         entered_reductions: 0,
-        numbered: HashMap::new(),
+        numbered: HashMap::default(),
+        read: Vec::new(),
     };
     let mut outputs = Vec::new();
     let mut row_roots = Vec::new();
@@ -136,7 +209,8 @@ pub fn lower_with_interior(
         .collect();
     interior.sort();
     interior.dedup();
-    Ok((Lowered { kernel, inputs }, interior))
+    // The interior's filter read `mat` only at memoized values, each entered (and read) above.
+    Ok((Lowered { kernel, inputs }, interior, l.read))
 }
 
 fn dedup(mut v: Vec<NodeId>) -> Vec<NodeId> {
@@ -164,6 +238,8 @@ struct Lowerer<'a> {
     entered_reductions: usize,
     /// Each instruction of the body by its [`numbering_key`].
     numbered: HashMap<InstKey, usize>,
+    /// Every entry of `mat` read, with its value.
+    read: Reads,
 }
 
 /// An instruction as a hashable key: a constant by its bits (so `-0.0` and `0.0` stay two).
@@ -213,6 +289,13 @@ impl Lowerer<'_> {
         self.body.push(i);
         self.numbered.insert(key, self.body.len() - 1);
         self.body.len() - 1
+    }
+
+    /// Whether `v` is a buffer, recorded in [`Lowerer::read`].
+    fn is_mat(&mut self, v: NodeId) -> bool {
+        let m = self.mat[v.index()];
+        self.read.push((v, m));
+        m
     }
 
     fn loads_order(&self) -> Vec<NodeId> {
@@ -316,7 +399,7 @@ impl Lowerer<'_> {
         // `roots` is sorted: a binary search, since a merged group can have thousands.
         let own = self.roots.binary_search(&v).is_ok();
         let k = kind(node);
-        if matches!(k, Kind::Leaf | Kind::Library) || (self.mat[v.index()] && !own) {
+        if matches!(k, Kind::Leaf | Kind::Library) || (self.is_mat(v) && !own) {
             let i = self.load(v, &map);
             return self.done(v, map, i);
         }

@@ -14,7 +14,8 @@
 //!    expanded inside each kernel that uses it;
 //! 3. [`lower`](mod@lower): each materialized value becomes the root of a kernel; where a root
 //!    cannot be expanded (a reduction over other axes, a view a linear index cannot express) the
-//!    value in the way is materialized too, and lowering starts again;
+//!    value in the way is materialized too, and lowering starts again (taking the lowerings
+//!    the new buffers leave alone: `rounds.rs`);
 //! 4. merging: a kernel is folded into a consumer that reads its outputs at their own index
 //!    (same domain, compatible reduce axes) when that creates no cycle, so e.g. a LayerNorm's
 //!    statistics, its output and the AdamW moments and parameter each come out of one kernel
@@ -34,6 +35,7 @@ pub mod lower;
 pub mod matmul_acc;
 mod merge;
 pub mod remat;
+mod rounds;
 pub mod segment;
 pub mod select;
 pub mod triangle;
@@ -41,7 +43,7 @@ pub mod widen;
 
 use crate::error::IrError;
 use crate::ir::{Graph, Node, NodeId, Op, Shape, TensorType};
-use lower::{lower, Domain, Lowered};
+use lower::{Domain, Lowered};
 use merge::merged_groups;
 pub use merge::MAX_KERNEL_REDUCTIONS;
 use serde::Serialize;
@@ -233,15 +235,17 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     let mut mat = select::forced(&g);
     let mut rounds = 0;
     let largest = g.ids().map(|id| g.ty(id).bytes()).max().unwrap_or(0);
+    let mut kept = rounds::Lowerings::default();
     let groups = loop {
         rounds += 1;
         select::shared(&g, &mut mat, opts.recompute_ops);
-        let cuts = match lower_all(&g, &mat) {
-            Ok(groups) => {
+        let cuts = match rounds::lower_all_keeping(&g, &mat, &mut kept) {
+            Ok((groups, reads)) => {
                 let cuts = scratch_cuts(&g, &mat, &groups, largest);
                 if cuts.is_empty() {
                     break groups;
                 }
+                kept.keep_groups(groups, reads);
                 cuts
             }
             Err(cuts) => cuts,
@@ -303,27 +307,7 @@ struct Group {
 
 /// Lowers every materialized computed value as a one-root group; on failure, every cut.
 fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
-    let mut groups = Vec::new();
-    let mut cuts = Vec::new();
-    for id in g.ids() {
-        if !mat[id.index()] || matches!(kind(g.node(id)), Kind::Leaf | Kind::Library) {
-            continue;
-        }
-        let domain = Domain::of_root(g, id);
-        match lower(g, mat, &[id], &domain) {
-            Ok(lowered) => groups.push(Group {
-                roots: vec![id],
-                domain,
-                lowered,
-            }),
-            Err(c) => cuts.extend(c.into_iter().filter(|c| !mat[c.index()])),
-        }
-    }
-    if cuts.is_empty() {
-        Ok(groups)
-    } else {
-        Err(cuts)
-    }
+    rounds::lower_all_keeping(g, mat, &mut rounds::Lowerings::default()).map(|(groups, _)| groups)
 }
 
 /// Scratch bytes a kernel may take without being weighed against what it saves: the CPU

@@ -29,6 +29,8 @@ pub struct Facts {
     pub leaf_types: Vec<TensorType>,
     /// Type conflicts and ill-typed nodes: each one is a rule bug.
     pub errors: Vec<String>,
+    /// The classes each rule searches, built before each iteration's search.
+    pub index: super::index::ClassIndex,
 }
 
 impl Facts {

@@ -120,6 +120,46 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// One bit naming this kind's variant (binary ops by op, `neg` apart from the other unary
+    /// ops), for [`super::index`]: a rule names the bits a class must hold for it to match.
+    pub fn tag(&self) -> u64 {
+        let bit = match self {
+            Kind::Leaf(_) => 0,
+            Kind::Full { .. } => 1,
+            Kind::Iota { .. } => 2,
+            Kind::Unary(UnaryOp::Neg) => 3,
+            Kind::Unary(_) => 4,
+            Kind::Binary(BinaryOp::Add) => 5,
+            Kind::Binary(BinaryOp::Sub) => 6,
+            Kind::Binary(BinaryOp::Mul) => 7,
+            Kind::Binary(BinaryOp::Div) => 8,
+            Kind::Binary(BinaryOp::Max | BinaryOp::Min) => 9,
+            Kind::Compare(_) => 10,
+            Kind::Select => 11,
+            Kind::Broadcast(_) => 12,
+            Kind::Reshape(_) => 13,
+            Kind::Transpose(_) => 14,
+            Kind::Slice { .. } => 15,
+            Kind::Concat(_) => 16,
+            Kind::Reduce(..) => 17,
+            Kind::MatMul { .. } => 18,
+            Kind::MatMulAcc { .. } => 19,
+            Kind::Gather => 20,
+            Kind::ScatterAdd(..) => 21,
+            Kind::Convert(_) => 22,
+            Kind::StopGradient => 23,
+            Kind::Attention { .. } => 24,
+            Kind::AttentionGrad { .. } => 25,
+            Kind::Output { .. } => 26,
+            Kind::Window(_) => 27,
+            Kind::AllReduce(_) => 28,
+            Kind::AllGather(_) => 29,
+            Kind::ReduceScatter(_) => 30,
+            Kind::Dropout { .. } => 31,
+        };
+        1 << bit
+    }
+
     pub fn full(value: f64, ty: Ty) -> Kind {
         Kind::Full {
             bits: value.to_bits(),

@@ -50,6 +50,7 @@
 
 pub mod analysis;
 pub mod extract;
+pub mod index;
 pub mod lang;
 pub mod rules;
 
@@ -148,18 +149,7 @@ pub(crate) fn simplify_with(
 ) -> Result<(Graph, RewriteReport), IrError> {
     g.verify()?;
     let (egraph, class_of, leaf_nodes) = to_egraph(g)?;
-    let rewrites: Vec<egg::Rewrite<ENode, Facts>> = rules.iter().map(|r| r.rewrite()).collect();
-    let runner = egg::Runner::<ENode, Facts, ()>::new(Facts::default())
-        .with_egraph(egraph)
-        .with_scheduler(egg::SimpleScheduler)
-        .with_iter_limit(opts.iter_limit)
-        .with_node_limit(opts.node_limit)
-        .with_time_limit(opts.time_limit)
-        .with_hook(|runner| match runner.egraph.analysis.errors.first() {
-            None => Ok(()),
-            Some(e) => Err(e.clone()),
-        })
-        .run(&rewrites);
+    let runner = saturate(egraph, opts, rules);
     let mut counts: Vec<(String, usize)> = rules.iter().map(|r| (r.name.to_string(), 0)).collect();
     for it in &runner.iterations {
         for (name, n) in &it.applied {
@@ -203,6 +193,30 @@ pub(crate) fn simplify_with(
         rules_applied: counts,
     };
     Ok((out, report))
+}
+
+/// egg's run of `rules` over `egraph` within `opts`' limits. Before each iteration a hook stops
+/// the run at the first type error and indexes the classes for the rules' search ([`index`]).
+fn saturate(
+    egraph: EGraph,
+    opts: &RewriteOptions,
+    rules: &[Rule],
+) -> egg::Runner<ENode, Facts, ()> {
+    let rewrites: Vec<egg::Rewrite<ENode, Facts>> = rules.iter().map(|r| r.rewrite()).collect();
+    egg::Runner::<ENode, Facts, ()>::new(Facts::default())
+        .with_egraph(egraph)
+        .with_scheduler(egg::SimpleScheduler)
+        .with_iter_limit(opts.iter_limit)
+        .with_node_limit(opts.node_limit)
+        .with_time_limit(opts.time_limit)
+        .with_hook(|runner| match runner.egraph.analysis.errors.first() {
+            None => {
+                index::ClassIndex::build(&mut runner.egraph);
+                Ok(())
+            }
+            Some(e) => Err(e.clone()),
+        })
+        .run(&rewrites)
 }
 
 /// Result bytes of every non-leaf node, summed (saturating).
@@ -305,9 +319,13 @@ fn emit(
         .iter()
         .map(|l| egraph.find(class_of[l.index()]))
         .collect();
-    let mut order: Vec<Id> = choice.keys().chain(&leaf_classes).copied().collect();
-    order.sort_unstable_by_key(|c| (key.get(c).copied().unwrap_or(usize::MAX), *c));
-    order.dedup();
+    // Sorted by (position, class), each key looked up once (not at every comparison).
+    let mut keyed: Vec<(usize, Id)> = (choice.keys().chain(&leaf_classes))
+        .map(|&c| (key.get(&c).copied().unwrap_or(usize::MAX), c))
+        .collect();
+    keyed.sort_unstable();
+    keyed.dedup();
+    let order: Vec<Id> = keyed.into_iter().map(|(_, c)| c).collect();
 
     // Each class's provenance: the origins of the input nodes it holds, in node order (egg
     // forgets which node an extracted e-node came from; its class remembers them all).

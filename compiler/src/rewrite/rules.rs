@@ -14,6 +14,7 @@
 //! [`super::simplify`] reports them as errors.
 
 use super::analysis::{self, numel, EGraph};
+use super::index;
 use super::lang::{Dims, ENode, Kind, Ty};
 use crate::ir::{BinaryOp, DType, ReduceOp, TensorType, UnaryOp};
 use egg::{Id, Searcher, Subst, Symbol, Var};
@@ -77,6 +78,10 @@ pub type Find = fn(&EGraph, Id, &mut Vec<Recipe>);
 pub struct Rule {
     pub name: &'static str,
     pub find: Find,
+    /// The [`Kind::tag`]s (and [`index::CONSTANT`]) of the classes `find` can match: it finds
+    /// nothing in a class holding none of them, so the search passes such classes by
+    /// ([`index`]).
+    pub roots: u64,
 }
 
 impl Rule {
@@ -146,8 +151,9 @@ impl Searcher<ENode, analysis::Facts> for RuleSearcher {
         Some(m)
     }
 
-    /// Searches every class in id order (so that the order of matches, and of the unions they
-    /// lead to, is the same on every run).
+    /// Searches every class that holds one of the rule's roots, in id order (so that the order
+    /// of matches, and of the unions they lead to, is the same on every run; the classes passed
+    /// by are those where the rule finds nothing).
     fn search_with_limit(
         &self,
         egraph: &EGraph,
@@ -155,8 +161,7 @@ impl Searcher<ENode, analysis::Facts> for RuleSearcher {
     ) -> Vec<egg::SearchMatches<'_, ENode>> {
         let mut found = self.0.found.lock().unwrap_or_else(|e| e.into_inner());
         found.clear();
-        let mut ids: Vec<Id> = egraph.classes().map(|c| c.id).collect();
-        ids.sort_unstable();
+        let ids = index::ClassIndex::matching(egraph, self.0.rule.roots);
         let mut out = Vec::new();
         let mut scratch = Vec::new();
         let mut total = 0;
@@ -309,40 +314,48 @@ const MUL: Kind = Kind::Binary(BinaryOp::Mul);
 /// Every rule, in the order egg applies them (and the report lists them).
 pub fn all() -> Vec<Rule> {
     macro_rules! rules {
-        ($($name:literal => $f:ident),* $(,)?) => {
-            vec![$(Rule { name: $name, find: $f }),*]
+        ($($name:literal => $f:ident @ $roots:expr),* $(,)?) => {
+            vec![$(Rule { name: $name, find: $f, roots: $roots }),*]
         };
     }
+    let tag = |k: Kind| k.tag();
+    let binary = |op: BinaryOp| Kind::Binary(op).tag();
+    let broadcast = tag(Kind::Broadcast(Dims::new()));
+    let reshape = tag(Kind::Reshape(Dims::new()));
+    let transpose = tag(Kind::Transpose(Dims::new()));
+    let reduce = tag(Kind::Reduce(ReduceOp::Sum, Dims::new()));
+    let convert = tag(Kind::Convert(DType::F32));
     rules![
-        "stop-gradient" => stop_gradient,
-        "mul-one" => mul_one,
-        "add-zero" => add_zero,
-        "sub-zero" => sub_zero,
-        "div-one" => div_one,
-        "neg-neg" => neg_neg,
-        "select-same" => select_same,
-        "select-const" => select_const,
-        "max-min-same" => max_min_same,
-        "convert-same" => convert_same,
-        "convert-of-exact-convert" => convert_of_exact_convert,
-        "convert-of-broadcast" => convert_of_broadcast,
-        "broadcast-same" => broadcast_same,
-        "reshape-same" => reshape_same,
-        "transpose-identity" => transpose_identity,
-        "reduce-unit-axes" => reduce_unit_axes,
-        "transpose-transpose" => transpose_transpose,
-        "reshape-reshape" => reshape_reshape,
-        "broadcast-broadcast" => broadcast_broadcast,
-        "reduce-of-broadcast" => reduce_of_broadcast,
-        "constant-fold" => constant_fold,
-        "mul-constants" => mul_constants,
-        "matmul-transposed-operand" => matmul_transposed_operand,
-        "transpose-of-matmul" => transpose_of_matmul,
-        "sum-of-neg" => sum_of_neg,
-        "add-neg" => add_neg,
-        "sub-neg" => sub_neg,
-        "add-of-padded-concats" => add_of_padded_concats,
-        "slice-of-concat" => slice_of_concat,
+        "stop-gradient" => stop_gradient @ tag(Kind::StopGradient),
+        "mul-one" => mul_one @ tag(MUL),
+        "add-zero" => add_zero @ binary(BinaryOp::Add),
+        "sub-zero" => sub_zero @ binary(BinaryOp::Sub),
+        "div-one" => div_one @ binary(BinaryOp::Div),
+        "neg-neg" => neg_neg @ tag(NEG),
+        "select-same" => select_same @ tag(Kind::Select),
+        "select-const" => select_const @ tag(Kind::Select),
+        "max-min-same" => max_min_same @ binary(BinaryOp::Max) | binary(BinaryOp::Min),
+        "convert-same" => convert_same @ convert,
+        "convert-of-exact-convert" => convert_of_exact_convert @ convert,
+        "convert-of-broadcast" => convert_of_broadcast @ convert,
+        "broadcast-same" => broadcast_same @ broadcast,
+        "reshape-same" => reshape_same @ reshape,
+        "transpose-identity" => transpose_identity @ transpose,
+        "reduce-unit-axes" => reduce_unit_axes @ reduce,
+        "transpose-transpose" => transpose_transpose @ transpose,
+        "reshape-reshape" => reshape_reshape @ reshape,
+        "broadcast-broadcast" => broadcast_broadcast @ broadcast,
+        "reduce-of-broadcast" => reduce_of_broadcast @ reduce,
+        "constant-fold" => constant_fold @ index::CONSTANT,
+        "mul-constants" => mul_constants @ tag(MUL),
+        "matmul-transposed-operand" => matmul_transposed_operand
+            @ tag(Kind::MatMul { ta: false, tb: false }),
+        "transpose-of-matmul" => transpose_of_matmul @ transpose,
+        "sum-of-neg" => sum_of_neg @ reduce,
+        "add-neg" => add_neg @ binary(BinaryOp::Add),
+        "sub-neg" => sub_neg @ binary(BinaryOp::Sub),
+        "add-of-padded-concats" => add_of_padded_concats @ binary(BinaryOp::Add),
+        "slice-of-concat" => slice_of_concat @ tag(Kind::Slice { axis: 0, start: 0, end: 0 }),
     ]
 }
 

@@ -983,6 +983,7 @@ fn a_rule_that_equates_different_types_is_an_error_naming_both() {
     let bad = [Rule {
         name: "bogus",
         find: bogus_transpose,
+        roots: u64::MAX,
     }];
     let e = simplify_with(&g, &RewriteOptions::default(), &bad)
         .unwrap_err()
@@ -1002,6 +1003,7 @@ fn a_rule_that_builds_an_ill_typed_node_is_an_error() {
     let bad = [Rule {
         name: "bogus-exp",
         find: bogus_exp,
+        roots: u64::MAX,
     }];
     let e = simplify_with(&g, &RewriteOptions::default(), &bad)
         .unwrap_err()
@@ -1379,4 +1381,93 @@ fn a_cast_of_a_broadcast_casts_the_small_operand() {
     assert!(fired(&r, "convert-of-broadcast") >= 1);
     let convert = s.nodes().iter().find(|n| n.op == Op::Convert).unwrap();
     assert_eq!(convert.ty.shape.dims(), &[4], "{s}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The class index
+// ---------------------------------------------------------------------------------------------
+
+/// The step graphs of `spec` in f32 and bf16, before rewriting.
+fn unrewritten_steps(spec: &str) -> Vec<Graph> {
+    let model = models::by_name(spec).unwrap();
+    [
+        crate::precision::Precision::F32,
+        crate::precision::Precision::Bf16,
+    ]
+    .into_iter()
+    .map(|precision| {
+        let opts = crate::pipeline::Options {
+            rewrite: None,
+            precision: Some(precision),
+            ..crate::pipeline::Options::for_target(crate::lower::Target::Cpu)
+        };
+        crate::pipeline::rewritten(&model, &Default::default(), &opts)
+            .unwrap()
+            .graph
+    })
+    .collect()
+}
+
+/// Each rule finds nothing in every class of `eg` that holds none of its roots; returns how
+/// many (rule, class) pairs found something.
+fn assert_roots_cover_matches(eg: &EGraph, what: &str) -> usize {
+    let mut found = 0;
+    for rule in rules::all() {
+        for class in eg.classes() {
+            let mut out = Vec::new();
+            (rule.find)(eg, class.id, &mut out);
+            let bits = super::index::class_bits(class);
+            assert!(
+                out.is_empty() || bits & rule.roots != 0,
+                "{what}: rule {} matched class {} ({:?}) outside its roots",
+                rule.name,
+                class.id,
+                class.nodes
+            );
+            found += usize::from(!out.is_empty());
+        }
+    }
+    found
+}
+
+#[test]
+fn a_rule_finds_nothing_in_a_class_that_holds_none_of_its_roots() {
+    let mut found = 0;
+    for spec in [
+        "mlp",
+        "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2",
+        "cnn",
+    ] {
+        for g in unrewritten_steps(spec) {
+            // The e-graph as built, and after saturation (classes holding many e-nodes).
+            let (eg, _, _) = to_egraph(&g).unwrap();
+            found += assert_roots_cover_matches(&eg, spec);
+            let opts = RewriteOptions::default();
+            let runner = saturate(eg, &opts, &rules::all());
+            assert_eq!(describe(runner.stop_reason.as_ref(), &opts), "saturated");
+            let mut eg = runner.egraph;
+            eg.rebuild();
+            found += assert_roots_cover_matches(&eg, spec);
+        }
+    }
+    // The check saw the rules at work.
+    assert!(found > 100, "{found}");
+}
+
+#[test]
+fn searching_the_indexed_classes_finds_what_searching_every_class_finds() {
+    let every: Vec<Rule> = rules::all()
+        .into_iter()
+        .map(|r| Rule {
+            roots: u64::MAX,
+            ..r
+        })
+        .collect();
+    for g in unrewritten_steps("gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2") {
+        let (a, ra) = simplify(&g, &RewriteOptions::default()).unwrap();
+        let (b, rb) = simplify_with(&g, &RewriteOptions::default(), &every).unwrap();
+        assert_eq!(text::print(&a), text::print(&b));
+        assert_eq!(ra, rb);
+        assert!(ra.rules_applied.iter().any(|(_, n)| *n > 0));
+    }
 }
