@@ -11,63 +11,12 @@ use super::{kind, Kind};
 use crate::ir::{DType, Graph, NodeId, Op};
 use ingot_kernels::fused::{FusedKernel, Input, Inst, Output};
 use smallvec::SmallVec;
-use std::collections::HashMap as StdHashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// The lowering's maps, hashed with [`FxHasher`]: each entered value is looked up under its
-/// index map, and std's SipHash of those keys was a third of a lowering's work. Nothing
-/// iterates these maps in an order that reaches the kernel (loads are numbered, the interior
-/// sorted), so the hasher changes no result.
-type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FxHasher>>;
-
-/// The multiply-rotate hash of rustc's own tables (the `rustc-hash` crate's, version 1): fast
-/// on small integer keys, and deterministic.
-#[derive(Clone, Copy, Default)]
-struct FxHasher {
-    hash: u64,
-}
-
-impl FxHasher {
-    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    fn write_u16(&mut self, i: u16) {
-        self.add(u64::from(i));
-    }
-
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
+/// The lowering's maps, hashed with rustc's multiply-rotate hash (`rustc-hash`): each entered
+/// value is looked up under its index map, and std's SipHash of those keys was a third of a
+/// lowering's work. Nothing iterates these maps in an order that reaches the kernel (loads are
+/// numbered, the interior sorted), so the hasher changes no result.
+type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// The domain and reduce axes of a group, from its first root.
 #[derive(Clone, Debug, PartialEq, Eq)]
