@@ -153,9 +153,12 @@ fn offloading_a_leaf_that_is_not_optimizer_state_is_an_error_naming_it() {
     }
 }
 
+/// Optimizer state by name, as little-endian bytes.
+type State = Vec<(String, Vec<u8>)>;
+
 /// Losses (as bits) of `steps` steps of `m` on the CPU compiled with `opts`, the bytes the
 /// executor allocated on the device and for the host region, and the optimizer state after.
-fn train(m: &Model, opts: &Options, steps: usize) -> (Vec<u64>, usize, Vec<(String, Vec<u8>)>) {
+fn train(m: &Model, opts: &Options, steps: usize) -> (Vec<u64>, usize, State) {
     let mut s = Session::with_options(m, 3, opts).unwrap();
     let losses = (0..steps)
         .map(|_| s.step().unwrap().loss.to_bits())
