@@ -249,6 +249,10 @@ pub struct FitOptions {
     /// ([`crate::models::min_batch`]; 2 for a ResNet whose `layer4` batch norms would
     /// otherwise see one value per channel). Smaller micro-batches are not tried.
     pub min_micro_batch: usize,
+    /// Keep AdamW's moments in host memory when nothing else fits (step 4, [`offload`]):
+    /// `ingot plan --budget` and the other free fits; off where the budget is a gate
+    /// (`--accumulate` given) or a probe (`--max-batch`).
+    pub offload: bool,
 }
 
 /// Why a step could not be fitted.
@@ -258,10 +262,13 @@ pub enum FitError {
     Compile(#[from] CompileError),
     /// The parameters, optimizer state and inputs alone are over the budget: nothing the
     /// fitter does moves them.
-    #[error("the resident state of {model} (parameters, optimizer state, inputs) needs {} ({resident} bytes), over the budget of {} ({budget} bytes) even with AdamW's moments offloaded to host memory: no recomputation or accumulation lowers it; raise --budget or shrink the model", human(*resident), human(*budget))]
+    #[error("the resident state of {model} (parameters, optimizer state, inputs) needs {} ({resident} bytes), over the budget of {} ({budget} bytes){}: no recomputation or accumulation lowers it; raise --budget or shrink the model", human(*resident), human(*budget), offloaded_too(*resident, *offloadable))]
     Resident {
         model: String,
         resident: usize,
+        /// The bytes of it offload could move to host memory (AdamW's moments; 0 when
+        /// offload is off or there are none).
+        offloadable: usize,
         budget: usize,
     },
     /// Nothing tried fits; `smallest` is the smallest plan found.
@@ -276,6 +283,19 @@ pub enum FitError {
     /// Building a micro-batch's model failed.
     #[error("{0}")]
     Model(String),
+}
+
+/// What [`FitError::Resident`] adds when offload could move some of the resident bytes.
+fn offloaded_too(resident: usize, offloadable: usize) -> String {
+    match offloadable {
+        0 => String::new(),
+        b => format!(
+            ", and {} ({} bytes) with every AdamW moment ({}) offloaded to host memory",
+            human(resident - b),
+            resident - b,
+            human(b)
+        ),
+    }
 }
 
 /// The candidates of a rewritten step ([`candidates`]) in the order recomputation takes them:
@@ -678,16 +698,7 @@ pub fn fit(
         let f = as_asked(step, &base, false);
         return Ok((model.clone(), base, Some(f)));
     }
-    if base.report.resident_bytes
-        - offload::offloadable_bytes(&r.graph).min(base.report.resident_bytes)
-        > budget
-    {
-        return Err(FitError::Resident {
-            model: model.name.clone(),
-            resident: base.report.resident_bytes,
-            budget,
-        });
-    }
+    let offloadable = resident_under(model, &r, &base, fit)?;
     // Then the loss head in row chunks: its largest tensor (a language model's logits)
     // shrinks to a chunk's for an addition of the head's weight gradient per extra chunk.
     let chunked_step = StepOptions {
@@ -825,7 +836,40 @@ pub fn fit(
         return Ok((m, c, Some(f)));
     }
     let at_first = |c: &Compiled, info: Option<Recompute>| fitted(ks[0], c, info);
-    offload_or_over(model, &r, budget, smallest, recompute_on, &ks, &at_first)
+    let offload = fit.offload && offloadable > 0;
+    offload_or_over(
+        model,
+        &r,
+        budget,
+        smallest,
+        (recompute_on, offload),
+        &ks,
+        &at_first,
+    )
+}
+
+/// The bytes offload could take off the device's resident region of `base` (`r`'s step), when
+/// `fit` allows offload; an error when the rest of the resident region alone is over the
+/// budget (nothing the fitter does moves it).
+fn resident_under(
+    model: &Model,
+    r: &Rewritten,
+    base: &Compiled,
+    fit: &FitOptions,
+) -> Result<usize, FitError> {
+    let offloadable = match fit.offload {
+        true => offload::offloadable_bytes(&r.graph),
+        false => 0,
+    };
+    if base.report.resident_bytes.saturating_sub(offloadable) > fit.budget {
+        return Err(FitError::Resident {
+            model: model.name.clone(),
+            resident: base.report.resident_bytes,
+            offloadable,
+            budget: fit.budget,
+        });
+    }
+    Ok(offloadable)
 }
 
 /// The last resort ([`offload`]): `r`'s step (the model's own, `ks[0]` micro-batches) with the
@@ -836,10 +880,13 @@ fn offload_or_over(
     r: &Rewritten,
     budget: usize,
     mut smallest: Compiled,
-    recompute_on: bool,
+    (recompute_on, offload): (bool, bool),
     ks: &[usize],
     fitted: &dyn Fn(&Compiled, Option<Recompute>) -> Fitted,
 ) -> Result<(Model, Compiled, Option<Fitted>), FitError> {
+    if !offload {
+        return Err(over(model, budget, smallest, recompute_on, ks, false));
+    }
     let excess = smallest.report.total_bytes.saturating_sub(budget);
     match offload::offload_to_budget(r, budget, excess, recompute_on)? {
         Ok((c, info, o)) => {
@@ -852,12 +899,11 @@ fn offload_or_over(
         Err(c) if c.report.total_bytes < smallest.report.total_bytes => smallest = c,
         Err(_) => {}
     }
-    let moments = !offload::moments(&r.graph).is_empty();
-    Err(over(model, budget, smallest, recompute_on, ks, moments))
+    Err(over(model, budget, smallest, recompute_on, ks, true))
 }
 
 /// The refusal when nothing fits: the smallest plan found and what was tried (`ks`: the
-/// numbers of micro-batches; `moments`: whether there were AdamW moments to offload).
+/// numbers of micro-batches; `moments`: whether AdamW's moments were offloaded too).
 fn over(
     model: &Model,
     budget: usize,

@@ -201,6 +201,7 @@ fn the_fitter_offloads_only_when_nothing_else_fits_and_then_the_fewest_moments()
         recompute: false,
         accumulate: false,
         min_micro_batch: 1,
+        offload: true,
     };
     let opts = Options::for_target(Target::Cpu);
     let (_, c, f) = fit::fit(&m, &StepOptions::default(), &opts, &fo, None).unwrap();
@@ -225,4 +226,46 @@ fn the_fitter_offloads_only_when_nothing_else_fits_and_then_the_fewest_moments()
     };
     let (_, c, f) = fit::fit(&m, &StepOptions::default(), &opts, &as_is, None).unwrap();
     assert!(f.is_none() && c.plan.offload.is_empty());
+}
+
+#[test]
+fn a_budget_under_the_resident_bytes_less_every_moment_is_refused_naming_both() {
+    let m = mlp_adamw();
+    let (plain, _, names) = plain_and_offloaded(&m);
+    let g = &plain.graph;
+    let moment_bytes: usize = names
+        .iter()
+        .map(|n| align_up(g.ty(g.leaf(n).unwrap()).bytes()))
+        .sum();
+    let resident = plain.plan.resident_bytes;
+    let opts = Options::for_target(Target::Cpu);
+    let ask = |budget: usize, offload: bool| {
+        let fo = FitOptions {
+            budget,
+            recompute: true,
+            accumulate: true,
+            min_micro_batch: 1,
+            offload,
+        };
+        fit::fit(&m, &StepOptions::default(), &opts, &fo, None)
+    };
+    let e = ask(resident - moment_bytes - 1, true).unwrap_err();
+    let fit::FitError::Resident { offloadable, .. } = &e else {
+        panic!("not refused for its resident bytes: {e}");
+    };
+    assert_eq!(*offloadable, moment_bytes);
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&resident.to_string())
+            && msg.contains(&(resident - moment_bytes).to_string())
+            && msg.contains("offloaded to host memory"),
+        "{msg}"
+    );
+    // Offload off (a gate or a probe): under the resident bytes is refused as before.
+    let e = ask(resident - 1, false).unwrap_err();
+    assert!(
+        matches!(e, fit::FitError::Resident { offloadable: 0, .. }),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("offloaded"), "{e}");
 }
