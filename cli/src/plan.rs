@@ -91,6 +91,8 @@ fn largest_batch(
                 recompute: true,
                 accumulate: false,
                 min_micro_batch: 1,
+                // A probe of the largest batch: not with the host's memory.
+                offload: false,
             };
             match fit(&model, &step, opts, &fo, None) {
                 Ok((_, c, _)) => c,

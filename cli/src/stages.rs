@@ -69,6 +69,8 @@ pub fn load_and_compile(
             Some(name) => ingot_compiler::models::min_batch(name)?,
             None => 1,
         },
+        // Not where the budget is a gate: the step as asked, checked.
+        offload: !gate,
     };
     let micro = |k: usize| model.load_accumulated(k).map_err(|f| f.message);
     let builder: Option<&dyn Fn(usize) -> Result<Model, String>> = match model.model {

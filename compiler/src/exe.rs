@@ -371,6 +371,11 @@ impl Executable {
                 p.program.target()
             ))));
         }
+        if p.target == Target::Cuda && !p.plan.offload.is_empty() {
+            return Err(fail(Problem::Corrupt(
+                "its plan offloads leaves to host memory, which no CUDA program runs".into(),
+            )));
+        }
         p.program
             .check(&graph, &p.plan)
             .map_err(|e| fail(Problem::Program(e.to_string())))?;
@@ -635,7 +640,11 @@ fn check_lifetimes(g: &Graph, p: &MemoryPlan) -> Result<(), String> {
     for id in g.ids() {
         let s = lv.storage_of[id.index()];
         let st = &lv.storages[s];
-        let def = lv.position[g.writer(id).index()];
+        // An offloaded leaf is on the device from its copy in.
+        let def = match p.offload.iter().find(|o| o.leaf == id) {
+            Some(o) => o.copy_in_before,
+            None => lv.position[g.writer(id).index()],
+        };
         let until = (last_read[id.index()] + 1).min(n);
         if def < st.start || until > st.end {
             return Err(format!(
@@ -676,6 +685,7 @@ fn check_report(model: &str, g: &Graph, p: &MemoryPlan, r: &Report) -> Result<()
         ("peak_op", r.peak_op == e.peak_op),
         ("in_place_ops", r.in_place_ops == e.in_place_ops),
         ("slab_buffers", r.slab_buffers == e.slab_buffers),
+        ("offload", r.offload == e.offload),
         (
             "peak_by_kind",
             r.peak_by_kind.workspace == e.peak_by_kind.workspace

@@ -10,7 +10,10 @@
 //!    block, with their LayerNorm, batch-norm, ReLU and elementwise outputs), cheapest per byte
 //!    first;
 //! 3. gradient accumulation: the batch in k = 2, 3, 4, ... micro-batches (divisors of the
-//!    batch), each k tried alone first, then with recomputation.
+//!    batch), each k tried alone first, then with recomputation;
+//! 4. when nothing above fits: offload ([`offload`]), AdamW's moments kept in host memory and
+//!    copied to the device around their update, the fewest (largest first) that fit, with
+//!    recomputation as the budget then needs.
 //!
 //! The rule when both could fit: recomputation is accepted at a given k when the arithmetic it
 //! adds is at most [`MAX_ADDED_FLOPS_PERCENT`] of the step's (about what PyTorch's
@@ -33,6 +36,8 @@ use crate::models::Model;
 use crate::pipeline::{self, CompileError, Compiled, Options, Rewritten};
 use crate::report::human;
 use serde::Serialize;
+
+pub mod offload;
 
 /// The most arithmetic recomputation may add, in percent of the step's, before more
 /// micro-batches are preferred (see the module docs).
@@ -174,6 +179,9 @@ pub struct Fitted {
     /// Library calls recomputed for the backward pass, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recompute: Option<Recompute>,
+    /// AdamW's moments kept in host memory, if the budget needed it (the last resort).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<offload::Offloaded>,
     /// The fitted plan's total (its peak: the one allocation).
     pub total_bytes: usize,
 }
@@ -207,6 +215,9 @@ impl Fitted {
         if let Some(r) = &self.recompute {
             what.push(format!("recomputing {}", r.summary()));
         }
+        if let Some(o) = &self.offload {
+            what.push(o.line());
+        }
         let mut line = format!(
             "fitted to the budget of {}: {}, {} ({} bytes) instead of {} ({} bytes)",
             human(self.budget_bytes),
@@ -238,6 +249,10 @@ pub struct FitOptions {
     /// ([`crate::models::min_batch`]; 2 for a ResNet whose `layer4` batch norms would
     /// otherwise see one value per channel). Smaller micro-batches are not tried.
     pub min_micro_batch: usize,
+    /// Keep AdamW's moments in host memory when nothing else fits (step 4, [`offload`]):
+    /// `ingot plan --budget` and the other free fits; off where the budget is a gate
+    /// (`--accumulate` given) or a probe (`--max-batch`).
+    pub offload: bool,
 }
 
 /// Why a step could not be fitted.
@@ -247,10 +262,13 @@ pub enum FitError {
     Compile(#[from] CompileError),
     /// The parameters, optimizer state and inputs alone are over the budget: nothing the
     /// fitter does moves them.
-    #[error("the resident state of {model} (parameters, optimizer state, inputs) needs {} ({resident} bytes), over the budget of {} ({budget} bytes): no recomputation or accumulation lowers it; raise --budget or shrink the model", human(*resident), human(*budget))]
+    #[error("the resident state of {model} (parameters, optimizer state, inputs) needs {} ({resident} bytes), over the budget of {} ({budget} bytes){}: no recomputation or accumulation lowers it; raise --budget or shrink the model", human(*resident), human(*budget), offloaded_too(*resident, *offloadable))]
     Resident {
         model: String,
         resident: usize,
+        /// The bytes of it offload could move to host memory (AdamW's moments; 0 when
+        /// offload is off or there are none).
+        offloadable: usize,
         budget: usize,
     },
     /// Nothing tried fits; `smallest` is the smallest plan found.
@@ -265,6 +283,19 @@ pub enum FitError {
     /// Building a micro-batch's model failed.
     #[error("{0}")]
     Model(String),
+}
+
+/// What [`FitError::Resident`] adds when offload could move some of the resident bytes.
+fn offloaded_too(resident: usize, offloadable: usize) -> String {
+    match offloadable {
+        0 => String::new(),
+        b => format!(
+            ", and {} ({} bytes) with every AdamW moment ({}) offloaded to host memory",
+            human(resident - b),
+            resident - b,
+            human(b)
+        ),
+    }
 }
 
 /// The candidates of a rewritten step ([`candidates`]) in the order recomputation takes them:
@@ -660,19 +691,14 @@ pub fn fit(
         micro_batch: None,
         weights_cast_each_step,
         recompute: None,
+        offload: None,
         total_bytes: c.report.total_bytes,
     };
     if base.report.total_bytes <= budget {
         let f = as_asked(step, &base, false);
         return Ok((model.clone(), base, Some(f)));
     }
-    if base.report.resident_bytes > budget {
-        return Err(FitError::Resident {
-            model: model.name.clone(),
-            resident: base.report.resident_bytes,
-            budget,
-        });
-    }
+    let offloadable = resident_under(model, &r, &base, fit)?;
     // Then the loss head in row chunks: its largest tensor (a language model's logits)
     // shrinks to a chunk's for an addition of the head's weight gradient per extra chunk.
     let chunked_step = StepOptions {
@@ -711,6 +737,7 @@ pub fn fit(
         micro_batch: whole.map(|w| w / k),
         weights_cast_each_step,
         recompute,
+        offload: None,
         total_bytes: c.report.total_bytes,
     };
     let mut smallest = base.clone();
@@ -808,16 +835,96 @@ pub fn fit(
     if let Some((m, c, f)) = fallback {
         return Ok((m, c, Some(f)));
     }
-    let tried = match (recompute_on, ks.len() > 1) {
+    let at_first = |c: &Compiled, info: Option<Recompute>| fitted(ks[0], c, info);
+    let offload = fit.offload && offloadable > 0;
+    offload_or_over(
+        model,
+        &r,
+        budget,
+        smallest,
+        (recompute_on, offload),
+        &ks,
+        &at_first,
+    )
+}
+
+/// The bytes offload could take off the device's resident region of `base` (`r`'s step), when
+/// `fit` allows offload; an error when the rest of the resident region alone is over the
+/// budget (nothing the fitter does moves it).
+fn resident_under(
+    model: &Model,
+    r: &Rewritten,
+    base: &Compiled,
+    fit: &FitOptions,
+) -> Result<usize, FitError> {
+    let offloadable = match fit.offload {
+        true => offload::offloadable_bytes(&r.graph),
+        false => 0,
+    };
+    if base.report.resident_bytes.saturating_sub(offloadable) > fit.budget {
+        return Err(FitError::Resident {
+            model: model.name.clone(),
+            resident: base.report.resident_bytes,
+            offloadable,
+            budget: fit.budget,
+        });
+    }
+    Ok(offloadable)
+}
+
+/// The last resort ([`offload`]): `r`'s step (the model's own, `ks[0]` micro-batches) with the
+/// fewest AdamW moments in host memory that fit `budget`, described by `fitted`; else the
+/// refusal naming the smallest plan found (`smallest`, or offload's when smaller).
+fn offload_or_over(
+    model: &Model,
+    r: &Rewritten,
+    budget: usize,
+    mut smallest: Compiled,
+    (recompute_on, offload): (bool, bool),
+    ks: &[usize],
+    fitted: &dyn Fn(&Compiled, Option<Recompute>) -> Fitted,
+) -> Result<(Model, Compiled, Option<Fitted>), FitError> {
+    if !offload {
+        return Err(over(model, budget, smallest, recompute_on, ks, false));
+    }
+    let excess = smallest.report.total_bytes.saturating_sub(budget);
+    match offload::offload_to_budget(r, budget, excess, recompute_on)? {
+        Ok((c, info, o)) => {
+            let f = Fitted {
+                offload: Some(o),
+                ..fitted(&c, info)
+            };
+            return Ok((model.clone(), c, Some(f)));
+        }
+        Err(c) if c.report.total_bytes < smallest.report.total_bytes => smallest = c,
+        Err(_) => {}
+    }
+    Err(over(model, budget, smallest, recompute_on, ks, true))
+}
+
+/// The refusal when nothing fits: the smallest plan found and what was tried (`ks`: the
+/// numbers of micro-batches; `moments`: whether AdamW's moments were offloaded too).
+fn over(
+    model: &Model,
+    budget: usize,
+    smallest: Compiled,
+    recompute_on: bool,
+    ks: &[usize],
+    moments: bool,
+) -> FitError {
+    let mut tried = match (recompute_on, ks.len() > 1) {
         (true, true) => format!("recomputing every matmul, attention and convolution output the backward pass reads and every segment between the forward pass's cuts, and {} to {} micro-batches", ks[0], ks.last().copied().unwrap_or(1)),
         (true, false) => "recomputing every matmul, attention and convolution output the backward pass reads and every segment between the forward pass's cuts; accumulation was not tried (it needs a named model and no --accumulate of its own)".to_string(),
         (false, true) => format!("{} to {} micro-batches, no recomputation", ks[0], ks.last().copied().unwrap_or(1)),
         (false, false) => "only the plan as compiled: recomputation is off, and accumulation needs a named model and no --accumulate of its own".to_string(),
     };
-    Err(FitError::Over {
+    if moments {
+        tried.push_str("; then every AdamW moment offloaded to host memory");
+    }
+    FitError::Over {
         model: model.name.clone(),
         budget,
         smallest: Box::new(smallest),
         tried,
-    })
+    }
 }

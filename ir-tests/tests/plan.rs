@@ -146,6 +146,8 @@ fn check_ws(
         workspace: ws,
         workspace_filled_after: &vec![None; g.len()],
         copies,
+        offload: &[],
+        host_bytes: 0,
         total_bytes: total,
         alignment: ALIGNMENT,
     })
@@ -264,6 +266,8 @@ fn the_validator_rejects_a_workspace_filled_early_that_a_value_made_before_its_n
             workspace: &ws,
             workspace_filled_after: &filled,
             copies: &[],
+            offload: &[],
+            host_bytes: 0,
             total_bytes: 1024 * (g.len() + 1),
             alignment: ALIGNMENT,
         })

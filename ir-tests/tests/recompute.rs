@@ -96,6 +96,7 @@ fn a_plan_fitted_by_recomputation_is_under_the_budget_to_the_byte_and_valid() {
             recompute: true,
             accumulate: false,
             min_micro_batch: 1,
+            offload: false,
         };
         let (_, c, fitted) = fit::fit(
             &m,
@@ -158,6 +159,7 @@ fn a_budget_under_the_resident_bytes_is_refused_naming_them() {
         recompute: true,
         accumulate: true,
         min_micro_batch: 1,
+        offload: false,
     };
     let build = |k: usize| {
         models::at_batch(GPT, 4 / k, ingot_compiler::ir::DType::F32).map_err(|e| e.to_string())
@@ -215,6 +217,7 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
         recompute: true,
         accumulate: true,
         min_micro_batch: 1,
+        offload: false,
     };
     let build = |k: usize| {
         models::at_batch("gpt2", 8 / k, ingot_compiler::ir::DType::F32).map_err(|e| e.to_string())
@@ -265,6 +268,7 @@ fn a_bf16_step_over_its_budget_by_no_more_than_its_weight_copies_gives_them_up_f
         recompute: true,
         accumulate: true,
         min_micro_batch: 1,
+        offload: false,
     };
     let (_, c, fitted) = fit::fit(&model, &StepOptions::default(), &opts, &fit_opts, None).unwrap();
     let f = fitted.expect("over the budget with its copies");

@@ -216,6 +216,7 @@ fn a_small_gpt_asked_to_cut_its_activation_memory_by_forty_percent_fits_without_
         recompute: true,
         accumulate: false,
         min_micro_batch: 1,
+        offload: false,
     };
     let (_, c, fitted) = fit::fit(&m, &StepOptions::default(), &cpu(), &opts, None).unwrap();
     let f = fitted.expect("over the budget as asked");

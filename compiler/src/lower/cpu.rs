@@ -70,6 +70,22 @@ pub enum Instr {
         dtype: DType,
         ranks: usize,
     },
+    /// Offload's copy in ([`crate::plan::offload`]): the `bytes` bytes at `host` in the host
+    /// region (offloaded leaf `leaf`'s home) into its staging buffer at `to` in the allocation.
+    CopyIn {
+        leaf: NodeId,
+        host: usize,
+        to: usize,
+        bytes: usize,
+    },
+    /// Offload's copy out: leaf `leaf`'s staging buffer at `from`, holding its new value, back
+    /// to its home at `host` in the host region.
+    CopyOut {
+        leaf: NodeId,
+        from: usize,
+        host: usize,
+        bytes: usize,
+    },
 }
 
 impl Instr {
@@ -82,6 +98,7 @@ impl Instr {
             | Instr::AllReduce { node, .. }
             | Instr::AllGather { node, .. }
             | Instr::ReduceScatter { node, .. } => *node,
+            Instr::CopyIn { leaf, .. } | Instr::CopyOut { leaf, .. } => *leaf,
         }
     }
 
@@ -277,10 +294,57 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
     let location: Vec<Location> = g.ids().map(|id| plan.location(g, id)).collect();
     let kernel_outputs = g.kernel_outputs();
     let mut instrs = Vec::with_capacity(g.len());
-    for &id in &plan.liveness.order {
+    for (at, &id) in plan.liveness.order.iter().enumerate() {
+        for o in plan.offload.iter().filter(|o| o.copy_in_before == at) {
+            instrs.push(Instr::CopyIn {
+                leaf: o.leaf,
+                host: o.host.offset,
+                to: location[o.leaf.index()].offset,
+                bytes: o.host.bytes,
+            });
+        }
+        lower_node(g, plan, &location, &kernel_outputs, id, &mut instrs)?;
+        for o in plan.offload.iter().filter(|o| o.copy_out_after == at) {
+            instrs.push(Instr::CopyOut {
+                leaf: o.leaf,
+                from: location[o.leaf.index()].offset,
+                host: o.host.offset,
+                bytes: o.host.bytes,
+            });
+        }
+    }
+    let copies = plan
+        .liveness
+        .copies
+        .iter()
+        .map(|&(value, target)| {
+            let (from, to) = (location[value.index()], location[target.index()]);
+            Copy {
+                from: from.offset,
+                to: to.offset,
+                bytes: from.bytes,
+            }
+        })
+        .collect();
+    let program = Program { instrs, copies };
+    program.check(g, plan)?;
+    Ok(program)
+}
+
+/// The instruction of node `id` (none for a leaf, a view or a kernel's result), pushed onto
+/// `instrs`.
+fn lower_node(
+    g: &Graph,
+    plan: &MemoryPlan,
+    location: &[Location],
+    kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>],
+    id: NodeId,
+    instrs: &mut Vec<Instr>,
+) -> Result<(), LowerError> {
+    {
         let node = g.node(id);
         if node.op.is_leaf() || node.op.is_alias() || matches!(node.op, Op::Result { .. }) {
-            continue;
+            return Ok(());
         }
         if let Op::Fused(_) = node.op {
             instrs.push(Instr::Fused {
@@ -296,7 +360,7 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
                     .collect(),
                 scratch: plan.workspace(id).map_or(0, |w| w.offset),
             });
-            continue;
+            return Ok(());
         }
         if let Op::AllReduce { ranks } = node.op {
             let outs = &kernel_outputs[id.index()];
@@ -323,7 +387,7 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
                 dtype: node.ty.dtype,
                 ranks,
             });
-            continue;
+            return Ok(());
         }
         if let Op::AllGather { ranks } = node.op {
             let (from, to) = (location[node.inputs[0].index()], location[id.index()]);
@@ -334,7 +398,7 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
                 bytes: from.bytes,
                 ranks,
             });
-            continue;
+            return Ok(());
         }
         if let Op::ReduceScatter { ranks } = node.op {
             let outs = &kernel_outputs[id.index()];
@@ -364,7 +428,7 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
                 dtype: node.ty.dtype,
                 ranks,
             });
-            continue;
+            return Ok(());
         }
         let here = location[id.index()];
         let aliased = here.bytes > 0 && node.inputs.iter().any(|x| location[x.index()] == here);
@@ -374,22 +438,7 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
             Instr::Exec { node: id }
         });
     }
-    let copies = plan
-        .liveness
-        .copies
-        .iter()
-        .map(|&(value, target)| {
-            let (from, to) = (location[value.index()], location[target.index()]);
-            Copy {
-                from: from.offset,
-                to: to.offset,
-                bytes: from.bytes,
-            }
-        })
-        .collect();
-    let program = Program { instrs, copies };
-    program.check(g, plan)?;
-    Ok(program)
+    Ok(())
 }
 
 impl Program {
@@ -421,6 +470,10 @@ impl Program {
                 });
             }
             let node = g.node(id);
+            if matches!(i, Instr::CopyIn { .. } | Instr::CopyOut { .. }) {
+                // Checked with the plan's offload below.
+                continue;
+            }
             let fused = matches!(node.op, Op::Fused(_));
             if fused != matches!(i, Instr::Fused { .. }) {
                 return Err(LowerError::Invalid {
@@ -572,6 +625,7 @@ impl Program {
                 }
             }
         }
+        self.check_offload(plan)?;
         if let Some(c) = self
             .copies
             .iter()
@@ -585,12 +639,64 @@ impl Program {
         Ok(())
     }
 
+    /// The offload copies are exactly the plan's: one in and one out per offloaded leaf, each
+    /// from or to its home in the host region and to or from a range of the allocation.
+    fn check_offload(&self, plan: &MemoryPlan) -> Result<(), LowerError> {
+        let bad = |reason: String| LowerError::Invalid {
+            op: "cpu lowering",
+            reason,
+        };
+        let (mut copies_in, mut copies_out) = (0, 0);
+        for i in &self.instrs {
+            let (leaf, host, dev, bytes) = match *i {
+                Instr::CopyIn {
+                    leaf,
+                    host,
+                    to,
+                    bytes,
+                } => {
+                    copies_in += 1;
+                    (leaf, host, to, bytes)
+                }
+                Instr::CopyOut {
+                    leaf,
+                    from,
+                    host,
+                    bytes,
+                } => {
+                    copies_out += 1;
+                    (leaf, host, from, bytes)
+                }
+                _ => continue,
+            };
+            let planned = plan
+                .offload
+                .iter()
+                .any(|o| o.leaf == leaf && o.host.offset == host && o.host.bytes == bytes);
+            let inside = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|e| e <= len);
+            if !planned || !inside(host, plan.host_bytes) || !inside(dev, plan.total_bytes) {
+                return Err(bad(format!(
+                    "an offload copy of {leaf} ({bytes} bytes, host {host}, device {dev}) is not \
+                     one the plan makes"
+                )));
+            }
+        }
+        if (copies_in, copies_out) != (plan.offload.len(), plan.offload.len()) {
+            return Err(bad(format!(
+                "the plan offloads {} leaves but the program copies {copies_in} in and \
+                 {copies_out} out",
+                plan.offload.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// A short text account of the program, stable across machines (for snapshots and
     /// `ingot inspect`): instruction counts by kind, copies, and an FNV-1a-64 fingerprint of
     /// the whole program.
     pub fn summary(&self) -> String {
         let (mut exec, mut in_place, mut fused) = (0, 0, 0);
-        let (mut reduces, mut gathers, mut scatters) = (0, 0, 0);
+        let (mut reduces, mut gathers, mut scatters, mut offload) = (0, 0, 0, 0);
         for i in &self.instrs {
             match i {
                 Instr::Exec { .. } => exec += 1,
@@ -599,6 +705,7 @@ impl Program {
                 Instr::AllReduce { .. } => reduces += 1,
                 Instr::AllGather { .. } => gathers += 1,
                 Instr::ReduceScatter { .. } => scatters += 1,
+                Instr::CopyIn { .. } | Instr::CopyOut { .. } => offload += 1,
             }
         }
         // Said only when there are some, so a one-rank program's summary is what it always was.
@@ -611,6 +718,9 @@ impl Program {
         }
         if scatters > 0 {
             collective += &format!(", {scatters} reduce-scatters");
+        }
+        if offload > 0 {
+            collective += &format!(", {offload} offload copies");
         }
         let json = serde_json::to_vec(self).unwrap_or_default();
         format!(

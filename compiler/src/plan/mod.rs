@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod check;
 pub mod liveness;
 pub mod location;
+pub mod offload;
 pub mod shared;
 pub mod sink;
 
@@ -18,7 +19,7 @@ use crate::schedule::{self, Strategy};
 use check::PlanView;
 use ingot_dsa as dsa;
 pub use liveness::{Liveness, Region, Storage, WorkspaceFn, WorkspaceNeed};
-pub use location::Location;
+pub use location::{Location, Offload};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -51,6 +52,9 @@ pub struct PlanOptions {
     /// recompute forward values for the backward pass (whose copies free memory only if they
     /// run late), off otherwise, so those plans stay as they were.
     pub sink: bool,
+    /// Optimizer state to keep in host memory between its uses ([`offload`]), by leaf name:
+    /// the fitter's last resort. Empty (the default): nothing offloaded, the plan as always.
+    pub offload: Vec<String>,
 }
 
 impl Default for PlanOptions {
@@ -61,6 +65,7 @@ impl Default for PlanOptions {
             strategies: vec![Strategy::Traced, Strategy::MemoryAware],
             workspace: None,
             sink: false,
+            offload: Vec::new(),
         }
     }
 }
@@ -81,6 +86,17 @@ pub struct MemoryPlan {
     /// The schedule position at which LOAD is reached.
     pub peak_position: usize,
     pub total_bytes: usize,
+    /// Leaves kept in host memory ([`offload`]), with the copies that move them; none in a
+    /// plan without offload (and then absent from its JSON, which stays as it was).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offload: Vec<Offload>,
+    /// Bytes of the host region the offloaded leaves live in (pinned memory on a GPU).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_bytes: usize,
+}
+
+fn is_zero(x: &usize) -> bool {
+    *x == 0
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +119,9 @@ pub enum PlanError {
         strategy: Strategy,
         missing: Vec<NodeId>,
     },
+    /// A leaf asked to be offloaded cannot be.
+    #[error("cannot offload {name}: {reason}")]
+    Offload { name: String, reason: String },
 }
 
 impl MemoryPlan {
@@ -143,6 +162,8 @@ impl MemoryPlan {
             workspace: &workspace,
             workspace_filled_after: &filled_after,
             copies: &self.liveness.copies,
+            offload: &self.offload,
+            host_bytes: self.host_bytes,
             total_bytes: self.total_bytes,
             alignment: ALIGNMENT,
         })
@@ -195,13 +216,13 @@ fn prepare(g: &Graph, strategy: Strategy, opts: &PlanOptions) -> Result<Prepared
     let sunk = opts.sink.then(|| sink::sink(g, &order, opts.workspace));
     let order = schedule::hoist_collectives(g, order);
     complete(g, &order, strategy)?;
-    let plain = Prepared::new(g, &order, strategy, opts.workspace)?;
+    let plain = Prepared::new(g, &order, strategy, opts)?;
     let Some(sunk) = sunk else {
         return Ok(plain);
     };
     let sunk = schedule::hoist_collectives(g, sunk);
     complete(g, &sunk, strategy)?;
-    let sunk = Prepared::new(g, &sunk, strategy, opts.workspace)?;
+    let sunk = Prepared::new(g, &sunk, strategy, opts)?;
     Ok(if sunk.load_bytes <= plain.load_bytes {
         sunk
     } else {
@@ -234,10 +255,11 @@ pub fn plan_order(
     solver_time: Duration,
 ) -> Result<MemoryPlan, PlanError> {
     complete(g, order, strategy)?;
-    Prepared::new(g, order, strategy, None)?.solve(&PlanOptions {
+    let opts = PlanOptions {
         solver_time,
         ..PlanOptions::default()
-    })
+    };
+    Prepared::new(g, order, strategy, &opts)?.solve(&opts)
 }
 
 /// A schedule with its liveness, resident layout and slab problem, before offsets are solved.
@@ -252,6 +274,8 @@ struct Prepared {
     problem: dsa::Problem,
     load_bytes: usize,
     peak_position: usize,
+    offload: Vec<Offload>,
+    host_bytes: usize,
 }
 
 impl Prepared {
@@ -259,9 +283,10 @@ impl Prepared {
         g: &Graph,
         order: &[NodeId],
         strategy: Strategy,
-        workspace: Option<WorkspaceFn>,
+        opts: &PlanOptions,
     ) -> Result<Prepared, PlanError> {
-        let liveness = Liveness::analyse(g, order, workspace);
+        let mut liveness = Liveness::analyse(g, order, opts.workspace);
+        let (offload, host_bytes) = offload::stage(g, &mut liveness, &opts.offload)?;
         // Every offset the plan can give is at most the sum of all aligned storage sizes: when
         // that sum fits, no offset, end or total computed below (or by the solver) overflows.
         let sum = liveness.storages.iter().try_fold(0usize, |acc, s| {
@@ -327,6 +352,8 @@ impl Prepared {
             problem,
             load_bytes,
             peak_position,
+            offload,
+            host_bytes,
         })
     }
 
@@ -356,6 +383,8 @@ impl Prepared {
             load_bytes: self.load_bytes,
             peak_position: self.peak_position,
             total_bytes: slab_base + slab_bytes,
+            offload: self.offload,
+            host_bytes: self.host_bytes,
         })
     }
 }

@@ -5,7 +5,10 @@
 //! the schedule as one HTML page, and [`diff`] compares two reports.
 
 pub mod diff;
+pub mod offload;
 pub mod picture;
+
+pub use offload::OffloadReport;
 
 use crate::autodiff::Phase;
 use crate::ir::{Graph, LeafKind, NodeId, Op};
@@ -93,7 +96,8 @@ pub fn storage_kinds(g: &Graph, plan: &MemoryPlan, phases: Option<&[Phase]>) -> 
             if s.workspace {
                 return BufferKind::Workspace;
             }
-            if s.region == Region::Resident {
+            // A leaf's storage is its kind's, resident or (offloaded) staged in the slab.
+            if s.region == Region::Resident || g.node(s.owner).op.is_leaf() {
                 return match &g.node(s.owner).op {
                     Op::Leaf {
                         kind: LeafKind::Parameter,
@@ -261,6 +265,10 @@ pub struct Report {
     /// appearance (resident first, then by schedule position).
     #[serde(default)]
     pub by_provenance: Vec<SourceBytes>,
+    /// What the plan keeps in host memory (offload), if anything: then `total_bytes` is the
+    /// device's bytes and this says the host's and the copies'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<OffloadReport>,
 }
 
 /// True for nodes that run a kernel when the step executes.
@@ -282,6 +290,10 @@ impl Report {
             inputs: 0,
         };
         for id in g.ids() {
+            if plan.offload.iter().any(|o| o.leaf == id) {
+                // Not resident: its home is in the host region.
+                continue;
+            }
             if let Op::Leaf { kind, .. } = &g.node(id).op {
                 let b = crate::plan::align_up(g.ty(id).bytes());
                 match kind {
@@ -384,6 +396,7 @@ impl Report {
                 .filter(|s| s.region == Region::Slab)
                 .count(),
             by_provenance: by_provenance(g, plan, &kinds),
+            offload: OffloadReport::of(g, plan),
         }
     }
 
@@ -424,6 +437,9 @@ impl Report {
         }
         row(&mut o, "  input", self.resident.inputs);
         row(&mut o, "slab", self.slab_bytes);
+        if let Some(off) = &self.offload {
+            row(&mut o, "host (offloaded optimizer state)", off.host_bytes);
+        }
         row(&mut o, "lower bound (LOAD)", self.lower_bound_bytes);
         let _ = writeln!(
             o,
@@ -479,6 +495,20 @@ impl Report {
             "in-place ops: {}, slab buffers: {}",
             self.in_place_ops, self.slab_buffers
         );
+        if let Some(off) = &self.offload {
+            let _ = writeln!(
+                o,
+                "{}; device {} ({} bytes), host {} ({} bytes); copies by schedule position:",
+                off.line(),
+                human(self.total_bytes),
+                self.total_bytes,
+                human(off.host_bytes),
+                off.host_bytes
+            );
+            for line in off.schedule_lines(8) {
+                let _ = writeln!(o, "{line}");
+            }
+        }
         o
     }
 }

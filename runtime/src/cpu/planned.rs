@@ -47,6 +47,10 @@ pub struct PlannedStep {
     main: Part,
     eval: Option<Part>,
     memory: Vec<Block>,
+    /// The host region of offloaded leaves ([`ingot_compiler::plan::offload`]): a separate
+    /// allocation, standing in for a GPU's pinned host memory, that the step's copy
+    /// instructions move them from and back to.
+    host: Vec<Block>,
     /// This rank's end of the data-parallel group, for a step compiled for several ranks.
     collective: Option<Box<dyn Collective>>,
     /// The threads every kernel runs on.
@@ -193,10 +197,12 @@ impl PlannedStep {
         // (and its allocation is fallible too).
         refuse_beyond_host_memory(main.exe.plan(), available_host_memory())?;
         let memory = zeroed_blocks(slots.end(plan_bytes))?;
+        let host = zeroed_blocks(main.exe.plan().host_bytes)?;
         Ok(PlannedStep {
             main,
             eval: None,
             memory,
+            host,
             collective: None,
             pool,
             slots,
@@ -223,10 +229,12 @@ impl PlannedStep {
         whole.total_bytes = bytes;
         refuse_beyond_host_memory(&whole, available_host_memory())?;
         let memory = zeroed_blocks(slots.end(bytes))?;
+        let host = zeroed_blocks(main.exe.plan().host_bytes)?;
         Ok(PlannedStep {
             main,
             eval: Some(eval),
             memory,
+            host,
             collective: None,
             pool,
             slots,
@@ -300,12 +308,33 @@ impl PlannedStep {
         self.memory.len() * ALIGNMENT
     }
 
+    /// Bytes of the host region the offloaded leaves live in (0 without offload).
+    pub fn host_bytes(&self) -> usize {
+        self.host.len() * ALIGNMENT
+    }
+
     fn read(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        let ty = self.main.exe.graph().ty(id).clone();
+        if let Some(h) = self.home(id) {
+            return Tensor::from_le_bytes(
+                ty,
+                &host_bytes(&self.host)[h.offset..h.offset + h.bytes],
+            );
+        }
         let l = self.main.location[id.index()];
-        Tensor::from_le_bytes(
-            self.main.exe.graph().ty(id).clone(),
-            &self.bytes()[l.offset..l.offset + l.bytes],
-        )
+        Tensor::from_le_bytes(ty, &self.bytes()[l.offset..l.offset + l.bytes])
+    }
+
+    /// Where offloaded leaf `id` lives between steps: its home in the host region (its
+    /// device location is only a staging buffer, live while the step uses it).
+    fn home(&self, id: NodeId) -> Option<Location> {
+        self.main
+            .exe
+            .plan()
+            .offload
+            .iter()
+            .find(|o| o.leaf == id)
+            .map(|o| o.host)
     }
 
     fn bytes(&self) -> &[u8] {
@@ -334,10 +363,14 @@ impl PlannedStep {
     pub fn step(&mut self) -> Result<(), ExecError> {
         let len = self.memory.len() * ALIGNMENT;
         let base = Base(self.memory.as_mut_ptr() as *mut u8);
+        let host = (
+            Base(self.host.as_mut_ptr() as *mut u8),
+            self.host.len() * ALIGNMENT,
+        );
         let (main, slots) = (&self.main, self.slots);
         let collective = self.collective.as_deref_mut();
         self.pool
-            .install(move || main.run(base.get(), len, collective, slots))
+            .install(move || main.run(base.get(), len, host, collective, slots))
     }
 
     /// The data-parallel ranks the step was compiled for (1 for a step without all-reduce).
@@ -365,9 +398,13 @@ impl PlannedStep {
     pub fn eval_step(&mut self) -> Result<(), ExecError> {
         let len = self.memory.len() * ALIGNMENT;
         let base = Base(self.memory.as_mut_ptr() as *mut u8);
+        let host = (
+            Base(self.host.as_mut_ptr() as *mut u8),
+            self.host.len() * ALIGNMENT,
+        );
         let (eval, slots) = (self.eval.as_ref().ok_or_else(no_eval)?, self.slots);
         self.pool
-            .install(move || eval.run(base.get(), len, None, slots))
+            .install(move || eval.run(base.get(), len, host, None, slots))
     }
 }
 
@@ -489,11 +526,13 @@ impl Part {
         })
     }
 
-    /// Runs this program over the allocation at `base` (`len` bytes, at least its plan's total).
+    /// Runs this program over the allocation at `base` (`len` bytes, at least its plan's total),
+    /// with the host region of offloaded leaves at `host` (`(pointer, bytes)`).
     fn run(
         &self,
         base: *mut u8,
         len: usize,
+        host: (Base, usize),
         mut collective: Option<&mut (dyn Collective + 'static)>,
         slots: Slots,
     ) -> Result<(), ExecError> {
@@ -560,6 +599,29 @@ impl Part {
                         c.reduce_scatter_sum(send, recv, *dtype)
                             .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
                     }
+                }
+                Instr::CopyIn {
+                    host: h, to, bytes, ..
+                } => {
+                    check_host(*h, *bytes, host.1)?;
+                    // SAFETY: the host range lies inside the host region (checked just now),
+                    // the device range inside the allocation (checked program); the two are
+                    // separate allocations, and no slice of either is alive.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(host.0.get().add(*h), base.add(*to), *bytes)
+                    };
+                }
+                Instr::CopyOut {
+                    from,
+                    host: h,
+                    bytes,
+                    ..
+                } => {
+                    check_host(*h, *bytes, host.1)?;
+                    // SAFETY: as for the copy in.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(base.add(*from), host.0.get().add(*h), *bytes)
+                    };
                 }
                 Instr::Exec { node } => self.exec(base, *node)?,
                 Instr::InPlace { node } => self.exec_in_place(base, *node)?,
@@ -778,6 +840,23 @@ impl Part {
     }
 }
 
+/// An offload copy of `bytes` bytes at `at` lies inside the host region of `len` bytes.
+fn check_host(at: usize, bytes: usize, len: usize) -> Result<(), ExecError> {
+    match at.checked_add(bytes) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(ExecError::Invalid {
+            op: "offload copy",
+            reason: format!("{bytes} bytes at {at} lie outside the {len} byte host region"),
+        }),
+    }
+}
+
+/// The host region's blocks as bytes.
+fn host_bytes(host: &[Block]) -> &[u8] {
+    // SAFETY: the blocks are plain bytes, contiguous in the vector.
+    unsafe { std::slice::from_raw_parts(host.as_ptr() as *const u8, host.len() * ALIGNMENT) }
+}
+
 fn at(id: NodeId, node: &Node, e: ExecError) -> ExecError {
     ExecError::AtNode {
         node: id.index(),
@@ -824,6 +903,44 @@ impl crate::executor::StepExecutor for PlannedStep {
 
     fn plan(&self) -> &MemoryPlan {
         PlannedStep::plan(self)
+    }
+
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        let Some(h) = self.home(id) else {
+            let at = self.plan().location(self.graph(), id);
+            if bytes.len() != at.bytes {
+                return Err(ExecError::Invalid {
+                    op: "write_node_bytes",
+                    reason: format!(
+                        "node %{} holds {} bytes, not {}",
+                        id.index(),
+                        at.bytes,
+                        bytes.len()
+                    ),
+                });
+            }
+            return self.write_at(at, bytes);
+        };
+        if bytes.len() != h.bytes {
+            return Err(ExecError::Invalid {
+                op: "write_node_bytes",
+                reason: format!(
+                    "node %{} holds {} bytes, not {}",
+                    id.index(),
+                    h.bytes,
+                    bytes.len()
+                ),
+            });
+        }
+        // SAFETY: the home lies inside the host region (validated plan, region of its bytes).
+        let region = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.host.as_mut_ptr() as *mut u8,
+                self.host.len() * ALIGNMENT,
+            )
+        };
+        region[h.offset..h.offset + h.bytes].copy_from_slice(bytes);
+        Ok(())
     }
 
     fn write_at(&mut self, at: Location, bytes: &[u8]) -> Result<(), ExecError> {
@@ -907,9 +1024,13 @@ impl crate::executor::StepExecutor for PlannedStep {
             // SAFETY: the slot lies inside the allocation (asserted); no slice of it is alive.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(l.offset), l.bytes) };
         }
+        let host = (
+            Base(self.host.as_mut_ptr() as *mut u8),
+            self.host.len() * ALIGNMENT,
+        );
         let (base, slots) = (Base(base), self.slots);
         self.pool
-            .install(move || eval.run(base.get(), len, None, slots))
+            .install(move || eval.run(base.get(), len, host, None, slots))
     }
 
     fn step(&mut self) -> Result<(), ExecError> {

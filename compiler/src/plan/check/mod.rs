@@ -9,16 +9,19 @@
 //! a fused kernel likewise, only over inputs its description says it reads at the output's own
 //! index. A fused kernel writes all its outputs when it runs; its `result` nodes do nothing.
 //!
-//! It checks in three parts, each reporting the first [`PlanViolation`] it finds: the
+//! It checks in four parts, each reporting the first [`PlanViolation`] it finds: the
 //! `schedule` (every node once, after its operands), the `placement` (every location and
-//! workspace the right size, aligned and inside the allocation), and the `replay` (the
-//! schedule run over the map of bytes).
+//! workspace the right size, aligned and inside the allocation), the `host` region of
+//! offloaded leaves (homes apart, copies in order), and the `replay` (the schedule run over
+//! the map of bytes, offload copies included: a read of an offloaded leaf before its copy in
+//! or after its copy out finds other bytes there).
 
+mod host;
 mod placement;
 mod replay;
 mod schedule;
 
-use super::location::Location;
+use super::location::{Location, Offload};
 use crate::ir::{Graph, NodeId};
 
 /// What the checker needs to know about a plan.
@@ -36,6 +39,10 @@ pub struct PlanView<'a> {
     pub workspace_filled_after: &'a [Option<usize>],
     /// `(value, target)` copies done after the last op.
     pub copies: &'a [(NodeId, NodeId)],
+    /// Leaves kept in the host region and the copies that move them (`location` gives their
+    /// device staging buffers), and that region's bytes.
+    pub offload: &'a [Offload],
+    pub host_bytes: usize,
     /// Size of the single allocation.
     pub total_bytes: usize,
     pub alignment: usize,
@@ -206,6 +213,23 @@ pub enum PlanViolation {
         "invalid memory plan: {target} does not hold its new value {value} when the step ends"
     )]
     UpdateNotHeld { target: NodeId, value: NodeId },
+    /// An offload record is malformed: not updated optimizer state, named twice, copies out of
+    /// order or outside the schedule, or a host home of the wrong size or outside its region.
+    #[error("invalid memory plan: offloaded {leaf}: {reason}")]
+    OffloadInvalid { leaf: NodeId, reason: String },
+    /// Two offloaded leaves share bytes of the host region (each holds its leaf all step).
+    #[error("invalid memory plan: the host homes of offloaded {a} and {b} overlap")]
+    OffloadHomesOverlap { a: NodeId, b: NodeId },
+    /// When an offloaded leaf is copied out, its staging buffer does not hold its new value.
+    #[error(
+        "invalid memory plan: offloaded {leaf} is copied out after position {at}, but its \
+         staging buffer does not hold its new value {value} then"
+    )]
+    OffloadNotHeld {
+        leaf: NodeId,
+        value: NodeId,
+        at: usize,
+    },
 }
 
 /// Checks the plan's tables, schedule and placement, then replays it; returns the first
@@ -225,5 +249,6 @@ pub fn validate(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     }
     schedule::check(p)?;
     placement::check(p)?;
+    host::check(p)?;
     replay::check(p)
 }

@@ -59,6 +59,20 @@ pub(super) fn check(p: &PlanView<'_>) -> Result<(), PlanViolation> {
         }
         fills[after].push(id);
     }
+    // Offloaded leaves: written by their copy in, not where the leaf is scheduled; their new
+    // value must be in the staging buffer when it is copied out, and the buffer is gone after.
+    let mut offloaded = vec![false; g.len()];
+    let (mut ins, mut outs) = (
+        vec![Vec::new(); p.order.len()],
+        vec![Vec::new(); p.order.len()],
+    );
+    for o in p.offload {
+        offloaded[o.leaf.index()] = true;
+        ins[o.copy_in_before].push(o.leaf);
+        outs[o.copy_out_after].push(o.leaf);
+    }
+    let new_value = |leaf: NodeId| g.updates.iter().find(|u| u.target == leaf).map(|u| u.value);
+    let mut copied_out = vec![false; g.len()];
     let mut memory = Memory::default();
     for (at, &id) in p.order.iter().enumerate() {
         // The fills that run after the op before this one.
@@ -67,7 +81,21 @@ pub(super) fn check(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                 memory.write(w, filled(f));
             }
         }
-        step(p, &mut memory, &content, &written, id)?;
+        for &leaf in &ins[at] {
+            memory.write(p.location[leaf.index()], leaf);
+        }
+        if !offloaded[id.index()] {
+            step(p, &mut memory, &content, &written, id)?;
+        }
+        for &leaf in &outs[at] {
+            let value = new_value(leaf).unwrap_or(leaf);
+            let here = p.location[leaf.index()];
+            if !memory.holds(here, content[value.index()]) {
+                return Err(V::OffloadNotHeld { leaf, value, at });
+            }
+            memory.write(here, SCRATCH);
+            copied_out[leaf.index()] = true;
+        }
     }
     for (name, &o) in &g.outputs {
         if !memory.holds(p.location[o.index()], content[o.index()]) {
@@ -87,6 +115,16 @@ pub(super) fn check(p: &PlanView<'_>) -> Result<(), PlanViolation> {
         memory.write(p.location[t.index()], content[v.index()]);
     }
     for u in &g.updates {
+        if offloaded[u.target.index()] {
+            // Its home holds the new value once copied out (checked above).
+            if !copied_out[u.target.index()] {
+                return Err(V::UpdateNotHeld {
+                    target: u.target,
+                    value: u.value,
+                });
+            }
+            continue;
+        }
         if !memory.holds(p.location[u.target.index()], content[u.value.index()]) {
             return Err(V::UpdateNotHeld {
                 target: u.target,

@@ -1,0 +1,271 @@
+//! Offload (issue 51): AdamW's moments kept in host memory and copied to the device around
+//! their update. The plan moves them out of the resident region and validates the copies; the
+//! CPU executor runs them over a host region of its own and trains to the same losses, bit for
+//! bit; the fitter reaches for it only when nothing else fits.
+
+use ingot_compiler::autodiff::StepOptions;
+use ingot_compiler::fit::{self, offload::moments, FitOptions};
+use ingot_compiler::lower::Target;
+use ingot_compiler::models::{self, Model, Optimizer};
+use ingot_compiler::pipeline::{self, Compiled, Options};
+use ingot_compiler::plan::check::PlanViolation;
+use ingot_compiler::plan::{align_up, PlanError};
+use ingot_trainer::session::Session;
+
+const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=8,batch=2";
+
+fn mlp_adamw() -> Model {
+    let mut m = models::by_name("mlp").unwrap();
+    m.optimizer = Optimizer::adamw(1e-3, 0.01);
+    m
+}
+
+/// The CPU pipeline options with `names` offloaded.
+fn offloading(names: &[String]) -> Options {
+    let mut o = Options::for_target(Target::Cpu);
+    o.plan.offload = names.to_vec();
+    o
+}
+
+/// `m` compiled as it is, and with every AdamW moment offloaded.
+fn plain_and_offloaded(m: &Model) -> (Compiled, Compiled, Vec<String>) {
+    let plain = pipeline::compile(m, &Options::for_target(Target::Cpu)).unwrap();
+    let names = moments(&plain.graph);
+    assert!(!names.is_empty(), "{} trains with AdamW", m.name);
+    let off = pipeline::compile(m, &offloading(&names)).unwrap();
+    (plain, off, names)
+}
+
+#[test]
+fn offloaded_moments_leave_the_resident_region_for_homes_in_the_host_region() {
+    for m in [mlp_adamw(), models::by_name(GPT).unwrap()] {
+        let (plain, off, names) = plain_and_offloaded(&m);
+        let moment_bytes: usize = names
+            .iter()
+            .map(|n| align_up(off.graph.ty(off.graph.leaf(n).unwrap()).bytes()))
+            .sum();
+        assert_eq!(off.plan.offload.len(), names.len());
+        assert_eq!(off.plan.host_bytes, moment_bytes, "{}", m.name);
+        assert_eq!(
+            off.plan.resident_bytes,
+            plain.plan.resident_bytes - moment_bytes,
+            "{}",
+            m.name
+        );
+        // Each staging buffer lives in the slab only around its update, so the device's total
+        // falls (the slab may grow by the staging buffers live at its peak, never by all).
+        assert!(
+            off.plan.total_bytes < plain.plan.total_bytes,
+            "{}: {} >= {}",
+            m.name,
+            off.plan.total_bytes,
+            plain.plan.total_bytes
+        );
+        for o in &off.plan.offload {
+            assert!(o.copy_in_before <= o.copy_out_after);
+            let st = &off.plan.liveness.storages[off.plan.liveness.storage_of[o.leaf.index()]];
+            assert_eq!((st.start, st.end), (o.copy_in_before, o.copy_out_after + 1));
+        }
+        off.plan.validate(&off.graph).unwrap();
+        let r = off
+            .report
+            .offload
+            .as_ref()
+            .expect("the report says offload");
+        assert_eq!(
+            (r.values, r.copies, r.host_bytes),
+            (names.len(), 2 * names.len(), moment_bytes)
+        );
+        assert!(off.report.table().contains("offloaded:"));
+        // A plan without offload says nothing of it, in its JSON too.
+        assert!(plain.plan.offload.is_empty() && plain.report.offload.is_none());
+        let json = serde_json::to_string(&plain.report).unwrap();
+        assert!(!json.contains("offload") && !json.contains("host_bytes"));
+    }
+}
+
+#[test]
+fn the_validator_refuses_offload_copies_moved_or_homes_that_overlap() {
+    let (_, off, _) = plain_and_offloaded(&mlp_adamw());
+    // Copied out before the op that writes its new value: the staging buffer still holds the
+    // old one.
+    let mut p = off.plan.clone();
+    let o = &mut p.offload[0];
+    let leaf = o.leaf;
+    (o.copy_in_before, o.copy_out_after) = (0, 0);
+    match p.validate(&off.graph) {
+        Err(PlanViolation::OffloadNotHeld { leaf: l, at: 0, .. }) => assert_eq!(l, leaf),
+        other => panic!("moved copies accepted or refused for another reason: {other:?}"),
+    }
+    // Copied in after its first reader: that read finds other bytes.
+    let mut p = off.plan.clone();
+    let o = &mut p.offload[0];
+    o.copy_in_before = o.copy_out_after + 1;
+    o.copy_out_after += 1;
+    assert!(
+        p.validate(&off.graph).is_err(),
+        "a late copy in was accepted"
+    );
+    // Two homes on the same host bytes.
+    let mut p = off.plan.clone();
+    p.offload[1].host.offset = p.offload[0].host.offset;
+    p.offload[1].host.bytes = p.offload[0].host.bytes;
+    let l1 = off.graph.ty(p.offload[1].leaf).bytes();
+    if l1 == p.offload[1].host.bytes {
+        assert!(matches!(
+            p.validate(&off.graph),
+            Err(PlanViolation::OffloadHomesOverlap { .. })
+        ));
+    }
+    // A home past the host region's end.
+    let mut p = off.plan.clone();
+    p.host_bytes -= 256;
+    let last = p.offload.len() - 1;
+    p.offload[last].host.offset = p.host_bytes;
+    assert!(matches!(
+        p.validate(&off.graph),
+        Err(PlanViolation::OffloadInvalid { .. })
+    ));
+}
+
+#[test]
+fn offloading_a_leaf_that_is_not_optimizer_state_is_an_error_naming_it() {
+    let m = mlp_adamw();
+    let plain = pipeline::compile(&m, &Options::for_target(Target::Cpu)).unwrap();
+    let param = plain
+        .graph
+        .leaves(ingot_compiler::ir::LeafKind::Parameter)
+        .into_iter()
+        .next()
+        .unwrap();
+    let name = plain.graph.leaf_name(param).unwrap().to_string();
+    for (ask, says) in [
+        (name.clone(), "only optimizer state"),
+        ("no.such.leaf".to_string(), "no leaf of that name"),
+    ] {
+        let e = pipeline::compile(&m, &offloading(std::slice::from_ref(&ask))).unwrap_err();
+        let pipeline::CompileError::Plan(PlanError::Offload { name: n, reason }) = &e else {
+            panic!("not an offload error: {e}");
+        };
+        assert_eq!(n, &ask);
+        assert!(reason.contains(says), "{e}");
+        assert!(e.to_string().contains(&ask), "{e}");
+    }
+}
+
+/// Optimizer state by name, as little-endian bytes.
+type State = Vec<(String, Vec<u8>)>;
+
+/// Losses (as bits) of `steps` steps of `m` on the CPU compiled with `opts`, the bytes the
+/// executor allocated on the device and for the host region, and the optimizer state after.
+fn train(m: &Model, opts: &Options, steps: usize) -> (Vec<u64>, usize, State) {
+    let mut s = Session::with_options(m, 3, opts).unwrap();
+    let losses = (0..steps)
+        .map(|_| s.step().unwrap().loss.to_bits())
+        .collect();
+    let state = s
+        .optimizer_state()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_le_bytes()))
+        .collect();
+    (losses, s.exe().allocated_bytes(), state)
+}
+
+#[test]
+fn an_offloaded_step_trains_to_the_same_losses_bit_for_bit_on_a_smaller_allocation() {
+    for m in [mlp_adamw(), models::by_name(GPT).unwrap()] {
+        let (plain, off, names) = plain_and_offloaded(&m);
+        let (l0, a0, s0) = train(&m, &Options::for_target(Target::Cpu), 4);
+        let (l1, a1, s1) = train(&m, &offloading(&names), 4);
+        assert_eq!(l0, l1, "{}: the losses differ", m.name);
+        // The moments read back from their host homes: the same as resident ones.
+        assert_eq!(s0, s1, "{}: the optimizer state differs", m.name);
+        assert_eq!(
+            a0 - a1,
+            plain.plan.total_bytes - off.plan.total_bytes,
+            "{}: the allocation shrinks by what the plan says",
+            m.name
+        );
+    }
+}
+
+#[test]
+fn the_fitter_offloads_only_when_nothing_else_fits_and_then_the_fewest_moments() {
+    let m = mlp_adamw();
+    let (plain, all, names) = plain_and_offloaded(&m);
+    // Under the resident bytes nothing but offload fits; with every moment offloaded it does.
+    let budget = align_up((all.plan.total_bytes + plain.plan.resident_bytes) / 2);
+    assert!(all.plan.total_bytes <= budget && budget < plain.plan.resident_bytes);
+    let fo = FitOptions {
+        budget,
+        recompute: false,
+        accumulate: false,
+        min_micro_batch: 1,
+        offload: true,
+    };
+    let opts = Options::for_target(Target::Cpu);
+    let (_, c, f) = fit::fit(&m, &StepOptions::default(), &opts, &fo, None).unwrap();
+    let f = f.expect("fitted");
+    let o = f.offload.as_ref().expect("fitted by offload");
+    assert!(c.report.total_bytes <= budget);
+    assert_eq!(o.device_bytes, c.report.total_bytes);
+    assert_eq!(o.values, c.plan.offload.len());
+    assert_eq!(o.host_bytes, c.plan.host_bytes);
+    assert!(f
+        .line()
+        .contains(&format!("offloaded: {} values", o.values)));
+    c.executable(Target::Cpu).unwrap();
+    // The fewest, largest first: one moment fewer is over the budget.
+    assert!(o.values >= 1);
+    let fewer = pipeline::compile(&m, &offloading(&names[..o.values - 1])).unwrap();
+    assert!(fewer.report.total_bytes > budget);
+    // At a budget the plan meets as compiled, nothing is offloaded.
+    let as_is = FitOptions {
+        budget: plain.plan.total_bytes,
+        ..fo
+    };
+    let (_, c, f) = fit::fit(&m, &StepOptions::default(), &opts, &as_is, None).unwrap();
+    assert!(f.is_none() && c.plan.offload.is_empty());
+}
+
+#[test]
+fn a_budget_under_the_resident_bytes_less_every_moment_is_refused_naming_both() {
+    let m = mlp_adamw();
+    let (plain, _, names) = plain_and_offloaded(&m);
+    let g = &plain.graph;
+    let moment_bytes: usize = names
+        .iter()
+        .map(|n| align_up(g.ty(g.leaf(n).unwrap()).bytes()))
+        .sum();
+    let resident = plain.plan.resident_bytes;
+    let opts = Options::for_target(Target::Cpu);
+    let ask = |budget: usize, offload: bool| {
+        let fo = FitOptions {
+            budget,
+            recompute: true,
+            accumulate: true,
+            min_micro_batch: 1,
+            offload,
+        };
+        fit::fit(&m, &StepOptions::default(), &opts, &fo, None)
+    };
+    let e = ask(resident - moment_bytes - 1, true).unwrap_err();
+    let fit::FitError::Resident { offloadable, .. } = &e else {
+        panic!("not refused for its resident bytes: {e}");
+    };
+    assert_eq!(*offloadable, moment_bytes);
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&resident.to_string())
+            && msg.contains(&(resident - moment_bytes).to_string())
+            && msg.contains("offloaded to host memory"),
+        "{msg}"
+    );
+    // Offload off (a gate or a probe): under the resident bytes is refused as before.
+    let e = ask(resident - 1, false).unwrap_err();
+    assert!(
+        matches!(e, fit::FitError::Resident { offloadable: 0, .. }),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("offloaded"), "{e}");
+}
