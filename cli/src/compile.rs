@@ -59,6 +59,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         &a.model.step_options(a.lr_scale_input),
         &opts,
         true,
+        device.target() == ingot_compiler::lower::Target::Cpu,
     )?;
     if let Some(f) = &fitted {
         crate::outln!("{}", f.line())?;

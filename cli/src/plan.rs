@@ -337,7 +337,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         &a.model.input_files(),
     )?;
     let (model, compiled, trace, fitted) =
-        super::stages::load_and_compile(&a.model, &a.model.step_options(false), &opts, !a.json)?;
+        super::stages::load_and_compile(
+            &a.model,
+            &a.model.step_options(false),
+            &opts,
+            !a.json,
+            true,
+        )?;
     if a.timings {
         eprint!(
             "{}",
@@ -426,6 +432,11 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         }
         if let Some(f) = &fitted {
             crate::outln!("{}", f.line())?;
+            if f.offload.is_some() && device.target() == ingot_compiler::lower::Target::Cuda {
+                crate::outln!(
+                    "note: the CUDA executor does not run offload's copies yet: `train` and `compile` with --device cuda refuse this budget (exit 3); the CPU runs the plan"
+                )?;
+            }
         }
         if let Some(r) = &compiled.rewrite {
             crate::outln!(

@@ -46,11 +46,17 @@ pub fn over_budget(report: &ingot_compiler::report::Report, budget: usize) -> St
 /// most a third to the step's FLOPs. With `--accumulate` given, the budget is a gate only.
 /// Returns what was done, or an error (exit code 3) naming the smallest plan found and what
 /// is live at its peak, or the resident bytes when they alone are over the budget.
+///
+/// `offload` lets the fitter keep AdamW's moments in host memory as its last resort: only
+/// where the step's executor runs offload's copies (the CPU's), or for `plan`, which reports
+/// the fit and says when the target cannot run it; `train` and `compile` for CUDA refuse
+/// such a fit by exit 3 like any other budget they cannot meet, not at lowering.
 pub fn load_and_compile(
     model: &super::ModelArgs,
     step: &ingot_compiler::autodiff::StepOptions,
     opts: &pipeline::Options,
     spinner: bool,
+    offload: bool,
 ) -> Result<(Model, Compiled, Duration, Option<Fitted>), Failure> {
     use ingot_compiler::fit::{self, FitError, FitOptions};
     let (m, c, t) = compile_as_asked(model, step, opts, spinner)?;
@@ -70,7 +76,7 @@ pub fn load_and_compile(
             None => 1,
         },
         // Not where the budget is a gate: the step as asked, checked.
-        offload: !gate,
+        offload: offload && !gate,
     };
     let micro = |k: usize| model.load_accumulated(k).map_err(|f| f.message);
     let builder: Option<&dyn Fn(usize) -> Result<Model, String>> = match model.model {

@@ -536,3 +536,31 @@ fn batch_builds_any_named_model_and_a_contradicting_spec_batch_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_cuda_budget_only_offload_meets_is_planned_with_a_note_and_refused_by_compile_with_exit_3() {
+    // Under the resident bytes only offload fits (recomputation and micro-batches do not lower
+    // them); the CUDA executor does not run offload's copies, so `compile` for CUDA refuses
+    // the budget as one it cannot meet instead of failing at lowering.
+    let mlp = ["--model", "mlp", "--optimizer", "adamw", "--device", "cuda"];
+    let (code, whole) = planned_total(&mlp);
+    assert_eq!(code, 0, "{whole}");
+    let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();
+    let mut args = vec!["plan"];
+    args.extend(mlp);
+    args.extend(["--budget", budget.as_str()]);
+    let (code, out, err) = ingot(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("offloaded:"), "{out}");
+    assert!(
+        out.contains("the CUDA executor does not run offload's copies yet"),
+        "{out}"
+    );
+    let exe = std::env::temp_dir().join(format!("ingot-offload-{}.ingot", std::process::id()));
+    let mut args = vec!["compile"];
+    args.extend(mlp);
+    args.extend(["--budget", budget.as_str(), "-o", exe.to_str().unwrap()]);
+    let (code, _, err) = ingot(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(!exe.exists(), "nothing written for a budget refused");
+}
