@@ -346,8 +346,7 @@ fn emulate(tag: &str, k: &FusedKernel, ins: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> 
         bufs.push(vec![0xA5; k.output_len(j) * k.output_dtype(j).size()]);
     }
     bufs.push(
-        std::iter::repeat(f32::NAN.to_ne_bytes())
-            .take(p.scratch_bytes / 4)
+        std::iter::repeat_n(f32::NAN.to_ne_bytes(), p.scratch_bytes / 4)
             .flatten()
             .collect(),
     );
@@ -367,6 +366,7 @@ fn emulate(tag: &str, k: &FusedKernel, ins: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> 
             l.kernel.name
         );
     }
+    let _ = std::fs::remove_dir_all(emu.exe.parent().unwrap());
     Some(bufs[ni..ni + no].to_vec())
 }
 
