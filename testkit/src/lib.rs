@@ -7,8 +7,10 @@
 //!   time), the kernel check's and the attention tests' (runtime/tests/support/attention_device.rs);
 //! - [`fused_kernels`]: the hand-built fused kernels (softmax, layer norm) of the kernel tests;
 //! - [`cxx`]: the host's C++ compiler, for the kernel tests that compile CUDA C for the host;
+//!   [`block_emu`]: the emulation of CUDA blocks that runs generated fused kernels there;
 //! - [`steps`]: whole CPU training steps against the reference interpreter, and their bytes.
 
+pub mod block_emu;
 pub mod cxx;
 pub mod device;
 pub mod fused_kernels;

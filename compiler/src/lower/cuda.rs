@@ -11,7 +11,9 @@
 //!   [`ingot_kernels::cuda::fused_program`] generates from its description: one, pointers to
 //!   its inputs then its outputs; or, for a column reduction too narrow to fill the GPU, a
 //!   partial kernel writing partial sums into the node's planned workspace and a finish kernel
-//!   folding them;
+//!   folding them; for a reduction whose full outputs read its sums with too few rows to fill
+//!   the GPU (batch norm over NCHW), a partial and a finish kernel a stage of reductions, the
+//!   finished sums in the workspace, then an elementwise kernel writing the full outputs;
 //! - a matmul: one cuBLAS strided-batched GEMM, its workspace the node's planned workspace in
 //!   the slab;
 //! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output, the

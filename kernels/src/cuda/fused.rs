@@ -51,7 +51,7 @@ mod vec4;
 
 /// The strategy [`generate`] picks for `k` (the runtime's kernel checks name and vary kernels
 /// by it).
-pub(super) use split::split_ways;
+pub(super) use split::{split_ways, staged_ways};
 
 pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
     k.check()?;

@@ -209,7 +209,8 @@ pub struct FusedLaunch {
 /// How a fused kernel runs on the GPU: its launches in order, and the scratch bytes they share
 /// (planned as the node's workspace). One launch of [`fused`]'s kernel, or a column reduction
 /// that leaves the GPU idle split in two ([`crate::fused::split`]): partials into the scratch,
-/// then the finish.
+/// then the finish; or a reduction whose full outputs read its reductions, split by stages
+/// ([`crate::fused::staged`]): a partial and a finish kernel a stage, then the full outputs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusedProgram {
     pub launches: Vec<FusedLaunch>,
@@ -256,10 +257,67 @@ fn split_of(k: &FusedKernel) -> Option<crate::fused::split::Split> {
     crate::fused::split::split(k, axis, ways)
 }
 
+/// The split by stages [`fused_program`] runs `k` as, if any (where it is not split as a
+/// column reduction).
+fn staged_of(k: &FusedKernel) -> Option<crate::fused::staged::Staged> {
+    let (axis, ways) = fused::staged_ways(k)?;
+    crate::fused::staged::staged(k, axis, ways)
+}
+
+/// The reduce axis and the number of slices [`fused_program`] splits `k` by stages along
+/// ([`crate::fused::staged`]), or `None` where it runs `k` as one kernel or as a column
+/// reduction's two.
+pub fn staged_split(k: &FusedKernel) -> Option<(usize, usize)> {
+    staged_of(k).and(fused::staged_ways(k))
+}
+
+/// Where each scratch buffer of a split by stages lies, each 256-byte aligned as the planner
+/// aligns buffers: `(offset, bytes)` of each, and the bytes of them all.
+fn staged_layout(s: &crate::fused::staged::Staged) -> (Vec<(usize, usize)>, usize) {
+    let mut at = 0usize;
+    let mut places = Vec::new();
+    for b in &s.scratch {
+        let bytes = b.len * b.dtype.size();
+        places.push((at, bytes));
+        at += bytes.next_multiple_of(256);
+    }
+    (places, at)
+}
+
+/// The launches of a split by stages: each pass in order, its scratch buffers at their places.
+fn staged_program(s: &crate::fused::staged::Staged) -> Result<FusedProgram, CodegenError> {
+    use crate::fused::staged::Buffer;
+    let (places, scratch_bytes) = staged_layout(s);
+    let arg = |b: &Buffer| match *b {
+        Buffer::Input(n) => FusedArg::Input(n),
+        Buffer::Output(j) => FusedArg::Output(j),
+        Buffer::Scratch(i) => FusedArg::Scratch {
+            offset: places[i].0,
+            bytes: places[i].1,
+        },
+    };
+    let launches = (s.passes.iter())
+        .map(|p| {
+            Ok(FusedLaunch {
+                kernel: fused(&p.kernel)?,
+                args: p.inputs.iter().chain(&p.outputs).map(arg).collect(),
+                reads: p.inputs.len(),
+            })
+        })
+        .collect::<Result<Vec<_>, CodegenError>>()?;
+    Ok(FusedProgram {
+        launches,
+        scratch_bytes,
+    })
+}
+
 /// Scratch bytes [`fused_program`] needs for `k` (0 for one launch), without generating text:
 /// what the planner gives the node as its workspace.
 pub fn fused_scratch_bytes(k: &FusedKernel) -> usize {
-    split_of(k).map_or(0, |s| scratch_layout(&s).1)
+    match split_of(k) {
+        Some(s) => scratch_layout(&s).1,
+        None => staged_of(k).map_or(0, |s| staged_layout(&s).1),
+    }
 }
 
 /// The launches that compute `k` on the GPU (see [`FusedProgram`]). Checks `k` first.
@@ -267,6 +325,9 @@ pub fn fused_program(k: &FusedKernel) -> Result<FusedProgram, CodegenError> {
     use crate::fused::split::{FinishInput, SplitOutput};
     k.check()?;
     let Some(s) = split_of(k) else {
+        if let Some(s) = staged_of(k) {
+            return staged_program(&s);
+        }
         return Ok(FusedProgram::one(
             fused(k)?,
             k.inputs.len(),

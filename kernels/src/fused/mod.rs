@@ -65,6 +65,7 @@ pub mod parts;
 pub mod random;
 pub mod sample;
 pub mod split;
+pub mod staged;
 
 pub use check::KernelError;
 

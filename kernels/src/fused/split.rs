@@ -65,7 +65,11 @@ fn after_reduction(k: &FusedKernel) -> Vec<bool> {
 
 /// Marks every instruction `roots` need, stopping at instructions `stop` says to (marked, not
 /// followed).
-fn needed(k: &FusedKernel, roots: impl IntoIterator<Item = usize>, stop: &[bool]) -> Vec<bool> {
+pub(super) fn needed(
+    k: &FusedKernel,
+    roots: impl IntoIterator<Item = usize>,
+    stop: &[bool],
+) -> Vec<bool> {
     let mut need = vec![false; k.body.len()];
     for r in roots {
         need[r] = true;
@@ -109,7 +113,7 @@ pub fn splittable(k: &FusedKernel, axis: usize) -> bool {
 }
 
 /// Copies instruction `inst` with its operands renamed by `map`.
-fn renamed(inst: &Inst, map: &[usize]) -> Inst {
+pub(super) fn renamed(inst: &Inst, map: &[usize]) -> Inst {
     let mut inst = inst.clone();
     match &mut inst {
         Inst::Load { .. } | Inst::Const { .. } | Inst::Index { .. } => {}

@@ -325,8 +325,10 @@ impl Lowering<'_> {
         }
     }
 
-    /// A fused kernel's launches ([`codegen::fused_program`]): one, or a split column
-    /// reduction's two, whose partials lie in the node's planned workspace.
+    /// A fused kernel's launches ([`codegen::fused_program`]): one, a split column
+    /// reduction's two, or a reduction split by stages (a partial and a finish kernel a stage,
+    /// then the full outputs), whose partials and finished sums lie in the node's planned
+    /// workspace.
     fn fused(
         &mut self,
         id: NodeId,

@@ -14,7 +14,8 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a
 /// convolution's for one image at a time (more is granted where the peak leaves room,
 /// [`workspace_need`]); a fused
-/// kernel split in two, its partial sums ([`codegen::fused_scratch_bytes`]); a scatter-add,
+/// kernel split in two or by stages, its partial and finished sums
+/// ([`codegen::fused_scratch_bytes`]); a scatter-add,
 /// its ids sorted ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
 /// their intermediates in registers and need none.
 pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {

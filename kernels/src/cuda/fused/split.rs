@@ -6,6 +6,10 @@
 //! gradient, which recomputes the normalized input at every term, took 45.7 µs on them
 //! (docs/benchmarks.md, session 10). Split along its longest reduce axis, the partial kernel
 //! has `ways` times the rows and fills the GPU; the finish kernel folds `ways` partials a row.
+//!
+//! A reduction whose full outputs read its reductions (batch norm over NCHW: reduce axes
+//! `[0, 2, 3]`, a block a channel) is split by stages instead ([`crate::fused::staged`]),
+//! by the same rule: fewer blocks than fill the GPU, long rows ([`staged_ways`]).
 
 use super::layout::FILL;
 use super::Analysis;
@@ -24,6 +28,15 @@ const MIN_PARTIAL_TERMS: usize = 128;
 const MIN_WAYS: usize = 8;
 /// Reductions shorter than this are not split: their one kernel is already short.
 const MIN_TERMS: usize = 2048;
+/// Rows a stage's partial kernel should have at least where the one kernel is of the row
+/// strategy (a block a row): four blocks an SM of an H100, twice over.
+const STAGED_ROWS: usize = 4 * FILL;
+/// Terms each row of a stage's partial kernel folds at least: its blocks (up to 1024 threads)
+/// get two terms a thread or more.
+const MIN_STAGED_PARTIAL_TERMS: usize = 2048;
+/// Reductions shorter than this are not split by stages: the chain adds a pass over the
+/// inputs and two launches a stage, worth it only where one block walks a long row.
+const MIN_STAGED_TERMS: usize = 16384;
 
 /// The reduce axis and the number of slices a column reduction is split into, or `None`
 /// where its one kernel is kept: not the column strategy, rows short, blocks enough, or no
@@ -62,4 +75,52 @@ pub(in crate::cuda) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
             .max_by_key(|&&(d, w)| (w, std::cmp::Reverse(d)))?,
     };
     Some((axis, ways))
+}
+
+/// The reduce axis and the number of slices a reduction is split by stages into
+/// ([`crate::fused::staged`]), or `None` where its one kernel is kept: it is split as a column
+/// reduction ([`split_ways`]) instead, is elementwise, its rows are shorter than
+/// `MIN_STAGED_TERMS`, or its blocks fill the GPU. The axis is the outermost reduce axis (no
+/// live index reads it) that splits at least `MIN_WAYS` ways, else the one that splits most;
+/// the ways, powers of two, grow until the partial kernel's blocks fill the GPU or its rows
+/// would fold fewer than `MIN_STAGED_PARTIAL_TERMS` terms.
+pub(in crate::cuda) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+    k.check().ok()?;
+    if split_ways(k).is_some() {
+        return None;
+    }
+    let a = Analysis::new(k);
+    if a.n < MIN_STAGED_TERMS || a.rows == 0 {
+        return None;
+    }
+    let (blocks, target) = match a.strategy {
+        Strategy::Rows => (a.rows, STAGED_ROWS),
+        Strategy::Columns => (a.rows.div_ceil(a.column_block(1).0 as usize), SPLIT_ROWS),
+        Strategy::Elementwise => return None,
+    };
+    if blocks >= FILL {
+        return None;
+    }
+    let ways_of = |d: usize| {
+        let mut w = 1;
+        while w * a.rows < target
+            && k.domain[d].is_multiple_of(2 * w)
+            && a.n / (2 * w) >= MIN_STAGED_PARTIAL_TERMS
+        {
+            w *= 2;
+        }
+        (w >= 2).then_some((d, w))
+    };
+    let mut axes: Vec<usize> = (k.reduce_axes.iter().copied())
+        .filter(|&d| !a.pinned[d])
+        .collect();
+    axes.sort_unstable();
+    let splits: Vec<(usize, usize)> = axes.into_iter().filter_map(ways_of).collect();
+    match splits.iter().find(|&&(_, w)| w >= MIN_WAYS) {
+        Some(&s) => Some(s),
+        None => splits
+            .iter()
+            .copied()
+            .max_by_key(|&(d, w)| (w, std::cmp::Reverse(d))),
+    }
 }

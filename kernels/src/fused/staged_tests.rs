@@ -1,0 +1,356 @@
+use super::*;
+use crate::fused::cpu::run_buffers;
+use crate::fused::random;
+use crate::{BinaryOp, ReduceOp, UnaryOp};
+
+/// Runs the chain on the CPU, pass by pass, each buffer where the chain says it lies; returns
+/// the original's outputs. Panics where a pass reads a buffer no earlier pass wrote.
+pub(crate) fn run_staged(st: &Staged, k: &FusedKernel, inputs: &[&[u8]]) -> Vec<Vec<u8>> {
+    let mut scratch: Vec<Option<Vec<u8>>> = vec![None; st.scratch.len()];
+    let mut outs: Vec<Option<Vec<u8>>> = vec![None; k.outputs.len()];
+    for p in &st.passes {
+        let ins: Vec<&[u8]> = (p.inputs.iter())
+            .map(|b| match *b {
+                Buffer::Input(n) => inputs[n],
+                Buffer::Scratch(s) => scratch[s].as_deref().expect("scratch read before written"),
+                Buffer::Output(j) => outs[j].as_deref().expect("output read before written"),
+            })
+            .collect();
+        let got = run_buffers(&p.kernel, &ins).unwrap();
+        for (b, v) in p.outputs.iter().zip(got) {
+            match *b {
+                Buffer::Scratch(s) => {
+                    assert_eq!(v.len(), st.scratch[s].len * st.scratch[s].dtype.size());
+                    scratch[s] = Some(v);
+                }
+                Buffer::Output(j) => outs[j] = Some(v),
+                Buffer::Input(n) => panic!("a pass writes input {n}"),
+            }
+        }
+    }
+    outs.into_iter()
+        .map(|o| o.expect("every output written"))
+        .collect()
+}
+
+fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn input(dtype: DType, len: usize, strides: Vec<usize>) -> Input {
+    Input {
+        dtype,
+        len,
+        access: Access { offset: 0, strides },
+    }
+}
+
+fn bin(op: BinaryOp, a: usize, b: usize) -> Inst {
+    Inst::Binary { op, a, b }
+}
+
+fn sum(x: usize) -> Inst {
+    Inst::Reduce {
+        op: ReduceOp::Sum,
+        x,
+    }
+}
+
+fn konst(value: f64) -> Inst {
+    Inst::Const {
+        value,
+        dtype: DType::F32,
+    }
+}
+
+/// Batch norm's training forward over NCHW `[n, c, h, w]` in one kernel: the mean, the
+/// variance around it (a second-stage reduction), `y = (x - mean) / sqrt(var + eps) * g + b`,
+/// and the mean and variance as row outputs.
+pub(crate) fn batch_norm_forward(n: usize, c: usize, h: usize, w: usize) -> FusedKernel {
+    let dims = [n, c, h, w];
+    let per_channel = vec![0, 1, 0, 0];
+    let inv = 1.0 / (n * h * w) as f64;
+    FusedKernel {
+        domain: dims.to_vec(),
+        reduce_axes: vec![0, 2, 3],
+        inputs: vec![
+            input(DType::F32, n * c * h * w, Access::contiguous(&dims).strides),
+            input(DType::F32, c, per_channel.clone()),
+            input(DType::F32, c, per_channel),
+        ],
+        body: vec![
+            Inst::Load { input: 0 },  // 0 x
+            sum(0),                   // 1
+            konst(inv),               // 2
+            bin(BinaryOp::Mul, 1, 2), // 3 mean
+            bin(BinaryOp::Sub, 0, 3), // 4 x - mean
+            bin(BinaryOp::Mul, 4, 4), // 5
+            sum(5),                   // 6
+            bin(BinaryOp::Mul, 6, 2), // 7 var
+            konst(1e-5),              // 8
+            bin(BinaryOp::Add, 7, 8), // 9
+            Inst::Unary {
+                op: UnaryOp::Sqrt,
+                x: 9,
+            }, // 10
+            Inst::Unary {
+                op: UnaryOp::Recip,
+                x: 10,
+            }, // 11 rstd
+            bin(BinaryOp::Mul, 4, 11), // 12 xhat
+            Inst::Load { input: 1 },  // 13 g
+            bin(BinaryOp::Mul, 12, 13), // 14
+            Inst::Load { input: 2 },  // 15 b
+            bin(BinaryOp::Add, 14, 15), // 16 y
+        ],
+        outputs: vec![
+            Output { value: 16 },
+            Output { value: 3 },
+            Output { value: 7 },
+        ],
+    }
+}
+
+/// Batch norm's backward over NCHW in one kernel, given `x`, `dy` and the saved mean and
+/// rstd: the sums of `dy` and `dy·x̂` (row outputs: the bias's and gain's gradients), and
+/// `dx = (dy - sum(dy)/m - x̂·sum(dy·x̂)/m) · rstd · g`.
+pub(crate) fn batch_norm_backward(n: usize, c: usize, h: usize, w: usize) -> FusedKernel {
+    let dims = [n, c, h, w];
+    let full = Access::contiguous(&dims).strides;
+    let per_channel = vec![0, 1, 0, 0];
+    let inv = 1.0 / (n * h * w) as f64;
+    FusedKernel {
+        domain: dims.to_vec(),
+        reduce_axes: vec![0, 2, 3],
+        inputs: vec![
+            input(DType::F32, n * c * h * w, full.clone()),
+            input(DType::F32, n * c * h * w, full),
+            input(DType::F32, c, per_channel.clone()),
+            input(DType::F32, c, per_channel.clone()),
+            input(DType::F32, c, per_channel),
+        ],
+        body: vec![
+            Inst::Load { input: 0 },    // 0 x
+            Inst::Load { input: 1 },    // 1 dy
+            Inst::Load { input: 2 },    // 2 mean
+            Inst::Load { input: 3 },    // 3 rstd
+            Inst::Load { input: 4 },    // 4 g
+            bin(BinaryOp::Sub, 0, 2),   // 5
+            bin(BinaryOp::Mul, 5, 3),   // 6 xhat
+            sum(1),                     // 7 sum dy
+            bin(BinaryOp::Mul, 1, 6),   // 8
+            sum(8),                     // 9 sum dy xhat
+            konst(inv),                 // 10
+            bin(BinaryOp::Mul, 7, 10),  // 11
+            bin(BinaryOp::Mul, 9, 10),  // 12
+            bin(BinaryOp::Mul, 6, 12),  // 13
+            bin(BinaryOp::Sub, 1, 11),  // 14
+            bin(BinaryOp::Sub, 14, 13), // 15
+            bin(BinaryOp::Mul, 3, 4),   // 16
+            bin(BinaryOp::Mul, 15, 16), // 17 dx
+        ],
+        outputs: vec![
+            Output { value: 17 },
+            Output { value: 7 },
+            Output { value: 9 },
+        ],
+    }
+}
+
+/// Deterministic f32 values in [-2, 2) with a per-channel offset pattern.
+fn values(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 37 + seed * 11 + (i / 7) * 5) % 64) as f32 / 16.0 - 2.0)
+        .collect()
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!((a - b).abs() <= tol * scale, "{what}[{i}]: {a} against {b}");
+    }
+}
+
+fn check_against_whole(k: &FusedKernel, axis: usize, ways: usize) -> Staged {
+    let st = staged(k, axis, ways).expect("splits by stages");
+    let xs: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
+        .map(|(n, inp)| f32_bytes(&values(inp.len, n)))
+        .collect();
+    let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
+    let whole = run_buffers(k, &ins).unwrap();
+    let chain = run_staged(&st, k, &ins);
+    for (j, (w, c)) in whole.iter().zip(&chain).enumerate() {
+        close(&format!("output {j}"), &f32s(c), &f32s(w), 1e-5);
+    }
+    st
+}
+
+#[test]
+fn batch_norm_forward_splits_into_two_stages_and_an_apply_pass_that_compute_what_the_one_kernel_computes(
+) {
+    for (dims, ways) in [([8, 3, 5, 7], 4), ([6, 1, 9, 3], 2), ([16, 5, 3, 3], 16)] {
+        let [n, c, h, w] = dims;
+        let k = batch_norm_forward(n, c, h, w);
+        let st = check_against_whole(&k, 0, ways);
+        // Stage 1 (the mean) and stage 2 (the variance around it), each partial then finish,
+        // then the normalization with no reduce axes.
+        assert_eq!(st.passes.len(), 5, "{dims:?}");
+        assert_eq!(st.passes[0].kernel.domain, vec![ways, n / ways, c, h, w]);
+        assert_eq!(st.passes[4].kernel.reduce_axes, Vec::<usize>::new());
+        assert_eq!(st.passes[4].outputs, vec![Buffer::Output(0)]);
+        // The variance's partial kernel reads the finished mean from scratch.
+        assert!(st.passes[2].inputs.contains(&Buffer::Scratch(0)));
+    }
+}
+
+#[test]
+fn batch_norm_backward_splits_into_one_stage_of_two_sums_and_an_apply_pass_that_computes_dx() {
+    for (dims, ways) in [([8, 2, 4, 5], 8), ([4, 3, 7, 1], 2), ([12, 1, 3, 11], 4)] {
+        let [n, c, h, w] = dims;
+        let k = batch_norm_backward(n, c, h, w);
+        let st = check_against_whole(&k, 0, ways);
+        assert_eq!(st.passes.len(), 3, "{dims:?}");
+        assert_eq!(
+            st.passes[1].outputs.len(),
+            4,
+            "two row buffers and two row outputs"
+        );
+        assert_eq!(st.passes[2].outputs, vec![Buffer::Output(0)]);
+    }
+}
+
+#[test]
+fn a_stage_split_needs_a_reduce_axis_a_multiple_of_its_ways_and_a_live_reduction() {
+    let k = batch_norm_forward(8, 3, 5, 7);
+    assert!(staged(&k, 1, 3).is_none(), "axis 1 is not reduced");
+    assert!(staged(&k, 0, 3).is_none(), "8 is not a multiple of 3");
+    assert!(staged(&k, 0, 1).is_none(), "one way is no split");
+    assert!(staged(&k, 2, 5).is_some(), "another reduce axis splits");
+    let mut bad = k.clone();
+    bad.outputs.push(Output { value: 99 });
+    assert!(staged(&bad, 0, 2).is_none(), "a kernel that does not check");
+    // Only the normalization's input: no live reduction, nothing to stage.
+    let mut plain = k;
+    plain.outputs = vec![Output { value: 15 }];
+    assert!(staged(&plain, 0, 2).is_none());
+}
+
+/// Values of an output of `dtype`, widened to f64 (bf16 through `half`).
+fn widened(dtype: DType, b: &[u8]) -> Vec<f64> {
+    b.chunks(dtype.size())
+        .map(|c| match dtype {
+            DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()),
+            DType::I32 => i32::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::Bool => c[0] as f64,
+            DType::BF16 => {
+                half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()
+            }
+        })
+        .collect()
+}
+
+fn random_bytes(inp: &Input, r: &mut random::Rng) -> Vec<u8> {
+    let vals: Vec<f64> = (0..inp.len)
+        .map(|_| (r.below(65) as f64 - 32.0) / 8.0)
+        .collect();
+    match inp.dtype {
+        DType::F32 => vals
+            .iter()
+            .flat_map(|&v| (v as f32).to_ne_bytes())
+            .collect(),
+        DType::F64 => vals.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        DType::I32 => vals
+            .iter()
+            .flat_map(|&v| ((v * 8.0) as i32).to_ne_bytes())
+            .collect(),
+        DType::I64 => vals
+            .iter()
+            .flat_map(|&v| ((v * 8.0) as i64).to_ne_bytes())
+            .collect(),
+        DType::Bool => vals.iter().map(|&v| u8::from(v > 0.0)).collect(),
+        DType::BF16 => vals
+            .iter()
+            .flat_map(|&v| half::bf16::from_f64(v).to_bits().to_ne_bytes())
+            .collect(),
+    }
+}
+
+/// Random kernels (`Options::exact`, values multiples of 1/8 in [-4, 4]) split by stages
+/// along every reduce axis they split along: integers and bools equal the whole kernel's,
+/// floats within the rounding of sums combined in another order; and every full output is
+/// written by the last pass alone, after every read of an input.
+#[test]
+fn every_random_kernel_split_by_stages_computes_what_the_whole_kernel_computes() {
+    let opts = random::Options {
+        exact: true,
+        ..random::Options::small()
+    };
+    let (mut tried, mut multi_stage) = (0, 0);
+    for seed in 0..4000u64 {
+        let k = random::kernel(seed, &opts);
+        for &axis in &k.reduce_axes {
+            let Some(ways) = (2..=k.domain[axis]).find(|&w| k.domain[axis].is_multiple_of(w))
+            else {
+                continue;
+            };
+            let Some(st) = staged(&k, axis, ways) else {
+                continue;
+            };
+            tried += 1;
+            multi_stage += usize::from(st.passes.len() > 3);
+            let out_rows = k.output_rows();
+            let last = st.passes.len() - 1;
+            for (p, pass) in st.passes.iter().enumerate() {
+                for b in &pass.outputs {
+                    if let Buffer::Output(j) = *b {
+                        assert!(
+                            out_rows[j] || p == last,
+                            "seed {seed}: full output {j} in pass {p}"
+                        );
+                    }
+                }
+            }
+            let mut r = random::Rng(seed * 131 + axis as u64 + 1);
+            let xs: Vec<Vec<u8>> = k
+                .inputs
+                .iter()
+                .map(|inp| random_bytes(inp, &mut r))
+                .collect();
+            let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
+            let whole = run_buffers(&k, &ins).unwrap();
+            let chain = run_staged(&st, &k, &ins);
+            for (j, (w, c)) in whole.iter().zip(&chain).enumerate() {
+                let dt = k.output_dtype(j);
+                let (w, c) = (widened(dt, w), widened(dt, c));
+                assert_eq!(w.len(), c.len(), "seed {seed} axis {axis} output {j}");
+                let scale = (w.iter())
+                    .filter(|v| v.is_finite())
+                    .fold(1f64, |m, v| m.max(v.abs()));
+                let tol = match dt {
+                    DType::F32 => 1e-4 * scale,
+                    DType::F64 => 1e-10 * scale,
+                    DType::BF16 => scale / 64.0,
+                    _ => 0.0,
+                };
+                for (e, (a, b)) in w.iter().zip(&c).enumerate() {
+                    let same = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol;
+                    assert!(same, "seed {seed} axis {axis} ways {ways} output {j} element {e}: whole {a}, staged {b}\n{k:?}");
+                }
+            }
+        }
+    }
+    assert!(tried >= 100, "only {tried} random kernels split by stages");
+    assert!(
+        multi_stage >= 10,
+        "only {multi_stage} had more than one stage"
+    );
+}

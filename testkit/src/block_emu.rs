@@ -1,0 +1,182 @@
+//! A host emulation of CUDA blocks for the generated fused kernels (every strategy: rows,
+//! columns, elementwise): compiled by the host's C++ compiler ([`crate::cxx`]) with the
+//! kernels, it runs a launch block after block, each block's threads as `ucontext`
+//! coroutines: a thread at `__syncthreads` or `__syncwarp` yields, a warp's shuffle is a
+//! barrier of its 32 lanes (values exchanged through a table), and the scheduler releases a
+//! warp when its lanes have all arrived, the block when every thread has. Parameters point
+//! into buffers at byte offsets, so that a program's launches can share one scratch buffer as
+//! they share the node's workspace on the device.
+//!
+//! So the kernel tests check the generated CUDA C's logic (loops, reductions across lanes and
+//! warps, shared memory, vector loads) without a GPU.
+
+use crate::cxx::{self, Emu};
+use ingot_kernels::cuda::{CudaKernel, PRELUDE, PRELUDE_BF16};
+
+/// The host's stand-ins for the CUDA built-ins the fused kernels use, before the preludes.
+const SHIM: &str = r#"#include <ucontext.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <utility>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+struct float4 { float x, y, z, w; };
+struct int4 { int x, y, z, w; };
+struct uchar4 { unsigned char x, y, z, w; };
+struct ushort4 { unsigned short x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct Dim3 { unsigned x = 1, y = 1, z = 1; };
+static Dim3 threadIdx, blockIdx, gridDim, blockDim;
+static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
+static int __float2int_rz(float x) { return (int)x; }
+static int __double2int_rz(double x) { return (int)x; }
+static long long __float2ll_rz(float x) { return (long long)x; }
+static long long __double2ll_rz(double x) { return (long long)x; }
+
+enum { RUN = 0, WARP = 1, BLOCK = 2, DONE = 3 };
+static const int MAXT = 1024;
+struct Fiber { ucontext_t ctx; int state; char* stack; };
+static Fiber fib[MAXT];
+static int cur;
+static ucontext_t sched;
+static void yield_as(int st) { fib[cur].state = st; swapcontext(&fib[cur].ctx, &sched); }
+static void __syncthreads() { yield_as(BLOCK); }
+static void __syncwarp(unsigned = 0xffffffffu) { yield_as(WARP); }
+static unsigned long long xbuf[MAXT];
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int o) {
+  const int me = cur;
+  memcpy(&xbuf[me], &v, sizeof(T));
+  yield_as(WARP);
+  T r;
+  memcpy(&r, &xbuf[(me & ~31) | ((me & 31) ^ o)], sizeof(T));
+  yield_as(WARP);
+  return r;
+}
+typedef void (*Runner)(void**);
+template <typename... A, size_t... I> static void call_impl(void (*f)(A...), void** b, std::index_sequence<I...>) { f((A)b[I]...); }
+template <typename... A> static void call(void (*f)(A...), void** b) { call_impl(f, b, std::index_sequence_for<A...>{}); }
+"#;
+
+/// argv[1]: the kernel's index; stdin: grid, block, buffer count, each buffer (length, bytes),
+/// argument count, each argument (buffer index, byte offset); stdout: every buffer after the
+/// run.
+const MAIN: &str = r#"
+static Runner g_run;
+static void** g_args;
+static void fiber_main(int id) { g_run(g_args); fib[id].state = DONE; }
+static void run_block(int threads) {
+  for (int i = 0; i < threads; ++i) {
+    getcontext(&fib[i].ctx);
+    fib[i].ctx.uc_stack.ss_sp = fib[i].stack;
+    fib[i].ctx.uc_stack.ss_size = 1 << 16;
+    fib[i].ctx.uc_link = &sched;
+    makecontext(&fib[i].ctx, (void (*)())fiber_main, 1, i);
+    fib[i].state = RUN;
+  }
+  for (;;) {
+    for (int i = 0; i < threads; ++i) {
+      if (fib[i].state != RUN) continue;
+      cur = i;
+      threadIdx.x = (unsigned)i;
+      swapcontext(&sched, &fib[i].ctx);
+    }
+    int done = 0, block = 0;
+    bool released = false;
+    for (int i = 0; i < threads; ++i) { done += fib[i].state == DONE; block += fib[i].state == BLOCK; }
+    if (done == threads) return;
+    for (int w = 0; w < threads; w += 32) {
+      int warp = 0, gone = 0;
+      for (int l = w; l < w + 32 && l < threads; ++l) { warp += fib[l].state == WARP; gone += fib[l].state == DONE; }
+      if (warp > 0 && warp + gone == (threads - w < 32 ? threads - w : 32)) {
+        for (int l = w; l < w + 32 && l < threads; ++l) fib[l].state = RUN;
+        released = true;
+      }
+    }
+    if (!released && block > 0 && block + done == threads) {
+      for (int i = 0; i < threads; ++i) fib[i].state = RUN;
+      released = true;
+    }
+    if (!released) { fprintf(stderr, "deadlock: %d done, %d at __syncthreads of %d\n", done, block, threads); exit(3); }
+  }
+}
+static unsigned long long rd() { unsigned long long x; if (fread(&x, 8, 1, stdin) != 1) exit(4); return x; }
+int main(int argc, char** argv) {
+  if (argc < 2) return 1;
+  const int which = atoi(argv[1]);
+  for (int i = 0; i < MAXT; ++i) fib[i].stack = (char*)malloc(1 << 16);
+  const unsigned long long grid = rd(), block = rd(), n = rd();
+  if (block > (unsigned long long)MAXT) return 7;
+  std::vector<unsigned long long> lens(n);
+  std::vector<void*> ptrs(n);
+  for (unsigned long long i = 0; i < n; ++i) {
+    lens[i] = rd();
+    // 256-byte aligned, as device allocations are (vector loads).
+    void* p = aligned_alloc(256, (lens[i] + 255) / 256 * 256 + 256);
+    if (fread(p, 1, lens[i], stdin) != lens[i]) return 5;
+    ptrs[i] = p;
+  }
+  const unsigned long long m = rd();
+  std::vector<void*> args(m);
+  for (unsigned long long i = 0; i < m; ++i) {
+    const unsigned long long b = rd(), off = rd();
+    if (b >= n || off > lens[b]) return 6;
+    args[i] = (char*)ptrs[b] + off;
+  }
+  g_run = KERNELS[which];
+  g_args = args.data();
+  gridDim.x = (unsigned)grid;
+  blockDim.x = (unsigned)block;
+  for (unsigned long long b = 0; b < grid; ++b) { blockIdx.x = (unsigned)b; run_block((int)block); }
+  for (unsigned long long i = 0; i < n; ++i) fwrite(ptrs[i], 1, lens[i], stdout);
+  return 0;
+}
+"#;
+
+/// The emulation program holding `kernels` (each once, by name), built in the temporary
+/// directory `dir`; `None` (after saying so) without a C++ compiler or `ucontext.h`. Panics,
+/// showing the compiler's first errors, where the kernels do not compile on the host.
+pub fn build<'a>(dir: &str, kernels: impl IntoIterator<Item = &'a CudaKernel>) -> Option<Emu> {
+    let cxx = cxx::host_cxx_or_skip()?;
+    let head = format!("{SHIM}{PRELUDE}{PRELUDE_BF16}");
+    match Emu::build(cxx, dir, &head, kernels, MAIN) {
+        Ok(emu) => Some(emu),
+        Err(err) if err.contains("ucontext.h") => {
+            eprintln!("skipping: the host has no ucontext.h");
+            None
+        }
+        Err(err) => panic!(
+            "the kernels do not compile on the host: {}",
+            err.lines().take(40).collect::<Vec<_>>().join("\n")
+        ),
+    }
+}
+
+/// Runs `k`, a one-dimensional launch, with its parameters pointing at `args` (buffer index,
+/// byte offset into it) of `bufs`; returns the buffers afterwards.
+pub fn run(emu: &Emu, k: &CudaKernel, bufs: &[Vec<u8>], args: &[(usize, usize)]) -> Vec<Vec<u8>> {
+    assert_eq!(
+        k.launch.grid[1] * k.launch.grid[2] * k.launch.block[1] * k.launch.block[2],
+        1,
+        "{}: the emulation runs one-dimensional launches",
+        k.name
+    );
+    let mut stdin = cxx::launch_input(k, bufs);
+    stdin.extend((args.len() as u64).to_ne_bytes());
+    for &(b, offset) in args {
+        stdin.extend((b as u64).to_ne_bytes());
+        stdin.extend((offset as u64).to_ne_bytes());
+    }
+    cxx::split_like(&emu.run(k, stdin), bufs)
+}
