@@ -221,12 +221,12 @@ proptest! {
 
 /// A convolution's three passes: their units (images and groups, or groups and channel
 /// ranges) spread over lanes on the pool, im2col and col2im over a group's input channels,
-/// beside the GEMM's tiles. `most`: in the workspace of every lane the pass can use
-/// (`workspace_len_up_to`), else in the least (one lane).
+/// beside the GEMM's tiles. `lanes`: in `lanes` times the least workspace (one lane's), or
+/// with `None` in the workspace of every lane the pass can use (`workspace_len_up_to`).
 fn conv_passes(
     geo: &ingot_kernels::cpu::conv::ConvGeometry,
     seed: u64,
-    most: bool,
+    lanes: Option<usize>,
 ) -> [Vec<f32>; 3] {
     use ingot_kernels::cpu::conv::{self, Pass};
     let g = *geo;
@@ -239,10 +239,9 @@ fn conv_passes(
         values(y_len, seed + 2),
     );
     let ws = |p: Pass| {
-        let len = if most {
-            conv::workspace_len_up_to::<f32>(&g, p)
-        } else {
-            conv::workspace_len::<f32>(&g, p)
+        let len = match lanes {
+            None => conv::workspace_len_up_to::<f32>(&g, p),
+            Some(k) => k * conv::workspace_len::<f32>(&g, p),
         };
         vec![0.0f32; len]
     };
@@ -321,17 +320,18 @@ proptest! {
     }
 }
 
-/// The passes on every pool, in the least workspace (one lane) and in the most (every lane),
-/// give the bits of the least on one thread outside any pool.
+/// The passes on every pool, in the least workspace (one lane), in three lanes' (fewer lanes
+/// than threads, or a number the threads do not divide) and in the most (every lane), give
+/// the bits of the least on one thread outside any pool.
 fn conv_same_bits_on_every_pool(g: &ConvGeometry, seed: u64) -> Result<(), TestCaseError> {
-    let one = conv_passes(g, seed, false);
+    let one = conv_passes(g, seed, Some(1));
     for t in THREADS {
-        for most in [false, true] {
-            let got = pool(t).install(|| conv_passes(g, seed, most));
+        for lanes in [Some(1), Some(3), None] {
+            let got = pool(t).install(|| conv_passes(g, seed, lanes));
             for (name, (a, b)) in ["y", "dx", "dw"].iter().zip(got.iter().zip(&one)) {
                 prop_assert!(
                     a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{g:?}: {name} differs on {t} threads (every lane: {most})"
+                    "{g:?}: {name} differs on {t} threads (lanes: {lanes:?})"
                 );
             }
         }

@@ -345,8 +345,11 @@ fn split_ws<T: GemmScalar>(g: &ConvGeometry, pass: Pass, len: usize) -> Result<S
 /// Runs `f(unit, out, lane)` for every unit of `s`, where `out` is the unit's own `unit`-long
 /// block of `out` (units in order) and `lane` the workspace of the lane that runs it. Lane `l`
 /// runs units `l·per .. (l+1)·per` in order; the lanes run on the pool's threads when there
-/// are several and `work` is worth waking them. Each unit computes the same bits whichever
-/// lane or thread runs it, so the result does not depend on the number of threads.
+/// are several and `work` is worth waking them. On one thread one lane runs every unit; on
+/// several, the lanes in use are a multiple of the threads where the workspace holds that
+/// many (three lanes on two threads would leave one thread running two lanes while the other
+/// runs one). Each unit computes the same bits whichever lane or thread runs it, so the
+/// result depends neither on the number of threads nor on the lanes in use.
 fn for_each_unit<T: Send>(
     out: &mut [T],
     unit: usize,
@@ -358,14 +361,21 @@ fn for_each_unit<T: Send>(
     if unit == 0 || s.units == 0 {
         return Ok(());
     }
-    let per = s.units.div_ceil(s.lanes);
+    let threads = pool_threads();
+    let parallel = threads > 1 && s.lanes > 1 && work >= PARALLEL_ELEMENTS;
+    let lanes = match parallel {
+        false => 1,
+        true if s.lanes >= threads => s.lanes / threads * threads,
+        true => s.lanes,
+    };
+    let per = s.units.div_ceil(lanes);
     let run = |(l, (outs, lane)): (usize, (&mut [T], &mut [T]))| {
         outs.chunks_mut(unit)
             .enumerate()
             .try_for_each(|(i, o)| f(l * per + i, o, lane))
     };
-    let (outs, ws) = (&mut out[..s.units * unit], &mut ws[..s.lanes * s.lane_len]);
-    if pool_threads() > 1 && s.lanes > 1 && work >= PARALLEL_ELEMENTS {
+    let (outs, ws) = (&mut out[..s.units * unit], &mut ws[..lanes * s.lane_len]);
+    if parallel {
         use rayon::prelude::*;
         outs.par_chunks_mut(per * unit)
             .zip(ws.par_chunks_mut(s.lane_len))
