@@ -1,5 +1,6 @@
 //! The CPU kernels on several threads give the bits they give on one: GEMM (tiles spread over
-//! a pool), attention (problems spread over a pool) and fused kernels cut into pieces
+//! a pool), convolutions (units spread over lanes), attention (problems spread over a pool)
+//! and fused kernels cut into pieces
 //! (`fused::parts`), for pools of 1, 2, 3 and 16 threads. The one-thread reference is the
 //! kernel called outside any pool, which is the single-threaded path the other tests check
 //! against independent references.
@@ -7,6 +8,7 @@
 use half::bf16;
 use ingot_kernels::attention::Layout;
 use ingot_kernels::cpu::attention::{self as att, Grads, Shape};
+use ingot_kernels::cpu::conv::ConvGeometry;
 use ingot_kernels::cpu::gemm::{gemm_ws, workspace_len};
 use ingot_kernels::cpu::{MatLayout, Trans};
 use ingot_kernels::fused::{cpu, parts, random};
@@ -217,9 +219,15 @@ proptest! {
     }
 }
 
-/// A convolution's three passes: im2col and col2im spread a group's input channels over the
-/// pool, beside the GEMM's tiles.
-fn conv_passes(geo: &ingot_kernels::cpu::conv::ConvGeometry, seed: u64) -> [Vec<f32>; 3] {
+/// A convolution's three passes: their units (images and groups, or groups and channel
+/// ranges) spread over lanes on the pool, im2col and col2im over a group's input channels,
+/// beside the GEMM's tiles. `lanes`: in `lanes` times the least workspace (one lane's), or
+/// with `None` in the workspace of every lane the pass can use (`workspace_len_up_to`).
+fn conv_passes(
+    geo: &ingot_kernels::cpu::conv::ConvGeometry,
+    seed: u64,
+    lanes: Option<usize>,
+) -> [Vec<f32>; 3] {
     use ingot_kernels::cpu::conv::{self, Pass};
     let g = *geo;
     let x_len = g.batch * g.in_ch * g.in_hw[0] * g.in_hw[1];
@@ -230,7 +238,13 @@ fn conv_passes(geo: &ingot_kernels::cpu::conv::ConvGeometry, seed: u64) -> [Vec<
         values(w_len, seed + 1),
         values(y_len, seed + 2),
     );
-    let ws = |p: Pass| vec![0.0f32; conv::workspace_len::<f32>(&g, p)];
+    let ws = |p: Pass| {
+        let len = match lanes {
+            None => conv::workspace_len_up_to::<f32>(&g, p),
+            Some(k) => k * conv::workspace_len::<f32>(&g, p),
+        };
+        vec![0.0f32; len]
+    };
     let mut y = vec![0.0f32; y_len];
     conv::forward(&g, &x, &w, &mut y, &mut ws(Pass::Forward)).expect("forward");
     let mut dx = vec![0.0f32; x_len];
@@ -257,10 +271,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     /// Geometries whose column buffers pass the parallel threshold, with strides, padding,
-    /// dilation and groups.
+    /// dilation and groups; several images, so that the lanes take several units each.
     #[test]
     fn convolutions_give_the_same_bits_on_any_number_of_threads(
-        batch in 1usize..3, cg in 1usize..12, groups in 1usize..3, og in 1usize..6,
+        batch in 1usize..6, cg in 1usize..12, groups in 1usize..3, og in 1usize..6,
         hw in 12usize..24, k in 1usize..4, stride in 1usize..3, pad in 0usize..2,
         dil in 1usize..3, seed in 0u64..1000,
     ) {
@@ -274,16 +288,7 @@ proptest! {
         );
         prop_assume!(geo.is_ok());
         let geo = geo.unwrap();
-        let one = conv_passes(&geo, seed);
-        for t in THREADS {
-            let got = pool(t).install(|| conv_passes(&geo, seed));
-            for (pass, (a, b)) in ["forward", "grad_input", "grad_weight"].iter().zip(got.iter().zip(&one)) {
-                prop_assert!(
-                    a.iter().zip(b).all(|(u, v)| u.to_bits() == v.to_bits()),
-                    "{} differs on {} threads ({:?})", pass, t, geo
-                );
-            }
-        }
+        conv_same_bits_on_every_pool(&geo, seed)?;
     }
 
     #[test]
@@ -312,5 +317,42 @@ proptest! {
                 );
             }
         }
+    }
+}
+
+/// The passes on every pool, in the least workspace (one lane), in three lanes' (fewer lanes
+/// than threads, or a number the threads do not divide) and in the most (every lane), give
+/// the bits of the least on one thread outside any pool.
+fn conv_same_bits_on_every_pool(g: &ConvGeometry, seed: u64) -> Result<(), TestCaseError> {
+    let one = conv_passes(g, seed, Some(1));
+    for t in THREADS {
+        for lanes in [Some(1), Some(3), None] {
+            let got = pool(t).install(|| conv_passes(g, seed, lanes));
+            for (name, (a, b)) in ["y", "dx", "dw"].iter().zip(got.iter().zip(&one)) {
+                prop_assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{g:?}: {name} differs on {t} threads (lanes: {lanes:?})"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn convolutions_of_resnet_and_cnn_shapes_give_the_same_bits_on_any_number_of_threads() {
+    for (x, w, s, p, groups) in [
+        // cnn's conv2 and a resnet 3x3 at 8x8 (channel ranges in the weight gradient).
+        ([16, 32, 14, 14], [64, 32, 3, 3], 1, 1, 1),
+        ([8, 64, 8, 8], [64, 64, 3, 3], 1, 1, 1),
+        // A bottleneck's pointwise convolution, read in place.
+        ([8, 64, 7, 7], [128, 64, 1, 1], 1, 0, 1),
+        ([4, 512, 4, 4], [64, 512, 1, 1], 1, 0, 1),
+        // A strided 1x1 shortcut and a depthwise convolution.
+        ([8, 32, 8, 8], [64, 32, 1, 1], 2, 0, 1),
+        ([8, 24, 10, 10], [24, 1, 3, 3], 1, 1, 24),
+    ] {
+        let g = ConvGeometry::new(x, w, [s, s], [p, p], [1, 1], groups).expect("a geometry");
+        conv_same_bits_on_every_pool(&g, 11).expect("the same bits");
     }
 }

@@ -168,6 +168,29 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     }
 }
 
+/// Bytes of scratch the CPU kernel of node `id` runs fastest in, when more than
+/// [`workspace_bytes`] (0 otherwise): a convolution's column buffers and GEMM space for every
+/// lane it can use ([`ingot_kernels::cpu::conv::workspace_len_up_to`]; with bf16, after the
+/// widened copies). The planner grants them from the slab bytes free around the node
+/// ([`crate::plan::room`]), never raising the plan; the kernel runs as many lanes as it gets,
+/// to the same bits.
+pub fn workspace_room(g: &Graph, id: NodeId) -> usize {
+    let node = g.node(id);
+    let Op::Window(w) = &node.op else {
+        return 0;
+    };
+    let operands: Vec<&[usize]> = node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
+    let Some((geom, pass)) = w.conv_geometry(&operands, node.ty.shape.dims()) else {
+        return 0;
+    };
+    use ingot_kernels::cpu::conv::workspace_bytes_up_to;
+    let f32_kernel = match node.ty.dtype {
+        DType::F64 => workspace_bytes_up_to::<f64>(&geom, pass),
+        _ => workspace_bytes_up_to::<f32>(&geom, pass),
+    };
+    f32_kernel.max(widened::bytes(g, id, f32_kernel))
+}
+
 /// Bytes of scratch the CPU attention kernel of node `id` needs
 /// ([`ingot_kernels::cpu::attention`]): its f32 scratch (a row of scores, and in the backward
 /// pass f32 accumulators of dk and dv for one head), then each output no result node names

@@ -267,11 +267,24 @@ impl Target {
         }
     }
 
-    /// Planner options for this target: its workspaces planned in the slab.
+    /// Planner options for this target: its workspaces planned in the slab (on the CPU grown
+    /// into the slab's free bytes where they run faster in more).
     pub fn plan_options(self) -> PlanOptions {
         PlanOptions {
             workspace: Some(self.workspace_need()),
+            workspace_room: self.workspace_room(),
             ..Default::default()
+        }
+    }
+
+    /// The bytes each node's workspace runs fastest in, granted from the slab bytes free
+    /// around it once the offsets are solved ([`crate::plan::room`]): on the CPU a
+    /// convolution's lanes ([`cpu::workspace_room`]). CUDA grows its convolutions' chunks
+    /// under the step's peak instead (`WorkspaceNeed::up_to`).
+    pub fn workspace_room(self) -> Option<crate::plan::room::WorkspaceRoomFn> {
+        match self {
+            Target::Cpu => Some(cpu::workspace_room),
+            Target::Cuda => None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod check;
 pub mod liveness;
 pub mod location;
 pub mod offload;
+pub mod room;
 pub mod shared;
 pub mod sink;
 
@@ -47,6 +48,10 @@ pub struct PlanOptions {
     /// Scratch bytes each node's kernel needs on the target (the CPU runtime's matmul packs its
     /// panels there); `None` plans no workspace.
     pub workspace: Option<WorkspaceFn>,
+    /// Bytes each node's workspace runs fastest in, granted once the offsets are solved from
+    /// the slab bytes free around it ([`room`]: the CPU convolutions' lanes); never raises
+    /// the total. `None` grows nothing.
+    pub workspace_room: Option<room::WorkspaceRoomFn>,
     /// Sink each schedule ([`sink::sink`]): every node moved down to just before the
     /// first node that needs it where that cannot raise the bytes live. On for steps that
     /// recompute forward values for the backward pass (whose copies free memory only if they
@@ -64,6 +69,7 @@ impl Default for PlanOptions {
             solver_time: Duration::from_secs(10),
             strategies: vec![Strategy::Traced, Strategy::MemoryAware],
             workspace: None,
+            workspace_room: None,
             sink: false,
             offload: Vec::new(),
         }
@@ -197,8 +203,14 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
             best = Some(p);
         }
     }
-    let best = best
+    let mut best = best
         .ok_or_else(|| crate::error::IrError::Invalid("no scheduling strategy was given".into()))?;
+    if let Some(room) = opts.workspace_room {
+        room::grow_into_free_bytes(g, &mut best, room);
+        if cfg!(debug_assertions) {
+            best.validate(g)?;
+        }
+    }
     // Release builds validate a plan once, where the lower stage turns it into addresses;
     // debug builds validated every candidate above too (DESIGN.md, invariant 1).
     Ok(best)

@@ -1,19 +1,28 @@
 //! 2-d convolution over NCHW images on the CPU, forward and both backward passes, as im2col
-//! (or its adjoint col2im) plus the packed GEMM of [`super::gemm()`]. Every pass works one image
-//! and one group at a time through a column buffer `[C/g · kh · kw, Ho · Wo]` carved, with the
-//! GEMM's packing space, from a workspace the caller gives ([`workspace_len`]): the runtime
-//! plans it in the slab, so a step allocates nothing.
+//! (or its adjoint col2im) plus the packed GEMM of [`super::gemm()`]. Each pass is cut into
+//! units of work (an image and a group; for the weight gradient, a group and a range of its
+//! input channels) spread over up to [`MAX_LANES`] lanes, each lane with its own column buffer
+//! `[channels · kh · kw, Ho · Wo]` and GEMM packing space carved from a workspace the caller
+//! gives ([`workspace_len`]): the runtime plans it in the slab, so a step allocates nothing.
+//! The pool's threads take the lanes, so small images (whose GEMMs are too small to spread
+//! over threads) still use every core.
 //!
 //! - forward: `y[n, group] = W_g · col(x[n, group])` (`[O/g, K] × [K, P]`);
 //! - input gradient: `dx[n, group] = col2im(W_gᵀ · dy[n, group])`;
-//! - weight gradient: `dW_g = Σ_n dy[n, group] · col(x[n, group])ᵀ`, images in order.
+//! - weight gradient: `dW_g[:, range] = Σ_n dy[n, group] · col(x[n, range])ᵀ`, images in order.
 //!
-//! The summation order is fixed by the sizes, so results repeat bit for bit. [`reference()`]
-//! computes the forward pass with plain loops in f64, for tests.
+//! A pointwise convolution (1x1, stride 1, no padding: [`is_pointwise`]) has the image itself
+//! as its column buffer, so its passes read `x` and write `dx` in place, with no im2col or
+//! col2im.
+//!
+//! Every element is summed by one GEMM whose order depends only on the reduction's length
+//! (see [`super::gemm`]), whichever lane or thread runs its unit, so results repeat bit for
+//! bit on any number of threads, and equal those of one image and one whole group at a time.
+//! [`reference()`] computes the forward pass with plain loops in f64, for tests.
 
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
 use super::matmul::{GemmScalar, MatLayout};
-use super::par::for_each_block;
+use super::par::{for_each_block, pool_threads, PARALLEL_ELEMENTS};
 use super::scalar::{Float, Scalar};
 
 /// The sizes of one convolution: `x [batch, in_ch, in_hw]`, `w [out_ch, in_ch/groups, kernel]`,
@@ -123,20 +132,170 @@ impl ConvGeometry {
     }
 }
 
-/// Elements of workspace `pass` needs: the column buffer, then the GEMM's packing space.
-pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
-    let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
-    let gemm = match pass {
-        Pass::Forward => gemm_len::<T>(og, k, p),
-        Pass::GradInput => gemm_len::<T>(k, og, p),
-        Pass::GradWeight => gemm_len::<T>(og, p, k),
+/// Most lanes a pass is cut into: each lane owns a slice of the workspace (its column buffer
+/// and GEMM packing space) and runs its share of the pass's units (images and groups, or for
+/// the weight gradient groups and channel ranges) one after the other; the pool's threads take
+/// lanes. Sixteen keeps the cores of a 16-core host busy on small images, where one image's
+/// GEMM is too small to spread over threads.
+pub const MAX_LANES: usize = 16;
+
+/// Fewest columns of the weight gradient (channels times kernel taps) a channel range takes:
+/// every range packs each image's output gradient again for its GEMM, which narrower ranges
+/// would not repay (measured on cnn in session 32: with 18-column ranges the packing took 14%
+/// of a step).
+pub const MIN_RANGE_COLUMNS: usize = 128;
+
+/// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) ask for at most
+/// ([`workspace_len_up_to`]): large images (a ResNet-50 at 224x224) have column buffers of
+/// several MiB each, and their GEMMs are large enough to use the threads alone; small ones fit
+/// sixteen lanes.
+pub const LANE_BUDGET_BYTES: usize = 8 << 20;
+
+/// How one pass is cut into units of work and lanes: a function of the geometry, the pass,
+/// the element type and the workspace's length only (never of the threads). The planner
+/// gives every convolution at least one lane's workspace ([`workspace_len`]) and, where the
+/// step's slab has free bytes around it, up to [`workspace_len_up_to`]; the kernel runs as
+/// many lanes as it was given, and every unit computes the same bits whichever lane runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    /// Units of work: `(image, group)` pairs for the forward and input-gradient passes,
+    /// `(group, channel range)` pairs for the weight gradient.
+    units: usize,
+    /// Input channels per unit (all of a group's, except in the weight gradient's ranges).
+    chunk: usize,
+    /// Lanes the units are spread over, each with `lane_len` elements of workspace.
+    lanes: usize,
+    lane_len: usize,
+    /// Elements of a lane's column buffer (zero for a pointwise convolution, which reads its
+    /// operands in place).
+    col_len: usize,
+    /// Elements of the weight gradient's partial sums, one block per unit, before the lanes
+    /// (none when each unit covers a whole group and writes its block of `dw` in place).
+    partial: usize,
+    /// The most lanes this cut can use: one per unit, at most [`MAX_LANES`], within
+    /// [`LANE_BUDGET_BYTES`].
+    most: usize,
+}
+
+impl Split {
+    /// Elements of workspace the cut takes with `lanes` lanes.
+    fn len(&self, lanes: usize) -> usize {
+        self.partial + lanes * self.lane_len
+    }
+
+    /// The cut with as many lanes as `avail` elements hold (`None`: not even one).
+    fn within(mut self, avail: usize) -> Option<Split> {
+        let lanes = avail.checked_sub(self.partial)? / self.lane_len;
+        self.lanes = lanes.min(self.most);
+        (self.lanes >= 1).then_some(self)
+    }
+}
+
+/// A 1x1 convolution with unit stride and no padding: its column buffer would be a copy of
+/// the input, so every pass reads and writes the images in place.
+pub fn is_pointwise(g: &ConvGeometry) -> bool {
+    g.kernel == [1, 1] && g.stride == [1, 1] && g.padding == [0, 0]
+}
+
+/// The cut of `pass` with each group's input channels cut into `ranges` ranges (the weight
+/// gradient's; one for the other passes), with one lane, and with as many at most as
+/// [`LANE_BUDGET_BYTES`] holds (at least one).
+fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
+    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
+    let taps = g.kernel[0] * g.kernel[1];
+    let chunk = cg.div_ceil(ranges.max(1)).max(1);
+    let (units, gemm) = match pass {
+        Pass::Forward => (g.batch * g.groups, gemm_len::<T>(og, cg * taps, p)),
+        Pass::GradInput => (g.batch * g.groups, gemm_len::<T>(cg * taps, og, p)),
+        Pass::GradWeight => (
+            g.groups * cg.div_ceil(chunk),
+            gemm_len::<T>(og, p, chunk * taps),
+        ),
     };
-    k * p + gemm
+    let col_len = if is_pointwise(g) { 0 } else { chunk * taps * p };
+    // At least one element, so that the lanes' slices can always be cut.
+    let lane_len = (col_len + gemm).max(1);
+    // Units that cover a whole group write its rows of the weight gradient in place.
+    let partial = match pass {
+        Pass::GradWeight if chunk < cg => units * og * chunk * taps,
+        _ => 0,
+    };
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    let cap = (budget.saturating_sub(partial) / lane_len).max(1);
+    Split {
+        units,
+        chunk,
+        lanes: 1,
+        lane_len,
+        col_len,
+        partial,
+        most: units.clamp(1, MAX_LANES).min(cap),
+    }
+}
+
+/// The cuts `pass` may run: whole groups (the least workspace: one image and group's column
+/// buffer and GEMM space, as before lanes), and for the weight gradient, which sums over the
+/// images and so has only the groups to spread, channel ranges too: up to [`MAX_LANES`]
+/// units in all of [`MIN_RANGE_COLUMNS`] columns at least, each summing its channels'
+/// products over every image in order into partial sums copied into `dw` at the end; fewer
+/// ranges where their partial sums and lanes would pass [`LANE_BUDGET_BYTES`].
+fn cuts<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> [Split; 2] {
+    let whole = cut::<T>(g, pass, 1);
+    if pass != Pass::GradWeight {
+        return [whole, whole];
+    }
+    let cg = g.in_ch / g.groups.max(1);
+    let widest = (cg * g.kernel[0] * g.kernel[1] / MIN_RANGE_COLUMNS).max(1);
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    let mut ranges = (MAX_LANES / g.groups.max(1))
+        .clamp(1, cg.max(1))
+        .min(widest);
+    loop {
+        let s = cut::<T>(g, pass, ranges);
+        if ranges == 1 || s.len(s.most) <= budget {
+            return [whole, s];
+        }
+        ranges /= 2;
+    }
+}
+
+/// The cut `pass` runs in `avail` elements of workspace: the one with the most lanes (whole
+/// groups on a tie), or `None` when `avail` is short of [`workspace_len`].
+fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Split> {
+    let [whole, ranged] = cuts::<T>(g, pass);
+    let whole = whole.within(avail)?;
+    Some(match ranged.within(avail) {
+        Some(r) if r.lanes > whole.lanes => r,
+        _ => whole,
+    })
+}
+
+/// Elements of workspace `pass` needs at least: one lane's column buffer (none for a
+/// pointwise convolution) and GEMM packing space, one image and group at a time.
+pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
+    cuts::<T>(g, pass)[0].len(1)
+}
+
+/// Elements of workspace `pass` runs fastest in: every lane it can use (one per unit, at
+/// most [`MAX_LANES`], within [`LANE_BUDGET_BYTES`]), with the weight gradient's partial
+/// sums where its channel ranges give more lanes than its groups.
+pub fn workspace_len_up_to<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
+    let [whole, ranged] = cuts::<T>(g, pass);
+    if ranged.most > whole.most {
+        ranged.len(ranged.most)
+    } else {
+        whole.len(whole.most)
+    }
 }
 
 /// [`workspace_len`] in bytes.
 pub fn workspace_bytes<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
     workspace_len::<T>(g, pass) * std::mem::size_of::<T>()
+}
+
+/// [`workspace_len_up_to`] in bytes.
+pub fn workspace_bytes_up_to<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
+    workspace_len_up_to::<T>(g, pass) * std::mem::size_of::<T>()
 }
 
 /// What can go wrong before anything is written.
@@ -172,43 +331,150 @@ fn check_ws(len: usize, need: usize) -> Result<(), ConvError> {
     }
 }
 
-/// Calls `f(row, position, source)` for every element of one input channel's `kh·kw` rows of
-/// a column buffer (rows numbered from the channel's first), `source` the index in the
-/// channel's `[H, W]` plane or `None` in the padding. Every channel's rows read its own plane
-/// alike, so the column buffer is filled (and summed back) a channel at a time.
+/// The cut of `pass` that `len` elements of workspace hold, or the error naming how many it
+/// needs at least.
+fn split_ws<T: GemmScalar>(g: &ConvGeometry, pass: Pass, len: usize) -> Result<Split, ConvError> {
+    check_ws(len, workspace_len::<T>(g, pass))?;
+    split::<T>(g, pass, len).ok_or(ConvError::WrongLength {
+        what: "the workspace",
+        len,
+        need: workspace_len::<T>(g, pass),
+    })
+}
+
+/// Runs `f(unit, out, lane)` for every unit of `s`, where `out` is the unit's own `unit`-long
+/// block of `out` (units in order) and `lane` the workspace of the lane that runs it. Lane `l`
+/// runs units `l·per .. (l+1)·per` in order; the lanes run on the pool's threads when there
+/// are several and `work` is worth waking them. On one thread one lane runs every unit; on
+/// several, the lanes in use are a multiple of the threads where the workspace holds that
+/// many (three lanes on two threads would leave one thread running two lanes while the other
+/// runs one). Each unit computes the same bits whichever lane or thread runs it, so the
+/// result depends neither on the number of threads nor on the lanes in use.
+fn for_each_unit<T: Send>(
+    out: &mut [T],
+    unit: usize,
+    ws: &mut [T],
+    s: &Split,
+    work: usize,
+    f: impl Fn(usize, &mut [T], &mut [T]) -> Result<(), GemmError> + Sync,
+) -> Result<(), GemmError> {
+    if unit == 0 || s.units == 0 {
+        return Ok(());
+    }
+    let threads = pool_threads();
+    let parallel = threads > 1 && s.lanes > 1 && work >= PARALLEL_ELEMENTS;
+    let lanes = match parallel {
+        false => 1,
+        true if s.lanes >= threads => s.lanes / threads * threads,
+        true => s.lanes,
+    };
+    let per = s.units.div_ceil(lanes);
+    let run = |(l, (outs, lane)): (usize, (&mut [T], &mut [T]))| {
+        outs.chunks_mut(unit)
+            .enumerate()
+            .try_for_each(|(i, o)| f(l * per + i, o, lane))
+    };
+    let (outs, ws) = (&mut out[..s.units * unit], &mut ws[..lanes * s.lane_len]);
+    if parallel {
+        use rayon::prelude::*;
+        outs.par_chunks_mut(per * unit)
+            .zip(ws.par_chunks_mut(s.lane_len))
+            .enumerate()
+            .try_for_each(run)
+    } else {
+        outs.chunks_mut(per * unit)
+            .zip(ws.chunks_mut(s.lane_len))
+            .enumerate()
+            .try_for_each(run)
+    }
+}
+
+/// Multiply-adds of a pass's GEMMs, to decide whether its lanes are worth threads.
+fn gemm_work(g: &ConvGeometry) -> usize {
+    g.batch
+        .saturating_mul(g.out_ch)
+        .saturating_mul(g.col_rows())
+        .saturating_mul(g.positions())
+}
+
+/// One row segment of a channel's column buffer: output positions `pos .. pos + len` of
+/// kernel tap `row` read input elements `src, src + step, ..` of the channel's plane; the
+/// positions of the row (`out_w` of them from `row_start`) outside the segment read padding.
+#[derive(Clone, Copy)]
+struct Segment {
+    row_start: usize,
+    pos: usize,
+    len: usize,
+    src: usize,
+    step: usize,
+}
+
+/// Calls `f` with every output row (`i`) of every kernel tap (`a`, `b`) of one input
+/// channel's column rows, in that order (rows numbered from the channel's first): the same
+/// order, element by element, as a walk over taps, then output rows, then output columns.
+/// Every channel's rows read its own plane alike, so the column buffer is filled (and summed
+/// back) a channel at a time.
 #[inline]
-fn each_channel_col(g: &ConvGeometry, mut f: impl FnMut(usize, usize, Option<usize>)) {
+fn each_channel_segment(g: &ConvGeometry, mut f: impl FnMut(Segment)) {
     let ([kh, kw], [h, w], [oh, ow]) = (g.kernel, g.in_hw, g.out_hw);
+    let ([sh, sw], [dh, dw], [ph, pw]) = (g.stride, g.dilation, g.padding);
     for a in 0..kh {
         for b in 0..kw {
             let row = a * kw + b;
+            // Output columns j whose input column j·sw + b·dw − pw lies in 0..w.
+            let off = b * dw;
+            let lo = pw.saturating_sub(off).div_ceil(sw).min(ow);
+            let hi = if w + pw > off {
+                ((w + pw - off - 1) / sw + 1).clamp(lo, ow)
+            } else {
+                lo
+            };
             for i in 0..oh {
-                let ih = (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
-                for j in 0..ow {
-                    let iw = (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
-                    let src = (ih < h && iw < w).then(|| ih * w + iw);
-                    f(row, i * ow + j, src);
-                }
+                let row_start = row * g.positions() + i * ow;
+                let ih = (i * sh + a * dh).wrapping_sub(ph);
+                let (len, src) = if ih < h && hi > lo {
+                    (hi - lo, ih * w + lo * sw + off - pw)
+                } else {
+                    (0, 0)
+                };
+                f(Segment {
+                    row_start,
+                    pos: row_start + lo,
+                    len,
+                    src,
+                    step: sw,
+                });
             }
         }
     }
 }
 
-/// The column buffer `[C/g·kh·kw, Ho·Wo]` of one group's block `x` `[C/g, H, W]`; the rows of
-/// each input channel are filled by one thread (a copy: the same bits on any number).
+/// The column buffer `[c·kh·kw, Ho·Wo]` of the `c` channels `x` `[c, H, W]` holds (a group's,
+/// or a range of them), in the front of `col`; the rows of each input channel are filled by
+/// one thread (a copy: the same bits on any number), a row segment at a time.
 fn im2col<T: Scalar>(g: &ConvGeometry, x: &[T], col: &mut [T]) {
-    let (p, rows, plane) = (
+    let (p, rows, plane, ow) = (
         g.positions(),
         g.kernel[0] * g.kernel[1],
         g.in_hw[0] * g.in_hw[1],
+        g.out_hw[1],
     );
-    let work = col.len();
-    for_each_block(&mut col[..g.col_rows() * p], rows * p, work, |c, col| {
+    let channels = x.len() / plane.max(1);
+    let used = channels * rows * p;
+    for_each_block(&mut col[..used], rows * p, used, |c, col| {
         let xc = &x[c * plane..(c + 1) * plane];
-        each_channel_col(g, |row, pos, src| {
-            col[row * p + pos] = match src {
-                Some(s) => xc[s],
-                None => T::ZERO,
+        each_channel_segment(g, |s| {
+            let out = &mut col[s.row_start..s.row_start + ow];
+            let (before, rest) = out.split_at_mut(s.pos - s.row_start);
+            let (seg, after) = rest.split_at_mut(s.len);
+            before.fill(T::ZERO);
+            after.fill(T::ZERO);
+            if s.step == 1 {
+                seg.copy_from_slice(&xc[s.src..s.src + s.len]);
+            } else {
+                for (t, v) in seg.iter_mut().enumerate() {
+                    *v = xc[s.src + t * s.step];
+                }
             }
         });
     });
@@ -225,15 +491,25 @@ fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
     let work = g.col_rows() * p;
     for_each_block(dx, plane, work, |c, dxc| {
         let colc = &col[c * rows * p..(c + 1) * rows * p];
-        each_channel_col(g, |row, pos, src| {
-            if let Some(s) = src {
-                dxc[s] = dxc[s].add(colc[row * p + pos]);
+        each_channel_segment(g, |s| {
+            let seg = &colc[s.pos..s.pos + s.len];
+            if s.step == 1 {
+                for (d, &v) in dxc[s.src..s.src + s.len].iter_mut().zip(seg) {
+                    *d = d.add(v);
+                }
+            } else {
+                for (t, &v) in seg.iter().enumerate() {
+                    let d = &mut dxc[s.src + t * s.step];
+                    *d = d.add(v);
+                }
             }
         });
     });
 }
 
 /// `y = conv(x, w)`. `ws` holds at least [`workspace_len`]`(g, Pass::Forward)` elements.
+/// Each `(image, group)` unit is `y[n, group] = W_g · col(x[n, group])`, the column buffer
+/// being the image itself for a pointwise convolution.
 pub fn forward<T: GemmScalar + Float>(
     g: &ConvGeometry,
     x: &[T],
@@ -244,34 +520,40 @@ pub fn forward<T: GemmScalar + Float>(
     check("x", x.len(), g.x_len())?;
     check("w", w.len(), g.w_len())?;
     check("y", y.len(), g.y_len())?;
-    check_ws(ws.len(), workspace_len::<T>(g, Pass::Forward))?;
+    let s = split_ws::<T>(g, Pass::Forward, ws.len())?;
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let (col, gws) = ws.split_at_mut(k * p);
-    for n in 0..g.batch {
-        for gi in 0..g.groups {
-            let start = (n * g.groups + gi) * xg;
+    let direct = is_pointwise(g);
+    for_each_unit(y, og * p, ws, &s, gemm_work(g), |u, yu, lane| {
+        let (gi, start) = (u % g.groups, u * xg);
+        let (col, gws) = lane.split_at_mut(s.col_len);
+        let (b, lb) = if direct {
+            (x, MatLayout::row_major(p).at(start))
+        } else {
             im2col(g, &x[start..start + xg], col);
-            gemm_ws(
-                og,
-                k,
-                p,
-                <T as GemmScalar>::ONE,
-                w,
-                MatLayout::row_major(k).at(gi * og * k),
-                col,
-                MatLayout::row_major(p),
-                <T as GemmScalar>::ZERO,
-                y,
-                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
-                gws,
-            )?;
-        }
-    }
+            (&*col, MatLayout::row_major(p))
+        };
+        gemm_ws(
+            og,
+            k,
+            p,
+            <T as GemmScalar>::ONE,
+            w,
+            MatLayout::row_major(k).at(gi * og * k),
+            b,
+            lb,
+            <T as GemmScalar>::ZERO,
+            yu,
+            MatLayout::row_major(p),
+            gws,
+        )
+    })?;
     Ok(())
 }
 
-/// `dx`, the gradient of `conv(x, w)` in `x` given the output's gradient `dy`.
+/// `dx`, the gradient of `conv(x, w)` in `x` given the output's gradient `dy`: each
+/// `(image, group)` unit is `col2im(W_gᵀ · dy[n, group])`, written straight into `dx` for a
+/// pointwise convolution.
 pub fn grad_input<T: GemmScalar + Float>(
     g: &ConvGeometry,
     dy: &[T],
@@ -282,36 +564,45 @@ pub fn grad_input<T: GemmScalar + Float>(
     check("dy", dy.len(), g.y_len())?;
     check("w", w.len(), g.w_len())?;
     check("dx", dx.len(), g.x_len())?;
-    check_ws(ws.len(), workspace_len::<T>(g, Pass::GradInput))?;
+    let s = split_ws::<T>(g, Pass::GradInput, ws.len())?;
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let (col, gws) = ws.split_at_mut(k * p);
-    dx.fill(<T as Scalar>::ZERO);
-    for n in 0..g.batch {
-        for gi in 0..g.groups {
-            gemm_ws(
-                k,
-                og,
-                p,
-                <T as GemmScalar>::ONE,
-                w,
-                MatLayout::col_major(k).at(gi * og * k),
-                dy,
-                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
-                <T as GemmScalar>::ZERO,
-                col,
-                MatLayout::row_major(p),
-                gws,
-            )?;
-            let start = (n * g.groups + gi) * xg;
-            col2im_add(g, col, &mut dx[start..start + xg]);
+    let direct = is_pointwise(g);
+    let product = |c: &mut [T], u: usize, gws: &mut [T]| {
+        gemm_ws(
+            k,
+            og,
+            p,
+            <T as GemmScalar>::ONE,
+            w,
+            MatLayout::col_major(k).at(u % g.groups * og * k),
+            dy,
+            MatLayout::row_major(p).at(u * og * p),
+            <T as GemmScalar>::ZERO,
+            c,
+            MatLayout::row_major(p),
+            gws,
+        )
+    };
+    for_each_unit(dx, xg, ws, &s, gemm_work(g), |u, dxu, lane| {
+        let (col, gws) = lane.split_at_mut(s.col_len);
+        if direct {
+            product(dxu, u, gws)
+        } else {
+            product(col, u, gws)?;
+            dxu.fill(<T as Scalar>::ZERO);
+            col2im_add(g, col, dxu);
+            Ok(())
         }
-    }
+    })?;
     Ok(())
 }
 
-/// `dw`, the gradient of `conv(x, w)` in `w` given the output's gradient `dy` (summed over the
-/// images in order).
+/// `dw`, the gradient of `conv(x, w)` in `w` given the output's gradient `dy`. Each
+/// `(group, channel range)` unit sums `dy[n, group] · col(x[n, range])ᵀ` over the images in
+/// order into its own block of partial sums in the workspace (the column buffer being the
+/// images themselves for a pointwise convolution), which is then copied into `dw`: every
+/// element is summed as one unit over the whole group would sum it.
 pub fn grad_weight<T: GemmScalar + Float>(
     g: &ConvGeometry,
     x: &[T],
@@ -322,17 +613,41 @@ pub fn grad_weight<T: GemmScalar + Float>(
     check("x", x.len(), g.x_len())?;
     check("dy", dy.len(), g.y_len())?;
     check("dw", dw.len(), g.w_len())?;
-    check_ws(ws.len(), workspace_len::<T>(g, Pass::GradWeight))?;
-    let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
-    let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let (col, gws) = ws.split_at_mut(k * p);
-    if g.batch == 0 || p == 0 {
+    if g.batch == 0 || dw.is_empty() {
         dw.fill(<T as Scalar>::ZERO);
+        return Ok(());
     }
-    for n in 0..g.batch {
-        for gi in 0..g.groups {
-            let start = (n * g.groups + gi) * xg;
-            im2col(g, &x[start..start + xg], col);
+    let s = split_ws::<T>(g, Pass::GradWeight, ws.len())?;
+    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
+    let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
+    let (k, xg, ranges) = (cg * taps, cg * plane, s.units / g.groups);
+    let direct = is_pointwise(g);
+    // Unit `u` covers group `u / ranges`, channels `c0 .. c0 + cw` of it.
+    let range = |u: usize| {
+        let c0 = (u % ranges) * s.chunk;
+        (u / ranges, c0, s.chunk.min(cg - c0))
+    };
+    let (partial, lanes) = ws.split_at_mut(s.partial);
+    let unit = og * s.chunk * taps;
+    let into = if s.partial == 0 {
+        &mut *dw
+    } else {
+        &mut *partial
+    };
+    for_each_unit(into, unit, lanes, &s, gemm_work(g), |u, part, lane| {
+        let (gi, c0, cw) = range(u);
+        let n_cols = cw * taps;
+        let part = &mut part[..og * n_cols];
+        let (col, gws) = lane.split_at_mut(s.col_len);
+        for n in 0..g.batch {
+            let start = (n * g.groups + gi) * xg + c0 * plane;
+            let b: &[T] = if direct {
+                x
+            } else {
+                im2col(g, &x[start..start + cw * plane], col);
+                col
+            };
+            let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
             let beta = if n == 0 {
                 <T as GemmScalar>::ZERO
             } else {
@@ -341,17 +656,27 @@ pub fn grad_weight<T: GemmScalar + Float>(
             gemm_ws(
                 og,
                 p,
-                k,
+                n_cols,
                 <T as GemmScalar>::ONE,
                 dy,
                 MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
-                col,
-                MatLayout::col_major(p),
+                b,
+                lb,
                 beta,
-                dw,
-                MatLayout::row_major(k).at(gi * og * k),
+                part,
+                MatLayout::row_major(n_cols),
                 gws,
             )?;
+        }
+        Ok(())
+    })?;
+    for u in (0..s.units).filter(|_| s.partial > 0) {
+        let (gi, c0, cw) = range(u);
+        let n_cols = cw * taps;
+        for o in 0..og {
+            let from = u * unit + o * n_cols;
+            let to = (gi * og + o) * k + c0 * taps;
+            dw[to..to + n_cols].copy_from_slice(&partial[from..from + n_cols]);
         }
     }
     Ok(())
@@ -417,6 +742,16 @@ mod tests {
             ([1, 4, 10, 10], [4, 1, 3, 3], 1, 2, 2, 4),
             ([3, 2, 5, 5], [3, 2, 1, 1], 1, 0, 1, 1),
             ([2, 3, 8, 7], [2, 3, 4, 3], 3, 2, 1, 1),
+            // Pointwise (read in place), with groups and with channel ranges.
+            ([2, 6, 5, 4], [4, 3, 1, 1], 1, 0, 1, 2),
+            ([3, 21, 4, 3], [5, 21, 1, 1], 1, 0, 1, 1),
+            ([2, 300, 3, 2], [3, 300, 1, 1], 1, 0, 1, 1),
+            // A 1x1 kernel that is not pointwise (strided, padded).
+            ([2, 4, 6, 6], [3, 4, 1, 1], 2, 1, 1, 1),
+            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels.
+            ([2, 37, 5, 6], [3, 37, 3, 3], 1, 1, 1, 1),
+            // Depthwise, more groups than lanes.
+            ([2, 20, 5, 5], [20, 1, 3, 3], 1, 1, 1, 20),
         ] {
             out.push(ConvGeometry::new(x, w, [s, s], [p, p], [d, d], gr).unwrap());
         }
@@ -471,6 +806,217 @@ mod tests {
             assert!((lhs - dot(&x, &dx)).abs() < 1e-9, "{g:?}: input adjoint");
             assert!((lhs - dot(&w, &dw)).abs() < 1e-9, "{g:?}: weight adjoint");
         }
+    }
+
+    /// The passes as they ran before lanes: one image and one whole group at a time through
+    /// a full column buffer, the weight gradient summed over the images into `dw` itself.
+    fn one_unit_at_a_time(g: &ConvGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 3] {
+        let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
+        let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
+        let mut col = vec![0f32; k * p];
+        let glen = gemm_len::<f32>(og, k, p)
+            .max(gemm_len::<f32>(og, p, k))
+            .max(gemm_len::<f32>(k, og, p));
+        let mut gws = vec![0f32; glen];
+        let (mut y, mut dx, mut dw) = (
+            vec![0f32; g.y_len()],
+            vec![0f32; g.x_len()],
+            vec![0f32; g.w_len()],
+        );
+        let rm = MatLayout::row_major;
+        for n in 0..g.batch {
+            for gi in 0..g.groups {
+                let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
+                im2col(g, &x[xs..xs + xg], &mut col);
+                gemm_ws(
+                    og,
+                    k,
+                    p,
+                    1.0,
+                    w,
+                    rm(k).at(gi * og * k),
+                    &col,
+                    rm(p),
+                    0.0,
+                    &mut y,
+                    rm(p).at(ys),
+                    &mut gws,
+                )
+                .unwrap();
+                let beta = if n == 0 { 0.0 } else { 1.0 };
+                gemm_ws(
+                    og,
+                    p,
+                    k,
+                    1.0,
+                    dy,
+                    rm(p).at(ys),
+                    &col,
+                    MatLayout::col_major(p),
+                    beta,
+                    &mut dw,
+                    rm(k).at(gi * og * k),
+                    &mut gws,
+                )
+                .unwrap();
+                gemm_ws(
+                    k,
+                    og,
+                    p,
+                    1.0,
+                    w,
+                    MatLayout::col_major(k).at(gi * og * k),
+                    dy,
+                    rm(p).at(ys),
+                    0.0,
+                    &mut col,
+                    rm(p),
+                    &mut gws,
+                )
+                .unwrap();
+                col2im_add(g, &col, &mut dx[xs..xs + xg]);
+            }
+        }
+        [y, dx, dw]
+    }
+
+    /// Workspace lengths from the least to the most a pass uses, through every lane count
+    /// of both cuts (whole groups, channel ranges) and an element past each, those the pass
+    /// runs in (at least [`workspace_len`]).
+    fn lengths(g: &ConvGeometry, pass: Pass) -> Vec<usize> {
+        let mut out = vec![workspace_len_up_to::<f32>(g, pass) + 5];
+        for c in cuts::<f32>(g, pass) {
+            for lanes in 1..=c.most {
+                out.extend([c.len(lanes), c.len(lanes) + 1]);
+            }
+        }
+        let least = workspace_len::<f32>(g, pass);
+        out.retain(|&len| len >= least);
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn every_lane_count_channel_ranges_and_pointwise_operands_give_the_bits_of_one_whole_group_at_a_time(
+    ) {
+        let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
+        for g in geometries() {
+            let (x, w, dy) = (
+                f32s(values(g.x_len(), 6)),
+                f32s(values(g.w_len(), 7)),
+                f32s(values(g.y_len(), 8)),
+            );
+            let want = one_unit_at_a_time(&g, &x, &w, &dy);
+            let same = |name: &str, a: &[f32], b: &[f32], len: usize| {
+                assert!(
+                    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{g:?}: {name} in {len} elements of workspace differs from one whole group at a time"
+                );
+            };
+            for len in lengths(&g, Pass::Forward) {
+                let mut y = vec![f32::NAN; g.y_len()];
+                forward(&g, &x, &w, &mut y, &mut vec![f32::NAN; len]).unwrap();
+                same("y", &y, &want[0], len);
+            }
+            for len in lengths(&g, Pass::GradInput) {
+                let mut dx = vec![f32::NAN; g.x_len()];
+                grad_input(&g, &dy, &w, &mut dx, &mut vec![f32::NAN; len]).unwrap();
+                same("dx", &dx, &want[1], len);
+            }
+            for len in lengths(&g, Pass::GradWeight) {
+                let mut dw = vec![f32::NAN; g.w_len()];
+                grad_weight(&g, &x, &dy, &mut dw, &mut vec![f32::NAN; len]).unwrap();
+                same("dw", &dw, &want[2], len);
+            }
+        }
+    }
+
+    /// The least workspace is what the passes took before lanes (one image and group's column
+    /// buffer and GEMM space), so no plan grows; a pointwise convolution's is smaller still.
+    #[test]
+    fn the_least_workspace_is_one_lane_and_never_more_than_before_lanes() {
+        for g in geometries() {
+            let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
+            let before = [
+                (Pass::Forward, k * p + gemm_len::<f32>(og, k, p)),
+                (Pass::GradInput, k * p + gemm_len::<f32>(k, og, p)),
+                (Pass::GradWeight, k * p + gemm_len::<f32>(og, p, k)),
+            ];
+            for (pass, old) in before {
+                let least = workspace_len::<f32>(&g, pass);
+                if is_pointwise(&g) {
+                    assert!(least < old, "{g:?} {pass:?}: {least} vs {old}");
+                } else {
+                    assert_eq!(least, old, "{g:?} {pass:?}");
+                }
+                assert_eq!(split::<f32>(&g, pass, least).map(|s| s.lanes), Some(1));
+                assert_eq!(split::<f32>(&g, pass, least - 1), None, "{g:?} {pass:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_most_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
+        // resnet18's 3x3 convolutions at 8x8, batch 128: sixteen lanes.
+        let small =
+            ConvGeometry::new([128, 64, 8, 8], [64, 64, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
+        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
+            let most = workspace_len_up_to::<f32>(&small, pass);
+            let s = split::<f32>(&small, pass, most).unwrap();
+            let want = match pass {
+                // Its weight gradient: ranges of 16 channels (144 columns), one lane each.
+                Pass::GradWeight => (4, 16, 4),
+                _ => (128, 64, MAX_LANES),
+            };
+            assert_eq!((s.units, s.chunk, s.lanes), want, "{pass:?}");
+            // More bytes than it uses run no more lanes.
+            assert_eq!(split::<f32>(&small, pass, 2 * most), Some(s), "{pass:?}");
+        }
+        // 37 channels of 3x3 (333 columns, as in `geometries`): two ranges, summed apart.
+        let g37 =
+            ConvGeometry::new([2, 37, 5, 6], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
+        let s = split::<f32>(&g37, Pass::GradWeight, usize::MAX).unwrap();
+        assert_eq!(
+            (s.units, s.chunk, s.partial),
+            (2, 19, 2 * 3 * 19 * 9),
+            "{s:?}"
+        );
+        // A ResNet-50 stem at 224x224: 7 MiB column buffers, so fewer lanes.
+        let big = ConvGeometry::new([128, 3, 224, 224], [64, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1)
+            .unwrap();
+        let s = split::<f32>(&big, Pass::Forward, usize::MAX).unwrap();
+        assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
+        assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
+        // resnet18's last 3x3 convolution (512 channels at 1x1): the weight gradient's partial
+        // sums alone would pass the budget, so its one unit per group writes dw in place.
+        let wide = ConvGeometry::new(
+            [128, 512, 1, 1],
+            [512, 512, 3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+        )
+        .unwrap();
+        let s = split::<f32>(&wide, Pass::GradWeight, usize::MAX).unwrap();
+        assert_eq!((s.units, s.partial), (1, 0), "{s:?}");
+        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
+            let one = split::<f32>(&wide, pass, usize::MAX).unwrap().lane_len;
+            assert!(
+                4 * workspace_len_up_to::<f32>(&wide, pass) <= LANE_BUDGET_BYTES.max(4 * one),
+                "{pass:?}"
+            );
+        }
+        // A pointwise convolution needs no column buffer.
+        let pw =
+            ConvGeometry::new([8, 64, 7, 7], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
+        assert_eq!(
+            split::<f32>(&pw, Pass::Forward, usize::MAX)
+                .unwrap()
+                .col_len,
+            0
+        );
     }
 
     #[test]

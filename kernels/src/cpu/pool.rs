@@ -31,33 +31,77 @@ impl PoolGeometry {
         self.planes * self.out_hw[0] * self.out_hw[1]
     }
 
-    /// The index in the plane of the element window `(i, j)` of plane block `x` picks, if any.
+    /// The index in the plane of the element window `(i, j)` of plane block `x` picks, if any:
+    /// its taps inside the plane in row-major order, each replacing the running pick when
+    /// greater or NaN. The taps inside the plane are found per axis once per window
+    /// ([`taps`]), not tested element by element; the first tap is compared with itself, which
+    /// keeps it (a NaN replaces itself).
     #[inline]
     fn pick<T: Scalar>(&self, x: &[T], i: usize, j: usize) -> Option<usize> {
-        let [h, w] = self.in_hw;
-        let mut best: Option<(usize, T)> = None;
-        for a in 0..self.kernel[0] {
-            let ih = (i * self.stride[0] + a * self.dilation[0]).wrapping_sub(self.padding[0]);
-            if ih >= h {
-                continue;
-            }
-            for b in 0..self.kernel[1] {
-                let iw = (j * self.stride[1] + b * self.dilation[1]).wrapping_sub(self.padding[1]);
-                if iw >= w {
-                    continue;
-                }
-                let s = ih * w + iw;
+        let w = self.in_hw[1];
+        let (rows, ih) = taps(i, self, 0);
+        let (cols, iw) = taps(j, self, 1);
+        if rows == 0 || cols == 0 {
+            return None;
+        }
+        let mut best = ih * w + iw;
+        let mut m = x[best];
+        if self.dilation == [1, 1] && rows == 2 && cols == 2 {
+            // A full 2x2 window (the common pooling): four reads in row-major order.
+            for s in [best, best + 1, best + w, best + w + 1] {
                 let v = x[s];
-                let better = match best {
-                    None => true,
-                    Some((_, m)) => v > m || v.is_nan(),
-                };
-                if better {
-                    best = Some((s, v));
+                if v > m || v.is_nan() {
+                    (best, m) = (s, v);
+                }
+            }
+            return Some(best);
+        }
+        let (dh, dw) = (self.dilation[0] * w, self.dilation[1]);
+        let first = best;
+        for a in 0..rows {
+            let row = first + a * dh;
+            for b in 0..cols {
+                let s = row + b * dw;
+                let v = x[s];
+                if v > m || v.is_nan() {
+                    (best, m) = (s, v);
                 }
             }
         }
-        best.map(|(s, _)| s)
+        Some(best)
+    }
+}
+
+/// The taps of axis `axis` of output index `o` whose input index `o·stride + t·dilation −
+/// padding` lies inside the plane: they are a run `lo .. lo + count`; returns `count` and the
+/// input index of tap `lo` (0 when `count` is 0). A window inside the plane takes no division.
+#[inline]
+fn taps(o: usize, g: &PoolGeometry, axis: usize) -> (usize, usize) {
+    let (k, s, d, p, n) = (
+        g.kernel[axis],
+        g.stride[axis],
+        g.dilation[axis],
+        g.padding[axis],
+        g.in_hw[axis],
+    );
+    let at = o * s;
+    if k == 0 || d == 0 {
+        return (0, 0);
+    }
+    if at >= p && at + (k - 1) * d < n + p {
+        return (k, at - p);
+    }
+    // Taps t with at + t·d >= p and at + t·d < n + p.
+    let lo = if at >= p { 0 } else { (p - at).div_ceil(d) };
+    let hi = if n + p > at {
+        (n + p - at).div_ceil(d).min(k)
+    } else {
+        0
+    };
+    if lo >= hi {
+        (0, 0)
+    } else {
+        (hi - lo, at + lo * d - p)
     }
 }
 
@@ -160,6 +204,94 @@ mod tests {
         assert_eq!(dx[0], 1.0, "the first of the tie takes the gradient");
         assert_eq!(dx[1], 0.0);
         assert!(dx[20 + 6] >= 1.0, "the NaN takes its windows' gradients");
+    }
+
+    /// The pick as it was first written: every tap of the window tested against the plane,
+    /// an `Option` per element (the reference the per-axis runs of taps are checked against).
+    fn pick_by_scan(g: &PoolGeometry, x: &[f32], i: usize, j: usize) -> Option<usize> {
+        let [h, w] = g.in_hw;
+        let mut best: Option<(usize, f32)> = None;
+        for a in 0..g.kernel[0] {
+            let ih = (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
+            for b in 0..g.kernel[1] {
+                let iw = (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
+                if ih >= h || iw >= w {
+                    continue;
+                }
+                let v = x[ih * w + iw];
+                if best.is_none_or(|(_, m)| v > m || v.is_nan()) {
+                    best = Some((ih * w + iw, v));
+                }
+            }
+        }
+        best.map(|(s, _)| s)
+    }
+
+    /// Every window of kernels 1 to 4, strides 1 to 3, padding up to 2 and dilation 1 to 2
+    /// over planes of 1 to 9 rows and columns (values with ties and NaNs) picks the element the
+    /// element-by-element scan picks, and both passes give its bits.
+    #[test]
+    fn runs_of_taps_pick_what_a_scan_of_every_tap_picks() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (seed >> 33) as usize
+        };
+        for k in 1..5 {
+            for stride in 1..4 {
+                for pad in 0..3 {
+                    for dil in 1..3 {
+                        for (h, w) in [(1, 1), (2, 3), (5, 4), (9, 7), (8, 8)] {
+                            let span = |n: usize| (n + 2 * pad).checked_sub(dil * (k - 1) + 1);
+                            let (Some(sh), Some(sw)) = (span(h), span(w)) else {
+                                continue;
+                            };
+                            let g = PoolGeometry {
+                                planes: 2,
+                                in_hw: [h, w],
+                                kernel: [k, k],
+                                stride: [stride, stride],
+                                padding: [pad, pad],
+                                dilation: [dil, dil],
+                                out_hw: [sh / stride + 1, sw / stride + 1],
+                            };
+                            let x: Vec<f32> = (0..g.x_len())
+                                .map(|_| match next() % 9 {
+                                    0 => f32::NAN,
+                                    r => (r % 4) as f32 - 1.5,
+                                })
+                                .collect();
+                            let dy: Vec<f32> =
+                                (0..g.y_len()).map(|_| next() as f32 / 7e8).collect();
+                            let plane = h * w;
+                            let (mut want_y, mut want_dx) =
+                                (vec![0f32; g.y_len()], vec![0f32; g.x_len()]);
+                            for p in 0..g.planes {
+                                let xp = &x[p * plane..(p + 1) * plane];
+                                for i in 0..g.out_hw[0] {
+                                    for j in 0..g.out_hw[1] {
+                                        let o = (p * g.out_hw[0] + i) * g.out_hw[1] + j;
+                                        let picked = pick_by_scan(&g, xp, i, j);
+                                        assert_eq!(g.pick(xp, i, j), picked, "{g:?} ({i}, {j})");
+                                        want_y[o] = picked.map_or(f32::NEG_INFINITY, |s| xp[s]);
+                                        if let Some(s) = picked {
+                                            want_dx[p * plane + s] += dy[o];
+                                        }
+                                    }
+                                }
+                            }
+                            let (mut y, mut dx) = (vec![0f32; g.y_len()], vec![9f32; g.x_len()]);
+                            max_forward(&g, &x, &mut y).unwrap();
+                            max_backward(&g, &x, &dy, &mut dx).unwrap();
+                            let bits =
+                                |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&y), bits(&want_y), "{g:?}");
+                            assert_eq!(bits(&dx), bits(&want_dx), "{g:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
