@@ -336,14 +336,13 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         &[("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())],
         &a.model.input_files(),
     )?;
-    let (model, compiled, trace, fitted) =
-        super::stages::load_and_compile(
-            &a.model,
-            &a.model.step_options(false),
-            &opts,
-            !a.json,
-            true,
-        )?;
+    let (model, compiled, trace, fitted) = super::stages::load_and_compile(
+        &a.model,
+        &a.model.step_options(false),
+        &opts,
+        !a.json,
+        true,
+    )?;
     if a.timings {
         eprint!(
             "{}",
@@ -434,7 +433,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
             crate::outln!("{}", f.line())?;
             if f.offload.is_some() && device.target() == ingot_compiler::lower::Target::Cuda {
                 crate::outln!(
-                    "note: the CUDA executor does not run offload's copies yet: `train` and `compile` with --device cuda refuse this budget (exit 3); the CPU runs the plan"
+                    "note: the CUDA executor does not run offload's copies yet: `train` and `compile` with --device cuda refuse this budget (exit 3); with --device cpu they run an offloaded step"
                 )?;
             }
         }

@@ -468,14 +468,13 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
             "--eval-batches and --eval-every must be at least 1",
         ));
     }
-    let (model, compiled, _, fitted) =
-        super::stages::load_and_compile(
-            &model_args,
-            &step_options,
-            &opts,
-            !a.run.json,
-            device.target() == ingot_compiler::lower::Target::Cpu,
-        )?;
+    let (model, compiled, _, fitted) = super::stages::load_and_compile(
+        &model_args,
+        &step_options,
+        &opts,
+        !a.run.json,
+        device.target() == ingot_compiler::lower::Target::Cpu,
+    )?;
     if let Some(f) = &fitted {
         if a.run.json {
             let line = serde_json::json!({ "fitted": f });

@@ -542,7 +542,10 @@ fn a_cuda_budget_only_offload_meets_is_planned_with_a_note_and_refused_by_compil
     // Under the resident bytes only offload fits (recomputation and micro-batches do not lower
     // them); the CUDA executor does not run offload's copies, so `compile` for CUDA refuses
     // the budget as one it cannot meet instead of failing at lowering.
-    let mlp = ["--model", "mlp", "--optimizer", "adamw", "--device", "cuda"];
+    // A GPT whose AdamW moments (233 MB) outweigh what the CUDA slab keeps at least (cuBLAS's
+    // 32 MiB workspace, a few activations, the largest moments' staging).
+    let spec = "gpt:vocab=16384,d_model=512,layers=4,heads=8,d_ff=1024,seq=64,batch=4";
+    let mlp = ["--model", spec, "--optimizer", "adamw", "--device", "cuda"];
     let (code, whole) = planned_total(&mlp);
     assert_eq!(code, 0, "{whole}");
     let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();

@@ -9,8 +9,8 @@
 //! Its home is a range of a separate host region, packed in the order the leaves were named.
 //! Two copies, recorded in the plan as [`Offload`] entries with their schedule positions, move
 //! it: host to device just before the first of those ops, device to host just after the last.
-//! The validator replays them with the schedule ([`super::check`]); the lowering turns them
-//! into instructions ([`crate::lower::cpu`]).
+//! The validator replays them with the schedule ([`super::check`]); the CPU lowering, a later
+//! stage, turns them into instructions.
 
 use super::liveness::{Liveness, Region};
 use super::location::{Location, Offload};
