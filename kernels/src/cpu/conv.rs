@@ -16,7 +16,7 @@
 //! col2im.
 //!
 //! Every element is summed by one GEMM whose order depends only on the reduction's length
-//! (see [`super::gemm`]), whichever lane or thread runs its unit, so results repeat bit for
+//! (see [`mod@super::gemm`]), whichever lane or thread runs its unit, so results repeat bit for
 //! bit on any number of threads, and equal those of one image and one whole group at a time.
 //! [`reference()`] computes the forward pass with plain loops in f64, for tests.
 
