@@ -12,6 +12,22 @@ use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::plan::Location;
 use ingot_compiler::plan::MemoryPlan;
 
+/// `bytes` as the value of node `id`, which holds `holds` bytes: an error naming both sizes
+/// when they differ (what every executor's `write_node_bytes` checks first).
+pub fn node_bytes_fit(id: NodeId, holds: usize, bytes: &[u8]) -> Result<(), ExecError> {
+    match bytes.len() == holds {
+        true => Ok(()),
+        false => Err(ExecError::Invalid {
+            op: "write_node_bytes",
+            reason: format!(
+                "node %{} holds {holds} bytes, not {}",
+                id.index(),
+                bytes.len()
+            ),
+        }),
+    }
+}
+
 pub trait StepExecutor {
     fn graph(&self) -> &Graph;
     fn plan(&self) -> &MemoryPlan;
@@ -21,17 +37,7 @@ pub trait StepExecutor {
     /// shard instead.
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
         let at = self.plan().location(self.graph(), id);
-        if bytes.len() != at.bytes {
-            return Err(ExecError::Invalid {
-                op: "write_node_bytes",
-                reason: format!(
-                    "node %{} holds {} bytes, not {}",
-                    id.index(),
-                    at.bytes,
-                    bytes.len()
-                ),
-            });
-        }
+        node_bytes_fit(id, at.bytes, bytes)?;
         self.write_at(at, bytes)
     }
     /// Copies `bytes` (exactly `at.bytes` of them) into the one allocation at `at`, a location

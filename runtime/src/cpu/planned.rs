@@ -908,30 +908,10 @@ impl crate::executor::StepExecutor for PlannedStep {
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
         let Some(h) = self.home(id) else {
             let at = self.plan().location(self.graph(), id);
-            if bytes.len() != at.bytes {
-                return Err(ExecError::Invalid {
-                    op: "write_node_bytes",
-                    reason: format!(
-                        "node %{} holds {} bytes, not {}",
-                        id.index(),
-                        at.bytes,
-                        bytes.len()
-                    ),
-                });
-            }
+            crate::executor::node_bytes_fit(id, at.bytes, bytes)?;
             return self.write_at(at, bytes);
         };
-        if bytes.len() != h.bytes {
-            return Err(ExecError::Invalid {
-                op: "write_node_bytes",
-                reason: format!(
-                    "node %{} holds {} bytes, not {}",
-                    id.index(),
-                    h.bytes,
-                    bytes.len()
-                ),
-            });
-        }
+        crate::executor::node_bytes_fit(id, h.bytes, bytes)?;
         // SAFETY: the home lies inside the host region (validated plan, region of its bytes).
         let region = unsafe {
             std::slice::from_raw_parts_mut(
