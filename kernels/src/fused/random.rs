@@ -527,6 +527,49 @@ pub fn break_one(k: &mut FusedKernel, r: &mut Rng) {
     }
 }
 
+/// A random value for `inp`, as its bytes: elements multiples of 1/8 in [-4, 4] (integers
+/// eight times that, bools where it is positive), on which kernels made with
+/// [`Options::exact`] keep their integer results exact whatever order floats are summed in.
+pub fn input_bytes(inp: &Input, r: &mut Rng) -> Vec<u8> {
+    let vals: Vec<f64> = (0..inp.len)
+        .map(|_| (r.below(65) as f64 - 32.0) / 8.0)
+        .collect();
+    match inp.dtype {
+        DType::F32 => vals
+            .iter()
+            .flat_map(|&v| (v as f32).to_ne_bytes())
+            .collect(),
+        DType::F64 => vals.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        DType::I32 => (vals.iter())
+            .flat_map(|&v| ((v * 8.0) as i32).to_ne_bytes())
+            .collect(),
+        DType::I64 => (vals.iter())
+            .flat_map(|&v| ((v * 8.0) as i64).to_ne_bytes())
+            .collect(),
+        DType::Bool => vals.iter().map(|&v| u8::from(v > 0.0)).collect(),
+        DType::BF16 => (vals.iter())
+            .flat_map(|&v| half::bf16::from_f64(v).to_bits().to_ne_bytes())
+            .collect(),
+    }
+}
+
+/// The elements of a buffer of `dtype`, widened to f64 (bf16 through `half`), to compare two
+/// runs of a kernel.
+pub fn widened(dtype: DType, b: &[u8]) -> Vec<f64> {
+    b.chunks(dtype.size())
+        .map(|c| match dtype {
+            DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()),
+            DType::I32 => i32::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::Bool => c[0] as f64,
+            DType::BF16 => {
+                half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::Rng;

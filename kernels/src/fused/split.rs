@@ -484,23 +484,6 @@ mod tests {
         assert!(split(&k, 0, 2).is_some(), "another reduce axis splits");
     }
 
-    /// Values of an output of `dtype`, widened to f64 (bf16 through `half`).
-    fn values(dtype: DType, b: &[u8]) -> Vec<f64> {
-        let n = dtype.size();
-        b.chunks(n)
-            .map(|c| match dtype {
-                DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
-                DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()),
-                DType::I32 => i32::from_ne_bytes(c.try_into().unwrap()) as f64,
-                DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
-                DType::Bool => c[0] as f64,
-                DType::BF16 => {
-                    half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()
-                }
-            })
-            .collect()
-    }
-
     /// Random kernels whose integer results do not depend on float rounding
     /// (`Options::exact`), on values that are multiples of 1/8 in [-4, 4], split along every
     /// reduce axis they split along: integers and bools equal the whole kernel's, floats
@@ -525,38 +508,14 @@ mod tests {
                 tried += 1;
                 let mut r = random::Rng(seed * 131 + axis as u64 + 1);
                 let xs: Vec<Vec<u8>> = (k.inputs.iter())
-                    .map(|inp| {
-                        let vals: Vec<f64> = (0..inp.len)
-                            .map(|_| (r.below(65) as f64 - 32.0) / 8.0)
-                            .collect();
-                        match inp.dtype {
-                            DType::F32 => vals
-                                .iter()
-                                .flat_map(|&v| (v as f32).to_ne_bytes())
-                                .collect(),
-                            DType::F64 => vals.iter().flat_map(|v| v.to_ne_bytes()).collect(),
-                            DType::I32 => vals
-                                .iter()
-                                .flat_map(|&v| ((v * 8.0) as i32).to_ne_bytes())
-                                .collect(),
-                            DType::I64 => vals
-                                .iter()
-                                .flat_map(|&v| ((v * 8.0) as i64).to_ne_bytes())
-                                .collect(),
-                            DType::Bool => vals.iter().map(|&v| u8::from(v > 0.0)).collect(),
-                            DType::BF16 => vals
-                                .iter()
-                                .flat_map(|&v| half::bf16::from_f64(v).to_bits().to_ne_bytes())
-                                .collect(),
-                        }
-                    })
+                    .map(|inp| random::input_bytes(inp, &mut r))
                     .collect();
                 let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
                 let whole = run_buffers(&k, &ins).unwrap();
                 let pair = run_split(&s, &ins, k.outputs.len());
                 for (j, (w, p)) in whole.iter().zip(&pair).enumerate() {
                     let dt = k.output_dtype(j);
-                    let (w, p) = (values(dt, w), values(dt, p));
+                    let (w, p) = (random::widened(dt, w), random::widened(dt, p));
                     assert_eq!(w.len(), p.len(), "seed {seed} axis {axis} output {j}");
                     let scale = w
                         .iter()

@@ -242,48 +242,6 @@ fn a_stage_split_needs_a_reduce_axis_a_multiple_of_its_ways_and_a_live_reduction
     assert!(staged(&plain, 0, 2).is_none());
 }
 
-/// Values of an output of `dtype`, widened to f64 (bf16 through `half`).
-fn widened(dtype: DType, b: &[u8]) -> Vec<f64> {
-    b.chunks(dtype.size())
-        .map(|c| match dtype {
-            DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
-            DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()),
-            DType::I32 => i32::from_ne_bytes(c.try_into().unwrap()) as f64,
-            DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
-            DType::Bool => c[0] as f64,
-            DType::BF16 => {
-                half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()
-            }
-        })
-        .collect()
-}
-
-fn random_bytes(inp: &Input, r: &mut random::Rng) -> Vec<u8> {
-    let vals: Vec<f64> = (0..inp.len)
-        .map(|_| (r.below(65) as f64 - 32.0) / 8.0)
-        .collect();
-    match inp.dtype {
-        DType::F32 => vals
-            .iter()
-            .flat_map(|&v| (v as f32).to_ne_bytes())
-            .collect(),
-        DType::F64 => vals.iter().flat_map(|v| v.to_ne_bytes()).collect(),
-        DType::I32 => vals
-            .iter()
-            .flat_map(|&v| ((v * 8.0) as i32).to_ne_bytes())
-            .collect(),
-        DType::I64 => vals
-            .iter()
-            .flat_map(|&v| ((v * 8.0) as i64).to_ne_bytes())
-            .collect(),
-        DType::Bool => vals.iter().map(|&v| u8::from(v > 0.0)).collect(),
-        DType::BF16 => vals
-            .iter()
-            .flat_map(|&v| half::bf16::from_f64(v).to_bits().to_ne_bytes())
-            .collect(),
-    }
-}
-
 /// Random kernels (`Options::exact`, values multiples of 1/8 in [-4, 4]) split by stages
 /// along every reduce axis they split along: integers and bools equal the whole kernel's,
 /// floats within the rounding of sums combined in another order; and every full output is
@@ -323,14 +281,14 @@ fn every_random_kernel_split_by_stages_computes_what_the_whole_kernel_computes()
             let xs: Vec<Vec<u8>> = k
                 .inputs
                 .iter()
-                .map(|inp| random_bytes(inp, &mut r))
+                .map(|inp| random::input_bytes(inp, &mut r))
                 .collect();
             let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
             let whole = run_buffers(&k, &ins).unwrap();
             let chain = run_staged(&st, &k, &ins);
             for (j, (w, c)) in whole.iter().zip(&chain).enumerate() {
                 let dt = k.output_dtype(j);
-                let (w, c) = (widened(dt, w), widened(dt, c));
+                let (w, c) = (random::widened(dt, w), random::widened(dt, c));
                 assert_eq!(w.len(), c.len(), "seed {seed} axis {axis} output {j}");
                 let scale = (w.iter())
                     .filter(|v| v.is_finite())
