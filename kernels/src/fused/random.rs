@@ -570,6 +570,30 @@ pub fn widened(dtype: DType, b: &[u8]) -> Vec<f64> {
         .collect()
 }
 
+/// Where two runs of a kernel's output of `dtype` (`whole`, and `other`, the same kernel run
+/// another way: split, staged) differ by more than summing in another order explains: the
+/// first element with its two values, or `None`. Integers and bools must be equal; floats
+/// within 1e-4 (f32), 1e-10 (f64) or 1/64 (bf16) of the output's largest finite magnitude (at
+/// least 1); NaN matches NaN. Outputs of different lengths differ at element `usize::MAX`.
+pub fn first_difference(dtype: DType, whole: &[u8], other: &[u8]) -> Option<(usize, f64, f64)> {
+    let (w, o) = (widened(dtype, whole), widened(dtype, other));
+    if w.len() != o.len() {
+        return Some((usize::MAX, w.len() as f64, o.len() as f64));
+    }
+    let scale = (w.iter())
+        .filter(|v| v.is_finite())
+        .fold(1f64, |m, v| m.max(v.abs()));
+    let tol = match dtype {
+        DType::F32 => 1e-4 * scale,
+        DType::F64 => 1e-10 * scale,
+        DType::BF16 => scale / 64.0,
+        _ => 0.0,
+    };
+    (w.iter().zip(&o).enumerate())
+        .find(|(_, (a, b))| !((a.is_nan() && b.is_nan()) || a == b || (*a - *b).abs() <= tol))
+        .map(|(e, (&a, &b))| (e, a, b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::Rng;

@@ -514,23 +514,8 @@ mod tests {
                 let whole = run_buffers(&k, &ins).unwrap();
                 let pair = run_split(&s, &ins, k.outputs.len());
                 for (j, (w, p)) in whole.iter().zip(&pair).enumerate() {
-                    let dt = k.output_dtype(j);
-                    let (w, p) = (random::widened(dt, w), random::widened(dt, p));
-                    assert_eq!(w.len(), p.len(), "seed {seed} axis {axis} output {j}");
-                    let scale = w
-                        .iter()
-                        .filter(|v| v.is_finite())
-                        .fold(1f64, |m, v| m.max(v.abs()));
-                    let tol = match dt {
-                        DType::F32 => 1e-4 * scale,
-                        DType::F64 => 1e-10 * scale,
-                        DType::BF16 => scale / 64.0,
-                        _ => 0.0,
-                    };
-                    for (e, (a, b)) in w.iter().zip(&p).enumerate() {
-                        let same = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol;
-                        assert!(same, "seed {seed} axis {axis} ways {ways} output {j} element {e}: whole {a}, split {b}\n{k:?}");
-                    }
+                    let diff = random::first_difference(k.output_dtype(j), w, p);
+                    assert!(diff.is_none(), "seed {seed} axis {axis} ways {ways} output {j}: (element, whole, split) {diff:?}\n{k:?}");
                 }
             }
         }

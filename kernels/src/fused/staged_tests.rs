@@ -287,22 +287,8 @@ fn every_random_kernel_split_by_stages_computes_what_the_whole_kernel_computes()
             let whole = run_buffers(&k, &ins).unwrap();
             let chain = run_staged(&st, &k, &ins);
             for (j, (w, c)) in whole.iter().zip(&chain).enumerate() {
-                let dt = k.output_dtype(j);
-                let (w, c) = (random::widened(dt, w), random::widened(dt, c));
-                assert_eq!(w.len(), c.len(), "seed {seed} axis {axis} output {j}");
-                let scale = (w.iter())
-                    .filter(|v| v.is_finite())
-                    .fold(1f64, |m, v| m.max(v.abs()));
-                let tol = match dt {
-                    DType::F32 => 1e-4 * scale,
-                    DType::F64 => 1e-10 * scale,
-                    DType::BF16 => scale / 64.0,
-                    _ => 0.0,
-                };
-                for (e, (a, b)) in w.iter().zip(&c).enumerate() {
-                    let same = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol;
-                    assert!(same, "seed {seed} axis {axis} ways {ways} output {j} element {e}: whole {a}, staged {b}\n{k:?}");
-                }
+                let diff = random::first_difference(k.output_dtype(j), w, c);
+                assert!(diff.is_none(), "seed {seed} axis {axis} ways {ways} output {j}: (element, whole, staged) {diff:?}\n{k:?}");
             }
         }
     }
