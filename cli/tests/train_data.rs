@@ -41,6 +41,18 @@ fn byte_tokens(dir: &Path) -> PathBuf {
 
 use cli::json_lines;
 
+/// Runs `ingot train --model BYTE_GPT --dataset bin` with `more` flags.
+fn train_gpt(bin: impl AsRef<Path>, more: &[&str]) -> std::process::Output {
+    let dataset = cli::s(bin.as_ref());
+    ingot(
+        &[
+            &["train", "--model", BYTE_GPT, "--dataset", dataset][..],
+            more,
+        ]
+        .concat(),
+    )
+}
+
 /// The (step, loss) of every step line.
 fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {
     lines
@@ -57,18 +69,7 @@ fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {
 fn a_byte_level_gpt_trains_two_epochs_over_a_generated_text_and_its_loss_falls() {
     let d = scratch("two-epochs");
     let bin = byte_tokens(&d);
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin.to_str().unwrap(),
-        "--epochs",
-        "2",
-        "--order",
-        "sequential",
-        "--json",
-    ]);
+    let out = train_gpt(&bin, &["--epochs", "2", "--order", "sequential", "--json"]);
     let lines = json_lines(&ok(&out));
     let steps: Vec<&serde_json::Value> = lines.iter().filter(|v| v.get("loss").is_some()).collect();
     // Rows of 32 + 1 tokens overlapping by one, 8 rows a batch.
@@ -296,17 +297,10 @@ fn a_resumed_runs_settings_are_the_flags_given_else_the_checkpoints() {
     let d = scratch("record-clip");
     let bin = byte_tokens(&d);
     let ck = d.join("ck");
-    ok(&ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-    ]));
+    ok(&train_gpt(
+        &bin,
+        &["--steps", "1", "--checkpoint", ck.to_str().unwrap()],
+    ));
     let text = std::fs::read_to_string(ck.join("checkpoint.json")).unwrap();
     let mut info: checkpoint::CheckpointInfo = serde_json::from_str(&text).unwrap();
     assert_eq!(info.clip_grad_norm, Some(None), "recorded as none: {text}");
@@ -394,17 +388,7 @@ fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
         other.to_str().unwrap(),
         ck.to_str().unwrap(),
     );
-    ok(&ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin,
-        "--steps",
-        "2",
-        "--checkpoint",
-        ck,
-    ]));
+    ok(&train_gpt(bin, &["--steps", "2", "--checkpoint", ck]));
     let smaller = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=8";
     let out = ingot(&[
         "train",
@@ -434,17 +418,15 @@ fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
     assert_eq!(out.status.code(), Some(1));
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("text.bin") && e.contains("other.bin"), "{e}");
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
+    let out = train_gpt(
         bin,
-        "--steps",
-        "4",
-        "--resume",
-        d.join("nowhere").to_str().unwrap(),
-    ]);
+        &[
+            "--steps",
+            "4",
+            "--resume",
+            d.join("nowhere").to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint.json"));
 }
@@ -454,17 +436,10 @@ fn a_save_cut_short_leaves_the_previous_checkpoint_readable() {
     let d = scratch("crash");
     let bin = byte_tokens(&d);
     let ck = d.join("ck");
-    ok(&ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin.to_str().unwrap(),
-        "--steps",
-        "3",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-    ]));
+    ok(&train_gpt(
+        &bin,
+        &["--steps", "3", "--checkpoint", ck.to_str().unwrap()],
+    ));
     let before = checkpoint::load(&ck).unwrap();
     // What a crash midway through the next save leaves: a tensor file, or half of one, and a
     // temporary file, but the record still names the step-3 files.
@@ -514,19 +489,17 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_unless_skipped() {
     let bad = d.join("bad.safetensors");
     io::save(&bad, &params).unwrap();
     let bad = bad.to_str().unwrap();
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
+    let out = train_gpt(
         bin,
-        "--steps",
-        "3",
-        "--init",
-        bad,
-        "--checkpoint",
-        ck.to_str().unwrap(),
-    ]);
+        &[
+            "--steps",
+            "3",
+            "--init",
+            bad,
+            "--checkpoint",
+            ck.to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("step 1: the loss is"), "{e}");
@@ -534,19 +507,10 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_unless_skipped() {
         !ck.join("checkpoint.json").exists(),
         "no checkpoint of a broken run"
     );
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
+    let out = train_gpt(
         bin,
-        "--steps",
-        "3",
-        "--init",
-        bad,
-        "--skip-nonfinite",
-        "--json",
-    ]);
+        &["--steps", "3", "--init", bad, "--skip-nonfinite", "--json"],
+    );
     let lines = json_lines(&ok(&out));
     assert_eq!(
         step_losses(&lines).len(),
@@ -565,13 +529,7 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_unless_skipped() {
 fn a_run_over_a_data_set_needs_epochs_or_steps() {
     let d = scratch("bounds");
     let bin = byte_tokens(&d);
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin.to_str().unwrap(),
-    ]);
+    let out = train_gpt(&bin, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--epochs N or --steps N"));
     let out = ingot(&["train", "--model", BYTE_GPT]);
@@ -923,20 +881,18 @@ fn ingot_run_drives_a_schedule_only_through_a_step_compiled_with_the_input() {
 fn the_validation_loss_is_evaluated_each_epoch_and_falls() {
     let d = scratch("val");
     let bin = byte_tokens(&d);
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin.to_str().unwrap(),
-        "--epochs",
-        "2",
-        "--val",
-        bin.to_str().unwrap(),
-        "--eval-batches",
-        "3",
-        "--json",
-    ]);
+    let out = train_gpt(
+        &bin,
+        &[
+            "--epochs",
+            "2",
+            "--val",
+            bin.to_str().unwrap(),
+            "--eval-batches",
+            "3",
+            "--json",
+        ],
+    );
     let lines = json_lines(&ok(&out));
     let evals: Vec<(u64, f64)> = lines
         .iter()
@@ -1005,23 +961,21 @@ fn a_run_writes_its_report_page_with_the_loss_and_validation_curves() {
     let bin = byte_tokens(&d);
     let page = d.join("run.html");
     let bin = bin.to_str().unwrap();
-    ok(&ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
+    ok(&train_gpt(
         bin,
-        "--steps",
-        "6",
-        "--val",
-        bin,
-        "--eval-every",
-        "3",
-        "--eval-batches",
-        "2",
-        "--report",
-        page.to_str().unwrap(),
-    ]));
+        &[
+            "--steps",
+            "6",
+            "--val",
+            bin,
+            "--eval-every",
+            "3",
+            "--eval-batches",
+            "2",
+            "--report",
+            page.to_str().unwrap(),
+        ],
+    ));
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("validation loss") && html.contains("training loss"));
     assert_eq!(
@@ -1052,17 +1006,7 @@ fn a_data_set_is_recognised_on_resume_by_its_contents_not_the_path_typed() {
     std::fs::copy(&bin, &copy).unwrap();
     let ck = d.join("ck");
     let ckp = ck.to_str().unwrap();
-    ok(&ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        bin.to_str().unwrap(),
-        "--steps",
-        "4",
-        "--checkpoint",
-        ckp,
-    ]));
+    ok(&train_gpt(&bin, &["--steps", "4", "--checkpoint", ckp]));
     // Resuming from the checkpoint at step 4 to 6 steps (no new checkpoint written).
     let again = |data: &str, more: &[&str]| {
         let mut args = vec![
