@@ -565,7 +565,11 @@ fn a_cuda_budget_only_offload_meets_is_planned_and_compiled_to_a_program_that_co
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("offloaded:"), "{out}");
     let read = ingot_compiler::exe::Executable::read(&exe).unwrap();
+    let (code, shown, err) = ingot(&["inspect", exe.to_str().unwrap()]);
     let _ = std::fs::remove_file(&exe);
+    assert_eq!(code, 0, "{err}");
+    let copies = format!("{} offload copies", 2 * read.plan().offload.len());
+    assert!(shown.contains(&copies), "{shown}");
     let plan = read.plan();
     assert!(plan.total_bytes <= budget.parse().unwrap());
     assert!(!plan.offload.is_empty() && plan.host_bytes > 0);

@@ -90,6 +90,37 @@ impl Program {
         deps::check(&self.touches, &self.deps).map_err(invalid)
     }
 
+    /// Offload copy `op` lies inside the allocation and the host region.
+    fn check_copy_bounds(&self, op: &DeviceOp) -> Result<(), LowerError> {
+        let (leaf, host, dev, bytes) = match *op {
+            DeviceOp::CopyIn {
+                leaf,
+                host,
+                to,
+                bytes,
+            } => (leaf, host, to, bytes),
+            DeviceOp::CopyOut {
+                leaf,
+                from,
+                host,
+                bytes,
+            } => (leaf, host, from, bytes),
+            _ => return Ok(()),
+        };
+        let fits = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|e| e <= len);
+        if fits(dev, self.total_bytes) && fits(host, self.host_bytes) {
+            return Ok(());
+        }
+        Err(LowerError::Invalid {
+            op: "cuda lowering",
+            reason: format!(
+                "an offload copy of {leaf} ({bytes} bytes at {dev}, host {host}) falls outside \
+                 the {} bytes of the allocation or the {} byte host region",
+                self.total_bytes, self.host_bytes
+            ),
+        })
+    }
+
     /// The program's offload copies are exactly `plan`'s: its host region the plan's, one copy
     /// in and one out per offloaded leaf, each between the leaf's home and its staging buffer,
     /// and no offload on a program of several data-parallel ranks (each rank's copies of its
@@ -274,29 +305,7 @@ impl Program {
                         return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
                     }
                 }
-                DeviceOp::CopyIn {
-                    leaf,
-                    host,
-                    to: dev,
-                    bytes,
-                }
-                | DeviceOp::CopyOut {
-                    leaf,
-                    from: dev,
-                    host,
-                    bytes,
-                } => {
-                    let in_host = host
-                        .checked_add(*bytes)
-                        .is_some_and(|e| e <= self.host_bytes);
-                    if !fits(*dev, *bytes) || !in_host {
-                        return Err(bad(format!(
-                            "an offload copy of {leaf} ({bytes} bytes at {dev}, host {host} of \
-                             a {} byte host region)",
-                            self.host_bytes
-                        )));
-                    }
-                }
+                DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => self.check_copy_bounds(op)?,
                 DeviceOp::AllGather {
                     node,
                     from,
