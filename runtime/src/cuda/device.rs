@@ -13,6 +13,10 @@
 //! stream's capture dependencies are set before each one), so the graph is the step's
 //! dependency graph, not a chain, and the GPU overlaps operations that touch disjoint bytes.
 //!
+//! An offloaded step ([`offload`]) also holds its host region in page-locked memory, allocated
+//! once with the stream, and captures its copies on a copy stream of their own, forked into the
+//! capture at the first copy and joined back at the end, as a rank's collectives are.
+//!
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 //!
