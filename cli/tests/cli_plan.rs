@@ -579,3 +579,40 @@ fn a_cuda_budget_only_offload_meets_is_planned_and_compiled_to_a_program_that_co
     assert_eq!(p.host_bytes, plan.host_bytes);
     assert_eq!(p.counts().offload_copies, 2 * plan.offload.len());
 }
+
+#[test]
+fn a_cuda_budget_only_offload_meets_is_refused_for_several_ranks_by_exit_3_and_plan_says_why() {
+    // Offload on CUDA runs on one GPU: for a step of two ranks `compile` leaves it out and
+    // refuses the budget like any other it cannot meet; `plan` reports the fit with a note.
+    let spec = "gpt:vocab=16384,d_model=512,layers=4,heads=8,d_ff=1024,seq=64,batch=4";
+    let gpt = [
+        "--model",
+        spec,
+        "--optimizer",
+        "adamw",
+        "--device",
+        "cuda",
+        "--ranks",
+        "2",
+    ];
+    let (code, whole) = planned_total(&gpt);
+    assert_eq!(code, 0, "{whole}");
+    let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();
+    let mut args = vec!["plan"];
+    args.extend(gpt);
+    args.extend(["--budget", budget.as_str()]);
+    let (code, out, err) = ingot(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("offloaded:"), "{out}");
+    assert!(
+        out.contains("note: a step of 2 GPU ranks does not run offload's copies"),
+        "{out}"
+    );
+    let exe = std::env::temp_dir().join(format!("ingot-offload-2-{}.ingot", std::process::id()));
+    let mut args = vec!["compile"];
+    args.extend(gpt);
+    args.extend(["--budget", budget.as_str(), "-o", exe.to_str().unwrap()]);
+    let (code, _, err) = ingot(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(!exe.exists(), "nothing written for a budget refused");
+}
