@@ -54,12 +54,13 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
     let mut opts = device.options();
     opts.precision = a.precision.for_device(a.device)?;
     opts.fuse_attention &= !a.no_fuse_attention;
+    let step = a.model.step_options(a.lr_scale_input);
     let (_, compiled, _, fitted) = super::stages::load_and_compile(
         &a.model,
-        &a.model.step_options(a.lr_scale_input),
+        &step,
         &opts,
         true,
-        device.target() == ingot_compiler::lower::Target::Cpu,
+        super::stages::runs_offload(device.target(), step.ranks),
     )?;
     if let Some(f) = &fitted {
         crate::outln!("{}", f.line())?;

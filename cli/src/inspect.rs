@@ -135,6 +135,9 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
                 match c.all_reduces {
                     0 => String::new(),
                     n => format!(", {n} NCCL all-reduces"),
+                } + &match c.offload_copies {
+                    0 => String::new(),
+                    n => format!(", {n} offload copies"),
                 }
             ),
             Operations::Cpu {

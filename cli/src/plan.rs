@@ -431,9 +431,10 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
         }
         if let Some(f) = &fitted {
             crate::outln!("{}", f.line())?;
-            if f.offload.is_some() && device.target() == ingot_compiler::lower::Target::Cuda {
+            let ranks = a.model.step_options(false).ranks;
+            if f.offload.is_some() && !super::stages::runs_offload(device.target(), ranks) {
                 crate::outln!(
-                    "note: the CUDA executor does not run offload's copies yet: `train` and `compile` with --device cuda refuse this budget (exit 3); with --device cpu they run an offloaded step"
+                    "note: a step of {ranks} GPU ranks does not run offload's copies yet: `train` and `compile` refuse this budget (exit 3); on one GPU or with --device cpu they run an offloaded step"
                 )?;
             }
         }

@@ -47,10 +47,10 @@ pub fn over_budget(report: &ingot_compiler::report::Report, budget: usize) -> St
 /// Returns what was done, or an error (exit code 3) naming the smallest plan found and what
 /// is live at its peak, or the resident bytes when they alone are over the budget.
 ///
-/// `offload` lets the fitter keep AdamW's moments in host memory as its last resort: only
-/// where the step's executor runs offload's copies (the CPU's), or for `plan`, which reports
-/// the fit and says when the target cannot run it; `train` and `compile` for CUDA refuse
-/// such a fit by exit 3 like any other budget they cannot meet, not at lowering.
+/// `offload` lets the fitter keep AdamW's moments in host memory as its last resort: where
+/// the step's executor runs offload's copies ([`runs_offload`]), and for `plan`, which reports
+/// the fit; elsewhere (several CUDA ranks) `train` and `compile` refuse such a budget by exit
+/// 3 like any other budget they cannot meet, not at lowering.
 pub fn load_and_compile(
     model: &super::ModelArgs,
     step: &ingot_compiler::autodiff::StepOptions,
@@ -98,6 +98,13 @@ pub fn load_and_compile(
         Err(e @ FitError::Resident { .. }) => Err(Failure::new(3, e.to_string())),
         Err(e) => Err(Failure::new(1, format!("{}: {e}", m.name))),
     }
+}
+
+/// Whether the executor of a step for `target` over `ranks` data-parallel ranks runs offload's
+/// copies: the CPU's always; CUDA's on one GPU (a step of several GPU ranks is refused at
+/// lowering, [`ingot_compiler::lower::cuda::Program::check_offload`]).
+pub fn runs_offload(target: ingot_compiler::lower::Target, ranks: usize) -> bool {
+    target == ingot_compiler::lower::Target::Cpu || ranks <= 1
 }
 
 /// Loads the model and compiles it as asked (no fitting). With `spinner`, and when stderr is a

@@ -473,7 +473,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
         &step_options,
         &opts,
         !a.run.json,
-        device.target() == ingot_compiler::lower::Target::Cpu,
+        super::stages::runs_offload(device.target(), step_options.ranks),
     )?;
     if let Some(f) = &fitted {
         if a.run.json {

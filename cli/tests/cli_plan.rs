@@ -538,10 +538,11 @@ fn batch_builds_any_named_model_and_a_contradicting_spec_batch_is_refused() {
 }
 
 #[test]
-fn a_cuda_budget_only_offload_meets_is_planned_with_a_note_and_refused_by_compile_with_exit_3() {
+fn a_cuda_budget_only_offload_meets_is_planned_and_compiled_to_a_program_that_copies_the_moments() {
     // Under the resident bytes only offload fits (recomputation and micro-batches do not lower
-    // them); the CUDA executor does not run offload's copies, so `compile` for CUDA refuses
-    // the budget as one it cannot meet instead of failing at lowering.
+    // them); the CUDA executor runs offload's copies, so `compile` for CUDA meets the budget
+    // by offload, as `plan` reports, and the program it writes copies each offloaded moment in
+    // and out between the plan's host region and the allocation.
     // A GPT whose AdamW moments (233 MB) outweigh what the CUDA slab keeps at least (cuBLAS's
     // 32 MiB workspace, a few activations, the largest moments' staging).
     let spec = "gpt:vocab=16384,d_model=512,layers=4,heads=8,d_ff=1024,seq=64,batch=4";
@@ -555,13 +556,61 @@ fn a_cuda_budget_only_offload_meets_is_planned_with_a_note_and_refused_by_compil
     let (code, out, err) = ingot(&args);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("offloaded:"), "{out}");
-    assert!(
-        out.contains("the CUDA executor does not run offload's copies yet"),
-        "{out}"
-    );
+    assert!(!out.contains("note:"), "{out}");
     let exe = std::env::temp_dir().join(format!("ingot-offload-{}.ingot", std::process::id()));
     let mut args = vec!["compile"];
     args.extend(mlp);
+    args.extend(["--budget", budget.as_str(), "-o", exe.to_str().unwrap()]);
+    let (code, out, err) = ingot(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("offloaded:"), "{out}");
+    let read = ingot_compiler::exe::Executable::read(&exe).unwrap();
+    let (code, shown, err) = ingot(&["inspect", exe.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&exe);
+    assert_eq!(code, 0, "{err}");
+    let copies = format!("{} offload copies", 2 * read.plan().offload.len());
+    assert!(shown.contains(&copies), "{shown}");
+    let plan = read.plan();
+    assert!(plan.total_bytes <= budget.parse().unwrap());
+    assert!(!plan.offload.is_empty() && plan.host_bytes > 0);
+    let ingot_compiler::lower::Program::Cuda(p) = read.program() else {
+        panic!("not a CUDA program");
+    };
+    assert_eq!(p.host_bytes, plan.host_bytes);
+    assert_eq!(p.counts().offload_copies, 2 * plan.offload.len());
+}
+
+#[test]
+fn a_cuda_budget_only_offload_meets_is_refused_for_several_ranks_by_exit_3_and_plan_says_why() {
+    // Offload on CUDA runs on one GPU: for a step of two ranks `compile` leaves it out and
+    // refuses the budget like any other it cannot meet; `plan` reports the fit with a note.
+    let spec = "gpt:vocab=16384,d_model=512,layers=4,heads=8,d_ff=1024,seq=64,batch=4";
+    let gpt = [
+        "--model",
+        spec,
+        "--optimizer",
+        "adamw",
+        "--device",
+        "cuda",
+        "--ranks",
+        "2",
+    ];
+    let (code, whole) = planned_total(&gpt);
+    assert_eq!(code, 0, "{whole}");
+    let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();
+    let mut args = vec!["plan"];
+    args.extend(gpt);
+    args.extend(["--budget", budget.as_str()]);
+    let (code, out, err) = ingot(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("offloaded:"), "{out}");
+    assert!(
+        out.contains("note: a step of 2 GPU ranks does not run offload's copies"),
+        "{out}"
+    );
+    let exe = std::env::temp_dir().join(format!("ingot-offload-2-{}.ingot", std::process::id()));
+    let mut args = vec!["compile"];
+    args.extend(gpt);
     args.extend(["--budget", budget.as_str(), "-o", exe.to_str().unwrap()]);
     let (code, _, err) = ingot(&args);
     assert_eq!(code, 3, "{err}");

@@ -371,11 +371,6 @@ impl Executable {
                 p.program.target()
             ))));
         }
-        if p.target == Target::Cuda && !p.plan.offload.is_empty() {
-            return Err(fail(Problem::Corrupt(
-                "its plan offloads leaves to host memory, which no CUDA program runs".into(),
-            )));
-        }
         p.program
             .check(&graph, &p.plan)
             .map_err(|e| fail(Problem::Program(e.to_string())))?;

@@ -269,3 +269,140 @@ fn a_budget_under_the_resident_bytes_less_every_moment_is_refused_naming_both() 
     );
     assert!(!e.to_string().contains("offloaded"), "{e}");
 }
+
+/// The GPT compiled for CUDA with `step`, as it is and with every moment offloaded.
+fn cuda_plain_and_offloaded(step: &StepOptions) -> (Compiled, Compiled) {
+    let m = models::by_name(GPT).unwrap();
+    let cuda = Options::for_target(Target::Cuda);
+    let plain = pipeline::compile_observed_with(&m, step, &cuda, &mut |_| {}).unwrap();
+    let mut opts = Options::for_target(Target::Cuda);
+    opts.plan.offload = moments(&plain.graph);
+    let off = pipeline::compile_observed_with(&m, step, &opts, &mut |_| {}).unwrap();
+    assert!(!off.plan.offload.is_empty());
+    (plain, off)
+}
+
+/// Whether operation `to` of `p` waits for `from`, directly or through others.
+fn waits_for(p: &ingot_compiler::lower::cuda::Program, to: usize, from: usize) -> bool {
+    let mut stack = vec![to];
+    let mut seen = vec![false; p.ops.len()];
+    while let Some(j) = stack.pop() {
+        if j == from {
+            return true;
+        }
+        for &i in &p.deps[j] {
+            if i >= from && !std::mem::replace(&mut seen[i], true) {
+                stack.push(i);
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn an_offloaded_cuda_program_copies_each_moment_in_before_its_readers_and_out_after_its_update() {
+    use ingot_compiler::lower::cuda::DeviceOp;
+    let (plain, off) = cuda_plain_and_offloaded(&StepOptions::default());
+    let exe = off.executable(Target::Cuda).unwrap();
+    let ingot_compiler::lower::Program::Cuda(p) = exe.program() else {
+        panic!("not a CUDA program");
+    };
+    assert_eq!(p.host_bytes, off.plan.host_bytes);
+    assert_eq!(p.counts().offload_copies, 2 * off.plan.offload.len());
+    assert!(p.summary().contains("offload:"), "{}", p.summary());
+    for o in &off.plan.offload {
+        let staging = off.plan.location(&off.graph, o.leaf);
+        let find = |copy_in: bool| {
+            p.ops.iter().position(|op| match *op {
+                DeviceOp::CopyIn {
+                    leaf,
+                    host,
+                    to,
+                    bytes,
+                } if copy_in => {
+                    (leaf, host, to, bytes)
+                        == (o.leaf, o.host.offset, staging.offset, staging.bytes)
+                }
+                DeviceOp::CopyOut {
+                    leaf,
+                    from,
+                    host,
+                    bytes,
+                } if !copy_in => {
+                    (leaf, host, from, bytes)
+                        == (o.leaf, o.host.offset, staging.offset, staging.bytes)
+                }
+                _ => false,
+            })
+        };
+        let (i_in, i_out) = (find(true).unwrap(), find(false).unwrap());
+        assert!(i_in < i_out, "{}: copied out before in", o.leaf);
+        // Every operation between them on the staging bytes (the update reading and writing
+        // the moment) waits for the copy in, and the copy out waits for each of them.
+        let on_staging: Vec<usize> = (i_in + 1..i_out)
+            .filter(|&j| {
+                let t = &p.touches[j];
+                t.reads.iter().chain(&t.writes).any(|l| {
+                    l.bytes > 0
+                        && l.offset < staging.offset + staging.bytes
+                        && staging.offset < l.offset + l.bytes
+                })
+            })
+            .collect();
+        assert!(
+            on_staging.iter().any(|&j| p.touches[j]
+                .writes
+                .iter()
+                .any(|l| l.offset == staging.offset)),
+            "{}: nothing writes its new value between the copies",
+            o.leaf
+        );
+        for &j in &on_staging {
+            assert!(
+                waits_for(p, j, i_in),
+                "op {j} does not wait for {}'s copy in",
+                o.leaf
+            );
+            assert!(
+                waits_for(p, i_out, j),
+                "{}'s copy out does not wait for op {j}",
+                o.leaf
+            );
+        }
+    }
+    // The file reads back as what was written, and the device's allocation is smaller.
+    let back =
+        ingot_compiler::exe::Executable::from_bytes(&exe.to_bytes().unwrap(), "x.ingot").unwrap();
+    assert_eq!(back, exe);
+    assert!(off.plan.total_bytes < plain.plan.total_bytes);
+    // A program whose copy reads another host range than the plan's is refused.
+    let mut bad = p.clone();
+    let i = bad
+        .ops
+        .iter()
+        .position(|op| matches!(op, DeviceOp::CopyIn { .. }))
+        .unwrap();
+    if let DeviceOp::CopyIn { host, .. } = &mut bad.ops[i] {
+        *host += 256;
+    }
+    let e = ingot_compiler::lower::Program::Cuda(bad)
+        .check(&off.graph, &off.plan)
+        .unwrap_err();
+    assert!(e.to_string().contains("offload"), "{e}");
+}
+
+#[test]
+fn a_cuda_step_of_several_ranks_with_offload_is_refused_at_lowering_naming_the_ranks() {
+    let step = StepOptions {
+        ranks: 2,
+        ..StepOptions::default()
+    };
+    let (plain, off) = cuda_plain_and_offloaded(&step);
+    plain.executable(Target::Cuda).unwrap();
+    let e = off.executable(Target::Cuda).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("data-parallel ranks") && msg.contains("one GPU"),
+        "{msg}"
+    );
+}

@@ -257,6 +257,8 @@ fn describe(op: &DeviceOp, g: &Graph, program: &Program) -> (&'static str, Strin
         }
         DeviceOp::Zero { bytes, .. } => ("memset", format!("memset {bytes} B")),
         DeviceOp::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
+        DeviceOp::CopyIn { leaf, bytes, .. } => ("offload", format!("copy in {leaf} {bytes} B")),
+        DeviceOp::CopyOut { leaf, bytes, .. } => ("offload", format!("copy out {leaf} {bytes} B")),
     }
 }
 

@@ -329,7 +329,10 @@ impl Program {
     pub fn check(&self, g: &Graph, plan: &MemoryPlan) -> Result<(), LowerError> {
         match self {
             Program::Cpu(p) => p.check(g, plan),
-            Program::Cuda(p) => p.check(plan.total_bytes),
+            Program::Cuda(p) => {
+                p.check(plan.total_bytes)?;
+                p.check_offload(g, plan)
+            }
         }
     }
 }
@@ -348,21 +351,13 @@ pub fn lower(
     }
     plan.validate(g)?;
     check_workspaces(g, plan, target)?;
-    if target == Target::Cuda && !plan.offload.is_empty() {
-        // The plan is the target's, but the CUDA executor does not run offload's copies yet
-        // (pinned host memory and a copy stream): refused here rather than run wrong.
-        return Err(LowerError::Invalid {
-            op: "offload",
-            reason: format!(
-                "the plan keeps {} leaves in host memory, and only the CPU executor runs \
-                 offload's copies so far; compile with --device cpu or a larger --budget",
-                plan.offload.len()
-            ),
-        });
-    }
     Ok(match target {
         Target::Cpu => Program::Cpu(cpu::lower(g, plan)?),
-        Target::Cuda => Program::Cuda(cuda::lower(g, plan, precision)?),
+        Target::Cuda => {
+            let p = cuda::lower(g, plan, precision)?;
+            p.check_offload(g, plan)?;
+            Program::Cuda(p)
+        }
     })
 }
 

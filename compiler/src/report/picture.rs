@@ -47,11 +47,68 @@ pub fn colour(kind: BufferKind) -> &'static str {
     }
 }
 
+/// What the picture draws a storage as instead of its kind, where the fitter changed how the
+/// value is kept: recomputed for the backward pass (`X (recomputed)`), or an offloaded leaf's
+/// staging buffer (its value lives in host memory between its copies). Each has its own
+/// colour and a legend entry, on pages that have such values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Recomputed,
+    Offloaded,
+}
+
+impl Mark {
+    pub const ALL: [Mark; 2] = [Mark::Recomputed, Mark::Offloaded];
+
+    /// The legend's word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mark::Recomputed => "recomputed",
+            Mark::Offloaded => "offloaded",
+        }
+    }
+
+    /// Its colour, apart from every kind's ([`colour`]).
+    pub fn colour(self) -> &'static str {
+        match self {
+            Mark::Recomputed => "#edc948",
+            Mark::Offloaded => "#9c755f",
+        }
+    }
+}
+
+/// Each storage's mark (by storage index), if any.
+pub fn marks(g: &Graph, plan: &MemoryPlan) -> Vec<Option<Mark>> {
+    let lv = &plan.liveness;
+    let mut out: Vec<Option<Mark>> = lv
+        .storages
+        .iter()
+        .map(|s| {
+            (!s.workspace && g.origin(s.owner).label().ends_with("(recomputed)"))
+                .then_some(Mark::Recomputed)
+        })
+        .collect();
+    for o in &plan.offload {
+        out[lv.storage_of[o.leaf.index()]] = Some(Mark::Offloaded);
+    }
+    out
+}
+
+/// The marks `marks` holds, in [`Mark::ALL`]'s order: the legend's extra entries.
+fn marks_present(marks: &[Option<Mark>]) -> Vec<Mark> {
+    Mark::ALL
+        .into_iter()
+        .filter(|m| marks.contains(&Some(*m)))
+        .collect()
+}
+
 /// One rectangle of the SVG.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bar {
     pub storage: usize,
     pub kind: BufferKind,
+    /// Drawn in the mark's colour rather than the kind's.
+    pub mark: Option<Mark>,
     pub x: f64,
     pub y: f64,
     pub width: f64,
@@ -106,6 +163,7 @@ pub fn layout(g: &Graph, plan: &MemoryPlan) -> Layout {
     let positions = lv.order.len().max(1);
     let ph = phases(g);
     let kinds = storage_kinds(g, plan, Some(&ph));
+    let marks = marks(g, plan);
     let total = plan.total_bytes.max(1) as f64;
     let sx = PLOT_WIDTH / positions as f64;
     let sy = PLOT_HEIGHT / total;
@@ -138,6 +196,7 @@ pub fn layout(g: &Graph, plan: &MemoryPlan) -> Layout {
         bars.push(Bar {
             storage: i,
             kind,
+            mark: marks[i],
             x: LEFT + s.start as f64 * sx,
             y: TOP + PLOT_HEIGHT - (offset + s.bytes) as f64 * sy,
             width: (end - s.start) as f64 * sx,
@@ -184,14 +243,15 @@ pub fn svg(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
     for b in &lay.bars {
         let _ = writeln!(
             o,
-            "<rect class=\"buf {}\" x=\"{:.2}\" y=\"{:.2}\" width=\"{:.2}\" height=\"{:.2}\" \
+            "<rect class=\"buf {}{}\" x=\"{:.2}\" y=\"{:.2}\" width=\"{:.2}\" height=\"{:.2}\" \
              fill=\"{}\"><title>{}</title></rect>",
             b.kind,
+            b.mark.map_or(String::new(), |m| format!(" {}", m.name())),
             b.x,
             b.y,
             b.width,
             b.height,
-            colour(b.kind),
+            b.mark.map_or(colour(b.kind), Mark::colour),
             escape(&b.title)
         );
     }
@@ -268,14 +328,18 @@ pub fn svg(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
     );
     let ly = axis_y + 56.0;
     let mut lx = LEFT;
-    for k in BufferKind::ALL {
-        let label = k.name();
+    let shown: Vec<Option<Mark>> = lay.bars.iter().map(|b| b.mark).collect();
+    let entries = (BufferKind::ALL.iter().map(|&k| (k.name(), colour(k)))).chain(
+        marks_present(&shown)
+            .into_iter()
+            .map(|m| (m.name(), m.colour())),
+    );
+    for (label, fill) in entries {
         let _ = writeln!(
             o,
-            "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"12\" fill=\"{}\"/>\
+            "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"12\" fill=\"{fill}\"/>\
              <text x=\"{:.0}\" y=\"{ly:.0}\">{label}</text>",
             ly - 10.0,
-            colour(k),
             lx + 16.0
         );
         lx += 28.0 + 7.0 * label.len() as f64;
@@ -348,8 +412,12 @@ fn page_data(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
     let n = lv.order.len();
     let ph = phases(g);
     let kinds = storage_kinds(g, plan, Some(&ph));
+    // A marked storage is drawn as its mark, an entry after the kinds.
+    let marks = marks(g, plan);
+    let present = marks_present(&marks);
     let mut st = Strings::default();
-    // Each buffer: [provenance, kind, dtype, shape, bytes, start, end, offset, node, op, fused].
+    // Each buffer: [provenance, kind (or mark, after the kinds), dtype, shape, bytes, start,
+    // end, offset, node, op, fused].
     let mut buffers = Vec::with_capacity(lv.storages.len());
     let mut by_dtype: std::collections::BTreeMap<String, usize> = Default::default();
     for (i, s) in lv.storages.iter().enumerate() {
@@ -368,10 +436,14 @@ fn page_data(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
         };
         buffers.push(serde_json::json!([
             st.id(&storage_provenance(g, s)),
-            BufferKind::ALL
-                .iter()
-                .position(|k| *k == kinds[i])
-                .unwrap_or(0),
+            match marks[i] {
+                Some(m) =>
+                    BufferKind::ALL.len() + present.iter().position(|&p| p == m).unwrap_or(0),
+                None => BufferKind::ALL
+                    .iter()
+                    .position(|k| *k == kinds[i])
+                    .unwrap_or(0),
+            },
             st.id(&dtype),
             st.id(&shape),
             s.bytes,
@@ -438,8 +510,12 @@ fn page_data(g: &Graph, plan: &MemoryPlan, report: &Report) -> String {
         "load": plan.load_bytes,
         "peak": plan.peak_position,
         "positions": n,
-        "kinds": BufferKind::ALL.iter().map(|k| k.name()).collect::<Vec<_>>(),
-        "colours": BufferKind::ALL.iter().map(|&k| colour(k)).collect::<Vec<_>>(),
+        "kinds": (BufferKind::ALL.iter().map(|k| k.name()))
+            .chain(present.iter().map(|m| m.name()))
+            .collect::<Vec<_>>(),
+        "colours": (BufferKind::ALL.iter().map(|&k| colour(k)))
+            .chain(present.iter().map(|m| m.colour()))
+            .collect::<Vec<_>>(),
         "dtypes": by_dtype,
         "phase_names": phase_names,
         "phases": runs(&phase_of),
@@ -727,6 +803,72 @@ mod tests {
             html(&a.graph, &a.plan, &a.report),
             html(&b.graph, &b.plan, &b.report)
         );
+    }
+
+    /// The page's data island.
+    fn page_json(page: &str) -> serde_json::Value {
+        let start = page.find("id=\"plan-data\">").unwrap() + "id=\"plan-data\">".len();
+        let end = start + page[start..].find("</script>").unwrap();
+        serde_json::from_str(&page[start..end]).unwrap()
+    }
+
+    #[test]
+    fn recomputed_and_offloaded_values_are_drawn_in_their_own_colours_with_a_legend() {
+        // A GPT recomputes its LayerNorm outputs for the backward pass; with its AdamW moments
+        // offloaded, their staging buffers are the offloaded values.
+        let spec = "gpt:vocab=16,d_model=8,layers=2,heads=2,d_ff=16,seq=4,batch=2";
+        let cpu = || Options::for_target(crate::lower::Target::Cpu);
+        let plain = pipeline::compile_model(spec, &cpu()).unwrap();
+        let mut opts = cpu();
+        opts.plan.offload = crate::fit::offload::moments(&plain.graph);
+        let c = pipeline::compile_model(spec, &opts).unwrap();
+        let m = marks(&c.graph, &c.plan);
+        let count = |k: Mark| m.iter().filter(|x| **x == Some(k)).count();
+        assert_eq!(count(Mark::Offloaded), c.plan.offload.len());
+        assert!(count(Mark::Recomputed) > 0, "the GPT recomputes something");
+        let kinds: Vec<&str> = BufferKind::ALL.iter().map(|&k| colour(k)).collect();
+        assert!(Mark::ALL.iter().all(|m| !kinds.contains(&m.colour())));
+        let doc = svg(&c.graph, &c.plan, &c.report);
+        well_formed(&doc).unwrap();
+        let page = html(&c.graph, &c.plan, &c.report);
+        let data = page_json(&page);
+        for (i, mark) in Mark::ALL.into_iter().enumerate() {
+            // The legend's entry, and rectangles in the mark's colour, classed by it.
+            let (fill, name) = (mark.colour(), mark.name());
+            assert!(
+                doc.contains(&format!("fill=\"{fill}\"/>"))
+                    && doc.contains(&format!(">{name}</text>")),
+                "no legend entry for {name}"
+            );
+            let drawn = doc.matches(&format!("fill=\"{fill}\"><title>")).count();
+            assert!(drawn > 0, "no {name} value drawn in its colour");
+            assert!(
+                doc.contains(&format!(" {name}\" x=")),
+                "no rectangle classed {name}"
+            );
+            let k = BufferKind::ALL.len() + i;
+            assert_eq!(data["kinds"][k], mark.name());
+            assert_eq!(data["colours"][k], mark.colour());
+            let in_data = data["buffers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b[1] == k)
+                .count();
+            assert_eq!(in_data, count(mark), "{}", mark.name());
+        }
+        // A plan with neither has the kinds alone.
+        let plain_mlp = mlp();
+        assert!(marks(&plain_mlp.graph, &plain_mlp.plan)
+            .iter()
+            .all(Option::is_none));
+        let data = page_json(&html(&plain_mlp.graph, &plain_mlp.plan, &plain_mlp.report));
+        assert_eq!(
+            data["kinds"].as_array().unwrap().len(),
+            BufferKind::ALL.len()
+        );
+        let doc = svg(&plain_mlp.graph, &plain_mlp.plan, &plain_mlp.report);
+        assert!(!doc.contains("offloaded") && !doc.contains(">recomputed<"));
     }
 
     #[test]

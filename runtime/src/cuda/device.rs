@@ -13,6 +13,10 @@
 //! stream's capture dependencies are set before each one), so the graph is the step's
 //! dependency graph, not a chain, and the GPU overlaps operations that touch disjoint bytes.
 //!
+//! An offloaded step ([`offload`]) also holds its host region in page-locked memory, allocated
+//! once with the stream, and captures its copies on a copy stream of their own, forked into the
+//! capture at the first copy and joined back at the end, as a rank's collectives are.
+//!
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 //!
@@ -71,6 +75,9 @@ pub struct DeviceMemory {
     /// The drop in free memory NCCL's connections to the other ranks caused, made at the
     /// step's first all-reduces while loading (0 for a step of one rank).
     pub collectives: usize,
+    /// Bytes of page-locked host memory held for the offloaded leaves' homes (the plan's host
+    /// region; 0 without offload).
+    pub pinned_host: usize,
 }
 
 /// A step loaded on the GPU; optionally with a forward-only evaluation step planned into the
@@ -105,6 +112,8 @@ pub struct CudaStep {
     allocator: Allocator,
     /// The allocation registered as this rank's NCCL symmetric window, once loaded.
     window: Option<super::nccl::RawWindow>,
+    /// The offloaded leaves' homes and their copies' stream ([`offload`]), if any.
+    host: Option<offload::HostRegion>,
 }
 
 /// Where a step's one allocation comes from.
@@ -213,6 +222,11 @@ fn cublas(what: &str, status: blas::cublasStatus_t) -> Result<(), ExecError> {
 /// How each convolution runs: cuDNN's handle and the choice timed at load.
 mod conv_choice;
 use conv_choice::cudnn_handle;
+/// Per-operation timings and the timeline's stamps.
+mod diagnostics;
+use diagnostics::Stamps;
+/// Offloaded leaves' homes in page-locked host memory, and their copies.
+mod offload;
 
 impl CudaStep {
     /// Loads a CUDA executable: compiles its kernels (NVRTC, or the PTX cache), makes the one
@@ -292,6 +306,7 @@ impl CudaStep {
             _ => {}
         }
         let eval_program = eval.as_ref().map(cuda_program).transpose()?;
+        let host_region = |ctx: &Arc<CudaContext>| offload::host_region(ctx, &exe, eval.as_ref());
         debug_assert_eq!(exe.target(), Target::Cuda);
         let count = available()?;
         if opts.ordinal >= count {
@@ -304,6 +319,7 @@ impl CudaStep {
         // SAFETY: this step makes no cudarc slices; it orders its own work on one stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let host = host_region(&ctx)?;
         let collectives = match comm {
             Some(_) => {
                 let (_, highest) = result::stream::get_priority_range()
@@ -439,6 +455,7 @@ impl CudaStep {
                 allocation: free_before.saturating_sub(free_after),
                 graph: 0,
                 collectives: 0,
+                pinned_host: host.as_ref().map_or(0, |h| h.len()),
             },
             ptx_source,
             name,
@@ -446,6 +463,7 @@ impl CudaStep {
             comm,
             allocator,
             window: None,
+            host,
         };
         // SAFETY: the allocation is `bytes` long.
         unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
@@ -667,7 +685,8 @@ impl CudaStep {
         }
         let s = self.stream.cu_stream();
         let collectives = self.collectives.as_ref();
-        let mut forked = false;
+        // Whether the collectives' stream, and the offload copies', joined the capture.
+        let mut forked = [false; 2];
         if let Some(st) = stamps {
             // The stamps' stream joins the capture with no dependency; its first stamp is the
             // graph's start.
@@ -692,20 +711,26 @@ impl CudaStep {
             // earlier.
             unsafe { set_capture_dependencies(s, &mut wait) }
                 .map_err(driver("setting an operation's dependencies in the capture"))?;
-            let on = match collectives {
-                Some(c) if op.is_collective() => {
-                    if !forked {
-                        // The collectives' stream joins the capture, waiting on what the main
-                        // stream's dependencies are now (`wait`).
-                        self.follow(&self.stream, c, "forking the collectives' stream", events)?;
-                        forked = true;
+            // A collective goes on the collectives' stream, an offload copy on the copies'.
+            let side = match (collectives, &self.host) {
+                (Some(c), _) if op.is_collective() => Some((c, 0)),
+                (_, Some(h)) if op.is_offload_copy() => Some((&h.copies, 1)),
+                _ => None,
+            };
+            let on = match side {
+                Some((c, k)) => {
+                    if !forked[k] {
+                        // The side stream joins the capture, waiting on what the main stream's
+                        // dependencies are now (`wait`).
+                        self.follow(&self.stream, c, "forking a side stream", events)?;
+                        forked[k] = true;
                     }
-                    // SAFETY: as above, on the collectives' stream, capturing since the fork.
+                    // SAFETY: as above, on the side stream, capturing since the fork.
                     unsafe { set_capture_dependencies(c.cu_stream(), &mut wait) }
-                        .map_err(driver("setting a collective's dependencies in the capture"))?;
+                        .map_err(driver("setting an operation's dependencies in the capture"))?;
                     c.cu_stream()
                 }
-                _ => s,
+                None => s,
             };
             self.enqueue_on(part, op, on)?;
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -752,8 +777,16 @@ impl CudaStep {
                 events,
             )?;
         }
-        if let Some(c) = collectives.filter(|_| forked) {
+        if let Some(c) = collectives.filter(|_| forked[0]) {
             self.follow(c, &self.stream, "joining the collectives' stream", events)?;
+        }
+        if let Some(h) = self.host.as_ref().filter(|_| forked[1]) {
+            self.follow(
+                &h.copies,
+                &self.stream,
+                "joining the copies' stream",
+                events,
+            )?;
         }
         Ok(())
     }
@@ -776,89 +809,6 @@ impl CudaStep {
         to.wait(&event).map_err(driver(what))?;
         events.push(event);
         Ok(())
-    }
-
-    /// Runs the step's operations one by one, outside the graph, with an event after each, and
-    /// returns each operation's device time in milliseconds (in program order). For finding
-    /// where a step's time goes; the leaves' values change as in a step.
-    pub fn profile(&mut self) -> Result<Vec<f32>, ExecError> {
-        self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        let part = &self.main;
-        let events = (0..=part.program.ops.len())
-            .map(|_| {
-                self.ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(driver("creating an event"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        events[0]
-            .record(&self.stream)
-            .map_err(driver("recording an event"))?;
-        for (op, e) in part.program.ops.iter().zip(&events[1..]) {
-            self.enqueue(part, op)?;
-            e.record(&self.stream)
-                .map_err(driver("recording an event"))?;
-        }
-        self.stream
-            .synchronize()
-            .map_err(driver("running the step"))?;
-        events
-            .windows(2)
-            .map(|w| w[0].elapsed_ms(&w[1]).map_err(driver("timing")))
-            .collect()
-    }
-
-    /// Replays the training step `replays` times as a graph captured with a timestamp after
-    /// each operation ([`super::timeline`]) and returns the last replay's stamps in nanoseconds:
-    /// the graph's start, then each operation's end, in program order. The stamps' buffer is a
-    /// diagnostic's allocation outside the plan, freed before returning; the leaves' values
-    /// change as in a step.
-    pub fn timeline(&mut self, replays: usize) -> Result<Vec<u64>, ExecError> {
-        self.ctx.bind_to_thread().map_err(driver("binding"))?;
-        let slots = self.main.program.ops.len() + 1;
-        let module = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(super::timeline::STAMP_PTX))
-            .map_err(driver("loading the stamp kernel"))?;
-        let function = module
-            .load_function(super::timeline::STAMP_KERNEL)
-            .map_err(driver("finding the stamp kernel"))?;
-        let (_, highest) =
-            result::stream::get_priority_range().map_err(driver("reading stream priorities"))?;
-        let stream = self
-            .ctx
-            .new_stream_with_priority(highest)
-            .map_err(driver("creating the stamps' stream"))?;
-        // SAFETY: a fresh allocation of `slots` u64s, freed below on every path.
-        let base = unsafe { result::malloc_sync(slots * 8) }
-            .map_err(driver("allocating the timeline's stamps"))?;
-        let stamps = Stamps {
-            stream,
-            function,
-            base,
-        };
-        let run = || -> Result<Vec<u64>, ExecError> {
-            let graph = self.capture(&self.main, Some(&stamps))?;
-            for _ in 0..replays.max(1) {
-                graph
-                    .launch()
-                    .map_err(driver("launching the timeline's graph"))?;
-            }
-            self.stream
-                .synchronize()
-                .map_err(driver("running the timeline's graph"))?;
-            let mut out = vec![0u64; slots];
-            // SAFETY: `base` holds `slots` u64s; the stream that wrote them has finished.
-            unsafe { result::memcpy_dtoh_sync(&mut out, base) }
-                .map_err(driver("reading the timeline's stamps"))?;
-            Ok(out)
-        };
-        let out = run();
-        // SAFETY: allocated above; the graph that wrote it is dropped and the stream idle.
-        let freed = unsafe { result::free_sync(base) }.map_err(driver("freeing the stamps"));
-        let out = out?;
-        freed?;
-        Ok(out)
     }
 
     /// Enqueues one operation on the stream.
@@ -914,6 +864,9 @@ impl CudaStep {
                     // SAFETY: inside the allocation (checked by the program's check).
                     unsafe { result::memset_d8_async(self.base + *offset as u64, 0, *bytes, s) }
                         .map_err(driver("recording a memset"))?
+                }
+                DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => {
+                    self.enqueue_offload_copy(op, on)?
                 }
                 DeviceOp::Copy { from, to, bytes } => {
                     // SAFETY: inside the allocation (checked by the program's check).
@@ -1134,6 +1087,9 @@ impl CudaStep {
     }
 
     fn copy_to_host(&self, id: NodeId) -> Result<Tensor, ExecError> {
+        if let Some(h) = self.home(id) {
+            return self.read_home(id, h);
+        }
         let l = self.main.location[id.index()];
         let mut host = vec![0u8; l.bytes];
         self.ctx.bind_to_thread().map_err(driver("binding"))?;
@@ -1233,34 +1189,6 @@ impl CudaStep {
     }
 }
 
-/// A timeline capture's stamps ([`super::timeline`]): the kernel, the highest-priority stream
-/// it is captured on, and the buffer of one u64 slot per stamp.
-struct Stamps {
-    stream: Arc<CudaStream>,
-    function: CudaFunction,
-    base: sys::CUdeviceptr,
-}
-
-impl Stamps {
-    /// Captures stamp `slot` on the stamps' stream, after its current capture dependencies.
-    fn stamp(&self, slot: usize) -> Result<(), ExecError> {
-        let mut addr = self.base + 8 * slot as u64;
-        let mut params = [&mut addr as *mut u64 as *mut c_void];
-        // SAFETY: the kernel takes one device pointer; `slot` lies inside the buffer.
-        unsafe {
-            result::launch_kernel(
-                self.function.cu_function(),
-                (1, 1, 1),
-                (1, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(driver("capturing a stamp"))
-    }
-}
-
 /// Makes `wait` the nodes the next operation captured on `stream` depends on.
 ///
 /// # Safety
@@ -1322,6 +1250,20 @@ impl StepExecutor for CudaStep {
 
     fn plan(&self) -> &MemoryPlan {
         self.main.exe.plan()
+    }
+
+    /// An offloaded leaf's value goes to its home in the host region ([`offload`]); any other
+    /// node's to its planned location.
+    fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
+        let (at, home) = match self.home(id) {
+            Some(h) => (h, true),
+            None => (self.plan().location(self.graph(), id), false),
+        };
+        crate::executor::node_bytes_fit(id, at.bytes, bytes)?;
+        match home {
+            true => self.write_home(at, bytes),
+            false => self.write_at(at, bytes),
+        }
     }
 
     fn write_at(&mut self, at: Location, bytes: &[u8]) -> Result<(), ExecError> {

@@ -1,6 +1,7 @@
 //! Page-locked host buffers for the data loader's staging: the copy engine reads them directly,
 //! so an input's copy to the GPU is truly asynchronous and the driver stages nothing.
-//! Allocated once per run (two per input, by the trainer's data loader).
+//! Allocated once per run (two per input, by the trainer's data loader); and the host region of
+//! an offloaded step's optimizer state ([`PinnedBuffer::readable`]), once per loaded step.
 
 use crate::error::ExecError;
 use cudarc::driver::{CudaContext, PinnedHostSlice};
@@ -18,15 +19,31 @@ pub struct PinnedBuffer {
 unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
-    /// Allocates `len` bytes (zeroed) in `ctx`.
+    /// Allocates `len` bytes (zeroed) in `ctx`, write-combined: fast for the host to fill and
+    /// the GPU to read, slow for the host to read back (a data loader's staging).
     pub fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedBuffer, ExecError> {
+        PinnedBuffer::with_flags(ctx, len, cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED)
+    }
+
+    /// Allocates `len` bytes (zeroed) in `ctx`, cached: the host reads them back at full speed
+    /// (an offloaded leaf's home, read whole for every checkpoint).
+    pub fn readable(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedBuffer, ExecError> {
+        PinnedBuffer::with_flags(ctx, len, 0)
+    }
+
+    fn with_flags(
+        ctx: &Arc<CudaContext>,
+        len: usize,
+        flags: u32,
+    ) -> Result<PinnedBuffer, ExecError> {
         let err = |e: cudarc::driver::DriverError| ExecError::Device {
             what: format!("allocating {len} bytes of page-locked host memory"),
             reason: e.to_string(),
         };
         ctx.bind_to_thread().map_err(err)?;
         // SAFETY: u8 is valid for any bits; the memory is zeroed below before any read.
-        let mut slice = unsafe { ctx.alloc_pinned::<u8>(len.max(1)) }.map_err(err)?;
+        let mut slice =
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), flags) }.map_err(err)?;
         let ptr = slice.as_mut_ptr().map_err(err)?;
         // SAFETY: `ptr` points at `len.max(1)` bytes owned by `slice`.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
@@ -35,6 +52,14 @@ impl PinnedBuffer {
             ptr,
             len,
         })
+    }
+}
+
+impl PinnedBuffer {
+    /// The first byte, for an asynchronous copy into the buffer (the caller keeps the buffer
+    /// alive and unread until the copy has finished).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
     }
 }
 

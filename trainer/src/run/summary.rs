@@ -73,6 +73,14 @@ pub struct Summary {
     /// allocated once before the first step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging_bytes: Option<usize>,
+    /// An offloaded step ([`ingot_compiler::plan::offload`]): the plan's host region, where
+    /// the offloaded optimizer state lives between its copies; absent without offload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<usize>,
+    /// GPU only, an offloaded step: the page-locked host memory loading it took for that
+    /// region (measured beside `host_bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_host_bytes: Option<usize>,
     /// Image folder runs: the images skipped because they could not be read or decoded (each
     /// named in a warning when it was met), in the training and validation folders.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +153,8 @@ pub(super) fn finished(
         ranks_free_change_bytes: changes.filter(|c| c.len() > 1),
         heap_change_bytes: None,
         staging_bytes,
+        host_bytes: Some(plan.host_bytes).filter(|&b| b > 0),
+        pinned_host_bytes: mem.map(|m| m.pinned_host).filter(|&b| b > 0),
         skipped_images: None,
     };
     Ok(Finished {

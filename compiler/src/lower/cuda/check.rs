@@ -4,7 +4,7 @@
 use super::{DeviceOp, Program};
 use crate::lower::deps;
 use crate::lower::LowerError;
-use crate::plan::Location;
+use crate::plan::{Location, MemoryPlan};
 
 impl Program {
     /// The program is sound to run in an allocation of `total_bytes`: its tables agree with
@@ -88,6 +88,107 @@ impl Program {
             ));
         }
         deps::check(&self.touches, &self.deps).map_err(invalid)
+    }
+
+    /// Offload copy `op` lies inside the allocation and the host region.
+    fn check_copy_bounds(&self, op: &DeviceOp) -> Result<(), LowerError> {
+        let (leaf, host, dev, bytes) = match *op {
+            DeviceOp::CopyIn {
+                leaf,
+                host,
+                to,
+                bytes,
+            } => (leaf, host, to, bytes),
+            DeviceOp::CopyOut {
+                leaf,
+                from,
+                host,
+                bytes,
+            } => (leaf, host, from, bytes),
+            _ => return Ok(()),
+        };
+        let fits = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|e| e <= len);
+        if fits(dev, self.total_bytes) && fits(host, self.host_bytes) {
+            return Ok(());
+        }
+        Err(LowerError::Invalid {
+            op: "cuda lowering",
+            reason: format!(
+                "an offload copy of {leaf} ({bytes} bytes at {dev}, host {host}) falls outside \
+                 the {} bytes of the allocation or the {} byte host region",
+                self.total_bytes, self.host_bytes
+            ),
+        })
+    }
+
+    /// The program's offload copies are exactly `plan`'s: its host region the plan's, one copy
+    /// in and one out per offloaded leaf, each between the leaf's home and its staging buffer,
+    /// and no offload on a program of several data-parallel ranks (each rank's copies of its
+    /// shard have not run on several GPUs yet: refused rather than run untried).
+    pub fn check_offload(&self, g: &crate::ir::Graph, plan: &MemoryPlan) -> Result<(), LowerError> {
+        let invalid = |reason: String| LowerError::Invalid {
+            op: "offload",
+            reason,
+        };
+        if self.host_bytes != plan.host_bytes {
+            return Err(invalid(format!(
+                "the program's host region is {} bytes, the plan's {}",
+                self.host_bytes, plan.host_bytes
+            )));
+        }
+        if !plan.offload.is_empty() && self.ops.iter().any(DeviceOp::is_collective) {
+            return Err(invalid(format!(
+                "the plan keeps {} leaves in host memory, and a step of several data-parallel \
+                 ranks does not run offload's copies on CUDA yet; train on one GPU, or raise \
+                 --budget so that the step fits without offload",
+                plan.offload.len()
+            )));
+        }
+        let (mut copies_in, mut copies_out) = (0, 0);
+        for op in &self.ops {
+            let (leaf, host, dev, bytes) = match *op {
+                DeviceOp::CopyIn {
+                    leaf,
+                    host,
+                    to,
+                    bytes,
+                } => {
+                    copies_in += 1;
+                    (leaf, host, to, bytes)
+                }
+                DeviceOp::CopyOut {
+                    leaf,
+                    from,
+                    host,
+                    bytes,
+                } => {
+                    copies_out += 1;
+                    (leaf, host, from, bytes)
+                }
+                _ => continue,
+            };
+            let planned = plan.offload.iter().any(|o| {
+                o.leaf == leaf
+                    && o.host.offset == host
+                    && o.host.bytes == bytes
+                    && leaf.index() < g.len()
+                    && plan.location(g, leaf).offset == dev
+            });
+            if !planned {
+                return Err(invalid(format!(
+                    "a copy of {leaf} ({bytes} bytes, host {host}, device {dev}) is not one the \
+                     plan makes"
+                )));
+            }
+        }
+        if (copies_in, copies_out) != (plan.offload.len(), plan.offload.len()) {
+            return Err(invalid(format!(
+                "the plan offloads {} leaves but the program copies {copies_in} in and \
+                 {copies_out} out",
+                plan.offload.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Every byte range an operation touches lies inside the allocation.
@@ -204,6 +305,7 @@ impl Program {
                         return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
                     }
                 }
+                DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => self.check_copy_bounds(op)?,
                 DeviceOp::AllGather {
                     node,
                     from,

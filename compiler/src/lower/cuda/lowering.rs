@@ -38,10 +38,16 @@ pub(in crate::lower) fn lower(
     let outputs = g.kernel_outputs();
     let after = early_fills(g, plan);
     for (pos, &id) in plan.liveness.order.iter().enumerate() {
+        for o in plan.offload.iter().filter(|o| o.copy_in_before == pos) {
+            p.offload_copy(o, true);
+        }
         p.node(id, &outputs, plan)
             .map_err(|e| LowerError::at(g, id, e))?;
         for &s in after.get(&pos).into_iter().flatten() {
             p.fill(s, plan).map_err(|e| LowerError::at(g, s, e))?;
+        }
+        for o in plan.offload.iter().filter(|o| o.copy_out_after == pos) {
+            p.offload_copy(o, false);
         }
     }
     for &(value, target) in &plan.liveness.copies {
@@ -65,6 +71,7 @@ pub(in crate::lower) fn lower(
         touches: p.touches,
         deps,
         total_bytes: plan.total_bytes,
+        host_bytes: plan.host_bytes,
     };
     program.check(plan.total_bytes)?;
     Ok(program)
@@ -613,6 +620,48 @@ impl Lowering<'_> {
     }
 
     /// A device copy of `to.bytes` bytes from `from` to `to`, reading and writing those bytes.
+    /// Offload's copy of leaf `o` into its staging buffer (`into`) or back to its home: it
+    /// writes or reads the staging bytes, so the dependency graph puts a copy in after the
+    /// last use of those bytes before it and before every reader of the leaf, and a copy out
+    /// after the leaf's last writer and before anything that takes the bytes next.
+    fn offload_copy(&mut self, o: &crate::plan::Offload, into: bool) {
+        let staging = Location {
+            offset: self.location[o.leaf.index()].offset,
+            bytes: o.host.bytes,
+        };
+        let (op, touch) = if into {
+            let op = DeviceOp::CopyIn {
+                leaf: o.leaf,
+                host: o.host.offset,
+                to: staging.offset,
+                bytes: o.host.bytes,
+            };
+            (
+                op,
+                Touch {
+                    reads: SmallVec::new(),
+                    writes: smallvec::smallvec![staging],
+                },
+            )
+        } else {
+            let op = DeviceOp::CopyOut {
+                leaf: o.leaf,
+                from: staging.offset,
+                host: o.host.offset,
+                bytes: o.host.bytes,
+            };
+            (
+                op,
+                Touch {
+                    reads: smallvec::smallvec![staging],
+                    writes: SmallVec::new(),
+                },
+            )
+        };
+        self.ops.push(op);
+        self.touches.push(touch);
+    }
+
     fn copy(&mut self, from: Location, to: Location) {
         self.ops.push(DeviceOp::Copy {
             from: from.offset,

@@ -34,6 +34,26 @@ pub enum DeviceOp {
         to: usize,
         bytes: usize,
     },
+    /// Offload's copy in ([`crate::plan::offload`]): the `bytes` bytes at `host` in the host
+    /// region (offloaded leaf `leaf`'s home, page-locked memory the runtime allocates once)
+    /// into the leaf's staging buffer at `to`. The runtime captures it on its copy stream: the
+    /// dependency graph alone orders it after the last use of the staging bytes before it and
+    /// before the leaf's first reader, so it overlaps the compute around it.
+    CopyIn {
+        leaf: NodeId,
+        host: usize,
+        to: usize,
+        bytes: usize,
+    },
+    /// Offload's copy out: leaf `leaf`'s staging buffer at `from`, holding its new value once
+    /// its last writer has run, back to its home at `host` in the host region, on the copy
+    /// stream; anything later that takes those slab bytes waits for it (write after read).
+    CopyOut {
+        leaf: NodeId,
+        from: usize,
+        host: usize,
+        bytes: usize,
+    },
     /// Replace the `bytes` bytes of `dtype` elements at `offset` (one gradient bucket, a
     /// contiguous planned region) by their sum over the step's `ranks` data-parallel ranks
     /// (each rank's of its share of the loss: the mean): NCCL's in-place all-reduce with
@@ -82,8 +102,17 @@ impl DeviceOp {
             | DeviceOp::ReduceScatter { node, .. } => Some(*node),
             DeviceOp::Gemm(gm) => Some(gm.node),
             DeviceOp::Conv(c) => Some(c.node),
-            DeviceOp::Zero { .. } | DeviceOp::Copy { .. } => None,
+            DeviceOp::Zero { .. }
+            | DeviceOp::Copy { .. }
+            | DeviceOp::CopyIn { .. }
+            | DeviceOp::CopyOut { .. } => None,
         }
+    }
+
+    /// True for offload's copies between the host region and the allocation, which the
+    /// runtime captures on its copy stream.
+    pub fn is_offload_copy(&self) -> bool {
+        matches!(self, DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. })
     }
 
     /// The operation and, for a convolution, its fallback's operations after it: every
@@ -122,6 +151,10 @@ pub struct Program {
     pub deps: Vec<SmallVec<[usize; 4]>>,
     /// Bytes of the one allocation every offset lies in.
     pub total_bytes: usize,
+    /// Bytes of the host region offloaded leaves live in ([`DeviceOp::CopyIn`]); 0, and absent
+    /// from the file, without offload (so a program without it is stored as it always was).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_bytes: usize,
 }
 
 impl Program {
@@ -152,6 +185,7 @@ impl Program {
                 DeviceOp::Conv(_) => c.convs += 1,
                 DeviceOp::Zero { .. } => c.memsets += 1,
                 DeviceOp::Copy { .. } => c.copies += 1,
+                DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => c.offload_copies += 1,
                 DeviceOp::AllReduce { .. } => c.all_reduces += 1,
                 DeviceOp::AllGather { .. } => c.all_gathers += 1,
                 DeviceOp::ReduceScatter { .. } => c.reduce_scatters += 1,
@@ -211,6 +245,13 @@ impl Program {
             per_depth.values().max().copied().unwrap_or(0)
         );
         let _ = writeln!(out, "allocation: {} bytes", self.total_bytes);
+        if c.offload_copies > 0 {
+            let _ = writeln!(
+                out,
+                "offload: {} copies on the copy stream, host region {} bytes",
+                c.offload_copies, self.host_bytes
+            );
+        }
         let mut shapes: BTreeMap<String, usize> = BTreeMap::new();
         for k in &self.kernels {
             let l = k.launch;
@@ -274,6 +315,9 @@ pub struct OpCounts {
     pub all_gathers: usize,
     /// Gradient buckets of which each rank keeps its rows of the sum (a sharded optimizer's).
     pub reduce_scatters: usize,
+    /// Offload's copies between the host region and the allocation, in and out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub offload_copies: usize,
 }
 
 fn is_zero(x: &usize) -> bool {
