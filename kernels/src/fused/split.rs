@@ -112,6 +112,58 @@ pub fn splittable(k: &FusedKernel, axis: usize) -> bool {
     })
 }
 
+/// `k` with each run of adjacent reduce axes merged into one axis where every input reads
+/// the run as one (the outer axis's stride is the inner one's times the inner size, for every
+/// input, broadcast ones included) and no index instruction reads an axis of the run; `None`
+/// where nothing merges. The merged kernel computes the same values into the same bytes: full
+/// outputs are row-major over the domain, row-level ones over it with the reduce axes as 1,
+/// and merging adjacent axes keeps both layouts. Only the order of each row's terms, which the
+/// kernel contract leaves to executors other than the CPU's, can differ.
+///
+/// Why: a column reduction over `[8, 1024, 768]` reducing `[0, 1]` (GPT-2's LayerNorm gain
+/// and bias gradients) splits along one reduce axis, and its outer axis, 8 long, gives 8 ways:
+/// 6,144 rows of partials, 192 blocks on an H200's 132 SMs. Merged, the 8,192 tokens split as
+/// the bias gradients over `[8192, 768]` do, 32 ways, with each slice's rows still contiguous.
+pub fn merged_reduce_axes(k: &FusedKernel) -> Option<FusedKernel> {
+    let indexed =
+        |d: usize| (k.body.iter()).any(|i| matches!(*i, Inst::Index { axis, .. } if axis == d));
+    // The first axis of a run that the next one merges into.
+    let merges = |d: usize| {
+        k.reduce_axes.contains(&d)
+            && k.reduce_axes.contains(&(d + 1))
+            && !indexed(d)
+            && !indexed(d + 1)
+            && (k.inputs.iter()).all(|inp| {
+                let s = &inp.access.strides;
+                k.domain[d + 1]
+                    .checked_mul(s[d + 1])
+                    .is_some_and(|inner| inner == s[d])
+            })
+    };
+    let d = (0..k.domain.len().saturating_sub(1)).find(|&d| merges(d))?;
+    let mut m = k.clone();
+    m.domain[d] *= m.domain[d + 1];
+    m.domain.remove(d + 1);
+    for inp in &mut m.inputs {
+        inp.access.strides[d] = inp.access.strides[d + 1];
+        inp.access.strides.remove(d + 1);
+    }
+    m.reduce_axes = (k.reduce_axes.iter())
+        .filter(|&&a| a != d + 1)
+        .map(|&a| if a > d + 1 { a - 1 } else { a })
+        .collect();
+    for inst in &mut m.body {
+        if let Inst::Index { axis, .. } = inst {
+            if *axis > d + 1 {
+                *axis -= 1;
+            }
+        }
+    }
+    m.check().ok()?;
+    // The next run, if any, on the merged kernel.
+    Some(merged_reduce_axes(&m).unwrap_or(m))
+}
+
 /// Copies instruction `inst` with its operands renamed by `map`.
 pub(super) fn renamed(inst: &Inst, map: &[usize]) -> Inst {
     let mut inst = inst.clone();
@@ -482,6 +534,95 @@ mod tests {
         assert!(k.check().is_ok());
         assert!(split(&k, 1, 4).is_none(), "the index along the split axis");
         assert!(split(&k, 0, 2).is_some(), "another reduce axis splits");
+    }
+
+    #[test]
+    fn adjacent_reduce_axes_read_as_one_merge_into_one_axis_computing_the_same_values() {
+        let (b, t, c) = (3, 10, 7);
+        let k = gain_gradient(b, t, c);
+        let m = merged_reduce_axes(&k).expect("tokens and batch merge");
+        assert_eq!(m.domain, vec![b * t, c]);
+        assert_eq!(m.reduce_axes, vec![0]);
+        assert_eq!(m.inputs[2].access.strides, vec![1, 0], "one rstd a token");
+        let xs: Vec<Vec<u8>> = [b * t * c, b * t * c, b * t]
+            .iter()
+            .enumerate()
+            .map(|(n, &len)| {
+                f32_bytes(
+                    &(0..len)
+                        .map(|i| ((i * 5 + n * 3) % 13) as f32 * 0.25 - 1.5)
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
+        // Quarters in [-1.5, 1.5]: every sum exact, so any order gives the same bits.
+        assert_eq!(
+            run_buffers(&m, &ins).unwrap(),
+            run_buffers(&k, &ins).unwrap()
+        );
+        // The merged axis splits 30 ways at most; the original's axis 0 only 3.
+        assert!(split(&m, 0, 10).is_some());
+    }
+
+    #[test]
+    fn reduce_axes_that_an_input_or_an_index_reads_apart_do_not_merge() {
+        let mut k = gain_gradient(2, 6, 3);
+        // The second input read with its batch and token axes swapped.
+        k.inputs[1].access.strides = vec![3, 6, 1];
+        assert!(k.check().is_ok());
+        assert_eq!(merged_reduce_axes(&k), None);
+        // A kept axis between the reduce axes: nothing adjacent to merge.
+        let mut k = gain_gradient(2, 6, 3);
+        k.reduce_axes = vec![0, 2];
+        k.inputs[2].access.strides = vec![6, 1, 0];
+        assert!(k.check().is_ok());
+        assert_eq!(merged_reduce_axes(&k), None);
+        // An index along the token axis.
+        let mut k = gain_gradient(2, 6, 3);
+        k.body.push(Inst::Index {
+            axis: 1,
+            dtype: DType::F32,
+        });
+        k.outputs.push(Output { value: 7 });
+        assert!(k.check().is_ok());
+        assert_eq!(merged_reduce_axes(&k), None);
+    }
+
+    /// Random kernels (`Options::exact`, values multiples of 1/8) whose reduce axes merge:
+    /// the merged kernel computes what the original computes (floats within the rounding of
+    /// sums taken in another order).
+    #[test]
+    fn every_random_kernel_whose_reduce_axes_merge_computes_what_it_computed() {
+        let opts = random::Options {
+            exact: true,
+            ..random::Options::small()
+        };
+        let mut tried = 0;
+        for seed in 0..4000u64 {
+            let k = random::kernel(seed, &opts);
+            let Some(m) = merged_reduce_axes(&k) else {
+                continue;
+            };
+            tried += 1;
+            assert!(m.domain.len() < k.domain.len());
+            assert_eq!(
+                m.domain.iter().product::<usize>(),
+                k.domain.iter().product()
+            );
+            let mut r = random::Rng(seed * 137 + 5);
+            let xs: Vec<Vec<u8>> = (k.inputs.iter())
+                .map(|inp| random::input_bytes(inp, &mut r))
+                .collect();
+            let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
+            let whole = run_buffers(&k, &ins).unwrap();
+            let merged = run_buffers(&m, &ins).unwrap();
+            for (j, (w, g)) in whole.iter().zip(&merged).enumerate() {
+                let diff = random::first_difference(k.output_dtype(j), w, g);
+                assert!(diff.is_none(), "seed {seed} output {j}: {diff:?}\n{k:?}");
+            }
+        }
+        assert!(tried >= 50, "only {tried} random kernels merge");
     }
 
     /// Random kernels whose integer results do not depend on float rounding

@@ -3,6 +3,7 @@
 
 use super::layout::Layout;
 use super::reduction::Plan;
+use super::rowvec::VectorLoop;
 use super::space::join;
 use super::Analysis;
 use crate::cuda::{narrowed, CodegenError, Src};
@@ -61,7 +62,8 @@ impl Analysis<'_> {
                 Ok(b.text)
             })?;
             let ends = (&[][..], &[][..]);
-            self.emit_vector_loop(src, plan, &vectors, &skips, vector_outputs, &lanes, ends)?;
+            let role = VectorLoop::Store(vector_outputs);
+            self.emit_vector_loop(src, plan, &vectors, &skips, role, &lanes, ends)?;
             return Ok(());
         }
         let mut b = plan.el.body(src, 0);
