@@ -78,13 +78,10 @@
 //!   a row (consecutive rows are consecutive in memory, so loads coalesce), threads `y` stride
 //!   over the row's reduced elements, and the `Y` partials are combined through shared memory.
 //!   X is 32, or 16 or 8 when that leaves too few blocks to fill the GPU; X·Y is 256, or 1024
-//!   when blocks are few. A thread's loop over its terms is unrolled eight terms at a time
-//!   (`#pragma unroll`), so that eight loads are in flight a thread. A column reduction that
-//!   still leaves the GPU idle (fewer than two blocks an SM, rows of 2048 terms or more) runs
-//!   as two kernels ([`fused_program`], [`crate::fused::split`]): partial sums over slices of
-//!   its rows into a scratch the planner gives the node, then their fold; adjacent reduce axes
-//!   are merged first where every input reads them as one, so that `[8, 1024, 768]` reducing
-//!   `[0, 1]` splits as `[8192, 768]` does.
+//!   when blocks are few. A column reduction that still leaves the GPU idle (fewer than two
+//!   blocks an SM, rows of 2048 terms or more) runs as two kernels ([`fused_program`],
+//!   [`crate::fused::split`]): partial sums over slices of its rows into a scratch the planner
+//!   gives the node, then their fold.
 //!
 //! A thread whose share of a row holds more than 1024 terms of a float sum adds them in blocks
 //! of 1024, each block's sum into a second accumulator that moves into the thread's total every
@@ -254,15 +251,8 @@ fn scratch_layout(s: &crate::fused::split::Split) -> (Vec<Option<(usize, usize)>
     (places, at)
 }
 
-/// The split [`fused_program`] runs `k` as, if any: of `k` with its adjacent reduce axes
-/// merged where they merge ([`crate::fused::split::merged_reduce_axes`]), so that a reduction
-/// over `[8, 1024, 768]` reducing `[0, 1]` splits as one over `[8192, 768]` does, into as
-/// many slices as fill the GPU. (Merging leaves which kernels split unchanged: the rows, the
-/// terms a row and the strategy are the same.)
+/// The split [`fused_program`] runs `k` as, if any.
 fn split_of(k: &FusedKernel) -> Option<crate::fused::split::Split> {
-    fused::split_ways(k)?;
-    let merged = crate::fused::split::merged_reduce_axes(k);
-    let k = merged.as_ref().unwrap_or(k);
     let (axis, ways) = fused::split_ways(k)?;
     crate::fused::split::split(k, axis, ways)
 }

@@ -16,17 +16,6 @@ use crate::cuda::{literal, reg_type, Ix, Src};
 /// models) keep the plain loop.
 pub(crate) const THREAD_BLOCK: usize = 1024;
 
-/// Terms of a column-strategy thread's loop unrolled together (`#pragma unroll`), so that the
-/// loads of that many terms are in flight at once: the loop's terms are independent of the
-/// accumulators until they are added, so the compiler issues every load of the unrolled body
-/// before the first add, and the adds keep their order (the same bits). A thread of the
-/// column strategy reads one element a term (two bytes of bf16), and the split column
-/// reductions' partial kernels give it 32 terms: nvcc's own unrolling (by 4) left them at 1.2
-/// to 2.2 TB/s on an H200 (GPT-2's bias and LayerNorm-gain gradients, session 29's profile),
-/// a chain of eight round trips to memory a thread. Eight terms in flight a thread, with
-/// the 2,048 threads an SM holds, keep 32 KiB of bf16 in flight an SM.
-pub(super) const COLUMN_UNROLL: usize = 8;
-
 impl Analysis<'_> {
     /// The loop-nest stage of a reduction: opens the grid-stride loop over rows (blocks: one
     /// row a block) or over units of rows (columns and groups: several rows a block, each
@@ -160,8 +149,6 @@ pub(super) struct Elements {
     /// Consecutive elements a thread takes together with the register cache (1: one at a
     /// time); set by [`Elements::in_vectors`].
     pub(super) vector: usize,
-    /// Terms the plain loop unrolls (the column strategy's, [`COLUMN_UNROLL`]; 1: none).
-    unroll: usize,
 }
 
 impl Elements {
@@ -180,10 +167,6 @@ impl Elements {
             per_thread: n.div_ceil(step as usize),
             ragged: cache && !n.is_multiple_of(step as usize),
             vector: 1,
-            unroll: match lay {
-                Layout::Columns { .. } if !cache => n.div_ceil(step as usize).min(COLUMN_UNROLL),
-                _ => 1,
-            },
         }
     }
 
@@ -236,9 +219,6 @@ impl Elements {
                 src.open(format!("if (j < {}) {{", ix.lit(self.n)));
             }
         } else {
-            if self.unroll > 1 {
-                src.line(format!("#pragma unroll {}", self.unroll));
-            }
             src.open(format!(
                 "for ({t} j = {}; j < {}; j += {step}) {{",
                 self.start,

@@ -15,7 +15,7 @@ use super::layout::{Layout, Shape};
 use super::loads::{Addresses, Spaces};
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
-use super::rowvec::{Lane, RowVectors, VectorLoop};
+use super::rowvec::{Lane, RowVectors};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
@@ -202,7 +202,7 @@ impl Analysis<'_> {
                 })?;
                 let (head, tail) = self.online_per_vector(plan, &these);
                 let ends = (&head[..], &tail[..]);
-                self.emit_vector_loop(src, plan, &vectors, &skips, VectorLoop::Pass, &lanes, ends)?;
+                self.emit_vector_loop(src, plan, &vectors, &skips, false, &lanes, ends)?;
             } else {
                 let body = self.pass_body(src, plan, p, &these, blocked, loaded, None)?;
                 if blocked.is_empty() {

@@ -29,25 +29,6 @@ use crate::DType;
 /// The components of a CUDA vector type, in order.
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
 
-/// Vectors a thread's pass over a long row (read from memory, not cached) unrolls together
-/// (`#pragma unroll`), so that the next vector's load is in flight while this one's terms
-/// are folded: a pass stores nothing, so the compiler may issue the second load before the
-/// first vector's arithmetic, and the terms keep their order (the same bits). One 16-byte
-/// vector a thread in flight, with the three blocks of 512 threads an SM holds of gpt2's
-/// cross-entropy over rows of 50,304 logits, is 24 KiB an SM, short of what an H200's
-/// memory needs (that kernel moved 2.6 TB/s, session 29's profile). The output loop is not
-/// unrolled: its stores may write over its inputs, so its loads cannot move above them.
-pub(super) const LONG_ROW_UNROLL: usize = 2;
-
-/// What a loop a vector at a time is for ([`Analysis::emit_vector_loop`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum VectorLoop {
-    /// A reduction pass: reads the row, stores nothing.
-    Pass,
-    /// The output loop: stores the full outputs, as vectors where `true`.
-    Store(bool),
-}
-
 /// Which loads and outputs of a long-row kernel go several elements at a time.
 pub(super) struct RowVectors {
     /// Input `m` is read as vectors (where a loop reads it unguarded).
@@ -277,11 +258,10 @@ impl Analysis<'_> {
 
     /// A loop over the row a vector at a time around the lanes' bodies `lanes` (written at
     /// depth `src.depth + 2`): reads a vector of each input `vectors` reads before the lanes
-    /// and, as `role` says, writes a vector of each full output after them
-    /// (`VectorLoop::Store(true)`); the lines `ends.0` come before the lanes, `ends.1` after
-    /// them. With the register cache the loop is unrolled over the thread's vectors (`uv`), and
-    /// each lane's cache index is `u` ([`super::loops::Elements`] maps it to the same element);
-    /// without it, a pass unrolls [`LONG_ROW_UNROLL`] vectors together.
+    /// and, with `outputs`, writes a vector of each full output after them; the lines `ends.0`
+    /// come before the lanes, `ends.1` after them.
+    /// With the register cache the loop is unrolled over the thread's vectors (`uv`), and each
+    /// lane's cache index is `u` ([`super::loops::Elements`] maps it to the same element).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_vector_loop(
         &self,
@@ -289,12 +269,11 @@ impl Analysis<'_> {
         plan: &Plan,
         vectors: &[bool],
         skips: &[Option<IndexGuard>],
-        role: VectorLoop,
+        outputs: bool,
         lanes: &VectorLanes,
         ends: (&[String], &[String]),
     ) -> Result<(), CodegenError> {
         let (k, ix, t) = (self.k, self.ix, self.ix.ty());
-        let outputs = role == VectorLoop::Store(true);
         // The thread's index along the row, and the threads a row.
         let (me, threads, group) = match plan.shape.lay {
             Layout::Block { t } => ("threadIdx.x", t, false),
@@ -315,9 +294,6 @@ impl Analysis<'_> {
                 ix.lit(width * threads as usize)
             ));
         } else {
-            if role == VectorLoop::Pass {
-                src.line(format!("#pragma unroll {LONG_ROW_UNROLL}"));
-            }
             src.open(format!(
                 "for ({t} jv = {me}; jv < {}; jv += {}) {{",
                 ix.lit(self.n / width),

@@ -3,7 +3,6 @@
 
 use super::layout::Layout;
 use super::reduction::Plan;
-use super::rowvec::VectorLoop;
 use super::space::join;
 use super::Analysis;
 use crate::cuda::{narrowed, CodegenError, Src};
@@ -62,8 +61,7 @@ impl Analysis<'_> {
                 Ok(b.text)
             })?;
             let ends = (&[][..], &[][..]);
-            let role = VectorLoop::Store(vector_outputs);
-            self.emit_vector_loop(src, plan, &vectors, &skips, role, &lanes, ends)?;
+            self.emit_vector_loop(src, plan, &vectors, &skips, vector_outputs, &lanes, ends)?;
             return Ok(());
         }
         let mut b = plan.el.body(src, 0);
