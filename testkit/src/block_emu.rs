@@ -69,14 +69,14 @@ template <typename... A, size_t... I> static void call_impl(void (*f)(A...), voi
 template <typename... A> static void call(void (*f)(A...), void** b) { call_impl(f, b, std::index_sequence_for<A...>{}); }
 "#;
 
-/// argv[1]: the kernel's index; stdin: grid, block, buffer count, each buffer (length, bytes),
+/// argv[1]: the kernel's index; stdin: grid, the block's x and y, buffer count, each buffer (length, bytes),
 /// argument count, each argument (buffer index, byte offset); stdout: every buffer after the
 /// run.
 const MAIN: &str = r#"
 static Runner g_run;
 static void** g_args;
 static void fiber_main(int id) { g_run(g_args); fib[id].state = DONE; }
-static void run_block(int threads) {
+static void run_block(int threads, int bx) {
   for (int i = 0; i < threads; ++i) {
     getcontext(&fib[i].ctx);
     fib[i].ctx.uc_stack.ss_sp = fib[i].stack;
@@ -89,7 +89,9 @@ static void run_block(int threads) {
     for (int i = 0; i < threads; ++i) {
       if (fib[i].state != RUN) continue;
       cur = i;
-      threadIdx.x = (unsigned)i;
+      // A block's threads in CUDA's linear order: x fastest, a warp 32 consecutive of them.
+      threadIdx.x = (unsigned)(i % bx);
+      threadIdx.y = (unsigned)(i / bx);
       swapcontext(&sched, &fib[i].ctx);
     }
     int done = 0, block = 0;
@@ -116,8 +118,9 @@ int main(int argc, char** argv) {
   if (argc < 2) return 1;
   const int which = atoi(argv[1]);
   for (int i = 0; i < MAXT; ++i) fib[i].stack = (char*)malloc(1 << 16);
-  const unsigned long long grid = rd(), block = rd(), n = rd();
-  if (block > (unsigned long long)MAXT) return 7;
+  const unsigned long long grid = rd(), bx = rd(), by = rd(), n = rd();
+  const unsigned long long block = bx * by;
+  if (bx == 0 || block > (unsigned long long)MAXT) return 7;
   std::vector<unsigned long long> lens(n);
   std::vector<void*> ptrs(n);
   for (unsigned long long i = 0; i < n; ++i) {
@@ -137,8 +140,9 @@ int main(int argc, char** argv) {
   g_run = KERNELS[which];
   g_args = args.data();
   gridDim.x = (unsigned)grid;
-  blockDim.x = (unsigned)block;
-  for (unsigned long long b = 0; b < grid; ++b) { blockIdx.x = (unsigned)b; run_block((int)block); }
+  blockDim.x = (unsigned)bx;
+  blockDim.y = (unsigned)by;
+  for (unsigned long long b = 0; b < grid; ++b) { blockIdx.x = (unsigned)b; run_block((int)block, (int)bx); }
   for (unsigned long long i = 0; i < n; ++i) fwrite(ptrs[i], 1, lens[i], stdout);
   return 0;
 }
@@ -163,16 +167,25 @@ pub fn build<'a>(dir: &str, kernels: impl IntoIterator<Item = &'a CudaKernel>) -
     }
 }
 
-/// Runs `k`, a one-dimensional launch, with its parameters pointing at `args` (buffer index,
-/// byte offset into it) of `bufs`; returns the buffers afterwards.
+/// Runs `k`, a launch of a one-dimensional grid (blocks of one or two dimensions: the column
+/// strategy's are `(X, Y)`), with its parameters pointing at `args` (buffer index, byte offset
+/// into it) of `bufs`; returns the buffers afterwards.
 pub fn run(emu: &Emu, k: &CudaKernel, bufs: &[Vec<u8>], args: &[(usize, usize)]) -> Vec<Vec<u8>> {
     assert_eq!(
-        k.launch.grid[1] * k.launch.grid[2] * k.launch.block[1] * k.launch.block[2],
+        k.launch.grid[1] * k.launch.grid[2] * k.launch.block[2],
         1,
-        "{}: the emulation runs one-dimensional launches",
+        "{}: the emulation runs one-dimensional grids of blocks of at most two dimensions",
         k.name
     );
-    let mut stdin = cxx::launch_input(k, bufs);
+    let mut stdin = Vec::new();
+    for x in [k.launch.grid[0], k.launch.block[0], k.launch.block[1]] {
+        stdin.extend(u64::from(x).to_ne_bytes());
+    }
+    stdin.extend((bufs.len() as u64).to_ne_bytes());
+    for b in bufs {
+        stdin.extend((b.len() as u64).to_ne_bytes());
+        stdin.extend(b);
+    }
     stdin.extend((args.len() as u64).to_ne_bytes());
     for &(b, offset) in args {
         stdin.extend((b as u64).to_ne_bytes());

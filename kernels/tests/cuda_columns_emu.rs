@@ -1,0 +1,273 @@
+//! Column reductions on the GPU (the innermost axis kept: bias and LayerNorm-gain gradients):
+//! the generated kernels, split in two ([`ingot_kernels::fused::split`]: partial sums over
+//! slices of the rows, then their fold) or whole, run on the host by the block emulation
+//! ([`ingot_testkit::block_emu`], blocks of `(X, Y)` threads: a column a thread `x`, threads
+//! `y` along it, folding through shared memory) against the CPU interpreter, f32 and bf16, at
+//! odd sizes. Skips the emulation (saying so) without a C++ compiler or `ucontext.h`.
+
+use ingot_kernels::cuda::{self, FusedArg};
+use ingot_kernels::fused::cpu::run_buffers;
+use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
+use ingot_kernels::{BinaryOp, DType, ReduceOp};
+use ingot_testkit::block_emu;
+
+/// Builds a kernel over `[b, t, c]` reducing `[0, 1]` (or `[r, c]` reducing `[0]`), an
+/// instruction at a time.
+struct Cols {
+    k: FusedKernel,
+}
+
+impl Cols {
+    fn new(dims: &[usize]) -> Cols {
+        Cols {
+            k: FusedKernel {
+                domain: dims.to_vec(),
+                reduce_axes: (0..dims.len() - 1).collect(),
+                inputs: vec![],
+                body: vec![],
+                outputs: vec![],
+            },
+        }
+    }
+    fn i(&mut self, inst: Inst) -> usize {
+        self.k.body.push(inst);
+        self.k.body.len() - 1
+    }
+    /// A load of a new input, widened to f32: the whole tensor, or one value a token (every
+    /// axis but the last).
+    fn load(&mut self, dtype: DType, per_token: bool) -> usize {
+        let d = &self.k.domain;
+        let (len, mut strides) = if per_token {
+            let tokens: Vec<usize> = d[..d.len() - 1].to_vec();
+            (tokens.iter().product(), Access::contiguous(&tokens).strides)
+        } else {
+            (d.iter().product(), Access::contiguous(d).strides)
+        };
+        if per_token {
+            strides.push(0);
+        }
+        self.k.inputs.push(Input {
+            dtype,
+            len,
+            access: Access { offset: 0, strides },
+        });
+        let input = self.k.inputs.len() - 1;
+        let x = self.i(Inst::Load { input });
+        if dtype == DType::F32 {
+            x
+        } else {
+            self.to(x, DType::F32)
+        }
+    }
+    fn to(&mut self, x: usize, to: DType) -> usize {
+        self.i(Inst::Convert { x, to })
+    }
+    fn bin(&mut self, op: BinaryOp, a: usize, b: usize) -> usize {
+        self.i(Inst::Binary { op, a, b })
+    }
+    fn sum(&mut self, x: usize) -> usize {
+        self.i(Inst::Reduce {
+            op: ReduceOp::Sum,
+            x,
+        })
+    }
+    fn out(mut self, values: &[usize]) -> FusedKernel {
+        self.k.outputs = values.iter().map(|&value| Output { value }).collect();
+        assert!(self.k.check().is_ok(), "{:?}", self.k.check());
+        self.k
+    }
+}
+
+/// A LayerNorm's gain and bias gradients over `dims` (`[b, t, c]`): `sum(dy · (x - mean) ·
+/// rstd)` and `sum(dy)` over the tokens, `dy` and `x` in `dtype`, the sums rounded to `dtype`.
+fn gain_gradient(dims: &[usize], dtype: DType) -> FusedKernel {
+    let mut b = Cols::new(dims);
+    let dy = b.load(dtype, false);
+    let x = b.load(dtype, false);
+    let mean = b.load(DType::F32, true);
+    let rstd = b.load(DType::F32, true);
+    let xc = b.bin(BinaryOp::Sub, x, mean);
+    let xh = b.bin(BinaryOp::Mul, xc, rstd);
+    let t = b.bin(BinaryOp::Mul, dy, xh);
+    let g = b.sum(t);
+    let s = b.sum(dy);
+    let (g, s) = if dtype == DType::F32 {
+        (g, s)
+    } else {
+        (b.to(g, dtype), b.to(s, dtype))
+    };
+    b.out(&[g, s])
+}
+
+/// A bias gradient: `sum(dy)` over every axis but the last, `dy` and the sum in `dtype`, and
+/// `2 · dy` beside it as a full output where `full`.
+fn bias_gradient(dims: &[usize], dtype: DType, full: bool) -> FusedKernel {
+    let mut b = Cols::new(dims);
+    let dy = b.load(dtype, false);
+    let s = b.sum(dy);
+    let s = if dtype == DType::F32 {
+        s
+    } else {
+        b.to(s, dtype)
+    };
+    if full {
+        let twice = b.bin(BinaryOp::Add, dy, dy);
+        let twice = b.to(twice, dtype);
+        b.out(&[s, twice])
+    } else {
+        b.out(&[s])
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels, emulated.
+
+/// Deterministic values in [-1, 1), exact in bf16 (8 significant bits).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 56) as f32 - 128.0) / 128.0
+        })
+        .collect()
+}
+
+fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+        DType::BF16 => (xs.iter())
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
+            .collect(),
+        d => panic!("no {d:?} inputs here"),
+    }
+}
+
+fn decode(dtype: DType, b: &[u8]) -> Vec<f64> {
+    b.chunks(dtype.size())
+        .map(|c| match dtype {
+            DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::BF16 => {
+                half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()
+            }
+            d => panic!("no {d:?} outputs here"),
+        })
+        .collect()
+}
+
+/// Runs `k`'s program in the emulation: inputs, outputs and one scratch buffer (NaNs, so that
+/// a read before a write shows), each launch's parameters where the program points them.
+/// Returns the outputs and the launches; `None` where the emulation cannot be built.
+fn emulate(tag: &str, k: &FusedKernel, ins: &[Vec<u8>]) -> Option<(Vec<Vec<u8>>, usize)> {
+    let p = cuda::fused_program(k).unwrap();
+    for l in &p.launches {
+        assert!(
+            l.kernel.source.contains("(columns)"),
+            "{tag}: {}",
+            l.kernel.source
+        );
+    }
+    let emu = block_emu::build(
+        &format!("ingot_columns_emu_{tag}"),
+        p.launches.iter().map(|l| &l.kernel),
+    )?;
+    let (ni, no) = (k.inputs.len(), k.outputs.len());
+    let mut bufs: Vec<Vec<u8>> = ins.to_vec();
+    for j in 0..no {
+        bufs.push(vec![0xA5; k.output_len(j) * k.output_dtype(j).size()]);
+    }
+    bufs.push(
+        std::iter::repeat_n(f32::NAN.to_ne_bytes(), p.scratch_bytes / 4)
+            .flatten()
+            .collect(),
+    );
+    for l in &p.launches {
+        let args: Vec<(usize, usize)> = (l.args.iter())
+            .map(|a| match *a {
+                FusedArg::Input(n) => (n, 0),
+                FusedArg::Output(j) => (ni + j, 0),
+                FusedArg::Scratch { offset, .. } => (ni + no, offset),
+            })
+            .collect();
+        bufs = block_emu::run(&emu, &l.kernel, &bufs, &args);
+        assert_eq!(
+            bufs[..ni],
+            ins[..],
+            "{tag}: {} wrote an input",
+            l.kernel.name
+        );
+    }
+    let _ = std::fs::remove_dir_all(emu.exe.parent().unwrap());
+    Some((bufs[ni..ni + no].to_vec(), p.launches.len()))
+}
+
+/// The emulated program against the CPU interpreter: f32 outputs within 1e-4 of their largest
+/// magnitude (sums folded in another order), bf16 ones within one bf16 rounding of it.
+/// Returns the program's launches (0 where the emulation cannot be built).
+fn check(tag: &str, k: &FusedKernel) -> usize {
+    let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
+        .map(|(n, inp)| {
+            let mut v = values(inp.len, n as u64 + 1);
+            if n == 3 {
+                // An rstd: positive.
+                v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
+            }
+            encode(inp.dtype, &v)
+        })
+        .collect();
+    let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
+    let want = run_buffers(k, &refs).unwrap();
+    let Some((got, launches)) = emulate(tag, k, &ins) else {
+        return 0;
+    };
+    for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+        let dt = k.output_dtype(j);
+        let (g, w) = (decode(dt, g), decode(dt, w));
+        assert_eq!(g.len(), w.len());
+        let scale = w.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
+        let tol = match dt {
+            DType::F32 => 1e-4 * scale,
+            _ => scale / 128.0,
+        };
+        for (e, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                (a - b).abs() <= tol,
+                "{tag} output {j} element {e}: emulated {a}, CPU {b} (scale {scale})"
+            );
+        }
+    }
+    launches
+}
+
+#[test]
+fn the_emulated_split_layernorm_gain_gradient_computes_what_the_cpu_computes() {
+    // 3 x 700 tokens (2,100 terms: split 4 ways along the tokens), 67 columns; bf16, and f32
+    // over 5 x 416 tokens (16 ways).
+    let k = gain_gradient(&[3, 700, 67], DType::BF16);
+    let launches = check("gain_bf16", &k);
+    assert!(launches == 0 || launches == 2, "{launches} launches");
+    check("gain_f32", &gain_gradient(&[5, 416, 70], DType::F32));
+}
+
+#[test]
+fn the_emulated_split_bias_gradient_computes_what_the_cpu_computes() {
+    let launches = check("bias_bf16", &bias_gradient(&[2176, 65], DType::BF16, false));
+    assert!(launches == 0 || launches == 2, "{launches} launches");
+    check(
+        "bias_f32_3d",
+        &bias_gradient(&[4, 544, 72], DType::F32, false),
+    );
+}
+
+#[test]
+fn the_emulated_whole_column_reductions_with_a_full_output_compute_what_the_cpu_computes() {
+    // Kept whole (rows short of the split's 2,048 terms): threads of 3 and of 8 terms (the
+    // last of them past the rows' end for some), a full output beside the sum.
+    for (tag, dims) in [("c300", [300, 70]), ("c1000", [1000, 67])] {
+        let k = bias_gradient(&dims, DType::BF16, true);
+        let launches = check(tag, &k);
+        assert!(launches <= 1, "{tag}: {launches} launches");
+    }
+}
