@@ -36,7 +36,7 @@
 
 use super::libsearch::{self, Library};
 use cudarc::cudnn::sys as dnn;
-use ingot_compiler::ir::{DType, NodeId};
+use ingot_compiler::ir::{ConvLayout, DType, NodeId};
 use ingot_compiler::lower::cuda::{Compute, Conv, ConvPass};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -388,8 +388,8 @@ static TIMED: std::sync::Mutex<Vec<(String, Option<u32>)>> = std::sync::Mutex::n
 
 fn shape_key(c: &Conv) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {}",
-        c.pass, c.dims, c.dtype, c.compute, c.workspace.bytes
+        "{:?} {:?} {:?} {:?} {:?} {}",
+        c.pass, c.dims, c.layout, c.dtype, c.compute, c.workspace.bytes
     )
 }
 
@@ -553,7 +553,12 @@ fn nth(h: &Handle, c: &Conv, n: usize) -> Result<Option<ConvRun>, String> {
             timings: String::new(),
         },
     };
-    let nchw = dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+    // The dims are NCHW's either way; the format says how the bytes are ordered (a
+    // channels-last filter is `[K, R, S, C]`, cuDNN's NHWC filter format).
+    let nchw = match c.layout {
+        ConvLayout::Nchw => dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        ConvLayout::Nhwc => dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+    };
     // SAFETY: out-pointers for the descriptors, which `run` destroys when dropped; sizes
     // checked to fit cuDNN's ints.
     unsafe {
