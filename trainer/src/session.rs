@@ -187,7 +187,9 @@ impl Device {
     pub fn channels_last(&self) -> bool {
         use ingot_runtime::cuda::cudnn;
         matches!(self, Device::Cuda(_))
-            && std::env::var(CHANNELS_LAST).map_or(true, |v| v.trim() != "0")
+            && std::env::var(CHANNELS_LAST)
+                .ok()
+                .is_none_or(|v| v.trim() != "0")
             && cudnn::conv_path() == Ok(cudnn::ConvSetting::Cudnn)
             && cudnn::load().is_ok()
     }

@@ -32,8 +32,9 @@ pub struct Conv2d {
     pub dilation: [usize; 2],
     pub groups: usize,
     /// How the activations and the weight are stored; NCHW (PyTorch's) unless the compiler
-    /// chose channels-last for the target ([`crate::layout`]).
-    #[serde(default)]
+    /// chose channels-last for the target ([`crate::layout`]). Serialized only when not NCHW,
+    /// so an NCHW step's executable reads and writes as before.
+    #[serde(default, skip_serializing_if = "ConvLayout::is_nchw")]
     pub layout: ConvLayout,
 }
 
@@ -58,6 +59,11 @@ impl ConvLayout {
     pub const NHWC_PERM: [usize; 4] = [0, 2, 3, 1];
     /// Stored axis `i` of an NCHW tensor is channels-last axis `NCHW_PERM[i]` (the inverse).
     pub const NCHW_PERM: [usize; 4] = [0, 3, 1, 2];
+
+    /// True for the default, NCHW.
+    pub fn is_nchw(&self) -> bool {
+        *self == ConvLayout::Nchw
+    }
 
     /// The name in the IR text form (`layout=...`).
     pub fn name(self) -> &'static str {
@@ -639,6 +645,21 @@ mod tests {
         let bad = nchw.replace("groups=2 :", "groups=2 layout=nwhc :");
         let e = parse(&bad).unwrap_err().to_string();
         assert!(e.contains("`nchw` or `nhwc`") && e.contains("nwhc"), "{e}");
+    }
+
+    #[test]
+    fn an_nchw_conv_serializes_as_before_and_a_channels_last_one_keeps_its_layout() {
+        use crate::ir::ConvLayout;
+        let json = serde_json::to_string(&CONV).unwrap();
+        assert!(!json.contains("layout"), "{json}");
+        assert_eq!(serde_json::from_str::<Conv2d>(&json).unwrap(), CONV);
+        let nhwc = Conv2d {
+            layout: ConvLayout::Nhwc,
+            ..CONV
+        };
+        let json = serde_json::to_string(&nhwc).unwrap();
+        assert!(json.contains(r#""layout":"nhwc""#), "{json}");
+        assert_eq!(serde_json::from_str::<Conv2d>(&json).unwrap(), nhwc);
     }
 
     #[test]

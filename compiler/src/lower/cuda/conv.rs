@@ -58,8 +58,9 @@ pub struct Conv {
     pub dims: ConvGeometry,
     /// How `x`, `w` and `y` are stored (`dims` is in NCHW's terms either way). A channels-last
     /// convolution runs only through cuDNN: its `fallback` is empty, and a runtime without
-    /// cuDNN refuses to load it.
-    #[serde(default)]
+    /// cuDNN refuses to load it. Serialized only when not NCHW (an NCHW step's executable is
+    /// as before; an older reader refuses a channels-last one, whose field it does not know).
+    #[serde(default, skip_serializing_if = "ConvLayout::is_nchw")]
     pub layout: ConvLayout,
     /// The dtype of all three tensors.
     pub dtype: DType,
