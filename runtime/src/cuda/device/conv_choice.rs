@@ -220,3 +220,41 @@ pub(super) fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>,
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_compiler::lower::Target;
+    use ingot_compiler::pipeline::{self, Options};
+
+    /// The CUDA program of the cnn's step, channels-last where asked.
+    fn program(channels_last: bool) -> Program {
+        let m = ingot_compiler::models::by_name("cnn").unwrap();
+        let opts = Options {
+            channels_last,
+            ..Options::for_target(Target::Cuda)
+        };
+        let exe = pipeline::compile(&m, &opts)
+            .unwrap()
+            .executable(Target::Cuda)
+            .unwrap();
+        match exe.program() {
+            ingot_compiler::lower::Program::Cuda(p) => p.clone(),
+            _ => panic!("a CUDA program"),
+        }
+    }
+
+    #[test]
+    fn a_channels_last_step_without_cudnn_is_refused_naming_the_convolution_and_the_fix() {
+        let nhwc = program(true);
+        let e = check_channels_last(&[&nhwc], false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("channels-last convolution node %") && e.contains("INGOT_CONV=cudnn"),
+            "{e}"
+        );
+        check_channels_last(&[&nhwc], true).unwrap();
+        check_channels_last(&[&program(false)], false).unwrap();
+    }
+}
