@@ -10,6 +10,7 @@ pub mod fit;
 pub mod flops;
 pub mod fuse;
 pub mod ir;
+pub mod layout;
 pub mod lower;
 pub mod models;
 pub mod pipeline;

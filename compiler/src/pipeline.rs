@@ -84,6 +84,11 @@ pub struct Options {
     /// Pad matrix products whose output rows are not a multiple of this many elements
     /// ([`crate::align`]), after the precision policy and before autodiff; `None` leaves them.
     pub align_matmuls: Option<usize>,
+    /// Store the convolutions' tensors channels-last, with the transposes this needs
+    /// ([`crate::layout::channels_last`]), after the rewrite and before fusion. Off unless
+    /// asked for: the CUDA runtime runs channels-last convolutions only through cuDNN, so
+    /// the trainer asks for it on CUDA where cuDNN runs the convolutions.
+    pub channels_last: bool,
 }
 
 impl Default for Options {
@@ -96,6 +101,7 @@ impl Default for Options {
             fuse_attention: true,
             attention_supported: crate::recognize::any_shape,
             align_matmuls: None,
+            channels_last: false,
         }
     }
 }
@@ -124,6 +130,7 @@ impl Options {
             fuse_attention: false,
             attention_supported: crate::recognize::any_shape,
             align_matmuls: None,
+            channels_last: false,
         }
     }
 }
@@ -279,6 +286,10 @@ fn rewrite_step(
     let graph = match opts.align_matmuls {
         Some(_) => crate::align::widen_padded_concats(&graph)?.0,
         None => graph,
+    };
+    let graph = match opts.channels_last {
+        true => crate::layout::channels_last(&graph)?.0,
+        false => graph,
     };
     Ok(Rewritten {
         model: name.to_string(),

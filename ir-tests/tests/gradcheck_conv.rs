@@ -15,6 +15,7 @@ fn conv(s: usize, p: usize, d: usize, groups: usize) -> Conv2d {
         padding: [p, p],
         dilation: [d, d],
         groups,
+        layout: Default::default(),
     }
 }
 

@@ -150,6 +150,10 @@ pub struct StepResult {
     pub wall_seconds: f64,
 }
 
+/// The environment variable that, set to `0`, keeps a CUDA step's convolutions NCHW where
+/// cuDNN runs them ([`Device::channels_last`]).
+pub const CHANNELS_LAST: &str = "INGOT_CHANNELS_LAST";
+
 /// Where a session's step runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Device {
@@ -170,7 +174,24 @@ impl Device {
     /// The pipeline options for this device: rewriting and fusion on, and the target's
     /// workspace planned (the CPU matmul's packing space, or cuBLAS's workspace).
     pub fn options(&self) -> pipeline::Options {
-        pipeline::Options::for_target(self.target())
+        pipeline::Options {
+            channels_last: self.channels_last(),
+            ..pipeline::Options::for_target(self.target())
+        }
+    }
+
+    /// Whether this device's steps store their convolutions channels-last
+    /// ([`ingot_compiler::layout`]): on CUDA where cuDNN runs the convolutions
+    /// (`INGOT_CONV=cudnn` and cuDNN loads), which alone runs them channels-last, unless
+    /// [`CHANNELS_LAST`]`=0` keeps NCHW.
+    pub fn channels_last(&self) -> bool {
+        use ingot_runtime::cuda::cudnn;
+        matches!(self, Device::Cuda(_))
+            && std::env::var(CHANNELS_LAST)
+                .ok()
+                .is_none_or(|v| v.trim() != "0")
+            && cudnn::conv_path() == Ok(cudnn::ConvSetting::Cudnn)
+            && cudnn::load().is_ok()
     }
 }
 

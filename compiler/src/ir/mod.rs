@@ -21,4 +21,4 @@ pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 pub use op::{AttentionLayout, Axes, Init, LeafKind, Op, TensorType};
 pub use origin::Origin;
 pub use shape::Shape;
-pub use window::{Conv2d, Pool2d, WindowOp};
+pub use window::{Conv2d, ConvLayout, Pool2d, WindowOp};

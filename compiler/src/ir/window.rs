@@ -31,6 +31,63 @@ pub struct Conv2d {
     pub padding: [usize; 2],
     pub dilation: [usize; 2],
     pub groups: usize,
+    /// How the activations and the weight are stored; NCHW (PyTorch's) unless the compiler
+    /// chose channels-last for the target ([`crate::layout`]). Serialized only when not NCHW,
+    /// so an NCHW step's executable reads and writes as before.
+    #[serde(default, skip_serializing_if = "ConvLayout::is_nchw")]
+    pub layout: ConvLayout,
+}
+
+/// The memory order of a convolution's tensors. The op's semantics (the module docs) are
+/// always stated in NCHW's axes; a channels-last convolution stores the same tensors with
+/// the channel axis innermost.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvLayout {
+    /// Activations `[N, C, H, W]`, weights `[O, C/g, kh, kw]` (PyTorch's).
+    #[default]
+    Nchw,
+    /// Channels last: activations `[N, H, W, C]`, weights `[O, kh, kw, C/g]` (cuDNN's NHWC
+    /// filter format): each tensor is the NCHW one transposed by [`ConvLayout::NHWC_PERM`].
+    Nhwc,
+}
+
+impl ConvLayout {
+    /// Stored axis `i` of a channels-last tensor is NCHW axis `NHWC_PERM[i]`.
+    pub const NHWC_PERM: [usize; 4] = [0, 2, 3, 1];
+    /// Stored axis `i` of an NCHW tensor is channels-last axis `NCHW_PERM[i]` (the inverse).
+    pub const NCHW_PERM: [usize; 4] = [0, 3, 1, 2];
+
+    /// True for the default, NCHW.
+    pub fn is_nchw(&self) -> bool {
+        *self == ConvLayout::Nchw
+    }
+
+    /// The name in the IR text form (`layout=...`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvLayout::Nchw => "nchw",
+            ConvLayout::Nhwc => "nhwc",
+        }
+    }
+
+    /// The stored dims of a tensor whose NCHW dims are `d`.
+    pub fn store(self, d: [usize; 4]) -> [usize; 4] {
+        match self {
+            ConvLayout::Nchw => d,
+            ConvLayout::Nhwc => Self::NHWC_PERM.map(|a| d[a]),
+        }
+    }
+
+    /// The NCHW dims of a tensor stored with dims `d` in this layout.
+    pub fn logical(self, d: [usize; 4]) -> [usize; 4] {
+        match self {
+            ConvLayout::Nchw => d,
+            ConvLayout::Nhwc => Self::NCHW_PERM.map(|a| d[a]),
+        }
+    }
 }
 
 /// A 2-d pooling window.
@@ -63,6 +120,8 @@ pub trait ReadAttrs {
     fn pair(&mut self, key: &str) -> Result<[usize; 2], String>;
     /// A non-negative integer attribute `key=N`.
     fn int(&mut self, key: &str) -> Result<usize, String>;
+    /// A one-word attribute `key=WORD`, `None` where it is absent.
+    fn optional_word(&mut self, key: &str) -> Result<Option<String>, String>;
 }
 
 /// The output size of a window `kernel` wide with this geometry over `input` elements, or
@@ -111,6 +170,7 @@ impl WindowOp {
             padding: [0, 0],
             dilation: [1, 1],
             groups: 1,
+            layout: ConvLayout::Nchw,
         };
         let pool = Pool2d {
             kernel: [1, 1],
@@ -146,6 +206,10 @@ impl WindowOp {
                 pair(c.dilation),
                 c.groups
             );
+            // Printed only where not the default, so every NCHW text reads as before.
+            if c.layout != ConvLayout::Nchw {
+                let _ = write!(s, " layout={}", c.layout.name());
+            }
         };
         let pool = |s: &mut String, p: &Pool2d| {
             let _ = write!(
@@ -179,6 +243,13 @@ impl WindowOp {
                 padding: a.pair("padding")?,
                 dilation: a.pair("dilation")?,
                 groups: a.int("groups")?,
+                layout: match a.optional_word("layout")?.as_deref() {
+                    None | Some("nchw") => ConvLayout::Nchw,
+                    Some("nhwc") => ConvLayout::Nhwc,
+                    Some(w) => {
+                        return Err(format!("`layout=` must be `nchw` or `nhwc`, found `{w}`"))
+                    }
+                },
             })
         }
         fn pool(a: &mut dyn ReadAttrs) -> Result<Pool2d, String> {
@@ -207,12 +278,12 @@ impl WindowOp {
     /// The attribute keys the op takes, for the parser's "unknown attribute" message.
     pub fn allowed(&self) -> &'static str {
         match self {
-            WindowOp::Conv2d(_) => "it takes `stride=[A,B] padding=[A,B] dilation=[A,B] groups=N`",
+            WindowOp::Conv2d(_) => "it takes `stride=[A,B] padding=[A,B] dilation=[A,B] groups=N` and optionally `layout=nhwc`",
             WindowOp::Conv2dGradInput { .. } => {
-                "it takes `stride=` `padding=` `dilation=` `groups=` and `input=[H,W]`"
+                "it takes `stride=` `padding=` `dilation=` `groups=` `input=[H,W]` and optionally `layout=nhwc`"
             }
             WindowOp::Conv2dGradWeight { .. } => {
-                "it takes `stride=` `padding=` `dilation=` `groups=` and `kernel=[KH,KW]`"
+                "it takes `stride=` `padding=` `dilation=` `groups=` `kernel=[KH,KW]` and optionally `layout=nhwc`"
             }
             WindowOp::MaxPool2d(_) | WindowOp::MaxPool2dGrad(_) => {
                 "it takes `kernel=[A,B] stride=[A,B] padding=[A,B] dilation=[A,B]`"
@@ -245,12 +316,15 @@ impl WindowOp {
                 ));
             }
         }
+        // A channels-last conv is checked in NCHW's axes: its operands' dims are read back
+        // into NCHW order and its result's stored in its own.
+        let layout = self.conv().map_or(ConvLayout::Nchw, |c| c.layout);
         let dims = |i: usize| -> [usize; 4] {
             let d = operands[i].shape.dims();
-            [d[0], d[1], d[2], d[3]]
+            layout.logical([d[0], d[1], d[2], d[3]])
         };
         let dtype = operands[0].dtype;
-        let make = |d: [usize; 4]| TensorType::new(Shape::new(&d), dtype);
+        let make = |d: [usize; 4]| TensorType::new(Shape::new(&layout.store(d)), dtype);
         match self {
             WindowOp::Conv2d(c) => {
                 let ([n, ch, h, w], wd) = (dims(0), dims(1));
@@ -387,9 +461,25 @@ fn pool_check(p: &Pool2d, hw: [usize; 2]) -> Result<[usize; 2], String> {
 }
 
 impl WindowOp {
+    /// The convolution's geometry and layout; `None` for pooling.
+    pub fn conv(&self) -> Option<&Conv2d> {
+        match self {
+            WindowOp::Conv2d(c)
+            | WindowOp::Conv2dGradInput { conv: c, .. }
+            | WindowOp::Conv2dGradWeight { conv: c, .. } => Some(c),
+            WindowOp::MaxPool2d(_) | WindowOp::MaxPool2dGrad(_) => None,
+        }
+    }
+
+    /// The layout of a convolution's tensors (NCHW for pooling, which has no other).
+    pub fn layout(&self) -> ConvLayout {
+        self.conv().map_or(ConvLayout::Nchw, |c| c.layout)
+    }
+
     /// The kernel geometry of a conv op whose operands have dims `operands` and whose result has
     /// dims `result` (both as [`WindowOp::infer`] accepted them), and which pass it runs; `None`
-    /// for pooling or dims that do not make a conv.
+    /// for pooling or dims that do not make a conv. The geometry is in NCHW's terms for either
+    /// layout: a caller that runs the conv must look at [`WindowOp::layout`] too.
     pub fn conv_geometry(
         &self,
         operands: &[&[usize]],
@@ -399,7 +489,9 @@ impl WindowOp {
         ingot_kernels::cpu::conv::Pass,
     )> {
         use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
-        let four = |d: &[usize]| -> Option<[usize; 4]> { d.try_into().ok() };
+        // The geometry is NCHW's whatever the layout (callers check [`WindowOp::layout`]).
+        let layout = self.layout();
+        let four = |d: &[usize]| -> Option<[usize; 4]> { Some(layout.logical(d.try_into().ok()?)) };
         let (conv, x, w, pass) = match self {
             WindowOp::Conv2d(c) => (
                 c,
@@ -464,6 +556,7 @@ mod tests {
         padding: [1, 0],
         dilation: [1, 2],
         groups: 2,
+        layout: crate::ir::ConvLayout::Nchw,
     };
     const POOL: Pool2d = Pool2d {
         kernel: [3, 2],
@@ -517,6 +610,56 @@ mod tests {
         let back = parse(&text).unwrap();
         assert_eq!(back, g);
         assert_eq!(back.to_string(), text);
+    }
+
+    #[test]
+    fn a_channels_last_conv_infers_channels_last_shapes_and_its_layout_survives_the_text_form() {
+        use crate::ir::ConvLayout;
+        let conv = Conv2d {
+            layout: ConvLayout::Nhwc,
+            ..CONV
+        };
+        let mut g = Graph::new();
+        // The NCHW x [2,4,9,8] and w [6,2,3,2] of `every_window_op`, stored channels-last.
+        let x = g.input("x", [2, 9, 8, 4], DType::F32).unwrap();
+        let w = g.input("w", [6, 3, 2, 2], DType::F32).unwrap();
+        let y = g.conv2d(x, w, conv).unwrap();
+        let dx = g.conv2d_grad_input(y, w, conv, [9, 8]).unwrap();
+        let dw = g.conv2d_grad_weight(x, y, conv, [3, 2]).unwrap();
+        let dims = |i| g.ty(i).shape.dims().to_vec();
+        assert_eq!(dims(y), [2, 5, 6, 6]);
+        assert_eq!(dims(dx), [2, 9, 8, 4]);
+        assert_eq!(dims(dw), [6, 3, 2, 2]);
+        g.set_output("dx", dx).unwrap();
+        g.set_output("dw", dw).unwrap();
+        let text = g.to_string();
+        assert_eq!(text.matches("layout=nhwc").count(), 3, "{text}");
+        let back = parse(&text).unwrap();
+        assert_eq!(back, g);
+        // The NCHW default is never printed, and `layout=nchw` reads as it.
+        let nchw = every_window_op().to_string();
+        assert!(!nchw.contains("layout="), "{nchw}");
+        let spelled = nchw.replace("groups=2 :", "groups=2 layout=nchw :");
+        assert_ne!(spelled, nchw);
+        assert_eq!(parse(&spelled).unwrap(), every_window_op());
+        let bad = nchw.replace("groups=2 :", "groups=2 layout=nwhc :");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("`nchw` or `nhwc`") && e.contains("nwhc"), "{e}");
+    }
+
+    #[test]
+    fn an_nchw_conv_serializes_as_before_and_a_channels_last_one_keeps_its_layout() {
+        use crate::ir::ConvLayout;
+        let json = serde_json::to_string(&CONV).unwrap();
+        assert!(!json.contains("layout"), "{json}");
+        assert_eq!(serde_json::from_str::<Conv2d>(&json).unwrap(), CONV);
+        let nhwc = Conv2d {
+            layout: ConvLayout::Nhwc,
+            ..CONV
+        };
+        let json = serde_json::to_string(&nhwc).unwrap();
+        assert!(json.contains(r#""layout":"nhwc""#), "{json}");
+        assert_eq!(serde_json::from_str::<Conv2d>(&json).unwrap(), nhwc);
     }
 
     #[test]

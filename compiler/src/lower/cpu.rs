@@ -154,10 +154,14 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
         Op::Window(w) => {
             let operands: Vec<&[usize]> =
                 node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
+            use ingot_kernels::cpu::{conv, conv_nhwc};
+            let nhwc = w.layout() == crate::ir::ConvLayout::Nhwc;
             let f32_kernel = match w.conv_geometry(&operands, node.ty.shape.dims()) {
-                Some((geom, pass)) => match node.ty.dtype {
-                    DType::F64 => ingot_kernels::cpu::conv::workspace_bytes::<f64>(&geom, pass),
-                    _ => ingot_kernels::cpu::conv::workspace_bytes::<f32>(&geom, pass),
+                Some((geom, pass)) => match (node.ty.dtype, nhwc) {
+                    (DType::F64, false) => conv::workspace_bytes::<f64>(&geom, pass),
+                    (_, false) => conv::workspace_bytes::<f32>(&geom, pass),
+                    (DType::F64, true) => conv_nhwc::workspace_bytes::<f64>(&geom, pass),
+                    (_, true) => conv_nhwc::workspace_bytes::<f32>(&geom, pass),
                 },
                 None => 0,
             };
@@ -183,10 +187,12 @@ pub fn workspace_room(g: &Graph, id: NodeId) -> usize {
     let Some((geom, pass)) = w.conv_geometry(&operands, node.ty.shape.dims()) else {
         return 0;
     };
-    use ingot_kernels::cpu::conv::workspace_bytes_up_to;
-    let f32_kernel = match node.ty.dtype {
-        DType::F64 => workspace_bytes_up_to::<f64>(&geom, pass),
-        _ => workspace_bytes_up_to::<f32>(&geom, pass),
+    use ingot_kernels::cpu::{conv, conv_nhwc};
+    let f32_kernel = match (node.ty.dtype, w.layout() == crate::ir::ConvLayout::Nhwc) {
+        (DType::F64, false) => conv::workspace_bytes_up_to::<f64>(&geom, pass),
+        (_, false) => conv::workspace_bytes_up_to::<f32>(&geom, pass),
+        (DType::F64, true) => conv_nhwc::workspace_bytes_up_to::<f64>(&geom, pass),
+        (_, true) => conv_nhwc::workspace_bytes_up_to::<f32>(&geom, pass),
     };
     f32_kernel.max(widened::bytes(g, id, f32_kernel))
 }

@@ -140,6 +140,7 @@ pub fn conv2d_with_init(
             padding: [padding; 2],
             dilation: [dilation; 2],
             groups,
+            layout: Default::default(),
         };
         (|| {
             let w = g.parameter(
@@ -216,6 +217,7 @@ pub fn avg_pool2d(
         padding: [padding; 2],
         dilation: [1, 1],
         groups: 1,
+        layout: Default::default(),
     };
     let y = g.conv2d(folded, k, conv)?;
     let d = g.ty(y).shape.dims().to_vec();

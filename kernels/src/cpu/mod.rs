@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod conv_nhwc;
 pub mod exp;
 pub mod gemm;
 pub mod layout;

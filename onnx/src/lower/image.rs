@@ -146,6 +146,7 @@ impl Lower<'_> {
             padding,
             dilation,
             groups: groups as usize,
+            layout: Default::default(),
         };
         let mut y = ir(self.g.conv2d(x, w, conv))?;
         if let Some(b) = self.opt(n, 2)? {
@@ -307,6 +308,7 @@ impl Lower<'_> {
             padding,
             dilation: [dil[0] as usize, dil[1] as usize],
             groups: gr,
+            layout: Default::default(),
         };
         let mut y = ir(self.g.conv2d(xs, wf, conv))?;
         if let Some(b) = self.opt(n, 2)? {
@@ -492,6 +494,7 @@ impl Lower<'_> {
             padding,
             dilation: [1, 1],
             groups: 1,
+            layout: Default::default(),
         };
         let area = (kernel[0] * kernel[1]) as f64;
         let exclude_pad = at.int("count_include_pad", 0) == 0 && padding != [0, 0];

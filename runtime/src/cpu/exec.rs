@@ -600,10 +600,17 @@ fn window<T: Element + k::GemmScalar + Float>(
     let (geom, pass) = w
         .conv_geometry(dims, cx.ty.shape.dims())
         .ok_or_else(|| invalid(cx.op, "the operands do not make a convolution"))?;
-    let need = conv::workspace_len::<T>(&geom, pass);
+    let nhwc = w.layout() == ingot_compiler::ir::ConvLayout::Nhwc;
+    let need = match nhwc {
+        true => ingot_kernels::cpu::conv_nhwc::workspace_len::<T>(&geom, pass),
+        false => conv::workspace_len::<T>(&geom, pass),
+    };
     let mut owned: Vec<T> = Vec::new();
     let ws = typed_scratch(cx.op, scratch, need, &mut owned)?;
     let (a, b) = (cx.arg::<T>(0)?, cx.arg::<T>(1)?);
+    if nhwc {
+        return ingot_kernels::cpu::conv_nhwc::run(&geom, pass, a, b, o, ws).map_err(conv_err);
+    }
     match pass {
         conv::Pass::Forward => conv::forward(&geom, a, b, o, ws),
         conv::Pass::GradInput => conv::grad_input(&geom, a, b, o, ws),

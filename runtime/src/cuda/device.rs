@@ -373,6 +373,8 @@ impl CudaStep {
         } else {
             None
         };
+        let programs: Vec<&Program> = std::iter::once(&program).chain(&eval_program).collect();
+        conv_choice::check_channels_last(&programs, cudnn.is_some())?;
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(driver("creating an event"))?;

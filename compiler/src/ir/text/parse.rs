@@ -406,6 +406,16 @@ impl crate::ir::window::ReadAttrs for Attrs<'_> {
     fn int(&mut self, key: &str) -> Result<usize, String> {
         self.take_usize(key)
     }
+
+    fn optional_word(&mut self, key: &str) -> Result<Option<String>, String> {
+        if !self.has(key) {
+            return Ok(None);
+        }
+        match self.take(key)? {
+            Value::Word(w) => Ok(Some(w.to_string())),
+            v => Err(format!("`{key}=` must be one word, found {v}")),
+        }
+    }
 }
 
 fn int(w: &str, key: &str) -> Result<usize, String> {

@@ -13,7 +13,7 @@
 //! none of it, the others get up to the whole of it.
 
 use super::{Compute, DeviceOp};
-use crate::ir::{DType, NodeId};
+use crate::ir::{ConvLayout, DType, NodeId};
 use crate::plan::Location;
 use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
 use serde::{Deserialize, Serialize};
@@ -56,6 +56,12 @@ pub struct Conv {
     pub node: NodeId,
     pub pass: ConvPass,
     pub dims: ConvGeometry,
+    /// How `x`, `w` and `y` are stored (`dims` is in NCHW's terms either way). A channels-last
+    /// convolution runs only through cuDNN: its `fallback` is empty, and a runtime without
+    /// cuDNN refuses to load it. Serialized only when not NCHW (an NCHW step's executable is
+    /// as before; an older reader refuses a channels-last one, whose field it does not know).
+    #[serde(default, skip_serializing_if = "ConvLayout::is_nchw")]
+    pub layout: ConvLayout,
     /// The dtype of all three tensors.
     pub dtype: DType,
     /// The arithmetic: f32 FMA, TF32 tensor cores (a tf32 step), f64, or bf16 tensors with
@@ -68,7 +74,8 @@ pub struct Conv {
     /// The planned workspace: cuDNN's algorithm may use all of it.
     pub workspace: Location,
     /// The operations that compute the same pass without cuDNN, in order (launches and
-    /// GEMMs only, each reading and writing inside the operation's own bytes).
+    /// GEMMs only, each reading and writing inside the operation's own bytes); none for a
+    /// channels-last convolution.
     pub fallback: Vec<DeviceOp>,
 }
 

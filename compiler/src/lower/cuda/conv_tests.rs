@@ -35,6 +35,7 @@ fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
         padding: [1, 1],
         dilation: [1, 1],
         groups: 1,
+        layout: Default::default(),
     };
     let h = g.conv2d(x, w0, c0).unwrap();
     let c1 = Conv2d {
@@ -42,6 +43,7 @@ fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
         padding: [padding; 2],
         dilation: [dilation; 2],
         groups,
+        layout: Default::default(),
     };
     let o = g.conv2d(h, w1, c1).unwrap();
     let l = g.sum_all(o).unwrap();

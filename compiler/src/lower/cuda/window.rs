@@ -14,7 +14,7 @@
 use super::conv::{Conv, ConvPass};
 use super::lowering::Lowering;
 use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
-use crate::ir::{DType, Graph, NodeId, WindowOp};
+use crate::ir::{ConvLayout, DType, Graph, NodeId, WindowOp};
 use crate::lower::deps::Touch;
 use crate::lower::LowerError;
 use crate::plan::Location;
@@ -343,8 +343,16 @@ impl Lowering<'_> {
         let (a, b) = (loc(0).offset, loc(1).offset);
         let chunks = geo.batch / s;
         let col_ld = s * p;
-        match layout.pass {
-            Pass::Forward => {
+        // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
+        // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
+        let conv_layout = w.layout();
+        let pass = match conv_layout {
+            ConvLayout::Nchw => Some(layout.pass),
+            ConvLayout::Nhwc => None,
+        };
+        match pass {
+            None => {}
+            Some(Pass::Forward) => {
                 let (x, wt) = (loc(0), loc(1));
                 let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
@@ -360,7 +368,7 @@ impl Lowering<'_> {
                     }
                 }
             }
-            Pass::GradInput => {
+            Some(Pass::GradInput) => {
                 let (dy, wt) = (loc(0), loc(1));
                 let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
@@ -376,7 +384,7 @@ impl Lowering<'_> {
                     self.launch_from_to(id, col2im.clone(), col, dxc);
                 }
             }
-            Pass::GradWeight => {
+            Some(Pass::GradWeight) => {
                 let (x, dy) = (loc(0), loc(1));
                 let (side_at, side_bytes) = layout.side.expect("a weight gradient's layout");
                 let side = Location {
@@ -417,6 +425,7 @@ impl Lowering<'_> {
             node: id,
             pass: ConvPass::of(layout.pass),
             dims: geo,
+            layout: conv_layout,
             dtype: d,
             compute,
             x,

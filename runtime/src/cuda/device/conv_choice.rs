@@ -3,6 +3,33 @@
 //! deterministic candidates and its im2col fallback, timed on the zeroed allocation.
 
 use super::*;
+use ingot_compiler::ir::ConvLayout;
+
+/// Refuses a step with a channels-last convolution where no cuDNN handle was made: the im2col
+/// fallback reads NCHW images, so such a convolution runs only through cuDNN.
+pub(super) fn check_channels_last(programs: &[&Program], cudnn: bool) -> Result<(), ExecError> {
+    let nhwc = programs
+        .iter()
+        .flat_map(|p| &p.ops)
+        .find_map(|op| match op {
+            DeviceOp::Conv(c) if c.layout == ConvLayout::Nhwc => Some(c.node),
+            _ => None,
+        });
+    match nhwc {
+        Some(node) if !cudnn => Err(ExecError::Device {
+            what: format!("loading channels-last convolution node %{}", node.0),
+            reason: format!(
+                "the step was compiled with channels-last convolutions, which only cuDNN runs, \
+                 and cuDNN is not in use: set {}=cudnn with cuDNN 9 installed, or compile the \
+                 step without channels-last (for the CUDA target it is chosen only under \
+                 {}=cudnn)",
+                cudnn::CONV_PATH,
+                cudnn::CONV_PATH
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
 
 impl CudaStep {
     /// Chooses how each convolution runs, outside any capture, on the zeroed allocation (a
@@ -27,6 +54,17 @@ impl CudaStep {
                     continue;
                 };
                 let (run, choice) = self.time_convolution(part, c);
+                if run.is_none() && c.fallback.is_empty() {
+                    return Err(ExecError::Device {
+                        what: format!("choosing how convolution node %{} runs", c.node.0),
+                        reason: format!(
+                            "it is channels-last, which only cuDNN runs, and cuDNN gave no \
+                             algorithm that runs it ({choice}); compile the step without \
+                             channels-last convolutions (unset {})",
+                            cudnn::CONV_PATH
+                        ),
+                    });
+                }
                 if cudnn::logging() {
                     let which = if eval { "eval step" } else { "step" };
                     eprintln!("{which}: {choice}");
@@ -99,12 +137,16 @@ impl CudaStep {
             Ok(ms / 3.0)
         };
         let s = self.stream.cu_stream();
-        let im2col = time(&|| {
-            for op in &c.fallback {
-                self.enqueue_on(part, op, s).map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        });
+        // A channels-last convolution has no fallback to time ([`ConvLayout::Nhwc`]).
+        let im2col = match c.layout {
+            ConvLayout::Nhwc => Err("none: the convolution is channels-last".to_string()),
+            ConvLayout::Nchw => time(&|| {
+                for op in &c.fallback {
+                    self.enqueue_on(part, op, s).map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }),
+        };
         let mut timings = vec![match &im2col {
             Ok(ms) => format!("im2col {ms:.3} ms"),
             Err(e) => format!("im2col failed ({e})"),
@@ -176,5 +218,43 @@ pub(super) fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>,
             );
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_compiler::lower::Target;
+    use ingot_compiler::pipeline::{self, Options};
+
+    /// The CUDA program of the cnn's step, channels-last where asked.
+    fn program(channels_last: bool) -> Program {
+        let m = ingot_compiler::models::by_name("cnn").unwrap();
+        let opts = Options {
+            channels_last,
+            ..Options::for_target(Target::Cuda)
+        };
+        let exe = pipeline::compile(&m, &opts)
+            .unwrap()
+            .executable(Target::Cuda)
+            .unwrap();
+        match exe.program() {
+            ingot_compiler::lower::Program::Cuda(p) => p.clone(),
+            _ => panic!("a CUDA program"),
+        }
+    }
+
+    #[test]
+    fn a_channels_last_step_without_cudnn_is_refused_naming_the_convolution_and_the_fix() {
+        let nhwc = program(true);
+        let e = check_channels_last(&[&nhwc], false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("channels-last convolution node %") && e.contains("INGOT_CONV=cudnn"),
+            "{e}"
+        );
+        check_channels_last(&[&nhwc], true).unwrap();
+        check_channels_last(&[&program(false)], false).unwrap();
     }
 }

@@ -1,0 +1,370 @@
+//! Channels-last convolutions: a step's convolutions rewritten to store their tensors NHWC
+//! (`x [N, H, W, C]`, `w [O, kh, kw, C/g]`), where a GPU's tensor cores want the channels
+//! innermost, with the transposes this needs placed as ordinary ops that the planner sees,
+//! schedules and counts. The model, its parameters and every output keep PyTorch's NCHW.
+//!
+//! Rather than wrap each convolution in transposes and then sink and cancel them one rewrite
+//! at a time, the pass decides each 4-d value's layout at once, which is where such sinking
+//! ends:
+//! - a convolution's operands and result are channels-last;
+//! - ops that only move elements or reduce axes (elementwise ops, converts, broadcasts,
+//!   reductions) compute in whichever layout their operands arrive in: they are joined into
+//!   components (union-find over operand edges) that take one layout each, the one whose
+//!   transposes move fewer bytes. A batch norm and ReLU between two convolutions, its
+//!   residual add and all their gradients form one component with convolutions on both
+//!   sides, and stay channels-last;
+//! - every other op (pooling, reshapes, products, leaves, outputs, updates) keeps NCHW.
+//!
+//! Where a value's layout differs from what a reader needs, one transpose is made (once per
+//! value and layout, and composed with a transpose it would follow, so no two transposes are
+//! adjacent). A value whose channels-last bytes equal its NCHW bytes (its size-1 axes aside,
+//! its axes stay in order: `[N, C, 1, 1]`, a 1x1 kernel's `[O, C, 1, 1]`, a per-channel
+//! `[1, C, 1, 1]`) changes layout by a reshape, which copies nothing; a constant is made
+//! again in the other layout.
+//!
+//! The rewritten step computes the same values: each op gets the same operands, permuted;
+//! only the reductions' summation order may change (f32 rounding).
+
+use crate::error::IrError;
+use crate::ir::{ConvLayout, Graph, NodeId, Op, Shape, TensorType, WindowOp};
+use std::collections::HashMap;
+
+#[cfg(test)]
+mod tests;
+
+/// What [`channels_last`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayoutReport {
+    /// Convolution ops made channels-last.
+    pub convolutions: usize,
+    /// Ops that compute channels-last besides the convolutions.
+    pub channels_last_ops: usize,
+    /// Transposes added (copies), and the bytes they write.
+    pub transposes: usize,
+    pub transposed_bytes: usize,
+    /// Layout changes that copy nothing (reshapes) or remake a constant.
+    pub free_changes: usize,
+}
+
+/// How an op treats the layout of its 4-d operands and result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A convolution: channels-last in and out.
+    Conv,
+    /// Computes in its operands' layout (elementwise, convert, broadcast, reduce).
+    Flexible,
+    /// Reads and writes NCHW.
+    Fixed,
+}
+
+fn kind(g: &Graph, id: NodeId) -> Kind {
+    let n = g.node(id);
+    let rank4 = |x: NodeId| g.ty(x).shape.rank() == 4;
+    match &n.op {
+        Op::Window(w) if w.conv().is_some() => Kind::Conv,
+        _ if !rank4(id) => Kind::Fixed,
+        op if op.is_elementwise() || matches!(op, Op::StopGradient) => {
+            if n.inputs.iter().all(|&x| rank4(x)) {
+                Kind::Flexible
+            } else {
+                Kind::Fixed
+            }
+        }
+        Op::Reduce { .. } if rank4(n.inputs[0]) => Kind::Flexible,
+        Op::Broadcast if g.ty(n.inputs[0]).shape.rank() <= 4 => Kind::Flexible,
+        _ => Kind::Fixed,
+    }
+}
+
+/// True when a tensor of these NCHW dims has the same bytes channels-last: its axes other
+/// than those of size 1 keep their order under the permutation.
+fn same_bytes(d: &[usize]) -> bool {
+    let kept: Vec<usize> = ConvLayout::NHWC_PERM
+        .iter()
+        .copied()
+        .filter(|&a| d[a] != 1)
+        .collect();
+    kept.windows(2).all(|w| w[0] < w[1])
+}
+
+fn dims4(t: &TensorType) -> Option<[usize; 4]> {
+    t.shape.dims().try_into().ok()
+}
+
+/// Union-find over node indices.
+struct Sets(Vec<usize>);
+
+impl Sets {
+    fn find(&mut self, mut a: usize) -> usize {
+        while self.0[a] != a {
+            self.0[a] = self.0[self.0[a]];
+            a = self.0[a];
+        }
+        a
+    }
+
+    fn join(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.find(a), self.find(b));
+        if a != b {
+            self.0[a.max(b)] = a.min(b);
+        }
+    }
+}
+
+/// The layout each node's value is computed in.
+fn decide(g: &Graph) -> Vec<ConvLayout> {
+    let kinds: Vec<Kind> = g.ids().map(|id| kind(g, id)).collect();
+    let mut sets = Sets((0..g.len()).collect());
+    for id in g.ids() {
+        if kinds[id.index()] != Kind::Flexible {
+            continue;
+        }
+        for &x in &g.node(id).inputs {
+            if kinds[x.index()] == Kind::Flexible && g.ty(x).shape.rank() == 4 {
+                sets.join(id.index(), x.index());
+            }
+        }
+    }
+    // Bytes a component's transposes would move if it took NCHW (index 0) or channels-last
+    // (1): a neighbour that wants one layout charges the other.
+    let mut cost: HashMap<usize, [usize; 2]> = HashMap::new();
+    let mut charge = |sets: &mut Sets, flexible: NodeId, wants: ConvLayout, bytes: usize| {
+        let c = cost.entry(sets.find(flexible.index())).or_default();
+        c[usize::from(wants == ConvLayout::Nchw)] += bytes;
+    };
+    let costly = |x: NodeId| {
+        dims4(g.ty(x)).is_some_and(|d| !same_bytes(&d)) && !matches!(g.node(x).op, Op::Full { .. })
+    };
+    let fixed_layout = |k: Kind| match k {
+        Kind::Conv => ConvLayout::Nhwc,
+        _ => ConvLayout::Nchw,
+    };
+    for id in g.ids() {
+        let k = kinds[id.index()];
+        for &x in &g.node(id).inputs {
+            if !costly(x) {
+                continue;
+            }
+            let kx = kinds[x.index()];
+            let bytes = g.ty(x).bytes();
+            match (kx, k) {
+                (Kind::Flexible, Kind::Flexible) => {}
+                (Kind::Flexible, _) => charge(&mut sets, x, fixed_layout(k), bytes),
+                (_, Kind::Flexible) => charge(&mut sets, id, fixed_layout(kx), bytes),
+                _ => {}
+            }
+        }
+    }
+    for &x in g.outputs.values().chain(g.updates.iter().map(|u| &u.value)) {
+        if kinds[x.index()] == Kind::Flexible && costly(x) {
+            charge(&mut sets, x, ConvLayout::Nchw, g.ty(x).bytes());
+        }
+    }
+    g.ids()
+        .map(|id| match kinds[id.index()] {
+            Kind::Conv => ConvLayout::Nhwc,
+            Kind::Fixed => ConvLayout::Nchw,
+            Kind::Flexible => {
+                // What the component's transposes would move if it took each layout: its
+                // readers and writers that want the other one pay.
+                let [nchw, nhwc] = cost
+                    .get(&sets.find(id.index()))
+                    .copied()
+                    .unwrap_or_default();
+                if nhwc < nchw {
+                    ConvLayout::Nhwc
+                } else {
+                    ConvLayout::Nchw
+                }
+            }
+        })
+        .collect()
+}
+
+/// The graph under construction with each value's layout and its conversions made so far.
+struct Builder<'a> {
+    g: &'a Graph,
+    out: Graph,
+    map: Vec<NodeId>,
+    layout: Vec<ConvLayout>,
+    converted: HashMap<(NodeId, ConvLayout), NodeId>,
+    report: LayoutReport,
+}
+
+impl Builder<'_> {
+    /// Node `x` of the old graph in the new one, stored in `want` where it is 4-d.
+    fn get(&mut self, x: NodeId, want: ConvLayout) -> Result<NodeId, IrError> {
+        let have = self.layout[x.index()];
+        if have == want || self.g.ty(x).shape.rank() != 4 {
+            return Ok(self.map[x.index()]);
+        }
+        if let Some(&n) = self.converted.get(&(x, want)) {
+            return Ok(n);
+        }
+        let n = self.convert(self.map[x.index()], have, want)?;
+        self.converted.insert((x, want), n);
+        Ok(n)
+    }
+
+    /// New node `n`, stored in `from`, stored in `to`: a reshape where the bytes agree, a
+    /// constant made again, a transpose composed with the one `n` is, or a new transpose.
+    fn convert(&mut self, n: NodeId, from: ConvLayout, to: ConvLayout) -> Result<NodeId, IrError> {
+        let t = self.out.ty(n).clone();
+        let d = dims4(&t).expect("a 4-d value");
+        let logical = from.logical(d);
+        let target = TensorType::new(Shape::new(&to.store(logical)), t.dtype);
+        let node = self.out.node(n).clone();
+        if let Op::Full { value } = node.op {
+            self.report.free_changes += 1;
+            return self.out.push(Op::Full { value }, &[], Some(target));
+        }
+        if same_bytes(&logical) {
+            self.report.free_changes += 1;
+            return self.out.push(Op::Reshape, &[n], Some(target));
+        }
+        let perm = match to {
+            ConvLayout::Nhwc => ConvLayout::NHWC_PERM,
+            ConvLayout::Nchw => ConvLayout::NCHW_PERM,
+        };
+        if let Op::Transpose { perm: first } = &node.op {
+            // transpose(transpose(m, first), perm) = transpose(m, first ∘ perm).
+            let composed: Vec<usize> = perm.iter().map(|&i| first[i]).collect();
+            let m = node.inputs[0];
+            if composed.iter().enumerate().all(|(i, &a)| i == a) {
+                return Ok(m);
+            }
+            self.report.transposes += 1;
+            self.report.transposed_bytes += target.bytes();
+            return self.out.push(
+                Op::Transpose {
+                    perm: composed.into_iter().collect(),
+                },
+                &[m],
+                Some(target),
+            );
+        }
+        self.report.transposes += 1;
+        self.report.transposed_bytes += target.bytes();
+        self.out.push(
+            Op::Transpose {
+                perm: perm.into_iter().collect(),
+            },
+            &[n],
+            Some(target),
+        )
+    }
+
+    /// Node `id` built in layout `l` on its operands, converted as it needs them.
+    fn build(&mut self, id: NodeId, l: ConvLayout) -> Result<NodeId, IrError> {
+        let g = self.g;
+        let n = g.node(id);
+        if let Op::Window(w) = &n.op {
+            if let Some(c) = w.conv() {
+                let op = Op::Window(nhwc_conv(w, c));
+                let ins = self.operands(id, ConvLayout::Nhwc)?;
+                self.report.convolutions += 1;
+                return self.out.push(op, &ins, None);
+            }
+        }
+        if l == ConvLayout::Nchw {
+            let ins = self.operands(id, ConvLayout::Nchw)?;
+            return self.out.push(n.op.clone(), &ins, Some(n.ty.clone()));
+        }
+        self.report.channels_last_ops += 1;
+        let stored = |t: &TensorType| {
+            let d = dims4(t).expect("a 4-d value");
+            TensorType::new(Shape::new(&l.store(d)), t.dtype)
+        };
+        match &n.op {
+            Op::Reduce { op, axes } => {
+                let x = self.get(n.inputs[0], l)?;
+                let mut axes: crate::ir::Axes =
+                    axes.iter().map(|&a| ConvLayout::NCHW_PERM[a]).collect();
+                axes.sort_unstable();
+                self.out
+                    .push(Op::Reduce { op: *op, axes }, &[x], Some(stored(&n.ty)))
+            }
+            Op::Broadcast => {
+                let x = n.inputs[0];
+                let xt = g.ty(x);
+                let x = if xt.shape.rank() == 4 {
+                    self.get(x, l)?
+                } else {
+                    // NumPy's right alignment made explicit, then the 4-d operand converted.
+                    let mut d = vec![1; 4 - xt.shape.rank()];
+                    d.extend_from_slice(xt.shape.dims());
+                    let four = TensorType::new(Shape::new(&d), xt.dtype);
+                    let r = self
+                        .out
+                        .push(Op::Reshape, &[self.map[x.index()]], Some(four))?;
+                    self.convert(r, ConvLayout::Nchw, l)?
+                };
+                self.out.push(Op::Broadcast, &[x], Some(stored(&n.ty)))
+            }
+            op => {
+                let ins = self.operands(id, l)?;
+                self.out.push(op.clone(), &ins, Some(stored(&n.ty)))
+            }
+        }
+    }
+
+    /// Node `id`'s operands in the new graph, each 4-d one stored in `l`.
+    fn operands(&mut self, id: NodeId, l: ConvLayout) -> Result<Vec<NodeId>, IrError> {
+        let inputs = self.g.node(id).inputs.clone();
+        inputs.iter().map(|&x| self.get(x, l)).collect()
+    }
+}
+
+/// The channels-last form of convolution op `w` (geometry `c`).
+fn nhwc_conv(w: &WindowOp, c: &crate::ir::Conv2d) -> WindowOp {
+    let conv = crate::ir::Conv2d {
+        layout: ConvLayout::Nhwc,
+        ..*c
+    };
+    match *w {
+        WindowOp::Conv2dGradInput { input, .. } => WindowOp::Conv2dGradInput { conv, input },
+        WindowOp::Conv2dGradWeight { kernel, .. } => WindowOp::Conv2dGradWeight { conv, kernel },
+        _ => WindowOp::Conv2d(conv),
+    }
+}
+
+/// `g` with every convolution channels-last and the transposes that needs (see the module
+/// docs); a graph without convolutions comes back as it is.
+pub fn channels_last(g: &Graph) -> Result<(Graph, LayoutReport), IrError> {
+    let convs = g
+        .nodes()
+        .iter()
+        .any(|n| matches!(&n.op, Op::Window(w) if w.conv().is_some()));
+    if !convs {
+        return Ok((g.clone(), LayoutReport::default()));
+    }
+    let layout = decide(g);
+    let mut b = Builder {
+        g,
+        out: Graph::new(),
+        map: Vec::with_capacity(g.len()),
+        layout,
+        converted: HashMap::new(),
+        report: LayoutReport::default(),
+    };
+    for id in g.ids() {
+        b.out.set_scope(g.origin(id).clone());
+        let l = b.layout[id.index()];
+        let new = b.build(id, l)?;
+        b.map.push(new);
+    }
+    // Every output and update is read in NCHW.
+    let ends: Vec<NodeId> = g
+        .outputs
+        .values()
+        .copied()
+        .chain(g.updates.iter().flat_map(|u| [u.target, u.value]))
+        .collect();
+    let mut end = HashMap::new();
+    for x in ends {
+        let n = b.get(x, ConvLayout::Nchw)?;
+        end.insert(x, n);
+    }
+    b.out.keep_outputs_of(g, |x| end[&x])?;
+    Ok((b.out, b.report))
+}

@@ -1,0 +1,85 @@
+use super::*;
+use crate::ir::{Conv2d, DType, Init};
+use crate::trace::nn;
+
+const CONV: Conv2d = Conv2d {
+    stride: [1, 1],
+    padding: [1, 1],
+    dilation: [1, 1],
+    groups: 1,
+    layout: ConvLayout::Nchw,
+};
+
+fn count(g: &Graph, name: &str) -> usize {
+    g.nodes().iter().filter(|n| n.op.name() == name).count()
+}
+
+#[test]
+fn only_tensors_whose_axes_stay_in_order_have_the_same_bytes_channels_last() {
+    assert!(same_bytes(&[8, 64, 1, 1]));
+    assert!(same_bytes(&[1, 64, 1, 1]));
+    assert!(same_bytes(&[64, 32, 1, 1]));
+    assert!(same_bytes(&[8, 1, 5, 5]));
+    assert!(!same_bytes(&[8, 64, 2, 1]));
+    assert!(!same_bytes(&[64, 32, 3, 3]));
+}
+
+/// `relu(conv(relu(conv(x, w1) + b), w2))` summed: an image, two 3x3 weights and a bias.
+fn two_convs() -> Graph {
+    let mut g = Graph::new();
+    let x = g.input("x", [2, 3, 6, 6], DType::F32).unwrap();
+    let w1 = g
+        .parameter("w1", [4, 3, 3, 3], DType::F32, Init::Zeros)
+        .unwrap();
+    let w2 = g
+        .parameter("w2", [4, 4, 3, 3], DType::F32, Init::Zeros)
+        .unwrap();
+    let b = g
+        .parameter("b", [4, 1, 1], DType::F32, Init::Zeros)
+        .unwrap();
+    let h = g.conv2d(x, w1, CONV).unwrap();
+    let b = g.broadcast_to(b, [2, 4, 6, 6]).unwrap();
+    let h = g.add(h, b).unwrap();
+    let h = nn::relu(&mut g, h).unwrap();
+    let y = g.conv2d(h, w2, CONV).unwrap();
+    let y = nn::relu(&mut g, y).unwrap();
+    let s = g.sum(y, &[0, 1, 2, 3]).unwrap();
+    g.set_output("sum", s).unwrap();
+    g
+}
+
+#[test]
+fn between_two_convolutions_the_bias_and_relu_stay_channels_last_with_no_transpose() {
+    let (g, report) = channels_last(&two_convs()).unwrap();
+    assert_eq!(report.convolutions, 2);
+    // The image and the two weights go in; nothing between the convolutions, and the sum of
+    // the last ReLU reads channels-last (a reduction computes in its operand's layout).
+    assert_eq!(report.transposes, 3, "{g}");
+    assert_eq!(count(&g, "transpose"), 3);
+    for n in g.nodes() {
+        if n.op.name() == "select" || n.op.name() == "add" {
+            assert_eq!(n.ty.shape.dims(), [2, 6, 6, 4], "{g}");
+        }
+    }
+    g.verify().unwrap();
+}
+
+#[test]
+fn an_update_of_a_weight_from_its_channels_last_gradient_is_made_in_nchw() {
+    let mut g = Graph::new();
+    let x = g.input("x", [2, 3, 6, 6], DType::F32).unwrap();
+    let dy = g.input("dy", [2, 4, 6, 6], DType::F32).unwrap();
+    let w = g
+        .parameter("w", [4, 3, 3, 3], DType::F32, Init::Zeros)
+        .unwrap();
+    let dw = g.conv2d_grad_weight(x, dy, CONV, [3, 3]).unwrap();
+    let step = g.mul_scalar(dw, 0.1).unwrap();
+    let new = g.sub(w, step).unwrap();
+    g.set_update(w, new).unwrap();
+    let (out, report) = channels_last(&g).unwrap();
+    // x and dy go in channels-last, dw comes back: one transpose each, the update in NCHW.
+    assert_eq!(report.transposes, 3, "{out}");
+    let u = out.updates[0];
+    assert_eq!(out.ty(u.value).shape.dims(), [4, 3, 3, 3]);
+    assert_eq!(out.node(u.value).op.name(), "sub");
+}
