@@ -15,9 +15,18 @@
 //! as its column buffer, so its passes read `x` and write `dx` in place, with no im2col or
 //! col2im.
 //!
+//! Images with few output positions (a ResNet's later layers on 32x32 images: 4x4 down to
+//! 1x1) make per-image GEMMs that are nearly matrix-vector products, each reading and packing
+//! the whole weight (or, in the weight gradient, reading and writing the whole `dw`) for a
+//! handful of columns. With one group, such a pass runs in blocks of images whose column
+//! buffers lie side by side, one GEMM a block ([`BLOCK_COLUMNS`], [`WEIGHT_BLOCK_COLUMNS`]).
+//!
 //! Every element is summed by one GEMM whose order depends only on the reduction's length
 //! (see [`mod@super::gemm`]), whichever lane or thread runs its unit, so results repeat bit for
-//! bit on any number of threads, and equal those of one image and one whole group at a time.
+//! bit on any number of threads, and equal those of one image and one whole group at a time;
+//! except the weight gradient in blocks of images, whose reduction runs over a block's images
+//! at once: its order is fixed by the geometry (the same bits on any threads and in any
+//! workspace), but it is not the per-image order.
 //! [`reference()`] computes the forward pass with plain loops in f64, for tests.
 
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
@@ -145,6 +154,22 @@ pub const MAX_LANES: usize = 16;
 /// of a step).
 pub const MIN_RANGE_COLUMNS: usize = 128;
 
+/// Columns (images times output positions) a block of images gives the forward and
+/// input-gradient GEMMs: images with fewer output positions than half this (a ResNet's
+/// later layers on small images, down to one position at 1x1) run several to one GEMM, so
+/// that the weights are packed once a block rather than once an image (at one position an
+/// image's GEMM is a matrix-vector product that reads the whole weight for one column).
+/// Their sums are the same sums in the same order ([`mod@super::gemm`]: a function of the
+/// reduction's length only), so a block gives the bits of one image at a time.
+pub const BLOCK_COLUMNS: usize = 256;
+
+/// Columns a block of images gives the weight gradient's GEMM, whose reduction runs over
+/// them: below half this many output positions an image, the images of a block are summed
+/// as one reduction (rather than one rank-`positions` update of the whole weight gradient
+/// an image). That changes the order of the sums, so it is a function of the geometry alone
+/// and the least workspace holds one block.
+pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
+
 /// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) ask for at most
 /// ([`workspace_len_up_to`]): large images (a ResNet-50 at 224x224) have column buffers of
 /// several MiB each, and their GEMMs are large enough to use the threads alone; small ones fit
@@ -166,9 +191,15 @@ struct Split {
     /// Lanes the units are spread over, each with `lane_len` elements of workspace.
     lanes: usize,
     lane_len: usize,
+    /// Images per unit: one, or a block of several ([`BLOCK_COLUMNS`]) whose columns make one
+    /// GEMM (then the unit covers every channel: such blocks are cut only with one group).
+    images: usize,
     /// Elements of a lane's column buffer (zero for a pointwise convolution, which reads its
     /// operands in place).
     col_len: usize,
+    /// Elements of a block's output (or output gradient) with its images side by side
+    /// (`[out_ch, images · positions]`), after the column buffer; zero for one image.
+    tmp_len: usize,
     /// Elements of the weight gradient's partial sums, one block per unit, before the lanes
     /// (none when each unit covers a whole group and writes its block of `dw` in place).
     partial: usize,
@@ -227,10 +258,73 @@ fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
         chunk,
         lanes: 1,
         lane_len,
+        images: 1,
         col_len,
+        tmp_len: 0,
         partial,
         most: units.clamp(1, MAX_LANES).min(cap),
     }
+}
+
+/// Images per block of `pass` (see [`BLOCK_COLUMNS`] and [`WEIGHT_BLOCK_COLUMNS`]): `None`
+/// where blocks would hold one image, or the convolution has several groups.
+fn block_images(g: &ConvGeometry, pass: Pass) -> Option<usize> {
+    let columns = match pass {
+        Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
+        _ => BLOCK_COLUMNS,
+    };
+    let images = (columns / g.positions().max(1)).min(g.batch);
+    (g.groups == 1 && images >= 2).then_some(images)
+}
+
+/// The cut of `pass` into blocks of images, each unit one block through one GEMM (one lane
+/// for the weight gradient, whose blocks add into `dw` one after the other), where
+/// [`block_images`] gives blocks.
+fn block_cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
+    Some(block_cut_of::<T>(g, pass, block_images(g, pass)?))
+}
+
+/// The cut of `pass` into blocks of `images` images (one lane at least; see [`block_cut`]).
+fn block_cut_of<T: GemmScalar>(g: &ConvGeometry, pass: Pass, images: usize) -> Split {
+    let (o, k, cols) = (g.out_ch, g.col_rows(), images * g.positions());
+    let gemm = match pass {
+        Pass::Forward => gemm_len::<T>(o, k, cols),
+        Pass::GradInput => gemm_len::<T>(k, o, cols),
+        Pass::GradWeight => gemm_len::<T>(o, cols, k),
+    };
+    let (col_len, tmp_len) = (k * cols, o * cols);
+    let lane_len = (col_len + tmp_len + gemm).max(1);
+    let units = g.batch.div_ceil(images);
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    let most = match pass {
+        Pass::GradWeight => 1,
+        _ => units.clamp(1, MAX_LANES).min((budget / lane_len).max(1)),
+    };
+    Split {
+        units,
+        chunk: g.in_ch,
+        lanes: 1,
+        lane_len,
+        images,
+        col_len,
+        tmp_len,
+        partial: 0,
+        most,
+    }
+}
+
+/// The forward or input-gradient pass's blocks of images in `avail` elements: full blocks
+/// with as many lanes as fit, else one lane of the largest block (two images at least) that
+/// fits. Their bits do not depend on the images a block, so the workspace may choose them.
+fn block_within<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Split> {
+    let full = block_cut::<T>(g, pass)?;
+    if let Some(s) = full.within(avail) {
+        return Some(s);
+    }
+    (2..full.images)
+        .rev()
+        .map(|images| block_cut_of::<T>(g, pass, images))
+        .find(|b| b.len(1) <= avail)
 }
 
 /// The cuts `pass` may run: whole groups (the least workspace: one image and group's column
@@ -238,11 +332,15 @@ fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
 /// images and so has only the groups to spread, channel ranges too: up to [`MAX_LANES`]
 /// units in all of [`MIN_RANGE_COLUMNS`] columns at least, each summing its channels'
 /// products over every image in order into partial sums copied into `dw` at the end; fewer
-/// ranges where their partial sums and lanes would pass [`LANE_BUDGET_BYTES`].
+/// ranges where their partial sums and lanes would pass [`LANE_BUDGET_BYTES`]. A weight
+/// gradient in blocks of images ([`WEIGHT_BLOCK_COLUMNS`]) runs that cut alone.
 fn cuts<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> [Split; 2] {
     let whole = cut::<T>(g, pass, 1);
     if pass != Pass::GradWeight {
         return [whole, whole];
+    }
+    if let Some(b) = block_cut::<T>(g, pass) {
+        return [b, b];
     }
     let cg = g.in_ch / g.groups.max(1);
     let widest = (cg * g.kernel[0] * g.kernel[1] / MIN_RANGE_COLUMNS).max(1);
@@ -259,11 +357,18 @@ fn cuts<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> [Split; 2] {
     }
 }
 
-/// The cut `pass` runs in `avail` elements of workspace: the one with the most lanes (whole
-/// groups on a tie), or `None` when `avail` is short of [`workspace_len`].
+/// The cut `pass` runs in `avail` elements of workspace: blocks of images where the forward
+/// and input-gradient passes have them and `avail` holds one lane of two images at least
+/// ([`block_within`]: the same bits as one image at a time, in fewer and larger GEMMs); else the cut with the most lanes (whole
+/// groups on a tie); `None` when `avail` is short of [`workspace_len`].
 fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Split> {
     let [whole, ranged] = cuts::<T>(g, pass);
     let whole = whole.within(avail)?;
+    if pass != Pass::GradWeight {
+        if let Some(b) = block_within::<T>(g, pass, avail) {
+            return Some(b);
+        }
+    }
     Some(match ranged.within(avail) {
         Some(r) if r.lanes > whole.lanes => r,
         _ => whole,
@@ -271,15 +376,45 @@ fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Sp
 }
 
 /// Elements of workspace `pass` needs at least: one lane's column buffer (none for a
-/// pointwise convolution) and GEMM packing space, one image and group at a time.
+/// pointwise convolution) and GEMM packing space, one image and group at a time; for a
+/// weight gradient in blocks of images, one block's; for the other passes in blocks of
+/// images, one lane of the largest block within [`LEAST_BLOCK_GROWTH`] of one image's.
 pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
-    cuts::<T>(g, pass)[0].len(1)
+    let one = cuts::<T>(g, pass)[0].len(1);
+    least_block::<T>(g, pass).map_or(one, |b| b.len(1).max(one))
 }
 
-/// Elements of workspace `pass` runs fastest in: every lane it can use (one per unit, at
-/// most [`MAX_LANES`], within [`LANE_BUDGET_BYTES`]), with the weight gradient's partial
+/// How much more than one image's lane the least workspace of a forward or input-gradient
+/// pass in blocks of images may be, in quarters: 5 (a quarter more). The planner grants
+/// these passes more only from the slab's free bytes, and at the peak of a ResNet's step
+/// (its last layer's input gradient, 1x1 images) there are none: one image a GEMM there
+/// packs the whole weight for one column, the costliest op of the step (a third of
+/// resnet18's on 2 threads); a block of 13 images costs 0.26 MB more.
+pub const LEAST_BLOCK_GROWTH: usize = 5;
+
+/// The block of images the least workspace of a forward or input-gradient pass holds (see
+/// [`workspace_len`]): `None` for the weight gradient, where blocks are cut otherwise, and
+/// where no block of two images fits.
+fn least_block<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
+    if pass == Pass::GradWeight {
+        return None;
+    }
+    let full = block_cut::<T>(g, pass)?;
+    let one = cut::<T>(g, pass, 1).len(1);
+    (2..=full.images)
+        .rev()
+        .map(|images| block_cut_of::<T>(g, pass, images))
+        .find(|b| 4 * b.len(1) <= LEAST_BLOCK_GROWTH * one)
+}
+
+/// Elements of workspace `pass` runs fastest in: blocks of images where it has them (as many
+/// lanes of them as it can use within [`LANE_BUDGET_BYTES`]), else every lane it can use (one
+/// per unit, at most [`MAX_LANES`], within the budget), with the weight gradient's partial
 /// sums where its channel ranges give more lanes than its groups.
 pub fn workspace_len_up_to<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
+    if let Some(b) = block_cut::<T>(g, pass) {
+        return b.len(b.most).max(workspace_len::<T>(g, pass));
+    }
     let [whole, ranged] = cuts::<T>(g, pass);
     if ranged.most > whole.most {
         ranged.len(ranged.most)
@@ -374,7 +509,9 @@ fn for_each_unit<T: Send>(
             .enumerate()
             .try_for_each(|(i, o)| f(l * per + i, o, lane))
     };
-    let (outs, ws) = (&mut out[..s.units * unit], &mut ws[..lanes * s.lane_len]);
+    // A last block of fewer images is a shorter last unit.
+    let used = (s.units * unit).min(out.len());
+    let (outs, ws) = (&mut out[..used], &mut ws[..lanes * s.lane_len]);
     if parallel {
         use rayon::prelude::*;
         outs.par_chunks_mut(per * unit)
@@ -410,12 +547,14 @@ struct Segment {
 }
 
 /// Calls `f` with every output row (`i`) of every kernel tap (`a`, `b`) of one input
-/// channel's column rows, in that order (rows numbered from the channel's first): the same
-/// order, element by element, as a walk over taps, then output rows, then output columns.
-/// Every channel's rows read its own plane alike, so the column buffer is filled (and summed
-/// back) a channel at a time.
+/// channel's column rows, in that order (rows numbered from the channel's first, `ld`
+/// elements apart, the image's positions from column `at` of each: `ld` is the positions
+/// and `at` zero for one image, a block of images lying side by side): the same order,
+/// element by element, as a walk over taps, then output rows, then output columns. Every
+/// channel's rows read its own plane alike, so the column buffer is filled (and summed back)
+/// a channel at a time.
 #[inline]
-fn each_channel_segment(g: &ConvGeometry, mut f: impl FnMut(Segment)) {
+fn each_channel_segment(g: &ConvGeometry, ld: usize, at: usize, mut f: impl FnMut(Segment)) {
     let ([kh, kw], [h, w], [oh, ow]) = (g.kernel, g.in_hw, g.out_hw);
     let ([sh, sw], [dh, dw], [ph, pw]) = (g.stride, g.dilation, g.padding);
     for a in 0..kh {
@@ -430,7 +569,7 @@ fn each_channel_segment(g: &ConvGeometry, mut f: impl FnMut(Segment)) {
                 lo
             };
             for i in 0..oh {
-                let row_start = row * g.positions() + i * ow;
+                let row_start = row * ld + at + i * ow;
                 let ih = (i * sh + a * dh).wrapping_sub(ph);
                 let (len, src) = if ih < h && hi > lo {
                     (hi - lo, ih * w + lo * sw + off - pw)
@@ -453,36 +592,51 @@ fn each_channel_segment(g: &ConvGeometry, mut f: impl FnMut(Segment)) {
 /// or a range of them), in the front of `col`; the rows of each input channel are filled by
 /// one thread (a copy: the same bits on any number), a row segment at a time.
 fn im2col<T: Scalar>(g: &ConvGeometry, x: &[T], col: &mut [T]) {
+    im2col_images(g, x, 1, col)
+}
+
+/// The column buffer `[c·kh·kw, images·Ho·Wo]` of `images` images `x` `[images, c, H, W]`
+/// side by side (image `i`'s positions in columns `i·Ho·Wo ..`), in the front of `col`.
+fn im2col_images<T: Scalar>(g: &ConvGeometry, x: &[T], images: usize, col: &mut [T]) {
     let (p, rows, plane, ow) = (
         g.positions(),
         g.kernel[0] * g.kernel[1],
         g.in_hw[0] * g.in_hw[1],
         g.out_hw[1],
     );
-    let channels = x.len() / plane.max(1);
-    let used = channels * rows * p;
-    for_each_block(&mut col[..used], rows * p, used, |c, col| {
-        let xc = &x[c * plane..(c + 1) * plane];
-        each_channel_segment(g, |s| {
-            let out = &mut col[s.row_start..s.row_start + ow];
-            let (before, rest) = out.split_at_mut(s.pos - s.row_start);
-            let (seg, after) = rest.split_at_mut(s.len);
-            before.fill(T::ZERO);
-            after.fill(T::ZERO);
-            if s.step == 1 {
-                seg.copy_from_slice(&xc[s.src..s.src + s.len]);
-            } else {
-                for (t, v) in seg.iter_mut().enumerate() {
-                    *v = xc[s.src + t * s.step];
+    let channels = x.len() / (plane * images).max(1);
+    let ld = images * p;
+    let used = channels * rows * ld;
+    for_each_block(&mut col[..used], rows * ld, used, |c, col| {
+        for i in 0..images {
+            let xc = &x[(i * channels + c) * plane..(i * channels + c + 1) * plane];
+            each_channel_segment(g, ld, i * p, |s| {
+                let out = &mut col[s.row_start..s.row_start + ow];
+                let (before, rest) = out.split_at_mut(s.pos - s.row_start);
+                let (seg, after) = rest.split_at_mut(s.len);
+                before.fill(T::ZERO);
+                after.fill(T::ZERO);
+                if s.step == 1 {
+                    seg.copy_from_slice(&xc[s.src..s.src + s.len]);
+                } else {
+                    for (t, v) in seg.iter_mut().enumerate() {
+                        *v = xc[s.src + t * s.step];
+                    }
                 }
-            }
-        });
+            });
+        }
     });
 }
 
 /// Adds the column buffer back onto one group's block `dx` (the adjoint of [`im2col`]): each
 /// input channel's plane is summed by one thread, its rows in order as on one thread.
 fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
+    col2im_add_at(g, col, g.positions(), 0, dx)
+}
+
+/// [`col2im_add`] of the image whose positions start at column `at` of a column buffer with
+/// rows `ld` elements long (a block of images side by side).
+fn col2im_add_at<T: Scalar>(g: &ConvGeometry, col: &[T], ld: usize, at: usize, dx: &mut [T]) {
     let (p, rows, plane) = (
         g.positions(),
         g.kernel[0] * g.kernel[1],
@@ -490,8 +644,8 @@ fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
     );
     let work = g.col_rows() * p;
     for_each_block(dx, plane, work, |c, dxc| {
-        let colc = &col[c * rows * p..(c + 1) * rows * p];
-        each_channel_segment(g, |s| {
+        let colc = &col[c * rows * ld..(c + 1) * rows * ld];
+        each_channel_segment(g, ld, at, |s| {
             let seg = &colc[s.pos..s.pos + s.len];
             if s.step == 1 {
                 for (d, &v) in dxc[s.src..s.src + s.len].iter_mut().zip(seg) {
@@ -505,6 +659,30 @@ fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
             }
         });
     });
+}
+
+/// Lays `images` images' `[rows, p]` planes (`from`: `[images, rows, p]`, a block of `dy`)
+/// side by side in `to` (`[rows, images · p]`), as a block's GEMM reads them.
+fn to_side_by_side<T: Copy>(images: usize, rows: usize, p: usize, from: &[T], to: &mut [T]) {
+    let ld = images * p;
+    for i in 0..images {
+        for r in 0..rows {
+            let (a, b) = ((i * rows + r) * p, r * ld + i * p);
+            to[b..b + p].copy_from_slice(&from[a..a + p]);
+        }
+    }
+}
+
+/// The inverse of [`to_side_by_side`]: a block's GEMM output `from` (`[rows, images · p]`)
+/// back into its images' planes `to` (`[images, rows, p]`, a block of `y`).
+fn from_side_by_side<T: Copy>(images: usize, rows: usize, p: usize, from: &[T], to: &mut [T]) {
+    let ld = images * p;
+    for i in 0..images {
+        for r in 0..rows {
+            let (a, b) = ((i * rows + r) * p, r * ld + i * p);
+            to[a..a + p].copy_from_slice(&from[b..b + p]);
+        }
+    }
 }
 
 /// `y = conv(x, w)`. `ws` holds at least [`workspace_len`]`(g, Pass::Forward)` elements.
@@ -524,6 +702,34 @@ pub fn forward<T: GemmScalar + Float>(
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
     let direct = is_pointwise(g);
+    if s.images > 1 {
+        // Blocks of images (one group): `y[block] = W · col(x[block])`, side by side.
+        return for_each_unit(y, s.images * og * p, ws, &s, gemm_work(g), |u, yu, lane| {
+            let (images, n0) = (yu.len() / (og * p), u * s.images);
+            let cols = images * p;
+            let (col, rest) = lane.split_at_mut(s.col_len);
+            let (tmp, gws) = rest.split_at_mut(s.tmp_len);
+            im2col_images(g, &x[n0 * xg..(n0 + images) * xg], images, col);
+            let tmp = &mut tmp[..og * cols];
+            gemm_ws(
+                og,
+                k,
+                cols,
+                <T as GemmScalar>::ONE,
+                w,
+                MatLayout::row_major(k),
+                col,
+                MatLayout::row_major(cols),
+                <T as GemmScalar>::ZERO,
+                tmp,
+                MatLayout::row_major(cols),
+                gws,
+            )?;
+            from_side_by_side(images, og, p, tmp, yu);
+            Ok(())
+        })
+        .map_err(ConvError::from);
+    }
     for_each_unit(y, og * p, ws, &s, gemm_work(g), |u, yu, lane| {
         let (gi, start) = (u % g.groups, u * xg);
         let (col, gws) = lane.split_at_mut(s.col_len);
@@ -584,6 +790,37 @@ pub fn grad_input<T: GemmScalar + Float>(
             gws,
         )
     };
+    if s.images > 1 {
+        // Blocks of images (one group): `col = Wᵀ · dy[block]`, then each image's col2im.
+        return for_each_unit(dx, s.images * xg, ws, &s, gemm_work(g), |u, dxu, lane| {
+            let (images, n0) = (dxu.len() / xg, u * s.images);
+            let cols = images * p;
+            let (col, rest) = lane.split_at_mut(s.col_len);
+            let (tmp, gws) = rest.split_at_mut(s.tmp_len);
+            let tmp = &mut tmp[..og * cols];
+            to_side_by_side(images, og, p, &dy[n0 * og * p..(n0 + images) * og * p], tmp);
+            gemm_ws(
+                k,
+                og,
+                cols,
+                <T as GemmScalar>::ONE,
+                w,
+                MatLayout::col_major(k),
+                tmp,
+                MatLayout::row_major(cols),
+                <T as GemmScalar>::ZERO,
+                col,
+                MatLayout::row_major(cols),
+                gws,
+            )?;
+            dxu.fill(<T as Scalar>::ZERO);
+            for (i, dxi) in dxu.chunks_mut(xg).enumerate() {
+                col2im_add_at(g, col, cols, i * p, dxi);
+            }
+            Ok(())
+        })
+        .map_err(ConvError::from);
+    }
     for_each_unit(dx, xg, ws, &s, gemm_work(g), |u, dxu, lane| {
         let (col, gws) = lane.split_at_mut(s.col_len);
         if direct {
@@ -622,6 +859,9 @@ pub fn grad_weight<T: GemmScalar + Float>(
     let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
     let (k, xg, ranges) = (cg * taps, cg * plane, s.units / g.groups);
     let direct = is_pointwise(g);
+    if s.images > 1 {
+        return grad_weight_blocks(g, x, dy, dw, &mut ws[..s.lane_len], &s);
+    }
     // Unit `u` covers group `u / ranges`, channels `c0 .. c0 + cw` of it.
     let range = |u: usize| {
         let c0 = (u % ranges) * s.chunk;
@@ -678,6 +918,52 @@ pub fn grad_weight<T: GemmScalar + Float>(
             let to = (gi * og + o) * k + c0 * taps;
             dw[to..to + n_cols].copy_from_slice(&partial[from..from + n_cols]);
         }
+    }
+    Ok(())
+}
+
+/// The weight gradient in blocks of images (one group, one lane `ws`): for each block in
+/// order, `dw (+)= dy[block] · col(x[block])ᵀ`, one GEMM whose reduction runs over the
+/// block's images and positions side by side; the blocks add into `dw` one after the other.
+/// The GEMM spreads its tiles over the pool's threads, with the same sums on any number.
+fn grad_weight_blocks<T: GemmScalar + Float>(
+    g: &ConvGeometry,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    ws: &mut [T],
+    s: &Split,
+) -> Result<(), ConvError> {
+    let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
+    let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
+    let (col, rest) = ws.split_at_mut(s.col_len);
+    let (tmp, gws) = rest.split_at_mut(s.tmp_len);
+    for b in 0..s.units {
+        let n0 = b * s.images;
+        let images = s.images.min(g.batch - n0);
+        let cols = images * p;
+        im2col_images(g, &x[n0 * xi..(n0 + images) * xi], images, col);
+        let tmp = &mut tmp[..o * cols];
+        to_side_by_side(images, o, p, &dy[n0 * o * p..(n0 + images) * o * p], tmp);
+        let beta = if b == 0 {
+            <T as GemmScalar>::ZERO
+        } else {
+            <T as GemmScalar>::ONE
+        };
+        gemm_ws(
+            o,
+            cols,
+            k,
+            <T as GemmScalar>::ONE,
+            tmp,
+            MatLayout::row_major(cols),
+            col,
+            MatLayout::col_major(cols),
+            beta,
+            dw,
+            MatLayout::row_major(k),
+            gws,
+        )?;
     }
     Ok(())
 }
@@ -748,10 +1034,19 @@ mod tests {
             ([2, 300, 3, 2], [3, 300, 1, 1], 1, 0, 1, 1),
             // A 1x1 kernel that is not pointwise (strided, padded).
             ([2, 4, 6, 6], [3, 4, 1, 1], 2, 1, 1, 1),
-            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels.
-            ([2, 37, 5, 6], [3, 37, 3, 3], 1, 1, 1, 1),
+            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels (42
+            // positions: too many for blocks of images).
+            ([2, 37, 7, 6], [3, 37, 3, 3], 1, 1, 1, 1),
             // Depthwise, more groups than lanes.
             ([2, 20, 5, 5], [20, 1, 3, 3], 1, 1, 1, 20),
+            // Few positions an image: blocks of images, a last block short (forward blocks of
+            // 28 images at 3x3, weight-gradient blocks of 7), strided, and at 1x1 (a ResNet's
+            // last layer on small images; weight-gradient blocks of 64 and 6).
+            ([30, 3, 3, 3], [4, 3, 3, 3], 1, 1, 1, 1),
+            ([9, 4, 4, 4], [5, 4, 3, 3], 2, 1, 1, 1),
+            ([70, 6, 1, 1], [5, 6, 3, 3], 1, 1, 1, 1),
+            // Pointwise in blocks (the block's column buffer is a copy of its images).
+            ([20, 5, 2, 2], [3, 5, 1, 1], 1, 0, 1, 1),
         ] {
             out.push(ConvGeometry::new(x, w, [s, s], [p, p], [d, d], gr).unwrap());
         }
@@ -809,7 +1104,8 @@ mod tests {
     }
 
     /// The passes as they ran before lanes: one image and one whole group at a time through
-    /// a full column buffer, the weight gradient summed over the images into `dw` itself.
+    /// a full column buffer, the weight gradient summed over the images into `dw` itself
+    /// (or, where it runs in blocks of images, [`weight_blocks_one_image_at_a_time`]'s).
     fn one_unit_at_a_time(g: &ConvGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 3] {
         let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
         let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
@@ -877,7 +1173,58 @@ mod tests {
                 col2im_add(g, &col, &mut dx[xs..xs + xg]);
             }
         }
+        if block_images(g, Pass::GradWeight).is_some() {
+            dw = weight_blocks_one_image_at_a_time(g, x, dy);
+        }
         [y, dx, dw]
+    }
+
+    /// The weight gradient in blocks of images, each block's column buffer and output
+    /// gradient assembled one image and one element at a time from the image's own column
+    /// buffer ([`im2col`]), then one GEMM a block, the blocks added in order.
+    fn weight_blocks_one_image_at_a_time(g: &ConvGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+        let images = block_images(g, Pass::GradWeight).unwrap();
+        let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
+        let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
+        let mut dw = vec![f32::NAN; g.w_len()];
+        let mut one = vec![0f32; k * p];
+        for (b, n0) in (0..g.batch).step_by(images).enumerate() {
+            let nb = images.min(g.batch - n0);
+            let cols = nb * p;
+            let (mut col, mut d) = (vec![0f32; k * cols], vec![0f32; o * cols]);
+            for i in 0..nb {
+                let n = n0 + i;
+                im2col(g, &x[n * xi..(n + 1) * xi], &mut one);
+                for r in 0..k {
+                    for q in 0..p {
+                        col[r * cols + i * p + q] = one[r * p + q];
+                    }
+                }
+                for r in 0..o {
+                    for q in 0..p {
+                        d[r * cols + i * p + q] = dy[(n * o + r) * p + q];
+                    }
+                }
+            }
+            let mut gws = vec![0f32; gemm_len::<f32>(o, cols, k)];
+            let beta = if b == 0 { 0.0 } else { 1.0 };
+            gemm_ws(
+                o,
+                cols,
+                k,
+                1.0,
+                &d,
+                MatLayout::row_major(cols),
+                &col,
+                MatLayout::col_major(cols),
+                beta,
+                &mut dw,
+                MatLayout::row_major(k),
+                &mut gws,
+            )
+            .unwrap();
+        }
+        dw
     }
 
     /// Workspace lengths from the least to the most a pass uses, through every lane count
@@ -885,7 +1232,12 @@ mod tests {
     /// runs in (at least [`workspace_len`]).
     fn lengths(g: &ConvGeometry, pass: Pass) -> Vec<usize> {
         let mut out = vec![workspace_len_up_to::<f32>(g, pass) + 5];
-        for c in cuts::<f32>(g, pass) {
+        // Blocks of every size up to the full one (the forward and input-gradient passes run
+        // the largest that fits).
+        let blocks = block_cut::<f32>(g, pass)
+            .into_iter()
+            .flat_map(|b| (2..=b.images).map(|i| block_cut_of::<f32>(g, pass, i)));
+        for c in cuts::<f32>(g, pass).into_iter().chain(blocks) {
             for lanes in 1..=c.most {
                 out.extend([c.len(lanes), c.len(lanes) + 1]);
             }
@@ -945,7 +1297,17 @@ mod tests {
             ];
             for (pass, old) in before {
                 let least = workspace_len::<f32>(&g, pass);
-                if is_pointwise(&g) {
+                if pass == Pass::GradWeight && block_images(&g, pass).is_some() {
+                    // The order of its sums is the blocks', whatever the workspace: the
+                    // least holds one block.
+                    assert_eq!(least, block_cut::<f32>(&g, pass).unwrap().len(1));
+                } else if let Some(b) = least_block::<f32>(&g, pass) {
+                    // A block of images within a quarter more than one image's lane.
+                    assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
+                    assert!(4 * least <= LEAST_BLOCK_GROWTH * old, "{g:?} {pass:?}");
+                    assert!(split::<f32>(&g, pass, least).unwrap().images >= 2);
+                    continue;
+                } else if is_pointwise(&g) {
                     assert!(least < old, "{g:?} {pass:?}: {least} vs {old}");
                 } else {
                     assert_eq!(least, old, "{g:?} {pass:?}");
@@ -966,16 +1328,18 @@ mod tests {
             let s = split::<f32>(&small, pass, most).unwrap();
             let want = match pass {
                 // Its weight gradient: ranges of 16 channels (144 columns), one lane each.
-                Pass::GradWeight => (4, 16, 4),
-                _ => (128, 64, MAX_LANES),
+                Pass::GradWeight => (4, 16, 4, 1),
+                // The others: blocks of 4 images (256 columns), lanes of about 1 MiB.
+                Pass::Forward => (32, 64, 8, 4),
+                Pass::GradInput => (32, 64, 9, 4),
             };
-            assert_eq!((s.units, s.chunk, s.lanes), want, "{pass:?}");
+            assert_eq!((s.units, s.chunk, s.lanes, s.images), want, "{pass:?}");
             // More bytes than it uses run no more lanes.
             assert_eq!(split::<f32>(&small, pass, 2 * most), Some(s), "{pass:?}");
         }
         // 37 channels of 3x3 (333 columns, as in `geometries`): two ranges, summed apart.
         let g37 =
-            ConvGeometry::new([2, 37, 5, 6], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
+            ConvGeometry::new([2, 37, 7, 6], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
         let s = split::<f32>(&g37, Pass::GradWeight, usize::MAX).unwrap();
         assert_eq!(
             (s.units, s.chunk, s.partial),
@@ -988,8 +1352,9 @@ mod tests {
         let s = split::<f32>(&big, Pass::Forward, usize::MAX).unwrap();
         assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
         assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
-        // resnet18's last 3x3 convolution (512 channels at 1x1): the weight gradient's partial
-        // sums alone would pass the budget, so its one unit per group writes dw in place.
+        // resnet18's last 3x3 convolution (512 channels at 1x1): the weight gradient runs in
+        // two blocks of 64 images, each one GEMM over the block's images (one lane), the
+        // other passes in one block of the 128 images.
         let wide = ConvGeometry::new(
             [128, 512, 1, 1],
             [512, 512, 3, 3],
@@ -1000,7 +1365,13 @@ mod tests {
         )
         .unwrap();
         let s = split::<f32>(&wide, Pass::GradWeight, usize::MAX).unwrap();
-        assert_eq!((s.units, s.partial), (1, 0), "{s:?}");
+        assert_eq!(
+            (s.units, s.images, s.lanes, s.partial),
+            (2, 64, 1, 0),
+            "{s:?}"
+        );
+        let s = split::<f32>(&wide, Pass::Forward, usize::MAX).unwrap();
+        assert_eq!((s.units, s.images, s.lanes), (1, 128, 1), "{s:?}");
         for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
             let one = split::<f32>(&wide, pass, usize::MAX).unwrap().lane_len;
             assert!(
@@ -1008,15 +1379,72 @@ mod tests {
                 "{pass:?}"
             );
         }
-        // A pointwise convolution needs no column buffer.
+        // A pointwise convolution needs no column buffer one image at a time.
         let pw =
             ConvGeometry::new([8, 64, 7, 7], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
-        assert_eq!(
-            split::<f32>(&pw, Pass::Forward, usize::MAX)
-                .unwrap()
-                .col_len,
-            0
+        let least = workspace_len::<f32>(&pw, Pass::Forward);
+        assert_eq!(split::<f32>(&pw, Pass::Forward, least).unwrap().col_len, 0);
+    }
+
+    /// Every pass, in the least and the most workspace, inside pools of 1, 2, 3 and 16
+    /// threads: the bits of one thread (the lanes, blocks and GEMM tiles spread over the
+    /// threads, never the terms of one sum).
+    #[test]
+    fn every_pass_gives_the_same_bits_on_1_2_3_and_16_threads() {
+        let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
+        // Large enough to wake the threads (past PARALLEL_ELEMENTS and the GEMM's threshold).
+        let mut gs = geometries();
+        gs.push(
+            ConvGeometry::new([64, 64, 2, 2], [96, 64, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap(),
         );
+        gs.push(
+            ConvGeometry::new([8, 16, 12, 12], [32, 16, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap(),
+        );
+        for g in gs {
+            let (x, w, dy) = (
+                f32s(values(g.x_len(), 9)),
+                f32s(values(g.w_len(), 10)),
+                f32s(values(g.y_len(), 11)),
+            );
+            let run = |pass: Pass, len: usize| -> Vec<u32> {
+                let mut ws = vec![f32::NAN; len];
+                let out = match pass {
+                    Pass::Forward => {
+                        let mut y = vec![f32::NAN; g.y_len()];
+                        forward(&g, &x, &w, &mut y, &mut ws).map(|_| y)
+                    }
+                    Pass::GradInput => {
+                        let mut dx = vec![f32::NAN; g.x_len()];
+                        grad_input(&g, &dy, &w, &mut dx, &mut ws).map(|_| dx)
+                    }
+                    Pass::GradWeight => {
+                        let mut dw = vec![f32::NAN; g.w_len()];
+                        grad_weight(&g, &x, &dy, &mut dw, &mut ws).map(|_| dw)
+                    }
+                };
+                out.unwrap().iter().map(|v| v.to_bits()).collect()
+            };
+            for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
+                let lens = [
+                    workspace_len::<f32>(&g, pass),
+                    workspace_len_up_to::<f32>(&g, pass),
+                ];
+                let want = run(pass, lens[0]);
+                for threads in [1, 2, 3, 16] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    for len in lens {
+                        let got = pool.install(|| run(pass, len));
+                        assert!(
+                            got == want,
+                            "{g:?} {pass:?}: {threads} threads in {len} elements differ"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod bf16;
 pub mod exec;
 pub mod interp;
 pub mod planned;
+mod profile;
 pub mod ranks;
 pub mod threads;
 

@@ -16,6 +16,7 @@
 //! the op runs on the chunk, so no `&` and `&mut` slice ever cover the same byte.
 
 use super::exec::{accumulate_product, exec_attention, exec_node, exec_node_with, Scratch};
+use super::profile::Profile;
 use super::threads::{default_threads, Base, Pool};
 use crate::collective::{needs_collective, Collective};
 use crate::error::ExecError;
@@ -29,6 +30,7 @@ use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
 use ingot_kernels::fused::cpu::Compiled;
 use ingot_kernels::fused::{self, FusedKernel, KernelError};
 use smallvec::SmallVec;
+use std::time::Instant;
 
 /// One block of the allocation: blocks make the base pointer 256-byte aligned.
 #[derive(Clone, Copy)]
@@ -132,6 +134,16 @@ struct Part {
     compiled: Vec<Option<Compiled>>,
     /// The largest scratch a piece needs (0: no kernel was cut).
     piece_scratch: usize,
+    /// Time per instruction, with `INGOT_CPU_PROFILE=1` ([`super::profile`]).
+    profile: Option<Profile>,
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report(self.exe.graph(), &self.program.instrs));
+        }
+    }
 }
 
 /// Bytes the host can give without swapping: `MemAvailable` of /proc/meminfo (Linux), or
@@ -487,6 +499,7 @@ impl Part {
             });
         }
         Ok(Part {
+            profile: Profile::from_env(program.instrs.len()),
             exe,
             program,
             location,
@@ -538,131 +551,151 @@ impl Part {
     ) -> Result<(), ExecError> {
         debug_assert!(len >= self.exe.plan().total_bytes);
         for k in 0..self.program.instrs.len() {
-            match &self.program.instrs[k] {
-                Instr::AllReduce {
-                    node,
-                    copies,
-                    offset,
-                    bytes,
-                    dtype,
-                    ranks,
-                } => {
-                    let c = joining(&mut collective, *ranks)?;
-                    for c in copies {
-                        // SAFETY: checked program: both ranges lie inside the allocation; an
-                        // operand never overlaps another member's output (validated plan).
-                        unsafe { std::ptr::copy(base.add(c.from), base.add(c.to), c.bytes) };
-                    }
-                    // SAFETY: the region lies inside the allocation (checked program) and no
-                    // other slice of it is alive during the call.
-                    let region =
-                        unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *bytes) };
-                    c.all_reduce_sum(region, *dtype)
-                        .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
-                }
-                Instr::AllGather {
-                    node,
-                    from,
-                    to,
-                    bytes,
-                    ranks,
-                } => {
-                    let c = joining(&mut collective, *ranks)?;
-                    // SAFETY: both ranges lie inside the allocation and apart (checked
-                    // program); no other slice of it is alive during the call.
-                    let (send, recv) = unsafe {
-                        (
-                            std::slice::from_raw_parts(base.add(*from), *bytes),
-                            std::slice::from_raw_parts_mut(base.add(*to), bytes * ranks),
-                        )
-                    };
-                    c.all_gather(send, recv)
-                        .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
-                }
-                Instr::ReduceScatter {
-                    node,
-                    parts,
-                    dtype,
-                    ranks,
-                } => {
-                    let c = joining(&mut collective, *ranks)?;
-                    for p in parts {
-                        // SAFETY: every operand and output lies inside the allocation, and
-                        // each output apart from every operand and the other outputs (checked
-                        // program); no other slice of it is alive during the call.
-                        let (send, recv) = unsafe {
-                            (
-                                std::slice::from_raw_parts(base.add(p.from), p.bytes * ranks),
-                                std::slice::from_raw_parts_mut(base.add(p.to), p.bytes),
-                            )
-                        };
-                        c.reduce_scatter_sum(send, recv, *dtype)
-                            .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
-                    }
-                }
-                Instr::CopyIn {
-                    host: h, to, bytes, ..
-                } => {
-                    check_host(*h, *bytes, host.1)?;
-                    // SAFETY: the host range lies inside the host region (checked just now),
-                    // the device range inside the allocation (checked program); the two are
-                    // separate allocations, and no slice of either is alive.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(host.0.get().add(*h), base.add(*to), *bytes)
-                    };
-                }
-                Instr::CopyOut {
-                    from,
-                    host: h,
-                    bytes,
-                    ..
-                } => {
-                    check_host(*h, *bytes, host.1)?;
-                    // SAFETY: as for the copy in.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(base.add(*from), host.0.get().add(*h), *bytes)
-                    };
-                }
-                Instr::Exec { node } => self.exec(base, *node)?,
-                Instr::InPlace { node } => self.exec_in_place(base, *node)?,
-                Instr::Fused {
-                    node,
-                    inputs,
-                    outputs,
-                    scratch,
-                } => {
-                    let Op::Fused(kernel) = &self.exe.graph().node(*node).op else {
-                        unreachable!("fused instructions are made for fused nodes")
-                    };
-                    let ran = match &self.pieces[k] {
-                        Some(pieces) => Part::run_pieces(base, len, pieces, inputs, slots),
-                        None => {
-                            // SAFETY: no other slice of the allocation is alive during the
-                            // call; the kernel reads and writes through this one, at offsets
-                            // the validated plan gives (in place only where the kernel allows).
-                            let mem = unsafe { std::slice::from_raw_parts_mut(base, len) };
-                            match &self.compiled[k] {
-                                Some(c) => c.run(kernel, mem, inputs, outputs, *scratch),
-                                None => fused::cpu::run(kernel, mem, inputs, outputs, *scratch),
-                            }
-                        }
-                    };
-                    ran.map_err(|e| {
-                        at(
-                            *node,
-                            self.exe.graph().node(*node),
-                            ExecError::Invalid {
-                                op: "fused",
-                                reason: e.to_string(),
-                            },
-                        )
-                    })?;
-                }
+            let started = self.profile.as_ref().map(|_| Instant::now());
+            self.run_instr(k, base, len, host, &mut collective, slots)?;
+            if let (Some(p), Some(t)) = (&self.profile, started) {
+                p.add(k, t);
             }
         }
         for c in &self.program.copies {
             // SAFETY: both ranges lie inside the allocation (checked); `copy` allows overlap.
             unsafe { std::ptr::copy(base.add(c.from), base.add(c.to), c.bytes) };
+        }
+        if let Some(p) = &self.profile {
+            p.step_done();
+        }
+        Ok(())
+    }
+
+    /// Runs instruction `k` of the program (as [`Part::run`]).
+    fn run_instr(
+        &self,
+        k: usize,
+        base: *mut u8,
+        len: usize,
+        host: (Base, usize),
+        collective: &mut Option<&mut (dyn Collective + 'static)>,
+        slots: Slots,
+    ) -> Result<(), ExecError> {
+        match &self.program.instrs[k] {
+            Instr::AllReduce {
+                node,
+                copies,
+                offset,
+                bytes,
+                dtype,
+                ranks,
+            } => {
+                let c = joining(collective, *ranks)?;
+                for c in copies {
+                    // SAFETY: checked program: both ranges lie inside the allocation; an
+                    // operand never overlaps another member's output (validated plan).
+                    unsafe { std::ptr::copy(base.add(c.from), base.add(c.to), c.bytes) };
+                }
+                // SAFETY: the region lies inside the allocation (checked program) and no
+                // other slice of it is alive during the call.
+                let region = unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *bytes) };
+                c.all_reduce_sum(region, *dtype)
+                    .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+            }
+            Instr::AllGather {
+                node,
+                from,
+                to,
+                bytes,
+                ranks,
+            } => {
+                let c = joining(collective, *ranks)?;
+                // SAFETY: both ranges lie inside the allocation and apart (checked
+                // program); no other slice of it is alive during the call.
+                let (send, recv) = unsafe {
+                    (
+                        std::slice::from_raw_parts(base.add(*from), *bytes),
+                        std::slice::from_raw_parts_mut(base.add(*to), bytes * ranks),
+                    )
+                };
+                c.all_gather(send, recv)
+                    .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+            }
+            Instr::ReduceScatter {
+                node,
+                parts,
+                dtype,
+                ranks,
+            } => {
+                let c = joining(collective, *ranks)?;
+                for p in parts {
+                    // SAFETY: every operand and output lies inside the allocation, and
+                    // each output apart from every operand and the other outputs (checked
+                    // program); no other slice of it is alive during the call.
+                    let (send, recv) = unsafe {
+                        (
+                            std::slice::from_raw_parts(base.add(p.from), p.bytes * ranks),
+                            std::slice::from_raw_parts_mut(base.add(p.to), p.bytes),
+                        )
+                    };
+                    c.reduce_scatter_sum(send, recv, *dtype)
+                        .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
+                }
+            }
+            Instr::CopyIn {
+                host: h, to, bytes, ..
+            } => {
+                check_host(*h, *bytes, host.1)?;
+                // SAFETY: the host range lies inside the host region (checked just now),
+                // the device range inside the allocation (checked program); the two are
+                // separate allocations, and no slice of either is alive.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(host.0.get().add(*h), base.add(*to), *bytes)
+                };
+            }
+            Instr::CopyOut {
+                from,
+                host: h,
+                bytes,
+                ..
+            } => {
+                check_host(*h, *bytes, host.1)?;
+                // SAFETY: as for the copy in.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(base.add(*from), host.0.get().add(*h), *bytes)
+                };
+            }
+            Instr::Exec { node } => self.exec(base, *node)?,
+            Instr::InPlace { node } => self.exec_in_place(base, *node)?,
+            Instr::Fused {
+                node,
+                inputs,
+                outputs,
+                scratch,
+            } => {
+                let Op::Fused(kernel) = &self.exe.graph().node(*node).op else {
+                    unreachable!("fused instructions are made for fused nodes")
+                };
+                let ran = match &self.pieces[k] {
+                    Some(pieces) => Part::run_pieces(base, len, pieces, inputs, slots),
+                    None => {
+                        // SAFETY: no other slice of the allocation is alive during the
+                        // call; the kernel reads and writes through this one, at offsets
+                        // the validated plan gives (in place only where the kernel allows).
+                        let mem = unsafe { std::slice::from_raw_parts_mut(base, len) };
+                        match &self.compiled[k] {
+                            Some(c) => c.run(kernel, mem, inputs, outputs, *scratch),
+                            None => fused::cpu::run(kernel, mem, inputs, outputs, *scratch),
+                        }
+                    }
+                };
+                ran.map_err(|e| {
+                    at(
+                        *node,
+                        self.exe.graph().node(*node),
+                        ExecError::Invalid {
+                            op: "fused",
+                            reason: e.to_string(),
+                        },
+                    )
+                })?;
+            }
         }
         Ok(())
     }
