@@ -1,0 +1,5 @@
+//! The model zoo's tests, as a user of the crate would write them (public items only).
+
+mod gpt_decode;
+mod reference;
+mod spec;
