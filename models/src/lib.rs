@@ -9,13 +9,14 @@
 //! front end beside `ingot-onnx` (which imports a `Model` from an ONNX file); nothing in the
 //! compiler's library depends on it.
 //!
-//! Paths inside this crate never start with `crate::`: the compiler's own unit tests compile
-//! these files as a module of the compiler (its `lib.rs` says why), where `crate` is the
-//! compiler; `ingot_compiler::` and `super::` mean the same in both builds.
+//! Paths inside this crate never start with the keyword `crate`: the compiler's own unit tests
+//! compile these files as a module of the compiler (its `lib.rs` says why), where `crate` is the
+//! compiler; `ingot_compiler::` and `super::` mean the same in both builds
+//! (`tests/zoo/sources.rs` checks it).
 //!
-//! Integer inputs (class ids, token ids, targets) are [`ingot_compiler::model::ID_DTYPE`], i.e. `i64`: PyTorch's dtype
-//! for class and token indices, so a batch saved from PyTorch loads without conversion. (The
-//! builder and the layers accept `i32` ids as well.)
+//! Integer inputs (class ids, token ids, targets) are [`ingot_compiler::model::ID_DTYPE`], i.e.
+//! `i64`: PyTorch's dtype for class and token indices, so a batch saved from PyTorch loads
+//! without conversion. (The builder and the layers accept `i32` ids as well.)
 //!
 //! Models are chosen by name with [`by_name`]: `mlp`, `gpt-mini`, `gpt2`, `gpt2-medium`, `gpt-1.3b`, `cnn`, `resnet18`,
 //! `gpt:vocab=..,d_model=..,layers=..,heads=..,d_ff=..,seq=..,batch=..` for any GPT shape,

@@ -2,4 +2,5 @@
 
 mod gpt_decode;
 mod reference;
+mod sources;
 mod spec;
