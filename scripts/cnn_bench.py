@@ -10,7 +10,7 @@ measured alone. A cell runs `warmup` steps, then `steps` timed ones, and reports
 step time (synchronised wall clock around each step, as a training loop sees it) and the peak
 device memory.
 
-PyTorch: the models as compiler/src/models/{cnn,resnet}.rs describe them (resnet18 is
+PyTorch: the models as models/src/{cnn,resnet}.rs describe them (resnet18 is
 torchvision's `resnet18(num_classes=10)`, built here so that torchvision is not needed), on a
 synthetic batch (x normal, y uniform classes); SGD with momentum 0.9 (cnn lr 0.01; resnet18 lr
 0.1, weight decay 5e-4). A step is zero_grad(set_to_none=True), forward + loss, backward,

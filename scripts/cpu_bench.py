@@ -14,7 +14,7 @@ per-step "seconds" of `BIN train --model M --device cpu --threads N --steps W+S 
 the warm-up (the step itself, as its summary reports it); PyTorch's is the wall clock around
 zero_grad(set_to_none=True), forward + loss, backward, opt.step().
 
-PyTorch's models are scripts/torch_reference.py's (the twins of compiler/src/models: mlp
+PyTorch's models are scripts/torch_reference.py's (the twins of models/src: mlp
 batch 256 SGD lr 0.1; gpt-mini vocab 8192, d_model 512, 4 layers, 8 heads, d_ff 2048, seq 256,
 batch 16, AdamW; cnn batch 128 and resnet18 batch 128 at 32x32, momentum SGD), on a synthetic
 batch; torch-compile compiles the model's forward + loss (torch.compile, default mode), so its
@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def batch(torch, model):
-    """A synthetic batch of the model's reference shape (as compiler/src/models builds it)."""
+    """A synthetic batch of the model's reference shape (as models/src builds it)."""
     g = torch.Generator().manual_seed(0)
     if model == "mlp":
         return torch.randn(256, 784, generator=g), torch.randint(0, 10, (256,), generator=g)

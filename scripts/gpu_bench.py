@@ -108,7 +108,7 @@ SYSTEMS = ["ingot", "torch-eager", "torch-compile", "jax"]
 EXTRA_SYSTEMS = ["torch-compile-sdpa", "ingot-plain"]
 MODES = ["f32", "tf32", "bf16"]
 MODELS = ["mlp", "gpt-mini", "gpt2"]
-# The named GPTs (compiler/src/models/gpt.rs, scripts/torch_reference.py): name -> shape.
+# The named GPTs (models/src/gpt.rs, scripts/torch_reference.py): name -> shape.
 GPT_KEYS = ["vocab", "d_model", "layers", "heads", "d_ff", "seq", "batch"]
 NAMED_GPTS = {
     "gpt-mini": dict(vocab=8192, d_model=512, layers=4, heads=8, d_ff=2048, seq=256, batch=16),

@@ -184,7 +184,7 @@ class GPT(nn.Module):
 
 
 class CNN(nn.Module):
-    """compiler/src/models/cnn.rs: Conv2d(1→32, 3, padding 1) → ReLU → MaxPool2d(2) →
+    """models/src/cnn.rs: Conv2d(1→32, 3, padding 1) → ReLU → MaxPool2d(2) →
     Conv2d(32→64, 3, padding 1) → ReLU → MaxPool2d(2) → flatten → Linear(3136→128) → ReLU →
     Linear(128→10); mean cross-entropy. Convs and linears with bias."""
 
@@ -235,7 +235,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """compiler/src/models/resnet.rs: torchvision's resnet18(num_classes=10), by hand with its
+    """models/src/resnet.rs: torchvision's resnet18(num_classes=10), by hand with its
     module names. Stem conv 7×7 stride 2 padding 3 (no bias) → bn1 → ReLU → MaxPool2d(3, 2,
     padding 1); layer1..layer4 of two BasicBlocks (64, 128, 256, 512 wide, the first block of
     layers 2–4 with stride 2); adaptive average pool to 1×1, flatten, fc Linear(512→10); mean
@@ -263,7 +263,7 @@ class ResNet18(nn.Module):
         return F.cross_entropy(self.fc(h), y)
 
 
-# The optimizers, as Ingot's (compiler/src/models/optimizer.rs and autodiff/optim.rs):
+# The optimizers, as Ingot's (compiler/src/autodiff/optim/settings.rs and autodiff/optim.rs):
 # - mlp: plain SGD, lr 0.1 (p -= lr * g).
 # - cnn: torch.optim.SGD lr 0.01, momentum 0.9, no weight decay.
 # - resnet18: torch.optim.SGD lr 0.1, momentum 0.9, weight decay 5e-4 on every parameter
@@ -282,7 +282,7 @@ def sgd(lr, momentum=0.0, weight_decay=0.0, foreach=False):
 GPT_KEYS = ["vocab", "d_model", "layers", "heads", "d_ff", "seq", "batch"]
 GPT_MINI = dict(vocab=8192, d_model=512, layers=4, heads=8, d_ff=2048, seq=256, batch=16)
 GPT2 = dict(vocab=50304, d_model=768, layers=12, heads=12, d_ff=3072, seq=1024, batch=8)
-# The larger GPTs Ingot names (compiler/src/models/gpt.rs): GPT-2 medium's shape and GPT-3's 1.3B.
+# The larger GPTs Ingot names (models/src/gpt.rs): GPT-2 medium's shape and GPT-3's 1.3B.
 GPT2_MEDIUM = dict(vocab=50304, d_model=1024, layers=24, heads=16, d_ff=4096, seq=1024, batch=8)
 GPT_1_3B = dict(vocab=50304, d_model=2048, layers=24, heads=16, d_ff=8192, seq=1024, batch=8)
 NAMED_GPTS = {"gpt-mini": GPT_MINI, "gpt2": GPT2, "gpt2-medium": GPT2_MEDIUM, "gpt-1.3b": GPT_1_3B}

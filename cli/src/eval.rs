@@ -256,7 +256,7 @@ fn model_of<'a>(
         .map_or(recorded, |(name, _)| name);
     let mut args = m.clone();
     let path = Path::new(name);
-    if ingot_compiler::models::by_name(name).is_ok() {
+    if ingot_models::by_name(name).is_ok() {
         args.model = Some(name.to_string());
     } else if path.extension().is_some_and(|e| e == "onnx") {
         return Err(Failure::new(

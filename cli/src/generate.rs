@@ -237,10 +237,9 @@ fn named_generator(
         ));
     }
     // The decode step is the GPT family's; another language model runs the whole window.
-    let cached =
-        !a.whole_window && ingot_compiler::models::gpt_decode::gpt_config_of(&name).is_some();
+    let cached = !a.whole_window && ingot_models::gpt_decode::gpt_config_of(&name).is_some();
     let batch = if cached { 1 } else { a.prompt.len() };
-    let model = ingot_compiler::models::at_batch(&name, batch, ingot_compiler::ir::DType::F32)?;
+    let model = ingot_models::at_batch(&name, batch, ingot_compiler::ir::DType::F32)?;
     let precision = precision.unwrap_or(model.precision);
     let mut opts = device.options();
     opts.precision = Some(precision);

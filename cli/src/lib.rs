@@ -273,7 +273,7 @@ impl ModelArgs {
 }
 
 /// A model's batch: the first dimension of its input `x`.
-fn model_batch(m: &ingot_compiler::models::Model) -> Option<usize> {
+fn model_batch(m: &ingot_compiler::model::Model) -> Option<usize> {
     let x = m.graph.leaf("x")?;
     m.graph.ty(x).shape.dims().first().copied()
 }
@@ -288,19 +288,19 @@ impl ModelArgs {
     }
 
     /// Builds the model: by name, or read and parsed from the file (errors name the file).
-    pub fn load(&self) -> Result<ingot_compiler::models::Model, Failure> {
+    pub fn load(&self) -> Result<ingot_compiler::model::Model, Failure> {
         self.load_at(None, self.accumulate.unwrap_or(1) as usize)
     }
 
     /// The model at batch `batch` (a named model or `gpt:` spec; a model file's batch is fixed
     /// in its text), with the optimizer settings as [`ModelArgs::load`] applies them.
-    pub fn load_at_batch(&self, batch: usize) -> Result<ingot_compiler::models::Model, Failure> {
+    pub fn load_at_batch(&self, batch: usize) -> Result<ingot_compiler::model::Model, Failure> {
         self.load_at(Some(batch), 1)
     }
 
     /// The forward pass of one of `k` micro-batches of the model's batch, named for what the
     /// step trains (`gpt2 in 4 micro-batches`), for a step accumulating `k` of them.
-    pub fn load_accumulated(&self, k: usize) -> Result<ingot_compiler::models::Model, Failure> {
+    pub fn load_accumulated(&self, k: usize) -> Result<ingot_compiler::model::Model, Failure> {
         self.load_at(None, k)
     }
 
@@ -321,7 +321,7 @@ impl ModelArgs {
                 "--batch applies to a named model (--model NAME) or an ONNX model (--onnx MODEL.onnx): a model file's batch is written in its text",
             ));
         };
-        match ingot_compiler::models::spec_batch(name)? {
+        match ingot_models::spec_batch(name)? {
             Some(s) if s as u64 != b => Err(Failure::new(
                 2,
                 format!("--batch {b} contradicts batch={s} in --model {name}: give the batch once"),
@@ -334,7 +334,7 @@ impl ModelArgs {
         &self,
         batch: Option<usize>,
         k: usize,
-    ) -> Result<ingot_compiler::models::Model, Failure> {
+    ) -> Result<ingot_compiler::model::Model, Failure> {
         let given = self.named_batch()?;
         let batch = batch.or(given);
         // With accumulation the forward graph is one micro-batch's: batch / K.
@@ -349,11 +349,9 @@ impl ModelArgs {
                 };
                 let whole = match b {
                     Some(b) => b,
-                    None => {
-                        model_batch(&ingot_compiler::models::by_name(name)?).ok_or_else(|| {
-                            Failure::new(2, format!("--accumulate: {name} has no batch input x"))
-                        })?
-                    }
+                    None => model_batch(&ingot_models::by_name(name)?).ok_or_else(|| {
+                        Failure::new(2, format!("--accumulate: {name} has no batch input x"))
+                    })?,
                 };
                 if whole % k != 0 {
                     return Err(Failure::new(
@@ -368,19 +366,19 @@ impl ModelArgs {
             (None, _) => self.load_model()?,
             // --batch N at the model's own batch: the model as its name builds it.
             (Some(b), Some(name)) if k == 1 && given == Some(b) => {
-                let m = ingot_compiler::models::by_name(name)?;
+                let m = ingot_models::by_name(name)?;
                 match model_batch(&m) == Some(b) {
                     true => m,
-                    false => ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?,
+                    false => ingot_models::at_batch(name, b, ingot_compiler::ir::DType::F32)?,
                 }
             }
             (Some(b), Some(name)) if k > 1 => {
-                let mut m = ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?;
+                let mut m = ingot_models::at_batch(name, b, ingot_compiler::ir::DType::F32)?;
                 m.name = format!("{name} in {k} micro-batches");
                 m
             }
             (Some(b), Some(name)) => {
-                ingot_compiler::models::at_batch(name, b, ingot_compiler::ir::DType::F32)?
+                ingot_models::at_batch(name, b, ingot_compiler::ir::DType::F32)?
             }
             // An ONNX model at another batch: imported again with that batch (the file's
             // batch axis must be symbolic; the import says so otherwise).
@@ -396,11 +394,11 @@ impl ModelArgs {
                 ))
             }
         };
-        let settings = ingot_compiler::models::OptimizerSettings {
+        let settings = ingot_compiler::autodiff::optim::OptimizerSettings {
             kind: self
                 .optimizer
                 .as_deref()
-                .and_then(ingot_compiler::models::OptimizerKind::parse),
+                .and_then(ingot_compiler::autodiff::optim::OptimizerKind::parse),
             lr: self.lr,
             weight_decay: self.weight_decay,
             betas: self.betas,
@@ -415,16 +413,16 @@ impl ModelArgs {
         Ok(model)
     }
 
-    fn load_model(&self) -> Result<ingot_compiler::models::Model, Failure> {
+    fn load_model(&self) -> Result<ingot_compiler::model::Model, Failure> {
         if let Some(m) = self.onnx.load()? {
             return Ok(m);
         }
         match (&self.model, &self.model_file) {
-            (Some(name), _) => Ok(ingot_compiler::models::by_name(name)?),
+            (Some(name), _) => Ok(ingot_models::by_name(name)?),
             (None, Some(path)) => {
                 let text = read_text(path, MAX_MODEL_FILE_BYTES)?;
                 let name = path.display().to_string();
-                ingot_compiler::models::Model::from_ir_text(&name, &text).map_err(|e| {
+                ingot_compiler::model::Model::from_ir_text(&name, &text).map_err(|e| {
                     Failure::new(
                         1,
                         match e {

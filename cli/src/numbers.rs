@@ -95,7 +95,7 @@ pub fn size(s: &str) -> Result<usize, String> {
 
 /// AdamW's betas, `B1,B2` (parsed as the compiler parses them), each in [0, 1).
 pub fn betas(s: &str) -> Result<(f64, f64), String> {
-    let (b1, b2) = ingot_compiler::models::optimizer_betas(s)?;
+    let (b1, b2) = ingot_compiler::autodiff::optim::parse_betas(s)?;
     let one = |x: f64, which: &str| {
         if (0.0..1.0).contains(&x) {
             Ok(x)

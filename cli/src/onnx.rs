@@ -8,7 +8,7 @@ use super::Failure;
 use indexmap::IndexMap;
 use ingot_compiler::exe::{Constant, Executable};
 use ingot_compiler::ir::LeafKind;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_onnx::{ClassAxis, HeldValue, ImportOptions, Imported, Loss};
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::Session;

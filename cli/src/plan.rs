@@ -66,7 +66,7 @@ struct Probe {
 
 /// The largest batch within `budget` (plans are compiled as `opts` says): doubling from the
 /// model's smallest batch (1, or 2 for a ResNet whose batch norms need two values,
-/// [`ingot_compiler::models::min_batch`]), then bisecting between the last that fit and the
+/// [`ingot_models::min_batch`]), then bisecting between the last that fit and the
 /// first over. Returns the largest fitting probe and the smallest one over, or an error naming
 /// the smallest batch's total when nothing fits.
 fn largest_batch(
@@ -117,7 +117,7 @@ fn largest_batch(
         })
     };
     let least = match &a.model.model {
-        Some(name) => ingot_compiler::models::min_batch(name)?,
+        Some(name) => ingot_models::min_batch(name)?,
         None => 1,
     };
     let one = probe(least)?;

@@ -4,7 +4,7 @@
 use super::Failure;
 use indicatif::ProgressBar;
 use ingot_compiler::fit::Fitted;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Stage};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -72,7 +72,7 @@ pub fn load_and_compile(
         recompute: !gate,
         accumulate: !gate && model.model.is_some(),
         min_micro_batch: match &model.model {
-            Some(name) => ingot_compiler::models::min_batch(name)?,
+            Some(name) => ingot_models::min_batch(name)?,
             None => 1,
         },
         // Not where the budget is a gate: the step as asked, checked.

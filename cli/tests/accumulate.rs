@@ -7,7 +7,7 @@ use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{DType, LeafKind};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
@@ -28,9 +28,9 @@ fn compile(model: &Model, accumulate: usize) -> Executable {
 /// parameter.
 fn accumulated_against_whole(spec: &str, sgd: bool, k: usize, b: usize, steps: u64) -> (f64, f64) {
     let at = |batch: usize| {
-        let mut m = models::at_batch(spec, batch, DType::F32).unwrap();
+        let mut m = ingot_models::at_batch(spec, batch, DType::F32).unwrap();
         if sgd {
-            m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+            m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
         }
         m
     };
@@ -86,7 +86,7 @@ fn accumulating_more_micro_batches_plans_less_memory_for_the_same_batch() {
     let totals: Vec<usize> = [1usize, 2, 4, 8]
         .iter()
         .map(|&k| {
-            let m = models::at_batch(spec, 16 / k, DType::F32).unwrap();
+            let m = ingot_models::at_batch(spec, 16 / k, DType::F32).unwrap();
             let exe = compile(&m, k);
             let x = exe.graph().leaf("x").unwrap();
             assert_eq!(
@@ -106,7 +106,7 @@ fn accumulating_more_micro_batches_plans_less_memory_for_the_same_batch() {
 fn each_micro_batch_recomputes_its_own_cheap_values_for_its_own_backward_pass() {
     let spec = "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=64,batch=8";
     let recomputed = |k: usize| {
-        let m = models::at_batch(spec, 8 / k, DType::F32).unwrap();
+        let m = ingot_models::at_batch(spec, 8 / k, DType::F32).unwrap();
         let step = StepOptions {
             accumulate: k,
             ..Default::default()

@@ -8,7 +8,7 @@
 //! --test cuda --no-run`, copy the test binary there and run it (scripts/gpu_check.sh).
 
 use ingot_compiler::exe::Executable;
-use ingot_compiler::models::by_name;
+use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::{Data, Tensor};
 use ingot_trainer::session::{Device, Session};
@@ -362,7 +362,7 @@ fn grouped_convolutions_batch_their_groups_and_match_the_cpu() {
 %8 = reshape(%7) : f32[]
 output \"loss\" = %8
 ";
-    let m = ingot_compiler::models::Model::from_ir_text("grouped", text).unwrap();
+    let m = ingot_compiler::model::Model::from_ir_text("grouped", text).unwrap();
     let compiled = ingot_compiler::pipeline::compile(&m, &STRICT.options()).unwrap();
     let g = &compiled.graph;
     let exe = compiled.executable(STRICT.target()).unwrap();

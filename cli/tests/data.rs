@@ -3,7 +3,6 @@
 //! text -> bytes -> token stream round trip.
 
 use ingot_compiler::ir::DType;
-use ingot_compiler::models;
 use ingot_trainer::data::npy::encode;
 use ingot_trainer::data::tokens::{LLMC_MAGIC_U16, LLMC_MAGIC_U32};
 use ingot_trainer::data::*;
@@ -579,7 +578,7 @@ fn a_token_file_that_cannot_fill_one_batch_or_does_not_fit_the_model_is_an_error
     ));
     assert!(e.contains("token ids need an integer input"), "{e}");
     // A model whose inputs are not token ids (the mlp's x is features) is refused by name.
-    let mlp = models::by_name("mlp").unwrap().graph;
+    let mlp = ingot_models::by_name("mlp").unwrap().graph;
     let e = err_text(TokenBatches::for_graph(
         TokenStream::open(&p).unwrap(),
         &mlp,
@@ -615,7 +614,7 @@ fn a_token_file_that_cannot_fill_one_batch_or_does_not_fit_the_model_is_an_error
 fn token_batches_fill_a_gpts_inputs_as_the_synthetic_batch_does() {
     let d = scratch("tok-gpt");
     let p = counting_tokens(&d, 500, 37);
-    let g = models::by_name("gpt:vocab=37,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=3")
+    let g = ingot_models::by_name("gpt:vocab=37,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=3")
         .unwrap()
         .graph;
     let src =
@@ -632,7 +631,7 @@ fn token_batches_fill_a_gpts_inputs_as_the_synthetic_batch_does() {
     assert!(xv.iter().all(|&t| (0..37).contains(&t)));
     assert_eq!(xv[1], yv[0], "y is x shifted by one token");
     // A vocabulary smaller than the file's ids is caught while cutting.
-    let g = models::by_name("gpt:vocab=20,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=3")
+    let g = ingot_models::by_name("gpt:vocab=20,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=3")
         .unwrap()
         .graph;
     let src =
@@ -761,7 +760,7 @@ fn the_mlp_takes_sample_batches_from_uint8_images() {
     let y: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
     write(&d, "x.npy", &encode("|u1", &[n, 28, 28], &x));
     write(&d, "y.npy", &encode("|u1", &[n], &y));
-    let g = models::mlp_with(8, DType::F32).unwrap().graph;
+    let g = ingot_models::mlp_with(8, DType::F32).unwrap().graph;
     let src = SampleBatches::for_graph(SampleSet::open(&d).unwrap(), &g, true, 3).unwrap();
     let batch = src.x().dims[0];
     assert_eq!(src.batches_per_epoch(), (n / batch) as u64);
@@ -795,7 +794,7 @@ fn first_batch(source: SampleBatches) -> (Vec<f32>, Vec<i64>) {
 
 /// resnet18's input at batch 2: `[2, 3, 32, 32]` f32.
 fn resnet_graph() -> ingot_compiler::ir::Graph {
-    models::resnet18_with(2, DType::F32).unwrap().graph
+    ingot_models::resnet18_with(2, DType::F32).unwrap().graph
 }
 
 #[test]
@@ -1314,8 +1313,9 @@ fn a_byte_level_gpt_trains_two_epochs_on_a_text_through_the_loader() {
         .collect();
     let tokens = d.join("train.bin");
     std::fs::write(&tokens, bytes::byte_tokens(text.as_bytes())).unwrap();
-    let model = models::by_name("gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=8")
-        .unwrap();
+    let model =
+        ingot_models::by_name("gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=8")
+            .unwrap();
     let src = TokenBatches::for_graph(
         TokenStream::open(&tokens).unwrap(),
         &model.graph,

@@ -7,7 +7,7 @@ use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{Graph, LeafKind, Op};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_runtime::collective::{threads, Collective};
 use ingot_runtime::cpu::planned::PlannedStep;
@@ -16,7 +16,7 @@ use ingot_runtime::StepExecutor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
 
 fn mlp(batch: usize) -> Model {
-    models::mlp_with(batch, ingot_compiler::ir::DType::F32).unwrap()
+    ingot_models::mlp_with(batch, ingot_compiler::ir::DType::F32).unwrap()
 }
 
 fn compile(model: &Model, ranks: usize) -> Executable {
@@ -47,7 +47,7 @@ fn one_rank_compiles_to_the_single_device_step_byte_for_byte() {
         "mlp",
         "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2",
     ] {
-        let model = models::by_name(spec).unwrap();
+        let model = ingot_models::by_name(spec).unwrap();
         let single = compile(&model, 0);
         let one = compile(&model, 1);
         assert_eq!(
@@ -66,7 +66,8 @@ fn one_rank_compiles_to_the_single_device_step_byte_for_byte() {
 #[test]
 fn two_ranks_reduce_every_gradient_once_in_contiguous_buckets_before_the_update() {
     let model =
-        models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2").unwrap();
+        ingot_models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2")
+            .unwrap();
     let exe = compile(&model, 2);
     let g = exe.graph();
     let buckets = ingot_compiler::plan::buckets::buckets(g, exe.plan());
@@ -104,7 +105,7 @@ fn two_ranks_reduce_every_gradient_once_in_contiguous_buckets_before_the_update(
 
 /// The all-gathers of a GPT's step on two ranks and the element count of each gathered value.
 fn gathered(spec: &str) -> Vec<usize> {
-    let exe = compile(&models::by_name(spec).unwrap(), 2);
+    let exe = compile(&ingot_models::by_name(spec).unwrap(), 2);
     let g = exe.graph();
     ingot_compiler::plan::buckets::gathers(g, exe.plan())
         .iter()
@@ -133,9 +134,10 @@ fn each_layers_bucket_is_reduced_while_the_backward_pass_of_the_layers_below_sti
     // autodiff and the memory-aware schedule put them, at the end of the backward pass, every
     // bucket would wait for them and no collective would overlap anything.
     // Layers of 12.6 MB of f32 gradients: two to a 25 MiB bucket.
-    let model =
-        models::by_name("gpt:vocab=4096,d_model=512,layers=8,heads=4,d_ff=2048,seq=16,batch=2")
-            .unwrap();
+    let model = ingot_models::by_name(
+        "gpt:vocab=4096,d_model=512,layers=8,heads=4,d_ff=2048,seq=16,batch=2",
+    )
+    .unwrap();
     let step = StepOptions {
         ranks: 2,
         ..Default::default()
@@ -299,7 +301,7 @@ fn two_thread_ranks_on_two_shards_train_an_mlp_as_one_rank_on_the_union() {
 fn three_thread_ranks_on_three_shards_train_a_gpt_as_one_rank_on_the_union() {
     let worst = ranks_against_union(
         |b| {
-            let mut m = models::by_name(&format!(
+            let mut m = ingot_models::by_name(&format!(
                 "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}"
             ))
             .unwrap();
@@ -307,7 +309,7 @@ fn three_thread_ranks_on_three_shards_train_a_gpt_as_one_rank_on_the_union() {
             // (softmax ignores a constant added to a row of scores), so what either run computes
             // for it is rounding noise, which AdamW's g / sqrt(v) scales up to a full step of
             // either sign; the two runs then differ by up to 2 lr in those parameters.
-            m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+            m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
             m
         },
         3,
@@ -324,9 +326,9 @@ fn two_ranks_evaluate_a_batch_as_one_rank_evaluates_it_whole() {
     let spec =
         |b: usize| format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
     let session = |b: usize, ranks: usize| {
-        let mut model = models::by_name(&spec(b)).unwrap();
+        let mut model = ingot_models::by_name(&spec(b)).unwrap();
         // SGD: see the GPT test above (AdamW turns the key bias's rounding noise into steps).
-        model.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        model.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
         let opts = pipeline::Options::for_target(Target::Cpu);
         let exe = compile(&model, ranks);
         ingot_trainer::eval::session_with_eval(
@@ -365,7 +367,7 @@ fn two_ranks_evaluate_a_batch_as_one_rank_evaluates_it_whole() {
 
 #[test]
 fn bf16_gradients_reduced_in_bf16_send_half_the_bytes_and_train_as_the_f32_reduction() {
-    let model = models::at_batch(
+    let model = ingot_models::at_batch(
         "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2",
         2,
         ingot_compiler::ir::DType::F32,
@@ -726,7 +728,7 @@ fn two_ranks_without_a_data_set_train_on_two_halves_of_one_synthetic_batch_twice
     let spec =
         |b: usize| format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
     let session = |b: usize, ranks: usize| {
-        let model = models::by_name(&spec(b)).unwrap();
+        let model = ingot_models::by_name(&spec(b)).unwrap();
         ingot_trainer::session::Session::from_executable(
             compile(&model, ranks),
             3,
@@ -759,7 +761,7 @@ fn two_ranks_given_the_same_batch_train_bit_for_bit_as_one_rank_on_it() {
     // share (a sum of whole gradients) would step twice as far under SGD.
     let model = || {
         let mut m = mlp(4);
-        m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
         m
     };
     let one_exe = compile(&model(), 1);

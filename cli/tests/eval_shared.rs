@@ -5,8 +5,9 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Target;
-use ingot_compiler::models::{by_name, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
+use ingot_models::by_name;
 use ingot_runtime::Tensor;
 use ingot_trainer::eval::{forward_step, pair_with_eval};
 use ingot_trainer::session::{Device, Session};

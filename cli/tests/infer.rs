@@ -4,7 +4,6 @@
 //! (weights of another model, a data set of another shape, an --out that exists or is an input).
 
 use indexmap::IndexMap;
-use ingot_compiler::models;
 use ingot_runtime::tensor::Tensor;
 use std::path::{Path, PathBuf};
 
@@ -79,7 +78,7 @@ fn train_small_gpt(dir: &Path, steps: &str, keep: &str, at: &Path) {
 /// The reference: the interpreter runs the mlp's forward graph at batch `N` on the weights;
 /// the logits are read off through `trace::logits`.
 fn reference_logits(w: &Path, x: &[f32], y: &[i64]) -> (Vec<f32>, f64) {
-    let m = models::at_batch("mlp", N, ingot_compiler::ir::DType::F32).unwrap();
+    let m = ingot_models::at_batch("mlp", N, ingot_compiler::ir::DType::F32).unwrap();
     let g = ingot_compiler::trace::logits::with_logits(&m.graph).unwrap();
     let mut leaves: IndexMap<String, Tensor> = ingot_runtime::io::load(w).unwrap();
     leaves.insert("x".into(), Tensor::from_f32([N, 784], x.to_vec()));

@@ -13,9 +13,9 @@ use cli::{ingot, ok, scratch};
 use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, Graph, LeafKind};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, ResNetConfig};
 use ingot_compiler::pipeline;
 use ingot_compiler::trace::{accuracy, nn};
+use ingot_models::ResNetConfig;
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::io;
 use ingot_runtime::Tensor;
@@ -79,20 +79,25 @@ fn listed(v: &serde_json::Value) -> Vec<(String, Vec<usize>, String)> {
 fn resnet18_and_resnet50_name_every_tensor_as_torchvision_s_state_dict_in_its_order() {
     let doc = json(&fixtures().join("torchvision_resnet_keys.json"));
     for (depth, key, params) in [(18, "resnet18", 11_689_512), (50, "resnet50", 25_557_032)] {
-        let m = models::resnet(&ResNetConfig::imagenet(depth, 2), DType::F32).unwrap();
+        let m = ingot_models::resnet(&ResNetConfig::imagenet(depth, 2), DType::F32).unwrap();
         assert_eq!(
             m.name,
             format!("resnet:depth={depth},side=224,batch=2,classes=1000,width=64")
         );
         assert_eq!(state_dict_of(&m.graph), listed(&doc[key]), "{key}");
-        assert_eq!(models::parameter_count(&m.graph), params, "{key}");
+        assert_eq!(
+            ingot_compiler::model::parameter_count(&m.graph),
+            params,
+            "{key}"
+        );
     }
 }
 
 #[test]
 fn the_resnet18_spec_at_cifar_shape_traces_the_reference_resnet18() {
-    let spec = models::by_name("resnet:depth=18,side=32,batch=128,classes=10,width=64").unwrap();
-    let reference = models::by_name("resnet18").unwrap();
+    let spec =
+        ingot_models::by_name("resnet:depth=18,side=32,batch=128,classes=10,width=64").unwrap();
+    let reference = ingot_models::by_name("resnet18").unwrap();
     assert_eq!(spec.graph, reference.graph);
     assert_eq!(spec.eval_graph, reference.eval_graph);
 }
@@ -101,7 +106,7 @@ fn the_resnet18_spec_at_cifar_shape_traces_the_reference_resnet18() {
 fn every_resnet_depth_plans_on_the_cpu() {
     for depth in ResNetConfig::DEPTHS {
         let spec = format!("resnet:depth={depth},side=32,batch=2,classes=10,width=2");
-        let m = models::by_name(&spec).unwrap();
+        let m = ingot_models::by_name(&spec).unwrap();
         let blocks = [18, 34, 50, 101, 152]
             .iter()
             .position(|&d| d == depth)

@@ -3,7 +3,7 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::ir::DType;
-use ingot_compiler::models::{by_name, mlp_with};
+use ingot_models::{by_name, mlp_with};
 use ingot_runtime::io::{self, IoError};
 use ingot_runtime::Tensor;
 use ingot_trainer::session::{Session, SessionError};

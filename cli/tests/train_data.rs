@@ -627,7 +627,7 @@ fn a_token_file_that_reads_as_safetensors_says_so_and_trains_when_read_as_raw() 
 
 /// A quadratic loss `sum((p - x)^2)` over one parameter vector, as an IR file with an
 /// `optimizer` line.
-fn quadratic(optimizer_line: &str) -> ingot_compiler::models::Model {
+fn quadratic(optimizer_line: &str) -> ingot_compiler::model::Model {
     let text = format!(
         "ingot-ir 1\n{optimizer_line}\n\
          %0 = parameter \"p\" init=normal(1.0) : f32[3]\n\
@@ -639,7 +639,7 @@ fn quadratic(optimizer_line: &str) -> ingot_compiler::models::Model {
          %6 = reshape(%5) : f32[]\n\
          output \"loss\" = %6\n"
     );
-    ingot_compiler::models::Model::from_ir_text("quadratic.ir", &text).unwrap()
+    ingot_compiler::model::Model::from_ir_text("quadratic.ir", &text).unwrap()
 }
 
 #[test]
@@ -743,7 +743,7 @@ fn f64s(t: &Tensor) -> Vec<f64> {
 
 /// A session of `model` compiled with `step` options.
 fn session_with(
-    model: &ingot_compiler::models::Model,
+    model: &ingot_compiler::model::Model,
     step: ingot_compiler::autodiff::StepOptions,
 ) -> ingot_trainer::session::Session {
     let c = ingot_compiler::pipeline::compile_observed_with(
@@ -929,7 +929,7 @@ fn an_evaluation_is_the_training_steps_loss_on_the_same_batch_and_changes_nothin
     use ingot_trainer::data::{BatchSource, Order};
     let d = scratch("eval-equal");
     let bin = byte_tokens(&d);
-    let model = ingot_compiler::models::by_name(BYTE_GPT).unwrap();
+    let model = ingot_models::by_name(BYTE_GPT).unwrap();
     let opts = ingot_trainer::session::Session::cpu_options();
     let exe = ingot_compiler::pipeline::compile(&model, &opts)
         .unwrap()

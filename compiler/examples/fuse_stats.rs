@@ -6,7 +6,7 @@ use ingot_compiler::autodiff::training_step;
 use ingot_compiler::fuse::{fuse, FuseOptions};
 use ingot_compiler::plan::{self, PlanOptions};
 use ingot_compiler::report::Report;
-use ingot_compiler::{models, rewrite};
+use ingot_compiler::rewrite;
 use std::time::Instant;
 
 fn main() {
@@ -18,7 +18,7 @@ fn main() {
     };
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     for spec in &specs {
-        let model = models::by_name(spec).expect("model");
+        let model = ingot_models::by_name(spec).expect("model");
         let step = training_step(&model.graph, &model.optimizer).expect("step");
         let before = plan::plan(&step.graph, &PlanOptions::default()).expect("plan");
         let rb = Report::new(spec, &step.graph, &before, None);

@@ -1,12 +1,12 @@
 //! Op counts of each reference model's training step, by phase:
 //! `cargo run --release -p ingot-compiler --example op_counts`
-use ingot_compiler::{autodiff, models};
+use ingot_compiler::autodiff;
 
 fn main() {
     println!("| model | forward ops | backward ops | optimizer ops | total | parameters |");
     println!("|---|---:|---:|---:|---:|---:|");
     for spec in ["mlp", "gpt-mini", "gpt2"] {
-        let m = models::by_name(spec).expect("reference model builds");
+        let m = ingot_models::by_name(spec).expect("reference model builds");
         let s = autodiff::training_step(&m.graph, &m.optimizer).expect("training step builds");
         let p = &s.phases;
         println!(
@@ -15,7 +15,7 @@ fn main() {
             p.backward.len(),
             p.optimizer.len(),
             s.graph.len(),
-            models::parameter_count(&m.graph)
+            ingot_compiler::model::parameter_count(&m.graph)
         );
     }
 }

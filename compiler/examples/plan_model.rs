@@ -2,7 +2,7 @@
 fn main() {
     let spec = std::env::args().nth(1).unwrap_or_else(|| "mlp".into());
     let t = std::time::Instant::now();
-    match ingot_compiler::pipeline::compile_model(&spec, &Default::default()) {
+    match ingot_models::compile_model(&spec, &Default::default()) {
         Ok(c) => {
             print!("{}", c.report.table());
             if let Ok(path) = std::env::var("INGOT_DUMP_DSA") {

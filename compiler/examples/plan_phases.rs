@@ -1,10 +1,10 @@
 //! Times each planning phase of a model: `cargo run --release -p ingot-compiler --example plan_phases -- gpt2`
-use ingot_compiler::{autodiff, models, plan, schedule};
+use ingot_compiler::{autodiff, plan, schedule};
 use std::time::Instant;
 fn main() {
     let spec = std::env::args().nth(1).unwrap_or_else(|| "gpt2".into());
     let t = Instant::now();
-    let m = models::by_name(&spec).unwrap();
+    let m = ingot_models::by_name(&spec).unwrap();
     let step = autodiff::training_step(&m.graph, &m.optimizer).unwrap();
     let g = &step.graph;
     println!(

@@ -1,7 +1,7 @@
 //! What the rewrite pass does to each reference model's training step:
 //! `cargo run --release -p ingot-compiler --example rewrite_stats [MODEL...]`
+use ingot_compiler::autodiff;
 use ingot_compiler::rewrite::{simplify, RewriteOptions};
-use ingot_compiler::{autodiff, models};
 use std::time::Instant;
 
 fn mib(b: usize) -> f64 {
@@ -21,7 +21,7 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for spec in &specs {
-        let m = models::by_name(spec).expect("model builds");
+        let m = ingot_models::by_name(spec).expect("model builds");
         let s = autodiff::training_step(&m.graph, &m.optimizer).expect("training step builds");
         let t = Instant::now();
         let (g, r) = simplify(&s.graph, &RewriteOptions::default()).expect("rewrite succeeds");

@@ -24,7 +24,7 @@
 //! use ingot_compiler::exe::{Executable, Target};
 //! use ingot_compiler::pipeline;
 //! let opts = pipeline::Options::for_target(Target::Cpu);
-//! let compiled = pipeline::compile_model("mlp", &opts).unwrap();
+//! let compiled = ingot_models::compile_model("mlp", &opts).unwrap();
 //! let exe = compiled.executable(Target::Cpu).unwrap();
 //! let bytes = exe.to_bytes().unwrap();
 //! let back = Executable::from_bytes(&bytes, "mlp.ingot").unwrap();

@@ -32,7 +32,7 @@ use crate::fuse::remat::{candidates, Candidate};
 use crate::fuse::segment::{self, Segment};
 use crate::fuse::{self};
 use crate::ir::NodeId;
-use crate::models::Model;
+use crate::model::Model;
 use crate::pipeline::{self, CompileError, Compiled, Options, Rewritten};
 use crate::report::human;
 use serde::Serialize;
@@ -246,7 +246,7 @@ pub struct FitOptions {
     /// micro-batch's model, see [`fit`]).
     pub accumulate: bool,
     /// The fewest samples a micro-batch may hold: the model's smallest batch
-    /// ([`crate::models::min_batch`]; 2 for a ResNet whose `layer4` batch norms would
+    /// (the zoo's `ingot_models::min_batch`; 2 for a ResNet whose `layer4` batch norms would
     /// otherwise see one value per channel). Smaller micro-batches are not tried.
     pub min_micro_batch: usize,
     /// Keep AdamW's moments in host memory when nothing else fits (step 4, [`offload`]):

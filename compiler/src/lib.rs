@@ -12,7 +12,7 @@ pub mod fuse;
 pub mod ir;
 pub mod layout;
 pub mod lower;
-pub mod models;
+pub mod model;
 pub mod pipeline;
 pub mod plan;
 pub mod precision;
@@ -26,3 +26,16 @@ pub mod snapshot;
 pub mod trace;
 
 pub use error::{IrError, Result};
+
+// The compiler's unit tests build reference models by name (`crate::models::by_name("mlp")`),
+// but the zoo (`ingot-models`) depends on the compiler, and a unit test that used it as a
+// dev-dependency would see a second copy of the compiler's types. So the unit tests compile the
+// zoo's source as a module of their own, where `ingot_compiler::` names this crate (the zoo's
+// files never write `crate::`). The library itself knows no model.
+#[cfg(test)]
+extern crate self as ingot_compiler;
+// (Unit tests use only part of the zoo; the rest is the zoo crate's to use.)
+#[cfg(test)]
+#[path = "../../models/src/lib.rs"]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod models;

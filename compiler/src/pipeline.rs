@@ -8,7 +8,7 @@ use crate::exe::Executable;
 use crate::fuse::{self, FuseOptions, FuseReport};
 use crate::ir::Graph;
 use crate::lower::{LowerError, Target};
-use crate::models::{self, Model};
+use crate::model::Model;
 use crate::plan::{self, MemoryPlan, PlanError, PlanOptions};
 use crate::precision::Precision;
 use crate::recognize;
@@ -174,12 +174,6 @@ pub enum CompileError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Lower(#[from] LowerError),
-}
-
-/// Compiles a model given by name (`mlp`, `gpt-mini`, `gpt2`, `gpt:KEY=VALUE,...`).
-pub fn compile_model(spec: &str, opts: &Options) -> Result<Compiled, CompileError> {
-    let model = models::by_name(spec)?;
-    compile(&model, opts)
 }
 
 /// Compiles a model's training step and plans its memory.

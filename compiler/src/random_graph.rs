@@ -18,7 +18,7 @@
 use crate::autodiff::Optimizer;
 use crate::error::Result;
 use crate::ir::{AttentionLayout, BinaryOp, CmpOp, DType, Graph, Init, NodeId, Shape, UnaryOp};
-use crate::models::Model;
+use crate::model::Model;
 use ingot_kernels::fused::random::Rng;
 
 /// The largest element count of any value the generator makes.
@@ -42,9 +42,9 @@ pub fn model(seed: u64) -> Result<Model> {
     };
     // Mixed precision a quarter of the time, TF32 products an eighth.
     let precision = match b.rng.below(8) {
-        0 | 1 => crate::models::Precision::Bf16,
-        2 => crate::models::Precision::Tf32,
-        _ => crate::models::Precision::F32,
+        0 | 1 => crate::precision::Precision::Bf16,
+        2 => crate::precision::Precision::Tf32,
+        _ => crate::precision::Precision::F32,
     };
     Ok(Model {
         precision,
@@ -158,7 +158,7 @@ pub struct Description {
     pub ops: Vec<OpKind>,
     /// AdamW, else SGD.
     pub adamw: bool,
-    pub precision: crate::models::Precision,
+    pub precision: crate::precision::Precision,
     /// Micro-batches the step accumulates its gradients over (1 to 3; others are clamped).
     pub micro_batches: usize,
 }
@@ -753,7 +753,7 @@ mod tests {
                     .copied()
                     .collect(),
                 adamw: seed % 2 == 0,
-                precision: crate::models::Precision::F32,
+                precision: crate::precision::Precision::F32,
                 micro_batches: 1,
             };
             let m = described(&d).unwrap();

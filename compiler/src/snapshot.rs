@@ -13,13 +13,13 @@
 //! not in it either, for the same reason; `ingot plan --json` has them.
 //!
 //! ```no_run
-//! use ingot_compiler::{models, pipeline, snapshot::plan_snapshot};
-//! let model = models::by_name("mlp").unwrap();
+//! use ingot_compiler::{pipeline, snapshot::plan_snapshot};
+//! let model = ingot_models::by_name("mlp").unwrap();
 //! let snap = plan_snapshot(&model, &pipeline::Options::default()).unwrap();
 //! snap.assert_within(64 << 20).unwrap();
 //! ```
 
-use crate::models::Model;
+use crate::model::Model;
 use crate::pipeline::{self, CompileError, Compiled};
 use crate::report::{human, KindBytes, PeakBuffer, Report, ResidentBytes};
 use serde::{Deserialize, Serialize};

@@ -11,8 +11,9 @@
 
 use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::{DType, Graph};
-use ingot_compiler::models::{Model, Precision};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;
 use ingot_trainer::session::Device;
 

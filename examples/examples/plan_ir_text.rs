@@ -10,7 +10,7 @@
 //! program exits with code 3 and says what is live at the peak, as `ingot plan --budget` does:
 //! put it in CI to fail a change that grows the step.
 
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::report::parse_size;
 use ingot_compiler::snapshot::PlanSnapshot;

@@ -10,7 +10,7 @@
 //! `Session::new` plans its training step and makes the one allocation of exactly the planned
 //! size; each `step()` runs forward, backward and the SGD update in place and allocates nothing.
 
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_runtime::{io, Tensor};
 use ingot_trainer::session::Session;
 use std::path::Path;

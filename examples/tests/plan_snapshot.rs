@@ -12,12 +12,13 @@
 //! ```toml
 //! [dependencies]
 //! ingot-compiler = { path = "..." }
+//! ingot-models = { path = "..." }
 //! ingot-trainer = { path = "..." }
 //! [dev-dependencies]
 //! insta = { version = "1", features = ["yaml"] }
 //! ```
 
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::snapshot::{plan_snapshot, PlanSnapshot};
 use ingot_trainer::session::Device;
 
@@ -29,14 +30,15 @@ fn cpu_plan(model: &Model) -> PlanSnapshot {
 
 #[test]
 fn mlp_plan() {
-    let model = models::by_name("mlp").unwrap();
+    let model = ingot_models::by_name("mlp").unwrap();
     insta::assert_yaml_snapshot!(cpu_plan(&model));
 }
 
 #[test]
 fn small_gpt_plan() {
     let model =
-        models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2").unwrap();
+        ingot_models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+            .unwrap();
     insta::assert_yaml_snapshot!(cpu_plan(&model));
 }
 
@@ -52,7 +54,7 @@ fn tiny_mlp_from_ir_text_plan() {
 /// what is never acceptable.
 #[test]
 fn mlp_fits_in_its_budget() {
-    let model = models::by_name("mlp").unwrap();
+    let model = ingot_models::by_name("mlp").unwrap();
     let budget = ingot_compiler::report::parse_size("32MiB").unwrap();
     if let Err(msg) = cpu_plan(&model).assert_within(budget) {
         panic!("{msg}");
@@ -61,7 +63,7 @@ fn mlp_fits_in_its_budget() {
 
 #[test]
 fn a_budget_too_small_fails_naming_the_total_and_the_budget() {
-    let model = models::by_name("mlp").unwrap();
+    let model = ingot_models::by_name("mlp").unwrap();
     let snap = cpu_plan(&model);
     let budget = 1 << 20;
     let msg = snap.assert_within(budget).unwrap_err().to_string();
@@ -85,6 +87,7 @@ fn a_budget_too_small_fails_naming_the_total_and_the_budget() {
 #[test]
 fn the_snapshot_is_deterministic() {
     let model =
-        models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2").unwrap();
+        ingot_models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+            .unwrap();
     assert_eq!(cpu_plan(&model), cpu_plan(&model));
 }

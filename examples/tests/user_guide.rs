@@ -2,8 +2,9 @@
 
 use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::text;
-use ingot_compiler::models::{Model, Precision};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::precision::Precision;
 use ingot_compiler::snapshot::plan_snapshot;
 use ingot_trainer::session::{Device, Session};
 

@@ -4,7 +4,6 @@
 
 use ingot_compiler::ir::{Graph, Op};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
 use ingot_ir_tests::losses::cpu_loss_bits;
@@ -13,7 +12,7 @@ use ingot_ir_tests::losses::cpu_loss_bits;
 const ODD: &str = "gpt:vocab=301,d_model=32,layers=2,heads=2,d_ff=128,seq=16,batch=4";
 
 fn compile(opts: &Options) -> Compiled {
-    pipeline::compile(&models::by_name(ODD).unwrap(), opts).unwrap()
+    pipeline::compile(&ingot_models::by_name(ODD).unwrap(), opts).unwrap()
 }
 
 /// The products (plain or accumulating) whose operands or result have a row of at least 256
@@ -73,11 +72,13 @@ fn on_cuda_an_odd_vocabulary_plans_no_more_than_the_vocabulary_rounded_up() {
             ..Options::for_target(Target::Cuda)
         };
         let odd = compile(&cuda).plan.total_bytes;
-        let rounded =
-            pipeline::compile(&models::by_name(&ODD.replace("301", "320")).unwrap(), &cuda)
-                .unwrap()
-                .plan
-                .total_bytes;
+        let rounded = pipeline::compile(
+            &ingot_models::by_name(&ODD.replace("301", "320")).unwrap(),
+            &cuda,
+        )
+        .unwrap()
+        .plan
+        .total_bytes;
         assert!(
             odd <= rounded,
             "{precision:?}: {odd} bytes at 301 against {rounded} at 320"

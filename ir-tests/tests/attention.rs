@@ -4,7 +4,6 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, Graph, NodeId, Op, Shape};
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;
@@ -169,7 +168,7 @@ fn the_attention_gradient_matches_central_differences_in_f64_arithmetic_of_the_l
 
 /// Losses of `steps` CPU training steps of `spec` with attention recognition on or off.
 fn losses(spec: &str, precision: Precision, fuse_attention: bool, steps: usize) -> Vec<f64> {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let opts = Options {
         precision: Some(precision),
         fuse_attention,
@@ -226,7 +225,7 @@ fn a_held_out_small_gpt_trains_to_the_same_bf16_losses_within_one_percent() {
 
 #[test]
 fn a_gpt2_plan_holds_no_batch_heads_seq_seq_buffer_and_the_unfused_one_does() {
-    let m = models::by_name("gpt2").unwrap();
+    let m = ingot_models::by_name("gpt2").unwrap();
     let big = Shape::new(&[8, 12, 1024, 1024]);
     for fuse_attention in [true, false] {
         let opts = Options {
@@ -247,7 +246,7 @@ fn the_gpt2_loss_keeps_one_tokens_by_vocab_buffer_its_gradient_written_over_the_
     // backward kernel reads the logits and the row statistics it computes, and writes the
     // logits' gradient at each element's own index, so it takes the logits' bytes; neither the
     // probabilities nor a second [tokens, vocab] buffer exists.
-    let m = models::by_name("gpt2").unwrap();
+    let m = ingot_models::by_name("gpt2").unwrap();
     for target in [
         ingot_compiler::lower::Target::Cpu,
         ingot_compiler::lower::Target::Cuda,
@@ -282,7 +281,7 @@ fn the_gpt2_loss_keeps_one_tokens_by_vocab_buffer_its_gradient_written_over_the_
 
 #[test]
 fn a_training_step_with_attention_ops_round_trips_through_the_ir_text() {
-    let m = models::by_name(HELD_OUT).unwrap();
+    let m = ingot_models::by_name(HELD_OUT).unwrap();
     let (forward, n) = ingot_compiler::recognize::attention(&m.graph).unwrap();
     assert_eq!(n, 2);
     let step = ingot_compiler::autodiff::training_step(&forward, &m.optimizer).unwrap();
@@ -301,8 +300,8 @@ fn a_training_step_with_attention_ops_round_trips_through_the_ir_text() {
 fn an_attention_the_cuda_kernels_do_not_cover_stays_plain_math_on_cuda_and_is_fused_on_the_cpu() {
     use ingot_compiler::lower::Target;
     // Head dim 8: the CUDA kernels cover 32..=128; the CPU kernel any.
-    let m =
-        models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2").unwrap();
+    let m = ingot_models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+        .unwrap();
     let fused = |t: Target| {
         let c = pipeline::compile(&m, &pipeline::Options::for_target(t)).unwrap();
         c.graph
@@ -313,7 +312,7 @@ fn an_attention_the_cuda_kernels_do_not_cover_stays_plain_math_on_cuda_and_is_fu
     assert_eq!(fused(Target::Cpu), 2);
     assert_eq!(fused(Target::Cuda), 0);
     // Head dim 64 (gpt-mini) is covered on both.
-    let m = models::by_name("gpt-mini").unwrap();
+    let m = ingot_models::by_name("gpt-mini").unwrap();
     let c = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
     let n = c
         .graph

@@ -287,7 +287,6 @@ fn bf16_column_sums_and_mixed_casts_fused_give_f32_arithmetic_rounded_at_the_sto
 // ---------------------------------------------------------------------------------------------
 
 use ingot_compiler::ir::LeafKind;
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_ir_tests::planned::{assert_planned_step_is_reference, seeded_leaves};
@@ -304,7 +303,7 @@ fn bf16_options(base: Options) -> Options {
 
 #[test]
 fn the_bf16_policy_keeps_state_f32_and_multiplies_and_reduces_as_autocast_does() {
-    let m = models::by_name(SMALL_GPT).unwrap();
+    let m = ingot_models::by_name(SMALL_GPT).unwrap();
     let opts = bf16_options(Options::unoptimized(
         ingot_compiler::lower::Target::Cpu.plan_options(),
     ));
@@ -369,7 +368,7 @@ fn the_bf16_policy_keeps_state_f32_and_multiplies_and_reduces_as_autocast_does()
 /// 20 steps of `spec` in f32 and under the bf16 policy, from the same weights and batches: every
 /// step's loss within `tol` relative.
 fn bf16_losses_track_f32(spec: &str, tol: f64) {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let mut f32_run = Session::new(&m, 9).unwrap();
     let mut bf16_run = Session::with_options(&m, 9, &bf16_options(Session::cpu_options())).unwrap();
     let mut worst = 0f64;
@@ -398,7 +397,7 @@ fn bf16_gpt_losses_stay_within_one_percent_of_f32_over_20_steps() {
 #[test]
 fn a_fused_planned_bf16_step_is_bit_identical_to_its_fused_reference_run_and_near_the_unfused_one()
 {
-    let m = models::by_name(SMALL_GPT).unwrap();
+    let m = ingot_models::by_name(SMALL_GPT).unwrap();
     let c = pipeline::compile(&m, &bf16_options(Session::cpu_options())).unwrap();
     let g = c.graph.clone();
     assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Fused(_))));
@@ -433,7 +432,8 @@ fn tiny_mlp_with(line: &str) -> String {
 
 #[test]
 fn a_model_files_precision_line_compiles_its_step_in_that_precision_unless_overridden() {
-    let m = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision bf16")).unwrap();
+    let m = ingot_compiler::model::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision bf16"))
+        .unwrap();
     assert_eq!(m.precision, Precision::Bf16);
     let cpu = Options::for_target(ingot_compiler::lower::Target::Cpu);
     let c = pipeline::compile(&m, &cpu).unwrap();
@@ -457,13 +457,13 @@ fn a_model_files_precision_line_compiles_its_step_in_that_precision_unless_overr
         .ids()
         .all(|id| c.step.graph.ty(id).dtype != DType::BF16));
     // Without the line, a file trains in f32.
-    let plain = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("")).unwrap();
+    let plain = ingot_compiler::model::Model::from_ir_text("tiny.ir", &tiny_mlp_with("")).unwrap();
     assert_eq!(plain.precision, Precision::F32);
 }
 
 #[test]
 fn a_bad_or_second_precision_line_is_an_error_naming_its_line() {
-    let e = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision fp8"))
+    let e = ingot_compiler::model::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision fp8"))
         .unwrap_err()
         .to_string();
     assert!(
@@ -471,7 +471,7 @@ fn a_bad_or_second_precision_line_is_an_error_naming_its_line() {
         "{e}"
     );
     let two = tiny_mlp_with("precision bf16\nprecision f32");
-    let e = models::Model::from_ir_text("tiny.ir", &two)
+    let e = ingot_compiler::model::Model::from_ir_text("tiny.ir", &two)
         .unwrap_err()
         .to_string();
     assert!(
@@ -486,7 +486,7 @@ fn a_bf16_op_with_an_f32_operand_and_no_cast_is_a_type_error_naming_the_line() {
                 %0 = parameter \"w\" init=zeros : bf16[4]\n\
                 %1 = input \"x\" : f32[4]\n\
                 %2 = mul(%0, %1) : bf16[4]\n";
-    let e = models::Model::from_ir_text("mixed.ir", text)
+    let e = ingot_compiler::model::Model::from_ir_text("mixed.ir", text)
         .unwrap_err()
         .to_string();
     assert!(e.contains("line 5") && e.contains("bf16[4], f32[4]"), "{e}");
@@ -494,7 +494,8 @@ fn a_bf16_op_with_an_f32_operand_and_no_cast_is_a_type_error_naming_the_line() {
 
 #[test]
 fn a_file_asking_for_tf32_is_refused_when_lowered_for_the_cpu() {
-    let m = models::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision tf32")).unwrap();
+    let m = ingot_compiler::model::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision tf32"))
+        .unwrap();
     let target = ingot_compiler::lower::Target::Cpu;
     let c = pipeline::compile(&m, &Options::for_target(target)).unwrap();
     let e = c.executable(target).unwrap_err().to_string();

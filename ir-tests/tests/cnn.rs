@@ -4,10 +4,12 @@
 //! refused before any step runs.
 
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::{DType, Graph, LeafKind, Mode};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model, Optimizer, Precision};
+use ingot_compiler::model::Model;
+use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;
 use ingot_compiler::{pipeline, plan};
 use ingot_runtime::cpu::interp::run_graph;
@@ -19,7 +21,7 @@ use ingot_trainer::session::Session;
 
 #[test]
 fn the_cnn_has_the_documented_parameters() {
-    let m = models::by_name("cnn").unwrap();
+    let m = ingot_models::by_name("cnn").unwrap();
     let g = &m.graph;
     let shapes: Vec<(String, Vec<usize>)> = g
         .leaves(LeafKind::Parameter)
@@ -45,12 +47,12 @@ fn the_cnn_has_the_documented_parameters() {
     .map(|(n, d)| (n.to_string(), d))
     .collect();
     assert_eq!(shapes, want);
-    assert_eq!(models::parameter_count(g), 421_642);
+    assert_eq!(ingot_compiler::model::parameter_count(g), 421_642);
 }
 
 #[test]
 fn the_cnn_loss_falls_over_20_steps_on_a_fixed_batch() {
-    let m = models::cnn_with(8, DType::F32).unwrap();
+    let m = ingot_models::cnn_with(8, DType::F32).unwrap();
     let mut s = Session::new(&m, 11).unwrap();
     let losses: Vec<f64> = (0..20).map(|_| s.step().unwrap().loss).collect();
     assert!(
@@ -74,7 +76,7 @@ fn planned_matches_reference(m: &Model, steps: usize) {
 
 #[test]
 fn planned_cnn_steps_are_bit_identical_to_the_reference_interpreter() {
-    planned_matches_reference(&models::cnn_with(4, DType::F32).unwrap(), 2);
+    planned_matches_reference(&ingot_models::cnn_with(4, DType::F32).unwrap(), 2);
 }
 
 /// A conv, batch norm, ReLU, pooling and a linear head: the layers a ResNet adds (traced in
@@ -82,7 +84,7 @@ fn planned_cnn_steps_are_bit_identical_to_the_reference_interpreter() {
 fn conv_bn_model(batch: usize) -> Model {
     let (graph, eval_graph) = Model::trace_modes("conv-bn", |g| {
         let x = g.input("x", [batch, 2, 6, 6], DType::F32)?;
-        let y = g.input("y", [batch], models::ID_DTYPE)?;
+        let y = g.input("y", [batch], ingot_compiler::model::ID_DTYPE)?;
         let h = nn::batch_norm2d(g, "bn0", x, 1e-5)?;
         let h = nn::conv2d(g, "conv", h, 2, 4, 3, 2, 1, 1, 2, false)?;
         let h = nn::batch_norm2d(g, "bn", h, 1e-5)?;
@@ -147,7 +149,7 @@ fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_p
     use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp};
     use ingot_compiler::lower::Program;
     for precision in [Precision::F32, Precision::Bf16] {
-        let m = models::cnn_with(4, DType::F32).unwrap();
+        let m = ingot_models::cnn_with(4, DType::F32).unwrap();
         let opts = pipeline::Options {
             precision: Some(precision),
             ..pipeline::Options::for_target(Target::Cuda)
@@ -258,7 +260,9 @@ fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first
 fn big_conv_model(batch: usize) -> Model {
     let mut g = Graph::new();
     let x = g.input("x", [batch, 16, 64, 64], DType::F32).unwrap();
-    let y = g.input("y", [batch], models::ID_DTYPE).unwrap();
+    let y = g
+        .input("y", [batch], ingot_compiler::model::ID_DTYPE)
+        .unwrap();
     let h = nn::conv2d(&mut g, "conv0", x, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
     let h = nn::conv2d(&mut g, "conv1", h, 16, 16, 3, 1, 1, 1, 1, false).unwrap();
     let h = nn::global_avg_pool(&mut g, h).unwrap();
@@ -337,9 +341,9 @@ fn a_convolution_at_the_peak_runs_smaller_chunks_and_the_plan_is_smaller() {
 
 #[test]
 fn resnet18_has_torchvision_s_parameters_and_plans_at_cifar_shape() {
-    let m = models::by_name("resnet18").unwrap();
+    let m = ingot_models::by_name("resnet18").unwrap();
     let g = &m.graph;
-    assert_eq!(models::parameter_count(g), 11_181_642);
+    assert_eq!(ingot_compiler::model::parameter_count(g), 11_181_642);
     let names: Vec<&str> = g
         .leaves(LeafKind::Parameter)
         .into_iter()
@@ -366,7 +370,7 @@ fn resnet18_has_torchvision_s_parameters_and_plans_at_cifar_shape() {
 
 #[test]
 fn a_small_batch_resnet18_trains_on_the_cpu() {
-    let m = models::resnet18_with(2, DType::F32).unwrap();
+    let m = ingot_models::resnet18_with(2, DType::F32).unwrap();
     let mut s = Session::new(&m, 3).unwrap();
     let losses: Vec<f64> = (0..3).map(|_| s.step().unwrap().loss).collect();
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
@@ -483,15 +487,15 @@ fn a_model_traced_in_eval_mode_reads_the_same_leaves_and_updates_nothing() {
             .collect()
     };
     assert_eq!(names(&m.graph), names(e));
-    let r = models::resnet18_with(2, DType::F32).unwrap();
+    let r = ingot_models::resnet18_with(2, DType::F32).unwrap();
     let re = r.eval_graph.as_ref().unwrap();
     assert!(re.updates.is_empty());
     assert_eq!(names(&r.graph), names(re));
-    assert!(models::cnn_with(2, DType::F32)
+    assert!(ingot_models::cnn_with(2, DType::F32)
         .unwrap()
         .eval_graph
         .is_none());
-    let mlp = models::mlp_with(2, DType::F32).unwrap();
+    let mlp = ingot_models::mlp_with(2, DType::F32).unwrap();
     assert!(mlp.eval_graph.is_none());
     assert_eq!(mlp.eval_graph(), &mlp.graph);
 }
@@ -556,7 +560,7 @@ fn the_eval_step_normalises_by_the_running_statistics_and_does_not_change_them()
 /// overflows, in PyTorch as here; a small lr keeps the check about the mechanism.)
 #[test]
 fn a_small_batch_resnet18_trains_and_validates_on_the_cpu() {
-    let mut m = models::resnet18_with(2, DType::F32).unwrap();
+    let mut m = ingot_models::resnet18_with(2, DType::F32).unwrap();
     m.optimizer = Optimizer::momentum(1e-3, 0.9, 5e-4);
     let mut s = cpu_session_with_eval(&m, 3);
     for _ in 0..2 {

@@ -11,7 +11,7 @@
 //! (/proc/thread-self/schedstat), elsewhere the wall clock; on a shared virtual machine even
 //! CPU time varies by half from run to run, which no single pair of runs can be trusted with.
 
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Options};
 use std::time::{Duration, Instant};
 

@@ -1,12 +1,12 @@
-//! The plan of a GPT's decode step ([`ingot_compiler::models::gpt_decode`]), snapshot-tested as
+//! The plan of a GPT's decode step ([`ingot_models::gpt_decode`]), snapshot-tested as
 //! the training steps' plans are (`snapshots.rs`): its KV cache resident beside the weights
 //! (reported under `optimizer_state`, the resident region of state leaves), written in place, so
 //! a change that moves any figure of the generation step shows up as a reviewable diff.
 
 use ingot_compiler::autodiff::Step;
 use ingot_compiler::ir::DType;
-use ingot_compiler::models::gpt_decode::{gpt_config_of, gpt_decode};
 use ingot_compiler::pipeline;
+use ingot_models::gpt_decode::{gpt_config_of, gpt_decode};
 
 /// The README's main-job model, at batch 1 as `ingot generate` runs it.
 const MAIN_JOB: &str = "gpt:vocab=256,d_model=64,layers=2,heads=4,d_ff=256,seq=64,batch=1";

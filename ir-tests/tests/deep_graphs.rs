@@ -4,7 +4,7 @@
 
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::fuse::{concat, remat, select, FuseOptions};
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::plan::PlanOptions;
 use ingot_compiler::rewrite::{self, RewriteOptions};

@@ -4,10 +4,12 @@
 //! by the kernel checks).
 
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::ir::{DType, Graph, LeafKind, Mode, Op, Shape};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model, Optimizer, Precision};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn::{self, DROPOUT_SEED};
 use ingot_ir_tests::gradcheck::{arg, check};
 use ingot_runtime::cpu::interp::run_graph;
@@ -125,7 +127,7 @@ fn the_same_seed_gives_the_same_mask_and_another_seed_or_layer_another() {
 fn mlp_with_dropout(p: f64) -> Model {
     let (graph, eval_graph) = Model::trace_modes("mlp-dropout", |g| {
         let x = g.input("x", [8, 12], DType::F32)?;
-        let y = g.input("y", [8], models::ID_DTYPE)?;
+        let y = g.input("y", [8], ingot_compiler::model::ID_DTYPE)?;
         let h = nn::linear(g, "fc1", x, 12, 32, true)?;
         let h = nn::relu(g, h)?;
         let h = nn::dropout(g, "drop", h, p)?;

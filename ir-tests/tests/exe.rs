@@ -4,7 +4,7 @@
 
 use ingot_compiler::exe::{self, Executable, Problem, Target, HEADER_BYTES, VERSION};
 use ingot_compiler::ir::text;
-use ingot_compiler::pipeline::{self, Compiled};
+use ingot_compiler::pipeline::Compiled;
 use ingot_trainer::session::Device;
 use proptest::prelude::*;
 use std::sync::OnceLock;
@@ -14,7 +14,7 @@ const TINY_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,b
 const FUZZ_GPT: &str = "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2";
 
 fn compiled(model: &str) -> Compiled {
-    pipeline::compile_model(model, &Device::Cpu.options()).unwrap()
+    ingot_models::compile_model(model, &Device::Cpu.options()).unwrap()
 }
 
 /// The file of the small GPT's CPU step, made once.
@@ -305,7 +305,8 @@ fn cuda_program(v: &mut serde_json::Value) -> &mut serde_json::Value {
 
 #[test]
 fn a_cuda_program_that_cannot_run_is_refused_naming_what_is_wrong() {
-    let c = pipeline::compile_model(FUZZ_GPT, &Device::Cuda(Default::default()).options()).unwrap();
+    let c =
+        ingot_models::compile_model(FUZZ_GPT, &Device::Cuda(Default::default()).options()).unwrap();
     let e = c.executable(Target::Cuda).unwrap();
     let good = e.to_bytes().unwrap();
     assert_eq!(Executable::from_bytes(&good, "s.ingot").unwrap(), e);

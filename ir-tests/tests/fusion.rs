@@ -5,7 +5,6 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::{LeafKind, Op};
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_ir_tests::planned::{assert_planned_step_is_reference, seeded_leaves};
 use ingot_runtime::cpu::run_graph;
@@ -33,7 +32,7 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
 /// bias of attention, which softmax cancels) is rounding noise in both steps, and AdamW divides
 /// it by its own magnitude, so the noise's sign moves the parameter by a full learning rate.
 /// The moments carry the gradients without that amplification.
-fn fused_matches_unfused(m: &models::Model, steps: usize, tol: f64) {
+fn fused_matches_unfused(m: &ingot_compiler::model::Model, steps: usize, tol: f64) {
     let spec = &m.name;
     let mut fused = Session::new(m, 3).unwrap();
     let unopt = Options::unoptimized(ingot_compiler::lower::Target::Cpu.plan_options());
@@ -62,14 +61,14 @@ fn fused_matches_unfused(m: &models::Model, steps: usize, tol: f64) {
 
 #[test]
 fn fused_mlp_steps_match_the_unfused_ones() {
-    fused_matches_unfused(&models::by_name("mlp").unwrap(), 3, 1e-5);
+    fused_matches_unfused(&ingot_models::by_name("mlp").unwrap(), 3, 1e-5);
 }
 
 #[test]
 fn fused_gpt_steps_match_the_unfused_ones_with_adamw_and_with_sgd() {
-    let adamw = models::by_name(SMALL_GPT).unwrap();
+    let adamw = ingot_models::by_name(SMALL_GPT).unwrap();
     fused_matches_unfused(&adamw, 3, 1e-5);
-    let sgd = models::Model {
+    let sgd = ingot_compiler::model::Model {
         optimizer: Optimizer::Sgd { lr: 0.1 },
         ..adamw
     };
@@ -78,7 +77,7 @@ fn fused_gpt_steps_match_the_unfused_ones_with_adamw_and_with_sgd() {
 
 #[test]
 fn a_fused_planned_step_is_bit_identical_to_its_reference_run() {
-    let m = models::by_name(SMALL_GPT).unwrap();
+    let m = ingot_models::by_name(SMALL_GPT).unwrap();
     let c = pipeline::compile(&m, &Session::cpu_options()).unwrap();
     let g = c.graph.clone();
     assert!(g.ids().any(|id| matches!(g.node(id).op, Op::Fused(_))));
@@ -90,8 +89,8 @@ fn a_fused_planned_step_is_bit_identical_to_its_reference_run() {
 fn fusion_cuts_kernels_and_memory_on_every_reference_model() {
     for spec in ["mlp", "gpt-mini", SMALL_GPT] {
         let cpu = ingot_compiler::lower::Target::Cpu.plan_options();
-        let before = pipeline::compile_model(spec, &Options::unoptimized(cpu.clone())).unwrap();
-        let after = pipeline::compile_model(spec, &Session::cpu_options()).unwrap();
+        let before = ingot_models::compile_model(spec, &Options::unoptimized(cpu.clone())).unwrap();
+        let after = ingot_models::compile_model(spec, &Session::cpu_options()).unwrap();
         assert!(
             after.report.kernels * 3 < before.report.kernels,
             "{spec}: {} kernels fused vs {} unfused",
@@ -109,7 +108,7 @@ fn fusion_cuts_kernels_and_memory_on_every_reference_model() {
 
 #[test]
 fn matmuls_read_weights_in_place_instead_of_materializing_their_transposes() {
-    let c = pipeline::compile_model("mlp", &Session::cpu_options()).unwrap();
+    let c = ingot_models::compile_model("mlp", &Session::cpu_options()).unwrap();
     let g = &c.graph;
     assert!(
         !g.ids()
@@ -128,8 +127,8 @@ fn matmuls_read_weights_in_place_instead_of_materializing_their_transposes() {
 
 #[test]
 fn fusion_is_deterministic() {
-    let a = pipeline::compile_model(SMALL_GPT, &Session::cpu_options()).unwrap();
-    let b = pipeline::compile_model(SMALL_GPT, &Session::cpu_options()).unwrap();
+    let a = ingot_models::compile_model(SMALL_GPT, &Session::cpu_options()).unwrap();
+    let b = ingot_models::compile_model(SMALL_GPT, &Session::cpu_options()).unwrap();
     assert_eq!(
         ingot_compiler::ir::text::print(&a.graph),
         ingot_compiler::ir::text::print(&b.graph)
@@ -139,7 +138,7 @@ fn fusion_is_deterministic() {
 
 #[test]
 fn the_qkv_gradient_is_written_packed_by_the_attention_backward_with_no_join() {
-    let m = models::by_name(SMALL_GPT).unwrap();
+    let m = ingot_models::by_name(SMALL_GPT).unwrap();
     let c = pipeline::compile(&m, &Session::cpu_options()).unwrap();
     let g = &c.graph;
     assert!(
@@ -229,7 +228,7 @@ fn a_deep_chain_of_row_reductions_fuses_into_kernels_of_bounded_reductions_that_
     // 60 centred layers: one kernel holding them all would evaluate its body 60 times per row
     // and keep 60 passes of bookkeeping for every instruction.
     let text = ingot_ir_tests::chains::reduce_chain(60, 4, 8);
-    let m = models::Model::from_ir_text("reduce-chain", &text).unwrap();
+    let m = ingot_compiler::model::Model::from_ir_text("reduce-chain", &text).unwrap();
     let c = pipeline::compile(&m, &Session::cpu_options()).unwrap();
     let mut most = 0;
     for id in c.graph.ids() {

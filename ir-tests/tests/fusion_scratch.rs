@@ -16,7 +16,7 @@
 //! kernel's whole scratch exceeds what the fold saves.
 
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Options};
 
 /// The planned bytes of `m` for the CPU, fused (the default) or as traced.

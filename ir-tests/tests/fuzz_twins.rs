@@ -7,7 +7,6 @@ use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::exe::{Executable, Target, HEADER_BYTES};
 use ingot_compiler::ir::text;
-use ingot_compiler::{models, pipeline};
 use ingot_runtime::{io, Tensor};
 use ingot_testkit::fuzz;
 use ingot_trainer::session::Device;
@@ -29,7 +28,7 @@ fn ir_texts() -> &'static [String] {
             "mlp",
             "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2",
         ] {
-            let m = models::by_name(spec).unwrap();
+            let m = ingot_models::by_name(spec).unwrap();
             let step = training_step(&m.graph, &m.optimizer).unwrap();
             out.push(text::print(&step.graph));
         }
@@ -42,7 +41,7 @@ fn exe_file() -> &'static [u8] {
     static F: OnceLock<Vec<u8>> = OnceLock::new();
     F.get_or_init(|| {
         let spec = "gpt:vocab=16,d_model=8,layers=1,heads=2,d_ff=16,seq=4,batch=2";
-        let c = pipeline::compile_model(spec, &Device::Cpu.options()).unwrap();
+        let c = ingot_models::compile_model(spec, &Device::Cpu.options()).unwrap();
         c.executable(Target::Cpu).unwrap().to_bytes().unwrap()
     })
 }
@@ -247,7 +246,7 @@ proptest! {
             "gpt:vocab={vocab},d_model={},layers={layers},heads={heads},d_ff={d_ff},seq={seq},batch={batch}",
             heads * head_dim
         );
-        let Ok(m) = models::by_name(&spec) else { return Ok(()) };
+        let Ok(m) = ingot_models::by_name(&spec) else { return Ok(()) };
         let step = training_step(&m.graph, &m.optimizer).unwrap();
         fuzz::plan_then_validate(text::print(&step.graph).as_bytes());
     }

@@ -50,7 +50,7 @@ fn a_target_updated_twice_is_refused_however_the_graph_was_made() {
 fn an_outputs_result_node_is_found_wherever_it_was_added() {
     // A fused kernel's second output named by a result node, as the fused graph has it.
     let text = ingot_ir_tests::chains::reduce_chain(3, 8, 8);
-    let m = ingot_compiler::models::Model::from_ir_text("chain", &text).unwrap();
+    let m = ingot_compiler::model::Model::from_ir_text("chain", &text).unwrap();
     let opts = ingot_compiler::pipeline::Options::for_target(ingot_compiler::lower::Target::Cpu);
     let g = ingot_compiler::pipeline::compile(&m, &opts).unwrap().graph;
     let scan = |g: &Graph, node, index| {

@@ -5,12 +5,11 @@
 
 use ingot_compiler::ir::{Graph, NodeId};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
 
 fn gpt2(precision: Precision) -> Compiled {
-    let m = models::by_name("gpt2").unwrap();
+    let m = ingot_models::by_name("gpt2").unwrap();
     let opts = Options {
         precision: Some(precision),
         ..Options::for_target(Target::Cuda)

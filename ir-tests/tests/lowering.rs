@@ -8,7 +8,7 @@ use ingot_compiler::lower::{Program, Target};
 use ingot_compiler::pipeline::{self, Options};
 
 fn lowered(spec: &str, target: Target) -> Executable {
-    pipeline::compile_model(spec, &Options::for_target(target))
+    ingot_models::compile_model(spec, &Options::for_target(target))
         .unwrap()
         .executable(target)
         .unwrap()
@@ -78,7 +78,7 @@ fn every_operation_of_the_gpt2_program_stays_inside_its_allocation_and_is_ordere
 
 /// The CUDA program of `spec` compiled for `ranks` data-parallel ranks.
 fn lowered_for_ranks(spec: &str, ranks: usize) -> Executable {
-    let model = ingot_compiler::models::by_name(spec).unwrap();
+    let model = ingot_models::by_name(spec).unwrap();
     let step = ingot_compiler::autodiff::StepOptions {
         ranks,
         ..Default::default()
@@ -218,7 +218,7 @@ fn collective_positions(exe: &Executable) -> (Vec<usize>, Vec<usize>) {
 fn gpt2_two_ranks_bf16() -> &'static Executable {
     static EXE: std::sync::OnceLock<Executable> = std::sync::OnceLock::new();
     EXE.get_or_init(|| {
-        let model = ingot_compiler::models::by_name("gpt2").unwrap();
+        let model = ingot_models::by_name("gpt2").unwrap();
         let step = ingot_compiler::autodiff::StepOptions {
             ranks: 2,
             reduce_in_bf16: true,

@@ -10,7 +10,7 @@ use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
 
 fn compile(spec: &str, precision: Precision, step: &StepOptions, acc: bool) -> Compiled {
-    let m = ingot_compiler::models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let mut opts = Options {
         precision: Some(precision),
         ..Options::for_target(Target::Cuda)
@@ -128,7 +128,7 @@ fn gpt2_accumulated_over_four_micro_batches_plans_less_with_matmul_acc() {
 
 #[test]
 fn debug_dump() {
-    let m = ingot_compiler::models::by_name("gpt2").unwrap();
+    let m = ingot_models::by_name("gpt2").unwrap();
     let opts = Options {
         precision: Some(Precision::Bf16),
         ..Options::for_target(Target::Cuda)

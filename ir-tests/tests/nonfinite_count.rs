@@ -5,7 +5,6 @@
 use ingot_compiler::autodiff::{StepOptions, NONFINITE};
 use ingot_compiler::ir::{Graph, NodeId, Op};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
 
@@ -14,8 +13,13 @@ fn gpt(layers: usize) -> String {
 }
 
 fn compiled(spec: &str, step: StepOptions, opts: &Options) -> Compiled {
-    pipeline::compile_observed_with(&models::by_name(spec).unwrap(), &step, opts, &mut |_| {})
-        .unwrap()
+    pipeline::compile_observed_with(
+        &ingot_models::by_name(spec).unwrap(),
+        &step,
+        opts,
+        &mut |_| {},
+    )
+    .unwrap()
 }
 
 fn counting() -> StepOptions {

@@ -3,10 +3,11 @@
 //! CPU executor runs them over a host region of its own and trains to the same losses, bit for
 //! bit; the fitter reaches for it only when nothing else fits.
 
+use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::fit::{self, offload::moments, FitOptions};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model, Optimizer};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::plan::check::PlanViolation;
 use ingot_compiler::plan::{align_up, PlanError};
@@ -15,7 +16,7 @@ use ingot_trainer::session::Session;
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=8,batch=2";
 
 fn mlp_adamw() -> Model {
-    let mut m = models::by_name("mlp").unwrap();
+    let mut m = ingot_models::by_name("mlp").unwrap();
     m.optimizer = Optimizer::adamw(1e-3, 0.01);
     m
 }
@@ -38,7 +39,7 @@ fn plain_and_offloaded(m: &Model) -> (Compiled, Compiled, Vec<String>) {
 
 #[test]
 fn offloaded_moments_leave_the_resident_region_for_homes_in_the_host_region() {
-    for m in [mlp_adamw(), models::by_name(GPT).unwrap()] {
+    for m in [mlp_adamw(), ingot_models::by_name(GPT).unwrap()] {
         let (plain, off, names) = plain_and_offloaded(&m);
         let moment_bytes: usize = names
             .iter()
@@ -173,7 +174,7 @@ fn train(m: &Model, opts: &Options, steps: usize) -> (Vec<u64>, usize, State) {
 
 #[test]
 fn an_offloaded_step_trains_to_the_same_losses_bit_for_bit_on_a_smaller_allocation() {
-    for m in [mlp_adamw(), models::by_name(GPT).unwrap()] {
+    for m in [mlp_adamw(), ingot_models::by_name(GPT).unwrap()] {
         let (plain, off, names) = plain_and_offloaded(&m);
         let (l0, a0, s0) = train(&m, &Options::for_target(Target::Cpu), 4);
         let (l1, a1, s1) = train(&m, &offloading(&names), 4);

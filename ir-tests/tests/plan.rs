@@ -3,7 +3,6 @@
 
 use ingot_compiler::autodiff::{training_step, Optimizer};
 use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
-use ingot_compiler::models;
 use ingot_compiler::plan::check::{validate, PlanView, PlanViolation as V};
 use ingot_compiler::plan::Location;
 use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
@@ -84,7 +83,7 @@ fn a_reshape_is_a_view_and_takes_no_bytes() {
 #[test]
 fn parameter_updates_are_written_in_place() {
     for opt in [Optimizer::Sgd { lr: 0.1 }, Optimizer::adamw(1e-3, 0.01)] {
-        let m = models::mlp_with(8, DType::F32).unwrap();
+        let m = ingot_models::mlp_with(8, DType::F32).unwrap();
         let step = training_step(&m.graph, &opt).unwrap();
         let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
         assert!(
@@ -571,7 +570,7 @@ fn every_reference_model_plan_validates_and_packs_within_one_percent_of_load() {
         "gpt2",
         "gpt:vocab=512,d_model=96,layers=3,heads=3,d_ff=200,seq=48,batch=3",
     ] {
-        let m = models::by_name(spec).unwrap();
+        let m = ingot_models::by_name(spec).unwrap();
         let step = training_step(&m.graph, &m.optimizer).unwrap();
         let p = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
         p.validate(&step.graph).unwrap();
@@ -587,8 +586,9 @@ fn every_reference_model_plan_validates_and_packs_within_one_percent_of_load() {
 
 #[test]
 fn the_same_model_gives_the_same_plan() {
-    let m = models::by_name("gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2")
-        .unwrap();
+    let m =
+        ingot_models::by_name("gpt:vocab=128,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch=2")
+            .unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let a = plan::plan(&step.graph, &PlanOptions::default()).unwrap();
     let b = plan::plan(&step.graph, &PlanOptions::default()).unwrap();

@@ -3,7 +3,7 @@
 //! that once failed their first step (a GPT with a size-1 dimension, a concat of 2 or many
 //! parts, a slice on an inner axis of a reshaped matmul output) now train.
 
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_testkit::random_step::{
     check_cpu, check_described, check_model, Description, OpKind, Precision,
 };
@@ -99,7 +99,7 @@ fn gpts_with_a_batch_or_a_sequence_of_one_train_a_step_that_matches_the_referenc
         "gpt:vocab=64,d_model=32,layers=1,heads=2,d_ff=64,seq=1,batch=2",
         "gpt:vocab=64,d_model=32,layers=1,heads=1,d_ff=64,seq=1,batch=1",
     ] {
-        trains(&models::by_name(spec).unwrap());
+        trains(&ingot_models::by_name(spec).unwrap());
     }
 }
 

@@ -6,7 +6,7 @@
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::fit::{self, FitError, FitOptions, Recomputation};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
 use ingot_ir_tests::losses::cpu_loss_bits;
 
@@ -25,9 +25,9 @@ fn rewritten(model: &Model, k: usize) -> Rewritten {
 /// The step of `GPT` at `k` micro-batches: as compiled normally, and with every candidate
 /// recomputed.
 fn without_and_with(k: usize) -> (Compiled, Compiled, fit::Recompute) {
-    let whole = models::by_name(GPT).unwrap();
+    let whole = ingot_models::by_name(GPT).unwrap();
     let m = if k > 1 {
-        models::at_batch(GPT, 4 / k, ingot_compiler::ir::DType::F32).unwrap()
+        ingot_models::at_batch(GPT, 4 / k, ingot_compiler::ir::DType::F32).unwrap()
     } else {
         whole
     };
@@ -84,7 +84,7 @@ fn recomputation_lowers_the_peak_of_a_small_gpt() {
 #[test]
 fn a_plan_fitted_by_recomputation_is_under_the_budget_to_the_byte_and_valid() {
     let (base, all, _) = without_and_with(1);
-    let m = models::by_name(GPT).unwrap();
+    let m = ingot_models::by_name(GPT).unwrap();
     // Between the two: recomputation must do it, and not all of it may be needed.
     for budget in [
         all.report.total_bytes,
@@ -123,7 +123,7 @@ fn a_plan_fitted_by_recomputation_is_under_the_budget_to_the_byte_and_valid() {
 
 #[test]
 fn recomputation_takes_the_values_with_the_fewest_flops_per_byte_first() {
-    let m = models::by_name(GPT).unwrap();
+    let m = ingot_models::by_name(GPT).unwrap();
     let r = rewritten(&m, 1);
     let cands = fit::ordered_candidates(&r).unwrap();
     let ratio = |c: &ingot_compiler::fuse::remat::Candidate| c.flops as f64 / c.bytes as f64;
@@ -151,7 +151,7 @@ fn recomputation_takes_the_values_with_the_fewest_flops_per_byte_first() {
 
 #[test]
 fn a_budget_under_the_resident_bytes_is_refused_naming_them() {
-    let m = models::by_name(GPT).unwrap();
+    let m = ingot_models::by_name(GPT).unwrap();
     let base = pipeline::finish(&rewritten(&m, 1), &[]).unwrap();
     let resident = base.report.resident_bytes;
     let opts = FitOptions {
@@ -162,7 +162,8 @@ fn a_budget_under_the_resident_bytes_is_refused_naming_them() {
         offload: false,
     };
     let build = |k: usize| {
-        models::at_batch(GPT, 4 / k, ingot_compiler::ir::DType::F32).map_err(|e| e.to_string())
+        ingot_models::at_batch(GPT, 4 / k, ingot_compiler::ir::DType::F32)
+            .map_err(|e| e.to_string())
     };
     let err = fit::fit(
         &m,
@@ -208,7 +209,7 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
     // head in chunks of the default size even recomputing every candidate is over, so the
     // fitter used to accumulate 8 micro-batches of 1; chunks of half the size fit at the whole
     // batch with some library outputs recomputed.
-    let model = models::by_name("gpt2").unwrap();
+    let model = ingot_models::by_name("gpt2").unwrap();
     let mut opts = Options::for_target(Target::Cuda);
     opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
     let budget = 3174 << 20;
@@ -220,7 +221,8 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
         offload: false,
     };
     let build = |k: usize| {
-        models::at_batch("gpt2", 8 / k, ingot_compiler::ir::DType::F32).map_err(|e| e.to_string())
+        ingot_models::at_batch("gpt2", 8 / k, ingot_compiler::ir::DType::F32)
+            .map_err(|e| e.to_string())
     };
     let (_, c, fitted) = fit::fit(
         &model,
@@ -248,7 +250,7 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
 
 #[test]
 fn a_bf16_step_over_its_budget_by_no_more_than_its_weight_copies_gives_them_up_first() {
-    let model = models::by_name(GPT).unwrap();
+    let model = ingot_models::by_name(GPT).unwrap();
     let mut opts = Options::for_target(Target::Cpu);
     opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
     let plan = |cast: bool| {

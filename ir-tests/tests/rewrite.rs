@@ -4,10 +4,10 @@
 //! random small graph the builder makes.
 
 use indexmap::IndexMap;
+use ingot_compiler::autodiff;
 use ingot_compiler::autodiff::Optimizer;
 use ingot_compiler::ir::{BinaryOp, CmpOp, DType, Graph, Init, LeafKind, NodeId, Op, TensorType};
 use ingot_compiler::rewrite::{simplify, RewriteOptions};
-use ingot_compiler::{autodiff, models};
 use ingot_runtime::cpu::run_graph;
 use ingot_runtime::Tensor;
 use ingot_trainer::init;
@@ -90,7 +90,7 @@ fn check_interface(g: &Graph, s: &Graph) {
 /// Simplifies the training step of `spec` (with `optimizer`, or the model's own) and compares
 /// the two graphs' results, those `compare` selects, on seeded inputs.
 fn check_step(spec: &str, optimizer: Option<Optimizer>, compare: impl Fn(&str) -> bool) {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let opt = optimizer.unwrap_or(m.optimizer);
     let g = autodiff::training_step(&m.graph, &opt).unwrap().graph;
     let (s, report) = simplify(&g, &RewriteOptions::default()).unwrap();
@@ -142,7 +142,7 @@ fn a_small_gpt_adamw_step_simplifies_and_computes_the_same_loss_and_optimizer_st
 
 #[test]
 fn transposed_weights_are_no_longer_materialized() {
-    let m = models::by_name(SMALL_GPT).unwrap();
+    let m = ingot_models::by_name(SMALL_GPT).unwrap();
     let g = autodiff::training_step(&m.graph, &m.optimizer)
         .unwrap()
         .graph;

@@ -10,7 +10,7 @@ use ingot_compiler::fit::{self, Choice, FitOptions, Recomputation, SEGMENTINGS};
 use ingot_compiler::fuse::segment::{self, Segment};
 use ingot_compiler::ir::NodeId;
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
 use ingot_compiler::plan::{self, MemoryPlan, PlanOptions};
 use ingot_compiler::precision::Precision;
@@ -64,7 +64,7 @@ fn model(name: &str) -> Model {
     if name == "residual.ir" {
         Model::from_ir_text(name, RESIDUAL_IR).unwrap()
     } else {
-        models::by_name(name).unwrap()
+        ingot_models::by_name(name).unwrap()
     }
 }
 
@@ -205,8 +205,9 @@ fn recomputing_a_resnets_blocks_keeps_none_of_their_forward_batch_norm_outputs()
 /// pass and were live at its peak).
 #[test]
 fn a_small_gpt_asked_to_cut_its_activation_memory_by_forty_percent_fits_without_micro_batches() {
-    let m = models::by_name("gpt:vocab=256,d_model=96,layers=3,heads=4,d_ff=384,seq=64,batch=8")
-        .unwrap();
+    let m =
+        ingot_models::by_name("gpt:vocab=256,d_model=96,layers=3,heads=4,d_ff=384,seq=64,batch=8")
+            .unwrap();
     let r = rewritten(&m, &cpu());
     let base = pipeline::finish(&r, &[]).unwrap();
     let slab = base.report.total_bytes - base.report.resident_bytes;

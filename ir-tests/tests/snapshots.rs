@@ -16,7 +16,7 @@ fn cpu_options() -> pipeline::Options {
 
 /// The kernels of a model's fused step, one line per kind of kernel with its count.
 fn kernel_list(spec: &str) -> String {
-    let c = pipeline::compile_model(spec, &cpu_options()).unwrap();
+    let c = ingot_models::compile_model(spec, &cpu_options()).unwrap();
     let mut s = String::new();
     for (k, n) in ingot_compiler::fuse::kernel_list(&c.graph) {
         s.push_str(&format!("{n:5}  {k}\n"));
@@ -40,7 +40,7 @@ fn gpt2_kernel_list() {
 }
 
 fn report_of(spec: &str) -> String {
-    let c = pipeline::compile_model(spec, &cpu_options()).unwrap();
+    let c = ingot_models::compile_model(spec, &cpu_options()).unwrap();
     c.report.table()
 }
 
@@ -63,7 +63,7 @@ fn gpt2_plan_report() {
 /// `[1024, 50304]` logits in place of one `[8192, 50304]`.
 #[test]
 fn gpt2_plan_report_with_its_loss_head_in_chunks() {
-    let m = ingot_compiler::models::by_name("gpt2").unwrap();
+    let m = ingot_models::by_name("gpt2").unwrap();
     let step = ingot_compiler::autodiff::StepOptions {
         loss_head_chunk_bytes: ingot_compiler::autodiff::chunk::HEAD_CHUNK_BYTES,
         ..Default::default()
@@ -74,7 +74,7 @@ fn gpt2_plan_report_with_its_loss_head_in_chunks() {
 
 #[test]
 fn small_gpt_plan_report_json() {
-    let c = pipeline::compile_model(
+    let c = ingot_models::compile_model(
         "gpt:vocab=64,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2",
         &cpu_options(),
     )

@@ -3,7 +3,6 @@
 
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::{text, Graph};
-use ingot_compiler::models;
 
 fn round_trips(name: &str, g: &Graph) {
     let printed = text::print(g);
@@ -25,7 +24,7 @@ fn every_reference_model_and_its_training_step_round_trip_through_text() {
         "gpt2",
         "gpt:vocab=97,d_model=24,layers=1,heads=3,d_ff=40,seq=5,batch=2",
     ] {
-        let m = models::by_name(spec).unwrap();
+        let m = ingot_models::by_name(spec).unwrap();
         round_trips(spec, &m.graph);
         let step = training_step(&m.graph, &m.optimizer).unwrap();
         round_trips(&format!("{spec} step"), &step.graph);

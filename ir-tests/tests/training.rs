@@ -1,12 +1,11 @@
 //! Whole training steps on the CPU: the reference models learn on a fixed batch, and a small
 //! GPT starts from the loss of a uniform guess, as a correctly initialised model must.
 
-use ingot_compiler::models;
 use ingot_trainer::session::Session;
 
 #[test]
 fn mlp_loss_falls_on_a_fixed_batch() {
-    let m = models::by_name("mlp").unwrap();
+    let m = ingot_models::by_name("mlp").unwrap();
     let mut s = Session::new(&m, 7).unwrap();
     let losses: Vec<f64> = (0..8).map(|_| s.step().unwrap().loss).collect();
     assert!(
@@ -24,7 +23,7 @@ fn mlp_loss_falls_on_a_fixed_batch() {
 fn a_small_gpt_starts_at_ln_vocab_and_trains() {
     let vocab = 256usize;
     let spec = format!("gpt:vocab={vocab},d_model=64,layers=2,heads=4,d_ff=256,seq=32,batch=4");
-    let m = models::by_name(&spec).unwrap();
+    let m = ingot_models::by_name(&spec).unwrap();
     let mut s = Session::new(&m, 1).unwrap();
     let losses: Vec<f64> = (0..10).map(|_| s.step().unwrap().loss).collect();
     let uniform = (vocab as f64).ln();

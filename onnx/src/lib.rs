@@ -1,5 +1,5 @@
 //! ONNX import: a forward graph exported by any framework becomes the same
-//! [`ingot_compiler::models::Model`] the built-in models give, so everything after tracing
+//! [`ingot_compiler::model::Model`] the built-in models give, so everything after tracing
 //! (autodiff, optimizers, rewrites, fusion, attention recognition, planning, budget fitting,
 //! CUDA) applies to it unchanged. This crate is its own room: it uses the compiler's tracing
 //! API and IR, and nothing in the compiler knows it exists.
@@ -116,8 +116,10 @@ pub use error::{OnnxError, Result, Unsupported};
 pub use read::{MAX_FILE_BYTES, MAX_TENSOR_BYTES};
 
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::ir::{DType, Graph, Init, LeafKind, Mode, NodeId, Origin, Shape, TensorType};
-use ingot_compiler::models::{Model, Optimizer, Precision};
+use ingot_compiler::model::Model;
+use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;
 use lower::{Lower, Val};
 use proto::{ModelProto, NodeProto};
@@ -1002,7 +1004,7 @@ fn attach_loss(l: &mut Lower, graph: &proto::GraphProto, opts: &ImportOptions) -
             let y = l.g.ids_input(
                 "y",
                 Shape::new(&lead),
-                ingot_compiler::models::ID_DTYPE,
+                ingot_compiler::model::ID_DTYPE,
                 classes as u64,
             )?;
             // Axis 1 moved last: each row of [rows, C] is one position's logits.

@@ -9,8 +9,8 @@
 mod support;
 
 use indexmap::IndexMap;
+use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::ir::LeafKind;
-use ingot_compiler::models::Optimizer;
 use ingot_onnx::{import, ClassAxis, ImportOptions, Loss};
 use ingot_runtime::io;
 use ingot_runtime::tensor::Tensor;

@@ -16,10 +16,10 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::{copies, Optimizer, StepOptions};
 use ingot_compiler::ir::{DType, LeafKind, Shape, TensorType};
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 // What the fuzz target `fused_step` describes a step with (it depends on this crate alone).
-pub use ingot_compiler::models::Precision;
 use ingot_compiler::pipeline;
+pub use ingot_compiler::precision::Precision;
 use ingot_compiler::random_graph;
 pub use ingot_compiler::random_graph::{Description, OpKind, MAX_OPS};
 use ingot_runtime::cpu::run_graph;

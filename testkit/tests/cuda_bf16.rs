@@ -10,9 +10,9 @@
 use ingot_compiler::ir::DType;
 use ingot_compiler::lower::cuda::{Compute, DeviceOp, Gemm};
 use ingot_compiler::lower::{Program, Target};
-use ingot_compiler::models::by_name;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
+use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_testkit::kernel_check::{check_kernels, CheckOptions, Source};
 use ingot_trainer::session::{Device, Session};

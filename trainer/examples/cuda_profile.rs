@@ -24,7 +24,7 @@
 
 use ingot_compiler::ir::{Graph, Op};
 use ingot_compiler::lower::cuda::{DeviceOp, Program};
-use ingot_compiler::models::by_name;
+use ingot_models::by_name;
 use ingot_runtime::cuda::{self, timeline, CudaOptions};
 use ingot_trainer::session::{Device, Session};
 use std::collections::BTreeMap;

@@ -3,7 +3,6 @@
 //! it can fill them (no step in between). The time per batch is what a step must hide.
 //!
 //! `cargo run --release -p ingot-trainer --example data_throughput -- gpt-mini gpt2 [TOKENS]`
-use ingot_compiler::models;
 use ingot_trainer::data::{BatchSource, Epochs, Loader, Order, Staging, TokenBatches, TokenStream};
 use std::time::Instant;
 
@@ -28,7 +27,7 @@ fn main() {
     println!("| model | x | batches | µs per batch | tokens per second |");
     println!("|---|---|---:|---:|---:|");
     for spec in args.iter().filter(|a| a.parse::<u64>().is_err()) {
-        let g = models::by_name(spec).expect("model").graph;
+        let g = ingot_models::by_name(spec).expect("model").graph;
         let src = TokenBatches::for_graph(
             TokenStream::open(&path).expect("open"),
             &g,

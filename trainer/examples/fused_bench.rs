@@ -3,7 +3,6 @@
 //! and the largest relative difference of the losses and updated parameters are printed.
 //!
 //! `cargo run --release -p ingot-trainer --example fused_bench -- mlp gpt-mini`
-use ingot_compiler::models;
 use ingot_compiler::pipeline::Options;
 use ingot_trainer::session::Session;
 
@@ -20,7 +19,7 @@ fn main() {
     println!("| model | unfused ms | fused ms | fused / unfused | unfused kernels | fused kernels | max rel. diff of losses | of parameters |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for spec in std::env::args().skip(1) {
-        let m = models::by_name(&spec).expect("model");
+        let m = ingot_models::by_name(&spec).expect("model");
         let mut fused = Session::new(&m, 1).expect("fused");
         let plain_opts = Options::unoptimized(ingot_compiler::lower::Target::Cpu.plan_options());
         let mut plain = Session::with_options(&m, 1, &plain_opts).expect("unfused");

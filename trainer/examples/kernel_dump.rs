@@ -58,7 +58,7 @@ fn main() {
         }
         None => model.as_str(),
     };
-    let c = match ingot_compiler::models::by_name(model)
+    let c = match ingot_models::by_name(model)
         .map_err(|e| e.to_string())
         .and_then(|m| ingot_compiler::pipeline::compile(&m, &opts).map_err(|e| e.to_string()))
     {

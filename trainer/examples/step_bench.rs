@@ -5,7 +5,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::LeafKind;
-use ingot_compiler::{models, plan};
+use ingot_compiler::plan;
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
@@ -24,7 +24,7 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|");
     for spec in std::env::args().skip(1) {
-        let m = models::by_name(&spec).expect("model");
+        let m = ingot_models::by_name(&spec).expect("model");
         let g = training_step(&m.graph, &m.optimizer).expect("step").graph;
         let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).expect("plan");
         let mut leaves: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 1);

@@ -430,7 +430,7 @@ pub fn check_same_run(
 pub fn check_optimizer(
     dir: &Path,
     info: &CheckpointInfo,
-    now: Option<&ingot_compiler::models::Optimizer>,
+    now: Option<&ingot_compiler::autodiff::optim::Optimizer>,
 ) -> Result<Option<String>, String> {
     let (Some(then), Some(now)) = (info.optimizer_settings.as_deref(), now) else {
         return Ok(None);

@@ -13,7 +13,7 @@ use crate::data::{BatchSource, Order};
 use crate::session::{Device, Session, TopK};
 use ingot_compiler::autodiff::Step;
 use ingot_compiler::exe::{Executable, StepPair};
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::shared::SharedLayout;
 use std::path::Path;

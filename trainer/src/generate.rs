@@ -2,7 +2,7 @@
 //! planned before the first token (its peak known, [`Generator::planned_bytes`]) and run once
 //! per token with nothing allocated:
 //! - [`Generator::cached`] (the default of `ingot generate`): the model's decode step
-//!   ([`ingot_compiler::models::gpt_decode`]), one token at a time against a KV cache that is
+//!   ([`ingot_models::gpt_decode`]), one token at a time against a KV cache that is
 //!   resident state of the step, `O(seq · d)` per layer and token;
 //! - [`Generator::new`], the reference: a forward-only step over the model's whole context window
 //!   ([`crate::infer::Inference`] of the model's graph reduced to its logits,
@@ -34,11 +34,12 @@ use crate::infer::Inference;
 use crate::session::Device;
 use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
-use ingot_compiler::models::gpt_decode::{self, gpt_config_of};
-use ingot_compiler::models::{GptConfig, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::logits::LOGITS;
+use ingot_models::gpt_decode::{self, gpt_config_of};
+use ingot_models::GptConfig;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -1,5 +1,5 @@
 //! Pretrained GPT-2 weights under the names the field uses, mapped onto Ingot's GPT
-//! ([`ingot_compiler::models::gpt`]), so that `--init` reads a checkpoint of transformers'
+//! ([`ingot_models::gpt`]), so that `--init` reads a checkpoint of transformers'
 //! `GPT2LMHeadModel` or of nanoGPT and `--save --names hf|nanogpt` writes one back.
 //!
 //! The three namings of one GPT block `i` and the tensors around the blocks:

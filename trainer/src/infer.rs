@@ -15,11 +15,11 @@ use crate::data::BatchSource;
 use crate::session::{Device, Session};
 use indexmap::IndexMap;
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId};
-use ingot_compiler::models::gpt_decode::is_cache;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::Location;
 use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::logits::LOGITS;
+use ingot_models::gpt_decode::is_cache;
 use ingot_runtime::tensor::Tensor;
 
 /// A forward-only step loaded on a device, with the planned slots of its inputs and outputs.

@@ -243,7 +243,7 @@ pub fn synthetic_union_batch(g: &Graph, seed: u64, ranks: usize) -> IndexMap<Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ingot_compiler::models::{by_name, mlp_with};
+    use ingot_models::{by_name, mlp_with};
 
     #[test]
     fn the_same_seed_gives_the_same_parameters_and_another_seed_different_ones() {

@@ -83,7 +83,7 @@ pub struct RunOptions {
     /// The device the session runs on (for the run's description).
     pub device: session::Device,
     /// The step's optimizer, where known (recorded in checkpoints and compared on resume).
-    pub optimizer: Option<ingot_compiler::models::Optimizer>,
+    pub optimizer: Option<ingot_compiler::autodiff::optim::Optimizer>,
     /// The step's gradient clipping (`Some(None)`: none), where known (recorded in
     /// checkpoints and compared on resume, [`checkpoint::check_training`]); a step
     /// executable's is not.

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # use ingot_trainer::session::Session;
-//! let model = ingot_compiler::models::by_name("mlp").unwrap();
+//! let model = ingot_models::by_name("mlp").unwrap();
 //! let mut s = Session::new(&model, 0).unwrap(); // seeded weights and a synthetic batch
 //! for _ in 0..10 {
 //!     let r = s.step().unwrap();
@@ -22,7 +22,7 @@ use ingot_compiler::autodiff::{GRAD_NORM, LOSS, LR_SCALE, NONFINITE};
 use ingot_compiler::exe::{Executable, StepPair, Target};
 use ingot_compiler::ir::{DType, Graph, LeafKind, NodeId, TensorType};
 use ingot_compiler::lower::LowerError;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_compiler::plan::shared::SharedLayout;
 use ingot_compiler::plan::Location;

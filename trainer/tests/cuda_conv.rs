@@ -7,9 +7,9 @@
 //! Without a GPU these skip with the reason; with `INGOT_REQUIRE_GPU=1` (scripts/gpu_check.sh
 //! sets it) that is a failure. Run them one at a time (`--test-threads=1`).
 
-use ingot_compiler::models::by_name;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
+use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::{Device, Session};

@@ -13,10 +13,12 @@
 //! `LD_LIBRARY_PATH` to the directory of `libcudnn.so.9`, e.g. PyTorch's
 //! `site-packages/nvidia/cudnn/lib`). Run them one at a time (`--test-threads=1`).
 
+use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::ir::{DType, Graph};
 use ingot_compiler::lower::cuda::DeviceOp;
 use ingot_compiler::lower::Program;
-use ingot_compiler::models::{Model, Optimizer, ID_DTYPE};
+use ingot_compiler::model::Model;
+use ingot_compiler::model::ID_DTYPE;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;

@@ -5,8 +5,8 @@
 
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Target;
-use ingot_compiler::models::by_name;
 use ingot_compiler::pipeline;
+use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_trainer::eval::{forward_step, pair_with_eval};
 use ingot_trainer::session::{Device, Session};

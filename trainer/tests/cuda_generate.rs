@@ -4,7 +4,7 @@
 //! and pass; with `INGOT_REQUIRE_GPU=1` a missing GPU fails them.
 
 use indexmap::IndexMap;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::tensor::Tensor;

@@ -11,7 +11,6 @@ use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::ir::{DType, Op};
 use ingot_compiler::lower::cuda::{Compute, DeviceOp};
 use ingot_compiler::lower::{Program, Target};
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cuda::{self, CudaOptions};
@@ -27,9 +26,9 @@ const SPEC: &str = "gpt:vocab=512,d_model=64,layers=2,heads=4,d_ff=256,seq=32,ba
 
 fn session(precision: Precision, step: &StepOptions, device: Device) -> Session {
     let m = if step.accumulate > 1 {
-        models::at_batch(SPEC, 4 / step.accumulate, DType::F32).unwrap()
+        ingot_models::at_batch(SPEC, 4 / step.accumulate, DType::F32).unwrap()
     } else {
-        models::by_name(SPEC).unwrap()
+        ingot_models::by_name(SPEC).unwrap()
     };
     let opts = Options {
         precision: Some(precision),
@@ -113,7 +112,7 @@ fn on_the_gpu_two_micro_batches_accumulated_by_cublas_match_the_cpu() {
 /// the head's sums as GEMMs with beta = 1, bf16 operands and an f32 result.
 #[test]
 fn the_bf16_chunked_step_lowers_its_head_sums_to_bf16_into_f32_gemms_with_beta_one() {
-    let m = models::by_name(SPEC).unwrap();
+    let m = ingot_models::by_name(SPEC).unwrap();
     let opts = Options {
         precision: Some(Precision::Bf16),
         ..Options::for_target(Target::Cuda)

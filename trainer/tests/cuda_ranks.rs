@@ -10,7 +10,7 @@ use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_runtime::cuda::ranks::GpuRanks;
 use ingot_runtime::cuda::{self, nccl, CudaOptions, CudaStep};
 use ingot_runtime::tensor::Tensor;
@@ -111,7 +111,7 @@ fn two_gpus_on_two_shards_train_an_mlp_as_one_gpu_on_the_union() {
         return;
     };
     let worst = gpus_against_union(
-        |b| models::mlp_with(b, ingot_compiler::ir::DType::F32).unwrap(),
+        |b| ingot_models::mlp_with(b, ingot_compiler::ir::DType::F32).unwrap(),
         2,
         4,
         10,
@@ -130,11 +130,11 @@ fn two_gpus_on_two_shards_train_a_gpt_as_one_gpu_on_the_union() {
             // Large enough for several gradient buckets, so several all-reduces overlap the
             // backward pass. SGD, not AdamW: see data_parallel.rs (the key bias's gradient is
             // rounding noise, which AdamW scales to a full step).
-            let mut m = models::by_name(&format!(
+            let mut m = ingot_models::by_name(&format!(
                 "gpt:vocab=32768,d_model=256,layers=2,heads=4,d_ff=1024,seq=32,batch={b}"
             ))
             .unwrap();
-            m.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+            m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
             m
         },
         2,
@@ -151,7 +151,7 @@ fn every_gpu_takes_its_plan_and_1000_steps_allocate_nothing_on_any() {
     else {
         return;
     };
-    let exe = compile(&models::by_name("gpt-mini").unwrap(), 2);
+    let exe = compile(&ingot_models::by_name("gpt-mini").unwrap(), 2);
     let planned = exe.plan().total_bytes;
     let g = exe.graph().clone();
     let mut gpus = GpuRanks::new(exe, false).unwrap();
@@ -203,11 +203,11 @@ fn two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole() {
     // As data_parallel.rs's CPU test: the same parameters and batch of 8 rows, evaluated by two
     // GPUs (4 rows each, the mean of their losses) and by one (all 8), before and after a step.
     let session = |b: usize, ranks: usize| {
-        let mut model = models::by_name(&format!(
+        let mut model = ingot_models::by_name(&format!(
             "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}"
         ))
         .unwrap();
-        model.optimizer = models::Optimizer::Sgd { lr: 0.1 };
+        model.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
         let opts = ingot_compiler::pipeline::Options::for_target(Target::Cuda);
         let exe = compile(&model, ranks);
         ingot_trainer::eval::session_with_eval(
@@ -290,7 +290,7 @@ fn two_gpus_with_a_sharded_optimizer_train_bit_for_bit_as_two_unsharded_gpus() {
     // the sharded session's whole parameters and state are read joined from both GPUs.
     let run = |shard_optimizer: bool| {
         let model =
-            models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
+            ingot_models::by_name("gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2")
                 .unwrap();
         let mut o = ingot_compiler::pipeline::Options::for_target(Target::Cuda);
         o.precision = Some(ingot_compiler::precision::Precision::Bf16);

@@ -71,10 +71,9 @@ fn training_steps_fed_by_the_loader_allocate_nothing_once_warm() {
     let tokens: Vec<u8> = (0..3000u16).flat_map(|t| (t % 256).to_le_bytes()).collect();
     let p = d.join("t.bin");
     std::fs::write(&p, tokens).unwrap();
-    let m = ingot_compiler::models::by_name(
-        "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=2",
-    )
-    .unwrap();
+    let m =
+        ingot_models::by_name("gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=2")
+            .unwrap();
     let c = ingot_compiler::pipeline::compile(&m, &ingot_trainer::session::Session::cpu_options())
         .unwrap();
     let g = c.graph.clone();

@@ -3,7 +3,7 @@
 //! process holds after step 100 are the bytes it holds after step 100,000. A counting global
 //! allocator (this test binary's own) watches every byte allocated and freed, on every thread.
 
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_trainer::run::{self, Observer, ObserverError, RunOptions, StepEvent};
 use ingot_trainer::session::Session;
 use std::sync::atomic::Ordering;

@@ -6,7 +6,7 @@
 //! allocator watches this test binary).
 
 use indexmap::IndexMap;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::generate::{Generator, Sampling};
@@ -191,7 +191,7 @@ fn the_cached_bf16_step_keeps_its_cache_in_bf16_and_follows_the_bf16_whole_windo
 
 #[test]
 fn the_cached_step_is_refused_for_a_model_outside_the_gpt_family() {
-    let m = models::by_name("mlp").unwrap();
+    let m = ingot_models::by_name("mlp").unwrap();
     let e = match Generator::cached(&m, Precision::F32, &Session::cpu_options(), Device::Cpu) {
         Ok(_) => panic!("the mlp has a decode step"),
         Err(e) => e,

@@ -441,9 +441,7 @@ fn a_directory_of_class_folders_is_detected_and_opened_for_a_models_inputs() {
         datasets::detect_format(&d).unwrap(),
         DatasetFormat::Images(_)
     ));
-    let g = ingot_compiler::models::resnet18_with(2, DType::F32)
-        .unwrap()
-        .graph;
+    let g = ingot_models::resnet18_with(2, DType::F32).unwrap().graph;
     let train = datasets::open_dataset(&d, &g, Order::Random, 1).unwrap();
     assert!(
         train.describe().contains("random resized crop"),

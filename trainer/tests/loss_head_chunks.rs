@@ -9,7 +9,6 @@ use ingot_compiler::autodiff::{chunk, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::tensor::Tensor;
@@ -33,7 +32,7 @@ fn compiled(spec: &str, chunk_bytes: usize, precision: Precision, target: Target
         precision: Some(precision),
         ..Options::for_target(target)
     };
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     pipeline::compile_observed_with(&m, &step, &opts, &mut |_| {}).unwrap()
 }
 
@@ -111,7 +110,7 @@ fn an_mlp_in_row_chunks_trains_as_the_whole_batch_with_its_biases_summed_over_th
 
 #[test]
 fn a_head_under_the_chunk_size_or_with_chunking_off_is_differentiated_whole() {
-    let m = models::by_name(SPEC).unwrap();
+    let m = ingot_models::by_name(SPEC).unwrap();
     let loss = *m.graph.outputs.get("loss").unwrap();
     assert!(
         chunk::find(&m.graph, loss, 0).is_none(),

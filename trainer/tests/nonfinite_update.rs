@@ -6,7 +6,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::{StepOptions, NONFINITE};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::session::{Device, Session};

@@ -6,7 +6,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::grad;
 use ingot_compiler::ir::{DType, Graph, Init, LeafKind, Shape};
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
@@ -92,7 +92,7 @@ fn nan_weight_losses(m: &Model, name: &str) -> (f64, f64) {
 
 #[test]
 fn the_mlp_with_a_nan_weight_before_a_relu_reports_a_nan_loss() {
-    let m = models::by_name("mlp").unwrap();
+    let m = ingot_models::by_name("mlp").unwrap();
     let first = m.graph.leaves(LeafKind::Parameter)[0];
     let name = m.graph.leaf_name(first).unwrap().to_string();
     let (reference, fused) = nan_weight_losses(&m, &name);

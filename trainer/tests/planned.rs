@@ -5,7 +5,6 @@ use indexmap::IndexMap;
 use ingot_compiler::autodiff::training_step;
 use ingot_compiler::ir::{DType, Graph};
 use ingot_compiler::lower::LowerError;
-use ingot_compiler::models;
 use ingot_compiler::plan;
 use ingot_compiler::plan::check::PlanViolation;
 use ingot_runtime::cpu::interp::run_graph;
@@ -20,7 +19,7 @@ use ingot_trainer::session::Session;
 /// Runs `steps` training steps of `spec` planned and by the reference interpreter, comparing
 /// the loss and every leaf, bit for bit.
 fn planned_matches_reference(spec: &str, steps: usize) {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let g = training_step(&m.graph, &m.optimizer).unwrap().graph;
     let p = plan::plan(&g, &ingot_compiler::lower::Target::Cpu.plan_options()).unwrap();
     assert_planned_matches_reference(spec, &g, p, 3, steps);
@@ -48,7 +47,7 @@ fn fused_steps(
     steps: usize,
     interpret: bool,
 ) -> (Vec<Vec<u8>>, (usize, usize)) {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let c = ingot_compiler::pipeline::compile(&m, &Session::cpu_options()).unwrap();
     let values = seeded_leaves(&c.graph, 7);
     let mut p = PlannedStep::with_threads(cpu_executable(c), threads).unwrap();
@@ -128,7 +127,7 @@ fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
 
 #[test]
 fn a_corrupted_plan_is_refused_before_it_becomes_an_executable() {
-    let m = models::mlp_with(4, DType::F32).unwrap();
+    let m = ingot_models::mlp_with(4, DType::F32).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let mut p = plan::plan(
         &step.graph,
@@ -164,7 +163,7 @@ fn a_corrupted_plan_is_refused_before_it_becomes_an_executable() {
 
 #[test]
 fn writing_a_leaf_of_the_wrong_type_names_it() {
-    let m = models::mlp_with(4, DType::F32).unwrap();
+    let m = ingot_models::mlp_with(4, DType::F32).unwrap();
     let step = training_step(&m.graph, &m.optimizer).unwrap();
     let p = plan::plan(
         &step.graph,

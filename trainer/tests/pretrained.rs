@@ -5,7 +5,6 @@
 //! tests/fixtures/gpt2_names, scripts/tokenizer_fixture.py and scripts/gpt2_names_fixture.py.
 
 use indexmap::IndexMap;
-use ingot_compiler::models;
 use ingot_runtime::io;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::data::tokenizer::TextTokenizer;
@@ -57,7 +56,7 @@ fn a_missing_or_unparsable_tokenizer_is_an_error_naming_the_file() {
 /// The fixture's GPT under Ingot's names, on the CPU, with its batch.
 fn session() -> Session {
     let cfg = json("gpt2_names/torch.json");
-    let model = models::by_name(cfg["model"].as_str().unwrap()).unwrap();
+    let model = ingot_models::by_name(cfg["model"].as_str().unwrap()).unwrap();
     let mut s = Session::new(&model, 0).unwrap();
     let batch = io::load(fixture("gpt2_names/batch.safetensors")).unwrap();
     s.set_batch_map(&batch).unwrap();

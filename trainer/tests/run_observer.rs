@@ -1,7 +1,7 @@
 //! A training run as a library ([`ingot_trainer::run::train`]): what its observer is told, in
 //! which order, and how a run stops (a typed [`RunError`]).
 
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_trainer::run::{
     self, EvalEvent, Finished, Observer, ObserverError, RunError, RunOptions, Start, StepEvent,
 };

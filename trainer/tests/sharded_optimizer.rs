@@ -10,7 +10,6 @@ use ingot_compiler::autodiff::{shard, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{LeafKind, Shape};
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::collective::{threads, Collective};
@@ -32,7 +31,8 @@ fn compiled(shard_optimizer: bool, target: Target) -> pipeline::Compiled {
         shard_optimizer,
         ..StepOptions::default()
     };
-    pipeline::compile_observed_with(&models::by_name(GPT).unwrap(), &step, &o, &mut |_| {}).unwrap()
+    pipeline::compile_observed_with(&ingot_models::by_name(GPT).unwrap(), &step, &o, &mut |_| {})
+        .unwrap()
 }
 
 fn exe(shard_optimizer: bool) -> Executable {

@@ -8,7 +8,6 @@ use ingot_compiler::autodiff::{shard, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::Tensor;
@@ -30,7 +29,7 @@ fn exe(shard_optimizer: bool) -> Executable {
         shard_optimizer,
         ..StepOptions::default()
     };
-    pipeline::compile_observed_with(&models::by_name(GPT).unwrap(), &step, &o, &mut |_| {})
+    pipeline::compile_observed_with(&ingot_models::by_name(GPT).unwrap(), &step, &o, &mut |_| {})
         .unwrap()
         .executable(Target::Cpu)
         .unwrap()

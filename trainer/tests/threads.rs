@@ -5,14 +5,13 @@
 //! interpreter. (That a step on several threads allocates nothing is in zero_alloc.rs: its
 //! counter sees every thread, so it must run alone.)
 
-use ingot_compiler::models;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_testkit::steps::{cpu_executable, seeded_leaves, step_bytes};
 use ingot_trainer::session::Session;
 
 fn compiled(spec: &str, precision: Precision) -> ingot_compiler::pipeline::Compiled {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let mut opts = Session::cpu_options();
     opts.precision = Some(precision);
     ingot_compiler::pipeline::compile(&m, &opts).unwrap()

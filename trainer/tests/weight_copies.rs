@@ -6,7 +6,6 @@ use ingot_compiler::autodiff::{copies, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
-use ingot_compiler::models;
 use ingot_compiler::pipeline;
 use ingot_compiler::precision::Precision;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
@@ -29,7 +28,7 @@ fn exe(cast: bool) -> Executable {
         ..StepOptions::default()
     };
     pipeline::compile_observed_with(
-        &models::by_name(GPT).unwrap(),
+        &ingot_models::by_name(GPT).unwrap(),
         &step,
         &options(),
         &mut |_| {},
@@ -79,7 +78,7 @@ fn a_bf16_step_that_keeps_weight_copies_trains_as_one_that_casts_them_to_the_bit
 
 #[test]
 fn loading_parameters_rewrites_their_copies_and_a_checkpoint_holds_no_copy() {
-    let model = models::by_name(GPT).unwrap();
+    let model = ingot_models::by_name(GPT).unwrap();
     let mut a = Session::with_options(&model, 1, &options()).unwrap();
     let mut b = Session::with_options(&model, 2, &options()).unwrap();
     a.step().unwrap();

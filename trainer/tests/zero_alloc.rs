@@ -3,7 +3,6 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
-use ingot_compiler::models;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
@@ -20,7 +19,7 @@ fn allocations_per_step(spec: &str, fused: bool) -> usize {
 }
 
 fn allocations_per_step_in(spec: &str, fused: bool, precision: Precision) -> usize {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let cpu = ingot_compiler::lower::Target::Cpu.plan_options();
     let mut opts = if fused {
         ingot_trainer::session::Session::cpu_options()
@@ -93,7 +92,7 @@ fn a_planned_training_step_allocates_nothing_on_the_heap() {
 
 /// Allocations in `steps` fused f32 steps of `spec` on `threads` threads, after one.
 fn allocations_in_steps(spec: &str, threads: usize, steps: usize) -> usize {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let c = ingot_compiler::pipeline::compile(&m, &ingot_trainer::session::Session::cpu_options())
         .unwrap();
     let g = c.graph;

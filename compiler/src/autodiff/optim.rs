@@ -1,7 +1,9 @@
 //! Optimizers as IR: the update of every parameter and its state is appended to the step graph
 //! and marked as written in place.
 
-pub use crate::models::Optimizer;
+mod settings;
+
+pub use settings::{parse_betas, Optimizer, OptimizerKind, OptimizerSettings};
 
 use crate::error::{IrError, Result};
 use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Shape, TensorType};

@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_reference_models_loads_inside_its_inputs() {
         for m in ["mlp", "gpt-mini"] {
-            let c = crate::pipeline::compile_model(m, &Default::default()).unwrap();
+            let c = crate::models::compile_model(m, &Default::default()).unwrap();
             check_loads(&c.graph).unwrap();
         }
     }

@@ -610,7 +610,7 @@ mod tests {
             fuse_attention: false,
             ..crate::pipeline::Options::for_target(crate::lower::Target::Cuda)
         };
-        crate::pipeline::compile_model(
+        crate::models::compile_model(
             "gpt:vocab=32,d_model=32,layers=1,heads=2,d_ff=64,seq=64,batch=2",
             &opts,
         )
@@ -711,7 +711,7 @@ mod tests {
                 );
             }
             t += "%42 = reduce_sum(%41) axes=[0] : f32[1]\n%43 = reshape(%42) : f32[]\noutput \"loss\" = %43\n";
-            crate::models::Model::from_ir_text("chain", &t).unwrap()
+            crate::model::Model::from_ir_text("chain", &t).unwrap()
         };
         // The chain without remat, which would recompute half of it for the backward pass:
         // its point is a long run of elementwise kernels merged one by one.

@@ -540,7 +540,8 @@ fn copy_of(
 
 #[cfg(test)]
 mod tests {
-    use crate::pipeline::{compile_model, Options};
+    use crate::models::compile_model;
+    use crate::pipeline::Options;
     use crate::precision::Precision;
 
     /// The LayerNorms of a small GPT keep nothing of their own, full size, from the forward

@@ -447,7 +447,7 @@ mod tests {
             precision: Some(precision),
             ..pipeline::Options::for_target(Target::Cuda)
         };
-        pipeline::compile_model(spec, &opts).unwrap()
+        crate::models::compile_model(spec, &opts).unwrap()
     }
 
     /// A two-layer GPT's step with plain causal attention, in bf16 and in f32.

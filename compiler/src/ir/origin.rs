@@ -223,7 +223,7 @@ mod tests {
     }
 
     use crate::ir::{Graph, NodeId};
-    use crate::pipeline::{self, Options};
+    use crate::pipeline::Options;
 
     const SMALL_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn every_node_of_a_compiled_gpt_keeps_a_layer_through_autodiff_rewrite_and_fusion() {
-        let c = pipeline::compile_model(SMALL_GPT, &Options::default()).unwrap();
+        let c = crate::models::compile_model(SMALL_GPT, &Options::default()).unwrap();
         let g = &c.graph;
         for id in g.ids() {
             assert!(
@@ -267,8 +267,8 @@ mod tests {
 
     #[test]
     fn provenance_is_the_same_on_every_compile() {
-        let a = pipeline::compile_model(SMALL_GPT, &Options::default()).unwrap();
-        let b = pipeline::compile_model(SMALL_GPT, &Options::default()).unwrap();
+        let a = crate::models::compile_model(SMALL_GPT, &Options::default()).unwrap();
+        let b = crate::models::compile_model(SMALL_GPT, &Options::default()).unwrap();
         assert_eq!(labels(&a.graph), labels(&b.graph));
     }
 
@@ -296,7 +296,7 @@ mod tests {
                     %1 = reduce_sum(%0) axes=[0] : f32[1]\n\
                     %2 = reshape(%1) : f32[]\n\
                     output \"loss\" = %2\n";
-        let m = crate::models::Model::from_ir_text("step.ir", text).unwrap();
+        let m = crate::model::Model::from_ir_text("step.ir", text).unwrap();
         assert_eq!(m.graph.origin(NodeId(0)).label(), "w");
         assert_eq!(m.graph.origin(NodeId(1)).label(), "step.ir:4");
         assert_eq!(m.graph.origin(NodeId(2)).label(), "step.ir:5");

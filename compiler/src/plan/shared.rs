@@ -268,7 +268,7 @@ mod tests {
     use crate::pipeline::{self, Options};
 
     /// `model`'s forward pass alone as a step (no backward pass, no update).
-    fn forward_only(model: &crate::models::Model) -> Step {
+    fn forward_only(model: &crate::model::Model) -> Step {
         Step::forward_only(model.graph.without_dead_code().0)
     }
 

@@ -304,10 +304,10 @@ impl fmt::Display for PlanDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{self, Options};
+    use crate::pipeline::Options;
 
     fn report(spec: &str) -> Report {
-        pipeline::compile_model(spec, &Options::default())
+        crate::models::compile_model(spec, &Options::default())
             .unwrap()
             .report
     }

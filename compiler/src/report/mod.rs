@@ -647,7 +647,8 @@ mod tests {
 
     /// mlp planned for the CPU (its matmuls' workspaces included).
     fn mlp_cpu() -> Compiled {
-        pipeline::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu)).unwrap()
+        crate::models::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu))
+            .unwrap()
     }
 
     #[test]
@@ -666,7 +667,7 @@ mod tests {
              %6 = reshape(%5) : f32[]\n\
              output \"loss\" = %6\n"
         );
-        let model = crate::models::Model::from_ir_text("names\x1b[31m.ir", &text).unwrap();
+        let model = crate::model::Model::from_ir_text("names\x1b[31m.ir", &text).unwrap();
         let c = pipeline::compile(&model, &Options::for_target(crate::lower::Target::Cpu)).unwrap();
         let table = c.report.table();
         assert!(
@@ -747,7 +748,7 @@ mod tests {
         assert!(outside_the_cone > 0, "mlp has such values (its relu masks)");
         // A GPT recomputes its LayerNorm outputs for the backward pass: those are not
         // gradients either.
-        let c = pipeline::compile_model(
+        let c = crate::models::compile_model(
             "gpt:vocab=16,d_model=8,layers=2,heads=2,d_ff=16,seq=4,batch=2",
             &Options::for_target(crate::lower::Target::Cpu),
         )

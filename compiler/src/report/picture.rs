@@ -607,10 +607,10 @@ pre { font-size: 12px; background: #f6f6f6; padding: 12px; }
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{self, Compiled, Options};
+    use crate::pipeline::{Compiled, Options};
 
     fn mlp() -> Compiled {
-        pipeline::compile_model("mlp", &Options::default()).unwrap()
+        crate::models::compile_model("mlp", &Options::default()).unwrap()
     }
 
     /// A small well-formedness check: tags nest and close, attributes are quoted, entities are
@@ -749,8 +749,9 @@ mod tests {
     #[test]
     fn the_page_shows_the_precision_and_every_buffer_with_its_dtype() {
         // Planned for the CPU, so the matmuls' workspaces are in the plan too.
-        let c = pipeline::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu))
-            .unwrap();
+        let c =
+            crate::models::compile_model("mlp", &Options::for_target(crate::lower::Target::Cpu))
+                .unwrap();
         let page = html(&c.graph, &c.plan, &c.report);
         assert!(page.contains("precision <b id=\"precision\">f32</b>"));
         let start = page.find("id=\"plan-data\">").unwrap() + "id=\"plan-data\">".len();

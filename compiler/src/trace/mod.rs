@@ -1,5 +1,5 @@
 //! Tracing: building graphs from Rust code. `builder` adds one method per primitive to
-//! [`crate::ir::Graph`]; `nn` composes them into layers; `models` builds the reference models.
+//! [`crate::ir::Graph`]; `nn` composes them into layers; the reference models built with them are the `ingot-models` crate (the model zoo).
 
 pub mod accuracy;
 mod builder;

@@ -207,7 +207,7 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
         }
         Source::Models(models, opts) => {
             for m in models {
-                let model = ingot_compiler::models::by_name(m).map_err(|e| format!("{m}: {e}"))?;
+                let model = ingot_models::by_name(m).map_err(|e| format!("{m}: {e}"))?;
                 let c = ingot_compiler::pipeline::compile(&model, opts)
                     .map_err(|e| format!("{m}: {e}"))?;
                 for w in collect(&c.graph) {

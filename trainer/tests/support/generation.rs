@@ -4,14 +4,14 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
 use ingot_runtime::tensor::{Data, Tensor};
 use ingot_trainer::generate::{Generator, Sampling};
 
 /// The model `spec` and its parameters drawn from `seed`, the matrices scaled up from GPT-2's
 /// 0.02 (the layer norms left as they are).
 pub fn model_and_weights(spec: &str, seed: u64) -> (Model, IndexMap<String, Tensor>) {
-    let m = models::by_name(spec).unwrap();
+    let m = ingot_models::by_name(spec).unwrap();
     let mut w = ingot_trainer::init::init_leaves(&m.graph, LeafKind::Parameter, seed);
     for (name, t) in w.iter_mut() {
         if let (Data::F32(v), false) = (&mut t.data, name.contains("ln")) {

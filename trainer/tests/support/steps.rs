@@ -7,7 +7,7 @@ use indexmap::IndexMap;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::lower::Target;
-use ingot_compiler::models::Model;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;

@@ -1139,7 +1139,7 @@ mod layer_lines {
     #[test]
     fn a_model_files_layer_nodes_are_named_by_the_layer_and_the_others_by_their_line() {
         let text = include_str!("../../../../docs/examples/tiny-classifier.ir");
-        let model = crate::models::Model::from_ir_text("tiny", text).unwrap();
+        let model = crate::model::Model::from_ir_text("tiny", text).unwrap();
         let g = &model.graph;
         let named = |op: &str| -> Vec<String> {
             g.ids()

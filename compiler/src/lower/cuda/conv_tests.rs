@@ -48,9 +48,13 @@ fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
     let o = g.conv2d(h, w1, c1).unwrap();
     let l = g.sum_all(o).unwrap();
     g.set_output(crate::autodiff::LOSS, l).unwrap();
-    let m = crate::models::Model {
+    let m = crate::model::Model {
         precision,
-        ..crate::models::Model::new("conv", g, crate::models::Optimizer::Sgd { lr: 0.1 })
+        ..crate::model::Model::new(
+            "conv",
+            g,
+            crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
+        )
     };
     pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
 }

@@ -51,9 +51,13 @@ fn step_summing(
 ) -> pipeline::Compiled {
     let l = g.sum_all(o).unwrap();
     g.set_output(crate::autodiff::LOSS, l).unwrap();
-    let m = crate::models::Model {
+    let m = crate::model::Model {
         precision,
-        ..crate::models::Model::new("attention", g, crate::models::Optimizer::Sgd { lr: 0.1 })
+        ..crate::model::Model::new(
+            "attention",
+            g,
+            crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
+        )
     };
     pipeline::compile(&m, &cuda()).unwrap()
 }
@@ -596,7 +600,7 @@ fn a_bf16_gpt_step_lowers_with_every_kernel_generated_and_bf16_gemms_accumulatin
 
 /// mlp's step planned and lowered for CUDA.
 fn lowered_mlp() -> Program {
-    let c = pipeline::compile_model("mlp", &cuda()).unwrap();
+    let c = crate::models::compile_model("mlp", &cuda()).unwrap();
     lower(&c.graph, &c.plan, Precision::F32).unwrap()
 }
 
@@ -657,7 +661,7 @@ fn matmul_count(g: &Graph) -> usize {
 
 #[test]
 fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
-    let c = pipeline::compile_model("mlp", &cuda()).unwrap();
+    let c = crate::models::compile_model("mlp", &cuda()).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     let counts = p.counts();
     let matmuls = matmul_count(&c.graph);
@@ -683,7 +687,7 @@ fn a_fused_step_lowers_to_kernels_gemms_and_nothing_else() {
 
 #[test]
 fn a_gpt_step_is_a_dependency_graph_with_independent_operations_not_a_chain() {
-    let c = pipeline::compile_model("gpt-mini", &cuda()).unwrap();
+    let c = crate::models::compile_model("gpt-mini", &cuda()).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     assert_eq!(p.deps.len(), p.ops.len());
     deps::check(&p.touches, &p.deps).unwrap();
@@ -706,7 +710,7 @@ fn a_gpt_step_is_a_dependency_graph_with_independent_operations_not_a_chain() {
 
 #[test]
 fn a_scatter_adds_sort_of_its_ids_waits_for_no_gemm_and_only_its_sums_wait_for_the_backward_pass() {
-    let c = pipeline::compile_model("gpt-mini", &cuda()).unwrap();
+    let c = crate::models::compile_model("gpt-mini", &cuda()).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     let scatter = (c.graph.ids())
         .find(|&id| matches!(c.graph.node(id).op, Op::ScatterAdd { .. }))
@@ -763,7 +767,7 @@ fn a_plan_that_holds_a_scatter_adds_workspace_at_the_node_alone_gets_its_sort_th
         },
         ..Default::default()
     };
-    let c = pipeline::compile_model("gpt-mini", &opts).unwrap();
+    let c = crate::models::compile_model("gpt-mini", &opts).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     let scatter = (c.graph.ids())
         .find(|&id| matches!(c.graph.node(id).op, Op::ScatterAdd { .. }))
@@ -783,7 +787,7 @@ fn a_plan_that_holds_a_scatter_adds_workspace_at_the_node_alone_gets_its_sort_th
 #[test]
 fn a_gpt_step_lowers_with_every_address_inside_the_allocation() {
     let spec = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
-    let c = pipeline::compile_model(spec, &cuda()).unwrap();
+    let c = crate::models::compile_model(spec, &cuda()).unwrap();
     let p = lower(&c.graph, &c.plan, Precision::F32).unwrap();
     let counts = p.counts();
     assert!(counts.gemms > 0 && counts.launches > 0);
@@ -803,8 +807,8 @@ fn a_gpt_step_lowers_with_every_address_inside_the_allocation() {
 
 #[test]
 fn an_unfused_elementwise_op_is_an_error_that_says_to_fuse() {
-    let c =
-        pipeline::compile_model("mlp", &pipeline::Options::unoptimized(plan_options())).unwrap();
+    let c = crate::models::compile_model("mlp", &pipeline::Options::unoptimized(plan_options()))
+        .unwrap();
     let e = super::super::lower(&c.graph, &c.plan, Target::Cuda, Default::default())
         .unwrap_err()
         .to_string();
@@ -817,7 +821,7 @@ fn a_plan_without_cublas_workspace_is_an_error_naming_it() {
         plan: crate::plan::PlanOptions::default(),
         ..Default::default()
     };
-    let c = pipeline::compile_model("mlp", &opts).unwrap();
+    let c = crate::models::compile_model("mlp", &opts).unwrap();
     let e = super::super::lower(&c.graph, &c.plan, Target::Cuda, Default::default())
         .unwrap_err()
         .to_string();

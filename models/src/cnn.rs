@@ -17,10 +17,13 @@
 //! - default initialisation, as PyTorch's: every weight and bias uniform on `±1/√fan_in`
 //!   (kaiming-uniform with `a = √5`; fan_in 9, 288, 64·s² and 128), from the seeded generator
 
-use super::{check_float, check_size, model_err, Model, Optimizer, ID_DTYPE};
-use crate::error::Result;
-use crate::ir::{DType, Graph};
-use crate::trace::nn;
+use super::{check_float, check_size, model_err};
+use ingot_compiler::autodiff::optim::Optimizer;
+use ingot_compiler::error::Result;
+use ingot_compiler::ir::{DType, Graph};
+use ingot_compiler::model::Model;
+use ingot_compiler::model::ID_DTYPE;
+use ingot_compiler::trace::nn;
 use std::fmt;
 
 /// The reference batch size.

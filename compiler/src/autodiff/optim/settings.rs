@@ -1,6 +1,7 @@
-//! Which optimizer a model trains with and its hyperparameters: part of the model's
-//! description, so it lives with the models; autodiff spells its update as IR
-//! (`autodiff::optim`).
+//! Which optimizer a model trains with and its hyperparameters, and their text forms (a model
+//! file's `optimizer` line, the command line's flags). A model names its optimizer (the
+//! `optimizer` field of `model::Model`); autodiff owns the type because it spells the update as
+//! IR (the parent module, [`super`]).
 
 use serde::{Deserialize, Serialize};
 

@@ -2,11 +2,13 @@
 //! embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a final LayerNorm and
 //! an untied head without bias; mean cross-entropy over every batch × sequence position; AdamW.
 
-use super::Optimizer;
-use super::{check_float, check_size, model_err, Model, ID_DTYPE};
-use crate::error::Result;
-use crate::ir::{DType, Graph, Init, NodeId};
-use crate::trace::nn;
+use super::{check_float, check_size, model_err};
+use ingot_compiler::autodiff::optim::Optimizer;
+use ingot_compiler::error::Result;
+use ingot_compiler::ir::{DType, Graph, Init, NodeId};
+use ingot_compiler::model::Model;
+use ingot_compiler::model::ID_DTYPE;
+use ingot_compiler::trace::nn;
 use std::fmt;
 
 /// LayerNorm epsilon of every block and of the final norm.
@@ -114,7 +116,7 @@ impl GptConfig {
     }
 
     /// Checks the shape can be built: every value at least 1, `d_model` divisible by `heads`, and
-    /// no tensor so large its byte size overflows. Errors are [`crate::IrError::Model`] naming the
+    /// no tensor so large its byte size overflows. Errors are [`ingot_compiler::IrError::Model`] naming the
     /// key; `spec` is what the error reports as the model.
     #[allow(clippy::manual_is_multiple_of)] // the workspace's rust-version (1.85) predates it
     pub fn validate(&self, spec: &str) -> Result<()> {

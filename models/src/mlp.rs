@@ -1,12 +1,14 @@
 //! `mlp`: Linear(784→1024) → ReLU → Linear(1024→1024) → ReLU → Linear(1024→10), mean softmax
 //! cross-entropy, SGD lr 0.1 without momentum. 1,863,690 parameters.
 
-use super::Optimizer;
-use super::{check_float, check_size, model_err, Model, ID_DTYPE};
-use crate::error::Result;
-use crate::ir::DType;
-use crate::ir::Graph;
-use crate::trace::nn;
+use super::{check_float, check_size, model_err};
+use ingot_compiler::autodiff::optim::Optimizer;
+use ingot_compiler::error::Result;
+use ingot_compiler::ir::DType;
+use ingot_compiler::ir::Graph;
+use ingot_compiler::model::Model;
+use ingot_compiler::model::ID_DTYPE;
+use ingot_compiler::trace::nn;
 
 /// The reference batch size.
 pub const MLP_BATCH: usize = 256;

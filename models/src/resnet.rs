@@ -26,7 +26,7 @@
 //! - optimizer: SGD, lr 0.1, momentum 0.9, weight decay 5e-4 (coupled, as `torch.optim.SGD`)
 //! - resident state besides the parameters: every batch norm's `running_mean` and
 //!   `running_var` (momentum 0.1, eps 1e-5), updated by the step in training mode; the
-//!   evaluation step (traced in [`crate::ir::Mode::Eval`], [`Model::eval_graph`]) normalises
+//!   evaluation step (traced in [`ingot_compiler::ir::Mode::Eval`], [`Model::eval_graph`]) normalises
 //!   by them and leaves them as they are. (torchvision also keeps `num_batches_tracked`,
 //!   which momentum 0.1 never reads; it is not a leaf here, and the trainer's `state_dict`
 //!   reads and writes it around the model.)
@@ -38,10 +38,13 @@
 //! The reference `resnet18` has 11,181,642 parameters; `resnet:depth=50` at 1000 classes has
 //! torchvision's 25,557,032.
 
-use super::{check_float, check_size, model_err, Model, Optimizer, ID_DTYPE};
-use crate::error::Result;
-use crate::ir::{DType, Graph, Init, NodeId};
-use crate::trace::nn;
+use super::{check_float, check_size, model_err};
+use ingot_compiler::autodiff::optim::Optimizer;
+use ingot_compiler::error::Result;
+use ingot_compiler::ir::{DType, Graph, Init, NodeId};
+use ingot_compiler::model::Model;
+use ingot_compiler::model::ID_DTYPE;
+use ingot_compiler::trace::nn;
 use std::fmt;
 
 /// The reference batch size.
