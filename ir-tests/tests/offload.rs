@@ -273,7 +273,7 @@ fn a_budget_under_the_resident_bytes_less_every_moment_is_refused_naming_both() 
 
 /// The GPT compiled for CUDA with `step`, as it is and with every moment offloaded.
 fn cuda_plain_and_offloaded(step: &StepOptions) -> (Compiled, Compiled) {
-    let m = models::by_name(GPT).unwrap();
+    let m = ingot_models::by_name(GPT).unwrap();
     let cuda = Options::for_target(Target::Cuda);
     let plain = pipeline::compile_observed_with(&m, step, &cuda, &mut |_| {}).unwrap();
     let mut opts = Options::for_target(Target::Cuda);

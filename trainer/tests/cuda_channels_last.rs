@@ -16,7 +16,8 @@
 use ingot_compiler::ir::ConvLayout;
 use ingot_compiler::lower::cuda::DeviceOp;
 use ingot_compiler::lower::{Program, Target};
-use ingot_compiler::models::{self, Model};
+use ingot_compiler::model::Model;
+use ingot_models as models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cuda::cudnn::{self, ConvPath};

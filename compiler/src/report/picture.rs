@@ -819,10 +819,10 @@ mod tests {
         // offloaded, their staging buffers are the offloaded values.
         let spec = "gpt:vocab=16,d_model=8,layers=2,heads=2,d_ff=16,seq=4,batch=2";
         let cpu = || Options::for_target(crate::lower::Target::Cpu);
-        let plain = pipeline::compile_model(spec, &cpu()).unwrap();
+        let plain = crate::models::compile_model(spec, &cpu()).unwrap();
         let mut opts = cpu();
         opts.plan.offload = crate::fit::offload::moments(&plain.graph);
-        let c = pipeline::compile_model(spec, &opts).unwrap();
+        let c = crate::models::compile_model(spec, &opts).unwrap();
         let m = marks(&c.graph, &c.plan);
         let count = |k: Mark| m.iter().filter(|x| **x == Some(k)).count();
         assert_eq!(count(Mark::Offloaded), c.plan.offload.len());

@@ -229,7 +229,7 @@ mod tests {
 
     /// The CUDA program of the cnn's step, channels-last where asked.
     fn program(channels_last: bool) -> Program {
-        let m = ingot_compiler::models::by_name("cnn").unwrap();
+        let m = ingot_models::by_name("cnn").unwrap();
         let opts = Options {
             channels_last,
             ..Options::for_target(Target::Cuda)
