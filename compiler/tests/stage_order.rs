@@ -18,6 +18,7 @@ const STAGES: &[&str] = &[
     "autodiff",
     "model",
     "rewrite",
+    "layout",
     "fuse",
     "schedule",
     "plan",

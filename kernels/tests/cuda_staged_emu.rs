@@ -336,38 +336,7 @@ fn inputs(k: &FusedKernel) -> Vec<Vec<u8>> {
 fn emulate(tag: &str, k: &FusedKernel, ins: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> {
     let p = cuda::fused_program(k).unwrap();
     assert!(p.launches.len() >= 2, "{tag}: not split");
-    let emu = block_emu::build(
-        &format!("ingot_staged_emu_{tag}"),
-        p.launches.iter().map(|l| &l.kernel),
-    )?;
-    let (ni, no) = (k.inputs.len(), k.outputs.len());
-    let mut bufs: Vec<Vec<u8>> = ins.to_vec();
-    for j in 0..no {
-        bufs.push(vec![0xA5; k.output_len(j) * k.output_dtype(j).size()]);
-    }
-    bufs.push(
-        std::iter::repeat_n(f32::NAN.to_ne_bytes(), p.scratch_bytes / 4)
-            .flatten()
-            .collect(),
-    );
-    for l in &p.launches {
-        let args: Vec<(usize, usize)> = (l.args.iter())
-            .map(|a| match *a {
-                FusedArg::Input(n) => (n, 0),
-                FusedArg::Output(j) => (ni + j, 0),
-                FusedArg::Scratch { offset, .. } => (ni + no, offset),
-            })
-            .collect();
-        bufs = block_emu::run(&emu, &l.kernel, &bufs, &args);
-        assert_eq!(
-            bufs[..ni],
-            ins[..],
-            "{tag}: {} wrote an input",
-            l.kernel.name
-        );
-    }
-    let _ = std::fs::remove_dir_all(emu.exe.parent().unwrap());
-    Some(bufs[ni..ni + no].to_vec())
+    block_emu::run_program(&format!("ingot_staged_emu_{tag}"), k, &p, ins)
 }
 
 /// The emulated chain against the CPU interpreter's one kernel: f32 outputs within 1e-4 of

@@ -11,7 +11,8 @@
 //! warps, shared memory, vector loads) without a GPU.
 
 use crate::cxx::{self, Emu};
-use ingot_kernels::cuda::{CudaKernel, PRELUDE, PRELUDE_BF16};
+use ingot_kernels::cuda::{CudaKernel, FusedArg, FusedProgram, PRELUDE, PRELUDE_BF16};
+use ingot_kernels::fused::FusedKernel;
 
 /// The host's stand-ins for the CUDA built-ins the fused kernels use, before the preludes.
 const SHIM: &str = r#"#include <ucontext.h>
@@ -192,4 +193,45 @@ pub fn run(emu: &Emu, k: &CudaKernel, bufs: &[Vec<u8>], args: &[(usize, usize)])
         stdin.extend((offset as u64).to_ne_bytes());
     }
     cxx::split_like(&emu.run(k, stdin), bufs)
+}
+
+/// Runs fused kernel `k`'s program `p` in the emulation, built under `dir`: inputs `ins`,
+/// outputs (filled with 0xA5) and one scratch buffer (filled with NaNs, so that a read before
+/// a write shows), each launch's parameters where the program points them; asserts that no
+/// launch writes an input. Returns the outputs; `None` where the emulation cannot be built.
+pub fn run_program(
+    dir: &str,
+    k: &FusedKernel,
+    p: &FusedProgram,
+    ins: &[Vec<u8>],
+) -> Option<Vec<Vec<u8>>> {
+    let emu = build(dir, p.launches.iter().map(|l| &l.kernel))?;
+    let (ni, no) = (k.inputs.len(), k.outputs.len());
+    let mut bufs: Vec<Vec<u8>> = ins.to_vec();
+    for j in 0..no {
+        bufs.push(vec![0xA5; k.output_len(j) * k.output_dtype(j).size()]);
+    }
+    bufs.push(
+        std::iter::repeat_n(f32::NAN.to_ne_bytes(), p.scratch_bytes / 4)
+            .flatten()
+            .collect(),
+    );
+    for l in &p.launches {
+        let args: Vec<(usize, usize)> = (l.args.iter())
+            .map(|a| match *a {
+                FusedArg::Input(n) => (n, 0),
+                FusedArg::Output(j) => (ni + j, 0),
+                FusedArg::Scratch { offset, .. } => (ni + no, offset),
+            })
+            .collect();
+        bufs = run(&emu, &l.kernel, &bufs, &args);
+        assert_eq!(
+            bufs[..ni],
+            ins[..],
+            "{dir}: {} wrote an input",
+            l.kernel.name
+        );
+    }
+    let _ = std::fs::remove_dir_all(emu.exe.parent().unwrap());
+    Some(bufs[ni..ni + no].to_vec())
 }

@@ -14,9 +14,9 @@ mod gpu_memory;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::fit::offload::moments;
 use ingot_compiler::lower::Target;
-use ingot_models as models;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
+use ingot_models as models;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_trainer::session::{Device, Session};
 

@@ -32,7 +32,7 @@ pub struct Conv2d {
     pub dilation: [usize; 2],
     pub groups: usize,
     /// How the activations and the weight are stored; NCHW (PyTorch's) unless the compiler
-    /// chose channels-last for the target ([`crate::layout`]). Serialized only when not NCHW,
+    /// chose channels-last for the target (the `layout` stage, after the rewrite). Serialized only when not NCHW,
     /// so an NCHW step's executable reads and writes as before.
     #[serde(default, skip_serializing_if = "ConvLayout::is_nchw")]
     pub layout: ConvLayout,

@@ -16,6 +16,7 @@
 //! After the last node, the updates the plan could not place in place are copied to their
 //! parameters.
 
+use super::offload::{check_copies, OffloadCopy};
 use super::{LowerError, ScatterPart};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::plan::Location;
@@ -675,48 +676,34 @@ impl Program {
             op: "cpu lowering",
             reason,
         };
-        let (mut copies_in, mut copies_out) = (0, 0);
-        for i in &self.instrs {
-            let (leaf, host, dev, bytes) = match *i {
-                Instr::CopyIn {
-                    leaf,
-                    host,
-                    to,
-                    bytes,
-                } => {
-                    copies_in += 1;
-                    (leaf, host, to, bytes)
-                }
-                Instr::CopyOut {
-                    leaf,
-                    from,
-                    host,
-                    bytes,
-                } => {
-                    copies_out += 1;
-                    (leaf, host, from, bytes)
-                }
-                _ => continue,
-            };
-            let planned = plan
-                .offload
-                .iter()
-                .any(|o| o.leaf == leaf && o.host.offset == host && o.host.bytes == bytes);
-            let inside = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|e| e <= len);
-            if !planned || !inside(host, plan.host_bytes) || !inside(dev, plan.total_bytes) {
-                return Err(bad(format!(
-                    "an offload copy of {leaf} ({bytes} bytes, host {host}, device {dev}) is not \
-                     one the plan makes"
-                )));
-            }
-        }
-        if (copies_in, copies_out) != (plan.offload.len(), plan.offload.len()) {
-            return Err(bad(format!(
-                "the plan offloads {} leaves but the program copies {copies_in} in and \
-                 {copies_out} out",
-                plan.offload.len()
-            )));
-        }
+        let copies = self.instrs.iter().filter_map(|i| match *i {
+            Instr::CopyIn {
+                leaf,
+                host,
+                to,
+                bytes,
+            } => Some(OffloadCopy {
+                leaf,
+                host,
+                device: to,
+                bytes,
+                inward: true,
+            }),
+            Instr::CopyOut {
+                leaf,
+                from,
+                host,
+                bytes,
+            } => Some(OffloadCopy {
+                leaf,
+                host,
+                device: from,
+                bytes,
+                inward: false,
+            }),
+            _ => None,
+        });
+        check_copies(plan, copies, |_| None).map_err(bad)?;
         Ok(())
     }
 

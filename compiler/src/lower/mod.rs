@@ -16,6 +16,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod deps;
+mod offload;
 
 use crate::ir::{Graph, NodeId, TensorType};
 use crate::plan::check::PlanViolation;

@@ -2,7 +2,9 @@
 //! allocation, and its dependency graph orders every conflicting pair.
 
 use super::{DeviceOp, Program};
+use crate::ir::NodeId;
 use crate::lower::deps;
+use crate::lower::offload::{check_copies, OffloadCopy};
 use crate::lower::LowerError;
 use crate::plan::{Location, MemoryPlan};
 
@@ -144,50 +146,36 @@ impl Program {
                 plan.offload.len()
             )));
         }
-        let (mut copies_in, mut copies_out) = (0, 0);
-        for op in &self.ops {
-            let (leaf, host, dev, bytes) = match *op {
-                DeviceOp::CopyIn {
-                    leaf,
-                    host,
-                    to,
-                    bytes,
-                } => {
-                    copies_in += 1;
-                    (leaf, host, to, bytes)
-                }
-                DeviceOp::CopyOut {
-                    leaf,
-                    from,
-                    host,
-                    bytes,
-                } => {
-                    copies_out += 1;
-                    (leaf, host, from, bytes)
-                }
-                _ => continue,
-            };
-            let planned = plan.offload.iter().any(|o| {
-                o.leaf == leaf
-                    && o.host.offset == host
-                    && o.host.bytes == bytes
-                    && leaf.index() < g.len()
-                    && plan.location(g, leaf).offset == dev
-            });
-            if !planned {
-                return Err(invalid(format!(
-                    "a copy of {leaf} ({bytes} bytes, host {host}, device {dev}) is not one the \
-                     plan makes"
-                )));
-            }
-        }
-        if (copies_in, copies_out) != (plan.offload.len(), plan.offload.len()) {
-            return Err(invalid(format!(
-                "the plan offloads {} leaves but the program copies {copies_in} in and \
-                 {copies_out} out",
-                plan.offload.len()
-            )));
-        }
+        let copies = self.ops.iter().filter_map(|op| match *op {
+            DeviceOp::CopyIn {
+                leaf,
+                host,
+                to,
+                bytes,
+            } => Some(OffloadCopy {
+                leaf,
+                host,
+                device: to,
+                bytes,
+                inward: true,
+            }),
+            DeviceOp::CopyOut {
+                leaf,
+                from,
+                host,
+                bytes,
+            } => Some(OffloadCopy {
+                leaf,
+                host,
+                device: from,
+                bytes,
+                inward: false,
+            }),
+            _ => None,
+        });
+        let staging =
+            |leaf: NodeId| (leaf.index() < g.len()).then(|| plan.location(g, leaf).offset);
+        check_copies(plan, copies, staging).map_err(invalid)?;
         Ok(())
     }
 
