@@ -13,7 +13,7 @@
 //! stream's capture dependencies are set before each one), so the graph is the step's
 //! dependency graph, not a chain, and the GPU overlaps operations that touch disjoint bytes.
 //!
-//! An offloaded step ([`offload`]) also holds its host region in page-locked memory, allocated
+//! An offloaded step (its `offload` module) also holds its host region in page-locked memory, allocated
 //! once with the stream, and captures its copies on a copy stream of their own, forked into the
 //! capture at the first copy and joined back at the end, as a rank's collectives are.
 //!
@@ -1254,7 +1254,7 @@ impl StepExecutor for CudaStep {
         self.main.exe.plan()
     }
 
-    /// An offloaded leaf's value goes to its home in the host region ([`offload`]); any other
+    /// An offloaded leaf's value goes to its home in the host region (the `offload` module); any other
     /// node's to its planned location.
     fn write_node_bytes(&mut self, id: NodeId, bytes: &[u8]) -> Result<(), ExecError> {
         let (at, home) = match self.home(id) {
