@@ -122,41 +122,6 @@ fn bias_gradient(dims: &[usize], dtype: DType, full: bool) -> FusedKernel {
 // ---------------------------------------------------------------------------------------------
 // The kernels, emulated.
 
-/// Deterministic values in [-1, 1), exact in bf16 (8 significant bits).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 56) as f32 - 128.0) / 128.0
-        })
-        .collect()
-}
-
-fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
-        DType::BF16 => (xs.iter())
-            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
-            .collect(),
-        d => panic!("no {d:?} inputs here"),
-    }
-}
-
-fn decode(dtype: DType, b: &[u8]) -> Vec<f64> {
-    b.chunks(dtype.size())
-        .map(|c| match dtype {
-            DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as f64,
-            DType::BF16 => {
-                half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()
-            }
-            d => panic!("no {d:?} outputs here"),
-        })
-        .collect()
-}
-
 /// Runs `k`'s program in the emulation: inputs, outputs and one scratch buffer (NaNs, so that
 /// a read before a write shows), each launch's parameters where the program points them.
 /// Returns the outputs and the launches; `None` where the emulation cannot be built.
@@ -179,12 +144,12 @@ fn emulate(tag: &str, k: &FusedKernel, ins: &[Vec<u8>]) -> Option<(Vec<Vec<u8>>,
 fn check(tag: &str, k: &FusedKernel) -> usize {
     let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
         .map(|(n, inp)| {
-            let mut v = values(inp.len, n as u64 + 1);
+            let mut v = block_emu::values(inp.len, n as u64 + 1);
             if n == 3 {
                 // An rstd: positive.
                 v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
             }
-            encode(inp.dtype, &v)
+            block_emu::encode(inp.dtype, &v)
         })
         .collect();
     let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
@@ -192,22 +157,7 @@ fn check(tag: &str, k: &FusedKernel) -> usize {
     let Some((got, launches)) = emulate(tag, k, &ins) else {
         return 0;
     };
-    for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-        let dt = k.output_dtype(j);
-        let (g, w) = (decode(dt, g), decode(dt, w));
-        assert_eq!(g.len(), w.len());
-        let scale = w.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
-        let tol = match dt {
-            DType::F32 => 1e-4 * scale,
-            _ => scale / 128.0,
-        };
-        for (e, (a, b)) in g.iter().zip(&w).enumerate() {
-            assert!(
-                (a - b).abs() <= tol,
-                "{tag} output {j} element {e}: emulated {a}, CPU {b} (scale {scale})"
-            );
-        }
-    }
+    block_emu::assert_outputs_match(tag, k, &got, &want);
     launches
 }
 

@@ -12,7 +12,9 @@
 
 use crate::cxx::{self, Emu};
 use ingot_kernels::cuda::{CudaKernel, FusedArg, FusedProgram, PRELUDE, PRELUDE_BF16};
+use ingot_kernels::fused::random::widened;
 use ingot_kernels::fused::FusedKernel;
+use ingot_kernels::DType;
 
 /// The host's stand-ins for the CUDA built-ins the fused kernels use, before the preludes.
 const SHIM: &str = r#"#include <ucontext.h>
@@ -234,4 +236,53 @@ pub fn run_program(
     }
     let _ = std::fs::remove_dir_all(emu.exe.parent().unwrap());
     Some(bufs[ni..ni + no].to_vec())
+}
+
+/// Deterministic values in [-1, 1), exact in bf16 (8 significant bits): inputs for emulated
+/// kernels that any dtype holds exactly.
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 56) as f32 - 128.0) / 128.0
+        })
+        .collect()
+}
+
+/// `xs` as the bytes of a buffer of `dtype` (f32 or bf16).
+pub fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+        DType::BF16 => (xs.iter())
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
+            .collect(),
+        d => panic!("no {d:?} inputs here"),
+    }
+}
+
+/// Asserts that kernel `k`'s emulated outputs `got` are the CPU interpreter's `want`: f32
+/// outputs within 1e-4 of their largest magnitude (sums folded in another order), bf16 ones
+/// within one bf16 rounding of it, any other dtype equal. The panic names the output and
+/// element.
+pub fn assert_outputs_match(tag: &str, k: &FusedKernel, got: &[Vec<u8>], want: &[Vec<u8>]) {
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        let dt = k.output_dtype(j);
+        let (g, w) = (widened(dt, g), widened(dt, w));
+        assert_eq!(g.len(), w.len());
+        let scale = w.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
+        let tol = match dt {
+            DType::F32 => 1e-4 * scale,
+            DType::BF16 => scale / 128.0,
+            _ => 0.0,
+        };
+        for (e, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                (a - b).abs() <= tol,
+                "{tag} output {j} element {e}: emulated {a}, CPU {b} (scale {scale})"
+            );
+        }
+    }
 }
