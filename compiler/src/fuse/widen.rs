@@ -18,8 +18,17 @@
 //! - a bf16 constant is the f32 constant of the same value (rounded to f32, not to bf16);
 //! - a bf16 index and a conversion to bf16 keep their rounding: the f32 value of the rounded
 //!   bf16 (a convert to bf16 and back);
-//! - arithmetic, compare, select and reduce take their dtype from their operands, so they
-//!   become f32 by themselves;
+//! - arithmetic, select and reduce take their dtype from their operands, so they become f32 by
+//!   themselves;
+//! - a conversion out of bf16 (to f32, f64, an integer or bool) and a compare of bf16 values
+//!   round their bf16 operand first, so that a value that leaves bf16 is the value the step
+//!   stores, wherever it is computed: a kernel that recomputes a bf16 value and one that reads
+//!   it stored then see the same number. Without it, `reduce_max`'s gradient, which counts the
+//!   elements equal to the max (`x == max`), recomputed `convert<f32>(tanh(x))` unrounded in
+//!   one kernel and compared it with the max another kernel had taken over the stored, rounded
+//!   values: nothing was equal, the count was 0 and the gradient NaN (random step 36447, with
+//!   two micro-batches). A value that holds a bf16 exactly already (a load of a bf16 input, a
+//!   rounding) is not rounded again, so the common case, a stored bf16 widened, costs nothing;
 //! - an output whose value was bf16 stores that value converted to bf16.
 
 use ingot_kernels::fused::{FusedKernel, Inst, Output};
@@ -86,6 +95,18 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
                     },
                 )
             }
+            (Inst::Compare { op, a, b }, _) if dtypes[a] == DType::BF16 => {
+                let (a, b) = (rounded(&mut body, at(a)), rounded(&mut body, at(b)));
+                push(&mut body, Inst::Compare { op, a, b })
+            }
+            (Inst::Convert { x, to }, _) if dtypes[x] == DType::BF16 => {
+                let x = rounded(&mut body, at(x));
+                match to {
+                    // The rounded value is that f32 already.
+                    DType::F32 => x,
+                    _ => push(&mut body, Inst::Convert { x, to }),
+                }
+            }
             (inst, _) => push(&mut body, remap(inst, at)),
         };
         new.push(v);
@@ -99,34 +120,15 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
                 return Output { value: v };
             }
             // A rounded value (a convert to bf16 and back) stores its bf16 directly.
-            let value = match body[v] {
-                Inst::Convert { x, to: DType::F32 }
-                    if matches!(body[x], Inst::Load { .. })
-                        || matches!(
-                            body[x],
-                            Inst::Convert {
-                                to: DType::BF16,
-                                ..
-                            }
-                        )
-                        || matches!(
-                            body[x],
-                            Inst::Index {
-                                dtype: DType::BF16,
-                                ..
-                            }
-                        ) =>
-                {
-                    x
-                }
-                _ => push(
+            let value = bf16_source(&body, v).unwrap_or_else(|| {
+                push(
                     &mut body,
                     Inst::Convert {
                         x: v,
                         to: DType::BF16,
                     },
-                ),
-            };
+                )
+            });
             Output { value }
         })
         .collect();
@@ -139,7 +141,48 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
     }
 }
 
-/// `inst` with its operands renumbered by `at`.
+/// The bf16 instruction whose widening `v` is, when `v` is the f32 value of a bf16 one (a load
+/// of a bf16 input, a conversion to bf16 or a bf16 index, converted to f32): such a `v` holds a
+/// bf16 value exactly.
+fn bf16_source(body: &[Inst], v: usize) -> Option<usize> {
+    match body[v] {
+        Inst::Convert { x, to: DType::F32 }
+            if matches!(
+                body[x],
+                Inst::Load { .. }
+                    | Inst::Convert {
+                        to: DType::BF16,
+                        ..
+                    }
+                    | Inst::Index {
+                        dtype: DType::BF16,
+                        ..
+                    }
+            ) =>
+        {
+            Some(x)
+        }
+        _ => None,
+    }
+}
+
+/// `v`, an f32 instruction standing for a bf16 value, rounded to bf16 (and widened back): `v`
+/// itself where it holds a bf16 value exactly already.
+fn rounded(body: &mut Vec<Inst>, v: usize) -> usize {
+    if bf16_source(body, v).is_some() {
+        return v;
+    }
+    body.push(Inst::Convert {
+        x: v,
+        to: DType::BF16,
+    });
+    body.push(Inst::Convert {
+        x: body.len() - 1,
+        to: DType::F32,
+    });
+    body.len() - 1
+}
+
 /// `inst` with its operands renumbered by `at`.
 pub(super) fn remap(inst: Inst, at: impl Fn(usize) -> usize) -> Inst {
     match inst {
@@ -168,6 +211,7 @@ pub(super) fn remap(inst: Inst, at: impl Fn(usize) -> usize) -> Inst {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ingot_kernels::dtype::{quantize_bf16, round_bf16};
     use ingot_kernels::fused::{Access, Input};
     use ingot_kernels::{BinaryOp, UnaryOp};
 
@@ -312,5 +356,75 @@ mod tests {
         ));
         // Nothing was appended for either output.
         assert_eq!(w.body.len(), 5);
+    }
+
+    /// `tanh(x)` of a bf16 input, computed in the kernel and then taken out of bf16 by `op`
+    /// (`to`: a conversion to that dtype; `None`: compared for equality with input 1).
+    fn tanh_leaving_bf16(to: Option<DType>) -> FusedKernel {
+        let mut body = vec![
+            Inst::Load { input: 0 },
+            Inst::Unary {
+                op: UnaryOp::Tanh,
+                x: 0,
+            },
+        ];
+        let inputs = match to {
+            Some(to) => {
+                body.push(Inst::Convert { x: 1, to });
+                vec![input(DType::BF16, 4)]
+            }
+            None => {
+                body.push(Inst::Load { input: 1 });
+                body.push(Inst::Compare {
+                    op: ingot_kernels::CmpOp::Eq,
+                    a: 1,
+                    b: 2,
+                });
+                vec![input(DType::BF16, 4), input(DType::BF16, 4)]
+            }
+        };
+        let value = body.len() - 1;
+        FusedKernel {
+            domain: vec![4],
+            reduce_axes: vec![],
+            inputs,
+            body,
+            outputs: vec![Output { value }],
+        }
+    }
+
+    fn bf16_bytes(xs: &[f32]) -> Vec<u8> {
+        xs.iter()
+            .flat_map(|&x| round_bf16(x).to_bits().to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_bf16_value_leaving_bf16_is_the_value_stored_wherever_it_is_computed() {
+        // The f32 that leaves the kernel is tanh's value rounded to bf16, not tanh's f32.
+        let x = [0.3f32, -1.7, 0.01, 2.5];
+        let stored: Vec<f32> = x
+            .iter()
+            .map(|&v| quantize_bf16(quantize_bf16(v).tanh()))
+            .collect();
+        let xb = bf16_bytes(&x);
+        let w = bf16_arithmetic_in_f32(&tanh_leaving_bf16(Some(DType::F32)));
+        let out = ingot_kernels::fused::cpu::run_buffers(&w, &[&xb]).unwrap();
+        let got: Vec<f32> = out[0]
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, stored);
+        assert_ne!(
+            got[0],
+            quantize_bf16(0.3).tanh(),
+            "the case needs tanh's f32 to differ from its bf16"
+        );
+        // Compared with the stored values (reduce_max's gradient: `x == max`), every element
+        // is equal, as the op-by-op step finds.
+        let sb = bf16_bytes(&stored);
+        let w = bf16_arithmetic_in_f32(&tanh_leaving_bf16(None));
+        let out = ingot_kernels::fused::cpu::run_buffers(&w, &[&xb, &sb]).unwrap();
+        assert_eq!(out[0], vec![1u8; 4]);
     }
 }
