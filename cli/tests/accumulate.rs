@@ -12,6 +12,8 @@ use ingot_compiler::pipeline;
 use ingot_runtime::tensor::Tensor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "../../trainer/tests/support/steps.rs"]
 mod steps;
 
@@ -133,34 +135,13 @@ fn each_micro_batch_recomputes_its_own_cheap_values_for_its_own_backward_pass() 
 
 #[test]
 fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("accumulate-cli");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let text: String = (0..6000u32)
-        .map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char)
-        .collect();
-    std::fs::write(dir.join("t.txt"), text).unwrap();
-    let ingot = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    ingot(&["data", "bytes", "t.txt", "t.bin"]);
+    let dir = cli::scratch("accumulate-cli", "resume");
+    let tokens = cli::letter_tokens(&dir, 6000);
+    let ck = dir.join("ck");
+    let (t, ck) = (cli::s(&tokens), cli::s(&ck));
+    let ingot = |args: &[&str]| cli::ok(&cli::ingot(args));
     let spec = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=8";
-    let losses = |out: &str| -> Vec<(u64, f64)> {
-        out.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter_map(|l| Some((l["step"].as_u64()?, l["loss"].as_f64()?)))
-            .collect()
-    };
+    let losses = |out: &str| cli::step_losses(&cli::json_lines(out));
     let first = ingot(&[
         "train",
         "--model",
@@ -168,13 +149,13 @@ fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
         "--accumulate",
         "2",
         "--dataset",
-        "t.bin",
+        t,
         "--steps",
         "4",
         "--checkpoint",
-        "ck",
+        ck,
         "--val",
-        "t.bin",
+        t,
         "--eval-batches",
         "2",
         "--json",
@@ -187,11 +168,11 @@ fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
         "--accumulate",
         "2",
         "--dataset",
-        "t.bin",
+        t,
         "--steps",
         "6",
         "--resume",
-        "ck",
+        ck,
         "--json",
     ]);
     let straight = ingot(&[
@@ -201,7 +182,7 @@ fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
         "--accumulate",
         "2",
         "--dataset",
-        "t.bin",
+        t,
         "--steps",
         "6",
         "--json",

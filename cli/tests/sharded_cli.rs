@@ -48,16 +48,8 @@ fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
 
 /// Each step's number and its loss's bits.
 fn losses(lines: &[serde_json::Value]) -> Vec<(u64, u64)> {
-    lines
-        .iter()
-        .filter(|v| v.get("loss").is_some())
-        .map(|v| {
-            (
-                v["step"].as_u64().unwrap(),
-                v["loss"].as_f64().unwrap().to_bits(),
-            )
-        })
-        .collect()
+    let losses = cli::step_losses(lines).into_iter();
+    losses.map(|(step, loss)| (step, loss.to_bits())).collect()
 }
 
 /// The summary line's `key`.

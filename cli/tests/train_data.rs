@@ -39,7 +39,7 @@ fn byte_tokens(dir: &Path) -> PathBuf {
     cli::byte_tokens_of(dir, &text)
 }
 
-use cli::json_lines;
+use cli::{json_lines, step_losses};
 
 /// Runs `ingot train --model BYTE_GPT --dataset bin` with `more` flags.
 fn train_gpt(bin: impl AsRef<Path>, more: &[&str]) -> std::process::Output {
@@ -51,18 +51,6 @@ fn train_gpt(bin: impl AsRef<Path>, more: &[&str]) -> std::process::Output {
         ]
         .concat(),
     )
-}
-
-/// The (step, loss) of every step line.
-fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {
-    lines
-        .iter()
-        .filter(|v| v.get("loss").is_some())
-        .map(|v| {
-            let loss = v["loss"].as_f64().unwrap_or(f64::NAN); // null: not finite
-            (v["step"].as_u64().unwrap(), loss)
-        })
-        .collect()
 }
 
 #[test]

@@ -560,20 +560,13 @@ fn own_bytes(g: &Graph, kernel_outputs: &[smallvec::SmallVec<[NodeId; 1]>], id: 
 /// depth for a step whose backward pass keeps many ops ready).
 fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<NodeId> {
     let n = g.len();
-    let mut indeg: Vec<usize> = (0..n)
-        .map(|i| {
-            d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
-                .count()
-        })
-        .collect();
-    let users = g.users();
-    let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
-    let pinned = pinned(g);
-    let kernel_outputs = g.kernel_outputs();
-    let bytes: Vec<i64> = g
-        .ids()
-        .map(|id| own_bytes(g, &kernel_outputs, id))
-        .collect();
+    let Start {
+        mut indeg,
+        users,
+        mut remaining,
+        pinned,
+        bytes,
+    } = Start::of(g, d);
     let mut ready = Ready::new(n);
     let balance = |i: u32, remaining: &[usize]| {
         if by_memory {
@@ -615,6 +608,43 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
         }
     }
     order
+}
+
+/// What a list schedule of `g` over its dependence graph starts from, by node index: the
+/// count of predecessors not yet scheduled, the readers ([`Graph::users`]) and the count of
+/// them yet to run, whether the node's bytes are pinned ([`pinned`]), and its own bytes
+/// ([`own_bytes`]).
+struct Start {
+    indeg: Vec<usize>,
+    users: Vec<Vec<NodeId>>,
+    remaining: Vec<usize>,
+    pinned: Vec<bool>,
+    bytes: Vec<i64>,
+}
+
+impl Start {
+    fn of(g: &Graph, d: &DiGraph<NodeId, ()>) -> Start {
+        let indeg = (0..g.len())
+            .map(|i| {
+                d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                    .count()
+            })
+            .collect();
+        let users = g.users();
+        let remaining = users.iter().map(|u| u.len()).collect();
+        let kernel_outputs = g.kernel_outputs();
+        let bytes = g
+            .ids()
+            .map(|id| own_bytes(g, &kernel_outputs, id))
+            .collect();
+        Start {
+            indeg,
+            users,
+            remaining,
+            pinned: pinned(g),
+            bytes,
+        }
+    }
 }
 
 /// The ready set of [`list_schedule`]: leaves by index; other ops by best balance, then index.
@@ -705,21 +735,14 @@ mod tests {
     fn rescanning(g: &Graph) -> Vec<NodeId> {
         let d = dependences(g);
         let n = g.len();
-        let mut indeg: Vec<usize> = (0..n)
-            .map(|i| {
-                d.neighbors_directed(NodeIndex::new(i), Direction::Incoming)
-                    .count()
-            })
-            .collect();
+        let Start {
+            mut indeg,
+            mut remaining,
+            pinned,
+            bytes,
+            ..
+        } = Start::of(g, &d);
         let mut ready: BTreeSet<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
-        let users = g.users();
-        let mut remaining: Vec<usize> = users.iter().map(|u| u.len()).collect();
-        let pinned = pinned(g);
-        let kernel_outputs = g.kernel_outputs();
-        let bytes: Vec<i64> = g
-            .ids()
-            .map(|id| own_bytes(g, &kernel_outputs, id))
-            .collect();
         let mut order = Vec::with_capacity(n);
         while !ready.is_empty() {
             let leaf = ready

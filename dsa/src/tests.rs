@@ -111,6 +111,30 @@ fn generous() -> SolveOptions {
     }
 }
 
+/// Options that must meet `capacity` with no time to search: a capacity no greedy packing
+/// meets is refused as not met.
+fn no_time_for(capacity: u64) -> SolveOptions {
+    SolveOptions {
+        capacity: Some(capacity),
+        time_limit: Duration::ZERO,
+        ..SolveOptions::default()
+    }
+}
+
+/// Nine buffers (lower, upper, size) whose LOAD is 11 but which no packing fits in 11 bytes
+/// (brute force agrees): the optimum, 12, is above LOAD, and only the search proves it.
+const ABOVE_LOAD: [(u64, u64, u64); 9] = [
+    (5, 6, 3),
+    (7, 8, 5),
+    (5, 7, 2),
+    (2, 6, 2),
+    (0, 4, 5),
+    (0, 2, 5),
+    (6, 8, 5),
+    (6, 8, 1),
+    (2, 7, 3),
+];
+
 fn solve_ok(p: &Problem, opts: &SolveOptions) -> (Solution, SolveStats) {
     let (s, st) = solve(p, opts).expect("solvable");
     assert_valid(p, &s);
@@ -202,18 +226,8 @@ fn the_search_packs_to_load_where_every_greedy_falls_short() {
 fn the_search_proves_an_optimum_above_load() {
     // LOAD is 11 but no packing fits in 11 bytes (brute force agrees): the search must prove
     // 11 infeasible to call 12 optimal.
-    let spec = [
-        (5, 6, 3),
-        (7, 8, 5),
-        (5, 7, 2),
-        (2, 6, 2),
-        (0, 4, 5),
-        (0, 2, 5),
-        (6, 8, 5),
-        (6, 8, 1),
-        (2, 7, 3),
-    ];
-    let p = problem(&spec, 1);
+    let p = problem(&ABOVE_LOAD, 1);
+    assert_eq!(brute_force_optimum(&p), 12);
     let (s, st) = solve_ok(&p, &generous());
     assert_eq!(st.load, 11);
     assert_eq!(s.peak, 12);
@@ -249,18 +263,7 @@ fn a_capacity_below_load_is_an_error_not_a_panic() {
 
 #[test]
 fn a_capacity_that_cannot_be_met_is_an_error_that_says_what_was_found() {
-    let spec = [
-        (5, 6, 3),
-        (7, 8, 5),
-        (5, 7, 2),
-        (2, 6, 2),
-        (0, 4, 5),
-        (0, 2, 5),
-        (6, 8, 5),
-        (6, 8, 1),
-        (2, 7, 3),
-    ];
-    let p = problem(&spec, 1);
+    let p = problem(&ABOVE_LOAD, 1);
     let err = solve(
         &p,
         &SolveOptions {
@@ -282,15 +285,7 @@ fn a_capacity_that_cannot_be_met_is_an_error_that_says_what_was_found() {
     }
     assert!(err.to_string().contains("LOAD 11"), "{err}");
     // With no time at all the search cannot finish: still an error, naming the best peak.
-    let err = solve(
-        &p,
-        &SolveOptions {
-            capacity: Some(11),
-            time_limit: Duration::ZERO,
-            ..SolveOptions::default()
-        },
-    )
-    .unwrap_err();
+    let err = solve(&p, &no_time_for(11)).unwrap_err();
     assert!(
         matches!(
             err,
@@ -683,29 +678,8 @@ fn when_the_dives_miss_a_capacity_the_exact_search_gets_the_rest_of_the_time() {
 
 #[test]
 fn a_capacity_missed_for_lack_of_time_says_the_time_limit_stopped_it() {
-    let p = problem(
-        &[
-            (5, 6, 3),
-            (7, 8, 5),
-            (5, 7, 2),
-            (2, 6, 2),
-            (0, 4, 5),
-            (0, 2, 5),
-            (6, 8, 5),
-            (6, 8, 1),
-            (2, 7, 3),
-        ],
-        1,
-    );
-    let err = solve(
-        &p,
-        &SolveOptions {
-            capacity: Some(11),
-            time_limit: Duration::ZERO,
-            ..SolveOptions::default()
-        },
-    )
-    .unwrap_err();
+    let p = problem(&ABOVE_LOAD, 1);
+    let err = solve(&p, &no_time_for(11)).unwrap_err();
     assert!(
         matches!(
             err,

@@ -439,3 +439,46 @@ proptest! {
         read_never_panics(&sealed(&p))?;
     }
 }
+
+/// The offload copies' records are one declaration shared by the CPU and CUDA programs
+/// (`lower::CopyIn`, `lower::CopyOut`); in a step file each stays the object it always was,
+/// named by the instruction, its four fields in order, and an unknown field is refused.
+#[test]
+fn an_offload_copy_keeps_its_step_file_form_in_both_programs() {
+    use ingot_compiler::ir::NodeId;
+    use ingot_compiler::lower::cpu::Instr;
+    use ingot_compiler::lower::cuda::DeviceOp;
+    use ingot_compiler::lower::{CopyIn, CopyOut};
+    let copy_in = CopyIn {
+        leaf: NodeId(7),
+        host: 256,
+        to: 4096,
+        bytes: 512,
+    };
+    let copy_out = CopyOut {
+        leaf: NodeId(7),
+        from: 4096,
+        host: 256,
+        bytes: 512,
+    };
+    let want_in = r#"{"copy_in":{"leaf":7,"host":256,"to":4096,"bytes":512}}"#;
+    let want_out = r#"{"copy_out":{"leaf":7,"from":4096,"host":256,"bytes":512}}"#;
+    let cpu = [Instr::CopyIn(copy_in), Instr::CopyOut(copy_out)];
+    let cuda = [DeviceOp::CopyIn(copy_in), DeviceOp::CopyOut(copy_out)];
+    for (i, want) in [want_in, want_out].into_iter().enumerate() {
+        assert_eq!(serde_json::to_string(&cpu[i]).unwrap(), want);
+        assert_eq!(serde_json::to_string(&cuda[i]).unwrap(), want);
+    }
+    assert_eq!(
+        serde_json::from_str::<Instr>(want_in).unwrap(),
+        Instr::CopyIn(copy_in)
+    );
+    assert_eq!(
+        serde_json::from_str::<DeviceOp>(want_out).unwrap(),
+        DeviceOp::CopyOut(copy_out)
+    );
+    let extra = r#"{"copy_in":{"leaf":7,"host":256,"to":4096,"bytes":512,"stream":1}}"#;
+    let e = serde_json::from_str::<DeviceOp>(extra).unwrap_err();
+    assert!(e.to_string().contains("stream"), "{e}");
+    assert!(serde_json::from_str::<Instr>(extra).is_err());
+}

@@ -6,7 +6,7 @@
 use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::fit::{self, offload::moments, FitOptions};
-use ingot_compiler::lower::Target;
+use ingot_compiler::lower::{CopyIn, CopyOut, Target};
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::plan::check::PlanViolation;
@@ -315,21 +315,21 @@ fn an_offloaded_cuda_program_copies_each_moment_in_before_its_readers_and_out_af
         let staging = off.plan.location(&off.graph, o.leaf);
         let find = |copy_in: bool| {
             p.ops.iter().position(|op| match *op {
-                DeviceOp::CopyIn {
+                DeviceOp::CopyIn(CopyIn {
                     leaf,
                     host,
                     to,
                     bytes,
-                } if copy_in => {
+                }) if copy_in => {
                     (leaf, host, to, bytes)
                         == (o.leaf, o.host.offset, staging.offset, staging.bytes)
                 }
-                DeviceOp::CopyOut {
+                DeviceOp::CopyOut(CopyOut {
                     leaf,
                     from,
                     host,
                     bytes,
-                } if !copy_in => {
+                }) if !copy_in => {
                     (leaf, host, from, bytes)
                         == (o.leaf, o.host.offset, staging.offset, staging.bytes)
                 }
@@ -383,7 +383,7 @@ fn an_offloaded_cuda_program_copies_each_moment_in_before_its_readers_and_out_af
         .iter()
         .position(|op| matches!(op, DeviceOp::CopyIn { .. }))
         .unwrap();
-    if let DeviceOp::CopyIn { host, .. } = &mut bad.ops[i] {
+    if let DeviceOp::CopyIn(CopyIn { host, .. }) = &mut bad.ops[i] {
         *host += 256;
     }
     let e = ingot_compiler::lower::Program::Cuda(bad)

@@ -24,6 +24,7 @@
 
 use ingot_compiler::ir::{Graph, Op};
 use ingot_compiler::lower::cuda::{DeviceOp, Program};
+use ingot_compiler::lower::{CopyIn, CopyOut};
 use ingot_models::by_name;
 use ingot_runtime::cuda::{self, timeline, CudaOptions};
 use ingot_trainer::session::{Device, Session};
@@ -257,8 +258,12 @@ fn describe(op: &DeviceOp, g: &Graph, program: &Program) -> (&'static str, Strin
         }
         DeviceOp::Zero { bytes, .. } => ("memset", format!("memset {bytes} B")),
         DeviceOp::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
-        DeviceOp::CopyIn { leaf, bytes, .. } => ("offload", format!("copy in {leaf} {bytes} B")),
-        DeviceOp::CopyOut { leaf, bytes, .. } => ("offload", format!("copy out {leaf} {bytes} B")),
+        DeviceOp::CopyIn(CopyIn { leaf, bytes, .. }) => {
+            ("offload", format!("copy in {leaf} {bytes} B"))
+        }
+        DeviceOp::CopyOut(CopyOut { leaf, bytes, .. }) => {
+            ("offload", format!("copy out {leaf} {bytes} B"))
+        }
     }
 }
 

@@ -81,6 +81,19 @@ pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Each step line's step number and loss (NaN where the loss is null: not finite), in order, of
+/// the `--json` lines `lines` ([`json_lines`]); lines without a loss are passed over.
+pub fn step_losses(lines: &[serde_json::Value]) -> Vec<(u64, f64)> {
+    lines
+        .iter()
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            let loss = v["loss"].as_f64().unwrap_or(f64::NAN); // null: not finite
+            (v["step"].as_u64().unwrap(), loss)
+        })
+        .collect()
+}
+
 /// A path as a command-line argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -16,7 +16,7 @@
 //! After the last node, the updates the plan could not place in place are copied to their
 //! parameters.
 
-use super::offload::{check_copies, OffloadCopy};
+use super::offload::{check_copies, CopyIn, CopyOut};
 use super::{LowerError, ScatterPart};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::plan::Location;
@@ -71,22 +71,10 @@ pub enum Instr {
         dtype: DType,
         ranks: usize,
     },
-    /// Offload's copy in ([`crate::plan::offload`]): the `bytes` bytes at `host` in the host
-    /// region (offloaded leaf `leaf`'s home) into its staging buffer at `to` in the allocation.
-    CopyIn {
-        leaf: NodeId,
-        host: usize,
-        to: usize,
-        bytes: usize,
-    },
-    /// Offload's copy out: leaf `leaf`'s staging buffer at `from`, holding its new value, back
-    /// to its home at `host` in the host region.
-    CopyOut {
-        leaf: NodeId,
-        from: usize,
-        host: usize,
-        bytes: usize,
-    },
+    /// Offload's copy in ([`crate::plan::offload`]) of a leaf's home into its staging buffer.
+    CopyIn(CopyIn),
+    /// Offload's copy out of a leaf's staging buffer back to its home.
+    CopyOut(CopyOut),
 }
 
 impl Instr {
@@ -99,7 +87,7 @@ impl Instr {
             | Instr::AllReduce { node, .. }
             | Instr::AllGather { node, .. }
             | Instr::ReduceScatter { node, .. } => *node,
-            Instr::CopyIn { leaf, .. } | Instr::CopyOut { leaf, .. } => *leaf,
+            Instr::CopyIn(CopyIn { leaf, .. }) | Instr::CopyOut(CopyOut { leaf, .. }) => *leaf,
         }
     }
 
@@ -326,21 +314,13 @@ pub(super) fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program, LowerError>
     let mut instrs = Vec::with_capacity(g.len());
     for (at, &id) in plan.liveness.order.iter().enumerate() {
         for o in plan.offload.iter().filter(|o| o.copy_in_before == at) {
-            instrs.push(Instr::CopyIn {
-                leaf: o.leaf,
-                host: o.host.offset,
-                to: location[o.leaf.index()].offset,
-                bytes: o.host.bytes,
-            });
+            let staging = location[o.leaf.index()].offset;
+            instrs.push(Instr::CopyIn(CopyIn::of(o, staging)));
         }
         lower_node(g, plan, &location, &kernel_outputs, id, &mut instrs)?;
         for o in plan.offload.iter().filter(|o| o.copy_out_after == at) {
-            instrs.push(Instr::CopyOut {
-                leaf: o.leaf,
-                from: location[o.leaf.index()].offset,
-                host: o.host.offset,
-                bytes: o.host.bytes,
-            });
+            let staging = location[o.leaf.index()].offset;
+            instrs.push(Instr::CopyOut(CopyOut::of(o, staging)));
         }
     }
     let copies = plan
@@ -677,30 +657,8 @@ impl Program {
             reason,
         };
         let copies = self.instrs.iter().filter_map(|i| match *i {
-            Instr::CopyIn {
-                leaf,
-                host,
-                to,
-                bytes,
-            } => Some(OffloadCopy {
-                leaf,
-                host,
-                device: to,
-                bytes,
-                inward: true,
-            }),
-            Instr::CopyOut {
-                leaf,
-                from,
-                host,
-                bytes,
-            } => Some(OffloadCopy {
-                leaf,
-                host,
-                device: from,
-                bytes,
-                inward: false,
-            }),
+            Instr::CopyIn(c) => Some(c.into()),
+            Instr::CopyOut(c) => Some(c.into()),
             _ => None,
         });
         check_copies(plan, copies, |_| None).map_err(bad)?;

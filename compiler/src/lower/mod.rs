@@ -18,6 +18,8 @@ pub mod cuda;
 pub mod deps;
 mod offload;
 
+pub use offload::{CopyIn, CopyOut};
+
 use crate::ir::{Graph, NodeId, TensorType};
 use crate::plan::check::PlanViolation;
 use crate::plan::{MemoryPlan, PlanOptions};

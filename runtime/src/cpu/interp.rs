@@ -74,6 +74,23 @@ impl Slot<'_> {
     }
 }
 
+/// The value of operand `x`: the walk runs every operand before its readers and keeps it until
+/// its last use, so its slot is full.
+fn operand<'s>(slots: &'s [Slot], x: NodeId) -> &'s Tensor {
+    slots[x.index()]
+        .tensor()
+        .expect("operands run first and live until their last use")
+}
+
+/// Error `e` of node `i` (op `op`), wrapped to name the node.
+fn at_node(i: usize, op: &'static str, e: ExecError) -> ExecError {
+    ExecError::AtNode {
+        node: i,
+        op,
+        source: Box::new(e),
+    }
+}
+
 /// Checks the supplied value of every leaf of `g` that has one (and, for leaves some output or
 /// update depends on, that it has one): the value must have the leaf's exact shape and dtype.
 pub fn check_leaves<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<(), ExecError> {
@@ -168,23 +185,19 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
             let bytes: Vec<Vec<u8>> = node
                 .inputs
                 .iter()
-                .map(|x| {
-                    slots[x.index()]
-                        .tensor()
-                        .expect("operands run first and live until their last use")
-                        .to_le_bytes()
-                })
+                .map(|&x| operand(&slots, x).to_le_bytes())
                 .collect();
             let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
             let outs = ingot_kernels::fused::cpu::run_buffers(kernel, &refs).map_err(|e| {
-                ExecError::AtNode {
-                    node: i,
-                    op: "fused",
-                    source: Box::new(ExecError::Invalid {
+                let reason = e.to_string();
+                at_node(
+                    i,
+                    "fused",
+                    ExecError::Invalid {
                         op: "fused",
-                        reason: e.to_string(),
-                    }),
-                }
+                        reason,
+                    },
+                )
             })?;
             for (j, (o, b)) in kernel_outputs[i].iter().zip(outs).enumerate() {
                 let t = Tensor::from_le_bytes(g.ty(*o).clone(), &b)?;
@@ -194,72 +207,43 @@ pub fn run_graph<L: LeafValues + ?Sized>(g: &Graph, leaves: &L) -> Result<Values
                     pending.insert(*o, t);
                 }
             }
-        } else if node.op.is_attention() {
-            let views: Vec<View> = node
-                .inputs
-                .iter()
-                .map(|x| {
-                    slots[x.index()]
-                        .tensor()
-                        .expect("operands run first and live until their last use")
-                        .view()
-                })
-                .collect();
-            let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
-            // Every output gets a buffer, the lse too when no result node names it.
-            let all = ingot_compiler::ir::attention_outputs(&node.op, &types).map_err(|e| {
-                ExecError::AtNode {
-                    node: i,
-                    op: node.op.name(),
-                    source: Box::new(ExecError::Invalid {
-                        op: node.op.name(),
-                        reason: e,
-                    }),
-                }
-            })?;
-            let mut outs: Vec<Tensor> = all.into_iter().map(Tensor::zeros).collect();
-            {
-                let mut out_views: Vec<Option<ViewMut>> =
-                    outs.iter_mut().map(|t| Some(t.view_mut())).collect();
-                super::exec::exec_attention(
-                    node,
-                    &views,
-                    &types,
-                    &mut out_views,
-                    Scratch::Allocate,
-                )
-                .map_err(|e| ExecError::AtNode {
-                    node: i,
-                    op: node.op.name(),
-                    source: Box::new(e),
-                })?;
-            }
-            for (j, t) in outs.into_iter().enumerate() {
-                if j == 0 {
-                    slots[i] = Slot::Owned(t);
-                } else if let Some(r) = g.result_of(id, j) {
-                    pending.insert(r, t);
-                }
-            }
         } else {
-            let mut out = Tensor::zeros(node.ty.clone());
             let views: Vec<View> = node
                 .inputs
                 .iter()
-                .map(|x| {
-                    slots[x.index()]
-                        .tensor()
-                        .expect("operands run first and live until their last use")
-                        .view()
-                })
+                .map(|&x| operand(&slots, x).view())
                 .collect();
             let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
-            exec_node(node, &views, &types, out.view_mut()).map_err(|e| ExecError::AtNode {
-                node: i,
-                op: node.op.name(),
-                source: Box::new(e),
-            })?;
-            slots[i] = Slot::Owned(out);
+            let op = node.op.name();
+            if node.op.is_attention() {
+                // Every output gets a buffer, the lse too when no result node names it.
+                let all = ingot_compiler::ir::attention_outputs(&node.op, &types)
+                    .map_err(|reason| at_node(i, op, ExecError::Invalid { op, reason }))?;
+                let mut outs: Vec<Tensor> = all.into_iter().map(Tensor::zeros).collect();
+                {
+                    let mut out_views: Vec<Option<ViewMut>> =
+                        outs.iter_mut().map(|t| Some(t.view_mut())).collect();
+                    super::exec::exec_attention(
+                        node,
+                        &views,
+                        &types,
+                        &mut out_views,
+                        Scratch::Allocate,
+                    )
+                    .map_err(|e| at_node(i, op, e))?;
+                }
+                for (j, t) in outs.into_iter().enumerate() {
+                    if j == 0 {
+                        slots[i] = Slot::Owned(t);
+                    } else if let Some(r) = g.result_of(id, j) {
+                        pending.insert(r, t);
+                    }
+                }
+            } else {
+                let mut out = Tensor::zeros(node.ty.clone());
+                exec_node(node, &views, &types, out.view_mut()).map_err(|e| at_node(i, op, e))?;
+                slots[i] = Slot::Owned(out);
+            }
         }
         // Operands (a result node's kernel included) are dropped after their last use.
         for &x in &node.inputs {

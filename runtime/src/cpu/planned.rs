@@ -24,7 +24,7 @@ use crate::tensor::{Tensor, View, ViewMut};
 use ingot_compiler::exe::{Executable, StepPair};
 use ingot_compiler::ir::{DType, Graph, Node, NodeId, Op, Shape, TensorType};
 use ingot_compiler::lower::cpu::{Instr, Program};
-use ingot_compiler::lower::{self, Target};
+use ingot_compiler::lower::{self, CopyIn, CopyOut, Target};
 use ingot_compiler::plan::location::Location;
 use ingot_compiler::plan::{MemoryPlan, ALIGNMENT};
 use ingot_kernels::fused::cpu::Compiled;
@@ -638,9 +638,9 @@ impl Part {
                         .map_err(|e| at(*node, self.exe.graph().node(*node), e))?;
                 }
             }
-            Instr::CopyIn {
+            Instr::CopyIn(CopyIn {
                 host: h, to, bytes, ..
-            } => {
+            }) => {
                 check_host(*h, *bytes, host.1)?;
                 // SAFETY: the host range lies inside the host region (checked just now),
                 // the device range inside the allocation (checked program); the two are
@@ -649,12 +649,12 @@ impl Part {
                     std::ptr::copy_nonoverlapping(host.0.get().add(*h), base.add(*to), *bytes)
                 };
             }
-            Instr::CopyOut {
+            Instr::CopyOut(CopyOut {
                 from,
                 host: h,
                 bytes,
                 ..
-            } => {
+            }) => {
                 check_host(*h, *bytes, host.1)?;
                 // SAFETY: as for the copy in.
                 unsafe {

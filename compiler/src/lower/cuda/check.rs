@@ -94,20 +94,15 @@ impl Program {
 
     /// Offload copy `op` lies inside the allocation and the host region.
     fn check_copy_bounds(&self, op: &DeviceOp) -> Result<(), LowerError> {
-        let (leaf, host, dev, bytes) = match *op {
-            DeviceOp::CopyIn {
-                leaf,
-                host,
-                to,
-                bytes,
-            } => (leaf, host, to, bytes),
-            DeviceOp::CopyOut {
-                leaf,
-                from,
-                host,
-                bytes,
-            } => (leaf, host, from, bytes),
-            _ => return Ok(()),
+        let Some(OffloadCopy {
+            leaf,
+            host,
+            device: dev,
+            bytes,
+            ..
+        }) = offload_copy(op)
+        else {
+            return Ok(());
         };
         let fits = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|e| e <= len);
         if fits(dev, self.total_bytes) && fits(host, self.host_bytes) {
@@ -146,33 +141,7 @@ impl Program {
                 plan.offload.len()
             )));
         }
-        let copies = self.ops.iter().filter_map(|op| match *op {
-            DeviceOp::CopyIn {
-                leaf,
-                host,
-                to,
-                bytes,
-            } => Some(OffloadCopy {
-                leaf,
-                host,
-                device: to,
-                bytes,
-                inward: true,
-            }),
-            DeviceOp::CopyOut {
-                leaf,
-                from,
-                host,
-                bytes,
-            } => Some(OffloadCopy {
-                leaf,
-                host,
-                device: from,
-                bytes,
-                inward: false,
-            }),
-            _ => None,
-        });
+        let copies = self.ops.iter().filter_map(offload_copy);
         let staging =
             |leaf: NodeId| (leaf.index() < g.len()).then(|| plan.location(g, leaf).offset);
         check_copies(plan, copies, staging).map_err(invalid)?;
@@ -369,5 +338,14 @@ impl Program {
             }
         }
         Ok(())
+    }
+}
+
+/// Operation `op` as the offload check reads a copy; `None` for any other operation.
+fn offload_copy(op: &DeviceOp) -> Option<OffloadCopy> {
+    match *op {
+        DeviceOp::CopyIn(c) => Some(c.into()),
+        DeviceOp::CopyOut(c) => Some(c.into()),
+        _ => None,
     }
 }

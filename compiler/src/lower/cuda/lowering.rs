@@ -9,6 +9,7 @@ use crate::fuse::triangle::{self, Triangle};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::lower::deps::{self, Touch};
 use crate::lower::LowerError;
+use crate::lower::{CopyIn, CopyOut};
 use crate::plan::{Location, MemoryPlan};
 use crate::precision::Precision;
 use ingot_kernels::cuda::attention;
@@ -630,12 +631,7 @@ impl Lowering<'_> {
             bytes: o.host.bytes,
         };
         let (op, touch) = if into {
-            let op = DeviceOp::CopyIn {
-                leaf: o.leaf,
-                host: o.host.offset,
-                to: staging.offset,
-                bytes: o.host.bytes,
-            };
+            let op = DeviceOp::CopyIn(CopyIn::of(o, staging.offset));
             (
                 op,
                 Touch {
@@ -644,12 +640,7 @@ impl Lowering<'_> {
                 },
             )
         } else {
-            let op = DeviceOp::CopyOut {
-                leaf: o.leaf,
-                from: staging.offset,
-                host: o.host.offset,
-                bytes: o.host.bytes,
-            };
+            let op = DeviceOp::CopyOut(CopyOut::of(o, staging.offset));
             (
                 op,
                 Touch {

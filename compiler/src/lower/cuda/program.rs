@@ -5,6 +5,7 @@ use super::conv::Conv;
 use super::gemm::Gemm;
 use crate::ir::{DType, NodeId};
 use crate::lower::deps::Touch;
+use crate::lower::offload::{CopyIn, CopyOut};
 use ingot_kernels::cuda::CudaKernel;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -34,26 +35,11 @@ pub enum DeviceOp {
         to: usize,
         bytes: usize,
     },
-    /// Offload's copy in ([`crate::plan::offload`]): the `bytes` bytes at `host` in the host
-    /// region (offloaded leaf `leaf`'s home, page-locked memory the runtime allocates once)
-    /// into the leaf's staging buffer at `to`. The runtime captures it on its copy stream: the
-    /// dependency graph alone orders it after the last use of the staging bytes before it and
-    /// before the leaf's first reader, so it overlaps the compute around it.
-    CopyIn {
-        leaf: NodeId,
-        host: usize,
-        to: usize,
-        bytes: usize,
-    },
-    /// Offload's copy out: leaf `leaf`'s staging buffer at `from`, holding its new value once
-    /// its last writer has run, back to its home at `host` in the host region, on the copy
-    /// stream; anything later that takes those slab bytes waits for it (write after read).
-    CopyOut {
-        leaf: NodeId,
-        from: usize,
-        host: usize,
-        bytes: usize,
-    },
+    /// Offload's copy in ([`crate::plan::offload`]) of a leaf's home (page-locked memory the
+    /// runtime allocates once) into its staging buffer, on the runtime's copy stream.
+    CopyIn(CopyIn),
+    /// Offload's copy out of a leaf's staging buffer back to its home, on the copy stream.
+    CopyOut(CopyOut),
     /// Replace the `bytes` bytes of `dtype` elements at `offset` (one gradient bucket, a
     /// contiguous planned region) by their sum over the step's `ranks` data-parallel ranks
     /// (each rank's of its share of the loss: the mean): NCCL's in-place all-reduce with

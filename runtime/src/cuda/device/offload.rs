@@ -22,6 +22,7 @@ use cudarc::driver::{sys, CudaContext, CudaStream};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::NodeId;
 use ingot_compiler::lower::cuda::DeviceOp;
+use ingot_compiler::lower::{CopyIn, CopyOut};
 use ingot_compiler::plan::Location;
 use std::sync::Arc;
 
@@ -93,9 +94,9 @@ impl CudaStep {
         let inside =
             |host: usize, bytes: usize| host.checked_add(bytes).is_some_and(|e| e <= region.len());
         match *op {
-            DeviceOp::CopyIn {
+            DeviceOp::CopyIn(CopyIn {
                 host, to, bytes, ..
-            } if inside(host, bytes) => {
+            }) if inside(host, bytes) => {
                 // SAFETY: the home lies inside the host region (checked) and the staging
                 // buffer inside the allocation (the program's check); both live as long as the
                 // graphs that copy between them.
@@ -110,9 +111,9 @@ impl CudaStep {
                 .result()
                 .map_err(driver("recording an offload copy in"))
             }
-            DeviceOp::CopyOut {
+            DeviceOp::CopyOut(CopyOut {
                 from, host, bytes, ..
-            } if inside(host, bytes) => {
+            }) if inside(host, bytes) => {
                 // SAFETY: as above; the host reads the region only after synchronizing.
                 unsafe {
                     sys::cuMemcpyDtoHAsync_v2(

@@ -203,38 +203,22 @@ pub fn resize_into(
         .resize(&src, &mut dst, &options)
         .map_err(|e| e.to_string())?;
     let out = dst.buffer();
-    let (ow, plane) = (out_w as usize, out_w as usize * out_h as usize);
+    let ow = out_w as usize;
     for c in 0..channels {
         let (m, s) = (mean[c], std[c]);
         // Each 8-bit level's normalised value, computed once per channel by the formula itself
         // (the same bits as computing it per pixel, in a table lookup).
+        let (m64, s64) = (m as f64, s as f64);
         match dtype {
             DType::F64 => {
-                let table: [[u8; 8]; 256] = std::array::from_fn(|v| {
-                    ((v as f64 / 255.0 - m as f64) / s as f64).to_ne_bytes()
-                });
-                write_plane(
-                    &table,
-                    out,
-                    c,
-                    channels,
-                    ow,
-                    flip,
-                    &mut row[c * plane * 8..][..plane * 8],
-                );
+                let table: [[u8; 8]; 256] =
+                    std::array::from_fn(|v| ((v as f64 / 255.0 - m64) / s64).to_ne_bytes());
+                write_plane(&table, out, c, channels, ow, flip, row);
             }
             _ => {
                 let table: [[u8; 4]; 256] =
                     std::array::from_fn(|v| ((v as f32 / 255.0 - m) / s).to_ne_bytes());
-                write_plane(
-                    &table,
-                    out,
-                    c,
-                    channels,
-                    ow,
-                    flip,
-                    &mut row[c * plane * 4..][..plane * 4],
-                );
+                write_plane(&table, out, c, channels, ow, flip, row);
             }
         }
     }
@@ -242,7 +226,8 @@ pub fn resize_into(
 }
 
 /// Writes channel `c` of the interleaved 8-bit image `pixels` (rows of `width` pixels of
-/// `channels`) into `plane` through `table` (each level's bytes), mirrored when `flip`.
+/// `channels`) into its plane of `row` (the channel planes one after another, `N` bytes an
+/// element) through `table` (each level's bytes), mirrored when `flip`.
 fn write_plane<const N: usize>(
     table: &[[u8; N]; 256],
     pixels: &[u8],
@@ -250,8 +235,10 @@ fn write_plane<const N: usize>(
     channels: usize,
     width: usize,
     flip: bool,
-    plane: &mut [u8],
+    row: &mut [u8],
 ) {
+    let bytes = pixels.len() / channels * N;
+    let plane = &mut row[c * bytes..][..bytes];
     for (line, src) in plane
         .chunks_exact_mut(width * N)
         .zip(pixels.chunks_exact(width * channels))
