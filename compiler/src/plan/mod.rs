@@ -60,6 +60,11 @@ pub struct PlanOptions {
     /// Optimizer state to keep in host memory between its uses ([`offload`]), by leaf name:
     /// the fitter's last resort. Empty (the default): nothing offloaded, the plan as always.
     pub offload: Vec<String>,
+    /// Widen the offloaded leaves' staging buffers where the step's peak leaves room
+    /// ([`offload::prefetch`]): each copy in is issued ahead of its reader, and a copy out is
+    /// not waited on at once, without raising LOAD. On (the default); off, a staging buffer
+    /// lives from its first use to its last, as before (a plan to compare with).
+    pub prefetch: bool,
 }
 
 impl Default for PlanOptions {
@@ -72,6 +77,7 @@ impl Default for PlanOptions {
             workspace_room: None,
             sink: false,
             offload: Vec::new(),
+            prefetch: true,
         }
     }
 }
@@ -298,7 +304,10 @@ impl Prepared {
         opts: &PlanOptions,
     ) -> Result<Prepared, PlanError> {
         let mut liveness = Liveness::analyse(g, order, opts.workspace);
-        let (offload, host_bytes) = offload::stage(g, &mut liveness, &opts.offload)?;
+        let (mut offload, host_bytes) = offload::stage(g, &mut liveness, &opts.offload)?;
+        if opts.prefetch {
+            offload::prefetch(&mut liveness, &mut offload);
+        }
         // Every offset the plan can give is at most the sum of all aligned storage sizes: when
         // that sum fits, no offset, end or total computed below (or by the solver) overflows.
         let sum = liveness.storages.iter().try_fold(0usize, |acc, s| {
