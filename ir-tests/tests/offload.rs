@@ -417,7 +417,7 @@ fn a_cuda_step_of_several_ranks_with_offload_is_refused_at_lowering_naming_the_r
 
 /// For each copy in of `c`'s CUDA program, the operations it may overlap: from just after its
 /// latest dependency (where its staging bytes are free) to the first operation waiting on it
-/// (its first reader), as `scripts/offload_overlap.py` counts them.
+/// (its first reader), as `scripts/offload_overlap.py` counts them; in the order of the leaves.
 fn copy_in_windows(c: &Compiled) -> Vec<usize> {
     use ingot_compiler::lower::cuda::DeviceOp;
     let exe = c.executable(Target::Cuda).unwrap();
@@ -430,34 +430,24 @@ fn copy_in_windows(c: &Compiled) -> Vec<usize> {
             first_waiter[i] = first_waiter[i].min(j);
         }
     }
-    (0..p.ops.len())
-        .filter(|&i| matches!(p.ops[i], DeviceOp::CopyIn { .. }))
-        .map(|i| {
+    let mut w: Vec<(ingot_compiler::ir::NodeId, usize)> = (0..p.ops.len())
+        .filter_map(|i| match p.ops[i] {
+            DeviceOp::CopyIn { leaf, .. } => Some((leaf, i)),
+            _ => None,
+        })
+        .map(|(leaf, i)| {
             let free = p.deps[i].iter().max().map_or(0, |&d| d + 1);
             assert!(first_waiter[i] < p.ops.len(), "nothing reads copy in {i}");
-            first_waiter[i] - free
+            (leaf, first_waiter[i] - free)
         })
-        .collect()
-}
-
-/// Aligned slab bytes live at each schedule position of `c`'s plan.
-fn live_bytes(c: &Compiled) -> Vec<usize> {
-    let lv = &c.plan.liveness;
-    let n = lv.order.len();
-    (0..n)
-        .map(|q| {
-            lv.storages
-                .iter()
-                .filter(|s| s.region == ingot_compiler::plan::Region::Slab)
-                .filter(|s| s.start <= q && q < s.end.max(s.start + 1))
-                .map(|s| align_up(s.bytes))
-                .sum()
-        })
-        .collect()
+        .collect();
+    // By leaf, so that two programs' copies pair up whatever their order.
+    w.sort();
+    w.into_iter().map(|(_, n)| n).collect()
 }
 
 #[test]
-fn a_fitted_offload_step_copies_in_far_ahead_of_the_readers_without_raising_its_peak() {
+fn a_fitted_offload_step_copies_in_far_ahead_of_the_readers_on_free_bytes_at_the_same_total() {
     let m = ingot_models::by_name(GPT).unwrap();
     let opts = Options::for_target(Target::Cuda);
     let plain = pipeline::compile(&m, &opts).unwrap();
@@ -487,26 +477,30 @@ fn a_fitted_offload_step_copies_in_far_ahead_of_the_readers_without_raising_its_
     o.plan.prefetch = false;
     let off = pipeline::compile(&m, &o).unwrap();
     assert_eq!(on.plan.liveness.order, off.plan.liveness.order);
-    // LOAD, what the budget is fitted against, is not raised by the wider staging buffers.
-    assert_eq!(on.plan.load_bytes, off.plan.load_bytes);
-    let (lv, live) = (&on.plan.liveness, live_bytes(&on));
-    assert_eq!(live.iter().max(), Some(&on.plan.load_bytes));
+    // The plan as solved: the same total, LOAD and offsets but the staging buffers'.
+    assert_eq!(
+        (on.plan.total_bytes, on.plan.load_bytes),
+        (off.plan.total_bytes, off.plan.load_bytes)
+    );
+    let lv = &on.plan.liveness;
+    let staging: Vec<usize> = (on.plan.offload.iter())
+        .map(|o| lv.storage_of[o.leaf.index()])
+        .collect();
+    for (t, st) in lv.storages.iter().enumerate() {
+        if !staging.contains(&t) {
+            assert_eq!(st, &off.plan.liveness.storages[t]);
+            assert_eq!(on.plan.storage_offset[t], off.plan.storage_offset[t]);
+        }
+    }
     for (a, b) in on.plan.offload.iter().zip(&off.plan.offload) {
         let s = lv.storage_of[a.leaf.index()];
         let (st, was) = (&lv.storages[s], &off.plan.liveness.storages[s]);
-        // Each copy in is as early as the peak allows, never later than at its first use, and
-        // each buffer ends no earlier than its last; the copy out stays after its writer.
+        // Each copy in no later than at its first use, each buffer ending no earlier than at
+        // its last; the copy out stays after its writer.
         assert!(a.copy_in_before <= b.copy_in_before && st.end >= was.end);
         assert_eq!(
             (st.start, a.copy_out_after),
             (a.copy_in_before, b.copy_out_after)
-        );
-        assert!(
-            a.copy_in_before == 0
-                || live[a.copy_in_before - 1] + align_up(st.bytes) > on.plan.load_bytes,
-            "{}'s copy in could move before position {}",
-            a.leaf,
-            a.copy_in_before
         );
         // Its staging bytes hold no other value while they are its (checked from the plan's
         // lifetimes and offsets, apart from the validator's replay).
@@ -523,12 +517,14 @@ fn a_fitted_offload_step_copies_in_far_ahead_of_the_readers_without_raising_its_
             );
         }
     }
-    // On the GPU's dependency graph: the copies in may overlap far more of the step (measured:
-    // a median of 2 operations staged at their readers, 9.5 prefetched).
+    // On the GPU's dependency graph: no copy in may overlap fewer operations than when staged
+    // at its reader, and together at least three times as many (measured: 9 to 23 each, 143
+    // in all, against 2 to 4, 26 in all; the 1.3B GPT's figures are in benchmarks.md).
     let (w_on, w_off) = (copy_in_windows(&on), copy_in_windows(&off));
-    let sum = |w: &[usize]| w.iter().sum::<usize>();
+    println!("copies in may overlap {w_on:?} operations, staged at their readers {w_off:?}");
     assert!(
-        sum(&w_on) >= 3 * sum(&w_off),
+        w_on.iter().zip(&w_off).all(|(a, b)| a >= b)
+            && w_on.iter().sum::<usize>() >= 3 * w_off.iter().sum::<usize>(),
         "copies in may overlap {w_on:?} operations, staged at their readers {w_off:?}"
     );
 }

@@ -60,10 +60,11 @@ pub struct PlanOptions {
     /// Optimizer state to keep in host memory between its uses ([`offload`]), by leaf name:
     /// the fitter's last resort. Empty (the default): nothing offloaded, the plan as always.
     pub offload: Vec<String>,
-    /// Widen the offloaded leaves' staging buffers where the step's peak leaves room
-    /// ([`offload::prefetch`]): each copy in is issued ahead of its reader, and a copy out is
-    /// not waited on at once, without raising LOAD. On (the default); off, a staging buffer
-    /// lives from its first use to its last, as before (a plan to compare with).
+    /// Move the offloaded leaves' staging buffers, once the offsets are solved, into slab
+    /// bytes free from earlier ([`offload::prefetch`]): each copy in is issued ahead of its
+    /// reader, and a copy out is not waited on at once; the total does not change. On (the
+    /// default); off, a staging buffer lives from its first use to its last, as before (a
+    /// plan to compare with).
     pub prefetch: bool,
 }
 
@@ -211,6 +212,12 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     }
     let mut best = best
         .ok_or_else(|| crate::error::IrError::Invalid("no scheduling strategy was given".into()))?;
+    if opts.prefetch && !best.offload.is_empty() {
+        offload::prefetch(&mut best);
+        if cfg!(debug_assertions) {
+            best.validate(g)?;
+        }
+    }
     if let Some(room) = opts.workspace_room {
         room::grow_into_free_bytes(g, &mut best, room);
         if cfg!(debug_assertions) {
@@ -304,10 +311,7 @@ impl Prepared {
         opts: &PlanOptions,
     ) -> Result<Prepared, PlanError> {
         let mut liveness = Liveness::analyse(g, order, opts.workspace);
-        let (mut offload, host_bytes) = offload::stage(g, &mut liveness, &opts.offload)?;
-        if opts.prefetch {
-            offload::prefetch(&mut liveness, &mut offload);
-        }
+        let (offload, host_bytes) = offload::stage(g, &mut liveness, &opts.offload)?;
         // Every offset the plan can give is at most the sum of all aligned storage sizes: when
         // that sum fits, no offset, end or total computed below (or by the solver) overflows.
         let sum = liveness.storages.iter().try_fold(0usize, |acc, s| {
