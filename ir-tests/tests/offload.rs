@@ -65,8 +65,8 @@ fn offloaded_moments_leave_the_resident_region_for_homes_in_the_host_region() {
         for o in &off.plan.offload {
             assert!(o.copy_in_before <= o.copy_out_after);
             let st = &off.plan.liveness.storages[off.plan.liveness.storage_of[o.leaf.index()]];
-            // Live from its copy in, and at least until its copy out (later where the peak
-            // leaves room: offload::prefetch).
+            // Live from its copy in, and at least until its copy out (later while its bytes
+            // stay free: offload::prefetch).
             assert_eq!(st.start, o.copy_in_before);
             assert!(
                 st.end > o.copy_out_after,
