@@ -6,8 +6,9 @@
 Reads the executable's JSON payload (after its 28-byte header) and prints, from the program's
 dependency lists: how many device operations there are and where the first copy in sits; for
 each copy in, how many operations before it its latest dependency is (how far ahead of its
-program position the graph lets it start) and how many after it the first operation waiting on
-it is; and how many copies out something later waits on (a later owner of their bytes).
+program position the graph lets it start), how many after it the first operation waiting on
+it is, and the operations between the two (what the copy may overlap); and how many copies out
+something later waits on (a later owner of their bytes).
 """
 import json
 import statistics
@@ -31,12 +32,19 @@ def main(path):
             waiters[i].append(j)
     ahead = [i - max(deps[i], default=-1) for i in ins]
     reader = [min(waiters[i]) - i for i in ins if waiters[i]]
+    # The window the graph gives a copy in: from just after its latest dependency (where its
+    # staging bytes are free) to the first operation waiting on it (its first reader).
+    window = [min(waiters[i]) - max(deps[i], default=-1) - 1 for i in ins if waiters[i]]
     stats = lambda xs: "min %d median %g max %d" % (min(xs), statistics.median(xs), max(xs))
     print("%d operations, host region %d bytes, %d copies in, %d out" % (n, prog.get("host_bytes", 0), len(ins), len(outs)))
     print("first copy in: operation %d" % ins[0])
     print("copy in after its latest dependency by (operations): " + stats(ahead))
     print("copy in before the first operation waiting on it by: " + stats(reader))
-    print("copies out something later waits on: %d of %d" % (sum(1 for i in outs if waiters[i]), len(outs)))
+    print("operations a copy in may overlap (free bytes to first reader): " + stats(window))
+    waited = [min(waiters[i]) - i for i in outs if waiters[i]]
+    print("copies out something later waits on: %d of %d" % (len(waited), len(outs)))
+    if waited:
+        print("copy out before the first operation waiting on it by: " + stats(waited))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ pub struct PlanOptions {
     /// Optimizer state to keep in host memory between its uses ([`offload`]), by leaf name:
     /// the fitter's last resort. Empty (the default): nothing offloaded, the plan as always.
     pub offload: Vec<String>,
+    /// Move the offloaded leaves' staging buffers, once the offsets are solved, into slab
+    /// bytes free from earlier ([`offload::prefetch`]): each copy in is issued ahead of its
+    /// reader, and a copy out is not waited on at once; the total does not change. On (the
+    /// default); off, a staging buffer lives from its first use to its last, as before (a
+    /// plan to compare with).
+    pub prefetch: bool,
 }
 
 impl Default for PlanOptions {
@@ -72,6 +78,7 @@ impl Default for PlanOptions {
             workspace_room: None,
             sink: false,
             offload: Vec::new(),
+            prefetch: true,
         }
     }
 }
@@ -205,6 +212,12 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     }
     let mut best = best
         .ok_or_else(|| crate::error::IrError::Invalid("no scheduling strategy was given".into()))?;
+    if opts.prefetch && !best.offload.is_empty() {
+        offload::prefetch(&mut best);
+        if cfg!(debug_assertions) {
+            best.validate(g)?;
+        }
+    }
     if let Some(room) = opts.workspace_room {
         room::grow_into_free_bytes(g, &mut best, room);
         if cfg!(debug_assertions) {
