@@ -22,6 +22,7 @@ use crate::lower::LowerError;
 use crate::plan::Location;
 use crate::plan::MemoryPlan;
 use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
+use ingot_kernels::cpu::pool::PoolGeometry;
 use ingot_kernels::cuda::window as kernels;
 use smallvec::{smallvec, SmallVec};
 
@@ -267,7 +268,8 @@ fn grouped_gemms(
 }
 
 impl Lowering<'_> {
-    /// A window op: pooling is one launch; a convolution its chunks of launches and GEMMs.
+    /// A window op: pooling is one launch (its gradient two, see `pool`); a
+    /// convolution its chunks of launches and GEMMs.
     pub(super) fn window(
         &mut self,
         id: NodeId,
@@ -287,39 +289,7 @@ impl Lowering<'_> {
         };
         let x_dims = g.ty(node.inputs[0]).shape.dims();
         if let Some(p) = w.pool_geometry(x_dims) {
-            if here.bytes == 0 {
-                return Ok(());
-            }
-            // The gradient in two kernels where its picks are planned ([`pool_pick_workspace`]).
-            let picks = plan.workspace(id).filter(|ws| {
-                matches!(w, WindowOp::MaxPool2dGrad(_))
-                    && kernels::pool_pick_bytes(&p).is_some_and(|b| b <= ws.bytes)
-            });
-            if let Some(ws) = picks {
-                let pick = kernels::max_pool2d_pick(d, &p).map_err(codegen)?;
-                let grad = kernels::max_pool2d_grad_picked(d, &p).map_err(codegen)?;
-                let (x, dy) = (
-                    self.location[node.inputs[0].index()],
-                    self.location[node.inputs[1].index()],
-                );
-                self.launch_from_to(id, pick, x, ws);
-                let touch = Touch {
-                    reads: smallvec![ws, dy],
-                    writes: smallvec![here],
-                };
-                let args = smallvec![ws.offset, dy.offset, here.offset];
-                self.launch_touching(id, grad, args, touch);
-                return Ok(());
-            }
-            let k = match w {
-                WindowOp::MaxPool2d(_) => kernels::max_pool2d(d, &p),
-                _ => kernels::max_pool2d_grad(d, &p),
-            }
-            .map_err(codegen)?;
-            let mut args: SmallVec<[usize; 8]> = inputs.iter().copied().collect();
-            args.push(here.offset);
-            self.launch(id, k, args, smallvec![here]);
-            return Ok(());
+            return self.pool(id, w, &p, plan, inputs).map_err(codegen);
         }
         let least = conv_workspace_least(g, id).ok_or_else(|| LowerError::Invalid {
             op,
@@ -473,6 +443,53 @@ impl Lowering<'_> {
         // It reads its operands and writes its result and the whole workspace, whichever
         // path runs.
         self.touched(id, smallvec![here, ws]);
+        Ok(())
+    }
+
+    /// A max pooling (`w`, geometry `p`): one launch; its gradient two where the node's
+    /// planned workspace holds the windows' picks ([`pool_pick_workspace`]): the picks, then
+    /// the gradient from them, which waits for the picks as it reads their bytes.
+    fn pool(
+        &mut self,
+        id: NodeId,
+        w: &WindowOp,
+        p: &PoolGeometry,
+        plan: &MemoryPlan,
+        inputs: &[usize],
+    ) -> Result<(), ingot_kernels::cuda::CodegenError> {
+        let here = self.location[id.index()];
+        if here.bytes == 0 {
+            return Ok(());
+        }
+        let node = self.g.node(id);
+        let d = node.ty.dtype;
+        let picks = plan.workspace(id).filter(|ws| {
+            matches!(w, WindowOp::MaxPool2dGrad(_))
+                && kernels::pool_pick_bytes(p).is_some_and(|b| b <= ws.bytes)
+        });
+        if let Some(ws) = picks {
+            let pick = kernels::max_pool2d_pick(d, p)?;
+            let grad = kernels::max_pool2d_grad_picked(d, p)?;
+            let (x, dy) = (
+                self.location[node.inputs[0].index()],
+                self.location[node.inputs[1].index()],
+            );
+            self.launch_from_to(id, pick, x, ws);
+            let touch = Touch {
+                reads: smallvec![ws, dy],
+                writes: smallvec![here],
+            };
+            let args = smallvec![ws.offset, dy.offset, here.offset];
+            self.launch_touching(id, grad, args, touch);
+            return Ok(());
+        }
+        let k = match w {
+            WindowOp::MaxPool2d(_) => kernels::max_pool2d(d, p),
+            _ => kernels::max_pool2d_grad(d, p),
+        }?;
+        let mut args: SmallVec<[usize; 8]> = inputs.iter().copied().collect();
+        args.push(here.offset);
+        self.launch(id, k, args, smallvec![here]);
         Ok(())
     }
 
