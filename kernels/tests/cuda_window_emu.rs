@@ -255,6 +255,11 @@ fn pools() -> Vec<PoolGeometry> {
         mk([6, 6], [2, 2], [2, 2], [0, 0], [1, 1]),
         mk([7, 5], [3, 3], [2, 2], [1, 1], [1, 1]),
         mk([9, 8], [3, 2], [1, 2], [1, 0], [2, 1]),
+        // A ResNet stem's pooling (3x3, stride 2, padding 1) over an even side, where windows
+        // overlap and the last one reaches into the padding.
+        mk([8, 10], [3, 3], [2, 2], [1, 1], [1, 1]),
+        // Windows wholly in the padding on one axis (they pick nothing: 255).
+        mk([3, 4], [2, 2], [1, 1], [2, 2], [1, 1]),
     ]
 }
 
@@ -272,15 +277,28 @@ fn pool_input(n: usize, seed: u64) -> Vec<f64> {
 }
 
 #[test]
-fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
+fn max_pooling_and_its_gradient_alone_or_from_picks_are_the_cpus_bit_for_bit() {
     for (i, g) in pools().iter().enumerate() {
         for d in [DType::F32, DType::BF16] {
             let (kf, kb) = (
                 w::max_pool2d(d, g).unwrap(),
                 w::max_pool2d_grad(d, g).unwrap(),
             );
-            let Some(emu) = build(&format!("pool{i}{d:?}"), &[&kf, &kb]) else {
+            let (kp, kg) = (
+                w::max_pool2d_pick(d, g).unwrap(),
+                w::max_pool2d_grad_picked(d, g).unwrap(),
+            );
+            let Some(emu) = build(&format!("pool{i}{d:?}"), &[&kf, &kb, &kp, &kg]) else {
                 return;
+            };
+            let picks = w::pool_pick_bytes(g).unwrap();
+            assert_eq!(picks, g.planes * g.out_hw[0] * g.out_hw[1]);
+            // The gradient in two kernels: each window's pick, then the gradient from the
+            // picks (what the lowering runs where the picks are planned).
+            let picked = |x: Vec<u8>, dy: Vec<u8>, e: usize| {
+                let nx = g.planes * g.in_hw[0] * g.in_hw[1];
+                let p = run(&emu, &kp, &[x, vec![7; picks]]).swap_remove(1);
+                run(&emu, &kg, &[p, dy, vec![0; nx * e]]).swap_remove(2)
             };
             let nx = g.planes * g.in_hw[0] * g.in_hw[1];
             let ny = g.planes * g.out_hw[0] * g.out_hw[1];
@@ -306,6 +324,8 @@ fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
                     assert_eq!(got(&out[1]), bits(&y), "pool {i} f32 forward");
                     let out = run(&emu, &kb, &[f32_bytes(&x), f32_bytes(&dy), vec![0; nx * 4]]);
                     assert_eq!(got(&out[2]), bits(&dx), "pool {i} f32 backward");
+                    let two = picked(f32_bytes(&x), f32_bytes(&dy), 4);
+                    assert_eq!(got(&two), bits(&dx), "pool {i} f32 backward from picks");
                 }
                 _ => {
                     // The CPU runs a bf16 window op as the f32 op on widened operands, its
@@ -336,6 +356,8 @@ fn max_pooling_and_its_gradient_are_the_cpus_bit_for_bit_in_f32_and_bf16() {
                     assert_eq!(got(&out[1]), rounded(&y), "pool {i} bf16 forward");
                     let out = run(&emu, &kb, &[bytes(&xb), bytes(&dyb), vec![0; nx * 2]]);
                     assert_eq!(got(&out[2]), rounded(&dx), "pool {i} bf16 backward");
+                    let two = picked(bytes(&xb), bytes(&dyb), 2);
+                    assert_eq!(got(&two), rounded(&dx), "pool {i} bf16 backward from picks");
                 }
             }
         }

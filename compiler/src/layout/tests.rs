@@ -24,21 +24,22 @@ fn only_tensors_whose_axes_stay_in_order_have_the_same_bytes_channels_last() {
     assert!(!same_bytes(&[64, 32, 3, 3]));
 }
 
-/// `relu(conv(relu(conv(x, w1) + b), w2))` summed: an image, two 3x3 weights and a bias.
-fn two_convs() -> Graph {
+/// `relu(conv(relu(conv(x, w1) + b), w2))` summed: an image of `c` channels, two 3x3
+/// weights (the second over 8 channels) and a bias.
+fn two_convs(c: usize) -> Graph {
     let mut g = Graph::new();
-    let x = g.input("x", [2, 3, 6, 6], DType::F32).unwrap();
+    let x = g.input("x", [2, c, 6, 6], DType::F32).unwrap();
     let w1 = g
-        .parameter("w1", [4, 3, 3, 3], DType::F32, Init::Zeros)
+        .parameter("w1", [8, c, 3, 3], DType::F32, Init::Zeros)
         .unwrap();
     let w2 = g
-        .parameter("w2", [4, 4, 3, 3], DType::F32, Init::Zeros)
+        .parameter("w2", [8, 8, 3, 3], DType::F32, Init::Zeros)
         .unwrap();
     let b = g
-        .parameter("b", [4, 1, 1], DType::F32, Init::Zeros)
+        .parameter("b", [8, 1, 1], DType::F32, Init::Zeros)
         .unwrap();
     let h = g.conv2d(x, w1, CONV).unwrap();
-    let b = g.broadcast_to(b, [2, 4, 6, 6]).unwrap();
+    let b = g.broadcast_to(b, [2, 8, 6, 6]).unwrap();
     let h = g.add(h, b).unwrap();
     let h = nn::relu(&mut g, h).unwrap();
     let y = g.conv2d(h, w2, CONV).unwrap();
@@ -48,9 +49,19 @@ fn two_convs() -> Graph {
     g
 }
 
+fn conv_layouts(g: &Graph) -> Vec<ConvLayout> {
+    g.nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Window(w) => w.conv().map(|c| c.layout),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn between_two_convolutions_the_bias_and_relu_stay_channels_last_with_no_transpose() {
-    let (g, report) = channels_last(&two_convs()).unwrap();
+    let (g, report) = channels_last(&two_convs(8)).unwrap();
     assert_eq!(report.convolutions, 2);
     // The image and the two weights go in; nothing between the convolutions, and the sum of
     // the last ReLU reads channels-last (a reduction computes in its operand's layout).
@@ -58,7 +69,7 @@ fn between_two_convolutions_the_bias_and_relu_stay_channels_last_with_no_transpo
     assert_eq!(count(&g, "transpose"), 3);
     for n in g.nodes() {
         if n.op.name() == "select" || n.op.name() == "add" {
-            assert_eq!(n.ty.shape.dims(), [2, 6, 6, 4], "{g}");
+            assert_eq!(n.ty.shape.dims(), [2, 6, 6, 8], "{g}");
         }
     }
     g.verify().unwrap();
@@ -67,10 +78,10 @@ fn between_two_convolutions_the_bias_and_relu_stay_channels_last_with_no_transpo
 #[test]
 fn an_update_of_a_weight_from_its_channels_last_gradient_is_made_in_nchw() {
     let mut g = Graph::new();
-    let x = g.input("x", [2, 3, 6, 6], DType::F32).unwrap();
+    let x = g.input("x", [2, 8, 6, 6], DType::F32).unwrap();
     let dy = g.input("dy", [2, 4, 6, 6], DType::F32).unwrap();
     let w = g
-        .parameter("w", [4, 3, 3, 3], DType::F32, Init::Zeros)
+        .parameter("w", [4, 8, 3, 3], DType::F32, Init::Zeros)
         .unwrap();
     let dw = g.conv2d_grad_weight(x, dy, CONV, [3, 3]).unwrap();
     let step = g.mul_scalar(dw, 0.1).unwrap();
@@ -80,6 +91,40 @@ fn an_update_of_a_weight_from_its_channels_last_gradient_is_made_in_nchw() {
     // x and dy go in channels-last, dw comes back: one transpose each, the update in NCHW.
     assert_eq!(report.transposes, 3, "{out}");
     let u = out.updates[0];
-    assert_eq!(out.ty(u.value).shape.dims(), [4, 3, 3, 3]);
+    assert_eq!(out.ty(u.value).shape.dims(), [4, 8, 3, 3]);
     assert_eq!(out.node(u.value).op.name(), "sub");
+}
+
+#[test]
+fn a_convolution_over_fewer_than_8_channels_keeps_nchw_and_so_does_what_it_feeds() {
+    let (g, report) = channels_last(&two_convs(3)).unwrap();
+    // The stem over 3 channels stays NCHW: neither the image nor its weight is transposed.
+    assert_eq!(report.convolutions, 1, "{g}");
+    assert_eq!(
+        conv_layouts(&g),
+        [ConvLayout::Nchw, ConvLayout::Nhwc],
+        "{g}"
+    );
+    // Its bias and ReLU stay with it (NCHW); one transpose takes the ReLU to the second
+    // convolution, one its weight.
+    assert_eq!(report.transposes, 2, "{g}");
+    for n in g.nodes() {
+        if n.op.name() == "transpose" {
+            let from = g.node(n.inputs[0]).op.name();
+            assert!(from == "select" || from == "parameter", "{from}: {g}");
+        }
+        if n.op.name() == "add" {
+            assert_eq!(n.ty.shape.dims(), [2, 8, 6, 6], "{g}");
+        }
+    }
+    g.verify().unwrap();
+    // The weight gradient of the stem: a gradient pass over 3 input channels keeps NCHW too.
+    let mut g = Graph::new();
+    let x = g.input("x", [2, 3, 6, 6], DType::F32).unwrap();
+    let dy = g.input("dy", [2, 4, 6, 6], DType::F32).unwrap();
+    let dw = g.conv2d_grad_weight(x, dy, CONV, [3, 3]).unwrap();
+    g.set_output("dw", dw).unwrap();
+    let (out, report) = channels_last(&g).unwrap();
+    assert_eq!((report.convolutions, report.transposes), (0, 0), "{out}");
+    assert_eq!(conv_layouts(&out), [ConvLayout::Nchw]);
 }

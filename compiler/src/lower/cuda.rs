@@ -49,7 +49,7 @@ pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
 pub use window::{
     conv_workspace, conv_workspace_least, conv_workspace_within, planned_conv_workspace,
-    ConvWorkspace, COLUMN_BUDGET,
+    pool_pick_workspace, ConvWorkspace, COLUMN_BUDGET,
 };
 pub use workspace::{
     attention_shape, attention_supported, kernel_shape, workspace_bytes, workspace_need,

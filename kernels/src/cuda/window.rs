@@ -296,13 +296,17 @@ fn pool_describe(g: &PoolGeometry) -> String {
 }
 
 /// Emits the scan of window `(i, j)` of plane `pl` (row-major, `v > best || isnan(v)`, as
-/// [`crate::cpu::pool`]): `found` and, when found, `best` and its index `at` in the plane.
-fn pick_source(src: &mut super::Src, d: DType, g: &PoolGeometry) {
+/// [`crate::cpu::pool`]): `found` and, when found, `best` and its index `at` in the plane;
+/// with `tap`, also the picked tap `tap = a·kw + b` of the window.
+fn pick_source(src: &mut super::Src, d: DType, g: &PoolGeometry, tap: bool) {
     let [h, w] = g.in_hw;
     let reg = super::reg_type(d);
     src.line(format!(
         "bool found = false; {reg} best = 0; long long at = -1;"
     ));
+    if tap {
+        src.line("int tap = -1;");
+    }
     src.open(format!("for (int a = 0; a < {}; ++a) {{", g.kernel[0]));
     src.line(format!(
         "const long long ih = wi * {} - {} + (long long)a * {};",
@@ -319,10 +323,14 @@ fn pick_source(src: &mut super::Src, d: DType, g: &PoolGeometry) {
         "const {reg} v = {};",
         widened(d, format!("xp[ih * {w} + iw]"))
     ));
-    src.line(
-        "if (!found || v > best || v != v) { found = true; best = v; at = ih * ".to_string()
-            + &format!("{w} + iw; }}"),
-    );
+    let and_tap = if tap {
+        format!(" tap = a * {} + b;", g.kernel[1])
+    } else {
+        String::new()
+    };
+    src.line(format!(
+        "if (!found || v > best || v != v) {{ found = true; best = v; at = ih * {w} + iw;{and_tap} }}"
+    ));
     src.close();
     src.close();
 }
@@ -360,7 +368,7 @@ pub fn max_pool2d(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError
             ix.lit(ho * wo),
             ix.lit(g.in_hw[0] * g.in_hw[1])
         ));
-        pick_source(src, d, g);
+        pick_source(src, d, g, false);
         src.line(format!(
             "(void)at; y[e] = {};",
             store(d, &format!("(found ? best : {lowest})"))
@@ -422,9 +430,130 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
         ));
         window_tap(src, taps, 1, "kb", wo);
         src.line(format!("const long long wj = tw / {};", g.stride[1]));
-        pick_source(src, d, g);
+        pick_source(src, d, g, false);
         src.line(format!(
             "if (found && at == xh * {w} + xw) sum += {};",
+            widened(d, format!("dyp[wi * {wo} + wj]"))
+        ));
+        src.close();
+        src.close();
+        src.line(format!("dx[e] = {};", store_sum(d, "sum")));
+    }))
+}
+
+/// Bytes of the picks [`max_pool2d_pick`] writes for [`max_pool2d_grad_picked`]: a byte a
+/// window. `None` where a window has more than 255 taps (255 means "no pick") or a dilation
+/// of 0 (taps that meet one element): such poolings keep the one-kernel
+/// [`max_pool2d_grad`].
+pub fn pool_pick_bytes(g: &PoolGeometry) -> Option<usize> {
+    let taps = g.kernel[0].checked_mul(g.kernel[1])?;
+    if taps > 255 || g.dilation.contains(&0) {
+        return None;
+    }
+    g.planes.checked_mul(g.out_hw[0])?.checked_mul(g.out_hw[1])
+}
+
+/// `max_pool2d_pick(x) -> pick`: the tap `a·kw + b` each window picks (the scan of
+/// [`max_pool2d`]), 255 for a window wholly in the padding; a byte a window, `[planes, Ho,
+/// Wo]`. The first of the gradient's two kernels. Params: x, pick.
+pub fn max_pool2d_pick(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
+    check_dtype("max_pool2d_pick", d)?;
+    let [ho, wo] = g.out_hw;
+    let total = pool_pick_bytes(g).ok_or(CodegenError::Unsupported {
+        op: "max_pool2d_pick",
+        what: "windows of more than 255 taps, or of dilation 0, in poolings",
+        dtype: d,
+    })?;
+    let x_len = product("max_pool2d_pick", &[g.planes, g.in_hw[0], g.in_hw[1]])?;
+    let ix = Ix::for_extents([total, x_len]);
+    let params = [
+        (format!("const {}*", c_type(d)), "x".to_string()),
+        ("unsigned char*".to_string(), "pick".to_string()),
+    ];
+    let what = format!("// ingot max_pool2d_pick: {}", pool_describe(g));
+    Ok(elementwise_loop(&what, &params, total, ix, |src, _| {
+        src.line(format!(
+            "const long long wj = (long long)(e % {});",
+            ix.lit(wo)
+        ));
+        src.line(format!(
+            "const long long wi = (long long)((e / {}) % {});",
+            ix.lit(wo),
+            ix.lit(ho)
+        ));
+        src.line(format!(
+            "const {} * xp = x + (e / {}) * {};",
+            c_type(d),
+            ix.lit(ho * wo),
+            ix.lit(g.in_hw[0] * g.in_hw[1])
+        ));
+        pick_source(src, d, g, true);
+        src.line("(void)at; (void)best;");
+        src.line("pick[e] = found ? (unsigned char)tap : (unsigned char)255;");
+    }))
+}
+
+/// `max_pool2d_grad` from the picks of [`max_pool2d_pick`] (`pick, dy -> dx`): each input
+/// element gathers `dy` from the windows whose pick is the tap that reads it, windows in
+/// row-major order, so it adds what [`max_pool2d_grad`] adds, in the same order, bit for bit,
+/// without scanning each window again for each of its elements (for a 3x3 window of stride
+/// 2, up to 4 windows of 9 loads an element). Params: pick, dy, dx.
+pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
+    check_dtype("max_pool2d_grad_picked", d)?;
+    let [h, w] = g.in_hw;
+    let [ho, wo] = g.out_hw;
+    let total = product("max_pool2d_grad_picked", &[g.planes, h, w])?;
+    let y_len = pool_pick_bytes(g).ok_or(CodegenError::Unsupported {
+        op: "max_pool2d_grad_picked",
+        what: "windows of more than 255 taps, or of dilation 0, in poolings",
+        dtype: d,
+    })?;
+    let ix = Ix::for_extents([total, y_len]);
+    let params = [
+        ("const unsigned char*".to_string(), "pick".to_string()),
+        (format!("const {}*", c_type(d)), "dy".to_string()),
+        (format!("{}*", c_type(d)), "dx".to_string()),
+    ];
+    let what = format!("// ingot max_pool2d_grad_picked: {}", pool_describe(g));
+    let acc = acc_type(d);
+    let taps = [g.padding, g.dilation, g.stride];
+    let kw = g.kernel[1];
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!(
+            "const long long xw = (long long)(e % {});",
+            ix.lit(w)
+        ));
+        src.line(format!(
+            "const long long xh = (long long)((e / {}) % {});",
+            ix.lit(w),
+            ix.lit(h)
+        ));
+        src.line(format!("const {t} plane = e / {};", ix.lit(h * w)));
+        src.line(format!(
+            "const unsigned char * pp = pick + plane * {};",
+            ix.lit(ho * wo)
+        ));
+        src.line(format!(
+            "const {} * dyp = dy + plane * {};",
+            c_type(d),
+            ix.lit(ho * wo)
+        ));
+        src.line(format!("{acc} sum = 0;"));
+        // Windows in row-major order, as in [`max_pool2d_grad`].
+        src.open(format!(
+            "for (int ka = {}; ka >= 0; --ka) {{",
+            g.kernel[0] - 1
+        ));
+        window_tap(src, taps, 0, "ka", ho);
+        src.line(format!("const long long wi = th / {};", g.stride[0]));
+        src.open(format!(
+            "for (int kb = {}; kb >= 0; --kb) {{",
+            g.kernel[1] - 1
+        ));
+        window_tap(src, taps, 1, "kb", wo);
+        src.line(format!("const long long wj = tw / {};", g.stride[1]));
+        src.line(format!(
+            "if ((int)pp[wi * {wo} + wj] == ka * {kw} + kb) sum += {};",
             widened(d, format!("dyp[wi * {wo} + wj]"))
         ));
         src.close();

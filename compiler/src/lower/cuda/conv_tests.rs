@@ -1,7 +1,7 @@
 //! Tests of the convolutions' lowering to cuDNN operations: host logic, run without a GPU.
 
 use super::*;
-use crate::ir::{Conv2d, DType, Graph, Init, NodeId, Op};
+use crate::ir::{Conv2d, DType, Graph, Init, NodeId, Op, WindowOp};
 use crate::lower::Target;
 use crate::pipeline;
 use crate::plan::MemoryPlan;
@@ -249,4 +249,70 @@ fn a_damaged_convolution_is_refused_naming_it() {
     // And the program's JSON form keeps every convolution and its fallback.
     let back: Program = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
     assert_eq!(back, p);
+}
+
+/// The training step (SGD) of a parameter image `[2, 8, 14, 14]` max-pooled by a ResNet
+/// stem's pooling (3x3, stride 2, padding 1), loss the sum, compiled for CUDA.
+fn pool_step() -> pipeline::Compiled {
+    let mut g = Graph::new();
+    let x = (g.parameter("x", [2, 8, 14, 14], DType::F32, Init::Normal { std: 1.0 })).unwrap();
+    let pool = crate::ir::Pool2d {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+        dilation: [1, 1],
+    };
+    let y = g.max_pool2d(x, pool).unwrap();
+    let l = g.sum_all(y).unwrap();
+    g.set_output(crate::autodiff::LOSS, l).unwrap();
+    let m = crate::model::Model::new(
+        "pool",
+        g,
+        crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
+    );
+    pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
+}
+
+#[test]
+fn a_max_poolings_gradient_picks_into_its_planned_workspace_then_reads_the_picks() {
+    let c = pool_step();
+    let (g, plan) = (&c.graph, &c.plan);
+    let p = lowered(&c, Precision::F32);
+    let node = |pick: fn(&WindowOp) -> bool| {
+        g.ids()
+            .find(|&id| matches!(&g.node(id).op, Op::Window(w) if pick(w)))
+            .unwrap()
+    };
+    let grad = node(|w| matches!(w, WindowOp::MaxPool2dGrad(_)));
+    let forward = node(|w| matches!(w, WindowOp::MaxPool2d(_)));
+    // A byte a window: 2·8 planes of 7x7 windows.
+    assert_eq!(pool_pick_workspace(g, grad), Some(2 * 8 * 7 * 7));
+    assert_eq!(pool_pick_workspace(g, forward), None);
+    let ws = plan.workspace(grad).unwrap();
+    assert!(ws.bytes >= 2 * 8 * 7 * 7, "{ws:?}");
+    assert_eq!(plan.workspace(forward), None);
+    let launches: Vec<(usize, &DeviceOp)> = (p.ops.iter().enumerate())
+        .filter(|(_, op)| matches!(op, DeviceOp::Launch { node, .. } if *node == grad))
+        .collect();
+    assert_eq!(launches.len(), 2);
+    let (x, dy, dx) = (
+        plan.location(g, g.node(grad).inputs[0]),
+        plan.location(g, g.node(grad).inputs[1]),
+        plan.location(g, grad),
+    );
+    let args = |op: &DeviceOp| match op {
+        DeviceOp::Launch { kernel, args, .. } => (&p.kernels[*kernel].source, args.to_vec()),
+        _ => unreachable!(),
+    };
+    let ((first, a0), (second, a1)) = (args(launches[0].1), args(launches[1].1));
+    assert!(first.contains("ingot max_pool2d_pick"), "{first}");
+    assert!(second.contains("ingot max_pool2d_grad_picked"), "{second}");
+    assert_eq!(a0, [x.offset, ws.offset]);
+    assert_eq!(a1, [ws.offset, dy.offset, dx.offset]);
+    // The gradient waits for the picks: it reads what the first launch writes.
+    let (i0, i1) = (launches[0].0, launches[1].0);
+    assert!(p.touches[i0].writes.contains(&ws));
+    assert!(p.touches[i1].reads.contains(&ws));
+    assert!(p.deps[i1].contains(&i0), "{:?}", p.deps[i1]);
+    p.check(p.total_bytes).unwrap();
 }

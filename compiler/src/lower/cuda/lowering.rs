@@ -569,7 +569,7 @@ impl Lowering<'_> {
         self.launch_touching(node, k, smallvec::smallvec![from.offset, to.offset], touch);
     }
 
-    fn launch_touching(
+    pub(super) fn launch_touching(
         &mut self,
         node: NodeId,
         k: CudaKernel,

@@ -1,6 +1,6 @@
 //! The scratch each node is planned on the CUDA target, and the attention kernels' shapes.
 
-use super::window::{conv_workspace, conv_workspace_least};
+use super::window::{conv_workspace, conv_workspace_least, pool_pick_workspace};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::precision::Precision;
 use ingot_kernels::cuda as codegen;
@@ -13,7 +13,8 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a
 /// convolution's for one image at a time (more is granted where the peak leaves room,
-/// [`workspace_need`]); a fused
+/// [`workspace_need`]); a max pooling's gradient, its windows' picks
+/// ([`pool_pick_workspace`]); a fused
 /// kernel split in two or by stages, its partial and finished sums
 /// ([`codegen::fused_scratch_bytes`]); a scatter-add,
 /// its ids sorted ([`codegen::scatter_add_scratch_bytes`]); other fused kernels keep
@@ -22,7 +23,10 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
-        Op::Window(_) => conv_workspace_least(g, id).map_or(0, |w| w.total),
+        Op::Window(_) => conv_workspace_least(g, id)
+            .map(|w| w.total)
+            .or_else(|| pool_pick_workspace(g, id))
+            .unwrap_or(0),
         Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
         Op::ScatterAdd { rows } => {
             codegen::scatter_add_scratch_bytes(rows, g.ty(g.node(id).inputs[0]).shape.numel())
