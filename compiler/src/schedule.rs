@@ -85,7 +85,7 @@ pub fn dependences(g: &Graph) -> DiGraph<NodeId, ()> {
 
 /// Every node reading `x`'s bytes: its users, and the users of reshapes of it (reshape is a view).
 /// `users` is [`Graph::users`]`()`.
-pub fn readers_through_views(g: &Graph, users: &[Vec<NodeId>], x: NodeId) -> Vec<NodeId> {
+pub fn readers_through_views(g: &Graph, users: &crate::ir::Users, x: NodeId) -> Vec<NodeId> {
     let mut out = Vec::new();
     let mut stack = vec![x];
     while let Some(v) = stack.pop() {

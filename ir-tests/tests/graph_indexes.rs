@@ -76,3 +76,38 @@ fn an_outputs_result_node_is_found_wherever_it_was_added() {
         "the fused chain names some output by a result node"
     );
 }
+
+/// The users of every node by the plainest scan: for each node, every later node whose operands
+/// name it, in id order.
+fn users_by_scan(g: &Graph) -> Vec<Vec<ingot_compiler::ir::NodeId>> {
+    g.ids()
+        .map(|x| g.ids().filter(|&u| g.node(u).inputs.contains(&x)).collect())
+        .collect()
+}
+
+#[test]
+fn each_nodes_users_are_the_nodes_reading_it_once_each_in_id_order() {
+    // `w * w` reads `w` twice and is one user of it; `x` has no user.
+    let mut g = Graph::new();
+    let w = g.parameter("w", [4], DType::F32, Init::Ones).unwrap();
+    let x = g.input("x", [4], DType::F32).unwrap();
+    let sq = g.mul(w, w).unwrap();
+    let y = g.add(sq, w).unwrap();
+    g.set_output("loss", y).unwrap();
+    let users = g.users();
+    assert_eq!(users.len(), g.len());
+    assert_eq!(&users[w.index()], &[sq, y]);
+    assert!(users[x.index()].is_empty());
+    assert_eq!(&users[sq.index()], &[y]);
+    assert!(users[y.index()].is_empty());
+
+    // A whole step, fused and unfused: the same lists as the scan, node for node.
+    let model = ingot_models::by_name("gpt-mini").unwrap();
+    let opts = ingot_compiler::pipeline::Options::for_target(ingot_compiler::lower::Target::Cpu);
+    let compiled = ingot_compiler::pipeline::compile(&model, &opts).unwrap();
+    for g in [&compiled.step.graph, &compiled.graph] {
+        let users = g.users();
+        let listed: Vec<Vec<_>> = users.iter().map(|u| u.to_vec()).collect();
+        assert_eq!(listed, users_by_scan(g));
+    }
+}

@@ -153,7 +153,7 @@ fn debug_dump() {
                 n.op.name(),
                 n.ty,
                 ins,
-                users[id.index()]
+                &users[id.index()]
             );
         }
     }

@@ -227,7 +227,10 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     }
     let flops_before = crate::flops::of_graph(&g);
     let (g, recomputed, recomputed_heavy) = if opts.remat {
-        remat::recompute_with(&g, opts.recompute_ops, heavy)?
+        // The prepared graph is freed once its copy with recomputation exists, not kept to
+        // the end of fusion beside it (issue 53: memory freed early is reused warm).
+        let prepared = g;
+        remat::recompute_with(&prepared, opts.recompute_ops, heavy)?
     } else {
         (g, 0, Vec::new())
     };
@@ -259,6 +262,8 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
             ));
         }
     };
+    // The earlier rounds' lowerings are done with: freed before merging (issue 53).
+    drop(kept);
     let groups = if opts.merge {
         merged_groups(&g, &mat, groups)?
     } else {

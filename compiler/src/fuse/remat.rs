@@ -282,7 +282,7 @@ pub(super) fn read_by_backward(g: &Graph, ends: &[NodeId], stored: &[bool]) -> V
 /// place of the value, so the copy frees nothing for them (a bias add over a product that only
 /// the bias add reads). Other reads are counted as free: they are either kept for the backward
 /// pass anyway or recomputed in turn, which the size rule of [`expression`] already bounds.
-fn kept_only_for(g: &Graph, users: &[Vec<NodeId>], expr: &[NodeId]) -> usize {
+fn kept_only_for(g: &Graph, users: &crate::ir::Users, expr: &[NodeId]) -> usize {
     let mut bases: Vec<NodeId> = Vec::new();
     for &x in expr {
         for &y in &g.node(x).inputs {
@@ -303,7 +303,7 @@ fn kept_only_for(g: &Graph, users: &[Vec<NodeId>], expr: &[NodeId]) -> usize {
 /// reader of `b`, of a reshape of it, or of a node of the expression over it is in the
 /// expression (or is that value). A node of the expression another node reads (a GELU's input,
 /// which its backward pass reads too) keeps `b` alive for that reader anyway.
-fn read_only_by(g: &Graph, users: &[Vec<NodeId>], b: NodeId, expr: &[NodeId]) -> bool {
+fn read_only_by(g: &Graph, users: &crate::ir::Users, b: NodeId, expr: &[NodeId]) -> bool {
     let mut stack = vec![b];
     let mut seen = vec![b];
     while let Some(x) = stack.pop() {

@@ -15,7 +15,7 @@ pub mod window;
 pub use attention::{
     attention_check, attention_outputs, attention_problem, Problem as AttentionProblem,
 };
-pub use graph::{Graph, Mode, Node, NodeId, Operands, Update};
+pub use graph::{Graph, Mode, Node, NodeId, Operands, Update, Users};
 pub use infer::infer;
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 pub use op::{AttentionLayout, Axes, Init, LeafKind, Op, TensorType};

@@ -204,7 +204,7 @@ fn collective_operands_read_until_used(
         })
         .collect();
     let users = if gathers.is_empty() {
-        Vec::new()
+        crate::ir::Users::default()
     } else {
         g.users()
     };

@@ -179,13 +179,19 @@ pub(crate) fn simplify_with(
     let ex =
         extract::extract(&egraph, &roots).map_err(|e| IrError::Invalid(format!("rewrite: {e}")))?;
     let mut out = emit(g, &egraph, &class_of, &leaf_nodes, &ex.choice)?;
+    let (egraph_nodes, egraph_classes) =
+        (egraph.total_number_of_nodes(), egraph.number_of_classes());
+    // The e-graph and the extraction are the rewrite's largest data (a hundred thousand classes
+    // at 200 layers): freed before the output is checked, so that the memory is reused warm
+    // rather than new pages touched (issue 53).
+    drop((ex, egraph, class_of));
     crate::ir::origin::fill_missing(&mut out);
     out.verify()?;
     let report = RewriteReport {
         stop_reason,
         iterations,
-        egraph_nodes: egraph.total_number_of_nodes(),
-        egraph_classes: egraph.number_of_classes(),
+        egraph_nodes,
+        egraph_classes,
         nodes_before: g.len(),
         nodes_after: out.len(),
         bytes_before: materialized_bytes(g),
@@ -302,6 +308,10 @@ fn to_egraph(g: &Graph) -> Result<(EGraph, Vec<Id>, Vec<NodeId>), IrError> {
 }
 
 /// Writes the extracted e-nodes out as a graph, in the input's order (see the module docs).
+///
+/// Per-class data lives in vectors indexed by class id (egg's ids are dense: below the number
+/// of e-nodes ever added), not hash maps: at 200 layers a hundred thousand classes, each
+/// looked up several times, at random, in a working set far larger than the cache (issue 53).
 fn emit(
     g: &Graph,
     egraph: &EGraph,
@@ -310,10 +320,17 @@ fn emit(
     choice: &HashMap<Id, ENode>,
 ) -> Result<Graph, IrError> {
     let bug = |what: String| IrError::Invalid(format!("rewrite: {what} (a bug in the rewriter)"));
+    let ids = egraph.nodes().len();
+    let canonical: Vec<usize> = class_of
+        .iter()
+        .map(|&c| usize::from(egraph.find(c)))
+        .collect();
     // Each class's position: the smallest input node id in it.
-    let mut key: HashMap<Id, usize> = HashMap::new();
-    for (i, &c) in class_of.iter().enumerate() {
-        key.entry(egraph.find(c)).or_insert(i);
+    let mut key = vec![usize::MAX; ids];
+    for (i, &c) in canonical.iter().enumerate() {
+        if key[c] == usize::MAX {
+            key[c] = i;
+        }
     }
     let leaf_classes: Vec<Id> = leaf_nodes
         .iter()
@@ -321,30 +338,32 @@ fn emit(
         .collect();
     // Sorted by (position, class), each key looked up once (not at every comparison).
     let mut keyed: Vec<(usize, Id)> = (choice.keys().chain(&leaf_classes))
-        .map(|&c| (key.get(&c).copied().unwrap_or(usize::MAX), c))
+        .map(|&c| (key[usize::from(c)], c))
         .collect();
+    drop(key);
     keyed.sort_unstable();
     keyed.dedup();
     let order: Vec<Id> = keyed.into_iter().map(|(_, c)| c).collect();
 
     // Each class's provenance: the origins of the input nodes it holds, in node order (egg
     // forgets which node an extracted e-node came from; its class remembers them all).
-    let mut class_sources: HashMap<Id, Vec<&crate::ir::Origin>> = HashMap::new();
-    for (i, &c) in class_of.iter().enumerate() {
-        class_sources
-            .entry(egraph.find(c))
-            .or_default()
-            .push(g.origin(NodeId(i as u32)));
-    }
+    let sources = ClassNodes::new(&canonical, ids);
+    drop(canonical);
     let mut out = Graph::new();
-    let mut new_id: HashMap<Id, NodeId> = HashMap::new();
+    // The node each class became, `NONE` until it is emitted.
+    const NONE: NodeId = NodeId(u32::MAX);
+    let mut new_id: Vec<NodeId> = vec![NONE; ids];
+    let done = |new_id: &[NodeId], c: Id| new_id[usize::from(c)] != NONE;
     let mut next_leaf = 0usize;
     let mut emit_leaves_through =
-        |k: usize, out: &mut Graph, new_id: &mut HashMap<Id, NodeId>| -> Result<(), IrError> {
+        |k: usize, out: &mut Graph, new_id: &mut [NodeId]| -> Result<(), IrError> {
             while next_leaf <= k && next_leaf < leaf_nodes.len() {
                 let orig = g.node(leaf_nodes[next_leaf]);
                 let id = out.push(orig.op.clone(), &[], Some(orig.ty.clone()))?;
-                new_id.entry(leaf_classes[next_leaf]).or_insert(id);
+                let slot = &mut new_id[usize::from(leaf_classes[next_leaf])];
+                if *slot == NONE {
+                    *slot = id;
+                }
                 next_leaf += 1;
             }
             Ok(())
@@ -352,7 +371,7 @@ fn emit(
     for &start in &order {
         let mut stack: Vec<(Id, bool)> = vec![(start, false)];
         while let Some((c, expanded)) = stack.pop() {
-            if new_id.contains_key(&c) {
+            if done(&new_id, c) {
                 continue;
             }
             let leaf = egraph[c].data.leaf;
@@ -366,14 +385,17 @@ fn emit(
             if !expanded {
                 stack.push((c, true));
                 for &a in node.args.iter().rev() {
-                    if !new_id.contains_key(&a) {
+                    if !done(&new_id, a) {
                         stack.push((a, false));
                     }
                 }
                 continue;
             }
-            let inputs: Option<SmallVec<[NodeId; 3]>> =
-                node.args.iter().map(|a| new_id.get(a).copied()).collect();
+            let inputs: Option<SmallVec<[NodeId; 3]>> = node
+                .args
+                .iter()
+                .map(|&a| Some(new_id[usize::from(a)]).filter(|&n| n != NONE))
+                .collect();
             let inputs = inputs.ok_or_else(|| bug(format!("e-class {c} depends on itself")))?;
             let op = {
                 let types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| out.ty(i)).collect();
@@ -381,19 +403,22 @@ fn emit(
             };
             let op = op.ok_or_else(|| bug(format!("e-class {c} chose {node}")))?;
             let id = out.push(op, &inputs, Some(egraph[c].data.ty.clone()))?;
-            if let Some(src) = class_sources.get(&c) {
-                out.set_origin(id, crate::ir::Origin::merge(src.iter().copied()));
+            let src = sources.of(usize::from(c));
+            if !src.is_empty() {
+                out.set_origin(
+                    id,
+                    crate::ir::Origin::merge(src.iter().map(|&i| g.origin(NodeId(i)))),
+                );
             }
-            new_id.insert(c, id);
+            new_id[usize::from(c)] = id;
         }
     }
     emit_leaves_through(usize::MAX, &mut out, &mut new_id)?;
 
     let mapped = |id: NodeId| {
         let c = egraph.find(class_of[id.index()]);
-        new_id
-            .get(&c)
-            .copied()
+        Some(new_id[usize::from(c)])
+            .filter(|&n| n != NONE)
             .ok_or_else(|| bug(format!("node {id} has no extracted e-class")))
     };
     for (name, &id) in &g.outputs {
@@ -403,4 +428,36 @@ fn emit(
         out.set_update(mapped(u.target)?, mapped(u.value)?)?;
     }
     Ok(out)
+}
+
+/// The input nodes each e-class holds, in node order: one flat list cut at offsets by class
+/// (compressed rows), for [`emit`]'s provenance.
+struct ClassNodes {
+    /// Class `c`'s nodes are `nodes[start[c]..start[c + 1]]`.
+    start: Vec<u32>,
+    nodes: Vec<u32>,
+}
+
+impl ClassNodes {
+    /// `class[i]` is input node `i`'s canonical class, each below `classes`.
+    fn new(class: &[usize], classes: usize) -> ClassNodes {
+        let mut start = vec![0u32; classes + 1];
+        for &c in class {
+            start[c + 1] += 1;
+        }
+        for c in 0..classes {
+            start[c + 1] += start[c];
+        }
+        let mut next: Vec<u32> = start[..classes].to_vec();
+        let mut nodes = vec![0u32; class.len()];
+        for (i, &c) in class.iter().enumerate() {
+            nodes[next[c] as usize] = i as u32;
+            next[c] += 1;
+        }
+        ClassNodes { start, nodes }
+    }
+
+    fn of(&self, c: usize) -> &[u32] {
+        &self.nodes[self.start[c] as usize..self.start[c + 1] as usize]
+    }
 }
