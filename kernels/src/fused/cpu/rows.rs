@@ -31,10 +31,12 @@ use super::compiled::{
     apply_lanes, chunk_axes, covered, in_blocks, other, step_out, Arena, Body, Code, Io, Pass,
     Source, Src, Step, Val, LANE_CHOICES,
 };
-use super::reduce::{acc_run, slot_op, Runs, SlotStep};
+use super::reduce::{acc_run, combine8, fold8, identity, slot_op, Runs, SlotStep};
 use super::{scratch_bytes, KernelError, ALIGN, R, RUNS, SLOT};
-use crate::cpu::reduce::RUN_BLOCK;
+use crate::cpu::reduce::{keep_max, Cascade, LEVELS, RUN_BLOCK};
+use crate::cpu::Scalar;
 use crate::fused::FusedKernel;
+use crate::ReduceOp;
 use std::ops::Range;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -355,12 +357,18 @@ impl Program {
             self.full_step(w, st, q0, cnt, len, p0)?;
         }
         let blocks = self.n.div_ceil(RUN_BLOCK);
+        // Whole runs of one block: folded at once (the same arithmetic as the steps below).
+        let whole = p0 == 0 && len == self.n && self.n <= RUN_BLOCK;
         for f in &pass.folds {
             for s in 0..cnt {
                 let (j, r) = ((q0 + s) / self.runs, (q0 + s) % self.runs);
                 let xs = super::sub(w.lanes, f.from * self.lanes + s * len, len)?;
                 let at = (f.slot * self.group + j) * SLOT;
                 let slot = super::sub_mut(w.slots, at, SLOT)?;
+                if whole {
+                    fold_run(f.op, xs, slot, r, self.runs > 1);
+                    continue;
+                }
                 if p0 == 0 {
                     slot_op::<f32>(
                         f.op,
@@ -532,6 +540,28 @@ fn load<T: Copy>(
         }
     }
     Ok(())
+}
+
+/// Folds a whole run of one block, run `run` of its row, into the row's slot: what
+/// `StartRun`, `acc_run` and `EndRun` ([`slot_op`], [`acc_run`]) do to it, term for term (the
+/// eight partials from the identity, combined, then the block's sum into the row's cascade as
+/// value `run`, or a max into the row's fold), without their per-call bookkeeping, which
+/// dominated runs of a few elements (a batch norm's 2×2 images).
+#[inline]
+fn fold_run(op: ReduceOp, xs: &[f32], slot: &mut [f32], run: usize, multi: bool) {
+    let mut p = [identity::<f32>(op); 8];
+    match op {
+        ReduceOp::Sum => {
+            fold8(xs, &mut p, <f32 as Scalar>::add);
+            let b = combine8(&p, <f32 as Scalar>::add);
+            Cascade::push(&mut slot[RUNS..RUNS + LEVELS], run, b);
+        }
+        ReduceOp::Max => {
+            fold8(xs, &mut p, keep_max);
+            let v = combine8(&p, keep_max);
+            slot[RUNS] = if multi { keep_max(slot[RUNS], v) } else { v };
+        }
+    }
 }
 
 /// What a run works on: the arena outside the scratch, and the scratch's parts.
