@@ -16,9 +16,9 @@
 //! loop over the chunk's lanes (a per-row operand splits it by segment), and each reduction
 //! folds each segment into its row's slot, in the row's order: runs in row-major order of the
 //! run axes, each through the interpreter's `acc_run` (eight interleaved partials, blocks of
-//! [`RUN_BLOCK`]) and its block sums into the row's cascade (`slot_op`). That is the order
-//! [`super::run`] folds the row in, so the bits are the interpreter's, whatever rows or runs
-//! share a chunk.
+//! [`RUN_BLOCK`]) and its block sums into the row's cascade (`slot_op`; a whole run of one
+//! block by `fold_run`, the same arithmetic in one call). That is the order [`super::run`]
+//! folds the row in, so the bits are the interpreter's, whatever rows or runs share a chunk.
 //!
 //! # Threads
 //! Rows are independent: [`Program::run_rows`] runs a range of them, with the same bits as
@@ -401,8 +401,8 @@ impl Program {
             }
             let mut dst = w.io.dest(o, total, self.body.out_bool[o])?;
             let (pieces, seg) = if together { (1, cnt * len) } else { (cnt, len) };
-            for s in 0..pieces {
-                let at = ob[s].wrapping_add(p0);
+            for (s, &base) in ob.iter().enumerate().take(pieces) {
+                let at = base.wrapping_add(p0);
                 match src {
                     Src::Lanes(b) => {
                         dst.put(at, super::sub(w.lanes, b * self.lanes + s * seg, seg)?)?
