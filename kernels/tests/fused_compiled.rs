@@ -1,7 +1,8 @@
 //! Compiled fused kernels (`fused::cpu::Compiled`) against the interpreter (`fused::cpu::run`),
-//! which stays the reference: the same bits on random kernels, on their pieces for 1, 2 and 3
-//! threads, on a layer norm's short rows run several to a chunk, and on column sums run
-//! several terms to a chunk; and no allocation.
+//! which stays the reference: the same bits on random kernels, on their pieces or ranges of
+//! rows for 1, 2, 3 and 16 threads, on a layer norm's short rows run several to a chunk, on
+//! batch norms (kept axes between reduced ones) and on column sums run several terms to a
+//! chunk; and no allocation.
 
 use ingot_kernels::fused::cpu::{self, Compiled};
 use ingot_kernels::fused::random::{self, Rng};
@@ -107,7 +108,7 @@ fn arena(
 fn outputs_of(k: &FusedKernel, mem: &[u64], outs: &[usize]) -> Vec<Vec<u8>> {
     let bytes = mem.as_bytes();
     (0..k.outputs.len())
-        .map(|j| bytes[outs[j]..outs[j] + k.output_len(j) * 4].to_vec())
+        .map(|j| bytes[outs[j]..outs[j] + k.output_len(j) * k.output_dtype(j).size()].to_vec())
         .collect()
 }
 
@@ -127,7 +128,16 @@ fn run_compiled(
         None => {
             let c = Compiled::new(k).expect("compiled");
             let (mut mem, ins, outs, s) = arena(k, inputs, c.scratch_bytes());
-            c.run(k, mem.as_mut_bytes(), &ins, &outs, s)?;
+            match c.row_ranges(k, threads, 1) {
+                // Ranges of rows, as threads run them, last range first: each writes its
+                // own rows whatever the others did.
+                Some(ranges) if threads > 1 => {
+                    for r in ranges.into_iter().rev() {
+                        c.run_rows(k, mem.as_mut_bytes(), &ins, &outs, s, r)?;
+                    }
+                }
+                _ => c.run(k, mem.as_mut_bytes(), &ins, &outs, s)?,
+            }
             Ok(outputs_of(k, &mem, &outs))
         }
         Some(ps) => {
@@ -141,7 +151,8 @@ fn run_compiled(
                 let po: Vec<usize> = outs
                     .iter()
                     .zip(&p.output_start)
-                    .map(|(&o, &st)| o + st * 4)
+                    .enumerate()
+                    .map(|(j, (&o, &st))| o + st * k.output_dtype(j).size())
                     .collect();
                 match Compiled::new(&p.kernel) {
                     Some(c) => c.run(&p.kernel, mem.as_mut_bytes(), &ins, &po, s)?,
@@ -153,13 +164,32 @@ fn run_compiled(
     }
 }
 
+/// Whether the outputs are the same bits, a NaN matching any NaN: a sum meeting two NaNs keeps
+/// either payload (LLVM may swap an addition's operands, and does so differently in loops of
+/// 2 and of 64 lanes), so NaN payloads are not the claim.
 fn same(k: &FusedKernel, got: &[Vec<u8>], want: &[Vec<u8>]) -> Result<(), String> {
+    let f = |b: &[u8]| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+    let differ = |a: &[u8], b: &[u8]| a != b && !(f(a).is_nan() && f(b).is_nan());
     for (j, (g, w)) in got.iter().zip(want).enumerate() {
-        if g != w {
+        if k.output_dtype(j) == DType::Bool {
+            if let Some(e) = (0..g.len().max(w.len())).find(|&e| g.get(e) != w.get(e)) {
+                return Err(format!(
+                    "output {j} (bool) element {e}: compiled {:?}, interpreted {:?}\n{k}",
+                    g.get(e),
+                    w.get(e)
+                ));
+            }
+            continue;
+        }
+        if g.len() != w.len()
+            || g.chunks_exact(4)
+                .zip(w.chunks_exact(4))
+                .any(|(a, b)| differ(a, b))
+        {
             let e = g
                 .chunks_exact(4)
                 .zip(w.chunks_exact(4))
-                .position(|(a, b)| a != b)
+                .position(|(a, b)| differ(a, b))
                 .unwrap_or(0);
             let f = |b: &[u8]| f32::from_ne_bytes(b[e * 4..e * 4 + 4].try_into().unwrap());
             return Err(format!(
@@ -172,9 +202,20 @@ fn same(k: &FusedKernel, got: &[Vec<u8>], want: &[Vec<u8>]) -> Result<(), String
     Ok(())
 }
 
+/// Whether some kept axis of `k` (of size > 1) lies between reduced ones, or a reduced one
+/// between kept ones: the kept and reduced axes interleave.
+fn interleaved(k: &FusedKernel) -> bool {
+    let red: Vec<bool> = (0..k.domain.len())
+        .filter(|&d| k.domain[d] > 1)
+        .map(|d| k.reduce_axes.contains(&d))
+        .collect();
+    red.windows(2).filter(|w| w[0] != w[1]).count() >= 2
+}
+
 #[test]
-fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
+fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_3_and_16_threads() {
     let (mut compiled, mut rows, mut multi_row, mut columns) = (0, 0, 0, 0);
+    let mut mixed = 0;
     for seed in 0..6000u64 {
         let Some(k) = f32_kernel(seed, &random::Options::small()) else {
             continue;
@@ -184,6 +225,7 @@ fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
         };
         compiled += 1;
         columns += usize::from(c.is_columns());
+        mixed += usize::from(interleaved(&k));
         if k.reduce_axes.iter().any(|&a| k.domain[a] > 1) {
             rows += 1;
             if c.shape().1 > 1 {
@@ -194,7 +236,7 @@ fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
         let inputs: Vec<Vec<u8>> = k.inputs.iter().map(|i| data(&mut r, i)).collect();
         let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
         let want = cpu::run_buffers(&k, &refs).unwrap();
-        for threads in [1, 2, 3] {
+        for threads in [1, 2, 3, 16] {
             let got = run_compiled(&k, &inputs, threads)
                 .unwrap_or_else(|e| panic!("seed {seed}, {threads} threads: {e}\n{k}"));
             if let Err(e) = same(&k, &got, &want) {
@@ -210,6 +252,282 @@ fn compiled_random_kernels_give_the_interpreters_bits_on_1_2_and_3_threads() {
         multi_row >= 50,
         "{multi_row} row kernels with several rows a chunk"
     );
+    assert!(
+        mixed >= 50,
+        "{mixed} kernels with interleaved kept and reduced axes compiled"
+    );
+}
+
+/// A batch norm over `domain` reduced over `reduce` (the normalised axes; the kept ones are the
+/// channels): `x` read through `x_strides` (at `x_offset`, `x_len` elements), a scale and a
+/// shift per channel. Outputs: the normalised, scaled and shifted `y` (full), the mean and
+/// `1/sqrt(var + eps)` (per channel), and `Σ y·x`, as a backward pass's statistics.
+fn batch_norm(
+    domain: &[usize],
+    reduce: &[usize],
+    x_strides: Vec<usize>,
+    x_offset: usize,
+    x_len: usize,
+) -> FusedKernel {
+    let count: usize = reduce.iter().map(|&a| domain[a]).product();
+    let per_channel = || {
+        let kept: Vec<usize> = (0..domain.len()).filter(|d| !reduce.contains(d)).collect();
+        let mut strides = vec![0; domain.len()];
+        let mut acc = 1;
+        for &d in kept.iter().rev() {
+            strides[d] = acc;
+            acc *= domain[d];
+        }
+        Input {
+            dtype: DType::F32,
+            len: acc,
+            access: Access { offset: 0, strides },
+        }
+    };
+    let bin = |op, a, b| Inst::Binary { op, a, b };
+    let konst = |value| Inst::Const {
+        value,
+        dtype: DType::F32,
+    };
+    let sum = |x| Inst::Reduce {
+        op: ReduceOp::Sum,
+        x,
+    };
+    FusedKernel {
+        domain: domain.to_vec(),
+        reduce_axes: reduce.to_vec(),
+        inputs: vec![
+            Input {
+                dtype: DType::F32,
+                len: x_len,
+                access: Access {
+                    offset: x_offset,
+                    strides: x_strides,
+                },
+            },
+            per_channel(),
+            per_channel(),
+        ],
+        body: vec![
+            Inst::Load { input: 0 },   // 0 x
+            Inst::Load { input: 1 },   // 1 scale
+            Inst::Load { input: 2 },   // 2 shift
+            konst(1.0 / count as f64), // 3
+            sum(0),                    // 4 Σx
+            bin(BinaryOp::Mul, 4, 3),  // 5 mean
+            bin(BinaryOp::Sub, 0, 5),  // 6 d
+            bin(BinaryOp::Mul, 6, 6),  // 7 d²
+            sum(7),                    // 8
+            bin(BinaryOp::Mul, 8, 3),  // 9 var
+            konst(1e-5),               // 10
+            bin(BinaryOp::Add, 9, 10), // 11
+            Inst::Unary {
+                op: UnaryOp::Sqrt,
+                x: 11,
+            }, // 12
+            Inst::Unary {
+                op: UnaryOp::Recip,
+                x: 12,
+            }, // 13 rstd
+            bin(BinaryOp::Mul, 6, 13), // 14 xhat
+            bin(BinaryOp::Mul, 14, 1), // 15
+            bin(BinaryOp::Add, 15, 2), // 16 y
+            bin(BinaryOp::Mul, 16, 0), // 17 y·x
+            sum(17),                   // 18
+        ],
+        outputs: vec![
+            Output { value: 16 },
+            Output { value: 5 },
+            Output { value: 13 },
+            Output { value: 18 },
+        ],
+    }
+}
+
+/// Row-major strides of `dims`.
+fn row_major(dims: &[usize]) -> Vec<usize> {
+    Access::contiguous(dims).strides
+}
+
+#[test]
+fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_bits_on_1_2_3_and_16_threads(
+) {
+    // Batch norm over NCHW (channels kept between the batch and the image), its transposes,
+    // kept axes on both sides of a reduced one, long runs split over chunks, runs of 2.
+    let cases: [(&[usize], &[usize]); 9] = [
+        (&[8, 16, 2, 2], &[0, 2, 3]),
+        (&[16, 4, 4, 4], &[0, 2, 3]),
+        (&[3, 5, 7, 9], &[0, 2, 3]),
+        (&[4, 3, 1500], &[0, 2]),
+        (&[5, 6, 7, 2], &[1, 3]),
+        (&[2, 3, 4, 5, 6], &[0, 2, 4]),
+        (&[6, 1, 5, 4], &[0, 3]),
+        (&[70, 9, 2], &[0, 2]),
+        (&[2, 33, 3, 2, 4], &[0, 1, 3, 4]),
+    ];
+    for (domain, reduce) in cases {
+        let numel: usize = domain.iter().product();
+        // x contiguous; x stored with its two outermost axes swapped; x a slice of a padded
+        // buffer (the strides of the axes outside the trailing reduced ones doubled, an
+        // offset).
+        let mut swapped: Vec<usize> = domain.to_vec();
+        swapped.swap(0, 1);
+        let mut sw = row_major(&swapped);
+        sw.swap(0, 1);
+        let mut padded = row_major(domain);
+        let rank = domain.len();
+        let inner = (0..rank).rev().take_while(|d| reduce.contains(d)).count();
+        for s in &mut padded[..rank - inner] {
+            *s *= 2;
+        }
+        let padded_len = 7
+            + (0..rank)
+                .map(|d| (domain[d] - 1) * padded[d])
+                .sum::<usize>()
+            + 1;
+        let layouts = [
+            (row_major(domain), 0, numel),
+            (sw, 0, numel),
+            (padded, 7, padded_len),
+        ];
+        for (strides, offset, len) in layouts {
+            let k = batch_norm(domain, reduce, strides, offset, len);
+            k.check().unwrap();
+            let c = Compiled::new(&k)
+                .unwrap_or_else(|| panic!("{domain:?} reduced over {reduce:?} compiles"));
+            assert!(!c.is_columns());
+            assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
+            let mut r = Rng(numel as u64 + offset as u64);
+            let inputs: Vec<Vec<u8>> = k
+                .inputs
+                .iter()
+                .map(|i| without_nan(data(&mut r, i)))
+                .collect();
+            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+            let want = cpu::run_buffers(&k, &refs).unwrap();
+            for threads in [1, 2, 3, 16] {
+                let got = run_compiled(&k, &inputs, threads).unwrap();
+                same(&k, &got, &want).unwrap_or_else(|e| {
+                    panic!("{domain:?} over {reduce:?}, {threads} threads: {e}")
+                });
+            }
+        }
+    }
+}
+
+/// A ReLU's backward pass into a batch norm's: `dy` where the stored mask is false, its sum
+/// per channel; and the mask of the result's non-positive elements, stored (bools).
+fn masked_sum(domain: &[usize], reduce: &[usize]) -> FusedKernel {
+    let numel: usize = domain.iter().product();
+    let full = |dtype| Input {
+        dtype,
+        len: numel,
+        access: Access::contiguous(domain),
+    };
+    let zero = Inst::Const {
+        value: 0.0,
+        dtype: DType::F32,
+    };
+    FusedKernel {
+        domain: domain.to_vec(),
+        reduce_axes: reduce.to_vec(),
+        inputs: vec![full(DType::Bool), full(DType::F32)],
+        body: vec![
+            Inst::Load { input: 0 }, // 0 mask
+            zero,                    // 1
+            Inst::Load { input: 1 }, // 2 dy
+            Inst::Select {
+                cond: 0,
+                a: 1,
+                b: 2,
+            }, // 3
+            Inst::Reduce {
+                op: ReduceOp::Sum,
+                x: 3,
+            }, // 4
+            Inst::Compare {
+                op: ingot_kernels::CmpOp::Le,
+                a: 3,
+                b: 1,
+            }, // 5
+        ],
+        outputs: vec![
+            Output { value: 3 },
+            Output { value: 4 },
+            Output { value: 5 },
+        ],
+    }
+}
+
+#[test]
+fn masks_loaded_and_stored_as_bools_compile_with_the_interpreters_bits() {
+    let cases: [(&[usize], &[usize]); 4] = [
+        (&[16, 8, 4, 4], &[0, 2, 3]),
+        (&[128, 32], &[0]),
+        (&[6, 5, 70], &[0, 2]),
+        (&[9, 300], &[0]),
+    ];
+    for (domain, reduce) in cases {
+        let k = masked_sum(domain, reduce);
+        k.check().unwrap();
+        let c = Compiled::new(&k).unwrap_or_else(|| panic!("{domain:?} over {reduce:?}"));
+        let mut r = Rng(domain.iter().product::<usize>() as u64);
+        let mask: Vec<u8> = (0..k.inputs[0].len)
+            .map(|_| u8::from(r.chance(50)))
+            .collect();
+        let inputs = vec![mask, without_nan(data(&mut r, &k.inputs[1]))];
+        let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+        let want = cpu::run_buffers(&k, &refs).unwrap();
+        for threads in [1, 2, 3, 16] {
+            let (mut mem, ins, outs, s) = arena(&k, &inputs, c.scratch_bytes());
+            match c.row_ranges(&k, threads, 1) {
+                Some(ranges) if threads > 1 => {
+                    for r in ranges {
+                        c.run_rows(&k, mem.as_mut_bytes(), &ins, &outs, s, r)
+                            .unwrap();
+                    }
+                }
+                _ => c.run(&k, mem.as_mut_bytes(), &ins, &outs, s).unwrap(),
+            }
+            let bytes = mem.as_bytes();
+            for (j, w) in want.iter().enumerate() {
+                let got = &bytes[outs[j]..outs[j] + w.len()];
+                assert!(
+                    got == &w[..],
+                    "{domain:?} over {reduce:?}, {threads} threads: output {j} differs"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_norm_with_a_full_output_is_cut_into_ranges_of_its_channels() {
+    // `fused::parts` cannot cut it (its outermost axis is reduced and it stores a full
+    // output); its program's rows (the channels) can be.
+    let k = batch_norm(
+        &[8, 16, 2, 2],
+        &[0, 2, 3],
+        row_major(&[8, 16, 2, 2]),
+        0,
+        512,
+    );
+    assert!(parts::cut(&k, 4, 1).is_none());
+    let c = Compiled::new(&k).unwrap();
+    assert_eq!(c.rows(), 16);
+    let ranges = c.row_ranges(&k, 3, 1).unwrap();
+    assert_eq!(ranges, [0..5, 5..10, 10..16]);
+    // No more ranges than channels, and none under the smallest piece.
+    assert_eq!(c.row_ranges(&k, 64, 1).unwrap().len(), 16);
+    assert_eq!(c.row_ranges(&k, 64, 200).unwrap().len(), 2);
+    assert!(c.row_ranges(&k, 64, 512).is_none());
+    // A range past the rows is an error, not a panic.
+    let mut r = Rng(3);
+    let inputs: Vec<Vec<u8>> = k.inputs.iter().map(|i| data(&mut r, i)).collect();
+    let (mut mem, ins, outs, s) = arena(&k, &inputs, c.scratch_bytes());
+    assert!(c
+        .run_rows(&k, mem.as_mut_bytes(), &ins, &outs, s, 10..17)
+        .is_err());
 }
 
 #[test]
@@ -236,8 +554,7 @@ fn a_layer_norms_short_rows_run_several_to_a_chunk_with_the_interpreters_bits() 
 
 #[test]
 fn kernels_outside_the_compiled_subset_are_left_to_the_interpreter() {
-    // An index, a bf16 input, a reduced axis inside a kept one: `None`, so that the
-    // interpreter runs them.
+    // An index, a bf16 input: `None`, so that the interpreter runs them.
     let mut k = layer_norm(8, 16, false, true);
     k.body.push(Inst::Index {
         axis: 1,
@@ -248,20 +565,85 @@ fn kernels_outside_the_compiled_subset_are_left_to_the_interpreter() {
     let mut k = layer_norm(8, 16, false, true);
     k.inputs[1].dtype = DType::BF16;
     assert!(Compiled::new(&k).is_none());
-    // A column reduction with a kept axis before its reduced one: [2, 3, 4] summed over 3.
-    let mut k = column_sums(&[3], 4, false);
-    k.domain = vec![2, 3, 4];
-    k.reduce_axes = vec![1];
-    for (n, i) in k.inputs.iter_mut().enumerate() {
-        if n < 2 {
-            i.len = 24;
-            i.access.strides = vec![12, 4, 1];
-        } else {
-            i.access.strides = vec![0, 0, 1];
+}
+
+/// [`column_sums`]'s body over `domain` reduced over `reduce` (the innermost axis kept):
+/// `dy` and `xhat` contiguous, `w` one value per kept index.
+fn interleaved_columns(domain: &[usize], reduce: &[usize], full: bool) -> FusedKernel {
+    let mut k = column_sums(&[2], 2, full);
+    let numel: usize = domain.iter().product();
+    k.domain = domain.to_vec();
+    k.reduce_axes = reduce.to_vec();
+    let mut w = vec![0; domain.len()];
+    let mut acc = 1;
+    for d in (0..domain.len()).rev() {
+        if !reduce.contains(&d) {
+            w[d] = acc;
+            acc *= domain[d];
         }
     }
-    assert!(k.check().is_ok());
-    assert!(Compiled::new(&k).is_none());
+    for i in &mut k.inputs[..2] {
+        i.len = numel;
+        i.access = Access::contiguous(domain);
+    }
+    k.inputs[2].len = acc;
+    k.inputs[2].access.strides = w;
+    k
+}
+
+#[test]
+fn column_reductions_with_kept_axes_outside_their_columns_give_the_interpreters_bits_on_1_2_3_and_16_threads(
+) {
+    // Kept axes before the reduced ones (planes), reduced axes on both sides of a kept one,
+    // more terms than a cascade level takes, more columns than a chunk holds.
+    let cases: [(&[usize], &[usize]); 7] = [
+        (&[2, 3, 4], &[1]),
+        (&[5, 70, 3], &[1]),
+        (&[3, 4, 5, 6], &[0, 2]),
+        (&[4, 3, 2, 9, 5], &[1, 3]),
+        (&[2, 600, 3], &[1]),
+        (&[3, 2, 1500], &[1]),
+        (&[16, 8, 2], &[0, 1]),
+    ];
+    for (domain, reduce) in cases {
+        for (full, transposed) in [(false, false), (true, false), (false, true)] {
+            let mut k = interleaved_columns(domain, reduce, full);
+            if transposed {
+                // `dy` stored with its last two axes swapped: the columns end where its
+                // strides stop composing.
+                let rank = domain.len();
+                let mut dims = domain.to_vec();
+                dims.swap(rank - 2, rank - 1);
+                let mut s = Access::contiguous(&dims).strides;
+                s.swap(rank - 2, rank - 1);
+                k.inputs[0].access.strides = s;
+            }
+            k.check().unwrap();
+            let c = Compiled::new(&k)
+                .unwrap_or_else(|| panic!("{domain:?} reduced over {reduce:?} compiles"));
+            assert!(c.is_columns(), "{domain:?} over {reduce:?}");
+            assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
+            let kept: usize = (0..domain.len())
+                .filter(|d| !reduce.contains(d))
+                .map(|d| domain[d])
+                .product();
+            assert_eq!(c.rows(), kept, "every kept index is a column run apart");
+            let mut r = Rng(kept as u64 * 7 + u64::from(full) + 2 * u64::from(transposed));
+            let inputs: Vec<Vec<u8>> = k
+                .inputs
+                .iter()
+                .map(|i| without_nan(data(&mut r, i)))
+                .collect();
+            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+            let want = cpu::run_buffers(&k, &refs).unwrap();
+            for threads in [1, 2, 3, 16] {
+                let got = run_compiled(&k, &inputs, threads).unwrap();
+                same(&k, &got, &want).unwrap_or_else(|e| {
+                    panic!("{domain:?} over {reduce:?}, {threads} threads: {e}")
+                });
+            }
+        }
+    }
 }
 
 /// Gradients of a bias and of a layer norm's weight: `dy` and `xhat` of shape

@@ -90,6 +90,28 @@ fn fused_steps_with_compiled_kernels_give_the_interpreters_bits() {
 }
 
 #[test]
+fn a_resnets_batch_norms_compiled_and_cut_into_channels_give_the_interpreters_bits_on_1_and_3_threads(
+) {
+    // Its batch norms reduce [N, C, H, W] over [0, 2, 3] (the channels kept between reduced
+    // axes) and store full outputs: compiled, and on 3 threads cut into ranges of channels.
+    let spec = "resnet:depth=18,side=32,batch=4,classes=10";
+    let (want, (_, fused)) = fused_steps(spec, 1, 2, true);
+    for threads in [1, 3] {
+        let (got, (compiled, _)) = fused_steps(spec, threads, 2, false);
+        assert!(
+            got == want,
+            "{spec} on {threads} threads: compiled kernels changed the step's bits"
+        );
+        // All but one: the loss's rows, which read the labels as integers.
+        eprintln!("{spec}: {compiled} of {fused} fused kernels compiled");
+        assert!(
+            compiled + 1 >= fused,
+            "{spec}: {compiled} of {fused} fused kernels compiled"
+        );
+    }
+}
+
+#[test]
 fn an_in_place_chain_longer_than_a_chunk_computes_the_reference_bits() {
     // 5000 elements: two full chunks and a partial one, each op writing over its operand.
     let mut g = Graph::new();

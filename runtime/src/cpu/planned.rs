@@ -109,12 +109,65 @@ fn compile_fused() -> bool {
 const MIN_PIECE: usize = 16 * 1024;
 
 /// One piece of a fused kernel: the kernel over its slice of the domain, and its outputs'
-/// byte offsets in the allocation (the inputs are the whole kernel's).
+/// byte offsets in the allocation (the inputs are the whole kernel's); or, for a kernel that
+/// [`fused::parts`] cannot cut (a batch norm's reduction with full outputs), the whole kernel
+/// and a range of its program's rows ([`Compiled::run_rows`]).
 struct PieceRun {
     kernel: FusedKernel,
     outputs: Vec<usize>,
     /// The piece's program, where it has one ([`fused::cpu::Compiled`]).
     compiled: Option<Compiled>,
+    /// The rows of `compiled` this piece runs, when it is a range of rows.
+    rows: Option<std::ops::Range<usize>>,
+}
+
+/// The pieces of the fused kernel `k` (whose outputs are at `outputs`) for `threads`: slices
+/// of its domain ([`fused::parts::cut`]), else ranges of its program's rows; `None` when it
+/// runs whole.
+fn pieces_of(
+    k: &FusedKernel,
+    outputs: &[usize],
+    threads: usize,
+    compile: bool,
+) -> Option<Vec<PieceRun>> {
+    if let Some(ps) = fused::parts::cut(k, threads, MIN_PIECE) {
+        return Some(
+            ps.into_iter()
+                .map(|p| PieceRun {
+                    outputs: outputs
+                        .iter()
+                        .zip(&p.output_start)
+                        .enumerate()
+                        .map(|(j, (&at, &start))| at + start * k.output_dtype(j).size())
+                        .collect(),
+                    compiled: if compile {
+                        Compiled::new(&p.kernel)
+                    } else {
+                        None
+                    },
+                    kernel: p.kernel,
+                    rows: None,
+                })
+                .collect(),
+        );
+    }
+    let c = if compile {
+        Compiled::new(k)?
+    } else {
+        return None;
+    };
+    let ranges = c.row_ranges(k, threads, MIN_PIECE)?;
+    Some(
+        ranges
+            .into_iter()
+            .map(|r| PieceRun {
+                kernel: k.clone(),
+                outputs: outputs.to_vec(),
+                compiled: Some(c.clone()),
+                rows: Some(r),
+            })
+            .collect(),
+    )
 }
 
 /// One loaded program: its executable, its instructions, and each node's bytes.
@@ -272,6 +325,12 @@ impl PlannedStep {
     pub fn interpret_fused(&mut self) {
         for part in std::iter::once(&mut self.main).chain(self.eval.as_mut()) {
             part.compiled.iter_mut().for_each(|c| *c = None);
+            // Ranges of a program's rows have no interpreted form: their kernels run whole.
+            for ps in &mut part.pieces {
+                if ps.iter().flatten().any(|p| p.rows.is_some()) {
+                    *ps = None;
+                }
+            }
             for p in part.pieces.iter_mut().flatten().flatten() {
                 p.compiled = None;
             }
@@ -462,24 +521,7 @@ impl Part {
         for i in &program.instrs {
             let cut = match i {
                 Instr::Fused { node, outputs, .. } if threads > 1 => match &graph.node(*node).op {
-                    Op::Fused(k) => fused::parts::cut(k, threads, MIN_PIECE).map(|ps| {
-                        ps.into_iter()
-                            .map(|p| PieceRun {
-                                outputs: outputs
-                                    .iter()
-                                    .zip(&p.output_start)
-                                    .enumerate()
-                                    .map(|(j, (&at, &start))| at + start * k.output_dtype(j).size())
-                                    .collect(),
-                                compiled: if compile {
-                                    Compiled::new(&p.kernel)
-                                } else {
-                                    None
-                                },
-                                kernel: p.kernel,
-                            })
-                            .collect::<Vec<_>>()
-                    }),
+                    Op::Fused(k) => pieces_of(k, outputs, threads, compile),
                     _ => None,
                 },
                 _ => None,
@@ -532,9 +574,15 @@ impl Part {
             // of the allocation is alive while they run: the step waits for all of them.
             let mem = unsafe { std::slice::from_raw_parts_mut(base.get(), len) };
             let scratch = slots.at + i * slots.bytes;
-            match &p.compiled {
-                Some(c) => c.run(&p.kernel, mem, inputs, &p.outputs, scratch),
-                None => fused::cpu::run(&p.kernel, mem, inputs, &p.outputs, scratch),
+            match (&p.compiled, &p.rows) {
+                (Some(c), Some(rows)) => {
+                    c.run_rows(&p.kernel, mem, inputs, &p.outputs, scratch, rows.clone())
+                }
+                (Some(c), None) => c.run(&p.kernel, mem, inputs, &p.outputs, scratch),
+                (None, None) => fused::cpu::run(&p.kernel, mem, inputs, &p.outputs, scratch),
+                (None, Some(_)) => {
+                    Err(KernelError::Internal("a range of rows without its program"))
+                }
             }
         })
     }

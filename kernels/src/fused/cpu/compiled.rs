@@ -14,16 +14,26 @@
 //! not once per row.
 //!
 //! # Which kernels
-//! Kernels whose values are all `f32` (compares give bools that only selects read), with loads,
+//! Kernels whose values are all `f32` (bools, from compares or bool inputs, read only by
+//! selects, as their condition, or stored as outputs: a ReLU's mask), with loads,
 //! constants, unary, binary, compare and select instructions and sum or max reductions, in the
-//! interpreter's flat case or its rows case with every reduced axis of size > 1 inside the kept
-//! ones (one contiguous run per row), and whose every input reaches the innermost axes of the
-//! chunk with a single stride; and column reductions whose reduced axes all come before their
+//! interpreter's flat case or its rows case (the innermost axis of size > 1 reduced), whose
+//! every input walks the inner axes with a single stride, as the programs of `rows`: the
+//! kept axes outside, the reduced ones inside, wherever the reduced axes outside the inner
+//! ones lie among the kept ones (a batch norm's `[N, C, H, W]` reduced over `[0, 2, 3]`:
+//! several runs a row); and column reductions whose reduced axes all come before their
 //! kept ones, as the programs of `columns`. [`Compiled::new`] says `None` for the
 //! rest, which the interpreter runs as before: indices, converts, other dtypes (bf16
 //! included), other column reductions, empty domains, and kernels whose program would not fit
 //! in the scratch the planner reserved for the interpreter ([`super::scratch_bytes`]), which
 //! is all a compiled kernel uses.
+//!
+//! # Threads
+//! A program's rows (a column reduction's columns) are computed each alone, so
+//! [`Compiled::run_rows`] runs any range of them with the bits the whole run gives them, and
+//! [`Compiled::row_ranges`] cuts them for threads: the way to run on several threads a kernel
+//! that [`crate::fused::parts`] cannot cut into smaller kernels (a batch norm with a full
+//! output, whose outermost axis is reduced).
 //!
 //! # The same bits
 //! Every value is computed by the same scalar functions the interpreter calls
@@ -40,19 +50,18 @@
 //! [`FusedKernel::can_write_over`] allows is read before it is overwritten.
 
 use super::columns::Columns;
-use super::reduce::{acc_run, slot_op, Runs, SlotStep};
-use super::{check_range, scratch_bytes, KernelError, ALIGN, R, RUNS, SLOT};
+use super::rows::Program;
+use super::{check_range, KernelError, ALIGN, R};
 use crate::cpu::{Float, Num, Scalar};
 use crate::fused::{FusedKernel, Inst};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
-use zerocopy::{FromBytes, IntoBytes};
+use std::ops::Range;
+use zerocopy::FromBytes;
 
 /// The most lanes a chunk holds.
 pub const MAX_LANES: usize = 1024;
 /// Lane counts tried, largest first: the largest whose scratch fits is taken.
 pub(super) const LANE_CHOICES: [usize; 7] = [1024, 512, 256, 128, 64, 32, 16];
-/// The most rows one chunk holds (bounds the per-row slots and bases).
-const MAX_ROWS: usize = 128;
 
 /// Where an operand's value is, for the chunk being computed.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +110,7 @@ pub(super) struct Pass {
 }
 
 /// A fused kernel made into a program once, when a step is loaded: a flat or rows-case
-/// `Program` (this module), or a column reduction (`columns`). See the
+/// `Program` (`rows`), or a column reduction (`columns`). See the
 /// [module docs](self).
 #[derive(Clone, Debug)]
 pub struct Compiled(Kind);
@@ -126,7 +135,7 @@ impl Compiled {
     /// kernel, which is what the planner reserves.
     pub fn scratch_bytes(&self) -> usize {
         match &self.0 {
-            Kind::Rows(p) => p.scratch_bytes(),
+            Kind::Rows(p) => p.scratch,
             Kind::Columns(c) => c.scratch_bytes(),
         }
     }
@@ -145,12 +154,34 @@ impl Compiled {
         matches!(self.0, Kind::Columns(_))
     }
 
+    /// The parts that [`Compiled::run_rows`] can run apart, each on its own: the rows (indices
+    /// of the kept axes) of a rows or flat program, the columns of a column reduction.
+    pub fn rows(&self) -> usize {
+        match &self.0 {
+            Kind::Rows(p) => p.rows(),
+            Kind::Columns(c) => c.cols(),
+        }
+    }
+
+    /// [`Compiled::rows`] cut into at most `pieces` ranges of nearly equal size for threads,
+    /// each of at least `min_elems` domain elements of `k` (the kernel the program was made
+    /// from); `None` when that makes one range only. The ranges depend only on the program,
+    /// `pieces` and `min_elems`, and tile the rows in order.
+    pub fn row_ranges(
+        &self,
+        k: &FusedKernel,
+        pieces: usize,
+        min_elems: usize,
+    ) -> Option<Vec<Range<usize>>> {
+        let rows = self.rows();
+        let numel = k.domain.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        let n = pieces.min(rows).min(numel / min_elems.max(1));
+        (n >= 2).then(|| (0..n).map(|p| rows * p / n..rows * (p + 1) / n).collect())
+    }
+
     /// Runs the program of `k` (the kernel it was made from) as [`super::run`] runs `k`: the
     /// same arguments, checks and results, bit for bit. Buffers whose bytes are not aligned
     /// for f32 are left to the interpreter. Allocates nothing.
-    ///
-    /// The checks and the split of `mem` around the scratch are the same for both kinds of
-    /// program, so they are made here once and each program gets the `Arena`.
     pub fn run(
         &self,
         k: &FusedKernel,
@@ -159,27 +190,62 @@ impl Compiled {
         outputs: &[usize],
         scratch: usize,
     ) -> R {
-        let (out_len, bytes) = match &self.0 {
-            Kind::Rows(p) => (&p.out_len[..], p.scratch),
-            Kind::Columns(c) => (c.out_len(), c.scratch_bytes()),
-        };
-        if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
+        if inputs.len() != k.inputs.len()
+            || outputs.len() != k.outputs.len()
+            || misaligned(mem, inputs, outputs)
+        {
             return super::run(k, mem, inputs, outputs, scratch);
+        }
+        self.run_rows(k, mem, inputs, outputs, scratch, 0..self.rows())
+    }
+
+    /// Runs rows `rows` of the program of `k` ([`Compiled::rows`]): what [`Compiled::run`]
+    /// writes for those rows and nothing else, bit for bit, whatever the other rows. So
+    /// threads that each run their own range of rows, each with its own scratch, write
+    /// disjoint elements and give the same bits on any number of threads. Buffers must be
+    /// aligned for f32 here (else an error: the interpreter cannot run a range of rows).
+    ///
+    /// The checks and the split of `mem` around the scratch are the same for both kinds of
+    /// program, so they are made here once and each program gets the `Arena`.
+    pub fn run_rows(
+        &self,
+        k: &FusedKernel,
+        mem: &mut [u8],
+        inputs: &[usize],
+        outputs: &[usize],
+        scratch: usize,
+        rows: Range<usize>,
+    ) -> R {
+        let (out_len, bytes, body) = match &self.0 {
+            Kind::Rows(p) => (&p.out_len[..], p.scratch, p.body()),
+            Kind::Columns(c) => (c.out_len(), c.scratch_bytes(), c.body()),
+        };
+        if inputs.len() != k.inputs.len() {
+            return Err(KernelError::BufferCount {
+                what: "inputs",
+                expected: k.inputs.len(),
+                given: inputs.len(),
+            });
+        }
+        if outputs.len() != k.outputs.len() {
+            return Err(KernelError::BufferCount {
+                what: "outputs",
+                expected: k.outputs.len(),
+                given: outputs.len(),
+            });
+        }
+        if misaligned(mem, inputs, outputs) {
+            return Err(KernelError::Internal(
+                "a range of rows needs buffers aligned for f32",
+            ));
         }
         let mem_len = mem.len();
         let s0 = scratch;
         let s1 = super::scratch_end(scratch, bytes, mem_len)?;
         super::check_inputs(k, inputs, mem_len, s0, s1)?;
         for (j, (&off, &len)) in outputs.iter().zip(out_len).enumerate() {
-            check_range("output", j, off, len.saturating_mul(4), mem_len, s0, s1)?;
-        }
-        let base = mem.as_ptr() as usize;
-        let misaligned = inputs
-            .iter()
-            .chain(outputs)
-            .any(|&o| !(base.wrapping_add(o)).is_multiple_of(4));
-        if misaligned {
-            return super::run(k, mem, inputs, outputs, scratch);
+            let size = if body.out_bool[j] { 1 } else { 4 };
+            check_range("output", j, off, len.saturating_mul(size), mem_len, s0, s1)?;
         }
         let (lo, rest) = mem.split_at_mut(s0);
         let (sc, hi) = rest.split_at_mut(bytes);
@@ -198,71 +264,19 @@ impl Compiled {
                 .ok_or(KernelError::Internal("compiled scratch"))?,
         };
         match &self.0 {
-            Kind::Rows(p) => p.run(arena),
-            Kind::Columns(c) => c.run(arena),
+            Kind::Rows(p) => p.run_rows(arena, rows),
+            Kind::Columns(c) => c.run_cols(arena, rows),
         }
     }
 }
 
-/// A flat or rows-case fused kernel made into a program once; see the [module docs](self).
-#[derive(Clone, Debug)]
-pub(super) struct Program {
-    /// Row-level instructions evaluated before the first pass.
-    stage0: Vec<Step>,
-    passes: Vec<Pass>,
-    /// Per output: its value, and whether it is stored once per row.
-    outputs: Vec<(Src, bool)>,
-    /// Per input: its offset, its strides over the outer axes, and its step along the chunk.
-    in_offset: Vec<usize>,
-    in_outer: Vec<Vec<usize>>,
-    in_step: Vec<usize>,
-    in_len: Vec<usize>,
-    /// Per output: its elements ([`FusedKernel::output_len`], which allocates, asked once).
-    out_len: Vec<usize>,
-    /// Sizes of the outer axes (rows), outermost first.
-    outer: Vec<usize>,
-    rows: usize,
-    /// Elements along the chunk axes of one row (a row's run, or a flat kernel's segment).
-    n: usize,
-    lanes: usize,
-    /// Rows per chunk (1 when a row is longer than `lanes`).
-    group: usize,
-    lane_bufs: usize,
-    row_bufs: usize,
-    slots: usize,
-    scratch: usize,
-}
-
-/// The layout of the scratch: bases, lane buffers, row buffers, slots (byte offsets from the
-/// aligned start) and the bytes needed, alignment slack included.
-struct Carve {
-    lanes_at: usize,
-    rows_at: usize,
-    slots_at: usize,
-    end: usize,
-}
-
-fn carve(
-    inputs: usize,
-    group: usize,
-    lanes: usize,
-    lane_bufs: usize,
-    row_bufs: usize,
-    slots: usize,
-) -> Option<Carve> {
-    let bases = inputs.checked_mul(group)?.checked_mul(size_of::<usize>())?;
-    let lanes_at = bases.checked_next_multiple_of(ALIGN)?;
-    let rows_at = lanes_at.checked_add(lane_bufs.checked_mul(lanes)?.checked_mul(4)?)?;
-    let slots_at = rows_at
-        .checked_add(row_bufs.checked_mul(group)?.checked_mul(4)?)?
-        .checked_next_multiple_of(ALIGN)?;
-    let end = slots_at.checked_add(slots.checked_mul(group)?.checked_mul(SLOT * 4)?)?;
-    Some(Carve {
-        lanes_at,
-        rows_at,
-        slots_at,
-        end,
-    })
+/// Whether some buffer's bytes are not aligned for f32 in `mem`.
+fn misaligned(mem: &[u8], inputs: &[usize], outputs: &[usize]) -> bool {
+    let base = mem.as_ptr() as usize;
+    inputs
+        .iter()
+        .chain(outputs)
+        .any(|&o| !(base.wrapping_add(o)).is_multiple_of(4))
 }
 
 /// Applies a constant-only instruction to constant operands, with the interpreter's functions.
@@ -324,86 +338,6 @@ fn compare_fn(op: CmpOp) -> fn(f32, f32) -> bool {
     }
 }
 
-impl Program {
-    /// The program for `k`, or `None` when `k` is outside what compiled kernels cover (see the
-    /// [module docs](self)); then the interpreter runs it.
-    pub(super) fn new(k: &FusedKernel) -> Option<Program> {
-        if !covered(k) {
-            return None;
-        }
-        let dims = &k.domain;
-        let (inner, outer, flat) = chunk_axes(k)?;
-        let n = inner
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(dims[d]))?;
-        let rows = outer
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(dims[d]))?;
-
-        let Body {
-            stage0,
-            passes: out_passes,
-            outputs,
-            lane_bufs,
-            row_bufs,
-            slots,
-        } = Body::of(k, flat)?;
-
-        // Inputs: offset, strides over the outer axes, one step along the chunk.
-        let in_offset = k.inputs.iter().map(|i| i.access.offset).collect();
-        let in_outer = k
-            .inputs
-            .iter()
-            .map(|i| outer.iter().map(|&a| i.access.strides[a]).collect())
-            .collect();
-        let in_step = k
-            .inputs
-            .iter()
-            .map(|i| inner.last().map_or(0, |&a| i.access.strides[a]))
-            .collect();
-        let in_len = k.inputs.iter().map(|i| i.len).collect();
-        let outer_dims: Vec<usize> = outer.iter().map(|&a| dims[a]).collect();
-
-        // The most lanes whose scratch fits in what the planner reserved.
-        let avail = scratch_bytes(k);
-        let mut pick = None;
-        for &lanes in &LANE_CHOICES {
-            let group = if n <= lanes {
-                (lanes / n).clamp(1, MAX_ROWS)
-            } else {
-                1
-            };
-            let Some(c) = carve(k.inputs.len(), group, lanes, lane_bufs, row_bufs, slots) else {
-                continue;
-            };
-            if c.end.checked_add(ALIGN).is_some_and(|e| e <= avail) {
-                pick = Some((lanes, group, c.end + ALIGN));
-                break;
-            }
-        }
-        let (lanes, group, scratch) = pick?;
-        Some(Program {
-            stage0,
-            passes: out_passes,
-            outputs,
-            in_offset,
-            in_outer,
-            in_step,
-            in_len,
-            out_len: (0..k.outputs.len()).map(|j| k.output_len(j)).collect(),
-            outer: outer_dims,
-            rows,
-            n,
-            lanes,
-            group: group.min(rows.max(1)),
-            lane_bufs,
-            row_bufs,
-            slots,
-            scratch,
-        })
-    }
-}
-
 /// What a compiled kernel computes, whatever the chunks it runs over: the row-level steps
 /// before the first pass, the passes (full steps, folds, stages), where each output is, and
 /// the lane buffers, row buffers and reduction slots they use. The rows and flat programs
@@ -414,6 +348,9 @@ pub(super) struct Body {
     pub(super) passes: Vec<Pass>,
     /// Per output: its value, and whether it is stored once per row.
     pub(super) outputs: Vec<(Src, bool)>,
+    /// Per input and per output: whether it holds bools (else f32).
+    pub(super) in_bool: Vec<bool>,
+    pub(super) out_bool: Vec<bool>,
     pub(super) lane_bufs: usize,
     pub(super) row_bufs: usize,
     pub(super) slots: usize,
@@ -502,10 +439,17 @@ impl Body {
         }) {
             return None;
         }
+        let dts = k.dtypes();
         Some(Body {
             stage0,
             passes: out_passes,
             outputs,
+            in_bool: k.inputs.iter().map(|i| i.dtype == DType::Bool).collect(),
+            out_bool: k
+                .outputs
+                .iter()
+                .map(|o| dts[o.value] == DType::Bool)
+                .collect(),
             lane_bufs,
             row_bufs,
             slots,
@@ -639,10 +583,15 @@ fn build_passes(
     Some((out_passes, lane_bufs, last_buf, slots))
 }
 
-/// The chunk's axes (the innermost ones every input walks with one stride; for a reduction,
-/// exactly its reduced axes) and the outer ones, axes of size 1 dropped, and whether the kernel
-/// is flat (reduces nothing); `None` where no such split exists.
-fn chunk_axes(k: &FusedKernel) -> Option<(Vec<usize>, Vec<usize>, bool)> {
+/// The axes of a flat or rows-case program ([`super::rows`]), axes of size 1 dropped: the
+/// inner axes (the innermost ones every input walks with one stride; in a reduction, exactly
+/// the trailing run of reduced axes), the row axes (the kept ones), the run axes (the reduced
+/// ones outside the inner ones, wherever they lie among the kept ones), and whether the kernel
+/// is flat (reduces nothing); `None` where no such split exists (the innermost axis kept in a
+/// reduction: a column reduction; an input that walks the inner axes with several strides).
+pub(super) type Axes = (Vec<usize>, Vec<usize>, Vec<usize>, bool);
+
+pub(super) fn chunk_axes(k: &FusedKernel) -> Option<Axes> {
     let dims = &k.domain;
     // Axes of size 1 change no index: drop them. The chunk axes are the innermost ones.
     let eff: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
@@ -669,18 +618,22 @@ fn chunk_axes(k: &FusedKernel) -> Option<(Vec<usize>, Vec<usize>, bool)> {
         }
         eff[eff.len() - t..].to_vec()
     } else {
-        // Rows: the reduced axes are exactly the innermost ones (one run per row).
-        let t = reduced.len();
-        if eff[eff.len() - t..] != reduced[..] {
+        // Rows: the trailing run of reduced axes, as the interpreter's chunk axes (its runs
+        // fold along all of them at once, so every input must walk them with one stride).
+        let t = eff.iter().rev().take_while(|&&d| red(d)).count();
+        if t == 0 {
             return None;
         }
-        if !(0..k.inputs.len()).all(|q| composes(q, &reduced)) {
+        let inner = eff[eff.len() - t..].to_vec();
+        if !(0..k.inputs.len()).all(|q| composes(q, &inner)) {
             return None;
         }
-        reduced
+        inner
     };
-    let outer: Vec<usize> = eff[..eff.len() - inner.len()].to_vec();
-    Some((inner, outer, flat))
+    let rest = &eff[..eff.len() - inner.len()];
+    let outer: Vec<usize> = rest.iter().copied().filter(|&d| !red(d)).collect();
+    let runs: Vec<usize> = rest.iter().copied().filter(|&d| red(d)).collect();
+    Some((inner, outer, runs, flat))
 }
 
 /// Whether `k` checks, has elements and outputs, and every value f32 ([`f32_only`]): what both
@@ -689,14 +642,14 @@ pub(super) fn covered(k: &FusedKernel) -> bool {
     k.check().is_ok() && !k.domain.contains(&0) && !k.outputs.is_empty() && f32_only(k)
 }
 
-/// Whether every value of `k` is f32, and its compares give bools that only selects read, as
-/// their condition: what compiled kernels cover.
+/// Whether every value of `k` is f32 but its bools (compares, loads of bool inputs), which
+/// only selects read, as their condition, and outputs store: what compiled kernels cover.
 pub(super) fn f32_only(k: &FusedKernel) -> bool {
     let dts = k.dtypes();
-    // Values are f32; compares give bools that only selects read, as their condition.
+    // Values are f32; bools (compares, loads) are read only by selects, as their condition.
     for (i, inst) in k.body.iter().enumerate() {
         let ok = match *inst {
-            Inst::Load { input } => k.inputs[input].dtype == DType::F32,
+            Inst::Load { input } => matches!(k.inputs[input].dtype, DType::F32 | DType::Bool),
             Inst::Const { dtype, .. } => dtype == DType::F32,
             Inst::Unary { .. } | Inst::Binary { .. } | Inst::Select { .. } => dts[i] == DType::F32,
             Inst::Compare { a, .. } => dts[a] == DType::F32,
@@ -714,7 +667,9 @@ pub(super) fn f32_only(k: &FusedKernel) -> bool {
             }
         }
     }
-    k.outputs.iter().all(|o| dts[o.value] == DType::F32)
+    k.outputs
+        .iter()
+        .all(|o| matches!(dts[o.value], DType::F32 | DType::Bool))
 }
 
 /// What the analysis of a kernel's body knows of each value: row-level (one value per row;
@@ -939,52 +894,6 @@ pub(super) fn other<'b>(
     ))
 }
 
-/// A stage's operand over the group's `g` rows: a row buffer or a constant.
-fn row_val<'a>(
-    s: Src,
-    before: &'a [f32],
-    after: &'a [f32],
-    end: usize,
-    gw: usize,
-    g: usize,
-) -> R<Val<'a>> {
-    Ok(match s {
-        Src::Const(c) => Val::One(c),
-        Src::Row(b) => Val::Lanes(super::sub(other(before, after, end, gw, b)?, 0, g)?),
-        Src::Lanes(_) => return Err(KernelError::Internal("lane value in a stage")),
-    })
-}
-
-/// The buffers a full step reads: row buffers, and the lane buffers around the one it writes.
-struct Around<'a> {
-    rows: &'a [f32],
-    before: &'a [f32],
-    after: &'a [f32],
-    end: usize,
-    lanes: usize,
-    group: usize,
-}
-
-impl<'a> Around<'a> {
-    /// Operand `s` for row `j` of the chunk, over `seg` lanes from lane `from`.
-    fn val(&self, s: Src, j: usize, from: usize, seg: usize) -> R<Val<'a>> {
-        Ok(match s {
-            Src::Const(c) => Val::One(c),
-            Src::Row(b) => Val::One(
-                *self
-                    .rows
-                    .get(b * self.group + j)
-                    .ok_or(KernelError::Internal("row buffer"))?,
-            ),
-            Src::Lanes(b) => Val::Lanes(super::sub(
-                other(self.before, self.after, self.end, self.lanes, b)?,
-                from,
-                seg,
-            )?),
-        })
-    }
-}
-
 /// The arena of a compiled program's run once [`Compiled::run`] has checked it: the bytes
 /// outside the scratch, where the inputs and outputs are, and the scratch from its first
 /// [`ALIGN`]ed byte.
@@ -1022,6 +931,19 @@ impl Io<'_> {
         <[f32]>::ref_from_bytes(b).map_err(|_| KernelError::Internal("input misaligned"))
     }
 
+    /// The `n` elements of input `q`: f32, or bools (one byte each) where `bool`.
+    pub(super) fn source(&self, q: usize, n: usize, bool: bool) -> R<Source<'_>> {
+        if !bool {
+            return Ok(Source::F32(self.input(q, n)?));
+        }
+        let a = *self
+            .inputs
+            .get(q)
+            .ok_or(KernelError::Internal("input index"))?;
+        let b = super::plan::region(&*self.lo, &*self.hi, self.s0, self.s1, a, n)?;
+        Ok(Source::Bool(b))
+    }
+
     /// The `n` f32 of output `o`.
     pub(super) fn output(&mut self, o: usize, n: usize) -> R<&mut [f32]> {
         let a = *self
@@ -1033,13 +955,29 @@ impl Io<'_> {
         <[f32]>::mut_from_bytes(b).map_err(|_| KernelError::Internal("output misaligned"))
     }
 
+    /// The `n` elements of output `o`: f32, or bools (one byte each) where `bool`.
+    pub(super) fn dest(&mut self, o: usize, n: usize, bool: bool) -> R<Dest<'_>> {
+        if !bool {
+            return Ok(Dest::F32(self.output(o, n)?));
+        }
+        let a = *self
+            .outputs
+            .get(o)
+            .ok_or(KernelError::Internal("output index"))?;
+        let (s0, s1) = (self.s0, self.s1);
+        let b = super::plan::region(&mut *self.lo, &mut *self.hi, s0, s1, a, n)?;
+        Ok(Dest::Bool(b))
+    }
+
     /// Stores the row-level outputs among `outputs` (those marked `true`), `total` elements
     /// each, at `start .. start + n`: each from its row buffer (buffer `b` at `b * stride` in
     /// `rows`) or its constant. A rows program's group of rows and a columns program's block
     /// of columns both end so.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn store_rows(
         &mut self,
         outputs: &[(Src, bool)],
+        out_bool: &[bool],
         rows: &[f32],
         stride: usize,
         total: usize,
@@ -1050,10 +988,10 @@ impl Io<'_> {
             if !per_row {
                 continue;
             }
-            let d = super::sub_mut(self.output(o, total)?, start, n)?;
+            let mut d = self.dest(o, total, out_bool.get(o) == Some(&true))?;
             match src {
-                Src::Row(b) => d.copy_from_slice(super::sub(rows, b * stride, n)?),
-                Src::Const(c) => d.fill(c),
+                Src::Row(b) => d.put(start, super::sub(rows, b * stride, n)?)?,
+                Src::Const(c) => d.fill(start, n, c)?,
                 Src::Lanes(_) => return Err(KernelError::Internal("full value stored per row")),
             }
         }
@@ -1061,13 +999,52 @@ impl Io<'_> {
     }
 }
 
-/// What a run works on: the arena outside the scratch, and the scratch's parts.
-struct Work<'m> {
-    io: Io<'m>,
-    bases: &'m mut [usize],
-    lanes: &'m mut [f32],
-    rows: &'m mut [f32],
-    slots: &'m mut [f32],
+/// An input's elements: f32, or bools (bytes, 0 or 1) that programs hold as 0.0 and 1.0 (what
+/// compares give), which only selects read, as their condition.
+#[derive(Clone, Copy)]
+pub(super) enum Source<'a> {
+    F32(&'a [f32]),
+    Bool(&'a [u8]),
+}
+
+impl Source<'_> {
+    /// Element `i`, as a program holds it.
+    pub(super) fn get(&self, i: usize) -> Option<f32> {
+        match self {
+            Source::F32(s) => s.get(i).copied(),
+            Source::Bool(s) => s.get(i).map(|&b| bool_f32(b != 0)),
+        }
+    }
+}
+
+/// An output's elements: f32, or bools (a byte each: 1 where the lane is not 0.0).
+pub(super) enum Dest<'a> {
+    F32(&'a mut [f32]),
+    Bool(&'a mut [u8]),
+}
+
+impl Dest<'_> {
+    /// Stores `v` at elements `at ..`.
+    pub(super) fn put(&mut self, at: usize, v: &[f32]) -> R {
+        match self {
+            Dest::F32(d) => super::sub_mut(d, at, v.len())?.copy_from_slice(v),
+            Dest::Bool(d) => {
+                for (d, &x) in super::sub_mut(d, at, v.len())?.iter_mut().zip(v) {
+                    *d = u8::from(x != 0.0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `c` at elements `at .. at + n`.
+    pub(super) fn fill(&mut self, at: usize, n: usize, c: f32) -> R {
+        match self {
+            Dest::F32(d) => super::sub_mut(d, at, n)?.fill(c),
+            Dest::Bool(d) => super::sub_mut(d, at, n)?.fill(u8::from(c != 0.0)),
+        }
+        Ok(())
+    }
 }
 
 /// Buffer `i` of the `w`-long buffers in `bufs` split from the others for a step that writes
@@ -1102,234 +1079,4 @@ pub(super) fn in_blocks(total: usize, size: usize, mut f: impl FnMut(usize, usiz
         start += n;
     }
     Ok(())
-}
-
-impl Program {
-    /// Bytes of scratch the program uses: never more than [`super::scratch_bytes`] of its
-    /// kernel, which is what the planner reserves.
-    pub(super) fn scratch_bytes(&self) -> usize {
-        self.scratch
-    }
-
-    /// Lanes per chunk, and rows per chunk (for reports and tests).
-    pub(super) fn shape(&self) -> (usize, usize) {
-        (self.lanes, self.group)
-    }
-
-    /// Runs the program on the arena that [`Compiled::run`] checked and split, a group of
-    /// rows at a time.
-    fn run(&self, a: Arena<'_>) -> R {
-        let mut w = self.work(a)?;
-        in_blocks(self.rows, self.group, |r0, g| self.group_run(&mut w, r0, g))
-    }
-
-    /// The scratch of the arena, carved into this program's parts.
-    fn work<'m>(&self, a: Arena<'m>) -> R<Work<'m>> {
-        let c = carve(
-            self.in_len.len(),
-            self.group,
-            self.lanes,
-            self.lane_bufs,
-            self.row_bufs,
-            self.slots,
-        )
-        .ok_or(KernelError::Internal("compiled scratch"))?;
-        let sc = super::sub_mut(a.scratch, 0, c.end)?;
-        let (b_bases, rest) = sc.split_at_mut(c.lanes_at);
-        let (b_lanes, rest) = rest.split_at_mut(c.rows_at - c.lanes_at);
-        let (b_rows, b_slots) = rest.split_at_mut(c.slots_at - c.rows_at);
-        let bad = || KernelError::Internal("compiled scratch misaligned");
-        let n_bases = self.in_len.len() * self.group;
-        let bases = <[usize]>::mut_from_bytes(&mut b_bases[..n_bases * size_of::<usize>()])
-            .map_err(|_| bad())?;
-        let lanes = <[f32]>::mut_from_bytes(b_lanes).map_err(|_| bad())?;
-        let rows_b = &mut b_rows[..self.row_bufs * self.group * 4];
-        let rows = <[f32]>::mut_from_bytes(rows_b).map_err(|_| bad())?;
-        let slots = <[f32]>::mut_from_bytes(b_slots).map_err(|_| bad())?;
-        Ok(Work {
-            io: a.io,
-            bases,
-            lanes,
-            rows,
-            slots,
-        })
-    }
-
-    /// Rows `r0 .. r0 + g`: their bases, stages, passes and stores.
-    fn group_run(&self, w: &mut Work<'_>, r0: usize, g: usize) -> R {
-        // Each input's element index at the start of each row of the group.
-        let ni = self.in_len.len();
-        for q in 0..ni {
-            let strides = &self.in_outer[q];
-            for j in 0..g {
-                let mut r = r0 + j;
-                let mut at = self.in_offset[q];
-                for (d, &s) in self.outer.iter().zip(strides).rev() {
-                    at = at.wrapping_add((r % d).wrapping_mul(s));
-                    r /= d;
-                }
-                w.bases[q * self.group + j] = at;
-            }
-        }
-        self.stage(w, &self.stage0, g)?;
-        let n_passes = self.passes.len();
-        let chunk = self.n.min(self.lanes);
-        for (p, pass) in self.passes.iter().enumerate() {
-            let last = p + 1 == n_passes;
-            for f in &pass.folds {
-                for j in 0..g {
-                    let s = self.slot_mut(w, f.slot, j)?;
-                    slot_op::<f32>(f.op, s.as_mut_bytes(), SlotStep::StartRow, self.runs())?;
-                    slot_op::<f32>(f.op, s.as_mut_bytes(), SlotStep::StartRun, self.runs())?;
-                }
-            }
-            let mut p0 = 0;
-            while p0 < self.n {
-                let len = chunk.min(self.n - p0);
-                for st in &pass.steps {
-                    self.full_step(w, st, g, len, p0)?;
-                }
-                for f in &pass.folds {
-                    for j in 0..g {
-                        let xs = super::sub(w.lanes, f.from * self.lanes + j * len, len)?;
-                        let s = super::sub_mut(w.slots, (f.slot * self.group + j) * SLOT, SLOT)?;
-                        acc_run::<f32>(f.op, xs.as_bytes(), s.as_mut_bytes(), p0, 0)?;
-                    }
-                }
-                if last {
-                    for (o, &(src, per_row)) in self.outputs.iter().enumerate() {
-                        if per_row {
-                            continue;
-                        }
-                        let dst = w.io.output(o, self.rows * self.n)?;
-                        let at = r0 * self.n + p0;
-                        if len == self.n {
-                            let d = super::sub_mut(dst, at, g * len)?;
-                            match src {
-                                Src::Lanes(b) => {
-                                    d.copy_from_slice(super::sub(w.lanes, b * self.lanes, g * len)?)
-                                }
-                                Src::Const(c) => d.fill(c),
-                                Src::Row(_) => {
-                                    return Err(KernelError::Internal("row value stored full"))
-                                }
-                            }
-                        } else {
-                            let d = super::sub_mut(dst, at, len)?;
-                            match src {
-                                Src::Lanes(b) => {
-                                    d.copy_from_slice(super::sub(w.lanes, b * self.lanes, len)?)
-                                }
-                                Src::Const(c) => d.fill(c),
-                                Src::Row(_) => {
-                                    return Err(KernelError::Internal("row value stored full"))
-                                }
-                            }
-                        }
-                    }
-                }
-                p0 += len;
-            }
-            for f in &pass.folds {
-                for j in 0..g {
-                    let s = self.slot_mut(w, f.slot, j)?;
-                    slot_op::<f32>(f.op, s.as_mut_bytes(), SlotStep::EndRun, self.runs())?;
-                    slot_op::<f32>(f.op, s.as_mut_bytes(), SlotStep::EndRow, self.runs())?;
-                    let v = s[RUNS];
-                    *w.rows
-                        .get_mut(f.to * self.group + j)
-                        .ok_or(KernelError::Internal("row buffer"))? = v;
-                }
-            }
-            self.stage(w, &pass.stage, g)?;
-        }
-        w.io.store_rows(&self.outputs, w.rows, self.group, self.rows, r0, g)
-    }
-
-    /// The rows case's run bookkeeping: one run of `n` elements per row.
-    fn runs(&self) -> Runs {
-        Runs {
-            multi: false,
-            index: 0,
-            count: 1,
-            len: self.n,
-        }
-    }
-
-    fn slot_mut<'w>(&self, w: &'w mut Work<'_>, slot: usize, j: usize) -> R<&'w mut [f32]> {
-        super::sub_mut(w.slots, (slot * self.group + j) * SLOT, SLOT)
-    }
-
-    /// Row-level steps over the group's `g` rows (operands: row buffers and constants).
-    fn stage(&self, w: &mut Work<'_>, steps: &[Step], g: usize) -> R {
-        let gw = self.group;
-        for st in steps {
-            let (before, out, after, end) = step_out(w.rows, st.out, gw, g, "row buffer")?;
-            let val = |s: Src| row_val(s, before, after, end, gw, g);
-            match st.code {
-                Code::Load { input } => {
-                    let len = self.in_len[input];
-                    let src = w.io.input(input, len)?;
-                    for (j, o) in out.iter_mut().enumerate() {
-                        let at = w.bases[input * gw + j];
-                        *o = *src
-                            .get(at)
-                            .ok_or(KernelError::Internal("load outside its input"))?;
-                    }
-                }
-                _ => apply_lanes(st, val, out)?,
-            }
-        }
-        Ok(())
-    }
-
-    /// A full step over `g` rows of `len` lanes each, at position `p0` of the rows.
-    fn full_step(&self, w: &mut Work<'_>, st: &Step, g: usize, len: usize, p0: usize) -> R {
-        let lw = self.lanes;
-        let gw = self.group;
-        let (before, out, after, end) = step_out(w.lanes, st.out, lw, g * len, "lane buffer")?;
-        if let Code::Load { input } = st.code {
-            let n = self.in_len[input];
-            let src = w.io.input(input, n)?;
-            let step = self.in_step[input];
-            let oob = || KernelError::Internal("load outside its input");
-            for (j, o) in out.chunks_exact_mut(len).enumerate() {
-                let start = w.bases[input * gw + j].wrapping_add(p0.wrapping_mul(step));
-                match step {
-                    0 => o.fill(*src.get(start).ok_or_else(oob)?),
-                    1 => o.copy_from_slice(src.get(start..start + len).ok_or_else(oob)?),
-                    _ => {
-                        let last = (len - 1)
-                            .checked_mul(step)
-                            .and_then(|x| x.checked_add(start));
-                        let s = last.and_then(|l| src.get(start..=l)).ok_or_else(oob)?;
-                        for (o, &x) in o.iter_mut().zip(s.iter().step_by(step)) {
-                            *o = x;
-                        }
-                    }
-                }
-            }
-            return Ok(());
-        }
-        let rows = &*w.rows;
-        // Operands that are the same on every lane of the chunk run it as one segment; a
-        // per-row operand splits it into rows.
-        let per_row = st.args.iter().any(|a| matches!(a, Src::Row(_)));
-        let (before, after): (&[f32], &[f32]) = (before, after);
-        let at = Around {
-            rows,
-            before,
-            after,
-            end,
-            lanes: lw,
-            group: gw,
-        };
-        let val = |s: Src, j: usize, seg: usize| at.val(s, j, j * len, seg);
-        let (segs, seg) = if per_row { (g, len) } else { (1, g * len) };
-        for j in 0..segs {
-            let o = &mut out[j * seg..(j + 1) * seg];
-            apply_lanes(st, |s| val(s, j, seg), o)?;
-        }
-        Ok(())
-    }
 }

@@ -82,6 +82,7 @@ mod lanes;
 mod liveness;
 mod plan;
 mod reduce;
+mod rows;
 
 use analysis::*;
 pub use compiled::Compiled;

@@ -1,0 +1,623 @@
+//! Flat and rows-case programs ([`Program`]): a fused kernel's kept indices (its rows) outside,
+//! its reduced indices inside, vectorised over the innermost axes.
+//!
+//! # The loop nest
+//! The domain's axes of size > 1 split three ways, as in the interpreter's rows case:
+//! - the **inner** axes: the innermost ones; in a reduction, exactly the trailing run of
+//!   reduced axes, which every input walks with one stride (a flat kernel: the longest such
+//!   run of any axes). One row's **run** is one index of the other reduced axes along them.
+//! - the **run** axes: reduced axes outside the inner ones, wherever they lie among the kept
+//!   ones (batch norm's batch axis over `[N, C, H, W]` reduced over `[0, 2, 3]`; any
+//!   interleaving of kept and reduced axes alike). A row has one run per index of them.
+//! - the **row** axes: the kept ones. Each row (index of them, row-major) is computed alone.
+//!
+//! A chunk holds **segments** of equal length: whole runs when a run fits in the lanes (several
+//! runs of a row, several rows in a chunk), else a piece of one run. Each instruction is one
+//! loop over the chunk's lanes (a per-row operand splits it by segment), and each reduction
+//! folds each segment into its row's slot, in the row's order: runs in row-major order of the
+//! run axes, each through the interpreter's `acc_run` (eight interleaved partials, blocks of
+//! [`RUN_BLOCK`]) and its block sums into the row's cascade (`slot_op`; a whole run of one
+//! block by `fold_run`, the same arithmetic in one call). That is the order [`super::run`]
+//! folds the row in, so the bits are the interpreter's, whatever rows or runs share a chunk.
+//!
+//! # Threads
+//! Rows are independent: [`Program::run_rows`] runs a range of them, with the same bits as
+//! the whole run gives those rows. Cutting a kernel into ranges of rows therefore gives the
+//! same bits on any number of threads, also where [`crate::fused::parts`] cannot cut the
+//! kernel itself (a full output of a reduction whose outer axis is reduced: a range of rows is
+//! no contiguous range of it, but each row's elements are written by its own range alone).
+
+use super::compiled::{
+    apply_lanes, chunk_axes, covered, in_blocks, other, step_out, Arena, Body, Code, Io, Pass,
+    Source, Src, Step, Val, LANE_CHOICES,
+};
+use super::reduce::{acc_run, combine8, fold8, identity, slot_op, Runs, SlotStep};
+use super::{scratch_bytes, KernelError, ALIGN, R, RUNS, SLOT};
+use crate::cpu::reduce::{keep_max, Cascade, LEVELS, RUN_BLOCK};
+use crate::cpu::Scalar;
+use crate::fused::FusedKernel;
+use crate::ReduceOp;
+use std::ops::Range;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// The most rows a group holds and segments a chunk holds (bounds the per-row slots and the
+/// bases).
+const MAX_ROWS: usize = 128;
+
+/// A flat or rows-case fused kernel made into a program once; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub(super) struct Program {
+    body: Body,
+    /// Per input: its offset, its strides over the row axes and over the run axes, and its
+    /// step along the inner axes.
+    in_offset: Vec<usize>,
+    in_outer: Vec<Vec<usize>>,
+    in_runs: Vec<Vec<usize>>,
+    in_step: Vec<usize>,
+    in_len: Vec<usize>,
+    /// Per output: its elements ([`FusedKernel::output_len`], which allocates, asked once).
+    pub(super) out_len: Vec<usize>,
+    /// A full output's element strides over the row axes and over the run axes.
+    out_outer: Vec<usize>,
+    out_runs: Vec<usize>,
+    /// Sizes of the row axes and of the run axes, outermost first.
+    outer: Vec<usize>,
+    run_dims: Vec<usize>,
+    rows: usize,
+    /// Runs per row (1 when no reduced axis lies outside the inner ones).
+    runs: usize,
+    /// Elements along the inner axes (a run, or a flat kernel's segment).
+    n: usize,
+    lanes: usize,
+    /// Rows per group (their slots and row buffers are in scratch at once).
+    group: usize,
+    /// Segments per chunk at most (1 when a run is longer than `lanes`).
+    segs: usize,
+    pub(super) scratch: usize,
+}
+
+/// The layout of the scratch: bases, lane buffers, row buffers, slots (byte offsets from the
+/// aligned start) and the bytes needed.
+struct Carve {
+    lanes_at: usize,
+    rows_at: usize,
+    slots_at: usize,
+    end: usize,
+}
+
+/// Bases: per input and for the full outputs (one more), a group's rows and a chunk's segments.
+fn carve(inputs: usize, group: usize, segs: usize, lanes: usize, body: &Body) -> Option<Carve> {
+    let bases = (inputs + 1)
+        .checked_mul(group.checked_add(segs)?)?
+        .checked_mul(size_of::<usize>())?;
+    let lanes_at = bases.checked_next_multiple_of(ALIGN)?;
+    let rows_at = lanes_at.checked_add(body.lane_bufs.checked_mul(lanes)?.checked_mul(4)?)?;
+    let slots_at = rows_at
+        .checked_add(body.row_bufs.checked_mul(group)?.checked_mul(4)?)?
+        .checked_next_multiple_of(ALIGN)?;
+    let end = slots_at.checked_add(body.slots.checked_mul(group)?.checked_mul(SLOT * 4)?)?;
+    Some(Carve {
+        lanes_at,
+        rows_at,
+        slots_at,
+        end,
+    })
+}
+
+/// Rows per group and segments per chunk for runs of `n` elements, `runs` a row, in chunks of
+/// `lanes`.
+fn grouping(n: usize, runs: usize, lanes: usize) -> (usize, usize) {
+    if n <= lanes {
+        let per = (lanes / n.max(1)).clamp(1, MAX_ROWS);
+        ((per / runs.max(1)).clamp(1, MAX_ROWS), per)
+    } else {
+        (1, 1)
+    }
+}
+
+/// Row-major element strides of a tensor shaped like `dims`.
+fn contiguous(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![0; dims.len()];
+    let mut acc = 1usize;
+    for (d, &n) in dims.iter().enumerate().rev() {
+        s[d] = acc;
+        acc = acc.saturating_mul(n);
+    }
+    s
+}
+
+/// The offset of index `i` of an odometer over `dims` (row-major) with `strides`.
+#[inline]
+fn offset_of(mut i: usize, dims: &[usize], strides: &[usize]) -> usize {
+    // One axis (a batch axis, the common case): no division.
+    if let ([_], [s]) = (dims, strides) {
+        return i.wrapping_mul(*s);
+    }
+    let mut at = 0usize;
+    for (&d, &s) in dims.iter().zip(strides).rev() {
+        at = at.wrapping_add((i % d).wrapping_mul(s));
+        i /= d;
+    }
+    at
+}
+
+impl Program {
+    /// The program for `k`, or `None` when `k` is outside what compiled kernels cover (see the
+    /// [module docs of compiled kernels](super::compiled)); then the interpreter runs it.
+    pub(super) fn new(k: &FusedKernel) -> Option<Program> {
+        if !covered(k) {
+            return None;
+        }
+        let dims = &k.domain;
+        let (inner, outer, run_axes, flat) = chunk_axes(k)?;
+        let count = |axes: &[usize]| axes.iter().try_fold(1usize, |a, &d| a.checked_mul(dims[d]));
+        let (n, rows, runs) = (count(&inner)?, count(&outer)?, count(&run_axes)?);
+        let body = Body::of(k, flat)?;
+        let strides = |axes: &[usize], s: &[usize]| axes.iter().map(|&a| s[a]).collect();
+        let cs = contiguous(dims);
+
+        // The most lanes whose scratch fits in what the planner reserved.
+        let avail = scratch_bytes(k);
+        let mut pick = None;
+        for &lanes in &LANE_CHOICES {
+            let (group, segs) = grouping(n, runs, lanes);
+            let Some(c) = carve(k.inputs.len(), group, segs, lanes, &body) else {
+                continue;
+            };
+            if c.end.checked_add(ALIGN).is_some_and(|e| e <= avail) {
+                pick = Some((lanes, group, segs, c.end + ALIGN));
+                break;
+            }
+        }
+        let (lanes, group, segs, scratch) = pick?;
+        Some(Program {
+            body,
+            in_offset: k.inputs.iter().map(|i| i.access.offset).collect(),
+            in_outer: k
+                .inputs
+                .iter()
+                .map(|i| strides(&outer, &i.access.strides))
+                .collect(),
+            in_runs: k
+                .inputs
+                .iter()
+                .map(|i| strides(&run_axes, &i.access.strides))
+                .collect(),
+            in_step: k
+                .inputs
+                .iter()
+                .map(|i| inner.last().map_or(0, |&a| i.access.strides[a]))
+                .collect(),
+            in_len: k.inputs.iter().map(|i| i.len).collect(),
+            out_len: (0..k.outputs.len()).map(|j| k.output_len(j)).collect(),
+            out_outer: strides(&outer, &cs),
+            out_runs: strides(&run_axes, &cs),
+            outer: outer.iter().map(|&a| dims[a]).collect(),
+            run_dims: run_axes.iter().map(|&a| dims[a]).collect(),
+            rows,
+            runs,
+            n,
+            lanes,
+            group: group.min(rows.max(1)),
+            segs: segs.min(group.saturating_mul(runs)),
+            scratch,
+        })
+    }
+
+    /// Lanes per chunk, and rows per group (for reports and tests).
+    pub(super) fn shape(&self) -> (usize, usize) {
+        (self.lanes, self.group)
+    }
+
+    /// What the program computes.
+    pub(super) fn body(&self) -> &Body {
+        &self.body
+    }
+
+    /// The rows (indices of the kept axes) that [`Program::run_rows`] can run apart.
+    pub(super) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Runs rows `range` of the program on the arena that
+    /// [`Compiled::run`](super::Compiled::run) checked and split, a group of rows at a time.
+    pub(super) fn run_rows(&self, a: Arena<'_>, range: Range<usize>) -> R {
+        if range.start > range.end || range.end > self.rows {
+            return Err(KernelError::Internal("rows outside the kernel"));
+        }
+        let mut w = self.work(a)?;
+        in_blocks(range.end - range.start, self.group, |r, g| {
+            self.group_run(&mut w, range.start + r, g)
+        })
+    }
+
+    /// The scratch of the arena, carved into this program's parts.
+    fn work<'m>(&self, a: Arena<'m>) -> R<Work<'m>> {
+        let ni = self.in_len.len();
+        let c = carve(ni, self.group, self.segs, self.lanes, &self.body)
+            .ok_or(KernelError::Internal("compiled scratch"))?;
+        let sc = super::sub_mut(a.scratch, 0, c.end)?;
+        let (b_bases, rest) = sc.split_at_mut(c.lanes_at);
+        let (b_lanes, rest) = rest.split_at_mut(c.rows_at - c.lanes_at);
+        let (b_rows, b_slots) = rest.split_at_mut(c.slots_at - c.rows_at);
+        let bad = || KernelError::Internal("compiled scratch misaligned");
+        let n_rows = (ni + 1) * self.group;
+        let n_segs = (ni + 1) * self.segs;
+        let bases =
+            <[usize]>::mut_from_bytes(&mut b_bases[..(n_rows + n_segs) * size_of::<usize>()])
+                .map_err(|_| bad())?;
+        let (row_bases, seg_bases) = bases.split_at_mut(n_rows);
+        let lanes = <[f32]>::mut_from_bytes(b_lanes).map_err(|_| bad())?;
+        let rows_b = &mut b_rows[..self.body.row_bufs * self.group * 4];
+        let rows = <[f32]>::mut_from_bytes(rows_b).map_err(|_| bad())?;
+        let slots = <[f32]>::mut_from_bytes(b_slots).map_err(|_| bad())?;
+        Ok(Work {
+            io: a.io,
+            row_bases,
+            seg_bases,
+            lanes,
+            rows,
+            slots,
+        })
+    }
+
+    /// Rows `r0 .. r0 + g`: their bases, stages, passes and stores.
+    fn group_run(&self, w: &mut Work<'_>, r0: usize, g: usize) -> R {
+        // Each input's element index (and the full outputs') at the start of each row.
+        let ni = self.in_len.len();
+        for q in 0..=ni {
+            let (start, strides) = match q < ni {
+                true => (self.in_offset[q], &self.in_outer[q]),
+                false => (0, &self.out_outer),
+            };
+            for j in 0..g {
+                let at = start.wrapping_add(offset_of(r0 + j, &self.outer, strides));
+                w.row_bases[q * self.group + j] = at;
+            }
+        }
+        self.stage(w, &self.body.stage0, g)?;
+        let n_passes = self.body.passes.len();
+        let items = g * self.runs;
+        for (p, pass) in self.body.passes.iter().enumerate() {
+            let last = p + 1 == n_passes;
+            for f in &pass.folds {
+                for j in 0..g {
+                    let s = self.slot_mut(w, f.slot, j)?;
+                    slot_op::<f32>(f.op, s.as_mut_bytes(), SlotStep::StartRow, self.runs_of(0))?;
+                }
+            }
+            if self.n <= self.lanes {
+                in_blocks(items, self.segs, |q0, cnt| {
+                    self.chunk(w, pass, last, q0, cnt, 0, self.n)
+                })?;
+            } else {
+                for q in 0..items {
+                    in_blocks(self.n, self.lanes, |p0, len| {
+                        self.chunk(w, pass, last, q, 1, p0, len)
+                    })?;
+                }
+            }
+            for f in &pass.folds {
+                for j in 0..g {
+                    let runs = self.runs_of(self.runs - 1);
+                    let s = self.slot_mut(w, f.slot, j)?;
+                    slot_op::<f32>(f.op, s.as_mut_bytes(), SlotStep::EndRow, runs)?;
+                    let v = s[RUNS];
+                    *w.rows
+                        .get_mut(f.to * self.group + j)
+                        .ok_or(KernelError::Internal("row buffer"))? = v;
+                }
+            }
+            self.stage(w, &pass.stage, g)?;
+        }
+        let b = &self.body;
+        w.io.store_rows(
+            &b.outputs,
+            &b.out_bool,
+            w.rows,
+            self.group,
+            self.rows,
+            r0,
+            g,
+        )
+    }
+
+    /// One chunk of a pass: segments `q0 .. q0 + cnt` of the group (segment `q` is run
+    /// `q % runs` of the group's row `q / runs`), each `len` elements from position `p0` of
+    /// its run: their bases, the pass's steps, folds and (in the last pass) full stores.
+    #[allow(clippy::too_many_arguments)]
+    fn chunk(
+        &self,
+        w: &mut Work<'_>,
+        pass: &Pass,
+        last: bool,
+        q0: usize,
+        cnt: usize,
+        p0: usize,
+        len: usize,
+    ) -> R {
+        let ni = self.in_len.len();
+        let (mut j, mut r) = (q0 / self.runs, q0 % self.runs);
+        for s in 0..cnt {
+            for q in 0..=ni {
+                let strides = if q < ni {
+                    &self.in_runs[q]
+                } else {
+                    &self.out_runs
+                };
+                let run = offset_of(r, &self.run_dims, strides);
+                w.seg_bases[q * self.segs + s] = w.row_bases[q * self.group + j].wrapping_add(run);
+            }
+            r += 1;
+            if r == self.runs {
+                (j, r) = (j + 1, 0);
+            }
+        }
+        for st in &pass.steps {
+            self.full_step(w, st, q0, cnt, len, p0)?;
+        }
+        let blocks = self.n.div_ceil(RUN_BLOCK);
+        // Whole runs of one block: folded at once (the same arithmetic as the steps below).
+        let whole = p0 == 0 && len == self.n && self.n <= RUN_BLOCK;
+        for f in &pass.folds {
+            for s in 0..cnt {
+                let (j, r) = ((q0 + s) / self.runs, (q0 + s) % self.runs);
+                let xs = super::sub(w.lanes, f.from * self.lanes + s * len, len)?;
+                let at = (f.slot * self.group + j) * SLOT;
+                let slot = super::sub_mut(w.slots, at, SLOT)?;
+                if whole {
+                    fold_run(f.op, xs, slot, r, self.runs > 1);
+                    continue;
+                }
+                if p0 == 0 {
+                    slot_op::<f32>(
+                        f.op,
+                        slot.as_mut_bytes(),
+                        SlotStep::StartRun,
+                        self.runs_of(r),
+                    )?;
+                }
+                acc_run::<f32>(f.op, xs.as_bytes(), slot.as_mut_bytes(), p0, r * blocks)?;
+                if p0 + len == self.n {
+                    slot_op::<f32>(f.op, slot.as_mut_bytes(), SlotStep::EndRun, self.runs_of(r))?;
+                }
+            }
+        }
+        if last {
+            self.store_full(w, cnt, len, p0)?;
+        }
+        Ok(())
+    }
+
+    /// Stores the chunk's `cnt` segments of `len` elements (from position `p0` of their runs)
+    /// of every full output: one copy where they are consecutive in the output.
+    fn store_full(&self, w: &mut Work<'_>, cnt: usize, len: usize, p0: usize) -> R {
+        let ob = &w.seg_bases[self.in_len.len() * self.segs..][..cnt];
+        let together = ob.windows(2).all(|x| x[1] == x[0].wrapping_add(len));
+        let total = self.rows * self.runs * self.n;
+        for (o, &(src, per_row)) in self.body.outputs.iter().enumerate() {
+            if per_row {
+                continue;
+            }
+            let mut dst = w.io.dest(o, total, self.body.out_bool[o])?;
+            let (pieces, seg) = if together { (1, cnt * len) } else { (cnt, len) };
+            for (s, &base) in ob.iter().enumerate().take(pieces) {
+                let at = base.wrapping_add(p0);
+                match src {
+                    Src::Lanes(b) => {
+                        dst.put(at, super::sub(w.lanes, b * self.lanes + s * seg, seg)?)?
+                    }
+                    Src::Const(c) => dst.fill(at, seg, c)?,
+                    Src::Row(_) => return Err(KernelError::Internal("row value stored full")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows case's run bookkeeping, for run `index` of a row.
+    fn runs_of(&self, index: usize) -> Runs {
+        Runs {
+            multi: self.runs > 1,
+            index,
+            count: self.runs,
+            len: self.n,
+        }
+    }
+
+    fn slot_mut<'w>(&self, w: &'w mut Work<'_>, slot: usize, j: usize) -> R<&'w mut [f32]> {
+        super::sub_mut(w.slots, (slot * self.group + j) * SLOT, SLOT)
+    }
+
+    /// Row-level steps over the group's `g` rows (operands: row buffers and constants).
+    fn stage(&self, w: &mut Work<'_>, steps: &[Step], g: usize) -> R {
+        let gw = self.group;
+        for st in steps {
+            let (before, out, after, end) = step_out(w.rows, st.out, gw, g, "row buffer")?;
+            let val = |s: Src| row_val(s, before, after, end, gw, g);
+            match st.code {
+                Code::Load { input } => {
+                    let len = self.in_len[input];
+                    let src = w.io.source(input, len, self.body.in_bool[input])?;
+                    for (j, o) in out.iter_mut().enumerate() {
+                        let at = w.row_bases[input * gw + j];
+                        *o = src
+                            .get(at)
+                            .ok_or(KernelError::Internal("load outside its input"))?;
+                    }
+                }
+                _ => apply_lanes(st, val, out)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A full step over the chunk's `cnt` segments (from `q0`) of `len` lanes each, at
+    /// position `p0` of their runs.
+    fn full_step(
+        &self,
+        w: &mut Work<'_>,
+        st: &Step,
+        q0: usize,
+        cnt: usize,
+        len: usize,
+        p0: usize,
+    ) -> R {
+        let lw = self.lanes;
+        let (before, out, after, end) = step_out(w.lanes, st.out, lw, cnt * len, "lane buffer")?;
+        if let Code::Load { input } = st.code {
+            let src =
+                w.io.source(input, self.in_len[input], self.body.in_bool[input])?;
+            let bases = &w.seg_bases[input * self.segs..][..cnt];
+            let step = self.in_step[input];
+            return match src {
+                Source::F32(s) => load(s, out, bases, step, p0, len, |x| x),
+                Source::Bool(s) => load(s, out, bases, step, p0, len, |b| f32::from(b != 0)),
+            };
+        }
+        let rows = &*w.rows;
+        // Operands that are the same on every lane of the chunk run it as one segment; a
+        // per-row operand splits it into segments.
+        let per_row = st.args.iter().any(|a| matches!(a, Src::Row(_)));
+        let (before, after): (&[f32], &[f32]) = (before, after);
+        let at = Around {
+            rows,
+            before,
+            after,
+            end,
+            lanes: lw,
+            group: self.group,
+        };
+        let (pieces, seg) = if per_row { (cnt, len) } else { (1, cnt * len) };
+        for s in 0..pieces {
+            let j = (q0 + s) / self.runs;
+            let o = &mut out[s * seg..(s + 1) * seg];
+            apply_lanes(st, |v| at.val(v, j, s * seg, seg), o)?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies `len` elements of each segment (elements `base + (p0 + i)·step` of `src`, one
+/// segment per base, each as `f` makes it an f32) into `out`: one copy where the segments are
+/// consecutive in `src`, else a copy, a fill or a gather per segment.
+#[inline(always)]
+fn load<T: Copy>(
+    src: &[T],
+    out: &mut [f32],
+    bases: &[usize],
+    step: usize,
+    p0: usize,
+    len: usize,
+    f: impl Fn(T) -> f32,
+) -> R {
+    let oob = || KernelError::Internal("load outside its input");
+    let start = |b: usize| b.wrapping_add(p0.wrapping_mul(step));
+    let copy = |o: &mut [f32], s: &[T]| {
+        for (o, &x) in o.iter_mut().zip(s) {
+            *o = f(x);
+        }
+    };
+    let together = step == 1 && bases.windows(2).all(|x| x[1] == x[0].wrapping_add(len));
+    if together {
+        let s0 = start(bases[0]);
+        let s = s0.checked_add(out.len()).and_then(|e| src.get(s0..e));
+        copy(out, s.ok_or_else(oob)?);
+        return Ok(());
+    }
+    for (o, &b) in out.chunks_exact_mut(len).zip(bases) {
+        let s0 = start(b);
+        match step {
+            0 => o.fill(f(*src.get(s0).ok_or_else(oob)?)),
+            1 => copy(o, src.get(s0..s0.wrapping_add(len)).ok_or_else(oob)?),
+            _ => {
+                let last = (len - 1).checked_mul(step).and_then(|x| x.checked_add(s0));
+                let s = last.and_then(|l| src.get(s0..=l)).ok_or_else(oob)?;
+                for (o, &x) in o.iter_mut().zip(s.iter().step_by(step)) {
+                    *o = f(x);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Folds a whole run of one block, run `run` of its row, into the row's slot: what
+/// `StartRun`, `acc_run` and `EndRun` ([`slot_op`], [`acc_run`]) do to it, term for term (the
+/// eight partials from the identity, combined, then the block's sum into the row's cascade as
+/// value `run`, or a max into the row's fold), without their per-call bookkeeping, which
+/// dominated runs of a few elements (a batch norm's 2×2 images).
+#[inline]
+fn fold_run(op: ReduceOp, xs: &[f32], slot: &mut [f32], run: usize, multi: bool) {
+    let mut p = [identity::<f32>(op); 8];
+    match op {
+        ReduceOp::Sum => {
+            fold8(xs, &mut p, <f32 as Scalar>::add);
+            let b = combine8(&p, <f32 as Scalar>::add);
+            Cascade::push(&mut slot[RUNS..RUNS + LEVELS], run, b);
+        }
+        ReduceOp::Max => {
+            fold8(xs, &mut p, keep_max);
+            let v = combine8(&p, keep_max);
+            slot[RUNS] = if multi { keep_max(slot[RUNS], v) } else { v };
+        }
+    }
+}
+
+/// What a run works on: the arena outside the scratch, and the scratch's parts.
+struct Work<'m> {
+    io: Io<'m>,
+    /// Per input (and last, the full outputs): the element index of each row of the group
+    /// (`q * group + j`), and of each segment of the chunk (`q * segs + s`).
+    row_bases: &'m mut [usize],
+    seg_bases: &'m mut [usize],
+    lanes: &'m mut [f32],
+    rows: &'m mut [f32],
+    slots: &'m mut [f32],
+}
+
+/// A stage's operand over the group's `g` rows: a row buffer or a constant.
+fn row_val<'a>(
+    s: Src,
+    before: &'a [f32],
+    after: &'a [f32],
+    end: usize,
+    gw: usize,
+    g: usize,
+) -> R<Val<'a>> {
+    Ok(match s {
+        Src::Const(c) => Val::One(c),
+        Src::Row(b) => Val::Lanes(super::sub(other(before, after, end, gw, b)?, 0, g)?),
+        Src::Lanes(_) => return Err(KernelError::Internal("lane value in a stage")),
+    })
+}
+
+/// The buffers a full step reads: row buffers, and the lane buffers around the one it writes.
+struct Around<'a> {
+    rows: &'a [f32],
+    before: &'a [f32],
+    after: &'a [f32],
+    end: usize,
+    lanes: usize,
+    group: usize,
+}
+
+impl<'a> Around<'a> {
+    /// Operand `s` for row `j` of the group, over `seg` lanes from lane `from`.
+    fn val(&self, s: Src, j: usize, from: usize, seg: usize) -> R<Val<'a>> {
+        Ok(match s {
+            Src::Const(c) => Val::One(c),
+            Src::Row(b) => Val::One(
+                *self
+                    .rows
+                    .get(b * self.group + j)
+                    .ok_or(KernelError::Internal("row buffer"))?,
+            ),
+            Src::Lanes(b) => Val::Lanes(super::sub(
+                other(self.before, self.after, self.end, self.lanes, b)?,
+                from,
+                seg,
+            )?),
+        })
+    }
+}
