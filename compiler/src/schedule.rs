@@ -616,7 +616,7 @@ fn list_schedule(g: &Graph, d: &DiGraph<NodeId, ()>, by_memory: bool) -> Vec<Nod
 /// ([`own_bytes`]).
 struct Start {
     indeg: Vec<usize>,
-    users: Vec<Vec<NodeId>>,
+    users: crate::ir::Users,
     remaining: Vec<usize>,
     pinned: Vec<bool>,
     bytes: Vec<i64>,

@@ -432,7 +432,7 @@ fn copy_in_windows(c: &Compiled) -> Vec<usize> {
     }
     let mut w: Vec<(ingot_compiler::ir::NodeId, usize)> = (0..p.ops.len())
         .filter_map(|i| match p.ops[i] {
-            DeviceOp::CopyIn { leaf, .. } => Some((leaf, i)),
+            DeviceOp::CopyIn(CopyIn { leaf, .. }) => Some((leaf, i)),
             _ => None,
         })
         .map(|(leaf, i)| {
