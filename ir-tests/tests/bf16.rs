@@ -99,7 +99,9 @@ fn the_gradient_through_casts_matches_an_f64_reference_within_bf16_rounding() {
 /// The specification of bf16 inside fused kernels (`fuse::widen`), written at the graph level
 /// independently of the kernel pass: `g` with every bf16 value that is not stored held as f32.
 /// A bf16 leaf is read and widened; a bf16 constant is its f32 value; a cast to bf16 (and a
-/// bf16 index) still rounds; arithmetic on widened operands is f32 by inference; a library op
+/// bf16 index) still rounds, and so does a value that leaves bf16 (a cast out of bf16, a compare
+/// of bf16 values: their operands are rounded first); arithmetic on widened operands is f32 by
+/// inference; a library op
 /// (matmul, gather, ...) takes its operands rounded to their own dtypes, as buffers; each bf16
 /// output is rounded once. For graphs whose only stored bf16 values are those, this is what
 /// the fused kernels must compute, bit for bit.
@@ -111,6 +113,15 @@ fn rounded_at_stores(g: &Graph) -> Graph {
         let shape = out.ty(id).shape.clone();
         out.push(Op::Convert, &[id], Some(TensorType::new(shape, DType::F32)))
             .unwrap()
+    };
+    let round_to_bf16 = |out: &mut Graph, id: NodeId| {
+        let shape = out.ty(id).shape.clone();
+        out.push(
+            Op::Convert,
+            &[id],
+            Some(TensorType::new(shape, DType::BF16)),
+        )
+        .unwrap()
     };
     for id in g.ids() {
         let n = g.node(id);
@@ -127,6 +138,14 @@ fn rounded_at_stores(g: &Graph) -> Graph {
             Op::Convert if bf16 => {
                 let x = out.push(Op::Convert, &ins, Some(ty)).unwrap();
                 widen(&mut out, x)
+            }
+            Op::Convert if g.ty(n.inputs[0]).dtype == DType::BF16 => {
+                let r = round_to_bf16(&mut out, ins[0]);
+                out.push(Op::Convert, &[r], Some(ty)).unwrap()
+            }
+            Op::Compare(_) if g.ty(n.inputs[0]).dtype == DType::BF16 => {
+                let r: Vec<NodeId> = ins.iter().map(|&x| round_to_bf16(&mut out, x)).collect();
+                out.push(n.op.clone(), &r, Some(ty)).unwrap()
             }
             Op::Convert | Op::Leaf { .. } | Op::Full { .. } | Op::Iota { .. } => {
                 out.push(n.op.clone(), &ins, Some(ty)).unwrap()

@@ -74,7 +74,8 @@ proptest! {
 /// conversion, a compare) is now rounded first, wherever it is computed (`fuse::widen`).
 #[test]
 fn bf16_steps_that_compare_a_recomputed_value_with_a_stored_one_match_the_reference() {
-    for seed in [36447] {
+    // 35140, 35882 and 38844 failed their tolerance through the same kind of unrounded value.
+    for seed in [35140, 35882, 36447, 38844] {
         let m = ingot_compiler::random_graph::model(seed).unwrap();
         assert_eq!(m.precision, Precision::Bf16, "seed {seed}");
         check_cpu(seed).unwrap_or_else(|e| panic!("{e}"));

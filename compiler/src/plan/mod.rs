@@ -61,7 +61,7 @@ pub struct PlanOptions {
     /// the fitter's last resort. Empty (the default): nothing offloaded, the plan as always.
     pub offload: Vec<String>,
     /// Move the offloaded leaves' staging buffers, once the offsets are solved, into slab
-    /// bytes free from earlier ([`offload::prefetch`]): each copy in is issued ahead of its
+    /// bytes free from earlier (`offload::prefetch`): each copy in is issued ahead of its
     /// reader, and a copy out is not waited on at once; the total does not change. On (the
     /// default); off, a staging buffer lives from its first use to its last, as before (a
     /// plan to compare with).

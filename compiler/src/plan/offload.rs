@@ -9,7 +9,7 @@
 //! Its home is a range of a separate host region, packed in the order the leaves were named.
 //! Two copies, recorded in the plan as [`Offload`] entries with their schedule positions, move
 //! it: host to device before the first of those ops, device to host just after the last.
-//! Once the offsets are solved, [`prefetch`] moves each staging buffer into slab bytes free
+//! Once the offsets are solved, `prefetch` moves each staging buffer into slab bytes free
 //! from earlier, so that the copy in is issued well ahead of its reader, and keeps them after
 //! its copy out while nothing else takes them; the plan's total does not change.
 //! The validator replays them with the schedule ([`super::check`]); the CPU lowering, a later

@@ -221,6 +221,30 @@ pub fn col2im(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, 
     }))
 }
 
+/// Opens the two loops over the windows that read an element, in row-major order of the
+/// windows (window row `wi` grows as the kernel row `ka` falls; likewise `wj` and `kb`), with
+/// `wi` and `wj` defined inside: what both max-pooling gradients sum over.
+fn open_windows_of_element(
+    src: &mut super::Src,
+    g: &PoolGeometry,
+    taps: [[usize; 2]; 3],
+    ho: usize,
+    wo: usize,
+) {
+    src.open(format!(
+        "for (int ka = {}; ka >= 0; --ka) {{",
+        g.kernel[0] - 1
+    ));
+    window_tap(src, taps, 0, "ka", ho);
+    src.line(format!("const long long wi = th / {};", g.stride[0]));
+    src.open(format!(
+        "for (int kb = {}; kb >= 0; --kb) {{",
+        g.kernel[1] - 1
+    ));
+    window_tap(src, taps, 1, "kb", wo);
+    src.line(format!("const long long wj = tw / {};", g.stride[1]));
+}
+
 /// The lines of a backward window kernel that take the input position along `axis` (`xh`,
 /// `xw`) and kernel tap `k` to the output position the tap came from: `th` (`tw`) `= xh +
 /// padding - k * dilation`, and the tap skipped (`continue`) unless it is a multiple of the
@@ -418,18 +442,7 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
         ));
         src.line(format!("{acc} sum = 0;"));
         // Windows in row-major order: window row `wi` grows as the kernel row `ka` falls.
-        src.open(format!(
-            "for (int ka = {}; ka >= 0; --ka) {{",
-            g.kernel[0] - 1
-        ));
-        window_tap(src, taps, 0, "ka", ho);
-        src.line(format!("const long long wi = th / {};", g.stride[0]));
-        src.open(format!(
-            "for (int kb = {}; kb >= 0; --kb) {{",
-            g.kernel[1] - 1
-        ));
-        window_tap(src, taps, 1, "kb", wo);
-        src.line(format!("const long long wj = tw / {};", g.stride[1]));
+        open_windows_of_element(src, g, taps, ho, wo);
         pick_source(src, d, g, false);
         src.line(format!(
             "if (found && at == xh * {w} + xw) sum += {};",
@@ -540,18 +553,7 @@ pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, 
         ));
         src.line(format!("{acc} sum = 0;"));
         // Windows in row-major order, as in [`max_pool2d_grad`].
-        src.open(format!(
-            "for (int ka = {}; ka >= 0; --ka) {{",
-            g.kernel[0] - 1
-        ));
-        window_tap(src, taps, 0, "ka", ho);
-        src.line(format!("const long long wi = th / {};", g.stride[0]));
-        src.open(format!(
-            "for (int kb = {}; kb >= 0; --kb) {{",
-            g.kernel[1] - 1
-        ));
-        window_tap(src, taps, 1, "kb", wo);
-        src.line(format!("const long long wj = tw / {};", g.stride[1]));
+        open_windows_of_element(src, g, taps, ho, wo);
         src.line(format!(
             "if ((int)pp[wi * {wo} + wj] == ka * {kw} + kb) sum += {};",
             widened(d, format!("dyp[wi * {wo} + wj]"))
