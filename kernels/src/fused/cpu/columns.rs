@@ -468,7 +468,7 @@ struct Place {
 
 /// The offset of index `i` of an odometer over `dims` (row-major) with `strides`.
 #[inline]
-fn offset_of(mut i: usize, dims: &[usize], strides: &[usize]) -> usize {
+pub(super) fn offset_of(mut i: usize, dims: &[usize], strides: &[usize]) -> usize {
     // One axis (the common case): no division.
     if let ([_], [s]) = (dims, strides) {
         return i.wrapping_mul(*s);

@@ -51,7 +51,7 @@
 
 use super::columns::Columns;
 use super::rows::Program;
-use super::{check_range, KernelError, ALIGN, R};
+use super::{check_buffer_counts, check_range, KernelError, ALIGN, R};
 use crate::cpu::{Float, Num, Scalar};
 use crate::fused::{FusedKernel, Inst};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
@@ -220,20 +220,7 @@ impl Compiled {
             Kind::Rows(p) => (&p.out_len[..], p.scratch, p.body()),
             Kind::Columns(c) => (c.out_len(), c.scratch_bytes(), c.body()),
         };
-        if inputs.len() != k.inputs.len() {
-            return Err(KernelError::BufferCount {
-                what: "inputs",
-                expected: k.inputs.len(),
-                given: inputs.len(),
-            });
-        }
-        if outputs.len() != k.outputs.len() {
-            return Err(KernelError::BufferCount {
-                what: "outputs",
-                expected: k.outputs.len(),
-                given: outputs.len(),
-            });
-        }
+        check_buffer_counts(k, inputs, outputs)?;
         if misaligned(mem, inputs, outputs) {
             return Err(KernelError::Internal(
                 "a range of rows needs buffers aligned for f32",

@@ -258,20 +258,7 @@ pub fn run(
     outputs: &[usize],
     scratch: usize,
 ) -> R {
-    if inputs.len() != k.inputs.len() {
-        return Err(KernelError::BufferCount {
-            what: "inputs",
-            expected: k.inputs.len(),
-            given: inputs.len(),
-        });
-    }
-    if outputs.len() != k.outputs.len() {
-        return Err(KernelError::BufferCount {
-            what: "outputs",
-            expected: k.outputs.len(),
-            given: outputs.len(),
-        });
-    }
+    check_buffer_counts(k, inputs, outputs)?;
     let too_large = || KernelError::DomainTooLarge {
         domain: k.domain.clone(),
     };
@@ -388,6 +375,23 @@ pub fn run(
         Case::Rows => plan.run_rows(&mut st),
         Case::Columns => plan.run_columns(&mut st),
     }
+}
+
+/// That `inputs` and `outputs` name one buffer for each of `k`'s inputs and outputs.
+pub(super) fn check_buffer_counts(k: &FusedKernel, inputs: &[usize], outputs: &[usize]) -> R {
+    for (what, expected, given) in [
+        ("inputs", k.inputs.len(), inputs.len()),
+        ("outputs", k.outputs.len(), outputs.len()),
+    ] {
+        if given != expected {
+            return Err(KernelError::BufferCount {
+                what,
+                expected,
+                given,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Runs `k` on separate buffers: `inputs[n]` holds input `n`'s bytes (native endianness,

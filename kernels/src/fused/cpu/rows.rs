@@ -27,6 +27,7 @@
 //! kernel itself (a full output of a reduction whose outer axis is reduced: a range of rows is
 //! no contiguous range of it, but each row's elements are written by its own range alone).
 
+use super::columns::offset_of;
 use super::compiled::{
     apply_lanes, chunk_axes, covered, in_blocks, other, step_out, Arena, Body, Code, Io, Pass,
     Source, Src, Step, Val, LANE_CHOICES,
@@ -124,21 +125,6 @@ fn contiguous(dims: &[usize]) -> Vec<usize> {
         acc = acc.saturating_mul(n);
     }
     s
-}
-
-/// The offset of index `i` of an odometer over `dims` (row-major) with `strides`.
-#[inline]
-fn offset_of(mut i: usize, dims: &[usize], strides: &[usize]) -> usize {
-    // One axis (a batch axis, the common case): no division.
-    if let ([_], [s]) = (dims, strides) {
-        return i.wrapping_mul(*s);
-    }
-    let mut at = 0usize;
-    for (&d, &s) in dims.iter().zip(strides).rev() {
-        at = at.wrapping_add((i % d).wrapping_mul(s));
-        i /= d;
-    }
-    at
 }
 
 impl Program {
