@@ -163,6 +163,25 @@ fn the_valid_seeds_pass_every_body_and_are_accepted() {
     ingot_testkit::fuzz::safetensors(safetensors_file());
 }
 
+/// Found by the `safetensors` fuzzer (issue 53's hour of each target): a file whose tensors lie
+/// in another order than the writer's (`fc!.weight` after `fc1.bias`; the writer sorts by
+/// name). The reader returns the file's order and the writer its own, so the body compares
+/// names as a set and each tensor's bits.
+#[test]
+fn a_file_whose_tensors_lie_out_of_the_writers_order_round_trips() {
+    let bytes = include_bytes!("fuzz_finds/safetensors-data-order.safetensors");
+    let read = io::from_bytes(bytes, Path::new("x")).unwrap();
+    let written = io::to_bytes(&read, Path::new("x")).unwrap();
+    let again = io::from_bytes(&written, Path::new("x")).unwrap();
+    let order = |t: &IndexMap<String, Tensor>| t.keys().cloned().collect::<Vec<_>>();
+    assert_ne!(
+        order(&read),
+        order(&again),
+        "the file's order is the writer's"
+    );
+    ingot_testkit::fuzz::safetensors(bytes);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
 
