@@ -619,7 +619,7 @@ fn smaller(
 /// recomputed when `recompute` (the smallest such plan, or none recomputed when that is
 /// smaller). Returns that plan when it is over `budget`: then no
 /// number of micro-batches up to `k` fits either (a micro-batch's plan only grows with its
-/// size), and the fitter refuses the budget in the time of one or two compiles instead of
+/// size), and the fitter refuses the budget in the time of a few compiles instead of
 /// planning every number of micro-batches.
 fn floor_over(
     build: &dyn Fn(usize) -> Result<Model, String>,
@@ -820,9 +820,12 @@ pub fn fit(
                 bytes /= 2;
             }
         }
-        // Before accumulating over 2, 3, ... micro-batches: when even the most accumulation
-        // can do is over, nothing between is tried ([`floor_over`]).
-        if let (true, Some(build)) = (k == ks[0] && ks.len() > 2, micro_batch) {
+        // Before accumulating over more than the fewest micro-batches: when even the most
+        // accumulation can do is over, nothing between is tried ([`floor_over`]). Tested once
+        // the fewest (`ks[1]`) has failed, not before it: the floor is the step of the most
+        // micro-batches (64 for resnet50 at batch 128: 63,304 ops, planned several times over
+        // when recomputing), which a budget that two micro-batches meet never needs.
+        if let (true, Some(build)) = (ks.len() > 2 && k == ks[1], micro_batch) {
             let last = ks[ks.len() - 1];
             if let Some(floor) = floor_over(build, step, last, opts, recompute_on, budget)? {
                 if floor.report.total_bytes < smallest.report.total_bytes {
