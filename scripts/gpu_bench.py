@@ -45,7 +45,11 @@ the first gives them: | model | system | mode | step ms | TFLOP/s | peak MiB |.
 
 Environment: INGOT_BENCH_ARGS adds arguments to every ingot cell's command (`--budget 4GiB`,
 `--chunk-loss-head`); TORCH_BENCH_CHECKPOINT=1 wraps every transformer block of the torch cells
-in torch.utils.checkpoint (non-reentrant), the usual practice under a memory limit.
+in torch.utils.checkpoint (non-reentrant), the usual practice under a memory limit;
+TORCH_BENCH_LOCK=FILE makes a torch cell take an exclusive flock on FILE after its first step
+(the compile) and hold it over its other steps, so that other programs of one device call that
+take the same lock (resnet_beside_torch.py --lock, `flock FILE ingot run ...`) compile at the same
+time and still run their timed steps one at a time.
 
 torch and jax cells start from the same parameters and batch (numpy, seeded per tensor, with
 reference-models.md's init: weights normal(0, 0.02), biases 0, LayerNorm gains 1), so their
@@ -86,6 +90,7 @@ without a GPU (the timings then mean nothing).
 import argparse
 import ctypes
 import datetime
+import fcntl
 import importlib.metadata
 import json
 import math
@@ -246,28 +251,42 @@ def torch_cell(a):
             return loss
 
         wall, event, first, loss = [], [], None, None
-        for i in range(a.warmup + a.steps):
-            sync()
-            if i == a.warmup and cuda:
-                # Peak over the timed steps only; what is resident now (params, grads, moments,
-                # batch) stays counted, since max_memory_allocated starts from the current use.
-                torch.cuda.reset_peak_memory_stats()
+        lock = None
+        try:
+            for i in range(a.warmup + a.steps):
+                if i == 1 and os.environ.get("TORCH_BENCH_LOCK"):
+                    lock = open(os.environ["TORCH_BENCH_LOCK"], "w")
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                first, loss = timed_step(i, step, wall, event, first)
+            last = loss.item()
+        finally:
+            if lock:
+                lock.close()  # releases the flock
+        return wall, event, first, last
+
+    def timed_step(i, step, wall, event, first):
+        """Step `i` of a run: (the first step's loss, this step's loss)."""
+        sync()
+        if i == a.warmup and cuda:
+            # Peak over the timed steps only; what is resident now (params, grads, moments,
+            # batch) stays counted, since max_memory_allocated starts from the current use.
+            torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+        t0 = time.perf_counter()
+        loss = step()
+        if cuda:
+            e1.record()
+        sync()
+        t1 = time.perf_counter()
+        if i == 0:
+            first = loss.item()
+        if i >= a.warmup:
+            wall.append((t1 - t0) * 1e3)
             if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-            t0 = time.perf_counter()
-            loss = step()
-            if cuda:
-                e1.record()
-            sync()
-            t1 = time.perf_counter()
-            if i == 0:
-                first = loss.item()
-            if i >= a.warmup:
-                wall.append((t1 - t0) * 1e3)
-                if cuda:
-                    event.append(e0.elapsed_time(e1))
-        return wall, event, first, loss.item()
+                event.append(e0.elapsed_time(e1))
+        return first, loss
 
     try:
         wall, event, first, last = run(compile_opt=compiled)
