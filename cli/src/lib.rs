@@ -28,6 +28,21 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How a CUDA step's convolutions run, over INGOT_CONV: by default (auto) a bf16 step's
+    /// are compiled channels-last where cuDNN loads and run through cuDNN (NCHW ones, such as
+    /// a stem over 3 channels, and f32 and tf32 steps' as im2col + cuBLAS); `im2col` compiles
+    /// them NCHW and runs them as im2col + cuBLAS GEMMs; `cudnn` compiles every precision
+    /// channels-last and runs NCHW ones through cuDNN too.
+    #[arg(long, global = true, value_enum, value_name = "PATH")]
+    pub conv: Option<ConvName>,
+}
+
+/// The spellings of [`ingot_runtime::cuda::cudnn::ConvSetting`] on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvName {
+    Auto,
+    Cudnn,
+    Im2col,
 }
 
 #[derive(Subcommand, Debug)]
@@ -595,6 +610,14 @@ pub fn main() -> i32 {
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
+    if let Some(conv) = cli.conv {
+        use ingot_runtime::cuda::cudnn::{set_conv_path, ConvSetting};
+        set_conv_path(match conv {
+            ConvName::Auto => ConvSetting::Auto,
+            ConvName::Cudnn => ConvSetting::Cudnn,
+            ConvName::Im2col => ConvSetting::Im2col,
+        });
+    }
     let result = match cli.command {
         Command::Plan(a) => plan::run(&a),
         Command::Train(a) => train::run(&a),

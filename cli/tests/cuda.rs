@@ -363,7 +363,12 @@ fn grouped_convolutions_batch_their_groups_and_match_the_cpu() {
 output \"loss\" = %8
 ";
     let m = ingot_compiler::model::Model::from_ir_text("grouped", text).unwrap();
-    let compiled = ingot_compiler::pipeline::compile(&m, &STRICT.options()).unwrap();
+    // The im2col path's lowering (NCHW), which a CUDA step takes without cuDNN.
+    let opts = ingot_compiler::pipeline::Options {
+        channels_last: ingot_compiler::layout::ChannelsLast::No,
+        ..STRICT.options()
+    };
+    let compiled = ingot_compiler::pipeline::compile(&m, &opts).unwrap();
     let g = &compiled.graph;
     let exe = compiled.executable(STRICT.target()).unwrap();
     let Program::Cuda(p) = exe.program() else {

@@ -85,10 +85,11 @@ pub struct Options {
     /// ([`crate::align`]), after the precision policy and before autodiff; `None` leaves them.
     pub align_matmuls: Option<usize>,
     /// Store the convolutions' tensors channels-last, with the transposes this needs
-    /// ([`crate::layout::channels_last`]), after the rewrite and before fusion. Off unless
-    /// asked for: the CUDA runtime runs channels-last convolutions only through cuDNN, so
-    /// the trainer asks for it on CUDA where cuDNN runs the convolutions.
-    pub channels_last: bool,
+    /// ([`crate::layout::channels_last`]), after the rewrite and before fusion: never,
+    /// always, or where the graph's rule says it pays ([`crate::layout::ChannelsLast`]). Off
+    /// unless asked for: the CUDA runtime runs channels-last convolutions only through cuDNN,
+    /// so the trainer asks for it on CUDA where cuDNN runs the convolutions.
+    pub channels_last: crate::layout::ChannelsLast,
 }
 
 impl Default for Options {
@@ -101,7 +102,7 @@ impl Default for Options {
             fuse_attention: true,
             attention_supported: crate::recognize::any_shape,
             align_matmuls: None,
-            channels_last: false,
+            channels_last: crate::layout::ChannelsLast::No,
         }
     }
 }
@@ -130,7 +131,7 @@ impl Options {
             fuse_attention: false,
             attention_supported: crate::recognize::any_shape,
             align_matmuls: None,
-            channels_last: false,
+            channels_last: crate::layout::ChannelsLast::No,
         }
     }
 }
@@ -281,7 +282,7 @@ fn rewrite_step(
         Some(_) => crate::align::widen_padded_concats(&graph)?.0,
         None => graph,
     };
-    let graph = match opts.channels_last {
+    let graph = match opts.channels_last.applies_to(&graph) {
         true => crate::layout::channels_last(&graph)?.0,
         false => graph,
     };

@@ -230,7 +230,10 @@ fn resnet50s_channels_last_step_keeps_few_transposes_and_none_adjacent() {
 fn a_cpu_step_is_not_rewritten_and_a_step_without_convolutions_is_unchanged() {
     let m = models::by_name("cnn").unwrap();
     let c = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cpu)).unwrap();
-    assert!(!pipeline::Options::for_target(Target::Cuda).channels_last);
+    assert_eq!(
+        pipeline::Options::for_target(Target::Cuda).channels_last,
+        ingot_compiler::layout::ChannelsLast::No
+    );
     assert!(convolutions(&c.graph)
         .iter()
         .all(|&l| l == ConvLayout::Nchw));

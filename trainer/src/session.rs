@@ -150,8 +150,10 @@ pub struct StepResult {
     pub wall_seconds: f64,
 }
 
-/// The environment variable that, set to `0`, keeps a CUDA step's convolutions NCHW where
-/// cuDNN runs them ([`Device::channels_last`]).
+use ingot_compiler::layout::ChannelsLast;
+
+/// The environment variable that, set to `0`, keeps a CUDA step's convolutions NCHW
+/// ([`Device::channels_last`]), which then run as im2col + cuBLAS by default.
 pub const CHANNELS_LAST: &str = "INGOT_CHANNELS_LAST";
 
 /// Where a session's step runs.
@@ -181,17 +183,29 @@ impl Device {
     }
 
     /// Whether this device's steps store their convolutions channels-last
-    /// ([`ingot_compiler::layout`]): on CUDA where cuDNN runs the convolutions
-    /// (`INGOT_CONV=cudnn` and cuDNN loads), which alone runs them channels-last, unless
-    /// [`CHANNELS_LAST`]`=0` keeps NCHW.
-    pub fn channels_last(&self) -> bool {
-        use ingot_runtime::cuda::cudnn;
-        matches!(self, Device::Cuda(_))
+    /// ([`ingot_compiler::layout`]): on CUDA where cuDNN (which alone runs them channels-last)
+    /// loads when the step is compiled: by default where the graph's rule says it pays (its
+    /// convolutions in bf16: [`ingot_compiler::layout::pays`], measured in session 36,
+    /// docs/benchmarks.md), under `INGOT_CONV=cudnn` always; never under `INGOT_CONV=im2col`
+    /// (or `--conv im2col`), with [`CHANNELS_LAST`]`=0`, or on the CPU.
+    pub fn channels_last(&self) -> ChannelsLast {
+        use ingot_runtime::cuda::cudnn::{self, ConvSetting};
+        let wanted = matches!(self, Device::Cuda(_))
             && std::env::var(CHANNELS_LAST)
                 .ok()
-                .is_none_or(|v| v.trim() != "0")
-            && cudnn::conv_path() == Ok(cudnn::ConvSetting::Cudnn)
-            && cudnn::load().is_ok()
+                .is_none_or(|v| v.trim() != "0");
+        if !wanted {
+            return ChannelsLast::No;
+        }
+        let rule = match cudnn::conv_path() {
+            Ok(ConvSetting::Auto) => ChannelsLast::WherePays,
+            Ok(ConvSetting::Cudnn) => ChannelsLast::Yes,
+            Ok(ConvSetting::Im2col) | Err(_) => return ChannelsLast::No,
+        };
+        match cudnn::load() {
+            Ok(_) => rule,
+            Err(_) => ChannelsLast::No,
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! Channels-last convolutions on the GPU (issue 48): a ResNet's step compiled with
-//! `channels_last` (every convolution NHWC through cuDNN, the transposes placed by
+//! Channels-last convolutions on the GPU (issue 48), the CUDA default where cuDNN loads: a
+//! ResNet's step compiled with `channels_last` (every convolution NHWC through cuDNN but the
+//! stem's, which keeps NCHW and runs as im2col + cuBLAS; the transposes placed by
 //! `ingot_compiler::layout`) trains on CUDA to the losses of the NCHW step on the CPU, within
 //! f32 and bf16 rounding; its allocation is its plan and nothing is allocated over 50 steps.
 //! A channels-last step lowers each convolution but the stem's (3 input channels, kept NCHW)
@@ -15,8 +16,9 @@
 //! every convolution channels-last (session 34, call 3) 0, 1.4e-5, 9.5e-6 and 8.6e-5 over
 //! four steps; with the stem kept NCHW (session 35, call 2,
 //! docs/results/gpu-s35-a-call2-tests-h200-2026-11-30.txt) 9.8e-8, 3.5e-6, 3.0e-5 and 1.6e-4,
-//! the stem running cuDNN or im2col + cuBLAS as the runtime timed faster in that process
-//! (each rounds its own way). So the f32 check is three steps within 1e-4; the updates
+//! the stem then running cuDNN or im2col + cuBLAS as the runtime timed faster in that process
+//! (each rounds its own way; now the default runs it as im2col + cuBLAS, always). So the f32
+//! check is three steps within 1e-4; the updates
 //! themselves are compared, in f64 on the CPU, by the layout pass's checks
 //! (ir-tests/tests/channels_last.rs: equal to 1e-10).
 //!
@@ -57,7 +59,7 @@ fn resnet() -> Model {
 fn session(m: &Model, precision: Precision, device: Device, channels_last: bool) -> Session {
     let opts = Options {
         precision: Some(precision),
-        channels_last,
+        channels_last: channels_last.into(),
         ..Options::for_target(device.target())
     };
     let exe = pipeline::compile(m, &opts)
@@ -73,7 +75,7 @@ fn session(m: &Model, precision: Precision, device: Device, channels_last: bool)
 #[test]
 fn a_channels_last_cuda_step_lowers_every_convolution_but_the_stem_nhwc_without_a_fallback() {
     let opts = Options {
-        channels_last: true,
+        channels_last: true.into(),
         ..Options::for_target(Target::Cuda)
     };
     let c = pipeline::compile(&resnet(), &opts).unwrap();
@@ -105,16 +107,37 @@ fn a_channels_last_cuda_step_lowers_every_convolution_but_the_stem_nhwc_without_
 }
 
 fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
-    cudnn::set_conv_path(cudnn::ConvSetting::Cudnn);
+    cudnn::set_conv_path(cudnn::ConvSetting::Auto);
     if let Err(e) = cudnn::load() {
         panic!("channels-last convolutions need cuDNN, which does not load: {e}");
     }
+    // The CUDA default where cuDNN loads: channels-last where the convolutions are bf16
+    // (this test's f32 step is made channels-last by asking, as `INGOT_CONV=cudnn` does).
+    let rule = GPU.options().channels_last;
+    assert_eq!(rule, ingot_compiler::layout::ChannelsLast::WherePays);
+    let by_default = pipeline::compile(
+        &resnet(),
+        &Options {
+            precision: Some(precision),
+            ..GPU.options()
+        },
+    )
+    .unwrap();
+    let nhwc = by_default.graph.nodes().iter().any(|n| {
+        matches!(&n.op, ingot_compiler::ir::Op::Window(w)
+            if w.conv().is_some_and(|c| c.layout == ConvLayout::Nhwc))
+    });
+    assert_eq!(
+        nhwc,
+        precision == Precision::Bf16,
+        "{precision:?} by default"
+    );
     let m = resnet();
     let mut cpu = session(&m, precision, Device::Cpu, false);
     let mut gpu = session(&m, precision, GPU, true);
     let c = gpu.cuda().expect("a GPU session");
-    // The stem's two passes keep NCHW, which may run as cuDNN or as im2col + cuBLAS,
-    // whichever the runtime timed faster; every channels-last pass runs in cuDNN.
+    // The stem's two passes keep NCHW and run as im2col + cuBLAS; every channels-last pass
+    // runs in cuDNN, by the heuristics' first eligible algorithm (not timed).
     let nchw: Vec<_> = (c.program().ops.iter())
         .filter_map(|op| match op {
             DeviceOp::Conv(c) if c.layout == ConvLayout::Nchw => Some(c.node),
@@ -124,8 +147,12 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
     assert_eq!(nchw.len(), 2, "the stem's forward and filter gradient");
     let choices = c.conv_choices();
     assert_eq!(choices.len(), 59);
-    for c in choices.iter().filter(|c| !nchw.contains(&c.node)) {
-        assert!(matches!(c.path, ConvPath::Cudnn { .. }), "{c}");
+    for c in choices {
+        match nchw.contains(&c.node) {
+            true => assert!(matches!(c.path, ConvPath::Im2col { .. }), "{c}"),
+            false => assert!(matches!(c.path, ConvPath::Cudnn { .. }), "{c}"),
+        }
+        assert!(c.timings.is_empty(), "timed without INGOT_CONV_TIMING: {c}");
     }
     for step in 1..=steps {
         let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
@@ -157,7 +184,30 @@ fn a_channels_last_step_takes_exactly_its_plan_and_allocates_nothing() {
     if !cuda::gpu_for_test("channels-last zero allocation") {
         return;
     }
-    cudnn::set_conv_path(cudnn::ConvSetting::Cudnn);
+    cudnn::set_conv_path(cudnn::ConvSetting::Auto);
     let mut s = session(&resnet(), Precision::Bf16, GPU, true);
     gpu_memory::takes_its_plan_and_allocates_nothing(&mut s, 50);
+}
+
+/// The default path is deterministic: two loads of the same channels-last step choose the
+/// same algorithm for every convolution and give the same losses to the bit (the choice is
+/// cuDNN's heuristic order, not a timing; another process chooses the same, which the GPU
+/// scripts check with two `ingot train` runs).
+#[test]
+fn two_loads_of_a_channels_last_step_choose_alike_and_give_the_same_bits() {
+    if !cuda::gpu_for_test("channels-last run twice") {
+        return;
+    }
+    cudnn::set_conv_path(cudnn::ConvSetting::Auto);
+    let run = || {
+        let mut s = session(&resnet(), Precision::Bf16, GPU, true);
+        let choices: Vec<String> = (s.cuda().unwrap().conv_choices().iter())
+            .map(|c| c.to_string())
+            .collect();
+        let losses: Vec<u64> = (0..3).map(|_| s.step().unwrap().loss.to_bits()).collect();
+        (choices, losses)
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a.0, b.0, "the two loads chose differently");
+    assert_eq!(a.1, b.1, "the losses differ between two loads");
 }

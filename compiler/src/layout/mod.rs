@@ -67,6 +67,60 @@ enum Kind {
 /// channels and more) was faster channels-last.
 pub const MIN_CHANNELS_LAST_CHANNELS: usize = 8;
 
+/// Whether a step's convolutions are stored channels-last ([`channels_last`]):
+/// [`crate::pipeline::Options::channels_last`]. The CUDA runtime runs channels-last
+/// convolutions only through cuDNN, so a caller asks for it only where cuDNN will run them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChannelsLast {
+    /// Every convolution NCHW (the CPU; CUDA without cuDNN or under `INGOT_CONV=im2col`).
+    #[default]
+    No,
+    /// Every convolution with enough input channels channels-last, whatever its precision.
+    Yes,
+    /// Channels-last where the graph's convolutions compute in bf16 ([`pays`]): the CUDA
+    /// default where cuDNN loads.
+    WherePays,
+}
+
+impl From<bool> for ChannelsLast {
+    fn from(yes: bool) -> ChannelsLast {
+        match yes {
+            true => ChannelsLast::Yes,
+            false => ChannelsLast::No,
+        }
+    }
+}
+
+impl ChannelsLast {
+    /// Whether graph `g` (rewritten, its precision applied) is made channels-last.
+    pub fn applies_to(self, g: &Graph) -> bool {
+        match self {
+            ChannelsLast::No => false,
+            ChannelsLast::Yes => true,
+            ChannelsLast::WherePays => pays(g),
+        }
+    }
+}
+
+/// The rule for the CUDA default, from the graph alone (the compiler does not see the GPU):
+/// channels-last through cuDNN where a convolution that would go channels-last (enough input
+/// channels) computes in bf16; NCHW through im2col + cuBLAS in f32 and tf32. Measured on an
+/// H200 (session 36, docs/benchmarks.md, 10 steps, median): bf16 resnet50 at 224, batch 128,
+/// 35.3 ms channels-last against 66.4 ms im2col, bf16 resnet18 (CIFAR) 1.77 against 3.17 ms;
+/// f32 resnet18 5.50 against 4.63 ms and the f32 cnn 0.94 against 0.57 ms (a strict f32 step
+/// keeps cuDNN off tensor cores, where cuBLAS's f32 GEMMs are faster). tf32 was not measured
+/// and keeps the NCHW path it had.
+pub fn pays(g: &Graph) -> bool {
+    g.ids().any(|id| {
+        let n = g.node(id);
+        matches!(&n.op, Op::Window(w) if w.conv().is_some())
+            && !few_channels(g, id)
+            && n.inputs
+                .iter()
+                .any(|&x| g.ty(x).dtype == crate::ir::DType::BF16)
+    })
+}
+
 /// Whether convolution node `id` (of any pass) has too few input channels to go
 /// channels-last ([`MIN_CHANNELS_LAST_CHANNELS`]); `false` for any other node.
 fn few_channels(g: &Graph, id: NodeId) -> bool {

@@ -128,3 +128,29 @@ fn a_convolution_over_fewer_than_8_channels_keeps_nchw_and_so_does_what_it_feeds
     assert_eq!((report.convolutions, report.transposes), (0, 0), "{out}");
     assert_eq!(conv_layouts(&out), [ConvLayout::Nchw]);
 }
+
+/// One 3x3 convolution of a `[2, c, 6, 6]` image of `dtype`, summed.
+fn one_conv(c: usize, dtype: DType) -> Graph {
+    let mut g = Graph::new();
+    let x = g.input("x", [2, c, 6, 6], dtype).unwrap();
+    let w = g.parameter("w", [8, c, 3, 3], dtype, Init::Zeros).unwrap();
+    let y = g.conv2d(x, w, CONV).unwrap();
+    let s = g.sum(y, &[0, 1, 2, 3]).unwrap();
+    g.set_output("sum", s).unwrap();
+    g
+}
+
+#[test]
+fn by_default_only_a_step_with_bf16_convolutions_goes_channels_last() {
+    assert!(pays(&one_conv(8, DType::BF16)));
+    assert!(!pays(&one_conv(8, DType::F32)));
+    // A bf16 convolution over too few channels stays NCHW, so nothing pays.
+    assert!(!pays(&one_conv(3, DType::BF16)));
+    assert!(ChannelsLast::WherePays.applies_to(&one_conv(8, DType::BF16)));
+    assert!(!ChannelsLast::WherePays.applies_to(&one_conv(8, DType::F32)));
+    // Asked for, it applies whatever the precision; never where not asked.
+    assert!(ChannelsLast::Yes.applies_to(&one_conv(8, DType::F32)));
+    assert!(!ChannelsLast::No.applies_to(&one_conv(8, DType::BF16)));
+    assert_eq!(ChannelsLast::from(true), ChannelsLast::Yes);
+    assert_eq!(ChannelsLast::default(), ChannelsLast::No);
+}

@@ -13,29 +13,30 @@
 //! not know is an error, never undefined behaviour; cudarc's `cudnn::sys` enums are only
 //! passed in.
 //!
-//! Opt-in, for now: the convolutions run their fallback (im2col + cuBLAS) unless
-//! `INGOT_CONV=cudnn` (or [`set_conv_path`]) asks for cuDNN. Measured on an H200 (2026-11-29,
-//! torchvision resnet50 imported, 224x224, batch 128, bf16): 507.8 ms a step through cuDNN as
-//! chosen here against 77.2 ms through im2col, with the same plan (5,337,981,440 bytes). Likely
-//! causes: NCHW bf16 tensors (cuDNN's tensor-core kernels want NHWC, so it transposes around
-//! them) and the heuristics' first deterministic algorithm not being a fast one (the
-//! deterministic filter and data gradients are `ALGO_1`). Both were addressed since: the
-//! candidates are timed at load, and a step compiled channels-last (the trainer does so where
-//! cuDNN runs the convolutions: `ingot_compiler::layout`) describes its tensors and filters
-//! as `CUDNN_TENSOR_NHWC` (resnet50 at 224, bf16, batch 128: 57.0 ms NCHW, 44.1 ms NHWC on
-//! an H200, 2026-11-30). A channels-last convolution has no fallback: it runs only here.
+//! The default ([`ConvSetting::Auto`]): the compiler stores a CUDA step's bf16 convolutions
+//! channels-last where cuDNN loads when it compiles (`ingot_compiler::layout::pays`; a stem
+//! over fewer than 8 channels keeps NCHW; f32 and tf32 steps keep NCHW, where im2col was
+//! faster), and such a step runs its channels-last convolutions here and its NCHW ones as
+//! their fallback (im2col + cuBLAS); `INGOT_CONV=im2col` compiles every convolution NCHW and
+//! runs the fallback, `INGOT_CONV=cudnn` compiles every precision channels-last and runs every
+//! convolution here, NCHW ones too. History: NCHW through cuDNN, as the `_v7` heuristics rank it, measured
+//! 507.8 ms against 77.2 ms through im2col (H200, 2026-11-29, resnet50 224, batch 128, bf16:
+//! in NCHW bf16 the first deterministic algorithms are not tensor-core ones); channels-last
+//! took resnet50 to 35.6 ms against 66.3 ms through im2col (2026-11-30).
 //!
-//! Choosing: when a step is loaded, each convolution asks cuDNN's heuristics
-//! (`cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7`) for its algorithms
-//! and keeps those that succeed, are deterministic (the same bits on every run) and whose
-//! workspace fits the planned one ([`Conv::workspace`]) ([`candidates`]); the runtime then times
-//! each of them and the fallback on the zeroed allocation and takes the fastest, remembering
-//! the choice for every later convolution of the same shape in the process ([`remembered`]),
-//! so repeated layers are timed once and two loads in one process compute the same bits
-//! (another process may time differently and choose otherwise). A strict f32 step runs with
-//! the FMA math type (no TF32); a tf32 step allows TF32 tensor cores; bf16 tensors accumulate
-//! in f32 on tensor cores. Where none fits or runs, or cuDNN is missing, or it was not asked
-//! for, the convolution runs its fallback ([`Conv::fallback`]).
+//! Choosing, deterministically: when a step is loaded, each convolution asks cuDNN's
+//! heuristics (`cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7`, which
+//! rank by a model of the GPU, not by running anything) for its algorithms, and takes the
+//! first that succeeds, is deterministic (the same bits on every run) and whose workspace fits
+//! the planned one ([`Conv::workspace`]) ([`choose`], its rule [`first_eligible`]). So the
+//! algorithm is a function of the executable, the GPU model and the cuDNN version alone, and
+//! two runs of one executable compute the same bits. Timing the candidates at load (the
+//! fastest kept, which differed from run to run) is opt-in: `INGOT_CONV_TIMING=1`
+//! ([`timing`]), said on stderr when used. A strict f32 step runs with the FMA math type (no
+//! TF32); a tf32 step allows TF32 tensor cores; bf16 tensors accumulate in f32 on tensor cores.
+//! Where no algorithm fits or runs, or cuDNN is missing, an NCHW convolution runs its fallback
+//! ([`Conv::fallback`]); a channels-last one has none, and its step is refused at load, naming
+//! cuDNN and the two ways out.
 
 use super::libsearch::{self, Library};
 use cudarc::cudnn::sys as dnn;
@@ -53,9 +54,14 @@ pub const CUDNN: Library = Library {
                    bring) or set INGOT_CUDNN_DIR to the directory holding libcudnn.so.9",
 };
 
-/// The environment variable that picks the convolutions' path: `im2col` (the default: the
-/// fallback ops) or `cudnn` (opt-in; see the module docs for why).
+/// The environment variable that picks the convolutions' path: unset (or `auto`) for the
+/// default, `im2col` or `cudnn` ([`ConvSetting`]).
 pub const CONV_PATH: &str = "INGOT_CONV";
+
+/// The environment variable that, set to `1`, makes loading time each convolution's
+/// candidates and keep the fastest, instead of cuDNN's heuristic order: faster at times, but
+/// another run may choose otherwise and compute other bits.
+pub const CONV_TIMING: &str = "INGOT_CONV_TIMING";
 
 /// The environment variable that makes loading print each convolution's choice.
 pub const LOG: &str = "INGOT_LOG";
@@ -63,23 +69,36 @@ pub const LOG: &str = "INGOT_LOG";
 /// Which path the convolutions take ([`CONV_PATH`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvSetting {
+    /// The default: on CUDA, a bf16 step compiled channels-last where cuDNN loads at compile
+    /// time; the channels-last convolutions run through cuDNN, the NCHW ones as im2col +
+    /// cuBLAS.
+    Auto,
+    /// Every convolution through cuDNN (NCHW ones too), where it loads.
     Cudnn,
+    /// Every convolution NCHW, as im2col + cuBLAS; cuDNN is not loaded.
     Im2col,
 }
 
-/// [`CONV_PATH`]'s value read: unset or empty is im2col; anything but `cudnn` or `im2col`
-/// is an error naming both.
+/// [`CONV_PATH`]'s value read: unset, empty or `auto` is the default; anything but `auto`,
+/// `cudnn` or `im2col` is an error naming them.
 pub fn conv_setting(value: Option<&str>) -> Result<ConvSetting, String> {
     match value.map(str::trim) {
-        None | Some("") | Some("im2col") => Ok(ConvSetting::Im2col),
+        None | Some("") | Some("auto") => Ok(ConvSetting::Auto),
+        Some("im2col") => Ok(ConvSetting::Im2col),
         Some("cudnn") => Ok(ConvSetting::Cudnn),
         Some(v) => Err(format!(
-            "{CONV_PATH}={v:?}: the convolutions' path is `im2col` (the default) or `cudnn`"
+            "{CONV_PATH}={v:?}: the convolutions' path is `auto` (the default: cuDNN for \
+             channels-last convolutions), `cudnn` or `im2col`"
         )),
     }
 }
 
-/// The path set by [`set_conv_path`]: 0 none (read [`CONV_PATH`]), 1 cuDNN, 2 im2col.
+/// Whether [`CONV_TIMING`] asks for the convolutions' candidates to be timed at load.
+pub fn timing() -> bool {
+    std::env::var_os(CONV_TIMING).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The path set by [`set_conv_path`]: 0 none (read [`CONV_PATH`]), 1 cuDNN, 2 im2col, 3 auto.
 static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Sets the convolutions' path for the steps this process loads from now on, over
@@ -88,6 +107,7 @@ pub fn set_conv_path(setting: ConvSetting) {
     let v = match setting {
         ConvSetting::Cudnn => 1,
         ConvSetting::Im2col => 2,
+        ConvSetting::Auto => 3,
     };
     CHOSEN.store(v, std::sync::atomic::Ordering::SeqCst);
 }
@@ -97,6 +117,7 @@ pub fn conv_path() -> Result<ConvSetting, String> {
     match CHOSEN.load(std::sync::atomic::Ordering::SeqCst) {
         1 => Ok(ConvSetting::Cudnn),
         2 => Ok(ConvSetting::Im2col),
+        3 => Ok(ConvSetting::Auto),
         _ => conv_setting(std::env::var(CONV_PATH).ok().as_deref()),
     }
 }
@@ -121,6 +142,56 @@ struct Perf {
 }
 
 const DETERMINISTIC: u32 = dnn::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32;
+
+impl Perf {
+    fn offer(&self) -> Offer {
+        let tensor_ops = [
+            dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH as u32,
+            dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION as u32,
+        ];
+        Offer {
+            runs: self.status == SUCCESS,
+            deterministic: self.determinism == DETERMINISTIC,
+            tensor_ops: tensor_ops.contains(&self.math_type),
+            workspace: self.memory,
+        }
+    }
+}
+
+/// What cuDNN's heuristics say of one algorithm for a convolution, as the choice reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offer {
+    /// cuDNN can run the convolution with it (its status is success).
+    pub runs: bool,
+    /// It gives the same bits on every run.
+    pub deterministic: bool,
+    /// It computes on tensor cores (TF32 for f32 tensors, refused in a strict step).
+    pub tensor_ops: bool,
+    /// The workspace it needs, in bytes.
+    pub workspace: usize,
+}
+
+/// The indices of the `offers` (in the heuristics' order, best first) a convolution may run
+/// with: those that run, are deterministic, need at most the `planned` workspace and, in a
+/// `strict` (f32 or f64) step, do not compute on tensor cores. The first is the choice
+/// ([`first_eligible`]); the others are what `INGOT_CONV_TIMING` times.
+pub fn eligible(
+    offers: &[Offer],
+    planned: usize,
+    strict: bool,
+) -> impl Iterator<Item = usize> + '_ {
+    offers.iter().enumerate().filter_map(move |(i, o)| {
+        let ok = o.runs && o.deterministic && o.workspace <= planned && !(strict && o.tensor_ops);
+        ok.then_some(i)
+    })
+}
+
+/// The algorithm a convolution runs: the first of [`eligible`], by cuDNN's own ranking; a
+/// pure function of what the heuristics offer (itself a function of the convolution, the GPU
+/// model and the cuDNN version) and the planned workspace. `None` where none may run.
+pub fn first_eligible(offers: &[Offer], planned: usize, strict: bool) -> Option<usize> {
+    eligible(offers, planned, strict).next()
+}
 
 type GetAlgorithms =
     unsafe extern "C" fn(Handle_, Desc, Desc, Desc, Desc, c_int, *mut c_int, *mut Perf) -> Status;
@@ -517,7 +588,8 @@ fn algo_name(pass: ConvPass, algo: u32) -> String {
 }
 
 /// The descriptors of `c` and the first of cuDNN's algorithms that succeeds, is
-/// deterministic and fits the planned workspace; the error says why none is taken.
+/// deterministic and fits the planned workspace ([`first_eligible`]); the error says why none
+/// is taken.
 pub fn choose(h: &Handle, c: &Conv) -> Result<ConvRun, String> {
     nth(h, c, 0).map(|r| r.expect("the first eligible algorithm"))
 }
@@ -662,18 +734,12 @@ fn nth(h: &Handle, c: &Conv, n: usize) -> Result<Option<ConvRun>, String> {
     })?;
     let results = &perf[..(count.max(0) as usize).min(perf.len())];
     let strict = matches!(c.compute, Compute::F32 | Compute::F64);
-    let tensor_ops = [
-        dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH as u32,
-        dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION as u32,
-    ];
     let granted = c.workspace.bytes;
-    let mut eligible = results.iter().filter(|p| {
-        p.status == SUCCESS
-            && p.determinism == DETERMINISTIC
-            && p.memory <= granted
-            && !(strict && tensor_ops.contains(&p.math_type))
-    });
-    let Some(p) = eligible.nth(n) else {
+    let offers: Vec<Offer> = results.iter().map(Perf::offer).collect();
+    let Some(p) = eligible(&offers, granted, strict)
+        .nth(n)
+        .map(|i| &results[i])
+    else {
         if n > 0 {
             return Ok(None);
         }
@@ -815,13 +881,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_conv_path_is_im2col_unless_cudnn_is_asked_for_and_anything_else_is_refused() {
-        assert_eq!(conv_setting(None), Ok(ConvSetting::Im2col));
-        assert_eq!(conv_setting(Some("")), Ok(ConvSetting::Im2col));
+    fn the_conv_path_is_auto_unless_cudnn_or_im2col_is_asked_for_and_anything_else_is_refused() {
+        assert_eq!(conv_setting(None), Ok(ConvSetting::Auto));
+        assert_eq!(conv_setting(Some("")), Ok(ConvSetting::Auto));
+        assert_eq!(conv_setting(Some(" auto ")), Ok(ConvSetting::Auto));
         assert_eq!(conv_setting(Some("cudnn")), Ok(ConvSetting::Cudnn));
         assert_eq!(conv_setting(Some("im2col")), Ok(ConvSetting::Im2col));
         let e = conv_setting(Some("fft")).unwrap_err();
         assert!(e.contains("INGOT_CONV") && e.contains("im2col"), "{e}");
+    }
+
+    /// A stand-in for the heuristics' answer, best first.
+    fn offers() -> Vec<Offer> {
+        let o = |runs, deterministic, tensor_ops, workspace| Offer {
+            runs,
+            deterministic,
+            tensor_ops,
+            workspace,
+        };
+        vec![
+            o(true, false, true, 0),       // fastest, but not deterministic
+            o(true, true, true, 64 << 20), // deterministic, 64 MiB of workspace
+            o(false, true, false, 0),      // cannot run this convolution
+            o(true, true, true, 1 << 20),  // deterministic, 1 MiB
+            o(true, true, false, 4 << 20), // deterministic, no tensor cores, 4 MiB
+        ]
+    }
+
+    #[test]
+    fn the_choice_is_the_first_deterministic_algorithm_that_runs_within_the_planned_workspace() {
+        let offers = offers();
+        // Enough workspace: the heuristics' first deterministic one that runs.
+        assert_eq!(first_eligible(&offers, 64 << 20, false), Some(1));
+        // The same inputs, the same choice, every time.
+        for _ in 0..3 {
+            assert_eq!(first_eligible(&offers, 64 << 20, false), Some(1));
+        }
+        // Less planned than it needs: the next within the bound, never one above it.
+        assert_eq!(first_eligible(&offers, (64 << 20) - 1, false), Some(3));
+        for planned in [0, 1 << 20, 4 << 20, 64 << 20] {
+            for i in eligible(&offers, planned, false) {
+                assert!(offers[i].workspace <= planned && offers[i].deterministic);
+            }
+        }
+        // A strict step takes no tensor-core algorithm.
+        assert_eq!(first_eligible(&offers, 64 << 20, true), Some(4));
+        // None fits, or none is offered: no choice (the convolution runs its fallback).
+        assert_eq!(first_eligible(&offers, 1 << 19, false), None);
+        assert_eq!(first_eligible(&offers, 1 << 19, true), None);
+        assert_eq!(first_eligible(&[], 1 << 30, false), None);
+        // The candidates timed under INGOT_CONV_TIMING, in the heuristics' order.
+        assert_eq!(
+            eligible(&offers, 64 << 20, false).collect::<Vec<_>>(),
+            [1, 3, 4]
+        );
     }
 
     #[test]

@@ -20,15 +20,17 @@
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 //!
-//! Convolutions ([`DeviceOp::Conv`]) run their im2col fallback unless `INGOT_CONV=cudnn`
-//! asks for cuDNN (opt-in: measured slower for now, [`super::cudnn`]); then, where it loads, a
-//! handle on the step's stream is made with cuBLAS's, and once the allocation is made each
-//! convolution's deterministic algorithms that fit its planned workspace and its fallback are
-//! timed on the zeroed allocation (which stays zero: a convolution of zeros is zeros, and the
-//! allocation is zeroed again after), the fastest taken; so cuDNN also loads its kernels
-//! outside the capture. A
-//! convolution cuDNN does not take, or every one where cuDNN is missing (said once on stderr),
-//! runs its fallback's im2col ops; `INGOT_LOG=1` prints each choice.
+//! Convolutions ([`DeviceOp::Conv`]): by default a channels-last one runs through cuDNN and an
+//! NCHW one as its im2col fallback (`INGOT_CONV=cudnn` sends every one to cuDNN,
+//! `INGOT_CONV=im2col` none: [`super::cudnn`]). Where one runs through cuDNN, a handle on the
+//! step's stream is made with cuBLAS's, and once the allocation is made each such convolution
+//! takes the first deterministic algorithm of cuDNN's heuristic order that fits its planned
+//! workspace and runs it once on the zeroed allocation (which stays zero: a convolution of
+//! zeros is zeros, and the allocation is zeroed again after), so cuDNN loads its kernels
+//! outside the capture (`INGOT_CONV_TIMING=1` times the candidates instead). An NCHW
+//! convolution cuDNN does not take, or every one where cuDNN is missing (said once on
+//! stderr), runs its fallback's im2col ops; a channels-last step without cuDNN is refused at
+//! load. `INGOT_LOG=1` prints each choice.
 
 use super::cudnn;
 use super::ptx;
@@ -367,13 +369,8 @@ impl CudaStep {
         cublas("setting cuBLAS's math mode", unsafe {
             blas::cublasSetMathMode(*blas.handle(), mode)
         })?;
-        let has_convs = |p: &Program| p.ops.iter().any(|op| matches!(op, DeviceOp::Conv(_)));
-        let cudnn = if has_convs(&program) || eval_program.as_ref().is_some_and(has_convs) {
-            cudnn_handle(&stream)?
-        } else {
-            None
-        };
         let programs: Vec<&Program> = std::iter::once(&program).chain(&eval_program).collect();
+        let cudnn = cudnn_handle(&stream, &programs)?;
         conv_choice::check_channels_last(&programs, cudnn.is_some())?;
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -606,8 +603,14 @@ impl CudaStep {
                 _ => &s.main,
             }
         }
+        // A channels-last convolution has no fallback to capture instead.
+        let can_fall_back = |p: &Part| {
+            !p.convs.is_empty()
+                && (p.program.ops.iter())
+                    .all(|op| !matches!(op, DeviceOp::Conv(c) if c.fallback.is_empty()))
+        };
         match self.capture(part(self, eval), None) {
-            Err(e) if !part(self, eval).convs.is_empty() => {
+            Err(e) if can_fall_back(part(self, eval)) => {
                 eprintln!(
                     "warning: capturing the step with its convolutions through cuDNN failed \
                      ({e}); they run as im2col + cuBLAS instead"

@@ -1,30 +1,79 @@
-//! How a step's convolutions run, chosen when the step is loaded: cuDNN's handle where
-//! `INGOT_CONV=cudnn` asks for it, and for each convolution the fastest of cuDNN's
-//! deterministic candidates and its im2col fallback, timed on the zeroed allocation.
+//! How a step's convolutions run, chosen when the step is loaded ([`cudnn::ConvSetting`]):
+//! by default a channels-last convolution runs through cuDNN and an NCHW one as its im2col
+//! fallback ([`route`]); a convolution through cuDNN takes the first deterministic algorithm
+//! of cuDNN's heuristic order whose workspace fits the planned one ([`cudnn::choose`]), so the
+//! choice is the same in every run of one executable on one GPU model and cuDNN version.
+//! Timing the candidates and the fallback on the zeroed allocation is opt-in
+//! (`INGOT_CONV_TIMING=1`).
 
 use super::*;
 use ingot_compiler::ir::ConvLayout;
 
-/// Refuses a step with a channels-last convolution where no cuDNN handle was made: the im2col
-/// fallback reads NCHW images, so such a convolution runs only through cuDNN.
-pub(super) fn check_channels_last(programs: &[&Program], cudnn: bool) -> Result<(), ExecError> {
-    let nhwc = programs
+/// Where one convolution runs, from the setting and its layout alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Through cuDNN (its fallback, where it has one, if cuDNN takes none of its algorithms).
+    Cudnn,
+    /// As its fallback: im2col + cuBLAS.
+    Im2col,
+}
+
+/// Where a convolution of `layout` runs under `setting`: the default sends channels-last
+/// convolutions to cuDNN (the only path that runs them) and keeps NCHW ones on im2col +
+/// cuBLAS, which cuDNN's heuristic order did not beat in NCHW (session 29: its first NCHW
+/// algorithms 1.0x to 7x the fallback's time on resnet50's convolutions, the step 6.6x);
+/// `INGOT_CONV=cudnn` sends every one to cuDNN, `INGOT_CONV=im2col` none.
+pub(super) fn route(setting: cudnn::ConvSetting, layout: ConvLayout) -> Route {
+    use cudnn::ConvSetting as S;
+    match (setting, layout) {
+        (S::Cudnn, _) | (_, ConvLayout::Nhwc) => Route::Cudnn,
+        (S::Auto | S::Im2col, ConvLayout::Nchw) => Route::Im2col,
+    }
+}
+
+/// The convolutions' setting, as an error of loading where it is misspelt.
+fn setting() -> Result<cudnn::ConvSetting, ExecError> {
+    cudnn::conv_path().map_err(|reason| ExecError::Device {
+        what: "choosing the convolutions' path".into(),
+        reason,
+    })
+}
+
+/// The first channels-last convolution of `programs`, if any.
+fn first_nhwc(programs: &[&Program]) -> Option<NodeId> {
+    programs
         .iter()
         .flat_map(|p| &p.ops)
         .find_map(|op| match op {
             DeviceOp::Conv(c) if c.layout == ConvLayout::Nhwc => Some(c.node),
             _ => None,
-        });
-    match nhwc {
+        })
+}
+
+/// What a user does about a channels-last step that cannot run here.
+fn ways_out() -> String {
+    format!(
+        "either install cuDNN 9 ({}), or compile the step again with {}=im2col (or `--conv \
+         im2col`), which stores its convolutions NCHW and runs them as im2col + cuBLAS",
+        cudnn::CUDNN.install_hint,
+        cudnn::CONV_PATH
+    )
+}
+
+/// Refuses a step with a channels-last convolution where no cuDNN handle was made: the im2col
+/// fallback reads NCHW images, so such a convolution runs only through cuDNN.
+pub(super) fn check_channels_last(programs: &[&Program], cudnn: bool) -> Result<(), ExecError> {
+    match first_nhwc(programs) {
         Some(node) if !cudnn => Err(ExecError::Device {
             what: format!("loading channels-last convolution node %{}", node.0),
             reason: format!(
-                "the step was compiled with channels-last convolutions, which only cuDNN runs, \
-                 and cuDNN is not in use: set {}=cudnn with cuDNN 9 installed, or compile the \
-                 step without channels-last (for the CUDA target it is chosen only under \
-                 {}=cudnn)",
+                "the step was compiled with channels-last convolutions, which only cuDNN \
+                 ({}) runs, and cuDNN is not in use here ({}=im2col); unset {} to run it \
+                 through cuDNN, or {}",
+                cudnn::CUDNN.file,
                 cudnn::CONV_PATH,
-                cudnn::CONV_PATH
+                cudnn::CONV_PATH,
+                ways_out()
             ),
         }),
         _ => Ok(()),
@@ -33,14 +82,26 @@ pub(super) fn check_channels_last(programs: &[&Program], cudnn: bool) -> Result<
 
 impl CudaStep {
     /// Chooses how each convolution runs, outside any capture, on the zeroed allocation (a
-    /// convolution of zeros writes zeros): each of cuDNN's candidates ([`cudnn::candidates`])
-    /// and the fallback run once (cuDNN and the fallback load their kernels now) and then are
-    /// timed over three runs; the fastest is taken. The choice is kept for every later
-    /// convolution of the same shape in the process ([`cudnn::remembered`]), which then runs
-    /// without timing. Each choice (with its timings) is printed under `INGOT_LOG`.
+    /// convolution of zeros writes zeros): its [`route`], and through cuDNN the first
+    /// eligible algorithm in cuDNN's heuristic order ([`cudnn::choose`]), run once so that
+    /// cuDNN loads its kernels now. Under `INGOT_CONV_TIMING=1` the eligible algorithms and
+    /// the fallback are timed instead and the fastest taken ([`Self::time_convolution`]).
+    /// Each choice is printed under `INGOT_LOG`.
     pub(super) fn choose_convolutions(&mut self) -> Result<(), ExecError> {
         if self.cudnn.is_none() {
             return Ok(());
+        }
+        let setting = setting()?;
+        let timing = cudnn::timing();
+        if timing {
+            cudnn::say_once(
+                "timing",
+                &format!(
+                    "{}: timing each convolution's cuDNN algorithms and fallback at load and \
+                     keeping the fastest; another run may choose otherwise and compute other bits",
+                    cudnn::CONV_TIMING
+                ),
+            );
         }
         for eval in [false, true] {
             let part = match (eval, &self.eval) {
@@ -53,14 +114,18 @@ impl CudaStep {
                 let DeviceOp::Conv(c) = op else {
                     continue;
                 };
-                let (run, choice) = self.time_convolution(part, c);
+                let (run, choice) = match route(setting, c.layout) {
+                    Route::Im2col => (None, im2col(c, "NCHW: the default runs it so".into())),
+                    Route::Cudnn if timing => self.time_convolution(part, c),
+                    Route::Cudnn => self.heuristic_choice(c),
+                };
                 if run.is_none() && c.fallback.is_empty() {
                     return Err(ExecError::Device {
                         what: format!("choosing how convolution node %{} runs", c.node.0),
                         reason: format!(
                             "it is channels-last, which only cuDNN runs, and cuDNN gave no \
-                             algorithm that runs it ({choice}); compile the step without \
-                             channels-last convolutions (unset {})",
+                             algorithm that runs it ({choice}); compile the step again with \
+                             {}=im2col",
                             cudnn::CONV_PATH
                         ),
                     });
@@ -84,6 +149,30 @@ impl CudaStep {
             }
         }
         Ok(())
+    }
+
+    /// Convolution `c` through cuDNN's first eligible algorithm ([`cudnn::choose`]), run once
+    /// here (cuDNN loads its kernels outside the capture); its fallback, and why, where cuDNN
+    /// takes none or the run fails.
+    fn heuristic_choice(
+        &self,
+        c: &ingot_compiler::lower::cuda::Conv,
+    ) -> (Option<cudnn::ConvRun>, cudnn::ConvChoice) {
+        let h = self.cudnn.as_ref().expect("a cuDNN handle");
+        let run = cudnn::choose(h, c).and_then(|run| {
+            // SAFETY: the program's check put every byte of `c` inside the allocation at
+            // `self.base`; the stream is the handle's.
+            unsafe { run.enqueue(h, c, self.base) }?;
+            self.stream.synchronize().map_err(|e| e.to_string())?;
+            Ok(run)
+        });
+        match run {
+            Ok(run) => {
+                let choice = run.choice.clone();
+                (Some(run), choice)
+            }
+            Err(reason) => (None, im2col(c, reason)),
+        }
     }
 
     /// How convolution `c` of `part` runs: the remembered choice for its shape, else the
@@ -187,16 +276,33 @@ impl CudaStep {
     }
 }
 
-/// The CUDA program of `exe`; an error naming its target if it was lowered for another.
-/// A cuDNN handle on `stream` for a program with convolutions where `INGOT_CONV=cudnn` asks
-/// for it; `None` by default (the fallback) or where cuDNN does not load (said once on
-/// stderr).
-pub(super) fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>, ExecError> {
-    let setting = cudnn::conv_path().map_err(|reason| ExecError::Device {
-        what: "choosing the convolutions' path".into(),
-        reason,
-    })?;
-    if setting == cudnn::ConvSetting::Im2col {
+/// The choice of running convolution `c` as its fallback, and why.
+fn im2col(c: &ingot_compiler::lower::cuda::Conv, reason: String) -> cudnn::ConvChoice {
+    cudnn::ConvChoice {
+        node: c.node,
+        pass: c.pass,
+        path: cudnn::ConvPath::Im2col { reason },
+        timings: String::new(),
+    }
+}
+
+/// A cuDNN handle on `stream` where a convolution of `programs` runs through cuDNN
+/// ([`route`]): by default only for a step with channels-last convolutions, under
+/// `INGOT_CONV=cudnn` for any with convolutions; `None` otherwise. Where cuDNN does not load,
+/// a step with channels-last convolutions is refused, naming the library and the ways out; an
+/// NCHW step runs its fallback (said once on stderr).
+pub(super) fn cudnn_handle(
+    stream: &CudaStream,
+    programs: &[&Program],
+) -> Result<Option<cudnn::Handle>, ExecError> {
+    let setting = setting()?;
+    let nhwc = first_nhwc(programs);
+    let wanted = programs
+        .iter()
+        .flat_map(|p| &p.ops)
+        .any(|op| matches!(op, DeviceOp::Conv(c) if route(setting, c.layout) == Route::Cudnn));
+    // A channels-last step under INGOT_CONV=im2col is refused by `check_channels_last`.
+    if !wanted || setting == cudnn::ConvSetting::Im2col {
         return Ok(None);
     }
     let handle = cudnn::load().and_then(|lib| {
@@ -209,9 +315,18 @@ pub(super) fn cudnn_handle(stream: &CudaStream) -> Result<Option<cudnn::Handle>,
         }
         Ok(h)
     });
-    match handle {
-        Ok(h) => Ok(Some(h)),
-        Err(e) => {
+    match (handle, nhwc) {
+        (Ok(h), _) => Ok(Some(h)),
+        (Err(e), Some(node)) => Err(ExecError::Device {
+            what: format!("loading channels-last convolution node %{}", node.0),
+            reason: format!(
+                "the step was compiled with channels-last convolutions, which only cuDNN ({}) \
+                 runs, and cuDNN does not load here: {e}; {}",
+                cudnn::CUDNN.file,
+                ways_out()
+            ),
+        }),
+        (Err(e), None) => {
             cudnn::say_once(
                 "missing",
                 &format!("warning: convolutions run as im2col + cuBLAS GEMMs, not cuDNN: {e}"),
@@ -231,7 +346,7 @@ mod tests {
     fn program(channels_last: bool) -> Program {
         let m = ingot_models::by_name("cnn").unwrap();
         let opts = Options {
-            channels_last,
+            channels_last: channels_last.into(),
             ..Options::for_target(Target::Cuda)
         };
         let exe = pipeline::compile(&m, &opts)
@@ -251,10 +366,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("channels-last convolution node %") && e.contains("INGOT_CONV=cudnn"),
+            e.contains("channels-last convolution node %")
+                && e.contains("libcudnn.so.9")
+                && e.contains("INGOT_CONV=im2col"),
             "{e}"
         );
         check_channels_last(&[&nhwc], true).unwrap();
         check_channels_last(&[&program(false)], false).unwrap();
+    }
+
+    #[test]
+    fn by_default_channels_last_convolutions_run_through_cudnn_and_nchw_ones_as_im2col() {
+        use cudnn::ConvSetting as S;
+        assert_eq!(route(S::Auto, ConvLayout::Nhwc), Route::Cudnn);
+        assert_eq!(route(S::Auto, ConvLayout::Nchw), Route::Im2col);
+        assert_eq!(route(S::Cudnn, ConvLayout::Nchw), Route::Cudnn);
+        assert_eq!(route(S::Cudnn, ConvLayout::Nhwc), Route::Cudnn);
+        assert_eq!(route(S::Im2col, ConvLayout::Nchw), Route::Im2col);
+        // The cnn's step compiled channels-last: its first convolution (one input channel)
+        // keeps NCHW and runs as im2col, the second (32) runs through cuDNN.
+        let p = program(true);
+        let routes: Vec<(ConvLayout, Route)> = (p.ops.iter())
+            .filter_map(|op| match op {
+                DeviceOp::Conv(c) => Some((c.layout, route(S::Auto, c.layout))),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            routes.contains(&(ConvLayout::Nchw, Route::Im2col)),
+            "{routes:?}"
+        );
+        assert!(
+            routes.contains(&(ConvLayout::Nhwc, Route::Cudnn)),
+            "{routes:?}"
+        );
+        assert_eq!(first_nhwc(&[&program(false)]), None);
+        assert!(first_nhwc(&[&p]).is_some());
     }
 }
