@@ -204,6 +204,36 @@ fn same(k: &FusedKernel, got: &[Vec<u8>], want: &[Vec<u8>]) -> Result<(), String
 
 /// Whether some kept axis of `k` (of size > 1) lies between reduced ones, or a reduced one
 /// between kept ones: the kept and reduced axes interleave.
+/// Inputs of `k` drawn from `seed` with no NaN (a sum meeting two NaNs keeps either payload:
+/// LLVM may swap an addition's operands, so NaN bits are not the claim), and the interpreter's
+/// outputs on them.
+fn inputs_and_want(k: &FusedKernel, seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut r = Rng(seed);
+    let inputs: Vec<Vec<u8>> = k
+        .inputs
+        .iter()
+        .map(|i| without_nan(data(&mut r, i)))
+        .collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+    let want = cpu::run_buffers(k, &refs).unwrap();
+    (inputs, want)
+}
+
+/// `k` compiled, run on `inputs` on each of `threads` threads, gives the bits `want`; `what`
+/// names the case in a failure.
+fn compiled_gives(
+    k: &FusedKernel,
+    inputs: &[Vec<u8>],
+    want: &[Vec<u8>],
+    threads: &[usize],
+    what: &str,
+) {
+    for &threads in threads {
+        let got = run_compiled(k, inputs, threads).unwrap();
+        same(k, &got, want).unwrap_or_else(|e| panic!("{what}, {threads} threads: {e}"));
+    }
+}
+
 fn interleaved(k: &FusedKernel) -> bool {
     let red: Vec<bool> = (0..k.domain.len())
         .filter(|&d| k.domain[d] > 1)
@@ -397,20 +427,9 @@ fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_
                 .unwrap_or_else(|| panic!("{domain:?} reduced over {reduce:?} compiles"));
             assert!(!c.is_columns());
             assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
-            let mut r = Rng(numel as u64 + offset as u64);
-            let inputs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|i| without_nan(data(&mut r, i)))
-                .collect();
-            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
-            let want = cpu::run_buffers(&k, &refs).unwrap();
-            for threads in [1, 2, 3, 16] {
-                let got = run_compiled(&k, &inputs, threads).unwrap();
-                same(&k, &got, &want).unwrap_or_else(|e| {
-                    panic!("{domain:?} over {reduce:?}, {threads} threads: {e}")
-                });
-            }
+            let (inputs, want) = inputs_and_want(&k, numel as u64 + offset as u64);
+            let what = format!("{domain:?} over {reduce:?}");
+            compiled_gives(&k, &inputs, &want, &[1, 2, 3, 16], &what);
         }
     }
 }
@@ -628,20 +647,12 @@ fn column_reductions_with_kept_axes_outside_their_columns_give_the_interpreters_
                 .map(|d| domain[d])
                 .product();
             assert_eq!(c.rows(), kept, "every kept index is a column run apart");
-            let mut r = Rng(kept as u64 * 7 + u64::from(full) + 2 * u64::from(transposed));
-            let inputs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|i| without_nan(data(&mut r, i)))
-                .collect();
-            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
-            let want = cpu::run_buffers(&k, &refs).unwrap();
-            for threads in [1, 2, 3, 16] {
-                let got = run_compiled(&k, &inputs, threads).unwrap();
-                same(&k, &got, &want).unwrap_or_else(|e| {
-                    panic!("{domain:?} over {reduce:?}, {threads} threads: {e}")
-                });
-            }
+            let (inputs, want) = inputs_and_want(
+                &k,
+                kept as u64 * 7 + u64::from(full) + 2 * u64::from(transposed),
+            );
+            let what = format!("{domain:?} over {reduce:?}");
+            compiled_gives(&k, &inputs, &want, &[1, 2, 3, 16], &what);
         }
     }
 }
@@ -742,16 +753,7 @@ fn column_sums_run_several_terms_a_chunk_with_the_interpreters_bits_on_1_2_and_3
                     "{cols} columns: {per_chunk} terms a chunk of {lanes}"
                 );
             }
-            let mut r = Rng((cols * 31 + terms[0]) as u64);
-            // No NaN inputs: a sum meeting two NaNs keeps either payload (LLVM may swap an
-            // addition's operands), so NaN bits are not the claim here.
-            let inputs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|i| without_nan(data(&mut r, i)))
-                .collect();
-            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
-            let want = cpu::run_buffers(&k, &refs).unwrap();
+            let (inputs, want) = inputs_and_want(&k, (cols * 31 + terms[0]) as u64);
             for threads in [1, 2, 3] {
                 // A full output keeps the kernel whole (it is not cut along its columns).
                 let cut = parts::cut(&k, threads, 1).map_or(1, |p| p.len());

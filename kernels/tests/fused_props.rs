@@ -24,6 +24,24 @@ enum V {
     B(u8),
 }
 
+/// `a op b` of two floats of one type (f32 or f64), the naive way: written once for both.
+macro_rules! float_binary {
+    ($op:expr, $a:expr, $b:expr) => {{
+        let (a, b) = ($a, $b);
+        match $op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            // NaN propagates (either operand NaN gives NaN).
+            BinaryOp::Max if a.is_nan() || b.is_nan() => a + b,
+            BinaryOp::Min if a.is_nan() || b.is_nan() => a + b,
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+        }
+    }};
+}
+
 impl V {
     fn read(dtype: DType, bytes: &[u8], e: usize) -> V {
         let s = dtype.size();
@@ -125,28 +143,8 @@ impl V {
     fn binary(self, op: BinaryOp, o: V) -> V {
         use BinaryOp::*;
         match (self, o) {
-            (V::F32(a), V::F32(b)) => V::F32(match op {
-                Add => a + b,
-                Sub => a - b,
-                Mul => a * b,
-                Div => a / b,
-                // NaN propagates (either operand NaN gives NaN).
-                Max if a.is_nan() || b.is_nan() => a + b,
-                Min if a.is_nan() || b.is_nan() => a + b,
-                Max => a.max(b),
-                Min => a.min(b),
-            }),
-            (V::F64(a), V::F64(b)) => V::F64(match op {
-                Add => a + b,
-                Sub => a - b,
-                Mul => a * b,
-                Div => a / b,
-                // NaN propagates (either operand NaN gives NaN).
-                Max if a.is_nan() || b.is_nan() => a + b,
-                Min if a.is_nan() || b.is_nan() => a + b,
-                Max => a.max(b),
-                Min => a.min(b),
-            }),
+            (V::F32(a), V::F32(b)) => V::F32(float_binary!(op, a, b)),
+            (V::F64(a), V::F64(b)) => V::F64(float_binary!(op, a, b)),
             (V::I32(a), V::I32(b)) => V::I32(match op {
                 Add => a.wrapping_add(b),
                 Sub => a.wrapping_sub(b),
