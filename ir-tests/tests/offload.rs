@@ -12,6 +12,7 @@ use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::plan::check::PlanViolation;
 use ingot_compiler::plan::{align_up, PlanError};
 use ingot_ir_tests::fits::fit_none;
+use ingot_testkit::steps::losses_and_state;
 use ingot_trainer::session::Session;
 
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=8,batch=2";
@@ -169,14 +170,7 @@ type State = Vec<(String, Vec<u8>)>;
 /// executor allocated on the device and for the host region, and the optimizer state after.
 fn train(m: &Model, opts: &Options, steps: usize) -> (Vec<u64>, usize, State) {
     let mut s = Session::with_options(m, 3, opts).unwrap();
-    let losses = (0..steps)
-        .map(|_| s.step().unwrap().loss.to_bits())
-        .collect();
-    let state = s
-        .optimizer_state()
-        .into_iter()
-        .map(|(n, t)| (n, t.to_le_bytes()))
-        .collect();
+    let (losses, state) = losses_and_state(&mut s, steps);
     (losses, s.exe().allocated_bytes(), state)
 }
 
