@@ -3,7 +3,7 @@
 
 use indexmap::IndexMap;
 use ingot_runtime::tensor::Tensor;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -491,15 +491,14 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         args.extend_from_slice(extra);
         ingot(&args)
     };
+    // `train FROM first --steps n TO to`: a run from a file or checkpoint into one.
+    let from_to = |from: &str, first: &Path, steps: &str, to: &str, last: &Path| {
+        let path = |p: &Path| p.to_str().unwrap().to_string();
+        let (first, last) = (path(first), path(last));
+        train(&[from, &first, "--steps", steps, to, &last])
+    };
     let saved = dir.join("saved.safetensors");
-    let (code, out, err) = train(&[
-        "--init",
-        init.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--save",
-        saved.to_str().unwrap(),
-    ]);
+    let (code, out, err) = from_to("--init", &init, "2", "--save", &saved);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("tied") && out.contains("head.weight = fc2.weight"),
@@ -536,17 +535,7 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         &[("fc2.weight", "head.weight"), ("format", "pt")],
     );
     let saved2 = dir.join("saved2.safetensors");
-    exit_stderr(
-        train(&[
-            "--init",
-            meta_init.to_str().unwrap(),
-            "--steps",
-            "2",
-            "--save",
-            saved2.to_str().unwrap(),
-        ]),
-        0,
-    );
+    exit_stderr(from_to("--init", &meta_init, "2", "--save", &saved2), 0);
     let back2 = ingot_runtime::io::load(&saved2).unwrap();
     assert_eq!(
         back2["fc2.weight"].to_le_bytes(),
@@ -560,29 +549,9 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
 
     // A checkpoint keeps the alias list: a resumed run's --save writes both names too.
     let ck = dir.join("ck");
-    exit_stderr(
-        train(&[
-            "--init",
-            init.to_str().unwrap(),
-            "--steps",
-            "1",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-        ]),
-        0,
-    );
+    exit_stderr(from_to("--init", &init, "1", "--checkpoint", &ck), 0);
     let saved3 = dir.join("saved3.safetensors");
-    exit_stderr(
-        train(&[
-            "--resume",
-            ck.to_str().unwrap(),
-            "--steps",
-            "2",
-            "--save",
-            saved3.to_str().unwrap(),
-        ]),
-        0,
-    );
+    exit_stderr(from_to("--resume", &ck, "2", "--save", &saved3), 0);
     let back3 = ingot_runtime::io::load(&saved3).unwrap();
     assert_eq!(
         back3["head.weight"].to_le_bytes(),

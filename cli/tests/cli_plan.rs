@@ -63,16 +63,14 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
         "id,lower,upper,size\n0,0,2,100\n1,1,3,50\n2,2,4,100\n",
     )
     .unwrap();
-    exit_stderr(
-        ingot(&[
-            "dsa",
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ]),
-        0,
-    );
+    let dsa = [
+        "dsa",
+        "--input",
+        cli::s(&input),
+        "--output",
+        cli::s(&output),
+    ];
+    exit_stderr(ingot(&dsa), 0);
     let text = std::fs::read_to_string(&output).unwrap();
     let mut lines = text.lines();
     assert_eq!(lines.next().unwrap(), "id,lower,upper,size,offset");
@@ -82,31 +80,10 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
     assert_eq!(rows.len(), 3);
     let peak = rows.iter().map(|r| r[4] + r[3]).max().unwrap();
     assert_eq!(peak, 150, "LOAD is 150 and reachable");
-    exit_stderr(
-        ingot(&[
-            "dsa",
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-            "--capacity",
-            "120",
-            "--time-limit",
-            "0.5",
-        ]),
-        3,
-    );
+    let over = ["--capacity", "120", "--time-limit", "0.5"];
+    exit_stderr(ingot(&[&dsa[..], &over].concat()), 3);
     std::fs::write(&input, "id,lower,upper,size\n0,5,2,100\n").unwrap();
-    let err = exit_stderr(
-        ingot(&[
-            "dsa",
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ]),
-        1,
-    );
+    let err = exit_stderr(ingot(&dsa), 1);
     assert!(err.contains("line 2"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -256,39 +256,25 @@ fn weights_of_another_model_and_data_of_another_shape_are_refused_naming_them() 
         &text,
         &["--steps", "1", "--checkpoint", s(&ckpt), "--threads", "1"],
     ));
-    let e = exit_stderr(
-        run(&[
-            "eval",
-            "--model",
-            "mlp",
+    // The checkpoint over the mlp's samples, evaluated as `model`.
+    let eval = |model: &str| {
+        let from = [
             "--checkpoint",
             s(&ckpt),
             "--dataset",
             s(&data),
             "--threads",
             "1",
-        ]),
-        1,
-    );
+        ];
+        exit_stderr(run(&[&["eval", "--model", model][..], &from].concat()), 1)
+    };
+    let e = eval("mlp");
     assert!(
         e.contains("written by a run of gpt:") && e.contains("mlp"),
         "{e}"
     );
     // The gpt's own weights over the mlp's samples: the data set's shape is named.
-    let e = exit_stderr(
-        run(&[
-            "eval",
-            "--model",
-            gpt,
-            "--checkpoint",
-            s(&ckpt),
-            "--dataset",
-            s(&data),
-            "--threads",
-            "1",
-        ]),
-        1,
-    );
+    let e = eval(gpt);
     assert!(e.contains("--dataset"), "{e}");
 }
 

@@ -294,34 +294,19 @@ fn a_dsa_capacity_not_met_says_what_stopped_the_search() {
         "id,lower,upper,size\n0,5,6,3\n1,7,8,5\n2,5,7,2\n3,2,6,2\n4,0,4,5\n5,0,2,5\n6,6,8,5\n7,6,8,1\n8,2,7,3\n",
     )
     .unwrap();
-    let err = exit_stderr(
-        ingot(&[
-            "dsa",
-            "--input",
-            s(&input),
-            "--output",
-            s(&output),
-            "--capacity",
-            "11",
-        ]),
-        3,
-    );
+    let dsa = [
+        "dsa",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+        "--capacity",
+        "11",
+    ];
+    let err = exit_stderr(ingot(&dsa), 3);
     assert!(err.contains("proved"), "{err}");
     // With no time to search, the message says the time limit stopped it.
-    let err = exit_stderr(
-        ingot(&[
-            "dsa",
-            "--input",
-            s(&input),
-            "--output",
-            s(&output),
-            "--capacity",
-            "11",
-            "--time-limit",
-            "0",
-        ]),
-        3,
-    );
+    let err = exit_stderr(ingot(&[&dsa[..], &["--time-limit", "0"]].concat()), 3);
     assert!(
         err.contains("the time limit of 0.000 s ran out")
             && err.contains("raise the capacity or the time limit"),
