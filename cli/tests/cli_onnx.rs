@@ -625,39 +625,16 @@ fn a_tied_head_model_trains_on_labels_up_to_its_vocabulary_with_the_class_axis_r
     let want = doc["ce"].as_f64().unwrap();
     assert!((loss - want).abs() <= 1e-5 * want, "{loss} vs numpy {want}");
     // Without labels to read the axis off, three-axis logits ask for --class-axis.
-    let err = exit_stderr(
-        ingot(&["plan", "--onnx", &model, "--loss", "cross-entropy"]),
-        1,
-    );
+    let loss = ["--onnx", &model, "--loss", "cross-entropy"];
+    let err = exit_stderr(ingot(&[&["plan"][..], &loss].concat()), 1);
     assert!(err.contains("--class-axis"), "{err}");
-    exit_stderr(
-        ingot(&[
-            "plan",
-            "--onnx",
-            &model,
-            "--loss",
-            "cross-entropy",
-            "--class-axis",
-            "last",
-        ]),
-        0,
-    );
+    let axis = ["--class-axis", "last"];
+    exit_stderr(ingot(&[&["plan"][..], &loss, &axis].concat()), 0);
     // A synthetic batch draws labels over the whole vocabulary, the declared bound.
     let saved = dir.join("synthetic.safetensors");
+    let save_data = ["--steps", "0", "--save-data", saved.to_str().unwrap()];
     exit_stderr(
-        ingot(&[
-            "train",
-            "--onnx",
-            &model,
-            "--loss",
-            "cross-entropy",
-            "--class-axis",
-            "last",
-            "--steps",
-            "0",
-            "--save-data",
-            saved.to_str().unwrap(),
-        ]),
+        ingot(&[&["train"][..], &loss, &axis, &save_data].concat()),
         0,
     );
     let y = ingot_runtime::io::load(&saved).unwrap()["y"].clone();

@@ -35,6 +35,21 @@ fn initial_gpt(dir: &Path, vocab: usize) -> (String, PathBuf) {
     (spec, w)
 }
 
+/// `ingot generate`'s flags for the GPT `spec` from the weights `w` with the tokenizer file
+/// `tokenizer` (the prompt and the draws follow).
+fn gpt_with<'a>(spec: &'a str, w: &'a Path, tokenizer: &'a str) -> [&'a str; 7] {
+    let init = s(w);
+    [
+        "generate",
+        "--model",
+        spec,
+        "--init",
+        init,
+        "--tokenizer",
+        tokenizer,
+    ]
+}
+
 #[test]
 fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_the_tokens() {
     let d = cli::scratch("generate", "tokenizer");
@@ -47,14 +62,7 @@ fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_th
     let all: Vec<u64> =
         serde_json::from_slice(&std::fs::read(tokenizer_fixture("sample_ids.json")).unwrap())
             .unwrap();
-    let out = json_lines(&ok(&ingot(&[
-        "generate",
-        "--model",
-        &spec,
-        "--init",
-        s(&w),
-        "--tokenizer",
-        s(&tok),
+    let draw = [
         "--prompt",
         line,
         "--tokens",
@@ -64,7 +72,10 @@ fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_th
         "--json",
         "--threads",
         "1",
-    ])))
+    ];
+    let out = json_lines(&ok(&ingot(
+        &[&gpt_with(&spec, &w, s(&tok))[..], &draw].concat(),
+    )))
     .remove(0);
     let prompt: Vec<u64> = serde_json::from_value(out["prompt_tokens"].clone()).unwrap();
     assert!(
@@ -102,23 +113,15 @@ fn a_tokenizer_that_does_not_fit_the_model_is_an_error_naming_both_vocabularies(
     let d = cli::scratch("generate", "tokenizer_sizes");
     let tok = tokenizer_fixture("tokenizer.json");
     let generate = |spec: &str, w: &Path, temperature: &str| {
-        run(&[
-            "generate",
-            "--model",
-            spec,
-            "--init",
-            s(w),
-            "--tokenizer",
-            s(&tok),
+        let draw = [
             "--prompt",
             "the plan",
             "--tokens",
             "48",
             "--temperature",
             temperature,
-            "--threads",
-            "1",
-        ])
+        ];
+        run(&[&gpt_with(spec, w, s(&tok))[..], &draw, &["--threads", "1"]].concat())
     };
     // The tokenizer's 512 ids reach past a model of 256.
     let (spec, w) = initial_gpt(&d, 256);
@@ -136,20 +139,9 @@ fn a_tokenizer_that_does_not_fit_the_model_is_an_error_naming_both_vocabularies(
         "{err}"
     );
     // A missing file names itself.
+    let one = ["--prompt", "a", "--tokens", "1"];
     let err = exit_stderr(
-        run(&[
-            "generate",
-            "--model",
-            &spec,
-            "--init",
-            s(&w),
-            "--tokenizer",
-            "nope.json",
-            "--prompt",
-            "a",
-            "--tokens",
-            "1",
-        ]),
+        run(&[&gpt_with(&spec, &w, "nope.json")[..], &one].concat()),
         1,
     );
     assert!(err.contains("nope.json"), "{err}");
