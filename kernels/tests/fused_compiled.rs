@@ -9,6 +9,7 @@ use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{parts, Access, FusedKernel, Input, Inst, KernelError, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use ingot_testkit::fused_kernels::layer_norm;
+use ingot_testkit::kernel_builder::KernelBuilder;
 use zerocopy::IntoBytes;
 #[path = "support/counting.rs"]
 mod counting;
@@ -300,78 +301,50 @@ fn batch_norm(
     x_len: usize,
 ) -> FusedKernel {
     let count: usize = reduce.iter().map(|&a| domain[a]).product();
-    let per_channel = || {
-        let kept: Vec<usize> = (0..domain.len()).filter(|d| !reduce.contains(d)).collect();
-        let mut strides = vec![0; domain.len()];
-        let mut acc = 1;
-        for &d in kept.iter().rev() {
-            strides[d] = acc;
-            acc *= domain[d];
-        }
-        Input {
-            dtype: DType::F32,
-            len: acc,
-            access: Access { offset: 0, strides },
-        }
-    };
-    let bin = |op, a, b| Inst::Binary { op, a, b };
-    let konst = |value| Inst::Const {
-        value,
+    let mut b = KernelBuilder::new(domain, reduce);
+    b.k.inputs.push(Input {
         dtype: DType::F32,
-    };
-    let sum = |x| Inst::Reduce {
-        op: ReduceOp::Sum,
-        x,
-    };
-    FusedKernel {
-        domain: domain.to_vec(),
-        reduce_axes: reduce.to_vec(),
-        inputs: vec![
-            Input {
-                dtype: DType::F32,
-                len: x_len,
-                access: Access {
-                    offset: x_offset,
-                    strides: x_strides,
-                },
-            },
-            per_channel(),
-            per_channel(),
-        ],
-        body: vec![
-            Inst::Load { input: 0 },   // 0 x
-            Inst::Load { input: 1 },   // 1 scale
-            Inst::Load { input: 2 },   // 2 shift
-            konst(1.0 / count as f64), // 3
-            sum(0),                    // 4 Σx
-            bin(BinaryOp::Mul, 4, 3),  // 5 mean
-            bin(BinaryOp::Sub, 0, 5),  // 6 d
-            bin(BinaryOp::Mul, 6, 6),  // 7 d²
-            sum(7),                    // 8
-            bin(BinaryOp::Mul, 8, 3),  // 9 var
-            konst(1e-5),               // 10
-            bin(BinaryOp::Add, 9, 10), // 11
-            Inst::Unary {
-                op: UnaryOp::Sqrt,
-                x: 11,
-            }, // 12
-            Inst::Unary {
-                op: UnaryOp::Recip,
-                x: 12,
-            }, // 13 rstd
-            bin(BinaryOp::Mul, 6, 13), // 14 xhat
-            bin(BinaryOp::Mul, 14, 1), // 15
-            bin(BinaryOp::Add, 15, 2), // 16 y
-            bin(BinaryOp::Mul, 16, 0), // 17 y·x
-            sum(17),                   // 18
-        ],
-        outputs: vec![
-            Output { value: 16 },
-            Output { value: 5 },
-            Output { value: 13 },
-            Output { value: 18 },
-        ],
+        len: x_len,
+        access: Access {
+            offset: x_offset,
+            strides: x_strides,
+        },
+    });
+    // The scale and the shift: one value a channel.
+    let (per_channel, _) = kept_strides(domain, reduce);
+    b.input_at(DType::F32, 0, &per_channel);
+    b.input_at(DType::F32, 0, &per_channel);
+    let (x, scale, shift) = (b.load(0), b.load(1), b.load(2));
+    let inv = b.konst(1.0 / count as f64);
+    let sx = b.sum(x);
+    let mean = b.mul(sx, inv);
+    let d = b.sub(x, mean);
+    let d2 = b.mul(d, d);
+    let sd2 = b.sum(d2);
+    let var = b.mul(sd2, inv);
+    let eps = b.konst(1e-5);
+    let ve = b.add(var, eps);
+    let sd = b.un(UnaryOp::Sqrt, ve);
+    let rstd = b.un(UnaryOp::Recip, sd);
+    let xhat = b.mul(d, rstd);
+    let scaled = b.mul(xhat, scale);
+    let y = b.add(scaled, shift);
+    let yx = b.mul(y, x);
+    let syx = b.sum(yx);
+    b.outputs(&[y, mean, rstd, syx]);
+    b.k
+}
+
+/// Row-major strides over `domain`'s kept axes (those not in `reduce`), 0 over the reduced
+/// ones: a value per kept index; and how many kept indices there are.
+fn kept_strides(domain: &[usize], reduce: &[usize]) -> (Vec<usize>, usize) {
+    let mut strides = vec![0; domain.len()];
+    let mut acc = 1;
+    for d in (0..domain.len()).rev().filter(|d| !reduce.contains(d)) {
+        strides[d] = acc;
+        acc *= domain[d];
     }
+    (strides, acc)
 }
 
 /// Row-major strides of `dims`.
@@ -437,45 +410,24 @@ fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_
 /// A ReLU's backward pass into a batch norm's: `dy` where the stored mask is false, its sum
 /// per channel; and the mask of the result's non-positive elements, stored (bools).
 fn masked_sum(domain: &[usize], reduce: &[usize]) -> FusedKernel {
-    let numel: usize = domain.iter().product();
-    let full = |dtype| Input {
-        dtype,
-        len: numel,
-        access: Access::contiguous(domain),
-    };
-    let zero = Inst::Const {
-        value: 0.0,
-        dtype: DType::F32,
-    };
-    FusedKernel {
-        domain: domain.to_vec(),
-        reduce_axes: reduce.to_vec(),
-        inputs: vec![full(DType::Bool), full(DType::F32)],
-        body: vec![
-            Inst::Load { input: 0 }, // 0 mask
-            zero,                    // 1
-            Inst::Load { input: 1 }, // 2 dy
-            Inst::Select {
-                cond: 0,
-                a: 1,
-                b: 2,
-            }, // 3
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 3,
-            }, // 4
-            Inst::Compare {
-                op: ingot_kernels::CmpOp::Le,
-                a: 3,
-                b: 1,
-            }, // 5
-        ],
-        outputs: vec![
-            Output { value: 3 },
-            Output { value: 4 },
-            Output { value: 5 },
-        ],
-    }
+    let mut b = KernelBuilder::new(domain, reduce);
+    let (mask, dy) = (b.whole(DType::Bool), b.whole(DType::F32));
+    let mask = b.load(mask);
+    let zero = b.konst(0.0);
+    let dy = b.load(dy);
+    let kept = b.push(Inst::Select {
+        cond: mask,
+        a: zero,
+        b: dy,
+    });
+    let sum = b.sum(kept);
+    let off = b.push(Inst::Compare {
+        op: ingot_kernels::CmpOp::Le,
+        a: kept,
+        b: zero,
+    });
+    b.outputs(&[kept, sum, off]);
+    b.k
 }
 
 #[test]
@@ -593,19 +545,12 @@ fn interleaved_columns(domain: &[usize], reduce: &[usize], full: bool) -> FusedK
     let numel: usize = domain.iter().product();
     k.domain = domain.to_vec();
     k.reduce_axes = reduce.to_vec();
-    let mut w = vec![0; domain.len()];
-    let mut acc = 1;
-    for d in (0..domain.len()).rev() {
-        if !reduce.contains(&d) {
-            w[d] = acc;
-            acc *= domain[d];
-        }
-    }
+    let (w, kept) = kept_strides(domain, reduce);
     for i in &mut k.inputs[..2] {
         i.len = numel;
         i.access = Access::contiguous(domain);
     }
-    k.inputs[2].len = acc;
+    k.inputs[2].len = kept;
     k.inputs[2].access.strides = w;
     k
 }
@@ -662,68 +607,24 @@ fn column_reductions_with_kept_axes_outside_their_columns_give_the_interpreters_
 /// column), `max xhat`, and per-column values computed from them (`0.5 Σ dy·w·xhat`, plus `w`);
 /// with `full`, also the full `dy·w·xhat`.
 fn column_sums(terms: &[usize], cols: usize, full: bool) -> FusedKernel {
-    let mut domain = terms.to_vec();
-    domain.push(cols);
-    let numel: usize = domain.iter().product();
-    let mut w_strides = vec![0; terms.len()];
-    w_strides.push(1);
-    let bin = |op, a, b| Inst::Binary { op, a, b };
-    let full_in = || Input {
-        dtype: DType::F32,
-        len: numel,
-        access: Access::contiguous(&domain),
-    };
-    let mut outputs = vec![
-        Output { value: 5 },
-        Output { value: 9 },
-        Output { value: 7 },
-        Output { value: 10 },
-    ];
+    let domain = [terms, &[cols]].concat();
+    let mut b = KernelBuilder::new(&domain, &(0..terms.len()).collect::<Vec<_>>());
+    let (dy, xhat) = (b.whole(DType::F32), b.whole(DType::F32));
+    let w = b.input_at(DType::F32, 0, &[&vec![0; terms.len()][..], &[1]].concat());
+    let (dy, xhat, w) = (b.load(dy), b.load(xhat), b.load(w));
+    let dyw = b.mul(dy, w);
+    let dywx = b.mul(dyw, xhat);
+    let sum_dy = b.sum(dy);
+    let sum_dywx = b.sum(dywx);
+    let max_xhat = b.max(xhat);
+    let half = b.konst(0.5);
+    let halved = b.mul(sum_dywx, half);
+    let plus_w = b.add(halved, w);
+    b.outputs(&[sum_dy, halved, max_xhat, plus_w]);
     if full {
-        outputs.push(Output { value: 4 });
+        b.out(dywx);
     }
-    FusedKernel {
-        domain: domain.clone(),
-        reduce_axes: (0..terms.len()).collect(),
-        inputs: vec![
-            full_in(),
-            full_in(),
-            Input {
-                dtype: DType::F32,
-                len: cols,
-                access: Access {
-                    offset: 0,
-                    strides: w_strides,
-                },
-            },
-        ],
-        body: vec![
-            Inst::Load { input: 0 },  // 0 dy
-            Inst::Load { input: 1 },  // 1 xhat
-            Inst::Load { input: 2 },  // 2 w, per column
-            bin(BinaryOp::Mul, 0, 2), // 3
-            bin(BinaryOp::Mul, 3, 1), // 4
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            }, // 5
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 4,
-            }, // 6
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 1,
-            }, // 7
-            Inst::Const {
-                value: 0.5,
-                dtype: DType::F32,
-            }, // 8
-            bin(BinaryOp::Mul, 6, 8), // 9
-            bin(BinaryOp::Add, 9, 2), // 10
-        ],
-        outputs,
-    }
+    b.k
 }
 
 #[test]
