@@ -7,7 +7,7 @@
 use ingot_kernels::fused::cpu::{self, Compiled};
 use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{parts, Access, FusedKernel, Input, Inst, KernelError, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
+use ingot_kernels::{DType, UnaryOp};
 use ingot_testkit::fused_kernels::layer_norm;
 use ingot_testkit::kernel_builder::KernelBuilder;
 use zerocopy::IntoBytes;
