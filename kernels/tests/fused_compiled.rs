@@ -7,7 +7,7 @@
 use ingot_kernels::fused::cpu::{self, Compiled};
 use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{parts, Access, FusedKernel, Input, Inst, KernelError, Output};
-use ingot_kernels::{DType, UnaryOp};
+use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use ingot_testkit::fused_kernels::layer_norm;
 use ingot_testkit::kernel_builder::KernelBuilder;
 use zerocopy::IntoBytes;
@@ -301,38 +301,72 @@ fn batch_norm(
     x_len: usize,
 ) -> FusedKernel {
     let count: usize = reduce.iter().map(|&a| domain[a]).product();
-    let mut b = KernelBuilder::new(domain, reduce);
-    b.k.inputs.push(Input {
+    let per_channel = || {
+        let (strides, len) = kept_strides(domain, reduce);
+        Input {
+            dtype: DType::F32,
+            len,
+            access: Access { offset: 0, strides },
+        }
+    };
+    let bin = |op, a, b| Inst::Binary { op, a, b };
+    let konst = |value| Inst::Const {
+        value,
         dtype: DType::F32,
-        len: x_len,
-        access: Access {
-            offset: x_offset,
-            strides: x_strides,
-        },
-    });
-    // The scale and the shift: one value a channel.
-    let (per_channel, _) = kept_strides(domain, reduce);
-    b.input_at(DType::F32, 0, &per_channel);
-    b.input_at(DType::F32, 0, &per_channel);
-    let (x, scale, shift) = (b.load(0), b.load(1), b.load(2));
-    let inv = b.konst(1.0 / count as f64);
-    let sx = b.sum(x);
-    let mean = b.mul(sx, inv);
-    let d = b.sub(x, mean);
-    let d2 = b.mul(d, d);
-    let sd2 = b.sum(d2);
-    let var = b.mul(sd2, inv);
-    let eps = b.konst(1e-5);
-    let ve = b.add(var, eps);
-    let sd = b.un(UnaryOp::Sqrt, ve);
-    let rstd = b.un(UnaryOp::Recip, sd);
-    let xhat = b.mul(d, rstd);
-    let scaled = b.mul(xhat, scale);
-    let y = b.add(scaled, shift);
-    let yx = b.mul(y, x);
-    let syx = b.sum(yx);
-    b.outputs(&[y, mean, rstd, syx]);
-    b.k
+    };
+    let sum = |x| Inst::Reduce {
+        op: ReduceOp::Sum,
+        x,
+    };
+    FusedKernel {
+        domain: domain.to_vec(),
+        reduce_axes: reduce.to_vec(),
+        inputs: vec![
+            Input {
+                dtype: DType::F32,
+                len: x_len,
+                access: Access {
+                    offset: x_offset,
+                    strides: x_strides,
+                },
+            },
+            per_channel(),
+            per_channel(),
+        ],
+        body: vec![
+            Inst::Load { input: 0 },   // 0 x
+            Inst::Load { input: 1 },   // 1 scale
+            Inst::Load { input: 2 },   // 2 shift
+            konst(1.0 / count as f64), // 3
+            sum(0),                    // 4 Σx
+            bin(BinaryOp::Mul, 4, 3),  // 5 mean
+            bin(BinaryOp::Sub, 0, 5),  // 6 d
+            bin(BinaryOp::Mul, 6, 6),  // 7 d²
+            sum(7),                    // 8
+            bin(BinaryOp::Mul, 8, 3),  // 9 var
+            konst(1e-5),               // 10
+            bin(BinaryOp::Add, 9, 10), // 11
+            Inst::Unary {
+                op: UnaryOp::Sqrt,
+                x: 11,
+            }, // 12
+            Inst::Unary {
+                op: UnaryOp::Recip,
+                x: 12,
+            }, // 13 rstd
+            bin(BinaryOp::Mul, 6, 13), // 14 xhat
+            bin(BinaryOp::Mul, 14, 1), // 15
+            bin(BinaryOp::Add, 15, 2), // 16 y
+            bin(BinaryOp::Mul, 16, 0), // 17 y·x
+            sum(17),                   // 18
+        ],
+        outputs: vec![
+            Output { value: 16 },
+            Output { value: 5 },
+            Output { value: 13 },
+            Output { value: 18 },
+        ],
+    }
 }
 
 /// Row-major strides over `domain`'s kept axes (those not in `reduce`), 0 over the reduced
