@@ -3,11 +3,11 @@
 
 use indexmap::IndexMap;
 use ingot_runtime::tensor::Tensor;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::run as ingot;
+use cli::{exit_stderr, run as ingot};
 #[path = "../../onnx/tests/support/mod.rs"]
 mod onnx_support;
 
@@ -89,12 +89,10 @@ fn train_onnx_starts_from_the_files_weights_and_gives_the_reference_losses() {
 
 #[test]
 fn onnx_flags_without_onnx_and_a_symbolic_batch_without_batch_are_refused_by_name() {
-    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--loss", "mse"]);
-    assert_eq!(code, 2);
+    let err = exit_stderr(ingot(&["plan", "--model", "mlp", "--loss", "mse"]), 2);
     assert!(err.contains("--loss") && err.contains("--onnx"), "{err}");
     let path = fixture("errors/symbolic_batch.onnx");
-    let (code, _, err) = ingot(&["plan", "--onnx", &path, "--loss", "mse"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&["plan", "--onnx", &path, "--loss", "mse"]), 1);
     assert!(err.contains("axis 0") && err.contains("--batch"), "{err}");
     let (code, out, err) = ingot(&[
         "plan", "--onnx", &path, "--loss", "mse", "--batch", "16", "--json",
@@ -136,17 +134,19 @@ fn max_batch_of_an_onnx_model_with_a_symbolic_batch_fits_and_the_next_batch_does
     assert_eq!(gate(n + 1), 3, "batch {} does not", n + 1);
     // A file whose batch is fixed cannot be searched: the error names the axis.
     let fixed = fixture("ops/cnn.onnx");
-    let (code, _, err) = ingot(&[
-        "plan",
-        "--onnx",
-        &fixed,
-        "--loss",
-        "cross-entropy",
-        "--budget",
-        "1GiB",
-        "--max-batch",
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        ingot(&[
+            "plan",
+            "--onnx",
+            &fixed,
+            "--loss",
+            "cross-entropy",
+            "--budget",
+            "1GiB",
+            "--max-batch",
+        ]),
+        1,
+    );
     assert!(
         err.contains("axis 0") && err.contains("fixed size"),
         "{err}"
@@ -189,15 +189,13 @@ fn a_compiled_onnx_model_carries_its_constants_so_run_trains_as_train_does() {
     }
     let save = with(&["train", "--onnx", &model], &import);
     let save = with(&strs(&save), &["--steps", "0", "--save", &w0]);
-    let (code, _, err) = ingot(&strs(&save));
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(ingot(&strs(&save)), 0);
     let steps = ["--data", &batch, "--steps", "3", "--json"];
     let train = with(&["train", "--onnx", &model], &import);
     let want = losses(&strs(&with(&strs(&train), &steps)));
 
     let compile = with(&["compile", "--onnx", &model], &import);
-    let (code, _, err) = ingot(&strs(&with(&strs(&compile), &["-o", &step])));
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(ingot(&strs(&with(&strs(&compile), &["-o", &step]))), 0);
     let (_, shown, _) = ingot(&["inspect", &step]);
     assert!(
         shown.contains("constant 1 of the state leaves, their values carried in the file"),
@@ -283,8 +281,7 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     // Three training steps: the running statistics move from the loaded ones (batch norm in
     // training mode) and the batch count advances by three.
     let trained = dir.join("trained.safetensors");
-    let (code, _, err) = train("3", &init, &trained);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(train("3", &init, &trained), 0);
     let t = ingot_runtime::io::load(&trained).unwrap();
     assert_eq!(names(&t), names(&sd));
     assert_eq!(t["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
@@ -294,24 +291,27 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     );
     // The file written is read back as an --init.
     let again = dir.join("again.safetensors");
-    let (code, _, err) = train("0", trained.to_str().unwrap(), &again);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(train("0", trained.to_str().unwrap(), &again), 0);
     // A checkpoint keeps the count --init read: resumed after step 1, the run saved after
     // step 3 writes the uninterrupted run's count and statistics.
     let ck = dir.join("ck");
     let ck = ck.to_str().unwrap();
-    let (code, _, err) = on_cnn(&["--init", &init, "--steps", "1", "--checkpoint", ck]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(
+        on_cnn(&["--init", &init, "--steps", "1", "--checkpoint", ck]),
+        0,
+    );
     let resumed = dir.join("resumed.safetensors");
-    let (code, _, err) = on_cnn(&[
-        "--resume",
-        ck,
-        "--steps",
-        "3",
-        "--save",
-        resumed.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(
+        on_cnn(&[
+            "--resume",
+            ck,
+            "--steps",
+            "3",
+            "--save",
+            resumed.to_str().unwrap(),
+        ]),
+        0,
+    );
     let r = ingot_runtime::io::load(&resumed).unwrap();
     assert_eq!(r["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
     assert_eq!(
@@ -323,14 +323,12 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     bad.insert("layer9.weight".into(), Tensor::from_f32([2], vec![0.0; 2]));
     let bad_path = dir.join("bad.safetensors");
     ingot_runtime::io::save(&bad_path, &bad).unwrap();
-    let (code, _, err) = train("0", bad_path.to_str().unwrap(), &again);
-    assert_eq!(code, 1);
+    let err = exit_stderr(train("0", bad_path.to_str().unwrap(), &again), 1);
     assert!(err.contains("layer9.weight"), "{err}");
     let mut bad = sd.clone();
     bad.insert("bn.running_var".into(), Tensor::from_f32([4], vec![1.0; 4]));
     ingot_runtime::io::save(&bad_path, &bad).unwrap();
-    let (code, _, err) = train("0", bad_path.to_str().unwrap(), &again);
-    assert_eq!(code, 1);
+    let err = exit_stderr(train("0", bad_path.to_str().unwrap(), &again), 1);
     assert!(
         err.contains("bn.running_var") && err.contains("[4]"),
         "{err}"
@@ -408,8 +406,7 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
 #[test]
 fn input_value_holds_extra_data_inputs_and_without_it_the_error_names_them_and_the_flag() {
     let path = fixture("errors/three_inputs.onnx");
-    let (code, _, err) = ingot(&["plan", "--onnx", &path, "--loss", "mse"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&["plan", "--onnx", &path, "--loss", "mse"]), 1);
     assert!(
         err.contains("\"target\"") && err.contains("\"third\"") && err.contains("--input-value"),
         "{err}"
@@ -432,8 +429,10 @@ fn input_value_holds_extra_data_inputs_and_without_it_the_error_names_them_and_t
         err.contains("no parameters to train") && !err.contains("--input-value"),
         "{err}"
     );
-    let (code, _, err) = ingot(&["plan", "--onnx", &path, "--input-value", "third"]);
-    assert_eq!(code, 2);
+    let err = exit_stderr(
+        ingot(&["plan", "--onnx", &path, "--input-value", "third"]),
+        2,
+    );
     assert!(err.contains("NAME=VALUE"), "{err}");
 }
 
@@ -492,15 +491,14 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         args.extend_from_slice(extra);
         ingot(&args)
     };
+    // `train FROM first --steps n TO to`: a run from a file or checkpoint into one.
+    let from_to = |from: &str, first: &Path, steps: &str, to: &str, last: &Path| {
+        let path = |p: &Path| p.to_str().unwrap().to_string();
+        let (first, last) = (path(first), path(last));
+        train(&[from, &first, "--steps", steps, to, &last])
+    };
     let saved = dir.join("saved.safetensors");
-    let (code, out, err) = train(&[
-        "--init",
-        init.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--save",
-        saved.to_str().unwrap(),
-    ]);
+    let (code, out, err) = from_to("--init", &init, "2", "--save", &saved);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("tied") && out.contains("head.weight = fc2.weight"),
@@ -537,15 +535,7 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         &[("fc2.weight", "head.weight"), ("format", "pt")],
     );
     let saved2 = dir.join("saved2.safetensors");
-    let (code, _, err) = train(&[
-        "--init",
-        meta_init.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--save",
-        saved2.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(from_to("--init", &meta_init, "2", "--save", &saved2), 0);
     let back2 = ingot_runtime::io::load(&saved2).unwrap();
     assert_eq!(
         back2["fc2.weight"].to_le_bytes(),
@@ -559,25 +549,9 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
 
     // A checkpoint keeps the alias list: a resumed run's --save writes both names too.
     let ck = dir.join("ck");
-    let (code, _, err) = train(&[
-        "--init",
-        init.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(from_to("--init", &init, "1", "--checkpoint", &ck), 0);
     let saved3 = dir.join("saved3.safetensors");
-    let (code, _, err) = train(&[
-        "--resume",
-        ck.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--save",
-        saved3.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(from_to("--resume", &ck, "2", "--save", &saved3), 0);
     let back3 = ingot_runtime::io::load(&saved3).unwrap();
     assert_eq!(
         back3["head.weight"].to_le_bytes(),
@@ -595,8 +569,10 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
     );
     let bad_path = dir.join("bad.safetensors");
     ingot_runtime::io::save(&bad_path, &bad).unwrap();
-    let (code, _, err) = train(&["--init", bad_path.to_str().unwrap(), "--steps", "0"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(
+        train(&["--init", bad_path.to_str().unwrap(), "--steps", "0"]),
+        1,
+    );
     assert!(
         err.contains("head.weight") && err.contains("fc2.weight") && err.contains("bit for bit"),
         "{err}"
@@ -649,35 +625,18 @@ fn a_tied_head_model_trains_on_labels_up_to_its_vocabulary_with_the_class_axis_r
     let want = doc["ce"].as_f64().unwrap();
     assert!((loss - want).abs() <= 1e-5 * want, "{loss} vs numpy {want}");
     // Without labels to read the axis off, three-axis logits ask for --class-axis.
-    let (code, _, err) = ingot(&["plan", "--onnx", &model, "--loss", "cross-entropy"]);
-    assert_eq!(code, 1);
+    let loss = ["--onnx", &model, "--loss", "cross-entropy"];
+    let err = exit_stderr(ingot(&[&["plan"][..], &loss].concat()), 1);
     assert!(err.contains("--class-axis"), "{err}");
-    let (code, _, err) = ingot(&[
-        "plan",
-        "--onnx",
-        &model,
-        "--loss",
-        "cross-entropy",
-        "--class-axis",
-        "last",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let axis = ["--class-axis", "last"];
+    exit_stderr(ingot(&[&["plan"][..], &loss, &axis].concat()), 0);
     // A synthetic batch draws labels over the whole vocabulary, the declared bound.
     let saved = dir.join("synthetic.safetensors");
-    let (code, _, err) = ingot(&[
-        "train",
-        "--onnx",
-        &model,
-        "--loss",
-        "cross-entropy",
-        "--class-axis",
-        "last",
-        "--steps",
-        "0",
-        "--save-data",
-        saved.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let save_data = ["--steps", "0", "--save-data", saved.to_str().unwrap()];
+    exit_stderr(
+        ingot(&[&["train"][..], &loss, &axis, &save_data].concat()),
+        0,
+    );
     let y = ingot_runtime::io::load(&saved).unwrap()["y"].clone();
     let ids: Vec<i64> = match y.as_i64() {
         Some(v) => v.to_vec(),
@@ -698,13 +657,17 @@ fn onnx_check_runs_the_whole_import_so_it_fails_where_train_would() {
         err.contains("import fails") && err.contains("/attn/Slice_9"),
         "{err}"
     );
-    let (code, _, train_err) = ingot(&["train", "--onnx", &path, "--loss", "mse", "--steps", "1"]);
-    assert_eq!(code, 1);
+    let train_err = exit_stderr(
+        ingot(&["train", "--onnx", &path, "--loss", "mse", "--steps", "1"]),
+        1,
+    );
     assert!(train_err.contains("/attn/Slice_9"), "{train_err}");
     // The same flags as train: the loss is checked when given.
     let head = fixture("ops/tied_head.onnx");
-    let (code, _, err) = ingot(&["onnx", "check", &head, "--loss", "cross-entropy"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(
+        ingot(&["onnx", "check", &head, "--loss", "cross-entropy"]),
+        1,
+    );
     assert!(err.contains("--class-axis"), "{err}");
     let (code, out, err) = ingot(&[
         "onnx",

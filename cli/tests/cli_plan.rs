@@ -2,7 +2,7 @@
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::run as ingot;
+use cli::{exit_stderr, run as ingot};
 
 #[test]
 fn plan_json_is_a_versioned_document_with_the_totals() {
@@ -30,8 +30,7 @@ fn plan_json_is_a_versioned_document_with_the_totals() {
 #[test]
 fn a_budget_the_plan_exceeds_exits_3_and_lists_what_holds_the_peak() {
     // Over the resident state (7.88 MiB), under anything fitting reaches.
-    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "8MiB"]);
-    assert_eq!(code, 3, "{err}");
+    let err = exit_stderr(ingot(&["plan", "--model", "mlp", "--budget", "8MiB"]), 3);
     assert!(
         err.contains("over the budget")
             && err.contains("At the peak")
@@ -39,17 +38,17 @@ fn a_budget_the_plan_exceeds_exits_3_and_lists_what_holds_the_peak() {
             && err.contains(" matmul) f32[1024,"),
         "{err}"
     );
-    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "1GiB"]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(ingot(&["plan", "--model", "mlp", "--budget", "1GiB"]), 0);
 }
 
 #[test]
 fn a_malformed_budget_or_model_is_a_clear_error() {
-    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "12 parsecs"]);
-    assert_eq!(code, 2);
+    let err = exit_stderr(
+        ingot(&["plan", "--model", "mlp", "--budget", "12 parsecs"]),
+        2,
+    );
     assert!(err.contains("unknown unit"), "{err}");
-    let (code, _, err) = ingot(&["plan", "--model", "resnet"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&["plan", "--model", "resnet"]), 1);
     assert!(err.contains("resnet") && err.contains("mlp"), "{err}");
 }
 
@@ -64,14 +63,14 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
         "id,lower,upper,size\n0,0,2,100\n1,1,3,50\n2,2,4,100\n",
     )
     .unwrap();
-    let (code, _, err) = ingot(&[
+    let dsa = [
         "dsa",
         "--input",
-        input.to_str().unwrap(),
+        cli::s(&input),
         "--output",
-        output.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+        cli::s(&output),
+    ];
+    exit_stderr(ingot(&dsa), 0);
     let text = std::fs::read_to_string(&output).unwrap();
     let mut lines = text.lines();
     assert_eq!(lines.next().unwrap(), "id,lower,upper,size,offset");
@@ -81,27 +80,10 @@ fn dsa_writes_offsets_and_fails_on_a_capacity_it_cannot_meet() {
     assert_eq!(rows.len(), 3);
     let peak = rows.iter().map(|r| r[4] + r[3]).max().unwrap();
     assert_eq!(peak, 150, "LOAD is 150 and reachable");
-    let (code, _, err) = ingot(&[
-        "dsa",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-        "--capacity",
-        "120",
-        "--time-limit",
-        "0.5",
-    ]);
-    assert_eq!(code, 3, "{err}");
+    let over = ["--capacity", "120", "--time-limit", "0.5"];
+    exit_stderr(ingot(&[&dsa[..], &over].concat()), 3);
     std::fs::write(&input, "id,lower,upper,size\n0,5,2,100\n").unwrap();
-    let (code, _, err) = ingot(&[
-        "dsa",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&dsa), 1);
     assert!(err.contains("line 2"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -129,14 +111,16 @@ fn plan_writes_the_html_page_and_the_svg() {
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.contains("<svg xmlns=") && picture.contains("<rect class=\"buf "));
     assert!(picture.trim_end().ends_with("</svg>"));
-    let (code, _, err) = ingot(&[
-        "plan",
-        "--model",
-        "mlp",
-        "--svg",
-        dir.join("no/such/dir/p.svg").to_str().unwrap(),
-    ]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(
+        ingot(&[
+            "plan",
+            "--model",
+            "mlp",
+            "--svg",
+            dir.join("no/such/dir/p.svg").to_str().unwrap(),
+        ]),
+        1,
+    );
     assert!(err.contains("cannot write"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -171,8 +155,7 @@ fn plan_diff_exits_0_for_equal_plans_1_for_different_ones_and_2_for_a_bad_file()
     );
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "{\"version\": 1}").unwrap();
-    let (code, _, err) = ingot(&["plan", "--diff", bad.to_str().unwrap(), &big]);
-    assert_eq!(code, 2);
+    let err = exit_stderr(ingot(&["plan", "--diff", bad.to_str().unwrap(), &big]), 2);
     assert!(err.contains("version 1"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -234,21 +217,24 @@ fn the_largest_batch_found_fits_the_budget_and_the_next_one_does_not() {
 
 #[test]
 fn max_batch_needs_a_budget_a_named_model_and_a_budget_batch_1_fits() {
-    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--max-batch"]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(ingot(&["plan", "--model", "mlp", "--max-batch"]), 2);
     assert!(err.contains("--budget"), "{err}");
-    let (code, _, err) = ingot(&[
-        "plan",
-        "--model-file",
-        "../docs/examples/tiny-mlp.ir",
-        "--budget",
-        "1GiB",
-        "--max-batch",
-    ]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(
+        ingot(&[
+            "plan",
+            "--model-file",
+            "../docs/examples/tiny-mlp.ir",
+            "--budget",
+            "1GiB",
+            "--max-batch",
+        ]),
+        2,
+    );
     assert!(err.contains("--model NAME"), "{err}");
-    let (code, _, err) = ingot(&["plan", "--model", "mlp", "--budget", "1KiB", "--max-batch"]);
-    assert_eq!(code, 3, "{err}");
+    let err = exit_stderr(
+        ingot(&["plan", "--model", "mlp", "--budget", "1KiB", "--max-batch"]),
+        3,
+    );
     assert!(
         err.contains("batch 1 alone needs") && err.contains("resident"),
         "{err}"
@@ -469,15 +455,17 @@ fn max_batch_reports_a_batch_the_model_then_takes_from_the_models_smallest_batch
         }
     }
     // Under batch 2's plan nothing fits, and the error names batch 2.
-    let (code, _, err) = ingot(&[
-        "plan",
-        "--model",
-        SMALL_RESNET,
-        "--budget",
-        "1KiB",
-        "--max-batch",
-    ]);
-    assert_eq!(code, 3, "{err}");
+    let err = exit_stderr(
+        ingot(&[
+            "plan",
+            "--model",
+            SMALL_RESNET,
+            "--budget",
+            "1KiB",
+            "--max-batch",
+        ]),
+        3,
+    );
     assert!(err.contains("batch 2 alone needs"), "{err}");
 }
 
@@ -490,8 +478,10 @@ fn a_budget_no_micro_batch_of_a_resnet_meets_exits_3() {
     assert_eq!(code, 0, "{doc}");
     let resident = doc["resident_bytes"].as_u64().unwrap();
     let budget = (resident + 4096).to_string();
-    let (code, _, err) = ingot(&["plan", "--model", SMALL_RESNET, "--budget", &budget]);
-    assert_eq!(code, 3, "{err}");
+    let err = exit_stderr(
+        ingot(&["plan", "--model", SMALL_RESNET, "--budget", &budget]),
+        3,
+    );
     assert!(
         err.contains("it does not fit") && err.contains("micro-batches"),
         "{err}"
@@ -517,20 +507,24 @@ fn batch_builds_any_named_model_and_a_contradicting_spec_batch_is_refused() {
         a["total_bytes"], b["total_bytes"],
         "one model by two spellings"
     );
-    let (code, _, err) = ingot(&["plan", "--model", "cnn:batch=64", "--batch", "32"]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(
+        ingot(&["plan", "--model", "cnn:batch=64", "--batch", "32"]),
+        2,
+    );
     assert!(
         err.contains("--batch 32") && err.contains("batch=64"),
         "{err}"
     );
-    let (code, _, err) = ingot(&[
-        "plan",
-        "--model-file",
-        "../docs/examples/tiny-mlp.ir",
-        "--batch",
-        "2",
-    ]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(
+        ingot(&[
+            "plan",
+            "--model-file",
+            "../docs/examples/tiny-mlp.ir",
+            "--batch",
+            "2",
+        ]),
+        2,
+    );
     assert!(
         err.contains("--batch") && err.contains("model file"),
         "{err}"
@@ -612,7 +606,6 @@ fn a_cuda_budget_only_offload_meets_is_refused_for_several_ranks_by_exit_3_and_p
     let mut args = vec!["compile"];
     args.extend(gpt);
     args.extend(["--budget", budget.as_str(), "-o", exe.to_str().unwrap()]);
-    let (code, _, err) = ingot(&args);
-    assert_eq!(code, 3, "{err}");
+    exit_stderr(ingot(&args), 3);
     assert!(!exe.exists(), "nothing written for a budget refused");
 }

@@ -84,22 +84,28 @@ fn gpu_matches_cpu(model: &str) {
     let m = by_name(model).unwrap();
     let mut cpu = Session::on(&m, 5, Device::Cpu).unwrap();
     let mut gpu = Session::on(&m, 5, STRICT).unwrap();
-    for step in 1..=10 {
+    gpu_tracks_cpu(model, &mut gpu, &mut cpu, 10);
+}
+
+/// Steps `gpu` and `cpu` together `steps` times: each step's losses, then the parameters, agree
+/// within 1e-4 (relative); `what` names the run in the messages.
+fn gpu_tracks_cpu(what: &str, gpu: &mut Session, cpu: &mut Session, steps: usize) {
+    for step in 1..=steps {
         let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
         let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{model} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
+        eprintln!("{what} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
         assert!(
             rel <= 1e-4,
-            "{model} step {step}: gpu loss {a}, cpu loss {b}"
+            "{what} step {step}: gpu loss {a}, cpu loss {b}"
         );
     }
-    let (rel, worst, worst_rel) = relative(&gpu, &cpu);
+    let (rel, worst, worst_rel) = relative(gpu, cpu);
     eprintln!(
-        "{model} parameters after 10 steps: rel {rel:.2e}; worst tensor {worst} {worst_rel:.2e}"
+        "{what} parameters after {steps} steps: rel {rel:.2e}; worst tensor {worst} {worst_rel:.2e}"
     );
     assert!(
         rel <= 1e-4,
-        "{model}: parameters differ by {rel:e} (relative)"
+        "{what}: parameters differ by {rel:e} (relative)"
     );
 }
 
@@ -138,15 +144,7 @@ fn causal_attention_products_split_at_the_diagonal_match_the_cpu() {
     }
     let mut gpu = Session::from_executable(exe, 5, STRICT).unwrap();
     let mut cpu = Session::on_with(&m, 5, &plain(Device::Cpu), Device::Cpu).unwrap();
-    for step in 1..=3 {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("split products step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
-        assert!(rel <= 1e-4, "step {step}: gpu loss {a}, cpu loss {b}");
-    }
-    let (rel, worst, worst_rel) = relative(&gpu, &cpu);
-    eprintln!("split products, parameters: rel {rel:.2e}; worst {worst} {worst_rel:.2e}");
-    assert!(rel <= 1e-4, "parameters differ by {rel:e} (relative)");
+    gpu_tracks_cpu("split products", &mut gpu, &mut cpu, 3);
 }
 
 #[test]
@@ -409,13 +407,5 @@ output \"loss\" = %8
     }
     let mut gpu = Session::from_executable(exe, 5, STRICT).unwrap();
     let mut cpu = Session::on(&m, 5, Device::Cpu).unwrap();
-    for step in 1..=3 {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("grouped convolutions step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
-        assert!(rel <= 1e-4, "step {step}: gpu loss {a}, cpu loss {b}");
-    }
-    let (rel, worst, worst_rel) = relative(&gpu, &cpu);
-    eprintln!("grouped convolutions, parameters: rel {rel:.2e}; worst {worst} {worst_rel:.2e}");
-    assert!(rel <= 1e-4, "parameters differ by {rel:e} (relative)");
+    gpu_tracks_cpu("grouped convolutions", &mut gpu, &mut cpu, 3);
 }

@@ -481,7 +481,7 @@ mod cli {
     /// A byte-level GPT with 4 rows per rank.
     const GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=4";
 
-    use super::cli_support::{ingot, ok};
+    use super::cli_support::{ingot, ok, train_on};
 
     fn scratch(test: &str) -> PathBuf {
         super::cli_support::scratch("data-parallel-tests", test)
@@ -535,17 +535,7 @@ mod cli {
             "the resumed run's losses are the straight run's"
         );
 
-        let other = ingot(&[
-            "train",
-            "--model",
-            GPT,
-            "--dataset",
-            bin,
-            "--steps",
-            "8",
-            "--resume",
-            ck,
-        ]);
+        let other = train_on(GPT, bin, &["--steps", "8", "--resume", ck]);
         let e = String::from_utf8_lossy(&other.stderr);
         assert!(
             !other.status.success() && e.contains("2 data-parallel rank"),

@@ -303,7 +303,7 @@ fn training_and_evaluating_in_the_shared_allocation_allocate_nothing_per_step() 
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::ingot;
+use cli::{ingot, train_on};
 
 fn json_of(out: &std::process::Output) -> serde_json::Value {
     assert!(
@@ -357,20 +357,19 @@ fn a_training_run_with_val_reports_one_allocation_for_both_steps() {
     let bin = dir.join("tokens.bin");
     std::fs::write(&bin, tokens).unwrap();
     let bin = bin.to_str().unwrap();
-    let out = ingot(&[
-        "train",
-        "--model",
+    let out = train_on(
         GPT,
-        "--dataset",
         bin,
-        "--val",
-        bin,
-        "--steps",
-        "3",
-        "--eval-batches",
-        "2",
-        "--json",
-    ]);
+        &[
+            "--val",
+            bin,
+            "--steps",
+            "3",
+            "--eval-batches",
+            "2",
+            "--json",
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -8,7 +8,7 @@ const TINY_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,b
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::{run as ingot, s};
+use cli::{exit_stderr, run as ingot, s};
 
 /// Runs ingot and expects success; returns stdout.
 fn ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
@@ -206,8 +206,7 @@ fn a_damaged_file_is_an_error_naming_the_file_and_the_damage() {
         err.contains("reads version 4") && err.contains("recompile"),
         "{err}"
     );
-    let (code, _, err) = ingot(&["inspect", s(&dir.join("missing.ingot"))]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&["inspect", s(&dir.join("missing.ingot"))]), 1);
     assert!(
         err.contains("missing.ingot") && err.contains("cannot read"),
         "{err}"
@@ -235,8 +234,10 @@ fn a_file_runs_only_on_the_target_it_was_planned_for() {
     ok(&["compile", "--model", "mlp", "-o", s(&cpu)]);
     compile("mlp", "cuda", &cuda);
     for (file, device, planned) in [(&cpu, "cuda", "cpu"), (&cuda, "cpu", "cuda")] {
-        let (code, _, err) = ingot(&["run", s(file), "--steps", "1", "--device", device]);
-        assert_eq!(code, 1, "{err}");
+        let err = exit_stderr(
+            ingot(&["run", s(file), "--steps", "1", "--device", device]),
+            1,
+        );
         assert!(
             err.contains(s(file))
                 && err.contains(&format!("planned for {planned}"))
@@ -261,8 +262,7 @@ fn running_a_cuda_file_without_a_gpu_is_the_usual_clear_error() {
         vec!["run", s(&cuda), "--steps", "1"],
         vec!["run", s(&cuda), "--steps", "1", "--device", "cuda"],
     ] {
-        let (code, _, err) = ingot(&args);
-        assert_eq!(code, 1, "{err}");
+        let err = exit_stderr(ingot(&args), 1);
         assert!(
             err.contains("CUDA") && err.contains("--device cpu"),
             "{err}"
@@ -321,14 +321,18 @@ fn a_bf16_executable_runs_as_bf16_training_does_and_keeps_its_precision() {
         "{shown}"
     );
     // The precision is the compile's: run cannot change it.
-    let (code, _, err) = ingot(&["run", s(&exe), "--steps", "1", "--precision", "f32"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(
+        ingot(&["run", s(&exe), "--steps", "1", "--precision", "f32"]),
+        1,
+    );
     assert!(
         err.contains("compiled in bf16, not f32") && err.contains("recompile"),
         "{err}"
     );
     // tf32 is a GPU mode.
-    let (code, _, err) = ingot(&["train", "--model", "mlp", "--steps", "1", "--tf32"]);
-    assert_eq!(code, 2);
+    let err = exit_stderr(
+        ingot(&["train", "--model", "mlp", "--steps", "1", "--tf32"]),
+        2,
+    );
     assert!(err.contains("tf32 applies to matmuls on the GPU"), "{err}");
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::{ingot, json_lines, ok, run, s};
+use cli::{exit_stderr, ingot, json_lines, ok, run, s};
 
 /// The trainer's tokenizer fixture (a byte-level BPE of 512 ids, made by
 /// scripts/tokenizer_fixture.py) and the Python library's ids of its sample text.
@@ -35,6 +35,21 @@ fn initial_gpt(dir: &Path, vocab: usize) -> (String, PathBuf) {
     (spec, w)
 }
 
+/// `ingot generate`'s flags for the GPT `spec` from the weights `w` with the tokenizer file
+/// `tokenizer` (the prompt and the draws follow).
+fn gpt_with<'a>(spec: &'a str, w: &'a Path, tokenizer: &'a str) -> [&'a str; 7] {
+    let init = s(w);
+    [
+        "generate",
+        "--model",
+        spec,
+        "--init",
+        init,
+        "--tokenizer",
+        tokenizer,
+    ]
+}
+
 #[test]
 fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_the_tokens() {
     let d = cli::scratch("generate", "tokenizer");
@@ -47,14 +62,7 @@ fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_th
     let all: Vec<u64> =
         serde_json::from_slice(&std::fs::read(tokenizer_fixture("sample_ids.json")).unwrap())
             .unwrap();
-    let out = json_lines(&ok(&ingot(&[
-        "generate",
-        "--model",
-        &spec,
-        "--init",
-        s(&w),
-        "--tokenizer",
-        s(&tok),
+    let draw = [
         "--prompt",
         line,
         "--tokens",
@@ -64,7 +72,10 @@ fn a_tokenizer_json_encodes_the_prompt_as_the_python_library_does_and_decodes_th
         "--json",
         "--threads",
         "1",
-    ])))
+    ];
+    let out = json_lines(&ok(&ingot(
+        &[&gpt_with(&spec, &w, s(&tok))[..], &draw].concat(),
+    )))
     .remove(0);
     let prompt: Vec<u64> = serde_json::from_value(out["prompt_tokens"].clone()).unwrap();
     assert!(
@@ -102,28 +113,19 @@ fn a_tokenizer_that_does_not_fit_the_model_is_an_error_naming_both_vocabularies(
     let d = cli::scratch("generate", "tokenizer_sizes");
     let tok = tokenizer_fixture("tokenizer.json");
     let generate = |spec: &str, w: &Path, temperature: &str| {
-        run(&[
-            "generate",
-            "--model",
-            spec,
-            "--init",
-            s(w),
-            "--tokenizer",
-            s(&tok),
+        let draw = [
             "--prompt",
             "the plan",
             "--tokens",
             "48",
             "--temperature",
             temperature,
-            "--threads",
-            "1",
-        ])
+        ];
+        run(&[&gpt_with(spec, w, s(&tok))[..], &draw, &["--threads", "1"]].concat())
     };
     // The tokenizer's 512 ids reach past a model of 256.
     let (spec, w) = initial_gpt(&d, 256);
-    let (code, _, err) = generate(&spec, &w, "0.8");
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(generate(&spec, &w, "0.8"), 1);
     assert!(
         err.contains("512") && err.contains("256") && err.contains("tokenizer.json"),
         "{err}"
@@ -131,27 +133,17 @@ fn a_tokenizer_that_does_not_fit_the_model_is_an_error_naming_both_vocabularies(
     // A model of 1024 tokens draws ids the tokenizer does not have (a draw at a high
     // temperature is near uniform: 48 draws all below 512 would be a 1-in-2^48 chance).
     let (spec, w) = initial_gpt(&d, 1024);
-    let (code, _, err) = generate(&spec, &w, "100");
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(generate(&spec, &w, "100"), 1);
     assert!(
         err.contains("the model drew token") && err.contains("512") && err.contains("1024"),
         "{err}"
     );
     // A missing file names itself.
-    let (code, _, err) = run(&[
-        "generate",
-        "--model",
-        &spec,
-        "--init",
-        s(&w),
-        "--tokenizer",
-        "nope.json",
-        "--prompt",
-        "a",
-        "--tokens",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let one = ["--prompt", "a", "--tokens", "1"];
+    let err = exit_stderr(
+        run(&[&gpt_with(&spec, &w, "nope.json")[..], &one].concat()),
+        1,
+    );
     assert!(err.contains("nope.json"), "{err}");
 }
 
@@ -293,18 +285,20 @@ fn an_imported_gpt2_trained_by_ingot_generates_from_its_saved_weights() {
         "the trained weights change nothing: the test proves nothing"
     );
     // Weights of another model name what they lack.
-    let (code, _, err) = run(&[
-        "generate",
-        "--onnx",
-        s(&model),
-        "--init",
-        s(&ingot_names),
-        "--prompt",
-        "\u{1}",
-        "--tokens",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        run(&[
+            "generate",
+            "--onnx",
+            s(&model),
+            "--init",
+            s(&ingot_names),
+            "--prompt",
+            "\u{1}",
+            "--tokens",
+            "1",
+        ]),
+        1,
+    );
     assert!(
         err.contains("lacks") && err.contains("as_gpt.safetensors"),
         "{err}"
@@ -315,32 +309,36 @@ fn an_imported_gpt2_trained_by_ingot_generates_from_its_saved_weights() {
 fn an_onnx_model_without_decoder_logits_is_an_error_listing_its_outputs() {
     let classifier =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/torch/mlp/model.onnx");
-    let (code, _, err) = run(&[
-        "generate",
-        "--onnx",
-        s(&classifier),
-        "--prompt",
-        "a",
-        "--tokens",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        run(&[
+            "generate",
+            "--onnx",
+            s(&classifier),
+            "--prompt",
+            "a",
+            "--tokens",
+            "1",
+        ]),
+        1,
+    );
     assert!(
         err.contains("[batch, seq, vocab]") && err.contains("classifier") && err.contains("logits"),
         "{err}"
     );
-    let (code, _, err) = run(&[
-        "generate",
-        "--onnx",
-        s(&hf_gpt2("model.onnx")),
-        "--logits",
-        "scores",
-        "--prompt",
-        "\u{1}",
-        "--tokens",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        run(&[
+            "generate",
+            "--onnx",
+            s(&hf_gpt2("model.onnx")),
+            "--logits",
+            "scores",
+            "--prompt",
+            "\u{1}",
+            "--tokens",
+            "1",
+        ]),
+        1,
+    );
     assert!(
         err.contains("\"scores\"") && err.contains("logits"),
         "{err}"
@@ -387,20 +385,22 @@ fn several_prompts_at_once_each_get_the_tokens_they_get_alone() {
         assert_ne!(together[0], together[1], "{model:?}");
     }
     // Three prompts do not fit the file's batch of 2.
-    let (code, _, err) = run(&[
-        "generate",
-        "--onnx",
-        s(&onnx),
-        "--prompt",
-        "\u{1}",
-        "--prompt",
-        "\u{2}",
-        "--prompt",
-        "\u{3}",
-        "--tokens",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        run(&[
+            "generate",
+            "--onnx",
+            s(&onnx),
+            "--prompt",
+            "\u{1}",
+            "--prompt",
+            "\u{2}",
+            "--prompt",
+            "\u{3}",
+            "--tokens",
+            "1",
+        ]),
+        1,
+    );
     assert!(
         err.contains("3 prompts") && err.contains("batch of 2"),
         "{err}"
@@ -424,18 +424,15 @@ fn a_symbolic_window_axis_of_an_onnx_model_takes_its_size_from_dim() {
         ];
         run(&[&base[..], extra].concat())
     };
-    let (code, _, err) = generate(&[]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(generate(&[]), 1);
     assert!(err.contains("axis 1") && err.contains("\"seq\""), "{err}");
     // Sized, the import goes through, and what stops it is the model's outputs.
-    let (code, _, err) = generate(&["--dim", "seq=4"]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(generate(&["--dim", "seq=4"]), 1);
     assert!(
         !err.contains("is symbolic") && err.contains("[batch, seq, vocab]"),
         "{err}"
     );
-    let (code, _, err) = generate(&["--dim", "seq=0"]);
-    assert_eq!(code, 2, "{err}");
+    exit_stderr(generate(&["--dim", "seq=0"]), 2);
 }
 
 // ---------------------------------------------------------------- decoders with more inputs
@@ -521,8 +518,7 @@ fn a_decoder_input_given_no_value_is_refused_naming_it_and_the_flag() {
         run(&[&base[..], extra].concat())
     };
     // Neither held: both named, each with a value that suits it.
-    let (code, _, err) = generate(&[]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(generate(&[]), 2);
     assert!(
         err.contains("(input_ids)")
             && err.contains("--input-value attention_mask=1")
@@ -530,21 +526,18 @@ fn a_decoder_input_given_no_value_is_refused_naming_it_and_the_flag() {
         "{err}"
     );
     // The mask held, the positions not: only they are named.
-    let (code, _, err) = generate(&["--input-value", "attention_mask=1"]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(generate(&["--input-value", "attention_mask=1"]), 2);
     assert!(
         err.contains("--input-value position_ids=positions") && !err.contains("attention_mask"),
         "{err}"
     );
     // A name the model does not have, and a value that is neither a number nor positions.
-    let (code, _, err) = generate(&["--input-value", "token_type_ids=0"]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(generate(&["--input-value", "token_type_ids=0"]), 1);
     assert!(
         err.contains("\"token_type_ids\"") && err.contains("not a data input"),
         "{err}"
     );
-    let (code, _, err) = generate(&["--input-value", "position_ids=position"]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(generate(&["--input-value", "position_ids=position"]), 2);
     assert!(err.contains("positions"), "{err}");
 }
 

@@ -4,7 +4,7 @@
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::{ingot, ok};
+use cli::{failed, json_lines, numbers, ok, train_on};
 use std::path::Path;
 
 /// 128 grayscale images (one batch of `cnn`) in 10 class folders, of sizes around 32 x 30;
@@ -29,42 +29,31 @@ fn gray_folder(dir: &Path, corrupt: usize) -> Vec<std::path::PathBuf> {
     bad
 }
 
-fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
-}
-
 #[test]
 fn a_cnn_trains_two_steps_from_an_image_folder_and_counts_a_corrupt_file() {
     let d = cli::scratch("image-folder-tests", "cnn");
     let train = d.join("train");
     let bad = gray_folder(&train, 1);
     let dir = train.to_str().unwrap();
-    let out = ingot(&[
-        "train",
-        "--model",
+    let out = train_on(
         "cnn",
-        "--dataset",
         dir,
-        "--val",
-        dir,
-        "--steps",
-        "2",
-        "--eval-batches",
-        "1",
-        "--lr",
-        "0.01",
-        "--threads",
-        "2",
-        "--json",
-    ]);
+        &[
+            "--val",
+            dir,
+            "--steps",
+            "2",
+            "--eval-batches",
+            "1",
+            "--lr",
+            "0.01",
+            "--threads",
+            "2",
+            "--json",
+        ],
+    );
     let lines = json_lines(&ok(&out));
-    let losses: Vec<f64> = lines
-        .iter()
-        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
-        .collect();
+    let losses: Vec<f64> = numbers(&lines, "loss");
     assert_eq!(losses.len(), 2, "{lines:?}");
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
     assert!(
@@ -83,24 +72,12 @@ fn a_cnn_trains_two_steps_from_an_image_folder_and_counts_a_corrupt_file() {
     );
 
     // The same seed trains on the same batches: the same losses, on another thread count.
-    let again = ingot(&[
-        "train",
-        "--model",
+    let again = train_on(
         "cnn",
-        "--dataset",
         dir,
-        "--steps",
-        "2",
-        "--lr",
-        "0.01",
-        "--threads",
-        "1",
-        "--json",
-    ]);
-    let again: Vec<f64> = json_lines(&ok(&again))
-        .iter()
-        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
-        .collect();
+        &["--steps", "2", "--lr", "0.01", "--threads", "1", "--json"],
+    );
+    let again: Vec<f64> = numbers(&json_lines(&ok(&again)), "loss");
     assert_eq!(again, losses);
 }
 
@@ -116,19 +93,13 @@ fn a_folder_the_model_cannot_take_is_an_error_naming_it() {
             .save(class.join("a.png"))
             .unwrap();
     }
-    let out = ingot(&[
-        "train",
-        "--model",
+    let one_step = ["--steps", "1"];
+    let out = train_on(
         "cnn",
-        "--dataset",
-        three.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--dataset-format",
-        "images",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
+        &three,
+        &[&one_step[..], &["--dataset-format", "images"]].concat(),
+    );
+    let e = failed(&out, 1);
     assert!(
         e.contains("3 class folders") && e.contains("10 classes"),
         "{e}"
@@ -137,29 +108,13 @@ fn a_folder_the_model_cannot_take_is_an_error_naming_it() {
     let empty = d.join("empty");
     gray_folder(&empty, 0);
     std::fs::create_dir_all(empty.join("digit99")).unwrap();
-    let out = ingot(&[
-        "train",
-        "--model",
-        "cnn",
-        "--dataset",
-        empty.to_str().unwrap(),
-        "--steps",
-        "1",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
+    let e = failed(&train_on("cnn", &empty, &one_step), 1);
     assert!(e.contains("digit99") && e.contains("no .jpg"), "{e}");
     // A standard deviation of 0.
-    let out = ingot(&[
-        "train",
-        "--model",
+    let out = train_on(
         "cnn",
-        "--dataset",
-        empty.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--image-std",
-        "0",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
+        &empty,
+        &[&one_step[..], &["--image-std", "0"]].concat(),
+    );
+    failed(&out, 2);
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::{ingot, json_lines, ok, run, s};
+use cli::{exit_stderr, ingot, json_lines, ok, run, s, train_on};
 
 const N: usize = 256;
 
@@ -37,19 +37,11 @@ fn mlp_samples(dir: &Path) -> (Vec<f32>, Vec<i64>) {
 /// Trains the mlp for a few steps on the samples and saves its weights: `dir/w.safetensors`.
 fn trained_mlp(dir: &Path, data: &Path) -> PathBuf {
     let w = dir.join("w.safetensors");
-    ok(&ingot(&[
-        "train",
-        "--model",
+    ok(&train_on(
         "mlp",
-        "--dataset",
         s(data),
-        "--steps",
-        "3",
-        "--save",
-        s(&w),
-        "--threads",
-        "1",
-    ]));
+        &["--steps", "3", "--save", s(&w), "--threads", "1"],
+    ));
     w
 }
 
@@ -60,19 +52,11 @@ const SMALL_GPT: &str = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=1
 /// kept at `at` by `keep` (`--checkpoint` for a checkpoint folder, `--save` for a weights file).
 fn train_small_gpt(dir: &Path, steps: &str, keep: &str, at: &Path) {
     let text = cli::letter_tokens(dir, 600);
-    ok(&ingot(&[
-        "train",
-        "--model",
+    ok(&train_on(
         SMALL_GPT,
-        "--dataset",
-        s(&text),
-        "--steps",
-        steps,
-        keep,
-        s(at),
-        "--threads",
-        "1",
-    ]));
+        &text,
+        &["--steps", steps, keep, s(at), "--threads", "1"],
+    ));
 }
 
 /// The reference: the interpreter runs the mlp's forward graph at batch `N` on the weights;
@@ -154,11 +138,15 @@ fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
     }
 
     // An --out that exists is refused without --force; an input file even with it.
-    let (code, _, e) = run(&[&["predict"][..], &common, &["--out", s(&csv)]].concat());
-    assert_eq!(code, 2, "{e}");
+    let e = exit_stderr(
+        run(&[&["predict"][..], &common, &["--out", s(&csv)]].concat()),
+        2,
+    );
     assert!(e.contains("exists") && e.contains("--force"), "{e}");
-    let (code, _, e) = run(&[&["predict"][..], &common, &["--out", s(&w), "--force"]].concat());
-    assert_eq!(code, 2, "{e}");
+    let e = exit_stderr(
+        run(&[&["predict"][..], &common, &["--out", s(&w), "--force"]].concat()),
+        2,
+    );
     assert!(e.contains("same file as --init"), "{e}");
 }
 
@@ -172,19 +160,11 @@ fn eval_and_predict_without_a_model_run_the_one_the_checkpoint_records() {
     std::fs::create_dir_all(&data).unwrap();
     mlp_samples(&data);
     let ck = d.join("ck");
-    ok(&ingot(&[
-        "train",
-        "--model",
+    ok(&train_on(
         "mlp",
-        "--dataset",
-        s(&data),
-        "--steps",
-        "2",
-        "--checkpoint",
-        s(&ck),
-        "--threads",
-        "1",
-    ]));
+        &data,
+        &["--steps", "2", "--checkpoint", s(&ck), "--threads", "1"],
+    ));
     let common = ["--dataset", s(&data), "--json", "--threads", "1"];
     let recorded = ok(&ingot(
         &[&["eval", "--checkpoint", s(&ck)][..], &common].concat(),
@@ -214,8 +194,7 @@ fn eval_and_predict_without_a_model_run_the_one_the_checkpoint_records() {
     );
 
     // Without --checkpoint, a model is still needed.
-    let (code, _, e) = run(&["eval", "--init", s(&csv), "--dataset", s(&data)]);
-    assert_eq!(code, 2, "{e}");
+    let e = exit_stderr(run(&["eval", "--init", s(&csv), "--dataset", s(&data)]), 2);
     assert!(e.contains("--model"), "{e}");
 
     let record = ck.join("checkpoint.json");
@@ -227,8 +206,7 @@ fn eval_and_predict_without_a_model_run_the_one_the_checkpoint_records() {
     ] {
         v["model"] = model.into();
         std::fs::write(&record, v.to_string()).unwrap();
-        let (code, _, e) = run(&[&["eval", "--checkpoint", s(&ck)][..], &common].concat());
-        assert_eq!(code, 2, "{e}");
+        let e = exit_stderr(run(&[&["eval", "--checkpoint", s(&ck)][..], &common].concat()), 2);
         assert!(e.contains(says), "{e}");
     }
 }
@@ -239,22 +217,21 @@ fn train_with_no_steps_evaluates_the_given_weights() {
     let data = d.join("set");
     std::fs::create_dir_all(&data).unwrap();
     mlp_samples(&data);
-    let out = ok(&ingot(&[
-        "train",
-        "--model",
+    let out = ok(&train_on(
         "mlp",
-        "--dataset",
-        s(&data),
-        "--val",
-        s(&data),
-        "--steps",
-        "0",
-        "--json",
-        "--threads",
-        "1",
-        "--eval-batches",
-        "1",
-    ]));
+        &data,
+        &[
+            "--val",
+            s(&data),
+            "--steps",
+            "0",
+            "--json",
+            "--threads",
+            "1",
+            "--eval-batches",
+            "1",
+        ],
+    ));
     let lines = json_lines(&out);
     assert!(
         lines.iter().any(|v| v
@@ -274,48 +251,30 @@ fn weights_of_another_model_and_data_of_another_shape_are_refused_naming_them() 
     let text = cli::letter_tokens(&d, 600);
     let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2";
     let ckpt = d.join("ckpt");
-    ok(&ingot(&[
-        "train",
-        "--model",
+    ok(&train_on(
         gpt,
-        "--dataset",
-        s(&text),
-        "--steps",
-        "1",
-        "--checkpoint",
-        s(&ckpt),
-        "--threads",
-        "1",
-    ]));
-    let (code, _, e) = run(&[
-        "eval",
-        "--model",
-        "mlp",
-        "--checkpoint",
-        s(&ckpt),
-        "--dataset",
-        s(&data),
-        "--threads",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{e}");
+        &text,
+        &["--steps", "1", "--checkpoint", s(&ckpt), "--threads", "1"],
+    ));
+    // The checkpoint over the mlp's samples, evaluated as `model`.
+    let eval = |model: &str| {
+        let from = [
+            "--checkpoint",
+            s(&ckpt),
+            "--dataset",
+            s(&data),
+            "--threads",
+            "1",
+        ];
+        exit_stderr(run(&[&["eval", "--model", model][..], &from].concat()), 1)
+    };
+    let e = eval("mlp");
     assert!(
         e.contains("written by a run of gpt:") && e.contains("mlp"),
         "{e}"
     );
     // The gpt's own weights over the mlp's samples: the data set's shape is named.
-    let (code, _, e) = run(&[
-        "eval",
-        "--model",
-        gpt,
-        "--checkpoint",
-        s(&ckpt),
-        "--dataset",
-        s(&data),
-        "--threads",
-        "1",
-    ]);
-    assert_eq!(code, 1, "{e}");
+    let e = eval(gpt);
     assert!(e.contains("--dataset"), "{e}");
 }
 
@@ -344,16 +303,18 @@ fn generate_continues_a_prompt_and_repeats_under_a_seed() {
     let b = json_lines(&ok(&ingot(&args)));
     assert_eq!(a, b);
     assert_eq!(a[0]["tokens"].as_array().unwrap().len(), 24);
-    let (code, _, e) = run(&[
-        "generate",
-        "--init",
-        s(&ckpt.join("weights.safetensors")),
-        "--prompt",
-        "a",
-        "--tokens",
-        "1",
-    ]);
-    assert_eq!(code, 2, "{e}");
+    let e = exit_stderr(
+        run(&[
+            "generate",
+            "--init",
+            s(&ckpt.join("weights.safetensors")),
+            "--prompt",
+            "a",
+            "--tokens",
+            "1",
+        ]),
+        2,
+    );
     assert!(e.contains("--model"), "{e}");
 }
 

@@ -91,6 +91,16 @@ fn ir_file(test: &str, name: &str, text: &str) -> PathBuf {
     f
 }
 
+/// The stderr of `ingot plan --model-file` of `text` written as `name` ([`ir_file`]), which
+/// must exit 1.
+fn plan_refuses(test: &str, name: &str, text: &str) -> String {
+    let f = ir_file(test, name, text);
+    let out = ingot(&["plan", "--model-file", f.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 #[test]
 fn a_syntax_error_names_the_file_and_line_and_exits_1() {
     let bad = ir_file(
@@ -120,14 +130,8 @@ fn a_syntax_error_names_the_file_and_line_and_exits_1() {
 
 #[test]
 fn a_file_without_a_scalar_loss_is_an_error_naming_it() {
-    let f = ir_file(
-        "model-file-noloss",
-        "noloss.ir",
-        "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\noutput \"out\" = %0\n",
-    );
-    let out = ingot(&["plan", "--model-file", f.to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let text = "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\noutput \"out\" = %0\n";
+    let stderr = plan_refuses("model-file-noloss", "noloss.ir", text);
     assert!(
         stderr.contains("noloss.ir") && stderr.contains("\"loss\""),
         "{stderr}"
@@ -195,14 +199,9 @@ fn a_file_of_layer_lines_plans_and_trains_to_the_losses_of_its_primitives_spelle
 
 #[test]
 fn a_wrong_layer_line_names_the_file_and_line_and_exits_1() {
-    let path = ir_file(
-        "wrong_layer_line",
-        "step.ir",
-        "ingot-ir 1\n%0 = input \"x\" : f32[4,8]\n%1 = linear(%0) \"fc1\" out=16 : f32[4,12]\n",
-    );
-    let out = ingot(&["plan", "--model-file", path.to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let text =
+        "ingot-ir 1\n%0 = input \"x\" : f32[4,8]\n%1 = linear(%0) \"fc1\" out=16 : f32[4,12]\n";
+    let stderr = plan_refuses("wrong_layer_line", "step.ir", text);
     assert!(stderr.contains("step.ir"), "{stderr}");
     assert!(stderr.contains("line 3"), "{stderr}");
     assert!(

@@ -124,6 +124,17 @@ fn an_output_that_is_an_input_or_another_output_is_refused_before_any_work() {
         .collect();
     let gpt = "gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=2";
     let o = d.join("o");
+    // One step of the GPT over the data set, or of the model file, each case's flags after.
+    let gpt_step = [
+        "train",
+        "--model",
+        gpt,
+        "--dataset",
+        s(&bin),
+        "--steps",
+        "1",
+    ];
+    let file_step = ["train", "--model-file", s(&model), "--steps", "1"];
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["data", "bytes", s(&text), s(&text)], "INPUT"),
         (
@@ -139,74 +150,24 @@ fn an_output_that_is_an_input_or_another_output_is_refused_before_any_work() {
             "--model-file",
         ),
         (
-            vec![
-                "train",
-                "--model",
-                gpt,
-                "--dataset",
-                s(&bin),
-                "--steps",
-                "1",
-                "--report",
-                s(&bin),
-            ],
+            [&gpt_step[..], &["--report", s(&bin)]].concat(),
             "--dataset",
         ),
         (
             // The same file by another name: a symbolic link to the data set.
-            vec![
-                "train",
-                "--model",
-                gpt,
-                "--dataset",
-                s(&bin),
-                "--steps",
-                "1",
-                "--save",
-                s(&link),
-            ],
+            [&gpt_step[..], &["--save", s(&link)]].concat(),
             "--dataset",
         ),
         (
-            vec![
-                "train",
-                "--model",
-                gpt,
-                "--dataset",
-                s(&bin),
-                "--val",
-                s(&bin),
-                "--steps",
-                "1",
-                "--report",
-                s(&bin),
-            ],
+            [&gpt_step[..], &["--val", s(&bin), "--report", s(&bin)]].concat(),
             "--dataset",
         ),
         (
-            vec![
-                "train",
-                "--model-file",
-                s(&model),
-                "--steps",
-                "1",
-                "--save",
-                s(&model),
-            ],
+            [&file_step[..], &["--save", s(&model)]].concat(),
             "--model-file",
         ),
         (
-            vec![
-                "train",
-                "--model-file",
-                s(&model),
-                "--steps",
-                "1",
-                "--save",
-                s(&o),
-                "--report",
-                s(&o),
-            ],
+            [&file_step[..], &["--save", s(&o), "--report", s(&o)]].concat(),
             "--save",
         ),
         (

@@ -7,7 +7,7 @@ use std::process::Command;
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::s;
+use cli::{exit_stderr, s};
 
 fn ingot<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
     let (code, out, err) = cli::code_out_err(
@@ -46,7 +46,7 @@ fn scratch(test: &str) -> PathBuf {
     cli::scratch("robust-tests", test)
 }
 
-use cli::json_lines;
+use cli::{json_lines, numbers};
 
 /// The names of the files in `dir`, sorted.
 fn listing(dir: &Path) -> Vec<String> {
@@ -68,14 +68,10 @@ fn a_parameter_that_does_not_reach_the_loss_plans_trains_and_keeps_its_value() {
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("memory plan"), "{out}");
     }
-    let (code, _, err) = train_file(&file, "0", &["--save", s(&before)]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(train_file(&file, "0", &["--save", s(&before)]), 0);
     let (code, out, err) = train_file(&file, "3", &["--json", "--save", s(&after)]);
     assert_eq!(code, 0, "{err}");
-    let losses: Vec<f64> = json_lines(&out)
-        .iter()
-        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
-        .collect();
+    let losses: Vec<f64> = numbers(&json_lines(&out), "loss");
     assert_eq!(losses.len(), 3);
     assert!(losses[2] < losses[0], "w trains: {losses:?}");
     let (p0, p3) = (
@@ -92,14 +88,10 @@ fn a_parameter_that_does_not_reach_the_loss_plans_trains_and_keeps_its_value() {
 #[test]
 fn a_loss_that_simplifies_to_a_constant_plans_and_trains() {
     let file = model("constant-loss");
-    let (code, _, err) = ingot(&["plan", "--model-file", &file]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(ingot(&["plan", "--model-file", &file]), 0);
     let (code, out, err) = train_file(&file, "2", &["--json"]);
     assert_eq!(code, 0, "{err}");
-    let losses: Vec<f64> = json_lines(&out)
-        .iter()
-        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
-        .collect();
+    let losses: Vec<f64> = numbers(&json_lines(&out), "loss");
     assert_eq!(losses, [0.0, 0.0]);
 }
 
@@ -134,8 +126,10 @@ fn a_step_count_near_u64_max_reserves_nothing_in_proportion_to_it() {
         assert!(out.contains("step    14"), "{out}");
         assert!(err.contains("step 15"), "{err}");
     }
-    let (code, _, err) = train_file(&model("diverges"), "18446744073709551615", &[]);
-    assert_eq!(code, 2, "{err}");
+    let err = exit_stderr(
+        train_file(&model("diverges"), "18446744073709551615", &[]),
+        2,
+    );
     assert!(err.contains("--steps") && err.contains("2^53"), "{err}");
 }
 
@@ -144,12 +138,10 @@ fn a_non_finite_loss_stops_training_names_the_step_and_writes_nothing_over_the_w
     let dir = scratch("non_finite");
     let weights = dir.join("w.safetensors");
     let file = model("diverges");
-    let (code, _, err) = train_file(&file, "2", &["--save", s(&weights)]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(train_file(&file, "2", &["--save", s(&weights)]), 0);
     let good = std::fs::read(&weights).unwrap();
     let exe = dir.join("diverges.ingot");
-    let (code, _, err) = ingot(&["compile", "--model-file", &file, "-o", s(&exe)]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(ingot(&["compile", "--model-file", &file, "-o", s(&exe)]), 0);
     let train = ["train", "--model-file", &file];
     let run = ["run", s(&exe)];
     for cmd in [&train[..], &run[..]] {
@@ -210,15 +202,16 @@ fn a_normal_init_with_a_nan_or_negative_std_is_an_error_naming_the_line() {
 
 #[test]
 fn a_model_too_large_for_the_host_is_refused_before_allocating_naming_its_sizes() {
-    let (code, _, err) = ingot(&["train", "--model-file", &model("too-large"), "--steps", "1"]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        ingot(&["train", "--model-file", &model("too-large"), "--steps", "1"]),
+        1,
+    );
     assert!(
         err.contains("4000000039168 bytes") && err.contains("4000000000000 resident"),
         "{err}"
     );
     let gpt = "gpt:vocab=1099511627776,d_model=32,layers=1,heads=2,d_ff=64,seq=8,batch=2";
-    let (code, _, err) = ingot(&["train", "--model", gpt, "--steps", "1"]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(ingot(&["train", "--model", gpt, "--steps", "1"]), 1);
     assert!(
         err.contains("the plan needs") && err.contains("resident"),
         "{err}"
@@ -234,8 +227,7 @@ fn a_shape_whose_bytes_overflow_is_an_error_naming_the_line() {
         "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[4294967296,4294967296]\n",
     )
     .unwrap();
-    let (code, _, err) = ingot(&["plan", "--model-file", s(&path)]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&["plan", "--model-file", s(&path)]), 1);
     assert!(
         err.contains("line 2")
             && err.contains("f32[4294967296,4294967296]")
@@ -249,8 +241,7 @@ fn a_model_file_that_never_ends_is_refused_at_the_cap() {
     if !Path::new("/dev/zero").exists() {
         return;
     }
-    let (code, _, err) = ingot(&["plan", "--model-file", "/dev/zero"]);
-    assert_eq!(code, 1);
+    let err = exit_stderr(ingot(&["plan", "--model-file", "/dev/zero"]), 1);
     assert!(
         err.contains("/dev/zero") && err.contains("longer than"),
         "{err}"
@@ -303,7 +294,7 @@ fn a_dsa_capacity_not_met_says_what_stopped_the_search() {
         "id,lower,upper,size\n0,5,6,3\n1,7,8,5\n2,5,7,2\n3,2,6,2\n4,0,4,5\n5,0,2,5\n6,6,8,5\n7,6,8,1\n8,2,7,3\n",
     )
     .unwrap();
-    let (code, _, err) = ingot(&[
+    let dsa = [
         "dsa",
         "--input",
         s(&input),
@@ -311,22 +302,11 @@ fn a_dsa_capacity_not_met_says_what_stopped_the_search() {
         s(&output),
         "--capacity",
         "11",
-    ]);
-    assert_eq!(code, 3, "{err}");
+    ];
+    let err = exit_stderr(ingot(&dsa), 3);
     assert!(err.contains("proved"), "{err}");
     // With no time to search, the message says the time limit stopped it.
-    let (code, _, err) = ingot(&[
-        "dsa",
-        "--input",
-        s(&input),
-        "--output",
-        s(&output),
-        "--capacity",
-        "11",
-        "--time-limit",
-        "0",
-    ]);
-    assert_eq!(code, 3, "{err}");
+    let err = exit_stderr(ingot(&[&dsa[..], &["--time-limit", "0"]].concat()), 3);
     assert!(
         err.contains("the time limit of 0.000 s ran out")
             && err.contains("raise the capacity or the time limit"),
@@ -344,8 +324,7 @@ fn every_output_path_is_checked_before_any_work() {
     let bad = "/nonexistent-ingot-dir/out";
     let tiny = "docs/examples/tiny-mlp.ir";
     let exe = dir.join("tiny.ingot");
-    let (code, _, err) = ingot(&["compile", "--model-file", tiny, "-o", s(&exe)]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(ingot(&["compile", "--model-file", tiny, "-o", s(&exe)]), 0);
     let input = dsa_problem(&dir);
     let cases: Vec<(&str, Vec<&str>)> = vec![
         (
@@ -542,23 +521,27 @@ fn an_update_that_makes_a_parameter_non_finite_stops_the_run_at_that_step_naming
     let dir = scratch("non_finite_update");
     let (weights, ck) = (dir.join("w.safetensors"), dir.join("ck"));
     // Two good steps: a checkpoint at step 2 and the weights saved.
-    let (code, _, err) = ingot(&[
-        "train",
-        "--model",
-        "mlp",
-        "--steps",
-        "2",
-        "--checkpoint",
-        s(&ck),
-        "--save",
-        s(&weights),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(
+        ingot(&[
+            "train",
+            "--model",
+            "mlp",
+            "--steps",
+            "2",
+            "--checkpoint",
+            s(&ck),
+            "--save",
+            s(&weights),
+        ]),
+        0,
+    );
     let (good, good_ck) = (std::fs::read(&weights).unwrap(), contents(&ck));
     // Resumed with a learning rate of 1e39: step 3's loss is finite, its update is not.
     let exe = dir.join("mlp.ingot");
-    let (code, _, err) = ingot(&["compile", "--model", "mlp", "--lr", "1e39", "-o", s(&exe)]);
-    assert_eq!(code, 0, "{err}");
+    exit_stderr(
+        ingot(&["compile", "--model", "mlp", "--lr", "1e39", "-o", s(&exe)]),
+        0,
+    );
     let train = ["train", "--model", "mlp", "--lr", "1e39"];
     let run = ["run", s(&exe)];
     for cmd in [&train[..], &run[..]] {
@@ -604,18 +587,20 @@ fn an_update_that_makes_a_parameter_non_finite_stops_the_run_at_that_step_naming
     }
     // From the start, as the command: stopped at step 1, nothing written.
     let fresh = dir.join("fresh.safetensors");
-    let (code, _, err) = ingot(&[
-        "train",
-        "--model",
-        "mlp",
-        "--steps",
-        "3",
-        "--lr",
-        "1e39",
-        "--save",
-        s(&fresh),
-    ]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        ingot(&[
+            "train",
+            "--model",
+            "mlp",
+            "--steps",
+            "3",
+            "--lr",
+            "1e39",
+            "--save",
+            s(&fresh),
+        ]),
+        1,
+    );
     assert!(err.contains("step 1: after its update, parameter"), "{err}");
     assert!(!fresh.exists());
 }
@@ -638,8 +623,10 @@ fn a_parameter_made_infinite_by_the_gradient_of_sqrt_at_zero_stops_the_run_at_st
     assert_eq!(lines[0]["non_finite"], true);
     assert!(!weights.exists());
     // --skip-nonfinite goes on past it, says so, and still writes no non-finite weights.
-    let (code, _, err) = train_file(&file, "2", &["--skip-nonfinite", "--save", s(&weights)]);
-    assert_eq!(code, 1, "{err}");
+    let err = exit_stderr(
+        train_file(&file, "2", &["--skip-nonfinite", "--save", s(&weights)]),
+        1,
+    );
     assert!(
         err.contains("step 1: after its update") && err.contains("--skip-nonfinite: going on"),
         "{err}"

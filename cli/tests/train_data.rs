@@ -13,7 +13,7 @@ const BYTE_GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::{ingot, ok};
+use cli::{failed, ingot, numbers, ok, train_on};
 
 fn scratch(test: &str) -> PathBuf {
     cli::scratch("train-data-tests", test)
@@ -43,14 +43,7 @@ use cli::{json_lines, step_losses};
 
 /// Runs `ingot train --model BYTE_GPT --dataset bin` with `more` flags.
 fn train_gpt(bin: impl AsRef<Path>, more: &[&str]) -> std::process::Output {
-    let dataset = cli::s(bin.as_ref());
-    ingot(
-        &[
-            &["train", "--model", BYTE_GPT, "--dataset", dataset][..],
-            more,
-        ]
-        .concat(),
-    )
+    train_on(BYTE_GPT, bin, more)
 }
 
 #[test]
@@ -378,45 +371,15 @@ fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
     );
     ok(&train_gpt(bin, &["--steps", "2", "--checkpoint", ck]));
     let smaller = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=16,batch=8";
-    let out = ingot(&[
-        "train",
-        "--model",
-        smaller,
-        "--dataset",
-        bin,
-        "--steps",
-        "4",
-        "--resume",
-        ck,
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
+    let out = train_on(smaller, bin, &["--steps", "4", "--resume", ck]);
+    let e = failed(&out, 1);
     assert!(e.contains(BYTE_GPT) && e.contains(smaller), "{e}");
-    let out = ingot(&[
-        "train",
-        "--model",
-        BYTE_GPT,
-        "--dataset",
-        other,
-        "--steps",
-        "4",
-        "--resume",
-        ck,
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
+    let out = train_on(BYTE_GPT, other, &["--steps", "4", "--resume", ck]);
+    let e = failed(&out, 1);
     assert!(e.contains("text.bin") && e.contains("other.bin"), "{e}");
-    let out = train_gpt(
-        bin,
-        &[
-            "--steps",
-            "4",
-            "--resume",
-            d.join("nowhere").to_str().unwrap(),
-        ],
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint.json"));
+    let nowhere = d.join("nowhere");
+    let out = train_gpt(bin, &["--steps", "4", "--resume", cli::s(&nowhere)]);
+    assert!(failed(&out, 1).contains("checkpoint.json"));
 }
 
 #[test]
@@ -488,8 +451,7 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_unless_skipped() {
             ck.to_str().unwrap(),
         ],
     );
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
+    let e = failed(&out, 1);
     assert!(e.contains("step 1: the loss is"), "{e}");
     assert!(
         !ck.join("checkpoint.json").exists(),
@@ -705,8 +667,7 @@ fn the_command_line_chooses_the_optimizer_of_any_model() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("adamw"));
     let out = ingot(&["train", "--model-file", ir, "--steps", "1", "--lr=-1"]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failed(&out, 2);
     assert!(
         err.contains("--lr") && err.contains("not a finite number above 0"),
         "{err}"
@@ -853,15 +814,11 @@ fn ingot_run_drives_a_schedule_only_through_a_step_compiled_with_the_input() {
     ]));
     let sched = ["--steps", "3", "--schedule", "cosine", "--json"];
     let out = ingot(&[&["run", without.to_str().unwrap()][..], &sched].concat());
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--lr-scale-input"));
+    assert!(failed(&out, 1).contains("--lr-scale-input"));
     let lines = json_lines(&ok(&ingot(
         &[&["run", with.to_str().unwrap()][..], &sched].concat(),
     )));
-    let scales: Vec<f64> = lines
-        .iter()
-        .filter_map(|v| v.get("lr_scale").and_then(|f| f.as_f64()))
-        .collect();
+    let scales: Vec<f64> = numbers(&lines, "lr_scale");
     assert_eq!(scales, vec![1.0, 0.5, 0.0]);
 }
 
@@ -982,8 +939,7 @@ fn a_run_writes_its_report_page_with_the_loss_and_validation_curves() {
         "--report",
         d.join("no/such/dir/run.html").to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--report"));
+    assert!(failed(&out, 1).contains("--report"));
 }
 
 #[test]
@@ -1023,8 +979,7 @@ fn a_data_set_is_recognised_on_resume_by_its_contents_not_the_path_typed() {
         "{e}"
     );
     let out = again(bin.to_str().unwrap(), &["--optimizer", "sgd"]);
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
+    let e = failed(&out, 1);
     assert!(e.contains("sgd") && e.contains("adamw"), "{e}");
 }
 
@@ -1056,29 +1011,25 @@ fn a_cnn_and_a_resnet18_train_with_validation_on_the_cpu() {
         let d = scratch(&format!("{model}-val"));
         image_samples(&d, 128, c, side);
         let dir = d.to_str().unwrap();
-        let out = ingot(&[
-            "train",
-            "--model",
+        let out = train_on(
             model,
-            "--dataset",
             dir,
-            "--val",
-            dir,
-            "--steps",
-            "2",
-            "--eval-every",
-            "2",
-            "--eval-batches",
-            "1",
-            "--lr",
-            "0.01",
-            "--json",
-        ]);
+            &[
+                "--val",
+                dir,
+                "--steps",
+                "2",
+                "--eval-every",
+                "2",
+                "--eval-batches",
+                "1",
+                "--lr",
+                "0.01",
+                "--json",
+            ],
+        );
         let lines = json_lines(&ok(&out));
-        let vals: Vec<f64> = lines
-            .iter()
-            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
-            .collect();
+        let vals: Vec<f64> = numbers(&lines, "val_loss");
         assert!(!vals.is_empty(), "{model}: no validation line: {lines:?}");
         assert!(
             vals.iter().all(|l| l.is_finite() && *l > 0.0),
@@ -1117,10 +1068,7 @@ fn a_bf16_classifier_validates_reading_its_class_count_off_the_weight_copies() {
             "--json",
         ]);
         let lines = json_lines(&ok(&out));
-        let vals: Vec<f64> = lines
-            .iter()
-            .filter_map(|v| v.get("val_loss").and_then(|l| l.as_f64()))
-            .collect();
+        let vals: Vec<f64> = numbers(&lines, "val_loss");
         assert!(
             !vals.is_empty() && vals.iter().all(|l| l.is_finite() && *l > 0.0),
             "{model}: {lines:?}"
@@ -1140,16 +1088,7 @@ fn resnet18_trains_on_uint8_nhwc_images() {
     let y: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
     std::fs::write(d.join("x.npy"), encode("|u1", &[n, 32, 32, 3], &x)).unwrap();
     std::fs::write(d.join("y.npy"), encode("<i8", &[n], &y)).unwrap();
-    let out = ingot(&[
-        "train",
-        "--model",
-        "resnet18",
-        "--dataset",
-        d.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--json",
-    ]);
+    let out = train_on("resnet18", &d, &["--steps", "1", "--json"]);
     let losses = step_losses(&json_lines(&ok(&out)));
     assert_eq!(losses.len(), 1);
     assert!(
@@ -1158,15 +1097,7 @@ fn resnet18_trains_on_uint8_nhwc_images() {
     );
     // A 4-D array in neither layout is refused before any step, naming the file.
     std::fs::write(d.join("x.npy"), encode("|u1", &[n, 32, 3, 32], &x)).unwrap();
-    let out = ingot(&[
-        "train",
-        "--model",
-        "resnet18",
-        "--dataset",
-        d.to_str().unwrap(),
-        "--steps",
-        "1",
-    ]);
+    let out = train_on("resnet18", &d, &["--steps", "1"]);
     assert_ne!(out.status.code(), Some(0));
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("x.npy") && e.contains("NHWC"), "{e}");

@@ -2,6 +2,7 @@
 
 pub mod chains;
 pub mod exe_file;
+pub mod fits;
 pub mod gradcheck;
 pub mod losses;
 pub mod planned;

@@ -11,6 +11,8 @@ use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::plan::check::PlanViolation;
 use ingot_compiler::plan::{align_up, PlanError};
+use ingot_ir_tests::fits::fit_none;
+use ingot_testkit::steps::losses_and_state;
 use ingot_trainer::session::Session;
 
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=8,batch=2";
@@ -168,14 +170,7 @@ type State = Vec<(String, Vec<u8>)>;
 /// executor allocated on the device and for the host region, and the optimizer state after.
 fn train(m: &Model, opts: &Options, steps: usize) -> (Vec<u64>, usize, State) {
     let mut s = Session::with_options(m, 3, opts).unwrap();
-    let losses = (0..steps)
-        .map(|_| s.step().unwrap().loss.to_bits())
-        .collect();
-    let state = s
-        .optimizer_state()
-        .into_iter()
-        .map(|(n, t)| (n, t.to_le_bytes()))
-        .collect();
+    let (losses, state) = losses_and_state(&mut s, steps);
     (losses, s.exe().allocated_bytes(), state)
 }
 
@@ -205,11 +200,8 @@ fn the_fitter_offloads_only_when_nothing_else_fits_and_then_the_fewest_moments()
     let budget = align_up((all.plan.total_bytes + plain.plan.resident_bytes) / 2);
     assert!(all.plan.total_bytes <= budget && budget < plain.plan.resident_bytes);
     let fo = FitOptions {
-        budget,
-        recompute: false,
-        accumulate: false,
-        min_micro_batch: 1,
         offload: true,
+        ..fit_none(budget)
     };
     let opts = Options::for_target(Target::Cpu);
     let (_, c, f) = fit::fit(&m, &StepOptions::default(), &opts, &fo, None).unwrap();
@@ -249,11 +241,10 @@ fn a_budget_under_the_resident_bytes_less_every_moment_is_refused_naming_both() 
     let opts = Options::for_target(Target::Cpu);
     let ask = |budget: usize, offload: bool| {
         let fo = FitOptions {
-            budget,
             recompute: true,
             accumulate: true,
-            min_micro_batch: 1,
             offload,
+            ..fit_none(budget)
         };
         fit::fit(&m, &StepOptions::default(), &opts, &fo, None)
     };
@@ -458,11 +449,8 @@ fn a_fitted_offload_step_copies_in_far_ahead_of_the_readers_on_free_bytes_at_the
     // A budget only offload meets: half the moments' bytes under the plan as it is.
     let budget = plain.plan.total_bytes - align_up(moment_bytes / 2);
     let fo = FitOptions {
-        budget,
-        recompute: false,
-        accumulate: false,
-        min_micro_batch: 1,
         offload: true,
+        ..fit_none(budget)
     };
     let (_, on, f) = fit::fit(&m, &StepOptions::default(), &opts, &fo, None).unwrap();
     assert!(f.expect("fitted").offload.is_some(), "fitted by offload");

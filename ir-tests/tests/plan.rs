@@ -5,7 +5,7 @@ use ingot_compiler::autodiff::{training_step, Optimizer};
 use ingot_compiler::ir::{DType, Graph, Init, NodeId, Shape};
 use ingot_compiler::plan::check::{validate, PlanView, PlanViolation as V};
 use ingot_compiler::plan::Location;
-use ingot_compiler::plan::{self, align_up, PlanOptions, Region, ALIGNMENT};
+use ingot_compiler::plan::{self, align_up, MemoryPlan, PlanOptions, Region, ALIGNMENT};
 use ingot_compiler::report::Report;
 use ingot_compiler::schedule::{self, Strategy};
 use proptest::prelude::*;
@@ -163,6 +163,49 @@ fn matmul_with_workspace() -> (Graph, NodeId, NodeId) {
     (g, a, m)
 }
 
+/// [`matmul_with_workspace`] planned with [`kib_for_matmul`]'s scratch.
+struct PlannedWorkspace {
+    g: Graph,
+    a: NodeId,
+    m: NodeId,
+    p: MemoryPlan,
+    /// Each node's place in the plan, and its workspace's.
+    locs: Vec<Location>,
+    ws: Vec<Option<Location>>,
+}
+
+fn planned_matmul_with_workspace() -> PlannedWorkspace {
+    let (g, a, m) = matmul_with_workspace();
+    let opts = PlanOptions {
+        workspace: Some(kib_for_matmul),
+        ..PlanOptions::default()
+    };
+    let p = plan::plan(&g, &opts).unwrap();
+    let locs = g.ids().map(|id| p.location(&g, id)).collect();
+    let ws = g.ids().map(|id| p.workspace(id)).collect();
+    PlannedWorkspace {
+        g,
+        a,
+        m,
+        p,
+        locs,
+        ws,
+    }
+}
+
+/// [`check_ws`] of the workspaces `ws` in `pw`'s plan.
+fn check_planned_ws(pw: &PlannedWorkspace, ws: &[Option<Location>]) -> Result<(), V> {
+    let p = &pw.p;
+    check_ws(
+        &pw.g,
+        &p.liveness.order,
+        &pw.locs,
+        ws,
+        p.total_bytes,
+        &p.liveness.copies,
+    )
+}
+
 fn kib_for_matmul(g: &Graph, id: NodeId) -> plan::WorkspaceNeed {
     plan::WorkspaceNeed::at_node(match g.node(id).op {
         ingot_compiler::ir::Op::MatMul { .. } => 1024,
@@ -224,12 +267,7 @@ fn a_workspace_filled_from_an_operand_is_held_from_where_that_operand_is_made() 
 
 #[test]
 fn a_kernel_workspace_is_planned_in_the_slab_only_while_its_op_runs() {
-    let (g, _, m) = matmul_with_workspace();
-    let opts = PlanOptions {
-        workspace: Some(kib_for_matmul),
-        ..PlanOptions::default()
-    };
-    let p = plan::plan(&g, &opts).unwrap();
+    let PlannedWorkspace { g, m, p, .. } = planned_matmul_with_workspace();
     let w = p.workspace(m).expect("the matmul has a workspace");
     assert_eq!(w.bytes, 1024);
     let s = p.liveness.workspace_of[m.index()].unwrap();
@@ -293,37 +331,16 @@ fn the_validator_rejects_a_workspace_filled_early_that_a_value_made_before_its_n
 
 #[test]
 fn the_validator_rejects_a_workspace_over_a_live_value() {
-    let (g, a, m) = matmul_with_workspace();
-    let opts = PlanOptions {
-        workspace: Some(kib_for_matmul),
-        ..PlanOptions::default()
-    };
-    let p = plan::plan(&g, &opts).unwrap();
-    let locs: Vec<Location> = g.ids().map(|id| p.location(&g, id)).collect();
-    let mut ws: Vec<Option<Location>> = g.ids().map(|id| p.workspace(id)).collect();
-    check_ws(
-        &g,
-        &p.liveness.order,
-        &locs,
-        &ws,
-        p.total_bytes,
-        &p.liveness.copies,
-    )
-    .unwrap();
+    let pw = planned_matmul_with_workspace();
+    let (a, m, locs) = (pw.a, pw.m, &pw.locs);
+    let mut ws = pw.ws.clone();
+    check_planned_ws(&pw, &ws).unwrap();
     // Scratch over `a`, an operand of the matmul.
     ws[m.index()] = Some(Location {
         offset: locs[a.index()].offset,
         bytes: 1024,
     });
-    let e = check_ws(
-        &g,
-        &p.liveness.order,
-        &locs,
-        &ws,
-        p.total_bytes,
-        &p.liveness.copies,
-    )
-    .unwrap_err();
+    let e = check_planned_ws(&pw, &ws).unwrap_err();
     assert_eq!(
         e,
         V::WorkspaceOnOperand {
@@ -515,19 +532,12 @@ fn the_validator_names_each_broken_rule_of_the_schedule_and_the_tables() {
 
 #[test]
 fn the_validator_names_a_misplaced_workspace_and_one_on_its_own_output() {
-    let (g, _, m) = matmul_with_workspace();
-    let opts = PlanOptions {
-        workspace: Some(kib_for_matmul),
-        ..PlanOptions::default()
-    };
-    let p = plan::plan(&g, &opts).unwrap();
-    let locs: Vec<Location> = g.ids().map(|id| p.location(&g, id)).collect();
-    let ws: Vec<Option<Location>> = g.ids().map(|id| p.workspace(id)).collect();
-    let (order, total, copies) = (&p.liveness.order, p.total_bytes, &p.liveness.copies);
+    let pw = planned_matmul_with_workspace();
+    let (m, total, locs) = (pw.m, pw.p.total_bytes, &pw.locs);
     let with = |w: Location| {
-        let mut ws = ws.clone();
+        let mut ws = pw.ws.clone();
         ws[m.index()] = Some(w);
-        check_ws(&g, order, &locs, &ws, total, copies).unwrap_err()
+        check_planned_ws(&pw, &ws).unwrap_err()
     };
     assert_eq!(
         with(Location {

@@ -8,6 +8,7 @@ use ingot_compiler::fit::{self, FitError, FitOptions, Recomputation};
 use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
+use ingot_ir_tests::fits::fit_none;
 use ingot_ir_tests::losses::cpu_loss_bits;
 
 /// Small enough to run ten CPU steps in well under a second; its attention (seq 16) costs
@@ -92,11 +93,8 @@ fn a_plan_fitted_by_recomputation_is_under_the_budget_to_the_byte_and_valid() {
         base.report.total_bytes - 1,
     ] {
         let opts = FitOptions {
-            budget,
             recompute: true,
-            accumulate: false,
-            min_micro_batch: 1,
-            offload: false,
+            ..fit_none(budget)
         };
         let (_, c, fitted) = fit::fit(
             &m,
@@ -155,11 +153,9 @@ fn a_budget_under_the_resident_bytes_is_refused_naming_them() {
     let base = pipeline::finish(&rewritten(&m, 1), &[]).unwrap();
     let resident = base.report.resident_bytes;
     let opts = FitOptions {
-        budget: resident - 1,
         recompute: true,
         accumulate: true,
-        min_micro_batch: 1,
-        offload: false,
+        ..fit_none(resident - 1)
     };
     let build = |k: usize| {
         ingot_models::at_batch(GPT, 4 / k, ingot_compiler::ir::DType::F32)
@@ -214,11 +210,9 @@ fn the_loss_head_in_smaller_chunks_is_tried_before_micro_batches() {
     opts.precision = Some(ingot_compiler::precision::Precision::Bf16);
     let budget = 3174 << 20;
     let fit_opts = FitOptions {
-        budget,
         recompute: true,
         accumulate: true,
-        min_micro_batch: 1,
-        offload: false,
+        ..fit_none(budget)
     };
     let build = |k: usize| {
         ingot_models::at_batch("gpt2", 8 / k, ingot_compiler::ir::DType::F32)
@@ -266,11 +260,9 @@ fn a_bf16_step_over_its_budget_by_no_more_than_its_weight_copies_gives_them_up_f
     assert_eq!(cast.resident.weight_copies, 0);
     assert!(cast.total_bytes < kept.total_bytes);
     let fit_opts = FitOptions {
-        budget: cast.total_bytes,
         recompute: true,
         accumulate: true,
-        min_micro_batch: 1,
-        offload: false,
+        ..fit_none(cast.total_bytes)
     };
     let (_, c, fitted) = fit::fit(&model, &StepOptions::default(), &opts, &fit_opts, None).unwrap();
     let f = fitted.expect("over the budget with its copies");

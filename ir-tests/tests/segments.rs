@@ -15,6 +15,7 @@ use ingot_compiler::pipeline::{self, Compiled, Options, Rewritten};
 use ingot_compiler::plan::{self, MemoryPlan, PlanOptions};
 use ingot_compiler::precision::Precision;
 use ingot_compiler::schedule::{self, Strategy};
+use ingot_ir_tests::fits::fit_none;
 use ingot_ir_tests::losses::cpu_loss_bits;
 use petgraph::graph::NodeIndex;
 
@@ -213,11 +214,8 @@ fn a_small_gpt_asked_to_cut_its_activation_memory_by_forty_percent_fits_without_
     let slab = base.report.total_bytes - base.report.resident_bytes;
     let budget = base.report.resident_bytes + slab * 6 / 10;
     let opts = FitOptions {
-        budget,
         recompute: true,
-        accumulate: false,
-        min_micro_batch: 1,
-        offload: false,
+        ..fit_none(budget)
     };
     let (_, c, fitted) = fit::fit(&m, &StepOptions::default(), &cpu(), &opts, None).unwrap();
     let f = fitted.expect("over the budget as asked");

@@ -9,6 +9,7 @@ use ingot_kernels::dtype::{bf16, bf16_from_f64};
 use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use ingot_testkit::cxx;
+use ingot_testkit::kernel_builder::KernelBuilder as B;
 
 // ---------------------------------------------------------------------------------------------
 // The prelude's helpers, run on the host.
@@ -305,28 +306,12 @@ fn a_bf16_sum_accumulates_in_float_and_rounds_once_after_the_threads_combine() {
     // Row sums of a bf16 [64, 3000] (a block per row) and the rows' max, stored bf16, plus
     // each element minus its row's sum, bf16.
     let (r, n) = (64, 3000);
-    let k = kernel(
-        &[r, n],
-        &[1],
-        vec![input(DType::BF16, &[r, n], &[n, 1])],
-        vec![
-            Inst::Load { input: 0 },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 0,
-            },
-            Inst::Binary {
-                op: BinaryOp::Sub,
-                a: 0,
-                b: 1,
-            },
-        ],
-        &[1, 2, 3],
-    );
+    let mut b = B::new(&[r, n], &[1]);
+    let x = b.input(DType::BF16, &[n, 1]);
+    let x = b.load(x);
+    let (sum, max) = (b.sum(x), b.max(x));
+    let d = b.sub(x, sum);
+    let k = b.outputs(&[sum, max, d]).done();
     assert_eq!(cuda::strategy(&k).unwrap(), Strategy::Rows);
     let s = cuda::fused(&k).unwrap().source;
     assert!(s.contains("float a1 = 0.0f;"), "{s}");
@@ -347,27 +332,12 @@ fn a_bf16_sum_accumulates_in_float_and_rounds_once_after_the_threads_combine() {
 fn a_bf16_column_sum_and_a_bf16_transpose_keep_float_registers() {
     // Bias gradient: sum over rows of a bf16 [4096, 768] into f32 and into bf16.
     let (m, d) = (4096, 768);
-    let k = kernel(
-        &[m, d],
-        &[0],
-        vec![input(DType::BF16, &[m, d], &[d, 1])],
-        vec![
-            Inst::Load { input: 0 },
-            Inst::Convert {
-                x: 0,
-                to: DType::F32,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 1,
-            },
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            },
-        ],
-        &[2, 3],
-    );
+    let mut b = B::new(&[m, d], &[0]);
+    let x = b.input(DType::BF16, &[d, 1]);
+    let x = b.load(x);
+    let wide = b.to(x, DType::F32);
+    let (into_f32, into_bf16) = (b.sum(wide), b.sum(x));
+    let k = b.outputs(&[into_f32, into_bf16]).done();
     assert_eq!(cuda::strategy(&k).unwrap(), Strategy::Columns);
     let s = cuda::fused(&k).unwrap().source;
     assert!(s.contains("__shared__ float sm3["), "{s}");

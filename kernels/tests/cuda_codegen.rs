@@ -8,97 +8,13 @@
 
 use ingot_kernels::cuda::{self, CudaKernel, Strategy, PRELUDE, PRELUDE_BF16};
 use ingot_kernels::fused::random::{self, Rng};
-use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
+use ingot_kernels::fused::{FusedKernel, Inst, Output};
 use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use ingot_testkit::kernel_builder::KernelBuilder as B;
 use std::collections::BTreeMap;
 
 // ---------------------------------------------------------------------------------------------
-// Building descriptions.
-
-struct B {
-    k: FusedKernel,
-}
-
-impl B {
-    fn new(domain: &[usize], reduce: &[usize]) -> B {
-        B {
-            k: FusedKernel {
-                domain: domain.to_vec(),
-                reduce_axes: reduce.to_vec(),
-                inputs: vec![],
-                body: vec![],
-                outputs: vec![],
-            },
-        }
-    }
-    /// An input read through `strides` (its length is what they reach).
-    fn input_strided(&mut self, dtype: DType, offset: usize, strides: &[usize]) -> usize {
-        let reach: usize = offset
-            + strides
-                .iter()
-                .zip(&self.k.domain)
-                .map(|(s, d)| s * d.saturating_sub(1))
-                .sum::<usize>();
-        self.k.inputs.push(Input {
-            dtype,
-            len: reach + 1,
-            access: Access {
-                offset,
-                strides: strides.to_vec(),
-            },
-        });
-        self.k.inputs.len() - 1
-    }
-    /// A contiguous input shaped like the domain.
-    fn input(&mut self, dtype: DType) -> usize {
-        let s = Access::contiguous(&self.k.domain).strides;
-        self.input_strided(dtype, 0, &s)
-    }
-    /// An input shaped like the domain with the given axes broadcast (stride 0).
-    fn input_bcast(&mut self, dtype: DType, bcast: &[usize]) -> usize {
-        let dims: Vec<usize> = self
-            .k
-            .domain
-            .iter()
-            .enumerate()
-            .map(|(d, &n)| if bcast.contains(&d) { 1 } else { n })
-            .collect();
-        let mut s = Access::contiguous(&dims).strides;
-        for &a in bcast {
-            s[a] = 0;
-        }
-        self.input_strided(dtype, 0, &s)
-    }
-    fn i(&mut self, inst: Inst) -> usize {
-        self.k.body.push(inst);
-        self.k.body.len() - 1
-    }
-    fn load(&mut self, input: usize) -> usize {
-        self.i(Inst::Load { input })
-    }
-    fn c(&mut self, value: f64, dtype: DType) -> usize {
-        self.i(Inst::Const { value, dtype })
-    }
-    fn un(&mut self, op: UnaryOp, x: usize) -> usize {
-        self.i(Inst::Unary { op, x })
-    }
-    fn bin(&mut self, op: BinaryOp, a: usize, b: usize) -> usize {
-        self.i(Inst::Binary { op, a, b })
-    }
-    fn red(&mut self, op: ReduceOp, x: usize) -> usize {
-        self.i(Inst::Reduce { op, x })
-    }
-    fn out(&mut self, value: usize) -> &mut B {
-        self.k.outputs.push(Output { value });
-        self
-    }
-    fn done(&self) -> FusedKernel {
-        self.k
-            .check()
-            .unwrap_or_else(|e| panic!("test kernel does not check: {e}"));
-        self.k.clone()
-    }
-}
+// Building descriptions: [`B`], the kernel tests' one builder.
 
 use BinaryOp::*;
 use ReduceOp::{Max as RMax, Sum as RSum};
@@ -106,7 +22,7 @@ use UnaryOp::*;
 
 fn softmax(r: usize, n: usize) -> FusedKernel {
     let mut b = B::new(&[r, n], &[1]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
     let m = b.red(RMax, x);
     let d = b.bin(Sub, x, m);
@@ -119,18 +35,18 @@ fn softmax(r: usize, n: usize) -> FusedKernel {
 /// LayerNorm forward over the last axis of `[b, s, d]`: outputs y, mean, rstd.
 fn layer_norm(bs: usize, s: usize, d: usize) -> FusedKernel {
     let mut b = B::new(&[bs, s, d], &[2]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let g = b.input_bcast(DType::F32, &[0, 1]);
     let be = b.input_bcast(DType::F32, &[0, 1]);
     let x = b.load(x);
     let sum = b.red(RSum, x);
-    let inv_n = b.c(1.0 / d as f64, DType::F32);
+    let inv_n = b.konst_of(1.0 / d as f64, DType::F32);
     let mean = b.bin(Mul, sum, inv_n);
     let xc = b.bin(Sub, x, mean);
     let sq = b.bin(Mul, xc, xc);
     let ss = b.red(RSum, sq);
     let var = b.bin(Mul, ss, inv_n);
-    let eps = b.c(1e-5, DType::F32);
+    let eps = b.konst_of(1e-5, DType::F32);
     let ve = b.bin(Add, var, eps);
     let sd = b.un(Sqrt, ve);
     let rstd = b.un(Recip, sd);
@@ -156,12 +72,12 @@ fn layer_norm_backward_into_residual(r: usize, d: usize) -> FusedKernel {
 
 fn layer_norm_backward_with(r: usize, d: usize, into_residual: bool) -> FusedKernel {
     let mut b = B::new(&[r, d], &[1]);
-    let dy = b.input(DType::F32);
-    let x = b.input(DType::F32);
+    let dy = b.whole(DType::F32);
+    let x = b.whole(DType::F32);
     let g = b.input_bcast(DType::F32, &[0]);
     let mean = b.input_bcast(DType::F32, &[1]);
     let rstd = b.input_bcast(DType::F32, &[1]);
-    let residual = into_residual.then(|| b.input(DType::F32));
+    let residual = into_residual.then(|| b.whole(DType::F32));
     let dy = b.load(dy);
     let x = b.load(x);
     let g = b.load(g);
@@ -174,7 +90,7 @@ fn layer_norm_backward_with(r: usize, d: usize, into_residual: bool) -> FusedKer
     let s1 = b.red(RSum, dyg);
     let t = b.bin(Mul, dyg, xh);
     let s2 = b.red(RSum, t);
-    let inv_n = b.c(1.0 / d as f64, DType::F32);
+    let inv_n = b.konst_of(1.0 / d as f64, DType::F32);
     let m1 = b.bin(Mul, s1, inv_n);
     let m2 = b.bin(Mul, s2, inv_n);
     let a = b.bin(Sub, dyg, m1);
@@ -192,35 +108,35 @@ fn layer_norm_backward_with(r: usize, d: usize, into_residual: bool) -> FusedKer
 /// per-row loss and the gradient (four reductions over three stages).
 fn cross_entropy(r: usize, v: usize) -> FusedKernel {
     let mut b = B::new(&[r, v], &[1]);
-    let logits = b.input(DType::F32);
+    let logits = b.whole(DType::F32);
     let target = b.input_bcast(DType::I64, &[1]);
     let x = b.load(logits);
     let m = b.red(RMax, x);
     let d = b.bin(Sub, x, m);
     let e = b.un(Exp, d);
     let s = b.red(RSum, e);
-    let idx = b.i(Inst::Index {
+    let idx = b.push(Inst::Index {
         axis: 1,
         dtype: DType::I64,
     });
     let t = b.load(target);
-    let hit = b.i(Inst::Compare {
+    let hit = b.push(Inst::Compare {
         op: CmpOp::Eq,
         a: idx,
         b: t,
     });
     let ls = b.un(Log, s);
     let lp = b.bin(Sub, d, ls);
-    let zero = b.c(0.0, DType::F32);
-    let picked = b.i(Inst::Select {
+    let zero = b.konst_of(0.0, DType::F32);
+    let picked = b.push(Inst::Select {
         cond: hit,
         a: lp,
         b: zero,
     });
     let loss = b.red(RSum, picked);
     let nloss = b.un(Neg, loss);
-    let scale = b.c(-1.0 / r as f64, DType::F32);
-    let g0 = b.i(Inst::Select {
+    let scale = b.konst_of(-1.0 / r as f64, DType::F32);
+    let g0 = b.push(Inst::Select {
         cond: hit,
         a: scale,
         b: zero,
@@ -236,7 +152,7 @@ fn cross_entropy(r: usize, v: usize) -> FusedKernel {
 /// `[m, d]` summed over axis 0 (a bias gradient).
 fn column_sum(m: usize, d: usize) -> FusedKernel {
     let mut b = B::new(&[m, d], &[0]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
     let s = b.red(RSum, x);
     b.out(s).done()
@@ -245,8 +161,8 @@ fn column_sum(m: usize, d: usize) -> FusedKernel {
 /// `[b, s, d]` summed over axes 0 and 1, of a product (a LayerNorm weight gradient).
 fn column_sum_3d(bs: usize, s: usize, d: usize) -> FusedKernel {
     let mut b = B::new(&[bs, s, d], &[0, 1]);
-    let x = b.input(DType::F32);
-    let y = b.input(DType::F32);
+    let x = b.whole(DType::F32);
+    let y = b.whole(DType::F32);
     let x = b.load(x);
     let y = b.load(y);
     let p = b.bin(Mul, x, y);
@@ -259,10 +175,10 @@ fn column_sum_3d(bs: usize, s: usize, d: usize) -> FusedKernel {
 fn adamw(dims: &[usize]) -> FusedKernel {
     let mut b = B::new(dims, &[]);
     let all: Vec<usize> = (0..dims.len()).collect();
-    let p = b.input(DType::F32);
-    let g = b.input(DType::F32);
-    let m = b.input(DType::F32);
-    let v = b.input(DType::F32);
+    let p = b.whole(DType::F32);
+    let g = b.whole(DType::F32);
+    let m = b.whole(DType::F32);
+    let v = b.whole(DType::F32);
     let lr = b.input_bcast(DType::F32, &all);
     let step = b.input_bcast(DType::F32, &all);
     let p = b.load(p);
@@ -271,10 +187,10 @@ fn adamw(dims: &[usize]) -> FusedKernel {
     let v = b.load(v);
     let lr = b.load(lr);
     let step = b.load(step);
-    let b1 = b.c(0.9, DType::F32);
-    let nb1 = b.c(0.1, DType::F32);
-    let b2 = b.c(0.999, DType::F32);
-    let nb2 = b.c(0.001, DType::F32);
+    let b1 = b.konst_of(0.9, DType::F32);
+    let nb1 = b.konst_of(0.1, DType::F32);
+    let b2 = b.konst_of(0.999, DType::F32);
+    let nb2 = b.konst_of(0.001, DType::F32);
     let m1 = b.bin(Mul, m, b1);
     let m2 = b.bin(Mul, g, nb1);
     let m_new = b.bin(Add, m1, m2);
@@ -283,11 +199,11 @@ fn adamw(dims: &[usize]) -> FusedKernel {
     let v2 = b.bin(Mul, gg, nb2);
     let v_new = b.bin(Add, v1, v2);
     let sq = b.un(Sqrt, v_new);
-    let eps = b.c(1e-8, DType::F32);
+    let eps = b.konst_of(1e-8, DType::F32);
     let den = b.bin(Add, sq, eps);
     let upd = b.bin(Div, m_new, den);
     let lrs = b.bin(Mul, lr, step);
-    let wd = b.c(0.01, DType::F32);
+    let wd = b.konst_of(0.01, DType::F32);
     let decay = b.bin(Mul, p, wd);
     let upd = b.bin(Add, upd, decay);
     let delta = b.bin(Mul, upd, lrs);
@@ -298,44 +214,44 @@ fn adamw(dims: &[usize]) -> FusedKernel {
 /// Integer, bool and f64 arithmetic with converts, index values and wrapping.
 fn mixed_types(r: usize, n: usize) -> FusedKernel {
     let mut b = B::new(&[r, n], &[]);
-    let a = b.input(DType::I64);
+    let a = b.whole(DType::I64);
     let f = b.input_bcast(DType::F64, &[0]);
-    let m = b.input(DType::Bool);
+    let m = b.whole(DType::Bool);
     let a = b.load(a);
     let f = b.load(f);
     let m = b.load(m);
-    let big = b.c(9.0e18, DType::I64);
+    let big = b.konst_of(9.0e18, DType::I64);
     let w = b.bin(Mul, a, big); // wraps
-    let ix = b.i(Inst::Index {
+    let ix = b.push(Inst::Index {
         axis: 1,
         dtype: DType::I64,
     });
     let w = b.bin(Add, w, ix);
     let w = b.bin(Max, w, a);
     let nw = b.un(Neg, w);
-    let wf = b.i(Inst::Convert {
+    let wf = b.push(Inst::Convert {
         x: nw,
         to: DType::F64,
     });
     let s = b.bin(Min, wf, f);
-    let si = b.i(Inst::Convert {
+    let si = b.push(Inst::Convert {
         x: s,
         to: DType::I32,
     });
-    let sb = b.i(Inst::Convert {
+    let sb = b.push(Inst::Convert {
         x: si,
         to: DType::Bool,
     });
-    let both = b.i(Inst::Select {
+    let both = b.push(Inst::Select {
         cond: m,
         a: sb,
         b: m,
     });
-    let nan = b.c(f64::NAN, DType::F32);
-    let inf = b.c(f64::NEG_INFINITY, DType::F64);
-    let mn = b.c(-2147483648.0, DType::I32);
-    let lmin = b.c(-9.3e18, DType::I64);
-    let fx = b.i(Inst::Convert {
+    let nan = b.konst_of(f64::NAN, DType::F32);
+    let inf = b.konst_of(f64::NEG_INFINITY, DType::F64);
+    let mn = b.konst_of(-2147483648.0, DType::I32);
+    let lmin = b.konst_of(-9.3e18, DType::I64);
+    let fx = b.push(Inst::Convert {
         x: s,
         to: DType::F32,
     });
@@ -349,9 +265,9 @@ fn mixed_types(r: usize, n: usize) -> FusedKernel {
 /// Integer and f64 reductions: sum and max of i32, i64 and f64 values over the last axis.
 fn int_reductions(r: usize, n: usize) -> FusedKernel {
     let mut b = B::new(&[r, n], &[1]);
-    let a = b.input(DType::I32);
-    let c = b.input(DType::I64);
-    let d = b.input(DType::F64);
+    let a = b.whole(DType::I32);
+    let c = b.whole(DType::I64);
+    let d = b.whole(DType::F64);
     let a = b.load(a);
     let c = b.load(c);
     let d = b.load(d);
@@ -367,8 +283,8 @@ fn int_reductions(r: usize, n: usize) -> FusedKernel {
 /// A transposed load (`[a, b]` read from a `[b, a]` buffer), a sliced one and a broadcast one.
 fn transposed(a: usize, n: usize) -> FusedKernel {
     let mut b = B::new(&[a, n], &[]);
-    let t = b.input_strided(DType::F32, 0, &[1, a]);
-    let s = b.input_strided(DType::F32, 7, &[n * 3, 1]);
+    let t = b.input_at(DType::F32, 0, &[1, a]);
+    let s = b.input_at(DType::F32, 7, &[n * 3, 1]);
     let c = b.input_bcast(DType::F32, &[1]);
     let t = b.load(t);
     let s = b.load(s);
@@ -381,7 +297,7 @@ fn transposed(a: usize, n: usize) -> FusedKernel {
 /// Attention-style permuted read: `[b, h, s, dh]` from a `[b, s, h*dh]` buffer.
 fn heads(bs: usize, h: usize, s: usize, dh: usize) -> FusedKernel {
     let mut b = B::new(&[bs, h, s, dh], &[]);
-    let x = b.input_strided(DType::F32, 0, &[s * h * dh, dh, h * dh, 1]);
+    let x = b.input_at(DType::F32, 0, &[s * h * dh, dh, h * dh, 1]);
     let x = b.load(x);
     b.out(x).done()
 }
@@ -390,11 +306,11 @@ fn heads(bs: usize, h: usize, s: usize, dh: usize) -> FusedKernel {
 /// the index along the sequence and a bias broadcast along it.
 fn heads_transposed(bs: usize, h: usize, s: usize, dh: usize) -> FusedKernel {
     let mut b = B::new(&[bs, h, dh, s], &[]);
-    let x = b.input_strided(DType::F32, 5, &[s * h * dh, dh, 1, h * dh]);
+    let x = b.input_at(DType::F32, 5, &[s * h * dh, dh, 1, h * dh]);
     let bias = b.input_bcast(DType::F32, &[0, 3]);
     let x = b.load(x);
     let bias = b.load(bias);
-    let i = b.i(Inst::Index {
+    let i = b.push(Inst::Index {
         axis: 3,
         dtype: DType::F32,
     });
@@ -413,22 +329,22 @@ fn causal_softmax(bh: usize, s: usize) -> FusedKernel {
 /// is kept); outputs the max, the sum and the probabilities. Returns the condition's index too.
 fn masked_softmax(bh: usize, s: usize, op: CmpOp, keep: bool) -> (FusedKernel, usize) {
     let mut b = B::new(&[bh, s, s], &[2]);
-    let x = b.input(DType::F32);
-    let col = b.i(Inst::Index {
+    let x = b.whole(DType::F32);
+    let col = b.push(Inst::Index {
         axis: 2,
         dtype: DType::I32,
     });
-    let row = b.i(Inst::Index {
+    let row = b.push(Inst::Index {
         axis: 1,
         dtype: DType::I32,
     });
-    let cond = b.i(Inst::Compare { op, a: col, b: row });
-    let lowest = b.c(-3.4028234663852886e38, DType::F32);
+    let cond = b.push(Inst::Compare { op, a: col, b: row });
+    let lowest = b.konst_of(-3.4028234663852886e38, DType::F32);
     let x = b.load(x);
-    let sc = b.c(0.125, DType::F32);
+    let sc = b.konst_of(0.125, DType::F32);
     let xs = b.bin(Mul, x, sc);
     let (a, c) = if keep { (xs, lowest) } else { (lowest, xs) };
-    let v = b.i(Inst::Select { cond, a, b: c });
+    let v = b.push(Inst::Select { cond, a, b: c });
     let (m, s, y) = softmax_of(&mut b, v);
     (b.out(m).out(s).out(y).done(), cond)
 }
@@ -449,28 +365,28 @@ fn softmax_of(b: &mut B, v: usize) -> (usize, usize, usize) {
 /// reduces the gradient's dot product, and writes the probabilities and the scores' gradient.
 fn attention_backward(bs: usize, h: usize, s: usize) -> FusedKernel {
     let mut b = B::new(&[bs, h, s, s], &[3]);
-    let scores = b.input(DType::F32);
-    let dp = b.input(DType::F32);
+    let scores = b.whole(DType::F32);
+    let dp = b.whole(DType::F32);
     let r1 = b.input_bcast(DType::F32, &[3]);
     let r2 = b.input_bcast(DType::F32, &[3]);
-    let col = b.i(Inst::Index {
+    let col = b.push(Inst::Index {
         axis: 3,
         dtype: DType::I32,
     });
-    let row = b.i(Inst::Index {
+    let row = b.push(Inst::Index {
         axis: 2,
         dtype: DType::I32,
     });
-    let masked = b.i(Inst::Compare {
+    let masked = b.push(Inst::Compare {
         op: CmpOp::Gt,
         a: col,
         b: row,
     });
-    let lowest = b.c(-3.4028234663852886e38, DType::F32);
+    let lowest = b.konst_of(-3.4028234663852886e38, DType::F32);
     let x = b.load(scores);
-    let sc = b.c(0.125, DType::F32);
+    let sc = b.konst_of(0.125, DType::F32);
     let xs = b.bin(Mul, x, sc);
-    let v = b.i(Inst::Select {
+    let v = b.push(Inst::Select {
         cond: masked,
         a: lowest,
         b: xs,
@@ -480,7 +396,7 @@ fn attention_backward(bs: usize, h: usize, s: usize) -> FusedKernel {
     let e = b.un(Exp, d);
     let sum = b.red(RSum, e);
     let p = b.bin(Div, e, sum);
-    let zero = b.c(0.0, DType::F32);
+    let zero = b.konst_of(0.0, DType::F32);
     let g = b.load(dp);
     let r1 = b.load(r1);
     let gr = b.bin(Div, g, r1);
@@ -493,7 +409,7 @@ fn attention_backward(bs: usize, h: usize, s: usize) -> FusedKernel {
     let z = b.bin(Sub, v, r2);
     let z = b.un(Exp, z);
     let t = b.bin(Mul, t, z);
-    let t = b.i(Inst::Select {
+    let t = b.push(Inst::Select {
         cond: masked,
         a: zero,
         b: t,
@@ -505,7 +421,7 @@ fn attention_backward(bs: usize, h: usize, s: usize) -> FusedKernel {
 /// A reduction over a middle axis (`[a, n, c]` summed over axis 1): the innermost axis is kept.
 fn middle_sum(a: usize, n: usize, c: usize) -> FusedKernel {
     let mut b = B::new(&[a, n, c], &[1]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
     let m = b.red(RMax, x);
     let d = b.bin(Sub, x, m);
@@ -516,7 +432,7 @@ fn middle_sum(a: usize, n: usize, c: usize) -> FusedKernel {
 /// Reduce axes of size 0: the reductions are their identities, the row-level outputs exist.
 fn empty_rows(r: usize) -> FusedKernel {
     let mut b = B::new(&[r, 0], &[1]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let y = b.input_bcast(DType::I32, &[1]);
     let x = b.load(x);
     let y = b.load(y);
@@ -529,7 +445,7 @@ fn empty_rows(r: usize) -> FusedKernel {
 /// Reduce axes of size 1: reductions are copies, the kernel elementwise.
 fn size_one_reduce(r: usize) -> FusedKernel {
     let mut b = B::new(&[r, 1], &[1]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
     let m = b.red(RMax, x);
     let s = b.red(RSum, x);
@@ -540,7 +456,7 @@ fn size_one_reduce(r: usize) -> FusedKernel {
 /// A full reduction to one value (fewer than 64 rows: the row strategy).
 fn total_sum(n: usize) -> FusedKernel {
     let mut b = B::new(&[n, 1], &[0, 1]);
-    let x = b.input_strided(DType::F32, 0, &[1, 1]);
+    let x = b.input_at(DType::F32, 0, &[1, 1]);
     let x = b.load(x);
     let s = b.red(RSum, x);
     b.out(s).done()
@@ -549,9 +465,9 @@ fn total_sum(n: usize) -> FusedKernel {
 /// A scalar kernel (rank 0).
 fn scalar() -> FusedKernel {
     let mut b = B::new(&[], &[]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
-    let c = b.c(-0.00390625, DType::F32);
+    let c = b.konst_of(-0.00390625, DType::F32);
     let y = b.bin(Mul, x, c);
     b.out(y).done()
 }
@@ -559,7 +475,7 @@ fn scalar() -> FusedKernel {
 /// A domain with more than 2^31 elements (only generated, never run here).
 fn huge() -> FusedKernel {
     let mut b = B::new(&[1 << 16, 1 << 16], &[]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
     let y = b.un(Exp, x);
     b.out(y).done()
@@ -573,14 +489,14 @@ fn many_rows() -> FusedKernel {
 /// Exact GELU, `x·½·(1 + erf(x/√2))`, elementwise in `dtype`.
 fn exact_gelu(n: usize, dtype: DType) -> FusedKernel {
     let mut b = B::new(&[n], &[]);
-    let x = b.input(dtype);
+    let x = b.whole(dtype);
     let x = b.load(x);
-    let c = b.c(std::f64::consts::FRAC_1_SQRT_2, dtype);
+    let c = b.konst_of(std::f64::consts::FRAC_1_SQRT_2, dtype);
     let s = b.bin(Mul, x, c);
     let e = b.un(Erf, s);
-    let one = b.c(1.0, dtype);
+    let one = b.konst_of(1.0, dtype);
     let e1 = b.bin(Add, e, one);
-    let half = b.c(0.5, dtype);
+    let half = b.konst_of(0.5, dtype);
     let h = b.bin(Mul, x, half);
     let y = b.bin(Mul, h, e1);
     b.out(y).done()
@@ -643,7 +559,7 @@ fn representative() -> Vec<(&'static str, FusedKernel)> {
         ("exact_gelu_bf16", exact_gelu(1000, DType::BF16)),
         ("empty_elementwise", {
             let mut b = B::new(&[0, 5], &[]);
-            let x = b.input(DType::F32);
+            let x = b.whole(DType::F32);
             let x = b.load(x);
             b.out(x).done()
         }),
@@ -753,20 +669,20 @@ fn every_representative_kernel_passes_a_host_syntax_check() {
 /// `sum(dy * (x - mean) * rstd)` over axes 0 and 1, bf16 as a bf16 step stores it.
 fn gain_gradient_bf16(bs: usize, s: usize, d: usize) -> FusedKernel {
     let mut b = B::new(&[bs, s, d], &[0, 1]);
-    let dy = b.input(DType::BF16);
-    let x = b.input(DType::BF16);
+    let dy = b.whole(DType::BF16);
+    let x = b.whole(DType::BF16);
     let mean = b.input_bcast(DType::F32, &[2]);
     let rstd = b.input_bcast(DType::F32, &[2]);
     let (dy, x, mean, rstd) = (b.load(dy), b.load(x), b.load(mean), b.load(rstd));
-    let dy = b.i(Inst::Convert {
+    let dy = b.push(Inst::Convert {
         x: dy,
         to: DType::F32,
     });
-    let x = b.i(Inst::Convert { x, to: DType::F32 });
+    let x = b.push(Inst::Convert { x, to: DType::F32 });
     let xc = b.bin(Sub, x, mean);
     let xh = b.bin(Mul, xc, rstd);
     let t = b.bin(Mul, dy, xh);
-    let t = b.i(Inst::Convert {
+    let t = b.push(Inst::Convert {
         x: t,
         to: DType::BF16,
     });
@@ -1250,7 +1166,7 @@ fn index_arithmetic_is_32_bit_below_2_pow_31_elements_and_64_bit_above() {
     );
     // An input longer than 2^31 elements makes it 64-bit too, even for a small domain.
     let mut b = B::new(&[4, 4], &[]);
-    let x = b.input_strided(DType::F32, 1 << 31, &[4, 1]);
+    let x = b.input_at(DType::F32, 1 << 31, &[4, 1]);
     let x = b.load(x);
     b.out(x);
     let k = b.done();
@@ -1292,7 +1208,7 @@ fn contiguous_loads_read_at_the_linear_index_and_sizes_are_literals() {
         (1022, "e % 1022u", "in1[i1]"),
     ] {
         let mut b = B::new(&[4096, cols], &[]);
-        let x = b.input(DType::F32);
+        let x = b.whole(DType::F32);
         let y = b.input_bcast(DType::F32, &[0]);
         let x = b.load(x);
         let y = b.load(y);
@@ -1317,9 +1233,9 @@ fn elementwise_kernels_use_vectors_only_where_aligned() {
     // `[r, 8]` read through strides `[row, 1]` at `offset`, plus one, into f32 (or `dtype`).
     let k = |row: usize, offset: usize, dtype: DType| {
         let mut b = B::new(&[1 << 19, 8], &[]);
-        let x = b.input_strided(dtype, offset, &[row, 1]);
+        let x = b.input_at(dtype, offset, &[row, 1]);
         let x = b.load(x);
-        let one = b.c(1.0, dtype);
+        let one = b.konst_of(1.0, dtype);
         let y = b.bin(Add, x, one);
         b.out(y).done()
     };
@@ -1348,9 +1264,9 @@ fn elementwise_kernels_use_vectors_only_where_aligned() {
     );
     // Index values along the vector axis count the four elements.
     let mut b = B::new(&[1 << 17, 32], &[]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
-    let i = b.i(Inst::Index {
+    let i = b.push(Inst::Index {
         axis: 1,
         dtype: DType::F32,
     });
@@ -1361,10 +1277,10 @@ fn elementwise_kernels_use_vectors_only_where_aligned() {
     assert!(c.source.contains("(float)(4u * i1 + 3u)"), "{}", c.source);
     // Bool vectors are 4 bytes; the stores come after every read.
     let mut b = B::new(&[1 << 17, 32], &[]);
-    let x = b.input(DType::F32);
+    let x = b.whole(DType::F32);
     let x = b.load(x);
-    let z = b.c(0.0, DType::F32);
-    let m = b.i(Inst::Compare {
+    let z = b.konst_of(0.0, DType::F32);
+    let m = b.push(Inst::Compare {
         op: CmpOp::Gt,
         a: x,
         b: z,
@@ -1666,7 +1582,7 @@ fn invalid_descriptions_give_errors_not_panics() {
     k.domain = vec![usize::MAX, 3];
     bad.push(k);
     let mut b = B::new(&[4], &[]);
-    let m = b.input(DType::Bool);
+    let m = b.whole(DType::Bool);
     let m = b.load(m);
     b.bin(Add, m, m);
     bad.push(b.k.clone());
@@ -1842,12 +1758,12 @@ fn a_vector_masked_by_a_loaded_mask_is_read_whole_beside_the_mask() {
     // before the scores' load measured slower (see `loop_vectors`), so the scores' vector is
     // read unconditionally and each lane drops its masked score.
     let mut b = B::new(&[96, 1024, 1024], &[2]);
-    let mask = b.input(DType::Bool);
-    let x = b.input(DType::F32);
+    let mask = b.whole(DType::Bool);
+    let x = b.whole(DType::F32);
     let masked = b.load(mask);
-    let lowest = b.c(-3.4028234663852886e38, DType::F32);
+    let lowest = b.konst_of(-3.4028234663852886e38, DType::F32);
     let x = b.load(x);
-    let v = b.i(Inst::Select {
+    let v = b.push(Inst::Select {
         cond: masked,
         a: lowest,
         b: x,

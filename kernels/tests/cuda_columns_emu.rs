@@ -7,85 +7,42 @@
 
 use ingot_kernels::cuda;
 use ingot_kernels::fused::cpu::run_buffers;
-use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, DType, ReduceOp};
+use ingot_kernels::fused::FusedKernel;
+use ingot_kernels::{BinaryOp, DType};
 use ingot_testkit::block_emu;
+use ingot_testkit::kernel_builder::KernelBuilder;
 
-/// Builds a kernel over `[b, t, c]` reducing `[0, 1]` (or `[r, c]` reducing `[0]`), an
+/// A kernel over `[b, t, c]` reducing `[0, 1]` (or `[r, c]` reducing `[0]`), to build an
 /// instruction at a time.
-struct Cols {
-    k: FusedKernel,
+fn cols(dims: &[usize]) -> KernelBuilder {
+    KernelBuilder::new(dims, &(0..dims.len() - 1).collect::<Vec<_>>())
 }
 
-impl Cols {
-    fn new(dims: &[usize]) -> Cols {
-        Cols {
-            k: FusedKernel {
-                domain: dims.to_vec(),
-                reduce_axes: (0..dims.len() - 1).collect(),
-                inputs: vec![],
-                body: vec![],
-                outputs: vec![],
-            },
-        }
-    }
-    fn i(&mut self, inst: Inst) -> usize {
-        self.k.body.push(inst);
-        self.k.body.len() - 1
-    }
-    /// A load of a new input, widened to f32: the whole tensor, or one value a token (every
-    /// axis but the last).
-    fn load(&mut self, dtype: DType, per_token: bool) -> usize {
-        let d = &self.k.domain;
-        let (len, mut strides) = if per_token {
-            let tokens: Vec<usize> = d[..d.len() - 1].to_vec();
-            (tokens.iter().product(), Access::contiguous(&tokens).strides)
-        } else {
-            (d.iter().product(), Access::contiguous(d).strides)
-        };
-        if per_token {
-            strides.push(0);
-        }
-        self.k.inputs.push(Input {
-            dtype,
-            len,
-            access: Access { offset: 0, strides },
-        });
-        let input = self.k.inputs.len() - 1;
-        let x = self.i(Inst::Load { input });
-        if dtype == DType::F32 {
-            x
-        } else {
-            self.to(x, DType::F32)
-        }
-    }
-    fn to(&mut self, x: usize, to: DType) -> usize {
-        self.i(Inst::Convert { x, to })
-    }
-    fn bin(&mut self, op: BinaryOp, a: usize, b: usize) -> usize {
-        self.i(Inst::Binary { op, a, b })
-    }
-    fn sum(&mut self, x: usize) -> usize {
-        self.i(Inst::Reduce {
-            op: ReduceOp::Sum,
-            x,
-        })
-    }
-    fn out(mut self, values: &[usize]) -> FusedKernel {
-        self.k.outputs = values.iter().map(|&value| Output { value }).collect();
-        assert!(self.k.check().is_ok(), "{:?}", self.k.check());
-        self.k
+/// A load of a new input, widened to f32: the whole tensor, or one value a token (every axis
+/// but the last).
+fn load(b: &mut KernelBuilder, dtype: DType, per_token: bool) -> usize {
+    let input = if per_token {
+        let last = b.k.domain.len() - 1;
+        b.input_bcast(dtype, &[last])
+    } else {
+        b.whole(dtype)
+    };
+    let x = b.load(input);
+    if dtype == DType::F32 {
+        x
+    } else {
+        b.to(x, DType::F32)
     }
 }
 
 /// A LayerNorm's gain and bias gradients over `dims` (`[b, t, c]`): `sum(dy · (x - mean) ·
 /// rstd)` and `sum(dy)` over the tokens, `dy` and `x` in `dtype`, the sums rounded to `dtype`.
 fn gain_gradient(dims: &[usize], dtype: DType) -> FusedKernel {
-    let mut b = Cols::new(dims);
-    let dy = b.load(dtype, false);
-    let x = b.load(dtype, false);
-    let mean = b.load(DType::F32, true);
-    let rstd = b.load(DType::F32, true);
+    let mut b = cols(dims);
+    let dy = load(&mut b, dtype, false);
+    let x = load(&mut b, dtype, false);
+    let mean = load(&mut b, DType::F32, true);
+    let rstd = load(&mut b, DType::F32, true);
     let xc = b.bin(BinaryOp::Sub, x, mean);
     let xh = b.bin(BinaryOp::Mul, xc, rstd);
     let t = b.bin(BinaryOp::Mul, dy, xh);
@@ -96,14 +53,14 @@ fn gain_gradient(dims: &[usize], dtype: DType) -> FusedKernel {
     } else {
         (b.to(g, dtype), b.to(s, dtype))
     };
-    b.out(&[g, s])
+    b.outputs(&[g, s]).done()
 }
 
 /// A bias gradient: `sum(dy)` over every axis but the last, `dy` and the sum in `dtype`, and
 /// `2 · dy` beside it as a full output where `full`.
 fn bias_gradient(dims: &[usize], dtype: DType, full: bool) -> FusedKernel {
-    let mut b = Cols::new(dims);
-    let dy = b.load(dtype, false);
+    let mut b = cols(dims);
+    let dy = load(&mut b, dtype, false);
     let s = b.sum(dy);
     let s = if dtype == DType::F32 {
         s
@@ -113,9 +70,9 @@ fn bias_gradient(dims: &[usize], dtype: DType, full: bool) -> FusedKernel {
     if full {
         let twice = b.bin(BinaryOp::Add, dy, dy);
         let twice = b.to(twice, dtype);
-        b.out(&[s, twice])
+        b.outputs(&[s, twice]).done()
     } else {
-        b.out(&[s])
+        b.outputs(&[s]).done()
     }
 }
 

@@ -9,84 +9,37 @@
 
 use ingot_kernels::cuda::{self, FusedArg, FusedProgram};
 use ingot_kernels::fused::cpu::run_buffers;
-use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use ingot_kernels::fused::{FusedKernel, Inst};
+use ingot_kernels::{BinaryOp, CmpOp, DType, UnaryOp};
 use ingot_testkit::block_emu;
+use ingot_testkit::kernel_builder::KernelBuilder;
 
-/// Builds a kernel over NCHW `[n, c, h, w]` reducing `[0, 2, 3]`, an instruction at a time.
-struct Nchw {
-    k: FusedKernel,
+/// A kernel over NCHW `[n, c, h, w]` reducing `[0, 2, 3]`, to build an instruction at a time.
+fn nchw(dims: [usize; 4]) -> KernelBuilder {
+    KernelBuilder::new(&dims, &[0, 2, 3])
 }
 
-impl Nchw {
-    fn new(dims: [usize; 4]) -> Nchw {
-        Nchw {
-            k: FusedKernel {
-                domain: dims.to_vec(),
-                reduce_axes: vec![0, 2, 3],
-                inputs: vec![],
-                body: vec![],
-                outputs: vec![],
-            },
-        }
-    }
-    fn i(&mut self, inst: Inst) -> usize {
-        self.k.body.push(inst);
-        self.k.body.len() - 1
-    }
-    /// A load of a new input: the whole tensor, or one value a channel.
-    fn load(&mut self, dtype: DType, per_channel: bool) -> usize {
-        let d = &self.k.domain;
-        let (len, strides) = if per_channel {
-            (d[1], vec![0, 1, 0, 0])
-        } else {
-            (d.iter().product(), Access::contiguous(d).strides)
-        };
-        self.k.inputs.push(Input {
-            dtype,
-            len,
-            access: Access { offset: 0, strides },
-        });
-        let input = self.k.inputs.len() - 1;
-        self.i(Inst::Load { input })
-    }
-    /// A load of a new full input of `dtype`, widened to f32.
-    fn load_f32(&mut self, dtype: DType) -> usize {
-        let x = self.load(dtype, false);
-        self.to(x, DType::F32)
-    }
-    fn to(&mut self, x: usize, to: DType) -> usize {
-        self.i(Inst::Convert { x, to })
-    }
-    fn bin(&mut self, op: BinaryOp, a: usize, b: usize) -> usize {
-        self.i(Inst::Binary { op, a, b })
-    }
-    fn un(&mut self, op: UnaryOp, x: usize) -> usize {
-        self.i(Inst::Unary { op, x })
-    }
-    fn konst(&mut self, value: f64) -> usize {
-        self.i(Inst::Const {
-            value,
-            dtype: DType::F32,
-        })
-    }
-    fn sum(&mut self, x: usize) -> usize {
-        self.i(Inst::Reduce {
-            op: ReduceOp::Sum,
-            x,
-        })
-    }
-    /// `1 / (n·h·w)`, the mean's factor.
-    fn inv_count(&mut self) -> usize {
-        let d = &self.k.domain;
-        let m = (d[0] * d[2] * d[3]) as f64;
-        self.konst(1.0 / m)
-    }
-    fn out(mut self, values: &[usize]) -> FusedKernel {
-        self.k.outputs = values.iter().map(|&value| Output { value }).collect();
-        assert!(self.k.check().is_ok(), "{:?}", self.k.check());
-        self.k
-    }
+/// A load of a new input: the whole tensor, or one value a channel.
+fn load(b: &mut KernelBuilder, dtype: DType, per_channel: bool) -> usize {
+    let input = if per_channel {
+        b.input_bcast(dtype, &[0, 2, 3])
+    } else {
+        b.whole(dtype)
+    };
+    b.load(input)
+}
+
+/// A load of a new full input of `dtype`, widened to f32.
+fn load_f32(b: &mut KernelBuilder, dtype: DType) -> usize {
+    let x = load(b, dtype, false);
+    b.to(x, DType::F32)
+}
+
+/// `1 / (n·h·w)`, the mean's factor.
+fn inv_count(b: &mut KernelBuilder) -> usize {
+    let d = &b.k.domain;
+    let m = (d[0] * d[2] * d[3]) as f64;
+    b.konst(1.0 / m)
 }
 
 use BinaryOp::{Add, Mul, Sub};
@@ -94,10 +47,10 @@ use BinaryOp::{Add, Mul, Sub};
 /// Training batch norm's forward: `y = (x - mean) / sqrt(var + eps) · g + b` in `dtype`, with
 /// the mean and the (biased) variance around it as row outputs.
 fn forward(dims: [usize; 4], dtype: DType) -> FusedKernel {
-    let mut b = Nchw::new(dims);
-    let x = b.load_f32(dtype);
+    let mut b = nchw(dims);
+    let x = load_f32(&mut b, dtype);
     let s = b.sum(x);
-    let inv = b.inv_count();
+    let inv = inv_count(&mut b);
     let mean = b.bin(Mul, s, inv);
     let xc = b.bin(Sub, x, mean);
     let sq = b.bin(Mul, xc, xc);
@@ -108,39 +61,54 @@ fn forward(dims: [usize; 4], dtype: DType) -> FusedKernel {
     let sd = b.un(UnaryOp::Sqrt, ve);
     let rstd = b.un(UnaryOp::Recip, sd);
     let xh = b.bin(Mul, xc, rstd);
-    let g = b.load(DType::F32, true);
+    let g = load(&mut b, DType::F32, true);
     let y = b.bin(Mul, xh, g);
-    let bias = b.load(DType::F32, true);
+    let bias = load(&mut b, DType::F32, true);
     let y = b.bin(Add, y, bias);
     let y = b.to(y, dtype);
-    b.out(&[y, mean, var])
+    b.outputs(&[y, mean, var]).done()
+}
+
+/// The part of batch norm's backward both backward kernels share, its instructions in this
+/// order: the sums `s1 = sum(dy)` and `s2 = sum(dy·x̂)` and `d = dy - s1/m - x̂·s2/m`, with
+/// `1/m` as `inv`.
+struct Centred {
+    d: usize,
+    s1: usize,
+    s2: usize,
+    inv: usize,
+}
+
+fn centred(b: &mut KernelBuilder, x: usize, dy: usize, mean: usize, rstd: usize) -> Centred {
+    let xc = b.bin(Sub, x, mean);
+    let xh = b.bin(Mul, xc, rstd);
+    let s1 = b.sum(dy);
+    let t = b.bin(Mul, dy, xh);
+    let s2 = b.sum(t);
+    let inv = inv_count(b);
+    let m1 = b.bin(Mul, s1, inv);
+    let m2 = b.bin(Mul, s2, inv);
+    let c = b.bin(Mul, xh, m2);
+    let d = b.bin(Sub, dy, m1);
+    let d = b.bin(Sub, d, c);
+    Centred { d, s1, s2, inv }
 }
 
 /// Batch norm's backward from `x`, `dy` (in `dtype`) and the saved mean, rstd and gain:
 /// `dx = (dy - sum(dy)/m - x̂·sum(dy·x̂)/m)·rstd·g` in `dtype`, and the two sums as row
 /// outputs (the bias's and the gain's gradients).
 fn backward(dims: [usize; 4], dtype: DType) -> FusedKernel {
-    let mut b = Nchw::new(dims);
-    let x = b.load_f32(dtype);
-    let dy = b.load_f32(dtype);
-    let mean = b.load(DType::F32, true);
-    let rstd = b.load(DType::F32, true);
-    let g = b.load(DType::F32, true);
-    let xc = b.bin(Sub, x, mean);
-    let xh = b.bin(Mul, xc, rstd);
-    let s1 = b.sum(dy);
-    let t = b.bin(Mul, dy, xh);
-    let s2 = b.sum(t);
-    let inv = b.inv_count();
-    let m1 = b.bin(Mul, s1, inv);
-    let m2 = b.bin(Mul, s2, inv);
-    let c = b.bin(Mul, xh, m2);
-    let d = b.bin(Sub, dy, m1);
-    let d = b.bin(Sub, d, c);
+    let mut b = nchw(dims);
+    let x = load_f32(&mut b, dtype);
+    let dy = load_f32(&mut b, dtype);
+    let mean = load(&mut b, DType::F32, true);
+    let rstd = load(&mut b, DType::F32, true);
+    let g = load(&mut b, DType::F32, true);
+    let Centred { d, s1, s2, .. } = centred(&mut b, x, dy, mean, rstd);
     let rg = b.bin(Mul, rstd, g);
     let dx = b.bin(Mul, d, rg);
     let dx = b.to(dx, dtype);
-    b.out(&[dx, s1, s2])
+    b.outputs(&[dx, s1, s2]).done()
 }
 
 /// A ResNet step's shape of the backward (its bf16 step fuses the ReLU's backward and the
@@ -149,33 +117,23 @@ fn backward(dims: [usize; 4], dtype: DType) -> FusedKernel {
 /// output that reads no reduction) and the first stage's sums as outputs too.
 fn resnet_backward(dims: [usize; 4]) -> FusedKernel {
     let bf = DType::BF16;
-    let mut b = Nchw::new(dims);
-    let x = b.load_f32(bf);
-    let dy = b.load_f32(bf);
-    let mean = b.load(DType::F32, true);
-    let rstd = b.load(DType::F32, true);
+    let mut b = nchw(dims);
+    let x = load_f32(&mut b, bf);
+    let dy = load_f32(&mut b, bf);
+    let mean = load(&mut b, DType::F32, true);
+    let rstd = load(&mut b, DType::F32, true);
     let zero = b.konst(0.0);
-    let off = b.i(Inst::Compare {
+    let off = b.push(Inst::Compare {
         op: CmpOp::Le,
         a: x,
         b: zero,
     });
-    let dy = b.i(Inst::Select {
+    let dy = b.push(Inst::Select {
         cond: off,
         a: zero,
         b: dy,
     });
-    let xc = b.bin(Sub, x, mean);
-    let xh = b.bin(Mul, xc, rstd);
-    let s1 = b.sum(dy);
-    let t = b.bin(Mul, dy, xh);
-    let s2 = b.sum(t);
-    let inv = b.inv_count();
-    let m1 = b.bin(Mul, s1, inv);
-    let m2 = b.bin(Mul, s2, inv);
-    let c = b.bin(Mul, xh, m2);
-    let d = b.bin(Sub, dy, m1);
-    let d = b.bin(Sub, d, c);
+    let Centred { d, s1, s2, inv } = centred(&mut b, x, dy, mean, rstd);
     let dx = b.bin(Mul, d, rstd);
     let s3 = b.sum(dx);
     let m3 = b.bin(Mul, s3, inv);
@@ -183,7 +141,7 @@ fn resnet_backward(dims: [usize; 4]) -> FusedKernel {
     let m3 = b.to(m3, DType::F32);
     let dx2 = b.bin(Sub, dx, m3);
     let dx2 = b.to(dx2, bf);
-    b.out(&[off, dx2, s1, s2])
+    b.outputs(&[off, dx2, s1, s2]).done()
 }
 
 // ---------------------------------------------------------------------------------------------

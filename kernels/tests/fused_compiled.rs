@@ -9,6 +9,7 @@ use ingot_kernels::fused::random::{self, Rng};
 use ingot_kernels::fused::{parts, Access, FusedKernel, Input, Inst, KernelError, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use ingot_testkit::fused_kernels::layer_norm;
+use ingot_testkit::kernel_builder::KernelBuilder;
 use zerocopy::IntoBytes;
 #[path = "support/counting.rs"]
 mod counting;
@@ -204,6 +205,36 @@ fn same(k: &FusedKernel, got: &[Vec<u8>], want: &[Vec<u8>]) -> Result<(), String
 
 /// Whether some kept axis of `k` (of size > 1) lies between reduced ones, or a reduced one
 /// between kept ones: the kept and reduced axes interleave.
+/// Inputs of `k` drawn from `seed` with no NaN (a sum meeting two NaNs keeps either payload:
+/// LLVM may swap an addition's operands, so NaN bits are not the claim), and the interpreter's
+/// outputs on them.
+fn inputs_and_want(k: &FusedKernel, seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut r = Rng(seed);
+    let inputs: Vec<Vec<u8>> = k
+        .inputs
+        .iter()
+        .map(|i| without_nan(data(&mut r, i)))
+        .collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+    let want = cpu::run_buffers(k, &refs).unwrap();
+    (inputs, want)
+}
+
+/// `k` compiled, run on `inputs` on each of `threads` threads, gives the bits `want`; `what`
+/// names the case in a failure.
+fn compiled_gives(
+    k: &FusedKernel,
+    inputs: &[Vec<u8>],
+    want: &[Vec<u8>],
+    threads: &[usize],
+    what: &str,
+) {
+    for &threads in threads {
+        let got = run_compiled(k, inputs, threads).unwrap();
+        same(k, &got, want).unwrap_or_else(|e| panic!("{what}, {threads} threads: {e}"));
+    }
+}
+
 fn interleaved(k: &FusedKernel) -> bool {
     let red: Vec<bool> = (0..k.domain.len())
         .filter(|&d| k.domain[d] > 1)
@@ -271,16 +302,10 @@ fn batch_norm(
 ) -> FusedKernel {
     let count: usize = reduce.iter().map(|&a| domain[a]).product();
     let per_channel = || {
-        let kept: Vec<usize> = (0..domain.len()).filter(|d| !reduce.contains(d)).collect();
-        let mut strides = vec![0; domain.len()];
-        let mut acc = 1;
-        for &d in kept.iter().rev() {
-            strides[d] = acc;
-            acc *= domain[d];
-        }
+        let (strides, len) = kept_strides(domain, reduce);
         Input {
             dtype: DType::F32,
-            len: acc,
+            len,
             access: Access { offset: 0, strides },
         }
     };
@@ -344,6 +369,18 @@ fn batch_norm(
     }
 }
 
+/// Row-major strides over `domain`'s kept axes (those not in `reduce`), 0 over the reduced
+/// ones: a value per kept index; and how many kept indices there are.
+fn kept_strides(domain: &[usize], reduce: &[usize]) -> (Vec<usize>, usize) {
+    let mut strides = vec![0; domain.len()];
+    let mut acc = 1;
+    for d in (0..domain.len()).rev().filter(|d| !reduce.contains(d)) {
+        strides[d] = acc;
+        acc *= domain[d];
+    }
+    (strides, acc)
+}
+
 /// Row-major strides of `dims`.
 fn row_major(dims: &[usize]) -> Vec<usize> {
     Access::contiguous(dims).strides
@@ -397,20 +434,9 @@ fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_
                 .unwrap_or_else(|| panic!("{domain:?} reduced over {reduce:?} compiles"));
             assert!(!c.is_columns());
             assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
-            let mut r = Rng(numel as u64 + offset as u64);
-            let inputs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|i| without_nan(data(&mut r, i)))
-                .collect();
-            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
-            let want = cpu::run_buffers(&k, &refs).unwrap();
-            for threads in [1, 2, 3, 16] {
-                let got = run_compiled(&k, &inputs, threads).unwrap();
-                same(&k, &got, &want).unwrap_or_else(|e| {
-                    panic!("{domain:?} over {reduce:?}, {threads} threads: {e}")
-                });
-            }
+            let (inputs, want) = inputs_and_want(&k, numel as u64 + offset as u64);
+            let what = format!("{domain:?} over {reduce:?}");
+            compiled_gives(&k, &inputs, &want, &[1, 2, 3, 16], &what);
         }
     }
 }
@@ -418,45 +444,24 @@ fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_
 /// A ReLU's backward pass into a batch norm's: `dy` where the stored mask is false, its sum
 /// per channel; and the mask of the result's non-positive elements, stored (bools).
 fn masked_sum(domain: &[usize], reduce: &[usize]) -> FusedKernel {
-    let numel: usize = domain.iter().product();
-    let full = |dtype| Input {
-        dtype,
-        len: numel,
-        access: Access::contiguous(domain),
-    };
-    let zero = Inst::Const {
-        value: 0.0,
-        dtype: DType::F32,
-    };
-    FusedKernel {
-        domain: domain.to_vec(),
-        reduce_axes: reduce.to_vec(),
-        inputs: vec![full(DType::Bool), full(DType::F32)],
-        body: vec![
-            Inst::Load { input: 0 }, // 0 mask
-            zero,                    // 1
-            Inst::Load { input: 1 }, // 2 dy
-            Inst::Select {
-                cond: 0,
-                a: 1,
-                b: 2,
-            }, // 3
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 3,
-            }, // 4
-            Inst::Compare {
-                op: ingot_kernels::CmpOp::Le,
-                a: 3,
-                b: 1,
-            }, // 5
-        ],
-        outputs: vec![
-            Output { value: 3 },
-            Output { value: 4 },
-            Output { value: 5 },
-        ],
-    }
+    let mut b = KernelBuilder::new(domain, reduce);
+    let (mask, dy) = (b.whole(DType::Bool), b.whole(DType::F32));
+    let mask = b.load(mask);
+    let zero = b.konst(0.0);
+    let dy = b.load(dy);
+    let kept = b.push(Inst::Select {
+        cond: mask,
+        a: zero,
+        b: dy,
+    });
+    let sum = b.sum(kept);
+    let off = b.push(Inst::Compare {
+        op: ingot_kernels::CmpOp::Le,
+        a: kept,
+        b: zero,
+    });
+    b.outputs(&[kept, sum, off]);
+    b.k
 }
 
 #[test]
@@ -574,19 +579,12 @@ fn interleaved_columns(domain: &[usize], reduce: &[usize], full: bool) -> FusedK
     let numel: usize = domain.iter().product();
     k.domain = domain.to_vec();
     k.reduce_axes = reduce.to_vec();
-    let mut w = vec![0; domain.len()];
-    let mut acc = 1;
-    for d in (0..domain.len()).rev() {
-        if !reduce.contains(&d) {
-            w[d] = acc;
-            acc *= domain[d];
-        }
-    }
+    let (w, kept) = kept_strides(domain, reduce);
     for i in &mut k.inputs[..2] {
         i.len = numel;
         i.access = Access::contiguous(domain);
     }
-    k.inputs[2].len = acc;
+    k.inputs[2].len = kept;
     k.inputs[2].access.strides = w;
     k
 }
@@ -628,20 +626,12 @@ fn column_reductions_with_kept_axes_outside_their_columns_give_the_interpreters_
                 .map(|d| domain[d])
                 .product();
             assert_eq!(c.rows(), kept, "every kept index is a column run apart");
-            let mut r = Rng(kept as u64 * 7 + u64::from(full) + 2 * u64::from(transposed));
-            let inputs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|i| without_nan(data(&mut r, i)))
-                .collect();
-            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
-            let want = cpu::run_buffers(&k, &refs).unwrap();
-            for threads in [1, 2, 3, 16] {
-                let got = run_compiled(&k, &inputs, threads).unwrap();
-                same(&k, &got, &want).unwrap_or_else(|e| {
-                    panic!("{domain:?} over {reduce:?}, {threads} threads: {e}")
-                });
-            }
+            let (inputs, want) = inputs_and_want(
+                &k,
+                kept as u64 * 7 + u64::from(full) + 2 * u64::from(transposed),
+            );
+            let what = format!("{domain:?} over {reduce:?}");
+            compiled_gives(&k, &inputs, &want, &[1, 2, 3, 16], &what);
         }
     }
 }
@@ -651,68 +641,24 @@ fn column_reductions_with_kept_axes_outside_their_columns_give_the_interpreters_
 /// column), `max xhat`, and per-column values computed from them (`0.5 Σ dy·w·xhat`, plus `w`);
 /// with `full`, also the full `dy·w·xhat`.
 fn column_sums(terms: &[usize], cols: usize, full: bool) -> FusedKernel {
-    let mut domain = terms.to_vec();
-    domain.push(cols);
-    let numel: usize = domain.iter().product();
-    let mut w_strides = vec![0; terms.len()];
-    w_strides.push(1);
-    let bin = |op, a, b| Inst::Binary { op, a, b };
-    let full_in = || Input {
-        dtype: DType::F32,
-        len: numel,
-        access: Access::contiguous(&domain),
-    };
-    let mut outputs = vec![
-        Output { value: 5 },
-        Output { value: 9 },
-        Output { value: 7 },
-        Output { value: 10 },
-    ];
+    let domain = [terms, &[cols]].concat();
+    let mut b = KernelBuilder::new(&domain, &(0..terms.len()).collect::<Vec<_>>());
+    let (dy, xhat) = (b.whole(DType::F32), b.whole(DType::F32));
+    let w = b.input_at(DType::F32, 0, &[&vec![0; terms.len()][..], &[1]].concat());
+    let (dy, xhat, w) = (b.load(dy), b.load(xhat), b.load(w));
+    let dyw = b.mul(dy, w);
+    let dywx = b.mul(dyw, xhat);
+    let sum_dy = b.sum(dy);
+    let sum_dywx = b.sum(dywx);
+    let max_xhat = b.max(xhat);
+    let half = b.konst(0.5);
+    let halved = b.mul(sum_dywx, half);
+    let plus_w = b.add(halved, w);
+    b.outputs(&[sum_dy, halved, max_xhat, plus_w]);
     if full {
-        outputs.push(Output { value: 4 });
+        b.out(dywx);
     }
-    FusedKernel {
-        domain: domain.clone(),
-        reduce_axes: (0..terms.len()).collect(),
-        inputs: vec![
-            full_in(),
-            full_in(),
-            Input {
-                dtype: DType::F32,
-                len: cols,
-                access: Access {
-                    offset: 0,
-                    strides: w_strides,
-                },
-            },
-        ],
-        body: vec![
-            Inst::Load { input: 0 },  // 0 dy
-            Inst::Load { input: 1 },  // 1 xhat
-            Inst::Load { input: 2 },  // 2 w, per column
-            bin(BinaryOp::Mul, 0, 2), // 3
-            bin(BinaryOp::Mul, 3, 1), // 4
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 0,
-            }, // 5
-            Inst::Reduce {
-                op: ReduceOp::Sum,
-                x: 4,
-            }, // 6
-            Inst::Reduce {
-                op: ReduceOp::Max,
-                x: 1,
-            }, // 7
-            Inst::Const {
-                value: 0.5,
-                dtype: DType::F32,
-            }, // 8
-            bin(BinaryOp::Mul, 6, 8), // 9
-            bin(BinaryOp::Add, 9, 2), // 10
-        ],
-        outputs,
-    }
+    b.k
 }
 
 #[test]
@@ -742,16 +688,7 @@ fn column_sums_run_several_terms_a_chunk_with_the_interpreters_bits_on_1_2_and_3
                     "{cols} columns: {per_chunk} terms a chunk of {lanes}"
                 );
             }
-            let mut r = Rng((cols * 31 + terms[0]) as u64);
-            // No NaN inputs: a sum meeting two NaNs keeps either payload (LLVM may swap an
-            // addition's operands), so NaN bits are not the claim here.
-            let inputs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|i| without_nan(data(&mut r, i)))
-                .collect();
-            let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
-            let want = cpu::run_buffers(&k, &refs).unwrap();
+            let (inputs, want) = inputs_and_want(&k, (cols * 31 + terms[0]) as u64);
             for threads in [1, 2, 3] {
                 // A full output keeps the kernel whole (it is not cut along its columns).
                 let cut = parts::cut(&k, threads, 1).map_or(1, |p| p.len());

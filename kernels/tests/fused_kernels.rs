@@ -2,107 +2,10 @@
 //! sums, an AdamW-like update), each ONE kernel, checked against straightforward Rust loops that
 //! compute the textbook formulas; running in place; the text listing.
 
-use ingot_kernels::fused::{cpu, Access, FusedKernel, Input, Inst, Output};
-use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
-
-// ---------------------------------------------------------------------------------------------
-// Building kernels.
-
-struct B {
-    k: FusedKernel,
-}
-
-impl B {
-    fn new(domain: &[usize], reduce_axes: &[usize]) -> B {
-        B {
-            k: FusedKernel {
-                domain: domain.to_vec(),
-                reduce_axes: reduce_axes.to_vec(),
-                inputs: vec![],
-                body: vec![],
-                outputs: vec![],
-            },
-        }
-    }
-    /// An input read through `strides` (offset 0), just long enough.
-    fn input(&mut self, dtype: DType, strides: &[usize]) -> usize {
-        let reach = self
-            .k
-            .domain
-            .iter()
-            .zip(strides)
-            .map(|(&d, &s)| s * d.saturating_sub(1))
-            .sum::<usize>();
-        let empty = self.k.domain.contains(&0);
-        let len = if empty { 0 } else { reach + 1 };
-        self.k.inputs.push(Input {
-            dtype,
-            len,
-            access: Access {
-                offset: 0,
-                strides: strides.to_vec(),
-            },
-        });
-        self.k.inputs.len() - 1
-    }
-    /// A contiguous input shaped like the domain.
-    fn whole(&mut self, dtype: DType) -> usize {
-        let s = Access::contiguous(&self.k.domain).strides;
-        self.input(dtype, &s)
-    }
-    fn push(&mut self, i: Inst) -> usize {
-        self.k.body.push(i);
-        self.k.body.len() - 1
-    }
-    fn load(&mut self, input: usize) -> usize {
-        self.push(Inst::Load { input })
-    }
-    fn c(&mut self, value: f64) -> usize {
-        self.push(Inst::Const {
-            value,
-            dtype: DType::F32,
-        })
-    }
-    fn bin(&mut self, op: BinaryOp, a: usize, b: usize) -> usize {
-        self.push(Inst::Binary { op, a, b })
-    }
-    fn add(&mut self, a: usize, b: usize) -> usize {
-        self.bin(BinaryOp::Add, a, b)
-    }
-    fn sub(&mut self, a: usize, b: usize) -> usize {
-        self.bin(BinaryOp::Sub, a, b)
-    }
-    fn mul(&mut self, a: usize, b: usize) -> usize {
-        self.bin(BinaryOp::Mul, a, b)
-    }
-    fn div(&mut self, a: usize, b: usize) -> usize {
-        self.bin(BinaryOp::Div, a, b)
-    }
-    fn un(&mut self, op: UnaryOp, x: usize) -> usize {
-        self.push(Inst::Unary { op, x })
-    }
-    fn sum(&mut self, x: usize) -> usize {
-        self.push(Inst::Reduce {
-            op: ReduceOp::Sum,
-            x,
-        })
-    }
-    fn max(&mut self, x: usize) -> usize {
-        self.push(Inst::Reduce {
-            op: ReduceOp::Max,
-            x,
-        })
-    }
-    fn out(&mut self, value: usize) {
-        self.k.outputs.push(Output { value });
-    }
-    fn done(self) -> FusedKernel {
-        if let Err(e) = self.k.check() {
-            panic!("the test kernel does not check: {e}\n{}", self.k);
-        }
-        self.k
-    }
-}
+use ingot_kernels::fused::{cpu, FusedKernel, Inst, Output};
+use ingot_kernels::{CmpOp, DType, ReduceOp, UnaryOp};
+// Kernels are built with the kernel tests' one builder.
+use ingot_testkit::kernel_builder::KernelBuilder as B;
 
 // ---------------------------------------------------------------------------------------------
 // Data and comparisons.
@@ -245,14 +148,14 @@ fn layer_norm_forward_kernel_matches_the_textbook_formula_with_mean_and_rstd_out
     let gi = b.input(DType::F32, &[0, 1]); // gain [n], broadcast over rows
     let bi = b.input(DType::F32, &[0, 1]); // bias [n]
     let x = b.load(xi);
-    let nn = b.c(n as f64);
+    let nn = b.konst(n as f64);
     let sx = b.sum(x);
     let mean = b.div(sx, nn);
     let d = b.sub(x, mean);
     let d2 = b.mul(d, d);
     let sd2 = b.sum(d2);
     let var = b.div(sd2, nn);
-    let eps = b.c(EPS);
+    let eps = b.konst(EPS);
     let ve = b.add(var, eps);
     let sq = b.un(UnaryOp::Sqrt, ve);
     let rstd = b.un(UnaryOp::Recip, sq);
@@ -314,7 +217,7 @@ fn layer_norm_backward_kernel_matches_the_textbook_formula() {
     let dy = b.load(dyi);
     let g = b.load(gi);
     let dyg = b.mul(dy, g);
-    let nn = b.c(n as f64);
+    let nn = b.konst(n as f64);
     let s1 = b.sum(dyg);
     let a = b.div(s1, nn);
     let p = b.mul(dyg, xhat);
@@ -396,13 +299,13 @@ fn cross_entropy(r: usize, c: usize, backward: bool) -> FusedKernel {
             to: DType::F32,
         });
         let g = b.sub(p, oh);
-        let scale = b.c(1.0 / r as f64);
+        let scale = b.konst(1.0 / r as f64);
         let gs = b.mul(g, scale);
         b.out(gs);
     } else {
         let ls = b.un(UnaryOp::Log, s);
         let lse = b.add(ls, m);
-        let zero = b.c(0.0);
+        let zero = b.konst(0.0);
         let picked = b.push(Inst::Select {
             cond: hit,
             a: x,
@@ -509,7 +412,7 @@ fn a_sum_over_batch_and_time_of_b_t_c_equals_row_major_loops_bit_for_bit() {
     let x = b.load(xi);
     let s = b.sum(x);
     // A full output too: x minus its column mean.
-    let n = b.c((bt * t) as f64);
+    let n = b.konst((bt * t) as f64);
     let mean = b.div(s, n);
     let centered = b.sub(x, mean);
     b.out(s);
@@ -675,10 +578,10 @@ fn an_adamw_update_with_each_output_over_its_own_input_equals_the_out_of_place_r
     let m = b.load(mi);
     let v = b.load(vi);
     let g = b.load(gi);
-    let cb1 = b.c(b1);
-    let c1b1 = b.c(1.0 - b1);
-    let cb2 = b.c(b2);
-    let c1b2 = b.c(1.0 - b2);
+    let cb1 = b.konst(b1);
+    let c1b1 = b.konst(1.0 - b1);
+    let cb2 = b.konst(b2);
+    let c1b2 = b.konst(1.0 - b2);
     let t1 = b.mul(cb1, m);
     let t2 = b.mul(c1b1, g);
     let m2 = b.add(t1, t2);
@@ -687,13 +590,13 @@ fn an_adamw_update_with_each_output_over_its_own_input_equals_the_out_of_place_r
     let t4 = b.mul(c1b2, gg);
     let v2 = b.add(t3, t4);
     let sq = b.un(UnaryOp::Sqrt, v2);
-    let ce = b.c(eps);
+    let ce = b.konst(eps);
     let den = b.add(sq, ce);
     let upd = b.div(m2, den);
-    let cwd = b.c(wd);
+    let cwd = b.konst(wd);
     let decay = b.mul(cwd, p);
     let step = b.add(upd, decay);
-    let clr = b.c(lr);
+    let clr = b.konst(lr);
     let delta = b.mul(clr, step);
     let p2 = b.sub(p, delta);
     b.out(p2);
@@ -732,7 +635,7 @@ fn centering_columns_over_its_input_equals_the_out_of_place_result() {
     let xi = b.whole(DType::F32);
     let x = b.load(xi);
     let s = b.sum(x);
-    let n = b.c(r as f64);
+    let n = b.konst(r as f64);
     let mean = b.div(s, n);
     let y = b.sub(x, mean);
     b.out(y);

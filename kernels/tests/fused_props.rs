@@ -24,6 +24,39 @@ enum V {
     B(u8),
 }
 
+/// `a op b` of two floats of one type (f32 or f64), the naive way: written once for both.
+macro_rules! float_binary {
+    ($op:expr, $a:expr, $b:expr) => {{
+        let (a, b) = ($a, $b);
+        match $op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            // NaN propagates (either operand NaN gives NaN).
+            BinaryOp::Max if a.is_nan() || b.is_nan() => a + b,
+            BinaryOp::Min if a.is_nan() || b.is_nan() => a + b,
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+        }
+    }};
+}
+
+/// `a op b` of two integers of one type (i32 or i64), wrapping: written once for both.
+macro_rules! int_binary {
+    ($op:expr, $a:expr, $b:expr) => {{
+        let (a, b) = ($a, $b);
+        match $op {
+            BinaryOp::Add => a.wrapping_add(b),
+            BinaryOp::Sub => a.wrapping_sub(b),
+            BinaryOp::Mul => a.wrapping_mul(b),
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+            BinaryOp::Div => panic!("naive: integer div"),
+        }
+    }};
+}
+
 impl V {
     fn read(dtype: DType, bytes: &[u8], e: usize) -> V {
         let s = dtype.size();
@@ -123,46 +156,11 @@ impl V {
     }
 
     fn binary(self, op: BinaryOp, o: V) -> V {
-        use BinaryOp::*;
         match (self, o) {
-            (V::F32(a), V::F32(b)) => V::F32(match op {
-                Add => a + b,
-                Sub => a - b,
-                Mul => a * b,
-                Div => a / b,
-                // NaN propagates (either operand NaN gives NaN).
-                Max if a.is_nan() || b.is_nan() => a + b,
-                Min if a.is_nan() || b.is_nan() => a + b,
-                Max => a.max(b),
-                Min => a.min(b),
-            }),
-            (V::F64(a), V::F64(b)) => V::F64(match op {
-                Add => a + b,
-                Sub => a - b,
-                Mul => a * b,
-                Div => a / b,
-                // NaN propagates (either operand NaN gives NaN).
-                Max if a.is_nan() || b.is_nan() => a + b,
-                Min if a.is_nan() || b.is_nan() => a + b,
-                Max => a.max(b),
-                Min => a.min(b),
-            }),
-            (V::I32(a), V::I32(b)) => V::I32(match op {
-                Add => a.wrapping_add(b),
-                Sub => a.wrapping_sub(b),
-                Mul => a.wrapping_mul(b),
-                Max => a.max(b),
-                Min => a.min(b),
-                Div => panic!("naive: integer div"),
-            }),
-            (V::I64(a), V::I64(b)) => V::I64(match op {
-                Add => a.wrapping_add(b),
-                Sub => a.wrapping_sub(b),
-                Mul => a.wrapping_mul(b),
-                Max => a.max(b),
-                Min => a.min(b),
-                Div => panic!("naive: integer div"),
-            }),
+            (V::F32(a), V::F32(b)) => V::F32(float_binary!(op, a, b)),
+            (V::F64(a), V::F64(b)) => V::F64(float_binary!(op, a, b)),
+            (V::I32(a), V::I32(b)) => V::I32(int_binary!(op, a, b)),
+            (V::I64(a), V::I64(b)) => V::I64(int_binary!(op, a, b)),
             (a, b) => panic!("naive: {op:?} of {a:?} and {b:?}"),
         }
     }

@@ -6,6 +6,7 @@
 //! - [`device`]: the raw CUDA driver calls the GPU harnesses share (GPU 0, load, launch, copy,
 //!   time), the kernel check's and the attention tests' (runtime/tests/support/attention_device.rs);
 //! - [`fused_kernels`]: the hand-built fused kernels (softmax, layer norm) of the kernel tests;
+//!   [`kernel_builder`]: the builder the kernel tests write their kernels with;
 //! - [`cxx`]: the host's C++ compiler, for the kernel tests that compile CUDA C for the host;
 //!   [`block_emu`]: the emulation of CUDA blocks that runs generated fused kernels there;
 //! - [`steps`]: whole CPU training steps against the reference interpreter, and their bytes.
@@ -15,6 +16,7 @@ pub mod cxx;
 pub mod device;
 pub mod fused_kernels;
 pub mod fuzz;
+pub mod kernel_builder;
 pub mod kernel_check;
 pub mod random_step;
 pub mod steps;

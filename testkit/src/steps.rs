@@ -15,6 +15,7 @@ use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
+use ingot_trainer::session::Session;
 
 /// Every leaf of `g` from `seed`: the parameters and state as initialised, a synthetic batch.
 pub fn seeded_leaves(g: &Graph, seed: u64) -> IndexMap<String, Tensor> {
@@ -94,4 +95,18 @@ pub fn step_bytes(
         }
     }
     out
+}
+
+/// The losses (as bits) of `steps` steps of `s`, then its optimizer state as bytes by name:
+/// what two sessions that must train alike (offloaded or not, resumed or not) compare.
+pub fn losses_and_state(s: &mut Session, steps: usize) -> (Vec<u64>, Vec<(String, Vec<u8>)>) {
+    let losses = (0..steps)
+        .map(|_| s.step().unwrap().loss.to_bits())
+        .collect();
+    let state = s
+        .optimizer_state()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_le_bytes()))
+        .collect();
+    (losses, state)
 }

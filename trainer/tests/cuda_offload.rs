@@ -18,6 +18,7 @@ use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_models as models;
 use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_testkit::steps::losses_and_state;
 use ingot_trainer::session::{Device, Session};
 
 const SPEC: &str = "gpt:vocab=512,d_model=64,layers=2,heads=4,d_ff=256,seq=32,batch=4";
@@ -46,28 +47,15 @@ fn session(precision: Precision, offload: bool, serial: bool) -> Session {
     Session::from_executable(exe, 5, gpu(serial)).unwrap()
 }
 
-/// The losses (as bits) of `steps` steps, then the optimizer state as bytes by name.
-fn train(s: &mut Session, steps: usize) -> (Vec<u64>, Vec<(String, Vec<u8>)>) {
-    let losses = (0..steps)
-        .map(|_| s.step().unwrap().loss.to_bits())
-        .collect();
-    let state = s
-        .optimizer_state()
-        .into_iter()
-        .map(|(n, t)| (n, t.to_le_bytes()))
-        .collect();
-    (losses, state)
-}
-
 #[test]
 fn an_offloaded_step_on_the_gpu_trains_bit_for_bit_as_the_step_without_offload() {
     if !cuda::gpu_for_test("offloaded step on the GPU") {
         return;
     }
     for precision in [Precision::F32, Precision::Bf16] {
-        let (l0, s0) = train(&mut session(precision, false, false), 6);
+        let (l0, s0) = losses_and_state(&mut session(precision, false, false), 6);
         let mut off = session(precision, true, false);
-        let (l1, s1) = train(&mut off, 6);
+        let (l1, s1) = losses_and_state(&mut off, 6);
         eprintln!(
             "{precision:?}: losses {:?}",
             l1.iter().map(|b| f64::from_bits(*b)).collect::<Vec<_>>()
@@ -79,7 +67,7 @@ fn an_offloaded_step_on_the_gpu_trains_bit_for_bit_as_the_step_without_offload()
             .iter()
             .any(|(n, b)| n.ends_with(".exp_avg_sq") && b.iter().any(|&x| x != 0)));
         // Captured as one chain on the step's stream (the copies on it too): the same again.
-        let (l2, s2) = train(&mut session(precision, true, true), 6);
+        let (l2, s2) = losses_and_state(&mut session(precision, true, true), 6);
         assert_eq!(
             (l0, s0),
             (l2, s2),
@@ -110,7 +98,7 @@ fn an_offloaded_run_resumed_from_its_parameters_and_moments_continues_bit_for_bi
         return;
     }
     let mut whole = session(Precision::F32, true, false);
-    train(&mut whole, 3);
+    losses_and_state(&mut whole, 3);
     let params = whole.parameters();
     let state = whole.optimizer_state();
     let mut resumed = session(Precision::F32, true, false);
@@ -118,8 +106,8 @@ fn an_offloaded_run_resumed_from_its_parameters_and_moments_continues_bit_for_bi
     resumed.load_optimizer_state(&state).unwrap();
     // What was written reads back from the homes exactly.
     assert_eq!(resumed.optimizer_state(), state);
-    let (a, sa) = train(&mut whole, 3);
-    let (b, sb) = train(&mut resumed, 3);
+    let (a, sa) = losses_and_state(&mut whole, 3);
+    let (b, sb) = losses_and_state(&mut resumed, 3);
     assert_eq!(a, b, "the resumed run's losses differ");
     assert_eq!(sa, sb, "the resumed run's moments differ");
 }

@@ -8,6 +8,7 @@
 use ingot_compiler::ir::DType;
 use ingot_trainer::data::npy::encode;
 use ingot_trainer::data::*;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 #[path = "support/counting.rs"]
@@ -54,6 +55,17 @@ fn allocations_while_staging<S: BatchSource + 'static>(source: S, steps: usize) 
     after - before
 }
 
+/// A scratch directory `{name}-{pid}` holding `t.bin`: the u16 tokens `i % modulo` for `i` in
+/// `0..n`. Both its paths.
+fn token_file(name: &str, n: u16, modulo: u16) -> (PathBuf, PathBuf) {
+    let d = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let tokens: Vec<u8> = (0..n).flat_map(|t| (t % modulo).to_le_bytes()).collect();
+    let p = d.join("t.bin");
+    std::fs::write(&p, tokens).unwrap();
+    (d, p)
+}
+
 fn main() {
     staging_token_and_sample_batches_allocates_nothing_once_warm();
     println!("test staging_token_and_sample_batches_allocates_nothing_once_warm ... ok");
@@ -66,11 +78,7 @@ fn main() {
 /// ([`StepExecutor::step_with_inputs`]), the buffer goes back: no allocation per step.
 fn training_steps_fed_by_the_loader_allocate_nothing_once_warm() {
     use ingot_runtime::StepExecutor;
-    let d = std::env::temp_dir().join(format!("ingot-train-alloc-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    let tokens: Vec<u8> = (0..3000u16).flat_map(|t| (t % 256).to_le_bytes()).collect();
-    let p = d.join("t.bin");
-    std::fs::write(&p, tokens).unwrap();
+    let (d, p) = token_file("ingot-train-alloc", 3000, 256);
     let m =
         ingot_models::by_name("gpt:vocab=256,d_model=16,layers=1,heads=2,d_ff=32,seq=16,batch=2")
             .unwrap();
@@ -125,11 +133,7 @@ fn training_steps_fed_by_the_loader_allocate_nothing_once_warm() {
 }
 
 fn staging_token_and_sample_batches_allocates_nothing_once_warm() {
-    let d = std::env::temp_dir().join(format!("ingot-data-alloc-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    let tokens: Vec<u8> = (0..5000u16).flat_map(|t| (t % 500).to_le_bytes()).collect();
-    let p = d.join("t.bin");
-    std::fs::write(&p, tokens).unwrap();
+    let (d, p) = token_file("ingot-data-alloc", 5000, 500);
     for order in [Order::Random, Order::Sequential] {
         let src = TokenBatches::new(
             TokenStream::open(&p).unwrap(),

@@ -79,11 +79,26 @@ fn batches(
     )
 }
 
+/// Batches of the slots `(x, y)` over the folder `dir` of two classes, seed 0, on one thread.
+fn two_classes(
+    dir: &Path,
+    xy: (InputSlot, InputSlot),
+    t: Transform,
+) -> Result<ImageBatches, DataError> {
+    let (x, y) = xy;
+    ImageBatches::new(ImageFolder::open(dir)?, x, y, 2, t, 0, with_threads(1))
+}
+
 fn with_threads(threads: usize) -> ImageOptions {
     ImageOptions {
         threads,
         ..Default::default()
     }
+}
+
+/// Every batch of `epochs` epochs of the batches `b` (which must have opened).
+fn every_batch(b: Result<ImageBatches, DataError>, epochs: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    all_batches(&mut b.unwrap(), epochs)
 }
 
 /// Every batch of `epochs` epochs, x and y bytes.
@@ -116,21 +131,12 @@ fn floats(x: &[u8]) -> Vec<f32> {
 fn the_same_seed_gives_the_same_batches_on_one_thread_or_four() {
     let d = scratch("same-seed");
     folder(&d, 3, 6);
-    let one = all_batches(
-        &mut batches(&d, 4, 3, Transform::Train, 7, with_threads(1)).unwrap(),
-        2,
-    );
-    let four = all_batches(
-        &mut batches(&d, 4, 3, Transform::Train, 7, with_threads(4)).unwrap(),
-        2,
-    );
+    let one = every_batch(batches(&d, 4, 3, Transform::Train, 7, with_threads(1)), 2);
+    let four = every_batch(batches(&d, 4, 3, Transform::Train, 7, with_threads(4)), 2);
     assert_eq!(one.len(), 8, "18 images, batches of 4, two epochs");
     assert!(one == four, "1 and 4 threads gave different batches");
     // Another seed shuffles and crops otherwise; another epoch too.
-    let other = all_batches(
-        &mut batches(&d, 4, 3, Transform::Train, 8, with_threads(2)).unwrap(),
-        2,
-    );
+    let other = every_batch(batches(&d, 4, 3, Transform::Train, 8, with_threads(2)), 2);
     assert!(one != other);
     assert!(one[0] != one[4], "epoch 1 repeats epoch 0");
     // A batch asked for again (as a resumed run does) is the same.
@@ -145,14 +151,8 @@ fn the_same_seed_gives_the_same_batches_on_one_thread_or_four() {
 fn the_eval_transform_is_deterministic_and_in_folder_order() {
     let d = scratch("eval");
     folder(&d, 2, 4);
-    let a = all_batches(
-        &mut batches(&d, 4, 2, Transform::Eval, 1, with_threads(1)).unwrap(),
-        2,
-    );
-    let b = all_batches(
-        &mut batches(&d, 4, 2, Transform::Eval, 99, with_threads(4)).unwrap(),
-        1,
-    );
+    let a = every_batch(batches(&d, 4, 2, Transform::Eval, 1, with_threads(1)), 2);
+    let b = every_batch(batches(&d, 4, 2, Transform::Eval, 99, with_threads(4)), 1);
     assert!(
         a[0] == b[0] && a[1] == b[1],
         "the seed or threads changed eval"
@@ -188,10 +188,7 @@ fn class_ids_follow_sorted_folder_names_as_torchvision_assigns_them() {
     assert_eq!(rel(2), (PathBuf::from("Zebra/nested/c.jpeg"), 0));
     assert_eq!(rel(3), (PathBuf::from("ant/a.PNG"), 1));
     assert_eq!(rel(8), (PathBuf::from("bee/nested/c.jpeg"), 2));
-    let b = all_batches(
-        &mut batches(&d, 3, 3, Transform::Eval, 0, with_threads(2)).unwrap(),
-        1,
-    );
+    let b = every_batch(batches(&d, 3, 3, Transform::Eval, 0, with_threads(2)), 1);
     let ids: Vec<i64> = b.iter().flat_map(|(_, y)| labels(y)).collect();
     assert_eq!(ids, [0, 0, 0, 1, 1, 1, 2, 2, 2]);
 }
@@ -270,16 +267,7 @@ fn a_color_image_for_a_one_channel_model_is_an_error_naming_it() {
     folder(&d, 2, 2);
     let (mut x, y) = slots(2, 1, 16);
     x.dims[1] = 1;
-    let mut b = ImageBatches::new(
-        ImageFolder::open(&d).unwrap(),
-        x,
-        y,
-        2,
-        Transform::Eval,
-        0,
-        with_threads(1),
-    )
-    .unwrap();
+    let mut b = two_classes(&d, (x, y), Transform::Eval).unwrap();
     let mut xb = vec![0u8; b.x().bytes()];
     let mut yb = vec![0u8; b.y().bytes()];
     let e = b.fill(0, 0, &mut xb, &mut yb).unwrap_err().to_string();
@@ -287,17 +275,9 @@ fn a_color_image_for_a_one_channel_model_is_an_error_naming_it() {
     // A model of 2 channels cannot take images at all.
     let (mut x, y) = slots(2, 2, 16);
     x.dims[1] = 2;
-    let e = ImageBatches::new(
-        ImageFolder::open(&d).unwrap(),
-        x,
-        y,
-        2,
-        Transform::Eval,
-        0,
-        with_threads(1),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = two_classes(&d, (x, y), Transform::Eval)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("C of 1 (grayscale) or 3 (RGB)"), "{e}");
 }
 
@@ -314,16 +294,7 @@ fn grayscale_images_feed_a_one_channel_model() {
     }
     let (mut x, y) = slots(2, 1, 8);
     x.dims[1] = 1;
-    let mut b = ImageBatches::new(
-        ImageFolder::open(&d).unwrap(),
-        x,
-        y,
-        2,
-        Transform::Train,
-        0,
-        with_threads(1),
-    )
-    .unwrap();
+    let mut b = two_classes(&d, (x, y), Transform::Train).unwrap();
     let (xb, _) = all_batches(&mut b, 1).remove(0);
     let m = (IMAGENET_MEAN[0] + IMAGENET_MEAN[1] + IMAGENET_MEAN[2]) / 3.0;
     let s = (IMAGENET_STD[0] + IMAGENET_STD[1] + IMAGENET_STD[2]) / 3.0;
@@ -360,16 +331,7 @@ fn pixels_after_resize_center_crop_and_normalise_match_a_hand_computation() {
         )
     );
     let (x, y) = slots(1, 3, 32);
-    let mut b = ImageBatches::new(
-        ImageFolder::open(&d).unwrap(),
-        x,
-        y,
-        2,
-        Transform::Eval,
-        0,
-        with_threads(1),
-    )
-    .unwrap();
+    let mut b = two_classes(&d, (x, y), Transform::Eval).unwrap();
     let (xb, _) = all_batches(&mut b, 1).remove(0);
     let out = floats(&xb);
     let w = [1.0, 3.0, 3.0, 1.0];

@@ -58,6 +58,18 @@ fn fused_steps(
     (out, p.compiled_kernels())
 }
 
+/// Two [`fused_steps`] of `spec` on `threads` threads with kernels compiled: the bits `want`
+/// (the interpreter's); how many fused kernels were compiled, of how many (printed).
+fn compiled_steps_give(want: &[Vec<u8>], spec: &str, threads: usize) -> (usize, usize) {
+    let (got, (compiled, fused)) = fused_steps(spec, threads, 2, false);
+    assert!(
+        got == want,
+        "{spec} on {threads} threads: compiled kernels changed the step's bits"
+    );
+    eprintln!("{spec}: {compiled} of {fused} fused kernels compiled");
+    (compiled, fused)
+}
+
 #[test]
 fn fused_steps_with_compiled_kernels_give_the_interpreters_bits() {
     for spec in [
@@ -67,14 +79,9 @@ fn fused_steps_with_compiled_kernels_give_the_interpreters_bits() {
     ] {
         for threads in [1, 2] {
             let (want, _) = fused_steps(spec, threads, 2, true);
-            let (got, (compiled, fused)) = fused_steps(spec, threads, 2, false);
-            assert!(
-                got == want,
-                "{spec} on {threads} threads: compiled kernels changed the step's bits"
-            );
+            let (compiled, fused) = compiled_steps_give(&want, spec, threads);
             // Otherwise the comparison says nothing: the step has compiled kernels (a third of
             // the GPT's at least: its layer norms, GELU, softmax rows and optimizer updates).
-            eprintln!("{spec}: {compiled} of {fused} fused kernels compiled");
             assert!(
                 compiled > 0,
                 "{spec}: none of {fused} fused kernels compiled"
@@ -97,13 +104,8 @@ fn a_resnets_batch_norms_compiled_and_cut_into_channels_give_the_interpreters_bi
     let spec = "resnet:depth=18,side=32,batch=4,classes=10";
     let (want, (_, fused)) = fused_steps(spec, 1, 2, true);
     for threads in [1, 3] {
-        let (got, (compiled, _)) = fused_steps(spec, threads, 2, false);
-        assert!(
-            got == want,
-            "{spec} on {threads} threads: compiled kernels changed the step's bits"
-        );
+        let (compiled, _) = compiled_steps_give(&want, spec, threads);
         // All but one: the loss's rows, which read the labels as integers.
-        eprintln!("{spec}: {compiled} of {fused} fused kernels compiled");
         assert!(
             compiled + 1 >= fused,
             "{spec}: {compiled} of {fused} fused kernels compiled"

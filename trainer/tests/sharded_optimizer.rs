@@ -18,21 +18,22 @@ use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
 
+#[path = "support/steps.rs"]
+mod steps;
+
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 const RANKS: usize = 2;
 
 /// The step of [`GPT`] in bf16 for [`RANKS`] ranks, its optimizer sharded or not, for `target`.
 fn compiled(shard_optimizer: bool, target: Target) -> pipeline::Compiled {
-    let mut o = pipeline::Options::for_target(target);
-    o.precision = Some(Precision::Bf16);
     let step = StepOptions {
         ranks: RANKS,
         reduce_in_bf16: true,
         shard_optimizer,
         ..StepOptions::default()
     };
-    pipeline::compile_observed_with(&ingot_models::by_name(GPT).unwrap(), &step, &o, &mut |_| {})
-        .unwrap()
+    let model = ingot_models::by_name(GPT).unwrap();
+    steps::compiled_in(&model, &step, target, Some(Precision::Bf16))
 }
 
 fn exe(shard_optimizer: bool) -> Executable {

@@ -8,11 +8,13 @@ use ingot_compiler::autodiff::{shard, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
-use ingot_compiler::pipeline;
 use ingot_compiler::precision::Precision;
 use ingot_runtime::Tensor;
 use ingot_trainer::checkpoint::{self, CheckpointInfo};
 use ingot_trainer::session::{Device, Session, SessionError};
+
+#[path = "support/steps.rs"]
+mod steps;
 
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 const RANKS: usize = 2;
@@ -21,16 +23,14 @@ const SEED: u64 = 11;
 /// The bf16 step of [`GPT`] for [`RANKS`] CPU ranks, its optimizer sharded or not. AdamW's
 /// step number is an input, as `ingot train` compiles it, so a resumed session counts on.
 fn exe(shard_optimizer: bool) -> Executable {
-    let mut o = pipeline::Options::for_target(Target::Cpu);
-    o.precision = Some(Precision::Bf16);
     let step = StepOptions {
         ranks: RANKS,
         step_input: true,
         shard_optimizer,
         ..StepOptions::default()
     };
-    pipeline::compile_observed_with(&ingot_models::by_name(GPT).unwrap(), &step, &o, &mut |_| {})
-        .unwrap()
+    let model = ingot_models::by_name(GPT).unwrap();
+    steps::compiled_in(&model, &step, Target::Cpu, Some(Precision::Bf16))
         .executable(Target::Cpu)
         .unwrap()
 }

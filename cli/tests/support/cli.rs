@@ -55,6 +55,24 @@ pub fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+/// The stderr of a run that must have exited with `code` (the failure shows its stdout).
+pub fn failed(out: &Output, code: i32) -> String {
+    exit_stderr(code_out_err(out), code)
+}
+
+/// The stderr of a run's `(exit code, stdout, stderr)` ([`run`]), which must have exited with
+/// `code` (the failure shows both streams).
+pub fn exit_stderr((got, stdout, stderr): (i32, String, String), code: i32) -> String {
+    assert_eq!(got, code, "{stdout}\n{stderr}");
+    stderr
+}
+
+/// Runs `ingot train --model MODEL --dataset DATASET` with the flags `more` after them.
+pub fn train_on(model: &str, dataset: impl AsRef<Path>, more: &[&str]) -> Output {
+    let dataset = s(dataset.as_ref());
+    ingot(&[&["train", "--model", model, "--dataset", dataset][..], more].concat())
+}
+
 /// `text` written to `dir/text.txt` and turned into byte-level tokens, `dir/text.bin`, by
 /// `ingot data bytes`.
 pub fn byte_tokens_of(dir: &Path, text: &str) -> PathBuf {
@@ -78,6 +96,15 @@ pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// Each of `lines`' value of `key` that is a number, in order ([`json_lines`]); lines without
+/// one are passed over.
+pub fn numbers(lines: &[serde_json::Value], key: &str) -> Vec<f64> {
+    lines
+        .iter()
+        .filter_map(|v| v.get(key).and_then(|x| x.as_f64()))
         .collect()
 }
 

@@ -46,6 +46,22 @@ pub struct Storage {
     pub workspace: bool,
 }
 
+#[cfg(test)]
+impl Storage {
+    /// A slab storage of `bytes` owned by node 0, live over `start..end`, no workspace: what
+    /// the planner's unit tests lay out by hand.
+    pub(crate) fn in_slab(bytes: usize, start: usize, end: usize) -> Storage {
+        Storage {
+            region: Region::Slab,
+            bytes,
+            owner: NodeId(0),
+            start,
+            end,
+            workspace: false,
+        }
+    }
+}
+
 /// The result of liveness analysis: the schedule, and each node's storage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Liveness {
@@ -562,17 +578,12 @@ fn writes_over_safely(
 
 #[cfg(test)]
 mod tests {
-    use super::{grow_workspaces, Region, Storage};
-    use crate::ir::NodeId;
+    use super::{grow_workspaces, Storage};
 
     fn storage(bytes: usize, start: usize, end: usize, workspace: bool) -> Storage {
         Storage {
-            region: Region::Slab,
-            bytes,
-            owner: NodeId(0),
-            start,
-            end,
             workspace,
+            ..Storage::in_slab(bytes, start, end)
         }
     }
 

@@ -216,14 +216,7 @@ mod tests {
     use crate::schedule::Strategy;
 
     fn slab(bytes: usize, start: usize, end: usize) -> Storage {
-        Storage {
-            region: Region::Slab,
-            bytes,
-            owner: NodeId(0),
-            start,
-            end,
-            workspace: false,
-        }
+        Storage::in_slab(bytes, start, end)
     }
 
     /// Ten positions over a 3 KiB slab: an activation in [0, 2048) live over [0, 4), a value

@@ -9,21 +9,31 @@ use ingot_compiler::exe::Executable;
 use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
+use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 
 /// `model`'s training step with `step`'s options, compiled and lowered for `target`.
 pub fn compile(model: &Model, step: StepOptions, target: Target) -> Executable {
-    pipeline::compile_observed_with(
-        model,
-        &step,
-        &pipeline::Options::for_target(target),
-        &mut |_| {},
-    )
-    .unwrap()
-    .executable(target)
-    .unwrap()
+    compiled_in(model, &step, target, None)
+        .executable(target)
+        .unwrap()
+}
+
+/// `model`'s training step with `step`'s options, compiled for `target` in `precision` (the
+/// target's own where `None`).
+pub fn compiled_in(
+    model: &Model,
+    step: &StepOptions,
+    target: Target,
+    precision: Option<Precision>,
+) -> pipeline::Compiled {
+    let mut o = pipeline::Options::for_target(target);
+    if precision.is_some() {
+        o.precision = precision;
+    }
+    pipeline::compile_observed_with(model, step, &o, &mut |_| {}).unwrap()
 }
 
 /// max |a - b| / max |b| over two f32 tensors of one shape (0 for other dtypes).
