@@ -82,6 +82,27 @@ fn bf16_steps_that_compare_a_recomputed_value_with_a_stored_one_match_the_refere
     }
 }
 
+/// Issue 53: the eleven bf16 steps of the million random steps (seeds 1,000,000 to 1,999,999)
+/// whose fused step was NaN where the op-by-op reference is finite, each `reduce_max`'s
+/// gradient dividing by a count of 0 maxima. The gradient tests the values the max was taken
+/// over for equality with it, and found none equal where it saw them rounded otherwise than
+/// the max did: a copy recomputed for the backward pass (`fuse::remat`) stored and rounded its
+/// bf16 arithmetic in other places than the original (ten seeds), or a kernel took the max
+/// over a value it also stored, unrounded, where the gradient's kernel read it stored
+/// (1074914; `fuse::widen`).
+#[test]
+fn bf16_steps_whose_max_gradient_found_no_maximum_match_the_reference() {
+    let seeds = [
+        1074914, 1075796, 1098392, 1261538, 1354322, 1520729, 1526833, 1742846, 1752659, 1773371,
+        1842677,
+    ];
+    for seed in seeds {
+        let m = ingot_compiler::random_graph::model(seed).unwrap();
+        assert_eq!(m.precision, Precision::Bf16, "seed {seed}");
+        check_cpu(seed).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// Issue 53: bf16 steps whose fused result and op-by-op reference, two roundings of one
 /// computation, differ by more than the bf16 tolerance (a batch norm over ten values, AdamW's
 /// second moment) pass because the fused step is as accurate as the reference against the
@@ -89,7 +110,9 @@ fn bf16_steps_that_compare_a_recomputed_value_with_a_stored_one_match_the_refere
 /// check still refuses, and stays open.
 #[test]
 fn bf16_steps_nearly_as_accurate_as_the_reference_against_f32_pass() {
-    for seed in [30242, 33559] {
+    // 1040241, 1498461 and 1686696 of the million random steps, refused in session 35, pass
+    // after session 36's two changes for the NaN steps (below).
+    for seed in [30242, 33559, 1040241, 1498461, 1686696] {
         check_cpu(seed).unwrap_or_else(|e| panic!("{e}"));
     }
     let e = check_cpu(34635).unwrap_err();

@@ -29,7 +29,11 @@
 //!   values: nothing was equal, the count was 0 and the gradient NaN (random step 36447, with
 //!   two micro-batches). A value that holds a bf16 exactly already (a load of a bf16 input, a
 //!   rounding) is not rounded again, so the common case, a stored bf16 widened, costs nothing;
-//! - an output whose value was bf16 stores that value converted to bf16.
+//! - an output whose value was bf16 stores that value converted to bf16, and the rest of the
+//!   kernel reads it rounded so: a kernel that stored `e = exp(...)` and went on to take the
+//!   max of `sqrt(e * e + 1)` over the unrounded `e` found a max that the gradient's kernel,
+//!   recomputing `sqrt(e * e + 1)` from the stored `e`, matched nowhere (random step 1074914:
+//!   `reduce_max`'s gradient divided by a count of 0, NaN).
 
 use ingot_kernels::fused::{FusedKernel, Inst, Output};
 use ingot_kernels::DType;
@@ -49,6 +53,18 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
         body.push(inst);
         body.len() - 1
     };
+    // The old instructions whose bf16 value the kernel stores and reads again.
+    let read: Vec<std::cell::Cell<bool>> = vec![Default::default(); k.body.len()];
+    for inst in &k.body {
+        remap(inst.clone(), |j| {
+            read[j].set(true);
+            j
+        });
+    }
+    let mut stored = vec![false; k.body.len()];
+    for o in &k.outputs {
+        stored[o.value] = dtypes[o.value] == DType::BF16 && read[o.value].get();
+    }
     for (i, inst) in k.body.iter().enumerate() {
         let at = |j: usize| new[j];
         let v = match (inst.clone(), dtypes[i]) {
@@ -109,6 +125,9 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
             }
             (inst, _) => push(&mut body, remap(inst, at)),
         };
+        // A value the kernel stores is that stored value for the rest of the kernel too (the
+        // output then stores the rounding; one read by nothing else is rounded there).
+        let v = if stored[i] { rounded(&mut body, v) } else { v };
         new.push(v);
     }
     let outputs = k
@@ -397,6 +416,61 @@ mod tests {
         xs.iter()
             .flat_map(|&x| round_bf16(x).to_bits().to_le_bytes())
             .collect()
+    }
+
+    #[test]
+    fn a_bf16_value_its_kernel_stores_is_read_rounded_by_the_rest_of_the_kernel() {
+        // e = exp(x), stored; y = e * e + 1, stored: y is computed from the e another kernel
+        // loads, not from exp's unrounded f32 (random step 1074914's max and its gradient).
+        let k = FusedKernel {
+            domain: vec![4],
+            reduce_axes: vec![],
+            inputs: vec![input(DType::BF16, 4)],
+            body: vec![
+                Inst::Load { input: 0 },
+                Inst::Unary {
+                    op: UnaryOp::Exp,
+                    x: 0,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Mul,
+                    a: 1,
+                    b: 1,
+                },
+                Inst::Const {
+                    value: 1.0,
+                    dtype: DType::BF16,
+                },
+                Inst::Binary {
+                    op: BinaryOp::Add,
+                    a: 2,
+                    b: 3,
+                },
+            ],
+            outputs: vec![Output { value: 1 }, Output { value: 4 }],
+        };
+        let x = [0.3f32, -1.7, 0.01, 2.5];
+        let w = bf16_arithmetic_in_f32(&k);
+        w.check().unwrap();
+        let out = ingot_kernels::fused::cpu::run_buffers(&w, &[&bf16_bytes(&x)]).unwrap();
+        let bf16s = |b: &[u8]| -> Vec<f32> {
+            b.chunks(2)
+                .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                .collect()
+        };
+        let e: Vec<f32> = x
+            .iter()
+            .map(|&v| quantize_bf16(quantize_bf16(v).exp()))
+            .collect();
+        let y: Vec<f32> = e.iter().map(|&e| quantize_bf16(e * e + 1.0)).collect();
+        assert_eq!(bf16s(&out[0]), e);
+        assert_eq!(bf16s(&out[1]), y);
+        // The case needs the unrounded e to give another y somewhere.
+        let unrounded = x.iter().map(|&v| {
+            let e = quantize_bf16(v).exp();
+            quantize_bf16(e * e + 1.0)
+        });
+        assert!(unrounded.zip(&y).any(|(a, b)| a != *b));
     }
 
     #[test]
