@@ -299,7 +299,10 @@ pub fn load() -> Result<&'static Cudnn, String> {
 
 fn open() -> Result<Cudnn, String> {
     let (lib, path): (&'static libloading::Library, String) = match libsearch::find(&CUDNN) {
-        Ok(path) => (libsearch::preload(&path)?, path.display().to_string()),
+        Ok(path) => {
+            check_parts(&path, &|p| p.exists())?;
+            (libsearch::preload(&path)?, path.display().to_string())
+        }
         Err(not_found) => {
             // The loader's own search (its cache, the default directories) last.
             // SAFETY: cuDNN's initialisers, found by its soname.
@@ -350,6 +353,37 @@ fn open() -> Result<Cudnn, String> {
             data: bind!("cudnnConvolutionBackwardData"),
             filter: bind!("cudnnConvolutionBackwardFilter"),
         })
+    }
+}
+
+/// The libraries `libcudnn.so.9` loads on its first call (cuDNN 9 is split: the file found is
+/// a dispatcher). Where one is missing the dispatcher aborts the process ("Cannot load symbol
+/// cudnnGetVersion"), which no caller can catch, so they are looked for first.
+const CUDNN_PARTS: [&str; 3] = [
+    "libcudnn_graph.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_cnn.so.9",
+];
+
+/// An error naming the parts of cuDNN missing beside `path` (`exists` answers for a file).
+fn check_parts(
+    path: &std::path::Path,
+    exists: &dyn Fn(&std::path::Path) -> bool,
+) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let missing: Vec<&str> = CUDNN_PARTS
+        .into_iter()
+        .filter(|part| !exists(&dir.join(part)))
+        .collect();
+    match missing.is_empty() {
+        true => Ok(()),
+        false => Err(format!(
+            "{} is there but {} beside it {} missing (a partial cuDNN install): {}",
+            path.display(),
+            missing.join(", "),
+            if missing.len() == 1 { "is" } else { "are" },
+            CUDNN.install_hint
+        )),
     }
 }
 
@@ -889,6 +923,23 @@ mod tests {
         assert_eq!(conv_setting(Some("im2col")), Ok(ConvSetting::Im2col));
         let e = conv_setting(Some("fft")).unwrap_err();
         assert!(e.contains("INGOT_CONV") && e.contains("im2col"), "{e}");
+    }
+
+    /// A partial install (two of cuDNN's files copied to a directory of their own) made
+    /// `ingot compile` die by SIGABRT inside cuDNN's dispatcher; the parts are now looked for first.
+    #[test]
+    fn a_partial_cudnn_install_is_refused_naming_the_missing_parts() {
+        let path = std::path::Path::new("/lib/x/libcudnn.so.9");
+        let all = |_: &std::path::Path| true;
+        assert_eq!(check_parts(path, &all), Ok(()));
+        let only_graph = |p: &std::path::Path| p.ends_with("libcudnn_graph.so.9");
+        let e = check_parts(path, &only_graph).unwrap_err();
+        assert!(
+            e.contains("libcudnn_ops.so.9, libcudnn_cnn.so.9")
+                && e.contains("/lib/x/libcudnn.so.9"),
+            "{e}"
+        );
+        assert!(!e.contains("libcudnn_graph"), "{e}");
     }
 
     /// A stand-in for the heuristics' answer, best first.
