@@ -1,11 +1,12 @@
 //! The fused kernels of a step compiled for CUDA, in launch order, with what each computes:
 //! for reading which ops a kernel holds and which tensors it reads and writes.
 //!
-//!     kernels_of MODEL [--precision bf16] [--channels-last] [--origin TEXT] [--full]
+//!     kernels_of MODEL [--precision bf16] [--channels-last] [--origin TEXT] [--source OP]
 //!
 //! Each device operation prints one line (its index in the program, as `cuda_profile`'s
 //! timeline numbers them); with `--origin TEXT`, fused kernels whose origin names TEXT also
-//! print their body ([`ingot_kernels::fused::FusedKernel`]'s listing).
+//! print their body ([`ingot_kernels::fused::FusedKernel`]'s listing) and who reads each output;
+//! `--source OP` prints the CUDA C text and launch of device operation OP.
 
 use ingot_compiler::ir::Op;
 use ingot_compiler::lower::cuda::DeviceOp;
@@ -28,6 +29,7 @@ fn main() {
             Some(ingot_compiler::precision::Precision::from_name(&p).expect("a precision"));
     }
     let origin = flag("--origin");
+    let source: Option<usize> = flag("--source").map(|v| v.parse().expect("--source OP"));
     let t = std::time::Instant::now();
     let c = ingot_models::compile_model(&model, &opts).expect("the step compiles");
     let exe = c.executable(Target::Cuda).expect("the step lowers");
@@ -60,6 +62,12 @@ fn main() {
         };
         let n = g.node(node);
         let o = g.origin(node).to_string();
+        if let (Some(want), DeviceOp::Launch { kernel, .. }) = (source, op) {
+            if want == i {
+                let k = &program.kernels[*kernel];
+                println!("{:?}\n{}", k.launch, k.source);
+            }
+        }
         match &n.op {
             Op::Fused(k) => {
                 let bytes: usize = k.inputs.iter().map(|x| x.len * x.dtype.size()).sum();
