@@ -23,6 +23,7 @@
 //!    that read a full-size value at the same index, neither reaching the other, become one
 //!    kernel that reads it once (a plain attention's probabilities and its scores' gradient,
 //!    both computed from the scores in the backward pass; a bias's and a gain's gradient sums);
+//!    a root that only its own merged kernel read is no longer stored (`unread.rs`);
 //! 5. [`widen`]: in each kernel, bf16 arithmetic is computed in f32 and rounded once where it
 //!    is stored, as PyTorch's generated kernels do (f32 kernels are unchanged).
 //!
@@ -39,6 +40,7 @@ mod rounds;
 pub mod segment;
 pub mod select;
 pub mod triangle;
+mod unread;
 pub mod widen;
 
 use crate::error::IrError;
@@ -265,7 +267,7 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     // The earlier rounds' lowerings are done with: freed before merging (issue 53).
     drop(kept);
     let groups = if opts.merge {
-        merged_groups(&g, &mat, groups)?
+        unread::drop_unread_roots(&g, &mat, merged_groups(&g, &mat, groups)?)
     } else {
         groups
     };
