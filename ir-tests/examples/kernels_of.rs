@@ -23,7 +23,7 @@ fn main() {
             .cloned()
     };
     let mut opts = pipeline::Options::for_target(Target::Cuda);
-    opts.channels_last = args.iter().any(|a| a == "--channels-last");
+    opts.channels_last = args.iter().any(|a| a == "--channels-last").into();
     if let Some(p) = flag("--precision") {
         opts.precision =
             Some(ingot_compiler::precision::Precision::from_name(&p).expect("a precision"));

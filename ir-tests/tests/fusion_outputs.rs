@@ -4,6 +4,7 @@
 //! no later operation reads and that is not a step output or update.
 
 use ingot_compiler::ir::{Graph, NodeId, Op};
+use ingot_compiler::layout::ChannelsLast;
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::Options;
 use ingot_compiler::precision::Precision;
@@ -52,7 +53,7 @@ fn compiled(spec: &str, opts: &Options) -> Graph {
 #[test]
 fn a_bf16_channels_last_resnet50_step_writes_no_full_size_output_that_nothing_reads() {
     let mut opts = Options::for_target(Target::Cuda);
-    opts.channels_last = true;
+    opts.channels_last = ChannelsLast::Yes;
     opts.precision = Some(Precision::Bf16);
     let g = compiled("resnet:depth=50,side=32,batch=2,classes=10", &opts);
     let unread = unread_outputs(&g);
@@ -81,7 +82,7 @@ fn cpu_steps_of_a_cnn_a_resnet_and_a_gpt_write_no_full_size_output_that_nothing_
 #[test]
 fn the_relu_kernels_of_resnet50s_residual_blocks_do_not_store_the_sum_before_the_relu() {
     let mut opts = Options::for_target(Target::Cuda);
-    opts.channels_last = true;
+    opts.channels_last = ChannelsLast::Yes;
     opts.precision = Some(Precision::Bf16);
     let g = compiled("resnet:depth=50,side=64,batch=2,classes=10", &opts);
     let mut blocks = 0;
