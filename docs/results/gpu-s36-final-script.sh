@@ -52,7 +52,9 @@ for B in 2916900864 2187675648; do
 done; t
 wait $LANE; echo "== GPU tests (NEW, GPU 1)"; cat $X/lane_tests.txt; t
 echo "== fuzzing (5 targets x 5 workers, $FUZZ_S s each worker)"
-for p in $(cat $X/fz/pids); do wait $p; done
+# run.sh's workers are not this shell's children (in the recorded run a `wait` here returned at
+# once and the call ended before them): poll until they are gone.
+for p in $(cat $X/fz/pids); do while kill -0 $p 2>/dev/null; do sleep 2; done; done
 for tg in ir_text executable safetensors plan_validate fused_step; do
   runs=$(grep -h "^Done" $X/fz/$tg/fuzz-*.log 2>/dev/null | awk '{s+=$2} END {print s+0}')
   echo "$tg: $(ls $X/fz/$tg/fuzz-*.log 2>/dev/null | wc -l) workers, $runs runs, $(ls $X/fz/$tg/art | wc -l) crash files; $(tail -1 $X/fz/$tg/log.txt)"
