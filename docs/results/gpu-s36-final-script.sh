@@ -9,29 +9,18 @@
 #     2. resnet50 224 b128 bf16: OLD INGOT_CONV=cudnn (timed at load), NEW default (cuDNN
 #        channels-last for bf16, heuristic choice), twice (same bits), NEW INGOT_CONV=im2col;
 #     3. resnet50 fitted by the fitter to PyTorch's checkpointed peak P and 0.75 P (issue 51).
+# (The recorded run had the prelude and the test lane written out here; scripts/device_prelude.sh
+# now holds them, the same commands.)
 # usage: bash docs/results/gpu-s36-final-script.sh  (.device-bin/lead/{new,old,fuzz}.tgz)
-START=$(date +%s)
-OUT=${OUT:-/tmp/s36-out}; mkdir -p $OUT
-X=/tmp/s36aux; mkdir -p $X
-exec > >(tee -a $OUT/log.txt) 2>&1
-t() { echo "[t=$(( $(date +%s) - START )) s]"; }
-left() { echo $(( ${1:-500} - $(date +%s) + START )); }
+X=/tmp/s36aux OUT=${OUT:-/tmp/s36-out}
+. scripts/device_prelude.sh
 L=.device-bin/lead
 mkdir -p $X/new $X/old && tar xzf $L/new.tgz -C $X/new && tar xzf $L/old.tgz -C $X/old && tar xzf $L/fuzz.tgz -C $X
 N=$X/new; O=$X/old
-export LD_LIBRARY_PATH=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(nvidia.cudnn.__path__[0], 'lib'))"):$LD_LIBRARY_PATH
-export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; t
 FUZZ_S=$(( $(left 480) - 20 ))
 bash $X/fuzzpack/run.sh $X/fuzzpack 5 $FUZZ_S $X/fz
-(
-  export CUDA_VISIBLE_DEVICES=1 INGOT_REQUIRE_GPU=1
-  for tb in test_cuda_channels_last test_cuda_cudnn test_cuda_conv test_cuda test_cuda_kernels test_cuda_attention test_cuda_eval test_cuda_sums test_cuda_matmul_acc test_cuda_offload test_cuda_bf16; do
-    [ $(left 440) -gt 20 ] || { echo "$tb: not run (time)"; continue; }
-    s=$(date +%s); timeout $(left 440) $N/$tb --test-threads=1 > $X/$tb.txt 2>&1; rc=$?
-    echo "$tb rc=$rc $(( $(date +%s) - s )) s: $(grep -E '^test result' $X/$tb.txt | tail -1)"; grep -E "FAILED|panicked" $X/$tb.txt | head -5
-  done > $X/lane_tests.txt 2>&1
-) &
+gpu_test_lane 1 440 $N test_cuda_channels_last test_cuda_cudnn test_cuda_conv test_cuda test_cuda_kernels test_cuda_attention test_cuda_eval test_cuda_sums test_cuda_matmul_acc test_cuda_offload test_cuda_bf16 &
 LANE=$!
 export CUDA_VISIBLE_DEVICES=0
 echo "== 1. gpt2 bf16 SGD 30 steps, OLD/NEW alternating"
