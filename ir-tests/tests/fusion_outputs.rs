@@ -50,11 +50,17 @@ fn compiled(spec: &str, opts: &Options) -> Graph {
     ingot_models::compile_model(spec, opts).unwrap().graph
 }
 
-#[test]
-fn a_bf16_channels_last_resnet50_step_writes_no_full_size_output_that_nothing_reads() {
+/// A CUDA step in bf16 with its convolutions channels-last, as cuDNN runs them.
+fn cuda_bf16_channels_last() -> Options {
     let mut opts = Options::for_target(Target::Cuda);
     opts.channels_last = ChannelsLast::Yes;
     opts.precision = Some(Precision::Bf16);
+    opts
+}
+
+#[test]
+fn a_bf16_channels_last_resnet50_step_writes_no_full_size_output_that_nothing_reads() {
+    let opts = cuda_bf16_channels_last();
     let g = compiled("resnet:depth=50,side=32,batch=2,classes=10", &opts);
     let unread = unread_outputs(&g);
     assert!(unread.is_empty(), "outputs nothing reads: {unread:?}");
@@ -81,9 +87,7 @@ fn cpu_steps_of_a_cnn_a_resnet_and_a_gpt_write_no_full_size_output_that_nothing_
 /// ReLU's mask. Its fused kernels write fewer bytes than before (issue 48's accounting).
 #[test]
 fn the_relu_kernels_of_resnet50s_residual_blocks_do_not_store_the_sum_before_the_relu() {
-    let mut opts = Options::for_target(Target::Cuda);
-    opts.channels_last = ChannelsLast::Yes;
-    opts.precision = Some(Precision::Bf16);
+    let opts = cuda_bf16_channels_last();
     let g = compiled("resnet:depth=50,side=64,batch=2,classes=10", &opts);
     let mut blocks = 0;
     for id in g.ids() {

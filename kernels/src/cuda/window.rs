@@ -401,6 +401,21 @@ pub fn max_pool2d(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError
     }))
 }
 
+/// Opens a gradient kernel's loop body over the input's elements `e`: the element's column
+/// `xw`, row `xh` and plane (`t` the index type) in planes of `[h, w]`.
+fn element_of_plane(src: &mut super::Src, ix: Ix, t: &str, [h, w]: [usize; 2]) {
+    src.line(format!(
+        "const long long xw = (long long)(e % {});",
+        ix.lit(w)
+    ));
+    src.line(format!(
+        "const long long xh = (long long)((e / {}) % {});",
+        ix.lit(w),
+        ix.lit(h)
+    ));
+    src.line(format!("const {t} plane = e / {};", ix.lit(h * w)));
+}
+
 /// `max_pool2d_grad(x, dy) -> dx`: each input element gathers `dy` from the windows that
 /// picked it (recomputed from `x`), windows in row-major order, as the CPU adds them.
 /// Params: x, dy, dx.
@@ -420,16 +435,7 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
     let acc = acc_type(d);
     let taps = [g.padding, g.dilation, g.stride];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        src.line(format!(
-            "const long long xw = (long long)(e % {});",
-            ix.lit(w)
-        ));
-        src.line(format!(
-            "const long long xh = (long long)((e / {}) % {});",
-            ix.lit(w),
-            ix.lit(h)
-        ));
-        src.line(format!("const {t} plane = e / {};", ix.lit(h * w)));
+        element_of_plane(src, ix, t, [h, w]);
         src.line(format!(
             "const {} * xp = x + plane * {};",
             c_type(d),
@@ -532,16 +538,7 @@ pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, 
     let taps = [g.padding, g.dilation, g.stride];
     let kw = g.kernel[1];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        src.line(format!(
-            "const long long xw = (long long)(e % {});",
-            ix.lit(w)
-        ));
-        src.line(format!(
-            "const long long xh = (long long)((e / {}) % {});",
-            ix.lit(w),
-            ix.lit(h)
-        ));
-        src.line(format!("const {t} plane = e / {};", ix.lit(h * w)));
+        element_of_plane(src, ix, t, [h, w]);
         src.line(format!(
             "const unsigned char * pp = pick + plane * {};",
             ix.lit(ho * wo)
