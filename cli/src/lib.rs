@@ -617,6 +617,10 @@ pub fn main() -> i32 {
             ConvName::Cudnn => ConvSetting::Cudnn,
             ConvName::Im2col => ConvSetting::Im2col,
         });
+    } else if let Err(e) = ingot_runtime::cuda::cudnn::conv_path() {
+        // A misspelt INGOT_CONV would otherwise plan NCHW without a word.
+        eprintln!("error: {e}");
+        return 2;
     }
     let result = match cli.command {
         Command::Plan(a) => plan::run(&a),

@@ -146,6 +146,46 @@ fn a_bad_resnet_spec_is_refused_naming_the_field() {
     }
 }
 
+#[test]
+fn a_cuda_bf16_resnet_is_planned_channels_last_by_default_on_any_machine_and_a_misspelt_conv_path_is_refused(
+) {
+    // The layout is the options' choice, not the compiling machine's: this machine (and CI)
+    // has no cuDNN, the GPU machine has, and both must plan the step the GPU runs.
+    let spec = "resnet:depth=18,side=32,batch=2,classes=10,width=8";
+    let plan = |conv: &str| {
+        let out = ingot(&[
+            "--conv",
+            conv,
+            "plan",
+            "--model",
+            spec,
+            "--device",
+            "cuda",
+            "--precision",
+            "bf16",
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+        v
+    };
+    let (auto, nchw) = (plan("auto"), plan("im2col"));
+    assert_ne!(
+        auto["ops"], nchw["ops"],
+        "the default planned NCHW, as under --conv im2col (no transposes placed)"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["plan", "--model", spec, "--device", "cuda"])
+        .env("INGOT_CONV", "cudn")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("INGOT_CONV") && err.contains("im2col"),
+        "{err}"
+    );
+}
+
 /// A head of given logits: `loss = softmax_cross_entropy(x, y)`, with the top-k counts.
 fn counted_head(n: usize, c: usize) -> Graph {
     let mut g = Graph::new();

@@ -183,11 +183,15 @@ impl Device {
     }
 
     /// Whether this device's steps store their convolutions channels-last
-    /// ([`ingot_compiler::layout`]): on CUDA where cuDNN (which alone runs them channels-last)
-    /// loads when the step is compiled: by default where the graph's rule says it pays (its
-    /// convolutions in bf16: [`ingot_compiler::layout::pays`], measured in session 36,
+    /// ([`ingot_compiler::layout`]): on CUDA by default where the graph's rule says it pays
+    /// (its convolutions in bf16: [`ingot_compiler::layout::pays`], measured in session 36,
     /// docs/benchmarks.md), under `INGOT_CONV=cudnn` always; never under `INGOT_CONV=im2col`
-    /// (or `--conv im2col`), with [`CHANNELS_LAST`]`=0`, or on the CPU.
+    /// (or `--conv im2col`), with [`CHANNELS_LAST`]`=0`, or on the CPU. It depends on the
+    /// options alone, not on whether cuDNN loads on the machine that compiles: a plan made in
+    /// CI without cuDNN is the plan the GPU machine runs. Loading a channels-last step where
+    /// cuDNN does not load is refused before its first step, naming the ways out.
+    /// A misspelt `INGOT_CONV` keeps NCHW here and is refused when a step loads (the command
+    /// line refuses it before compiling).
     pub fn channels_last(&self) -> ChannelsLast {
         use ingot_runtime::cuda::cudnn::{self, ConvSetting};
         let wanted = matches!(self, Device::Cuda(_))
@@ -197,14 +201,10 @@ impl Device {
         if !wanted {
             return ChannelsLast::No;
         }
-        let rule = match cudnn::conv_path() {
+        match cudnn::conv_path() {
             Ok(ConvSetting::Auto) => ChannelsLast::WherePays,
             Ok(ConvSetting::Cudnn) => ChannelsLast::Yes,
-            Ok(ConvSetting::Im2col) | Err(_) => return ChannelsLast::No,
-        };
-        match cudnn::load() {
-            Ok(_) => rule,
-            Err(_) => ChannelsLast::No,
+            Ok(ConvSetting::Im2col) | Err(_) => ChannelsLast::No,
         }
     }
 }

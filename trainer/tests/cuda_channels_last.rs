@@ -1,4 +1,4 @@
-//! Channels-last convolutions on the GPU (issue 48), the CUDA default where cuDNN loads: a
+//! Channels-last convolutions on the GPU (issue 48), the CUDA default for bf16 steps: a
 //! ResNet's step compiled with `channels_last` (every convolution NHWC through cuDNN but the
 //! stem's, which keeps NCHW and runs as im2col + cuBLAS; the transposes placed by
 //! `ingot_compiler::layout`) trains on CUDA to the losses of the NCHW step on the CPU, within
@@ -111,7 +111,7 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
     if let Err(e) = cudnn::load() {
         panic!("channels-last convolutions need cuDNN, which does not load: {e}");
     }
-    // The CUDA default where cuDNN loads: channels-last where the convolutions are bf16
+    // The CUDA default: channels-last where the convolutions are bf16
     // (this test's f32 step is made channels-last by asking, as `INGOT_CONV=cudnn` does).
     let rule = GPU.options().channels_last;
     assert_eq!(rule, ingot_compiler::layout::ChannelsLast::WherePays);

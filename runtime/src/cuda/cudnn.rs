@@ -14,7 +14,7 @@
 //! passed in.
 //!
 //! The default ([`ConvSetting::Auto`]): the compiler stores a CUDA step's bf16 convolutions
-//! channels-last where cuDNN loads when it compiles (`ingot_compiler::layout::pays`; a stem
+//! channels-last on any compiling machine (`ingot_compiler::layout::pays`; a stem
 //! over fewer than 8 channels keeps NCHW; f32 and tf32 steps keep NCHW, where im2col was
 //! faster), and such a step runs its channels-last convolutions here and its NCHW ones as
 //! their fallback (im2col + cuBLAS); `INGOT_CONV=im2col` compiles every convolution NCHW and
@@ -69,9 +69,9 @@ pub const LOG: &str = "INGOT_LOG";
 /// Which path the convolutions take ([`CONV_PATH`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvSetting {
-    /// The default: on CUDA, a bf16 step compiled channels-last where cuDNN loads at compile
-    /// time; the channels-last convolutions run through cuDNN, the NCHW ones as im2col +
-    /// cuBLAS.
+    /// The default: on CUDA, a bf16 step compiled channels-last (whether or not cuDNN loads
+    /// on the compiling machine: the plan is the options'); the channels-last convolutions
+    /// run through cuDNN, the NCHW ones as im2col + cuBLAS.
     Auto,
     /// Every convolution through cuDNN (NCHW ones too), where it loads.
     Cudnn,
