@@ -472,8 +472,14 @@ fn the_layout_strides_are_literals_of_every_kernel_and_change_the_names() {
         (&pk[3], &["Q_SR", "O_SR", "KV_SR"]),
     ] {
         for st in strides {
+            // By ig_fa_load, or (bf16's streamed tiles) ig_fa_load_async.
             let load = format!(", D, {st}, LD, THREADS, TF32>(");
-            assert!(k.source.contains(&load), "{} loads no rows by {st}", k.name);
+            let copy = format!(", D, {st}, LD, THREADS>(");
+            assert!(
+                k.source.contains(&load) || k.source.contains(&copy),
+                "{} loads no rows by {st}",
+                k.name
+            );
         }
     }
     assert!(pk[0].source.contains("ob + (unsigned long long)i0 * O_SR"));
@@ -628,4 +634,42 @@ fn only_bf16_kernels_call_the_bf16_helpers() {
             );
         }
     }
+}
+
+/// bf16's streamed tiles (forward and dq: k and v; dkdv: q and dout, in two copies where they
+/// fit) arrive by cp.async a product ahead of their readers; f32 and tf32 load them as before
+/// (tf32 rounds each element on its way in).
+#[test]
+fn bf16_kernels_stream_their_tiles_by_cp_async_and_the_others_do_not() {
+    for p in PRECISIONS {
+        for d in (32..=128).step_by(16) {
+            let s = shape(p, 300, 300, d, true);
+            let k = all(&s);
+            for (kernel, which) in [
+                (&k[0], TileKernel::Forward),
+                (&k[2], TileKernel::Dkdv),
+                (&k[3], TileKernel::Dq),
+            ] {
+                let t = attention::tiling(&s, which).unwrap();
+                let bf16 = p == AttentionPrecision::Bf16;
+                // dkdv streams by cp.async only with its two copies; forward and dq always.
+                let streams = bf16 && (which != TileKernel::Dkdv || t.copies == 2);
+                assert_eq!(
+                    kernel.source.contains("ig_fa_load_async<BC")
+                        || kernel.source.contains("ig_fa_load_async<BR"),
+                    streams,
+                    "{p:?} d={d} {which:?}"
+                );
+                assert_eq!(
+                    kernel.source.contains("ig_fa_cp_wait<0>();"),
+                    streams,
+                    "{p:?} d={d} {which:?}"
+                );
+                assert!(t.copies == 1 || (bf16 && which == TileKernel::Dkdv));
+            }
+        }
+    }
+    // GPT-2's head dim: dkdv holds two copies of its query and dout tiles.
+    let s = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
+    assert_eq!(attention::tiling(&s, TileKernel::Dkdv).unwrap().copies, 2);
 }

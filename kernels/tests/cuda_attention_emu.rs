@@ -137,6 +137,25 @@ static void ig_fa_ldsm4(unsigned* r, const unsigned short* p) { ldsm(r, p, false
 static void ig_fa_ldsm4_t(unsigned* r, const unsigned short* p) { ldsm(r, p, true); }
 // cvt.rna.tf32.f32: 10 mantissa bits, to nearest, ties away from zero (finite inputs).
 static unsigned ig_fa_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// cp.async as the hardware may run it: a thread's copies are queued when issued and land only
+// at its cp.async.wait_group that covers their group (none commits no group), so a tile read
+// before its wait and barrier reads what was there before, and the checks see it.
+struct CpCopy { void* dst; const void* src; bool valid; int group; };
+static std::vector<CpCopy> cp_pending[MAXT];
+static int cp_group[MAXT];
+static void ig_fa_cp16(void* dst, const void* src, bool valid) { cp_pending[cur].push_back({dst, src, valid, cp_group[cur]}); }
+static void ig_fa_cp_commit() { cp_group[cur]++; }
+template <int N> static void ig_fa_cp_wait() {
+  std::vector<CpCopy> keep;
+  for (const CpCopy& c : cp_pending[cur]) {
+    if (c.group < cp_group[cur] - N) {
+      if (c.valid) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    } else {
+      keep.push_back(c);
+    }
+  }
+  cp_pending[cur].swap(keep);
+}
 typedef void (*Runner)(void**);
 template <typename... A, size_t... I> static void call_impl(void (*f)(A...), void** b, std::index_sequence<I...>) { f((A)b[I]...); }
 template <typename... A> static void call(void (*f)(A...), void** b) { call_impl(f, b, std::index_sequence_for<A...>{}); }
@@ -169,7 +188,13 @@ static void run_block(int threads) {
     int done = 0, block = 0;
     bool released = false;
     for (int i = 0; i < threads; ++i) { done += fib[i].state == DONE; block += fib[i].state == BLOCK; }
-    if (done == threads) return;
+    if (done == threads) {
+      // Every copy a thread issued landed before it ended (none left in flight).
+      for (int i = 0; i < threads; ++i) {
+        if (!cp_pending[i].empty()) { fprintf(stderr, "thread %d ended with %zu cp.async copies in flight\n", i, cp_pending[i].size()); exit(7); }
+      }
+      return;
+    }
     for (int w = 0; w < threads; w += 32) {
       int warp = 0;
       for (int l = w; l < w + 32 && l < threads; ++l) warp += fib[l].state == WARP;

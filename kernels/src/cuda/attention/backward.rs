@@ -138,8 +138,8 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     );
     let (mut c, b) = frame::open_tiled(&x, s, tl, &params, DKDV)?;
     let br = tl.inner;
-    c.line(format!("__shared__ float sl[{br}];"));
-    c.line(format!("__shared__ float sd[{br}];"));
+    c.line(format!("__shared__ float sl[{}];", br * tl.copies));
+    c.line(format!("__shared__ float sd[{}];", br * tl.copies));
     frame::lanes(&mut c);
     // Causal: the first key tiles see the most queries; they start first.
     c.line("const int k0 = (int)(blockIdx.x / (unsigned)BH) * BC;");
@@ -158,17 +158,32 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     } else {
         "const int qstart = 0;"
     });
-    c.open("for (int q0 = qstart; q0 < TQ; q0 += BR) {");
-    c.line("__syncthreads();");
-    c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
-    c.line("ig_fa_load<BR, D, O_SR, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
+    // The streamed tiles this step reads: with two copies, the step's halves of the arrays.
+    let two = tl.copies == 2;
+    let [sq, sdo, sl, sd] = if two {
+        ["sqc", "sdoc", "slc", "sdc"]
+    } else {
+        ["sq", "sdo", "sl", "sd"]
+    };
+    if two {
+        query_tiles_double_buffered(&mut c, st);
+    } else {
+        c.open("for (int q0 = qstart; q0 < TQ; q0 += BR) {");
+        c.line("__syncthreads();");
+        c.line("ig_fa_load<BR, D, Q_SR, LD, THREADS, TF32>(sq, qb, q0, TQ);");
+        c.line("ig_fa_load<BR, D, O_SR, LD, THREADS, TF32>(sdo, dob, q0, TQ);");
+    }
     c.open("for (int i = (int)threadIdx.x; i < BR; i += THREADS) {");
     c.line("const bool in = q0 + i < TQ;");
-    c.line("sl[i] = in ? lb[q0 + i] * LOG2E : 0.0f;");
-    c.line("sd[i] = in ? db[q0 + i] : 0.0f;");
+    c.line(format!("{sl}[i] = in ? lb[q0 + i] * LOG2E : 0.0f;"));
+    c.line(format!("{sd}[i] = in ? db[q0 + i] : 0.0f;"));
     c.close();
-    c.line("__syncthreads();");
-    frame::product_nk(&mut c, &x, "pt", "BR / 8", "sk", "sq");
+    if two {
+        query_tiles_next(&mut c);
+    } else {
+        c.line("__syncthreads();");
+    }
+    frame::product_nk(&mut c, &x, "pt", "BR / 8", "sk", sq);
     c.line(if s.causal {
         "const bool edge = q0 + BR > TQ || q0 < k0 + BC - 1;"
     } else {
@@ -176,7 +191,9 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     });
     frame::fragment_loops(&mut c, "BR / 8");
     c.line("const int il = n * 8 + 2 * t + (e & 1);");
-    c.line("float p = exp2f(pt[n][e] * SCALE_LOG2 - sl[il]);");
+    c.line(format!(
+        "float p = exp2f(pt[n][e] * SCALE_LOG2 - {sl}[il]);"
+    ));
     c.open("if (edge) {");
     c.line("const int i = q0 + il, j = e < 2 ? r0 : r1;");
     let hide = if s.causal {
@@ -190,24 +207,57 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     c.close();
     frame::store_fragment(&mut c, &x, ["pt[n][0]", "pt[n][1]", "pt[n][2]", "pt[n][3]"]);
     c.close();
-    frame::product_kn(&mut c, &x, "dva", "BR", "sdo");
-    frame::product_nk(&mut c, &x, "dpt", "BR / 8", "sv", "sdo");
+    frame::product_kn(&mut c, &x, "dva", "BR", sdo);
+    frame::product_nk(&mut c, &x, "dpt", "BR / 8", "sv", sdo);
     c.line("__syncwarp();");
     c.line("#pragma unroll");
     c.open("for (int n = 0; n < BR / 8; ++n) {");
     c.line("const int il = n * 8 + 2 * t;");
-    c.line("const float d0 = sd[il], d1 = sd[il + 1];");
+    c.line(format!("const float d0 = {sd}[il], d1 = {sd}[il + 1];"));
     c.line("const float s0 = pt[n][0] * (dpt[n][0] - d0), s1 = pt[n][1] * (dpt[n][1] - d1);");
     c.line("const float s2 = pt[n][2] * (dpt[n][2] - d0), s3 = pt[n][3] * (dpt[n][3] - d1);");
     frame::store_fragment(&mut c, &x, ["s0", "s1", "s2", "s3"]);
     c.close();
-    frame::product_kn(&mut c, &x, "dka", "BR", "sq");
+    frame::product_kn(&mut c, &x, "dka", "BR", sq);
     c.close();
     c.line(format!("{st}* dkb = dk + {};", Operand::Kv.base()));
     c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));
     store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
     store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
     Ok(b.close(c))
+}
+
+/// Opens dkdv's loop over query tiles with two copies of the streamed tiles (bf16, where they
+/// fit: [`super::tiles::Tiles::copies`]): step `slot` reads the copy `sqc`, `sdoc` (q and
+/// dout, arrived by `cp.async`) and `slc`, `sdc` (lse and delta, which it writes itself before
+/// the step's barrier). The first query tile is issued before the loop.
+fn query_tiles_double_buffered(c: &mut Src, st: &str) {
+    c.line("ig_fa_load_async<BR, D, Q_SR, LD, THREADS>(sq, qb, qstart, TQ);");
+    c.line("ig_fa_load_async<BR, D, O_SR, LD, THREADS>(sdo, dob, qstart, TQ);");
+    c.line("ig_fa_cp_commit();");
+    c.open("for (int q0 = qstart, slot = 0; q0 < TQ; q0 += BR, slot ^= 1) {");
+    c.line(format!(
+        "const {st}* sqc = sq + slot * BR * LD; const {st}* sdoc = sdo + slot * BR * LD;"
+    ));
+    c.line("float* slc = sl + slot * BR; float* sdc = sd + slot * BR;");
+}
+
+/// The one barrier of a double-buffered dkdv step, after this thread's copies of the step's q
+/// and dout tiles have landed: it makes them and lse/delta visible, and says every warp is done
+/// with the step before, whose copies then take the next query tile (if there is one), to land
+/// while this step computes.
+fn query_tiles_next(c: &mut Src) {
+    c.line("ig_fa_cp_wait<0>();");
+    c.line("__syncthreads();");
+    c.open("if (q0 + BR < TQ) {");
+    c.line(
+        "ig_fa_load_async<BR, D, Q_SR, LD, THREADS>(sq + (slot ^ 1) * BR * LD, qb, q0 + BR, TQ);",
+    );
+    c.line(
+        "ig_fa_load_async<BR, D, O_SR, LD, THREADS>(sdo + (slot ^ 1) * BR * LD, dob, q0 + BR, TQ);",
+    );
+    c.line("ig_fa_cp_commit();");
+    c.close();
 }
 
 pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
@@ -227,9 +277,17 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     c.line("const float E1 = r1 < TQ ? delta[bh * TQ + r1] : 0.0f;");
     frame::zero(&mut c, "dqa", "D / 8");
     c.line(format!("{st}* pw = sp + warp * 16 * LDP;"));
-    frame::key_tiles(&mut c, s);
-    frame::product_nk(&mut c, &x, "sc", "BC / 8", "sq", "sk");
-    frame::product_nk(&mut c, &x, "dp", "BC / 8", "sdo", "sv");
+    if x.pipelined() {
+        // dp (v's tile) first, then the scores and dq (k's), each while the other tile lands.
+        frame::key_tiles_pipelined(&mut c, s, [("sv", "vb"), ("sk", "kb")]);
+        frame::product_nk(&mut c, &x, "dp", "BC / 8", "sdo", "sv");
+        frame::pipeline_middle(&mut c, ("sv", "vb"));
+        frame::product_nk(&mut c, &x, "sc", "BC / 8", "sq", "sk");
+    } else {
+        frame::key_tiles(&mut c, s);
+        frame::product_nk(&mut c, &x, "sc", "BC / 8", "sq", "sk");
+        frame::product_nk(&mut c, &x, "dp", "BC / 8", "sdo", "sv");
+    }
     frame::key_tile_edge(&mut c, s);
     frame::fragment_loops(&mut c, "BC / 8");
     c.line("float p = exp2f(sc[n][e] * SCALE_LOG2 - (e < 2 ? L0 : L1));");

@@ -293,6 +293,13 @@ impl Text {
         }
     }
 
+    /// Whether the streamed tiles arrive by `cp.async` a product ahead
+    /// ([`super::frame::key_tiles_pipelined`]): bf16, whose tiles are copied as they lie (a
+    /// tf32 tile is rounded on its way in; f32, the strict reference, stays as it was).
+    pub(crate) fn pipelined(&self) -> bool {
+        self.bf16
+    }
+
     /// The float of the element at `e` (bf16 widens).
     pub(crate) fn widen(&self, e: &str) -> String {
         if self.bf16 {

@@ -39,7 +39,12 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     c.line("// Running max (log2 domain, scaled) and this lane's share of the running sum, rows g and g + 8.");
     c.line("float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;");
     c.line("const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;");
-    frame::key_tiles(&mut c, s);
+    let pipelined = x.pipelined();
+    if pipelined {
+        frame::key_tiles_pipelined(&mut c, s, [("sk", "kb"), ("sv", "vb")]);
+    } else {
+        frame::key_tiles(&mut c, s);
+    }
     frame::product_nk(&mut c, &x, "s", "BC / 8", "sq", "sk");
     frame::key_tile_edge(&mut c, s);
     c.line("float r0 = NEG_INF, r1 = NEG_INF;");
@@ -64,6 +69,9 @@ pub(super) fn generate(s: &AttentionShape, t: Tiles) -> Result<CudaKernel, Atten
     c.line("l0 += p0 + p1; l1 += p2 + p3;");
     frame::store_fragment(&mut c, &x, ["p0", "p1", "p2", "p3"]);
     c.close();
+    if pipelined {
+        frame::pipeline_middle(&mut c, ("sk", "kb"));
+    }
     c.line("#pragma unroll");
     c.line("for (int n = 0; n < D / 8; ++n) { o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1; }");
     frame::product_kn(&mut c, &x, "o", "BC", "sv");

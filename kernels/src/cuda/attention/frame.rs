@@ -84,7 +84,8 @@ impl Block {
     }
 }
 
-/// [`open`] for a kernel of tiling `t`: its shared tiles in `t`'s order, then a tile `sp`
+/// [`open`] for a kernel of tiling `t`: its shared tiles in `t`'s order (`tl.copies` of each
+/// streamed one, one after the other in one array), then a tile `sp`
 /// whose rows are the warps' (16 each) of the owned × the streamed rows (`LDP` the streamed
 /// rows and padding). The three kernels differ only in their [`Tiling`], so their shared
 /// tiles are declared here for all of them.
@@ -107,7 +108,7 @@ pub(super) fn open_tiled(
         threads: 32 * tl.warps,
     };
     let mut shared: Vec<(&str, usize)> = t.owned.iter().map(|&n| (n, rows * x.ld)).collect();
-    shared.extend(t.streamed.iter().map(|&n| (n, inner * x.ld)));
+    shared.extend(t.streamed.iter().map(|&n| (n, tl.copies * inner * x.ld)));
     shared.push(("sp", rows * (inner + x.pad)));
     let c = open(x, s, (br, bc, b.threads), params, inner + x.pad, &shared);
     Ok((c, b))
@@ -214,6 +215,47 @@ pub(super) fn key_tiles(c: &mut Src, s: &AttentionShape) {
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
     c.line("__syncthreads();");
+}
+
+/// The streamed key and value tiles of a bf16 kernel (forward, dq) arrive by `cp.async`
+/// (`ig_fa_load_async`), each issued while the block computes with the other, in the same
+/// shared tiles as [`key_tiles`] and with two barriers a key tile as there. `order` names the
+/// tile the step reads first and its operand's rows (`("sk", "kb")`: the forward's scores),
+/// then the one it reads after [`pipeline_middle`]. Opens the loop (as [`key_tiles`] does):
+/// - before it, the first tile of `order[0]` is issued;
+/// - at the top of a step, this thread waits for its copies of that tile; the barrier after
+///   makes the tile visible and says every warp is done with the step before (so the tile of
+///   `order[1]` is free), which is then issued and lands while the step reads `order[0]`.
+///
+/// Which products read which tile changes no result: each product has its own accumulator.
+pub(super) fn key_tiles_pipelined(c: &mut Src, s: &AttentionShape, order: [(&str, &str); 2]) {
+    c.line(if s.causal {
+        "const int kend = TK < q0 + BR ? TK : q0 + BR;"
+    } else {
+        "const int kend = TK;"
+    });
+    let [(t0, b0), (t1, b1)] = order;
+    c.line(format!(
+        "ig_fa_load_async<BC, D, KV_SR, LD, THREADS>({t0}, {b0}, 0, TK); ig_fa_cp_commit();"
+    ));
+    c.open("for (int k0 = 0; k0 < kend; k0 += BC) {");
+    c.line("ig_fa_cp_wait<0>();");
+    c.line("__syncthreads();");
+    c.line(format!(
+        "ig_fa_load_async<BC, D, KV_SR, LD, THREADS>({t1}, {b1}, k0, TK); ig_fa_cp_commit();"
+    ));
+}
+
+/// The middle of a [`key_tiles_pipelined`] step, between its reads of `order[0]`'s tile and
+/// of `order[1]`'s (given here as `first`): this thread waits for its copies of the second
+/// tile, the barrier makes them visible and says every warp is done with the first, whose
+/// next key tile is then issued (if the loop has one) to land while the step reads the second.
+pub(super) fn pipeline_middle(c: &mut Src, (t0, b0): (&str, &str)) {
+    c.line("ig_fa_cp_wait<0>();");
+    c.line("__syncthreads();");
+    c.line(format!(
+        "if (k0 + BC < kend) {{ ig_fa_load_async<BC, D, KV_SR, LD, THREADS>({t0}, {b0}, k0 + BC, TK); ig_fa_cp_commit(); }}"
+    ));
 }
 
 /// Declares `edge` in a key tile: whether it crosses the end of the keys or (causal) the

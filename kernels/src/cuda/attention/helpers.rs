@@ -17,6 +17,9 @@
 //! - tf32 `m16n8k8`: `a[0..4]` hold `(g, t)`, `(g+8, t)`, `(g, t+4)`, `(g+8, t+4)`; `b[0..2]`
 //!   hold `(t, g)` and `(t+4, g)`.
 //!
+//! bf16 tiles streamed through shared memory arrive by `cp.async` (`ig_fa_load_async`), issued
+//! a product ahead of their readers (see `frame::streamed_pipelined`).
+//!
 //! bf16 operands are loaded with `ldmatrix` (`.trans` for a "kn" B); tf32 tiles are rounded to
 //! tf32 when they are written to shared memory, so the products read them as they are.
 //!
@@ -50,6 +53,29 @@ __device__ __forceinline__ void ig_fa_ldsm4(unsigned* r, const unsigned short* p
 __device__ __forceinline__ void ig_fa_ldsm4_t(unsigned* r, const unsigned short* p) {
   asm volatile("{\n .reg .u64 a;\n cvta.to.shared.u64 a, %4;\n ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [a];\n}\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p) : "memory");
+}
+// 16 bytes from global `src` to shared `dst` without a register (`cp.async`, sm_80 on; a plain
+// copy before): `valid` false fills them with zeros and reads nothing. The copies of a group
+// (`ig_fa_cp_commit`) land by `ig_fa_cp_wait<N>` (all but the newest N groups); a barrier
+// after it makes them visible to the block.
+__device__ __forceinline__ void ig_fa_cp16(void* dst, const void* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("{\n .reg .u64 a;\n cvta.to.shared.u64 a, %0;\n cp.async.cg.shared.global [a], [%1], 16, %2;\n}\n"
+               :: "l"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+  *(uint4*)dst = valid ? *(const uint4*)src : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+__device__ __forceinline__ void ig_fa_cp_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ig_fa_cp_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+#endif
 }
 #endif
 "#;
@@ -197,6 +223,25 @@ __device__ __forceinline__ void ig_fa_load(T* dst, const T* src, int row0, int r
         x.w = ig_fa_tf32(__uint_as_float(x.w));
       }
       *(uint4*)(dst + r * LD + col) = x;
+    }
+  }
+}
+// ig_fa_load without a register between (`ig_fa_cp16`) and without rounding (bf16 and f32
+// tiles): the copies are issued, not landed; the caller commits them as a group and waits.
+template <int R, int D, unsigned long long RS, int LD, int THREADS, typename T>
+__device__ __forceinline__ void ig_fa_load_async(T* dst, const T* src, int row0, int rows) {
+  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int PER_ROW = D / V;
+  constexpr int ITERS = (R * PER_ROW + THREADS - 1) / THREADS;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int i = it * THREADS + (int)threadIdx.x;
+    if (R * PER_ROW % THREADS == 0 || i < R * PER_ROW) {
+      const int r = i / PER_ROW, col = (i % PER_ROW) * V;
+      const bool in = row0 + r < rows;
+      // A row past the end reads nothing; its address is the operand's first row's.
+      const T* from = in ? src + (unsigned long long)(row0 + r) * RS + col : src;
+      ig_fa_cp16(dst + r * LD + col, from, in);
     }
   }
 }

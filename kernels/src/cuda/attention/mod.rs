@@ -22,6 +22,11 @@
 //! - Tiles (`tiles`): four warps of 16 rows where 48 KiB of shared memory allow, fewer
 //!   elsewhere, the step of each kernel as measured fastest on an H100 (bf16 head dim 64:
 //!   64 × 64 forward and dq, 64 keys × 32 queries dkdv).
+//! - Streamed tiles in bf16 arrive by `cp.async` ahead of their readers: the forward and dq
+//!   issue one of the k/v tiles while the block computes with the other
+//!   (`frame::key_tiles_pipelined`), dkdv holds two copies of its q/dout tiles where 48 KiB
+//!   allow ([`Tiles::copies`]). f32 and tf32 load each tile between two barriers (tf32 rounds
+//!   it on the way). The products and their order are the same either way: the same bits.
 //! - Lengths that are not a multiple of a tile load zeros past the end and mask those keys (or
 //!   queries, in `dkdv`); rows past the end are not stored.
 //! - Addressing ([`crate::attention::Layout`]): a kernel splits its problem `bh` into batch

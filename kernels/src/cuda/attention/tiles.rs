@@ -24,6 +24,9 @@ pub struct Tiles {
     pub rows: usize,
     /// Rows of the streamed operand a step (a multiple of 16: the bf16 products' k).
     pub inner: usize,
+    /// Copies of the streamed tiles the block holds: 2 for bf16 dkdv where they fit (the
+    /// next query tile lands while the block computes with this one), else 1.
+    pub copies: usize,
     /// Bytes of static shared memory the kernel declares.
     pub shared_bytes: usize,
 }
@@ -50,22 +53,22 @@ pub(crate) fn element_bytes(p: AttentionPrecision) -> usize {
 
 /// Shared bytes of `kernel` with `rows` owned and `inner` streamed rows (see the kernels'
 /// declarations: q/k/v/dout tiles of `head_dim + pad` a row, one probabilities tile, and for
-/// dkdv the streamed rows' lse and delta).
+/// dkdv the streamed rows' lse and delta, `copies` of each streamed tile).
 pub(crate) fn shared_bytes(
     kernel: TileKernel,
     p: AttentionPrecision,
     head_dim: usize,
-    rows: usize,
-    inner: usize,
+    (rows, inner, copies): (usize, usize, usize),
 ) -> usize {
     let ld = head_dim + pad(p);
     let es = element_bytes(p);
     match kernel {
         // q [rows], k, v [inner], p [rows × inner]
         TileKernel::Forward => (rows * ld + 2 * inner * ld + rows * (inner + pad(p))) * es,
-        // k, v [rows], q, dout [inner], p [rows × inner], lse, delta [inner]
+        // k, v [rows], q, dout [inner] (copies), p [rows × inner], lse, delta [inner] (copies)
         TileKernel::Dkdv => {
-            (2 * rows * ld + 2 * inner * ld + rows * (inner + pad(p))) * es + 2 * inner * 4
+            (2 * rows * ld + 2 * copies * inner * ld + rows * (inner + pad(p))) * es
+                + 2 * copies * inner * 4
         }
         // q, dout [rows], k, v [inner], p [rows × inner]
         TileKernel::Dq => (2 * rows * ld + 2 * inner * ld + rows * (inner + pad(p))) * es,
@@ -104,15 +107,35 @@ pub fn choose(kernel: TileKernel, p: AttentionPrecision, head_dim: usize) -> Opt
         TileKernel::Dkdv => DKDV,
         TileKernel::Dq => DQ,
     };
-    candidates.iter().find_map(|&(warps, inner)| {
-        let rows = 16 * warps;
-        let shared_bytes = shared_bytes(kernel, p, head_dim, rows, inner);
-        (shared_bytes <= SHARED_LIMIT).then_some(Tiles {
-            warps,
-            rows,
-            inner,
-            shared_bytes,
-        })
+    candidates
+        .iter()
+        .find_map(|&(warps, inner)| tiling(kernel, p, head_dim, warps, inner))
+}
+
+/// The tiling of `warps` × `inner` if it fits in shared memory with one copy of the streamed
+/// tiles, with two where the kernel is bf16 dkdv and they fit too (the choice of tiles is the
+/// same as before there were two; the second copy only lets the next tile's copy overlap).
+fn tiling(
+    kernel: TileKernel,
+    p: AttentionPrecision,
+    head_dim: usize,
+    warps: usize,
+    inner: usize,
+) -> Option<Tiles> {
+    let rows = 16 * warps;
+    let bytes = |copies| shared_bytes(kernel, p, head_dim, (rows, inner, copies));
+    if bytes(1) > SHARED_LIMIT {
+        return None;
+    }
+    let two =
+        kernel == TileKernel::Dkdv && p == AttentionPrecision::Bf16 && bytes(2) <= SHARED_LIMIT;
+    let copies = if two { 2 } else { 1 };
+    Some(Tiles {
+        warps,
+        rows,
+        inner,
+        copies,
+        shared_bytes: bytes(copies),
     })
 }
 
@@ -127,12 +150,6 @@ pub fn fixed(
     inner: usize,
 ) -> Option<Tiles> {
     let ok = (1..=8).contains(&warps) && (16..=128).contains(&inner) && inner.is_multiple_of(16);
-    let rows = 16 * warps;
-    let shared_bytes = shared_bytes(kernel, p, head_dim, rows, inner);
-    (ok && shared_bytes <= SHARED_LIMIT).then_some(Tiles {
-        warps,
-        rows,
-        inner,
-        shared_bytes,
-    })
+    ok.then(|| tiling(kernel, p, head_dim, warps, inner))
+        .flatten()
 }
