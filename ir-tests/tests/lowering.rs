@@ -174,7 +174,7 @@ fn one_rank_has_no_all_reduce_on_the_gpu_either() {
 /// positions).
 fn collective_positions(exe: &Executable) -> (Vec<usize>, Vec<usize>) {
     use ingot_compiler::lower::cuda::DeviceOp;
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     let at = |f: fn(&DeviceOp) -> bool| -> Vec<usize> {
         p.ops
             .iter()
@@ -224,7 +224,7 @@ fn a_recomputed_weight_gradient_runs_in_its_layer_so_its_bucket_is_reduced_durin
     // which needs the whole backward pass.
     use ingot_compiler::lower::cuda::DeviceOp;
     let exe = gpt2_two_ranks_bf16();
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     let (reduces, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");
     let bytes = |i: usize| match &p.ops[i] {
@@ -255,7 +255,7 @@ fn an_update_of_a_reduced_bucket_runs_one_collective_after_its_all_reduce_inside
     use ingot_compiler::lower::cuda::DeviceOp;
     let exe = gpt2_two_ranks_bf16();
     let g = exe.graph();
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     let collectives: Vec<(usize, ingot_compiler::ir::NodeId)> = p
         .ops
         .iter()
@@ -356,7 +356,7 @@ fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder
     // reduced first and the last a full 24 MB.
     use ingot_compiler::ir::DType;
     let exe = gpt2_two_ranks_bf16();
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     let bytes = all_reduce_bytes(p, DType::BF16);
     let cap = ingot_compiler::autodiff::buckets::BUCKET_BYTES;
     let (&last, full) = bytes.split_last().expect("bf16 buckets");
@@ -398,7 +398,7 @@ fn the_rows_all_gather_overtakes_the_all_reduce_ready_just_before_it() {
     // the scatter-add and the embedding's update, the step's longest tail. So the gather is
     // launched first though it is ready later.
     let exe = gpt2_two_ranks_bf16();
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     // Where an operation's operands are ready: its latest dependence that is not a collective
     // (each collective also waits for the one before it).
     let ready = |i: usize| {
@@ -428,7 +428,7 @@ fn kernels_wait_for_the_rows_all_gather_only_through_what_it_gathers() {
     // first layer's LayerNorm gains), and each then waited for the whole gather on the step's
     // tail. Only what reads the gathered rows, or a collective launched after them, may wait.
     let exe = gpt2_two_ranks_bf16();
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     let g = exe.graph();
     let (_, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");
@@ -470,7 +470,7 @@ fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_rele
     // updates released by the rows' gather (the embedding's sum and update, 0.4 ms) went
     // before them, and their all-reduce, the step's last, waited behind those.
     let exe = gpt2_two_ranks_bf16();
-    let p = cuda_program(&exe);
+    let p = cuda_program(exe);
     let g = exe.graph();
     let (reduces, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");

@@ -110,7 +110,7 @@ fn generated_cuda_max_and_min_propagate_nan() {
         let k = cuda::fused(&relu_max(&[512, 512], &axes)).unwrap();
         let src = &k.source;
         assert!(!src.contains("fmaxf") && !src.contains("fminf"), "{src}");
-        assert_mentions(&src, &["ig_max(", "ig_min("]);
+        assert_mentions(src, &["ig_max(", "ig_min("]);
         assert!(src.contains("ig_keep_max("), "{src}");
     }
     // The prelude's float max/min and the running max keep NaN.
