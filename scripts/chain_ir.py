@@ -8,16 +8,11 @@ measuring compile time against graph size (docs/benchmarks.md, "Compile time").
 The chain alternates tanh and a product with one parameter, so that every op has a gradient and
 egg has nothing to fold away; the loss is the sum of the last value.
 """
-import sys
+import ir_chain
 
 
 def chain(n: int) -> str:
-    lines = [
-        "ingot-ir 1",
-        f"# a chain of {n} elementwise ops (scripts/chain_ir.py)",
-        '%0 = parameter "w" init=normal(0.5) : f32[64]',
-        '%1 = input "x" : f32[64]',
-    ]
+    lines = ir_chain.head(f"{n} elementwise ops", "scripts/chain_ir.py", "normal(0.5)", "f32[64]")
     prev = 1
     for i in range(n):
         node = i + 2
@@ -26,14 +21,8 @@ def chain(n: int) -> str:
         else:
             lines.append(f"%{node} = tanh(%{prev}) : f32[64]")
         prev = node
-    node = n + 2
-    lines.append(f"%{node} = reduce_sum(%{prev}) axes=[0] : f32[1]")
-    lines.append(f"%{node + 1} = reshape(%{node}) : f32[]")
-    lines.append(f'output "loss" = %{node + 1}')
-    return "\n".join(lines) + "\n"
+    return ir_chain.finish(lines, prev, n + 2, "[0]", "f32[1]")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        sys.exit("usage: chain_ir.py N")
-    sys.stdout.write(chain(int(sys.argv[1])))
+    ir_chain.main(chain, "chain_ir.py")

@@ -238,18 +238,14 @@ def fail(msg):
 
 def load_safetensors(path):
     """{name: numpy array} of a safetensors file."""
-    raw, header, base = safetensors_io.read_header(path, fail)
+
+    def itemsize(name):
+        return np.dtype(NP_DTYPES[name]).itemsize if name in NP_DTYPES else None
+
     out = {}
-    for name, info in header.items():
-        if info["dtype"] not in NP_DTYPES:
-            fail(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        dtype = np.dtype(NP_DTYPES[info["dtype"]]).newbyteorder("<")
-        shape = tuple(int(d) for d in info["shape"])
-        start, end = info["data_offsets"]
-        size = math.prod(shape) * dtype.itemsize
-        if end - start != size or base + end > len(raw):
-            fail(f"{path}: tensor {name!r} has offsets {start}..{end}, not {size} bytes of {list(shape)}")
-        out[name] = np.frombuffer(raw, dtype=dtype, count=math.prod(shape), offset=base + start).reshape(shape).copy()
+    for name, dtype_name, shape, data in safetensors_io.read(path, fail, itemsize):
+        dtype = np.dtype(NP_DTYPES[dtype_name]).newbyteorder("<")
+        out[name] = np.frombuffer(data, dtype=dtype).reshape(tuple(shape)).copy()
     return out
 
 

@@ -10,17 +10,13 @@ scales by one parameter and squashes by tanh (values stay finite at any depth), 
 is a reduction that feeds the next layer's elementwise ops; the loss is the sum of the last
 value (the same chain as ir-tests/src/chains.rs writes).
 """
-import sys
+import ir_chain
 
 
 def chain(n: int, rows: int = 8, cols: int = 8) -> str:
     t = f"f32[{rows},{cols}]"
-    lines = [
-        "ingot-ir 1",
-        f"# a chain of {n} reduce/broadcast layers (scripts/reduce_chain_ir.py)",
-        f'%0 = parameter "w" init=normal(1.0) : {t}',
-        f'%1 = input "x" : {t}',
-    ]
+    what = f"{n} reduce/broadcast layers"
+    lines = ir_chain.head(what, "scripts/reduce_chain_ir.py", "normal(1.0)", t)
     prev, node = 1, 2
     for _ in range(n):
         lines.append(f"%{node} = reduce_sum(%{prev}) axes=[1] : f32[{rows},1]")
@@ -31,13 +27,8 @@ def chain(n: int, rows: int = 8, cols: int = 8) -> str:
         lines.append(f"%{node + 5} = mul(%{node + 4}, %0) : {t}")
         lines.append(f"%{node + 6} = tanh(%{node + 5}) : {t}")
         prev, node = node + 6, node + 7
-    lines.append(f"%{node} = reduce_sum(%{prev}) axes=[0,1] : f32[1,1]")
-    lines.append(f"%{node + 1} = reshape(%{node}) : f32[]")
-    lines.append(f'output "loss" = %{node + 1}')
-    return "\n".join(lines) + "\n"
+    return ir_chain.finish(lines, prev, node, "[0,1]", "f32[1,1]")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        sys.exit("usage: reduce_chain_ir.py N")
-    sys.stdout.write(chain(int(sys.argv[1])))
+    ir_chain.main(chain, "reduce_chain_ir.py")

@@ -3,6 +3,7 @@
 header length, a JSON header of dtype / shape / data_offsets, then the raw data."""
 
 import json
+import math
 import struct
 
 
@@ -22,6 +23,29 @@ def read_header(path, fail):
         fail(f"{path}: not a safetensors file ({e})")
     header.pop("__metadata__", None)
     return raw, header, 8 + n
+
+
+def read(path, fail, itemsize, by_offset=False):
+    """[(name, dtype name, shape, the tensor's bytes)] of the file at `path`, in the header's
+    order or (`by_offset`) the data's, each checked: `itemsize(dtype name)` is the element size,
+    or None for a dtype the caller does not read; the offsets span exactly the shape's bytes,
+    inside the file. `fail(message)` where a check fails."""
+    raw, header, base = read_header(path, fail)
+    items = list(header.items())
+    if by_offset:
+        items.sort(key=lambda kv: kv[1]["data_offsets"][0])
+    out = []
+    for name, info in items:
+        size_of = itemsize(info["dtype"])
+        if size_of is None:
+            fail(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        shape = [int(d) for d in info["shape"]]
+        start, end = info["data_offsets"]
+        size = math.prod(shape) * size_of
+        if end - start != size or base + end > len(raw):
+            fail(f"{path}: tensor {name!r} has offsets {start}..{end}, not {size} bytes of {shape}")
+        out.append((name, info["dtype"], shape, raw[base + start : base + end]))
+    return out
 
 
 def write(path, entries):

@@ -62,23 +62,18 @@ def fail(msg):
 
 def load_safetensors(path):
     """{name: tensor} of a safetensors file, in the order of the data."""
-    raw, header, base = safetensors_io.read_header(path, fail)
+
+    def itemsize(name):
+        return torch.empty((), dtype=DTYPES[name]).element_size() if name in DTYPES else None
+
     out = {}
-    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        if info["dtype"] not in DTYPES:
-            fail(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        dtype = DTYPES[info["dtype"]]
-        shape = [int(d) for d in info["shape"]]
-        start, end = info["data_offsets"]
-        numel = math.prod(shape)
-        size = numel * torch.empty((), dtype=dtype).element_size()
-        if end - start != size or base + end > len(raw):
-            fail(f"{path}: tensor {name!r} has offsets {start}..{end}, not {size} bytes of {shape}")
-        if numel == 0:
+    for name, dtype_name, shape, data in safetensors_io.read(path, fail, itemsize, by_offset=True):
+        dtype = DTYPES[dtype_name]
+        if not data:
             t = torch.empty(shape, dtype=dtype)
         else:
             # A private, aligned copy of the bytes; clone() so the tensor owns its storage.
-            t = torch.frombuffer(bytearray(raw[base + start : base + end]), dtype=dtype).reshape(shape).clone()
+            t = torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone()
         out[name] = t
     return out
 

@@ -3,6 +3,7 @@
 #[path = "support/cli.rs"]
 mod cli;
 use cli::{exit_stderr, run as ingot};
+use ingot_testkit::text::assert_mentions;
 
 #[test]
 fn plan_json_is_a_versioned_document_with_the_totals() {
@@ -31,12 +32,14 @@ fn plan_json_is_a_versioned_document_with_the_totals() {
 fn a_budget_the_plan_exceeds_exits_3_and_lists_what_holds_the_peak() {
     // Over the resident state (7.88 MiB), under anything fitting reaches.
     let err = exit_stderr(ingot(&["plan", "--model", "mlp", "--budget", "8MiB"]), 3);
-    assert!(
-        err.contains("over the budget")
-            && err.contains("At the peak")
-            && err.contains(" (backward) (%")
-            && err.contains(" matmul) f32[1024,"),
-        "{err}"
+    assert_mentions(
+        &err,
+        &[
+            "over the budget",
+            "At the peak",
+            " (backward) (%",
+            " matmul) f32[1024,",
+        ],
     );
     exit_stderr(ingot(&["plan", "--model", "mlp", "--budget", "1GiB"]), 0);
 }
@@ -49,7 +52,7 @@ fn a_malformed_budget_or_model_is_a_clear_error() {
     );
     assert!(err.contains("unknown unit"), "{err}");
     let err = exit_stderr(ingot(&["plan", "--model", "resnet"]), 1);
-    assert!(err.contains("resnet") && err.contains("mlp"), "{err}");
+    assert_mentions(&err, &["resnet", "mlp"]);
 }
 
 #[test]
@@ -235,10 +238,7 @@ fn max_batch_needs_a_budget_a_named_model_and_a_budget_batch_1_fits() {
         ingot(&["plan", "--model", "mlp", "--budget", "1KiB", "--max-batch"]),
         3,
     );
-    assert!(
-        err.contains("batch 1 alone needs") && err.contains("resident"),
-        "{err}"
-    );
+    assert_mentions(&err, &["batch 1 alone needs", "resident"]);
 }
 
 /// The plan's total of `args` (`ingot plan ... --json`).
@@ -296,9 +296,9 @@ fn a_budget_under_the_resident_state_is_refused_naming_it() {
     let (code, err) = planned_total(&["--model", &small_gpt(4), "--budget", "1KiB"]);
     assert_eq!(code, 3);
     let err = err.as_str().unwrap_or_default().to_string();
-    assert!(
-        err.contains("resident state") && err.contains("(parameters, optimizer state, inputs)"),
-        "{err}"
+    assert_mentions(
+        &err,
+        &["resident state", "(parameters, optimizer state, inputs)"],
     );
     assert!(err.contains("resident state"), "{err}");
     // A model file is refused the same way.
@@ -482,10 +482,7 @@ fn a_budget_no_micro_batch_of_a_resnet_meets_exits_3() {
         ingot(&["plan", "--model", SMALL_RESNET, "--budget", &budget]),
         3,
     );
-    assert!(
-        err.contains("it does not fit") && err.contains("micro-batches"),
-        "{err}"
-    );
+    assert_mentions(&err, &["it does not fit", "micro-batches"]);
 }
 
 /// `--batch` builds any named model at that batch; beside a spec that writes another batch it
@@ -511,10 +508,7 @@ fn batch_builds_any_named_model_and_a_contradicting_spec_batch_is_refused() {
         ingot(&["plan", "--model", "cnn:batch=64", "--batch", "32"]),
         2,
     );
-    assert!(
-        err.contains("--batch 32") && err.contains("batch=64"),
-        "{err}"
-    );
+    assert_mentions(&err, &["--batch 32", "batch=64"]);
     let err = exit_stderr(
         ingot(&[
             "plan",
@@ -525,10 +519,22 @@ fn batch_builds_any_named_model_and_a_contradicting_spec_batch_is_refused() {
         ]),
         2,
     );
-    assert!(
-        err.contains("--batch") && err.contains("model file"),
-        "{err}"
-    );
+    assert_mentions(&err, &["--batch", "model file"]);
+}
+
+/// `plan` of `model` at a budget one byte under its resident bytes, which only offload meets:
+/// the budget, and the plan's report, which says what is offloaded.
+fn offloaded_one_byte_under_resident(model: &[&str]) -> (String, String) {
+    let (code, whole) = planned_total(model);
+    assert_eq!(code, 0, "{whole}");
+    let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();
+    let mut args = vec!["plan"];
+    args.extend(model);
+    args.extend(["--budget", budget.as_str()]);
+    let (code, out, err) = ingot(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("offloaded:"), "{out}");
+    (budget, out)
 }
 
 #[test]
@@ -541,15 +547,7 @@ fn a_cuda_budget_only_offload_meets_is_planned_and_compiled_to_a_program_that_co
     // 32 MiB workspace, a few activations, the largest moments' staging).
     let spec = "gpt:vocab=16384,d_model=512,layers=4,heads=8,d_ff=1024,seq=64,batch=4";
     let mlp = ["--model", spec, "--optimizer", "adamw", "--device", "cuda"];
-    let (code, whole) = planned_total(&mlp);
-    assert_eq!(code, 0, "{whole}");
-    let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();
-    let mut args = vec!["plan"];
-    args.extend(mlp);
-    args.extend(["--budget", budget.as_str()]);
-    let (code, out, err) = ingot(&args);
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("offloaded:"), "{out}");
+    let (budget, out) = offloaded_one_byte_under_resident(&mlp);
     assert!(!out.contains("note:"), "{out}");
     let exe = std::env::temp_dir().join(format!("ingot-offload-{}.ingot", std::process::id()));
     let mut args = vec!["compile"];
@@ -567,9 +565,7 @@ fn a_cuda_budget_only_offload_meets_is_planned_and_compiled_to_a_program_that_co
     let plan = read.plan();
     assert!(plan.total_bytes <= budget.parse().unwrap());
     assert!(!plan.offload.is_empty() && plan.host_bytes > 0);
-    let ingot_compiler::lower::Program::Cuda(p) = read.program() else {
-        panic!("not a CUDA program");
-    };
+    let p = ingot_testkit::programs::cuda_program(&read);
     assert_eq!(p.host_bytes, plan.host_bytes);
     assert_eq!(p.counts().offload_copies, 2 * plan.offload.len());
 }
@@ -589,15 +585,7 @@ fn a_cuda_budget_only_offload_meets_is_refused_for_several_ranks_by_exit_3_and_p
         "--ranks",
         "2",
     ];
-    let (code, whole) = planned_total(&gpt);
-    assert_eq!(code, 0, "{whole}");
-    let budget = (whole["resident_bytes"].as_u64().unwrap() - 1).to_string();
-    let mut args = vec!["plan"];
-    args.extend(gpt);
-    args.extend(["--budget", budget.as_str()]);
-    let (code, out, err) = ingot(&args);
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("offloaded:"), "{out}");
+    let (budget, out) = offloaded_one_byte_under_resident(&gpt);
     assert!(
         out.contains("note: a step of 2 GPU ranks does not run offload's copies"),
         "{out}"

@@ -11,6 +11,9 @@ use ingot_compiler::exe::Executable;
 use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_runtime::{Data, Tensor};
+use ingot_testkit::programs::cuda_program;
+use ingot_testkit::steps::assert_losses_track;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::session::{Device, Session};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
@@ -29,10 +32,7 @@ fn without_a_gpu_the_cuda_device_is_an_error_that_says_so() {
     }
     let err = Session::on(&by_name("mlp").unwrap(), 0, STRICT).unwrap_err();
     let text = err.to_string();
-    assert!(
-        text.contains("CUDA") && text.contains("--device cpu"),
-        "{text}"
-    );
+    assert_mentions(&text, &["CUDA", "--device cpu"]);
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ingot"))
         .args([
@@ -89,16 +89,8 @@ fn gpu_matches_cpu(model: &str) {
 
 /// Steps `gpu` and `cpu` together `steps` times: each step's losses, then the parameters, agree
 /// within 1e-4 (relative); `what` names the run in the messages.
-fn gpu_tracks_cpu(what: &str, gpu: &mut Session, cpu: &mut Session, steps: usize) {
-    for step in 1..=steps {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{what} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
-        assert!(
-            rel <= 1e-4,
-            "{what} step {step}: gpu loss {a}, cpu loss {b}"
-        );
-    }
+fn gpu_tracks_cpu(what: &str, gpu: &mut Session, cpu: &mut Session, steps: u64) {
+    assert_losses_track(&format!("{what}, gpu against cpu"), gpu, cpu, steps, 1e-4);
     let (rel, worst, worst_rel) = relative(gpu, cpu);
     eprintln!(
         "{what} parameters after {steps} steps: rel {rel:.2e}; worst tensor {worst} {worst_rel:.2e}"
@@ -116,7 +108,6 @@ fn gpu_tracks_cpu(what: &str, gpu: &mut Session, cpu: &mut Session, steps: usize
 #[test]
 fn causal_attention_products_split_at_the_diagonal_match_the_cpu() {
     use ingot_compiler::lower::cuda::DeviceOp;
-    use ingot_compiler::lower::Program;
     let spec = "gpt:vocab=64,d_model=32,layers=1,heads=2,d_ff=64,seq=1024,batch=2";
     let m = by_name(spec).unwrap();
     let plain = |device: Device| ingot_compiler::pipeline::Options {
@@ -127,9 +118,7 @@ fn causal_attention_products_split_at_the_diagonal_match_the_cpu() {
         .unwrap()
         .executable(STRICT.target())
         .unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("not a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let split = p
         .ops
         .iter()
@@ -346,7 +335,6 @@ fn batches_staged_in_pinned_buffers_train_as_set_batches_do_and_allocate_nothing
 #[test]
 fn grouped_convolutions_batch_their_groups_and_match_the_cpu() {
     use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp};
-    use ingot_compiler::lower::Program;
     use std::collections::BTreeMap;
     let text = "ingot-ir 1
 %0 = input \"x\" : f32[2,16,9,9]
@@ -369,9 +357,7 @@ output \"loss\" = %8
     let compiled = ingot_compiler::pipeline::compile(&m, &opts).unwrap();
     let g = &compiled.graph;
     let exe = compiled.executable(STRICT.target()).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("not a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let mut gemms: BTreeMap<u32, usize> = BTreeMap::new();
     // The im2col path's GEMMs: each convolution's fallback.
     for op in p.all_ops() {

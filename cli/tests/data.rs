@@ -3,6 +3,7 @@
 //! text -> bytes -> token stream round trip.
 
 use ingot_compiler::ir::DType;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::data::npy::encode;
 use ingot_trainer::data::tokens::{LLMC_MAGIC_U16, LLMC_MAGIC_U32};
 use ingot_trainer::data::*;
@@ -80,19 +81,13 @@ fn a_raw_uint16_file_reads_back_its_tokens_and_an_odd_length_is_an_error() {
     s.read(1, 2, 65536, |_, t| part.push(t)).unwrap();
     assert_eq!(part, [0, 65535]);
     let e = err_text(s.read(3, 2, 65536, |_, _| {}));
-    assert!(e.contains("3..5") && e.contains("holds 4"), "{e}");
+    assert_mentions(&e, &["3..5", "holds 4"]);
 
     let p = write(&d, "odd.bin", &[1, 0, 2]);
     let e = err_text(TokenStream::open(&p));
-    assert!(
-        e.contains("odd.bin") && e.contains("length") && e.contains("odd"),
-        "{e}"
-    );
+    assert_mentions(&e, &["odd.bin", "length", "odd"]);
     let e = err_text(TokenStream::open(&d.join("missing.bin")));
-    assert!(
-        e.contains("missing.bin") && e.contains("cannot read"),
-        "{e}"
-    );
+    assert_mentions(&e, &["missing.bin", "cannot read"]);
 }
 
 #[test]
@@ -452,7 +447,7 @@ fn a_malformed_sample_set_is_an_error_naming_the_file_and_the_field() {
     std::fs::create_dir_all(&pair).unwrap();
     write(&pair, "x.npy", &encode("<f4", &[4, 3], &x));
     let e = err_text(SampleSet::open(&pair));
-    assert!(e.contains("y.npy") && e.contains("cannot read"), "{e}");
+    assert_mentions(&e, &["y.npy", "cannot read"]);
 }
 
 // ---------------------------------------------------------------- token batches
@@ -727,7 +722,7 @@ fn a_sample_set_that_cannot_fill_one_batch_or_misfits_the_model_is_an_error() {
         slot("y", DType::I64, &[2]),
         7,
     ));
-    assert!(e.contains("x.npy") && e.contains("takes [4]"), "{e}");
+    assert_mentions(&e, &["x.npy", "takes [4]"]);
     let e = err_text(make(
         slot("x", DType::I64, &[2, 3]),
         slot("y", DType::I64, &[2]),
@@ -868,16 +863,13 @@ fn image_arrays_that_fit_neither_layout_or_are_corrupt_are_errors_naming_the_fil
     // Right element count, wrong image shape: neither [3, 32, 32] nor [32, 32, 3].
     write(&d, "x.npy", &encode("|u1", &[4, 32, 3, 32], &[0; 4 * 3072]));
     let e = err_text(open(&d));
-    assert!(
-        e.contains("x.npy") && e.contains("[32, 3, 32]") && e.contains("NHWC [32, 32, 3]"),
-        "{e}"
-    );
+    assert_mentions(&e, &["x.npy", "[32, 3, 32]", "NHWC [32, 32, 3]"]);
     // A truncated file: the header promises 4 images, the data holds 3 and a half.
     let full = encode("|u1", &[4, 32, 32, 3], &[0; 4 * 3072]);
     write(&d, "x.npy", &full[..full.len() - 1536]);
     let e = err_text(open(&d));
     assert!(e.contains("x.npy"), "{e}");
-    assert!(e.contains("12288 bytes") && e.contains("truncated"), "{e}");
+    assert_mentions(&e, &["12288 bytes", "truncated"]);
     // Garbage where the header should be.
     write(&d, "x.npy", b"\x93NUMPY\x01\x00\xff\xffnot a header at all");
     let e = err_text(open(&d));
@@ -886,7 +878,7 @@ fn image_arrays_that_fit_neither_layout_or_are_corrupt_are_errors_naming_the_fil
     write(&d, "x.npy", &full);
     write(&d, "y.npy", &encode("<f4", &[4], &[0; 16]));
     let e = err_text(open(&d));
-    assert!(e.contains("y.npy") && e.contains("integers"), "{e}");
+    assert_mentions(&e, &["y.npy", "integers"]);
 }
 
 // ---------------------------------------------------------------- resume
@@ -1174,10 +1166,7 @@ fn tokenize_names_a_missing_or_unreadable_tokenizer_and_refuses_raw_u32() {
         out.as_os_str(),
     ]);
     assert_eq!(code, Some(1));
-    assert!(
-        err.contains("bad.json") && err.contains("tokenizer"),
-        "{err}"
-    );
+    assert_mentions(&err, &["bad.json", "tokenizer"]);
     let tok = tokenizer_fixture("tokenizer.json");
     let (code, _, err) = tokenize(&[
         "--tokenizer".as_ref(),

@@ -13,6 +13,7 @@ use ingot_runtime::collective::{threads, Collective};
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
 
 fn mlp(batch: usize) -> Model {
@@ -436,10 +437,7 @@ fn a_step_for_two_ranks_run_without_a_collective_says_so() {
     let model = mlp(2);
     let mut s = PlannedStep::new(compile(&model, 2)).unwrap();
     let e = s.step().unwrap_err().to_string();
-    assert!(
-        e.contains("2 data-parallel ranks") && e.contains("without a collective"),
-        "{e}"
-    );
+    assert_mentions(&e, &["2 data-parallel ranks", "without a collective"]);
     let e = s
         .set_collective(Box::new(threads::group(3).remove(0)))
         .unwrap_err()
@@ -466,10 +464,7 @@ fn a_step_for_two_ranks_lowers_for_cuda_and_loading_it_without_nccl_ranks_is_ref
         Err(e) => e.to_string(),
         Ok(_) => panic!("a two-rank step loaded as a lone GPU step"),
     };
-    assert!(
-        e.contains("2 data-parallel ranks") && e.contains("without a collective"),
-        "{e}"
-    );
+    assert_mentions(&e, &["2 data-parallel ranks", "without a collective"]);
 }
 
 #[path = "support/cli.rs"]
@@ -482,6 +477,7 @@ mod cli {
     const GPT: &str = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=4";
 
     use super::cli_support::{ingot, ok, train_on};
+    use ingot_testkit::text::assert_mentions;
 
     fn scratch(test: &str) -> PathBuf {
         super::cli_support::scratch("data-parallel-tests", test)
@@ -687,10 +683,7 @@ mod cli {
         let none = torchrun(&[], &[]);
         let e = String::from_utf8_lossy(&none.stderr);
         assert_eq!(none.status.code(), Some(2), "{e}");
-        assert!(
-            e.contains("RANK is not set") && e.contains("torchrun"),
-            "{e}"
-        );
+        assert_mentions(&e, &["RANK is not set", "torchrun"]);
         let env = [
             ("RANK", "3"),
             ("WORLD_SIZE", "2"),

@@ -2,6 +2,7 @@
 //! `ingot run` trains it exactly as `ingot train` trains the model, `ingot inspect` shows what
 //! `ingot plan` shows, and a damaged file is an error naming it, never a panic.
 
+use ingot_testkit::text::assert_mentions;
 use std::path::PathBuf;
 
 const TINY_GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
@@ -202,15 +203,9 @@ fn a_damaged_file_is_an_error_naming_the_file_and_the_damage() {
         }
     }
     let (_, _, err) = ingot(&["inspect", s(&dir.join("version.ingot"))]);
-    assert!(
-        err.contains("reads version 4") && err.contains("recompile"),
-        "{err}"
-    );
+    assert_mentions(&err, &["reads version 4", "recompile"]);
     let err = exit_stderr(ingot(&["inspect", s(&dir.join("missing.ingot"))]), 1);
-    assert!(
-        err.contains("missing.ingot") && err.contains("cannot read"),
-        "{err}"
-    );
+    assert_mentions(&err, &["missing.ingot", "cannot read"]);
 }
 
 /// `ingot compile` of `model` for `device` into `path` (for `cuda` too: planning and CUDA C
@@ -263,10 +258,7 @@ fn running_a_cuda_file_without_a_gpu_is_the_usual_clear_error() {
         vec!["run", s(&cuda), "--steps", "1", "--device", "cuda"],
     ] {
         let err = exit_stderr(ingot(&args), 1);
-        assert!(
-            err.contains("CUDA") && err.contains("--device cpu"),
-            "{err}"
-        );
+        assert_mentions(&err, &["CUDA", "--device cpu"]);
         assert!(!err.contains("panicked"), "{err}");
     }
 }
@@ -316,19 +308,13 @@ fn a_bf16_executable_runs_as_bf16_training_does_and_keeps_its_precision() {
         .zip(&f32)
         .all(|(x, y)| x != y && (x - y).abs() < 1e-2 * y.abs()));
     let shown = ok(&["inspect", s(&exe)]);
-    assert!(
-        shown.contains("memory plan for") && shown.contains(" in bf16 "),
-        "{shown}"
-    );
+    assert_mentions(&shown, &["memory plan for", " in bf16 "]);
     // The precision is the compile's: run cannot change it.
     let err = exit_stderr(
         ingot(&["run", s(&exe), "--steps", "1", "--precision", "f32"]),
         1,
     );
-    assert!(
-        err.contains("compiled in bf16, not f32") && err.contains("recompile"),
-        "{err}"
-    );
+    assert_mentions(&err, &["compiled in bf16, not f32", "recompile"]);
     // tf32 is a GPU mode.
     let err = exit_stderr(
         ingot(&["train", "--model", "mlp", "--steps", "1", "--tf32"]),

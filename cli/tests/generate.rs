@@ -2,6 +2,7 @@
 //! the prompt and decodes the tokens (the fixture's ids are the Python `tokenizers` library's),
 //! and a tokenizer that does not fit the model is an error naming both vocabularies.
 
+use ingot_testkit::text::assert_mentions;
 use std::path::{Path, PathBuf};
 
 #[path = "support/cli.rs"]
@@ -126,18 +127,12 @@ fn a_tokenizer_that_does_not_fit_the_model_is_an_error_naming_both_vocabularies(
     // The tokenizer's 512 ids reach past a model of 256.
     let (spec, w) = initial_gpt(&d, 256);
     let err = exit_stderr(generate(&spec, &w, "0.8"), 1);
-    assert!(
-        err.contains("512") && err.contains("256") && err.contains("tokenizer.json"),
-        "{err}"
-    );
+    assert_mentions(&err, &["512", "256", "tokenizer.json"]);
     // A model of 1024 tokens draws ids the tokenizer does not have (a draw at a high
     // temperature is near uniform: 48 draws all below 512 would be a 1-in-2^48 chance).
     let (spec, w) = initial_gpt(&d, 1024);
     let err = exit_stderr(generate(&spec, &w, "100"), 1);
-    assert!(
-        err.contains("the model drew token") && err.contains("512") && err.contains("1024"),
-        "{err}"
-    );
+    assert_mentions(&err, &["the model drew token", "512", "1024"]);
     // A missing file names itself.
     let one = ["--prompt", "a", "--tokens", "1"];
     let err = exit_stderr(
@@ -299,10 +294,7 @@ fn an_imported_gpt2_trained_by_ingot_generates_from_its_saved_weights() {
         ]),
         1,
     );
-    assert!(
-        err.contains("lacks") && err.contains("as_gpt.safetensors"),
-        "{err}"
-    );
+    assert_mentions(&err, &["lacks", "as_gpt.safetensors"]);
 }
 
 #[test]
@@ -321,10 +313,7 @@ fn an_onnx_model_without_decoder_logits_is_an_error_listing_its_outputs() {
         ]),
         1,
     );
-    assert!(
-        err.contains("[batch, seq, vocab]") && err.contains("classifier") && err.contains("logits"),
-        "{err}"
-    );
+    assert_mentions(&err, &["[batch, seq, vocab]", "classifier", "logits"]);
     let err = exit_stderr(
         run(&[
             "generate",
@@ -339,10 +328,7 @@ fn an_onnx_model_without_decoder_logits_is_an_error_listing_its_outputs() {
         ]),
         1,
     );
-    assert!(
-        err.contains("\"scores\"") && err.contains("logits"),
-        "{err}"
-    );
+    assert_mentions(&err, &["\"scores\"", "logits"]);
 }
 
 // ---------------------------------------------------------------- several prompts
@@ -401,10 +387,7 @@ fn several_prompts_at_once_each_get_the_tokens_they_get_alone() {
         ]),
         1,
     );
-    assert!(
-        err.contains("3 prompts") && err.contains("batch of 2"),
-        "{err}"
-    );
+    assert_mentions(&err, &["3 prompts", "batch of 2"]);
 }
 
 #[test]
@@ -425,7 +408,7 @@ fn a_symbolic_window_axis_of_an_onnx_model_takes_its_size_from_dim() {
         run(&[&base[..], extra].concat())
     };
     let err = exit_stderr(generate(&[]), 1);
-    assert!(err.contains("axis 1") && err.contains("\"seq\""), "{err}");
+    assert_mentions(&err, &["axis 1", "\"seq\""]);
     // Sized, the import goes through, and what stops it is the model's outputs.
     let err = exit_stderr(generate(&["--dim", "seq=4"]), 1);
     assert!(
@@ -519,11 +502,13 @@ fn a_decoder_input_given_no_value_is_refused_naming_it_and_the_flag() {
     };
     // Neither held: both named, each with a value that suits it.
     let err = exit_stderr(generate(&[]), 2);
-    assert!(
-        err.contains("(input_ids)")
-            && err.contains("--input-value attention_mask=1")
-            && err.contains("--input-value position_ids=positions"),
-        "{err}"
+    assert_mentions(
+        &err,
+        &[
+            "(input_ids)",
+            "--input-value attention_mask=1",
+            "--input-value position_ids=positions",
+        ],
     );
     // The mask held, the positions not: only they are named.
     let err = exit_stderr(generate(&["--input-value", "attention_mask=1"]), 2);
@@ -533,10 +518,7 @@ fn a_decoder_input_given_no_value_is_refused_naming_it_and_the_flag() {
     );
     // A name the model does not have, and a value that is neither a number nor positions.
     let err = exit_stderr(generate(&["--input-value", "token_type_ids=0"]), 1);
-    assert!(
-        err.contains("\"token_type_ids\"") && err.contains("not a data input"),
-        "{err}"
-    );
+    assert_mentions(&err, &["\"token_type_ids\"", "not a data input"]);
     let err = exit_stderr(generate(&["--input-value", "position_ids=position"]), 2);
     assert!(err.contains("positions"), "{err}");
 }

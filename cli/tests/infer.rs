@@ -5,6 +5,7 @@
 
 use indexmap::IndexMap;
 use ingot_runtime::tensor::Tensor;
+use ingot_testkit::text::assert_mentions;
 use std::path::{Path, PathBuf};
 
 #[path = "support/cli.rs"]
@@ -142,7 +143,7 @@ fn eval_and_predict_give_the_references_loss_accuracy_and_classes() {
         run(&[&["predict"][..], &common, &["--out", s(&csv)]].concat()),
         2,
     );
-    assert!(e.contains("exists") && e.contains("--force"), "{e}");
+    assert_mentions(&e, &["exists", "--force"]);
     let e = exit_stderr(
         run(&[&["predict"][..], &common, &["--out", s(&w), "--force"]].concat()),
         2,
@@ -269,10 +270,7 @@ fn weights_of_another_model_and_data_of_another_shape_are_refused_naming_them() 
         exit_stderr(run(&[&["eval", "--model", model][..], &from].concat()), 1)
     };
     let e = eval("mlp");
-    assert!(
-        e.contains("written by a run of gpt:") && e.contains("mlp"),
-        "{e}"
-    );
+    assert_mentions(&e, &["written by a run of gpt:", "mlp"]);
     // The gpt's own weights over the mlp's samples: the data set's shape is named.
     let e = eval(gpt);
     assert!(e.contains("--dataset"), "{e}");
@@ -360,10 +358,7 @@ fn generate_by_the_kv_cache_prints_its_plan_first_and_the_whole_windows_greedy_t
         planned < rate,
         "the plan is printed after the tokens: {err}"
     );
-    assert!(
-        err.contains("(KV cache ") && err.contains("in f32"),
-        "{err}"
-    );
+    assert_mentions(&err, &["(KV cache ", "in f32"]);
     assert!(
         whole_err.contains("the whole-window step of"),
         "{whole_err}"

@@ -1,5 +1,6 @@
 //! `--model-file`: the `ingot` commands on a forward pass written in the IR text form.
 
+use ingot_testkit::text::assert_mentions;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -132,10 +133,7 @@ fn a_syntax_error_names_the_file_and_line_and_exits_1() {
 fn a_file_without_a_scalar_loss_is_an_error_naming_it() {
     let text = "ingot-ir 1\n%0 = parameter \"w\" init=zeros : f32[2]\noutput \"out\" = %0\n";
     let stderr = plan_refuses("model-file-noloss", "noloss.ir", text);
-    assert!(
-        stderr.contains("noloss.ir") && stderr.contains("\"loss\""),
-        "{stderr}"
-    );
+    assert_mentions(&stderr, &["noloss.ir", "\"loss\""]);
 }
 
 #[test]

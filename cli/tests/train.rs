@@ -6,6 +6,7 @@ use ingot_compiler::ir::DType;
 use ingot_models::{by_name, mlp_with};
 use ingot_runtime::io::{self, IoError};
 use ingot_runtime::Tensor;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::session::{Session, SessionError};
 use std::path::PathBuf;
 
@@ -116,7 +117,7 @@ fn loading_a_parameter_of_the_wrong_shape_is_an_error_naming_it_and_both_shapes(
     let mut p = s.parameters();
     p.insert("fc1.bias".into(), Tensor::from_f64([1024], vec![0.0; 1024]));
     let e = s.load_parameters(&p).unwrap_err().to_string();
-    assert!(e.contains("fc1.bias") && e.contains("f64"), "{e}");
+    assert_mentions(&e, &["fc1.bias", "f64"]);
 }
 
 #[test]
@@ -127,10 +128,7 @@ fn loading_unknown_names_is_an_error_listing_them_and_changes_nothing() {
     p.insert("fc4.weight".into(), Tensor::scalar(1.0f32));
     p.insert("transformer.h.0.attn.bias".into(), Tensor::scalar(1.0f32));
     let e = s.load_parameters(&p).unwrap_err().to_string();
-    assert!(
-        e.contains("fc4.weight") && e.contains("transformer.h.0.attn.bias"),
-        "{e}"
-    );
+    assert_mentions(&e, &["fc4.weight", "transformer.h.0.attn.bias"]);
     assert_eq!(s.parameters(), before);
 }
 
@@ -213,10 +211,7 @@ fn an_id_outside_the_vocabulary_is_an_error_naming_the_input_and_position() {
         .set_batch(&batch["x"], &Tensor::from_i64([2, 8], y))
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("\"y\"") && e.contains("32") && e.contains("position 5"),
-        "{e}"
-    );
+    assert_mentions(&e, &["\"y\"", "32", "position 5"]);
 }
 
 // --- the `ingot train` command ---------------------------------------------------------------
@@ -394,7 +389,7 @@ fn ingot_train_on_cuda_says_the_backend_is_not_built_yet() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(e.contains("CUDA") && e.contains("--device cpu"), "{e}");
+    assert_mentions(&e, &["CUDA", "--device cpu"]);
 }
 
 #[test]
@@ -438,10 +433,7 @@ fn ingot_train_names_an_unknown_model_or_a_bad_file() {
     let out = ingot(&["train", "--model", TINY_GPT, "--steps", "1", "--init", s]);
     assert_eq!(out.status.code(), Some(1));
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("other.safetensors") && e.contains("wte.weight"),
-        "{e}"
-    );
+    assert_mentions(&e, &["other.safetensors", "wte.weight"]);
 }
 
 /// The trainer's GPT-2 names fixture (made by scripts/gpt2_names_fixture.py).
@@ -475,10 +467,12 @@ fn a_transformers_gpt2_read_with_init_saves_under_nanogpts_names_and_trains_from
         "--names",
         "nanogpt",
     ]));
-    assert!(
-        said.contains("under Hugging Face's (transformers' GPT2LMHeadModel) names")
-            && said.contains("saved the parameters under nanoGPT's names"),
-        "{said}"
+    assert_mentions(
+        &said,
+        &[
+            "under Hugging Face's (transformers' GPT2LMHeadModel) names",
+            "saved the parameters under nanoGPT's names",
+        ],
     );
     let written = io::load(nano).unwrap();
     let want = io::load(gpt2_fixture("nanogpt.safetensors")).unwrap();

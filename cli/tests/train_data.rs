@@ -4,6 +4,7 @@
 use indexmap::IndexMap;
 use ingot_runtime::io;
 use ingot_runtime::Tensor;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::checkpoint;
 use ingot_trainer::datasets::{dataset_kind, DatasetKind};
 use std::path::{Path, PathBuf};
@@ -232,10 +233,12 @@ fn a_resumed_run_without_its_schedule_flags_continues_on_the_checkpoints_schedul
         "{relinear:?}"
     );
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("resuming with schedule linear (warmup 2, down to 0.1 of the rate at step 12)")
-            && e.contains("where the checkpoint's run used schedule cosine"),
-        "{e}"
+    assert_mentions(
+        &e,
+        &[
+            "resuming with schedule linear (warmup 2, down to 0.1 of the rate at step 12)",
+            "where the checkpoint's run used schedule cosine",
+        ],
     );
     // `--no-clip-grad-norm` turns the checkpoint's clipping off, and says so.
     let out = ingot(&[&base[..], &["--resume", cks, "--no-clip-grad-norm"]].concat());
@@ -376,7 +379,7 @@ fn resuming_with_another_model_or_data_set_is_an_error_naming_both() {
     assert!(e.contains(BYTE_GPT) && e.contains(smaller), "{e}");
     let out = train_on(BYTE_GPT, other, &["--steps", "4", "--resume", ck]);
     let e = failed(&out, 1);
-    assert!(e.contains("text.bin") && e.contains("other.bin"), "{e}");
+    assert_mentions(&e, &["text.bin", "other.bin"]);
     let nowhere = d.join("nowhere");
     let out = train_gpt(bin, &["--steps", "4", "--resume", cli::s(&nowhere)]);
     assert!(failed(&out, 1).contains("checkpoint.json"));
@@ -469,10 +472,7 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_unless_skipped() {
     );
     assert!(lines[0]["non_finite"].as_bool() == Some(true));
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("step 1: the loss is") && e.contains("--skip-nonfinite"),
-        "{e}"
-    );
+    assert_mentions(&e, &["step 1: the loss is", "--skip-nonfinite"]);
 }
 
 #[test]
@@ -564,10 +564,12 @@ fn a_token_file_that_reads_as_safetensors_says_so_and_trains_when_read_as_raw() 
     let out = run(&[]);
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{e}");
-    assert!(
-        e.contains("was taken for a safetensors file of samples x and y by its first bytes")
-            && e.contains("--dataset-format raw"),
-        "{e}"
+    assert_mentions(
+        &e,
+        &[
+            "was taken for a safetensors file of samples x and y by its first bytes",
+            "--dataset-format raw",
+        ],
     );
     ok(&run(&["--dataset-format", "raw"]));
     // Forced to a format it is not, the file is refused saying what is missing.
@@ -668,10 +670,7 @@ fn the_command_line_chooses_the_optimizer_of_any_model() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("adamw"));
     let out = ingot(&["train", "--model-file", ir, "--steps", "1", "--lr=-1"]);
     let err = failed(&out, 2);
-    assert!(
-        err.contains("--lr") && err.contains("not a finite number above 0"),
-        "{err}"
-    );
+    assert_mentions(&err, &["--lr", "not a finite number above 0"]);
     // Different learning rates give different losses after the first step.
     let l = |lr: &str| {
         run_losses(&[
@@ -974,13 +973,10 @@ fn a_data_set_is_recognised_on_resume_by_its_contents_not_the_path_typed() {
     let out = again(bin.to_str().unwrap(), &["--lr", "0.0001"]);
     ok(&out);
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("lr=0.0001") && e.contains("resuming with"),
-        "{e}"
-    );
+    assert_mentions(&e, &["lr=0.0001", "resuming with"]);
     let out = again(bin.to_str().unwrap(), &["--optimizer", "sgd"]);
     let e = failed(&out, 1);
-    assert!(e.contains("sgd") && e.contains("adamw"), "{e}");
+    assert_mentions(&e, &["sgd", "adamw"]);
 }
 
 /// `n` images `[n, c, side, side]` (f32 in [0, 1), deterministic) and their class ids `[n]`
@@ -1100,7 +1096,7 @@ fn resnet18_trains_on_uint8_nhwc_images() {
     let out = train_on("resnet18", &d, &["--steps", "1"]);
     assert_ne!(out.status.code(), Some(0));
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(e.contains("x.npy") && e.contains("NHWC"), "{e}");
+    assert_mentions(&e, &["x.npy", "NHWC"]);
 }
 
 /// A model file with dropout: `ingot train` writes the step's seed from `--seed` and the step

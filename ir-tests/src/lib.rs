@@ -6,3 +6,17 @@ pub mod fits;
 pub mod gradcheck;
 pub mod losses;
 pub mod planned;
+
+/// One insta snapshot test a line: `snapshot_tests! { test_name => text, ... }` is a `#[test]
+/// fn test_name` asserting the snapshot of `text` (the snapshot file is named for the test, as
+/// a written-out test's is). For the tests that snapshot the same thing of each reference
+/// model; the crate using it depends on `insta`.
+#[macro_export]
+macro_rules! snapshot_tests {
+    ($($name:ident => $text:expr),+ $(,)?) => {$(
+        #[test]
+        fn $name() {
+            insta::assert_snapshot!($text);
+        }
+    )+};
+}

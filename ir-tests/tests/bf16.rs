@@ -9,6 +9,7 @@ use ingot_compiler::ir::{DType, Graph, Init, NodeId, Op, Shape};
 use ingot_compiler::trace::nn;
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::tensor::Tensor;
+use ingot_testkit::text::assert_mentions;
 
 /// Deterministic values in [-1, 1).
 fn values(seed: u64, n: usize) -> Vec<f64> {
@@ -507,17 +508,14 @@ fn a_bad_or_second_precision_line_is_an_error_naming_its_line() {
     let e = ingot_compiler::model::Model::from_ir_text("tiny.ir", &tiny_mlp_with("precision fp8"))
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("line 12:") && e.contains("fp8") && e.contains("tiny.ir"),
-        "{e}"
-    );
+    assert_mentions(&e, &["line 12:", "fp8", "tiny.ir"]);
     let two = tiny_mlp_with("precision bf16\nprecision f32");
     let e = ingot_compiler::model::Model::from_ir_text("tiny.ir", &two)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("line 13:") && e.contains("second precision line (the first is line 12)"),
-        "{e}"
+    assert_mentions(
+        &e,
+        &["line 13:", "second precision line (the first is line 12)"],
     );
 }
 
@@ -530,7 +528,7 @@ fn a_bf16_op_with_an_f32_operand_and_no_cast_is_a_type_error_naming_the_line() {
     let e = ingot_compiler::model::Model::from_ir_text("mixed.ir", text)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("line 5") && e.contains("bf16[4], f32[4]"), "{e}");
+    assert_mentions(&e, &["line 5", "bf16[4], f32[4]"]);
 }
 
 #[test]
@@ -540,5 +538,5 @@ fn a_file_asking_for_tf32_is_refused_when_lowered_for_the_cpu() {
     let target = ingot_compiler::lower::Target::Cpu;
     let c = pipeline::compile(&m, &Options::for_target(target)).unwrap();
     let e = c.executable(target).unwrap_err().to_string();
-    assert!(e.contains("tf32") && e.contains("cpu"), "{e}");
+    assert_mentions(&e, &["tf32", "cpu"]);
 }

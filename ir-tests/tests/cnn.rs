@@ -16,6 +16,7 @@ use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
+use ingot_testkit::programs::cuda_program;
 use ingot_testkit::steps::{assert_planned_matches_reference, same_bits};
 use ingot_trainer::session::Session;
 
@@ -147,7 +148,6 @@ fn a_step_updates_batch_norm_running_statistics_as_pytorch_does() {
 fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_planned_workspace() {
     use ingot_compiler::ir::Op;
     use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp};
-    use ingot_compiler::lower::Program;
     for precision in [Precision::F32, Precision::Bf16] {
         let m = ingot_models::cnn_with(4, DType::F32).unwrap();
         let opts = pipeline::Options {
@@ -156,9 +156,7 @@ fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_p
         };
         let compiled = pipeline::compile(&m, &opts).unwrap();
         let exe = compiled.executable(Target::Cuda).unwrap();
-        let Program::Cuda(p) = exe.program() else {
-            panic!("a CUDA program")
-        };
+        let p = cuda_program(&exe);
         let g = exe.graph();
         let convs: Vec<_> = g
             .ids()
@@ -204,16 +202,13 @@ fn a_cnn_compiled_for_cuda_runs_each_conv_as_chunks_of_im2col_and_gemms_in_its_p
 fn a_weight_gradient_over_several_chunks_accumulates_every_chunk_after_the_first() {
     use ingot_compiler::ir::Op;
     use ingot_compiler::lower::cuda::{planned_conv_workspace, DeviceOp, COLUMN_BUDGET};
-    use ingot_compiler::lower::Program;
     // A 3×3 conv of 16 channels over 64×64 images, batch 32: its column buffer (75 MiB)
     // is larger than the budget, so it runs in chunks.
     let batch = 32;
     let m = big_conv_model(batch);
     let compiled = pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap();
     let exe = compiled.executable(Target::Cuda).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let g = exe.graph();
     let mut chunked = 0;
     for id in g.ids() {
@@ -281,7 +276,6 @@ fn big_conv_model(batch: usize) -> Model {
 fn a_convolution_at_the_peak_runs_smaller_chunks_and_the_plan_is_smaller() {
     use ingot_compiler::ir::NodeId;
     use ingot_compiler::lower::cuda::{conv_workspace, planned_conv_workspace, DeviceOp};
-    use ingot_compiler::lower::Program;
     use ingot_compiler::plan::{PlanOptions, WorkspaceNeed};
     fn whole_budget(g: &Graph, id: NodeId) -> WorkspaceNeed {
         let need = Target::Cuda.workspace_need()(g, id);
@@ -312,9 +306,7 @@ fn a_convolution_at_the_peak_runs_smaller_chunks_and_the_plan_is_smaller() {
         whole.plan.total_bytes
     );
     let exe = granted.executable(Target::Cuda).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let g = exe.graph();
     let mut smaller = 0;
     for id in g.ids() {

@@ -16,6 +16,8 @@ use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
+use ingot_testkit::programs::cuda_program;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::eval::forward_step;
 use ingot_trainer::session::Session;
 
@@ -187,7 +189,7 @@ fn a_p_outside_zero_to_one_is_an_error_naming_the_layer() {
         let e = nn::dropout(&mut g, "head.drop", x, p)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("head.drop") && e.contains("probability"), "{e}");
+        assert_mentions(&e, &["head.drop", "probability"]);
     }
 }
 
@@ -308,10 +310,10 @@ fn dropout_in_the_ir_text_form_round_trips_and_is_the_identity_in_eval_mode() {
     // A bad p or seed is an error naming the line.
     let bad = text.replace("p=0.25", "p=2");
     let e = Model::from_ir_text("q.ir", &bad).unwrap_err().to_string();
-    assert!(e.contains("line 8") && e.contains("probability"), "{e}");
+    assert_mentions(&e, &["line 8", "probability"]);
     let bad = text.replace("i64[]", "f32[]");
     let e = Model::from_ir_text("q.ir", &bad).unwrap_err().to_string();
-    assert!(e.contains("line 8") && e.contains("seed"), "{e}");
+    assert_mentions(&e, &["line 8", "seed"]);
 }
 
 /// The CUDA compile lowers dropout to its own kernel, forward and backward, in f32 and under
@@ -320,7 +322,6 @@ fn dropout_in_the_ir_text_form_round_trips_and_is_the_identity_in_eval_mode() {
 #[test]
 fn dropout_compiled_for_cuda_is_a_kernel_that_draws_the_hosts_counter() {
     use ingot_compiler::lower::cuda::DeviceOp;
-    use ingot_compiler::lower::Program;
     for precision in [Precision::F32, Precision::Bf16] {
         let m = mlp_with_dropout(0.25);
         let opts = pipeline::Options {
@@ -331,9 +332,7 @@ fn dropout_compiled_for_cuda_is_a_kernel_that_draws_the_hosts_counter() {
             .unwrap()
             .executable(Target::Cuda)
             .unwrap();
-        let Program::Cuda(p) = exe.program() else {
-            panic!("a CUDA program")
-        };
+        let p = cuda_program(&exe);
         let g = exe.graph();
         let launches: Vec<&str> = p
             .ops

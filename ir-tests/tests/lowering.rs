@@ -6,6 +6,7 @@
 use ingot_compiler::exe::Executable;
 use ingot_compiler::lower::{Program, Target};
 use ingot_compiler::pipeline::{self, Options};
+use ingot_testkit::programs::cuda_program;
 
 fn lowered(spec: &str, target: Target) -> Executable {
     ingot_models::compile_model(spec, &Options::for_target(target))
@@ -18,29 +19,12 @@ fn summary(spec: &str, target: Target) -> String {
     lowered(spec, target).program().summary()
 }
 
-#[test]
-fn mlp_cuda_program() {
-    insta::assert_snapshot!(summary("mlp", Target::Cuda));
-}
-
-#[test]
-fn gpt_mini_cuda_program() {
-    insta::assert_snapshot!(summary("gpt-mini", Target::Cuda));
-}
-
-#[test]
-fn gpt2_cuda_program() {
-    insta::assert_snapshot!(summary("gpt2", Target::Cuda));
-}
-
-#[test]
-fn mlp_cpu_program() {
-    insta::assert_snapshot!(summary("mlp", Target::Cpu));
-}
-
-#[test]
-fn gpt_mini_cpu_program() {
-    insta::assert_snapshot!(summary("gpt-mini", Target::Cpu));
+ingot_ir_tests::snapshot_tests! {
+    mlp_cuda_program => summary("mlp", Target::Cuda),
+    gpt_mini_cuda_program => summary("gpt-mini", Target::Cuda),
+    gpt2_cuda_program => summary("gpt2", Target::Cuda),
+    mlp_cpu_program => summary("mlp", Target::Cpu),
+    gpt_mini_cpu_program => summary("gpt-mini", Target::Cpu),
 }
 
 #[test]
@@ -56,9 +40,7 @@ fn lowering_the_same_step_twice_gives_the_same_program() {
 #[test]
 fn every_operation_of_the_gpt2_program_stays_inside_its_allocation_and_is_ordered() {
     let exe = lowered("gpt2", Target::Cuda);
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(&exe);
     // The checks lowering ran, run again from the outside: bounds, tables, dependencies.
     exe.program().check(exe.graph(), exe.plan()).unwrap();
     assert_eq!(p.total_bytes, exe.plan().total_bytes);
@@ -100,9 +82,7 @@ fn each_gradient_bucket_lowers_to_one_all_reduce_over_its_region_each_waiting_fo
     // A vocabulary large enough for several 25 MiB buckets.
     let spec = "gpt:vocab=32768,d_model=256,layers=2,heads=4,d_ff=1024,seq=32,batch=2";
     let exe = lowered_for_ranks(spec, 2);
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(&exe);
     exe.program().check(exe.graph(), exe.plan()).unwrap();
     let buckets = ingot_compiler::plan::buckets::buckets(exe.graph(), exe.plan());
     let reduces: Vec<(usize, usize, usize)> = p
@@ -186,9 +166,7 @@ fn each_gradient_bucket_lowers_to_one_all_reduce_over_its_region_each_waiting_fo
 #[test]
 fn one_rank_has_no_all_reduce_on_the_gpu_either() {
     let exe = lowered_for_ranks("mlp", 1);
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(&exe);
     assert_eq!(p.counts().all_reduces, 0);
 }
 
@@ -196,9 +174,7 @@ fn one_rank_has_no_all_reduce_on_the_gpu_either() {
 /// positions).
 fn collective_positions(exe: &Executable) -> (Vec<usize>, Vec<usize>) {
     use ingot_compiler::lower::cuda::DeviceOp;
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     let at = |f: fn(&DeviceOp) -> bool| -> Vec<usize> {
         p.ops
             .iter()
@@ -248,9 +224,7 @@ fn a_recomputed_weight_gradient_runs_in_its_layer_so_its_bucket_is_reduced_durin
     // which needs the whole backward pass.
     use ingot_compiler::lower::cuda::DeviceOp;
     let exe = gpt2_two_ranks_bf16();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     let (reduces, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");
     let bytes = |i: usize| match &p.ops[i] {
@@ -281,9 +255,7 @@ fn an_update_of_a_reduced_bucket_runs_one_collective_after_its_all_reduce_inside
     use ingot_compiler::lower::cuda::DeviceOp;
     let exe = gpt2_two_ranks_bf16();
     let g = exe.graph();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     let collectives: Vec<(usize, ingot_compiler::ir::NodeId)> = p
         .ops
         .iter()
@@ -384,9 +356,7 @@ fn buckets_fill_in_the_order_the_gradients_are_made_so_the_last_is_the_remainder
     // reduced first and the last a full 24 MB.
     use ingot_compiler::ir::DType;
     let exe = gpt2_two_ranks_bf16();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     let bytes = all_reduce_bytes(p, DType::BF16);
     let cap = ingot_compiler::autodiff::buckets::BUCKET_BYTES;
     let (&last, full) = bytes.split_last().expect("bf16 buckets");
@@ -428,9 +398,7 @@ fn the_rows_all_gather_overtakes_the_all_reduce_ready_just_before_it() {
     // the scatter-add and the embedding's update, the step's longest tail. So the gather is
     // launched first though it is ready later.
     let exe = gpt2_two_ranks_bf16();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     // Where an operation's operands are ready: its latest dependence that is not a collective
     // (each collective also waits for the one before it).
     let ready = |i: usize| {
@@ -460,9 +428,7 @@ fn kernels_wait_for_the_rows_all_gather_only_through_what_it_gathers() {
     // first layer's LayerNorm gains), and each then waited for the whole gather on the step's
     // tail. Only what reads the gathered rows, or a collective launched after them, may wait.
     let exe = gpt2_two_ranks_bf16();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     let g = exe.graph();
     let (_, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");
@@ -504,9 +470,7 @@ fn a_gradient_ready_at_the_end_of_the_backward_pass_goes_before_the_updates_rele
     // updates released by the rows' gather (the embedding's sum and update, 0.4 ms) went
     // before them, and their all-reduce, the step's last, waited behind those.
     let exe = gpt2_two_ranks_bf16();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(exe);
     let g = exe.graph();
     let (reduces, gathers) = collective_positions(exe);
     let rows = *gathers.last().expect("the embedding's rows are gathered");
@@ -681,9 +645,7 @@ fn the_program_check_refuses_a_reduce_scatter_written_over_an_operand_or_outside
 fn a_later_writer_of_a_reduce_scatters_operand_bytes_waits_for_the_collective() {
     use ingot_compiler::lower::cuda::DeviceOp;
     let exe = reduce_scatter_step(Target::Cuda);
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a cuda executable holds a cuda program")
-    };
+    let p = cuda_program(&exe);
     let (g, plan) = (exe.graph(), exe.plan());
     let rs = p
         .ops

@@ -5,9 +5,10 @@
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::ir::{DType, Graph, Op};
 use ingot_compiler::lower::cuda::{Compute, DeviceOp};
-use ingot_compiler::lower::{Program, Target};
+use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
+use ingot_testkit::programs::cuda_program;
 
 fn compile(spec: &str, precision: Precision, step: &StepOptions, acc: bool) -> Compiled {
     let m = ingot_models::by_name(spec).unwrap();
@@ -81,9 +82,7 @@ fn gpt2_bf16_with_its_loss_head_in_chunks_accumulates_the_head_gradient_in_place
     }
     // The CUDA lowering: bf16 operands into f32, beta = 1.
     let exe = after.executable(Target::Cuda).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("not a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let head: Vec<_> = p
         .ops
         .iter()

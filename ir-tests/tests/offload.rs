@@ -13,6 +13,7 @@ use ingot_compiler::plan::check::PlanViolation;
 use ingot_compiler::plan::{align_up, PlanError};
 use ingot_ir_tests::fits::fit_none;
 use ingot_testkit::steps::losses_and_state;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::session::Session;
 
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=8,batch=2";
@@ -400,10 +401,7 @@ fn a_cuda_step_of_several_ranks_with_offload_is_refused_at_lowering_naming_the_r
     plain.executable(Target::Cuda).unwrap();
     let e = off.executable(Target::Cuda).unwrap_err();
     let msg = e.to_string();
-    assert!(
-        msg.contains("data-parallel ranks") && msg.contains("one GPU"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["data-parallel ranks", "one GPU"]);
 }
 
 /// For each copy in of `c`'s CUDA program, the operations it may overlap: from just after its

@@ -24,19 +24,10 @@ fn kernel_list(spec: &str) -> String {
     s
 }
 
-#[test]
-fn mlp_kernel_list() {
-    insta::assert_snapshot!(kernel_list("mlp"));
-}
-
-#[test]
-fn gpt_mini_kernel_list() {
-    insta::assert_snapshot!(kernel_list("gpt-mini"));
-}
-
-#[test]
-fn gpt2_kernel_list() {
-    insta::assert_snapshot!(kernel_list("gpt2"));
+ingot_ir_tests::snapshot_tests! {
+    mlp_kernel_list => kernel_list("mlp"),
+    gpt_mini_kernel_list => kernel_list("gpt-mini"),
+    gpt2_kernel_list => kernel_list("gpt2"),
 }
 
 fn report_of(spec: &str) -> String {
@@ -44,19 +35,10 @@ fn report_of(spec: &str) -> String {
     c.report.table()
 }
 
-#[test]
-fn mlp_plan_report() {
-    insta::assert_snapshot!(report_of("mlp"));
-}
-
-#[test]
-fn gpt_mini_plan_report() {
-    insta::assert_snapshot!(report_of("gpt-mini"));
-}
-
-#[test]
-fn gpt2_plan_report() {
-    insta::assert_snapshot!(report_of("gpt2"));
+ingot_ir_tests::snapshot_tests! {
+    mlp_plan_report => report_of("mlp"),
+    gpt_mini_plan_report => report_of("gpt-mini"),
+    gpt2_plan_report => report_of("gpt2"),
 }
 
 /// The same step with its loss head in row chunks (`--chunk-loss-head`): eight blocks of

@@ -339,12 +339,6 @@ fn assert_compiles_on_host(kernels: &[CudaKernel], tag: &str) {
         return;
     };
     let shim = r#"#include <math.h>
-#include <string.h>
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __launch_bounds__(n)
-#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define asm(...) ((void)0)
 struct uint4 { unsigned x, y, z, w; };
@@ -353,14 +347,15 @@ struct float2 { float x, y; };
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 struct Dim3 { unsigned x, y, z; };
 static Dim3 threadIdx, blockIdx;
-static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static float __shfl_xor_sync(unsigned, float v, int) { return v; }
 static void __syncthreads() {}
 static void __syncwarp() {}
 "#;
-    let mut src = format!("{shim}{}", ingot_kernels::cuda::PRELUDE_BF16);
+    let mut src = format!(
+        "{}{shim}{}",
+        ingot_testkit::cxx::CUDA_ON_HOST,
+        ingot_kernels::cuda::PRELUDE_BF16
+    );
     // Each kernel once (the preprocess kernel of f32 and tf32 is one), as a module holds it.
     let mut names = std::collections::BTreeSet::new();
     for k in kernels {

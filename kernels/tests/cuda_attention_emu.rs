@@ -38,12 +38,10 @@ const EMU: &str = r#"#include <ucontext.h>
 #include <stdint.h>
 #include <utility>
 #include <vector>
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __launch_bounds__(n)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
+"#;
+
+/// The rest of the emulation, after [`cxx::CUDA_ON_HOST`].
+const EMU_REST: &str = r#"#define __align__(n) __attribute__((aligned(n)))
 #define INGOT_FA_ASM
 struct uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
@@ -51,9 +49,6 @@ struct float2 { float x, y; };
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 static Dim3 threadIdx, blockIdx;
-static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 
 enum { RUN = 0, WARP = 1, BLOCK = 2, DONE = 3 };
 static const int MAXT = 256;
@@ -247,7 +242,7 @@ fn build(kernels: &[&CudaKernel]) -> Option<Emu> {
     let cxx = cxx::host_cxx_or_skip()?;
     // The kernels use the bf16 helpers only (not the integer and conversion helpers of
     // PRELUDE, which need more CUDA built-ins than this emulation has).
-    let head = format!("{EMU}{PRELUDE_BF16}");
+    let head = format!("{EMU}{}{EMU_REST}{PRELUDE_BF16}", cxx::CUDA_ON_HOST);
     // One directory a build: the tests build their programs in parallel.
     static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

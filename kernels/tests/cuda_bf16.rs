@@ -10,20 +10,17 @@ use ingot_kernels::fused::{Access, FusedKernel, Input, Inst, Output};
 use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 use ingot_testkit::cxx;
 use ingot_testkit::kernel_builder::KernelBuilder as B;
+use ingot_testkit::text::assert_mentions;
 
 // ---------------------------------------------------------------------------------------------
 // The prelude's helpers, run on the host.
 
-/// Host definitions of the CUDA built-ins the bf16 helpers use (bit casts).
+/// The includes of the host program of the bf16 helpers (the CUDA built-ins they use, the bit
+/// casts, are [`cxx::CUDA_ON_HOST`]'s).
 const HOST_SHIM: &str = r#"#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cstdint>
-#define __device__
-#define __forceinline__ inline
-static unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-using std::fabs;
 "#;
 
 /// Reads records from stdin and writes the helpers' results to stdout: mode `f` reads u32 bit
@@ -63,7 +60,10 @@ int main(int argc, char** argv) {
 /// Builds the helpers' host program; `None` (after saying so) without a C++ compiler.
 fn helpers_program() -> Option<std::path::PathBuf> {
     let cxx = cxx::host_cxx_or_skip()?;
-    let src = format!("{HOST_SHIM}{PRELUDE_BF16}{HOST_MAIN}");
+    let src = format!(
+        "{HOST_SHIM}{}using std::fabs;\n{PRELUDE_BF16}{HOST_MAIN}",
+        cxx::CUDA_ON_HOST
+    );
     // No -ffast-math: IEEE arithmetic, as NVRTC's defaults give for these operations.
     let flags = ["-std=c++17", "-O2", "-Wall", "-Werror"];
     let exe = cxx::compile(cxx, "ingot_cuda_bf16", "helpers.cpp", &src, &flags)
@@ -404,10 +404,7 @@ fn bf16_gather_concat_move_two_bytes_and_scatter_add_sums_in_float() {
     assert!(g.contains("const unsigned short* table"), "{g}");
     assert!(g.contains(": (unsigned short)0;"), "{g}");
     let c = cuda::concat(DType::BF16, 4, &[3, 5]).unwrap().source;
-    assert!(
-        c.contains("const unsigned short* in1") && c.contains("unsigned short* out"),
-        "{c}"
-    );
+    assert_mentions(&c, &["const unsigned short* in1", "unsigned short* out"]);
     let p = cuda::scatter_add_program(DType::I64, DType::BF16, DType::BF16, 100, 64, 10).unwrap();
     let s = &p.launches[p.launches.len() - 2].kernel.source;
     assert!(s.contains("float acc["), "{s}");
@@ -458,21 +455,15 @@ const EMU_SHIM: &str = r#"#include <cmath>
 #include <cstdlib>
 #include <vector>
 #include <utility>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
 #include <math.h>
-struct ig_uint3 { unsigned x, y, z; };
+"#;
+
+/// The rest of the shim, after [`cxx::CUDA_ON_HOST`].
+const EMU_SHIM_REST: &str = r#"struct ig_uint3 { unsigned x, y, z; };
 static ig_uint3 threadIdx, blockIdx, blockDim, gridDim;
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(4) uchar4 { unsigned char x, y, z, w; };
-static unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-static float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static double __longlong_as_double(long long i) { double f; std::memcpy(&f, &i, 8); return f; }
 static int __float2int_rz(float x) { return x >= 2147483648.0f ? INT_MAX : x < -2147483648.0f ? INT_MIN : (int)x; }
 static int __double2int_rz(double x) { return x >= 2147483648.0 ? INT_MAX : x < -2147483648.0 ? INT_MIN : (int)x; }
 static long long __float2ll_rz(float x) { return x >= 9223372036854775808.0f ? LLONG_MAX : x < -9223372036854775808.0f ? LLONG_MIN : (long long)x; }
@@ -607,7 +598,8 @@ fn generated_bf16_elementwise_kernels_run_on_the_host_give_the_cpu_executors_bit
         picked.len()
     );
     let head = format!(
-        "{EMU_SHIM}{}{PRELUDE_BF16}typedef void (*Runner)(void**);\n",
+        "{EMU_SHIM}{}{EMU_SHIM_REST}{}{PRELUDE_BF16}typedef void (*Runner)(void**);\n",
+        cxx::CUDA_ON_HOST,
         cuda::PRELUDE
     );
     let kernels = picked.iter().map(|(_, c)| c);

@@ -571,11 +571,6 @@ fn representative() -> Vec<(&'static str, FusedKernel)> {
 
 const SHIM: &str = r#"// Host stand-ins for CUDA's built-ins, enough for -fsyntax-only.
 #include <cmath>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
 struct ig_uint3 { unsigned x, y, z; };
 struct float4 { float x, y, z, w; };
 struct int4 { int x, y, z, w; };
@@ -624,7 +619,7 @@ fn syntax_check(tag: &str, kernels: &[CudaKernel]) -> bool {
             assert_eq!(prev.source, k.source, "two kernels named {}", k.name);
         }
     }
-    let mut text = String::from(SHIM);
+    let mut text = format!("{}{SHIM}", ingot_testkit::cxx::CUDA_ON_HOST);
     text.push_str(PRELUDE);
     text.push_str(PRELUDE_BF16);
     for k in distinct.values() {
@@ -828,16 +823,10 @@ fn a_scatter_add_programs_sort_reads_only_the_ids_and_its_scratch_and_only_its_s
     );
 }
 
-/// Every launch's kernel of a scatter-add program.
-fn scatter_kernels(
-    ids: DType,
-    values: DType,
-    out: DType,
-    rows: usize,
-    row_len: usize,
-    n: usize,
-) -> Vec<CudaKernel> {
-    let p = cuda::scatter_add_program(ids, values, out, rows, row_len, n).unwrap();
+/// Every launch's kernel of the scatter-add program of ids, values and sums of the given types
+/// and of `[rows, row_len, n]`.
+fn scatter_kernels(types: (DType, DType, DType), sizes: [usize; 3]) -> Vec<CudaKernel> {
+    let p = cuda::ScatterAdd::of(types, sizes).program().unwrap();
     p.launches.into_iter().map(|l| l.kernel).collect()
 }
 
@@ -849,30 +838,25 @@ fn gather_scatter_and_concat_pass_a_host_syntax_check() {
         for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
             ks.push(cuda::gather(t, ids, 50304, 768, 8192).unwrap());
             if t != DType::Bool {
-                ks.extend(scatter_kernels(ids, t, t, 50304, 768, 8192));
+                ks.extend(scatter_kernels((ids, t, t), [50304, 768, 8192]));
             }
         }
     }
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 1, 5).unwrap());
     ks.push(cuda::gather(DType::F32, DType::I64, 10, 0, 5).unwrap());
-    ks.extend(scatter_kernels(DType::I64, DType::F32, DType::F32, 3, 1, 0));
+    ks.extend(scatter_kernels(
+        (DType::I64, DType::F32, DType::F32),
+        [3, 1, 0],
+    ));
     ks.push(cuda::gather(DType::F32, DType::I64, 1 << 22, 1024, 16).unwrap());
     // 64-bit indices (an output of 2^32 elements), and rows longer than one column panel.
     ks.extend(scatter_kernels(
-        DType::I64,
-        DType::F32,
-        DType::F32,
-        1 << 22,
-        1024,
-        16,
+        (DType::I64, DType::F32, DType::F32),
+        [1 << 22, 1024, 16],
     ));
     ks.extend(scatter_kernels(
-        DType::I32,
-        DType::F64,
-        DType::F64,
-        100,
-        5000,
-        300,
+        (DType::I32, DType::F64, DType::F64),
+        [100, 5000, 300],
     ));
     for t in DType::ALL.into_iter().filter(|&t| t != DType::BF16) {
         ks.push(cuda::concat(t, 8192, &[768, 768, 768]).unwrap());
@@ -937,29 +921,17 @@ fn bf16_versions_of_the_representative_and_random_kernels_pass_a_host_syntax_che
     for ids in [DType::I32, DType::I64] {
         ks.push(cuda::gather(DType::BF16, ids, 50304, 768, 8192).unwrap());
         ks.extend(scatter_kernels(
-            ids,
-            DType::BF16,
-            DType::BF16,
-            50304,
-            768,
-            8192,
+            (ids, DType::BF16, DType::BF16),
+            [50304, 768, 8192],
         ));
         ks.extend(scatter_kernels(
-            ids,
-            DType::BF16,
-            DType::F32,
-            50304,
-            768,
-            8192,
+            (ids, DType::BF16, DType::F32),
+            [50304, 768, 8192],
         ));
     }
     ks.extend(scatter_kernels(
-        DType::I32,
-        DType::BF16,
-        DType::BF16,
-        100,
-        5000,
-        300,
+        (DType::I32, DType::BF16, DType::BF16),
+        [100, 5000, 300],
     ));
     ks.push(cuda::concat(DType::BF16, 8192, &[768, 768, 768]).unwrap());
     syntax_check("bf16", &ks);

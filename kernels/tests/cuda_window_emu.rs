@@ -23,16 +23,11 @@ const SHIM: &str = r#"#include <math.h>
 #include <string.h>
 #include <utility>
 #include <vector>
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __launch_bounds__(n)
-struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+"#;
+
+/// The rest of the shim, after [`cxx::CUDA_ON_HOST`].
+const SHIM_REST: &str = r#"struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 static Dim3 threadIdx, blockIdx, gridDim;
-static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-static double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
 typedef void (*Runner)(void**);
 template <typename... A, size_t... I> static void call_impl(void (*f)(A...), void** b, std::index_sequence<I...>) { f((A)b[I]...); }
 template <typename... A> static void call(void (*f)(A...), void** b) { call_impl(f, b, std::index_sequence_for<A...>{}); }
@@ -67,7 +62,7 @@ int main(int argc, char** argv) {
 /// The emulation of `kernels`; `None` (after saying so) without a C++ compiler.
 fn build(tag: &str, kernels: &[&CudaKernel]) -> Option<Emu> {
     let cxx = cxx::host_cxx_or_skip()?;
-    let head = format!("{SHIM}{PRELUDE_BF16}");
+    let head = format!("{SHIM}{}{SHIM_REST}{PRELUDE_BF16}", cxx::CUDA_ON_HOST);
     let dir = format!("ingot_window_emu_{tag}");
     let emu = Emu::build(cxx, &dir, &head, kernels.iter().copied(), MAIN);
     Some(emu.unwrap_or_else(|e| panic!("the window kernels do not compile on the host: {e}")))
@@ -80,16 +75,8 @@ fn run(emu: &Emu, k: &CudaKernel, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
 
 /// Deterministic values in [-1, 1) (exact in f32).
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
-        })
-        .map(|v| v as f32 as f64)
-        .collect()
+    let mut g = ingot_testkit::lcg::Lcg::new(seed);
+    (0..n).map(|_| g.unit24() * 2.0 - 1.0).collect()
 }
 
 fn f32_bytes(xs: &[f64]) -> Vec<u8> {

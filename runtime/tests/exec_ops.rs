@@ -7,6 +7,7 @@ use ingot_compiler::ir::{
 };
 use ingot_runtime::cpu::{exec_node, run_graph};
 use ingot_runtime::{ExecError, Tensor, View};
+use ingot_testkit::counting::allocations;
 
 // ---------------------------------------------------------------------------------------------
 // Test scaffolding: a seeded generator, tensors from f64 values, multi-index helpers.
@@ -1281,50 +1282,9 @@ fn an_error_inside_a_graph_names_the_node_and_op() {
 // ---------------------------------------------------------------------------------------------
 // exec_node allocates nothing (the planned executor runs it on one preallocated slab).
 
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    thread_local! {
-        static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-    }
-
-    /// Counts allocations per thread, so that tests running in parallel do not see each other's.
-    pub struct Counting;
-
-    fn count() {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-    }
-
-    // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
-    // allocator keeps `GlobalAlloc`'s contract exactly as `System` does; what it adds (a count in
-    // an atomic or a thread-local) never allocates.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            count();
-            System.alloc(l)
-        }
-        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-            count();
-            System.alloc_zeroed(l)
-        }
-        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-            count();
-            System.realloc(p, l, n)
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            System.dealloc(p, l)
-        }
-    }
-
-    #[global_allocator]
-    static GLOBAL: Counting = Counting;
-
-    /// Allocations made on this thread so far.
-    pub fn allocations() -> usize {
-        ALLOCATIONS.with(|c| c.get())
-    }
-}
+/// The tests' per-thread counting allocator (`ingot_testkit::counting`), this binary's.
+#[global_allocator]
+static COUNTING: ingot_testkit::counting::Counting = ingot_testkit::counting::Counting;
 
 #[test]
 fn exec_node_allocates_nothing_for_every_op_but_matmul() {
@@ -1389,13 +1349,8 @@ fn exec_node_allocates_nothing_for_every_op_but_matmul() {
     let reference = run_graph(&g, &leaves).unwrap().outputs;
 
     // Every node again, each into a preallocated output, counting allocations around the call.
-    let before = counting::allocations();
-    let probe = std::hint::black_box(vec![0u8; 16]);
-    assert!(
-        counting::allocations() > before,
-        "the counter must see allocations"
-    );
-    drop(probe);
+    let probe = allocations(|| drop(std::hint::black_box(vec![0u8; 16])));
+    assert!(probe > 0, "the counter must see allocations");
     let mut values: Vec<Option<Tensor>> = vec![None; g.len()];
     for id in g.ids() {
         let node = g.node(id);
@@ -1410,9 +1365,7 @@ fn exec_node_allocates_nothing_for_every_op_but_matmul() {
             .map(|i| values[i.index()].as_ref().unwrap().view())
             .collect();
         let types: Vec<&TensorType> = node.inputs.iter().map(|&i| g.ty(i)).collect();
-        let before = counting::allocations();
-        exec_node(node, &views, &types, out.view_mut()).unwrap();
-        let made = counting::allocations() - before;
+        let made = allocations(|| exec_node(node, &views, &types, out.view_mut()).unwrap());
         assert_eq!(
             made,
             0,
@@ -1439,15 +1392,15 @@ fn matmul_allocates_only_the_packing_buffer_once_per_product() {
     let (x, y) = (vec![0.5f32; 3 * 40 * 50], vec![0.25f32; 3 * 50 * 60]);
     let mut out = Tensor::zeros(g.ty(c).clone());
     let (ta, tb) = (g.ty(a).clone(), g.ty(b).clone());
-    let before = counting::allocations();
-    exec_node(
-        g.node(c),
-        &[View::F32(&x), View::F32(&y)],
-        &[&ta, &tb],
-        out.view_mut(),
-    )
-    .unwrap();
-    let made = counting::allocations() - before;
+    let made = allocations(|| {
+        exec_node(
+            g.node(c),
+            &[View::F32(&x), View::F32(&y)],
+            &[&ta, &tb],
+            out.view_mut(),
+        )
+        .unwrap()
+    });
     assert!(made <= 3, "a batch of 3 products allocated {made} times");
     assert!(out.as_f32().unwrap().iter().all(|&v| v == 50.0 * 0.125));
 }

@@ -25,12 +25,10 @@ const SHIM: &str = r#"#include <ucontext.h>
 #include <stdint.h>
 #include <utility>
 #include <vector>
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __launch_bounds__(n)
-#define __shared__ static
-struct float4 { float x, y, z, w; };
+"#;
+
+/// The rest of the shim, after [`cxx::CUDA_ON_HOST`].
+const SHIM_REST: &str = r#"struct float4 { float x, y, z, w; };
 struct int4 { int x, y, z, w; };
 struct uchar4 { unsigned char x, y, z, w; };
 struct ushort4 { unsigned short x, y, z, w; };
@@ -39,10 +37,6 @@ struct uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct Dim3 { unsigned x = 1, y = 1, z = 1; };
 static Dim3 threadIdx, blockIdx, gridDim, blockDim;
-static unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-static double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
 static int __float2int_rz(float x) { return (int)x; }
 static int __double2int_rz(double x) { return (int)x; }
 static long long __float2ll_rz(float x) { return (long long)x; }
@@ -156,7 +150,10 @@ int main(int argc, char** argv) {
 /// showing the compiler's first errors, where the kernels do not compile on the host.
 pub fn build<'a>(dir: &str, kernels: impl IntoIterator<Item = &'a CudaKernel>) -> Option<Emu> {
     let cxx = cxx::host_cxx_or_skip()?;
-    let head = format!("{SHIM}{PRELUDE}{PRELUDE_BF16}");
+    let head = format!(
+        "{SHIM}{}{SHIM_REST}{PRELUDE}{PRELUDE_BF16}",
+        cxx::CUDA_ON_HOST
+    );
     match Emu::build(cxx, dir, &head, kernels, MAIN) {
         Ok(emu) => Some(emu),
         Err(err) if err.contains("ucontext.h") => {

@@ -8,6 +8,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+/// What every host shim of the kernel tests defines of CUDA, after its own includes: the
+/// function and memory qualifiers defined away (a block's shared memory becomes static), and the
+/// bit casts between float and integer registers as `memcpy`s (`static inline`: a program that
+/// uses none of them compiles without a warning, as the bf16 helpers' does under `-Werror`).
+/// One text, so that a kernel that compiles under one emulation's shim compiles under the
+/// others'.
+pub const CUDA_ON_HOST: &str = r#"#include <string.h>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
+"#;
+
 /// The compilers tried, in this order.
 pub const CANDIDATES: [&str; 3] = ["g++", "c++", "clang++"];
 

@@ -9,14 +9,22 @@
 //!   [`kernel_builder`]: the builder the kernel tests write their kernels with;
 //! - [`cxx`]: the host's C++ compiler, for the kernel tests that compile CUDA C for the host;
 //!   [`block_emu`]: the emulation of CUDA blocks that runs generated fused kernels there;
+//! - [`programs`]: the CUDA program of a lowered executable, as the tests read it;
+//! - [`counting`]: the per-thread counting allocator of the tests that allocate nothing;
+//! - [`lcg`]: the deterministic values the kernel tests draw their data from;
+//! - [`text`]: the check that an error or a report names what it must;
 //! - [`steps`]: whole CPU training steps against the reference interpreter, and their bytes.
 
 pub mod block_emu;
+pub mod counting;
 pub mod cxx;
 pub mod device;
 pub mod fused_kernels;
 pub mod fuzz;
 pub mod kernel_builder;
 pub mod kernel_check;
+pub mod lcg;
+pub mod programs;
 pub mod random_step;
 pub mod steps;
+pub mod text;

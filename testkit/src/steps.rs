@@ -110,3 +110,40 @@ pub fn losses_and_state(s: &mut Session, steps: usize) -> (Vec<u64>, Vec<(String
         .collect();
     (losses, state)
 }
+
+/// Steps `a` and `b` together `steps` times and asserts that each loss of `a` is finite and
+/// within `tolerance` of `b`'s, relative to `b`'s: a GPU run against the CPU's, a bf16 run
+/// against f32's. `what` names the run in the line printed for each step and in a failure.
+pub fn assert_losses_track(
+    what: &str,
+    a: &mut Session,
+    b: &mut Session,
+    steps: u64,
+    tolerance: f64,
+) {
+    for step in 1..=steps {
+        let (x, y) = (a.step().unwrap().loss, b.step().unwrap().loss);
+        let rel = (x - y).abs() / y.abs().max(1e-12);
+        eprintln!("{what} step {step}: {x:.8} against {y:.8}, rel {rel:.2e}");
+        assert!(
+            x.is_finite() && rel <= tolerance,
+            "{what} step {step}: loss {x} against {y} (rel {rel:e}, more than {tolerance:e})"
+        );
+    }
+}
+
+/// Asserts that `a`'s parameters are within `tolerance` of `b`'s, relative to `b`'s: ‖a − b‖ /
+/// ‖b‖ over every parameter of `b` (by name), in f64. `what` names the run.
+pub fn assert_parameters_close(what: &str, a: &Session, b: &Session, tolerance: f64) {
+    let (pa, pb) = (a.parameters(), b.parameters());
+    let (mut diff, mut norm) = (0.0, 0.0);
+    for (name, tb) in &pb {
+        for (u, v) in pa[name].to_f64_vec().iter().zip(tb.to_f64_vec()) {
+            diff += (u - v) * (u - v);
+            norm += v * v;
+        }
+    }
+    let rel = (diff / norm).sqrt();
+    eprintln!("{what}: parameters rel {rel:.2e}");
+    assert!(rel <= tolerance, "{what}: parameters differ by {rel:e}");
+}

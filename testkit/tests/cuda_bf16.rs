@@ -9,12 +9,14 @@
 
 use ingot_compiler::ir::DType;
 use ingot_compiler::lower::cuda::{Compute, DeviceOp, Gemm};
-use ingot_compiler::lower::{Program, Target};
+use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
-use ingot_testkit::kernel_check::{check_kernels, CheckOptions, Source};
+use ingot_testkit::kernel_check::{assert_kernels_pass, Source};
+use ingot_testkit::programs::cuda_program;
+use ingot_testkit::steps::assert_losses_track;
 use ingot_trainer::session::{Device, Session};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
@@ -39,34 +41,20 @@ fn bf16_session(spec: &str, seed: u64, device: Device) -> Session {
     Session::from_executable(exe, seed, device).unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-fn bf16_kernels_pass(model: &str) {
-    let source = Source::bf16_models(&[model]);
-    let summary = check_kernels(&source, CheckOptions::default(), &mut |l| eprintln!("{l}"))
-        .unwrap_or_else(|e| panic!("{source:?}: {e}"));
-    assert!(summary.kernels > 0, "{source:?} gave no kernels");
-    assert!(
-        summary.failures.is_empty(),
-        "{} of {} bf16 kernels differ from the CPU:\n{}",
-        summary.failures.len(),
-        summary.kernels,
-        summary.failures.join("\n")
-    );
-}
-
 #[path = "../../trainer/tests/support/gpu_memory.rs"]
 mod gpu_memory;
 
 #[test]
 fn every_bf16_gpt_mini_kernel_matches_the_cpu_on_the_gpu() {
     if cuda::gpu_for_test("bf16 gpt-mini kernels") {
-        bf16_kernels_pass("gpt-mini");
+        assert_kernels_pass(&Source::bf16_models(&["gpt-mini"]));
     }
 }
 
 #[test]
 fn every_bf16_gpt2_kernel_matches_the_cpu_on_the_gpu() {
     if cuda::gpu_for_test("bf16 gpt2 kernels") {
-        bf16_kernels_pass("gpt2");
+        assert_kernels_pass(&Source::bf16_models(&["gpt2"]));
     }
 }
 
@@ -77,16 +65,8 @@ fn every_bf16_gpt2_kernel_matches_the_cpu_on_the_gpu() {
 fn bf16_gpu_matches_cpu(spec: &str, steps: u64) {
     let mut cpu = bf16_session(spec, 5, Device::Cpu);
     let mut gpu = bf16_session(spec, 5, STRICT);
-    for step in 1..=steps {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{spec} bf16 step {step}: gpu {a:.6} cpu {b:.6} rel {rel:.2e}");
-        assert!(a.is_finite(), "{spec} step {step}: gpu loss {a}");
-        assert!(
-            rel <= 1e-2,
-            "{spec} bf16 step {step}: gpu loss {a}, cpu loss {b}"
-        );
-    }
+    let what = format!("{spec} bf16, gpu against cpu");
+    assert_losses_track(&what, &mut gpu, &mut cpu, steps, 1e-2);
 }
 
 #[test]
@@ -115,15 +95,7 @@ fn on_the_gpu_bf16_gpt2_trains_within_two_percent_of_f32() {
     }
     let mut bf16 = bf16_session("gpt2", 5, STRICT);
     let mut f32 = Session::on(&by_name("gpt2").unwrap(), 5, STRICT).unwrap();
-    for step in 1..=5 {
-        let (a, b) = (bf16.step().unwrap().loss, f32.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("gpt2 step {step}: bf16 {a:.6} f32 {b:.6} rel {rel:.2e}");
-        assert!(
-            a.is_finite() && rel <= 2e-2,
-            "gpt2 step {step}: bf16 {a}, f32 {b}"
-        );
-    }
+    assert_losses_track("gpt2, bf16 against f32", &mut bf16, &mut f32, 5, 2e-2);
 }
 
 #[test]
@@ -156,9 +128,7 @@ fn the_bf16_gpt_mini_step_lowers_for_cuda_with_bf16_gemms() {
     };
     let c = pipeline::compile(&m, &opts).unwrap();
     let exe = c.executable(Target::Cuda).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("not a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let gemms: Vec<&Gemm> = p
         .ops
         .iter()

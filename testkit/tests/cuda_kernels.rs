@@ -8,59 +8,46 @@
 //! several GiB of device memory each.
 
 use ingot_runtime::cuda::gpu_for_test;
-use ingot_testkit::kernel_check::{check_kernels, CheckOptions, Source};
-
-fn all_pass(source: Source) {
-    let summary = check_kernels(&source, CheckOptions::default(), &mut |l| eprintln!("{l}"))
-        .unwrap_or_else(|e| panic!("{source:?}: {e}"));
-    assert!(summary.kernels > 0, "{source:?} gave no kernels");
-    assert!(
-        summary.failures.is_empty(),
-        "{} of {} kernels differ from the CPU:\n{}",
-        summary.failures.len(),
-        summary.kernels,
-        summary.failures.join("\n")
-    );
-}
+use ingot_testkit::kernel_check::{assert_kernels_pass, Source};
 
 #[test]
 fn every_mlp_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("mlp kernels") {
-        all_pass(Source::models(&["mlp"]));
+        assert_kernels_pass(&Source::models(&["mlp"]));
     }
 }
 
 #[test]
 fn every_gpt_mini_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("gpt-mini kernels") {
-        all_pass(Source::models(&["gpt-mini"]));
+        assert_kernels_pass(&Source::models(&["gpt-mini"]));
     }
 }
 
 #[test]
 fn every_gpt2_kernel_matches_the_cpu_on_the_gpu() {
     if gpu_for_test("gpt2 kernels") {
-        all_pass(Source::models(&["gpt2"]));
+        assert_kernels_pass(&Source::models(&["gpt2"]));
     }
 }
 
 #[test]
 fn every_dropout_kernel_draws_the_cpus_mask_on_the_gpu() {
     if gpu_for_test("dropout kernels") {
-        all_pass(Source::Dropout);
+        assert_kernels_pass(&Source::Dropout);
     }
 }
 
 #[test]
 fn random_fused_kernels_match_the_cpu_on_the_gpu() {
     if gpu_for_test("random kernels") {
-        all_pass(Source::Random(0..300));
+        assert_kernels_pass(&Source::Random(0..300));
     }
 }
 
 #[test]
 fn scatter_add_sums_every_pattern_of_repeated_and_out_of_range_ids_as_the_cpu_does() {
     if gpu_for_test("scatter-add kernels") {
-        all_pass(Source::Scatter);
+        assert_kernels_pass(&Source::Scatter);
     }
 }

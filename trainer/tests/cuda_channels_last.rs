@@ -28,13 +28,15 @@
 use ingot_compiler::ir::ConvLayout;
 use ingot_compiler::layout::MIN_CHANNELS_LAST_CHANNELS;
 use ingot_compiler::lower::cuda::{Conv, DeviceOp};
-use ingot_compiler::lower::{Program, Target};
+use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_models as models;
 use ingot_runtime::cuda::cudnn::{self, ConvPath};
 use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_testkit::programs::cuda_program;
+use ingot_testkit::steps::assert_losses_track;
 use ingot_trainer::session::{Device, Session};
 
 const GPU: Device = Device::Cuda(CudaOptions {
@@ -80,9 +82,7 @@ fn a_channels_last_cuda_step_lowers_every_convolution_but_the_stem_nhwc_without_
     };
     let c = pipeline::compile(&resnet(), &opts).unwrap();
     let exe = c.executable(Target::Cuda).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let convs: Vec<_> = p
         .ops
         .iter()
@@ -154,15 +154,8 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
         }
         assert!(c.timings.is_empty(), "timed without INGOT_CONV_TIMING: {c}");
     }
-    for step in 1..=steps {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{precision:?} step {step}: gpu NHWC {a:.8} cpu NCHW {b:.8} rel {rel:.2e}");
-        assert!(
-            a.is_finite() && rel <= tolerance,
-            "{precision:?} step {step}: gpu loss {a}, cpu loss {b}"
-        );
-    }
+    let what = format!("{precision:?}, gpu NHWC against cpu NCHW");
+    assert_losses_track(&what, &mut gpu, &mut cpu, steps, tolerance);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
-use ingot_runtime::tensor::Tensor;
+use ingot_testkit::steps::{assert_losses_track, assert_parameters_close};
 use ingot_trainer::session::{Device, Session};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
@@ -44,10 +44,6 @@ fn session_lr(spec: &str, lr: Option<f64>, precision: Precision, device: Device)
     Session::from_executable(exe, 5, device).unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-fn f32s(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec()
-}
-
 /// Trains `spec` for `steps` steps on both backends from one seed: each step's losses within
 /// `tolerance` (relative); in f32 also every parameter after the last step (‖Δ‖/‖p‖).
 fn gpu_matches_cpu(spec: &str, precision: Precision, steps: u64, tolerance: f64) {
@@ -63,27 +59,10 @@ fn gpu_matches_cpu_at(
 ) {
     let mut cpu = session_lr(spec, lr, precision, Device::Cpu);
     let mut gpu = session_lr(spec, lr, precision, STRICT);
-    for step in 1..=steps {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{spec} {precision:?} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
-        assert!(
-            a.is_finite() && rel <= tolerance,
-            "{spec} {precision:?} step {step}: gpu loss {a}, cpu loss {b}"
-        );
-    }
+    let what = format!("{spec} {precision:?}, gpu against cpu");
+    assert_losses_track(&what, &mut gpu, &mut cpu, steps, tolerance);
     if precision == Precision::F32 {
-        let (pa, pb) = (gpu.parameters(), cpu.parameters());
-        let (mut diff, mut norm) = (0.0, 0.0);
-        for (name, tb) in &pb {
-            for (u, v) in f32s(&pa[name]).iter().zip(f32s(tb)) {
-                diff += (u - v) * (u - v);
-                norm += v * v;
-            }
-        }
-        let rel = (diff / norm).sqrt();
-        eprintln!("{spec} parameters after {steps} steps: rel {rel:.2e}");
-        assert!(rel <= tolerance, "{spec}: parameters differ by {rel:e}");
+        assert_parameters_close(&what, &gpu, &cpu, tolerance);
     }
 }
 

@@ -25,6 +25,8 @@ use ingot_compiler::precision::Precision;
 use ingot_compiler::trace::nn;
 use ingot_runtime::cuda::cudnn::{self, ConvPath};
 use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_testkit::programs::cuda_program;
+use ingot_testkit::steps::{assert_losses_track, assert_parameters_close};
 use ingot_trainer::session::{Device, Session};
 
 const GPU: Device = Device::Cuda(CudaOptions {
@@ -126,27 +128,10 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
     if cudnn {
         all_through_cudnn(&gpu);
     }
-    for step in 1..=steps {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{precision:?} step {step}: gpu {a:.8} cpu {b:.8} rel {rel:.2e}");
-        assert!(
-            a.is_finite() && rel <= tolerance,
-            "{precision:?} step {step}: gpu loss {a}, cpu loss {b}"
-        );
-    }
+    let what = format!("{precision:?}, gpu against cpu");
+    assert_losses_track(&what, &mut gpu, &mut cpu, steps, tolerance);
     if precision == Precision::F32 {
-        let (pa, pb) = (gpu.parameters(), cpu.parameters());
-        let (mut diff, mut norm) = (0.0, 0.0);
-        for (name, tb) in &pb {
-            for (u, v) in pa[name].to_f64_vec().iter().zip(tb.to_f64_vec()) {
-                diff += (u - v) * (u - v);
-                norm += v * v;
-            }
-        }
-        let rel = (diff / norm).sqrt();
-        eprintln!("parameters after {steps} steps: rel {rel:.2e}");
-        assert!(rel <= tolerance, "parameters differ by {rel:e}");
+        assert_parameters_close(&what, &gpu, &cpu, tolerance);
     }
 }
 
@@ -157,9 +142,7 @@ fn every_convolution_pass_of_the_cnn_lowers_to_a_cudnn_operation() {
         .unwrap()
         .executable(GPU.target())
         .unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("a CUDA program")
-    };
+    let p = cuda_program(&exe);
     assert_eq!(p.counts().convs, 14);
 }
 

@@ -14,6 +14,8 @@ use ingot_compiler::lower::{Program, Target};
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cuda::{self, CudaOptions};
+use ingot_testkit::programs::cuda_program;
+use ingot_testkit::steps::assert_losses_track;
 use ingot_trainer::session::{Device, Session};
 
 const GPU: Device = Device::Cuda(CudaOptions {
@@ -68,15 +70,8 @@ fn gpu_matches_cpu(precision: Precision, step: &StepOptions, what: &str) {
     };
     let mut cpu = session(precision, step, Device::Cpu);
     let mut gpu = session(precision, step, GPU);
-    for s in 1..=10 {
-        let (a, b) = (gpu.step().unwrap().loss, cpu.step().unwrap().loss);
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        eprintln!("{what} {precision:?} step {s}: gpu {a:.6} cpu {b:.6} rel {rel:.2e}");
-        assert!(
-            a.is_finite() && rel <= tol,
-            "{what} {precision:?} step {s}: gpu {a}, cpu {b}"
-        );
-    }
+    let what = format!("{what} {precision:?}, gpu against cpu");
+    assert_losses_track(&what, &mut gpu, &mut cpu, 10, tol);
 }
 
 fn chunked() -> StepOptions {
@@ -119,9 +114,7 @@ fn the_bf16_chunked_step_lowers_its_head_sums_to_bf16_into_f32_gemms_with_beta_o
     };
     let c = pipeline::compile_observed_with(&m, &chunked(), &opts, &mut |_| {}).unwrap();
     let exe = c.executable(Target::Cuda).unwrap();
-    let Program::Cuda(p) = exe.program() else {
-        panic!("not a CUDA program")
-    };
+    let p = cuda_program(&exe);
     let head: Vec<_> = p
         .ops
         .iter()

@@ -9,6 +9,7 @@ use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_runtime::tensor::Tensor;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::session::{Device, Session};
 
 /// `sum(sqrt(w)) + sum(b²)` under SGD (lr 0.1): the gradient of `sqrt` at 0 is infinite, so
@@ -86,10 +87,7 @@ fn the_step_counts_the_non_finite_values_its_update_writes_fused_and_unfused() {
         );
         assert_eq!(counted_on_the_host(&s), 3.0);
         let named = s.first_nonfinite_parameter().unwrap();
-        assert!(
-            named.contains("parameter \"w\"") && named.contains("3 of its 6"),
-            "{named}"
-        );
+        assert_mentions(&named, &["parameter \"w\"", "3 of its 6"]);
         // An infinite element of the one-axis b: NaN after its update.
         load(&mut s, [1.0; 6], [f32::INFINITY, 2.0, 3.0]);
         s.step().unwrap();

@@ -7,6 +7,7 @@
 use indexmap::IndexMap;
 use ingot_runtime::io;
 use ingot_runtime::tensor::Tensor;
+use ingot_testkit::text::assert_mentions;
 use ingot_trainer::data::tokenizer::TextTokenizer;
 use ingot_trainer::gpt_names::{self, Naming};
 use ingot_trainer::session::Session;
@@ -36,10 +37,7 @@ fn the_fixture_tokenizer_encodes_the_sample_as_the_python_library_does_and_decod
     assert_eq!(tok.encode_in_pieces(&text, 1).unwrap(), want);
     assert_eq!(tok.decode(&ids).unwrap(), text);
     let e = tok.decode(&[3, 512]).unwrap_err().to_string();
-    assert!(
-        e.contains("512 at position 1") && e.contains("tokenizer.json"),
-        "{e}"
-    );
+    assert_mentions(&e, &["512 at position 1", "tokenizer.json"]);
 }
 
 #[test]
@@ -48,7 +46,7 @@ fn a_missing_or_unparsable_tokenizer_is_an_error_naming_the_file() {
     assert!(e.to_string().contains("nope.json"), "{e}");
     let e = TextTokenizer::from_file(&fixture("tokenizer/sample.txt")).unwrap_err();
     let e = e.to_string();
-    assert!(e.contains("sample.txt") && e.contains("tokenizer"), "{e}");
+    assert_mentions(&e, &["sample.txt", "tokenizer"]);
 }
 
 // ---------------------------------------------------------------- GPT-2 names
@@ -188,9 +186,9 @@ fn a_missing_or_misshaped_tensor_is_an_error_naming_it_with_its_expected_and_fou
     let mut missing = file.clone();
     missing.shift_remove("transformer.h.1.mlp.c_fc.bias");
     let e = try_map(&missing);
-    assert!(
-        e.contains("transformer.h.1.mlp.c_fc.bias: missing") && e.contains("blocks.1.fc.bias"),
-        "{e}"
+    assert_mentions(
+        &e,
+        &["transformer.h.1.mlp.c_fc.bias: missing", "blocks.1.fc.bias"],
     );
     // An nn.Linear layout under Hugging Face's names: c_proj is [d, d], so only c_fc shows it.
     let mut linear = file.clone();
@@ -200,10 +198,12 @@ fn a_missing_or_misshaped_tensor_is_an_error_naming_it_with_its_expected_and_fou
         Tensor::from_f32([128, 32], fc.as_f32().unwrap().to_vec()),
     );
     let e = try_map(&linear);
-    assert!(
-        e.contains("transformer.h.0.mlp.c_fc.weight: expected shape")
-            && e.contains("f32[32,128] (Conv1D's [in, out]), found f32[128,32]"),
-        "{e}"
+    assert_mentions(
+        &e,
+        &[
+            "transformer.h.0.mlp.c_fc.weight: expected shape",
+            "f32[32,128] (Conv1D's [in, out]), found f32[128,32]",
+        ],
     );
     let mut extra = file.clone();
     extra.insert(
@@ -211,10 +211,7 @@ fn a_missing_or_misshaped_tensor_is_an_error_naming_it_with_its_expected_and_fou
         Tensor::from_f32([32], vec![1.0; 32]),
     );
     let e = try_map(&extra);
-    assert!(
-        e.contains("transformer.h.2.ln_1.weight") && e.contains("2 layer(s)"),
-        "{e}"
-    );
+    assert_mentions(&e, &["transformer.h.2.ln_1.weight", "2 layer(s)"]);
     let e = gpt_names::from_ingot(&file, Naming::HuggingFace).unwrap_err();
     assert!(e.contains("not Ingot's GPT"), "{e}");
 }

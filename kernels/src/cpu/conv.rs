@@ -1009,15 +1009,8 @@ mod tests {
     use super::*;
 
     fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64) / ((1u64 << 53) as f64) * 2.0 - 1.0
-            })
-            .collect()
+        let mut g = ingot_testkit::lcg::Lcg::new(seed);
+        (0..n).map(|_| g.unit53() * 2.0 - 1.0).collect()
     }
 
     fn geometries() -> Vec<ConvGeometry> {

@@ -146,19 +146,10 @@ pub fn run<T: GemmScalar + Float>(
 mod tests {
     use super::*;
 
-    /// A small generator of values (no dependency): a fixed linear congruential sequence.
+    /// Values in [-1, 1) from the kernel tests' fixed linear congruential sequence.
     fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-            })
-            .collect()
+        let mut g = ingot_testkit::lcg::Lcg::mixed(seed);
+        (0..n).map(|_| g.unit53() * 2.0 - 1.0).collect()
     }
 
     fn geometry(

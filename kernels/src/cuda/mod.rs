@@ -104,7 +104,7 @@ pub mod scatter;
 pub mod window;
 
 pub use ops::{concat, dropout, gather};
-pub use scatter::{scatter_add_program, scatter_add_scratch_bytes};
+pub use scatter::{scatter_add_program, scatter_add_scratch_bytes, ScatterAdd};
 
 use crate::fused::{FusedKernel, KernelError};
 use crate::DType;

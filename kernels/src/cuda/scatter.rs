@@ -133,6 +133,44 @@ pub fn scatter_add_program(
     })
 }
 
+/// One scatter-add's types and sizes, as the kernel check and the tests hold it: `n` ids of
+/// type `ids` pick, among `rows` rows of `row_len` elements, the row each of the `n` rows of
+/// `values` is added into; the sums are stored as `out` (the values' type, or f32 for bf16
+/// values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScatterAdd {
+    pub ids: DType,
+    pub values: DType,
+    pub out: DType,
+    pub rows: usize,
+    pub row_len: usize,
+    pub n: usize,
+}
+
+impl ScatterAdd {
+    /// The scatter-add of ids, values and sums of these types and of `[rows, row_len, n]`
+    /// (types, then sizes: as the tests list their cases).
+    pub fn of(
+        (ids, values, out): (DType, DType, DType),
+        [rows, row_len, n]: [usize; 3],
+    ) -> ScatterAdd {
+        ScatterAdd {
+            ids,
+            values,
+            out,
+            rows,
+            row_len,
+            n,
+        }
+    }
+
+    /// Its program ([`scatter_add_program`]).
+    pub fn program(&self) -> Result<FusedProgram, CodegenError> {
+        let s = self;
+        scatter_add_program(s.ids, s.values, s.out, s.rows, s.row_len, s.n)
+    }
+}
+
 /// Bytes of scratch [`scatter_add_program`] keeps in the node's planned workspace for `rows`
 /// rows and `n` positions: two buffers of sorted keys and positions (`4 n` bytes each, the
 /// passes alternate between them) and the histograms (`4 · 256` bytes a tile of 1024

@@ -142,10 +142,8 @@ pub(super) fn inputs_for(work: &Work, seed: u64, exact: bool) -> Vec<Vec<u8>> {
             let how = match work {
                 _ if exact => Fill::Exact,
                 Work::Gather { rows, .. } if i == 1 => Fill::Ids(*rows as u64),
-                Work::Scatter {
-                    rows, skewed: true, ..
-                } if i == 0 => Fill::IdsSkewed(*rows as u64),
-                Work::Scatter { rows, .. } if i == 0 => Fill::IdsAround(*rows as u64),
+                Work::Scatter { op, skewed: true } if i == 0 => Fill::IdsSkewed(op.rows as u64),
+                Work::Scatter { op, .. } if i == 0 => Fill::IdsAround(op.rows as u64),
                 _ if pos[i] => Fill::Positive,
                 _ => Fill::Signed,
             };

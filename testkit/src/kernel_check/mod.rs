@@ -193,15 +193,8 @@ pub fn kernels_of(source: &Source, variants: bool) -> Res<Vec<Item>> {
             let cases = (SCATTER_CASES.iter().map(|&c| (c, false)))
                 .chain(SKEWED_SCATTER_CASES.iter().map(|&c| (c, true)));
             for ((ids, values, out, rows, row_len, n), skewed) in cases {
-                let w = Work::Scatter {
-                    ids,
-                    values,
-                    out,
-                    rows,
-                    row_len,
-                    n,
-                    skewed,
-                };
+                let op = cuda::ScatterAdd::of((ids, values, out), [rows, row_len, n]);
+                let w = Work::Scatter { op, skewed };
                 add(w, "scatter cases", &mut items)?;
             }
         }
@@ -331,6 +324,21 @@ pub fn check_kernels(
         let _ = result::primary_ctx::release(dev);
     }
     Ok(summary)
+}
+
+/// [`check_kernels`] with the default options as a test: each line printed, and a failure
+/// where setting up fails, `source` gives no kernels or any kernel differs from the CPU.
+pub fn assert_kernels_pass(source: &Source) {
+    let summary = check_kernels(source, CheckOptions::default(), &mut |l| eprintln!("{l}"))
+        .unwrap_or_else(|e| panic!("{source:?}: {e}"));
+    assert!(summary.kernels > 0, "{source:?} gave no kernels");
+    assert!(
+        summary.failures.is_empty(),
+        "{source:?}: {} of {} kernels differ from the CPU:\n{}",
+        summary.failures.len(),
+        summary.kernels,
+        summary.failures.join("\n")
+    );
 }
 
 #[cfg(test)]

@@ -26,19 +26,12 @@ pub(super) fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
             }
             Ok(vec![out])
         }
-        Work::Scatter {
-            ids,
-            values,
-            out,
-            rows,
-            row_len,
-            n,
-            ..
-        } => {
+        Work::Scatter { op, .. } => {
+            let (ids, values, rows, row_len, n) = (op.ids, op.values, op.rows, op.row_len, op.n);
             let s = values.size();
-            if *values == DType::BF16 {
-                let sums = scatter_bf16(*ids, inputs, *rows, *row_len, *n);
-                return Ok(vec![match out {
+            if values == DType::BF16 {
+                let sums = scatter_bf16(ids, inputs, rows, row_len, n);
+                return Ok(vec![match op.out {
                     DType::F32 => sums.iter().flat_map(|x| x.to_ne_bytes()).collect(),
                     _ => sums
                         .iter()
@@ -47,14 +40,14 @@ pub(super) fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
                 }]);
             }
             let mut out = vec![0u8; rows * row_len * s];
-            for r in 0..*n {
-                let id = read_int(*ids, &inputs[0], r);
-                if id < 0 || id as u64 >= *rows as u64 {
+            for r in 0..n {
+                let id = read_int(ids, &inputs[0], r);
+                if id < 0 || id as u64 >= rows as u64 {
                     continue;
                 }
-                for c in 0..*row_len {
+                for c in 0..row_len {
                     let (o, v) = ((id as usize * row_len + c) * s, (r * row_len + c) * s);
-                    add_into(*values, &mut out[o..o + s], &inputs[1][v..v + s]);
+                    add_into(values, &mut out[o..o + s], &inputs[1][v..v + s]);
                 }
             }
             Ok(vec![out])

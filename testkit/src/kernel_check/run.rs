@@ -124,13 +124,7 @@ pub(super) fn check_one(
             n,
             ..
         } => ids.size() * n + 2 * table.size() * n * row_len,
-        Work::Scatter {
-            ids,
-            values,
-            row_len,
-            n,
-            ..
-        } => ids.size() * n + 3 * values.size() * n * row_len,
+        Work::Scatter { op, .. } => op.ids.size() * op.n + 3 * op.values.size() * op.n * op.row_len,
         _ => bytes,
     };
     let (free, _) = driver("cuMemGetInfo", result::mem_get_info())?;

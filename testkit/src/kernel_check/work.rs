@@ -14,13 +14,7 @@ pub enum Work {
         n: usize,
     },
     Scatter {
-        ids: DType,
-        values: DType,
-        /// The sum's type: the values', or f32 for bf16 values.
-        out: DType,
-        rows: usize,
-        row_len: usize,
-        n: usize,
+        op: cuda::ScatterAdd,
         /// Ids drawn log-uniformly (as words in text: id 0 at about 6% of the positions),
         /// not uniformly.
         skewed: bool,
@@ -77,15 +71,7 @@ impl Work {
         };
         let r = match self {
             Work::Fused(k) => cuda::fused_program(k),
-            Work::Scatter {
-                ids,
-                values,
-                out,
-                rows,
-                row_len,
-                n,
-                ..
-            } => cuda::scatter_add_program(*ids, *values, *out, *rows, *row_len, *n),
+            Work::Scatter { op, .. } => op.program(),
             Work::Gather {
                 table,
                 ids,
@@ -125,14 +111,11 @@ impl Work {
             Work::Gather {
                 rows, row_len, n, ..
             } => format!("{n} ids into [{rows},{row_len}]"),
-            Work::Scatter {
-                rows,
-                row_len,
-                n,
-                skewed,
-                ..
-            } => format!(
-                "{n} rows of {row_len} into {rows}{}",
+            Work::Scatter { op, skewed } => format!(
+                "{} rows of {} into {}{}",
+                op.n,
+                op.row_len,
+                op.rows,
                 if *skewed { ", skewed ids" } else { "" }
             ),
             Work::Concat { outer, widths, .. } => format!("[{outer}, {widths:?}]"),
@@ -159,17 +142,9 @@ impl Work {
                 vec![(*table, rows * row_len), (*ids, *n)],
                 vec![(*table, n * row_len)],
             ),
-            Work::Scatter {
-                ids,
-                values,
-                out,
-                rows,
-                row_len,
-                n,
-                ..
-            } => (
-                vec![(*ids, *n), (*values, n * row_len)],
-                vec![(*out, rows * row_len)],
+            Work::Scatter { op, .. } => (
+                vec![(op.ids, op.n), (op.values, op.n * op.row_len)],
+                vec![(op.out, op.rows * op.row_len)],
             ),
             Work::Concat {
                 dtype,
@@ -206,15 +181,15 @@ pub fn collect(graph: &Graph) -> Vec<Work> {
             Op::ScatterAdd { rows } => {
                 let (ids, values) = (graph.ty(node.inputs[0]), graph.ty(node.inputs[1]));
                 let n = ids.shape.numel();
-                out.push(Work::Scatter {
+                let op = cuda::ScatterAdd {
                     ids: ids.dtype,
                     values: values.dtype,
                     out: node.ty.dtype,
                     rows: *rows,
                     row_len: values.shape.numel().checked_div(n).unwrap_or(0),
                     n,
-                    skewed: false,
-                });
+                };
+                out.push(Work::Scatter { op, skewed: false });
             }
             Op::Dropout { p, salt } => out.push(Work::Dropout {
                 dtype: node.ty.dtype,
