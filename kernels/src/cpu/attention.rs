@@ -31,12 +31,19 @@
 //! its scratch in `STACK_SCRATCH`, they are copied once per problem as f32 columns, and the
 //! scores of a row are computed for all its keys at once, each key in its own lane
 //! (`dots_transposed`): every score is still summed over `c = 0, 1, …` from `0.0`, so the
-//! bits are those of the one-key-at-a-time `dot`, which larger problems still use. A slice too short for
-//! its layout is a broken precondition and panics with a message; the runtime checks shapes
-//! before it calls in.
+//! bits are those of the one-key-at-a-time `dot`, which larger problems still use.
+//!
+//! # Speed: wide vectors
+//! Each task's problems are compiled for the widest vectors the CPU has ([`super::wide`]:
+//! AVX-512 or AVX2 where the build's baseline is SSE2), which changes no bit: the tests compare
+//! them with one key at a time on the baseline's vectors.
+//!
+//! A slice too short for its layout is a broken precondition and panics with a message; the
+//! runtime checks shapes before it calls in.
 
 use super::exp::exp_f32;
 use super::par::pool_threads;
+use super::wide::{self, Level, Wide};
 use crate::attention::{Layout, Strides};
 use crate::dtype::round_bf16;
 use half::bf16;
@@ -159,6 +166,7 @@ pub fn backward_scratch_len(s: &Shape) -> usize {
     2 * s.seq_k * s.head_dim + 2 * s.seq_k + s.head_dim
 }
 
+#[inline(always)]
 fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
     a.iter()
         .zip(b)
@@ -167,6 +175,7 @@ fn dot<T: Elem>(a: &[T], b: &[T]) -> f32 {
 
 /// Rows `0..seq` of one problem's `x`, widened to f32 and transposed:
 /// `t[c·seq + j] = x_jc`.
+#[inline(always)]
 fn transpose_rows<T: Elem>(x: Rows<'_, T>, seq: usize, t: &mut [f32]) {
     for j in 0..seq {
         for (c, e) in x.get(j).iter().enumerate() {
@@ -178,17 +187,36 @@ fn transpose_rows<T: Elem>(x: Rows<'_, T>, seq: usize, t: &mut [f32]) {
 /// `out[j] = dot(x, row j)` for `j < out.len()`, from the rows transposed by
 /// [`transpose_rows`] into `t` (`seq` of them): the same sums as [`dot`] (from `0.0`, over
 /// `c` in order, `x_c · row_jc` each), so the same bits, but with the keys in the lanes of
-/// one vectorised loop instead of one chain of additions per key.
+/// one vectorised loop instead of one chain of additions per key. Blocks of [`KEYS`] keys
+/// keep their sums in registers across the whole head dimension; the rest are summed in
+/// `out` itself, a pass over them per `c`.
+#[inline(always)]
 fn dots_transposed<T: Elem>(x: &[T], t: &[f32], seq: usize, out: &mut [f32]) {
     let n = out.len();
-    out.fill(0.0);
+    let blocked = n / KEYS * KEYS;
+    for j0 in (0..blocked).step_by(KEYS) {
+        let mut acc = [0.0f32; KEYS];
+        for (c, xc) in x.iter().enumerate() {
+            let xc = xc.get();
+            let tc = &t[c * seq + j0..][..KEYS];
+            for (a, &tv) in acc.iter_mut().zip(tc) {
+                *a += xc * tv;
+            }
+        }
+        out[j0..j0 + KEYS].copy_from_slice(&acc);
+    }
+    let rest = &mut out[blocked..];
+    rest.fill(0.0);
     for (c, xc) in x.iter().enumerate() {
         let xc = xc.get();
-        for (o, &tv) in out.iter_mut().zip(&t[c * seq..][..n]) {
+        for (o, &tv) in rest.iter_mut().zip(&t[c * seq + blocked..][..n - blocked]) {
             *o += xc * tv;
         }
     }
 }
+
+/// Keys whose scores [`dots_transposed`] keeps in registers at once: four AVX-512 vectors.
+const KEYS: usize = 64;
 
 fn check_len(what: &str, got: usize, want: usize) {
     assert!(
@@ -225,8 +253,9 @@ pub fn forward<T: Elem>(
 }
 
 /// How the scores are summed: [`Speed::Best`] transposes the keys when they fit
-/// ([`dots_transposed`]); [`Speed::Plain`] always sums one key at a time ([`dot`]), the path of
-/// problems too large for the stack (the tests compare the two).
+/// ([`dots_transposed`]), on the widest vectors; [`Speed::Plain`] always sums one key at a
+/// time ([`dot`]), the path of problems too large for the stack, on the baseline's vectors
+/// (the tests compare the two).
 #[derive(Clone, Copy, PartialEq)]
 enum Speed {
     Best,
@@ -244,11 +273,41 @@ fn forward_with<T: Elem>(
     speed: Speed,
 ) {
     let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
-    let l = s.layout;
-    let (out_p, lse_p) = (Out(out.as_mut_ptr()), Out(lse.as_mut_ptr()));
-    // One problem, with `scratch` for its row of scores and its output row, then (when
-    // `fast`) its keys transposed.
-    let one = |b: usize, scratch: &mut [f32], fast: bool| {
+    let pass = Forward {
+        s,
+        qkv: [q, k, v],
+        out: Out(out.as_mut_ptr()),
+        lse: Out(lse.as_mut_ptr()),
+    };
+    let need = forward_scratch_len(s);
+    by_problem(
+        bh,
+        tq * tk * d,
+        [need, need + tk * d],
+        speed,
+        scratch,
+        &pass,
+    );
+}
+
+/// The forward pass's problems, its outputs written through raw pointers (each problem its
+/// own rows).
+struct Forward<'a, T> {
+    s: &'a Shape,
+    qkv: [&'a [T]; 3],
+    out: Out<T>,
+    lse: Out<f32>,
+}
+
+impl<T: Elem> Problems for Forward<'_, T> {
+    /// One problem, with `scratch` for its row of scores and its output row, then (when
+    /// `fast`) its keys transposed.
+    #[inline(always)]
+    fn one(&self, b: usize, scratch: &mut [f32], fast: bool) {
+        let (s, [q, k, v]) = (self.s, self.qkv);
+        let (out_p, lse_p) = (self.out, self.lse);
+        let (tq, tk, d) = (s.seq_q, s.seq_k, s.head_dim);
+        let l = s.layout;
         let (row, rest) = scratch.split_at_mut(tk);
         let (acc, kt) = rest.split_at_mut(d);
         let (qb, kb, vb) = (s.rows(q, &l.q, b), s.rows(k, &l.kv, b), s.rows(v, &l.kv, b));
@@ -294,9 +353,7 @@ fn forward_with<T: Elem>(
             // SAFETY: `b·tq + i < bh·tq = lse.len()` (checked), written by problem `b` only.
             unsafe { *lse_p.rows(b * tq + i, 1).as_mut_ptr() = m + sum.ln() };
         }
-    };
-    let need = forward_scratch_len(s);
-    by_problem(bh, tq * tk * d, [need, need + tk * d], speed, scratch, one);
+    }
 }
 
 /// A raw output pointer that problems running on different threads write through, each its
@@ -319,27 +376,69 @@ impl<T> Out<T> {
 }
 
 /// Problems whose f32 scratch is at most this long run on several threads, each task with its
-/// scratch on its stack (256 KiB); longer ones run one after another in the planned scratch.
-const STACK_SCRATCH: usize = 1 << 16;
+/// scratch on its stack (512 KiB: the backward pass of gpt-mini's heads, 256 keys of 64, needs
+/// 66,112 with its keys and values transposed, and ran one key at a time when this was 256 KiB);
+/// longer ones run one after another in the planned scratch.
+const STACK_SCRATCH: usize = 1 << 17;
 /// Multiply-adds per problem times problems below which a pass stays on one thread.
 const PARALLEL_WORK: usize = 1 << 18;
 
-/// Runs `one(b, scratch, fast)` for every problem `b < bh`. `need` is the f32 scratch of a
+/// The problems of one pass: `one(b, scratch, fast)` computes problem `b` with `scratch` (the
+/// transposed operands' room too when `fast`). Implementations mark `one` `#[inline(always)]`,
+/// so that [`Tasks`] compiles it for the widest vectors ([`super::wide`]).
+trait Problems: Sync {
+    fn one(&self, b: usize, scratch: &mut [f32], fast: bool);
+}
+
+/// Problems `range` of a pass, one after another in `scratch`: a job for [`wide::at`].
+struct Tasks<'a, P> {
+    pass: &'a P,
+    range: std::ops::Range<usize>,
+    scratch: &'a mut [f32],
+    fast: bool,
+}
+
+impl<P: Problems> Wide for Tasks<'_, P> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        for b in self.range {
+            self.pass.one(b, self.scratch, self.fast);
+        }
+    }
+}
+
+/// Runs `pass.one(b, scratch, fast)` for every problem `b < bh`. `need` is the f32 scratch of a
 /// problem without and with its transposed operands; `fast` says the scratch has room for
 /// them, which it has whenever they fit in [`STACK_SCRATCH`] (and `speed` allows). Inside a
 /// pool of several threads and with enough work, the problems are spread over the pool in
 /// contiguous ranges, each with its own scratch on its thread's stack; otherwise they run on
 /// the calling thread, with stack scratch when fast, else in the `planned` scratch. Each
 /// problem computes the same bits wherever it runs (problems share no sums), and fast or not
-/// (see [`dots_transposed`]).
-fn by_problem(
+/// (see [`dots_transposed`]), and at every vector width ([`super::wide`]).
+fn by_problem<P: Problems>(
     bh: usize,
     work: usize,
     [plain, with_transposed]: [usize; 2],
     speed: Speed,
     planned: &mut [f32],
-    one: impl Fn(usize, &mut [f32], bool) + Sync,
+    pass: &P,
 ) {
+    let level = match speed {
+        Speed::Best => wide::level(),
+        Speed::Plain => Level::Base,
+    };
+    let run = |range: std::ops::Range<usize>, scratch: &mut [f32], fast: bool| {
+        wide::at(
+            level,
+            Tasks {
+                pass,
+                range,
+                scratch,
+                fast,
+            },
+        )
+    };
     let fast = speed == Speed::Best && with_transposed <= STACK_SCRATCH;
     let need = if fast { with_transposed } else { plain };
     let threads = pool_threads();
@@ -348,19 +447,17 @@ fn by_problem(
         let tasks = bh.min(threads * 4);
         (0..tasks).into_par_iter().for_each(|t| {
             let mut scratch = [0.0f32; STACK_SCRATCH];
-            for b in bh * t / tasks..bh * (t + 1) / tasks {
-                one(b, &mut scratch[..need], fast);
-            }
+            run(
+                bh * t / tasks..bh * (t + 1) / tasks,
+                &mut scratch[..need],
+                fast,
+            );
         });
     } else if fast {
         let mut scratch = [0.0f32; STACK_SCRATCH];
-        for b in 0..bh {
-            one(b, &mut scratch[..need], true);
-        }
+        run(0..bh, &mut scratch[..need], true);
     } else {
-        for b in 0..bh {
-            one(b, planned, false);
-        }
+        run(0..bh, planned, false);
     }
 }
 
@@ -440,12 +537,43 @@ fn backward_with<T: Elem>(
     speed: Speed,
 ) {
     let (bh, tq, tk, d) = (s.batch_heads, s.seq_q, s.seq_k, s.head_dim);
-    let l = s.layout;
     let mut slot = |which: usize| Out(grads.slot(which).as_mut_ptr());
-    let (dq_p, dk_p, dv_p) = (slot(0), slot(1), slot(2));
-    // One problem, with `scratch` for its f32 accumulators, then (when `fast`) its keys and
-    // values transposed.
-    let one = |b: usize, scratch: &mut [f32], fast: bool| {
+    let pass = Backward {
+        s,
+        operands: [q, k, v, out, dout],
+        lse,
+        grads: [slot(0), slot(1), slot(2)],
+    };
+    let need = backward_scratch_len(s);
+    let with_transposed = need + 2 * tk * d;
+    by_problem(
+        bh,
+        tq * tk * d * 3,
+        [need, with_transposed],
+        speed,
+        scratch,
+        &pass,
+    );
+}
+
+/// The backward pass's problems, `dq`, `dk` and `dv` written through raw pointers (each
+/// problem its own rows).
+struct Backward<'a, T> {
+    s: &'a Shape,
+    operands: [&'a [T]; 5],
+    lse: &'a [f32],
+    grads: [Out<T>; 3],
+}
+
+impl<T: Elem> Problems for Backward<'_, T> {
+    /// One problem, with `scratch` for its f32 accumulators, then (when `fast`) its keys and
+    /// values transposed.
+    #[inline(always)]
+    fn one(&self, b: usize, scratch: &mut [f32], fast: bool) {
+        let (s, [q, k, v, out, dout], lse) = (self.s, self.operands, self.lse);
+        let [dq_p, dk_p, dv_p] = self.grads;
+        let (tq, tk, d) = (s.seq_q, s.seq_k, s.head_dim);
+        let l = s.layout;
         let (dk_acc, rest) = scratch.split_at_mut(tk * d);
         let (dv_acc, rest) = rest.split_at_mut(tk * d);
         let (p_row, rest) = rest.split_at_mut(tk);
@@ -515,17 +643,7 @@ fn backward_with<T: Elem>(
                 }
             }
         }
-    };
-    let need = backward_scratch_len(s);
-    let with_transposed = need + 2 * tk * d;
-    by_problem(
-        bh,
-        tq * tk * d * 3,
-        [need, with_transposed],
-        speed,
-        scratch,
-        one,
-    );
+    }
 }
 
 #[cfg(test)]
@@ -821,7 +939,7 @@ mod tests {
     }
 
     #[test]
-    fn transposed_keys_give_the_bits_of_one_key_at_a_time_in_f32_and_bf16() {
+    fn transposed_keys_on_wide_vectors_give_the_bits_of_one_key_at_a_time_in_f32_and_bf16() {
         let bits32 = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let bits16 = |x: &[bf16]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let shapes = [
@@ -830,6 +948,9 @@ mod tests {
             (2, 9, 5, 3, true, Layout::contiguous(9, 5, 3)),
             (4, 17, 17, 1, true, Layout::tokens(2, 17, 17, 1)),
             (2, 70, 33, 8, true, Layout::tokens(1, 70, 33, 8)),
+            // gpt-mini's heads: blocks of KEYS keys plus a rest, and a backward pass whose
+            // transposed operands need more than 256 KiB of stack.
+            (2, 256, 260, 64, true, Layout::contiguous(256, 260, 64)),
         ];
         for (seed, (bh, tq, tk, d, causal, layout)) in shapes.into_iter().enumerate() {
             let s = Shape {

@@ -20,6 +20,7 @@ pub mod pool;
 pub mod reduce;
 pub mod scalar;
 pub mod tanh;
+pub mod wide;
 
 pub use gemm::{batched_matmul_ws, gemm_ws, workspace_len, GemmError};
 pub use layout::{

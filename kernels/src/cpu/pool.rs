@@ -9,6 +9,7 @@
 
 use super::par::for_each_block;
 use super::scalar::{Float, Scalar};
+use super::wide::{self, Wide};
 
 /// The sizes of one pooling: `x [planes, in_hw]` (`planes` = N·C), `y [planes, out_hw]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -128,6 +129,13 @@ pub fn max_forward<T: Float>(g: &PoolGeometry, x: &[T], y: &mut [T]) -> Result<(
     check("y", y.len(), g.y_len())?;
     let (plane, [oh, ow]) = (g.in_hw[0] * g.in_hw[1], g.out_hw);
     let work = g.y_len() * g.kernel[0] * g.kernel[1];
+    if halves(g) {
+        for_each_block(y, oh * ow, work, |p, yp| {
+            let xp = &x[p * plane..(p + 1) * plane];
+            wide::widest(Halve { g, xp, yp });
+        });
+        return Ok(());
+    }
     // Planes are independent: each thread writes the output planes of its own.
     for_each_block(y, oh * ow, work, |p, yp| {
         let xp = &x[p * plane..(p + 1) * plane];
@@ -141,6 +149,53 @@ pub fn max_forward<T: Float>(g: &PoolGeometry, x: &[T], y: &mut [T]) -> Result<(
         }
     });
     Ok(())
+}
+
+/// Whether `g` is the common pooling that halves each side (2x2 windows, stride 2, no padding
+/// or dilation, every window inside the plane), which [`Halve`] computes without the general
+/// path's per-window bookkeeping.
+fn halves(g: &PoolGeometry) -> bool {
+    g.kernel == [2, 2]
+        && g.stride == [2, 2]
+        && g.padding == [0, 0]
+        && g.dilation == [1, 1]
+        && 2 * g.out_hw[0] <= g.in_hw[0]
+        && 2 * g.out_hw[1] <= g.in_hw[1]
+}
+
+/// One plane of a pooling that [`halves`]: each output the maximum of its 2x2 window, the
+/// four read in row-major order and each replacing the running maximum when greater or NaN,
+/// as [`PoolGeometry::pick`] does (so the same bits, NaNs and signed zeros included), as a
+/// loop over a row's windows that is compiled for the widest vectors ([`super::wide`]).
+struct Halve<'a, T> {
+    g: &'a PoolGeometry,
+    xp: &'a [T],
+    yp: &'a mut [T],
+}
+
+impl<T: Float> Wide for Halve<'_, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let (w, [oh, ow]) = (self.g.in_hw[1], self.g.out_hw);
+        for (i, yr) in self.yp.chunks_exact_mut(ow).take(oh).enumerate() {
+            let r0 = &self.xp[2 * i * w..][..2 * ow];
+            let r1 = &self.xp[(2 * i + 1) * w..][..2 * ow];
+            for ((y, a), b) in yr
+                .iter_mut()
+                .zip(r0.chunks_exact(2))
+                .zip(r1.chunks_exact(2))
+            {
+                let mut m = a[0];
+                for v in [a[1], b[0], b[1]] {
+                    if v > m || v.is_nan() {
+                        m = v;
+                    }
+                }
+                *y = m;
+            }
+        }
+    }
 }
 
 /// `dx`: each window's `dy` added at the element [`max_forward`] picked.
@@ -173,6 +228,7 @@ pub fn max_backward<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::wide::Level;
 
     fn geometry() -> PoolGeometry {
         PoolGeometry {
@@ -183,6 +239,49 @@ mod tests {
             padding: [1, 1],
             dilation: [1, 1],
             out_hw: [2, 3],
+        }
+    }
+
+    #[test]
+    fn halving_pools_give_the_general_paths_bits_with_nans_and_signed_zeros() {
+        for (h, w) in [(28, 28), (14, 14), (7, 9), (2, 2)] {
+            let g = PoolGeometry {
+                planes: 3,
+                in_hw: [h, w],
+                kernel: [2, 2],
+                stride: [2, 2],
+                padding: [0, 0],
+                dilation: [1, 1],
+                out_hw: [h / 2, w / 2],
+            };
+            assert!(halves(&g));
+            let special = [0.0, -0.0, f32::NAN, 1.5, -1.5, f32::INFINITY, 1.5];
+            let x: Vec<f32> = (0..3 * h * w)
+                .map(|i| match (i * 7919) % 23 {
+                    k if k < special.len() => special[k],
+                    k => k as f32 * 0.25 - 3.0,
+                })
+                .collect();
+            let plane = h * w;
+            let want: Vec<f32> = (0..3)
+                .flat_map(|p| {
+                    let xp = &x[p * plane..(p + 1) * plane];
+                    (0..g.out_hw[0] * g.out_hw[1])
+                        .map(move |o| xp[g.pick(xp, o / g.out_hw[1], o % g.out_hw[1]).unwrap()])
+                })
+                .collect();
+            for level in [Level::Base, Level::Avx2, Level::Avx512] {
+                let mut y = vec![7.0f32; want.len()];
+                for (p, yp) in y.chunks_exact_mut(g.out_hw[0] * g.out_hw[1]).enumerate() {
+                    let xp = &x[p * plane..(p + 1) * plane];
+                    wide::at(level, Halve { g: &g, xp, yp });
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&want), "{h}x{w} at {level:?}");
+            }
+            let mut y = vec![7.0f32; want.len()];
+            max_forward(&g, &x, &mut y).unwrap();
+            assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 

@@ -23,8 +23,8 @@ static DEFAULT: AtomicUsize = AtomicUsize::new(0);
 /// The most threads a step may ask for: more is surely a mistake (a typo in `--threads`).
 pub const MAX_THREADS: usize = 1024;
 
-/// Each pool thread's stack: room for 256 attention tasks' stack scratch
-/// (`kernels::cpu::attention`, 256 KiB each) nested on one thread; a pass makes at most four
+/// Each pool thread's stack: room for 128 attention tasks' stack scratch
+/// (`kernels::cpu::attention`, 512 KiB each) nested on one thread; a pass makes at most four
 /// tasks a thread (64 on 16 threads).
 const STACK_BYTES: usize = 64 << 20;
 
@@ -73,7 +73,7 @@ impl Pool {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .thread_name(|i| format!("ingot-cpu-{i}"))
-                // Attention tasks keep 256 KiB of scratch on their stack, and a thread
+                // Attention tasks keep 512 KiB of scratch on their stack, and a thread
                 // waiting inside one (a GEMM's join) may steal and run another on top of
                 // it: up to one frame per task of the pass. Rust's default 2 MiB
                 // overflowed with 16 threads (trainer/tests/threads.rs); the stack is

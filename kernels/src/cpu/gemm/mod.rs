@@ -39,11 +39,16 @@
 //!
 //! # Threads
 //! Called inside a rayon pool (the CPU executor runs every step inside its own), a product
-//! whose `MC × NC × KC` blocks are large enough spreads the micro-tiles of each block over the
-//! pool's threads; the packed panels are shared, so the workspace is the same as for one
-//! thread. Outside any pool it runs on the calling thread alone. Every element of `C` is still
-//! summed by one micro-kernel call per `KC` block in the order below, so the result is
-//! bit-identical for any number of threads.
+//! whose `m × NC × KC` panels are large enough spreads each panel over the pool's threads
+//! (`panel_threaded`): the threads pack the panel of B together into the workspace, then each
+//! task packs one `MC`-row block of A into a block on its own thread's stack (144 KiB for f32,
+//! 288 KiB for f64) and multiplies it by a run of the shared panel's micro-panels. So the
+//! workspace is the same as for one thread, and the threads wait for each other twice a panel
+//! rather than once per block of rows (they used to share each block's tiles), which matters
+//! most on a loaded machine, where any wait can be a descheduled thread's time slice. Outside
+//! any pool it runs on the calling thread alone. Every element of `C` is still summed by one
+//! micro-kernel call per `KC` block in the order below, so the result is bit-identical for
+//! any number of threads.
 //!
 //! # Determinism
 //! Every element of `C` is summed in one fixed order that depends only on `k`: the products
@@ -716,60 +721,38 @@ unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
             let kc = KC.min(p.k - pc);
             // Later k blocks add to what the earlier ones left in C.
             let beta = if pc == 0 { p.beta } else { E::ONE };
-            pack_b::<E, K>(
-                kc,
+            let panel = Panel {
+                jc,
                 nc,
-                p.b.add(pc * p.brs + jc * p.bcs),
-                p.brs,
-                p.bcs,
-                bpack,
-            );
-            let mut ic = 0;
-            while ic < p.m {
-                let mc = mc_max.min(p.m - ic);
-                pack_a::<E, K>(
-                    mc,
+                pc,
+                kc,
+                beta,
+            };
+            if threads > 1 && p.m * nc * kc >= PARALLEL_WORK && p.m * nc > K::MR * K::NR {
+                panel_threaded::<E, K>(p, panel, bpack, threads);
+            } else {
+                pack_b::<E, K>(
                     kc,
-                    p.a.add(ic * p.ars + pc * p.acs),
-                    p.ars,
-                    p.acs,
-                    apack,
+                    nc,
+                    p.b.add(pc * p.brs + jc * p.bcs),
+                    p.brs,
+                    p.bcs,
+                    bpack,
                 );
-                let (rows, cols) = (mc.div_ceil(K::MR), nc.div_ceil(K::NR));
-                // One micro-tile of the `mc × nc` block: tile `t` is row tile `t % rows` of
-                // column tile `t / rows` (the serial order walks the same tiles the same way).
-                let tile = |t: usize| {
-                    let (ir, jr) = ((t % rows) * K::MR, (t / rows) * K::NR);
-                    let (mr, nr) = (K::MR.min(mc - ir), K::NR.min(nc - jr));
-                    K::tile(
+                let mut ic = 0;
+                while ic < p.m {
+                    let mc = mc_max.min(p.m - ic);
+                    pack_a::<E, K>(
+                        mc,
                         kc,
-                        apack.add(ir * kc),
-                        bpack.add(jr * kc),
-                        p.c.add((ic + ir) * p.crs + (jc + jr) * p.ccs),
-                        p.crs,
-                        p.ccs,
-                        mr,
-                        nr,
-                        p.alpha,
-                        beta,
+                        p.a.add(ic * p.ars + pc * p.acs),
+                        p.ars,
+                        p.acs,
+                        apack,
                     );
-                };
-                if threads > 1 && mc * nc * kc >= PARALLEL_WORK && rows * cols > 1 {
-                    let shared = SendPtr(&tile);
-                    // SAFETY (of the tiles run on other threads): each tile writes its own
-                    // `mr × nr` corner of C (distinct elements, checked in gemm_typed) and only
-                    // reads the packed panels, which no tile writes; the closure's captures are
-                    // plain pointers and sizes, valid until the loop below returns.
-                    rayon::iter::ParallelIterator::for_each(
-                        rayon::iter::IntoParallelIterator::into_par_iter(0..rows * cols),
-                        |t| (*shared.get())(t),
-                    );
-                } else {
-                    for t in 0..rows * cols {
-                        tile(t);
-                    }
+                    block_tiles::<E, K>(p, panel, ic, mc, apack, bpack, 0..nc.div_ceil(K::NR));
+                    ic += mc_max;
                 }
-                ic += mc_max;
             }
             pc += KC;
         }
@@ -777,8 +760,130 @@ unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
     }
 }
 
-/// Multiply-adds a `mc × nc` block must hold before its tiles are spread over threads: below
-/// it, waking the pool's threads costs more than the tiles take (about 25 µs of one core).
+/// One `kc × nc` panel of B (columns from `jc`, reduction terms from `pc`) and the `β` its
+/// products update C with.
+#[derive(Clone, Copy)]
+struct Panel<E> {
+    jc: usize,
+    nc: usize,
+    pc: usize,
+    kc: usize,
+    beta: E,
+}
+
+/// The micro-tiles of the `mc` rows of C from `ic` (their A block packed at `apack`) and the
+/// micro-panels `panels` of the panel's B (packed at `bpack`): column panel by column panel,
+/// row tile by row tile.
+///
+/// # Safety
+/// As [`drive`]; `apack` holds the packed `mc × kc` block and `bpack` the packed panel.
+unsafe fn block_tiles<E: Elem, K: Kernel<E>>(
+    p: &Problem<E>,
+    w: Panel<E>,
+    ic: usize,
+    mc: usize,
+    apack: *const E,
+    bpack: *const E,
+    panels: std::ops::Range<usize>,
+) {
+    for jp in panels {
+        let jr = jp * K::NR;
+        let nr = K::NR.min(w.nc - jr);
+        for ir in (0..mc).step_by(K::MR) {
+            K::tile(
+                w.kc,
+                apack.add(ir * w.kc),
+                bpack.add(jr * w.kc),
+                p.c.add((ic + ir) * p.crs + (w.jc + jr) * p.ccs),
+                p.crs,
+                p.ccs,
+                K::MR.min(mc - ir),
+                nr,
+                p.alpha,
+                w.beta,
+            );
+        }
+    }
+}
+
+/// A packed `MC × KC` block of A on a thread's stack, cache-line aligned.
+#[repr(C, align(64))]
+struct StackBlock<E>([E; MC * KC]);
+
+/// One panel of the product on the pool's threads: the panel of B is packed once, its
+/// micro-panels split over the threads; then tasks of (a block of `MC` rows, a run of B's
+/// micro-panels), about three a thread, each pack their rows of A into a block on their own
+/// stack and multiply it by their micro-panels. Two waits a panel, however many row blocks,
+/// so a thread the machine's load delays holds the others back twice a panel, not at every
+/// block. Every tile is the one micro-kernel call the serial path makes, so the bits are too.
+///
+/// # Safety
+/// As [`drive`].
+unsafe fn panel_threaded<E: Elem, K: Kernel<E>>(
+    p: &Problem<E>,
+    w: Panel<E>,
+    bpack: *mut E,
+    threads: usize,
+) {
+    use rayon::prelude::*;
+    let mc_max = MC / K::MR * K::MR;
+    let panels = w.nc.div_ceil(K::NR);
+    let packers = threads.min(panels);
+    let pack = |t: usize| {
+        let (p0, p1) = (panels * t / packers, panels * (t + 1) / packers);
+        let (j0, j1) = (p0 * K::NR, (p1 * K::NR).min(w.nc));
+        if j0 < j1 {
+            pack_b::<E, K>(
+                w.kc,
+                j1 - j0,
+                p.b.add(w.pc * p.brs + (w.jc + j0) * p.bcs),
+                p.brs,
+                p.bcs,
+                bpack.add(j0 * w.kc),
+            );
+        }
+    };
+    let shared = SendPtr(&pack);
+    // SAFETY (of the packers run on other threads): each packs its own micro-panels, whole
+    // ones (runs start at multiples of NR), into its own part of the workspace, and reads only
+    // B, which nothing writes; the captures stay valid until the loop returns.
+    (0..packers)
+        .into_par_iter()
+        .for_each(|t| (*shared.get())(t));
+    let row_blocks = p.m.div_ceil(mc_max);
+    let runs = (3 * threads).div_ceil(row_blocks).clamp(1, panels);
+    let task = |t: usize| {
+        let (rb, run) = (t / runs, t % runs);
+        let ic = rb * mc_max;
+        let mc = mc_max.min(p.m - ic);
+        let mut block = std::mem::MaybeUninit::<StackBlock<E>>::uninit();
+        let apack = block.as_mut_ptr().cast::<E>();
+        // The packed block holds round_up(mc, MR)·kc ≤ MC·KC elements, all written here
+        // (padding rows included), and the tiles read no others.
+        pack_a::<E, K>(
+            mc,
+            w.kc,
+            p.a.add(ic * p.ars + w.pc * p.acs),
+            p.ars,
+            p.acs,
+            apack,
+        );
+        let range = panels * run / runs..panels * (run + 1) / runs;
+        block_tiles::<E, K>(p, w, ic, mc, apack, bpack, range);
+    };
+    let shared = SendPtr(&task);
+    // SAFETY (of the tasks run on other threads): each writes the tiles of its own rows and
+    // micro-panels of C (distinct elements, checked in gemm_typed) and its own stack block,
+    // and reads A and the packed panel, which no task writes; the captures are plain pointers
+    // and sizes, valid until the loop returns.
+    (0..row_blocks * runs)
+        .into_par_iter()
+        .for_each(|t| (*shared.get())(t));
+}
+
+/// Multiply-adds a panel (all rows of C against one `kc × nc` panel of B) must hold before
+/// it is spread over threads: below it, waking the pool's threads costs more than the tiles
+/// take (about 25 µs of one core).
 const PARALLEL_WORK: usize = 1 << 20;
 
 /// Packs the `kc × nc` block of B at `src` (strides `rs`, `cs`) as micro-panels of `NR`

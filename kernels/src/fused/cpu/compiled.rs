@@ -41,7 +41,8 @@
 //! row folds through the interpreter's own accumulation functions (`acc_run` and `slot_op`: the
 //! eight interleaved partials, blocks of [`RUN_BLOCK`](crate::cpu::reduce::RUN_BLOCK) and the cascade), one row at a time,
 //! whichever rows share a chunk. Elementwise IEEE arithmetic gives the same result vectorised
-//! or not, so a compiled kernel writes the interpreter's bits; the tests hold it to that on
+//! or not (at any vector width: each instruction's lane loops are compiled for the widest
+//! vectors the CPU has, [`crate::cpu::wide`]), so a compiled kernel writes the interpreter's bits; the tests hold it to that on
 //! random kernels, on their pieces for 1, 2 and 3 threads, and on whole training steps.
 //!
 //! # In place
@@ -52,6 +53,7 @@
 use super::columns::Columns;
 use super::rows::Program;
 use super::{check_buffer_counts, check_range, KernelError, ALIGN, R};
+use crate::cpu::wide::{widest, Wide};
 use crate::cpu::{Float, Num, Scalar};
 use crate::fused::{FusedKernel, Inst};
 use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
@@ -283,6 +285,7 @@ fn fold_const(code: Code, a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+#[inline(always)]
 fn bool_f32(b: bool) -> f32 {
     if b {
         1.0
@@ -802,7 +805,46 @@ pub(super) fn apply_lanes<'a>(
     Ok(())
 }
 
+/// The lane loops of one instruction, compiled for the widest vectors this CPU has
+/// ([`crate::cpu::wide`]; the same bits at every width).
+enum Lanes<'a, 'o> {
+    Unary(UnaryOp, Val<'a>, &'o mut [f32]),
+    Binary(BinaryOp, Val<'a>, Val<'a>, &'o mut [f32]),
+    Compare(CmpOp, Val<'a>, Val<'a>, &'o mut [f32]),
+    Select(Val<'a>, Val<'a>, Val<'a>, &'o mut [f32]),
+}
+
+impl Wide for Lanes<'_, '_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        match self {
+            Lanes::Unary(op, a, o) => unary_loops(op, a, o),
+            Lanes::Binary(op, a, b, o) => binary_loops(op, a, b, o),
+            Lanes::Compare(op, a, b, o) => compare_loops(op, a, b, o),
+            Lanes::Select(c, a, b, o) => select_loops(c, a, b, o),
+        }
+    }
+}
+
 pub(super) fn unary_lanes(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
+    widest(Lanes::Unary(op, a, o))
+}
+
+pub(super) fn binary_lanes(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+    widest(Lanes::Binary(op, a, b, o))
+}
+
+pub(super) fn compare_lanes(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+    widest(Lanes::Compare(op, a, b, o))
+}
+
+pub(super) fn select_lanes(c: Val<'_>, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+    widest(Lanes::Select(c, a, b, o))
+}
+
+#[inline(always)]
+fn unary_loops(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
     match op {
         UnaryOp::Neg => map1(a, o, <f32 as Num>::neg),
         UnaryOp::Exp => map1(a, o, <f32 as Float>::exp),
@@ -814,7 +856,8 @@ pub(super) fn unary_lanes(op: UnaryOp, a: Val<'_>, o: &mut [f32]) {
     }
 }
 
-pub(super) fn binary_lanes(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+#[inline(always)]
+fn binary_loops(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     match op {
         BinaryOp::Add => map2(a, b, o, <f32 as Scalar>::add),
         BinaryOp::Sub => map2(a, b, o, <f32 as Num>::sub),
@@ -825,7 +868,8 @@ pub(super) fn binary_lanes(op: BinaryOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) 
     }
 }
 
-pub(super) fn compare_lanes(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+#[inline(always)]
+fn compare_loops(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     match op {
         CmpOp::Lt => map2(a, b, o, |x, y| bool_f32(x < y)),
         CmpOp::Le => map2(a, b, o, |x, y| bool_f32(x <= y)),
@@ -837,7 +881,8 @@ pub(super) fn compare_lanes(op: CmpOp, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
 }
 
 /// `select` moves the operands' bits (as the interpreter's does), whatever they hold.
-pub(super) fn select_lanes(c: Val<'_>, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
+#[inline(always)]
+fn select_loops(c: Val<'_>, a: Val<'_>, b: Val<'_>, o: &mut [f32]) {
     let pick = |c: f32, a: f32, b: f32| if c != 0.0 { a } else { b };
     match (c, a, b) {
         (Val::One(c), a, b) => map1(if c != 0.0 { a } else { b }, o, |x| x),
