@@ -24,6 +24,7 @@
 use super::expr::{accumulate, identity, reduce_op};
 use super::layout::{FILL, MAX_SHARED};
 use super::loads::{Addresses, Spaces};
+use super::loops::THREAD_BLOCK;
 use super::passes::Passes;
 use super::rowvec::{lane_bits, vector_type};
 use super::vec4::vec4_type;
@@ -55,7 +56,8 @@ impl Analysis<'_> {
     /// one pass and no full output, the innermost axis of size > 1 (kept) a multiple of the
     /// width, and every input the loop reads either contiguous along it (stride 1, a vector
     /// type, each row's first element aligned to the width: its offset and its other strides
-    /// are multiples of it, buffers being 256-byte aligned) or broadcast along it (stride 0).
+    /// are multiples of it, buffers being 256-byte aligned) or broadcast along it (stride 0);
+    /// and at most [`THREAD_BLOCK`] terms a thread.
     pub(super) fn column_vectors(&self, p: &Passes) -> Option<ColumnVectors> {
         let k = self.k;
         if self.strategy != Strategy::Columns
@@ -97,11 +99,15 @@ impl Analysis<'_> {
         let wide = dims[l].is_multiple_of(8)
             && (k.inputs.iter().enumerate())
                 .all(|(m, inp)| !vector[m] || (eight(inp.dtype) && aligned(m, 8)));
-        Some(ColumnVectors {
+        let cv = ColumnVectors {
             l,
             width: if wide { 8 } else { 4 },
             vector,
-        })
+        };
+        // A thread's share longer than THREAD_BLOCK terms is summed in cascaded blocks by the
+        // column strategy ([`super::loops`]), accurate at any length: such columns stay there.
+        let (_, y) = self.column_vector_block(&cv, p.reds.len());
+        (self.n.div_ceil(y) <= THREAD_BLOCK).then_some(cv)
     }
 
     /// The block `(X, Y)` of a kernel several rows a thread: the column strategy's threads
