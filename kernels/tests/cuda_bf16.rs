@@ -341,8 +341,10 @@ fn a_bf16_column_sum_and_a_bf16_transpose_keep_float_registers() {
     assert_eq!(cuda::strategy(&k).unwrap(), Strategy::Columns);
     let s = cuda::fused(&k).unwrap().source;
     assert!(s.contains("__shared__ float sm3["), "{s}");
-    assert_eq!(def(&s, 2), "const float v2 = a2;");
-    assert_eq!(def(&s, 3), "const float v3 = ig_round(a3);");
+    // Eight columns a thread (kernels/src/cuda/fused/colvec.rs): lane 0's sums are `a{r}_0`.
+    assert!(s.contains("8 rows a thread"), "{s}");
+    assert_eq!(def(&s, 2), "const float v2 = a2_0;");
+    assert_eq!(def(&s, 3), "const float v3 = ig_round(a3_0);");
     // A transposing copy of bf16 goes through float tiles and stores 2 bytes.
     let (a, b) = (512, 2048);
     let k = kernel(

@@ -1032,9 +1032,10 @@ fn a_last_axis_softmax_uses_the_row_strategy_and_a_column_sum_the_column_strateg
     let s = cuda::fused(&softmax(64, 1000)).unwrap();
     assert_eq!(s.launch.grid, [64, 1, 1]);
     assert_eq!(s.launch.block, [256, 1, 1]);
+    // Eight rows across a block or more (a thread may take several: `rows_a_thread`).
     let c = cuda::fused(&column_sum(8192, 768)).unwrap();
     assert!(
-        c.launch.block[0] >= 8 && c.launch.block[1] > 1,
+        c.launch.block[0] as usize * rows_a_thread(&c.source) >= 8 && c.launch.block[1] > 1,
         "{:?}",
         c.launch
     );
@@ -1096,8 +1097,9 @@ fn launch_shapes_cover_the_work_within_the_limits() {
                 assert!(bx.is_multiple_of(32) && bx <= 1024, "{name}: {l:?}");
             }
             Strategy::Columns => {
-                assert!(grid * bx >= rows, "{name}: {l:?} for {rows} rows");
-                assert!(bx >= 8 && l.block[1] >= 2, "{name}: {l:?}");
+                let across = bx * rows_a_thread(&c.source);
+                assert!(grid * across >= rows, "{name}: {l:?} for {rows} rows");
+                assert!(across >= 8 && l.block[1] >= 2, "{name}: {l:?}");
             }
         }
     }
@@ -1947,4 +1949,16 @@ fn a_warp_a_row_caches_its_lanes_elements_in_vectors() {
         assert!(!default.contains("const unsigned rr = "), "{default}");
         syntax_check("warp_a_row", &[c]);
     }
+}
+
+/// Rows each thread of a column kernel takes, as its header says ("W rows a thread",
+/// kernels/src/cuda/fused/colvec.rs), else 1.
+fn rows_a_thread(source: &str) -> usize {
+    source
+        .split(" rows a thread")
+        .next()
+        .filter(|head| head.len() < source.len())
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1)
 }

@@ -148,3 +148,119 @@ fn the_emulated_whole_column_reductions_with_a_full_output_compute_what_the_cpu_
         assert!(launches <= 1, "{tag}: {launches} launches");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Several rows a thread (kernels/src/cuda/fused/colvec.rs): a batch norm's reductions over
+// channels-last data, the channels contiguous.
+
+/// A batch norm's statistic over `dims` (`[.., c]`, every axis but the last reduced):
+/// `Σ (x - mean)²` with `x` in `dtype` and `mean` one f32 a channel, or `Σ x` without it.
+fn channel_statistic(dims: &[usize], dtype: DType, centred: bool) -> FusedKernel {
+    let mut b = cols(dims);
+    let x = load(&mut b, dtype, false);
+    let s = if centred {
+        let last = dims.len() - 1;
+        let mi = b.input_bcast(DType::F32, &(0..last).collect::<Vec<_>>());
+        let mean = b.load(mi);
+        let xc = b.bin(BinaryOp::Sub, x, mean);
+        let sq = b.bin(BinaryOp::Mul, xc, xc);
+        b.sum(sq)
+    } else {
+        b.sum(x)
+    };
+    b.outputs(&[s]).done()
+}
+
+/// A batch norm's masked weight and bias gradients over `dims`: `dy = mask ? 0 : g`, then
+/// `Σ dy` and `Σ dy · x` (a bool mask, `g` in f32, `x` in bf16).
+fn masked_gradients(dims: &[usize]) -> FusedKernel {
+    let mut b = cols(dims);
+    let mi = b.whole(DType::Bool);
+    let mask = b.load(mi);
+    let g = load(&mut b, DType::F32, false);
+    let x = load(&mut b, DType::BF16, false);
+    let zero = b.konst(0.0);
+    let dy = b.push(ingot_kernels::fused::Inst::Select {
+        cond: mask,
+        a: zero,
+        b: g,
+    });
+    let t = b.bin(BinaryOp::Mul, dy, x);
+    let (s, st) = (b.sum(dy), b.sum(t));
+    b.outputs(&[s, st]).done()
+}
+
+/// Inputs for `k`: values from [`block_emu::values`], bools every third element.
+fn inputs_of(k: &FusedKernel) -> Vec<Vec<u8>> {
+    (k.inputs.iter().enumerate())
+        .map(|(n, inp)| match inp.dtype {
+            DType::Bool => (0..inp.len).map(|i| u8::from(i % 3 == 0)).collect(),
+            d => block_emu::encode(d, &block_emu::values(inp.len, n as u64 + 1)),
+        })
+        .collect()
+}
+
+/// `k`'s program in the emulation against the CPU interpreter (as [`check`]); returns
+/// whether every launch went several rows a thread (`None` without the emulation).
+fn check_rows_a_thread(tag: &str, k: &FusedKernel) -> Option<bool> {
+    let ins = inputs_of(k);
+    let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
+    let want = run_buffers(k, &refs).unwrap();
+    let p = cuda::fused_program(k).unwrap();
+    let vectors = (p.launches.iter()).all(|l| l.kernel.source.contains("rows a thread"));
+    let (got, _) = emulate(tag, k, &ins)?;
+    block_emu::assert_outputs_match(tag, k, &got, &want);
+    Some(vectors)
+}
+
+#[test]
+fn channels_last_batch_norm_statistics_read_several_channels_a_thread_and_match_the_cpu() {
+    // bf16 eight channels a thread (72, 64 and 88 channels), f32 four (68, 76); whole kernels
+    // (150 terms a channel) and split ones (2,400 and 3,700); 88 channels leave the last
+    // block's threads past the channels' end.
+    for (tag, dims, dtype, centred) in [
+        ("cv_bf16_sum", vec![3, 50, 72], DType::BF16, false),
+        ("cv_bf16_var", vec![3, 50, 72], DType::BF16, true),
+        ("cv_bf16_split", vec![4, 600, 64], DType::BF16, true),
+        ("cv_bf16_88", vec![2, 37, 88], DType::BF16, true),
+        ("cv_f32_var", vec![5, 37, 68], DType::F32, true),
+        ("cv_f32_split", vec![4, 925, 76], DType::F32, false),
+    ] {
+        let k = channel_statistic(&dims, dtype, centred);
+        if let Some(v) = check_rows_a_thread(tag, &k) {
+            assert!(v, "{tag}: some launch reads one channel a thread");
+        }
+    }
+}
+
+#[test]
+fn column_reductions_whose_channels_do_not_come_in_fours_keep_one_a_thread() {
+    // 66 and 67 channels: no vector fits; still the CPU's sums.
+    for (tag, dims) in [("c1_66", vec![7, 33, 66]), ("c1_67", vec![3, 40, 67])] {
+        let k = channel_statistic(&dims, DType::BF16, true);
+        let p = cuda::fused_program(&k).unwrap();
+        assert!(
+            (p.launches.iter()).all(|l| !l.kernel.source.contains("rows a thread")),
+            "{tag}"
+        );
+        check(tag, &k);
+    }
+}
+
+#[test]
+fn masked_weight_and_bias_gradients_read_mask_gradient_and_input_as_vectors_and_match_the_cpu() {
+    // An f32 input among them: four channels a thread (a float4, an uchar4, an ushort4).
+    for (tag, dims) in [
+        ("cv_wb", vec![3, 45, 96]),
+        ("cv_wb_split", vec![2, 1100, 80]),
+    ] {
+        let k = masked_gradients(&dims);
+        let p = cuda::fused_program(&k).unwrap();
+        assert!(
+            p.launches[0].kernel.source.contains("4 rows a thread"),
+            "{tag}: {}",
+            p.launches[0].kernel.source
+        );
+        check_rows_a_thread(tag, &k);
+    }
+}

@@ -7,7 +7,9 @@
 //! cargo run --release -p ingot-testkit --example cuda_kernels [-- [--variants] MODEL... | --random N | --scatter]
 //! ```
 //! Models default to `mlp gpt-mini gpt2`; `--precision bf16` (or tf32) and
-//! `--no-fuse-attention` (attention as the plain math) compile them so instead. `--variants`
+//! `--no-fuse-attention` (attention as the plain math) and `--channels-last` (every
+//! convolution's tensors channels-last, as the trainer stores them where cuDNN runs them)
+//! compile them so instead. `--variants`
 //! also runs every row-strategy kernel with full outputs and rows of at most 8192 elements at
 //! each other thread count per row (32 to 1024), every elementwise kernel that goes four elements a thread at one, every column
 //! kernel at each other number of rows a block, and guarded kernels unguarded, checked and
@@ -29,6 +31,8 @@ fn main() {
     }
     let plain_attention = args.iter().any(|a| a == "--no-fuse-attention");
     args.retain(|a| a != "--no-fuse-attention");
+    let channels_last = args.iter().any(|a| a == "--channels-last");
+    args.retain(|a| a != "--channels-last");
     let mut precision = None;
     if let Some(at) = args.iter().position(|a| a == "--precision") {
         let name = args.get(at + 1).cloned().unwrap_or_default();
@@ -57,6 +61,7 @@ fn main() {
             let opts = ingot_compiler::pipeline::Options {
                 precision: Some(precision.unwrap_or(ingot_compiler::precision::Precision::F32)),
                 fuse_attention: !plain_attention,
+                channels_last: channels_last.into(),
                 ..Default::default()
             };
             Source::Models(args, opts)

@@ -23,7 +23,9 @@
 //!   loads stay in registers), [`loops`] (the loop nest: rows, then a thread's elements of
 //!   the row), [`guards`] (which loads are read only where a select needs them), [`loads`]
 //!   (index spaces, row bases, addresses and the register cache), [`fold`] (combining the
-//!   threads' partials), [`store`] (the outputs) and [`text`] (the finished text);
+//!   threads' partials), [`store`] (the outputs) and [`text`] (the finished text); a
+//!   single-pass column reduction over contiguous channels goes several rows a thread
+//!   instead ([`colvec`]: a vector load where the column strategy reads one element);
 //! - shared by all: [`space`] (index spaces over some of the domain's axes) and [`expr`] (the
 //!   right-hand side of one instruction).
 
@@ -32,6 +34,7 @@ use crate::fused::FusedKernel;
 use analysis::Analysis;
 
 mod analysis;
+mod colvec;
 mod elementwise;
 mod expr;
 mod fold;

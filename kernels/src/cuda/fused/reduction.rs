@@ -56,6 +56,9 @@ impl Analysis<'_> {
             return Ok(self.empty());
         }
         let p = self.passes();
+        if let Some(cv) = self.column_vectors(&p) {
+            return self.column_vector_kernel(&p, &cv);
+        }
         let shape = self.shape(&p)?;
         let sp = self.spaces(&p);
 

@@ -402,21 +402,7 @@ impl Analysis<'_> {
     /// Lane `q` of input `input`'s vector `l{input}`, widened to its register type.
     fn vector_lane(&self, plan: &Plan, input: usize, q: usize) -> String {
         let dtype = self.k.inputs[input].dtype;
-        let bits = match (plan.vector_width(), dtype) {
-            // Four bools a 32-bit component, the first in its lowest byte.
-            (8, DType::Bool) => format!(
-                "(unsigned char)((l{input}.{} >> {}u) & 0xffu)",
-                COMPONENTS[q / 4],
-                8 * (q % 4)
-            ),
-            // Two bf16 a 32-bit component, the first in its low half.
-            (8, _) if q.is_multiple_of(2) => {
-                format!("(unsigned short)(l{input}.{} & 0xffffu)", COMPONENTS[q / 2])
-            }
-            (8, _) => format!("(unsigned short)(l{input}.{} >> 16)", COMPONENTS[q / 2]),
-            _ => format!("l{input}.{}", COMPONENTS[q]),
-        };
-        widened(dtype, bits)
+        widened(dtype, lane_bits(plan.vector_width(), dtype, input, q))
     }
 
     /// The lanes' bodies of a loop a vector at a time, `body(lane, loaded)` writing each: every
@@ -512,9 +498,28 @@ fn at_jb(base: &str) -> String {
     }
 }
 
+/// Lane `q` of the vector `l{input}` of `width` elements of `dtype`, as its bits in memory
+/// (to be widened): eight bf16 are two to each 32-bit component of an `uint4`, the first in
+/// its low half; eight bools four to each component of an `uint2`, the first in its lowest
+/// byte; four elements a component each.
+pub(super) fn lane_bits(width: usize, dtype: DType, input: usize, q: usize) -> String {
+    match (width, dtype) {
+        (8, DType::Bool) => format!(
+            "(unsigned char)((l{input}.{} >> {}u) & 0xffu)",
+            COMPONENTS[q / 4],
+            8 * (q % 4)
+        ),
+        (8, _) if q.is_multiple_of(2) => {
+            format!("(unsigned short)(l{input}.{} & 0xffffu)", COMPONENTS[q / 2])
+        }
+        (8, _) => format!("(unsigned short)(l{input}.{} >> 16)", COMPONENTS[q / 2]),
+        _ => format!("l{input}.{}", COMPONENTS[q]),
+    }
+}
+
 /// The CUDA type of a vector of `width` elements of `d` in memory: [`vec4_type`]'s, or
 /// eight bf16 as an `uint4`, eight bools as an `uint2`.
-fn vector_type(d: DType, width: usize) -> &'static str {
+pub(super) fn vector_type(d: DType, width: usize) -> &'static str {
     match (width, d) {
         (8, DType::Bool) => "uint2",
         (8, _) => "uint4",
