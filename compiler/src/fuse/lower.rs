@@ -53,6 +53,11 @@ pub type Reads = Vec<(NodeId, bool)>;
 pub struct Lowered {
     pub kernel: FusedKernel,
     pub inputs: Vec<NodeId>,
+    /// Instructions of the body that were outputs until fusion dropped their store (nothing
+    /// else loads them, [`super::unread`]): their bf16 values are still read rounded, as
+    /// stored ([`super::widen::bf16_arithmetic_in_f32_keeping`]). Empty but from
+    /// [`lower_unstored`].
+    pub unstored: Vec<usize>,
 }
 
 /// Lowers `roots` (sorted) over `domain`. `mat` says which values are buffers. On failure,
@@ -87,6 +92,29 @@ pub fn lower_reading(
     mat: &[bool],
     roots: &[NodeId],
     domain: &Domain,
+) -> Result<(Lowered, Vec<NodeId>, Reads), Vec<NodeId>> {
+    lower_inner(g, mat, roots, domain, &[])
+}
+
+/// As [`lower`], for `roots` that were a group's with `unstored` too until fusion dropped
+/// their stores ([`super::unread`]): each of `unstored` the body computes (in the domain's
+/// own coordinates) is listed in [`Lowered::unstored`], to be rounded as it was stored.
+pub fn lower_unstored(
+    g: &Graph,
+    mat: &[bool],
+    roots: &[NodeId],
+    domain: &Domain,
+    unstored: &[NodeId],
+) -> Result<Lowered, Vec<NodeId>> {
+    lower_inner(g, mat, roots, domain, unstored).map(|(l, _, _)| l)
+}
+
+fn lower_inner(
+    g: &Graph,
+    mat: &[bool],
+    roots: &[NodeId],
+    domain: &Domain,
+    unstored: &[NodeId],
 ) -> Result<(Lowered, Vec<NodeId>, Reads), Vec<NodeId>> {
     let mut l = Lowerer {
         g,
@@ -159,7 +187,16 @@ pub fn lower_reading(
     interior.sort();
     interior.dedup();
     // The interior's filter read `mat` only at memoized values, each entered (and read) above.
-    Ok((Lowered { kernel, inputs }, interior, l.read))
+    let identity = Map::identity(l.rank);
+    let unstored = (unstored.iter())
+        .filter_map(|&v| l.memo.get(&(v, identity.clone())).copied())
+        .collect();
+    let lowered = Lowered {
+        kernel,
+        inputs,
+        unstored,
+    };
+    Ok((lowered, interior, l.read))
 }
 
 fn dedup(mut v: Vec<NodeId>) -> Vec<NodeId> {

@@ -451,7 +451,8 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                     .iter()
                     .map(|x| new_id.get(x).copied().ok_or_else(|| missing(*x)))
                     .collect::<Result<_, _>>()?;
-                let k = widen::bf16_arithmetic_in_f32(&gr.lowered.kernel);
+                let k =
+                    widen::bf16_arithmetic_in_f32_keeping(&gr.lowered.kernel, &gr.lowered.unstored);
                 let k = triangle::structural_zero_products(&k);
                 let outs: Vec<TensorType> = k
                     .output_rows()

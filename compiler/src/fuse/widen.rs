@@ -41,6 +41,13 @@ use ingot_kernels::DType;
 /// `k` with its bf16 arithmetic done in f32 (see the module docs); `k` itself when it has no
 /// bf16 instruction.
 pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
+    bf16_arithmetic_in_f32_keeping(k, &[])
+}
+
+/// As [`bf16_arithmetic_in_f32`], the bf16 values of instructions `unstored` also read rounded
+/// by the rest of the kernel, as if it stored them: values whose store fusion dropped because
+/// nothing else loads them ([`super::unread`]), so that dropping a store changes no value.
+pub fn bf16_arithmetic_in_f32_keeping(k: &FusedKernel, unstored: &[usize]) -> FusedKernel {
     let dtypes = k.dtypes();
     if !dtypes.contains(&DType::BF16) {
         return k.clone();
@@ -62,8 +69,13 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
         });
     }
     let mut stored = vec![false; k.body.len()];
-    for o in &k.outputs {
-        stored[o.value] = dtypes[o.value] == DType::BF16 && read[o.value].get();
+    for v in k
+        .outputs
+        .iter()
+        .map(|o| o.value)
+        .chain(unstored.iter().copied())
+    {
+        stored[v] = dtypes[v] == DType::BF16 && read[v].get();
     }
     for (i, inst) in k.body.iter().enumerate() {
         let at = |j: usize| new[j];
@@ -418,11 +430,9 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_bf16_value_its_kernel_stores_is_read_rounded_by_the_rest_of_the_kernel() {
-        // e = exp(x), stored; y = e * e + 1, stored: y is computed from the e another kernel
-        // loads, not from exp's unrounded f32 (random step 1074914's max and its gradient).
-        let k = FusedKernel {
+    /// e = exp(x), y = e * e + 1 over four bf16 values, both stored.
+    fn exp_then_square() -> FusedKernel {
+        FusedKernel {
             domain: vec![4],
             reduce_axes: vec![],
             inputs: vec![input(DType::BF16, 4)],
@@ -448,9 +458,15 @@ mod tests {
                 },
             ],
             outputs: vec![Output { value: 1 }, Output { value: 4 }],
-        };
+        }
+    }
+
+    #[test]
+    fn a_bf16_value_its_kernel_stores_is_read_rounded_by_the_rest_of_the_kernel() {
+        // e = exp(x), stored; y = e * e + 1, stored: y is computed from the e another kernel
+        // loads, not from exp's unrounded f32 (random step 1074914's max and its gradient).
         let x = [0.3f32, -1.7, 0.01, 2.5];
-        let w = bf16_arithmetic_in_f32(&k);
+        let w = bf16_arithmetic_in_f32(&exp_then_square());
         w.check().unwrap();
         let out = ingot_kernels::fused::cpu::run_buffers(&w, &[&bf16_bytes(&x)]).unwrap();
         let bf16s = |b: &[u8]| -> Vec<f32> {
@@ -471,6 +487,23 @@ mod tests {
             quantize_bf16(e * e + 1.0)
         });
         assert!(unrounded.zip(&y).any(|(a, b)| a != *b));
+    }
+
+    #[test]
+    fn a_bf16_value_whose_store_was_dropped_is_read_rounded_as_when_it_was_stored() {
+        // The kernel above less its output `e` (fuse::unread: nothing else loads it), `e`
+        // listed as unstored: `y` comes out as when `e` was stored (random steps 1498461 and
+        // 1686696 moved when the dropped `e` was read unrounded).
+        let stored = bf16_arithmetic_in_f32(&exp_then_square());
+        let mut k = exp_then_square();
+        k.outputs.remove(0);
+        let dropped = bf16_arithmetic_in_f32_keeping(&k, &[1]);
+        dropped.check().unwrap();
+        let x = bf16_bytes(&[0.3f32, -1.7, 0.01, 2.5]);
+        let run = |k: &FusedKernel| ingot_kernels::fused::cpu::run_buffers(k, &[&x]).unwrap();
+        assert_eq!(run(&dropped)[0], run(&stored)[1]);
+        // The case needs the unrounded `e` to give another `y`.
+        assert_ne!(run(&bf16_arithmetic_in_f32(&k))[0], run(&stored)[1]);
     }
 
     #[test]

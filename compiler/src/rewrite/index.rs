@@ -25,8 +25,8 @@ pub const CONSTANT: u64 = 1 << 63;
 #[derive(Debug, Default)]
 pub struct ClassIndex {
     classes: Vec<(Id, u64)>,
-    /// The e-graph's class and node counts when the index was built: a searcher finding other
-    /// counts (an index that missed a change) searches every class instead.
+    /// The e-graph's [`fingerprint`] when the index was built: a searcher finding another
+    /// (an index that missed a change) searches every class instead.
     built_for: (usize, usize),
 }
 
@@ -41,12 +41,21 @@ pub fn class_bits(class: &egg::EClass<ENode, Data>) -> u64 {
         }
 }
 
+/// What changes whenever `eg` does, read without visiting its classes: its class count, which
+/// every union lowers, and the length of its list of added e-nodes, which every new e-node
+/// lengthens and nothing shortens. (egg's `total_number_of_nodes`, used before, walks the
+/// whole class table, and every rule's search asked for it: a pass over every class per rule
+/// and iteration, tens of megabytes at 200 layers of a narrow GPT, issue 53.)
+fn fingerprint(eg: &EGraph) -> (usize, usize) {
+    (eg.number_of_classes(), eg.nodes().len())
+}
+
 impl ClassIndex {
     /// Indexes `eg` (clean: rebuilt since its last change); stored in its analysis.
     pub fn build(eg: &mut EGraph) {
         let mut classes: Vec<(Id, u64)> = eg.classes().map(|c| (c.id, class_bits(c))).collect();
         classes.sort_unstable_by_key(|&(id, _)| id);
-        let built_for = (eg.number_of_classes(), eg.total_number_of_nodes());
+        let built_for = fingerprint(eg);
         eg.analysis.index = ClassIndex { classes, built_for };
     }
 
@@ -54,7 +63,7 @@ impl ClassIndex {
     /// when it was built for this e-graph, else from every class.
     pub fn matching(eg: &EGraph, roots: u64) -> Vec<Id> {
         let index = &eg.analysis.index;
-        if index.built_for == (eg.number_of_classes(), eg.total_number_of_nodes()) {
+        if index.built_for == fingerprint(eg) {
             return (index.classes.iter())
                 .filter(|&&(_, bits)| bits & roots != 0)
                 .map(|&(id, _)| id)
