@@ -48,8 +48,8 @@ pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
 pub use window::{
-    conv_least_bytes, conv_workspace, conv_workspace_least, conv_workspace_within, cudnn_least,
-    planned_conv_workspace, pool_pick_workspace, ConvWorkspace, COLUMN_BUDGET, CUDNN_FLOOR,
+    conv_workspace, conv_workspace_least, conv_workspace_within, planned_conv_workspace,
+    pool_pick_workspace, ConvWorkspace, COLUMN_BUDGET,
 };
 pub use workspace::{
     attention_shape, attention_supported, kernel_shape, workspace_bytes, workspace_need,

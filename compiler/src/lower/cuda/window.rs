@@ -80,52 +80,10 @@ pub fn pool_pick_workspace(g: &Graph, id: NodeId) -> Option<usize> {
     kernels::pool_pick_bytes(&p)
 }
 
-/// The smallest workspace convolution node `id`'s im2col path runs in: one image at a time.
+/// The smallest workspace convolution node `id` runs in: one image at a time.
 pub fn conv_workspace_least(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
     let (geometry, pass, e) = conv_parts(g, id)?;
     Some(layout(geometry, pass, e, 1))
-}
-
-/// Bytes every cuDNN-only convolution is planned at least, besides [`cudnn_filter_bytes`].
-pub const CUDNN_FLOOR: usize = 1 << 20;
-
-/// The least workspace convolution node `id` is planned: a channels-last convolution, which
-/// only cuDNN runs (it has no im2col fallback), [`cudnn_least`]; an NCHW one, its im2col
-/// path's one image at a time ([`conv_workspace_least`]), which its fallback needs.
-pub fn conv_least_bytes(g: &Graph, id: NodeId) -> Option<usize> {
-    let (geometry, pass, e) = conv_parts(g, id)?;
-    Some(match conv_layout(g, id)? {
-        ConvLayout::Nhwc => cudnn_least(&geometry, pass),
-        ConvLayout::Nchw => layout(geometry, pass, e, 1).total,
-    })
-}
-
-/// The workspace a cuDNN-only convolution keeps where the step's peak leaves no room for
-/// more: cuDNN's deterministic algorithms need none for the forward and data-gradient passes,
-/// and at most 4 bytes an element of the filter (an f32 accumulator) and 216 bytes for the
-/// filter gradient: measured for each of 1,040 convolutions of eight models on an H200 with
-/// cuDNN 9 (`runtime/examples/cudnn_offers.rs`; docs/benchmarks.md, session 37). Twice the
-/// filter's share and [`CUDNN_FLOOR`] leave room for other GPUs and versions. Where the
-/// peak leaves room the planner grants up to the im2col layout's ([`conv_workspace`]),
-/// which holds the algorithm cuDNN ranks first in most convolutions.
-pub fn cudnn_least(geometry: &ConvGeometry, pass: Pass) -> usize {
-    let filter = match pass {
-        Pass::GradWeight => {
-            8 * geometry.out_ch
-                * (geometry.in_ch / geometry.groups.max(1))
-                * geometry.kernel[0]
-                * geometry.kernel[1]
-        }
-        _ => 0,
-    };
-    align(CUDNN_FLOOR + filter)
-}
-
-fn conv_layout(g: &Graph, id: NodeId) -> Option<ConvLayout> {
-    match &g.node(id).op {
-        crate::ir::Op::Window(w) if w.conv().is_some() => Some(w.layout()),
-        _ => None,
-    }
 }
 
 /// The layout convolution node `id` runs in within `bytes` of planned workspace: the largest
@@ -333,21 +291,23 @@ impl Lowering<'_> {
         if let Some(p) = w.pool_geometry(x_dims) {
             return self.pool(id, w, &p, plan, inputs).map_err(codegen);
         }
-        let least = conv_least_bytes(g, id).ok_or_else(|| LowerError::Invalid {
+        let least = conv_workspace_least(g, id).ok_or_else(|| LowerError::Invalid {
             op,
             reason: "the operands do not make a convolution".into(),
         })?;
-        let no_workspace = || LowerError::Invalid {
-            op,
-            reason: format!(
-                "the plan gives this convolution no {least} bytes of workspace; plan the step \
-                 with the CUDA target's options (Target::Cuda.plan_options())"
-            ),
-        };
-        let ws = plan
+        // The chunk is the largest the planned workspace holds (the planner grants more
+        // than one image's where the step's peak leaves room).
+        let (ws, layout) = plan
             .workspace(id)
-            .filter(|w| w.bytes >= least)
-            .ok_or_else(no_workspace)?;
+            .and_then(|w| Some((w, conv_workspace_within(g, id, w.bytes)?)))
+            .ok_or_else(|| LowerError::Invalid {
+                op,
+                reason: format!(
+                    "the plan gives this convolution no {} bytes of workspace; plan the step \
+                     with the CUDA target's options (Target::Cuda.plan_options())",
+                    least.total
+                ),
+            })?;
         if here.bytes == 0 {
             return Ok(());
         }
@@ -357,27 +317,6 @@ impl Lowering<'_> {
                 op,
                 reason: format!("cuBLAS convolves f32, f64 or bf16 tensors of one dtype, not {d}"),
             })?;
-        let loc = |i: usize| self.location[node.inputs[i].index()];
-        let (a, b) = (loc(0).offset, loc(1).offset);
-        // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
-        // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
-        let conv_layout = w.layout();
-        if conv_layout == ConvLayout::Nhwc {
-            let (geo, pass, _) = conv_parts(g, id).ok_or_else(no_workspace)?;
-            self.push_conv(
-                id,
-                (geo, pass),
-                conv_layout,
-                (d, compute),
-                (a, b),
-                ws,
-                Vec::new(),
-            );
-            return Ok(());
-        }
-        // The chunk is the largest the planned workspace holds (the planner grants more
-        // than one image's where the step's peak leaves room).
-        let layout = conv_workspace_within(g, id, ws.bytes).ok_or_else(no_workspace)?;
         let geo = layout.geometry;
         let (s, e) = (layout.samples, d.size());
         let limit = i32::MAX as usize;
@@ -403,13 +342,23 @@ impl Lowering<'_> {
             offset: l.offset + c * s * per_image,
             bytes: s * per_image,
         };
+        let loc = |i: usize| self.location[node.inputs[i].index()];
         // The im2col ops are lowered as before, then taken out as the fallback of one cuDNN
         // operation in their place.
         let start = self.ops.len();
+        let (a, b) = (loc(0).offset, loc(1).offset);
         let chunks = geo.batch / s;
         let col_ld = s * p;
-        match layout.pass {
-            Pass::Forward => {
+        // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
+        // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
+        let conv_layout = w.layout();
+        let pass = match conv_layout {
+            ConvLayout::Nchw => Some(layout.pass),
+            ConvLayout::Nhwc => None,
+        };
+        match pass {
+            None => {}
+            Some(Pass::Forward) => {
                 let (x, wt) = (loc(0), loc(1));
                 let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
@@ -425,7 +374,7 @@ impl Lowering<'_> {
                     }
                 }
             }
-            Pass::GradInput => {
+            Some(Pass::GradInput) => {
                 let (dy, wt) = (loc(0), loc(1));
                 let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
@@ -441,7 +390,7 @@ impl Lowering<'_> {
                     self.launch_from_to(id, col2im.clone(), col, dxc);
                 }
             }
-            Pass::GradWeight => {
+            Some(Pass::GradWeight) => {
                 let (x, dy) = (loc(0), loc(1));
                 let (side_at, side_bytes) = layout.side.expect("a weight gradient's layout");
                 let side = Location {
@@ -473,44 +422,17 @@ impl Lowering<'_> {
         }
         let fallback: Vec<DeviceOp> = self.ops.drain(start..).collect();
         self.touches.truncate(start);
-        let geo_pass = (geo, layout.pass);
-        self.push_conv(
-            id,
-            geo_pass,
-            conv_layout,
-            (d, compute),
-            (a, b),
-            ws,
-            fallback,
-        );
-        Ok(())
-    }
-
-    /// Pushes convolution node `id` as one cuDNN operation over its operands at byte offsets
-    /// `a` and `b` and its result, with `fallback` (the im2col ops; none for channels-last).
-    #[allow(clippy::too_many_arguments)]
-    fn push_conv(
-        &mut self,
-        id: NodeId,
-        (geo, pass): (ConvGeometry, Pass),
-        layout: ConvLayout,
-        (dtype, compute): (DType, Compute),
-        (a, b): (usize, usize),
-        ws: Location,
-        fallback: Vec<DeviceOp>,
-    ) {
-        let here = self.location[id.index()];
-        let (x, w, y) = match pass {
+        let (x, w, y) = match layout.pass {
             Pass::Forward => (a, b, here.offset),
             Pass::GradInput => (here.offset, b, a),
             Pass::GradWeight => (a, here.offset, b),
         };
         self.ops.push(DeviceOp::Conv(Conv {
             node: id,
-            pass: ConvPass::of(pass),
+            pass: ConvPass::of(layout.pass),
             dims: geo,
-            layout,
-            dtype,
+            layout: conv_layout,
+            dtype: d,
             compute,
             x,
             w,
@@ -521,6 +443,7 @@ impl Lowering<'_> {
         // It reads its operands and writes its result and the whole workspace, whichever
         // path runs.
         self.touched(id, smallvec![here, ws]);
+        Ok(())
     }
 
     /// A max pooling (`w`, geometry `p`): one launch; its gradient two where the node's

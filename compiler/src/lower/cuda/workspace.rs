@@ -1,6 +1,6 @@
 //! The scratch each node is planned on the CUDA target, and the attention kernels' shapes.
 
-use super::window::{conv_least_bytes, conv_workspace, pool_pick_workspace};
+use super::window::{conv_workspace, conv_workspace_least, pool_pick_workspace};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::precision::Precision;
 use ingot_kernels::cuda as codegen;
@@ -12,8 +12,7 @@ use smallvec::SmallVec;
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a
-/// convolution's for one image at a time, or a channels-last one's cuDNN floor
-/// ([`super::window::cudnn_least`]) (more is granted where the peak leaves room,
+/// convolution's for one image at a time (more is granted where the peak leaves room,
 /// [`workspace_need`]); a max pooling's gradient, its windows' picks
 /// ([`pool_pick_workspace`]); a fused
 /// kernel split in two or by stages, its partial and finished sums
@@ -24,7 +23,8 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
-        Op::Window(_) => conv_least_bytes(g, id)
+        Op::Window(_) => conv_workspace_least(g, id)
+            .map(|w| w.total)
             .or_else(|| pool_pick_workspace(g, id))
             .unwrap_or(0),
         Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
