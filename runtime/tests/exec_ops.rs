@@ -7,7 +7,11 @@ use ingot_compiler::ir::{
 };
 use ingot_runtime::cpu::{exec_node, run_graph};
 use ingot_runtime::{ExecError, Tensor, View};
-use ingot_testkit::counting::allocations;
+// The test kit's counting allocator, included by path: the test kit builds on the trainer, a
+// layer above the runtime, which the runtime may not name even for its tests (layers.rs).
+#[path = "../../testkit/src/counting.rs"]
+mod counting;
+use counting::allocations;
 
 // ---------------------------------------------------------------------------------------------
 // Test scaffolding: a seeded generator, tensors from f64 values, multi-index helpers.
@@ -1282,9 +1286,9 @@ fn an_error_inside_a_graph_names_the_node_and_op() {
 // ---------------------------------------------------------------------------------------------
 // exec_node allocates nothing (the planned executor runs it on one preallocated slab).
 
-/// The tests' per-thread counting allocator (`ingot_testkit::counting`), this binary's.
+/// The tests' per-thread counting allocator (testkit/src/counting.rs), this binary's.
 #[global_allocator]
-static COUNTING: ingot_testkit::counting::Counting = ingot_testkit::counting::Counting;
+static COUNTING: counting::Counting = counting::Counting;
 
 #[test]
 fn exec_node_allocates_nothing_for_every_op_but_matmul() {
