@@ -54,7 +54,7 @@ pub struct Lowered {
     pub kernel: FusedKernel,
     pub inputs: Vec<NodeId>,
     /// Instructions of the body that were outputs until fusion dropped their store (nothing
-    /// else loads them, [`super::unread`]): their bf16 values are still read rounded, as
+    /// else loads them, `fuse::unread`): their bf16 values are still read rounded, as
     /// stored ([`super::widen::bf16_arithmetic_in_f32_keeping`]). Empty but from
     /// [`lower_unstored`].
     pub unstored: Vec<usize>,
@@ -97,7 +97,7 @@ pub fn lower_reading(
 }
 
 /// As [`lower`], for `roots` that were a group's with `unstored` too until fusion dropped
-/// their stores ([`super::unread`]): each of `unstored` the body computes (in the domain's
+/// their stores (`fuse::unread`): each of `unstored` the body computes (in the domain's
 /// own coordinates) is listed in [`Lowered::unstored`], to be rounded as it was stored.
 pub fn lower_unstored(
     g: &Graph,

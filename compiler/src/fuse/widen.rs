@@ -46,7 +46,7 @@ pub fn bf16_arithmetic_in_f32(k: &FusedKernel) -> FusedKernel {
 
 /// As [`bf16_arithmetic_in_f32`], the bf16 values of instructions `unstored` also read rounded
 /// by the rest of the kernel, as if it stored them: values whose store fusion dropped because
-/// nothing else loads them ([`super::unread`]), so that dropping a store changes no value.
+/// nothing else loads them (`fuse::unread`), so that dropping a store changes no value.
 pub fn bf16_arithmetic_in_f32_keeping(k: &FusedKernel, unstored: &[usize]) -> FusedKernel {
     let dtypes = k.dtypes();
     if !dtypes.contains(&DType::BF16) {
