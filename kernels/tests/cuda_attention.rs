@@ -7,7 +7,7 @@
 
 use ingot_kernels::attention::{Layout, Strides};
 use ingot_kernels::cuda::attention::{
-    self, AttentionError, AttentionPrecision, AttentionShape, TileKernel, SHARED_LIMIT,
+    self, AttentionError, AttentionPrecision, AttentionShape, TileKernel, Tiles, SHARED_LIMIT,
 };
 use ingot_kernels::cuda::CudaKernel;
 
@@ -224,31 +224,41 @@ fn declared_shared(k: &CudaKernel) -> usize {
         .sum()
 }
 
-#[test]
-fn shared_memory_stays_within_48_kib_for_every_supported_head_dim_and_precision() {
+/// Calls `f` with each precision, supported head dim, all four kernels of a 300x300 causal
+/// problem, and each tiled one (forward, dkdv, dq) with its kind and tiling.
+fn each_tiled(
+    mut f: impl FnMut(AttentionPrecision, usize, &[CudaKernel], &CudaKernel, TileKernel, &Tiles),
+) {
     for p in PRECISIONS {
         for d in (32..=128).step_by(16) {
             let s = shape(p, 300, 300, d, true);
             let k = all(&s);
-            for (kernel, which) in [
-                (&k[0], TileKernel::Forward),
-                (&k[2], TileKernel::Dkdv),
-                (&k[3], TileKernel::Dq),
+            for (i, which) in [
+                (0, TileKernel::Forward),
+                (2, TileKernel::Dkdv),
+                (3, TileKernel::Dq),
             ] {
                 let t = attention::tiling(&s, which).unwrap();
-                let declared = declared_shared(kernel);
-                assert_eq!(declared, t.shared_bytes, "{p:?} d={d} {which:?}");
-                assert!(
-                    declared <= SHARED_LIMIT,
-                    "{p:?} d={d} {which:?}: {declared} bytes"
-                );
-                assert_eq!(kernel.launch.block, [32 * t.warps as u32, 1, 1]);
-                assert_eq!(t.rows, 16 * t.warps);
-                assert_eq!(t.inner % 16, 0);
+                f(p, d, &k, &k[i], which, &t);
             }
-            assert_eq!(declared_shared(&k[1]), 0, "preprocess");
         }
     }
+}
+
+#[test]
+fn shared_memory_stays_within_48_kib_for_every_supported_head_dim_and_precision() {
+    each_tiled(|p, d, k, kernel, which, t| {
+        let declared = declared_shared(kernel);
+        assert_eq!(declared, t.shared_bytes, "{p:?} d={d} {which:?}");
+        assert!(
+            declared <= SHARED_LIMIT,
+            "{p:?} d={d} {which:?}: {declared} bytes"
+        );
+        assert_eq!(kernel.launch.block, [32 * t.warps as u32, 1, 1]);
+        assert_eq!(t.rows, 16 * t.warps);
+        assert_eq!(t.inner % 16, 0);
+        assert_eq!(declared_shared(&k[1]), 0, "preprocess");
+    });
     // GPT-2's shape gets the tilings measured fastest (four warps everywhere).
     let gpt2 = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
     for (which, inner) in [
@@ -636,34 +646,23 @@ fn only_bf16_kernels_call_the_bf16_helpers() {
 /// (tf32 rounds each element on its way in).
 #[test]
 fn bf16_kernels_stream_their_tiles_by_cp_async_and_the_others_do_not() {
-    for p in PRECISIONS {
-        for d in (32..=128).step_by(16) {
-            let s = shape(p, 300, 300, d, true);
-            let k = all(&s);
-            for (kernel, which) in [
-                (&k[0], TileKernel::Forward),
-                (&k[2], TileKernel::Dkdv),
-                (&k[3], TileKernel::Dq),
-            ] {
-                let t = attention::tiling(&s, which).unwrap();
-                let bf16 = p == AttentionPrecision::Bf16;
-                // dkdv streams by cp.async only with its two copies; forward and dq always.
-                let streams = bf16 && (which != TileKernel::Dkdv || t.copies == 2);
-                assert_eq!(
-                    kernel.source.contains("ig_fa_load_async<BC")
-                        || kernel.source.contains("ig_fa_load_async<BR"),
-                    streams,
-                    "{p:?} d={d} {which:?}"
-                );
-                assert_eq!(
-                    kernel.source.contains("ig_fa_cp_wait<0>();"),
-                    streams,
-                    "{p:?} d={d} {which:?}"
-                );
-                assert!(t.copies == 1 || (bf16 && which == TileKernel::Dkdv));
-            }
-        }
-    }
+    each_tiled(|p, d, _, kernel, which, t| {
+        let bf16 = p == AttentionPrecision::Bf16;
+        // dkdv streams by cp.async only with its two copies; forward and dq always.
+        let streams = bf16 && (which != TileKernel::Dkdv || t.copies == 2);
+        assert_eq!(
+            kernel.source.contains("ig_fa_load_async<BC")
+                || kernel.source.contains("ig_fa_load_async<BR"),
+            streams,
+            "{p:?} d={d} {which:?}"
+        );
+        assert_eq!(
+            kernel.source.contains("ig_fa_cp_wait<0>();"),
+            streams,
+            "{p:?} d={d} {which:?}"
+        );
+        assert!(t.copies == 1 || (bf16 && which == TileKernel::Dkdv));
+    });
     // GPT-2's head dim: dkdv holds two copies of its query and dout tiles.
     let s = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
     assert_eq!(attention::tiling(&s, TileKernel::Dkdv).unwrap().copies, 2);
