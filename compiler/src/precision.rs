@@ -13,6 +13,13 @@
 //!   bf16 matmul result is cast to bf16 and the sum stays bf16, while a LayerNorm gain meets an
 //!   f32 normalized value and stays f32. View ops (broadcast, reshape, transpose, slice) keep
 //!   their operand's dtype and weakness;
+//! - a batch norm gives its operand's dtype, as autocast's `batch_norm` does (it is on neither
+//!   of autocast's lists): its statistics and arithmetic are f32, and its output is cast back to
+//!   a bf16 operand's dtype, so that a ResNet's activations and residual stream are stored bf16
+//!   as PyTorch stores them. A batch norm is recognized by its shape, not by a name
+//!   ([`batch_norm_ends`]): `x − m` with `m` the same for every sample and channel-shaped, then
+//!   any chain of `+ − · ÷` by such values. Normalizations within a sample (LayerNorm, whose
+//!   statistics differ per sample) are not batch norms and stay f32, as autocast's `layer_norm`;
 //! - leaves keep their dtype (parameters stay f32), and so does every output (the loss is f32);
 //! - fused attention ([`Op::Attention`]) is treated as the matmuls it contains: q, k and v are
 //!   cast to bf16 and its output is bf16, while its row log-sum-exp stays f32. Attention is
@@ -102,9 +109,16 @@ pub fn autocast_bf16(g: &Graph) -> Result<Graph, IrError> {
         map: Vec::with_capacity(g.len()),
         weak: Vec::with_capacity(g.len()),
     };
+    let ends = batch_norm_ends(g);
     for id in g.ids() {
         cx.out.set_scope(g.origin(id).clone()); // casts belong to the node they serve
-        let (new, weak) = cx.node(g, id)?;
+        let (mut new, weak) = cx.node(g, id)?;
+        if let Some(x) = ends[id.index()] {
+            // A batch norm's f32 result back in its operand's dtype (a bf16 activation's).
+            if cx.dtype(new) == DType::F32 && cx.dtype(cx.map[x.index()]) == DType::BF16 {
+                new = cx.cast(new, DType::BF16)?;
+            }
+        }
         cx.map.push(new);
         cx.weak.push(weak);
     }
@@ -118,6 +132,61 @@ pub fn autocast_bf16(g: &Graph) -> Result<Graph, IrError> {
         cx.out.set_update(cx.map[u.target.index()], value)?;
     }
     Ok(cx.out)
+}
+
+/// For each node that ends a batch norm, the value it normalizes (`None` elsewhere).
+///
+/// A batch norm is found by shape: it starts at `x − m`, where `x` is `[N, C, ...]` and `m` is
+/// *per-channel* (a broadcast of a value whose extents, aligned to `x`'s, are 1 except `C` on
+/// axis 1: the batch's mean, or a running mean), and goes on through `+ − · ÷` by per-channel
+/// values (`1/√(var + ε)`, the gain, the shift); it ends at a member no other member extends.
+/// The same shape is what `trace::nn::batch_norm2d` and the ONNX importer's `BatchNormalization`
+/// build, in training and evaluation modes alike. LayerNorm's statistics vary per sample (extent
+/// `N` on axis 0), so it is never one.
+pub fn batch_norm_ends(g: &Graph) -> Vec<Option<NodeId>> {
+    use crate::ir::BinaryOp as B;
+    let per_channel = |p: NodeId, of: NodeId| -> bool {
+        let s = g.ty(of).shape.dims();
+        let n = g.node(p);
+        if s.len() < 2 || !matches!(n.op, Op::Broadcast) || g.ty(p).shape.dims() != s {
+            return false;
+        }
+        let q = g.ty(n.inputs[0]).shape.dims();
+        let lead = s.len().saturating_sub(q.len());
+        (0..s.len()).all(|i| {
+            let e = if i < lead { 1 } else { q[i - lead] };
+            e == if i == 1 { s[1] } else { 1 }
+        })
+    };
+    let mut source: Vec<Option<NodeId>> = vec![None; g.len()];
+    let mut extended = vec![false; g.len()];
+    for id in g.ids() {
+        let n = g.node(id);
+        let Op::Binary(op) = n.op else { continue };
+        if !matches!(op, B::Add | B::Sub | B::Mul | B::Div) {
+            continue;
+        }
+        let (a, b) = (n.inputs[0], n.inputs[1]);
+        let from = if let Some(x) = source[a.index()].filter(|_| per_channel(b, a)) {
+            extended[a.index()] = true;
+            Some(x)
+        } else if let Some(x) =
+            source[b.index()].filter(|_| matches!(op, B::Add | B::Mul) && per_channel(a, b))
+        {
+            extended[b.index()] = true;
+            Some(x)
+        } else if op == B::Sub && per_channel(b, a) && !matches!(g.node(a).op, Op::Broadcast) {
+            Some(a)
+        } else {
+            None
+        };
+        source[id.index()] = from;
+    }
+    source
+        .into_iter()
+        .zip(extended)
+        .map(|(x, more)| x.filter(|_| !more))
+        .collect()
 }
 
 struct Cx {

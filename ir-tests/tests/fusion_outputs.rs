@@ -94,22 +94,30 @@ fn the_relu_kernels_of_resnet50s_residual_blocks_do_not_store_the_sum_before_the
         let Op::Fused(k) = &g.node(id).op else {
             continue;
         };
-        // The kernel whose first source is a block's ReLU (forward, not recomputed).
+        // The kernel whose first source is a block's last ReLU, after the sum with the
+        // shortcut (it applies the block's bn3; forward, not recomputed).
         let origin = g.origin(id).to_string();
         let first = origin.split(", ").next().unwrap_or_default();
-        if !(first.starts_with("layer") && first.ends_with(".relu") && k.reduce_axes.is_empty()) {
+        let Some(block) = first.strip_suffix(".relu") else {
+            continue;
+        };
+        let residual = origin.split(", ").any(|o| o == format!("{block}.bn3"));
+        if !(block.starts_with("layer") && residual && k.reduce_axes.is_empty()) {
             continue;
         }
         blocks += 1;
-        // Full-size f32 outputs: the ReLU's value (the next block's shortcut) alone.
-        let f32_full = (0..k.outputs.len())
+        // Full-size float outputs: the ReLU's value (the next block's shortcut, bf16 as batch
+        // norm's output is under the bf16 policy) alone; its mask is bool.
+        let float_full = (0..k.outputs.len())
             .filter(|&j| {
-                k.output_dtype(j) == ingot_kernels::DType::F32
-                    && k.output_dims(j).iter().product::<usize>()
-                        == k.domain.iter().product::<usize>()
+                matches!(
+                    k.output_dtype(j),
+                    ingot_kernels::DType::F32 | ingot_kernels::DType::BF16
+                ) && k.output_dims(j).iter().product::<usize>()
+                    == k.domain.iter().product::<usize>()
             })
             .count();
-        assert!(f32_full <= 1, "{origin}: {f32_full} f32 outputs\n{k}");
+        assert!(float_full <= 1, "{origin}: {float_full} float outputs\n{k}");
     }
     assert_eq!(blocks, 16, "one ReLU kernel per bottleneck block");
 }
