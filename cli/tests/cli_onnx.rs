@@ -31,6 +31,27 @@ fn train_ce(model: &str, more: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Asserts that two tensors hold the same bytes (a trained weight and its alias, or the same
+/// weight saved by two runs); `what` says which.
+#[track_caller]
+fn assert_same_bits(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.to_le_bytes(), b.to_le_bytes(), "{what}");
+}
+
+/// Asserts that the JSON lines of `out` (a run of 5 steps) hold 5 losses, each within 1e-4
+/// relative of the reference's (`want`, computed by `by`).
+#[track_caller]
+fn assert_losses_near(out: &str, want: &[f64], by: &str) {
+    let losses: Vec<f64> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    for (i, (g, w)) in losses.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * w.abs(), "step {i}: {g} vs {by} {w}");
+    }
+}
+
 /// A state dict's names in sorted order, to compare the names two files hold.
 fn sorted_names(m: &IndexMap<String, Tensor>) -> Vec<&str> {
     let mut v: Vec<&str> = m.keys().map(String::as_str).collect();
@@ -84,18 +105,7 @@ fn train_onnx_starts_from_the_files_weights_and_gives_the_reference_losses() {
     );
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, 0, "{err}");
-    let losses: Vec<f64> = out
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect();
-    let want = onnx_support::f64s(&doc["sgd_losses"]);
-    assert_eq!(losses.len(), 5, "{out}");
-    for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * w.abs(),
-            "step {i}: {g} vs numpy {w}"
-        );
-    }
+    assert_losses_near(&out, &onnx_support::f64s(&doc["sgd_losses"]), "numpy");
 }
 
 #[test]
@@ -305,9 +315,10 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     );
     let r = ingot_runtime::io::load(&resumed).unwrap();
     assert_eq!(r["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
-    assert_eq!(
-        r["bn.running_mean"].to_le_bytes(),
-        t["bn.running_mean"].to_le_bytes()
+    assert_same_bits(
+        &r["bn.running_mean"],
+        &t["bn.running_mean"],
+        "the resumed run's running mean is the uninterrupted run's",
     );
     // A name the model lacks, and a running statistic of the wrong shape, are errors naming them.
     let mut bad = sd.clone();
@@ -352,20 +363,9 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
         ],
     );
     assert_eq!(code, 0, "{err}");
-    let losses: Vec<f64> = out
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect();
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p("losses.json")).unwrap()).unwrap();
-    let want = onnx_support::f64s(&doc["losses"]);
-    assert_eq!(losses.len(), 5, "{out}");
-    for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * w.abs(),
-            "step {i}: {g} vs PyTorch {w}"
-        );
-    }
+    assert_losses_near(&out, &onnx_support::f64s(&doc["losses"]), "PyTorch");
     let init = ingot_runtime::io::load(p("init.safetensors")).unwrap();
     let back = ingot_runtime::io::load(&saved).unwrap();
     assert_eq!(
@@ -473,6 +473,12 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         let (first, last) = (path(first), path(last));
         train(&[from, &first, "--steps", steps, to, &last])
     };
+    // Two steps from a file or checkpoint, saved to `file`: what the run saved.
+    let saved_by = |from: &str, first: &Path, file: &str| {
+        let saved = dir.join(file);
+        exit_stderr(from_to(from, first, "2", "--save", &saved), 0);
+        ingot_runtime::io::load(&saved).unwrap()
+    };
     let saved = dir.join("saved.safetensors");
     let (code, out, err) = from_to("--init", &init, "2", "--save", &saved);
     assert_eq!(code, 0, "{err}");
@@ -486,10 +492,10 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         sorted_names(&back),
         "--save writes both names, as load_state_dict wants them"
     );
-    assert_eq!(
-        back["head.weight"].to_le_bytes(),
-        back["fc2.weight"].to_le_bytes(),
-        "the alias holds the trained value"
+    assert_same_bits(
+        &back["head.weight"],
+        &back["fc2.weight"],
+        "the alias holds the trained value",
     );
     assert_ne!(
         back["fc2.weight"].as_f32(),
@@ -507,29 +513,26 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         &one,
         &[("fc2.weight", "head.weight"), ("format", "pt")],
     );
-    let saved2 = dir.join("saved2.safetensors");
-    exit_stderr(from_to("--init", &meta_init, "2", "--save", &saved2), 0);
-    let back2 = ingot_runtime::io::load(&saved2).unwrap();
-    assert_eq!(
-        back2["fc2.weight"].to_le_bytes(),
-        back["fc2.weight"].to_le_bytes(),
-        "the same run as from the file with both names"
+    let back2 = saved_by("--init", &meta_init, "saved2.safetensors");
+    assert_same_bits(
+        &back2["fc2.weight"],
+        &back["fc2.weight"],
+        "the same run as from the file with both names",
     );
-    assert_eq!(
-        back2["head.weight"].to_le_bytes(),
-        back2["fc2.weight"].to_le_bytes()
+    assert_same_bits(
+        &back2["head.weight"],
+        &back2["fc2.weight"],
+        "the alias holds the trained value",
     );
 
     // A checkpoint keeps the alias list: a resumed run's --save writes both names too.
     let ck = dir.join("ck");
     exit_stderr(from_to("--init", &init, "1", "--checkpoint", &ck), 0);
-    let saved3 = dir.join("saved3.safetensors");
-    exit_stderr(from_to("--resume", &ck, "2", "--save", &saved3), 0);
-    let back3 = ingot_runtime::io::load(&saved3).unwrap();
-    assert_eq!(
-        back3["head.weight"].to_le_bytes(),
-        back["fc2.weight"].to_le_bytes(),
-        "resumed after step 1, saved after step 2: the uninterrupted run's weights"
+    let back3 = saved_by("--resume", &ck, "saved3.safetensors");
+    assert_same_bits(
+        &back3["head.weight"],
+        &back["fc2.weight"],
+        "resumed after step 1, saved after step 2: the uninterrupted run's weights",
     );
 
     // An alias whose values differ from its twin is refused, naming both.
