@@ -2,6 +2,7 @@
 //! batches, on folders of tiny JPEG and PNG files written here.
 
 use ingot_compiler::ir::DType;
+use ingot_testkit::bytes::{f32s, i64s};
 use ingot_testkit::text::assert_err_mentions;
 use ingot_trainer::data::images::{
     transform, ImageBatches, ImageFolder, ImageOptions, Transform, IMAGENET_MEAN, IMAGENET_STD,
@@ -129,18 +130,6 @@ fn all_batches(b: &mut ImageBatches, epochs: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
     out
 }
 
-fn labels(y: &[u8]) -> Vec<i64> {
-    y.chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn floats(x: &[u8]) -> Vec<f32> {
-    x.chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 #[test]
 fn the_same_seed_gives_the_same_batches_on_one_thread_or_four() {
     let d = class_folders("same-seed", 3, 6);
@@ -167,8 +156,8 @@ fn the_eval_transform_is_deterministic_and_in_folder_order() {
         "the seed or threads changed eval"
     );
     assert!(a[0] == a[2], "eval batches differ between epochs");
-    assert_eq!(labels(&a[0].1), [0, 0, 0, 0]);
-    assert_eq!(labels(&a[1].1), [1, 1, 1, 1]);
+    assert_eq!(i64s(&a[0].1), [0, 0, 0, 0]);
+    assert_eq!(i64s(&a[1].1), [1, 1, 1, 1]);
 }
 
 #[test]
@@ -198,7 +187,7 @@ fn class_ids_follow_sorted_folder_names_as_torchvision_assigns_them() {
     assert_eq!(rel(3), (PathBuf::from("ant/a.PNG"), 1));
     assert_eq!(rel(8), (PathBuf::from("bee/nested/c.jpeg"), 2));
     let b = every_batch(batches(&d, 3, 3, Transform::Eval, 0, with_threads(2)), 1);
-    let ids: Vec<i64> = b.iter().flat_map(|(_, y)| labels(y)).collect();
+    let ids: Vec<i64> = b.iter().flat_map(|(_, y)| i64s(y)).collect();
     assert_eq!(ids, [0, 0, 0, 1, 1, 1, 2, 2, 2]);
 }
 
@@ -225,7 +214,7 @@ fn a_corrupt_image_is_skipped_with_a_warning_naming_it_and_counted() {
     let again = all_batches(&mut b, 2);
     assert!(first == again);
     for (x, _) in &first {
-        assert!(floats(x).iter().all(|v| v.is_finite()));
+        assert!(f32s(x).iter().all(|v| v.is_finite()));
     }
 }
 
@@ -294,9 +283,9 @@ fn grayscale_images_feed_a_one_channel_model() {
     let s = (IMAGENET_STD[0] + IMAGENET_STD[1] + IMAGENET_STD[2]) / 3.0;
     let want = (51.0f32 / 255.0 - m) / s;
     assert!(
-        floats(&xb).iter().all(|&v| v == want),
+        f32s(&xb).iter().all(|&v| v == want),
         "{:?}",
-        &floats(&xb)[..4]
+        &f32s(&xb)[..4]
     );
 }
 
@@ -327,7 +316,7 @@ fn pixels_after_resize_center_crop_and_normalise_match_a_hand_computation() {
     let (x, y) = slots(1, 3, 32);
     let mut b = two_classes(&d, (x, y), Transform::Eval).unwrap();
     let (xb, _) = all_batches(&mut b, 1).remove(0);
-    let out = floats(&xb);
+    let out = f32s(&xb);
     let w = [1.0, 3.0, 3.0, 1.0];
     for (i, j) in [(0usize, 0usize), (5, 17), (31, 31), (16, 3)] {
         // Resized pixel (i + 2, j + 2) reads source rows and columns 2(k + 2) - 1 ...
