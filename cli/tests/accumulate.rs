@@ -2,15 +2,12 @@
 //! trains as the step of one batch of K·b (the same losses and parameters within float
 //! rounding), and its plan is smaller.
 
-use indexmap::IndexMap;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{DType, LeafKind};
 use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
-use ingot_runtime::tensor::Tensor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -30,42 +27,34 @@ fn compile(model: &Model, accumulate: usize) -> Executable {
 /// parameter.
 fn accumulated_against_whole(spec: &str, sgd: bool, k: usize, b: usize, steps: u64) -> (f64, f64) {
     let at = |batch: usize| {
-        let mut m = ingot_models::at_batch(spec, batch, DType::F32).unwrap();
+        let m = ingot_models::at_batch(spec, batch, DType::F32).unwrap();
         if sgd {
-            m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
+            steps::with_sgd(m)
+        } else {
+            m
         }
-        m
     };
     let whole = compile(&at(k * b), 1);
     let accumulated = compile(&at(b), k);
-    // The micro-batches' weight gradients are summed by their GEMMs (`matmul_acc`), so these
-    // losses check that op too.
+    // The micro-batches' weight gradients are summed by their GEMMs (`matmul_acc`).
+    let what = format!("{spec}, {k} micro-batches");
+    let kinds = [LeafKind::Parameter, LeafKind::State];
+    steps::split_against_whole(&what, accumulated, whole, &kinds, steps)
+}
+
+/// Asserts that `k` accumulated micro-batches of `b` train `spec` as its whole batch: losses and
+/// parameters within 1e-6 relative over 10 steps.
+fn assert_accumulated_as_whole(spec: &str, sgd: bool, k: usize, b: usize) {
+    let (loss, param) = accumulated_against_whole(spec, sgd, k, b, 10);
     assert!(
-        accumulated
-            .graph()
-            .nodes()
-            .iter()
-            .any(|n| matches!(n.op, ingot_compiler::ir::Op::MatMulAcc { .. })),
-        "{spec}: the micro-batches' products are not accumulated by matmul_acc"
+        loss <= 1e-6 && param <= 1e-6,
+        "{spec} (SGD: {sgd}): loss {loss:.2e}, parameters {param:.2e}"
     );
-    let g = whole.graph();
-    let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
-    state.extend(init_leaves(g, LeafKind::State, 3));
-    let batches: Vec<IndexMap<String, Tensor>> =
-        (0..steps).map(|s| synthetic_batch(g, 50 + s)).collect();
-    steps::run_distance(
-        &steps::train_planned(accumulated, &state, &batches),
-        &steps::train_planned(whole, &state, &batches),
-    )
 }
 
 #[test]
 fn four_accumulated_micro_batches_train_an_mlp_as_the_whole_batch() {
-    let (loss, param) = accumulated_against_whole("mlp", true, 4, 2, 10);
-    assert!(
-        loss <= 1e-6 && param <= 1e-6,
-        "loss {loss:.2e}, parameters {param:.2e}"
-    );
+    assert_accumulated_as_whole("mlp", true, 4, 2);
 }
 
 #[test]
@@ -75,11 +64,7 @@ fn two_accumulated_micro_batches_train_a_gpt_as_the_whole_batch() {
     // AdamW: as in data_parallel.rs, a gradient that is zero in exact arithmetic (the key bias)
     // is rounding noise that AdamW scales to a step of either sign; the losses stay close.
     assert!(loss <= 1e-6, "loss {loss:.2e} (parameters {param:.2e})");
-    let (loss, param) = accumulated_against_whole(spec, true, 2, 2, 10);
-    assert!(
-        loss <= 1e-6 && param <= 1e-6,
-        "SGD: loss {loss:.2e}, parameters {param:.2e}"
-    );
+    assert_accumulated_as_whole(spec, true, 2, 2);
 }
 
 #[test]
@@ -142,7 +127,7 @@ fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
     let ingot = |args: &[&str]| cli::ok(&cli::ingot(args));
     let spec = "gpt:vocab=256,d_model=32,layers=1,heads=2,d_ff=64,seq=32,batch=8";
     let losses = |out: &str| cli::step_losses(&cli::json_lines(out));
-    let first = ingot(&[
+    let base = [
         "train",
         "--model",
         spec,
@@ -150,6 +135,10 @@ fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
         "2",
         "--dataset",
         t,
+        "--json",
+    ];
+    let run = |more: &[&str]| ingot(&[&base[..], more].concat());
+    let first = run(&[
         "--steps",
         "4",
         "--checkpoint",
@@ -158,35 +147,10 @@ fn an_accumulated_run_over_a_data_set_validates_and_resumes_exactly() {
         t,
         "--eval-batches",
         "2",
-        "--json",
     ]);
     assert!(first.contains("val_loss"), "{first}");
-    let resumed = ingot(&[
-        "train",
-        "--model",
-        spec,
-        "--accumulate",
-        "2",
-        "--dataset",
-        t,
-        "--steps",
-        "6",
-        "--resume",
-        ck,
-        "--json",
-    ]);
-    let straight = ingot(&[
-        "train",
-        "--model",
-        spec,
-        "--accumulate",
-        "2",
-        "--dataset",
-        t,
-        "--steps",
-        "6",
-        "--json",
-    ]);
+    let resumed = run(&["--steps", "6", "--resume", ck]);
+    let straight = run(&["--steps", "6"]);
     let (r, s) = (losses(&resumed), losses(&straight));
     assert_eq!(r.len(), 2);
     assert_eq!(

@@ -20,6 +20,45 @@ fn fixture(rel: &str) -> String {
         .to_string()
 }
 
+/// `ingot train --onnx MODEL --loss cross-entropy MORE..`: a classifier from a file.
+fn train_ce(model: &str, more: &[&str]) -> (i32, String, String) {
+    ingot(
+        &[
+            &["train", "--onnx", model, "--loss", "cross-entropy"][..],
+            more,
+        ]
+        .concat(),
+    )
+}
+
+/// Asserts that two tensors hold the same bytes (a trained weight and its alias, or the same
+/// weight saved by two runs); `what` says which.
+#[track_caller]
+fn assert_same_bits(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.to_le_bytes(), b.to_le_bytes(), "{what}");
+}
+
+/// Asserts that the JSON lines of `out` (a run of 5 steps) hold 5 losses, each within 1e-4
+/// relative of the reference's (`want`, computed by `by`).
+#[track_caller]
+fn assert_losses_near(out: &str, want: &[f64], by: &str) {
+    let losses: Vec<f64> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    for (i, (g, w)) in losses.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * w.abs(), "step {i}: {g} vs {by} {w}");
+    }
+}
+
+/// A state dict's names in sorted order, to compare the names two files hold.
+fn sorted_names(m: &IndexMap<String, Tensor>) -> Vec<&str> {
+    let mut v: Vec<&str> = m.keys().map(String::as_str).collect();
+    v.sort();
+    v
+}
+
 #[test]
 fn onnx_check_lists_every_node_that_cannot_be_imported_and_exits_1() {
     let (code, out, err) = ingot(&["onnx", "check", &fixture("errors/unsupported.onnx")]);
@@ -60,32 +99,13 @@ fn train_onnx_starts_from_the_files_weights_and_gives_the_reference_losses() {
     b.insert("x".to_string(), Tensor::from_f32([4, 6], floats(&doc["x"])));
     b.insert("y".to_string(), Tensor::from_i64([4], ids));
     ingot_runtime::io::save(&batch, &b).unwrap();
-    let (code, out, err) = ingot(&[
-        "train",
-        "--onnx",
+    let (code, out, err) = train_ce(
         &fixture("ops/mlp.onnx"),
-        "--loss",
-        "cross-entropy",
-        "--data",
-        batch.to_str().unwrap(),
-        "--steps",
-        "5",
-        "--json",
-    ]);
+        &["--data", batch.to_str().unwrap(), "--steps", "5", "--json"],
+    );
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, 0, "{err}");
-    let losses: Vec<f64> = out
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect();
-    let want = onnx_support::f64s(&doc["sgd_losses"]);
-    assert_eq!(losses.len(), 5, "{out}");
-    for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * w.abs(),
-            "step {i}: {g} vs numpy {w}"
-        );
-    }
+    assert_losses_near(&out, &onnx_support::f64s(&doc["sgd_losses"]), "numpy");
 }
 
 #[test]
@@ -220,15 +240,7 @@ fn a_compiled_onnx_model_carries_its_constants_so_run_trains_as_train_does() {
 #[test]
 fn a_trained_onnx_model_is_named_by_its_path_and_starts_from_the_files_weights() {
     let model = fixture("ops/mlp.onnx");
-    let (code, out, err) = ingot(&[
-        "train",
-        "--onnx",
-        &model,
-        "--loss",
-        "cross-entropy",
-        "--steps",
-        "1",
-    ]);
+    let (code, out, err) = train_ce(&model, &["--steps", "1"]);
     assert_eq!(code, 0, "{err}");
     let header = out.lines().next().unwrap_or_default();
     assert!(
@@ -244,11 +256,7 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     let init = fixture("state_dict/cnn.safetensors");
     let sd = ingot_runtime::io::load(&init).unwrap();
     let model = fixture("ops/cnn.onnx");
-    let on_cnn = |flags: &[&str]| {
-        let mut args = vec!["train", "--onnx", &model, "--loss", "cross-entropy"];
-        args.extend_from_slice(flags);
-        ingot(&args)
-    };
+    let on_cnn = |flags: &[&str]| train_ce(&model, flags);
     let train = |steps: &str, init: &str, save: &std::path::Path| {
         on_cnn(&[
             "--init",
@@ -265,12 +273,7 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("running statistics"), "{out}");
     let back = ingot_runtime::io::load(&same).unwrap();
-    let names = |m: &IndexMap<String, Tensor>| {
-        let mut v: Vec<String> = m.keys().cloned().collect();
-        v.sort();
-        v
-    };
-    assert_eq!(names(&back), names(&sd));
+    assert_eq!(sorted_names(&back), sorted_names(&sd));
     for (k, t) in &sd {
         assert_eq!(back[k].ty, t.ty, "{k}");
         assert_eq!(back[k].as_f32(), t.as_f32(), "{k}");
@@ -281,7 +284,7 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     let trained = dir.join("trained.safetensors");
     exit_stderr(train("3", &init, &trained), 0);
     let t = ingot_runtime::io::load(&trained).unwrap();
-    assert_eq!(names(&t), names(&sd));
+    assert_eq!(sorted_names(&t), sorted_names(&sd));
     assert_eq!(t["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
     assert_ne!(
         t["bn.running_mean"].as_f32(),
@@ -312,9 +315,10 @@ fn init_reads_a_whole_pytorch_state_dict_and_save_writes_one_back() {
     );
     let r = ingot_runtime::io::load(&resumed).unwrap();
     assert_eq!(r["bn.num_batches_tracked"].as_i64(), Some(&[10i64][..]));
-    assert_eq!(
-        r["bn.running_mean"].to_le_bytes(),
-        t["bn.running_mean"].to_le_bytes()
+    assert_same_bits(
+        &r["bn.running_mean"],
+        &t["bn.running_mean"],
+        "the resumed run's running mean is the uninterrupted run's",
     );
     // A name the model lacks, and a running statistic of the wrong shape, are errors naming them.
     let mut bad = sd.clone();
@@ -340,49 +344,33 @@ fn a_state_dict_pytorch_saved_loads_trains_to_pytorchs_losses_and_saves_back_und
     let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/torch/cnn");
     let p = |f: &str| base.join(f).display().to_string();
     let saved = dir.join("trained.safetensors");
-    let (code, out, err) = ingot(&[
-        "train",
-        "--onnx",
+    let (code, out, err) = train_ce(
         &p("model.onnx"),
-        "--loss",
-        "cross-entropy",
-        "--init",
-        &p("init.safetensors"),
-        "--data",
-        &p("batch.safetensors"),
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.1",
-        "--steps",
-        "5",
-        "--save",
-        saved.to_str().unwrap(),
-        "--json",
-    ]);
+        &[
+            "--init",
+            &p("init.safetensors"),
+            "--data",
+            &p("batch.safetensors"),
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.1",
+            "--steps",
+            "5",
+            "--save",
+            saved.to_str().unwrap(),
+            "--json",
+        ],
+    );
     assert_eq!(code, 0, "{err}");
-    let losses: Vec<f64> = out
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect();
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p("losses.json")).unwrap()).unwrap();
-    let want = onnx_support::f64s(&doc["losses"]);
-    assert_eq!(losses.len(), 5, "{out}");
-    for (i, (g, w)) in losses.iter().zip(&want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * w.abs(),
-            "step {i}: {g} vs PyTorch {w}"
-        );
-    }
+    assert_losses_near(&out, &onnx_support::f64s(&doc["losses"]), "PyTorch");
     let init = ingot_runtime::io::load(p("init.safetensors")).unwrap();
     let back = ingot_runtime::io::load(&saved).unwrap();
-    let mut a: Vec<&String> = init.keys().collect();
-    let mut b: Vec<&String> = back.keys().collect();
-    a.sort();
-    b.sort();
     assert_eq!(
-        a, b,
+        sorted_names(&init),
+        sorted_names(&back),
         "--save writes the state_dict's names, no more, no fewer"
     );
     for (k, t) in &init {
@@ -478,16 +466,18 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
     let init = dir.join("tied.safetensors");
     ingot_runtime::io::save(&init, &sd).unwrap();
     let model = fixture("ops/mlp.onnx");
-    let train = |extra: &[&str]| {
-        let mut args = vec!["train", "--onnx", &model, "--loss", "cross-entropy"];
-        args.extend_from_slice(extra);
-        ingot(&args)
-    };
+    let train = |extra: &[&str]| train_ce(&model, extra);
     // `train FROM first --steps n TO to`: a run from a file or checkpoint into one.
     let from_to = |from: &str, first: &Path, steps: &str, to: &str, last: &Path| {
         let path = |p: &Path| p.to_str().unwrap().to_string();
         let (first, last) = (path(first), path(last));
         train(&[from, &first, "--steps", steps, to, &last])
+    };
+    // Two steps from a file or checkpoint, saved to `file`: what the run saved.
+    let saved_by = |from: &str, first: &Path, file: &str| {
+        let saved = dir.join(file);
+        exit_stderr(from_to(from, first, "2", "--save", &saved), 0);
+        ingot_runtime::io::load(&saved).unwrap()
     };
     let saved = dir.join("saved.safetensors");
     let (code, out, err) = from_to("--init", &init, "2", "--save", &saved);
@@ -497,18 +487,15 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         "the run says which names are tied: {out}"
     );
     let back = ingot_runtime::io::load(&saved).unwrap();
-    let mut a: Vec<&String> = sd.keys().collect();
-    let mut b: Vec<&String> = back.keys().collect();
-    a.sort();
-    b.sort();
     assert_eq!(
-        a, b,
+        sorted_names(&sd),
+        sorted_names(&back),
         "--save writes both names, as load_state_dict wants them"
     );
-    assert_eq!(
-        back["head.weight"].to_le_bytes(),
-        back["fc2.weight"].to_le_bytes(),
-        "the alias holds the trained value"
+    assert_same_bits(
+        &back["head.weight"],
+        &back["fc2.weight"],
+        "the alias holds the trained value",
     );
     assert_ne!(
         back["fc2.weight"].as_f32(),
@@ -526,29 +513,26 @@ fn an_imported_tied_weight_is_trained_once_and_saved_under_both_of_pytorchs_name
         &one,
         &[("fc2.weight", "head.weight"), ("format", "pt")],
     );
-    let saved2 = dir.join("saved2.safetensors");
-    exit_stderr(from_to("--init", &meta_init, "2", "--save", &saved2), 0);
-    let back2 = ingot_runtime::io::load(&saved2).unwrap();
-    assert_eq!(
-        back2["fc2.weight"].to_le_bytes(),
-        back["fc2.weight"].to_le_bytes(),
-        "the same run as from the file with both names"
+    let back2 = saved_by("--init", &meta_init, "saved2.safetensors");
+    assert_same_bits(
+        &back2["fc2.weight"],
+        &back["fc2.weight"],
+        "the same run as from the file with both names",
     );
-    assert_eq!(
-        back2["head.weight"].to_le_bytes(),
-        back2["fc2.weight"].to_le_bytes()
+    assert_same_bits(
+        &back2["head.weight"],
+        &back2["fc2.weight"],
+        "the alias holds the trained value",
     );
 
     // A checkpoint keeps the alias list: a resumed run's --save writes both names too.
     let ck = dir.join("ck");
     exit_stderr(from_to("--init", &init, "1", "--checkpoint", &ck), 0);
-    let saved3 = dir.join("saved3.safetensors");
-    exit_stderr(from_to("--resume", &ck, "2", "--save", &saved3), 0);
-    let back3 = ingot_runtime::io::load(&saved3).unwrap();
-    assert_eq!(
-        back3["head.weight"].to_le_bytes(),
-        back["fc2.weight"].to_le_bytes(),
-        "resumed after step 1, saved after step 2: the uninterrupted run's weights"
+    let back3 = saved_by("--resume", &ck, "saved3.safetensors");
+    assert_same_bits(
+        &back3["head.weight"],
+        &back["fc2.weight"],
+        "resumed after step 1, saved after step 2: the uninterrupted run's weights",
     );
 
     // An alias whose values differ from its twin is refused, naming both.
@@ -593,18 +577,10 @@ fn a_tied_head_model_trains_on_labels_up_to_its_vocabulary_with_the_class_axis_r
     b.insert("y".to_string(), Tensor::from_i64([2, 3], ints(&doc["y"])));
     ingot_runtime::io::save(&batch, &b).unwrap();
     let model = fixture("ops/tied_head.onnx");
-    let (code, out, err) = ingot(&[
-        "train",
-        "--onnx",
+    let (code, out, err) = train_ce(
         &model,
-        "--loss",
-        "cross-entropy",
-        "--data",
-        batch.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--json",
-    ]);
+        &["--data", batch.to_str().unwrap(), "--steps", "1", "--json"],
+    );
     assert_eq!(code, 0, "{err}");
     let loss = out
         .lines()

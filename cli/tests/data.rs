@@ -3,6 +3,7 @@
 //! text -> bytes -> token stream round trip.
 
 use ingot_compiler::ir::DType;
+use ingot_testkit::bytes::{f32s, i64s};
 use ingot_testkit::text::assert_mentions;
 use ingot_trainer::data::npy::encode;
 use ingot_trainer::data::tokens::{LLMC_MAGIC_U16, LLMC_MAGIC_U32};
@@ -54,18 +55,6 @@ fn slot(name: &str, dtype: DType, dims: &[usize]) -> InputSlot {
         dtype,
         dims: dims.to_vec(),
     }
-}
-
-fn i64s(b: &[u8]) -> Vec<i64> {
-    b.chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 // ---------------------------------------------------------------- token readers

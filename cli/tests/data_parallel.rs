@@ -20,20 +20,12 @@ fn mlp(batch: usize) -> Model {
     ingot_models::mlp_with(batch, ingot_compiler::ir::DType::F32).unwrap()
 }
 
+#[path = "../../trainer/tests/support/steps.rs"]
+mod steps;
+use steps::{seeded_state, shard_rows, synthetic_batches};
+
 fn compile(model: &Model, ranks: usize) -> Executable {
-    let step = StepOptions {
-        ranks,
-        ..Default::default()
-    };
-    pipeline::compile_observed_with(
-        model,
-        &step,
-        &pipeline::Options::for_target(Target::Cpu),
-        &mut |_| {},
-    )
-    .unwrap()
-    .executable(Target::Cpu)
-    .unwrap()
+    steps::compile_for_ranks(model, ranks, Target::Cpu)
 }
 
 fn all_reduces(g: &Graph) -> usize {
@@ -190,17 +182,6 @@ fn the_validator_refuses_a_bucket_whose_gradients_are_not_adjacent() {
     assert!(e.contains("one contiguous region"), "{e}");
 }
 
-/// Rows `[r * n, (r + 1) * n)` of `t` (split along axis 0 into `of` equal shards).
-fn shard(t: &Tensor, r: usize, of: usize) -> Tensor {
-    let bytes = t.to_le_bytes();
-    let per = bytes.len() / of;
-    let mut ty = t.ty.clone();
-    let mut dims = ty.shape.dims().to_vec();
-    dims[0] /= of;
-    ty.shape = ingot_compiler::ir::Shape::new(&dims);
-    Tensor::from_le_bytes(ty, &bytes[r * per..(r + 1) * per]).unwrap()
-}
-
 /// Trains `steps` steps of `spec` at batch `ranks * per_rank` on one rank, and at `per_rank`
 /// on `ranks` thread ranks each on its shard of the same batches; returns the largest relative
 /// difference of any parameter (max-norm of the difference over max-norm of the union's).
@@ -216,47 +197,29 @@ fn ranks_against_union(
     let rank_exe = compile(&rank_model, ranks);
     assert!(all_reduces(rank_exe.graph()) > 0);
     let g = union_exe.graph();
-    let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 5);
-    state.extend(init_leaves(g, LeafKind::State, 5));
-    let batches: Vec<IndexMap<String, Tensor>> = (0..steps as u64)
-        .map(|s| synthetic_batch(g, 100 + s))
-        .collect();
+    let state = seeded_state(g, &[LeafKind::Parameter, LeafKind::State], 5);
+    let batches = synthetic_batches(g, steps as u64, 100);
 
-    let mut union = PlannedStep::new(union_exe).unwrap();
-    for (n, v) in &state {
-        union.write_leaf(n, v).unwrap();
-    }
-    for b in &batches {
-        for (n, v) in b {
-            union.write_leaf(n, v).unwrap();
-        }
-        union.step().unwrap();
-    }
+    let (_, union) = steps::train_planned(union_exe, &state, &batches);
 
     let handles: Vec<_> = threads::group(ranks)
         .into_iter()
         .map(|c| {
             let exe = rank_exe.clone();
             let state = state.clone();
-            let batches = batches.clone();
+            let r = c.rank();
+            // Each rank its rows of every batch.
+            let shards: Vec<IndexMap<String, Tensor>> = (batches.iter())
+                .map(|b| {
+                    (b.iter())
+                        .map(|(n, v)| (n.clone(), shard_rows(v, r, ranks)))
+                        .collect()
+                })
+                .collect();
             std::thread::spawn(move || {
-                let r = c.rank();
                 let mut s = PlannedStep::new(exe).unwrap();
                 s.set_collective(Box::new(c)).unwrap();
-                for (n, v) in &state {
-                    s.write_leaf(n, v).unwrap();
-                }
-                for b in &batches {
-                    for (n, v) in b {
-                        s.write_leaf(n, &shard(v, r, ranks)).unwrap();
-                    }
-                    s.step().unwrap();
-                }
-                let names: Vec<String> = state.keys().cloned().collect();
-                names
-                    .iter()
-                    .map(|n| (n.clone(), s.read_leaf(n).unwrap()))
-                    .collect::<IndexMap<_, _>>()
+                steps::train_on(&mut s, &state, &shards).1
             })
         })
         .collect();
@@ -271,25 +234,10 @@ fn ranks_against_union(
             );
         }
     }
-    let mut worst = 0.0f64;
-    for (n, v) in &results[0] {
-        let want = union.read_leaf(n).unwrap();
-        let (Some(a), Some(b)) = (v.as_f32(), want.as_f32()) else {
-            continue;
-        };
-        let diff = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs() as f64)
-            .fold(0.0, f64::max);
-        let scale = b
-            .iter()
-            .map(|y| y.abs() as f64)
-            .fold(0.0, f64::max)
-            .max(f64::MIN_POSITIVE);
-        worst = worst.max(diff / scale);
-    }
-    worst
+    // The largest relative difference of a parameter (max-norm over the union's max-norm).
+    (results[0].iter())
+        .map(|(n, v)| steps::max_relative(v, &union[n]))
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -302,16 +250,12 @@ fn two_thread_ranks_on_two_shards_train_an_mlp_as_one_rank_on_the_union() {
 fn three_thread_ranks_on_three_shards_train_a_gpt_as_one_rank_on_the_union() {
     let worst = ranks_against_union(
         |b| {
-            let mut m = ingot_models::by_name(&format!(
-                "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}"
-            ))
-            .unwrap();
             // SGD, not the GPT's AdamW: the key bias's gradient is zero in exact arithmetic
             // (softmax ignores a constant added to a row of scores), so what either run computes
             // for it is rounding noise, which AdamW's g / sqrt(v) scales up to a full step of
             // either sign; the two runs then differ by up to 2 lr in those parameters.
-            m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
-            m
+            let spec = format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
+            steps::with_sgd(ingot_models::by_name(&spec).unwrap())
         },
         3,
         2,
@@ -327,9 +271,8 @@ fn two_ranks_evaluate_a_batch_as_one_rank_evaluates_it_whole() {
     let spec =
         |b: usize| format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
     let session = |b: usize, ranks: usize| {
-        let mut model = ingot_models::by_name(&spec(b)).unwrap();
         // SGD: see the GPT test above (AdamW turns the key bias's rounding noise into steps).
-        model.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
+        let model = steps::with_sgd(ingot_models::by_name(&spec(b)).unwrap());
         let opts = pipeline::Options::for_target(Target::Cpu);
         let exe = compile(&model, ranks);
         ingot_trainer::eval::session_with_eval(
@@ -742,31 +685,16 @@ fn two_ranks_given_the_same_batch_train_bit_for_bit_as_one_rank_on_it() {
     // Each rank differentiates half its loss and the all-reduce sums: x/2 + x/2 is x exactly,
     // so two ranks on one batch must hold one rank's bits after every step. A rank missing its
     // share (a sum of whole gradients) would step twice as far under SGD.
-    let model = || {
-        let mut m = mlp(4);
-        m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
-        m
-    };
+    let model = || steps::with_sgd(mlp(4));
     let one_exe = compile(&model(), 1);
     let two_exe = compile(&model(), 2);
     let g = one_exe.graph();
-    let mut state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 7);
-    state.extend(init_leaves(g, LeafKind::State, 7));
-    let batches: Vec<IndexMap<String, Tensor>> =
-        (0..5u64).map(|s| synthetic_batch(g, 200 + s)).collect();
+    let state = seeded_state(g, &[LeafKind::Parameter, LeafKind::State], 7);
+    let batches = synthetic_batches(g, 5, 200);
     let run = |s: &mut PlannedStep| -> IndexMap<String, Vec<u8>> {
-        for (n, v) in &state {
-            s.write_leaf(n, v).unwrap();
-        }
-        for b in &batches {
-            for (n, v) in b {
-                s.write_leaf(n, v).unwrap();
-            }
-            s.step().unwrap();
-        }
-        state
-            .keys()
-            .map(|n| (n.clone(), s.read_leaf(n).unwrap().to_le_bytes()))
+        let (_, leaves) = steps::train_on(s, &state, &batches);
+        (leaves.into_iter())
+            .map(|(n, v)| (n, v.to_le_bytes()))
             .collect()
     };
     let want = run(&mut PlannedStep::new(one_exe).unwrap());

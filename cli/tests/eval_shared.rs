@@ -4,7 +4,7 @@
 
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::StepOptions;
-use ingot_compiler::exe::Target;
+use ingot_compiler::exe::{StepPair, Target};
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline;
 use ingot_models::by_name;
@@ -80,6 +80,11 @@ fn inputs() -> StepOptions {
 }
 
 /// The bytes of a synthetic batch (x, y) of `session`'s model drawn from `seed`.
+/// `model`'s CPU training step with `step`'s options and its evaluation step, in one allocation.
+fn cpu_pair(model: &Model, step: &StepOptions) -> StepPair {
+    pair_with_eval(model, train_exe(model, step), &Session::cpu_options()).unwrap()
+}
+
 fn batch(session: &Session, seed: u64) -> (Vec<u8>, Vec<u8>) {
     let b = ingot_trainer::init::synthetic_batch(session.graph(), seed);
     (b["x"].to_le_bytes(), b["y"].to_le_bytes())
@@ -90,7 +95,7 @@ fn the_shared_eval_steps_losses_equal_a_separately_compiled_eval_step_bit_for_bi
     let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
     let opts = Session::cpu_options();
-    let pair = pair_with_eval(&model, train_exe(&model, &inputs()), &opts).unwrap();
+    let pair = cpu_pair(&model, &inputs());
     let mut shared = Session::from_pair(pair, 7, Device::Cpu).unwrap();
     // The forward-only step compiled and loaded on its own, in its own allocation, its
     // attention fused as the pair's is (a fused attention and the plain math it replaces may
@@ -135,12 +140,7 @@ fn the_shared_eval_steps_losses_equal_a_separately_compiled_eval_step_bit_for_bi
 fn the_pair_is_one_allocation_of_the_larger_total_not_the_sum() {
     let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
-    let pair = pair_with_eval(
-        &model,
-        train_exe(&model, &inputs()),
-        &Session::cpu_options(),
-    )
-    .unwrap();
+    let pair = cpu_pair(&model, &inputs());
     let l = pair.layout();
     let (train, eval) = (pair.train().plan().clone(), pair.eval().plan().clone());
     // Max-based: the slab is the larger of the two, over the same bytes; the resident region
@@ -266,19 +266,12 @@ fn a_resumed_adamw_run_with_the_step_input_equals_the_uninterrupted_one() {
 fn training_and_evaluating_in_the_shared_allocation_allocate_nothing_per_step() {
     let _one_at_a_time = serial();
     let model = by_name(GPT).unwrap();
-    let pair = pair_with_eval(
-        &model,
-        train_exe(
-            &model,
-            &StepOptions {
-                lr_scale: true,
-                step_input: true,
-                ..Default::default()
-            },
-        ),
-        &Session::cpu_options(),
-    )
-    .unwrap();
+    let step = StepOptions {
+        lr_scale: true,
+        step_input: true,
+        ..Default::default()
+    };
+    let pair = cpu_pair(&model, &step);
     let mut s = Session::from_pair(pair, 2, Device::Cpu).unwrap();
     let slots = s.input_slots().unwrap();
     let (x, y) = batch(&s, 5);

@@ -188,35 +188,48 @@ fn as_ingot_gpt(weights: &Path, at: &Path) {
     ]));
 }
 
+/// `prompts`, 12 tokens each (a window of 8 slides twice), from seed 4 at `temperature`.
+fn draw_from<'a>(prompts: &[&'a str], temperature: &'a str) -> Vec<&'a str> {
+    let mut args = Vec::new();
+    for p in prompts {
+        args.extend(["--prompt", p]);
+    }
+    args.extend([
+        "--tokens",
+        "12",
+        "--temperature",
+        temperature,
+        "--seed",
+        "4",
+    ]);
+    args
+}
+
+/// The flags of Ingot's own GPT holding `weights` (Ingot's names), the reference the imported
+/// model's draws are checked against.
+fn as_gpt(weights: &Path) -> [&str; 4] {
+    ["--model", HF_GPT2_AS_GPT, "--init", s(weights)]
+}
+
+/// The transformers GPT-2 fixture's ONNX file, and its initial weights saved under Ingot's names
+/// in the scratch folder of `test`.
+fn hf_gpt2_and_as_gpt(test: &str) -> (PathBuf, PathBuf) {
+    let ingot_names = cli::scratch("generate", test).join("as_gpt.safetensors");
+    as_ingot_gpt(&hf_gpt2("init.safetensors"), &ingot_names);
+    (hf_gpt2("model.onnx"), ingot_names)
+}
+
 #[test]
 fn an_imported_gpt2_draws_the_tokens_of_its_weights_in_ingots_own_gpt() {
-    let d = cli::scratch("generate", "onnx_gpt2");
-    let model = hf_gpt2("model.onnx");
-    let ingot_names = d.join("as_gpt.safetensors");
-    as_ingot_gpt(&hf_gpt2("init.safetensors"), &ingot_names);
+    let (model, ingot_names) = hf_gpt2_and_as_gpt("onnx_gpt2");
     // 12 tokens after 2 or 3: the window of 8 slides twice. Greedy, and drawn at temperature
     // 1 from the same seed (the draws follow the whole softmax, so logits that differed would
     // soon draw another token; greedy decoding of these random weights settles on one token).
     for prompt in PROMPTS {
         for (temperature, distinct_at_least) in [("0", 1), ("1", 4)] {
-            let draw = [
-                "--prompt",
-                prompt,
-                "--tokens",
-                "12",
-                "--temperature",
-                temperature,
-                "--seed",
-                "4",
-            ];
+            let draw = draw_from(&[prompt], temperature);
             let imported = generated(&[&["--onnx", s(&model)][..], &draw].concat());
-            let reference = generated(
-                &[
-                    &["--model", HF_GPT2_AS_GPT, "--init", s(&ingot_names)][..],
-                    &draw,
-                ]
-                .concat(),
-            );
+            let reference = generated(&[&as_gpt(&ingot_names)[..], &draw].concat());
             assert_eq!(imported, reference, "prompt {prompt:?} at {temperature}");
             let distinct: std::collections::BTreeSet<u64> = imported[0].iter().copied().collect();
             assert!(
@@ -264,13 +277,7 @@ fn an_imported_gpt2_trained_by_ingot_generates_from_its_saved_weights() {
     let from_file = generated(&[&["--onnx", s(&model)][..], &greedy].concat());
     let imported =
         generated(&[&["--onnx", s(&model), "--init", s(&trained)][..], &greedy].concat());
-    let reference = generated(
-        &[
-            &["--model", HF_GPT2_AS_GPT, "--init", s(&ingot_names)][..],
-            &greedy,
-        ]
-        .concat(),
-    );
+    let reference = generated(&[&as_gpt(&ingot_names)[..], &greedy].concat());
     assert_eq!(imported, reference);
     // The run's checkpoint records the file: it needs no --onnx.
     let recorded = generated(&[&["--checkpoint", s(&d.join("ckpt"))][..], &greedy].concat());
@@ -281,53 +288,35 @@ fn an_imported_gpt2_trained_by_ingot_generates_from_its_saved_weights() {
     );
     // Weights of another model name what they lack.
     let err = exit_stderr(
-        run(&[
-            "generate",
-            "--onnx",
-            s(&model),
-            "--init",
-            s(&ingot_names),
-            "--prompt",
-            "\u{1}",
-            "--tokens",
-            "1",
-        ]),
+        generate_one(&model, "\u{1}", &["--init", s(&ingot_names)]),
         1,
     );
     assert_mentions(&err, &["lacks", "as_gpt.safetensors"]);
+}
+
+/// `ingot generate --onnx ONNX --prompt PROMPT --tokens 1 EXTRA..`: one token, for the tests of
+/// what an ONNX model must have before it can generate.
+fn generate_one(onnx: &Path, prompt: &str, extra: &[&str]) -> (i32, String, String) {
+    let base = [
+        "generate",
+        "--onnx",
+        s(onnx),
+        "--prompt",
+        prompt,
+        "--tokens",
+        "1",
+    ];
+    run(&[&base[..], extra].concat())
 }
 
 #[test]
 fn an_onnx_model_without_decoder_logits_is_an_error_listing_its_outputs() {
     let classifier =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/torch/mlp/model.onnx");
-    let err = exit_stderr(
-        run(&[
-            "generate",
-            "--onnx",
-            s(&classifier),
-            "--prompt",
-            "a",
-            "--tokens",
-            "1",
-        ]),
-        1,
-    );
+    let err = exit_stderr(generate_one(&classifier, "a", &[]), 1);
     assert_mentions(&err, &["[batch, seq, vocab]", "classifier", "logits"]);
-    let err = exit_stderr(
-        run(&[
-            "generate",
-            "--onnx",
-            s(&hf_gpt2("model.onnx")),
-            "--logits",
-            "scores",
-            "--prompt",
-            "\u{1}",
-            "--tokens",
-            "1",
-        ]),
-        1,
-    );
+    let gpt2 = hf_gpt2("model.onnx");
+    let err = exit_stderr(generate_one(&gpt2, "\u{1}", &["--logits", "scores"]), 1);
     assert_mentions(&err, &["\"scores\"", "logits"]);
 }
 
@@ -335,24 +324,15 @@ fn an_onnx_model_without_decoder_logits_is_an_error_listing_its_outputs() {
 
 #[test]
 fn several_prompts_at_once_each_get_the_tokens_they_get_alone() {
-    let d = cli::scratch("generate", "rows");
-    let onnx = hf_gpt2("model.onnx");
-    let weights = d.join("as_gpt.safetensors");
-    as_ingot_gpt(&hf_gpt2("init.safetensors"), &weights);
+    let (onnx, weights) = hf_gpt2_and_as_gpt("rows");
     // Drawn at a temperature (each prompt its own draws from the seed), past a window slide.
     let draw = ["--tokens", "11", "--temperature", "1.5", "--seed", "9"];
     let models: [&[&str]; 3] = [
         // The file's batch of 2: the two prompts are its two rows.
         &["--onnx", s(&onnx)],
         // The built-in GPT's whole window at a batch of 2, and its decode step prompt by prompt.
-        &[
-            "--model",
-            HF_GPT2_AS_GPT,
-            "--init",
-            s(&weights),
-            "--whole-window",
-        ],
-        &["--model", HF_GPT2_AS_GPT, "--init", s(&weights)],
+        &[&as_gpt(&weights)[..], &["--whole-window"]].concat(),
+        &as_gpt(&weights),
     ];
     for model in models {
         let together = generated(
@@ -371,22 +351,8 @@ fn several_prompts_at_once_each_get_the_tokens_they_get_alone() {
         assert_ne!(together[0], together[1], "{model:?}");
     }
     // Three prompts do not fit the file's batch of 2.
-    let err = exit_stderr(
-        run(&[
-            "generate",
-            "--onnx",
-            s(&onnx),
-            "--prompt",
-            "\u{1}",
-            "--prompt",
-            "\u{2}",
-            "--prompt",
-            "\u{3}",
-            "--tokens",
-            "1",
-        ]),
-        1,
-    );
+    let more = ["--prompt", "\u{2}", "--prompt", "\u{3}"];
+    let err = exit_stderr(generate_one(&onnx, "\u{1}", &more), 1);
     assert_mentions(&err, &["3 prompts", "batch of 2"]);
 }
 
@@ -395,18 +361,7 @@ fn a_symbolic_window_axis_of_an_onnx_model_takes_its_size_from_dim() {
     // A model whose input is [2, "seq"] (an MLP over it, no decoder logits).
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../onnx/tests/fixtures/errors/symbolic_seq.onnx");
-    let generate = |extra: &[&str]| {
-        let base = [
-            "generate",
-            "--onnx",
-            s(&path),
-            "--prompt",
-            "\u{1}",
-            "--tokens",
-            "1",
-        ];
-        run(&[&base[..], extra].concat())
-    };
+    let generate = |extra: &[&str]| generate_one(&path, "\u{1}", extra);
     let err = exit_stderr(generate(&[]), 1);
     assert_mentions(&err, &["axis 1", "\"seq\""]);
     // Sized, the import goes through, and what stops it is the model's outputs.
@@ -432,19 +387,7 @@ fn decoder(file: &str) -> PathBuf {
 
 /// Both prompts, 12 tokens each (the window of 8 slides), from seed 4 at `temperature`.
 fn draw(temperature: &str) -> Vec<&str> {
-    let mut args = Vec::new();
-    for p in PROMPTS {
-        args.extend(["--prompt", p]);
-    }
-    args.extend([
-        "--tokens",
-        "12",
-        "--temperature",
-        temperature,
-        "--seed",
-        "4",
-    ]);
-    args
+    draw_from(&PROMPTS, temperature)
 }
 
 #[test]
@@ -488,18 +431,7 @@ fn a_decoder_with_its_mask_held_at_one_and_its_positions_along_the_window_draws_
 #[test]
 fn a_decoder_input_given_no_value_is_refused_naming_it_and_the_flag() {
     let inputs = decoder("inputs.onnx");
-    let generate = |extra: &[&str]| {
-        let base = [
-            "generate",
-            "--onnx",
-            s(&inputs),
-            "--prompt",
-            "\u{1}",
-            "--tokens",
-            "1",
-        ];
-        run(&[&base[..], extra].concat())
-    };
+    let generate = |extra: &[&str]| generate_one(&inputs, "\u{1}", extra);
     // Neither held: both named, each with a value that suits it.
     let err = exit_stderr(generate(&[]), 2);
     assert_mentions(

@@ -24,38 +24,31 @@ fn tiny() -> String {
         .to_string()
 }
 
+/// `ingot train --model-file TINY --steps STEPS MORE..` over the repository's tiny IR model:
+/// how the tests of a checkpoint directory run.
+fn train_tiny(steps: &str, more: &[&str]) -> std::process::Output {
+    let tiny = tiny();
+    ingot(
+        &[
+            &["train", "--model-file", &tiny, "--steps", steps][..],
+            more,
+        ]
+        .concat(),
+    )
+}
+
 #[test]
 fn weights_made_infinite_by_an_update_after_a_finite_loss_are_never_saved() {
     let d = scratch("no-data-lost", "infinite-update");
     let (w, ck) = (d.join("w.safetensors"), d.join("ck"));
-    let tiny = tiny();
     // A good run first: its weights and checkpoint are what must survive.
-    ok(&ingot(&[
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
-        "2",
-        "--save",
-        s(&w),
-        "--checkpoint",
-        s(&ck),
-    ]));
+    ok(&train_tiny("2", &["--save", s(&w), "--checkpoint", s(&ck)]));
     let (good_w, good_ck) = (std::fs::read(&w).unwrap(), checkpoint::load(&ck).unwrap());
     // lr 1e39 is infinite in f32: step 1's loss is finite, its update is not.
-    let out = ingot(&[
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
+    let out = train_tiny(
         "1",
-        "--lr",
-        "1e39",
-        "--save",
-        s(&w),
-        "--checkpoint",
-        s(&ck),
-    ]);
+        &["--lr", "1e39", "--save", s(&w), "--checkpoint", s(&ck)],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let e = stderr(&out);
     assert!(
@@ -74,20 +67,18 @@ fn weights_made_infinite_by_an_update_after_a_finite_loss_are_never_saved() {
 
     // Past that step (--skip-nonfinite), a checkpoint due in the middle of the run refuses
     // too, and the run stops there.
-    let out = ingot(&[
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
+    let out = train_tiny(
         "3",
-        "--skip-nonfinite",
-        "--lr",
-        "1e39",
-        "--checkpoint",
-        s(&ck),
-        "--checkpoint-every",
-        "1",
-    ]);
+        &[
+            "--skip-nonfinite",
+            "--lr",
+            "1e39",
+            "--checkpoint",
+            s(&ck),
+            "--checkpoint-every",
+            "1",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     let e = stderr(&out);
     assert_mentions(&e, &["not saved at step 1", "is not finite"]);
@@ -195,18 +186,9 @@ fn an_output_that_is_an_input_or_another_output_is_refused_before_any_work() {
 fn a_checkpoint_directory_held_by_a_run_is_refused_to_another_naming_the_holder() {
     let d = scratch("no-data-lost", "lock");
     let ck = d.join("ck");
-    let tiny = tiny();
     let held = checkpoint::lock(&ck).unwrap();
-    let args = [
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
-        "2",
-        "--checkpoint",
-        s(&ck),
-    ];
-    let out = ingot(&args);
+    let args = ["--checkpoint", s(&ck)];
+    let out = train_tiny("2", &args);
     let e = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{e}");
     assert!(
@@ -216,22 +198,14 @@ fn a_checkpoint_directory_held_by_a_run_is_refused_to_another_naming_the_holder(
     );
     assert!(out.stdout.is_empty(), "refused before anything ran");
     // --resume takes the directory too: a run rewriting it would delete what is read.
-    let out = ingot(&[
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
-        "2",
-        "--resume",
-        s(&ck),
-    ]);
+    let out = train_tiny("2", &["--resume", s(&ck)]);
     assert!(
         stderr(&out).contains("another run is using it"),
         "{}",
         stderr(&out)
     );
     drop(held);
-    ok(&ingot(&args));
+    ok(&train_tiny("2", &args));
     // A run lets go of it when it ends: the next one takes it.
     let again = checkpoint::lock(&ck).unwrap();
     assert!(again.removed.is_empty());
@@ -251,15 +225,7 @@ fn a_second_lock_in_one_process_is_refused_and_a_file_is_no_checkpoint_directory
     let e = checkpoint::lock(&file).unwrap_err();
     assert!(e.contains("is a file, not a directory"), "{e}");
     // From the command line, before the run rather than after it.
-    let out = ingot(&[
-        "train",
-        "--model-file",
-        &tiny(),
-        "--steps",
-        "1",
-        "--checkpoint",
-        s(&file),
-    ]);
+    let out = train_tiny("1", &["--checkpoint", s(&file)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("is a file"), "{}", stderr(&out));
     assert!(out.stdout.is_empty());
@@ -269,18 +235,7 @@ fn a_second_lock_in_one_process_is_refused_and_a_file_is_no_checkpoint_directory
 fn what_a_killed_save_left_is_removed_and_the_users_own_files_are_not() {
     let d = scratch("no-data-lost", "stale");
     let ck = d.join("ck");
-    let tiny = tiny();
-    let run = |steps: &str| {
-        ingot(&[
-            "train",
-            "--model-file",
-            &tiny,
-            "--steps",
-            steps,
-            "--checkpoint",
-            s(&ck),
-        ])
-    };
+    let run = |steps: &str| train_tiny(steps, &["--checkpoint", s(&ck)]);
     ok(&run("1"));
     let stale = [
         ".weights-00000007.safetensors.4242.0.tmp",
@@ -323,16 +278,7 @@ fn what_a_killed_save_left_is_removed_and_the_users_own_files_are_not() {
 fn a_checkpoint_file_changed_on_disk_fails_its_checksum_on_resume() {
     let d = scratch("no-data-lost", "checksum");
     let ck = d.join("ck");
-    let tiny = tiny();
-    ok(&ingot(&[
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
-        "1",
-        "--checkpoint",
-        s(&ck),
-    ]));
+    ok(&train_tiny("1", &["--checkpoint", s(&ck)]));
     let info = checkpoint::load(&ck).unwrap().info;
     assert_eq!(info.checksums.len(), 2, "{:?}", info.checksums);
     // One bit of the last weight's last byte: still a valid safetensors file.
@@ -343,15 +289,7 @@ fn a_checkpoint_file_changed_on_disk_fails_its_checksum_on_resume() {
     ingot_runtime::io::load(&w).expect("the damage is invisible to the format");
     let e = checkpoint::load(&ck).unwrap_err();
     assert!(e.contains("checksum") && e.contains(&info.weights), "{e}");
-    let out = ingot(&[
-        "train",
-        "--model-file",
-        &tiny,
-        "--steps",
-        "2",
-        "--resume",
-        s(&ck),
-    ]);
+    let out = train_tiny("2", &["--resume", s(&ck)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("checksum"), "{}", stderr(&out));
 }

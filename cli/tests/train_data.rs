@@ -1106,22 +1106,7 @@ fn resnet18_trains_on_uint8_nhwc_images() {
 fn a_run_with_dropout_resumes_bit_for_bit_and_another_seed_draws_other_masks() {
     let d = scratch("dropout-resume");
     let ir = d.join("q.ir");
-    std::fs::write(
-        &ir,
-        "ingot-ir 1\n\
-         optimizer sgd lr=0.1\n\
-         %0 = parameter \"p\" init=normal(1.0) : f32[64]\n\
-         %1 = input \"x\" : f32[64]\n\
-         %2 = input \"y\" : f32[64]\n\
-         %3 = input \"dropout_seed\" : i64[]\n\
-         %4 = sub(%0, %1) : f32[64]\n\
-         %5 = dropout(%4, %3) p=0.5 salt=1 : f32[64]\n\
-         %6 = mul(%5, %5) : f32[64]\n\
-         %7 = reduce_sum(%6) axes=[0] : f32[1]\n\
-         %8 = reshape(%7) : f32[]\n\
-         output \"loss\" = %8\n",
-    )
-    .unwrap();
+    std::fs::write(&ir, ingot_testkit::ir_text::dropout_model(64, "0.5", 1)).unwrap();
     let ir = ir.to_str().unwrap();
     let ck = d.join("ck");
     let ck = ck.to_str().unwrap();

@@ -7,6 +7,19 @@ pub mod gradcheck;
 pub mod losses;
 pub mod planned;
 
+use ingot_compiler::lower::Target;
+use ingot_compiler::pipeline::Options;
+use ingot_compiler::precision::Precision;
+
+/// The CUDA pipeline's options at `precision`, everything else at the CUDA target's defaults:
+/// what the tests of a CUDA plan at each precision compile with.
+pub fn cuda_options(precision: Precision) -> Options {
+    Options {
+        precision: Some(precision),
+        ..Options::for_target(Target::Cuda)
+    }
+}
+
 /// One insta snapshot test a line: `snapshot_tests! { test_name => text, ... }` is a `#[test]
 /// fn test_name` asserting the snapshot of `text` (the snapshot file is named for the test, as
 /// a written-out test's is). For the tests that snapshot the same thing of each reference

@@ -2,6 +2,7 @@
 //! must not change a number (padding, recomputation, segments) compare, written once.
 
 use ingot_compiler::lower::Target;
+use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::Compiled;
 use ingot_trainer::session::{Device, Session};
 
@@ -12,4 +13,11 @@ pub fn cpu_loss_bits(c: &Compiled, seed: u64, steps: usize) -> Vec<u64> {
     (0..steps)
         .map(|_| s.step().unwrap().loss.to_bits())
         .collect()
+}
+
+/// The losses of `steps` CPU steps of a session of `m` (the default pipeline), its leaves
+/// drawn from `seed`.
+pub fn session_losses(m: &Model, seed: u64, steps: usize) -> Vec<f64> {
+    let mut s = Session::new(m, seed).unwrap();
+    (0..steps).map(|_| s.step().unwrap().loss).collect()
 }

@@ -6,6 +6,7 @@ use ingot_compiler::ir::{Graph, Op};
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
+use ingot_ir_tests::cuda_options;
 use ingot_ir_tests::losses::cpu_loss_bits;
 
 /// A GPT whose vocabulary (301) is odd and long enough to be padded (to 320).
@@ -43,10 +44,7 @@ fn losses(c: &Compiled, steps: usize) -> Vec<u64> {
 #[test]
 fn on_cuda_every_gemm_of_an_odd_vocabulary_gpt_reads_and_writes_aligned_rows() {
     for precision in [Precision::F32, Precision::Bf16] {
-        let cuda = Options {
-            precision: Some(precision),
-            ..Options::for_target(Target::Cuda)
-        };
+        let cuda = cuda_options(precision);
         assert_eq!(cuda.align_matmuls, Some(64));
         let padded = compile(&cuda);
         assert_eq!(misaligned_products(&padded.graph), vec![], "{precision:?}");
@@ -67,10 +65,7 @@ fn on_cuda_every_gemm_of_an_odd_vocabulary_gpt_reads_and_writes_aligned_rows() {
 #[test]
 fn on_cuda_an_odd_vocabulary_plans_no_more_than_the_vocabulary_rounded_up() {
     for precision in [Precision::F32, Precision::Bf16] {
-        let cuda = Options {
-            precision: Some(precision),
-            ..Options::for_target(Target::Cuda)
-        };
+        let cuda = cuda_options(precision);
         let odd = compile(&cuda).plan.total_bytes;
         let rounded = pipeline::compile(
             &ingot_models::by_name(&ODD.replace("301", "320")).unwrap(),

@@ -279,19 +279,8 @@ fn runs_repeat_by_their_seed_and_a_resumed_run_draws_the_uninterrupted_runs_mask
 
 #[test]
 fn dropout_in_the_ir_text_form_round_trips_and_is_the_identity_in_eval_mode() {
-    let text = "ingot-ir 1\n\
-        optimizer sgd lr=0.1\n\
-        %0 = parameter \"p\" init=normal(1.0) : f32[6]\n\
-        %1 = input \"x\" : f32[6]\n\
-        %2 = input \"y\" : f32[6]\n\
-        %3 = input \"dropout_seed\" : i64[]\n\
-        %4 = sub(%0, %1) : f32[6]\n\
-        %5 = dropout(%4, %3) p=0.25 salt=77 : f32[6]\n\
-        %6 = mul(%5, %5) : f32[6]\n\
-        %7 = reduce_sum(%6) axes=[0] : f32[1]\n\
-        %8 = reshape(%7) : f32[]\n\
-        output \"loss\" = %8\n";
-    let m = Model::from_ir_text("q.ir", text).unwrap();
+    let text = ingot_testkit::ir_text::dropout_model(6, "0.25", 77);
+    let m = Model::from_ir_text("q.ir", &text).unwrap();
     assert_eq!(
         m.graph.node(ingot_compiler::ir::NodeId(5)).op,
         Op::Dropout { p: 0.25, salt: 77 }

@@ -4,11 +4,11 @@
 
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::ir::{DType, Graph, Op};
-use ingot_compiler::lower::cuda::{Compute, DeviceOp};
+use ingot_compiler::lower::cuda::Compute;
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
-use ingot_testkit::programs::cuda_program;
+use ingot_testkit::programs::{cuda_program, gemms};
 
 fn compile(spec: &str, precision: Precision, step: &StepOptions, acc: bool) -> Compiled {
     let m = ingot_models::by_name(spec).unwrap();
@@ -82,19 +82,9 @@ fn gpt2_bf16_with_its_loss_head_in_chunks_accumulates_the_head_gradient_in_place
     }
     // The CUDA lowering: bf16 operands into f32, beta = 1.
     let exe = after.executable(Target::Cuda).unwrap();
-    let p = cuda_program(&exe);
-    let head: Vec<_> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::Gemm(g) if matches!(after.graph.node(g.node).op, Op::MatMulAcc { .. }) => {
-                Some(g)
-            }
-            _ => None,
-        })
-        .collect();
-    let head: Vec<_> = head
+    let head: Vec<_> = gemms(cuda_program(&exe))
         .into_iter()
+        .filter(|g| matches!(after.graph.node(g.node).op, Op::MatMulAcc { .. }))
         .filter(|g| g.m * g.n == 768 * 50304)
         .collect();
     assert!(head.len() >= 4, "one per chunk: {}", head.len());

@@ -7,6 +7,7 @@ use ingot_compiler::ir::{Graph, NodeId, Op};
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
+use ingot_ir_tests::cuda_options;
 
 fn gpt(layers: usize) -> String {
     format!("gpt:vocab=64,d_model=32,layers={layers},heads=4,d_ff=64,seq=8,batch=2")
@@ -59,10 +60,7 @@ fn kernel_of(g: &Graph, v: NodeId) -> NodeId {
 #[test]
 fn on_cuda_each_update_kernel_counts_its_rows_and_nothing_reads_a_new_weight_again() {
     for precision in [Precision::F32, Precision::Bf16] {
-        let opts = Options {
-            precision: Some(precision),
-            ..Options::for_target(Target::Cuda)
-        };
+        let opts = cuda_options(precision);
         let c = compiled(&gpt(2), counting(), &opts);
         let g = &c.graph;
         assert!(g.outputs.contains_key(NONFINITE));

@@ -5,9 +5,7 @@
 
 mod support;
 
-use ingot_onnx::{
-    check, check_bytes, import, import_bytes, ClassAxis, ImportOptions, Loss, OnnxError,
-};
+use ingot_onnx::{check, check_bytes, import, import_bytes, ImportOptions, Loss, OnnxError};
 use ingot_testkit::text::assert_mentions;
 use std::collections::BTreeMap;
 use support::*;
@@ -212,11 +210,7 @@ fn a_loss_that_is_not_a_scalar_asks_for_cross_entropy_or_mse() {
 #[test]
 fn importing_twice_gives_equal_models_and_weights() {
     let path = fixtures().join("ops/cnn.onnx");
-    let opts = ImportOptions {
-        loss: Loss::CrossEntropy { logits: None },
-        class_axis: ClassAxis::Last,
-        ..Default::default()
-    };
+    let opts = classifier();
     let (a, b) = (import(&path, &opts).unwrap(), import(&path, &opts).unwrap());
     assert_eq!(a.model, b.model);
     assert_eq!(a.weights, b.weights);
@@ -239,11 +233,7 @@ fn flipping_any_byte_of_a_model_gives_an_import_or_an_error_never_a_panic() {
             for flip in [0x01u8, 0x80, 0xff] {
                 let mut b = bytes.clone();
                 b[at] ^= flip;
-                let opts = ImportOptions {
-                    loss: Loss::CrossEntropy { logits: None },
-                    class_axis: ClassAxis::Last,
-                    ..Default::default()
-                };
+                let opts = classifier();
                 match import_bytes(&b, name, &opts) {
                     Ok(_) => imported += 1,
                     Err(_) => refused += 1,

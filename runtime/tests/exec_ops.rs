@@ -2,6 +2,7 @@
 //! written here (nested loops over multi-indices, in f64), on small random shapes.
 
 use indexmap::IndexMap;
+use ingot_compiler::error::IrError;
 use ingot_compiler::ir::{
     BinaryOp, CmpOp, DType, Graph, Init, LeafKind, Node, NodeId, Op, Shape, TensorType, UnaryOp,
 };
@@ -107,15 +108,45 @@ fn rounded(dtype: DType, v: &[f64]) -> Vec<f64> {
     tensor(dtype, &[v.len()], v).to_f64_vec()
 }
 
-/// Runs a graph with the named leaf values and returns its named outputs.
-fn run(g: &Graph, leaves: Vec<(&str, Tensor)>) -> IndexMap<String, Tensor> {
-    let leaves: IndexMap<String, Tensor> = leaves
+/// Leaf values by name, as `run_graph` takes them.
+fn named(leaves: Vec<(&str, Tensor)>) -> IndexMap<String, Tensor> {
+    leaves
         .into_iter()
         .map(|(n, t)| (n.to_string(), t))
-        .collect();
-    run_graph(g, &leaves)
+        .collect()
+}
+
+/// Runs a graph with the named leaf values and returns its named outputs.
+fn run(g: &Graph, leaves: Vec<(&str, Tensor)>) -> IndexMap<String, Tensor> {
+    run_graph(g, &named(leaves))
         .unwrap_or_else(|e| panic!("run_graph failed: {e}"))
         .outputs
+}
+
+/// Runs the graph that `build` makes over one input per leaf value (named, shaped and typed as
+/// the value, in order), its outputs the named nodes `build` returns: the outputs' values.
+fn run_ops(
+    leaves: Vec<(&str, Tensor)>,
+    build: impl FnOnce(&mut Graph, &[NodeId]) -> Vec<(&'static str, NodeId)>,
+) -> IndexMap<String, Tensor> {
+    let mut g = Graph::new();
+    let inputs: Vec<NodeId> = leaves
+        .iter()
+        .map(|(n, t)| g.input(n, t.ty.shape.clone(), t.dtype()).unwrap())
+        .collect();
+    for (name, id) in build(&mut g, &inputs) {
+        g.set_output(name, id).unwrap();
+    }
+    run(&g, leaves)
+}
+
+/// [`run_ops`] of a graph of one output: its value.
+fn run_op(
+    leaves: Vec<(&str, Tensor)>,
+    build: impl FnOnce(&mut Graph, &[NodeId]) -> Result<NodeId, IrError>,
+) -> Tensor {
+    let mut out = run_ops(leaves, |g, x| vec![("y", build(g, x).unwrap())]);
+    out.shift_remove("y").unwrap()
 }
 
 fn assert_exact(got: &Tensor, want_dims: &[usize], want: &[f64], what: &str) {
@@ -271,15 +302,13 @@ fn unary_float_ops_match_std_per_element() {
                 x.iter_mut().for_each(|v| *v = v.abs() + 0.01);
             }
             let x = rounded(dtype, &x);
-            let mut g = Graph::new();
-            let a = g.input("x", Shape::new(&dims), dtype).unwrap();
-            let y = g.unary(u, a).unwrap();
-            g.set_output("y", y).unwrap();
-            let out = run(&g, vec![("x", tensor(dtype, &dims, &x))]);
+            let out = run_op(vec![("x", tensor(dtype, &dims, &x))], |g, a| {
+                g.unary(u, a[0])
+            });
             let want: Vec<f64> = x.iter().map(|&v| f(v)).collect();
             let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
             assert_close(
-                &out["y"],
+                &out,
                 &dims,
                 &want,
                 &scale,
@@ -292,12 +321,9 @@ fn unary_float_ops_match_std_per_element() {
 
 #[test]
 fn integer_neg_wraps_instead_of_overflowing() {
-    let mut g = Graph::new();
-    let a = g.input("x", [3], DType::I32).unwrap();
-    let y = g.neg(a).unwrap();
-    g.set_output("y", y).unwrap();
-    let out = run(&g, vec![("x", Tensor::from_i32([3], vec![i32::MIN, 5, 0]))]);
-    assert_eq!(out["y"].as_i32().unwrap(), &[i32::MIN, -5, 0]);
+    let x = Tensor::from_i32([3], vec![i32::MIN, 5, 0]);
+    let out = run_op(vec![("x", x)], |g, a| g.neg(a[0]));
+    assert_eq!(out.as_i32().unwrap(), &[i32::MIN, -5, 0]);
 }
 
 #[test]
@@ -316,18 +342,8 @@ fn binary_ops_match_naive_on_floats_and_integers() {
                 y.iter_mut()
                     .for_each(|v| *v = if v.abs() < 0.1 { 0.5 } else { *v });
             }
-            let mut g = Graph::new();
-            let a = g.input("a", Shape::new(&dims), dtype).unwrap();
-            let c = g.input("b", Shape::new(&dims), dtype).unwrap();
-            let r = g.binary(b, a, c).unwrap();
-            g.set_output("r", r).unwrap();
-            let out = run(
-                &g,
-                vec![
-                    ("a", tensor(dtype, &dims, &x)),
-                    ("b", tensor(dtype, &dims, &y)),
-                ],
-            );
+            let (a, c) = (tensor(dtype, &dims, &x), tensor(dtype, &dims, &y));
+            let out = run_op(vec![("a", a), ("b", c)], |g, v| g.binary(b, v[0], v[1]));
             let f = |p: f64, q: f64| match b {
                 BinaryOp::Add => p + q,
                 BinaryOp::Sub => p - q,
@@ -341,66 +357,43 @@ fn binary_ops_match_naive_on_floats_and_integers() {
             let want = rounded(dtype, &want);
             if dtype == DType::F32 && b == BinaryOp::Div {
                 let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
-                assert_close(
-                    &out["r"],
-                    &dims,
-                    &want,
-                    &scale,
-                    2e-7,
-                    &format!("{b:?} {dtype}"),
-                );
+                assert_close(&out, &dims, &want, &scale, 2e-7, &format!("{b:?} {dtype}"));
             } else {
-                assert_exact(&out["r"], &dims, &want, &format!("{b:?} {dtype}"));
+                assert_exact(&out, &dims, &want, &format!("{b:?} {dtype}"));
             }
         }
     }
 }
 
+/// `a op b` for each of the two `ops`, computed in one graph.
+fn two_binary_ops(a: Tensor, b: Tensor, ops: [BinaryOp; 2]) -> (Tensor, Tensor) {
+    let mut out = run_ops(vec![("a", a), ("b", b)], |g, x| {
+        let first = g.binary(ops[0], x[0], x[1]).unwrap();
+        vec![("0", first), ("1", g.binary(ops[1], x[0], x[1]).unwrap())]
+    });
+    (
+        out.shift_remove("0").unwrap(),
+        out.shift_remove("1").unwrap(),
+    )
+}
+
 #[test]
 fn integer_arithmetic_wraps_instead_of_panicking() {
-    let mut g = Graph::new();
-    let a = g.input("a", [2], DType::I64).unwrap();
-    let b = g.input("b", [2], DType::I64).unwrap();
-    let s = g.add(a, b).unwrap();
-    let m = g.mul(a, b).unwrap();
-    g.set_output("s", s).unwrap();
-    g.set_output("m", m).unwrap();
-    let out = run(
-        &g,
-        vec![
-            ("a", Tensor::from_i64([2], vec![i64::MAX, 3])),
-            ("b", Tensor::from_i64([2], vec![1, i64::MAX])),
-        ],
-    );
-    assert_eq!(
-        out["s"].as_i64().unwrap(),
-        &[i64::MIN, i64::MAX.wrapping_add(3)]
-    );
-    assert_eq!(
-        out["m"].as_i64().unwrap(),
-        &[i64::MAX, i64::MAX.wrapping_mul(3)]
-    );
+    let a = Tensor::from_i64([2], vec![i64::MAX, 3]);
+    let b = Tensor::from_i64([2], vec![1, i64::MAX]);
+    let (s, m) = two_binary_ops(a, b, [BinaryOp::Add, BinaryOp::Mul]);
+    assert_eq!(s.as_i64().unwrap(), &[i64::MIN, i64::MAX.wrapping_add(3)]);
+    assert_eq!(m.as_i64().unwrap(), &[i64::MAX, i64::MAX.wrapping_mul(3)]);
 }
 
 #[test]
 fn float_max_and_min_propagate_a_nan_operand() {
-    let mut g = Graph::new();
-    let a = g.input("a", [2], DType::F32).unwrap();
-    let b = g.input("b", [2], DType::F32).unwrap();
-    let mx = g.maximum(a, b).unwrap();
-    let mn = g.minimum(a, b).unwrap();
-    g.set_output("max", mx).unwrap();
-    g.set_output("min", mn).unwrap();
-    let out = run(
-        &g,
-        vec![
-            ("a", Tensor::from_f32([2], vec![f32::NAN, 1.0])),
-            ("b", Tensor::from_f32([2], vec![2.0, f32::NAN])),
-        ],
-    );
+    let a = Tensor::from_f32([2], vec![f32::NAN, 1.0]);
+    let b = Tensor::from_f32([2], vec![2.0, f32::NAN]);
+    let (max, min) = two_binary_ops(a, b, [BinaryOp::Max, BinaryOp::Min]);
     // As PyTorch's maximum/minimum and XLA's max/min (f32::max would drop the NaN).
-    assert!(out["max"].as_f32().unwrap().iter().all(|v| v.is_nan()));
-    assert!(out["min"].as_f32().unwrap().iter().all(|v| v.is_nan()));
+    assert!(max.as_f32().unwrap().iter().all(|v| v.is_nan()));
+    assert!(min.as_f32().unwrap().iter().all(|v| v.is_nan()));
 }
 
 #[test]
@@ -416,19 +409,9 @@ fn comparisons_give_bools_zero_or_one_for_every_dtype() {
                 .zip(rounded(dtype, &rng.values(dtype, numel(&dims))))
                 .map(|(&p, q)| if rng.below(2) == 0 { p } else { q })
                 .collect();
-            let mut g = Graph::new();
-            let a = g.input("a", Shape::new(&dims), dtype).unwrap();
-            let b = g.input("b", Shape::new(&dims), dtype).unwrap();
-            let r = g.compare(c, a, b).unwrap();
-            g.set_output("r", r).unwrap();
-            let out = run(
-                &g,
-                vec![
-                    ("a", tensor(dtype, &dims, &x)),
-                    ("b", tensor(dtype, &dims, &y)),
-                ],
-            );
-            assert_eq!(out["r"].dtype(), DType::Bool);
+            let (a, b) = (tensor(dtype, &dims, &x), tensor(dtype, &dims, &y));
+            let out = run_op(vec![("a", a), ("b", b)], |g, v| g.compare(c, v[0], v[1]));
+            assert_eq!(out.dtype(), DType::Bool);
             let want: Vec<f64> = x
                 .iter()
                 .zip(&y)
@@ -443,20 +426,21 @@ fn comparisons_give_bools_zero_or_one_for_every_dtype() {
                     }) as u8 as f64
                 })
                 .collect();
-            assert_exact(&out["r"], &dims, &want, &format!("{c:?} {dtype}"));
+            assert_exact(&out, &dims, &want, &format!("{c:?} {dtype}"));
         }
     }
 }
 
 #[test]
 fn nan_compares_unequal_to_everything() {
-    let mut g = Graph::new();
-    let a = g.input("a", [2], DType::F64).unwrap();
-    let eq = g.compare(CmpOp::Eq, a, a).unwrap();
-    let ne = g.compare(CmpOp::Ne, a, a).unwrap();
-    g.set_output("eq", eq).unwrap();
-    g.set_output("ne", ne).unwrap();
-    let out = run(&g, vec![("a", Tensor::from_f64([2], vec![f64::NAN, 1.0]))]);
+    let a = Tensor::from_f64([2], vec![f64::NAN, 1.0]);
+    let out = run_ops(vec![("a", a)], |g, x| {
+        let eq = g.compare(CmpOp::Eq, x[0], x[0]).unwrap();
+        vec![
+            ("eq", eq),
+            ("ne", g.compare(CmpOp::Ne, x[0], x[0]).unwrap()),
+        ]
+    });
     assert_eq!(out["eq"].as_bool().unwrap(), &[0, 1]);
     assert_eq!(out["ne"].as_bool().unwrap(), &[1, 0]);
 }
@@ -472,24 +456,16 @@ fn select_takes_a_where_the_condition_holds_and_b_elsewhere() {
             rounded(dtype, &rng.values(dtype, n)),
             rounded(dtype, &rng.values(dtype, n)),
         );
-        let mut g = Graph::new();
-        let cn = g.input("c", Shape::new(&dims), DType::Bool).unwrap();
-        let a = g.input("a", Shape::new(&dims), dtype).unwrap();
-        let b = g.input("b", Shape::new(&dims), dtype).unwrap();
-        let r = g.select(cn, a, b).unwrap();
-        g.set_output("r", r).unwrap();
-        let out = run(
-            &g,
-            vec![
-                ("c", tensor(DType::Bool, &dims, &c)),
-                ("a", tensor(dtype, &dims, &x)),
-                ("b", tensor(dtype, &dims, &y)),
-            ],
-        );
+        let leaves = vec![
+            ("c", tensor(DType::Bool, &dims, &c)),
+            ("a", tensor(dtype, &dims, &x)),
+            ("b", tensor(dtype, &dims, &y)),
+        ];
+        let out = run_op(leaves, |g, v| g.select(v[0], v[1], v[2]));
         let want: Vec<f64> = (0..n)
             .map(|i| if c[i] != 0.0 { x[i] } else { y[i] })
             .collect();
-        assert_exact(&out["r"], &dims, &want, &format!("select {dtype}"));
+        assert_exact(&out, &dims, &want, &format!("select {dtype}"));
     }
 }
 
@@ -510,11 +486,7 @@ fn convert_between_every_pair_of_dtypes_follows_rust_as_casts() {
             if to == from {
                 continue;
             }
-            let mut g = Graph::new();
-            let a = g.input("x", [vals.len()], from).unwrap();
-            let c = g.convert(a, to).unwrap();
-            g.set_output("y", c).unwrap();
-            let out = run(&g, vec![("x", src.clone())]);
+            let out = run_op(vec![("x", src.clone())], |g, x| g.convert(x[0], to));
             // The expectation, cast by cast from the source's own type.
             let want: Vec<f64> = xs
                 .iter()
@@ -529,7 +501,7 @@ fn convert_between_every_pair_of_dtypes_follows_rust_as_casts() {
                 })
                 .collect();
             assert_exact(
-                &out["y"],
+                &out,
                 &[vals.len()],
                 &want,
                 &format!("convert {from} -> {to}"),
@@ -577,19 +549,12 @@ fn broadcast_follows_numpy_rules_including_scalars_and_size_one_axes() {
     for dtype in [DType::F32, DType::F64, DType::I64, DType::Bool] {
         for (src, dst) in &cases {
             let x = rounded(dtype, &rng.values(dtype, numel(src)));
-            let mut g = Graph::new();
-            let a = g.input("x", Shape::new(src), dtype).unwrap();
-            let b = g
-                .push(
-                    Op::Broadcast,
-                    &[a],
-                    Some(TensorType::new(Shape::new(dst), dtype)),
-                )
-                .unwrap();
-            g.set_output("y", b).unwrap();
-            let out = run(&g, vec![("x", tensor(dtype, src, &x))]);
+            let to = TensorType::new(Shape::new(dst), dtype);
+            let out = run_op(vec![("x", tensor(dtype, src, &x))], |g, a| {
+                g.push(Op::Broadcast, &[a[0]], Some(to))
+            });
             assert_exact(
-                &out["y"],
+                &out,
                 dst,
                 &naive_broadcast(src, &x, dst),
                 &format!("broadcast {src:?} -> {dst:?} {dtype}"),
@@ -656,26 +621,14 @@ fn every_transpose_of_rank_2_3_and_4_matches_naive() {
             for perm in permutations(rank) {
                 let src = rng.dims(rank, if rank == 4 { 5 } else { 9 });
                 let x = rounded(dtype, &rng.values(dtype, numel(&src)));
-                let mut g = Graph::new();
-                let a = g.input("x", Shape::new(&src), dtype).unwrap();
-                let t = g
-                    .push(
-                        Op::Transpose {
-                            perm: perm.iter().copied().collect(),
-                        },
-                        &[a],
-                        None,
-                    )
-                    .unwrap();
-                g.set_output("y", t).unwrap();
-                let out = run(&g, vec![("x", tensor(dtype, &src, &x))]);
+                let op = Op::Transpose {
+                    perm: perm.iter().copied().collect(),
+                };
+                let out = run_op(vec![("x", tensor(dtype, &src, &x))], |g, a| {
+                    g.push(op, &[a[0]], None)
+                });
                 let (dst, want) = naive_transpose(&src, &x, &perm);
-                assert_exact(
-                    &out["y"],
-                    &dst,
-                    &want,
-                    &format!("transpose {src:?} by {perm:?}"),
-                );
+                assert_exact(&out, &dst, &want, &format!("transpose {src:?} by {perm:?}"));
             }
         }
     }
@@ -686,24 +639,20 @@ fn a_large_transpose_of_the_last_two_axes_matches_naive() {
     let mut rng = Rng(8);
     let src = [3, 70, 45];
     let x = rng.values(DType::F64, numel(&src));
-    let mut g = Graph::new();
-    let a = g.input("x", src, DType::F64).unwrap();
-    let t = g.transpose_last(a).unwrap();
-    g.set_output("y", t).unwrap();
-    let out = run(&g, vec![("x", tensor(DType::F64, &src, &x))]);
+    let out = run_op(vec![("x", tensor(DType::F64, &src, &x))], |g, a| {
+        g.transpose_last(a[0])
+    });
     let (dst, want) = naive_transpose(&src, &x, &[0, 2, 1]);
-    assert_exact(&out["y"], &dst, &want, "transpose_last");
+    assert_exact(&out, &dst, &want, "transpose_last");
 }
 
 #[test]
 fn reshape_keeps_row_major_order() {
     let x: Vec<f64> = (0..24).map(|i| i as f64).collect();
-    let mut g = Graph::new();
-    let a = g.input("x", [2, 3, 4], DType::F32).unwrap();
-    let r = g.reshape(a, [4, 6]).unwrap();
-    g.set_output("y", r).unwrap();
-    let out = run(&g, vec![("x", tensor(DType::F32, &[2, 3, 4], &x))]);
-    assert_exact(&out["y"], &[4, 6], &x, "reshape");
+    let out = run_op(vec![("x", tensor(DType::F32, &[2, 3, 4], &x))], |g, a| {
+        g.reshape(a[0], [4, 6])
+    });
+    assert_exact(&out, &[4, 6], &x, "reshape");
 }
 
 #[test]
@@ -717,11 +666,9 @@ fn slice_along_each_axis_matches_naive() {
             let start = rng.below(src[axis]);
             let end = start + 1 + rng.below(src[axis] - start);
             let x = rounded(dtype, &rng.values(dtype, numel(&src)));
-            let mut g = Graph::new();
-            let a = g.input("x", Shape::new(&src), dtype).unwrap();
-            let s = g.slice(a, axis, start, end).unwrap();
-            g.set_output("y", s).unwrap();
-            let out = run(&g, vec![("x", tensor(dtype, &src, &x))]);
+            let out = run_op(vec![("x", tensor(dtype, &src, &x))], |g, a| {
+                g.slice(a[0], axis, start, end)
+            });
             let mut dst = src.clone();
             dst[axis] = end - start;
             let want: Vec<f64> = indices(&dst)
@@ -733,7 +680,7 @@ fn slice_along_each_axis_matches_naive() {
                 })
                 .collect();
             assert_exact(
-                &out["y"],
+                &out,
                 &dst,
                 &want,
                 &format!("slice {src:?} axis {axis} [{start}, {end})"),
@@ -813,32 +760,23 @@ fn reduce_sum_and_max_over_every_axis_subset_match_naive() {
                 let src = rng.dims(rank, 6);
                 let x = rounded(dtype, &rng.values(dtype, numel(&src)));
                 for max in [false, true] {
-                    let mut g = Graph::new();
-                    let a = g.input("x", Shape::new(&src), dtype).unwrap();
-                    let r = if max {
-                        g.max(a, &axes).unwrap()
-                    } else {
-                        g.sum(a, &axes).unwrap()
-                    };
-                    g.set_output("y", r).unwrap();
-                    let out = run(&g, vec![("x", tensor(dtype, &src, &x))]);
+                    let out = run_op(vec![("x", tensor(dtype, &src, &x))], |g, a| {
+                        if max {
+                            g.max(a[0], &axes)
+                        } else {
+                            g.sum(a[0], &axes)
+                        }
+                    });
                     let (dst, want) = naive_reduce(&src, &x, &axes, max);
                     let what = format!(
                         "{} {src:?} over {axes:?} {dtype}",
                         if max { "max" } else { "sum" }
                     );
                     if max || !dtype.is_float() {
-                        assert_exact(&out["y"], &dst, &want, &what);
+                        assert_exact(&out, &dst, &want, &what);
                     } else {
                         let scale = naive_abs_reduce(&src, &x, &axes);
-                        assert_close(
-                            &out["y"],
-                            &dst,
-                            &want,
-                            &scale,
-                            float_tol(dtype) * 4.0,
-                            &what,
-                        );
+                        assert_close(&out, &dst, &want, &scale, float_tol(dtype) * 4.0, &what);
                     }
                 }
             }
@@ -893,19 +831,12 @@ fn batched_matmul_matches_naive_for_ranks_2_to_4() {
                 let bd = [batch.clone(), vec![k, n]].concat();
                 let x = rounded(dtype, &rng.values(dtype, numel(&ad)));
                 let y = rounded(dtype, &rng.values(dtype, numel(&bd)));
-                let mut g = Graph::new();
-                let a = g.input("a", Shape::new(&ad), dtype).unwrap();
-                let b = g.input("b", Shape::new(&bd), dtype).unwrap();
-                let c = g.matmul(a, b).unwrap();
-                g.set_output("c", c).unwrap();
-                let out = run(
-                    &g,
-                    vec![("a", tensor(dtype, &ad, &x)), ("b", tensor(dtype, &bd, &y))],
-                );
+                let (a, b) = (tensor(dtype, &ad, &x), tensor(dtype, &bd, &y));
+                let out = run_op(vec![("a", a), ("b", b)], |g, v| g.matmul(v[0], v[1]));
                 let (dst, want) = naive_matmul(&ad, &x, &bd, &y, false);
                 let (_, scale) = naive_matmul(&ad, &x, &bd, &y, true);
                 assert_close(
-                    &out["c"],
+                    &out,
                     &dst,
                     &want,
                     &scale,
@@ -923,21 +854,11 @@ fn matmul_of_a_large_product_matches_naive() {
     let (ad, bd) = ([2, 65, 130], [2, 130, 70]);
     let x = rounded(DType::F32, &rng.values(DType::F32, numel(&ad)));
     let y = rounded(DType::F32, &rng.values(DType::F32, numel(&bd)));
-    let mut g = Graph::new();
-    let a = g.input("a", ad, DType::F32).unwrap();
-    let b = g.input("b", bd, DType::F32).unwrap();
-    let c = g.matmul(a, b).unwrap();
-    g.set_output("c", c).unwrap();
-    let out = run(
-        &g,
-        vec![
-            ("a", tensor(DType::F32, &ad, &x)),
-            ("b", tensor(DType::F32, &bd, &y)),
-        ],
-    );
+    let (a, b) = (tensor(DType::F32, &ad, &x), tensor(DType::F32, &bd, &y));
+    let out = run_op(vec![("a", a), ("b", b)], |g, v| g.matmul(v[0], v[1]));
     let (dst, want) = naive_matmul(&ad, &x, &bd, &y, false);
     let (_, scale) = naive_matmul(&ad, &x, &bd, &y, true);
-    assert_close(&out["c"], &dst, &want, &scale, 1e-5, "matmul 65x130x70");
+    assert_close(&out, &dst, &want, &scale, 1e-5, "matmul 65x130x70");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -957,18 +878,11 @@ fn gather_picks_rows_by_i32_and_i64_ids() {
                 let rows = table[0];
                 let t = rounded(dtype, &rng.values(dtype, numel(&table)));
                 let id: Vec<f64> = (0..numel(&ids)).map(|_| rng.below(rows) as f64).collect();
-                let mut g = Graph::new();
-                let tn = g.input("t", Shape::new(&table), dtype).unwrap();
-                let idn = g.input("ids", Shape::new(&ids), id_dtype).unwrap();
-                let r = g.gather(tn, idn).unwrap();
-                g.set_output("y", r).unwrap();
-                let out = run(
-                    &g,
-                    vec![
-                        ("t", tensor(dtype, &table, &t)),
-                        ("ids", tensor(id_dtype, &ids, &id)),
-                    ],
-                );
+                let leaves = vec![
+                    ("t", tensor(dtype, &table, &t)),
+                    ("ids", tensor(id_dtype, &ids, &id)),
+                ];
+                let out = run_op(leaves, |g, v| g.gather(v[0], v[1]));
                 let dst = [ids.clone(), table[1..].to_vec()].concat();
                 let want: Vec<f64> = indices(&dst)
                     .iter()
@@ -978,7 +892,7 @@ fn gather_picks_rows_by_i32_and_i64_ids() {
                     })
                     .collect();
                 assert_exact(
-                    &out["y"],
+                    &out,
                     &dst,
                     &want,
                     &format!("gather {table:?} by {ids:?} {id_dtype}"),
@@ -1002,18 +916,11 @@ fn scatter_add_sums_rows_at_i32_and_i64_ids() {
                 let v = rounded(dtype, &rng.values(dtype, numel(&vals_dims)));
                 // Repeated ids on purpose: their rows must add up.
                 let id: Vec<f64> = (0..numel(&ids)).map(|_| rng.below(rows) as f64).collect();
-                let mut g = Graph::new();
-                let idn = g.input("ids", Shape::new(&ids), id_dtype).unwrap();
-                let vn = g.input("v", Shape::new(&vals_dims), dtype).unwrap();
-                let r = g.scatter_add(idn, vn, rows).unwrap();
-                g.set_output("y", r).unwrap();
-                let out = run(
-                    &g,
-                    vec![
-                        ("ids", tensor(id_dtype, &ids, &id)),
-                        ("v", tensor(dtype, &vals_dims, &v)),
-                    ],
-                );
+                let leaves = vec![
+                    ("ids", tensor(id_dtype, &ids, &id)),
+                    ("v", tensor(dtype, &vals_dims, &v)),
+                ];
+                let out = run_op(leaves, |g, x| g.scatter_add(x[0], x[1], rows));
                 let dst = [vec![rows], row.clone()].concat();
                 let mut want = vec![0.0; numel(&dst)];
                 for i in indices(&vals_dims) {
@@ -1025,7 +932,7 @@ fn scatter_add_sums_rows_at_i32_and_i64_ids() {
                 if dtype == DType::F32 {
                     let scale: Vec<f64> = vec![20.0; want.len()];
                     assert_close(
-                        &out["y"],
+                        &out,
                         &dst,
                         &want,
                         &scale,
@@ -1034,7 +941,7 @@ fn scatter_add_sums_rows_at_i32_and_i64_ids() {
                     );
                 } else {
                     assert_exact(
-                        &out["y"],
+                        &out,
                         &dst,
                         &want,
                         &format!("scatter_add {ids:?} {dtype} {id_dtype}"),
@@ -1116,45 +1023,28 @@ fn exec_node_rejects_buffers_that_do_not_match_their_types() {
     let x = vec![1.0f32; 6];
     let short = vec![1.0f32; 5];
     let mut out = Tensor::zeros(t.clone());
+    // The add's two operands, as `views`, refused: the error.
+    let mut refused = |views: &[View]| {
+        let types = vec![&t; views.len()];
+        exec_node(node, views, &types, out.view_mut()).unwrap_err()
+    };
 
-    let err = exec_node(
-        node,
-        &[View::F32(&x), View::F32(&short)],
-        &[&t, &t],
-        out.view_mut(),
-    )
-    .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ExecError::Operand {
-                index: 1,
-                got_len: 5,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    // An operand refused: which, and what its buffer held (dtype and length).
+    let operand = |err: ExecError| match err {
+        ExecError::Operand {
+            index,
+            got_dtype,
+            got_len,
+            ..
+        } => (index, got_dtype, got_len),
+        other => panic!("not an operand's error: {other}"),
+    };
     let ints = vec![1i32; 6];
-    let err = exec_node(
-        node,
-        &[View::F32(&x), View::I32(&ints)],
-        &[&t, &t],
-        out.view_mut(),
-    )
-    .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ExecError::Operand {
-                index: 1,
-                got_dtype: DType::I32,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let err = exec_node(node, &[View::F32(&x)], &[&t], out.view_mut()).unwrap_err();
+    let short_one = refused(&[View::F32(&x), View::F32(&short)]);
+    assert_eq!(operand(short_one), (1, DType::F32, 5));
+    let int_one = refused(&[View::F32(&x), View::I32(&ints)]);
+    assert_eq!(operand(int_one), (1, DType::I32, 6));
+    let err = refused(&[View::F32(&x)]);
     assert!(err.to_string().contains("2 operands"), "{err}");
     let mut wrong_out = Tensor::zeros(TensorType::new([6], DType::F64));
     let err = exec_node(

@@ -229,34 +229,26 @@ fn upward_violations(layer: &str, file: &str, text: &str, above: &[&str]) -> Vec
 
 /// The packages a Cargo.toml names as dependencies of any kind, in order.
 fn dependencies(toml: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut in_deps = false;
-    for line in toml.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            in_deps = line.trim_matches(['[', ']']).ends_with("dependencies");
-            continue;
-        }
-        if in_deps && !line.starts_with('#') {
-            if let Some((name, _)) = line.split_once(['=', '.']) {
-                out.push(name.trim().to_string());
-            }
-        }
-    }
-    out
+    names_under(toml, |table| table.ends_with("dependencies"))
 }
 
 /// The names under `[dev-dependencies]` alone.
 fn dev_dependencies(toml: &str) -> Vec<String> {
+    names_under(toml, |table| table == "dev-dependencies")
+}
+
+/// The keys (package names) of the Cargo.toml tables whose header `wanted` accepts, in order;
+/// a dotted key (`name.workspace = true`) counts by its first part.
+fn names_under(toml: &str, wanted: impl Fn(&str) -> bool) -> Vec<String> {
     let mut out = Vec::new();
-    let mut in_dev = false;
+    let mut inside = false;
     for line in toml.lines() {
         let line = line.trim();
         if line.starts_with('[') {
-            in_dev = line.trim_matches(['[', ']']) == "dev-dependencies";
+            inside = wanted(line.trim_matches(['[', ']']));
             continue;
         }
-        if in_dev && !line.starts_with('#') {
+        if inside && !line.starts_with('#') {
             if let Some((name, _)) = line.split_once(['=', '.']) {
                 out.push(name.trim().to_string());
             }

@@ -13,14 +13,18 @@
 //! - [`counting`]: the per-thread counting allocator of the tests that allocate nothing;
 //! - [`lcg`]: the deterministic values the kernel tests draw their data from;
 //! - [`text`]: the check that an error or a report names what it must;
-//! - [`steps`]: whole CPU training steps against the reference interpreter, and their bytes.
+//! - [`steps`]: whole CPU training steps against the reference interpreter, and their bytes;
+//! - [`bytes`]: a buffer's bytes read back as f32 or i64 values;
+//! - [`ir_text`]: models in the IR text form that several suites read.
 
 pub mod block_emu;
+pub mod bytes;
 pub mod counting;
 pub mod cxx;
 pub mod device;
 pub mod fused_kernels;
 pub mod fuzz;
+pub mod ir_text;
 pub mod kernel_builder;
 pub mod kernel_check;
 pub mod lcg;

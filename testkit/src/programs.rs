@@ -12,3 +12,25 @@ pub fn cuda_program(exe: &Executable) -> &cuda::Program {
         Program::Cpu(_) => panic!("a CPU program, not a CUDA one"),
     }
 }
+
+/// The GEMMs of a CUDA program, in program order.
+pub fn gemms(p: &cuda::Program) -> Vec<&cuda::Gemm> {
+    p.ops
+        .iter()
+        .filter_map(|op| match op {
+            cuda::DeviceOp::Gemm(g) => Some(g),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The convolution passes of a CUDA program, in program order.
+pub fn convs(p: &cuda::Program) -> Vec<&cuda::Conv> {
+    p.ops
+        .iter()
+        .filter_map(|op| match op {
+            cuda::DeviceOp::Conv(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}

@@ -10,6 +10,7 @@ use ingot_compiler::ir::{Graph, LeafKind};
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::Compiled;
 use ingot_compiler::plan::MemoryPlan;
+use ingot_compiler::precision::Precision;
 use ingot_runtime::cpu::interp::run_graph;
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
@@ -129,6 +130,22 @@ pub fn assert_losses_track(
             x.is_finite() && rel <= tolerance,
             "{what} step {step}: loss {x} against {y} (rel {rel:e}, more than {tolerance:e})"
         );
+    }
+}
+
+/// A GPU session against the CPU's: [`assert_losses_track`] over `steps` steps and, in f32
+/// (where the two may differ only by the order of sums), [`assert_parameters_close`] after
+/// them, both within `tolerance`.
+pub fn assert_gpu_tracks_cpu(
+    what: &str,
+    (gpu, cpu): (&mut Session, &mut Session),
+    precision: Precision,
+    steps: u64,
+    tolerance: f64,
+) {
+    assert_losses_track(what, gpu, cpu, steps, tolerance);
+    if precision == Precision::F32 {
+        assert_parameters_close(what, gpu, cpu, tolerance);
     }
 }
 

@@ -11,6 +11,16 @@ pub fn assert_mentions(text: &str, parts: &[&str]) {
     }
 }
 
+/// Asserts that `result` is an error whose message contains each of `parts` (as
+/// [`assert_mentions`]): the check that bad input is refused, naming what is wrong.
+#[track_caller]
+pub fn assert_err_mentions<T, E: std::fmt::Display>(result: Result<T, E>, parts: &[&str]) {
+    match result {
+        Ok(_) => panic!("succeeded where an error naming {parts:?} was expected"),
+        Err(e) => assert_mentions(&e.to_string(), parts),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -24,5 +34,16 @@ mod tests {
     #[should_panic(expected = "\"line 4\" is not in")]
     fn a_missing_part_fails_naming_it() {
         assert_mentions("line 3: unknown op", &["unknown op", "line 4"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "succeeded where an error")]
+    fn a_result_that_is_not_an_error_fails() {
+        assert_err_mentions(Ok::<(), String>(()), &["line 3"]);
+    }
+
+    #[test]
+    fn an_error_with_every_part_passes() {
+        assert_err_mentions(Err::<(), _>("line 3: unknown op"), &["line 3", "op"]);
     }
 }

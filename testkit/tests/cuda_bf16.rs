@@ -8,14 +8,14 @@
 //! sets it) that is a failure. Run them one at a time (`--test-threads=1`).
 
 use ingot_compiler::ir::DType;
-use ingot_compiler::lower::cuda::{Compute, DeviceOp, Gemm};
+use ingot_compiler::lower::cuda::Compute;
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_testkit::kernel_check::{assert_kernels_pass, Source};
-use ingot_testkit::programs::cuda_program;
+use ingot_testkit::programs::{cuda_program, gemms};
 use ingot_testkit::steps::assert_losses_track;
 use ingot_trainer::session::{Device, Session};
 
@@ -129,14 +129,7 @@ fn the_bf16_gpt_mini_step_lowers_for_cuda_with_bf16_gemms() {
     let c = pipeline::compile(&m, &opts).unwrap();
     let exe = c.executable(Target::Cuda).unwrap();
     let p = cuda_program(&exe);
-    let gemms: Vec<&Gemm> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::Gemm(g) => Some(g),
-            _ => None,
-        })
-        .collect();
+    let gemms = gemms(p);
     assert!(!gemms.is_empty(), "no GEMM in the bf16 step");
     for g in &gemms {
         // A product summed into an f32 value (`matmul_acc`): bf16 operands, an f32 result.

@@ -10,44 +10,27 @@
 use ingot_runtime::cuda::gpu_for_test;
 use ingot_testkit::kernel_check::{assert_kernels_pass, Source};
 
-#[test]
-fn every_mlp_kernel_matches_the_cpu_on_the_gpu() {
-    if gpu_for_test("mlp kernels") {
-        assert_kernels_pass(&Source::models(&["mlp"]));
-    }
+/// One test a kernel source: `name => (what the skip names, the source)`. Each checks every
+/// kernel of its source on the GPU, or skips with the reason where there is none.
+macro_rules! gpu_kernel_tests {
+    ($($name:ident => ($what:literal, $source:expr),)*) => {$(
+        #[test]
+        fn $name() {
+            if gpu_for_test($what) {
+                assert_kernels_pass(&$source);
+            }
+        }
+    )*};
 }
 
-#[test]
-fn every_gpt_mini_kernel_matches_the_cpu_on_the_gpu() {
-    if gpu_for_test("gpt-mini kernels") {
-        assert_kernels_pass(&Source::models(&["gpt-mini"]));
-    }
-}
-
-#[test]
-fn every_gpt2_kernel_matches_the_cpu_on_the_gpu() {
-    if gpu_for_test("gpt2 kernels") {
-        assert_kernels_pass(&Source::models(&["gpt2"]));
-    }
-}
-
-#[test]
-fn every_dropout_kernel_draws_the_cpus_mask_on_the_gpu() {
-    if gpu_for_test("dropout kernels") {
-        assert_kernels_pass(&Source::Dropout);
-    }
-}
-
-#[test]
-fn random_fused_kernels_match_the_cpu_on_the_gpu() {
-    if gpu_for_test("random kernels") {
-        assert_kernels_pass(&Source::Random(0..300));
-    }
-}
-
-#[test]
-fn scatter_add_sums_every_pattern_of_repeated_and_out_of_range_ids_as_the_cpu_does() {
-    if gpu_for_test("scatter-add kernels") {
-        assert_kernels_pass(&Source::Scatter);
-    }
+gpu_kernel_tests! {
+    every_mlp_kernel_matches_the_cpu_on_the_gpu => ("mlp kernels", Source::models(&["mlp"])),
+    every_gpt_mini_kernel_matches_the_cpu_on_the_gpu =>
+        ("gpt-mini kernels", Source::models(&["gpt-mini"])),
+    every_gpt2_kernel_matches_the_cpu_on_the_gpu => ("gpt2 kernels", Source::models(&["gpt2"])),
+    every_dropout_kernel_draws_the_cpus_mask_on_the_gpu => ("dropout kernels", Source::Dropout),
+    random_fused_kernels_match_the_cpu_on_the_gpu =>
+        ("random kernels", Source::Random(0..300)),
+    scatter_add_sums_every_pattern_of_repeated_and_out_of_range_ids_as_the_cpu_does =>
+        ("scatter-add kernels", Source::Scatter),
 }

@@ -27,7 +27,7 @@
 
 use ingot_compiler::ir::ConvLayout;
 use ingot_compiler::layout::MIN_CHANNELS_LAST_CHANNELS;
-use ingot_compiler::lower::cuda::{Conv, DeviceOp};
+use ingot_compiler::lower::cuda::Conv;
 use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::pipeline::{self, Options};
@@ -35,7 +35,7 @@ use ingot_compiler::precision::Precision;
 use ingot_models as models;
 use ingot_runtime::cuda::cudnn::{self, ConvPath};
 use ingot_runtime::cuda::{self, CudaOptions};
-use ingot_testkit::programs::cuda_program;
+use ingot_testkit::programs::{convs, cuda_program};
 use ingot_testkit::steps::assert_losses_track;
 use ingot_trainer::session::{Device, Session};
 
@@ -82,15 +82,7 @@ fn a_channels_last_cuda_step_lowers_every_convolution_but_the_stem_nhwc_without_
     };
     let c = pipeline::compile(&resnet(), &opts).unwrap();
     let exe = c.executable(Target::Cuda).unwrap();
-    let p = cuda_program(&exe);
-    let convs: Vec<_> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::Conv(c) => Some(c),
-            _ => None,
-        })
-        .collect();
+    let convs = convs(cuda_program(&exe));
     // resnet18: 20 convolutions, each with three passes but the stem's data gradient.
     assert_eq!(convs.len(), 59);
     let few = |c: &&&Conv| c.dims.in_ch < MIN_CHANNELS_LAST_CHANNELS;
@@ -138,11 +130,9 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
     let c = gpu.cuda().expect("a GPU session");
     // The stem's two passes keep NCHW and run as im2col + cuBLAS; every channels-last pass
     // runs in cuDNN, by the heuristics' first eligible algorithm (not timed).
-    let nchw: Vec<_> = (c.program().ops.iter())
-        .filter_map(|op| match op {
-            DeviceOp::Conv(c) if c.layout == ConvLayout::Nchw => Some(c.node),
-            _ => None,
-        })
+    let nchw: Vec<_> = (convs(c.program()).into_iter())
+        .filter(|c| c.layout == ConvLayout::Nchw)
+        .map(|c| c.node)
         .collect();
     assert_eq!(nchw.len(), 2, "the stem's forward and filter gradient");
     let choices = c.conv_choices();

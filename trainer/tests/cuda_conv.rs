@@ -11,7 +11,7 @@ use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_models::by_name;
 use ingot_runtime::cuda::{self, CudaOptions};
-use ingot_testkit::steps::{assert_losses_track, assert_parameters_close};
+use ingot_testkit::steps::assert_gpu_tracks_cpu;
 use ingot_trainer::session::{Device, Session};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
@@ -60,10 +60,7 @@ fn gpu_matches_cpu_at(
     let mut cpu = session_lr(spec, lr, precision, Device::Cpu);
     let mut gpu = session_lr(spec, lr, precision, STRICT);
     let what = format!("{spec} {precision:?}, gpu against cpu");
-    assert_losses_track(&what, &mut gpu, &mut cpu, steps, tolerance);
-    if precision == Precision::F32 {
-        assert_parameters_close(&what, &gpu, &cpu, tolerance);
-    }
+    assert_gpu_tracks_cpu(&what, (&mut gpu, &mut cpu), precision, steps, tolerance);
 }
 
 #[test]

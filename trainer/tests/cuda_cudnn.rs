@@ -26,7 +26,7 @@ use ingot_compiler::trace::nn;
 use ingot_runtime::cuda::cudnn::{self, ConvPath};
 use ingot_runtime::cuda::{self, CudaOptions};
 use ingot_testkit::programs::cuda_program;
-use ingot_testkit::steps::{assert_losses_track, assert_parameters_close};
+use ingot_testkit::steps::assert_gpu_tracks_cpu;
 use ingot_trainer::session::{Device, Session};
 
 const GPU: Device = Device::Cuda(CudaOptions {
@@ -129,10 +129,7 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
         all_through_cudnn(&gpu);
     }
     let what = format!("{precision:?}, gpu against cpu");
-    assert_losses_track(&what, &mut gpu, &mut cpu, steps, tolerance);
-    if precision == Precision::F32 {
-        assert_parameters_close(&what, &gpu, &cpu, tolerance);
-    }
+    assert_gpu_tracks_cpu(&what, (&mut gpu, &mut cpu), precision, steps, tolerance);
 }
 
 /// Runs anywhere: the step's 14 convolution passes each lower to one cuDNN operation.

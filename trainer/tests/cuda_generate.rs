@@ -13,7 +13,7 @@ use ingot_trainer::session::Device;
 
 #[path = "support/generation.rs"]
 mod generation;
-use generation::{relative_difference, run_observed as run};
+use generation::{assert_logits_within, run_observed as run};
 
 const STRICT: Device = Device::Cuda(CudaOptions {
     ordinal: 0,
@@ -66,13 +66,7 @@ fn on_the_gpu_the_cached_step_takes_the_whole_windows_and_the_cpus_tokens_past_s
             whole, want,
             "whole window on the GPU against the CPU, {s:?}"
         );
-        for (i, (a, b)) in kv_logits.iter().zip(&want_logits).enumerate() {
-            let r = relative_difference(a, b);
-            assert!(
-                r <= 1e-4,
-                "token {i}: the GPU's logits differ by {r:e} relative"
-            );
-        }
+        assert_logits_within(&kv_logits, &want_logits, 1e-4, "the GPU's logits");
         // Draws take the steps through varied contexts (greedy decoding may settle).
         let distinct: std::collections::BTreeSet<_> = want.iter().collect();
         assert!(

@@ -14,7 +14,7 @@ use ingot_compiler::lower::{Program, Target};
 use ingot_compiler::pipeline::{self, Options};
 use ingot_compiler::precision::Precision;
 use ingot_runtime::cuda::{self, CudaOptions};
-use ingot_testkit::programs::cuda_program;
+use ingot_testkit::programs::{cuda_program, gemms};
 use ingot_testkit::steps::assert_losses_track;
 use ingot_trainer::session::{Device, Session};
 
@@ -114,14 +114,9 @@ fn the_bf16_chunked_step_lowers_its_head_sums_to_bf16_into_f32_gemms_with_beta_o
     };
     let c = pipeline::compile_observed_with(&m, &chunked(), &opts, &mut |_| {}).unwrap();
     let exe = c.executable(Target::Cuda).unwrap();
-    let p = cuda_program(&exe);
-    let head: Vec<_> = p
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::Gemm(g) if g.compute == Compute::Bf16InF32Out => Some(g),
-            _ => None,
-        })
+    let head: Vec<_> = gemms(cuda_program(&exe))
+        .into_iter()
+        .filter(|g| g.compute == Compute::Bf16InF32Out)
         .collect();
     assert!(head.len() >= 2, "{} bf16-into-f32 GEMMs", head.len());
     for g in head {

@@ -13,7 +13,6 @@ use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_runtime::cuda::ranks::GpuRanks;
 use ingot_runtime::cuda::{self, nccl, CudaOptions, CudaStep};
-use ingot_runtime::tensor::Tensor;
 use ingot_runtime::StepExecutor;
 use ingot_trainer::init::{init_leaves, synthetic_batch};
 
@@ -46,11 +45,7 @@ mod steps;
 use steps::max_relative;
 
 fn compile(model: &Model, ranks: usize) -> Executable {
-    let step = StepOptions {
-        ranks,
-        ..Default::default()
-    };
-    steps::compile(model, step, Target::Cuda)
+    steps::compile_for_ranks(model, ranks, Target::Cuda)
 }
 
 /// `steps` steps of `model(ranks * per_rank)` on GPU 0, and of `model(per_rank)` compiled for
@@ -65,10 +60,8 @@ fn gpus_against_union(
     let union_exe = compile(&model(ranks * per_rank), 1);
     let rank_exe = compile(&model(per_rank), ranks);
     let g = union_exe.graph().clone();
-    let mut state: IndexMap<String, Tensor> = init_leaves(&g, LeafKind::Parameter, 5);
-    state.extend(init_leaves(&g, LeafKind::State, 5));
-    let batches: Vec<IndexMap<String, Tensor>> =
-        (0..steps).map(|s| synthetic_batch(&g, 100 + s)).collect();
+    let state = steps::seeded_state(&g, &[LeafKind::Parameter, LeafKind::State], 5);
+    let batches = steps::synthetic_batches(&g, steps, 100);
 
     // The union's batch is written whole, as the trainer writes it (its bytes, not a tensor
     // of one rank's shape): the ranks cut it into their shards.
@@ -130,12 +123,9 @@ fn two_gpus_on_two_shards_train_a_gpt_as_one_gpu_on_the_union() {
             // Large enough for several gradient buckets, so several all-reduces overlap the
             // backward pass. SGD, not AdamW: see data_parallel.rs (the key bias's gradient is
             // rounding noise, which AdamW scales to a full step).
-            let mut m = ingot_models::by_name(&format!(
-                "gpt:vocab=32768,d_model=256,layers=2,heads=4,d_ff=1024,seq=32,batch={b}"
-            ))
-            .unwrap();
-            m.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
-            m
+            let spec =
+                format!("gpt:vocab=32768,d_model=256,layers=2,heads=4,d_ff=1024,seq=32,batch={b}");
+            steps::with_sgd(ingot_models::by_name(&spec).unwrap())
         },
         2,
         2,
@@ -203,11 +193,8 @@ fn two_gpus_evaluate_a_batch_as_one_gpu_evaluates_it_whole() {
     // As data_parallel.rs's CPU test: the same parameters and batch of 8 rows, evaluated by two
     // GPUs (4 rows each, the mean of their losses) and by one (all 8), before and after a step.
     let session = |b: usize, ranks: usize| {
-        let mut model = ingot_models::by_name(&format!(
-            "gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}"
-        ))
-        .unwrap();
-        model.optimizer = ingot_compiler::autodiff::optim::Optimizer::Sgd { lr: 0.1 };
+        let spec = format!("gpt:vocab=64,d_model=32,layers=2,heads=2,d_ff=64,seq=16,batch={b}");
+        let model = steps::with_sgd(ingot_models::by_name(&spec).unwrap());
         let opts = ingot_compiler::pipeline::Options::for_target(Target::Cuda);
         let exe = compile(&model, ranks);
         ingot_trainer::eval::session_with_eval(

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 #[path = "support/generation.rs"]
 mod generation;
-use generation::{relative_difference, run_observed};
+use generation::{assert_logits_within, relative_difference, run_observed};
 
 #[path = "support/counting.rs"]
 mod counting;
@@ -143,10 +143,7 @@ fn the_cached_step_gives_the_whole_windows_tokens_and_logits_for_a_hundred_token
     let (want, want_logits) = run_observed(&mut whole, &prompt, 120, &GREEDY);
     let (got, got_logits) = run_observed(&mut kv, &prompt, 120, &GREEDY);
     assert_eq!(got, want);
-    for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
-        let r = relative_difference(a, b);
-        assert!(r <= 1e-5, "token {i}: the logits differ by {r:e} relative");
-    }
+    assert_logits_within(&got_logits, &want_logits, 1e-5, "the logits");
     // Greedy decoding of these weights settles on a few tokens; draws at temperature 1 (the
     // same logits and seed give the same draws) take the two steps through varied contexts.
     let s = Sampling {
@@ -157,13 +154,7 @@ fn the_cached_step_gives_the_whole_windows_tokens_and_logits_for_a_hundred_token
     let (want, want_logits) = run_observed(&mut whole, &prompt, 120, &s);
     let (got, got_logits) = run_observed(&mut kv, &prompt, 120, &s);
     assert_eq!(got, want);
-    for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
-        let r = relative_difference(a, b);
-        assert!(
-            r <= 1e-5,
-            "drawn token {i}: the logits differ by {r:e} relative"
-        );
-    }
+    assert_logits_within(&got_logits, &want_logits, 1e-5, "the drawn tokens' logits");
     let distinct: std::collections::BTreeSet<_> = want.iter().collect();
     assert!(distinct.len() > 8, "too few distinct tokens: {want:?}");
 }

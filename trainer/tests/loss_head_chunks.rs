@@ -4,15 +4,12 @@
 //! does (the same losses and parameters within float rounding, in f32 and in bf16), and gpt2's
 //! plan keeps no `[tokens, vocab]` buffer and is smaller.
 
-use indexmap::IndexMap;
 use ingot_compiler::autodiff::{chunk, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline::{self, Compiled, Options};
 use ingot_compiler::precision::Precision;
-use ingot_runtime::tensor::Tensor;
-use ingot_trainer::init::{init_leaves, synthetic_batch};
 
 #[path = "support/steps.rs"]
 mod steps;
@@ -61,24 +58,9 @@ fn chunked_against_whole(spec: &str, chunk: usize, precision: Precision) -> (f64
         slices >= none + 4,
         "the chunked head slices its rows ({slices} slices, {none} without chunks)"
     );
-    // The head weight's gradient is summed over the chunks by their GEMMs (`matmul_acc`), so
-    // these losses check that op too.
-    assert!(
-        chunked
-            .graph()
-            .nodes()
-            .iter()
-            .any(|n| matches!(n.op, ingot_compiler::ir::Op::MatMulAcc { .. })),
-        "the chunks' products are not accumulated by matmul_acc"
-    );
-    let g = whole.graph();
-    let state: IndexMap<String, Tensor> = init_leaves(g, LeafKind::Parameter, 3);
-    let batches: Vec<IndexMap<String, Tensor>> =
-        (0..10).map(|s| synthetic_batch(g, 50 + s)).collect();
-    steps::run_distance(
-        &steps::train_planned(chunked, &state, &batches),
-        &steps::train_planned(whole, &state, &batches),
-    )
+    // The head weight's gradient is summed over the chunks by their GEMMs (`matmul_acc`).
+    let what = format!("{spec}, head in chunks of {chunk} bytes");
+    steps::split_against_whole(&what, chunked, whole, &[LeafKind::Parameter], 10)
 }
 
 #[test]

@@ -11,7 +11,6 @@ use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::{LeafKind, Shape};
 use ingot_compiler::lower::Target;
 use ingot_compiler::pipeline;
-use ingot_compiler::precision::Precision;
 use ingot_runtime::collective::{threads, Collective};
 use ingot_runtime::cpu::planned::PlannedStep;
 use ingot_runtime::tensor::Tensor;
@@ -20,6 +19,7 @@ use ingot_trainer::init::{init_leaves, synthetic_batch};
 
 #[path = "support/steps.rs"]
 mod steps;
+use steps::shard_rows;
 
 const GPT: &str = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=8,batch=2";
 const RANKS: usize = 2;
@@ -32,25 +32,13 @@ fn compiled(shard_optimizer: bool, target: Target) -> pipeline::Compiled {
         shard_optimizer,
         ..StepOptions::default()
     };
-    let model = ingot_models::by_name(GPT).unwrap();
-    steps::compiled_in(&model, &step, target, Some(Precision::Bf16))
+    steps::bf16_step_of(GPT, &step, target)
 }
 
 fn exe(shard_optimizer: bool) -> Executable {
     compiled(shard_optimizer, Target::Cpu)
         .executable(Target::Cpu)
         .unwrap()
-}
-
-/// Rows `[r * n, (r + 1) * n)` of `t`, `n` its rows over `of`.
-fn rows(t: &Tensor, r: usize, of: usize) -> Tensor {
-    let bytes = t.to_le_bytes();
-    let per = bytes.len() / of;
-    let mut ty = t.ty.clone();
-    let mut dims = ty.shape.dims().to_vec();
-    dims[0] /= of;
-    ty.shape = Shape::new(&dims);
-    Tensor::from_le_bytes(ty, &bytes[r * per..(r + 1) * per]).unwrap()
 }
 
 /// Each rank's losses and leaves after training `exe` on thread ranks from `state` (rank `r`
@@ -75,7 +63,7 @@ fn train(
                 let mut losses = Vec::new();
                 for b in &batches {
                     for (n, v) in b {
-                        s.write_leaf(n, &rows(v, r, RANKS)).unwrap();
+                        s.write_leaf(n, &shard_rows(v, r, RANKS)).unwrap();
                     }
                     s.step().unwrap();
                     losses.push(s.read_output("loss").unwrap().to_f64_vec()[0].to_bits());
@@ -96,7 +84,7 @@ fn train(
 fn rank_rows(exe: &Executable, r: usize, name: &str, whole: &Tensor) -> Tensor {
     let g = exe.graph();
     match shard::ranks_of(g, g.leaf(name).unwrap()) {
-        Some(of) => rows(whole, r, of),
+        Some(of) => shard_rows(whole, r, of),
         None => whole.clone(),
     }
 }

@@ -8,7 +8,6 @@ use ingot_compiler::autodiff::{shard, StepOptions};
 use ingot_compiler::exe::Executable;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::lower::Target;
-use ingot_compiler::precision::Precision;
 use ingot_runtime::Tensor;
 use ingot_trainer::checkpoint::{self, CheckpointInfo};
 use ingot_trainer::session::{Device, Session, SessionError};
@@ -29,8 +28,7 @@ fn exe(shard_optimizer: bool) -> Executable {
         shard_optimizer,
         ..StepOptions::default()
     };
-    let model = ingot_models::by_name(GPT).unwrap();
-    steps::compiled_in(&model, &step, Target::Cpu, Some(Precision::Bf16))
+    steps::bf16_step_of(GPT, &step, Target::Cpu)
         .executable(Target::Cpu)
         .unwrap()
 }

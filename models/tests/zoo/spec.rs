@@ -10,6 +10,12 @@ fn err(s: &str) -> String {
     e.to_string()
 }
 
+/// Asserts that `refusal` (the error of a GPT or a ResNet spec) of `spec` holds each of `what`.
+fn assert_refused_naming(refusal: fn(&str) -> String, spec: &str, what: &[&str]) {
+    let e = refusal(spec);
+    assert!(what.iter().all(|w| e.contains(w)), "{e}");
+}
+
 const MINI: &str = "vocab=8192,d_model=512,layers=4,heads=8,d_ff=2048,seq=256,batch=16";
 
 #[test]
@@ -32,27 +38,39 @@ fn keys_may_come_in_any_order_with_spaces() {
 
 #[test]
 fn an_unknown_key_is_named() {
-    let e = err(&format!("{MINI},dropout=1"));
-    assert!(e.contains("unknown key \"dropout\""), "{e}");
+    assert_refused_naming(
+        err,
+        &format!("{MINI},dropout=1"),
+        &["unknown key \"dropout\""],
+    );
 }
 
 #[test]
 fn a_missing_key_is_named() {
-    let e = err("vocab=8192,d_model=512,layers=4,d_ff=2048,seq=256,batch=16");
-    assert!(e.contains("missing key \"heads\""), "{e}");
+    assert_refused_naming(
+        err,
+        "vocab=8192,d_model=512,layers=4,d_ff=2048,seq=256,batch=16",
+        &["missing key \"heads\""],
+    );
 }
 
 #[test]
 fn a_repeated_key_is_named() {
-    let e = err(&format!("{MINI},seq=128"));
-    assert!(e.contains("key \"seq\" is given twice"), "{e}");
+    assert_refused_naming(
+        err,
+        &format!("{MINI},seq=128"),
+        &["key \"seq\" is given twice"],
+    );
 }
 
 #[test]
 fn a_non_integer_value_names_its_key() {
     for bad in ["abc", "-4", "2.5", ""] {
-        let e = err(&MINI.replace("layers=4", &format!("layers={bad}")));
-        assert!(e.contains("key \"layers\""), "{e}");
+        assert_refused_naming(
+            err,
+            &MINI.replace("layers=4", &format!("layers={bad}")),
+            &["key \"layers\""],
+        );
     }
 }
 
@@ -69,8 +87,11 @@ fn a_zero_value_names_its_key() {
                 }
             })
             .collect();
-        let e = err(&s.join(","));
-        assert!(e.contains(&format!("key {k:?} must be at least 1")), "{e}");
+        assert_refused_naming(
+            err,
+            &s.join(","),
+            &[&format!("key {k:?} must be at least 1")],
+        );
     }
 }
 
@@ -85,14 +106,16 @@ fn d_model_not_divisible_by_heads_names_heads() {
 
 #[test]
 fn an_item_without_equals_is_refused() {
-    let e = err(&format!("{MINI},big"));
-    assert!(e.contains("\"big\" is not key=value"), "{e}");
+    assert_refused_naming(err, &format!("{MINI},big"), &["\"big\" is not key=value"]);
 }
 
 #[test]
 fn sizes_that_overflow_are_refused_not_panicked_on() {
-    let e = err(&MINI.replace("vocab=8192", &format!("vocab={}", usize::MAX)));
-    assert!(e.contains("too large"), "{e}");
+    assert_refused_naming(
+        err,
+        &MINI.replace("vocab=8192", &format!("vocab={}", usize::MAX)),
+        &["too large"],
+    );
 }
 
 #[test]
@@ -138,28 +161,40 @@ fn a_resnet_spec_fills_defaults_and_is_named_by_its_full_form() {
 
 #[test]
 fn a_depth_torchvision_does_not_define_is_named() {
-    let e = resnet_err("resnet:depth=20,side=32,batch=2");
-    assert!(e.contains("key \"depth\"") && e.contains("20"), "{e}");
-    let e = resnet_err("resnet:side=32,batch=2");
-    assert!(e.contains("missing key \"depth\""), "{e}");
+    assert_refused_naming(
+        resnet_err,
+        "resnet:depth=20,side=32,batch=2",
+        &["key \"depth\"", "20"],
+    );
+    assert_refused_naming(
+        resnet_err,
+        "resnet:side=32,batch=2",
+        &["missing key \"depth\""],
+    );
 }
 
 #[test]
 fn a_side_too_small_to_downsample_five_times_is_named() {
-    let e = resnet_err("resnet:depth=50,side=16,batch=2");
-    assert!(
-        e.contains("key \"side\"") && e.contains("at least 32"),
-        "{e}"
+    assert_refused_naming(
+        resnet_err,
+        "resnet:depth=50,side=16,batch=2",
+        &["key \"side\"", "at least 32"],
     );
 }
 
 #[test]
 fn a_zero_or_one_value_batch_is_named() {
-    let e = resnet_err("resnet:depth=18,side=32,batch=0");
-    assert!(e.contains("key \"batch\" must be at least 1"), "{e}");
+    assert_refused_naming(
+        resnet_err,
+        "resnet:depth=18,side=32,batch=0",
+        &["key \"batch\" must be at least 1"],
+    );
     // One image at 32x32 leaves layer4 1x1: one value per channel for its batch norms.
-    let e = resnet_err("resnet:depth=18,side=32,batch=1");
-    assert!(e.contains("key \"batch\""), "{e}");
+    assert_refused_naming(
+        resnet_err,
+        "resnet:depth=18,side=32,batch=1",
+        &["key \"batch\""],
+    );
     // At 64x64 layer4 is 2x2, and one image is enough.
     by_name("resnet:depth=18,side=64,batch=1,width=4").unwrap();
     let e = at_batch("resnet:depth=18,side=32,batch=2", 1, DType::F32).unwrap_err();
@@ -168,14 +203,15 @@ fn a_zero_or_one_value_batch_is_named() {
 
 #[test]
 fn resnet_spec_errors_name_the_key_or_item() {
-    let e = resnet_err("resnet:depth=18,depth=34");
-    assert!(e.contains("key \"depth\" is given twice"), "{e}");
-    let e = resnet_err("resnet:depth=18,heads=2");
-    assert!(e.contains("unknown key \"heads\""), "{e}");
-    let e = resnet_err("resnet:depth=18,width=-1");
-    assert!(e.contains("key \"width\""), "{e}");
-    let e = resnet_err(&format!("resnet:depth=18,width={}", usize::MAX / 4));
-    assert!(e.contains("too large"), "{e}");
+    let too_wide = format!("resnet:depth=18,width={}", usize::MAX / 4);
+    for (spec, what) in [
+        ("resnet:depth=18,depth=34", "key \"depth\" is given twice"),
+        ("resnet:depth=18,heads=2", "unknown key \"heads\""),
+        ("resnet:depth=18,width=-1", "key \"width\""),
+        (&too_wide, "too large"),
+    ] {
+        assert_refused_naming(resnet_err, spec, &[what]);
+    }
 }
 
 #[test]
@@ -206,15 +242,17 @@ fn a_cnn_spec_takes_its_batch_classes_and_side_and_is_named_by_its_full_form() {
 
 #[test]
 fn cnn_spec_errors_name_the_key() {
-    let e = resnet_err("cnn:batch=4,side=3");
-    assert!(
-        e.contains("key \"side\"") && e.contains("at least 4"),
-        "{e}"
+    assert_refused_naming(
+        resnet_err,
+        "cnn:batch=4,side=3",
+        &["key \"side\"", "at least 4"],
     );
-    let e = resnet_err("cnn:classes=0");
-    assert!(e.contains("key \"classes\" must be at least 1"), "{e}");
-    let e = resnet_err("cnn:depth=3");
-    assert!(e.contains("unknown key \"depth\""), "{e}");
+    assert_refused_naming(
+        resnet_err,
+        "cnn:classes=0",
+        &["key \"classes\" must be at least 1"],
+    );
+    assert_refused_naming(resnet_err, "cnn:depth=3", &["unknown key \"depth\""]);
 }
 
 #[test]

@@ -25,6 +25,37 @@ pub fn import_mse(file: &str) -> ingot_onnx::Result<Imported> {
     )
 }
 
+/// A classifier's import: cross-entropy over the model's one output, classes on its last axis.
+pub fn classifier() -> ingot_onnx::ImportOptions {
+    ingot_onnx::ImportOptions {
+        loss: ingot_onnx::Loss::CrossEntropy { logits: None },
+        class_axis: ingot_onnx::ClassAxis::Last,
+        ..Default::default()
+    }
+}
+
+/// The file at `path` imported as a classifier ([`classifier`]).
+pub fn import_classifier(path: &std::path::Path) -> Imported {
+    ingot_onnx::import(path, &classifier()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Asserts that the fixture `file`, imported as [`import_mse`] does, is refused with an error
+/// that mentions each of `words`.
+pub fn assert_mse_import_refused(file: &str, words: &[&str]) {
+    match import_mse(file) {
+        Ok(_) => panic!("{file} imported"),
+        Err(e) => ingot_testkit::text::assert_mentions(&e.to_string(), words),
+    }
+}
+
+/// The names of `g`'s leaves of `kind`, in the graph's order.
+pub fn leaf_names(g: &ingot_compiler::ir::Graph, kind: ingot_compiler::ir::LeafKind) -> Vec<&str> {
+    g.leaves(kind)
+        .into_iter()
+        .map(|id| g.leaf_name(id).unwrap())
+        .collect()
+}
+
 /// A tensor of the fixtures' JSON form (`{"shape", "dtype": "f32"|"i64", "data"}`), with
 /// floats as `float`.
 pub fn tensor(v: &Value, float: DType) -> Tensor {

@@ -47,3 +47,13 @@ pub fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
         .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
     diff / scale.max(f64::MIN_POSITIVE)
 }
+
+/// Asserts that each row of `got` is within `tolerance` ([`relative_difference`]) of the row of
+/// `want` at its position; `what` names the rows' logits in the message ("token 3: {what}").
+#[track_caller]
+pub fn assert_logits_within(got: &[Vec<f32>], want: &[Vec<f32>], tolerance: f64, what: &str) {
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let r = relative_difference(a, b);
+        assert!(r <= tolerance, "token {i}: {what} differ by {r:e} relative");
+    }
+}
