@@ -145,10 +145,21 @@ pub fn check_model(model: &Model, seed: u64) -> Result<Outcome, String> {
 /// As [`check_model`], the step built with `step` (gradient accumulation over micro-batches,
 /// say): the reference runs the same step graph, unfused and unrewritten.
 pub fn check_model_with(model: &Model, step: &StepOptions, seed: u64) -> Result<Outcome, String> {
+    check_model_compiled_with(model, step, &Session::cpu_options(), seed)
+}
+
+/// As [`check_model_with`], the step compiled with `opts` (a CPU target's: the rewrite or
+/// fusion left out, say, to tell which of them moves a step's numbers).
+pub fn check_model_compiled_with(
+    model: &Model,
+    step: &StepOptions,
+    opts: &pipeline::Options,
+    seed: u64,
+) -> Result<Outcome, String> {
     let model = &on_cpu(model);
     let name = &model.name;
     let slack = slack(model);
-    let c = pipeline::compile_observed_with(model, step, &Session::cpu_options(), &mut |_| {})
+    let c = pipeline::compile_observed_with(model, step, opts, &mut |_| {})
         .map_err(|e| format!("{name}: compile: {e}"))?;
     let kernels = c.fuse.as_ref().map_or(0, |f| f.kernels);
     let ops = c.step.graph.len();

@@ -53,6 +53,39 @@ struct CNode {
     index: usize,
 }
 
+/// Every class's candidate e-nodes, by dense class number: one flat list cut at offsets
+/// (compressed rows) rather than a vector per class, so that the passes below read them in
+/// order from one allocation (a hundred thousand classes at 200 layers of a narrow GPT, each
+/// its own allocation before: issue 53).
+struct CNodes {
+    /// Class `c`'s e-nodes are `nodes[start[c]..start[c + 1]]`.
+    start: Vec<u32>,
+    nodes: Vec<CNode>,
+}
+
+impl CNodes {
+    fn len(&self) -> usize {
+        self.start.len() - 1
+    }
+
+    /// The position of class `c`'s first e-node in the flat list.
+    fn first(&self, c: usize) -> usize {
+        self.start[c] as usize
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[CNode]> + '_ {
+        (0..self.len()).map(|c| &self[c])
+    }
+}
+
+impl std::ops::Index<usize> for CNodes {
+    type Output = [CNode];
+
+    fn index(&self, c: usize) -> &[CNode] {
+        &self.nodes[self.start[c] as usize..self.start[c + 1] as usize]
+    }
+}
+
 /// What an e-node of class `class` costs by itself.
 pub fn node_cost(eg: &EGraph, class: Id, node: &ENode) -> u64 {
     match &node.kind {
@@ -88,24 +121,24 @@ pub fn extract_with(
         dense[usize::from(id)] = i as u32;
     }
     let dense_of = |id: Id| dense[usize::from(eg.find(id))];
-    let cnodes: Vec<Vec<CNode>> = ids
-        .iter()
-        .map(|&id| {
-            let class = &eg[id];
-            class
-                .nodes
-                .iter()
-                .enumerate()
-                // A leaf's class is the leaf: nothing else may stand for a step's input.
-                .filter(|(_, n)| class.data.leaf.is_none() || matches!(n.kind, Kind::Leaf(_)))
-                .map(|(index, n)| CNode {
-                    cost: node_cost(eg, id, n),
-                    children: n.args.iter().map(|&a| dense_of(a)).collect(),
-                    index,
-                })
-                .collect()
-        })
-        .collect();
+    let mut cnodes = CNodes {
+        start: Vec::with_capacity(ids.len() + 1),
+        nodes: Vec::with_capacity(eg.total_size()),
+    };
+    cnodes.start.push(0);
+    for &id in &ids {
+        let class = &eg[id];
+        let nodes = (class.nodes.iter().enumerate())
+            // A leaf's class is the leaf: nothing else may stand for a step's input.
+            .filter(|(_, n)| class.data.leaf.is_none() || matches!(n.kind, Kind::Leaf(_)))
+            .map(|(index, n)| CNode {
+                cost: node_cost(eg, id, n),
+                children: n.args.iter().map(|&a| dense_of(a)).collect(),
+                index,
+            });
+        cnodes.nodes.extend(nodes);
+        cnodes.start.push(cnodes.nodes.len() as u32);
+    }
     let root_dense: Vec<u32> = roots.iter().map(|&r| dense_of(r)).collect();
 
     let method = force.unwrap_or(Method::Dag);
@@ -151,7 +184,7 @@ pub fn extract_with(
 
 /// For each class, among its e-nodes whose children are all strictly lower than itself, the
 /// shallowest, then the cheapest, then the first.
-fn shallowest(cnodes: &[Vec<CNode>], h: &[u32]) -> Vec<Option<usize>> {
+fn shallowest(cnodes: &CNodes, h: &[u32]) -> Vec<Option<usize>> {
     cnodes
         .iter()
         .enumerate()
@@ -171,7 +204,7 @@ fn shallowest(cnodes: &[Vec<CNode>], h: &[u32]) -> Vec<Option<usize>> {
 
 /// True when following the chosen e-nodes from the roots never returns to a class on the path
 /// (and every reached class has a choice).
-fn acyclic_from(cnodes: &[Vec<CNode>], choice: &[Option<usize>], roots: &[u32]) -> bool {
+fn acyclic_from(cnodes: &CNodes, choice: &[Option<usize>], roots: &[u32]) -> bool {
     // 0 = unvisited, 1 = on the path, 2 = done.
     let mut color = vec![0u8; cnodes.len()];
     for &r in roots {
@@ -207,26 +240,38 @@ fn acyclic_from(cnodes: &[Vec<CNode>], choice: &[Option<usize>], roots: &[u32]) 
 /// in increasing height (Knuth's generalization of Dijkstra): a class is final when popped, and an
 /// e-node becomes available once all its children are final. Linear in the e-nodes (and a
 /// logarithm for the queue), whatever order the classes are numbered in.
-fn heights(cnodes: &[Vec<CNode>]) -> Vec<u32> {
+fn heights(cnodes: &CNodes) -> Vec<u32> {
     let n = cnodes.len();
     let mut h = vec![u32::MAX; n];
-    // For each class, the (class, node index) pairs that have it as a child, once per child slot.
-    let mut parents: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n];
-    let mut missing: Vec<Vec<u32>> = Vec::with_capacity(n);
+    // For each class, the (class, node index) pairs that have it as a child, once per child
+    // slot, in class order: class d's are `parents[first[d]..first[d + 1]]` (compressed rows).
+    let mut first = vec![0u32; n + 1];
+    for node in &cnodes.nodes {
+        for &d in &node.children {
+            first[d as usize + 1] += 1;
+        }
+    }
+    for d in 0..n {
+        first[d + 1] += first[d];
+    }
+    let mut next: Vec<u32> = first[..n].to_vec();
+    let mut parents = vec![(0u32, 0u32); first[n] as usize];
+    // The children of each e-node (by its position in the flat list) not yet final.
+    let mut missing: Vec<u32> = Vec::with_capacity(cnodes.nodes.len());
     let mut heap = std::collections::BinaryHeap::new();
     for (c, nodes) in cnodes.iter().enumerate() {
-        let mut m = Vec::with_capacity(nodes.len());
         for (ni, node) in nodes.iter().enumerate() {
             for &d in &node.children {
-                parents[d as usize].push((c as u32, ni as u32));
+                parents[next[d as usize] as usize] = (c as u32, ni as u32);
+                next[d as usize] += 1;
             }
-            m.push(node.children.len() as u32);
+            missing.push(node.children.len() as u32);
             if node.children.is_empty() {
                 heap.push(std::cmp::Reverse((0u32, c as u32)));
             }
         }
-        missing.push(m);
     }
+    drop(next);
     let mut done = vec![false; n];
     let mut best = vec![u32::MAX; n];
     while let Some(std::cmp::Reverse((hc, c))) = heap.pop() {
@@ -236,10 +281,11 @@ fn heights(cnodes: &[Vec<CNode>]) -> Vec<u32> {
         }
         done[c] = true;
         h[c] = hc;
-        for &(p, ni) in &parents[c] {
+        for &(p, ni) in &parents[first[c] as usize..first[c + 1] as usize] {
             let (p, ni) = (p as usize, ni as usize);
-            missing[p][ni] -= 1;
-            if missing[p][ni] == 0 && !done[p] {
+            let m = &mut missing[cnodes.first(p) + ni];
+            *m -= 1;
+            if *m == 0 && !done[p] {
                 let hp = cnodes[p][ni]
                     .children
                     .iter()
@@ -273,7 +319,7 @@ fn heights(cnodes: &[Vec<CNode>]) -> Vec<u32> {
 ///
 /// The objective is the greedy DAG extraction's: a candidate's e-node cost plus the costs of
 /// the classes it needs, each once; ties go to the smaller set, then to the first e-node.
-fn ranked(cnodes: &[Vec<CNode>], h: &[u32]) -> Vec<Option<usize>> {
+fn ranked(cnodes: &CNodes, h: &[u32]) -> Vec<Option<usize>> {
     let n = cnodes.len();
     let mut order: Vec<u32> = (0..n as u32)
         .filter(|&c| h[c as usize] != u32::MAX)
@@ -334,7 +380,7 @@ fn ranked(cnodes: &[Vec<CNode>], h: &[u32]) -> Vec<Option<usize>> {
 
 /// What [`ranked`] has decided so far, which a comparison walks.
 struct Decided<'a> {
-    cnodes: &'a [Vec<CNode>],
+    cnodes: &'a CNodes,
     choice: &'a [Option<usize>],
     /// The chosen e-node's own cost, and its cost counted as a tree (saturating).
     own: &'a [u64],

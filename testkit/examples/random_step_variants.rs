@@ -1,0 +1,40 @@
+//! One random step checked four ways, to tell which pass moves its numbers: compiled as the CPU
+//! session compiles it, without the rewrite, without fusion, and without either:
+//!
+//!     cargo run --release -p ingot-testkit --example random_step_variants -- SEED
+use ingot_compiler::random_graph;
+use ingot_testkit::random_step::check_model_compiled_with;
+use ingot_trainer::session::Session;
+
+fn main() {
+    let Some(seed) = std::env::args().nth(1).and_then(|s| s.parse::<u64>().ok()) else {
+        eprintln!("usage: random_step_variants SEED");
+        std::process::exit(2);
+    };
+    let m = match random_graph::model(seed) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("random:{seed}: generator: {e}");
+            std::process::exit(1);
+        }
+    };
+    let step = random_graph::step_options(seed);
+    for (what, rewrite, fuse) in [
+        ("rewrite and fusion", true, true),
+        ("fusion only", false, true),
+        ("rewrite only", true, false),
+        ("neither", false, false),
+    ] {
+        let mut opts = Session::cpu_options();
+        if !rewrite {
+            opts.rewrite = None;
+        }
+        if !fuse {
+            opts.fuse = None;
+        }
+        match check_model_compiled_with(&m, &step, &opts, seed) {
+            Ok(o) => println!("{what}: passes, {:.4} of the tolerance", o.worst),
+            Err(e) => println!("{what}: {e}"),
+        }
+    }
+}
