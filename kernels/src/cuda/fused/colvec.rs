@@ -118,11 +118,12 @@ impl Analysis<'_> {
     }
 
     /// The block `(X, Y)` of a kernel several rows a thread. `X` threads across read
-    /// [`LINE`] bytes of the narrowest vector input side by side (8 threads of 8 bf16 or 4
-    /// f32, 16 of 8 bools), halved (down to [`MIN_ACROSS`]) while that leaves fewer than
-    /// [`FILL`] blocks; the block's threads (`X·Y`) are 256, doubled up to 1024 while the
-    /// blocks together hold fewer than [`FILL_THREADS`]; `Y` is the rest, at most the row's
-    /// length, halved while the fold's shared memory would pass [`MAX_SHARED`].
+    /// [`LINE`] bytes of the narrowest vector input side by side (8 threads of 8 bf16, 16 of
+    /// 8 bools, 32 of 4 bools beside an f32), halved (down to [`MIN_ACROSS`]) while blocks
+    /// of 1024 threads would hold fewer than [`FILL_THREADS`]; the block's threads (`X·Y`)
+    /// are 256, doubled up to 1024 while the blocks together hold fewer than
+    /// [`FILL_THREADS`]; `Y` is the rest, at most the row's length, halved while the fold's
+    /// shared memory would pass [`MAX_SHARED`].
     ///
     /// Why: with 4 threads across (the column strategy's 32 divided by the width), a warp's
     /// row of bf16 read 64 bytes, each 128-byte line split between two blocks, and resnet50's
@@ -135,7 +136,7 @@ impl Analysis<'_> {
             .min()
             .unwrap_or(16);
         let mut x = (LINE / narrowest).max(MIN_ACROSS);
-        while x > MIN_ACROSS && groups.div_ceil(x) < FILL {
+        while x > MIN_ACROSS && groups.div_ceil(x) * 1024 < FILL_THREADS {
             x /= 2;
         }
         let units = groups.div_ceil(x);
