@@ -264,3 +264,119 @@ fn masked_weight_and_bias_gradients_read_mask_gradient_and_input_as_vectors_and_
         check_rows_a_thread(tag, &k);
     }
 }
+
+#[test]
+fn statistics_with_channels_enough_read_whole_128_byte_lines_and_match_the_cpu() {
+    // 544 bf16 channels over 64 x 64 positions: split 32 ways, 17,408 partial rows, 2,176
+    // threads' worth of 8 channels; 8 threads across read 128 bytes of a position's
+    // channels side by side (4 read 64, each line split between two blocks).
+    let k = channel_statistic(&[64, 64, 544], DType::BF16, true);
+    let p = cuda::fused_program(&k).unwrap();
+    let partial = &p.launches[0].kernel;
+    assert!(
+        partial.source.contains("8 rows a thread"),
+        "{}",
+        partial.source
+    );
+    assert_eq!(partial.launch.block[0], 8, "{:?}", partial.launch);
+    if let Some(v) = check_rows_a_thread("cv_lines", &k) {
+        assert!(v, "some launch reads one channel a thread");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A channels-last batch norm's backward (full outputs that read its sums): split by stages
+// where its channels are few ([`ingot_kernels::fused::staged`]).
+
+/// Batch norm's backward over channels-last `dims` (`[n, h, w, c]`): `dy` (a bf16 gradient
+/// plus an f32 shortcut gradient) masked where `x` is not positive, `s1 = Σ dy`, `s2 = Σ dy·x̂`, and `dx = (dy - s1/m - x̂·s2/m)·rstd` in
+/// bf16, with both sums as row outputs (`x` and `dy` bf16, the mean and rstd f32 a channel).
+fn channels_last_backward(dims: &[usize]) -> FusedKernel {
+    use BinaryOp::{Mul, Sub};
+    let mut b = cols(dims);
+    let x = load(&mut b, DType::BF16, false);
+    let dy = load(&mut b, DType::BF16, false);
+    // The shortcut's gradient, in f32 (resnet50's bf16 step keeps that stream in f32).
+    let shortcut = load(&mut b, DType::F32, false);
+    let dy = b.bin(BinaryOp::Add, dy, shortcut);
+    let channel = |b: &mut KernelBuilder| {
+        let last = b.k.domain.len() - 1;
+        let i = b.input_bcast(DType::F32, &(0..last).collect::<Vec<_>>());
+        b.load(i)
+    };
+    let (mean, rstd) = (channel(&mut b), channel(&mut b));
+    let zero = b.konst(0.0);
+    let off = b.push(ingot_kernels::fused::Inst::Compare {
+        op: ingot_kernels::CmpOp::Le,
+        a: x,
+        b: zero,
+    });
+    let dy = b.push(ingot_kernels::fused::Inst::Select {
+        cond: off,
+        a: zero,
+        b: dy,
+    });
+    let xc = b.bin(Sub, x, mean);
+    let xh = b.bin(Mul, xc, rstd);
+    let s1 = b.sum(dy);
+    let t = b.bin(Mul, dy, xh);
+    let s2 = b.sum(t);
+    let m: usize = dims[..dims.len() - 1].iter().product();
+    let inv = b.konst(1.0 / m as f64);
+    let (m1, m2) = (b.bin(Mul, s1, inv), b.bin(Mul, s2, inv));
+    let c = b.bin(Mul, xh, m2);
+    let d = b.bin(Sub, dy, m1);
+    let d = b.bin(Sub, d, c);
+    let dx = b.bin(Mul, d, rstd);
+    let dx = b.to(dx, DType::BF16);
+    b.outputs(&[dx, s1, s2]).done()
+}
+
+#[test]
+fn a_channels_last_batch_norm_backward_at_resnet50s_7x7_runs_in_stages_on_more_blocks() {
+    // 2,048 channels of 6,272 terms: one kernel gives 32 channels a block, 64 blocks for 132
+    // SMs; split 2 ways by stages (3,136 terms a partial row), each partial kernel spreads
+    // its 4,096 rows, 4 a thread, over 256 blocks.
+    let k = channels_last_backward(&[128, 7, 7, 2048]);
+    let whole = cuda::fused(&k).unwrap();
+    assert_eq!(whole.launch.grid[0], 64, "{:?}", whole.launch);
+    let p = cuda::fused_program(&k).unwrap();
+    assert_eq!(cuda::staged_split(&k), Some((0, 2)));
+    assert!(p.launches.len() >= 3, "{} launches", p.launches.len());
+    let partial = &p.launches[0].kernel;
+    assert!(partial.launch.grid[0] >= 256, "{:?}", partial.launch);
+}
+
+#[test]
+fn the_emulated_channels_last_backward_split_by_stages_computes_what_the_cpu_computes() {
+    // 4,096 terms a channel over 96 channels, and 5,250 over 72 at odd sizes: split 2 ways
+    // by stages.
+    for (tag, dims) in [
+        ("cl_bwd_96", vec![32, 8, 16, 96]),
+        ("cl_bwd_odd", vec![6, 35, 25, 72]),
+    ] {
+        let k = channels_last_backward(&dims);
+        assert!(cuda::staged_split(&k).is_some(), "{tag}: not split");
+        let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
+            .map(|(n, inp)| {
+                let mut v = block_emu::values(inp.len, n as u64 + 1);
+                if n == 4 {
+                    v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
+                }
+                block_emu::encode(inp.dtype, &v)
+            })
+            .collect();
+        let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
+        let want = run_buffers(&k, &refs).unwrap();
+        let p = cuda::fused_program(&k).unwrap();
+        assert!(
+            p.launches.len() >= 3,
+            "{tag}: {} launches",
+            p.launches.len()
+        );
+        let name = format!("ingot_columns_emu_{tag}");
+        if let Some(got) = block_emu::run_program(&name, &k, &p, &ins) {
+            block_emu::assert_outputs_match(tag, &k, &got, &want);
+        }
+    }
+}

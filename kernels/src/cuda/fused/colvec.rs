@@ -11,11 +11,12 @@
 //! The kernel is the column strategy's, `X` threads across (each `W` rows) and `Y` along the
 //! reduce axes: each thread sums its rows' terms at `j = threadIdx.y, threadIdx.y + Y, ...`
 //! in order, one accumulator a row, then the `Y` partials of each row fold through shared
-//! memory pairwise ([`Analysis::column_vector_fold`]). The block keeps the
-//! threads of the column strategy's block (256, or 1024 when blocks are few) with `W` times
-//! fewer across and so `W` times more along, so that each thread has the bytes in flight:
-//! each row's sum is therefore folded from more, shorter partials than one row a thread
-//! folds, and its rounding differs from it (within the same f32 accumulation).
+//! memory pairwise ([`Analysis::column_vector_fold`]). `X` threads across read a whole
+//! 128-byte line of the narrowest vector input where the blocks are enough, and a block
+//! holds 256 threads, up to 1024 where its blocks are few
+//! ([`Analysis::column_vector_block`]): each row's sum is therefore folded from more,
+//! shorter partials than one row a thread folds, and its rounding differs from it (within
+//! the same f32 accumulation).
 //!
 //! Only single-pass kernels with row-level outputs go so (every reduction reads only the
 //! elements, no reduction another's result, no full output): the statistics and gradients
@@ -37,8 +38,14 @@ use crate::fused::Inst;
 use crate::DType;
 
 /// Threads across a block at least (each `W` rows): a warp then reads at least 4 vectors
-/// side by side (64 bytes of bf16 in fours), whole 32-byte sectors.
+/// side by side (64 bytes of bf16 in eights), whole 32-byte sectors.
 const MIN_ACROSS: usize = 4;
+/// Bytes of the narrowest vector input that a block's threads across read side by side
+/// where its blocks are enough: a whole 128-byte line, not half of one in each of two blocks.
+const LINE: usize = 128;
+/// Threads all blocks together should hold at least before a block takes more than 256:
+/// 1,024 an SM of an H200's 132 (half of what an SM can hold), two blocks of 512 an SM.
+const FILL_THREADS: usize = FILL * 512;
 
 /// How a column reduction goes several rows a thread (see the module docs).
 pub(super) struct ColumnVectors {
@@ -110,18 +117,33 @@ impl Analysis<'_> {
         (self.n.div_ceil(y) <= THREAD_BLOCK).then_some(cv)
     }
 
-    /// The block `(X, Y)` of a kernel several rows a thread: the column strategy's threads
-    /// ([`Analysis::column_block`]: 256, 1024 when its blocks are few), `W` times fewer
-    /// across (at least [`MIN_ACROSS`]) and the rest along the reduce axes, halved while the
-    /// fold's shared memory would pass [`MAX_SHARED`].
+    /// The block `(X, Y)` of a kernel several rows a thread. `X` threads across read
+    /// [`LINE`] bytes of the narrowest vector input side by side (8 threads of 8 bf16, 16 of
+    /// 8 bools, 32 of 4 bools beside an f32), halved (down to [`MIN_ACROSS`]) while blocks
+    /// of 1024 threads would hold fewer than [`FILL_THREADS`]; the block's threads (`X·Y`)
+    /// are 256, doubled up to 1024 while the blocks together hold fewer than
+    /// [`FILL_THREADS`]; `Y` is the rest, at most the row's length, halved while the fold's
+    /// shared memory would pass [`MAX_SHARED`].
+    ///
+    /// Why: with 4 threads across (the column strategy's 32 divided by the width), a warp's
+    /// row of bf16 read 64 bytes, each 128-byte line split between two blocks, and resnet50's
+    /// statistics passes ran at 2.1 to 2.7 TB/s on an H200 (docs/benchmarks.md, session 37).
     fn column_vector_block(&self, cv: &ColumnVectors, reductions: usize) -> (usize, usize) {
-        let (x0, _) = self.column_block(reductions);
-        let threads = if self.rows.div_ceil(x0 as usize) < FILL {
-            1024
-        } else {
-            256
-        };
-        let x = (x0 as usize / cv.width).max(MIN_ACROSS);
+        let groups = self.rows / cv.width;
+        let narrowest = (self.k.inputs.iter().zip(&cv.vector))
+            .filter(|&(_, &v)| v)
+            .map(|(inp, _)| cv.width * inp.dtype.size())
+            .min()
+            .unwrap_or(16);
+        let mut x = (LINE / narrowest).max(MIN_ACROSS);
+        while x > MIN_ACROSS && groups.div_ceil(x) * 1024 < FILL_THREADS {
+            x /= 2;
+        }
+        let units = groups.div_ceil(x);
+        let mut threads = 256;
+        while threads < 1024 && units * threads < FILL_THREADS {
+            threads *= 2;
+        }
         let mut y = (threads / x).min(self.n.next_power_of_two()).max(2);
         let widest = (self.k.body.iter().enumerate())
             .filter(|&(i, inst)| self.live[i] && matches!(inst, Inst::Reduce { .. }))

@@ -37,6 +37,15 @@ const MIN_STAGED_PARTIAL_TERMS: usize = 2048;
 /// Reductions shorter than this are not split by stages: the chain adds a pass over the
 /// inputs and two launches a stage, worth it only where one block walks a long row.
 const MIN_STAGED_TERMS: usize = 16384;
+/// The same bound for a column reduction (channels-last batch norm), whose one kernel gives
+/// a block 8 to 32 channels and so leaves most SMs idle where channels are few: its passes
+/// read every element from memory again all the same (a thread's share is too long for the
+/// register cache), so splitting costs only launches. Measured on an H200 (docs/benchmarks.md,
+/// session 38): resnet50's 7x7 data-gradient kernels (6,272 terms a channel, 2,048 channels
+/// in 64 blocks of [32, 32]) took 302 to 605 µs for 39 to 141 MB, under 0.5 TB/s, and are
+/// split now; its partial rows keep at least `MIN_STAGED_PARTIAL_TERMS` (split to 784, its
+/// 28x28 kernels of 128 channels took 38.1 µs where 3,136 took 33.1).
+const MIN_STAGED_COLUMN_TERMS: usize = 4096;
 
 /// The reduce axis and the number of slices a column reduction is split into, or `None`
 /// where its one kernel is kept: not the column strategy, rows short, blocks enough, or no
@@ -80,17 +89,22 @@ pub(in crate::cuda) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
 /// The reduce axis and the number of slices a reduction is split by stages into
 /// ([`crate::fused::staged`]), or `None` where its one kernel is kept: it is split as a column
 /// reduction ([`split_ways`]) instead, is elementwise, its rows are shorter than
-/// `MIN_STAGED_TERMS`, or its blocks fill the GPU. The axis is the outermost reduce axis (no
-/// live index reads it) that splits at least `MIN_WAYS` ways, else the one that splits most;
-/// the ways, powers of two, grow until the partial kernel's blocks fill the GPU or its rows
-/// would fold fewer than `MIN_STAGED_PARTIAL_TERMS` terms.
+/// `MIN_STAGED_TERMS` (`MIN_STAGED_COLUMN_TERMS` for the column strategy), or its blocks
+/// fill the GPU. The axis is the outermost reduce axis (no live index reads it) that splits
+/// at least `MIN_WAYS` ways, else the one that splits most; the ways, powers of two, grow
+/// until the partial kernel's blocks fill the GPU or its rows would fold fewer than
+/// `MIN_STAGED_PARTIAL_TERMS` terms.
 pub(in crate::cuda) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
     k.check().ok()?;
     if split_ways(k).is_some() {
         return None;
     }
     let a = Analysis::new(k);
-    if a.n < MIN_STAGED_TERMS || a.rows == 0 {
+    let min_terms = match a.strategy {
+        Strategy::Columns => MIN_STAGED_COLUMN_TERMS,
+        _ => MIN_STAGED_TERMS,
+    };
+    if a.n < min_terms || a.rows == 0 {
         return None;
     }
     let (blocks, target) = match a.strategy {
