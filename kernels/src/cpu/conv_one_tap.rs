@@ -35,12 +35,12 @@ pub fn live_tap(g: &ConvGeometry) -> Option<usize> {
         return None;
     }
     let mut tap = [0; 2];
-    for a in 0..2 {
+    for (a, t) in tap.iter_mut().enumerate() {
         let (p, d) = (g.padding[a], g.dilation[a]);
         if d == 0 || p % d != 0 || p / d >= g.kernel[a] {
             return None;
         }
-        tap[a] = p / d;
+        *t = p / d;
     }
     Some(tap[0] * g.kernel[1] + tap[1])
 }
