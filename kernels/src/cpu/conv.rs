@@ -28,7 +28,11 @@
 //! at once: its order is fixed by the geometry (the same bits on any threads and in any
 //! workspace), but it is not the per-image order.
 //! [`reference()`] computes the forward pass with plain loops in f64, for tests.
+//!
+//! One-pixel images under a kernel larger than them (a ResNet's last stage on small inputs)
+//! run through the one tap that reaches the pixel instead ([`super::conv_one_tap`]).
 
+use super::conv_one_tap as one_tap;
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
 use super::matmul::{GemmScalar, MatLayout};
 use super::par::{for_each_block, pool_threads, PARALLEL_ELEMENTS};
@@ -699,6 +703,9 @@ pub fn forward<T: GemmScalar + Float>(
     check("w", w.len(), g.w_len())?;
     check("y", y.len(), g.y_len())?;
     let s = split_ws::<T>(g, Pass::Forward, ws.len())?;
+    if let Some(tap) = one_tap::runs_here::<T>(g, Pass::Forward) {
+        return one_tap::run(g, Pass::Forward, tap, x, w, y, ws);
+    }
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
     let direct = is_pointwise(g);
@@ -771,6 +778,9 @@ pub fn grad_input<T: GemmScalar + Float>(
     check("w", w.len(), g.w_len())?;
     check("dx", dx.len(), g.x_len())?;
     let s = split_ws::<T>(g, Pass::GradInput, ws.len())?;
+    if let Some(tap) = one_tap::runs_here::<T>(g, Pass::GradInput) {
+        return one_tap::run(g, Pass::GradInput, tap, dy, w, dx, ws);
+    }
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
     let direct = is_pointwise(g);
@@ -855,6 +865,9 @@ pub fn grad_weight<T: GemmScalar + Float>(
         return Ok(());
     }
     let s = split_ws::<T>(g, Pass::GradWeight, ws.len())?;
+    if let Some(tap) = one_tap::runs_here::<T>(g, Pass::GradWeight) {
+        return one_tap::run(g, Pass::GradWeight, tap, x, dy, dw, ws);
+    }
     let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
     let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
     let (k, xg, ranges) = (cg * taps, cg * plane, s.units / g.groups);
@@ -1246,7 +1259,11 @@ mod tests {
     fn every_lane_count_channel_ranges_and_pointwise_operands_give_the_bits_of_one_whole_group_at_a_time(
     ) {
         let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
-        for g in geometries() {
+        // One-pixel images run through their live tap (`conv_one_tap`, tested there).
+        for g in geometries()
+            .into_iter()
+            .filter(|g| one_tap::live_tap(g).is_none())
+        {
             let (x, w, dy) = (
                 f32s(values(g.x_len(), 6)),
                 f32s(values(g.w_len(), 7)),

@@ -11,6 +11,7 @@
 pub mod attention;
 pub mod conv;
 pub mod conv_nhwc;
+pub mod conv_one_tap;
 pub mod exp;
 pub mod gemm;
 pub mod layout;
