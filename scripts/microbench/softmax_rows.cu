@@ -8,6 +8,25 @@
 
 #include "softmax_kernels.cuh"
 
+// One of ew_v0's four lanes `c` (x, y, z, w): the generated kernel repeats it a lane.
+#define EW_LANE(c) \
+    { \
+      const unsigned char v0 = l0.c; \
+      const float v1 = __int_as_float((int)0xff800000u); \
+      const float v2 = ig_widen(l1.c); \
+      const float v3 = ig_to_f32(v2); \
+      const float v4 = 0.125f; \
+      const float v5 = v3 * v4; \
+      const float v6 = v0 ? v1 : v5; \
+      const float v7 = ig_to_f32(v6); \
+      const float v8 = in2[1024u * i0 + i2]; \
+      const float v9 = v7 - v8; \
+      const float v10 = expf(v9); \
+      const float v11 = in3[1024u * i0 + i2]; \
+      const float v12 = v10 / v11; \
+      const float v13 = ig_to_bf16(v12); \
+      r0.c = ig_narrow(v13); \
+    }
 // ingot fused kernel (elementwise): domain [8,12,1024,1024], reduce axes []; 100663296 elements, 4 a thread along axis 3
 // launch: grid [4224,1,1], block [256,1,1]
 extern "C" __global__ void __launch_bounds__(256) ew_v0(const unsigned char* in0, const unsigned short* in1, const float* in2, const float* in3, unsigned short* out0) {
@@ -18,74 +37,10 @@ extern "C" __global__ void __launch_bounds__(256) ew_v0(const unsigned char* in0
     const uchar4 l0 = reinterpret_cast<const uchar4*>(in0)[256u * i2 + i3];
     const ushort4 l1 = reinterpret_cast<const ushort4*>(in1)[e];
     ushort4 r0;
-    {
-      const unsigned char v0 = l0.x;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.x);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.x = ig_narrow(v13);
-    }
-    {
-      const unsigned char v0 = l0.y;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.y);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.y = ig_narrow(v13);
-    }
-    {
-      const unsigned char v0 = l0.z;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.z);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.z = ig_narrow(v13);
-    }
-    {
-      const unsigned char v0 = l0.w;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.w);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.w = ig_narrow(v13);
-    }
+    EW_LANE(x)
+    EW_LANE(y)
+    EW_LANE(z)
+    EW_LANE(w)
     reinterpret_cast<ushort4*>(out0)[e] = r0;
   }
 }
@@ -192,12 +147,8 @@ __global__ void ew_v1(const unsigned char* in0, const unsigned short* in1, const
     reinterpret_cast<uint4*>(out0)[e] = o.v;
   }
 }
-#include <cstdio>
 #include <cstring>
 #include <vector>
-#include <cstdlib>
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
-template <class F> float timeit(F f) { cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b); for (int i=0;i<3;++i) f(); cudaEventRecord(a); for (int i=0;i<20;++i) f(); cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms,a,b); CK(cudaGetLastError()); return ms*1000/20; }
 int main() {
   const size_t R = 98304, N = R * 1024;
   unsigned char* mask; unsigned short *S, *dP, *P0, *P1; float *mx0,*sm0,*mx1,*sm1;
