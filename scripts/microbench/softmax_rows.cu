@@ -48,6 +48,14 @@ extern "C" __global__ void __launch_bounds__(256) ew_v0(const unsigned char* in0
 // ---- variants: each thread takes 8 contiguous elements (one 16-byte bf16 load, one 8-byte mask load)
 union B8 { uint4 v; unsigned short h[8]; };
 union M8 { uint2 v; unsigned char c[8]; };
+// The maximum and the sum of `a` over the T threads of row `r` of a block: the lanes of a
+// warp, then (T > 32) the row's T/32 warps through the shared `sm[r]`.
+#define ROW_MAX(a, sm) \
+    a = ig_lanes_max(a, T < 32 ? T : 32); \
+    if (T > 32) { if (lane == 0u) sm[r][warp] = a; __syncthreads(); a = sm[r][0]; for (int w = 1; w < T/32; ++w) a = ig_keep_max(a, sm[r][w]); }
+#define ROW_SUM(a, sm) \
+    a = ig_lanes_sum(a, T < 32 ? T : 32); \
+    if (T > 32) { if (lane == 0u) sm[r][warp] = a; __syncthreads(); a = sm[r][0]; for (int w = 1; w < T/32; ++w) a += sm[r][w]; }
 template <int T, int R>  // T threads per row, R rows per block (T*R threads); row length 1024 = T * 8 * K
 __global__ void fwd_v1(const unsigned char* in0, const unsigned short* in1, float* out0, float* out1, unsigned short* out2) {
   constexpr int K = 1024 / (T * 8);
@@ -71,15 +79,13 @@ __global__ void fwd_v1(const unsigned char* in0, const unsigned short* in1, floa
         float v = mk[k].c[q] ? __int_as_float((int)0xff800000u) : ig_widen(x[k].h[q]) * 0.125f;
         c[k][q] = v; m = ig_keep_max(m, v);
       }
-    m = ig_lanes_max(m, T < 32 ? T : 32);
-    if (T > 32) { if (lane == 0u) smm[r][warp] = m; __syncthreads(); m = smm[r][0]; for (int w = 1; w < T/32; ++w) m = ig_keep_max(m, smm[r][w]); }
+    ROW_MAX(m, smm)
     float s = 0.0f;
     #pragma unroll
     for (int k = 0; k < K; ++k)
       #pragma unroll
       for (int q = 0; q < 8; ++q) { c[k][q] = expf(c[k][q] - m); s += c[k][q]; }
-    s = ig_lanes_sum(s, T < 32 ? T : 32);
-    if (T > 32) { if (lane == 0u) sms[r][warp] = s; __syncthreads(); s = sms[r][0]; for (int w = 1; w < T/32; ++w) s += sms[r][w]; }
+    ROW_SUM(s, sms)
     #pragma unroll
     for (int k = 0; k < K; ++k) {
       B8 o;
@@ -116,8 +122,7 @@ __global__ void bwd_v1(const unsigned char* in0, const unsigned short* in1, cons
         p[k][q] = expf(v - mx) / sm;
         a += ig_widen(g[k].h[q]) * p[k][q];
       }
-    a = ig_lanes_sum(a, T < 32 ? T : 32);
-    if (T > 32) { if (lane == 0u) sms[r][warp] = a; __syncthreads(); a = sms[r][0]; for (int w = 1; w < T/32; ++w) a += sms[r][w]; }
+    ROW_SUM(a, sms)
     #pragma unroll
     for (int k = 0; k < K; ++k) {
       B8 o;
