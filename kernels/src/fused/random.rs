@@ -638,6 +638,20 @@ pub fn first_difference(dtype: DType, whole: &[u8], other: &[u8]) -> Option<(usi
         .map(|(e, (&a, &b))| (e, a, b))
 }
 
+/// The bytes of f32 values as a kernel's buffer holds them (native order), and back: how the
+/// tests write inputs and read outputs.
+pub fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// The f32 values of a buffer's bytes ([`f32_bytes`] undone); a trailing part of a value is
+/// dropped.
+pub fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::Rng;
@@ -689,18 +703,4 @@ mod tests {
             assert!(k.check().is_err(), "seed {seed} still checks:\n{k}");
         }
     }
-}
-
-/// The bytes of f32 values as a kernel's buffer holds them (native order), and back: how the
-/// tests write inputs and read outputs.
-pub fn f32_bytes(xs: &[f32]) -> Vec<u8> {
-    xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-/// The f32 values of a buffer's bytes ([`f32_bytes`] undone); a trailing part of a value is
-/// dropped.
-pub fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
