@@ -29,6 +29,8 @@ set -uo pipefail
 BIN=$1; OUT=$2
 export INGOT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 HERE=$(cd "$(dirname "$0")" && pwd)
+# The checks below import summ.py (json_lines) from here.
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 status=0
 fail() { echo "FAIL: $*"; status=1; }
@@ -47,14 +49,7 @@ for m in mlp gpt-mini; do
     "$BIN/ingot" train --model "$m" --gpus 1 --steps 20 --json > "$OUT/gpus1_$m.txt" 2>&1 || fail "--gpus 1 $m"
     python3 - "$OUT/single_$m.txt" "$OUT/gpus1_$m.txt" "$m" <<'PY' || status=1
 import json, sys
-def lines(p):
-    out = []
-    for l in open(p):
-        try:
-            out.append(json.loads(l))
-        except ValueError:
-            pass
-    return out
+from summ import json_lines as lines
 a, b, m = lines(sys.argv[1]), lines(sys.argv[2]), sys.argv[3]
 la = [l["loss"] for l in a if "step" in l and "loss" in l]
 lb = [l["loss"] for l in b if "step" in l and "loss" in l]
@@ -119,15 +114,8 @@ if [[ $NGPU -ge 2 && ${ONLY_TORCHRUN:-0} != 1 ]]; then
         done
         python3 - "$OUT" "$p" "$NGPU" <<'PY' || status=1
 import json, sys
+from summ import json_lines as lines
 out, p, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def lines(path):
-    r = []
-    for l in open(path):
-        try:
-            r.append(json.loads(l))
-        except ValueError:
-            pass
-    return r
 def summary(path):
     s = [l["summary"] for l in lines(path) if "summary" in l]
     return s[0] if s else None
@@ -188,15 +176,8 @@ if [[ $NGPU -ge 2 && ${SKIP_TORCHRUN:-0} != 1 ]]; then
         "${VAL[@]}" > "$OUT/torchrun_val.txt" 2>&1 || fail "torchrun --val"
     python3 - "$OUT" <<'PY' || status=1
 import json, sys
+from summ import json_lines as lines
 out = sys.argv[1]
-def lines(p):
-    r = []
-    for l in open(p):
-        try:
-            r.append(json.loads(l))
-        except ValueError:
-            pass
-    return r
 def losses(p):
     return [l["loss"] for l in lines(p) if "step" in l and "loss" in l]
 a, b = losses(f"{out}/gpus_data.txt"), losses(f"{out}/torchrun_data.txt")

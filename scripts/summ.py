@@ -1,9 +1,22 @@
 #!/usr/bin/env python3
 """One line from `ingot train --json` on stdin: the median step (device) and wall times in ms,
 planned and measured bytes, and the last loss. Used by the GPU scripts to tabulate runs;
-`read_run` is what they share (onnx_real_models/compare_bf16.py)."""
+`read_run` and `json_lines` are what they share (onnx_real_models/compare_bf16.py,
+ddp_check.sh)."""
 import json
 import sys
+
+
+def json_lines(path):
+    """The JSON objects of a log file, one a line; the lines that are not JSON (a progress
+    bar, a warning) are passed over."""
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
 
 
 def read_run(lines):

@@ -756,7 +756,12 @@ pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats),
         }
     }
     if best.peak > target {
-        let outcome = search::improve(&inst, &best, opts.capacity, deadline, opts.node_limit);
+        let limits = search::Limits {
+            capacity: opts.capacity,
+            deadline,
+            node_limit: opts.node_limit,
+        };
+        let outcome = search::improve(&inst, &best, limits);
         stats.nodes_explored = outcome.nodes;
         stats.budget_exhausted = outcome.budget_exhausted;
         stats.lower_bound = stats.lower_bound.max(outcome.lower_bound);

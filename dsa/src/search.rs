@@ -38,6 +38,27 @@ pub(crate) struct Outcome {
     pub budget_exhausted: bool,
 }
 
+impl Outcome {
+    /// Nothing found yet: no better solution, LOAD as the lower bound, no node searched.
+    fn at_load(inst: &Instance) -> Outcome {
+        Outcome {
+            solution: None,
+            lower_bound: inst.load,
+            nodes: 0,
+            budget_exhausted: false,
+        }
+    }
+}
+
+/// What a search may spend and aims for: a capacity to fit (without one, the lowest peak it
+/// finds), a wall-clock deadline and a number of search nodes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub capacity: Option<u64>,
+    pub deadline: Option<Instant>,
+    pub node_limit: u64,
+}
+
 /// The time structure the search works on.
 pub(crate) struct Sweep {
     /// Buffers (with nonzero size) live in each section.
@@ -170,6 +191,26 @@ struct Partition {
     sec_hi: u32,
 }
 
+/// A node of the search: the partition searched and its preorder, the parent's ordering of
+/// the candidates (offset, preorder index), and the placement that made the node (its offset
+/// and preorder index: placements go in canonical order).
+#[derive(Clone, Copy)]
+struct At<'p> {
+    part: &'p Partition,
+    pre: &'p [u32],
+    parent: &'p [(u64, u32)],
+    last_off: u64,
+    last_pre: u32,
+}
+
+/// The vectors one node's search works in, taken from the pools and given back: its ordering
+/// and the logs of its placement.
+struct Scratch {
+    ordering: Vec<(u64, u32)>,
+    off_log: Vec<(u32, u64)>,
+    sec_log: Vec<(u32, u64)>,
+}
+
 impl<'a> Search<'a> {
     fn new(inst: &'a Instance, sw: &'a Sweep, cap: u64, deadline: Option<Instant>) -> Self {
         let s = sw.sections.len();
@@ -281,7 +322,13 @@ impl<'a> Search<'a> {
         keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let pre: Vec<u32> = keyed.iter().map(|k| k.1).collect();
         let ordering: Vec<(u64, u32)> = (0..pre.len() as u32).map(|i| (0, i)).collect();
-        self.search(&part, &pre, &ordering, 0, 0)
+        self.search(At {
+            part: &part,
+            pre: &pre,
+            parent: &ordering,
+            last_off: 0,
+            last_pre: 0,
+        })
     }
 
     fn out_of_budget(&mut self) -> bool {
@@ -298,50 +345,37 @@ impl<'a> Search<'a> {
         self.timed_out
     }
 
-    fn search(
-        &mut self,
-        part: &Partition,
-        pre: &[u32],
-        parent: &[(u64, u32)],
-        last_off: u64,
-        last_pre: u32,
-    ) -> Status {
+    fn search(&mut self, at: At<'_>) -> Status {
         if self.out_of_budget() {
             return Status::Aborted;
         }
         self.nodes += 1;
         // Scratch vectors come from pools: a search allocates almost nothing per node.
-        let mut ordering = self.pool_ordering.pop().unwrap_or_default();
-        let mut off_log = self.pool_log.pop().unwrap_or_default();
-        let mut sec_log = self.pool_log.pop().unwrap_or_default();
-        let status = self.search_with(
+        let mut scratch = Scratch {
+            ordering: self.pool_ordering.pop().unwrap_or_default(),
+            off_log: self.pool_log.pop().unwrap_or_default(),
+            sec_log: self.pool_log.pop().unwrap_or_default(),
+        };
+        let status = self.search_with(at, &mut scratch);
+        self.pool_ordering.push(scratch.ordering);
+        self.pool_log.push(scratch.off_log);
+        self.pool_log.push(scratch.sec_log);
+        status
+    }
+
+    fn search_with(&mut self, at: At<'_>, scratch: &mut Scratch) -> Status {
+        let At {
             part,
             pre,
             parent,
             last_off,
             last_pre,
-            &mut ordering,
-            &mut off_log,
-            &mut sec_log,
-        );
-        self.pool_ordering.push(ordering);
-        self.pool_log.push(off_log);
-        self.pool_log.push(sec_log);
-        status
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn search_with(
-        &mut self,
-        part: &Partition,
-        pre: &[u32],
-        parent: &[(u64, u32)],
-        last_off: u64,
-        last_pre: u32,
-        ordering: &mut Vec<(u64, u32)>,
-        off_log: &mut Vec<(u32, u64)>,
-        sec_log: &mut Vec<(u32, u64)>,
-    ) -> Status {
+        } = at;
+        let Scratch {
+            ordering,
+            off_log,
+            sec_log,
+        } = scratch;
         let inst = self.inst;
         // The parent's ordering, less the buffer just placed, with raised offsets moved: the
         // entries that kept their offset stay sorted, the raised ones are sorted apart (few, and
@@ -398,7 +432,14 @@ impl<'a> Search<'a> {
             sec_log.clear();
             self.place(b, off, off_log, sec_log);
             let status = if self.check(b, sec_log) {
-                self.descend(part, pre, ordering, off, p, b)
+                let next = At {
+                    part,
+                    pre,
+                    parent: ordering,
+                    last_off: off,
+                    last_pre: p,
+                };
+                self.descend(next, b)
             } else {
                 Status::NotFound
             };
@@ -411,15 +452,8 @@ impl<'a> Search<'a> {
     }
 
     /// After placing `b`: split the partition if `b` closed a boundary, else keep searching.
-    fn descend(
-        &mut self,
-        part: &Partition,
-        pre: &[u32],
-        ordering: &[(u64, u32)],
-        off: u64,
-        p: u32,
-        b: usize,
-    ) -> Status {
+    fn descend(&mut self, next: At<'_>, b: usize) -> Status {
+        let part = next.part;
         let (lo, hi) = (self.sw.sec_lo[b], self.sw.sec_hi[b]);
         let mut split = false;
         for c in lo..hi - 1 {
@@ -427,7 +461,7 @@ impl<'a> Search<'a> {
             split |= self.cuts[c as usize] == 0;
         }
         let status = if !split {
-            self.search(part, pre, ordering, off, p)
+            self.search(next)
         } else {
             let mut cutpoints = vec![part.sec_lo];
             cutpoints.extend(
@@ -631,19 +665,8 @@ const MAX_PAIRS: usize = 4_000_000;
 /// Improvement for large problems: capacity-aware dives ([`dive`]) under the three preorders,
 /// at LOAD first, then bisecting between what failed and the best peak found. A failed dive
 /// proves nothing, so the lower bound stays LOAD.
-pub(crate) fn improve_by_dives(
-    inst: &Instance,
-    best: &Solution,
-    capacity: Option<u64>,
-    deadline: Option<Instant>,
-    node_limit: u64,
-) -> Outcome {
-    let mut out = Outcome {
-        solution: None,
-        lower_bound: inst.load,
-        nodes: 0,
-        budget_exhausted: false,
-    };
+pub(crate) fn improve_by_dives(inst: &Instance, best: &Solution, limits: Limits) -> Outcome {
+    let mut out = Outcome::at_load(inst);
     let setup = DiveSetup::new(inst, true);
     let totals: Vec<u64> = (0..inst.n).map(|b| setup.section_total(inst, b)).collect();
     let ranks: Vec<Vec<u32>> = HEURISTICS
@@ -669,10 +692,10 @@ pub(crate) fn improve_by_dives(
     // Tries every preorder at capacity `c`; the first packing found wins.
     let attempt = |c: u64, out: &mut Outcome| -> Option<Option<Vec<u64>>> {
         for rank in &ranks {
-            if out.nodes >= node_limit {
+            if out.nodes >= limits.node_limit {
                 return None;
             }
-            match dive(inst, &setup, c, rank, deadline, &mut out.nodes) {
+            match dive(inst, &setup, c, rank, limits.deadline, &mut out.nodes) {
                 DiveResult::Found(o) => return Some(Some(o)),
                 DiveResult::Failed => {}
                 DiveResult::Aborted => return None,
@@ -680,7 +703,7 @@ pub(crate) fn improve_by_dives(
         }
         Some(None)
     };
-    let targets: Vec<u64> = match capacity {
+    let targets: Vec<u64> = match limits.capacity {
         Some(c) => vec![c],
         None => vec![],
     };
@@ -724,78 +747,48 @@ pub(crate) fn improve_by_dives(
 }
 
 /// Improves `best`: with a capacity, until its peak fits it; without, toward LOAD.
-pub(crate) fn improve(
-    inst: &Instance,
-    best: &Solution,
-    capacity: Option<u64>,
-    deadline: Option<Instant>,
-    node_limit: u64,
-) -> Outcome {
+pub(crate) fn improve(inst: &Instance, best: &Solution, limits: Limits) -> Outcome {
     let sweep = if inst.n <= LARGE_PROBLEM {
         Sweep::new(inst, MAX_PAIRS)
     } else {
         None
     };
     let Some(sw) = sweep else {
-        let out = improve_by_dives(inst, best, capacity, deadline, node_limit);
+        let out = improve_by_dives(inst, best, limits);
         // The dives are heuristics: a capacity they could not meet, with budget left, goes to
         // the exact search for the rest of the budget, when the problem's overlaps fit in it
         // (the time limit, not the heuristics, decides when to give up).
-        if capacity.is_some() && out.solution.is_none() && !out.budget_exhausted {
+        if limits.capacity.is_some() && out.solution.is_none() && !out.budget_exhausted {
             if let Some(sw) = Sweep::new(inst, MAX_PAIRS) {
-                let mut exact = exact(
-                    inst,
-                    &sw,
-                    best,
-                    capacity,
-                    deadline,
-                    node_limit.saturating_sub(out.nodes),
-                );
+                let rest = Limits {
+                    node_limit: limits.node_limit.saturating_sub(out.nodes),
+                    ..limits
+                };
+                let mut exact = exact(inst, &sw, best, rest);
                 exact.nodes += out.nodes;
                 return exact;
             }
         }
         return out;
     };
-    exact(inst, &sw, best, capacity, deadline, node_limit)
+    exact(inst, &sw, best, limits)
 }
 
 /// [`improve_with`] on a thread whose stack is sized for the problem's recursion depth.
-fn exact(
-    inst: &Instance,
-    sw: &Sweep,
-    best: &Solution,
-    capacity: Option<u64>,
-    deadline: Option<Instant>,
-    node_limit: u64,
-) -> Outcome {
+fn exact(inst: &Instance, sw: &Sweep, best: &Solution, limits: Limits) -> Outcome {
     // Deep recursion: run on a thread with a stack sized for the problem.
     let stack = (64 << 20).max(inst.n * 4096);
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .stack_size(stack)
-            .spawn_scoped(scope, || {
-                improve_with(inst, sw, best, capacity, deadline, node_limit)
-            })
+            .spawn_scoped(scope, || improve_with(inst, sw, best, limits))
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .unwrap_or_else(|_| improve_with(inst, sw, best, capacity, deadline, node_limit))
+            .unwrap_or_else(|_| improve_with(inst, sw, best, limits))
     })
 }
 
-fn improve_with(
-    inst: &Instance,
-    sw: &Sweep,
-    best: &Solution,
-    capacity: Option<u64>,
-    deadline: Option<Instant>,
-    node_limit: u64,
-) -> Outcome {
-    let mut out = Outcome {
-        solution: None,
-        lower_bound: inst.load,
-        nodes: 0,
-        budget_exhausted: false,
-    };
+fn improve_with(inst: &Instance, sw: &Sweep, best: &Solution, limits: Limits) -> Outcome {
+    let mut out = Outcome::at_load(inst);
     let mut timed_out = false;
     let mut ub = best.peak;
     let mut lb = inst.load;
@@ -804,15 +797,15 @@ fn improve_with(
         out.solution = Some(Solution { offsets, peak });
         peak
     };
-    if let Some(cap) = capacity {
+    if let Some(cap) = limits.capacity {
         // Fit the capacity; nothing more.
-        let budget = node_limit;
+        let budget = limits.node_limit;
         match probe(
             inst,
             sw,
             cap,
             budget,
-            deadline,
+            limits.deadline,
             &mut out.nodes,
             &mut timed_out,
         ) {
@@ -835,7 +828,7 @@ fn improve_with(
             // The first probe of a round tries the lower bound itself.
             let c = if first { lo } else { lo + (hi - lo) / 2 };
             first = false;
-            let budget = per_probe.min(node_limit.saturating_sub(out.nodes));
+            let budget = per_probe.min(limits.node_limit.saturating_sub(out.nodes));
             if budget == 0 {
                 out.budget_exhausted = true;
                 break;
@@ -845,7 +838,7 @@ fn improve_with(
                 sw,
                 c,
                 budget,
-                deadline,
+                limits.deadline,
                 &mut out.nodes,
                 &mut timed_out,
             ) {
@@ -868,7 +861,7 @@ fn improve_with(
                 }
             }
         }
-        if timed_out || out.nodes >= node_limit {
+        if timed_out || out.nodes >= limits.node_limit {
             out.budget_exhausted = true;
             break;
         }

@@ -467,7 +467,15 @@ fn large_problem_dives_meet_the_capacity_they_claim() {
                 _ => panic!("the two dives disagree at capacity {cap}"),
             }
         }
-        let out = search::improve_by_dives(&inst, &greedy, None, None, u64::MAX);
+        let out = search::improve_by_dives(
+            &inst,
+            &greedy,
+            search::Limits {
+                capacity: None,
+                deadline: None,
+                node_limit: u64::MAX,
+            },
+        );
         if let Some(s) = out.solution {
             assert!(s.peak < greedy.peak);
             assert_valid(&p, &s);

@@ -109,6 +109,23 @@ impl Block {
             Block::Bottleneck => 4,
         }
     }
+
+    /// The block's convs `conv1, conv2, ...` from `in_ch` channels through `planes`, its
+    /// stride on the 3×3 conv: torchvision's `BasicBlock` (two 3×3 convs to `planes`) and
+    /// `Bottleneck` (v1.5: 1×1, 3×3, then 1×1 to `4·planes`).
+    fn convs(self, in_ch: usize, planes: usize, stride: usize) -> Vec<ConvShape> {
+        match self {
+            Block::Basic => vec![
+                ConvShape::new(in_ch, planes, 3, stride),
+                ConvShape::new(planes, planes, 3, 1),
+            ],
+            Block::Bottleneck => vec![
+                ConvShape::new(in_ch, planes, 1, 1),
+                ConvShape::new(planes, planes, 3, stride),
+                ConvShape::new(planes, planes * self.expansion(), 1, 1),
+            ],
+        }
+    }
 }
 
 impl ResNetConfig {
@@ -250,7 +267,7 @@ fn build(name: &str, cfg: &ResNetConfig, dtype: DType) -> Result<Model> {
     let (graph, eval_graph) = Model::trace_modes(name, |g| {
         let x = g.input("x", [c.batch, 3, c.side, c.side], dtype)?;
         let y = g.input("y", [c.batch], ID_DTYPE)?;
-        let h = conv(g, "conv1", x, 3, c.width, 7, 2)?;
+        let h = conv(g, "conv1", x, ConvShape::new(3, c.width, 7, 2))?;
         let h = nn::batch_norm2d(g, "bn1", h, BN_EPS)?;
         let h = g.scoped("relu", |g| nn::relu(g, h))?;
         let mut h = g.scoped("maxpool", |g| nn::max_pool2d(g, h, 3, 2, 1))?;
@@ -260,10 +277,7 @@ fn build(name: &str, cfg: &ResNetConfig, dtype: DType) -> Result<Model> {
             for b in 0..n {
                 let stride = if l > 0 && b == 0 { 2 } else { 1 };
                 let name = format!("layer{}.{b}", l + 1);
-                h = match block {
-                    Block::Basic => basic_block(g, &name, h, ch, planes, stride)?,
-                    Block::Bottleneck => bottleneck(g, &name, h, ch, planes, stride)?,
-                };
+                h = residual_block(g, &name, h, &block.convs(ch, planes, stride))?;
                 ch = planes * block.expansion();
             }
         }
@@ -282,49 +296,47 @@ fn build(name: &str, cfg: &ResNetConfig, dtype: DType) -> Result<Model> {
     })
 }
 
-/// A conv without bias, kaiming-normal (fan_out) initialised, as torchvision's ResNets have.
-fn conv(
-    g: &mut Graph,
-    name: &str,
-    x: NodeId,
+/// One conv of the network: `in_ch → out_ch` channels, a square `kernel` (padded by half its
+/// size), `stride`.
+#[derive(Clone, Copy)]
+struct ConvShape {
     in_ch: usize,
     out_ch: usize,
     kernel: usize,
     stride: usize,
-) -> Result<NodeId> {
-    let std = (2.0 / (out_ch * kernel * kernel) as f64).sqrt();
+}
+
+impl ConvShape {
+    fn new(in_ch: usize, out_ch: usize, kernel: usize, stride: usize) -> ConvShape {
+        ConvShape {
+            in_ch,
+            out_ch,
+            kernel,
+            stride,
+        }
+    }
+}
+
+/// A conv without bias, kaiming-normal (fan_out) initialised, as torchvision's ResNets have.
+fn conv(g: &mut Graph, name: &str, x: NodeId, c: ConvShape) -> Result<NodeId> {
+    let std = (2.0 / (c.out_ch * c.kernel * c.kernel) as f64).sqrt();
     nn::conv2d_with_init(
         g,
         name,
         x,
-        [in_ch, out_ch, kernel, stride, kernel / 2, 1, 1],
+        [c.in_ch, c.out_ch, c.kernel, c.stride, c.kernel / 2, 1, 1],
         false,
         Init::Normal { std },
     )
 }
 
-/// The block's `downsample` (1×1 conv with the block's stride, then batch norm) when its
-/// stride or channel count changes, else `x` itself.
-fn shortcut(
-    g: &mut Graph,
-    name: &str,
-    x: NodeId,
-    in_ch: usize,
-    out_ch: usize,
-    stride: usize,
-) -> Result<NodeId> {
-    if stride == 1 && in_ch == out_ch {
+/// The block's `downsample` (the 1×1 conv `down`, then batch norm) when its stride or channel
+/// count changes, else `x` itself.
+fn shortcut(g: &mut Graph, name: &str, x: NodeId, down: ConvShape) -> Result<NodeId> {
+    if down.stride == 1 && down.in_ch == down.out_ch {
         return Ok(x);
     }
-    let d = conv(
-        g,
-        &format!("{name}.downsample.0"),
-        x,
-        in_ch,
-        out_ch,
-        1,
-        stride,
-    )?;
+    let d = conv(g, &format!("{name}.downsample.0"), x, down)?;
     nn::batch_norm2d(g, &format!("{name}.downsample.1"), d, BN_EPS)
 }
 
@@ -337,43 +349,22 @@ fn join(g: &mut Graph, name: &str, h: NodeId, identity: NodeId) -> Result<NodeId
     })
 }
 
-/// torchvision's `BasicBlock` named `name`, from `in_ch` to `out_ch` channels.
-fn basic_block(
-    g: &mut Graph,
-    name: &str,
-    x: NodeId,
-    in_ch: usize,
-    out_ch: usize,
-    stride: usize,
-) -> Result<NodeId> {
-    let h = conv(g, &format!("{name}.conv1"), x, in_ch, out_ch, 3, stride)?;
-    let h = nn::batch_norm2d(g, &format!("{name}.bn1"), h, BN_EPS)?;
-    let h = g.scoped(&format!("{name}.relu"), |g| nn::relu(g, h))?;
-    let h = conv(g, &format!("{name}.conv2"), h, out_ch, out_ch, 3, 1)?;
-    let h = nn::batch_norm2d(g, &format!("{name}.bn2"), h, BN_EPS)?;
-    let identity = shortcut(g, name, x, in_ch, out_ch, stride)?;
-    join(g, name, h, identity)
-}
-
-/// torchvision's `Bottleneck` named `name` (v1.5: the stride on the 3×3 conv), from `in_ch`
-/// channels through `planes` to `4·planes`.
-fn bottleneck(
-    g: &mut Graph,
-    name: &str,
-    x: NodeId,
-    in_ch: usize,
-    planes: usize,
-    stride: usize,
-) -> Result<NodeId> {
-    let out_ch = planes * Block::Bottleneck.expansion();
-    let h = conv(g, &format!("{name}.conv1"), x, in_ch, planes, 1, 1)?;
-    let h = nn::batch_norm2d(g, &format!("{name}.bn1"), h, BN_EPS)?;
-    let h = g.scoped(&format!("{name}.relu"), |g| nn::relu(g, h))?;
-    let h = conv(g, &format!("{name}.conv2"), h, planes, planes, 3, stride)?;
-    let h = nn::batch_norm2d(g, &format!("{name}.bn2"), h, BN_EPS)?;
-    let h = g.scoped(&format!("{name}.relu"), |g| nn::relu(g, h))?;
-    let h = conv(g, &format!("{name}.conv3"), h, planes, out_ch, 1, 1)?;
-    let h = nn::batch_norm2d(g, &format!("{name}.bn3"), h, BN_EPS)?;
-    let identity = shortcut(g, name, x, in_ch, out_ch, stride)?;
+/// The block named `name` on `x`: its convs ([`Block::convs`]; `convN` then `bnN`, a ReLU
+/// between), joined with the shortcut.
+fn residual_block(g: &mut Graph, name: &str, x: NodeId, convs: &[ConvShape]) -> Result<NodeId> {
+    let mut h = x;
+    for (i, &c) in convs.iter().enumerate() {
+        if i > 0 {
+            h = g.scoped(&format!("{name}.relu"), |g| nn::relu(g, h))?;
+        }
+        h = conv(g, &format!("{name}.conv{}", i + 1), h, c)?;
+        h = nn::batch_norm2d(g, &format!("{name}.bn{}", i + 1), h, BN_EPS)?;
+    }
+    // The shortcut goes from the first conv's input to the last's output, with the block's
+    // stride (the one conv's that is not 1).
+    let stride = convs.iter().map(|c| c.stride).product();
+    let (first, last) = (convs[0], convs[convs.len() - 1]);
+    let down = ConvShape::new(first.in_ch, last.out_ch, 1, stride);
+    let identity = shortcut(g, name, x, down)?;
     join(g, name, h, identity)
 }

@@ -234,33 +234,23 @@ fn same_bytes(t: i32, float: DType) -> Option<DType> {
 fn from_le(raw: &[u8], t: tensor_proto::DataType) -> Data {
     use tensor_proto::DataType as T;
     match t {
-        T::Float => Data::F(
-            raw.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
-                .collect(),
-        ),
-        T::Double => Data::F(
-            raw.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        ),
-        T::Bfloat16 => Data::F(
-            raw.chunks_exact(2)
-                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64)
-                .collect(),
-        ),
-        T::Int64 => Data::I(
-            raw.chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        ),
-        T::Int32 => Data::I(
-            raw.chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
-                .collect(),
-        ),
+        T::Float => Data::F(each_le(raw, |b| f32::from_le_bytes(b) as f64)),
+        T::Double => Data::F(each_le(raw, f64::from_le_bytes)),
+        T::Bfloat16 => Data::F(each_le(raw, |b| {
+            f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64
+        })),
+        T::Int64 => Data::I(each_le(raw, i64::from_le_bytes)),
+        T::Int32 => Data::I(each_le(raw, |b| i32::from_le_bytes(b) as i64)),
         _ => Data::I(raw.iter().map(|&b| b as i64).collect()),
     }
+}
+
+/// `value` of each `N`-byte element of `raw`, in order (a trailing part of an element is
+/// dropped, as the element count was checked before).
+fn each_le<const N: usize, T>(raw: &[u8], value: impl Fn([u8; N]) -> T) -> Vec<T> {
+    raw.chunks_exact(N)
+        .map(|c| value(c.try_into().expect("N bytes")))
+        .collect()
 }
 
 /// The bytes of an external-data tensor: `location` (relative, inside `dir`), `offset` and

@@ -47,13 +47,10 @@ static void pt_do(int r0, int r1) {
        dV + (long long)r0 * D, D, sTD);
 }
 
-typedef void (*Block)(int, int);
-static float time_it(Block f, int blocks, int reps) {
+// Microseconds a call of `run`: 3 calls to warm, then `reps` timed.
+template <class F> static float time_calls(F run, int reps) {
   cudaEvent_t a, b;
   cudaEventCreate(&a); cudaEventCreate(&b);
-  auto run = [&] {
-    for (int i = 0; i < blocks; i++) f(T * i / blocks, T * (i + 1) / blocks);
-  };
   for (int i = 0; i < 3; i++) run();
   cudaEventRecord(a);
   for (int i = 0; i < reps; i++) run();
@@ -61,6 +58,12 @@ static float time_it(Block f, int blocks, int reps) {
   cudaEventSynchronize(b);
   float ms; cudaEventElapsedTime(&ms, a, b);
   return ms * 1000.f / reps;
+}
+typedef void (*Block)(int, int);
+static float time_it(Block f, int blocks, int reps) {
+  return time_calls([&] {
+    for (int i = 0; i < blocks; i++) f(T * i / blocks, T * (i + 1) / blocks);
+  }, reps);
 }
 
 // Q K^T read from the qkv projection in place ([NB, T, 3, H, D] row-major): one call per
@@ -81,8 +84,6 @@ static float in_place(bool pointers, int reps) {
   cudaMemcpy(da, a.data(), BATCH * 8, cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), BATCH * 8, cudaMemcpyHostToDevice);
   cudaMemcpy(dc, c.data(), BATCH * 8, cudaMemcpyHostToDevice);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0); cudaEventCreate(&e1);
   auto run = [&] {
     if (pointers) {
       CK(cublasGemmBatchedEx(h, T_, N_, T, T, D, &one, da, CUDA_R_16BF, ld, db, CUDA_R_16BF, ld, &zero,
@@ -94,13 +95,7 @@ static float in_place(bool pointers, int reps) {
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
-  for (int i = 0; i < 3; i++) run();
-  cudaEventRecord(e0);
-  for (int i = 0; i < reps; i++) run();
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms; cudaEventElapsedTime(&ms, e0, e1);
-  return ms * 1000.f / reps;
+  return time_calls(run, reps);
 }
 
 int main() {

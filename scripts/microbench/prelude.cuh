@@ -89,3 +89,28 @@ __device__ __forceinline__ float ig_to_bf16(double x) {
 __device__ __forceinline__ float ig_to_bf16(int x) { return ig_to_bf16((double)x); }
 __device__ __forceinline__ float ig_to_bf16(long long x) { return ig_to_bf16((double)x); }
 __device__ __forceinline__ float ig_to_bf16(unsigned char x) { return x != 0 ? 1.0f : 0.0f; }
+
+// ---- The microbenchmarks' own, not part of the generated prelude above.
+// A block's reduction of `a` through shared `sm` over `W` warps (`lane` and `warp` in scope), as
+// the generated row kernels write it: the sum, and the maximum.
+#define IG_BLOCK_SUM(a, sm, W) \
+    a = ig_lanes_sum(a, 32); \
+    if (lane == 0u) { sm[warp] = a; } \
+    __syncthreads(); \
+    a = sm[0]; \
+    for (unsigned w = 1u; w < W; ++w) { a = a + sm[w]; }
+#define IG_BLOCK_MAX(a, sm, W) \
+    a = ig_lanes_max(a, 32); \
+    if (lane == 0u) { sm[warp] = a; } \
+    __syncthreads(); \
+    a = sm[0]; \
+    for (unsigned w = 1u; w < W; ++w) { a = ig_keep_max(a, sm[w]); }
+// The host's check of every CUDA call, and `timeit`: a kernel's launch `f` run 3 times to warm,
+// then IG_REPS times (define it before the include for other than 20), in microseconds a run.
+#include <cstdio>
+#include <cstdlib>
+#ifndef IG_REPS
+#define IG_REPS 20
+#endif
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
+template <class F> float timeit(F f) { cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b); for (int i=0;i<3;++i) f(); cudaEventRecord(a); for (int i=0;i<IG_REPS;++i) f(); cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms,a,b); CK(cudaGetLastError()); return ms*1000/IG_REPS; }

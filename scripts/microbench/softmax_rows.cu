@@ -8,6 +8,25 @@
 
 #include "softmax_kernels.cuh"
 
+// One of ew_v0's four lanes `c` (x, y, z, w): the generated kernel repeats it a lane.
+#define EW_LANE(c) \
+    { \
+      const unsigned char v0 = l0.c; \
+      const float v1 = __int_as_float((int)0xff800000u); \
+      const float v2 = ig_widen(l1.c); \
+      const float v3 = ig_to_f32(v2); \
+      const float v4 = 0.125f; \
+      const float v5 = v3 * v4; \
+      const float v6 = v0 ? v1 : v5; \
+      const float v7 = ig_to_f32(v6); \
+      const float v8 = in2[1024u * i0 + i2]; \
+      const float v9 = v7 - v8; \
+      const float v10 = expf(v9); \
+      const float v11 = in3[1024u * i0 + i2]; \
+      const float v12 = v10 / v11; \
+      const float v13 = ig_to_bf16(v12); \
+      r0.c = ig_narrow(v13); \
+    }
 // ingot fused kernel (elementwise): domain [8,12,1024,1024], reduce axes []; 100663296 elements, 4 a thread along axis 3
 // launch: grid [4224,1,1], block [256,1,1]
 extern "C" __global__ void __launch_bounds__(256) ew_v0(const unsigned char* in0, const unsigned short* in1, const float* in2, const float* in3, unsigned short* out0) {
@@ -18,74 +37,10 @@ extern "C" __global__ void __launch_bounds__(256) ew_v0(const unsigned char* in0
     const uchar4 l0 = reinterpret_cast<const uchar4*>(in0)[256u * i2 + i3];
     const ushort4 l1 = reinterpret_cast<const ushort4*>(in1)[e];
     ushort4 r0;
-    {
-      const unsigned char v0 = l0.x;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.x);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.x = ig_narrow(v13);
-    }
-    {
-      const unsigned char v0 = l0.y;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.y);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.y = ig_narrow(v13);
-    }
-    {
-      const unsigned char v0 = l0.z;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.z);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.z = ig_narrow(v13);
-    }
-    {
-      const unsigned char v0 = l0.w;
-      const float v1 = __int_as_float((int)0xff800000u);
-      const float v2 = ig_widen(l1.w);
-      const float v3 = ig_to_f32(v2);
-      const float v4 = 0.125f;
-      const float v5 = v3 * v4;
-      const float v6 = v0 ? v1 : v5;
-      const float v7 = ig_to_f32(v6);
-      const float v8 = in2[1024u * i0 + i2];
-      const float v9 = v7 - v8;
-      const float v10 = expf(v9);
-      const float v11 = in3[1024u * i0 + i2];
-      const float v12 = v10 / v11;
-      const float v13 = ig_to_bf16(v12);
-      r0.w = ig_narrow(v13);
-    }
+    EW_LANE(x)
+    EW_LANE(y)
+    EW_LANE(z)
+    EW_LANE(w)
     reinterpret_cast<ushort4*>(out0)[e] = r0;
   }
 }
@@ -93,6 +48,14 @@ extern "C" __global__ void __launch_bounds__(256) ew_v0(const unsigned char* in0
 // ---- variants: each thread takes 8 contiguous elements (one 16-byte bf16 load, one 8-byte mask load)
 union B8 { uint4 v; unsigned short h[8]; };
 union M8 { uint2 v; unsigned char c[8]; };
+// The maximum and the sum of `a` over the T threads of row `r` of a block: the lanes of a
+// warp, then (T > 32) the row's T/32 warps through the shared `sm[r]`.
+#define ROW_MAX(a, sm) \
+    a = ig_lanes_max(a, T < 32 ? T : 32); \
+    if (T > 32) { if (lane == 0u) sm[r][warp] = a; __syncthreads(); a = sm[r][0]; for (int w = 1; w < T/32; ++w) a = ig_keep_max(a, sm[r][w]); }
+#define ROW_SUM(a, sm) \
+    a = ig_lanes_sum(a, T < 32 ? T : 32); \
+    if (T > 32) { if (lane == 0u) sm[r][warp] = a; __syncthreads(); a = sm[r][0]; for (int w = 1; w < T/32; ++w) a += sm[r][w]; }
 template <int T, int R>  // T threads per row, R rows per block (T*R threads); row length 1024 = T * 8 * K
 __global__ void fwd_v1(const unsigned char* in0, const unsigned short* in1, float* out0, float* out1, unsigned short* out2) {
   constexpr int K = 1024 / (T * 8);
@@ -116,15 +79,13 @@ __global__ void fwd_v1(const unsigned char* in0, const unsigned short* in1, floa
         float v = mk[k].c[q] ? __int_as_float((int)0xff800000u) : ig_widen(x[k].h[q]) * 0.125f;
         c[k][q] = v; m = ig_keep_max(m, v);
       }
-    m = ig_lanes_max(m, T < 32 ? T : 32);
-    if (T > 32) { if (lane == 0u) smm[r][warp] = m; __syncthreads(); m = smm[r][0]; for (int w = 1; w < T/32; ++w) m = ig_keep_max(m, smm[r][w]); }
+    ROW_MAX(m, smm)
     float s = 0.0f;
     #pragma unroll
     for (int k = 0; k < K; ++k)
       #pragma unroll
       for (int q = 0; q < 8; ++q) { c[k][q] = expf(c[k][q] - m); s += c[k][q]; }
-    s = ig_lanes_sum(s, T < 32 ? T : 32);
-    if (T > 32) { if (lane == 0u) sms[r][warp] = s; __syncthreads(); s = sms[r][0]; for (int w = 1; w < T/32; ++w) s += sms[r][w]; }
+    ROW_SUM(s, sms)
     #pragma unroll
     for (int k = 0; k < K; ++k) {
       B8 o;
@@ -161,8 +122,7 @@ __global__ void bwd_v1(const unsigned char* in0, const unsigned short* in1, cons
         p[k][q] = expf(v - mx) / sm;
         a += ig_widen(g[k].h[q]) * p[k][q];
       }
-    a = ig_lanes_sum(a, T < 32 ? T : 32);
-    if (T > 32) { if (lane == 0u) sms[r][warp] = a; __syncthreads(); a = sms[r][0]; for (int w = 1; w < T/32; ++w) a += sms[r][w]; }
+    ROW_SUM(a, sms)
     #pragma unroll
     for (int k = 0; k < K; ++k) {
       B8 o;
@@ -192,12 +152,8 @@ __global__ void ew_v1(const unsigned char* in0, const unsigned short* in1, const
     reinterpret_cast<uint4*>(out0)[e] = o.v;
   }
 }
-#include <cstdio>
 #include <cstring>
 #include <vector>
-#include <cstdlib>
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
-template <class F> float timeit(F f) { cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b); for (int i=0;i<3;++i) f(); cudaEventRecord(a); for (int i=0;i<20;++i) f(); cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms,a,b); CK(cudaGetLastError()); return ms*1000/20; }
 int main() {
   const size_t R = 98304, N = R * 1024;
   unsigned char* mask; unsigned short *S, *dP, *P0, *P1; float *mx0,*sm0,*mx1,*sm1;

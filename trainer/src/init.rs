@@ -269,21 +269,10 @@ mod tests {
         let std = (w.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
         assert!(mean.abs() < 0.002, "mean {mean}");
         assert!((std - 0.02).abs() < 0.002, "std {std}");
-        assert!(p["blocks.0.ln1.weight"]
-            .as_f32()
-            .unwrap()
-            .iter()
-            .all(|&v| v == 1.0));
-        assert!(p["blocks.0.ln1.bias"]
-            .as_f32()
-            .unwrap()
-            .iter()
-            .all(|&v| v == 0.0));
-        assert!(p["blocks.0.qkv.bias"]
-            .as_f32()
-            .unwrap()
-            .iter()
-            .all(|&v| v == 0.0));
+        let all = |name: &str, x: f32| p[name].as_f32().unwrap().iter().all(|&v| v == x);
+        assert!(all("blocks.0.ln1.weight", 1.0));
+        assert!(all("blocks.0.ln1.bias", 0.0));
+        assert!(all("blocks.0.qkv.bias", 0.0));
     }
 
     #[test]

@@ -61,14 +61,18 @@ impl Schedule {
 mod tests {
     use super::*;
 
+    fn schedule(decay: Decay, warmup: u64, total: u64, min_ratio: f64) -> Schedule {
+        Schedule {
+            decay,
+            warmup,
+            total,
+            min_ratio,
+        }
+    }
+
     #[test]
     fn a_warmup_as_long_as_u64_allows_keeps_the_rate_finite_and_tiny() {
-        let s = Schedule {
-            decay: Decay::Constant,
-            warmup: u64::MAX,
-            total: 10,
-            min_ratio: 0.0,
-        };
+        let s = schedule(Decay::Constant, u64::MAX, 10, 0.0);
         for done in [0, 1, 9] {
             let f = s.factor(done);
             assert!(f.is_finite() && f > 0.0 && f < 1e-15, "step {done}: {f}");
@@ -77,12 +81,7 @@ mod tests {
 
     #[test]
     fn warmup_rises_linearly_then_cosine_decays_to_the_minimum_at_the_last_step() {
-        let s = Schedule {
-            decay: Decay::Cosine,
-            warmup: 4,
-            total: 14,
-            min_ratio: 0.1,
-        };
+        let s = schedule(Decay::Cosine, 4, 14, 0.1);
         assert_eq!(s.factor(0), 0.2);
         assert_eq!(s.factor(3), 0.8);
         assert_eq!(
@@ -103,21 +102,11 @@ mod tests {
             (s.factor(100) - 0.1).abs() < 1e-12,
             "the minimum past the end"
         );
-        let l = Schedule {
-            decay: Decay::Linear,
-            warmup: 0,
-            total: 11,
-            min_ratio: 0.0,
-        };
+        let l = schedule(Decay::Linear, 0, 11, 0.0);
         assert_eq!(l.factor(0), 1.0);
         assert!((l.factor(5) - 0.5).abs() < 1e-12);
         assert_eq!(l.factor(10), 0.0);
-        let c = Schedule {
-            decay: Decay::Constant,
-            warmup: 0,
-            total: 5,
-            min_ratio: 0.0,
-        };
+        let c = schedule(Decay::Constant, 0, 5, 0.0);
         assert!(c.is_constant() && c.factor(3) == 1.0);
     }
 }

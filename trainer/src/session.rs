@@ -952,26 +952,10 @@ impl Session {
         for &id in &ids {
             let name = self.graph().leaf_name(id).expect("leaves have names");
             let expected = &self.exe().leaf_type(id);
-            match params.get(name) {
-                None => {
-                    return Err(SessionError::MissingParameter {
-                        name: name.to_string(),
-                        expected: expected.clone(),
-                    })
-                }
-                Some(t)
-                    if t.ty != *expected
-                        || t.data.dtype() != expected.dtype
-                        || t.data.len() != expected.shape.numel() =>
-                {
-                    return Err(SessionError::ParameterType {
-                        name: name.to_string(),
-                        expected: expected.clone(),
-                        got: t.ty.clone(),
-                    })
-                }
-                Some(_) => known.push(name.to_string()),
-            }
+            given_leaf(name, expected, params.get(name), |t| {
+                t.data.dtype() == expected.dtype && t.data.len() == expected.shape.numel()
+            })?;
+            known.push(name.to_string());
         }
         let unknown: Vec<String> = params
             .keys()
@@ -1028,22 +1012,9 @@ impl Session {
         for name in &names {
             let id = self.graph().leaf(name).expect("a leaf of the graph");
             let expected = &self.exe().leaf_type(id);
-            match state.get(name) {
-                None => {
-                    return Err(SessionError::MissingParameter {
-                        name: name.clone(),
-                        expected: expected.clone(),
-                    })
-                }
-                Some(t) if t.ty != *expected || t.data.len() != expected.shape.numel() => {
-                    return Err(SessionError::ParameterType {
-                        name: name.clone(),
-                        expected: expected.clone(),
-                        got: t.ty.clone(),
-                    })
-                }
-                Some(_) => {}
-            }
+            given_leaf(name, expected, state.get(name), |t| {
+                t.data.len() == expected.shape.numel()
+            })?;
         }
         let unknown: Vec<String> = state
             .keys()
@@ -1290,4 +1261,28 @@ impl Session {
             wall_seconds: wall,
         })
     }
+}
+
+/// Checks `found`, the tensor given for the leaf `name` of type `expected`: missing, or of
+/// another type or with data that does not `fit`, is the error that says so.
+fn given_leaf(
+    name: &str,
+    expected: &TensorType,
+    found: Option<&Tensor>,
+    fits: impl Fn(&Tensor) -> bool,
+) -> Result<(), SessionError> {
+    let Some(t) = found else {
+        return Err(SessionError::MissingParameter {
+            name: name.to_string(),
+            expected: expected.clone(),
+        });
+    };
+    if t.ty != *expected || !fits(t) {
+        return Err(SessionError::ParameterType {
+            name: name.to_string(),
+            expected: expected.clone(),
+            got: t.ty.clone(),
+        });
+    }
+    Ok(())
 }

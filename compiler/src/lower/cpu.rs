@@ -463,6 +463,10 @@ impl Program {
             op: "cpu lowering",
             reason: format!("{what} falls outside the {total_bytes} bytes of the allocation"),
         };
+        let invalid = |reason: String| LowerError::Invalid {
+            op: "cpu lowering",
+            reason,
+        };
         let fits = |offset: usize, bytes: usize| {
             offset
                 .checked_add(bytes)
@@ -471,41 +475,24 @@ impl Program {
         for i in &self.instrs {
             let id = i.node();
             if id.index() >= g.len() {
-                return Err(LowerError::Invalid {
-                    op: "cpu lowering",
-                    reason: format!(
-                        "an instruction names node {id}, but the graph has {}",
-                        g.len()
-                    ),
-                });
+                return Err(invalid(format!(
+                    "an instruction names node {id}, but the graph has {}",
+                    g.len()
+                )));
             }
             let node = g.node(id);
+            let refuse = |why: &str| invalid(format!("node {id} ({}) {why}", node.op.name()));
             if matches!(i, Instr::CopyIn { .. } | Instr::CopyOut { .. }) {
                 // Checked with the plan's offload below.
                 continue;
             }
-            let fused = matches!(node.op, Op::Fused(_));
-            if fused != matches!(i, Instr::Fused { .. }) {
-                return Err(LowerError::Invalid {
-                    op: "cpu lowering",
-                    reason: format!(
-                        "node {id} ({}) has the wrong kind of instruction",
-                        node.op.name()
-                    ),
-                });
-            }
-            if matches!(node.op, Op::AllReduce { .. }) != matches!(i, Instr::AllReduce { .. })
+            if matches!(node.op, Op::Fused(_)) != matches!(i, Instr::Fused { .. })
+                || matches!(node.op, Op::AllReduce { .. }) != matches!(i, Instr::AllReduce { .. })
                 || matches!(node.op, Op::AllGather { .. }) != matches!(i, Instr::AllGather { .. })
                 || matches!(node.op, Op::ReduceScatter { .. })
                     != matches!(i, Instr::ReduceScatter { .. })
             {
-                return Err(LowerError::Invalid {
-                    op: "cpu lowering",
-                    reason: format!(
-                        "node {id} ({}) has the wrong kind of instruction",
-                        node.op.name()
-                    ),
-                });
+                return Err(refuse("has the wrong kind of instruction"));
             }
             if let Instr::AllReduce {
                 copies,
@@ -537,10 +524,9 @@ impl Program {
                     return Err(bad(format!("the bytes of all-gather {id}")));
                 }
                 if *from < to + all && *to < from + bytes {
-                    return Err(LowerError::Invalid {
-                        op: "cpu lowering",
-                        reason: format!("all-gather {id} is placed over its operand"),
-                    });
+                    return Err(invalid(format!(
+                        "all-gather {id} is placed over its operand"
+                    )));
                 }
             }
             if let Instr::ReduceScatter { parts, ranks, .. } = i {
@@ -548,14 +534,11 @@ impl Program {
                 // operand on the CPU, all at once on a device): apart from all of them.
                 let sent = |p: &ScatterPart| p.bytes.saturating_mul(*ranks);
                 if parts.len() != node.inputs.len() {
-                    return Err(LowerError::Invalid {
-                        op: "cpu lowering",
-                        reason: format!(
-                            "reduce-scatter {id} has {} parts for {} operands",
-                            parts.len(),
-                            node.inputs.len()
-                        ),
-                    });
+                    return Err(invalid(format!(
+                        "reduce-scatter {id} has {} parts for {} operands",
+                        parts.len(),
+                        node.inputs.len()
+                    )));
                 }
                 if let Some(p) = parts
                     .iter()
@@ -575,17 +558,14 @@ impl Program {
                         .iter()
                         .any(|o2| !apart(o.to, o.bytes, o2.to, o2.bytes));
                     if over_operand || over_output {
-                        return Err(LowerError::Invalid {
-                            op: "cpu lowering",
-                            reason: format!(
-                                "output {j} of reduce-scatter {id} is placed over {}",
-                                if over_operand {
-                                    "an operand"
-                                } else {
-                                    "another output"
-                                }
-                            ),
-                        });
+                        return Err(invalid(format!(
+                            "output {j} of reduce-scatter {id} is placed over {}",
+                            if over_operand {
+                                "an operand"
+                            } else {
+                                "another output"
+                            }
+                        )));
                     }
                 }
             }
@@ -601,25 +581,18 @@ impl Program {
                             && here.offset < l.offset + l.bytes
                     })
                 {
-                    return Err(LowerError::Invalid {
-                        op: "cpu lowering",
-                        reason: format!(
-                            "matmul_acc {id} runs in place but its result is not exactly over \
+                    return Err(invalid(format!(
+                        "matmul_acc {id} runs in place but its result is not exactly over \
                              its accumulator c alone"
-                        ),
-                    });
+                    )));
                 }
             }
             if let Instr::Exec { .. } = i {
                 let here = plan.location(g, id);
                 if here.bytes > 0 && node.inputs.iter().any(|&x| plan.location(g, x) == here) {
-                    return Err(LowerError::Invalid {
-                        op: "cpu lowering",
-                        reason: format!(
-                            "node {id} ({}) is placed on an operand's bytes but is not run in place",
-                            node.op.name()
-                        ),
-                    });
+                    return Err(refuse(
+                        "is placed on an operand's bytes but is not run in place",
+                    ));
                 }
             }
             if let Instr::Fused {

@@ -132,39 +132,43 @@ pub struct Gather {
 
 /// The all-gathers of a planned step, in schedule order (none for a one-rank step).
 pub fn gathers(g: &Graph, plan: &MemoryPlan) -> Vec<Gather> {
-    plan.liveness
-        .order
-        .iter()
-        .enumerate()
-        .filter_map(|(position, &id)| {
-            let Op::AllGather { ranks } = g.node(id).op else {
-                return None;
-            };
-            let x = *g.node(id).inputs.first()?;
-            Some(Gather {
-                node: id,
-                ranks,
-                bytes: g.ty(x).bytes(),
-                gathered_bytes: g.ty(id).bytes(),
-                position,
-                of: g.describe(g.writer(x)),
-            })
+    in_schedule(plan, |position, id| {
+        let Op::AllGather { ranks } = g.node(id).op else {
+            return None;
+        };
+        let x = *g.node(id).inputs.first()?;
+        Some(Gather {
+            node: id,
+            ranks,
+            bytes: g.ty(x).bytes(),
+            gathered_bytes: g.ty(id).bytes(),
+            position,
+            of: g.describe(g.writer(x)),
         })
-        .collect()
+    })
 }
 
 /// The all-gathers, one line each; empty for a step without them.
 pub fn gather_table(gathers: &[Gather]) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    for x in gathers {
-        let _ = writeln!(
-            s,
+    one_line_each(gathers, |x| {
+        format!(
             "all-gather over {} ranks at position {}: {} bytes a rank of {} ({} bytes gathered)",
             x.ranks, x.position, x.bytes, x.of, x.gathered_bytes
-        );
-    }
-    s
+        )
+    })
+}
+
+/// What `pick` makes of the nodes of the plan's schedule, given each with its position, in
+/// schedule order: the lists of the collectives.
+fn in_schedule<T>(plan: &MemoryPlan, mut pick: impl FnMut(usize, NodeId) -> Option<T>) -> Vec<T> {
+    (plan.liveness.order.iter().enumerate())
+        .filter_map(|(position, &id)| pick(position, id))
+        .collect()
+}
+
+/// `line` of each row, a line each; empty for no rows.
+fn one_line_each<T>(rows: &[T], line: impl Fn(&T) -> String) -> String {
+    rows.iter().map(|x| line(x) + "\n").collect()
 }
 
 /// One reduce-scatter in the plan: a bucket of gradients of which each rank keeps its rows of
@@ -188,36 +192,28 @@ pub struct Scatter {
 /// The reduce-scatters of a planned step, in schedule order (none for an unsharded step).
 pub fn scatters(g: &Graph, plan: &MemoryPlan) -> Vec<Scatter> {
     let outputs = g.kernel_outputs();
-    plan.liveness
-        .order
-        .iter()
-        .enumerate()
-        .filter_map(|(position, &id)| {
-            let Op::ReduceScatter { ranks } = g.node(id).op else {
-                return None;
-            };
-            let inputs = &g.node(id).inputs;
-            let last_operand = *inputs.iter().max()?;
-            Some(Scatter {
-                node: id,
-                ranks,
-                gradients: inputs.len(),
-                bytes: inputs.iter().map(|&x| g.ty(x).bytes()).sum(),
-                scattered_bytes: outputs[id.index()].iter().map(|&o| g.ty(o).bytes()).sum(),
-                position,
-                after: g.describe(g.writer(last_operand)),
-            })
+    in_schedule(plan, |position, id| {
+        let Op::ReduceScatter { ranks } = g.node(id).op else {
+            return None;
+        };
+        let inputs = &g.node(id).inputs;
+        let last_operand = *inputs.iter().max()?;
+        Some(Scatter {
+            node: id,
+            ranks,
+            gradients: inputs.len(),
+            bytes: inputs.iter().map(|&x| g.ty(x).bytes()).sum(),
+            scattered_bytes: outputs[id.index()].iter().map(|&o| g.ty(o).bytes()).sum(),
+            position,
+            after: g.describe(g.writer(last_operand)),
         })
-        .collect()
+    })
 }
 
 /// The reduce-scatters, one line each; empty for a step without them.
 pub fn scatter_table(scatters: &[Scatter]) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    for x in scatters {
-        let _ = writeln!(
-            s,
+    one_line_each(scatters, |x| {
+        format!(
             "reduce-scatter over {} ranks at position {}: {} gradient{} of {} bytes after {} ({} bytes kept a rank)",
             x.ranks,
             x.position,
@@ -226,7 +222,6 @@ pub fn scatter_table(scatters: &[Scatter]) -> String {
             x.bytes,
             x.after,
             x.scattered_bytes
-        );
-    }
-    s
+        )
+    })
 }

@@ -646,11 +646,13 @@ mod tests {
         g
     }
 
-    fn iotas(g: &mut Graph) -> (NodeId, NodeId) {
-        (
-            g.iota([6, 7], 0, DType::I32).unwrap(),
-            g.iota([6, 7], 1, DType::I32).unwrap(),
-        )
+    /// `compare(op, j, i)` of the row index `i` and column index `j` of `[6, 7]` (`j_first`),
+    /// or `compare(op, i, j)`: how a mask spells itself from two iotas.
+    fn iotas_compared(g: &mut Graph, op: CmpOp, j_first: bool) -> NodeId {
+        let i = g.iota([6, 7], 0, DType::I32).unwrap();
+        let j = g.iota([6, 7], 1, DType::I32).unwrap();
+        let (a, b) = if j_first { (j, i) } else { (i, j) };
+        g.compare(op, a, b).unwrap()
     }
 
     #[test]
@@ -673,18 +675,9 @@ mod tests {
     fn every_spelling_of_the_causal_mask_is_recognized_as_causal() {
         type Spelling = fn(&mut Graph) -> (NodeId, bool);
         let spellings: [Spelling; 4] = [
-            |g| {
-                let (i, j) = iotas(g);
-                (g.compare(CmpOp::Gt, j, i).unwrap(), true)
-            },
-            |g| {
-                let (i, j) = iotas(g);
-                (g.compare(CmpOp::Lt, i, j).unwrap(), true)
-            },
-            |g| {
-                let (i, j) = iotas(g);
-                (g.compare(CmpOp::Le, j, i).unwrap(), false)
-            },
+            |g| (iotas_compared(g, CmpOp::Gt, true), true),
+            |g| (iotas_compared(g, CmpOp::Lt, false), true),
+            |g| (iotas_compared(g, CmpOp::Le, true), false),
             |g| {
                 // Broadcast iotas: i [6, 1], j [7].
                 let i = g.iota([6, 1], 0, DType::I64).unwrap();
@@ -769,20 +762,11 @@ mod tests {
         type Spelling = fn(&mut Graph) -> (NodeId, bool);
         let wrong: [Spelling; 4] = [
             // j >= i: masks the diagonal too.
-            |g| {
-                let (i, j) = iotas(g);
-                (g.compare(CmpOp::Ge, j, i).unwrap(), true)
-            },
+            |g| (iotas_compared(g, CmpOp::Ge, true), true),
             // i > j with the fill chosen: anti-causal.
-            |g| {
-                let (i, j) = iotas(g);
-                (g.compare(CmpOp::Gt, i, j).unwrap(), true)
-            },
+            |g| (iotas_compared(g, CmpOp::Gt, false), true),
             // j > i but the scores chosen where it holds.
-            |g| {
-                let (i, j) = iotas(g);
-                (g.compare(CmpOp::Gt, j, i).unwrap(), false)
-            },
+            |g| (iotas_compared(g, CmpOp::Gt, true), false),
             // An input mask: nothing proves it causal.
             |g| {
                 let m = g.input("mask", [6, 7], DType::Bool).unwrap();

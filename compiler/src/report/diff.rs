@@ -281,22 +281,17 @@ impl fmt::Display for PlanDiff {
         section(&mut o, "buffers that disappeared", &self.disappeared, |c| {
             human(c.old_bytes)
         });
-        section(&mut o, "buffers that grew", &self.grew, |c| {
+        // A source that grew or shrank: its bytes before and after, and the change.
+        let resized = |c: &SourceChange| {
             format!(
                 "{} -> {} ({})",
                 human(c.old_bytes),
                 human(c.new_bytes),
                 signed(c.old_bytes, c.new_bytes)
             )
-        });
-        section(&mut o, "buffers that shrank", &self.shrank, |c| {
-            format!(
-                "{} -> {} ({})",
-                human(c.old_bytes),
-                human(c.new_bytes),
-                signed(c.old_bytes, c.new_bytes)
-            )
-        });
+        };
+        section(&mut o, "buffers that grew", &self.grew, resized);
+        section(&mut o, "buffers that shrank", &self.shrank, resized);
         f.write_str(&o)
     }
 }

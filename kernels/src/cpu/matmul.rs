@@ -51,51 +51,37 @@ pub trait GemmScalar: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static
     );
 }
 
-impl GemmScalar for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    unsafe fn gemm_raw(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: f32,
-        a: *const f32,
-        rsa: isize,
-        csa: isize,
-        b: *const f32,
-        rsb: isize,
-        csb: isize,
-        beta: f32,
-        c: *mut f32,
-        rsc: isize,
-        csc: isize,
-    ) {
-        matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
-    }
+/// `GemmScalar` for a float type whose `matrixmultiply` GEMM is `$gemm`: the two impls differ
+/// only in these names.
+macro_rules! gemm_scalar {
+    ($t:ty, $gemm:path) => {
+        impl GemmScalar for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            unsafe fn gemm_raw(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: $t,
+                a: *const $t,
+                rsa: isize,
+                csa: isize,
+                b: *const $t,
+                rsb: isize,
+                csb: isize,
+                beta: $t,
+                c: *mut $t,
+                rsc: isize,
+                csc: isize,
+            ) {
+                $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+            }
+        }
+    };
 }
 
-impl GemmScalar for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    unsafe fn gemm_raw(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: f64,
-        a: *const f64,
-        rsa: isize,
-        csa: isize,
-        b: *const f64,
-        rsb: isize,
-        csb: isize,
-        beta: f64,
-        c: *mut f64,
-        rsc: isize,
-        csc: isize,
-    ) {
-        matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
-    }
-}
+gemm_scalar!(f32, matrixmultiply::sgemm);
+gemm_scalar!(f64, matrixmultiply::dgemm);
 
 /// Whether a stored operand is used as is or transposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -273,26 +259,21 @@ pub fn batched_matmul<T: GemmScalar>(
         batch * m * n
     );
     let beta = if accumulate { T::ONE } else { T::ZERO };
-    let (la, lb, lc) = (
-        MatLayout::stored(ta, m, k),
-        MatLayout::stored(tb, k, n),
-        MatLayout::row_major(n),
-    );
     for i in 0..batch {
-        gemm(
-            m,
-            k,
-            n,
-            T::ONE,
-            a,
-            la.at(i * m * k),
-            b,
-            lb.at(i * k * n),
-            beta,
-            c,
-            lc.at(i * m * n),
-        );
+        let [la, lb, lc] = batch_item(ta, tb, [m, k, n], i);
+        gemm(m, k, n, T::ONE, a, la, b, lb, beta, c, lc);
     }
+}
+
+/// The layouts of product `i` of a batch `[batch, m, k] × [batch, k, n] → [batch, m, n]`: `A`
+/// and `B` stored as `ta` and `tb` say, `C` row-major, each at its item's offset. Both batched
+/// products ([`batched_matmul`] and [`super::gemm::batched_matmul_ws`]) walk their batch so.
+pub(crate) fn batch_item(ta: Trans, tb: Trans, [m, k, n]: [usize; 3], i: usize) -> [MatLayout; 3] {
+    [
+        MatLayout::stored(ta, m, k).at(i * m * k),
+        MatLayout::stored(tb, k, n).at(i * k * n),
+        MatLayout::row_major(n).at(i * m * n),
+    ]
 }
 
 /// The batched row-major product `[batch, m, k] × [batch, k, n] → [batch, m, n]`, overwriting `c`.

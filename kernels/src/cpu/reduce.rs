@@ -368,14 +368,9 @@ pub fn reduce<T: Scalar>(
             return;
         }
         dst.fill(kind.identity());
-        let mut in_off = 0;
-        for_each_out_offset(outer, outer_ost, |o| {
-            let row = &src[in_off..in_off + n];
-            in_off += n;
-            match kind {
-                ReduceKind::Sum => dst[o] = dst[o].add(sum_run(row)),
-                ReduceKind::Max => dst[o] = keep_max(dst[o], max_run(row)),
-            }
+        for_each_input_row(src, n, outer, outer_ost, |o, row| match kind {
+            ReduceKind::Sum => dst[o] = dst[o].add(sum_run(row)),
+            ReduceKind::Max => dst[o] = keep_max(dst[o], max_run(row)),
         });
     } else {
         let split = Split::of(&gd[..g - 1], &gr[..g - 1], n);
@@ -408,10 +403,7 @@ pub fn reduce<T: Scalar>(
         }
         // Innermost group kept: accumulate whole contiguous rows into output rows.
         dst.fill(kind.identity());
-        let mut in_off = 0;
-        for_each_out_offset(outer, outer_ost, |o| {
-            let row = &src[in_off..in_off + n];
-            in_off += n;
+        for_each_input_row(src, n, outer, outer_ost, |o, row| {
             let out = &mut dst[o..o + n];
             match kind {
                 ReduceKind::Sum => {
@@ -485,6 +477,24 @@ impl Split {
 #[inline]
 fn for_each_out_offset(dims: &[usize], strides: &[usize], f: impl FnMut(usize)) {
     super::layout::for_each_outer(0, dims, strides, f)
+}
+
+/// Visits the contiguous runs of `n` elements of `src` in order, each with the offset of its
+/// output (`outer`'s multi-indices in row-major order, by `outer_ost`): the walk of both
+/// reductions whose innermost group stays contiguous, whether it is reduced or kept.
+#[inline]
+fn for_each_input_row<T>(
+    src: &[T],
+    n: usize,
+    outer: &[usize],
+    outer_ost: &[usize],
+    mut f: impl FnMut(usize, &[T]),
+) {
+    let mut in_off = 0;
+    for_each_out_offset(outer, outer_ost, |o| {
+        f(o, &src[in_off..in_off + n]);
+        in_off += n;
+    });
 }
 
 #[cfg(test)]

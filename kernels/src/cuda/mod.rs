@@ -571,6 +571,17 @@ pub(crate) fn finish(text: String, launch: Launch) -> CudaKernel {
     }
 }
 
+/// A kernel parameter `name`, a pointer to elements of `d` that the kernel only reads: the
+/// `(type, name)` pair the kernel builders take.
+pub(crate) fn reads(d: DType, name: &str) -> (String, String) {
+    (format!("const {}*", c_type(d)), name.to_string())
+}
+
+/// A kernel parameter `name`, a pointer to elements of `d` that the kernel writes.
+pub(crate) fn writes(d: DType, name: &str) -> (String, String) {
+    (format!("{}*", c_type(d)), name.to_string())
+}
+
 /// The C type of a dtype in memory (pointers, shared tiles of raw elements).
 pub(crate) fn c_type(d: DType) -> &'static str {
     match d {

@@ -5,8 +5,8 @@
 //! Sizes are literals, with 32-bit index arithmetic when every extent is below 2^31.
 
 use super::{
-    c_type, finish, grid_for, literal, signature, CodegenError, CudaKernel, Ix, Launch, Src, BLOCK,
-    MAX_GRID_ELEMENTWISE,
+    c_type, finish, grid_for, literal, reads, signature, writes, CodegenError, CudaKernel, Ix,
+    Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
 };
 use crate::DType;
 
@@ -24,9 +24,9 @@ pub fn gather(
     let table_len = mul("gather", &[rows, row_len])?;
     let ix = Ix::for_extents([total, table_len, n]);
     let params = [
-        (format!("const {}*", c_type(table)), "table".to_string()),
-        (format!("const {}*", c_type(ids)), "ids".to_string()),
-        (format!("{}*", c_type(table)), "out".to_string()),
+        reads(table, "table"),
+        reads(ids, "ids"),
+        writes(table, "out"),
     ];
     let what = format!(
         "// ingot gather: {n} rows of {row_len} {} from a table of {rows} rows, by {} ids",

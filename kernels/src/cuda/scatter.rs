@@ -32,8 +32,8 @@
 
 use super::ops::{check_ids, header};
 use super::{
-    c_type, finish, grid_for, literal, signature, CodegenError, CudaKernel, FusedArg, FusedLaunch,
-    FusedProgram, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
+    c_type, finish, grid_for, literal, reads, signature, writes, CodegenError, CudaKernel,
+    FusedArg, FusedLaunch, FusedProgram, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
 };
 use crate::DType;
 
@@ -271,7 +271,7 @@ impl Source {
     /// Params of the pass's input.
     fn params(self) -> Vec<(String, String)> {
         match self {
-            Source::Ids(ids) => vec![(format!("const {}*", c_type(ids)), "ids".to_string())],
+            Source::Ids(ids) => vec![reads(ids, "ids")],
             Source::Sorted => vec![
                 ("const unsigned*".to_string(), "keys_in".to_string()),
                 ("const unsigned*".to_string(), "pos_in".to_string()),
@@ -754,7 +754,7 @@ impl Sums {
             ("const unsigned*".to_string(), list.to_string()),
             ("const unsigned*".to_string(), "counts".to_string()),
             (format!("const {}*", self.vt), "values".to_string()),
-            (format!("{}*", c_type(self.out)), "out".to_string()),
+            writes(self.out, "out"),
         ]
     }
 

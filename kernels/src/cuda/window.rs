@@ -20,7 +20,7 @@
 //! operands, its result rounded).
 
 use super::ops::elementwise_loop;
-use super::{c_type, literal, widened, CodegenError, CudaKernel, Ix};
+use super::{c_type, literal, reads, widened, writes, CodegenError, CudaKernel, Ix};
 use crate::cpu::conv::ConvGeometry;
 use crate::cpu::pool::PoolGeometry;
 use crate::DType;
@@ -66,10 +66,7 @@ pub fn im2col(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, 
     let total = product("im2col", &[g.groups, k, samples, p])?;
     let x_len = product("im2col", &[samples, g.in_ch, g.in_hw[0], g.in_hw[1]])?;
     let ix = Ix::for_extents([total, x_len]);
-    let params = [
-        (format!("const {}*", c_type(d)), "x".to_string()),
-        (format!("{}*", c_type(d)), "col".to_string()),
-    ];
+    let params = [reads(d, "x"), writes(d, "col")];
     let what = format!(
         "// ingot im2col: {} of {samples} images -> [{}, {k}, {}]",
         describe(g),
@@ -164,10 +161,7 @@ pub fn col2im(d: DType, g: &ConvGeometry, samples: usize) -> Result<CudaKernel, 
     let total = product("col2im", &[samples, g.in_ch, h, w])?;
     let col_len = product("col2im", &[g.groups, k, samples, p])?;
     let ix = Ix::for_extents([total, col_len]);
-    let params = [
-        (format!("const {}*", c_type(d)), "col".to_string()),
-        (format!("{}*", c_type(d)), "dx".to_string()),
-    ];
+    let params = [reads(d, "col"), writes(d, "dx")];
     let what = format!("// ingot col2im: {} of {samples} images", describe(g));
     let [kh, kw] = g.kernel;
     let cg = g.in_ch / g.groups;
@@ -288,10 +282,7 @@ pub fn images_side_by_side(
     check_dtype("images_side_by_side", d)?;
     let total = product("images_side_by_side", &[samples, channels, positions])?;
     let ix = Ix::for_extents([total]);
-    let params = [
-        (format!("const {}*", c_type(d)), "dy".to_string()),
-        (format!("{}*", c_type(d)), "out".to_string()),
-    ];
+    let params = [reads(d, "dy"), writes(d, "out")];
     let what = format!(
         "// ingot images side by side: [{samples}, {channels}, {positions}] -> [{channels}, {}]",
         samples * positions
@@ -317,6 +308,27 @@ fn pool_describe(g: &PoolGeometry) -> String {
         "{} planes of [{}, {}], window {:?} stride {:?} padding {:?} dilation {:?}",
         g.planes, g.in_hw[0], g.in_hw[1], g.kernel, g.stride, g.padding, g.dilation
     )
+}
+
+/// Emits the coordinates of output element `e`'s window, `wi` and `wj`, and `xp`, its plane of
+/// `x`: what [`pick_source`] scans, in the forward pooling and in the pick kernel alike.
+fn window_of_output(src: &mut super::Src, ix: Ix, d: DType, g: &PoolGeometry) {
+    let [ho, wo] = g.out_hw;
+    src.line(format!(
+        "const long long wj = (long long)(e % {});",
+        ix.lit(wo)
+    ));
+    src.line(format!(
+        "const long long wi = (long long)((e / {}) % {});",
+        ix.lit(wo),
+        ix.lit(ho)
+    ));
+    src.line(format!(
+        "const {} * xp = x + (e / {}) * {};",
+        c_type(d),
+        ix.lit(ho * wo),
+        ix.lit(g.in_hw[0] * g.in_hw[1])
+    ));
 }
 
 /// Emits the scan of window `(i, j)` of plane `pl` (row-major, `v > best || isnan(v)`, as
@@ -367,37 +379,19 @@ pub fn max_pool2d(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError
     let total = product("max_pool2d", &[g.planes, ho, wo])?;
     let x_len = product("max_pool2d", &[g.planes, g.in_hw[0], g.in_hw[1]])?;
     let ix = Ix::for_extents([total, x_len]);
-    let params = [
-        (format!("const {}*", c_type(d)), "x".to_string()),
-        (format!("{}*", c_type(d)), "y".to_string()),
-    ];
+    let params = [reads(d, "x"), writes(d, "y")];
     let what = format!("// ingot max_pool2d: {}", pool_describe(g));
     let lowest = literal(
         f64::NEG_INFINITY,
         if d == DType::BF16 { DType::F32 } else { d },
     );
-    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        src.line(format!(
-            "const long long wj = (long long)(e % {});",
-            ix.lit(wo)
-        ));
-        src.line(format!(
-            "const long long wi = (long long)((e / {}) % {});",
-            ix.lit(wo),
-            ix.lit(ho)
-        ));
-        src.line(format!(
-            "const {} * xp = x + (e / {}) * {};",
-            c_type(d),
-            ix.lit(ho * wo),
-            ix.lit(g.in_hw[0] * g.in_hw[1])
-        ));
+    Ok(elementwise_loop(&what, &params, total, ix, |src, _| {
+        window_of_output(src, ix, d, g);
         pick_source(src, d, g, false);
         src.line(format!(
             "(void)at; y[e] = {};",
             store(d, &format!("(found ? best : {lowest})"))
         ));
-        let _ = t;
     }))
 }
 
@@ -426,29 +420,11 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
     let total = product("max_pool2d_grad", &[g.planes, h, w])?;
     let y_len = product("max_pool2d_grad", &[g.planes, ho, wo])?;
     let ix = Ix::for_extents([total, y_len]);
-    let params = [
-        (format!("const {}*", c_type(d)), "x".to_string()),
-        (format!("const {}*", c_type(d)), "dy".to_string()),
-        (format!("{}*", c_type(d)), "dx".to_string()),
-    ];
+    let params = [reads(d, "x"), reads(d, "dy"), writes(d, "dx")];
     let what = format!("// ingot max_pool2d_grad: {}", pool_describe(g));
-    let acc = acc_type(d);
-    let taps = [g.padding, g.dilation, g.stride];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        element_of_plane(src, ix, t, [h, w]);
-        src.line(format!(
-            "const {} * xp = x + plane * {};",
-            c_type(d),
-            ix.lit(h * w)
-        ));
-        src.line(format!(
-            "const {} * dyp = dy + plane * {};",
-            c_type(d),
-            ix.lit(ho * wo)
-        ));
-        src.line(format!("{acc} sum = 0;"));
-        // Windows in row-major order: window row `wi` grows as the kernel row `ka` falls.
-        open_windows_of_element(src, g, taps, ho, wo);
+        let xp = format!("const {} * xp = x + plane * {};", c_type(d), ix.lit(h * w));
+        open_gradient_windows(src, ix, t, d, g, &xp);
         pick_source(src, d, g, false);
         src.line(format!(
             "if (found && at == xh * {w} + xw) sum += {};",
@@ -472,40 +448,56 @@ pub fn pool_pick_bytes(g: &PoolGeometry) -> Option<usize> {
     g.planes.checked_mul(g.out_hw[0])?.checked_mul(g.out_hw[1])
 }
 
+/// Opens a pooling gradient's loop body over the input's elements `e` ([`element_of_plane`]):
+/// `operand`, the line that points into this plane of the kernel's first parameter, then
+/// `dyp` into `dy`'s plane, the accumulator `sum`, and the windows that read the element, in
+/// row-major order (window row `wi` grows as the kernel row `ka` falls). Both gradients (the
+/// scanning one and the one from picks) add the same windows in this order.
+fn open_gradient_windows(
+    src: &mut super::Src,
+    ix: Ix,
+    t: &str,
+    d: DType,
+    g: &PoolGeometry,
+    operand: &str,
+) {
+    let [ho, wo] = g.out_hw;
+    element_of_plane(src, ix, t, g.in_hw);
+    src.line(operand);
+    src.line(format!(
+        "const {} * dyp = dy + plane * {};",
+        c_type(d),
+        ix.lit(ho * wo)
+    ));
+    src.line(format!("{} sum = 0;", acc_type(d)));
+    let taps = [g.padding, g.dilation, g.stride];
+    open_windows_of_element(src, g, taps, ho, wo);
+}
+
+/// [`pool_pick_bytes`], or the error that names `op` where a window's tap does not fit a byte.
+fn pick_bytes(op: &'static str, d: DType, g: &PoolGeometry) -> Result<usize, CodegenError> {
+    pool_pick_bytes(g).ok_or(CodegenError::Unsupported {
+        op,
+        what: "windows of more than 255 taps, or of dilation 0, in poolings",
+        dtype: d,
+    })
+}
+
 /// `max_pool2d_pick(x) -> pick`: the tap `a·kw + b` each window picks (the scan of
 /// [`max_pool2d`]), 255 for a window wholly in the padding; a byte a window, `[planes, Ho,
 /// Wo]`. The first of the gradient's two kernels. Params: x, pick.
 pub fn max_pool2d_pick(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
     check_dtype("max_pool2d_pick", d)?;
-    let [ho, wo] = g.out_hw;
-    let total = pool_pick_bytes(g).ok_or(CodegenError::Unsupported {
-        op: "max_pool2d_pick",
-        what: "windows of more than 255 taps, or of dilation 0, in poolings",
-        dtype: d,
-    })?;
+    let total = pick_bytes("max_pool2d_pick", d, g)?;
     let x_len = product("max_pool2d_pick", &[g.planes, g.in_hw[0], g.in_hw[1]])?;
     let ix = Ix::for_extents([total, x_len]);
     let params = [
-        (format!("const {}*", c_type(d)), "x".to_string()),
+        reads(d, "x"),
         ("unsigned char*".to_string(), "pick".to_string()),
     ];
     let what = format!("// ingot max_pool2d_pick: {}", pool_describe(g));
     Ok(elementwise_loop(&what, &params, total, ix, |src, _| {
-        src.line(format!(
-            "const long long wj = (long long)(e % {});",
-            ix.lit(wo)
-        ));
-        src.line(format!(
-            "const long long wi = (long long)((e / {}) % {});",
-            ix.lit(wo),
-            ix.lit(ho)
-        ));
-        src.line(format!(
-            "const {} * xp = x + (e / {}) * {};",
-            c_type(d),
-            ix.lit(ho * wo),
-            ix.lit(g.in_hw[0] * g.in_hw[1])
-        ));
+        window_of_output(src, ix, d, g);
         pick_source(src, d, g, true);
         src.line("(void)at; (void)best;");
         src.line("pick[e] = found ? (unsigned char)tap : (unsigned char)255;");
@@ -522,35 +514,21 @@ pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, 
     let [h, w] = g.in_hw;
     let [ho, wo] = g.out_hw;
     let total = product("max_pool2d_grad_picked", &[g.planes, h, w])?;
-    let y_len = pool_pick_bytes(g).ok_or(CodegenError::Unsupported {
-        op: "max_pool2d_grad_picked",
-        what: "windows of more than 255 taps, or of dilation 0, in poolings",
-        dtype: d,
-    })?;
+    let y_len = pick_bytes("max_pool2d_grad_picked", d, g)?;
     let ix = Ix::for_extents([total, y_len]);
     let params = [
         ("const unsigned char*".to_string(), "pick".to_string()),
-        (format!("const {}*", c_type(d)), "dy".to_string()),
-        (format!("{}*", c_type(d)), "dx".to_string()),
+        reads(d, "dy"),
+        writes(d, "dx"),
     ];
     let what = format!("// ingot max_pool2d_grad_picked: {}", pool_describe(g));
-    let acc = acc_type(d);
-    let taps = [g.padding, g.dilation, g.stride];
     let kw = g.kernel[1];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        element_of_plane(src, ix, t, [h, w]);
-        src.line(format!(
+        let pp = format!(
             "const unsigned char * pp = pick + plane * {};",
             ix.lit(ho * wo)
-        ));
-        src.line(format!(
-            "const {} * dyp = dy + plane * {};",
-            c_type(d),
-            ix.lit(ho * wo)
-        ));
-        src.line(format!("{acc} sum = 0;"));
-        // Windows in row-major order, as in [`max_pool2d_grad`].
-        open_windows_of_element(src, g, taps, ho, wo);
+        );
+        open_gradient_windows(src, ix, t, d, g, &pp);
         src.line(format!(
             "if ((int)pp[wi * {wo} + wj] == ka * {kw} + kb) sum += {};",
             widened(d, format!("dyp[wi * {wo} + wj]"))

@@ -570,6 +570,50 @@ pub fn widened(dtype: DType, b: &[u8]) -> Vec<f64> {
         .collect()
 }
 
+/// The splits the split tests check: for each random kernel of seeds `0..seeds` made with
+/// [`Options::exact`] (small), each reduce axis that divides into ways (the fewest above one)
+/// is offered to `f` as `(seed, kernel, axis, ways, inputs)`, with the kernel's inputs drawn
+/// by [`input_bytes`] from a generator seeded by the seed and the axis.
+pub fn each_split_axis(seeds: u64, mut f: impl FnMut(u64, &FusedKernel, usize, usize, &[&[u8]])) {
+    let opts = Options {
+        exact: true,
+        ..Options::small()
+    };
+    for seed in 0..seeds {
+        let k = kernel(seed, &opts);
+        for &axis in &k.reduce_axes {
+            let Some(ways) = (2..=k.domain[axis]).find(|&w| k.domain[axis].is_multiple_of(w))
+            else {
+                continue;
+            };
+            let mut r = Rng(seed * 131 + axis as u64 + 1);
+            let xs: Vec<Vec<u8>> = (k.inputs.iter())
+                .map(|inp| input_bytes(inp, &mut r))
+                .collect();
+            let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
+            f(seed, &k, axis, ways, &ins);
+        }
+    }
+}
+
+/// Asserts that each of `got`'s outputs matches `whole`'s ([`first_difference`]); `what`
+/// names the kernel and how it was split, `how` the split's outputs, in the message.
+pub fn assert_outputs_match(
+    k: &FusedKernel,
+    whole: &[Vec<u8>],
+    got: &[Vec<u8>],
+    what: &str,
+    how: &str,
+) {
+    for (j, (w, g)) in whole.iter().zip(got).enumerate() {
+        let diff = first_difference(k.output_dtype(j), w, g);
+        assert!(
+            diff.is_none(),
+            "{what} output {j}: (element, whole, {how}) {diff:?}\n{k:?}"
+        );
+    }
+}
+
 /// Where two runs of a kernel's output of `dtype` (`whole`, and `other`, the same kernel run
 /// another way: split, staged) differ by more than summing in another order explains: the
 /// first element with its two values, or `None`. Integers and bools must be equal; floats
@@ -592,6 +636,20 @@ pub fn first_difference(dtype: DType, whole: &[u8], other: &[u8]) -> Option<(usi
     (w.iter().zip(&o).enumerate())
         .find(|(_, (a, b))| !((a.is_nan() && b.is_nan()) || a == b || (*a - *b).abs() <= tol))
         .map(|(e, (&a, &b))| (e, a, b))
+}
+
+/// The bytes of f32 values as a kernel's buffer holds them (native order), and back: how the
+/// tests write inputs and read outputs.
+pub fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// The f32 values of a buffer's bytes ([`f32_bytes`] undone); a trailing part of a value is
+/// dropped.
+pub fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[cfg(test)]

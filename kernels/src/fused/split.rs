@@ -320,18 +320,8 @@ pub fn split(k: &FusedKernel, axis: usize, ways: usize) -> Option<Split> {
 mod tests {
     use super::*;
     use crate::fused::cpu::run_buffers;
-    use crate::fused::random;
+    use crate::fused::random::{self, f32_bytes, f32s};
     use crate::{BinaryOp, ReduceOp};
-
-    fn f32_bytes(xs: &[f32]) -> Vec<u8> {
-        xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
-    }
-
-    fn f32s(b: &[u8]) -> Vec<f32> {
-        b.chunks(4)
-            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-            .collect()
-    }
 
     /// Runs the pair on the CPU: the partial kernel, then the finish kernel on its partials,
     /// each output gathered where the original would have written it.
@@ -490,35 +480,17 @@ mod tests {
     /// within the rounding of sums combined in another order.
     #[test]
     fn every_random_kernel_that_splits_computes_what_the_whole_kernel_computes() {
-        let opts = random::Options {
-            exact: true,
-            ..random::Options::small()
-        };
         let mut tried = 0;
-        for seed in 0..4000u64 {
-            let k = random::kernel(seed, &opts);
-            for &axis in &k.reduce_axes {
-                let Some(ways) = (2..=k.domain[axis]).find(|&w| k.domain[axis].is_multiple_of(w))
-                else {
-                    continue;
-                };
-                let Some(s) = split(&k, axis, ways) else {
-                    continue;
-                };
-                tried += 1;
-                let mut r = random::Rng(seed * 131 + axis as u64 + 1);
-                let xs: Vec<Vec<u8>> = (k.inputs.iter())
-                    .map(|inp| random::input_bytes(inp, &mut r))
-                    .collect();
-                let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
-                let whole = run_buffers(&k, &ins).unwrap();
-                let pair = run_split(&s, &ins, k.outputs.len());
-                for (j, (w, p)) in whole.iter().zip(&pair).enumerate() {
-                    let diff = random::first_difference(k.output_dtype(j), w, p);
-                    assert!(diff.is_none(), "seed {seed} axis {axis} ways {ways} output {j}: (element, whole, split) {diff:?}\n{k:?}");
-                }
-            }
-        }
+        random::each_split_axis(4000, |seed, k, axis, ways, ins| {
+            let Some(s) = split(k, axis, ways) else {
+                return;
+            };
+            tried += 1;
+            let whole = run_buffers(k, ins).unwrap();
+            let pair = run_split(&s, ins, k.outputs.len());
+            let what = format!("seed {seed} axis {axis} ways {ways}");
+            random::assert_outputs_match(k, &whole, &pair, &what, "split");
+        });
         assert!(tried >= 100, "only {tried} random kernels split");
     }
 }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::fused::cpu::run_buffers;
-use crate::fused::random;
+use crate::fused::random::{self, f32_bytes, f32s};
 use crate::{BinaryOp, ReduceOp, UnaryOp};
 
 /// Runs the chain on the CPU, pass by pass, each buffer where the chain says it lies; returns
@@ -33,16 +33,6 @@ pub(crate) fn run_staged(st: &Staged, k: &FusedKernel, inputs: &[&[u8]]) -> Vec<
         .collect()
 }
 
-fn f32_bytes(xs: &[f32]) -> Vec<u8> {
-    xs.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 fn input(dtype: DType, len: usize, strides: Vec<usize>) -> Input {
     Input {
         dtype,
@@ -69,52 +59,65 @@ fn konst(value: f64) -> Inst {
     }
 }
 
+fn un(op: UnaryOp, x: usize) -> Inst {
+    Inst::Unary { op, x }
+}
+
+/// A kernel over NCHW `dims` that reduces N, H and W (batch norm's), from its inputs, body and
+/// the values it outputs.
+fn over_channels(
+    dims: [usize; 4],
+    inputs: Vec<Input>,
+    body: Vec<Inst>,
+    outputs: &[usize],
+) -> FusedKernel {
+    FusedKernel {
+        domain: dims.to_vec(),
+        reduce_axes: vec![0, 2, 3],
+        inputs,
+        body,
+        outputs: outputs.iter().map(|&value| Output { value }).collect(),
+    }
+}
+
+/// An f32 input of the whole NCHW `dims`, contiguous.
+fn image(dims: [usize; 4]) -> Input {
+    let len = dims.iter().product();
+    input(DType::F32, len, Access::contiguous(&dims).strides)
+}
+
+/// An f32 input of one value a channel (of `dims[1]`), read the same at every N, H and W.
+fn per_channel(dims: [usize; 4]) -> Input {
+    input(DType::F32, dims[1], vec![0, 1, 0, 0])
+}
+
 /// Batch norm's training forward over NCHW `[n, c, h, w]` in one kernel: the mean, the
 /// variance around it (a second-stage reduction), `y = (x - mean) / sqrt(var + eps) * g + b`,
 /// and the mean and variance as row outputs.
 pub(crate) fn batch_norm_forward(n: usize, c: usize, h: usize, w: usize) -> FusedKernel {
     let dims = [n, c, h, w];
-    let per_channel = vec![0, 1, 0, 0];
     let inv = 1.0 / (n * h * w) as f64;
-    FusedKernel {
-        domain: dims.to_vec(),
-        reduce_axes: vec![0, 2, 3],
-        inputs: vec![
-            input(DType::F32, n * c * h * w, Access::contiguous(&dims).strides),
-            input(DType::F32, c, per_channel.clone()),
-            input(DType::F32, c, per_channel),
-        ],
-        body: vec![
-            Inst::Load { input: 0 },  // 0 x
-            sum(0),                   // 1
-            konst(inv),               // 2
-            bin(BinaryOp::Mul, 1, 2), // 3 mean
-            bin(BinaryOp::Sub, 0, 3), // 4 x - mean
-            bin(BinaryOp::Mul, 4, 4), // 5
-            sum(5),                   // 6
-            bin(BinaryOp::Mul, 6, 2), // 7 var
-            konst(1e-5),              // 8
-            bin(BinaryOp::Add, 7, 8), // 9
-            Inst::Unary {
-                op: UnaryOp::Sqrt,
-                x: 9,
-            }, // 10
-            Inst::Unary {
-                op: UnaryOp::Recip,
-                x: 10,
-            }, // 11 rstd
-            bin(BinaryOp::Mul, 4, 11), // 12 xhat
-            Inst::Load { input: 1 },  // 13 g
-            bin(BinaryOp::Mul, 12, 13), // 14
-            Inst::Load { input: 2 },  // 15 b
-            bin(BinaryOp::Add, 14, 15), // 16 y
-        ],
-        outputs: vec![
-            Output { value: 16 },
-            Output { value: 3 },
-            Output { value: 7 },
-        ],
-    }
+    let inputs = vec![image(dims), per_channel(dims), per_channel(dims)];
+    let body = vec![
+        Inst::Load { input: 0 },    // 0 x
+        sum(0),                     // 1
+        konst(inv),                 // 2
+        bin(BinaryOp::Mul, 1, 2),   // 3 mean
+        bin(BinaryOp::Sub, 0, 3),   // 4 x - mean
+        bin(BinaryOp::Mul, 4, 4),   // 5
+        sum(5),                     // 6
+        bin(BinaryOp::Mul, 6, 2),   // 7 var
+        konst(1e-5),                // 8
+        bin(BinaryOp::Add, 7, 8),   // 9
+        un(UnaryOp::Sqrt, 9),       // 10
+        un(UnaryOp::Recip, 10),     // 11 rstd
+        bin(BinaryOp::Mul, 4, 11),  // 12 xhat
+        Inst::Load { input: 1 },    // 13 g
+        bin(BinaryOp::Mul, 12, 13), // 14
+        Inst::Load { input: 2 },    // 15 b
+        bin(BinaryOp::Add, 14, 15), // 16 y
+    ];
+    over_channels(dims, inputs, body, &[16, 3, 7])
 }
 
 /// Batch norm's backward over NCHW in one kernel, given `x`, `dy` and the saved mean and
@@ -122,45 +125,35 @@ pub(crate) fn batch_norm_forward(n: usize, c: usize, h: usize, w: usize) -> Fuse
 /// `dx = (dy - sum(dy)/m - x̂·sum(dy·x̂)/m) · rstd · g`.
 pub(crate) fn batch_norm_backward(n: usize, c: usize, h: usize, w: usize) -> FusedKernel {
     let dims = [n, c, h, w];
-    let full = Access::contiguous(&dims).strides;
-    let per_channel = vec![0, 1, 0, 0];
     let inv = 1.0 / (n * h * w) as f64;
-    FusedKernel {
-        domain: dims.to_vec(),
-        reduce_axes: vec![0, 2, 3],
-        inputs: vec![
-            input(DType::F32, n * c * h * w, full.clone()),
-            input(DType::F32, n * c * h * w, full),
-            input(DType::F32, c, per_channel.clone()),
-            input(DType::F32, c, per_channel.clone()),
-            input(DType::F32, c, per_channel),
-        ],
-        body: vec![
-            Inst::Load { input: 0 },    // 0 x
-            Inst::Load { input: 1 },    // 1 dy
-            Inst::Load { input: 2 },    // 2 mean
-            Inst::Load { input: 3 },    // 3 rstd
-            Inst::Load { input: 4 },    // 4 g
-            bin(BinaryOp::Sub, 0, 2),   // 5
-            bin(BinaryOp::Mul, 5, 3),   // 6 xhat
-            sum(1),                     // 7 sum dy
-            bin(BinaryOp::Mul, 1, 6),   // 8
-            sum(8),                     // 9 sum dy xhat
-            konst(inv),                 // 10
-            bin(BinaryOp::Mul, 7, 10),  // 11
-            bin(BinaryOp::Mul, 9, 10),  // 12
-            bin(BinaryOp::Mul, 6, 12),  // 13
-            bin(BinaryOp::Sub, 1, 11),  // 14
-            bin(BinaryOp::Sub, 14, 13), // 15
-            bin(BinaryOp::Mul, 3, 4),   // 16
-            bin(BinaryOp::Mul, 15, 16), // 17 dx
-        ],
-        outputs: vec![
-            Output { value: 17 },
-            Output { value: 7 },
-            Output { value: 9 },
-        ],
-    }
+    let (x, dy, mean, rstd, g) = (
+        image(dims),
+        image(dims),
+        per_channel(dims),
+        per_channel(dims),
+        per_channel(dims),
+    );
+    let body = vec![
+        Inst::Load { input: 0 },    // 0 x
+        Inst::Load { input: 1 },    // 1 dy
+        Inst::Load { input: 2 },    // 2 mean
+        Inst::Load { input: 3 },    // 3 rstd
+        Inst::Load { input: 4 },    // 4 g
+        bin(BinaryOp::Sub, 0, 2),   // 5
+        bin(BinaryOp::Mul, 5, 3),   // 6 xhat
+        sum(1),                     // 7 sum dy
+        bin(BinaryOp::Mul, 1, 6),   // 8
+        sum(8),                     // 9 sum dy xhat
+        konst(inv),                 // 10
+        bin(BinaryOp::Mul, 7, 10),  // 11
+        bin(BinaryOp::Mul, 9, 10),  // 12
+        bin(BinaryOp::Mul, 6, 12),  // 13
+        bin(BinaryOp::Sub, 1, 11),  // 14
+        bin(BinaryOp::Sub, 14, 13), // 15
+        bin(BinaryOp::Mul, 3, 4),   // 16
+        bin(BinaryOp::Mul, 15, 16), // 17 dx
+    ];
+    over_channels(dims, vec![x, dy, mean, rstd, g], body, &[17, 7, 9])
 }
 
 /// Deterministic f32 values in [-2, 2) with a per-channel offset pattern.
@@ -248,50 +241,30 @@ fn a_stage_split_needs_a_reduce_axis_a_multiple_of_its_ways_and_a_live_reduction
 /// written by the last pass alone, after every read of an input.
 #[test]
 fn every_random_kernel_split_by_stages_computes_what_the_whole_kernel_computes() {
-    let opts = random::Options {
-        exact: true,
-        ..random::Options::small()
-    };
     let (mut tried, mut multi_stage) = (0, 0);
-    for seed in 0..4000u64 {
-        let k = random::kernel(seed, &opts);
-        for &axis in &k.reduce_axes {
-            let Some(ways) = (2..=k.domain[axis]).find(|&w| k.domain[axis].is_multiple_of(w))
-            else {
-                continue;
-            };
-            let Some(st) = staged(&k, axis, ways) else {
-                continue;
-            };
-            tried += 1;
-            multi_stage += usize::from(st.passes.len() > 3);
-            let out_rows = k.output_rows();
-            let last = st.passes.len() - 1;
-            for (p, pass) in st.passes.iter().enumerate() {
-                for b in &pass.outputs {
-                    if let Buffer::Output(j) = *b {
-                        assert!(
-                            out_rows[j] || p == last,
-                            "seed {seed}: full output {j} in pass {p}"
-                        );
-                    }
+    random::each_split_axis(4000, |seed, k, axis, ways, ins| {
+        let Some(st) = staged(k, axis, ways) else {
+            return;
+        };
+        tried += 1;
+        multi_stage += usize::from(st.passes.len() > 3);
+        let out_rows = k.output_rows();
+        let last = st.passes.len() - 1;
+        for (p, pass) in st.passes.iter().enumerate() {
+            for b in &pass.outputs {
+                if let Buffer::Output(j) = *b {
+                    assert!(
+                        out_rows[j] || p == last,
+                        "seed {seed}: full output {j} in pass {p}"
+                    );
                 }
             }
-            let mut r = random::Rng(seed * 131 + axis as u64 + 1);
-            let xs: Vec<Vec<u8>> = k
-                .inputs
-                .iter()
-                .map(|inp| random::input_bytes(inp, &mut r))
-                .collect();
-            let ins: Vec<&[u8]> = xs.iter().map(|x| &x[..]).collect();
-            let whole = run_buffers(&k, &ins).unwrap();
-            let chain = run_staged(&st, &k, &ins);
-            for (j, (w, c)) in whole.iter().zip(&chain).enumerate() {
-                let diff = random::first_difference(k.output_dtype(j), w, c);
-                assert!(diff.is_none(), "seed {seed} axis {axis} ways {ways} output {j}: (element, whole, staged) {diff:?}\n{k:?}");
-            }
         }
-    }
+        let whole = run_buffers(k, ins).unwrap();
+        let chain = run_staged(&st, k, ins);
+        let what = format!("seed {seed} axis {axis} ways {ways}");
+        random::assert_outputs_match(k, &whole, &chain, &what, "staged");
+    });
     assert!(tried >= 100, "only {tried} random kernels split by stages");
     assert!(
         multi_stage >= 10,

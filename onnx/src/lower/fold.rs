@@ -73,20 +73,7 @@ impl Lower<'_> {
     /// Equal, Less, Greater, LessOrEqual and GreaterOrEqual of two constants.
     fn fold_comparison(&self, n: &NodeProto, op: &str) -> R<Option<Vec<Val>>> {
         let (a, b) = (self.const_in(n, 0)?, self.const_in(n, 1)?);
-        let f: fn(f64, f64) -> bool = match op {
-            "Equal" => |x, y| x == y,
-            "Less" => |x, y| x < y,
-            "Greater" => |x, y| x > y,
-            "LessOrEqual" => |x, y| x <= y,
-            _ => |x, y| x >= y,
-        };
-        let g: fn(i64, i64) -> bool = match op {
-            "Equal" => |x, y| x == y,
-            "Less" => |x, y| x < y,
-            "Greater" => |x, y| x > y,
-            "LessOrEqual" => |x, y| x <= y,
-            _ => |x, y| x >= y,
-        };
+        let (f, g) = (comparison::<f64>(op), comparison::<i64>(op));
         let r = zip(
             &a,
             &b,
@@ -445,5 +432,17 @@ fn fit(k: Const) -> Const {
         k.cast(DType::F32)
     } else {
         k
+    }
+}
+
+/// The comparison `op` names (Equal, Less, Greater, LessOrEqual; anything else is
+/// GreaterOrEqual), on floats or integers alike.
+fn comparison<T: PartialOrd>(op: &str) -> fn(T, T) -> bool {
+    match op {
+        "Equal" => |x, y| x == y,
+        "Less" => |x, y| x < y,
+        "Greater" => |x, y| x > y,
+        "LessOrEqual" => |x, y| x <= y,
+        _ => |x, y| x >= y,
     }
 }

@@ -122,20 +122,32 @@ impl Lower<'_> {
         Ok((k, s, pad, dil))
     }
 
-    pub(super) fn conv(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+    /// The image input of convolution node `n` (a 1-d one made 2-d: `one_d`) and its kernel
+    /// (a 1-d `[a, b, k]` made `[a, b, 1, k]`) with the kernel's dims; a kernel of another rank
+    /// is refused, naming `what` Ingot imports.
+    fn image_and_kernel(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+    ) -> R<(NodeId, bool, NodeId, Vec<usize>)> {
         let x = self.float_in(n, 0)?;
         let (x, one_d) = self.as_image(x)?;
         let w = self.float_in(n, 1)?;
         let w = match self.g.ty(w).shape.dims().to_vec()[..] {
-            [o, c, k] if one_d => ir(self.g.reshape(w, [o, c, 1, k]))?,
+            [a, b, k] if one_d => ir(self.g.reshape(w, [a, b, 1, k]))?,
             _ => w,
         };
         let wd = self.g.ty(w).shape.dims().to_vec();
         if wd.len() != 4 {
             return Err(format!(
-                "Ingot imports 1-d and 2-d convolutions; the weight is {wd:?}"
+                "Ingot imports 1-d and 2-d {what}; the weight is {wd:?}"
             ));
         }
+        Ok((x, one_d, w, wd))
+    }
+
+    pub(super) fn conv(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let (x, one_d, w, wd) = self.image_and_kernel(n, "convolutions")?;
         let (_, stride, padding, dilation) = self.window(at, x, Some([wd[2], wd[3]]), one_d)?;
         let groups = at.int("group", 1);
         if groups < 1 {
@@ -206,20 +218,8 @@ impl Lower<'_> {
     /// (within each group). This is the transposed convolution's definition; autodiff gives
     /// its gradients (a convolution for the input, the weight's through the same conv).
     pub(super) fn conv_transpose(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
-        let x = self.float_in(n, 0)?;
-        let (x, one_d) = self.as_image(x)?;
-        let w = self.float_in(n, 1)?;
-        let w = match self.g.ty(w).shape.dims().to_vec()[..] {
-            [c, o, k] if one_d => ir(self.g.reshape(w, [c, o, 1, k]))?,
-            _ => w,
-        };
-        let wd = self.g.ty(w).shape.dims().to_vec();
+        let (x, one_d, w, wd) = self.image_and_kernel(n, "transposed convolutions")?;
         let xd = self.g.ty(x).shape.dims().to_vec();
-        if wd.len() != 4 {
-            return Err(format!(
-                "Ingot imports 1-d and 2-d transposed convolutions; the weight is {wd:?}"
-            ));
-        }
         let groups = at.int("group", 1);
         if groups < 1 || !wd[0].is_multiple_of(groups as usize) || xd[1] != wd[0] {
             return Err(format!(

@@ -193,6 +193,17 @@ pub fn first_eligible(offers: &[Offer], planned: usize, strict: bool) -> Option<
     eligible(offers, planned, strict).next()
 }
 
+type Format = dnn::cudnnTensorFormat_t;
+type Data = dnn::cudnnDataType_t;
+type Mode = dnn::cudnnConvolutionMode_t;
+/// `cudnnSetTensor4dDescriptor(desc, format, type, n, c, h, w)`.
+type SetTensor = unsafe extern "C" fn(Desc, Format, Data, c_int, c_int, c_int, c_int) -> Status;
+/// `cudnnSetFilter4dDescriptor(desc, type, format, k, c, h, w)`.
+type SetFilter = unsafe extern "C" fn(Desc, Data, Format, c_int, c_int, c_int, c_int) -> Status;
+/// `cudnnSetConvolution2dDescriptor(desc, pad h, pad w, stride h, stride w, dilation h,
+/// dilation w, mode, compute type)`.
+type SetConv =
+    unsafe extern "C" fn(Desc, c_int, c_int, c_int, c_int, c_int, c_int, Mode, Data) -> Status;
 type GetAlgorithms =
     unsafe extern "C" fn(Handle_, Desc, Desc, Desc, Desc, c_int, *mut c_int, *mut Perf) -> Status;
 type Convolve = unsafe extern "C" fn(
@@ -222,39 +233,13 @@ pub struct Cudnn {
     destroy: unsafe extern "C" fn(Handle_) -> Status,
     set_stream: unsafe extern "C" fn(Handle_, *mut c_void) -> Status,
     create_tensor: unsafe extern "C" fn(*mut Desc) -> Status,
-    set_tensor: unsafe extern "C" fn(
-        Desc,
-        dnn::cudnnTensorFormat_t,
-        dnn::cudnnDataType_t,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-    ) -> Status,
+    set_tensor: SetTensor,
     destroy_tensor: unsafe extern "C" fn(Desc) -> Status,
     create_filter: unsafe extern "C" fn(*mut Desc) -> Status,
-    set_filter: unsafe extern "C" fn(
-        Desc,
-        dnn::cudnnDataType_t,
-        dnn::cudnnTensorFormat_t,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-    ) -> Status,
+    set_filter: SetFilter,
     destroy_filter: unsafe extern "C" fn(Desc) -> Status,
     create_conv: unsafe extern "C" fn(*mut Desc) -> Status,
-    set_conv: unsafe extern "C" fn(
-        Desc,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        dnn::cudnnConvolutionMode_t,
-        dnn::cudnnDataType_t,
-    ) -> Status,
+    set_conv: SetConv,
     set_groups: unsafe extern "C" fn(Desc, c_int) -> Status,
     set_math: unsafe extern "C" fn(Desc, u32) -> Status,
     destroy_conv: unsafe extern "C" fn(Desc) -> Status,
@@ -671,49 +656,28 @@ fn nth(h: &Handle, c: &Conv, n: usize) -> Result<Option<ConvRun>, String> {
     // SAFETY: out-pointers for the descriptors, which `run` destroys when dropped; sizes
     // checked to fit cuDNN's ints.
     unsafe {
-        l.check(
-            "creating a tensor descriptor",
-            (l.create_tensor)(&mut run.x),
-        )?;
-        l.check(
-            "creating a tensor descriptor",
-            (l.create_tensor)(&mut run.y),
-        )?;
-        l.check(
-            "creating a filter descriptor",
-            (l.create_filter)(&mut run.w),
-        )?;
-        l.check(
-            "creating a convolution descriptor",
-            (l.create_conv)(&mut run.conv),
-        )?;
+        for (create, desc, kind) in [
+            (l.create_tensor, &mut run.x, "tensor"),
+            (l.create_tensor, &mut run.y, "tensor"),
+            (l.create_filter, &mut run.w, "filter"),
+            (l.create_conv, &mut run.conv, "convolution"),
+        ] {
+            l.check(&format!("creating a {kind} descriptor"), create(desc))?;
+        }
         let n = int(d.batch, "the batch")?;
         let (c_in, k) = (int(d.in_ch, "in channels")?, int(d.out_ch, "out channels")?);
         let groups = int(d.groups, "the groups")?;
-        l.check(
-            "describing x",
-            (l.set_tensor)(
-                run.x,
-                nchw,
-                data,
-                n,
-                c_in,
-                int(d.in_hw[0], "the height")?,
-                int(d.in_hw[1], "the width")?,
-            ),
-        )?;
-        l.check(
-            "describing y",
-            (l.set_tensor)(
-                run.y,
-                nchw,
-                data,
-                n,
-                k,
-                int(d.out_hw[0], "the output height")?,
-                int(d.out_hw[1], "the output width")?,
-            ),
-        )?;
+        // An image descriptor: `n` images of `ch` channels of `[h, w]` (`names` for errors).
+        let image = |t, what, ch, [h, w]: [usize; 2], names: [&str; 2]| {
+            let (h, w) = (int(h, names[0])?, int(w, names[1])?);
+            l.check(what, (l.set_tensor)(t, nchw, data, n, ch, h, w))
+        };
+        let (in_names, out_names) = (
+            ["the height", "the width"],
+            ["the output height", "the output width"],
+        );
+        image(run.x, "describing x", c_in, d.in_hw, in_names)?;
+        image(run.y, "describing y", k, d.out_hw, out_names)?;
         l.check(
             "describing w",
             (l.set_filter)(
@@ -837,56 +801,31 @@ impl ConvRun {
             (&one32 as *const f32 as _, &zero32 as *const f32 as _)
         };
         let ws = (at(c.workspace.offset), c.workspace.bytes);
+        // Every pass is `out = conv(a, b)` through one signature; only the roles differ.
+        let (convolve, (ad, a), (bd, b), (od, o)) = match self.pass {
+            ConvPass::Forward => (l.forward, (self.x, c.x), (self.w, c.w), (self.y, c.y)),
+            ConvPass::Data => (l.data, (self.w, c.w), (self.y, c.y), (self.x, c.x)),
+            ConvPass::Filter => (l.filter, (self.x, c.x), (self.y, c.y), (self.w, c.w)),
+        };
+        let (conv, algo) = (self.conv, self.algo);
         // SAFETY: live descriptors made for `c`; every address inside the allocation (the
         // caller's promise); alpha and beta are read during the call.
         let status = unsafe {
-            match self.pass {
-                ConvPass::Forward => (l.forward)(
-                    h.raw,
-                    alpha,
-                    self.x,
-                    at(c.x),
-                    self.w,
-                    at(c.w),
-                    self.conv,
-                    self.algo,
-                    ws.0,
-                    ws.1,
-                    beta,
-                    self.y,
-                    at(c.y),
-                ),
-                ConvPass::Data => (l.data)(
-                    h.raw,
-                    alpha,
-                    self.w,
-                    at(c.w),
-                    self.y,
-                    at(c.y),
-                    self.conv,
-                    self.algo,
-                    ws.0,
-                    ws.1,
-                    beta,
-                    self.x,
-                    at(c.x),
-                ),
-                ConvPass::Filter => (l.filter)(
-                    h.raw,
-                    alpha,
-                    self.x,
-                    at(c.x),
-                    self.y,
-                    at(c.y),
-                    self.conv,
-                    self.algo,
-                    ws.0,
-                    ws.1,
-                    beta,
-                    self.w,
-                    at(c.w),
-                ),
-            }
+            convolve(
+                h.raw,
+                alpha,
+                ad,
+                at(a),
+                bd,
+                at(b),
+                conv,
+                algo,
+                ws.0,
+                ws.1,
+                beta,
+                od,
+                at(o),
+            )
         };
         l.check("a cuDNN convolution", status)
     }

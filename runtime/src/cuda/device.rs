@@ -236,7 +236,7 @@ impl CudaStep {
     /// executable carries its program, checked against its validated plan.
     pub fn new(exe: Executable, opts: CudaOptions) -> Result<CudaStep, ExecError> {
         let bytes = exe.plan().total_bytes;
-        CudaStep::load(exe, None, bytes, opts, None)
+        CudaStep::prepare(exe, None, bytes, opts, None)?.finish()
     }
 
     /// Loads one rank of a step compiled for several data-parallel ranks, with its end of an
@@ -274,17 +274,7 @@ impl CudaStep {
     pub fn pair(pair: StepPair, opts: CudaOptions) -> Result<CudaStep, ExecError> {
         let bytes = pair.allocation_bytes();
         let (train, eval, _) = pair.into_parts();
-        CudaStep::load(train, Some(eval), bytes, opts, None)
-    }
-
-    fn load(
-        exe: Executable,
-        eval: Option<Executable>,
-        total_bytes: usize,
-        opts: CudaOptions,
-        comm: Option<super::nccl::Comm>,
-    ) -> Result<CudaStep, ExecError> {
-        CudaStep::prepare(exe, eval, total_bytes, opts, comm)?.finish()
+        CudaStep::prepare(train, Some(eval), bytes, opts, None)?.finish()
     }
 
     /// Everything of loading up to the collectives and the capture: the context, kernels,

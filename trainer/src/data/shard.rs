@@ -38,6 +38,30 @@ pub fn rank_batches(
     })
 }
 
+/// The [`BatchSource`] methods [`RankBatches`] and [`ShardBatches`] share (both hold `inner`
+/// and `ranks`): an epoch of `ranks` times fewer batches than the inner source's, and its
+/// drops, description and checks.
+macro_rules! shard_methods {
+    () => {
+        fn batches_per_epoch(&self) -> u64 {
+            self.inner.batches_per_epoch() / self.ranks as u64
+        }
+        fn dropped_per_epoch(&self) -> Dropped {
+            self.inner.dropped_per_epoch()
+        }
+        fn describe(&self) -> String {
+            format!(
+                "{}, in shards for {} ranks",
+                self.inner.describe(),
+                self.ranks
+            )
+        }
+        fn check_all(&mut self) -> Result<(), DataError> {
+            self.inner.check_all()
+        }
+    };
+}
+
 /// A batch source for `N` ranks: batch `k` of an epoch is the inner source's batches
 /// `kN, kN + 1, ..., kN + N - 1`, one after another (rank `r` gets batch `kN + r`, its shard):
 /// disjoint shards of the same seeded order, and an epoch has `N` times fewer (larger) batches.
@@ -76,9 +100,6 @@ impl<S: BatchSource> BatchSource for RankBatches<S> {
     fn cut(&self) -> &Cut {
         &self.cut
     }
-    fn batches_per_epoch(&self) -> u64 {
-        self.inner.batches_per_epoch() / self.ranks as u64
-    }
     fn fill(
         &mut self,
         epoch: u64,
@@ -98,19 +119,7 @@ impl<S: BatchSource> BatchSource for RankBatches<S> {
         }
         Ok(())
     }
-    fn dropped_per_epoch(&self) -> Dropped {
-        self.inner.dropped_per_epoch()
-    }
-    fn describe(&self) -> String {
-        format!(
-            "{}, in shards for {} ranks",
-            self.inner.describe(),
-            self.ranks
-        )
-    }
-    fn check_all(&mut self) -> Result<(), DataError> {
-        self.inner.check_all()
-    }
+    shard_methods!();
 }
 
 /// One rank's shard of a data set for a job of one process per rank (`--torchrun`): batch `k`
@@ -140,9 +149,6 @@ impl<S: BatchSource> BatchSource for ShardBatches<S> {
     fn cut(&self) -> &Cut {
         self.inner.cut()
     }
-    fn batches_per_epoch(&self) -> u64 {
-        self.inner.batches_per_epoch() / self.ranks as u64
-    }
     fn fill(
         &mut self,
         epoch: u64,
@@ -153,19 +159,7 @@ impl<S: BatchSource> BatchSource for ShardBatches<S> {
         let k = batch * self.ranks as u64 + self.rank as u64;
         self.inner.fill(epoch, k, x, y)
     }
-    fn dropped_per_epoch(&self) -> Dropped {
-        self.inner.dropped_per_epoch()
-    }
-    fn describe(&self) -> String {
-        format!(
-            "{}, in shards for {} ranks",
-            self.inner.describe(),
-            self.ranks
-        )
-    }
-    fn check_all(&mut self) -> Result<(), DataError> {
-        self.inner.check_all()
-    }
+    shard_methods!();
 }
 
 #[cfg(test)]

@@ -53,15 +53,7 @@ pub(super) fn tokenize(line: &str) -> Result<Vec<Tok<'_>>, String> {
         } else if c == '%' {
             it.next();
             let start = i + 1;
-            let mut end = start;
-            while let Some(&(j, d)) = it.peek() {
-                if !is_word_char(d) {
-                    break;
-                }
-                end = j + d.len_utf8();
-                it.next();
-            }
-            let digits = &line[start..end];
+            let digits = &line[start..word_end(&mut it, start)];
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(format!(
                     "bad node reference `%{digits}` (expected `%` and a number, like `%3`)"
@@ -72,18 +64,24 @@ pub(super) fn tokenize(line: &str) -> Result<Vec<Tok<'_>>, String> {
                 .map_err(|_| format!("node reference `%{digits}` is too large"))?;
             toks.push(Tok::Ref(n));
         } else {
-            let mut end = i;
-            while let Some(&(j, d)) = it.peek() {
-                if !is_word_char(d) {
-                    break;
-                }
-                end = j + d.len_utf8();
-                it.next();
-            }
-            toks.push(Tok::Word(&line[i..end]));
+            toks.push(Tok::Word(&line[i..word_end(&mut it, i)]));
         }
     }
     Ok(toks)
+}
+
+/// Takes the word characters from `it` and returns where they end (`start` if there are none):
+/// a word's or a node reference's number.
+fn word_end(it: &mut std::iter::Peekable<std::str::CharIndices<'_>>, start: usize) -> usize {
+    let mut end = start;
+    while let Some(&(j, d)) = it.peek() {
+        if !is_word_char(d) {
+            break;
+        }
+        end = j + d.len_utf8();
+        it.next();
+    }
+    end
 }
 
 /// The rest of a quoted string, after its opening quote.

@@ -6,7 +6,7 @@ use super::workspace::kernel_shape;
 use super::workspace::{attention_workspace, workspace_need};
 use super::{Compute, DeviceOp, Gemm, Program};
 use crate::fuse::triangle::{self, Triangle};
-use crate::ir::{DType, Graph, NodeId, Op};
+use crate::ir::{DType, Graph, Node, NodeId, Op};
 use crate::lower::deps::{self, Touch};
 use crate::lower::LowerError;
 use crate::lower::{CopyIn, CopyOut};
@@ -298,7 +298,9 @@ impl Lowering<'_> {
                 }
                 Ok(())
             }
-            Op::Attention { .. } | Op::AttentionGrad { .. } => self.attention(id, outputs, plan),
+            Op::Attention { .. } | Op::AttentionGrad { .. } => {
+                self.attention(id, node, outputs, plan)
+            }
             Op::AllReduce { ranks } => self.all_reduce(id, *ranks, &outputs[id.index()]),
             Op::ReduceScatter { ranks } => self.reduce_scatter(id, *ranks, &outputs[id.index()]),
             Op::AllGather { ranks } => {
@@ -429,11 +431,11 @@ impl Lowering<'_> {
     fn attention(
         &mut self,
         id: NodeId,
+        node: &Node,
         outputs: &[SmallVec<[NodeId; 1]>],
         plan: &MemoryPlan,
     ) -> Result<(), LowerError> {
         let g = self.g;
-        let node = g.node(id);
         let op = node.op.name();
         let types: Vec<&crate::ir::TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
         let problem = crate::ir::attention_problem(&node.op, &types)

@@ -2,6 +2,7 @@
 //! allocation, and every workspace is aligned and inside it.
 
 use super::{PlanView, PlanViolation};
+use crate::ir::NodeId;
 
 /// How a byte range `[offset, offset + bytes)` breaks the placement rules, if it does.
 enum Misplaced {
@@ -22,6 +23,45 @@ fn misplaced(offset: usize, bytes: usize, p: &PlanView<'_>) -> Option<Misplaced>
         })
 }
 
+impl Misplaced {
+    /// The violation this is for the value of `node` (with `workspace`, its workspace) placed
+    /// at `offset` in `p`.
+    fn violation(
+        self,
+        node: NodeId,
+        offset: usize,
+        p: &PlanView<'_>,
+        workspace: bool,
+    ) -> PlanViolation {
+        use PlanViolation as V;
+        let (alignment, total) = (p.alignment, p.total_bytes);
+        match (self, workspace) {
+            (Misplaced::Misaligned, false) => V::Misaligned {
+                node,
+                offset,
+                alignment,
+            },
+            (Misplaced::Misaligned, true) => V::WorkspaceMisaligned {
+                node,
+                offset,
+                alignment,
+            },
+            (Misplaced::Outside { end }, false) => V::OutsideAllocation {
+                node,
+                start: offset,
+                end,
+                total,
+            },
+            (Misplaced::Outside { end }, true) => V::WorkspaceOutsideAllocation {
+                node,
+                start: offset,
+                end,
+                total,
+            },
+        }
+    }
+}
+
 /// The first value or workspace of `p` placed wrongly.
 pub(super) fn check(p: &PlanView<'_>) -> Result<(), PlanViolation> {
     use PlanViolation as V;
@@ -36,44 +76,14 @@ pub(super) fn check(p: &PlanView<'_>) -> Result<(), PlanViolation> {
                 given: l.bytes,
             });
         }
-        match misplaced(l.offset, l.bytes, p) {
-            Some(Misplaced::Misaligned) => {
-                return Err(V::Misaligned {
-                    node: id,
-                    offset: l.offset,
-                    alignment: p.alignment,
-                })
-            }
-            Some(Misplaced::Outside { end }) => {
-                return Err(V::OutsideAllocation {
-                    node: id,
-                    start: l.offset,
-                    end,
-                    total: p.total_bytes,
-                })
-            }
-            None => {}
+        if let Some(m) = misplaced(l.offset, l.bytes, p) {
+            return Err(m.violation(id, l.offset, p, false));
         }
     }
     for (id, w) in g.ids().zip(p.workspace) {
         let Some(w) = *w else { continue };
-        match misplaced(w.offset, w.bytes, p) {
-            Some(Misplaced::Misaligned) => {
-                return Err(V::WorkspaceMisaligned {
-                    node: id,
-                    offset: w.offset,
-                    alignment: p.alignment,
-                })
-            }
-            Some(Misplaced::Outside { end }) => {
-                return Err(V::WorkspaceOutsideAllocation {
-                    node: id,
-                    start: w.offset,
-                    end,
-                    total: p.total_bytes,
-                })
-            }
-            None => {}
+        if let Some(m) = misplaced(w.offset, w.bytes, p) {
+            return Err(m.violation(id, w.offset, p, true));
         }
     }
     Ok(())

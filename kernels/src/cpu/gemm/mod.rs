@@ -72,7 +72,7 @@
 //! When `β = 0`, `C` is not read (its old contents, NaN included, are ignored). When `α = 0` or
 //! `k = 0`, `A` and `B` are not read and `C ← β·C`.
 
-use super::matmul::{GemmScalar, MatLayout, Trans};
+use super::matmul::{batch_item, GemmScalar, MatLayout, Trans};
 use super::par::{pool_threads, SendPtr};
 use std::any::TypeId;
 use std::ops::{Add, Mul};
@@ -298,27 +298,10 @@ pub fn batched_matmul_ws<T: GemmScalar>(
         });
     }
     let beta = if accumulate { T::ONE } else { T::ZERO };
-    let (la, lb, lc) = (
-        MatLayout::stored(ta, m, k),
-        MatLayout::stored(tb, k, n),
-        MatLayout::row_major(n),
-    );
     for i in 0..batch {
+        let [la, lb, lc] = batch_item(ta, tb, [m, k, n], i);
         // The lengths were checked above, so these layouts fit and only a bug could fail here.
-        gemm_ws(
-            m,
-            k,
-            n,
-            T::ONE,
-            a,
-            la.at(i * m * k),
-            b,
-            lb.at(i * k * n),
-            beta,
-            c,
-            lc.at(i * m * n),
-            ws,
-        )?;
+        gemm_ws(m, k, n, T::ONE, a, la, b, lb, beta, c, lc, ws)?;
     }
     Ok(())
 }
@@ -368,47 +351,35 @@ trait Elem: GemmScalar + Add<Output = Self> + Mul<Output = Self> {
 /// Whether `Elem::fma` fuses: only where it compiles to one instruction.
 const HW_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
 
-impl Elem for f32 {
-    const TILES: [(usize, usize); 3] = F32_TILES;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        if HW_FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
+/// `Elem` for a float type from its tile shapes and its kernels (AVX-512, AVX2, portable): the
+/// f32 and f64 impls differ only in these names.
+macro_rules! elem {
+    ($t:ty, $tiles:expr, $avx512:ty, $avx2:ty, $portable:expr) => {
+        impl Elem for $t {
+            const TILES: [(usize, usize); 3] = $tiles;
+            #[inline(always)]
+            fn fma(a: $t, b: $t, c: $t) -> $t {
+                if HW_FMA {
+                    a.mul_add(b, c)
+                } else {
+                    a * b + c
+                }
+            }
+            unsafe fn run(isa: Isa, p: &Problem<$t>) {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => drive::<$t, $avx512>(p),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => drive::<$t, $avx2>(p),
+                    _ => drive::<$t, Portable<{ $portable.0 }, { $portable.1 }>>(p),
+                }
+            }
         }
-    }
-    unsafe fn run(isa: Isa, p: &Problem<f32>) {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => drive::<f32, x86::Avx512F32>(p),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => drive::<f32, x86::Avx2F32>(p),
-            _ => drive::<f32, Portable<{ PORTABLE_F32.0 }, { PORTABLE_F32.1 }>>(p),
-        }
-    }
+    };
 }
 
-impl Elem for f64 {
-    const TILES: [(usize, usize); 3] = F64_TILES;
-    #[inline(always)]
-    fn fma(a: f64, b: f64, c: f64) -> f64 {
-        if HW_FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
-    unsafe fn run(isa: Isa, p: &Problem<f64>) {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => drive::<f64, x86::Avx512F64>(p),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => drive::<f64, x86::Avx2F64>(p),
-            _ => drive::<f64, Portable<{ PORTABLE_F64.0 }, { PORTABLE_F64.1 }>>(p),
-        }
-    }
-}
+elem!(f32, F32_TILES, x86::Avx512F32, x86::Avx2F32, PORTABLE_F32);
+elem!(f64, F64_TILES, x86::Avx512F64, x86::Avx2F64, PORTABLE_F64);
 
 /// A kernel family, chosen once per call from the CPU's features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

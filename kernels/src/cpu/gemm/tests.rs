@@ -467,21 +467,12 @@ fn bad_input_is_an_error_and_writes_nothing() {
         "{msg}"
     );
     assert!(c.iter().all(|&x| x == 7.0));
-    let e = batched_matmul_ws(
-        2,
-        m,
-        k,
-        n,
-        &a,
-        Trans::N,
-        &b,
-        Trans::N,
-        &mut c,
-        false,
-        &mut ws,
-    );
+    // The batched product of `batch` items over these operands, with workspace `ws`.
+    let t = Trans::N;
+    let mut batched =
+        |batch, ws: &mut [f32]| batched_matmul_ws(batch, m, k, n, &a, t, &b, t, &mut c, false, ws);
     assert!(matches!(
-        e,
+        batched(2, &mut ws),
         Err(GemmError::WrongLength {
             operand: "A",
             batch: 2,
@@ -490,20 +481,10 @@ fn bad_input_is_an_error_and_writes_nothing() {
             ..
         })
     ));
-    let e = batched_matmul_ws(
-        1,
-        m,
-        k,
-        n,
-        &a,
-        Trans::N,
-        &b,
-        Trans::N,
-        &mut c,
-        false,
-        &mut [],
-    );
-    assert!(matches!(e, Err(GemmError::WorkspaceTooSmall { .. })));
+    assert!(matches!(
+        batched(1, &mut []),
+        Err(GemmError::WorkspaceTooSmall { .. })
+    ));
     assert!(c.iter().all(|&x| x == 7.0));
 }
 

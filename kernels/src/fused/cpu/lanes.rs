@@ -24,26 +24,30 @@ pub(super) trait Elem: Pod + PartialOrd {
     fn from_usize(v: usize) -> Self;
 }
 
-macro_rules! num_elem {
+/// `to_f32`, `to_f64`, ...: each the element as `$norm` reads it (the number itself, or a
+/// bool's 0 or 1), cast to the target type.
+macro_rules! casts {
+    ($norm:expr; $($name:ident: $to:ty),*) => {
+        $(
+            #[inline(always)]
+            fn $name(self) -> $to {
+                $norm(self) as $to
+            }
+        )*
+    };
+}
+
+/// `Elem` for `$t`, whose zero is `$zero`, read as a number by `$norm`, rounded to bf16 by
+/// `$to_bf16` and made from an index by `$from`: the numbers and u8 (bool) differ only there
+/// (a number is read as itself and made by a cast).
+macro_rules! elem {
     ($t:ty, $zero:expr, $to_bf16:expr) => {
+        elem!($t, $zero, |x: $t| x, $to_bf16, |v| v as $t);
+    };
+    ($t:ty, $zero:expr, $norm:expr, $to_bf16:expr, $from:expr) => {
         #[allow(clippy::unnecessary_cast)]
         impl Elem for $t {
-            #[inline(always)]
-            fn to_f32(self) -> f32 {
-                self as f32
-            }
-            #[inline(always)]
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-            #[inline(always)]
-            fn to_i32(self) -> i32 {
-                self as i32
-            }
-            #[inline(always)]
-            fn to_i64(self) -> i64 {
-                self as i64
-            }
+            casts!($norm; to_f32: f32, to_f64: f64, to_i32: i32, to_i64: i64);
             #[inline(always)]
             fn to_bool(self) -> u8 {
                 (self != $zero) as u8
@@ -54,47 +58,24 @@ macro_rules! num_elem {
             }
             #[inline(always)]
             fn from_usize(v: usize) -> Self {
-                v as $t
+                $from(v)
             }
         }
     };
 }
-num_elem!(f32, 0.0, quantize_bf16);
-num_elem!(f64, 0.0, |x: f64| bf16_from_f64(x).to_f32());
-num_elem!(i32, 0, |x: i32| bf16_from_f64(x as f64).to_f32());
+elem!(f32, 0.0, quantize_bf16);
+elem!(f64, 0.0, |x: f64| bf16_from_f64(x).to_f32());
+elem!(i32, 0, |x: i32| bf16_from_f64(x as f64).to_f32());
 // Through f64: exact below 2^53, beyond which this rounds twice.
-num_elem!(i64, 0, |x: i64| bf16_from_f64(x as f64).to_f32());
-
-impl Elem for u8 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        (self != 0) as u8 as f32
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        (self != 0) as u8 as f64
-    }
-    #[inline(always)]
-    fn to_i32(self) -> i32 {
-        (self != 0) as i32
-    }
-    #[inline(always)]
-    fn to_i64(self) -> i64 {
-        (self != 0) as i64
-    }
-    #[inline(always)]
-    fn to_bool(self) -> u8 {
-        (self != 0) as u8
-    }
-    #[inline(always)]
-    fn to_bf16(self) -> f32 {
-        (self != 0) as u8 as f32
-    }
-    #[inline(always)]
-    fn from_usize(v: usize) -> Self {
-        (v != 0) as u8
-    }
-}
+elem!(i64, 0, |x: i64| bf16_from_f64(x as f64).to_f32());
+// A bool: any nonzero byte is true, 1.
+elem!(
+    u8,
+    0,
+    |x: u8| (x != 0) as u8,
+    |x: u8| (x != 0) as u8 as f32,
+    |v| (v != 0) as u8
+);
 
 /// A numeric element of a lane buffer, with its arithmetic ([`Num`]).
 pub(super) trait NumElem: Num + Elem {}
@@ -140,31 +121,32 @@ pub(super) fn map2<A: Copy, B: Copy, O>(a: &[A], b: &[B], o: &mut [O], f: impl F
     }
 }
 
-/// Calls `$f::<T>(args)` with `T` the numeric Rust type of a dtype code; bool is an internal
-/// error (the check rejects it).
-macro_rules! by_num {
-    ($dt:expr, $f:ident($($arg:expr),*)) => {
+/// Calls `$f::<T>(args)` with `T` the Rust type of a dtype code's lanes, `$bool` for bool;
+/// bf16 is an internal error (its lanes are f32).
+macro_rules! by_type {
+    ($dt:expr, $f:ident($($arg:expr),*), $bool:expr) => {
         match $dt {
             DType::F32 => $f::<f32>($($arg),*),
             DType::F64 => $f::<f64>($($arg),*),
             DType::I32 => $f::<i32>($($arg),*),
             DType::I64 => $f::<i64>($($arg),*),
-            DType::Bool => Err(KernelError::Internal("numeric op on bool")),
+            DType::Bool => $bool,
             DType::BF16 => Err(KernelError::Internal("bf16 lanes are f32")),
         }
     };
 }
 
+/// `by_type` over the numeric types; bool is an internal error (the check rejects it).
+macro_rules! by_num {
+    ($dt:expr, $f:ident($($arg:expr),*)) => {
+        by_type!($dt, $f($($arg),*), Err(KernelError::Internal("numeric op on bool")))
+    };
+}
+
+/// `by_type` over every element type, bool as u8.
 macro_rules! by_elem {
     ($dt:expr, $f:ident($($arg:expr),*)) => {
-        match $dt {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F64 => $f::<f64>($($arg),*),
-            DType::I32 => $f::<i32>($($arg),*),
-            DType::I64 => $f::<i64>($($arg),*),
-            DType::Bool => $f::<u8>($($arg),*),
-            DType::BF16 => Err(KernelError::Internal("bf16 lanes are f32")),
-        }
+        by_type!($dt, $f($($arg),*), $f::<u8>($($arg),*))
     };
 }
 
@@ -367,25 +349,20 @@ pub(super) fn gather(
                 o.copy_from_slice(&src[at..at + 2]);
             }
         }
-        (_, 4) => {
-            let o = typed_mut::<u32>(out)?;
-            for (j, o) in o.iter_mut().enumerate() {
-                let at = (start + j * step) * 4;
-                let mut b = [0u8; 4];
-                b.copy_from_slice(&src[at..at + 4]);
-                *o = u32::from_ne_bytes(b);
-            }
-        }
-        (_, 8) => {
-            let o = typed_mut::<u64>(out)?;
-            for (j, o) in o.iter_mut().enumerate() {
-                let at = (start + j * step) * 8;
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&src[at..at + 8]);
-                *o = u64::from_ne_bytes(b);
-            }
-        }
+        (_, 4) => gather_words::<u32>(src, start, step, out)?,
+        (_, 8) => gather_words::<u64>(src, start, step, out)?,
         _ => return Err(KernelError::Internal("element size")),
+    }
+    Ok(())
+}
+
+/// `out`, words of `W`, from the words of `src` at `start, start + step, ...` (read unaligned).
+fn gather_words<W: Pod>(src: &[u8], start: usize, step: usize, out: &mut [u8]) -> R {
+    let n = std::mem::size_of::<W>();
+    for (j, o) in typed_mut::<W>(out)?.iter_mut().enumerate() {
+        let at = (start + j * step) * n;
+        *o = W::read_from_bytes(&src[at..at + n])
+            .map_err(|_| KernelError::Internal("element size"))?;
     }
     Ok(())
 }

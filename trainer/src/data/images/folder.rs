@@ -81,19 +81,14 @@ impl ImageFolder {
             .filter(|(_, is_dir)| *is_dir)
             .map(|(name, _)| name)
             .collect();
+        let refused = |reason: &str| Err(DataError::format(root, "the image folder", reason));
         if classes.is_empty() {
-            return Err(DataError::format(
-                root,
-                "the image folder",
+            return refused(
                 "it holds no class folder: an image folder holds one folder of .jpg/.jpeg/.png images per class (torchvision's ImageFolder layout), a sample set holds x.npy and y.npy",
-            ));
+            );
         }
         if classes.len() > u32::MAX as usize {
-            return Err(DataError::format(
-                root,
-                "the image folder",
-                "too many classes",
-            ));
+            return refused("too many classes");
         }
         let mut files = Vec::new();
         for (k, class) in classes.iter().enumerate() {
