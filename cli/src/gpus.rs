@@ -7,7 +7,7 @@
 //! way NCCL's device memory is measured once at start and reported on its own line, outside
 //! the plan (as the CUDA context is).
 
-use super::train::Device;
+use super::device::Device;
 use super::Failure;
 use ingot_runtime::cuda::nccl;
 use ingot_trainer::session::Session;

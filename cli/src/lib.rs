@@ -5,6 +5,7 @@
 
 mod compile;
 mod data;
+mod device;
 mod dsa;
 mod eval;
 mod generate;

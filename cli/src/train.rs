@@ -40,12 +40,7 @@ use std::path::{Path, PathBuf};
 
 mod printer;
 
-/// Where the step runs.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
+pub use super::device::Device;
 
 /// How batches are drawn from a data set.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]

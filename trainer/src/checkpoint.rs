@@ -32,6 +32,8 @@ use ingot_runtime::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+pub use crate::finite::check_finite;
+
 /// A checkpoint directory held by this run: an advisory lock on its [`LOCK`] file, released
 /// when this is dropped (or the process ends, however it ends).
 #[derive(Debug)]
@@ -212,30 +214,6 @@ fn err(dir: &Path, what: impl std::fmt::Display) -> String {
 /// The checksum a record keeps of a tensor file's bytes.
 fn checksum(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
-}
-
-/// A tensor map's first non-finite element, as an error naming the tensor, the element's
-/// index and value, and how many of the tensor's elements are not finite. `what` says whose
-/// tensors they are ("parameter", "optimizer state").
-pub fn check_finite(what: &str, tensors: &IndexMap<String, Tensor>) -> Result<(), String> {
-    for (name, t) in tensors {
-        if let Some(bad) = t.non_finite() {
-            let mut index = Vec::with_capacity(t.dims().len());
-            let mut rest = bad.first;
-            for &d in t.dims().iter().rev() {
-                index.push(rest % d.max(1));
-                rest /= d.max(1);
-            }
-            index.reverse();
-            return Err(format!(
-                "{what} {name:?} is not finite: {} at {index:?} ({} of its {} elements are NaN or infinite)",
-                bad.value,
-                bad.count,
-                t.numel()
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Writes `session`'s parameters and optimizer state and `info` (whose `weights`,

@@ -16,6 +16,7 @@ pub mod data;
 pub mod datasets;
 pub mod eval;
 pub mod figure;
+mod finite;
 pub mod flop_rate;
 pub mod generate;
 pub mod gpt_names;

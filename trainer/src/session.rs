@@ -936,7 +936,7 @@ impl Session {
     /// `None` when all are finite. Reads every parameter to the host: for after a step whose
     /// count ([`Session::last_nonfinite_count`]) was not 0.
     pub fn first_nonfinite_parameter(&self) -> Option<String> {
-        crate::checkpoint::check_finite("parameter", &self.parameters()).err()
+        crate::finite::check_finite("parameter", &self.parameters()).err()
     }
 
     /// Replaces every parameter with the one of the same name in `params`. Every parameter of

@@ -17,15 +17,11 @@
 //!   with batch norm is not the full batch's step);
 //! - dropout draws fresh masks in each copy (its salt is mixed with the copy's number).
 
-use super::step::LOSS;
+use super::names::LOSS;
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
 
-/// The provenance of the running sums of the micro-batches' gradients. Fusion stores each
-/// (fusion's `select::forced`): inlined, the chain `((g0 + g1) + g2) + ...` would become
-/// one kernel after the last micro-batch, keeping every micro-batch's gradients alive until
-/// then, instead of one addition as each micro-batch's gradient is made.
-pub const ACCUMULATION: &str = "gradient accumulation";
+pub use super::names::ACCUMULATION;
 
 /// The name of micro-batch `i`'s loss among the step's outputs (`loss/0`, `loss/1`, ...): where
 /// its forward pass ends, for the passes that tell forward from backward by the loss

@@ -17,8 +17,8 @@
 //! `k` partial sums and the head's weight gradient in `k` products, so the result moves by
 //! rounding only.
 
-use super::accumulate::ACCUMULATION;
 use super::grad;
+use super::names::ACCUMULATION;
 use crate::error::Result;
 use crate::ir::{BinaryOp, Graph, LeafKind, NodeId, Op, ReduceOp, Shape, UnaryOp};
 use std::collections::HashMap;

@@ -7,6 +7,7 @@ pub mod buckets;
 pub mod chunk;
 pub mod copies;
 pub mod grad;
+mod names;
 pub mod nonfinite;
 pub mod optim;
 pub mod phase;

@@ -15,7 +15,7 @@
 //! parameter's count summed in f32 (exact to 2^24, and never back to 0 once above it), the
 //! parameters' counts added in f64. No rewrite rule folds `x - x`, for this reason.
 
-use super::Phases;
+use super::phase::Phases;
 use crate::error::Result;
 use crate::ir::{CmpOp, DType, Graph, LeafKind, Op, Origin, Shape};
 

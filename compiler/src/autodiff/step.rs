@@ -4,8 +4,7 @@ use super::{Optimizer, Phases};
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
 
-/// The name of the forward graph's output that the step minimises.
-pub const LOSS: &str = "loss";
+pub use super::names::LOSS;
 
 /// A training step graph, with the node ranges of its three phases (for reports and benchmarks).
 #[derive(Clone, Debug)]

@@ -16,8 +16,9 @@
 //! After the last node, the updates the plan could not place in place are copied to their
 //! parameters.
 
+use super::error::LowerError;
 use super::offload::{check_copies, CopyIn, CopyOut};
-use super::{LowerError, ScatterPart};
+use super::scatter::ScatterPart;
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::plan::Location;
 use crate::plan::MemoryPlan;
@@ -189,7 +190,7 @@ pub fn workspace_room(g: &Graph, id: NodeId) -> usize {
 /// Bytes of scratch the CPU attention kernel of node `id` needs
 /// ([`ingot_kernels::cpu::attention`]): its f32 scratch (a row of scores, and in the backward
 /// pass f32 accumulators of dk and dv for one head), then each output no result node names
-/// ([`super::unnamed_outputs`]), which the kernel writes all the same; each region
+/// ([`super::outputs::unnamed_outputs`]), which the kernel writes all the same; each region
 /// [`widened::ALIGN`]-aligned. The runtime carves it the same way.
 fn attention_scratch_bytes(g: &Graph, id: NodeId) -> usize {
     use ingot_kernels::cpu::attention as a;
@@ -204,7 +205,7 @@ fn attention_scratch_bytes(g: &Graph, id: NodeId) -> usize {
         Op::Attention { .. } => a::forward_scratch_len(&s),
         _ => a::backward_scratch_len(&s),
     };
-    super::unnamed_outputs(g, id)
+    super::outputs::unnamed_outputs(g, id)
         .iter()
         .fold(widened::round_up(4 * f32s), |at, (_, t)| {
             at + widened::round_up(t.bytes())

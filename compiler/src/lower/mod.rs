@@ -16,42 +16,23 @@
 pub mod cpu;
 pub mod cuda;
 pub mod deps;
+mod error;
 mod offload;
+mod outputs;
+mod scatter;
+mod target;
 
+pub use error::LowerError;
 pub use offload::{CopyIn, CopyOut};
+pub use outputs::unnamed_outputs;
+pub use scatter::ScatterPart;
+pub use target::Target;
 
-use crate::ir::{Graph, NodeId, TensorType};
-use crate::plan::check::PlanViolation;
+use crate::ir::{Graph, NodeId};
 use crate::plan::{MemoryPlan, PlanOptions};
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
-use std::fmt;
-
-/// One operand of a reduce-scatter in a lowered program: the `ranks * bytes` bytes at `from`
-/// (the whole operand) and this rank's `bytes` bytes of their sum at `to` (its output).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScatterPart {
-    pub from: usize,
-    pub to: usize,
-    pub bytes: usize,
-}
-
-/// The outputs of attention node `id` that no result node names (nothing reads them: an lse
-/// without backward pass, a dk whose operand needs no gradient), with their types. The kernels
-/// write every output, so these go to the tail of the node's planned workspace.
-pub fn unnamed_outputs(g: &Graph, id: NodeId) -> Vec<(usize, TensorType)> {
-    let node = g.node(id);
-    let types: Vec<&TensorType> = node.inputs.iter().map(|&x| g.ty(x)).collect();
-    crate::ir::attention_outputs(&node.op, &types)
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .skip(1)
-        .filter(|(i, _)| g.result_of(id, *i).is_none())
-        .collect()
-}
 
 /// What runs each distinct attention of `g` on `target` under `precision`, one line per
 /// distinct op and shape with its count (what `ingot plan` shows): the shape, mask and scale,
@@ -214,24 +195,7 @@ fn tally(lines: Vec<String>) -> Vec<String> {
         .collect()
 }
 
-/// The backend a step is planned and lowered for. Backends plan different library workspaces
-/// (the CPU matmul's packing space, cuBLAS's workspace), so a plan runs only on its own target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Target {
-    Cpu,
-    Cuda,
-}
-
 impl Target {
-    /// The name used on the command line and in the file (`cpu`, `cuda`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Cpu => "cpu",
-            Target::Cuda => "cuda",
-        }
-    }
-
     /// Scratch bytes node `id`'s kernel or library call needs on this target.
     pub fn workspace_bytes(self) -> fn(&Graph, NodeId) -> usize {
         match self {
@@ -289,12 +253,6 @@ impl Target {
             Target::Cpu => Some(cpu::workspace_room),
             Target::Cuda => None,
         }
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -384,59 +342,4 @@ fn check_workspaces(g: &Graph, plan: &MemoryPlan, target: Target) -> Result<(), 
         }
     }
     Ok(())
-}
-
-/// Why a step cannot be lowered: the plan, the node and what is wrong with it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LowerError {
-    /// The plan breaks a rule of the independent validator.
-    #[error("plan: {0}")]
-    Plan(#[from] PlanViolation),
-    /// The plan gives a node less scratch space than its kernel on this target needs.
-    #[error("the plan gives it {planned} bytes of workspace, but the {target} kernel needs {need}: the plan was made for another target or by another version of ingot; plan it for {target} (`ingot compile ... --device {target}`)")]
-    Workspace {
-        target: Target,
-        planned: usize,
-        need: usize,
-    },
-    /// The node cannot be lowered as given: no kernel for it on this backend, operands that
-    /// disagree, an address outside the allocation.
-    #[error("{op}: {reason}")]
-    Invalid { op: &'static str, reason: String },
-    /// The target has no arithmetic of this precision (TF32 is a mode of the GPU's tensor
-    /// cores).
-    #[error("{precision} applies to matrix products on the GPU; the {target} target has no {precision} arithmetic: compile for cuda, or in f32 or bf16")]
-    Precision {
-        precision: Precision,
-        target: Target,
-    },
-    /// An error lowering one node, named by provenance first (`blocks.3.attn (%412)`).
-    #[error("{name} ({op}): {source}")]
-    AtNode {
-        node: usize,
-        /// [`Graph::describe`]: the node's layer, then its id.
-        name: String,
-        op: &'static str,
-        source: Box<LowerError>,
-    },
-}
-
-impl LowerError {
-    /// `e`, as an error lowering node `id` of `g`.
-    pub fn at(g: &Graph, id: NodeId, e: LowerError) -> LowerError {
-        LowerError::AtNode {
-            node: id.index(),
-            name: g.describe(id),
-            op: g.node(id).op.name(),
-            source: Box::new(e),
-        }
-    }
-
-    /// The error without its node context.
-    pub fn root(&self) -> &LowerError {
-        match self {
-            LowerError::AtNode { source, .. } => source.root(),
-            e => e,
-        }
-    }
 }

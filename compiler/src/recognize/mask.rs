@@ -10,11 +10,13 @@
 //! `-inf` elsewhere is the causal mask. Anything else (a mask that reads data, a padding pattern,
 //! a mask too large to evaluate) leaves the chain as it is.
 
-use super::MASK_FILL_MAX;
 use crate::ir::scalar as analysis;
 use crate::ir::{Graph, NodeId, Op};
 use std::collections::HashMap;
 use std::rc::Rc;
+
+/// Fills at most this value (or `-inf`) make a masked score's probability exactly 0.
+pub(super) const MASK_FILL_MAX: f64 = -1e30;
 
 /// The most elements one mask node may have (a BERT-base mask, `[8, 1, 512, 512]`, has 2 Mi).
 const MAX_ELEMENTS: usize = 1 << 23;

@@ -38,10 +38,8 @@ mod mask;
 use crate::error::IrError;
 use crate::ir::{BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceOp, UnaryOp};
 use layout::Reads;
+use mask::MASK_FILL_MAX;
 use std::collections::HashMap;
-
-/// Fills at most this value (or `-inf`) make a masked score's probability exactly 0.
-const MASK_FILL_MAX: f64 = -1e30;
 
 /// One attention chain found in the graph.
 #[derive(Clone, Debug, PartialEq)]

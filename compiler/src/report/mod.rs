@@ -4,10 +4,12 @@
 //! The presentation of a plan, after [`crate::plan`] made it: [`picture`] draws the slab over
 //! the schedule as one HTML page, and [`diff`] compares two reports.
 
+mod bytes;
 pub mod diff;
 pub mod offload;
 pub mod picture;
 
+pub use bytes::human;
 pub use offload::OffloadReport;
 
 use crate::autodiff::Phase;
@@ -586,22 +588,6 @@ fn by_provenance(g: &Graph, plan: &MemoryPlan, kinds: &[BufferKind]) -> Vec<Sour
         }
     }
     out
-}
-
-/// Bytes in binary units with two decimals ("1.50 MiB").
-pub fn human(bytes: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
 }
 
 /// Parses sizes like `16GiB`, `512MiB`, `1.5GB`, `4096`: binary units for `KiB`..`TiB`,

@@ -1,7 +1,7 @@
 //! What a plan keeps in host memory ([`crate::plan::offload`]): the report's offload section,
 //! with the copies' schedule.
 
-use super::human;
+use super::bytes::human;
 use crate::ir::Graph;
 use crate::plan::MemoryPlan;
 use serde::{Deserialize, Serialize};

@@ -14,7 +14,7 @@
 //! - `batch_norm2d`: `nn.BatchNorm2d(C)`, in training or evaluation mode (see [`batch_norm2d`]).
 //! - `flatten`: `[N, ...] -> [N, rest]` (`torch.flatten(x, 1)`).
 
-use super::nn::in_layer;
+use super::layer_error::in_layer;
 use crate::error::{IrError, Result};
 use crate::ir::{Conv2d, DType, Graph, Init, Mode, NodeId, Op, Pool2d, Shape, WindowOp};
 

@@ -4,6 +4,7 @@
 pub mod accuracy;
 mod builder;
 pub mod conv;
+mod layer_error;
 pub mod layers;
 pub mod logits;
 pub mod nn;

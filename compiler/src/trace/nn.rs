@@ -21,6 +21,7 @@ pub use super::conv::{
     avg_pool2d, batch_norm2d, conv2d, conv2d_with_init, flatten, global_avg_pool, linear_kaiming,
     max_pool2d, BN_MOMENTUM,
 };
+pub use super::layer_error::in_layer;
 use crate::error::{IrError, Result};
 use crate::ir::{CmpOp, DType, Graph, Init, Mode, NodeId, Shape};
 
@@ -60,26 +61,6 @@ pub fn dropout(g: &mut Graph, name: &str, x: NodeId, p: f64) -> Result<NodeId> {
 
 /// The standard deviation of the default weight initialisation (reference-models.md).
 pub const INIT_STD: f64 = 0.02;
-
-/// Adds the layer's name to an error from the builder, so that a shape mismatch deep inside a
-/// model says which layer it came from.
-pub fn in_layer(layer: &str, e: IrError) -> IrError {
-    match e {
-        IrError::Type {
-            op,
-            node,
-            operands,
-            reason,
-        } => IrError::Type {
-            op,
-            node,
-            operands,
-            reason: format!("{reason} (in layer {layer})"),
-        },
-        IrError::Invalid(m) => IrError::Invalid(format!("{m} (in layer {layer})")),
-        other => other,
-    }
-}
 
 fn float_dtype(g: &Graph, layer: &str, what: &'static str, x: NodeId) -> Result<DType> {
     let t = g.ty(x);

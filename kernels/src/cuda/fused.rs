@@ -43,6 +43,7 @@ mod layout;
 mod loads;
 mod loops;
 mod passes;
+mod plan;
 mod reduction;
 mod rowvec;
 mod space;

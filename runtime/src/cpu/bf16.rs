@@ -11,90 +11,13 @@
 //! [`ingot_compiler::lower::cpu::widened`] gives the planner (planned execution allocates nothing);
 //! without planned scratch they are allocated per call.
 
-use super::exec::{exec_node_with, Scratch};
+use super::scratch::Scratch;
 use crate::error::ExecError;
-use crate::tensor::{View, ViewMut};
 use half::bf16;
-use ingot_compiler::ir::{BinaryOp, DType, Node, TensorType, UnaryOp};
+use ingot_compiler::ir::{BinaryOp, UnaryOp};
 use ingot_kernels::cpu::{Float, Num, Scalar};
-use smallvec::SmallVec;
 
-use ingot_compiler::lower::cpu::widened::{regions, round_up, ALIGN};
-
-/// `t` with its dtype f32 where it is bf16.
-fn f32_type(t: &TensorType) -> TensorType {
-    let dtype = if t.dtype == DType::BF16 {
-        DType::F32
-    } else {
-        t.dtype
-    };
-    TensorType::new(t.shape.clone(), dtype)
-}
-
-/// Runs a reduction, matmul or scatter_add that involves bf16 as its f32 op over widened
-/// operands, rounding the f32 result into `out`.
-pub fn exec_widened(
-    node: &Node,
-    inputs: &[View<'_>],
-    input_types: &[&TensorType],
-    out: ViewMut<'_>,
-    scratch: Scratch<'_>,
-) -> Result<(), ExecError> {
-    let op = node.op.name();
-    let mut owned = Vec::new();
-    let (mut rest, given) =
-        widening_scratch(op, scratch, regions(&node.ty, input_types), &mut owned)?;
-    // Inline storage: a planned step allocates nothing (matmul and scatter_add have 2 operands,
-    // reductions 1; shapes up to rank 4 are inline too).
-    let mut f32_inputs: SmallVec<[View<'_>; 3]> = SmallVec::new();
-    for (v, t) in inputs.iter().zip(input_types) {
-        match v {
-            View::BF16(x) => f32_inputs.push(View::F32(widen_into(&mut rest, x))),
-            other => {
-                debug_assert_ne!(t.dtype, DType::BF16);
-                f32_inputs.push(*other);
-            }
-        }
-    }
-    let n = node.ty.shape.numel();
-    let (region, tail) = std::mem::take(&mut rest).split_at_mut(round_up(n * 4));
-    let result = as_f32(region, n);
-    let types: SmallVec<[TensorType; 3]> = input_types.iter().map(|t| f32_type(t)).collect();
-    let type_refs: SmallVec<[&TensorType; 3]> = types.iter().collect();
-    let f32_node = Node {
-        op: node.op.clone(),
-        inputs: node.inputs.clone(),
-        ty: f32_type(&node.ty),
-    };
-    // Planned scratch holds the f32 kernel's own workspace after the regions.
-    let inner = if given {
-        Scratch::Given(tail)
-    } else {
-        Scratch::Allocate
-    };
-    exec_node_with(
-        &f32_node,
-        &f32_inputs,
-        &type_refs,
-        ViewMut::F32(result),
-        inner,
-    )?;
-    match out {
-        ViewMut::BF16(o) => {
-            for (o, &x) in o.iter_mut().zip(result.iter()) {
-                *o = bf16::from_f32(x);
-            }
-        }
-        ViewMut::F32(o) => o.copy_from_slice(result),
-        other => {
-            return Err(ExecError::Invalid {
-                op,
-                reason: format!("a bf16 operand with a {} result", other.dtype()),
-            })
-        }
-    }
-    Ok(())
-}
+use ingot_compiler::lower::cpu::widened::{round_up, ALIGN};
 
 /// The bytes a widened op carves its f32 regions from ([`widen_into`]), from their first
 /// aligned byte: the planned scratch, or `owned` made `need` bytes long when the interpreter
@@ -144,7 +67,7 @@ pub(super) fn widen_into<'a>(rest: &mut &'a mut [u8], x: &[bf16]) -> &'a mut [f3
 }
 
 /// The first `n` f32s of an aligned byte region.
-fn as_f32(region: &mut [u8], n: usize) -> &mut [f32] {
+pub(super) fn as_f32(region: &mut [u8], n: usize) -> &mut [f32] {
     assert!(region.len() >= n * 4 && (region.as_ptr() as usize).is_multiple_of(4));
     // SAFETY: the region is exclusively borrowed, long enough and aligned for f32 (checked);
     // every bit pattern is a valid f32.

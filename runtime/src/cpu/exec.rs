@@ -36,6 +36,9 @@
 //! workspace, so a step allocates nothing), while [`exec_node`] allocates one per call. Error
 //! values allocate their messages.
 
+pub use super::scratch::Scratch;
+
+use super::bf16::{as_f32, widen_into, widening_scratch};
 use crate::error::ExecError;
 use crate::tensor::{Element, View, ViewMut};
 use half::bf16;
@@ -92,13 +95,84 @@ pub fn exec_node(
     exec_node_with(node, inputs, input_types, out, Scratch::Allocate)
 }
 
-/// Scratch memory for kernels that need it (matmul packs its panels there).
-pub enum Scratch<'a> {
-    /// Bytes planned for this node (256-byte aligned, at least
-    /// [`ingot_compiler::lower::cpu::workspace_bytes`] long).
-    Given(&'a mut [u8]),
-    /// Allocate what the kernel needs for this call (the reference interpreter's way).
-    Allocate,
+/// `t` with its dtype f32 where it is bf16.
+fn f32_type(t: &TensorType) -> TensorType {
+    let dtype = if t.dtype == DType::BF16 {
+        DType::F32
+    } else {
+        t.dtype
+    };
+    TensorType::new(t.shape.clone(), dtype)
+}
+
+/// Runs a reduction, matmul or scatter_add that involves bf16 as its f32 op over widened
+/// operands, rounding the f32 result into `out`.
+pub fn exec_widened(
+    node: &Node,
+    inputs: &[View<'_>],
+    input_types: &[&TensorType],
+    out: ViewMut<'_>,
+    scratch: Scratch<'_>,
+) -> Result<(), ExecError> {
+    let op = node.op.name();
+    let mut owned = Vec::new();
+    let (mut rest, given) = widening_scratch(
+        op,
+        scratch,
+        ingot_compiler::lower::cpu::widened::regions(&node.ty, input_types),
+        &mut owned,
+    )?;
+    // Inline storage: a planned step allocates nothing (matmul and scatter_add have 2 operands,
+    // reductions 1; shapes up to rank 4 are inline too).
+    let mut f32_inputs: SmallVec<[View<'_>; 3]> = SmallVec::new();
+    for (v, t) in inputs.iter().zip(input_types) {
+        match v {
+            View::BF16(x) => f32_inputs.push(View::F32(widen_into(&mut rest, x))),
+            other => {
+                debug_assert_ne!(t.dtype, DType::BF16);
+                f32_inputs.push(*other);
+            }
+        }
+    }
+    let n = node.ty.shape.numel();
+    let (region, tail) = std::mem::take(&mut rest)
+        .split_at_mut(ingot_compiler::lower::cpu::widened::round_up(n * 4));
+    let result = as_f32(region, n);
+    let types: SmallVec<[TensorType; 3]> = input_types.iter().map(|t| f32_type(t)).collect();
+    let type_refs: SmallVec<[&TensorType; 3]> = types.iter().collect();
+    let f32_node = Node {
+        op: node.op.clone(),
+        inputs: node.inputs.clone(),
+        ty: f32_type(&node.ty),
+    };
+    // Planned scratch holds the f32 kernel's own workspace after the regions.
+    let inner = if given {
+        Scratch::Given(tail)
+    } else {
+        Scratch::Allocate
+    };
+    exec_node_with(
+        &f32_node,
+        &f32_inputs,
+        &type_refs,
+        ViewMut::F32(result),
+        inner,
+    )?;
+    match out {
+        ViewMut::BF16(o) => {
+            for (o, &x) in o.iter_mut().zip(result.iter()) {
+                *o = bf16::from_f32(x);
+            }
+        }
+        ViewMut::F32(o) => o.copy_from_slice(result),
+        other => {
+            return Err(ExecError::Invalid {
+                op,
+                reason: format!("a bf16 operand with a {} result", other.dtype()),
+            })
+        }
+    }
+    Ok(())
 }
 
 /// `(rows, columns)` of the matrices an operand shaped `dims` presents, transposed if `t`.
@@ -143,7 +217,7 @@ pub fn exec_node_with(
     let op = node.op.name();
     check_buffers(node, inputs, input_types, &out)?;
     if ingot_compiler::lower::cpu::widened::runs_widened(&node.op, &node.ty, input_types) {
-        return super::bf16::exec_widened(node, inputs, input_types, out, scratch);
+        return exec_widened(node, inputs, input_types, out, scratch);
     }
     let cx = Cx {
         op,

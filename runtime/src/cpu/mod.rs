@@ -9,6 +9,7 @@ pub mod interp;
 pub mod planned;
 mod profile;
 pub mod ranks;
+mod scratch;
 pub mod threads;
 
 pub use exec::{exec_node, exec_node_with, Scratch};

@@ -535,8 +535,8 @@ impl CudaStep {
 
     /// `len` bytes of page-locked host memory in this step's context (the data loader's
     /// staging buffers).
-    pub fn pinned_buffer(&self, len: usize) -> Result<super::PinnedBuffer, ExecError> {
-        super::PinnedBuffer::new(&self.ctx, len)
+    pub fn pinned_buffer(&self, len: usize) -> Result<super::pinned::PinnedBuffer, ExecError> {
+        super::pinned::PinnedBuffer::new(&self.ctx, len)
     }
 
     /// The executable this step runs.

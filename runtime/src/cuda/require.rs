@@ -5,7 +5,7 @@
 //! the same way, or a broken setup would look like a green run: there the check script sets
 //! `INGOT_REQUIRE_GPU=1`, and a missing GPU fails the test with the reason.
 
-use super::available;
+use super::device::available;
 
 /// The environment variable that makes a missing GPU a test failure (any value but empty or
 /// `0`).

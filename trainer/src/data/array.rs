@@ -1,7 +1,7 @@
 //! An n-dimensional array stored in a file at a known byte offset (a `.npy` body, or one tensor
 //! of a safetensors file), and a reader of its rows by seek + read.
 
-use super::DataError;
+use super::error::DataError;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 

@@ -18,9 +18,9 @@
 //!   file's order), each sample exactly once per epoch; the final partial batch is dropped, and
 //!   [`BatchSource::dropped_per_epoch`] says how many samples that leaves out.
 
+use super::error::DataError;
 use super::samples::SampleSet;
 use super::tokens::TokenStream;
-use super::DataError;
 use ingot_compiler::ir::{DType, Graph, LeafKind, TensorType};
 use ingot_runtime::tensor::{Data, Tensor};
 use rand_chacha::rand_core::SeedableRng;

@@ -14,7 +14,7 @@
 //! batch is done.
 
 use super::batches::{BatchInfo, BatchSource, Epochs};
-use super::DataError;
+use super::error::DataError;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 

@@ -6,7 +6,7 @@
 //! See <https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html>.
 
 use super::array::{ArrayInfo, Elem, WindowReader};
-use super::DataError;
+use super::error::DataError;
 use std::path::Path;
 
 /// `\x93NUMPY`.

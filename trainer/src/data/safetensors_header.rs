@@ -6,7 +6,7 @@
 //! See <https://github.com/huggingface/safetensors#format>.
 
 use super::array::{ArrayInfo, Elem, WindowReader};
-use super::DataError;
+use super::error::DataError;
 use std::path::Path;
 
 /// The longest header accepted (the `safetensors` crate's own limit).

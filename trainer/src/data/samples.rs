@@ -4,7 +4,8 @@
 //! by seek + read (the loader thread hides the latency), never the whole array.
 
 use super::array::{ArrayInfo, WindowReader};
-use super::{npy, safetensors_header, DataError};
+use super::error::DataError;
+use super::{npy, safetensors_header};
 use std::path::{Path, PathBuf};
 
 /// An open sample data set.

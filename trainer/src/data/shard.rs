@@ -3,7 +3,8 @@
 //! process of several ([`ShardBatches`]). Rank `r` of `N` reads the same rows either way, so a
 //! run gives the same losses in-process and as a job of processes.
 
-use super::{BatchSource, Cut, DataError, Dropped, InputSlot};
+use super::error::DataError;
+use super::{BatchSource, Cut, Dropped, InputSlot};
 use ingot_runtime::StepExecutor;
 
 /// `ranks` (at least 1), when `inner` has a batch per epoch for each; otherwise the error

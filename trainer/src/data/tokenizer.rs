@@ -13,7 +13,7 @@
 //! of the whole text at once (a test checks it on the fixture), while the crate's per-token
 //! bookkeeping stays the size of one piece rather than of the whole file.
 
-use super::DataError;
+use super::error::DataError;
 use std::path::{Path, PathBuf};
 
 /// The largest `tokenizer.json` read (GPT-2's is 1.4 MB, Llama 3's 9 MB).

@@ -16,7 +16,8 @@
 //! reused from call to call.
 
 use super::array::{Elem, WindowReader};
-use super::{npy, DataError};
+use super::error::DataError;
+use super::npy;
 use std::path::{Path, PathBuf};
 
 /// llm.c's magic number of a GPT-2 (`uint16`) token shard.

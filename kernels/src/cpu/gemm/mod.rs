@@ -74,6 +74,7 @@
 
 use super::matmul::{batch_item, GemmScalar, MatLayout, Trans};
 use super::par::{pool_threads, SendPtr};
+use kernel::{Kernel, AVX2_F32, AVX2_F64, AVX512_F32, AVX512_F64, PORTABLE_F32, PORTABLE_F64};
 use std::any::TypeId;
 use std::ops::{Add, Mul};
 
@@ -138,12 +139,6 @@ pub enum GemmError {
 /// The kernels are built from these shapes, so the table and the kernels cannot disagree.
 const F32_TILES: [(usize, usize); 3] = [AVX512_F32, AVX2_F32, PORTABLE_F32];
 const F64_TILES: [(usize, usize); 3] = [AVX512_F64, AVX2_F64, PORTABLE_F64];
-const AVX512_F32: (usize, usize) = (12, 32);
-const AVX512_F64: (usize, usize) = (12, 16);
-const AVX2_F32: (usize, usize) = (6, 16);
-const AVX2_F64: (usize, usize) = (6, 8);
-const PORTABLE_F32: (usize, usize) = (4, 8);
-const PORTABLE_F64: (usize, usize) = (4, 4);
 /// The packed panels start on a 64-byte boundary inside the workspace; this many bytes of
 /// slack let any 4- or 8-byte-aligned slice reach one.
 const ALIGN: usize = 64;
@@ -616,61 +611,6 @@ fn gemm_typed<E: Elem>(
     Ok(())
 }
 
-/// A micro-kernel: `C[0..mr, 0..nr] ← α·(Ã·B̃) + β·C` for a packed `MR × kc` micro-panel `Ã`
-/// (column after column, `MR` values each) and a packed `kc × NR` micro-panel `B̃` (row after
-/// row, `NR` values each), where only the `mr × nr` corner of the tile is inside `C`.
-trait Kernel<E: Copy> {
-    const MR: usize;
-    const NR: usize;
-    /// # Safety
-    /// `a` and `b` point to `MR·kc` and `kc·NR` readable elements, `kc > 0`, `mr ≤ MR`,
-    /// `nr ≤ NR`, and `c + i·rsc + j·csc` is a writable element of C for `i < mr`, `j < nr`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
-        kc: usize,
-        a: *const E,
-        b: *const E,
-        c: *mut E,
-        rsc: usize,
-        csc: usize,
-        mr: usize,
-        nr: usize,
-        alpha: E,
-        beta: E,
-    );
-
-    /// Packs `w` contiguous lines of `kc` elements (line `j` at `src + j·ld`) into the
-    /// interleaved layout of a micro-panel of width `p`: `dst[q·p + j] = line_j[q]`. This is the
-    /// transposing case of packing (rows of a row-major A, columns of a transposed B).
-    ///
-    /// # Safety
-    /// The lines are readable, `dst` has room for `kc·p` elements, `w ≤ p`.
-    #[inline(always)]
-    unsafe fn pack_lines(src: *const E, ld: usize, w: usize, kc: usize, dst: *mut E, p: usize) {
-        pack_lines_scalar(src, ld, w, kc, dst, p)
-    }
-}
-
-/// [`Kernel::pack_lines`] one element at a time.
-///
-/// # Safety
-/// As [`Kernel::pack_lines`].
-unsafe fn pack_lines_scalar<E: Copy>(
-    src: *const E,
-    ld: usize,
-    w: usize,
-    kc: usize,
-    dst: *mut E,
-    p: usize,
-) {
-    for j in 0..w {
-        let line = src.add(j * ld);
-        for q in 0..kc {
-            *dst.add(q * p + j) = *line.add(q);
-        }
-    }
-}
-
 /// The five loops around the micro-kernel.
 ///
 /// # Safety
@@ -986,6 +926,7 @@ impl<E: Elem, const MR: usize, const NR: usize> Kernel<E> for Portable<MR, NR> {
     }
 }
 
+mod kernel;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

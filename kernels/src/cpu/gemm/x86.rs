@@ -1,6 +1,6 @@
 //! The x86-64 micro-kernels (AVX2+FMA and AVX-512) and the AVX transposing packers.
 
-use super::{pack_lines_scalar, Kernel};
+use super::kernel::{pack_lines_scalar, Kernel};
 use std::arch::x86_64::*;
 
 /// Defines a SIMD micro-kernel for a `$tile = (MR, NR)` tile, rows of vectors of `$lanes` lanes, under
@@ -137,7 +137,7 @@ simd_kernel!(
     f32,
     __m512,
     16,
-    super::AVX512_F32,
+    super::kernel::AVX512_F32,
     zero = _mm512_setzero_ps,
     set1 = _mm512_set1_ps,
     load = _mm512_loadu_ps,
@@ -153,14 +153,14 @@ simd_kernel!(
     f64,
     __m512d,
     8,
-    super::AVX512_F64,
+    super::kernel::AVX512_F64,
     zero = _mm512_setzero_pd,
     set1 = _mm512_set1_pd,
     load = _mm512_loadu_pd,
     store = _mm512_storeu_pd,
     fmadd = _mm512_fmadd_pd,
     mul = _mm512_mul_pd,
-    pack = super::pack_lines_scalar::<f64>
+    pack = super::kernel::pack_lines_scalar::<f64>
 );
 simd_kernel!(
     Avx2F32,
@@ -169,7 +169,7 @@ simd_kernel!(
     f32,
     __m256,
     8,
-    super::AVX2_F32,
+    super::kernel::AVX2_F32,
     zero = _mm256_setzero_ps,
     set1 = _mm256_set1_ps,
     load = _mm256_loadu_ps,
@@ -185,14 +185,14 @@ simd_kernel!(
     f64,
     __m256d,
     4,
-    super::AVX2_F64,
+    super::kernel::AVX2_F64,
     zero = _mm256_setzero_pd,
     set1 = _mm256_set1_pd,
     load = _mm256_loadu_pd,
     store = _mm256_storeu_pd,
     fmadd = _mm256_fmadd_pd,
     mul = _mm256_mul_pd,
-    pack = super::pack_lines_scalar::<f64>
+    pack = super::kernel::pack_lines_scalar::<f64>
 );
 
 /// [`Kernel::pack_lines`] for f32 with AVX: blocks of 8 lines × 8 elements are transposed

@@ -12,10 +12,11 @@
 //! they become a product's operand (in the per-warp shared tile); `ds` is computed from the
 //! unrounded probabilities.
 
+use super::common::Text;
 use super::common::{self, Operand};
 use super::frame::{self, Own, Tiling};
+use super::problem::{AttentionError, AttentionShape};
 use super::tiles::Tiles;
-use super::{AttentionError, AttentionShape, Text};
 use crate::cuda::{signature, CudaKernel, Src};
 
 /// dkdv's block owns key rows (its k and v tiles) and streams query rows (q and dout).

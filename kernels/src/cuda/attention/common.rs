@@ -2,8 +2,8 @@
 //! precision-dependent pieces of text (element type, product names, paired stores, the mask,
 //! the constants every kernel declares).
 
+use super::problem::{AttentionError, AttentionPrecision, AttentionShape};
 use super::tiles::{self, TileKernel, Tiles};
-use super::{AttentionError, AttentionPrecision, AttentionShape};
 use crate::attention::{Layout, Strides};
 use crate::cuda::{literal, Src};
 use crate::DType;

@@ -10,10 +10,11 @@
 //! Causal blocks stop at the last key tile their rows can see; blocks are ordered so that the
 //! longest (the last query tiles) start first.
 
+use super::common::Text;
 use super::common::{self, Operand};
 use super::frame::{self, Own, Tiling};
+use super::problem::{AttentionError, AttentionShape};
 use super::tiles::Tiles;
-use super::{AttentionError, AttentionShape, Text};
 use crate::cuda::CudaKernel;
 
 /// The block owns query rows (its q tile) and streams key rows (k and v).

@@ -4,8 +4,8 @@
 //! once so that the three kernels cannot drift apart in the parts they share.
 
 use super::common::{self, Text};
+use super::problem::{AttentionError, AttentionShape};
 use super::tiles::Tiles;
-use super::{AttentionError, AttentionShape};
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
 
 /// The pointer parameters, in order: `inputs` of the storage type `st` (const), `f32_inputs`

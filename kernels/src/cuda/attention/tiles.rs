@@ -2,7 +2,7 @@
 //! through shared memory per step, chosen per kernel, precision and head dim so that the
 //! block's shared memory stays within the 48 KiB a block may declare statically.
 
-use super::AttentionPrecision;
+use super::problem::AttentionPrecision;
 
 /// Which kernel a tiling is for (the three that hold tiles in shared memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

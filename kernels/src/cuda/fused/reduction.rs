@@ -11,41 +11,16 @@
 //! read and tested without the others; the stages share only what [`Plan`] records.
 
 use super::expr::{accumulate, identity, reduce_op};
-use super::layout::{Layout, Shape};
-use super::loads::{Addresses, Spaces};
+use super::layout::Layout;
 use super::loops::Elements;
 use super::passes::{OnlineSum, Passes};
-use super::rowvec::{Lane, RowVectors};
+use super::plan::{Lane, Plan};
 use super::text::text_without_unread_row;
 use super::Analysis;
 use crate::cuda::guard::{self, Guard};
 use crate::cuda::{literal, reg_type, rounded, signature, CodegenError, Launch, Src};
 use crate::fused::Inst;
 use crate::{DType, ReduceOp};
-
-/// What the stages before the loops over the row decided: every loop reads it, none changes
-/// it (the one thing that changes from loop to loop, which cached loads are already in
-/// registers, is passed beside it as `loaded`).
-pub(super) struct Plan {
-    pub(super) p: Passes,
-    pub(super) shape: Shape,
-    pub(super) sp: Spaces,
-    pub(super) at: Addresses,
-    pub(super) el: Elements,
-    /// The loads kept in registers across the loops (`c{i}[u]`), the prefetched ones included.
-    pub(super) cached: Vec<bool>,
-    /// The output loop's loads read before its first store, by a loop of their own
-    /// ([`Analysis::prefetched_loads`]).
-    pub(super) prefetched: Vec<usize>,
-    /// Each loop's guards (passes first, then the output loop).
-    pub(super) guards: Vec<Vec<Option<Guard>>>,
-    /// The second pass's sums, taken online in the first pass ([`Analysis::online_sums`]):
-    /// rows too long for the register cache only, where the second pass would read the row
-    /// from memory again, and only where a thread's share needs no blocked sum.
-    pub(super) online: Vec<OnlineSum>,
-    /// Long rows a vector at a time ([`Analysis::row_vectors`]), if they go so.
-    pub(super) vectors: Option<RowVectors>,
-}
 
 impl Analysis<'_> {
     /// The kernel of the row or column strategy (see the module docs for the stage order).

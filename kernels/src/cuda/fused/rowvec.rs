@@ -17,7 +17,7 @@
 use super::guards::IndexGuard;
 use super::layout::Layout;
 use super::loops::THREAD_BLOCK;
-use super::reduction::Plan;
+use super::plan::{Lane, Plan, RowVectors};
 use super::text::{mentions, without_unread_values};
 use super::vec4::vec4_type;
 use super::Analysis;
@@ -28,28 +28,6 @@ use crate::DType;
 
 /// The components of a CUDA vector type, in order.
 const COMPONENTS: [&str; 4] = ["x", "y", "z", "w"];
-
-/// Which loads and outputs of a long-row kernel go several elements at a time.
-pub(super) struct RowVectors {
-    /// Input `m` is read as vectors (where a loop reads it unguarded).
-    pub(super) inputs: Vec<bool>,
-    /// The full outputs are written as vectors.
-    pub(super) outputs: bool,
-    /// Elements a vector: 4, or 8 where every vector is of bf16 (16 bytes, as f32's 4).
-    pub(super) width: usize,
-}
-
-/// One lane of a loop a vector at a time, as [`Analysis::loop_insts`] writes its body.
-#[derive(Clone, Copy)]
-pub(super) struct Lane<'a> {
-    /// The lane: the vector's element `q`.
-    pub(super) q: usize,
-    /// Which inputs the loop reads as vectors.
-    pub(super) vectors: &'a [bool],
-    /// A condition whose value the lane knows, `(instruction, value)`: in the body of a vector
-    /// whose every lane fails the loop's mask (one literal), its condition is the negation.
-    pub(super) known: Option<(usize, bool)>,
-}
 
 /// The lanes' bodies of one loop a vector at a time: as computed, and where the thread's whole
 /// vector fails the loop's mask ([`Analysis::loop_mask`]; `masked`: the mask, and the lanes

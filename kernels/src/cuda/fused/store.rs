@@ -2,7 +2,7 @@
 //! per-element outputs, and the row-level outputs, written by one thread a row.
 
 use super::layout::Layout;
-use super::reduction::Plan;
+use super::plan::Plan;
 use super::space::join;
 use super::Analysis;
 use crate::cuda::{narrowed, CodegenError, Src};

@@ -9,7 +9,7 @@
 //!
 //! Only `.jpg`, `.jpeg` and `.png` files are images here (any case); other files are not read.
 
-use crate::data::DataError;
+use crate::data::error::DataError;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 

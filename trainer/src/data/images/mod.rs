@@ -30,7 +30,8 @@ pub use options::{ImageOptions, SkipLog, IMAGENET_MEAN, IMAGENET_STD};
 pub use transform::Transform;
 
 use super::batches::{id_bound, Cut, EpochOrder};
-use super::{BatchSource, DataError, Dropped, InputSlot};
+use super::error::DataError;
+use super::{BatchSource, Dropped, InputSlot};
 use ingot_compiler::ir::{DType, Graph};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -12,7 +12,7 @@
 //! crop is the resize's source box). Pixels are then `(v / 255 - mean) / std` in the input's
 //! float type, written channel-major (NCHW).
 
-use crate::data::DataError;
+use crate::data::error::DataError;
 use fast_image_resize::{images::Image, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::{ColorType, DynamicImage};
 use ingot_compiler::ir::DType;
