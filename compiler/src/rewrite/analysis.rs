@@ -22,6 +22,16 @@ pub type EGraph = egg::EGraph<ENode, Facts>;
 /// At most this many error messages are kept (the first ones name the faulty rule).
 const MAX_ERRORS: usize = 16;
 
+/// The classes of an e-graph in id order, each with the bits of what it holds (built and read
+/// in [`super::index`]).
+#[derive(Debug, Default)]
+pub struct ClassIndex {
+    pub(super) classes: Vec<(Id, u64)>,
+    /// The e-graph's fingerprint (`index::fingerprint`) when the index was built: a searcher
+    /// finding another (an index that missed a change) searches every class instead.
+    pub(super) built_for: (usize, usize),
+}
+
 /// The analysis state: the leaves' types and the errors met so far.
 #[derive(Debug, Default)]
 pub struct Facts {
@@ -30,7 +40,7 @@ pub struct Facts {
     /// Type conflicts and ill-typed nodes: each one is a rule bug.
     pub errors: Vec<String>,
     /// The classes each rule searches, built before each iteration's search.
-    pub index: super::index::ClassIndex,
+    pub index: ClassIndex,
 }
 
 impl Facts {

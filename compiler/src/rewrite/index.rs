@@ -12,6 +12,8 @@
 //! are those of searching every class: a class skipped is one in which the rule finds nothing
 //! (`rewrite::tests` checks each rule's roots against every class of mlp, a small GPT and cnn).
 
+pub use super::analysis::ClassIndex;
+
 use super::analysis::{Data, EGraph};
 use super::lang::ENode;
 #[cfg(doc)]
@@ -20,15 +22,6 @@ use egg::Id;
 
 /// The bit of a class whose value is a known constant (no [`Kind::tag`] uses it).
 pub const CONSTANT: u64 = 1 << 63;
-
-/// The classes of an e-graph in id order, each with the bits of what it holds.
-#[derive(Debug, Default)]
-pub struct ClassIndex {
-    classes: Vec<(Id, u64)>,
-    /// The e-graph's [`fingerprint`] when the index was built: a searcher finding another
-    /// (an index that missed a change) searches every class instead.
-    built_for: (usize, usize),
-}
 
 /// The bits of one class: its e-nodes' tags, and [`CONSTANT`] for a known constant.
 pub fn class_bits(class: &egg::EClass<ENode, Data>) -> u64 {
