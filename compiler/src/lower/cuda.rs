@@ -47,13 +47,10 @@ pub use conv::{Conv, ConvPass};
 pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
-pub use window::{
-    conv_workspace, conv_workspace_least, conv_workspace_within, planned_conv_workspace,
-    pool_pick_workspace, ConvWorkspace, COLUMN_BUDGET,
-};
 pub use workspace::{
-    attention_shape, attention_supported, kernel_shape, workspace_bytes, workspace_need,
-    CUBLAS_WORKSPACE,
+    attention_shape, attention_supported, conv_workspace, conv_workspace_least,
+    conv_workspace_within, kernel_shape, planned_conv_workspace, pool_pick_workspace,
+    workspace_bytes, workspace_need, ConvWorkspace, COLUMN_BUDGET, CUBLAS_WORKSPACE,
 };
 
 #[cfg(test)]

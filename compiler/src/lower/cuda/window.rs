@@ -15,140 +15,17 @@
 
 use super::conv::{Conv, ConvPass};
 use super::lowering::Lowering;
+use super::workspace::{conv_workspace_least, conv_workspace_within};
 use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
-use crate::ir::{ConvLayout, DType, Graph, NodeId, WindowOp};
+use crate::ir::{ConvLayout, DType, NodeId, WindowOp};
 use crate::lower::deps::Touch;
 use crate::lower::LowerError;
 use crate::plan::Location;
 use crate::plan::MemoryPlan;
-use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
+use ingot_kernels::cpu::conv::Pass;
 use ingot_kernels::cpu::pool::PoolGeometry;
 use ingot_kernels::cuda::window as kernels;
 use smallvec::{smallvec, SmallVec};
-
-/// Bytes a convolution's chunk of column buffer (with the weight gradient's rearranged `dy`)
-/// may take: large enough that a chunk's GEMMs fill the GPU, small beside the activations.
-pub const COLUMN_BUDGET: usize = 32 << 20;
-
-const ALIGN: usize = 256;
-
-fn align(x: usize) -> usize {
-    x.div_ceil(ALIGN) * ALIGN
-}
-
-/// Where a convolution's workspace puts what it needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvWorkspace {
-    pub geometry: ConvGeometry,
-    pub pass: Pass,
-    /// Images per chunk (divides the batch).
-    pub samples: usize,
-    /// Bytes of the column buffer, at offset 0.
-    pub column_bytes: usize,
-    /// Offset and bytes of `dy` side by side (the weight gradient only).
-    pub side: Option<(usize, usize)>,
-    /// Offset of cuBLAS's workspace ([`CUBLAS_WORKSPACE`] bytes).
-    pub blas: usize,
-    pub total: usize,
-}
-
-/// The workspace layout convolution node `id` runs fastest in: the largest chunk of images
-/// whose column buffer fits [`COLUMN_BUDGET`] (`None` for any other node, pooling included,
-/// or operands that make no convolution). The planner grants it where the step's peak leaves
-/// room ([`crate::plan::WorkspaceNeed::up_to`]); [`conv_workspace_within`] says what runs in
-/// what it granted.
-pub fn conv_workspace(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
-    let (geometry, pass, e) = conv_parts(g, id)?;
-    let samples = (1..=geometry.batch.max(1))
-        .rev()
-        .filter(|s| geometry.batch % s == 0)
-        .find(|&s| column_and_side(&geometry, pass, e, s) <= COLUMN_BUDGET)
-        .unwrap_or(1);
-    Some(layout(geometry, pass, e, samples))
-}
-
-/// The workspace of max-pooling gradient node `id`: a byte a window, the tap each window
-/// picks ([`kernels::max_pool2d_pick`]), which the gradient then reads instead of scanning
-/// every window again for each of its elements (resnet50's stem at 224, batch 128: 25.7 MB).
-/// `None` for any other node, or a pooling whose windows have more than 255 taps.
-pub fn pool_pick_workspace(g: &Graph, id: NodeId) -> Option<usize> {
-    let node = g.node(id);
-    let crate::ir::Op::Window(w @ WindowOp::MaxPool2dGrad(_)) = &node.op else {
-        return None;
-    };
-    let p = w.pool_geometry(g.ty(node.inputs[0]).shape.dims())?;
-    kernels::pool_pick_bytes(&p)
-}
-
-/// The smallest workspace convolution node `id` runs in: one image at a time.
-pub fn conv_workspace_least(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
-    let (geometry, pass, e) = conv_parts(g, id)?;
-    Some(layout(geometry, pass, e, 1))
-}
-
-/// The layout convolution node `id` runs in within `bytes` of planned workspace: the largest
-/// chunk of images (a divisor of the batch, at most [`conv_workspace`]'s) whose layout fits.
-/// `None` when not even one image's does, or the node is no convolution.
-pub fn conv_workspace_within(g: &Graph, id: NodeId, bytes: usize) -> Option<ConvWorkspace> {
-    let (geometry, pass, e) = conv_parts(g, id)?;
-    let most = conv_workspace(g, id)?.samples;
-    (1..=most)
-        .rev()
-        .filter(|s| geometry.batch % s == 0)
-        .map(|s| layout(geometry, pass, e, s))
-        .find(|l| l.total <= bytes)
-}
-
-/// The layout convolution node `id` runs in under `plan` (see [`conv_workspace_within`]).
-pub fn planned_conv_workspace(g: &Graph, plan: &MemoryPlan, id: NodeId) -> Option<ConvWorkspace> {
-    conv_workspace_within(g, id, plan.workspace(id)?.bytes)
-}
-
-/// A convolution node's geometry, pass and element size.
-fn conv_parts(g: &Graph, id: NodeId) -> Option<(ConvGeometry, Pass, usize)> {
-    let node = g.node(id);
-    let crate::ir::Op::Window(w) = &node.op else {
-        return None;
-    };
-    let dims: SmallVec<[&[usize]; 2]> = node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
-    let (geometry, pass) = w.conv_geometry(&dims, node.ty.shape.dims())?;
-    Some((geometry, pass, node.ty.dtype.size()))
-}
-
-/// Bytes of a chunk of `s` images' column buffer and, for the weight gradient, its `dy` side
-/// by side.
-fn column_and_side(geometry: &ConvGeometry, pass: Pass, e: usize, s: usize) -> usize {
-    kernels::column_len(geometry, s) * e + side_bytes(geometry, pass, e, s)
-}
-
-fn side_bytes(geometry: &ConvGeometry, pass: Pass, e: usize, s: usize) -> usize {
-    match pass {
-        Pass::GradWeight => s * geometry.out_ch * geometry.positions() * e,
-        _ => 0,
-    }
-}
-
-/// The workspace of a convolution run `samples` images at a time.
-fn layout(geometry: ConvGeometry, pass: Pass, e: usize, samples: usize) -> ConvWorkspace {
-    let column_bytes = kernels::column_len(&geometry, samples) * e;
-    let mut at = align(column_bytes);
-    let side = (pass == Pass::GradWeight).then(|| {
-        let o = at;
-        let bytes = side_bytes(&geometry, pass, e, samples);
-        at += align(bytes);
-        (o, bytes)
-    });
-    let blas = at;
-    ConvWorkspace {
-        geometry,
-        pass,
-        samples,
-        column_bytes,
-        side,
-        blas,
-        total: blas + CUBLAS_WORKSPACE,
-    }
-}
 
 /// A row-major product `C[b] (+)= op(A[b]) · op(B[b])`, `[m, k] × [k, n]`, of matrices stored
 /// with row lengths `ld*` and `stride*` elements between batch entries, as the column-major
