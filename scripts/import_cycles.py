@@ -3,9 +3,11 @@
 
 A file is a node; there is an edge from file A to file B when A's code (outside its
 `#[cfg(test)] mod tests`, comments dropped) names a path that resolves into B's module: a path
-from `crate::`, `super::` or `self::` (in `use` lines or inline), or, in a `mod.rs`/`lib.rs`/
-`main.rs`, a path through one of its child modules by bare name (`use child::X`,
-`child::f()`). A path resolves to the longest module prefix that has a file. Each strongly
+from `crate::`, `super::` or `self::` (in `use` items, their `{..}` groups expanded, or
+inline), or, in a module with children (`mod.rs`, `lib.rs`, or `foo.rs` beside a `foo/`
+folder), a path through one of its child modules by bare name (`use child::X`, `child::f()`).
+A path resolves to the longest module prefix that has a file. A crate with both `lib.rs` and
+`main.rs` has `lib.rs` as its root; `main.rs` is a file of its own. Each strongly
 connected component of more than one file (Tarjan) is a cycle: its files cannot be read in any
 order where each only uses what came before.
 
@@ -22,6 +24,32 @@ import sys
 sys.setrecursionlimit(100000)
 
 
+def expand(tree):
+    """The paths of a `use` tree: `a::{b, c::{d, e}}` gives a::b, a::c::d, a::c::e (`self`
+    in a group names the prefix; `as` renames are dropped)."""
+    tree = re.sub(r'\s+', '', re.sub(r'\s+as\s+\w+', '', tree))
+    depth, start, parts = 0, 0, []
+    i = tree.find('{')
+    if i < 0:
+        return [tree]
+    prefix, body = tree[:i], tree[i + 1:tree.rfind('}')]
+    for k, ch in enumerate(body + ','):
+        if ch == '{':
+            depth += 1
+        elif ch == '}':
+            depth -= 1
+        elif ch == ',' and depth == 0:
+            parts.append(body[start:k])
+            start = k + 1
+    out = []
+    for p in parts:
+        if not p:
+            continue
+        for q in expand(p):
+            out.append(prefix.rstrip(':') if q == 'self' else prefix + q)
+    return out
+
+
 def crate_cycles(src):
     mods = {}  # module path (tuple) -> file
     for dp, _, fs in os.walk(src):
@@ -31,7 +59,9 @@ def crate_cycles(src):
             parts = os.path.relpath(os.path.join(dp, f), src)[:-3].split(os.sep)
             if parts[0] == 'bin':
                 continue
-            if parts[-1] in ('mod', 'lib', 'main'):
+            if parts == ['main'] and os.path.isfile(os.path.join(src, 'lib.rs')):
+                parts = ['<main>']
+            elif parts[-1] in ('mod', 'lib', 'main'):
                 parts = parts[:-1]
             mods[tuple(parts)] = os.path.join(dp, f)
     files = {v: k for k, v in mods.items()}
@@ -46,7 +76,12 @@ def crate_cycles(src):
     for f, m in sorted(files.items()):
         text = re.split(r'#\[cfg\(test\)\]\s*mod tests', open(f).read())[0]
         text = re.sub(r'//[^\n]*', '', text)
-        is_dir = os.path.basename(f) in ('mod.rs', 'lib.rs', 'main.rs')
+        is_dir = os.path.basename(f) in ('mod.rs', 'lib.rs', 'main.rs') or os.path.isdir(f[:-3])
+        if m == ('<main>',):
+            m = ()
+        # `use` items with their groups expanded, one path a line, then every inline path.
+        paths = [p for u in re.finditer(r'\buse\s+([^;]+);', text) for p in expand(u.group(1))]
+        text = re.sub(r'\buse\s+[^;]+;', ' ', text) + '\n' + '\n'.join(paths)
         for mt in re.finditer(r'\b(crate|super|self)((?:::\w+)+)', text):
             head, rest = mt.group(1), mt.group(2).split('::')[1:]
             # `self::` in a module file is the module; `super::` is its parent.
