@@ -360,13 +360,18 @@ fn resnet18_has_torchvision_s_parameters_and_plans_at_cifar_shape() {
     compiled.executable(Target::Cpu).unwrap();
 }
 
+/// At batch 2 the last stage's batch norms normalize two values a channel, so the step is
+/// ill-conditioned: at the model's lr 0.1 with momentum a reassociated sum (session 38's
+/// one-pixel convolutions) turned the third loss from 1.77 into 9.38. Plain SGD at lr 0.01
+/// keeps every later loss below the first in either summation order.
 #[test]
 fn a_small_batch_resnet18_trains_on_the_cpu() {
-    let m = ingot_models::resnet18_with(2, DType::F32).unwrap();
+    let mut m = ingot_models::resnet18_with(2, DType::F32).unwrap();
+    m.optimizer = Optimizer::Sgd { lr: 0.01 };
     let mut s = Session::new(&m, 3).unwrap();
     let losses: Vec<f64> = (0..3).map(|_| s.step().unwrap().loss).collect();
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-    assert!(losses[2] < losses[0], "{losses:?}");
+    assert!(losses[1..].iter().all(|&l| l < losses[0]), "{losses:?}");
 }
 
 /// The rewriter carries the window ops through unchanged and fusion leaves them library calls:
