@@ -32,7 +32,7 @@
 //! ```
 
 use crate::error::IrError;
-use crate::ir::{text, Graph, LeafKind, Op};
+use crate::ir::{text, Graph};
 use crate::lower::{self, LowerError, Program};
 use crate::plan::shared::{SharedError, SharedLayout};
 use crate::plan::{align_up, MemoryPlan, Region, ALIGNMENT};
@@ -61,22 +61,9 @@ pub const MAX_FILE_BYTES: u64 = 1 << 30;
 pub use crate::lower::Target;
 
 mod constants;
+mod layout;
 pub use constants::Constant;
-
-/// Where one leaf (parameter, optimizer state or input) lives in the step's one allocation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Layout {
-    pub name: String,
-    /// `parameter`, `state` or `input`.
-    pub kind: String,
-    /// `f32`, `f64`, `i32`, `i64` or `bool`.
-    pub dtype: String,
-    pub shape: Vec<usize>,
-    /// Byte offset in the allocation (inside the resident region).
-    pub offset: usize,
-    /// Bytes of the value (elements times the element size, before alignment).
-    pub bytes: usize,
-}
+pub use layout::{layouts, Layout};
 
 /// A compiled training step, as stored in a step executable: exactly what runs.
 ///
@@ -162,33 +149,6 @@ impl ExeError {
 
 /// FNV-1a, 64 bits: the payload's checksum (it detects accidental damage, not tampering).
 pub use crate::files::fnv1a64;
-
-/// The layout of every leaf of `g` under `plan`, in graph order. `plan` must fit `g` (as a
-/// plan the planner made, or one [`Executable::from_bytes`] accepted, does).
-pub fn layouts(g: &Graph, plan: &MemoryPlan) -> Vec<Layout> {
-    g.ids()
-        .filter_map(|id| match &g.node(id).op {
-            Op::Leaf { name, kind, .. } => {
-                let ty = g.ty(id);
-                let loc = plan.location(g, id);
-                Some(Layout {
-                    name: name.clone(),
-                    kind: match kind {
-                        LeafKind::Parameter => "parameter",
-                        LeafKind::State => "state",
-                        LeafKind::Input => "input",
-                    }
-                    .to_string(),
-                    dtype: ty.dtype.to_string(),
-                    shape: ty.shape.dims().to_vec(),
-                    offset: loc.offset,
-                    bytes: loc.bytes,
-                })
-            }
-            _ => None,
-        })
-        .collect()
-}
 
 impl Executable {
     /// The executable of `graph` planned by `plan` for `target`, compiled in `report.precision`:

@@ -16,7 +16,7 @@
 //! the CPU its losses are the uninterrupted run's, bit for bit.
 
 use crate::checkpoint::{self, CheckpointInfo};
-use crate::data::{BatchInfo, BatchSource, DataError, Epochs, Loader, Order, Staging};
+use crate::data::{BatchInfo, BatchSource, Epochs, Loader, Order, Staging};
 use crate::datasets;
 use crate::eval::Evaluator;
 use crate::gpt_names;
@@ -28,15 +28,16 @@ use crate::state_dict::StateDict;
 use indexmap::IndexMap;
 use ingot_compiler::ir::NodeId;
 use ingot_runtime::cuda::CudaStep;
-use ingot_runtime::error::ExecError;
-use ingot_runtime::io::{self, IoError};
+use ingot_runtime::io;
 use ingot_runtime::tensor::Tensor;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use thiserror::Error;
 
+mod error;
 mod summary;
-pub use summary::{Finished, Summary};
+pub use error::{ObserverError, RunError};
+use summary::free_on_gpus;
+pub use summary::{planned_total, Finished, Summary};
 
 /// How a run goes: what `ingot train` and `ingot run` take from their flags.
 #[derive(Clone, Debug, Default)]
@@ -131,73 +132,6 @@ impl RunOptions {
         self.schedule != Decay::Constant || self.warmup > 0
     }
 }
-
-/// An observer's failure (the command line's: standard output could not be written).
-pub type ObserverError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Why a run stopped. Each message names the file, step or tensor at fault and says what to do.
-#[derive(Debug, Error)]
-pub enum RunError {
-    /// The options do not make a run (exit code 2 on the command line).
-    #[error("{0}")]
-    Usage(String),
-    #[error(transparent)]
-    Session(Box<SessionError>),
-    #[error(transparent)]
-    Exec(Box<ExecError>),
-    #[error(transparent)]
-    Io(Box<IoError>),
-    #[error(transparent)]
-    Data(Box<DataError>),
-    /// A file given (`--init`, `--data`) that does not fit the session.
-    #[error("{}: {source}", .path.display())]
-    File {
-        path: PathBuf,
-        source: Box<SessionError>,
-    },
-    /// A `state_dict` given as `init` that does not fit the model.
-    #[error("{}: {message}", .path.display())]
-    StateDict { path: PathBuf, message: String },
-    /// A checkpoint that cannot be read, resumed from or written.
-    #[error("{0}")]
-    Checkpoint(String),
-    /// The evaluation step failed.
-    #[error("{0}")]
-    Eval(String),
-    /// The report could not be written.
-    #[error("{}: cannot write it: {source}", .path.display())]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A loss, gradient norm or updated parameter that is not finite stopped the run (nothing was saved over a
-    /// good file), or the parameters after the last step are not finite.
-    #[error("{0}")]
-    NonFinite(String),
-    /// A schedule asked of a step compiled without its learning-rate scale input.
-    #[error("this step has no learning-rate scale input for --schedule/--warmup: compile it with `ingot compile ... --lr-scale-input`")]
-    NoLrScaleInput,
-    /// The observer failed.
-    #[error("{0}")]
-    Observer(ObserverError),
-}
-
-/// The errors a run passes on as they are (boxed: a `Result` of a run stays small).
-macro_rules! boxed_from {
-    ($($variant:ident($error:ty)),*) => {
-        $(impl From<$error> for RunError {
-            fn from(e: $error) -> RunError {
-                RunError::$variant(Box::new(e))
-            }
-        })*
-    };
-}
-boxed_from!(
-    Session(SessionError),
-    Exec(ExecError),
-    Io(IoError),
-    Data(DataError)
-);
 
 /// What the run says beside its per-step reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -1256,25 +1190,4 @@ fn kept_files(o: &RunOptions) -> String {
 /// processes of a job other than rank 0, whose parameters are rank 0's bits.
 pub fn writes_files(session: &Session) -> bool {
     session.exe().data_shard().is_none_or(|(rank, _)| rank == 0)
-}
-
-/// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).
-fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, RunError> {
-    let gpus = session.cuda_ranks();
-    if gpus.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(
-        gpus.into_iter()
-            .map(CudaStep::free_memory)
-            .collect::<Result<Vec<_>, _>>()?,
-    ))
-}
-
-/// The one allocation's planned size: the training step's plan total, or with a validation
-/// step, the two steps' shared total.
-pub fn planned_total(session: &Session) -> usize {
-    session
-        .shared_layout()
-        .map_or(session.exe().plan().total_bytes, |l| l.total_bytes)
 }

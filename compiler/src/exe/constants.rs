@@ -4,7 +4,7 @@
 //! runs", so it carries them: in the payload, base64-encoded, each checked against its leaf's
 //! layout when the file is read, and written into its leaf when a session loads the step.
 
-use super::Layout;
+use super::layout::Layout;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};

@@ -1,8 +1,9 @@
 //! The run's summary: what it measured, beside what was planned.
 
-use super::{free_on_gpus, planned_total};
+use super::error::RunError;
 use crate::record::StepTimes;
 use crate::session::Session;
+use ingot_runtime::cuda::CudaStep;
 
 /// The summary's figures, in the order of the command line's `{"summary": ..}` line.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -110,7 +111,7 @@ pub(super) fn finished(
     non_finite_loss_step: Option<u64>,
     staged: bool,
     rate: &crate::flop_rate::FlopRate,
-) -> Result<Finished, super::RunError> {
+) -> Result<Finished, RunError> {
     let plan = session.exe().plan();
     let mem = session.cuda().map(|c| c.memory());
     // Per GPU: free memory now minus after the first step.
@@ -162,4 +163,25 @@ pub(super) fn finished(
         requested_bytes: mem.map(|m| m.requested),
         data_ranks: session.exe().data_ranks(),
     })
+}
+
+/// Free device memory on each GPU the session runs on, rank 0 first (`None` on the CPU).
+pub(super) fn free_on_gpus(session: &Session) -> Result<Option<Vec<usize>>, RunError> {
+    let gpus = session.cuda_ranks();
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        gpus.into_iter()
+            .map(CudaStep::free_memory)
+            .collect::<Result<Vec<_>, _>>()?,
+    ))
+}
+
+/// The one allocation's planned size: the training step's plan total, or with a validation
+/// step, the two steps' shared total.
+pub fn planned_total(session: &Session) -> usize {
+    session
+        .shared_layout()
+        .map_or(session.exe().plan().total_bytes, |l| l.total_bytes)
 }
