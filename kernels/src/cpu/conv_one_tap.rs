@@ -132,11 +132,12 @@ pub fn run<T: GemmScalar>(
     if pass == Pass::GradWeight {
         out.fill(zero);
     }
-    for s in (0..if pass == Pass::GradWeight { n } else { m }).step_by(cut.max(1)) {
-        let r = cut.min(if pass == Pass::GradWeight { n } else { m } - s);
+    let total = if pass == Pass::GradWeight { n } else { m };
+    for s in (0..total).step_by(cut.max(1)) {
+        let r = cut.min(total - s);
         match pass {
-            // y = x · W_tᵀ (a = x, b = w), images s .. s + r.
-            Pass::Forward => gemm_ws(
+            // y = x · W_tᵀ (a = x, b = w) or dx = dy · W_t (a = dy, b = w), images s .. s + r.
+            Pass::Forward | Pass::GradInput => gemm_ws(
                 r,
                 k,
                 n,
@@ -144,22 +145,7 @@ pub fn run<T: GemmScalar>(
                 a,
                 rm(k).at(s * k),
                 b,
-                tap_weights(g, tap, 0, true),
-                zero,
-                out,
-                rm(n).at(s * n),
-                ws,
-            ),
-            // dx = dy · W_t (a = dy, b = w), images s .. s + r.
-            Pass::GradInput => gemm_ws(
-                r,
-                k,
-                n,
-                one,
-                a,
-                rm(k).at(s * k),
-                b,
-                tap_weights(g, tap, 0, false),
+                tap_weights(g, tap, 0, pass == Pass::Forward),
                 zero,
                 out,
                 rm(n).at(s * n),

@@ -163,6 +163,20 @@ fn halves(g: &PoolGeometry) -> bool {
         && 2 * g.out_hw[1] <= g.in_hw[1]
 }
 
+/// A 2x2 window's maximum and its index (0 to 3, row-major) from its top row `a` and bottom
+/// row `b`: the four read in row-major order, each replacing the running maximum when greater
+/// or NaN, as [`PoolGeometry::pick`] does. What [`Halve`] stores and [`HalveBack`] routes to.
+#[inline(always)]
+fn halve_pick<T: Float>(a: &[T], b: &[T]) -> (T, usize) {
+    let (mut m, mut k) = (a[0], 0);
+    for (q, v) in [a[1], b[0], b[1]].into_iter().enumerate() {
+        if v > m || v.is_nan() {
+            (m, k) = (v, q + 1);
+        }
+    }
+    (m, k)
+}
+
 /// One plane of a pooling that [`halves`]: each output the maximum of its 2x2 window, the
 /// four read in row-major order and each replacing the running maximum when greater or NaN,
 /// as [`PoolGeometry::pick`] does (so the same bits, NaNs and signed zeros included), as a
@@ -186,13 +200,7 @@ impl<T: Float> Wide for Halve<'_, T> {
                 .zip(r0.chunks_exact(2))
                 .zip(r1.chunks_exact(2))
             {
-                let mut m = a[0];
-                for v in [a[1], b[0], b[1]] {
-                    if v > m || v.is_nan() {
-                        m = v;
-                    }
-                }
-                *y = m;
+                *y = halve_pick(a, b).0;
             }
         }
     }
@@ -229,12 +237,7 @@ impl<T: Float> Wide for HalveBack<'_, T> {
             let windows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
             let outs = top.chunks_exact_mut(2).zip(bottom.chunks_exact_mut(2));
             for ((d, (a, b)), (t, u)) in dyr.iter().zip(windows).zip(outs) {
-                let (mut m, mut k) = (a[0], 0);
-                for (q, v) in [a[1], b[0], b[1]].into_iter().enumerate() {
-                    if v > m || v.is_nan() {
-                        (m, k) = (v, q + 1);
-                    }
-                }
+                let k = halve_pick(a, b).1;
                 let d = T::ZERO.add(*d);
                 let at = |q: usize| if k == q { d } else { T::ZERO };
                 (t[0], t[1], u[0], u[1]) = (at(0), at(1), at(2), at(3));
