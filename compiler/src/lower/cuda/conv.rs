@@ -10,7 +10,9 @@
 //! fallback needs it (`super::window`: at least one image's column buffer and cuBLAS's
 //! workspace, up to a chunk's where the step's peak leaves room), so both paths run in what
 //! the plan holds and nothing is allocated at run time; cuDNN's implicit-GEMM algorithms need
-//! none of it, the others get up to the whole of it.
+//! none of it, the others get up to the whole of it. A convolution over fewer than 8 input
+//! channels (a stem) may grow further, into room for the padded copies cuDNN's fast
+//! algorithms make of it ([`cudnn_few_channel_room`]).
 
 use super::{Compute, DeviceOp};
 use crate::ir::{ConvLayout, DType, NodeId};
@@ -109,4 +111,40 @@ impl Conv {
             ConvPass::Filter => (w, [x, y]),
         }
     }
+}
+
+/// The input channels (of one group) cuDNN's tensor-core kernels read a pixel at a time: a
+/// convolution over fewer is run by cuDNN on a copy of its input padded to this many.
+pub const CUDNN_CHANNEL_PAD: usize = 8;
+
+/// The workspace in which cuDNN runs a convolution over few input channels (fewer than
+/// [`CUDNN_CHANNEL_PAD`], one group: an image model's stem) by its fast algorithm; 0 for any
+/// other convolution, which needs nothing of the kind.
+///
+/// Measured on an H200 with cuDNN 9.19 (session 39, `runtime/examples/conv_probe.rs`) for
+/// resnet50's stem (x `[128, 3, 224, 224]` bf16, w `[64, 3, 7, 7]`, stride 2, padding 3): the
+/// heuristics' first deterministic filter-gradient algorithm (`ALGO_1`) asks 314,453,136 bytes
+/// in NCHW and runs in 1.00 ms; within the 54.7 MB the im2col fallback was planned it gets a
+/// variant of 37,728 bytes that runs in 4.88 ms. Its bytes are, to the byte, the input copied
+/// channels-last and padded to 8 channels (102,760,448 + 50,192), `dy` copied channels-last
+/// (205,520,896: none in a channels-last convolution, which asks 108,932,240) and 61 f32 copies
+/// of the padded filter (6,121,600) for its split sums; the forward asks the same less the
+/// split sums (308,331,536 NCHW: 1.39 ms against 1.51 ms in 588 bytes; 102,810,640
+/// channels-last: 0.97 ms against 1.56). So this asks the input padded, the output copied
+/// where the convolution is NCHW, 64 f32 copies of the padded filter and 1 MiB, for every
+/// pass; the planner grants it only where the step's peak leaves room
+/// ([`crate::plan::WorkspaceNeed::up_to`]), and the runtime's choice stays cuDNN's first
+/// deterministic algorithm that fits what was granted.
+pub fn cudnn_few_channel_room(geo: &ConvGeometry, layout: ConvLayout, e: usize) -> usize {
+    if geo.groups != 1 || geo.in_ch >= CUDNN_CHANNEL_PAD {
+        return 0;
+    }
+    let [h, w] = geo.in_hw;
+    let padded_input = geo.batch * h * w * CUDNN_CHANNEL_PAD * e;
+    let output_copy = match layout {
+        ConvLayout::Nchw => geo.batch * geo.out_ch * geo.positions() * e,
+        ConvLayout::Nhwc => 0,
+    };
+    let padded_filter = geo.out_ch * CUDNN_CHANNEL_PAD * geo.kernel[0] * geo.kernel[1];
+    padded_input + output_copy + 64 * padded_filter * 4 + (1 << 20)
 }

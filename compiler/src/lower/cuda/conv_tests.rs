@@ -6,6 +6,7 @@ use crate::lower::Target;
 use crate::pipeline;
 use crate::plan::MemoryPlan;
 use crate::precision::Precision;
+use ingot_kernels::cpu::conv::ConvGeometry;
 
 /// `(in_ch, out_ch, kernel, stride, padding, dilation, groups)` of the convolution under test.
 type Layer = (usize, usize, usize, usize, usize, usize, usize);
@@ -174,6 +175,107 @@ fn a_convolutions_fallback_is_its_im2col_launches_and_gemms_chunk_by_chunk() {
         p.check(p.total_bytes).unwrap();
         assert!(p.all_ops().count() > p.ops.len());
     }
+}
+
+/// resnet50's stem at 224, batch 128: `x [128, 3, 224, 224]`, `w [64, 3, 7, 7]`, stride 2,
+/// padding 3.
+fn resnet50_stem(in_ch: usize, groups: usize) -> ConvGeometry {
+    ConvGeometry {
+        batch: 128,
+        in_ch,
+        in_hw: [224, 224],
+        out_ch: 64,
+        kernel: [7, 7],
+        stride: [2, 2],
+        padding: [3, 3],
+        dilation: [1, 1],
+        groups,
+        out_hw: [112, 112],
+    }
+}
+
+#[test]
+fn a_stem_over_three_channels_asks_room_for_what_cudnn_asked_at_resnet50s_stem() {
+    use crate::ir::ConvLayout::{Nchw, Nhwc};
+    // The bytes cuDNN 9.19's heuristics asked on an H200 for their first deterministic
+    // algorithm at this shape, bf16 (session 39, docs/results/gpu-s39-a-call1-*.txt):
+    // (layout, filter gradient, forward).
+    for (layout, filter, forward) in [
+        (Nchw, 314_453_136, 308_331_536),
+        (Nhwc, 108_932_240, 102_810_640),
+    ] {
+        let room = conv::cudnn_few_channel_room(&resnet50_stem(3, 1), layout, 2);
+        assert!(room >= filter && room >= forward, "{layout:?}: {room}");
+        // A bound, not a blank cheque: within 2% of what was asked.
+        assert!(
+            room <= filter + filter / 50,
+            "{layout:?}: {room} for {filter}"
+        );
+        // 4 channels (padded to 8 as well) ask as much as 3.
+        assert_eq!(
+            conv::cudnn_few_channel_room(&resnet50_stem(4, 1), layout, 2),
+            room
+        );
+        // Convolutions over 8 channels or more, or grouped, ask nothing of the kind.
+        for (c, g) in [(8, 1), (64, 1), (3, 3), (6, 2)] {
+            assert_eq!(
+                conv::cudnn_few_channel_room(&resnet50_stem(c, g), layout, 2),
+                0,
+                "{c} {g}"
+            );
+        }
+    }
+}
+
+/// The step of `x [32, 3, 224, 224] -> conv 3→64 (7x7, stride 2, padding 3) -> conv 64→64
+/// (3x3, padding 1)`, loss the sum of the result, f32, compiled for CUDA.
+fn stem_step() -> pipeline::Compiled {
+    let mut g = Graph::new();
+    let x = g.input("x", [32, 3, 224, 224], DType::F32).unwrap();
+    let init = Init::Normal { std: 0.1 };
+    let w0 = g.parameter("w0", [64, 3, 7, 7], DType::F32, init).unwrap();
+    let w1 = g.parameter("w1", [64, 64, 3, 3], DType::F32, init).unwrap();
+    let conv = |s: usize, p: usize| Conv2d {
+        stride: [s; 2],
+        padding: [p; 2],
+        dilation: [1, 1],
+        groups: 1,
+        layout: Default::default(),
+    };
+    let h = g.conv2d(x, w0, conv(2, 3)).unwrap();
+    let o = g.conv2d(h, w1, conv(1, 1)).unwrap();
+    let l = g.sum_all(o).unwrap();
+    g.set_output(crate::autodiff::LOSS, l).unwrap();
+    let m = crate::model::Model::new(
+        "stem",
+        g,
+        crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
+    );
+    pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
+}
+
+#[test]
+fn a_few_channel_stem_may_grow_its_workspace_to_cudnns_padded_copies_and_a_wide_one_does_not() {
+    let c = stem_step();
+    let g = &c.graph;
+    let mut stem_passes = 0;
+    for id in g.ids().filter(|&id| matches!(g.node(id).op, Op::Window(_))) {
+        let im2col = conv_workspace(g, id).unwrap();
+        let need = workspace_need(g, id);
+        // The least is still one image's im2col column and cuBLAS's workspace.
+        assert_eq!(need.bytes, conv_workspace_least(g, id).unwrap().total);
+        if im2col.geometry.in_ch == 3 {
+            stem_passes += 1;
+            let room =
+                conv::cudnn_few_channel_room(&im2col.geometry, crate::ir::ConvLayout::Nchw, 4);
+            assert!(room > im2col.total, "{room} against {}", im2col.total);
+            assert_eq!(need.up_to, room, "{:?}", im2col.pass);
+        } else {
+            assert_eq!(need.up_to, im2col.total, "{:?}", im2col.pass);
+        }
+    }
+    // Its forward and filter gradient; no data gradient (the stem's input is data).
+    assert_eq!(stem_passes, 2);
 }
 
 #[test]

@@ -44,9 +44,14 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
 pub fn workspace_need(g: &Graph, id: NodeId) -> crate::plan::WorkspaceNeed {
     crate::plan::WorkspaceNeed {
         bytes: workspace_bytes(g, id),
-        // A convolution runs faster a larger chunk of images at a time.
+        // A convolution runs faster a larger chunk of images at a time, and one over few
+        // input channels (a stem) through cuDNN in room for its operands' padded copies.
         up_to: match g.node(id).op {
-            Op::Window(_) => conv_workspace(g, id).map_or(0, |w| w.total),
+            Op::Window(ref w) => conv_workspace(g, id).map_or(0, |c| {
+                let e = g.node(id).ty.dtype.size();
+                let few = super::conv::cudnn_few_channel_room(&c.geometry, w.layout(), e);
+                c.total.max(few)
+            }),
             _ => 0,
         },
         filled_from: match g.node(id).op {
