@@ -38,6 +38,12 @@ echo "== 3. resnet50 224 b128 bf16, 10 steps (the default: cuDNN channels-last)"
 for i in 1 2; do for b in O N; do eval B=\$$b
   run $b 60 $B/ingot train --model resnet:depth=50,side=224,batch=128 --device cuda --precision bf16 --steps 10 --json
 done; done; t
+if [ -x $N/ingot-cl ]; then
+echo "== 3b. resnet50 as 3., NEW against NEW with every convolution channels-last (the stem too: MIN_CHANNELS_LAST_CHANNELS = 1, a build for this measure only)"
+for i in 1 2; do for b in N CL; do B=$N/ingot; [ $b = CL ] && B=$N/ingot-cl
+  run $b 60 $B train --model resnet:depth=50,side=224,batch=128 --device cuda --precision bf16 --steps 10 --json
+done; done; t
+fi
 echo "== 4. resnet18 (CIFAR) bf16, 30 steps"
 for i in 1 2; do for b in O N; do eval B=\$$b
   run $b 30 $B/ingot train --model resnet18 --device cuda --precision bf16 --steps 30 --json
@@ -50,7 +56,7 @@ echo "== 6. NEW cuda_kernels: resnet50 side 56 b16 bf16 channels-last, each dist
 INGOT_REQUIRE_GPU=1 timeout 60 $N/cuda_kernels --precision bf16 --channels-last resnet:depth=50,side=56,batch=16 > $X/k.txt 2>&1; echo "rc=$?"
 grep -E -i "mismatch|fail|panick|distinct" $X/k.txt | head -4; t
 X0=$X; X=$X/l1; mkdir -p $X
-gpu_test_lane 1 $(( END - 10 )) $N test_cuda_kernels test_cuda_offload test_cuda_bf16; X=$X0
+gpu_test_lane 1 $(( END - 10 )) $N test_cuda_kernels test_cuda_offload test_cuda_conv_room test_cuda_bf16; X=$X0
 unset CUDA_VISIBLE_DEVICES
 wait $LANE; echo "== GPU tests (NEW; lane A on GPU 0, lane B on GPU 1)"; cat $X/lane_tests.txt $X/l1/lane_tests.txt; t
 if [ -f $X/fz/pids ]; then
