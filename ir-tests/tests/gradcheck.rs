@@ -83,6 +83,41 @@ fn shape_op_vjps_match_finite_differences() {
     });
 }
 
+/// A value read through several slices (overlapping, along two axes) and directly gets its
+/// gradient joined by segment (autodiff's `slices`): it must still be the sum of every reader's.
+#[test]
+fn a_value_read_through_overlapping_slices_gets_every_readers_gradient() {
+    // A linear resize's neighbours: `x` shifted by one either way along axis 1, edges repeated.
+    check("shifted neighbours", &[arg(&[3, 5])], vec![], |g, p| {
+        let x = p[0];
+        let tail = g.slice(x, 1, 1, 5)?;
+        let last = g.slice(x, 1, 4, 5)?;
+        let head = g.slice(x, 1, 0, 4)?;
+        let first = g.slice(x, 1, 0, 1)?;
+        let next = g.concat(&[tail, last], 1)?;
+        let prev = g.concat(&[first, head], 1)?;
+        let a = g.mul_scalar(x, 0.75)?;
+        let b = g.mul_scalar(next, 0.25)?;
+        let c = g.mul(prev, x)?;
+        let ab = g.add(a, b)?;
+        g.add(ab, c)
+    });
+    // Slices along two axes, one covering all of its axis.
+    check("slices along two axes", &[arg(&[4, 6])], vec![], |g, p| {
+        let x = p[0];
+        let rows = g.slice(x, 0, 1, 3)?;
+        let cols = g.slice(x, 1, 2, 5)?;
+        let all = g.slice(x, 1, 0, 6)?;
+        let rr = g.mul(rows, rows)?;
+        let r = g.sum(rr, &[0, 1])?;
+        let c = g.sum(cols, &[0, 1])?;
+        let aa = g.mul(all, all)?;
+        let a = g.sum(aa, &[0, 1])?;
+        let rc = g.add(r, c)?;
+        g.add(rc, a)
+    });
+}
+
 #[test]
 fn reduction_vjps_match_finite_differences() {
     check("sum last", &[arg(&[3, 4])], vec![], |g, p| {

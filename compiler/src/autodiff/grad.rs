@@ -3,6 +3,7 @@
 //! appended to the same graph, built from the same primitives, so every later pass treats it
 //! like the forward pass.
 
+use super::slices::{self, slice_vjp, Part};
 use crate::error::{IrError, Result};
 use crate::ir::{BinaryOp, CmpOp, Graph, Node, NodeId, Op, ReduceOp, Shape, UnaryOp, WindowOp};
 
@@ -66,25 +67,24 @@ pub fn grad_of_roots(
     let roots_only: Vec<NodeId> = roots.iter().map(|&(r, _)| r).collect();
     let wants = needs_gradient(g, &roots_only, wrt);
     let users = user_counts(g, loss);
-    let mut adjoint: Vec<Option<NodeId>> = vec![None; loss.index() + 1];
+    let mut adjoint = Adjoints {
+        sum: vec![None; loss.index() + 1],
+        joined: slices::joined(g, loss, &users),
+        parts: (0..=loss.index()).map(|_| Vec::new()).collect(),
+    };
     // Each backward node is named after the forward node whose VJP made it.
     let outer = g.set_scope(g.origin(loss).backward());
     for &(root, s) in roots {
-        adjoint[root.index()] = Some(match adjoint[root.index()] {
-            None => s,
-            Some(prev) => g.add(prev, s)?,
-        });
+        adjoint.add(g, root, Part::Dense(s))?;
     }
     for i in (0..=loss.index()).rev() {
-        let Some(gy) = adjoint[i] else { continue };
         let id = NodeId(i as u32);
         let origin = g.origin(id).backward();
         g.set_scope(origin);
+        adjoint.finish(g, id)?;
+        let Some(gy) = adjoint.sum[i] else { continue };
         if let Some((z, gz)) = softmax_vjp(g, id, gy, &users, &wants)? {
-            adjoint[z.index()] = Some(match adjoint[z.index()] {
-                None => gz,
-                Some(prev) => g.add(prev, gz)?,
-            });
+            adjoint.add(g, z, Part::Dense(gz))?;
             continue;
         }
         let node = g.node(id).clone();
@@ -97,23 +97,72 @@ pub fn grad_of_roots(
             if !wants[x.index()] {
                 continue;
             }
-            let gx = match attention {
-                Some(ref grads) => grads[slot],
-                None => vjp(g, id, slot, gy)?,
+            let part = match (&attention, &node.op) {
+                (Some(grads), _) => Part::Dense(grads[slot]),
+                (None, &Op::Slice { axis, start, end }) if adjoint.joined[x.index()] => {
+                    Part::Slice {
+                        axis,
+                        start,
+                        end,
+                        gy,
+                    }
+                }
+                (None, _) => Part::Dense(vjp(g, id, slot, gy)?),
             };
-            adjoint[x.index()] = Some(match adjoint[x.index()] {
-                None => gx,
-                Some(prev) => g.add(prev, gx)?,
-            });
+            adjoint.add(g, x, part)?;
         }
     }
     g.set_scope(outer);
     wrt.iter()
-        .map(|&w| match adjoint.get(w.index()).copied().flatten() {
+        .map(|&w| match adjoint.sum.get(w.index()).copied().flatten() {
             Some(gw) => Ok(gw),
             None => g.full_like(0.0, w),
         })
         .collect()
+}
+
+/// Each node's gradient during the backward walk: the running sum of its contributions, or, for
+/// a node read through slices ([`slices::joined`]), its contributions kept until every reader
+/// has given one and then joined by segment ([`slices::join`]).
+struct Adjoints {
+    sum: Vec<Option<NodeId>>,
+    joined: Vec<bool>,
+    parts: Vec<Vec<Part>>,
+}
+
+impl Adjoints {
+    /// Adds contribution `part` to `x`'s gradient: at once, or kept for [`Adjoints::finish`].
+    fn add(&mut self, g: &mut Graph, x: NodeId, part: Part) -> Result<()> {
+        let i = x.index();
+        if self.joined[i] {
+            self.parts[i].push(part);
+            return Ok(());
+        }
+        let gx = match part {
+            Part::Dense(d) => d,
+            Part::Slice {
+                axis,
+                start,
+                end,
+                gy,
+            } => slice_vjp(g, &g.ty(x).shape.clone(), axis, start, end, gy)?,
+        };
+        self.sum[i] = Some(match self.sum[i] {
+            None => gx,
+            Some(prev) => g.add(prev, gx)?,
+        });
+        Ok(())
+    }
+
+    /// Joins `x`'s kept contributions, once the walk reaches `x` (every reader has given one).
+    fn finish(&mut self, g: &mut Graph, x: NodeId) -> Result<()> {
+        let parts = std::mem::take(&mut self.parts[x.index()]);
+        if !parts.is_empty() {
+            let xs = g.ty(x).shape.clone();
+            self.sum[x.index()] = Some(slices::join(g, &xs, parts)?);
+        }
+        Ok(())
+    }
 }
 
 /// How many operand slots of the nodes up to `loss` read each node.
@@ -355,35 +404,6 @@ fn binary_vjp(
         // half to each at ties); here one operand takes all of it.
         (BinaryOp::Max, _) => route(g, CmpOp::Le, a, c, slot, gy),
         (BinaryOp::Min, _) => route(g, CmpOp::Ge, a, c, slot, gy),
-    }
-}
-
-/// The VJP of `slice(x, axis, start, end)` for `x` shaped `xs`: `gy` padded with zeros back
-/// to `xs` along `axis`.
-fn slice_vjp(
-    g: &mut Graph,
-    xs: &Shape,
-    axis: usize,
-    start: usize,
-    end: usize,
-    gy: NodeId,
-) -> Result<NodeId> {
-    let dt = g.ty(gy).dtype;
-    let zeros = |g: &mut Graph, len: usize| -> Result<Option<NodeId>> {
-        if len == 0 {
-            return Ok(None);
-        }
-        let mut dims = xs.0.clone();
-        dims[axis] = len;
-        g.full(0.0, Shape(dims), dt).map(Some)
-    };
-    let before = zeros(g, start)?;
-    let after = zeros(g, xs.dims()[axis] - end)?;
-    let parts: Vec<NodeId> = before.into_iter().chain([gy]).chain(after).collect();
-    if parts.len() == 1 {
-        Ok(gy)
-    } else {
-        g.concat(&parts, axis)
     }
 }
 

@@ -12,6 +12,7 @@ pub mod nonfinite;
 pub mod optim;
 pub mod phase;
 pub mod shard;
+mod slices;
 pub mod step;
 
 pub use grad::grad;
