@@ -32,118 +32,12 @@
 //! One-pixel images under a kernel larger than them (a ResNet's last stage on small inputs)
 //! run through the one tap that reaches the pixel instead ([`super::conv_one_tap`]).
 
+pub use super::conv_geometry::{ConvError, ConvGeometry, Pass};
 use super::conv_one_tap as one_tap;
 use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
 use super::matmul::{GemmScalar, MatLayout};
 use super::par::{for_each_block, pool_threads, PARALLEL_ELEMENTS};
 use super::scalar::{Float, Scalar};
-
-/// The sizes of one convolution: `x [batch, in_ch, in_hw]`, `w [out_ch, in_ch/groups, kernel]`,
-/// `y [batch, out_ch, out_hw]` (PyTorch's `conv2d` semantics: cross-correlation, symmetric zero
-/// padding; NCHW, contiguous). Serializable because the CUDA executable's convolution
-/// operations carry it as they are (`ingot_compiler::lower::cuda::Conv`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConvGeometry {
-    pub batch: usize,
-    pub in_ch: usize,
-    pub in_hw: [usize; 2],
-    pub out_ch: usize,
-    pub kernel: [usize; 2],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-    pub dilation: [usize; 2],
-    pub groups: usize,
-    pub out_hw: [usize; 2],
-}
-
-/// Which pass a workspace is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pass {
-    Forward,
-    GradInput,
-    GradWeight,
-}
-
-impl ConvGeometry {
-    /// The geometry of a conv of `x` dims `[N, C, H, W]` by weight dims `[O, C/g, kh, kw]`, or
-    /// why they do not make one.
-    pub fn new(
-        x: [usize; 4],
-        w: [usize; 4],
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
-    ) -> Result<ConvGeometry, String> {
-        let [batch, in_ch, h, wd] = x;
-        let [out_ch, cg, kh, kw] = w;
-        if groups == 0 || in_ch % groups != 0 || out_ch % groups != 0 || in_ch / groups != cg {
-            return Err(format!(
-                "x has {in_ch} channels and w {out_ch} outputs of {cg} channels: not {groups} groups"
-            ));
-        }
-        let mut out_hw = [0; 2];
-        for i in 0..2 {
-            let k = [kh, kw][i];
-            let span = (k.checked_sub(1).ok_or("an empty kernel")?)
-                .checked_mul(dilation[i])
-                .and_then(|s| s.checked_add(1))
-                .ok_or("the kernel span overflows")?;
-            let padded = padding[i]
-                .checked_mul(2)
-                .and_then(|p| p.checked_add([h, wd][i]))
-                .ok_or("the padded size overflows")?;
-            if stride[i] == 0 || dilation[i] == 0 || padded < span {
-                return Err(format!("the kernel does not fit axis {}", i + 2));
-            }
-            out_hw[i] = (padded - span) / stride[i] + 1;
-        }
-        Ok(ConvGeometry {
-            batch,
-            in_ch,
-            in_hw: [h, wd],
-            out_ch,
-            kernel: [kh, kw],
-            stride,
-            padding,
-            dilation,
-            groups,
-            out_hw,
-        })
-    }
-
-    /// Elements of `x`, `w` and `y`.
-    pub fn elements(&self) -> [usize; 3] {
-        [
-            self.batch * self.in_ch * self.in_hw[0] * self.in_hw[1],
-            self.out_ch * (self.in_ch / self.groups.max(1)) * self.kernel[0] * self.kernel[1],
-            self.batch * self.out_ch * self.out_hw[0] * self.out_hw[1],
-        ]
-    }
-
-    /// Rows of the column buffer: `C/g · kh · kw`.
-    pub fn col_rows(&self) -> usize {
-        self.in_ch / self.groups * self.kernel[0] * self.kernel[1]
-    }
-
-    /// Output positions per image: `Ho · Wo`.
-    pub fn positions(&self) -> usize {
-        self.out_hw[0] * self.out_hw[1]
-    }
-
-    fn x_len(&self) -> usize {
-        self.batch * self.in_ch * self.in_hw[0] * self.in_hw[1]
-    }
-
-    fn y_len(&self) -> usize {
-        self.batch * self.out_ch * self.positions()
-    }
-
-    fn w_len(&self) -> usize {
-        self.out_ch * self.col_rows()
-    }
-}
 
 /// Most lanes a pass is cut into: each lane owns a slice of the workspace (its column buffer
 /// and GEMM packing space) and runs its share of the pass's units (images and groups, or for
@@ -160,19 +54,23 @@ pub const MIN_RANGE_COLUMNS: usize = 128;
 
 /// Columns (images times output positions) a block of images gives the forward and
 /// input-gradient GEMMs: images with fewer output positions than half this (a ResNet's
-/// later layers on small images, down to one position at 1x1) run several to one GEMM, so
-/// that the weights are packed once a block rather than once an image (at one position an
-/// image's GEMM is a matrix-vector product that reads the whole weight for one column).
-/// Their sums are the same sums in the same order ([`mod@super::gemm`]: a function of the
-/// reduction's length only), so a block gives the bits of one image at a time.
-pub const BLOCK_COLUMNS: usize = 256;
+/// later layers on small images: 8x8 down to 2x2) run several to one GEMM, so that the
+/// weights are packed once a block rather than once an image. One GEMM panel's width
+/// ([`super::gemm::NC`]): a block's GEMM then has as many columns as the GEMM's threads
+/// split one panel's tiles over (session 39: with 256 columns, resnet18's small-image
+/// convolutions ran in GEMMs of 8 to 64 columns on 16 threads, each packing the whole weight
+/// for them). Their sums are the same sums in the same order ([`mod@super::gemm`]: a
+/// function of the reduction's length only), so a block gives the bits of one image at a
+/// time.
+pub const BLOCK_COLUMNS: usize = super::gemm::NC;
 
 /// Columns a block of images gives the weight gradient's GEMM, whose reduction runs over
 /// them: below half this many output positions an image, the images of a block are summed
 /// as one reduction (rather than one rank-`positions` update of the whole weight gradient
-/// an image). That changes the order of the sums, so it is a function of the geometry alone
-/// and the least workspace holds one block.
-pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
+/// an image). That changes the order of the sums, so it is a function of the geometry (and
+/// the element's size) alone and the least workspace holds one block. A GEMM panel's width,
+/// as [`BLOCK_COLUMNS`] (64 before session 39).
+pub const WEIGHT_BLOCK_COLUMNS: usize = super::gemm::NC;
 
 /// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) ask for at most
 /// ([`workspace_len_up_to`]): large images (a ResNet-50 at 224x224) have column buffers of
@@ -270,22 +168,29 @@ fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
     }
 }
 
-/// Images per block of `pass` (see [`BLOCK_COLUMNS`] and [`WEIGHT_BLOCK_COLUMNS`]): `None`
-/// where blocks would hold one image, or the convolution has several groups.
-fn block_images(g: &ConvGeometry, pass: Pass) -> Option<usize> {
+/// Images per block of `pass` (see [`BLOCK_COLUMNS`] and [`WEIGHT_BLOCK_COLUMNS`]), fewer
+/// where one lane of them would pass [`LANE_BUDGET_BYTES`] (many channels); `None` where
+/// blocks would hold one image, or the convolution has several groups.
+fn block_images<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<usize> {
     let columns = match pass {
         Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
         _ => BLOCK_COLUMNS,
     };
-    let images = (columns / g.positions().max(1)).min(g.batch);
-    (g.groups == 1 && images >= 2).then_some(images)
+    let most = (columns / g.positions().max(1)).min(g.batch);
+    if g.groups != 1 || most < 2 {
+        return None;
+    }
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    (2..=most)
+        .rev()
+        .find(|&images| block_cut_of::<T>(g, pass, images).len(1) <= budget)
 }
 
 /// The cut of `pass` into blocks of images, each unit one block through one GEMM (one lane
 /// for the weight gradient, whose blocks add into `dw` one after the other), where
 /// [`block_images`] gives blocks.
 fn block_cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
-    Some(block_cut_of::<T>(g, pass, block_images(g, pass)?))
+    Some(block_cut_of::<T>(g, pass, block_images::<T>(g, pass)?))
 }
 
 /// The cut of `pass` into blocks of `images` images (one lane at least; see [`block_cut`]).
@@ -379,36 +284,20 @@ fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Sp
     })
 }
 
-/// Elements of workspace `pass` needs at least: one lane's column buffer (none for a
-/// pointwise convolution) and GEMM packing space, one image and group at a time; for a
-/// weight gradient in blocks of images, one block's; for the other passes in blocks of
-/// images, one lane of the largest block within [`LEAST_BLOCK_GROWTH`] of one image's.
+/// Elements of workspace `pass` needs at least: for a one-pixel convolution, its one GEMM
+/// over the batch ([`one_tap::workspace_len`]); else one lane's column buffer (none for a
+/// pointwise convolution) and GEMM packing space, one image and group at a time, or, in
+/// blocks of images ([`block_images`]), one lane of a whole block. Session 39 made the
+/// least workspace hold a whole block (before, the forward and input-gradient passes held
+/// at most a quarter more than one image's, blocks of 2 to 13 images): the planner grants
+/// more only from the slab's free bytes, and where it had none those passes ran GEMMs too
+/// narrow for the threads.
 pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
-    let one = cuts::<T>(g, pass)[0].len(1);
-    least_block::<T>(g, pass).map_or(one, |b| b.len(1).max(one))
-}
-
-/// How much more than one image's lane the least workspace of a forward or input-gradient
-/// pass in blocks of images may be, in quarters: 5 (a quarter more). The planner grants
-/// these passes more only from the slab's free bytes, and at the peak of a ResNet's step
-/// (its last layer's input gradient, 1x1 images) there are none: one image a GEMM there
-/// packs the whole weight for one column, the costliest op of the step (a third of
-/// resnet18's on 2 threads); a block of 13 images costs 0.26 MB more.
-pub const LEAST_BLOCK_GROWTH: usize = 5;
-
-/// The block of images the least workspace of a forward or input-gradient pass holds (see
-/// [`workspace_len`]): `None` for the weight gradient, where blocks are cut otherwise, and
-/// where no block of two images fits.
-fn least_block<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
-    if pass == Pass::GradWeight {
-        return None;
+    if one_tap::live_tap(g).is_some() {
+        return one_tap::workspace_len::<T>(g, pass);
     }
-    let full = block_cut::<T>(g, pass)?;
-    let one = cut::<T>(g, pass, 1).len(1);
-    (2..=full.images)
-        .rev()
-        .map(|images| block_cut_of::<T>(g, pass, images))
-        .find(|b| 4 * b.len(1) <= LEAST_BLOCK_GROWTH * one)
+    let one = cuts::<T>(g, pass)[0].len(1);
+    block_cut::<T>(g, pass).map_or(one, |b| b.len(1).max(one))
 }
 
 /// Elements of workspace `pass` runs fastest in: blocks of images where it has them (as many
@@ -416,6 +305,9 @@ fn least_block<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
 /// per unit, at most [`MAX_LANES`], within the budget), with the weight gradient's partial
 /// sums where its channel ranges give more lanes than its groups.
 pub fn workspace_len_up_to<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
+    if one_tap::live_tap(g).is_some() {
+        return workspace_len::<T>(g, pass);
+    }
     if let Some(b) = block_cut::<T>(g, pass) {
         return b.len(b.most).max(workspace_len::<T>(g, pass));
     }
@@ -435,19 +327,6 @@ pub fn workspace_bytes<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
 /// [`workspace_len_up_to`] in bytes.
 pub fn workspace_bytes_up_to<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
     workspace_len_up_to::<T>(g, pass) * std::mem::size_of::<T>()
-}
-
-/// What can go wrong before anything is written.
-#[derive(Debug, thiserror::Error)]
-pub enum ConvError {
-    #[error("conv2d: {what} has {len} elements, the geometry needs {need}")]
-    WrongLength {
-        what: &'static str,
-        len: usize,
-        need: usize,
-    },
-    #[error(transparent)]
-    Gemm(#[from] GemmError),
 }
 
 fn check(what: &'static str, len: usize, need: usize) -> Result<(), ConvError> {
@@ -635,33 +514,52 @@ fn im2col_images<T: Scalar>(g: &ConvGeometry, x: &[T], images: usize, col: &mut 
 /// Adds the column buffer back onto one group's block `dx` (the adjoint of [`im2col`]): each
 /// input channel's plane is summed by one thread, its rows in order as on one thread.
 fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
-    col2im_add_at(g, col, g.positions(), 0, dx)
-}
-
-/// [`col2im_add`] of the image whose positions start at column `at` of a column buffer with
-/// rows `ld` elements long (a block of images side by side).
-fn col2im_add_at<T: Scalar>(g: &ConvGeometry, col: &[T], ld: usize, at: usize, dx: &mut [T]) {
     let (p, rows, plane) = (
         g.positions(),
         g.kernel[0] * g.kernel[1],
         g.in_hw[0] * g.in_hw[1],
     );
-    let work = g.col_rows() * p;
-    for_each_block(dx, plane, work, |c, dxc| {
-        let colc = &col[c * rows * ld..(c + 1) * rows * ld];
-        each_channel_segment(g, ld, at, |s| {
-            let seg = &colc[s.pos..s.pos + s.len];
-            if s.step == 1 {
-                for (d, &v) in dxc[s.src..s.src + s.len].iter_mut().zip(seg) {
-                    *d = d.add(v);
-                }
-            } else {
-                for (t, &v) in seg.iter().enumerate() {
-                    let d = &mut dxc[s.src + t * s.step];
-                    *d = d.add(v);
-                }
+    for_each_block(dx, plane, g.col_rows() * p, |c, dxc| {
+        col2im_channel(g, &col[c * rows * p..(c + 1) * rows * p], p, 0, dxc);
+    });
+}
+
+/// Sets a block of `images` images' gradient `dx` (`[images, c, H, W]`) to the column buffer
+/// of their positions side by side (rows `images · Ho · Wo` long) summed back: each image's
+/// channel plane is zeroed and summed by one call, its rows in order as [`col2im_add`] sums
+/// them, so the bits are one image's at a time; the planes (not the images: a block of a
+/// few large-channel images has as many) are spread over the pool's threads.
+fn col2im_images<T: Scalar>(g: &ConvGeometry, col: &[T], images: usize, dx: &mut [T]) {
+    let (p, rows, plane) = (
+        g.positions(),
+        g.kernel[0] * g.kernel[1],
+        g.in_hw[0] * g.in_hw[1],
+    );
+    let ld = images * p;
+    let channels = dx.len() / (plane * images).max(1);
+    for_each_block(dx, plane, channels * rows * ld, |ic, dxc| {
+        let (i, c) = (ic / channels.max(1), ic % channels.max(1));
+        dxc.fill(T::ZERO);
+        col2im_channel(g, &col[c * rows * ld..(c + 1) * rows * ld], ld, i * p, dxc);
+    });
+}
+
+/// Adds one input channel's rows `colc` of a column buffer (rows `ld` long, the image's
+/// positions from column `at`) onto its plane `dxc`, tap by tap and row by row.
+#[inline]
+fn col2im_channel<T: Scalar>(g: &ConvGeometry, colc: &[T], ld: usize, at: usize, dxc: &mut [T]) {
+    each_channel_segment(g, ld, at, |s| {
+        let seg = &colc[s.pos..s.pos + s.len];
+        if s.step == 1 {
+            for (d, &v) in dxc[s.src..s.src + s.len].iter_mut().zip(seg) {
+                *d = d.add(v);
             }
-        });
+        } else {
+            for (t, &v) in seg.iter().enumerate() {
+                let d = &mut dxc[s.src + t * s.step];
+                *d = d.add(v);
+            }
+        }
     });
 }
 
@@ -702,10 +600,11 @@ pub fn forward<T: GemmScalar + Float>(
     check("x", x.len(), g.x_len())?;
     check("w", w.len(), g.w_len())?;
     check("y", y.len(), g.y_len())?;
-    let s = split_ws::<T>(g, Pass::Forward, ws.len())?;
-    if let Some(tap) = one_tap::runs_here::<T>(g, Pass::Forward) {
+    if let Some(tap) = one_tap::live_tap(g) {
+        check_ws(ws.len(), workspace_len::<T>(g, Pass::Forward))?;
         return one_tap::run(g, Pass::Forward, tap, x, w, y, ws);
     }
+    let s = split_ws::<T>(g, Pass::Forward, ws.len())?;
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
     let direct = is_pointwise(g);
@@ -777,10 +676,11 @@ pub fn grad_input<T: GemmScalar + Float>(
     check("dy", dy.len(), g.y_len())?;
     check("w", w.len(), g.w_len())?;
     check("dx", dx.len(), g.x_len())?;
-    let s = split_ws::<T>(g, Pass::GradInput, ws.len())?;
-    if let Some(tap) = one_tap::runs_here::<T>(g, Pass::GradInput) {
+    if let Some(tap) = one_tap::live_tap(g) {
+        check_ws(ws.len(), workspace_len::<T>(g, Pass::GradInput))?;
         return one_tap::run(g, Pass::GradInput, tap, dy, w, dx, ws);
     }
+    let s = split_ws::<T>(g, Pass::GradInput, ws.len())?;
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
     let direct = is_pointwise(g);
@@ -823,10 +723,7 @@ pub fn grad_input<T: GemmScalar + Float>(
                 MatLayout::row_major(cols),
                 gws,
             )?;
-            dxu.fill(<T as Scalar>::ZERO);
-            for (i, dxi) in dxu.chunks_mut(xg).enumerate() {
-                col2im_add_at(g, col, cols, i * p, dxi);
-            }
+            col2im_images(g, col, images, dxu);
             Ok(())
         })
         .map_err(ConvError::from);
@@ -864,10 +761,11 @@ pub fn grad_weight<T: GemmScalar + Float>(
         dw.fill(<T as Scalar>::ZERO);
         return Ok(());
     }
-    let s = split_ws::<T>(g, Pass::GradWeight, ws.len())?;
-    if let Some(tap) = one_tap::runs_here::<T>(g, Pass::GradWeight) {
+    if let Some(tap) = one_tap::live_tap(g) {
+        check_ws(ws.len(), workspace_len::<T>(g, Pass::GradWeight))?;
         return one_tap::run(g, Pass::GradWeight, tap, x, dy, dw, ws);
     }
+    let s = split_ws::<T>(g, Pass::GradWeight, ws.len())?;
     let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
     let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
     let (k, xg, ranges) = (cg * taps, cg * plane, s.units / g.groups);
@@ -1040,9 +938,9 @@ mod tests {
             ([2, 300, 3, 2], [3, 300, 1, 1], 1, 0, 1, 1),
             // A 1x1 kernel that is not pointwise (strided, padded).
             ([2, 4, 6, 6], [3, 4, 1, 1], 2, 1, 1, 1),
-            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels (42
+            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels (552
             // positions: too many for blocks of images).
-            ([2, 37, 7, 6], [3, 37, 3, 3], 1, 1, 1, 1),
+            ([2, 37, 24, 23], [3, 37, 3, 3], 1, 1, 1, 1),
             // Depthwise, more groups than lanes.
             ([2, 20, 5, 5], [20, 1, 3, 3], 1, 1, 1, 20),
             // Few positions an image: blocks of images, a last block short (forward blocks of
@@ -1051,6 +949,8 @@ mod tests {
             ([30, 3, 3, 3], [4, 3, 3, 3], 1, 1, 1, 1),
             ([9, 4, 4, 4], [5, 4, 3, 3], 2, 1, 1, 1),
             ([70, 6, 1, 1], [5, 6, 3, 3], 1, 1, 1, 1),
+            // Blocks of 256 images at 2x2 (1,024 columns), the last one of 44.
+            ([300, 2, 2, 2], [3, 2, 3, 3], 1, 1, 1, 1),
             // Pointwise in blocks (the block's column buffer is a copy of its images).
             ([20, 5, 2, 2], [3, 5, 1, 1], 1, 0, 1, 1),
         ] {
@@ -1179,7 +1079,7 @@ mod tests {
                 col2im_add(g, &col, &mut dx[xs..xs + xg]);
             }
         }
-        if block_images(g, Pass::GradWeight).is_some() {
+        if block_images::<f32>(g, Pass::GradWeight).is_some() {
             dw = weight_blocks_one_image_at_a_time(g, x, dy);
         }
         [y, dx, dw]
@@ -1189,7 +1089,7 @@ mod tests {
     /// gradient assembled one image and one element at a time from the image's own column
     /// buffer ([`im2col`]), then one GEMM a block, the blocks added in order.
     fn weight_blocks_one_image_at_a_time(g: &ConvGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-        let images = block_images(g, Pass::GradWeight).unwrap();
+        let images = block_images::<f32>(g, Pass::GradWeight).unwrap();
         let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
         let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
         let mut dw = vec![f32::NAN; g.w_len()];
@@ -1294,10 +1194,12 @@ mod tests {
         }
     }
 
-    /// The least workspace is what the passes took before lanes (one image and group's column
-    /// buffer and GEMM space), so no plan grows; a pointwise convolution's is smaller still.
+    /// The least workspace holds one lane of a whole block of images where the images are
+    /// small (so the planned step runs its GEMMs a panel wide), one image and group's column
+    /// buffer and GEMM space otherwise (a pointwise convolution's is smaller still), and a
+    /// one-pixel convolution's one GEMM over the batch.
     #[test]
-    fn the_least_workspace_is_one_lane_and_never_more_than_before_lanes() {
+    fn the_least_workspace_is_one_lane_of_a_whole_block_or_of_one_image() {
         for g in geometries() {
             let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
             let before = [
@@ -1307,17 +1209,19 @@ mod tests {
             ];
             for (pass, old) in before {
                 let least = workspace_len::<f32>(&g, pass);
-                if pass == Pass::GradWeight && block_images(&g, pass).is_some() {
-                    // The order of its sums is the blocks', whatever the workspace: the
-                    // least holds one block.
-                    assert_eq!(least, block_cut::<f32>(&g, pass).unwrap().len(1));
-                } else if let Some(b) = least_block::<f32>(&g, pass) {
-                    // A block of images within a quarter more than one image's lane.
-                    assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
-                    assert!(4 * least <= LEAST_BLOCK_GROWTH * old, "{g:?} {pass:?}");
-                    assert!(split::<f32>(&g, pass, least).unwrap().images >= 2);
+                if one_tap::live_tap(&g).is_some() {
+                    assert_eq!(least, one_tap::workspace_len::<f32>(&g, pass));
                     continue;
-                } else if is_pointwise(&g) {
+                }
+                if let Some(b) = block_cut::<f32>(&g, pass) {
+                    assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
+                    let s = split::<f32>(&g, pass, least).unwrap();
+                    let cols = BLOCK_COLUMNS.min(WEIGHT_BLOCK_COLUMNS);
+                    assert_eq!(s.images, (cols / p).min(g.batch), "{g:?} {pass:?}");
+                    assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
+                    continue;
+                }
+                if is_pointwise(&g) {
                     assert!(least < old, "{g:?} {pass:?}: {least} vs {old}");
                 } else {
                     assert_eq!(least, old, "{g:?} {pass:?}");
@@ -1330,18 +1234,18 @@ mod tests {
 
     #[test]
     fn the_most_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
-        // resnet18's 3x3 convolutions at 8x8, batch 128: sixteen lanes.
+        // resnet18's 3x3 convolutions at 8x8, batch 128.
         let small =
             ConvGeometry::new([128, 64, 8, 8], [64, 64, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
         for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
             let most = workspace_len_up_to::<f32>(&small, pass);
             let s = split::<f32>(&small, pass, most).unwrap();
             let want = match pass {
-                // Its weight gradient: ranges of 16 channels (144 columns), one lane each.
-                Pass::GradWeight => (4, 16, 4, 1),
-                // The others: blocks of 4 images (256 columns), lanes of about 1 MiB.
-                Pass::Forward => (32, 64, 8, 4),
-                Pass::GradInput => (32, 64, 9, 4),
+                // Its weight gradient: blocks of 16 images (1,024 columns), added in order
+                // (one lane; the GEMM spreads each block's tiles over the threads).
+                Pass::GradWeight => (8, 64, 1, 16),
+                // The others: blocks of 16 images too, two lanes of about 3 MiB.
+                Pass::Forward | Pass::GradInput => (8, 64, 2, 16),
             };
             assert_eq!((s.units, s.chunk, s.lanes, s.images), want, "{pass:?}");
             // More bytes than it uses run no more lanes.
@@ -1349,7 +1253,7 @@ mod tests {
         }
         // 37 channels of 3x3 (333 columns, as in `geometries`): two ranges, summed apart.
         let g37 =
-            ConvGeometry::new([2, 37, 7, 6], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
+            ConvGeometry::new([2, 37, 24, 23], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
         let s = split::<f32>(&g37, Pass::GradWeight, usize::MAX).unwrap();
         assert_eq!(
             (s.units, s.chunk, s.partial),
@@ -1362,36 +1266,31 @@ mod tests {
         let s = split::<f32>(&big, Pass::Forward, usize::MAX).unwrap();
         assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
         assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
-        // resnet18's last 3x3 convolution (512 channels at 1x1): the weight gradient runs in
-        // two blocks of 64 images, each one GEMM over the block's images (one lane), the
-        // other passes in one block of the 128 images.
+        // resnet18's 3x3 convolutions at 2x2 (256 channels): every pass one GEMM over the
+        // batch's 512 columns, in the least workspace already.
         let wide = ConvGeometry::new(
-            [128, 512, 1, 1],
-            [512, 512, 3, 3],
+            [128, 256, 2, 2],
+            [256, 256, 3, 3],
             [1, 1],
             [1, 1],
             [1, 1],
             1,
         )
         .unwrap();
-        let s = split::<f32>(&wide, Pass::GradWeight, usize::MAX).unwrap();
-        assert_eq!(
-            (s.units, s.images, s.lanes, s.partial),
-            (2, 64, 1, 0),
-            "{s:?}"
-        );
-        let s = split::<f32>(&wide, Pass::Forward, usize::MAX).unwrap();
-        assert_eq!((s.units, s.images, s.lanes), (1, 128, 1), "{s:?}");
         for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-            let one = split::<f32>(&wide, pass, usize::MAX).unwrap().lane_len;
-            assert!(
-                4 * workspace_len_up_to::<f32>(&wide, pass) <= LANE_BUDGET_BYTES.max(4 * one),
-                "{pass:?}"
+            let least = workspace_len::<f32>(&wide, pass);
+            let s = split::<f32>(&wide, pass, least).unwrap();
+            assert_eq!(
+                (s.units, s.images, s.lanes, s.partial),
+                (1, 128, 1, 0),
+                "{s:?}"
             );
+            assert!(4 * workspace_len_up_to::<f32>(&wide, pass) <= LANE_BUDGET_BYTES);
         }
-        // A pointwise convolution needs no column buffer one image at a time.
+        // A pointwise convolution needs no column buffer one image at a time (images of more
+        // than 512 positions; smaller ones run in blocks, copied side by side).
         let pw =
-            ConvGeometry::new([8, 64, 7, 7], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
+            ConvGeometry::new([8, 64, 24, 24], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
         let least = workspace_len::<f32>(&pw, Pass::Forward);
         assert_eq!(split::<f32>(&pw, Pass::Forward, least).unwrap().col_len, 0);
     }

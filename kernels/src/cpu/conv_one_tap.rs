@@ -17,11 +17,11 @@
 //! places. A weight at a dead tap is never read, so an infinite or NaN one there no longer
 //! turns the products with the padding's zeros into NaN (as in PyTorch's direct
 //! convolutions). Whether a convolution runs here is a function of its geometry alone
-//! ([`live_tap`] and a product that fits in [`super::conv::workspace_len`]), so the planner's
+//! ([`live_tap`] and a product that fits in `super::conv::workspace_len`), so the planner's
 //! workspace is unchanged and the planned step, the interpreter and any thread count agree to
 //! the bit (the GEMM's sums depend on its reduction's length only).
 
-use super::conv::{workspace_len, ConvError, ConvGeometry, Pass};
+use super::conv_geometry::{ConvError, ConvGeometry, Pass};
 use super::gemm::{gemm_ws, workspace_len as gemm_len};
 use super::matmul::{GemmScalar, MatLayout};
 
@@ -89,14 +89,13 @@ fn widest_cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, len: usize) -> usize 
     lo
 }
 
-/// The live tap of `g` ([`live_tap`]) where `pass` runs here: its GEMM cut to one image (one
-/// input channel for the weight gradient) packs within the workspace the im2col path asks
-/// for at least ([`workspace_len`]), which every caller gives, so the choice is the
-/// geometry's alone and no plan changes.
-pub fn runs_here<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<usize> {
-    let tap = live_tap(g)?;
-    let (m, k, n) = cut_product(g, pass, 1);
-    (gemm_len::<T>(m, k, n) <= workspace_len::<T>(g, pass)).then_some(tap)
+/// Elements of workspace `pass` of a one-pixel convolution ([`live_tap`]) needs: its one
+/// GEMM's over the whole batch, which the planner gives it (`super::conv::workspace_len`
+/// is this where there is a live tap; before session 39 it was the im2col path's least
+/// workspace, and the pass ran here where one image's GEMM packed within that).
+pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
+    let (m, k, n) = product(g, pass);
+    gemm_len::<T>(m, k, n)
 }
 
 /// `W_t` (`[O, C]`) or its transpose, read in place from `w [O, C, kh, kw]`, from input
@@ -111,11 +110,12 @@ fn tap_weights(g: &ConvGeometry, tap: usize, c0: usize, transposed: bool) -> Mat
     }
 }
 
-/// `pass` of `g` through its live tap `tap` ([`runs_here`]): `a` and `b` are the pass's
+/// `pass` of `g` through its live tap `tap` ([`live_tap`]): `a` and `b` are the pass's
 /// operands as [`super::conv::forward`], [`super::conv::grad_input`] and
 /// [`super::conv::grad_weight`] take them, `out` its result; the caller has checked every
 /// length, the workspace's included. The product runs in as few GEMMs as the workspace
-/// holds, each over a run of images (or input channels), with the same bits as one.
+/// holds (one in [`workspace_len`]), each over a run of images (or input channels), with
+/// the same bits as one.
 pub fn run<T: GemmScalar>(
     g: &ConvGeometry,
     pass: Pass,
@@ -270,8 +270,9 @@ mod tests {
     fn one_pixel_passes_run_through_their_live_tap_and_match_the_definition_in_f64() {
         for g in geometries() {
             for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-                assert!(runs_here::<f32>(&g, pass).is_some(), "{g:?} {pass:?}");
-                assert!(runs_here::<f64>(&g, pass).is_some(), "{g:?} {pass:?}");
+                assert!(live_tap(&g).is_some(), "{g:?} {pass:?}");
+                let least = conv::workspace_len::<f32>(&g, pass);
+                assert_eq!(least, workspace_len::<f32>(&g, pass), "{g:?} {pass:?}");
             }
             let [x, w, dy] = [0, 1, 2].map(|i| values(g.elements()[i], 20 + i as u64));
             let f32s = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
@@ -329,9 +330,9 @@ mod tests {
         }
     }
 
-    /// The least workspace cuts the largest geometry's forward product into runs of images
-    /// (one image's or one input channel's packing space, the least `run` takes, cuts every
-    /// pass); more workspace, fewer and longer runs: the same bits in any.
+    /// One image's or one input channel's packing space (the least `run` takes) cuts every
+    /// pass of the largest geometry into runs; more workspace, fewer and longer runs, up to
+    /// the one GEMM of the planned workspace: the same bits in any.
     #[test]
     fn one_pixel_passes_give_the_same_bits_in_any_workspace() {
         let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
@@ -343,12 +344,7 @@ mod tests {
             let whole = gemm_len::<f32>(m, k, n);
             let (m1, k1, n1) = cut_product(&g, pass, 1);
             let one = gemm_len::<f32>(m1, k1, n1);
-            if pass == Pass::Forward {
-                assert!(
-                    widest_cut::<f32>(&g, pass, least) < g.batch,
-                    "cut in the least"
-                );
-            }
+            assert!(widest_cut::<f32>(&g, pass, one) < g.batch.max(g.in_ch));
             let run_in = |len: usize| {
                 let [xl, wl, yl] = g.elements();
                 let (mut o, a, b) = match pass {
@@ -441,10 +437,15 @@ mod tests {
         assert_eq!(live_tap(&g([2, 4, 1, 1], [4, 2, 3, 3], 1, 1, 1, 2)), None);
         // Padding 3 with dilation 2: the pixel lies between two taps (every output is zero).
         assert_eq!(live_tap(&g([2, 4, 1, 1], [4, 4, 3, 3], 3, 3, 2, 1)), None);
-        // resnet18's last stage at batch 128 runs here in the workspace it was planned.
+        // resnet18's last stage at batch 128 runs here, planned one GEMM's workspace.
         let r = g([128, 512, 1, 1], [512, 512, 3, 3], 1, 1, 1, 1);
+        assert_eq!(live_tap(&r), Some(4));
         for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-            assert_eq!(runs_here::<f32>(&r, pass), Some(4), "{pass:?}");
+            let (m, k, n) = product(&r, pass);
+            assert_eq!(
+                conv::workspace_len::<f32>(&r, pass),
+                gemm_len::<f32>(m, k, n)
+            );
         }
     }
 }

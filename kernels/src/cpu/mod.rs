@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod conv_geometry;
 pub mod conv_nhwc;
 pub mod conv_one_tap;
 pub mod exp;
