@@ -12,7 +12,8 @@
 //! the plan holds and nothing is allocated at run time; cuDNN's implicit-GEMM algorithms need
 //! none of it, the others get up to the whole of it.
 
-use super::{Compute, DeviceOp};
+use super::gemm::Compute;
+use super::program::DeviceOp;
 use crate::ir::{ConvLayout, DType, NodeId};
 use crate::plan::Location;
 use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
