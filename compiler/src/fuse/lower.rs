@@ -7,7 +7,7 @@
 //! anything that cannot be expanded is reported as a *cut*, to be materialized by the caller.
 
 use super::index::Map;
-use super::{kind, Kind};
+use super::kind::{kind, Kind};
 use crate::ir::{DType, Graph, NodeId, Op};
 use ingot_kernels::fused::{FusedKernel, Input, Inst, Output};
 use smallvec::SmallVec;
@@ -468,7 +468,7 @@ impl Lowerer<'_> {
                 // cut, read as a load so that the walk goes on and finds every such cut of
                 // the group at once: a chain of n reductions under one root is cut in one
                 // round, not in n / MAX rounds of lowering every group again.
-                if self.entered_reductions == super::MAX_KERNEL_REDUCTIONS {
+                if self.entered_reductions == super::bounds::MAX_KERNEL_REDUCTIONS {
                     self.cuts.push(v);
                     let i = self.load(v, &map);
                     return self.done(v, map, i);

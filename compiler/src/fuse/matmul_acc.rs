@@ -161,7 +161,7 @@ pub fn form(g: &Graph) -> Result<(Graph, usize), IrError> {
             } else {
                 product(c, id)
             };
-            let buffer = super::kind(g.node(c)) == super::Kind::Library
+            let buffer = super::kind::kind(g.node(c)) == super::kind::Kind::Library
                 || formed[c.index()].is_some()
                 || first.is_some();
             if !buffer {

@@ -30,8 +30,11 @@
 //! The result is again a [`Graph`]: leaves, library ops, reshapes of buffers, and `fused`
 //! nodes with `result` nodes for their extra outputs, which the planner and runtimes take as is.
 
+mod bounds;
 pub mod concat;
+mod group;
 pub mod index;
+mod kind;
 pub mod lower;
 pub mod matmul_acc;
 mod merge;
@@ -44,10 +47,11 @@ mod unread;
 pub mod widen;
 
 use crate::error::IrError;
-use crate::ir::{Graph, Node, NodeId, Op, Shape, TensorType};
-use lower::{Domain, Lowered};
+use crate::ir::{Graph, NodeId, Op, Shape, TensorType};
+pub use bounds::{scratch_bound, MAX_KERNEL_REDUCTIONS, SCRATCH_FREE};
+use group::Group;
+pub use kind::{kind, Kind};
 use merge::merged_groups;
-pub use merge::MAX_KERNEL_REDUCTIONS;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -125,56 +129,6 @@ fn is_zero64(n: &u64) -> bool {
 pub struct Fused {
     pub graph: Graph,
     pub report: FuseReport,
-}
-
-/// How fusion sees an op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Leaf,
-    /// A library call (its operands and result are buffers), or an extra output of one.
-    Library,
-    /// Same bytes, new shape: reshape, stop-gradient.
-    Alias,
-    /// A view that moves elements: broadcast, transpose, slice.
-    View,
-    /// Full and iota: computed from the index alone.
-    Source,
-    Elementwise,
-    Reduce,
-    /// Already fused.
-    Fused,
-}
-
-pub fn kind(n: &Node) -> Kind {
-    match &n.op {
-        Op::Leaf { .. } => Kind::Leaf,
-        Op::MatMul { .. }
-        | Op::MatMulAcc { .. }
-        | Op::Gather
-        | Op::ScatterAdd { .. }
-        | Op::Concat { .. }
-        | Op::Attention { .. }
-        | Op::AttentionGrad { .. }
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. } => Kind::Library,
-        // Dropout is its own kernel (the counter-based draw, see `ingot_kernels::rng`): its
-        // operands and result are buffers, and the mask is drawn again wherever it is needed.
-        Op::Dropout { .. } => Kind::Library,
-        // Before fusion, a result node is an attention's extra output: a buffer that library
-        // call writes (fusion makes the fused kernels' own result nodes).
-        Op::Result { .. } => Kind::Library,
-        Op::Reshape | Op::StopGradient => Kind::Alias,
-        Op::Broadcast | Op::Transpose { .. } | Op::Slice { .. } => Kind::View,
-        Op::Full { .. } | Op::Iota { .. } => Kind::Source,
-        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert => {
-            Kind::Elementwise
-        }
-        Op::Reduce { .. } => Kind::Reduce,
-        Op::Fused(_) => Kind::Fused,
-        // Convolution and pooling are library calls: operands and result are buffers.
-        Op::Window(_) => Kind::Library,
-    }
 }
 
 /// Fuses a step graph. The result computes the same outputs and updates.
@@ -303,35 +257,6 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     }
     report.kernels = report.fused_kernels + report.library_calls;
     Ok(Fused { graph, report })
-}
-
-/// One future kernel: its roots (materialized values it writes), domain and lowering.
-struct Group {
-    roots: Vec<NodeId>,
-    domain: Domain,
-    lowered: Lowered,
-}
-
-/// Lowers every materialized computed value as a one-root group; on failure, every cut.
-fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
-    rounds::lower_all_keeping(g, mat, &mut rounds::Lowerings::default()).map(|(groups, _)| groups)
-}
-
-/// Scratch bytes a kernel may take without being weighed against what it saves: the CPU
-/// executor's lane buffers alone take tens of KiB for a kernel over a thousand elements or
-/// more, whatever its values.
-pub const SCRATCH_FREE: usize = 64 << 10;
-
-/// The scratch a kernel of a step whose largest value is `largest` bytes may take unweighed:
-/// that value (the plan holds it anyway) or 64 times it up to [`SCRATCH_FREE`], whichever is
-/// more. A lane buffer holds at most twice its kernel's domain in f32 bytes (the executor's
-/// lanes stop at the domain), and no domain is larger than the largest value's elements, so
-/// 64 times it covers 32 lane buffers; a step of tiny values (a deep chain of f32[8, 8]
-/// layers, 256 bytes each) gets 16 KiB, not the 64 KiB that let one of its kernels plan more
-/// scratch than 150 layers hold unfused. (16 times, 4 KiB there, cut that chain into ten
-/// times as many kernels and made its compile grow 5.2x for 4x the layers.)
-pub fn scratch_bound(largest: usize) -> usize {
-    largest.max(SCRATCH_FREE.min(largest.saturating_mul(64)))
 }
 
 /// Values to store so that no kernel's scratch exceeds the step's largest value (or
@@ -598,7 +523,7 @@ mod tests {
         let mut mat = select::forced(&g);
         let groups = loop {
             select::shared(&g, &mut mat, opts.recompute_ops);
-            match lower_all(&g, &mat) {
+            match rounds::lower_all(&g, &mat) {
                 Ok(groups) => break groups,
                 Err(cuts) => cuts.into_iter().for_each(|c| mat[c.index()] = true),
             }

@@ -6,8 +6,8 @@
 //! computed just before them, and the forward value dies as soon as the forward pass is done
 //! with it.
 
+use super::kind::{kind, Kind};
 use super::select::forced;
-use super::{kind, Kind};
 use crate::autodiff::LOSS;
 use crate::error::IrError;
 use crate::ir::{CmpOp, Graph, NodeId, Op};

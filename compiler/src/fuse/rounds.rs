@@ -8,8 +8,9 @@
 //! is. Lowering every group again at every round made the loop's work the rounds times the
 //! step's (three rounds for a deep GPT: more than half of fusion's instructions).
 
+use super::group::Group;
+use super::kind::{kind, Kind};
 use super::lower::{lower_reading, Domain, Lowered, Reads};
-use super::{kind, Group, Kind};
 use crate::ir::{Graph, NodeId};
 
 /// A one-root lowering and the entries of `mat` it read.
@@ -104,4 +105,9 @@ pub(super) fn lower_all_keeping(
         kept.keep_groups(groups, reads);
         Err(cuts)
     }
+}
+
+/// Lowers every materialized computed value as a one-root group; on failure, every cut.
+pub(super) fn lower_all(g: &Graph, mat: &[bool]) -> Result<Vec<Group>, Vec<NodeId>> {
+    lower_all_keeping(g, mat, &mut Lowerings::default()).map(|(groups, _)| groups)
 }

@@ -11,7 +11,7 @@
 //! not once per element). A shared reduction is stored (it is a row of scalars; the kernel merge usually computes it as
 //! an extra output of the first kernel that needs it).
 
-use super::{kind, Kind};
+use super::kind::{kind, Kind};
 use crate::ir::{Graph, NodeId, Op};
 use smallvec::SmallVec;
 

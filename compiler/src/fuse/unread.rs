@@ -14,9 +14,10 @@
 //! value, it was read unrounded, and the random bf16 steps 1498461 and 1686696 moved 2 and 10
 //! times as far from the f32 step as the reference (which rounds every op) is.
 
+use super::group::Group;
+use super::kind::{kind, Kind};
 use super::lower::lower_unstored;
 use super::select::base;
-use super::{kind, Group, Kind};
 use crate::ir::{Graph, NodeId, Op};
 
 /// `groups` with each root that nothing loads (no kernel, no library call, no step output or

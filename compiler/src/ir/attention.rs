@@ -4,8 +4,11 @@
 //! Every consumer (type inference, the CPU executor, both lowerings, the flop count) reads an
 //! attention node through [`attention_problem`], so a layout is defined in one place.
 
-use super::{AttentionLayout, DType, Op, Shape, TensorType};
+use super::op::{AttentionLayout, Op};
+use super::shape::Shape;
+use super::tensor_type::TensorType;
 use ingot_kernels::attention::Layout;
+use ingot_kernels::DType;
 use smallvec::SmallVec;
 
 /// One attention node as its kernels see it: `batch_heads` independent problems of `seq_q`

@@ -2,9 +2,14 @@
 //! operand always precedes its users. Outputs and in-place updates are named in insertion
 //! order (`IndexMap`), which keeps printing, planning and snapshots deterministic.
 
-use super::{infer::infer, DType, LeafKind, Op, Origin, Shape, TensorType};
+use super::infer::infer;
+use super::op::{LeafKind, Op};
+use super::origin::sources::Origin;
+use super::shape::Shape;
+use super::tensor_type::TensorType;
 use crate::error::IrError;
 use indexmap::IndexMap;
+use ingot_kernels::DType;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::fmt;
@@ -641,7 +646,7 @@ impl Graph {
                 .iter()
                 .map(|&x| self.ty(x))
                 .collect();
-            let outs = super::attention_outputs(writer, &operands).map_err(|e| {
+            let outs = super::attention::attention_outputs(writer, &operands).map_err(|e| {
                 IrError::Invalid(format!("result %{node} (output {index} of {kernel}): {e}"))
             })?;
             let Some(want) = outs.get(index) else {

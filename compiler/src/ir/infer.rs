@@ -7,9 +7,12 @@
 //! iota), elementwise ops, layout ops, reductions, matrix products, gathers and scatters, fused
 //! kernels and their results, and collectives.
 
-use super::{Axes, BinaryOp, DType, Init, LeafKind, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use super::op::{Axes, Init, LeafKind, Op};
+use super::shape::Shape;
+use super::tensor_type::TensorType;
 use crate::error::IrError;
 use ingot_kernels::FusedKernel;
+use ingot_kernels::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 /// Infers the result type of `op` applied to `operands`.
 ///
@@ -58,7 +61,8 @@ pub fn infer(
         Op::Fused(k) => fused(&cx, k)?,
         Op::Result { index } => result(&cx, *index)?,
         Op::Attention { .. } | Op::AttentionGrad { .. } => {
-            let mut outs = super::attention_outputs(op, operands).map_err(|r| cx.fail(r))?;
+            let mut outs =
+                super::attention::attention_outputs(op, operands).map_err(|r| cx.fail(r))?;
             outs.swap_remove(0)
         }
         Op::Window(w) => w.infer(operands).map_err(|r| cx.fail(r))?,

@@ -9,6 +9,7 @@ pub mod origin;
 mod rebuild;
 pub mod scalar;
 mod shape;
+mod tensor_type;
 pub mod text;
 pub mod window;
 
@@ -18,7 +19,8 @@ pub use attention::{
 pub use graph::{Graph, Mode, Node, NodeId, Operands, Update, Users};
 pub use infer::infer;
 pub use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
-pub use op::{AttentionLayout, Axes, Init, LeafKind, Op, TensorType};
+pub use op::{AttentionLayout, Axes, Init, LeafKind, Op};
 pub use origin::Origin;
 pub use shape::Shape;
+pub use tensor_type::TensorType;
 pub use window::{Conv2d, ConvLayout, Pool2d, WindowOp};

@@ -2,8 +2,9 @@
 //! and the optimizer update) is spelled in these few ops, so that every later pass (autodiff,
 //! rewriting, fusion, planning) handles a small closed set.
 
-use super::{BinaryOp, CmpOp, DType, ReduceOp, Shape, UnaryOp, WindowOp};
+use super::window::WindowOp;
 use ingot_kernels::FusedKernel;
+use ingot_kernels::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -341,44 +342,5 @@ impl Op {
     /// True for leaves (no operands, values supplied from outside the step).
     pub fn is_leaf(&self) -> bool {
         matches!(self, Op::Leaf { .. })
-    }
-}
-
-/// The result type of a node: what shape inference computes and the verifier re-checks.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct TensorType {
-    pub shape: Shape,
-    pub dtype: DType,
-}
-
-impl TensorType {
-    pub fn new(shape: impl Into<Shape>, dtype: DType) -> TensorType {
-        TensorType {
-            shape: shape.into(),
-            dtype,
-        }
-    }
-
-    /// Bytes of a value of this type. Every type in a graph has passed [`crate::ir::infer`],
-    /// which refuses one whose size [`TensorType::checked_bytes`] cannot give, so this product
-    /// does not overflow there.
-    pub fn bytes(&self) -> usize {
-        self.shape.numel() * self.dtype.size()
-    }
-
-    /// Bytes of a value of this type, or `None` when the element count or the byte count
-    /// overflows, or exceeds `isize::MAX` (the most any one allocation can hold).
-    pub fn checked_bytes(&self) -> Option<usize> {
-        self.shape
-            .dims()
-            .iter()
-            .try_fold(self.dtype.size(), |acc, &d| acc.checked_mul(d))
-            .filter(|&b| b <= isize::MAX as usize)
-    }
-}
-
-impl std::fmt::Display for TensorType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}{}", self.dtype, self.shape)
     }
 }

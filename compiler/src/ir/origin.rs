@@ -16,137 +16,20 @@
 //! equality (two graphs computing the same thing are equal wherever their nodes came from), and
 //! the IR text form prints it only when asked ([`print_with_origins`]).
 
-use std::fmt;
-use std::sync::Arc;
+pub(super) mod sources;
 
-/// At most this many sources are kept when origins merge (an e-class of constants can hold
-/// hundreds of nodes); the first ones, in order, are the ones kept.
-pub const MAX_SOURCES: usize = 8;
-
-/// Where a node came from: zero or more source names, in order. Cheap to clone (one `Arc`).
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct Origin(Option<Arc<[Arc<str>]>>);
-
-impl Origin {
-    /// No known origin, as a constant.
-    pub const NONE: Origin = Origin(None);
-
-    /// No known origin.
-    pub fn none() -> Origin {
-        Origin(None)
-    }
-
-    /// One source.
-    pub fn new(source: &str) -> Origin {
-        if source.is_empty() {
-            return Origin(None);
-        }
-        Origin(Some(Arc::from(vec![Arc::<str>::from(source)])))
-    }
-
-    /// The sources, in order.
-    pub fn sources(&self) -> &[Arc<str>] {
-        self.0.as_deref().unwrap_or(&[])
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sources().is_empty()
-    }
-
-    /// The first source, the one a one-line label shows.
-    pub fn primary(&self) -> Option<&str> {
-        self.sources().first().map(|s| &**s)
-    }
-
-    /// The union of `origins`' sources: first occurrences, in order, at most [`MAX_SOURCES`].
-    pub fn merge<'a>(origins: impl IntoIterator<Item = &'a Origin>) -> Origin {
-        let mut out: Vec<Arc<str>> = Vec::new();
-        let mut single: Option<&Origin> = None;
-        let mut count = 0;
-        for o in origins {
-            if o.is_empty() {
-                continue;
-            }
-            count += 1;
-            if count == 1 {
-                single = Some(o);
-            }
-            for s in o.sources() {
-                if out.len() < MAX_SOURCES && !out.iter().any(|x| x == s) {
-                    out.push(s.clone());
-                }
-            }
-        }
-        match (count, single) {
-            // Share the one origin's allocation.
-            (1, Some(o)) => o.clone(),
-            _ if out.is_empty() => Origin(None),
-            _ => Origin(Some(Arc::from(out))),
-        }
-    }
-
-    /// Each source with `suffix` appended (once: a source already ending in it keeps it).
-    pub fn with_suffix(&self, suffix: &str) -> Origin {
-        if self.is_empty() || self.sources().iter().all(|s| s.ends_with(suffix)) {
-            return self.clone();
-        }
-        let v: Vec<Arc<str>> = self
-            .sources()
-            .iter()
-            .map(|s| {
-                if s.ends_with(suffix) {
-                    s.clone()
-                } else {
-                    Arc::from(format!("{s}{suffix}"))
-                }
-            })
-            .collect();
-        Origin(Some(Arc::from(v)))
-    }
-
-    /// The origin of the nodes autodiff makes for `self`'s node: `NAME (backward)`.
-    pub fn backward(&self) -> Origin {
-        self.with_suffix(" (backward)")
-    }
-
-    /// `blocks.3.qkv, blocks.3.attn` (all sources), or `?` when unknown.
-    pub fn label(&self) -> String {
-        if self.is_empty() {
-            "?".into()
-        } else {
-            self.sources().join(", ")
-        }
-    }
-}
-
-impl fmt::Debug for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.sources()).finish()
-    }
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.label())
-    }
-}
-
-impl From<&str> for Origin {
-    fn from(s: &str) -> Origin {
-        Origin::new(s)
-    }
-}
+pub use sources::{Origin, MAX_SOURCES};
 
 /// The IR text form of `g` ([`super::text::print`]) with each node's origin as a comment at
 /// the end of its line (`# blocks.3.qkv`); it parses back to the same graph.
-pub fn print_with_origins(g: &super::Graph) -> String {
+pub fn print_with_origins(g: &super::graph::Graph) -> String {
     let text = super::text::print(g);
     let mut out = String::with_capacity(text.len() + 24 * g.len());
     // Line 0 is the header; lines 1..=len are the nodes, in order.
     for (i, line) in text.lines().enumerate() {
         out.push_str(line);
         if (1..=g.len()).contains(&i) {
-            let o = g.origin(super::NodeId(i as u32 - 1));
+            let o = g.origin(super::graph::NodeId(i as u32 - 1));
             if !o.is_empty() {
                 let clean: String = o
                     .label()
@@ -165,12 +48,12 @@ pub fn print_with_origins(g: &super::Graph) -> String {
 /// Gives every node of `g` without an origin one from its neighbours: the first user that has
 /// one (a node a rewrite created belongs to the layer it serves), else the first operand that
 /// has one. Deterministic: users are visited from the last node back, operands in order.
-pub fn fill_missing(g: &mut super::Graph) {
+pub fn fill_missing(g: &mut super::graph::Graph) {
     let n = g.len();
     // Users first, from the end (so a chain of new nodes takes its consumer's origin).
     let users = g.users();
     for i in (0..n).rev() {
-        let id = super::NodeId(i as u32);
+        let id = super::graph::NodeId(i as u32);
         if !g.origin(id).is_empty() {
             continue;
         }
@@ -184,7 +67,7 @@ pub fn fill_missing(g: &mut super::Graph) {
         }
     }
     for i in 0..n {
-        let id = super::NodeId(i as u32);
+        let id = super::graph::NodeId(i as u32);
         if !g.origin(id).is_empty() {
             continue;
         }

@@ -20,7 +20,9 @@
 //! - `max_pool2d_grad(x, dy)`: each window's `dy` added at the element the forward picked
 //!   (recomputed from `x`, so no index tensor is stored), nothing for an all-padding window.
 
-use super::{DType, Shape, TensorType};
+use super::shape::Shape;
+use super::tensor_type::TensorType;
+use ingot_kernels::DType;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 

@@ -1,19 +1,26 @@
 //! Step 4 of fusion: merging kernels. A producer group is folded into a consumer group that
 //! reads its roots at their own index, then siblings merge (see the [module docs](super)).
-//! [`units`] holds the graph of groups and library calls the merges walk and keep up to date;
-//! [`rules`] the named reasons a merge is refused.
+//! [`part`] holds a group while merging (what its kernel would hold, so that a merge is weighed
+//! before the merged group is lowered); [`units`] the graph of groups and library calls the
+//! merges walk and keep up to date; [`rules`] the named reasons a merge is refused.
 
+mod part;
 mod rules;
 mod units;
 
+use super::bounds::MAX_KERNEL_REDUCTIONS;
+use super::group::Group;
 use super::index::Map;
+use super::kind::{kind, Kind};
 use super::lower::{lower, Domain, Lowered};
-use super::{kind, lower_all, select, Group, Kind};
+use super::rounds::lower_all;
+use super::select;
 use crate::error::IrError;
 use crate::ir::{Graph, NodeId};
 use ingot_kernels::fused::Access;
+use part::{merged_scratch, Part};
 use rules::{fold_refused, siblings_refused, Fold, Siblings};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use units::{find, Units};
 
 /// The domain of a group made of `a`'s and `b`'s roots, if they iterate the same space.
@@ -30,125 +37,6 @@ fn merged_domain(a: &Domain, b: &Domain) -> Option<Domain> {
         dims: a.dims.clone(),
         axes,
     })
-}
-
-/// The most reductions one fused kernel holds. An executor evaluates a kernel's body once per
-/// reduction level (a softmax is two passes over its row) and keeps per-pass bookkeeping for
-/// every instruction, so a kernel's work and scratch grow with its reductions times its body:
-/// merging a chain of n row reductions into one kernel cost O(n²) to compile (the growing group
-/// lowered again at each merge), to run and to store (2,000 centred layers of f32[8, 8]
-/// planned 252 MiB of scratch against 0.5 MiB unfused). A merge that would pass this is not
-/// made, and is refused before the merged group is lowered, so each kernel of such a chain
-/// costs a bounded amount. The reference models' largest kernel holds 7 reductions (resnet18's
-/// batch-norm backward), so none of their kernels change.
-pub const MAX_KERNEL_REDUCTIONS: usize = 16;
-
-/// A group while merging: its lowering may be left for the end (see [`merge`]).
-struct Part {
-    /// Sorted whenever `lowered` is present.
-    roots: Vec<NodeId>,
-    domain: Domain,
-    /// `None` after a merge decided without lowering: lowered once, at the end.
-    lowered: Option<Lowered>,
-    /// What the kernel loads, with the access of each load (repeats allowed), by the value
-    /// each reads through its views. After a merge decided without lowering it may also hold
-    /// reads of the group's own roots (see [`merge`]): they name the group itself, so no edge
-    /// and no merge comes of them.
-    loads: Loads,
-    /// No reduction anywhere: no reduce axes, none staged.
-    elementwise: bool,
-    /// The reductions of its kernel (0 for an elementwise group).
-    reductions: usize,
-    /// Scratch bytes its kernel needs on the CPU executor
-    /// ([`ingot_kernels::fused::cpu::scratch_bytes`]): exact for a lowered group, estimated by
-    /// [`merged_scratch`] for one merged without lowering.
-    scratch: usize,
-    /// Instructions of its kernel's body (for a group merged without lowering, its parts'
-    /// together: at most that).
-    body: usize,
-}
-
-/// Bytes of the CPU executor's per-instruction tables for each instruction of a kernel with
-/// `reductions` reductions (`kernels/src/fused/cpu/analysis.rs`: twelve words an instruction
-/// and one more per reduction level, a level being each reduction and the final pass).
-fn table_bytes_per_instruction(reductions: usize) -> usize {
-    8 * (13 + reductions)
-}
-
-/// The scratch of `x` and `y` merged into one kernel: the larger one's, plus the other's
-/// instructions in the tables (each at the merged kernel's reduction levels). Lane buffers do
-/// not add up: the executor gives a longer body fewer lanes.
-fn merged_scratch(x: &Part, y: &Part) -> usize {
-    let per = table_bytes_per_instruction(x.reductions + y.reductions);
-    x.scratch.max(y.scratch) + per * x.body.min(y.body)
-}
-
-/// A group's loads keyed by the value each reads through its views ([`select::base`]): what
-/// merging asks of them, "does this group read what that one produces, and how", is answered
-/// by looking up the other group's roots, not by scanning every load. A group that absorbs
-/// thousands of small producers (a long backward chain) would otherwise be rescanned at each.
-#[derive(Default)]
-struct Loads(BTreeMap<NodeId, Vec<(NodeId, Access)>>);
-
-impl Loads {
-    fn of(g: &Graph, loads: impl IntoIterator<Item = (NodeId, Access)>) -> Loads {
-        let mut by_base: BTreeMap<NodeId, Vec<(NodeId, Access)>> = BTreeMap::new();
-        for (x, access) in loads {
-            by_base
-                .entry(select::base(g, x))
-                .or_default()
-                .push((x, access));
-        }
-        Loads(by_base)
-    }
-
-    /// Every load.
-    fn iter(&self) -> impl Iterator<Item = &(NodeId, Access)> {
-        self.0.values().flatten()
-    }
-
-    /// The loads of `base` (through any view).
-    fn of_base(&self, base: NodeId) -> &[(NodeId, Access)] {
-        self.0.get(&base).map_or(&[], Vec::as_slice)
-    }
-
-    /// The values read, each once.
-    fn bases(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.0.keys().copied()
-    }
-
-    /// Takes in `other`'s loads (the smaller map is moved into the larger).
-    fn absorb(&mut self, mut other: Loads) {
-        if other.0.len() > self.0.len() {
-            std::mem::swap(self, &mut other);
-        }
-        for (base, mut v) in other.0 {
-            self.0.entry(base).or_default().append(&mut v);
-        }
-    }
-}
-
-impl Part {
-    fn of(g: &Graph, gr: Group) -> Part {
-        let loads = Loads::of(
-            g,
-            gr.lowered
-                .inputs
-                .iter()
-                .zip(&gr.lowered.kernel.inputs)
-                .map(|(&x, i)| (x, i.access.clone())),
-        );
-        Part {
-            elementwise: gr.domain.axes.is_none() && gr.lowered.kernel.reduce_axes.is_empty(),
-            reductions: gr.lowered.kernel.reductions(),
-            scratch: ingot_kernels::fused::cpu::scratch_bytes(&gr.lowered.kernel),
-            body: gr.lowered.kernel.body.len(),
-            roots: gr.roots,
-            domain: gr.domain,
-            lowered: Some(gr.lowered),
-            loads,
-        }
-    }
 }
 
 /// [`merge`] with merges decided without lowering where that is known to be safe; should a

@@ -4,8 +4,9 @@
 //! no rule of its list refuses it and the merged group lowers. The rules are tried in their
 //! list's order, cheap ones first, and the first that refuses ends the search.
 
+use super::part::Part;
 use super::units::Units;
-use super::{Part, MAX_KERNEL_REDUCTIONS};
+use crate::fuse::bounds::MAX_KERNEL_REDUCTIONS;
 use crate::fuse::lower::Domain;
 use crate::fuse::select;
 use crate::ir::{Graph, NodeId};
@@ -83,7 +84,7 @@ fn fold_exceeds_the_reductions(f: &Fold) -> bool {
 /// and the step's largest value (or [`crate::fuse::scratch_bound`]). A kernel's scratch (the CPU
 /// executor's tables and lane buffers) grows with its body; two kernels run one after the
 /// other reuse one scratch region, so merging them adds to the larger one's scratch the
-/// other's instructions in the tables ([`super::merged_scratch`]), while the fold saves the
+/// other's instructions in the tables ([`super::part::merged_scratch`]), while the fold saves the
 /// producer's values that the consumer stops reading. Where the values are tiny (a deep chain
 /// of f32[8, 8] layers), one merged kernel's scratch grew past what the whole unfused step
 /// holds (2,000 layers planned 4.07 MiB against 1.47 MiB unfused, 3.1 MiB of it one backward
@@ -95,9 +96,9 @@ fn fold_exceeds_the_reductions(f: &Fold) -> bool {
 /// is live at a time, so such a scratch is bounded by the plan it is part of; every kernel of
 /// the reference models is far under it, and none of their folds is refused.
 fn fold_needs_more_scratch_than_it_saves(f: &Fold) -> bool {
-    let merged = super::merged_scratch(f.pg, f.cg);
+    let merged = super::part::merged_scratch(f.pg, f.cg);
     let added = merged > f.pg.scratch.max(f.cg.scratch);
-    added && merged > f.saved && merged > crate::fuse::scratch_bound(f.largest)
+    added && merged > f.saved && merged > crate::fuse::bounds::scratch_bound(f.largest)
 }
 
 /// A column reduction (over leading axes) runs on few blocks, one per group of columns:

@@ -2,8 +2,9 @@
 //! both ways (kept up to date as units merge), a union-find from a group's first index to the
 //! group it is part of now, and the [`Levels`] that prune path searches.
 
-use super::Part;
-use crate::fuse::{kind, select, Kind};
+use super::part::Part;
+use crate::fuse::kind::{kind, Kind};
+use crate::fuse::select;
 use crate::ir::{Graph, NodeId};
 use std::collections::{BTreeSet, HashMap};
 

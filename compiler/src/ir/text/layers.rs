@@ -17,7 +17,9 @@
 //! docs/ir-reference.md beside the ops.
 
 use crate::error::IrError;
-use crate::ir::{DType, Graph, Init, NodeId};
+use crate::ir::graph::{Graph, NodeId};
+use crate::ir::op::Init;
+use ingot_kernels::DType;
 
 /// A layer line as read, its attributes checked, before anything is built.
 #[derive(Clone, Debug, PartialEq)]

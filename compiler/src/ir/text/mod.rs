@@ -87,25 +87,21 @@
 //! Any text that is not a valid graph gives [`IrError::Parse`] with the 1-based line and a
 //! reason that quotes the offending token; no input makes the parser panic.
 
+mod header;
 pub mod layers;
 mod parse;
 mod print;
 pub mod reference;
 mod tokens;
 
+pub use header::VERSION;
 pub use layers::{Layer, Layers};
 pub use parse::{parse, parse_in, parse_with, Parsed};
 pub use print::print;
 
-use super::Graph;
+use super::graph::Graph;
 use crate::error::IrError;
 use std::fmt;
-
-/// The version this build writes and reads, on the first line: `ingot-ir 1`.
-pub const VERSION: u32 = 1;
-
-/// The header's keyword.
-const MAGIC: &str = "ingot-ir";
 
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

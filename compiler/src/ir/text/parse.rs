@@ -1,15 +1,17 @@
 //! Parsing: the text form read back into a graph, line by line, each error naming its line
 //! and the offending token.
 
+use super::header::{MAGIC, VERSION};
 use super::layers::{layer_named, Layer, LayerDoc, Layers};
 use super::print::quote;
 use super::tokens::{tokenize, Tok};
-use super::{MAGIC, VERSION};
 use crate::error::IrError;
-use crate::ir::{
-    AttentionLayout, Axes, BinaryOp, CmpOp, DType, Graph, Init, LeafKind, Mode, NodeId, Op,
-    ReduceOp, Shape, TensorType, UnaryOp, WindowOp,
-};
+use crate::ir::graph::{Graph, Mode, NodeId};
+use crate::ir::op::{AttentionLayout, Axes, Init, LeafKind, Op};
+use crate::ir::shape::Shape;
+use crate::ir::tensor_type::TensorType;
+use crate::ir::window::WindowOp;
+use ingot_kernels::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use std::collections::HashMap;
 use std::fmt;
 

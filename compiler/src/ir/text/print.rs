@@ -1,7 +1,8 @@
 //! Printing: a graph as its text form, one node a line (see the [grammar](super)).
 
-use super::{MAGIC, VERSION};
-use crate::ir::{AttentionLayout, Axes, Graph, Init, LeafKind, Op};
+use super::header::{MAGIC, VERSION};
+use crate::ir::graph::Graph;
+use crate::ir::op::{AttentionLayout, Axes, Init, LeafKind, Op};
 use std::fmt::Write as _;
 
 /// The text form of `g`; [`parse()`](super::parse()) reads it back into an equal graph.

@@ -14,7 +14,8 @@
 //! channels (a stem) may grow further, into room for the padded copies cuDNN's fast
 //! algorithms make of it ([`cudnn_few_channel_room`]).
 
-use super::{Compute, DeviceOp};
+use super::gemm::Compute;
+use super::program::DeviceOp;
 use crate::ir::{ConvLayout, DType, NodeId};
 use crate::plan::Location;
 use ingot_kernels::cpu::conv::{ConvGeometry, Pass};

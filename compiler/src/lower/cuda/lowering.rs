@@ -2,14 +2,15 @@
 //! device operations on the plan's byte offsets.
 
 use super::gemm::{split_of, SPLIT_MIN};
+use super::gemm::{Compute, Gemm};
+use super::program::{DeviceOp, Program};
 use super::workspace::kernel_shape;
 use super::workspace::{attention_workspace, workspace_need};
-use super::{Compute, DeviceOp, Gemm, Program};
 use crate::fuse::triangle::{self, Triangle};
 use crate::ir::{DType, Graph, Node, NodeId, Op};
 use crate::lower::deps::{self, Touch};
-use crate::lower::LowerError;
-use crate::lower::{CopyIn, CopyOut};
+use crate::lower::error::LowerError;
+use crate::lower::offload::{CopyIn, CopyOut};
 use crate::plan::{Location, MemoryPlan};
 use crate::precision::Precision;
 use ingot_kernels::cuda::attention;
@@ -19,7 +20,7 @@ use std::collections::HashMap;
 
 /// Lowers `g` under `plan` (validated by the caller, [`crate::lower::lower`]); `precision` picks the
 /// GEMMs' compute types ([`Compute::of`]).
-pub(in crate::lower) fn lower(
+pub(crate) fn lower(
     g: &Graph,
     plan: &MemoryPlan,
     precision: Precision,
@@ -746,7 +747,7 @@ impl Lowering<'_> {
             if to.bytes == 0 {
                 continue;
             }
-            parts.push(crate::lower::ScatterPart {
+            parts.push(crate::lower::scatter::ScatterPart {
                 from: from.offset,
                 to: to.offset,
                 bytes: to.bytes,

@@ -71,7 +71,7 @@ pub enum DeviceOp {
     /// [`DeviceOp::AllReduce`].
     ReduceScatter {
         node: NodeId,
-        parts: Vec<crate::lower::ScatterPart>,
+        parts: Vec<crate::lower::scatter::ScatterPart>,
         dtype: DType,
         ranks: usize,
     },

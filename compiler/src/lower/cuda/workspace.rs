@@ -83,7 +83,7 @@ pub(super) fn attention_workspace(g: &Graph, id: NodeId) -> AttentionWorkspace {
         }
         _ => None,
     };
-    let outputs = crate::lower::unnamed_outputs(g, id)
+    let outputs = crate::lower::outputs::unnamed_outputs(g, id)
         .into_iter()
         .map(|(i, t)| {
             let o = at;
