@@ -41,7 +41,7 @@ pub fn out(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
 }
 
 /// Text safe to print to a terminal ([`ingot_compiler::printable::printable`]): every line
-/// the program writes, to standard output ([`out`]) or standard error ([`errln!`]), goes
+/// the program writes, to standard output ([`out`]) or standard error ([`errln!`](crate::errln)), goes
 /// through it, so a name holding an escape sequence is printed escaped wherever it was put.
 pub use ingot_compiler::printable::printable;
 
