@@ -8,7 +8,7 @@
 //! any machine.
 
 use super::train::Device;
-use super::Failure;
+use crate::failure::Failure;
 use ingot_compiler::exe::Executable;
 use ingot_compiler::lower::Program;
 use ingot_compiler::report::human;
@@ -18,13 +18,13 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct CompileArgs {
     #[command(flatten)]
-    pub model: super::ModelArgs,
+    pub model: crate::model_args::ModelArgs,
     /// The target to plan for: its library workspaces differ (the CPU matmul's packing space,
     /// or cuBLAS's workspace on the GPU), so the executable runs only there. Needs no GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
     #[command(flatten)]
-    pub precision: super::PrecisionArgs,
+    pub precision: crate::precision_args::PrecisionArgs,
     /// Where to write the step executable.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
@@ -43,7 +43,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         Device::Cpu => session::Device::Cpu,
         Device::Cuda => session::Device::Cuda(Default::default()),
     };
-    super::check_outputs(
+    crate::files::check_outputs(
         &[("--output", Some(a.output.as_path()))],
         &a.model.input_files(),
     )?;
@@ -63,7 +63,7 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
         super::stages::runs_offload(device.target(), step.ranks),
     )?;
     if let Some(f) = &fitted {
-        crate::outln!("{}", f.line())?;
+        outln!("{}", f.line())?;
     }
     let exe = compiled
         .executable(device.target())
@@ -82,9 +82,9 @@ pub fn run(a: &CompileArgs) -> Result<(), Failure> {
             ),
         ));
     }
-    super::write_file(&a.output, &bytes)?;
+    crate::files::write_file(&a.output, &bytes)?;
     let r = exe.report();
-    crate::outln!(
+    outln!(
         "wrote {} ({} bytes): {} for {} in {}, {} ops, {} kernel launches per step{}, {} planned in one allocation",
         a.output.display(),
         bytes.len(),

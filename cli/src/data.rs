@@ -3,7 +3,7 @@
 //! `ingot data tokenize --tokenizer tokenizer.json IN.txt OUT.bin` encodes a text with a Hugging
 //! Face tokenizer into an llm.c shard (or nanoGPT's raw uint16 with `--raw`).
 
-use super::Failure;
+use crate::failure::Failure;
 use ingot_trainer::data::bytes::{byte_tokens, BYTE_VOCAB};
 use ingot_trainer::data::tokenizer::{token_file, TextTokenizer, TokenDtype, TokenFileLayout};
 use std::path::{Path, PathBuf};
@@ -59,7 +59,7 @@ pub enum DtypeArg {
 pub fn run(a: &DataArgs) -> Result<(), Failure> {
     match &a.command {
         DataCommand::Bytes { input, output } => {
-            super::check_outputs(
+            crate::files::check_outputs(
                 &[("OUTPUT", Some(output.as_path()))],
                 &[("INPUT", Some(input.as_path()))],
             )?;
@@ -67,8 +67,8 @@ pub fn run(a: &DataArgs) -> Result<(), Failure> {
                 ingot_compiler::files::read_capped(input, MAX_INPUT_BYTES).map_err(|e| {
                     Failure::new(1, format!("{}: cannot read it: {e}", input.display()))
                 })?;
-            super::write_file(output, &byte_tokens(&bytes))?;
-            crate::outln!(
+            crate::files::write_file(output, &byte_tokens(&bytes))?;
+            outln!(
                 "{}: {} tokens (vocabulary {BYTE_VOCAB}, raw uint16) from {}",
                 output.display(),
                 bytes.len(),
@@ -93,7 +93,7 @@ fn tokenize(
     dtype: DtypeArg,
     raw: bool,
 ) -> Result<(), Failure> {
-    super::check_outputs(
+    crate::files::check_outputs(
         &[("OUTPUT", Some(output))],
         &[("INPUT", Some(input)), ("--tokenizer", Some(tokenizer))],
     )?;
@@ -122,11 +122,11 @@ fn tokenize(
         )
     })?;
     let ids = tok.encode(&text).map_err(data_err)?;
-    super::write_file(
+    crate::files::write_file(
         output,
         &token_file(&ids, dtype, layout, output).map_err(data_err)?,
     )?;
-    crate::outln!(
+    outln!(
         "{}: {} tokens (vocabulary {}, {}) from {} ({} bytes)",
         output.display(),
         ids.len(),

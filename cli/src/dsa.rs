@@ -1,6 +1,6 @@
 //! `ingot dsa`: the offset solver alone, on MiniMalloc's `id,lower,upper,size` CSV format.
 
-use super::Failure;
+use crate::failure::Failure;
 use indicatif::ProgressBar;
 use ingot_dsa as dsa;
 use std::io::IsTerminal;
@@ -43,11 +43,11 @@ pub fn time_limit(seconds: f64) -> Result<Duration, Failure> {
 
 pub fn run(a: &DsaArgs) -> Result<(), Failure> {
     let time_limit = time_limit(a.time_limit)?;
-    super::check_outputs(
+    crate::files::check_outputs(
         &[("--output", Some(a.output.as_path()))],
         &[("--input", Some(a.input.as_path()))],
     )?;
-    let text = super::read_text(&a.input, MAX_INPUT_BYTES)?;
+    let text = crate::files::read_text(&a.input, MAX_INPUT_BYTES)?;
     let problem =
         dsa::read_csv(&text).map_err(|e| Failure::new(1, format!("{}: {e}", a.input.display())))?;
     let opts = dsa::SolveOptions {
@@ -79,8 +79,8 @@ pub fn run(a: &DsaArgs) -> Result<(), Failure> {
         Ok(s) => s,
         Err(e) => return Err(Failure::new(3, format!("{}: {e}", a.input.display()))),
     };
-    super::write_file(&a.output, dsa::write_csv(&problem, &solution).as_bytes())?;
-    crate::errln!(
+    crate::files::write_file(&a.output, dsa::write_csv(&problem, &solution).as_bytes())?;
+    errln!(
         "{} buffers, peak {} bytes, LOAD {} ({:.4}x), {:.3} ms",
         problem.buffers.len(),
         solution.peak,

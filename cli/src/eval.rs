@@ -8,7 +8,7 @@
 //! sets it for a named or ONNX model); samples past the last whole batch are left out and said
 //! so, so a batch that divides the sample count covers them all.
 
-use super::Failure;
+use crate::failure::Failure;
 use crate::train::{DatasetFormatArg, Device};
 use indexmap::IndexMap;
 use ingot_runtime::tensor::Tensor;
@@ -75,7 +75,7 @@ impl WeightsArgs {
         }
     }
 
-    /// The files read, for [`super::check_outputs`].
+    /// The files read, for [`crate::files::check_outputs`].
     pub fn files(&self) -> Vec<(&'static str, PathBuf)> {
         let mut files = Vec::new();
         if let Some(p) = &self.init {
@@ -137,7 +137,7 @@ impl DeviceArgs {
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
     #[command(flatten)]
-    pub model: super::ModelArgs,
+    pub model: crate::model_args::ModelArgs,
     #[command(flatten)]
     pub weights: WeightsArgs,
     /// The data set (any format `ingot train --val` reads), run in file order.
@@ -159,7 +159,7 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
-    pub precision: super::PrecisionArgs,
+    pub precision: crate::precision_args::PrecisionArgs,
     /// Print one JSON object instead of lines.
     #[arg(long)]
     pub json: bool,
@@ -232,9 +232,9 @@ fn prepare(
 /// re-imported from its path alone (its import flags are not recorded), and a record that names
 /// nothing loadable is an error saying what to give.
 fn model_of<'a>(
-    m: &'a super::ModelArgs,
+    m: &'a crate::model_args::ModelArgs,
     w: &Weights,
-) -> Result<Cow<'a, super::ModelArgs>, Failure> {
+) -> Result<Cow<'a, crate::model_args::ModelArgs>, Failure> {
     if m.model.is_some() || m.model_file.is_some() || m.onnx.onnx.is_some() {
         return Ok(Cow::Borrowed(m));
     }
@@ -309,20 +309,20 @@ fn print_totals(t: &Totals, dropped: Option<String>, json: bool) -> Result<(), F
             "samples": t.samples,
             "left_out": dropped,
         });
-        return crate::outln!("{line}");
+        return outln!("{line}");
     }
     let accuracy = match (t.top1, t.top5) {
         (Some(a), Some(b)) => format!(", top-1 {:.2}%, top-5 {:.2}%", 100.0 * a, 100.0 * b),
         _ => String::new(),
     };
-    crate::outln!(
+    outln!(
         "loss {:.4}{accuracy} over {} samples ({} batches)",
         ingot_trainer::figure::Figure(t.loss),
         t.samples,
         t.batches
     )?;
     if let Some(d) = dropped {
-        crate::errln!("ingot: {d}");
+        errln!("ingot: {d}");
     }
     Ok(())
 }
@@ -343,7 +343,7 @@ pub fn run_predict(a: &PredictArgs) -> Result<(), Failure> {
     let mut inputs: Vec<(&str, Option<&Path>)> = e.model.input_files().to_vec();
     inputs.extend(weight_files.iter().map(|(o, p)| (*o, Some(p.as_path()))));
     inputs.extend(data_files.iter().map(|p| ("--dataset", Some(p.as_path()))));
-    super::check_outputs(&[("--out", Some(a.out.as_path()))], &inputs)?;
+    crate::files::check_outputs(&[("--out", Some(a.out.as_path()))], &inputs)?;
     let (mut step, mut source) = prepare(e, true)?;
     let (rows, classes) = step
         .logits_shape()
@@ -363,10 +363,10 @@ pub fn run_predict(a: &PredictArgs) -> Result<(), Failure> {
             Ok(())
         })
         .map_err(|e| Failure::new(1, e))?;
-    super::write_file(&a.out, csv.as_bytes())?;
+    crate::files::write_file(&a.out, csv.as_bytes())?;
     let dropped = dropped_note(source.as_ref());
     if !e.json {
-        crate::outln!("{}: {} predictions", a.out.display(), t.samples)?;
+        outln!("{}: {} predictions", a.out.display(), t.samples)?;
     }
     print_totals(&t, dropped, e.json)
 }

@@ -8,7 +8,7 @@
 //! becomes tokens as bytes, or by a Hugging Face `tokenizer.json` (`--tokenizer`).
 
 use super::eval::{DeviceArgs, Weights, WeightsArgs};
-use super::Failure;
+use crate::failure::Failure;
 use indexmap::IndexMap;
 use ingot_compiler::ir::LeafKind;
 use ingot_compiler::precision::Precision;
@@ -82,7 +82,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
-    pub precision: super::PrecisionArgs,
+    pub precision: crate::precision_args::PrecisionArgs,
     /// Run the forward step over the whole context window for each token instead of the
     /// decode step with its KV cache: the reference the cached step is checked against
     /// (the same context, so the same greedy tokens), `seq` times the work per token.
@@ -139,13 +139,13 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
     // The peak, before the first token.
     let human = ingot_compiler::report::human;
     if generator.is_cached() {
-        crate::errln!(
+        errln!(
             "generate: the decode step of {name} planned in one allocation of {} (KV cache {}), in {precision}",
             human(generator.planned_bytes()),
             human(generator.cache_bytes())
         );
     } else {
-        crate::errln!(
+        errln!(
             "generate: the whole-window step of {name} planned in one allocation of {}, in {precision}",
             human(generator.planned_bytes())
         );
@@ -180,7 +180,7 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
         1 => format!("a {prompt_tokens}-token prompt"),
         k => format!("{k} prompts of {prompt_tokens} tokens in all"),
     };
-    crate::errln!(
+    errln!(
         "generate: {drawn} tokens in {seconds:.3} s ({:.1} tokens/s, after {after})",
         drawn as f64 / seconds.max(1e-9),
     );
@@ -197,13 +197,13 @@ pub fn run(a: &GenerateArgs) -> Result<(), Failure> {
                 "cached": generator.is_cached(),
                 "planned_bytes": generator.planned_bytes(),
             });
-            crate::outln!("{}", json_escaped(&line.to_string()))?;
+            outln!("{}", json_escaped(&line.to_string()))?;
         } else {
             // Several prompts' texts are told apart by an empty line.
             if i > 0 {
-                crate::outln!("")?;
+                outln!("")?;
             }
-            crate::outln!("{given}{text}")?;
+            outln!("{given}{text}")?;
         }
     }
     Ok(())
@@ -379,7 +379,7 @@ fn unfed(model: &str, inputs: &[String]) -> Failure {
 
 /// `json` (serde_json's text) with DEL and the C1 controls written as JSON escapes
 /// (`\u007f`): serde_json escapes only the C0 controls, and standard output writes every
-/// control a terminal may act on in Rust's escaped form ([`crate::printable`]), `\u{7f}`,
+/// control a terminal may act on in Rust's escaped form ([`crate::output::printable`]), `\u{7f}`,
 /// which is not JSON. Generated text holds any byte a model draws, so a line of
 /// `generate --json` held such escapes and did not parse. The value is the same; the line
 /// passes through standard output unchanged.
@@ -418,10 +418,12 @@ mod tests {
             "{\"text\":\"a\\u007fb\\u0085c\\u009f\\u001bd\u{a0}é\"}"
         );
         // Unchanged by standard output's escaping, and the same value when parsed.
-        assert_eq!(crate::printable(&escaped), escaped.as_str());
+        assert_eq!(crate::output::printable(&escaped), escaped.as_str());
         let back: serde_json::Value = serde_json::from_str(&escaped).unwrap();
         assert_eq!(back["text"], text);
         // What standard output made of serde_json's own line: not JSON.
-        assert!(serde_json::from_str::<serde_json::Value>(&crate::printable(&line)).is_err());
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&crate::output::printable(&line)).is_err()
+        );
     }
 }

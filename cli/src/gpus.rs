@@ -8,7 +8,7 @@
 //! the plan (as the CUDA context is).
 
 use super::device::Device;
-use super::Failure;
+use crate::failure::Failure;
 use ingot_runtime::cuda::nccl;
 use ingot_trainer::session::Session;
 
@@ -124,7 +124,7 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
                 "symmetric_memory": r.symmetric,
             }
         });
-        crate::outln!("{line}")
+        outln!("{line}")
     } else {
         let mib: Vec<String> = r
             .bytes
@@ -139,7 +139,7 @@ pub fn report(r: &NcclRank, json: bool) -> Result<(), Failure> {
             true => "; each rank's step memory is registered as an NCCL symmetric window",
             false => "",
         };
-        crate::outln!(
+        outln!(
             "NCCL {} ({}): {who} (measured once at start, outside the plan){window}",
             r.version,
             r.path.display(),

@@ -2,7 +2,7 @@
 //! version, model, target, device operations, kernels, bytes) and the report table `ingot plan`
 //! prints. `--check` also lowers the step again and compares it with the stored program.
 
-use super::Failure;
+use crate::failure::Failure;
 use ingot_compiler::exe::{Executable, Layout, VERSION};
 use ingot_compiler::lower::Program;
 use ingot_compiler::report::{human, Report};
@@ -111,19 +111,19 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
             constants: exe.constants().iter().map(|c| c.name.as_str()).collect(),
             report,
         };
-        return crate::outln!(
+        return outln!(
             "{}",
             serde_json::to_string_pretty(&doc).map_err(|e| Failure::new(1, e.to_string()))?
         );
     }
     let count = |kind: &str| exe.layouts().iter().filter(|l| l.kind == kind).count();
-    crate::outln!(
+    outln!(
         "step executable {}: format version {VERSION}, {file_bytes} bytes",
         a.file.display()
     )?;
-    crate::outln!("  model    {}", exe.model())?;
-    crate::outln!("  target   {}", exe.target())?;
-    crate::outln!(
+    outln!("  model    {}", exe.model())?;
+    outln!("  target   {}", exe.target())?;
+    outln!(
         "  program  {}",
         match &operations {
             Operations::Cuda(c) => format!(
@@ -146,7 +146,7 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
             } => format!("{instructions} instructions and {copies} copies per step"),
         }
     )?;
-    crate::outln!(
+    outln!(
         "  kernels  {} launches per step; {}",
         report.kernels,
         if kernels.is_empty() {
@@ -159,26 +159,26 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
             )
         }
     )?;
-    crate::outln!(
+    outln!(
         "  leaves   {} parameters, {} optimizer state, {} inputs",
         count("parameter"),
         count("state"),
         count("input")
     )?;
     if !exe.constants().is_empty() {
-        crate::outln!(
+        outln!(
             "  constant {} of the state leaves, their values carried in the file ({})",
             exe.constants().len(),
             human(exe.constants().iter().map(|c| c.bytes.len()).sum::<usize>())
         )?;
     }
-    crate::outln!(
+    outln!(
         "  bytes    {} planned in one allocation ({})",
         exe.plan().total_bytes,
         human(exe.plan().total_bytes)
     )?;
     if a.check {
-        crate::outln!("  check    the stored program is what this ingot lowers")?;
+        outln!("  check    the stored program is what this ingot lowers")?;
     }
-    crate::out(format_args!("{}", report.table()))
+    crate::output::out(format_args!("{}", report.table()))
 }

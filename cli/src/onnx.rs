@@ -4,7 +4,7 @@
 //! becomes the same `Model` the built-in models give) and starts training from the file's
 //! weights.
 
-use super::Failure;
+use crate::failure::Failure;
 use indexmap::IndexMap;
 use ingot_compiler::exe::{Constant, Executable};
 use ingot_compiler::ir::LeafKind;
@@ -234,7 +234,7 @@ impl OnnxModelArgs {
 
     /// The imported model, when --onnx is given; `--loss`, `--logits`, `--input-value` or
     /// `--class-axis` without it is an error naming the flag (`--batch` also applies to a
-    /// named model: [`super::ModelArgs`] checks it).
+    /// named model: [`crate::model_args::ModelArgs`] checks it).
     pub fn load(&self) -> Result<Option<Model>, Failure> {
         if self.onnx.is_none() {
             let f = &self.import;
@@ -394,7 +394,7 @@ pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
                     .values()
                     .filter(|w| w.kind == LeafKind::Parameter)
                     .count();
-                crate::outln!(
+                outln!(
                     "{}: every node can be imported (traced with static shapes: {params} parameter tensors{})",
                     model.display(),
                     if opts.loss == Loss::Forward {
@@ -406,7 +406,7 @@ pub fn run(a: &OnnxArgs) -> Result<(), Failure> {
                 return Ok(());
             }
             for u in &listed {
-                crate::outln!("{u}")?;
+                outln!("{u}")?;
             }
             Err(Failure::new(
                 1,

@@ -1,13 +1,13 @@
 //! `ingot plan`: the memory report of a model's training step, before anything runs.
 
-use super::Failure;
+use crate::failure::Failure;
 use ingot_compiler::pipeline;
 use ingot_compiler::report::human;
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
     #[command(flatten)]
-    pub model: super::ModelArgs,
+    pub model: crate::model_args::ModelArgs,
     /// Print the versioned JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -26,7 +26,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "PATH")]
     pub svg: Option<std::path::PathBuf>,
     #[command(flatten)]
-    pub precision: super::PrecisionArgs,
+    pub precision: crate::precision_args::PrecisionArgs,
     /// Also print how long each compiler stage took, on stderr.
     #[arg(long)]
     pub timings: bool,
@@ -242,14 +242,14 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
             "budget_bytes": budget,
             "max_batch": rows,
         });
-        return crate::outln!("{doc}");
+        return outln!("{doc}");
     }
-    crate::outln!(
+    outln!(
         "largest batch of {name} within {} ({budget} bytes):",
         human(budget)
     )?;
     for (label, (fit, over)) in &results {
-        crate::outln!(
+        outln!(
             "  {label:<26} batch {:>6}: {} ({} bytes); batch {} needs {} ({} bytes)",
             fit.batch,
             human(fit.total_bytes),
@@ -260,13 +260,13 @@ fn run_max_batch(a: &PlanArgs, opts: &pipeline::Options, budget: usize) -> Resul
         )?;
     }
     if let (Some(_), Some((_, (fit, _)))) = (&a.model.model, results.get(1)) {
-        crate::outln!(
+        outln!(
             "  train or plan at that batch with: --model {name} --batch {}",
             fit.batch
         )?;
     }
     if let Some((_, (fit, _))) = results.first() {
-        crate::outln!(
+        outln!(
             "  with accumulation          batch k x {} as k micro-batches of {} (not planned here: the running gradient sums add to the plan above; --budget at that batch gives it)",
             fit.batch,
             fit.batch
@@ -303,7 +303,7 @@ fn run_diff(files: &[std::path::PathBuf]) -> Result<(), Failure> {
         return Err(Failure::new(2, "--diff takes two files: OLD.json NEW.json"));
     };
     let d = diff::diff(&read(old)?, &read(new)?);
-    crate::out(format_args!("{d}"))?;
+    crate::output::out(format_args!("{d}"))?;
     if d.is_empty() {
         Ok(())
     } else {
@@ -332,7 +332,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if let (true, Some(budget)) = (a.max_batch, a.model.budget) {
         return run_max_batch(a, &opts, budget);
     }
-    super::check_outputs(
+    crate::files::check_outputs(
         &[("--html", a.html.as_deref()), ("--svg", a.svg.as_deref())],
         &a.model.input_files(),
     )?;
@@ -346,7 +346,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     if a.timings {
         eprint!(
             "{}",
-            crate::printable(&super::stages::timings_table(trace, &compiled))
+            crate::output::printable(&super::stages::timings_table(trace, &compiled))
         );
     }
     let report = &compiled.report;
@@ -364,7 +364,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
     ];
     for (path, draw) in pictures {
         if let Some(path) = path {
-            super::write_file(
+            crate::files::write_file(
                 path,
                 draw(&compiled.graph, &compiled.plan, report).as_bytes(),
             )?;
@@ -405,41 +405,41 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
                 serde_json::to_value(l).map_err(|e| Failure::new(1, e.to_string()))?,
             );
         }
-        crate::outln!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&doc).map_err(|e| Failure::new(1, e.to_string()))?
         )?;
     } else {
-        crate::out(format_args!("{}", report.table()))?;
+        crate::output::out(format_args!("{}", report.table()))?;
         let buckets = ingot_compiler::plan::buckets::buckets(&compiled.graph, &compiled.plan);
-        crate::out(format_args!(
+        crate::output::out(format_args!(
             "{}",
             ingot_compiler::plan::buckets::table(&buckets, &compiled.plan)
         ))?;
         let gathers = ingot_compiler::plan::buckets::gathers(&compiled.graph, &compiled.plan);
-        crate::out(format_args!(
+        crate::output::out(format_args!(
             "{}",
             ingot_compiler::plan::buckets::gather_table(&gathers)
         ))?;
         let scatters = ingot_compiler::plan::buckets::scatters(&compiled.graph, &compiled.plan);
-        crate::out(format_args!(
+        crate::output::out(format_args!(
             "{}",
             ingot_compiler::plan::buckets::scatter_table(&scatters)
         ))?;
         if let Some(l) = eval {
-            crate::outln!("{}", ingot_trainer::eval::layout_line(&l))?;
+            outln!("{}", ingot_trainer::eval::layout_line(&l))?;
         }
         if let Some(f) = &fitted {
-            crate::outln!("{}", f.line())?;
+            outln!("{}", f.line())?;
             let ranks = a.model.step_options(false).ranks;
             if f.offload.is_some() && !super::stages::runs_offload(device.target(), ranks) {
-                crate::outln!(
+                outln!(
                     "note: a step of {ranks} GPU ranks does not run offload's copies yet: `train` and `compile` refuse this budget (exit 3); on one GPU or with --device cpu they run an offloaded step"
                 )?;
             }
         }
         if let Some(r) = &compiled.rewrite {
-            crate::outln!(
+            outln!(
                 "rewrite: {} -> {} ops, e-graph {} nodes in {} classes after {} iterations, stopped: {}",
                 r.nodes_before,
                 r.nodes_after,
@@ -450,7 +450,7 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
             )?;
         }
         if let Some(f) = &compiled.fuse {
-            crate::outln!(
+            outln!(
                 "fusion: {} kernels ({} fused, {} with several outputs, {} library calls), {} values recomputed for the backward pass, {} attentions fused",
                 f.kernels,
                 f.fused_kernels,
@@ -465,12 +465,12 @@ pub fn run(a: &PlanArgs) -> Result<(), Failure> {
             device.target(),
             compiled.report.precision,
         ) {
-            crate::outln!("attention kernel: {line}")?;
+            outln!("attention kernel: {line}")?;
         }
         for line in
             ingot_compiler::lower::loss_kernels(&compiled.graph, &compiled.plan, device.target())
         {
-            crate::outln!("loss kernel: {line}")?;
+            outln!("loss kernel: {line}")?;
         }
     }
     if let Some(budget) = a.model.budget {

@@ -6,7 +6,7 @@
 //! `--seed`, so the same losses.
 
 use super::train::{train, Device, StepArgs};
-use super::Failure;
+use crate::failure::Failure;
 use ingot_compiler::exe::{Executable, Target};
 use ingot_trainer::session::{self, Session};
 use std::path::{Path, PathBuf};

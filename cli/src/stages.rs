@@ -1,7 +1,7 @@
 //! Compiling with the pipeline's stages shown: a spinner naming the running stage (on a terminal,
 //! never with `--json`), and per-stage wall times for `ingot plan --timings`.
 
-use super::Failure;
+use crate::failure::Failure;
 use indicatif::ProgressBar;
 use ingot_compiler::fit::Fitted;
 use ingot_compiler::model::Model;
@@ -52,7 +52,7 @@ pub fn over_budget(report: &ingot_compiler::report::Report, budget: usize) -> St
 /// the fit; elsewhere (several CUDA ranks) `train` and `compile` refuse such a budget by exit
 /// 3 like any other budget they cannot meet, not at lowering.
 pub fn load_and_compile(
-    model: &super::ModelArgs,
+    model: &crate::model_args::ModelArgs,
     step: &ingot_compiler::autodiff::StepOptions,
     opts: &pipeline::Options,
     spinner: bool,
@@ -112,7 +112,7 @@ pub fn runs_offload(target: ingot_compiler::lower::Target, ranks: usize) -> bool
 /// is cleared at the end. Returns the compiled step and how long tracing (building the model)
 /// took.
 fn compile_as_asked(
-    model: &super::ModelArgs,
+    model: &crate::model_args::ModelArgs,
     step: &ingot_compiler::autodiff::StepOptions,
     opts: &pipeline::Options,
     spinner: bool,

@@ -25,7 +25,7 @@
 //! the same lines. On a terminal (stdout, no `--json`) a progress bar shows the epoch, step,
 //! last loss, throughput and ETA; elsewhere only the plain lines are printed.
 
-use super::Failure;
+use crate::failure::Failure;
 use ingot_runtime::cpu::threads;
 use ingot_runtime::cuda::CudaOptions;
 use ingot_trainer::data::images::ImageOptions;
@@ -88,7 +88,7 @@ impl From<DatasetFormatArg> for datasets::DatasetFormat {
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     #[command(flatten)]
-    pub model: super::ModelArgs,
+    pub model: crate::model_args::ModelArgs,
     #[command(flatten)]
     pub run: StepArgs,
     /// Keep attention as the plain math it is written in (scores, softmax, ·v) instead of
@@ -228,7 +228,7 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[command(flatten)]
-    pub precision: super::PrecisionArgs,
+    pub precision: crate::precision_args::PrecisionArgs,
     /// A validation set (of the same kind as --dataset): its loss under the current parameters
     /// is computed by a forward-only step every --eval-every steps (default: at the end of each
     /// epoch) and at the end of the run (`ingot train` only).
@@ -342,7 +342,7 @@ impl StepArgs {
         all_inputs.push(("--init", self.init.as_deref()));
         all_inputs.push(("--data", self.data.as_deref()));
         all_inputs.extend(data_files.iter().map(|(o, f)| (*o, Some(f.as_path()))));
-        super::check_outputs(
+        crate::files::check_outputs(
             &[
                 ("--save", self.save.as_deref()),
                 ("--save-data", self.save_data.as_deref()),
@@ -365,7 +365,7 @@ impl StepArgs {
             }
             let lock = checkpoint::lock(dir).map_err(|e| Failure::new(1, e))?;
             if !lock.removed.is_empty() {
-                crate::errln!(
+                errln!(
                     "ingot: checkpoint {}: removed what an interrupted save left there: {}",
                     dir.display(),
                     lock.removed.join(", ")
@@ -394,7 +394,7 @@ impl StepArgs {
 /// `a.model`, with an ONNX model's labels' shape read off --data's `y` (for the class axis
 /// of a cross-entropy on logits of more than two axes). A file that cannot be read is left to
 /// the run, which names it.
-fn with_labels_shape(a: &TrainArgs) -> super::ModelArgs {
+fn with_labels_shape(a: &TrainArgs) -> crate::model_args::ModelArgs {
     let mut m = a.model.clone();
     if let (Some(_), Some(path)) = (&m.onnx.onnx, &a.run.data) {
         if let Ok(batch) = ingot_runtime::io::load(path) {
@@ -420,7 +420,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     let mut device = a.run.session_device(default_device)?;
     if let (Some(env), session::Device::Cuda(o)) = (&launch, &mut device) {
         o.ordinal = env.local_rank;
-        crate::set_quiet(env.rank != 0);
+        crate::output::set_quiet(env.rank != 0);
     }
     let _held = a.run.check_outputs(
         &a.model.input_files(),
@@ -473,9 +473,9 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(f) = &fitted {
         if a.run.json {
             let line = serde_json::json!({ "fitted": f });
-            crate::outln!("{line}")?;
+            outln!("{line}")?;
         } else {
-            crate::outln!("{}", f.line())?;
+            outln!("{}", f.line())?;
         }
     }
     let exe = compiled
@@ -556,7 +556,7 @@ pub fn run(a: &TrainArgs) -> Result<(), Failure> {
 /// `--shard-optimizer` against what cannot go with it in a run, before anything compiles:
 /// one process of a `--torchrun` job holds one rank's rows of each sharded weight, and
 /// reading, saving or checkpointing the whole weight would need a collective the runtime does
-/// not have. Then the number of ranks ([`super::ModelArgs::check_shard_optimizer`]).
+/// not have. Then the number of ranks ([`crate::model_args::ModelArgs::check_shard_optimizer`]).
 fn check_sharding(a: &TrainArgs) -> Result<(), Failure> {
     if !a.model.shard_optimizer {
         return Ok(());

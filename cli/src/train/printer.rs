@@ -2,7 +2,7 @@
 //! [`ingot_trainer::run::train`] that prints a line (of text or JSON) per step, evaluation and
 //! epoch, the run's header and summary, and on a terminal a progress bar.
 
-use crate::Failure;
+use crate::failure::Failure;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ingot_compiler::report::human;
 use ingot_trainer::figure::Figure;
@@ -125,10 +125,10 @@ impl Printer {
     fn line(&self, text: String) -> Result<(), ObserverError> {
         match &self.bar {
             Some(bar) => {
-                bar.println(crate::printable(&text));
+                bar.println(crate::output::printable(&text));
                 Ok(())
             }
-            None => crate::outln!("{text}").map_err(printing),
+            None => outln!("{text}").map_err(printing),
         }
     }
 }
@@ -146,9 +146,9 @@ impl Observer for Printer {
         }
         if let Some(text) = &s.dropped {
             if self.json {
-                crate::errln!("ingot: {text}");
+                errln!("ingot: {text}");
             } else {
-                crate::outln!("{text}").map_err(printing)?;
+                outln!("{text}").map_err(printing)?;
             }
         }
         // On a terminal (and without --json), a progress bar on stdout below the step lines;
@@ -188,7 +188,7 @@ impl Observer for Printer {
                 peak_fraction: e.peak_fraction,
                 non_finite: !e.finite,
             };
-            return crate::outln!("{}", json(&line)?).map_err(printing);
+            return outln!("{}", json(&line)?).map_err(printing);
         }
         let ep = e
             .epoch
@@ -213,9 +213,9 @@ impl Observer for Printer {
             r.seconds * 1e3
         );
         let Some(bar) = &self.bar else {
-            return crate::outln!("{text}").map_err(printing);
+            return outln!("{text}").map_err(printing);
         };
-        bar.println(crate::printable(&text));
+        bar.println(crate::output::printable(&text));
         let speed = e
             .rate
             .map(|(unit, v)| format!("  {v:.0} {unit}/s"))
@@ -248,7 +248,7 @@ impl Observer for Printer {
                 val_top1: e.top1,
                 val_top5: e.top5,
             };
-            return crate::outln!("{}", json(&line)?).map_err(printing);
+            return outln!("{}", json(&line)?).map_err(printing);
         }
         let accuracy = match (e.top1, e.top5) {
             (Some(a), Some(b)) => format!(", top-1 {:.2}%, top-5 {:.2}%", 100.0 * a, 100.0 * b),
@@ -270,7 +270,7 @@ impl Observer for Printer {
                 mean_loss: e.mean_loss,
                 free_device_bytes: e.free_device_bytes,
             };
-            return crate::outln!("{}", json(&line)?).map_err(printing);
+            return outln!("{}", json(&line)?).map_err(printing);
         }
         self.line(format!(
             "epoch {} done at step {}: mean loss {:.6}{}",
@@ -285,22 +285,22 @@ impl Observer for Printer {
 
     fn note(&mut self, note: &Note) -> Result<(), ObserverError> {
         match note {
-            Note::Resume(text) => crate::errln!("ingot: {text}"),
+            Note::Resume(text) => errln!("ingot: {text}"),
             Note::Skipped(text) => match &self.bar {
-                Some(bar) => bar.println(crate::printable(text)),
-                None => crate::errln!("ingot: {text}"),
+                Some(bar) => bar.println(crate::output::printable(text)),
+                None => errln!("ingot: {text}"),
             },
-            Note::Saved(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
+            Note::Saved(text) if !self.json => outln!("{text}").map_err(printing)?,
             Note::Saved(_) => {}
-            Note::Ignored(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
+            Note::Ignored(text) if !self.json => outln!("{text}").map_err(printing)?,
             Note::Ignored(_) => {}
-            Note::Tied(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
+            Note::Tied(text) if !self.json => outln!("{text}").map_err(printing)?,
             Note::Tied(_) => {}
-            Note::Names(text) if !self.json => crate::outln!("{text}").map_err(printing)?,
+            Note::Names(text) if !self.json => outln!("{text}").map_err(printing)?,
             Note::Names(_) => {}
             Note::Data(text) => match &self.bar {
-                Some(bar) => bar.println(crate::printable(&format!("warning: {text}"))),
-                None => crate::errln!("ingot: warning: {text}"),
+                Some(bar) => bar.println(crate::output::printable(&format!("warning: {text}"))),
+                None => errln!("ingot: warning: {text}"),
             },
         }
         Ok(())
@@ -317,7 +317,7 @@ impl Observer for Printer {
 /// The run's first line: the model, its size, the run's length, where and how it trains.
 fn header(s: &Start) -> Result<(), Failure> {
     use ingot_compiler::precision::Precision;
-    crate::outln!(
+    outln!(
         "model {}: {} parameters, {} on {}{}, {} parameters, {}",
         s.model,
         s.parameters,
@@ -346,7 +346,7 @@ fn header(s: &Start) -> Result<(), Failure> {
         },
     )?;
     if let Some((step, epoch, dir)) = &s.resumed {
-        crate::outln!(
+        outln!(
             "resuming after step {step} (epoch {epoch}) from {}",
             dir.display()
         )?;
@@ -365,11 +365,11 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
         }
         let line = serde_json::to_string(&Line { summary: s })
             .map_err(|e| Failure::new(1, e.to_string()))?;
-        return crate::outln!("{line}");
+        return outln!("{line}");
     }
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     if let (Some(m), Some(w)) = (s.median_step_seconds, s.median_wall_seconds) {
-        crate::outln!(
+        outln!(
             "median step {:.3} ms over {} ({:.3} ms wall clock, with launch and the loss's copy)",
             m * 1e3,
             match s.median_of_last {
@@ -384,13 +384,13 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
         _ => String::new(),
     };
     match (s.threads, s.gflops, s.tflops) {
-        (Some(n), Some(g), _) => crate::outln!(
+        (Some(n), Some(g), _) => outln!(
             "cpu: {n} thread{}, {g:.1} GFLOP/s{fraction} (the step's {:.3e} model FLOPs, forward and backward products, over the median step)",
             if n == 1 { "" } else { "s" },
             s.model_flops as f64
         )?,
-        (Some(n), None, _) => crate::outln!("cpu: {n} thread{}", if n == 1 { "" } else { "s" })?,
-        (None, _, Some(t)) => crate::outln!(
+        (Some(n), None, _) => outln!("cpu: {n} thread{}", if n == 1 { "" } else { "s" })?,
+        (None, _, Some(t)) => outln!(
             "FLOP rate: {t:.1} TFLOP/s{fraction}{} (the step's {:.3e} model FLOPs, forward and backward products, over the median step)",
             if f.data_ranks > 1 { ", per GPU" } else { "" },
             s.model_flops as f64
@@ -398,7 +398,7 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
         _ => {}
     }
     match s.eval {
-        None => crate::outln!(
+        None => outln!(
             "memory planned: {:.1} MiB ({:.1} MiB resident + {:.1} MiB slab), one allocation{}",
             mib(s.planned_bytes),
             mib(s.resident_bytes),
@@ -408,14 +408,14 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
                 n => format!(" per rank, on each of {n} ranks"),
             }
         )?,
-        Some(l) => crate::outln!(
+        Some(l) => outln!(
             "memory planned: {:.1} MiB, one allocation; {}",
             mib(s.planned_bytes),
             ingot_trainer::eval::layout_line(&l)
         )?,
     }
     if let Some(b) = s.staging_bytes {
-        crate::outln!(
+        outln!(
             "data staging: {:.2} MiB of host memory{} in two buffers, allocated once",
             mib(b),
             if s.context_bytes.is_some() {
@@ -426,7 +426,7 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
         )?;
     }
     if let Some(n) = s.skipped_images {
-        crate::outln!(
+        outln!(
             "images skipped as unreadable: {n}{}",
             if n > 0 {
                 " (each named in a warning on stderr)"
@@ -441,19 +441,19 @@ fn summary(f: &Finished, json: bool) -> Result<(), Failure> {
         s.context_bytes,
         s.graph_bytes,
     ) {
-        crate::outln!(
+        outln!(
             "memory measured on the GPU: {:.1} MiB taken by the allocation (asked {:.1} MiB; the driver rounds up to its page)",
             mib(allocation),
             mib(requested)
         )?;
-        crate::outln!(
+        outln!(
             "CUDA context, cuBLAS and kernels (not the step's): {:.1} MiB; step graph: {:.1} MiB",
             mib(context),
             mib(graph)
         )?;
     }
     if let (Some(loaded), None) = (s.measured_bytes, s.context_bytes) {
-        crate::outln!(
+        outln!(
             "memory measured on the host: {:.1} MiB taken by loading the step (its one allocation and its program)",
             mib(loaded)
         )?;
@@ -473,20 +473,20 @@ fn free_change(s: &Summary) -> Result<(), Failure> {
         }
     };
     if let Some(c) = &s.ranks_free_change_bytes {
-        crate::outln!(
+        outln!(
             "free device memory after step 1 and after step {}, on each of {} GPUs: {}",
             s.steps,
             c.len(),
             said(c)
         )?;
     } else if let Some(d) = s.free_change_bytes {
-        crate::outln!(
+        outln!(
             "free device memory after step 1 and after step {}: {}",
             s.steps,
             said(&[d])
         )?;
     } else if let Some(d) = s.heap_change_bytes {
-        crate::outln!(
+        outln!(
             "host heap after step 1 and after step {}: {}",
             s.steps,
             match d {

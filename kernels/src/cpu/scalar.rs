@@ -203,7 +203,7 @@ int_num!(i32);
 int_num!(i64);
 
 #[cfg(test)]
-mod erf_tests {
+mod tests {
     use super::Float;
 
     #[test]

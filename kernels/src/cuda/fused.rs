@@ -29,7 +29,8 @@
 //! - shared by all: [`space`] (index spaces over some of the domain's axes) and [`expr`] (the
 //!   right-hand side of one instruction).
 
-use super::{finish, CodegenError, CudaKernel, Strategy, Tuning};
+use super::emit::finish;
+use super::kernel::{CodegenError, CudaKernel, Strategy, Tuning};
 use crate::fused::FusedKernel;
 use analysis::Analysis;
 

@@ -97,141 +97,32 @@
 //! 64-bit otherwise. Generation is deterministic: the same description gives byte-identical text.
 
 pub mod attention;
+mod emit;
 mod fused;
 mod guard;
+mod kernel;
 pub mod ops;
 pub mod scatter;
 pub mod window;
 
+pub use kernel::{
+    CodegenError, CudaKernel, FusedArg, FusedLaunch, FusedProgram, Launch, Strategy, Tuning,
+};
 pub use ops::{concat, dropout, gather};
 pub use scatter::{scatter_add_program, scatter_add_scratch_bytes, ScatterAdd};
 
+// The text helpers, for the generators that name them through this module.
+pub(crate) use emit::{
+    c_type, finish, grid_for, literal, narrowed, reads, reg_size, reg_type, rounded, signature,
+    widened, writes, Ix, Src, BLOCK, MAX_GRID_ELEMENTWISE, MAX_GRID_ROWS,
+};
+
 use crate::fused::{FusedKernel, KernelError};
-use crate::DType;
-use std::fmt::Write as _;
-
-/// One generated kernel: an `extern "C" __global__` function, its launch shape.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CudaKernel {
-    /// Entry point; derived from a stable 64-bit FNV-1a hash of the function's text,
-    /// `ingot_{hash:016x}`, so identical kernels (the same fused kernel in twelve layers) get one
-    /// name and the runtime compiles each once.
-    pub name: String,
-    /// The function's CUDA C text (uses the helpers in [`PRELUDE`]; everything else it needs is
-    /// inside the function).
-    pub source: String,
-    pub launch: Launch,
-}
-
-/// A launch shape. `shared_bytes` is dynamic shared memory (the generated kernels declare their
-/// shared memory statically, so it is 0 for them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Launch {
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub shared_bytes: u32,
-}
-
-/// How a fused kernel maps onto threads (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    /// A grid-stride loop over the domain's elements (or over 32 × 32 tiles, transposing).
-    Elementwise,
-    /// A block, or a group of lanes of one warp, per row; threads striding along the row.
-    Rows,
-    /// A block per 32 (or 16, or 8) rows, thread `x` a row, threads `y` striding along it.
-    Columns,
-}
-
-impl Strategy {
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Elementwise => "elementwise",
-            Strategy::Rows => "rows",
-            Strategy::Columns => "columns",
-        }
-    }
-}
-
-/// A description the generator cannot turn into a kernel. Never a panic.
-#[derive(Debug, thiserror::Error)]
-pub enum CodegenError {
-    /// The fused kernel does not check.
-    #[error("cuda codegen: {0}")]
-    Invalid(#[from] KernelError),
-    /// An op is not defined (or not supported on the GPU) for a dtype.
-    #[error("cuda codegen: {op} is not supported for {what} of dtype {dtype}")]
-    Unsupported {
-        op: &'static str,
-        what: &'static str,
-        dtype: DType,
-    },
-    /// Sizes whose element counts overflow.
-    #[error("cuda codegen: {op}: the sizes {sizes:?} give more elements than 64 bits can index")]
-    TooLarge { op: &'static str, sizes: Vec<usize> },
-    /// More static shared memory than a block may declare.
-    #[error(
-        "cuda codegen: fused kernel needs {bytes} bytes of shared memory for its {reductions} \
-         reductions, more than the 48 KiB a block may declare statically; split the kernel"
-    )]
-    SharedMemory { bytes: usize, reductions: usize },
-}
 
 /// Generates the CUDA kernel of a fused-kernel description. Checks it first
 /// ([`FusedKernel::check`]); an invalid description gives [`CodegenError::Invalid`].
 pub fn fused(k: &FusedKernel) -> Result<CudaKernel, CodegenError> {
     fused::generate(k)
-}
-
-/// Where a launch of a fused kernel's program points one of its parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FusedArg {
-    /// The fused kernel's input `n`.
-    Input(usize),
-    /// Its output `j`.
-    Output(usize),
-    /// `bytes` bytes at `offset` of the kernel's scratch space
-    /// ([`FusedProgram::scratch_bytes`]).
-    Scratch { offset: usize, bytes: usize },
-}
-
-/// One launch of a fused kernel's program: its parameters in order, of which the first
-/// `reads` are read and the rest written.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FusedLaunch {
-    pub kernel: CudaKernel,
-    pub args: Vec<FusedArg>,
-    pub reads: usize,
-}
-
-/// How a fused kernel runs on the GPU: its launches in order, and the scratch bytes they share
-/// (planned as the node's workspace). One launch of [`fused`]'s kernel, or a column reduction
-/// that leaves the GPU idle split in two ([`crate::fused::split`]): partials into the scratch,
-/// then the finish; or a reduction whose full outputs read its reductions, split by stages
-/// ([`crate::fused::staged`]): a partial and a finish kernel a stage, then the full outputs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FusedProgram {
-    pub launches: Vec<FusedLaunch>,
-    pub scratch_bytes: usize,
-}
-
-impl FusedProgram {
-    /// One launch of `kernel` on `inputs` inputs then `outputs` outputs, no scratch.
-    pub fn one(kernel: CudaKernel, inputs: usize, outputs: usize) -> FusedProgram {
-        FusedProgram {
-            launches: vec![FusedLaunch {
-                kernel,
-                args: (0..inputs)
-                    .map(FusedArg::Input)
-                    .chain((0..outputs).map(FusedArg::Output))
-                    .collect(),
-                reads: inputs,
-            }],
-            scratch_bytes: 0,
-        }
-    }
 }
 
 /// Scratch bytes of a split's partials, each 256-byte aligned as the planner aligns buffers:
@@ -372,32 +263,6 @@ pub fn fused_program(k: &FusedKernel) -> Result<FusedProgram, CodegenError> {
         ],
         scratch_bytes,
     })
-}
-
-/// Choices of [`fused_tuned`] that override the generator's own, for measuring them
-/// (`cuda_kernels --variants`); the default overrides nothing.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tuning {
-    /// Threads per row of the row strategy (a power of two up to 1024: up to 32, a group of
-    /// lanes of one warp; above, a block, whose size may also be any multiple of 32, say 192
-    /// for rows of 768 in vectors of 4; anything else is ignored). Loads are still kept in
-    /// registers across passes only where they fit.
-    pub row_threads: Option<u32>,
-    /// Elementwise kernels one element a thread, never four.
-    pub scalar_elementwise: bool,
-    /// Long rows (read from memory in every loop) one element a thread, never four.
-    pub scalar_rows: bool,
-    /// Every load read at every element, even where a `select` drops its value (see the
-    /// guarded loads of the row strategy).
-    pub unguarded_loads: bool,
-    /// Rows side by side in a block of the column strategy (a power of two from 1 to 32;
-    /// anything else is ignored).
-    pub column_rows: Option<u32>,
-    /// 32-bit registers a thread the register cache of a row may take, instead of the
-    /// generator's 32 (with `row_threads`: a warp a row of 1024 caching 32 elements of two
-    /// loads a lane needs 64).
-    pub cache_words: Option<usize>,
 }
 
 /// [`fused`] with some choices forced (see [`Tuning`]).
@@ -545,258 +410,4 @@ fn uses_bf16(source: &str) -> bool {
     ]
     .iter()
     .any(|h| source.contains(h))
-}
-
-/// The name-placeholder generators write; [`finish`] replaces it with the hash-derived name.
-pub(crate) const NAME: &str = "@KERNEL@";
-
-/// 64-bit FNV-1a.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// Names a kernel whose text uses [`NAME`] for its entry point: the name is the hash of that
-/// text, so it depends on nothing but the function.
-pub(crate) fn finish(text: String, launch: Launch) -> CudaKernel {
-    let name = format!("ingot_{:016x}", fnv1a64(text.as_bytes()));
-    CudaKernel {
-        source: text.replace(NAME, &name),
-        name,
-        launch,
-    }
-}
-
-/// A kernel parameter `name`, a pointer to elements of `d` that the kernel only reads: the
-/// `(type, name)` pair the kernel builders take.
-pub(crate) fn reads(d: DType, name: &str) -> (String, String) {
-    (format!("const {}*", c_type(d)), name.to_string())
-}
-
-/// A kernel parameter `name`, a pointer to elements of `d` that the kernel writes.
-pub(crate) fn writes(d: DType, name: &str) -> (String, String) {
-    (format!("{}*", c_type(d)), name.to_string())
-}
-
-/// The C type of a dtype in memory (pointers, shared tiles of raw elements).
-pub(crate) fn c_type(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float",
-        DType::F64 => "double",
-        DType::I32 => "int",
-        DType::I64 => "long long",
-        DType::Bool => "unsigned char",
-        // The 16 bits, with no dependency on `cuda_bf16.h` (see the module docs, "# bf16").
-        DType::BF16 => "unsigned short",
-    }
-}
-
-/// The C type of a value of dtype `d` in a register: the memory type, but `float` for bf16
-/// (a bf16 value is held as the float it widens to).
-pub(crate) fn reg_type(d: DType) -> &'static str {
-    match d {
-        DType::BF16 => "float",
-        _ => c_type(d),
-    }
-}
-
-/// Bytes of a register value of dtype `d` (a bf16 value is a float): what shared memory and
-/// register budgets count.
-pub(crate) fn reg_size(d: DType) -> usize {
-    match d {
-        DType::BF16 => 4,
-        _ => d.size(),
-    }
-}
-
-/// The register value of `d` read from the memory expression `e` (bf16 widens).
-pub(crate) fn widened(d: DType, e: String) -> String {
-    match d {
-        DType::BF16 => format!("ig_widen({e})"),
-        _ => e,
-    }
-}
-
-/// The memory value of `d` that the register expression `v` stores (bf16 narrows: exact, as a
-/// bf16 register is rounded already).
-pub(crate) fn narrowed(d: DType, v: String) -> String {
-    match d {
-        DType::BF16 => format!("ig_narrow({v})"),
-        _ => v,
-    }
-}
-
-/// `e`, a float expression, as the value of an instruction of dtype `d`: rounded to the
-/// nearest bf16 where `d` is bf16, unchanged otherwise.
-pub(crate) fn rounded(d: DType, e: String) -> String {
-    match d {
-        DType::BF16 => format!("ig_round({e})"),
-        _ => e,
-    }
-}
-
-/// The C type and literal suffix of index arithmetic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Ix {
-    pub wide: bool,
-}
-
-impl Ix {
-    /// 32-bit when every extent is below 2^31, else 64-bit.
-    pub(crate) fn for_extents(extents: impl IntoIterator<Item = usize>) -> Ix {
-        Ix {
-            wide: extents.into_iter().any(|e| e as u128 >= 1u128 << 31),
-        }
-    }
-    pub(crate) fn ty(self) -> &'static str {
-        if self.wide {
-            "unsigned long long"
-        } else {
-            "unsigned"
-        }
-    }
-    pub(crate) fn lit(self, v: usize) -> String {
-        if self.wide {
-            format!("{v}ull")
-        } else {
-            format!("{v}u")
-        }
-    }
-    /// `blockIdx.x * block + threadIdx.x`, in this width.
-    pub(crate) fn global_thread(self, block: u32) -> String {
-        if self.wide {
-            format!("(unsigned long long)blockIdx.x * {block}ull + threadIdx.x")
-        } else {
-            format!("blockIdx.x * {block}u + threadIdx.x")
-        }
-    }
-    /// `gridDim.x * block`, in this width.
-    pub(crate) fn grid_stride(self, block: u32) -> String {
-        if self.wide {
-            format!("(unsigned long long)gridDim.x * {block}ull")
-        } else {
-            format!("gridDim.x * {block}u")
-        }
-    }
-}
-
-/// Threads per block of the elementwise loops.
-pub(crate) const BLOCK: u32 = 256;
-/// Grid cap of the elementwise loops: 32 blocks per SM of a 132-SM H100 (four waves of
-/// resident blocks); the grid-stride loop covers the rest.
-pub(crate) const MAX_GRID_ELEMENTWISE: usize = 132 * 32;
-/// Grid cap of the row and column strategies (a grid-stride loop over rows covers the rest).
-pub(crate) const MAX_GRID_ROWS: usize = 1 << 20;
-
-/// `min(ceil(work / per_block), cap)`, at least 1.
-pub(crate) fn grid_for(work: usize, per_block: usize, cap: usize) -> u32 {
-    let blocks = work.div_ceil(per_block.max(1));
-    blocks.clamp(1, cap) as u32
-}
-
-/// A literal of `dtype` with the value `v` converted as Rust's `as` does (`value as f32`,
-/// saturating float-to-integer, nonzero to bool), exact for every value (NaN and infinities
-/// included).
-pub(crate) fn literal(v: f64, dtype: DType) -> String {
-    match dtype {
-        DType::F32 => {
-            let x = v as f32;
-            if x.is_finite() {
-                format!("{x:?}f")
-            } else {
-                format!("__int_as_float((int)0x{:08x}u)", x.to_bits())
-            }
-        }
-        DType::F64 => {
-            if v.is_finite() {
-                format!("{v:?}")
-            } else {
-                format!("__longlong_as_double((long long)0x{:016x}ull)", v.to_bits())
-            }
-        }
-        DType::I32 => {
-            let x = v as i32;
-            if x == i32::MIN {
-                "(-2147483647 - 1)".to_string()
-            } else {
-                format!("{x}")
-            }
-        }
-        DType::I64 => {
-            let x = v as i64;
-            if x == i64::MIN {
-                "(-9223372036854775807ll - 1ll)".to_string()
-            } else {
-                format!("{x}ll")
-            }
-        }
-        DType::Bool => {
-            if v != 0.0 {
-                "(unsigned char)1".to_string()
-            } else {
-                "(unsigned char)0".to_string()
-            }
-        }
-        // The register value: the float of the nearest bf16 (rounded once from the f64).
-        DType::BF16 => literal(
-            f64::from(crate::dtype::bf16_from_f64(v).to_f32()),
-            DType::F32,
-        ),
-    }
-}
-
-/// A small line writer with indentation.
-#[derive(Default)]
-pub(crate) struct Src {
-    pub text: String,
-    pub depth: usize,
-}
-
-impl Src {
-    pub(crate) fn line(&mut self, s: impl AsRef<str>) {
-        for _ in 0..self.depth {
-            self.text.push_str("  ");
-        }
-        self.text.push_str(s.as_ref());
-        self.text.push('\n');
-    }
-    /// Opens a block: writes `s` (which should end with `{`) and indents.
-    pub(crate) fn open(&mut self, s: impl AsRef<str>) {
-        self.line(s);
-        self.depth += 1;
-    }
-    pub(crate) fn close(&mut self) {
-        self.depth = self.depth.saturating_sub(1);
-        self.line("}");
-    }
-}
-
-/// The signature line of a kernel: `extern "C" __global__ void __launch_bounds__(T) NAME(...) {`.
-pub(crate) fn signature(threads: u32, params: &[(String, String)]) -> String {
-    let mut s = format!("extern \"C\" __global__ void __launch_bounds__({threads}) {NAME}(");
-    for (i, (ty, name)) in params.iter().enumerate() {
-        if i > 0 {
-            s.push_str(", ");
-        }
-        let _ = write!(s, "{ty} {name}");
-    }
-    s.push_str(") {");
-    s
-}
-
-/// `[a,b,c]`.
-pub(crate) fn list(xs: &[usize]) -> String {
-    let mut s = String::from("[");
-    for (i, x) in xs.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{x}");
-    }
-    s.push(']');
-    s
 }

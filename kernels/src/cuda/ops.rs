@@ -4,10 +4,11 @@
 //! `min(ceil(elements / 256), 132 * 32)`.
 //! Sizes are literals, with 32-bit index arithmetic when every extent is below 2^31.
 
-use super::{
-    c_type, finish, grid_for, literal, reads, signature, writes, CodegenError, CudaKernel, Ix,
-    Launch, Src, BLOCK, MAX_GRID_ELEMENTWISE,
+use super::emit::{
+    c_type, finish, grid_for, literal, reads, signature, writes, Ix, Src, BLOCK,
+    MAX_GRID_ELEMENTWISE,
 };
+use super::kernel::{CodegenError, CudaKernel, Launch};
 use crate::DType;
 
 /// `gather(table [rows, row_len], ids [n]) -> out [n, row_len]`; an id outside `0..rows` gives
@@ -76,7 +77,7 @@ pub fn concat(dtype: DType, outer: usize, widths: &[usize]) -> Result<CudaKernel
     let what = format!(
         "// ingot concat: {} inputs of {outer} rows, widths {}, {}",
         widths.len(),
-        super::list(widths),
+        super::emit::list(widths),
         dtype.name()
     );
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {

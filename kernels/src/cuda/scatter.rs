@@ -30,11 +30,11 @@
 //! each id's positions from its first in chunks with one block a position: 92 µs for gpt2's
 //! gradient on two ranks (16,384 positions) on an H100, most of it spent waiting on loads.
 
-use super::ops::{check_ids, header};
-use super::{
-    c_type, finish, grid_for, literal, reads, signature, writes, CodegenError, CudaKernel,
-    FusedArg, FusedLaunch, FusedProgram, Ix, Launch, Src, MAX_GRID_ELEMENTWISE,
+use super::emit::{
+    c_type, finish, grid_for, literal, reads, signature, writes, Ix, Src, MAX_GRID_ELEMENTWISE,
 };
+use super::kernel::{CodegenError, CudaKernel, FusedArg, FusedLaunch, FusedProgram, Launch};
+use super::ops::{check_ids, header};
 use crate::DType;
 
 /// Positions per tile of the sort: one a thread of a 1024-thread block.

@@ -7,8 +7,9 @@
 //! they still return without panicking, with fallbacks documented on each (an instruction that
 //! does not exist, or names one that does not, has dtype `f32` and is full).
 
-use super::{FusedKernel, Inst};
-use crate::{BinaryOp, DType, ReduceOp, UnaryOp};
+use super::kernel::{FusedKernel, Inst};
+use crate::dtype::DType;
+use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
 use std::fmt;
 
 /// What is wrong with a fused kernel, or with the buffers a run was given: names the instruction
@@ -513,7 +514,7 @@ impl FusedKernel {
     /// Whether output `output` may be written over input `input` (take its memory): the output
     /// is full (or the kernel has no reduce axes), its dtype has the input's byte size, the input
     /// is read exactly at the output's own index (its access is
-    /// [`Access::contiguous`](super::Access::contiguous) over the
+    /// [`Access::contiguous`](crate::fused::Access::contiguous) over the
     /// domain, offset 0) and holds exactly as many elements as the output. Executors write a full
     /// output in the last pass over each row, after every read of that row, so this is safe as
     /// long as no *other* input of the kernel is the same buffer. False for indices that do not

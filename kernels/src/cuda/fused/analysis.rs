@@ -4,7 +4,8 @@
 //! header). Every later stage reads this and nothing else of the kernel's meaning, so that the
 //! strategies cannot disagree about it.
 
-use crate::cuda::{c_type, list, signature, Ix, Launch, Src, Strategy, Tuning};
+use crate::cuda::emit::{c_type, list, signature, Ix, Src};
+use crate::cuda::kernel::{Launch, Strategy, Tuning};
 use crate::fused::check::operands;
 use crate::fused::{FusedKernel, Inst};
 use crate::DType;

@@ -2,9 +2,10 @@
 //! many rows a block, and whether the loads that several loops read stay in registers. The
 //! measurements behind each threshold are with the constant that holds it.
 
+use super::analysis::Analysis;
 use super::passes::Passes;
-use super::Analysis;
-use crate::cuda::{grid_for, reg_size, CodegenError, Launch, Strategy, MAX_GRID_ROWS};
+use crate::cuda::emit::{grid_for, reg_size, MAX_GRID_ROWS};
+use crate::cuda::kernel::{CodegenError, Launch, Strategy};
 use crate::fused::Inst;
 
 /// Blocks that fill an H100 twice over (132 SMs): fewer than this, and the row and column

@@ -1,7 +1,7 @@
 //! The strategy stage of a reduction that decides what each loop over the row computes: one
 //! pass per reduction level, then a final loop for the per-element outputs.
 
-use super::Analysis;
+use super::analysis::Analysis;
 use crate::fused::check::operands;
 use crate::fused::Inst;
 use crate::{BinaryOp, DType, ReduceOp, UnaryOp};

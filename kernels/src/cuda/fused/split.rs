@@ -11,9 +11,9 @@
 //! `[0, 2, 3]`, a block a channel) is split by stages instead ([`crate::fused::staged`]),
 //! by the same rule: fewer blocks than fill the GPU, long rows ([`staged_ways`]).
 
+use super::analysis::Analysis;
 use super::layout::FILL;
-use super::Analysis;
-use crate::cuda::Strategy;
+use crate::cuda::kernel::Strategy;
 use crate::fused::{split, FusedKernel};
 
 /// Rows the partial kernel should have at least: four blocks of 32 rows an SM, twice over.
@@ -50,7 +50,7 @@ const MIN_STAGED_COLUMN_TERMS: usize = 4096;
 /// The reduce axis and the number of slices a column reduction is split into, or `None`
 /// where its one kernel is kept: not the column strategy, rows short, blocks enough, or no
 /// reduce axis it can be split along ([`split::splittable`]) a power of two of times.
-pub(in crate::cuda) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+pub(crate) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
     k.check().ok()?;
     let a = Analysis::new(k);
     if a.strategy != Strategy::Columns || a.n < MIN_TERMS || a.rows == 0 {
@@ -94,7 +94,7 @@ pub(in crate::cuda) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
 /// at least `MIN_WAYS` ways, else the one that splits most; the ways, powers of two, grow
 /// until the partial kernel's blocks fill the GPU or its rows would fold fewer than
 /// `MIN_STAGED_PARTIAL_TERMS` terms.
-pub(in crate::cuda) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+pub(crate) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
     k.check().ok()?;
     if split_ways(k).is_some() {
         return None;

@@ -30,13 +30,14 @@
 //! cut into ranges of columns ([`crate::fused::parts`]) therefore gives the same bits on any
 //! number of threads: each column is computed as it is alone.
 
-use super::compiled::{
-    apply_lanes, covered, in_blocks, other, step_out, Arena, Body, Code, Io, Source, Src, Step,
-    Val, LANE_CHOICES,
-};
+use super::arena::{in_blocks, step_out, Arena, Io, Source};
+use super::body::{covered, Body, Code, Src, Step};
+use super::consts::{ALIGN, R};
+use super::interpret::scratch_bytes;
+use super::lane_loops::{apply_lanes, other, Val, LANE_CHOICES};
 use super::reduce::{acc_lanes, finish_cascade_lanes, identity};
-use super::{scratch_bytes, KernelError, ALIGN, R};
 use crate::cpu::reduce::{FAN, LEVELS};
+use crate::fused::check::KernelError;
 use crate::fused::FusedKernel;
 use crate::ReduceOp;
 use std::ops::Range;
@@ -251,7 +252,7 @@ impl Columns {
     fn work<'m>(&self, a: Arena<'m>) -> R<Work<'m>> {
         let c = carve(&self.body, self.lanes, self.width, self.upper)
             .ok_or(KernelError::Internal("columns scratch"))?;
-        let sc = super::sub_mut(a.scratch, 0, c.end * 4)?;
+        let sc = super::lanes::sub_mut(a.scratch, 0, c.end * 4)?;
         let sc = <[f32]>::mut_from_bytes(sc)
             .map_err(|_| KernelError::Internal("columns scratch misaligned"))?;
         let (lanes, rest) = sc.split_at_mut(c.rows_at);
@@ -279,7 +280,7 @@ impl Columns {
         for (p, pass) in self.body.passes.iter().enumerate() {
             let last = p + 1 == n_passes;
             for f in &pass.folds {
-                super::sub_mut(w.rows, f.to * self.width, n)?.fill(identity::<f32>(f.op));
+                super::lanes::sub_mut(w.rows, f.to * self.width, n)?.fill(identity::<f32>(f.op));
                 self.levels(w.upper, f.slot, n)?.fill(0.0);
             }
             let mut t0 = 0;
@@ -289,10 +290,10 @@ impl Columns {
                     self.full_step(w, st, &at, t0, g)?;
                 }
                 for f in &pass.folds {
-                    let acc = super::sub_mut(w.rows, f.to * self.width, n)?;
+                    let acc = super::lanes::sub_mut(w.rows, f.to * self.width, n)?;
                     let upper = self.levels(w.upper, f.slot, n)?;
                     for j in 0..g {
-                        let xs = super::sub(w.lanes, f.from * self.lanes + j * n, n)?;
+                        let xs = super::lanes::sub(w.lanes, f.from * self.lanes + j * n, n)?;
                         acc_lanes::<f32>(
                             f.op,
                             xs.as_bytes(),
@@ -309,7 +310,7 @@ impl Columns {
             }
             for f in &pass.folds {
                 if f.op == ReduceOp::Sum {
-                    let acc = super::sub_mut(w.rows, f.to * self.width, n)?;
+                    let acc = super::lanes::sub_mut(w.rows, f.to * self.width, n)?;
                     let upper = self.levels(w.upper, f.slot, n)?;
                     finish_cascade_lanes::<f32>(
                         acc.as_mut_bytes(),
@@ -346,7 +347,7 @@ impl Columns {
             return Ok(&mut []);
         }
         let per = (LEVELS - 1) * self.width;
-        super::sub_mut(upper, slot * per, (LEVELS - 1) * n)
+        super::lanes::sub_mut(upper, slot * per, (LEVELS - 1) * n)
     }
 
     /// Stores the chunk's terms `t0 .. t0 + g` of every full output, columns `c0 .. c0 + n`
@@ -371,7 +372,7 @@ impl Columns {
                 let d = plane + term(t0 + j) + c0;
                 match src {
                     Src::Lanes(b) => {
-                        dst.put(d, super::sub(w.lanes, b * self.lanes + j * n, len)?)?
+                        dst.put(d, super::lanes::sub(w.lanes, b * self.lanes + j * n, len)?)?
                     }
                     Src::Const(c) => dst.fill(d, len, c)?,
                     Src::Row(_) => return Err(KernelError::Internal("column value stored full")),
@@ -390,9 +391,11 @@ impl Columns {
             let val = |s: Src| {
                 Ok(match s {
                     Src::Const(c) => Val::One(c),
-                    Src::Row(b) => {
-                        Val::Lanes(super::sub(other(before, after, end, width, b)?, 0, n)?)
-                    }
+                    Src::Row(b) => Val::Lanes(super::lanes::sub(
+                        other(before, after, end, width, b)?,
+                        0,
+                        n,
+                    )?),
                     Src::Lanes(_) => return Err(KernelError::Internal("lane value in a stage")),
                 })
             };
@@ -444,10 +447,12 @@ impl Columns {
         let val = |s: Src, j: usize| {
             Ok(match s {
                 Src::Const(c) => Val::One(c),
-                Src::Row(b) => Val::Lanes(super::sub(rows, b * self.width, n)?),
-                Src::Lanes(b) => {
-                    Val::Lanes(super::sub(other(before, after, end, lw, b)?, j * seg, seg)?)
-                }
+                Src::Row(b) => Val::Lanes(super::lanes::sub(rows, b * self.width, n)?),
+                Src::Lanes(b) => Val::Lanes(super::lanes::sub(
+                    other(before, after, end, lw, b)?,
+                    j * seg,
+                    seg,
+                )?),
             })
         };
         for (j, o) in out.chunks_exact_mut(seg).take(segs).enumerate() {

@@ -253,7 +253,8 @@ fn colour(m: &mut Meta<'_>, n: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{prepare, run_buffers, scratch_bytes, Layout};
+    use super::super::interpret::prepare;
+    use super::super::{run_buffers, scratch_bytes, Layout};
     use crate::fused::{sample, FusedKernel};
 
     /// `x * 0.75 + 0.5`, `ops` times in turn, over f32[`len`] ([`sample::chain`]).

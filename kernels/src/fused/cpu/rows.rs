@@ -27,15 +27,16 @@
 //! kernel itself (a full output of a reduction whose outer axis is reduced: a range of rows is
 //! no contiguous range of it, but each row's elements are written by its own range alone).
 
+use super::arena::{in_blocks, step_out, Arena, Io, Source};
+use super::body::{chunk_axes, covered, Body, Code, Pass, Src, Step};
 use super::columns::offset_of;
-use super::compiled::{
-    apply_lanes, chunk_axes, covered, in_blocks, other, step_out, Arena, Body, Code, Io, Pass,
-    Source, Src, Step, Val, LANE_CHOICES,
-};
+use super::consts::{ALIGN, R, RUNS, SLOT};
+use super::interpret::scratch_bytes;
+use super::lane_loops::{apply_lanes, other, Val, LANE_CHOICES};
 use super::reduce::{acc_run, combine8, fold8, identity, slot_op, Runs, SlotStep};
-use super::{scratch_bytes, KernelError, ALIGN, R, RUNS, SLOT};
 use crate::cpu::reduce::{keep_max, Cascade, LEVELS, RUN_BLOCK};
 use crate::cpu::Scalar;
+use crate::fused::check::KernelError;
 use crate::fused::FusedKernel;
 use crate::ReduceOp;
 use std::ops::Range;
@@ -222,7 +223,7 @@ impl Program {
         let ni = self.in_len.len();
         let c = carve(ni, self.group, self.segs, self.lanes, &self.body)
             .ok_or(KernelError::Internal("compiled scratch"))?;
-        let sc = super::sub_mut(a.scratch, 0, c.end)?;
+        let sc = super::lanes::sub_mut(a.scratch, 0, c.end)?;
         let (b_bases, rest) = sc.split_at_mut(c.lanes_at);
         let (b_lanes, rest) = rest.split_at_mut(c.rows_at - c.lanes_at);
         let (b_rows, b_slots) = rest.split_at_mut(c.slots_at - c.rows_at);
@@ -348,9 +349,9 @@ impl Program {
         for f in &pass.folds {
             for s in 0..cnt {
                 let (j, r) = ((q0 + s) / self.runs, (q0 + s) % self.runs);
-                let xs = super::sub(w.lanes, f.from * self.lanes + s * len, len)?;
+                let xs = super::lanes::sub(w.lanes, f.from * self.lanes + s * len, len)?;
                 let at = (f.slot * self.group + j) * SLOT;
-                let slot = super::sub_mut(w.slots, at, SLOT)?;
+                let slot = super::lanes::sub_mut(w.slots, at, SLOT)?;
                 if whole {
                     fold_run(f.op, xs, slot, r, self.runs > 1);
                     continue;
@@ -390,9 +391,10 @@ impl Program {
             for (s, &base) in ob.iter().enumerate().take(pieces) {
                 let at = base.wrapping_add(p0);
                 match src {
-                    Src::Lanes(b) => {
-                        dst.put(at, super::sub(w.lanes, b * self.lanes + s * seg, seg)?)?
-                    }
+                    Src::Lanes(b) => dst.put(
+                        at,
+                        super::lanes::sub(w.lanes, b * self.lanes + s * seg, seg)?,
+                    )?,
                     Src::Const(c) => dst.fill(at, seg, c)?,
                     Src::Row(_) => return Err(KernelError::Internal("row value stored full")),
                 }
@@ -412,7 +414,7 @@ impl Program {
     }
 
     fn slot_mut<'w>(&self, w: &'w mut Work<'_>, slot: usize, j: usize) -> R<&'w mut [f32]> {
-        super::sub_mut(w.slots, (slot * self.group + j) * SLOT, SLOT)
+        super::lanes::sub_mut(w.slots, (slot * self.group + j) * SLOT, SLOT)
     }
 
     /// Row-level steps over the group's `g` rows (operands: row buffers and constants).
@@ -573,7 +575,7 @@ fn row_val<'a>(
 ) -> R<Val<'a>> {
     Ok(match s {
         Src::Const(c) => Val::One(c),
-        Src::Row(b) => Val::Lanes(super::sub(other(before, after, end, gw, b)?, 0, g)?),
+        Src::Row(b) => Val::Lanes(super::lanes::sub(other(before, after, end, gw, b)?, 0, g)?),
         Src::Lanes(_) => return Err(KernelError::Internal("lane value in a stage")),
     })
 }
@@ -599,7 +601,7 @@ impl<'a> Around<'a> {
                     .get(b * self.group + j)
                     .ok_or(KernelError::Internal("row buffer"))?,
             ),
-            Src::Lanes(b) => Val::Lanes(super::sub(
+            Src::Lanes(b) => Val::Lanes(super::lanes::sub(
                 other(self.before, self.after, self.end, self.lanes, b)?,
                 from,
                 seg,
