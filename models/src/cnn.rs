@@ -17,7 +17,7 @@
 //! - default initialisation, as PyTorch's: every weight and bias uniform on `±1/√fan_in`
 //!   (kaiming-uniform with `a = √5`; fan_in 9, 288, 64·s² and 128), from the seeded generator
 
-use super::{check_float, check_size, model_err};
+use super::check::{check_float, check_size, model_err};
 use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::error::Result;
 use ingot_compiler::ir::{DType, Graph};

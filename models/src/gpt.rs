@@ -2,7 +2,7 @@
 //! embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a final LayerNorm and
 //! an untied head without bias; mean cross-entropy over every batch × sequence position; AdamW.
 
-use super::{check_float, check_size, model_err};
+use super::check::{check_float, check_size, model_err};
 use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::error::Result;
 use ingot_compiler::ir::{DType, Graph, Init, NodeId};

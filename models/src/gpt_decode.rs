@@ -23,8 +23,8 @@
 //! caller compiles it with `fuse_attention` off): its patterns are the whole window's
 //! `[T, T]` causal attention, and this one is a single query over a masked cache.
 
+use super::gpt::GptConfig;
 use super::gpt::{blocks_and_final_norm, embeddings};
-use super::GptConfig;
 use ingot_compiler::error::{IrError, Result};
 use ingot_compiler::ir::{CmpOp, DType, Graph, Init, LeafKind, NodeId, Shape};
 use ingot_compiler::model::ID_DTYPE;

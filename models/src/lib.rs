@@ -23,6 +23,7 @@
 //! `cnn:batch=..,classes=..,side=..` for the `cnn` at another shape, or
 //! `resnet:depth=..,side=..,batch=..,classes=..,width=..` for torchvision's ResNets.
 
+mod check;
 mod cnn;
 mod gpt;
 pub mod gpt_decode;
@@ -38,8 +39,6 @@ pub use resnet::{
 };
 pub use spec::{at_batch, by_name, by_name_with, min_batch, spec_batch, KNOWN_MODELS};
 
-use ingot_compiler::error::{IrError, Result};
-use ingot_compiler::ir::DType;
 use ingot_compiler::pipeline::{self, CompileError, Compiled, Options};
 
 /// Compiles the reference model named `spec` (`mlp`, `gpt-mini`, `gpt2`,
@@ -47,38 +46,4 @@ use ingot_compiler::pipeline::{self, CompileError, Compiled, Options};
 pub fn compile_model(spec: &str, opts: &Options) -> std::result::Result<Compiled, CompileError> {
     let model = by_name(spec)?;
     pipeline::compile(&model, opts)
-}
-
-/// A model error naming the spec.
-fn model_err(spec: &str, reason: impl Into<String>) -> IrError {
-    IrError::Model {
-        spec: spec.to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// Models train in floats; `f64` is for gradient checks.
-fn check_float(spec: &str, dtype: DType) -> Result<()> {
-    if dtype.is_float() {
-        Ok(())
-    } else {
-        Err(model_err(
-            spec,
-            format!("models are built in f32 or f64, not {dtype}"),
-        ))
-    }
-}
-
-/// The product of `dims` times the widest element size (8 bytes), or an error when the tensor's
-/// byte size would not fit in a `usize` (so no later pass overflows computing sizes).
-fn check_size(spec: &str, what: &str, dims: &[usize]) -> Result<()> {
-    dims.iter()
-        .try_fold(8usize, |acc, &d| acc.checked_mul(d))
-        .map(|_| ())
-        .ok_or_else(|| {
-            model_err(
-                spec,
-                format!("{what} {dims:?} is too large: its size overflows"),
-            )
-        })
 }

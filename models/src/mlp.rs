@@ -1,7 +1,7 @@
 //! `mlp`: Linear(784→1024) → ReLU → Linear(1024→1024) → ReLU → Linear(1024→10), mean softmax
 //! cross-entropy, SGD lr 0.1 without momentum. 1,863,690 parameters.
 
-use super::{check_float, check_size, model_err};
+use super::check::{check_float, check_size, model_err};
 use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::error::Result;
 use ingot_compiler::ir::DType;

@@ -38,7 +38,7 @@
 //! The reference `resnet18` has 11,181,642 parameters; `resnet:depth=50` at 1000 classes has
 //! torchvision's 25,557,032.
 
-use super::{check_float, check_size, model_err};
+use super::check::{check_float, check_size, model_err};
 use ingot_compiler::autodiff::optim::Optimizer;
 use ingot_compiler::error::Result;
 use ingot_compiler::ir::{DType, Graph, Init, NodeId};

@@ -7,7 +7,13 @@
 //! batch ([`at_batch`]), the batch a spec names ([`spec_batch`]) and the smallest batch the
 //! model takes ([`min_batch`]) are all answered from it.
 
-use super::{cnn_of, gpt, mlp, model_err, resnet, resnet18, CnnConfig, GptConfig, ResNetConfig};
+use super::check::model_err;
+use super::cnn::{cnn_of, CnnConfig};
+use super::gpt::{gpt, GptConfig};
+use super::mlp::{mlp, mlp_with};
+use super::resnet::{
+    resnet, resnet18, resnet18_with, ResNetConfig, RESNET_BATCH, RESNET_CLASSES, RESNET_SIDE,
+};
 use ingot_compiler::error::Result;
 use ingot_compiler::ir::DType;
 use ingot_compiler::model::Model;
@@ -102,7 +108,7 @@ pub fn at_batch(spec: &str, batch: usize, dtype: DType) -> Result<Model> {
         return Err(model_err(spec, String::from("a batch of 0")));
     }
     match parse_spec(spec)? {
-        Spec::Mlp => super::mlp_with(batch, dtype),
+        Spec::Mlp => mlp_with(batch, dtype),
         Spec::Gpt(cfg) => {
             let cfg = GptConfig { batch, ..cfg };
             let mut m = gpt(&cfg, dtype)?;
@@ -110,7 +116,7 @@ pub fn at_batch(spec: &str, batch: usize, dtype: DType) -> Result<Model> {
             Ok(m)
         }
         Spec::Cnn(cfg) => cnn_of(&CnnConfig { batch, ..cfg }, dtype),
-        Spec::ResNet18 => super::resnet18_with(batch, dtype),
+        Spec::ResNet18 => resnet18_with(batch, dtype),
         Spec::ResNet(cfg) => resnet_named(spec, &ResNetConfig { batch, ..cfg }, dtype),
     }
 }
@@ -144,9 +150,9 @@ pub fn min_batch(spec: &str) -> Result<usize> {
         Spec::ResNet(cfg) => cfg,
         Spec::ResNet18 => ResNetConfig {
             depth: 18,
-            side: super::RESNET_SIDE,
-            batch: super::RESNET_BATCH,
-            classes: super::RESNET_CLASSES,
+            side: RESNET_SIDE,
+            batch: RESNET_BATCH,
+            classes: RESNET_CLASSES,
             width: 64,
         },
         _ => return Ok(1),

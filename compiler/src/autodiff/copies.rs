@@ -14,7 +14,7 @@
 //! writes its copy too ([`param_of`] finds the parameter of a copy): the runtime derives it
 //! when it initialises the leaves and when it loads parameters.
 
-use super::Phases;
+use super::phase::Phases;
 use crate::error::Result;
 use crate::ir::{DType, Graph, Init, LeafKind, NodeId, Op};
 

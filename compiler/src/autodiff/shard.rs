@@ -28,7 +28,7 @@
 //! rows ([`ranks_of`]), as a copy is found by its name ([`super::copies::param_of`]).
 
 use super::copies;
-use super::Phases;
+use super::phase::Phases;
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op, Shape, TensorType};
 use std::collections::{HashMap, HashSet};
@@ -55,7 +55,7 @@ pub fn shard_optimizer(g: Graph, phases: Phases, ranks: usize) -> Result<(Graph,
             "sharding the optimizer needs two ranks or more, not {ranks}"
         )));
     }
-    if g.outputs.contains_key(super::GRAD_NORM) {
+    if g.outputs.contains_key(super::names::GRAD_NORM) {
         return Err(IrError::Invalid(
             "sharding the optimizer cannot clip the gradients by their global norm: each rank \
              holds only its rows of most gradients; drop --clip-grad-norm or the sharding"

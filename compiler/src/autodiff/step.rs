@@ -1,10 +1,11 @@
 //! The whole training step as one graph: forward, backward, optimizer update.
 
-use super::{Optimizer, Phases};
+use super::optim::Optimizer;
+use super::phase::Phases;
 use crate::error::{IrError, Result};
 use crate::ir::{Graph, LeafKind, NodeId, Op};
 
-pub use super::names::LOSS;
+pub use super::names::{GRAD_NORM, LOSS};
 
 /// A training step graph, with the node ranges of its three phases (for reports and benchmarks).
 #[derive(Clone, Debug)]
@@ -26,8 +27,6 @@ impl Step {
 
 /// The name of the f64 scalar input that scales the learning rate ([`StepOptions::lr_scale`]).
 pub const LR_SCALE: &str = "lr_scale";
-/// The name of the output holding the gradients' global norm ([`StepOptions::clip_grad_norm`]).
-pub const GRAD_NORM: &str = "grad_norm";
 
 /// What a training step computes besides the gradients and the optimizer's update. The
 /// default adds nothing: the step is exactly [`training_step`]'s.

@@ -4,10 +4,10 @@
 //! The moments are offered largest first (ties in graph order): each takes its bytes out of
 //! the device's resident region for a staging buffer in the slab that lives only around its
 //! update. The fitter takes the fewest of them whose plan fits, with whatever recomputation
-//! the budget then needs ([`super::recompute_to_budget`]); every figure comes from compiling
+//! the budget then needs ([`super::recompute::recompute_to_budget`]); every figure comes from compiling
 //! the step with that set offloaded, as for the fitter's other measures.
 
-use super::{recompute_to_budget, Recomputation, Recompute};
+use super::recompute::{recompute_to_budget, Recomputation, Recompute};
 use crate::ir::{Graph, LeafKind, Op};
 use crate::pipeline::{self, CompileError, Compiled, Rewritten};
 use crate::plan::align_up;

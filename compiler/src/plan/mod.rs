@@ -6,10 +6,13 @@
 //! slab holds everything else at offsets chosen by the [`ingot_dsa`] solver (its own crate) from liveness
 //! intervals.
 
+pub mod align;
 pub mod buckets;
 pub mod check;
+pub mod error;
 pub mod liveness;
 pub mod location;
+pub mod memory_plan;
 pub mod offload;
 pub mod room;
 pub mod shared;
@@ -17,20 +20,13 @@ pub mod sink;
 
 use crate::ir::{Graph, NodeId};
 use crate::schedule::{self, Strategy};
-use check::PlanView;
+pub use align::{align_up, ALIGNMENT};
+pub use error::PlanError;
 use ingot_dsa as dsa;
 pub use liveness::{Liveness, Region, Storage, WorkspaceFn, WorkspaceNeed};
 pub use location::{Location, Offload};
-use serde::{Deserialize, Serialize};
+pub use memory_plan::MemoryPlan;
 use std::time::Duration;
-
-/// Every offset in a plan is a multiple of this (what CUDA's allocator and vector loads like).
-pub const ALIGNMENT: usize = 256;
-
-/// Rounds `x` up to a multiple of [`ALIGNMENT`].
-pub fn align_up(x: usize) -> usize {
-    x.div_ceil(ALIGNMENT) * ALIGNMENT
-}
 
 /// Knobs of the planner.
 #[derive(Clone, Debug)]
@@ -80,106 +76,6 @@ impl Default for PlanOptions {
             offload: Vec::new(),
             prefetch: true,
         }
-    }
-}
-
-/// A complete memory plan for one step graph.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryPlan {
-    pub strategy: Strategy,
-    pub liveness: Liveness,
-    /// Absolute offset of each storage in the single allocation.
-    pub storage_offset: Vec<usize>,
-    pub resident_bytes: usize,
-    /// Where the slab starts (the resident region rounded up to the alignment).
-    pub slab_base: usize,
-    pub slab_bytes: usize,
-    /// LOAD: the most slab bytes live at one schedule position, a lower bound on `slab_bytes`.
-    pub load_bytes: usize,
-    /// The schedule position at which LOAD is reached.
-    pub peak_position: usize,
-    pub total_bytes: usize,
-    /// Leaves kept in host memory ([`offload`]), with the copies that move them; none in a
-    /// plan without offload (and then absent from its JSON, which stays as it was).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub offload: Vec<Offload>,
-    /// Bytes of the host region the offloaded leaves live in (pinned memory on a GPU).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub host_bytes: usize,
-}
-
-fn is_zero(x: &usize) -> bool {
-    *x == 0
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error(transparent)]
-    Solver(#[from] dsa::DsaError),
-    #[error(transparent)]
-    Invalid(#[from] check::PlanViolation),
-    /// The outputs of an all-reduce (a gradient bucket) cannot be laid out as one region.
-    #[error("all-reduce {node}: {reason}")]
-    Bucket { node: NodeId, reason: String },
-    #[error("the graph does not verify: {0}")]
-    Graph(#[from] crate::error::IrError),
-    /// The storages together need more bytes than an address space holds.
-    #[error("the step's values together need more bytes than an address space holds (largest: {largest}); lower the batch size, sequence length or model dimensions")]
-    TooLarge { largest: String },
-    /// The schedule leaves nodes out: their dependences (data and update order) form a cycle.
-    #[error("the {strategy:?} schedule cannot order {} of the graph's nodes ({}{}): their data and in-place update dependences form a cycle", .missing.len(), .missing.iter().take(8).map(|n| n.to_string()).collect::<Vec<_>>().join(", "), if .missing.len() > 8 { ", ..." } else { "" })]
-    Unschedulable {
-        strategy: Strategy,
-        missing: Vec<NodeId>,
-    },
-    /// A leaf asked to be offloaded cannot be.
-    #[error("cannot offload {name}: {reason}")]
-    Offload { name: String, reason: String },
-}
-
-impl MemoryPlan {
-    /// Location (absolute offset, bytes) of a node's value.
-    pub fn location(&self, g: &Graph, id: NodeId) -> Location {
-        let s = self.liveness.storage_of[id.index()];
-        Location {
-            offset: self.storage_offset[s],
-            bytes: g.ty(id).bytes(),
-        }
-    }
-
-    /// Location of a node's kernel workspace, if it has one.
-    pub fn workspace(&self, id: NodeId) -> Option<Location> {
-        self.liveness.workspace_of[id.index()].map(|s| Location {
-            offset: self.storage_offset[s],
-            bytes: self.liveness.storages[s].bytes,
-        })
-    }
-
-    /// For a workspace held from before its node ([`liveness::WorkspaceNeed::filled_from`]),
-    /// the schedule position of the op after which it is filled: where its storage starts.
-    pub fn workspace_filled_after(&self, id: NodeId) -> Option<usize> {
-        let s = &self.liveness.storages[self.liveness.workspace_of[id.index()]?];
-        (s.start < self.liveness.position[id.index()]).then_some(s.start)
-    }
-
-    /// Runs the independent validator over this plan.
-    pub fn validate(&self, g: &Graph) -> Result<(), check::PlanViolation> {
-        let locations: Vec<Location> = g.ids().map(|id| self.location(g, id)).collect();
-        let workspace: Vec<Option<Location>> = g.ids().map(|id| self.workspace(id)).collect();
-        let filled_after: Vec<Option<usize>> =
-            g.ids().map(|id| self.workspace_filled_after(id)).collect();
-        check::validate(&PlanView {
-            graph: g,
-            order: &self.liveness.order,
-            location: &locations,
-            workspace: &workspace,
-            workspace_filled_after: &filled_after,
-            copies: &self.liveness.copies,
-            offload: &self.offload,
-            host_bytes: self.host_bytes,
-            total_bytes: self.total_bytes,
-            alignment: ALIGNMENT,
-        })
     }
 }
 

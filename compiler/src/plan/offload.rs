@@ -15,9 +15,11 @@
 //! The validator replays them with the schedule ([`super::check`]); the CPU lowering, a later
 //! stage, turns them into instructions.
 
+use super::align::align_up;
+use super::error::PlanError;
 use super::liveness::{Liveness, Region};
 use super::location::{Location, Offload};
-use super::{align_up, MemoryPlan, PlanError};
+use super::memory_plan::MemoryPlan;
 use crate::ir::{Graph, LeafKind, Op};
 
 /// Moves the leaves named `names` out of the resident region of `lv`'s storages into the slab

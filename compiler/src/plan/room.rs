@@ -12,8 +12,9 @@
 //! A workspace live at the plan's peak position keeps its least bytes, so the report's
 //! account of the peak (what is live there, by kind) is the one the plan had before.
 
+use super::align::align_up;
 use super::liveness::Region;
-use super::{align_up, MemoryPlan};
+use super::memory_plan::MemoryPlan;
 use crate::ir::{Graph, NodeId};
 
 /// The bytes a node's workspace runs fastest in (0: no more than it needs).

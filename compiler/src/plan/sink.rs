@@ -27,7 +27,8 @@
 //! their temporaries and scratch) did not meet where it was: the planner keeps the sunk
 //! schedule only when its LOAD is no higher ([`crate::plan::plan`]).
 
-use super::{align_up, WorkspaceFn};
+use super::align::align_up;
+use super::liveness::WorkspaceFn;
 use crate::ir::{Graph, NodeId};
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;

@@ -115,7 +115,7 @@ pub struct CudaStep {
     /// The allocation registered as this rank's NCCL symmetric window, once loaded.
     window: Option<super::nccl::RawWindow>,
     /// The offloaded leaves' homes and their copies' stream ([`offload`]), if any.
-    host: Option<offload::HostRegion>,
+    host: Option<host_region::HostRegion>,
 }
 
 /// Where a step's one allocation comes from.
@@ -203,32 +203,21 @@ fn unavailable(reason: &str) -> ExecError {
     }
 }
 
-fn driver(what: &str) -> impl FnOnce(result::DriverError) -> ExecError + '_ {
-    move |e| ExecError::Device {
-        what: what.into(),
-        reason: e.to_string(),
-    }
-}
-
-fn cublas(what: &str, status: blas::cublasStatus_t) -> Result<(), ExecError> {
-    if status == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(ExecError::Device {
-            what: what.into(),
-            reason: format!("{status:?}"),
-        })
-    }
-}
-
 /// How each convolution runs: cuDNN's handle and the choice timed at load.
 mod conv_choice;
 use conv_choice::cudnn_handle;
-/// Per-operation timings and the timeline's stamps.
+/// Per-operation timings and the timeline.
 mod diagnostics;
-use diagnostics::Stamps;
-/// Offloaded leaves' homes in page-locked host memory, and their copies.
+/// The ExecErrors a failed driver or cuBLAS call becomes.
+mod errors;
+use errors::{cublas, driver};
+/// The offloaded leaves' homes: one region of page-locked host memory.
+mod host_region;
+/// Reading, writing and copying the offloaded leaves.
 mod offload;
+/// The timeline's stamps: a kernel that writes a timestamp, captured after each operation.
+mod stamps;
+use stamps::Stamps;
 
 impl CudaStep {
     /// Loads a CUDA executable: compiles its kernels (NVRTC, or the PTX cache), makes the one
@@ -298,7 +287,8 @@ impl CudaStep {
             _ => {}
         }
         let eval_program = eval.as_ref().map(cuda_program).transpose()?;
-        let host_region = |ctx: &Arc<CudaContext>| offload::host_region(ctx, &exe, eval.as_ref());
+        let host_region =
+            |ctx: &Arc<CudaContext>| host_region::host_region(ctx, &exe, eval.as_ref());
         debug_assert_eq!(exe.target(), Target::Cuda);
         let count = available()?;
         if opts.ordinal >= count {

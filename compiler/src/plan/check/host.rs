@@ -4,7 +4,8 @@
 //! hold their leaf for the whole step). The copies themselves are replayed with the schedule
 //! ([`super::replay`]).
 
-use super::{PlanView, PlanViolation};
+use super::view::PlanView;
+use super::violation::PlanViolation;
 use crate::ir::{LeafKind, Op};
 
 /// The first offload record of `p` that breaks a rule.

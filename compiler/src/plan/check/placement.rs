@@ -1,7 +1,8 @@
 //! The placement check: every value's location is the size of its type, aligned and inside the
 //! allocation, and every workspace is aligned and inside it.
 
-use super::{PlanView, PlanViolation};
+use super::view::PlanView;
+use super::violation::PlanViolation;
 use crate::ir::NodeId;
 
 /// How a byte range `[offset, offset + bytes)` breaks the placement rules, if it does.

@@ -2,8 +2,10 @@
 //! that every read finds the value it expects, that no kernel writes over what it still reads
 //! or over its own workspace, and that the step ends with its outputs and updates in place.
 
-use super::{Location, PlanView, PlanViolation};
+use super::view::PlanView;
+use super::violation::PlanViolation;
 use crate::ir::{NodeId, Op};
+use crate::plan::location::Location;
 use std::collections::BTreeMap;
 
 /// The tag of bytes a kernel used as scratch: no value of the graph.

@@ -1,6 +1,7 @@
 //! The schedule check: the order runs each node of the graph once, after its operands.
 
-use super::{PlanView, PlanViolation};
+use super::view::PlanView;
+use super::violation::PlanViolation;
 
 /// The first way `p.order` fails to run each node once, after its operands.
 pub(super) fn check(p: &PlanView<'_>) -> Result<(), PlanViolation> {

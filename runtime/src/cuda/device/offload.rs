@@ -14,65 +14,15 @@
 //! before anything that takes the bytes next. In the graph they are memcpy nodes with those
 //! edges, so the copy engine moves a moment while the compute around it runs.
 
-use super::{driver, CudaStep};
-use crate::cuda::PinnedBuffer;
+use super::errors::driver;
+use super::CudaStep;
 use crate::error::ExecError;
 use crate::tensor::Tensor;
-use cudarc::driver::{sys, CudaContext, CudaStream};
-use ingot_compiler::exe::Executable;
+use cudarc::driver::sys;
 use ingot_compiler::ir::NodeId;
 use ingot_compiler::lower::cuda::DeviceOp;
 use ingot_compiler::lower::{CopyIn, CopyOut};
 use ingot_compiler::plan::Location;
-use std::sync::Arc;
-
-/// The host region of an offloaded step and the stream its copies are captured on.
-pub(super) struct HostRegion {
-    buffer: PinnedBuffer,
-    /// The region's first byte (the buffer's, taken once so that a copy out can be recorded
-    /// through `&self`).
-    base: *mut u8,
-    pub(super) copies: Arc<CudaStream>,
-}
-
-impl HostRegion {
-    /// The region's bytes (the plan's host region).
-    pub(super) fn len(&self) -> usize {
-        self.buffer.len()
-    }
-}
-
-/// The host region `exe` needs, allocated and zeroed in `ctx`, with a stream for its copies;
-/// `None` for a step that offloads nothing. An evaluation step `eval` loaded beside it has no
-/// optimizer state to offload: one that does is refused.
-pub(super) fn host_region(
-    ctx: &Arc<CudaContext>,
-    exe: &Executable,
-    eval: Option<&Executable>,
-) -> Result<Option<HostRegion>, ExecError> {
-    if eval.is_some_and(|e| !e.plan().offload.is_empty()) {
-        return Err(ExecError::Invalid {
-            op: "load",
-            reason: "the evaluation step offloads leaves to host memory; only a training \
-                     step's optimizer state is offloaded"
-                .into(),
-        });
-    }
-    let plan = exe.plan();
-    if plan.offload.is_empty() {
-        return Ok(None);
-    }
-    let mut buffer = PinnedBuffer::readable(ctx, plan.host_bytes)?;
-    let base = buffer.as_mut_ptr();
-    let copies = ctx
-        .new_stream()
-        .map_err(driver("creating the offload copies' stream"))?;
-    Ok(Some(HostRegion {
-        buffer,
-        base,
-        copies,
-    }))
-}
 
 impl CudaStep {
     /// Where offloaded leaf `id` lives between steps: its home in the host region.
