@@ -3,8 +3,8 @@
 
 A file is a node; there is an edge from file A to file B when A's code (outside its
 `#[cfg(test)] mod tests`, comments dropped) names a path that resolves into B's module: a path
-from `crate::`, `super::` or `self::` (in `use` items, their `{..}` groups expanded, or
-inline), or, in a module with children (`mod.rs`, `lib.rs`, or `foo.rs` beside a `foo/`
+from `crate::`, `super::` or `self::` (in `use` items, their `{..}` groups expanded, globs
+such as `use super::*` included, or inline), or, in a module with children (`mod.rs`, `lib.rs`, or `foo.rs` beside a `foo/`
 folder), a path through one of its child modules by bare name (`use child::X`, `child::f()`).
 A path resolves to the longest module prefix that has a file. A crate with both `lib.rs` and
 `main.rs` has `lib.rs` as its root; `main.rs` is a file of its own. Each strongly
@@ -82,6 +82,8 @@ def crate_cycles(src):
         # `use` items with their groups expanded, one path a line, then every inline path.
         paths = [p for u in re.finditer(r'\buse\s+([^;]+);', text) for p in expand(u.group(1))]
         text = re.sub(r'\buse\s+[^;]+;', ' ', text) + '\n' + '\n'.join(paths)
+        # A glob (`use super::*`) uses the module it names: a placeholder item keeps it a path.
+        text = text.replace('::*', '::__glob__')
         for mt in re.finditer(r'\b(crate|super|self)((?:::\w+)+)', text):
             head, rest = mt.group(1), mt.group(2).split('::')[1:]
             # `self::` in a module file is the module; `super::` is its parent.

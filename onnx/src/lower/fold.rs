@@ -345,7 +345,7 @@ impl Lower<'_> {
             }
             "Slice" => {
                 let mut k = x;
-                for (axis, p) in slice_picks(self, n, &d)? {
+                for (axis, p) in self.slice_picks(n, &d)? {
                     k = k.sliced(axis, &p);
                 }
                 one(k)

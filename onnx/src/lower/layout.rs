@@ -108,7 +108,7 @@ impl Lower<'_> {
     pub(super) fn slice(&mut self, n: &NodeProto) -> R<Vec<Val>> {
         let x = self.arg(n, 0)?;
         let d = self.dims(&x);
-        let picks = slice_picks(self, n, &d)?;
+        let picks = self.slice_picks(n, &d)?;
         if let Some((axis, _)) = picks.iter().find(|(_, p)| p.is_empty()) {
             return Err(format!(
                     "slices axis {axis} (size {}) of a computed tensor to nothing: Ingot's tensors cannot be zero-sized",
@@ -179,168 +179,52 @@ impl Lower<'_> {
             }
         }
     }
-}
 
-/// Reshape's target: `0` keeps the input's size (allowzero=0), `-1` takes what is left.
-pub fn reshape_dims(input: &[usize], spec: &[i64]) -> R<Vec<usize>> {
-    let total: usize = input.iter().product();
-    let mut out = Vec::with_capacity(spec.len());
-    let mut infer = None;
-    for (i, &s) in spec.iter().enumerate() {
-        match s {
-            0 => out.push(*input.get(i).ok_or_else(|| {
-                format!("shape {spec:?}: 0 at axis {i} copies an axis the input {input:?} lacks")
-            })?),
-            -1 if infer.is_none() => {
-                infer = Some(i);
-                out.push(1);
-            }
-            s if s > 0 => out.push(s as usize),
-            _ => return Err(format!("shape {spec:?} is not a valid Reshape target")),
-        }
-    }
-    if let Some(i) = infer {
-        let known: usize = out.iter().product();
-        if known == 0 || !total.is_multiple_of(known) {
-            return Err(format!("cannot reshape {input:?} to {spec:?}"));
-        }
-        out[i] = total / known;
-    }
-    if out.iter().product::<usize>() != total {
-        return Err(format!(
-            "cannot reshape {input:?} ({total} elements) to {spec:?}"
-        ));
-    }
-    Ok(out)
-}
-
-pub(super) fn squeeze_dims(op: &str, d: &[usize], axes: Option<&[i64]>) -> R<Vec<usize>> {
-    if op == "Squeeze" {
-        let axes = match axes {
-            Some(a) => norm_axes(a, d.len())?,
-            None => (0..d.len()).filter(|&i| d[i] == 1).collect(),
+    /// Slice's picked indices per sliced axis (ONNX's clamping rules, any step).
+    /// The indices a `Slice` keeps on each axis it slices, by ONNX's rules: a negative start or
+    /// end counts from the end (adds the dim), then both are clamped (to `0..=dim` for a positive
+    /// step, to `-1..=dim-1` for a negative one), so `INT64_MAX` and `INT64_MIN` mean "to the
+    /// end" and "to the start". A list may be empty: shape arithmetic slices a shape to nothing
+    /// (PyTorch's `unflatten` of the last axis takes `shape[rank:]`, `Slice(shape, [rank],
+    /// [INT64_MAX])`, and concatenates it); only the caller knows whether an empty result is a
+    /// constant (fine) or a computed tensor (which Ingot cannot hold at size zero).
+    pub(super) fn slice_picks(&self, n: &NodeProto, d: &[usize]) -> R<Vec<(usize, Vec<usize>)>> {
+        let starts = self.konst_i64s(n, 1)?.ok_or("needs starts")?;
+        let ends = self.konst_i64s(n, 2)?.ok_or("needs ends")?;
+        let axes = match self.konst_i64s(n, 3)? {
+            Some(a) => a,
+            None => (0..starts.len() as i64).collect(),
         };
-        if let Some(&a) = axes.iter().find(|&&a| d[a] != 1) {
-            return Err(format!("cannot squeeze axis {a} of size {}", d[a]));
+        let steps = self.konst_i64s(n, 4)?.unwrap_or(vec![1; starts.len()]);
+        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            return Err("starts, ends, axes and steps must have one entry per sliced axis".into());
         }
-        Ok(d.iter()
-            .enumerate()
-            .filter(|(i, _)| !axes.contains(i))
-            .map(|(_, &s)| s)
-            .collect())
-    } else {
-        let axes = axes.ok_or("needs axes")?;
-        let r = d.len() + axes.len();
-        let axes = norm_axes(axes, r)?;
-        let mut it = d.iter();
-        Ok((0..r)
-            .map(|i| {
-                if axes.contains(&i) {
-                    1
-                } else {
-                    *it.next().unwrap_or(&1)
+        let mut out = Vec::new();
+        for i in 0..starts.len() {
+            let axis = norm_axis(axes[i], d.len())?;
+            let dim = d[axis] as i64;
+            let step = steps[i];
+            if step == 0 {
+                return Err("a step of 0".into());
+            }
+            let fix = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
+            let picks: Vec<usize> = if step > 0 {
+                let s = fix(starts[i]).clamp(0, dim);
+                let e = fix(ends[i]).clamp(0, dim);
+                (s..e).step_by(step as usize).map(|x| x as usize).collect()
+            } else {
+                let s = fix(starts[i]).clamp(0, dim - 1);
+                let e = fix(ends[i]).clamp(-1, dim - 1);
+                let mut v = Vec::new();
+                let mut k = s;
+                while k > e {
+                    v.push(k as usize);
+                    k += step;
                 }
-            })
-            .collect())
-    }
-}
-
-pub(super) fn transpose_perm(perm: Option<Vec<i64>>, r: usize) -> R<Vec<usize>> {
-    match perm {
-        None => Ok((0..r).rev().collect()),
-        Some(p) => {
-            let p: Vec<usize> = p.iter().map(|&a| norm_axis(a, r)).collect::<R<_>>()?;
-            let mut s = p.clone();
-            s.sort_unstable();
-            if s != (0..r).collect::<Vec<_>>() {
-                return Err(format!("perm {p:?} is not a permutation of {r} axes"));
-            }
-            Ok(p)
+                v
+            };
+            out.push((axis, picks));
         }
+        Ok(out)
     }
-}
-
-pub(super) fn expand_dims(d: &[usize], shape: &[i64]) -> R<Vec<usize>> {
-    if shape.iter().any(|&s| s < 0) {
-        return Err(format!("shape {shape:?} has a negative size"));
-    }
-    let s: Vec<usize> = shape.iter().map(|&x| x as usize).collect();
-    broadcast_dims(d, &s).ok_or_else(|| format!("{d:?} does not broadcast to {shape:?}"))
-}
-
-pub(super) fn split_sizes(
-    split: Option<Vec<i64>>,
-    at: &Attrs,
-    outputs: usize,
-    size: usize,
-) -> R<Vec<usize>> {
-    let split = split.or_else(|| at.ints("split"));
-    if let Some(s) = split {
-        if s.iter().any(|&x| x < 0) || s.iter().sum::<i64>() as usize != size {
-            return Err(format!(
-                "split {s:?} does not add up to the axis size {size}"
-            ));
-        }
-        return Ok(s.iter().map(|&x| x as usize).collect());
-    }
-    let parts = if at.has("num_outputs") {
-        at.int("num_outputs", 1) as usize
-    } else {
-        outputs
-    };
-    if parts == 0 {
-        return Err("splits into no parts".into());
-    }
-    let chunk = size.div_ceil(parts);
-    Ok((0..parts)
-        .map(|i| chunk.min(size.saturating_sub(i * chunk)))
-        .collect())
-}
-
-/// Slice's picked indices per sliced axis (ONNX's clamping rules, any step).
-/// The indices a `Slice` keeps on each axis it slices, by ONNX's rules: a negative start or
-/// end counts from the end (adds the dim), then both are clamped (to `0..=dim` for a positive
-/// step, to `-1..=dim-1` for a negative one), so `INT64_MAX` and `INT64_MIN` mean "to the
-/// end" and "to the start". A list may be empty: shape arithmetic slices a shape to nothing
-/// (PyTorch's `unflatten` of the last axis takes `shape[rank:]`, `Slice(shape, [rank],
-/// [INT64_MAX])`, and concatenates it); only the caller knows whether an empty result is a
-/// constant (fine) or a computed tensor (which Ingot cannot hold at size zero).
-pub(super) fn slice_picks(l: &Lower, n: &NodeProto, d: &[usize]) -> R<Vec<(usize, Vec<usize>)>> {
-    let starts = l.konst_i64s(n, 1)?.ok_or("needs starts")?;
-    let ends = l.konst_i64s(n, 2)?.ok_or("needs ends")?;
-    let axes = match l.konst_i64s(n, 3)? {
-        Some(a) => a,
-        None => (0..starts.len() as i64).collect(),
-    };
-    let steps = l.konst_i64s(n, 4)?.unwrap_or(vec![1; starts.len()]);
-    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-        return Err("starts, ends, axes and steps must have one entry per sliced axis".into());
-    }
-    let mut out = Vec::new();
-    for i in 0..starts.len() {
-        let axis = norm_axis(axes[i], d.len())?;
-        let dim = d[axis] as i64;
-        let step = steps[i];
-        if step == 0 {
-            return Err("a step of 0".into());
-        }
-        let fix = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
-        let picks: Vec<usize> = if step > 0 {
-            let s = fix(starts[i]).clamp(0, dim);
-            let e = fix(ends[i]).clamp(0, dim);
-            (s..e).step_by(step as usize).map(|x| x as usize).collect()
-        } else {
-            let s = fix(starts[i]).clamp(0, dim - 1);
-            let e = fix(ends[i]).clamp(-1, dim - 1);
-            let mut v = Vec::new();
-            let mut k = s;
-            while k > e {
-                v.push(k as usize);
-                k += step;
-            }
-            v
-        };
-        out.push((axis, picks));
-    }
-    Ok(out)
 }

@@ -18,6 +18,7 @@ use ingot_compiler::ir::{
 use ingot_compiler::trace::nn;
 use std::collections::HashMap;
 
+mod dims;
 mod elementwise;
 mod fold;
 mod image;
@@ -25,8 +26,8 @@ mod layout;
 mod linalg;
 mod norm;
 
-pub use layout::reshape_dims;
-use layout::{expand_dims, slice_picks, split_sizes, squeeze_dims, transpose_perm};
+pub use dims::reshape_dims;
+use dims::{expand_dims, norm_axes, norm_axis, split_sizes, squeeze_dims, transpose_perm};
 
 /// A value while importing: a node of the graph, or a constant known on the host.
 #[derive(Clone, Debug)]
@@ -70,23 +71,6 @@ pub struct Lower<'a> {
     /// Embedding tables' padding rows, by initializer name: a `Gather` of such a table passes
     /// no gradient back to the rows it reads at that index (PyTorch's `padding_idx`).
     pub padding: &'a HashMap<String, i64>,
-}
-
-fn norm_axis(axis: i64, rank: usize) -> R<usize> {
-    let a = if axis < 0 { axis + rank as i64 } else { axis };
-    if a < 0 || a as usize >= rank.max(1) && !(rank == 0 && a == 0) {
-        return Err(format!("axis {axis} is out of range for rank {rank}"));
-    }
-    Ok(a as usize)
-}
-
-fn norm_axes(axes: &[i64], rank: usize) -> R<Vec<usize>> {
-    let mut out: Vec<usize> = axes.iter().map(|&a| norm_axis(a, rank)).collect::<R<_>>()?;
-    out.sort_unstable();
-    if out.windows(2).any(|w| w[0] == w[1]) {
-        return Err(format!("axes {axes:?} repeat an axis"));
-    }
-    Ok(out)
 }
 
 impl Lower<'_> {

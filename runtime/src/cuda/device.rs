@@ -205,7 +205,8 @@ fn unavailable(reason: &str) -> ExecError {
 
 /// How each convolution runs: cuDNN's handle and the choice timed at load.
 mod conv_choice;
-use conv_choice::cudnn_handle;
+mod conv_route;
+use conv_route::cudnn_handle;
 /// Per-operation timings and the timeline.
 mod diagnostics;
 /// The ExecErrors a failed driver or cuBLAS call becomes.
@@ -351,7 +352,7 @@ impl CudaStep {
         })?;
         let programs: Vec<&Program> = std::iter::once(&program).chain(&eval_program).collect();
         let cudnn = cudnn_handle(&stream, &programs)?;
-        conv_choice::check_channels_last(&programs, cudnn.is_some())?;
+        conv_route::check_channels_last(&programs, cudnn.is_some())?;
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(driver("creating an event"))?;
