@@ -287,7 +287,7 @@ fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Sp
 /// Elements of workspace `pass` needs at least: for a one-pixel convolution, its one GEMM
 /// over the batch ([`one_tap::workspace_len`]); else one lane's column buffer (none for a
 /// pointwise convolution) and GEMM packing space, one image and group at a time, or, in
-/// blocks of images ([`block_images`]), one lane of a whole block. Session 39 made the
+/// blocks of images (`block_images`), one lane of a whole block. Session 39 made the
 /// least workspace hold a whole block (before, the forward and input-gradient passes held
 /// at most a quarter more than one image's, blocks of 2 to 13 images): the planner grants
 /// more only from the slab's free bytes, and where it had none those passes ran GEMMs too

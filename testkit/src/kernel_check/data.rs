@@ -1,6 +1,8 @@
 //! Seeded input data for a work item.
 
-use super::*;
+use super::work::Work;
+use ingot_kernels::fused::{FusedKernel, Inst};
+use ingot_kernels::{BinaryOp, DType, UnaryOp};
 
 pub(super) struct XorShift(u64);
 

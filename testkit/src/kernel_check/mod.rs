@@ -22,29 +22,22 @@
 //! forgets to write shows. A fused kernel that may write an output over an input
 //! (`FusedKernel::can_write_over`) is run that way too, and checked again.
 
-use cudarc::driver::{result, sys};
-use ingot_compiler::ir::{Graph, Op};
-use ingot_kernels::cuda::{self, CudaKernel, FusedArg, FusedProgram, PRELUDE, PRELUDE_BF16};
+use cudarc::driver::result;
+use ingot_kernels::cuda;
 use ingot_kernels::fused::random;
-use ingot_kernels::fused::{cpu, FusedKernel, Inst};
-use ingot_kernels::{BinaryOp, DType, UnaryOp};
+use ingot_kernels::DType;
 use std::collections::HashMap;
 use std::time::Instant;
 
-type Res<T> = Result<T, String>;
-/// (dtype, elements) of each buffer.
-type Shapes = Vec<(DType, usize)>;
-
-use crate::device::{self, alloc, driver, launch, sync};
+use crate::device;
 
 mod data;
 mod reference;
 mod run;
 mod work;
 
-use data::*;
-use reference::*;
 use run::*;
+use work::Res;
 use work::*;
 
 pub use reference::{tolerances, Tolerance};

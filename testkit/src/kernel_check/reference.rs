@@ -1,6 +1,8 @@
 //! CPU references and the comparison of the GPU's outputs with them.
 
-use super::*;
+use super::work::{Res, Work};
+use ingot_kernels::fused::{cpu, FusedKernel, Inst};
+use ingot_kernels::{BinaryOp, DType, UnaryOp};
 
 pub(super) fn reference(work: &Work, inputs: &[Vec<u8>]) -> Res<Vec<Vec<u8>>> {
     match work {

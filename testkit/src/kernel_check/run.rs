@@ -1,6 +1,14 @@
 //! The device: compiling the work items into one module, running and timing each.
 
-use super::*;
+use super::data::inputs_for;
+use super::reference::{compare, reference, tolerances, Tolerance};
+use super::work::{Item, Res, Work};
+use crate::device::{self, alloc, driver, launch, sync};
+use cudarc::driver::{result, sys};
+use ingot_kernels::cuda::{self, CudaKernel, FusedArg, FusedProgram, PRELUDE, PRELUDE_BF16};
+use ingot_kernels::fused::FusedKernel;
+use std::collections::HashMap;
+use std::time::Instant;
 
 pub(super) struct Loaded {
     pub(super) module: sys::CUmodule,

@@ -1,4 +1,7 @@
+use super::data::inputs_for;
+use super::reference::{compare, reference};
 use super::*;
+use ingot_compiler::ir::Op;
 
 fn f32s(xs: &[f32]) -> Vec<u8> {
     xs.iter().flat_map(|x| x.to_ne_bytes()).collect()

@@ -1,6 +1,14 @@
 //! What to run: the kernels of a graph, or given ones, as work items.
 
-use super::*;
+use ingot_compiler::ir::{Graph, Op};
+use ingot_kernels::cuda::{self, CudaKernel, FusedProgram};
+use ingot_kernels::fused::FusedKernel;
+use ingot_kernels::DType;
+
+/// What the check's steps return: an error is a message naming the kernel and what failed.
+pub(super) type Res<T> = Result<T, String>;
+/// (dtype, elements) of each buffer.
+pub(super) type Shapes = Vec<(DType, usize)>;
 
 /// One kernel to check.
 #[derive(Clone, Debug)]

@@ -1,7 +1,13 @@
 //! The kernel's analysis: where things are in the scratch region, the case (flat, rows or
 //! columns), the axes' and instructions' classes and the per-pass instruction lists.
 
-use super::*;
+use super::consts::{
+    ALIGN, AX_RED, AX_T, BCAST, CONST, DIRECT, IN_BUFFER, LANE_BUDGET, LIVE, MAX_LANES, MIN_LANES,
+    OUT_FULL, R, ROW, SKEW, SLOT, WORD, XFULL,
+};
+use crate::cpu::reduce::{FAN, LEVELS};
+use crate::fused::check::{checked_numel, operands, KernelError};
+use crate::fused::kernel::{FusedKernel, Inst};
 
 /// Where things are in the scratch region: the analysis's tables, then the lane buffers, the
 /// reductions' slots and the columns case's cascade levels.
@@ -486,5 +492,39 @@ pub(super) fn mark_broadcasts(k: &FusedKernel, m: &mut Meta<'_>) {
                 }
             }
         }
+    }
+}
+
+/// Lanes per chunk for a body of `n` instructions over `numel` domain elements: up to 1024,
+/// fewer for long bodies, so that the lane buffers of f32 values stay near 32 KiB (most of them
+/// are dead at any one time), and no more than the smallest power of two (at least
+/// [`MIN_LANES`]) that covers the domain: no chunk of any case is longer than the domain, so
+/// lanes beyond it would be scratch that nothing reads (a kernel over 64 elements took 1,024
+/// lanes, 8 KiB a buffer). Every chunk keeps its length, so results do not change.
+pub(super) fn lane_count(n: usize, numel: usize) -> usize {
+    let by_body = ((LANE_BUDGET / n.max(1)) / 8 * 8).clamp(MIN_LANES, MAX_LANES);
+    let by_domain = numel
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_LANES)
+        .clamp(MIN_LANES, MAX_LANES);
+    by_body.min(by_domain)
+}
+
+/// How many lane buffers and reduction slots the kernel needs, after `liveness::assign`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Buffers {
+    /// Lane buffers (`m.slot` indexes them).
+    pub(super) lanes: usize,
+    /// Reduction slots (rows case) or cascade level sets (columns case): the most reductions
+    /// one pass accumulates (`m.part` indexes them).
+    pub(super) reductions: usize,
+}
+
+/// The items of entry `p` of a list flattened with its start offsets (`items[start[p]..start[p + 1]]`;
+/// none where `p` is out of range): how the analysis stores per-instruction lists.
+pub(super) fn list<'a>(start: &[usize], items: &'a [usize], p: usize) -> &'a [usize] {
+    match (start.get(p), start.get(p + 1)) {
+        (Some(&a), Some(&b)) => items.get(a..b).unwrap_or(&[]),
+        _ => &[],
     }
 }

@@ -3,7 +3,16 @@
 //! strategy is in the [module docs](super); like the interpreter's other modules, this one
 //! reads the names they share through its parent.
 
-use super::*;
+use super::analysis::Buffers;
+use super::analysis::{analyze, Case, Info, Layout, Meta};
+use super::bounds::{check_buffer_counts, check_inputs, check_range, scratch_end};
+use super::consts::{ALIGN, CONST, LIVE, R, ROW, SKEW, WORD};
+use super::lanes::sub_mut;
+use super::liveness;
+use super::plan::{Plan, State};
+use crate::fused::check::{checked_numel, code_dtype, KernelError};
+use crate::fused::kernel::FusedKernel;
+use zerocopy::FromBytes;
 
 /// Bytes of scratch that [`run`] needs for `k`, alignment slack included: the analysis's
 /// tables (which grow with the numbers of instructions, reductions, axes and inputs) and one
@@ -44,21 +53,6 @@ pub(super) fn prepare<'a>(
             domain: k.domain.clone(),
         })?;
     Ok((m, info, lay))
-}
-
-/// Lanes per chunk for a body of `n` instructions over `numel` domain elements: up to 1024,
-/// fewer for long bodies, so that the lane buffers of f32 values stay near 32 KiB (most of them
-/// are dead at any one time), and no more than the smallest power of two (at least
-/// [`MIN_LANES`]) that covers the domain: no chunk of any case is longer than the domain, so
-/// lanes beyond it would be scratch that nothing reads (a kernel over 64 elements took 1,024
-/// lanes, 8 KiB a buffer). Every chunk keeps its length, so results do not change.
-pub(super) fn lane_count(n: usize, numel: usize) -> usize {
-    let by_body = ((LANE_BUDGET / n.max(1)) / 8 * 8).clamp(MIN_LANES, MAX_LANES);
-    let by_domain = numel
-        .checked_next_power_of_two()
-        .unwrap_or(MAX_LANES)
-        .clamp(MIN_LANES, MAX_LANES);
-    by_body.min(by_domain)
 }
 
 /// Runs `k` over buffers in the arena `mem`: input `n` is the `len × size` bytes at

@@ -1,6 +1,12 @@
 //! Element types and the per-instruction operations over lane buffers.
 
-use super::*;
+use super::consts::R;
+use crate::cpu::scalar::{Float, Num};
+use crate::cpu::Scalar;
+use crate::dtype::{bf16_from_f64, quantize_bf16};
+use crate::fused::check::KernelError;
+use crate::{BinaryOp, CmpOp, DType, UnaryOp};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 // Element types.
 

@@ -27,20 +27,13 @@
 //! to the stage after it, the same for every reduction of a pass: each reduction takes the slot
 //! of its index among its pass's reductions, so there are as many as the busiest pass has.
 
-use super::*;
+use super::analysis::{list, Buffers, Case, Info, Meta};
+use super::consts::{CONST, LIVE, R, XFULL};
+use crate::fused::check::operands;
+use crate::fused::kernel::{FusedKernel, Inst};
 
 /// `start`/`end` of a value that nothing writes (no buffer).
 const NONE: usize = usize::MAX;
-
-/// How many lane buffers and reduction slots the kernel needs, after [`assign`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Buffers {
-    /// Lane buffers (`m.slot` indexes them).
-    pub(super) lanes: usize,
-    /// Reduction slots (rows case) or cascade level sets (columns case): the most reductions
-    /// one pass accumulates (`m.part` indexes them).
-    pub(super) reductions: usize,
-}
 
 /// The live intervals of one walk, in `start` and `end` (the analysis's `mark` and `depth`,
 /// free once it is done).
@@ -253,8 +246,10 @@ fn colour(m: &mut Meta<'_>, n: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::super::analysis::Layout;
+    use super::super::consts::{SKEW, WORD};
     use super::super::interpret::prepare;
-    use super::super::{run_buffers, scratch_bytes, Layout};
+    use super::super::{run_buffers, scratch_bytes};
     use crate::fused::{sample, FusedKernel};
 
     /// `x * 0.75 + 0.5`, `ops` times in turn, over f32[`len`] ([`sample::chain`]).
@@ -276,7 +271,7 @@ mod tests {
         assert_eq!(short.lanes, long.lanes);
         let buffers = |l: &Layout| l.buf_bytes + l.part_bytes + l.level_bytes;
         // The two constants, the value being computed and the one it reads.
-        let stride = long.lanes * super::WORD + super::SKEW;
+        let stride = long.lanes * WORD + SKEW;
         assert_eq!(
             buffers(&long),
             4 * stride,

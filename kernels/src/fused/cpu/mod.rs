@@ -64,15 +64,13 @@
 //! a row, after every read of that row. An output whose memory is an input that
 //! [`FusedKernel::can_write_over`] allows is therefore read before it is overwritten, element by
 //! element, whatever other outputs do.
-
-use super::check::{checked_numel, code_dtype, operands};
-use super::{FusedKernel, Inst, KernelError};
-use crate::cpu::reduce::{keep_max, Cascade, FAN, LEVELS, RUN_BLOCK};
-use crate::cpu::scalar::{Float, Num};
-use crate::cpu::Scalar;
-use crate::dtype::{bf16_from_f64, quantize_bf16};
-use crate::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+//!
+//! [`FusedKernel`]: crate::fused::FusedKernel
+//! [`FusedKernel::can_write_over`]: crate::fused::FusedKernel::can_write_over
+//! [`KernelError`]: crate::fused::KernelError
+//! [`RUN_BLOCK`]: crate::cpu::reduce::RUN_BLOCK
+//! [`FAN`]: crate::cpu::reduce::FAN
+//! [`Cascade`]: crate::cpu::reduce::Cascade
 
 mod analysis;
 mod arena;
@@ -91,13 +89,5 @@ mod plan;
 mod reduce;
 mod rows;
 
-use analysis::*;
-use bounds::*;
 pub use compiled::Compiled;
-use consts::*;
-use interpret::lane_count;
 pub use interpret::{run, run_buffers, scratch_bytes};
-use lanes::*;
-use liveness::Buffers;
-use plan::*;
-use reduce::*;

@@ -1,6 +1,18 @@
 //! Execution: the analysed kernel walked chunk by chunk, pass by pass.
 
-use super::*;
+use super::analysis::{list, Case};
+use super::consts::{AX_RED, AX_T, BCAST, CONST, DIRECT, IN_BUFFER, R, ROW, SLOT, WORD, XFULL};
+use super::lanes::{
+    binary, binary_float, compare, convert, fill_bytes, fill_const, gather, quantize_lanes, select,
+    sub, sub_mut, typed, typed_mut, unary, unary_float, widen_bf16, Arg, Elem,
+};
+use super::reduce::{
+    acc_lanes, acc_run, fill_identity, finish_cascade_lanes, slot_op, Runs, SlotStep,
+};
+use crate::cpu::reduce::{LEVELS, RUN_BLOCK};
+use crate::fused::check::{code_dtype, KernelError};
+use crate::fused::kernel::{FusedKernel, Inst};
+use crate::{DType, ReduceOp};
 
 // Execution.
 
@@ -112,13 +124,6 @@ pub(super) fn split_buffers(
         },
         own,
     ))
-}
-
-pub(super) fn list<'a>(start: &[usize], items: &'a [usize], p: usize) -> &'a [usize] {
-    match (start.get(p), start.get(p + 1)) {
-        (Some(&a), Some(&b)) => items.get(a..b).unwrap_or(&[]),
-        _ => &[],
-    }
 }
 
 /// `&[u8]` or `&mut [u8]`: what [`region`] cuts a buffer from, so that one function serves

@@ -1,6 +1,10 @@
 //! Reductions over lane buffers, folded in the order `crate::cpu::reduce()` uses.
 
-use super::*;
+use super::consts::{R, RUNS, SLOT};
+use super::lanes::{typed, typed_mut, NumElem};
+use crate::cpu::reduce::{keep_max, Cascade, FAN, LEVELS, RUN_BLOCK};
+use crate::fused::check::KernelError;
+use crate::ReduceOp;
 
 pub(super) fn identity<T: NumElem>(op: ReduceOp) -> T {
     match op {
