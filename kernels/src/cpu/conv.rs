@@ -68,9 +68,12 @@ pub const BLOCK_COLUMNS: usize = super::gemm::NC;
 /// them: below half this many output positions an image, the images of a block are summed
 /// as one reduction (rather than one rank-`positions` update of the whole weight gradient
 /// an image). That changes the order of the sums, so it is a function of the geometry (and
-/// the element's size) alone and the least workspace holds one block. A GEMM panel's width,
-/// as [`BLOCK_COLUMNS`] (64 before session 39).
-pub const WEIGHT_BLOCK_COLUMNS: usize = super::gemm::NC;
+/// the element's size) alone and the least workspace holds one block. Session 39 tried a GEMM
+/// panel's width, as [`BLOCK_COLUMNS`]: resnet18's weight gradients ran faster on 16 threads,
+/// but the least workspace grew with it (an imported CNN's CPU plan 87.0 -> 127.5 KiB, its
+/// peak that workspace) and recomputing a ResNet's blocks under a budget no longer lowered
+/// its peak; so 64.
+pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
 
 /// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) ask for at most
 /// ([`workspace_len_up_to`]): large images (a ResNet-50 at 224x224) have column buffers of
@@ -286,18 +289,24 @@ fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Sp
 
 /// Elements of workspace `pass` needs at least: for a one-pixel convolution, its one GEMM
 /// over the batch ([`one_tap::workspace_len`]); else one lane's column buffer (none for a
-/// pointwise convolution) and GEMM packing space, one image and group at a time, or, in
-/// blocks of images (`block_images`), one lane of a whole block. Session 39 made the
-/// least workspace hold a whole block (before, the forward and input-gradient passes held
-/// at most a quarter more than one image's, blocks of 2 to 13 images): the planner grants
-/// more only from the slab's free bytes, and where it had none those passes ran GEMMs too
-/// narrow for the threads.
+/// pointwise convolution) and GEMM packing space, one image and group at a time, or, for the
+/// weight gradient in blocks of images (`block_images`), one lane of a whole block. Session
+/// 39 tried the least holding a whole block for every pass: plans grew where a convolution's
+/// workspace was the peak (see [`WEIGHT_BLOCK_COLUMNS`]); the forward and input gradient get
+/// their blocks from what the planner grants up to [`workspace_len_up_to`].
 pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
     if one_tap::live_tap(g).is_some() {
         return one_tap::workspace_len::<T>(g, pass);
     }
     let one = cuts::<T>(g, pass)[0].len(1);
-    block_cut::<T>(g, pass).map_or(one, |b| b.len(1).max(one))
+    match pass {
+        // Its blocks fix the order of its sums: the least workspace holds one.
+        Pass::GradWeight => block_cut::<T>(g, pass).map_or(one, |b| b.len(1).max(one)),
+        // Blocks of any size give the same bits ([`block_within`]): one image's workspace
+        // runs it, and the planner grants up to a whole block where the peak leaves room
+        // ([`workspace_len_up_to`]), so no plan's peak grows for them.
+        Pass::Forward | Pass::GradInput => one,
+    }
 }
 
 /// Elements of workspace `pass` runs fastest in: blocks of images where it has them (as many
@@ -1194,12 +1203,13 @@ mod tests {
         }
     }
 
-    /// The least workspace holds one lane of a whole block of images where the images are
-    /// small (so the planned step runs its GEMMs a panel wide), one image and group's column
-    /// buffer and GEMM space otherwise (a pointwise convolution's is smaller still), and a
-    /// one-pixel convolution's one GEMM over the batch.
+    /// The least workspace holds one image and group's column buffer and GEMM space (a
+    /// pointwise convolution's is smaller still), or, for the weight gradient of small images,
+    /// one lane of a whole block (its blocks fix the order of its sums), and a one-pixel
+    /// convolution's one GEMM over the batch: the forward and input gradient run in blocks
+    /// only in what the planner grants beyond the least, so their blocks grow no plan's peak.
     #[test]
-    fn the_least_workspace_is_one_lane_of_a_whole_block_or_of_one_image() {
+    fn the_least_workspace_is_one_image_or_a_small_image_weight_gradients_block() {
         for g in geometries() {
             let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
             let before = [
@@ -1213,10 +1223,10 @@ mod tests {
                     assert_eq!(least, one_tap::workspace_len::<f32>(&g, pass));
                     continue;
                 }
-                if let Some(b) = block_cut::<f32>(&g, pass) {
+                if let Some(b) = block_cut::<f32>(&g, pass).filter(|_| pass == Pass::GradWeight) {
                     assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
                     let s = split::<f32>(&g, pass, least).unwrap();
-                    let cols = BLOCK_COLUMNS.min(WEIGHT_BLOCK_COLUMNS);
+                    let cols = WEIGHT_BLOCK_COLUMNS;
                     assert_eq!(s.images, (cols / p).min(g.batch), "{g:?} {pass:?}");
                     assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
                     continue;
@@ -1241,9 +1251,9 @@ mod tests {
             let most = workspace_len_up_to::<f32>(&small, pass);
             let s = split::<f32>(&small, pass, most).unwrap();
             let want = match pass {
-                // Its weight gradient: blocks of 16 images (1,024 columns), added in order
-                // (one lane; the GEMM spreads each block's tiles over the threads).
-                Pass::GradWeight => (8, 64, 1, 16),
+                // Its weight gradient: ranges of 16 channels (144 columns), one lane each
+                // (64 positions an image: no blocks of images at 64 columns).
+                Pass::GradWeight => (4, 16, 4, 1),
                 // The others: blocks of 16 images too, two lanes of about 3 MiB.
                 Pass::Forward | Pass::GradInput => (8, 64, 2, 16),
             };
@@ -1266,8 +1276,10 @@ mod tests {
         let s = split::<f32>(&big, Pass::Forward, usize::MAX).unwrap();
         assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
         assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
-        // resnet18's 3x3 convolutions at 2x2 (256 channels): every pass one GEMM over the
-        // batch's 512 columns, in the least workspace already.
+        // resnet18's 3x3 convolutions at 2x2 (256 channels): the forward and input gradient
+        // one GEMM over the batch's 512 columns in their most workspace, image by image in
+        // their least; the weight gradient in blocks of 16 images (64 columns), added in
+        // order, in its least already.
         let wide = ConvGeometry::new(
             [128, 256, 2, 2],
             [256, 256, 3, 3],
@@ -1277,16 +1289,25 @@ mod tests {
             1,
         )
         .unwrap();
-        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-            let least = workspace_len::<f32>(&wide, pass);
-            let s = split::<f32>(&wide, pass, least).unwrap();
+        for pass in [Pass::Forward, Pass::GradInput] {
+            let most = workspace_len_up_to::<f32>(&wide, pass);
+            let s = split::<f32>(&wide, pass, most).unwrap();
             assert_eq!(
                 (s.units, s.images, s.lanes, s.partial),
                 (1, 128, 1, 0),
                 "{s:?}"
             );
-            assert!(4 * workspace_len_up_to::<f32>(&wide, pass) <= LANE_BUDGET_BYTES);
+            assert!(4 * most <= LANE_BUDGET_BYTES);
+            let s = split::<f32>(&wide, pass, workspace_len::<f32>(&wide, pass)).unwrap();
+            assert_eq!((s.units, s.images, s.lanes), (128, 1, 1), "{s:?}");
         }
+        let least = workspace_len::<f32>(&wide, Pass::GradWeight);
+        let s = split::<f32>(&wide, Pass::GradWeight, least).unwrap();
+        assert_eq!(
+            (s.units, s.images, s.lanes, s.partial),
+            (8, 16, 1, 0),
+            "{s:?}"
+        );
         // A pointwise convolution needs no column buffer one image at a time (images of more
         // than 512 positions; smaller ones run in blocks, copied side by side).
         let pw =
