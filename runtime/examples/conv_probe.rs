@@ -22,17 +22,10 @@ use ingot_runtime::cuda::cudnn::{self, ConvPath};
 const MIB: usize = 1 << 20;
 
 fn main() {
-    if let Err(e) = ingot_runtime::cuda::available() {
+    let lib = ingot_runtime::cuda::cudnn_with_gpu().unwrap_or_else(|e| {
         println!("skipping: {e}");
-        return;
-    }
-    let lib = match cudnn::load() {
-        Ok(l) => l,
-        Err(e) => {
-            println!("skipping: {e}");
-            return;
-        }
-    };
+        std::process::exit(0)
+    });
     let arg = std::env::args().nth(1);
     let v: Vec<usize> = arg
         .as_deref()

@@ -16,17 +16,10 @@ use ingot_compiler::lower::{self, cuda::DeviceOp};
 use ingot_runtime::cuda::cudnn::{self, ConvPath};
 
 fn main() {
-    if let Err(e) = ingot_runtime::cuda::available() {
+    let lib = ingot_runtime::cuda::cudnn_with_gpu().unwrap_or_else(|e| {
         println!("skipping: {e}");
-        return;
-    }
-    let lib = match cudnn::load() {
-        Ok(l) => l,
-        Err(e) => {
-            println!("skipping: {e}");
-            return;
-        }
-    };
+        std::process::exit(0)
+    });
     let ctx = cudarc::driver::CudaContext::new(0).expect("a CUDA context");
     let stream = ctx.default_stream();
     let h = cudnn::Handle::new(lib, &stream).expect("a cuDNN handle");

@@ -290,10 +290,10 @@ fn split<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Option<Sp
 /// Elements of workspace `pass` needs at least: for a one-pixel convolution, its one GEMM
 /// over the batch ([`one_tap::workspace_len`]); else one lane's column buffer (none for a
 /// pointwise convolution) and GEMM packing space, one image and group at a time, or, for the
-/// weight gradient in blocks of images (`block_images`), one lane of a whole block. Session
-/// 39 tried the least holding a whole block for every pass: plans grew where a convolution's
-/// workspace was the peak (see [`WEIGHT_BLOCK_COLUMNS`]); the forward and input gradient get
-/// their blocks from what the planner grants up to [`workspace_len_up_to`].
+/// weight gradient in blocks of images (`block_images`), one lane of a whole block, and for the
+/// other passes one lane of the largest block within [`LEAST_BLOCK_GROWTH`] of one image's.
+/// Session 39 tried the least holding a whole block for every pass: plans grew where a
+/// convolution's workspace was the peak (see [`WEIGHT_BLOCK_COLUMNS`]).
 pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
     if one_tap::live_tap(g).is_some() {
         return one_tap::workspace_len::<T>(g, pass);
@@ -302,11 +302,37 @@ pub fn workspace_len<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
     match pass {
         // Its blocks fix the order of its sums: the least workspace holds one.
         Pass::GradWeight => block_cut::<T>(g, pass).map_or(one, |b| b.len(1).max(one)),
-        // Blocks of any size give the same bits ([`block_within`]): one image's workspace
-        // runs it, and the planner grants up to a whole block where the peak leaves room
-        // ([`workspace_len_up_to`]), so no plan's peak grows for them.
-        Pass::Forward | Pass::GradInput => one,
+        // Blocks of any size give the same bits ([`block_within`]): the least holds the
+        // largest block within a quarter more than one image's ([`LEAST_BLOCK_GROWTH`]),
+        // and the planner grants up to a whole block where the peak leaves room
+        // ([`workspace_len_up_to`]).
+        Pass::Forward | Pass::GradInput => {
+            least_block::<T>(g, pass).map_or(one, |b| b.len(1).max(one))
+        }
     }
+}
+
+/// How much more than one image's lane the least workspace of a forward or input-gradient
+/// pass in blocks of images may be, in quarters: 5 (a quarter more). The planner grants
+/// these passes more only from the slab's free bytes, and at the peak of a ResNet's step
+/// (its last layer's input gradient, 1x1 images) there are none: one image a GEMM there
+/// packs the whole weight for one column, the costliest op of the step (a third of
+/// resnet18's on 2 threads); a block of 13 images costs 0.26 MB more.
+pub const LEAST_BLOCK_GROWTH: usize = 5;
+
+/// The block of images the least workspace of a forward or input-gradient pass holds (see
+/// [`workspace_len`]): `None` for the weight gradient, where blocks are cut otherwise, and
+/// where no block of two images fits.
+fn least_block<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
+    if pass == Pass::GradWeight {
+        return None;
+    }
+    let full = block_cut::<T>(g, pass)?;
+    let one = cut::<T>(g, pass, 1).len(1);
+    (2..=full.images)
+        .rev()
+        .map(|images| block_cut_of::<T>(g, pass, images))
+        .find(|b| 4 * b.len(1) <= LEAST_BLOCK_GROWTH * one)
 }
 
 /// Elements of workspace `pass` runs fastest in: blocks of images where it has them (as many
@@ -1205,9 +1231,9 @@ mod tests {
 
     /// The least workspace holds one image and group's column buffer and GEMM space (a
     /// pointwise convolution's is smaller still), or, for the weight gradient of small images,
-    /// one lane of a whole block (its blocks fix the order of its sums), and a one-pixel
-    /// convolution's one GEMM over the batch: the forward and input gradient run in blocks
-    /// only in what the planner grants beyond the least, so their blocks grow no plan's peak.
+    /// one lane of a whole block (its blocks fix the order of its sums), for the forward and
+    /// input gradient the largest block within a quarter more than one image's, and a
+    /// one-pixel convolution's one GEMM over the batch.
     #[test]
     fn the_least_workspace_is_one_image_or_a_small_image_weight_gradients_block() {
         for g in geometries() {
@@ -1229,6 +1255,15 @@ mod tests {
                     let cols = WEIGHT_BLOCK_COLUMNS;
                     assert_eq!(s.images, (cols / p).min(g.batch), "{g:?} {pass:?}");
                     assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
+                    continue;
+                }
+                if let Some(b) = least_block::<f32>(&g, pass) {
+                    assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
+                    assert!(4 * least <= LEAST_BLOCK_GROWTH * old, "{g:?} {pass:?}");
+                    assert_eq!(
+                        split::<f32>(&g, pass, least).map(|s| s.images),
+                        Some(b.images)
+                    );
                     continue;
                 }
                 if is_pointwise(&g) {
@@ -1277,8 +1312,8 @@ mod tests {
         assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
         assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
         // resnet18's 3x3 convolutions at 2x2 (256 channels): the forward and input gradient
-        // one GEMM over the batch's 512 columns in their most workspace, image by image in
-        // their least; the weight gradient in blocks of 16 images (64 columns), added in
+        // one GEMM over the batch's 512 columns in their most workspace, blocks of two images or
+        // more in their least (within a quarter more than one image's); the weight gradient in blocks of 16 images (64 columns), added in
         // order, in its least already.
         let wide = ConvGeometry::new(
             [128, 256, 2, 2],
@@ -1299,7 +1334,11 @@ mod tests {
             );
             assert!(4 * most <= LANE_BUDGET_BYTES);
             let s = split::<f32>(&wide, pass, workspace_len::<f32>(&wide, pass)).unwrap();
-            assert_eq!((s.units, s.images, s.lanes), (128, 1, 1), "{s:?}");
+            let b = least_block::<f32>(&wide, pass).unwrap();
+            assert!(
+                s.images >= 2 && (s.images, s.lanes) == (b.images, 1),
+                "{s:?}"
+            );
         }
         let least = workspace_len::<f32>(&wide, Pass::GradWeight);
         let s = split::<f32>(&wide, Pass::GradWeight, least).unwrap();

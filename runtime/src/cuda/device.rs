@@ -176,6 +176,13 @@ struct Part {
     conv_choices: Vec<cudnn::ConvChoice>,
 }
 
+/// cuDNN where a GPU is there too, else why not: what the tools that need both
+/// (`runtime/examples/cudnn_offers.rs`, `conv_probe.rs`) print before they skip.
+pub fn cudnn_with_gpu() -> Result<&'static cudnn::Cudnn, String> {
+    available().map_err(|e| e.to_string())?;
+    cudnn::load()
+}
+
 /// Whether a CUDA driver and a GPU are there; the error says which is missing.
 pub fn available() -> Result<usize, ExecError> {
     // SAFETY: only tries to open the driver library.

@@ -28,6 +28,6 @@ pub mod ranks;
 pub mod require;
 pub mod timeline;
 
-pub use device::{available, CudaOptions, CudaStep, DeviceMemory};
+pub use device::{available, cudnn_with_gpu, CudaOptions, CudaStep, DeviceMemory};
 pub use pinned::PinnedBuffer;
 pub use require::gpu_for_test;
