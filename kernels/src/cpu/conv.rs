@@ -233,10 +233,21 @@ fn block_within<T: GemmScalar>(g: &ConvGeometry, pass: Pass, avail: usize) -> Op
     if let Some(s) = full.within(avail) {
         return Some(s);
     }
-    (2..full.images)
+    largest_block::<T>(g, pass, full.images, |b| b.len(1) <= avail)
+}
+
+/// One lane of the largest block of two to `most` images for which `fits` holds (what
+/// [`block_within`] and [`least_block`] look for under their two bounds).
+fn largest_block<T: GemmScalar>(
+    g: &ConvGeometry,
+    pass: Pass,
+    most: usize,
+    fits: impl Fn(&Split) -> bool,
+) -> Option<Split> {
+    (2..=most)
         .rev()
         .map(|images| block_cut_of::<T>(g, pass, images))
-        .find(|b| b.len(1) <= avail)
+        .find(|b| fits(b))
 }
 
 /// The cuts `pass` may run: whole groups (the least workspace: one image and group's column
@@ -329,10 +340,9 @@ fn least_block<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
     }
     let full = block_cut::<T>(g, pass)?;
     let one = cut::<T>(g, pass, 1).len(1);
-    (2..=full.images)
-        .rev()
-        .map(|images| block_cut_of::<T>(g, pass, images))
-        .find(|b| 4 * b.len(1) <= LEAST_BLOCK_GROWTH * one)
+    largest_block::<T>(g, pass, full.images, |b| {
+        4 * b.len(1) <= LEAST_BLOCK_GROWTH * one
+    })
 }
 
 /// Elements of workspace `pass` runs fastest in: blocks of images where it has them (as many
