@@ -167,6 +167,9 @@ pub fn check_model_compiled_with(
     check_model_altered(model, step, opts, seed, None)
 }
 
+/// What [`check_model_altered`] does to a compiled graph: its altered copy, or an error.
+pub type Alter = dyn Fn(&Graph) -> Result<Graph, String>;
+
 /// As [`check_model_compiled_with`], the compiled (rewritten and fused) graph replaced by
 /// `alter`'s version of it (where given) and planned again before it runs: to inject an error into a
 /// kernel ([`scale_kernel_output`]) and see the check refuse it. The reference is unaltered.
@@ -175,7 +178,7 @@ pub fn check_model_altered(
     step: &StepOptions,
     opts: &pipeline::Options,
     seed: u64,
-    alter: Option<&dyn Fn(&Graph) -> Result<Graph, String>>,
+    alter: Option<&Alter>,
 ) -> Result<Outcome, String> {
     let model = &on_cpu(model);
     let name = &model.name;
@@ -588,7 +591,7 @@ pub fn within_noise(
         }
         let bound = first + NOISE_SIGMAS * s;
         let d = (x - y).abs() / bound;
-        if !(d <= 1.0) {
+        if d.is_nan() || d > 1.0 {
             return Err(format!(
                 "{what}[{i}]: {x:e} against the reference's {y:e}, its rounding noise {s:e}"
             ));
