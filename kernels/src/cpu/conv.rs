@@ -75,6 +75,13 @@ pub const BLOCK_COLUMNS: usize = super::gemm::NC;
 /// its peak; so 64.
 pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
 
+/// Fewest reduction columns (images times output positions) a part of the weight gradient's
+/// images sums ([`image_parts`]): a pass whose images hold at least two such parts sums them
+/// apart, up to [`MAX_LANES`] parts, and adds the parts' sums in order. Session 39's profile of
+/// cnn on 16 threads had conv2's weight gradient (64x288 outputs summed over 25,088 positions,
+/// two channel ranges) at 9.1 of 25.6 ms: its sums over the images ran on one lane each.
+pub const MIN_PART_POSITIONS: usize = 1024;
+
 /// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) ask for at most
 /// ([`workspace_len_up_to`]): large images (a ResNet-50 at 224x224) have column buffers of
 /// several MiB each, and their GEMMs are large enough to use the threads alone; small ones fit
@@ -111,6 +118,9 @@ struct Split {
     /// The most lanes this cut can use: one per unit, at most [`MAX_LANES`], within
     /// [`LANE_BUDGET_BYTES`].
     most: usize,
+    /// Parts of the images the weight gradient sums apart, each into its lane's own
+    /// `[O/g, K]` block after the column buffer ([`image_parts`]); one otherwise.
+    parts: usize,
 }
 
 impl Split {
@@ -168,21 +178,72 @@ fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
         tmp_len: 0,
         partial,
         most: units.clamp(1, MAX_LANES).min(cap),
+        parts: 1,
     }
+}
+
+/// Parts of the images a weight gradient sums apart (a function of the geometry alone, so
+/// its bits are the same on any threads and in any workspace): one per [`MIN_PART_POSITIONS`]
+/// reduction columns, at most [`MAX_LANES`] and one per image; one (no parts) for the other
+/// passes and where the weight gradient runs in blocks of images.
+fn image_parts(g: &ConvGeometry, pass: Pass) -> usize {
+    if pass != Pass::GradWeight || block_images_of(g, pass).is_some() {
+        return 1;
+    }
+    let columns = g.batch.saturating_mul(g.positions());
+    (columns / MIN_PART_POSITIONS)
+        .clamp(1, MAX_LANES)
+        .min(g.batch.max(1))
+}
+
+/// The weight gradient's cut into `(group, part of the images)` units ([`image_parts`]), where
+/// it has parts and one lane (a whole group's column buffer, GEMM space and `[O/g, K]` block of
+/// sums) fits [`LANE_BUDGET_BYTES`]. The least workspace grows by that block (one image's
+/// `[O/g, K]` of partial sums: cnn's conv2 72 KiB), and each lane the planner grants holds one.
+fn part_cut<T: GemmScalar>(g: &ConvGeometry) -> Option<Split> {
+    let parts = image_parts(g, Pass::GradWeight);
+    if parts < 2 {
+        return None;
+    }
+    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
+    let k = cg * g.kernel[0] * g.kernel[1];
+    let col_len = if is_pointwise(g) { 0 } else { k * p };
+    let lane_len = col_len + og * k + gemm_len::<T>(og, p, k);
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    if lane_len > budget {
+        return None;
+    }
+    let units = g.groups * parts;
+    Some(Split {
+        units,
+        chunk: cg,
+        lanes: 1,
+        lane_len,
+        images: 1,
+        col_len,
+        tmp_len: og * k,
+        partial: 0,
+        most: units.clamp(1, MAX_LANES).min(budget / lane_len),
+        parts,
+    })
+}
+
+/// [`block_images`] for any element type's budget test: whether `pass` has blocks of images
+/// at all, by the columns alone (the budget only lowers their images).
+fn block_images_of(g: &ConvGeometry, pass: Pass) -> Option<usize> {
+    let columns = match pass {
+        Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
+        _ => BLOCK_COLUMNS,
+    };
+    let most = (columns / g.positions().max(1)).min(g.batch);
+    (g.groups == 1 && most >= 2).then_some(most)
 }
 
 /// Images per block of `pass` (see [`BLOCK_COLUMNS`] and [`WEIGHT_BLOCK_COLUMNS`]), fewer
 /// where one lane of them would pass [`LANE_BUDGET_BYTES`] (many channels); `None` where
 /// blocks would hold one image, or the convolution has several groups.
 fn block_images<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<usize> {
-    let columns = match pass {
-        Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
-        _ => BLOCK_COLUMNS,
-    };
-    let most = (columns / g.positions().max(1)).min(g.batch);
-    if g.groups != 1 || most < 2 {
-        return None;
-    }
+    let most = block_images_of(g, pass)?;
     let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
     (2..=most)
         .rev()
@@ -222,6 +283,7 @@ fn block_cut_of<T: GemmScalar>(g: &ConvGeometry, pass: Pass, images: usize) -> S
         tmp_len,
         partial: 0,
         most,
+        parts: 1,
     }
 }
 
@@ -262,7 +324,7 @@ fn cuts<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> [Split; 2] {
     if pass != Pass::GradWeight {
         return [whole, whole];
     }
-    if let Some(b) = block_cut::<T>(g, pass) {
+    if let Some(b) = block_cut::<T>(g, pass).or_else(|| part_cut::<T>(g)) {
         return [b, b];
     }
     let cg = g.in_ch / g.groups.max(1);
@@ -818,6 +880,9 @@ pub fn grad_weight<T: GemmScalar + Float>(
     if s.images > 1 {
         return grad_weight_blocks(g, x, dy, dw, &mut ws[..s.lane_len], &s);
     }
+    if s.parts > 1 {
+        return grad_weight_parts(g, x, dy, dw, ws, &s).map_err(ConvError::from);
+    }
     // Unit `u` covers group `u / ranges`, channels `c0 .. c0 + cw` of it.
     let range = |u: usize| {
         let c0 = (u % ranges) * s.chunk;
@@ -873,6 +938,117 @@ pub fn grad_weight<T: GemmScalar + Float>(
             let from = u * unit + o * n_cols;
             let to = (gi * og + o) * k + c0 * taps;
             dw[to..to + n_cols].copy_from_slice(&partial[from..from + n_cols]);
+        }
+    }
+    Ok(())
+}
+
+/// The weight gradient in parts of the images ([`image_parts`]): for each group, part `j`
+/// sums `dy[n, group] · col(x[n, group])ᵀ` over its images in order into a lane's own block,
+/// and `dw[group]` is part 0's block plus part 1's, plus part 2's, ..., element by element in
+/// that order. The lanes (as many as the workspace holds, a multiple of the threads where it
+/// holds that many) compute a wave of consecutive parts at once, then their blocks are added
+/// in part order: every element is the same sums in the same order with one lane or sixteen.
+fn grad_weight_parts<T: GemmScalar + Float>(
+    g: &ConvGeometry,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    ws: &mut [T],
+    s: &Split,
+) -> Result<(), GemmError> {
+    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
+    let (k, xg, parts) = (
+        cg * g.kernel[0] * g.kernel[1],
+        cg * g.in_hw[0] * g.in_hw[1],
+        s.parts,
+    );
+    let block = og * k;
+    let direct = is_pointwise(g);
+    let threads = pool_threads();
+    let parallel = threads > 1 && s.lanes > 1 && gemm_work(g) >= PARALLEL_ELEMENTS;
+    let lanes = match parallel {
+        false => 1,
+        true if s.lanes >= threads => s.lanes / threads * threads,
+        true => s.lanes,
+    };
+    // Part `j` of group `gi` into the block after `lane`'s column buffer.
+    let part = |gi: usize, j: usize, lane: &mut [T]| -> Result<(), GemmError> {
+        let (n0, n1) = (j * g.batch / parts, (j + 1) * g.batch / parts);
+        let (col, rest) = lane.split_at_mut(s.col_len);
+        let (acc, gws) = rest.split_at_mut(block);
+        for n in n0..n1 {
+            let start = (n * g.groups + gi) * xg;
+            let b: &[T] = if direct {
+                x
+            } else {
+                im2col(g, &x[start..start + xg], col);
+                col
+            };
+            let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
+            let beta = if n == n0 {
+                <T as GemmScalar>::ZERO
+            } else {
+                <T as GemmScalar>::ONE
+            };
+            gemm_ws(
+                og,
+                p,
+                k,
+                <T as GemmScalar>::ONE,
+                dy,
+                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
+                b,
+                lb,
+                beta,
+                acc,
+                MatLayout::row_major(k),
+                gws,
+            )?;
+        }
+        Ok(())
+    };
+    let (lane_len, col_len) = (s.lane_len, s.col_len);
+    for (gi, target) in dw.chunks_mut(block).enumerate() {
+        for w0 in (0..parts).step_by(lanes) {
+            let wave = lanes.min(parts - w0);
+            let lanes_ws = &mut ws[..wave * lane_len];
+            if parallel && wave > 1 {
+                use rayon::prelude::*;
+                lanes_ws
+                    .par_chunks_mut(lane_len)
+                    .enumerate()
+                    .try_for_each(|(l, lane)| part(gi, w0 + l, lane))?;
+            } else {
+                for (l, lane) in lanes_ws.chunks_mut(lane_len).enumerate() {
+                    part(gi, w0 + l, lane)?;
+                }
+            }
+            let lanes_ws = &*lanes_ws;
+            // Adds the wave's blocks onto `t`, elements `i0 ..` of the group's block.
+            let add = |i0: usize, t: &mut [T]| {
+                for l in 0..wave {
+                    let at = l * lane_len + col_len + i0;
+                    let acc = &lanes_ws[at..at + t.len()];
+                    if w0 + l == 0 {
+                        t.copy_from_slice(acc);
+                    } else {
+                        for (d, &v) in t.iter_mut().zip(acc) {
+                            *d = d.add(v);
+                        }
+                    }
+                }
+            };
+            const ADD_CHUNK: usize = 4096;
+            if parallel && block > ADD_CHUNK {
+                use rayon::prelude::*;
+                target
+                    .par_chunks_mut(ADD_CHUNK)
+                    .enumerate()
+                    .for_each(|(c, t)| add(c * ADD_CHUNK, t));
+            } else {
+                add(0, target);
+            }
         }
     }
     Ok(())
@@ -998,6 +1174,10 @@ mod tests {
             ([300, 2, 2, 2], [3, 2, 3, 3], 1, 1, 1, 1),
             // Pointwise in blocks (the block's column buffer is a copy of its images).
             ([20, 5, 2, 2], [3, 5, 1, 1], 1, 0, 1, 1),
+            // Weight gradients in parts of the images: 7 parts of 2 or 3 images (20 images of
+            // 361 positions), with two groups; 3 parts, pointwise.
+            ([20, 4, 19, 19], [6, 2, 3, 3], 1, 1, 1, 2),
+            ([7, 5, 24, 20], [3, 5, 1, 1], 1, 0, 1, 1),
         ] {
             out.push(ConvGeometry::new(x, w, [s, s], [p, p], [d, d], gr).unwrap());
         }
@@ -1127,7 +1307,51 @@ mod tests {
         if block_images::<f32>(g, Pass::GradWeight).is_some() {
             dw = weight_blocks_one_image_at_a_time(g, x, dy);
         }
+        if part_cut::<f32>(g).is_some() {
+            dw = weight_parts_one_image_at_a_time(g, x, dy);
+        }
         [y, dx, dw]
+    }
+
+    /// The weight gradient in parts of the images: each part's images summed in order into
+    /// a `dw` of its own (as [`one_unit_at_a_time`] sums the whole batch), then the parts'
+    /// `dw`s added element by element in part order.
+    fn weight_parts_one_image_at_a_time(g: &ConvGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+        let parts = image_parts(g, Pass::GradWeight);
+        let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
+        let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
+        let mut col = vec![0f32; k * p];
+        let mut gws = vec![0f32; gemm_len::<f32>(og, p, k)];
+        let mut sum = vec![0f32; g.w_len()];
+        for j in 0..parts {
+            let mut part = vec![f32::NAN; g.w_len()];
+            let images = j * g.batch / parts..(j + 1) * g.batch / parts;
+            for (i, n) in images.enumerate() {
+                for gi in 0..g.groups {
+                    let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
+                    im2col(g, &x[xs..xs + xg], &mut col);
+                    gemm_ws(
+                        og,
+                        p,
+                        k,
+                        1.0,
+                        dy,
+                        MatLayout::row_major(p).at(ys),
+                        &col,
+                        MatLayout::col_major(p),
+                        if i == 0 { 0.0 } else { 1.0 },
+                        &mut part,
+                        MatLayout::row_major(k).at(gi * og * k),
+                        &mut gws,
+                    )
+                    .unwrap();
+                }
+            }
+            for (s, v) in sum.iter_mut().zip(&part) {
+                *s = if j == 0 { *v } else { *s + v };
+            }
+        }
+        sum
     }
 
     /// The weight gradient in blocks of images, each block's column buffer and output
@@ -1267,6 +1491,18 @@ mod tests {
                     assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
                     continue;
                 }
+                if let Some(c) = part_cut::<f32>(&g).filter(|_| pass == Pass::GradWeight) {
+                    // One lane of parts: a group's column buffer, GEMM space and block of sums.
+                    let block = og * k;
+                    let col = if is_pointwise(&g) { 0 } else { k * p };
+                    assert_eq!(least, col + gemm_len::<f32>(og, p, k) + block, "{g:?}");
+                    assert_eq!(least, c.len(1), "{g:?}");
+                    let s = split::<f32>(&g, pass, least).unwrap();
+                    assert_eq!((s.lanes, s.parts), (1, image_parts(&g, pass)), "{g:?}");
+                    assert!(s.parts >= 2, "{g:?}");
+                    assert_eq!(split::<f32>(&g, pass, least - 1), None, "{g:?} {pass:?}");
+                    continue;
+                }
                 if let Some(b) = least_block::<f32>(&g, pass) {
                     assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
                     assert!(4 * least <= LEAST_BLOCK_GROWTH * old, "{g:?} {pass:?}");
@@ -1296,9 +1532,10 @@ mod tests {
             let most = workspace_len_up_to::<f32>(&small, pass);
             let s = split::<f32>(&small, pass, most).unwrap();
             let want = match pass {
-                // Its weight gradient: ranges of 16 channels (144 columns), one lane each
-                // (64 positions an image: no blocks of images at 64 columns).
-                Pass::GradWeight => (4, 16, 4, 1),
+                // Its weight gradient: 8 parts of 16 images (8,192 positions over
+                // MIN_PART_POSITIONS), a lane each (64 positions an image: no blocks of images
+                // at 64 columns).
+                Pass::GradWeight => (8, 64, 8, 1),
                 // The others: blocks of 16 images too, two lanes of about 3 MiB.
                 Pass::Forward | Pass::GradInput => (8, 64, 2, 16),
             };
@@ -1306,7 +1543,8 @@ mod tests {
             // More bytes than it uses run no more lanes.
             assert_eq!(split::<f32>(&small, pass, 2 * most), Some(s), "{pass:?}");
         }
-        // 37 channels of 3x3 (333 columns, as in `geometries`): two ranges, summed apart.
+        // 37 channels of 3x3 (333 columns, as in `geometries`; 1,104 positions: one part):
+        // two ranges, summed apart.
         let g37 =
             ConvGeometry::new([2, 37, 24, 23], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
         let s = split::<f32>(&g37, Pass::GradWeight, usize::MAX).unwrap();
@@ -1421,6 +1659,89 @@ mod tests {
                             "{g:?} {pass:?}: {threads} threads in {len} elements differ"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The weight gradient with plain loops in f64: `dw[o, c, a, b] = Σ_n Σ_(i, j)
+    /// dy[n, o, i, j] · x[n, group's c, i·s + a·d − p, j·s + b·d − p]`.
+    fn weight_gradient_by_loops(g: &ConvGeometry, x: &[f64], dy: &[f64]) -> Vec<f64> {
+        let (cg, og) = (g.in_ch / g.groups, g.out_ch / g.groups);
+        let ([h, wd], [oh, ow], [kh, kw]) = (g.in_hw, g.out_hw, g.kernel);
+        let mut dw = vec![0.0; g.w_len()];
+        for n in 0..g.batch {
+            for o in 0..g.out_ch {
+                let gi = o / og;
+                for c in 0..cg {
+                    for (a, b) in (0..kh).flat_map(|a| (0..kw).map(move |b| (a, b))) {
+                        let mut sum = 0.0;
+                        for (i, j) in (0..oh).flat_map(|i| (0..ow).map(move |j| (i, j))) {
+                            let ih =
+                                (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
+                            let iw =
+                                (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
+                            if ih < h && iw < wd {
+                                let xv = x[((n * g.in_ch + gi * cg + c) * h + ih) * wd + iw];
+                                sum += dy[((n * g.out_ch + o) * oh + i) * ow + j] * xv;
+                            }
+                        }
+                        dw[((o * cg + c) * kh + a) * kw + b] += sum;
+                    }
+                }
+            }
+        }
+        dw
+    }
+
+    /// cnn's conv2 at a batch of 16 (32 to 64 channels of 3x3 at 14x14: 3 parts of 5 or 6
+    /// images) and a grouped, strided one: the weight gradient summed in parts of the images
+    /// gives one set of bits on 1, 2, 3 and 16 threads in its least and most workspace, and
+    /// agrees with plain f64 loops to f32 rounding.
+    #[test]
+    fn the_weight_gradient_in_parts_of_the_images_repeats_on_any_threads_and_matches_f64_loops() {
+        for g in [
+            ConvGeometry::new([16, 32, 14, 14], [64, 32, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ConvGeometry::new([40, 6, 17, 17], [4, 3, 3, 3], [2, 2], [1, 1], [1, 1], 2),
+        ] {
+            let g = g.unwrap();
+            let parts = image_parts(&g, Pass::GradWeight);
+            assert!(parts >= 2 && part_cut::<f32>(&g).is_some(), "{g:?}");
+            let (x, dy) = (values(g.x_len(), 12), values(g.y_len(), 13));
+            let want = weight_gradient_by_loops(&g, &x, &dy);
+            let (x32, dy32): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|&v| v as f32).collect(),
+                dy.iter().map(|&v| v as f32).collect(),
+            );
+            let lens = [
+                workspace_len::<f32>(&g, Pass::GradWeight),
+                workspace_len_up_to::<f32>(&g, Pass::GradWeight),
+            ];
+            assert!(
+                lens[1] > lens[0],
+                "{g:?}: the most workspace holds several lanes"
+            );
+            let run = |len: usize| {
+                let mut dw = vec![f32::NAN; g.w_len()];
+                grad_weight(&g, &x32, &dy32, &mut dw, &mut vec![f32::NAN; len]).unwrap();
+                dw.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let first = run(lens[0]);
+            let reduction = (g.batch * g.positions()) as f64;
+            for (a, b) in first.iter().zip(&want) {
+                let a = f32::from_bits(*a) as f64;
+                assert!((a - b).abs() < 1e-6 * reduction, "{g:?}: {a} vs {b}");
+            }
+            for threads in [1, 2, 3, 16] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for len in lens {
+                    assert!(
+                        pool.install(|| run(len)) == first,
+                        "{g:?}: {threads} threads in {len} elements differ"
+                    );
                 }
             }
         }
