@@ -76,7 +76,7 @@ pub const BLOCK_COLUMNS: usize = super::gemm::NC;
 pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
 
 /// Fewest reduction columns (images times output positions) a part of the weight gradient's
-/// images sums ([`image_parts`]): a pass whose images hold at least two such parts sums them
+/// images sums (`image_parts`): a pass whose images hold at least two such parts sums them
 /// apart, up to [`MAX_LANES`] parts, and adds the parts' sums in order. Session 39's profile of
 /// cnn on 16 threads had conv2's weight gradient (64x288 outputs summed over 25,088 positions,
 /// two channel ranges) at 9.1 of 25.6 ms: its sums over the images ran on one lane each.
