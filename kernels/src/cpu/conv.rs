@@ -75,6 +75,13 @@ pub const BLOCK_COLUMNS: usize = super::gemm::NC;
 /// its peak; so 64.
 pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
 
+/// Fewest reduction columns (images times output positions) a part of the weight gradient's
+/// images sums (`image_parts`): a pass whose images hold at least two such parts sums them
+/// apart, up to [`MAX_LANES`] parts, and adds the parts' sums in order. Session 39's profile of
+/// cnn on 16 threads had conv2's weight gradient (64x288 outputs summed over 25,088 positions,
+/// two channel ranges) at 9.1 of 25.6 ms: its sums over the images ran on one lane each.
+pub const MIN_PART_POSITIONS: usize = 1024;
+
 /// Bytes of workspace a pass's lanes (and the weight gradient's partial sums) ask for at most
 /// ([`workspace_len_up_to`]): large images (a ResNet-50 at 224x224) have column buffers of
 /// several MiB each, and their GEMMs are large enough to use the threads alone; small ones fit
@@ -111,6 +118,9 @@ struct Split {
     /// The most lanes this cut can use: one per unit, at most [`MAX_LANES`], within
     /// [`LANE_BUDGET_BYTES`].
     most: usize,
+    /// Parts of the images the weight gradient sums apart, each into its lane's own
+    /// `[O/g, K]` block after the column buffer ([`image_parts`]); one otherwise.
+    parts: usize,
 }
 
 impl Split {
@@ -168,21 +178,72 @@ fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
         tmp_len: 0,
         partial,
         most: units.clamp(1, MAX_LANES).min(cap),
+        parts: 1,
     }
+}
+
+/// Parts of the images a weight gradient sums apart (a function of the geometry alone, so
+/// its bits are the same on any threads and in any workspace): one per [`MIN_PART_POSITIONS`]
+/// reduction columns, at most [`MAX_LANES`] and one per image; one (no parts) for the other
+/// passes and where the weight gradient runs in blocks of images.
+fn image_parts(g: &ConvGeometry, pass: Pass) -> usize {
+    if pass != Pass::GradWeight || block_images_of(g, pass).is_some() {
+        return 1;
+    }
+    let columns = g.batch.saturating_mul(g.positions());
+    (columns / MIN_PART_POSITIONS)
+        .clamp(1, MAX_LANES)
+        .min(g.batch.max(1))
+}
+
+/// The weight gradient's cut into `(group, part of the images)` units ([`image_parts`]), where
+/// it has parts and one lane (a whole group's column buffer, GEMM space and `[O/g, K]` block of
+/// sums) fits [`LANE_BUDGET_BYTES`]. The least workspace grows by that block (one image's
+/// `[O/g, K]` of partial sums: cnn's conv2 72 KiB), and each lane the planner grants holds one.
+fn part_cut<T: GemmScalar>(g: &ConvGeometry) -> Option<Split> {
+    let parts = image_parts(g, Pass::GradWeight);
+    if parts < 2 {
+        return None;
+    }
+    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
+    let k = cg * g.kernel[0] * g.kernel[1];
+    let col_len = if is_pointwise(g) { 0 } else { k * p };
+    let lane_len = col_len + og * k + gemm_len::<T>(og, p, k);
+    let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
+    if lane_len > budget {
+        return None;
+    }
+    let units = g.groups * parts;
+    Some(Split {
+        units,
+        chunk: cg,
+        lanes: 1,
+        lane_len,
+        images: 1,
+        col_len,
+        tmp_len: og * k,
+        partial: 0,
+        most: units.clamp(1, MAX_LANES).min(budget / lane_len),
+        parts,
+    })
+}
+
+/// [`block_images`] for any element type's budget test: whether `pass` has blocks of images
+/// at all, by the columns alone (the budget only lowers their images).
+fn block_images_of(g: &ConvGeometry, pass: Pass) -> Option<usize> {
+    let columns = match pass {
+        Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
+        _ => BLOCK_COLUMNS,
+    };
+    let most = (columns / g.positions().max(1)).min(g.batch);
+    (g.groups == 1 && most >= 2).then_some(most)
 }
 
 /// Images per block of `pass` (see [`BLOCK_COLUMNS`] and [`WEIGHT_BLOCK_COLUMNS`]), fewer
 /// where one lane of them would pass [`LANE_BUDGET_BYTES`] (many channels); `None` where
 /// blocks would hold one image, or the convolution has several groups.
 fn block_images<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<usize> {
-    let columns = match pass {
-        Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
-        _ => BLOCK_COLUMNS,
-    };
-    let most = (columns / g.positions().max(1)).min(g.batch);
-    if g.groups != 1 || most < 2 {
-        return None;
-    }
+    let most = block_images_of(g, pass)?;
     let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
     (2..=most)
         .rev()
@@ -222,6 +283,7 @@ fn block_cut_of<T: GemmScalar>(g: &ConvGeometry, pass: Pass, images: usize) -> S
         tmp_len,
         partial: 0,
         most,
+        parts: 1,
     }
 }
 
@@ -262,7 +324,7 @@ fn cuts<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> [Split; 2] {
     if pass != Pass::GradWeight {
         return [whole, whole];
     }
-    if let Some(b) = block_cut::<T>(g, pass) {
+    if let Some(b) = block_cut::<T>(g, pass).or_else(|| part_cut::<T>(g)) {
         return [b, b];
     }
     let cg = g.in_ch / g.groups.max(1);
@@ -818,6 +880,9 @@ pub fn grad_weight<T: GemmScalar + Float>(
     if s.images > 1 {
         return grad_weight_blocks(g, x, dy, dw, &mut ws[..s.lane_len], &s);
     }
+    if s.parts > 1 {
+        return grad_weight_parts(g, x, dy, dw, ws, &s).map_err(ConvError::from);
+    }
     // Unit `u` covers group `u / ranges`, channels `c0 .. c0 + cw` of it.
     let range = |u: usize| {
         let c0 = (u % ranges) * s.chunk;
@@ -873,6 +938,117 @@ pub fn grad_weight<T: GemmScalar + Float>(
             let from = u * unit + o * n_cols;
             let to = (gi * og + o) * k + c0 * taps;
             dw[to..to + n_cols].copy_from_slice(&partial[from..from + n_cols]);
+        }
+    }
+    Ok(())
+}
+
+/// The weight gradient in parts of the images ([`image_parts`]): for each group, part `j`
+/// sums `dy[n, group] · col(x[n, group])ᵀ` over its images in order into a lane's own block,
+/// and `dw[group]` is part 0's block plus part 1's, plus part 2's, ..., element by element in
+/// that order. The lanes (as many as the workspace holds, a multiple of the threads where it
+/// holds that many) compute a wave of consecutive parts at once, then their blocks are added
+/// in part order: every element is the same sums in the same order with one lane or sixteen.
+fn grad_weight_parts<T: GemmScalar + Float>(
+    g: &ConvGeometry,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    ws: &mut [T],
+    s: &Split,
+) -> Result<(), GemmError> {
+    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
+    let (k, xg, parts) = (
+        cg * g.kernel[0] * g.kernel[1],
+        cg * g.in_hw[0] * g.in_hw[1],
+        s.parts,
+    );
+    let block = og * k;
+    let direct = is_pointwise(g);
+    let threads = pool_threads();
+    let parallel = threads > 1 && s.lanes > 1 && gemm_work(g) >= PARALLEL_ELEMENTS;
+    let lanes = match parallel {
+        false => 1,
+        true if s.lanes >= threads => s.lanes / threads * threads,
+        true => s.lanes,
+    };
+    // Part `j` of group `gi` into the block after `lane`'s column buffer.
+    let part = |gi: usize, j: usize, lane: &mut [T]| -> Result<(), GemmError> {
+        let (n0, n1) = (j * g.batch / parts, (j + 1) * g.batch / parts);
+        let (col, rest) = lane.split_at_mut(s.col_len);
+        let (acc, gws) = rest.split_at_mut(block);
+        for n in n0..n1 {
+            let start = (n * g.groups + gi) * xg;
+            let b: &[T] = if direct {
+                x
+            } else {
+                im2col(g, &x[start..start + xg], col);
+                col
+            };
+            let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
+            let beta = if n == n0 {
+                <T as GemmScalar>::ZERO
+            } else {
+                <T as GemmScalar>::ONE
+            };
+            gemm_ws(
+                og,
+                p,
+                k,
+                <T as GemmScalar>::ONE,
+                dy,
+                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
+                b,
+                lb,
+                beta,
+                acc,
+                MatLayout::row_major(k),
+                gws,
+            )?;
+        }
+        Ok(())
+    };
+    let (lane_len, col_len) = (s.lane_len, s.col_len);
+    for (gi, target) in dw.chunks_mut(block).enumerate() {
+        for w0 in (0..parts).step_by(lanes) {
+            let wave = lanes.min(parts - w0);
+            let lanes_ws = &mut ws[..wave * lane_len];
+            if parallel && wave > 1 {
+                use rayon::prelude::*;
+                lanes_ws
+                    .par_chunks_mut(lane_len)
+                    .enumerate()
+                    .try_for_each(|(l, lane)| part(gi, w0 + l, lane))?;
+            } else {
+                for (l, lane) in lanes_ws.chunks_mut(lane_len).enumerate() {
+                    part(gi, w0 + l, lane)?;
+                }
+            }
+            let lanes_ws = &*lanes_ws;
+            // Adds the wave's blocks onto `t`, elements `i0 ..` of the group's block.
+            let add = |i0: usize, t: &mut [T]| {
+                for l in 0..wave {
+                    let at = l * lane_len + col_len + i0;
+                    let acc = &lanes_ws[at..at + t.len()];
+                    if w0 + l == 0 {
+                        t.copy_from_slice(acc);
+                    } else {
+                        for (d, &v) in t.iter_mut().zip(acc) {
+                            *d = d.add(v);
+                        }
+                    }
+                }
+            };
+            const ADD_CHUNK: usize = 4096;
+            if parallel && block > ADD_CHUNK {
+                use rayon::prelude::*;
+                target
+                    .par_chunks_mut(ADD_CHUNK)
+                    .enumerate()
+                    .for_each(|(c, t)| add(c * ADD_CHUNK, t));
+            } else {
+                add(0, target);
+            }
         }
     }
     Ok(())
@@ -961,485 +1137,5 @@ pub fn reference(g: &ConvGeometry, x: &[f64], w: &[f64]) -> Vec<f64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut g = ingot_testkit::lcg::Lcg::new(seed);
-        (0..n).map(|_| g.unit53() * 2.0 - 1.0).collect()
-    }
-
-    fn geometries() -> Vec<ConvGeometry> {
-        let mut out = Vec::new();
-        for (x, w, s, p, d, gr) in [
-            ([2, 3, 7, 6], [4, 3, 3, 3], 1, 1, 1, 1),
-            ([2, 4, 9, 8], [6, 2, 3, 2], 2, 1, 1, 2),
-            ([1, 4, 10, 10], [4, 1, 3, 3], 1, 2, 2, 4),
-            ([3, 2, 5, 5], [3, 2, 1, 1], 1, 0, 1, 1),
-            ([2, 3, 8, 7], [2, 3, 4, 3], 3, 2, 1, 1),
-            // Pointwise (read in place), with groups and with channel ranges.
-            ([2, 6, 5, 4], [4, 3, 1, 1], 1, 0, 1, 2),
-            ([3, 21, 4, 3], [5, 21, 1, 1], 1, 0, 1, 1),
-            ([2, 300, 3, 2], [3, 300, 1, 1], 1, 0, 1, 1),
-            // A 1x1 kernel that is not pointwise (strided, padded).
-            ([2, 4, 6, 6], [3, 4, 1, 1], 2, 1, 1, 1),
-            // 37 channels (333 columns): weight-gradient ranges of 19 and 18 channels (552
-            // positions: too many for blocks of images).
-            ([2, 37, 24, 23], [3, 37, 3, 3], 1, 1, 1, 1),
-            // Depthwise, more groups than lanes.
-            ([2, 20, 5, 5], [20, 1, 3, 3], 1, 1, 1, 20),
-            // Few positions an image: blocks of images, a last block short (forward blocks of
-            // 28 images at 3x3, weight-gradient blocks of 7), strided, and at 1x1 (a ResNet's
-            // last layer on small images; weight-gradient blocks of 64 and 6).
-            ([30, 3, 3, 3], [4, 3, 3, 3], 1, 1, 1, 1),
-            ([9, 4, 4, 4], [5, 4, 3, 3], 2, 1, 1, 1),
-            ([70, 6, 1, 1], [5, 6, 3, 3], 1, 1, 1, 1),
-            // Blocks of 256 images at 2x2 (1,024 columns), the last one of 44.
-            ([300, 2, 2, 2], [3, 2, 3, 3], 1, 1, 1, 1),
-            // Pointwise in blocks (the block's column buffer is a copy of its images).
-            ([20, 5, 2, 2], [3, 5, 1, 1], 1, 0, 1, 1),
-        ] {
-            out.push(ConvGeometry::new(x, w, [s, s], [p, p], [d, d], gr).unwrap());
-        }
-        out
-    }
-
-    #[test]
-    fn the_im2col_forward_matches_plain_loops_over_strides_padding_dilation_and_groups() {
-        for g in geometries() {
-            let x = values(g.x_len(), 1);
-            let w = values(g.w_len(), 2);
-            let want = reference(&g, &x, &w);
-            let mut y = vec![f64::NAN; g.y_len()];
-            let mut ws = vec![f64::NAN; workspace_len::<f64>(&g, Pass::Forward)];
-            forward(&g, &x, &w, &mut y, &mut ws).unwrap();
-            for (a, b) in y.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");
-            }
-            // f32 agrees to f32 rounding.
-            let (x32, w32): (Vec<f32>, Vec<f32>) = (
-                x.iter().map(|&v| v as f32).collect(),
-                w.iter().map(|&v| v as f32).collect(),
-            );
-            let mut y32 = vec![f32::NAN; g.y_len()];
-            let mut ws32 = vec![f32::NAN; workspace_len::<f32>(&g, Pass::Forward)];
-            forward(&g, &x32, &w32, &mut y32, &mut ws32).unwrap();
-            for (a, b) in y32.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 1e-5, "{g:?}: {a} vs {b}");
-            }
-        }
-    }
-
-    /// `<conv(x, w), dy> = <x, grad_input(dy, w)> = <w, grad_weight(x, dy)>`: both backward
-    /// passes are the adjoints of the forward one.
-    #[test]
-    fn both_backward_passes_are_the_adjoints_of_the_forward_pass() {
-        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-        for g in geometries() {
-            let (x, w, dy) = (
-                values(g.x_len(), 3),
-                values(g.w_len(), 4),
-                values(g.y_len(), 5),
-            );
-            let y = reference(&g, &x, &w);
-            let mut dx = vec![f64::NAN; g.x_len()];
-            let mut ws = vec![0.0; workspace_len::<f64>(&g, Pass::GradInput)];
-            grad_input(&g, &dy, &w, &mut dx, &mut ws).unwrap();
-            let mut dw = vec![f64::NAN; g.w_len()];
-            let mut ws = vec![0.0; workspace_len::<f64>(&g, Pass::GradWeight)];
-            grad_weight(&g, &x, &dy, &mut dw, &mut ws).unwrap();
-            let lhs = dot(&y, &dy);
-            assert!((lhs - dot(&x, &dx)).abs() < 1e-9, "{g:?}: input adjoint");
-            assert!((lhs - dot(&w, &dw)).abs() < 1e-9, "{g:?}: weight adjoint");
-        }
-    }
-
-    /// The passes as they ran before lanes: one image and one whole group at a time through
-    /// a full column buffer, the weight gradient summed over the images into `dw` itself
-    /// (or, where it runs in blocks of images, [`weight_blocks_one_image_at_a_time`]'s).
-    fn one_unit_at_a_time(g: &ConvGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 3] {
-        let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
-        let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-        let mut col = vec![0f32; k * p];
-        let glen = gemm_len::<f32>(og, k, p)
-            .max(gemm_len::<f32>(og, p, k))
-            .max(gemm_len::<f32>(k, og, p));
-        let mut gws = vec![0f32; glen];
-        let (mut y, mut dx, mut dw) = (
-            vec![0f32; g.y_len()],
-            vec![0f32; g.x_len()],
-            vec![0f32; g.w_len()],
-        );
-        let rm = MatLayout::row_major;
-        for n in 0..g.batch {
-            for gi in 0..g.groups {
-                let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
-                im2col(g, &x[xs..xs + xg], &mut col);
-                gemm_ws(
-                    og,
-                    k,
-                    p,
-                    1.0,
-                    w,
-                    rm(k).at(gi * og * k),
-                    &col,
-                    rm(p),
-                    0.0,
-                    &mut y,
-                    rm(p).at(ys),
-                    &mut gws,
-                )
-                .unwrap();
-                let beta = if n == 0 { 0.0 } else { 1.0 };
-                gemm_ws(
-                    og,
-                    p,
-                    k,
-                    1.0,
-                    dy,
-                    rm(p).at(ys),
-                    &col,
-                    MatLayout::col_major(p),
-                    beta,
-                    &mut dw,
-                    rm(k).at(gi * og * k),
-                    &mut gws,
-                )
-                .unwrap();
-                gemm_ws(
-                    k,
-                    og,
-                    p,
-                    1.0,
-                    w,
-                    MatLayout::col_major(k).at(gi * og * k),
-                    dy,
-                    rm(p).at(ys),
-                    0.0,
-                    &mut col,
-                    rm(p),
-                    &mut gws,
-                )
-                .unwrap();
-                col2im_add(g, &col, &mut dx[xs..xs + xg]);
-            }
-        }
-        if block_images::<f32>(g, Pass::GradWeight).is_some() {
-            dw = weight_blocks_one_image_at_a_time(g, x, dy);
-        }
-        [y, dx, dw]
-    }
-
-    /// The weight gradient in blocks of images, each block's column buffer and output
-    /// gradient assembled one image and one element at a time from the image's own column
-    /// buffer ([`im2col`]), then one GEMM a block, the blocks added in order.
-    fn weight_blocks_one_image_at_a_time(g: &ConvGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-        let images = block_images::<f32>(g, Pass::GradWeight).unwrap();
-        let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
-        let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
-        let mut dw = vec![f32::NAN; g.w_len()];
-        let mut one = vec![0f32; k * p];
-        for (b, n0) in (0..g.batch).step_by(images).enumerate() {
-            let nb = images.min(g.batch - n0);
-            let cols = nb * p;
-            let (mut col, mut d) = (vec![0f32; k * cols], vec![0f32; o * cols]);
-            for i in 0..nb {
-                let n = n0 + i;
-                im2col(g, &x[n * xi..(n + 1) * xi], &mut one);
-                for r in 0..k {
-                    for q in 0..p {
-                        col[r * cols + i * p + q] = one[r * p + q];
-                    }
-                }
-                for r in 0..o {
-                    for q in 0..p {
-                        d[r * cols + i * p + q] = dy[(n * o + r) * p + q];
-                    }
-                }
-            }
-            let mut gws = vec![0f32; gemm_len::<f32>(o, cols, k)];
-            let beta = if b == 0 { 0.0 } else { 1.0 };
-            gemm_ws(
-                o,
-                cols,
-                k,
-                1.0,
-                &d,
-                MatLayout::row_major(cols),
-                &col,
-                MatLayout::col_major(cols),
-                beta,
-                &mut dw,
-                MatLayout::row_major(k),
-                &mut gws,
-            )
-            .unwrap();
-        }
-        dw
-    }
-
-    /// Workspace lengths from the least to the most a pass uses, through every lane count
-    /// of both cuts (whole groups, channel ranges) and an element past each, those the pass
-    /// runs in (at least [`workspace_len`]).
-    fn lengths(g: &ConvGeometry, pass: Pass) -> Vec<usize> {
-        let mut out = vec![workspace_len_up_to::<f32>(g, pass) + 5];
-        // Blocks of every size up to the full one (the forward and input-gradient passes run
-        // the largest that fits).
-        let blocks = block_cut::<f32>(g, pass)
-            .into_iter()
-            .flat_map(|b| (2..=b.images).map(|i| block_cut_of::<f32>(g, pass, i)));
-        for c in cuts::<f32>(g, pass).into_iter().chain(blocks) {
-            for lanes in 1..=c.most {
-                out.extend([c.len(lanes), c.len(lanes) + 1]);
-            }
-        }
-        let least = workspace_len::<f32>(g, pass);
-        out.retain(|&len| len >= least);
-        out.sort_unstable();
-        out.dedup();
-        out
-    }
-
-    #[test]
-    fn every_lane_count_channel_ranges_and_pointwise_operands_give_the_bits_of_one_whole_group_at_a_time(
-    ) {
-        let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
-        // One-pixel images run through their live tap (`conv_one_tap`, tested there).
-        for g in geometries()
-            .into_iter()
-            .filter(|g| one_tap::live_tap(g).is_none())
-        {
-            let (x, w, dy) = (
-                f32s(values(g.x_len(), 6)),
-                f32s(values(g.w_len(), 7)),
-                f32s(values(g.y_len(), 8)),
-            );
-            let want = one_unit_at_a_time(&g, &x, &w, &dy);
-            let same = |name: &str, a: &[f32], b: &[f32], len: usize| {
-                assert!(
-                    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{g:?}: {name} in {len} elements of workspace differs from one whole group at a time"
-                );
-            };
-            for len in lengths(&g, Pass::Forward) {
-                let mut y = vec![f32::NAN; g.y_len()];
-                forward(&g, &x, &w, &mut y, &mut vec![f32::NAN; len]).unwrap();
-                same("y", &y, &want[0], len);
-            }
-            for len in lengths(&g, Pass::GradInput) {
-                let mut dx = vec![f32::NAN; g.x_len()];
-                grad_input(&g, &dy, &w, &mut dx, &mut vec![f32::NAN; len]).unwrap();
-                same("dx", &dx, &want[1], len);
-            }
-            for len in lengths(&g, Pass::GradWeight) {
-                let mut dw = vec![f32::NAN; g.w_len()];
-                grad_weight(&g, &x, &dy, &mut dw, &mut vec![f32::NAN; len]).unwrap();
-                same("dw", &dw, &want[2], len);
-            }
-        }
-    }
-
-    /// The least workspace holds one image and group's column buffer and GEMM space (a
-    /// pointwise convolution's is smaller still), or, for the weight gradient of small images,
-    /// one lane of a whole block (its blocks fix the order of its sums), for the forward and
-    /// input gradient the largest block within a quarter more than one image's, and a
-    /// one-pixel convolution's one GEMM over the batch.
-    #[test]
-    fn the_least_workspace_is_one_image_or_a_small_image_weight_gradients_block() {
-        for g in geometries() {
-            let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
-            let before = [
-                (Pass::Forward, k * p + gemm_len::<f32>(og, k, p)),
-                (Pass::GradInput, k * p + gemm_len::<f32>(k, og, p)),
-                (Pass::GradWeight, k * p + gemm_len::<f32>(og, p, k)),
-            ];
-            for (pass, old) in before {
-                let least = workspace_len::<f32>(&g, pass);
-                if one_tap::live_tap(&g).is_some() {
-                    assert_eq!(least, one_tap::workspace_len::<f32>(&g, pass));
-                    continue;
-                }
-                if let Some(b) = block_cut::<f32>(&g, pass).filter(|_| pass == Pass::GradWeight) {
-                    assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
-                    let s = split::<f32>(&g, pass, least).unwrap();
-                    let cols = WEIGHT_BLOCK_COLUMNS;
-                    assert_eq!(s.images, (cols / p).min(g.batch), "{g:?} {pass:?}");
-                    assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
-                    continue;
-                }
-                if let Some(b) = least_block::<f32>(&g, pass) {
-                    assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
-                    assert!(4 * least <= LEAST_BLOCK_GROWTH * old, "{g:?} {pass:?}");
-                    assert_eq!(
-                        split::<f32>(&g, pass, least).map(|s| s.images),
-                        Some(b.images)
-                    );
-                    continue;
-                }
-                if is_pointwise(&g) {
-                    assert!(least < old, "{g:?} {pass:?}: {least} vs {old}");
-                } else {
-                    assert_eq!(least, old, "{g:?} {pass:?}");
-                }
-                assert_eq!(split::<f32>(&g, pass, least).map(|s| s.lanes), Some(1));
-                assert_eq!(split::<f32>(&g, pass, least - 1), None, "{g:?} {pass:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_most_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
-        // resnet18's 3x3 convolutions at 8x8, batch 128.
-        let small =
-            ConvGeometry::new([128, 64, 8, 8], [64, 64, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
-        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-            let most = workspace_len_up_to::<f32>(&small, pass);
-            let s = split::<f32>(&small, pass, most).unwrap();
-            let want = match pass {
-                // Its weight gradient: ranges of 16 channels (144 columns), one lane each
-                // (64 positions an image: no blocks of images at 64 columns).
-                Pass::GradWeight => (4, 16, 4, 1),
-                // The others: blocks of 16 images too, two lanes of about 3 MiB.
-                Pass::Forward | Pass::GradInput => (8, 64, 2, 16),
-            };
-            assert_eq!((s.units, s.chunk, s.lanes, s.images), want, "{pass:?}");
-            // More bytes than it uses run no more lanes.
-            assert_eq!(split::<f32>(&small, pass, 2 * most), Some(s), "{pass:?}");
-        }
-        // 37 channels of 3x3 (333 columns, as in `geometries`): two ranges, summed apart.
-        let g37 =
-            ConvGeometry::new([2, 37, 24, 23], [3, 37, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap();
-        let s = split::<f32>(&g37, Pass::GradWeight, usize::MAX).unwrap();
-        assert_eq!(
-            (s.units, s.chunk, s.partial),
-            (2, 19, 2 * 3 * 19 * 9),
-            "{s:?}"
-        );
-        // A ResNet-50 stem at 224x224: 7 MiB column buffers, so fewer lanes.
-        let big = ConvGeometry::new([128, 3, 224, 224], [64, 3, 7, 7], [2, 2], [3, 3], [1, 1], 1)
-            .unwrap();
-        let s = split::<f32>(&big, Pass::Forward, usize::MAX).unwrap();
-        assert!(s.lanes < MAX_LANES && s.lanes >= 1, "{s:?}");
-        assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
-        // resnet18's 3x3 convolutions at 2x2 (256 channels): the forward and input gradient
-        // one GEMM over the batch's 512 columns in their most workspace, blocks of two images or
-        // more in their least (within a quarter more than one image's); the weight gradient in blocks of 16 images (64 columns), added in
-        // order, in its least already.
-        let wide = ConvGeometry::new(
-            [128, 256, 2, 2],
-            [256, 256, 3, 3],
-            [1, 1],
-            [1, 1],
-            [1, 1],
-            1,
-        )
-        .unwrap();
-        for pass in [Pass::Forward, Pass::GradInput] {
-            let most = workspace_len_up_to::<f32>(&wide, pass);
-            let s = split::<f32>(&wide, pass, most).unwrap();
-            assert_eq!(
-                (s.units, s.images, s.lanes, s.partial),
-                (1, 128, 1, 0),
-                "{s:?}"
-            );
-            assert!(4 * most <= LANE_BUDGET_BYTES);
-            let s = split::<f32>(&wide, pass, workspace_len::<f32>(&wide, pass)).unwrap();
-            let b = least_block::<f32>(&wide, pass).unwrap();
-            assert!(
-                s.images >= 2 && (s.images, s.lanes) == (b.images, 1),
-                "{s:?}"
-            );
-        }
-        let least = workspace_len::<f32>(&wide, Pass::GradWeight);
-        let s = split::<f32>(&wide, Pass::GradWeight, least).unwrap();
-        assert_eq!(
-            (s.units, s.images, s.lanes, s.partial),
-            (8, 16, 1, 0),
-            "{s:?}"
-        );
-        // A pointwise convolution needs no column buffer one image at a time (images of more
-        // than 512 positions; smaller ones run in blocks, copied side by side).
-        let pw =
-            ConvGeometry::new([8, 64, 24, 24], [256, 64, 1, 1], [1, 1], [0, 0], [1, 1], 1).unwrap();
-        let least = workspace_len::<f32>(&pw, Pass::Forward);
-        assert_eq!(split::<f32>(&pw, Pass::Forward, least).unwrap().col_len, 0);
-    }
-
-    /// Every pass, in the least and the most workspace, inside pools of 1, 2, 3 and 16
-    /// threads: the bits of one thread (the lanes, blocks and GEMM tiles spread over the
-    /// threads, never the terms of one sum).
-    #[test]
-    fn every_pass_gives_the_same_bits_on_1_2_3_and_16_threads() {
-        let f32s = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect::<Vec<f32>>();
-        // Large enough to wake the threads (past PARALLEL_ELEMENTS and the GEMM's threshold).
-        let mut gs = geometries();
-        gs.push(
-            ConvGeometry::new([64, 64, 2, 2], [96, 64, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap(),
-        );
-        gs.push(
-            ConvGeometry::new([8, 16, 12, 12], [32, 16, 3, 3], [1, 1], [1, 1], [1, 1], 1).unwrap(),
-        );
-        for g in gs {
-            let (x, w, dy) = (
-                f32s(values(g.x_len(), 9)),
-                f32s(values(g.w_len(), 10)),
-                f32s(values(g.y_len(), 11)),
-            );
-            let run = |pass: Pass, len: usize| -> Vec<u32> {
-                let mut ws = vec![f32::NAN; len];
-                let out = match pass {
-                    Pass::Forward => {
-                        let mut y = vec![f32::NAN; g.y_len()];
-                        forward(&g, &x, &w, &mut y, &mut ws).map(|_| y)
-                    }
-                    Pass::GradInput => {
-                        let mut dx = vec![f32::NAN; g.x_len()];
-                        grad_input(&g, &dy, &w, &mut dx, &mut ws).map(|_| dx)
-                    }
-                    Pass::GradWeight => {
-                        let mut dw = vec![f32::NAN; g.w_len()];
-                        grad_weight(&g, &x, &dy, &mut dw, &mut ws).map(|_| dw)
-                    }
-                };
-                out.unwrap().iter().map(|v| v.to_bits()).collect()
-            };
-            for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight] {
-                let lens = [
-                    workspace_len::<f32>(&g, pass),
-                    workspace_len_up_to::<f32>(&g, pass),
-                ];
-                let want = run(pass, lens[0]);
-                for threads in [1, 2, 3, 16] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    for len in lens {
-                        let got = pool.install(|| run(pass, len));
-                        assert!(
-                            got == want,
-                            "{g:?} {pass:?}: {threads} threads in {len} elements differ"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_short_buffer_is_an_error_before_anything_is_written() {
-        let g = geometries()[0];
-        let mut y = vec![7.0f64; g.y_len()];
-        let mut ws = vec![0.0; 3];
-        let e = forward(
-            &g,
-            &vec![0.0; g.x_len()],
-            &vec![0.0; g.w_len()],
-            &mut y,
-            &mut ws,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("workspace"), "{e}");
-        assert!(y.iter().all(|&v| v == 7.0));
-    }
-}
+#[path = "conv_tests.rs"]
+mod tests;
