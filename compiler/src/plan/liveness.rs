@@ -463,8 +463,12 @@ pub(crate) fn grow_workspaces(
     let least_peak = live.iter().copied().max().unwrap_or(0);
     let ceiling = with_slack(least_peak);
     let is_lowered = |s: usize| lowered.iter().any(|&(l, _)| l == s);
-    let (others, mine): (Vec<(usize, usize)>, Vec<(usize, usize)>) =
-        wanted.iter().partition(|&&(s, _)| !is_lowered(s));
+    let others: Vec<(usize, usize)> = (wanted.iter().copied())
+        .filter(|&(s, _)| !is_lowered(s))
+        .collect();
+    let mine: Vec<(usize, usize)> = (wanted.iter().copied())
+        .filter(|&(s, _)| is_lowered(s))
+        .collect();
     if mine.is_empty() && lowered.is_empty() {
         grant(storages, &mut live, &others, ceiling, n);
         return;
