@@ -48,9 +48,9 @@ pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
 pub use workspace::{
-    attention_shape, attention_supported, conv_workspace, conv_workspace_least,
-    conv_workspace_within, kernel_shape, planned_conv_workspace, pool_pick_workspace,
-    workspace_bytes, workspace_need, ConvWorkspace, COLUMN_BUDGET, CUBLAS_WORKSPACE,
+    attention_shape, attention_supported, conv_least_bytes, conv_workspace, conv_workspace_least,
+    conv_workspace_within, cudnn_least, kernel_shape, planned_conv_workspace, pool_pick_workspace,
+    workspace_bytes, workspace_need, ConvWorkspace, COLUMN_BUDGET, CUBLAS_WORKSPACE, CUDNN_FLOOR,
 };
 
 #[cfg(test)]

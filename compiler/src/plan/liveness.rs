@@ -91,6 +91,13 @@ pub struct WorkspaceNeed {
     /// made, so the launches that fill it can run as soon as it exists rather than at the
     /// node's turn, which is on the step's critical path. `None`: live only at the node.
     pub filled_from: Option<usize>,
+    /// Bytes the workspace counts at in the peak that the other workspaces grow up to, when
+    /// more than `bytes` (0: `bytes`): a least lowered below what the target's other
+    /// workspaces were measured growing beside (a channels-last convolution, which only cuDNN
+    /// runs, planned cuDNN's floor where its im2col column and cuBLAS's space were) keeps their
+    /// growth ceiling, so lowering it never shrinks what another kernel runs in
+    /// (`grow_workspaces`).
+    pub ceiling_bytes: usize,
 }
 
 impl WorkspaceNeed {
@@ -100,6 +107,7 @@ impl WorkspaceNeed {
             bytes,
             up_to: 0,
             filled_from: None,
+            ceiling_bytes: 0,
         }
     }
 }
@@ -165,11 +173,16 @@ impl Liveness {
             }
         }
         if let Some(ws) = workspace {
-            let wanted: Vec<(usize, usize)> = order
+            let needs: Vec<(usize, WorkspaceNeed)> = order
                 .iter()
-                .filter_map(|&id| Some((workspace_of[id.index()]?, ws(g, id).up_to)))
+                .filter_map(|&id| Some((workspace_of[id.index()]?, ws(g, id))))
                 .collect();
-            grow_workspaces(&mut storages, &wanted, n);
+            let wanted: Vec<(usize, usize)> = needs.iter().map(|&(s, w)| (s, w.up_to)).collect();
+            let lowered: Vec<(usize, usize)> = (needs.iter())
+                .filter(|(_, w)| w.ceiling_bytes > w.bytes)
+                .map(|&(s, w)| (s, w.ceiling_bytes))
+                .collect();
+            grow_workspaces(&mut storages, &wanted, &lowered, n);
         }
         Liveness {
             order: order.to_vec(),
@@ -428,11 +441,60 @@ const MIN_GROWTH_SLACK: usize = 1 << 20;
 /// into the room below the peak, up to what it asks for. A plan never needs more than with
 /// every workspace at its `up_to`. In schedule order, so the same step gets the same grants
 /// on every machine.
-pub(crate) fn grow_workspaces(storages: &mut [Storage], wanted: &[(usize, usize)], n: usize) {
+///
+/// `lowered` (storage index and [`WorkspaceNeed::ceiling_bytes`]) are workspaces whose least
+/// was lowered below what the others grew beside: the others grow first, up to the ceiling of
+/// the peak with the lowered ones at `ceiling_bytes` (so a lower floor elsewhere never runs an
+/// im2col convolution in smaller chunks); then the lowered ones, into the room under the
+/// larger of the peak with every workspace at its least and the peak the others' grants
+/// reached, with no slack: their least runs (a cuDNN-only convolution's deterministic
+/// algorithm needs no more), so they take only bytes the plan has anyway. With none lowered,
+/// one pass as before.
+pub(crate) fn grow_workspaces(
+    storages: &mut [Storage],
+    wanted: &[(usize, usize)],
+    lowered: &[(usize, usize)],
+    n: usize,
+) {
     if wanted.iter().all(|&(s, up_to)| up_to <= storages[s].bytes) {
         return;
     }
-    // Bytes live at each position: a running sum of the storages' starts and ends.
+    let mut live = live_bytes(storages, n);
+    let least_peak = live.iter().copied().max().unwrap_or(0);
+    let ceiling = with_slack(least_peak);
+    let is_lowered = |s: usize| lowered.iter().any(|&(l, _)| l == s);
+    let others: Vec<(usize, usize)> = (wanted.iter().copied())
+        .filter(|&(s, _)| !is_lowered(s))
+        .collect();
+    let mine: Vec<(usize, usize)> = (wanted.iter().copied())
+        .filter(|&(s, _)| is_lowered(s))
+        .collect();
+    if mine.is_empty() && lowered.is_empty() {
+        grant(storages, &mut live, &others, ceiling, n);
+        return;
+    }
+    let mut kept = live.clone();
+    for &(s, bytes) in lowered {
+        let st = &storages[s];
+        let extra = bytes.saturating_sub(st.bytes);
+        for l in &mut kept[st.start.min(n)..st.end.min(n)] {
+            *l += extra;
+        }
+    }
+    let kept_ceiling = with_slack(kept.iter().copied().max().unwrap_or(0));
+    grant(storages, &mut live, &others, kept_ceiling, n);
+    let reached = live.iter().copied().max().unwrap_or(0);
+    grant(storages, &mut live, &mine, least_peak.max(reached), n);
+}
+
+/// `peak` and the slack workspaces may grow it by: a 1/[`GROWTH_SLACK`] of it, at least
+/// [`MIN_GROWTH_SLACK`].
+fn with_slack(peak: usize) -> usize {
+    peak + (peak / GROWTH_SLACK).max(MIN_GROWTH_SLACK)
+}
+
+/// Slab bytes live at each position `0..=n`: a running sum of the storages' starts and ends.
+fn live_bytes(storages: &[Storage], n: usize) -> Vec<usize> {
     let mut delta = vec![0isize; n + 1];
     for s in storages.iter().filter(|s| s.region == Region::Slab) {
         delta[s.start.min(n)] += s.bytes as isize;
@@ -444,8 +506,18 @@ pub(crate) fn grow_workspaces(storages: &mut [Storage], wanted: &[(usize, usize)
         sum += d;
         *l = sum as usize;
     }
-    let peak = live.iter().copied().max().unwrap_or(0);
-    let ceiling = peak + (peak / GROWTH_SLACK).max(MIN_GROWTH_SLACK);
+    live
+}
+
+/// Grows each of `wanted` (in order) into the room under `ceiling` over its lifetime, up to
+/// what it asks for, counting each grant in `live`.
+fn grant(
+    storages: &mut [Storage],
+    live: &mut [usize],
+    wanted: &[(usize, usize)],
+    ceiling: usize,
+    n: usize,
+) {
     for &(i, up_to) in wanted {
         let s = &storages[i];
         if up_to <= s.bytes {
@@ -601,18 +673,59 @@ mod tests {
             storage(256, 0, 1, true),
         ];
         let peak = 256 * mib + 256;
-        grow_workspaces(&mut storages, &[(4, 512), (2, 64 * mib), (3, 64 * mib)], 4);
+        grow_workspaces(
+            &mut storages,
+            &[(4, 512), (2, 64 * mib), (3, 64 * mib)],
+            &[],
+            4,
+        );
         assert_eq!(storages[3].bytes, 256 + peak / 64 / 256 * 256);
         assert_eq!(storages[3].bytes, 256 + 4 * mib);
         assert_eq!(storages[2].bytes, 64 * mib);
         assert_eq!(storages[4].bytes, 512);
     }
 
+    /// A workspace whose least was lowered (a channels-last convolution's cuDNN floor, 1 MiB
+    /// where its im2col column held 64) leaves the others the ceiling they had: the one beside
+    /// 4 MiB of values grows to 64 MiB + 4 MiB's slack above the old 68 MiB peak, as with no
+    /// floor lowered; the lowered one grows only into what the plan then has anyway, with no
+    /// slack of its own, and without the others' grants keeps its least.
+    #[test]
+    fn a_lowered_least_keeps_the_other_workspaces_ceiling_and_grows_into_no_new_bytes() {
+        let mib = 1 << 20;
+        let storages = || {
+            vec![
+                storage(4 * mib, 0, 2, false),
+                storage(10 * mib, 2, 4, false),
+                storage(mib, 1, 2, true),
+                storage(mib, 3, 4, true),
+            ]
+        };
+        // Storage 3 was planned 64 MiB before its floor was lowered to 1 MiB.
+        let lowered = [(3, 64 * mib)];
+        let mut s = storages();
+        grow_workspaces(&mut s, &[(2, 128 * mib), (3, 128 * mib)], &lowered, 4);
+        let old_peak = 10 * mib + 64 * mib;
+        let kept_ceiling = old_peak + old_peak / 64 / 256 * 256;
+        assert_eq!(s[2].bytes, kept_ceiling - 4 * mib);
+        // The peak the others reached is storage 2's position: storage 3 fills up to it.
+        assert_eq!(s[3].bytes, kept_ceiling - 10 * mib);
+        // With no grant beside it, the lowered one keeps its least: the least peak is
+        // 11 MiB at its own position, and no slack is given.
+        let mut s = storages();
+        grow_workspaces(&mut s, &[(2, mib), (3, 64 * mib)], &lowered, 4);
+        assert_eq!(s[3].bytes, mib);
+        // Not lowered, the same workspace takes a 64th of the peak (at least 1 MiB).
+        let mut s = storages();
+        grow_workspaces(&mut s, &[(2, mib), (3, 64 * mib)], &[], 4);
+        assert_eq!(s[3].bytes, 2 * mib);
+    }
+
     /// Where every workspace fits its ask, the plan is the one with every workspace at it.
     #[test]
     fn workspaces_that_all_fit_get_all_they_ask_for() {
         let mut storages = vec![storage(1 << 20, 0, 3, false), storage(256, 1, 2, true)];
-        grow_workspaces(&mut storages, &[(1, 4096)], 3);
+        grow_workspaces(&mut storages, &[(1, 4096)], &[], 3);
         assert_eq!(storages[1].bytes, 4096);
     }
 }

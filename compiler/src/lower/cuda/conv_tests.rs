@@ -25,6 +25,19 @@ const LAYERS: [Layer; 6] = [
 /// loss the sum of the result, compiled for CUDA in `precision`: the layer's convolution has
 /// all three passes (its input is the first convolution's output, which needs a gradient).
 fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
+    conv_step_with(
+        layer,
+        precision,
+        pipeline::Options::for_target(Target::Cuda),
+    )
+}
+
+/// [`conv_step`] compiled with `options`.
+fn conv_step_with(
+    layer: Layer,
+    precision: Precision,
+    options: pipeline::Options,
+) -> pipeline::Compiled {
     let (cin, cout, k, stride, padding, dilation, groups) = layer;
     let mut g = Graph::new();
     let x = g.input("x", [2, 3, 14, 14], DType::F32).unwrap();
@@ -57,7 +70,7 @@ fn conv_step(layer: Layer, precision: Precision) -> pipeline::Compiled {
             crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
         )
     };
-    pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
+    pipeline::compile(&m, &options).unwrap()
 }
 
 fn lowered(c: &pipeline::Compiled, precision: Precision) -> Program {
@@ -417,4 +430,59 @@ fn a_max_poolings_gradient_picks_into_its_planned_workspace_then_reads_the_picks
     assert!(p.touches[i1].reads.contains(&ws));
     assert!(p.deps[i1].contains(&i0), "{:?}", p.deps[i1]);
     p.check(p.total_bytes).unwrap();
+}
+
+/// A channels-last convolution, which only cuDNN runs, is planned cuDNN's floor (1 MiB, and 8
+/// bytes an element of the filter for the filter gradient) and lowered with no fallback; an
+/// NCHW one (the step's first, over three channels) keeps one image's im2col column and
+/// cuBLAS's space, which its fallback runs in. The floor asks the planner to keep the other
+/// workspaces' ceiling at the im2col column it replaced.
+#[test]
+fn a_channels_last_convolution_is_planned_cudnns_floor_and_an_nchw_one_its_im2col_column() {
+    use ingot_kernels::cpu::conv::Pass;
+    let options = pipeline::Options {
+        channels_last: crate::layout::ChannelsLast::Yes,
+        ..pipeline::Options::for_target(Target::Cuda)
+    };
+    let (mut nhwc, mut nchw) = (0, 0);
+    for layer in LAYERS {
+        let c = conv_step_with(layer, Precision::Bf16, options.clone());
+        let p = lowered(&c, Precision::Bf16);
+        for op in convs(&p) {
+            let pass = match op.pass {
+                ConvPass::Forward => Pass::Forward,
+                ConvPass::Data => Pass::GradInput,
+                ConvPass::Filter => Pass::GradWeight,
+            };
+            let need = workspace_need(&c.graph, op.node);
+            let im2col = conv_workspace_least(&c.graph, op.node).unwrap().total;
+            assert!(op.workspace.bytes >= need.bytes, "{layer:?} {:?}", op.pass);
+            if op.layout == crate::ir::ConvLayout::Nhwc {
+                nhwc += 1;
+                assert!(op.fallback.is_empty());
+                assert_eq!(need.bytes, cudnn_least(&op.dims, pass), "{layer:?}");
+                let filter = op.dims.out_ch * op.dims.in_ch / op.dims.groups
+                    * op.dims.kernel[0]
+                    * op.dims.kernel[1];
+                let expected = match pass {
+                    Pass::GradWeight => CUDNN_FLOOR + 8 * filter,
+                    _ => CUDNN_FLOOR,
+                };
+                assert_eq!(need.bytes, expected.div_ceil(256) * 256, "{layer:?}");
+                assert!(need.bytes < im2col, "{layer:?}: {} >= {im2col}", need.bytes);
+                assert_eq!(need.ceiling_bytes, im2col, "{layer:?} {:?}", op.pass);
+            } else {
+                nchw += 1;
+                assert!(!op.fallback.is_empty());
+                assert_eq!(
+                    need.bytes, im2col,
+                    "{layer:?}: an NCHW convolution keeps its column"
+                );
+                assert_eq!(need.ceiling_bytes, 0, "{layer:?}");
+            }
+        }
+    }
+    // Each layer's convolution in its three passes; the first convolution's forward and
+    // filter gradient (over three channels) in NCHW.
+    assert_eq!((nhwc, nchw), (3 * LAYERS.len(), 2 * LAYERS.len()));
 }

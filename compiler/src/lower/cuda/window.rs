@@ -10,19 +10,22 @@
 //! for a small net, 8 or 16 images at a time for a ResNet's first layers. The planner asks
 //! for one image's workspace and grants up to that chunk's where the step's peak leaves room
 //! (`WorkspaceNeed::up_to`), so a convolution at the peak runs an image at a time rather
-//! than raise it; the lowering runs the largest chunk the planned workspace holds. The plan
-//! knows every workspace before anything runs, and nothing is allocated at run time.
+//! than raise it; the lowering runs the largest chunk the planned workspace holds. A
+//! channels-last convolution has no im2col fallback (those kernels read NCHW images): it is
+//! planned cuDNN's floor ([`super::workspace::cudnn_least`]) and lowered as the cuDNN
+//! operation alone. The plan knows every workspace before anything runs, and nothing is
+//! allocated at run time.
 
 use super::conv::{Conv, ConvPass};
 use super::lowering::Lowering;
-use super::workspace::{conv_workspace_least, conv_workspace_within};
+use super::workspace::{conv_least_bytes, conv_workspace_within};
 use super::{Compute, DeviceOp, Gemm, CUBLAS_WORKSPACE};
 use crate::ir::{ConvLayout, DType, NodeId, WindowOp};
 use crate::lower::deps::Touch;
 use crate::lower::LowerError;
 use crate::plan::Location;
 use crate::plan::MemoryPlan;
-use ingot_kernels::cpu::conv::Pass;
+use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
 use ingot_kernels::cpu::pool::PoolGeometry;
 use ingot_kernels::cuda::window as kernels;
 use smallvec::{smallvec, SmallVec};
@@ -168,23 +171,21 @@ impl Lowering<'_> {
         if let Some(p) = w.pool_geometry(x_dims) {
             return self.pool(id, w, &p, plan, inputs).map_err(codegen);
         }
-        let least = conv_workspace_least(g, id).ok_or_else(|| LowerError::Invalid {
+        let least = conv_least_bytes(g, id).ok_or_else(|| LowerError::Invalid {
             op,
             reason: "the operands do not make a convolution".into(),
         })?;
-        // The chunk is the largest the planned workspace holds (the planner grants more
-        // than one image's where the step's peak leaves room).
-        let (ws, layout) = plan
+        let no_workspace = || LowerError::Invalid {
+            op,
+            reason: format!(
+                "the plan gives this convolution no {least} bytes of workspace; plan the step \
+                 with the CUDA target's options (Target::Cuda.plan_options())"
+            ),
+        };
+        let ws = plan
             .workspace(id)
-            .and_then(|w| Some((w, conv_workspace_within(g, id, w.bytes)?)))
-            .ok_or_else(|| LowerError::Invalid {
-                op,
-                reason: format!(
-                    "the plan gives this convolution no {} bytes of workspace; plan the step \
-                     with the CUDA target's options (Target::Cuda.plan_options())",
-                    least.total
-                ),
-            })?;
+            .filter(|w| w.bytes >= least)
+            .ok_or_else(no_workspace)?;
         if here.bytes == 0 {
             return Ok(());
         }
@@ -194,6 +195,31 @@ impl Lowering<'_> {
                 op,
                 reason: format!("cuBLAS convolves f32, f64 or bf16 tensors of one dtype, not {d}"),
             })?;
+        let loc = |i: usize| self.location[node.inputs[i].index()];
+        let (a, b) = (loc(0).offset, loc(1).offset);
+        // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
+        // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
+        let conv_layout = w.layout();
+        if conv_layout == ConvLayout::Nhwc {
+            let dims: SmallVec<[&[usize]; 2]> =
+                node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
+            let geo_pass = w
+                .conv_geometry(&dims, node.ty.shape.dims())
+                .ok_or_else(no_workspace)?;
+            self.push_conv(
+                id,
+                geo_pass,
+                conv_layout,
+                (d, compute),
+                (a, b),
+                ws,
+                Vec::new(),
+            );
+            return Ok(());
+        }
+        // The chunk is the largest the planned workspace holds (the planner grants more
+        // than one image's where the step's peak leaves room).
+        let layout = conv_workspace_within(g, id, ws.bytes).ok_or_else(no_workspace)?;
         let geo = layout.geometry;
         let (s, e) = (layout.samples, d.size());
         let limit = i32::MAX as usize;
@@ -219,23 +245,13 @@ impl Lowering<'_> {
             offset: l.offset + c * s * per_image,
             bytes: s * per_image,
         };
-        let loc = |i: usize| self.location[node.inputs[i].index()];
         // The im2col ops are lowered as before, then taken out as the fallback of one cuDNN
         // operation in their place.
         let start = self.ops.len();
-        let (a, b) = (loc(0).offset, loc(1).offset);
         let chunks = geo.batch / s;
         let col_ld = s * p;
-        // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
-        // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
-        let conv_layout = w.layout();
-        let pass = match conv_layout {
-            ConvLayout::Nchw => Some(layout.pass),
-            ConvLayout::Nhwc => None,
-        };
-        match pass {
-            None => {}
-            Some(Pass::Forward) => {
+        match layout.pass {
+            Pass::Forward => {
                 let (x, wt) = (loc(0), loc(1));
                 let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
@@ -251,7 +267,7 @@ impl Lowering<'_> {
                     }
                 }
             }
-            Some(Pass::GradInput) => {
+            Pass::GradInput => {
                 let (dy, wt) = (loc(0), loc(1));
                 let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
                 for c in 0..chunks {
@@ -267,7 +283,7 @@ impl Lowering<'_> {
                     self.launch_from_to(id, col2im.clone(), col, dxc);
                 }
             }
-            Some(Pass::GradWeight) => {
+            Pass::GradWeight => {
                 let (x, dy) = (loc(0), loc(1));
                 let (side_at, side_bytes) = layout.side.expect("a weight gradient's layout");
                 let side = Location {
@@ -299,17 +315,45 @@ impl Lowering<'_> {
         }
         let fallback: Vec<DeviceOp> = self.ops.drain(start..).collect();
         self.touches.truncate(start);
-        let (x, w, y) = match layout.pass {
+        let geo_pass = (geo, layout.pass);
+        self.push_conv(
+            id,
+            geo_pass,
+            conv_layout,
+            (d, compute),
+            (a, b),
+            ws,
+            fallback,
+        );
+        Ok(())
+    }
+
+    /// Pushes convolution node `id` as one cuDNN operation over its operands at byte offsets
+    /// `a` and `b` and its result, in workspace `ws`, with `fallback` (the im2col ops; none for
+    /// a channels-last convolution).
+    #[allow(clippy::too_many_arguments)]
+    fn push_conv(
+        &mut self,
+        id: NodeId,
+        (geo, pass): (ConvGeometry, Pass),
+        layout: ConvLayout,
+        (dtype, compute): (DType, Compute),
+        (a, b): (usize, usize),
+        ws: Location,
+        fallback: Vec<DeviceOp>,
+    ) {
+        let here = self.location[id.index()];
+        let (x, w, y) = match pass {
             Pass::Forward => (a, b, here.offset),
             Pass::GradInput => (here.offset, b, a),
             Pass::GradWeight => (a, here.offset, b),
         };
         self.ops.push(DeviceOp::Conv(Conv {
             node: id,
-            pass: ConvPass::of(layout.pass),
+            pass: ConvPass::of(pass),
             dims: geo,
-            layout: conv_layout,
-            dtype: d,
+            layout,
+            dtype,
             compute,
             x,
             w,
@@ -320,7 +364,6 @@ impl Lowering<'_> {
         // It reads its operands and writes its result and the whole workspace, whichever
         // path runs.
         self.touched(id, smallvec![here, ws]);
-        Ok(())
     }
 
     /// A max pooling (`w`, geometry `p`): one launch; its gradient two where the node's

@@ -1,7 +1,7 @@
 //! The scratch each node is planned on the CUDA target: the attention kernels' shapes, and the
 //! layout of a convolution's workspace (its chunk of images, column buffer and cuBLAS space).
 
-use crate::ir::{DType, Graph, NodeId, Op, WindowOp};
+use crate::ir::{ConvLayout, DType, Graph, NodeId, Op, WindowOp};
 use crate::plan::MemoryPlan;
 use crate::precision::Precision;
 use ingot_kernels::cpu::conv::{ConvGeometry, Pass};
@@ -14,8 +14,9 @@ use smallvec::SmallVec;
 /// (cuBLAS guide, `cublasSetWorkspace`). It lives in the slab only while its matmul runs.
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 
-/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; a
-/// convolution's for one image at a time (more is granted where the peak leaves room,
+/// Scratch bytes each node needs on the CUDA target: a matmul's cuBLAS workspace; an NCHW
+/// convolution's for one image at a time, a channels-last one's cuDNN floor
+/// ([`conv_least_bytes`]) (more is granted where the peak leaves room,
 /// [`workspace_need`]); a max pooling's gradient, its windows' picks
 /// ([`pool_pick_workspace`]); a fused
 /// kernel split in two or by stages, its partial and finished sums
@@ -26,8 +27,7 @@ pub fn workspace_bytes(g: &Graph, id: NodeId) -> usize {
     match g.node(id).op {
         Op::MatMul { .. } | Op::MatMulAcc { .. } => CUBLAS_WORKSPACE,
         Op::Attention { .. } | Op::AttentionGrad { .. } => attention_workspace(g, id).total,
-        Op::Window(_) => conv_workspace_least(g, id)
-            .map(|w| w.total)
+        Op::Window(_) => conv_least_bytes(g, id)
             .or_else(|| pool_pick_workspace(g, id))
             .unwrap_or(0),
         Op::Fused(ref k) => codegen::fused_scratch_bytes(k),
@@ -57,6 +57,14 @@ pub fn workspace_need(g: &Graph, id: NodeId) -> crate::plan::WorkspaceNeed {
         filled_from: match g.node(id).op {
             Op::ScatterAdd { .. } => Some(0),
             _ => None,
+        },
+        // A channels-last convolution's cuDNN floor is lower than the im2col column the
+        // other workspaces grew beside: they keep the ceiling they had.
+        ceiling_bytes: match g.node(id).op {
+            Op::Window(ref w) if w.layout() == ConvLayout::Nhwc => {
+                conv_workspace_least(g, id).map_or(0, |c| c.total)
+            }
+            _ => 0,
         },
     }
 }
@@ -211,6 +219,43 @@ pub fn pool_pick_workspace(g: &Graph, id: NodeId) -> Option<usize> {
 pub fn conv_workspace_least(g: &Graph, id: NodeId) -> Option<ConvWorkspace> {
     let (geometry, pass, e) = conv_parts(g, id)?;
     Some(layout(geometry, pass, e, 1))
+}
+
+/// Bytes every channels-last convolution is planned at least, besides its filter gradient's
+/// accumulator ([`cudnn_least`]).
+pub const CUDNN_FLOOR: usize = 1 << 20;
+
+/// The least workspace convolution node `id` is planned: a channels-last convolution, which
+/// only cuDNN runs (the im2col kernels read NCHW images, so it has no fallback),
+/// [`cudnn_least`]; an NCHW one its im2col path's one image at a time
+/// ([`conv_workspace_least`]), which its fallback needs. `None` for any other node.
+pub fn conv_least_bytes(g: &Graph, id: NodeId) -> Option<usize> {
+    let (geometry, pass, e) = conv_parts(g, id)?;
+    Some(match &g.node(id).op {
+        Op::Window(w) if w.layout() == ConvLayout::Nhwc => cudnn_least(&geometry, pass),
+        _ => layout(geometry, pass, e, 1).total,
+    })
+}
+
+/// The workspace a cuDNN-only convolution keeps where the step's peak leaves no room for
+/// more: cuDNN's deterministic algorithms need none for the forward and data-gradient passes,
+/// and at most 4 bytes an element of the filter (an f32 accumulator) and 216 bytes for the
+/// filter gradient, measured for each of 1,040 convolutions of eight models on an H200 with
+/// cuDNN 9 (`runtime/examples/cudnn_offers.rs`; docs/benchmarks.md, session 37). Twice the
+/// filter's share and [`CUDNN_FLOOR`] leave room for other GPUs and versions. Where the
+/// peak leaves room the planner grants up to the im2col layout's ([`conv_workspace`]),
+/// which holds the algorithm cuDNN ranks first in most convolutions.
+pub fn cudnn_least(geometry: &ConvGeometry, pass: Pass) -> usize {
+    let filter = match pass {
+        Pass::GradWeight => {
+            8 * geometry.out_ch
+                * (geometry.in_ch / geometry.groups.max(1))
+                * geometry.kernel[0]
+                * geometry.kernel[1]
+        }
+        _ => 0,
+    };
+    align(CUDNN_FLOOR + filter)
 }
 
 /// The layout convolution node `id` runs in within `bytes` of planned workspace: the largest
