@@ -55,3 +55,58 @@ pub fn cudnn_few_channel_room(geo: &ConvGeometry, layout: ConvLayout, e: usize) 
     let padded_filter = geo.out_ch * CUDNN_CHANNEL_PAD * geo.kernel[0] * geo.kernel[1];
     padded_input + output_copy + 64 * padded_filter * 4 + (1 << 20)
 }
+
+/// Where a convolution pass runs when the step is loaded with the default setting (the
+/// runtime's `INGOT_CONV` unset), and why: a function of the executable alone
+/// ([`Conv::default_route`]), so every run of one executable routes alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DefaultRoute {
+    /// Channels-last: only cuDNN runs it (it has no fallback).
+    ChannelsLast,
+    /// NCHW over fewer than [`CUDNN_CHANNEL_PAD`] input channels (a stem), bf16, whose planned
+    /// workspace holds [`cudnn_few_channel_room`]: cuDNN's fast algorithm runs in it (session
+    /// 39: resnet50's stem 1.38 + 1.00 ms through cuDNN against 1.51 + 4.88 ms in the
+    /// im2col chunk's workspace; docs/benchmarks.md).
+    FewChannelsInRoom,
+    /// Any other NCHW convolution: its fallback, im2col + cuBLAS, which cuDNN's NCHW
+    /// algorithms did not beat (session 29).
+    Im2col,
+}
+
+impl DefaultRoute {
+    /// Whether the pass runs through cuDNN (where cuDNN loads and takes an algorithm).
+    pub fn cudnn(self) -> bool {
+        !matches!(self, DefaultRoute::Im2col)
+    }
+
+    /// Why, in a few words (the runtime's `INGOT_LOG` and `ingot inspect` print it).
+    pub fn reason(self) -> &'static str {
+        match self {
+            DefaultRoute::ChannelsLast => "channels-last: only cuDNN runs it",
+            DefaultRoute::FewChannelsInRoom => {
+                "NCHW over few channels, bf16, in the room cuDNN's fast algorithm asks"
+            }
+            DefaultRoute::Im2col => "NCHW: the default runs it so",
+        }
+    }
+}
+
+impl Conv {
+    /// Where this pass runs by default ([`DefaultRoute`]): a channels-last one through cuDNN;
+    /// an NCHW one over few input channels, in bf16, through cuDNN where the plan granted its
+    /// workspace the room cuDNN's fast algorithm asks ([`cudnn_few_channel_room`]: where the
+    /// step's peak left no room, cuDNN would run a slower variant, and im2col keeps the path
+    /// it had); every other NCHW one as im2col + cuBLAS. f32 and tf32 passes keep im2col:
+    /// the room was measured for bf16 only.
+    pub fn default_route(&self) -> DefaultRoute {
+        if self.layout == ConvLayout::Nhwc {
+            return DefaultRoute::ChannelsLast;
+        }
+        let room = cudnn_few_channel_room(&self.dims, self.layout, self.dtype.size());
+        if self.dtype == crate::ir::DType::BF16 && room > 0 && self.workspace.bytes >= room {
+            DefaultRoute::FewChannelsInRoom
+        } else {
+            DefaultRoute::Im2col
+        }
+    }
+}

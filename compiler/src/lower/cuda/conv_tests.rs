@@ -230,6 +230,11 @@ fn a_stem_over_three_channels_asks_room_for_what_cudnn_asked_at_resnet50s_stem()
 /// The step of `x [32, 3, 224, 224] -> conv 3→64 (7x7, stride 2, padding 3) -> conv 64→64
 /// (3x3, padding 1)`, loss the sum of the result, f32, compiled for CUDA.
 fn stem_step() -> pipeline::Compiled {
+    stem_step_in(Precision::F32)
+}
+
+/// [`stem_step`] in `precision`.
+fn stem_step_in(precision: Precision) -> pipeline::Compiled {
     let mut g = Graph::new();
     let x = g.input("x", [32, 3, 224, 224], DType::F32).unwrap();
     let init = Init::Normal { std: 0.1 };
@@ -246,11 +251,14 @@ fn stem_step() -> pipeline::Compiled {
     let o = g.conv2d(h, w1, conv(1, 1)).unwrap();
     let l = g.sum_all(o).unwrap();
     g.set_output(crate::autodiff::LOSS, l).unwrap();
-    let m = crate::model::Model::new(
-        "stem",
-        g,
-        crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
-    );
+    let m = crate::model::Model {
+        precision,
+        ..crate::model::Model::new(
+            "stem",
+            g,
+            crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
+        )
+    };
     pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
 }
 
@@ -417,4 +425,43 @@ fn a_max_poolings_gradient_picks_into_its_planned_workspace_then_reads_the_picks
     assert!(p.touches[i1].reads.contains(&ws));
     assert!(p.deps[i1].contains(&i0), "{:?}", p.deps[i1]);
     p.check(p.total_bytes).unwrap();
+}
+
+#[test]
+fn a_bf16_stem_granted_its_room_runs_through_cudnn_by_default_and_an_f32_one_as_im2col() {
+    use conv::DefaultRoute as R;
+    for (precision, stem_route) in [
+        (Precision::Bf16, R::FewChannelsInRoom),
+        (Precision::F32, R::Im2col),
+    ] {
+        let c = stem_step_in(precision);
+        let p = lowered(&c, precision);
+        let mut stem = 0;
+        for op in convs(&p) {
+            let route = op.default_route();
+            if op.dims.in_ch == 3 {
+                stem += 1;
+                // The plan granted it the room (nothing else is live to stop it).
+                let e = op.dtype.size();
+                let room = conv::cudnn_few_channel_room(&op.dims, op.layout, e);
+                assert!(op.workspace.bytes >= room, "{precision:?} {:?}", op.pass);
+                assert_eq!(route, stem_route, "{precision:?} {:?}", op.pass);
+            } else {
+                // 64 input channels: never the few-channel route, whatever the room.
+                assert_ne!(route, R::FewChannelsInRoom, "{precision:?} {:?}", op.pass);
+                assert_eq!(route.cudnn(), op.layout == crate::ir::ConvLayout::Nhwc);
+            }
+        }
+        assert_eq!(stem, 2, "{precision:?}");
+        let few = p.counts().convs_few_channel_cudnn;
+        assert_eq!(few, if stem_route.cudnn() { 2 } else { 0 });
+        let summary = p.summary();
+        assert_eq!(
+            summary.contains("2 through cuDNN (NCHW over few channels, in its room)"),
+            stem_route.cudnn(),
+            "{summary}"
+        );
+        // The same program routes alike every time it is lowered.
+        assert_eq!(lowered(&c, precision), p);
+    }
 }

@@ -169,7 +169,12 @@ impl Program {
             match op {
                 DeviceOp::Launch { .. } => c.launches += 1,
                 DeviceOp::Gemm(_) => c.gemms += 1,
-                DeviceOp::Conv(_) => c.convs += 1,
+                DeviceOp::Conv(conv) => {
+                    c.convs += 1;
+                    if conv.default_route() == super::conv::DefaultRoute::FewChannelsInRoom {
+                        c.convs_few_channel_cudnn += 1;
+                    }
+                }
                 DeviceOp::Zero { .. } => c.memsets += 1,
                 DeviceOp::Copy { .. } => c.copies += 1,
                 DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => c.offload_copies += 1,
@@ -183,6 +188,37 @@ impl Program {
 }
 
 impl Program {
+    /// How many convolution passes take each default route
+    /// ([`super::conv::DefaultRoute`]), in words: "N through cuDNN (channels-last), M through
+    /// cuDNN (NCHW over few channels, in its room), K as im2col + cuBLAS", naming only the
+    /// routes taken.
+    pub fn default_routes(&self) -> String {
+        use super::conv::DefaultRoute as R;
+        let mut n = [0usize; 3];
+        for op in self.ops.iter() {
+            if let DeviceOp::Conv(c) = op {
+                n[match c.default_route() {
+                    R::ChannelsLast => 0,
+                    R::FewChannelsInRoom => 1,
+                    R::Im2col => 2,
+                }] += 1;
+            }
+        }
+        let words = [
+            "through cuDNN (channels-last)",
+            "through cuDNN (NCHW over few channels, in its room)",
+            "as im2col + cuBLAS",
+        ];
+        let parts: Vec<String> = (n.iter().zip(words))
+            .filter(|(k, _)| **k > 0)
+            .map(|(k, w)| format!("{k} {w}"))
+            .collect();
+        match parts.is_empty() {
+            true => "no convolutions".into(),
+            false => parts.join(", "),
+        }
+    }
+
     /// A short text account of the program, stable across machines, for snapshots and
     /// `ingot inspect`: operation counts, the dependency graph's size and depth, the kernels'
     /// launch shapes, the GEMM shapes with their counts, and an FNV-1a-64 fingerprint of the
@@ -224,6 +260,7 @@ impl Program {
                 "{} cuDNN convolutions, with {fallback} im2col launches and GEMMs as their fallback",
                 c.convs
             );
+            let _ = writeln!(out, "default routes: {}", self.default_routes());
         }
         let _ = writeln!(
             out,
@@ -294,6 +331,10 @@ pub struct OpCounts {
     /// Convolution passes through cuDNN ([`DeviceOp::Conv`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub convs: usize,
+    /// Of those, the NCHW passes over few channels the default runs through cuDNN, in the
+    /// room its fast algorithm asks ([`super::conv::DefaultRoute::FewChannelsInRoom`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub convs_few_channel_cudnn: usize,
     pub memsets: usize,
     pub copies: usize,
     /// Gradient buckets averaged over the data-parallel ranks (0 for one rank).
