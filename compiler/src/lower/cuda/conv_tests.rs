@@ -445,6 +445,8 @@ fn a_bf16_stem_granted_its_room_runs_through_cudnn_by_default_and_an_f32_one_as_
                 let e = op.dtype.size();
                 let room = conv::cudnn_few_channel_room(&op.dims, op.layout, e);
                 assert!(op.workspace.bytes >= room, "{precision:?} {:?}", op.pass);
+                assert!(room > conv::LARGE_ROOM, "{room}");
+                assert_eq!(conv::LARGE_ROOM, COLUMN_BUDGET + CUBLAS_WORKSPACE);
                 assert_eq!(route, stem_route, "{precision:?} {:?}", op.pass);
             } else {
                 // 64 input channels: never the few-channel route, whatever the room.

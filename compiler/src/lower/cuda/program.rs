@@ -171,7 +171,7 @@ impl Program {
                 DeviceOp::Gemm(_) => c.gemms += 1,
                 DeviceOp::Conv(conv) => {
                     c.convs += 1;
-                    if conv.default_route() == super::conv::DefaultRoute::FewChannelsInRoom {
+                    if conv.default_route().few_channels_in_room() {
                         c.convs_few_channel_cudnn += 1;
                     }
                 }
@@ -188,37 +188,6 @@ impl Program {
 }
 
 impl Program {
-    /// How many convolution passes take each default route
-    /// ([`super::conv::DefaultRoute`]), in words: "N through cuDNN (channels-last), M through
-    /// cuDNN (NCHW over few channels, in its room), K as im2col + cuBLAS", naming only the
-    /// routes taken.
-    pub fn default_routes(&self) -> String {
-        use super::conv::DefaultRoute as R;
-        let mut n = [0usize; 3];
-        for op in self.ops.iter() {
-            if let DeviceOp::Conv(c) = op {
-                n[match c.default_route() {
-                    R::ChannelsLast => 0,
-                    R::FewChannelsInRoom => 1,
-                    R::Im2col => 2,
-                }] += 1;
-            }
-        }
-        let words = [
-            "through cuDNN (channels-last)",
-            "through cuDNN (NCHW over few channels, in its room)",
-            "as im2col + cuBLAS",
-        ];
-        let parts: Vec<String> = (n.iter().zip(words))
-            .filter(|(k, _)| **k > 0)
-            .map(|(k, w)| format!("{k} {w}"))
-            .collect();
-        match parts.is_empty() {
-            true => "no convolutions".into(),
-            false => parts.join(", "),
-        }
-    }
-
     /// A short text account of the program, stable across machines, for snapshots and
     /// `ingot inspect`: operation counts, the dependency graph's size and depth, the kernels'
     /// launch shapes, the GEMM shapes with their counts, and an FNV-1a-64 fingerprint of the
@@ -332,7 +301,7 @@ pub struct OpCounts {
     #[serde(skip_serializing_if = "is_zero")]
     pub convs: usize,
     /// Of those, the NCHW passes over few channels the default runs through cuDNN, in the
-    /// room its fast algorithm asks ([`super::conv::DefaultRoute::FewChannelsInRoom`]).
+    /// room its fast algorithm asks (`conv::DefaultRoute::FewChannelsInRoom`).
     #[serde(skip_serializing_if = "is_zero")]
     pub convs_few_channel_cudnn: usize,
     pub memsets: usize,

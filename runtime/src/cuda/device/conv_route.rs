@@ -213,27 +213,32 @@ mod tests {
             assert_eq!(route(S::Cudnn, c).0, Route::Cudnn);
             assert_eq!(route(S::Im2col, c).0, Route::Im2col);
         }
-        // A few-channel NCHW bf16 convolution in its room goes to cuDNN by default; the same
-        // with one byte less of workspace, or in f32, stays im2col.
+        // A few-channel NCHW bf16 convolution whose room is large goes to cuDNN by default
+        // where its workspace holds the room; the same with one byte less of workspace, in
+        // f32, or over a small batch (a small room: the cnn's own, measured slower through
+        // cuDNN) stays im2col.
+        use ingot_compiler::lower::cuda::conv::{cudnn_few_channel_room, LARGE_ROOM};
         let nchw = (p.ops.iter())
             .find_map(|op| match op {
                 DeviceOp::Conv(c) if c.layout == ConvLayout::Nchw => Some(c.clone()),
                 _ => None,
             })
             .expect("an NCHW convolution");
-        let room = ingot_compiler::lower::cuda::conv::cudnn_few_channel_room(
-            &nchw.dims,
-            ConvLayout::Nchw,
-            2,
-        );
-        assert!(room > 0);
         let mut bf16 = nchw.clone();
         bf16.dtype = ingot_compiler::ir::DType::BF16;
+        let small = cudnn_few_channel_room(&bf16.dims, ConvLayout::Nchw, 2);
+        assert!(small > 0 && small <= LARGE_ROOM, "{small}");
+        bf16.workspace.bytes = 2 * LARGE_ROOM;
+        assert_eq!(route(S::Auto, &bf16).0, Route::Im2col);
+        bf16.dims.batch = 4096;
+        let room = cudnn_few_channel_room(&bf16.dims, ConvLayout::Nchw, 2);
+        assert!(room > LARGE_ROOM, "{room}");
         bf16.workspace.bytes = room;
         assert_eq!(route(S::Auto, &bf16).0, Route::Cudnn);
         bf16.workspace.bytes = room - 1;
         assert_eq!(route(S::Auto, &bf16).0, Route::Im2col);
-        let mut f32 = nchw;
+        let mut f32 = bf16.clone();
+        f32.dtype = nchw.dtype;
         f32.workspace.bytes = 2 * room;
         assert_eq!(route(S::Auto, &f32).0, Route::Im2col);
         assert_eq!(first_nhwc(&[&program(false)]), None);
