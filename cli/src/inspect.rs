@@ -146,6 +146,14 @@ pub fn run(a: &InspectArgs) -> Result<(), Failure> {
             } => format!("{instructions} instructions and {copies} copies per step"),
         }
     )?;
+    if let Program::Cuda(p) = exe.program() {
+        if p.counts().convs > 0 {
+            outln!(
+                "  convs    by default (INGOT_CONV unset): {}",
+                p.default_routes()
+            )?;
+        }
+    }
     outln!(
         "  kernels  {} launches per step; {}",
         report.kernels,

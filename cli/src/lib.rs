@@ -44,8 +44,9 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
     /// How a CUDA step's convolutions run, over INGOT_CONV: by default (auto) a bf16 step's
-    /// are compiled channels-last where cuDNN loads and run through cuDNN (NCHW ones, such as
-    /// a stem over 3 channels, and f32 and tf32 steps' as im2col + cuBLAS); `im2col` compiles
+    /// are compiled channels-last where cuDNN loads and run through cuDNN (NCHW ones, f32 and
+    /// tf32 steps', as im2col + cuBLAS, but for a bf16 stem over few channels given the room
+    /// cuDNN's fast algorithm asks, which runs through cuDNN); `im2col` compiles
     /// them NCHW and runs them as im2col + cuBLAS GEMMs; `cudnn` compiles every precision
     /// channels-last and runs NCHW ones through cuDNN too.
     #[arg(long, global = true, value_enum, value_name = "PATH")]

@@ -16,8 +16,10 @@
 //! The default ([`ConvSetting::Auto`]): the compiler stores a CUDA step's bf16 convolutions
 //! channels-last on any compiling machine (`ingot_compiler::layout::pays`; a stem
 //! over fewer than 8 channels keeps NCHW; f32 and tf32 steps keep NCHW, where im2col was
-//! faster), and such a step runs its channels-last convolutions here and its NCHW ones as
-//! their fallback (im2col + cuBLAS); `INGOT_CONV=im2col` compiles every convolution NCHW and
+//! faster), and such a step runs its channels-last convolutions here, and its NCHW ones as
+//! their fallback (im2col + cuBLAS) but for a bf16 one over few channels whose planned
+//! workspace holds the room cuDNN's fast algorithm asks, which runs here too
+//! (`ingot_compiler::lower::cuda::Conv::default_route`); `INGOT_CONV=im2col` compiles every convolution NCHW and
 //! runs the fallback, `INGOT_CONV=cudnn` compiles every precision channels-last and runs every
 //! convolution here, NCHW ones too. History: NCHW through cuDNN, as the `_v7` heuristics rank it, measured
 //! 507.8 ms against 77.2 ms through im2col (H200, 2026-11-29, resnet50 224, batch 128, bf16:

@@ -20,8 +20,9 @@
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 //!
-//! Convolutions ([`DeviceOp::Conv`]): by default a channels-last one runs through cuDNN and an
-//! NCHW one as its im2col fallback (`INGOT_CONV=cudnn` sends every one to cuDNN,
+//! Convolutions ([`DeviceOp::Conv`]): by default a channels-last one runs through cuDNN, and
+//! an NCHW one as its im2col fallback unless the executable says cuDNN (a bf16 one over few
+//! channels in the room cuDNN's fast algorithm asks: `Conv::default_route`) (`INGOT_CONV=cudnn` sends every one to cuDNN,
 //! `INGOT_CONV=im2col` none: [`super::cudnn`]). Where one runs through cuDNN, a handle on the
 //! step's stream is made with cuBLAS's, and once the allocation is made each such convolution
 //! takes the first deterministic algorithm of cuDNN's heuristic order that fits its planned

@@ -17,6 +17,7 @@
 // `Conv` holds its fallback's `DeviceOp`s and `DeviceOp::Conv` holds a `Conv`: the two types
 // are defined together in the program's format (`program.rs`), and named here as well.
 pub use super::program::{Conv, ConvPass};
+use super::program::{DeviceOp, Program};
 use crate::ir::ConvLayout;
 use ingot_kernels::cpu::conv::ConvGeometry;
 
@@ -54,4 +55,110 @@ pub fn cudnn_few_channel_room(geo: &ConvGeometry, layout: ConvLayout, e: usize) 
     };
     let padded_filter = geo.out_ch * CUDNN_CHANNEL_PAD * geo.kernel[0] * geo.kernel[1];
     padded_input + output_copy + 64 * padded_filter * 4 + (1 << 20)
+}
+
+/// Where a convolution pass runs when the step is loaded with the default setting (the
+/// runtime's `INGOT_CONV` unset), and why: a function of the executable alone
+/// ([`Conv::default_route`]), so every run of one executable routes alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DefaultRoute {
+    /// Channels-last: only cuDNN runs it (it has no fallback).
+    ChannelsLast,
+    /// NCHW over fewer than [`CUDNN_CHANNEL_PAD`] input channels (a stem), bf16, whose
+    /// [`cudnn_few_channel_room`] is more than an im2col chunk's largest workspace
+    /// ([`LARGE_ROOM`]) and whose planned workspace holds it: cuDNN's fast algorithm runs in it
+    /// (session 39: resnet50's stem 1.38 + 1.00 ms through cuDNN against 1.51 + 4.88 ms in the
+    /// im2col chunk's workspace; docs/benchmarks.md).
+    FewChannelsInRoom,
+    /// Any other NCHW convolution: its fallback, im2col + cuBLAS, which cuDNN's NCHW
+    /// algorithms did not beat (session 29).
+    Im2col,
+}
+
+impl DefaultRoute {
+    /// Whether the pass runs through cuDNN (where cuDNN loads and takes an algorithm).
+    pub fn cudnn(self) -> bool {
+        !matches!(self, DefaultRoute::Im2col)
+    }
+
+    /// Whether this is [`DefaultRoute::FewChannelsInRoom`].
+    pub fn few_channels_in_room(self) -> bool {
+        self == DefaultRoute::FewChannelsInRoom
+    }
+
+    /// Why, in a few words (the runtime's `INGOT_LOG` and `ingot inspect` print it).
+    pub fn reason(self) -> &'static str {
+        match self {
+            DefaultRoute::ChannelsLast => "channels-last: only cuDNN runs it",
+            DefaultRoute::FewChannelsInRoom => {
+                "NCHW over few channels, bf16, in the large room cuDNN's fast algorithm asks"
+            }
+            DefaultRoute::Im2col => "NCHW: the default runs it so",
+        }
+    }
+}
+
+/// The least [`cudnn_few_channel_room`] for which a few-channel NCHW convolution goes to
+/// cuDNN by default: more than the largest workspace an im2col chunk is planned where one
+/// image's columns fit the column budget (`workspace::COLUMN_BUDGET` and
+/// `workspace::CUBLAS_WORKSPACE`, 32 MiB each; a test holds them equal). Measured on an H200 (session 40, docs/benchmarks.md), bf16, batch
+/// 128, every such convolution through cuDNN against im2col: resnet50's stem at 224 (room
+/// 315.8 MB) took the step from 31.11 to 29.24 ms; resnet18's CIFAR stem (3 channels at
+/// 32x32, room 9.5 MB) 1.684 to 1.666 ms; the cnn's first layer (1 channel at 28x28, room
+/// under 10 MB) 0.224 to 0.246 ms, slower. Below this bound cuDNN's padded copies cost about
+/// what they save, so small stems keep im2col.
+pub const LARGE_ROOM: usize = 64 << 20;
+
+impl Conv {
+    /// Where this pass runs by default ([`DefaultRoute`]): a channels-last one through cuDNN;
+    /// an NCHW one over few input channels, in bf16, through cuDNN where the room cuDNN's fast
+    /// algorithm asks ([`cudnn_few_channel_room`]) is large ([`LARGE_ROOM`]) and the plan
+    /// granted it (where the step's peak left no room, cuDNN would run a slower variant, and
+    /// im2col keeps the path it had); every other NCHW one as im2col + cuBLAS. f32 and tf32
+    /// passes keep im2col: the room was measured for bf16 only.
+    pub fn default_route(&self) -> DefaultRoute {
+        if self.layout == ConvLayout::Nhwc {
+            return DefaultRoute::ChannelsLast;
+        }
+        let room = cudnn_few_channel_room(&self.dims, self.layout, self.dtype.size());
+        let bf16 = self.dtype == crate::ir::DType::BF16;
+        if bf16 && room > LARGE_ROOM && self.workspace.bytes >= room {
+            DefaultRoute::FewChannelsInRoom
+        } else {
+            DefaultRoute::Im2col
+        }
+    }
+}
+
+impl Program {
+    /// How many convolution passes take each default route
+    /// ([`super::conv::DefaultRoute`]), in words: "N through cuDNN (channels-last), M through
+    /// cuDNN (NCHW over few channels, in its room), K as im2col + cuBLAS", naming only the
+    /// routes taken.
+    pub fn default_routes(&self) -> String {
+        use DefaultRoute as R;
+        let mut n = [0usize; 3];
+        for op in self.ops.iter() {
+            if let DeviceOp::Conv(c) = op {
+                n[match c.default_route() {
+                    R::ChannelsLast => 0,
+                    R::FewChannelsInRoom => 1,
+                    R::Im2col => 2,
+                }] += 1;
+            }
+        }
+        let words = [
+            "through cuDNN (channels-last)",
+            "through cuDNN (NCHW over few channels, in its room)",
+            "as im2col + cuBLAS",
+        ];
+        let parts: Vec<String> = (n.iter().zip(words))
+            .filter(|(k, _)| **k > 0)
+            .map(|(k, w)| format!("{k} {w}"))
+            .collect();
+        match parts.is_empty() {
+            true => "no convolutions".into(),
+            false => parts.join(", "),
+        }
+    }
 }

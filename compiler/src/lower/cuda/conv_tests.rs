@@ -243,6 +243,11 @@ fn a_stem_over_three_channels_asks_room_for_what_cudnn_asked_at_resnet50s_stem()
 /// The step of `x [32, 3, 224, 224] -> conv 3→64 (7x7, stride 2, padding 3) -> conv 64→64
 /// (3x3, padding 1)`, loss the sum of the result, f32, compiled for CUDA.
 fn stem_step() -> pipeline::Compiled {
+    stem_step_in(Precision::F32)
+}
+
+/// [`stem_step`] in `precision`.
+fn stem_step_in(precision: Precision) -> pipeline::Compiled {
     let mut g = Graph::new();
     let x = g.input("x", [32, 3, 224, 224], DType::F32).unwrap();
     let init = Init::Normal { std: 0.1 };
@@ -259,11 +264,14 @@ fn stem_step() -> pipeline::Compiled {
     let o = g.conv2d(h, w1, conv(1, 1)).unwrap();
     let l = g.sum_all(o).unwrap();
     g.set_output(crate::autodiff::LOSS, l).unwrap();
-    let m = crate::model::Model::new(
-        "stem",
-        g,
-        crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
-    );
+    let m = crate::model::Model {
+        precision,
+        ..crate::model::Model::new(
+            "stem",
+            g,
+            crate::autodiff::optim::Optimizer::Sgd { lr: 0.1 },
+        )
+    };
     pipeline::compile(&m, &pipeline::Options::for_target(Target::Cuda)).unwrap()
 }
 
@@ -485,4 +493,45 @@ fn a_channels_last_convolution_is_planned_cudnns_floor_and_an_nchw_one_its_im2co
     // Each layer's convolution in its three passes; the first convolution's forward and
     // filter gradient (over three channels) in NCHW.
     assert_eq!((nhwc, nchw), (3 * LAYERS.len(), 2 * LAYERS.len()));
+}
+
+#[test]
+fn a_bf16_stem_granted_its_room_runs_through_cudnn_by_default_and_an_f32_one_as_im2col() {
+    use conv::DefaultRoute as R;
+    for (precision, stem_route) in [
+        (Precision::Bf16, R::FewChannelsInRoom),
+        (Precision::F32, R::Im2col),
+    ] {
+        let c = stem_step_in(precision);
+        let p = lowered(&c, precision);
+        let mut stem = 0;
+        for op in convs(&p) {
+            let route = op.default_route();
+            if op.dims.in_ch == 3 {
+                stem += 1;
+                // The plan granted it the room (nothing else is live to stop it).
+                let e = op.dtype.size();
+                let room = conv::cudnn_few_channel_room(&op.dims, op.layout, e);
+                assert!(op.workspace.bytes >= room, "{precision:?} {:?}", op.pass);
+                assert!(room > conv::LARGE_ROOM, "{room}");
+                assert_eq!(conv::LARGE_ROOM, COLUMN_BUDGET + CUBLAS_WORKSPACE);
+                assert_eq!(route, stem_route, "{precision:?} {:?}", op.pass);
+            } else {
+                // 64 input channels: never the few-channel route, whatever the room.
+                assert_ne!(route, R::FewChannelsInRoom, "{precision:?} {:?}", op.pass);
+                assert_eq!(route.cudnn(), op.layout == crate::ir::ConvLayout::Nhwc);
+            }
+        }
+        assert_eq!(stem, 2, "{precision:?}");
+        let few = p.counts().convs_few_channel_cudnn;
+        assert_eq!(few, if stem_route.cudnn() { 2 } else { 0 });
+        let summary = p.summary();
+        assert_eq!(
+            summary.contains("2 through cuDNN (NCHW over few channels, in its room)"),
+            stem_route.cudnn(),
+            "{summary}"
+        );
+        // The same program routes alike every time it is lowered.
+        assert_eq!(lowered(&c, precision), p);
+    }
 }

@@ -169,7 +169,12 @@ impl Program {
             match op {
                 DeviceOp::Launch { .. } => c.launches += 1,
                 DeviceOp::Gemm(_) => c.gemms += 1,
-                DeviceOp::Conv(_) => c.convs += 1,
+                DeviceOp::Conv(conv) => {
+                    c.convs += 1;
+                    if conv.default_route().few_channels_in_room() {
+                        c.convs_few_channel_cudnn += 1;
+                    }
+                }
                 DeviceOp::Zero { .. } => c.memsets += 1,
                 DeviceOp::Copy { .. } => c.copies += 1,
                 DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => c.offload_copies += 1,
@@ -224,6 +229,7 @@ impl Program {
                 "{} cuDNN convolutions, with {fallback} im2col launches and GEMMs as their fallback",
                 c.convs
             );
+            let _ = writeln!(out, "default routes: {}", self.default_routes());
         }
         let _ = writeln!(
             out,
@@ -294,6 +300,10 @@ pub struct OpCounts {
     /// Convolution passes through cuDNN ([`DeviceOp::Conv`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub convs: usize,
+    /// Of those, the NCHW passes over few channels the default runs through cuDNN, in the
+    /// room its fast algorithm asks (`conv::DefaultRoute::FewChannelsInRoom`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub convs_few_channel_cudnn: usize,
     pub memsets: usize,
     pub copies: usize,
     /// Gradient buckets averaged over the data-parallel ranks (0 for one rank).

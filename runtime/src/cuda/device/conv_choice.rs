@@ -1,5 +1,6 @@
 //! How a step's convolutions run, chosen when the step is loaded ([`cudnn::ConvSetting`]):
-//! by default a channels-last convolution runs through cuDNN and an NCHW one as its im2col
+//! by default a channels-last convolution, and an NCHW bf16 one over few channels in the room
+//! cuDNN's fast algorithm asks, run through cuDNN and any other NCHW one as its im2col
 //! fallback ([`route`]); a convolution through cuDNN takes the first deterministic algorithm
 //! of cuDNN's heuristic order whose workspace fits the planned one ([`cudnn::choose`]), so the
 //! choice is the same in every run of one executable on one GPU model and cuDNN version.
@@ -47,10 +48,10 @@ impl CudaStep {
                 let DeviceOp::Conv(c) = op else {
                     continue;
                 };
-                let (run, choice) = match route(setting, c.layout) {
-                    Route::Im2col => (None, im2col(c, "NCHW: the default runs it so".into())),
-                    Route::Cudnn if timing => self.time_convolution(part, c),
-                    Route::Cudnn => self.heuristic_choice(c),
+                let (run, choice) = match route(setting, c) {
+                    (Route::Im2col, why) => (None, im2col(c, why.into())),
+                    (Route::Cudnn, _) if timing => self.time_convolution(part, c),
+                    (Route::Cudnn, _) => self.heuristic_choice(c),
                 };
                 if run.is_none() && c.fallback.is_empty() {
                     return Err(ExecError::Device {

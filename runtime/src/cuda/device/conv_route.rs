@@ -1,5 +1,5 @@
-//! Which path each convolution of a step takes, from the `INGOT_CONV` setting and its layout
-//! alone ([`route`]), and the cuDNN handle a step needs for it ([`cudnn_handle`]); a step
+//! Which path each convolution of a step takes, from the `INGOT_CONV` setting and the
+//! convolution as the executable holds it ([`route`]; by default [`Conv::default_route`]), and the cuDNN handle a step needs for it ([`cudnn_handle`]); a step
 //! whose channels-last convolutions cannot run is refused at load ([`check_channels_last`]).
 //! What runs on the device to choose an algorithm is `conv_choice`'s.
 
@@ -7,9 +7,9 @@ use crate::cuda::cudnn;
 use crate::error::ExecError;
 use cudarc::driver::CudaStream;
 use ingot_compiler::ir::{ConvLayout, NodeId};
-use ingot_compiler::lower::cuda::{DeviceOp, Program};
+use ingot_compiler::lower::cuda::{Conv, DeviceOp, Program};
 
-/// Where one convolution runs, from the setting and its layout alone.
+/// Where one convolution runs, from the setting and the convolution alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Route {
     /// Through cuDNN (its fallback, where it has one, if cuDNN takes none of its algorithms).
@@ -18,16 +18,28 @@ pub(super) enum Route {
     Im2col,
 }
 
-/// Where a convolution of `layout` runs under `setting`: the default sends channels-last
-/// convolutions to cuDNN (the only path that runs them) and keeps NCHW ones on im2col +
-/// cuBLAS, which cuDNN's heuristic order did not beat in NCHW (session 29: its first NCHW
-/// algorithms 1.0x to 7x the fallback's time on resnet50's convolutions, the step 6.6x);
-/// `INGOT_CONV=cudnn` sends every one to cuDNN, `INGOT_CONV=im2col` none.
-pub(super) fn route(setting: cudnn::ConvSetting, layout: ConvLayout) -> Route {
+/// Where convolution `c` runs under `setting`, and why: by default where the executable says
+/// ([`Conv::default_route`]: channels-last convolutions through cuDNN, the only path that runs
+/// them; an NCHW bf16 one over few channels through cuDNN where its planned workspace holds
+/// the room cuDNN's fast algorithm asks; other NCHW ones as im2col + cuBLAS, which cuDNN's
+/// heuristic order did not beat in NCHW: session 29, its first NCHW algorithms 1.0x to 7x
+/// the fallback's time on resnet50's convolutions, the step 6.6x); `INGOT_CONV=cudnn` sends
+/// every one to cuDNN, `INGOT_CONV=im2col` none (a channels-last step is refused there by
+/// [`check_channels_last`]).
+pub(super) fn route(setting: cudnn::ConvSetting, c: &Conv) -> (Route, &'static str) {
     use cudnn::ConvSetting as S;
-    match (setting, layout) {
-        (S::Cudnn, _) | (_, ConvLayout::Nhwc) => Route::Cudnn,
-        (S::Auto | S::Im2col, ConvLayout::Nchw) => Route::Im2col,
+    match setting {
+        S::Cudnn => (Route::Cudnn, "INGOT_CONV=cudnn"),
+        S::Im2col => (Route::Im2col, "INGOT_CONV=im2col"),
+        S::Auto => {
+            let r = c.default_route();
+            let path = if r.cudnn() {
+                Route::Cudnn
+            } else {
+                Route::Im2col
+            };
+            (path, r.reason())
+        }
     }
 }
 
@@ -81,7 +93,8 @@ pub(super) fn check_channels_last(programs: &[&Program], cudnn: bool) -> Result<
 }
 
 /// A cuDNN handle on `stream` where a convolution of `programs` runs through cuDNN
-/// ([`route`]): by default only for a step with channels-last convolutions, under
+/// ([`route`]): by default only for a step with channels-last convolutions or a few-channel
+/// bf16 one in its cuDNN room, under
 /// `INGOT_CONV=cudnn` for any with convolutions; `None` otherwise. Where cuDNN does not load,
 /// a step with channels-last convolutions is refused, naming the library and the ways out; an
 /// NCHW step runs its fallback (said once on stderr).
@@ -94,7 +107,7 @@ pub(super) fn cudnn_handle(
     let wanted = programs
         .iter()
         .flat_map(|p| &p.ops)
-        .any(|op| matches!(op, DeviceOp::Conv(c) if route(setting, c.layout) == Route::Cudnn));
+        .any(|op| matches!(op, DeviceOp::Conv(c) if route(setting, c).0 == Route::Cudnn));
     // A channels-last step under INGOT_CONV=im2col is refused by `check_channels_last`.
     if !wanted || setting == cudnn::ConvSetting::Im2col {
         return Ok(None);
@@ -170,19 +183,15 @@ mod tests {
     }
 
     #[test]
-    fn by_default_channels_last_convolutions_run_through_cudnn_and_nchw_ones_as_im2col() {
+    fn by_default_channels_last_convolutions_run_through_cudnn_and_nchw_ones_as_the_executable_says(
+    ) {
         use cudnn::ConvSetting as S;
-        assert_eq!(route(S::Auto, ConvLayout::Nhwc), Route::Cudnn);
-        assert_eq!(route(S::Auto, ConvLayout::Nchw), Route::Im2col);
-        assert_eq!(route(S::Cudnn, ConvLayout::Nchw), Route::Cudnn);
-        assert_eq!(route(S::Cudnn, ConvLayout::Nhwc), Route::Cudnn);
-        assert_eq!(route(S::Im2col, ConvLayout::Nchw), Route::Im2col);
         // The cnn's step compiled channels-last: its first convolution (one input channel)
-        // keeps NCHW and runs as im2col, the second (32) runs through cuDNN.
+        // keeps NCHW and, f32, runs as im2col; the second (32) runs through cuDNN.
         let p = program(true);
         let routes: Vec<(ConvLayout, Route)> = (p.ops.iter())
             .filter_map(|op| match op {
-                DeviceOp::Conv(c) => Some((c.layout, route(S::Auto, c.layout))),
+                DeviceOp::Conv(c) => Some((c.layout, route(S::Auto, c).0)),
                 _ => None,
             })
             .collect();
@@ -194,6 +203,44 @@ mod tests {
             routes.contains(&(ConvLayout::Nhwc, Route::Cudnn)),
             "{routes:?}"
         );
+        for op in &p.ops {
+            let DeviceOp::Conv(c) = op else { continue };
+            // The default follows the executable's own account of each convolution.
+            let (r, why) = route(S::Auto, c);
+            assert_eq!(r == Route::Cudnn, c.default_route().cudnn(), "{why}");
+            assert_eq!(why, c.default_route().reason());
+            // The settings override it, whatever the layout.
+            assert_eq!(route(S::Cudnn, c).0, Route::Cudnn);
+            assert_eq!(route(S::Im2col, c).0, Route::Im2col);
+        }
+        // A few-channel NCHW bf16 convolution whose room is large goes to cuDNN by default
+        // where its workspace holds the room; the same with one byte less of workspace, in
+        // f32, or over a small batch (a small room: the cnn's own, measured slower through
+        // cuDNN) stays im2col.
+        use ingot_compiler::lower::cuda::conv::{cudnn_few_channel_room, LARGE_ROOM};
+        let nchw = (p.ops.iter())
+            .find_map(|op| match op {
+                DeviceOp::Conv(c) if c.layout == ConvLayout::Nchw => Some(c.clone()),
+                _ => None,
+            })
+            .expect("an NCHW convolution");
+        let mut bf16 = nchw.clone();
+        bf16.dtype = ingot_compiler::ir::DType::BF16;
+        let small = cudnn_few_channel_room(&bf16.dims, ConvLayout::Nchw, 2);
+        assert!(small > 0 && small <= LARGE_ROOM, "{small}");
+        bf16.workspace.bytes = 2 * LARGE_ROOM;
+        assert_eq!(route(S::Auto, &bf16).0, Route::Im2col);
+        bf16.dims.batch = 4096;
+        let room = cudnn_few_channel_room(&bf16.dims, ConvLayout::Nchw, 2);
+        assert!(room > LARGE_ROOM, "{room}");
+        bf16.workspace.bytes = room;
+        assert_eq!(route(S::Auto, &bf16).0, Route::Cudnn);
+        bf16.workspace.bytes = room - 1;
+        assert_eq!(route(S::Auto, &bf16).0, Route::Im2col);
+        let mut f32 = bf16.clone();
+        f32.dtype = nchw.dtype;
+        f32.workspace.bytes = 2 * room;
+        assert_eq!(route(S::Auto, &f32).0, Route::Im2col);
         assert_eq!(first_nhwc(&[&program(false)]), None);
         assert!(first_nhwc(&[&p]).is_some());
     }
