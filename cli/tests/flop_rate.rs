@@ -130,3 +130,57 @@ fn a_peak_that_is_not_a_positive_number_is_refused_before_the_run() {
         assert!(err.contains("--peak-tflops"), "{bad}: {err}");
     }
 }
+
+/// The `model_flops` of the `--json` summary of `args` run for one step.
+fn summary_flops(args: &[&str]) -> f64 {
+    let mut all = args.to_vec();
+    all.extend(["--steps", "1", "--json"]);
+    let lines = json_lines(&ok(&ingot(&all)));
+    lines.last().unwrap()["summary"]["model_flops"]
+        .as_f64()
+        .unwrap()
+}
+
+#[test]
+fn an_accumulated_step_counts_the_products_of_every_micro_batch() {
+    // The same batch of 4 sequences as two micro-batches of 2: twice one micro-batch's products,
+    // the whole batch's.
+    let whole = "gpt:vocab=32,d_model=16,layers=1,heads=2,d_ff=32,seq=8,batch=4";
+    let flops = summary_flops(&["train", "--model", whole]);
+    assert_eq!(flops, 2.0 * GPT_MODEL_FLOPS, "the whole batch");
+    let accumulated = summary_flops(&["train", "--model", whole, "--accumulate", "2"]);
+    assert_eq!(accumulated, flops, "two micro-batches");
+}
+
+#[test]
+fn a_step_compiled_to_recompute_counts_as_many_model_flops_run_from_its_file_as_trained() {
+    // A budget a tenth under the step's plan: the fitter recomputes attention and matmul
+    // outputs for the backward pass, products the model FLOPs leave out; the file's graph
+    // cannot tell them from their originals, so the count travels in its report.
+    let dir = cli::scratch("flop-rate-tests", "recomputed");
+    let gpt = "gpt:vocab=64,d_model=32,layers=2,heads=4,d_ff=64,seq=16,batch=4";
+    let plan: serde_json::Value =
+        serde_json::from_str(&ok(&ingot(&["plan", "--model", gpt, "--json"]))).unwrap();
+    let total = plan["total_bytes"].as_u64().unwrap();
+    let budget = (total / 10 * 9).to_string();
+    let exe = dir.join("recomputing.ingot");
+    let out = ok(&ingot(&[
+        "compile",
+        "--model",
+        gpt,
+        "--budget",
+        &budget,
+        "-o",
+        s(&exe),
+    ]));
+    assert!(out.contains("recomputing"), "{out}");
+    let read = ingot_compiler::exe::Executable::read(&exe).unwrap();
+    let kept = read.report().model_flops.unwrap();
+    assert!(
+        ingot_compiler::flops::model(read.graph()) > kept,
+        "the file's graph holds recomputed products"
+    );
+    let trained = summary_flops(&["train", "--model", gpt]);
+    assert_eq!(kept as f64, trained);
+    assert_eq!(summary_flops(&["run", s(&exe)]), trained);
+}

@@ -660,6 +660,15 @@ fn check_report(model: &str, g: &Graph, p: &MemoryPlan, r: &Report) -> Result<()
             "the report's {field} disagrees with the memory plan"
         ));
     }
+    // The graph read back has no provenance, so its count takes recomputed products in too:
+    // the model's FLOPs can be fewer, never more.
+    if let (Some(kept), Some(most)) = (r.model_flops, e.model_flops) {
+        if kept > most {
+            return Err(format!(
+                "the report's model_flops {kept} is more than the {most} FLOPs of the graph's products"
+            ));
+        }
+    }
     if r.peak_buffers.len() != e.peak_buffers.len() {
         return Err(format!(
             "the report lists {} buffers live at the peak, but the plan has {} to list",

@@ -233,4 +233,76 @@ mod tests {
         );
         assert_eq!(model(g), want, "the recomputing step");
     }
+
+    /// The step of `m` traced and differentiated for the CPU (attention recognised, no egg
+    /// rewriting, no fusion), with `step`'s options.
+    fn traced(m: &crate::model::Model, step: &crate::autodiff::StepOptions) -> Graph {
+        let opts = crate::pipeline::Options {
+            rewrite: None,
+            ..crate::pipeline::Options::for_target(crate::lower::Target::Cpu)
+        };
+        crate::pipeline::rewritten(m, step, &opts)
+            .unwrap()
+            .step
+            .graph
+    }
+
+    #[test]
+    fn the_mlp_s_model_flops_are_six_per_weight_and_sample_less_the_input_s_gradient() {
+        use crate::models::{MLP_CLASSES as C, MLP_HIDDEN as H, MLP_IN as I};
+        let batch = 8;
+        let m = crate::models::mlp_with(batch, DType::F32).unwrap();
+        // Each weight matrix: 2 per weight and sample forward, 2 for its gradient, 2 for its
+        // input's gradient; the first layer's input is the data, which has no gradient. The
+        // biases, ReLUs, loss and SGD update are not products.
+        let weights = (I * H + H * H + H * C) as u64;
+        let want = 6 * weights * batch as u64 - 2 * (I * H * batch) as u64;
+        assert_eq!(
+            model(&traced(&m, &Default::default())),
+            want,
+            "the traced step"
+        );
+        let opts = crate::pipeline::Options::for_target(crate::lower::Target::Cpu);
+        let fused = crate::pipeline::compile(&m, &opts).unwrap();
+        assert_eq!(model(&fused.graph), want, "the fused step");
+        assert_eq!(fused.report.model_flops, Some(want), "the plan's report");
+    }
+
+    #[test]
+    fn gpt2_s_model_flops_are_six_per_weight_and_token_plus_its_attention() {
+        let cfg = crate::models::GptConfig::gpt2();
+        let m = crate::models::gpt(&cfg, DType::F32).unwrap();
+        let want = gpt_model_flops(&cfg);
+        assert_eq!(model(&traced(&m, &Default::default())), want);
+        // The figure the user guide quotes (6.615e12); PaLM's formula (the whole attention
+        // square, its backward twice its forward: 12·L·d·T per token) counts 5.8% more.
+        assert_eq!(want, 6_614_786_506_752);
+        let (l, d, t, b) = (12u64, 768u64, 1024u64, 8u64);
+        let palm = want - 7 * l * t * d * b * t + 12 * l * d * t * t * b;
+        assert!(palm > want + want / 20 && palm < want + want / 15, "{palm}");
+    }
+
+    #[test]
+    fn an_accumulated_step_counts_every_micro_batch_s_products() {
+        let whole = crate::models::GptConfig {
+            vocab: 96,
+            d_model: 32,
+            layers: 2,
+            heads: 4,
+            d_ff: 64,
+            seq: 16,
+            batch: 6,
+        };
+        let micro = crate::models::GptConfig { batch: 2, ..whole };
+        let m = crate::models::gpt(&micro, DType::F32).unwrap();
+        let step = crate::autodiff::StepOptions {
+            accumulate: 3,
+            ..Default::default()
+        };
+        assert_eq!(model(&traced(&m, &step)), gpt_model_flops(&whole));
+        let opts = crate::pipeline::Options::for_target(crate::lower::Target::Cpu);
+        let r = crate::pipeline::rewritten(&m, &step, &opts).unwrap();
+        let fused = crate::pipeline::finish(&r, &[]).unwrap();
+        assert_eq!(model(&fused.graph), gpt_model_flops(&whole), "fused");
+    }
 }

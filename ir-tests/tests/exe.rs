@@ -480,3 +480,40 @@ fn an_offload_copy_keeps_its_step_file_form_in_both_programs() {
     assert!(e.to_string().contains("stream"), "{e}");
     assert!(serde_json::from_str::<Instr>(extra).is_err());
 }
+
+#[test]
+fn a_step_s_model_flops_travel_in_its_report_and_a_count_above_its_products_is_refused() {
+    // Every candidate recomputed: the graph runs more products than the model's, and the one
+    // read back from the file has no provenance to say which are copies.
+    let model = ingot_models::by_name(TINY_GPT).unwrap();
+    let opts = Device::Cpu.options();
+    let r = ingot_compiler::pipeline::rewritten(&model, &Default::default(), &opts).unwrap();
+    let heavy: Vec<_> = ingot_compiler::fit::ordered_candidates(&r)
+        .unwrap()
+        .iter()
+        .map(|c| c.node)
+        .collect();
+    let want =
+        ingot_compiler::flops::model(&ingot_compiler::pipeline::finish(&r, &[]).unwrap().graph);
+    let c = ingot_compiler::pipeline::finish(&r, &heavy).unwrap();
+    assert_eq!(c.report.model_flops, Some(want));
+    let bytes = c.executable(Target::Cpu).unwrap().to_bytes().unwrap();
+    let back = Executable::from_bytes(&bytes, "r.ingot").unwrap();
+    assert_eq!(back.report().model_flops, Some(want), "read back");
+    let counted = ingot_compiler::flops::model(back.graph());
+    assert!(counted > want, "the file's graph: {counted} against {want}");
+    // A count no larger than the graph's products reads; a larger one is refused.
+    let at_most = edited(&bytes, |v| v["report"]["model_flops"] = counted.into());
+    assert!(Executable::from_bytes(&at_most, "r.ingot").is_ok());
+    let over = edited(&bytes, |v| {
+        v["report"]["model_flops"] = (counted + 1).into()
+    });
+    let err = Executable::from_bytes(&over, "r.ingot").unwrap_err();
+    assert_mentions(&err.to_string(), &["model_flops", &counted.to_string()]);
+    // A file written before the report kept the count reads without one.
+    let before = edited(&bytes, |v| {
+        v["report"].as_object_mut().unwrap().remove("model_flops");
+    });
+    let old = Executable::from_bytes(&before, "r.ingot").unwrap();
+    assert_eq!(old.report().model_flops, None);
+}

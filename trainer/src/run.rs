@@ -669,7 +669,7 @@ fn describe(
 /// `o` gives).
 fn flop_rate(session: &Session, o: &RunOptions) -> crate::flop_rate::FlopRate {
     crate::flop_rate::FlopRate::new(
-        ingot_compiler::flops::model(session.graph()),
+        session.model_flops(),
         &session.exe().device(),
         session.precision(),
         o.peak_tflops,

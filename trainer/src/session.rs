@@ -227,6 +227,9 @@ enum Backend {
 pub struct Session {
     model: String,
     precision: ingot_compiler::precision::Precision,
+    /// The step's model FLOPs on one rank, as its executable's report keeps them
+    /// ([`Session::model_flops`]).
+    model_flops: u64,
     /// The step and its one allocation, which holds every leaf's value.
     exe: Backend,
     steps: u64,
@@ -464,7 +467,7 @@ impl Session {
             Backend::CudaRanks(r) => r.as_ref(),
             Backend::CudaProcess(r) => r.as_ref(),
         };
-        let (model, precision) = {
+        let (model, precision, model_flops) = {
             let e = match &backend {
                 Backend::Cpu(p) => p.executable(),
                 Backend::Cuda(c) => c.executable(),
@@ -472,7 +475,13 @@ impl Session {
                 Backend::CudaRanks(r) => r.ranks()[0].executable(),
                 Backend::CudaProcess(r) => r.step().executable(),
             };
-            (e.model().to_string(), e.precision())
+            // A report written before it kept the count: the graph's products, recomputed
+            // copies among them (the graph has no provenance to tell them apart).
+            let flops = e
+                .report()
+                .model_flops
+                .unwrap_or_else(|| ingot_compiler::flops::model(e.graph()));
+            (e.model().to_string(), e.precision(), flops)
         };
         let scalar_at = |g: &Graph, plan: &ingot_compiler::plan::MemoryPlan, name: &str| {
             let id = *g.outputs.get(name)?;
@@ -534,6 +543,7 @@ impl Session {
         let mut session = Session {
             model,
             precision,
+            model_flops,
             exe: backend,
             steps: 0,
             loss,
@@ -607,6 +617,14 @@ impl Session {
     /// The precision the step was compiled in.
     pub fn precision(&self) -> ingot_compiler::precision::Precision {
         self.precision
+    }
+
+    /// The step's model FLOPs on one rank ([`ingot_compiler::flops::model`]: the forward and
+    /// backward products of every micro-batch, recomputed ones left out), as counted when it was
+    /// compiled and kept in its executable's report, so a step read from a file counts the same
+    /// as the step compiled in the process.
+    pub fn model_flops(&self) -> u64 {
+        self.model_flops
     }
 
     /// The model's name.

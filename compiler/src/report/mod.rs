@@ -271,6 +271,14 @@ pub struct Report {
     /// device's bytes and this says the host's and the copies'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<OffloadReport>,
+    /// The step's model FLOPs ([`crate::flops::model`]: the forward and backward products of
+    /// every micro-batch, without the products recomputed for the backward pass), counted on
+    /// the graph as compiled, whose nodes still say which are recomputed copies: what a run's
+    /// FLOP rate is reckoned from, kept here because the graph an executable file holds has
+    /// no provenance to tell a copy from its original. `None` in a report written before it
+    /// was kept (then a reader counts the graph's products, copies included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_flops: Option<u64>,
 }
 
 /// True for nodes that run a kernel when the step executes.
@@ -398,6 +406,7 @@ impl Report {
                 .filter(|s| s.region == Region::Slab)
                 .count(),
             by_provenance: by_provenance(g, plan, &kinds),
+            model_flops: Some(crate::flops::model(g)),
             offload: OffloadReport::of(g, plan),
         }
     }
