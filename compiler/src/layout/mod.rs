@@ -114,11 +114,30 @@ pub fn pays(g: &Graph) -> bool {
     g.ids().any(|id| {
         let n = g.node(id);
         matches!(&n.op, Op::Window(w) if w.conv().is_some())
-            && !few_channels(g, id)
+            && !stays_nchw(g, id)
             && n.inputs
                 .iter()
                 .any(|&x| g.ty(x).dtype == crate::ir::DType::BF16)
     })
+}
+
+/// The most elements a tensor of a channels-last convolution may have: cuDNN describes its
+/// tensors with 32-bit dimensions and strides, and refuses a larger one when the step loads
+/// (`CUDNN_STATUS_NOT_SUPPORTED` describing y; resnet50 at batch 5,411, whose
+/// `[5411, 256, 56, 56]` activations hold 4.3e9 elements, H200, session 40). Such a
+/// convolution stays NCHW, where im2col + cuBLAS runs it a chunk of images at a time.
+pub const MAX_CHANNELS_LAST_ELEMENTS: usize = i32::MAX as usize;
+
+/// Whether convolution node `id` (of any pass) stays NCHW: too few input channels
+/// ([`MIN_CHANNELS_LAST_CHANNELS`]), or a tensor too large for cuDNN's descriptors
+/// ([`MAX_CHANNELS_LAST_ELEMENTS`]); `false` for any other node.
+fn stays_nchw(g: &Graph, id: NodeId) -> bool {
+    let n = g.node(id);
+    let too_large =
+        |x: NodeId| g.ty(x).shape.dims().iter().product::<usize>() > MAX_CHANNELS_LAST_ELEMENTS;
+    few_channels(g, id)
+        || (matches!(&n.op, Op::Window(w) if w.conv().is_some())
+            && (too_large(id) || n.inputs.iter().any(|&x| too_large(x))))
 }
 
 /// Whether convolution node `id` (of any pass) has too few input channels to go
@@ -137,7 +156,7 @@ fn kind(g: &Graph, id: NodeId) -> Kind {
     let n = g.node(id);
     let rank4 = |x: NodeId| g.ty(x).shape.rank() == 4;
     match &n.op {
-        Op::Window(w) if w.conv().is_some() && few_channels(g, id) => Kind::Fixed,
+        Op::Window(w) if w.conv().is_some() && stays_nchw(g, id) => Kind::Fixed,
         Op::Window(w) if w.conv().is_some() => Kind::Conv,
         _ if !rank4(id) => Kind::Fixed,
         op if op.is_elementwise() || matches!(op, Op::StopGradient) => {

@@ -154,3 +154,28 @@ fn by_default_only_a_step_with_bf16_convolutions_goes_channels_last() {
     assert_eq!(ChannelsLast::from(true), ChannelsLast::Yes);
     assert_eq!(ChannelsLast::default(), ChannelsLast::No);
 }
+
+/// A weight gradient over `[n, 64, 56, 56]` images into a `[n, 256, 56, 56]` gradient, summed.
+fn wide_grad_weight(n: usize) -> Graph {
+    let mut g = Graph::new();
+    let x = g.input("x", [n, 64, 56, 56], DType::BF16).unwrap();
+    let dy = g.input("dy", [n, 256, 56, 56], DType::BF16).unwrap();
+    let dw = g.conv2d_grad_weight(x, dy, CONV, [3, 3]).unwrap();
+    g.set_output("dw", dw).unwrap();
+    g
+}
+
+#[test]
+fn a_convolution_with_a_tensor_over_cudnns_32_bit_descriptors_keeps_nchw() {
+    // resnet50's widest activations at the batch `plan --max-batch` found for 80 GiB (5,411):
+    // 4.3e9 elements, which cuDNN refuses to describe; at batch 128 they go channels-last.
+    assert!(5411 * 256 * 56 * 56 > MAX_CHANNELS_LAST_ELEMENTS);
+    let (out, report) = channels_last(&wide_grad_weight(5411)).unwrap();
+    assert_eq!((report.convolutions, report.transposes), (0, 0), "{out}");
+    assert_eq!(conv_layouts(&out), [ConvLayout::Nchw]);
+    assert!(!pays(&wide_grad_weight(5411)));
+    let (out, report) = channels_last(&wide_grad_weight(128)).unwrap();
+    assert_eq!(report.convolutions, 1, "{out}");
+    assert_eq!(conv_layouts(&out), [ConvLayout::Nhwc]);
+    assert!(pays(&wide_grad_weight(128)));
+}
