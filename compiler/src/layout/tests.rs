@@ -169,7 +169,7 @@ fn wide_grad_weight(n: usize) -> Graph {
 fn a_convolution_with_a_tensor_over_cudnns_32_bit_descriptors_keeps_nchw() {
     // resnet50's widest activations at the batch `plan --max-batch` found for 80 GiB (5,411):
     // 4.3e9 elements, which cuDNN refuses to describe; at batch 128 they go channels-last.
-    assert!(5411 * 256 * 56 * 56 > MAX_CHANNELS_LAST_ELEMENTS);
+    const { assert!(5411 * 256 * 56 * 56 > MAX_CHANNELS_LAST_ELEMENTS) };
     let (out, report) = channels_last(&wide_grad_weight(5411)).unwrap();
     assert_eq!((report.convolutions, report.transposes), (0, 0), "{out}");
     assert_eq!(conv_layouts(&out), [ConvLayout::Nchw]);
