@@ -522,7 +522,7 @@ pub const NOISE_SIGMAS: f64 = 8.0;
 /// The rounding noise of step graph `g` run on `leaves`: for the loss (`"loss"`) and each
 /// update (by its leaf's name), each element's standard deviation over [`NOISE_SAMPLES`]
 /// runs of the step in f64 with every rounding op's result moved by a random relative error
-/// as large as its dtype's rounding ([`wide_values`]). This is the spread that any correct
+/// as large as its dtype's rounding (`wide_values`). This is the spread that any correct
 /// computation of the step in `g`'s dtypes has, whatever order it sums in: where terms cancel
 /// (a gradient that is zero in exact arithmetic, a batch norm over a few values), it grows with
 /// the magnitudes of the terms, not with the result. The draws are fixed by `seed`.
