@@ -195,17 +195,22 @@ mod tests {
         6 * weights * tokens + attention_forward + attention_forward * 5 / 2
     }
 
-    #[test]
-    fn a_gpt_step_s_model_flops_are_six_per_weight_and_token_plus_its_attention() {
-        let cfg = crate::models::GptConfig {
+    /// The small GPT both GPT tests trace, at `batch`.
+    fn small_gpt(batch: usize) -> crate::models::GptConfig {
+        crate::models::GptConfig {
             vocab: 96,
             d_model: 32,
             layers: 2,
             heads: 4,
             d_ff: 64,
             seq: 16,
-            batch: 3,
-        };
+            batch,
+        }
+    }
+
+    #[test]
+    fn a_gpt_step_s_model_flops_are_six_per_weight_and_token_plus_its_attention() {
+        let cfg = small_gpt(3);
         let m = crate::models::gpt(&cfg, DType::F32).unwrap();
         let want = gpt_model_flops(&cfg);
         let opts = crate::pipeline::Options::for_target(crate::lower::Target::Cpu);
@@ -284,15 +289,7 @@ mod tests {
 
     #[test]
     fn an_accumulated_step_counts_every_micro_batch_s_products() {
-        let whole = crate::models::GptConfig {
-            vocab: 96,
-            d_model: 32,
-            layers: 2,
-            heads: 4,
-            d_ff: 64,
-            seq: 16,
-            batch: 6,
-        };
+        let whole = small_gpt(6);
         let micro = crate::models::GptConfig { batch: 2, ..whole };
         let m = crate::models::gpt(&micro, DType::F32).unwrap();
         let step = crate::autodiff::StepOptions {

@@ -95,6 +95,15 @@ pub fn on_cpu(model: &Model) -> Model {
     m
 }
 
+/// The largest magnitude among `values`' finite elements (0 where none is): the scale a
+/// tolerance is relative to.
+fn finite_max_abs(values: &[f64]) -> f64 {
+    values
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f64, |m, x| m.max(x.abs()))
+}
+
 /// [`closeness`] with the tolerance `slack` times as wide.
 pub fn closeness_within(
     what: &str,
@@ -109,10 +118,7 @@ pub fn closeness_within(
         ));
     }
     let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(0f64, |m, x| m.max(x.abs()));
+    let scale = finite_max_abs(&b);
     let bound = slack * (ATOL + RTOL * scale);
     let mut worst = 0f64;
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -579,10 +585,7 @@ pub fn within_noise(
             sd.len()
         ));
     }
-    let scale = b
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(0f64, |m, x| m.max(x.abs()));
+    let scale = finite_max_abs(&b);
     let first = slack * (ATOL + RTOL * scale);
     let mut worst = 0f64;
     for (i, ((x, y), s)) in a.iter().zip(&b).zip(sd).enumerate() {
