@@ -7,7 +7,7 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::ir::{ConvLayout, Graph, Op, WindowOp};
-use ingot_compiler::layout::{channels_last, MIN_CHANNELS_LAST_CHANNELS};
+use ingot_compiler::layout::{channels_last, conv_layouts, MIN_CHANNELS_LAST_CHANNELS};
 use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::{pipeline, plan};
@@ -27,16 +27,6 @@ fn rewritten(m: &Model) -> Graph {
 fn transposes(g: &Graph) -> Vec<ingot_compiler::ir::NodeId> {
     g.ids()
         .filter(|&id| matches!(g.node(id).op, Op::Transpose { .. }))
-        .collect()
-}
-
-fn convolutions(g: &Graph) -> Vec<ConvLayout> {
-    g.nodes()
-        .iter()
-        .filter_map(|n| match &n.op {
-            Op::Window(w) => w.conv().map(|c| c.layout),
-            _ => None,
-        })
         .collect()
 }
 
@@ -186,7 +176,7 @@ fn resnet50s_channels_last_step_keeps_few_transposes_and_none_adjacent() {
             "transpose {id:?} reads transpose {x:?}"
         );
     }
-    let convs = convolutions(&g).len();
+    let convs = conv_layouts(&g).len();
     eprintln!("resnet50 channels-last: {report:?}, {convs} convolution passes");
     assert_eq!(report.transposes, t.len());
     assert_eq!(
@@ -196,7 +186,7 @@ fn resnet50s_channels_last_step_keeps_few_transposes_and_none_adjacent() {
     );
     // The stem (3 input channels) keeps NCHW, its forward and filter gradient, and with it
     // its batch norm, ReLU and max pooling: the image and the stem's weight go in as they are.
-    let nchw_convs = convolutions(&g)
+    let nchw_convs = conv_layouts(&g)
         .iter()
         .filter(|&&l| l == ConvLayout::Nchw)
         .count();
@@ -234,7 +224,7 @@ fn a_cpu_step_is_not_rewritten_and_a_step_without_convolutions_is_unchanged() {
         pipeline::Options::for_target(Target::Cuda).channels_last,
         ingot_compiler::layout::ChannelsLast::No
     );
-    assert!(convolutions(&c.graph)
+    assert!(conv_layouts(&c.graph)
         .iter()
         .all(|&l| l == ConvLayout::Nchw));
     assert!(transposes(&c.graph).is_empty());

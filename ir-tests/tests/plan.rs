@@ -687,11 +687,7 @@ fn a_fused_kernel_reading_a_buffer_transposed_never_writes_over_it() {
         body: vec![
             Inst::Load { input: 0 },
             Inst::Load { input: 1 },
-            Inst::Binary {
-                op: BinaryOp::Add,
-                a: 0,
-                b: 1,
-            },
+            Inst::binary(BinaryOp::Add, 0, 1),
         ],
         outputs: vec![Output { value: 2 }],
     };

@@ -119,14 +119,7 @@ fn doubling(dtype: DType, n: usize) -> FusedKernel {
             len: n,
             access: Access::contiguous(&[n]),
         }],
-        body: vec![
-            Inst::Load { input: 0 },
-            Inst::Binary {
-                op: BinaryOp::Add,
-                a: 0,
-                b: 0,
-            },
-        ],
+        body: vec![Inst::Load { input: 0 }, Inst::binary(BinaryOp::Add, 0, 0)],
         outputs: vec![Output { value: 1 }],
     }
 }
@@ -167,11 +160,7 @@ fn a_fused_bf16_kernel_on_the_cpu_rounds_its_result_and_stores_two_bytes() {
         value: 1.00390625,
         dtype: DType::BF16,
     });
-    k.body.push(Inst::Binary {
-        op: BinaryOp::Mul,
-        a: 0,
-        b: 2,
-    });
+    k.body.push(Inst::binary(BinaryOp::Mul, 0, 2));
     k.outputs.push(Output { value: 3 });
     let out = ingot_kernels::fused::cpu::run_buffers(&k, &[&bytes]).unwrap();
     let read = |b: &[u8]| -> Vec<f32> {

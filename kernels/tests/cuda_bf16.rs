@@ -244,29 +244,14 @@ fn a_bf16_elementwise_kernel_widens_loads_rounds_every_op_and_narrows_stores() {
                 value: 0.1,
                 dtype: DType::BF16,
             }, // 3
-            Inst::Binary {
-                op: Mul,
-                a: 0,
-                b: 3,
-            }, // 4
-            Inst::Binary {
-                op: Add,
-                a: 4,
-                b: 2,
-            }, // 5
-            Inst::Unary {
-                op: UnaryOp::Tanh,
-                x: 5,
-            }, // 6
+            Inst::binary(Mul, 0, 3), // 4
+            Inst::binary(Add, 4, 2), // 5
+            Inst::unary(UnaryOp::Tanh, 5), // 6
             Inst::Index {
                 axis: 1,
                 dtype: DType::BF16,
             }, // 7
-            Inst::Binary {
-                op: Max,
-                a: 6,
-                b: 7,
-            }, // 8
+            Inst::binary(Max, 6, 7), // 8
             Inst::Convert {
                 x: 8,
                 to: DType::F32,
@@ -369,14 +354,7 @@ fn a_large_bf16_elementwise_kernel_goes_four_elements_a_thread_through_8_byte_ve
         &[n],
         &[],
         vec![input(DType::BF16, &[n], &[1])],
-        vec![
-            Inst::Load { input: 0 },
-            Inst::Binary {
-                op: BinaryOp::Add,
-                a: 0,
-                b: 0,
-            },
-        ],
+        vec![Inst::Load { input: 0 }, Inst::binary(BinaryOp::Add, 0, 0)],
         &[1],
     );
     let s = cuda::fused(&k).unwrap().source;
@@ -685,11 +663,7 @@ fn bf16_reductions_size_their_shared_memory_as_floats() {
             value: c as f64,
             dtype: DType::BF16,
         });
-        body.push(Inst::Binary {
-            op: BinaryOp::Add,
-            a: 0,
-            b: body.len() - 1,
-        });
+        body.push(Inst::binary(BinaryOp::Add, 0, body.len() - 1));
         body.push(Inst::Reduce {
             op: ReduceOp::Sum,
             x: body.len() - 1,

@@ -19,35 +19,20 @@ fn kernel(domain: &[usize], reduce_axes: &[usize], extra: usize) -> FusedKernel 
     bcast[rank - 1] = 1;
     let numel: usize = domain.iter().product();
     let mut body = vec![
-        Inst::Load { input: 0 }, // 0 x
-        Inst::Load { input: 1 }, // 1 b (broadcast)
-        Inst::Binary {
-            op: BinaryOp::Add,
-            a: 0,
-            b: 1,
-        }, // 2
+        Inst::Load { input: 0 },           // 0 x
+        Inst::Load { input: 1 },           // 1 b (broadcast)
+        Inst::binary(BinaryOp::Add, 0, 1), // 2
         Inst::Reduce {
             op: ReduceOp::Max,
             x: 2,
         }, // 3
-        Inst::Binary {
-            op: BinaryOp::Sub,
-            a: 2,
-            b: 3,
-        }, // 4
-        Inst::Unary {
-            op: UnaryOp::Exp,
-            x: 4,
-        }, // 5
+        Inst::binary(BinaryOp::Sub, 2, 3), // 4
+        Inst::unary(UnaryOp::Exp, 4),      // 5
         Inst::Reduce {
             op: ReduceOp::Sum,
             x: 5,
         }, // 6
-        Inst::Binary {
-            op: BinaryOp::Div,
-            a: 5,
-            b: 6,
-        }, // 7
+        Inst::binary(BinaryOp::Div, 5, 6), // 7
         Inst::Index {
             axis: rank - 1,
             dtype: DType::I64,
@@ -77,10 +62,7 @@ fn kernel(domain: &[usize], reduce_axes: &[usize], extra: usize) -> FusedKernel 
     ];
     let mut last = 12;
     for _ in 0..extra {
-        body.push(Inst::Unary {
-            op: UnaryOp::Tanh,
-            x: last,
-        });
+        body.push(Inst::unary(UnaryOp::Tanh, last));
         last = body.len() - 1;
     }
     FusedKernel {

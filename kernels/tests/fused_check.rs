@@ -113,13 +113,7 @@ fn an_access_must_stay_inside_its_input() {
 
 #[test]
 fn operands_must_be_earlier_instructions() {
-    let e = with(|k| {
-        k.body[2] = Inst::Binary {
-            op: BinaryOp::Sub,
-            a: 0,
-            b: 2,
-        }
-    });
+    let e = with(|k| k.body[2] = Inst::binary(BinaryOp::Sub, 0, 2));
     rejects(
         e,
         KernelError::Operand {
@@ -200,11 +194,7 @@ fn dtype_rules_are_enforced_per_instruction() {
     };
     use KernelError::*;
     rejects(
-        push(vec![Inst::Binary {
-            op: BinaryOp::Add,
-            a: 0,
-            b: 8,
-        }]),
+        push(vec![Inst::binary(BinaryOp::Add, 0, 8)]),
         OperandDtypes {
             inst: 9,
             op: "add",
@@ -214,11 +204,7 @@ fn dtype_rules_are_enforced_per_instruction() {
         &["%9", "add", "f32", "f64"],
     );
     rejects(
-        push(vec![Inst::Binary {
-            op: BinaryOp::Div,
-            a: 6,
-            b: 6,
-        }]),
+        push(vec![Inst::binary(BinaryOp::Div, 6, 6)]),
         NotDefined {
             inst: 9,
             op: "div",
@@ -227,11 +213,7 @@ fn dtype_rules_are_enforced_per_instruction() {
         &["%9", "div", "i32"],
     );
     rejects(
-        push(vec![Inst::Binary {
-            op: BinaryOp::Max,
-            a: 7,
-            b: 7,
-        }]),
+        push(vec![Inst::binary(BinaryOp::Max, 7, 7)]),
         NotDefined {
             inst: 9,
             op: "max",
@@ -240,10 +222,7 @@ fn dtype_rules_are_enforced_per_instruction() {
         &["bool"],
     );
     rejects(
-        push(vec![Inst::Unary {
-            op: UnaryOp::Exp,
-            x: 6,
-        }]),
+        push(vec![Inst::unary(UnaryOp::Exp, 6)]),
         NotDefined {
             inst: 9,
             op: "exp",
@@ -252,10 +231,7 @@ fn dtype_rules_are_enforced_per_instruction() {
         &["exp", "i32"],
     );
     rejects(
-        push(vec![Inst::Unary {
-            op: UnaryOp::Neg,
-            x: 7,
-        }]),
+        push(vec![Inst::unary(UnaryOp::Neg, 7)]),
         NotDefined {
             inst: 9,
             op: "neg",
@@ -321,10 +297,7 @@ fn dtype_rules_are_enforced_per_instruction() {
         value: 1.0,
         dtype: DType::I64,
     }); // 6
-    k.body.push(Inst::Unary {
-        op: UnaryOp::Neg,
-        x: 6,
-    }); // 7
+    k.body.push(Inst::unary(UnaryOp::Neg, 6)); // 7
     k.body.push(Inst::Compare {
         op: CmpOp::Lt,
         a: 0,

@@ -334,31 +334,25 @@ fn batch_norm(
             per_channel(),
         ],
         body: vec![
-            Inst::Load { input: 0 },   // 0 x
-            Inst::Load { input: 1 },   // 1 scale
-            Inst::Load { input: 2 },   // 2 shift
-            konst(1.0 / count as f64), // 3
-            sum(0),                    // 4 Σx
-            bin(BinaryOp::Mul, 4, 3),  // 5 mean
-            bin(BinaryOp::Sub, 0, 5),  // 6 d
-            bin(BinaryOp::Mul, 6, 6),  // 7 d²
-            sum(7),                    // 8
-            bin(BinaryOp::Mul, 8, 3),  // 9 var
-            konst(1e-5),               // 10
-            bin(BinaryOp::Add, 9, 10), // 11
-            Inst::Unary {
-                op: UnaryOp::Sqrt,
-                x: 11,
-            }, // 12
-            Inst::Unary {
-                op: UnaryOp::Recip,
-                x: 12,
-            }, // 13 rstd
-            bin(BinaryOp::Mul, 6, 13), // 14 xhat
-            bin(BinaryOp::Mul, 14, 1), // 15
-            bin(BinaryOp::Add, 15, 2), // 16 y
-            bin(BinaryOp::Mul, 16, 0), // 17 y·x
-            sum(17),                   // 18
+            Inst::Load { input: 0 },         // 0 x
+            Inst::Load { input: 1 },         // 1 scale
+            Inst::Load { input: 2 },         // 2 shift
+            konst(1.0 / count as f64),       // 3
+            sum(0),                          // 4 Σx
+            bin(BinaryOp::Mul, 4, 3),        // 5 mean
+            bin(BinaryOp::Sub, 0, 5),        // 6 d
+            bin(BinaryOp::Mul, 6, 6),        // 7 d²
+            sum(7),                          // 8
+            bin(BinaryOp::Mul, 8, 3),        // 9 var
+            konst(1e-5),                     // 10
+            bin(BinaryOp::Add, 9, 10),       // 11
+            Inst::unary(UnaryOp::Sqrt, 11),  // 12
+            Inst::unary(UnaryOp::Recip, 12), // 13 rstd
+            bin(BinaryOp::Mul, 6, 13),       // 14 xhat
+            bin(BinaryOp::Mul, 14, 1),       // 15
+            bin(BinaryOp::Add, 15, 2),       // 16 y
+            bin(BinaryOp::Mul, 16, 0),       // 17 y·x
+            sum(17),                         // 18
         ],
         outputs: vec![
             Output { value: 16 },

@@ -72,11 +72,7 @@ fn kernel(dims: &[usize], axes: &[usize]) -> FusedKernel {
                 value: 1.0 / n as f64,
                 dtype: DType::F32,
             },
-            Inst::Binary {
-                op: BinaryOp::Mul,
-                a: 1,
-                b: 2,
-            },
+            Inst::binary(BinaryOp::Mul, 1, 2),
         ],
         outputs: vec![Output { value: 1 }, Output { value: 3 }],
     }

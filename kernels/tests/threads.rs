@@ -127,15 +127,11 @@ fn attention_gives_the_same_bits_on_any_number_of_threads() {
         (6, 33, 70, 16, false),
         (3, 128, 128, 8, true),
     ] {
-        let s = Shape {
-            batch_heads: bh,
-            seq_q: tq,
-            seq_k: tk,
-            head_dim: d,
-            causal,
-            scale: 1.0 / (d as f32).sqrt(),
-            layout: Layout::contiguous(tq, tk, d),
-        };
+        let s = Shape::new(
+            (bh, tq, tk, d, causal),
+            1.0 / (d as f32).sqrt(),
+            Layout::contiguous(tq, tk, d),
+        );
         let one = attention::<f32>(&s, |x| x);
         let one16 = attention::<bf16>(&s, bf16::from_f32);
         for t in THREADS {

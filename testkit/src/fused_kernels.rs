@@ -49,10 +49,7 @@ pub fn softmax_rows(rows: usize, n: usize) -> FusedKernel {
                 x: 0,
             },
             bin(BinaryOp::Sub, 0, 1),
-            Inst::Unary {
-                op: UnaryOp::Exp,
-                x: 2,
-            },
+            Inst::unary(UnaryOp::Exp, 2),
             Inst::Reduce {
                 op: ReduceOp::Sum,
                 x: 3,
@@ -87,14 +84,8 @@ pub fn layer_norm(rows: usize, n: usize, bias: bool, stats: bool) -> FusedKernel
         bin(BinaryOp::Mul, 6, 2), // 7 var
         f32_const(1e-5),         // 8
         bin(BinaryOp::Add, 7, 8), // 9
-        Inst::Unary {
-            op: UnaryOp::Sqrt,
-            x: 9,
-        }, // 10
-        Inst::Unary {
-            op: UnaryOp::Recip,
-            x: 10,
-        }, // 11 rstd
+        Inst::unary(UnaryOp::Sqrt, 9), // 10
+        Inst::unary(UnaryOp::Recip, 10), // 11 rstd
         bin(BinaryOp::Mul, 4, 11), // 12
         Inst::Load { input: 1 }, // 13 w
         bin(BinaryOp::Mul, 12, 13), // 14 y

@@ -632,11 +632,8 @@ pub fn scale_kernel_output(g: &Graph, kernel: usize, ulps: f64) -> Result<Graph,
                     value: 1.0 + ulps * u,
                     dtype: DType::F32,
                 });
-                k.body.push(Inst::Binary {
-                    op: ingot_kernels::BinaryOp::Mul,
-                    a: at,
-                    b: c,
-                });
+                k.body
+                    .push(Inst::binary(ingot_kernels::BinaryOp::Mul, at, c));
                 k.body.push(Inst::Convert { x: m, to: d });
                 k.outputs[0].value = m + 1;
             }

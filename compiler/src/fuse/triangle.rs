@@ -608,11 +608,7 @@ mod tests {
     fn masked_exp_times_load() -> Vec<Inst> {
         let mut body = masked_exp(CmpOp::Gt, 1, 0);
         body.push(Inst::Load { input: 1 });
-        body.push(Inst::Binary {
-            op: BinaryOp::Mul,
-            a: 8,
-            b: 7,
-        });
+        body.push(Inst::binary(BinaryOp::Mul, 8, 7));
         body
     }
 
@@ -643,15 +639,8 @@ mod tests {
                 a: 3,
                 b: 4,
             },
-            Inst::Binary {
-                op: BinaryOp::Sub,
-                a: 5,
-                b: 4,
-            },
-            Inst::Unary {
-                op: UnaryOp::Exp,
-                x: 6,
-            },
+            Inst::binary(BinaryOp::Sub, 5, 4),
+            Inst::unary(UnaryOp::Exp, 6),
         ]
     }
 
@@ -713,21 +702,9 @@ mod tests {
         let body = vec![
             Inst::Load { input: 0 },
             Inst::Load { input: 1 },
-            Inst::Binary {
-                op: BinaryOp::Mul,
-                a: 1,
-                b: 0,
-            },
-            Inst::Binary {
-                op: BinaryOp::Div,
-                a: 0,
-                b: 1,
-            },
-            Inst::Binary {
-                op: BinaryOp::Add,
-                a: 0,
-                b: 1,
-            },
+            Inst::binary(BinaryOp::Mul, 1, 0),
+            Inst::binary(BinaryOp::Div, 0, 1),
+            Inst::binary(BinaryOp::Add, 0, 1),
             Inst::Convert {
                 x: 3,
                 to: DType::BF16,

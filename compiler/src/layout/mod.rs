@@ -102,6 +102,18 @@ impl ChannelsLast {
     }
 }
 
+/// Each convolution pass's layout, in node order: what the layout pass chose, as
+/// reports and tests read it.
+pub fn conv_layouts(g: &Graph) -> Vec<ConvLayout> {
+    g.nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Window(w) => w.conv().map(|c| c.layout),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The rule for the CUDA default, from the graph alone (the compiler does not see the GPU):
 /// channels-last through cuDNN where a convolution that would go channels-last (enough input
 /// channels) computes in bf16; NCHW through im2col + cuBLAS in f32 and tf32. Measured on an

@@ -49,16 +49,6 @@ fn two_convs(c: usize) -> Graph {
     g
 }
 
-fn conv_layouts(g: &Graph) -> Vec<ConvLayout> {
-    g.nodes()
-        .iter()
-        .filter_map(|n| match &n.op {
-            Op::Window(w) => w.conv().map(|c| c.layout),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn between_two_convolutions_the_bias_and_relu_stay_channels_last_with_no_transpose() {
     let (g, report) = channels_last(&two_convs(8)).unwrap();

@@ -63,6 +63,24 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// `batch_heads` problems of `seq_q` queries over `seq_k` keys of `head_dim` elements,
+    /// scaled by `scale`, laid out as `layout`.
+    pub fn new(
+        (batch_heads, seq_q, seq_k, head_dim, causal): (usize, usize, usize, usize, bool),
+        scale: f32,
+        layout: Layout,
+    ) -> Shape {
+        Shape {
+            batch_heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            causal,
+            scale,
+            layout,
+        }
+    }
+
     /// The rows of problem `b` of an operand laid out by `st`.
     fn rows<'a, T>(&self, x: &'a [T], st: &Strides, b: usize) -> Rows<'a, T> {
         Rows {
@@ -695,15 +713,7 @@ mod tests {
     #[test]
     fn the_forward_pass_matches_a_plain_f64_softmax_attention() {
         for causal in [false, true] {
-            let s = Shape {
-                batch_heads: 2,
-                seq_q: 5,
-                seq_k: 7,
-                head_dim: 3,
-                causal,
-                scale: 0.7,
-                layout: Layout::contiguous(5, 7, 3),
-            };
+            let s = Shape::new((2, 5, 7, 3, causal), 0.7, Layout::contiguous(5, 7, 3));
             let (q, k, v) = (data(30, 1), data(42, 2), data(42, 3));
             let mut out = vec![0.0; 30];
             let mut lse = vec![0.0; 10];
@@ -718,15 +728,7 @@ mod tests {
 
     #[test]
     fn the_backward_pass_matches_central_differences_of_the_forward() {
-        let s = Shape {
-            batch_heads: 1,
-            seq_q: 4,
-            seq_k: 4,
-            head_dim: 3,
-            causal: true,
-            scale: 0.5,
-            layout: Layout::contiguous(4, 4, 3),
-        };
+        let s = Shape::new((1, 4, 4, 3, true), 0.5, Layout::contiguous(4, 4, 3));
         let n = 12;
         let (q, k, v, w) = (data(n, 4), data(n, 5), data(n, 6), data(n, 7));
         // L = Σ w · out, so dout = w.
@@ -771,15 +773,7 @@ mod tests {
     #[test]
     fn bf16_outputs_are_the_f32_results_rounded_once_when_p_is_already_a_bf16_value() {
         // One visible key per row (causal, seq 1): p = 1 exactly, so out = v rounded.
-        let s = Shape {
-            batch_heads: 1,
-            seq_q: 1,
-            seq_k: 1,
-            head_dim: 4,
-            causal: true,
-            scale: 1.0,
-            layout: Layout::contiguous(1, 1, 4),
-        };
+        let s = Shape::new((1, 1, 1, 4, true), 1.0, Layout::contiguous(1, 1, 4));
         let v: Vec<bf16> = [0.1f32, -2.5, 3.0, 7.75].map(round_bf16).to_vec();
         let q = v.clone();
         let mut out = vec![bf16::ZERO; 4];
@@ -822,15 +816,7 @@ mod tests {
     fn token_and_packed_layouts_compute_what_the_heads_layout_computes_on_the_same_rows() {
         let (b, h, t, d) = (2, 3, 5, 4);
         let n = b * h * t * d;
-        let heads = Shape {
-            batch_heads: b * h,
-            seq_q: t,
-            seq_k: t,
-            head_dim: d,
-            causal: true,
-            scale: 0.6,
-            layout: Layout::contiguous(t, t, d),
-        };
+        let heads = Shape::new((b * h, t, t, d, true), 0.6, Layout::contiguous(t, t, d));
         let (q, k, v, w) = (data(n, 11), data(n, 12), data(n, 13), data(n, 14));
         let mut scratch = vec![0.0; backward_scratch_len(&heads).max(forward_scratch_len(&heads))];
         let (mut out, mut lse) = (vec![0.0; n], vec![0.0; b * h * t]);
@@ -953,15 +939,7 @@ mod tests {
             (2, 256, 260, 64, true, Layout::contiguous(256, 260, 64)),
         ];
         for (seed, (bh, tq, tk, d, causal, layout)) in shapes.into_iter().enumerate() {
-            let s = Shape {
-                batch_heads: bh,
-                seq_q: tq,
-                seq_k: tk,
-                head_dim: d,
-                causal,
-                scale: 0.37,
-                layout,
-            };
+            let s = Shape::new((bh, tq, tk, d, causal), 0.37, layout);
             let seed = seed as u32;
             let (a, b) = (
                 run_by(&s, |x| x, seed, Speed::Best),

@@ -873,10 +873,9 @@ pub fn grad_weight<T: GemmScalar + Float>(
         return one_tap::run(g, Pass::GradWeight, tap, x, dy, dw, ws);
     }
     let s = split_ws::<T>(g, Pass::GradWeight, ws.len())?;
-    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
-    let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
-    let (k, xg, ranges) = (cg * taps, cg * plane, s.units / g.groups);
-    let direct = is_pointwise(g);
+    let (og, cg) = (g.out_ch / g.groups, g.in_ch / g.groups);
+    let taps = g.kernel[0] * g.kernel[1];
+    let (k, ranges) = (cg * taps, s.units / g.groups);
     if s.images > 1 {
         return grad_weight_blocks(g, x, dy, dw, &mut ws[..s.lane_len], &s);
     }
@@ -897,39 +896,9 @@ pub fn grad_weight<T: GemmScalar + Float>(
     };
     for_each_unit(into, unit, lanes, &s, gemm_work(g), |u, part, lane| {
         let (gi, c0, cw) = range(u);
-        let n_cols = cw * taps;
-        let part = &mut part[..og * n_cols];
+        let part = &mut part[..og * cw * taps];
         let (col, gws) = lane.split_at_mut(s.col_len);
-        for n in 0..g.batch {
-            let start = (n * g.groups + gi) * xg + c0 * plane;
-            let b: &[T] = if direct {
-                x
-            } else {
-                im2col(g, &x[start..start + cw * plane], col);
-                col
-            };
-            let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
-            let beta = if n == 0 {
-                <T as GemmScalar>::ZERO
-            } else {
-                <T as GemmScalar>::ONE
-            };
-            gemm_ws(
-                og,
-                p,
-                n_cols,
-                <T as GemmScalar>::ONE,
-                dy,
-                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
-                b,
-                lb,
-                beta,
-                part,
-                MatLayout::row_major(n_cols),
-                gws,
-            )?;
-        }
-        Ok(())
+        sum_over_images(g, x, dy, (gi, c0, cw), 0..g.batch, col, part, gws)
     })?;
     for u in (0..s.units).filter(|_| s.partial > 0) {
         let (gi, c0, cw) = range(u);
@@ -939,6 +908,59 @@ pub fn grad_weight<T: GemmScalar + Float>(
             let to = (gi * og + o) * k + c0 * taps;
             dw[to..to + n_cols].copy_from_slice(&partial[from..from + n_cols]);
         }
+    }
+    Ok(())
+}
+
+/// `out = Σ dy[n, group] · col(x[n, group, c0 .. c0 + cw])ᵀ` over `images` in order, the
+/// first image writing `out` and each later one adding to it: the sums of one channel range
+/// over the whole batch, or of one part of the images over the whole group. `col` is the
+/// column buffer (unused for a pointwise convolution, whose columns are the images
+/// themselves), `gws` the GEMM's workspace.
+#[allow(clippy::too_many_arguments)]
+fn sum_over_images<T: GemmScalar + Float>(
+    g: &ConvGeometry,
+    x: &[T],
+    dy: &[T],
+    (gi, c0, cw): (usize, usize, usize),
+    images: std::ops::Range<usize>,
+    col: &mut [T],
+    out: &mut [T],
+    gws: &mut [T],
+) -> Result<(), GemmError> {
+    let (og, p) = (g.out_ch / g.groups, g.positions());
+    let plane = g.in_hw[0] * g.in_hw[1];
+    let (xg, n_cols) = (g.in_ch / g.groups * plane, cw * g.kernel[0] * g.kernel[1]);
+    let direct = is_pointwise(g);
+    let first = images.start;
+    for n in images {
+        let start = (n * g.groups + gi) * xg + c0 * plane;
+        let b: &[T] = if direct {
+            x
+        } else {
+            im2col(g, &x[start..start + cw * plane], col);
+            col
+        };
+        let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
+        let beta = if n == first {
+            <T as GemmScalar>::ZERO
+        } else {
+            <T as GemmScalar>::ONE
+        };
+        gemm_ws(
+            og,
+            p,
+            n_cols,
+            <T as GemmScalar>::ONE,
+            dy,
+            MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
+            b,
+            lb,
+            beta,
+            out,
+            MatLayout::row_major(n_cols),
+            gws,
+        )?;
     }
     Ok(())
 }
@@ -957,14 +979,9 @@ fn grad_weight_parts<T: GemmScalar + Float>(
     ws: &mut [T],
     s: &Split,
 ) -> Result<(), GemmError> {
-    let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
-    let (k, xg, parts) = (
-        cg * g.kernel[0] * g.kernel[1],
-        cg * g.in_hw[0] * g.in_hw[1],
-        s.parts,
-    );
+    let (og, cg) = (g.out_ch / g.groups, g.in_ch / g.groups);
+    let (k, parts) = (cg * g.kernel[0] * g.kernel[1], s.parts);
     let block = og * k;
-    let direct = is_pointwise(g);
     let threads = pool_threads();
     let parallel = threads > 1 && s.lanes > 1 && gemm_work(g) >= PARALLEL_ELEMENTS;
     let lanes = match parallel {
@@ -977,36 +994,7 @@ fn grad_weight_parts<T: GemmScalar + Float>(
         let (n0, n1) = (j * g.batch / parts, (j + 1) * g.batch / parts);
         let (col, rest) = lane.split_at_mut(s.col_len);
         let (acc, gws) = rest.split_at_mut(block);
-        for n in n0..n1 {
-            let start = (n * g.groups + gi) * xg;
-            let b: &[T] = if direct {
-                x
-            } else {
-                im2col(g, &x[start..start + xg], col);
-                col
-            };
-            let lb = MatLayout::col_major(p).at(if direct { start } else { 0 });
-            let beta = if n == n0 {
-                <T as GemmScalar>::ZERO
-            } else {
-                <T as GemmScalar>::ONE
-            };
-            gemm_ws(
-                og,
-                p,
-                k,
-                <T as GemmScalar>::ONE,
-                dy,
-                MatLayout::row_major(p).at((n * g.out_ch + gi * og) * p),
-                b,
-                lb,
-                beta,
-                acc,
-                MatLayout::row_major(k),
-                gws,
-            )?;
-        }
-        Ok(())
+        sum_over_images(g, x, dy, (gi, 0, cg), n0..n1, col, acc, gws)
     };
     let (lane_len, col_len) = (s.lane_len, s.col_len);
     for (gi, target) in dw.chunks_mut(block).enumerate() {

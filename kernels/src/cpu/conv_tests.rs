@@ -97,119 +97,117 @@ fn both_backward_passes_are_the_adjoints_of_the_forward_pass() {
     }
 }
 
+/// Calls `f(n, group, columns)` for each image `n` of `images` and each group, in that
+/// order, with the group's column buffer of that image ([`im2col`]).
+fn each_image_columns(
+    g: &ConvGeometry,
+    x: &[f32],
+    images: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize, &[f32]),
+) {
+    let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
+    let mut col = vec![0f32; g.col_rows() * g.positions()];
+    for n in images {
+        for gi in 0..g.groups {
+            let xs = (n * g.groups + gi) * xg;
+            im2col(g, &x[xs..xs + xg], &mut col);
+            f(n, gi, &col);
+        }
+    }
+}
+
 /// The passes as they ran before lanes: one image and one whole group at a time through
-/// a full column buffer, the weight gradient summed over the images into `dw` itself
-/// (or, where it runs in blocks of images, [`weight_blocks_one_image_at_a_time`]'s).
+/// a full column buffer, the weight gradient summed over the images in order
+/// ([`weight_parts_one_image_at_a_time`] with one part; or, where it runs in blocks of
+/// images, [`weight_blocks_one_image_at_a_time`]'s).
 fn one_unit_at_a_time(g: &ConvGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 3] {
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let mut col = vec![0f32; k * p];
-    let glen = gemm_len::<f32>(og, k, p)
-        .max(gemm_len::<f32>(og, p, k))
-        .max(gemm_len::<f32>(k, og, p));
+    let mut dcol = vec![0f32; k * p];
+    let glen = gemm_len::<f32>(og, k, p).max(gemm_len::<f32>(k, og, p));
     let mut gws = vec![0f32; glen];
-    let (mut y, mut dx, mut dw) = (
-        vec![0f32; g.y_len()],
-        vec![0f32; g.x_len()],
-        vec![0f32; g.w_len()],
-    );
+    let (mut y, mut dx) = (vec![0f32; g.y_len()], vec![0f32; g.x_len()]);
     let rm = MatLayout::row_major;
-    for n in 0..g.batch {
-        for gi in 0..g.groups {
-            let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
-            im2col(g, &x[xs..xs + xg], &mut col);
-            gemm_ws(
-                og,
-                k,
-                p,
-                1.0,
-                w,
-                rm(k).at(gi * og * k),
-                &col,
-                rm(p),
-                0.0,
-                &mut y,
-                rm(p).at(ys),
-                &mut gws,
-            )
-            .unwrap();
-            let beta = if n == 0 { 0.0 } else { 1.0 };
-            gemm_ws(
-                og,
-                p,
-                k,
-                1.0,
-                dy,
-                rm(p).at(ys),
-                &col,
-                MatLayout::col_major(p),
-                beta,
-                &mut dw,
-                rm(k).at(gi * og * k),
-                &mut gws,
-            )
-            .unwrap();
-            gemm_ws(
-                k,
-                og,
-                p,
-                1.0,
-                w,
-                MatLayout::col_major(k).at(gi * og * k),
-                dy,
-                rm(p).at(ys),
-                0.0,
-                &mut col,
-                rm(p),
-                &mut gws,
-            )
-            .unwrap();
-            col2im_add(g, &col, &mut dx[xs..xs + xg]);
-        }
-    }
-    if block_images::<f32>(g, Pass::GradWeight).is_some() {
-        dw = weight_blocks_one_image_at_a_time(g, x, dy);
-    }
-    if part_cut::<f32>(g).is_some() {
-        dw = weight_parts_one_image_at_a_time(g, x, dy);
-    }
+    each_image_columns(g, x, 0..g.batch, |n, gi, col| {
+        let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
+        let wg = gi * og * k;
+        gemm_ws(
+            og,
+            k,
+            p,
+            1.0,
+            w,
+            rm(k).at(wg),
+            col,
+            rm(p),
+            0.0,
+            &mut y,
+            rm(p).at(ys),
+            &mut gws,
+        )
+        .unwrap();
+        let wt = MatLayout::col_major(k).at(wg);
+        gemm_ws(
+            k,
+            og,
+            p,
+            1.0,
+            w,
+            wt,
+            dy,
+            rm(p).at(ys),
+            0.0,
+            &mut dcol,
+            rm(p),
+            &mut gws,
+        )
+        .unwrap();
+        col2im_add(g, &dcol, &mut dx[xs..xs + xg]);
+    });
+    let dw = if part_cut::<f32>(g).is_some() {
+        weight_parts_one_image_at_a_time(g, x, dy, image_parts(g, Pass::GradWeight))
+    } else if block_images::<f32>(g, Pass::GradWeight).is_some() {
+        weight_blocks_one_image_at_a_time(g, x, dy)
+    } else {
+        weight_parts_one_image_at_a_time(g, x, dy, 1)
+    };
     [y, dx, dw]
 }
 
-/// The weight gradient in parts of the images: each part's images summed in order into
-/// a `dw` of its own (as [`one_unit_at_a_time`] sums the whole batch), then the parts'
-/// `dw`s added element by element in part order.
-fn weight_parts_one_image_at_a_time(g: &ConvGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    let parts = image_parts(g, Pass::GradWeight);
+/// The weight gradient in `parts` parts of the images: each part's images summed in order
+/// into a `dw` of its own, the first image writing it and each later one adding, then the
+/// parts' `dw`s added element by element in part order.
+fn weight_parts_one_image_at_a_time(
+    g: &ConvGeometry,
+    x: &[f32],
+    dy: &[f32],
+    parts: usize,
+) -> Vec<f32> {
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
-    let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
-    let mut col = vec![0f32; k * p];
     let mut gws = vec![0f32; gemm_len::<f32>(og, p, k)];
     let mut sum = vec![0f32; g.w_len()];
     for j in 0..parts {
         let mut part = vec![f32::NAN; g.w_len()];
         let images = j * g.batch / parts..(j + 1) * g.batch / parts;
-        for (i, n) in images.enumerate() {
-            for gi in 0..g.groups {
-                let (xs, ys) = ((n * g.groups + gi) * xg, (n * g.out_ch + gi * og) * p);
-                im2col(g, &x[xs..xs + xg], &mut col);
-                gemm_ws(
-                    og,
-                    p,
-                    k,
-                    1.0,
-                    dy,
-                    MatLayout::row_major(p).at(ys),
-                    &col,
-                    MatLayout::col_major(p),
-                    if i == 0 { 0.0 } else { 1.0 },
-                    &mut part,
-                    MatLayout::row_major(k).at(gi * og * k),
-                    &mut gws,
-                )
-                .unwrap();
-            }
-        }
+        let first = images.start;
+        each_image_columns(g, x, images, |n, gi, col| {
+            let ys = (n * g.out_ch + gi * og) * p;
+            gemm_ws(
+                og,
+                p,
+                k,
+                1.0,
+                dy,
+                MatLayout::row_major(p).at(ys),
+                col,
+                MatLayout::col_major(p),
+                if n == first { 0.0 } else { 1.0 },
+                &mut part,
+                MatLayout::row_major(k).at(gi * og * k),
+                &mut gws,
+            )
+            .unwrap();
+        });
         for (s, v) in sum.iter_mut().zip(&part) {
             *s = if j == 0 { *v } else { *s + v };
         }

@@ -108,6 +108,18 @@ pub enum Inst {
     },
 }
 
+impl Inst {
+    /// `op(a, b)` of instructions `a` and `b`: a body written by hand reads as its formula.
+    pub fn binary(op: BinaryOp, a: usize, b: usize) -> Inst {
+        Inst::Binary { op, a, b }
+    }
+
+    /// `op(x)` of instruction `x`.
+    pub fn unary(op: UnaryOp, x: usize) -> Inst {
+        Inst::Unary { op, x }
+    }
+}
+
 /// A buffer the kernel writes: one instruction's values, contiguous, row-major.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Output {

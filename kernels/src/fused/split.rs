@@ -378,25 +378,13 @@ mod tests {
                 Inst::Load { input: 0 },
                 Inst::Load { input: 1 },
                 Inst::Load { input: 2 },
-                Inst::Binary {
-                    op: BinaryOp::Mul,
-                    a: 1,
-                    b: 2,
-                },
-                Inst::Binary {
-                    op: BinaryOp::Mul,
-                    a: 0,
-                    b: 3,
-                },
+                Inst::binary(BinaryOp::Mul, 1, 2),
+                Inst::binary(BinaryOp::Mul, 0, 3),
                 Inst::Reduce {
                     op: ReduceOp::Sum,
                     x: 4,
                 },
-                Inst::Binary {
-                    op: BinaryOp::Add,
-                    a: 0,
-                    b: 0,
-                },
+                Inst::binary(BinaryOp::Add, 0, 0),
             ],
             outputs: vec![Output { value: 5 }, Output { value: 6 }],
         }
@@ -433,11 +421,7 @@ mod tests {
     fn a_kernel_whose_full_values_read_a_reduction_does_not_split() {
         let mut k = gain_gradient(2, 8, 3);
         // dy * sum: a full value after the reduction (a softmax-like second pass).
-        k.body.push(Inst::Binary {
-            op: BinaryOp::Mul,
-            a: 0,
-            b: 5,
-        });
+        k.body.push(Inst::binary(BinaryOp::Mul, 0, 5));
         k.outputs.push(Output { value: 7 });
         assert!(k.check().is_ok());
         assert!(!splittable(&k, 1));
@@ -458,11 +442,7 @@ mod tests {
                 axis: 1,
                 dtype: DType::F32,
             },
-            Inst::Binary {
-                op: BinaryOp::Mul,
-                a: 4,
-                b: 5,
-            },
+            Inst::binary(BinaryOp::Mul, 4, 5),
             Inst::Reduce {
                 op: ReduceOp::Sum,
                 x: 6,

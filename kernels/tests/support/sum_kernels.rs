@@ -39,16 +39,8 @@ pub fn max_min_and_reduce_max(dims: &[usize], axes: &[usize], of: usize) -> Fuse
             value: 0.0,
             dtype: DType::F32,
         },
-        Inst::Binary {
-            op: BinaryOp::Max,
-            a: 0,
-            b: 1,
-        },
-        Inst::Binary {
-            op: BinaryOp::Min,
-            a: 0,
-            b: 1,
-        },
+        Inst::binary(BinaryOp::Max, 0, 1),
+        Inst::binary(BinaryOp::Min, 0, 1),
         Inst::Reduce {
             op: ReduceOp::Max,
             x: of,

@@ -200,122 +200,127 @@ impl Lowering<'_> {
         // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
         // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
         let conv_layout = w.layout();
-        if conv_layout == ConvLayout::Nhwc {
+        let (geo_pass, fallback) = if conv_layout == ConvLayout::Nhwc {
             let dims: SmallVec<[&[usize]; 2]> =
                 node.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
             let geo_pass = w
                 .conv_geometry(&dims, node.ty.shape.dims())
                 .ok_or_else(no_workspace)?;
-            self.push_conv(
-                id,
-                geo_pass,
-                conv_layout,
-                (d, compute),
-                (a, b),
-                ws,
-                Vec::new(),
-            );
-            return Ok(());
-        }
-        // The chunk is the largest the planned workspace holds (the planner grants more
-        // than one image's where the step's peak leaves room).
-        let layout = conv_workspace_within(g, id, ws.bytes).ok_or_else(no_workspace)?;
-        let geo = layout.geometry;
-        let (s, e) = (layout.samples, d.size());
-        let limit = i32::MAX as usize;
-        let (k, p, og) = (geo.col_rows(), geo.positions(), geo.out_ch / geo.groups);
-        if [k, s * p, og, geo.out_ch * p].iter().any(|&x| x > limit) {
-            return Err(LowerError::Invalid {
-                op,
-                reason: "a dimension of the convolution's GEMMs exceeds cuBLAS's 32-bit limit"
-                    .into(),
-            });
-        }
-        let col = Location {
-            offset: ws.offset,
-            bytes: layout.column_bytes,
-        };
-        let blas = Location {
-            offset: ws.offset + layout.blas,
-            bytes: CUBLAS_WORKSPACE,
-        };
-        let image_x = geo.in_ch * geo.in_hw[0] * geo.in_hw[1] * e;
-        let image_y = geo.out_ch * p * e;
-        let chunk = |l: Location, c: usize, per_image: usize| Location {
-            offset: l.offset + c * s * per_image,
-            bytes: s * per_image,
-        };
-        // The im2col ops are lowered as before, then taken out as the fallback of one cuDNN
-        // operation in their place.
-        let start = self.ops.len();
-        let chunks = geo.batch / s;
-        let col_ld = s * p;
-        match layout.pass {
-            Pass::Forward => {
-                let (x, wt) = (loc(0), loc(1));
-                let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
-                for c in 0..chunks {
-                    let (xc, yc) = (chunk(x, c, image_x), chunk(here, c, image_y));
-                    self.launch_from_to(id, im2col.clone(), xc, col);
-                    let operands = [
-                        Operand::at(wt.offset, k, og * k, 0),
-                        Operand::at(col.offset, col_ld, k * col_ld, p),
-                        Operand::at(yc.offset, p, og * p, geo.out_ch * p),
-                    ];
-                    for gemm in grouped_gemms((og, p, k), operands, geo.groups, s, e, false) {
-                        self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, col], yc, blas);
+            (geo_pass, Vec::new())
+        } else {
+            // The chunk is the largest the planned workspace holds (the planner grants more
+            // than one image's where the step's peak leaves room).
+            let layout = conv_workspace_within(g, id, ws.bytes).ok_or_else(no_workspace)?;
+            let geo = layout.geometry;
+            let (s, e) = (layout.samples, d.size());
+            let limit = i32::MAX as usize;
+            let (k, p, og) = (geo.col_rows(), geo.positions(), geo.out_ch / geo.groups);
+            if [k, s * p, og, geo.out_ch * p].iter().any(|&x| x > limit) {
+                return Err(LowerError::Invalid {
+                    op,
+                    reason: "a dimension of the convolution's GEMMs exceeds cuBLAS's 32-bit limit"
+                        .into(),
+                });
+            }
+            let col = Location {
+                offset: ws.offset,
+                bytes: layout.column_bytes,
+            };
+            let blas = Location {
+                offset: ws.offset + layout.blas,
+                bytes: CUBLAS_WORKSPACE,
+            };
+            let image_x = geo.in_ch * geo.in_hw[0] * geo.in_hw[1] * e;
+            let image_y = geo.out_ch * p * e;
+            let chunk = |l: Location, c: usize, per_image: usize| Location {
+                offset: l.offset + c * s * per_image,
+                bytes: s * per_image,
+            };
+            // The im2col ops are lowered as before, then taken out as the fallback of one cuDNN
+            // operation in their place.
+            let start = self.ops.len();
+            let chunks = geo.batch / s;
+            let col_ld = s * p;
+            match layout.pass {
+                Pass::Forward => {
+                    let (x, wt) = (loc(0), loc(1));
+                    let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
+                    for c in 0..chunks {
+                        let (xc, yc) = (chunk(x, c, image_x), chunk(here, c, image_y));
+                        self.launch_from_to(id, im2col.clone(), xc, col);
+                        let operands = [
+                            Operand::at(wt.offset, k, og * k, 0),
+                            Operand::at(col.offset, col_ld, k * col_ld, p),
+                            Operand::at(yc.offset, p, og * p, geo.out_ch * p),
+                        ];
+                        for gemm in grouped_gemms((og, p, k), operands, geo.groups, s, e, false) {
+                            self.gemm_touching(
+                                gemm.gemm(id, d, compute, blas),
+                                &[wt, col],
+                                yc,
+                                blas,
+                            );
+                        }
+                    }
+                }
+                Pass::GradInput => {
+                    let (dy, wt) = (loc(0), loc(1));
+                    let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
+                    for c in 0..chunks {
+                        let (dyc, dxc) = (chunk(dy, c, image_y), chunk(here, c, image_x));
+                        let operands = [
+                            Operand::at(wt.offset, k, og * k, 0).transposed(),
+                            Operand::at(dyc.offset, p, og * p, geo.out_ch * p),
+                            Operand::at(col.offset, col_ld, k * col_ld, p),
+                        ];
+                        for gemm in grouped_gemms((k, p, og), operands, geo.groups, s, e, false) {
+                            self.gemm_touching(
+                                gemm.gemm(id, d, compute, blas),
+                                &[wt, dyc],
+                                col,
+                                blas,
+                            );
+                        }
+                        self.launch_from_to(id, col2im.clone(), col, dxc);
+                    }
+                }
+                Pass::GradWeight => {
+                    let (x, dy) = (loc(0), loc(1));
+                    let (side_at, side_bytes) = layout.side.expect("a weight gradient's layout");
+                    let side = Location {
+                        offset: ws.offset + side_at,
+                        bytes: side_bytes,
+                    };
+                    let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
+                    let arrange =
+                        kernels::images_side_by_side(d, s, geo.out_ch, p).map_err(codegen)?;
+                    for c in 0..chunks {
+                        let (xc, dyc) = (chunk(x, c, image_x), chunk(dy, c, image_y));
+                        self.launch_from_to(id, im2col.clone(), xc, col);
+                        self.launch_from_to(id, arrange.clone(), dyc, side);
+                        // The chunk's images are side by side along the product's inner axis, so
+                        // the groups are the only batch; the chunks add up, in image order.
+                        let operands = [
+                            Operand::at(side.offset, col_ld, og * col_ld, 0),
+                            Operand::at(col.offset, col_ld, k * col_ld, 0).transposed(),
+                            Operand::at(here.offset, k, og * k, 0),
+                        ];
+                        let mut reads = vec![side, col];
+                        if c > 0 {
+                            reads.push(here);
+                        }
+                        for gemm in
+                            grouped_gemms((og, k, col_ld), operands, geo.groups, 1, e, c > 0)
+                        {
+                            self.gemm_touching(gemm.gemm(id, d, compute, blas), &reads, here, blas);
+                        }
                     }
                 }
             }
-            Pass::GradInput => {
-                let (dy, wt) = (loc(0), loc(1));
-                let col2im = kernels::col2im(d, &geo, s).map_err(codegen)?;
-                for c in 0..chunks {
-                    let (dyc, dxc) = (chunk(dy, c, image_y), chunk(here, c, image_x));
-                    let operands = [
-                        Operand::at(wt.offset, k, og * k, 0).transposed(),
-                        Operand::at(dyc.offset, p, og * p, geo.out_ch * p),
-                        Operand::at(col.offset, col_ld, k * col_ld, p),
-                    ];
-                    for gemm in grouped_gemms((k, p, og), operands, geo.groups, s, e, false) {
-                        self.gemm_touching(gemm.gemm(id, d, compute, blas), &[wt, dyc], col, blas);
-                    }
-                    self.launch_from_to(id, col2im.clone(), col, dxc);
-                }
-            }
-            Pass::GradWeight => {
-                let (x, dy) = (loc(0), loc(1));
-                let (side_at, side_bytes) = layout.side.expect("a weight gradient's layout");
-                let side = Location {
-                    offset: ws.offset + side_at,
-                    bytes: side_bytes,
-                };
-                let im2col = kernels::im2col(d, &geo, s).map_err(codegen)?;
-                let arrange = kernels::images_side_by_side(d, s, geo.out_ch, p).map_err(codegen)?;
-                for c in 0..chunks {
-                    let (xc, dyc) = (chunk(x, c, image_x), chunk(dy, c, image_y));
-                    self.launch_from_to(id, im2col.clone(), xc, col);
-                    self.launch_from_to(id, arrange.clone(), dyc, side);
-                    // The chunk's images are side by side along the product's inner axis, so
-                    // the groups are the only batch; the chunks add up, in image order.
-                    let operands = [
-                        Operand::at(side.offset, col_ld, og * col_ld, 0),
-                        Operand::at(col.offset, col_ld, k * col_ld, 0).transposed(),
-                        Operand::at(here.offset, k, og * k, 0),
-                    ];
-                    let mut reads = vec![side, col];
-                    if c > 0 {
-                        reads.push(here);
-                    }
-                    for gemm in grouped_gemms((og, k, col_ld), operands, geo.groups, 1, e, c > 0) {
-                        self.gemm_touching(gemm.gemm(id, d, compute, blas), &reads, here, blas);
-                    }
-                }
-            }
-        }
-        let fallback: Vec<DeviceOp> = self.ops.drain(start..).collect();
-        self.touches.truncate(start);
-        let geo_pass = (geo, layout.pass);
+            let fallback: Vec<DeviceOp> = self.ops.drain(start..).collect();
+            self.touches.truncate(start);
+            ((geo, layout.pass), fallback)
+        };
         self.push_conv(
             id,
             geo_pass,
