@@ -435,6 +435,58 @@ fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_
     }
 }
 
+#[test]
+fn resnet18s_batch_norms_at_2x2_and_4x4_go_across_the_channels_with_the_interpreters_bits_on_1_2_3_and_16_threads(
+) {
+    // resnet18 (CIFAR) at batch 128: a channel's runs are 2×2 or 4×4 pixels, 1,024 or 2,048
+    // floats apart. The program takes each run of a group of channels in one chunk (a group
+    // of 128 channels, where a row's runs together made groups of one channel).
+    for (domain, group) in [([128, 256, 2, 2], 128), ([128, 128, 4, 4], 128)] {
+        let reduce = [0, 2, 3];
+        let numel: usize = domain.iter().product();
+        let k = batch_norm(&domain, &reduce, row_major(&domain), 0, numel);
+        let c = Compiled::new(&k).expect("a batch norm compiles");
+        assert_eq!(c.shape().1, group, "{domain:?}: channels a group");
+        assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
+        // Finite values (the random kernels' data holds infinities), so that the means can
+        // be held to f64 sums.
+        let mut r = Rng(18);
+        let inputs: Vec<Vec<u8>> = k
+            .inputs
+            .iter()
+            .map(|i| {
+                (0..i.len)
+                    .flat_map(|_| ((r.below(2001) as f32 - 1000.0) / 256.0).to_ne_bytes())
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+        let want = cpu::run_buffers(&k, &refs).unwrap();
+        compiled_gives(&k, &inputs, &want, &[1, 2, 3, 16], &format!("{domain:?}"));
+        // The means against f64 sums of the same inputs (an independent reference).
+        let x: Vec<f32> = inputs[0]
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        let (ch, hw) = (domain[1], domain[2] * domain[3]);
+        for (cc, m) in want[1].chunks_exact(4).enumerate() {
+            let m = f32::from_ne_bytes(m.try_into().unwrap()) as f64;
+            let terms = (0..domain[0]).flat_map(|n| {
+                let at = (n * ch + cc) * hw;
+                x[at..at + hw].iter().map(|&v| v as f64)
+            });
+            let (sum, abs) = terms.fold((0.0, 0.0), |(s, a), v: f64| (s + v, a + v.abs()));
+            let count = (domain[0] * hw) as f64;
+            let tol = 4e-6 * abs / count;
+            assert!(
+                (m - sum / count).abs() <= tol,
+                "{domain:?} channel {cc}: mean {m}, f64 {}",
+                sum / count
+            );
+        }
+    }
+}
+
 /// A ReLU's backward pass into a batch norm's: `dy` where the stored mask is false, its sum
 /// per channel; and the mask of the result's non-positive elements, stored (bools).
 fn masked_sum(domain: &[usize], reduce: &[usize]) -> FusedKernel {

@@ -12,13 +12,18 @@
 //! - the **row** axes: the kept ones. Each row (index of them, row-major) is computed alone.
 //!
 //! A chunk holds **segments** of equal length: whole runs when a run fits in the lanes (several
-//! runs of a row, several rows in a chunk), else a piece of one run. Each instruction is one
-//! loop over the chunk's lanes (a per-row operand splits it by segment), and each reduction
+//! runs of a row, several rows in a chunk), else a piece of one run. Runs of a few elements
+//! ([`SHORT_RUN`]; a batch norm's 2×2 and 4×4 images, `C·H·W` apart in memory) go **across**
+//! the rows instead: a chunk holds one run of each of consecutive rows (`[n, c0.., :, :]`,
+//! contiguous), and every run of a group's rows before the next run. Each instruction is one
+//! loop over the chunk's lanes (a per-row operand of short segments is spread over them first;
+//! of long ones it splits the loop by segment), and each reduction
 //! folds each segment into its row's slot, in the row's order: runs in row-major order of the
 //! run axes, each through the interpreter's `acc_run` (eight interleaved partials, blocks of
 //! [`RUN_BLOCK`]) and its block sums into the row's cascade (`slot_op`; a whole run of one
 //! block by `fold_run`, the same arithmetic in one call). That is the order [`super::run`]
-//! folds the row in, so the bits are the interpreter's, whatever rows or runs share a chunk.
+//! folds the row in, so the bits are the interpreter's, whatever rows or runs share a chunk
+//! and in whichever of the two orders the chunks visit them ([`Program::item`]).
 //!
 //! # Threads
 //! Rows are independent: [`Program::run_rows`] runs a range of them, with the same bits as
@@ -30,7 +35,7 @@
 use super::arena::{in_blocks, step_out, Arena, Io, Source};
 use super::body::{chunk_axes, covered, Body, Code, Pass, Src, Step};
 use super::columns::offset_of;
-use super::consts::{ALIGN, R, RUNS, SLOT};
+use super::consts::{ALIGN, MAX_LANES, R, RUNS, SLOT};
 use super::interpret::scratch_bytes;
 use super::lane_loops::{apply_lanes, other, Val, LANE_CHOICES};
 use super::reduce::{acc_run, combine8, fold8, identity, slot_op, Runs, SlotStep};
@@ -45,6 +50,18 @@ use zerocopy::{FromBytes, IntoBytes};
 /// The most rows a group holds and segments a chunk holds (bounds the per-row slots and the
 /// bases).
 const MAX_ROWS: usize = 128;
+
+/// Runs of at most this many elements, several a row, go **across** the rows: a chunk's
+/// segments are one run of consecutive rows (see [`Program::item`]), not consecutive runs of
+/// one row. A batch norm's `[N, C, H, W]` at 2×2 or 4×4 then reads whole stretches of `C·H·W`
+/// (a row's runs are `C·H·W` apart, a few bytes each), and its rows are grouped
+/// [`MAX_ROWS`] at a time.
+const SHORT_RUN: usize = 32;
+
+/// Per-row operands of segments shorter than this are spread over the chunk's lanes (each
+/// segment's row value on its lanes, on the stack), so that an instruction is one loop over
+/// the chunk rather than one per segment.
+const SPREAD_BELOW: usize = 64;
 
 /// A flat or rows-case fused kernel made into a program once; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -68,6 +85,8 @@ pub(super) struct Program {
     rows: usize,
     /// Runs per row (1 when no reduced axis lies outside the inner ones).
     runs: usize,
+    /// Whether a chunk's segments go across the rows ([`SHORT_RUN`], [`Program::item`]).
+    across: bool,
     /// Elements along the inner axes (a run, or a flat kernel's segment).
     n: usize,
     lanes: usize,
@@ -117,6 +136,13 @@ fn grouping(n: usize, runs: usize, lanes: usize) -> (usize, usize) {
     }
 }
 
+/// Rows per group and segments per chunk when the segments go across the rows
+/// ([`SHORT_RUN`]): [`MAX_ROWS`] rows, and as many whole runs of `n` as `lanes` hold; `None`
+/// when a run is longer than `lanes`.
+fn grouping_across(n: usize, lanes: usize) -> Option<(usize, usize)> {
+    (n <= lanes).then(|| (MAX_ROWS, (lanes / n.max(1)).clamp(1, MAX_ROWS)))
+}
+
 /// Row-major element strides of a tensor shaped like `dims`.
 fn contiguous(dims: &[usize]) -> Vec<usize> {
     let mut s = vec![0; dims.len()];
@@ -143,20 +169,23 @@ impl Program {
         let strides = |axes: &[usize], s: &[usize]| axes.iter().map(|&a| s[a]).collect();
         let cs = contiguous(dims);
 
-        // The most lanes whose scratch fits in what the planner reserved.
+        // The most lanes whose scratch fits in what the planner reserved: across the rows
+        // where the runs are short and it fits, else a row's runs together.
         let avail = scratch_bytes(k);
-        let mut pick = None;
-        for &lanes in &LANE_CHOICES {
-            let (group, segs) = grouping(n, runs, lanes);
-            let Some(c) = carve(k.inputs.len(), group, segs, lanes, &body) else {
-                continue;
-            };
-            if c.end.checked_add(ALIGN).is_some_and(|e| e <= avail) {
-                pick = Some((lanes, group, segs, c.end + ALIGN));
-                break;
-            }
-        }
-        let (lanes, group, segs, scratch) = pick?;
+        let fit = |across: bool| {
+            LANE_CHOICES.iter().find_map(|&lanes| {
+                let (group, segs) = match across {
+                    true => grouping_across(n, lanes)?,
+                    false => grouping(n, runs, lanes),
+                };
+                let c = carve(k.inputs.len(), group, segs, lanes, &body)?;
+                let end = c.end.checked_add(ALIGN).filter(|&e| e <= avail)?;
+                Some((lanes, group, segs, end, across))
+            })
+        };
+        let short = runs > 1 && n <= SHORT_RUN;
+        let (lanes, group, segs, scratch, across) =
+            short.then(|| fit(true)).flatten().or_else(|| fit(false))?;
         Some(Program {
             body,
             in_offset: k.inputs.iter().map(|i| i.access.offset).collect(),
@@ -183,6 +212,7 @@ impl Program {
             run_dims: run_axes.iter().map(|&a| dims[a]).collect(),
             rows,
             runs,
+            across,
             n,
             lanes,
             group: group.min(rows.max(1)),
@@ -275,12 +305,12 @@ impl Program {
             }
             if self.n <= self.lanes {
                 in_blocks(items, self.segs, |q0, cnt| {
-                    self.chunk(w, pass, last, q0, cnt, 0, self.n)
+                    self.chunk(w, pass, last, (q0, cnt, g), 0, self.n)
                 })?;
             } else {
                 for q in 0..items {
                     in_blocks(self.n, self.lanes, |p0, len| {
-                        self.chunk(w, pass, last, q, 1, p0, len)
+                        self.chunk(w, pass, last, (q, 1, g), p0, len)
                     })?;
                 }
             }
@@ -309,23 +339,34 @@ impl Program {
         )
     }
 
-    /// One chunk of a pass: segments `q0 .. q0 + cnt` of the group (segment `q` is run
-    /// `q % runs` of the group's row `q / runs`), each `len` elements from position `p0` of
-    /// its run: their bases, the pass's steps, folds and (in the last pass) full stores.
-    #[allow(clippy::too_many_arguments)]
+    /// Segment `q` of a group of `g` rows: its row in the group and its run in the row. A
+    /// row's runs come in order either way: run `q % runs` of row `q / runs` (a row's runs
+    /// together), or, across the rows ([`SHORT_RUN`]), run `q / g` of row `q % g` (each run
+    /// of every row of the group before the next run).
+    #[inline]
+    fn item(&self, q: usize, g: usize) -> (usize, usize) {
+        match self.across {
+            true => (q % g.max(1), q / g.max(1)),
+            false => (q / self.runs, q % self.runs),
+        }
+    }
+
+    /// One chunk of a pass: segments `q0 .. q0 + cnt` of a group of `g` rows (`(q0, cnt,
+    /// g)`; segment `q` is run `r` of the group's row `j`, `(j, r) =`
+    /// [`Program::item`]`(q, g)`), each `len` elements from position `p0` of its run: their
+    /// bases, the pass's steps, folds and (in the last pass) full stores.
     fn chunk(
         &self,
         w: &mut Work<'_>,
         pass: &Pass,
         last: bool,
-        q0: usize,
-        cnt: usize,
+        (q0, cnt, g): (usize, usize, usize),
         p0: usize,
         len: usize,
     ) -> R {
         let ni = self.in_len.len();
-        let (mut j, mut r) = (q0 / self.runs, q0 % self.runs);
         for s in 0..cnt {
+            let (j, r) = self.item(q0 + s, g);
             for q in 0..=ni {
                 let strides = if q < ni {
                     &self.in_runs[q]
@@ -335,20 +376,16 @@ impl Program {
                 let run = offset_of(r, &self.run_dims, strides);
                 w.seg_bases[q * self.segs + s] = w.row_bases[q * self.group + j].wrapping_add(run);
             }
-            r += 1;
-            if r == self.runs {
-                (j, r) = (j + 1, 0);
-            }
         }
         for st in &pass.steps {
-            self.full_step(w, st, q0, cnt, len, p0)?;
+            self.full_step(w, st, (q0, cnt, g), len, p0)?;
         }
         let blocks = self.n.div_ceil(RUN_BLOCK);
         // Whole runs of one block: folded at once (the same arithmetic as the steps below).
         let whole = p0 == 0 && len == self.n && self.n <= RUN_BLOCK;
         for f in &pass.folds {
             for s in 0..cnt {
-                let (j, r) = ((q0 + s) / self.runs, (q0 + s) % self.runs);
+                let (j, r) = self.item(q0 + s, g);
                 let xs = super::lanes::sub(w.lanes, f.from * self.lanes + s * len, len)?;
                 let at = (f.slot * self.group + j) * SLOT;
                 let slot = super::lanes::sub_mut(w.slots, at, SLOT)?;
@@ -380,20 +417,19 @@ impl Program {
     /// of every full output: one copy where they are consecutive in the output.
     fn store_full(&self, w: &mut Work<'_>, cnt: usize, len: usize, p0: usize) -> R {
         let ob = &w.seg_bases[self.in_len.len() * self.segs..][..cnt];
-        let together = ob.windows(2).all(|x| x[1] == x[0].wrapping_add(len));
         let total = self.rows * self.runs * self.n;
         for (o, &(src, per_row)) in self.body.outputs.iter().enumerate() {
             if per_row {
                 continue;
             }
             let mut dst = w.io.dest(o, total, self.body.out_bool[o])?;
-            let (pieces, seg) = if together { (1, cnt * len) } else { (cnt, len) };
-            for (s, &base) in ob.iter().enumerate().take(pieces) {
-                let at = base.wrapping_add(p0);
+            // One copy per stretch of segments consecutive in the output.
+            for (s0, k) in spans(ob, len) {
+                let (at, seg) = (ob[s0].wrapping_add(p0), k * len);
                 match src {
                     Src::Lanes(b) => dst.put(
                         at,
-                        super::lanes::sub(w.lanes, b * self.lanes + s * seg, seg)?,
+                        super::lanes::sub(w.lanes, b * self.lanes + s0 * len, seg)?,
                     )?,
                     Src::Const(c) => dst.fill(at, seg, c)?,
                     Src::Row(_) => return Err(KernelError::Internal("row value stored full")),
@@ -440,14 +476,13 @@ impl Program {
         Ok(())
     }
 
-    /// A full step over the chunk's `cnt` segments (from `q0`) of `len` lanes each, at
-    /// position `p0` of their runs.
+    /// A full step over the chunk's `cnt` segments (from `q0`, of a group of `g` rows) of
+    /// `len` lanes each, at position `p0` of their runs.
     fn full_step(
         &self,
         w: &mut Work<'_>,
         st: &Step,
-        q0: usize,
-        cnt: usize,
+        (q0, cnt, g): (usize, usize, usize),
         len: usize,
         p0: usize,
     ) -> R {
@@ -476,9 +511,41 @@ impl Program {
             lanes: lw,
             group: self.group,
         };
+        if per_row && cnt > 1 && len < SPREAD_BELOW {
+            // Each per-row operand spread over the chunk's lanes: one loop over the chunk,
+            // each lane computing what its segment's own loop would (the same scalar
+            // function on the same two values).
+            let mut spread = [[0f32; MAX_LANES]; 3];
+            let mut held = [usize::MAX; 3];
+            for (a, (buf, h)) in st.args.iter().zip(spread.iter_mut().zip(&mut held)) {
+                if let Src::Row(b) = *a {
+                    let buf = buf
+                        .get_mut(..cnt * len)
+                        .ok_or(KernelError::Internal("spread lanes"))?;
+                    for (s, lanes) in buf.chunks_exact_mut(len).enumerate() {
+                        let (j, _) = self.item(q0 + s, g);
+                        lanes.fill(at.row(b, j)?);
+                    }
+                    *h = b;
+                }
+            }
+            let spread = &spread;
+            return apply_lanes(
+                st,
+                |v| match v {
+                    Src::Row(b) => {
+                        let i = held.iter().position(|&h| h == b);
+                        let i = i.ok_or(KernelError::Internal("spread operand"))?;
+                        Ok(Val::Lanes(&spread[i][..cnt * len]))
+                    }
+                    _ => at.val(v, 0, 0, cnt * len),
+                },
+                out,
+            );
+        }
         let (pieces, seg) = if per_row { (cnt, len) } else { (1, cnt * len) };
         for s in 0..pieces {
-            let j = (q0 + s) / self.runs;
+            let (j, _) = self.item(q0 + s, g);
             let o = &mut out[s * seg..(s + 1) * seg];
             apply_lanes(st, |v| at.val(v, j, s * seg, seg), o)?;
         }
@@ -506,11 +573,14 @@ fn load<T: Copy>(
             *o = f(x);
         }
     };
-    let together = step == 1 && bases.windows(2).all(|x| x[1] == x[0].wrapping_add(len));
-    if together {
-        let s0 = start(bases[0]);
-        let s = s0.checked_add(out.len()).and_then(|e| src.get(s0..e));
-        copy(out, s.ok_or_else(oob)?);
+    if step == 1 {
+        // One copy per stretch of segments consecutive in `src`.
+        for (s0, k) in spans(bases, len) {
+            let o = out.get_mut(s0 * len..(s0 + k) * len).ok_or_else(oob)?;
+            let at = start(bases[s0]);
+            let s = at.checked_add(o.len()).and_then(|e| src.get(at..e));
+            copy(o, s.ok_or_else(oob)?);
+        }
         return Ok(());
     }
     for (o, &b) in out.chunks_exact_mut(len).zip(bases) {
@@ -528,6 +598,24 @@ fn load<T: Copy>(
         }
     }
     Ok(())
+}
+
+/// The stretches of `bases` (segments of `len` elements) that lie one after another:
+/// `(first segment, segments)` for each, in order.
+fn spans(bases: &[usize], len: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut s0 = 0;
+    std::iter::from_fn(move || {
+        if s0 >= bases.len() {
+            return None;
+        }
+        let mut k = 1;
+        while s0 + k < bases.len() && bases[s0 + k] == bases[s0 + k - 1].wrapping_add(len) {
+            k += 1;
+        }
+        let span = (s0, k);
+        s0 += k;
+        Some(span)
+    })
 }
 
 /// Folds a whole run of one block, run `run` of its row, into the row's slot: what
@@ -591,16 +679,19 @@ struct Around<'a> {
 }
 
 impl<'a> Around<'a> {
+    /// Row buffer `b`'s value for row `j` of the group.
+    fn row(&self, b: usize, j: usize) -> R<f32> {
+        self.rows
+            .get(b * self.group + j)
+            .copied()
+            .ok_or(KernelError::Internal("row buffer"))
+    }
+
     /// Operand `s` for row `j` of the group, over `seg` lanes from lane `from`.
     fn val(&self, s: Src, j: usize, from: usize, seg: usize) -> R<Val<'a>> {
         Ok(match s {
             Src::Const(c) => Val::One(c),
-            Src::Row(b) => Val::One(
-                *self
-                    .rows
-                    .get(b * self.group + j)
-                    .ok_or(KernelError::Internal("row buffer"))?,
-            ),
+            Src::Row(b) => Val::One(self.row(b, j)?),
             Src::Lanes(b) => Val::Lanes(super::lanes::sub(
                 other(self.before, self.after, self.end, self.lanes, b)?,
                 from,
