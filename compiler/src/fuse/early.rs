@@ -33,7 +33,7 @@ pub const MIN_GAP: usize = 64;
 /// stored value that is not a leaf through views only (slices, transposes, broadcasts,
 /// reshapes, none of them stored). The rest of that value is read by the other users of each
 /// node on that chain; each such read can reach no further than the first stored value down
-/// its users ([`last_reach`]: every path ends at a stored value). The slice's own kernel reads
+/// its users (`last_reach`: every path ends at a stored value). The slice's own kernel reads
 /// the value no earlier than the first user of the slice.
 pub fn early_slices(g: &Graph, forced: &[bool]) -> BTreeSet<NodeId> {
     let mut early = BTreeSet::new();
