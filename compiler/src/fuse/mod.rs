@@ -11,7 +11,9 @@
 //!    compute from values the backward pass keeps anyway (a LayerNorm or GELU output), gets a
 //!    copy computed just before its backward users, so the original dies in the forward pass;
 //! 2. [`select`]: which values are materialized (written to a buffer); everything else is
-//!    expanded inside each kernel that uses it;
+//!    expanded inside each kernel that uses it; and [`early`](mod@early): a slice read long
+//!    after the rest of its value is copied out (a kernel of its own, emitted after that rest's
+//!    last read), so the whole value dies there;
 //! 3. [`lower`](mod@lower): each materialized value becomes the root of a kernel; where a root
 //!    cannot be expanded (a reduction over other axes, a view a linear index cannot express) the
 //!    value in the way is materialized too, and lowering starts again (taking the lowerings
@@ -32,6 +34,7 @@
 
 mod bounds;
 pub mod concat;
+pub mod early;
 mod group;
 pub mod index;
 mod kind;
@@ -68,6 +71,9 @@ pub struct FuseOptions {
     /// Make a matrix product added into a dying value one `matmul_acc`
     /// ([`matmul_acc`](mod@matmul_acc)).
     pub matmul_acc: bool,
+    /// Copy a slice read long after the rest of its value out early
+    /// ([`early`](mod@early)).
+    pub early_slices: bool,
 }
 
 impl Default for FuseOptions {
@@ -77,6 +83,7 @@ impl Default for FuseOptions {
             remat: true,
             merge: true,
             matmul_acc: true,
+            early_slices: true,
         }
     }
 }
@@ -192,6 +199,14 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     };
     let recomputed_flops = crate::flops::of_graph(&g).saturating_sub(flops_before);
     let mut mat = select::forced(&g);
+    let early = if opts.early_slices {
+        early::early_slices(&g, &mat)
+    } else {
+        BTreeSet::new()
+    };
+    for &s in &early {
+        mat[s.index()] = true;
+    }
     let mut rounds = 0;
     let largest = g.ids().map(|id| g.ty(id).bytes()).max().unwrap_or(0);
     let mut kept = rounds::Lowerings::default();
@@ -221,11 +236,11 @@ pub fn fuse_recomputing(g: &Graph, opts: &FuseOptions, heavy: &[NodeId]) -> Resu
     // The earlier rounds' lowerings are done with: freed before merging (issue 53).
     drop(kept);
     let groups = if opts.merge {
-        unread::drop_unread_roots(&g, &mat, merged_groups(&g, &mat, groups)?)
+        unread::drop_unread_roots(&g, &mat, merged_groups(&g, &mat, groups, &early)?)
     } else {
         groups
     };
-    let mut graph = emit(&g, &groups)?;
+    let mut graph = emit(&g, &groups, &early)?;
     crate::ir::origin::fill_missing(&mut graph);
     index::check_loads(&graph)?;
     graph.verify()?;
@@ -289,8 +304,10 @@ fn scratch_cuts(g: &Graph, mat: &[bool], groups: &[Group], largest: usize) -> Ve
     cuts
 }
 
-/// Builds the fused graph: leaves, then units in dependence order (ties: earliest root).
-fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
+/// Builds the fused graph: leaves, then units in dependence order (ties: earliest root; a
+/// slice copied early, [`early`](mod@early), keyed just after the last other unit reading its
+/// value instead: [`early::copy_keys`]).
+fn emit(g: &Graph, groups: &[Group], early: &BTreeSet<NodeId>) -> Result<Graph, IrError> {
     let mut out = Graph::new();
     let mut new_id: HashMap<NodeId, NodeId> = HashMap::new();
     for id in g.ids() {
@@ -314,6 +331,25 @@ fn emit(g: &Graph, groups: &[Group]) -> Result<Graph, IrError> {
                 .map(|id| (id, Unit::Library(id))),
         )
         .collect();
+    if !early.is_empty() {
+        let reads: Vec<Vec<NodeId>> = (units.iter())
+            .map(|(_, u)| match u {
+                Unit::Group(gr) => gr.lowered.inputs.clone(),
+                Unit::Library(id) => g.node(*id).inputs.to_vec(),
+            })
+            .map(|xs| xs.into_iter().map(|x| select::base(g, x)).collect())
+            .collect();
+        let copies: Vec<bool> = (units.iter())
+            .map(|(_, u)| matches!(u, Unit::Group(gr) if early.contains(&gr.roots[0])))
+            .collect();
+        let keys: Vec<NodeId> = units.iter().map(|u| u.0).collect();
+        for (u, k) in units
+            .iter_mut()
+            .zip(early::copy_keys(&keys, &reads, &copies))
+        {
+            u.0 = k;
+        }
+    }
     units.sort_by_key(|u| u.0);
     let produced_by: HashMap<NodeId, usize> = units
         .iter()
@@ -528,9 +564,9 @@ mod tests {
                 Err(cuts) => cuts.into_iter().for_each(|c| mat[c.index()] = true),
             }
         };
-        let (groups, shortcuts) = merge(&g, &mat, groups, shortcut).unwrap();
+        let (groups, shortcuts) = merge(&g, &mat, groups, shortcut, &BTreeSet::new()).unwrap();
         (
-            crate::ir::text::print(&emit(&g, &groups).unwrap()),
+            crate::ir::text::print(&emit(&g, &groups, &BTreeSet::new()).unwrap()),
             shortcuts,
         )
     }

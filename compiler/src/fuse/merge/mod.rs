@@ -46,14 +46,15 @@ pub(super) fn merged_groups(
     g: &Graph,
     mat: &[bool],
     groups: Vec<Group>,
+    early: &BTreeSet<NodeId>,
 ) -> Result<Vec<Group>, IrError> {
-    match merge(g, mat, groups, true) {
+    match merge(g, mat, groups, true, early) {
         Ok((groups, _)) => Ok(groups),
         Err(_) => {
             let groups = lower_all(g, mat).map_err(|_| {
                 IrError::Invalid("fusion: groups that lowered once do not lower again".into())
             })?;
-            Ok(merge(g, mat, groups, false)?.0)
+            Ok(merge(g, mat, groups, false, early)?.0)
         }
     }
 }
@@ -74,9 +75,10 @@ pub(super) fn merge(
     mat: &[bool],
     groups: Vec<Group>,
     shortcut: bool,
+    early: &BTreeSet<NodeId>,
 ) -> Result<(Vec<Group>, usize), IrError> {
     let slots = groups.into_iter().map(|gr| Some(Part::of(g, gr))).collect();
-    let mut units = Units::new(g, slots);
+    let mut units = Units::new(g, slots, early.clone());
     // The step's largest value: its plan holds at least this much at its peak.
     let largest = g.ids().map(|id| g.ty(id).bytes()).max().unwrap_or(0);
     let shortcuts = fold_producers(g, mat, shortcut, largest, &mut units);

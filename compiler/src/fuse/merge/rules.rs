@@ -51,6 +51,7 @@ pub(super) const FOLD_RULES: &[fn(&Fold) -> bool] = &[
     fold_skips_another_path,
     fold_pulls_backward_work_into_the_forward_pass,
     fold_takes_in_an_accumulation,
+    fold_undoes_an_early_copy,
     fold_needs_more_scratch_than_it_saves,
 ];
 
@@ -61,6 +62,7 @@ pub(super) const SIBLING_RULES: &[fn(&Siblings) -> bool] = &[
     siblings_write_full_size_from_a_column_reduction,
     siblings_are_in_different_passes,
     siblings_hold_an_accumulation,
+    siblings_hold_an_early_copy,
     siblings_are_connected,
     siblings_delay_more_than_they_save,
 ];
@@ -129,6 +131,12 @@ fn fold_takes_in_an_accumulation(f: &Fold) -> bool {
     f.pg.roots.iter().any(|&r| select::is_accumulation(f.g, r))
 }
 
+/// A slice copied early ([`crate::fuse::early`]) is its own kernel: folded into its late
+/// reader, the reader would read the whole value again, which the copy is there to free.
+fn fold_undoes_an_early_copy(f: &Fold) -> bool {
+    (f.pg.roots.iter().chain(&f.cg.roots)).any(|r| f.units.early.contains(r))
+}
+
 /// Nothing to read once instead of twice: no reason to merge.
 fn siblings_share_no_load(s: &Siblings) -> bool {
     s.shared.is_empty()
@@ -157,6 +165,12 @@ fn siblings_are_in_different_passes(s: &Siblings) -> bool {
 /// As [`fold_takes_in_an_accumulation`], for either sibling.
 fn siblings_hold_an_accumulation(s: &Siblings) -> bool {
     (s.pa.roots.iter().chain(&s.pb.roots)).any(|&r| select::is_accumulation(s.g, r))
+}
+
+/// As [`fold_undoes_an_early_copy`], for either sibling: merged, the copy would run where the
+/// other kernel runs, not where it is emitted.
+fn siblings_hold_an_early_copy(s: &Siblings) -> bool {
+    (s.pa.roots.iter().chain(&s.pb.roots)).any(|r| s.units.early.contains(r))
 }
 
 /// One reaches the other: they are not siblings, and merging them would make a cycle.

@@ -31,6 +31,8 @@ pub(super) struct Units {
     pub pred: Vec<BTreeSet<usize>>,
     /// `None` if the unit graph has a cycle.
     pub levels: Option<Levels>,
+    /// Slices copied early ([`crate::fuse::early`]): kernels of their own, merged into nothing.
+    pub early: BTreeSet<NodeId>,
 }
 
 /// Which unit produces a value: what a group's loads and a library call's operands are looked
@@ -65,7 +67,7 @@ pub(super) fn find(parent: &mut [usize], mut x: usize) -> usize {
 
 impl Units {
     /// The unit graph of `slots` (one group each) and `g`'s library nodes.
-    pub fn new(g: &Graph, slots: Vec<Option<Part>>) -> Units {
+    pub fn new(g: &Graph, slots: Vec<Option<Part>>, early: BTreeSet<NodeId>) -> Units {
         // Units of the dependence graph: groups and library nodes, keyed by a representative node.
         let mut group_of: HashMap<NodeId, usize> = HashMap::new();
         for (i, gr) in slots.iter().enumerate() {
@@ -141,6 +143,7 @@ impl Units {
             succ,
             pred,
             levels,
+            early,
         }
     }
 
