@@ -321,3 +321,45 @@ proptest! {
         prop_assert_eq!(again.to_string(), s.to_string());
     }
 }
+
+/// Issue 53 (session 41): `reduce-of-broadcast` is the one rule that moves random step
+/// 1465048's numbers (left out, the rewritten step is the reference's to the bit). It is sound:
+/// `reduce_sum(broadcast(x))` over 36 copies becomes `x · 36`, the exact sum correctly rounded
+/// (one rounding), where the sum it replaces rounds at its additions. What moves is that sum's
+/// own rounding, which 1465048's batch norm over three values then amplifies.
+#[test]
+fn a_sum_of_broadcast_copies_becomes_their_correctly_rounded_product() {
+    let text = "ingot-ir 1\n%0 = input \"x\" : f32[1,64]\n%1 = broadcast(%0) : f32[36,64]\n\
+                %2 = reduce_sum(%1) axes=[0] : f32[1,64]\noutput \"y\" = %2\n";
+    let g = ingot_compiler::ir::text::parse(text).unwrap();
+    // 64 values of varied significands in [-1, 1).
+    let x: Vec<f32> = (0..64u64)
+        .map(|i| ((i * 2_654_435_761 % 1_000_003) as f32 / 1_000_003.0) * 2.0 - 1.0)
+        .collect();
+    let values = IndexMap::from([("x".to_string(), Tensor::from_f32([1, 64], x.clone()))]);
+    let y = |g: &Graph| run_graph(g, &values).unwrap().outputs["y"].to_f64_vec();
+    let (s, report) = simplify(&g, &RewriteOptions::default()).unwrap();
+    let fired = report
+        .rules_applied
+        .iter()
+        .find(|(r, _)| r == "reduce-of-broadcast");
+    assert!(fired.is_some_and(|(_, n)| *n > 0), "{report}");
+    let (sum, product) = (y(&g), y(&s));
+    let mut moved = 0;
+    for (i, &xi) in x.iter().enumerate() {
+        let exact = 36.0 * f64::from(xi);
+        assert_eq!(product[i], f64::from(exact as f32), "x[{i}] = {xi}");
+        assert!((sum[i] - exact).abs() <= 36.0 * 2f64.powi(-24) * exact.abs());
+        moved += usize::from(sum[i] != product[i]);
+    }
+    assert!(
+        moved > 0,
+        "the sum of copies rounds where the product does not"
+    );
+    let without = RewriteOptions {
+        without: vec!["reduce-of-broadcast".to_string()],
+        ..RewriteOptions::default()
+    };
+    let (s, _) = simplify(&g, &without).unwrap();
+    assert_eq!(y(&s), sum, "without the rule, the sum's own bits");
+}

@@ -64,7 +64,7 @@ fn main() {
                 channels_last: channels_last.into(),
                 ..Default::default()
             };
-            Source::Models(args, opts)
+            Source::Models(args, Box::new(opts))
         }
     };
     if let Err(e) = ingot_runtime::cuda::available() {

@@ -359,13 +359,21 @@ fn unit_roundoff(d: DType) -> f64 {
     }
 }
 
-/// Whether op `op` of `g` computes a result that its dtype must round: arithmetic, reductions,
+/// Whether op `op` of `g` computes a result that its dtype must round: arithmetic, sums,
 /// products, narrowing conversions. Moving, selecting and comparing elements, leaves,
-/// constants, negation and max/min are exact.
+/// constants, negation, max/min and a mask's conversion to numbers are exact; so is a maximum
+/// over axes or a pooling window: its result is one of its operand's elements, and its
+/// gradient finds the elements equal to it (a perturbed maximum equals none of them, and the
+/// gradient divides by a count of 0: session 40's NaN noise of seed 2064223).
 fn rounds(g: &Graph, id: NodeId) -> bool {
-    use ingot_compiler::ir::Op;
+    use ingot_compiler::ir::{Op, WindowOp};
     let n = g.node(id);
     match &n.op {
+        Op::Reduce {
+            op: ingot_kernels::ReduceOp::Max,
+            ..
+        }
+        | Op::Window(WindowOp::MaxPool2d(_)) => false,
         Op::Leaf { .. }
         | Op::Full { .. }
         | Op::Iota { .. }
@@ -383,10 +391,11 @@ fn rounds(g: &Graph, id: NodeId) -> bool {
             b,
             ingot_kernels::BinaryOp::Max | ingot_kernels::BinaryOp::Min
         ),
-        Op::Convert => n
-            .inputs
-            .first()
-            .is_some_and(|&x| unit_roundoff(g.ty(x).dtype) < unit_roundoff(n.ty.dtype)),
+        // Narrowing a float rounds; a mask (bool to 0 or 1) does not.
+        Op::Convert => n.inputs.first().is_some_and(|&x| {
+            let from = g.ty(x).dtype;
+            from != DType::Bool && unit_roundoff(from) < unit_roundoff(n.ty.dtype)
+        }),
         _ => true,
     }
 }
@@ -591,6 +600,12 @@ pub fn within_noise(
     for (i, ((x, y), s)) in a.iter().zip(&b).zip(sd).enumerate() {
         if x.to_bits() == y.to_bits() {
             continue;
+        }
+        if !s.is_finite() {
+            return Err(format!(
+                "{what}[{i}]: {x:e} against the reference's {y:e}, its rounding noise {s:e} (a \
+                 run of the step with its roundings perturbed is not finite there)"
+            ));
         }
         let bound = first + NOISE_SIGMAS * s;
         let d = (x - y).abs() / bound;

@@ -78,6 +78,9 @@ pub struct RewriteOptions {
     /// Stop after this long. A run stopped by the clock is not reproducible, so the defaults
     /// leave this far out of reach of the reference models.
     pub time_limit: Duration,
+    /// Rules left out, by name (as [`RewriteReport::rules_applied`] names them): to tell which
+    /// rule changes a step's numbers. Empty by default; a name no rule has is an error.
+    pub without: Vec<String>,
 }
 
 impl Default for RewriteOptions {
@@ -88,6 +91,7 @@ impl Default for RewriteOptions {
             node_limit: 500_000,
             iter_limit: 64,
             time_limit: Duration::from_secs(300),
+            without: Vec::new(),
         }
     }
 }
@@ -136,9 +140,21 @@ impl fmt::Display for RewriteReport {
 /// Simplifies a step graph (see the module docs for what the result keeps).
 ///
 /// Fails on a graph that does not verify, on a graph that was already fused (`fused` and
-/// `result` nodes: the rewrite runs before fusion), and when a rule breaks type safety (a bug).
+/// `result` nodes: the rewrite runs before fusion), when `opts.without` names no rule, and
+/// when a rule breaks type safety (a bug).
 pub fn simplify(g: &Graph, opts: &RewriteOptions) -> Result<(Graph, RewriteReport), IrError> {
-    simplify_with(g, opts, &rules::all())
+    let all = rules::all();
+    if let Some(name) = (opts.without.iter()).find(|n| !all.iter().any(|r| r.name == n.as_str())) {
+        let names: Vec<&str> = all.iter().map(|r| r.name).collect();
+        return Err(IrError::Invalid(format!(
+            "rewrite: no rule is named {name:?} (the rules: {})",
+            names.join(", ")
+        )));
+    }
+    let rules: Vec<Rule> = (all.into_iter())
+        .filter(|r| !opts.without.iter().any(|n| n == r.name))
+        .collect();
+    simplify_with(g, opts, &rules)
 }
 
 /// [`simplify`] with a chosen rule set.

@@ -1276,6 +1276,20 @@ fn the_report_lists_every_rule_in_order() {
 }
 
 #[test]
+fn a_rule_left_out_is_not_run_and_an_unknown_name_is_refused() {
+    let g = small_gpt_step();
+    let without = |names: &[&str]| RewriteOptions {
+        without: names.iter().map(|n| n.to_string()).collect(),
+        ..RewriteOptions::default()
+    };
+    let (_, r) = simplify(&g, &without(&["stop-gradient"])).unwrap();
+    assert!(r.rules_applied.iter().all(|(n, _)| n != "stop-gradient"));
+    assert_eq!(r.rules_applied.len(), rules::all().len() - 1);
+    let e = simplify(&g, &without(&["no-such-rule"])).unwrap_err();
+    assert!(e.to_string().contains("\"no-such-rule\""), "{e}");
+}
+
+#[test]
 fn graphs_that_do_not_verify_are_refused_not_panicked_on() {
     let (mut g, x) = with_x(&[2]);
     g.set_output("x", x).unwrap();

@@ -48,8 +48,9 @@ pub use work::{collect, Item, Work};
 pub enum Source {
     /// Every distinct kernel of these models' training steps, compiled with these options
     /// ([`Source::models`] and [`Source::bf16_models`] for the defaults; say, bf16 with
-    /// attention left as the plain math: `fuse_attention: false`).
-    Models(Vec<String>, ingot_compiler::pipeline::Options),
+    /// attention left as the plain math: `fuse_attention: false`). Boxed: the options are
+    /// large beside the other variants.
+    Models(Vec<String>, Box<ingot_compiler::pipeline::Options>),
     /// A random fused kernel ([`random::Options::exact`]) for each of these seeds.
     Random(std::ops::Range<u64>),
     /// Dropout kernels: f32, f64 and bf16, of 1, 4099 and 2^20 + 3 elements, at p 0, 0.1, 0.5
@@ -101,7 +102,10 @@ impl Source {
             precision: Some(precision),
             ..Default::default()
         };
-        Source::Models(names.iter().map(|n| n.to_string()).collect(), opts)
+        Source::Models(
+            names.iter().map(|n| n.to_string()).collect(),
+            Box::new(opts),
+        )
     }
 }
 
