@@ -247,6 +247,12 @@ fn pools() -> Vec<PoolGeometry> {
         mk([8, 10], [3, 3], [2, 2], [1, 1], [1, 1]),
         // Windows wholly in the padding on one axis (they pick nothing: 255).
         mk([3, 4], [2, 2], [1, 1], [2, 2], [1, 1]),
+        // A stride longer than the window: elements no window reads (their gradient is 0),
+        // blocks of 3x3 elements, the last ones cut by the plane's edge.
+        mk([10, 11], [2, 2], [3, 3], [1, 1], [1, 1]),
+        // Blocks of 5x4 elements, more than a thread of the blocked gradient owns: the
+        // per-element gradient runs.
+        mk([11, 12], [2, 3], [5, 4], [0, 0], [1, 1]),
     ]
 }
 
@@ -275,17 +281,35 @@ fn max_pooling_and_its_gradient_alone_or_from_picks_are_the_cpus_bit_for_bit() {
                 w::max_pool2d_pick(d, g).unwrap(),
                 w::max_pool2d_grad_picked(d, g).unwrap(),
             );
-            let Some(emu) = build(&format!("pool{i}{d:?}"), &[&kf, &kb, &kp, &kg]) else {
+            // The lowering's gradient from picks is the blocked one wherever a block is small.
+            let blocked = g.stride[0] * g.stride[1] <= w::MAX_BLOCK_ELEMENTS;
+            assert_eq!(
+                kg.source.contains("a thread a block of"),
+                blocked,
+                "pool {i}"
+            );
+            let ke = w::max_pool2d_grad_per_element(d, g).unwrap();
+            assert_eq!(kg == ke, !blocked, "pool {i}");
+            let mut kernels = vec![&kf, &kb, &kp, &kg];
+            if blocked {
+                kernels.push(&ke);
+            }
+            let Some(emu) = build(&format!("pool{i}{d:?}"), &kernels) else {
                 return;
             };
             let picks = w::pool_pick_bytes(g).unwrap();
             assert_eq!(picks, g.planes * g.out_hw[0] * g.out_hw[1]);
             // The gradient in two kernels: each window's pick, then the gradient from the
-            // picks (what the lowering runs where the picks are planned).
+            // picks (what the lowering runs where the picks are planned), by the lowering's
+            // kernel and by the per-element one; both must be the CPU's.
             let picked = |x: Vec<u8>, dy: Vec<u8>, e: usize| {
                 let nx = g.planes * g.in_hw[0] * g.in_hw[1];
                 let p = run(&emu, &kp, &[x, vec![7; picks]]).swap_remove(1);
-                run(&emu, &kg, &[p, dy, vec![0; nx * e]]).swap_remove(2)
+                // dx starts as garbage: every element must be written.
+                let dx = run(&emu, &kg, &[p.clone(), dy.clone(), vec![0xab; nx * e]]);
+                let each = run(&emu, &ke, &[p, dy, vec![0xab; nx * e]]).swap_remove(2);
+                assert_eq!(dx[2], each, "pool {i}: blocked and per-element gradients");
+                dx[2].clone()
             };
             let nx = g.planes * g.in_hw[0] * g.in_hw[1];
             let ny = g.planes * g.out_hw[0] * g.out_hw[1];

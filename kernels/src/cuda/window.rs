@@ -507,9 +507,34 @@ pub fn max_pool2d_pick(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
 /// `max_pool2d_grad` from the picks of [`max_pool2d_pick`] (`pick, dy -> dx`): each input
 /// element gathers `dy` from the windows whose pick is the tap that reads it, windows in
 /// row-major order, so it adds what [`max_pool2d_grad`] adds, in the same order, bit for bit,
-/// without scanning each window again for each of its elements (for a 3x3 window of stride
-/// 2, up to 4 windows of 9 loads an element). Params: pick, dy, dx.
+/// without scanning each window again for each of its elements. Params: pick, dy, dx.
+///
+/// A thread owns a block of `stride[0] x stride[1]` input elements ([`max_pool2d_grad_blocked`])
+/// where such a block has at most [`MAX_BLOCK_ELEMENTS`] elements and a plane's indices fit 31
+/// bits; otherwise an element ([`max_pool2d_grad_per_element`]).
 pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
+    check_dtype("max_pool2d_grad_picked", d)?;
+    let small = |v: usize| v < 1 << 31;
+    let block = g.stride[0].checked_mul(g.stride[1]);
+    if block.is_some_and(|b| (1..=MAX_BLOCK_ELEMENTS).contains(&b))
+        && small(g.in_hw[0] * g.in_hw[1])
+        && small(g.out_hw[0] * g.out_hw[1])
+    {
+        max_pool2d_grad_blocked(d, g)
+    } else {
+        max_pool2d_grad_per_element(d, g)
+    }
+}
+
+/// The most input elements a thread of [`max_pool2d_grad_blocked`] owns (one accumulator
+/// each).
+pub const MAX_BLOCK_ELEMENTS: usize = 16;
+
+/// The per-element form of [`max_pool2d_grad_picked`]: a thread an input element, each tap
+/// `(ka, kb)` of the kernel tested for a window that reads the element (for a 3x3 window of
+/// stride 2, nine tests an element, the threads of a warp on different ones by their column's
+/// parity). Params: pick, dy, dx.
+pub fn max_pool2d_grad_per_element(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
     check_dtype("max_pool2d_grad_picked", d)?;
     let [h, w] = g.in_hw;
     let [ho, wo] = g.out_hw;
@@ -536,6 +561,140 @@ pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, 
         src.close();
         src.close();
         src.line(format!("dx[e] = {};", store_sum(d, "sum")));
+    }))
+}
+
+/// The window offsets, along one axis, of the windows that may pick an element of the block
+/// starting at `i·stride`: window `i + o` for `o` in the range, the first one whose last tap
+/// reaches the block's first element, the last one whose first tap is at or before the
+/// block's last element (the same for every block, as blocks start at multiples of the
+/// stride).
+fn block_window_offsets(kernel: usize, stride: usize, padding: usize, dilation: usize) -> [i64; 2] {
+    let (k, s, p, dl) = (
+        kernel as i64,
+        stride as i64,
+        padding as i64,
+        dilation as i64,
+    );
+    let first = (p - (k - 1) * dl).div_euclid(s) + i64::from((p - (k - 1) * dl).rem_euclid(s) != 0);
+    let last = (s - 1 + p).div_euclid(s);
+    [first, last]
+}
+
+/// [`max_pool2d_grad_picked`] a block of `stride[0] x stride[1]` input elements a thread: the
+/// thread reads the pick and `dy` of each window that may pick one of its elements once
+/// (two by two windows for a 3x3 window of stride 2), adds `dy` to the accumulator of the
+/// element the pick names, windows in row-major order (each element's sum is the
+/// per-element kernel's, term by term), and stores its elements; no thread tests a tap that
+/// cannot read its element. Params: pick, dy, dx.
+pub fn max_pool2d_grad_blocked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError> {
+    check_dtype("max_pool2d_grad_picked", d)?;
+    let [h, w] = g.in_hw;
+    let [ho, wo] = g.out_hw;
+    let [sh, sw] = g.stride;
+    let [kh, kw] = g.kernel;
+    let (bh, bw) = (h.div_ceil(sh), w.div_ceil(sw));
+    let total = product("max_pool2d_grad_picked", &[g.planes, bh, bw])?;
+    let x_len = product("max_pool2d_grad_picked", &[g.planes, h, w])?;
+    let y_len = pick_bytes("max_pool2d_grad_picked", d, g)?;
+    let ix = Ix::for_extents([total, x_len, y_len]);
+    let params = [
+        ("const unsigned char*".to_string(), "pick".to_string()),
+        reads(d, "dy"),
+        writes(d, "dx"),
+    ];
+    let what = format!(
+        "// ingot max_pool2d_grad_picked: {}, a thread a block of [{sh}, {sw}]",
+        pool_describe(g)
+    );
+    let acc = acc_type(d);
+    let rows = block_window_offsets(kh, sh, g.padding[0], g.dilation[0]);
+    let cols = block_window_offsets(kw, sw, g.padding[1], g.dilation[1]);
+    let pair_store = d == DType::BF16 && sw == 2 && w.is_multiple_of(2);
+    Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
+        src.line(format!("const int bj = (int)(e % {});", ix.lit(bw)));
+        src.line(format!(
+            "const int bi = (int)((e / {}) % {});",
+            ix.lit(bw),
+            ix.lit(bh)
+        ));
+        src.line(format!("const {t} plane = e / {};", ix.lit(bh * bw)));
+        src.line(format!(
+            "const unsigned char * pp = pick + plane * {};",
+            ix.lit(ho * wo)
+        ));
+        src.line(format!(
+            "const {} * dyp = dy + plane * {};",
+            c_type(d),
+            ix.lit(ho * wo)
+        ));
+        src.line(format!(
+            "{} * dxp = dx + plane * {};",
+            c_type(d),
+            ix.lit(h * w)
+        ));
+        for r in 0..sh {
+            for c in 0..sw {
+                src.line(format!("{acc} s{r}_{c} = 0;"));
+            }
+        }
+        for oi in rows[0]..=rows[1] {
+            src.open("{");
+            src.line(format!("const int wi = bi + ({oi});"));
+            src.open(format!("if (wi >= 0 && wi < {ho}) {{"));
+            for oj in cols[0]..=cols[1] {
+                src.open("{");
+                src.line(format!("const int wj = bj + ({oj});"));
+                src.open(format!("if (wj >= 0 && wj < {wo}) {{"));
+                src.line(format!("const int p = (int)pp[wi * {wo} + wj];"));
+                src.open(format!("if (p < {}) {{", kh * kw));
+                src.line(format!(
+                    "const int r = (wi - bi) * {sh} - {} + (p / {kw}) * {};",
+                    g.padding[0], g.dilation[0]
+                ));
+                src.line(format!(
+                    "const int c = (wj - bj) * {sw} - {} + (p % {kw}) * {};",
+                    g.padding[1], g.dilation[1]
+                ));
+                src.line(format!(
+                    "const {acc} v = {};",
+                    widened(d, format!("dyp[wi * {wo} + wj]"))
+                ));
+                for r in 0..sh {
+                    for c in 0..sw {
+                        src.line(format!("if (r == {r} && c == {c}) s{r}_{c} += v;"));
+                    }
+                }
+                src.close();
+                src.close();
+                src.close();
+            }
+            src.close();
+            src.close();
+        }
+        for r in 0..sh {
+            src.open("{");
+            src.line(format!("const int xh = bi * {sh} + {r};"));
+            src.open(format!("if (xh < {h}) {{"));
+            if pair_store {
+                // Two bf16 neighbours in one aligned 32-bit store (w even: each pair starts at
+                // an even element of an even-sized plane).
+                src.line(format!(
+                    "*(unsigned *)(dxp + xh * {w} + bj * 2) = (unsigned){} | ((unsigned){} << 16);",
+                    store_sum(d, &format!("s{r}_0")),
+                    store_sum(d, &format!("s{r}_1"))
+                ));
+            } else {
+                for c in 0..sw {
+                    src.line(format!(
+                        "if (bj * {sw} + {c} < {w}) dxp[xh * {w} + bj * {sw} + {c}] = {};",
+                        store_sum(d, &format!("s{r}_{c}"))
+                    ));
+                }
+            }
+            src.close();
+            src.close();
+        }
     }))
 }
 
@@ -575,7 +734,47 @@ mod tests {
             images_side_by_side(d, 2, 6, g.positions()).unwrap(),
             max_pool2d(d, &p).unwrap(),
             max_pool2d_grad(d, &p).unwrap(),
+            max_pool2d_pick(d, &p).unwrap(),
+            max_pool2d_grad_picked(d, &p).unwrap(),
+            max_pool2d_grad_per_element(d, &p).unwrap(),
         ]
+    }
+
+    #[test]
+    fn a_blocks_windows_are_those_whose_taps_reach_it() {
+        // resnet's 3x3 stride-2 pooling with padding 1: block i (rows 2i, 2i+1) is read by
+        // windows i (taps 1, 2) and i + 1 (tap 0).
+        assert_eq!(block_window_offsets(3, 2, 1, 1), [0, 1]);
+        // 2x2 stride 2, no padding: window i alone.
+        assert_eq!(block_window_offsets(2, 2, 0, 1), [0, 0]);
+        // 3 taps at stride 1 with padding 1: windows i - 1 to i + 1.
+        assert_eq!(block_window_offsets(3, 1, 1, 1), [-1, 1]);
+        // Dilation 2, 3 taps, stride 1, no padding: windows i - 4 to i.
+        assert_eq!(block_window_offsets(3, 1, 0, 2), [-4, 0]);
+        // Against the definition: every window with a tap in the block is in the range, and
+        // both ends of the range have one (for blocks far from the edges).
+        for (k, s, p, dl) in [
+            (3, 2, 1, 1),
+            (2, 3, 1, 1),
+            (4, 2, 3, 2),
+            (1, 3, 0, 1),
+            (5, 4, 2, 1),
+        ] {
+            let [lo, hi] = block_window_offsets(k, s, p, dl);
+            let i = 20i64;
+            let reads = |wi: i64| {
+                (0..k as i64).any(|a| {
+                    let x = wi * s as i64 - p as i64 + a * dl as i64;
+                    (i * s as i64..(i + 1) * s as i64).contains(&x)
+                })
+            };
+            let want: Vec<i64> = (0..60).filter(|&wi| reads(wi)).map(|wi| wi - i).collect();
+            if let (Some(&a), Some(&b)) = (want.first(), want.last()) {
+                assert_eq!([a, b], [lo, hi], "k {k} s {s} p {p} d {dl}");
+            } else {
+                assert!(lo > hi, "k {k} s {s} p {p} d {dl}: {lo}..={hi}");
+            }
+        }
     }
 
     #[test]
