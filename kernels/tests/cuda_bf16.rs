@@ -24,7 +24,8 @@ const HOST_SHIM: &str = r#"#include <cmath>
 "#;
 
 /// Reads records from stdin and writes the helpers' results to stdout: mode `f` reads u32 bit
-/// patterns and writes `ig_bf16_bits(x)` and `ig_narrow(ig_round(x))` (u16 each); mode `d`
+/// patterns and writes `ig_bf16_bits(x)` and `ig_narrow(ig_round(x))` (u16 each); mode `e`
+/// reads u32 bit patterns and writes `ig_exp_formula(x)`'s bits (u32); mode `d`
 /// reads f64s and writes `ig_to_bf16(x)`'s float bits (u32); mode `i` reads i64s and writes
 /// `ig_to_bf16((long long)x)` and `ig_to_bf16((int)x)` (u32 each).
 const HOST_MAIN: &str = r#"
@@ -37,6 +38,12 @@ int main(int argc, char** argv) {
       const unsigned short a = ig_bf16_bits(x), b = ig_narrow(ig_round(x));
       std::fwrite(&a, 2, 1, stdout);
       std::fwrite(&b, 2, 1, stdout);
+    }
+  } else if (mode == 'e') {
+    unsigned u;
+    while (std::fread(&u, 4, 1, stdin) == 1) {
+      const unsigned a = __float_as_uint(ig_exp_formula(__uint_as_float(u)));
+      std::fwrite(&a, 4, 1, stdout);
     }
   } else if (mode == 'd') {
     double x;
@@ -102,6 +109,60 @@ fn the_prelude_rounds_to_bf16_exactly_as_half_does_nan_and_ties_included() {
         assert_eq!(a, want, "ig_bf16_bits({x:#010x})");
         assert_eq!(b, want, "ig_narrow(ig_round({x:#010x}))");
     }
+}
+
+/// The device's exp in bf16 kernels (`ig_exp`) is `ig_exp_formula`, `2^{x log2(e)}` by
+/// `ex2.approx`; on the host the 2^ is exp2f, so this checks what the product's rounding costs:
+/// over every 61st f32 bit pattern from -104 to 88.7 (where e^x is a normal or subnormal f32),
+/// the error against f64's exp is at most 2^-23 (1 + |x|) of it (1.2 times 2^-24 (1 + |x|)
+/// measured) plus a subnormal's spacing; e^0 = 1, e^-inf = 0, e^inf = inf, NaN kept, inf from 88.73 on. On the device
+/// `ex2.approx` adds at most 2 ulp; the GPU tests hold bf16 steps to the CPU's.
+#[test]
+fn the_bf16_kernels_exp_formula_costs_at_most_its_products_rounding() {
+    let Some(exe) = helpers_program() else { return };
+    let mut xs: Vec<f32> = Vec::new();
+    let mut bits: u32 = 0;
+    while bits < 0x7f80_0000 {
+        for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+            if (-104.0..=88.7).contains(&x) {
+                xs.push(x);
+            }
+        }
+        bits += 61;
+    }
+    let edges = [
+        0.0f32,
+        -0.0,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        88.73,
+        1e30,
+    ];
+    xs.extend(edges);
+    let input: Vec<u8> = xs.iter().flat_map(|x| x.to_bits().to_ne_bytes()).collect();
+    let out = run(&exe, "e", input);
+    assert_eq!(out.len(), xs.len() * 4);
+    let got: Vec<f32> = out
+        .chunks(4)
+        .map(|c| f32::from_bits(u32::from_ne_bytes(c.try_into().unwrap())))
+        .collect();
+    let n = xs.len() - edges.len();
+    for (&x, &y) in xs[..n].iter().zip(&got) {
+        let want = (x as f64).exp();
+        let err = (y as f64 - want).abs();
+        // The product's rounding, as a relative error, and a subnormal's spacing.
+        let bound = want * (1.0 + x.abs() as f64) * 2f64.powi(-23) + f32::from_bits(1) as f64;
+        assert!(err <= bound, "exp({x:e}) = {y:e}, want {want:e}");
+    }
+    let e = &got[n..];
+    assert_eq!(e[0], 1.0);
+    assert_eq!(e[1], 1.0);
+    assert_eq!(e[2].to_bits(), 0);
+    assert_eq!(e[3], f32::INFINITY);
+    assert!(e[4].is_nan());
+    assert_eq!(e[5], f32::INFINITY);
+    assert_eq!(e[6], f32::INFINITY);
 }
 
 #[test]

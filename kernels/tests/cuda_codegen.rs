@@ -107,10 +107,20 @@ fn layer_norm_backward_with(r: usize, d: usize, into_residual: bool) -> FusedKer
 /// Cross-entropy over the last axis of logits `[r, v]` with i64 targets `[r]`: outputs the
 /// per-row loss and the gradient (four reductions over three stages).
 fn cross_entropy(r: usize, v: usize) -> FusedKernel {
+    cross_entropy_of(r, v, DType::F32)
+}
+
+/// [`cross_entropy`] over logits of `dtype`: bf16 logits are widened to f32 after their load
+/// and the gradient rounded to bf16 before its store, as gpt2's bf16 step does; the
+/// arithmetic between is f32.
+fn cross_entropy_of(r: usize, v: usize, dtype: DType) -> FusedKernel {
     let mut b = B::new(&[r, v], &[1]);
-    let logits = b.whole(DType::F32);
+    let logits = b.whole(dtype);
     let target = b.input_bcast(DType::I64, &[1]);
-    let x = b.load(logits);
+    let mut x = b.load(logits);
+    if dtype != DType::F32 {
+        x = b.push(Inst::Convert { x, to: DType::F32 });
+    }
     let m = b.red(RMax, x);
     let d = b.bin(Sub, x, m);
     let e = b.un(Exp, d);
@@ -145,7 +155,10 @@ fn cross_entropy(r: usize, v: usize) -> FusedKernel {
     let ng = b.un(Neg, gs);
     let k = b.bin(Div, ng, s);
     let ke = b.bin(Mul, k, e);
-    let grad = b.bin(Add, g0, ke);
+    let mut grad = b.bin(Add, g0, ke);
+    if dtype != DType::F32 {
+        grad = b.push(Inst::Convert { x: grad, to: dtype });
+    }
     b.out(nloss).out(grad).done()
 }
 
@@ -1706,6 +1719,28 @@ fn a_kernel_holding_bf16_divides_by_the_hardware_approximation_and_an_f32_one_ex
     assert!(!src.contains(" / v"), "{src}");
     assert!(PRELUDE_BF16.contains("div.full.f32"));
     assert!(cuda::prelude_for([&cuda::fused(&k).unwrap()]).contains("ig_fdiv"));
+}
+
+#[test]
+fn a_kernel_holding_bf16_takes_exp_by_the_hardware_approximation_and_an_f32_one_by_expf() {
+    // gpt2's cross-entropy shape: in f32 every exponential (the online sum's terms and
+    // rescales, the output loop's probabilities) is CUDA's `expf`; once the logits are bf16,
+    // every one is the prelude's `ig_exp` (`ex2.approx`), and the module carries it.
+    let f32_src = cuda::fused(&cross_entropy(256, 50304)).unwrap().source;
+    assert!(f32_src.contains("expf(ox"), "{f32_src}");
+    assert!(!f32_src.contains("ig_exp("), "{f32_src}");
+    let k = cross_entropy_of(256, 50304, DType::BF16);
+    assert!(k.holds_bf16());
+    let c = cuda::fused(&k).unwrap();
+    assert!(c.source.contains("ig_exp(ox"), "{}", c.source);
+    assert!(c.source.contains("* ig_exp(o"), "{}", c.source);
+    assert!(!c.source.contains("expf("), "{}", c.source);
+    // Every value bf16: each exponential rounded, still through `ig_exp`.
+    let all = cuda::fused(&random::as_bf16(&cross_entropy(256, 50304))).unwrap();
+    assert!(all.source.contains("ig_round(ig_exp("), "{}", all.source);
+    assert!(!all.source.contains("expf("), "{}", all.source);
+    assert!(PRELUDE_BF16.contains("ex2.approx.f32"));
+    assert!(cuda::prelude_for([&c]).contains("float ig_exp("));
 }
 
 #[test]

@@ -33,7 +33,12 @@
 //! is far below the bf16 rounding around it, and IEEE division (a reciprocal, its refinement and a
 //! slow-path check per element) was the largest cost of gpt2's plain-attention softmax
 //! kernels, which run out of instructions before memory; the CPU checks such quotients within
-//! the bf16 kernels' drift tolerance. Kernels without bf16 divide as IEEE does. Elementwise kernels read
+//! the bf16 kernels' drift tolerance. Kernels without bf16 divide as IEEE does. Likewise f32
+//! exp in such a kernel is the prelude's `ig_exp` (`ex2.approx` of `x log2(e)`, a relative
+//! error of at most 2 ulp + (1 + |x|) 2^-23), not CUDA's `expf`: gpt2's bf16 cross-entropy
+//! kernel, two exponentials an element, 958.7 -> 852.1 us on an H200 (session 41); kernels
+//! without bf16 call `expf`. (A branch-free tanh of the same kind made GELU's kernels slower,
+//! 46.8 -> 52.1 us, and was taken back: they call CUDA's `tanhf`.) Elementwise kernels read
 //! and write bf16 four elements at a time as `ushort4` (8 bytes) under the same rules as the
 //! 16-byte vectors of the other types (below), each lane widened on load and narrowed on store.
 //!
@@ -386,6 +391,32 @@ __device__ __forceinline__ float ig_fdiv(float a, float b) {
   return a / b;
 #endif
 }
+// The hardware's 2^x approximation (`ex2.approx.f32`: subnormal results kept); on the host,
+// exp2f.
+__device__ __forceinline__ float ig_exp2_approx(float x) {
+#ifdef __CUDA_ARCH__
+  float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+#else
+  return exp2f(x);
+#endif
+}
+// exp in a kernel holding bf16 (`ig_exp`): 2^{x log2(e)} by `ex2.approx.f32` (2 ulp from
+// 2^ of the rounded product, subnormal results kept), whose product's rounding adds a relative
+// error of at most (1 + |x|) 2^-23: 1e-6 at |x| = 16, where a softmax's or a cross-entropy's terms
+// exp(x - max) that matter lie, far below the bf16 rounding around it. CUDA's `expf` (a range
+// reduction by two multiply-adds, then the same instruction and a scaling) made the
+// cross-entropy's bf16 kernel, two exponentials an element, bound by instructions (gpt2:
+// 1.7 TB/s, session 34; 958.7 -> 852.1 us with ig_exp, session 41). Overflows to inf from x = 88.7228 (the rounded product reaching 128),
+// where e^x is within 2e-5 of f32's largest; NaN, +-inf as exp gives them. On the host
+// (`ig_exp`), the host's expf; `ig_exp_formula` is what the device runs.
+__device__ __forceinline__ float ig_exp_formula(float x) { return ig_exp2_approx(x * 1.4426950408889634f); }
+__device__ __forceinline__ float ig_exp(float x) {
+#ifdef __CUDA_ARCH__
+  return ig_exp_formula(x);
+#else
+  return expf(x);
+#endif
+}
 "#;
 
 /// The prelude of a module holding `kernels`: [`PRELUDE`], and [`PRELUDE_BF16`] if a kernel
@@ -407,6 +438,7 @@ fn uses_bf16(source: &str) -> bool {
         "ig_narrow(",
         "ig_to_bf16(",
         "ig_fdiv(",
+        "ig_exp(",
     ]
     .iter()
     .any(|h| source.contains(h))

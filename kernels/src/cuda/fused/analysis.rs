@@ -35,9 +35,9 @@ pub(super) struct Analysis<'a> {
     pub(super) ix: Ix,
     /// Choices forced from outside (none by default).
     pub(super) tuning: Tuning,
-    /// f32 division by the hardware's approximation, `ig_fdiv` (a kernel holding bf16: see
-    /// the `cuda` module docs, "bf16").
-    pub(super) fast_div: bool,
+    /// f32 division and exp by the hardware's approximations, `ig_fdiv` and `ig_exp` (a kernel
+    /// holding bf16: see the `cuda` module docs, "bf16").
+    pub(super) fast_math: bool,
 }
 
 impl<'a> Analysis<'a> {
@@ -122,7 +122,7 @@ impl<'a> Analysis<'a> {
             strategy,
             ix,
             tuning: Tuning::default(),
-            fast_div: k.holds_bf16(),
+            fast_math: k.holds_bf16(),
         }
     }
 

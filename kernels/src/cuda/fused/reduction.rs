@@ -149,9 +149,10 @@ impl Analysis<'_> {
             );
             for o in &plan.online {
                 let (s, m) = (o.sum, o.max);
+                let rescale = self.f32_exp(&format!("o{m} - v{m}"));
                 src.line(format!(
                     "if (v{m} == {ninf}) {{ a{s} = {nan}; }} \
-                     else if (o{m} != v{m}) {{ a{s} = a{s} * expf(o{m} - v{m}); }}"
+                     else if (o{m} != v{m}) {{ a{s} = a{s} * {rescale}; }}"
                 ));
             }
         } else {
@@ -247,10 +248,14 @@ impl Analysis<'_> {
                 continue;
             }
             // Before the maximum takes the term: the sum so far is relative to the old one.
+            let (rescale, term) = (
+                self.f32_exp(&format!("a{m} - mn")),
+                self.f32_exp(&format!("v{x} - mn")),
+            );
             b.line(format!(
                 "{{ const float mn = ig_keep_max(a{m}, v{x}); \
-                 if (mn != a{m}) {{ a{s} = a{s} * expf(a{m} - mn); }} \
-                 a{s} = a{s} + (mn == {ninf} ? 0.0f : expf(v{x} - mn)); }}"
+                 if (mn != a{m}) {{ a{s} = a{s} * {rescale}; }} \
+                 a{s} = a{s} + (mn == {ninf} ? 0.0f : {term}); }}"
             ));
         }
         for &r in these {
@@ -282,7 +287,7 @@ impl Analysis<'_> {
             head.push(format!("float ox{s}[{width}]; const float om{s} = a{m};"));
             // The lanes' exponentials added pairwise, a tree of independent sums.
             let mut terms: Vec<String> = (0..width)
-                .map(|q| format!("expf(ox{s}[{q}] - a{m})"))
+                .map(|q| self.f32_exp(&format!("ox{s}[{q}] - a{m}")))
                 .collect();
             while terms.len() > 1 {
                 terms = terms
@@ -290,8 +295,9 @@ impl Analysis<'_> {
                     .map(|c| format!("({} + {})", c[0], c[1]))
                     .collect();
             }
+            let rescale = self.f32_exp(&format!("om{s} - a{m}"));
             tail.push(format!(
-                "if (a{m} != om{s}) {{ a{s} = a{s} * expf(om{s} - a{m}); }} \
+                "if (a{m} != om{s}) {{ a{s} = a{s} * {rescale}; }} \
                  if (a{m} != {ninf}) {{ a{s} = a{s} + {}; }}",
                 terms[0]
             ));
