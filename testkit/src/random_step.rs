@@ -529,9 +529,11 @@ pub const NOISE_SAMPLES: usize = 16;
 /// differ with a standard deviation of about √2 of one's noise, and 16 samples leave each
 /// element's estimate uncertain by about a fifth. Measured (session 40): the four seeds that
 /// only this standard admits stand 1.2 to 5.0 deviations from the reference (the largest,
-/// f32 1465048, whose rewritten graph has three times the reference's noise there), and the
-/// reference 0 to 1.4 from the wider step; an error of 4 ulps injected into the kernel that
-/// feeds 1465048's ill-conditioned gradient is 11 deviations off and refused.
+/// f32 1465048, whose rewritten graph has 1.8 to 1.9 times the reference's noise there by
+/// session 41's estimate: `reduce-of-broadcast` turns a sum of 36 copies into one correctly
+/// rounded product), and the reference 0 to 1.4 from the wider step; an error of 4 ulps
+/// injected into the kernel that feeds 1465048's ill-conditioned gradient is 11 deviations
+/// off and refused.
 pub const NOISE_SIGMAS: f64 = 8.0;
 
 /// The rounding noise of step graph `g` run on `leaves`: for the loss (`"loss"`) and each
