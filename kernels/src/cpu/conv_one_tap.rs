@@ -259,10 +259,7 @@ mod tests {
         if threads == 0 {
             return body();
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = crate::cpu::par::pool_of(threads);
         pool.install(body)
     }
 

@@ -504,10 +504,7 @@ fn every_pass_gives_the_same_bits_on_1_2_3_and_16_threads() {
             ];
             let want = run(pass, lens[0]);
             for threads in [1, 2, 3, 16] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
+                let pool = crate::cpu::par::pool_of(threads);
                 for len in lens {
                     let got = pool.install(|| run(pass, len));
                     assert!(
@@ -587,10 +584,7 @@ fn the_weight_gradient_in_parts_of_the_images_repeats_on_any_threads_and_matches
             assert!((a - b).abs() < 1e-6 * reduction, "{g:?}: {a} vs {b}");
         }
         for threads in [1, 2, 3, 16] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = crate::cpu::par::pool_of(threads);
             for len in lens {
                 assert!(
                     pool.install(|| run(len)) == first,

@@ -13,6 +13,16 @@ pub fn pool_threads() -> usize {
     }
 }
 
+/// A pool of `n` threads, for the unit tests that run a kernel on several thread counts and
+/// compare the bits.
+#[cfg(test)]
+pub(crate) fn pool_of(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .expect("a rayon pool")
+}
+
 /// A shared reference to a closure over raw pointers, handed to the pool's threads for the
 /// duration of one blocking parallel loop. The loop's author vouches (in a `SAFETY` comment at
 /// the loop) that the calls touch disjoint outputs and read only what no call writes.
