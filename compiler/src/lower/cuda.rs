@@ -37,6 +37,7 @@
 
 mod check;
 pub mod conv;
+mod depthwise;
 pub mod gemm;
 mod lowering;
 pub mod program;

@@ -72,6 +72,9 @@ pub enum CodegenError {
          reductions, more than the 48 KiB a block may declare statically; split the kernel"
     )]
     SharedMemory { bytes: usize, reductions: usize },
+    /// A geometry the generator has no kernel for (a direct depthwise convolution's, say).
+    #[error("cuda codegen: {op} does not run {what}")]
+    Geometry { op: &'static str, what: String },
 }
 
 /// Where a launch of a fused kernel's program points one of its parameters.

@@ -108,6 +108,7 @@ mod guard;
 mod kernel;
 pub mod ops;
 pub mod scatter;
+pub mod depthwise;
 pub mod window;
 
 pub use kernel::{

@@ -64,6 +64,11 @@ pub fn cudnn_few_channel_room(geo: &ConvGeometry, layout: ConvLayout, e: usize) 
 pub enum DefaultRoute {
     /// Channels-last: only cuDNN runs it (it has no fallback).
     ChannelsLast,
+    /// Channels-last and depthwise, with Ingot's direct kernels as its fallback
+    /// (`super::depthwise`): they run it. Measured on an H200 (session 42, docs/benchmarks.md):
+    /// the imported convnext_tiny's 7x7 depthwise convolutions through cuDNN's first
+    /// deterministic algorithms took most of its step.
+    Depthwise,
     /// NCHW over fewer than [`CUDNN_CHANNEL_PAD`] input channels (a stem), bf16, whose
     /// [`cudnn_few_channel_room`] is more than an im2col chunk's largest workspace
     /// ([`LARGE_ROOM`]) and whose planned workspace holds it: cuDNN's fast algorithm runs in it
@@ -78,7 +83,7 @@ pub enum DefaultRoute {
 impl DefaultRoute {
     /// Whether the pass runs through cuDNN (where cuDNN loads and takes an algorithm).
     pub fn cudnn(self) -> bool {
-        !matches!(self, DefaultRoute::Im2col)
+        !matches!(self, DefaultRoute::Im2col | DefaultRoute::Depthwise)
     }
 
     /// Whether this is [`DefaultRoute::FewChannelsInRoom`].
@@ -90,6 +95,7 @@ impl DefaultRoute {
     pub fn reason(self) -> &'static str {
         match self {
             DefaultRoute::ChannelsLast => "channels-last: only cuDNN runs it",
+            DefaultRoute::Depthwise => "channels-last depthwise: Ingot's direct kernels",
             DefaultRoute::FewChannelsInRoom => {
                 "NCHW over few channels, bf16, in the large room cuDNN's fast algorithm asks"
             }
@@ -110,7 +116,8 @@ impl DefaultRoute {
 pub const LARGE_ROOM: usize = 64 << 20;
 
 impl Conv {
-    /// Where this pass runs by default ([`DefaultRoute`]): a channels-last one through cuDNN;
+    /// Where this pass runs by default ([`DefaultRoute`]): a channels-last one through cuDNN,
+    /// but a depthwise one by its direct kernels (its fallback);
     /// an NCHW one over few input channels, in bf16, through cuDNN where the room cuDNN's fast
     /// algorithm asks ([`cudnn_few_channel_room`]) is large ([`LARGE_ROOM`]) and the plan
     /// granted it (where the step's peak left no room, cuDNN would run a slower variant, and
@@ -118,7 +125,11 @@ impl Conv {
     /// passes keep im2col: the room was measured for bf16 only.
     pub fn default_route(&self) -> DefaultRoute {
         if self.layout == ConvLayout::Nhwc {
-            return DefaultRoute::ChannelsLast;
+            // A channels-last fallback is the depthwise kernels (no im2col reads NHWC).
+            return match self.fallback.is_empty() {
+                true => DefaultRoute::ChannelsLast,
+                false => DefaultRoute::Depthwise,
+            };
         }
         let room = cudnn_few_channel_room(&self.dims, self.layout, self.dtype.size());
         let bf16 = self.dtype == crate::ir::DType::BF16;
@@ -137,13 +148,14 @@ impl Program {
     /// routes taken.
     pub fn default_routes(&self) -> String {
         use DefaultRoute as R;
-        let mut n = [0usize; 3];
+        let mut n = [0usize; 4];
         for op in self.ops.iter() {
             if let DeviceOp::Conv(c) = op {
                 n[match c.default_route() {
                     R::ChannelsLast => 0,
                     R::FewChannelsInRoom => 1,
                     R::Im2col => 2,
+                    R::Depthwise => 3,
                 }] += 1;
             }
         }
@@ -151,6 +163,7 @@ impl Program {
             "through cuDNN (channels-last)",
             "through cuDNN (NCHW over few channels, in its room)",
             "as im2col + cuBLAS",
+            "as direct depthwise kernels (channels-last)",
         ];
         let parts: Vec<String> = (n.iter().zip(words))
             .filter(|(k, _)| **k > 0)

@@ -440,8 +440,9 @@ fn a_max_poolings_gradient_picks_into_its_planned_workspace_then_reads_the_picks
     p.check(p.total_bytes).unwrap();
 }
 
-/// A channels-last convolution, which only cuDNN runs, is planned cuDNN's floor (1 MiB, and 8
-/// bytes an element of the filter for the filter gradient) and lowered with no fallback; an
+/// A channels-last convolution is planned cuDNN's floor (1 MiB, and 8 bytes an element of the
+/// filter for the filter gradient) and lowered with no fallback (a depthwise one with its
+/// direct kernels, which run in that floor); an
 /// NCHW one (the step's first, over three channels) keeps one image's im2col column and
 /// cuBLAS's space, which its fallback runs in. The floor asks the planner to keep the other
 /// workspaces' ceiling at the im2col column it replaced.
@@ -467,7 +468,9 @@ fn a_channels_last_convolution_is_planned_cudnns_floor_and_an_nchw_one_its_im2co
             assert!(op.workspace.bytes >= need.bytes, "{layer:?} {:?}", op.pass);
             if op.layout == crate::ir::ConvLayout::Nhwc {
                 nhwc += 1;
-                assert!(op.fallback.is_empty());
+                // Only a depthwise one has a fallback: its direct kernels.
+                let direct = ingot_kernels::cuda::depthwise::runs(&op.dims);
+                assert_eq!(op.fallback.is_empty(), !direct, "{layer:?}");
                 assert_eq!(need.bytes, cudnn_least(&op.dims, pass), "{layer:?}");
                 let filter = op.dims.out_ch * op.dims.in_ch / op.dims.groups
                     * op.dims.kernel[0]
@@ -533,5 +536,85 @@ fn a_bf16_stem_granted_its_room_runs_through_cudnn_by_default_and_an_f32_one_as_
         );
         // The same program routes alike every time it is lowered.
         assert_eq!(lowered(&c, precision), p);
+    }
+}
+
+/// A channels-last depthwise convolution keeps its cuDNN operation and plan, and has Ingot's
+/// direct kernels as its fallback, which the default runs: one launch for the forward and the
+/// data gradient, two for the filter gradient (partial sums in the planned workspace, then
+/// their sum); an NCHW depthwise one keeps im2col, and a grouped one that is not depthwise
+/// keeps cuDNN alone.
+#[test]
+fn a_channels_last_depthwise_convolution_runs_its_direct_kernels_by_default() {
+    use ingot_kernels::cuda::depthwise;
+    let options = pipeline::Options {
+        channels_last: crate::layout::ChannelsLast::Yes,
+        ..pipeline::Options::for_target(Target::Cuda)
+    };
+    let depthwise_layer = LAYERS[3];
+    let grouped_layer = LAYERS[2];
+    for precision in [Precision::Bf16, Precision::F32] {
+        let c = conv_step_with(depthwise_layer, precision, options.clone());
+        let p = lowered(&c, precision);
+        p.check(p.total_bytes).unwrap();
+        let mut passes = 0;
+        for op in convs(&p) {
+            if op.dims.groups == 1 {
+                continue;
+            }
+            passes += 1;
+            assert!(depthwise::runs(&op.dims));
+            assert_eq!(op.default_route(), conv::DefaultRoute::Depthwise);
+            assert!(!op.default_route().cudnn());
+            let launches: Vec<&ingot_kernels::cuda::CudaKernel> = (op.fallback.iter())
+                .map(|f| match f {
+                    DeviceOp::Launch { kernel, .. } => &p.kernels[*kernel],
+                    other => panic!("{other:?} in a depthwise fallback"),
+                })
+                .collect();
+            let want = match op.pass {
+                ConvPass::Filter => 2,
+                _ => 1,
+            };
+            assert_eq!(launches.len(), want, "{:?}", op.pass);
+            let kind = match op.pass {
+                ConvPass::Forward => "depthwise_forward",
+                ConvPass::Data => "depthwise_grad_input",
+                ConvPass::Filter => "depthwise_grad_weight_partial",
+            };
+            assert!(launches[0].source.contains(kind), "{:?}", op.pass);
+            if op.pass == ConvPass::Filter {
+                // Its partial sums lie in the planned workspace.
+                let groups = depthwise::grad_weight_groups(op.dtype, &op.dims, op.workspace.bytes)
+                    .unwrap();
+                let bytes = depthwise::depthwise_grad_weight_scratch_bytes(op.dtype, &op.dims, groups);
+                assert!(bytes <= op.workspace.bytes);
+                let DeviceOp::Launch { args, .. } = &op.fallback[0] else {
+                    unreachable!()
+                };
+                assert_eq!(args[2], op.workspace.offset);
+            }
+        }
+        assert_eq!(passes, 3, "{precision:?}");
+        assert!(
+            p.default_routes()
+                .contains("3 as direct depthwise kernels (channels-last)"),
+            "{}",
+            p.default_routes()
+        );
+        // The same step NCHW keeps im2col; lowering again gives the same program.
+        let nchw = lowered(&conv_step(depthwise_layer, Precision::F32), Precision::F32);
+        assert!(convs(&nchw)
+            .iter()
+            .all(|op| op.default_route() == conv::DefaultRoute::Im2col));
+        assert_eq!(lowered(&c, precision), p);
+    }
+    let c = conv_step_with(grouped_layer, Precision::Bf16, options);
+    let p = lowered(&c, Precision::Bf16);
+    for op in convs(&p) {
+        if op.layout == crate::ir::ConvLayout::Nhwc {
+            assert!(op.fallback.is_empty(), "groups of 2 channels are not depthwise");
+            assert_eq!(op.default_route(), conv::DefaultRoute::ChannelsLast);
+        }
     }
 }

@@ -197,8 +197,9 @@ impl Lowering<'_> {
             })?;
         let loc = |i: usize| self.location[node.inputs[i].index()];
         let (a, b) = (loc(0).offset, loc(1).offset);
-        // The im2col kernels read NCHW images: a channels-last convolution has no fallback,
-        // and the runtime refuses to load it without cuDNN ([`Conv::fallback`]).
+        // The im2col kernels read NCHW images: a channels-last convolution has no im2col
+        // fallback, and the runtime refuses to load it without cuDNN ([`Conv::fallback`]); a
+        // depthwise one has its direct kernels instead.
         let conv_layout = w.layout();
         let (geo_pass, fallback) = if conv_layout == ConvLayout::Nhwc {
             let dims: SmallVec<[&[usize]; 2]> =
@@ -206,7 +207,9 @@ impl Lowering<'_> {
             let geo_pass = w
                 .conv_geometry(&dims, node.ty.shape.dims())
                 .ok_or_else(no_workspace)?;
-            (geo_pass, Vec::new())
+            // A depthwise one has Ingot's direct kernels as its fallback (`super::depthwise`).
+            let direct = self.depthwise(id, geo_pass, d, ws).map_err(codegen)?;
+            (geo_pass, direct)
         } else {
             // The chunk is the largest the planned workspace holds (the planner grants more
             // than one image's where the step's peak leaves room).
