@@ -13,7 +13,15 @@ use ingot_kernels::DType;
 use ingot_testkit::block_emu;
 
 /// `(batch, channels, [h, w], [kh, kw], stride, padding, dilation)`.
-type Case = (usize, usize, [usize; 2], [usize; 2], [usize; 2], [usize; 2], [usize; 2]);
+type Case = (
+    usize,
+    usize,
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+);
 
 const CASES: [Case; 5] = [
     // ConvNeXt's block: 7x7, padding 3 (40 channels: a tile and a part).
@@ -56,10 +64,10 @@ fn taps(g: &ConvGeometry) -> Vec<(usize, usize, usize)> {
                     let y = ((n * ho + oh) * wo + ow) * ch + c;
                     for i in 0..kh {
                         for j in 0..kw {
-                            let ih = (oh * g.stride[0] + i * g.dilation[0]) as i64
-                                - g.padding[0] as i64;
-                            let iw = (ow * g.stride[1] + j * g.dilation[1]) as i64
-                                - g.padding[1] as i64;
+                            let ih =
+                                (oh * g.stride[0] + i * g.dilation[0]) as i64 - g.padding[0] as i64;
+                            let iw =
+                                (ow * g.stride[1] + j * g.dilation[1]) as i64 - g.padding[1] as i64;
                             if ih < 0 || iw < 0 || ih >= h as i64 || iw >= w as i64 {
                                 continue;
                             }
@@ -183,13 +191,21 @@ fn each_depthwise_pass_computes_the_f64_convolution_in_f32_and_bf16() {
             let out = run1(&emu, &fwd, &[bx.clone(), bw.clone(), vec![0xA5; ny * e]]);
             assert_close(&format!("{tag} forward"), d, &decode(d, &out[2]), &want.y);
             let out = run1(&emu, &gin, &[bdy.clone(), bw.clone(), vec![0xA5; nx * e]]);
-            assert_close(&format!("{tag} grad input"), d, &decode(d, &out[2]), &want.dx);
+            assert_close(
+                &format!("{tag} grad input"),
+                d,
+                &decode(d, &out[2]),
+                &want.dx,
+            );
             for (i, &q) in [1, many].iter().enumerate() {
                 // Partials start as NaN: a sum that reads one not written shows.
                 let scratch: Vec<u8> = std::iter::repeat_n(f32::NAN.to_ne_bytes(), nw * q)
                     .flatten()
                     .collect();
-                assert_eq!(scratch.len(), dw::depthwise_grad_weight_scratch_bytes(d, &g, q));
+                assert_eq!(
+                    scratch.len(),
+                    dw::depthwise_grad_weight_scratch_bytes(d, &g, q)
+                );
                 let out = run1(&emu, &part[i], &[bx.clone(), bdy.clone(), scratch]);
                 let out = run1(&emu, &sum[i], &[out[2].clone(), vec![0xA5; nw * e]]);
                 let tag = format!("{tag} grad weight over {q} groups");
@@ -207,17 +223,28 @@ fn the_filter_gradient_takes_as_many_pixel_groups_as_its_workspace_holds() {
     assert_eq!(one, 40 * 49 * 4);
     assert_eq!(dw::grad_weight_groups(DType::BF16, &g, one - 1), None);
     assert_eq!(dw::grad_weight_groups(DType::BF16, &g, one), Some(1));
-    assert_eq!(dw::grad_weight_groups(DType::BF16, &g, 3 * one + 5), Some(3));
+    assert_eq!(
+        dw::grad_weight_groups(DType::BF16, &g, 3 * one + 5),
+        Some(3)
+    );
     // Never more groups than pixels in 8s (2 images of 9x8: 144 pixels, 18 groups).
-    assert_eq!(dw::grad_weight_groups(DType::BF16, &g, usize::MAX), Some(18));
-    assert_eq!(dw::depthwise_grad_weight_scratch_bytes(DType::F64, &g, 1), 2 * one);
+    assert_eq!(
+        dw::grad_weight_groups(DType::BF16, &g, usize::MAX),
+        Some(18)
+    );
+    assert_eq!(
+        dw::depthwise_grad_weight_scratch_bytes(DType::F64, &g, 1),
+        2 * one
+    );
 }
 
 #[test]
 fn grouped_convolutions_that_are_not_depthwise_are_refused_with_an_error() {
     let g = ConvGeometry::new([2, 8, 5, 5], [8, 2, 3, 3], [1, 1], [1, 1], [1, 1], 4).unwrap();
     assert!(!dw::runs(&g));
-    let e = dw::depthwise_forward(DType::F32, &g).unwrap_err().to_string();
+    let e = dw::depthwise_forward(DType::F32, &g)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("depthwise_forward"), "{e}");
     let big = ConvGeometry::new([1, 4, 9, 9], [4, 1, 9, 9], [1, 1], [4, 4], [1, 1], 4).unwrap();
     assert!(!dw::runs(&big), "81 taps are more than the registers hold");

@@ -239,7 +239,10 @@ pub fn depthwise_forward(d: DType, g: &ConvGeometry) -> Result<CudaKernel, Codeg
     open_pixels(&mut f, pixels, groups);
     let (ix, ty, a) = (f.ix, f.ix.ty(), acc(d));
     let src = &mut f.src;
-    src.line(format!("const long long ow = (long long)(pix % {});", ix.lit(wo)));
+    src.line(format!(
+        "const long long ow = (long long)(pix % {});",
+        ix.lit(wo)
+    ));
     src.line(format!(
         "const long long oh = (long long)((pix / {}) % {});",
         ix.lit(wo),
@@ -309,7 +312,10 @@ pub fn depthwise_grad_input(d: DType, g: &ConvGeometry) -> Result<CudaKernel, Co
     open_pixels(&mut f, pixels, groups);
     let (ix, ty, a) = (f.ix, f.ix.ty(), acc(d));
     let src = &mut f.src;
-    src.line(format!("const long long iw = (long long)(pix % {});", ix.lit(w)));
+    src.line(format!(
+        "const long long iw = (long long)(pix % {});",
+        ix.lit(w)
+    ));
     src.line(format!(
         "const long long ih = (long long)((pix / {}) % {});",
         ix.lit(w),
@@ -404,11 +410,15 @@ pub fn depthwise_grad_weight_partial(
     let (ix, ty) = (f.ix, f.ix.ty());
     f.src.line(format!("{a} s[{taps}];"));
     f.src.line("#pragma unroll");
-    f.src.line(format!("for (int k = 0; k < {taps}; ++k) s[k] = ({a})0;"));
+    f.src
+        .line(format!("for (int k = 0; k < {taps}; ++k) s[k] = ({a})0;"));
     f.src.open("if (active) {");
     open_pixels(&mut f, pixels, groups);
     let src = &mut f.src;
-    src.line(format!("const long long ow = (long long)(pix % {});", ix.lit(wo)));
+    src.line(format!(
+        "const long long ow = (long long)(pix % {});",
+        ix.lit(wo)
+    ));
     src.line(format!(
         "const long long oh = (long long)((pix / {}) % {});",
         ix.lit(wo),
@@ -457,7 +467,9 @@ pub fn depthwise_grad_weight_partial(
     src.line("__syncthreads();");
     src.open("if (warp == 0 && active) {");
     src.line(format!("{a} t = red[0][lane];"));
-    src.line(format!("for (int v = 1; v < {WARPS}; ++v) t += red[v][lane];"));
+    src.line(format!(
+        "for (int v = 1; v < {WARPS}; ++v) t += red[v][lane];"
+    ));
     src.line(format!(
         "part[(group * {} + ({ty})k) * {} + c] = t;",
         ix.lit(taps),
@@ -490,10 +502,7 @@ pub fn depthwise_grad_weight_sum(
         block: [BLOCK, 1, 1],
         shared_bytes: 0,
     };
-    let params = [
-        (format!("const {a}*"), "part".to_string()),
-        writes(d, "dw"),
-    ];
+    let params = [(format!("const {a}*"), "part".to_string()), writes(d, "dw")];
     let mut src = Src::default();
     src.line(format!(
         "// ingot depthwise_grad_weight_sum: {}, {groups} partial sums",

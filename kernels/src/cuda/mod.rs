@@ -102,13 +102,13 @@
 //! 64-bit otherwise. Generation is deterministic: the same description gives byte-identical text.
 
 pub mod attention;
+pub mod depthwise;
 mod emit;
 mod fused;
 mod guard;
 mod kernel;
 pub mod ops;
 pub mod scatter;
-pub mod depthwise;
 pub mod window;
 
 pub use kernel::{

@@ -585,9 +585,10 @@ fn a_channels_last_depthwise_convolution_runs_its_direct_kernels_by_default() {
             assert!(launches[0].source.contains(kind), "{:?}", op.pass);
             if op.pass == ConvPass::Filter {
                 // Its partial sums lie in the planned workspace.
-                let groups = depthwise::grad_weight_groups(op.dtype, &op.dims, op.workspace.bytes)
-                    .unwrap();
-                let bytes = depthwise::depthwise_grad_weight_scratch_bytes(op.dtype, &op.dims, groups);
+                let groups =
+                    depthwise::grad_weight_groups(op.dtype, &op.dims, op.workspace.bytes).unwrap();
+                let bytes =
+                    depthwise::depthwise_grad_weight_scratch_bytes(op.dtype, &op.dims, groups);
                 assert!(bytes <= op.workspace.bytes);
                 let DeviceOp::Launch { args, .. } = &op.fallback[0] else {
                     unreachable!()
@@ -613,7 +614,10 @@ fn a_channels_last_depthwise_convolution_runs_its_direct_kernels_by_default() {
     let p = lowered(&c, Precision::Bf16);
     for op in convs(&p) {
         if op.layout == crate::ir::ConvLayout::Nhwc {
-            assert!(op.fallback.is_empty(), "groups of 2 channels are not depthwise");
+            assert!(
+                op.fallback.is_empty(),
+                "groups of 2 channels are not depthwise"
+            );
             assert_eq!(op.default_route(), conv::DefaultRoute::ChannelsLast);
         }
     }

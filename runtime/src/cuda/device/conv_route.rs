@@ -51,13 +51,16 @@ pub(super) fn setting() -> Result<cudnn::ConvSetting, ExecError> {
     })
 }
 
-/// The first channels-last convolution of `programs`, if any.
+/// The first channels-last convolution of `programs` that only cuDNN runs (one with no
+/// fallback: a depthwise one has its direct kernels), if any.
 fn first_nhwc(programs: &[&Program]) -> Option<NodeId> {
     programs
         .iter()
         .flat_map(|p| &p.ops)
         .find_map(|op| match op {
-            DeviceOp::Conv(c) if c.layout == ConvLayout::Nhwc => Some(c.node),
+            DeviceOp::Conv(c) if c.layout == ConvLayout::Nhwc && c.fallback.is_empty() => {
+                Some(c.node)
+            }
             _ => None,
         })
 }
@@ -243,5 +246,33 @@ mod tests {
         assert_eq!(route(S::Auto, &f32).0, Route::Im2col);
         assert_eq!(first_nhwc(&[&program(false)]), None);
         assert!(first_nhwc(&[&p]).is_some());
+    }
+
+    /// A step whose channels-last convolutions are all depthwise (each with its direct
+    /// kernels as fallback) needs no cuDNN: found on an H200 (session 42), where such a step
+    /// was refused at load for want of a cuDNN handle nothing asked for.
+    #[test]
+    fn a_step_whose_channels_last_convolutions_all_have_direct_kernels_loads_without_cudnn() {
+        let mut p = program(true);
+        assert!(check_channels_last(&[&p], false).is_err());
+        let stand_in = (p.ops.iter())
+            .find_map(|op| match op {
+                DeviceOp::Launch { kernel, .. } => Some(*kernel),
+                _ => None,
+            })
+            .expect("a launch");
+        for op in p.ops.iter_mut() {
+            if let DeviceOp::Conv(c) = op {
+                if c.layout == ConvLayout::Nhwc {
+                    c.fallback = vec![DeviceOp::Launch {
+                        node: c.node,
+                        kernel: stand_in,
+                        args: Default::default(),
+                    }];
+                }
+            }
+        }
+        assert_eq!(first_nhwc(&[&p]), None);
+        check_channels_last(&[&p], false).unwrap();
     }
 }
