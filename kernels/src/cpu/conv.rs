@@ -24,9 +24,10 @@
 //! Every element is summed by one GEMM whose order depends only on the reduction's length
 //! (see [`mod@super::gemm`]), whichever lane or thread runs its unit, so results repeat bit for
 //! bit on any number of threads, and equal those of one image and one whole group at a time;
-//! except the weight gradient in blocks of images, whose reduction runs over a block's images
-//! at once: its order is fixed by the geometry (the same bits on any threads and in any
-//! workspace), but it is not the per-image order.
+//! except the weight gradient in parts of the images or in blocks of them, whose reductions
+//! run over a part's sums added in order or a block's images at once: their order is fixed by
+//! the geometry (the same bits on any threads and in any workspace), but it is not the
+//! per-image order.
 //! [`reference()`] computes the forward pass with plain loops in f64, for tests.
 //!
 //! One-pixel images under a kernel larger than them (a ResNet's last stage on small inputs)
@@ -72,8 +73,30 @@ pub const BLOCK_COLUMNS: usize = super::gemm::NC;
 /// panel's width, as [`BLOCK_COLUMNS`]: resnet18's weight gradients ran faster on 16 threads,
 /// but the least workspace grew with it (an imported CNN's CPU plan 87.0 -> 127.5 KiB, its
 /// peak that workspace) and recomputing a ResNet's blocks under a budget no longer lowered
-/// its peak; so 64.
+/// its peak; so 64, for batches of fewer than [`WIDE_WEIGHT_COLUMNS`] columns.
 pub const WEIGHT_BLOCK_COLUMNS: usize = 64;
+
+/// Reduction columns (images times output positions) from which a weight gradient's blocks of
+/// images are a GEMM's reduction block wide ([`super::gemm::KC`], 256 columns) rather than
+/// [`WEIGHT_BLOCK_COLUMNS`]: two of its reduction blocks. Blocks of `KC` columns chained
+/// (`β = 1`) sum every element as one GEMM over all their columns would (the GEMM folds each
+/// `KC` block's sum into `C` the same way), so with positions dividing `KC` a part's blocks are
+/// the bits of one product over the part, whatever the block. Session 41's profile of resnet18
+/// on 16 threads had its weight gradients in 64-column blocks at 4x4 and 2x2 (32 and 8 GEMMs a
+/// pass, each reading and writing all of `dw` for 64 terms of its sums, one after the other)
+/// at 13.7 and 8.3 ms a step. Smaller batches (an imported CNN's 4 images, whose plan's peak
+/// is near such a workspace) keep 64.
+pub const WIDE_WEIGHT_COLUMNS: usize = 2 * super::gemm::KC;
+
+/// Columns a block of images gives the weight gradient of `g`: [`super::gemm::KC`] where the
+/// batch has at least [`WIDE_WEIGHT_COLUMNS`] columns, else [`WEIGHT_BLOCK_COLUMNS`].
+fn weight_block_columns(g: &ConvGeometry) -> usize {
+    if g.batch.saturating_mul(g.positions()) >= WIDE_WEIGHT_COLUMNS {
+        super::gemm::KC
+    } else {
+        WEIGHT_BLOCK_COLUMNS
+    }
+}
 
 /// Fewest reduction columns (images times output positions) a part of the weight gradient's
 /// images sums (`image_parts`): a pass whose images hold at least two such parts sums them
@@ -119,7 +142,8 @@ struct Split {
     /// [`LANE_BUDGET_BYTES`].
     most: usize,
     /// Parts of the images the weight gradient sums apart, each into its lane's own
-    /// `[O/g, K]` block after the column buffer ([`image_parts`]); one otherwise.
+    /// `[O/g, K]` block after the column buffer and the side-by-side output gradient
+    /// ([`image_parts`]); one otherwise.
     parts: usize,
 }
 
@@ -185,9 +209,9 @@ fn cut<T: GemmScalar>(g: &ConvGeometry, pass: Pass, ranges: usize) -> Split {
 /// Parts of the images a weight gradient sums apart (a function of the geometry alone, so
 /// its bits are the same on any threads and in any workspace): one per [`MIN_PART_POSITIONS`]
 /// reduction columns, at most [`MAX_LANES`] and one per image; one (no parts) for the other
-/// passes and where the weight gradient runs in blocks of images.
+/// passes. A part of small images sums them in blocks ([`part_cut`]).
 fn image_parts(g: &ConvGeometry, pass: Pass) -> usize {
-    if pass != Pass::GradWeight || block_images_of(g, pass).is_some() {
+    if pass != Pass::GradWeight {
         return 1;
     }
     let columns = g.batch.saturating_mul(g.positions());
@@ -200,6 +224,9 @@ fn image_parts(g: &ConvGeometry, pass: Pass) -> usize {
 /// it has parts and one lane (a whole group's column buffer, GEMM space and `[O/g, K]` block of
 /// sums) fits [`LANE_BUDGET_BYTES`]. The least workspace grows by that block (one image's
 /// `[O/g, K]` of partial sums: cnn's conv2 72 KiB), and each lane the planner grants holds one.
+/// Where the weight gradient has blocks of images ([`block_images`]), each part sums its images
+/// in blocks of that many (the first from the part's first image), so a lane holds a block's
+/// column buffer and side-by-side output gradient (`tmp_len`) before its block of sums.
 fn part_cut<T: GemmScalar>(g: &ConvGeometry) -> Option<Split> {
     let parts = image_parts(g, Pass::GradWeight);
     if parts < 2 {
@@ -207,8 +234,14 @@ fn part_cut<T: GemmScalar>(g: &ConvGeometry) -> Option<Split> {
     }
     let (og, cg, p) = (g.out_ch / g.groups, g.in_ch / g.groups, g.positions());
     let k = cg * g.kernel[0] * g.kernel[1];
-    let col_len = if is_pointwise(g) { 0 } else { k * p };
-    let lane_len = col_len + og * k + gemm_len::<T>(og, p, k);
+    let images = block_images::<T>(g, Pass::GradWeight).unwrap_or(1);
+    let cols = images * p;
+    let (col_len, tmp_len) = match images {
+        1 if is_pointwise(g) => (0, 0),
+        1 => (k * p, 0),
+        _ => (k * cols, og * cols),
+    };
+    let lane_len = col_len + tmp_len + og * k + gemm_len::<T>(og, cols, k);
     let budget = LANE_BUDGET_BYTES / std::mem::size_of::<T>().max(1);
     if lane_len > budget {
         return None;
@@ -219,9 +252,9 @@ fn part_cut<T: GemmScalar>(g: &ConvGeometry) -> Option<Split> {
         chunk: cg,
         lanes: 1,
         lane_len,
-        images: 1,
+        images,
         col_len,
-        tmp_len: og * k,
+        tmp_len,
         partial: 0,
         most: units.clamp(1, MAX_LANES).min(budget / lane_len),
         parts,
@@ -232,7 +265,7 @@ fn part_cut<T: GemmScalar>(g: &ConvGeometry) -> Option<Split> {
 /// at all, by the columns alone (the budget only lowers their images).
 fn block_images_of(g: &ConvGeometry, pass: Pass) -> Option<usize> {
     let columns = match pass {
-        Pass::GradWeight => WEIGHT_BLOCK_COLUMNS,
+        Pass::GradWeight => weight_block_columns(g),
         _ => BLOCK_COLUMNS,
     };
     let most = (columns / g.positions().max(1)).min(g.batch);
@@ -318,13 +351,14 @@ fn largest_block<T: GemmScalar>(
 /// units in all of [`MIN_RANGE_COLUMNS`] columns at least, each summing its channels'
 /// products over every image in order into partial sums copied into `dw` at the end; fewer
 /// ranges where their partial sums and lanes would pass [`LANE_BUDGET_BYTES`]. A weight
-/// gradient in blocks of images ([`WEIGHT_BLOCK_COLUMNS`]) runs that cut alone.
+/// gradient in parts of the images ([`part_cut`]), or else in blocks of images
+/// ([`WEIGHT_BLOCK_COLUMNS`]), runs that cut alone.
 fn cuts<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> [Split; 2] {
     let whole = cut::<T>(g, pass, 1);
     if pass != Pass::GradWeight {
         return [whole, whole];
     }
-    if let Some(b) = block_cut::<T>(g, pass).or_else(|| part_cut::<T>(g)) {
+    if let Some(b) = part_cut::<T>(g).or_else(|| block_cut::<T>(g, pass)) {
         return [b, b];
     }
     let cg = g.in_ch / g.groups.max(1);
@@ -414,6 +448,9 @@ fn least_block<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> Option<Split> {
 pub fn workspace_len_up_to<T: GemmScalar>(g: &ConvGeometry, pass: Pass) -> usize {
     if one_tap::live_tap(g).is_some() {
         return workspace_len::<T>(g, pass);
+    }
+    if let Some(c) = part_cut::<T>(g).filter(|_| pass == Pass::GradWeight) {
+        return c.len(c.most);
     }
     if let Some(b) = block_cut::<T>(g, pass) {
         return b.len(b.most).max(workspace_len::<T>(g, pass));
@@ -876,11 +913,14 @@ pub fn grad_weight<T: GemmScalar + Float>(
     let (og, cg) = (g.out_ch / g.groups, g.in_ch / g.groups);
     let taps = g.kernel[0] * g.kernel[1];
     let (k, ranges) = (cg * taps, s.units / g.groups);
-    if s.images > 1 {
-        return grad_weight_blocks(g, x, dy, dw, &mut ws[..s.lane_len], &s);
-    }
     if s.parts > 1 {
         return grad_weight_parts(g, x, dy, dw, ws, &s).map_err(ConvError::from);
+    }
+    if s.images > 1 {
+        let (col, rest) = ws[..s.lane_len].split_at_mut(s.col_len);
+        let (tmp, gws) = rest.split_at_mut(s.tmp_len);
+        return sum_in_blocks(g, x, dy, 0..g.batch, s.images, col, tmp, dw, gws)
+            .map_err(ConvError::from);
     }
     // Unit `u` covers group `u / ranges`, channels `c0 .. c0 + cw` of it.
     let range = |u: usize| {
@@ -966,7 +1006,8 @@ fn sum_over_images<T: GemmScalar + Float>(
 }
 
 /// The weight gradient in parts of the images ([`image_parts`]): for each group, part `j`
-/// sums `dy[n, group] · col(x[n, group])ᵀ` over its images in order into a lane's own block,
+/// sums `dy[n, group] · col(x[n, group])ᵀ` over its images in order (one image a GEMM, or
+/// blocks of `s.images` images side by side, [`sum_in_blocks`]) into a lane's own block,
 /// and `dw[group]` is part 0's block plus part 1's, plus part 2's, ..., element by element in
 /// that order. The lanes (as many as the workspace holds, a multiple of the threads where it
 /// holds that many) compute a wave of consecutive parts at once, then their blocks are added
@@ -989,14 +1030,20 @@ fn grad_weight_parts<T: GemmScalar + Float>(
         true if s.lanes >= threads => s.lanes / threads * threads,
         true => s.lanes,
     };
-    // Part `j` of group `gi` into the block after `lane`'s column buffer.
+    // Part `j` of group `gi` into the block after `lane`'s column buffer (and side-by-side
+    // output gradient, where the part sums blocks of images).
     let part = |gi: usize, j: usize, lane: &mut [T]| -> Result<(), GemmError> {
         let (n0, n1) = (j * g.batch / parts, (j + 1) * g.batch / parts);
         let (col, rest) = lane.split_at_mut(s.col_len);
+        let (tmp, rest) = rest.split_at_mut(s.tmp_len);
         let (acc, gws) = rest.split_at_mut(block);
-        sum_over_images(g, x, dy, (gi, 0, cg), n0..n1, col, acc, gws)
+        if s.images > 1 {
+            sum_in_blocks(g, x, dy, n0..n1, s.images, col, tmp, acc, gws)
+        } else {
+            sum_over_images(g, x, dy, (gi, 0, cg), n0..n1, col, acc, gws)
+        }
     };
-    let (lane_len, col_len) = (s.lane_len, s.col_len);
+    let (lane_len, col_len) = (s.lane_len, s.col_len + s.tmp_len);
     for (gi, target) in dw.chunks_mut(block).enumerate() {
         for w0 in (0..parts).step_by(lanes) {
             let wave = lanes.min(parts - w0);
@@ -1042,30 +1089,32 @@ fn grad_weight_parts<T: GemmScalar + Float>(
     Ok(())
 }
 
-/// The weight gradient in blocks of images (one group, one lane `ws`): for each block in
-/// order, `dw (+)= dy[block] · col(x[block])ᵀ`, one GEMM whose reduction runs over the
-/// block's images and positions side by side; the blocks add into `dw` one after the other.
-/// The GEMM spreads its tiles over the pool's threads, with the same sums on any number.
-fn grad_weight_blocks<T: GemmScalar + Float>(
+/// `out = Σ dy[block] · col(x[block])ᵀ` over the blocks of `per` images of `images` (one
+/// group), each block one GEMM whose reduction runs over its images' positions side by side
+/// (`col` its column buffer, `tmp` its output gradient), the first block writing `out` and
+/// each later one adding to it: the whole weight gradient in blocks, or one part's. The GEMM
+/// spreads its tiles over the pool's threads, with the same sums on any number.
+#[allow(clippy::too_many_arguments)]
+fn sum_in_blocks<T: GemmScalar + Float>(
     g: &ConvGeometry,
     x: &[T],
     dy: &[T],
-    dw: &mut [T],
-    ws: &mut [T],
-    s: &Split,
-) -> Result<(), ConvError> {
+    images: std::ops::Range<usize>,
+    per: usize,
+    col: &mut [T],
+    tmp: &mut [T],
+    out: &mut [T],
+    gws: &mut [T],
+) -> Result<(), GemmError> {
     let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
     let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
-    let (col, rest) = ws.split_at_mut(s.col_len);
-    let (tmp, gws) = rest.split_at_mut(s.tmp_len);
-    for b in 0..s.units {
-        let n0 = b * s.images;
-        let images = s.images.min(g.batch - n0);
-        let cols = images * p;
-        im2col_images(g, &x[n0 * xi..(n0 + images) * xi], images, col);
+    for n0 in images.clone().step_by(per.max(1)) {
+        let nb = per.min(images.end - n0);
+        let cols = nb * p;
+        im2col_images(g, &x[n0 * xi..(n0 + nb) * xi], nb, col);
         let tmp = &mut tmp[..o * cols];
-        to_side_by_side(images, o, p, &dy[n0 * o * p..(n0 + images) * o * p], tmp);
-        let beta = if b == 0 {
+        to_side_by_side(nb, o, p, &dy[n0 * o * p..(n0 + nb) * o * p], tmp);
+        let beta = if n0 == images.start {
             <T as GemmScalar>::ZERO
         } else {
             <T as GemmScalar>::ONE
@@ -1080,7 +1129,7 @@ fn grad_weight_blocks<T: GemmScalar + Float>(
             col,
             MatLayout::col_major(cols),
             beta,
-            dw,
+            out,
             MatLayout::row_major(k),
             gws,
         )?;

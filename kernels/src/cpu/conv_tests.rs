@@ -41,6 +41,11 @@ fn geometries() -> Vec<ConvGeometry> {
         // 361 positions), with two groups; 3 parts, pointwise.
         ([20, 4, 19, 19], [6, 2, 3, 3], 1, 1, 1, 2),
         ([7, 5, 24, 20], [3, 5, 1, 1], 1, 0, 1, 1),
+        // Weight gradients in parts summed in blocks of KC columns' images: 2 parts of 32
+        // images at 6x6 (blocks of 7, the last of 4); 2 parts of 65 at 4x4 (blocks of 16,
+        // the last of one).
+        ([64, 3, 6, 6], [4, 3, 3, 3], 1, 1, 1, 1),
+        ([130, 2, 4, 4], [3, 2, 3, 3], 1, 1, 1, 1),
     ] {
         out.push(ConvGeometry::new(x, w, [s, s], [p, p], [d, d], gr).unwrap());
     }
@@ -164,24 +169,25 @@ fn one_unit_at_a_time(g: &ConvGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Ve
         .unwrap();
         col2im_add(g, &dcol, &mut dx[xs..xs + xg]);
     });
-    let dw = if part_cut::<f32>(g).is_some() {
-        weight_parts_one_image_at_a_time(g, x, dy, image_parts(g, Pass::GradWeight))
-    } else if block_images::<f32>(g, Pass::GradWeight).is_some() {
-        weight_blocks_one_image_at_a_time(g, x, dy)
-    } else {
-        weight_parts_one_image_at_a_time(g, x, dy, 1)
+    let blocks = block_images::<f32>(g, Pass::GradWeight).unwrap_or(1);
+    let dw = match part_cut::<f32>(g) {
+        Some(c) => weight_parts_one_image_at_a_time(g, x, dy, c.parts, c.images),
+        None => weight_parts_one_image_at_a_time(g, x, dy, 1, blocks),
     };
     [y, dx, dw]
 }
 
 /// The weight gradient in `parts` parts of the images: each part's images summed in order
-/// into a `dw` of its own, the first image writing it and each later one adding, then the
-/// parts' `dw`s added element by element in part order.
+/// into a `dw` of its own (one at a time, or with `per` above one in blocks of `per` images
+/// from the part's first, [`weight_blocks_one_image_at_a_time`]), the first image or block
+/// writing it and each later one adding, then the parts' `dw`s added element by element in
+/// part order.
 fn weight_parts_one_image_at_a_time(
     g: &ConvGeometry,
     x: &[f32],
     dy: &[f32],
     parts: usize,
+    per: usize,
 ) -> Vec<f32> {
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let mut gws = vec![0f32; gemm_len::<f32>(og, p, k)];
@@ -190,7 +196,13 @@ fn weight_parts_one_image_at_a_time(
         let mut part = vec![f32::NAN; g.w_len()];
         let images = j * g.batch / parts..(j + 1) * g.batch / parts;
         let first = images.start;
-        each_image_columns(g, x, images, |n, gi, col| {
+        let one_at_a_time = if per > 1 {
+            part = weight_blocks_one_image_at_a_time(g, x, dy, images, per);
+            0..0
+        } else {
+            images
+        };
+        each_image_columns(g, x, one_at_a_time, |n, gi, col| {
             let ys = (n * g.out_ch + gi * og) * p;
             gemm_ws(
                 og,
@@ -215,17 +227,22 @@ fn weight_parts_one_image_at_a_time(
     sum
 }
 
-/// The weight gradient in blocks of images, each block's column buffer and output
-/// gradient assembled one image and one element at a time from the image's own column
-/// buffer ([`im2col`]), then one GEMM a block, the blocks added in order.
-fn weight_blocks_one_image_at_a_time(g: &ConvGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    let images = block_images::<f32>(g, Pass::GradWeight).unwrap();
+/// The weight gradient of `range`'s images in blocks of `images` images, each block's column
+/// buffer and output gradient assembled one image and one element at a time from the
+/// image's own column buffer ([`im2col`]), then one GEMM a block, the blocks added in order.
+fn weight_blocks_one_image_at_a_time(
+    g: &ConvGeometry,
+    x: &[f32],
+    dy: &[f32],
+    range: std::ops::Range<usize>,
+    images: usize,
+) -> Vec<f32> {
     let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
     let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
     let mut dw = vec![f32::NAN; g.w_len()];
     let mut one = vec![0f32; k * p];
-    for (b, n0) in (0..g.batch).step_by(images).enumerate() {
-        let nb = images.min(g.batch - n0);
+    for (b, n0) in range.clone().step_by(images).enumerate() {
+        let nb = images.min(range.end - n0);
         let cols = nb * p;
         let (mut col, mut d) = (vec![0f32; k * cols], vec![0f32; o * cols]);
         for i in 0..nb {
@@ -344,24 +361,34 @@ fn the_least_workspace_is_one_image_or_a_small_image_weight_gradients_block() {
                 assert_eq!(least, one_tap::workspace_len::<f32>(&g, pass));
                 continue;
             }
-            if let Some(b) = block_cut::<f32>(&g, pass).filter(|_| pass == Pass::GradWeight) {
-                assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
-                let s = split::<f32>(&g, pass, least).unwrap();
-                let cols = WEIGHT_BLOCK_COLUMNS;
-                assert_eq!(s.images, (cols / p).min(g.batch), "{g:?} {pass:?}");
-                assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
-                continue;
-            }
             if let Some(c) = part_cut::<f32>(&g).filter(|_| pass == Pass::GradWeight) {
-                // One lane of parts: a group's column buffer, GEMM space and block of sums.
-                let block = og * k;
-                let col = if is_pointwise(&g) { 0 } else { k * p };
-                assert_eq!(least, col + gemm_len::<f32>(og, p, k) + block, "{g:?}");
+                // One lane of parts: a group's column buffer (a block's, with the block's
+                // output gradient side by side, where the parts sum blocks of images), GEMM
+                // space and block of sums.
+                let (block, cols) = (og * k, c.images * p);
+                let (col, tmp) = match c.images {
+                    1 if is_pointwise(&g) => (0, 0),
+                    1 => (k * p, 0),
+                    _ => (k * cols, og * cols),
+                };
+                assert_eq!(
+                    least,
+                    col + tmp + gemm_len::<f32>(og, cols, k) + block,
+                    "{g:?}"
+                );
                 assert_eq!(least, c.len(1), "{g:?}");
                 let s = split::<f32>(&g, pass, least).unwrap();
                 assert_eq!((s.lanes, s.parts), (1, image_parts(&g, pass)), "{g:?}");
                 assert!(s.parts >= 2, "{g:?}");
                 assert_eq!(split::<f32>(&g, pass, least - 1), None, "{g:?} {pass:?}");
+                continue;
+            }
+            if let Some(b) = block_cut::<f32>(&g, pass).filter(|_| pass == Pass::GradWeight) {
+                assert_eq!(least, b.len(1).max(old), "{g:?} {pass:?}");
+                let s = split::<f32>(&g, pass, least).unwrap();
+                let cols = weight_block_columns(&g);
+                assert_eq!(s.images, (cols / p).min(g.batch), "{g:?} {pass:?}");
+                assert!(s.len(1) * 4 <= LANE_BUDGET_BYTES, "{g:?} {pass:?}");
                 continue;
             }
             if let Some(b) = least_block::<f32>(&g, pass) {
@@ -394,9 +421,9 @@ fn the_most_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
         let s = split::<f32>(&small, pass, most).unwrap();
         let want = match pass {
             // Its weight gradient: 8 parts of 16 images (8,192 positions over
-            // MIN_PART_POSITIONS), a lane each (64 positions an image: no blocks of images
-            // at 64 columns).
-            Pass::GradWeight => (8, 64, 8, 1),
+            // MIN_PART_POSITIONS), each summed in blocks of 4 images (KC = 256 columns:
+            // WIDE_WEIGHT_COLUMNS), five lanes of 1.4 MiB within the budget.
+            Pass::GradWeight => (8, 64, 5, 4),
             // The others: blocks of 16 images too, two lanes of about 3 MiB.
             Pass::Forward | Pass::GradInput => (8, 64, 2, 16),
         };
@@ -421,8 +448,9 @@ fn the_most_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
     assert!(4 * s.lanes * s.lane_len <= LANE_BUDGET_BYTES, "{s:?}");
     // resnet18's 3x3 convolutions at 2x2 (256 channels): the forward and input gradient
     // one GEMM over the batch's 512 columns in their most workspace, blocks of two images or
-    // more in their least (within a quarter more than one image's); the weight gradient in blocks of 16 images (64 columns), added in
-    // order, in its least already.
+    // more in their least (within a quarter more than one image's); the weight gradient in
+    // blocks of 64 images (KC = 256 columns: the batch's 512 columns reach
+    // WIDE_WEIGHT_COLUMNS), added in order, in its least already.
     let wide = ConvGeometry::new(
         [128, 256, 2, 2],
         [256, 256, 3, 3],
@@ -452,7 +480,7 @@ fn the_most_workspace_is_cut_into_at_most_max_lanes_lanes_within_the_budget() {
     let s = split::<f32>(&wide, Pass::GradWeight, least).unwrap();
     assert_eq!(
         (s.units, s.images, s.lanes, s.partial),
-        (8, 16, 1, 0),
+        (2, 64, 1, 0),
         "{s:?}"
     );
     // A pointwise convolution needs no column buffer one image at a time (images of more
@@ -610,4 +638,91 @@ fn a_short_buffer_is_an_error_before_anything_is_written() {
     .unwrap_err();
     assert!(e.to_string().contains("workspace"), "{e}");
     assert!(y.iter().all(|&v| v == 7.0));
+}
+
+/// The weight gradients of resnet18's 3x3 convolutions at 8x8, 4x4 and 2x2 (batch 128) and of
+/// a batch of 1,200 columns at 2x2: where positions divide the GEMM's reduction block
+/// (`KC`), a part's blocks of `KC` columns chained give the bits of one GEMM over the part's
+/// columns side by side, and `dw` is the parts' products added in order; the same bits on 1,
+/// 2, 3 and 16 threads in the least and most workspace; within f32 rounding of f64 loops.
+#[test]
+fn small_image_weight_gradients_are_one_gemm_a_part_on_any_threads_and_match_f64_loops() {
+    let f32s = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
+    for (x, w, parts) in [
+        ([128, 64, 8, 8], [64, 64, 3, 3], 8),
+        ([128, 128, 4, 4], [128, 128, 3, 3], 2),
+        ([128, 256, 2, 2], [256, 256, 3, 3], 1),
+        ([300, 2, 2, 2], [3, 2, 3, 3], 1),
+    ] {
+        let g = ConvGeometry::new(x, w, [1, 1], [1, 1], [1, 1], 1).unwrap();
+        let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
+        assert_eq!(image_parts(&g, Pass::GradWeight), parts, "{g:?}");
+        let s = split::<f32>(
+            &g,
+            Pass::GradWeight,
+            workspace_len::<f32>(&g, Pass::GradWeight),
+        )
+        .unwrap();
+        assert_eq!(
+            s.images * p,
+            super::super::gemm::KC,
+            "{g:?}: blocks of KC columns"
+        );
+        let (x64, dy64) = (values(g.x_len(), 14), values(g.y_len(), 15));
+        let (x, dy) = (f32s(&x64), f32s(&dy64));
+        // Each part as one GEMM over its images' columns side by side, parts added in order.
+        let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
+        let mut want = vec![0f32; g.w_len()];
+        for j in 0..parts {
+            let (n0, n1) = (j * g.batch / parts, (j + 1) * g.batch / parts);
+            let cols = (n1 - n0) * p;
+            let (mut col, mut d) = (vec![0f32; k * cols], vec![0f32; o * cols]);
+            im2col_images(&g, &x[n0 * xi..n1 * xi], n1 - n0, &mut col);
+            to_side_by_side(n1 - n0, o, p, &dy[n0 * o * p..n1 * o * p], &mut d);
+            let mut part = vec![f32::NAN; g.w_len()];
+            let mut gws = vec![0f32; gemm_len::<f32>(o, cols, k)];
+            gemm_ws(
+                o,
+                cols,
+                k,
+                1.0,
+                &d,
+                MatLayout::row_major(cols),
+                &col,
+                MatLayout::col_major(cols),
+                0.0,
+                &mut part,
+                MatLayout::row_major(k),
+                &mut gws,
+            )
+            .unwrap();
+            for (s, v) in want.iter_mut().zip(&part) {
+                *s = if j == 0 { *v } else { *s + v };
+            }
+        }
+        let by_loops = weight_gradient_by_loops(&g, &x64, &dy64);
+        let scale = (g.batch * p) as f64;
+        for (a, b) in want.iter().zip(&by_loops) {
+            assert!((*a as f64 - b).abs() < 1e-6 * scale, "{g:?}: {a} vs {b}");
+        }
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        let lens = [
+            workspace_len::<f32>(&g, Pass::GradWeight),
+            workspace_len_up_to::<f32>(&g, Pass::GradWeight),
+        ];
+        for threads in [1, 2, 3, 16] {
+            let pool = crate::cpu::par::pool_of(threads);
+            for len in lens {
+                let got = pool.install(|| {
+                    let mut dw = vec![f32::NAN; g.w_len()];
+                    grad_weight(&g, &x, &dy, &mut dw, &mut vec![f32::NAN; len]).unwrap();
+                    dw.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                });
+                assert!(
+                    got == want,
+                    "{g:?}: {threads} threads in {len} elements differ"
+                );
+            }
+        }
+    }
 }
