@@ -114,6 +114,102 @@ pub fn traced(g: &Graph) -> Vec<NodeId> {
     list_schedule(g, &d, false)
 }
 
+/// [`traced`] with each convolution's filter gradient run before its data gradient where
+/// that frees the convolution's input first (see `move_filter_gradients`); `None` where the
+/// traced order is not the nodes' own or nothing moves. The planner plans it beside the
+/// traced order and keeps the smaller.
+pub fn filter_gradients_first(g: &Graph) -> Option<Vec<NodeId>> {
+    let d = dependences(g);
+    let as_traced = g.ids().all(|id| {
+        d.neighbors_directed(NodeIndex::new(id.index()), Direction::Incoming)
+            .all(|p| p.index() < id.index())
+    });
+    if !as_traced {
+        return None;
+    }
+    let order = move_filter_gradients(g)?;
+    let mut pos = vec![0; g.len()];
+    for (p, &id) in order.iter().enumerate() {
+        pos[id.index()] = p;
+    }
+    let respects = d.edge_indices().all(|e| {
+        let (a, b) = d.edge_endpoints(e).expect("edge exists");
+        pos[a.index()] < pos[b.index()]
+    });
+    respects.then_some(order)
+}
+
+/// The traced order (node ids) with each convolution's filter gradient `dw = f(x, dy)` moved
+/// to just before its data gradient `dx = f(dy, w)` where the filter gradient is the last
+/// reader of `x` (through views; `x` no leaf and no output of the step), all its operands are
+/// made before the data gradient, and `dw` takes no more bytes than `dx`. Autodiff emits the
+/// data gradient first (operand order), so `x` lived until `dx` was made and the two were
+/// live together; moved, `x` dies before `dx` is made and neither position holds more bytes
+/// than before (`dw`'s bytes replace `dx`'s at the first, `x`'s are gone from the second).
+/// The room matters to the filter gradient's own workspace, which cuDNN's split-K algorithms
+/// fill with partial sums (at a U-Net's decoder convolution over 48 channels at 64x64, a
+/// 12 MiB `x` and a 12 MiB `dx`: 2.9 MB asked, 2.0 MiB of room under the peak beside both;
+/// docs/benchmarks.md, session 42). A pure function of the graph, so every machine plans the
+/// same order. `None` where nothing moves.
+fn move_filter_gradients(g: &Graph) -> Option<Vec<NodeId>> {
+    use crate::ir::WindowOp;
+    let n = g.len();
+    let grad_weights: Vec<NodeId> = (g.ids())
+        .filter(|&b| matches!(g.node(b).op, Op::Window(WindowOp::Conv2dGradWeight { .. })))
+        .collect();
+    if grad_weights.is_empty() {
+        return None;
+    }
+    let users = g.users();
+    let is_output = |x: NodeId| g.outputs.values().any(|&o| o == x);
+    // `before[a]`: the filter gradient to run just before data gradient `a`.
+    let mut before: Vec<Option<NodeId>> = vec![None; n];
+    let mut moved = vec![false; n];
+    for b in grad_weights {
+        let node = g.node(b);
+        let Op::Window(WindowOp::Conv2dGradWeight { conv, .. }) = node.op else {
+            continue;
+        };
+        let (x, dy) = (node.inputs[0], node.inputs[1]);
+        let data_gradient = |a: NodeId| {
+            a < b
+                && g.node(a).inputs.first() == Some(&dy)
+                && matches!(g.node(a).op,
+                    Op::Window(WindowOp::Conv2dGradInput { conv: c, .. }) if c == conv)
+        };
+        let Some(a) = users[dy.index()]
+            .iter()
+            .copied()
+            .filter(|&a| data_gradient(a))
+            .max()
+        else {
+            continue;
+        };
+        let frees_x = !g.node(x).op.is_leaf()
+            && !is_output(x)
+            && readers_through_views(g, &users, x).last() == Some(&b);
+        let operands_ready = node.inputs.iter().all(|&i| g.writer(i) < a);
+        let smaller = g.ty(b).bytes() <= g.ty(a).bytes();
+        if frees_x && operands_ready && smaller && before[a.index()].is_none() {
+            before[a.index()] = Some(b);
+            moved[b.index()] = true;
+        }
+    }
+    if !moved.contains(&true) {
+        return None;
+    }
+    let mut order = Vec::with_capacity(n);
+    for id in g.ids() {
+        if let Some(b) = before[id.index()] {
+            order.push(b);
+        }
+        if !moved[id.index()] {
+            order.push(id);
+        }
+    }
+    Some(order)
+}
+
 /// `order` with each collective (an all-reduce or a reduce-scatter and its result nodes, an
 /// all-gather) moved to right after the last of its operands: a gradient bucket is reduced as
 /// soon as the backward pass has produced it, so on a device that runs collectives on a stream
@@ -776,6 +872,78 @@ mod tests {
             }
         }
         order
+    }
+
+    /// Bytes of values live at each position of `order`, counted independently of the
+    /// planner: a value (no leaf, no alias) from the position of its kernel to that of its last
+    /// reader through views, or the end for an output.
+    fn live_by_position(g: &Graph, order: &[NodeId]) -> Vec<usize> {
+        let mut pos = vec![0; g.len()];
+        for (p, &id) in order.iter().enumerate() {
+            pos[id.index()] = p;
+        }
+        let users = g.users();
+        let mut live = vec![0; order.len() + 1];
+        for x in g.ids() {
+            let op = &g.node(x).op;
+            if op.is_leaf() || op.is_alias() {
+                continue;
+            }
+            let start = pos[g.writer(x).index()];
+            let end = match g.outputs.values().any(|&o| o == x) {
+                true => order.len(),
+                false => (readers_through_views(g, &users, x).iter())
+                    .map(|r| pos[r.index()])
+                    .max()
+                    .unwrap_or(start),
+            };
+            for l in &mut live[start..=end] {
+                *l += g.ty(x).bytes();
+            }
+        }
+        live
+    }
+
+    #[test]
+    fn a_filter_gradient_that_frees_its_input_runs_before_its_data_gradient_and_no_position_holds_more(
+    ) {
+        use crate::ir::WindowOp;
+        let m = crate::models::by_name("cnn").expect("a reference model");
+        let c = pipeline::compile(&m, &Options::default()).expect("it compiles");
+        let g = &c.graph;
+        let as_traced = traced(g);
+        assert_eq!(as_traced, g.ids().collect::<Vec<_>>());
+        let order = filter_gradients_first(g).expect("cnn's second convolution moves");
+        assert!(is_valid_order(g, &order));
+        let at = |id: NodeId| order.iter().position(|&o| o == id).expect("scheduled");
+        let mut moved = 0;
+        for b in g.ids() {
+            if let Op::Window(WindowOp::Conv2dGradWeight { .. }) = g.node(b).op {
+                let dy = g.node(b).inputs[1];
+                for a in g.users()[dy.index()].iter().copied() {
+                    if let Op::Window(WindowOp::Conv2dGradInput { .. }) = g.node(a).op {
+                        assert!(a < b, "autodiff emits the data gradient first");
+                        if at(b) < at(a) {
+                            assert_eq!(at(b) + 1, at(a), "moved to just before it");
+                            moved += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            moved > 0,
+            "cnn's second convolution frees its input at its filter gradient"
+        );
+        let (before, after) = (live_by_position(g, &as_traced), live_by_position(g, &order));
+        assert!(before.iter().zip(&after).all(|(b, a)| a <= b));
+        assert!(before.iter().zip(&after).any(|(b, a)| a < b));
+        // Nothing to move: a graph without convolutions has no such order.
+        let mlp = pipeline::compile(&crate::models::by_name("mlp").unwrap(), &Options::default());
+        assert_eq!(
+            filter_gradients_first(&mlp.expect("it compiles").graph),
+            None
+        );
     }
 
     #[test]

@@ -87,11 +87,12 @@ impl Default for PlanOptions {
 /// validate the one returned.
 pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     g.verify()?;
-    let mut candidates: Vec<Prepared> = opts
-        .strategies
-        .iter()
-        .map(|&strategy| prepare(g, strategy, opts))
-        .collect::<Result<_, PlanError>>()?;
+    let mut candidates: Vec<Prepared> = Vec::new();
+    for &strategy in &opts.strategies {
+        for order in orders(g, strategy) {
+            candidates.push(prepare(g, strategy, order, opts)?);
+        }
+    }
     candidates.sort_by_key(|c| c.load_bytes);
     let mut best: Option<MemoryPlan> = None;
     for c in candidates {
@@ -125,15 +126,33 @@ pub fn plan(g: &Graph, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
     Ok(best)
 }
 
-/// The schedule of `strategy` with its liveness. With [`PlanOptions::sink`], the schedule
-/// sunk ([`sink::sink`]) unless that raises its LOAD: sinking never lets a value live
-/// longer at a position that stays, but a chain of nodes moved together can meet, where it
-/// lands, values (and a kernel's scratch) it did not meet before.
-fn prepare(g: &Graph, strategy: Strategy, opts: &PlanOptions) -> Result<Prepared, PlanError> {
-    let order = match strategy {
-        Strategy::Traced => schedule::traced(g),
-        Strategy::MemoryAware => schedule::memory_aware(g),
-    };
+/// The schedules `strategy` offers: the memory-aware one; the traced one and, where some
+/// convolution's filter gradient moves before its data gradient to free its input first
+/// ([`schedule::filter_gradients_first`]), that order first. Both traced orders are planned
+/// like any two candidates (the smaller total kept; of equal LOADs the moved one is solved
+/// first and wins a tie), so the move never raises a plan: it holds no more bytes live
+/// anywhere, but the offsets solved for it may pack less tightly (efficientnet_b0's, by
+/// 370 KB: docs/benchmarks.md, session 42).
+fn orders(g: &Graph, strategy: Strategy) -> Vec<Vec<NodeId>> {
+    match strategy {
+        Strategy::Traced => {
+            let moved = schedule::filter_gradients_first(g);
+            moved.into_iter().chain([schedule::traced(g)]).collect()
+        }
+        Strategy::MemoryAware => vec![schedule::memory_aware(g)],
+    }
+}
+
+/// `order` (a schedule of `strategy`) with its liveness. With [`PlanOptions::sink`], the
+/// schedule sunk ([`sink::sink`]) unless that raises its LOAD: sinking never lets a value
+/// live longer at a position that stays, but a chain of nodes moved together can meet, where
+/// it lands, values (and a kernel's scratch) it did not meet before.
+fn prepare(
+    g: &Graph,
+    strategy: Strategy,
+    order: Vec<NodeId>,
+    opts: &PlanOptions,
+) -> Result<Prepared, PlanError> {
     let sunk = opts.sink.then(|| sink::sink(g, &order, opts.workspace));
     let order = schedule::hoist_collectives(g, order);
     complete(g, &order, strategy)?;
