@@ -231,7 +231,7 @@ pub fn extract_with(
             // A leaf's class is the leaf: nothing else may stand for a step's input.
             .filter(|(_, n)| class.data.leaf.is_none() || matches!(n.kind, Kind::Leaf(_)))
             .map(|(index, n)| CNode {
-                cost: cost_of(&class.data.ty, n, &constant),
+                cost: cost_of(&class.data.ty, n, constant),
                 children: n.args.iter().map(|&a| dense_of(a)).collect(),
                 index,
             });
