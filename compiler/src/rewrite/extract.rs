@@ -24,11 +24,12 @@
 //! the 48-layer gpt2 shape; its choices were identical on every reference model and on the
 //! 48-layer shape.)
 
-use super::analysis::{numel, EGraph};
+use super::analysis::{numel, Data, EGraph};
 use super::lang::{ENode, Kind};
+use crate::ir::TensorType;
 use egg::Id;
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::fmt;
 
 /// How the e-nodes were chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +43,99 @@ pub enum Method {
 
 /// The chosen e-node (children canonical) of every class reachable from the roots.
 pub struct Extraction {
-    pub choice: HashMap<Id, ENode>,
+    pub choice: Choice,
     pub method: Method,
+}
+
+/// The chosen e-node of each extracted class, by class id: a slot per id (egg's ids are dense,
+/// below the number of e-nodes ever added) into a list of the choices, instead of a hash map.
+/// At 200 layers of a narrow GPT a hundred thousand classes are looked up at random by
+/// [`super::simplify`]'s emission; a slot costs one read where a hash map hashed the id and
+/// grew by rehashing into fresh pages (issue 53).
+#[derive(Clone, Default)]
+pub struct Choice {
+    /// `slot[id]` is the position of class `id`'s choice in `nodes`, `u32::MAX` for none.
+    slot: Vec<u32>,
+    nodes: Vec<(Id, ENode)>,
+}
+
+impl Choice {
+    /// An empty choice for class ids below `ids`.
+    fn with_ids(ids: usize) -> Choice {
+        Choice {
+            slot: vec![u32::MAX; ids],
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Records `node` as class `id`'s choice (the first recorded stays).
+    fn insert(&mut self, id: Id, node: ENode) {
+        let i = usize::from(id);
+        if i >= self.slot.len() {
+            self.slot.resize(i + 1, u32::MAX);
+        }
+        if self.slot[i] == u32::MAX {
+            self.slot[i] = self.nodes.len() as u32;
+            self.nodes.push((id, node));
+        }
+    }
+
+    fn contains_key(&self, id: &Id) -> bool {
+        self.slot
+            .get(usize::from(*id))
+            .is_some_and(|&s| s != u32::MAX)
+    }
+
+    /// Class `id`'s chosen e-node, if it was extracted.
+    pub fn get(&self, id: &Id) -> Option<&ENode> {
+        let s = *self.slot.get(usize::from(*id))?;
+        self.nodes.get(s as usize).map(|(_, n)| n)
+    }
+
+    /// How many classes were extracted.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when no class was extracted.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The extracted classes, in the order they were reached (not sorted).
+    pub fn keys(&self) -> impl Iterator<Item = &Id> + '_ {
+        self.nodes.iter().map(|(id, _)| id)
+    }
+
+    /// The extracted classes and their e-nodes, in increasing class id.
+    pub fn sorted(&self) -> Vec<(Id, &ENode)> {
+        let mut v: Vec<(Id, &ENode)> = self.nodes.iter().map(|(id, n)| (*id, n)).collect();
+        v.sort_unstable_by_key(|&(id, _)| id);
+        v
+    }
+}
+
+impl std::ops::Index<&Id> for Choice {
+    type Output = ENode;
+
+    fn index(&self, id: &Id) -> &ENode {
+        self.get(id)
+            .unwrap_or_else(|| panic!("e-class {id} was not extracted"))
+    }
+}
+
+/// Two choices are equal when they choose the same e-node for the same classes, whatever the
+/// order they were reached in (as two hash maps compare).
+impl PartialEq for Choice {
+    fn eq(&self, other: &Choice) -> bool {
+        self.len() == other.len() && (self.nodes.iter()).all(|(id, n)| other.get(id) == Some(n))
+    }
+}
+
+impl fmt::Debug for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.sorted()).finish()
+    }
 }
 
 struct CNode {
@@ -88,17 +180,21 @@ impl std::ops::Index<usize> for CNodes {
 
 /// What an e-node of class `class` costs by itself.
 pub fn node_cost(eg: &EGraph, class: Id, node: &ENode) -> u64 {
+    let constant = |a: Id| eg[a].data.constant.is_some();
+    cost_of(&eg[class].data.ty, node, constant)
+}
+
+/// [`node_cost`] of an e-node whose class has type `t`, where `constant` tells whether a class
+/// has a known constant.
+fn cost_of(t: &TensorType, node: &ENode, constant: impl Fn(Id) -> bool) -> u64 {
     match &node.kind {
         Kind::Leaf(_) | Kind::Reshape(_) | Kind::StopGradient => 0,
         Kind::Full { .. } | Kind::Iota { .. } => 1,
-        Kind::Broadcast(_) if eg[node.args[0]].data.constant.is_some() => 1,
-        _ => {
-            let t = &eg[class].data.ty;
-            numel(t.shape.dims())
-                .and_then(|n| n.checked_mul(t.dtype.size()))
-                .map_or(u64::MAX / 4, |b| b as u64)
-                .max(1)
-        }
+        Kind::Broadcast(_) if constant(node.args[0]) => 1,
+        _ => numel(t.shape.dims())
+            .and_then(|n| n.checked_mul(t.dtype.size()))
+            .map_or(u64::MAX / 4, |b| b as u64)
+            .max(1),
     }
 }
 
@@ -114,25 +210,28 @@ pub fn extract_with(
     roots: &[Id],
     force: Option<Method>,
 ) -> Result<Extraction, String> {
-    let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
-    ids.sort_unstable();
+    // The classes in id order, read through this list rather than `eg[id]` (a hash lookup each
+    // time, at random in a table larger than the cache at depth: issue 53).
+    let mut classes: Vec<&egg::EClass<ENode, Data>> = eg.classes().collect();
+    classes.sort_unstable_by_key(|c| c.id);
+    let ids: Vec<Id> = classes.iter().map(|c| c.id).collect();
     let mut dense = vec![u32::MAX; eg.nodes().len()];
     for (i, &id) in ids.iter().enumerate() {
         dense[usize::from(id)] = i as u32;
     }
     let dense_of = |id: Id| dense[usize::from(eg.find(id))];
+    let constant = |a: Id| classes[dense_of(a) as usize].data.constant.is_some();
     let mut cnodes = CNodes {
         start: Vec::with_capacity(ids.len() + 1),
         nodes: Vec::with_capacity(eg.total_size()),
     };
     cnodes.start.push(0);
-    for &id in &ids {
-        let class = &eg[id];
+    for class in &classes {
         let nodes = (class.nodes.iter().enumerate())
             // A leaf's class is the leaf: nothing else may stand for a step's input.
             .filter(|(_, n)| class.data.leaf.is_none() || matches!(n.kind, Kind::Leaf(_)))
             .map(|(index, n)| CNode {
-                cost: node_cost(eg, id, n),
+                cost: cost_of(&class.data.ty, n, constant),
                 children: n.args.iter().map(|&a| dense_of(a)).collect(),
                 index,
             });
@@ -154,21 +253,22 @@ pub fn extract_with(
     }
 
     // Collect the reachable classes' e-nodes.
-    let mut out = HashMap::new();
+    let mut out = Choice::with_ids(eg.nodes().len());
     let mut stack: Vec<u32> = root_dense.clone();
     while let Some(c) = stack.pop() {
         let id = ids[c as usize];
         if out.contains_key(&id) {
             continue;
         }
+        let class = classes[c as usize];
         let Some(ni) = choice[c as usize] else {
             return Err(format!(
                 "e-class {id} has no finite term (its e-nodes: {:?})",
-                eg[id].nodes
+                class.nodes
             ));
         };
         let cn = &cnodes[c as usize][ni];
-        let node = eg[id].nodes[cn.index].clone();
+        let node = class.nodes[cn.index].clone();
         let node = ENode {
             kind: node.kind,
             args: node.args.iter().map(|&a| eg.find(a)).collect(),

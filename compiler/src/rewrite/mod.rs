@@ -64,7 +64,6 @@ use egg::{Id, StopReason};
 use lang::{ENode, Kind};
 use rules::Rule;
 use smallvec::SmallVec;
-use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -333,10 +332,18 @@ fn emit(
     egraph: &EGraph,
     class_of: &[Id],
     leaf_nodes: &[NodeId],
-    choice: &HashMap<Id, ENode>,
+    choice: &extract::Choice,
 ) -> Result<Graph, IrError> {
     let bug = |what: String| IrError::Invalid(format!("rewrite: {what} (a bug in the rewriter)"));
     let ids = egraph.nodes().len();
+    // Each canonical class's data by id, read here rather than through `egraph[c]` (a hash
+    // lookup each time).
+    let mut data: Vec<Option<&analysis::Data>> = vec![None; ids];
+    for class in egraph.classes() {
+        data[usize::from(class.id)] = Some(&class.data);
+    }
+    let data_of =
+        |c: Id| data[usize::from(c)].ok_or_else(|| bug(format!("e-class {c} is not canonical")));
     let canonical: Vec<usize> = class_of
         .iter()
         .map(|&c| usize::from(egraph.find(c)))
@@ -390,7 +397,7 @@ fn emit(
             if done(&new_id, c) {
                 continue;
             }
-            let leaf = egraph[c].data.leaf;
+            let leaf = data_of(c)?.leaf;
             if let Some(k) = leaf {
                 emit_leaves_through(k as usize, &mut out, &mut new_id)?;
                 continue;
@@ -418,7 +425,7 @@ fn emit(
                 node.kind.to_op(&types).map(|(op, _)| op)
             };
             let op = op.ok_or_else(|| bug(format!("e-class {c} chose {node}")))?;
-            let id = out.push(op, &inputs, Some(egraph[c].data.ty.clone()))?;
+            let id = out.push(op, &inputs, Some(data_of(c)?.ty.clone()))?;
             let src = sources.of(usize::from(c));
             if !src.is_empty() {
                 out.set_origin(
