@@ -52,6 +52,9 @@ const MIN_STAGED_TERMS: usize = 16384;
 /// split now; its partial rows keep at least `MIN_STAGED_PARTIAL_TERMS` (split to 784, its
 /// 28x28 kernels of 128 channels took 38.1 µs where 3,136 took 33.1).
 const MIN_STAGED_COLUMN_TERMS: usize = 4096;
+/// The blocks a kernel's generated text launches (`None` where it does not generate).
+pub(crate) type Blocks<'a> = &'a dyn Fn(&FusedKernel) -> Option<usize>;
+
 /// SMs of the GPU the partial kernels are sized for (an H100's and an H200's 132).
 const SMS: usize = FILL / 2;
 /// Terms a partial row keeps at least where a column reduction's ways are doubled to fill
@@ -87,17 +90,14 @@ fn filled(
     w
 }
 
-/// Blocks the first launch of a kernel's generated text takes (`None` where it does not
-/// generate).
-fn blocks_of(k: &FusedKernel) -> Option<usize> {
-    super::generate(k).ok().map(|c| c.launch.grid[0] as usize)
-}
-
 /// The reduce axis and the number of slices a column reduction is split into, or `None`
 /// where its one kernel is kept: not the column strategy, rows short, blocks enough, or no
 /// reduce axis it can be split along ([`split::splittable`]) a power of two of times. The
 /// ways are then doubled while the partial kernel leaves half the SMs idle ([`filled`]).
-pub(crate) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+///
+/// `blocks_of` gives the blocks a kernel's generated text launches (the generator's, passed in
+/// by its caller).
+pub(crate) fn split_ways(k: &FusedKernel, blocks_of: Blocks) -> Option<(usize, usize)> {
     k.check().ok()?;
     let a = Analysis::new(k);
     if a.strategy != Strategy::Columns || a.n < MIN_TERMS || a.rows == 0 {
@@ -143,9 +143,9 @@ pub(crate) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
 /// until the partial kernel's blocks fill the GPU or its rows would fold fewer than
 /// `MIN_STAGED_PARTIAL_TERMS` terms; for the column strategy, then doubled while the first
 /// stage's partial kernel leaves half the SMs idle ([`filled`]).
-pub(crate) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+pub(crate) fn staged_ways(k: &FusedKernel, blocks_of: Blocks) -> Option<(usize, usize)> {
     k.check().ok()?;
-    if split_ways(k).is_some() {
+    if split_ways(k, blocks_of).is_some() {
         return None;
     }
     let a = Analysis::new(k);
