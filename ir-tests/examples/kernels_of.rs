@@ -71,13 +71,21 @@ fn main() {
         match &n.op {
             Op::Fused(k) => {
                 let bytes: usize = k.inputs.iter().map(|x| x.len * x.dtype.size()).sum();
+                let launch = match op {
+                    DeviceOp::Launch { kernel, .. } => {
+                        let l = program.kernels[*kernel].launch;
+                        format!(" grid {:?} block {:?}", l.grid, l.block)
+                    }
+                    _ => String::new(),
+                };
                 println!(
-                    "op {i}: fused {:?} reduce {:?} in {} out {} read {} MB  [{o}]",
+                    "op {i}: fused {:?} reduce {:?} in {} out {} read {} MB moves {} B{launch}  [{o}]",
                     k.domain,
                     k.reduce_axes,
                     k.inputs.len(),
                     k.outputs.len(),
-                    bytes / 1_000_000
+                    bytes / 1_000_000,
+                    program.touches[i].bytes()
                 );
                 if origin.as_ref().is_some_and(|w| o.contains(w.as_str())) {
                     print!("{k}");

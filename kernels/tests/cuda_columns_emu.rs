@@ -380,3 +380,71 @@ fn the_emulated_channels_last_backward_split_by_stages_computes_what_the_cpu_com
         }
     }
 }
+
+/// The blocks of the first launch of `k`'s program (the first stage's partial kernel where it
+/// is split by stages).
+fn first_blocks(k: &FusedKernel) -> u32 {
+    cuda::fused_program(k).unwrap().launches[0]
+        .kernel
+        .launch
+        .grid[0]
+}
+
+#[test]
+fn resnet50s_small_channels_last_backwards_split_until_their_partials_fill_the_sms() {
+    // 7x7x512 (6,272 terms a channel) split 2 ways by the staged rule (its floor of 2,048
+    // terms a partial row stops there): its partial kernel had 32 blocks for 132 SMs. The
+    // ways double while twice the blocks still fit one an SM (and a partial row keeps 512
+    // terms): the blocks grow as the ways, to more than half the SMs and at most all of them.
+    let blocks_at = |k: &FusedKernel, w: usize| {
+        let s = ingot_kernels::fused::staged::staged(k, 0, w).unwrap();
+        cuda::fused(&s.passes[0].kernel).unwrap().launch.grid[0] as usize
+    };
+    let (dims, old) = ([128, 7, 7, 512], 2);
+    let k = channels_last_backward(&dims);
+    let Some((0, ways)) = cuda::staged_split(&k) else {
+        panic!("{dims:?}: {:?}", cuda::staged_split(&k));
+    };
+    let (before, blocks) = (blocks_at(&k, old), first_blocks(&k) as usize);
+    assert_eq!(blocks, blocks_at(&k, ways));
+    assert!(2 * before <= 132, "{before} blocks at {old} ways");
+    assert!(ways > old, "{ways} ways");
+    assert_eq!(blocks, before * ways / old, "{ways} ways");
+    assert!((67..=132).contains(&blocks), "{blocks} blocks");
+    // Kernels whose partials already take more than half the SMs keep the staged rule's ways:
+    // 14x14x256 (8 ways: this kernel's f32 shortcut makes it 4 channels a thread, 128 blocks;
+    // resnet50's, all bf16, had 64 and now splits 16 ways), 28x28x128 (32) and 7x7x2048 (2).
+    for (dims, ways) in [
+        ([128, 14, 14, 256], 8),
+        ([128, 28, 28, 128], 32),
+        ([128, 7, 7, 2048], 2),
+    ] {
+        let k = channels_last_backward(&dims);
+        assert_eq!(cuda::staged_split(&k), Some((0, ways)), "{dims:?}");
+        assert!(2 * first_blocks(&k) > 132, "{dims:?}");
+    }
+}
+
+#[test]
+fn resnet50s_7x7x512_backward_split_4_ways_computes_what_the_cpu_computes() {
+    // The shape the fill rule changes, at its real size, in the emulation: the sums' partial
+    // kernel over 4 slices of the batch, their finish, then the output pass.
+    let k = channels_last_backward(&[128, 7, 7, 512]);
+    assert_eq!(cuda::staged_split(&k), Some((0, 4)));
+    let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
+        .map(|(n, inp)| {
+            let mut v = block_emu::values(inp.len, n as u64 + 1);
+            if n == 4 {
+                v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
+            }
+            block_emu::encode(inp.dtype, &v)
+        })
+        .collect();
+    let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
+    let want = run_buffers(&k, &refs).unwrap();
+    let p = cuda::fused_program(&k).unwrap();
+    assert!(p.launches.len() >= 3, "{} launches", p.launches.len());
+    if let Some(got) = block_emu::run_program("ingot_columns_emu_cl_bwd_7x7x512", &k, &p, &ins) {
+        block_emu::assert_outputs_match("cl_bwd_7x7x512", &k, &got, &want);
+    }
+}

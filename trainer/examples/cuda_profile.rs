@@ -1,6 +1,7 @@
 //! Where a GPU step's time goes: runs the step's operations one at a time with an event after
 //! each (outside the CUDA graph), and prints the device time by kind and the costliest
-//! operations, grouped by what they compute. First, the step's graph is replayed as captured
+//! operations, grouped by what they compute, with the bytes each must read and write (its
+//! planned locations, each once: `Touch::bytes`) and the rate that achieves. First, the step's graph is replayed as captured
 //! (the dependency graph) and as a serial chain, alternately, to measure what overlapping
 //! independent operations gains.
 //!
@@ -149,8 +150,8 @@ fn main() {
         })
         .collect();
     let mut by_kind: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-    let mut by_what: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    for (op, &t) in program.ops.iter().zip(&times) {
+    let mut by_what: BTreeMap<String, (f64, usize, usize)> = BTreeMap::new();
+    for ((op, &t), touch) in program.ops.iter().zip(&times).zip(&program.touches) {
         let (kind, what) = describe(op, g, program);
         let e = by_kind.entry(kind).or_default();
         e.0 += t;
@@ -158,6 +159,7 @@ fn main() {
         let e = by_what.entry(what).or_default();
         e.0 += t;
         e.1 += 1;
+        e.2 += touch.bytes();
     }
     let total: f64 = times.iter().sum();
     let edges: usize = program.deps.iter().map(|d| d.len()).sum();
@@ -180,14 +182,18 @@ fn main() {
             100.0 * t / total
         );
     }
-    let mut rows: Vec<(String, f64, usize)> =
-        by_what.into_iter().map(|(w, (t, n))| (w, t, n)).collect();
+    let mut rows: Vec<(String, f64, usize, usize)> = by_what
+        .into_iter()
+        .map(|(w, (t, n, b))| (w, t, n, b))
+        .collect();
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    println!("costliest:");
-    for (w, t, n) in rows.iter().take(top) {
+    println!("costliest (bytes: what each op must read and write, each buffer once):");
+    for (w, t, n, bytes) in rows.iter().take(top) {
         println!(
-            "  {t:>9.3} ms  x{n:<4} {:>8.1} us each  {w}",
-            1e3 * t / *n as f64
+            "  {t:>9.3} ms  x{n:<4} {:>8.1} us each {:>9.1} MB each {:>7.0} GB/s  {w}",
+            1e3 * t / *n as f64,
+            *bytes as f64 / *n as f64 / 1e6,
+            *bytes as f64 / (t * 1e-3) / 1e9
         );
     }
 }

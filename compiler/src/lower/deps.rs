@@ -32,6 +32,21 @@ pub struct Touch {
 }
 
 impl Touch {
+    /// The bytes the operation must move: each distinct location it reads once, and each
+    /// distinct location it writes once (a location read and written counts twice).
+    pub fn bytes(&self) -> usize {
+        let distinct = |ls: &[Location]| -> usize {
+            let mut seen: SmallVec<[Location; 8]> = SmallVec::new();
+            for l in ls {
+                if !seen.contains(l) {
+                    seen.push(*l);
+                }
+            }
+            seen.iter().map(|l| l.bytes).sum()
+        };
+        distinct(&self.reads) + distinct(&self.writes)
+    }
+
     /// Whether `self` and a later `later` must run in this order: they share a byte that one
     /// of them writes.
     pub fn conflicts(&self, later: &Touch) -> bool {

@@ -54,10 +54,25 @@ mod text;
 mod tiled;
 mod vec4;
 
+/// The blocks the first launch of `k`'s generated text takes (`None` where it does not
+/// generate): what the split rules count ([`split::split_ways`]).
+fn blocks_of(k: &FusedKernel) -> Option<usize> {
+    generate(k).ok().map(|c| c.launch.grid[0] as usize)
+}
+
+/// The reduce axis and the ways a column reduction is split along ([`split::split_ways`]).
+pub(super) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+    split::split_ways(k, &blocks_of)
+}
+
+/// The reduce axis and the ways a reduction is split by stages along
+/// ([`split::staged_ways`]).
+pub(super) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+    split::staged_ways(k, &blocks_of)
+}
+
 /// The strategy [`generate`] picks for `k` (the runtime's kernel checks name and vary kernels
 /// by it).
-pub(super) use split::{split_ways, staged_ways};
-
 pub(super) fn strategy(k: &FusedKernel) -> Result<Strategy, CodegenError> {
     k.check()?;
     Ok(Analysis::new(k).strategy)

@@ -10,11 +10,17 @@
 //! A reduction whose full outputs read its reductions (batch norm over NCHW: reduce axes
 //! `[0, 2, 3]`, a block a channel) is split by stages instead ([`crate::fused::staged`]),
 //! by the same rule: fewer blocks than fill the GPU, long rows ([`staged_ways`]).
+//!
+//! Either way, a column reduction's ways are last doubled while its partial kernel, as
+//! generated, launches so few blocks that twice as many would still run one an SM at once
+//! ([`filled`]): the partial sums go to the node's planned workspace as before (a fixed
+//! partition of the rows, folded in a fixed order by the finish kernel: no atomics, the
+//! same bits on every run).
 
 use super::analysis::Analysis;
 use super::layout::FILL;
 use crate::cuda::kernel::Strategy;
-use crate::fused::{split, FusedKernel};
+use crate::fused::{split, staged, FusedKernel};
 
 /// Rows the partial kernel should have at least: four blocks of 32 rows an SM, twice over.
 const SPLIT_ROWS: usize = 32 * 2 * FILL;
@@ -46,11 +52,52 @@ const MIN_STAGED_TERMS: usize = 16384;
 /// split now; its partial rows keep at least `MIN_STAGED_PARTIAL_TERMS` (split to 784, its
 /// 28x28 kernels of 128 channels took 38.1 µs where 3,136 took 33.1).
 const MIN_STAGED_COLUMN_TERMS: usize = 4096;
+/// The blocks a kernel's generated text launches (`None` where it does not generate).
+pub(crate) type Blocks<'a> = &'a dyn Fn(&FusedKernel) -> Option<usize>;
+
+/// SMs of the GPU the partial kernels are sized for (an H100's and an H200's 132).
+const SMS: usize = FILL / 2;
+/// Terms a partial row keeps at least where a column reduction's ways are doubled to fill
+/// the SMs ([`filled`]): a block of 256 threads along a row still gets two terms a thread.
+const MIN_FILL_PARTIAL_TERMS: usize = 512;
+
+/// `ways` doubled while the partial kernel `blocks(ways)` says it launches leaves at least
+/// half the SMs without a block (twice as many blocks still fit one wave of one block an SM),
+/// the axis still splits twice as many ways, and each partial row keeps at least
+/// [`MIN_FILL_PARTIAL_TERMS`] of the `n` terms.
+///
+/// Why: a column reduction's partial kernel gives a block up to 1,024 threads (one block an
+/// SM, by their registers), each folding its share of a partial row in order, and so takes
+/// about as long as one block takes whatever the number of blocks up to the SMs'. resnet50's
+/// channels-last batch-norm backward at 7x7x512 (12.9 MB) ran on 32 blocks in 28.1 µs and at
+/// 14x14x256 (25.7 MB) on 64 in 28.9 µs, where its 28x28x128 kernel (51.4 MB, 128 blocks)
+/// took 38.4 (docs/benchmarks.md, session 41's profile and session 42's bytes): the same
+/// threads' work, a quarter and half of the SMs.
+fn filled(
+    k: &FusedKernel,
+    axis: usize,
+    ways: usize,
+    n: usize,
+    blocks: impl Fn(usize) -> Option<usize>,
+) -> usize {
+    let mut w = ways;
+    while k.domain[axis].is_multiple_of(2 * w) && n / (2 * w) >= MIN_FILL_PARTIAL_TERMS {
+        match blocks(w) {
+            Some(b) if 2 * b <= SMS => w *= 2,
+            _ => break,
+        }
+    }
+    w
+}
 
 /// The reduce axis and the number of slices a column reduction is split into, or `None`
 /// where its one kernel is kept: not the column strategy, rows short, blocks enough, or no
-/// reduce axis it can be split along ([`split::splittable`]) a power of two of times.
-pub(crate) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+/// reduce axis it can be split along ([`split::splittable`]) a power of two of times. The
+/// ways are then doubled while the partial kernel leaves half the SMs idle ([`filled`]).
+///
+/// `blocks_of` gives the blocks a kernel's generated text launches (the generator's, passed in
+/// by its caller).
+pub(crate) fn split_ways(k: &FusedKernel, blocks_of: Blocks) -> Option<(usize, usize)> {
     k.check().ok()?;
     let a = Analysis::new(k);
     if a.strategy != Strategy::Columns || a.n < MIN_TERMS || a.rows == 0 {
@@ -83,7 +130,8 @@ pub(crate) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
             .iter()
             .max_by_key(|&&(d, w)| (w, std::cmp::Reverse(d)))?,
     };
-    Some((axis, ways))
+    let partial_blocks = |w| blocks_of(&split::split(k, axis, w)?.partial);
+    Some((axis, filled(k, axis, ways, a.n, partial_blocks)))
 }
 
 /// The reduce axis and the number of slices a reduction is split by stages into
@@ -93,10 +141,11 @@ pub(crate) fn split_ways(k: &FusedKernel) -> Option<(usize, usize)> {
 /// fill the GPU. The axis is the outermost reduce axis (no live index reads it) that splits
 /// at least `MIN_WAYS` ways, else the one that splits most; the ways, powers of two, grow
 /// until the partial kernel's blocks fill the GPU or its rows would fold fewer than
-/// `MIN_STAGED_PARTIAL_TERMS` terms.
-pub(crate) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
+/// `MIN_STAGED_PARTIAL_TERMS` terms; for the column strategy, then doubled while the first
+/// stage's partial kernel leaves half the SMs idle ([`filled`]).
+pub(crate) fn staged_ways(k: &FusedKernel, blocks_of: Blocks) -> Option<(usize, usize)> {
     k.check().ok()?;
-    if split_ways(k).is_some() {
+    if split_ways(k, blocks_of).is_some() {
         return None;
     }
     let a = Analysis::new(k);
@@ -130,11 +179,16 @@ pub(crate) fn staged_ways(k: &FusedKernel) -> Option<(usize, usize)> {
         .collect();
     axes.sort_unstable();
     let splits: Vec<(usize, usize)> = axes.into_iter().filter_map(ways_of).collect();
-    match splits.iter().find(|&&(_, w)| w >= MIN_WAYS) {
-        Some(&s) => Some(s),
+    let (axis, ways) = match splits.iter().find(|&&(_, w)| w >= MIN_WAYS) {
+        Some(&s) => s,
         None => splits
             .iter()
             .copied()
-            .max_by_key(|&(d, w)| (w, std::cmp::Reverse(d))),
+            .max_by_key(|&(d, w)| (w, std::cmp::Reverse(d)))?,
+    };
+    if a.strategy != Strategy::Columns {
+        return Some((axis, ways));
     }
+    let partial_blocks = |w| blocks_of(&staged::staged(k, axis, w)?.passes.first()?.kernel);
+    Some((axis, filled(k, axis, ways, a.n, partial_blocks)))
 }
