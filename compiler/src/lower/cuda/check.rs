@@ -251,6 +251,36 @@ impl Program {
                             )));
                         }
                     }
+                    if let Some(e) = &whole.epilogue {
+                        let bytes = whole.m * e.bias_dtype.size();
+                        let node = whole.node.index();
+                        if whole.split.is_some() || whole.batch != 1 || whole.accumulate {
+                            return Err(LowerError::Invalid {
+                                op: "cuda lowering",
+                                reason: format!(
+                                    "matmul node %{node} has a bias epilogue on a split,                                      batched or accumulating GEMM: only one plain call takes one"
+                                ),
+                            });
+                        }
+                        if !fits(e.bias, bytes) {
+                            return Err(bad(format!(
+                                "matmul node %{node}: its bias, {bytes} bytes at {}",
+                                e.bias
+                            )));
+                        }
+                        if e.kernel >= self.kernels.len() {
+                            return Err(bad(format!(
+                                "matmul node %{node}: its epilogue's fallback kernel {}",
+                                e.kernel
+                            )));
+                        }
+                        if let Some(a) = e.args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
+                            return Err(bad(format!(
+                                "an argument of node %{} (matmul node %{node}'s epilogue) at {a}",
+                                e.node.index()
+                            )));
+                        }
+                    }
                 }
                 DeviceOp::Zero { offset, bytes } => {
                     if !fits(*offset, *bytes) {
