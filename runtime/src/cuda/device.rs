@@ -217,9 +217,9 @@ fn unavailable(reason: &str) -> ExecError {
 
 /// How each convolution runs: cuDNN's handle and the choice timed at load.
 mod conv_choice;
+mod conv_route;
 /// GEMMs with a bias epilogue, through cuBLASLt.
 pub mod epilogue;
-mod conv_route;
 use conv_route::cudnn_handle;
 /// Per-operation timings and the timeline.
 mod diagnostics;

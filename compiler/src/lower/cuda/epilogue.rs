@@ -8,13 +8,16 @@
 //!   can be written where and when the product is, and nothing else reads the product;
 //! - the bias is made before the matmul in the schedule (a parameter always is).
 //!
+//! - the bias is stored in the result's dtype: cuBLASLt 13 refuses an f32 bias on a bf16
+//!   result (`cublasLtMatmulAlgoGetHeuristic`: `CUBLAS_STATUS_INVALID_VALUE`, measured on an
+//!   H200, docs/benchmarks.md session 42), and under bf16 the bias is an f32 parameter rounded
+//!   inside the kernel, so bf16 steps keep their kernel: the rule holds in f32 and tf32 only.
+//!
 //! Then the GEMM carries the bias and the kernel's launch (the fallback, for a runtime whose
-//! cuBLASLt refuses the epilogue), and the kernel's node lowers to nothing. The plan is not
-//! changed. What changes in the bits: the epilogue adds the bias to the f32 accumulator and
-//! rounds once, where the kernel added it to the product already rounded to the result's
-//! dtype, and it adds the bias as stored (an f32 parameter stays f32; the kernel rounded it to
-//! bf16 first under bf16). In f32 and tf32 the sum's arithmetic is the kernel's; the GEMM's
-//! own may differ where cuBLASLt picks another algorithm than cuBLAS.
+//! cuBLASLt refuses the epilogue or that leaves epilogues off), and the kernel's node lowers to
+//! nothing. The plan is not changed. The bits: in f32 and tf32 the epilogue adds the f32 bias
+//! to the f32 product as the kernel did (gpt2's losses over 5 steps were OLD's to the bit on
+//! an H200); cuBLASLt may pick another GEMM algorithm than cuBLAS for the product itself.
 
 use super::gemm::{Compute, Epilogue, Gemm};
 use super::lowering::Lowering;
@@ -138,7 +141,7 @@ impl Lowering<'_> {
             && kernel.domain.iter().product::<usize>() == gm.m * gm.n
             && kernel.inputs[ba.product].dtype == gm.dtype
             && g.ty(out).dtype == gm.dtype
-            && (bias_dtype == DType::F32 || bias_dtype == gm.dtype);
+            && bias_dtype == gm.dtype;
         let (here, there) = (self.location[id.index()], self.location[out.index()]);
         let Some(bias) = bias.filter(|_| fits && here == there && here.bytes > 0) else {
             return Ok(None);
@@ -153,8 +156,7 @@ impl Lowering<'_> {
         self.fused(reader, kernel, outs, plan)?;
         let launched = self.ops.split_off(ops);
         let mut touched = self.touches.split_off(touches);
-        let ([DeviceOp::Launch { kernel, args, .. }], Some(touch)) =
-            (&launched[..], touched.pop())
+        let ([DeviceOp::Launch { kernel, args, .. }], Some(touch)) = (&launched[..], touched.pop())
         else {
             // More than one launch (a reduction's parts) has no one epilogue: lowered again
             // at its turn.

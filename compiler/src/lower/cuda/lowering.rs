@@ -209,7 +209,8 @@ impl Lowering<'_> {
                     // The bias read, and the absorbed kernel's bytes (its fallback's).
                     if let (Some(t), Some(last)) = (extra, self.touches.last_mut()) {
                         last.reads.extend(t.reads);
-                        last.writes.extend(t.writes.into_iter().filter(|l| *l != here));
+                        last.writes
+                            .extend(t.writes.into_iter().filter(|l| *l != here));
                     }
                 }
                 Ok(())
