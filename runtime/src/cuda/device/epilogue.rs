@@ -1,6 +1,7 @@
-//! GEMMs with a bias epilogue ([`Epilogue`]) through cuBLASLt: one matmul descriptor, its
-//! layouts and the algorithm cuBLASLt's heuristic picks within the GEMM's planned workspace,
-//! made once at load; each step then enqueues `cublasLtMatmul`.
+//! GEMMs with a bias epilogue ([`Epilogue`](ingot_compiler::lower::cuda::Epilogue)) through
+//! cuBLASLt: one matmul descriptor, its layouts and the algorithm cuBLASLt's heuristic picks
+//! within the GEMM's planned workspace, made once at load; each step then enqueues
+//! `cublasLtMatmul`.
 //!
 //! The epilogues run only where `INGOT_GEMM_EPILOGUE=1` is set: measured on an H200 (docs/
 //! benchmarks.md, session 42), gpt2's tf32 step took 40.56 ms with them against 38.90 ms
