@@ -15,7 +15,8 @@
 //!   the GPU (batch norm over NCHW), a partial and a finish kernel a stage of reductions, the
 //!   finished sums in the workspace, then an elementwise kernel writing the full outputs;
 //! - a matmul: one cuBLAS strided-batched GEMM, its workspace the node's planned workspace in
-//!   the slab;
+//!   the slab; where its only reader adds a bias to it in place, the GEMM carries the bias as
+//!   cuBLASLt's epilogue and the reader lowers to nothing ([`epilogue`]);
 //! - gather, concat: one launch of a generated kernel; scatter-add: a memset of its output, the
 //!   launches that sort its positions by id in its workspace, and one that sums into it;
 //! - a convolution pass: one cuDNN convolution ([`conv::Conv`], its algorithm chosen when the
@@ -38,6 +39,7 @@
 mod check;
 pub mod conv;
 mod depthwise;
+pub mod epilogue;
 pub mod gemm;
 mod lowering;
 pub mod program;
@@ -45,7 +47,7 @@ mod window;
 pub mod workspace;
 
 pub use conv::{Conv, ConvPass};
-pub use gemm::{Compute, Gemm, Leave, Split, SPLIT_MIN};
+pub use gemm::{Compute, Epilogue, Gemm, Leave, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
 pub use workspace::{
@@ -56,5 +58,7 @@ pub use workspace::{
 
 #[cfg(test)]
 mod conv_tests;
+#[cfg(test)]
+mod epilogue_tests;
 #[cfg(test)]
 mod tests;

@@ -98,6 +98,8 @@ pub struct CudaStep {
     blas: cudarc::cublas::CudaBlas,
     /// A cuDNN handle on `stream`, where the program has convolutions and cuDNN loads.
     cudnn: Option<cudnn::Handle>,
+    /// A cuBLASLt handle, where the program has GEMMs with epilogues ([`epilogue`]).
+    lt: Option<epilogue::Handle>,
     base: sys::CUdeviceptr,
     bytes: usize,
     start: CudaEvent,
@@ -175,6 +177,8 @@ struct Part {
     convs: std::collections::HashMap<NodeId, cudnn::ConvRun>,
     /// What each convolution runs as, in program order.
     conv_choices: Vec<cudnn::ConvChoice>,
+    /// The cuBLASLt calls of the GEMMs with epilogues, by node; the others run their fallback.
+    epilogues: std::collections::HashMap<NodeId, epilogue::LtGemm>,
 }
 
 /// cuDNN where a GPU is there too, else why not: what the tools that need both
@@ -214,6 +218,8 @@ fn unavailable(reason: &str) -> ExecError {
 /// How each convolution runs: cuDNN's handle and the choice timed at load.
 mod conv_choice;
 mod conv_route;
+/// GEMMs with a bias epilogue, through cuBLASLt.
+pub mod epilogue;
 use conv_route::cudnn_handle;
 /// Per-operation timings and the timeline.
 mod diagnostics;
@@ -360,6 +366,7 @@ impl CudaStep {
         })?;
         let programs: Vec<&Program> = std::iter::once(&program).chain(&eval_program).collect();
         let cudnn = cudnn_handle(&stream, &programs)?;
+        let lt = epilogue::handle(&programs);
         conv_route::check_channels_last(&programs, cudnn.is_some())?;
         let start = ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -408,7 +415,9 @@ impl CudaStep {
         let part = |exe: Executable, program: Program, functions: Vec<CudaFunction>| {
             let (graph, plan) = (exe.graph(), exe.plan());
             let location = graph.ids().map(|id| plan.location(graph, id)).collect();
+            let epilogues = epilogue::plans(lt.as_ref(), &program);
             Part {
+                epilogues,
                 exe,
                 program,
                 location,
@@ -431,6 +440,7 @@ impl CudaStep {
             collectives,
             blas,
             cudnn,
+            lt,
             base,
             bytes,
             start,
@@ -842,7 +852,26 @@ impl CudaStep {
                     }
                     .map_err(|e| self.at(part, *node, "launching", e.to_string()))?;
                 }
-                DeviceOp::Gemm(g) => self.gemm(part, g)?,
+                DeviceOp::Gemm(g) => match (g.epilogue.as_ref(), part.epilogues.get(&g.node)) {
+                    (None, _) => self.gemm(part, g)?,
+                    (Some(_), Some(call)) => {
+                        let h = self.lt.as_ref().expect("a cuBLASLt handle made the calls");
+                        // SAFETY: `call` was planned for `g` with `h`; the program's check put
+                        // every byte of `g` inside the allocation; the stream is `s`.
+                        unsafe { epilogue::enqueue(h, call, g, self.base, s) }
+                            .map_err(|e| self.at(part, g.node, "recording", e))?
+                    }
+                    // cuBLASLt refused it: the GEMM, then the kernel it would have absorbed.
+                    (Some(e), None) => {
+                        self.gemm(part, g)?;
+                        let launch = DeviceOp::Launch {
+                            node: e.node,
+                            kernel: e.kernel,
+                            args: e.args.clone(),
+                        };
+                        self.enqueue_on(part, &launch, on)?;
+                    }
+                },
                 DeviceOp::Conv(c) => match (part.convs.get(&c.node), &self.cudnn) {
                     // SAFETY: the program's check put every byte of `c` inside the
                     // allocation; the handle's stream is `s`.

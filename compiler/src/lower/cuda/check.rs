@@ -148,6 +148,56 @@ impl Program {
         Ok(())
     }
 
+    /// A GEMM's bias epilogue ([`super::gemm::Epilogue`]) rides on one plain call, and its
+    /// bias and its fallback's launch lie inside the allocation.
+    fn check_epilogue(&self, whole: &super::gemm::Gemm) -> Result<(), LowerError> {
+        let Some(e) = &whole.epilogue else {
+            return Ok(());
+        };
+        let fits = |offset: usize, bytes: usize| {
+            offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= self.total_bytes)
+        };
+        let bad = |what: String| LowerError::Invalid {
+            op: "cuda lowering",
+            reason: format!(
+                "{what} falls outside the {} bytes of the allocation",
+                self.total_bytes
+            ),
+        };
+        let bytes = whole.m * e.bias_dtype.size();
+        let node = whole.node.index();
+        if whole.split.is_some() || whole.batch != 1 || whole.accumulate {
+            return Err(LowerError::Invalid {
+                op: "cuda lowering",
+                reason: format!(
+                    "matmul node %{node} has a bias epilogue on a split, batched or accumulating \
+                         GEMM: only one plain call takes one"
+                ),
+            });
+        }
+        if !fits(e.bias, bytes) {
+            return Err(bad(format!(
+                "matmul node %{node}: its bias, {bytes} bytes at {}",
+                e.bias
+            )));
+        }
+        if e.kernel >= self.kernels.len() {
+            return Err(bad(format!(
+                "matmul node %{node}: its epilogue's fallback kernel {}",
+                e.kernel
+            )));
+        }
+        if let Some(a) = e.args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
+            return Err(bad(format!(
+                "an argument of node %{} (matmul node %{node}'s epilogue) at {a}",
+                e.node.index()
+            )));
+        }
+        Ok(())
+    }
+
     /// Every byte range an operation touches lies inside the allocation.
     pub(super) fn check_bounds(&self) -> Result<(), LowerError> {
         let fits = |offset: usize, bytes: usize| {
@@ -251,6 +301,7 @@ impl Program {
                             )));
                         }
                     }
+                    self.check_epilogue(whole)?;
                 }
                 DeviceOp::Zero { offset, bytes } => {
                     if !fits(*offset, *bytes) {

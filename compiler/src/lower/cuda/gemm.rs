@@ -48,6 +48,28 @@ pub struct Gemm {
     /// Two calls that leave out an operand's zero triangle, where it has one ([`Split`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<Split>,
+    /// A bias added to every column of the result by cuBLASLt's epilogue, in place of the
+    /// kernel that would add it after ([`Epilogue`], chosen by the lowering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epilogue: Option<Epilogue>,
+}
+
+/// cuBLASLt's `CUBLASLT_EPILOGUE_BIAS`: `out[i, j] = Σ_p op(first)[i, p]·op(second)[p, j] +
+/// bias[i]` (cuBLAS's column-major view; the row-major result's columns), computed on the f32
+/// accumulator and rounded to the result's dtype once. It stands in for a fused kernel that
+/// adds a bias vector to the product and writes its sum over the product's own bytes
+/// ([`super::epilogue`]); that kernel's launch is kept here, for a runtime whose cuBLASLt
+/// refuses the epilogue, to run after a plain GEMM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Epilogue {
+    /// Byte offset of the bias: `m` elements of `bias_dtype`.
+    pub bias: usize,
+    pub bias_dtype: DType,
+    /// The fused node the epilogue absorbs, and its launch (kernel index and arguments).
+    pub node: NodeId,
+    pub kernel: usize,
+    pub args: SmallVec<[usize; 8]>,
 }
 
 /// A GEMM with a triangle of work to leave out ([`triangle`](crate::fuse::triangle)), computed as two calls: one of

@@ -36,6 +36,8 @@ pub(crate) fn lower(
         triangles: triangle::zero_triangles(g),
         unread: triangle::unread_triangles(g),
         filled: Default::default(),
+        users: g.users(),
+        absorbed: Default::default(),
     };
     let outputs = g.kernel_outputs();
     let after = early_fills(g, plan);
@@ -150,6 +152,11 @@ pub(super) struct Lowering<'g> {
     /// Nodes whose workspace was filled ahead of them ([`early_fills`]), with the launches of
     /// their program left for their turn.
     pub(super) filled: HashMap<NodeId, codegen::FusedProgram>,
+    /// Each node's readers.
+    pub(super) users: crate::ir::Users,
+    /// Fused nodes whose work a GEMM's epilogue does ([`super::epilogue`]): they lower to
+    /// nothing at their turn.
+    pub(super) absorbed: std::collections::HashSet<NodeId>,
 }
 
 impl Lowering<'_> {
@@ -167,6 +174,9 @@ impl Lowering<'_> {
             .iter()
             .map(|x| self.location[x.index()].offset)
             .collect();
+        if self.absorbed.contains(&id) {
+            return Ok(());
+        }
         match &node.op {
             op if op.is_leaf() || op.is_alias() => Ok(()),
             Op::Result { .. } => Ok(()),
@@ -186,11 +196,22 @@ impl Lowering<'_> {
                         .into(),
                 })?;
                 let operands = [node.inputs[0], node.inputs[1]];
-                let gemm = gemm(g, id, operands, (*ta, *tb), here.offset, w, self)?;
+                let mut gemm = gemm(g, id, operands, (*ta, *tb), here.offset, w, self)?;
                 if here.bytes > 0 {
+                    let absorbed = self.bias_epilogue(id, &gemm, outputs, plan)?;
+                    let extra = absorbed.map(|(e, t)| {
+                        gemm.epilogue = Some(e);
+                        t
+                    });
                     self.ops.push(DeviceOp::Gemm(gemm));
                     // The workspace is scratch the call writes.
                     self.touched(id, smallvec::smallvec![here, w]);
+                    // The bias read, and the absorbed kernel's bytes (its fallback's).
+                    if let (Some(t), Some(last)) = (extra, self.touches.last_mut()) {
+                        last.reads.extend(t.reads);
+                        last.writes
+                            .extend(t.writes.into_iter().filter(|l| *l != here));
+                    }
                 }
                 Ok(())
             }
@@ -340,7 +361,7 @@ impl Lowering<'_> {
     /// reduction's two, or a reduction split by stages (a partial and a finish kernel a stage,
     /// then the full outputs), whose partials and finished sums lie in the node's planned
     /// workspace.
-    fn fused(
+    pub(super) fn fused(
         &mut self,
         id: NodeId,
         kernel: &ingot_kernels::FusedKernel,
@@ -891,6 +912,7 @@ fn gemm(
         workspace,
         accumulate: false,
         split: None,
+        epilogue: None,
     };
     let zero = [at.triangles[a_id.index()], at.triangles[b_id.index()]];
     gm.split = split_of(&gm, (ta, tb), zero, at.unread[id.index()], SPLIT_MIN);

@@ -497,6 +497,7 @@ fn a_gemm_below_the_split_size_or_without_a_triangle_is_one_call() {
         },
         accumulate: false,
         split: None,
+        epilogue: None,
     };
     let above = Some(triangle::Triangle::ZeroAbove);
     let big = gm(1024, 1024, 1024);

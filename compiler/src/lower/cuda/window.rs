@@ -69,6 +69,7 @@ impl RowMajor {
             workspace,
             accumulate: self.accumulate,
             split: None,
+            epilogue: None,
         }
     }
 }
