@@ -466,8 +466,9 @@ impl CudaStep {
         // SAFETY: the allocation is `bytes` long.
         unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
         let mut step = step;
+        // Without cuDNN this only records each convolution's fallback and why.
+        step.choose_convolutions()?;
         if step.cudnn.is_some() {
-            step.choose_convolutions()?;
             // SAFETY: as above; the convolutions run on the zeroed allocation have finished.
             unsafe { result::memset_d8_sync(base, 0, bytes) }.map_err(driver("zeroing memory"))?;
         }

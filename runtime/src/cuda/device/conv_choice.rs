@@ -20,13 +20,13 @@ impl CudaStep {
     /// eligible algorithm in cuDNN's heuristic order ([`cudnn::choose`]), run once so that
     /// cuDNN loads its kernels now. Under `INGOT_CONV_TIMING=1` the eligible algorithms and
     /// the fallback are timed instead and the fastest taken ([`Self::time_convolution`]).
-    /// Each choice is printed under `INGOT_LOG`.
+    /// Each choice is printed under `INGOT_LOG`. A step that loaded no cuDNN handle (none of
+    /// its convolutions routes there) records every convolution as its fallback, with why, so
+    /// that its choices are as complete as a step's through cuDNN.
     pub(super) fn choose_convolutions(&mut self) -> Result<(), ExecError> {
-        if self.cudnn.is_none() {
-            return Ok(());
-        }
+        let loaded = self.cudnn.is_some();
         let setting = setting()?;
-        let timing = cudnn::timing();
+        let timing = loaded && cudnn::timing();
         if timing {
             cudnn::say_once(
                 "timing",
@@ -50,6 +50,7 @@ impl CudaStep {
                 };
                 let (run, choice) = match route(setting, c) {
                     (Route::Im2col, why) => (None, im2col(c, why.into())),
+                    (Route::Cudnn, _) if !loaded => (None, im2col(c, "cuDNN not loaded".into())),
                     (Route::Cudnn, _) if timing => self.time_convolution(part, c),
                     (Route::Cudnn, _) => self.heuristic_choice(c),
                 };
