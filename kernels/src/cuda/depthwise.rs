@@ -217,6 +217,56 @@ fn filter_in_registers(f: &mut Frame, d: DType, taps: usize) {
     f.src.close();
 }
 
+/// Declares output pixel `pix`'s coordinates `n`, `oh` and `ow` (NHWC order, `pix` counting
+/// output pixels).
+fn output_pixel(f: &mut Frame, g: &ConvGeometry) {
+    let (ix, ty) = (f.ix, f.ix.ty());
+    let [ho, wo] = g.out_hw;
+    f.src.line(format!(
+        "const long long ow = (long long)(pix % {});",
+        ix.lit(wo)
+    ));
+    f.src.line(format!(
+        "const long long oh = (long long)((pix / {}) % {});",
+        ix.lit(wo),
+        ix.lit(ho)
+    ));
+    f.src
+        .line(format!("const {ty} n = pix / {};", ix.lit(ho * wo)));
+}
+
+/// Opens the loops over the filter's taps `i`, `j` (row-major) of output pixel `(n, oh, ow)`,
+/// skipping taps that fall in the padding, and returns the input element `x[n, ih, iw, c]`
+/// they read, widened to the accumulator's type; the caller closes both loops.
+fn open_taps(f: &mut Frame, d: DType, g: &ConvGeometry) -> String {
+    let (ix, ty) = (f.ix, f.ix.ty());
+    let ([h, w], [kh, kw]) = (g.in_hw, g.kernel);
+    let src = &mut f.src;
+    src.line("#pragma unroll");
+    src.open(format!("for (int i = 0; i < {kh}; ++i) {{"));
+    src.line(format!(
+        "const long long ih = oh * {} - {} + (long long)i * {};",
+        g.stride[0], g.padding[0], g.dilation[0]
+    ));
+    src.line(format!("if (ih < 0 || ih >= {h}) continue;"));
+    src.line("#pragma unroll");
+    src.open(format!("for (int j = 0; j < {kw}; ++j) {{"));
+    src.line(format!(
+        "const long long iw = ow * {} - {} + (long long)j * {};",
+        g.stride[1], g.padding[1], g.dilation[1]
+    ));
+    src.line(format!("if (iw < 0 || iw >= {w}) continue;"));
+    widened(
+        d,
+        format!(
+            "x[((n * {} + ({ty})ih) * {} + ({ty})iw) * {} + c]",
+            ix.lit(h),
+            ix.lit(w),
+            ix.lit(g.in_ch)
+        ),
+    )
+}
+
 /// `y = conv(x, w)`. Params: x, w, y.
 pub fn depthwise_forward(d: DType, g: &ConvGeometry) -> Result<CudaKernel, CodegenError> {
     check("depthwise_forward", d, g)?;
@@ -237,45 +287,12 @@ pub fn depthwise_forward(d: DType, g: &ConvGeometry) -> Result<CudaKernel, Codeg
     filter_in_registers(&mut f, d, kh * kw);
     f.src.open("if (active) {");
     open_pixels(&mut f, pixels, groups);
-    let (ix, ty, a) = (f.ix, f.ix.ty(), acc(d));
+    let (ix, a) = (f.ix, acc(d));
+    output_pixel(&mut f, g);
+    f.src.line(format!("{a} sum = ({a})0;"));
+    let x = open_taps(&mut f, d, g);
     let src = &mut f.src;
-    src.line(format!(
-        "const long long ow = (long long)(pix % {});",
-        ix.lit(wo)
-    ));
-    src.line(format!(
-        "const long long oh = (long long)((pix / {}) % {});",
-        ix.lit(wo),
-        ix.lit(ho)
-    ));
-    src.line(format!("const {ty} n = pix / {};", ix.lit(ho * wo)));
-    src.line(format!("{a} sum = ({a})0;"));
-    src.line("#pragma unroll");
-    src.open(format!("for (int i = 0; i < {kh}; ++i) {{"));
-    src.line(format!(
-        "const long long ih = oh * {} - {} + (long long)i * {};",
-        g.stride[0], g.padding[0], g.dilation[0]
-    ));
-    src.line(format!("if (ih < 0 || ih >= {h}) continue;"));
-    src.line("#pragma unroll");
-    src.open(format!("for (int j = 0; j < {kw}; ++j) {{"));
-    src.line(format!(
-        "const long long iw = ow * {} - {} + (long long)j * {};",
-        g.stride[1], g.padding[1], g.dilation[1]
-    ));
-    src.line(format!("if (iw < 0 || iw >= {w}) continue;"));
-    src.line(format!(
-        "sum += wr[i * {kw} + j] * ({a}){};",
-        widened(
-            d,
-            format!(
-                "x[((n * {} + ({ty})ih) * {} + ({ty})iw) * {} + c]",
-                ix.lit(h),
-                ix.lit(w),
-                ix.lit(g.in_ch)
-            )
-        )
-    ));
+    src.line(format!("sum += wr[i * {kw} + j] * ({a}){x};"));
     src.close();
     src.close();
     src.line(format!(
@@ -414,47 +431,14 @@ pub fn depthwise_grad_weight_partial(
         .line(format!("for (int k = 0; k < {taps}; ++k) s[k] = ({a})0;"));
     f.src.open("if (active) {");
     open_pixels(&mut f, pixels, groups);
-    let src = &mut f.src;
-    src.line(format!(
-        "const long long ow = (long long)(pix % {});",
-        ix.lit(wo)
-    ));
-    src.line(format!(
-        "const long long oh = (long long)((pix / {}) % {});",
-        ix.lit(wo),
-        ix.lit(ho)
-    ));
-    src.line(format!("const {ty} n = pix / {};", ix.lit(ho * wo)));
-    src.line(format!(
+    output_pixel(&mut f, g);
+    f.src.line(format!(
         "const {a} gy = ({a}){};",
         widened(d, format!("dy[pix * {} + c]", ix.lit(g.in_ch)))
     ));
-    src.line("#pragma unroll");
-    src.open(format!("for (int i = 0; i < {kh}; ++i) {{"));
-    src.line(format!(
-        "const long long ih = oh * {} - {} + (long long)i * {};",
-        g.stride[0], g.padding[0], g.dilation[0]
-    ));
-    src.line(format!("if (ih < 0 || ih >= {h}) continue;"));
-    src.line("#pragma unroll");
-    src.open(format!("for (int j = 0; j < {kw}; ++j) {{"));
-    src.line(format!(
-        "const long long iw = ow * {} - {} + (long long)j * {};",
-        g.stride[1], g.padding[1], g.dilation[1]
-    ));
-    src.line(format!("if (iw < 0 || iw >= {w}) continue;"));
-    src.line(format!(
-        "s[i * {kw} + j] += gy * ({a}){};",
-        widened(
-            d,
-            format!(
-                "x[((n * {} + ({ty})ih) * {} + ({ty})iw) * {} + c]",
-                ix.lit(h),
-                ix.lit(w),
-                ix.lit(g.in_ch)
-            )
-        )
-    ));
+    let x = open_taps(&mut f, d, g);
+    let src = &mut f.src;
+    src.line(format!("s[i * {kw} + j] += gy * ({a}){x};"));
     src.close();
     src.close();
     src.close();
