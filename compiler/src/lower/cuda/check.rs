@@ -150,21 +150,33 @@ impl Program {
 
     /// A GEMM's bias epilogue ([`super::gemm::Epilogue`]) rides on one plain call, and its
     /// bias and its fallback's launch lie inside the allocation.
-    fn check_epilogue(&self, whole: &super::gemm::Gemm) -> Result<(), LowerError> {
-        let Some(e) = &whole.epilogue else {
-            return Ok(());
-        };
-        let fits = |offset: usize, bytes: usize| {
-            offset
-                .checked_add(bytes)
-                .is_some_and(|end| end <= self.total_bytes)
-        };
-        let bad = |what: String| LowerError::Invalid {
+    /// Whether `bytes` bytes at `offset` lie inside the allocation.
+    fn fits(&self, offset: usize, bytes: usize) -> bool {
+        offset
+            .checked_add(bytes)
+            .is_some_and(|end| end <= self.total_bytes)
+    }
+
+    /// The error for `what`, which falls outside the allocation.
+    fn outside(&self, what: String) -> LowerError {
+        LowerError::Invalid {
             op: "cuda lowering",
             reason: format!(
                 "{what} falls outside the {} bytes of the allocation",
                 self.total_bytes
             ),
+        }
+    }
+
+    /// The first of a launch's byte-offset arguments `args` past the allocation's end (an
+    /// empty allocation still takes offset 0), if any.
+    fn stray_arg(&self, args: &[usize]) -> Option<usize> {
+        args.iter().copied().find(|&a| a >= self.total_bytes.max(1))
+    }
+
+    fn check_epilogue(&self, whole: &super::gemm::Gemm) -> Result<(), LowerError> {
+        let Some(e) = &whole.epilogue else {
+            return Ok(());
         };
         let bytes = whole.m * e.bias_dtype.size();
         let node = whole.node.index();
@@ -177,20 +189,20 @@ impl Program {
                 ),
             });
         }
-        if !fits(e.bias, bytes) {
-            return Err(bad(format!(
+        if !self.fits(e.bias, bytes) {
+            return Err(self.outside(format!(
                 "matmul node %{node}: its bias, {bytes} bytes at {}",
                 e.bias
             )));
         }
         if e.kernel >= self.kernels.len() {
-            return Err(bad(format!(
+            return Err(self.outside(format!(
                 "matmul node %{node}: its epilogue's fallback kernel {}",
                 e.kernel
             )));
         }
-        if let Some(a) = e.args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
-            return Err(bad(format!(
+        if let Some(a) = self.stray_arg(&e.args) {
+            return Err(self.outside(format!(
                 "an argument of node %{} (matmul node %{node}'s epilogue) at {a}",
                 e.node.index()
             )));
@@ -200,25 +212,15 @@ impl Program {
 
     /// Every byte range an operation touches lies inside the allocation.
     pub(super) fn check_bounds(&self) -> Result<(), LowerError> {
-        let fits = |offset: usize, bytes: usize| {
-            offset
-                .checked_add(bytes)
-                .is_some_and(|end| end <= self.total_bytes)
-        };
-        let bad = |what: String| LowerError::Invalid {
-            op: "cuda lowering",
-            reason: format!(
-                "{what} falls outside the {} bytes of the allocation",
-                self.total_bytes
-            ),
-        };
         for op in self.all_ops() {
             match op {
                 DeviceOp::Conv(c) => {
                     let [x, w, y] = c.tensors();
                     let named = [("x", x), ("w", w), ("y", y), ("workspace", c.workspace)];
-                    if let Some((what, l)) = named.iter().find(|(_, l)| !fits(l.offset, l.bytes)) {
-                        return Err(bad(format!(
+                    if let Some((what, l)) =
+                        named.iter().find(|(_, l)| !self.fits(l.offset, l.bytes))
+                    {
+                        return Err(self.outside(format!(
                             "convolution node %{}: its {what}, {} bytes at {}",
                             c.node.index(),
                             l.bytes,
@@ -242,15 +244,17 @@ impl Program {
                     }
                 }
                 DeviceOp::Launch { node, args, .. } => {
-                    if let Some(a) = args.iter().find(|&&a| a >= self.total_bytes.max(1)) {
-                        return Err(bad(format!("an argument of node %{} at {a}", node.index())));
+                    if let Some(a) = self.stray_arg(args) {
+                        return Err(
+                            self.outside(format!("an argument of node %{} at {a}", node.index()))
+                        );
                     }
                 }
                 DeviceOp::Gemm(whole) => {
                     if let Some(sp) = whole.split {
                         let free = if sp.second { whole.n } else { whole.m };
                         if sp.at == 0 || sp.at >= free {
-                            return Err(bad(format!(
+                            return Err(self.outside(format!(
                                 "matmul node %{}: a split at {} of {free}",
                                 whole.node.index(),
                                 sp.at,
@@ -260,7 +264,7 @@ impl Program {
                     let calls = whole.calls();
                     // A call with nothing to multiply would write zeros, not leave bytes.
                     if calls.len() > 1 && calls.iter().any(|c| c.m == 0 || c.n == 0 || c.k == 0) {
-                        return Err(bad(format!(
+                        return Err(self.outside(format!(
                             "matmul node %{}: a split leaves a call empty",
                             whole.node.index(),
                         )));
@@ -294,8 +298,8 @@ impl Program {
                             (gm.out, span(e, gm.stride_out, gm.m, gm.n, gm.ld_out)),
                             (gm.workspace.offset, gm.workspace.bytes),
                         ];
-                        if let Some((o, b)) = checks.iter().find(|(o, b)| !fits(*o, *b)) {
-                            return Err(bad(format!(
+                        if let Some((o, b)) = checks.iter().find(|(o, b)| !self.fits(*o, *b)) {
+                            return Err(self.outside(format!(
                                 "matmul node %{}: {b} bytes at {o}",
                                 gm.node.index()
                             )));
@@ -304,13 +308,13 @@ impl Program {
                     self.check_epilogue(whole)?;
                 }
                 DeviceOp::Zero { offset, bytes } => {
-                    if !fits(*offset, *bytes) {
-                        return Err(bad(format!("a memset of {bytes} bytes at {offset}")));
+                    if !self.fits(*offset, *bytes) {
+                        return Err(self.outside(format!("a memset of {bytes} bytes at {offset}")));
                     }
                 }
                 DeviceOp::Copy { from, to, bytes } => {
-                    if !fits(*from, *bytes) || !fits(*to, *bytes) {
-                        return Err(bad(format!("a copy of {bytes} bytes {from} -> {to}")));
+                    if !self.fits(*from, *bytes) || !self.fits(*to, *bytes) {
+                        return Err(self.outside(format!("a copy of {bytes} bytes {from} -> {to}")));
                     }
                 }
                 DeviceOp::CopyIn { .. } | DeviceOp::CopyOut { .. } => self.check_copy_bounds(op)?,
@@ -322,14 +326,14 @@ impl Program {
                     ranks,
                 } => {
                     let all = bytes.checked_mul(*ranks).unwrap_or(usize::MAX);
-                    if !fits(*from, *bytes) || !fits(*to, all) {
-                        return Err(bad(format!(
+                    if !self.fits(*from, *bytes) || !self.fits(*to, all) {
+                        return Err(self.outside(format!(
                             "the all-gather of node %{}: {bytes} bytes at {from} into {to}",
                             node.index()
                         )));
                     }
                     if *from < to + all && *to < from + bytes {
-                        return Err(bad(format!(
+                        return Err(self.outside(format!(
                             "the all-gather of node %{} onto its own operand",
                             node.index()
                         )));
@@ -341,8 +345,8 @@ impl Program {
                     bytes,
                     ..
                 } => {
-                    if !fits(*offset, *bytes) {
-                        return Err(bad(format!(
+                    if !self.fits(*offset, *bytes) {
+                        return Err(self.outside(format!(
                             "the all-reduce of node %{}: {bytes} bytes at {offset}",
                             node.index()
                         )));
@@ -356,9 +360,9 @@ impl Program {
                     let sent = |p: &crate::lower::ScatterPart| p.bytes.saturating_mul(*ranks);
                     if let Some(p) = parts
                         .iter()
-                        .find(|p| !fits(p.from, sent(p)) || !fits(p.to, p.bytes))
+                        .find(|p| !self.fits(p.from, sent(p)) || !self.fits(p.to, p.bytes))
                     {
-                        return Err(bad(format!(
+                        return Err(self.outside(format!(
                             "the reduce-scatter of node %{}: {} bytes at {} into {}",
                             node.index(),
                             sent(p),
