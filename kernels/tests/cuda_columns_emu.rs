@@ -357,27 +357,34 @@ fn the_emulated_channels_last_backward_split_by_stages_computes_what_the_cpu_com
     ] {
         let k = channels_last_backward(&dims);
         assert!(cuda::staged_split(&k).is_some(), "{tag}: not split");
-        let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
-            .map(|(n, inp)| {
-                let mut v = block_emu::values(inp.len, n as u64 + 1);
-                if n == 4 {
-                    v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
-                }
-                block_emu::encode(inp.dtype, &v)
-            })
-            .collect();
-        let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
-        let want = run_buffers(&k, &refs).unwrap();
-        let p = cuda::fused_program(&k).unwrap();
-        assert!(
-            p.launches.len() >= 3,
-            "{tag}: {} launches",
-            p.launches.len()
-        );
-        let name = format!("ingot_columns_emu_{tag}");
-        if let Some(got) = block_emu::run_program(&name, &k, &p, &ins) {
-            block_emu::assert_outputs_match(tag, &k, &got, &want);
-        }
+        split_backward_computes_what_the_cpu_computes(tag, &k);
+    }
+}
+
+/// `k` (a [`channels_last_backward`], split) runs in the emulation as at least three launches
+/// (partials, finish, output pass) and gives the interpreter's outputs, on seeded inputs with
+/// input 4 (the rstd) positive.
+fn split_backward_computes_what_the_cpu_computes(tag: &str, k: &FusedKernel) {
+    let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
+        .map(|(n, inp)| {
+            let mut v = block_emu::values(inp.len, n as u64 + 1);
+            if n == 4 {
+                v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
+            }
+            block_emu::encode(inp.dtype, &v)
+        })
+        .collect();
+    let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
+    let want = run_buffers(k, &refs).unwrap();
+    let p = cuda::fused_program(k).unwrap();
+    assert!(
+        p.launches.len() >= 3,
+        "{tag}: {} launches",
+        p.launches.len()
+    );
+    let name = format!("ingot_columns_emu_{tag}");
+    if let Some(got) = block_emu::run_program(&name, k, &p, &ins) {
+        block_emu::assert_outputs_match(tag, k, &got, &want);
     }
 }
 
@@ -431,20 +438,5 @@ fn resnet50s_7x7x512_backward_split_4_ways_computes_what_the_cpu_computes() {
     // kernel over 4 slices of the batch, their finish, then the output pass.
     let k = channels_last_backward(&[128, 7, 7, 512]);
     assert_eq!(cuda::staged_split(&k), Some((0, 4)));
-    let ins: Vec<Vec<u8>> = (k.inputs.iter().enumerate())
-        .map(|(n, inp)| {
-            let mut v = block_emu::values(inp.len, n as u64 + 1);
-            if n == 4 {
-                v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
-            }
-            block_emu::encode(inp.dtype, &v)
-        })
-        .collect();
-    let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
-    let want = run_buffers(&k, &refs).unwrap();
-    let p = cuda::fused_program(&k).unwrap();
-    assert!(p.launches.len() >= 3, "{} launches", p.launches.len());
-    if let Some(got) = block_emu::run_program("ingot_columns_emu_cl_bwd_7x7x512", &k, &p, &ins) {
-        block_emu::assert_outputs_match("cl_bwd_7x7x512", &k, &got, &want);
-    }
+    split_backward_computes_what_the_cpu_computes("cl_bwd_7x7x512", &k);
 }
