@@ -47,7 +47,7 @@ mod window;
 pub mod workspace;
 
 pub use conv::{Conv, ConvPass};
-pub use gemm::{Compute, Epilogue, Gemm, Leave, Split, SPLIT_MIN};
+pub use gemm::{Compute, Epilogue, Gemm, Leave, Round, Split, SPLIT_MIN};
 pub(super) use lowering::lower;
 pub use program::{DeviceOp, OpCounts, Program};
 pub use workspace::{

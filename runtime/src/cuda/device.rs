@@ -855,8 +855,17 @@ impl CudaStep {
                 }
                 DeviceOp::Gemm(g) => match (g.epilogue.as_ref(), part.epilogues.get(&g.node)) {
                     (None, _) => self.gemm(part, g)?,
-                    (Some(_), Some(call)) => {
+                    (Some(e), Some(call)) => {
                         let h = self.lt.as_ref().expect("a cuBLASLt handle made the calls");
+                        // An f32 bias rounded to bf16 into the workspace's tail first.
+                        if let Some(r) = &e.round {
+                            let launch = DeviceOp::Launch {
+                                node: e.node,
+                                kernel: r.kernel,
+                                args: r.args.clone(),
+                            };
+                            self.enqueue_on(part, &launch, on)?;
+                        }
                         // SAFETY: `call` was planned for `g` with `h`; the program's check put
                         // every byte of `g` inside the allocation; the stream is `s`.
                         unsafe { epilogue::enqueue(h, call, g, self.base, s) }

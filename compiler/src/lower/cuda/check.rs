@@ -207,6 +207,32 @@ impl Program {
                 e.node.index()
             )));
         }
+        let Some(r) = &e.round else {
+            return Ok(());
+        };
+        if r.kernel >= self.kernels.len() {
+            return Err(self.outside(format!(
+                "matmul node %{node}: its bias's rounding kernel {}",
+                r.kernel
+            )));
+        }
+        if let Some(a) = self.stray_arg(&r.args) {
+            return Err(self.outside(format!(
+                "an argument of matmul node %{node}'s bias rounding at {a}"
+            )));
+        }
+        // The rounded bias lies in the tail of the GEMM's own workspace.
+        let w = whole.workspace;
+        if e.bias < w.offset || e.bias + bytes > w.offset + w.bytes {
+            return Err(LowerError::Invalid {
+                op: "cuda lowering",
+                reason: format!(
+                    "matmul node %{node}: its rounded bias, {bytes} bytes at {}, lies outside \
+                     its workspace ({} bytes at {})",
+                    e.bias, w.bytes, w.offset
+                ),
+            });
+        }
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! The bias epilogue's rule ([`super::epilogue`]): which kernels are bias adds, and which
 //! matmuls of a compiled step take theirs into the GEMM.
 
-use super::epilogue::{bias_add, BiasAdd};
+use super::epilogue::{bias_add, round_to_bf16, BiasAdd, ROUND_ROOM};
 use super::{DeviceOp, Program};
 use crate::ir::{DType, Graph, NodeId, Op};
 use crate::lower::{deps, Target};
@@ -68,14 +68,20 @@ fn a_bias_add_is_recognized_whichever_input_the_bias_is() {
         bias_add(&bf16_bias_add(8, 6, false)),
         Some(BiasAdd {
             product: 0,
-            bias: 1
+            bias: 1,
+            product_as: DType::BF16,
+            bias_as: DType::BF16,
+            sum_as: DType::BF16,
         })
     );
     assert_eq!(
         bias_add(&bf16_bias_add(8, 6, true)),
         Some(BiasAdd {
             product: 1,
-            bias: 0
+            bias: 0,
+            product_as: DType::BF16,
+            bias_as: DType::BF16,
+            sum_as: DType::BF16,
         })
     );
 }
@@ -169,6 +175,11 @@ fn the_first_layers_bias_rides_on_its_gemm_and_its_kernel_launches_only_as_the_f
         let loc = c.plan.location(&c.graph, bias);
         assert_eq!(e.bias, loc.offset, "{precision:?}: the bias is a.bias");
         assert_eq!(e.bias_dtype, DType::F32);
+        assert!(
+            e.round.is_none(),
+            "{precision:?}: the bias is read as it is"
+        );
+        assert_eq!(gm.library_workspace(), gm.workspace.bytes);
         assert_eq!(gm.m, 48, "{precision:?}: one bias value a column");
         // The absorbed kernel launches nowhere else, and its fallback reads the product and
         // the bias and writes over the product.
@@ -190,37 +201,137 @@ fn the_first_layers_bias_rides_on_its_gemm_and_its_kernel_launches_only_as_the_f
 }
 
 #[test]
-fn under_bf16_the_f32_bias_keeps_its_kernel_as_cublaslt_refuses_an_f32_bias_on_bf16() {
-    let p = program(&two_linears(Precision::Bf16));
-    let gemms: Vec<_> = p
+fn a_bias_add_says_where_its_values_are_rounded_to_bf16() {
+    // The f32 bias added as it is (no rounding to bf16 on its way): an epilogue adding a
+    // bf16 copy would change it.
+    let mut k = bf16_bias_add(8, 6, false);
+    k.body[3] = Inst::Convert {
+        x: 2,
+        to: DType::F32,
+    };
+    let ba = bias_add(&k).unwrap();
+    assert_eq!(
+        (ba.product_as, ba.bias_as, ba.sum_as),
+        (DType::BF16, DType::F32, DType::BF16)
+    );
+    // All f32: nothing rounded.
+    let mut k = bf16_bias_add(8, 6, false);
+    k.inputs[0].dtype = DType::F32;
+    for i in [1, 3, 4, 6] {
+        let Inst::Convert { to, .. } = &mut k.body[i] else {
+            unreachable!()
+        };
+        *to = DType::F32;
+    }
+    let ba = bias_add(&k).unwrap();
+    assert_eq!(
+        (ba.product_as, ba.bias_as, ba.sum_as),
+        (DType::F32, DType::F32, DType::F32)
+    );
+}
+
+#[test]
+fn under_bf16_an_unrounded_f32_bias_keeps_its_kernel() {
+    // The rule asks each value at the GEMM's precision; a bias the kernel adds in f32 to a
+    // bf16 product is not one cuBLASLt's bf16 epilogue adds: refused (on the pattern, as the
+    // fusion never writes it).
+    let mut k = bf16_bias_add(8, 6, false);
+    k.body[3] = Inst::Convert {
+        x: 2,
+        to: DType::F32,
+    };
+    assert_ne!(bias_add(&k).unwrap().bias_as, DType::BF16);
+}
+
+/// The one GEMM of a step that carries an epilogue.
+fn the_epilogue(p: &Program) -> (&super::Gemm, &super::Epilogue) {
+    let with: Vec<_> = p
         .ops
         .iter()
         .filter_map(|op| match op {
-            DeviceOp::Gemm(gm) => Some(gm),
+            DeviceOp::Gemm(gm) => gm.epilogue.as_ref().map(|e| (gm, e)),
             _ => None,
         })
         .collect();
-    assert!(!gemms.is_empty());
-    assert!(gemms.iter().all(|gm| gm.epilogue.is_none()));
+    let [one] = with[..] else {
+        panic!("{} GEMMs with an epilogue, not 1", with.len());
+    };
+    one
+}
+
+#[test]
+fn under_bf16_the_f32_bias_is_rounded_into_its_gemms_workspace_tail_before_the_call() {
+    let c = two_linears(Precision::Bf16);
+    let p = program(&c);
+    let (gm, e) = the_epilogue(&p);
+    let bias = parameter(&c.graph, "a.bias");
+    let loc = c.plan.location(&c.graph, bias);
+    assert_eq!(loc.bytes, 48 * 4, "a.bias is the f32 parameter");
+    let r = e.round.as_ref().expect("a rounding of the f32 bias");
+    // The rounding reads the parameter and writes the bf16 copy the epilogue reads.
+    assert_eq!(r.args.as_slice(), &[loc.offset, e.bias]);
+    assert_eq!(e.bias_dtype, DType::BF16);
+    // The copy is the workspace's last 256-aligned 96 bytes; the library keeps the rest.
+    let ws = gm.workspace;
+    assert_eq!(e.bias % 256, 0);
+    assert!(e.bias + 48 * 2 <= ws.offset + ws.bytes);
+    assert!(ws.offset + ws.bytes - e.bias < 256 + 48 * 2);
+    assert_eq!(gm.library_workspace(), e.bias - ws.offset);
+    assert!(gm.library_workspace() >= ROUND_ROOM);
+    // The rounding kernel is the one a bias add's body rounds with.
+    let want = ingot_kernels::cuda::fused(&round_to_bf16(48)).unwrap();
+    assert_eq!(p.kernels[r.kernel].name, want.name);
+    // The fallback is the absorbed kernel on the product and the f32 bias, which launches
+    // nowhere else; the GEMM's touch reads the parameter and writes its workspace.
+    assert_eq!(e.args.as_slice(), &[gm.out, loc.offset, gm.out]);
+    assert!(!p.ops.iter().any(|op| op.node() == Some(e.node)));
+    let i = p
+        .ops
+        .iter()
+        .position(|op| op.node() == Some(gm.node))
+        .unwrap();
+    assert!(p.touches[i].reads.contains(&loc));
+    assert!(p.touches[i].writes.contains(&ws));
+    deps::check(&p.touches, &p.deps).unwrap();
+    p.check(c.plan.total_bytes).unwrap();
+}
+
+#[test]
+fn a_rounded_bias_outside_its_gemms_workspace_is_an_error_naming_the_matmul() {
+    let c = two_linears(Precision::Bf16);
+    let mut p = program(&c);
+    for op in &mut p.ops {
+        if let DeviceOp::Gemm(gm) = op {
+            if let Some(e) = &mut gm.epilogue {
+                e.bias = gm.workspace.offset + gm.workspace.bytes;
+            }
+        }
+    }
+    let err = p.check(c.plan.total_bytes).unwrap_err().to_string();
+    assert!(err.contains("rounded bias"), "{err}");
 }
 
 #[test]
 fn every_absorbed_kernel_wrote_over_its_products_own_bytes() {
-    let c = two_linears(Precision::F32);
-    let p = program(&c);
-    for op in &p.ops {
-        let DeviceOp::Gemm(gm) = op else { continue };
-        let Some(e) = &gm.epilogue else { continue };
-        let (g, outs) = (&c.graph, c.graph.kernel_outputs());
-        // The rule's condition, checked here on the plan: the kernel's output is the
-        // product's own bytes.
-        let out = outs[e.node.index()][0];
-        assert_eq!(c.plan.location(g, out), c.plan.location(g, gm.node));
+    for precision in [Precision::F32, Precision::Bf16] {
+        let c = two_linears(precision);
+        let p = program(&c);
+        for op in &p.ops {
+            let DeviceOp::Gemm(gm) = op else { continue };
+            let Some(e) = &gm.epilogue else { continue };
+            let (g, outs) = (&c.graph, c.graph.kernel_outputs());
+            // The rule's condition, checked here on the plan: the kernel's output is the
+            // product's own bytes.
+            let out = outs[e.node.index()][0];
+            assert_eq!(c.plan.location(g, out), c.plan.location(g, gm.node));
+        }
     }
 }
 
 #[test]
 fn two_lowerings_of_a_step_with_epilogues_are_the_same() {
-    let c = two_linears(Precision::Tf32);
-    assert_eq!(program(&c), program(&c));
+    for precision in [Precision::Tf32, Precision::Bf16] {
+        let c = two_linears(precision);
+        assert_eq!(program(&c), program(&c));
+    }
 }

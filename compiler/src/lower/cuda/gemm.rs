@@ -70,6 +70,33 @@ pub struct Epilogue {
     pub node: NodeId,
     pub kernel: usize,
     pub args: SmallVec<[usize; 8]>,
+    /// Where the bias is an f32 parameter that the absorbed kernel rounds to bf16 (a bf16
+    /// GEMM's; cuBLASLt 13 takes no f32 bias on a bf16 result): the launch that writes that
+    /// rounding, `m` bf16 values, at [`Epilogue::bias`] in the tail of the GEMM's planned
+    /// workspace just before the call. cuBLASLt's own workspace is then what lies before it
+    /// ([`Gemm::library_workspace`]). The fallback (a plain GEMM, then the kernel) skips it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<Round>,
+}
+
+/// The launch of a kernel rounding an f32 bias to bf16 into a GEMM's workspace
+/// ([`Epilogue::round`]): its arguments are the f32 bias and the bf16 copy, in that order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Round {
+    pub kernel: usize,
+    pub args: SmallVec<[usize; 8]>,
+}
+
+impl Gemm {
+    /// The bytes of the planned workspace the library may use: all of it, except where a
+    /// rounded bias lies in its tail ([`Epilogue::round`]), up to that bias.
+    pub fn library_workspace(&self) -> usize {
+        match &self.epilogue {
+            Some(e) if e.round.is_some() => e.bias.saturating_sub(self.workspace.offset),
+            _ => self.workspace.bytes,
+        }
+    }
 }
 
 /// A GEMM with a triangle of work to leave out ([`triangle`](crate::fuse::triangle)), computed as two calls: one of

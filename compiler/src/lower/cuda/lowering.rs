@@ -606,7 +606,7 @@ impl Lowering<'_> {
     }
 
     /// The index of `k` in the program's kernels, adding it the first time.
-    fn kernel_index(&mut self, k: CudaKernel) -> usize {
+    pub(super) fn kernel_index(&mut self, k: CudaKernel) -> usize {
         match self.by_name.get(&k.name) {
             Some(&i) => i,
             None => {

@@ -1,7 +1,10 @@
 //! GEMMs with a bias epilogue ([`Epilogue`](ingot_compiler::lower::cuda::Epilogue)) through
 //! cuBLASLt: one matmul descriptor, its layouts and the algorithm cuBLASLt's heuristic picks
 //! within the GEMM's planned workspace, made once at load; each step then enqueues
-//! `cublasLtMatmul`.
+//! `cublasLtMatmul`. Where the epilogue's bias is an f32 parameter rounded to bf16 (a bf16
+//! GEMM's, [`Round`](ingot_compiler::lower::cuda::Round)), its rounding kernel is launched
+//! first, into the tail of the GEMM's workspace, and cuBLASLt is given the rest
+//! ([`Gemm::library_workspace`]).
 //!
 //! The epilogues run only where `INGOT_GEMM_EPILOGUE=1` is set: measured on an H200 (docs/
 //! benchmarks.md, session 42), gpt2's tf32 step took 40.56 ms with them against 38.90 ms
@@ -206,7 +209,8 @@ pub(super) fn plan(h: &Handle, g: &Gemm, e: &Epilogue) -> Result<LtGemm, String>
     }
     let pref = lt::create_matmul_pref().map_err(|err| format!("a preference: {err:?}"))?;
     let found = (|| {
-        let bytes = g.workspace.bytes as u64;
+        // Less a bias rounded into the workspace's tail.
+        let bytes = g.library_workspace() as u64;
         let aligned = |o: usize| alignment(o);
         // SAFETY: `pref` is live; the workspace limit is a uint64, alignments and the
         // reduction mask uint32.
@@ -249,10 +253,11 @@ pub(super) fn plan(h: &Handle, g: &Gemm, e: &Epilogue) -> Result<LtGemm, String>
         let _ = lt::destroy_matmul_pref(pref);
     }
     let found = found?;
-    if found.workspaceSize > g.workspace.bytes {
+    if found.workspaceSize > g.library_workspace() {
         return Err(format!(
             "its algorithm asks {} bytes of workspace, the plan gives {}",
-            found.workspaceSize, g.workspace.bytes
+            found.workspaceSize,
+            g.library_workspace()
         ));
     }
     call.algo = found.algo;
