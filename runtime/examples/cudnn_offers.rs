@@ -70,6 +70,7 @@ fn describe(r: Result<ConvPath, String>) -> String {
             algo, workspace, ..
         }) => format!("{algo} ({workspace} bytes)"),
         Ok(ConvPath::Im2col { reason }) => format!("im2col ({reason})"),
+        Ok(ConvPath::Direct { reason }) => format!("direct ({reason})"),
         Err(e) => format!("none: {e}"),
     }
 }

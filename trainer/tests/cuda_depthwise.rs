@@ -114,7 +114,7 @@ fn gpu_matches_cpu(precision: Precision, steps: u64, tolerance: f64) {
     let mut gpu = session(precision, GPU, true);
     let choices = gpu.cuda().unwrap().conv_choices().to_vec();
     let direct = (choices.iter())
-        .filter(|c| matches!(&c.path, ConvPath::Im2col { reason } if reason.contains("depthwise")))
+        .filter(|c| matches!(&c.path, ConvPath::Direct { reason } if reason.contains("depthwise")))
         .count();
     assert_eq!(direct, 6, "{choices:?}");
     let what = format!("{precision:?}, depthwise direct on the GPU against the CPU's NCHW");

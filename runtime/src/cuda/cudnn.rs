@@ -16,9 +16,10 @@
 //! The default ([`ConvSetting::Auto`]): the compiler stores a CUDA step's bf16 convolutions
 //! channels-last on any compiling machine (`ingot_compiler::layout::pays`; a stem
 //! over fewer than 8 channels keeps NCHW; f32 and tf32 steps keep NCHW, where im2col was
-//! faster), and such a step runs its channels-last convolutions here, and its NCHW ones as
-//! their fallback (im2col + cuBLAS) but for a bf16 one over few channels whose planned
-//! workspace holds the room cuDNN's fast algorithm asks, which runs here too
+//! faster), and such a step runs its channels-last convolutions here but for the depthwise
+//! ones, which run their fallback (Ingot's direct kernels), and its NCHW ones as their
+//! fallback (im2col + cuBLAS) but for a bf16 one over few channels whose planned workspace
+//! holds the room cuDNN's fast algorithm asks, which runs here too
 //! (`ingot_compiler::lower::cuda::Conv::default_route`); `INGOT_CONV=im2col` compiles every convolution NCHW and
 //! runs the fallback, `INGOT_CONV=cudnn` compiles every precision channels-last and runs every
 //! convolution here, NCHW ones too. History: NCHW through cuDNN, as the `_v7` heuristics rank it, measured
@@ -34,11 +35,15 @@
 //! algorithm is a function of the executable, the GPU model and the cuDNN version alone, and
 //! two runs of one executable compute the same bits. Timing the candidates at load (the
 //! fastest kept, which differed from run to run) is opt-in: `INGOT_CONV_TIMING=1`
-//! ([`timing`]), said on stderr when used. A strict f32 step runs with the FMA math type (no
+//! ([`timing`]), said on stderr when used; it times cuDNN's candidates against the
+//! convolution's fallback where it has one (im2col + cuBLAS, or a depthwise one's direct
+//! kernels, which it times by default route too). A strict f32 step runs with the FMA math type (no
 //! TF32); a tf32 step allows TF32 tensor cores; bf16 tensors accumulate in f32 on tensor cores.
-//! Where no algorithm fits or runs, or cuDNN is missing, an NCHW convolution runs its fallback
-//! ([`Conv::fallback`]); a channels-last one has none, and its step is refused at load, naming
-//! cuDNN and the two ways out.
+//! Where no algorithm fits or runs, or cuDNN is missing, a convolution runs its fallback
+//! ([`Conv::fallback`], [`ConvPath::fallback`]): an NCHW one im2col + cuBLAS, a channels-last
+//! depthwise one Ingot's direct kernels (`ingot_compiler::lower::cuda::depthwise`). Any other
+//! channels-last convolution has none (im2col reads NCHW images), and its step is refused at
+//! load, naming cuDNN and the two ways out.
 
 use super::libsearch::{self, Library};
 use cudarc::cudnn::sys as dnn;
@@ -73,7 +78,8 @@ pub const LOG: &str = "INGOT_LOG";
 pub enum ConvSetting {
     /// The default: on CUDA, a bf16 step compiled channels-last (whether or not cuDNN loads
     /// on the compiling machine: the plan is the options'); the channels-last convolutions
-    /// run through cuDNN, the NCHW ones as im2col + cuBLAS.
+    /// run through cuDNN but for the depthwise ones (Ingot's direct kernels), the NCHW ones as
+    /// im2col + cuBLAS (a few-channel bf16 one in its room through cuDNN).
     Auto,
     /// Every convolution through cuDNN (NCHW ones too), where it loads.
     Cudnn,
@@ -429,6 +435,31 @@ pub enum ConvPath {
     },
     /// The fallback's im2col ops, and why.
     Im2col { reason: String },
+    /// The fallback of a channels-last depthwise convolution, Ingot's direct kernels
+    /// (`ingot_compiler::lower::cuda::depthwise`), and why.
+    Direct { reason: String },
+}
+
+impl ConvPath {
+    /// Convolution `c` run as its fallback, for `reason`: Ingot's direct kernels where it is
+    /// channels-last (only a depthwise one has a fallback there), else im2col + cuBLAS.
+    pub fn fallback(c: &Conv, reason: String) -> ConvPath {
+        match c.layout {
+            ConvLayout::Nhwc if !c.fallback.is_empty() => ConvPath::Direct { reason },
+            _ => ConvPath::Im2col { reason },
+        }
+    }
+
+    /// What `c`'s fallback is, in a word, as the timings under [`CONV_TIMING`] name it:
+    /// `direct` (a channels-last depthwise convolution's kernels), `im2col`, or `none` (a
+    /// channels-last one that only cuDNN runs).
+    pub fn fallback_name(c: &Conv) -> &'static str {
+        match (c.fallback.is_empty(), Self::fallback(c, String::new())) {
+            (true, _) => "none",
+            (false, ConvPath::Direct { .. }) => "direct",
+            (false, _) => "im2col",
+        }
+    }
 }
 
 impl std::fmt::Display for ConvChoice {
@@ -449,6 +480,7 @@ impl std::fmt::Display for ConvChoice {
                 "cuDNN {algo}, workspace {workspace} of the {planned} bytes planned"
             ),
             ConvPath::Im2col { reason } => write!(f, "im2col + cuBLAS ({reason})"),
+            ConvPath::Direct { reason } => write!(f, "direct depthwise kernels ({reason})"),
         }?;
         if !self.timings.is_empty() {
             write!(f, "; timed: {}", self.timings)?;

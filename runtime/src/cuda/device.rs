@@ -20,8 +20,8 @@
 //! cuBLAS gets each matmul's workspace from the slab (`cublasSetWorkspace` before each call,
 //! recorded into the graph with it), so it never allocates its own during a step.
 //!
-//! Convolutions ([`DeviceOp::Conv`]): by default a channels-last one runs through cuDNN, and
-//! an NCHW one as its im2col fallback unless the executable says cuDNN (a bf16 one over few
+//! Convolutions ([`DeviceOp::Conv`]): by default a channels-last one runs through cuDNN (a
+//! depthwise one as its fallback, Ingot's direct kernels), and an NCHW one as its im2col fallback unless the executable says cuDNN (a bf16 one over few
 //! channels in the room cuDNN's fast algorithm asks: `Conv::default_route`) (`INGOT_CONV=cudnn` sends every one to cuDNN,
 //! `INGOT_CONV=im2col` none: [`super::cudnn`]). Where one runs through cuDNN, a handle on the
 //! step's stream is made with cuBLAS's, and once the allocation is made each such convolution
@@ -30,8 +30,8 @@
 //! zeros is zeros, and the allocation is zeroed again after), so cuDNN loads its kernels
 //! outside the capture (`INGOT_CONV_TIMING=1` times the candidates instead). An NCHW
 //! convolution cuDNN does not take, or every one where cuDNN is missing (said once on
-//! stderr), runs its fallback's im2col ops; a channels-last step without cuDNN is refused at
-//! load. `INGOT_LOG=1` prints each choice.
+//! stderr), runs its fallback's im2col ops (a channels-last depthwise one its direct kernels);
+//! a step with any other channels-last convolution is refused at load without cuDNN. `INGOT_LOG=1` prints each choice.
 
 use super::cudnn;
 use super::ptx;
@@ -603,7 +603,7 @@ impl CudaStep {
                 _ => &s.main,
             }
         }
-        // A channels-last convolution has no fallback to capture instead.
+        // A channels-last convolution but a depthwise one has no fallback to capture instead.
         let can_fall_back = |p: &Part| {
             !p.convs.is_empty()
                 && (p.program.ops.iter())
@@ -613,7 +613,8 @@ impl CudaStep {
             Err(e) if can_fall_back(part(self, eval)) => {
                 eprintln!(
                     "warning: capturing the step with its convolutions through cuDNN failed \
-                     ({e}); they run as im2col + cuBLAS instead"
+                     ({e}); they run as their fallbacks instead (im2col + cuBLAS, a \
+                     depthwise one's direct kernels)"
                 );
                 let p = if eval {
                     self.eval.as_mut().expect("an eval step")
@@ -621,11 +622,15 @@ impl CudaStep {
                     &mut self.main
                 };
                 p.convs.clear();
-                for c in &mut p.conv_choices {
-                    c.timings.clear();
-                    c.path = cudnn::ConvPath::Im2col {
-                        reason: "the capture with cuDNN failed".into(),
-                    };
+                // One choice for each convolution of the program, in its order.
+                let convs = (p.program.ops.iter()).filter_map(|op| match op {
+                    DeviceOp::Conv(c) => Some(c),
+                    _ => None,
+                });
+                for (c, choice) in convs.zip(&mut p.conv_choices) {
+                    choice.timings.clear();
+                    choice.path =
+                        cudnn::ConvPath::fallback(c, "the capture with cuDNN failed".into());
                 }
                 self.capture(part(self, eval), None)
             }
