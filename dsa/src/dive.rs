@@ -22,8 +22,8 @@
 
 use super::greedy::align_up;
 use super::Instance;
+use crate::clock::Deadline;
 use std::collections::BTreeSet;
-use std::time::Instant;
 
 const NONE: u64 = u64::MAX;
 const NO_BUFFER: u32 = u32::MAX;
@@ -613,7 +613,7 @@ pub(crate) fn dive(
     setup: &DiveSetup,
     cap: u64,
     rank: &[u32],
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
     steps: &mut u64,
 ) -> DiveResult {
     if setup.total.iter().any(|&t| t > cap) {
@@ -623,7 +623,7 @@ pub(crate) fn dive(
     let (mut last_off, mut last_rank) = (0u64, 0u32);
     for _ in 0..setup.members.len() {
         *steps += 1;
-        if *steps & 31 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+        if *steps & 31 == 0 && deadline.is_some_and(Deadline::passed) {
             return DiveResult::Aborted;
         }
         let (b, off, r) = match state.choose(last_off, last_rank, deadline) {
@@ -774,7 +774,7 @@ impl<'a> Dive<'a> {
 
     /// The next buffer to place: the lowest candidate (by offset, then rank) not below the
     /// last placement whose placement keeps every section within the capacity.
-    fn choose(&mut self, last_off: u64, last_rank: u32, deadline: Option<Instant>) -> Pick {
+    fn choose(&mut self, last_off: u64, last_rank: u32, deadline: Option<Deadline>) -> Pick {
         let inst = self.inst;
         let size = &inst.size;
         // The lowest top an unplaced buffer could reach (dominance).
@@ -796,7 +796,7 @@ impl<'a> Dive<'a> {
                 continue;
             }
             attempts += 1;
-            if attempts & 7 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if attempts & 7 == 0 && deadline.is_some_and(Deadline::passed) {
                 return Pick::Aborted;
             }
             debug_assert_eq!(self.min_off[bi], key_off, "keys are exact");

@@ -12,7 +12,7 @@
 //! query touches `O(log T)` short lists instead of every overlapping buffer.
 
 use super::Instance;
-use std::time::Instant;
+use crate::clock::Deadline;
 
 /// How a fit heuristic chooses among the gaps a buffer fits into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,7 +207,7 @@ pub(crate) fn fit(
     inst: &Instance,
     order: &[u32],
     policy: Fit,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
 ) -> Option<(Vec<u64>, u64)> {
     let mut occ = Occupancy::new(inst.slots);
     let mut offsets = vec![0u64; inst.n];
@@ -215,7 +215,7 @@ pub(crate) fn fit(
     let mut scratch: Vec<(u64, u64)> = Vec::new();
     let align = inst.align;
     for (k, &b) in order.iter().enumerate() {
-        if k % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
+        if k % 1024 == 1023 && deadline.is_some_and(Deadline::passed) {
             return None;
         }
         let b = b as usize;

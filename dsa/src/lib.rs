@@ -33,7 +33,8 @@
 //!    checks every solution before it is returned.
 //!
 //! Results are deterministic: the same problem and options give the same offsets on every
-//! machine and with any number of threads, unless the time limit stops the work (use
+//! machine and with any number of threads, unless the time limit (CPU time the solving threads spent, not wall-clock time: a
+//! busy machine reaches it no sooner) stops the work (use
 //! [`SolveOptions::node_limit`] for a budget that does not depend on the machine's speed).
 //!
 //! Measured on the benchmark set (`cargo run --release -p ingot-dsa --example dsa_bench
@@ -70,6 +71,7 @@
 //! problems come from files; the `ingot dsa` command solves one from the command line.
 
 mod check;
+mod clock;
 mod csv;
 mod dive;
 mod greedy;
@@ -85,8 +87,9 @@ pub struct ReadmeDoctests;
 pub use check::validate;
 pub use csv::{read_csv, write_csv};
 
+use clock::Deadline;
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thiserror::Error;
 
 /// One buffer: live over `[lower, upper)`, needing `size` bytes.
@@ -118,8 +121,10 @@ pub struct SolveOptions {
     /// `Some(c)`: the peak must be at most `c`; solving stops as soon as it is, and fails if the
     /// budget runs out first. `None`: minimize the peak within the budget.
     pub capacity: Option<u64>,
-    /// Wall-clock budget for the whole solve. The first wave of the greedy portfolio always
-    /// completes (so there is always an answer); later strategies and the search stop at it.
+    /// Budget of CPU time for the whole solve, on the clock of the thread that does the work
+    /// (so a busy machine does not stop the work sooner than an idle one). The first wave of
+    /// the greedy portfolio always completes (so there is always an answer); later strategies
+    /// and the search stop at it.
     pub time_limit: Duration,
     /// Budget of search nodes, independent of the machine: a search stopped by this budget
     /// gives the same answer everywhere, one stopped by `time_limit` may not.
@@ -557,7 +562,7 @@ fn run_strategy(
     inst: &Instance,
     g: Greedy,
     contention: &[u64],
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
 ) -> Option<(Vec<u64>, u64)> {
     match g {
         Greedy::Fit { fit, order } => {
@@ -618,7 +623,7 @@ fn run_portfolio(
     inst: &Instance,
     threads: usize,
     target: u64,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
 ) -> PortfolioResult {
     let contention = inst.contention();
     // Large problems run the first four strategies only (the ones that win on large traces);
@@ -644,7 +649,7 @@ fn run_portfolio(
     let mut results: Vec<(Greedy, Option<Placed>)> = Vec::with_capacity(all.len());
     let mut met = None;
     for (w, wave) in waves(all, threads).into_iter().enumerate() {
-        if w > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+        if w > 0 && deadline.is_some_and(Deadline::passed) {
             break;
         }
         let limit = if w == 0 { None } else { deadline };
@@ -653,9 +658,15 @@ fn run_portfolio(
         } else {
             std::thread::scope(|scope| {
                 let contention = &contention;
+                // Each worker spends what is left of the deadline on its own clock.
+                let left = limit.map(Deadline::left);
                 let handles: Vec<_> = wave
                     .iter()
-                    .map(|&g| scope.spawn(move || run_strategy(inst, g, contention, limit)))
+                    .map(|&g| {
+                        scope.spawn(move || {
+                            run_strategy(inst, g, contention, left.map(Deadline::after))
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()
@@ -713,8 +724,8 @@ fn waves(all: &[Greedy], threads: usize) -> Vec<&[Greedy]> {
 /// Without a capacity the peak is minimized within the budget. Every returned solution has
 /// passed [`validate`].
 pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats), DsaError> {
-    let start = Instant::now();
-    let deadline = start.checked_add(opts.time_limit);
+    let start = std::time::Instant::now();
+    let deadline = Some(Deadline::after(opts.time_limit));
     let inst = Instance::new(p)?;
     let load = inst.load;
     let target = opts.capacity.unwrap_or_else(|| {
@@ -796,7 +807,7 @@ pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats),
                     load,
                     elapsed: stats.elapsed,
                     nodes: stats.nodes_explored,
-                    stopped: if deadline.is_some_and(|d| Instant::now() >= d) {
+                    stopped: if deadline.is_some_and(Deadline::passed) {
                         Stopped::TimeLimit(opts.time_limit)
                     } else if stats.nodes_explored >= opts.node_limit {
                         Stopped::NodeLimit(opts.node_limit)

@@ -24,7 +24,7 @@
 use super::dive::{dive, DiveResult, DiveSetup};
 use super::greedy::align_up;
 use super::{Instance, Solution, LARGE_PROBLEM};
-use std::time::Instant;
+use crate::clock::Deadline;
 
 const NONE: u64 = u64::MAX;
 
@@ -51,11 +51,11 @@ impl Outcome {
 }
 
 /// What a search may spend and aims for: a capacity to fit (without one, the lowest peak it
-/// finds), a wall-clock deadline and a number of search nodes.
+/// finds), a deadline on the solving thread's CPU clock and a number of search nodes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
     pub capacity: Option<u64>,
-    pub deadline: Option<Instant>,
+    pub deadline: Option<Deadline>,
     pub node_limit: u64,
 }
 
@@ -176,7 +176,7 @@ struct Search<'a> {
     cuts: Vec<u32>,
     nodes: u64,
     node_budget: u64,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
     timed_out: bool,
     /// Per section, a member that last showed the floor cannot rise (a hint, checked on use).
     witness: Vec<u32>,
@@ -212,7 +212,7 @@ struct Scratch {
 }
 
 impl<'a> Search<'a> {
-    fn new(inst: &'a Instance, sw: &'a Sweep, cap: u64, deadline: Option<Instant>) -> Self {
+    fn new(inst: &'a Instance, sw: &'a Sweep, cap: u64, deadline: Option<Deadline>) -> Self {
         let s = sw.sections.len();
         let mut total = vec![0u64; s];
         for (t, sec) in total.iter_mut().zip(&sw.sections) {
@@ -337,7 +337,7 @@ impl<'a> Search<'a> {
         }
         if self.nodes & 255 == 0 {
             if let Some(d) = self.deadline {
-                if Instant::now() >= d {
+                if d.passed() {
                     self.timed_out = true;
                 }
             }
@@ -612,7 +612,7 @@ fn probe(
     sw: &Sweep,
     cap: u64,
     node_budget: u64,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
     nodes: &mut u64,
     timed_out: &mut bool,
 ) -> Probe {
@@ -778,10 +778,15 @@ pub(crate) fn improve(inst: &Instance, best: &Solution, limits: Limits) -> Outco
 fn exact(inst: &Instance, sw: &Sweep, best: &Solution, limits: Limits) -> Outcome {
     // Deep recursion: run on a thread with a stack sized for the problem.
     let stack = (64 << 20).max(inst.n * 4096);
+    // The search thread spends what is left of the deadline on its own clock.
+    let left = limits.deadline.map(Deadline::left);
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .stack_size(stack)
-            .spawn_scoped(scope, || improve_with(inst, sw, best, limits))
+            .spawn_scoped(scope, move || {
+                let deadline = left.map(Deadline::after);
+                improve_with(inst, sw, best, Limits { deadline, ..limits })
+            })
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .unwrap_or_else(|_| improve_with(inst, sw, best, limits))
     })

@@ -35,9 +35,11 @@ pub struct PlanOptions {
     /// schedule. This, not time, is what bounds the search, so the same graph gets the same plan
     /// on every machine (invariant 5).
     pub solver_nodes: u64,
-    /// A safety net on the solver's wall-clock time per schedule; a search stopped by it (not by
-    /// `solver_nodes`) could differ between machines, so it is set far above what the node
-    /// budget needs.
+    /// A safety net on the solver's CPU time per schedule (the solving threads' own clocks, so
+    /// a loaded machine does not stop it sooner: with wall-clock time, two compiles of one
+    /// model at load 12 planned two slabs); a search stopped by it (not by `solver_nodes`)
+    /// could differ on a much slower processor, so it is set far above what the node budget
+    /// needs.
     pub solver_time: Duration,
     /// Which schedules to try; the smallest plan wins.
     pub strategies: Vec<Strategy>,
