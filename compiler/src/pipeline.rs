@@ -333,6 +333,9 @@ fn finish_observed(
             let f = stage(Stage::Fuse, observer, t, || {
                 fuse::fuse_recomputing(&graph, o, heavy)
             })?;
+            // The unfused graph is not read again: freed before the plan, whose tables then
+            // reuse its memory instead of touching new pages (issue 53).
+            drop(graph);
             (f.graph, Some(f.report))
         }
         None if !heavy.is_empty() => {

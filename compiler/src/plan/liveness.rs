@@ -162,8 +162,8 @@ impl Liveness {
             ..
         } = placing;
         let copies = update_copies(g, &storage_of, &mut storages, n);
-        let workspace_of = workspace.map_or_else(
-            || vec![None; g.len()],
+        let (workspace_of, needs) = workspace.map_or_else(
+            || (vec![None; g.len()], Vec::new()),
             |ws| add_workspaces(g, order, &position, &storage_of, &mut storages, ws),
         );
         for s in &mut storages {
@@ -172,11 +172,7 @@ impl Liveness {
                 s.end = n;
             }
         }
-        if let Some(ws) = workspace {
-            let needs: Vec<(usize, WorkspaceNeed)> = order
-                .iter()
-                .filter_map(|&id| Some((workspace_of[id.index()]?, ws(g, id))))
-                .collect();
+        if workspace.is_some() {
             let wanted: Vec<(usize, usize)> = needs.iter().map(|&(s, w)| (s, w.up_to)).collect();
             let lowered: Vec<(usize, usize)> = (needs.iter())
                 .filter(|(_, w)| w.ceiling_bytes > w.bytes)
@@ -537,7 +533,9 @@ fn grant(
     }
 }
 
-/// A storage for each kernel's scratch space that `ws` asks for; the storage index per node.
+/// A storage for each kernel's scratch space that `ws` asks for; the storage index per node,
+/// and each storage's need in schedule order. `ws` is asked once per node (it was asked again
+/// for the needs: on the CPU each fused kernel's interpreter layout was worked out twice).
 fn add_workspaces(
     g: &Graph,
     order: &[NodeId],
@@ -545,12 +543,14 @@ fn add_workspaces(
     storage_of: &[usize],
     storages: &mut Vec<Storage>,
     ws: WorkspaceFn,
-) -> Vec<Option<usize>> {
+) -> (Vec<Option<usize>>, Vec<(usize, WorkspaceNeed)>) {
     let mut workspace_of = vec![None; g.len()];
+    let mut needs = Vec::new();
     for (p, &id) in order.iter().enumerate() {
+        let need = ws(g, id);
         let WorkspaceNeed {
             bytes, filled_from, ..
-        } = ws(g, id);
+        } = need;
         if bytes > 0 {
             // Held from where the operand is made.
             let start = (filled_from.and_then(|i| g.node(id).inputs.get(i))).map_or(p, |&x| {
@@ -565,9 +565,10 @@ fn add_workspaces(
                 workspace: true,
             });
             workspace_of[id.index()] = Some(storages.len() - 1);
+            needs.push((storages.len() - 1, need));
         }
     }
-    workspace_of
+    (workspace_of, needs)
 }
 
 /// A kernel's operand slots by the storage each reads.

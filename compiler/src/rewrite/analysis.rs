@@ -22,11 +22,11 @@ pub type EGraph = egg::EGraph<ENode, Facts>;
 /// At most this many error messages are kept (the first ones name the faulty rule).
 const MAX_ERRORS: usize = 16;
 
-/// The classes of an e-graph in id order, each with the bits of what it holds (built and read
-/// in [`super::index`]).
+/// The classes of an e-graph in id order, each with the bits of what it holds and of what its
+/// e-nodes' operands hold (built and read in [`super::index`]).
 #[derive(Debug, Default)]
 pub struct ClassIndex {
-    pub(super) classes: Vec<(Id, u64)>,
+    pub(super) classes: Vec<(Id, u64, u64)>,
     /// The e-graph's fingerprint (`index::fingerprint`) when the index was built: a searcher
     /// finding another (an index that missed a change) searches every class instead.
     pub(super) built_for: (usize, usize),

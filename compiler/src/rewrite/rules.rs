@@ -82,6 +82,11 @@ pub struct Rule {
     /// nothing in a class holding none of them, so the search passes such classes by
     /// ([`index`]).
     pub roots: u64,
+    /// For a rule that looks through an operand, the [`Kind::tag`]s (and [`index::CONSTANT`])
+    /// that operand's class must hold: `find` finds nothing in a class none of whose e-nodes
+    /// reads a class holding one of them, and the search passes such classes by too. 0: no
+    /// condition on the operands.
+    pub operands: u64,
 }
 
 impl Rule {
@@ -161,7 +166,8 @@ impl Searcher<ENode, analysis::Facts> for RuleSearcher {
     ) -> Vec<egg::SearchMatches<'_, ENode>> {
         let mut found = self.0.found.lock().unwrap_or_else(|e| e.into_inner());
         found.clear();
-        let ids = index::ClassIndex::matching(egraph, self.0.rule.roots);
+        let rule = &self.0.rule;
+        let ids = index::ClassIndex::matching(egraph, rule.roots, rule.operands);
         let mut out = Vec::new();
         let mut scratch = Vec::new();
         let mut total = 0;
@@ -313,9 +319,10 @@ const MUL: Kind = Kind::Binary(BinaryOp::Mul);
 
 /// Every rule, in the order egg applies them (and the report lists them).
 pub fn all() -> Vec<Rule> {
+    // `name => find @ roots`, and `; operands` for a rule that looks through an operand.
     macro_rules! rules {
-        ($($name:literal => $f:ident @ $roots:expr),* $(,)?) => {
-            vec![$(Rule { name: $name, find: $f, roots: $roots }),*]
+        ($($name:literal => $f:ident @ $roots:expr $(; $operands:expr)?),* $(,)?) => {
+            vec![$(Rule { name: $name, find: $f, roots: $roots, operands: 0 $(| $operands)? }),*]
         };
     }
     let tag = |k: Kind| k.tag();
@@ -325,37 +332,42 @@ pub fn all() -> Vec<Rule> {
     let transpose = tag(Kind::Transpose(Dims::new()));
     let reduce = tag(Kind::Reduce(ReduceOp::Sum, Dims::new()));
     let convert = tag(Kind::Convert(DType::F32));
+    let (neg, konst) = (tag(NEG), index::CONSTANT);
+    let concat = tag(Kind::Concat(0));
+    let matmul = tag(Kind::MatMul {
+        ta: false,
+        tb: false,
+    });
     rules![
         "stop-gradient" => stop_gradient @ tag(Kind::StopGradient),
-        "mul-one" => mul_one @ tag(MUL),
-        "add-zero" => add_zero @ binary(BinaryOp::Add),
-        "sub-zero" => sub_zero @ binary(BinaryOp::Sub),
-        "div-one" => div_one @ binary(BinaryOp::Div),
-        "neg-neg" => neg_neg @ tag(NEG),
+        "mul-one" => mul_one @ tag(MUL); konst,
+        "add-zero" => add_zero @ binary(BinaryOp::Add); konst,
+        "sub-zero" => sub_zero @ binary(BinaryOp::Sub); konst,
+        "div-one" => div_one @ binary(BinaryOp::Div); konst,
+        "neg-neg" => neg_neg @ neg; neg,
         "select-same" => select_same @ tag(Kind::Select),
-        "select-const" => select_const @ tag(Kind::Select),
+        "select-const" => select_const @ tag(Kind::Select); konst,
         "max-min-same" => max_min_same @ binary(BinaryOp::Max) | binary(BinaryOp::Min),
         "convert-same" => convert_same @ convert,
-        "convert-of-exact-convert" => convert_of_exact_convert @ convert,
-        "convert-of-broadcast" => convert_of_broadcast @ convert,
+        "convert-of-exact-convert" => convert_of_exact_convert @ convert; convert,
+        "convert-of-broadcast" => convert_of_broadcast @ convert; broadcast,
         "broadcast-same" => broadcast_same @ broadcast,
         "reshape-same" => reshape_same @ reshape,
         "transpose-identity" => transpose_identity @ transpose,
         "reduce-unit-axes" => reduce_unit_axes @ reduce,
-        "transpose-transpose" => transpose_transpose @ transpose,
-        "reshape-reshape" => reshape_reshape @ reshape,
-        "broadcast-broadcast" => broadcast_broadcast @ broadcast,
-        "reduce-of-broadcast" => reduce_of_broadcast @ reduce,
-        "constant-fold" => constant_fold @ index::CONSTANT,
-        "mul-constants" => mul_constants @ tag(MUL),
-        "matmul-transposed-operand" => matmul_transposed_operand
-            @ tag(Kind::MatMul { ta: false, tb: false }),
-        "transpose-of-matmul" => transpose_of_matmul @ transpose,
-        "sum-of-neg" => sum_of_neg @ reduce,
-        "add-neg" => add_neg @ binary(BinaryOp::Add),
-        "sub-neg" => sub_neg @ binary(BinaryOp::Sub),
-        "add-of-padded-concats" => add_of_padded_concats @ binary(BinaryOp::Add),
-        "slice-of-concat" => slice_of_concat @ tag(Kind::Slice { axis: 0, start: 0, end: 0 }),
+        "transpose-transpose" => transpose_transpose @ transpose; transpose,
+        "reshape-reshape" => reshape_reshape @ reshape; reshape,
+        "broadcast-broadcast" => broadcast_broadcast @ broadcast; broadcast,
+        "reduce-of-broadcast" => reduce_of_broadcast @ reduce; broadcast,
+        "constant-fold" => constant_fold @ konst,
+        "mul-constants" => mul_constants @ tag(MUL); konst,
+        "matmul-transposed-operand" => matmul_transposed_operand @ matmul; transpose,
+        "transpose-of-matmul" => transpose_of_matmul @ transpose; matmul,
+        "sum-of-neg" => sum_of_neg @ reduce; neg,
+        "add-neg" => add_neg @ binary(BinaryOp::Add); neg,
+        "sub-neg" => sub_neg @ binary(BinaryOp::Sub); neg,
+        "add-of-padded-concats" => add_of_padded_concats @ binary(BinaryOp::Add); concat,
+        "slice-of-concat" => slice_of_concat @ tag(Kind::Slice { axis: 0, start: 0, end: 0 }); concat,
     ]
 }
 

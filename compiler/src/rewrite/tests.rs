@@ -984,6 +984,7 @@ fn a_rule_that_equates_different_types_is_an_error_naming_both() {
         name: "bogus",
         find: bogus_transpose,
         roots: u64::MAX,
+        operands: 0,
     }];
     let e = simplify_with(&g, &RewriteOptions::default(), &bad)
         .unwrap_err()
@@ -1004,6 +1005,7 @@ fn a_rule_that_builds_an_ill_typed_node_is_an_error() {
         name: "bogus-exp",
         find: bogus_exp,
         roots: u64::MAX,
+        operands: 0,
     }];
     let e = simplify_with(&g, &RewriteOptions::default(), &bad)
         .unwrap_err()
@@ -1422,8 +1424,9 @@ fn unrewritten_steps(spec: &str) -> Vec<Graph> {
     .collect()
 }
 
-/// Each rule finds nothing in every class of `eg` that holds none of its roots; returns how
-/// many (rule, class) pairs found something.
+/// Each rule finds nothing in every class of `eg` that holds none of its roots, nor in one
+/// whose e-nodes read no class holding any of its operands' bits; returns how many (rule,
+/// class) pairs found something.
 fn assert_roots_cover_matches(eg: &EGraph, what: &str) -> usize {
     let mut found = 0;
     for rule in rules::all() {
@@ -1431,9 +1434,19 @@ fn assert_roots_cover_matches(eg: &EGraph, what: &str) -> usize {
             let mut out = Vec::new();
             (rule.find)(eg, class.id, &mut out);
             let bits = super::index::class_bits(class);
+            let operands = (class.nodes.iter())
+                .flat_map(|n| n.args.iter())
+                .fold(0, |m, &a| m | super::index::class_bits(&eg[a]));
             assert!(
                 out.is_empty() || bits & rule.roots != 0,
                 "{what}: rule {} matched class {} ({:?}) outside its roots",
+                rule.name,
+                class.id,
+                class.nodes
+            );
+            assert!(
+                out.is_empty() || rule.operands == 0 || operands & rule.operands != 0,
+                "{what}: rule {} matched class {} ({:?}) whose operands hold none of its operand bits",
                 rule.name,
                 class.id,
                 class.nodes
@@ -1445,7 +1458,7 @@ fn assert_roots_cover_matches(eg: &EGraph, what: &str) -> usize {
 }
 
 #[test]
-fn a_rule_finds_nothing_in_a_class_that_holds_none_of_its_roots() {
+fn a_rule_finds_nothing_in_a_class_that_holds_none_of_its_roots_or_operands() {
     let mut found = 0;
     for spec in [
         "mlp",
@@ -1474,6 +1487,7 @@ fn searching_the_indexed_classes_finds_what_searching_every_class_finds() {
         .into_iter()
         .map(|r| Rule {
             roots: u64::MAX,
+            operands: 0,
             ..r
         })
         .collect();
@@ -1483,5 +1497,37 @@ fn searching_the_indexed_classes_finds_what_searching_every_class_finds() {
         assert_eq!(text::print(&a), text::print(&b));
         assert_eq!(ra, rb);
         assert!(ra.rules_applied.iter().any(|(_, n)| *n > 0));
+    }
+}
+
+/// The operand bits narrow the search: of a small GPT's additions (its step as built), the
+/// index lists for `add-neg` only those reading a class that holds a negation, fewer than all
+/// of them, and for `mul-one` only products reading a class of known value.
+#[test]
+fn the_index_passes_by_the_classes_whose_operands_hold_none_of_a_rules_operand_bits() {
+    use super::index::{class_bits, ClassIndex};
+    let all = rules::all();
+    let rule = |name: &str| *all.iter().find(|r| r.name == name).unwrap();
+    for g in unrewritten_steps("gpt:vocab=16,d_model=8,layers=2,heads=2,d_ff=16,seq=4,batch=2") {
+        let (mut eg, _, _) = to_egraph(&g).unwrap();
+        eg.rebuild();
+        ClassIndex::build(&mut eg);
+        for r in [rule("add-neg"), rule("mul-one")] {
+            let every = ClassIndex::matching(&eg, r.roots, 0);
+            let listed = ClassIndex::matching(&eg, r.roots, r.operands);
+            assert!(
+                listed.len() < every.len(),
+                "{}: {} of {} classes listed",
+                r.name,
+                listed.len(),
+                every.len()
+            );
+            for &id in &every {
+                let reads = (eg[id].nodes.iter())
+                    .flat_map(|n| n.args.iter())
+                    .any(|&a| class_bits(&eg[a]) & r.operands != 0);
+                assert_eq!(listed.contains(&id), reads, "{}: class {id}", r.name);
+            }
+        }
     }
 }

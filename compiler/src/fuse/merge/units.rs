@@ -39,20 +39,29 @@ pub(super) struct Units {
 /// up in. Kept apart from [`Units`]' mutable parts, so that a lookup can run while a group is
 /// borrowed.
 pub(super) struct Producers {
-    /// The group (its first index) of each root.
-    group_of: HashMap<NodeId, usize>,
-    /// The unit of each library node.
-    lib_unit: HashMap<NodeId, usize>,
+    /// The group (its first index) of each root, by node index ([`NONE`] for a node that roots
+    /// none): dense tables, since every load of every group is looked up here, and a hash
+    /// table of a deep step's nodes is read at random (issue 53).
+    group_of: Vec<u32>,
+    /// The unit of each library node, by node index ([`NONE`] for the others).
+    lib_unit: Vec<u32>,
 }
+
+/// No unit, in [`Producers`]' tables.
+const NONE: u32 = u32::MAX;
 
 impl Producers {
     /// The unit producing a materialized value, if any (leaves produce none).
     pub fn of(&self, g: &Graph, x: NodeId, parent: &mut [usize]) -> Option<usize> {
-        let b = select::base(g, x);
-        if let Some(&u) = self.lib_unit.get(&b) {
-            return Some(u);
+        let b = select::base(g, x).index();
+        match self.lib_unit.get(b) {
+            Some(&u) if u != NONE => return Some(u as usize),
+            _ => {}
         }
-        self.group_of.get(&b).map(|&i| find(parent, i))
+        match self.group_of.get(b) {
+            Some(&i) if i != NONE => Some(find(parent, i as usize)),
+            _ => None,
+        }
     }
 }
 
@@ -69,10 +78,11 @@ impl Units {
     /// The unit graph of `slots` (one group each) and `g`'s library nodes.
     pub fn new(g: &Graph, slots: Vec<Option<Part>>, early: BTreeSet<NodeId>) -> Units {
         // Units of the dependence graph: groups and library nodes, keyed by a representative node.
-        let mut group_of: HashMap<NodeId, usize> = HashMap::new();
+        let unit = |i: usize| u32::try_from(i).expect("fewer than 2^32 - 1 units");
+        let mut group_of = vec![NONE; g.len()];
         for (i, gr) in slots.iter().enumerate() {
             for &r in gr.iter().flat_map(|gr| &gr.roots) {
-                group_of.insert(r, i);
+                group_of[r.index()] = unit(i);
             }
         }
         let mut parent: Vec<usize> = (0..slots.len()).collect();
@@ -81,11 +91,10 @@ impl Units {
             .ids()
             .filter(|&id| kind(g.node(id)) == Kind::Library)
             .collect();
-        let lib_unit: HashMap<NodeId, usize> = library
-            .iter()
-            .enumerate()
-            .map(|(i, &id)| (id, slots.len() + i))
-            .collect();
+        let mut lib_unit = vec![NONE; g.len()];
+        for (i, &id) in library.iter().enumerate() {
+            lib_unit[id.index()] = unit(slots.len() + i);
+        }
         let n_units = slots.len() + library.len();
         let loss = g.outputs.get(crate::autodiff::LOSS).copied();
         let producers = Producers { group_of, lib_unit };
