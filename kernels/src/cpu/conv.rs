@@ -35,7 +35,7 @@
 
 pub use super::conv_geometry::{ConvError, ConvGeometry, Pass};
 use super::conv_one_tap as one_tap;
-use super::gemm::{gemm_ws, workspace_len as gemm_len, GemmError};
+use super::gemm::{gemm_ws, gemm_ws_alone, workspace_len as gemm_len, GemmError};
 use super::matmul::{GemmScalar, MatLayout};
 use super::par::{for_each_block, pool_threads, PARALLEL_ELEMENTS};
 use super::scalar::{Float, Scalar};
@@ -623,8 +623,20 @@ fn im2col<T: Scalar>(g: &ConvGeometry, x: &[T], col: &mut [T]) {
 }
 
 /// The column buffer `[c·kh·kw, images·Ho·Wo]` of `images` images `x` `[images, c, H, W]`
-/// side by side (image `i`'s positions in columns `i·Ho·Wo ..`), in the front of `col`.
+/// side by side (image `i`'s positions in columns `i·Ho·Wo ..`), in the front of `col`, its
+/// channels spread over the pool's threads.
 fn im2col_images<T: Scalar>(g: &ConvGeometry, x: &[T], images: usize, col: &mut [T]) {
+    fill_columns(g, x, images, col, true)
+}
+
+/// [`im2col_images`] on the calling thread alone (a lane's, inside a pool).
+fn im2col_images_alone<T: Scalar>(g: &ConvGeometry, x: &[T], images: usize, col: &mut [T]) {
+    fill_columns(g, x, images, col, false)
+}
+
+/// [`im2col_images`], its channels spread over the pool's threads where `spread` holds and
+/// they are worth waking, else on the calling thread.
+fn fill_columns<T: Scalar>(g: &ConvGeometry, x: &[T], images: usize, col: &mut [T], spread: bool) {
     let (p, rows, plane, ow) = (
         g.positions(),
         g.kernel[0] * g.kernel[1],
@@ -634,7 +646,8 @@ fn im2col_images<T: Scalar>(g: &ConvGeometry, x: &[T], images: usize, col: &mut 
     let channels = x.len() / (plane * images).max(1);
     let ld = images * p;
     let used = channels * rows * ld;
-    for_each_block(&mut col[..used], rows * ld, used, |c, col| {
+    let work = if spread { used } else { 0 };
+    for_each_block(&mut col[..used], rows * ld, work, |c, col| {
         for i in 0..images {
             let xc = &x[(i * channels + c) * plane..(i * channels + c + 1) * plane];
             each_channel_segment(g, ld, i * p, |s| {
@@ -665,26 +678,6 @@ fn col2im_add<T: Scalar>(g: &ConvGeometry, col: &[T], dx: &mut [T]) {
     );
     for_each_block(dx, plane, g.col_rows() * p, |c, dxc| {
         col2im_channel(g, &col[c * rows * p..(c + 1) * rows * p], p, 0, dxc);
-    });
-}
-
-/// Sets a block of `images` images' gradient `dx` (`[images, c, H, W]`) to the column buffer
-/// of their positions side by side (rows `images · Ho · Wo` long) summed back: each image's
-/// channel plane is zeroed and summed by one call, its rows in order as [`col2im_add`] sums
-/// them, so the bits are one image's at a time; the planes (not the images: a block of a
-/// few large-channel images has as many) are spread over the pool's threads.
-fn col2im_images<T: Scalar>(g: &ConvGeometry, col: &[T], images: usize, dx: &mut [T]) {
-    let (p, rows, plane) = (
-        g.positions(),
-        g.kernel[0] * g.kernel[1],
-        g.in_hw[0] * g.in_hw[1],
-    );
-    let ld = images * p;
-    let channels = dx.len() / (plane * images).max(1);
-    for_each_block(dx, plane, channels * rows * ld, |ic, dxc| {
-        let (i, c) = (ic / channels.max(1), ic % channels.max(1));
-        dxc.fill(T::ZERO);
-        col2im_channel(g, &col[c * rows * ld..(c + 1) * rows * ld], ld, i * p, dxc);
     });
 }
 
@@ -731,6 +724,270 @@ fn from_side_by_side<T: Copy>(images: usize, rows: usize, p: usize, from: &[T], 
     }
 }
 
+/// Most output positions (images times positions) a tile of small images gives its GEMM
+/// ([`Tiles`]): four AVX-512 micro-panels of `B` a row, so that a lane's column buffer, its
+/// output gradient side by side and the packed panel stay in its core's L2 between the GEMM
+/// that writes them and the col2im (or copy) that reads them.
+const TILE_COLUMNS: usize = 256;
+
+/// Fewest output positions a tile's GEMM has (two AVX-512 micro-panels of `B`), unless a
+/// block of images holds fewer: narrower tiles give more lanes but pad the micro-kernel's
+/// tiles.
+const MIN_TILE_COLUMNS: usize = 64;
+
+/// Rows of the input gradient's column buffer (input channels times the kernel's taps) a
+/// tile covers, about: 72 is 8 channels of a 3x3 kernel, six AVX-512 micro-tiles high.
+const TILE_ROWS: usize = 72;
+
+/// How a forward or input-gradient pass of small images runs in a workspace cut for blocks
+/// of images: in tiles of a few images (and, for the input gradient, a few input channels),
+/// each tile one unit run by one lane on one thread alone, its GEMM ([`gemm_ws_alone`]) and
+/// its col2im (or the forward's copy back) one after the other while they are in its cache.
+/// Session 42 measured the input gradients at 8x8 to 2x2 on 16 threads at half their bare
+/// GEMM's rate: each block's GEMM spread over the threads (two waits a panel), then the
+/// col2im read the block's whole column buffer (2.4-4.7 MB) back from other cores' caches.
+/// Every element is still the one GEMM sum (the order fixed by the reduction's length) and
+/// every input-gradient element its taps added in the same order from zero, so a tile gives
+/// the bits of a block, or of one image at a time, whatever its size: the tiles are cut from
+/// the workspace the block's cut was given (each needs no more than a block's lane), so the
+/// plan is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tiles {
+    /// Images a tile (the last tile may hold fewer).
+    images: usize,
+    /// Input channels a tile (all of them for the forward; the last chunk may hold fewer).
+    channels: usize,
+    /// Tiles across the input channels: units are `(images, channels)` pairs, numbered
+    /// images-major, `u = tile · chunks + chunk`.
+    chunks: usize,
+    units: usize,
+    /// Lanes the workspace holds (at most one per unit and [`MAX_LANES`]).
+    lanes: usize,
+    /// Elements of a lane: its column buffer, its output (gradient) side by side, its GEMM's.
+    col_len: usize,
+    tmp_len: usize,
+    len: usize,
+}
+
+/// The tiles of `images` images of `pass`, with one lane.
+fn tile_of<T: GemmScalar>(g: &ConvGeometry, pass: Pass, images: usize) -> Tiles {
+    let (o, cin, p) = (g.out_ch, g.in_ch, g.positions());
+    let taps = g.kernel[0] * g.kernel[1];
+    let channels = match pass {
+        Pass::GradInput => (TILE_ROWS / taps.max(1)).clamp(1, cin.max(1)),
+        _ => cin,
+    };
+    let (rows, cols) = (channels * taps, images * p);
+    let gemm = match pass {
+        Pass::GradInput => gemm_len::<T>(rows, o, cols),
+        _ => gemm_len::<T>(o, rows, cols),
+    };
+    let (col_len, tmp_len) = (rows * cols, o * cols);
+    let chunks = cin.div_ceil(channels.max(1)).max(1);
+    Tiles {
+        images,
+        channels,
+        chunks,
+        units: g.batch.div_ceil(images.max(1)) * chunks,
+        lanes: 1,
+        col_len,
+        tmp_len,
+        len: (col_len + tmp_len + gemm).max(1),
+    }
+}
+
+/// The tiles a forward or input-gradient pass cut into blocks of `most` images runs in
+/// `avail` elements: the widest tile from [`TILE_COLUMNS`] down to [`MIN_TILE_COLUMNS`]
+/// (within the block) whose lanes, one per unit up to [`MAX_LANES`], all fit; else the
+/// narrowest, with the lanes that fit. `None` where not even one lane fits (never, for the
+/// workspace of a block's lane: a tile's lane is no larger), or an image has no positions.
+fn tiles<T: GemmScalar>(g: &ConvGeometry, pass: Pass, most: usize, avail: usize) -> Option<Tiles> {
+    let p = g.positions();
+    if p == 0 || g.in_hw[0] * g.in_hw[1] == 0 || g.groups != 1 {
+        return None;
+    }
+    let hi = (TILE_COLUMNS / p).clamp(1, most.max(1));
+    let lo = MIN_TILE_COLUMNS.div_ceil(p).clamp(1, hi);
+    let with_lanes = |t: Tiles| Tiles {
+        lanes: (avail / t.len).min(t.units).min(MAX_LANES),
+        ..t
+    };
+    let t = (lo..=hi)
+        .rev()
+        .map(|i| with_lanes(tile_of::<T>(g, pass, i)))
+        .find(|t| t.lanes == t.units.min(MAX_LANES))
+        .unwrap_or_else(|| with_lanes(tile_of::<T>(g, pass, lo)));
+    (t.lanes >= 1).then_some(t)
+}
+
+/// Runs `f(units, lane)` for each lane of `t`: lane `l` runs units `l·per .. (l+1)·per` in
+/// order on one thread, in its own `t.len` elements of `ws`; the lanes run on the pool's
+/// threads when there are several and `work` is worth waking them (a multiple of the
+/// threads where the workspace holds that many, as [`for_each_unit`]). Each unit computes
+/// the same bits whichever lane runs it.
+fn for_each_tile<T: Send>(
+    ws: &mut [T],
+    t: &Tiles,
+    work: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut [T]) -> Result<(), GemmError> + Sync,
+) -> Result<(), GemmError> {
+    let threads = pool_threads();
+    let parallel = threads > 1 && t.lanes > 1 && work >= PARALLEL_ELEMENTS;
+    let lanes = match parallel {
+        false => 1,
+        true if t.lanes >= threads => t.lanes / threads * threads,
+        true => t.lanes,
+    };
+    let per = t.units.div_ceil(lanes);
+    let run = |(l, lane): (usize, &mut [T])| {
+        f((l * per).min(t.units)..((l + 1) * per).min(t.units), lane)
+    };
+    let ws = &mut ws[..lanes * t.len];
+    if parallel {
+        use rayon::prelude::*;
+        ws.par_chunks_mut(t.len).enumerate().try_for_each(run)
+    } else {
+        ws.chunks_mut(t.len).enumerate().try_for_each(run)
+    }
+}
+
+/// An output slice the lanes of [`for_each_tile`] write at disjoint ranges through
+/// [`Disjoint::range`] (each use vouches that no other lane's range meets its own).
+struct Disjoint<T>(*mut T, usize);
+// SAFETY: a Disjoint is shared only by lanes that write disjoint ranges of the slice it was
+// made from (vouched at each `range` call), for one blocking parallel loop that returns before
+// the slice's borrow ends; so sharing it is sharing disjoint `&mut` parts of a `Send` slice.
+unsafe impl<T: Send> Sync for Disjoint<T> {}
+// SAFETY: as for Sync.
+unsafe impl<T: Send> Send for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
+    fn new(out: &mut [T]) -> Disjoint<T> {
+        Disjoint(out.as_mut_ptr(), out.len())
+    }
+
+    /// Elements `start .. start + len` of the slice.
+    ///
+    /// # Safety
+    /// No other reference to any of these elements is live while the returned one is.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.1));
+        // SAFETY: in bounds (asserted), and unaliased by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+}
+
+/// The forward pass of small images in tiles of whole images ([`Tiles`]): each unit fills
+/// its images' column buffer, multiplies it by `W` into its lane and copies the product back
+/// into its images' planes of `y`, on one thread.
+fn forward_tiles<T: GemmScalar + Float>(
+    g: &ConvGeometry,
+    x: &[T],
+    w: &[T],
+    y: &mut [T],
+    ws: &mut [T],
+    t: &Tiles,
+) -> Result<(), GemmError> {
+    let (o, k, p) = (g.out_ch, g.col_rows(), g.positions());
+    let xi = g.in_ch * g.in_hw[0] * g.in_hw[1];
+    let out = Disjoint::new(y);
+    for_each_tile(ws, t, gemm_work(g), |units, lane| {
+        let (col, rest) = lane.split_at_mut(t.col_len);
+        let (tmp, gws) = rest.split_at_mut(t.tmp_len);
+        for u in units {
+            let n0 = u * t.images;
+            let images = t.images.min(g.batch - n0);
+            let cols = images * p;
+            let col = &mut col[..k * cols];
+            im2col_images_alone(g, &x[n0 * xi..(n0 + images) * xi], images, col);
+            let tmp = &mut tmp[..o * cols];
+            gemm_ws_alone(
+                o,
+                k,
+                cols,
+                <T as GemmScalar>::ONE,
+                w,
+                MatLayout::row_major(k),
+                col,
+                MatLayout::row_major(cols),
+                <T as GemmScalar>::ZERO,
+                tmp,
+                MatLayout::row_major(cols),
+                gws,
+            )?;
+            // SAFETY: unit `u` alone writes images `n0 .. n0 + images` of `y` (the units
+            // cover the batch's images once each, and each runs on one lane).
+            let yu = unsafe { out.range(n0 * o * p, images * o * p) };
+            from_side_by_side(images, o, p, tmp, yu);
+        }
+        Ok(())
+    })
+}
+
+/// The input gradient of small images in tiles of a few images and input channels
+/// ([`Tiles`]): each unit multiplies its channels' rows of `Wᵀ` by its images' output
+/// gradient side by side (copied once a run of units on the same images) into its lane's
+/// column buffer, then sums that buffer back into its images' planes of those channels,
+/// each plane from zero, taps and rows in order as [`col2im_add`] sums them, on one thread.
+fn grad_input_tiles<T: GemmScalar + Float>(
+    g: &ConvGeometry,
+    dy: &[T],
+    w: &[T],
+    dx: &mut [T],
+    ws: &mut [T],
+    t: &Tiles,
+) -> Result<(), GemmError> {
+    let (o, cin, k, p) = (g.out_ch, g.in_ch, g.col_rows(), g.positions());
+    let (taps, plane) = (g.kernel[0] * g.kernel[1], g.in_hw[0] * g.in_hw[1]);
+    let out = Disjoint::new(dx);
+    for_each_tile(ws, t, gemm_work(g), |units, lane| {
+        let (col, rest) = lane.split_at_mut(t.col_len);
+        let (tmp, gws) = rest.split_at_mut(t.tmp_len);
+        let mut held = None;
+        for u in units {
+            let (tile, chunk) = (u / t.chunks, u % t.chunks);
+            let n0 = tile * t.images;
+            let images = t.images.min(g.batch - n0);
+            let cols = images * p;
+            let tmp = &mut tmp[..o * cols];
+            if held != Some(tile) {
+                to_side_by_side(images, o, p, &dy[n0 * o * p..(n0 + images) * o * p], tmp);
+                held = Some(tile);
+            }
+            let c0 = chunk * t.channels;
+            let cw = t.channels.min(cin - c0);
+            let col = &mut col[..cw * taps * cols];
+            gemm_ws_alone(
+                cw * taps,
+                o,
+                cols,
+                <T as GemmScalar>::ONE,
+                w,
+                MatLayout::col_major(k).at(c0 * taps),
+                tmp,
+                MatLayout::row_major(cols),
+                <T as GemmScalar>::ZERO,
+                col,
+                MatLayout::row_major(cols),
+                gws,
+            )?;
+            for i in 0..images {
+                // SAFETY: unit `u` alone writes channels `c0 .. c0 + cw` of images
+                // `n0 .. n0 + images` of `dx` (the units cover each image's channels once,
+                // and each runs on one lane).
+                let dxi = unsafe { out.range(((n0 + i) * cin + c0) * plane, cw * plane) };
+                for (c, dxc) in dxi.chunks_mut(plane).enumerate() {
+                    dxc.fill(<T as Scalar>::ZERO);
+                    let rows = &col[c * taps * cols..(c + 1) * taps * cols];
+                    col2im_channel(g, rows, cols, i * p, dxc);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
 /// `y = conv(x, w)`. `ws` holds at least [`workspace_len`]`(g, Pass::Forward)` elements.
 /// Each `(image, group)` unit is `y[n, group] = W_g · col(x[n, group])`, the column buffer
 /// being the image itself for a pointwise convolution.
@@ -752,6 +1009,14 @@ pub fn forward<T: GemmScalar + Float>(
     let (og, k, p) = (g.out_ch / g.groups, g.col_rows(), g.positions());
     let xg = g.in_ch / g.groups * g.in_hw[0] * g.in_hw[1];
     let direct = is_pointwise(g);
+    let every_thread = |t: &Tiles| t.lanes >= pool_threads().min(MAX_LANES);
+    if let Some(t) = (s.images > 1)
+        .then(|| tiles::<T>(g, Pass::Forward, s.images, s.lanes * s.lane_len))
+        .flatten()
+        .filter(every_thread)
+    {
+        return forward_tiles(g, x, w, y, ws, &t).map_err(ConvError::from);
+    }
     if s.images > 1 {
         // Blocks of images (one group): `y[block] = W · col(x[block])`, side by side.
         return for_each_unit(y, s.images * og * p, ws, &s, gemm_work(g), |u, yu, lane| {
@@ -845,32 +1110,14 @@ pub fn grad_input<T: GemmScalar + Float>(
         )
     };
     if s.images > 1 {
-        // Blocks of images (one group): `col = Wᵀ · dy[block]`, then each image's col2im.
-        return for_each_unit(dx, s.images * xg, ws, &s, gemm_work(g), |u, dxu, lane| {
-            let (images, n0) = (dxu.len() / xg, u * s.images);
-            let cols = images * p;
-            let (col, rest) = lane.split_at_mut(s.col_len);
-            let (tmp, gws) = rest.split_at_mut(s.tmp_len);
-            let tmp = &mut tmp[..og * cols];
-            to_side_by_side(images, og, p, &dy[n0 * og * p..(n0 + images) * og * p], tmp);
-            gemm_ws(
-                k,
-                og,
-                cols,
-                <T as GemmScalar>::ONE,
-                w,
-                MatLayout::col_major(k),
-                tmp,
-                MatLayout::row_major(cols),
-                <T as GemmScalar>::ZERO,
-                col,
-                MatLayout::row_major(cols),
-                gws,
-            )?;
-            col2im_images(g, col, images, dxu);
-            Ok(())
-        })
-        .map_err(ConvError::from);
+        // Blocks of images (one group), run in tiles of their images and channels.
+        let avail = s.lanes * s.lane_len;
+        let t = tiles::<T>(g, Pass::GradInput, s.images, avail).ok_or(ConvError::WrongLength {
+            what: "the workspace",
+            len: avail,
+            need: tile_of::<T>(g, Pass::GradInput, 1).len,
+        })?;
+        return grad_input_tiles(g, dy, w, dx, ws, &t).map_err(ConvError::from);
     }
     for_each_unit(dx, xg, ws, &s, gemm_work(g), |u, dxu, lane| {
         let (col, gws) = lane.split_at_mut(s.col_len);

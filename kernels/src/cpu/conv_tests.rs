@@ -726,3 +726,143 @@ fn small_image_weight_gradients_are_one_gemm_a_part_on_any_threads_and_match_f64
         }
     }
 }
+
+/// The input gradient with plain loops in f64: `dx[n, c, ih, iw] = Σ w[o, c, a, b] ·
+/// dy[n, o, i, j]` over the output channels of `c`'s group and the positions `(i, j)` whose
+/// tap `(a, b)` reads `(ih, iw)`.
+fn input_gradient_by_loops(g: &ConvGeometry, w: &[f64], dy: &[f64]) -> Vec<f64> {
+    let (cg, og) = (g.in_ch / g.groups, g.out_ch / g.groups);
+    let ([h, wd], [oh, ow], [kh, kw]) = (g.in_hw, g.out_hw, g.kernel);
+    let mut dx = vec![0.0; g.x_len()];
+    for n in 0..g.batch {
+        for o in 0..g.out_ch {
+            let gi = o / og;
+            for (i, j) in (0..oh).flat_map(|i| (0..ow).map(move |j| (i, j))) {
+                let d = dy[((n * g.out_ch + o) * oh + i) * ow + j];
+                for c in 0..cg {
+                    for (a, b) in (0..kh).flat_map(|a| (0..kw).map(move |b| (a, b))) {
+                        let ih = (i * g.stride[0] + a * g.dilation[0]).wrapping_sub(g.padding[0]);
+                        let iw = (j * g.stride[1] + b * g.dilation[1]).wrapping_sub(g.padding[1]);
+                        if ih < h && iw < wd {
+                            let xi = ((n * g.in_ch + gi * cg + c) * h + ih) * wd + iw;
+                            dx[xi] += w[((o * cg + c) * kh + a) * kw + b] * d;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// resnet18's 3x3 convolutions at 8x8, 4x4 and 2x2 (batch 128), one with 13 channels (tiles
+/// of 8 and 5 channels, of 16, 16 and 5 images) and a strided one at 3x3 outputs: the forward
+/// and input gradient of small images, run in tiles of images (and channels) on one thread a
+/// lane, give the bits of one image at a time on 1, 2, 3 and 16 threads in the least and most
+/// workspace, within f32 rounding of f64 loops; resnet18's input gradients fill
+/// [`MAX_LANES`] lanes of tiles from the workspace the blocks' cut was given.
+#[test]
+fn small_image_forwards_and_input_gradients_in_tiles_give_one_image_at_a_time_bits_on_any_threads()
+{
+    let f32s = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
+    for (x, w, s, resnet) in [
+        ([128, 64, 8, 8], [64, 64, 3, 3], 1, true),
+        ([128, 128, 4, 4], [128, 128, 3, 3], 1, true),
+        ([128, 256, 2, 2], [256, 256, 3, 3], 1, true),
+        ([37, 13, 4, 4], [10, 13, 3, 3], 1, false),
+        ([45, 20, 6, 6], [12, 20, 3, 3], 2, false),
+    ] {
+        let g = ConvGeometry::new(x, w, [s, s], [1, 1], [1, 1], 1).unwrap();
+        let (x64, w64, dy64) = (
+            values(g.x_len(), 16),
+            values(g.w_len(), 17),
+            values(g.y_len(), 18),
+        );
+        let (x, w, dy) = (f32s(&x64), f32s(&w64), f32s(&dy64));
+        let [want_y, want_dx, _] = one_unit_at_a_time(&g, &x, &w, &dy);
+        let terms = (g.out_ch * g.kernel[0] * g.kernel[1]) as f64;
+        let dx_loops = input_gradient_by_loops(&g, &w64, &dy64);
+        for (a, b) in want_dx.iter().zip(&dx_loops) {
+            assert!((*a as f64 - b).abs() < 1e-6 * terms, "{g:?}: {a} vs {b}");
+        }
+        for (a, b) in want_y.iter().zip(&reference(&g, &x64, &w64)) {
+            assert!((*a as f64 - b).abs() < 1e-6 * g.col_rows() as f64, "{g:?}");
+        }
+        for (pass, want) in [(Pass::Forward, &want_y), (Pass::GradInput, &want_dx)] {
+            let lens = [
+                workspace_len::<f32>(&g, pass),
+                workspace_len_up_to::<f32>(&g, pass),
+            ];
+            let most = split::<f32>(&g, pass, lens[1]).unwrap();
+            assert!(most.images > 1, "{g:?} {pass:?}: blocks of images");
+            let t = tiles::<f32>(&g, pass, most.images, most.lanes * most.lane_len).unwrap();
+            if resnet && pass == Pass::GradInput {
+                assert_eq!(t.lanes, MAX_LANES, "{g:?}: {t:?}");
+                assert!(t.units > MAX_LANES && t.chunks > 1, "{g:?}: {t:?}");
+            }
+            let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+            for threads in [1, 2, 3, 16] {
+                let pool = crate::cpu::par::pool_of(threads);
+                for len in lens {
+                    let got = pool.install(|| {
+                        let mut ws = vec![f32::NAN; len];
+                        let out = if pass == Pass::Forward {
+                            let mut y = vec![f32::NAN; g.y_len()];
+                            forward(&g, &x, &w, &mut y, &mut ws).map(|_| y)
+                        } else {
+                            let mut dx = vec![f32::NAN; g.x_len()];
+                            grad_input(&g, &dy, &w, &mut dx, &mut ws).map(|_| dx)
+                        };
+                        out.unwrap()
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<u32>>()
+                    });
+                    assert!(
+                        got == want,
+                        "{g:?} {pass:?}: {threads} threads in {len} elements differ"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A tile's lane is never larger than the lane of the block of images it is cut from, so
+/// every workspace a forward or input-gradient pass in blocks accepts (the plan's, unchanged)
+/// holds at least one lane of tiles, and the lanes fit in it.
+#[test]
+fn every_workspace_of_blocks_of_images_holds_a_lane_of_tiles() {
+    let mut gs = geometries();
+    for (side, ch) in [(8, 64), (4, 128), (2, 256)] {
+        gs.push(
+            ConvGeometry::new(
+                [128, ch, side, side],
+                [ch, ch, 3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                1,
+            )
+            .unwrap(),
+        );
+    }
+    for g in gs.iter().filter(|g| one_tap::live_tap(g).is_none()) {
+        for pass in [Pass::Forward, Pass::GradInput] {
+            for len in lengths(g, pass) {
+                let s = split::<f32>(g, pass, len).unwrap();
+                if s.images < 2 {
+                    continue;
+                }
+                let avail = s.lanes * s.lane_len;
+                let t = tiles::<f32>(g, pass, s.images, avail);
+                let t = t.unwrap_or_else(|| panic!("{g:?} {pass:?} in {len}: no tile fits"));
+                assert!(
+                    t.lanes >= 1 && t.lanes * t.len <= avail,
+                    "{g:?} {pass:?}: {t:?}"
+                );
+                assert!(t.images <= s.images && t.units >= t.lanes, "{g:?}: {t:?}");
+            }
+        }
+    }
+}

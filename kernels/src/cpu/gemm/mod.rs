@@ -220,6 +220,82 @@ pub fn gemm_ws<T: GemmScalar>(
     lc: MatLayout,
     ws: &mut [T],
 ) -> Result<(), GemmError> {
+    let operands = Operands {
+        a,
+        la,
+        b,
+        lb,
+        c,
+        lc,
+    };
+    gemm_on(m, k, n, alpha, operands, beta, ws, pool_threads())
+}
+
+/// [`gemm_ws`] on the calling thread alone, inside a pool or not: for a caller that spreads
+/// its own units of work over the pool's threads (a convolution's lanes, each running its
+/// products one after the other), where each product's panels spread over the threads too
+/// would make every lane wait twice a panel for the others' tiles. The same sums in the same
+/// order as [`gemm_ws`] (see [Threads](self#threads)), so the same bits.
+///
+/// # Errors
+/// As [`gemm_ws`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_ws_alone<T: GemmScalar>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    la: MatLayout,
+    b: &[T],
+    lb: MatLayout,
+    beta: T,
+    c: &mut [T],
+    lc: MatLayout,
+    ws: &mut [T],
+) -> Result<(), GemmError> {
+    let operands = Operands {
+        a,
+        la,
+        b,
+        lb,
+        c,
+        lc,
+    };
+    gemm_on(m, k, n, alpha, operands, beta, ws, 1)
+}
+
+/// A product's three operands and their layouts, as [`gemm_ws`] takes them.
+struct Operands<'a, T> {
+    a: &'a [T],
+    la: MatLayout,
+    b: &'a [T],
+    lb: MatLayout,
+    c: &'a mut [T],
+    lc: MatLayout,
+}
+
+/// [`gemm_ws`] with its panels spread over `threads` of the pool (1: this thread alone).
+#[allow(clippy::too_many_arguments)]
+fn gemm_on<T: GemmScalar>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    o: Operands<'_, T>,
+    beta: T,
+    ws: &mut [T],
+    threads: usize,
+) -> Result<(), GemmError> {
+    let Operands {
+        a,
+        la,
+        b,
+        lb,
+        c,
+        lc,
+    } = o;
+    let isa = Isa::detect();
     if let (Some(a), Some(b), Some(c), Some(ws)) = (
         cast::<T, f32>(a),
         cast::<T, f32>(b),
@@ -227,7 +303,7 @@ pub fn gemm_ws<T: GemmScalar>(
         cast_mut::<T, f32>(ws),
     ) {
         let (alpha, beta) = (cast_val::<T, f32>(alpha), cast_val::<T, f32>(beta));
-        return gemm_typed::<f32>(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, Isa::detect());
+        return gemm_typed_on::<f32>(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, isa, threads);
     }
     if let (Some(a), Some(b), Some(c), Some(ws)) = (
         cast::<T, f64>(a),
@@ -236,7 +312,7 @@ pub fn gemm_ws<T: GemmScalar>(
         cast_mut::<T, f64>(ws),
     ) {
         let (alpha, beta) = (cast_val::<T, f64>(alpha), cast_val::<T, f64>(beta));
-        return gemm_typed::<f64>(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, Isa::detect());
+        return gemm_typed_on::<f64>(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, isa, threads);
     }
     Err(GemmError::UnsupportedType(std::any::type_name::<T>()))
 }
@@ -507,8 +583,12 @@ struct Problem<E> {
     ws: *mut E,
     /// Elements from `ws` to the end of the workspace slice.
     ws_len: usize,
+    /// Threads of the pool the panels may spread over (1: the calling thread alone).
+    threads: usize,
 }
 
+/// [`gemm_typed_on`] on the pool's threads (the tests' entry: one kernel family, any pool).
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 fn gemm_typed<E: Elem>(
     m: usize,
@@ -524,6 +604,27 @@ fn gemm_typed<E: Elem>(
     lc: MatLayout,
     ws: &mut [E],
     isa: Isa,
+) -> Result<(), GemmError> {
+    let threads = pool_threads();
+    gemm_typed_on(m, k, n, alpha, a, la, b, lb, beta, c, lc, ws, isa, threads)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_typed_on<E: Elem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: E,
+    a: &[E],
+    la: MatLayout,
+    b: &[E],
+    lb: MatLayout,
+    beta: E,
+    c: &mut [E],
+    lc: MatLayout,
+    ws: &mut [E],
+    isa: Isa,
+    threads: usize,
 ) -> Result<(), GemmError> {
     check_fits("A", a.len(), la, m, k)?;
     check_fits("B", b.len(), lb, k, n)?;
@@ -584,6 +685,7 @@ fn gemm_typed<E: Elem>(
         ccs: lc.col_stride,
         ws: ws[skip..].as_mut_ptr(),
         ws_len: ws.len() - skip,
+        threads,
     };
     if transpose_pays(m, n, lc, E::TILES[isa as usize]) {
         // Compute Cᵀ = Bᵀ·Aᵀ instead. The sums are the same sums in the same order, so the
@@ -623,7 +725,7 @@ unsafe fn drive<E: Elem, K: Kernel<E>>(p: &Problem<E>) {
     debug_assert!(packed_len(p.m, p.k, p.n, K::MR, K::NR) <= p.ws_len);
     let bpack = p.ws;
     let apack = p.ws.add(round_up(p.n.min(nc_max), K::NR) * kc_max);
-    let threads = pool_threads();
+    let threads = p.threads;
     let mut jc = 0;
     while jc < p.n {
         let nc = nc_max.min(p.n - jc);

@@ -511,3 +511,49 @@ fn the_workspace_is_symmetric_machine_independent_and_bounded() {
         8 * workspace_len::<f64>(3, 4, 5)
     );
 }
+
+/// `gemm_ws_alone`, which keeps a product on the calling thread inside a pool of 16 threads,
+/// gives `gemm_ws`'s bits, on one thread and spread over the pool's.
+#[test]
+fn a_product_alone_on_its_thread_gives_the_bits_of_one_spread_over_the_pool() {
+    let (m, k, n) = (150, 300, 1100);
+    let a: Vec<f32> = data(m * k, 31, false).iter().map(|&v| v as f32).collect();
+    let b: Vec<f32> = data(k * n, 32, false).iter().map(|&v| v as f32).collect();
+    let c0: Vec<f32> = data(m * n, 33, false).iter().map(|&v| v as f32).collect();
+    let rm = MatLayout::row_major;
+    let run = |alone: bool| {
+        let (mut c, mut ws) = (c0.clone(), vec![0f32; workspace_len::<f32>(m, k, n)]);
+        let f = if alone {
+            gemm_ws_alone::<f32>
+        } else {
+            gemm_ws::<f32>
+        };
+        f(
+            m,
+            k,
+            n,
+            1.5,
+            &a,
+            rm(k),
+            &b,
+            rm(n),
+            0.5,
+            &mut c,
+            rm(n),
+            &mut ws,
+        )
+        .unwrap();
+        c.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    let want = run(false);
+    let pool = crate::cpu::par::pool_of(16);
+    assert!(
+        pool.install(|| run(false)) == want,
+        "spread over 16 threads"
+    );
+    assert!(
+        pool.install(|| run(true)) == want,
+        "alone inside a pool of 16"
+    );
+    assert!(run(true) == want, "alone outside any pool");
+}
