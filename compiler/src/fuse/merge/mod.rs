@@ -88,21 +88,48 @@ pub(super) fn merge(
 
 /// Folds each producer, in order of its first root, into the first consumer it can join;
 /// returns how many folds were decided without lowering.
+///
+/// A column reduction with full-size outputs that folds into a consumer whose first root comes
+/// earlier (a batch norm's data gradient into its bias gradient `Σdy`, which autodiff makes
+/// first) is a producer again at once: the loop has passed the consumer's place, and the
+/// merged kernel may take in the other sums of its values (`Σdy·x̂`) the same way. Before
+/// [`rules`] let such a kernel fold at all, no fold made one, so this changes no other merge.
 fn fold_producers(g: &Graph, mat: &[bool], shortcut: bool, largest: usize, u: &mut Units) -> usize {
     let mut shortcuts = 0;
     for p0 in 0..u.slots.len() {
-        let p = find(&mut u.parent, p0);
+        let mut p = find(&mut u.parent, p0);
         if p != p0 || u.slots[p].is_none() {
             continue;
         }
-        for c in consumers(g, u, p) {
-            if let Some(known) = try_fold(g, mat, shortcut, largest, u, p, c) {
-                shortcuts += usize::from(known);
+        while let Some(c) = fold_once(g, mat, shortcut, largest, u, p, &mut shortcuts) {
+            let again = c < p0
+                && (u.slots[c].as_ref()).is_some_and(|m| rules::column_with_full_roots(g, m));
+            if !again {
                 break;
             }
+            p = c;
         }
     }
     shortcuts
+}
+
+/// Folds `p` into the first consumer it can join; that consumer, where the fold was made.
+fn fold_once(
+    g: &Graph,
+    mat: &[bool],
+    shortcut: bool,
+    largest: usize,
+    u: &mut Units,
+    p: usize,
+    shortcuts: &mut usize,
+) -> Option<usize> {
+    for c in consumers(g, u, p) {
+        if let Some(known) = try_fold(g, mat, shortcut, largest, u, p, c) {
+            *shortcuts += usize::from(known);
+            return Some(c);
+        }
+    }
+    None
 }
 
 /// The groups `p` could fold into. Candidates read what p produces; an anti-dependence alone
