@@ -646,7 +646,10 @@ mod tests {
             assert_eq!(bits(&yl), bits(&to_nhwc(&y, n, c, hwo)), "{last:?}");
             assert_eq!(bits(&dxl), bits(&to_nhwc(&dx, n, c, hwi)), "{last:?}");
         }
-        let bad = PoolGeometry { inner: 3, ..geometry() };
+        let bad = PoolGeometry {
+            inner: 3,
+            ..geometry()
+        };
         let err = max_forward(&bad, &[0f32; 40], &mut [0f32; 12]).unwrap_err();
         assert!(err.to_string().contains("innermost"), "{err}");
     }

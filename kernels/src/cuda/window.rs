@@ -340,7 +340,10 @@ fn channel_of(src: &mut super::Src, ix: Ix, g: &PoolGeometry) -> String {
     match g.inner {
         1 => "e".to_string(),
         c => {
-            src.line(format!("const long long ch = (long long)(e % {});", ix.lit(c)));
+            src.line(format!(
+                "const long long ch = (long long)(e % {});",
+                ix.lit(c)
+            ));
             format!("(e / {})", ix.lit(c))
         }
     }
