@@ -7,7 +7,9 @@
 use indexmap::IndexMap;
 use ingot_compiler::autodiff::StepOptions;
 use ingot_compiler::ir::{ConvLayout, Graph, Op, WindowOp};
-use ingot_compiler::layout::{channels_last, conv_layouts, MIN_CHANNELS_LAST_CHANNELS};
+use ingot_compiler::layout::{
+    channels_last, channels_last_every, conv_layouts, MIN_CHANNELS_LAST_CHANNELS,
+};
 use ingot_compiler::lower::Target;
 use ingot_compiler::model::Model;
 use ingot_compiler::{pipeline, plan};
@@ -62,8 +64,17 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
 /// momentum) agrees to `tol` relative to its largest element: `tol.0` for the first step,
 /// `tol.1` for the later ones, whose leaves carry the first steps' rounding.
 fn same_steps(what: &str, m: &Model, steps: usize, tols: (f64, f64)) {
+    same_steps_by(what, m, steps, tols, false)
+}
+
+/// [`same_steps`]; with `every`, the stem channels-last too ([`channels_last_every`]), and its
+/// max pooling with it.
+fn same_steps_by(what: &str, m: &Model, steps: usize, tols: (f64, f64), every: bool) {
     let nchw = rewritten(m);
-    let (nhwc, report) = channels_last(&nchw).unwrap();
+    let (nhwc, report) = match every {
+        true => channels_last_every(&nchw).unwrap(),
+        false => channels_last(&nchw).unwrap(),
+    };
     assert!(report.convolutions > 0, "{what}: {report:?}");
     // Every convolution is channels-last but those over fewer than 8 input channels (the
     // stem over the image), which keep NCHW.
@@ -73,7 +84,7 @@ fn same_steps(what: &str, m: &Model, steps: usize, tols: (f64, f64)) {
         "{what}"
     );
     for (c, l) in channels {
-        let want = match c < MIN_CHANNELS_LAST_CHANNELS {
+        let want = match c < MIN_CHANNELS_LAST_CHANNELS && !every {
             true => ConvLayout::Nchw,
             false => ConvLayout::Nhwc,
         };
@@ -145,6 +156,30 @@ fn a_channels_last_resnet18_step_computes_the_nchw_steps_losses_and_updates() {
 #[test]
 fn a_channels_last_resnet50_step_computes_the_nchw_steps_loss_and_updates() {
     same_steps("resnet50", &resnet_f64(50, 64), 1, (1e-10, 1e-10));
+}
+
+/// The CPU path for a channels-last stem: resnet18 (torchvision's, with its max pooling) with
+/// its stem, batch norm, ReLU and max pooling channels-last computes the NCHW step's losses
+/// and updates in f64, and its planned execution is the interpreter's bit for bit.
+#[test]
+fn a_channels_last_stem_and_its_max_pooling_compute_the_nchw_steps_losses_and_updates() {
+    let m = resnet_f64(18, 64);
+    same_steps_by("resnet18, stem channels-last", &m, 3, (1e-10, 1e-10), true);
+    let (g, report) = channels_last_every(&rewritten(&m)).unwrap();
+    let pools: Vec<_> = g
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Window(WindowOp::MaxPool2d(p) | WindowOp::MaxPool2dGrad(p)) => Some(p.layout),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pools, [ConvLayout::Nhwc, ConvLayout::Nhwc], "{report:?}");
+    let spec = "resnet:depth=18,side=32,batch=2";
+    let small = models::by_name(spec).unwrap();
+    let (g, _) = channels_last_every(&rewritten(&small)).unwrap();
+    let p = plan::plan(&g, &Target::Cpu.plan_options()).unwrap();
+    assert_planned_matches_reference(spec, &g, p, 5, 2);
 }
 
 #[test]

@@ -77,6 +77,7 @@ fn max_pool2d_gradients_match_finite_differences() {
             stride: [s, s],
             padding: [p, p],
             dilation: [d, d],
+            layout: ingot_compiler::ir::ConvLayout::Nchw,
         };
         check(
             &format!("max_pool2d #{i}"),

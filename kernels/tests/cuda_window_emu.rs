@@ -236,9 +236,10 @@ fn pools() -> Vec<PoolGeometry> {
             padding,
             dilation,
             out_hw: [out(0), out(1)],
+            inner: 1,
         }
     };
-    vec![
+    let mut pools = vec![
         mk([6, 6], [2, 2], [2, 2], [0, 0], [1, 1]),
         mk([7, 5], [3, 3], [2, 2], [1, 1], [1, 1]),
         mk([9, 8], [3, 2], [1, 2], [1, 0], [2, 1]),
@@ -253,7 +254,17 @@ fn pools() -> Vec<PoolGeometry> {
         // Blocks of 5x4 elements, more than a thread of the blocked gradient owns: the
         // per-element gradient runs.
         mk([11, 12], [2, 3], [5, 4], [0, 0], [1, 1]),
-    ]
+    ];
+    // Channels-last (two images of three channels, a pixel's channels side by side): the
+    // halving pooling, the stem's, windows in the padding, and the per-element gradient.
+    for i in [0, 3, 4, 6] {
+        pools.push(PoolGeometry {
+            planes: 6,
+            inner: 3,
+            ..pools[i]
+        });
+    }
+    pools
 }
 
 /// Values with ties and NaNs, so that "the first maximum wins, a NaN wins" is exercised.

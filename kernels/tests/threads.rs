@@ -302,6 +302,7 @@ proptest! {
             padding: [pad, pad],
             dilation: [1, 1],
             out_hw: [out(hw), out(hw + 5)],
+            inner: 1,
         };
         let one = pool_passes(&g, seed);
         for t in THREADS {

@@ -99,6 +99,11 @@ pub struct Pool2d {
     pub stride: [usize; 2],
     pub padding: [usize; 2],
     pub dilation: [usize; 2],
+    /// How the image and the result are stored: NCHW unless the `layout` stage made the
+    /// pooling channels-last with the convolutions around it. Serialized only when not NCHW,
+    /// as a convolution's.
+    #[serde(default, skip_serializing_if = "ConvLayout::is_nchw")]
+    pub layout: ConvLayout,
 }
 
 /// A sliding-window op over NCHW images (see the [module docs](self)).
@@ -175,6 +180,7 @@ impl WindowOp {
             layout: ConvLayout::Nchw,
         };
         let pool = Pool2d {
+            layout: ConvLayout::Nchw,
             kernel: [1, 1],
             stride: [1, 1],
             padding: [0, 0],
@@ -222,6 +228,9 @@ impl WindowOp {
                 pair(p.padding),
                 pair(p.dilation)
             );
+            if p.layout != ConvLayout::Nchw {
+                let _ = write!(s, " layout={}", p.layout.name());
+            }
         };
         match self {
             WindowOp::Conv2d(c) => conv(s, c),
@@ -239,19 +248,20 @@ impl WindowOp {
 
     /// This op with its attributes read from `a` (the text parser's attributes).
     pub fn with_attrs(self, a: &mut dyn ReadAttrs) -> Result<WindowOp, String> {
+        fn layout(a: &mut dyn ReadAttrs) -> Result<ConvLayout, String> {
+            Ok(match a.optional_word("layout")?.as_deref() {
+                None | Some("nchw") => ConvLayout::Nchw,
+                Some("nhwc") => ConvLayout::Nhwc,
+                Some(w) => return Err(format!("`layout=` must be `nchw` or `nhwc`, found `{w}`")),
+            })
+        }
         fn conv(a: &mut dyn ReadAttrs) -> Result<Conv2d, String> {
             Ok(Conv2d {
                 stride: a.pair("stride")?,
                 padding: a.pair("padding")?,
                 dilation: a.pair("dilation")?,
                 groups: a.int("groups")?,
-                layout: match a.optional_word("layout")?.as_deref() {
-                    None | Some("nchw") => ConvLayout::Nchw,
-                    Some("nhwc") => ConvLayout::Nhwc,
-                    Some(w) => {
-                        return Err(format!("`layout=` must be `nchw` or `nhwc`, found `{w}`"))
-                    }
-                },
+                layout: layout(a)?,
             })
         }
         fn pool(a: &mut dyn ReadAttrs) -> Result<Pool2d, String> {
@@ -260,6 +270,7 @@ impl WindowOp {
                 stride: a.pair("stride")?,
                 padding: a.pair("padding")?,
                 dilation: a.pair("dilation")?,
+                layout: layout(a)?,
             })
         }
         Ok(match self {
@@ -288,7 +299,7 @@ impl WindowOp {
                 "it takes `stride=` `padding=` `dilation=` `groups=` `kernel=[KH,KW]` and optionally `layout=nhwc`"
             }
             WindowOp::MaxPool2d(_) | WindowOp::MaxPool2dGrad(_) => {
-                "it takes `kernel=[A,B] stride=[A,B] padding=[A,B] dilation=[A,B]`"
+                "it takes `kernel=[A,B] stride=[A,B] padding=[A,B] dilation=[A,B]` and optionally `layout=nhwc`"
             }
         }
     }
@@ -320,7 +331,10 @@ impl WindowOp {
         }
         // A channels-last conv is checked in NCHW's axes: its operands' dims are read back
         // into NCHW order and its result's stored in its own.
-        let layout = self.conv().map_or(ConvLayout::Nchw, |c| c.layout);
+        let layout = match self {
+            WindowOp::MaxPool2d(p) | WindowOp::MaxPool2dGrad(p) => p.layout,
+            _ => self.layout(),
+        };
         let dims = |i: usize| -> [usize; 4] {
             let d = operands[i].shape.dims();
             layout.logical([d[0], d[1], d[2], d[3]])
@@ -520,12 +534,13 @@ impl WindowOp {
         Some((g, pass))
     }
 
-    /// The kernel geometry of a pooling op over an `x` of dims `x`; `None` for a conv.
+    /// The kernel geometry of a pooling op over an `x` of (stored) dims `x`; `None` for a conv.
     pub fn pool_geometry(&self, x: &[usize]) -> Option<ingot_kernels::cpu::pool::PoolGeometry> {
         let (WindowOp::MaxPool2d(p) | WindowOp::MaxPool2dGrad(p)) = self else {
             return None;
         };
-        let [n, c, h, w]: [usize; 4] = x.try_into().ok()?;
+        let x: [usize; 4] = x.try_into().ok()?;
+        let [n, c, h, w] = p.layout.logical(x);
         let mut out_hw = [0; 2];
         for i in 0..2 {
             out_hw[i] = out_size(
@@ -544,6 +559,10 @@ impl WindowOp {
             padding: p.padding,
             dilation: p.dilation,
             out_hw,
+            inner: match p.layout {
+                ConvLayout::Nchw => 1,
+                ConvLayout::Nhwc => c,
+            },
         })
     }
 }
@@ -551,7 +570,7 @@ impl WindowOp {
 #[cfg(test)]
 mod tests {
     use crate::ir::text::parse;
-    use crate::ir::{Conv2d, DType, Graph, Pool2d};
+    use crate::ir::{Conv2d, ConvLayout, DType, Graph, Pool2d};
 
     const CONV: Conv2d = Conv2d {
         stride: [2, 1],
@@ -565,6 +584,7 @@ mod tests {
         stride: [2, 2],
         padding: [1, 0],
         dilation: [1, 1],
+        layout: ConvLayout::Nchw,
     };
 
     fn every_window_op() -> Graph {

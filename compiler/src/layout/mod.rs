@@ -7,7 +7,8 @@
 //! at a time, the pass decides each 4-d value's layout at once, which is where such sinking
 //! ends:
 //! - a convolution's operands and result are channels-last, unless it has fewer than
-//!   [`MIN_CHANNELS_LAST_CHANNELS`] input channels (a ResNet's stem over an image's three):
+//!   [`MIN_CHANNELS_LAST_CHANNELS`] input channels (a small stem over an image's three) and is
+//!   not large enough in bf16 for cuDNN's channels-last kernels to pay ([`few_channels_last`]):
 //!   such a convolution keeps NCHW, like the ops below;
 //! - ops that only move elements or reduce axes (elementwise ops, converts, broadcasts,
 //!   reductions) compute in whichever layout their operands arrive in: they are joined into
@@ -15,7 +16,10 @@
 //!   transposes move fewer bytes. A batch norm and ReLU between two convolutions, its
 //!   residual add and all their gradients form one component with convolutions on both
 //!   sides, and stay channels-last;
-//! - every other op (pooling, reshapes, products, leaves, outputs, updates) keeps NCHW.
+//! - a max pooling and its gradient compute in the layout the pooled image comes in, so a
+//!   channels-last stem's batch norm, ReLU and max pooling are channels-last up to the first
+//!   block, and an NCHW stem's pooled output is what is transposed;
+//! - every other op (reshapes, products, leaves, outputs, updates) keeps NCHW.
 //!
 //! Where a value's layout differs from what a reader needs, one transpose is made (once per
 //! value and layout, and composed with a transpose it would follow, so no two transposes are
@@ -28,7 +32,7 @@
 //! only the reductions' summation order may change (f32 rounding).
 
 use crate::error::IrError;
-use crate::ir::{ConvLayout, Graph, NodeId, Op, Shape, TensorType, WindowOp};
+use crate::ir::{ConvLayout, Graph, NodeId, Op, Pool2d, Shape, TensorType, WindowOp};
 use std::collections::HashMap;
 
 #[cfg(test)]
@@ -57,14 +61,19 @@ enum Kind {
     Flexible,
     /// Reads and writes NCHW.
     Fixed,
+    /// A max pooling or its gradient: in the layout its image (operand 0) comes in
+    /// ([`decide`]), so that a transpose, where one is needed, moves the pooled side.
+    Pool,
 }
 
-/// Input channels a convolution needs to go channels-last: cuDNN's NHWC kernels read the
-/// channels of a pixel in vectors of 8 (16 bytes of bf16), so fewer are padded to 8 and the
-/// kernels do more work than the NCHW ones. Measured on an H200 (session 34), resnet50's stem
-/// at 224 (3 channels, 7x7, batch 128, bf16): its filter gradient took 4.79 ms channels-last
-/// against 2.74 NCHW, its forward 1.66 against 1.50; every other convolution of resnet50 (64
-/// channels and more) was faster channels-last.
+/// Input channels a convolution needs to go channels-last by default: cuDNN's NHWC kernels
+/// read the channels of a pixel in vectors of 8 (16 bytes of bf16), so fewer are padded to 8
+/// and the kernels do more work than the NCHW ones. Measured on an H200 (session 34),
+/// resnet50's stem at 224 (3 channels, 7x7, batch 128, bf16): its filter gradient took 4.79 ms
+/// channels-last against 2.74 NCHW, its forward 1.66 against 1.50, in the workspace planned
+/// then; every other convolution of resnet50 (64 channels and more) was faster channels-last.
+/// A large bf16 convolution over fewer channels goes channels-last all the same
+/// ([`few_channels_last`]): in the room cuDNN asks it is faster so.
 pub const MIN_CHANNELS_LAST_CHANNELS: usize = 8;
 
 /// Whether a step's convolutions are stored channels-last ([`channels_last`]):
@@ -126,7 +135,7 @@ pub fn pays(g: &Graph) -> bool {
     g.ids().any(|id| {
         let n = g.node(id);
         matches!(&n.op, Op::Window(w) if w.conv().is_some())
-            && !stays_nchw(g, id)
+            && !stays_nchw(g, id, false)
             && n.inputs
                 .iter()
                 .any(|&x| g.ty(x).dtype == crate::ir::DType::BF16)
@@ -141,34 +150,65 @@ pub fn pays(g: &Graph) -> bool {
 pub const MAX_CHANNELS_LAST_ELEMENTS: usize = i32::MAX as usize;
 
 /// Whether convolution node `id` (of any pass) stays NCHW: too few input channels
-/// ([`MIN_CHANNELS_LAST_CHANNELS`]), or a tensor too large for cuDNN's descriptors
-/// ([`MAX_CHANNELS_LAST_ELEMENTS`]); `false` for any other node.
-fn stays_nchw(g: &Graph, id: NodeId) -> bool {
+/// ([`MIN_CHANNELS_LAST_CHANNELS`]) where it is not [`few_channels_last`], or a tensor too
+/// large for cuDNN's descriptors ([`MAX_CHANNELS_LAST_ELEMENTS`]); `false` for any other node.
+/// With `every`, a convolution over few channels goes channels-last whatever its size and dtype
+/// ([`channels_last_every`]).
+fn stays_nchw(g: &Graph, id: NodeId, every: bool) -> bool {
     let n = g.node(id);
     let too_large =
         |x: NodeId| g.ty(x).shape.dims().iter().product::<usize>() > MAX_CHANNELS_LAST_ELEMENTS;
-    few_channels(g, id)
+    (few_channels(g, id) && !every && !few_channels_last(g, id))
         || (matches!(&n.op, Op::Window(w) if w.conv().is_some())
             && (too_large(id) || n.inputs.iter().any(|&x| too_large(x))))
 }
 
-/// Whether convolution node `id` (of any pass) has too few input channels to go
-/// channels-last ([`MIN_CHANNELS_LAST_CHANNELS`]); `false` for any other node.
-fn few_channels(g: &Graph, id: NodeId) -> bool {
+/// The geometry (NCHW's terms) of convolution node `id`, of any pass; `None` for any other.
+fn geometry(g: &Graph, id: NodeId) -> Option<ingot_kernels::cpu::conv::ConvGeometry> {
     let n = g.node(id);
     let Op::Window(w) = &n.op else {
-        return false;
+        return None;
     };
     let dims: Vec<&[usize]> = n.inputs.iter().map(|&x| g.ty(x).shape.dims()).collect();
     w.conv_geometry(&dims, n.ty.shape.dims())
-        .is_some_and(|(geo, _)| geo.in_ch < MIN_CHANNELS_LAST_CHANNELS)
+        .map(|(geo, _)| geo)
 }
 
-fn kind(g: &Graph, id: NodeId) -> Kind {
+/// Whether convolution node `id` (of any pass) has too few input channels to go
+/// channels-last by default ([`MIN_CHANNELS_LAST_CHANNELS`]); `false` for any other node.
+fn few_channels(g: &Graph, id: NodeId) -> bool {
+    geometry(g, id).is_some_and(|geo| geo.in_ch < MIN_CHANNELS_LAST_CHANNELS)
+}
+
+/// Whether a convolution over few input channels (node `id`, any pass) goes channels-last all
+/// the same: it computes in bf16 and the room cuDNN's fast channels-last algorithms ask for it
+/// (the input padded to 8 channels and the filter's split sums,
+/// [`crate::lower::cuda::conv::cudnn_few_channel_room`]) is larger than any im2col chunk's
+/// workspace ([`crate::lower::cuda::conv::LARGE_ROOM`]): the convolutions that the NCHW default
+/// already routes to cuDNN in their room, where cuDNN's channels-last kernels are faster.
+/// Measured on an H200 with cuDNN 9.19 (session 39, docs/benchmarks.md), resnet50's stem at
+/// 224 (`[128, 3, 224, 224]` bf16, 7x7 stride 2, each in the room it asks): filter gradient
+/// 631 us channels-last against 1,003 NCHW, forward 978 against 1,378 (PyTorch's
+/// channels_last 605 and 917), and 205 MB less workspace. Small stems (resnet18's at 32x32,
+/// the cnn's 1-channel layer) keep NCHW and im2col, which were faster there (session 40).
+pub fn few_channels_last(g: &Graph, id: NodeId) -> bool {
+    use crate::lower::cuda::conv::{cudnn_few_channel_room, LARGE_ROOM};
+    let n = g.node(id);
+    let bf16 = n
+        .inputs
+        .iter()
+        .all(|&x| g.ty(x).dtype == crate::ir::DType::BF16);
+    bf16 && geometry(g, id).is_some_and(|geo| {
+        geo.in_ch < MIN_CHANNELS_LAST_CHANNELS
+            && cudnn_few_channel_room(&geo, ConvLayout::Nhwc, 2) > LARGE_ROOM
+    })
+}
+
+fn kind(g: &Graph, id: NodeId, every: bool) -> Kind {
     let n = g.node(id);
     let rank4 = |x: NodeId| g.ty(x).shape.rank() == 4;
     match &n.op {
-        Op::Window(w) if w.conv().is_some() && stays_nchw(g, id) => Kind::Fixed,
+        Op::Window(w) if w.conv().is_some() && stays_nchw(g, id, every) => Kind::Fixed,
         Op::Window(w) if w.conv().is_some() => Kind::Conv,
         _ if !rank4(id) => Kind::Fixed,
         op if op.is_elementwise() || matches!(op, Op::StopGradient) => {
@@ -179,6 +219,11 @@ fn kind(g: &Graph, id: NodeId) -> Kind {
             }
         }
         Op::Reduce { .. } if rank4(n.inputs[0]) => Kind::Flexible,
+        Op::Window(WindowOp::MaxPool2d(_) | WindowOp::MaxPool2dGrad(_))
+            if n.inputs.iter().all(|&x| rank4(x)) =>
+        {
+            Kind::Pool
+        }
         Op::Broadcast if g.ty(n.inputs[0]).shape.rank() <= 4 => Kind::Flexible,
         _ => Kind::Fixed,
     }
@@ -220,8 +265,27 @@ impl Sets {
 }
 
 /// The layout each node's value is computed in.
-fn decide(g: &Graph) -> Vec<ConvLayout> {
-    let kinds: Vec<Kind> = g.ids().map(|id| kind(g, id)).collect();
+/// The layout each node's value is computed in: the components' layouts decided with the max
+/// poolings charging nothing, then again with each pooling (and its gradient) in the layout
+/// its image took, so that a pooling fed channels-last computes channels-last (a transpose
+/// after it moves a quarter of the bytes one before it would) and one fed NCHW keeps NCHW.
+fn decide(g: &Graph, every: bool) -> Vec<ConvLayout> {
+    let kinds: Vec<Kind> = g.ids().map(|id| kind(g, id, every)).collect();
+    let first = components(g, &kinds, None);
+    let pools: Vec<ConvLayout> = g
+        .ids()
+        .map(|id| match kinds[id.index()] {
+            Kind::Pool => first[g.node(id).inputs[0].index()],
+            _ => ConvLayout::Nchw,
+        })
+        .collect();
+    components(g, &kinds, Some(&pools))
+}
+
+/// Each node's layout, the poolings' given (`pools`, by node index; `None`: they charge
+/// nothing and are NCHW): each component of flexible ops takes the layout whose transposes
+/// move fewer bytes.
+fn components(g: &Graph, kinds: &[Kind], pools: Option<&[ConvLayout]>) -> Vec<ConvLayout> {
     let mut sets = Sets((0..g.len()).collect());
     for id in g.ids() {
         if kinds[id.index()] != Kind::Flexible {
@@ -243,10 +307,13 @@ fn decide(g: &Graph) -> Vec<ConvLayout> {
     let costly = |x: NodeId| {
         dims4(g.ty(x)).is_some_and(|d| !same_bytes(&d)) && !matches!(g.node(x).op, Op::Full { .. })
     };
-    let fixed_layout = |k: Kind| match k {
+    let pool = |id: NodeId| pools.map_or(ConvLayout::Nchw, |p| p[id.index()]);
+    let fixed_layout = |id: NodeId| match kinds[id.index()] {
         Kind::Conv => ConvLayout::Nhwc,
+        Kind::Pool => pool(id),
         _ => ConvLayout::Nchw,
     };
+    let neutral = |id: NodeId| kinds[id.index()] == Kind::Pool && pools.is_none();
     for id in g.ids() {
         let k = kinds[id.index()];
         for &x in &g.node(id).inputs {
@@ -254,11 +321,14 @@ fn decide(g: &Graph) -> Vec<ConvLayout> {
                 continue;
             }
             let kx = kinds[x.index()];
+            if neutral(id) || neutral(x) {
+                continue;
+            }
             let bytes = g.ty(x).bytes();
             match (kx, k) {
                 (Kind::Flexible, Kind::Flexible) => {}
-                (Kind::Flexible, _) => charge(&mut sets, x, fixed_layout(k), bytes),
-                (_, Kind::Flexible) => charge(&mut sets, id, fixed_layout(kx), bytes),
+                (Kind::Flexible, _) => charge(&mut sets, x, fixed_layout(id), bytes),
+                (_, Kind::Flexible) => charge(&mut sets, id, fixed_layout(x), bytes),
                 _ => {}
             }
         }
@@ -272,6 +342,7 @@ fn decide(g: &Graph) -> Vec<ConvLayout> {
         .map(|id| match kinds[id.index()] {
             Kind::Conv => ConvLayout::Nhwc,
             Kind::Fixed => ConvLayout::Nchw,
+            Kind::Pool => pool(id),
             Kind::Flexible => {
                 // What the component's transposes would move if it took each layout: its
                 // readers and writers that want the other one pay.
@@ -409,6 +480,18 @@ impl Builder<'_> {
                 };
                 self.out.push(Op::Broadcast, &[x], Some(stored(&n.ty)))
             }
+            Op::Window(WindowOp::MaxPool2d(p)) => {
+                let ins = self.operands(id, l)?;
+                let p = Pool2d { layout: l, ..*p };
+                let op = Op::Window(WindowOp::MaxPool2d(p));
+                self.out.push(op, &ins, Some(stored(&n.ty)))
+            }
+            Op::Window(WindowOp::MaxPool2dGrad(p)) => {
+                let ins = self.operands(id, l)?;
+                let p = Pool2d { layout: l, ..*p };
+                let op = Op::Window(WindowOp::MaxPool2dGrad(p));
+                self.out.push(op, &ins, Some(stored(&n.ty)))
+            }
             op => {
                 let ins = self.operands(id, l)?;
                 self.out.push(op.clone(), &ins, Some(stored(&n.ty)))
@@ -439,6 +522,17 @@ fn nhwc_conv(w: &WindowOp, c: &crate::ir::Conv2d) -> WindowOp {
 /// `g` with every convolution channels-last and the transposes that needs (see the module
 /// docs); a graph without convolutions comes back as it is.
 pub fn channels_last(g: &Graph) -> Result<(Graph, LayoutReport), IrError> {
+    rewrite(g, false)
+}
+
+/// [`channels_last`] with the convolutions over few input channels channels-last too, whatever
+/// their size and dtype: what [`few_channels_last`] does to a large bf16 stem, on a stem small
+/// enough for the CPU's reference interpreter to check.
+pub fn channels_last_every(g: &Graph) -> Result<(Graph, LayoutReport), IrError> {
+    rewrite(g, true)
+}
+
+fn rewrite(g: &Graph, every: bool) -> Result<(Graph, LayoutReport), IrError> {
     let convs = g
         .nodes()
         .iter()
@@ -446,7 +540,7 @@ pub fn channels_last(g: &Graph) -> Result<(Graph, LayoutReport), IrError> {
     if !convs {
         return Ok((g.clone(), LayoutReport::default()));
     }
-    let layout = decide(g);
+    let layout = decide(g, every);
     let mut b = Builder {
         g,
         out: Graph::new(),

@@ -169,3 +169,97 @@ fn a_convolution_with_a_tensor_over_cudnns_32_bit_descriptors_keeps_nchw() {
     assert_eq!(conv_layouts(&out), [ConvLayout::Nhwc]);
     assert!(pays(&wide_grad_weight(128)));
 }
+
+/// A stem over a `[n, 3, side, side]` image of `dtype` (7x7, stride 2, padding 3, to 64
+/// channels), its ReLU and 3x3 stride-2 max pooling, then a 3x3 convolution over its 64
+/// channels and a ReLU, summed: resnet's first layers without the batch norm.
+fn stem(n: usize, side: usize, dtype: DType) -> Graph {
+    let mut g = Graph::new();
+    let x = g.input("x", [n, 3, side, side], dtype).unwrap();
+    let w1 = g
+        .parameter("w1", [64, 3, 7, 7], dtype, Init::Zeros)
+        .unwrap();
+    let w2 = g
+        .parameter("w2", [64, 64, 3, 3], dtype, Init::Zeros)
+        .unwrap();
+    let seven = Conv2d {
+        stride: [2, 2],
+        padding: [3, 3],
+        ..CONV
+    };
+    let h = g.conv2d(x, w1, seven).unwrap();
+    let h = nn::relu(&mut g, h).unwrap();
+    let pool = crate::ir::Pool2d {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+        dilation: [1, 1],
+        layout: ConvLayout::Nchw,
+    };
+    let h = g.max_pool2d(h, pool).unwrap();
+    let y = g.conv2d(h, w2, CONV).unwrap();
+    let y = nn::relu(&mut g, y).unwrap();
+    let s = g.sum(y, &[0, 1, 2, 3]).unwrap();
+    g.set_output("sum", s).unwrap();
+    g
+}
+
+fn pool_layouts(g: &Graph) -> Vec<ConvLayout> {
+    g.nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Window(WindowOp::MaxPool2d(p) | WindowOp::MaxPool2dGrad(p)) => Some(p.layout),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_large_bf16_stem_goes_channels_last_with_its_relu_and_max_pooling() {
+    // resnet50's stem at 224, batch 128, bf16: the room cuDNN asks channels-last (the input
+    // padded to 8 channels: 102.8 MB) is above LARGE_ROOM.
+    let g = stem(128, 224, DType::BF16);
+    let stem_id = g
+        .ids()
+        .find(|&id| matches!(&g.node(id).op, Op::Window(w) if w.conv().is_some()))
+        .unwrap();
+    assert!(few_channels(&g, stem_id) && few_channels_last(&g, stem_id));
+    let (out, report) = channels_last(&g).unwrap();
+    assert_eq!(report.convolutions, 2, "{out}");
+    assert_eq!(conv_layouts(&out), [ConvLayout::Nhwc, ConvLayout::Nhwc]);
+    assert_eq!(pool_layouts(&out), [ConvLayout::Nhwc]);
+    // Only the image and the two weights are transposed; the ReLU and the pooling between
+    // the convolutions compute channels-last.
+    assert_eq!(report.transposes, 3, "{out}");
+    for n in out.nodes() {
+        if n.op.name() == "transpose" {
+            let from = out.node(n.inputs[0]).op.name();
+            assert!(from == "input" || from == "parameter", "{from}: {out}");
+        }
+        if n.op.name() == "max_pool2d" {
+            assert_eq!(n.ty.shape.dims(), [128, 56, 56, 64], "{out}");
+        }
+    }
+    out.verify().unwrap();
+    assert!(pays(&g));
+}
+
+#[test]
+fn a_small_or_f32_stem_keeps_nchw_and_so_does_its_pooling() {
+    // resnet18's CIFAR-sized stem (room 2.6 MB), and the large stem in f32 (measured for
+    // bf16 only): NCHW, and the pooling with it; the second convolution goes channels-last.
+    for g in [stem(128, 32, DType::BF16), stem(128, 224, DType::F32)] {
+        let (out, report) = channels_last(&g).unwrap();
+        assert_eq!(report.convolutions, 1, "{out}");
+        assert_eq!(conv_layouts(&out), [ConvLayout::Nchw, ConvLayout::Nhwc]);
+        assert_eq!(pool_layouts(&out), [ConvLayout::Nchw]);
+        // The pooling's output on its way to the second convolution, and its weight.
+        assert_eq!(report.transposes, 2, "{out}");
+    }
+    // Asked for every convolution, the small stem goes channels-last as the large one does.
+    let (out, report) = channels_last_every(&stem(2, 32, DType::F32)).unwrap();
+    assert_eq!(report.transposes, 3, "{out}");
+    assert_eq!(conv_layouts(&out), [ConvLayout::Nhwc, ConvLayout::Nhwc]);
+    assert_eq!(pool_layouts(&out), [ConvLayout::Nhwc]);
+    out.verify().unwrap();
+}

@@ -181,6 +181,7 @@ pub fn max_pool2d(
             stride: [stride; 2],
             padding: [padding; 2],
             dilation: [1, 1],
+            layout: crate::ir::ConvLayout::Nchw,
         },
     )
 }

@@ -1,4 +1,5 @@
-//! 2-d max pooling over NCHW images on the CPU, forward and backward, by direct loops.
+//! 2-d max pooling over NCHW (or channels-last, [`PoolGeometry::inner`]) images on the CPU,
+//! forward and backward, by direct loops.
 //!
 //! Each window is scanned in row-major order and its element replaces the running maximum when
 //! it is greater or NaN (PyTorch's `val > max || isnan(val)`): the first maximum wins, a NaN
@@ -11,7 +12,9 @@ use super::par::for_each_block;
 use super::scalar::{Float, Scalar};
 use super::wide::{self, Wide};
 
-/// The sizes of one pooling: `x [planes, in_hw]` (`planes` = N·C), `y [planes, out_hw]`.
+/// The sizes of one pooling: `x [planes, in_hw]` (`planes` = N·C), `y [planes, out_hw]`,
+/// each plane contiguous where `inner` is 1 (NCHW); channels-last where `inner` is the channel
+/// count C: `x [N, in_hw, C]`, `y [N, out_hw, C]`, a plane's neighbouring elements `C` apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolGeometry {
     pub planes: usize,
@@ -21,6 +24,8 @@ pub struct PoolGeometry {
     pub padding: [usize; 2],
     pub dilation: [usize; 2],
     pub out_hw: [usize; 2],
+    /// 1 for NCHW; the channels, stored innermost, for channels-last (it divides `planes`).
+    pub inner: usize,
 }
 
 impl PoolGeometry {
@@ -70,6 +75,44 @@ impl PoolGeometry {
             }
         }
         Some(best)
+    }
+
+    /// [`PoolGeometry::pick`] in a channels-last image: element `s` of the plane is
+    /// `x[s * inner]` (`x` starts at the plane's channel); the same taps in the same order, so
+    /// the same pick.
+    #[inline]
+    fn pick_strided<T: Scalar>(&self, x: &[T], i: usize, j: usize) -> Option<usize> {
+        let (w, c) = (self.in_hw[1], self.inner);
+        let (rows, ih) = taps(i, self, 0);
+        let (cols, iw) = taps(j, self, 1);
+        if rows == 0 || cols == 0 {
+            return None;
+        }
+        let first = ih * w + iw;
+        let (mut best, mut m) = (first, x[first * c]);
+        for a in 0..rows {
+            for b in 0..cols {
+                let s = first + a * self.dilation[0] * w + b * self.dilation[1];
+                let v = x[s * c];
+                if v > m || v.is_nan() {
+                    (best, m) = (s, v);
+                }
+            }
+        }
+        Some(best)
+    }
+
+    /// Whether the layout is sound: `inner` at least 1 and dividing `planes`.
+    fn check_inner(&self) -> Result<(), PoolError> {
+        if self.inner >= 1 && self.planes.is_multiple_of(self.inner) {
+            Ok(())
+        } else {
+            Err(PoolError {
+                what: "the channels stored innermost",
+                len: self.inner,
+                need: self.planes,
+            })
+        }
     }
 }
 
@@ -127,8 +170,25 @@ fn check(what: &'static str, len: usize, need: usize) -> Result<(), PoolError> {
 pub fn max_forward<T: Float>(g: &PoolGeometry, x: &[T], y: &mut [T]) -> Result<(), PoolError> {
     check("x", x.len(), g.x_len())?;
     check("y", y.len(), g.y_len())?;
+    g.check_inner()?;
     let (plane, [oh, ow]) = (g.in_hw[0] * g.in_hw[1], g.out_hw);
     let work = g.y_len() * g.kernel[0] * g.kernel[1];
+    if g.inner > 1 {
+        // Channels-last: a thread an image, each output pixel's channels in turn.
+        let c = g.inner;
+        for_each_block(y, oh * ow * c, work, |n, yn| {
+            let xn = &x[n * plane * c..(n + 1) * plane * c];
+            for o in 0..oh * ow {
+                for ch in 0..c {
+                    yn[o * c + ch] = match g.pick_strided(&xn[ch..], o / ow, o % ow) {
+                        Some(s) => xn[s * c + ch],
+                        None => T::LOWEST,
+                    };
+                }
+            }
+        });
+        return Ok(());
+    }
     if halves(g) {
         for_each_block(y, oh * ow, work, |p, yp| {
             let xp = &x[p * plane..(p + 1) * plane];
@@ -256,8 +316,26 @@ pub fn max_backward<T: Float>(
     check("x", x.len(), g.x_len())?;
     check("dy", dy.len(), g.y_len())?;
     check("dx", dx.len(), g.x_len())?;
+    g.check_inner()?;
     let (plane, [oh, ow]) = (g.in_hw[0] * g.in_hw[1], g.out_hw);
     let work = g.y_len() * g.kernel[0] * g.kernel[1];
+    if g.inner > 1 {
+        // Channels-last: each element's windows add in row-major order, as NCHW's.
+        let c = g.inner;
+        for_each_block(dx, plane * c, work, |n, dxn| {
+            dxn.fill(T::ZERO);
+            let xn = &x[n * plane * c..(n + 1) * plane * c];
+            let dyn_ = &dy[n * oh * ow * c..(n + 1) * oh * ow * c];
+            for o in 0..oh * ow {
+                for ch in 0..c {
+                    if let Some(s) = g.pick_strided(&xn[ch..], o / ow, o % ow) {
+                        dxn[s * c + ch] = dxn[s * c + ch].add(dyn_[o * c + ch]);
+                    }
+                }
+            }
+        });
+        return Ok(());
+    }
     if halves(g) {
         for_each_block(dx, plane, work, |p, dxp| {
             let xp = &x[p * plane..(p + 1) * plane];
@@ -295,6 +373,7 @@ mod tests {
             padding: [1, 1],
             dilation: [1, 1],
             out_hw: [2, 3],
+            inner: 1,
         }
     }
 
@@ -309,6 +388,7 @@ mod tests {
                 padding: [0, 0],
                 dilation: [1, 1],
                 out_hw: [h / 2, w / 2],
+                inner: 1,
             };
             assert!(halves(&g));
             let special = [0.0, -0.0, f32::NAN, 1.5, -1.5, f32::INFINITY, 1.5];
@@ -352,6 +432,7 @@ mod tests {
                 padding: [0, 0],
                 dilation: [1, 1],
                 out_hw: [h / 2, w / 2],
+                inner: 1,
             };
             let special = [0.0, -0.0, f32::NAN, 1.5, -1.5, f32::INFINITY, 1.5];
             let x: Vec<f32> = (0..3 * h * w)
@@ -470,6 +551,7 @@ mod tests {
                                 padding: [pad, pad],
                                 dilation: [dil, dil],
                                 out_hw: [sh / stride + 1, sw / stride + 1],
+                                inner: 1,
                             };
                             let x: Vec<f32> = (0..g.x_len())
                                 .map(|_| match next() % 9 {
@@ -508,6 +590,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `[n, c, hw]` stored as `[n, hw, c]`.
+    fn to_nhwc(v: &[f32], n: usize, c: usize, hw: usize) -> Vec<f32> {
+        let mut out = vec![0f32; v.len()];
+        for i in 0..n {
+            for ch in 0..c {
+                for s in 0..hw {
+                    out[(i * hw + s) * c + ch] = v[(i * c + ch) * hw + s];
+                }
+            }
+        }
+        out
+    }
+
+    /// A channels-last pooling (`inner` = C) computes, element for element and bit for bit,
+    /// the NCHW pooling of the same image (ties, NaNs, padding, dilation, the halving window).
+    #[test]
+    fn channels_last_pooling_gives_the_nchw_poolings_bits() {
+        let (n, c) = (2, 5);
+        for (hw, k, s, p, d) in [
+            ([7, 6], [3, 3], [2, 2], [1, 1], [1, 1]),
+            ([8, 8], [2, 2], [2, 2], [0, 0], [1, 1]),
+            ([9, 7], [2, 3], [1, 2], [1, 0], [2, 1]),
+        ] {
+            let out = |a: usize| (hw[a] + 2 * p[a] - d[a] * (k[a] - 1) - 1) / s[a] + 1;
+            let g = PoolGeometry {
+                planes: n * c,
+                in_hw: hw,
+                kernel: k,
+                stride: s,
+                padding: p,
+                dilation: d,
+                out_hw: [out(0), out(1)],
+                inner: 1,
+            };
+            let x: Vec<f32> = (0..g.x_len())
+                .map(|i| match (i * 7919) % 13 {
+                    0 => f32::NAN,
+                    r => (r % 5) as f32 - 2.0,
+                })
+                .collect();
+            let dy: Vec<f32> = (0..g.y_len()).map(|i| i as f32 * 0.125 - 3.0).collect();
+            let (mut y, mut dx) = (vec![0f32; g.y_len()], vec![0f32; g.x_len()]);
+            max_forward(&g, &x, &mut y).unwrap();
+            max_backward(&g, &x, &dy, &mut dx).unwrap();
+            let last = PoolGeometry { inner: c, ..g };
+            let (hwi, hwo) = (hw[0] * hw[1], g.out_hw[0] * g.out_hw[1]);
+            let (xl, dyl) = (to_nhwc(&x, n, c, hwi), to_nhwc(&dy, n, c, hwo));
+            let (mut yl, mut dxl) = (vec![7f32; g.y_len()], vec![7f32; g.x_len()]);
+            max_forward(&last, &xl, &mut yl).unwrap();
+            max_backward(&last, &xl, &dyl, &mut dxl).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&yl), bits(&to_nhwc(&y, n, c, hwo)), "{last:?}");
+            assert_eq!(bits(&dxl), bits(&to_nhwc(&dx, n, c, hwi)), "{last:?}");
+        }
+        let bad = PoolGeometry {
+            inner: 3,
+            ..geometry()
+        };
+        let err = max_forward(&bad, &[0f32; 40], &mut [0f32; 12]).unwrap_err();
+        assert!(err.to_string().contains("innermost"), "{err}");
     }
 
     #[test]

@@ -304,30 +304,71 @@ pub fn images_side_by_side(
 }
 
 fn pool_describe(g: &PoolGeometry) -> String {
+    let last = match g.inner {
+        1 => String::new(),
+        c => format!(", channels-last ({c} channels innermost)"),
+    };
     format!(
-        "{} planes of [{}, {}], window {:?} stride {:?} padding {:?} dilation {:?}",
+        "{} planes of [{}, {}], window {:?} stride {:?} padding {:?} dilation {:?}{last}",
         g.planes, g.in_hw[0], g.in_hw[1], g.kernel, g.stride, g.padding, g.dilation
     )
+}
+
+/// Plane element `i` (an expression) as an offset from the plane's pointer: `i` itself where
+/// planes are contiguous (NCHW), `(i) * C` channels-last, where a plane's elements are the
+/// `C` channels apart ([`PoolGeometry::inner`]).
+fn el(g: &PoolGeometry, i: &str) -> String {
+    match g.inner {
+        1 => i.to_string(),
+        c => format!("({i}) * {c}"),
+    }
+}
+
+/// The offset of image `plane`'s plane in a buffer of planes of `size` elements: `plane *
+/// size` (NCHW); channels-last `plane` is the image, each `size · C` elements, and `ch` the
+/// channel, the plane's first element.
+fn plane_offset(ix: Ix, g: &PoolGeometry, size: usize) -> String {
+    match g.inner {
+        1 => format!("plane * {}", ix.lit(size)),
+        c => format!("plane * {} + ch", ix.lit(size * c)),
+    }
+}
+
+/// Emits `ch`, the channel of loop element `e`, and returns the expression of `e` with the
+/// channel taken off (`e` itself where planes are contiguous: no line emitted).
+fn channel_of(src: &mut super::Src, ix: Ix, g: &PoolGeometry) -> String {
+    match g.inner {
+        1 => "e".to_string(),
+        c => {
+            src.line(format!(
+                "const long long ch = (long long)(e % {});",
+                ix.lit(c)
+            ));
+            format!("(e / {})", ix.lit(c))
+        }
+    }
 }
 
 /// Emits the coordinates of output element `e`'s window, `wi` and `wj`, and `xp`, its plane of
 /// `x`: what [`pick_source`] scans, in the forward pooling and in the pick kernel alike.
 fn window_of_output(src: &mut super::Src, ix: Ix, d: DType, g: &PoolGeometry) {
     let [ho, wo] = g.out_hw;
+    let e = channel_of(src, ix, g);
     src.line(format!(
-        "const long long wj = (long long)(e % {});",
+        "const long long wj = (long long)({e} % {});",
         ix.lit(wo)
     ));
     src.line(format!(
-        "const long long wi = (long long)((e / {}) % {});",
+        "const long long wi = (long long)(({e} / {}) % {});",
         ix.lit(wo),
         ix.lit(ho)
     ));
+    let ch = if g.inner == 1 { "" } else { " + ch" };
     src.line(format!(
-        "const {} * xp = x + (e / {}) * {};",
+        "const {} * xp = x + ({e} / {}) * {}{ch};",
         c_type(d),
         ix.lit(ho * wo),
-        ix.lit(g.in_hw[0] * g.in_hw[1])
+        ix.lit(g.in_hw[0] * g.in_hw[1] * g.inner)
     ));
 }
 
@@ -357,7 +398,7 @@ fn pick_source(src: &mut super::Src, d: DType, g: &PoolGeometry, tap: bool) {
     src.line(format!("if (iw < 0 || iw >= {w}) continue;"));
     src.line(format!(
         "const {reg} v = {};",
-        widened(d, format!("xp[ih * {w} + iw]"))
+        widened(d, format!("xp[{}]", el(g, &format!("ih * {w} + iw"))))
     ));
     let and_tap = if tap {
         format!(" tap = a * {} + b;", g.kernel[1])
@@ -397,17 +438,19 @@ pub fn max_pool2d(d: DType, g: &PoolGeometry) -> Result<CudaKernel, CodegenError
 
 /// Opens a gradient kernel's loop body over the input's elements `e`: the element's column
 /// `xw`, row `xh` and plane (`t` the index type) in planes of `[h, w]`.
-fn element_of_plane(src: &mut super::Src, ix: Ix, t: &str, [h, w]: [usize; 2]) {
+fn element_of_plane(src: &mut super::Src, ix: Ix, t: &str, g: &PoolGeometry) {
+    let [h, w] = g.in_hw;
+    let e = channel_of(src, ix, g);
     src.line(format!(
-        "const long long xw = (long long)(e % {});",
+        "const long long xw = (long long)({e} % {});",
         ix.lit(w)
     ));
     src.line(format!(
-        "const long long xh = (long long)((e / {}) % {});",
+        "const long long xh = (long long)(({e} / {}) % {});",
         ix.lit(w),
         ix.lit(h)
     ));
-    src.line(format!("const {t} plane = e / {};", ix.lit(h * w)));
+    src.line(format!("const {t} plane = {e} / {};", ix.lit(h * w)));
 }
 
 /// `max_pool2d_grad(x, dy) -> dx`: each input element gathers `dy` from the windows that
@@ -423,12 +466,16 @@ pub fn max_pool2d_grad(d: DType, g: &PoolGeometry) -> Result<CudaKernel, Codegen
     let params = [reads(d, "x"), reads(d, "dy"), writes(d, "dx")];
     let what = format!("// ingot max_pool2d_grad: {}", pool_describe(g));
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        let xp = format!("const {} * xp = x + plane * {};", c_type(d), ix.lit(h * w));
+        let xp = format!(
+            "const {} * xp = x + {};",
+            c_type(d),
+            plane_offset(ix, g, h * w)
+        );
         open_gradient_windows(src, ix, t, d, g, &xp);
         pick_source(src, d, g, false);
         src.line(format!(
             "if (found && at == xh * {w} + xw) sum += {};",
-            widened(d, format!("dyp[wi * {wo} + wj]"))
+            widened(d, format!("dyp[{}]", el(g, &format!("wi * {wo} + wj"))))
         ));
         src.close();
         src.close();
@@ -462,12 +509,12 @@ fn open_gradient_windows(
     operand: &str,
 ) {
     let [ho, wo] = g.out_hw;
-    element_of_plane(src, ix, t, g.in_hw);
+    element_of_plane(src, ix, t, g);
     src.line(operand);
     src.line(format!(
-        "const {} * dyp = dy + plane * {};",
+        "const {} * dyp = dy + {};",
         c_type(d),
-        ix.lit(ho * wo)
+        plane_offset(ix, g, ho * wo)
     ));
     src.line(format!("{} sum = 0;", acc_type(d)));
     let taps = [g.padding, g.dilation, g.stride];
@@ -517,8 +564,8 @@ pub fn max_pool2d_grad_picked(d: DType, g: &PoolGeometry) -> Result<CudaKernel, 
     let small = |v: usize| v < 1 << 31;
     let block = g.stride[0].checked_mul(g.stride[1]);
     if block.is_some_and(|b| (1..=MAX_BLOCK_ELEMENTS).contains(&b))
-        && small(g.in_hw[0] * g.in_hw[1])
-        && small(g.out_hw[0] * g.out_hw[1])
+        && small(g.in_hw[0] * g.in_hw[1] * g.inner)
+        && small(g.out_hw[0] * g.out_hw[1] * g.inner)
     {
         max_pool2d_grad_blocked(d, g)
     } else {
@@ -550,13 +597,14 @@ pub fn max_pool2d_grad_per_element(d: DType, g: &PoolGeometry) -> Result<CudaKer
     let kw = g.kernel[1];
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
         let pp = format!(
-            "const unsigned char * pp = pick + plane * {};",
-            ix.lit(ho * wo)
+            "const unsigned char * pp = pick + {};",
+            plane_offset(ix, g, ho * wo)
         );
         open_gradient_windows(src, ix, t, d, g, &pp);
+        let at = el(g, &format!("wi * {wo} + wj"));
         src.line(format!(
-            "if ((int)pp[wi * {wo} + wj] == ka * {kw} + kb) sum += {};",
-            widened(d, format!("dyp[wi * {wo} + wj]"))
+            "if ((int)pp[{at}] == ka * {kw} + kb) sum += {};",
+            widened(d, format!("dyp[{at}]"))
         ));
         src.close();
         src.close();
@@ -610,28 +658,29 @@ pub fn max_pool2d_grad_blocked(d: DType, g: &PoolGeometry) -> Result<CudaKernel,
     let acc = acc_type(d);
     let rows = block_window_offsets(kh, sh, g.padding[0], g.dilation[0]);
     let cols = block_window_offsets(kw, sw, g.padding[1], g.dilation[1]);
-    let pair_store = d == DType::BF16 && sw == 2 && w.is_multiple_of(2);
+    let pair_store = d == DType::BF16 && sw == 2 && w.is_multiple_of(2) && g.inner == 1;
     Ok(elementwise_loop(&what, &params, total, ix, |src, t| {
-        src.line(format!("const int bj = (int)(e % {});", ix.lit(bw)));
+        let e = channel_of(src, ix, g);
+        src.line(format!("const int bj = (int)({e} % {});", ix.lit(bw)));
         src.line(format!(
-            "const int bi = (int)((e / {}) % {});",
+            "const int bi = (int)(({e} / {}) % {});",
             ix.lit(bw),
             ix.lit(bh)
         ));
-        src.line(format!("const {t} plane = e / {};", ix.lit(bh * bw)));
+        src.line(format!("const {t} plane = {e} / {};", ix.lit(bh * bw)));
         src.line(format!(
-            "const unsigned char * pp = pick + plane * {};",
-            ix.lit(ho * wo)
+            "const unsigned char * pp = pick + {};",
+            plane_offset(ix, g, ho * wo)
         ));
         src.line(format!(
-            "const {} * dyp = dy + plane * {};",
+            "const {} * dyp = dy + {};",
             c_type(d),
-            ix.lit(ho * wo)
+            plane_offset(ix, g, ho * wo)
         ));
         src.line(format!(
-            "{} * dxp = dx + plane * {};",
+            "{} * dxp = dx + {};",
             c_type(d),
-            ix.lit(h * w)
+            plane_offset(ix, g, h * w)
         ));
         for r in 0..sh {
             for c in 0..sw {
@@ -646,7 +695,8 @@ pub fn max_pool2d_grad_blocked(d: DType, g: &PoolGeometry) -> Result<CudaKernel,
                 src.open("{");
                 src.line(format!("const int wj = bj + ({oj});"));
                 src.open(format!("if (wj >= 0 && wj < {wo}) {{"));
-                src.line(format!("const int p = (int)pp[wi * {wo} + wj];"));
+                let at = el(g, &format!("wi * {wo} + wj"));
+                src.line(format!("const int p = (int)pp[{at}];"));
                 src.open(format!("if (p < {}) {{", kh * kw));
                 src.line(format!(
                     "const int r = (wi - bi) * {sh} - {} + (p / {kw}) * {};",
@@ -658,7 +708,7 @@ pub fn max_pool2d_grad_blocked(d: DType, g: &PoolGeometry) -> Result<CudaKernel,
                 ));
                 src.line(format!(
                     "const {acc} v = {};",
-                    widened(d, format!("dyp[wi * {wo} + wj]"))
+                    widened(d, format!("dyp[{at}]"))
                 ));
                 for r in 0..sh {
                     for c in 0..sw {
@@ -687,7 +737,8 @@ pub fn max_pool2d_grad_blocked(d: DType, g: &PoolGeometry) -> Result<CudaKernel,
             } else {
                 for c in 0..sw {
                     src.line(format!(
-                        "if (bj * {sw} + {c} < {w}) dxp[xh * {w} + bj * {sw} + {c}] = {};",
+                        "if (bj * {sw} + {c} < {w}) dxp[{}] = {};",
+                        el(g, &format!("xh * {w} + bj * {sw} + {c}")),
                         store_sum(d, &format!("s{r}_{c}"))
                     ));
                 }
@@ -723,6 +774,7 @@ mod tests {
             padding: [1, 0],
             dilation: [1, 1],
             out_hw: [3, 3],
+            inner: 1,
         }
     }
 

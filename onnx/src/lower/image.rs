@@ -473,6 +473,7 @@ impl Lower<'_> {
             stride,
             padding,
             dilation,
+            layout: ingot_compiler::ir::ConvLayout::Nchw,
         };
         let y = ir(self.g.max_pool2d(x, pool))?;
         Ok(vec![Val::Node(self.image_back(y, one_d)?)])

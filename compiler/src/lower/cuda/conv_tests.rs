@@ -384,6 +384,7 @@ fn pool_step() -> pipeline::Compiled {
         stride: [2, 2],
         padding: [1, 1],
         dilation: [1, 1],
+        layout: crate::ir::ConvLayout::Nchw,
     };
     let y = g.max_pool2d(x, pool).unwrap();
     let l = g.sum_all(y).unwrap();
