@@ -814,8 +814,10 @@ pub fn solve(p: &Problem, opts: &SolveOptions) -> Result<(Solution, SolveStats),
                     } else if !stats.budget_exhausted {
                         Stopped::HeuristicsExhausted
                     } else {
-                        // Only the first greedy wave ran (it always completes): the deadline
-                        // passed during it.
+                        // The budget ran out short of the node limit: the deadline passed,
+                        // on a clock this thread does not read (the search thread's, or a
+                        // portfolio worker's), or during the first greedy wave (which always
+                        // completes).
                         Stopped::TimeLimit(opts.time_limit)
                     },
                 }
