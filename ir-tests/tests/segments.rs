@@ -276,9 +276,7 @@ fn every_block_but_its_input(r: &Rewritten) -> Vec<NodeId> {
     ids
 }
 
-/// gpt-mini, and gpt2 in bf16 on the CUDA target. (resnet18 is left out: there keeping only
-/// its blocks' inputs does not lower the plan yet, since the memory-aware schedule runs the
-/// recomputed convolutions long before their backward readers.)
+/// gpt-mini, and gpt2 in bf16 on the CUDA target (the ResNets: the next test).
 #[test]
 fn the_fitter_reaches_what_keeping_each_blocks_input_reaches_at_no_more_flops() {
     let bf16_cuda = Options {
@@ -305,6 +303,53 @@ fn the_fitter_reaches_what_keeping_each_blocks_input_reaches_at_no_more_flops() 
         assert!(
             added <= ref_added,
             "{name}: {added} FLOPs recomputed, keeping block inputs recomputes {ref_added}"
+        );
+    }
+}
+
+/// The same claim on ResNets in bf16 on the CUDA target, the shape resnet50 is fitted in on
+/// the GPU (issue 51): at a small side, keeping only each Bottleneck's or BasicBlock's input
+/// (PyTorch's checkpoint around every block of layer1..layer4) lowers the plan, and the fitter
+/// reaches that budget with no more recomputed arithmetic (when this was written: resnet18
+/// 165,515,776 B at +8.9 GFLOP, the fitter 165,398,528 B at +0.7; resnet50 at side 64
+/// 307,081,472 B at +5.2 GFLOP, the fitter 307,080,960 B at +2.4).
+#[test]
+fn on_resnets_the_fitter_reaches_what_keeping_each_blocks_input_reaches_at_no_more_flops() {
+    let bf16_cuda = Options {
+        precision: Some(Precision::Bf16),
+        ..Options::for_target(Target::Cuda)
+    };
+    for name in ["resnet18", "resnet:depth=50,side=64,batch=8"] {
+        let r = rewritten(&model(name), &bf16_cuda);
+        let base = pipeline::finish(&r, &[]).unwrap();
+        let ids = every_block_but_its_input(&r);
+        assert!(!ids.is_empty(), "{name}");
+        let reference = pipeline::finish(&r, &ids).unwrap();
+        let ref_added = reference.fuse.as_ref().unwrap().recomputed_flops
+            - base.fuse.as_ref().unwrap().recomputed_flops;
+        let budget = reference.report.total_bytes;
+        eprintln!(
+            "{name}: as asked {} B, keeping block inputs {budget} B (+{ref_added} FLOPs)",
+            base.report.total_bytes
+        );
+        assert!(
+            budget < base.report.total_bytes,
+            "{name}: keeping block inputs does not lower the plan"
+        );
+        let Recomputation::Fits(c, info) = fit::recompute_to_budget(&r, &base, budget).unwrap()
+        else {
+            panic!("{name}: the fitter does not reach {budget}, which keeping block inputs does");
+        };
+        eprintln!(
+            "{name}: the fitter {} B, +{} FLOPs",
+            c.report.total_bytes, info.added_flops
+        );
+        assert!(c.report.total_bytes <= budget, "{name}");
+        c.plan.validate(&c.graph).unwrap();
+        assert!(
+            info.added_flops <= ref_added,
+            "{name}: {} FLOPs recomputed, keeping block inputs recomputes {ref_added}",
+            info.added_flops
         );
     }
 }
