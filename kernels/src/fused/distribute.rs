@@ -35,8 +35,8 @@
 //! of rounded sums would not be that). The CPU runs a kernel as written; the CUDA generator
 //! runs a kernel split by stages in this form, and is checked against the CPU interpreter.
 
+use super::check::operands;
 use super::split::{needed, renamed};
-use super::staged::stages;
 use super::{FusedKernel, Inst, Output};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
 use crate::DType;
@@ -128,6 +128,18 @@ impl Facts<'_> {
         });
         true
     }
+}
+
+/// Each instruction's stage: 0 for values that read no reduction, a reduction's is its
+/// operand's plus one, an op's the largest of its operands'.
+pub(super) fn stages(k: &FusedKernel) -> Vec<usize> {
+    let mut stage = vec![0usize; k.body.len()];
+    for (i, inst) in k.body.iter().enumerate() {
+        let (ops, n) = operands(inst);
+        let s = ops[..n].iter().map(|&o| stage[o]).max().unwrap_or(0);
+        stage[i] = s + usize::from(matches!(inst, Inst::Reduce { .. }));
+    }
+    stage
 }
 
 /// The largest stage of a reduction the kernel's outputs need (0 for none): the passes over

@@ -30,7 +30,7 @@
 //! recomputed by each kernel that needs it, from the stored reductions, by the same
 //! instructions: the values are the original's, up to the order the partials are folded in.
 
-use super::check::operands;
+use super::distribute::{distributed, stages};
 use super::split::{needed, renamed, split, FinishInput, SplitOutput};
 use super::{Access, FusedKernel, Input, Inst, Output};
 use crate::DType;
@@ -68,18 +68,6 @@ pub struct ScratchBuffer {
 pub struct Staged {
     pub passes: Vec<Pass>,
     pub scratch: Vec<ScratchBuffer>,
-}
-
-/// Each instruction's stage: 0 for values that read no reduction, a reduction's is its
-/// operand's plus one, an op's the largest of its operands'.
-pub(super) fn stages(k: &FusedKernel) -> Vec<usize> {
-    let mut stage = vec![0usize; k.body.len()];
-    for (i, inst) in k.body.iter().enumerate() {
-        let (ops, n) = operands(inst);
-        let s = ops[..n].iter().map(|&o| stage[o]).max().unwrap_or(0);
-        stage[i] = s + usize::from(matches!(inst, Inst::Reduce { .. }));
-    }
-    stage
 }
 
 /// What a kernel of the chain is cut from: the original, its dtypes, where each reduction's
@@ -156,7 +144,7 @@ impl Cutter<'_> {
 pub fn staged(k: &FusedKernel, axis: usize, ways: usize) -> Option<Staged> {
     // Sums of linear combinations of values that read sums, taken apart where that saves a
     // stage: a partial kernel, a finish and a pass over the inputs fewer.
-    let taken_apart = super::distribute::distributed(k);
+    let taken_apart = distributed(k);
     let k = taken_apart.as_ref().unwrap_or(k);
     if k.check().is_err()
         || !k.reduce_axes.contains(&axis)
