@@ -4,7 +4,9 @@
 //! it adds no full-size output to a column reduction; before, the sums were a kernel of their
 //! own that read `dy`, stored in f32 for it alone, and `x` again: 10 bytes an element of every
 //! such batch norm. Checked on the compiled step's structure, and the merged kernels' generated
-//! CUDA C, run on the host by the block emulation, against the CPU interpreter.
+//! CUDA C, run on the host by the block emulation, against the CPU interpreter. Where the GPU
+//! splits such a kernel by stages it runs one stage (session 44): its sum of `dx`'s terms is
+//! taken apart into sums of the first stage.
 
 use ingot_compiler::ir::{Graph, Op};
 use ingot_compiler::layout::ChannelsLast;
@@ -133,6 +135,12 @@ fn the_merged_batch_norm_backward_kernels_run_in_the_emulation_as_the_cpu_runs_t
         let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
         let want = run_buffers(k, &refs).unwrap();
         let p = cuda::fused_program(k).unwrap();
+        // Split by stages, one stage: its second-stage sum (of `dxc`, through the variance's
+        // gradient) taken apart into first-stage sums (`ingot_kernels::fused::distribute`),
+        // so a partial kernel, its finish and `dx`; two stages took five launches.
+        if split {
+            assert_eq!(p.launches.len(), 3, "a staged kernel over {:?}", k.domain);
+        }
         let tag = format!("bn_sums_{}", seen.len());
         match block_emu::run_program(&format!("ingot_{tag}"), k, &p, &ins) {
             Some(got) => block_emu::assert_outputs_match(&tag, k, &got, &want),

@@ -290,3 +290,55 @@ fn the_emulated_backward_split_by_stages_computes_what_the_cpu_computes() {
 fn the_emulated_resnet_backward_with_two_stages_and_a_mask_computes_what_the_cpu_computes() {
     check("resnet_bwd", &resnet_backward([8, 3, 45, 47]));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Batch norm's backward as autodiff writes it: its second stage taken apart
+// ([`ingot_kernels::fused::distribute`]), the chain one stage.
+
+#[path = "support/bn_backward.rs"]
+mod bn_backward;
+
+/// Inputs of `k`: full ones in [-1, 1), per-channel ones in [0.5, 1.5), bools where a value is
+/// negative.
+fn inputs_any(k: &FusedKernel) -> Vec<Vec<u8>> {
+    let full: usize = k.domain.iter().product();
+    (k.inputs.iter().enumerate())
+        .map(|(n, inp)| {
+            let mut v = block_emu::values(inp.len, n as u64 + 3);
+            if inp.len < full {
+                v.iter_mut().for_each(|x| *x = 0.5 + x.abs());
+            }
+            match inp.dtype {
+                DType::Bool => v.iter().map(|&x| u8::from(x < 0.0)).collect(),
+                d => block_emu::encode(d, &v),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_emulated_autodiff_backward_taken_apart_into_one_stage_computes_what_the_cpu_computes() {
+    use bn_backward::{autodiff_backward, Shape};
+    for (tag, axes, dims, bf16) in [
+        ("ad_nhwc_bf16", &[0, 1, 2][..], [32, 8, 16, 96], true),
+        ("ad_nhwc_f32", &[0, 1, 2][..], [6, 35, 25, 72], false),
+        ("ad_nchw_bf16", &[0, 2, 3][..], [6, 3, 61, 57], true),
+    ] {
+        let k = autodiff_backward(&Shape {
+            dims,
+            axes,
+            t: DType::F32,
+            bf16,
+        });
+        let p = cuda::fused_program(&k).unwrap();
+        assert_eq!(p.launches.len(), 3, "{tag}: one stage, then dx");
+        let ins = inputs_any(&k);
+        let refs: Vec<&[u8]> = ins.iter().map(|x| &x[..]).collect();
+        let want = run_buffers(&k, &refs).unwrap();
+        let Some(got) = emulate(tag, &k, &ins) else {
+            eprintln!("no C++ compiler with ucontext.h: the emulation is skipped");
+            return;
+        };
+        block_emu::assert_outputs_match(tag, &k, &got, &want);
+    }
+}

@@ -61,6 +61,7 @@
 
 pub mod check;
 pub mod cpu;
+pub mod distribute;
 mod kernel;
 pub mod parts;
 pub mod random;

@@ -22,11 +22,15 @@
 //! of any input, so an output the planner lays over an input
 //! ([`FusedKernel::can_write_over`]) is as safe as in the one kernel.
 //!
+//! Before it is cut, a sum that reads a reduction is computed from sums of the stage before
+//! where its operand is a linear combination of them ([`super::distribute`]): batch norm's
+//! backward, as autodiff writes it, then has one stage, not two.
+//!
 //! Row-level arithmetic after a reduction (a mean from a sum, `rsqrt(var + eps)`) is
 //! recomputed by each kernel that needs it, from the stored reductions, by the same
 //! instructions: the values are the original's, up to the order the partials are folded in.
 
-use super::check::operands;
+use super::distribute::{distributed, stages};
 use super::split::{needed, renamed, split, FinishInput, SplitOutput};
 use super::{Access, FusedKernel, Input, Inst, Output};
 use crate::DType;
@@ -64,18 +68,6 @@ pub struct ScratchBuffer {
 pub struct Staged {
     pub passes: Vec<Pass>,
     pub scratch: Vec<ScratchBuffer>,
-}
-
-/// Each instruction's stage: 0 for values that read no reduction, a reduction's is its
-/// operand's plus one, an op's the largest of its operands'.
-fn stages(k: &FusedKernel) -> Vec<usize> {
-    let mut stage = vec![0usize; k.body.len()];
-    for (i, inst) in k.body.iter().enumerate() {
-        let (ops, n) = operands(inst);
-        let s = ops[..n].iter().map(|&o| stage[o]).max().unwrap_or(0);
-        stage[i] = s + usize::from(matches!(inst, Inst::Reduce { .. }));
-    }
-    stage
 }
 
 /// What a kernel of the chain is cut from: the original, its dtypes, where each reduction's
@@ -150,6 +142,10 @@ impl Cutter<'_> {
 /// reduce axis of a size that is a multiple of `ways`, or a stage does not split along it
 /// ([`super::split::splittable`]: an index instruction reads the axis).
 pub fn staged(k: &FusedKernel, axis: usize, ways: usize) -> Option<Staged> {
+    // Sums of linear combinations of values that read sums, taken apart where that saves a
+    // stage: a partial kernel, a finish and a pass over the inputs fewer.
+    let taken_apart = distributed(k);
+    let k = taken_apart.as_ref().unwrap_or(k);
     if k.check().is_err()
         || !k.reduce_axes.contains(&axis)
         || ways < 2
