@@ -624,7 +624,10 @@ impl<'a> Search<'a> {
             let mut every = NONE;
             for &o in &sw.sections[s] {
                 let m = self.min_off[o as usize];
-                assert!(m > floor, "section {s}: a member at or below the floor was missed");
+                assert!(
+                    m > floor,
+                    "section {s}: a member at or below the floor was missed"
+                );
                 every = every.min(m);
             }
             assert_eq!(lowest, every, "section {s}: the lowest unplaced offset");
