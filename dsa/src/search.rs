@@ -68,6 +68,12 @@ pub(crate) struct Sweep {
     sec_hi: Vec<u32>,
     /// For each buffer, the buffers live at some common moment.
     overlaps: Vec<Vec<u32>>,
+    /// Each section's members with their end slots, earliest end first, and with their first
+    /// slots, latest first: a placement's raises reach the members that meet it, so the
+    /// members of a section left (right) of it that could hold its floor down form a prefix
+    /// of the first (second) list.
+    by_end: Vec<Vec<(u32, u32)>>,
+    by_start: Vec<Vec<(u32, u32)>>,
 }
 
 impl Sweep {
@@ -128,11 +134,28 @@ impl Sweep {
         for v in overlaps.iter_mut() {
             v.sort_unstable();
         }
+        let keyed = |slot: &[u32], rev: bool| -> Vec<Vec<(u32, u32)>> {
+            sections
+                .iter()
+                .map(|m| {
+                    let mut m: Vec<(u32, u32)> = m.iter().map(|&b| (slot[b as usize], b)).collect();
+                    m.sort_unstable();
+                    if rev {
+                        m.reverse();
+                    }
+                    m
+                })
+                .collect()
+        };
+        let by_end = keyed(&inst.hi, false);
+        let by_start = keyed(&inst.lo, true);
         Some(Sweep {
             sections,
             sec_lo,
             sec_hi,
             overlaps,
+            by_end,
+            by_start,
         })
     }
 }
@@ -170,6 +193,9 @@ struct Search<'a> {
     heuristic: [Key; 3],
     assigned: Vec<u64>,
     solution: Vec<u64>,
+    /// Each unplaced buffer's lowest feasible offset; `NONE` for a placed buffer, so that the
+    /// hot loops (the candidates' ordering, the raises, the sections' floors) read one array
+    /// where they read `assigned` and this one before.
     min_off: Vec<u64>,
     floor: Vec<u64>,
     total: Vec<u64>,
@@ -180,10 +206,15 @@ struct Search<'a> {
     timed_out: bool,
     /// Per section, a member that last showed the floor cannot rise (a hint, checked on use).
     witness: Vec<u32>,
-    pool_ordering: Vec<Vec<(u64, u32)>>,
+    pool_ordering: Vec<Vec<Candidate>>,
     pool_log: Vec<Vec<(u32, u64)>>,
-    scratch_raised: Vec<(u64, u32)>,
+    scratch_raised: Vec<Candidate>,
 }
+
+/// A candidate in a node's ordering: its lowest feasible offset, its index in the preorder
+/// (which breaks ties: the ordering is sorted by these two, and no two candidates share an
+/// index) and the buffer itself (so that no lookup through the preorder is needed).
+type Candidate = (u64, u32, u32);
 
 struct Partition {
     buffers: Vec<u32>,
@@ -191,14 +222,13 @@ struct Partition {
     sec_hi: u32,
 }
 
-/// A node of the search: the partition searched and its preorder, the parent's ordering of
-/// the candidates (offset, preorder index), and the placement that made the node (its offset
-/// and preorder index: placements go in canonical order).
+/// A node of the search: the partition searched, the parent's ordering of the candidates
+/// (offset, preorder index, buffer), and the placement that made the node (its offset and
+/// preorder index: placements go in canonical order).
 #[derive(Clone, Copy)]
 struct At<'p> {
     part: &'p Partition,
-    pre: &'p [u32],
-    parent: &'p [(u64, u32)],
+    parent: &'p [Candidate],
     last_off: u64,
     last_pre: u32,
 }
@@ -206,7 +236,7 @@ struct At<'p> {
 /// The vectors one node's search works in, taken from the pools and given back: its ordering
 /// and the logs of its placement.
 struct Scratch {
-    ordering: Vec<(u64, u32)>,
+    ordering: Vec<Candidate>,
     off_log: Vec<(u32, u64)>,
     sec_log: Vec<(u32, u64)>,
 }
@@ -321,10 +351,13 @@ impl<'a> Search<'a> {
         let mut keyed = keyed;
         keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let pre: Vec<u32> = keyed.iter().map(|k| k.1).collect();
-        let ordering: Vec<(u64, u32)> = (0..pre.len() as u32).map(|i| (0, i)).collect();
+        let ordering: Vec<Candidate> = pre
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| (0, i as u32, b))
+            .collect();
         self.search(At {
             part: &part,
-            pre: &pre,
             parent: &ordering,
             last_off: 0,
             last_pre: 0,
@@ -366,7 +399,6 @@ impl<'a> Search<'a> {
     fn search_with(&mut self, at: At<'_>, scratch: &mut Scratch) -> Status {
         let At {
             part,
-            pre,
             parent,
             last_off,
             last_pre,
@@ -383,16 +415,13 @@ impl<'a> Search<'a> {
         ordering.clear();
         let mut raised = std::mem::take(&mut self.scratch_raised);
         raised.clear();
-        for &(o, p) in parent {
-            let b = pre[p as usize] as usize;
-            if self.assigned[b] != NONE {
-                continue;
-            }
-            let m = self.min_off[b];
+        for &(o, p, b) in parent {
+            // Placed buffers have no offset left (`NONE`).
+            let m = self.min_off[b as usize];
             if m == o {
-                ordering.push((o, p));
-            } else {
-                raised.push((m, p));
+                ordering.push((o, p, b));
+            } else if m != NONE {
+                raised.push((m, p, b));
             }
         }
         if !raised.is_empty() {
@@ -405,7 +434,7 @@ impl<'a> Search<'a> {
         }
         let min_height = ordering
             .iter()
-            .map(|&(o, p)| o + inst.size[pre[p as usize] as usize])
+            .map(|&(o, _, b)| o + inst.size[b as usize])
             .min()
             .unwrap_or(NONE);
         // Inference, the part that does not depend on which buffer goes next: offsets only
@@ -417,14 +446,14 @@ impl<'a> Search<'a> {
             .max()
             .unwrap_or(0);
         let highest = self.cap.saturating_sub(max_total);
-        for &(off, p) in ordering.iter() {
+        for &(off, p, b) in ordering.iter() {
             if off >= min_height || off > highest {
                 break; // dominated or over capacity, and so is everything after it
             }
             if off < last_off || (off == last_off && p < last_pre) {
                 continue; // not canonical
             }
-            let b = pre[p as usize] as usize;
+            let b = b as usize;
             if off + inst.size[b] > self.cap {
                 continue;
             }
@@ -434,7 +463,6 @@ impl<'a> Search<'a> {
             let status = if self.check(b, sec_log) {
                 let next = At {
                     part,
-                    pre,
                     parent: ordering,
                     last_off: off,
                     last_pre: p,
@@ -492,13 +520,17 @@ impl<'a> Search<'a> {
         let top = off + size;
         self.assigned[b] = off;
         self.solution[b] = off;
+        // `b` leaves the unplaced buffers: its lowest offset is logged first, restored last.
+        off_log.push((b as u32, self.min_off[b]));
+        self.min_off[b] = NONE;
         let raised = align_up(top, inst.align);
         // Every buffer raised meets `b`, so the sections whose floor may rise form one range
         // around `b`'s span: from the lowest raised start to the highest raised end.
         let (mut lo, mut hi) = (sw.sec_lo[b], sw.sec_hi[b]);
         for &o in &sw.overlaps[b] {
             let o = o as usize;
-            if self.assigned[o] == NONE && self.min_off[o] < raised {
+            // Placed buffers (`NONE`) are never below `raised`.
+            if self.min_off[o] < raised {
                 off_log.push((o as u32, self.min_off[o]));
                 self.min_off[o] = raised;
                 lo = lo.min(sw.sec_lo[o]);
@@ -529,27 +561,78 @@ impl<'a> Search<'a> {
             }
             // Try last time's witness first: an unplaced member no higher than the floor.
             let w = self.witness[s] as usize;
-            if self.assigned[w] == NONE && self.min_off[w] <= floor {
+            if self.min_off[w] <= floor {
                 continue;
             }
-            let mut lowest = NONE;
-            for &o in &sw.sections[s] {
-                let o = o as usize;
-                if self.assigned[o] == NONE {
-                    let m = self.min_off[o];
-                    if m <= floor {
-                        self.witness[s] = o as u32;
-                        lowest = NONE;
-                        break; // cannot rise
-                    }
-                    lowest = lowest.min(m);
-                }
-            }
+            let lowest = self.lowest_unplaced(b, s, floor, raised);
             if lowest != NONE {
                 sec_log.push((s as u32, floor));
                 self.floor[s] = lowest;
             }
         }
+    }
+
+    /// Section `s`'s lowest unplaced offset after `b`'s placement raised the buffers it meets
+    /// to `raised` (above `floor`, the section's floor), or `NONE` when the floor cannot rise
+    /// (an unplaced member at or below it; recorded as the section's witness) or nothing is
+    /// unplaced there.
+    ///
+    /// Outside `b`'s span only members that do not meet `b` can be at or below the floor
+    /// (those that meet it are now at `raised` or above), and some member that meets `b` was
+    /// raised to `raised` (`s` lies in the range the raises span, every raised buffer's span
+    /// reaching `b`'s): so the answer is `raised` or the lowest of the members that do not
+    /// meet `b`, a prefix of the section's members by end (left of `b`) or by start (right of
+    /// it). Inside `b`'s span every member meets `b`, and all are read.
+    fn lowest_unplaced(&mut self, b: usize, s: usize, floor: u64, raised: u64) -> u64 {
+        let inst = self.inst;
+        let sw = self.sw;
+        let (lo_b, hi_b) = (inst.lo[b], inst.hi[b]);
+        // Placed members read `NONE`: they neither hold the floor down nor set it.
+        let mut visit = |o: u32, lowest: &mut u64| -> bool {
+            let m = self.min_off[o as usize];
+            if m <= floor {
+                self.witness[s] = o;
+                return false; // cannot rise
+            }
+            *lowest = (*lowest).min(m);
+            true
+        };
+        let mut lowest = raised;
+        if (s as u32) < sw.sec_lo[b] {
+            for &(_, o) in sw.by_end[s].iter().take_while(|&&(hi, _)| hi <= lo_b) {
+                if !visit(o, &mut lowest) {
+                    return NONE;
+                }
+            }
+        } else if (s as u32) >= sw.sec_hi[b] {
+            for &(_, o) in sw.by_start[s].iter().take_while(|&&(lo, _)| lo >= hi_b) {
+                if !visit(o, &mut lowest) {
+                    return NONE;
+                }
+            }
+        } else {
+            lowest = NONE;
+            for &o in &sw.sections[s] {
+                if !visit(o, &mut lowest) {
+                    return NONE;
+                }
+            }
+        }
+        #[cfg(test)]
+        {
+            // The reference: every member read.
+            let mut every = NONE;
+            for &o in &sw.sections[s] {
+                let m = self.min_off[o as usize];
+                assert!(
+                    m > floor,
+                    "section {s}: a member at or below the floor was missed"
+                );
+                every = every.min(m);
+            }
+            assert_eq!(lowest, every, "section {s}: the lowest unplaced offset");
+        }
+        lowest
     }
 
     #[inline(never)]
@@ -582,9 +665,9 @@ impl<'a> Search<'a> {
 }
 
 /// Merges sorted `extra` into sorted `v`, from the back, in place.
-fn merge_into(v: &mut Vec<(u64, u32)>, extra: &[(u64, u32)]) {
+fn merge_into(v: &mut Vec<Candidate>, extra: &[Candidate]) {
     let kept = v.len();
-    v.resize(kept + extra.len(), (0, 0));
+    v.resize(kept + extra.len(), (0, 0, 0));
     let (mut i, mut j, mut k) = (kept, extra.len(), v.len());
     while j > 0 {
         k -= 1;

@@ -14,6 +14,7 @@ pub mod liveness;
 pub mod location;
 pub mod memory_plan;
 pub mod offload;
+mod recall;
 pub mod room;
 pub mod shared;
 pub mod sink;
@@ -301,7 +302,7 @@ impl Prepared {
 
     fn solve(mut self, opts: &PlanOptions) -> Result<MemoryPlan, PlanError> {
         let slab_base = align_up(self.resident_bytes);
-        let (solution, _stats) = dsa::solve(
+        let (solution, _recalled) = recall::solve(
             &self.problem,
             &dsa::SolveOptions {
                 time_limit: opts.solver_time,
