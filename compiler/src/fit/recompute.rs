@@ -4,7 +4,7 @@
 //! ([`super::offload`]) uses it too, so it is a file of its own that neither the fitter nor
 //! offload reaches back from.
 
-use crate::fuse::remat::{candidates, Candidate};
+use crate::fuse::remat::{candidates, mask_candidates, Candidate};
 use crate::fuse::segment::{self, Segment};
 use crate::fuse::{self};
 use crate::ir::NodeId;
@@ -127,6 +127,7 @@ pub fn ordered_candidates(r: &Rewritten) -> Result<Vec<Candidate>, CompileError>
     let ops = opts.recompute_ops;
     let g = fuse::prepared_with(&r.graph, &opts)?;
     let mut c = candidates(&g, ops);
+    c.extend(mask_candidates(&g, ops));
     c.sort_by(|a, b| {
         // a.flops / a.bytes against b.flops / b.bytes, exactly.
         let x = a.flops as u128 * b.bytes.max(1) as u128;
@@ -186,6 +187,7 @@ pub fn ordered_choices(r: &Rewritten, segmenting: Segmenting) -> Result<Vec<Choi
     let g = fuse::prepared_with(&r.graph, &opts)?;
     let mut c: Vec<Choice> = candidates(&g, opts.recompute_ops)
         .into_iter()
+        .chain(mask_candidates(&g, opts.recompute_ops))
         .map(Choice::Value)
         .collect();
     if let Some((group, offset)) = segmenting {

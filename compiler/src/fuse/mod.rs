@@ -41,6 +41,7 @@ mod kind;
 pub mod lower;
 pub mod matmul_acc;
 mod merge;
+pub mod relu_mask;
 pub mod remat;
 mod rounds;
 pub mod segment;

@@ -90,7 +90,115 @@ pub fn recompute_with(
     let Some(ends) = forward_ends(g) else {
         return Ok((g.clone(), 0, Vec::new()));
     };
+    let by_output = masks_by_output(g, heavy);
+    let rest: Vec<NodeId> = heavy
+        .iter()
+        .copied()
+        .filter(|m| !by_output.contains_key(m))
+        .collect();
+    let Copies {
+        cloned_for,
+        in_copy,
+        count,
+        is_heavy,
+    } = plan_copies(g, &ends, recompute_ops, &rest)?;
+    if count == 0 && by_output.is_empty() {
+        return Ok((g.clone(), 0, Vec::new()));
+    }
     let end_of = |v: NodeId| end_of(&ends, v);
+    let mut copied: Vec<NodeId> = g
+        .ids()
+        .filter(|id| in_copy[id.index()] && is_heavy[id.index()])
+        .filter(|&id| !matches!(g.node(id).op, Op::Result { .. }))
+        .collect();
+    let mut out = Graph::new();
+    let mut new_id: Vec<Option<NodeId>> = vec![None; g.len()];
+    let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
+    // Each mask recomputed from its output, made at its first backward reader.
+    let mut mask_copy: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        out.set_scope(g.origin(id).clone()); // a recomputation belongs to the node reading it
+        let mut ins = Vec::with_capacity(n.inputs.len());
+        for &x in &n.inputs {
+            let late = end_of(x).is_some_and(|end| id > end);
+            let from_output = by_output.get(&x).copied().filter(|_| late);
+            ins.push(if let Some(y) = from_output {
+                match mask_copy.get(&x) {
+                    Some(&c) => c,
+                    None => {
+                        let y = match cloned_for[y.index()] {
+                            true => copy_of(g, &mut out, &new_id, &in_copy, &mut copy, y)?,
+                            false => new_id[y.index()].expect("operands come first"),
+                        };
+                        let zero =
+                            new_id[g.node(x).inputs[1].index()].expect("operands come first");
+                        let c =
+                            out.push(g.node(x).op.clone(), &[y, zero], Some(g.ty(x).clone()))?;
+                        out.set_origin(c, g.origin(x).with_suffix(" (recomputed)"));
+                        mask_copy.insert(x, c);
+                        copied.push(x);
+                        c
+                    }
+                }
+            } else if late && cloned_for[x.index()] {
+                copy_of(g, &mut out, &new_id, &in_copy, &mut copy, x)?
+            } else {
+                new_id[x.index()].expect("operands come first")
+            });
+        }
+        new_id[id.index()] = Some(out.push(n.op.clone(), &ins, Some(n.ty.clone()))?);
+    }
+    copied.sort();
+    let count = count + mask_copy.len();
+    out.keep_outputs_of(g, |x| new_id[x.index()].expect("all nodes are copied"))?;
+    Ok((out, count, copied))
+}
+
+/// The masks among `heavy` that their ReLU's output gives ([`super::relu_mask`]), each with
+/// that output; not when the pre-activation or the output is asked for too (a segment
+/// recomputes its masks whole, from its own input).
+fn masks_by_output(g: &Graph, heavy: &[NodeId]) -> HashMap<NodeId, NodeId> {
+    let mut by_output = HashMap::new();
+    if heavy.is_empty() {
+        return by_output;
+    }
+    let mut asked = vec![false; g.len()];
+    for &h in heavy {
+        if let Some(x) = asked.get_mut(h.index()) {
+            *x = true;
+        }
+    }
+    let users = g.users();
+    for &m in heavy.iter().filter(|m| m.index() < g.len()) {
+        if let Some(y) = super::relu_mask::output_of(g, &users, m) {
+            if !asked[g.node(m).inputs[0].index()] && !asked[y.index()] {
+                by_output.insert(m, y);
+            }
+        }
+    }
+    by_output
+}
+
+/// Which forward values [`recompute_with`] gives copies to (`cloned_for`), the nodes those
+/// copies recompute (`in_copy`), how many values that is, and which nodes were asked for as
+/// heavy (with an attention's extra outputs).
+struct Copies {
+    cloned_for: Vec<bool>,
+    in_copy: Vec<bool>,
+    count: usize,
+    is_heavy: Vec<bool>,
+}
+
+/// The decisions of [`recompute_with`] for `g` (whose forward passes end at `ends`): which
+/// values get copies and what each copy recomputes; nothing is built.
+fn plan_copies(
+    g: &Graph,
+    ends: &[NodeId],
+    recompute_ops: usize,
+    heavy: &[NodeId],
+) -> Result<Copies, IrError> {
+    let end_of = |v: NodeId| end_of(ends, v);
     let loss = *ends.last().expect("at least one");
     let mat = forced(g);
     let users = g.users();
@@ -125,13 +233,13 @@ pub fn recompute_with(
     // reads those rather than recomputing them, unless they get copies of their own.
     let mut stored = mat.clone();
     super::select::shared(g, &mut stored, recompute_ops);
-    let kept_anyway = read_by_backward(g, &ends, &stored);
+    let kept_anyway = read_by_backward(g, ends, &stored);
     // Values fusion inlines (stores nowhere) whose expression reads a heavy value: a backward
     // kernel inlining one would read the heavy value itself.
     let forward = if heavy.is_empty() {
         Vec::new()
     } else {
-        forward_nodes(g, &ends)
+        forward_nodes(g, ends)
     };
     let mut reaches_heavy = vec![false; g.len()];
     for id in g.ids() {
@@ -217,33 +325,12 @@ pub fn recompute_with(
             count += 1;
         }
     }
-    if count == 0 {
-        return Ok((g.clone(), 0, Vec::new()));
-    }
-    let copied: Vec<NodeId> = g
-        .ids()
-        .filter(|id| in_copy[id.index()] && is_heavy[id.index()])
-        .filter(|&id| !matches!(g.node(id).op, Op::Result { .. }))
-        .collect();
-    let mut out = Graph::new();
-    let mut new_id: Vec<Option<NodeId>> = vec![None; g.len()];
-    let mut copy: HashMap<NodeId, NodeId> = HashMap::new();
-    for id in g.ids() {
-        let n = g.node(id);
-        out.set_scope(g.origin(id).clone()); // a recomputation belongs to the node reading it
-        let mut ins = Vec::with_capacity(n.inputs.len());
-        for &x in &n.inputs {
-            let late = end_of(x).is_some_and(|end| id > end);
-            ins.push(if late && cloned_for[x.index()] {
-                copy_of(g, &mut out, &new_id, &in_copy, &mut copy, x)?
-            } else {
-                new_id[x.index()].expect("operands come first")
-            });
-        }
-        new_id[id.index()] = Some(out.push(n.op.clone(), &ins, Some(n.ty.clone()))?);
-    }
-    out.keep_outputs_of(g, |x| new_id[x.index()].expect("all nodes are copied"))?;
-    Ok((out, count, copied))
+    Ok(Copies {
+        cloned_for,
+        in_copy,
+        count,
+        is_heavy,
+    })
 }
 
 /// Whether a backward reader in `late` tests the value for equality (directly or through a
@@ -378,6 +465,47 @@ pub struct Candidate {
     pub bytes: usize,
     /// The arithmetic of computing it once more ([`crate::flops::of_node`]).
     pub flops: u64,
+}
+
+/// The ReLU masks fusion keeps for the backward pass that the ReLU's output gives instead
+/// ([`super::relu_mask`]): masks fusion stores and a backward node reads, which its own
+/// recomputation does not recompute, whose ReLU output is stored and read by the backward
+/// pass anyway (a ResNet block's output, which the next block's convolution weight gradient
+/// reads), in node order. [`recompute_with`] asked for one makes `m = (y <= 0)` in the
+/// backward kernel that reads the mask: one comparison an element and a read of `y` there in
+/// place of the mask's, where a convolution output costs its whole product again, so the
+/// price ([`Candidate::flops`]: one operation an element, one byte) puts them before any
+/// library call.
+pub fn mask_candidates(g: &Graph, recompute_ops: usize) -> Vec<Candidate> {
+    let Some(ends) = forward_ends(g) else {
+        return Vec::new();
+    };
+    let loss = *ends.last().expect("at least one");
+    let Ok(auto) = plan_copies(g, &ends, recompute_ops, &[]) else {
+        return Vec::new();
+    };
+    let forward = forward_nodes(g, &ends);
+    let pinned = pinned(g);
+    let mut stored = forced(g);
+    super::select::shared(g, &mut stored, recompute_ops);
+    let read_late = read_by_backward(g, &ends, &stored);
+    let users = g.users();
+    let kept = |v: NodeId| {
+        let i = v.index();
+        stored[i] && read_late[i] && forward[i] && !pinned[i] && !auto.cloned_for[i]
+    };
+    g.ids()
+        .take(loss.index())
+        .filter(|&m| kept(m))
+        .filter_map(|m| {
+            let y = super::relu_mask::output_of(g, &users, m)?;
+            kept(y).then(|| Candidate {
+                node: m,
+                bytes: g.ty(m).bytes(),
+                flops: crate::flops::of_node(g, m),
+            })
+        })
+        .collect()
 }
 
 /// Whether `op` is a library call [`candidates`] may offer for recomputation.
