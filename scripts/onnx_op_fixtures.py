@@ -7,6 +7,7 @@ symbolic batch, external data inside and outside the model's folder).
 
     pip install onnx onnxruntime numpy
     python3 scripts/onnx_op_fixtures.py [OUT_DIR]   # default onnx/tests/fixtures
+    ONLY=pad_,split_to_,attention_,gather_nd_ python3 scripts/onnx_op_fixtures.py   # only those cases
 
 Deterministic: fixed seeds, fixed opset (18; 20 for Gelu) and IR version (10).
 """
@@ -48,7 +49,7 @@ def model(name, nodes, x_shape, outputs, inits=(), x_type=F, opset=18, extra_inp
     inputs = [helper.make_tensor_value_info("input", x_type, x_shape)] + list(extra_inputs)
     outs = [helper.make_tensor_value_info(o, F, None) for o in outputs]
     g = helper.make_graph(nodes, name, inputs, outs, initializer=list(inits))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=11 if opset >= 23 else 10)
     m.producer_name = "scripts/onnx_op_fixtures.py"
     return m
 
@@ -274,6 +275,77 @@ def build_cases():
         + [init("fc.weight", [5, 12], r), init("fc.bias", [5], r)], loss="ce")
     new_op_cases()
     packed_attention_cases()
+    pad_cases()
+
+
+def pad_cases():
+    """Pad (session 44): constant with a value, reflect, edge, negative pads (crops), the
+    `axes` input of opset 18 (negative axes), reflect beside a crop, and opset 13's form
+    (no `axes`). Their own rng and node names, so the cases above keep their values."""
+    r = rng("pad")
+    f32 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    mk = helper.make_node
+    case("pad_constant", [mk("Pad", ["input", "pads", "cv"], ["out"], name="pad_c", mode="constant")],
+         [2, 3, 4, 5], inits=[ints("pads", [0, 1, 2, 0, 1, 0, 1, 3]), f32("cv", -0.7)])
+    case("pad_reflect", [mk("Pad", ["input", "pads"], ["out"], name="pad_r", mode="reflect")],
+         [2, 3, 5, 6], inits=[ints("pads", [0, 0, 2, 1, 0, 0, 1, 3])])
+    case("pad_edge", [mk("Pad", ["input", "pads"], ["out"], name="pad_e", mode="edge")],
+         [2, 3, 4], inits=[ints("pads", [0, 2, 1, 1, 0, 3])])
+    case("pad_axes_crop", [mk("Pad", ["input", "pads", "", "axes"], ["out"], name="pad_a")],
+         [2, 4, 5], inits=[ints("pads", [2, -1, -1, 1]), ints("axes", [-1, 1])])
+    case("pad_reflect_crop", [mk("Pad", ["input", "pads", "", "axes"], ["out"], name="pad_rc", mode="reflect")],
+         [1, 2, 6, 7], inits=[ints("pads", [-1, 2, 1, -2]), ints("axes", [2, 3])])
+    case("pad_opset13_edge", [mk("Pad", ["input", "pads"], ["p"], name="pad_13", mode="edge"),
+                              mk("Tanh", ["p"], ["out"], name="tanh_13")],
+         [3, 4], inits=[ints("pads", [1, 0, -1, 2])], opset=13)
+    # SplitToSequence read by SequenceAt, as PyTorch's dynamo exporter writes `split`: sizes,
+    # a scalar chunk size (the last part smaller), and keepdims=0 without a split.
+    case("split_to_sequence", [
+        mk("SplitToSequence", ["input", "sizes"], ["s1"], name="seq_sizes", axis=1),
+        mk("SequenceAt", ["s1", "zero"], ["a"], name="at_0"),
+        mk("SequenceAt", ["s1", "minus1"], ["b"], name="at_last"),
+        mk("SplitToSequence", ["b", "two"], ["s2"], name="seq_chunks", axis=1),
+        mk("SequenceAt", ["s2", "zero"], ["c"], name="at_chunk"),
+        mk("Mul", ["a", "c"], ["out"], name="mul"),
+        mk("SplitToSequence", ["input"], ["s3"], name="seq_ones", axis=2, keepdims=0),
+        mk("SequenceAt", ["s3", "one"], ["d"], name="at_1")],
+         [2, 5, 3], outputs=("out", "d"),
+         inits=[ints("sizes", [2, 3]), ints("zero", 0), ints("minus1", -1), ints("two", 2), ints("one", 1)])
+    # ONNX's Attention (opset 23), as the dynamo exporter writes scaled_dot_product_attention:
+    # causal, and with a boolean mask and a scale; GatherND of constants (BERT's token types).
+    case("attention_causal", [mk("Mul", ["input", "wk"], ["k"], name="att_k"),
+                              mk("Mul", ["input", "wv"], ["v"], name="att_v"),
+                              mk("Attention", ["input", "k", "v"], ["out"], name="sdpa_causal", is_causal=1)],
+         [2, 2, 4, 3], inits=[init("wk", [3], r), init("wv", [3], r)], opset=23)
+    mask = rng("attention_mask").random((4, 5)) < 0.6
+    mask[:, 0] = True
+    case("attention_bool_mask", [mk("Attention", ["input", "K", "V", "mask"], ["out"], name="sdpa_mask", scale=0.3)],
+         [2, 2, 4, 3], inits=[init("K", [2, 2, 5, 3], r), init("V", [2, 2, 5, 3], r),
+                              numpy_helper.from_array(mask, "mask")], opset=23)
+    case("gather_nd_const", [mk("GatherND", ["table", "rows"], ["g"], name="gnd"),
+                             mk("Add", ["input", "g"], ["out"], name="gnd_add")],
+         [2, 4], inits=[init("table", [3, 4], r), ints("rows", [[2], [0]])])
+    del r
+
+
+def write_pad_errors():
+    """A Pad in wrap mode (opset 19), which Ingot refuses naming the node, and pads it cannot
+    compute."""
+    d = os.path.join(OUT, "errors")
+    g = helper.make_graph(
+        [helper.make_node("Pad", ["input", "pads"], ["out"], name="the_wrap_pad", mode="wrap")], "pad_wrap",
+        [helper.make_tensor_value_info("input", F, [2, 3])], [helper.make_tensor_value_info("out", F, None)],
+        initializer=[ints("pads", [0, 1, 0, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=10)
+    onnx.save(m, os.path.join(d, "pad_wrap.onnx"))
+    # Pads Ingot cannot compute: a crop to nothing, a reflection wider than the axis.
+    for name, pads, mode in [("pad_crop_all", [0, -2, 0, -1], "constant"), ("pad_reflect_wide", [0, 3, 0, 0], "reflect")]:
+        g = helper.make_graph(
+            [helper.make_node("Pad", ["input", "pads"], ["out"], name=f"the_{name}", mode=mode)], name,
+            [helper.make_tensor_value_info("input", F, [2, 3])], [helper.make_tensor_value_info("out", F, None)],
+            initializer=[ints("pads", pads)])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10),
+                  os.path.join(d, name + ".onnx"))
 
 
 def packed_attention_cases():
@@ -715,8 +787,15 @@ def main():
     os.makedirs(os.path.join(OUT, "ops"), exist_ok=True)
     os.makedirs(os.path.join(OUT, "errors"), exist_ok=True)
     build_cases()
+    # ONLY=pad_,split_to_,attention_,gather_nd_ (session 44's cases) writes only the cases whose names start so (and the Pad error fixtures).
+    only = [p for p in os.environ.get("ONLY", "").split(",") if p]
     for c in CASES:
-        write_case(c)
+        if not only or any(c[0].startswith(p) for p in only):
+            write_case(c)
+    write_pad_errors()
+    if only:
+        print(f"wrote the {only} op fixtures under {OUT}")
+        return
     write_errors()
     write_random()
     write_state_dict()

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes the PyTorch fixtures of the ONNX importer's training test (onnx/tests/torch.rs):
 for a few small models (an MLP, a torchvision-like CNN with batch norm and a residual block,
-a GPT-like transformer, and where transformers is installed its GPT-2 and BERT at a tiny
-config), a folder OUT_DIR/<name>/ holding
+a GPT-like transformer, where transformers is installed its GPT-2 and BERT at a tiny
+config, a convolutional model padding with F.pad in every mode ONNX's Pad has but wrap, and
+the MLP, the padding model, the GPT and transformers' two exported with `dynamo=True`), a folder OUT_DIR/<name>/ holding
 
     model.onnx           the training-mode export (scripts/export_onnx.py)
     init.safetensors     the initial state_dict (parameters and buffers)
@@ -10,7 +11,10 @@ config), a folder OUT_DIR/<name>/ holding
     losses.json          the losses of 5 SGD steps in PyTorch (f32, CPU), lr, the logits output,
                          and for a transformer how many attentions Ingot must fuse
 
-    python3 scripts/onnx_torch_fixtures.py onnx/tests/torch
+    python3 scripts/onnx_torch_fixtures.py onnx/tests/torch [NAME ...]   # only NAMEs if given
+
+The `dynamo_*` fixtures are exported with `dynamo=True` (needs onnxscript) at the newest opset
+the installed onnx writes (`onnx.defs.onnx_opset_version()`).
 
 Needs torch, onnx and safetensors (no network, no pretrained weights). Deterministic on the
 CPU: fixed seeds, f32, the same batch every step (as `Session::set_batch` trains).
@@ -19,6 +23,7 @@ import json
 import os
 import sys
 
+import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -122,6 +127,27 @@ class GPT(nn.Module):
         return self.head(self.lnf(x))
 
 
+class PadNet(nn.Module):
+    """F.pad in every mode ONNX's Pad imports: constant (a value other than 0, uneven), reflect,
+    replicate (ONNX's edge), a crop (negative pads) and a reflect pad beside a crop."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3)
+        self.conv2 = nn.Conv2d(4, 6, 3)
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x):
+        x = F.pad(x, (1, 2, 0, 1), mode="constant", value=0.5)
+        x = F.relu(self.conv1(x))
+        x = F.pad(x, (2, 1, 1, 2), mode="reflect")
+        x = self.conv2(x)
+        x = F.pad(x, (1, 0, 2, 1), mode="replicate")
+        x = F.pad(x, (-1, 0, 0, -2))
+        x = F.pad(torch.tanh(x), (3, -1, 0, 0), mode="reflect")
+        return self.fc(x.mean((2, 3)))
+
+
 class Logits(nn.Module):
     """A transformers model called on token ids alone, returning its logits; BERT's attention
     mask (all ones) and token types (all zeros) are made inside, so they export as constants."""
@@ -169,12 +195,33 @@ def cases():
     yield "gpt", GPT(), torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g), 2
     for name, module, attentions in transformers_models():
         yield name, module, torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g), attentions
+    # Seeded apart from the cases above (whose count depends on transformers being installed).
+    torch.manual_seed(46)
+    g = torch.Generator().manual_seed(46)
+    yield "pad", PadNet(), torch.randn(2, 3, 7, 6, generator=g), torch.randint(0, 10, (2,), generator=g), None
+    # PyTorch's dynamo exporter (torch.export, onnxscript), at the newest opset the installed
+    # onnx writes, where its version converter can convert (it cannot convert Gelu: the GPT
+    # stays at the exporter's 18). No batch norm: the dynamo export writes its inference form.
+    torch.manual_seed(47)
+    g = torch.Generator().manual_seed(47)
+    yield "dynamo_mlp", MLP(), torch.randn(8, 20, generator=g), torch.randint(0, 10, (8,), generator=g), None
+    yield "dynamo_pad", PadNet(), torch.randn(2, 3, 7, 6, generator=g), torch.randint(0, 10, (2,), generator=g), None
+    yield "dynamo_gpt", GPT(), torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g), 2
+    # transformers' GPT-2 and BERT under dynamo: ONNX's Attention op (opset 23) for their SDPA,
+    # and BERT's token types a GatherND of constants.
+    torch.manual_seed(48)
+    g = torch.Generator().manual_seed(48)
+    for name, module, attentions in transformers_models():
+        yield "dynamo_" + name, module, torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g), attentions
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "onnx/tests/torch"
+    only = set(sys.argv[2:])  # names to write (default: all)
     torch.manual_seed(0)
     for name, module, x, y, attentions in cases():
+        if only and name not in only:
+            continue
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         module = module.float().train()
@@ -182,7 +229,9 @@ def main():
         # restores them).
         init = {k: v.detach().clone().contiguous() for k, v in module.state_dict().items()}
         save_file(init, os.path.join(d, "init.safetensors"))
-        export(module, (x,), os.path.join(d, "model.onnx"), input_names=["input"], output_names=["logits"])
+        dynamo = name.startswith("dynamo_")
+        export(module, (x,), os.path.join(d, "model.onnx"), input_names=["input"], output_names=["logits"],
+               dynamo=dynamo, **({"opset": onnx.defs.onnx_opset_version()} if dynamo else {}))
         module.load_state_dict(init)
         save_file({"x": x.contiguous(), "y": y.contiguous()}, os.path.join(d, "batch.safetensors"))
         opt = torch.optim.SGD(module.parameters(), lr=LR)
@@ -198,7 +247,10 @@ def main():
             json.dump({"losses": losses, "lr": LR, "optimizer": "sgd", "loss": "cross-entropy",
                        "logits": "logits", "torch": torch.__version__,
                        **({"attentions": attentions} if attentions else {}),
-                       **({"transformers": transformers_version()} if name.startswith("hf_") else {})},
+                       **({"exporter": "dynamo", "opset": onnx.load(os.path.join(d, "model.onnx")).opset_import[0].version,
+                           "onnx": onnx.__version__, "onnxscript": __import__("onnxscript").__version__}
+                          if dynamo else {}),
+                       **({"transformers": transformers_version()} if "hf_" in name else {})},
                       f, indent=1)
         print(f"{d}: losses {', '.join(f'{v:.6f}' for v in losses)}")
 

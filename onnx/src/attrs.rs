@@ -132,12 +132,24 @@ fn known_attributes(op: &str) -> Option<&'static [&'static str]> {
         "GatherElements" => &["axis"],
         "RandomUniformLike" => &["dtype", "high", "low", "seed"],
         "Trilu" => &["upper"],
+        "Pad" => &["mode", "pads", "value"],
+        "SplitToSequence" => &["axis", "keepdims"],
+        "GatherND" => &["batch_dims"],
+        "Attention" => &[
+            "is_causal",
+            "kv_num_heads",
+            "q_num_heads",
+            "qk_matmul_output_mode",
+            "scale",
+            "softcap",
+            "softmax_precision",
+        ],
         "Relu" | "GlobalAveragePool" | "GlobalMaxPool" | "MatMul" | "Add" | "Sub" | "Mul"
         | "Div" | "Max" | "Min" | "Neg" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid"
         | "Reciprocal" | "Abs" | "Pow" | "Identity" | "Slice" | "Size" | "Range" | "Expand"
         | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not"
         | "And" | "Or" | "HardSwish" | "Softplus" | "Floor" | "Ceil" | "CastLike" | "Erf"
-        | "IsNaN" => &[],
+        | "IsNaN" | "SequenceAt" => &[],
         _ => return None,
     })
 }
@@ -148,7 +160,6 @@ fn missing(op: &str) -> String {
         "Upsample" => "is deprecated since opset 10 (export with a newer opset: Resize is imported)".into(),
         "LSTM" | "GRU" | "RNN" | "Loop" | "Scan" | "If" => "needs control flow or a recurrent op; Ingot plans a static graph of primitives".into(),
         "ArgMax" | "ArgMin" | "TopK" | "NonZero" | "Unique" => "needs an index-producing primitive (argmax/top-k), which Ingot's IR lacks".into(),
-        "Pad" => "needs an explicit pad primitive (padding folded into a Conv or pool is imported)".into(),
         "Tile" => "needs a tile primitive (Expand of size-1 axes is imported)".into(),
         "InstanceNormalization" | "GroupNormalization" => "needs its reduction written out; not mapped yet (LayerNormalization and BatchNormalization are)".into(),
         _ => "no mapping onto Ingot's primitives yet".into(),
@@ -234,6 +245,11 @@ pub const SUPPORTED: &[&str] = &[
     "RandomUniformLike",
     "ConvTranspose",
     "Resize",
+    "Pad",
+    "SplitToSequence",
+    "SequenceAt",
+    "GatherND",
+    "Attention",
 ];
 
 /// Whether Ingot imports node `n`, judged from its op type and attributes alone (shapes and
@@ -300,14 +316,23 @@ pub fn check_node(n: &NodeProto) -> Result<(), String> {
                 at.string("mode", "nearest")
             ))
         }
+        "Attention" if at.float("softcap", 0.0) != 0.0 => {
+            refuse("softcap other than 0 is not supported".into())
+        }
+        "GatherND" if at.int("batch_dims", 0) != 0 => {
+            refuse("batch_dims other than 0 is not supported".into())
+        }
         "LayerNormalization" if at.int("stash_type", 1) != 1 => {
             refuse("stash_type other than 1 (f32 statistics) is not supported".into())
         }
         "Cast" if at.has("saturate") && at.int("saturate", 1) != 1 => {
             refuse("saturate=0 applies only to float8 types, which Ingot lacks".into())
         }
-        "Reshape" if at.int("allowzero", 0) != 0 => {
-            refuse("allowzero=1 (a zero-sized axis) is not supported".into())
+        "Pad" if !matches!(at.string("mode", "constant").as_str(), "constant" | "reflect" | "edge") => {
+            refuse(format!(
+                "mode {:?}: Ingot imports constant, reflect and edge padding (wrap would need its slices joined in a ring; not mapped yet)",
+                at.string("mode", "constant")
+            ))
         }
         _ => Ok(()),
     }

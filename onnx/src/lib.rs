@@ -66,8 +66,12 @@
 //! - **Refusals**: every op, attribute and dtype Ingot cannot compute exactly is refused before
 //!   anything is traced, all such nodes in one [`OnnxError::Unsupported`] naming each node's
 //!   op type, name and what Ingot would need ([`check`] lists them without importing). Ops with
-//!   no exact expression in Ingot's primitives (`Resize` by a fraction or in cubic mode, `Pad`,
-//!   `ArgMax`, ...) are refused, never approximated. `Erf` and exact `Gelu` use the IR's
+//!   no exact expression in Ingot's primitives (`Resize` by a fraction or in cubic mode, `Pad`
+//!   in wrap mode, `ArgMax`, ...) are refused, never approximated. `Pad` (constant, reflect,
+//!   edge; negative pads crop) is slices, broadcasts, constants and joins, axis by axis;
+//!   `SplitToSequence` read by `SequenceAt` at constant positions (PyTorch's dynamo exporter
+//!   writes `split` so) is Split's slices; ONNX's `Attention` (the dynamo exporter's
+//!   `scaled_dot_product_attention`) is its plain math, which recognition fuses. `Erf` and exact `Gelu` use the IR's
 //!   `erf`; `ConvTranspose` is the input with zeros between its elements, padded, convolved
 //!   with the flipped kernel (differentiable, as Ingot's conv is); `Resize` by integer factors
 //!   repeats (nearest) or blends neighbours with fixed weights (linear).
@@ -384,6 +388,9 @@ fn constant_slot(op: &str, i: usize) -> bool {
         "Reshape" | "Expand" | "Squeeze" | "Unsqueeze" | "Split" | "ReduceMean" | "ReduceSum"
         | "ReduceMax" | "ReduceMin" | "Pow" | "Tile" | "Trilu" => i == 1,
         "Slice" => (1..=4).contains(&i),
+        "Pad" => (1..=3).contains(&i),
+        "SplitToSequence" | "SequenceAt" => i == 1,
+        "GatherND" => true,
         "Resize" => i >= 1,
         "RandomUniformLike" => true,
         "Clip" | "Dropout" => i == 1 || i == 2,
@@ -753,7 +760,12 @@ impl Prepared<'_> {
                         g.ty(id)
                     )))
                 }
-                None => g.input(ingot, ty.shape.clone(), ty.dtype)?,
+                None => match id_rows(graph, &self.leaf_types, onnx) {
+                    Some(rows) if ty.dtype.is_int() => {
+                        g.ids_input(ingot, ty.shape.clone(), ty.dtype, rows as u64)?
+                    }
+                    _ => g.input(ingot, ty.shape.clone(), ty.dtype)?,
+                },
             };
             env.insert(onnx.clone(), Val::Node(id));
         }
@@ -817,6 +829,7 @@ impl Prepared<'_> {
                 .collect(),
             uniforms: HashMap::new(),
             bernoulli: HashMap::new(),
+            sequences: HashMap::new(),
             padding: &self.padding,
         };
         for &i in &self.order {
@@ -833,7 +846,10 @@ impl Prepared<'_> {
             for (k, o) in n.output.iter().enumerate() {
                 // An output nothing reads (a Dropout's mask, as PyTorch's exporter declares
                 // it) need not be computed.
-                if o.is_empty() || (out.get(k).is_none() && !l.used.contains(o)) {
+                if o.is_empty()
+                    || (out.get(k).is_none()
+                        && (!l.used.contains(o) || l.sequences.contains_key(o)))
+                {
                     continue;
                 }
                 let v = out.get(k).cloned().ok_or_else(|| OnnxError::Node {
@@ -868,6 +884,45 @@ impl Prepared<'_> {
         });
         Ok(outs)
     }
+}
+
+/// The rows of the tables an integer data input indexes: the fewest of any initializer a
+/// `Gather` (axis 0) reads at the input's ids, through views (Reshape, Flatten, Squeeze,
+/// Unsqueeze, Identity). Declared on the input (`Init::Ids`), so that a batch is checked
+/// against the embedding it indexes rather than the first matrix the file lists (PyTorch's
+/// dynamo exporter lists GPT-2's tied token embedding after the position embedding).
+fn id_rows(
+    graph: &proto::GraphProto,
+    leaf_types: &HashMap<String, (DType, Vec<usize>)>,
+    input: &str,
+) -> Option<usize> {
+    let mut names: HashSet<&str> = HashSet::from([input]);
+    // Views of views, in any node order.
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for n in &graph.node {
+            let view = matches!(
+                n.op_type(),
+                "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity"
+            );
+            if view && n.input.first().is_some_and(|i| names.contains(i.as_str())) {
+                if let Some(o) = n.output.first() {
+                    grew |= names.insert(o.as_str());
+                }
+            }
+        }
+    }
+    graph
+        .node
+        .iter()
+        .filter(|n| {
+            n.op_type() == "Gather"
+                && attrs::Attrs(&n.attribute).int("axis", 0) == 0
+                && n.input.get(1).is_some_and(|i| names.contains(i.as_str()))
+        })
+        .filter_map(|n| leaf_types.get(n.input.first()?)?.1.first().copied())
+        .min()
 }
 
 fn output_node(

@@ -113,6 +113,42 @@ fn every_unsupported_node_is_listed_with_its_op_type_and_name_and_what_is_needed
 }
 
 #[test]
+fn a_pad_in_wrap_mode_is_refused_naming_the_node_and_the_modes_imported() {
+    let path = fixtures().join("errors/pad_wrap.onnx");
+    let listed = check(&path).unwrap();
+    let names: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|u| (u.op_type.as_str(), u.node.as_str()))
+        .collect();
+    assert_eq!(names, [("Pad", "the_wrap_pad")]);
+    assert_mentions(
+        &listed[0].reason,
+        &["\"wrap\"", "constant, reflect and edge"],
+    );
+    let e = err_of(import(&path, &mse())).to_string();
+    assert_mentions(&e, &["Pad", "the_wrap_pad", "wrap"]);
+}
+
+#[test]
+fn pads_that_crop_an_axis_to_nothing_or_reflect_past_it_are_errors_naming_the_node() {
+    let e = err_of(import(&fixtures().join("errors/pad_crop_all.onnx"), &mse())).to_string();
+    assert_mentions(&e, &["the_pad_crop_all", "axis 1 (size 3) to nothing"]);
+    let e = err_of(import(
+        &fixtures().join("errors/pad_reflect_wide.onnx"),
+        &mse(),
+    ))
+    .to_string();
+    assert_mentions(
+        &e,
+        &[
+            "the_pad_reflect_wide",
+            "reflect pads (3, 0) on axis 1",
+            "3 kept",
+        ],
+    );
+}
+
+#[test]
 fn a_supported_model_checks_clean() {
     assert_eq!(check(&fixtures().join("ops/cnn.onnx")).unwrap(), vec![]);
 }

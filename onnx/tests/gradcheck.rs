@@ -78,6 +78,17 @@ fn imported_graphs_have_the_gradients_finite_differences_give() {
         "conv_transpose_unet",
         "conv_transpose_stride1",
         "conv_transpose1d",
+        "pad_constant",
+        "pad_reflect",
+        "pad_edge",
+        "pad_axes_crop",
+        "pad_reflect_crop",
+        "pad_opset13_edge",
+        "split_to_sequence",
+        "attention_causal",
+        // (attention_bool_mask's mask is a bool state leaf, which the check fills with f64
+        // values; its forward is ops.rs's against onnxruntime.)
+        "gather_nd_const",
         "conv_transpose_groups_dilation",
         "resize_nearest_scales",
         "resize_nearest_sizes",

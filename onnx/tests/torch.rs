@@ -21,13 +21,26 @@ use support::*;
 
 // hf_gpt2_mask_once: transformers 5.17's GPT-2, whose causal mask is built once for the model (a
 // folded constant `[batch, 1, T, T]`) where later versions build it in every layer.
-const MODELS: [&str; 6] = [
+// pad: F.pad in constant (value 0.5, uneven), reflect, replicate (edge) modes and crops.
+// dynamo_*: exported with `dynamo=True` (PyTorch 2.15, onnxscript 0.7.2): the MLP and the
+// padding model at opset 28 (the newest onnx 1.23 writes), the GPT at 18 (onnx's converter
+// has no Gelu adapter), whose `split` is SplitToSequence and SequenceAt, every Reshape
+// `allowzero=1`.
+// dynamo_hf_*: transformers' two under dynamo (their SDPA ONNX's Attention, opset 23; BERT's
+// token types a GatherND of constants; GPT-2's tied embedding named lm_head.weight).
+const MODELS: [&str; 12] = [
     "mlp",
     "cnn",
     "gpt",
     "hf_gpt2",
     "hf_bert",
     "hf_gpt2_mask_once",
+    "pad",
+    "dynamo_mlp",
+    "dynamo_pad",
+    "dynamo_gpt",
+    "dynamo_hf_gpt2",
+    "dynamo_hf_bert",
 ];
 
 fn train_like_pytorch(name: &str) -> Option<()> {

@@ -188,6 +188,11 @@ impl Lower<'_> {
             let like = self.arg(n, 1)?;
             self.dtype(&like)
         };
+        // A constant cast like a computed tensor stays a constant (PyTorch's dynamo export
+        // writes `ones_like(input)` as Expand(CastLike(1, input), Shape(input))).
+        if let Val::Const(c) = self.arg(n, 0)? {
+            return Ok(vec![Val::Const(c.cast(to))]);
+        }
         // A Bernoulli(q) mask cast to a float is, in evaluation mode, its expectation
         // q: `mask / q` (stochastic depth, `bernoulli_` then `div_`) is then 1, the
         // identity PyTorch's evaluation mode computes.

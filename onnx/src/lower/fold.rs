@@ -21,6 +21,7 @@ impl Lower<'_> {
                 out(Const::new(DType::Bool, a.dims.clone(), Data::I(v)))
             }
             "GatherElements" => self.fold_gather_elements(n, at),
+            "GatherND" => self.fold_gather_nd(n, at),
             "Not" => {
                 let a = c(0)?;
                 let v: Vec<i64> = a.to_f64s().iter().map(|&x| (x == 0.0) as i64).collect();
@@ -31,6 +32,8 @@ impl Lower<'_> {
             }
             "Where" => self.fold_where(n),
             "Cast" => out(c(0)?.cast(dtype_of(at.int("to", 0) as i32, self.float)?)),
+            // PyTorch's dynamo exporter casts its constants (a Range's bounds) like others.
+            "CastLike" => out(c(0)?.cast(c(1)?.dtype)),
             "Range" => self.fold_range(n),
             "ConstantOfShape" => self.fold_constant_of_shape(n, at),
             "Identity" => out(c(0)?),
@@ -113,6 +116,50 @@ impl Lower<'_> {
     }
 
     /// GatherElements of constant data at constant indices.
+    /// GatherND of constants (batch_dims 0): each index tuple (the indices' last axis) picks
+    /// a slice of the data (PyTorch's dynamo export of BERT indexes its token-type buffer so).
+    fn fold_gather_nd(&self, n: &NodeProto, at: &Attrs) -> R<Option<Vec<Val>>> {
+        if at.int("batch_dims", 0) != 0 {
+            return Err("batch_dims other than 0 is not supported".into());
+        }
+        let (data, idx) = (self.const_in(n, 0)?, self.const_in(n, 1)?);
+        let k = *idx
+            .dims
+            .last()
+            .ok_or("indices must have at least one axis")?;
+        if k == 0 || k > data.dims.len() {
+            return Err(format!(
+                "index tuples of {k} entries into data {:?} (1 to its rank)",
+                data.dims
+            ));
+        }
+        let ids = idx.to_i64s().ok_or("indices must be integers")?;
+        let inner: usize = data.dims[k..].iter().product();
+        if (ids.len() / k).saturating_mul(inner) > MAX_FOLDED {
+            return Err(format!("gathers more than {MAX_FOLDED} elements"));
+        }
+        let ds = crate::value::strides(&data.dims);
+        let mut picks = Vec::with_capacity(ids.len() / k * inner);
+        for tuple in ids.chunks(k) {
+            let mut base = 0;
+            for (a, &i) in tuple.iter().enumerate() {
+                let size = data.dims[a] as i64;
+                let j = if i < 0 { i + size } else { i };
+                if j < 0 || j >= size {
+                    return Err(format!(
+                        "index {i} is out of range for axis {a} of size {size}"
+                    ));
+                }
+                base += j as usize * ds[a];
+            }
+            picks.extend(base..base + inner);
+        }
+        let mut dims = idx.dims[..idx.dims.len() - 1].to_vec();
+        dims.extend(&data.dims[k..]);
+        let flat = data.reshaped(vec![data.numel()]).sliced(0, &picks);
+        folded(flat.reshaped(dims))
+    }
+
     fn fold_gather_elements(&self, n: &NodeProto, at: &Attrs) -> R<Option<Vec<Val>>> {
         let (data, idx) = (self.const_in(n, 0)?, self.const_in(n, 1)?);
         let r = data.dims.len();
@@ -396,7 +443,7 @@ impl Lower<'_> {
     pub(super) fn lower_shape_only(&mut self, n: &NodeProto, at: &Attrs, x: Const) -> R<Vec<Val>> {
         let d = x.dims.clone();
         let shape = match n.op_type() {
-            "Reshape" => reshape_dims(&d, &self.konst_i64s(n, 1)?.ok_or("needs a shape")?)?,
+            "Reshape" => reshape_dims(&d, &self.reshape_spec(n)?)?,
             "Flatten" => {
                 let axis = at.int("axis", 1);
                 let a = if axis < 0 {

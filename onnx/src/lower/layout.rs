@@ -29,9 +29,96 @@ impl Lower<'_> {
     /// Reshape to a constant shape.
     pub(super) fn reshape(&mut self, n: &NodeProto) -> R<Vec<Val>> {
         let x = self.arg(n, 0)?;
-        let spec = self.konst_i64s(n, 1)?.ok_or("needs a shape")?;
+        let spec = self.reshape_spec(n)?;
         let shape = reshape_dims(&self.dims(&x), &spec)?;
         self.reshape_val(n, x, &shape)
+    }
+
+    /// Reshape's target (input 1). `allowzero=1` (which PyTorch's dynamo exporter writes on
+    /// every Reshape) changes nothing unless the target holds a 0, which it then makes a
+    /// zero-sized axis: refused, since Ingot's tensors cannot be zero-sized.
+    pub(super) fn reshape_spec(&self, n: &NodeProto) -> R<Vec<i64>> {
+        let spec = self.konst_i64s(n, 1)?.ok_or("needs a shape")?;
+        if Attrs(&n.attribute).int("allowzero", 0) != 0 && spec.contains(&0) {
+            return Err(format!(
+                "allowzero=1 with a 0 in the shape {spec:?} makes a zero-sized axis, which Ingot's tensors cannot have"
+            ));
+        }
+        Ok(spec)
+    }
+
+    /// SplitToSequence: the parts Split would give (the sizes of a 1-d `split`; chunks of a
+    /// scalar `split`, the last smaller; or parts of size 1, that axis dropped unless
+    /// `keepdims`), kept under the sequence's name for `SequenceAt` (Ingot has no sequence
+    /// values, and nothing else may read one).
+    pub(super) fn split_to_sequence(&mut self, n: &NodeProto, at: &Attrs) -> R<Vec<Val>> {
+        let x = self.arg(n, 0)?;
+        let d = self.dims(&x);
+        let axis = norm_axis(at.int("axis", 0), d.len())?;
+        let size = d[axis];
+        let (sizes, drop_axis) = match self.konst(n, 1)? {
+            None => (vec![1; size], at.int("keepdims", 1) == 0),
+            Some(c) if c.dims.is_empty() => {
+                let k = c
+                    .scalar()
+                    .filter(|&k| k >= 1.0 && k.fract() == 0.0)
+                    .ok_or_else(|| {
+                        format!(
+                            "split {:?} must be a positive whole chunk size",
+                            c.to_f64s()
+                        )
+                    })? as usize;
+                let sizes = (0..size.div_ceil(k)).map(|i| k.min(size - i * k)).collect();
+                (sizes, false)
+            }
+            Some(c) => {
+                let v = c.to_i64s().ok_or("split must hold integers")?;
+                if v.iter().any(|&s| s < 1) || v.iter().sum::<i64>() != size as i64 {
+                    return Err(format!(
+                        "split {v:?} must be positive sizes adding up to axis {axis}'s {size}"
+                    ));
+                }
+                (v.iter().map(|&s| s as usize).collect(), false)
+            }
+        };
+        let x = self.node(&x, &n.input[0])?;
+        let mut parts = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for s in sizes {
+            let mut p = ir(self.g.slice(x, axis, start, start + s))?;
+            if drop_axis {
+                let mut nd = d.clone();
+                nd.remove(axis);
+                p = ir(self.g.reshape(p, Shape::new(&nd)))?;
+            }
+            parts.push(Val::Node(p));
+            start += s;
+        }
+        let out = n.output.first().ok_or("has no output")?;
+        self.sequences.insert(out.clone(), parts);
+        Ok(vec![])
+    }
+
+    /// SequenceAt: one part of a sequence `SplitToSequence` made, at a constant position
+    /// (negative counts from the end).
+    pub(super) fn sequence_at(&mut self, n: &NodeProto) -> R<Vec<Val>> {
+        let name = n.input.first().map(String::as_str).unwrap_or("");
+        let len = self
+            .sequences
+            .get(name)
+            .map(Vec::len)
+            .ok_or_else(|| format!("input {name:?} is not a sequence SplitToSequence made (the only sequences Ingot imports)"))?;
+        let pos = self.konst_i64s(n, 1)?.ok_or("needs a position")?;
+        let [p] = pos[..] else {
+            return Err(format!("position {pos:?} must be one integer"));
+        };
+        let i = if p < 0 { p + len as i64 } else { p };
+        if i < 0 || i >= len as i64 {
+            return Err(format!(
+                "position {p} is outside the sequence's {len} parts"
+            ));
+        }
+        Ok(vec![self.sequences[name][i as usize].clone()])
     }
 
     /// Squeeze and Unsqueeze, with axes as an input or an attribute.

@@ -18,6 +18,7 @@ use ingot_compiler::ir::{
 use ingot_compiler::trace::nn;
 use std::collections::HashMap;
 
+mod attention;
 mod dims;
 mod elementwise;
 mod fold;
@@ -25,6 +26,7 @@ mod image;
 mod layout;
 mod linalg;
 mod norm;
+mod pad;
 
 pub use dims::reshape_dims;
 use dims::{expand_dims, norm_axes, norm_axis, split_sizes, squeeze_dims, transpose_perm};
@@ -66,6 +68,8 @@ pub struct Lower<'a> {
     /// a comparison with a constant reads one ([`crate::attrs`] checks), which becomes a
     /// Bernoulli draw of Ingot's seeded dropout mask.
     pub uniforms: HashMap<String, (String, f64, f64)>,
+    /// The parts of each `SplitToSequence` output, by its name (read by `SequenceAt` only).
+    pub sequences: HashMap<String, Vec<Val>>,
     /// Bernoulli masks (comparisons of a uniform draw), by ONNX name: the probability of true.
     pub bernoulli: HashMap<String, f64>,
     /// Embedding tables' padding rows, by initializer name: a `Gather` of such a table passes
@@ -161,7 +165,13 @@ impl Lower<'_> {
                 .get(name)
                 .cloned()
                 .map(Some)
-                .ok_or_else(|| format!("input {name:?} has no value (dangling name)")),
+                .ok_or_else(|| {
+                    if self.sequences.contains_key(name) {
+                        format!("input {name:?} is a sequence (SplitToSequence's output), which Ingot reads only through SequenceAt")
+                    } else {
+                        format!("input {name:?} has no value (dangling name)")
+                    }
+                }),
         }
     }
 
@@ -282,10 +292,17 @@ impl Lower<'_> {
             "Concat" if n.input.is_empty() => Err("joins no inputs".into()),
             "Concat" => self.concat(n, &at),
             "Split" => self.split(n, &at),
+            "SplitToSequence" => self.split_to_sequence(n, &at),
+            "SequenceAt" => self.sequence_at(n),
             "Slice" => self.slice(n),
+            "Pad" => self.pad(n, &at),
             "Gather" => self.gather(n, &at),
             "Trilu" => self.trilu(n, &at),
             "Einsum" => self.einsum(n, &at),
+            "Attention" => self.attention(n, &at),
+            "GatherND" => Err(
+                "GatherND of a computed tensor needs a gather primitive (Ingot folds it when data and indices are constants)".into(),
+            ),
             _ => Err(format!(
                 "{op} has no import (check_node should have refused it)"
             )),
