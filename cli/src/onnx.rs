@@ -207,6 +207,9 @@ impl OnnxModelArgs {
             cached.held = None;
             let imported = ingot_onnx::import(path, &options)
                 .map_err(|e| Failure::new(1, format!("{}: {e}", path.display())))?;
+            for note in &imported.notes {
+                eprintln!("note: {}: {note}", path.display());
+            }
             cached.held = Some((key, imported));
         }
         Ok(Some(cached))

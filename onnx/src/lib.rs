@@ -277,6 +277,36 @@ pub struct Imported {
     /// The names of the file's initializers, leaves or not (a constant Ingot computes, such as
     /// a causal mask buffer, is an initializer of the file but no leaf).
     pub initializers: Vec<String>,
+    /// What the file asks that a user training it may not expect, one line each, for the CLI
+    /// to print (imported as the file says, never changed): batch norms written in their
+    /// inference form ([`inference_batch_norms`]).
+    pub notes: Vec<String>,
+}
+
+/// The note for a graph whose BatchNormalization nodes have `training_mode` 0 (absent): each
+/// normalises by its running statistics and never updates them, in training too, as ONNX
+/// specifies. A module exported in `eval()` mode, and PyTorch's `dynamo=True` exporter even in
+/// training mode, write batch norms so; trained that way, they do not learn as PyTorch's
+/// training step does, so the user is told, with the node and the way out.
+pub fn inference_batch_norms(graph: &proto::GraphProto) -> Option<String> {
+    let inference: Vec<&str> = graph
+        .node
+        .iter()
+        .filter(|n| {
+            n.op_type() == "BatchNormalization"
+                && attrs::Attrs(&n.attribute).int("training_mode", 0) == 0
+        })
+        .map(|n| n.name())
+        .collect();
+    let first = inference.first()?;
+    Some(format!(
+        "{} BatchNormalization node{} (first: {first:?}) have training_mode 0: they normalise by \
+         their running statistics and do not update them, in training too; to train batch \
+         statistics as PyTorch does, export the module in training mode with the TorchScript \
+         exporter (scripts/export_onnx.py, dynamo=False)",
+        inference.len(),
+        if inference.len() == 1 { "" } else { "s" }
+    ))
 }
 
 /// Imports the model at `path` (external data is read from its folder).
@@ -643,6 +673,12 @@ fn import_model(
     if labels {
         inputs.push((String::new(), "y".into()));
     }
+    let notes = model
+        .graph
+        .as_ref()
+        .and_then(inference_batch_norms)
+        .into_iter()
+        .collect();
     Ok(Imported {
         model: Model {
             name: name.to_string(),
@@ -665,6 +701,7 @@ fn import_model(
         } else {
             IndexMap::new()
         },
+        notes,
     })
 }
 

@@ -409,3 +409,30 @@ fn a_dropout_whose_declared_mask_nothing_reads_imports_without_computing_it() {
     }
     assert!((1400..=1600).contains(&kept), "{kept} of 2000 kept");
 }
+
+/// A batch norm written in its inference form (`training_mode` 0, as an `eval()` export or
+/// PyTorch's dynamo exporter writes it) is imported as the file says, and the import carries
+/// a note naming the node and how to export batch statistics; a training-mode one has none.
+#[test]
+fn an_inference_form_batch_norm_is_imported_with_a_note_naming_it_and_a_training_one_without() {
+    let dir = fixtures().join("ops");
+    let opts = ImportOptions {
+        loss: Loss::Mse {
+            output: Some("out".into()),
+        },
+        ..Default::default()
+    };
+    let eval = import(&dir.join("batchnorm_eval.onnx"), &opts).unwrap();
+    assert_eq!(eval.notes.len(), 1, "{:?}", eval.notes);
+    assert_mentions(
+        &eval.notes[0],
+        &[
+            "1 BatchNormalization node",
+            "training_mode 0",
+            "running statistics",
+            "dynamo=False",
+        ],
+    );
+    let train = import(&dir.join("batchnorm_train.onnx"), &opts).unwrap();
+    assert!(train.notes.is_empty(), "{:?}", train.notes);
+}
