@@ -136,6 +136,8 @@ fn pieces(k: &FusedKernel, outs: &[usize], threads: usize, min: usize) -> Option
 struct Base(*mut u8);
 // SAFETY: the pieces write disjoint bytes (their outputs' ranges, their own scratch slots).
 unsafe impl Sync for Base {}
+// SAFETY: as for `Sync`: the pointer is only dereferenced by the pieces, which write disjoint
+// bytes while the arena outlives them.
 unsafe impl Send for Base {}
 
 /// (ms a launch on one thread, ms a launch at `threads`, pieces, the one-thread output bits

@@ -131,6 +131,32 @@ fn kind(label: &str) -> usize {
     }
 }
 
+/// An instruction's op name with its operands' and result's shapes (`[128,64,8,8]`).
+fn label(g: &Graph, i: &Instr) -> String {
+    let node = g.node(i.node());
+    let name = match (&node.op, i) {
+        (Op::Fused(k), _) => format!("fused(domain {:?}, reduce {:?})", k.domain, k.reduce_axes),
+        (_, Instr::CopyIn { .. }) => "copy_in".into(),
+        (_, Instr::CopyOut { .. }) => "copy_out".into(),
+        (op, _) => op.name().to_string(),
+    };
+    let shape = |dims: &[usize]| {
+        let d: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+        format!("[{}]", d.join(","))
+    };
+    let ins: Vec<String> = node
+        .inputs
+        .iter()
+        .take(3)
+        .map(|&x| shape(g.ty(x).shape.dims()))
+        .collect();
+    format!(
+        "{name} {} -> {}",
+        ins.join(" "),
+        shape(node.ty.shape.dims())
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,30 +187,4 @@ mod tests {
         assert_eq!(k("matmul [128,512] [512,10] -> [128,10]"), KINDS[5]);
         assert_eq!(k("copy_in [128,10] -> [128,10]"), KINDS[7]);
     }
-}
-
-/// An instruction's op name with its operands' and result's shapes (`[128,64,8,8]`).
-fn label(g: &Graph, i: &Instr) -> String {
-    let node = g.node(i.node());
-    let name = match (&node.op, i) {
-        (Op::Fused(k), _) => format!("fused(domain {:?}, reduce {:?})", k.domain, k.reduce_axes),
-        (_, Instr::CopyIn { .. }) => "copy_in".into(),
-        (_, Instr::CopyOut { .. }) => "copy_out".into(),
-        (op, _) => op.name().to_string(),
-    };
-    let shape = |dims: &[usize]| {
-        let d: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-        format!("[{}]", d.join(","))
-    };
-    let ins: Vec<String> = node
-        .inputs
-        .iter()
-        .take(3)
-        .map(|&x| shape(g.ty(x).shape.dims()))
-        .collect();
-    format!(
-        "{name} {} -> {}",
-        ins.join(" "),
-        shape(node.ty.shape.dims())
-    )
 }
