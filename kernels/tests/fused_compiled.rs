@@ -439,14 +439,19 @@ fn reductions_with_kept_axes_between_reduced_ones_compile_with_the_interpreters_
 fn resnet18s_batch_norms_at_2x2_and_4x4_go_across_the_channels_with_the_interpreters_bits_on_1_2_3_and_16_threads(
 ) {
     // resnet18 (CIFAR) at batch 128: a channel's runs are 2×2 or 4×4 pixels, 1,024 or 2,048
-    // floats apart. The program takes each run of a group of channels in one chunk (a group
-    // of 128 channels, where a row's runs together made groups of one channel).
-    for (domain, group) in [([128, 256, 2, 2], 128), ([128, 128, 4, 4], 128)] {
+    // floats apart. The program takes each run of a group of channels in one chunk: a group
+    // is as many channels as a chunk's lanes hold runs (where a row's runs together made
+    // groups of one channel), so that their per-channel values, spread over the lanes once a
+    // stage, line up with every chunk of the group.
+    for domain in [[128, 256, 2, 2], [128, 128, 4, 4]] {
         let reduce = [0, 2, 3];
         let numel: usize = domain.iter().product();
         let k = batch_norm(&domain, &reduce, row_major(&domain), 0, numel);
         let c = Compiled::new(&k).expect("a batch norm compiles");
-        assert_eq!(c.shape().1, group, "{domain:?}: channels a group");
+        let (lanes, group) = c.shape();
+        let hw = domain[2] * domain[3];
+        assert_eq!(group, (lanes / hw).min(128), "{domain:?}: channels a group");
+        assert!(group >= 16, "{domain:?}: {group} channels a group");
         assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
         // Finite values (the random kernels' data holds infinities), so that the means can
         // be held to f64 sums.
@@ -484,6 +489,88 @@ fn resnet18s_batch_norms_at_2x2_and_4x4_go_across_the_channels_with_the_interpre
                 sum / count
             );
         }
+    }
+}
+
+/// A batch norm's backward pass over `[N, C, H, W]` as resnet18's step fuses it: a ReLU's
+/// mask (bools) applied to `dy`, and the per-channel values `mean`, `rstd`, `scale` read by
+/// every full instruction; outputs the two per-channel sums and the full `dx`.
+fn batch_norm_backward(domain: &[usize]) -> FusedKernel {
+    let reduce = [0, 2, 3];
+    let count: usize = reduce.iter().map(|&a| domain[a]).product();
+    let mut b = KernelBuilder::new(domain, &reduce);
+    let (mask, dy, x) = (
+        b.whole(DType::Bool),
+        b.whole(DType::F32),
+        b.whole(DType::F32),
+    );
+    let channel = |b: &mut KernelBuilder| {
+        let i = b.input_bcast(DType::F32, &reduce);
+        b.load(i)
+    };
+    let (mean, rstd, scale) = (channel(&mut b), channel(&mut b), channel(&mut b));
+    let mask = b.load(mask);
+    let zero = b.konst(0.0);
+    let dy = b.load(dy);
+    let g = b.push(Inst::Select {
+        cond: mask,
+        a: zero,
+        b: dy,
+    });
+    let x = b.load(x);
+    let d = b.bin(BinaryOp::Sub, x, mean);
+    let xhat = b.bin(BinaryOp::Mul, d, rstd);
+    let sum_g = b.sum(g);
+    let gx = b.bin(BinaryOp::Mul, g, xhat);
+    let sum_gx = b.sum(gx);
+    let inv = b.konst(1.0 / count as f64);
+    let m_g = b.bin(BinaryOp::Mul, sum_g, inv);
+    let m_gx = b.bin(BinaryOp::Mul, sum_gx, inv);
+    let t = b.bin(BinaryOp::Mul, xhat, m_gx);
+    let u = b.bin(BinaryOp::Sub, g, m_g);
+    let v = b.bin(BinaryOp::Sub, u, t);
+    let sr = b.bin(BinaryOp::Mul, scale, rstd);
+    let dx = b.bin(BinaryOp::Mul, v, sr);
+    b.outputs(&[sum_g, sum_gx, dx]).done()
+}
+
+#[test]
+fn batch_norm_backwards_across_the_channels_give_the_interpreters_bits_on_1_2_3_and_16_threads() {
+    // Runs of 2×2, 3×3 and 4×4 pixels go across the channels, their per-channel operands read
+    // from spread buffers filled once a group; channel counts that leave a last, shorter
+    // group (300, 131), or one group smaller than a chunk's lanes (5), and batches of 1 to 9.
+    let cases: [&[usize]; 6] = [
+        &[3, 300, 2, 2],
+        &[9, 131, 4, 4],
+        &[4, 300, 3, 3],
+        &[2, 5, 2, 2],
+        &[1, 64, 4, 4],
+        &[7, 40, 1, 3],
+    ];
+    for domain in cases {
+        let k = batch_norm_backward(domain);
+        k.check().unwrap();
+        let c = Compiled::new(&k).unwrap_or_else(|| panic!("{domain:?} compiles"));
+        assert!(!c.is_columns());
+        assert!(c.scratch_bytes() <= cpu::scratch_bytes(&k));
+        // A group is as many channels as a chunk holds runs (all of them where fewer).
+        let (lanes, group) = c.shape();
+        let hw = domain[2] * domain[3];
+        assert_eq!(group, (lanes / hw).min(128).min(domain[1]), "{domain:?}");
+        let numel: usize = domain.iter().product();
+        // The mask one byte an element (0 or 1), the rest f32 without NaN.
+        let mut r = Rng(numel as u64);
+        let inputs: Vec<Vec<u8>> = k
+            .inputs
+            .iter()
+            .map(|i| match i.dtype {
+                DType::Bool => (0..i.len).map(|_| u8::from(r.chance(3))).collect(),
+                _ => without_nan(data(&mut r, i)),
+            })
+            .collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(|d| d.as_slice()).collect();
+        let want = cpu::run_buffers(&k, &refs).unwrap();
+        compiled_gives(&k, &inputs, &want, &[1, 2, 3, 16], &format!("{domain:?}"));
     }
 }
 

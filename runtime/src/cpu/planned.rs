@@ -105,8 +105,23 @@ fn compile_fused() -> bool {
 }
 
 /// Fused kernels with at least this many domain elements a piece are cut into pieces that run
-/// on several threads; smaller ones cost less than waking the threads.
+/// on several threads; smaller ones cost less than waking the threads. That is for a body of
+/// [`PIECE_BODY`] instructions or fewer; a longer body is more work an element, and its
+/// pieces are as much fewer elements ([`min_piece`]).
 const MIN_PIECE: usize = 16 * 1024;
+
+/// The body length [`MIN_PIECE`] is for (an elementwise kernel of a few ops, an optimizer's
+/// update).
+const PIECE_BODY: usize = 12;
+
+/// The fewest domain elements a piece of `k` holds: [`MIN_PIECE`] for a body of at most
+/// [`PIECE_BODY`] instructions, as much less as the body is longer (a batch norm's backward
+/// pass, 45 to 70 instructions and three passes an element, gets four to six times the
+/// pieces), never under a eighth of it. Depends only on the kernel.
+fn min_piece(k: &FusedKernel) -> usize {
+    let body = k.body.len().max(PIECE_BODY);
+    (MIN_PIECE * PIECE_BODY / body).max(MIN_PIECE / 8)
+}
 
 /// One piece of a fused kernel: the kernel over its slice of the domain, and its outputs'
 /// byte offsets in the allocation (the inputs are the whole kernel's); or, for a kernel that
@@ -130,7 +145,8 @@ fn pieces_of(
     threads: usize,
     compile: bool,
 ) -> Option<Vec<PieceRun>> {
-    if let Some(ps) = fused::parts::cut(k, threads, MIN_PIECE) {
+    let min = min_piece(k);
+    if let Some(ps) = fused::parts::cut(k, threads, min) {
         return Some(
             ps.into_iter()
                 .map(|p| PieceRun {
@@ -156,7 +172,7 @@ fn pieces_of(
     } else {
         return None;
     };
-    let ranges = c.row_ranges(k, threads, MIN_PIECE)?;
+    let ranges = c.row_ranges(k, threads, min)?;
     Some(
         ranges
             .into_iter()
@@ -1125,6 +1141,42 @@ fn joining<'c>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kernel over `domain` of `body` instructions: a load and negations of it.
+    fn chain(domain: &[usize], body: usize) -> FusedKernel {
+        use ingot_kernels::fused::{Access, Input, Inst, Output};
+        let mut insts = vec![Inst::Load { input: 0 }];
+        for i in 1..body {
+            insts.push(Inst::unary(ingot_kernels::UnaryOp::Neg, i - 1));
+        }
+        FusedKernel {
+            domain: domain.to_vec(),
+            reduce_axes: vec![],
+            inputs: vec![Input {
+                dtype: ingot_kernels::DType::F32,
+                len: domain.iter().product(),
+                access: Access::contiguous(domain),
+            }],
+            body: insts,
+            outputs: vec![Output { value: body - 1 }],
+        }
+    }
+
+    #[test]
+    fn a_kernel_with_a_longer_body_is_cut_into_pieces_of_fewer_elements() {
+        // resnet18's 2×2 batch norms: 131,072 elements. Twelve instructions an element give
+        // pieces of 16,384 (8 of them); 45 (a batch norm's backward pass) fill 16 threads.
+        let domain = [128, 256, 2, 2];
+        let pieces = |body| pieces_of(&chain(&domain, body), &[0], 16, true).map(|p| p.len());
+        assert_eq!(min_piece(&chain(&domain, 3)), MIN_PIECE);
+        assert_eq!(min_piece(&chain(&domain, 12)), MIN_PIECE);
+        assert_eq!(min_piece(&chain(&domain, 45)), MIN_PIECE * 12 / 45);
+        assert_eq!(min_piece(&chain(&domain, 400)), MIN_PIECE / 8);
+        assert_eq!(pieces(12), Some(8));
+        assert_eq!(pieces(45), Some(16));
+        // Too small to cut at any length.
+        assert!(pieces_of(&chain(&[64, 16], 400), &[0], 16, true).is_none());
+    }
 
     #[test]
     fn an_allocation_larger_than_the_address_space_is_an_error_naming_its_size() {

@@ -1,7 +1,8 @@
 //! Where a CPU step's time goes, op by op: with `INGOT_CPU_PROFILE=1` in the environment, a
 //! loaded step times every instruction of every step it runs and, when it is dropped, prints
 //! to stderr the costliest kinds of op (by name and shapes) with their total time, calls and
-//! share of the steps' time. Off by default: a step then reads no clock. The counters are
+//! share of the steps' time, then the whole step's time summed by kind (every row, not only
+//! those printed: [`kind`]). Off by default: a step then reads no clock. The counters are
 //! made when the step is loaded, so a profiled step still allocates nothing per step.
 
 use ingot_compiler::ir::{Graph, Op};
@@ -75,7 +76,58 @@ impl Profile {
                 count
             );
         }
+        // Every row, summed by kind, in the order of `KINDS`.
+        let mut by_kind = [(0u64, 0usize); KINDS.len()];
+        for (label, ns, count) in &rows {
+            let k = kind(label);
+            by_kind[k].0 += ns;
+            by_kind[k].1 += count;
+        }
+        out += &format!(
+            "{:>10} {:>6} {:>5}  kind (all {} rows)\n",
+            "ms/step",
+            "share",
+            "count",
+            rows.len()
+        );
+        for (name, (ns, count)) in KINDS.iter().zip(by_kind) {
+            out += &format!(
+                "{:>10.2} {:>5.1}% {:>5}  {name}\n",
+                ms(ns),
+                100.0 * ns as f64 / total.max(1) as f64,
+                count
+            );
+        }
         out
+    }
+}
+
+/// The kinds a profile's rows are summed by ([`kind`]).
+const KINDS: [&str; 8] = [
+    "convolutions, forward",
+    "convolutions, input gradients",
+    "convolutions, weight gradients",
+    "fused, with reductions",
+    "fused, elementwise",
+    "matmuls",
+    "pooling",
+    "the rest",
+];
+
+/// The index in [`KINDS`] of a row labelled `label` (`name operand shapes -> shape`): a
+/// fused kernel with reduce axes is "with reductions" (its reduction may be over axes of
+/// size 1), one without is elementwise.
+fn kind(label: &str) -> usize {
+    let name = label.split_whitespace().next().unwrap_or("");
+    match name {
+        "conv2d" | "conv2d_nhwc" => 0,
+        n if n.starts_with("conv") && n.contains("grad_input") => 1,
+        n if n.starts_with("conv") && n.contains("grad_weight") => 2,
+        _ if label.starts_with("fused(") && !label.contains("reduce [])") => 3,
+        _ if label.starts_with("fused(") => 4,
+        n if n.contains("matmul") => 5,
+        n if n.contains("pool") => 6,
+        _ => 7,
     }
 }
 
@@ -103,4 +155,36 @@ fn label(g: &Graph, i: &Instr) -> String {
         ins.join(" "),
         shape(node.ty.shape.dims())
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_rows_sum_by_kind_from_their_labels() {
+        let k = |l: &str| KINDS[kind(l)];
+        assert_eq!(
+            k("conv2d [128,3,32,32] [64,3,7,7] -> [128,64,16,16]"),
+            KINDS[0]
+        );
+        assert_eq!(
+            k("conv2d_grad_input [128,64,8,8] [64,64,3,3] -> [128,64,8,8]"),
+            KINDS[1]
+        );
+        assert_eq!(
+            k("conv2d_grad_weight [128,64,8,8] [128,64,8,8] -> [64,64,3,3]"),
+            KINDS[2]
+        );
+        let red = "fused(domain [128, 256, 2, 2], reduce [0, 2, 3]) [128,256,2,2] -> [1,256,1,1]";
+        assert_eq!(k(red), KINDS[3]);
+        let flat = "fused(domain [128, 256, 2, 2], reduce []) [128,256,2,2] -> [128,256,2,2]";
+        assert_eq!(k(flat), KINDS[4]);
+        assert_eq!(
+            k("max_pool2d_grad [128,64,16,16] [128,64,8,8] -> [128,64,16,16]"),
+            KINDS[6]
+        );
+        assert_eq!(k("matmul [128,512] [512,10] -> [128,10]"), KINDS[5]);
+        assert_eq!(k("copy_in [128,10] -> [128,10]"), KINDS[7]);
+    }
 }

@@ -14,10 +14,14 @@
 //! A chunk holds **segments** of equal length: whole runs when a run fits in the lanes (several
 //! runs of a row, several rows in a chunk), else a piece of one run. Runs of a few elements
 //! ([`SHORT_RUN`]; a batch norm's 2×2 and 4×4 images, `C·H·W` apart in memory) go **across**
-//! the rows instead: a chunk holds one run of each of consecutive rows (`[n, c0.., :, :]`,
-//! contiguous), and every run of a group's rows before the next run. Each instruction is one
-//! loop over the chunk's lanes (a per-row operand of short segments is spread over them first;
-//! of long ones it splits the loop by segment), and each reduction
+//! the rows instead: a group is as many rows as a chunk holds runs, a chunk is one run of each
+//! of the group's rows (`[n, c0.., :, :]`, contiguous), and every run of the group's rows comes
+//! before the next run. Each instruction is one loop over the chunk's lanes: across the rows,
+//! a per-row operand is read from its **spread buffer** (the group's row values, each on its
+//! row's lanes, filled once a stage, which every chunk of the group lines up with); otherwise
+//! a per-row operand is one value where the chunk's segments are all of one row, spread over
+//! the lanes first where the segments are short, and splits the loop by segment where they are
+//! long. Each reduction
 //! folds each segment into its row's slot, in the row's order: runs in row-major order of the
 //! run axes, each through the interpreter's `acc_run` (eight interleaved partials, blocks of
 //! [`RUN_BLOCK`]) and its block sums into the row's cascade (`slot_op`; a whole run of one
@@ -94,31 +98,45 @@ pub(super) struct Program {
     group: usize,
     /// Segments per chunk at most (1 when a run is longer than `lanes`).
     segs: usize,
+    /// Across the rows: per row buffer, its spread buffer (`usize::MAX`: none), and the
+    /// spread buffers (row buffer, spread buffer) to fill after stage 0 and after each pass
+    /// ([`Program::spread`]).
+    spread_of: Vec<usize>,
+    spread_after: Vec<Vec<(usize, usize)>>,
     pub(super) scratch: usize,
 }
 
-/// The layout of the scratch: bases, lane buffers, row buffers, slots (byte offsets from the
-/// aligned start) and the bytes needed.
+/// The layout of the scratch: bases, lane buffers, spread buffers, row buffers, slots (byte
+/// offsets from the aligned start) and the bytes needed.
 struct Carve {
     lanes_at: usize,
+    spread_at: usize,
     rows_at: usize,
     slots_at: usize,
     end: usize,
 }
 
 /// Bases: per input and for the full outputs (one more), a group's rows and a chunk's segments.
-fn carve(inputs: usize, group: usize, segs: usize, lanes: usize, body: &Body) -> Option<Carve> {
+/// `spread` lane-sized buffers hold row values spread over the lanes (across the rows).
+fn carve(
+    inputs: usize,
+    (group, segs, lanes): (usize, usize, usize),
+    body: &Body,
+    spread: usize,
+) -> Option<Carve> {
     let bases = (inputs + 1)
         .checked_mul(group.checked_add(segs)?)?
         .checked_mul(size_of::<usize>())?;
     let lanes_at = bases.checked_next_multiple_of(ALIGN)?;
-    let rows_at = lanes_at.checked_add(body.lane_bufs.checked_mul(lanes)?.checked_mul(4)?)?;
+    let spread_at = lanes_at.checked_add(body.lane_bufs.checked_mul(lanes)?.checked_mul(4)?)?;
+    let rows_at = spread_at.checked_add(spread.checked_mul(lanes)?.checked_mul(4)?)?;
     let slots_at = rows_at
         .checked_add(body.row_bufs.checked_mul(group)?.checked_mul(4)?)?
         .checked_next_multiple_of(ALIGN)?;
     let end = slots_at.checked_add(body.slots.checked_mul(group)?.checked_mul(SLOT * 4)?)?;
     Some(Carve {
         lanes_at,
+        spread_at,
         rows_at,
         slots_at,
         end,
@@ -137,10 +155,49 @@ fn grouping(n: usize, runs: usize, lanes: usize) -> (usize, usize) {
 }
 
 /// Rows per group and segments per chunk when the segments go across the rows
-/// ([`SHORT_RUN`]): [`MAX_ROWS`] rows, and as many whole runs of `n` as `lanes` hold; `None`
-/// when a run is longer than `lanes`.
+/// ([`SHORT_RUN`]): as many whole runs of `n` as `lanes` hold (at most [`MAX_ROWS`]), both:
+/// a chunk is one run of each of the group's rows, so that the group's row values, spread
+/// over the lanes once per stage, line up with every chunk's lanes; `None` when a run is
+/// longer than `lanes`.
 fn grouping_across(n: usize, lanes: usize) -> Option<(usize, usize)> {
-    (n <= lanes).then(|| (MAX_ROWS, (lanes / n.max(1)).clamp(1, MAX_ROWS)))
+    let per = (lanes / n.max(1)).clamp(1, MAX_ROWS);
+    (n <= lanes).then_some((per, per))
+}
+
+/// Across the rows: which row buffers full steps read (each gets a spread buffer, in order
+/// of first use), and after which stage each is filled (0: stage 0, which loads and computes
+/// row values before the passes; `p + 1`: pass `p`'s folds and stage).
+fn spread_plan(body: &Body) -> (Vec<usize>, Vec<Vec<(usize, usize)>>) {
+    let mut spread_of = vec![usize::MAX; body.row_bufs];
+    let mut n = 0;
+    for st in body.passes.iter().flat_map(|p| &p.steps) {
+        for a in st.args {
+            if let Src::Row(b) = a {
+                if let Some(s) = spread_of.get_mut(b).filter(|s| **s == usize::MAX) {
+                    *s = n;
+                    n += 1;
+                }
+            }
+        }
+    }
+    let mut after = vec![Vec::new(); body.passes.len() + 1];
+    let mut add = |stage: usize, b: usize| {
+        if let Some(&s) = spread_of.get(b).filter(|&&s| s != usize::MAX) {
+            after[stage].push((b, s));
+        }
+    };
+    for st in &body.stage0 {
+        add(0, st.out);
+    }
+    for (p, pass) in body.passes.iter().enumerate() {
+        for f in &pass.folds {
+            add(p + 1, f.to);
+        }
+        for st in &pass.stage {
+            add(p + 1, st.out);
+        }
+    }
+    (spread_of, after)
 }
 
 /// Row-major element strides of a tensor shaped like `dims`.
@@ -172,13 +229,16 @@ impl Program {
         // The most lanes whose scratch fits in what the planner reserved: across the rows
         // where the runs are short and it fits, else a row's runs together.
         let avail = scratch_bytes(k);
+        let (spread_of, spread_after) = spread_plan(&body);
+        let spreads = spread_of.iter().filter(|&&s| s != usize::MAX).count();
         let fit = |across: bool| {
             LANE_CHOICES.iter().find_map(|&lanes| {
                 let (group, segs) = match across {
                     true => grouping_across(n, lanes)?,
                     false => grouping(n, runs, lanes),
                 };
-                let c = carve(k.inputs.len(), group, segs, lanes, &body)?;
+                let spread = if across { spreads } else { 0 };
+                let c = carve(k.inputs.len(), (group, segs, lanes), &body, spread)?;
                 let end = c.end.checked_add(ALIGN).filter(|&e| e <= avail)?;
                 Some((lanes, group, segs, end, across))
             })
@@ -217,6 +277,8 @@ impl Program {
             lanes,
             group: group.min(rows.max(1)),
             segs: segs.min(group.saturating_mul(runs)),
+            spread_of: if across { spread_of } else { Vec::new() },
+            spread_after: if across { spread_after } else { Vec::new() },
             scratch,
         })
     }
@@ -251,11 +313,13 @@ impl Program {
     /// The scratch of the arena, carved into this program's parts.
     fn work<'m>(&self, a: Arena<'m>) -> R<Work<'m>> {
         let ni = self.in_len.len();
-        let c = carve(ni, self.group, self.segs, self.lanes, &self.body)
+        let spreads = self.spread_of.iter().filter(|&&s| s != usize::MAX).count();
+        let c = carve(ni, (self.group, self.segs, self.lanes), &self.body, spreads)
             .ok_or(KernelError::Internal("compiled scratch"))?;
         let sc = super::lanes::sub_mut(a.scratch, 0, c.end)?;
         let (b_bases, rest) = sc.split_at_mut(c.lanes_at);
-        let (b_lanes, rest) = rest.split_at_mut(c.rows_at - c.lanes_at);
+        let (b_lanes, rest) = rest.split_at_mut(c.spread_at - c.lanes_at);
+        let (b_spread, rest) = rest.split_at_mut(c.rows_at - c.spread_at);
         let (b_rows, b_slots) = rest.split_at_mut(c.slots_at - c.rows_at);
         let bad = || KernelError::Internal("compiled scratch misaligned");
         let n_rows = (ni + 1) * self.group;
@@ -265,6 +329,7 @@ impl Program {
                 .map_err(|_| bad())?;
         let (row_bases, seg_bases) = bases.split_at_mut(n_rows);
         let lanes = <[f32]>::mut_from_bytes(b_lanes).map_err(|_| bad())?;
+        let spread = <[f32]>::mut_from_bytes(b_spread).map_err(|_| bad())?;
         let rows_b = &mut b_rows[..self.body.row_bufs * self.group * 4];
         let rows = <[f32]>::mut_from_bytes(rows_b).map_err(|_| bad())?;
         let slots = <[f32]>::mut_from_bytes(b_slots).map_err(|_| bad())?;
@@ -273,6 +338,7 @@ impl Program {
             row_bases,
             seg_bases,
             lanes,
+            spread,
             rows,
             slots,
         })
@@ -280,19 +346,34 @@ impl Program {
 
     /// Rows `r0 .. r0 + g`: their bases, stages, passes and stores.
     fn group_run(&self, w: &mut Work<'_>, r0: usize, g: usize) -> R {
-        // Each input's element index (and the full outputs') at the start of each row.
+        // Each input's element index (and the full outputs') at the start of each row: one
+        // step of the innermost row axis from the row before, but where that axis wraps.
         let ni = self.in_len.len();
+        let d_last = self.outer.last().copied().unwrap_or(1).max(1);
         for q in 0..=ni {
             let (start, strides) = match q < ni {
                 true => (self.in_offset[q], &self.in_outer[q]),
                 false => (0, &self.out_outer),
             };
-            for j in 0..g {
-                let at = start.wrapping_add(offset_of(r0 + j, &self.outer, strides));
-                w.row_bases[q * self.group + j] = at;
+            let s_last = strides.last().copied().unwrap_or(0);
+            let at_row = |r: usize| start.wrapping_add(offset_of(r, &self.outer, strides));
+            let (mut at, mut c) = (at_row(r0), r0 % d_last);
+            let bases = super::lanes::sub_mut(w.row_bases, q * self.group, g)?;
+            for (j, b) in bases.iter_mut().enumerate() {
+                if j > 0 {
+                    c += 1;
+                    if c == d_last {
+                        c = 0;
+                        at = at_row(r0 + j);
+                    } else {
+                        at = at.wrapping_add(s_last);
+                    }
+                }
+                *b = at;
             }
         }
         self.stage(w, &self.body.stage0, g)?;
+        self.spread(w, 0, g)?;
         let n_passes = self.body.passes.len();
         let items = g * self.runs;
         for (p, pass) in self.body.passes.iter().enumerate() {
@@ -304,7 +385,10 @@ impl Program {
                 }
             }
             if self.n <= self.lanes {
-                in_blocks(items, self.segs, |q0, cnt| {
+                // Across the rows, a chunk is one run of each of the group's rows (their row
+                // values spread over its lanes line up with it).
+                let per = if self.across { g } else { self.segs };
+                in_blocks(items, per, |q0, cnt| {
                     self.chunk(w, pass, last, (q0, cnt, g), 0, self.n)
                 })?;
             } else {
@@ -326,6 +410,7 @@ impl Program {
                 }
             }
             self.stage(w, &pass.stage, g)?;
+            self.spread(w, p + 1, g)?;
         }
         let b = &self.body;
         w.io.store_rows(
@@ -345,6 +430,10 @@ impl Program {
     /// of every row of the group before the next run).
     #[inline]
     fn item(&self, q: usize, g: usize) -> (usize, usize) {
+        if self.runs == 1 {
+            // A run a row (every flat kernel): segment `q` is row `q`, no division.
+            return (q, 0);
+        }
         match self.across {
             true => (q % g.max(1), q / g.max(1)),
             false => (q / self.runs, q % self.runs),
@@ -365,7 +454,24 @@ impl Program {
         len: usize,
     ) -> R {
         let ni = self.in_len.len();
-        for s in 0..cnt {
+        if self.across {
+            // One run `r` of rows `0 .. cnt` of the group: one offset of the run a buffer.
+            let r = q0 / g.max(1);
+            for q in 0..=ni {
+                let strides = if q < ni {
+                    &self.in_runs[q]
+                } else {
+                    &self.out_runs
+                };
+                let run = offset_of(r, &self.run_dims, strides);
+                let rows = super::lanes::sub(w.row_bases, q * self.group, cnt)?;
+                let segs = super::lanes::sub_mut(w.seg_bases, q * self.segs, cnt)?;
+                for (s, &b) in segs.iter_mut().zip(rows) {
+                    *s = b.wrapping_add(run);
+                }
+            }
+        }
+        for s in (0..cnt).filter(|_| !self.across) {
             let (j, r) = self.item(q0 + s, g);
             for q in 0..=ni {
                 let strides = if q < ni {
@@ -383,9 +489,14 @@ impl Program {
         let blocks = self.n.div_ceil(RUN_BLOCK);
         // Whole runs of one block: folded at once (the same arithmetic as the steps below).
         let whole = p0 == 0 && len == self.n && self.n <= RUN_BLOCK;
+        // Across the rows the chunk is run `q0 / g` of rows `0 .. cnt`: no division a segment.
+        let r_across = q0 / g.max(1);
         for f in &pass.folds {
             for s in 0..cnt {
-                let (j, r) = self.item(q0 + s, g);
+                let (j, r) = match self.across {
+                    true => (s, r_across),
+                    false => self.item(q0 + s, g),
+                };
                 let xs = super::lanes::sub(w.lanes, f.from * self.lanes + s * len, len)?;
                 let at = (f.slot * self.group + j) * SLOT;
                 let slot = super::lanes::sub_mut(w.slots, at, SLOT)?;
@@ -453,6 +564,23 @@ impl Program {
         super::lanes::sub_mut(w.slots, (slot * self.group + j) * SLOT, SLOT)
     }
 
+    /// Across the rows: the row buffers that stage `at` (0: stage 0; `p + 1`: pass `p`'s folds
+    /// and stage) made and full steps read, spread over the lanes of the group's `g` rows
+    /// (row `j`'s value on lanes `j·n .. (j + 1)·n`), once a group rather than once a chunk.
+    fn spread(&self, w: &mut Work<'_>, at: usize, g: usize) -> R {
+        let Some(list) = self.spread_after.get(at) else {
+            return Ok(());
+        };
+        for &(b, sp) in list {
+            let vals = super::lanes::sub(w.rows, b * self.group, g)?;
+            let lanes = super::lanes::sub_mut(w.spread, sp * self.lanes, g * self.n)?;
+            for (o, &v) in lanes.chunks_exact_mut(self.n.max(1)).zip(vals) {
+                o.fill(v);
+            }
+        }
+        Ok(())
+    }
+
     /// Row-level steps over the group's `g` rows (operands: row buffers and constants).
     fn stage(&self, w: &mut Work<'_>, steps: &[Step], g: usize) -> R {
         let gw = self.group;
@@ -500,7 +628,8 @@ impl Program {
         }
         let rows = &*w.rows;
         // Operands that are the same on every lane of the chunk run it as one segment; a
-        // per-row operand splits it into segments.
+        // per-row operand splits it into segments, unless the chunk's segments are all of
+        // one row.
         let per_row = st.args.iter().any(|a| matches!(a, Src::Row(_)));
         let (before, after): (&[f32], &[f32]) = (before, after);
         let at = Around {
@@ -511,7 +640,27 @@ impl Program {
             lanes: lw,
             group: self.group,
         };
-        if per_row && cnt > 1 && len < SPREAD_BELOW {
+        if per_row && self.across {
+            // The chunk is one run of rows `0 .. cnt` of the group: a per-row operand is its
+            // spread buffer's first `cnt · len` lanes ([`Program::spread`]).
+            let spread = &*w.spread;
+            return apply_lanes(
+                st,
+                |v| match v {
+                    Src::Row(b) => {
+                        let sp = self.spread_of.get(b).copied().unwrap_or(usize::MAX);
+                        let lanes = sp
+                            .checked_mul(lw)
+                            .ok_or(KernelError::Internal("a row value not spread"))?;
+                        Ok(Val::Lanes(super::lanes::sub(spread, lanes, cnt * len)?))
+                    }
+                    _ => at.val(v, 0, 0, cnt * len),
+                },
+                out,
+            );
+        }
+        let one_row = cnt <= 1 || self.item(q0, g).0 == self.item(q0 + cnt - 1, g).0;
+        if per_row && !one_row && len < SPREAD_BELOW {
             // Each per-row operand spread over the chunk's lanes: one loop over the chunk,
             // each lane computing what its segment's own loop would (the same scalar
             // function on the same two values).
@@ -543,7 +692,11 @@ impl Program {
                 out,
             );
         }
-        let (pieces, seg) = if per_row { (cnt, len) } else { (1, cnt * len) };
+        let (pieces, seg) = if per_row && !one_row {
+            (cnt, len)
+        } else {
+            (1, cnt * len)
+        };
         for s in 0..pieces {
             let (j, _) = self.item(q0 + s, g);
             let o = &mut out[s * seg..(s + 1) * seg];
@@ -648,6 +801,9 @@ struct Work<'m> {
     row_bases: &'m mut [usize],
     seg_bases: &'m mut [usize],
     lanes: &'m mut [f32],
+    /// Across the rows: row values read by full steps, each spread over the lanes (row `j`'s
+    /// value on lanes `j·n .. (j + 1)·n`), one buffer of `lanes` per spread row buffer.
+    spread: &'m mut [f32],
     rows: &'m mut [f32],
     slots: &'m mut [f32],
 }
