@@ -148,7 +148,9 @@ fn causal_shape(bh: usize, t: usize, d: usize, p: AttentionPrecision) -> Attenti
 }
 
 /// Every tiling the kernels take (2, 4 or 8 warps; steps of 16 to 128 rows) of each tf32 and
-/// bf16 kernel, timed alone: what the tile table in `attention::tiles` is chosen from.
+/// bf16 kernel, timed alone: what the tile table in `attention::tiles` is chosen from. bf16's
+/// dq is the kernel that recomputes `ds` (bf16's own dq reads the stored one, timed above),
+/// so none of its rows is the chosen one.
 fn tilings(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()> {
     println!("| tiling | kernel | warps x step | ms | resources |");
     println!("|---|---|---|---:|---|");
@@ -162,7 +164,10 @@ fn tilings(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()
                     if let Some(k) =
                         attention::with_tiles(&s, kind, warps, inner).map_err(|e| e.to_string())?
                     {
-                        let mark = if (chosen.warps, chosen.inner) == (warps, inner) {
+                        let recomputed = kind == TileKernel::Dq && p == AttentionPrecision::Bf16;
+                        let mark = if recomputed {
+                            " (recomputing ds)"
+                        } else if (chosen.warps, chosen.inner) == (warps, inner) {
                             " (chosen)"
                         } else {
                             ""
@@ -180,7 +185,8 @@ fn tilings(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()
             .map(|_| upload(&vec![0x3cu8; n * es]))
             .collect::<Res<_>>()?;
         let lse = filled(b * h * t * 4, 0)?;
-        let delta = filled(b * h * t * 4, 0)?;
+        // delta and (bf16) the ds dkdv stores after it.
+        let delta = filled(attention::backward_workspace_bytes(&s), 0)?;
         for (kind, what, k) in &ks {
             let args: Vec<&device::Buf> = match kind {
                 TileKernel::Forward => vec![&x[0], &x[1], &x[2], &x[3], &lse],

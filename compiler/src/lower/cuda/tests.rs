@@ -144,6 +144,50 @@ fn a_bf16_attention_runs_the_bf16_kernels() {
     assert_eq!(s.precision, AttentionPrecision::Bf16);
 }
 
+/// bf16's backward stores ds (bf16) after delta in the node's workspace: dkdv writes it, dq
+/// reads it, so dq waits for dkdv; f32's workspace stays delta alone (the test above).
+#[test]
+fn a_bf16_backward_attention_plans_its_stored_ds_after_delta_and_dq_waits_for_dkdv() {
+    let c = attention_step(crate::precision::Precision::Bf16);
+    let g = &c.graph;
+    let (_, bwd) = attention_nodes(g);
+    // delta: f32 [6, 5] in 256 bytes; ds: 6 problems of 5 rows of one 64-key block, bf16.
+    let ds_bytes = 6 * 5 * 64 * 2;
+    assert_eq!(workspace_bytes(g, bwd), 256 + ds_bytes);
+    let ws = c.plan.workspace(bwd).unwrap();
+    assert!(ws.bytes >= 256 + ds_bytes);
+    let exe = c.executable(Target::Cuda).unwrap();
+    let crate::lower::Program::Cuda(p) = exe.program() else {
+        panic!("a CUDA program")
+    };
+    let ops: Vec<usize> = (0..p.ops.len())
+        .filter(|&i| matches!(p.ops[i], DeviceOp::Launch { node, .. } if node == bwd))
+        .collect();
+    let [pre, dkdv, dq] = ops[..] else {
+        panic!("three backward launches: {ops:?}")
+    };
+    let delta = Location {
+        offset: ws.offset,
+        bytes: 6 * 5 * 4,
+    };
+    let ds = Location {
+        offset: ws.offset + 256,
+        bytes: ds_bytes,
+    };
+    assert_eq!(p.touches[pre].writes[..], [delta]);
+    assert!(p.touches[dkdv].writes.contains(&ds), "{:?}", p.touches[dkdv]);
+    assert!(p.touches[dq].reads.contains(&ds), "{:?}", p.touches[dq]);
+    assert!(p.touches[dkdv].conflicts(&p.touches[dq]));
+    deps::check(&p.touches, &p.deps).unwrap();
+    // Every launch's delta argument is the workspace's start.
+    for i in [pre, dkdv, dq] {
+        let DeviceOp::Launch { ref args, .. } = p.ops[i] else {
+            unreachable!()
+        };
+        assert!(args.contains(&ws.offset));
+    }
+}
+
 /// A packed attention's launches point k and v (dk and dv) at their slots of the one
 /// `[B, T, 3, H, D]` buffer: `H·D` and `2·H·D` elements past q's (dq's) start.
 #[test]

@@ -6,6 +6,9 @@
 //!   `dsᵀ = pᵀ ∘ (dpᵀ - delta)` and accumulates `dk += dsᵀ · q`; `dk` is scaled once at the end;
 //! - `dq`: a block per (query tile, batch·head), looping over the key tiles its rows can see:
 //!   `p`, `dp = dout · vᵀ`, `ds = p ∘ (dp - delta)`, `dq += ds · k`, scaled once at the end.
+//!   For bf16, dkdv also stores its bf16 `ds` in the workspace and `dq` multiplies those
+//!   instead of recomputing them (`super::ds`); this recomputing `dq` remains f32's and
+//!   tf32's (and `attention_bench`'s bf16 comparison, through [`super::with_tiles`]).
 //!
 //! Each output element is written once by the one thread that accumulated it, so results are
 //! the same bits on every run. For bf16 the probabilities and `ds` are rounded to bf16 when
@@ -96,7 +99,7 @@ fn problem_bases(c: &mut Src, st: &str) {
 
 /// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, `op`'s row
 /// stride apart, each below `limit`), times `factor` if any.
-fn store_rows(
+pub(super) fn store_rows(
     c: &mut Src,
     x: &Text,
     acc: &str,
@@ -148,6 +151,10 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     problem_bases(&mut c, st);
     c.line("const float* lb = lse + bh * TQ;");
     c.line("const float* db = delta + bh * TQ;");
+    let store_ds = super::ds::stored(s);
+    if store_ds {
+        super::ds::dkdv_open(&mut c, s);
+    }
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
     frame::zero(&mut c, "dka", "D / 8");
@@ -220,6 +227,9 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     frame::store_fragment(&mut c, &x, ["s0", "s1", "s2", "s3"]);
     c.close();
     frame::product_kn(&mut c, &x, "dka", "BR", sq);
+    if store_ds {
+        super::ds::dkdv_store(&mut c, s);
+    }
     c.close();
     c.line(format!("{st}* dkb = dk + {};", Operand::Kv.base()));
     c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));

@@ -13,7 +13,9 @@
 //! - [`backward`] ([`backward.rs`](backward)): `preprocess` (`delta = rowsum(dout ∘ out)`),
 //!   `dkdv` (a block per key tile looping over query tiles) and `dq` (a block per query tile
 //!   looping over key tiles): no atomics, every output element written once, so the results
-//!   are the same bits on every run.
+//!   are the same bits on every run. For bf16, dkdv also stores its bf16 `ds` in the
+//!   workspace after delta and dq is `scale · ds · k` from it ([`ds.rs`](ds)), without
+//!   recomputing the scores.
 //! - Products (`helpers`): each warp owns 16 rows and computes its tiles with
 //!   `mma.sync.m16n8k16` (bf16) or `mma.sync.m16n8k8` (tf32, operands rounded with
 //!   `cvt.rna.tf32.f32`), f32 accumulation; strict f32 computes the same accumulator layout with
@@ -43,12 +45,14 @@ use super::CudaKernel;
 
 mod backward;
 mod common;
+mod ds;
 mod forward;
 mod frame;
 mod helpers;
 mod problem;
 mod tiles;
 
+pub use ds::DS_BLOCK;
 pub use problem::{AttentionError, AttentionPrecision, AttentionShape};
 pub use tiles::{choose as choose_tiles, TileKernel, Tiles, SHARED_LIMIT};
 
@@ -105,12 +109,33 @@ pub fn backward(s: &AttentionShape) -> Result<AttentionBackward, AttentionError>
     Ok(AttentionBackward {
         preprocess: backward::preprocess(s)?,
         dkdv: backward::dkdv(s, common::tiles(s, TileKernel::Dkdv)?)?,
-        dq: backward::dq(s, common::tiles(s, TileKernel::Dq)?)?,
+        dq: if ds::stored(s) {
+            ds::dq(s)?
+        } else {
+            backward::dq(s, common::tiles(s, TileKernel::Dq)?)?
+        },
     })
 }
 
-/// Bytes of scratch the backward needs (delta, f32 `[batch_heads, seq_q]`), planned as the
-/// backward node's workspace.
+/// Bytes of scratch the backward needs, planned as the backward node's workspace and passed
+/// to the kernels as `delta`: delta, f32 `[batch_heads, seq_q]`; for bf16 then, from the next
+/// multiple of 256 bytes ([`backward_ds_offset`]), the bf16 `ds` that dkdv stores and dq
+/// reads ([`backward_ds_bytes`]; the module `ds`).
 pub fn backward_workspace_bytes(s: &AttentionShape) -> usize {
-    s.batch_heads * s.seq_q * 4
+    let delta = s.batch_heads * s.seq_q * 4;
+    match ds::scratch_bytes(s) {
+        0 => delta,
+        ds => ds::offset_bytes(s).saturating_add(ds),
+    }
+}
+
+/// Bytes of the backward's stored `ds` (0 unless bf16): dkdv writes them, dq reads them.
+pub fn backward_ds_bytes(s: &AttentionShape) -> usize {
+    ds::scratch_bytes(s)
+}
+
+/// Where the stored `ds` starts in the backward's workspace, in bytes (after delta, 256-byte
+/// aligned).
+pub fn backward_ds_offset(s: &AttentionShape) -> usize {
+    ds::offset_bytes(s)
 }
