@@ -39,8 +39,8 @@ for r in 1 2; do for b in old new; do
 done; done; t
 python3 - $X/train_old_1.json $X/train_new_1.json $X/train_old_2.json $X/train_new_2.json <<'PY' || true
 import sys
-from summ import json_lines, read_run
-o, n, o2, n2 = (read_run(json_lines(p))[0] for p in sys.argv[1:5])
+from summ import read_run
+o, n, o2, n2 = (read_run(open(p))[0] for p in sys.argv[1:5])
 print("losses OLD", o); print("losses NEW", n)
 print("OLD rounds identical:", o == o2, " NEW rounds identical:", n == n2, " NEW == OLD:", o == n)
 print("largest relative difference NEW/OLD over %d steps: %.3e" % (len(o), max((abs(a - b) / abs(a) for a, b in zip(o, n)), default=0)))

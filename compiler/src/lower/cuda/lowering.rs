@@ -526,7 +526,8 @@ impl Lowering<'_> {
             }
             _ => {
                 let b = attention::backward(&shape).map_err(refused)?;
-                // delta (f32, a row each); bf16: then the ds that dkdv stores and dq reads.
+                // delta (f32, a row each); then, where the kernels store it (bf16 with
+                // `DqKernel::StoredDs` the default: not today), the ds dkdv writes and dq reads.
                 let ws_at = layout.delta.unwrap_or(0);
                 let delta = in_ws(ws_at, shape.batch_heads * shape.seq_q * 4);
                 let ds_bytes = attention::backward_ds_bytes(&shape);

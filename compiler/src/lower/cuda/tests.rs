@@ -144,18 +144,19 @@ fn a_bf16_attention_runs_the_bf16_kernels() {
     assert_eq!(s.precision, AttentionPrecision::Bf16);
 }
 
-/// bf16's backward stores ds (bf16) after delta in the node's workspace: dkdv writes it, dq
-/// reads it, so dq waits for dkdv; f32's workspace stays delta alone (the test above).
+/// bf16's backward plans delta alone by default, as f32's does: the kernels' stored-ds dq
+/// (`DqKernel::StoredDs`, which would add its ds after delta and order dq after dkdv) is off
+/// by default, measured slower (docs/benchmarks.md, session 44).
 #[test]
-fn a_bf16_backward_attention_plans_its_stored_ds_after_delta_and_dq_waits_for_dkdv() {
+fn a_bf16_backward_attention_plans_delta_alone_by_default() {
     let c = attention_step(crate::precision::Precision::Bf16);
     let g = &c.graph;
     let (_, bwd) = attention_nodes(g);
-    // delta: f32 [6, 5] in 256 bytes; ds: 6 problems of 5 rows of one 64-key block, bf16.
-    let ds_bytes = 6 * 5 * 64 * 2;
-    assert_eq!(workspace_bytes(g, bwd), 256 + ds_bytes);
-    let ws = c.plan.workspace(bwd).unwrap();
-    assert!(ws.bytes >= 256 + ds_bytes);
+    let s = attention_shape(g, bwd, crate::precision::Precision::Bf16).unwrap();
+    assert_eq!(s.precision, AttentionPrecision::Bf16);
+    assert_eq!(ingot_kernels::cuda::attention::backward_ds_bytes(&s), 0);
+    // delta: f32 [2·3, 5], rounded to 256 bytes.
+    assert_eq!(workspace_bytes(g, bwd), 256);
     let exe = c.executable(Target::Cuda).unwrap();
     let crate::lower::Program::Cuda(p) = exe.program() else {
         panic!("a CUDA program")
@@ -163,29 +164,20 @@ fn a_bf16_backward_attention_plans_its_stored_ds_after_delta_and_dq_waits_for_dk
     let ops: Vec<usize> = (0..p.ops.len())
         .filter(|&i| matches!(p.ops[i], DeviceOp::Launch { node, .. } if node == bwd))
         .collect();
-    let [pre, dkdv, dq] = ops[..] else {
+    let [pre, dkdv, _dq] = ops[..] else {
         panic!("three backward launches: {ops:?}")
     };
+    let ws = c.plan.workspace(bwd).unwrap();
     let delta = Location {
         offset: ws.offset,
         bytes: 6 * 5 * 4,
     };
-    let ds = Location {
-        offset: ws.offset + 256,
-        bytes: ds_bytes,
-    };
     assert_eq!(p.touches[pre].writes[..], [delta]);
-    assert!(p.touches[dkdv].writes.contains(&ds), "{:?}", p.touches[dkdv]);
-    assert!(p.touches[dq].reads.contains(&ds), "{:?}", p.touches[dq]);
-    assert!(p.touches[dkdv].conflicts(&p.touches[dq]));
+    assert!(p.touches[dkdv]
+        .writes
+        .iter()
+        .all(|w| w.offset < ws.offset || w.offset >= ws.offset + ws.bytes));
     deps::check(&p.touches, &p.deps).unwrap();
-    // Every launch's delta argument is the workspace's start.
-    for i in [pre, dkdv, dq] {
-        let DeviceOp::Launch { ref args, .. } = p.ops[i] else {
-            unreachable!()
-        };
-        assert!(args.contains(&ws.offset));
-    }
 }
 
 /// A packed attention's launches point k and v (dk and dv) at their slots of the one

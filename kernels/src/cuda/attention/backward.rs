@@ -6,9 +6,9 @@
 //!   `dsᵀ = pᵀ ∘ (dpᵀ - delta)` and accumulates `dk += dsᵀ · q`; `dk` is scaled once at the end;
 //! - `dq`: a block per (query tile, batch·head), looping over the key tiles its rows can see:
 //!   `p`, `dp = dout · vᵀ`, `ds = p ∘ (dp - delta)`, `dq += ds · k`, scaled once at the end.
-//!   For bf16, dkdv also stores its bf16 `ds` in the workspace and `dq` multiplies those
-//!   instead of recomputing them (`super::ds`); this recomputing `dq` remains f32's and
-//!   tf32's (and `attention_bench`'s bf16 comparison, through [`super::with_tiles`]).
+//!   With [`super::DqKernel::StoredDs`] (bf16; off by default: measured slower), dkdv also
+//!   stores its bf16 `ds` in the workspace and `dq` multiplies those instead of recomputing
+//!   them (`super::ds`).
 //!
 //! Each output element is written once by the one thread that accumulated it, so results are
 //! the same bits on every run. For bf16 the probabilities and `ds` are rounded to bf16 when
@@ -129,7 +129,12 @@ pub(super) fn store_rows(
     }
 }
 
-pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
+/// `store_ds`: also store the bf16 `ds` after delta (`super::ds`; bf16 only).
+pub(super) fn dkdv(
+    s: &AttentionShape,
+    tl: Tiles,
+    store_ds: bool,
+) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
     // Here the block owns key rows (BC, the warps' rows) and streams query tiles (BR).
@@ -151,8 +156,8 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     problem_bases(&mut c, st);
     c.line("const float* lb = lse + bh * TQ;");
     c.line("const float* db = delta + bh * TQ;");
-    let store_ds = super::ds::stored(s);
     if store_ds {
+        super::ds::with_helpers(&mut c);
         super::ds::dkdv_open(&mut c, s);
     }
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");

@@ -102,9 +102,6 @@ fn vector_elems(p: AttentionPrecision) -> usize {
 
 /// The tiling of `kernel` for `s`.
 pub(crate) fn tiles(s: &AttentionShape, kernel: TileKernel) -> Result<Tiles, AttentionError> {
-    if kernel == TileKernel::Dq && super::ds::stored(s) {
-        return Ok(super::ds::tiling(s.head_dim));
-    }
     tiles::choose(kernel, s.precision, s.head_dim).ok_or(AttentionError::SharedMemory {
         kernel: match kernel {
             TileKernel::Forward => "forward",

@@ -1,4 +1,5 @@
-//! bf16's backward through a stored `ds`: `dkdv` computes `ds = p ∘ (dp - delta)` for every
+//! bf16's backward through a stored `ds` ([`super::DqKernel::StoredDs`]; off by default, measured
+//! slower as a whole): `dkdv` computes `ds = p ∘ (dp - delta)` for every
 //! (query, key) pair it visits and rounds it to bf16 for its own `dsᵀ · q` product; it also
 //! copies those bf16 values into a scratch region of the backward's workspace, after `delta`.
 //! `dq = scale · ds · k` then reads them back ([`dq`]) instead of recomputing the scores, the
@@ -32,9 +33,20 @@ use crate::cuda::Src;
 /// in whole blocks of this many keys.
 pub const DS_BLOCK: usize = 64;
 
-/// Whether `s`'s backward stores `ds` (bf16) and computes `dq` from it.
-pub(crate) fn stored(s: &AttentionShape) -> bool {
-    s.precision == AttentionPrecision::Bf16
+/// Whether `s`'s backward stores `ds` and computes `dq` from it: `how` asks for it and `s` is
+/// bf16.
+pub(crate) fn stored(s: &AttentionShape, how: super::DqKernel) -> bool {
+    how == super::DqKernel::StoredDs && s.precision == AttentionPrecision::Bf16
+}
+
+/// Puts [`HELPERS`] before the kernel's signature in `c` (after the other helpers), for the
+/// kernels that use the scratch only, so that every other kernel's text stays as it was.
+pub(super) fn with_helpers(c: &mut Src) {
+    let at = c
+        .text
+        .find("extern \"C\"")
+        .expect("a kernel's text holds its signature");
+    c.text.insert_str(at, HELPERS);
 }
 
 /// Key blocks of a full row: `⌈seq_k / 64⌉`.
@@ -81,12 +93,9 @@ pub(crate) fn offset_bytes(s: &AttentionShape) -> usize {
     (s.batch_heads * s.seq_q * 4).div_ceil(256) * 256
 }
 
-/// Bytes of the scratch (0 where `ds` is not stored), saturating: a size past `usize` cannot be
-/// planned, and the plan says so.
+/// Bytes of the scratch of `s` (bf16), saturating: a size past `usize` cannot be planned, and
+/// the plan says so.
 pub fn scratch_bytes(s: &AttentionShape) -> usize {
-    if !stored(s) {
-        return 0;
-    }
     let elems = (s.batch_heads as u64).saturating_mul(problem_elems(s));
     usize::try_from(elems.saturating_mul(2)).unwrap_or(usize::MAX)
 }
@@ -162,10 +171,7 @@ pub(super) fn dkdv_store(c: &mut Src, s: &AttentionShape) {
     c.line("#pragma unroll");
     c.open("for (int cc = lane; cc < BR * 2; cc += 32) {");
     c.line("const int il = cc >> 1, h = cc & 1, i = q0 + il, j0 = k0 + warp * 16 + h * 8;");
-    c.open(format!(
-        "if (i < TQ && j0 < {}) {{",
-        call(s, "len", "i")
-    ));
+    c.open(format!("if (i < TQ && j0 < {}) {{", call(s, "len", "i")));
     c.line("unsigned w[4];");
     c.line("#pragma unroll");
     c.line(
@@ -239,6 +245,7 @@ pub(super) fn dq(s: &AttentionShape) -> Result<CudaKernel, AttentionError> {
         ldp,
         &[("sk", 2 * inner * x.ld), ("sds", 2 * rows * ldp)],
     );
+    with_helpers(&mut c);
     frame::lanes(&mut c);
     frame::query_tile_longest_first(&mut c, tiles);
     c.line(common::SPLIT_PROBLEM);
@@ -313,8 +320,15 @@ mod tests {
 
     #[test]
     fn each_row_starts_where_the_rows_before_it_end_and_holds_every_key_it_can_see() {
-        for (tq, tk) in [(1, 1), (17, 100), (64, 64), (65, 65), (200, 70), (70, 200), (1024, 1024)]
-        {
+        for (tq, tk) in [
+            (1, 1),
+            (17, 100),
+            (64, 64),
+            (65, 65),
+            (200, 70),
+            (70, 200),
+            (1024, 1024),
+        ] {
             for causal in [false, true] {
                 let s = shape(tq, tk, causal);
                 let mut at = 0u64;
@@ -343,7 +357,9 @@ mod tests {
             precision: AttentionPrecision::F32,
             ..s
         };
-        assert_eq!(scratch_bytes(&f32), 0);
+        assert!(stored(&s, super::super::DqKernel::StoredDs));
+        assert!(!stored(&f32, super::super::DqKernel::StoredDs));
+        assert!(!stored(&s, super::super::DqKernel::Recompute));
     }
 
     #[test]

@@ -44,10 +44,6 @@ pub(super) fn open(
 ) -> Src {
     let mut c = Src::default();
     c.text.push_str(&super::helpers::all());
-    if x.pipelined() {
-        // bf16's backward stores `ds` (`super::ds`): its row helpers.
-        c.text.push_str(super::ds::HELPERS);
-    }
     c.open(signature(threads as u32, params));
     x.constants(&mut c, s, rows, inner, threads);
     c.line(format!("constexpr int LDP = {ldp};"));
