@@ -6,7 +6,7 @@
 //!   `dsᵀ = pᵀ ∘ (dpᵀ - delta)` and accumulates `dk += dsᵀ · q`; `dk` is scaled once at the end;
 //! - `dq`: a block per (query tile, batch·head), looping over the key tiles its rows can see:
 //!   `p`, `dp = dout · vᵀ`, `ds = p ∘ (dp - delta)`, `dq += ds · k`, scaled once at the end.
-//!   With [`super::DqKernel::StoredDs`] (bf16; off by default: measured slower), dkdv also
+//!   With `DqKernel::StoredDs` (bf16; off by default: measured slower), dkdv also
 //!   stores its bf16 `ds` in the workspace and `dq` multiplies those instead of recomputing
 //!   them (`super::ds`).
 //!
@@ -94,38 +94,6 @@ fn problem_bases(c: &mut Src, st: &str) {
         ("vb", "v", Operand::Kv),
     ] {
         c.line(format!("const {st}* {p} = {n} + {};", op.base()));
-    }
-}
-
-/// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, `op`'s row
-/// stride apart, each below `limit`), times `factor` if any.
-pub(super) fn store_rows(
-    c: &mut Src,
-    x: &Text,
-    acc: &str,
-    base: &str,
-    op: Operand,
-    factor: Option<&str>,
-    limit: &str,
-) {
-    let f = |e: usize| match factor {
-        Some(f) => format!("{acc}[n][{e}] * {f}"),
-        None => format!("{acc}[n][{e}]"),
-    };
-    for (row, e0) in [("r0", 0), ("r1", 2)] {
-        c.open(format!("if ({row} < {limit}) {{"));
-        c.line("#pragma unroll");
-        c.open("for (int n = 0; n < D / 8; ++n) {");
-        c.line(x.store_output_pair(
-            &format!(
-                "{base} + (unsigned long long){row} * {} + n * 8 + 2 * t",
-                op.row()
-            ),
-            &f(e0),
-            &f(e0 + 1),
-        ));
-        c.close();
-        c.close();
     }
 }
 
@@ -238,8 +206,8 @@ pub(super) fn dkdv(
     c.close();
     c.line(format!("{st}* dkb = dk + {};", Operand::Kv.base()));
     c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));
-    store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
-    store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
+    frame::store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
+    frame::store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
     Ok(b.close(c))
 }
 
@@ -315,6 +283,6 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     frame::product_kn(&mut c, &x, "dqa", "BC", "sk");
     c.close();
     c.line(format!("{st}* dqb = dq + {};", Operand::Q.base()));
-    store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
+    frame::store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
     Ok(b.close(c))
 }

@@ -52,7 +52,7 @@ mod helpers;
 mod problem;
 mod tiles;
 
-pub use ds::DS_BLOCK;
+pub use ds::{DqKernel, DS_BLOCK};
 pub use problem::{AttentionError, AttentionPrecision, AttentionShape};
 pub use tiles::{choose as choose_tiles, TileKernel, Tiles, SHARED_LIMIT};
 
@@ -101,17 +101,6 @@ pub struct AttentionBackward {
     pub dkdv: CudaKernel,
     /// Params: q, k, v, dout, lse, delta, dq.
     pub dq: CudaKernel,
-}
-
-/// How the backward pass computes `dq`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DqKernel {
-    /// `dq` recomputes the scores, the probabilities and `dp = dout · vᵀ` tile by tile.
-    Recompute,
-    /// bf16 (other precisions recompute): dkdv also stores its bf16 `ds` in the workspace
-    /// after delta, and `dq = scale · ds · k` reads them back ([`ds.rs`](ds)). The same bits
-    /// as `Recompute` on gpt2 (session 44); dq 2.1x faster, dkdv 1.44x slower.
-    StoredDs,
 }
 
 /// What [`backward`] and the compiler's lowering use: `Recompute`. `StoredDs` measured slower
