@@ -15,7 +15,7 @@
 //!   looping over key tiles): no atomics, every output element written once, so the results
 //!   are the same bits on every run. [`DqKernel::StoredDs`] (bf16, off by default) has dkdv
 //!   store its bf16 `ds` in the workspace after delta and dq multiply it by k
-//!   ([`ds.rs`](ds)) instead of recomputing the scores.
+//!   (`ds.rs`) instead of recomputing the scores.
 //! - Products (`helpers`): each warp owns 16 rows and computes its tiles with
 //!   `mma.sync.m16n8k16` (bf16) or `mma.sync.m16n8k8` (tf32, operands rounded with
 //!   `cvt.rna.tf32.f32`), f32 accumulation; strict f32 computes the same accumulator layout with
