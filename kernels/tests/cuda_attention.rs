@@ -7,7 +7,8 @@
 
 use ingot_kernels::attention::{Layout, Strides};
 use ingot_kernels::cuda::attention::{
-    self, AttentionError, AttentionPrecision, AttentionShape, TileKernel, Tiles, SHARED_LIMIT,
+    self, AttentionError, AttentionPrecision, AttentionShape, DqKernel, TileKernel, Tiles,
+    SHARED_LIMIT,
 };
 use ingot_kernels::cuda::CudaKernel;
 
@@ -339,6 +340,90 @@ fn unsupported_shapes_are_refused_with_what_is_wrong() {
 fn the_backward_workspace_is_delta() {
     let s = shape(AttentionPrecision::Tf32, 123, 45, 64, true);
     assert_eq!(attention::backward_workspace_bytes(&s), 96 * 123 * 4);
+    // The default recomputes ds in every precision: bf16's workspace is delta too.
+    assert_eq!(attention::DEFAULT_DQ, DqKernel::Recompute);
+    let bf16 = shape(AttentionPrecision::Bf16, 123, 45, 64, true);
+    assert_eq!(attention::backward_workspace_bytes(&bf16), 96 * 123 * 4);
+    assert_eq!(attention::backward_ds_bytes(&bf16), 0);
+    assert_eq!(
+        attention::backward_workspace_bytes_with(&s, DqKernel::StoredDs),
+        96 * 123 * 4,
+        "only bf16 stores ds"
+    );
+}
+
+/// bf16's workspace with the stored ds: delta, then from the next multiple of 256 bytes the
+/// stored ds, each query row holding its keys rounded up to whole 64-key blocks (causal: the
+/// blocks up to its own), counted here row by row.
+#[test]
+fn the_stored_ds_workspace_is_delta_then_the_rows_of_ds_it_can_see() {
+    let how = DqKernel::StoredDs;
+    for (tq, tk, causal) in [
+        (123, 45, true),
+        (123, 45, false),
+        (45, 300, true),
+        (1024, 1024, true),
+    ] {
+        let s = shape(AttentionPrecision::Bf16, tq, tk, 64, causal);
+        let full = tk.div_ceil(64) * 64;
+        let keys: usize = (0..tq)
+            .map(|i| {
+                if causal {
+                    full.min((i / 64 + 1) * 64)
+                } else {
+                    full
+                }
+            })
+            .sum();
+        let at = (96 * tq * 4).div_ceil(256) * 256;
+        assert_eq!(attention::backward_ds_offset(&s), at);
+        assert_eq!(attention::backward_ds_bytes_with(&s, how), 96 * keys * 2);
+        assert_eq!(
+            attention::backward_workspace_bytes_with(&s, how),
+            at + 96 * keys * 2
+        );
+    }
+    // GPT-2's: 96 problems of 136 blocks of 64 × 64 (of 256): 107 MB, not the square's 201.
+    let gpt2 = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
+    assert_eq!(attention::backward_ds_bytes_with(&gpt2, how), 106_954_752);
+}
+
+/// With the stored ds, bf16's dq multiplies it (no exponential) and dkdv writes it; by default
+/// and in f32 and tf32 dq recomputes it and dkdv's text is the recomputing one's.
+#[test]
+fn the_stored_ds_dq_reads_ds_and_the_default_recomputes_it() {
+    let body = |k: &CudaKernel| k.source[k.source.find("extern \"C\"").unwrap()..].to_string();
+    for p in PRECISIONS {
+        let s = shape(p, 300, 300, 64, true);
+        let stored = attention::backward_with(&s, DqKernel::StoredDs).unwrap();
+        let default = attention::backward(&s).unwrap();
+        let bf16 = p == AttentionPrecision::Bf16;
+        assert_eq!(
+            body(&stored.dq).contains("ig_fa_ds_load_async<"),
+            bf16,
+            "{p:?}"
+        );
+        assert_eq!(body(&stored.dq).contains("exp2f("), !bf16, "{p:?}");
+        assert_eq!(
+            body(&stored.dkdv).contains("ig_fa_ds_off<"),
+            bf16,
+            "{p:?} dkdv"
+        );
+        assert_eq!(stored.dkdv == default.dkdv, !bf16, "{p:?}");
+        for k in [&default.preprocess, &default.dkdv, &default.dq] {
+            assert!(!k.source.contains("INGOT_FA_DS"), "{p:?}: {}", k.name);
+        }
+        assert_eq!(
+            attention::backward_with(&s, DqKernel::Recompute).unwrap(),
+            default
+        );
+    }
+    // The stored-ds dq: four warps of 64 query rows, 64 keys a step for GPT-2's head dim.
+    let s = shape(AttentionPrecision::Bf16, 1024, 1024, 64, true);
+    let k = attention::backward_with(&s, DqKernel::StoredDs).unwrap().dq;
+    assert_eq!(k.launch.block, [128, 1, 1]);
+    assert_eq!(k.launch.grid, [96 * 16, 1, 1]);
+    assert!(declared_shared(&k) <= SHARED_LIMIT);
 }
 
 /// Compiles `kernels` by the host's C++ compiler as far as the host goes: the device built-ins

@@ -11,7 +11,7 @@
 //! (runtime/tests/cuda_attention.rs) checks the same on the device. Skips (saying so) without
 //! a C++ compiler or `ucontext.h`.
 
-use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape};
+use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape, DqKernel};
 use ingot_kernels::cuda::{CudaKernel, PRELUDE_BF16};
 use ingot_testkit::cxx::{self, Emu};
 
@@ -287,10 +287,15 @@ fn shape(
     placement::shape(p, (bh, tq, tk, d, causal), Layout::contiguous(tq, tk, d))
 }
 
-/// Runs forward and backward of `s` in the emulation, its operands placed by `at` (whose
-/// layout is `s.layout`), and compares every output with the reference and checks that no
-/// kernel wrote outside its outputs' rows; returns the failures.
-fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String> {
+/// Runs forward and backward of `s` (dq computed as `how` says) in the emulation, its operands
+/// placed by `at` (whose layout is `s.layout`), and compares every output with the reference
+/// and checks that no kernel wrote outside its outputs' rows; returns the failures.
+fn check(
+    emu: &Emu,
+    (s, how): (&AttentionShape, DqKernel),
+    at: &Placement,
+    seed: u64,
+) -> Vec<String> {
     let p = s.precision;
     let prob = problem(s);
     // Inputs as the kernels see them (rounded to the storage type).
@@ -307,12 +312,14 @@ fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String
             None => vec![0xff; n * es],
         })
         .collect();
+    // lse, then the backward's workspace: delta and (bf16) the stored ds, NaN bytes until
+    // written.
     bufs.extend([
         vec![0xff; prob.bh * prob.tq * 4],
-        vec![0xff; prob.bh * prob.tq * 4],
+        vec![0xff; attention::backward_workspace_bytes_with(s, how)],
     ]);
     let fwd = attention::forward(s).unwrap();
-    let bwd = attention::backward(s).unwrap();
+    let bwd = attention::backward_with(s, how).unwrap();
     let mut bad = Vec::new();
     for (name, kernel, args, written) in [
         ("forward", &fwd, &FORWARD[..], &[Out][..]),
@@ -341,7 +348,7 @@ fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String
         ("lse", f32s(&bufs[at.arg(Lse).0]), want_lse, tol, 1e-3),
         (
             "delta",
-            f32s(&bufs[at.arg(Delta).0]),
+            f32s(&bufs[at.arg(Delta).0][..prob.bh * prob.tq * 4]),
             want_delta,
             1e-5,
             1e-3,
@@ -352,27 +359,37 @@ fn check(emu: &Emu, s: &AttentionShape, at: &Placement, seed: u64) -> Vec<String
     ] {
         let e = relative_error(&got, &want, floor);
         eprintln!(
-            "{:?} {} {} {} {} heads {} {what}: {e:.2e}",
+            "{:?} {} {} {} {} heads {} {how:?} {what}: {e:.2e}",
             p, s.seq_q, s.seq_k, s.head_dim, s.causal, s.layout.heads
         );
         if e.is_nan() || e > tol {
             bad.push(format!(
-                "{s:?}: {what} differs by {e:.2e} (tolerance {tol:.0e})"
+                "{s:?} {how:?}: {what} differs by {e:.2e} (tolerance {tol:.0e})"
             ));
         }
     }
     bad
 }
 
-/// Builds the emulation of every kernel of `cases` and checks each case; panics with the
-/// failures.
+/// Each way of computing dq for `s`: recomputing, and for bf16 from the stored ds.
+fn dq_kernels(s: &AttentionShape) -> Vec<DqKernel> {
+    if s.precision == AttentionPrecision::Bf16 {
+        vec![DqKernel::Recompute, DqKernel::StoredDs]
+    } else {
+        vec![DqKernel::Recompute]
+    }
+}
+
+/// Builds the emulation of every kernel of `cases` (each way of computing dq) and checks each
+/// case; panics with the failures.
 fn check_all(cases: &[(AttentionShape, Placement)]) {
     let kernels: Vec<(CudaKernel, attention::AttentionBackward)> = cases
         .iter()
-        .map(|(s, _)| {
+        .flat_map(|(s, _)| dq_kernels(s).into_iter().map(move |how| (s, how)))
+        .map(|(s, how)| {
             (
                 attention::forward(s).unwrap(),
-                attention::backward(s).unwrap(),
+                attention::backward_with(s, how).unwrap(),
             )
         })
         .collect();
@@ -383,7 +400,9 @@ fn check_all(cases: &[(AttentionShape, Placement)]) {
     let Some(emu) = build(&all) else { return };
     let mut bad = Vec::new();
     for (i, (s, at)) in cases.iter().enumerate() {
-        bad.extend(check(&emu, s, at, 10 * i as u64));
+        for how in dq_kernels(s) {
+            bad.extend(check(&emu, (s, how), at, 10 * i as u64));
+        }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
@@ -400,6 +419,9 @@ fn the_attention_kernels_emulated_on_the_host_match_the_f64_reference() {
         shapes.push(shape(p, 1, 1, 20, 128, false));
     }
     shapes.push(shape(Bf16, 1, 70, 37, 96, true));
+    // bf16's stored ds past its key blocks: query row blocks 1 and 2 of a causal problem with
+    // one 64-key block hold that block only.
+    shapes.push(shape(Bf16, 1, 150, 40, 64, true));
     shapes.push(shape(F32, 1, 37, 70, 48, true));
     let cases: Vec<(AttentionShape, Placement)> = shapes
         .into_iter()

@@ -1,14 +1,17 @@
 //! Times the fused-attention kernels alone on GPU 0: forward and backward (preprocess + dkdv +
 //! dq, and each) of B=8, H=12, T=1024, D=64 causal (GPT-2's attention) in each precision,
 //! median of 20 runs after 3 warm-ups, CUDA events; TFLOP/s counted as FlashAttention does
-//! (forward 4·B·H·T²·D, halved when causal; backward 2.5 times the forward). Then, where
+//! (forward 4·B·H·T²·D, halved when causal; backward 2.5 times the forward); bf16's backward
+//! with dq from the stored ds (`DqKernel::StoredDs`, off by default) as one more row. Then, where
 //! `python3` with torch and CUDA is there, `torch.nn.functional.scaled_dot_product_attention`
 //! on the same shapes (bf16 and fp32 with tf32 allowed), timed the same way.
 //!
 //! `cargo run --release -p ingot-runtime --example attention_bench [-- B H T D]`
 
 use ingot_kernels::attention::Layout;
-use ingot_kernels::cuda::attention::{self, AttentionPrecision, AttentionShape, TileKernel};
+use ingot_kernels::cuda::attention::{
+    self, AttentionPrecision, AttentionShape, DqKernel, TileKernel,
+};
 use ingot_kernels::cuda::CudaKernel;
 
 #[path = "../tests/support/attention_device.rs"]
@@ -111,6 +114,7 @@ fn main() -> Res<()> {
             fmt_launch(&bwd.dq)
         );
     }
+    stored_ds(b, h, t, d, arch)?;
     tilings(b, h, t, d, arch)?;
     let dir = std::env::temp_dir().join("ingot_attention_bench.py");
     if std::fs::write(&dir, SDPA).is_ok() {
@@ -130,6 +134,50 @@ fn main() -> Res<()> {
             Err(e) => println!("(no SDPA comparison: python3: {e})"),
         }
     }
+    Ok(())
+}
+
+/// bf16's backward with dq from the ds dkdv stores (`DqKernel::StoredDs`, off by default),
+/// timed as the table above times the default's: a row of the same table.
+fn stored_ds(b: usize, h: usize, t: usize, d: usize, arch: &'static str) -> Res<()> {
+    let s = causal_shape(b * h, t, d, AttentionPrecision::Bf16);
+    let bwd = attention::backward_with(&s, DqKernel::StoredDs).map_err(|e| e.to_string())?;
+    let m = device::compile(&[&bwd.preprocess, &bwd.dkdv, &bwd.dq], arch, 4)?;
+    let n = b * h * t * d * 2;
+    let (q, k, v, dout) = (
+        upload(&vec![0x3cu8; n])?,
+        upload(&vec![0x3b; n])?,
+        upload(&vec![0x3a; n])?,
+        upload(&vec![0x3c; n])?,
+    );
+    let out = filled(n, 0)?;
+    let lse = filled(b * h * t * 4, 0)?;
+    let ws = filled(
+        attention::backward_workspace_bytes_with(&s, DqKernel::StoredDs),
+        0,
+    )?;
+    let (dq, dk, dv) = (filled(n, 0)?, filled(n, 0)?, filled(n, 0)?);
+    let dkdv = [&q, &k, &v, &dout, &lse, &ws, &dk, &dv];
+    let dqa = [&q, &k, &v, &dout, &lse, &ws, &dq];
+    let pre = device::time_ms(20, || m.launch(&bwd.preprocess, &[&out, &dout, &ws]))?;
+    let kv = device::time_ms(20, || m.launch(&bwd.dkdv, &dkdv))?;
+    let qq = device::time_ms(20, || m.launch(&bwd.dq, &dqa))?;
+    let bw = device::time_ms(20, || {
+        m.launch(&bwd.preprocess, &[&out, &dout, &ws])?;
+        m.launch(&bwd.dkdv, &dkdv)?;
+        m.launch(&bwd.dq, &dqa)
+    })?;
+    let flops = 4.0 * (b * h) as f64 * (t * t) as f64 * d as f64 / 2.0;
+    println!(
+        "| ingot Bf16, dq from stored ds | | | {bw:.3} | {:.1} | {pre:.3} / {kv:.3} / {qq:.3} |",
+        2.5 * flops / bw / 1e9
+    );
+    eprintln!(
+        "  Bf16 stored ds: dkdv {}, dq {} ({})",
+        m.resources(&bwd.dkdv),
+        m.resources(&bwd.dq),
+        fmt_launch(&bwd.dq)
+    );
     Ok(())
 }
 

@@ -526,10 +526,13 @@ impl Lowering<'_> {
             }
             _ => {
                 let b = attention::backward(&shape).map_err(refused)?;
-                let delta = in_ws(
-                    layout.delta.unwrap_or(0),
-                    attention::backward_workspace_bytes(&shape),
-                );
+                // delta (f32, a row each); then, where the kernels store it (bf16 with
+                // `DqKernel::StoredDs` the default: not today), the ds dkdv writes and dq reads.
+                let ws_at = layout.delta.unwrap_or(0);
+                let delta = in_ws(ws_at, shape.batch_heads * shape.seq_q * 4);
+                let ds_bytes = attention::backward_ds_bytes(&shape);
+                let ds = (ds_bytes > 0)
+                    .then(|| in_ws(ws_at + attention::backward_ds_offset(&shape), ds_bytes));
                 let [o, lse, dout] = [n, n + 1, n + 2].map(loc);
                 let [dq, dk, dv] = starts.map(|(i, e)| at(out[i], e));
                 self.launch_touching(
@@ -554,21 +557,25 @@ impl Lowering<'_> {
                     }
                     w
                 };
+                let mut dkdv_writes: SmallVec<[Location; 2]> = grads(&[1, 2]).into_iter().collect();
+                dkdv_writes.extend(ds);
                 self.launch_touching(
                     id,
                     b.dkdv,
                     smallvec::smallvec![q, k, v, dout.offset, lse.offset, delta.offset, dk, dv],
                     Touch {
                         reads: reads.clone(),
-                        writes: grads(&[1, 2]).into_iter().collect(),
+                        writes: dkdv_writes,
                     },
                 );
+                let mut dq_reads = reads;
+                dq_reads.extend(ds);
                 self.launch_touching(
                     id,
                     b.dq,
                     smallvec::smallvec![q, k, v, dout.offset, lse.offset, delta.offset, dq],
                     Touch {
-                        reads,
+                        reads: dq_reads,
                         writes: grads(&[0]).into_iter().collect(),
                     },
                 );

@@ -144,6 +144,42 @@ fn a_bf16_attention_runs_the_bf16_kernels() {
     assert_eq!(s.precision, AttentionPrecision::Bf16);
 }
 
+/// bf16's backward plans delta alone by default, as f32's does: the kernels' stored-ds dq
+/// (`DqKernel::StoredDs`, which would add its ds after delta and order dq after dkdv) is off
+/// by default, measured slower (docs/benchmarks.md, session 44).
+#[test]
+fn a_bf16_backward_attention_plans_delta_alone_by_default() {
+    let c = attention_step(crate::precision::Precision::Bf16);
+    let g = &c.graph;
+    let (_, bwd) = attention_nodes(g);
+    let s = attention_shape(g, bwd, crate::precision::Precision::Bf16).unwrap();
+    assert_eq!(s.precision, AttentionPrecision::Bf16);
+    assert_eq!(ingot_kernels::cuda::attention::backward_ds_bytes(&s), 0);
+    // delta: f32 [2·3, 5], rounded to 256 bytes.
+    assert_eq!(workspace_bytes(g, bwd), 256);
+    let exe = c.executable(Target::Cuda).unwrap();
+    let crate::lower::Program::Cuda(p) = exe.program() else {
+        panic!("a CUDA program")
+    };
+    let ops: Vec<usize> = (0..p.ops.len())
+        .filter(|&i| matches!(p.ops[i], DeviceOp::Launch { node, .. } if node == bwd))
+        .collect();
+    let [pre, dkdv, _dq] = ops[..] else {
+        panic!("three backward launches: {ops:?}")
+    };
+    let ws = c.plan.workspace(bwd).unwrap();
+    let delta = Location {
+        offset: ws.offset,
+        bytes: 6 * 5 * 4,
+    };
+    assert_eq!(p.touches[pre].writes[..], [delta]);
+    assert!(p.touches[dkdv]
+        .writes
+        .iter()
+        .all(|w| w.offset < ws.offset || w.offset >= ws.offset + ws.bytes));
+    deps::check(&p.touches, &p.deps).unwrap();
+}
+
 /// A packed attention's launches point k and v (dk and dv) at their slots of the one
 /// `[B, T, 3, H, D]` buffer: `H·D` and `2·H·D` elements past q's (dq's) start.
 #[test]

@@ -6,6 +6,9 @@
 //!   `dsᵀ = pᵀ ∘ (dpᵀ - delta)` and accumulates `dk += dsᵀ · q`; `dk` is scaled once at the end;
 //! - `dq`: a block per (query tile, batch·head), looping over the key tiles its rows can see:
 //!   `p`, `dp = dout · vᵀ`, `ds = p ∘ (dp - delta)`, `dq += ds · k`, scaled once at the end.
+//!   With `DqKernel::StoredDs` (bf16; off by default: measured slower), dkdv also
+//!   stores its bf16 `ds` in the workspace and `dq` multiplies those instead of recomputing
+//!   them (`super::ds`).
 //!
 //! Each output element is written once by the one thread that accumulated it, so results are
 //! the same bits on every run. For bf16 the probabilities and `ds` are rounded to bf16 when
@@ -94,39 +97,12 @@ fn problem_bases(c: &mut Src, st: &str) {
     }
 }
 
-/// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, `op`'s row
-/// stride apart, each below `limit`), times `factor` if any.
-fn store_rows(
-    c: &mut Src,
-    x: &Text,
-    acc: &str,
-    base: &str,
-    op: Operand,
-    factor: Option<&str>,
-    limit: &str,
-) {
-    let f = |e: usize| match factor {
-        Some(f) => format!("{acc}[n][{e}] * {f}"),
-        None => format!("{acc}[n][{e}]"),
-    };
-    for (row, e0) in [("r0", 0), ("r1", 2)] {
-        c.open(format!("if ({row} < {limit}) {{"));
-        c.line("#pragma unroll");
-        c.open("for (int n = 0; n < D / 8; ++n) {");
-        c.line(x.store_output_pair(
-            &format!(
-                "{base} + (unsigned long long){row} * {} + n * 8 + 2 * t",
-                op.row()
-            ),
-            &f(e0),
-            &f(e0 + 1),
-        ));
-        c.close();
-        c.close();
-    }
-}
-
-pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionError> {
+/// `store_ds`: also store the bf16 `ds` after delta (`super::ds`; bf16 only).
+pub(super) fn dkdv(
+    s: &AttentionShape,
+    tl: Tiles,
+    store_ds: bool,
+) -> Result<CudaKernel, AttentionError> {
     let x = Text::new(s);
     let st = x.st;
     // Here the block owns key rows (BC, the warps' rows) and streams query tiles (BR).
@@ -148,6 +124,10 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     problem_bases(&mut c, st);
     c.line("const float* lb = lse + bh * TQ;");
     c.line("const float* db = delta + bh * TQ;");
+    if store_ds {
+        super::ds::with_helpers(&mut c);
+        super::ds::dkdv_open(&mut c, s);
+    }
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sk, kb, k0, TK);");
     c.line("ig_fa_load<BC, D, KV_SR, LD, THREADS, TF32>(sv, vb, k0, TK);");
     frame::zero(&mut c, "dka", "D / 8");
@@ -220,11 +200,14 @@ pub(super) fn dkdv(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, Attentio
     frame::store_fragment(&mut c, &x, ["s0", "s1", "s2", "s3"]);
     c.close();
     frame::product_kn(&mut c, &x, "dka", "BR", sq);
+    if store_ds {
+        super::ds::dkdv_store(&mut c, s);
+    }
     c.close();
     c.line(format!("{st}* dkb = dk + {};", Operand::Kv.base()));
     c.line(format!("{st}* dvb = dv + {};", Operand::Kv.base()));
-    store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
-    store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
+    frame::store_rows(&mut c, &x, "dka", "dkb", Operand::Kv, Some("SCALE"), "TK");
+    frame::store_rows(&mut c, &x, "dva", "dvb", Operand::Kv, None, "TK");
     Ok(b.close(c))
 }
 
@@ -300,6 +283,6 @@ pub(super) fn dq(s: &AttentionShape, tl: Tiles) -> Result<CudaKernel, AttentionE
     frame::product_kn(&mut c, &x, "dqa", "BC", "sk");
     c.close();
     c.line(format!("{st}* dqb = dq + {};", Operand::Q.base()));
-    store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
+    frame::store_rows(&mut c, &x, "dqa", "dqb", Operand::Q, Some("SCALE"), "TQ");
     Ok(b.close(c))
 }

@@ -3,7 +3,7 @@
 //! fragments and each block on its tile, zeroed accumulators, and the closing launch. Written
 //! once so that the three kernels cannot drift apart in the parts they share.
 
-use super::common::{self, Text};
+use super::common::{self, Operand, Text};
 use super::problem::{AttentionError, AttentionShape};
 use super::tiles::Tiles;
 use crate::cuda::{finish, signature, CudaKernel, Launch, Src};
@@ -266,4 +266,36 @@ pub(super) fn key_tile_edge(c: &mut Src, s: &AttentionShape) {
     } else {
         "const bool edge = k0 + BC > TK;"
     });
+}
+
+/// Stores a warp's accumulator `acc[D/8][4]` (rows `r0`, `r0 + 8` of `base`, `op`'s row
+/// stride apart, each below `limit`), times `factor` if any.
+pub(super) fn store_rows(
+    c: &mut Src,
+    x: &Text,
+    acc: &str,
+    base: &str,
+    op: Operand,
+    factor: Option<&str>,
+    limit: &str,
+) {
+    let f = |e: usize| match factor {
+        Some(f) => format!("{acc}[n][{e}] * {f}"),
+        None => format!("{acc}[n][{e}]"),
+    };
+    for (row, e0) in [("r0", 0), ("r1", 2)] {
+        c.open(format!("if ({row} < {limit}) {{"));
+        c.line("#pragma unroll");
+        c.open("for (int n = 0; n < D / 8; ++n) {");
+        c.line(x.store_output_pair(
+            &format!(
+                "{base} + (unsigned long long){row} * {} + n * 8 + 2 * t",
+                op.row()
+            ),
+            &f(e0),
+            &f(e0 + 1),
+        ));
+        c.close();
+        c.close();
+    }
 }

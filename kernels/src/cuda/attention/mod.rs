@@ -13,7 +13,9 @@
 //! - [`backward`] ([`backward.rs`](backward)): `preprocess` (`delta = rowsum(dout ∘ out)`),
 //!   `dkdv` (a block per key tile looping over query tiles) and `dq` (a block per query tile
 //!   looping over key tiles): no atomics, every output element written once, so the results
-//!   are the same bits on every run.
+//!   are the same bits on every run. [`DqKernel::StoredDs`] (bf16, off by default) has dkdv
+//!   store its bf16 `ds` in the workspace after delta and dq multiply it by k
+//!   (`ds.rs`) instead of recomputing the scores.
 //! - Products (`helpers`): each warp owns 16 rows and computes its tiles with
 //!   `mma.sync.m16n8k16` (bf16) or `mma.sync.m16n8k8` (tf32, operands rounded with
 //!   `cvt.rna.tf32.f32`), f32 accumulation; strict f32 computes the same accumulator layout with
@@ -43,12 +45,14 @@ use super::CudaKernel;
 
 mod backward;
 mod common;
+mod ds;
 mod forward;
 mod frame;
 mod helpers;
 mod problem;
 mod tiles;
 
+pub use ds::{DqKernel, DS_BLOCK};
 pub use problem::{AttentionError, AttentionPrecision, AttentionShape};
 pub use tiles::{choose as choose_tiles, TileKernel, Tiles, SHARED_LIMIT};
 
@@ -83,7 +87,7 @@ pub fn with_tiles(
     };
     Ok(Some(match kernel {
         TileKernel::Forward => forward::generate(s, t)?,
-        TileKernel::Dkdv => backward::dkdv(s, t)?,
+        TileKernel::Dkdv => backward::dkdv(s, t, false)?,
         TileKernel::Dq => backward::dq(s, t)?,
     }))
 }
@@ -99,18 +103,70 @@ pub struct AttentionBackward {
     pub dq: CudaKernel,
 }
 
-/// The backward kernels of `s`.
+/// What [`backward`] and the compiler's lowering use: `Recompute`. `StoredDs` measured slower
+/// as a whole on an H200 (session 44, GPT-2's B=8, H=12, T=1024, D=64 causal bf16: dkdv 0.168
+/// -> 0.242 ms, dq 0.112 -> 0.053 ms, the backward 0.287 -> 0.306 ms).
+pub const DEFAULT_DQ: DqKernel = DqKernel::Recompute;
+
+/// The backward kernels of `s` ([`DEFAULT_DQ`]).
 pub fn backward(s: &AttentionShape) -> Result<AttentionBackward, AttentionError> {
+    backward_with(s, DEFAULT_DQ)
+}
+
+/// The backward kernels of `s` with `dq` computed as `how` says; its workspace is
+/// [`backward_workspace_bytes_with`] of the same `how`.
+pub fn backward_with(
+    s: &AttentionShape,
+    how: DqKernel,
+) -> Result<AttentionBackward, AttentionError> {
     common::check(s)?;
+    let stored = ds::stored(s, how);
     Ok(AttentionBackward {
         preprocess: backward::preprocess(s)?,
-        dkdv: backward::dkdv(s, common::tiles(s, TileKernel::Dkdv)?)?,
-        dq: backward::dq(s, common::tiles(s, TileKernel::Dq)?)?,
+        dkdv: backward::dkdv(s, common::tiles(s, TileKernel::Dkdv)?, stored)?,
+        dq: if stored {
+            ds::dq(s)?
+        } else {
+            backward::dq(s, common::tiles(s, TileKernel::Dq)?)?
+        },
     })
 }
 
-/// Bytes of scratch the backward needs (delta, f32 `[batch_heads, seq_q]`), planned as the
-/// backward node's workspace.
+/// Bytes of scratch the backward of [`backward`] needs ([`backward_workspace_bytes_with`] of
+/// [`DEFAULT_DQ`]).
 pub fn backward_workspace_bytes(s: &AttentionShape) -> usize {
-    s.batch_heads * s.seq_q * 4
+    backward_workspace_bytes_with(s, DEFAULT_DQ)
+}
+
+/// Bytes of scratch the backward needs, planned as the backward node's workspace and passed
+/// to the kernels as `delta`: delta, f32 `[batch_heads, seq_q]`; where `ds` is stored, then,
+/// from the next multiple of 256 bytes ([`backward_ds_offset`]), the bf16 `ds` that dkdv
+/// writes and dq reads ([`backward_ds_bytes_with`]).
+pub fn backward_workspace_bytes_with(s: &AttentionShape, how: DqKernel) -> usize {
+    let delta = s.batch_heads * s.seq_q * 4;
+    match backward_ds_bytes_with(s, how) {
+        0 => delta,
+        ds => ds::offset_bytes(s).saturating_add(ds),
+    }
+}
+
+/// Bytes of the stored `ds` of [`backward`] (0 unless [`DEFAULT_DQ`] stores it and `s` is
+/// bf16).
+pub fn backward_ds_bytes(s: &AttentionShape) -> usize {
+    backward_ds_bytes_with(s, DEFAULT_DQ)
+}
+
+/// Bytes of the stored `ds` (0 unless `how` is `StoredDs` and `s` is bf16).
+pub fn backward_ds_bytes_with(s: &AttentionShape, how: DqKernel) -> usize {
+    if ds::stored(s, how) {
+        ds::scratch_bytes(s)
+    } else {
+        0
+    }
+}
+
+/// Where the stored `ds` starts in the backward's workspace, in bytes (after delta, 256-byte
+/// aligned).
+pub fn backward_ds_offset(s: &AttentionShape) -> usize {
+    ds::offset_bytes(s)
 }
