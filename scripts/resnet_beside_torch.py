@@ -192,6 +192,10 @@ class TimeUp(Exception):
     pass
 
 
+class NotOom(Exception):
+    """A trial failing other than by running out of memory: the search stops there."""
+
+
 def find_max_batch():
     """Doubling then bisecting under the limit; every trial two steps at its batch."""
     limit = int(a.limit_gib * 2**30)
@@ -230,7 +234,7 @@ def find_max_batch():
                 err = "non-finite loss"
         except Exception as e:
             if not is_oom(e):
-                raise
+                raise NotOom(f"batch {n}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
             err = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         finally:
             del xb, yb
@@ -246,12 +250,13 @@ def find_max_batch():
     try:
         lo, hi, _ = largest_fitting(fits, start=a.search_start, tolerance=a.tolerance)
         info["finished"] = True
-    except TimeUp:
+    except (TimeUp, NotOom) as e:
         ok = [t["batch"] for t in log if t["fit"]]
         bad = [t["batch"] for t in log if not t["fit"]]
         lo, hi = max(ok, default=0), min(bad, default=None)
         info["finished"] = False
-        notes.append(f"--search-seconds ran out: the bounds reached are {lo} and {hi}")
+        why = "--search-seconds ran out" if isinstance(e, TimeUp) else f"a trial failed ({e})"
+        notes.append(f"{why}: the bounds reached are {lo} and {hi}")
     graphs1 = compiled_graphs()
     info.update(largest_batch=lo, first_failed_batch=hi, trials=log)
     if graphs0 is not None and graphs1 is not None:
