@@ -6,7 +6,9 @@ median of 20 timed steps (CUDA events around each), and torch.cuda.max_memory_al
 over the timed steps. One JSON line per run.
 
 --mode M passes torch.compile's mode (e.g. reduce-overhead: the compiled forward and backward
-replayed as CUDA graphs; max-autotune). Without it, torch.compile's default mode.
+replayed as CUDA graphs; max-autotune). Without it, torch.compile's default mode. Under
+reduce-overhead the graphs' memory pool is taken in the warm-up steps, so the peak allocated
+over the timed steps leaves it out: read reserved_mib there.
 
 --checkpoint-blocks (issue 51) wraps every residual block of layer1..layer4 (a Bottleneck or
 BasicBlock) in torch.utils.checkpoint (non-reentrant, as PyTorch recommends), the usual
